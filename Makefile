@@ -1,0 +1,59 @@
+# Thin wrapper over CMake. `make` builds into build/; `make test` runs every
+# test in a normal build and again in an ASan+UBSan clang build with short
+# fuzz runs; `make deps` installs missing Debian packages.
+BUILD       ?= build
+ASAN_BUILD  ?= build-asan
+JOBS        ?= $(shell nproc)
+FUZZ_SECONDS ?= 300
+PREFIX      ?= /usr/local
+DESTDIR     ?=
+
+DEPS = cmake make gcc clang libclang-rt-14-dev pkg-config libuv1-dev libinih-dev \
+       libcmocka-dev libjansson-dev python3 python3-pytest python3-numpy \
+       python3-torch procps systemd util-linux
+
+.PHONY: all deps build test test-asan fuzz bench demo install clean
+
+all: build
+
+deps:
+	@missing=""; for p in $(DEPS); do \
+		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		if [ "$$(id -u)" != 0 ]; then echo "make deps: run as root to install:$$missing" >&2; exit 1; fi; \
+		apt-get install -y -q $$missing || { apt-get update -q && apt-get install -y -q $$missing; }; \
+	fi
+
+build: deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	$(MAKE) test-asan
+
+test-asan: deps
+	CC=clang cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DWCACHE_SANITIZE=ON \
+		-DWCACHE_FUZZ=ON >/dev/null
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+		UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS)
+
+fuzz: deps
+	CC=clang cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DWCACHE_SANITIZE=ON \
+		-DWCACHE_FUZZ=ON -DWCACHE_FUZZ_SECONDS=$(FUZZ_SECONDS) >/dev/null
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	cd $(ASAN_BUILD) && ctest --output-on-failure -R '^fuzz_'
+
+bench: build
+	tests/bench/run.sh $(BUILD)
+
+demo: build
+	/usr/bin/python3 tests/demo.py --build $(BUILD)
+
+install: build
+	DESTDIR=$(DESTDIR) cmake --install $(BUILD) --prefix $(PREFIX)
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

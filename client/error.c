@@ -1,0 +1,56 @@
+/*
+ * error.c: the thread-local message behind wc_errmsg().
+ *
+ * One fixed buffer per thread: setting a message never allocates, so even
+ * -ENOMEM paths can leave one.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "error.h"
+#include "wcache.h"
+
+#define ERROR_MAX 1024
+
+static _Thread_local char error_message[ERROR_MAX];
+
+int
+error_set(int code, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(error_message, sizeof(error_message), fmt, ap);
+	va_end(ap);
+	return code;
+}
+
+void
+error_prefix(const char *prefix)
+{
+	size_t plen = strlen(prefix), mlen = strlen(error_message);
+
+	/* Shift the message right and write the prefix in front; a message
+	 * that no longer fits is cut at the end. */
+	if (plen + 2 >= ERROR_MAX)
+		plen = ERROR_MAX - 3;
+	if (plen + 2 + mlen >= ERROR_MAX)
+		mlen = ERROR_MAX - 1 - plen - 2;
+	memmove(error_message + plen + 2, error_message, mlen);
+	memcpy(error_message, prefix, plen);
+	memcpy(error_message + plen, ": ", 2);
+	error_message[plen + 2 + mlen] = '\0';
+}
+
+const char *
+error_get(void)
+{
+	return error_message;
+}
+
+const char *
+wc_errmsg(void)
+{
+	return error_message;
+}

@@ -1,0 +1,34 @@
+/*
+ * file.h: opening and mapping one model file.
+ *
+ * A wc_file owns its descriptor and its mapping. Files are opened
+ * O_RDONLY | O_CLOEXEC, must be regular files, and are mapped whole with
+ * PROT_READ, MAP_SHARED (an empty file has no mapping).
+ */
+#ifndef WC_FILE_H
+#define WC_FILE_H
+
+#include <stdint.h>
+#include <sys/stat.h>
+
+struct wc_file {
+	int fd;               /* -1 once closed or handed over */
+	const uint8_t *base;  /* NULL for an empty file */
+	uint64_t size;
+	char *path;           /* as opened, for messages */
+	struct stat st;       /* fstat at open, to detect in-place changes */
+};
+
+/* Opens, checks and maps path. On failure *out is untouched and the message
+ * names the path. */
+int file_open(const char *path, struct wc_file *out);
+
+/* Maps an already open descriptor (taking ownership of fd on success only);
+ * path is for messages. */
+int file_from_fd(int fd, const char *path, struct wc_file *out);
+
+/* Unmaps and closes (fd -1 means handed over); safe on a zeroed or
+ * already closed file. */
+void file_close(struct wc_file *f);
+
+#endif

@@ -1,0 +1,504 @@
+/*
+ * index.c: the compiled tensor index (see index.h and proto/FORMAT.md).
+ *
+ * The builder gathers what a format reader validated into growable arrays
+ * (strings and shapes in arenas, addressed by offset so growth may move
+ * them), then sorts and writes one contiguous little-endian block. The
+ * reader trusts nothing in a block: every access checks the offsets it
+ * follows, so a worker can map an index from the daemon in O(1) and still
+ * never read outside it.
+ */
+#include <endian.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dtype.h"
+#include "error.h"
+#include "index.h"
+
+/* Shapes are handed out as pointers into the block: native u64 must be LE. */
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "wcache needs a little-endian host");
+
+struct builder_tensor {
+	size_t name;     /* offset in strings */
+	size_t name_len;
+	uint32_t dtype;
+	uint32_t file;
+	uint32_t ndim;
+	size_t shape;    /* index in shapes */
+	uint64_t offset;
+	uint64_t nbytes;
+};
+
+struct builder_pair {
+	size_t key, key_len; /* offsets in strings */
+	size_t value, value_len;
+};
+
+struct builder_file {
+	size_t name, name_len;
+	uint64_t size;
+};
+
+struct index_builder {
+	struct builder_tensor *tensors;
+	size_t ntensors, tensors_cap;
+	struct builder_pair *meta;
+	size_t nmeta, meta_cap;
+	struct builder_file *files;
+	size_t nfiles, files_cap;
+	char *strings;
+	size_t strings_len, strings_cap;
+	uint64_t *shapes;
+	size_t shapes_len, shapes_cap;
+};
+
+/* Grows *array (of elem-sized items) so it holds at least need items. */
+static int
+grow(void *array, size_t *cap, size_t need, size_t elem)
+{
+	void **p = array;
+	size_t ncap = *cap ? *cap : 16;
+	void *n;
+
+	if (need <= *cap)
+		return 0;
+	while (ncap < need) {
+		if (ncap > SIZE_MAX / 2 / elem)
+			return -ENOMEM;
+		ncap *= 2;
+	}
+	if ((n = realloc(*p, ncap * elem)) == NULL)
+		return -ENOMEM;
+	*p = n;
+	*cap = ncap;
+	return 0;
+}
+
+/* Copies len bytes plus a NUL into the string arena; *at gets the offset. */
+static int
+add_string(struct index_builder *b, const char *s, size_t len, size_t *at)
+{
+	if (len > SIZE_MAX - 1 - b->strings_len ||
+		grow(&b->strings, &b->strings_cap, b->strings_len + len + 1, 1) < 0)
+		return error_set(-ENOMEM, "index: out of memory");
+	memcpy(b->strings + b->strings_len, s, len);
+	b->strings[b->strings_len + len] = '\0';
+	*at = b->strings_len;
+	b->strings_len += len + 1;
+	return 0;
+}
+
+int
+index_builder_new(struct index_builder **out)
+{
+	struct index_builder *b = calloc(1, sizeof(*b));
+
+	if (b == NULL)
+		return error_set(-ENOMEM, "index: out of memory");
+	*out = b;
+	return 0;
+}
+
+void
+index_builder_free(struct index_builder *b)
+{
+	if (b == NULL)
+		return;
+	free(b->tensors);
+	free(b->meta);
+	free(b->files);
+	free(b->strings);
+	free(b->shapes);
+	free(b);
+}
+
+size_t
+index_builder_count(const struct index_builder *b)
+{
+	return b->ntensors;
+}
+
+int
+index_add_file(struct index_builder *b, const char *name, uint64_t size, uint32_t *file_no)
+{
+	struct builder_file f = { .name_len = strlen(name), .size = size };
+
+	if (b->nfiles >= INDEX_MAX_FILES)
+		return error_set(-E2BIG, "%s: more than %d files in one model", name,
+			INDEX_MAX_FILES);
+	if (grow(&b->files, &b->files_cap, b->nfiles + 1, sizeof(f)) < 0)
+		return error_set(-ENOMEM, "index: out of memory");
+	if (add_string(b, name, f.name_len, &f.name) < 0)
+		return -ENOMEM;
+	*file_no = (uint32_t)b->nfiles;
+	b->files[b->nfiles++] = f;
+	return 0;
+}
+
+int
+index_add_tensor(struct index_builder *b, const char *name, size_t name_len, uint32_t dtype,
+	uint32_t file_no, const uint64_t *shape, uint32_t ndim, uint64_t offset, uint64_t nbytes)
+{
+	struct builder_tensor t = { .name_len = name_len, .dtype = dtype, .file = file_no,
+		.ndim = ndim, .offset = offset, .nbytes = nbytes };
+
+	if (name_len == 0 || name_len > INDEX_MAX_NAME || memchr(name, '\0', name_len) != NULL)
+		return error_set(-EINVAL, "index: invalid tensor name");
+	if (ndim > INDEX_MAX_NDIM || file_no >= b->nfiles || dtype_by_code(dtype) == NULL)
+		return error_set(-EINVAL, "index: invalid tensor \"%.*s\"", (int)name_len, name);
+	if (grow(&b->tensors, &b->tensors_cap, b->ntensors + 1, sizeof(t)) < 0 ||
+		grow(&b->shapes, &b->shapes_cap, b->shapes_len + ndim, sizeof(uint64_t)) < 0)
+		return error_set(-ENOMEM, "index: out of memory");
+	if (add_string(b, name, name_len, &t.name) < 0)
+		return -ENOMEM;
+	t.shape = b->shapes_len;
+	if (ndim > 0)
+		memcpy(b->shapes + b->shapes_len, shape, ndim * sizeof(uint64_t));
+	b->shapes_len += ndim;
+	b->tensors[b->ntensors++] = t;
+	return 0;
+}
+
+int
+index_add_meta(struct index_builder *b, const char *key, size_t key_len, const char *value,
+	size_t value_len)
+{
+	struct builder_pair p = { .key_len = key_len, .value_len = value_len };
+
+	if (memchr(key, '\0', key_len) != NULL || memchr(value, '\0', value_len) != NULL)
+		return error_set(-EINVAL, "index: metadata \"%.*s\" contains a NUL byte",
+			(int)key_len, key);
+	if (grow(&b->meta, &b->meta_cap, b->nmeta + 1, sizeof(p)) < 0)
+		return error_set(-ENOMEM, "index: out of memory");
+	if (add_string(b, key, key_len, &p.key) < 0 || add_string(b, value, value_len, &p.value) < 0)
+		return -ENOMEM;
+	b->meta[b->nmeta++] = p;
+	return 0;
+}
+
+/* Byte order of two arena strings of known lengths (strcmp order, as no name
+ * holds a NUL). */
+static int
+compare_names(const char *a, size_t alen, const char *b, size_t blen)
+{
+	int c = memcmp(a, b, alen < blen ? alen : blen);
+
+	if (c != 0)
+		return c;
+	return (alen > blen) - (alen < blen);
+}
+
+static int
+compare_tensors(const void *x, const void *y, void *arg)
+{
+	const struct builder_tensor *a = x, *b = y;
+	const char *s = arg;
+
+	return compare_names(s + a->name, a->name_len, s + b->name, b->name_len);
+}
+
+static int
+compare_pairs(const void *x, const void *y, void *arg)
+{
+	const struct builder_pair *a = x, *b = y;
+	const char *s = arg;
+
+	return compare_names(s + a->key, a->key_len, s + b->key, b->key_len);
+}
+
+static void
+put64(uint8_t *p, uint64_t v)
+{
+	v = htole64(v);
+	memcpy(p, &v, 8);
+}
+
+static void
+put32(uint8_t *p, uint32_t v)
+{
+	v = htole32(v);
+	memcpy(p, &v, 4);
+}
+
+int
+index_build(struct index_builder *b, const char *what, uint8_t **blob, size_t *len)
+{
+	size_t tensor_off = INDEX_HEADER_SIZE, file_off, meta_off, shape_off, string_off, total;
+	uint8_t *out, *p;
+
+	qsort_r(b->tensors, b->ntensors, sizeof(*b->tensors), compare_tensors, b->strings);
+	qsort_r(b->meta, b->nmeta, sizeof(*b->meta), compare_pairs, b->strings);
+	for (size_t i = 1; i < b->ntensors; i++)
+		if (compare_tensors(&b->tensors[i - 1], &b->tensors[i], b->strings) == 0)
+			return error_set(-EINVAL, "%s: duplicate tensor name \"%s\"", what,
+				b->strings + b->tensors[i].name);
+	for (size_t i = 1; i < b->nmeta; i++)
+		if (compare_pairs(&b->meta[i - 1], &b->meta[i], b->strings) == 0)
+			return error_set(-EINVAL, "%s: duplicate metadata key \"%s\"", what,
+				b->strings + b->meta[i].key);
+
+	/* Sizes are bounded by what the arrays already hold in memory, so
+	 * these sums cannot overflow size_t on a 64-bit host. */
+	file_off = tensor_off + b->ntensors * INDEX_RECORD_SIZE;
+	meta_off = file_off + b->nfiles * INDEX_FILE_SIZE;
+	shape_off = meta_off + b->nmeta * INDEX_META_SIZE;
+	string_off = shape_off + b->shapes_len * sizeof(uint64_t);
+	total = string_off + b->strings_len;
+	if ((out = calloc(1, total)) == NULL)
+		return error_set(-ENOMEM, "%s: out of memory for an index of %zu bytes", what,
+			total);
+
+	put32(out + 0, INDEX_MAGIC);
+	put32(out + 4, INDEX_VERSION);
+	put64(out + 8, b->ntensors);
+	put64(out + 16, tensor_off);
+	put64(out + 24, b->nfiles);
+	put64(out + 32, file_off);
+	put64(out + 40, b->nmeta);
+	put64(out + 48, meta_off);
+	put64(out + 56, total);
+
+	for (size_t i = 0; i < b->ntensors; i++) {
+		const struct builder_tensor *t = &b->tensors[i];
+
+		p = out + tensor_off + i * INDEX_RECORD_SIZE;
+		put64(p + 0, string_off + t->name);
+		put32(p + 8, t->dtype);
+		put32(p + 12, t->file);
+		put64(p + 16, shape_off + t->shape * sizeof(uint64_t));
+		put64(p + 24, t->ndim);
+		put64(p + 32, t->offset);
+		put64(p + 40, t->nbytes);
+	}
+	for (size_t i = 0; i < b->nfiles; i++) {
+		p = out + file_off + i * INDEX_FILE_SIZE;
+		put64(p + 0, string_off + b->files[i].name);
+		put64(p + 8, b->files[i].size);
+	}
+	for (size_t i = 0; i < b->nmeta; i++) {
+		p = out + meta_off + i * INDEX_META_SIZE;
+		put64(p + 0, string_off + b->meta[i].key);
+		put64(p + 8, string_off + b->meta[i].value);
+	}
+	for (size_t i = 0; i < b->shapes_len; i++)
+		put64(out + shape_off + i * sizeof(uint64_t), b->shapes[i]);
+	memcpy(out + string_off, b->strings, b->strings_len);
+
+	*blob = out;
+	*len = total;
+	return 0;
+}
+
+/* ---- reading ---- */
+
+static uint64_t
+get64(const uint8_t *p)
+{
+	uint64_t v;
+
+	memcpy(&v, p, 8);
+	return le64toh(v);
+}
+
+static uint32_t
+get32(const uint8_t *p)
+{
+	uint32_t v;
+
+	memcpy(&v, p, 4);
+	return le32toh(v);
+}
+
+/* Checks that count records of size bytes at off lie inside len bytes. */
+static int
+table_fits(uint64_t off, uint64_t count, uint64_t size, uint64_t len)
+{
+	uint64_t bytes;
+
+	if (__builtin_mul_overflow(count, size, &bytes))
+		return 0;
+	return off % 8 == 0 && off <= len && bytes <= len - off;
+}
+
+int
+index_open(const uint8_t *blob, size_t len, struct index_header *out)
+{
+	struct index_header h;
+
+	if (len < INDEX_HEADER_SIZE)
+		return error_set(-EBADMSG, "index: %zu bytes, shorter than its header", len);
+	h.magic = get32(blob);
+	h.version = get32(blob + 4);
+	h.tensor_count = get64(blob + 8);
+	h.tensor_offset = get64(blob + 16);
+	h.file_count = get64(blob + 24);
+	h.file_offset = get64(blob + 32);
+	h.meta_count = get64(blob + 40);
+	h.meta_offset = get64(blob + 48);
+	h.total_size = get64(blob + 56);
+	if (h.magic != INDEX_MAGIC)
+		return error_set(-EBADMSG, "index: bad magic 0x%08x", h.magic);
+	if (h.version != INDEX_VERSION)
+		return error_set(-EPROTO, "index: version %u, this library reads %u", h.version,
+			INDEX_VERSION);
+	if (h.total_size != len)
+		return error_set(-EBADMSG, "index: size %llu, header says %llu",
+			(unsigned long long)len, (unsigned long long)h.total_size);
+	if (!table_fits(h.tensor_offset, h.tensor_count, INDEX_RECORD_SIZE, len) ||
+		!table_fits(h.file_offset, h.file_count, INDEX_FILE_SIZE, len) ||
+		!table_fits(h.meta_offset, h.meta_count, INDEX_META_SIZE, len))
+		return error_set(-EBADMSG, "index: a table lies outside the index");
+	if (h.file_count == 0 || h.file_count > INDEX_MAX_FILES)
+		return error_set(-EBADMSG, "index: %llu files", (unsigned long long)h.file_count);
+	*out = h;
+	return 0;
+}
+
+/* A NUL-terminated string at off, at most max bytes before the NUL. */
+static const char *
+string_at(const uint8_t *blob, uint64_t len, uint64_t off, size_t max)
+{
+	const uint8_t *nul;
+	uint64_t room;
+
+	if (off >= len)
+		return NULL;
+	room = len - off;
+	nul = memchr(blob + off, '\0', room < max + 1 ? (size_t)room : max + 1);
+	return nul == NULL ? NULL : (const char *)(blob + off);
+}
+
+int
+index_tensor_at(const uint8_t *blob, const struct index_header *h, uint64_t i,
+	struct index_tensor *out)
+{
+	const uint8_t *p;
+	struct index_tensor t;
+	const struct dtype_info *dt;
+	uint64_t shape_off, ndim, elements, nbytes;
+
+	if (i >= h->tensor_count)
+		return error_set(-ERANGE, "index: tensor %llu of %llu", (unsigned long long)i,
+			(unsigned long long)h->tensor_count);
+	p = blob + h->tensor_offset + i * INDEX_RECORD_SIZE;
+	t.name = string_at(blob, h->total_size, get64(p), INDEX_MAX_NAME);
+	t.dtype = get32(p + 8);
+	t.file = get32(p + 12);
+	shape_off = get64(p + 16);
+	ndim = get64(p + 24);
+	t.offset = get64(p + 32);
+	t.nbytes = get64(p + 40);
+	if (t.name == NULL || (dt = dtype_by_code(t.dtype)) == NULL || t.file >= h->file_count ||
+		ndim > INDEX_MAX_NDIM || !table_fits(shape_off, ndim, 8, h->total_size) ||
+		(uintptr_t)(blob + shape_off) % 8 != 0)
+		return error_set(-EBADMSG, "index: tensor record %llu is damaged",
+			(unsigned long long)i);
+	t.ndim = (uint32_t)ndim;
+	t.shape = (const uint64_t *)(const void *)(blob + shape_off);
+	if (dtype_nbytes(dt, t.shape, t.ndim, &elements, &nbytes) < 0 || nbytes != t.nbytes)
+		return error_set(-EBADMSG, "index: tensor \"%s\": size does not match its shape",
+			t.name);
+	*out = t;
+	return 0;
+}
+
+/* Name of record i, or NULL when damaged. */
+static const char *
+record_name(const uint8_t *blob, const struct index_header *h, uint64_t i)
+{
+	return string_at(blob, h->total_size,
+		get64(blob + h->tensor_offset + i * INDEX_RECORD_SIZE), INDEX_MAX_NAME);
+}
+
+int
+index_find(const uint8_t *blob, const struct index_header *h, const char *name,
+	struct index_tensor *out)
+{
+	uint64_t lo = 0, hi = h->tensor_count;
+
+	while (lo < hi) {
+		uint64_t mid = lo + (hi - lo) / 2;
+		const char *s = record_name(blob, h, mid);
+		int c;
+
+		if (s == NULL)
+			return error_set(-EBADMSG, "index: tensor record %llu is damaged",
+				(unsigned long long)mid);
+		c = strcmp(name, s);
+		if (c == 0)
+			return index_tensor_at(blob, h, mid, out);
+		if (c < 0)
+			hi = mid;
+		else
+			lo = mid + 1;
+	}
+	return error_set(-ENOENT, "no tensor \"%s\"", name);
+}
+
+int
+index_file_at(const uint8_t *blob, const struct index_header *h, uint64_t i, const char **name,
+	uint64_t *size)
+{
+	const uint8_t *p;
+	const char *s;
+
+	if (i >= h->file_count)
+		return error_set(-ERANGE, "index: file %llu of %llu", (unsigned long long)i,
+			(unsigned long long)h->file_count);
+	p = blob + h->file_offset + i * INDEX_FILE_SIZE;
+	if ((s = string_at(blob, h->total_size, get64(p), 4096)) == NULL)
+		return error_set(-EBADMSG, "index: file record %llu is damaged",
+			(unsigned long long)i);
+	*name = s;
+	*size = get64(p + 8);
+	return 0;
+}
+
+int
+index_meta_at(const uint8_t *blob, const struct index_header *h, uint64_t i, const char **key,
+	const char **value)
+{
+	const uint8_t *p;
+	const char *k, *v;
+
+	if (i >= h->meta_count)
+		return -ERANGE;
+	p = blob + h->meta_offset + i * INDEX_META_SIZE;
+	k = string_at(blob, h->total_size, get64(p), h->total_size);
+	v = string_at(blob, h->total_size, get64(p + 8), h->total_size);
+	if (k == NULL || v == NULL)
+		return error_set(-EBADMSG, "index: metadata record %llu is damaged",
+			(unsigned long long)i);
+	*key = k;
+	*value = v;
+	return 0;
+}
+
+int
+index_meta_find(const uint8_t *blob, const struct index_header *h, const char *key,
+	const char **value)
+{
+	uint64_t lo = 0, hi = h->meta_count;
+
+	while (lo < hi) {
+		uint64_t mid = lo + (hi - lo) / 2;
+		const char *k, *v;
+		int c, r;
+
+		if ((r = index_meta_at(blob, h, mid, &k, &v)) < 0)
+			return r;
+		c = strcmp(key, k);
+		if (c == 0) {
+			*value = v;
+			return 0;
+		}
+		if (c < 0)
+			hi = mid;
+		else
+			lo = mid + 1;
+	}
+	return -ENOENT;
+}

@@ -1,0 +1,213 @@
+/*
+ * model.c: the wc_model API over a compiled index and file mappings.
+ *
+ * Both ways of getting a model end here: wc_open_file() validates the files
+ * in-process and compiles an index; wc_attach() maps the index and files the
+ * daemon passed. Lookups go through the index reader, which checks every
+ * offset it follows, and through a bounds check of each tensor against its
+ * file's mapping, so even a damaged index cannot make us read outside a
+ * mapping.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "dtype.h"
+#include "error.h"
+#include "model.h"
+#include "source.h"
+
+int
+model_new(const char *what, const uint8_t *index, size_t index_len, int index_mapped,
+	struct model_map *maps, size_t nmaps, wc_model **out)
+{
+	wc_model *m;
+	struct index_header h;
+	int r;
+
+	if ((r = index_open(index, index_len, &h)) < 0) {
+		error_prefix(what);
+		return r;
+	}
+	if (h.file_count != nmaps)
+		return error_set(-EBADMSG, "%s: index names %llu files, %zu given", what,
+			(unsigned long long)h.file_count, nmaps);
+	for (size_t i = 0; i < nmaps; i++) {
+		const char *name;
+		uint64_t size;
+
+		if ((r = index_file_at(index, &h, i, &name, &size)) < 0) {
+			error_prefix(what);
+			return r;
+		}
+		if (size != maps[i].size)
+			return error_set(-EBADMSG, "%s: file %s is %llu bytes, index says %llu",
+				what, name, (unsigned long long)maps[i].size,
+				(unsigned long long)size);
+	}
+	if ((m = calloc(1, sizeof(*m))) == NULL || (m->name = strdup(what)) == NULL) {
+		free(m);
+		return error_set(-ENOMEM, "%s: out of memory", what);
+	}
+	m->index = index;
+	m->index_len = index_len;
+	m->index_mapped = index_mapped;
+	m->header = h;
+	m->maps = maps;
+	*out = m;
+	return 0;
+}
+
+void
+model_free(wc_model *m)
+{
+	if (m == NULL)
+		return;
+	for (uint64_t i = 0; i < m->header.file_count; i++)
+		if (m->maps[i].base != NULL)
+			munmap((void *)m->maps[i].base, (size_t)m->maps[i].size);
+	free(m->maps);
+	if (m->index_mapped)
+		munmap((void *)m->index, m->index_len);
+	else
+		free((void *)m->index);
+	free(m->name);
+	free(m);
+}
+
+int
+wc_open_file(const char *path, wc_model **out)
+{
+	struct model_source s;
+	struct model_map *maps;
+	wc_model *m;
+	int r;
+
+	if (path == NULL || out == NULL)
+		return error_set(-EINVAL, "wc_open_file: no path");
+	if ((r = source_open(path, &s)) < 0)
+		return r;
+	if ((maps = calloc(s.nfiles ? s.nfiles : 1, sizeof(*maps))) == NULL) {
+		source_close(&s);
+		return error_set(-ENOMEM, "%s: out of memory", path);
+	}
+	for (size_t i = 0; i < s.nfiles; i++) {
+		maps[i].base = s.files[i].base;
+		maps[i].size = s.files[i].size;
+	}
+	if ((r = model_new(path, s.index, s.index_len, 0, maps, s.nfiles, &m)) < 0) {
+		free(maps);
+		source_close(&s);
+		return r;
+	}
+	/* The model now owns the index and the mappings; the source keeps the
+	 * descriptors, which a worker does not need once mapped. */
+	for (size_t i = 0; i < s.nfiles; i++)
+		s.files[i].base = NULL;
+	s.index = NULL;
+	source_close(&s);
+	*out = m;
+	return 0;
+}
+
+void
+wc_release(wc_model *m)
+{
+	if (m == NULL)
+		return;
+	attach_forget(m);
+	model_free(m);
+}
+
+size_t
+wc_model_count(const wc_model *m)
+{
+	return m == NULL ? 0 : (size_t)m->header.tensor_count;
+}
+
+/* Turns an index tensor into a wc_tensor, checking it lies in its file. */
+static int
+make_tensor(const wc_model *m, const struct index_tensor *t, wc_tensor *out)
+{
+	const struct model_map *f = &m->maps[t->file];
+	static const uint8_t empty[1];
+
+	if (t->offset > f->size || t->nbytes > f->size - t->offset)
+		return error_set(-EBADMSG, "%s: tensor \"%s\" lies outside its file", m->name,
+			t->name);
+	out->name = t->name;
+	out->dtype = dtype_by_code(t->dtype)->name;
+	out->ndim = t->ndim;
+	out->shape = t->shape;
+	out->data = f->base != NULL ? f->base + t->offset : empty;
+	out->nbytes = t->nbytes;
+	return 0;
+}
+
+int
+wc_model_tensor(const wc_model *m, size_t i, wc_tensor *out)
+{
+	struct index_tensor t;
+	int r;
+
+	if (m == NULL || out == NULL)
+		return error_set(-EINVAL, "wc_model_tensor: no model");
+	if (i >= m->header.tensor_count)
+		return error_set(-ERANGE, "%s: tensor %zu of %llu", m->name, i,
+			(unsigned long long)m->header.tensor_count);
+	if ((r = index_tensor_at(m->index, &m->header, i, &t)) < 0) {
+		error_prefix(m->name);
+		return r;
+	}
+	return make_tensor(m, &t, out);
+}
+
+int
+wc_model_find(const wc_model *m, const char *name, wc_tensor *out)
+{
+	struct index_tensor t;
+	int r;
+
+	if (m == NULL || name == NULL || out == NULL)
+		return error_set(-EINVAL, "wc_model_find: no model or name");
+	if ((r = index_find(m->index, &m->header, name, &t)) < 0) {
+		error_prefix(m->name);
+		return r;
+	}
+	return make_tensor(m, &t, out);
+}
+
+const char *
+wc_model_metadata(const wc_model *m, const char *key)
+{
+	const char *value;
+
+	if (m == NULL || key == NULL || index_meta_find(m->index, &m->header, key, &value) < 0)
+		return NULL;
+	return value;
+}
+
+int
+wc_model_metadata_at(const wc_model *m, size_t i, const char **key, const char **value)
+{
+	const char *k, *v;
+	int r;
+
+	if (m == NULL)
+		return error_set(-EINVAL, "wc_model_metadata_at: no model");
+	if ((r = index_meta_at(m->index, &m->header, i, &k, &v)) < 0)
+		return r == -ERANGE ? error_set(r, "%s: metadata entry %zu of %llu", m->name, i,
+			(unsigned long long)m->header.meta_count) : r;
+	if (key != NULL)
+		*key = k;
+	if (value != NULL)
+		*value = v;
+	return 0;
+}
+
+uint64_t
+wc_model_generation(const wc_model *m)
+{
+	return m == NULL ? 0 : m->generation;
+}

@@ -1,0 +1,93 @@
+/*
+ * wcache.h: the client library of wcache, a shared weight cache.
+ *
+ * A model is a set of named tensors that live in read-only mappings of the
+ * model's files. wc_open_file() maps and validates a file in this process;
+ * wc_attach() asks wcached for a model it has already opened, validated and
+ * warmed, and maps the same page cache every other worker maps.
+ *
+ * Conventions: functions return 0 or a negative errno-style code (-EINVAL,
+ * -ENOMEM, ...). After a failure, wc_errmsg() returns a message for the last
+ * failure in the calling thread that names the file or model and the reason.
+ * Out-parameters are untouched on failure. Destructors accept NULL.
+ *
+ * Lifetime: a wc_model, and every pointer a wc_tensor holds into it, is valid
+ * until wc_release(). A model stays valid after wc_disconnect() of the client
+ * that attached it, and in the child after fork() (mappings are inherited;
+ * only the process that attached a model tells the daemon it released it).
+ */
+#ifndef WCACHE_H
+#define WCACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define WC_EXPORT __attribute__((visibility("default")))
+#else
+#define WC_EXPORT
+#endif
+
+typedef struct wc_model wc_model;
+typedef struct wc_client wc_client;
+
+typedef struct wc_tensor {
+	const char *name;      /* NUL-terminated UTF-8 */
+	const char *dtype;     /* safetensors spelling: "F32", "BF16", ... */
+	uint32_t ndim;
+	const uint64_t *shape; /* ndim entries */
+	const void *data;      /* read-only, valid until wc_release() */
+	uint64_t nbytes;
+} wc_tensor;
+
+/* Maps and validates a safetensors file, a shard index
+ * (model.safetensors.index.json), a directory holding one of those, or a
+ * WEIG file. Files are opened O_RDONLY | O_CLOEXEC and mapped PROT_READ. */
+WC_EXPORT int wc_open_file(const char *path, wc_model **out);
+
+/* Unmaps the model; tells the daemon when the model was attached by this
+ * process and its client is still connected. Accepts NULL. */
+WC_EXPORT void wc_release(wc_model *m);
+
+/* Number of tensors. */
+WC_EXPORT size_t wc_model_count(const wc_model *m);
+
+/* The i-th tensor in byte order of names; -ERANGE when i is out of range. */
+WC_EXPORT int wc_model_tensor(const wc_model *m, size_t i, wc_tensor *out);
+
+/* The tensor called name; -ENOENT when there is none. */
+WC_EXPORT int wc_model_find(const wc_model *m, const char *name, wc_tensor *out);
+
+/* The metadata value for key (safetensors __metadata__), NULL if absent. */
+WC_EXPORT const char *wc_model_metadata(const wc_model *m, const char *key);
+
+/* The i-th metadata entry in byte order of keys; -ERANGE past the end. */
+WC_EXPORT int wc_model_metadata_at(const wc_model *m, size_t i, const char **key,
+	const char **value);
+
+/* The generation wcached served this model as; 0 for wc_open_file(). */
+WC_EXPORT uint64_t wc_model_generation(const wc_model *m);
+
+/* Message for the last failure in the calling thread ("" if none). */
+WC_EXPORT const char *wc_errmsg(void);
+
+/* Connects to wcached's client socket. socket_path NULL means
+ * $WCACHE_SOCKET, else /run/wcached/wcached.sock. */
+WC_EXPORT int wc_connect(const char *socket_path, wc_client **out);
+
+/* Attaches the model wcached serves under name (or under the exact
+ * configured path). The returned model is independent of the client. */
+WC_EXPORT int wc_attach(wc_client *c, const char *model, wc_model **out);
+
+/* Closes the connection. Models attached through it stay valid; the daemon
+ * releases them when they are released or when this process exits. */
+WC_EXPORT void wc_disconnect(wc_client *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* WCACHE_H */

@@ -1,0 +1,302 @@
+/*
+ * log.c: one-line, one-write(2) logging to stderr with journald priority
+ * prefixes when stderr is the journal (see log.h).
+ *
+ * Each call formats the whole line into a buffer on its own stack and writes
+ * it with a single write(2), so lines from concurrent threads never mix. The
+ * level is an atomic so that SIGHUP can change it while warm threads log.
+ * The program name and the journal flag are set once by log_init() before
+ * threads start and only read afterwards.
+ */
+#include "log.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Longest line written, prefix and newline included; longer messages are
+ * cut and end in "...". */
+#define LOG_LINE_MAX 4096
+
+/* The message kinds: the four levels plus fatal, which is always written. */
+enum log_kind {
+	KIND_FATAL,
+	KIND_ERROR,
+	KIND_WARN,
+	KIND_INFO,
+	KIND_DEBUG,
+};
+
+static atomic_int log_level = LOG_LEVEL_INFO;
+static const char *log_progname = "wcached";
+static int log_journal;
+
+/* sd-daemon(3) priority prefixes (syslog priorities: crit, err, warning,
+ * info, debug) and the plain-text tags, indexed by enum log_kind. */
+static const char *const kind_prefix[] = {"<2>", "<3>", "<4>", "<6>", "<7>"};
+static const char *const kind_tag[] = {"fatal: ", "error: ", "warning: ", "", "debug: "};
+
+/* Returns nonzero when $JOURNAL_STREAM ("DEV:INO") names the device and inode
+ * of fd 2, which is how systemd says stderr is connected to the journal. */
+static int
+stderr_is_journal(void)
+{
+	const char *env = getenv("JOURNAL_STREAM");
+	unsigned long long dev, ino;
+	struct stat st;
+	int n = 0;
+
+	if (env == NULL || *env == '\0')
+		return 0;
+	if (sscanf(env, "%llu:%llu%n", &dev, &ino, &n) != 2 || env[n] != '\0')
+		return 0;
+	if (fstat(STDERR_FILENO, &st) < 0)
+		return 0;
+	return (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+}
+
+static int
+clamp_level(int level)
+{
+	if (level < LOG_LEVEL_ERROR)
+		return LOG_LEVEL_ERROR;
+	if (level > LOG_LEVEL_DEBUG)
+		return LOG_LEVEL_DEBUG;
+	return level;
+}
+
+void
+log_init(int level, const char *progname)
+{
+	int saved = errno;
+
+	atomic_store(&log_level, clamp_level(level));
+	log_progname = progname != NULL && *progname != '\0' ? progname : "wcached";
+	log_journal = stderr_is_journal();
+	errno = saved;
+}
+
+void
+log_setlevel(int level)
+{
+	atomic_store(&log_level, clamp_level(level));
+}
+
+int
+log_getlevel(void)
+{
+	return atomic_load(&log_level);
+}
+
+int
+log_to_journal(void)
+{
+	return log_journal;
+}
+
+int
+log_level_parse(const char *name)
+{
+	if (name == NULL)
+		return -EINVAL;
+	if (strcmp(name, "error") == 0)
+		return LOG_LEVEL_ERROR;
+	if (strcmp(name, "warn") == 0 || strcmp(name, "warning") == 0)
+		return LOG_LEVEL_WARN;
+	if (strcmp(name, "info") == 0)
+		return LOG_LEVEL_INFO;
+	if (strcmp(name, "debug") == 0)
+		return LOG_LEVEL_DEBUG;
+	return -EINVAL;
+}
+
+const char *
+log_level_name(int level)
+{
+	static const char *const names[] = {"error", "warn", "info", "debug"};
+
+	if (level < LOG_LEVEL_ERROR || level > LOG_LEVEL_DEBUG)
+		return "?";
+	return names[level];
+}
+
+/* Appends src to buf at *pos, writing control characters (and DEL) as
+ * "\xNN" so that the result stays on one line, and stops at limit. */
+static void
+append_escaped(char *buf, size_t *pos, size_t limit, const char *src)
+{
+	static const char hex[] = "0123456789abcdef";
+
+	for (; *src != '\0' && *pos < limit; src++) {
+		unsigned char c = (unsigned char)*src;
+
+		if ((c < 0x20 && c != '\t') || c == 0x7f) {
+			if (limit - *pos < 4) {
+				*pos = limit;
+				return;
+			}
+			buf[(*pos)++] = '\\';
+			buf[(*pos)++] = 'x';
+			buf[(*pos)++] = hex[c >> 4];
+			buf[(*pos)++] = hex[c & 0xf];
+		} else {
+			buf[(*pos)++] = (char)c;
+		}
+	}
+}
+
+/* Appends a plain string without escaping (our own prefixes). */
+static void
+append_raw(char *buf, size_t *pos, size_t limit, const char *src)
+{
+	size_t n = strlen(src);
+
+	if (n > limit - *pos)
+		n = limit - *pos;
+	memcpy(buf + *pos, src, n);
+	*pos += n;
+}
+
+/* Writes all of buf to stderr, retrying after EINTR and short writes. */
+static void
+write_all(const char *buf, size_t len)
+{
+	while (len > 0) {
+		ssize_t n = write(STDERR_FILENO, buf, len);
+
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return;
+		}
+		buf += n;
+		len -= (size_t)n;
+	}
+}
+
+/* Formats and writes one line: prefix, message, optionally ": strerror(err)"
+ * (err >= 0), newline. */
+static void __attribute__((format(printf, 3, 0)))
+log_line(enum log_kind kind, int err, const char *fmt, va_list ap)
+{
+	char msg[LOG_LINE_MAX];
+	char line[LOG_LINE_MAX + 8];
+	/* Room for "...\n" at the end of a truncated line. */
+	const size_t limit = LOG_LINE_MAX - 4;
+	size_t pos = 0;
+	int n;
+
+	n = vsnprintf(msg, sizeof(msg), fmt, ap);
+	if (n < 0)
+		snprintf(msg, sizeof(msg), "(bad log format \"%s\")", fmt);
+
+	if (log_journal) {
+		append_raw(line, &pos, limit, kind_prefix[kind]);
+	} else {
+		append_raw(line, &pos, limit, log_progname);
+		append_raw(line, &pos, limit, ": ");
+		append_raw(line, &pos, limit, kind_tag[kind]);
+	}
+	append_escaped(line, &pos, limit, msg);
+	if (err >= 0) {
+		char ebuf[128];
+		const char *es = strerror_r(err, ebuf, sizeof(ebuf));
+
+		append_raw(line, &pos, limit, ": ");
+		append_escaped(line, &pos, limit, es);
+	}
+	if (pos >= limit || (size_t)n >= sizeof(msg))
+		append_raw(line, &pos, sizeof(line) - 1, "...");
+	line[pos++] = '\n';
+	write_all(line, pos);
+}
+
+/* Whether a message of this kind passes the current level. */
+static int
+enabled(enum log_kind kind)
+{
+	int level = atomic_load_explicit(&log_level, memory_order_relaxed);
+
+	switch (kind) {
+	case KIND_FATAL:
+		return 1;
+	case KIND_ERROR:
+		return level >= LOG_LEVEL_ERROR;
+	case KIND_WARN:
+		return level >= LOG_LEVEL_WARN;
+	case KIND_INFO:
+		return level >= LOG_LEVEL_INFO;
+	case KIND_DEBUG:
+		return level >= LOG_LEVEL_DEBUG;
+	}
+	return 0;
+}
+
+/* The body of every public function: saves errno, filters by level, logs
+ * with or without strerror, restores errno. */
+#define LOG_BODY(kind, with_errno)                                                 \
+	do {                                                                       \
+		int saved_errno = errno;                                           \
+		va_list ap;                                                        \
+		if (enabled(kind)) {                                               \
+			va_start(ap, fmt);                                         \
+			log_line(kind, (with_errno) ? saved_errno : -1, fmt, ap); \
+			va_end(ap);                                                \
+		}                                                                  \
+		errno = saved_errno;                                               \
+	} while (0)
+
+void
+log_error(const char *fmt, ...)
+{
+	LOG_BODY(KIND_ERROR, 1);
+}
+
+void
+log_errorx(const char *fmt, ...)
+{
+	LOG_BODY(KIND_ERROR, 0);
+}
+
+void
+log_warn(const char *fmt, ...)
+{
+	LOG_BODY(KIND_WARN, 1);
+}
+
+void
+log_warnx(const char *fmt, ...)
+{
+	LOG_BODY(KIND_WARN, 0);
+}
+
+void
+log_info(const char *fmt, ...)
+{
+	LOG_BODY(KIND_INFO, 0);
+}
+
+void
+log_debug(const char *fmt, ...)
+{
+	LOG_BODY(KIND_DEBUG, 0);
+}
+
+void
+fatal(const char *fmt, ...)
+{
+	LOG_BODY(KIND_FATAL, 1);
+	exit(1);
+}
+
+void
+fatalx(const char *fmt, ...)
+{
+	LOG_BODY(KIND_FATAL, 0);
+	exit(1);
+}

@@ -1,0 +1,325 @@
+/*
+ * main.c: wcached, the shared weight cache daemon.
+ *
+ * Reads the configuration, opens and validates every model once, listens on
+ * the client socket (its own, or one systemd passed), and runs the libuv
+ * loop: clients attach models, warm threads fill the page cache, signals
+ * reload (SIGHUP) or stop (SIGTERM, SIGINT) the daemon. On stop it closes
+ * every handle and runs the loop until uv_loop_close() succeeds, so nothing
+ * leaks, and removes only the socket files it created.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "config.h"
+#include "error.h"
+#include "log.h"
+#include "notify.h"
+#include "registry.h"
+#include "server.h"
+#include "source.h"
+#include "warm.h"
+
+#define DEFAULT_CONFIG "/etc/wcached.conf"
+
+struct daemon {
+	uv_loop_t loop;
+	struct config *cfg;
+	const char *config_path;
+	struct registry reg;
+	struct warm_pool *pool;
+	struct server *server;
+	uv_signal_t sigterm, sigint, sighup;
+	uv_timer_t status_timer;
+	char *created_socket; /* path of the socket file we made, to remove */
+	uint64_t started_ms;
+};
+
+static void
+usage(FILE *f)
+{
+	fprintf(f, "usage: wcached [-c FILE] [--check] [--debug]\n\n"
+		   "Serves model weights to worker processes from one shared page cache.\n\n"
+		   "  -c, --config FILE  configuration file (default " DEFAULT_CONFIG ")\n"
+		   "      --check        validate the configuration and every model, then exit\n"
+		   "                     0 when all are valid, 1 otherwise\n"
+		   "  -d, --debug        log at debug level\n"
+		   "  -h, --help         this help\n"
+		   "  -V, --version      print the version\n");
+}
+
+/* --check: validates the config and every model; prints one line each. */
+static int
+check(const char *path)
+{
+	struct config *cfg;
+	struct model_source s;
+	int bad = 0;
+
+	if (config_load(path, &cfg) < 0) {
+		fprintf(stderr, "wcached: %s\n", error_get());
+		return 1;
+	}
+	for (size_t i = 0; i < cfg->n_models; i++) {
+		const struct model_config *m = &cfg->models[i];
+		struct index_header h;
+
+		if (source_open(m->path, &s) < 0) {
+			fprintf(stderr, "wcached: model \"%s\": %s\n", m->name, error_get());
+			bad = 1;
+			continue;
+		}
+		if (index_open(s.index, s.index_len, &h) == 0)
+			printf("model \"%s\": ok: %" PRIu64 " tensors in %zu file%s (%s)\n",
+				m->name, h.tensor_count, s.nfiles, s.nfiles == 1 ? "" : "s",
+				source_format_name(s.format));
+		source_close(&s);
+	}
+	printf("%s: %s\n", path, bad ? "errors found" : "ok");
+	config_free(cfg);
+	return bad;
+}
+
+static enum pin_mode
+pin_of(enum config_pin p)
+{
+	return p == CONFIG_PIN_ALL ? PIN_ALL : p == CONFIG_PIN_NONE ? PIN_NONE : PIN_METADATA;
+}
+
+static void
+load_model(struct daemon *d, const struct model_config *m)
+{
+	if (registry_load(&d->reg, m->name, m->path, pin_of(m->pin), m->warm) < 0)
+		log_errorx("%s; not served", error_get());
+}
+
+/* Sends a STATUS= line with warming progress; keeps the timer running only
+ * while something warms. */
+static void
+send_status(struct daemon *d)
+{
+	uint64_t done, total;
+	unsigned warming, models;
+
+	registry_progress(&d->reg, &done, &total, &warming, &models);
+	if (warming > 0) {
+		notify_send("STATUS=warming %u of %u models: %.0f%% (%" PRIu64 " of %" PRIu64
+			    " MiB)", warming, models, total ? 100.0 * (double)done / (double)total : 100.0,
+			done >> 20, total >> 20);
+		if (!uv_is_active((uv_handle_t *)&d->status_timer))
+			uv_timer_again(&d->status_timer);
+	} else {
+		notify_send("STATUS=serving %u models, %" PRIu64 " MiB warm, %u clients", models,
+			total >> 20, d->server ? server_clients(d->server) : 0);
+		uv_timer_stop(&d->status_timer);
+	}
+}
+
+static void
+on_status_timer(uv_timer_t *t)
+{
+	send_status(t->data);
+}
+
+static void
+on_registry_changed(struct registry *r)
+{
+	struct daemon *d = r->owner;
+	uint64_t done, total;
+	unsigned warming, models;
+
+	/* Immediate status only when warming just ended; the timer covers
+	 * progress in between. */
+	registry_progress(r, &done, &total, &warming, &models);
+	if (warming == 0)
+		send_status(d);
+}
+
+static void
+reload_model(enum config_change change, const struct model_config *old_model,
+	const struct model_config *new_model, unsigned changes, void *arg)
+{
+	struct daemon *d = arg;
+
+	if (change == CONFIG_MODEL_REMOVED)
+		registry_unload(&d->reg, old_model->name);
+	else
+		load_model(d, new_model);
+}
+
+/* SIGHUP: re-reads the configuration and adds, drops or reloads models. */
+static void
+reload(struct daemon *d)
+{
+	struct config *cfg;
+
+	notify_send("RELOADING=1\nSTATUS=reloading %s", d->config_path);
+	log_info("reloading %s", d->config_path);
+	if (config_load(d->config_path, &cfg) < 0) {
+		log_errorx("reload refused: %s", error_get());
+		notify_send("READY=1");
+		send_status(d);
+		return;
+	}
+	if (strcmp(cfg->socket_path, d->cfg->socket_path) != 0)
+		log_warnx("socket path changed to %s: takes effect after a restart",
+			cfg->socket_path);
+	log_setlevel(cfg->log_level);
+	config_diff(d->cfg, cfg, reload_model, d);
+	config_free(d->cfg);
+	d->cfg = cfg;
+	notify_send("READY=1");
+	send_status(d);
+}
+
+static void
+close_walk(uv_handle_t *h, void *arg)
+{
+	if (!uv_is_closing(h))
+		uv_close(h, NULL);
+}
+
+static void
+shutdown_daemon(struct daemon *d)
+{
+	log_info("shutting down");
+	notify_send("STOPPING=1");
+	server_stop(d->server);
+	d->server = NULL;
+	d->reg.changed = NULL;
+	warm_pool_close(d->pool);
+	d->pool = NULL;
+	registry_close(&d->reg);
+	uv_close((uv_handle_t *)&d->sigterm, NULL);
+	uv_close((uv_handle_t *)&d->sigint, NULL);
+	uv_close((uv_handle_t *)&d->sighup, NULL);
+	uv_close((uv_handle_t *)&d->status_timer, NULL);
+}
+
+static void
+on_signal(uv_signal_t *s, int signum)
+{
+	struct daemon *d = s->data;
+
+	if (signum == SIGHUP)
+		reload(d);
+	else
+		shutdown_daemon(d);
+}
+
+int
+main(int argc, char **argv)
+{
+	static const struct option options[] = {
+		{ "config", required_argument, NULL, 'c' },
+		{ "check", no_argument, NULL, 'C' },
+		{ "debug", no_argument, NULL, 'd' },
+		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
+		{ NULL, 0, NULL, 0 },
+	};
+	struct daemon d = { .config_path = DEFAULT_CONFIG };
+	struct warm_options wopt = { 0 };
+	struct server_options sopt = { 0 };
+	int opt, do_check = 0, debug = 0, listen_fd, r;
+
+	while ((opt = getopt_long(argc, argv, "c:dhV", options, NULL)) != -1) {
+		switch (opt) {
+		case 'c':
+			d.config_path = optarg;
+			break;
+		case 'C':
+			do_check = 1;
+			break;
+		case 'd':
+			debug = 1;
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		case 'V':
+			printf("wcached %s\n", WCACHE_VERSION);
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind != argc) {
+		usage(stderr);
+		return 2;
+	}
+	if (do_check)
+		return check(d.config_path);
+
+	log_init(LOG_LEVEL_INFO, "wcached");
+	if (config_load(d.config_path, &d.cfg) < 0)
+		fatalx("%s", error_get());
+	log_setlevel(debug ? LOG_LEVEL_DEBUG : d.cfg->log_level);
+	signal(SIGPIPE, SIG_IGN);
+	if ((r = notify_init()) < 0)
+		log_warnx("%s", error_get());
+
+	if ((r = uv_loop_init(&d.loop)) < 0)
+		fatalx("uv_loop_init: %s", uv_strerror(r));
+	wopt.threads = (unsigned)d.cfg->prefetch_threads;
+	if ((r = warm_pool_new(&d.loop, &wopt, &d.pool)) < 0)
+		fatalx("cannot start %d prefetch threads: %s", d.cfg->prefetch_threads,
+			strerror(-r));
+	registry_init(&d.reg, d.pool);
+	d.reg.owner = &d;
+	d.reg.changed = on_registry_changed;
+	for (size_t i = 0; i < d.cfg->n_models; i++)
+		load_model(&d, &d.cfg->models[i]);
+
+	r = listen_fds_take("client", SOCK_SEQPACKET, &listen_fd);
+	if (r < 0)
+		fatalx("%s", error_get());
+	if (r == 0) {
+		if ((listen_fd = server_listen_path(d.cfg->socket_path, 0660)) < 0)
+			fatalx("%s", error_get());
+		d.created_socket = strdup(d.cfg->socket_path);
+	}
+	listen_fds_unset();
+	sopt.max_clients = d.cfg->max_clients;
+	if (server_start(&d.loop, &d.reg, listen_fd, &sopt, &d.server) < 0)
+		fatalx("%s", error_get());
+
+	uv_signal_init(&d.loop, &d.sigterm);
+	uv_signal_init(&d.loop, &d.sigint);
+	uv_signal_init(&d.loop, &d.sighup);
+	d.sigterm.data = d.sigint.data = d.sighup.data = &d;
+	uv_signal_start(&d.sigterm, on_signal, SIGTERM);
+	uv_signal_start(&d.sigint, on_signal, SIGINT);
+	uv_signal_start(&d.sighup, on_signal, SIGHUP);
+	uv_timer_init(&d.loop, &d.status_timer);
+	d.status_timer.data = &d;
+	uv_timer_start(&d.status_timer, on_status_timer, 1000, 1000);
+
+	log_info("serving on %s", d.cfg->socket_path);
+	notify_send("READY=1");
+	send_status(&d);
+	uv_run(&d.loop, UV_RUN_DEFAULT);
+
+	/* Every handle is closed; close anything left and drain the loop. */
+	uv_walk(&d.loop, close_walk, NULL);
+	uv_run(&d.loop, UV_RUN_DEFAULT);
+	if ((r = uv_loop_close(&d.loop)) < 0)
+		log_warnx("uv_loop_close: %s", uv_strerror(r));
+	if (d.created_socket != NULL) {
+		unlink(d.created_socket);
+		free(d.created_socket);
+	}
+	notify_close();
+	config_free(d.cfg);
+	log_info("stopped");
+	return 0;
+}

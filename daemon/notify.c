@@ -1,0 +1,289 @@
+/*
+ * notify.c: the sd_notify datagram protocol and socket activation, written
+ * directly against the documented environment variables so that wcached
+ * needs no libsystemd (see notify.h, sd_notify(3), sd_listen_fds(3)).
+ *
+ * The notification socket is opened once by notify_init(); notify_send()
+ * addresses each datagram with sendmsg() to the saved address, as sd_notify
+ * does, so a manager that re-creates its socket is still reached.
+ */
+#include "notify.h"
+
+#include "error.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+/* The first fd systemd passes (SD_LISTEN_FDS_START). */
+#define LISTEN_FDS_START 3
+
+/* Send buffer for the notification socket, like libsystemd's. */
+#define NOTIFY_SNDBUF (8 * 1024 * 1024)
+
+/* Set by notify_init(), read by notify_send(). */
+static int notify_fd = -1;
+static struct sockaddr_un notify_addr;
+static socklen_t notify_addrlen;
+
+/* Fills addr and *len from a $NOTIFY_SOCKET value: "/path" is a filesystem
+ * socket (length includes the terminating NUL), "@name" an abstract one (the
+ * '@' becomes the leading NUL; length counts exactly the name's bytes). */
+static int
+notify_parse_address(const char *value, struct sockaddr_un *addr, socklen_t *len)
+{
+	size_t n = strlen(value);
+
+	memset(addr, 0, sizeof(*addr));
+	addr->sun_family = AF_UNIX;
+	if (value[0] == '/') {
+		if (n >= sizeof(addr->sun_path))
+			return error_set(-EINVAL,
+				"NOTIFY_SOCKET=%s: path too long for a unix socket (max %zu bytes)",
+				value, sizeof(addr->sun_path) - 1);
+		memcpy(addr->sun_path, value, n + 1);
+		*len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n + 1);
+		return 0;
+	}
+	if (value[0] == '@') {
+		if (n < 2)
+			return error_set(-EINVAL, "NOTIFY_SOCKET=@: empty abstract socket name");
+		if (n > sizeof(addr->sun_path))
+			return error_set(-EINVAL,
+				"NOTIFY_SOCKET=%s: abstract name too long (max %zu bytes)", value,
+				sizeof(addr->sun_path) - 1);
+		addr->sun_path[0] = '\0';
+		memcpy(addr->sun_path + 1, value + 1, n - 1);
+		*len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n);
+		return 0;
+	}
+	return error_set(-EINVAL,
+		"NOTIFY_SOCKET=%s: not a unix socket address (must start with '/' or '@')", value);
+}
+
+int
+notify_init(void)
+{
+	const char *value = getenv("NOTIFY_SOCKET");
+	struct sockaddr_un addr;
+	socklen_t len = 0;
+	int fd, r, sndbuf = NOTIFY_SNDBUF;
+
+	notify_close();
+	if (value == NULL || *value == '\0')
+		return 0;
+	r = notify_parse_address(value, &addr, &len);
+	if (r < 0)
+		return r;
+	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return error_set(-errno, "NOTIFY_SOCKET=%s: socket: %s", value, strerror(errno));
+	/* Best effort, as in libsystemd: a small buffer only means a send may
+	 * wait for the manager to read. */
+	(void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
+	notify_addr = addr;
+	notify_addrlen = len;
+	notify_fd = fd;
+	return 1;
+}
+
+int
+notify_send(const char *fmt, ...)
+{
+	char buf[NOTIFY_MAX_MESSAGE + 1];
+	struct iovec iov;
+	struct msghdr msg;
+	va_list ap;
+	int n;
+
+	if (notify_fd < 0)
+		return 0;
+	va_start(ap, fmt);
+	n = vsnprintf(buf, sizeof(buf), fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		return error_set(-EINVAL, "notify: cannot format state string");
+	if ((size_t)n > NOTIFY_MAX_MESSAGE)
+		return error_set(-EMSGSIZE, "notify: state string of %d bytes is too long (max %d)",
+			n, NOTIFY_MAX_MESSAGE);
+
+	iov.iov_base = buf;
+	iov.iov_len = (size_t)n;
+	memset(&msg, 0, sizeof(msg));
+	msg.msg_name = &notify_addr;
+	msg.msg_namelen = notify_addrlen;
+	msg.msg_iov = &iov;
+	msg.msg_iovlen = 1;
+	for (;;) {
+		ssize_t sent = sendmsg(notify_fd, &msg, MSG_NOSIGNAL);
+
+		if (sent >= 0)
+			return 1;
+		if (errno != EINTR)
+			return error_set(-errno, "notify: sendmsg to $NOTIFY_SOCKET: %s",
+				strerror(errno));
+	}
+}
+
+void
+notify_close(void)
+{
+	if (notify_fd >= 0)
+		close(notify_fd);
+	notify_fd = -1;
+	notify_addrlen = 0;
+}
+
+/* Parses a whole decimal number in [0, max] (no sign, no spaces, no junk).
+ * Returns 0 or -EINVAL. */
+static int
+parse_decimal(const char *s, long long max, long long *out)
+{
+	long long v = 0;
+
+	if (s == NULL || *s == '\0')
+		return -EINVAL;
+	for (; *s != '\0'; s++) {
+		if (*s < '0' || *s > '9')
+			return -EINVAL;
+		if (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, *s - '0', &v) ||
+			v > max)
+			return -EINVAL;
+	}
+	*out = v;
+	return 0;
+}
+
+/* Finds name in the colon-separated list names, which must have exactly
+ * count entries. Stores its index (the first match) or -1 when absent in
+ * *index and returns 0; returns -EINVAL when the number of entries is not
+ * count. */
+static int
+find_fd_name(const char *names, const char *name, long long count, long long *index)
+{
+	size_t name_len = strlen(name);
+	long long i = 0;
+	long long found = -1;
+	const char *p = names;
+
+	for (;;) {
+		const char *end = strchr(p, ':');
+		size_t len = end != NULL ? (size_t)(end - p) : strlen(p);
+
+		if (found < 0 && len == name_len && memcmp(p, name, len) == 0)
+			found = i;
+		i++;
+		if (end == NULL)
+			break;
+		p = end + 1;
+	}
+	if (i != count)
+		return error_set(-EINVAL, "LISTEN_FDNAMES=%s has %lld names but LISTEN_FDS=%lld",
+			names, i, count);
+	*index = found;
+	return 0;
+}
+
+/* Checks that fd is an AF_UNIX socket of the given type, listening when the
+ * type is connection oriented. */
+static int
+check_listen_fd(int fd, const char *name, int type)
+{
+	int domain = 0, socktype = 0, listening = 0;
+	socklen_t len;
+
+	if (fcntl(fd, F_GETFD) < 0)
+		return error_set(-EBADF, "socket activation: fd %d (\"%s\") is not open", fd,
+			name);
+	len = sizeof(domain);
+	if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) < 0) {
+		if (errno == ENOTSOCK)
+			return error_set(-EINVAL, "socket activation: fd %d (\"%s\") is not a socket",
+				fd, name);
+		return error_set(-errno, "socket activation: fd %d (\"%s\"): SO_DOMAIN: %s", fd,
+			name, strerror(errno));
+	}
+	if (domain != AF_UNIX)
+		return error_set(-EINVAL,
+			"socket activation: fd %d (\"%s\") is not a unix socket (family %d)", fd,
+			name, domain);
+	len = sizeof(socktype);
+	if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &socktype, &len) < 0)
+		return error_set(-errno, "socket activation: fd %d (\"%s\"): SO_TYPE: %s", fd,
+			name, strerror(errno));
+	if (socktype != type)
+		return error_set(-EINVAL,
+			"socket activation: fd %d (\"%s\") has socket type %d, expected %d "
+			"(check ListenSequentialPacket=/ListenStream= in the .socket unit)",
+			fd, name, socktype, type);
+	if (type == SOCK_STREAM || type == SOCK_SEQPACKET) {
+		len = sizeof(listening);
+		if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) < 0)
+			return error_set(-errno,
+				"socket activation: fd %d (\"%s\"): SO_ACCEPTCONN: %s", fd, name,
+				strerror(errno));
+		if (!listening)
+			return error_set(-EINVAL,
+				"socket activation: fd %d (\"%s\") is not a listening socket", fd,
+				name);
+	}
+	return 0;
+}
+
+int
+listen_fds_take(const char *name, int type, int *fd)
+{
+	const char *pid_s = getenv("LISTEN_PID");
+	const char *fds_s = getenv("LISTEN_FDS");
+	const char *names = getenv("LISTEN_FDNAMES");
+	long long pid = 0, count = 0, index = -1;
+	int r, flags, candidate;
+
+	if (pid_s == NULL || fds_s == NULL)
+		return 0;
+	if (parse_decimal(pid_s, INT_MAX, &pid) < 0)
+		return error_set(-EINVAL, "LISTEN_PID=%s is not a process id", pid_s);
+	if (pid != (long long)getpid())
+		return 0;
+	if (parse_decimal(fds_s, INT_MAX - LISTEN_FDS_START, &count) < 0)
+		return error_set(-EINVAL, "LISTEN_FDS=%s is not a count of descriptors", fds_s);
+	if (count == 0)
+		return 0;
+	if (names != NULL) {
+		r = find_fd_name(names, name, count, &index);
+		if (r < 0)
+			return r;
+	} else {
+		/* systemd's default name for fds without FileDescriptorName=. */
+		index = strcmp(name, "unknown") == 0 ? 0 : -1;
+	}
+	if (index < 0)
+		return 0;
+
+	candidate = LISTEN_FDS_START + (int)index;
+	r = check_listen_fd(candidate, name, type);
+	if (r < 0)
+		return r;
+	flags = fcntl(candidate, F_GETFD);
+	if (flags < 0 || fcntl(candidate, F_SETFD, flags | FD_CLOEXEC) < 0)
+		return error_set(-errno, "socket activation: fd %d (\"%s\"): F_SETFD: %s",
+			candidate, name, strerror(errno));
+	*fd = candidate;
+	return 1;
+}
+
+void
+listen_fds_unset(void)
+{
+	unsetenv("LISTEN_PID");
+	unsetenv("LISTEN_FDS");
+	unsetenv("LISTEN_FDNAMES");
+}

@@ -1,0 +1,80 @@
+/*
+ * notify.h: the two systemd service protocols wcached speaks, implemented
+ * directly (no libsystemd):
+ *
+ * - sd_notify: state strings ("READY=1", "RELOADING=1", "STOPPING=1",
+ *   "STATUS=...") sent as datagrams to the AF_UNIX socket named by
+ *   $NOTIFY_SOCKET. A value starting with '/' is a filesystem socket; one
+ *   starting with '@' is an abstract socket (the '@' stands for the leading
+ *   NUL byte; the name's length is exact, with no trailing NUL). Anything else
+ *   is an error.
+ *
+ * - socket activation: the listening sockets systemd passes as fds 3, 4, ...
+ *   described by $LISTEN_PID, $LISTEN_FDS and $LISTEN_FDNAMES (the
+ *   FileDescriptorName= of each socket in the .socket unit).
+ *
+ * Conventions as elsewhere: 0 or a positive count on success, a negative
+ * errno-style code on failure with the message in error_get(). No function
+ * here logs.
+ */
+#ifndef WC_NOTIFY_H
+#define WC_NOTIFY_H
+
+/* Longest state string notify_send() sends, in bytes (systemd reads at most
+ * this much of each datagram). */
+#define NOTIFY_MAX_MESSAGE 4096
+
+/* Reads $NOTIFY_SOCKET and opens the datagram socket used by notify_send()
+ * (SOCK_CLOEXEC; owned by this module until notify_close()). Returns 1 when
+ * notifications will be sent, 0 when $NOTIFY_SOCKET is unset or empty (not
+ * run by systemd, or Type= is not notify: notify_send() does nothing), or
+ * -EINVAL when the value is not a usable address (relative, too long for
+ * sun_path, "@" alone), or the error of socket(). Calling it again closes the
+ * previous socket first. The variable is left in the environment. Call it
+ * before starting threads. */
+int notify_init(void);
+
+/* Formats the whole state string, e.g. notify_send("READY=1\nSTATUS=serving
+ * %zu models", n), and sends it as one datagram with sendmsg(MSG_NOSIGNAL).
+ * Returns 1 when sent, 0 when notifications are off (notify_init() returned
+ * 0 or was not called), -EMSGSIZE when the string is longer than
+ * NOTIFY_MAX_MESSAGE, or the error of sendmsg() (for example -ECONNREFUSED
+ * when the manager is gone). The send blocks only while the receiver's queue
+ * is full (the socket has a large send buffer, like sd_notify's). Safe to
+ * call from any thread. */
+int notify_send(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Closes the notification socket; notify_send() becomes a no-op. */
+void notify_close(void);
+
+/* Takes the socket-activated fd whose name in $LISTEN_FDNAMES is name.
+ *
+ * Returns 1 and stores the fd in *fd when $LISTEN_PID is this process,
+ * $LISTEN_FDS counts the fds from 3 on and one of them is called name; the
+ * fd is then an AF_UNIX socket of the given type (SOCK_STREAM,
+ * SOCK_SEQPACKET or SOCK_DGRAM), listening when the type is connection
+ * oriented, and has FD_CLOEXEC set. The caller owns it from then on (its
+ * O_NONBLOCK flag is as systemd left it: set it if the event loop needs it).
+ * Returns 0 and leaves *fd untouched when there is no activation (LISTEN_PID
+ * unset or another process's, LISTEN_FDS unset or 0) or no fd of that name:
+ * the caller creates its own socket. Returns -EINVAL when the variables are
+ * malformed (a count that does not match the number of names) or the fd is
+ * not what it must be (wrong family or type, not listening), -EBADF when the
+ * fd is not open; the message names the fd and the variable.
+ *
+ * When $LISTEN_FDNAMES is unset every fd is called "unknown", as in
+ * sd_listen_fds_with_names(). The first fd with a matching name wins.
+ *
+ * Call it once per name: the environment is left alone so that the daemon
+ * can take its client socket and its control socket with two calls. Call
+ * listen_fds_unset() after the last one so that child processes do not see
+ * the variables. Fds that nobody takes stay open without FD_CLOEXEC; the
+ * .socket unit should name exactly the sockets the daemon takes. */
+int listen_fds_take(const char *name, int type, int *fd);
+
+/* Removes LISTEN_PID, LISTEN_FDS and LISTEN_FDNAMES from the environment
+ * (like sd_listen_fds(1)). Not thread-safe (setenv/unsetenv): call it at
+ * start-up. */
+void listen_fds_unset(void);
+
+#endif /* WC_NOTIFY_H */

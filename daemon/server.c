@@ -1,0 +1,491 @@
+/*
+ * server.c: the client socket (see server.h).
+ *
+ * Each connection owns its descriptor, its uv_poll_t, a list of the
+ * generations it attached (one client reference each), and at most one
+ * pending reply. The descriptors in a pending ATTACH_OK belong to the
+ * generation, which the attach already holds, so they stay open until the
+ * reply is sent. A malformed message gets an ERROR reply when possible and
+ * the connection is closed; nothing a client sends affects another client.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "fdpass.h"
+#include "log.h"
+#include "server.h"
+#include "wire.h"
+
+#define DEFAULT_MAX_CLIENTS 1024
+#define DEFAULT_MAX_ATTACHES 4096
+#define READS_PER_WAKEUP 16
+
+struct attach_ref {
+	uint64_t handle;
+	struct generation *gen;
+};
+
+struct conn {
+	uv_poll_t poll;
+	struct server *srv;
+	int fd;
+	pid_t pid;
+	uid_t uid;
+	struct attach_ref *refs;
+	size_t nrefs, refs_cap;
+	uint8_t out[WIRE_MAX_MESSAGE]; /* pending reply */
+	size_t out_len;
+	int out_fds[WIRE_MAX_FDS];     /* borrowed from a held generation */
+	size_t out_nfds;
+	int pending;
+	int close_after_send;
+	int closing;
+	struct conn *next, **prevp;
+};
+
+struct server {
+	uv_loop_t *loop;
+	struct registry *reg;
+	uv_poll_t listen_poll;
+	int listen_fd;
+	struct conn *conns;
+	unsigned nconns;
+	unsigned max_clients, max_attaches;
+	uint64_t next_handle;
+	int stopping;
+};
+
+static void conn_close(struct conn *c);
+static void conn_io(uv_poll_t *handle, int status, int events);
+
+unsigned
+server_clients(const struct server *s)
+{
+	return s->nconns;
+}
+
+/* Sends a reply now, or keeps it and waits for the socket to drain. */
+static void
+conn_send(struct conn *c, const uint8_t *buf, size_t len, const int *fds, size_t nfds)
+{
+	ssize_t n = fdp_send(c->fd, buf, len, fds, nfds);
+
+	if (n == -EAGAIN) {
+		memcpy(c->out, buf, len);
+		c->out_len = len;
+		memcpy(c->out_fds, fds, nfds * sizeof(*fds));
+		c->out_nfds = nfds;
+		c->pending = 1;
+		uv_poll_start(&c->poll, UV_WRITABLE | UV_DISCONNECT, conn_io);
+		return;
+	}
+	if (n < 0) {
+		log_debug("client pid %d: send: %s", (int)c->pid, strerror((int)-n));
+		conn_close(c);
+		return;
+	}
+	if (c->close_after_send)
+		conn_close(c);
+}
+
+/* Replies with an error; fatal ones close the connection once sent. */
+static void
+conn_error(struct conn *c, uint32_t seq, int code, int fatal, const char *fmt, ...)
+	__attribute__((format(printf, 5, 6)));
+
+static void
+conn_error(struct conn *c, uint32_t seq, int code, int fatal, const char *fmt, ...)
+{
+	uint8_t buf[WIRE_MAX_MESSAGE];
+	char text[WIRE_MAX_MESSAGE];
+	va_list ap;
+	ssize_t n;
+
+	va_start(ap, fmt);
+	vsnprintf(text, sizeof(text), fmt, ap);
+	va_end(ap);
+	if (fatal) {
+		log_warnx("client pid %d uid %u: %s; closing the connection", (int)c->pid,
+			(unsigned)c->uid, text);
+		c->close_after_send = 1;
+	}
+	/* The wire carries positive errno values. */
+	if ((n = wire_put_error(buf, sizeof(buf), seq, -code, text)) < 0) {
+		conn_close(c);
+		return;
+	}
+	conn_send(c, buf, (size_t)n, NULL, 0);
+}
+
+static void
+handle_attach(struct conn *c, const struct wire_message *msg)
+{
+	struct server *s = c->srv;
+	struct model_entry *m;
+	struct generation *g;
+	struct wire_attach_ok ok = { 0 };
+	uint8_t buf[WIRE_MAX_MESSAGE];
+	int fds[WIRE_MAX_FDS];
+	char name[WIRE_MAX_NAME + 1];
+	const char *p;
+	size_t len;
+	ssize_t n;
+
+	if (wire_get_attach(msg, &p, &len) < 0) {
+		conn_error(c, msg->h.seq, -EBADMSG, 1, "malformed ATTACH");
+		return;
+	}
+	memcpy(name, p, len);
+	name[len] = '\0';
+	if ((m = registry_find(s->reg, name)) == NULL) {
+		conn_error(c, msg->h.seq, -ENOENT, 0, "not served");
+		return;
+	}
+	if ((g = m->current) == NULL) {
+		m->error_count++;
+		conn_error(c, msg->h.seq, -EIO, 0, "failed to load: %s",
+			m->error != NULL ? m->error : "unknown error");
+		return;
+	}
+	if (g->state == GEN_MODIFIED || g->state == GEN_FAILED) {
+		m->error_count++;
+		conn_error(c, msg->h.seq, g->state == GEN_MODIFIED ? -ESTALE : -EIO, 0,
+			g->state == GEN_MODIFIED ?
+				"generation %" PRIu64 " was modified in place and is not served; "
+				"replace model files with rename(2), then reload" :
+				"generation %" PRIu64 " failed while warming",
+			g->number);
+		return;
+	}
+	if (c->nrefs >= s->max_attaches) {
+		conn_error(c, msg->h.seq, -EMFILE, 0, "more than %u attaches on one connection",
+			s->max_attaches);
+		return;
+	}
+	if (c->nrefs == c->refs_cap) {
+		size_t cap = c->refs_cap ? c->refs_cap * 2 : 8;
+		struct attach_ref *r = realloc(c->refs, cap * sizeof(*r));
+
+		if (r == NULL) {
+			conn_error(c, msg->h.seq, -ENOMEM, 0, "out of memory");
+			return;
+		}
+		c->refs = r;
+		c->refs_cap = cap;
+	}
+	ok.generation = g->number;
+	ok.handle = ++s->next_handle;
+	ok.index_size = g->index_size;
+	ok.file_count = (uint32_t)g->source.nfiles;
+	fds[0] = g->index_fd;
+	for (size_t i = 0; i < g->source.nfiles; i++)
+		fds[1 + i] = g->source.files[i].fd;
+	if ((n = wire_put_attach_ok(buf, sizeof(buf), msg->h.seq, &ok)) < 0) {
+		conn_error(c, msg->h.seq, -EPROTO, 0, "cannot encode reply");
+		return;
+	}
+	generation_ref(g);
+	c->refs[c->nrefs++] = (struct attach_ref){ ok.handle, g };
+	m->attach_count++;
+	log_debug("client pid %d: attached \"%s\" generation %" PRIu64 " (handle %" PRIu64 ")",
+		(int)c->pid, name, g->number, ok.handle);
+	conn_send(c, buf, (size_t)n, fds, 1 + g->source.nfiles);
+}
+
+static void
+handle_release(struct conn *c, const struct wire_message *msg)
+{
+	uint8_t buf[WIRE_HEADER_SIZE];
+	uint64_t handle;
+	ssize_t n;
+
+	if (wire_get_release(msg, &handle) < 0) {
+		conn_error(c, msg->h.seq, -EBADMSG, 1, "malformed RELEASE");
+		return;
+	}
+	for (size_t i = 0; i < c->nrefs; i++) {
+		if (c->refs[i].handle != handle)
+			continue;
+		struct generation *g = c->refs[i].gen;
+
+		c->refs[i] = c->refs[--c->nrefs];
+		generation_unref(c->srv->reg, g);
+		if ((n = wire_put_release_ok(buf, sizeof(buf), msg->h.seq)) >= 0)
+			conn_send(c, buf, (size_t)n, NULL, 0);
+		return;
+	}
+	conn_error(c, msg->h.seq, -ENOENT, 0, "no attach with handle %" PRIu64, handle);
+}
+
+/* Reads and handles messages until the socket is empty, a reply is
+ * pending, or the connection closes. */
+static void
+conn_read(struct conn *c)
+{
+	uint8_t buf[WIRE_MAX_MESSAGE];
+	int fds[1];
+	size_t nfds = 0;
+	struct wire_message msg;
+	ssize_t n;
+	int r;
+
+	for (int i = 0; i < READS_PER_WAKEUP && !c->pending && !c->closing; i++) {
+		n = fdp_recv(c->fd, buf, sizeof(buf), fds, 0, &nfds);
+		if (n == -EAGAIN)
+			return;
+		if (n == 0) {
+			conn_close(c);
+			return;
+		}
+		if (n == -EBADMSG) {
+			conn_error(c, 0, -EBADMSG, 1, "sent descriptors, which wcached never accepts");
+			return;
+		}
+		if (n == -EMSGSIZE) {
+			conn_error(c, 0, -EMSGSIZE, 1, "message longer than %u bytes",
+				WIRE_MAX_MESSAGE);
+			return;
+		}
+		if (n < 0) {
+			log_debug("client pid %d: receive: %s", (int)c->pid, strerror((int)-n));
+			conn_close(c);
+			return;
+		}
+		if ((r = wire_decode(buf, (size_t)n, &msg)) < 0) {
+			conn_error(c, 0, r, 1, r == -EPROTO ? "protocol version mismatch" :
+							      "malformed message");
+			return;
+		}
+		switch (msg.h.type) {
+		case WIRE_ATTACH:
+			handle_attach(c, &msg);
+			break;
+		case WIRE_RELEASE:
+			handle_release(c, &msg);
+			break;
+		default:
+			conn_error(c, msg.h.seq, -EBADMSG, 1, "unexpected message type %u",
+				msg.h.type);
+			break;
+		}
+	}
+}
+
+static void
+conn_io(uv_poll_t *handle, int status, int events)
+{
+	struct conn *c = handle->data;
+	ssize_t n;
+
+	if (status < 0 || (events & UV_DISCONNECT)) {
+		conn_close(c);
+		return;
+	}
+	if ((events & UV_WRITABLE) && c->pending) {
+		n = fdp_send(c->fd, c->out, c->out_len, c->out_fds, c->out_nfds);
+		if (n == -EAGAIN)
+			return;
+		c->pending = 0;
+		if (n < 0 || c->close_after_send) {
+			conn_close(c);
+			return;
+		}
+		uv_poll_start(&c->poll, UV_READABLE | UV_DISCONNECT, conn_io);
+	}
+	if (events & UV_READABLE)
+		conn_read(c);
+}
+
+static void
+conn_free(uv_handle_t *handle)
+{
+	struct conn *c = handle->data;
+
+	close(c->fd);
+	free(c->refs);
+	free(c);
+}
+
+/* Releases everything the connection holds and closes it. */
+static void
+conn_close(struct conn *c)
+{
+	if (c->closing)
+		return;
+	c->closing = 1;
+	for (size_t i = 0; i < c->nrefs; i++)
+		generation_unref(c->srv->reg, c->refs[i].gen);
+	c->nrefs = 0;
+	*c->prevp = c->next;
+	if (c->next != NULL)
+		c->next->prevp = c->prevp;
+	c->srv->nconns--;
+	uv_poll_stop(&c->poll);
+	uv_close((uv_handle_t *)&c->poll, conn_free);
+}
+
+/* Refuses a connection over the limit with an error message. */
+static void
+refuse(int fd, const char *text)
+{
+	uint8_t buf[WIRE_MAX_MESSAGE];
+	ssize_t n = wire_put_error(buf, sizeof(buf), 0, EUSERS, text);
+
+	if (n > 0)
+		(void)fdp_send(fd, buf, (size_t)n, NULL, 0);
+	close(fd);
+}
+
+static void
+on_accept(uv_poll_t *handle, int status, int events)
+{
+	struct server *s = handle->data;
+	struct ucred cred;
+	socklen_t clen = sizeof(cred);
+	struct conn *c;
+	int fd;
+
+	if (status < 0)
+		return;
+	for (;;) {
+		fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		if (fd == -1) {
+			if (errno == EINTR || errno == ECONNABORTED)
+				continue;
+			if (errno != EAGAIN)
+				log_warn("accept");
+			return;
+		}
+		if (s->nconns >= s->max_clients) {
+			log_warnx("refusing a client: %u clients connected (max_clients)",
+				s->nconns);
+			refuse(fd, "too many clients connected to wcached");
+			continue;
+		}
+		if ((c = calloc(1, sizeof(*c))) == NULL) {
+			refuse(fd, "wcached is out of memory");
+			continue;
+		}
+		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0) {
+			c->pid = cred.pid;
+			c->uid = cred.uid;
+		}
+		c->fd = fd;
+		c->srv = s;
+		if (uv_poll_init(s->loop, &c->poll, fd) < 0) {
+			free(c);
+			refuse(fd, "wcached cannot watch the connection");
+			continue;
+		}
+		c->poll.data = c;
+		c->next = s->conns;
+		if (s->conns != NULL)
+			s->conns->prevp = &c->next;
+		c->prevp = &s->conns;
+		s->conns = c;
+		s->nconns++;
+		uv_poll_start(&c->poll, UV_READABLE | UV_DISCONNECT, conn_io);
+	}
+}
+
+int
+server_start(uv_loop_t *loop, struct registry *reg, int listen_fd,
+	const struct server_options *opt, struct server **out)
+{
+	struct server *s = calloc(1, sizeof(*s));
+	int r;
+
+	if (s == NULL)
+		return error_set(-ENOMEM, "server: out of memory");
+	s->loop = loop;
+	s->reg = reg;
+	s->listen_fd = listen_fd;
+	/* A socket passed by systemd may be blocking; accept4 must not block. */
+	if (fcntl(listen_fd, F_SETFL, fcntl(listen_fd, F_GETFL) | O_NONBLOCK) == -1) {
+		free(s);
+		return error_set(-errno, "client socket: fcntl: %s", strerror(errno));
+	}
+	s->max_clients = opt && opt->max_clients ? opt->max_clients : DEFAULT_MAX_CLIENTS;
+	s->max_attaches = opt && opt->max_attaches ? opt->max_attaches : DEFAULT_MAX_ATTACHES;
+	if ((r = uv_poll_init(loop, &s->listen_poll, listen_fd)) < 0) {
+		free(s);
+		return error_set(r, "client socket: %s", uv_strerror(r));
+	}
+	s->listen_poll.data = s;
+	uv_poll_start(&s->listen_poll, UV_READABLE, on_accept);
+	*out = s;
+	return 0;
+}
+
+static void
+server_free(uv_handle_t *handle)
+{
+	struct server *s = handle->data;
+
+	close(s->listen_fd);
+	free(s);
+}
+
+void
+server_stop(struct server *s)
+{
+	if (s == NULL || s->stopping)
+		return;
+	s->stopping = 1;
+	while (s->conns != NULL)
+		conn_close(s->conns);
+	uv_poll_stop(&s->listen_poll);
+	uv_close((uv_handle_t *)&s->listen_poll, server_free);
+}
+
+int
+server_listen_path(const char *path, mode_t mode)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct stat st;
+	int fd, probe, e;
+
+	if (strlen(path) >= sizeof(sa.sun_path))
+		return error_set(-ENAMETOOLONG, "%s: socket path longer than %zu bytes", path,
+			sizeof(sa.sun_path) - 1);
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	if (lstat(path, &st) == 0) {
+		if (!S_ISSOCK(st.st_mode))
+			return error_set(-EEXIST, "%s: exists and is not a socket", path);
+		/* A socket file: is a daemon behind it? */
+		probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+		if (probe == -1)
+			return error_set(-errno, "socket: %s", strerror(errno));
+		if (connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+			close(probe);
+			return error_set(-EADDRINUSE, "%s: another wcached is listening there",
+				path);
+		}
+		e = errno;
+		close(probe);
+		if (e != ECONNREFUSED && e != ENOENT && e != EPROTOTYPE)
+			return error_set(-e, "%s: %s", path, strerror(e));
+		if (unlink(path) == -1 && errno != ENOENT)
+			return error_set(-errno, "%s: removing stale socket: %s", path,
+				strerror(errno));
+	}
+	if ((fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0)) == -1)
+		return error_set(-errno, "socket: %s", strerror(errno));
+	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == -1 || chmod(path, mode) == -1 ||
+		listen(fd, SOMAXCONN) == -1) {
+		e = errno;
+		close(fd);
+		return error_set(-e, "%s: %s", path, strerror(e));
+	}
+	return fd;
+}

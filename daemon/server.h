@@ -1,0 +1,50 @@
+/*
+ * server.h: the client socket of wcached.
+ *
+ * Workers connect to a SOCK_SEQPACKET socket and send ATTACH and RELEASE
+ * (proto/PROTOCOL.md). Each connection is watched with a uv_poll_t and read
+ * and written with recvmsg/sendmsg, because libuv cannot pass arbitrary
+ * descriptors. A connection has at most one reply in flight: while a reply
+ * waits for a slow client's buffer to drain, that client is not read, and no
+ * other client waits for it.
+ */
+#ifndef WC_SERVER_H
+#define WC_SERVER_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "registry.h"
+
+struct server;
+
+struct server_options {
+	unsigned max_clients;          /* connections at once; 0 = 1024 */
+	unsigned max_attaches;         /* live attaches per connection; 0 = 4096 */
+};
+
+/*
+ * Starts serving on listen_fd (a listening SOCK_SEQPACKET socket, which the
+ * server owns from now on, whether it was created by wcached or passed by
+ * systemd). Returns 0 or a negative errno.
+ */
+int server_start(uv_loop_t *loop, struct registry *reg, int listen_fd,
+	const struct server_options *opt, struct server **out);
+
+/* Connected clients right now. */
+unsigned server_clients(const struct server *s);
+
+/* Closes the listening socket and every connection (releasing what they
+ * hold); the memory is freed from libuv close callbacks, so run the loop
+ * afterwards. */
+void server_stop(struct server *s);
+
+/*
+ * Creates, binds and listens on a SOCK_SEQPACKET socket at path with the
+ * given mode. A stale socket file (nobody accepts on it) is replaced; a live
+ * daemon on the same path is -EADDRINUSE. Returns the fd or -errno with the
+ * message in error_get().
+ */
+int server_listen_path(const char *path, mode_t mode);
+
+#endif

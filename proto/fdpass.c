@@ -1,0 +1,175 @@
+/*
+ * fdpass.c: sending and receiving one message with descriptors over a Unix
+ * socket (SCM_RIGHTS), for the wcache client protocol.
+ *
+ * The protocol runs on SOCK_SEQPACKET, so one sendmsg() is one message and
+ * the descriptors sent with it arrive with it or not at all. What can still
+ * go wrong is on the receiving side: a message longer than the buffer
+ * (MSG_TRUNC), more descriptors than the control buffer holds (MSG_CTRUNC:
+ * the kernel has closed the ones that did not fit, but installed the others
+ * in this process), more descriptors than the caller expects, or control
+ * messages of another kind. Every descriptor the kernel installs is owned by
+ * fdp_recv() until it hands it to the caller, so on every error path it
+ * closes all of them: a hostile peer cannot make us leak descriptors.
+ *
+ * No libuv, no error_set(): only negative errno codes, as the rest of proto/.
+ */
+#include "fdpass.h"
+#include "wire.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+/*
+ * The receive control buffer: room for WIRE_MAX_FDS descriptors and for a
+ * credentials message (a socket with SO_PASSCRED gets one with every
+ * message). A peer that sends more than fits gets MSG_CTRUNC, an error.
+ */
+#define FDP_CONTROL_SIZE (CMSG_SPACE(sizeof(int) * WIRE_MAX_FDS) + CMSG_SPACE(sizeof(struct ucred)))
+
+/* The most descriptors one recvmsg() can install with that buffer. */
+#define FDP_RECV_MAX (FDP_CONTROL_SIZE / sizeof(int))
+
+union fdp_control {
+	struct cmsghdr align;
+	unsigned char buf[FDP_CONTROL_SIZE];
+};
+
+/*
+ * Sends len bytes and nfds descriptors (at most WIRE_MAX_FDS) as one message
+ * with MSG_NOSIGNAL, so a closed peer is -EPIPE rather than SIGPIPE. No
+ * descriptors means no control message. The caller keeps ownership of its
+ * descriptors. Returns the bytes sent, -EINVAL for bad arguments (including
+ * an empty message, which the receiver could not tell from end of stream),
+ * or -errno from sendmsg (-EAGAIN when a non-blocking socket is full); EINTR
+ * is retried.
+ */
+ssize_t
+fdp_send(int sock, const void *buf, size_t len, const int *fds, size_t nfds)
+{
+	union fdp_control control;
+	struct iovec iov;
+	struct msghdr msg;
+	struct cmsghdr *cmsg;
+	ssize_t n;
+
+	if (buf == NULL || len == 0 || nfds > WIRE_MAX_FDS || (nfds > 0 && fds == NULL))
+		return -EINVAL;
+	memset(&msg, 0, sizeof(msg));
+	iov.iov_base = (void *)(uintptr_t)buf; /* sendmsg does not write it */
+	iov.iov_len = len;
+	msg.msg_iov = &iov;
+	msg.msg_iovlen = 1;
+	if (nfds > 0) {
+		memset(&control, 0, sizeof(control));
+		msg.msg_control = control.buf;
+		msg.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
+		cmsg = CMSG_FIRSTHDR(&msg);
+		cmsg->cmsg_level = SOL_SOCKET;
+		cmsg->cmsg_type = SCM_RIGHTS;
+		cmsg->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+		memcpy(CMSG_DATA(cmsg), fds, sizeof(int) * nfds);
+	}
+	do
+		n = sendmsg(sock, &msg, MSG_NOSIGNAL);
+	while (n < 0 && errno == EINTR);
+	return n < 0 ? -errno : n;
+}
+
+/*
+ * Receives one message into buf (cap bytes) and at most maxfds descriptors,
+ * which arrive close-on-exec (MSG_CMSG_CLOEXEC). Walks every control
+ * message: descriptors from SCM_RIGHTS are collected in order, anything else
+ * (SCM_CREDENTIALS, ...) is skipped. On success the caller owns the *nfds
+ * descriptors written to fds. Returns the message length; 0 at end of stream
+ * (any descriptors that came with an empty packet are closed); or -errno:
+ * -EAGAIN, -EMSGSIZE when the message was longer than cap, -EBADMSG when
+ * descriptors were cut off or more than maxfds arrived, -EINVAL for bad
+ * arguments, or the error of recvmsg (EINTR is retried). On error no
+ * descriptor is returned, every one received is closed, and fds and *nfds
+ * are untouched.
+ */
+ssize_t
+fdp_recv(int sock, void *buf, size_t cap, int *fds, size_t maxfds, size_t *nfds)
+{
+	union fdp_control control;
+	int got[FDP_RECV_MAX];
+	size_t ngot = 0;
+	struct iovec iov;
+	struct msghdr msg;
+	struct cmsghdr *cmsg;
+	ssize_t n;
+
+	if (buf == NULL || nfds == NULL || (maxfds > 0 && fds == NULL))
+		return -EINVAL;
+	memset(&msg, 0, sizeof(msg));
+	iov.iov_base = buf;
+	iov.iov_len = cap;
+	msg.msg_iov = &iov;
+	msg.msg_iovlen = 1;
+	msg.msg_control = control.buf;
+	msg.msg_controllen = sizeof(control.buf);
+	do
+		n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return -errno;
+
+	/* Take every descriptor the kernel installed, whatever else is wrong
+	 * with the message, so that the error paths below can close them. */
+	for (cmsg = CMSG_FIRSTHDR(&msg); cmsg != NULL; cmsg = CMSG_NXTHDR(&msg, cmsg)) {
+		size_t k, data, room;
+
+		/* The kernel fills the buffer, but do not read past it even so. */
+		room = msg.msg_controllen - (size_t)((unsigned char *)cmsg - control.buf);
+		if (cmsg->cmsg_level != SOL_SOCKET || cmsg->cmsg_type != SCM_RIGHTS ||
+		        cmsg->cmsg_len < CMSG_LEN(0) || cmsg->cmsg_len > room)
+			continue;
+		data = (cmsg->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (k = 0; k < data && ngot < FDP_RECV_MAX; k++)
+			memcpy(&got[ngot++], CMSG_DATA(cmsg) + k * sizeof(int), sizeof(int));
+	}
+
+	if (msg.msg_flags & MSG_CTRUNC) {
+		fdp_close_all(got, ngot);
+		return -EBADMSG;
+	}
+	if (msg.msg_flags & MSG_TRUNC) {
+		fdp_close_all(got, ngot);
+		return -EMSGSIZE;
+	}
+	if (ngot > maxfds) {
+		fdp_close_all(got, ngot);
+		return -EBADMSG;
+	}
+	if (n == 0) {
+		/* End of stream, or an empty packet (which fdp_send never sends
+		 * and the protocol forbids): either way no descriptor for the
+		 * caller. */
+		fdp_close_all(got, ngot);
+		*nfds = 0;
+		return 0;
+	}
+	if (ngot > 0)
+		memcpy(fds, got, ngot * sizeof(int));
+	*nfds = ngot;
+	return n;
+}
+
+/* Closes the n descriptors in fds that are not -1 and sets them to -1.
+ * Accepts NULL. */
+void
+fdp_close_all(int *fds, size_t n)
+{
+	if (fds == NULL)
+		return;
+	for (size_t i = 0; i < n; i++) {
+		if (fds[i] >= 0) {
+			close(fds[i]); /* Linux: the fd is gone even on EINTR */
+			fds[i] = -1;
+		}
+	}
+}

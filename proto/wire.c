@@ -1,0 +1,384 @@
+/*
+ * wire.c: encoding and decoding of wcache client protocol messages
+ * (proto/PROTOCOL.md).
+ *
+ * Every byte a peer sends is hostile until checked, so wire_decode() checks a
+ * whole message against its minimum and maximum size, the magic, the version,
+ * the type and the exact payload layout of that type before anything reads a
+ * field. Integers are read and written with explicit little-endian shifts,
+ * never by casting a buffer pointer to a struct, so the code is independent
+ * of the host's byte order and of the buffer's alignment.
+ *
+ * This file only returns codes; it never prints and never calls error_set()
+ * (proto/ depends on nothing else in the tree). The callers turn the codes
+ * into messages that name the peer and the model.
+ */
+#include "wire.h"
+
+#include <errno.h>
+#include <string.h>
+
+/* Payload sizes fixed by the protocol. */
+#define WIRE_RELEASE_SIZE 8u
+#define WIRE_ATTACH_OK_SIZE 40u
+#define WIRE_ERROR_MIN 4u /* the i32 code */
+
+/* Error codes carried by WIRE_ERROR are positive Linux errno values;
+ * 4095 is the kernel's MAX_ERRNO. */
+#define WIRE_ERROR_CODE_MAX 4095
+
+/* The largest payload that fits in one message. */
+#define WIRE_MAX_PAYLOAD (WIRE_MAX_MESSAGE - WIRE_HEADER_SIZE)
+
+_Static_assert(WIRE_HEADER_SIZE == 16, "the wire header is 16 bytes");
+_Static_assert(WIRE_HEADER_SIZE + WIRE_MAX_NAME <= WIRE_MAX_MESSAGE,
+        "an ATTACH with the longest name fits in one message");
+_Static_assert(WIRE_HEADER_SIZE + WIRE_ATTACH_OK_SIZE <= WIRE_MAX_MESSAGE,
+        "an ATTACH_OK fits in one message");
+
+/* Little-endian loads and stores by byte shifts. */
+
+static uint16_t
+get_le16(const uint8_t *p)
+{
+	return (uint16_t)(p[0] | (uint16_t)p[1] << 8);
+}
+
+static uint32_t
+get_le32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t
+get_le64(const uint8_t *p)
+{
+	return (uint64_t)get_le32(p) | (uint64_t)get_le32(p + 4) << 32;
+}
+
+static void
+put_le16(uint8_t *p, uint16_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+}
+
+static void
+put_le32(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+	p[2] = (uint8_t)(v >> 16);
+	p[3] = (uint8_t)(v >> 24);
+}
+
+static void
+put_le64(uint8_t *p, uint64_t v)
+{
+	put_le32(p, (uint32_t)v);
+	put_le32(p + 4, (uint32_t)(v >> 32));
+}
+
+/*
+ * Checks that a payload of n bytes has the layout its type requires. The
+ * message's total size is already known to be within WIRE_MAX_MESSAGE.
+ * Returns 0, or -EBADMSG for an unknown type or a payload of the wrong size
+ * or content.
+ */
+static int
+check_payload(uint16_t type, const uint8_t *p, uint32_t n)
+{
+	int32_t code;
+
+	switch (type) {
+	case WIRE_ATTACH:
+		if (n < 1 || n > WIRE_MAX_NAME || memchr(p, 0, n) != NULL)
+			return -EBADMSG;
+		return 0;
+	case WIRE_RELEASE:
+		return n == WIRE_RELEASE_SIZE ? 0 : -EBADMSG;
+	case WIRE_ATTACH_OK:
+		if (n != WIRE_ATTACH_OK_SIZE)
+			return -EBADMSG;
+		/* flags (offset 28) must be 0 and file_count (offset 24) must fit in
+		 * one SCM_RIGHTS message with the index memfd. */
+		if (get_le32(p + 24) > WIRE_MAX_FDS - 1 || get_le32(p + 28) != 0)
+			return -EBADMSG;
+		return 0;
+	case WIRE_RELEASE_OK:
+		return n == 0 ? 0 : -EBADMSG;
+	case WIRE_ERROR:
+		if (n < WIRE_ERROR_MIN || memchr(p + 4, 0, n - 4) != NULL)
+			return -EBADMSG;
+		/* A code of 0 or below would read as success to a client that
+		 * returns -code; refuse it here, once, for every receiver. */
+		code = (int32_t)get_le32(p);
+		if (code < 1 || code > WIRE_ERROR_CODE_MAX)
+			return -EBADMSG;
+		return 0;
+	default:
+		return -EBADMSG;
+	}
+}
+
+/*
+ * Checks buf[0..len) as one whole message and, if it is valid, fills *out
+ * with the decoded header and a pointer to the payload inside buf (valid as
+ * long as buf is). The checks run in this order, so the first failure names
+ * the most basic problem:
+ *   len < 16 or len > WIRE_MAX_MESSAGE        -EMSGSIZE
+ *   magic is not WIRE_MAGIC                   -EBADMSG
+ *   version is not WIRE_VERSION               -EPROTO
+ *   unknown type                              -EBADMSG
+ *   length field != len - 16                  -EBADMSG
+ *   payload does not fit the type's layout    -EBADMSG
+ * *out is untouched on failure.
+ */
+int
+wire_decode(const uint8_t *buf, size_t len, struct wire_message *out)
+{
+	struct wire_header h;
+	int rc;
+
+	if (buf == NULL || out == NULL)
+		return -EINVAL;
+	if (len < WIRE_HEADER_SIZE || len > WIRE_MAX_MESSAGE)
+		return -EMSGSIZE;
+	h.magic = get_le32(buf);
+	h.version = get_le16(buf + 4);
+	h.type = get_le16(buf + 6);
+	h.length = get_le32(buf + 8);
+	h.seq = get_le32(buf + 12);
+	if (h.magic != WIRE_MAGIC)
+		return -EBADMSG;
+	if (h.version != WIRE_VERSION)
+		return -EPROTO;
+	switch (h.type) {
+	case WIRE_ATTACH:
+	case WIRE_RELEASE:
+	case WIRE_ATTACH_OK:
+	case WIRE_RELEASE_OK:
+	case WIRE_ERROR:
+		break;
+	default:
+		return -EBADMSG;
+	}
+	if (h.length != len - WIRE_HEADER_SIZE)
+		return -EBADMSG;
+	rc = check_payload(h.type, buf + WIRE_HEADER_SIZE, h.length);
+	if (rc < 0)
+		return rc;
+	out->h = h;
+	out->payload = buf + WIRE_HEADER_SIZE;
+	return 0;
+}
+
+/*
+ * The payload getters below take a message wire_decode() accepted. Each one
+ * checks the message's type and checks the payload layout again (a caller may
+ * have built the wire_message by hand), and returns -EBADMSG when the message
+ * is not of the type asked for or does not have its layout. Out-parameters
+ * are untouched on failure.
+ */
+static int
+check_message(const struct wire_message *m, uint16_t type)
+{
+	if (m == NULL || m->payload == NULL)
+		return -EINVAL;
+	if (m->h.type != type || m->h.length > WIRE_MAX_PAYLOAD)
+		return -EBADMSG;
+	return check_payload(type, m->payload, m->h.length);
+}
+
+/* The model name of an ATTACH: name_len bytes at *name, not NUL-terminated,
+ * pointing into the message's buffer. */
+int
+wire_get_attach(const struct wire_message *m, const char **name, size_t *name_len)
+{
+	int rc = check_message(m, WIRE_ATTACH);
+
+	if (rc < 0)
+		return rc;
+	if (name == NULL || name_len == NULL)
+		return -EINVAL;
+	*name = (const char *)m->payload;
+	*name_len = m->h.length;
+	return 0;
+}
+
+/* The handle a RELEASE names. */
+int
+wire_get_release(const struct wire_message *m, uint64_t *handle)
+{
+	int rc = check_message(m, WIRE_RELEASE);
+
+	if (rc < 0)
+		return rc;
+	if (handle == NULL)
+		return -EINVAL;
+	*handle = get_le64(m->payload);
+	return 0;
+}
+
+/* The fields of an ATTACH_OK. */
+int
+wire_get_attach_ok(const struct wire_message *m, struct wire_attach_ok *out)
+{
+	const uint8_t *p;
+	int rc = check_message(m, WIRE_ATTACH_OK);
+
+	if (rc < 0)
+		return rc;
+	if (out == NULL)
+		return -EINVAL;
+	p = m->payload;
+	out->generation = get_le64(p);
+	out->handle = get_le64(p + 8);
+	out->index_size = get_le64(p + 16);
+	out->file_count = get_le32(p + 24);
+	out->flags = get_le32(p + 28);
+	out->status_slot = get_le64(p + 32);
+	return 0;
+}
+
+/* The code (a positive errno value) and the text of an ERROR; the text is
+ * text_len bytes at *text, not NUL-terminated, possibly empty, and not
+ * guaranteed to be valid UTF-8. */
+int
+wire_get_error(const struct wire_message *m, int32_t *code, const char **text, size_t *text_len)
+{
+	int rc = check_message(m, WIRE_ERROR);
+
+	if (rc < 0)
+		return rc;
+	if (code == NULL || text == NULL || text_len == NULL)
+		return -EINVAL;
+	*code = (int32_t)get_le32(m->payload);
+	*text = (const char *)m->payload + 4;
+	*text_len = m->h.length - 4;
+	return 0;
+}
+
+/* Writes the 16-byte header for a payload of length bytes. */
+static void
+put_header(uint8_t *buf, uint16_t type, uint32_t length, uint32_t seq)
+{
+	put_le32(buf, WIRE_MAGIC);
+	put_le16(buf + 4, (uint16_t)WIRE_VERSION);
+	put_le16(buf + 6, type);
+	put_le32(buf + 8, length);
+	put_le32(buf + 12, seq);
+}
+
+/*
+ * Encoders. Each writes one whole message to buf and returns its length:
+ * -EINVAL when the arguments could not form a valid message (the decoder
+ * would refuse it), -EMSGSIZE when cap is too small for it. buf is untouched
+ * on failure.
+ */
+
+/* ATTACH: name is len bytes (1..WIRE_MAX_NAME, no NUL), not necessarily
+ * NUL-terminated. */
+ssize_t
+wire_put_attach(uint8_t *buf, size_t cap, uint32_t seq, const char *name, size_t len)
+{
+	if (buf == NULL || name == NULL || len < 1 || len > WIRE_MAX_NAME ||
+	        memchr(name, 0, len) != NULL)
+		return -EINVAL;
+	if (cap < WIRE_HEADER_SIZE || len > cap - WIRE_HEADER_SIZE)
+		return -EMSGSIZE;
+	put_header(buf, WIRE_ATTACH, (uint32_t)len, seq);
+	memcpy(buf + WIRE_HEADER_SIZE, name, len);
+	return (ssize_t)(WIRE_HEADER_SIZE + len);
+}
+
+/* RELEASE of the attach the daemon named handle. */
+ssize_t
+wire_put_release(uint8_t *buf, size_t cap, uint32_t seq, uint64_t handle)
+{
+	if (buf == NULL)
+		return -EINVAL;
+	if (cap < WIRE_HEADER_SIZE + WIRE_RELEASE_SIZE)
+		return -EMSGSIZE;
+	put_header(buf, WIRE_RELEASE, WIRE_RELEASE_SIZE, seq);
+	put_le64(buf + WIRE_HEADER_SIZE, handle);
+	return WIRE_HEADER_SIZE + WIRE_RELEASE_SIZE;
+}
+
+/* ATTACH_OK: flags must be 0 and file_count at most WIRE_MAX_FDS - 1. */
+ssize_t
+wire_put_attach_ok(uint8_t *buf, size_t cap, uint32_t seq, const struct wire_attach_ok *ok)
+{
+	uint8_t *p;
+
+	if (buf == NULL || ok == NULL || ok->flags != 0 || ok->file_count > WIRE_MAX_FDS - 1)
+		return -EINVAL;
+	if (cap < WIRE_HEADER_SIZE + WIRE_ATTACH_OK_SIZE)
+		return -EMSGSIZE;
+	put_header(buf, WIRE_ATTACH_OK, WIRE_ATTACH_OK_SIZE, seq);
+	p = buf + WIRE_HEADER_SIZE;
+	put_le64(p, ok->generation);
+	put_le64(p + 8, ok->handle);
+	put_le64(p + 16, ok->index_size);
+	put_le32(p + 24, ok->file_count);
+	put_le32(p + 28, ok->flags);
+	put_le64(p + 32, ok->status_slot);
+	return WIRE_HEADER_SIZE + WIRE_ATTACH_OK_SIZE;
+}
+
+/* RELEASE_OK: an empty payload. */
+ssize_t
+wire_put_release_ok(uint8_t *buf, size_t cap, uint32_t seq)
+{
+	if (buf == NULL)
+		return -EINVAL;
+	if (cap < WIRE_HEADER_SIZE)
+		return -EMSGSIZE;
+	put_header(buf, WIRE_RELEASE_OK, 0, seq);
+	return WIRE_HEADER_SIZE;
+}
+
+/*
+ * Returns how many of the first n bytes of text to keep so that the kept
+ * part ends on a UTF-8 character boundary: when text is longer than n, a
+ * character whose continuation bytes start at text[n] is dropped whole.
+ */
+static size_t
+utf8_cut(const char *text, size_t len, size_t n)
+{
+	size_t cut;
+
+	if (len <= n)
+		return len;
+	cut = n;
+	/* Back off over continuation bytes (10xxxxxx); a valid character has at
+	 * most three, and invalid input stops after three too. */
+	for (int i = 0; i < 3 && cut > 0 && ((unsigned char)text[cut] & 0xC0) == 0x80; i++)
+		cut--;
+	if (((unsigned char)text[cut] & 0xC0) == 0x80)
+		cut = n; /* not UTF-8 here: a plain cut is as good as any */
+	return cut;
+}
+
+/*
+ * ERROR: code is a positive errno value (1..4095), text a NUL-terminated
+ * message. Text that would not fit in WIRE_MAX_MESSAGE is cut at a UTF-8
+ * character boundary instead of failing, so an error can always be reported;
+ * -EMSGSIZE only when cap is smaller than the (cut) message.
+ */
+ssize_t
+wire_put_error(uint8_t *buf, size_t cap, uint32_t seq, int32_t code, const char *text)
+{
+	size_t len;
+
+	if (buf == NULL || text == NULL || code < 1 || code > WIRE_ERROR_CODE_MAX)
+		return -EINVAL;
+	len = utf8_cut(text, strnlen(text, WIRE_MAX_PAYLOAD), WIRE_MAX_PAYLOAD - WIRE_ERROR_MIN);
+	if (cap < WIRE_HEADER_SIZE + WIRE_ERROR_MIN ||
+	        len > cap - WIRE_HEADER_SIZE - WIRE_ERROR_MIN)
+		return -EMSGSIZE;
+	put_header(buf, WIRE_ERROR, (uint32_t)(WIRE_ERROR_MIN + len), seq);
+	put_le32(buf + WIRE_HEADER_SIZE, (uint32_t)code);
+	memcpy(buf + WIRE_HEADER_SIZE + WIRE_ERROR_MIN, text, len);
+	return (ssize_t)(WIRE_HEADER_SIZE + WIRE_ERROR_MIN + len);
+}

@@ -1,0 +1,80 @@
+/*
+ * wire.h: the wcache client protocol (proto/PROTOCOL.md).
+ *
+ * Messages travel on a SOCK_SEQPACKET Unix socket, one message per packet,
+ * so a message and the descriptors passed with it arrive together or not at
+ * all. Every message starts with a 16-byte header; the payload follows and
+ * its length must equal the header's length field exactly. All integers are
+ * little-endian; there are no pointers on the wire.
+ *
+ * Encoders write into a caller's buffer and return the message length.
+ * Decoders check the message against a minimum and a maximum size and the
+ * exact layout of its type before reading anything, and never allocate.
+ */
+#ifndef WC_WIRE_H
+#define WC_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define WIRE_MAGIC 0x31504357u /* "WCP1" as little-endian u32 */
+#define WIRE_VERSION 1u
+#define WIRE_HEADER_SIZE 16u
+#define WIRE_MAX_MESSAGE 4096u /* header included */
+#define WIRE_MAX_NAME 1024u    /* model name or path in ATTACH */
+#define WIRE_MAX_FDS 251u      /* index + up to 250 files; below SCM_MAX_FD */
+
+enum wire_type {
+	WIRE_ATTACH = 1,      /* client: payload = model name, 1..WIRE_MAX_NAME bytes, no NUL */
+	WIRE_RELEASE = 2,     /* client: payload = u64 handle */
+	WIRE_ATTACH_OK = 129, /* daemon: struct wire_attach_ok; fds: index memfd, then files */
+	WIRE_RELEASE_OK = 130,/* daemon: empty payload */
+	WIRE_ERROR = 255,     /* daemon: i32 errno code, then UTF-8 message (no NUL) */
+};
+
+struct wire_header {
+	uint32_t magic;
+	uint16_t version;
+	uint16_t type;
+	uint32_t length; /* payload bytes after the header */
+	uint32_t seq;    /* chosen by the client, echoed in the reply */
+};
+
+/* Payload of WIRE_ATTACH_OK: 40 bytes. */
+struct wire_attach_ok {
+	uint64_t generation;
+	uint64_t handle;      /* names this attach in RELEASE */
+	uint64_t index_size;  /* size of the index memfd */
+	uint32_t file_count;  /* descriptors after the index */
+	uint32_t flags;       /* 0 */
+	uint64_t status_slot; /* reserved for the status page (0) */
+};
+
+/* A decoded message: the header plus a view of its payload in the buffer. */
+struct wire_message {
+	struct wire_header h;
+	const uint8_t *payload;
+};
+
+/* Checks buf[0..len) as one whole message (magic, version, known type,
+ * length == len - 16, length within the type's bounds). */
+int wire_decode(const uint8_t *buf, size_t len, struct wire_message *out);
+
+/* Decoders of payloads; each requires its exact size. */
+int wire_get_attach(const struct wire_message *m, const char **name, size_t *name_len);
+int wire_get_release(const struct wire_message *m, uint64_t *handle);
+int wire_get_attach_ok(const struct wire_message *m, struct wire_attach_ok *out);
+int wire_get_error(const struct wire_message *m, int32_t *code, const char **text,
+	size_t *text_len);
+
+/* Encoders: write the whole message to buf (cap bytes) and return its length,
+ * or -EMSGSIZE / -EINVAL. */
+ssize_t wire_put_attach(uint8_t *buf, size_t cap, uint32_t seq, const char *name, size_t len);
+ssize_t wire_put_release(uint8_t *buf, size_t cap, uint32_t seq, uint64_t handle);
+ssize_t wire_put_attach_ok(uint8_t *buf, size_t cap, uint32_t seq,
+	const struct wire_attach_ok *ok);
+ssize_t wire_put_release_ok(uint8_t *buf, size_t cap, uint32_t seq);
+ssize_t wire_put_error(uint8_t *buf, size_t cap, uint32_t seq, int32_t code, const char *text);
+
+#endif

@@ -1,0 +1,151 @@
+/*
+ * fuzz_wire.c: libFuzzer harness for proto/wire.c, the decoder every byte a
+ * peer sends goes through.
+ *
+ * Properties checked, beyond "no crash, no out-of-bounds read":
+ *   - wire_decode() either accepts or returns one of the three documented
+ *     codes, and sizes outside [16, WIRE_MAX_MESSAGE] are always -EMSGSIZE;
+ *   - on an accepted message exactly one payload getter (the one for its
+ *     type) succeeds and the others return -EBADMSG;
+ *   - re-encoding what was decoded gives back the input byte for byte (so
+ *     the decoder and the encoders agree on every field and the decoder
+ *     accepts nothing an encoder could not have produced);
+ *   - the input used as an ATTACH name or an ERROR text encodes to a message
+ *     the decoder accepts and that carries that name or (a prefix of) text.
+ */
+#include <errno.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "wire.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* Aborts, so libFuzzer reports the input, when a property does not hold
+ * (unlike assert(), it stays in NDEBUG builds). */
+#define CHECK(cond)                                                                                \
+	do {                                                                                       \
+		if (!(cond))                                                                       \
+			abort();                                                                   \
+	} while (0)
+
+static uint8_t out[WIRE_MAX_MESSAGE];
+
+/* Re-encodes an accepted message and compares it with the input. */
+static void
+check_roundtrip(const uint8_t *data, size_t size, const struct wire_message *m)
+{
+	const char *name, *text;
+	size_t len;
+	uint64_t handle;
+	struct wire_attach_ok ok;
+	int32_t code;
+	char *copy;
+	ssize_t n = -1;
+	int hits = 0;
+
+	if (wire_get_attach(m, &name, &len) == 0) {
+		hits++;
+		CHECK(m->h.type == WIRE_ATTACH);
+		n = wire_put_attach(out, sizeof(out), m->h.seq, name, len);
+	}
+	if (wire_get_release(m, &handle) == 0) {
+		hits++;
+		CHECK(m->h.type == WIRE_RELEASE);
+		n = wire_put_release(out, sizeof(out), m->h.seq, handle);
+	}
+	if (wire_get_attach_ok(m, &ok) == 0) {
+		hits++;
+		CHECK(m->h.type == WIRE_ATTACH_OK);
+		n = wire_put_attach_ok(out, sizeof(out), m->h.seq, &ok);
+	}
+	if (wire_get_error(m, &code, &text, &len) == 0) {
+		hits++;
+		CHECK(m->h.type == WIRE_ERROR);
+		/* The encoder takes a C string; the decoder guarantees no NUL. */
+		copy = malloc(len + 1);
+		CHECK(copy != NULL);
+		memcpy(copy, text, len);
+		copy[len] = '\0';
+		n = wire_put_error(out, sizeof(out), m->h.seq, code, copy);
+		free(copy);
+	}
+	if (m->h.type == WIRE_RELEASE_OK) {
+		hits++;
+		n = wire_put_release_ok(out, sizeof(out), m->h.seq);
+	}
+	CHECK(hits == 1);
+	CHECK(n >= 0 && (size_t)n == size);
+	CHECK(memcmp(out, data, size) == 0);
+}
+
+/* Uses the input as an ATTACH name and as an ERROR text. */
+static void
+check_encoders(const uint8_t *data, size_t size)
+{
+	struct wire_message m;
+	const char *got;
+	size_t got_len;
+	int32_t code;
+	char *text;
+	ssize_t n;
+
+	n = wire_put_attach(out, sizeof(out), 1, (const char *)data, size);
+	if (size >= 1 && size <= WIRE_MAX_NAME && memchr(data, 0, size) == NULL) {
+		CHECK(n == (ssize_t)(WIRE_HEADER_SIZE + size));
+		CHECK(wire_decode(out, (size_t)n, &m) == 0);
+		CHECK(wire_get_attach(&m, &got, &got_len) == 0);
+		CHECK(got_len == size && memcmp(got, data, size) == 0);
+		/* One byte less room is -EMSGSIZE. */
+		CHECK(wire_put_attach(out, (size_t)n - 1, 1, (const char *)data, size) ==
+		        -EMSGSIZE);
+	} else {
+		CHECK(n == -EINVAL);
+	}
+
+	text = malloc(size + 1);
+	CHECK(text != NULL);
+	memcpy(text, data, size);
+	text[size] = '\0';
+	n = wire_put_error(out, sizeof(out), 2, EIO, text);
+	CHECK(n >= (ssize_t)(WIRE_HEADER_SIZE + 4) && (size_t)n <= WIRE_MAX_MESSAGE);
+	CHECK(wire_decode(out, (size_t)n, &m) == 0);
+	CHECK(wire_get_error(&m, &code, &got, &got_len) == 0);
+	CHECK(code == EIO);
+	CHECK(memcmp(got, text, got_len) == 0);
+	CHECK(wire_put_error(out, (size_t)n - 1, 2, EIO, text) == -EMSGSIZE);
+	/* Cut only when it had to be, and by less than one UTF-8 character
+	 * (or exactly at the limit, for text that is not UTF-8 there). */
+	{
+		size_t full = strlen(text);
+		size_t room = WIRE_MAX_MESSAGE - WIRE_HEADER_SIZE - 4;
+
+		if (full <= room)
+			CHECK(got_len == full);
+		else
+			CHECK(got_len <= room && got_len + 3 >= room);
+	}
+	free(text);
+}
+
+int
+LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	struct wire_message m;
+	int rc;
+
+	rc = wire_decode(data, size, &m);
+	if (size < WIRE_HEADER_SIZE || size > WIRE_MAX_MESSAGE)
+		CHECK(rc == -EMSGSIZE);
+	if (rc == 0) {
+		CHECK(m.payload == data + WIRE_HEADER_SIZE);
+		CHECK(m.h.length == size - WIRE_HEADER_SIZE);
+		check_roundtrip(data, size, &m);
+	} else {
+		CHECK(rc == -EMSGSIZE || rc == -EBADMSG || rc == -EPROTO);
+	}
+	check_encoders(data, size);
+	return 0;
+}

@@ -1,0 +1,116 @@
+"""Shared fixtures of the integration tests: the build's binaries, small
+models made with mkmodel, and a real wcached on sockets in a temporary
+directory. Waits are conditions with deadlines, never bare sleeps."""
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+BUILD = os.environ.get("WCACHE_BUILD") or os.path.join(
+    os.path.dirname(__file__), "..", "..", "build")
+BIN = os.path.abspath(os.path.join(BUILD, "bin"))
+
+
+def binary(name):
+    path = os.path.join(BIN, name)
+    assert os.path.exists(path), f"{path} is missing: build first"
+    return path
+
+
+def wait_until(cond, timeout=30.0, what="condition"):
+    """Polls cond() until it is true or the deadline passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def mkmodel(path, layers=2, hidden=64, ffn=128, vocab=100, seed=1, dtype="BF16"):
+    subprocess.run([binary("mkmodel"), "--layers", str(layers), "--hidden", str(hidden),
+                    "--ffn", str(ffn), "--vocab", str(vocab), "--seed", str(seed),
+                    "--dtype", dtype, str(path)], check=True, stdout=subprocess.DEVNULL)
+    return str(path)
+
+
+def connectable(path):
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        s.connect(str(path))
+        s.close()
+        return True
+    except OSError:
+        return False
+
+
+def fd_count(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+class Daemon:
+    """A wcached process with its config, sockets and log in one directory."""
+
+    def __init__(self, tmp, models, extra=""):
+        self.dir = tmp
+        self.socket = str(tmp / "wcached.sock")
+        self.control = str(tmp / "control.sock")
+        self.conf = str(tmp / "wcached.conf")
+        self.log = str(tmp / "wcached.log")
+        self.write_config(models, extra)
+        self.proc = None
+
+    def write_config(self, models, extra=""):
+        text = (f"[wcached]\nsocket = {self.socket}\ncontrol = {self.control}\n"
+                f"prefetch_threads = 2\nlog_level = debug\n{extra}\n")
+        for name, path in models.items():
+            text += f"[model {name}]\npath = {path}\n\n"
+        with open(self.conf, "w") as f:
+            f.write(text)
+
+    def start(self, env=None):
+        self.logf = open(self.log, "w")
+        self.proc = subprocess.Popen([binary("wcached"), "-c", self.conf],
+                                     stderr=self.logf, env=env)
+        wait_until(lambda: self.proc.poll() is not None or connectable(self.socket),
+                   what="wcached to listen")
+        assert self.proc.poll() is None, self.read_log()
+        return self
+
+    def read_log(self):
+        with open(self.log) as f:
+            return f.read()
+
+    def stop(self):
+        """SIGTERM; returns the exit status."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            status = self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            status = self.proc.wait()
+        self.logf.close()
+        return status
+
+    def attach(self, name, *extra):
+        return subprocess.run([binary("wcachectl"), "attach", name, "--socket", self.socket,
+                               *extra], capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture
+def model(tmp_path):
+    return mkmodel(tmp_path / "small.safetensors")
+
+
+@pytest.fixture
+def daemon(tmp_path, model):
+    d = Daemon(tmp_path, {"small": model}).start()
+    yield d
+    status = d.stop()
+    assert status == 0, f"wcached exited with {status}:\n{d.read_log()}"

@@ -1,0 +1,452 @@
+"""Integration tests of `wcachectl convert`, checked with `wcachectl inspect --json`
+and with independent Python readers and writers of both formats.
+
+Run by /usr/bin/python3 -m pytest with WCACHE_BUILD pointing to the build
+directory (bin/wcachectl). The models are written here, in Python, from the
+format specifications (safetensors; WEIG as in proto/FORMAT.md), so the C code
+is checked against the specs and not only against itself.
+"""
+
+import json
+import os
+import struct
+import subprocess
+
+import numpy as np
+import pytest
+
+WEIG_MAGIC = 0x57454947
+
+# safetensors dtype -> (WEIG code, numpy dtype or None, bits per element)
+DTYPES = {
+    "F32": (0, "f4", 32), "F16": (1, "f2", 16), "BF16": (2, None, 16), "I8": (3, "i1", 8),
+    "U8": (4, "u1", 8), "I32": (5, "i4", 32), "F64": (6, "f8", 64), "I64": (7, "i8", 64),
+    "U64": (8, "u8", 64), "U32": (9, "u4", 32), "I16": (10, "i2", 16), "U16": (11, "u2", 16),
+    "BOOL": (12, "?", 8), "F8_E4M3": (13, None, 8), "F8_E5M2": (14, None, 8),
+    "F8_E8M0": (15, None, 8), "F8_E4M3FNUZ": (16, None, 8), "F8_E5M2FNUZ": (17, None, 8),
+    "F4": (18, None, 4), "F6_E2M3": (19, None, 6), "F6_E3M2": (20, None, 6),
+    "C64": (21, "c8", 64),
+}
+CODE_TO_DTYPE = {v[0]: k for k, v in DTYPES.items()}
+
+
+# ---- fixtures and helpers ----
+
+@pytest.fixture(scope="session")
+def ctl():
+    build = os.environ.get("WCACHE_BUILD")
+    if not build:
+        pytest.fail("WCACHE_BUILD is not set (it names the build directory)")
+    path = os.path.join(build, "bin", "wcachectl")
+    if not os.access(path, os.X_OK):
+        pytest.fail(f"{path} is missing: build wcachectl first")
+    return path
+
+
+def run(ctl, *args):
+    return subprocess.run([ctl, *args], capture_output=True, text=True, timeout=120)
+
+
+def convert(ctl, *args):
+    r = run(ctl, "convert", *args)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    return r
+
+
+def inspect(ctl, path):
+    r = run(ctl, "inspect", "--json", str(path))
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def nbytes(dtype, shape):
+    count = 1
+    for d in shape:
+        count *= d
+    return count * DTYPES[dtype][2] // 8
+
+
+def random_bytes(rng, n):
+    return rng.integers(0, 256, size=n, dtype=np.uint8).tobytes()
+
+
+def write_safetensors(path, tensors, metadata=None, order=None):
+    """tensors: {name: (dtype, shape, bytes)}; data laid out in `order` (default:
+    insertion order) with no alignment, header unpadded."""
+    header, data, cur = {}, bytearray(), 0
+    if metadata:
+        header["__metadata__"] = metadata
+    for name in order or tensors:
+        dtype, shape, raw = tensors[name]
+        header[name] = {"dtype": dtype, "shape": list(shape),
+                        "data_offsets": [cur, cur + len(raw)]}
+        data += raw
+        cur += len(raw)
+    h = json.dumps(header, ensure_ascii=False).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + bytes(data))
+
+
+def read_safetensors(path):
+    """Returns (header_len, metadata, {name: (dtype, shape, bytes)}, raw file)."""
+    raw = open(path, "rb").read()
+    (n,) = struct.unpack_from("<Q", raw, 0)
+    header = json.loads(raw[8:8 + n])
+    meta = header.pop("__metadata__", {})
+    out = {}
+    for name, t in header.items():
+        a, b = t["data_offsets"]
+        out[name] = (t["dtype"], tuple(t["shape"]), raw[8 + n + a:8 + n + b])
+    return n, meta, out, raw
+
+
+def up(v, a):
+    return (v + a - 1) // a * a
+
+
+def write_weig(path, tensors, metadata=None, big_endian=False):
+    """A WEIG writer written from proto/FORMAT.md. tensors: {name: (dtype,
+    shape, bytes in the file's byte order)}."""
+    e = ">" if big_endian else "<"
+    names = sorted(tensors, key=lambda s: s.encode())
+    meta = sorted((metadata or {}).items(), key=lambda kv: kv[0].encode())
+    n, nm = len(names), len(meta)
+    off = 64 + 48 * n + 16 * nm
+    shape_off, name_off, meta_off = [], [], []
+    for name in names:
+        shape_off.append(off)
+        off += 8 * len(tensors[name][1])
+    for name in names:
+        name_off.append(off)
+        off += len(name.encode()) + 1
+    for k, v in meta:
+        meta_off.append((off, off + len(k.encode()) + 1))
+        off += len(k.encode()) + len(v.encode()) + 2
+    data = up(off, 4096)
+    cur, data_off = data, []
+    for name in names:
+        cur = up(cur, 64)
+        data_off.append(cur)
+        cur += len(tensors[name][2])
+    size = up(cur, 8) + 16
+    b = bytearray(size)
+    struct.pack_into(e + "IIQQQQQQQ", b, 0, WEIG_MAGIC, 1, n, 64, data, size,
+                     1 if nm else 0, 64 + 48 * n if nm else 0, nm)
+    for i, name in enumerate(names):
+        dtype, shape, raw = tensors[name]
+        struct.pack_into(e + "QIIQQQQ", b, 64 + 48 * i, name_off[i], DTYPES[dtype][0], 0,
+                         shape_off[i], len(shape), data_off[i], len(raw))
+        for d, s in enumerate(shape):
+            struct.pack_into(e + "Q", b, shape_off[i] + 8 * d, s)
+        nb = name.encode()
+        b[name_off[i]:name_off[i] + len(nb)] = nb
+        b[data_off[i]:data_off[i] + len(raw)] = raw
+    for i, (k, v) in enumerate(meta):
+        struct.pack_into(e + "QQ", b, 64 + 48 * n + 16 * i, *meta_off[i])
+        b[meta_off[i][0]:meta_off[i][0] + len(k.encode())] = k.encode()
+        b[meta_off[i][1]:meta_off[i][1] + len(v.encode())] = v.encode()
+    b[size - 16:size - 8] = b"WEIGTAIL"
+    struct.pack_into(e + "Q", b, size - 8, size)
+    with open(path, "wb") as f:
+        f.write(bytes(b))
+
+
+def read_weig(path):
+    """Reads a little-endian WEIG file: (header fields, metadata, tensors)."""
+    raw = open(path, "rb").read()
+    magic, version, count, table, data, size, flags, r0, r1 = struct.unpack_from(
+        "<IIQQQQQQQ", raw, 0)
+    assert (magic, version, size) == (WEIG_MAGIC, 1, len(raw))
+    assert raw[-16:-8] == b"WEIGTAIL" and struct.unpack_from("<Q", raw, len(raw) - 8)[0] == size
+
+    def cstr(off):
+        return raw[off:raw.index(b"\0", off)].decode()
+
+    tensors = {}
+    for i in range(count):
+        no, code, pad, so, nd, do, ds = struct.unpack_from("<QIIQQQQ", raw, table + 48 * i)
+        assert pad == 0
+        shape = struct.unpack_from(f"<{nd}Q", raw, so)
+        tensors[cstr(no)] = (CODE_TO_DTYPE[code], tuple(shape), raw[do:do + ds], do)
+    meta = {}
+    if flags & 1:
+        for i in range(r1):
+            ko, vo = struct.unpack_from("<QQ", raw, r0 + 16 * i)
+            meta[cstr(ko)] = cstr(vo)
+    return {"data_offset": data, "flags": flags, "names": list(tensors)}, meta, tensors
+
+
+def file_bytes(entry):
+    with open(entry["file"], "rb") as f:
+        f.seek(entry["offset"])
+        return f.read(entry["nbytes"])
+
+
+def assert_same_inspect(a, b):
+    """Two `inspect --json` outputs describe the same model, data included."""
+    assert a["metadata"] == b["metadata"]
+    assert [t["name"] for t in a["tensors"]] == [t["name"] for t in b["tensors"]]
+    for x, y in zip(a["tensors"], b["tensors"]):
+        assert (x["name"], x["dtype"], x["shape"], x["nbytes"]) == \
+               (y["name"], y["dtype"], y["shape"], y["nbytes"])
+        assert file_bytes(x) == file_bytes(y), x["name"]
+
+
+def no_temporaries(directory):
+    leftovers = [n for n in os.listdir(directory) if n.startswith(".")]
+    assert leftovers == []
+
+
+def sample_model(rng):
+    """Tensors of every dtype (a scalar, an empty tensor, odd sizes) and metadata that
+    needs escaping, in an order that is not the byte order of names."""
+    tensors = {}
+    for i, dtype in enumerate(reversed(list(DTYPES))):
+        shape = [(i % 3) + 1, 4] if DTYPES[dtype][2] % 8 else [i % 5 + 1, 3]
+        tensors[f"layer.{i}.{dtype.lower()}"] = (dtype, shape, random_bytes(rng, nbytes(dtype, shape)))
+    tensors["scalar"] = ("F64", [], random_bytes(rng, 8))
+    tensors["empty"] = ("F32", [0, 7], b"")
+    tensors["Z upper"] = ("U8", [3], b"abc")
+    tensors["\u00e9t\u00e9 \"quoted\"\\"] = ("I16", [2], random_bytes(rng, 4))
+    metadata = {"format": "pt", "quote\"s": "a\\b\n\t\u00e9", "empty": ""}
+    return tensors, metadata
+
+
+# ---- round trips ----
+
+def test_safetensors_weig_safetensors(ctl, tmp_path):
+    rng = np.random.default_rng(1)
+    tensors, metadata = sample_model(rng)
+    src = tmp_path / "model.safetensors"
+    write_safetensors(src, tensors, metadata)
+    weig = tmp_path / "model.weig"
+    back = tmp_path / "back.safetensors"
+
+    convert(ctl, str(src), str(weig))
+    info, meta, wt = read_weig(weig)
+    assert meta == metadata
+    assert info["data_offset"] % 4096 == 0
+    assert info["names"] == sorted(tensors, key=lambda s: s.encode())
+    for name, (dtype, shape, raw) in tensors.items():
+        assert wt[name][:3] == (dtype, tuple(shape), raw), name
+        assert wt[name][3] % 64 == 0
+
+    convert(ctl, str(weig), str(back))
+    hlen, meta2, st, raw = read_safetensors(back)
+    assert hlen % 8 == 0
+    assert raw[8:8 + hlen].rstrip(b" ").endswith(b"}")
+    assert meta2 == metadata
+    assert set(st) == set(tensors)
+    for name, (dtype, shape, data) in tensors.items():
+        assert st[name] == (dtype, tuple(shape), data), name
+    # Data back to back in byte order of names.
+    header = json.loads(raw[8:8 + hlen])
+    del header["__metadata__"]
+    starts = [header[n]["data_offsets"] for n in sorted(header, key=lambda s: s.encode())]
+    assert starts[0][0] == 0
+    assert all(a[1] == b[0] for a, b in zip(starts, starts[1:]))
+    assert len(raw) == 8 + hlen + starts[-1][1]
+
+    # inspect agrees on all three files.
+    a, b, c = inspect(ctl, src), inspect(ctl, weig), inspect(ctl, back)
+    assert (a["format"], b["format"], c["format"]) == ("safetensors", "weig", "safetensors")
+    assert_same_inspect(a, b)
+    assert_same_inspect(b, c)
+    assert all(t["offset"] % 64 == 0 for t in b["tensors"])
+    no_temporaries(tmp_path)
+
+
+def test_weig_to_weig_is_stable(ctl, tmp_path):
+    """WEIG -> safetensors -> WEIG gives the same bytes, and so does WEIG -> WEIG."""
+    rng = np.random.default_rng(2)
+    tensors, metadata = sample_model(rng)
+    src = tmp_path / "in.safetensors"
+    write_safetensors(src, tensors, metadata)
+    convert(ctl, str(src), str(tmp_path / "a.weig"))
+    convert(ctl, str(tmp_path / "a.weig"), str(tmp_path / "b.safetensors"))
+    convert(ctl, str(tmp_path / "b.safetensors"), str(tmp_path / "c.weig"))
+    convert(ctl, "--to", "weig", str(tmp_path / "c.weig"), str(tmp_path / "d.weig"))
+    a = (tmp_path / "a.weig").read_bytes()
+    assert a == (tmp_path / "c.weig").read_bytes()
+    assert a == (tmp_path / "d.weig").read_bytes()
+
+
+def test_python_written_weig_is_read(ctl, tmp_path):
+    """A WEIG file written from the spec by Python is accepted and served as is."""
+    rng = np.random.default_rng(3)
+    tensors, metadata = sample_model(rng)
+    path = tmp_path / "py.weig"
+    write_weig(path, tensors, metadata)
+    info = inspect(ctl, path)
+    assert info["format"] == "weig"
+    assert info["metadata"] == metadata
+    for t in info["tensors"]:
+        dtype, shape, raw = tensors[t["name"]]
+        assert (t["dtype"], t["shape"]) == (dtype, shape)
+        assert file_bytes(t) == raw
+
+
+def test_sharded_to_weig(ctl, tmp_path):
+    rng = np.random.default_rng(4)
+    shard1 = {"a.weight": ("F32", [4, 4], random_bytes(rng, 64)),
+              "c.weight": ("BF16", [8], random_bytes(rng, 16))}
+    shard2 = {"b.weight": ("I8", [5], random_bytes(rng, 5)),
+              "d.bias": ("F16", [3], random_bytes(rng, 6))}
+    d = tmp_path / "model"
+    d.mkdir()
+    write_safetensors(d / "model-00001-of-00002.safetensors", shard1, {"format": "pt"})
+    write_safetensors(d / "model-00002-of-00002.safetensors", shard2, {"format": "pt"})
+    weight_map = {n: "model-00001-of-00002.safetensors" for n in shard1}
+    weight_map.update({n: "model-00002-of-00002.safetensors" for n in shard2})
+    (d / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 91}, "weight_map": weight_map}))
+
+    for src, out in ((d / "model.safetensors.index.json", tmp_path / "from-index.weig"),
+                     (d, tmp_path / "from-dir.weig")):
+        convert(ctl, str(src), str(out))
+        _, _, wt = read_weig(out)
+        assert list(wt) == ["a.weight", "b.weight", "c.weight", "d.bias"]
+        for name, (dtype, shape, raw) in {**shard1, **shard2}.items():
+            assert wt[name][:3] == (dtype, tuple(shape), raw)
+        assert_same_inspect(inspect(ctl, src), inspect(ctl, out))
+    # Sharded to a single safetensors file works too.
+    single = tmp_path / "single.safetensors"
+    convert(ctl, str(d), str(single))
+    assert_same_inspect(inspect(ctl, d), inspect(ctl, single))
+
+
+# ---- big-endian ----
+
+def big_endian_model():
+    f32 = np.array([1.0, -2.5, 3.0e9], dtype=np.float32)
+    f16 = np.array([0.5, -1.0], dtype=np.float16)
+    i64 = np.array([[1, -2], [3, 2**40]], dtype=np.int64)
+    u16 = np.array([0x0102, 0xA0B0, 7], dtype=np.uint16)
+    c64 = np.array([1.5 - 2j, 3 + 0.25j], dtype=np.complex64)
+    f64 = np.array(np.pi, dtype=np.float64)
+    u8 = np.array([1, 2, 255], dtype=np.uint8)
+    bf16 = np.array([0x3F80, 0xC000], dtype=np.uint16)  # 1.0, -2.0 as raw bits
+    native = {"f32": ("F32", f32), "f16": ("F16", f16), "i64": ("I64", i64),
+              "u16": ("U16", u16), "c64": ("C64", c64), "f64": ("F64", f64), "u8": ("U8", u8),
+              "bf16": ("BF16", bf16)}
+    be = {name: (dt, list(a.shape), a.astype(a.dtype.newbyteorder(">")).tobytes())
+          for name, (dt, a) in native.items()}
+    be["f4"] = ("F4", [4], b"\x12\x34")  # packed nibbles: no byte order
+    le = {name: (dt, list(a.shape), a.astype(a.dtype.newbyteorder("<")).tobytes())
+          for name, (dt, a) in native.items()}
+    le["f4"] = be["f4"]
+    return be, le
+
+
+def test_big_endian_to_little_endian(ctl, tmp_path):
+    be, le = big_endian_model()
+    src = tmp_path / "be.weig"
+    write_weig(src, be, {"origin": "s390x"}, big_endian=True)
+
+    r = run(ctl, "inspect", str(src))
+    assert r.returncode == 1
+    assert r.stderr.startswith("wcachectl: ") and r.stderr.count("\n") == 1
+    assert "big-endian" in r.stderr and "wcachectl convert" in r.stderr
+
+    out = tmp_path / "le.weig"
+    convert(ctl, str(src), str(out))
+    _, meta, wt = read_weig(out)
+    assert meta == {"origin": "s390x"}
+    for name, (dtype, shape, raw) in le.items():
+        assert wt[name][:3] == (dtype, tuple(shape), raw), name
+    # Checked through numpy too: the values, not just the bytes.
+    assert np.frombuffer(wt["f32"][2], "<f4").tolist() == [1.0, -2.5, 3.0e9]
+    assert np.frombuffer(wt["c64"][2], "<c8").tolist() == [1.5 - 2j, 3 + 0.25j]
+    assert np.frombuffer(wt["i64"][2], "<i8").tolist() == [1, -2, 3, 2**40]
+    info = inspect(ctl, out)
+    assert info["format"] == "weig"
+
+    # Straight to safetensors, and without an extension the default is WEIG.
+    st = tmp_path / "le.safetensors"
+    convert(ctl, str(src), str(st))
+    _, _, tensors, _ = read_safetensors(st)
+    for name, (dtype, shape, raw) in le.items():
+        assert tensors[name] == (dtype, tuple(shape), raw), name
+    noext = tmp_path / "le-copy"
+    convert(ctl, str(src), str(noext))
+    assert noext.read_bytes() == out.read_bytes()
+    no_temporaries(tmp_path)
+
+
+# ---- choosing the target ----
+
+def magic_of(path):
+    return open(path, "rb").read(4)
+
+
+def test_default_and_explicit_target(ctl, tmp_path):
+    src = tmp_path / "in.safetensors"
+    write_safetensors(src, {"w": ("F32", [2], b"\0" * 8)})
+    weig_magic = struct.pack("<I", WEIG_MAGIC)
+
+    convert(ctl, str(src), str(tmp_path / "a.bin"))           # other format than IN's
+    assert magic_of(tmp_path / "a.bin") == weig_magic
+    convert(ctl, str(tmp_path / "a.bin"), str(tmp_path / "b"))  # WEIG in -> safetensors
+    assert inspect(ctl, tmp_path / "b")["format"] == "safetensors"
+    convert(ctl, str(tmp_path / "a.bin"), str(tmp_path / "c.weig"))  # extension wins
+    assert magic_of(tmp_path / "c.weig") == weig_magic
+    convert(ctl, "--to", "weig", str(src), str(tmp_path / "d.safetensors"))  # --to wins
+    assert magic_of(tmp_path / "d.safetensors") == weig_magic
+    convert(ctl, "--to=safetensors", str(tmp_path / "c.weig"), str(tmp_path / "e.weig"))
+    assert inspect(ctl, tmp_path / "e.weig")["format"] == "safetensors"
+    convert(ctl, str(src), "--to", "safetensors", str(tmp_path / "f"))  # options anywhere
+    assert inspect(ctl, tmp_path / "f")["format"] == "safetensors"
+
+
+# ---- errors ----
+
+def test_usage_errors(ctl, tmp_path):
+    r = run(ctl, "convert", "--help")
+    assert r.returncode == 0 and "usage: wcachectl convert" in r.stdout
+    for args in ([], ["only-one"], ["a", "b", "c"], ["--to", "onnx", "a", "b"], ["--to"],
+                 ["--bogus", "a", "b"]):
+        r = run(ctl, "convert", *args)
+        assert r.returncode == 2, args
+        assert "usage: wcachectl convert" in r.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_failures_leave_no_output(ctl, tmp_path):
+    # Missing input.
+    r = run(ctl, "convert", str(tmp_path / "missing.safetensors"), str(tmp_path / "out.weig"))
+    assert r.returncode == 1
+    assert r.stderr.startswith("wcachectl: ") and r.stderr.count("\n") == 1
+    assert "missing.safetensors" in r.stderr
+    assert os.listdir(tmp_path) == []
+
+    # A truncated WEIG input: the old OUT stays as it was.
+    write_weig(tmp_path / "good.weig", {"w": ("U8", [3], b"abc")})
+    data = (tmp_path / "good.weig").read_bytes()
+    (tmp_path / "cut.weig").write_bytes(data[:-5])
+    (tmp_path / "out.safetensors").write_bytes(b"old")
+    r = run(ctl, "convert", str(tmp_path / "cut.weig"), str(tmp_path / "out.safetensors"))
+    assert r.returncode == 1
+    assert "cut.weig" in r.stderr and "truncated" in r.stderr
+    assert (tmp_path / "out.safetensors").read_bytes() == b"old"
+
+    # A damaged safetensors input.
+    (tmp_path / "bad.safetensors").write_bytes(struct.pack("<Q", 2) + b"{]")
+    r = run(ctl, "convert", str(tmp_path / "bad.safetensors"), str(tmp_path / "out.weig"))
+    assert r.returncode == 1 and "bad.safetensors" in r.stderr
+    assert not (tmp_path / "out.weig").exists()
+
+    # An output directory that does not exist: the message names OUT.
+    out = tmp_path / "no" / "such" / "out.weig"
+    r = run(ctl, "convert", str(tmp_path / "good.weig"), str(out))
+    assert r.returncode == 1 and str(out) in r.stderr
+    assert r.stderr.count("\n") == 1
+
+    # OUT is a directory.
+    (tmp_path / "sub").mkdir()
+    r = run(ctl, "convert", str(tmp_path / "good.weig"), str(tmp_path / "sub"))
+    assert r.returncode == 1 and "sub" in r.stderr
+    assert os.listdir(tmp_path / "sub") == []
+    no_temporaries(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["bad.safetensors", "cut.weig", "good.weig",
+                                            "out.safetensors", "sub"]

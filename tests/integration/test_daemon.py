@@ -1,0 +1,234 @@
+"""wcached end to end: attaching, byte-exact sharing, config errors, reload,
+shutdown, and hostile clients. Each test starts the real daemon on sockets
+in a temporary directory and drives it with the real client library
+(demo_worker, wcachectl) or raw sockets."""
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+
+from conftest import (BIN, Daemon, binary, connectable, fd_count, mkmodel, wait_until)
+
+HEADER = struct.Struct("<IHHII")
+MAGIC = 0x31504357
+
+
+def message(mtype, payload, seq=1, length=None):
+    return HEADER.pack(MAGIC, 1, mtype, len(payload) if length is None else length,
+                       seq) + payload
+
+
+def raw_client(d):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.settimeout(10)
+    s.connect(d.socket)
+    return s
+
+
+def assert_serving(d, name="small"):
+    r = d.attach(name)
+    assert r.returncode == 0, r.stderr
+    assert f"model {name}: generation" in r.stdout
+
+
+def test_attach_reports_model(daemon, model):
+    r = daemon.attach("small", "--json", "--touch")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    inspect = json.loads(subprocess.run([binary("wcachectl"), "inspect", "--json", model],
+                                        capture_output=True, text=True, check=True).stdout)
+    assert info["tensors"] == len(inspect["tensors"])
+    assert info["bytes"] == sum(t["nbytes"] for t in inspect["tensors"])
+    assert info["generation"] == 1
+
+
+def test_concurrent_workers_verify_every_byte(tmp_path):
+    model = mkmodel(tmp_path / "m.safetensors", layers=4, hidden=256, ffn=512, vocab=1000)
+    d = Daemon(tmp_path, {"m": model}).start()
+    try:
+        procs = [subprocess.Popen([binary("demo_worker"), "--socket", d.socket, "--verify",
+                                   model, "m"], stdout=subprocess.PIPE, text=True)
+                 for _ in range(6)]
+        for p in procs:
+            out, _ = p.communicate(timeout=60)
+            assert p.returncode == 0
+            r = json.loads(out)
+            assert r["verified"] == r["bytes"] > 0
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_attach_by_configured_path(daemon, model):
+    assert_serving(daemon, model)
+
+
+def test_unknown_model(daemon):
+    r = daemon.attach("nope")
+    assert r.returncode == 1
+    assert f'model "nope" is not served by wcached at {daemon.socket}' in r.stderr
+
+
+def test_no_daemon(tmp_path):
+    r = subprocess.run([binary("wcachectl"), "attach", "x", "--socket",
+                        str(tmp_path / "none.sock")], capture_output=True, text=True)
+    assert r.returncode == 1
+    assert "wcached is not running at" in r.stderr
+
+
+def test_invalid_model_not_served_others_are(tmp_path, model):
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"version https://git-lfs.github.com/spec/v1\noid sha256:00\nsize 10\n")
+    d = Daemon(tmp_path, {"small": model, "bad": str(bad)}).start()
+    try:
+        assert_serving(d)
+        r = d.attach("bad")
+        assert r.returncode == 1
+        assert 'model "bad"' in r.stderr and "bad.safetensors" in r.stderr
+        assert "bad.safetensors" in d.read_log()
+    finally:
+        assert d.stop() == 0
+
+
+def test_config_errors_name_file_and_line(tmp_path, model):
+    conf = tmp_path / "broken.conf"
+    conf.write_text(f"[wcached]\nsocket = {tmp_path}/s.sock\n\n[model a]\npth = {model}\n")
+    for argv in (["--check", "-c", str(conf)], ["-c", str(conf)]):
+        r = subprocess.run([binary("wcached"), *argv], capture_output=True, text=True,
+                           timeout=30)
+        assert r.returncode == 1
+        assert f"{conf}:5:" in r.stderr and "pth" in r.stderr
+
+
+def test_check_validates_models(tmp_path, model):
+    good = Daemon(tmp_path, {"small": model})
+    r = subprocess.run([binary("wcached"), "--check", "-c", good.conf], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert 'model "small": ok' in r.stdout
+    bad = tmp_path / "trunc.safetensors"
+    bad.write_bytes(open(model, "rb").read()[:-1])
+    good.write_config({"small": model, "trunc": str(bad)})
+    r = subprocess.run([binary("wcached"), "--check", "-c", good.conf], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 1
+    assert 'model "trunc"' in r.stderr and "trunc.safetensors" in r.stderr
+
+
+def test_sighup_adds_and_drops_models(tmp_path, model):
+    other = mkmodel(tmp_path / "other.safetensors", seed=7)
+    d = Daemon(tmp_path, {"small": model}).start()
+    try:
+        d.write_config({"other": other})
+        d.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: d.attach("other").returncode == 0, what="model added by SIGHUP")
+        wait_until(lambda: d.attach("small").returncode == 1, what="model dropped by SIGHUP")
+        assert "not served" in d.attach("small").stderr
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_sigterm_exits_cleanly_and_removes_socket(daemon):
+    assert daemon.stop() == 0
+    assert not os.path.exists(daemon.socket)
+
+
+def test_live_daemon_on_same_socket_is_an_error(daemon, tmp_path):
+    r = subprocess.run([binary("wcached"), "-c", daemon.conf], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 1
+    assert "another wcached" in r.stderr
+    assert_serving(daemon)
+
+
+def test_stale_socket_is_replaced(tmp_path, model):
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    stale.bind(str(tmp_path / "wcached.sock"))
+    stale.close()  # the file stays, nobody listens
+    d = Daemon(tmp_path, {"small": model}).start()
+    try:
+        assert_serving(d)
+    finally:
+        assert d.stop() == 0
+
+
+def test_hostile_random_bytes(daemon):
+    s = raw_client(daemon)
+    s.send(os.urandom(200))
+    reply = s.recv(4096)
+    assert reply[:4] == struct.pack("<I", MAGIC) and HEADER.unpack(reply[:16])[2] == 255
+    assert s.recv(4096) == b""  # closed after the error
+    s.close()
+    assert_serving(daemon)
+
+
+def test_hostile_huge_length_and_truncated(daemon):
+    for msg in (message(1, b"small", length=0xFFFFFFFF), message(1, b"sm", length=5),
+                HEADER.pack(MAGIC, 1, 1, 5, 1)[:10], message(2, b"\0" * 7),
+                message(1, b"a\0b"), message(99, b""), HEADER.pack(MAGIC, 2, 1, 0, 1)):
+        s = raw_client(daemon)
+        s.send(msg)
+        reply = s.recv(4096)
+        assert HEADER.unpack(reply[:16])[2] == 255, msg
+        s.close()
+    assert_serving(daemon)
+
+
+def test_hostile_sends_fds(daemon):
+    s = raw_client(daemon)
+    r, w = os.pipe()
+    socket.send_fds(s, [message(1, b"small")], [r, w])
+    os.close(r)
+    os.close(w)
+    reply = s.recv(4096)
+    assert HEADER.unpack(reply[:16])[2] == 255
+    assert b"descriptors" in reply
+    s.close()
+    assert_serving(daemon)
+
+
+def test_client_that_never_reads(daemon):
+    base = fd_count(daemon.proc.pid)
+    s = raw_client(daemon)
+    s.setblocking(False)
+    sent = 0
+    try:
+        for i in range(100000):
+            s.send(message(1, b"small", seq=i))
+            sent += 1
+    except BlockingIOError:
+        pass
+    assert sent > 0
+    # The daemon is stuck on this client's full buffer, and serves others.
+    assert_serving(daemon)
+    s.close()
+    wait_until(lambda: fd_count(daemon.proc.pid) == base, what="fds back to baseline")
+    assert_serving(daemon)
+
+
+def test_client_disconnects_mid_request(daemon):
+    for _ in range(20):
+        s = raw_client(daemon)
+        s.send(message(1, b"small"))
+        s.close()
+    assert_serving(daemon)
+
+
+def test_release_unknown_handle(daemon):
+    s = raw_client(daemon)
+    s.send(message(2, struct.pack("<Q", 12345)))
+    reply = s.recv(4096)
+    assert HEADER.unpack(reply[:16])[2] == 255 and b"handle" in reply
+    s.close()
+    assert_serving(daemon)
+
+
+def test_fd_count_stable_after_1000_attach_cycles(daemon):
+    pid = daemon.proc.pid
+    assert_serving(daemon)
+    base = fd_count(pid)
+    r = subprocess.run([binary("demo_worker"), "--socket", daemon.socket, "--repeat", "1000",
+                        "small"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    wait_until(lambda: fd_count(pid) == base, what="daemon fd count back to baseline")

@@ -1,0 +1,205 @@
+/*
+ * demo_worker.c: a stand-in for an inference worker, for the demo, the
+ * integration tests and the benchmarks.
+ *
+ *   demo_worker [--socket PATH] [--verify FILE] [--touch] [--hold] MODEL
+ *   demo_worker --open FILE [--verify FILE] [--touch] [--hold]
+ *   demo_worker [--socket PATH] --repeat N MODEL
+ *
+ * Attaches MODEL through wcached (or maps FILE in-process with --open),
+ * optionally reads every byte of every tensor and compares it with the
+ * bytes of the safetensors FILE read with plain read(2) (so the check does
+ * not trust any wcache code path), and prints one JSON line. With --hold it
+ * then waits for a line (or EOF) on stdin before releasing, so a driver can
+ * measure memory while all workers hold the model. --repeat N attaches and
+ * releases the model N times on one connection first (for leak checks).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "wcache.h"
+
+static double
+now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int
+by_address(const void *a, const void *b)
+{
+	const wc_tensor *x = a, *y = b;
+
+	return (x->data > y->data) - (x->data < y->data);
+}
+
+/*
+ * Reads the safetensors file's data region with read(2) and compares it,
+ * in file order, with the tensors' mapped bytes. In a single safetensors
+ * file the tensors tile the data region, so this checks every byte.
+ */
+static int
+verify(const wc_model *m, const char *path, uint64_t *checked)
+{
+	size_t n = wc_model_count(m), chunk = 8u << 20;
+	wc_tensor *t = calloc(n ? n : 1, sizeof(*t));
+	uint8_t *buf = malloc(chunk), len8[8];
+	uint64_t hlen = 0;
+	int fd = open(path, O_RDONLY | O_CLOEXEC), ok = -1;
+
+	*checked = 0;
+	if (t == NULL || buf == NULL || fd == -1 || read(fd, len8, 8) != 8)
+		goto out;
+	for (int i = 0; i < 8; i++)
+		hlen |= (uint64_t)len8[i] << (8 * i);
+	if (lseek(fd, (off_t)(8 + hlen), SEEK_SET) == -1)
+		goto out;
+	for (size_t i = 0; i < n; i++)
+		if (wc_model_tensor(m, i, &t[i]) < 0)
+			goto out;
+	qsort(t, n, sizeof(*t), by_address);
+	for (size_t i = 0; i < n; i++) {
+		const uint8_t *p = t[i].data;
+
+		for (uint64_t done = 0; done < t[i].nbytes;) {
+			size_t want = t[i].nbytes - done < chunk ? (size_t)(t[i].nbytes - done) : chunk;
+			ssize_t got = read(fd, buf, want);
+
+			if (got <= 0)
+				goto out;
+			if (memcmp(buf, p + done, (size_t)got) != 0) {
+				fprintf(stderr, "demo_worker: tensor \"%s\" differs from %s at byte %" PRIu64 "\n",
+					t[i].name, path, done);
+				goto out;
+			}
+			done += (uint64_t)got;
+			*checked += (uint64_t)got;
+		}
+	}
+	ok = 0;
+out:
+	if (fd != -1)
+		close(fd);
+	free(buf);
+	free(t);
+	return ok;
+}
+
+/* Reads one byte per page of every tensor. */
+static uint64_t
+touch(const wc_model *m)
+{
+	uint64_t sum = 0;
+	wc_tensor t;
+
+	for (size_t i = 0; i < wc_model_count(m); i++) {
+		if (wc_model_tensor(m, i, &t) < 0)
+			continue;
+		const volatile uint8_t *p = t.data;
+
+		for (uint64_t off = 0; off < t.nbytes; off += 4096)
+			sum += p[off];
+	}
+	return sum;
+}
+
+int
+main(int argc, char **argv)
+{
+	const char *sock = NULL, *file = NULL, *open_path = NULL, *name = NULL;
+	int do_touch = 0, hold = 0;
+	long repeat = 0;
+	double t0, t_attach, t_verify = 0, t_touch = 0;
+	uint64_t checked = 0, bytes = 0;
+	wc_client *c = NULL;
+	wc_model *m;
+	wc_tensor t;
+	char line[64];
+
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--socket") == 0 && i + 1 < argc)
+			sock = argv[++i];
+		else if (strcmp(argv[i], "--verify") == 0 && i + 1 < argc)
+			file = argv[++i];
+		else if (strcmp(argv[i], "--open") == 0 && i + 1 < argc)
+			open_path = argv[++i];
+		else if (strcmp(argv[i], "--repeat") == 0 && i + 1 < argc)
+			repeat = strtol(argv[++i], NULL, 10);
+		else if (strcmp(argv[i], "--touch") == 0)
+			do_touch = 1;
+		else if (strcmp(argv[i], "--hold") == 0)
+			hold = 1;
+		else if (argv[i][0] != '-' && name == NULL)
+			name = argv[i];
+		else {
+			fprintf(stderr, "usage: demo_worker [--socket PATH] [--verify FILE] [--touch] "
+					"[--hold] MODEL | --open FILE ...\n");
+			return 2;
+		}
+	}
+	if (name == NULL && open_path == NULL) {
+		fprintf(stderr, "demo_worker: no model\n");
+		return 2;
+	}
+	if (name != NULL && repeat > 0) {
+		if (wc_connect(sock, &c) < 0) {
+			fprintf(stderr, "demo_worker: %s\n", wc_errmsg());
+			return 1;
+		}
+		for (long i = 0; i < repeat; i++) {
+			if (wc_attach(c, name, &m) < 0) {
+				fprintf(stderr, "demo_worker: attach %ld: %s\n", i, wc_errmsg());
+				return 1;
+			}
+			wc_release(m);
+		}
+		wc_disconnect(c);
+		c = NULL;
+	}
+	t0 = now();
+	if (open_path != NULL) {
+		if (wc_open_file(open_path, &m) < 0) {
+			fprintf(stderr, "demo_worker: %s\n", wc_errmsg());
+			return 1;
+		}
+	} else if (wc_connect(sock, &c) < 0 || wc_attach(c, name, &m) < 0) {
+		fprintf(stderr, "demo_worker: %s\n", wc_errmsg());
+		return 1;
+	}
+	t_attach = now() - t0;
+	for (size_t i = 0; i < wc_model_count(m); i++)
+		if (wc_model_tensor(m, i, &t) == 0)
+			bytes += t.nbytes;
+	if (file != NULL) {
+		t0 = now();
+		if (verify(m, file, &checked) < 0 || checked != bytes) {
+			fprintf(stderr, "demo_worker: verification against %s failed\n", file);
+			return 1;
+		}
+		t_verify = now() - t0;
+	}
+	if (do_touch) {
+		t0 = now();
+		(void)touch(m);
+		t_touch = now() - t0;
+	}
+	printf("{\"pid\":%d,\"generation\":%" PRIu64 ",\"tensors\":%zu,\"bytes\":%" PRIu64
+	       ",\"verified\":%" PRIu64 ",\"attach_us\":%.1f,\"verify_s\":%.3f,\"touch_s\":%.3f}\n",
+		(int)getpid(), wc_model_generation(m), wc_model_count(m), bytes, checked,
+		t_attach * 1e6, t_verify, t_touch);
+	fflush(stdout);
+	if (hold && fgets(line, sizeof(line), stdin) == NULL && ferror(stdin))
+		return 1;
+	wc_release(m);
+	wc_disconnect(c);
+	return 0;
+}

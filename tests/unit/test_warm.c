@@ -1,0 +1,965 @@
+/*
+ * test_warm.c: unit tests of daemon/warm.c, the page-cache warming pool and
+ * the residency helpers, on a real libuv loop and real files in /tmp.
+ *
+ * Every wait is "run the loop until a counter reaches a value", bounded by a
+ * uv_timer deadline: no sleeps. Slow jobs (for cancel and close tests) use
+ * the pool's pacing, whose waits cancel and close interrupt at once.
+ *
+ * Residency is checked with the module's own warm_resident_bytes (mincore on
+ * an untouched MAP_SHARED mapping of the file) and, where the kernel has it,
+ * warm_cached_bytes (cachestat). Eviction with POSIX_FADV_DONTNEED works on
+ * ext4 (this machine's /tmp); where it does not (tmpfs), the cold-cache
+ * assertion is skipped with a printed reason and the rest still runs.
+ *
+ * Fault injection: this file defines pread() itself (the executable's
+ * definition wins over libc's for warm.o from the static wcdaemon library,
+ * as in test_fdpass.c). It forwards to the kernel unless a test asked for
+ * EINTR or EIO.
+ *
+ * Benchmark mode: `test_warm --bench FILE [RUNS]` compares, on a cold cache
+ * each time, the pool's methods with `cat FILE > /dev/null` (see bench()).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pwd.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdatomic.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <uv.h>
+
+#include "testutil.h"
+#include "warm.h"
+
+#define MiB (1024u * 1024u)
+#define BIG_SIZE (64u * MiB)
+#define DEADLINE_MS 30000
+
+/* ---- fault injection ---------------------------------------------------- */
+
+/* Pool threads call pread() concurrently, hence the atomics. Tests that
+ * inject a fault use a one-thread pool, so "the n-th call" is well defined. */
+static struct {
+	atomic_int eintr;      /* fail this many pread() calls with EINTR */
+	atomic_int eio_after;  /* if > 0: the eio_after-th call from now fails with EIO */
+} fault;
+
+ssize_t
+pread(int fd, void *buf, size_t n, off_t off)
+{
+	if (atomic_load(&fault.eintr) > 0) {
+		atomic_fetch_sub(&fault.eintr, 1);
+		errno = EINTR;
+		return -1;
+	}
+	if (atomic_load(&fault.eio_after) > 0 && atomic_fetch_sub(&fault.eio_after, 1) == 1) {
+		errno = EIO;
+		return -1;
+	}
+	return syscall(SYS_pread64, fd, buf, n, off);
+}
+
+/* ---- fixture ------------------------------------------------------------ */
+
+/* What the callbacks saw for one job. */
+struct seen {
+	int done_calls;
+	int progress_calls;
+	int progress_after_done;
+	struct warm_result res;
+	int order;              /* 1-based position among completions */
+};
+
+struct fixture {
+	uv_loop_t loop;
+	char *dir;
+	char *big_path;         /* BIG_SIZE bytes, written once per test that needs it */
+	int big_fd;
+	void *big_map;
+	struct warm_pool *pool;
+	int completed;          /* done callbacks so far */
+	int progressed;         /* progress callbacks so far */
+	int jobs_progressed;    /* jobs that had at least one progress callback */
+	struct seen seen[64];
+	struct warm_job *jobs[64];
+	bool cancel_on_progress; /* progress callback cancels its own job */
+	int cancel_ret;          /* what that warm_cancel returned */
+	int submit_in_done;      /* warm_submit's result when tried inside a done callback */
+	bool try_submit_in_done;
+};
+
+static int
+setup(void **state)
+{
+	struct fixture *f = calloc(1, sizeof(*f));
+
+	assert_non_null(f);
+	assert_int_equal(uv_loop_init(&f->loop), 0);
+	f->dir = tu_tmpdir();
+	f->big_fd = -1;
+	f->cancel_ret = 1;
+	f->submit_in_done = 1;
+	atomic_store(&fault.eintr, 0);
+	atomic_store(&fault.eio_after, 0);
+	*state = f;
+	return 0;
+}
+
+/* Runs the loop until every handle is closed, then checks that the loop
+ * closes: a pool that leaked its async handle would fail here. */
+static int
+teardown(void **state)
+{
+	struct fixture *f = *state;
+
+	warm_pool_close(f->pool);
+	uv_run(&f->loop, UV_RUN_DEFAULT);
+	assert_int_equal(uv_loop_close(&f->loop), 0);
+	if (f->big_map != NULL)
+		munmap(f->big_map, BIG_SIZE);
+	if (f->big_fd >= 0)
+		close(f->big_fd);
+	free(f->big_path);
+	tu_rmtree(f->dir);
+	free(f);
+	return 0;
+}
+
+static void
+on_deadline(uv_timer_t *t)
+{
+	*(bool *)t->data = true;
+}
+
+static void
+on_timer_closed(uv_handle_t *h)
+{
+	*(bool *)h->data = true;
+}
+
+/* Runs the loop until *counter >= target or the deadline passes; returns
+ * whether the target was reached. The timer is closed before returning. */
+static bool
+run_until(uv_loop_t *loop, const int *counter, int target)
+{
+	uv_timer_t timer;
+	bool expired = false, closed = false;
+
+	assert_int_equal(uv_timer_init(loop, &timer), 0);
+	timer.data = &expired;
+	assert_int_equal(uv_timer_start(&timer, on_deadline, DEADLINE_MS, 0), 0);
+	while (*counter < target && !expired)
+		uv_run(loop, UV_RUN_ONCE);
+	timer.data = &closed;
+	uv_close((uv_handle_t *)&timer, on_timer_closed);
+	while (!closed)
+		uv_run(loop, UV_RUN_NOWAIT);
+	return *counter >= target;
+}
+
+/* Creates the BIG_SIZE test file (pattern bytes, flushed to disk so that
+ * eviction can drop it), opens it read-only and maps it without touching. */
+static void
+make_big(struct fixture *f)
+{
+	uint8_t *buf = malloc(MiB);
+	char *path;
+	int fd;
+
+	assert_non_null(buf);
+	for (size_t i = 0; i < MiB; i++)
+		buf[i] = (uint8_t)(i * 7);
+	assert_true(asprintf(&path, "%s/big.bin", f->dir) > 0);
+	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	assert_true(fd >= 0);
+	for (unsigned i = 0; i < BIG_SIZE / MiB; i++)
+		assert_int_equal(write(fd, buf, MiB), (ssize_t)MiB);
+	assert_int_equal(fdatasync(fd), 0);
+	close(fd);
+	free(buf);
+	f->big_path = path;
+	f->big_fd = open(path, O_RDONLY | O_CLOEXEC);
+	assert_true(f->big_fd >= 0);
+	f->big_map = mmap(NULL, BIG_SIZE, PROT_READ, MAP_SHARED, f->big_fd, 0);
+	assert_true(f->big_map != MAP_FAILED);
+}
+
+static struct seen *
+seen_of(struct fixture *f, void *cookie)
+{
+	return &f->seen[(uintptr_t)cookie - 1];
+}
+
+/* The fixture of the test running now; the callbacks find it here because
+ * the job cookie is an index (1-based) into fixture.seen. */
+static struct fixture *cur;
+
+static void
+record_done(struct warm_job *job, const struct warm_result *res, void *cookie)
+{
+	struct seen *s = seen_of(cur, cookie);
+
+	assert_ptr_equal(warm_job_cookie(job), cookie);
+	s->done_calls++;
+	s->res = *res;
+	s->order = ++cur->completed;
+	if (cur->try_submit_in_done) {
+		struct warm_request req = {.fd = cur->big_fd, .length = 1, .cookie = cookie,
+			.done = record_done};
+		cur->submit_in_done = warm_submit(cur->pool, &req, NULL);
+	}
+}
+
+static void
+record_progress(struct warm_job *job, uint64_t bytes, uint64_t length, void *cookie)
+{
+	struct seen *s = seen_of(cur, cookie);
+
+	if (s->done_calls > 0)
+		s->progress_after_done++;
+	assert_true(bytes > 0 && bytes <= length);
+	assert_int_equal(warm_job_bytes(job), warm_job_bytes(job)); /* callable */
+	if (s->progress_calls++ == 0)
+		cur->jobs_progressed++;
+	cur->progressed++;
+	if (cur->cancel_on_progress && cur->cancel_ret == 1)
+		cur->cancel_ret = warm_cancel(cur->pool, job);
+}
+
+/* Submits [off, off + len) of fd as job number i (1-based cookie). */
+static void
+submit(struct fixture *f, int i, int fd, const void *base, uint64_t off, uint64_t len,
+	bool progress)
+{
+	struct warm_request req = {
+		.fd = fd, .offset = off, .length = len, .base = base,
+		.cookie = (void *)(uintptr_t)i, .done = record_done,
+		.progress = progress ? record_progress : NULL,
+	};
+
+	assert_int_equal(warm_submit(f->pool, &req, &f->jobs[i - 1]), 0);
+}
+
+static void
+new_pool(struct fixture *f, unsigned threads, size_t chunk, enum warm_method method,
+	uint64_t pace)
+{
+	struct warm_options o = {.threads = threads, .chunk_bytes = chunk, .method = method,
+		.pace_bytes_per_sec = pace};
+
+	assert_int_equal(warm_pool_new(&f->loop, &o, &f->pool), 0);
+	cur = f;
+}
+
+/* Closes the pool the fixture holds (teardown then has nothing to close). */
+static void
+close_pool(struct fixture *f)
+{
+	warm_pool_close(f->pool);
+	f->pool = NULL;
+}
+
+/* ---- warming a cold file ------------------------------------------------ */
+
+/*
+ * Asserts that [off, off + len) of the big file (mapped at base) is resident
+ * after warming. Under memory pressure the kernel may reclaim a few pages
+ * right after they were read (seen here with many sanitizer builds running
+ * at once); cachestat reports those as evicted (workingset shadow entries,
+ * which eviction by POSIX_FADV_DONTNEED does not leave). A shortfall that
+ * reclaim explains is printed, not failed; any other shortfall fails.
+ */
+static void
+assert_resident(struct fixture *f, const void *base, uint64_t off, uint64_t len)
+{
+	uint64_t resident = 0, cached = 0, evicted = 0;
+	int r;
+
+	assert_int_equal(warm_resident_bytes(base, (size_t)len, &resident), 0);
+	if (resident == len)
+		return;
+	r = warm_cached_bytes(f->big_fd, off, len, &cached, &evicted);
+	if (r == 0 && evicted > 0 && resident + evicted >= len) {
+		printf("# note: %llu of %llu bytes reclaimed under memory pressure after "
+		       "warming\n", (unsigned long long)(len - resident),
+			(unsigned long long)len);
+		return;
+	}
+	fail_msg("%llu of %llu bytes resident after warming (cachestat %d: cached %llu, "
+		 "evicted %llu)", (unsigned long long)resident, (unsigned long long)len, r,
+		(unsigned long long)cached, (unsigned long long)evicted);
+}
+
+/*
+ * Evicts the big file, checks it is cold (or says why not), warms it through
+ * a pool with method, and checks the result and the residency afterwards.
+ */
+static void
+warm_cold(struct fixture *f, enum warm_method method)
+{
+	uint64_t resident = 1, cached = 1;
+	int r;
+
+	make_big(f);
+	new_pool(f, 2, 0, method, 0);
+	assert_int_equal(warm_evict_range(f->big_fd, 0, 0), 0);
+	assert_int_equal(warm_resident_bytes(f->big_map, BIG_SIZE, &resident), 0);
+	if (resident != 0)
+		printf("# note: %s: %llu bytes still resident after POSIX_FADV_DONTNEED "
+		       "(tmpfs/overlay?); not asserting a cold start\n",
+			f->big_path, (unsigned long long)resident);
+	r = warm_cached_bytes(f->big_fd, 0, 0, &cached, NULL);
+	if (r == -ENOSYS)
+		printf("# note: no cachestat(2) on this kernel (needs Linux 6.5)\n");
+	else
+		assert_int_equal(r, 0);
+	if (r == 0 && resident == 0)
+		assert_int_equal(cached, 0);
+
+	submit(f, 1, f->big_fd, f->big_map, 0, BIG_SIZE, false);
+	assert_int_equal(warm_pool_pending(f->pool), 1);
+	assert_true(run_until(&f->loop, &f->completed, 1));
+	assert_int_equal(f->seen[0].done_calls, 1);
+	assert_int_equal(f->seen[0].res.status, 0);
+	assert_int_equal(f->seen[0].res.bytes, BIG_SIZE);
+	assert_true(f->seen[0].res.seconds >= 0.0);
+	assert_int_equal(warm_pool_pending(f->pool), 0);
+
+	assert_resident(f, f->big_map, 0, BIG_SIZE);
+	if (r == 0) {
+		uint64_t evicted;
+
+		assert_int_equal(warm_cached_bytes(f->big_fd, 0, 0, &cached, &evicted), 0);
+		assert_true(cached + evicted >= BIG_SIZE && cached <= BIG_SIZE);
+		assert_int_equal(warm_cached_bytes(f->big_fd, 4096, 100, &cached, NULL), 0);
+		assert_true(cached == 100 || evicted > 0);
+	}
+	/* And evict again: the helper the `evict` command will use. */
+	assert_int_equal(warm_evict_range(f->big_fd, 0, 0), 0);
+	assert_int_equal(warm_resident_bytes(f->big_map, BIG_SIZE, &resident), 0);
+	if (resident != 0)
+		printf("# note: eviction not possible here; skipped the evict check\n");
+}
+
+static void
+test_warm_pread(void **state)
+{
+	warm_cold(*state, WARM_PREAD);
+}
+
+static void
+test_warm_fadvise(void **state)
+{
+	warm_cold(*state, WARM_FADVISE_PREAD);
+}
+
+static void
+test_warm_sendfile(void **state)
+{
+	warm_cold(*state, WARM_SENDFILE);
+}
+
+/* A range in the middle of the file: only that range becomes resident. */
+static void
+test_warm_range(void **state)
+{
+	struct fixture *f = *state;
+	uint64_t resident;
+
+	make_big(f);
+	new_pool(f, 1, 1 * MiB, 0, 0);
+	assert_int_equal(warm_evict_range(f->big_fd, 0, 0), 0);
+	assert_int_equal(warm_resident_bytes(f->big_map, BIG_SIZE, &resident), 0);
+	if (resident != 0) {
+		printf("# skipped: cannot evict %s (tmpfs/overlay?)\n", f->big_path);
+		return;
+	}
+	submit(f, 1, f->big_fd, (uint8_t *)f->big_map + 8 * MiB, 8 * MiB, 3 * MiB + 100, false);
+	assert_true(run_until(&f->loop, &f->completed, 1));
+	assert_int_equal(f->seen[0].res.status, 0);
+	assert_int_equal(f->seen[0].res.bytes, 3 * MiB + 100);
+	assert_resident(f, (uint8_t *)f->big_map + 8 * MiB, 8 * MiB, 3 * MiB + 100);
+	/* Readahead may spill a little past the range, but not over the file. */
+	assert_int_equal(warm_resident_bytes(f->big_map, BIG_SIZE, &resident), 0);
+	assert_true(resident < 16 * MiB);
+}
+
+/* ---- many jobs, order, exactly once ------------------------------------- */
+
+static void
+test_many_jobs(void **state)
+{
+	struct fixture *f = *state;
+	enum { N = 64 };
+
+	make_big(f);
+	new_pool(f, 2, 256 * 1024, 0, 0);
+	for (int i = 1; i <= N; i++)
+		submit(f, i, f->big_fd, NULL, (uint64_t)(i - 1) * MiB, MiB, i % 2 == 0);
+	assert_int_equal(warm_pool_pending(f->pool), N);
+	assert_true(run_until(&f->loop, &f->completed, N));
+	/* One more turn of the loop must not deliver anything twice. */
+	uv_run(&f->loop, UV_RUN_NOWAIT);
+	assert_int_equal(f->completed, N);
+	for (int i = 0; i < N; i++) {
+		assert_int_equal(f->seen[i].done_calls, 1);
+		assert_int_equal(f->seen[i].res.status, 0);
+		assert_int_equal(f->seen[i].res.bytes, MiB);
+		assert_int_equal(f->seen[i].progress_after_done, 0);
+		if (i % 2 == 0) /* odd cookies had no progress callback */
+			assert_int_equal(f->seen[i].progress_calls, 0);
+	}
+	assert_int_equal(warm_pool_pending(f->pool), 0);
+}
+
+/* One thread takes jobs in submission order: FIFO. */
+static void
+test_fifo(void **state)
+{
+	struct fixture *f = *state;
+	enum { N = 16 };
+
+	make_big(f);
+	new_pool(f, 1, 0, 0, 0);
+	for (int i = 1; i <= N; i++)
+		submit(f, i, f->big_fd, NULL, (uint64_t)(i - 1) * MiB, MiB, false);
+	assert_true(run_until(&f->loop, &f->completed, N));
+	for (int i = 0; i < N; i++)
+		assert_int_equal(f->seen[i].order, i + 1);
+}
+
+/* ---- cancellation ------------------------------------------------------- */
+
+/*
+ * One thread, paced to 16 MiB/s over a 64 MiB file (4 s if uncancelled).
+ * Job 1 runs; job 2 waits in the queue and is cancelled at once; job 1 is
+ * cancelled from its first progress callback, i.e. while it runs.
+ */
+static void
+test_cancel(void **state)
+{
+	struct fixture *f = *state;
+
+	make_big(f);
+	new_pool(f, 1, 1 * MiB, 0, 16ull * MiB);
+	f->cancel_on_progress = true;
+	submit(f, 1, f->big_fd, NULL, 0, BIG_SIZE, true);
+	submit(f, 2, f->big_fd, NULL, 0, BIG_SIZE, false);
+	assert_int_equal(warm_cancel(f->pool, f->jobs[1]), 0);
+	assert_int_equal(warm_cancel(f->pool, f->jobs[1]), -EALREADY);
+	assert_int_equal(f->seen[1].done_calls, 0); /* never from inside warm_cancel */
+
+	assert_true(run_until(&f->loop, &f->completed, 2));
+	assert_int_equal(f->cancel_ret, 0);
+	assert_int_equal(f->seen[0].done_calls, 1);
+	assert_int_equal(f->seen[0].res.status, -ECANCELED);
+	assert_true(f->seen[0].res.bytes >= MiB && f->seen[0].res.bytes < BIG_SIZE);
+	assert_int_equal(f->seen[0].progress_after_done, 0);
+	assert_int_equal(f->seen[1].done_calls, 1);
+	assert_int_equal(f->seen[1].res.status, -ECANCELED);
+	assert_int_equal(f->seen[1].res.bytes, 0);
+	assert_true(f->seen[1].res.seconds == 0.0);
+	uv_run(&f->loop, UV_RUN_NOWAIT);
+	assert_int_equal(f->completed, 2);
+	assert_int_equal(warm_pool_pending(f->pool), 0);
+
+	/* The pool still works after cancellations. */
+	close_pool(f);
+	new_pool(f, 1, 0, 0, 0);
+	f->cancel_on_progress = false;
+	submit(f, 3, f->big_fd, NULL, 0, MiB, false);
+	assert_true(run_until(&f->loop, &f->completed, 3));
+	assert_int_equal(f->seen[2].res.status, 0);
+}
+
+/* Closing with jobs running and queued delivers every job once, at close,
+ * and leaves nothing behind (teardown checks uv_loop_close; ASan leaks). */
+static void
+test_close_in_flight(void **state)
+{
+	struct fixture *f = *state;
+	enum { N = 6 };
+
+	make_big(f);
+	new_pool(f, 2, 1 * MiB, 0, 16ull * MiB);
+	for (int i = 1; i <= N; i++)
+		submit(f, i, f->big_fd, NULL, 0, BIG_SIZE, true);
+	/* Both threads have a job running (each reported progress). */
+	assert_true(run_until(&f->loop, &f->jobs_progressed, 2));
+	assert_int_equal(f->completed, 0);
+	f->try_submit_in_done = true;
+	close_pool(f);
+	assert_int_equal(f->completed, N);
+	assert_int_equal(f->submit_in_done, -ESHUTDOWN);
+	for (int i = 0; i < N; i++) {
+		assert_int_equal(f->seen[i].done_calls, 1);
+		assert_int_equal(f->seen[i].res.status, -ECANCELED);
+		assert_true(f->seen[i].res.bytes < BIG_SIZE);
+	}
+	/* Jobs 1 and 2 were running (two threads), the rest queued: close
+	 * delivers the stopped running jobs first, then the queue in order. */
+	assert_true(f->seen[0].res.bytes > 0 && f->seen[1].res.bytes > 0);
+	assert_true(f->seen[0].order <= 2 && f->seen[1].order <= 2);
+	for (int i = 2; i < N; i++) {
+		assert_int_equal(f->seen[i].res.bytes, 0);
+		assert_int_equal(f->seen[i].order, i + 1);
+	}
+}
+
+/* A pool closed from inside a done callback, with jobs still queued. */
+static struct fixture *close_from_cb;
+
+static void
+done_then_close(struct warm_job *job, const struct warm_result *res, void *cookie)
+{
+	record_done(job, res, cookie);
+	if (close_from_cb != NULL) {
+		struct fixture *f = close_from_cb;
+		close_from_cb = NULL;
+		close_pool(f);
+	}
+}
+
+static void
+test_close_from_callback(void **state)
+{
+	struct fixture *f = *state;
+	struct warm_request req = {.fd = -1, .length = MiB, .done = done_then_close};
+
+	make_big(f);
+	new_pool(f, 1, 0, 0, 0);
+	req.fd = f->big_fd;
+	for (int i = 1; i <= 4; i++) {
+		req.cookie = (void *)(uintptr_t)i;
+		assert_int_equal(warm_submit(f->pool, &req, NULL), 0);
+	}
+	close_from_cb = f;
+	assert_true(run_until(&f->loop, &f->completed, 4));
+	for (int i = 0; i < 4; i++)
+		assert_int_equal(f->seen[i].done_calls, 1);
+	assert_int_equal(f->seen[0].res.status, 0);
+	assert_null(f->pool);
+}
+
+/* ---- errors ------------------------------------------------------------- */
+
+static void
+test_read_errors(void **state)
+{
+	struct fixture *f = *state;
+	int pipefd[2];
+
+	make_big(f);
+	new_pool(f, 1, 1 * MiB, WARM_PREAD, 0);
+	assert_int_equal(pipe2(pipefd, O_CLOEXEC), 0);
+
+	submit(f, 1, pipefd[0], NULL, 0, MiB, false);               /* -ESPIPE */
+	submit(f, 2, f->big_fd, NULL, BIG_SIZE - MiB, 2 * MiB, false); /* past EOF */
+	submit(f, 3, f->big_fd, NULL, 0, 0, false);                  /* empty */
+	assert_true(run_until(&f->loop, &f->completed, 3));
+	assert_int_equal(f->seen[0].res.status, -ESPIPE);
+	assert_int_equal(f->seen[0].res.bytes, 0);
+	assert_int_equal(f->seen[1].res.status, -ENODATA);
+	assert_int_equal(f->seen[1].res.bytes, MiB);
+	assert_int_equal(f->seen[2].res.status, 0);
+	assert_int_equal(f->seen[2].res.bytes, 0);
+
+	/* EINTR is retried; EIO ends the job with what was read so far. */
+	atomic_store(&fault.eintr, 3);
+	submit(f, 4, f->big_fd, NULL, 0, 4 * MiB, false);
+	assert_true(run_until(&f->loop, &f->completed, 4));
+	assert_int_equal(f->seen[3].res.status, 0);
+	assert_int_equal(f->seen[3].res.bytes, 4 * MiB);
+	assert_int_equal(atomic_load(&fault.eintr), 0);
+	atomic_store(&fault.eio_after, 3);
+	submit(f, 5, f->big_fd, NULL, 0, 4 * MiB, false);
+	assert_true(run_until(&f->loop, &f->completed, 5));
+	assert_int_equal(f->seen[4].res.status, -EIO);
+	assert_int_equal(f->seen[4].res.bytes, 2 * MiB);
+	close(pipefd[0]);
+	close(pipefd[1]);
+}
+
+static void
+test_invalid(void **state)
+{
+	struct fixture *f = *state;
+	struct warm_options o = {0};
+	struct warm_pool *p = (struct warm_pool *)&o;
+	struct warm_request req = {.fd = 0, .length = 1, .done = record_done,
+		.cookie = (void *)1};
+
+	o.threads = WARM_MAX_THREADS + 1;
+	assert_int_equal(warm_pool_new(&f->loop, &o, &p), -EINVAL);
+	o.threads = 1;
+	o.chunk_bytes = 4096;
+	assert_int_equal(warm_pool_new(&f->loop, &o, &p), -EINVAL);
+	o.chunk_bytes = (size_t)WARM_MAX_CHUNK + 1;
+	assert_int_equal(warm_pool_new(&f->loop, &o, &p), -EINVAL);
+	o.chunk_bytes = 0;
+	o.method = (enum warm_method)99;
+	assert_int_equal(warm_pool_new(&f->loop, &o, &p), -EINVAL);
+	assert_ptr_equal(p, (struct warm_pool *)&o); /* untouched on failure */
+	assert_int_equal(warm_pool_new(NULL, NULL, &p), -EINVAL);
+
+	new_pool(f, 1, 0, 0, 0);
+	req.fd = -1;
+	assert_int_equal(warm_submit(f->pool, &req, NULL), -EINVAL);
+	req.fd = 0;
+	req.done = NULL;
+	assert_int_equal(warm_submit(f->pool, &req, NULL), -EINVAL);
+	req.done = record_done;
+	req.offset = UINT64_MAX;
+	assert_int_equal(warm_submit(f->pool, &req, NULL), -EINVAL);
+	req.offset = (uint64_t)INT64_MAX;
+	assert_int_equal(warm_submit(f->pool, &req, NULL), -EINVAL);
+	req.offset = 0;
+	req.base = (void *)(uintptr_t)12345;
+	assert_int_equal(warm_submit(f->pool, &req, NULL), -EINVAL);
+	assert_int_equal(warm_pool_pending(f->pool), 0);
+	assert_int_equal(warm_cancel(f->pool, NULL), -EINVAL);
+	assert_int_equal(warm_evict_range(-1, 0, 0), -EINVAL);
+	assert_int_equal(warm_evict_range(0, UINT64_MAX, 0), -EINVAL);
+	warm_pool_close(NULL);
+}
+
+/* ---- residency, pinning ------------------------------------------------- */
+
+static void
+test_resident_anonymous(void **state)
+{
+	size_t len = 1 * MiB; /* below a huge page, so THP cannot fill it */
+	uint8_t *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	uint64_t n = 1;
+
+	(void)state;
+	assert_true(p != MAP_FAILED);
+	assert_int_equal(warm_resident_bytes(p, len, &n), 0);
+	assert_int_equal(n, 0);
+	memset(p, 1, len / 2);
+	assert_int_equal(warm_resident_bytes(p, len, &n), 0);
+	assert_int_equal(n, len / 2);
+	/* A length that ends inside a resident page counts only its bytes. */
+	assert_int_equal(warm_resident_bytes(p, 100, &n), 0);
+	assert_int_equal(n, 100);
+	assert_int_equal(warm_resident_bytes(p + 1, 100, &n), -EINVAL);
+	assert_int_equal(warm_resident_bytes(p, len, NULL), -EINVAL);
+	assert_int_equal(munmap(p + len / 2, len / 2), 0);
+	assert_int_equal(warm_resident_bytes(p, len, &n), -ENOMEM); /* not all mapped */
+	assert_int_equal(munmap(p, len / 2), 0);
+}
+
+/* Runs fn in a forked child and returns its exit status (cmocka asserts
+ * must not run in the child). */
+static int
+in_child(int (*fn)(void))
+{
+	int st;
+	pid_t pid;
+
+	fflush(NULL); /* or the child's copy of buffered output appears twice */
+	pid = fork();
+
+	assert_true(pid >= 0);
+	if (pid == 0)
+		_exit(fn());
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_true(WIFEXITED(st));
+	return WEXITSTATUS(st);
+}
+
+/* Child exit codes. */
+enum { CHILD_OK = 0, CHILD_SKIP = 77, CHILD_FAIL = 1 };
+
+static int
+set_memlock(rlim_t soft, rlim_t hard)
+{
+	struct rlimit rl = {.rlim_cur = soft, .rlim_max = hard};
+
+	return setrlimit(RLIMIT_MEMLOCK, &rl);
+}
+
+/* As root (CAP_IPC_LOCK), RLIMIT_MEMLOCK 0 does not stop mlock. */
+static int
+child_root_ignores_limit(void)
+{
+	void *p = mmap(NULL, 65536, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	if (p == MAP_FAILED || set_memlock(0, 0) != 0)
+		return CHILD_FAIL;
+	return warm_pin_range(p, 65536) == 0 ? CHILD_OK : CHILD_FAIL;
+}
+
+/* Without CAP_IPC_LOCK: limit 0 gives -EPERM, a small limit -ENOMEM. Root
+ * drops its capabilities by becoming nobody. */
+static int
+child_limited(void)
+{
+	size_t len = 1 * MiB;
+	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	int r0, r1;
+
+	/* Soft limit 0 now; the hard limit leaves room to raise it to one page
+	 * later without privilege. */
+	if (p == MAP_FAILED || set_memlock(0, 4096) != 0)
+		return CHILD_FAIL;
+	if (geteuid() == 0) {
+		struct passwd *pw = getpwnam("nobody");
+		uid_t uid = pw != NULL ? pw->pw_uid : 65534;
+		if (setgid(uid) != 0 || setuid(uid) != 0)
+			return CHILD_SKIP;
+	}
+	r0 = warm_pin_range(p, len);
+	if (set_memlock(4096, 4096) != 0)
+		return CHILD_FAIL;
+	r1 = warm_pin_range(p, len);
+	if (r0 != -EPERM || r1 != -ENOMEM) {
+		fprintf(stderr, "child: rlimit 0 -> %d (want %d), rlimit 4096 -> %d (want %d)\n",
+			r0, -EPERM, r1, -ENOMEM);
+		return CHILD_FAIL;
+	}
+	return CHILD_OK;
+}
+
+static void
+test_pin(void **state)
+{
+	struct fixture *f = *state;
+	size_t len = 64 * 1024;
+	uint8_t *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	uint64_t n;
+	struct rlimit rl;
+	int st;
+
+	assert_true(p != MAP_FAILED);
+	assert_int_equal(getrlimit(RLIMIT_MEMLOCK, &rl), 0);
+	if (geteuid() != 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < len)
+		printf("# note: RLIMIT_MEMLOCK %llu < %zu; small pin not testable\n",
+			(unsigned long long)rl.rlim_cur, len);
+	else {
+		assert_int_equal(warm_pin_range(p, len), 0);
+		/* mlock faults the pages in. */
+		assert_int_equal(warm_resident_bytes(p, len, &n), 0);
+		assert_int_equal(n, len);
+		assert_int_equal(warm_unpin_range(p, len), 0);
+	}
+	assert_int_equal(warm_pin_range(p + 1, len), -EINVAL);
+	assert_int_equal(munmap(p, len), 0);
+
+	/* A pinned file range of the big file. */
+	make_big(f);
+	if (geteuid() == 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= MiB) {
+		assert_int_equal(warm_pin_range(f->big_map, MiB), 0);
+		assert_int_equal(warm_resident_bytes(f->big_map, MiB, &n), 0);
+		assert_int_equal(n, MiB);
+		assert_int_equal(warm_unpin_range(f->big_map, MiB), 0);
+	}
+
+	if (geteuid() == 0) {
+		printf("# root: CAP_IPC_LOCK bypasses RLIMIT_MEMLOCK\n");
+		assert_int_equal(in_child(child_root_ignores_limit), CHILD_OK);
+	}
+	st = in_child(child_limited);
+	if (st == CHILD_SKIP)
+		printf("# skipped: could not drop root to test RLIMIT_MEMLOCK\n");
+	else
+		assert_int_equal(st, CHILD_OK);
+}
+
+/* ---- benchmark mode ----------------------------------------------------- */
+
+static double
+now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int bench_done;
+static struct warm_result bench_res;
+
+static void
+bench_on_done(struct warm_job *job, const struct warm_result *res, void *cookie)
+{
+	bench_res = *res;
+	bench_done = 1;
+}
+
+/* Warms the file through a fresh pool; returns wall seconds from submit to
+ * the done callback, or -1. */
+static double
+bench_pool(int fd, uint64_t size, enum warm_method method, size_t chunk)
+{
+	uv_loop_t loop;
+	struct warm_pool *pool;
+	struct warm_options o = {.threads = 1, .chunk_bytes = chunk, .method = method};
+	struct warm_request req = {.fd = fd, .length = size, .done = bench_on_done};
+	double t0, t;
+
+	if (uv_loop_init(&loop) != 0 || warm_pool_new(&loop, &o, &pool) != 0)
+		return -1;
+	bench_done = 0;
+	t0 = now_s();
+	if (warm_submit(pool, &req, NULL) != 0)
+		return -1;
+	while (!bench_done)
+		uv_run(&loop, UV_RUN_ONCE);
+	t = now_s() - t0;
+	warm_pool_close(pool);
+	uv_run(&loop, UV_RUN_DEFAULT);
+	if (uv_loop_close(&loop) != 0 || bench_res.status != 0 || bench_res.bytes != size)
+		return -1;
+	return t;
+}
+
+/* Runs `cat path` with stdout on /dev/null; returns wall seconds or -1. */
+static double
+bench_cat(const char *path)
+{
+	posix_spawn_file_actions_t fa;
+	char *argv[] = {"cat", (char *)(uintptr_t)path, NULL};
+	extern char **environ;
+	double t0 = now_s();
+	pid_t pid;
+	int st;
+
+	posix_spawn_file_actions_init(&fa);
+	posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+	if (posix_spawnp(&pid, "cat", &fa, NULL, argv, environ) != 0)
+		return -1;
+	posix_spawn_file_actions_destroy(&fa);
+	if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+		return -1;
+	return now_s() - t0;
+}
+
+static int
+cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+/*
+ * `test_warm --bench FILE [RUNS]`: for RUNS rounds (default 5), for each
+ * contender in turn, evicts FILE, checks it is cold, times reading it whole,
+ * checks it is resident; prints the median per contender. Contenders run
+ * interleaved so drift affects them alike.
+ */
+static int
+bench(const char *path, int runs)
+{
+	static const struct {
+		const char *name;
+		enum warm_method method;
+		size_t chunk;
+	} c[] = {
+		{"warm pread 8MiB (default)", WARM_PREAD, 8 * MiB},
+		{"warm pread 1MiB", WARM_PREAD, 1 * MiB},
+		{"warm pread 32MiB", WARM_PREAD, 32 * MiB},
+		{"warm fadvise+pread 8MiB", WARM_FADVISE_PREAD, 8 * MiB},
+		{"warm sendfile 8MiB", WARM_SENDFILE, 8 * MiB},
+		{"cat FILE > /dev/null", 0, 0},
+	};
+	enum { NC = sizeof(c) / sizeof(c[0]), MAXRUNS = 50 };
+	static double t[NC][MAXRUNS];
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	struct stat st;
+	void *map;
+	uint64_t res;
+
+	if (fd < 0 || fstat(fd, &st) != 0 || st.st_size <= 0) {
+		fprintf(stderr, "bench: %s: %s\n", path, strerror(errno));
+		return 1;
+	}
+	if (runs < 1 || runs > MAXRUNS)
+		runs = 5;
+	map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+	if (map == MAP_FAILED)
+		return 1;
+	printf("bench: %s, %lld bytes, %d runs, cold cache before each\n", path,
+		(long long)st.st_size, runs);
+	for (int r = 0; r < runs; r++) {
+		for (int i = 0; i < NC; i++) {
+			double s;
+
+			if (warm_evict_range(fd, 0, 0) != 0 ||
+				warm_resident_bytes(map, (size_t)st.st_size, &res) != 0)
+				return 1;
+			if (res != 0) {
+				fprintf(stderr, "bench: %s: %llu bytes still cached after eviction; "
+						"cannot measure a cold read here\n",
+					path, (unsigned long long)res);
+				return 1;
+			}
+			s = c[i].chunk != 0 ? bench_pool(fd, (uint64_t)st.st_size, c[i].method,
+						      c[i].chunk)
+					    : bench_cat(path);
+			if (s < 0 || warm_resident_bytes(map, (size_t)st.st_size, &res) != 0) {
+				fprintf(stderr, "bench: %s failed (status %d, %llu bytes)\n",
+					c[i].name, bench_res.status,
+					(unsigned long long)bench_res.bytes);
+				return 1;
+			}
+			if (res != (uint64_t)st.st_size)
+				printf("bench: %s: only %llu bytes resident afterwards\n", c[i].name,
+					(unsigned long long)res);
+			t[i][r] = s;
+		}
+	}
+	for (int i = 0; i < NC; i++) {
+		double med;
+
+		qsort(t[i], (size_t)runs, sizeof(double), cmp_double);
+		med = runs % 2 ? t[i][runs / 2] : (t[i][runs / 2 - 1] + t[i][runs / 2]) / 2;
+		printf("%-28s median %.3f s  %7.0f MiB/s  (min %.3f, max %.3f)\n", c[i].name, med,
+			(double)st.st_size / med / MiB, t[i][0], t[i][runs - 1]);
+	}
+	munmap(map, (size_t)st.st_size);
+	close(fd);
+	return 0;
+}
+
+int
+main(int argc, char **argv)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_warm_pread, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_warm_fadvise, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_warm_sendfile, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_warm_range, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_many_jobs, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_fifo, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_cancel, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_close_in_flight, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_close_from_callback, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_read_errors, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_invalid, setup, teardown),
+		cmocka_unit_test(test_resident_anonymous),
+		cmocka_unit_test_setup_teardown(test_pin, setup, teardown),
+	};
+
+	if (argc >= 3 && strcmp(argv[1], "--bench") == 0)
+		return bench(argv[2], argc >= 4 ? atoi(argv[3]) : 5);
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

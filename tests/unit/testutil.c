@@ -1,0 +1,84 @@
+/*
+ * testutil.c: helpers shared by the unit tests (see testutil.h).
+ */
+#include "testutil.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+char *
+tu_tmpdir(void)
+{
+	char tmpl[] = "/tmp/wcache-test-XXXXXX";
+	char *dir = mkdtemp(tmpl);
+
+	if (dir == NULL)
+		abort();
+	return strdup(dir);
+}
+
+void
+tu_rmtree(char *path)
+{
+	char cmd[4200];
+
+	if (path == NULL)
+		return;
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", path);
+	if (system(cmd) != 0)
+		fprintf(stderr, "testutil: could not remove %s\n", path);
+	free(path);
+}
+
+char *
+tu_write(const char *dir, const char *name, const void *data, size_t len)
+{
+	char *path;
+	int fd;
+
+	if (asprintf(&path, "%s/%s", dir, name) < 0)
+		abort();
+	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0 || (len > 0 && write(fd, data, len) != (ssize_t)len))
+		abort();
+	close(fd);
+	return path;
+}
+
+uint8_t *
+tu_safetensors(const char *header, size_t data_len, size_t *len)
+{
+	size_t hlen = strlen(header);
+	uint8_t *buf = malloc(8 + hlen + data_len + 1);
+	uint64_t n = hlen;
+
+	if (buf == NULL)
+		abort();
+	for (int i = 0; i < 8; i++)
+		buf[i] = (uint8_t)(n >> (8 * i));
+	memcpy(buf + 8, header, hlen);
+	for (size_t i = 0; i < data_len; i++)
+		buf[8 + hlen + i] = (uint8_t)(i & 0xff);
+	*len = 8 + hlen + data_len;
+	return buf;
+}
+
+int
+tu_count_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	int n = 0;
+
+	if (d == NULL)
+		return -1;
+	while ((e = readdir(d)) != NULL)
+		if (e->d_name[0] != '.')
+			n++;
+	closedir(d);
+	return n - 1; /* the directory's own descriptor */
+}

@@ -1,0 +1,28 @@
+/*
+ * testutil.h: helpers shared by the unit tests: temporary directories and
+ * files, and byte buffers for building hostile inputs.
+ */
+#ifndef WC_TESTUTIL_H
+#define WC_TESTUTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Creates a fresh temporary directory; returns its malloc'd path. */
+char *tu_tmpdir(void);
+
+/* Removes a directory tree created by tu_tmpdir(); frees path. */
+void tu_rmtree(char *path);
+
+/* Writes len bytes to dir/name; returns the malloc'd full path. */
+char *tu_write(const char *dir, const char *name, const void *data, size_t len);
+
+/* Builds a safetensors file image from a JSON header string (no padding):
+ * 8-byte length, header, then data_len bytes of data (pattern i & 0xff).
+ * Returns a malloc'd buffer of *len bytes. */
+uint8_t *tu_safetensors(const char *header, size_t data_len, size_t *len);
+
+/* Counts this process's open descriptors. */
+int tu_count_fds(void);
+
+#endif
