@@ -24,6 +24,8 @@
 #include "model.h"
 #include "wire.h"
 
+_Static_assert(INDEX_MAX_FILES == WIRE_MAX_FDS - 1, "an attach passes the index and every file");
+
 #define DEFAULT_SOCKET "/run/wcached/wcached.sock"
 #define REQUIRED_SEALS (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW)
 

@@ -146,16 +146,14 @@ list_pop(struct job_list *l)
 	return j;
 }
 
+/* The page size (sysconf reads it from the auxiliary vector: cheap, and no
+ * cached static for threads to race on). */
 static size_t
 page_size(void)
 {
-	static size_t pg;
+	long v = sysconf(_SC_PAGESIZE);
 
-	if (pg == 0) {
-		long v = sysconf(_SC_PAGESIZE);
-		pg = v > 0 ? (size_t)v : 4096;
-	}
-	return pg;
+	return v > 0 ? (size_t)v : 4096;
 }
 
 /*

@@ -30,7 +30,7 @@ enum wire_type {
 	WIRE_RELEASE = 2,     /* client: payload = u64 handle */
 	WIRE_ATTACH_OK = 129, /* daemon: struct wire_attach_ok; fds: index memfd, then files */
 	WIRE_RELEASE_OK = 130,/* daemon: empty payload */
-	WIRE_ERROR = 255,     /* daemon: i32 errno code, then UTF-8 message (no NUL) */
+	WIRE_ERROR = 255,     /* daemon: positive errno code 1..4095 (i32), then UTF-8 text (no NUL) */
 };
 
 struct wire_header {
@@ -47,7 +47,7 @@ struct wire_attach_ok {
 	uint64_t handle;      /* names this attach in RELEASE */
 	uint64_t index_size;  /* size of the index memfd */
 	uint32_t file_count;  /* descriptors after the index */
-	uint32_t flags;       /* 0 */
+	uint32_t flags;       /* 0; non-zero is malformed */
 	uint64_t status_slot; /* reserved for the status page (0) */
 };
 
@@ -58,10 +58,14 @@ struct wire_message {
 };
 
 /* Checks buf[0..len) as one whole message (magic, version, known type,
- * length == len - 16, length within the type's bounds). */
+ * length == len - 16, length within the type's bounds, ATTACH_OK flags 0 and
+ * file_count < WIRE_MAX_FDS, ERROR code 1..4095). Returns 0, -EMSGSIZE for a
+ * size outside 16..WIRE_MAX_MESSAGE, -EPROTO for another version, -EBADMSG
+ * for anything else. */
 int wire_decode(const uint8_t *buf, size_t len, struct wire_message *out);
 
-/* Decoders of payloads; each requires its exact size. */
+/* Decoders of payloads; each requires its exact size and returns -EBADMSG
+ * when m is not of that type. */
 int wire_get_attach(const struct wire_message *m, const char **name, size_t *name_len);
 int wire_get_release(const struct wire_message *m, uint64_t *handle);
 int wire_get_attach_ok(const struct wire_message *m, struct wire_attach_ok *out);
@@ -69,7 +73,8 @@ int wire_get_error(const struct wire_message *m, int32_t *code, const char **tex
 	size_t *text_len);
 
 /* Encoders: write the whole message to buf (cap bytes) and return its length,
- * or -EMSGSIZE / -EINVAL. */
+ * -EMSGSIZE when cap is too small, or -EINVAL for arguments that cannot form
+ * a valid message. */
 ssize_t wire_put_attach(uint8_t *buf, size_t cap, uint32_t seq, const char *name, size_t len);
 ssize_t wire_put_release(uint8_t *buf, size_t cap, uint32_t seq, uint64_t handle);
 ssize_t wire_put_attach_ok(uint8_t *buf, size_t cap, uint32_t seq,

@@ -1,0 +1,200 @@
+"""Finding and loading libwcache, declaring its functions for ctypes, and
+turning its negative errno returns into Python exceptions.
+
+The library is loaded lazily, on the first call that needs it, so that
+`import wcache` and `python3 -m wcache.convert` work on a machine without
+libwcache. Lookup order:
+
+1. ``$WCACHE_LIB``: the exact file to load. When it is set, nothing else is
+   tried: an explicit choice that fails must not silently load another copy.
+2. The build tree: walking up from this package's directory, every
+   ``<ancestor>/build/lib/libwcache.so.0`` (then ``libwcache.so``), so a
+   checkout works without installing anything.
+3. The system's library path: ``ctypes.util.find_library("wcache")``, then
+   ``libwcache.so.0`` through the dynamic loader (``LD_LIBRARY_PATH``,
+   ``ld.so.cache``).
+
+When all fail, :class:`LibraryNotFound` lists every candidate and why it
+failed.
+"""
+import ctypes
+import ctypes.util
+import errno as _errno
+import os
+import threading
+
+__all__ = [
+    "WcacheError", "DaemonUnavailable", "ModelNotFound", "LibraryNotFound",
+    "lib", "library_path", "check",
+]
+
+
+class WcacheError(OSError):
+    """A libwcache call failed. ``errno`` is the positive errno value and
+    ``strerror`` the library's message, which names the file or model and the
+    reason."""
+
+
+class DaemonUnavailable(WcacheError, ConnectionError):
+    """wcached cannot be reached on its client socket (not running, socket
+    missing, connection refused or reset)."""
+
+
+class ModelNotFound(WcacheError):
+    """wcached is running but does not serve a model of that name or path."""
+
+
+class LibraryNotFound(ImportError):
+    """libwcache could not be loaded; the message lists what was tried."""
+
+
+class wc_tensor(ctypes.Structure):
+    """struct wc_tensor from client/wcache.h."""
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("dtype", ctypes.c_char_p),
+        ("ndim", ctypes.c_uint32),
+        ("shape", ctypes.POINTER(ctypes.c_uint64)),
+        ("data", ctypes.c_void_p),
+        ("nbytes", ctypes.c_uint64),
+    ]
+
+
+_P = ctypes.c_void_p
+_PP = ctypes.POINTER(ctypes.c_void_p)
+_T = ctypes.POINTER(wc_tensor)
+
+# name: (restype, argtypes). Every function in client/wcache.h.
+_REQUIRED = {
+    "wc_open_file": (ctypes.c_int, [ctypes.c_char_p, _PP]),
+    "wc_release": (None, [_P]),
+    "wc_model_count": (ctypes.c_size_t, [_P]),
+    "wc_model_tensor": (ctypes.c_int, [_P, ctypes.c_size_t, _T]),
+    "wc_model_find": (ctypes.c_int, [_P, ctypes.c_char_p, _T]),
+    "wc_model_metadata": (ctypes.c_char_p, [_P, ctypes.c_char_p]),
+    "wc_model_metadata_at": (ctypes.c_int, [_P, ctypes.c_size_t,
+                                            ctypes.POINTER(ctypes.c_char_p),
+                                            ctypes.POINTER(ctypes.c_char_p)]),
+    "wc_model_generation": (ctypes.c_uint64, [_P]),
+    "wc_errmsg": (ctypes.c_char_p, []),
+    "wc_connect": (ctypes.c_int, [ctypes.c_char_p, _PP]),
+    "wc_attach": (ctypes.c_int, [_P, ctypes.c_char_p, _PP]),
+    "wc_disconnect": (None, [_P]),
+}
+
+# Functions used when the library has them (feature checks).
+_OPTIONAL = {
+    # Proposed: makes a tensor's pages writable copy-on-write in this process
+    # (see wcache/_torch.py and client/python/README.md).
+    "wc_model_tensor_cow": (ctypes.c_int, [_P, _T, _PP]),
+}
+
+_lock = threading.Lock()
+_lib = None
+_lib_path = None
+
+
+def _candidates():
+    """Yields (path, where) pairs in lookup order, after $WCACHE_LIB."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    d = here
+    while True:
+        for leaf in ("libwcache.so.0", "libwcache.so"):
+            yield os.path.join(d, "build", "lib", leaf), "build tree"
+        parent = os.path.dirname(d)
+        if parent == d:
+            break
+        d = parent
+    found = ctypes.util.find_library("wcache")
+    if found:
+        yield found, "find_library"
+    yield "libwcache.so.0", "dynamic loader"
+
+
+def _declare(cdll, path):
+    for name, (res, args) in _REQUIRED.items():
+        try:
+            fn = getattr(cdll, name)
+        except AttributeError:
+            raise LibraryNotFound(
+                f"{path} is not a usable libwcache: it has no function {name}()") from None
+        fn.restype, fn.argtypes = res, args
+    for name, (res, args) in _OPTIONAL.items():
+        fn = getattr(cdll, name, None)
+        if fn is not None:
+            fn.restype, fn.argtypes = res, args
+
+
+def _load():
+    global _lib, _lib_path
+    tried = []
+    env = os.environ.get("WCACHE_LIB")
+    if env:
+        try:
+            cdll = ctypes.CDLL(env)
+        except OSError as e:
+            raise LibraryNotFound(
+                f"cannot load libwcache from WCACHE_LIB={env}: {e}\n"
+                "(WCACHE_LIB names the library file to load; unset it to search the "
+                "build tree and the system library path)") from None
+        _declare(cdll, env)
+        _lib, _lib_path = cdll, env
+        return
+    seen = set()
+    for path, where in _candidates():
+        if path in seen:
+            continue
+        seen.add(path)
+        if os.sep in path and not os.path.exists(path):
+            tried.append(f"  {path} ({where}): no such file")
+            continue
+        try:
+            cdll = ctypes.CDLL(path)
+        except OSError as e:
+            tried.append(f"  {path} ({where}): {e}")
+            continue
+        _declare(cdll, path)
+        _lib, _lib_path = cdll, getattr(cdll, "_name", path)
+        return
+    raise LibraryNotFound(
+        "cannot find libwcache. Set WCACHE_LIB to the path of libwcache.so.0, build the "
+        "tree (make), or install the library. Tried, in order:\n  $WCACHE_LIB (not set)\n"
+        + "\n".join(tried))
+
+
+def lib():
+    """The loaded library (loads it on first use)."""
+    if _lib is None:
+        with _lock:
+            if _lib is None:
+                _load()
+    return _lib
+
+
+def library_path():
+    """The path the library was loaded from (loads it on first use)."""
+    lib()
+    return _lib_path
+
+
+def has(name):
+    """Whether the loaded library has the optional function name."""
+    return getattr(lib(), name, None) is not None and name in _OPTIONAL
+
+
+def errmsg():
+    msg = lib().wc_errmsg()
+    return msg.decode("utf-8", "replace") if msg else ""
+
+
+_DAEMON_DOWN = {_errno.ENOENT, _errno.ECONNREFUSED, _errno.ECONNRESET, _errno.EPIPE,
+                _errno.ENOTCONN, _errno.ECONNABORTED}
+
+
+def check(rc, cls=WcacheError):
+    """Raises cls(errno, wc_errmsg()) when rc is a negative errno."""
+    if rc >= 0:
+        return rc
+    code = -rc
+    msg = errmsg() or os.strerror(code)
+    raise cls(code, msg)

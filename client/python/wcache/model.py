@@ -1,0 +1,365 @@
+"""Client, Model and the zero-copy numpy views over libwcache.
+
+Lifetime (the rule every view relies on): a :class:`Model` owns a
+``_Handle``, the one Python object that owns the C ``wc_model``. Every array
+or tensor made from the model holds a reference to that handle (through the
+array's ``base``, the tensor's storage). ``Model.close()`` (or leaving a
+``with`` block) closes the Python object: later calls on it raise
+ValueError, and it drops its reference to the handle. The C model is
+released (``wc_release``: unmapped, and the daemon told) when the last
+reference goes, that is when the model and every view made from it are
+gone. A view can never outlive its mapping, whatever order the program
+drops things in; memory stays mapped as long as something can read it.
+
+A handle also keeps the :class:`Client` it was attached through alive, so
+the daemon hears about the release on the same connection; ``Client.close()``
+still disconnects at once when asked (attached models stay valid, as the C
+API promises).
+
+After ``os.fork()`` every model, view and tensor stays valid in the child
+(mappings are inherited). A child that needs more models must ``connect()``
+again; ``safe_open`` does that by itself.
+"""
+import ctypes
+import os
+import threading
+
+import numpy as np
+
+from . import _lib
+from ._dtypes import DTYPES, numpy_typestr
+from ._lib import ModelNotFound, DaemonUnavailable, WcacheError, check, wc_tensor
+
+__all__ = ["Client", "Model", "TensorInfo", "connect", "open_file"]
+
+
+class TensorInfo(tuple):
+    """(name, dtype, shape, nbytes) of one tensor, plus its address."""
+    __slots__ = ()
+
+    def __new__(cls, name, dtype, shape, nbytes, data):
+        return tuple.__new__(cls, (name, dtype, shape, nbytes, data))
+
+    name = property(lambda self: self[0], doc="tensor name")
+    dtype = property(lambda self: self[1], doc='safetensors dtype, e.g. "BF16"')
+    shape = property(lambda self: self[2], doc="shape as a tuple of ints")
+    nbytes = property(lambda self: self[3], doc="size of the data in bytes")
+    data = property(lambda self: self[4], doc="address of the first byte")
+
+    def __repr__(self):
+        return f"TensorInfo(name={self.name!r}, dtype={self.dtype!r}, shape={self.shape})"
+
+
+def _info(t):
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    return TensorInfo(t.name.decode("utf-8", "surrogateescape"), t.dtype.decode("ascii"),
+                      shape, t.nbytes, t.data or 0)
+
+
+class _Handle:
+    """Owns one C wc_model; releases it when the last reference goes."""
+    __slots__ = ("ptr", "label", "client", "pid", "torch_maps", "__weakref__")
+
+    def __init__(self, ptr, label, client=None):
+        self.ptr = ptr
+        self.label = label
+        self.client = client      # keeps the connection open for RELEASE
+        self.pid = os.getpid()
+        self.torch_maps = None    # private mappings for torch (see _torch.py)
+
+    def __del__(self):
+        ptr, self.ptr = self.ptr, None
+        if ptr:
+            try:
+                _lib.lib().wc_release(ptr)
+            except Exception:  # interpreter shutdown: the process unmaps anyway
+                pass
+
+
+class _ArrayOwner:
+    """The base object of a view: exposes the memory to numpy and keeps the
+    handle (and so the mapping) alive as long as the array exists."""
+    __slots__ = ("__array_interface__", "handle")
+
+    def __init__(self, handle, data, shape, typestr, readonly):
+        self.handle = handle
+        self.__array_interface__ = {
+            "version": 3, "shape": shape, "typestr": typestr,
+            "data": (data, readonly), "strides": None,
+        }
+
+
+def _view(handle, data, shape, typestr, readonly=True):
+    """A numpy array over [data, data + size) that keeps handle alive."""
+    return np.asarray(_ArrayOwner(handle, data, shape, typestr, readonly))
+
+
+class Model:
+    """A model mapped through wcache: a read-only set of named tensors.
+
+    Get one with :func:`open_file` (in-process) or :meth:`Client.attach`
+    (through wcached). Iterating yields tensor names in byte order;
+    ``len()`` and ``in`` work on names.
+    """
+
+    def __init__(self, handle, source):
+        self._handle = handle
+        self._source = source
+        self._infos = {}
+        self._names = None
+        self._lock = threading.Lock()
+
+    # -- identity and state --
+
+    @property
+    def name(self):
+        """The model name (attached) or the path (opened in-process)."""
+        return self._handle.label if self._handle else self._closed_label
+
+    @property
+    def source(self):
+        """"wcached" when attached through the daemon, "file" when mapped in
+        this process."""
+        return self._source
+
+    @property
+    def closed(self):
+        return self._handle is None
+
+    @property
+    def generation(self):
+        """The generation wcached served this model as; 0 in-process."""
+        return int(_lib.lib().wc_model_generation(self._h().ptr))
+
+    def _h(self):
+        h = self._handle
+        if h is None:
+            raise ValueError(f"model {self._closed_label!r} is closed")
+        return h
+
+    def close(self):
+        """Closes this object. Arrays and tensors made from it stay valid;
+        the mapping goes when the last of them does."""
+        h = self._handle
+        if h is not None:
+            self._closed_label = h.label
+            self._handle = None
+            self._infos = {}
+            self._names = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if self.closed else f"{len(self)} tensors"
+        return f"<wcache.Model {self.name!r} ({self._source}, {state})>"
+
+    # -- tensors --
+
+    def _all(self):
+        h = self._h()
+        if self._names is None:
+            with self._lock:
+                if self._names is None:
+                    lib = _lib.lib()
+                    t = wc_tensor()
+                    names = []
+                    for i in range(lib.wc_model_count(h.ptr)):
+                        check(lib.wc_model_tensor(h.ptr, i, ctypes.byref(t)))
+                        info = _info(t)
+                        self._infos[info.name] = info
+                        names.append(info.name)
+                    self._names = names
+        return self._names
+
+    def info(self, name):
+        """The :class:`TensorInfo` of tensor name; KeyError if there is none."""
+        h = self._h()
+        info = self._infos.get(name)
+        if info is not None:
+            return info
+        if not isinstance(name, str):
+            raise TypeError(f"tensor names are str, not {type(name).__name__}")
+        t = wc_tensor()
+        rc = _lib.lib().wc_model_find(h.ptr, name.encode("utf-8", "surrogateescape"),
+                                      ctypes.byref(t))
+        if rc == -2:  # -ENOENT
+            raise KeyError(f"model {h.label!r} has no tensor {name!r}")
+        check(rc)
+        info = _info(t)
+        self._infos[name] = info
+        return info
+
+    def keys(self):
+        """Tensor names, in byte order."""
+        return list(self._all())
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    def __len__(self):
+        return int(_lib.lib().wc_model_count(self._h().ptr))
+
+    def __contains__(self, name):
+        if not isinstance(name, str):
+            return False
+        try:
+            self.info(name)
+        except KeyError:
+            return False
+        return True
+
+    def metadata(self):
+        """The safetensors __metadata__ as a dict of str (empty if none)."""
+        h = self._h()
+        lib = _lib.lib()
+        key, value = ctypes.c_char_p(), ctypes.c_char_p()
+        out = {}
+        i = 0
+        while True:
+            rc = lib.wc_model_metadata_at(h.ptr, i, ctypes.byref(key), ctypes.byref(value))
+            if rc == -34:  # -ERANGE: past the end
+                return out
+            check(rc)
+            out[key.value.decode("utf-8", "surrogateescape")] = \
+                value.value.decode("utf-8", "surrogateescape")
+            i += 1
+
+    def raw(self, name):
+        """The bytes of tensor name as a read-only 1-D uint8 array (zero-copy),
+        for any dtype, including those numpy has no type for."""
+        info = self.info(name)
+        return _view(self._h(), info.data, (info.nbytes,), "|u1")
+
+    def numpy(self, name):
+        """Tensor name as a read-only numpy array on the mapping (zero-copy).
+
+        Writing to it raises ValueError; ``.copy()`` gives a writable copy.
+        BF16, FP8, FP4 and FP6 tensors raise TypeError: numpy has no such
+        types (``raw(name)`` gives the bytes; for BF16
+        ``raw(name).view(numpy.uint16).reshape(shape)`` gives the bit
+        patterns, still zero-copy, and ``torch(name)`` a torch.bfloat16)."""
+        info = self.info(name)
+        typestr = numpy_typestr(info.dtype)
+        if typestr is None:
+            raise TypeError(_no_numpy_type(self._h().label, info))
+        return _view(self._h(), info.data, info.shape, typestr)
+
+    def torch(self, name):
+        """Tensor name as a torch tensor on the mapping (zero-copy, CPU).
+
+        torch has no read-only tensors, so the tensor's memory is made
+        copy-on-write for this process (see wcache/_torch.py): reads share
+        the page cache with every other worker; an in-place write gives this
+        process a private copy of the pages it touches and never reaches the
+        file or another process. ``.clone()`` gives an independent copy."""
+        from . import _torch
+        return _torch.tensor(self, self.info(name))
+
+    def state_dict(self, framework="pt"):
+        """Every tensor, as {name: torch tensor} ("pt") or numpy array ("np")."""
+        get = self.torch if _framework(framework) == "pt" else self.numpy
+        return {name: get(name) for name in self._all()}
+
+
+def _no_numpy_type(label, info):
+    if info.dtype == "BF16":
+        return (f"model {label!r}: tensor {info.name!r} is BF16 and numpy has no bfloat16; "
+                f"use model.torch(name) for a torch.bfloat16 tensor, or "
+                f"model.raw(name).view(numpy.uint16).reshape({info.shape}) for its bit "
+                f"patterns (zero-copy)")
+    return (f"model {label!r}: tensor {info.name!r} is {info.dtype}, which numpy has no "
+            f"type for; model.raw(name) gives its bytes")
+
+
+def _framework(framework):
+    f = str(framework).lower()
+    if f in ("pt", "torch", "pytorch"):
+        return "pt"
+    if f in ("np", "numpy"):
+        return "np"
+    raise ValueError(f"framework {framework!r} is not supported: use \"pt\" (torch) or "
+                     f"\"np\" (numpy)")
+
+
+class Client:
+    """A connection to wcached's client socket. Use :func:`connect`."""
+
+    def __init__(self, ptr, socket):
+        self._ptr = ptr
+        self._pid = os.getpid()
+        self.socket = socket
+
+    @property
+    def closed(self):
+        return not self._ptr
+
+    def attach(self, name):
+        """Attaches the model wcached serves as name (a configured name or the
+        exact configured path). Raises ModelNotFound when it serves none."""
+        if not self._ptr:
+            raise ValueError(f"client of wcached at {self.socket} is closed")
+        name = os.fspath(name)
+        if isinstance(name, str):
+            name = name.encode("utf-8", "surrogateescape")
+        out = ctypes.c_void_p()
+        rc = _lib.lib().wc_attach(self._ptr, name, ctypes.byref(out))
+        if rc == -2:
+            check(rc, ModelNotFound)
+        if -rc in _lib._DAEMON_DOWN:
+            check(rc, DaemonUnavailable)
+        check(rc)
+        label = name.decode("utf-8", "surrogateescape")
+        return Model(_Handle(out.value, label, self), "wcached")
+
+    def close(self):
+        """Disconnects. Models attached through this client stay valid."""
+        ptr, self._ptr = self._ptr, None
+        if ptr:
+            _lib.lib().wc_disconnect(ptr)
+
+    __del__ = close
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"<wcache.Client {self.socket} ({'closed' if self.closed else 'open'})>"
+
+
+def default_socket():
+    """The socket wc_connect(NULL) uses: $WCACHE_SOCKET, else the default."""
+    return os.environ.get("WCACHE_SOCKET") or "/run/wcached/wcached.sock"
+
+
+def connect(socket=None):
+    """Connects to wcached (socket None: $WCACHE_SOCKET, else
+    /run/wcached/wcached.sock). Raises DaemonUnavailable when it cannot."""
+    lib = _lib.lib()
+    path = os.fspath(socket) if socket is not None else None
+    out = ctypes.c_void_p()
+    rc = lib.wc_connect(os.fsencode(path) if path is not None else None, ctypes.byref(out))
+    if rc < 0:
+        check(rc, DaemonUnavailable)
+    return Client(out.value, path if path is not None else default_socket())
+
+
+def open_file(path):
+    """Maps and validates a model in this process, without the daemon: a
+    safetensors file, a shard index (model.safetensors.index.json), a
+    directory holding one of those, or a WEIG file."""
+    path = os.fspath(path)
+    out = ctypes.c_void_p()
+    check(_lib.lib().wc_open_file(os.fsencode(path), ctypes.byref(out)))
+    return Model(_Handle(out.value, path if isinstance(path, str) else os.fsdecode(path)),
+                 "file")
+
+
+# Referenced by the docs; keeps flake8 quiet about the import.
+_ = (DTYPES, WcacheError)

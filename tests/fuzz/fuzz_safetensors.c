@@ -1,0 +1,118 @@
+/*
+ * fuzz_safetensors.c: libFuzzer harness for the safetensors reader
+ * (client/safetensors.c).
+ *
+ * The input is a whole file image. It is parsed as is, and once more with
+ * its 8-byte header length rewritten so the header runs to the last '}' of
+ * the input: random bytes almost never hold a consistent length, and without
+ * the rewrite most mutations would stop at the length check instead of
+ * reaching the JSON and tensor checks.
+ *
+ * What an accepted file promises, checked here: it compiles to an index;
+ * every tensor lies inside the data area; the tensors' sizes add up to the
+ * data area exactly (they tile it); the header is JSON jansson accepts too.
+ * A refused file leaves a one-line message that names the file.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "error.h"
+#include "index.h"
+#include "source.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define NAME "fuzz.safetensors"
+
+#define CHECK(cond)                                                                      \
+	do {                                                                             \
+		if (!(cond)) {                                                           \
+			fprintf(stderr, "fuzz_safetensors: check failed at line %d: %s\n",     \
+				__LINE__, #cond);                                        \
+			abort();                                                         \
+		}                                                                        \
+	} while (0)
+
+static void
+parse_one(const uint8_t *data, size_t size)
+{
+	struct index_builder *b = NULL;
+	struct index_header h;
+	struct index_tensor t;
+	uint8_t *blob = NULL;
+	uint64_t n = 0, sum = 0;
+	size_t len = 0;
+	uint32_t no;
+	int rc;
+
+	CHECK(index_builder_new(&b) == 0);
+	CHECK(index_add_file(b, NAME, size, &no) == 0);
+	error_set(0, "%s", "");
+	rc = st_parse(NAME, data, size, no, b);
+	if (rc == 0)
+		rc = index_build(b, NAME, &blob, &len);
+	if (rc < 0) {
+		const char *msg = error_get();
+
+		CHECK(rc == -EINVAL || rc == -ENOMEM);
+		CHECK(strncmp(msg, NAME ": ", strlen(NAME) + 2) == 0);
+		CHECK(strchr(msg, '\n') == NULL);
+		goto out;
+	}
+	CHECK(size >= 8);
+	for (int i = 7; i >= 0; i--)
+		n = (n << 8) | data[i];
+	CHECK(n <= ST_MAX_HEADER && n <= size - 8);
+	CHECK(index_open(blob, len, &h) == 0);
+	for (uint64_t i = 0; i < h.tensor_count; i++) {
+		CHECK(index_tensor_at(blob, &h, i, &t) == 0);
+		CHECK(t.file == 0);
+		CHECK(t.offset >= 8 + n && t.offset <= size && t.nbytes <= size - t.offset);
+		sum += t.nbytes;
+	}
+	CHECK(sum == size - 8 - n);
+	{
+		/* the header is JSON for jansson too, unless it holds an integer
+		 * above jansson's long long range (valid for us) */
+		json_error_t err;
+		json_t *v = json_loadb((const char *)data + 8, (size_t)n, 0, &err);
+
+		CHECK(v != NULL || json_error_code(&err) == json_error_numeric_overflow);
+		json_decref(v);
+	}
+out:
+	free(blob);
+	index_builder_free(b);
+}
+
+int
+LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	const uint8_t *close;
+	uint8_t *copy;
+	uint64_t n;
+
+	parse_one(data, size);
+
+	/* the same bytes with the header running to the last '}' */
+	if (size < 9)
+		return 0;
+	for (close = data + size - 1; close > data + 8 && *close != '}'; close--)
+		;
+	if (*close != '}')
+		return 0;
+	n = (uint64_t)(close - data) + 1 - 8;
+	if ((copy = malloc(size)) == NULL)
+		return 0;
+	memcpy(copy, data, size);
+	for (int i = 0; i < 8; i++)
+		copy[i] = (uint8_t)(n >> (8 * i));
+	parse_one(copy, size);
+	free(copy);
+	return 0;
+}
