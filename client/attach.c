@@ -24,10 +24,13 @@
 #include "model.h"
 #include "wire.h"
 
-_Static_assert(INDEX_MAX_FILES == WIRE_MAX_FDS - 1, "an attach passes the index and every file");
+_Static_assert(INDEX_MAX_FILES == WIRE_MAX_FILES, "an attach passes the index, every file and the status page");
 
 #define DEFAULT_SOCKET "/run/wcached/wcached.sock"
 #define REQUIRED_SEALS (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW)
+#define STATUS_SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
+#define STATUS_MAGIC 0x54534357u /* "WCST" in slot 0 */
+#define STATUS_MAX_BYTES (1u << 20)
 
 struct wc_client {
 	int fd;
@@ -105,8 +108,10 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, uint8_
 			fdp_close_all(fds, *nfds);
 			return error_set(r, "wcached at %s sent a malformed reply", c->path);
 		}
-		if (msg->h.seq == seq)
+		if (msg->h.type != WIRE_CHANGED && msg->h.seq == seq)
 			return n;
+		/* An announcement (or a stray reply): drop it; the status page
+		 * says what changed. */
 		fdp_close_all(fds, *nfds);
 	}
 }
@@ -139,6 +144,35 @@ map_fd(int fd, uint64_t want, int memfd, const char *what, const uint8_t **base)
 	return 0;
 }
 
+/*
+ * Maps the daemon's status page for wc_model_stale(). The page must be a
+ * sealed memfd that cannot shrink (so reading it never faults) with the
+ * magic in slot 0. A page that fails a check is ignored: the model works,
+ * only its stale checks say 0.
+ */
+static void
+map_status(wc_model *m, int fd, uint64_t slot)
+{
+	struct stat st;
+	int seals = fcntl(fd, F_GET_SEALS);
+	void *p;
+
+	if (slot == 0 || seals == -1 || (seals & STATUS_SEALS) != STATUS_SEALS ||
+		fstat(fd, &st) == -1 || !S_ISREG(st.st_mode) || st.st_size <= 0 ||
+		(uint64_t)st.st_size > STATUS_MAX_BYTES || slot >= (uint64_t)st.st_size / 8)
+		return;
+	p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		return;
+	if (__atomic_load_n((const uint64_t *)p, __ATOMIC_ACQUIRE) != STATUS_MAGIC) {
+		munmap(p, (size_t)st.st_size);
+		return;
+	}
+	m->status_page = p;
+	m->status_len = (size_t)st.st_size;
+	m->status_word = (const uint64_t *)p + slot;
+}
+
 /* Builds a model from ATTACH_OK's descriptors: fds[0] is the index. */
 static int
 model_from_fds(const char *name, const struct wire_attach_ok *ok, const int *fds, size_t nfds,
@@ -150,7 +184,9 @@ model_from_fds(const char *name, const struct wire_attach_ok *ok, const int *fds
 	size_t mapped = 0;
 	int r;
 
-	if (nfds != 1 + (size_t)ok->file_count || ok->index_size > SIZE_MAX)
+	size_t want = 1 + (size_t)ok->file_count + ((ok->flags & WIRE_ATTACH_STATUS) ? 1 : 0);
+
+	if (nfds != want || ok->index_size > SIZE_MAX)
 		return error_set(-EBADMSG, "model \"%s\": wcached sent %zu descriptors for %u files",
 			name, nfds, ok->file_count);
 	if ((r = map_fd(fds[0], ok->index_size, 1, name, &index)) < 0)
@@ -177,6 +213,8 @@ model_from_fds(const char *name, const struct wire_attach_ok *ok, const int *fds
 	}
 	if ((r = model_new(name, index, (size_t)ok->index_size, 1, maps, mapped, out)) < 0)
 		goto fail;
+	if (ok->flags & WIRE_ATTACH_STATUS)
+		map_status(*out, fds[1 + ok->file_count], ok->status_slot);
 	return 0;
 fail:
 	for (size_t i = 0; i < mapped; i++)
@@ -301,6 +339,47 @@ attach_forget(wc_model *m)
 			fdp_close_all(fds, nfds);
 	}
 	pthread_mutex_unlock(&c->lock);
+}
+
+int
+wc_client_fd(const wc_client *c)
+{
+	return c == NULL ? -1 : c->fd;
+}
+
+int
+wc_client_dispatch(wc_client *c)
+{
+	uint8_t buf[WIRE_MAX_MESSAGE];
+	int fds[WIRE_MAX_FDS];
+	size_t nfds = 0;
+	struct wire_message msg;
+	ssize_t n;
+	int count = 0;
+
+	if (c == NULL)
+		return error_set(-EINVAL, "wc_client_dispatch: no client");
+	pthread_mutex_lock(&c->lock);
+	for (;;) {
+		/* Only announcements can be waiting: replies are read by the
+		 * request that caused them, under the same lock. */
+		n = recv(c->fd, buf, 1, MSG_PEEK | MSG_DONTWAIT);
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			break;
+		if (n <= 0) {
+			pthread_mutex_unlock(&c->lock);
+			return error_set(n == 0 ? -ECONNRESET : -errno,
+				"wcached at %s closed the connection", c->path);
+		}
+		n = fdp_recv(c->fd, buf, sizeof(buf), fds, WIRE_MAX_FDS, &nfds);
+		if (n <= 0)
+			break;
+		fdp_close_all(fds, nfds);
+		if (wire_decode(buf, (size_t)n, &msg) == 0 && msg.h.type == WIRE_CHANGED)
+			count++;
+	}
+	pthread_mutex_unlock(&c->lock);
+	return count;
 }
 
 void

@@ -68,6 +68,8 @@ model_free(wc_model *m)
 		if (m->maps[i].base != NULL)
 			munmap((void *)m->maps[i].base, (size_t)m->maps[i].size);
 	free(m->maps);
+	if (m->status_page != NULL)
+		munmap((void *)m->status_page, m->status_len);
 	if (m->index_mapped)
 		munmap((void *)m->index, m->index_len);
 	else
@@ -204,6 +206,14 @@ wc_model_metadata_at(const wc_model *m, size_t i, const char **key, const char *
 	if (value != NULL)
 		*value = v;
 	return 0;
+}
+
+int
+wc_model_stale(const wc_model *m)
+{
+	if (m == NULL || m->status_word == NULL)
+		return 0;
+	return __atomic_load_n(m->status_word, __ATOMIC_ACQUIRE) != m->generation;
 }
 
 uint64_t

@@ -35,7 +35,9 @@ struct wc_model {
 	struct wc_model *next;     /* in the client's list */
 	struct wc_model **prevp;
 	char *name;                /* the model name, for messages */
-	const volatile uint64_t *status_word; /* reserved for stale checks */
+	const uint64_t *status_page;  /* mapping of the daemon's status page, or NULL */
+	size_t status_len;
+	const uint64_t *status_word;  /* this model's slot in it */
 };
 
 /*

@@ -72,6 +72,16 @@ WC_EXPORT int wc_model_metadata_at(const wc_model *m, size_t i, const char **key
 /* The generation wcached served this model as; 0 for wc_open_file(). */
 WC_EXPORT uint64_t wc_model_generation(const wc_model *m);
 
+/*
+ * 1 when wcached now serves a newer generation under this model's name (or
+ * no longer serves it), else 0; always 0 for wc_open_file(). Costs no system
+ * call: it reads the daemon's status page, which every attached model maps
+ * read-only, so it is cheap enough to call on every request. A stale model
+ * stays valid and readable; attach again to get the new generation, then
+ * release the old one.
+ */
+WC_EXPORT int wc_model_stale(const wc_model *m);
+
 /* Message for the last failure in the calling thread ("" if none). */
 WC_EXPORT const char *wc_errmsg(void);
 
@@ -84,8 +94,22 @@ WC_EXPORT int wc_connect(const char *socket_path, wc_client **out);
 WC_EXPORT int wc_attach(wc_client *c, const char *model, wc_model **out);
 
 /* Closes the connection. Models attached through it stay valid; the daemon
- * releases them when they are released or when this process exits. */
+ * counts them as released (it still never truncates their files). */
 WC_EXPORT void wc_disconnect(wc_client *c);
+
+/*
+ * For event-loop workers: a descriptor that becomes readable when wcached
+ * announces that a model this client holds has a new generation (or is no
+ * longer served). Poll it for POLLIN; when readable, call
+ * wc_client_dispatch(), then check wc_model_stale() on the models you hold.
+ * Announcements are a wake-up, not a record: wc_model_stale() is the truth.
+ * The descriptor belongs to the client; do not close it.
+ */
+WC_EXPORT int wc_client_fd(const wc_client *c);
+
+/* Reads pending announcements without blocking; returns how many were read
+ * (0 if none), or a negative errno when the connection failed. */
+WC_EXPORT int wc_client_dispatch(wc_client *c);
 
 #ifdef __cplusplus
 }

@@ -27,6 +27,7 @@
 #include "server.h"
 #include "source.h"
 #include "warm.h"
+#include "watch.h"
 
 #define DEFAULT_CONFIG "/etc/wcached.conf"
 
@@ -37,7 +38,12 @@ struct daemon {
 	struct registry reg;
 	struct warm_pool *pool;
 	struct server *server;
+	struct watch *watch;
 	uv_signal_t sigterm, sigint, sighup;
+	int listen_fd;        /* client socket until the server takes it */
+	int serving;
+	int stopping;
+	unsigned reloads;     /* config reloads in progress */
 	uv_timer_t status_timer;
 	char *created_socket; /* path of the socket file we made, to remove */
 	uint64_t started_ms;
@@ -88,17 +94,86 @@ check(const char *path)
 	return bad;
 }
 
+/* The memory budget in bytes (0: none) for this host's RAM. */
+static uint64_t
+memory_budget(const struct config *cfg)
+{
+	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+
+	return config_memory_budget(cfg, pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0);
+}
+
 static enum pin_mode
 pin_of(enum config_pin p)
 {
 	return p == CONFIG_PIN_ALL ? PIN_ALL : p == CONFIG_PIN_NONE ? PIN_NONE : PIN_METADATA;
 }
 
+/*
+ * A batch of loads (start-up or a config reload) that reports once when
+ * every load in it has ended.
+ */
+struct batch {
+	struct daemon *d;
+	unsigned pending;
+	unsigned failed;
+	void (*done)(struct daemon *d, unsigned failed, void *arg);
+	void *arg;
+};
+
 static void
-load_model(struct daemon *d, const struct model_config *m)
+batch_step(struct batch *b)
 {
-	if (registry_load(&d->reg, m->name, m->path, pin_of(m->pin), m->warm) < 0)
+	if (b->pending > 0)
+		return;
+	b->done(b->d, b->failed, b->arg);
+	free(b);
+}
+
+static void
+batch_load_done(int status, const char *message, uint64_t generation, void *arg)
+{
+	struct batch *b = arg;
+
+	(void)message;
+	(void)generation;
+	if (status < 0)
+		b->failed++;
+	b->pending--;
+	batch_step(b);
+}
+
+static void
+batch_load(struct batch *b, const struct model_config *m)
+{
+	if (registry_load(&b->d->reg, m->name, m->path, pin_of(m->pin), m->warm, batch_load_done,
+		    b) < 0) {
 		log_errorx("%s; not served", error_get());
+		b->failed++;
+		return;
+	}
+	b->pending++;
+}
+
+static struct batch *
+batch_new(struct daemon *d, void (*done)(struct daemon *, unsigned, void *), void *arg)
+{
+	struct batch *b = calloc(1, sizeof(*b));
+
+	if (b == NULL)
+		fatalx("out of memory");
+	b->d = d;
+	b->done = done;
+	b->arg = arg;
+	b->pending = 1; /* held until every load is queued */
+	return b;
+}
+
+static void
+batch_release(struct batch *b)
+{
+	b->pending--;
+	batch_step(b);
 }
 
 /* Sends a STATUS= line with warming progress; keeps the timer running only
@@ -139,7 +214,7 @@ on_registry_changed(struct registry *r)
 	/* Immediate status only when warming just ended; the timer covers
 	 * progress in between. */
 	registry_progress(r, &done, &total, &warming, &models);
-	if (warming == 0)
+	if (warming == 0 && d->serving)
 		send_status(d);
 }
 
@@ -147,37 +222,87 @@ static void
 reload_model(enum config_change change, const struct model_config *old_model,
 	const struct model_config *new_model, unsigned changes, void *arg)
 {
-	struct daemon *d = arg;
+	struct batch *b = arg;
 
+	(void)changes;
 	if (change == CONFIG_MODEL_REMOVED)
-		registry_unload(&d->reg, old_model->name);
+		registry_unload(&b->d->reg, old_model->name);
 	else
-		load_model(d, new_model);
+		batch_load(b, new_model);
 }
 
-/* SIGHUP: re-reads the configuration and adds, drops or reloads models. */
-static void
-reload(struct daemon *d)
-{
-	struct config *cfg;
+/* What a config reload reports to its requester when its loads end. */
+struct reload_request {
+	registry_done_fn done;
+	void *arg;
+};
 
-	notify_send("RELOADING=1\nSTATUS=reloading %s", d->config_path);
-	log_info("reloading %s", d->config_path);
-	if (config_load(d->config_path, &cfg) < 0) {
-		log_errorx("reload refused: %s", error_get());
+static void
+reload_finished(struct daemon *d, unsigned failed, void *arg)
+{
+	struct reload_request *req = arg;
+	char msg[128];
+
+	d->reloads--;
+	watch_sync(d->watch);
+	if (d->reloads == 0 && !d->stopping) {
 		notify_send("READY=1");
 		send_status(d);
-		return;
 	}
+	snprintf(msg, sizeof(msg), "configuration reloaded%s", failed ? "; some models failed" : "");
+	log_info("%s", msg);
+	if (req != NULL && req->done != NULL)
+		req->done(failed ? -EIO : 0, failed ? "configuration reloaded; some models failed "
+						      "to load (see status)" :
+						      msg,
+			0, req->arg);
+	free(req);
+}
+
+/*
+ * Re-reads the configuration and adds, drops or reloads models; done (may
+ * be NULL) runs when every load it started has ended. For SIGHUP and for
+ * `wcachectl reload`.
+ */
+static int
+reload_config(struct daemon *d, registry_done_fn done, void *arg)
+{
+	struct config *cfg;
+	struct reload_request *req;
+	struct batch *b;
+
+	if (config_load(d->config_path, &cfg) < 0) {
+		log_errorx("reload refused: %s", error_get());
+		return -EINVAL;
+	}
+	if ((req = calloc(1, sizeof(*req))) == NULL) {
+		config_free(cfg);
+		return error_set(-ENOMEM, "out of memory");
+	}
+	req->done = done;
+	req->arg = arg;
+	notify_send("RELOADING=1\nSTATUS=reloading %s", d->config_path);
+	log_info("reloading %s", d->config_path);
 	if (strcmp(cfg->socket_path, d->cfg->socket_path) != 0)
 		log_warnx("socket path changed to %s: takes effect after a restart",
 			cfg->socket_path);
 	log_setlevel(cfg->log_level);
-	config_diff(d->cfg, cfg, reload_model, d);
+	d->reg.memory_budget = memory_budget(cfg);
+	d->reloads++;
+	b = batch_new(d, reload_finished, req);
+	config_diff(d->cfg, cfg, reload_model, b);
 	config_free(d->cfg);
 	d->cfg = cfg;
-	notify_send("READY=1");
-	send_status(d);
+	batch_release(b);
+	return 0;
+}
+
+static void
+on_swapped(struct registry *r, struct model_entry *m)
+{
+	struct daemon *d = r->owner;
+
+	server_announce(d->server, m);
 }
 
 static void
@@ -190,13 +315,24 @@ close_walk(uv_handle_t *h, void *arg)
 static void
 shutdown_daemon(struct daemon *d)
 {
+	if (d->stopping)
+		return;
+	d->stopping = 1;
 	log_info("shutting down");
 	notify_send("STOPPING=1");
 	server_stop(d->server);
 	d->server = NULL;
+	if (d->listen_fd >= 0)
+		close(d->listen_fd);
+	d->listen_fd = -1;
+	watch_stop(d->watch);
+	d->watch = NULL;
 	d->reg.changed = NULL;
+	d->reg.swapped = NULL;
+	d->reg.closing = 1; /* loads still on the work queue are dropped */
 	warm_pool_close(d->pool);
 	d->pool = NULL;
+	d->reg.pool = NULL;
 	registry_close(&d->reg);
 	uv_close((uv_handle_t *)&d->sigterm, NULL);
 	uv_close((uv_handle_t *)&d->sigint, NULL);
@@ -204,15 +340,40 @@ shutdown_daemon(struct daemon *d)
 	uv_close((uv_handle_t *)&d->status_timer, NULL);
 }
 
+/* The configured models have been loaded (or failed): serve. */
+static void
+start_serving(struct daemon *d, unsigned failed, void *arg)
+{
+	struct server_options sopt = { .max_clients = d->cfg->max_clients };
+
+	(void)arg;
+	if (d->stopping)
+		return;
+	if (server_start(&d->loop, &d->reg, d->listen_fd, &sopt, &d->server) < 0)
+		fatalx("%s", error_get());
+	d->listen_fd = -1; /* the server owns it */
+	d->serving = 1;
+	watch_sync(d->watch);
+	uv_timer_start(&d->status_timer, on_status_timer, 1000, 1000);
+	log_info("serving on %s (%u model%s failed to load)", d->cfg->socket_path, failed,
+		failed == 1 ? "" : "s");
+	notify_send("READY=1");
+	send_status(d);
+}
+
 static void
 on_signal(uv_signal_t *s, int signum)
 {
 	struct daemon *d = s->data;
 
-	if (signum == SIGHUP)
-		reload(d);
-	else
+	if (signum != SIGHUP) {
 		shutdown_daemon(d);
+		return;
+	}
+	if (reload_config(d, NULL, NULL) < 0) {
+		notify_send("READY=1");
+		send_status(d);
+	}
 }
 
 int
@@ -226,10 +387,9 @@ main(int argc, char **argv)
 		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
 	};
-	struct daemon d = { .config_path = DEFAULT_CONFIG };
+	struct daemon d = { .config_path = DEFAULT_CONFIG, .listen_fd = -1 };
 	struct warm_options wopt = { 0 };
-	struct server_options sopt = { 0 };
-	int opt, do_check = 0, debug = 0, listen_fd, r;
+	int opt, do_check = 0, debug = 0, r;
 
 	while ((opt = getopt_long(argc, argv, "c:dhV", options, NULL)) != -1) {
 		switch (opt) {
@@ -274,24 +434,26 @@ main(int argc, char **argv)
 	if ((r = warm_pool_new(&d.loop, &wopt, &d.pool)) < 0)
 		fatalx("cannot start %d prefetch threads: %s", d.cfg->prefetch_threads,
 			strerror(-r));
-	registry_init(&d.reg, d.pool);
+	if (registry_init(&d.reg, &d.loop, d.pool) < 0)
+		fatalx("%s", error_get());
 	d.reg.owner = &d;
 	d.reg.changed = on_registry_changed;
-	for (size_t i = 0; i < d.cfg->n_models; i++)
-		load_model(&d, &d.cfg->models[i]);
+	d.reg.swapped = on_swapped;
+	d.reg.memory_budget = memory_budget(d.cfg);
+	if (watch_start(&d.loop, &d.reg, &d.watch) < 0)
+		fatalx("%s", error_get());
 
-	r = listen_fds_take("client", SOCK_SEQPACKET, &listen_fd);
+	/* Take or create the client socket now, so a second daemon fails at
+	 * once; serve it when the configured models are loaded. */
+	r = listen_fds_take("client", SOCK_SEQPACKET, &d.listen_fd);
 	if (r < 0)
 		fatalx("%s", error_get());
 	if (r == 0) {
-		if ((listen_fd = server_listen_path(d.cfg->socket_path, 0660)) < 0)
+		if ((d.listen_fd = server_listen_path(d.cfg->socket_path, 0660)) < 0)
 			fatalx("%s", error_get());
 		d.created_socket = strdup(d.cfg->socket_path);
 	}
 	listen_fds_unset();
-	sopt.max_clients = d.cfg->max_clients;
-	if (server_start(&d.loop, &d.reg, listen_fd, &sopt, &d.server) < 0)
-		fatalx("%s", error_get());
 
 	uv_signal_init(&d.loop, &d.sigterm);
 	uv_signal_init(&d.loop, &d.sigint);
@@ -302,11 +464,11 @@ main(int argc, char **argv)
 	uv_signal_start(&d.sighup, on_signal, SIGHUP);
 	uv_timer_init(&d.loop, &d.status_timer);
 	d.status_timer.data = &d;
-	uv_timer_start(&d.status_timer, on_status_timer, 1000, 1000);
 
-	log_info("serving on %s", d.cfg->socket_path);
-	notify_send("READY=1");
-	send_status(&d);
+	struct batch *b = batch_new(&d, start_serving, NULL);
+	for (size_t i = 0; i < d.cfg->n_models; i++)
+		batch_load(b, &d.cfg->models[i]);
+	batch_release(b);
 	uv_run(&d.loop, UV_RUN_DEFAULT);
 
 	/* Every handle is closed; close anything left and drain the loop. */

@@ -2,15 +2,18 @@
  * registry.c: models and generations (see registry.h).
  *
  * Loading a model opens and validates its files with the client library's
- * readers, copies the compiled index into a sealed memfd (the one thing every
- * worker maps to find tensors without parsing), pins what the model's pin
- * mode asks for, and hands each file to the warm pool. A generation is freed
- * by whoever drops the last of its three kinds of reference: being current,
- * a client attach, a warming job.
+ * readers and copies the compiled index into a sealed memfd (the one thing
+ * every worker maps to find tensors without parsing), on libuv's work queue.
+ * Back on the loop the generation is installed: pinned as its model asks,
+ * handed to the warm pool, and made current at once (a first generation) or
+ * when warm (a replacement). A generation is freed by whoever drops the last
+ * of its references: being current or pending, a client attach, a warming
+ * job.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -19,6 +22,27 @@
 #include "error.h"
 #include "log.h"
 #include "registry.h"
+
+#define STATUS_MAGIC 0x54534357u /* "WCST": slot 0 of the status page */
+
+struct load_request {
+	uv_work_t work;
+	struct registry *r;
+	char *name;
+	char *path;
+	enum pin_mode pin;
+	int warm;
+	int reload;           /* discard when the files are unchanged */
+	uint64_t id;
+	struct model_source source;
+	int index_fd;
+	const uint8_t *index;
+	size_t index_size;
+	int status;
+	char message[1024];
+	registry_done_fn done;
+	void *arg;
+};
 
 static const char *const state_names[] = {
 	[GEN_WARMING] = "warming",
@@ -33,21 +57,127 @@ gen_state_name(enum gen_state s)
 	return state_names[s];
 }
 
-void
-registry_init(struct registry *r, struct warm_pool *pool)
+const char *
+pin_mode_name(enum pin_mode p)
+{
+	return p == PIN_ALL ? "all" : p == PIN_NONE ? "none" : "metadata";
+}
+
+static uint64_t
+now_ms(const struct registry *r)
+{
+	return uv_now(r->loop);
+}
+
+/* ---- the status page ---- */
+
+/*
+ * Creates the status page: a memfd the daemon maps read-write and sealed so
+ * it can never shrink (no SIGBUS in workers) nor be mapped writable again
+ * (F_SEAL_FUTURE_WRITE); workers get a read-only reopen of it.
+ */
+static int
+status_page_init(struct registry *r)
+{
+	char proc[64];
+	void *map;
+	int fd;
+
+	fd = memfd_create("wcache-status", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd == -1)
+		return error_set(-errno, "status page: memfd_create: %s", strerror(errno));
+	if (ftruncate(fd, STATUS_PAGE_BYTES) == -1 ||
+		(map = mmap(NULL, STATUS_PAGE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) ==
+			MAP_FAILED) {
+		int e = errno;
+
+		close(fd);
+		return error_set(-e, "status page: %s", strerror(e));
+	}
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) ==
+		-1) {
+		int e = errno;
+
+		munmap(map, STATUS_PAGE_BYTES);
+		close(fd);
+		return error_set(-e, "status page: sealing: %s", strerror(e));
+	}
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+	if ((r->status_ro_fd = open(proc, O_RDONLY | O_CLOEXEC)) == -1) {
+		int e = errno;
+
+		munmap(map, STATUS_PAGE_BYTES);
+		close(fd);
+		return error_set(-e, "status page: reopening read-only: %s", strerror(e));
+	}
+	r->status_fd = fd;
+	r->status = map;
+	__atomic_store_n(&r->status[0], STATUS_MAGIC, __ATOMIC_RELEASE);
+	return 0;
+}
+
+/* The slot of name: the one it had before, or a new one. 0 when full (the
+ * model is served, only its stale checks never fire). */
+static unsigned
+slot_for(struct registry *r, const char *name)
+{
+	struct status_slot *slots;
+
+	for (unsigned i = 1; i < r->nslots; i++)
+		if (strcmp(r->slots[i].name, name) == 0)
+			return i;
+	if (r->nslots == 0)
+		r->nslots = 1; /* slot 0 holds the magic */
+	if (r->nslots >= STATUS_SLOTS)
+		return 0;
+	if ((slots = realloc(r->slots, (r->nslots + 1) * sizeof(*slots))) == NULL)
+		return 0;
+	r->slots = slots;
+	slots[r->nslots].last_generation = 0;
+	if ((slots[r->nslots].name = strdup(name)) == NULL)
+		return 0;
+	return r->nslots++;
+}
+
+/* Publishes the model's current generation to workers and the server. */
+static void
+publish(struct registry *r, struct model_entry *m, uint64_t generation)
+{
+	if (m->slot != 0)
+		__atomic_store_n(&r->status[m->slot], generation, __ATOMIC_RELEASE);
+	if (r->swapped != NULL)
+		r->swapped(r, m);
+}
+
+/* ---- generations ---- */
+
+int
+registry_init(struct registry *r, uv_loop_t *loop, struct warm_pool *pool)
 {
 	memset(r, 0, sizeof(*r));
+	r->loop = loop;
 	r->pool = pool;
+	r->status_fd = r->status_ro_fd = -1;
+	return status_page_init(r);
+}
+
+/* Exact name lookup. */
+static struct model_entry *
+entry_named(struct registry *r, const char *name)
+{
+	for (struct model_entry *m = r->models; m != NULL; m = m->next)
+		if (strcmp(m->name, name) == 0)
+			return m;
+	return NULL;
 }
 
 struct model_entry *
 registry_find(struct registry *r, const char *name)
 {
-	struct model_entry *m;
+	struct model_entry *m = entry_named(r, name);
 
-	for (m = r->models; m != NULL; m = m->next)
-		if (strcmp(m->name, name) == 0)
-			return m;
+	if (m != NULL)
+		return m;
 	for (m = r->models; m != NULL; m = m->next)
 		if (strcmp(m->path, name) == 0)
 			return m;
@@ -55,9 +185,9 @@ registry_find(struct registry *r, const char *name)
 }
 
 static int
-is_current(const struct generation *g)
+is_live(const struct generation *g)
 {
-	return g->model != NULL && g->model->current == g;
+	return g->model != NULL && (g->model->current == g || g->model->pending == g);
 }
 
 /* Frees g if nothing refers to it any more. */
@@ -66,7 +196,7 @@ gen_maybe_free(struct registry *r, struct generation *g)
 {
 	struct generation **pp;
 
-	if (is_current(g) || g->attached > 0 || g->warm_pending > 0)
+	if (is_live(g) || g->attached > 0 || g->warm_pending > 0)
 		return;
 	for (pp = &r->generations; *pp != NULL; pp = &(*pp)->next)
 		if (*pp == g) {
@@ -84,65 +214,18 @@ gen_maybe_free(struct registry *r, struct generation *g)
 	free(g);
 }
 
-void
-generation_ref(struct generation *g)
+uint64_t
+generation_resident(const struct generation *g)
 {
-	g->attached++;
-}
+	uint64_t total = 0, n;
 
-void
-generation_unref(struct registry *r, struct generation *g)
-{
-	g->attached--;
-	gen_maybe_free(r, g);
-}
+	for (size_t i = 0; i < g->source.nfiles; i++) {
+		const struct wc_file *f = &g->source.files[i];
 
-/* Copies the compiled index into a sealed memfd and maps it read-only. */
-static int
-seal_index(struct generation *g, const char *name)
-{
-	const uint8_t *p = g->source.index;
-	size_t left = g->source.index_len;
-	void *map;
-	int fd;
-
-	fd = memfd_create("wcache-index", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (fd == -1)
-		return error_set(-errno, "model \"%s\": memfd_create: %s", name, strerror(errno));
-	while (left > 0) {
-		ssize_t n = write(fd, p, left);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0) {
-			int e = n < 0 ? errno : EIO;
-
-			close(fd);
-			return error_set(-e, "model \"%s\": writing index: %s", name, strerror(e));
-		}
-		p += n;
-		left -= (size_t)n;
+		if (f->base != NULL && warm_resident_bytes(f->base, (size_t)f->size, &n) == 0)
+			total += n;
 	}
-	if (fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) ==
-		-1) {
-		int e = errno;
-
-		close(fd);
-		return error_set(-e, "model \"%s\": sealing index: %s", name, strerror(e));
-	}
-	map = mmap(NULL, g->source.index_len, PROT_READ, MAP_SHARED, fd, 0);
-	if (map == MAP_FAILED) {
-		int e = errno;
-
-		close(fd);
-		return error_set(-e, "model \"%s\": mapping index: %s", name, strerror(e));
-	}
-	g->index_fd = fd;
-	g->index = map;
-	g->index_size = g->source.index_len;
-	free(g->source.index);
-	g->source.index = NULL;
-	return 0;
+	return total;
 }
 
 /* Logs a refused mlock with the advice that fixes it. */
@@ -191,9 +274,9 @@ pin_metadata(struct generation *g)
 	g->pinned = PIN_METADATA;
 }
 
-/* Locks every page of every file (pin = all), after warming. */
+/* Locks (pin = all) or unlocks every page of every file. */
 static void
-pin_all(struct generation *g)
+pin_files(struct generation *g, int lock)
 {
 	int err;
 
@@ -202,12 +285,44 @@ pin_all(struct generation *g)
 
 		if (f->base == NULL)
 			continue;
+		if (!lock) {
+			warm_unpin_range(f->base, (size_t)f->size);
+			continue;
+		}
 		if ((err = warm_pin_range(f->base, (size_t)f->size)) < 0) {
 			pin_failed(g->model_name, f->path, (size_t)f->size, err);
+			for (size_t j = 0; j < i; j++)
+				if (g->source.files[j].base != NULL)
+					warm_unpin_range(g->source.files[j].base,
+						(size_t)g->source.files[j].size);
 			return;
 		}
 	}
-	g->pinned = PIN_ALL;
+	if (lock)
+		g->pinned = PIN_ALL;
+	else if (g->pinned == PIN_ALL)
+		pin_metadata(g); /* munlock of the whole file dropped the headers too */
+}
+
+/* Makes g (pending, now warm) the model's current generation. */
+static void
+promote(struct registry *r, struct model_entry *m, struct generation *g)
+{
+	struct generation *old = m->current;
+
+	m->pending = NULL;
+	m->current = g;
+	if (old != NULL) {
+		m->swap_count++;
+		log_info("model \"%s\": generation %" PRIu64 " is current (was %" PRIu64 ")",
+			m->name, g->number, old->number);
+	}
+	if (m->pin == PIN_ALL && g->state == GEN_READY)
+		pin_files(g, 1);
+	publish(r, m, g->number);
+	if (old != NULL)
+		gen_maybe_free(r, old);
+	registry_enforce_budget(r);
 }
 
 /* Warming job of one file finished (loop thread). */
@@ -216,6 +331,7 @@ warm_done(struct warm_job *job, const struct warm_result *res, void *cookie)
 {
 	struct generation *g = cookie;
 	struct registry *r = g->registry;
+	struct model_entry *m = g->model;
 
 	for (size_t i = 0; i < g->source.nfiles; i++)
 		if (g->jobs[i] == job)
@@ -225,25 +341,37 @@ warm_done(struct warm_job *job, const struct warm_result *res, void *cookie)
 		g->warm_seconds = res->seconds;
 	if (res->status < 0 && res->status != -ECANCELED && g->warm_error == 0)
 		g->warm_error = res->status;
-	if (--g->warm_pending == 0 && g->state == GEN_WARMING) {
-		if (g->warm_error == -ENODATA) {
-			g->state = GEN_MODIFIED;
-			log_errorx("model \"%s\": generation %" PRIu64 " is shorter than when it "
-				   "was opened: a file was modified in place; replace model files "
-				   "with rename(2)", g->model_name, g->number);
-		} else if (g->warm_error < 0) {
-			g->state = GEN_FAILED;
-			log_errorx("model \"%s\": warming generation %" PRIu64 " failed: %s",
-				g->model_name, g->number, strerror(-g->warm_error));
-		} else {
-			g->state = GEN_READY;
-			log_info("model \"%s\": generation %" PRIu64 " warm: %" PRIu64
-				 " bytes in %.2f s (%.0f MB/s)", g->model_name, g->number,
-				g->warm_bytes, g->warm_seconds,
-				g->warm_seconds > 0 ? g->warm_bytes / g->warm_seconds / 1e6 : 0.0);
-			if (g->model != NULL && g->model->pin == PIN_ALL && is_current(g))
-				pin_all(g);
-		}
+	if (--g->warm_pending > 0 || g->state != GEN_WARMING) {
+		gen_maybe_free(r, g);
+		return;
+	}
+	if (g->warm_error == -ENODATA) {
+		registry_mark_modified(r, g, "a file");
+	} else if (g->warm_error < 0) {
+		g->state = GEN_FAILED;
+		log_errorx("model \"%s\": warming generation %" PRIu64 " failed: %s",
+			g->model_name, g->number, strerror(-g->warm_error));
+	} else if (!g->cold) {
+		double secs = (double)(now_ms(r) - g->warm_started_ms) / 1000.0;
+
+		g->state = GEN_READY;
+		if (m != NULL)
+			m->last_warm_seconds = secs;
+		log_info("model \"%s\": generation %" PRIu64 " warm: %" PRIu64
+			 " bytes in %.3f s (%.0f MB/s)", g->model_name, g->number, g->warm_bytes,
+			secs, secs > 0 ? (double)g->warm_bytes / secs / 1e6 : 0.0);
+	} else {
+		g->state = GEN_READY; /* cancelled by an eviction: stays cold */
+	}
+	if (m != NULL && m->pending == g && g->state == GEN_READY)
+		promote(r, m, g);
+	else if (m != NULL && m->current == g && m->pin == PIN_ALL && g->state == GEN_READY)
+		pin_files(g, 1);
+	if (m != NULL && m->pending == g && g->state != GEN_READY) {
+		/* A replacement that cannot be served never becomes current. */
+		m->pending = NULL;
+		free(m->error);
+		m->error = strdup("the new generation failed while warming");
 	}
 	if (r->changed != NULL)
 		r->changed(r);
@@ -254,7 +382,12 @@ warm_done(struct warm_job *job, const struct warm_result *res, void *cookie)
 static void
 start_warming(struct registry *r, struct generation *g)
 {
-	for (size_t i = 0; i < g->source.nfiles; i++) {
+	g->state = GEN_WARMING;
+	g->warm_error = 0;
+	g->warm_bytes = 0;
+	g->warm_seconds = 0;
+	g->warm_started_ms = now_ms(r);
+	for (size_t i = 0; r->pool != NULL && i < g->source.nfiles; i++) {
 		const struct wc_file *f = &g->source.files[i];
 		struct warm_request req = {
 			.fd = f->fd, .offset = 0, .length = f->size, .base = f->base,
@@ -262,7 +395,7 @@ start_warming(struct registry *r, struct generation *g)
 		};
 		int err;
 
-		if (f->size == 0)
+		if (f->size == 0 || g->jobs[i] != NULL)
 			continue;
 		if ((err = warm_submit(r->pool, &req, &g->jobs[i])) < 0) {
 			log_warnx("model \"%s\": cannot warm %s: %s", g->model_name, f->path,
@@ -275,135 +408,465 @@ start_warming(struct registry *r, struct generation *g)
 		g->state = GEN_READY;
 }
 
-/* Finds or adds the model entry for name. */
-static struct model_entry *
-entry_for(struct registry *r, const char *name, const char *path)
+static void
+cancel_warming(struct registry *r, struct generation *g)
 {
-	struct model_entry *m;
-	char *p;
+	for (size_t i = 0; i < g->source.nfiles; i++)
+		if (g->jobs[i] != NULL)
+			warm_cancel(r->pool, g->jobs[i]);
+}
 
-	for (m = r->models; m != NULL; m = m->next)
-		if (strcmp(m->name, name) == 0)
-			break;
-	if ((p = strdup(path)) == NULL)
-		return NULL;
-	if (m == NULL) {
-		if ((m = calloc(1, sizeof(*m))) == NULL || (m->name = strdup(name)) == NULL) {
-			free(m);
-			free(p);
-			return NULL;
+void
+registry_mark_modified(struct registry *r, struct generation *g, const char *file)
+{
+	if (g->state == GEN_MODIFIED)
+		return;
+	g->state = GEN_MODIFIED;
+	cancel_warming(r, g);
+	log_errorx("model \"%s\": %s of generation %" PRIu64 " was modified in place; it is no "
+		   "longer attached by new clients. Replace model files with rename(2), then "
+		   "`wcachectl reload %s`", g->model_name, file, g->number, g->model_name);
+}
+
+/* ---- loading ---- */
+
+/* Copies the compiled index into a sealed memfd and maps it read-only. */
+static int
+seal_index(struct load_request *q)
+{
+	const uint8_t *p = q->source.index;
+	size_t left = q->source.index_len;
+	void *map;
+	int fd;
+
+	fd = memfd_create("wcache-index", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd == -1)
+		return error_set(-errno, "memfd_create: %s", strerror(errno));
+	while (left > 0) {
+		ssize_t n = write(fd, p, left);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			int e = n < 0 ? errno : EIO;
+
+			close(fd);
+			return error_set(-e, "writing the index: %s", strerror(e));
 		}
+		p += n;
+		left -= (size_t)n;
+	}
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) ==
+		-1) {
+		int e = errno;
+
+		close(fd);
+		return error_set(-e, "sealing the index: %s", strerror(e));
+	}
+	map = mmap(NULL, q->source.index_len, PROT_READ, MAP_SHARED, fd, 0);
+	if (map == MAP_FAILED) {
+		int e = errno;
+
+		close(fd);
+		return error_set(-e, "mapping the index: %s", strerror(e));
+	}
+	q->index_fd = fd;
+	q->index = map;
+	q->index_size = q->source.index_len;
+	free(q->source.index);
+	q->source.index = NULL;
+	return 0;
+}
+
+/* Work queue thread: open, validate, compile, seal. */
+static void
+load_work(uv_work_t *w)
+{
+	struct load_request *q = w->data;
+
+	if ((q->status = source_open(q->path, &q->source)) == 0 && (q->status = seal_index(q)) < 0)
+		source_close(&q->source);
+	if (q->status < 0)
+		snprintf(q->message, sizeof(q->message), "%s", error_get());
+}
+
+static void
+load_request_free(struct load_request *q)
+{
+	if (q->index != NULL)
+		munmap((void *)q->index, q->index_size);
+	if (q->index_fd >= 0)
+		close(q->index_fd);
+	source_close(&q->source);
+	free(q->name);
+	free(q->path);
+	free(q);
+}
+
+/*
+ * Same files (the same inodes) as generation g? A reload serves new inodes
+ * only: files are replaced by rename(2), and an inode written in place is
+ * the modified generation's, not a new one.
+ */
+static int
+same_inodes(const struct generation *g, const struct model_source *s)
+{
+	if (g == NULL || g->source.nfiles != s->nfiles)
+		return 0;
+	for (size_t i = 0; i < s->nfiles; i++) {
+		const struct stat *a = &g->source.files[i].st, *b = &s->files[i].st;
+
+		if (a->st_dev != b->st_dev || a->st_ino != b->st_ino)
+			return 0;
+	}
+	return 1;
+}
+
+/* Loop thread: turns a validated load into a generation of its model. */
+static void
+install(struct registry *r, struct model_entry *m, struct load_request *q)
+{
+	struct generation *g = calloc(1, sizeof(*g));
+	char msg[256];
+
+	if (g == NULL || (g->model_name = strdup(m->name)) == NULL ||
+		(g->jobs = calloc(q->source.nfiles ? q->source.nfiles : 1, sizeof(*g->jobs))) ==
+			NULL) {
+		if (g != NULL)
+			free(g->model_name);
+		free(g);
+		if (q->done != NULL)
+			q->done(-ENOMEM, "out of memory", 0, q->arg);
+		return;
+	}
+	g->registry = r;
+	g->source = q->source;
+	g->index_fd = q->index_fd;
+	g->index = q->index;
+	g->index_size = q->index_size;
+	memset(&q->source, 0, sizeof(q->source));
+	q->index_fd = -1;
+	q->index = NULL;
+	for (size_t i = 0; i < g->source.nfiles; i++)
+		g->bytes += g->source.files[i].size;
+	g->number = ++m->last_generation;
+	if (m->slot != 0)
+		r->slots[m->slot].last_generation = m->last_generation;
+	g->model = m;
+	g->next = r->generations;
+	r->generations = g;
+
+	free(m->path);
+	m->path = q->path;
+	q->path = NULL;
+	m->pin = q->pin;
+	m->warm = q->warm;
+	free(m->error);
+	m->error = NULL;
+	if (m->pin != PIN_NONE)
+		pin_metadata(g);
+
+	if (m->pending != NULL) {
+		/* A newer replacement supersedes one still warming. */
+		struct generation *old = m->pending;
+
+		m->pending = NULL;
+		cancel_warming(r, old);
+		gen_maybe_free(r, old);
+	}
+	log_info("model \"%s\": generation %" PRIu64 " from %s: %zu file%s, %" PRIu64 " bytes",
+		m->name, g->number, m->path, g->source.nfiles, g->source.nfiles == 1 ? "" : "s",
+		g->bytes);
+	if (m->warm && r->pool != NULL)
+		start_warming(r, g);
+	else
+		g->state = GEN_READY;
+	if (m->current == NULL || g->state == GEN_READY) {
+		/* A first generation serves at once, warm or not. */
+		m->pending = g;
+		promote(r, m, g);
+	} else {
+		m->pending = g;
+	}
+	snprintf(msg, sizeof(msg), "generation %" PRIu64 " %s", g->number,
+		m->current == g ? "is current" : "is warming and becomes current when warm");
+	if (q->done != NULL)
+		q->done(0, msg, g->number, q->arg);
+	if (r->changed != NULL)
+		r->changed(r);
+}
+
+static void
+load_after(uv_work_t *w, int status)
+{
+	struct load_request *q = w->data;
+	struct registry *r = q->r;
+	struct model_entry *m = entry_named(r, q->name);
+
+	r->loads_in_flight--;
+	if (m != NULL && m->loading > 0)
+		m->loading--;
+	if (status == UV_ECANCELED || r->closing) {
+		if (q->done != NULL)
+			q->done(-ECANCELED, "cancelled: wcached is stopping", 0, q->arg);
+	} else if (m == NULL || m->load_id != q->id) {
+		if (q->done != NULL)
+			q->done(-ECANCELED, "superseded by a newer load or unload", 0, q->arg);
+	} else if (q->status < 0) {
+		m->load_errors++;
+		free(m->error);
+		m->error = strdup(q->message);
+		log_errorx("model \"%s\": %s; %s", m->name, q->message,
+			m->current != NULL ? "generation still serving" : "not served");
+		if (q->done != NULL)
+			q->done(q->status, q->message, 0, q->arg);
+		if (r->changed != NULL)
+			r->changed(r);
+	} else if (q->reload && same_inodes(m->pending, &q->source)) {
+		if (q->done != NULL)
+			q->done(0, "already warming as the next generation", m->pending->number,
+				q->arg);
+	} else if (q->reload && same_inodes(m->current, &q->source)) {
+		if (q->done != NULL && m->current->state == GEN_MODIFIED)
+			q->done(-ESTALE, "its files were modified in place; replace them with "
+					 "rename(2) and reload again", 0, q->arg);
+		else if (q->done != NULL)
+			q->done(0, "unchanged", m->current->number, q->arg);
+	} else {
+		install(r, m, q);
+	}
+	load_request_free(q);
+}
+
+/* Queues a load of path for the model name (entry created if new). */
+static int
+queue_load(struct registry *r, const char *name, const char *path, enum pin_mode pin, int warm,
+	int reload, registry_done_fn done, void *arg)
+{
+	struct model_entry *m = entry_named(r, name);
+	struct load_request *q;
+	int err;
+
+	if (r->closing)
+		return error_set(-ESHUTDOWN, "wcached is stopping");
+	if (m == NULL) {
+		if ((m = calloc(1, sizeof(*m))) == NULL || (m->name = strdup(name)) == NULL ||
+			(m->path = strdup(path)) == NULL) {
+			if (m != NULL)
+				free(m->name);
+			free(m);
+			return error_set(-ENOMEM, "model \"%s\": out of memory", name);
+		}
+		m->pin = pin;
+		m->warm = warm;
+		m->slot = slot_for(r, name);
+		if (m->slot != 0)
+			m->last_generation = r->slots[m->slot].last_generation;
+		m->last_attach_ms = now_ms(r);
 		m->next = r->models;
 		r->models = m;
 	}
-	free(m->path);
-	m->path = p;
-	return m;
+	if ((q = calloc(1, sizeof(*q))) == NULL || (q->name = strdup(name)) == NULL ||
+		(q->path = strdup(path)) == NULL) {
+		if (q != NULL)
+			free(q->name);
+		free(q);
+		return error_set(-ENOMEM, "model \"%s\": out of memory", name);
+	}
+	q->r = r;
+	q->pin = pin;
+	q->warm = warm;
+	q->reload = reload;
+	q->index_fd = -1;
+	q->done = done;
+	q->arg = arg;
+	q->id = ++r->next_load_id;
+	q->work.data = q;
+	if ((err = uv_queue_work(r->loop, &q->work, load_work, load_after)) < 0) {
+		free(q->name);
+		free(q->path);
+		free(q);
+		return error_set(err, "model \"%s\": %s", name, uv_strerror(err));
+	}
+	m->load_id = q->id;
+	m->loading++;
+	r->loads_in_flight++;
+	return 0;
 }
 
 int
 registry_load(struct registry *r, const char *name, const char *path, enum pin_mode pin,
-	int warm)
+	int warm, registry_done_fn done, void *arg)
 {
-	struct model_entry *m;
-	struct generation *g, *old;
-	int err;
-
-	if ((m = entry_for(r, name, path)) == NULL)
-		return error_set(-ENOMEM, "model \"%s\": out of memory", name);
-	m->pin = pin;
-	m->warm = warm;
-	free(m->error);
-	m->error = NULL;
-
-	if ((g = calloc(1, sizeof(*g))) == NULL || (g->model_name = strdup(name)) == NULL) {
-		free(g);
-		err = error_set(-ENOMEM, "model \"%s\": out of memory", name);
-		goto fail;
-	}
-	g->index_fd = -1;
-	g->registry = r;
-	if ((err = source_open(path, &g->source)) < 0 || (err = seal_index(g, name)) < 0 ||
-		(g->jobs = calloc(g->source.nfiles, sizeof(*g->jobs))) == NULL) {
-		if (err == 0)
-			err = error_set(-ENOMEM, "model \"%s\": out of memory", name);
-		if (g->index_fd >= 0) {
-			munmap((void *)g->index, g->index_size);
-			close(g->index_fd);
-		}
-		source_close(&g->source);
-		free(g->model_name);
-		free(g);
-		goto fail;
-	}
-	for (size_t i = 0; i < g->source.nfiles; i++)
-		g->bytes += g->source.files[i].size;
-	g->number = ++m->last_generation;
-	g->model = m;
-	g->state = GEN_WARMING;
-	g->next = r->generations;
-	r->generations = g;
-
-	old = m->current;
-	m->current = g;
-	if (old != NULL)
-		gen_maybe_free(r, old);
-	if (pin != PIN_NONE)
-		pin_metadata(g);
-	if (warm && r->pool != NULL)
-		start_warming(r, g);
-	else
-		g->state = GEN_READY;
-	if (g->state == GEN_READY && pin == PIN_ALL)
-		pin_all(g);
-	log_info("model \"%s\": generation %" PRIu64 " from %s: %zu file%s, %" PRIu64
-		 " bytes%s", name, g->number, path, g->source.nfiles,
-		g->source.nfiles == 1 ? "" : "s", g->bytes,
-		g->state == GEN_WARMING ? ", warming" : "");
-	return 0;
-fail:
-	m->error = strdup(error_get());
-	return err;
+	return queue_load(r, name, path, pin, warm, 0, done, arg);
 }
 
-/* Removes the entry from the list and frees it; its generations live on
- * (detached) until released. */
+int
+registry_reload(struct registry *r, const char *name, registry_done_fn done, void *arg)
+{
+	struct model_entry *m = entry_named(r, name);
+
+	if (m == NULL)
+		return error_set(-ENOENT, "model \"%s\" is not loaded", name);
+	return queue_load(r, m->name, m->path, m->pin, m->warm, 1, done, arg);
+}
+
+/* ---- attaching, pinning, eviction ---- */
+
+void
+generation_ref(struct registry *r, struct generation *g)
+{
+	g->attached++;
+	if (g->model == NULL)
+		return;
+	g->model->last_attach_ms = now_ms(r);
+	if (g->cold && g->model->current == g) {
+		/* Attaching a cold model warms it again. */
+		g->cold = 0;
+		log_info("model \"%s\": attached while cold, warming generation %" PRIu64,
+			g->model_name, g->number);
+		if (g->model->warm)
+			start_warming(r, g);
+		registry_enforce_budget(r);
+	}
+}
+
+void
+generation_unref(struct registry *r, struct generation *g)
+{
+	g->attached--;
+	gen_maybe_free(r, g);
+}
+
+int
+registry_pin(struct registry *r, const char *name, enum pin_mode pin)
+{
+	struct model_entry *m = entry_named(r, name);
+
+	if (m == NULL)
+		return error_set(-ENOENT, "model \"%s\" is not loaded", name);
+	m->pin = pin;
+	if (m->current == NULL)
+		return 0;
+	if (pin == PIN_ALL && m->current->pinned != PIN_ALL) {
+		m->current->cold = 0;
+		if (m->current->state == GEN_READY)
+			pin_files(m->current, 1);
+		/* else: pinned when warm */
+		if (m->current->pinned != PIN_ALL && m->current->state == GEN_READY)
+			return error_set(-ENOMEM, "model \"%s\": cannot lock it in memory; raise "
+						  "RLIMIT_MEMLOCK (LimitMEMLOCK=)", name);
+	} else if (pin != PIN_ALL && m->current->pinned == PIN_ALL) {
+		pin_files(m->current, 0);
+	}
+	return 0;
+}
+
+/* Drops the page cache of g's files and marks it cold. */
+static void
+evict_generation(struct registry *r, struct generation *g)
+{
+	cancel_warming(r, g);
+	for (size_t i = 0; i < g->source.nfiles; i++)
+		warm_evict_range(g->source.files[i].fd, 0, 0);
+	g->cold = 1;
+}
+
+int
+registry_evict(struct registry *r, const char *name)
+{
+	struct model_entry *m = entry_named(r, name);
+
+	if (m == NULL)
+		return error_set(-ENOENT, "model \"%s\" is not loaded", name);
+	if (m->pin == PIN_ALL)
+		return error_set(-EBUSY, "model \"%s\" is pinned; unpin it first", name);
+	for (struct generation *g = r->generations; g != NULL; g = g->next)
+		if (g->model == m)
+			evict_generation(r, g);
+	log_info("model \"%s\": evicted from the page cache", name);
+	return 0;
+}
+
+void
+registry_enforce_budget(struct registry *r)
+{
+	uint64_t total = 0;
+
+	if (r->memory_budget == 0)
+		return;
+	/* The estimate is the size of every warm current or pending
+	 * generation: what warming keeps resident. */
+	for (struct model_entry *m = r->models; m != NULL; m = m->next) {
+		if (m->current != NULL && !m->current->cold)
+			total += m->current->bytes;
+		if (m->pending != NULL)
+			total += m->pending->bytes;
+	}
+	while (total > r->memory_budget) {
+		struct model_entry *lru = NULL;
+
+		for (struct model_entry *m = r->models; m != NULL; m = m->next)
+			if (m->current != NULL && !m->current->cold && m->pin != PIN_ALL &&
+				m->current->attached == 0 &&
+				(lru == NULL || m->last_attach_ms < lru->last_attach_ms))
+				lru = m;
+		if (lru == NULL) {
+			/* Everything left is pinned or in use. */
+			for (struct model_entry *m = r->models; m != NULL; m = m->next)
+				if (m->current != NULL && !m->current->cold && m->pin != PIN_ALL &&
+					(lru == NULL || m->last_attach_ms < lru->last_attach_ms))
+					lru = m;
+		}
+		if (lru == NULL)
+			break;
+		log_info("model \"%s\": evicted to keep within memory_budget (%" PRIu64
+			 " MiB of models, budget %" PRIu64 " MiB)", lru->name, total >> 20,
+			r->memory_budget >> 20);
+		evict_generation(r, lru->current);
+		total -= lru->current->bytes;
+	}
+}
+
+/* ---- unloading and shutdown ---- */
+
+/* Removes the entry and frees it; its generations live on (detached) until
+ * released. */
 static void
 entry_free(struct registry *r, struct model_entry *m)
 {
 	struct model_entry **pp;
-	struct generation *cur = m->current;
+	struct generation *cur = m->current, *pend = m->pending;
 
 	for (pp = &r->models; *pp != NULL; pp = &(*pp)->next)
 		if (*pp == m) {
 			*pp = m->next;
 			break;
 		}
+	publish(r, m, 0);
 	for (struct generation *g = r->generations; g != NULL; g = g->next)
 		if (g->model == m)
 			g->model = NULL;
-	m->current = NULL;
 	free(m->name);
 	free(m->path);
 	free(m->error);
 	free(m);
+	/* Warming an unloaded model is wasted work. */
 	if (cur != NULL) {
-		/* Warming an unloaded model is wasted work. */
-		for (size_t i = 0; i < cur->source.nfiles; i++)
-			if (cur->jobs[i] != NULL)
-				warm_cancel(r->pool, cur->jobs[i]);
+		cancel_warming(r, cur);
 		gen_maybe_free(r, cur);
+	}
+	if (pend != NULL) {
+		cancel_warming(r, pend);
+		gen_maybe_free(r, pend);
 	}
 }
 
 int
 registry_unload(struct registry *r, const char *name)
 {
-	struct model_entry *m;
+	struct model_entry *m = entry_named(r, name);
 
-	for (m = r->models; m != NULL; m = m->next)
-		if (strcmp(m->name, name) == 0)
-			break;
 	if (m == NULL)
 		return error_set(-ENOENT, "model \"%s\" is not loaded", name);
 	log_info("model \"%s\": unloaded", name);
@@ -414,10 +877,12 @@ registry_unload(struct registry *r, const char *name)
 void
 registry_close(struct registry *r)
 {
+	r->closing = 1;
+	r->swapped = NULL;
+	r->changed = NULL;
 	while (r->models != NULL)
 		entry_free(r, r->models);
-	/* Anything left is held by clients that are gone by now, or by warming
-	 * jobs the pool has already delivered at shutdown. */
+	/* Clients are gone and the warm pool has delivered every job. */
 	while (r->generations != NULL) {
 		struct generation *g = r->generations;
 
@@ -425,6 +890,18 @@ registry_close(struct registry *r)
 		g->warm_pending = 0;
 		gen_maybe_free(r, g);
 	}
+	for (unsigned i = 1; i < r->nslots; i++)
+		free(r->slots[i].name);
+	free(r->slots);
+	r->slots = NULL;
+	if (r->status != NULL)
+		munmap(r->status, STATUS_PAGE_BYTES);
+	if (r->status_fd >= 0)
+		close(r->status_fd);
+	if (r->status_ro_fd >= 0)
+		close(r->status_ro_fd);
+	r->status = NULL;
+	r->status_fd = r->status_ro_fd = -1;
 }
 
 void
@@ -434,20 +911,25 @@ registry_progress(const struct registry *r, uint64_t *done, uint64_t *total, uns
 	*done = *total = 0;
 	*warming = *models = 0;
 	for (const struct model_entry *m = r->models; m != NULL; m = m->next) {
-		const struct generation *g = m->current;
+		const struct generation *gens[2] = { m->current, m->pending };
 
-		if (g == NULL)
-			continue;
-		(*models)++;
-		*total += g->bytes;
-		if (g->state != GEN_WARMING) {
-			*done += g->bytes;
-			continue;
+		if (m->current != NULL)
+			(*models)++;
+		for (int k = 0; k < 2; k++) {
+			const struct generation *g = gens[k];
+
+			if (g == NULL)
+				continue;
+			*total += g->bytes;
+			if (g->state != GEN_WARMING) {
+				*done += g->bytes;
+				continue;
+			}
+			(*warming)++;
+			*done += g->warm_bytes;
+			for (size_t i = 0; i < g->source.nfiles; i++)
+				if (g->jobs[i] != NULL)
+					*done += warm_job_bytes(g->jobs[i]);
 		}
-		(*warming)++;
-		*done += g->warm_bytes;
-		for (size_t i = 0; i < g->source.nfiles; i++)
-			if (g->jobs[i] != NULL)
-				*done += warm_job_bytes(g->jobs[i]);
 	}
 }

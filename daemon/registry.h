@@ -4,9 +4,17 @@
  * A model name points to its current generation: the open files of one
  * version of the model, their mappings, the sealed index memfd, and a
  * number that only grows. Clients hold references to generations, not to
- * models: a generation stays open until it is no longer current, no client
- * holds it, and no warming job reads it; then its files are unmapped and
- * closed and the kernel may free their pages.
+ * models: a generation stays open until it is neither current nor pending,
+ * no client holds it, and no warming job reads it; then its files are
+ * unmapped and closed and the kernel may free their pages.
+ *
+ * Loading is asynchronous: opening and validating the files and compiling
+ * the index run on libuv's work queue, never on the loop. A new generation
+ * of a model that is already served is "pending" while it warms and becomes
+ * current only when it is warm, so workers never attach a cold model by
+ * surprise; a first generation is current at once (nothing else could
+ * serve). A load that fails leaves the current generation serving and the
+ * error on the model, for status.
  *
  * Everything here runs on the event loop thread.
  */
@@ -14,7 +22,9 @@
 #define WC_REGISTRY_H
 
 #include <stdint.h>
+#include <sys/stat.h>
 #include <sys/types.h>
+#include <uv.h>
 
 #include "source.h"
 #include "warm.h"
@@ -22,13 +32,14 @@
 enum pin_mode { PIN_NONE = 0, PIN_METADATA, PIN_ALL };
 
 enum gen_state {
-	GEN_WARMING, /* being read into the page cache; attachable */
-	GEN_READY,   /* warm */
-	GEN_MODIFIED,/* a file was changed in place: no new attaches */
-	GEN_FAILED,  /* warming failed (I/O error, truncated file) */
+	GEN_WARMING,  /* being read into the page cache */
+	GEN_READY,    /* warm */
+	GEN_MODIFIED, /* a file was changed in place: no new attaches */
+	GEN_FAILED,   /* warming failed (I/O error) */
 };
 
 struct model_entry;
+struct registry;
 
 struct generation {
 	uint64_t number;
@@ -40,10 +51,12 @@ struct generation {
 	size_t index_size;
 	uint64_t bytes;             /* sum of file sizes */
 	enum gen_state state;
+	int cold;                   /* evicted by evict or the memory budget */
 	unsigned attached;          /* client references */
 	unsigned warm_pending;      /* warming jobs not yet done */
 	uint64_t warm_bytes;        /* read by finished jobs */
 	double warm_seconds;        /* longest job's time */
+	uint64_t warm_started_ms;
 	int warm_error;             /* first job error, 0 if none */
 	int pinned;                 /* PIN_* actually applied */
 	struct warm_job **jobs;     /* one per file while it warms, else NULL */
@@ -56,53 +69,116 @@ struct model_entry {
 	char *path;
 	enum pin_mode pin;
 	int warm;
-	struct generation *current; /* NULL when the model failed to load */
-	uint64_t last_generation;
+	unsigned slot;              /* in the status page */
+	struct generation *current; /* NULL until a load succeeds */
+	struct generation *pending; /* warming to replace current */
+	uint64_t load_id;           /* newest load request for this model */
+	uint64_t last_generation;   /* last number given out (kept across unload) */
+	unsigned loading;           /* load requests in flight */
 	char *error;                /* last load error, NULL if none */
 	uint64_t attach_count;      /* successful attaches */
 	uint64_t error_count;       /* refused attaches */
+	uint64_t swap_count;        /* generations that became current after the first */
+	uint64_t load_errors;       /* failed loads */
+	double last_warm_seconds;   /* warm-up time of the newest warm generation */
+	uint64_t last_attach_ms;    /* for the memory budget's LRU */
 	struct model_entry *next;
 };
 
+/* Called on the loop when a load request ends: status 0 or -errno, a
+ * one-line message (valid during the call), the generation number loaded
+ * (0 on failure). */
+typedef void (*registry_done_fn)(int status, const char *message, uint64_t generation,
+	void *arg);
+
 struct registry {
+	uv_loop_t *loop;
 	struct model_entry *models;
 	struct generation *generations; /* every open generation */
 	struct warm_pool *pool;         /* NULL: warming disabled */
-	void (*changed)(struct registry *); /* called when warming progresses or ends */
+	uint64_t memory_budget;         /* bytes; 0: none */
+	uint64_t next_load_id;
+	unsigned loads_in_flight;
+	int closing;
+	/* The status page: one u64 per model slot holding its current
+	 * generation (0: not served), mapped read-only by workers. */
+	int status_fd;                  /* read-write memfd, owned */
+	int status_ro_fd;               /* read-only reopen, passed to clients */
+	uint64_t *status;               /* read-write mapping */
+	struct status_slot {
+		char *name;               /* owns the slot forever */
+		uint64_t last_generation; /* so numbers grow across unload and load */
+	} *slots;
+	unsigned nslots;
+	/* Hooks: warming progress or end, and a model's current generation
+	 * changing (for client notifications). */
+	void (*changed)(struct registry *);
+	void (*swapped)(struct registry *, struct model_entry *);
 	void *owner;
 };
 
-/* Initialises an empty registry; pool may be NULL. */
-void registry_init(struct registry *r, struct warm_pool *pool);
+#define STATUS_PAGE_BYTES 65536u
+#define STATUS_SLOTS (STATUS_PAGE_BYTES / 8u)
+
+/* Initialises an empty registry with its status page; pool may be NULL. */
+int registry_init(struct registry *r, uv_loop_t *loop, struct warm_pool *pool);
 
 /*
- * Opens and validates path and makes it the current generation of the
- * model name (adding the model if it is new). On failure the model is kept
- * with its error (so status can show it) and -errno is returned with the
- * message in error_get(); a previous current generation keeps serving.
+ * Loads path as the next generation of the model name (adding the model if
+ * it is new) on the work queue; done (may be NULL) runs on the loop when the
+ * generation is validated and installed, or the load failed. Returns 0 when
+ * queued, or -errno.
  */
 int registry_load(struct registry *r, const char *name, const char *path, enum pin_mode pin,
-	int warm);
+	int warm, registry_done_fn done, void *arg);
+
+/*
+ * Re-checks the model's path: when a file was replaced (another inode, size
+ * or mtime than the current generation's) or the model failed before, loads
+ * it again as above; otherwise done(0, "unchanged", current number) runs at
+ * once. -ENOENT for an unknown model.
+ */
+int registry_reload(struct registry *r, const char *name, registry_done_fn done, void *arg);
 
 /* Stops serving name; its generations close when released. -ENOENT. */
 int registry_unload(struct registry *r, const char *name);
 
+/* pin = all (lock every page), or back to pin = metadata. -ENOENT. */
+int registry_pin(struct registry *r, const char *name, enum pin_mode pin);
+
+/* Drops the page cache of the model's files (pages no process maps stay
+ * cold); the model reads as cold until attached again. -ENOENT, -EBUSY when
+ * it is pinned. */
+int registry_evict(struct registry *r, const char *name);
+
+/* Marks a generation modified in place (see watch), with a log line. */
+void registry_mark_modified(struct registry *r, struct generation *g, const char *file);
+
 /* The model called name, or whose configured path is name; NULL if none. */
 struct model_entry *registry_find(struct registry *r, const char *name);
 
-/* Takes and drops a client reference on a generation. */
-void generation_ref(struct generation *g);
+/* Takes and drops a client reference on a generation; an attach of a cold
+ * model warms it again, and counts for the memory budget's LRU. */
+void generation_ref(struct registry *r, struct generation *g);
 void generation_unref(struct registry *r, struct generation *g);
 
-/* Unloads every model; generations still held by clients stay open until
- * released. Then registry_close() frees what is left (at shutdown, after all
- * clients are gone). */
+/* Bytes of the generation's files resident in the page cache (mincore on
+ * the daemon's mappings). */
+uint64_t generation_resident(const struct generation *g);
+
+/* Evicts the least recently attached unpinned models until the resident
+ * total of current generations fits the budget. */
+void registry_enforce_budget(struct registry *r);
+
+/* Unloads every model and frees everything (at shutdown, after the server
+ * has dropped its clients and the warm pool is closed). */
 void registry_close(struct registry *r);
 
-/* Warming totals over all current generations, for status lines. */
+/* Warming totals over all current and pending generations, for status. */
 void registry_progress(const struct registry *r, uint64_t *done, uint64_t *total,
 	unsigned *warming, unsigned *models);
 
 const char *gen_state_name(enum gen_state s);
+const char *pin_mode_name(enum pin_mode p);
 
 #endif

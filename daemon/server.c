@@ -138,7 +138,7 @@ handle_attach(struct conn *c, const struct wire_message *msg)
 	int fds[WIRE_MAX_FDS];
 	char name[WIRE_MAX_NAME + 1];
 	const char *p;
-	size_t len;
+	size_t len, nfds;
 	ssize_t n;
 
 	if (wire_get_attach(msg, &p, &len) < 0) {
@@ -187,19 +187,25 @@ handle_attach(struct conn *c, const struct wire_message *msg)
 	ok.handle = ++s->next_handle;
 	ok.index_size = g->index_size;
 	ok.file_count = (uint32_t)g->source.nfiles;
-	fds[0] = g->index_fd;
+	nfds = 0;
+	fds[nfds++] = g->index_fd;
 	for (size_t i = 0; i < g->source.nfiles; i++)
-		fds[1 + i] = g->source.files[i].fd;
+		fds[nfds++] = g->source.files[i].fd;
+	if (m->slot != 0 && s->reg->status_ro_fd >= 0) {
+		ok.flags = WIRE_ATTACH_STATUS;
+		ok.status_slot = m->slot;
+		fds[nfds++] = s->reg->status_ro_fd;
+	}
 	if ((n = wire_put_attach_ok(buf, sizeof(buf), msg->h.seq, &ok)) < 0) {
 		conn_error(c, msg->h.seq, -EPROTO, 0, "cannot encode reply");
 		return;
 	}
-	generation_ref(g);
+	generation_ref(s->reg, g);
 	c->refs[c->nrefs++] = (struct attach_ref){ ok.handle, g };
 	m->attach_count++;
 	log_debug("client pid %d: attached \"%s\" generation %" PRIu64 " (handle %" PRIu64 ")",
 		(int)c->pid, name, g->number, ok.handle);
-	conn_send(c, buf, (size_t)n, fds, 1 + g->source.nfiles);
+	conn_send(c, buf, (size_t)n, fds, nfds);
 }
 
 static void
@@ -425,6 +431,26 @@ server_start(uv_loop_t *loop, struct registry *reg, int listen_fd,
 	uv_poll_start(&s->listen_poll, UV_READABLE, on_accept);
 	*out = s;
 	return 0;
+}
+
+void
+server_announce(struct server *s, const struct model_entry *m)
+{
+	uint8_t buf[WIRE_MAX_MESSAGE];
+	uint64_t generation = m->current != NULL ? m->current->number : 0;
+	ssize_t n = wire_put_changed(buf, sizeof(buf), generation, m->name, strlen(m->name));
+
+	if (n < 0 || s == NULL)
+		return;
+	for (struct conn *c = s->conns; c != NULL; c = c->next) {
+		if (c->pending || c->closing)
+			continue; /* best effort: the status page is authoritative */
+		for (size_t i = 0; i < c->nrefs; i++)
+			if (c->refs[i].gen->model == m) {
+				(void)fdp_send(c->fd, buf, (size_t)n, NULL, 0);
+				break;
+			}
+	}
 }
 
 static void

@@ -31,6 +31,10 @@ struct server_options {
 int server_start(uv_loop_t *loop, struct registry *reg, int listen_fd,
 	const struct server_options *opt, struct server **out);
 
+/* Tells every connection holding an attach of m that its current
+ * generation changed (WIRE_CHANGED; best effort, never blocks). */
+void server_announce(struct server *s, const struct model_entry *m);
+
 /* Connected clients right now. */
 unsigned server_clients(const struct server *s);
 

@@ -50,9 +50,10 @@ struct warm_pool;
 struct warm_job;
 
 /* How a pool thread pulls one chunk into the page cache. The default
- * (WARM_METHOD_DEFAULT) is the one that streamed fastest from a cold cache
- * on the reference machine (see warm.c); the others stay selectable for
- * benchmarks and for disks that behave differently. */
+ * (method 0 in struct warm_options) is WARM_PREAD with 8 MiB chunks, which
+ * streamed fastest from a cold cache on the reference machine (figures in
+ * warm.c; `test_warm --bench FILE` repeats them); the others stay
+ * selectable for benchmarks and for disks that behave differently. */
 enum warm_method {
 	WARM_PREAD = 1,      /* pread(2) each chunk into a per-thread buffer */
 	WARM_FADVISE_PREAD,  /* posix_fadvise(WILLNEED) one chunk ahead, then pread */

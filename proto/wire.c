@@ -100,9 +100,13 @@ check_payload(uint16_t type, const uint8_t *p, uint32_t n)
 	case WIRE_ATTACH_OK:
 		if (n != WIRE_ATTACH_OK_SIZE)
 			return -EBADMSG;
-		/* flags (offset 28) must be 0 and file_count (offset 24) must fit in
-		 * one SCM_RIGHTS message with the index memfd. */
-		if (get_le32(p + 24) > WIRE_MAX_FDS - 1 || get_le32(p + 28) != 0)
+		/* flags (offset 28) must be known and file_count (offset 24) must
+		 * fit in one SCM_RIGHTS message with the index and status page. */
+		if (get_le32(p + 24) > WIRE_MAX_FILES || (get_le32(p + 28) & ~WIRE_ATTACH_STATUS) != 0)
+			return -EBADMSG;
+		return 0;
+	case WIRE_CHANGED:
+		if (n < 9 || n > 8 + WIRE_MAX_NAME || memchr(p + 8, 0, n - 8) != NULL)
 			return -EBADMSG;
 		return 0;
 	case WIRE_RELEASE_OK:
@@ -159,6 +163,7 @@ wire_decode(const uint8_t *buf, size_t len, struct wire_message *out)
 	case WIRE_ATTACH_OK:
 	case WIRE_RELEASE_OK:
 	case WIRE_ERROR:
+	case WIRE_CHANGED:
 		break;
 	default:
 		return -EBADMSG;
@@ -305,13 +310,14 @@ wire_put_release(uint8_t *buf, size_t cap, uint32_t seq, uint64_t handle)
 	return WIRE_HEADER_SIZE + WIRE_RELEASE_SIZE;
 }
 
-/* ATTACH_OK: flags must be 0 and file_count at most WIRE_MAX_FDS - 1. */
+/* ATTACH_OK: flags known and file_count at most WIRE_MAX_FILES. */
 ssize_t
 wire_put_attach_ok(uint8_t *buf, size_t cap, uint32_t seq, const struct wire_attach_ok *ok)
 {
 	uint8_t *p;
 
-	if (buf == NULL || ok == NULL || ok->flags != 0 || ok->file_count > WIRE_MAX_FDS - 1)
+	if (buf == NULL || ok == NULL || (ok->flags & ~WIRE_ATTACH_STATUS) != 0 ||
+		ok->file_count > WIRE_MAX_FILES)
 		return -EINVAL;
 	if (cap < WIRE_HEADER_SIZE + WIRE_ATTACH_OK_SIZE)
 		return -EMSGSIZE;
@@ -324,6 +330,39 @@ wire_put_attach_ok(uint8_t *buf, size_t cap, uint32_t seq, const struct wire_att
 	put_le32(p + 28, ok->flags);
 	put_le64(p + 32, ok->status_slot);
 	return WIRE_HEADER_SIZE + WIRE_ATTACH_OK_SIZE;
+}
+
+/* The generation and model name of a CHANGED announcement. */
+int
+wire_get_changed(const struct wire_message *m, uint64_t *generation, const char **name,
+	size_t *name_len)
+{
+	int rc = check_message(m, WIRE_CHANGED);
+
+	if (rc < 0)
+		return rc;
+	if (generation == NULL || name == NULL || name_len == NULL)
+		return -EINVAL;
+	*generation = get_le64(m->payload);
+	*name = (const char *)m->payload + 8;
+	*name_len = m->h.length - 8;
+	return 0;
+}
+
+/* CHANGED: u64 generation, then the name (1..WIRE_MAX_NAME bytes, no NUL);
+ * always sequence number 0. */
+ssize_t
+wire_put_changed(uint8_t *buf, size_t cap, uint64_t generation, const char *name, size_t len)
+{
+	if (buf == NULL || name == NULL || len < 1 || len > WIRE_MAX_NAME ||
+		memchr(name, 0, len) != NULL)
+		return -EINVAL;
+	if (cap < WIRE_HEADER_SIZE + 8 + len)
+		return -EMSGSIZE;
+	put_header(buf, WIRE_CHANGED, (uint32_t)(8 + len), 0);
+	put_le64(buf + WIRE_HEADER_SIZE, generation);
+	memcpy(buf + WIRE_HEADER_SIZE + 8, name, len);
+	return (ssize_t)(WIRE_HEADER_SIZE + 8 + len);
 }
 
 /* RELEASE_OK: an empty payload. */

@@ -23,13 +23,16 @@
 #define WIRE_HEADER_SIZE 16u
 #define WIRE_MAX_MESSAGE 4096u /* header included */
 #define WIRE_MAX_NAME 1024u    /* model name or path in ATTACH */
-#define WIRE_MAX_FDS 251u      /* index + up to 250 files; below SCM_MAX_FD */
+#define WIRE_MAX_FDS 252u      /* index + up to 250 files + status page; below SCM_MAX_FD */
+#define WIRE_MAX_FILES (WIRE_MAX_FDS - 2u)
 
 enum wire_type {
 	WIRE_ATTACH = 1,      /* client: payload = model name, 1..WIRE_MAX_NAME bytes, no NUL */
 	WIRE_RELEASE = 2,     /* client: payload = u64 handle */
 	WIRE_ATTACH_OK = 129, /* daemon: struct wire_attach_ok; fds: index memfd, then files */
 	WIRE_RELEASE_OK = 130,/* daemon: empty payload */
+	WIRE_CHANGED = 131,   /* daemon, unsolicited (seq 0): u64 generation (0: no longer
+				 served), then the model name, 1..WIRE_MAX_NAME bytes */
 	WIRE_ERROR = 255,     /* daemon: positive errno code 1..4095 (i32), then UTF-8 text (no NUL) */
 };
 
@@ -47,9 +50,14 @@ struct wire_attach_ok {
 	uint64_t handle;      /* names this attach in RELEASE */
 	uint64_t index_size;  /* size of the index memfd */
 	uint32_t file_count;  /* descriptors after the index */
-	uint32_t flags;       /* 0; non-zero is malformed */
-	uint64_t status_slot; /* reserved for the status page (0) */
+	uint32_t flags;       /* WIRE_ATTACH_STATUS or 0; other bits are malformed */
+	uint64_t status_slot; /* with WIRE_ATTACH_STATUS: the model's u64 in the page */
 };
+
+/* ATTACH_OK flag: one more descriptor follows the files, the daemon's status
+ * page (a read-only memfd of u64 slots), and status_slot is the model's slot,
+ * which holds its current generation. */
+#define WIRE_ATTACH_STATUS 1u
 
 /* A decoded message: the header plus a view of its payload in the buffer. */
 struct wire_message {
@@ -58,8 +66,8 @@ struct wire_message {
 };
 
 /* Checks buf[0..len) as one whole message (magic, version, known type,
- * length == len - 16, length within the type's bounds, ATTACH_OK flags 0 and
- * file_count < WIRE_MAX_FDS, ERROR code 1..4095). Returns 0, -EMSGSIZE for a
+ * length == len - 16, length within the type's bounds, ATTACH_OK flags known
+ * and file_count <= WIRE_MAX_FILES, ERROR code 1..4095). Returns 0, -EMSGSIZE for a
  * size outside 16..WIRE_MAX_MESSAGE, -EPROTO for another version, -EBADMSG
  * for anything else. */
 int wire_decode(const uint8_t *buf, size_t len, struct wire_message *out);
@@ -71,6 +79,8 @@ int wire_get_release(const struct wire_message *m, uint64_t *handle);
 int wire_get_attach_ok(const struct wire_message *m, struct wire_attach_ok *out);
 int wire_get_error(const struct wire_message *m, int32_t *code, const char **text,
 	size_t *text_len);
+int wire_get_changed(const struct wire_message *m, uint64_t *generation, const char **name,
+	size_t *name_len);
 
 /* Encoders: write the whole message to buf (cap bytes) and return its length,
  * -EMSGSIZE when cap is too small, or -EINVAL for arguments that cannot form
@@ -81,5 +91,7 @@ ssize_t wire_put_attach_ok(uint8_t *buf, size_t cap, uint32_t seq,
 	const struct wire_attach_ok *ok);
 ssize_t wire_put_release_ok(uint8_t *buf, size_t cap, uint32_t seq);
 ssize_t wire_put_error(uint8_t *buf, size_t cap, uint32_t seq, int32_t code, const char *text);
+ssize_t wire_put_changed(uint8_t *buf, size_t cap, uint64_t generation, const char *name,
+	size_t len);
 
 #endif

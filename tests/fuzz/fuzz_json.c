@@ -228,12 +228,19 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	 *   no range;
 	 * - jansson refuses "\u0000" inside an object key even with
 	 *   JSON_ALLOW_NUL; the grammar allows it.
+	 * - jansson (2.14) silently drops a raw NUL byte that directly follows a
+	 *   number or a literal ("0\0", "[true\0]" are accepted: its lexer
+	 *   "ungets" the byte into a buffer where NUL means empty). A raw NUL
+	 *   is never valid JSON, so when the input holds one and only jansson
+	 *   accepts, jansson is wrong.
 	 * Duplicate keys need no exclusion: both readers accept them. */
 	if (r == -E2BIG)
 		skip = 1;
 	if (v == NULL && (json_error_code(&err) == json_error_numeric_overflow ||
 				 json_error_code(&err) == json_error_null_byte_in_key ||
 				 json_error_code(&err) == json_error_stack_overflow))
+		skip = 1;
+	if (v != NULL && r != 0 && memchr(data, '\0', size) != NULL)
 		skip = 1;
 	if (!skip && (v != NULL) != (r == 0)) {
 		fprintf(stderr, "fuzz_json: jr says %d (%s at %zu), jansson says %s (%s at %d)\n", r,

@@ -5,6 +5,7 @@
  *   demo_worker [--socket PATH] [--verify FILE] [--touch] [--hold] MODEL
  *   demo_worker --open FILE [--verify FILE] [--touch] [--hold]
  *   demo_worker [--socket PATH] --repeat N MODEL
+ *   demo_worker [--socket PATH] --loop SECONDS MODEL
  *
  * Attaches MODEL through wcached (or maps FILE in-process with --open),
  * optionally reads every byte of every tensor and compares it with the
@@ -13,6 +14,9 @@
  * then waits for a line (or EOF) on stdin before releasing, so a driver can
  * measure memory while all workers hold the model. --repeat N attaches and
  * releases the model N times on one connection first (for leak checks).
+ * --loop checks every byte of the model against the pattern its "seed"
+ * metadata names (tests/tools/pattern.h) over and over for SECONDS, moving to
+ * each new generation when wc_model_stale() says so (for hot-swap tests).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -23,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "pattern.h"
 #include "wcache.h"
 
 static double
@@ -94,6 +99,84 @@ out:
 	return ok;
 }
 
+/*
+ * Checks every byte of m against the pattern of its "seed" metadata, in
+ * file order. Returns 0, or -1 with a message.
+ */
+static int
+check_pattern(const wc_model *m)
+{
+	const char *seed_text = wc_model_metadata(m, "seed");
+	size_t n = wc_model_count(m);
+	wc_tensor *t = calloc(n ? n : 1, sizeof(*t));
+	uint64_t state, total = 0;
+	uint8_t *want = NULL;
+	int ok = -1;
+
+	if (seed_text == NULL || t == NULL) {
+		fprintf(stderr, "demo_worker: model has no seed metadata\n");
+		goto out;
+	}
+	state = strtoull(seed_text, NULL, 10);
+	for (size_t i = 0; i < n; i++) {
+		if (wc_model_tensor(m, i, &t[i]) < 0)
+			goto out;
+		total += t[i].nbytes;
+	}
+	qsort(t, n, sizeof(*t), by_address);
+	if ((want = malloc(total ? total : 1)) == NULL)
+		goto out;
+	pattern_fill(want, (size_t)total, strcmp(t[0].dtype, "F32") == 0 ? 4 : 2, &state);
+	for (size_t i = 0, off = 0; i < n; off += t[i].nbytes, i++)
+		if (memcmp(t[i].data, want + off, (size_t)t[i].nbytes) != 0) {
+			fprintf(stderr, "demo_worker: generation %" PRIu64 ": tensor \"%s\" does not "
+					"hold seed %s's bytes\n", wc_model_generation(m), t[i].name,
+				seed_text);
+			goto out;
+		}
+	ok = 0;
+out:
+	free(want);
+	free(t);
+	return ok;
+}
+
+/* Attaches name and checks it for seconds, following new generations. */
+static int
+loop_checks(const char *sock, const char *name, double seconds)
+{
+	wc_client *c;
+	wc_model *m, *next;
+	uint64_t checks = 0, swaps = 0, first;
+	double end = now() + seconds;
+
+	if (wc_connect(sock, &c) < 0 || wc_attach(c, name, &m) < 0) {
+		fprintf(stderr, "demo_worker: %s\n", wc_errmsg());
+		return 1;
+	}
+	first = wc_model_generation(m);
+	while (now() < end) {
+		if (check_pattern(m) < 0)
+			return 1;
+		checks++;
+		if (!wc_model_stale(m))
+			continue;
+		if (wc_attach(c, name, &next) < 0) {
+			fprintf(stderr, "demo_worker: reattach: %s\n", wc_errmsg());
+			return 1;
+		}
+		if (wc_model_generation(next) != wc_model_generation(m))
+			swaps++;
+		wc_release(m);
+		m = next;
+	}
+	printf("{\"checks\":%" PRIu64 ",\"swaps\":%" PRIu64 ",\"first\":%" PRIu64
+	       ",\"last\":%" PRIu64 "}\n", checks, swaps, first, wc_model_generation(m));
+	wc_release(m);
+	wc_disconnect(c);
+	return 0;
+}
+
 /* Reads one byte per page of every tensor. */
 static uint64_t
 touch(const wc_model *m)
@@ -118,6 +201,7 @@ main(int argc, char **argv)
 	const char *sock = NULL, *file = NULL, *open_path = NULL, *name = NULL;
 	int do_touch = 0, hold = 0;
 	long repeat = 0;
+	double loop = 0;
 	double t0, t_attach, t_verify = 0, t_touch = 0;
 	uint64_t checked = 0, bytes = 0;
 	wc_client *c = NULL;
@@ -134,6 +218,8 @@ main(int argc, char **argv)
 			open_path = argv[++i];
 		else if (strcmp(argv[i], "--repeat") == 0 && i + 1 < argc)
 			repeat = strtol(argv[++i], NULL, 10);
+		else if (strcmp(argv[i], "--loop") == 0 && i + 1 < argc)
+			loop = strtod(argv[++i], NULL);
 		else if (strcmp(argv[i], "--touch") == 0)
 			do_touch = 1;
 		else if (strcmp(argv[i], "--hold") == 0)
@@ -150,6 +236,8 @@ main(int argc, char **argv)
 		fprintf(stderr, "demo_worker: no model\n");
 		return 2;
 	}
+	if (name != NULL && loop > 0)
+		return loop_checks(sock, name, loop);
 	if (name != NULL && repeat > 0) {
 		if (wc_connect(sock, &c) < 0) {
 			fprintf(stderr, "demo_worker: %s\n", wc_errmsg());

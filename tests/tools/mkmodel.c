@@ -2,8 +2,8 @@
  * mkmodel.c: writes a synthetic safetensors model shaped and named like a
  * decoder-only LLM (llama layout), for the demo, the tests and the
  * benchmarks. The weights are deterministic pseudo-random BF16/F16/F32
- * values of modest magnitude (no NaN or infinity), so any reader can be
- * checked against any other.
+ * values of modest magnitude (no NaN or infinity) from pattern.h, with the
+ * seed in the metadata, so a reader can check every byte it sees.
  *
  *   mkmodel [--layers N] [--hidden H] [--ffn F] [--vocab V] [--dtype D]
  *           [--seed S] [--min-bytes B] OUT
@@ -19,6 +19,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "pattern.h"
+
 struct spec {
 	char name[128];
 	uint64_t shape[2];
@@ -30,40 +32,6 @@ struct params {
 	const char *dtype;
 	unsigned elem;
 };
-
-static uint64_t
-splitmix(uint64_t *s)
-{
-	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-/* Fills buf with len bytes of element values: small finite numbers. */
-static void
-fill(uint8_t *buf, size_t len, unsigned elem, uint64_t *state)
-{
-	size_t i = 0;
-
-	while (i < len) {
-		uint64_t r = splitmix(state);
-
-		for (int k = 0; k < 4 && i < len; k++, r >>= 16) {
-			uint16_t v = (uint16_t)r;
-
-			if (elem == 2) /* BF16 or F16: sign, exponent near 1.0, mantissa */
-				v = (uint16_t)((v & 0x807f) | ((uint16_t)(0x3c + (v >> 13 & 3)) << 7));
-			buf[i++] = (uint8_t)v;
-			if (i < len)
-				buf[i++] = (uint8_t)(v >> 8);
-		}
-	}
-	if (elem == 4) /* F32: clear exponent's top bits for finite values */
-		for (size_t j = 3; j < len; j += 4)
-			buf[j] = (uint8_t)((buf[j] & 0x80) | 0x3c | (buf[j] & 1));
-}
 
 static size_t
 layer_specs(const struct params *p, struct spec *s, uint64_t layer)
@@ -211,7 +179,8 @@ main(int argc, char **argv)
 	if ((header = malloc(hcap)) == NULL)
 		return 1;
 	hlen = (size_t)snprintf(header, hcap,
-		"{\"__metadata__\":{\"format\":\"pt\",\"generator\":\"wcache mkmodel\"}");
+		"{\"__metadata__\":{\"format\":\"pt\",\"generator\":\"wcache mkmodel\","
+		"\"seed\":\"%" PRIu64 "\"}", p.seed);
 	for (size_t i = 0; i < count; i++) {
 		uint64_t n = spec_bytes(&p, &specs[i]);
 
@@ -245,7 +214,7 @@ main(int argc, char **argv)
 	for (uint64_t left = data; left > 0;) {
 		size_t n = left < (8u << 20) ? (size_t)left : (8u << 20);
 
-		fill(buf, n, p.elem, &state);
+		pattern_fill(buf, n, p.elem, &state);
 		if (write_all(fd, buf, n) < 0)
 			goto fail;
 		left -= n;

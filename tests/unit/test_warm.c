@@ -794,6 +794,18 @@ now_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* User + system CPU seconds of this process (who = RUSAGE_SELF, all
+ * threads) or of its waited-for children (RUSAGE_CHILDREN). */
+static double
+cpu_s(int who)
+{
+	struct rusage ru;
+
+	getrusage(who, &ru);
+	return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+	       (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+}
+
 static int bench_done;
 static struct warm_result bench_res;
 
@@ -804,26 +816,28 @@ bench_on_done(struct warm_job *job, const struct warm_result *res, void *cookie)
 	bench_done = 1;
 }
 
-/* Warms the file through a fresh pool; returns wall seconds from submit to
- * the done callback, or -1. */
+/* Warms the file through a fresh one-thread pool; returns wall seconds from
+ * submit to the done callback (and CPU seconds in *cpu), or -1. */
 static double
-bench_pool(int fd, uint64_t size, enum warm_method method, size_t chunk)
+bench_pool(int fd, uint64_t size, enum warm_method method, size_t chunk, double *cpu)
 {
 	uv_loop_t loop;
 	struct warm_pool *pool;
 	struct warm_options o = {.threads = 1, .chunk_bytes = chunk, .method = method};
 	struct warm_request req = {.fd = fd, .length = size, .done = bench_on_done};
-	double t0, t;
+	double t0, c0, t;
 
 	if (uv_loop_init(&loop) != 0 || warm_pool_new(&loop, &o, &pool) != 0)
 		return -1;
 	bench_done = 0;
+	c0 = cpu_s(RUSAGE_SELF);
 	t0 = now_s();
 	if (warm_submit(pool, &req, NULL) != 0)
 		return -1;
 	while (!bench_done)
 		uv_run(&loop, UV_RUN_ONCE);
 	t = now_s() - t0;
+	*cpu = cpu_s(RUSAGE_SELF) - c0;
 	warm_pool_close(pool);
 	uv_run(&loop, UV_RUN_DEFAULT);
 	if (uv_loop_close(&loop) != 0 || bench_res.status != 0 || bench_res.bytes != size)
@@ -831,14 +845,16 @@ bench_pool(int fd, uint64_t size, enum warm_method method, size_t chunk)
 	return t;
 }
 
-/* Runs `cat path` with stdout on /dev/null; returns wall seconds or -1. */
+/* Runs `cat path` with stdout on /dev/null; returns wall seconds (and the
+ * child's CPU seconds in *cpu) or -1. */
 static double
-bench_cat(const char *path)
+bench_cat(const char *path, double *cpu)
 {
 	posix_spawn_file_actions_t fa;
 	char *argv[] = {"cat", (char *)(uintptr_t)path, NULL};
 	extern char **environ;
-	double t0 = now_s();
+	double c0 = cpu_s(RUSAGE_CHILDREN);
+	double t0 = now_s(), t;
 	pid_t pid;
 	int st;
 
@@ -849,7 +865,9 @@ bench_cat(const char *path)
 	posix_spawn_file_actions_destroy(&fa);
 	if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
 		return -1;
-	return now_s() - t0;
+	t = now_s() - t0;
+	*cpu = cpu_s(RUSAGE_CHILDREN) - c0;
+	return t;
 }
 
 static int
@@ -860,11 +878,18 @@ cmp_double(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
+static double
+median(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof(double), cmp_double);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 /*
  * `test_warm --bench FILE [RUNS]`: for RUNS rounds (default 5), for each
  * contender in turn, evicts FILE, checks it is cold, times reading it whole,
- * checks it is resident; prints the median per contender. Contenders run
- * interleaved so drift affects them alike.
+ * checks it is resident; prints the median wall and CPU time per contender.
+ * Contenders run interleaved so drift (other load) affects them alike.
  */
 static int
 bench(const char *path, int runs)
@@ -882,7 +907,7 @@ bench(const char *path, int runs)
 		{"cat FILE > /dev/null", 0, 0},
 	};
 	enum { NC = sizeof(c) / sizeof(c[0]), MAXRUNS = 50 };
-	static double t[NC][MAXRUNS];
+	static double t[NC][MAXRUNS], cpu[NC][MAXRUNS];
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	struct stat st;
 	void *map;
@@ -913,8 +938,8 @@ bench(const char *path, int runs)
 				return 1;
 			}
 			s = c[i].chunk != 0 ? bench_pool(fd, (uint64_t)st.st_size, c[i].method,
-						      c[i].chunk)
-					    : bench_cat(path);
+						      c[i].chunk, &cpu[i][r])
+					    : bench_cat(path, &cpu[i][r]);
 			if (s < 0 || warm_resident_bytes(map, (size_t)st.st_size, &res) != 0) {
 				fprintf(stderr, "bench: %s failed (status %d, %llu bytes)\n",
 					c[i].name, bench_res.status,
@@ -928,12 +953,11 @@ bench(const char *path, int runs)
 		}
 	}
 	for (int i = 0; i < NC; i++) {
-		double med;
+		double med = median(t[i], runs);
 
-		qsort(t[i], (size_t)runs, sizeof(double), cmp_double);
-		med = runs % 2 ? t[i][runs / 2] : (t[i][runs / 2 - 1] + t[i][runs / 2]) / 2;
-		printf("%-28s median %.3f s  %7.0f MiB/s  (min %.3f, max %.3f)\n", c[i].name, med,
-			(double)st.st_size / med / MiB, t[i][0], t[i][runs - 1]);
+		printf("%-26s median %.3f s %6.0f MiB/s  (min %.3f, max %.3f)  CPU %.3f s\n",
+			c[i].name, med, (double)st.st_size / med / MiB, t[i][0], t[i][runs - 1],
+			median(cpu[i], runs));
 	}
 	munmap(map, (size_t)st.st_size);
 	close(fd);

@@ -5,7 +5,10 @@
  * Round trips of every message type (with the exact little-endian bytes on
  * the wire checked, not just encoder and decoder agreeing with each other),
  * then every rejection wire_decode() makes, each asserting its code, and the
- * argument checks and cap checks of the encoders.
+ * argument checks and cap checks of the encoders. The status page flag of
+ * ATTACH_OK and the unsolicited CHANGED message get the same treatment as
+ * the rest: the one flag bit accepted, every other bit refused, file_count
+ * bounded by WIRE_MAX_FILES, every CHANGED layout error refused.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -166,7 +169,8 @@ test_roundtrip_release(void **state)
 	assert_true(handle == UINT64_MAX);
 }
 
-/* ATTACH_OK: every field at its documented offset. */
+/* ATTACH_OK: every field at its documented offset, with the status page
+ * flag and the most files one message can carry. */
 static void
 test_roundtrip_attach_ok(void **state)
 {
@@ -175,8 +179,8 @@ test_roundtrip_attach_ok(void **state)
 	        .generation = 0x1112131415161718ull,
 	        .handle = 0x2122232425262728ull,
 	        .index_size = 0x3132333435363738ull,
-	        .file_count = WIRE_MAX_FDS - 1,
-	        .flags = 0,
+	        .file_count = WIRE_MAX_FILES,
+	        .flags = WIRE_ATTACH_STATUS,
 	        .status_slot = 0x4142434445464748ull,
 	};
 	struct wire_attach_ok got;
@@ -191,8 +195,8 @@ test_roundtrip_attach_ok(void **state)
 	assert_true(le64(buf + 16) == ok.generation);
 	assert_true(le64(buf + 24) == ok.handle);
 	assert_true(le64(buf + 32) == ok.index_size);
-	assert_int_equal(le32(buf + 40), WIRE_MAX_FDS - 1);
-	assert_int_equal(le32(buf + 44), 0);
+	assert_int_equal(le32(buf + 40), 250);
+	assert_int_equal(le32(buf + 44), 1); /* WIRE_ATTACH_STATUS */
 	assert_true(le64(buf + 48) == ok.status_slot);
 
 	expect_accept(buf, (size_t)n, &m);
@@ -202,9 +206,94 @@ test_roundtrip_attach_ok(void **state)
 	assert_true(got.generation == ok.generation);
 	assert_true(got.handle == ok.handle);
 	assert_true(got.index_size == ok.index_size);
-	assert_int_equal(got.file_count, ok.file_count);
-	assert_int_equal(got.flags, 0);
+	assert_int_equal(got.file_count, WIRE_MAX_FILES);
+	assert_int_equal(got.flags, WIRE_ATTACH_STATUS);
 	assert_true(got.status_slot == ok.status_slot);
+
+	/* Without the status page: flags 0 on the wire and back. */
+	ok.flags = 0;
+	ok.status_slot = 0;
+	ok.file_count = 0;
+	n = wire_put_attach_ok(buf, sizeof(buf), 3, &ok);
+	assert_int_equal(n, 56);
+	assert_int_equal(le32(buf + 40), 0);
+	assert_int_equal(le32(buf + 44), 0);
+	assert_true(le64(buf + 48) == 0);
+	expect_accept(buf, (size_t)n, &m);
+	memset(&got, FILL, sizeof(got));
+	assert_int_equal(wire_get_attach_ok(&m, &got), 0);
+	assert_int_equal(got.flags, 0);
+	assert_int_equal(got.file_count, 0);
+	assert_true(got.status_slot == 0);
+}
+
+/* CHANGED: sequence number 0, the generation as 8 little-endian bytes, then
+ * the name; generation 0 (no longer served); shortest and longest names. */
+static void
+test_roundtrip_changed(void **state)
+{
+	static uint8_t buf[WIRE_MAX_MESSAGE];
+	static char name[WIRE_MAX_NAME];
+	struct wire_message m;
+	uint64_t generation = 99;
+	const char *got = NULL;
+	size_t got_len = 0;
+	ssize_t n;
+
+	n = wire_put_changed(buf, sizeof(buf), 0x0807060504030201ull, "llama", 5);
+	assert_int_equal(n, 16 + 8 + 5);
+	assert_memory_equal(buf, "WCP1", 4);
+	assert_int_equal(buf[4], 1);
+	assert_int_equal(buf[5], 0);
+	assert_int_equal(buf[6], 131);
+	assert_int_equal(buf[7], 0);
+	assert_int_equal(le32(buf + 8), 13);
+	assert_int_equal(le32(buf + 12), 0); /* unsolicited: seq 0 */
+	for (int i = 0; i < 8; i++)
+		assert_int_equal(buf[16 + i], i + 1);
+	assert_memory_equal(buf + 24, "llama", 5);
+
+	expect_accept(buf, (size_t)n, &m);
+	assert_int_equal(m.h.type, WIRE_CHANGED);
+	assert_int_equal(m.h.seq, 0);
+	assert_int_equal(wire_get_changed(&m, &generation, &got, &got_len), 0);
+	assert_true(generation == 0x0807060504030201ull);
+	assert_int_equal(got_len, 5);
+	assert_ptr_equal(got, buf + 24); /* a view into the buffer, no copy */
+	assert_memory_equal(got, "llama", 5);
+
+	/* Generation 0: the model is no longer served. One-byte name. */
+	n = wire_put_changed(buf, sizeof(buf), 0, "x", 1);
+	assert_int_equal(n, 25);
+	for (int i = 0; i < 8; i++)
+		assert_int_equal(buf[16 + i], 0);
+	expect_accept(buf, (size_t)n, &m);
+	assert_int_equal(wire_get_changed(&m, &generation, &got, &got_len), 0);
+	assert_true(generation == 0);
+	assert_int_equal(got_len, 1);
+	assert_int_equal(got[0], 'x');
+
+	/* WIRE_MAX_NAME bytes, not NUL-terminated in memory; largest generation. */
+	memset(name, 'n', sizeof(name));
+	n = wire_put_changed(buf, sizeof(buf), UINT64_MAX, name, sizeof(name));
+	assert_int_equal(n, 16 + 8 + WIRE_MAX_NAME);
+	expect_accept(buf, (size_t)n, &m);
+	assert_int_equal(wire_get_changed(&m, &generation, &got, &got_len), 0);
+	assert_true(generation == UINT64_MAX);
+	assert_int_equal(got_len, WIRE_MAX_NAME);
+	assert_memory_equal(got, name, WIRE_MAX_NAME);
+
+	/* NUL bytes in the generation are fine: only the name is text. */
+	n = wire_put_changed(buf, sizeof(buf), 0x0100000000000000ull, "a", 1);
+	expect_accept(buf, (size_t)n, &m);
+	assert_int_equal(wire_get_changed(&m, &generation, &got, &got_len), 0);
+	assert_true(generation == 0x0100000000000000ull);
+
+	/* NULL out-parameters. */
+	assert_int_equal(wire_get_changed(&m, NULL, &got, &got_len), -EINVAL);
+	assert_int_equal(wire_get_changed(&m, &generation, NULL, &got_len), -EINVAL);
+	assert_int_equal(wire_get_changed(&m, &generation, &got, NULL), -EINVAL);
+	assert_int_equal(wire_get_changed(NULL, &generation, &got, &got_len), -EINVAL);
 }
 
 /* RELEASE_OK: a header alone. */
@@ -340,6 +429,12 @@ test_encoder_cap(void **state)
 	assert_int_equal(wire_put_release_ok(buf, 15, 1), -EMSGSIZE);
 	assert_int_equal(wire_put_error(buf, 22, 1, EIO, "abc"), -EMSGSIZE);
 	assert_int_equal(wire_put_error(buf, 3, 1, EIO, ""), -EMSGSIZE);
+	assert_int_equal(wire_put_changed(buf, 28, 2, "llama", 5), -EMSGSIZE);
+	assert_int_equal(wire_put_changed(buf, 16, 2, "llama", 5), -EMSGSIZE);
+	assert_int_equal(wire_put_changed(buf, 0, 2, "llama", 5), -EMSGSIZE);
+	ok.flags = WIRE_ATTACH_STATUS;
+	assert_int_equal(wire_put_attach_ok(buf, 55, 1, &ok), -EMSGSIZE);
+	ok.flags = 0;
 	assert_memory_equal(buf, before, sizeof(buf));
 
 	assert_int_equal(wire_put_attach(buf, 21, 1, "llama", 5), 21);
@@ -347,6 +442,7 @@ test_encoder_cap(void **state)
 	assert_int_equal(wire_put_attach_ok(buf, 56, 1, &ok), 56);
 	assert_int_equal(wire_put_release_ok(buf, 16, 1), 16);
 	assert_int_equal(wire_put_error(buf, 23, 1, EIO, "abc"), 23);
+	assert_int_equal(wire_put_changed(buf, 29, 2, "llama", 5), 29);
 }
 
 /* Encoders refuse what the decoder would refuse, with -EINVAL. */
@@ -366,11 +462,47 @@ test_encoder_invalid(void **state)
 	assert_int_equal(wire_put_attach(NULL, sizeof(buf), 1, "abc", 3), -EINVAL);
 
 	assert_int_equal(wire_put_attach_ok(buf, sizeof(buf), 1, NULL), -EINVAL);
-	ok.flags = 1;
-	assert_int_equal(wire_put_attach_ok(buf, sizeof(buf), 1, &ok), -EINVAL);
-	ok.flags = 0;
-	ok.file_count = WIRE_MAX_FDS; /* + the index would be one fd too many */
-	assert_int_equal(wire_put_attach_ok(buf, sizeof(buf), 1, &ok), -EINVAL);
+	assert_int_equal(wire_put_attach_ok(NULL, sizeof(buf), 1, &ok), -EINVAL);
+	/* The status flag is the one known bit; every other bit is refused,
+	 * alone or beside it. */
+	ok.flags = WIRE_ATTACH_STATUS;
+	assert_int_equal(wire_put_attach_ok(buf, sizeof(buf), 1, &ok), 56);
+	static const uint32_t bad_flags[] = {2, 3, 4, 0x100, 0x80000000u, 0x80000001u,
+	        0xFFFFFFFEu, 0xFFFFFFFFu};
+	for (size_t i = 0; i < sizeof(bad_flags) / sizeof(bad_flags[0]); i++) {
+		ok.flags = bad_flags[i];
+		assert_int_equal(wire_put_attach_ok(buf, sizeof(buf), 1, &ok), -EINVAL);
+	}
+	/* file_count: WIRE_MAX_FILES fits beside the index and the status page,
+	 * with or without the flag; one more does not. */
+	for (uint32_t flags = 0; flags <= WIRE_ATTACH_STATUS; flags++) {
+		ok.flags = flags;
+		ok.file_count = WIRE_MAX_FILES;
+		assert_int_equal(wire_put_attach_ok(buf, sizeof(buf), 1, &ok), 56);
+		ok.file_count = WIRE_MAX_FILES + 1;
+		assert_int_equal(wire_put_attach_ok(buf, sizeof(buf), 1, &ok), -EINVAL);
+		ok.file_count = WIRE_MAX_FDS;
+		assert_int_equal(wire_put_attach_ok(buf, sizeof(buf), 1, &ok), -EINVAL);
+		ok.file_count = UINT32_MAX;
+		assert_int_equal(wire_put_attach_ok(buf, sizeof(buf), 1, &ok), -EINVAL);
+	}
+
+	/* CHANGED: the name follows ATTACH's rules. */
+	assert_int_equal(wire_put_changed(buf, sizeof(buf), 1, "x", 0), -EINVAL);
+	assert_int_equal(wire_put_changed(buf, sizeof(buf), 1, name, WIRE_MAX_NAME + 1), -EINVAL);
+	assert_int_equal(wire_put_changed(buf, sizeof(buf), 1, name, WIRE_MAX_NAME),
+	        16 + 8 + WIRE_MAX_NAME);
+	assert_int_equal(wire_put_changed(buf, sizeof(buf), 1, name, SIZE_MAX), -EINVAL);
+	assert_int_equal(wire_put_changed(buf, sizeof(buf), 1, "\0bc", 3), -EINVAL);
+	assert_int_equal(wire_put_changed(buf, sizeof(buf), 1, "a\0c", 3), -EINVAL);
+	assert_int_equal(wire_put_changed(buf, sizeof(buf), 1, "abc", 4), -EINVAL); /* NUL last */
+	assert_int_equal(wire_put_changed(buf, sizeof(buf), 1, NULL, 3), -EINVAL);
+	assert_int_equal(wire_put_changed(NULL, sizeof(buf), 1, "abc", 3), -EINVAL);
+	/* Argument errors win over a cap that is too small. */
+	assert_int_equal(wire_put_changed(buf, 0, 1, "x", 0), -EINVAL);
+	ok.flags = 2;
+	ok.file_count = 0;
+	assert_int_equal(wire_put_attach_ok(buf, 0, 1, &ok), -EINVAL);
 
 	assert_int_equal(wire_put_error(buf, sizeof(buf), 1, 0, "x"), -EINVAL);
 	assert_int_equal(wire_put_error(buf, sizeof(buf), 1, -ENOENT, "x"), -EINVAL);
@@ -431,7 +563,7 @@ test_reject_header(void **state)
 	len = raw(buf, WIRE_MAGIC, 0x0100, WIRE_RELEASE, 8, 1, handle, 8); /* big-endian 1 */
 	expect_reject(buf, len, -EPROTO);
 
-	static const uint16_t unknown[] = {0, 3, 128, 131, 254, 256, 0x8101, 0xFFFF};
+	static const uint16_t unknown[] = {0, 3, 128, 132, 254, 256, 0x8101, 0x8301, 0xFFFF};
 	for (size_t i = 0; i < sizeof(unknown) / sizeof(unknown[0]); i++) {
 		len = raw(buf, WIRE_MAGIC, WIRE_VERSION, unknown[i], 8, 1, handle, 8);
 		expect_reject(buf, len, -EBADMSG);
@@ -515,12 +647,15 @@ test_reject_release(void **state)
 	}
 }
 
-/* ATTACH_OK: exactly 40 bytes, flags 0, file_count below WIRE_MAX_FDS. */
+/* ATTACH_OK: exactly 40 bytes, flags 0 or WIRE_ATTACH_STATUS, file_count at
+ * most WIRE_MAX_FILES. */
 static void
 test_reject_attach_ok(void **state)
 {
 	uint8_t buf[128];
 	uint8_t payload[48] = {0};
+	struct wire_attach_ok got;
+	struct wire_message m;
 	size_t len;
 
 	for (size_t n = 0; n <= 48; n++) {
@@ -530,19 +665,127 @@ test_reject_attach_ok(void **state)
 		else
 			expect_reject(buf, len, -EBADMSG);
 	}
-	put32(payload + 28, 1); /* flags */
+
+	/* flags (offset 28): bit 0 is the status page, any other bit is
+	 * malformed, also beside bit 0. Each byte of the field is checked. */
+	put32(payload + 28, WIRE_ATTACH_STATUS);
+	put32(payload + 32, 7); /* status_slot */
 	len = good(buf, WIRE_ATTACH_OK, payload, 40);
-	expect_reject(buf, len, -EBADMSG);
+	expect_accept(buf, len, &m);
+	assert_int_equal(wire_get_attach_ok(&m, &got), 0);
+	assert_int_equal(got.flags, WIRE_ATTACH_STATUS);
+	assert_true(got.status_slot == 7);
+	static const uint32_t bad_flags[] = {2, 3, 0x100, 0x101, 0x10000, 0x1000000, 0x80000000u,
+	        0x80000001u, 0xFFFFFFFFu};
+	for (size_t i = 0; i < sizeof(bad_flags) / sizeof(bad_flags[0]); i++) {
+		put32(payload + 28, bad_flags[i]);
+		len = good(buf, WIRE_ATTACH_OK, payload, 40);
+		expect_reject(buf, len, -EBADMSG);
+	}
+
+	/* file_count (offset 24): up to WIRE_MAX_FILES, with and without the
+	 * status page (whose descriptor is the 252nd). */
+	for (uint32_t flags = 0; flags <= WIRE_ATTACH_STATUS; flags++) {
+		put32(payload + 28, flags);
+		put32(payload + 24, WIRE_MAX_FILES);
+		len = good(buf, WIRE_ATTACH_OK, payload, 40);
+		expect_accept(buf, len, &m);
+		assert_int_equal(wire_get_attach_ok(&m, &got), 0);
+		assert_int_equal(got.file_count, 250);
+		put32(payload + 24, WIRE_MAX_FILES + 1);
+		len = good(buf, WIRE_ATTACH_OK, payload, 40);
+		expect_reject(buf, len, -EBADMSG);
+		put32(payload + 24, WIRE_MAX_FDS);
+		len = good(buf, WIRE_ATTACH_OK, payload, 40);
+		expect_reject(buf, len, -EBADMSG);
+		put32(payload + 24, 0x100u + WIRE_MAX_FILES); /* high byte set */
+		len = good(buf, WIRE_ATTACH_OK, payload, 40);
+		expect_reject(buf, len, -EBADMSG);
+		put32(payload + 24, 0xFFFFFFFFu);
+		len = good(buf, WIRE_ATTACH_OK, payload, 40);
+		expect_reject(buf, len, -EBADMSG);
+	}
+
+	/* status_slot is the receiver's to check against the page: any value
+	 * decodes, with or without the flag. */
+	put32(payload + 24, 1);
 	put32(payload + 28, 0);
-	put32(payload + 24, WIRE_MAX_FDS); /* file_count */
+	memset(payload + 32, 0xFF, 8);
 	len = good(buf, WIRE_ATTACH_OK, payload, 40);
+	expect_accept(buf, len, &m);
+	put32(payload + 28, WIRE_ATTACH_STATUS);
+	len = good(buf, WIRE_ATTACH_OK, payload, 40);
+	expect_accept(buf, len, &m);
+	assert_int_equal(wire_get_attach_ok(&m, &got), 0);
+	assert_true(got.status_slot == UINT64_MAX);
+}
+
+/* CHANGED: the 8-byte generation, then a name of 1..WIRE_MAX_NAME bytes with
+ * no NUL. Built by hand with seq 0, as the daemon sends it. */
+static void
+test_reject_changed(void **state)
+{
+	static uint8_t buf[WIRE_MAX_MESSAGE];
+	static uint8_t payload[8 + WIRE_MAX_NAME + 1];
+	struct wire_message m;
+	uint64_t generation;
+	const char *name;
+	size_t name_len;
+	size_t len;
+
+	/* Short: no room for the generation, or a generation and no name. */
+	put32(payload, 5);
+	put32(payload + 4, 0);
+	memset(payload + 8, 'n', WIRE_MAX_NAME + 1);
+	for (size_t n = 0; n <= 8; n++) {
+		len = raw(buf, WIRE_MAGIC, WIRE_VERSION, WIRE_CHANGED, (uint32_t)n, 0, payload, n);
+		expect_reject(buf, len, -EBADMSG);
+	}
+	len = raw(buf, WIRE_MAGIC, WIRE_VERSION, WIRE_CHANGED, 9, 0, payload, 9);
+	expect_accept(buf, len, &m);
+	assert_int_equal(wire_get_changed(&m, &generation, &name, &name_len), 0);
+	assert_true(generation == 5);
+	assert_int_equal(name_len, 1);
+
+	/* Too long: WIRE_MAX_NAME is the longest name. */
+	len = raw(buf, WIRE_MAGIC, WIRE_VERSION, WIRE_CHANGED, 8 + WIRE_MAX_NAME, 0, payload,
+	        8 + WIRE_MAX_NAME);
+	expect_accept(buf, len, &m);
+	len = raw(buf, WIRE_MAGIC, WIRE_VERSION, WIRE_CHANGED, 8 + WIRE_MAX_NAME + 1, 0, payload,
+	        8 + WIRE_MAX_NAME + 1);
 	expect_reject(buf, len, -EBADMSG);
-	put32(payload + 24, 0xFFFFFFFFu);
-	len = good(buf, WIRE_ATTACH_OK, payload, 40);
+
+	/* A NUL anywhere in the name: first, middle, last, alone. */
+	memcpy(payload + 8, "\0bc", 3);
+	len = raw(buf, WIRE_MAGIC, WIRE_VERSION, WIRE_CHANGED, 11, 0, payload, 11);
 	expect_reject(buf, len, -EBADMSG);
-	put32(payload + 24, WIRE_MAX_FDS - 1);
-	len = good(buf, WIRE_ATTACH_OK, payload, 40);
-	expect_accept(buf, len, &(struct wire_message){0});
+	memcpy(payload + 8, "a\0c", 3);
+	len = raw(buf, WIRE_MAGIC, WIRE_VERSION, WIRE_CHANGED, 11, 0, payload, 11);
+	expect_reject(buf, len, -EBADMSG);
+	memcpy(payload + 8, "ab\0", 3);
+	len = raw(buf, WIRE_MAGIC, WIRE_VERSION, WIRE_CHANGED, 11, 0, payload, 11);
+	expect_reject(buf, len, -EBADMSG);
+	payload[8] = '\0';
+	len = raw(buf, WIRE_MAGIC, WIRE_VERSION, WIRE_CHANGED, 9, 0, payload, 9);
+	expect_reject(buf, len, -EBADMSG);
+	/* A NUL at the end of a name of WIRE_MAX_NAME bytes. */
+	memset(payload + 8, 'n', WIRE_MAX_NAME);
+	payload[8 + WIRE_MAX_NAME - 1] = '\0';
+	len = raw(buf, WIRE_MAGIC, WIRE_VERSION, WIRE_CHANGED, 8 + WIRE_MAX_NAME, 0, payload,
+	        8 + WIRE_MAX_NAME);
+	expect_reject(buf, len, -EBADMSG);
+
+	/* The length field must match the packet for CHANGED too. */
+	memcpy(payload + 8, "abc", 3);
+	len = raw(buf, WIRE_MAGIC, WIRE_VERSION, WIRE_CHANGED, 12, 0, payload, 11);
+	expect_reject(buf, len, -EBADMSG);
+	len = raw(buf, WIRE_MAGIC, WIRE_VERSION, WIRE_CHANGED, 10, 0, payload, 11);
+	expect_reject(buf, len, -EBADMSG);
+	len = raw(buf, WIRE_MAGIC, WIRE_VERSION, WIRE_CHANGED, 11, 0, payload, 11);
+	expect_accept(buf, len, &m);
+	/* Another version: -EPROTO, as for every type. */
+	len = raw(buf, WIRE_MAGIC, 2, WIRE_CHANGED, 11, 0, payload, 11);
+	expect_reject(buf, len, -EPROTO);
 }
 
 /* RELEASE_OK: empty. */
@@ -635,6 +878,62 @@ test_getter_wrong_type(void **state)
 	assert_int_equal(wire_get_release(&m, &handle), -EBADMSG);
 	assert_int_equal(handle, 99);
 
+	/* CHANGED is refused by every other getter, and its getter refuses every
+	 * other type, leaving its outputs alone. A CHANGED whose payload is 40
+	 * bytes (ATTACH_OK's size) is still not an ATTACH_OK. */
+	{
+		static const char name32[] = "abcdefghijklmnopqrstuvwxyz012345";
+		uint64_t generation = 99;
+		const char *got = NULL;
+		size_t got_len = 99;
+
+		n = wire_put_changed(buf, sizeof(buf), 3, name32, 32);
+		assert_int_equal(n, 56);
+		expect_accept(buf, (size_t)n, &m);
+		assert_int_equal(wire_get_attach(&m, &name, &name_len), -EBADMSG);
+		assert_int_equal(wire_get_release(&m, &handle), -EBADMSG);
+		assert_int_equal(wire_get_attach_ok(&m, &ok), -EBADMSG);
+		assert_memory_equal(&ok, &ok_before, sizeof(ok));
+		assert_int_equal(wire_get_error(&m, &code, &name, &name_len), -EBADMSG);
+		assert_null(name);
+		assert_int_equal(name_len, 99);
+		assert_int_equal(handle, 99);
+		assert_int_equal(code, 99);
+
+		n = wire_put_attach(buf, sizeof(buf), 1, "llama", 5);
+		expect_accept(buf, (size_t)n, &m);
+		assert_int_equal(wire_get_changed(&m, &generation, &got, &got_len), -EBADMSG);
+		n = wire_put_error(buf, sizeof(buf), 1, EIO, "llama");
+		expect_accept(buf, (size_t)n, &m);
+		assert_int_equal(wire_get_changed(&m, &generation, &got, &got_len), -EBADMSG);
+		n = wire_put_attach_ok(buf, sizeof(buf), 1, &(struct wire_attach_ok){.file_count = 1});
+		expect_accept(buf, (size_t)n, &m);
+		assert_int_equal(wire_get_changed(&m, &generation, &got, &got_len), -EBADMSG);
+		n = wire_put_release(buf, sizeof(buf), 1, 5);
+		expect_accept(buf, (size_t)n, &m);
+		assert_int_equal(wire_get_changed(&m, &generation, &got, &got_len), -EBADMSG);
+		n = wire_put_release_ok(buf, sizeof(buf), 1);
+		expect_accept(buf, (size_t)n, &m);
+		assert_int_equal(wire_get_changed(&m, &generation, &got, &got_len), -EBADMSG);
+		assert_true(generation == 99);
+		assert_null(got);
+		assert_int_equal(got_len, 99);
+
+		/* A hand-built CHANGED that lies about its payload. */
+		n = wire_put_changed(buf, sizeof(buf), 3, "ab", 2);
+		expect_accept(buf, (size_t)n, &m);
+		m.h.length = 8; /* no name */
+		assert_int_equal(wire_get_changed(&m, &generation, &got, &got_len), -EBADMSG);
+		m.h.length = 0xFFFFFFFFu;
+		assert_int_equal(wire_get_changed(&m, &generation, &got, &got_len), -EBADMSG);
+		m.h.length = 10;
+		m.payload = NULL;
+		assert_int_equal(wire_get_changed(&m, &generation, &got, &got_len), -EINVAL);
+		assert_true(generation == 99);
+		assert_null(got);
+		assert_int_equal(got_len, 99);
+	}
+
 	/* A hand-built message that lies about its payload is refused too. */
 	n = wire_put_release(buf, sizeof(buf), 1, 5);
 	expect_accept(buf, (size_t)n, &m);
@@ -666,6 +965,19 @@ test_unaligned(void **state)
 		assert_true(got.generation == 3 && got.handle == 4 && got.index_size == 4096);
 		assert_int_equal(got.file_count, 2);
 	}
+	for (size_t off = 1; off < 8; off++) {
+		ssize_t n = wire_put_changed(space + off, sizeof(space) - off,
+		        0x0102030405060708ull, "llama", 5);
+		uint64_t generation;
+		const char *name;
+		size_t name_len;
+
+		assert_int_equal(n, 29);
+		expect_accept(space + off, (size_t)n, &m);
+		assert_int_equal(wire_get_changed(&m, &generation, &name, &name_len), 0);
+		assert_true(generation == 0x0102030405060708ull);
+		assert_int_equal(name_len, 5);
+	}
 }
 
 int
@@ -675,6 +987,7 @@ main(void)
 	        cmocka_unit_test(test_roundtrip_attach),
 	        cmocka_unit_test(test_roundtrip_release),
 	        cmocka_unit_test(test_roundtrip_attach_ok),
+	        cmocka_unit_test(test_roundtrip_changed),
 	        cmocka_unit_test(test_roundtrip_release_ok),
 	        cmocka_unit_test(test_roundtrip_error),
 	        cmocka_unit_test(test_error_truncation),
@@ -688,6 +1001,7 @@ main(void)
 	        cmocka_unit_test(test_reject_attach_ok),
 	        cmocka_unit_test(test_reject_release_ok),
 	        cmocka_unit_test(test_reject_error),
+	        cmocka_unit_test(test_reject_changed),
 	        cmocka_unit_test(test_getter_wrong_type),
 	        cmocka_unit_test(test_unaligned),
 	};

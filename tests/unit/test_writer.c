@@ -493,6 +493,7 @@ test_big_endian(void **state)
 		{ "i8", 3, 1, { 3 }, 3, be_i8 },
 		{ "u16", 11, 1, { 2 }, 4, be_u16 },
 		{ "u64", 8, 1, { 1 }, 8, be_u64 },
+		{ "u8.odd", 4, 1, { 1 }, 1, be_i8 }, /* puts w.big at an odd offset */
 		{ "w.big", 0, 2, { 1, BIG_COUNT }, 4 * (uint64_t)BIG_COUNT, big },
 	};
 	static const char *const meta[] = { "endian", "big" };
@@ -502,7 +503,7 @@ test_big_endian(void **state)
 	size_t len;
 	int fds = tu_count_fds();
 
-	img = make_weig(t, 9, meta, 1, 1, &len);
+	img = make_weig(t, 10, meta, 1, 1, &len);
 	in = tu_write(dir, "be.weig", img, len);
 	weig = join(dir, "le.weig");
 	st = join(dir, "le.safetensors");
@@ -529,7 +530,7 @@ test_big_endian(void **state)
 	/* The same image little-endian (data still big-endian bytes) is not
 	 * big-endian: the converter says so and writes nothing. */
 	free(img);
-	img = make_weig(t, 9, meta, 1, 0, &len);
+	img = make_weig(t, 10, meta, 1, 0, &len);
 	free(in);
 	in = tu_write(dir, "le-in.weig", img, len);
 	free(weig);

@@ -32,7 +32,10 @@ __all__ = [
 class WcacheError(OSError):
     """A libwcache call failed. ``errno`` is the positive errno value and
     ``strerror`` the library's message, which names the file or model and the
-    reason."""
+    reason. str() is that message alone."""
+
+    def __str__(self):
+        return self.strerror if self.strerror else super().__str__()
 
 
 class DaemonUnavailable(WcacheError, ConnectionError):

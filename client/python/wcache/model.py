@@ -21,14 +21,15 @@ After ``os.fork()`` every model, view and tensor stays valid in the child
 again; ``safe_open`` does that by itself.
 """
 import ctypes
+import errno
 import os
 import threading
 
 import numpy as np
 
 from . import _lib
-from ._dtypes import DTYPES, numpy_typestr
-from ._lib import ModelNotFound, DaemonUnavailable, WcacheError, check, wc_tensor
+from ._dtypes import numpy_typestr
+from ._lib import DaemonUnavailable, ModelNotFound, check, wc_tensor
 
 __all__ = ["Client", "Model", "TensorInfo", "connect", "open_file"]
 
@@ -108,13 +109,14 @@ class Model:
         self._infos = {}
         self._names = None
         self._lock = threading.Lock()
+        self._closed_label = handle.label
 
     # -- identity and state --
 
     @property
     def name(self):
         """The model name (attached) or the path (opened in-process)."""
-        return self._handle.label if self._handle else self._closed_label
+        return self._closed_label
 
     @property
     def source(self):
@@ -140,9 +142,7 @@ class Model:
     def close(self):
         """Closes this object. Arrays and tensors made from it stay valid;
         the mapping goes when the last of them does."""
-        h = self._handle
-        if h is not None:
-            self._closed_label = h.label
+        if self._handle is not None:
             self._handle = None
             self._infos = {}
             self._names = None
@@ -186,7 +186,7 @@ class Model:
         t = wc_tensor()
         rc = _lib.lib().wc_model_find(h.ptr, name.encode("utf-8", "surrogateescape"),
                                       ctypes.byref(t))
-        if rc == -2:  # -ENOENT
+        if rc == -errno.ENOENT:
             raise KeyError(f"model {h.label!r} has no tensor {name!r}")
         check(rc)
         info = _info(t)
@@ -221,7 +221,7 @@ class Model:
         i = 0
         while True:
             rc = lib.wc_model_metadata_at(h.ptr, i, ctypes.byref(key), ctypes.byref(value))
-            if rc == -34:  # -ERANGE: past the end
+            if rc == -errno.ERANGE:  # past the end
                 return out
             check(rc)
             out[key.value.decode("utf-8", "surrogateescape")] = \
@@ -307,7 +307,7 @@ class Client:
             name = name.encode("utf-8", "surrogateescape")
         out = ctypes.c_void_p()
         rc = _lib.lib().wc_attach(self._ptr, name, ctypes.byref(out))
-        if rc == -2:
+        if rc == -errno.ENOENT:
             check(rc, ModelNotFound)
         if -rc in _lib._DAEMON_DOWN:
             check(rc, DaemonUnavailable)
@@ -321,7 +321,11 @@ class Client:
         if ptr:
             _lib.lib().wc_disconnect(ptr)
 
-    __del__ = close
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
 
     def __enter__(self):
         return self
@@ -360,6 +364,3 @@ def open_file(path):
     return Model(_Handle(out.value, path if isinstance(path, str) else os.fsdecode(path)),
                  "file")
 
-
-# Referenced by the docs; keeps flake8 quiet about the import.
-_ = (DTYPES, WcacheError)

@@ -1,0 +1,1 @@
+/* ctl_control.c: being written. */

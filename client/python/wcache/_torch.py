@@ -1,0 +1,257 @@
+"""torch tensors on a model's mapping, and why their memory is copy-on-write.
+
+The model files are mapped PROT_READ. numpy can say "read-only" (the
+arrays of ``Model.numpy`` refuse writes with ValueError), but torch 1.13
+has no read-only tensors: a tensor over the PROT_READ mapping would let
+``t.add_(1)``, ``t[0] = 1`` or ``t.copy_(x)`` run, and the kernel would kill
+the worker with SIGSEGV. Guarding torch's Python API (a tensor subclass)
+cannot be complete (C++ extensions, storages, ``out=`` arguments) and slows
+every operation. So ``Model.torch`` never hands out a tensor over PROT_READ
+memory. It gives a tensor whose pages are mapped copy-on-write
+(MAP_PRIVATE, writable): reads share the page cache with every other worker
+exactly as the read-only mapping does (zero-copy, no extra memory); a write
+makes a private copy of the page written, in this process only. Nothing can
+reach the model file, the daemon or another worker, and nothing crashes.
+That is also what ``torch.load`` and ``safetensors`` give: a tensor the
+program may modify. Modifications are visible to later ``torch(name)``
+calls on the same model in this process, like edits to a state dict; call
+``.clone()`` first to keep the original.
+
+Three ways to get such memory, tried in this order for each tensor:
+
+1. ``wc_model_tensor_cow()`` in libwcache (proposed C API, used when the
+   library has it): the library maps model files MAP_PRIVATE | MAP_NORESERVE
+   and makes the tensor's pages writable in place (mprotect).
+2. A private mapping of the same file made here: the file backing the
+   tensor's read-only mapping is found in /proc/self/maps, opened read-only
+   through its path, checked to be the same inode (device and inode number),
+   and mapped MAP_PRIVATE | MAP_NORESERVE, PROT_READ | PROT_WRITE. It fails
+   when this process cannot open the path (a daemon-served file it has no
+   read permission for) or the path now names another file (renamed over).
+3. A private copy of the tensor (not zero-copy), with a RuntimeWarning once
+   per model saying why.
+
+The environment variable WCACHE_TORCH_COW=auto|c|remap|copy forces one way
+(for tests and benchmarks); "auto" is the default.
+
+Commit charge: MAP_NORESERVE keeps a writable private mapping from being
+charged against the overcommit limit in the default overcommit modes (0 and
+1). With vm.overcommit_memory=2 the kernel charges it anyway, and making a
+very large model writable can fail with ENOMEM; then way 3 is used.
+"""
+import bisect
+import ctypes
+import errno
+import mmap
+import os
+import platform
+import sys
+import threading
+import warnings
+
+import numpy as np
+import torch
+
+from . import _lib
+from ._dtypes import carrier_typestr, torch_dtype
+from ._lib import check, wc_tensor
+from .model import _ArrayOwner, _view
+
+_MODES = ("auto", "c", "remap", "copy")
+
+
+def _mode():
+    mode = os.environ.get("WCACHE_TORCH_COW", "auto") or "auto"
+    if mode not in _MODES:
+        raise ValueError(f"WCACHE_TORCH_COW={mode!r}: use one of {', '.join(_MODES)}")
+    return mode
+
+
+def _no_torch_type(label, info):
+    return (f"model {label!r}: tensor {info.name!r} is {info.dtype}, which torch "
+            f"{torch.__version__} has no type for; model.raw(name) gives its bytes")
+
+
+def tensor(model, info):
+    """The torch tensor for one tensor of model (see the module comment)."""
+    h = model._h()
+    tdtype = torch_dtype(torch, info.dtype)
+    carrier = carrier_typestr(info.dtype)
+    if tdtype is None or carrier is None:
+        raise TypeError(_no_torch_type(h.label, info))
+    if sys.byteorder != "little":
+        raise TypeError(f"model {h.label!r}: safetensors data is little-endian and this "
+                        "host is not; torch tensors cannot be zero-copy views here")
+    if info.nbytes == 0:
+        return torch.empty(info.shape, dtype=tdtype)
+    state = h.torch_maps
+    if state is None:
+        state = h.torch_maps = _State()
+    arr = state.writable(h, info, carrier)
+    t = torch.from_numpy(arr)
+    if t.dtype != tdtype:
+        t = t.view(tdtype)
+    return t
+
+
+class _State:
+    """Per-model choices and private mappings for torch tensors."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.c_ok = None        # wc_model_tensor_cow: unknown / works / unusable
+        self.c_reason = ""
+        self.remap = None       # _Remapper, built on first use
+        self.warned = False
+
+    def writable(self, h, info, carrier):
+        mode = _mode()
+        reasons = []
+        if mode in ("auto", "c"):
+            arr = self._via_c(h, info, carrier, reasons)
+            if arr is not None:
+                return arr
+        if mode in ("auto", "remap"):
+            with self.lock:
+                if self.remap is None:
+                    self.remap = _Remapper()
+            arr = self.remap.array(info, carrier, reasons)
+            if arr is not None:
+                return arr
+        if mode != "copy" and not self.warned:
+            self.warned = True
+            warnings.warn(
+                f"wcache: model {h.label!r}: torch tensors are private copies, not views "
+                f"of the shared mapping ({'; '.join(reasons)})", RuntimeWarning, stacklevel=4)
+        ro = _view(h, info.data, info.shape, carrier)
+        return np.array(ro, copy=True)
+
+    def _via_c(self, h, info, carrier, reasons):
+        if self.c_ok is False:
+            reasons.append(self.c_reason)
+            return None
+        lib = _lib.lib()
+        fn = getattr(lib, "wc_model_tensor_cow", None)
+        if fn is None or fn.argtypes is None:
+            self.c_ok, self.c_reason = False, "libwcache has no wc_model_tensor_cow()"
+            reasons.append(self.c_reason)
+            return None
+        t = wc_tensor()
+        check(lib.wc_model_find(h.ptr, info.name.encode("utf-8", "surrogateescape"),
+                                ctypes.byref(t)))
+        out = ctypes.c_void_p()
+        rc = fn(h.ptr, ctypes.byref(t), ctypes.byref(out))
+        if rc in (-errno.ENOTSUP, -errno.EOPNOTSUPP, -errno.EACCES):
+            self.c_ok, self.c_reason = False, _lib.errmsg() or os.strerror(-rc)
+            reasons.append(self.c_reason)
+            return None
+        if rc < 0:
+            reasons.append(_lib.errmsg() or os.strerror(-rc))
+            return None
+        self.c_ok = True
+        return _view(h, out.value, info.shape, carrier, readonly=False)
+
+
+# --- way 2: a private mapping of the same file ---
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_long]
+_libc.munmap.restype = ctypes.c_int
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+# MAP_NORESERVE differs between architectures; Python's mmap module does not
+# export it. 0 (no flag) where unknown: still correct, only charged.
+_MAP_NORESERVE = {
+    "x86_64": 0x4000, "i386": 0x4000, "i686": 0x4000, "aarch64": 0x4000, "armv7l": 0x4000,
+    "armv8l": 0x4000, "riscv64": 0x4000, "s390x": 0x4000, "loongarch64": 0x4000,
+    "ppc64le": 0x40, "ppc64": 0x40, "sparc64": 0x40, "mips64": 0x400, "mips": 0x400,
+}.get(platform.machine(), 0)
+
+
+class _PrivateMapping:
+    """A MAP_PRIVATE, writable mapping of a whole file; unmapped when the
+    last array over it is gone (arrays hold it through _ArrayOwner)."""
+    __slots__ = ("addr", "size", "__weakref__")
+
+    def __init__(self, fd, size):
+        self.addr = None
+        self.size = size
+        addr = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE,
+                          mmap.MAP_PRIVATE | _MAP_NORESERVE, fd, 0)
+        if addr is None or addr == _MAP_FAILED:
+            e = ctypes.get_errno()
+            raise OSError(e, os.strerror(e))
+        self.addr = addr
+
+    def __del__(self):
+        addr, self.addr = self.addr, None
+        if addr:
+            _libc.munmap(addr, self.size)
+
+
+def _parse_maps():
+    """(starts, entries) of /proc/self/maps file mappings, sorted by start;
+    an entry is (start, end, offset, (major, minor), inode, path)."""
+    entries = []
+    with open("/proc/self/maps", "rb") as f:
+        for line in f:
+            parts = line.rstrip(b"\n").split(None, 5)
+            if len(parts) < 6 or parts[4] == b"0" or not parts[5].startswith(b"/"):
+                continue
+            start, end = (int(x, 16) for x in parts[0].split(b"-"))
+            major, minor = (int(x, 16) for x in parts[3].split(b":"))
+            entries.append((start, end, int(parts[2], 16), (major, minor), int(parts[4]),
+                            parts[5]))
+    entries.sort()
+    return [e[0] for e in entries], entries
+
+
+class _Remapper:
+    """Finds the file behind a tensor's read-only mapping and maps it again,
+    privately and writable (one mapping per file, made on first use)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.starts, self.entries = _parse_maps()
+        self.files = {}  # (dev, ino) -> _PrivateMapping, or a reason string
+
+    def array(self, info, carrier, reasons):
+        i = bisect.bisect_right(self.starts, info.data) - 1
+        if i < 0 or not self.entries[i][0] <= info.data < self.entries[i][1]:
+            reasons.append(f"tensor {info.name!r} is not in a file mapping")
+            return None
+        start, _end, offset, dev, ino, path = self.entries[i]
+        with self.lock:
+            m = self.files.get((dev, ino))
+            if m is None:
+                m = self.files[(dev, ino)] = self._map(path, dev, ino)
+        if isinstance(m, str):
+            reasons.append(m)
+            return None
+        off = offset + (info.data - start)
+        if off + info.nbytes > m.size:
+            reasons.append(f"{os.fsdecode(path)} is shorter than the mapping")
+            return None
+        return np.asarray(_ArrayOwner(m, m.addr + off, info.shape, carrier, False))
+
+    @staticmethod
+    def _map(path, dev, ino):
+        name = os.fsdecode(path)
+        if path.endswith(b" (deleted)"):
+            return f"{name}: the mapped file was deleted or renamed over"
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
+        except OSError as e:
+            return f"cannot open {name}: {e.strerror}"
+        try:
+            st = os.fstat(fd)
+            if (os.major(st.st_dev), os.minor(st.st_dev)) != dev or st.st_ino != ino:
+                return f"{name} is no longer the mapped file (renamed over)"
+            try:
+                return _PrivateMapping(fd, st.st_size)
+            except OSError as e:
+                return f"{name}: private mmap: {e.strerror}"
+        finally:
+            os.close(fd)

@@ -1,0 +1,255 @@
+"""python3 -m wcache.convert MODEL.pt MODEL.safetensors
+
+Converts a PyTorch checkpoint to safetensors, the format wcache maps.
+
+What it accepts (loaded with ``torch.load(..., map_location="cpu",
+weights_only=True)``, which unpickles tensors and plain containers only and
+runs no code from the file):
+
+- a state dict: a mapping of names to tensors;
+- a training checkpoint holding one under "state_dict", "model" or
+  "module" (the other entries, epoch counters and optimizer state, are
+  listed on stderr and left out);
+- nested mappings of tensors, flattened with "." ("encoder" -> {"w": t}
+  becomes "encoder.w");
+- a pickled ``nn.Module`` (``torch.save(model)``): its ``state_dict()``.
+  Unpickling a module runs code named in the file, which
+  ``weights_only=True`` refuses; pass ``--trust-pickle`` to load it anyway,
+  only for files you trust.
+
+Tensors are written contiguous, little-endian, in the order safetensors
+writes them (largest element size first, then name, so every tensor's data
+is aligned to its element size), with the header padded to 8 bytes.
+
+Shared storage: tensors that share memory (tied embeddings, views of one
+buffer) are each written as their own copy, so every name of the state
+dict loads as an independent tensor, as ``safetensors.torch.save_file``
+would load them. (safetensors' ``save_file`` refuses such dicts and
+``save_model`` drops the aliases instead; duplicating is the choice that
+keeps every name.) The aliases are listed on stderr.
+
+The output is written to a temporary file in the same directory, flushed
+to disk, and renamed over the destination, so a reader never sees half a
+file and a failure leaves nothing behind.
+"""
+import argparse
+import json
+import os
+import struct
+import sys
+import tempfile
+
+from ._dtypes import TORCH_TO_ST
+
+__all__ = ["convert", "collect_tensors", "write_safetensors", "main"]
+
+_CHECKPOINT_KEYS = ("state_dict", "model", "module")
+
+
+class ConvertError(Exception):
+    """A checkpoint this converter cannot turn into safetensors."""
+
+
+def _is_tensor(torch, x):
+    return isinstance(x, torch.Tensor)
+
+
+def _flatten(torch, obj, prefix, out, skipped):
+    for key, value in obj.items():
+        if not isinstance(key, str):
+            raise ConvertError(f"key {key!r} under {prefix or 'the top level'!r} is not a "
+                               "string; safetensors names are strings")
+        name = f"{prefix}.{key}" if prefix else key
+        if _is_tensor(torch, value):
+            out[name] = value
+        elif isinstance(value, torch.nn.Module):
+            _flatten(torch, value.state_dict(), name, out, skipped)
+        elif isinstance(value, dict):
+            _flatten(torch, value, name, out, skipped)
+        else:
+            skipped.append(name)
+
+
+def collect_tensors(obj):
+    """The {name: tensor} a loaded checkpoint holds, and the names of
+    entries left out (not tensors). Raises ConvertError when there is none."""
+    import torch
+    if isinstance(obj, torch.nn.Module):
+        obj = obj.state_dict()
+    if not isinstance(obj, dict):
+        raise ConvertError(f"the checkpoint holds a {type(obj).__name__}, not a state dict "
+                           "or a module")
+    for key in _CHECKPOINT_KEYS:
+        inner = obj.get(key)
+        if isinstance(inner, torch.nn.Module):
+            inner = inner.state_dict()
+        if isinstance(inner, dict) and inner and any(
+                _is_tensor(torch, v) for v in inner.values()) and not any(
+                _is_tensor(torch, v) for v in obj.values()):
+            skipped = [k for k in obj if k != key]
+            out = {}
+            _flatten(torch, inner, "", out, [])
+            return out, skipped
+    out, skipped = {}, []
+    _flatten(torch, obj, "", out, skipped)
+    if not out:
+        raise ConvertError("the checkpoint holds no tensors")
+    return out, skipped
+
+
+def _storage_key(t):
+    try:
+        storage = t.untyped_storage()
+    except AttributeError:  # torch < 2
+        storage = t.storage()
+    return storage.data_ptr(), storage.nbytes() if hasattr(storage, "nbytes") else None
+
+
+def shared_groups(tensors):
+    """Lists of names whose tensors share storage (each list has 2+ names)."""
+    groups = {}
+    for name, t in tensors.items():
+        if t.numel() == 0:
+            continue
+        groups.setdefault(_storage_key(t)[0], []).append(name)
+    return [sorted(g) for g in groups.values() if len(g) > 1]
+
+
+def _tensor_bytes(torch, t):
+    """The tensor's bytes, contiguous and little-endian, as a buffer."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    if t.dtype == torch.bfloat16:
+        arr = t.view(torch.int16).numpy()
+    elif str(t.dtype) in ("torch.float8_e4m3fn", "torch.float8_e5m2", "torch.float8_e8m0fnu",
+                          "torch.float8_e4m3fnuz", "torch.float8_e5m2fnuz"):
+        arr = t.view(torch.uint8).numpy()
+    elif str(t.dtype) in ("torch.uint16", "torch.uint32", "torch.uint64"):
+        arr = t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]).numpy()
+    else:
+        arr = t.numpy()
+    if sys.byteorder != "little" and arr.dtype.itemsize > 1:
+        arr = arr.byteswap()
+    return memoryview(arr.reshape(-1)).cast("B")
+
+
+def write_safetensors(tensors, out_path, metadata=None):
+    """Writes {name: tensor} to out_path as safetensors, through a temporary
+    file in the same directory renamed into place."""
+    import torch
+    entries = []
+    for name, t in tensors.items():
+        st = TORCH_TO_ST.get(str(t.dtype))
+        if st is None:
+            raise ConvertError(f"tensor {name!r}: safetensors has no type for {t.dtype}")
+        if t.is_sparse or getattr(t, "is_quantized", False):
+            raise ConvertError(f"tensor {name!r}: sparse and quantized tensors are not "
+                               "supported; convert them to dense first")
+        entries.append((-t.element_size(), name, st, t))
+    entries.sort(key=lambda e: (e[0], e[1]))
+    header = {}
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    off = 0
+    for _, name, st, t in entries:
+        n = t.numel() * t.element_size()
+        header[name] = {"dtype": st, "shape": list(t.shape), "data_offsets": [off, off + n]}
+        off += n
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+
+    out_path = os.fspath(out_path)
+    directory = os.path.dirname(os.path.abspath(out_path))
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(out_path) + ".",
+                               suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(struct.pack("<Q", len(text)))
+            f.write(text)
+            for _, name, st, t in entries:
+                if t.numel():
+                    f.write(_tensor_bytes(torch, t))
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, out_path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    try:
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+    return off
+
+
+def _last_line(e):
+    lines = [ln for ln in str(e).splitlines() if ln.strip()]
+    return lines[-1] if lines else repr(e)
+
+
+def convert(src, dst, trust_pickle=False, log=None):
+    """Converts the checkpoint src to the safetensors file dst. Returns the
+    tensor dict that was written. log(msg) receives notes (skipped entries,
+    shared storage)."""
+    import pickle
+    import torch
+    log = log or (lambda msg: None)
+    try:
+        obj = torch.load(src, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        if not trust_pickle:
+            raise ConvertError(
+                f"{src}: torch.load(weights_only=True) refused it: it holds pickled objects "
+                f"that torch's restricted unpickler does not allow (a whole nn.Module, for "
+                f"instance; torch 1.13 also refuses plain floats). If you trust this file, pass "
+                f"--trust-pickle to unpickle it (that runs code named in the file). "
+                f"torch said: {_last_line(e)}") from None
+        obj = torch.load(src, map_location="cpu", weights_only=False)
+    tensors, skipped = collect_tensors(obj)
+    if skipped:
+        log(f"left out {len(skipped)} entries that are not tensors: "
+            + ", ".join(sorted(skipped)[:20]) + (" ..." if len(skipped) > 20 else ""))
+    for group in shared_groups(tensors):
+        log("shared storage, written as separate copies: " + ", ".join(group))
+    write_safetensors(tensors, dst, metadata={"format": "pt"})
+    return tensors
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(
+        prog="python3 -m wcache.convert",
+        description="Convert a PyTorch checkpoint (.pt, .bin) to safetensors.")
+    ap.add_argument("src", help="checkpoint written by torch.save")
+    ap.add_argument("dst", help="safetensors file to write (replaced atomically)")
+    ap.add_argument("--trust-pickle", action="store_true",
+                    help="unpickle objects other than tensors (whole modules); runs code "
+                         "from the file")
+    args = ap.parse_args(argv)
+
+    def log(msg):
+        print(f"wcache.convert: {args.src}: {msg}", file=sys.stderr)
+
+    try:
+        tensors = convert(args.src, args.dst, trust_pickle=args.trust_pickle, log=log)
+    except (ConvertError, OSError) as e:
+        print(f"wcache.convert: {e}", file=sys.stderr)
+        return 1
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    print(f"{args.dst}: {len(tensors)} tensors, {total} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,242 @@
+/*
+ * metrics.c: the Prometheus text exposition of wcached's state (see
+ * metrics.h).
+ *
+ * The format: for each metric family a "# HELP name text" line, a
+ * "# TYPE name gauge|counter" line, then one sample line per label set,
+ * 'name{label="value"} number'. Families are written whole (all models
+ * of one family together), as the format requires. Counter names end in
+ * _total, sizes are in bytes and times in seconds (Prometheus' naming
+ * conventions, which `promtool check metrics` enforces).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "metrics.h"
+
+/* What one per-model family reports: a value from a model. */
+typedef double (*model_value_fn)(const struct registry *reg, const struct model_entry *m);
+
+void
+metrics_label_value(FILE *f, const char *s)
+{
+	for (; *s != '\0'; s++) {
+		if (*s == '\\')
+			fputs("\\\\", f);
+		else if (*s == '"')
+			fputs("\\\"", f);
+		else if (*s == '\n')
+			fputs("\\n", f);
+		else
+			fputc(*s, f);
+	}
+}
+
+const char *
+metrics_generation_state(const struct generation *g)
+{
+	if (g->cold && (g->state == GEN_READY || g->state == GEN_WARMING))
+		return "cold";
+	return gen_state_name(g->state);
+}
+
+const char *
+metrics_model_state(const struct model_entry *m)
+{
+	if (m->current != NULL)
+		return metrics_generation_state(m->current);
+	return m->loading > 0 ? "loading" : "failed";
+}
+
+/* Writes the # HELP and # TYPE lines of a family. help holds no backslash
+ * or newline (they are our own constant strings). */
+static void
+family(FILE *f, const char *name, const char *type, const char *help)
+{
+	fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* Writes a double the way Prometheus parses it; integers stay exact. */
+static void
+value(FILE *f, double v)
+{
+	if (v >= 0 && v < 9007199254740992.0 && v == (double)(uint64_t)v)
+		fprintf(f, " %" PRIu64 "\n", (uint64_t)v);
+	else
+		fprintf(f, " %.9g\n", v);
+}
+
+static unsigned
+open_generations(const struct registry *reg, const struct model_entry *m)
+{
+	unsigned n = 0;
+
+	for (const struct generation *g = reg->generations; g != NULL; g = g->next)
+		if (g->model == m)
+			n++;
+	return n;
+}
+
+static double
+v_bytes(const struct registry *reg, const struct model_entry *m)
+{
+	return m->current != NULL ? (double)m->current->bytes : 0;
+}
+
+static double
+v_resident(const struct registry *reg, const struct model_entry *m)
+{
+	return m->current != NULL ? (double)generation_resident(m->current) : 0;
+}
+
+static double
+v_generation(const struct registry *reg, const struct model_entry *m)
+{
+	return m->current != NULL ? (double)m->current->number : 0;
+}
+
+static double
+v_attached(const struct registry *reg, const struct model_entry *m)
+{
+	return m->current != NULL ? (double)m->current->attached : 0;
+}
+
+static double
+v_open(const struct registry *reg, const struct model_entry *m)
+{
+	return (double)open_generations(reg, m);
+}
+
+static double
+v_attaches(const struct registry *reg, const struct model_entry *m)
+{
+	return (double)m->attach_count;
+}
+
+static double
+v_attach_errors(const struct registry *reg, const struct model_entry *m)
+{
+	return (double)m->error_count;
+}
+
+static double
+v_load_errors(const struct registry *reg, const struct model_entry *m)
+{
+	return (double)m->load_errors;
+}
+
+static double
+v_swaps(const struct registry *reg, const struct model_entry *m)
+{
+	return (double)m->swap_count;
+}
+
+static double
+v_warm_seconds(const struct registry *reg, const struct model_entry *m)
+{
+	return m->last_warm_seconds;
+}
+
+static const struct {
+	const char *name;
+	const char *type;
+	const char *help;
+	model_value_fn value;
+} model_families[] = {
+	{ "wcached_model_bytes", "gauge",
+		"Size of the files of the model's current generation.", v_bytes },
+	{ "wcached_model_resident_bytes", "gauge",
+		"Bytes of the current generation's files in the page cache.", v_resident },
+	{ "wcached_model_generation", "gauge",
+		"Number of the model's current generation (0: none).", v_generation },
+	{ "wcached_model_attached_clients", "gauge",
+		"Client attaches holding the current generation.", v_attached },
+	{ "wcached_model_open_generations", "gauge",
+		"Generations of the model still open (current, warming, or held).", v_open },
+	{ "wcached_model_attaches_total", "counter",
+		"Successful attaches of the model.", v_attaches },
+	{ "wcached_model_attach_errors_total", "counter",
+		"Attaches of the model that were refused.", v_attach_errors },
+	{ "wcached_model_load_errors_total", "counter",
+		"Loads of the model that failed validation or could not open its files.",
+		v_load_errors },
+	{ "wcached_model_swaps_total", "counter",
+		"Generations that replaced a current one.", v_swaps },
+	{ "wcached_model_warm_seconds", "gauge",
+		"Warm-up time of the newest generation that finished warming.", v_warm_seconds },
+};
+
+static const char *const model_states[] = {
+	"loading", "warming", "ready", "cold", "modified", "failed",
+};
+
+void
+metrics_write(FILE *f, const struct registry *reg, unsigned clients, double uptime_seconds)
+{
+	unsigned nmodels = 0, ngenerations = 0, nunloaded = 0;
+
+	for (const struct model_entry *m = reg->models; m != NULL; m = m->next)
+		nmodels++;
+	for (const struct generation *g = reg->generations; g != NULL; g = g->next) {
+		ngenerations++;
+		if (g->model == NULL)
+			nunloaded++;
+	}
+
+	family(f, "wcached_build_info", "gauge", "wcached's version, as a label.");
+	fputs("wcached_build_info{version=\"", f);
+	metrics_label_value(f, WCACHE_VERSION);
+	fputs("\"} 1\n", f);
+	family(f, "wcached_uptime_seconds", "gauge", "Seconds since wcached started.");
+	fputs("wcached_uptime_seconds", f);
+	value(f, uptime_seconds);
+	family(f, "wcached_clients", "gauge", "Client connections to the client socket.");
+	fputs("wcached_clients", f);
+	value(f, clients);
+	family(f, "wcached_models", "gauge", "Models served.");
+	fputs("wcached_models", f);
+	value(f, nmodels);
+	family(f, "wcached_open_generations", "gauge",
+		"Generations open, including those of unloaded models still held by clients.");
+	fputs("wcached_open_generations", f);
+	value(f, ngenerations);
+	family(f, "wcached_unloaded_open_generations", "gauge",
+		"Generations of unloaded models that clients still hold.");
+	fputs("wcached_unloaded_open_generations", f);
+	value(f, nunloaded);
+
+	for (size_t i = 0; i < sizeof(model_families) / sizeof(model_families[0]); i++) {
+		family(f, model_families[i].name, model_families[i].type, model_families[i].help);
+		for (const struct model_entry *m = reg->models; m != NULL; m = m->next) {
+			fprintf(f, "%s{model=\"", model_families[i].name);
+			metrics_label_value(f, m->name);
+			fputs("\"}", f);
+			value(f, model_families[i].value(reg, m));
+		}
+	}
+
+	family(f, "wcached_model_info", "gauge",
+		"The model's configured path and pin mode, as labels.");
+	for (const struct model_entry *m = reg->models; m != NULL; m = m->next) {
+		fputs("wcached_model_info{model=\"", f);
+		metrics_label_value(f, m->name);
+		fputs("\",path=\"", f);
+		metrics_label_value(f, m->path != NULL ? m->path : "");
+		fputs("\",pin=\"", f);
+		metrics_label_value(f, pin_mode_name(m->pin));
+		fputs("\"} 1\n", f);
+	}
+	family(f, "wcached_model_state", "gauge",
+		"1 for the model's state (as in wcachectl status), 0 for the others.");
+	for (const struct model_entry *m = reg->models; m != NULL; m = m->next) {
+		const char *state = metrics_model_state(m);
+
+		for (size_t i = 0; i < sizeof(model_states) / sizeof(model_states[0]); i++) {
+			fputs("wcached_model_state{model=\"", f);
+			metrics_label_value(f, m->name);
+			fprintf(f, "\",state=\"%s\"} %d\n", model_states[i],
+				strcmp(state, model_states[i]) == 0);
+		}
+	}
+}

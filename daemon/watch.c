@@ -1,0 +1,331 @@
+/*
+ * watch.c: inotify on the models' directories (see watch.h).
+ *
+ * Directories, not files, are watched: a rename over a model's path
+ * replaces the inode, so a watch on the old file would only ever see it
+ * deleted, while the directory sees the new name arrive. Modification in
+ * place is detected by comparing each served file's fstat with the one taken
+ * when it was opened; the events only say when to look.
+ */
+#include <errno.h>
+#include <libgen.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/inotify.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "log.h"
+#include "watch.h"
+
+#define WATCH_MASK                                                                            \
+	(IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_CREATE |  \
+		IN_DELETE | IN_ONLYDIR)
+#define NAME_EVENTS (IN_MOVED_TO | IN_MOVED_FROM | IN_CREATE | IN_DELETE | IN_CLOSE_WRITE)
+
+struct watched_dir {
+	int wd;
+	char *path;
+};
+
+struct watch {
+	struct registry *reg;
+	int fd;
+	uv_poll_t poll;
+	uv_timer_t settle;
+	int handles; /* open libuv handles, for freeing */
+	struct watched_dir *dirs;
+	size_t ndirs;
+	char **dirty; /* model names to reload when things settle */
+	size_t ndirty;
+};
+
+/* The directory of path, malloc'd. */
+static char *
+dir_of(const char *path)
+{
+	char *copy = strdup(path), *d;
+
+	if (copy == NULL)
+		return NULL;
+	d = strdup(dirname(copy));
+	free(copy);
+	return d;
+}
+
+static const char *
+base_of(const char *path)
+{
+	const char *s = strrchr(path, '/');
+
+	return s != NULL ? s + 1 : path;
+}
+
+static struct watched_dir *
+find_dir(struct watch *w, const char *path)
+{
+	for (size_t i = 0; i < w->ndirs; i++)
+		if (strcmp(w->dirs[i].path, path) == 0)
+			return &w->dirs[i];
+	return NULL;
+}
+
+static void
+add_dir(struct watch *w, const char *path)
+{
+	struct watched_dir *d = find_dir(w, path), *dirs;
+	int wd;
+
+	if (d != NULL)
+		return;
+	if ((wd = inotify_add_watch(w->fd, path, WATCH_MASK)) == -1) {
+		log_warn("cannot watch %s for model updates", path);
+		return;
+	}
+	if ((dirs = realloc(w->dirs, (w->ndirs + 1) * sizeof(*dirs))) == NULL) {
+		inotify_rm_watch(w->fd, wd);
+		return;
+	}
+	w->dirs = dirs;
+	w->dirs[w->ndirs].wd = wd;
+	if ((w->dirs[w->ndirs].path = strdup(path)) == NULL) {
+		inotify_rm_watch(w->fd, wd);
+		return;
+	}
+	w->ndirs++;
+}
+
+/* Does model m care about directory dir? */
+static int
+model_uses_dir(const struct model_entry *m, const char *dir)
+{
+	char *d = dir_of(m->path);
+	int yes = d != NULL && strcmp(d, dir) == 0;
+
+	free(d);
+	return yes || strcmp(m->path, dir) == 0;
+}
+
+void
+watch_sync(struct watch *w)
+{
+	struct stat st;
+	size_t i;
+
+	for (struct model_entry *m = w->reg->models; m != NULL; m = m->next) {
+		char *d = dir_of(m->path);
+
+		if (d != NULL)
+			add_dir(w, d);
+		free(d);
+		if (stat(m->path, &st) == 0 && S_ISDIR(st.st_mode))
+			add_dir(w, m->path);
+	}
+	/* Drop directories no model uses any more. */
+	for (i = 0; i < w->ndirs;) {
+		int used = 0;
+
+		for (struct model_entry *m = w->reg->models; m != NULL && !used; m = m->next)
+			used = model_uses_dir(m, w->dirs[i].path);
+		if (used) {
+			i++;
+			continue;
+		}
+		inotify_rm_watch(w->fd, w->dirs[i].wd);
+		free(w->dirs[i].path);
+		w->dirs[i] = w->dirs[--w->ndirs];
+	}
+}
+
+/* Compares each file of g with its fstat at open; marks g modified. */
+static void
+check_generation(struct registry *r, struct generation *g)
+{
+	struct stat st;
+
+	if (g == NULL || g->state == GEN_MODIFIED)
+		return;
+	for (size_t i = 0; i < g->source.nfiles; i++) {
+		const struct wc_file *f = &g->source.files[i];
+
+		if (fstat(f->fd, &st) == -1)
+			continue;
+		if (st.st_size != f->st.st_size || st.st_mtim.tv_sec != f->st.st_mtim.tv_sec ||
+			st.st_mtim.tv_nsec != f->st.st_mtim.tv_nsec) {
+			registry_mark_modified(r, g, f->path);
+			return;
+		}
+	}
+}
+
+void
+watch_check_modified(struct watch *w)
+{
+	for (struct generation *g = w->reg->generations; g != NULL; g = g->next)
+		if (g->model != NULL)
+			check_generation(w->reg, g);
+}
+
+/* Is name (in dir) one of m's paths: the model path or a current file? */
+static int
+names_model_file(const struct model_entry *m, const char *dir, const char *name)
+{
+	if (strcmp(m->path, dir) == 0)
+		return 1; /* anything inside a directory model */
+	if (strcmp(base_of(m->path), name) == 0)
+		return 1;
+	for (int k = 0; k < 2; k++) {
+		const struct generation *g = k == 0 ? m->current : m->pending;
+
+		for (size_t i = 0; g != NULL && i < g->source.nfiles; i++)
+			if (strcmp(base_of(g->source.files[i].path), name) == 0)
+				return 1;
+	}
+	return 0;
+}
+
+static void
+reload_done(int status, const char *message, uint64_t generation, void *arg)
+{
+	(void)status;
+	(void)message;
+	(void)generation;
+	(void)arg;
+}
+
+static void
+on_settle(uv_timer_t *t)
+{
+	struct watch *w = t->data;
+
+	for (size_t i = 0; i < w->ndirty; i++) {
+		if (registry_find(w->reg, w->dirty[i]) != NULL) {
+			log_info("model \"%s\": files changed on disk, reloading", w->dirty[i]);
+			if (registry_reload(w->reg, w->dirty[i], reload_done, NULL) < 0)
+				log_warnx("%s", error_get());
+		}
+		free(w->dirty[i]);
+	}
+	w->ndirty = 0;
+}
+
+static void
+mark_dirty(struct watch *w, const char *name)
+{
+	char **dirty;
+
+	for (size_t i = 0; i < w->ndirty; i++)
+		if (strcmp(w->dirty[i], name) == 0)
+			goto restart;
+	if ((dirty = realloc(w->dirty, (w->ndirty + 1) * sizeof(*dirty))) == NULL)
+		return;
+	w->dirty = dirty;
+	if ((w->dirty[w->ndirty] = strdup(name)) == NULL)
+		return;
+	w->ndirty++;
+restart:
+	uv_timer_start(&w->settle, on_settle, WATCH_SETTLE_MS, 0);
+}
+
+static void
+handle_event(struct watch *w, const struct inotify_event *ev)
+{
+	const char *dir = NULL;
+
+	if (ev->mask & IN_Q_OVERFLOW) {
+		/* Events were lost: look at everything. */
+		watch_check_modified(w);
+		for (struct model_entry *m = w->reg->models; m != NULL; m = m->next)
+			mark_dirty(w, m->name);
+		return;
+	}
+	for (size_t i = 0; i < w->ndirs; i++)
+		if (w->dirs[i].wd == ev->wd)
+			dir = w->dirs[i].path;
+	if (dir == NULL || ev->len == 0)
+		return;
+	for (struct model_entry *m = w->reg->models; m != NULL; m = m->next) {
+		if (!model_uses_dir(m, dir) || !names_model_file(m, dir, ev->name))
+			continue;
+		check_generation(w->reg, m->current);
+		check_generation(w->reg, m->pending);
+		if (ev->mask & NAME_EVENTS)
+			mark_dirty(w, m->name);
+	}
+}
+
+static void
+on_readable(uv_poll_t *p, int status, int events)
+{
+	struct watch *w = p->data;
+	char buf[16384] __attribute__((aligned(__alignof__(struct inotify_event))));
+	ssize_t n;
+
+	(void)events;
+	if (status < 0)
+		return;
+	while ((n = read(w->fd, buf, sizeof(buf))) > 0) {
+		for (char *q = buf; q < buf + n;) {
+			const struct inotify_event *ev = (const struct inotify_event *)q;
+
+			handle_event(w, ev);
+			q += sizeof(*ev) + ev->len;
+		}
+	}
+}
+
+int
+watch_start(uv_loop_t *loop, struct registry *r, struct watch **out)
+{
+	struct watch *w = calloc(1, sizeof(*w));
+	int err;
+
+	if (w == NULL)
+		return error_set(-ENOMEM, "watch: out of memory");
+	w->reg = r;
+	if ((w->fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC)) == -1) {
+		err = -errno;
+		free(w);
+		return error_set(err, "inotify_init1: %s", strerror(-err));
+	}
+	if ((err = uv_poll_init(loop, &w->poll, w->fd)) < 0) {
+		close(w->fd);
+		free(w);
+		return error_set(err, "watch: %s", uv_strerror(err));
+	}
+	uv_timer_init(loop, &w->settle);
+	w->poll.data = w->settle.data = w;
+	w->handles = 2;
+	uv_poll_start(&w->poll, UV_READABLE, on_readable);
+	*out = w;
+	return 0;
+}
+
+static void
+on_closed(uv_handle_t *h)
+{
+	struct watch *w = h->data;
+
+	if (--w->handles > 0)
+		return;
+	close(w->fd);
+	for (size_t i = 0; i < w->ndirs; i++)
+		free(w->dirs[i].path);
+	free(w->dirs);
+	for (size_t i = 0; i < w->ndirty; i++)
+		free(w->dirty[i]);
+	free(w->dirty);
+	free(w);
+}
+
+void
+watch_stop(struct watch *w)
+{
+	if (w == NULL)
+		return;
+	uv_poll_stop(&w->poll);
+	uv_timer_stop(&w->settle);
+	uv_close((uv_handle_t *)&w->poll, on_closed);
+	uv_close((uv_handle_t *)&w->settle, on_closed);
+}

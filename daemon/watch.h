@@ -1,0 +1,37 @@
+/*
+ * watch.h: noticing model files change, without polling.
+ *
+ * One inotify descriptor watches the directory of every model's path (and
+ * the path itself when it is a directory). Two kinds of change matter:
+ *  - a name of the model appears, by rename(2) or creation (a new file
+ *    renamed over the path, a new shard, a directory swapped): the model is
+ *    reloaded after a short quiet period, so a burst of renames becomes one
+ *    reload, and the new files become generation N+1 when valid and warm;
+ *  - a served file is written in place (size or mtime no longer match what
+ *    was opened): that generation is marked modified at once.
+ */
+#ifndef WC_WATCH_H
+#define WC_WATCH_H
+
+#include <uv.h>
+
+#include "registry.h"
+
+struct watch;
+
+/* Milliseconds of quiet after the last event before reloading. */
+#define WATCH_SETTLE_MS 100
+
+/* Starts watching; call watch_sync() whenever models come or go. */
+int watch_start(uv_loop_t *loop, struct registry *r, struct watch **out);
+
+/* Adds watches for every model's directories and drops unused ones. */
+void watch_sync(struct watch *w);
+
+/* Checks every served file against fstat now (also done on each event). */
+void watch_check_modified(struct watch *w);
+
+/* Stops; memory is freed from libuv close callbacks. Accepts NULL. */
+void watch_stop(struct watch *w);
+
+#endif

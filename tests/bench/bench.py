@@ -1,0 +1,479 @@
+#!/usr/bin/python3
+"""The loading benchmark of `make bench` (issue 3), and its summary.
+
+Runs, side by side in one run, on a ~1.2 GiB model of ~1,000 tensors and a
+~1.2 GiB model of ~50,000 tensors (both made with mkmodel and cached in
+<build>/bench-models):
+
+  warm page cache, each variant in fresh processes (bench_load run):
+    (a) read    the traditional loader: read() every tensor into its own
+                malloc'd buffer (header parsed with jansson)
+    (b) open    wc_open_file(): map and validate in-process
+    (c) attach  wc_attach() through a real wcached this script starts on a
+                socket in a temporary directory
+    mmap        bare open + mmap + touch of the file: the floor for touching
+  time until every tensor is addressable, until every page is touched, peak
+  RSS; then 8 workers holding the model at once and their summed PSS.
+
+  cold page cache: the file evicted with posix_fadvise(DONTNEED) (checked
+  with mincore), then `cat FILE > /dev/null` against wcached's warm-up
+  (warm = yes; figures from its "generation N warm: B bytes in S s" line).
+
+Prints absolute figures, ratios, and each target with PASS or MISS. It
+never fails because a target is missed (exit 0); only a broken setup (a
+missing binary, a daemon that does not start) is an error.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+RUNS = 3          # fresh processes per variant (warm) and per cold method
+WORKERS = 8
+REPEAT = 50       # repeated open/attach calls inside one process
+MODELS = [
+    # name, mkmodel arguments, description
+    ("load-1k", ["--layers", "111", "--hidden", "640", "--ffn", "1792", "--vocab", "32000"],
+     "~1,000 tensors"),
+    ("load-50k", ["--layers", "5555", "--hidden", "96", "--ffn", "256", "--vocab", "1000"],
+     "~50,000 tensors"),
+]
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+def mib(n):
+    return n / MIB
+
+
+def fmt_t(s):
+    """Seconds as a short human figure."""
+    if s < 1e-3:
+        return f"{s * 1e6:.0f} us"
+    if s < 1:
+        return f"{s * 1e3:.1f} ms"
+    return f"{s:.2f} s"
+
+
+def verdict(ok):
+    return "PASS" if ok else "MISS"
+
+
+class Bench:
+    def __init__(self, build, model_dir):
+        self.bin = os.path.abspath(os.path.join(build, "bin"))
+        self.model_dir = model_dir
+        self.targets = []  # (description, figure, PASS/MISS)
+
+    def binary(self, name):
+        path = os.path.join(self.bin, name)
+        if not os.access(path, os.X_OK):
+            raise SystemExit(f"bench: {path} is missing: build first")
+        return path
+
+    def target(self, what, figure, ok):
+        self.targets.append((what, figure, verdict(ok) if ok is not None else "N/A"))
+        return verdict(ok) if ok is not None else "N/A"
+
+    # ---- models ----
+
+    def model(self, name, args):
+        """Path of a cached model; made with mkmodel when missing or invalid."""
+        path = os.path.join(self.model_dir, name + ".safetensors")
+        stamp = path + ".args"
+        want = " ".join(args)
+        ok = os.path.exists(path) and os.path.exists(stamp) and open(stamp).read() == want
+        if ok:
+            ok = subprocess.run([self.binary("wcachectl"), "inspect", path],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                                ).returncode == 0
+        if not ok:
+            t0 = time.monotonic()
+            subprocess.run([self.binary("mkmodel"), *args, path], check=True,
+                           stdout=subprocess.DEVNULL)
+            with open(stamp, "w") as f:
+                f.write(want)
+            print(f"  generated {path} in {time.monotonic() - t0:.1f} s")
+        return path
+
+    # ---- bench_load ----
+
+    def run(self, variant, path, sock=None, name=None, repeat=0):
+        cmd = [self.binary("bench_load"), "run", variant, path]
+        if variant == "attach":
+            cmd += ["--socket", sock, "--model", name]
+        if repeat:
+            cmd += ["--repeat", str(repeat)]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        return json.loads(out)
+
+    def cache(self, what, path):
+        out = subprocess.run([self.binary("bench_load"), what, path], check=True,
+                             capture_output=True, text=True).stdout
+        return json.loads(out)
+
+    # ---- the daemon ----
+
+    def start_daemon(self, tmp, models, warm=True, pin="metadata"):
+        """Starts wcached on sockets in tmp serving models {name: path};
+        returns (proc, socket path, reader of timestamped log lines)."""
+        sock = os.path.join(tmp, "wcached.sock")
+        conf = os.path.join(tmp, "wcached.conf")
+        with open(conf, "w") as f:
+            f.write(f"[wcached]\nsocket = {sock}\ncontrol = {tmp}/control.sock\n"
+                    f"prefetch_threads = 2\nlog_level = info\n\n")
+            for name, path in models.items():
+                f.write(f"[model {name}]\npath = {path}\npin = {pin}\n"
+                        f"warm = {'yes' if warm else 'no'}\n\n")
+        t0 = time.monotonic()
+        proc = subprocess.Popen([self.binary("wcached"), "-c", conf], stderr=subprocess.PIPE)
+        return Daemon(proc, sock, t0)
+
+    # ---- the parts ----
+
+    def warm_variants(self, path, name, sock, size):
+        """(a), (b), (c) and bare mmap, RUNS fresh processes each, interleaved."""
+        res = {v: [] for v in ("mmap", "read", "open", "attach")}
+        for _ in range(RUNS):
+            for v in res:
+                res[v].append(self.run(v, path, sock, name,
+                                       REPEAT if v in ("open", "attach") else 0))
+        med = {v: {k: statistics.median(r[k] for r in runs) for k in runs[0]
+                   if isinstance(runs[0][k], (int, float))}
+               for v, runs in res.items()}
+        for v, runs in res.items():
+            med[v]["call_best_s"] = min(r["call_s"] for r in runs)
+            med[v]["touched_best_s"] = min(r["touched_s"] for r in runs)
+        a, b, c, m = med["read"], med["open"], med["attach"], med["mmap"]
+        print(f"\n  warm page cache: median of {RUNS} fresh processes per variant "
+              f"(interleaved); memory in MiB")
+        print(f"  {'variant':<28} {'load call':>10} {'addressable':>12} {'touch':>9} "
+              f"{'all touched':>12} {'x mmap':>7} {'peakRSS@addr':>13} {'peakRSS':>8} "
+              f"{'anon':>7}")
+        rows = [("(a) read() into malloc", a), ("(b) wc_open_file", b),
+                ("(c) wc_attach via wcached", c), ("bare mmap + touch", m)]
+        for label, r in rows:
+            print(f"  {label:<28} {fmt_t(r['call_s']):>10} {fmt_t(r['addressable_s']):>12} "
+                  f"{fmt_t(r['touch_s']):>9} {fmt_t(r['touched_s']):>12} "
+                  f"{r['touched_s'] / m['touched_s']:>6.2f}x "
+                  f"{r['hwm_addressable_kib'] / 1024:>13.1f} {r['hwm_kib'] / 1024:>8.1f} "
+                  f"{r['rss_anon_kib'] / 1024:>7.1f}")
+        print(f"  (a): header parse (read + jansson) {fmt_t(a['parse_s'])}, then "
+              f"{a['tensors']:.0f} mallocs + preads of {mib(a['bytes']):.0f} MiB")
+        print(f"  (c): wc_connect {fmt_t(c['connect_s'])} + wc_attach "
+              f"{fmt_t(c['call_s'] - c['connect_s'])}; then wc_model_tensor x "
+              f"{c['tensors']:.0f} {fmt_t(c['addressable_s'] - c['call_s'])}")
+        print(f"  repeated calls in one process (best / median of {REPEAT}): "
+              f"wc_open_file {fmt_t(b['repeat_best_s'])} / {fmt_t(b['repeat_median_s'])}, "
+              f"wc_attach {fmt_t(c['repeat_best_s'])} / {fmt_t(c['repeat_median_s'])}")
+        print(f"  addressable, ratios: (a)/(c) {a['addressable_s'] / c['addressable_s']:.0f}x, "
+              f"(b)/(c) {b['addressable_s'] / c['addressable_s']:.1f}x; "
+              f"load call (b)/(c) {b['call_s'] / c['call_s']:.1f}x first, "
+              f"{b['repeat_best_s'] / c['repeat_best_s']:.1f}x best")
+        return med
+
+    def workers(self, variant, path, sock, name):
+        """WORKERS processes holding the model at once; their PSS."""
+        cmd = [self.binary("bench_load"), "run", variant, path, "--hold"]
+        if variant == "attach":
+            cmd += ["--socket", sock, "--model", name]
+        procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True) for _ in range(WORKERS)]
+        total = {"Pss": 0, "Rss": 0, "Pss_Anon": 0, "Pss_File": 0, "Pss_Shmem": 0}
+        t0 = time.monotonic()
+        try:
+            for p in procs:
+                line = p.stdout.readline()
+                if not line:
+                    raise SystemExit(f"bench: worker {p.pid} failed ({p.wait()})")
+            wall = time.monotonic() - t0
+            for p in procs:
+                roll = smaps_rollup(p.pid)
+                for k in total:
+                    total[k] += roll.get(k, 0) * 1024
+        finally:
+            for p in procs:
+                try:
+                    p.stdin.close()
+                except OSError:
+                    pass
+            for p in procs:
+                p.wait()
+        total["wall_s"] = wall
+        return total
+
+    def cold(self, path, size, tmp):
+        """cat against wcached's warm-up on the evicted file, RUNS times each."""
+        cat, warm = [], []
+        evicted_ok = True
+        for i in range(RUNS):
+            e = self.cache("evict", path)
+            if e["resident_after"] > size // 100:
+                evicted_ok = False
+            t0 = time.monotonic()
+            subprocess.run(["cat", path], stdout=subprocess.DEVNULL, check=True)
+            cat.append(time.monotonic() - t0)
+
+            e = self.cache("evict", path)
+            if e["resident_after"] > size // 100:
+                evicted_ok = False
+            d = self.start_daemon(tmp, {"cold": path}, warm=True, pin="none")
+            try:
+                loaded = d.wait_for(r'generation \d+ from ', 120)
+                line = d.wait_for(r'generation \d+ warm: ', 120)
+            finally:
+                status = d.stop()
+            if status != 0:
+                raise SystemExit(f"bench: wcached exited with {status}:\n{d.log()}")
+            m = re.search(r'warm: (\d+) bytes in ([0-9.]+) s', line[1])
+            warm.append({"bytes": int(m.group(1)), "logged_s": float(m.group(2)),
+                         "observed_s": line[0] - loaded[0], "from_start_s": line[0] - d.t0})
+            if i == 0:
+                after = self.cache("resident", path)
+                warm[-1]["resident_after"] = after["resident_after"]
+        return cat, warm, evicted_ok
+
+
+def smaps_rollup(pid):
+    out = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 2 and parts[0].endswith(":") and parts[1].isdigit():
+                out[parts[0][:-1]] = int(parts[1])
+    return out
+
+
+class Daemon:
+    """A running wcached. A thread reads its stderr continuously (so a full
+    pipe never blocks the daemon) and stamps each line with its arrival."""
+
+    def __init__(self, proc, sock, t0):
+        self.proc, self.sock, self.t0 = proc, sock, t0
+        self.lines = []
+        self.cv = threading.Condition()
+        self.eof = False
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for raw in iter(self.proc.stderr.readline, b""):
+            item = (time.monotonic(), raw.decode(errors="replace").rstrip("\n"))
+            with self.cv:
+                self.lines.append(item)
+                self.cv.notify_all()
+        with self.cv:
+            self.eof = True
+            self.cv.notify_all()
+
+    def wait_for(self, pattern, timeout):
+        """Waits for a log line matching pattern; returns (arrival time, line)."""
+        rx = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        seen = 0
+        with self.cv:
+            while True:
+                for item in self.lines[seen:]:
+                    if rx.search(item[1]):
+                        return item
+                seen = len(self.lines)
+                if self.eof:
+                    raise SystemExit(f"bench: wcached exited ({self.proc.wait()}):\n"
+                                     f"{self.log()}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise SystemExit(f"bench: no log line matching {pattern!r} in "
+                                     f"{timeout} s:\n{self.log()}")
+                self.cv.wait(left)
+
+    def wait_listening(self, timeout=60):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"bench: wcached exited ({self.proc.returncode})")
+            try:
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                s.connect(self.sock)
+                s.close()
+                return
+            except OSError:
+                time.sleep(0.01)
+        raise SystemExit("bench: wcached did not listen in time")
+
+    def log(self):
+        return "\n".join(line for _, line in list(self.lines))
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.reader.join(timeout=10)
+        self.proc.stderr.close()
+        return self.proc.returncode
+
+
+def machine():
+    cpu = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem = 0
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                mem = int(line.split()[1]) * 1024
+    return f"{os.cpu_count()} CPUs ({cpu}), {mem / GIB:.0f} GiB RAM, Linux {os.uname().release}"
+
+
+def fs_type(path):
+    out = subprocess.run(["stat", "-f", "-c", "%T", path], capture_output=True, text=True)
+    return out.stdout.strip() or "?"
+
+
+def mem_available():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--models", default=None, help="model cache (default BUILD/bench-models)")
+    ap.add_argument("--skip-cold", action="store_true")
+    args = ap.parse_args()
+    model_dir = os.path.abspath(args.models or os.path.join(args.build, "bench-models"))
+    os.makedirs(model_dir, exist_ok=True)
+    b = Bench(args.build, model_dir)
+    start = time.monotonic()
+
+    print("\n== Loading (issue 3) ==")
+    print(f"  machine: {machine()}")
+    print(f"  models in {model_dir} ({fs_type(model_dir)})")
+    paths = {}
+    for name, mk, what in MODELS:
+        paths[name] = b.model(name, mk)
+    tmp = tempfile.mkdtemp(prefix="wcache-bench-")
+    try:
+        # Warm: one daemon serving both models; wait until it has warmed them.
+        for p in paths.values():
+            subprocess.run(["cat", p], stdout=subprocess.DEVNULL, check=True)
+        d = b.start_daemon(tmp, paths, warm=True, pin="metadata")
+        try:
+            d.wait_listening()
+            for name in paths:
+                d.wait_for(rf'model "{re.escape(name)}": generation \d+ warm: ', 300)
+            results = {}
+            for name, mk, what in MODELS:
+                path = paths[name]
+                size = os.path.getsize(path)
+                res = b.cache("resident", path)
+                print(f"\n-- {name}: {what}, {mib(size):.0f} MiB ({size / GIB:.2f} GiB); "
+                      f"page cache holds {100 * res['resident_after'] / size:.0f}% of it")
+                med = b.warm_variants(path, name, d.sock, size)
+                results[name] = med
+                a, bb, c, m = med["read"], med["open"], med["attach"], med["mmap"]
+                if name == "load-50k":
+                    b.target("(c) wc_attach < 1 ms (50k tensors; connect + attach, first "
+                             "call in a fresh process)", fmt_t(c["call_s"]), c["call_s"] < 1e-3)
+                    b.target("(c) attach >= 10x faster than (b) wc_open_file (50k, first "
+                             "call)", f"{bb['call_s'] / c['call_s']:.0f}x",
+                             bb["call_s"] / c["call_s"] >= 10)
+                else:
+                    b.target(f"(c) wc_attach < 1 ms ({name}, first call)",
+                             fmt_t(c["call_s"]), c["call_s"] < 1e-3)
+                ratio = c["touched_s"] / m["touched_s"]
+                b.target(f"(c) attach + touch every page <= 1.2x bare mmap + touch ({name})",
+                         f"{ratio:.2f}x ({fmt_t(c['touched_s'])} vs {fmt_t(m['touched_s'])})",
+                         ratio <= 1.2)
+
+                print(f"\n  {WORKERS} workers holding the model at once "
+                      f"(summed /proc/PID/smaps_rollup; model {mib(size):.0f} MiB)")
+                print(f"  {'variant':<28} {'sum PSS':>10} {'x model':>8} {'PSS anon':>9} "
+                      f"{'PSS file':>9} {'PSS shmem':>9} {'sum RSS':>9} {'all ready':>10}")
+                need = WORKERS * size * 1.2 + 2 * GIB
+                for v, label in (("attach", "(c) wc_attach via wcached"),
+                                 ("open", "(b) wc_open_file"),
+                                 ("read", "(a) read() into malloc")):
+                    if v == "read" and mem_available() < need:
+                        print(f"  {label:<28} skipped: needs {need / GIB:.1f} GiB free, "
+                              f"{mem_available() / GIB:.1f} available")
+                        continue
+                    t = b.workers(v, path, d.sock, name)
+                    print(f"  {label:<28} {mib(t['Pss']):>10.1f} {t['Pss'] / size:>7.2f}x "
+                          f"{mib(t['Pss_Anon']):>9.1f} {mib(t['Pss_File']):>9.1f} "
+                          f"{mib(t['Pss_Shmem']):>9.1f} {mib(t['Rss']):>9.0f} "
+                          f"{fmt_t(t['wall_s']):>10}")
+                    if v == "attach":
+                        b.target(f"{WORKERS} workers via (c): summed PSS < 1.1x model ({name})",
+                                 f"{t['Pss'] / size:.3f}x", t["Pss"] < 1.1 * size)
+                dp = smaps_rollup(d.proc.pid)
+                print(f"  (wcached itself: PSS {dp.get('Pss', 0) / 1024:.1f} MiB, "
+                      f"RSS {dp.get('Rss', 0) / 1024:.1f} MiB)")
+        finally:
+            status = d.stop()
+        if status != 0:
+            raise SystemExit(f"bench: wcached exited with {status}:\n{d.log()}")
+
+        # Cold: evict, then cat against the daemon's warm-up.
+        if not args.skip_cold:
+            print(f"\n-- cold page cache: posix_fadvise(DONTNEED), checked with mincore; "
+                  f"median of {RUNS}, interleaved")
+            print(f"  {'model':<10} {'cat':>9} {'cat MB/s':>9} {'wcached warm':>13} "
+                  f"{'warm MB/s':>10} {'x cat':>6} {'load->warm':>11} {'start->warm':>12}")
+            for name, mk, what in MODELS:
+                path = paths[name]
+                size = os.path.getsize(path)
+                cat, warm, ok = b.cold(path, size, tmp)
+                if not ok:
+                    print(f"  {name:<10} the filesystem ({fs_type(path)}) did not drop the "
+                          f"file's pages: no cold figures")
+                    b.target(f"cold warm-up >= 0.9x cat throughput ({name})",
+                             "cannot evict on " + fs_type(path), None)
+                    continue
+                cat_s = statistics.median(cat)
+                logged = statistics.median(w["logged_s"] for w in warm)
+                observed = statistics.median(w["observed_s"] for w in warm)
+                from_start = statistics.median(w["from_start_s"] for w in warm)
+                wbytes = warm[0]["bytes"]
+                cat_tp, warm_tp = size / cat_s, wbytes / logged
+                print(f"  {name:<10} {fmt_t(cat_s):>9} {cat_tp / 1e6:>9.0f} {fmt_t(logged):>13} "
+                      f"{warm_tp / 1e6:>10.0f} {warm_tp / cat_tp:>5.2f}x "
+                      f"{fmt_t(observed):>11} {fmt_t(from_start):>12}")
+                print(f"  {'':<10} runs: cat {', '.join(fmt_t(x) for x in cat)}; warm "
+                      f"{', '.join(fmt_t(w['logged_s']) for w in warm)}; resident after warm-up "
+                      f"{100 * warm[0]['resident_after'] / size:.0f}%")
+                b.target(f"cold warm-up >= 0.9x cat throughput ({name}; wcached's logged "
+                         f"seconds)", f"{warm_tp / cat_tp:.2f}x", warm_tp / cat_tp >= 0.9)
+                b.target(f"cold warm-up >= 0.9x cat ({name}; observed load->warm log lines)",
+                         f"{(size / observed) / cat_tp:.2f}x", (size / observed) / cat_tp >= 0.9)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    print(f"\n== Targets (loading; {time.monotonic() - start:.0f} s) ==")
+    for what, figure, v in b.targets:
+        print(f"  {v:<4}  {what}: {figure}")
+
+
+if __name__ == "__main__":
+    main()

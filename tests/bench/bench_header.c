@@ -1,0 +1,319 @@
+/*
+ * bench_header.c: how long opening and validating a safetensors header
+ * takes, next to reading the same header bytes with plain read(2).
+ *
+ *   bench_header [--runs N] [--target US] FILE...
+ *
+ * For each file, in one process, side by side (best and median of N runs
+ * each, after one untimed warm-up run):
+ *   read()         open, read the 8-byte length and the N header bytes into
+ *                  a malloc'd buffer, close: the floor any reader pays;
+ *   jansson        json_loadb(JSON_REJECT_DUPLICATES) of those bytes: a DOM
+ *                  parse with no safetensors validation, for contrast with
+ *                  the well-known library the issue suggested;
+ *   st_parse       our reader over a mapping of the file: JSON grammar,
+ *                  UTF-8, every safetensors rule, index builder fed;
+ *   +index_build   the same plus sorting and writing the compiled index;
+ *   wc_open_file   the whole public call and wc_release(): stat, open,
+ *                  mmap, validate, compile the index, make the model.
+ * Each row prints microseconds per run, per tensor, and the ratio to the
+ * read() row; the wc_open_file row is compared with the target (default
+ * 0.5 us per tensor, half the Rust reference implementation's ~1 us) and
+ * marked PASS or MISS. The exit status is 0 unless a file cannot be read:
+ * a benchmark never fails a build.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "index.h"
+#include "source.h"
+#include "wcache.h"
+
+#define MAX_RUNS 1000
+
+static volatile uint8_t sink;
+
+/* The file under test, shared by the timed functions. */
+struct subject {
+	const char *path;
+	const uint8_t *map; /* whole file, mapped and pre-faulted */
+	uint64_t size;
+	uint64_t header_len;
+	size_t tensors;
+	char *header; /* a copy of the header bytes, for jansson */
+};
+
+typedef int (*bench_fn)(const struct subject *s);
+
+static double
+now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int
+compare_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* read(): what loading the header costs at the very least. */
+static int
+run_read(const struct subject *s)
+{
+	uint8_t len8[8];
+	uint64_t n = 0;
+	char *buf;
+	size_t done = 0;
+	int fd = open(s->path, O_RDONLY | O_CLOEXEC);
+
+	if (fd == -1)
+		return -errno;
+	if (read(fd, len8, 8) != 8) {
+		close(fd);
+		return -EIO;
+	}
+	for (int i = 0; i < 8; i++)
+		n |= (uint64_t)len8[i] << (8 * i);
+	if (n > ST_MAX_HEADER || (buf = malloc((size_t)n + 1)) == NULL) {
+		close(fd);
+		return -ENOMEM;
+	}
+	while (done < n) {
+		ssize_t got = read(fd, buf + done, (size_t)n - done);
+
+		if (got <= 0)
+			break;
+		done += (size_t)got;
+	}
+	close(fd);
+	/* Look at the bytes (one per page) so the read cannot be optimised out. */
+	for (size_t i = 0; i < done; i += 4096)
+		sink ^= (uint8_t)buf[i];
+	free(buf);
+	return done == n ? 0 : -EIO;
+}
+
+/* jansson: a strict DOM parse of the same bytes, no safetensors rules. */
+static int
+run_jansson(const struct subject *s)
+{
+	json_error_t err;
+	json_t *root = json_loadb(s->header, (size_t)s->header_len, JSON_REJECT_DUPLICATES, &err);
+
+	if (root == NULL)
+		return -EINVAL;
+	json_decref(root);
+	return 0;
+}
+
+/* st_parse, with or without index_build, over the pre-faulted mapping. */
+static int
+parse_common(const struct subject *s, int build)
+{
+	struct index_builder *b = NULL;
+	uint8_t *blob = NULL;
+	size_t len = 0;
+	uint32_t file_no;
+	int r;
+
+	if ((r = index_builder_new(&b)) < 0)
+		return r;
+	if ((r = index_add_file(b, "bench.safetensors", s->size, &file_no)) == 0 &&
+		(r = st_parse(s->path, s->map, s->size, file_no, b)) == 0 && build)
+		r = index_build(b, s->path, &blob, &len);
+	free(blob);
+	index_builder_free(b);
+	return r;
+}
+
+static int
+run_parse(const struct subject *s)
+{
+	return parse_common(s, 0);
+}
+
+static int
+run_parse_build(const struct subject *s)
+{
+	return parse_common(s, 1);
+}
+
+/* wc_open_file: the public call, end to end. */
+static int
+run_open(const struct subject *s)
+{
+	wc_model *m;
+	int r = wc_open_file(s->path, &m);
+
+	if (r < 0)
+		return r;
+	r = wc_model_count(m) == s->tensors ? 0 : -EBADMSG;
+	wc_release(m);
+	return r;
+}
+
+/*
+ * Times fn: one untimed warm-up, then runs until N runs or (when N is 0)
+ * until at least 0.5 s or 200 runs, at least 5. Fills best and median.
+ */
+static int
+measure(bench_fn fn, const struct subject *s, int runs, double *best, double *median)
+{
+	static double t[MAX_RUNS];
+	double start = now();
+	int n = 0, r;
+
+	if ((r = fn(s)) < 0)
+		return r;
+	while (n < MAX_RUNS) {
+		double t0 = now();
+
+		if ((r = fn(s)) < 0)
+			return r;
+		t[n++] = now() - t0;
+		if (runs > 0 ? n >= runs : (n >= 5 && (now() - start >= 0.5 || n >= 200)))
+			break;
+	}
+	qsort(t, (size_t)n, sizeof(t[0]), compare_double);
+	*best = t[0];
+	*median = t[n / 2];
+	return n;
+}
+
+/* Maps path, counts its tensors, copies its header. */
+static int
+subject_open(const char *path, struct subject *s)
+{
+	struct stat st;
+	wc_model *m;
+	int fd;
+
+	memset(s, 0, sizeof(*s));
+	s->path = path;
+	if (wc_open_file(path, &m) < 0) {
+		fprintf(stderr, "bench_header: %s\n", wc_errmsg());
+		return -1;
+	}
+	s->tensors = wc_model_count(m);
+	wc_release(m);
+	if ((fd = open(path, O_RDONLY | O_CLOEXEC)) == -1 || fstat(fd, &st) == -1) {
+		fprintf(stderr, "bench_header: %s: %s\n", path, strerror(errno));
+		if (fd != -1)
+			close(fd);
+		return -1;
+	}
+	s->size = (uint64_t)st.st_size;
+	s->map = mmap(NULL, (size_t)s->size, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
+	close(fd);
+	if (s->map == MAP_FAILED) {
+		fprintf(stderr, "bench_header: %s: mmap: %s\n", path, strerror(errno));
+		return -1;
+	}
+	for (int i = 0; i < 8; i++)
+		s->header_len |= (uint64_t)s->map[i] << (8 * i);
+	if ((s->header = malloc((size_t)s->header_len)) == NULL)
+		return -1;
+	memcpy(s->header, s->map + 8, (size_t)s->header_len);
+	for (uint64_t i = 0; i < s->header_len; i += 4096)
+		sink ^= (uint8_t)s->header[i];
+	return 0;
+}
+
+static void
+subject_close(struct subject *s)
+{
+	if (s->map != NULL && s->map != MAP_FAILED)
+		munmap((void *)s->map, (size_t)s->size);
+	free(s->header);
+}
+
+int
+main(int argc, char **argv)
+{
+	static const struct {
+		const char *name;
+		bench_fn fn;
+		const char *what;
+	} rows[] = {
+		{ "read()", run_read, "open + read the header bytes + close (baseline)" },
+		{ "jansson", run_jansson, "json_loadb DOM parse only, no validation (contrast)" },
+		{ "st_parse", run_parse, "validate header, feed index builder (in memory)" },
+		{ "st_parse+index_build", run_parse_build, "validate + compile the index" },
+		{ "wc_open_file", run_open, "open, mmap, validate, compile index, release" },
+	};
+	double target_us = 0.5;
+	int runs = 0, status = 0;
+
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--runs") == 0 && i + 1 < argc) {
+			runs = atoi(argv[++i]);
+			if (runs < 1 || runs > MAX_RUNS)
+				runs = 0;
+		} else if (strcmp(argv[i], "--target") == 0 && i + 1 < argc) {
+			target_us = atof(argv[++i]);
+		} else if (argv[i][0] == '-') {
+			fprintf(stderr, "usage: bench_header [--runs N] [--target US] FILE...\n");
+			return 2;
+		}
+	}
+	printf("== Header validation (issue 2): best and median of N runs, one process ==\n");
+	printf("   target: wc_open_file < %.2f us/tensor at 50,000 tensors "
+	       "(Rust reference: ~1 us/tensor)\n", target_us);
+	for (int i = 1; i < argc; i++) {
+		struct subject s;
+		double base = 0;
+
+		if (strcmp(argv[i], "--runs") == 0 || strcmp(argv[i], "--target") == 0) {
+			i++;
+			continue;
+		}
+		if (subject_open(argv[i], &s) < 0) {
+			status = 1;
+			continue;
+		}
+		printf("\n%s\n   %zu tensors, header %llu bytes (%.1f bytes/tensor), file %.1f MiB\n",
+			argv[i], s.tensors, (unsigned long long)s.header_len,
+			s.tensors ? (double)s.header_len / (double)s.tensors : 0.0,
+			(double)s.size / (1 << 20));
+		printf("   %-22s %5s %11s %11s %10s %10s %8s  %s\n", "", "runs", "best us",
+			"median us", "us/tensor", "ns/byte", "x read()", "");
+		for (size_t k = 0; k < sizeof(rows) / sizeof(rows[0]); k++) {
+			double best, median, per;
+			int n = measure(rows[k].fn, &s, runs, &best, &median);
+
+			if (n < 0) {
+				printf("   %-22s failed: %s (%s)\n", rows[k].name, strerror(-n),
+					wc_errmsg());
+				status = 1;
+				continue;
+			}
+			if (k == 0)
+				base = best;
+			per = s.tensors ? best * 1e6 / (double)s.tensors : 0;
+			printf("   %-22s %5d %11.1f %11.1f %10.3f %10.2f %8.1f  %s\n", rows[k].name,
+				n, best * 1e6, median * 1e6, per,
+				s.header_len ? best * 1e9 / (double)s.header_len : 0.0,
+				base > 0 ? best / base : 0.0, rows[k].what);
+			if (rows[k].fn == run_open)
+				printf("   %-22s %s: %.3f us/tensor vs target < %.2f%s\n", "",
+					per < target_us ? "PASS" : "MISS", per, target_us,
+					s.tensors < 50000 ? " (target is set at 50,000 tensors)" : "");
+		}
+		subject_close(&s);
+	}
+	return status;
+}

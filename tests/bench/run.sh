@@ -1,0 +1,44 @@
+#!/bin/sh
+# run.sh BUILD: the benchmark suite behind `make bench` (after the build).
+#
+# 1. Header validation (issue 2): safetensors headers of ~1,000 and ~50,000
+#    tensors (mkmodel with tiny hidden sizes, so the files are small), timed
+#    in-process by bench_header next to a plain read() of the same bytes.
+# 2. Loading (issue 3): bench.py, with ~1.2 GiB models, a real wcached on a
+#    temporary socket, warm and cold page cache.
+# Models are cached in BUILD/bench-models and reused. Figures and targets
+# are printed with PASS/MISS; a missed target never makes this script fail
+# (only a broken setup does). Takes a few minutes on a 2-core machine.
+set -eu
+
+build=${1:-build}
+here=$(cd "$(dirname "$0")" && pwd)
+bin=$build/bin
+models=$build/bench-models
+for b in mkmodel wcachectl wcached bench_header bench_load; do
+	if [ ! -x "$bin/$b" ]; then
+		echo "run.sh: $bin/$b is missing: build first (make build)" >&2
+		exit 1
+	fi
+done
+mkdir -p "$models"
+start=$(date +%s)
+
+# Header-only models: real tensor names and BF16 2-D shapes, tiny data.
+header_model() { # NAME LAYERS
+	f=$models/$1.safetensors
+	if [ ! -s "$f" ] || ! "$bin/wcachectl" inspect "$f" >/dev/null 2>&1; then
+		"$bin/mkmodel" --layers "$2" --hidden 8 --ffn 16 --vocab 16 "$f" >/dev/null
+	fi
+	echo "$f"
+}
+h1k=$(header_model hdr-1k 111)
+h50k=$(header_model hdr-50k 5555)
+
+echo "== wcache benchmarks ($(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -r), $(nproc) CPUs) =="
+echo
+"$bin/bench_header" "$h1k" "$h50k"
+
+/usr/bin/python3 "$here/bench.py" --build "$build" --models "$models"
+echo
+echo "== bench done in $(( $(date +%s) - start )) s =="

@@ -1,0 +1,161 @@
+"""Helpers of the Python package's tests: the package from this tree, the
+build's libwcache and binaries, safetensors files written here byte by byte
+(struct + json, independent of the code under test), and a real wcached on
+sockets in a temporary directory.
+
+Environment: WCACHE_BUILD (build directory; default <repo>/build), WCACHE_LIB
+(the library; default <build>/lib/libwcache.so.0). Waits are conditions with
+deadlines, never bare sleeps.
+"""
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+import pytest
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+PYDIR = os.path.join(REPO, "client", "python")
+BUILD = os.path.abspath(os.environ.get("WCACHE_BUILD") or os.path.join(REPO, "build"))
+BIN = os.path.join(BUILD, "bin")
+
+if PYDIR not in sys.path:
+    sys.path.insert(0, PYDIR)
+if not os.environ.get("WCACHE_LIB"):
+    _lib = os.path.join(BUILD, "lib", "libwcache.so.0")
+    if os.path.exists(_lib):
+        os.environ["WCACHE_LIB"] = _lib
+
+
+def binary(name):
+    path = os.path.join(BIN, name)
+    if not os.path.exists(path):
+        pytest.fail(f"{path} is missing: build first (WCACHE_BUILD={BUILD})")
+    return path
+
+
+def wait_until(cond, timeout=30.0, what="condition"):
+    """Polls cond() until it is true or the deadline passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """Writes a safetensors file. tensors: list of (name, dtype, shape, data
+    bytes), stored in that order. Returns {name: (offset in file, bytes)}."""
+    header = {}
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    off = 0
+    for name, dtype, shape, data in tensors:
+        header[name] = {"dtype": dtype, "shape": list(shape),
+                        "data_offsets": [off, off + len(data)]}
+        off += len(data)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    where = {}
+    pos = 8 + len(text)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for name, _dtype, _shape, data in tensors:
+            f.write(data)
+            where[name] = (pos, data)
+            pos += len(data)
+    return where
+
+
+def mkmodel(path, layers=2, hidden=64, ffn=128, vocab=100, seed=1, dtype="BF16"):
+    subprocess.run([binary("mkmodel"), "--layers", str(layers), "--hidden", str(hidden),
+                    "--ffn", str(ffn), "--vocab", str(vocab), "--seed", str(seed),
+                    "--dtype", dtype, str(path)], check=True, stdout=subprocess.DEVNULL)
+    return str(path)
+
+
+def connectable(path):
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        s.connect(str(path))
+        s.close()
+        return True
+    except OSError:
+        return False
+
+
+def file_mappings(path):
+    """How many of this process's mappings are of path (by /proc/self/maps)."""
+    st = os.stat(path)
+    n = 0
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(None, 5)
+            if len(parts) == 6 and int(parts[4]) == st.st_ino and \
+                    parts[5].rstrip("\n").startswith(os.path.realpath(path)):
+                n += 1
+    return n
+
+
+class Daemon:
+    """A wcached with its config, sockets and log in one directory."""
+
+    def __init__(self, tmp, models):
+        self.dir = tmp
+        self.socket = str(tmp / "wcached.sock")
+        self.control = str(tmp / "control.sock")
+        self.conf = str(tmp / "wcached.conf")
+        self.log = str(tmp / "wcached.log")
+        text = (f"[wcached]\nsocket = {self.socket}\ncontrol = {self.control}\n"
+                f"prefetch_threads = 2\nlog_level = debug\n\n")
+        for name, path in models.items():
+            text += f"[model {name}]\npath = {path}\n\n"
+        with open(self.conf, "w") as f:
+            f.write(text)
+        self.proc = None
+
+    def start(self):
+        self.logf = open(self.log, "w")
+        self.proc = subprocess.Popen([binary("wcached"), "-c", self.conf], stderr=self.logf)
+        wait_until(lambda: self.proc.poll() is not None or connectable(self.socket),
+                   what="wcached to listen")
+        assert self.proc.poll() is None, self.read_log()
+        return self
+
+    def read_log(self):
+        with open(self.log) as f:
+            return f.read()
+
+    def stop(self):
+        """SIGTERM; returns the exit status."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            status = self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            status = self.proc.wait()
+        self.logf.close()
+        return status
+
+
+def run_python(code, env=None, timeout=120):
+    """Runs code in a fresh /usr/bin/python3 with this tree's package."""
+    e = dict(os.environ)
+    e["PYTHONPATH"] = PYDIR + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
+    if env:
+        for k, v in env.items():
+            if v is None:
+                e.pop(k, None)
+            else:
+                e[k] = v
+    return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True,
+                          text=True, timeout=timeout)

@@ -1,0 +1,174 @@
+"""wcache against a real wcached: connect and attach, safe_open choosing the
+daemon or the file, clear errors, and forked workers sharing one attach."""
+import os
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import wcache
+from pyhelpers import Daemon, mkmodel, run_python
+
+
+def checksums(model):
+    """{name: sum of the tensor's bytes} read through numpy views."""
+    return {k: int(model.raw(k).sum(dtype=np.uint64)) for k in model.keys()}
+
+
+def test_connect_attach(daemon, model_path):
+    with wcache.connect(daemon.socket) as c:
+        m = c.attach("small")
+    # the model outlives its client
+    assert m.source == "wcached"
+    assert m.generation >= 1
+    assert m.name == "small"
+    with wcache.open_file(model_path) as local:
+        assert m.keys() == local.keys()
+        assert m.metadata() == local.metadata()
+        for k in m.keys():
+            assert m.raw(k).tobytes() == local.raw(k).tobytes()
+            assert torch.equal(m.torch(k), local.torch(k))
+    m.close()
+
+
+def test_attach_by_configured_path(daemon, model_path):
+    with wcache.connect() as c:  # $WCACHE_SOCKET
+        with c.attach(model_path) as m:
+            assert m.source == "wcached" and len(m) > 0
+
+
+def test_safe_open_daemon_served_path(daemon, model_path, monkeypatch):
+    # by the exact configured path, by name, and by a relative path
+    for target in (model_path, "small"):
+        with wcache.safe_open(target) as f:
+            assert f.model.source == "wcached", target
+            assert f.metadata()["generator"] == "wcache mkmodel"
+    monkeypatch.chdir(os.path.dirname(model_path))
+    with wcache.safe_open(os.path.basename(model_path), framework="pt") as f:
+        assert f.model.source == "wcached"
+        t = f.get_tensor("lm_head.weight")
+        assert t.dtype == torch.bfloat16
+    assert t.shape == (100, 64)       # valid after the with block
+
+
+def test_safe_open_plain_path_with_daemon_running(daemon, tmp_path):
+    other = mkmodel(tmp_path / "other.safetensors", seed=9)
+    with wcache.safe_open(other) as f:
+        assert f.model.source == "file"
+        assert len(f.keys()) == len(wcache.open_file(other))
+
+
+def test_safe_open_without_daemon(no_daemon, model_path):
+    with wcache.safe_open(model_path) as f:
+        assert f.model.source == "file"
+        assert "lm_head.weight" in f.keys()
+
+
+def test_missing_daemon_error(no_daemon):
+    with pytest.raises(wcache.DaemonUnavailable) as e:
+        wcache.connect()
+    assert no_daemon in str(e.value)
+    assert "not running" in str(e.value)
+    with pytest.raises(wcache.DaemonUnavailable):
+        wcache.connect("/nonexistent/dir/wcached.sock")
+    # safe_open of a name that is no file: both reasons in one message
+    with pytest.raises(wcache.ModelNotFound) as e:
+        wcache.safe_open("llama-70b")
+    assert "llama-70b" in str(e.value) and "no such file" in str(e.value)
+    assert "not running" in str(e.value)
+
+
+def test_unknown_model_error(daemon):
+    with wcache.connect() as c:
+        with pytest.raises(wcache.ModelNotFound) as e:
+            c.attach("nope")
+        assert '"nope"' in str(e.value) and "not served" in str(e.value)
+        assert e.value.errno == 2
+        # the connection survives an unknown name
+        with c.attach("small") as m:
+            assert len(m) > 0
+    with pytest.raises(wcache.ModelNotFound) as e:
+        wcache.safe_open("nope")
+    assert "not served" in str(e.value)
+
+
+def test_safe_open_reconnects_after_daemon_restart(tmp_path, model_path, monkeypatch):
+    import wcache._safe_open as so
+    d = Daemon(tmp_path, {"small": model_path}).start()
+    monkeypatch.setenv("WCACHE_SOCKET", d.socket)
+    so._shared = None
+    try:
+        with wcache.safe_open("small") as f:
+            assert f.model.source == "wcached"
+        assert d.stop() == 0
+        d = Daemon(tmp_path, {"small": model_path}).start()
+        with wcache.safe_open("small") as f:
+            assert f.model.source == "wcached"
+    finally:
+        so._shared = None
+        d.stop()
+
+
+FORK_WORKERS = textwrap.dedent("""
+    import os, sys, json, numpy as np, torch, wcache
+    m = wcache.connect().attach("small")      # one attach, before fork
+    expect = {k: int(m.raw(k).sum(dtype=np.uint64)) for k in m.keys()}
+    tsum = {k: float(m.torch(k).float().sum()) for k in m.keys()}
+    pids = []
+    for i in range(4):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            ok = True
+            try:
+                got = {k: int(m.raw(k).sum(dtype=np.uint64)) for k in m.keys()}
+                gott = {k: float(m.torch(k).float().sum()) for k in m.keys()}
+                ok = got == expect and gott == tsum
+                t = m.torch("lm_head.weight"); t.add_(1)   # private to this child
+                # a child can attach more through its own connection
+                with wcache.safe_open("small") as f:
+                    ok = ok and f.model.source == "wcached"
+                os.write(w, json.dumps({"pid": os.getpid(), "ok": ok,
+                                        "gen": m.generation}).encode())
+            finally:
+                os._exit(0 if ok else 1)
+        os.close(w)
+        pids.append((pid, r))
+    results = []
+    for pid, r in pids:
+        data = b""
+        while True:
+            chunk = os.read(r, 4096)
+            if not chunk:
+                break
+            data += chunk
+        _, status = os.waitpid(pid, 0)
+        results.append((json.loads(data) if data else None, status))
+    # the parent's view is untouched by the children's writes
+    assert float(m.torch("lm_head.weight").float().sum()) == tsum["lm_head.weight"]
+    print(json.dumps(results))
+""")
+
+
+def test_four_forked_workers_share_one_attach(daemon):
+    import json
+    r = run_python(FORK_WORKERS)
+    assert r.returncode == 0, r.stderr
+    results = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(results) == 4
+    for res, status in results:
+        assert status == 0 and res is not None and res["ok"], results
+        assert res["gen"] >= 1
+
+
+def test_views_outlive_close_attached(daemon):
+    with wcache.connect() as c:
+        m = c.attach("small")
+        a = m.raw("lm_head.weight")
+        t = m.torch("model.norm.weight")
+        expect = a.tobytes()
+        m.close()
+    assert a.tobytes() == expect
+    assert t.shape == (64,)

@@ -1,0 +1,81 @@
+"""Finding libwcache: $WCACHE_LIB, the build tree, the system; and clear
+errors when it is missing. Each case runs in a fresh interpreter."""
+import os
+import shutil
+
+import wcache
+from pyhelpers import PYDIR, run_python
+
+
+def test_wcache_lib_pointing_nowhere(tmp_path):
+    missing = str(tmp_path / "no" / "libwcache.so.0")
+    r = run_python(
+        "import wcache\n"
+        "try:\n"
+        "    wcache.open_file('x.safetensors')\n"
+        "except wcache.LibraryNotFound as e:\n"
+        "    print('LibraryNotFound:', e)\n", env={"WCACHE_LIB": missing})
+    assert r.returncode == 0, r.stderr
+    assert "LibraryNotFound" in r.stdout
+    assert f"WCACHE_LIB={missing}" in r.stdout
+
+
+def test_not_a_libwcache(tmp_path):
+    r = run_python(
+        "import wcache\n"
+        "try:\n"
+        "    wcache.connect()\n"
+        "except wcache.LibraryNotFound as e:\n"
+        "    print(e)\n", env={"WCACHE_LIB": "libm.so.6"})
+    assert r.returncode == 0, r.stderr
+    assert "libm.so.6 is not a usable libwcache" in r.stdout
+    assert "wc_open_file" in r.stdout
+
+
+def test_nothing_found_lists_what_was_tried(tmp_path):
+    # a copy of the package outside any build tree, no WCACHE_LIB, no
+    # library on the loader's path
+    shutil.copytree(os.path.join(PYDIR, "wcache"), tmp_path / "pkg" / "wcache",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    r = run_python(
+        f"import sys; sys.path.insert(0, {str(tmp_path / 'pkg')!r})\n"
+        "import wcache\n"
+        "assert wcache.__file__.startswith(sys.path[0]), wcache.__file__\n"
+        "import ctypes.util; ctypes.util.find_library = lambda name: None\n"
+        "try:\n"
+        "    wcache.library_path()\n"
+        "except wcache.LibraryNotFound as e:\n"
+        "    print(e)\n",
+        env={"WCACHE_LIB": None, "PYTHONPATH": None, "LD_LIBRARY_PATH": None})
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    if "cannot find libwcache" not in out:
+        # libwcache is installed system-wide on this machine
+        assert out == "" or "libwcache" in out
+        return
+    assert "$WCACHE_LIB (not set)" in out
+    assert os.path.join(str(tmp_path / "pkg"), "build", "lib", "libwcache.so.0") in out
+    assert "libwcache.so.0 (dynamic loader)" in out
+
+
+def test_found_in_the_build_tree(tmp_path):
+    """Walking up from the package: <repo>/build/lib/libwcache.so.0."""
+    lib = wcache.library_path()
+    repo = tmp_path / "repo"
+    shutil.copytree(os.path.join(PYDIR, "wcache"), repo / "client" / "python" / "wcache",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (repo / "build" / "lib").mkdir(parents=True)
+    os.symlink(os.path.realpath(lib), repo / "build" / "lib" / "libwcache.so.0")
+    r = run_python(
+        f"import sys; sys.path.insert(0, {str(repo / 'client' / 'python')!r})\n"
+        "import wcache\n"
+        "print(wcache.library_path())\n",
+        env={"WCACHE_LIB": None, "PYTHONPATH": None})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(repo / "build" / "lib" / "libwcache.so.0")
+
+
+def test_import_does_not_need_the_library():
+    r = run_python("import wcache, wcache.convert; print('ok')",
+                   env={"WCACHE_LIB": "/nonexistent/libwcache.so.0"})
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr

@@ -1,0 +1,220 @@
+"""The Model API over wc_open_file: names, metadata, views, lifetime, and
+writes that must fail (numpy) or stay private (torch)."""
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import wcache
+from pyhelpers import PYDIR, file_mappings, write_safetensors
+
+
+@pytest.fixture
+def f32_model(tmp_path):
+    a = np.arange(12, dtype="<f4").reshape(3, 4)
+    b = np.array([1, -2, 3], dtype="<i8")
+    path = tmp_path / "f32.safetensors"
+    write_safetensors(path, [("b.bias", "I64", (3,), b.tobytes()),
+                             ("a.weight", "F32", (3, 4), a.tobytes())],
+                      metadata={"format": "pt", "note": "héllo"})
+    return str(path), {"a.weight": a, "b.bias": b}
+
+
+def test_names_metadata_and_protocols(f32_model):
+    path, arrays = f32_model
+    with wcache.open_file(path) as m:
+        assert m.keys() == ["a.weight", "b.bias"]          # byte order of names
+        assert list(m) == m.keys()
+        assert len(m) == 2
+        assert "a.weight" in m and "nope" not in m and 3 not in m
+        assert m.metadata() == {"format": "pt", "note": "héllo"}
+        assert m.generation == 0
+        assert m.source == "file"
+        assert m.name == path
+        info = m.info("a.weight")
+        assert (info.name, info.dtype, info.shape, info.nbytes) == ("a.weight", "F32", (3, 4), 48)
+        with pytest.raises(KeyError, match="nope"):
+            m.numpy("nope")
+        sd = m.state_dict("np")
+        assert set(sd) == set(arrays)
+        for k, v in arrays.items():
+            assert np.array_equal(sd[k], v)
+    assert m.closed
+    with pytest.raises(ValueError, match="closed"):
+        m.keys()
+    with pytest.raises(ValueError, match="closed"):
+        m.numpy("a.weight")
+
+
+def test_numpy_writes_refused(f32_model):
+    path, arrays = f32_model
+    m = wcache.open_file(path)
+    a = m.numpy("a.weight")
+    with pytest.raises(ValueError, match="read-only"):
+        a[0, 0] = 5
+    with pytest.raises(ValueError):
+        a += 1
+    with pytest.raises(ValueError):
+        a.flags.writeable = True
+    with pytest.raises(ValueError):
+        np.add(a, 1, out=a)
+    c = a.copy()
+    c[0, 0] = 5                      # a copy is writable
+    assert a[0, 0] == 0 and c[0, 0] == 5
+    assert np.array_equal(m.numpy("a.weight"), arrays["a.weight"])
+
+
+def test_views_outlive_close(f32_model):
+    path, arrays = f32_model
+    m = wcache.open_file(path)
+    a = m.numpy("a.weight")
+    part = a[1:, 2:]                 # a view of a view
+    t = m.torch("b.bias")
+    raw = m.raw("a.weight")
+    base = file_mappings(path)
+    assert base >= 1
+    m.close()
+    del m
+    gc.collect()
+    # the mapping stays while views exist, and they read the right bytes
+    assert file_mappings(path) >= 1
+    assert np.array_equal(a, arrays["a.weight"])
+    assert np.array_equal(part, arrays["a.weight"][1:, 2:])
+    assert torch.equal(t, torch.from_numpy(arrays["b.bias"]))
+    assert raw.tobytes() == arrays["a.weight"].tobytes()
+    del a, raw
+    gc.collect()
+    assert np.array_equal(part, arrays["a.weight"][1:, 2:])
+    del part, t
+    gc.collect()
+    # the last view gone: libwcache released the model and unmapped it
+    assert file_mappings(path) == 0
+
+
+def test_mapping_released_without_views(f32_model):
+    path, _ = f32_model
+    m = wcache.open_file(path)
+    assert file_mappings(path) >= 1
+    m.close()
+    gc.collect()
+    assert file_mappings(path) == 0
+
+
+TORCH_WRITES = textwrap.dedent("""
+    import os, sys, torch, numpy as np, wcache
+    path = sys.argv[1]
+    m = wcache.open_file(path)
+    before = open(path, "rb").read()
+    t = m.torch("a.weight")
+    orig = t.clone()
+    t.add_(1)                      # in-place ops
+    t[0, 0] = 100
+    t.copy_(t * 2)
+    torch.nn.init.zeros_(m.torch("b.bias"))
+    torch.add(t, 1, out=t)
+    assert open(path, "rb").read() == before, "the file changed"
+    other = wcache.open_file(path)  # another mapping of the file sees no change
+    assert torch.equal(other.torch("a.weight"), orig)
+    assert np.array_equal(other.numpy("a.weight"), orig.numpy())
+    c = orig.clone(); c.add_(1)   # clone is independent
+    assert torch.equal(other.torch("a.weight"), orig)
+    print("ok", flush=True)
+""")
+
+
+@pytest.mark.parametrize("mode", ["auto", "remap", "copy", "c"])
+def test_torch_writes_never_reach_the_file(f32_model, mode):
+    """torch has no read-only tensors: writes must neither crash the process
+    (the mapping is PROT_READ) nor reach the file or other mappings. Run in
+    a subprocess so a regression shows as a failure, not a dead pytest."""
+    import wcache._lib as L
+    if mode == "c" and getattr(L.lib(), "wc_model_tensor_cow", None) is None:
+        pytest.skip("libwcache has no wc_model_tensor_cow()")
+    path, _ = f32_model
+    env = dict(os.environ, WCACHE_TORCH_COW=mode,
+               PYTHONPATH=PYDIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-W", "error::RuntimeWarning" if mode != "copy"
+                        else "ignore", "-c", TORCH_WRITES, path],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    assert r.stdout.strip() == "ok"
+
+
+def test_torch_is_zero_copy_and_shares_page_cache(f32_model):
+    """The torch tensor's memory is a file mapping (shared page cache), not
+    anonymous memory: its address lies in a mapping of the model's inode."""
+    path, _ = f32_model
+    st = os.stat(path)
+    with wcache.open_file(path) as m:
+        t = m.torch("a.weight")
+        addr = t.data_ptr()
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                if lo <= addr < hi:
+                    assert int(parts[4]) == st.st_ino, line
+                    break
+            else:
+                pytest.fail("tensor memory is in no mapping")
+
+
+def test_copy_mode_warns_when_asked_for_views(f32_model, monkeypatch):
+    """When no copy-on-write mapping can be made, torch() copies and says so."""
+    import wcache._torch as T
+    path, arrays = f32_model
+    monkeypatch.setenv("WCACHE_TORCH_COW", "remap")
+    monkeypatch.setattr(T._Remapper, "_map", staticmethod(lambda p, d, i: "no access"))
+    with wcache.open_file(path) as m:
+        with pytest.warns(RuntimeWarning, match="private copies.*no access"):
+            t = m.torch("a.weight")
+        assert torch.equal(t, torch.from_numpy(arrays["a.weight"]))
+
+
+def test_torch_from_renamed_over_file_still_right(tmp_path):
+    """After the path is renamed over, the remapper must not map the new
+    file: the tensor still has the old contents."""
+    path = tmp_path / "m.safetensors"
+    old = np.arange(4, dtype="<f4")
+    write_safetensors(path, [("w", "F32", (4,), old.tobytes())])
+    with wcache.open_file(path) as m:
+        new = tmp_path / "new.safetensors"
+        write_safetensors(new, [("w", "F32", (4,), (old + 10).tobytes())])
+        os.replace(new, path)
+        with _nowarn_unless_copy():
+            t = m.torch("w")
+        assert torch.equal(t, torch.from_numpy(old))
+
+
+class _nowarn_unless_copy:
+    """Context manager that tolerates the copy warning (the old inode can no
+    longer be reopened by path) but nothing else."""
+
+    def __enter__(self):
+        import warnings
+        self._cm = warnings.catch_warnings(record=True)
+        self.records = self._cm.__enter__()
+        warnings.simplefilter("always")
+        return self
+
+    def __exit__(self, *exc):
+        self._cm.__exit__(*exc)
+        for r in self.records:
+            assert issubclass(r.category, RuntimeWarning) and "private copies" in str(r.message)
+
+
+def test_open_file_errors(tmp_path):
+    with pytest.raises(wcache.WcacheError) as e:
+        wcache.open_file(tmp_path / "missing.safetensors")
+    assert "missing.safetensors" in str(e.value)
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}      ")
+    with pytest.raises(wcache.WcacheError) as e:
+        wcache.open_file(bad)
+    assert "bad.safetensors" in str(e.value)
+    assert e.value.errno > 0

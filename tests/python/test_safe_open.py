@@ -1,0 +1,82 @@
+"""wcache.safe_open has the interface of safetensors.safe_open."""
+import numpy as np
+import pytest
+import torch
+
+import wcache
+from pyhelpers import write_safetensors
+
+
+@pytest.fixture
+def st_file(tmp_path):
+    w = np.arange(24, dtype="<f4").reshape(4, 6)
+    ids = np.array([5, 6, 7], dtype="<i4")
+    path = tmp_path / "m.safetensors"
+    write_safetensors(path, [("w", "F32", (4, 6), w.tobytes()),
+                             ("ids", "I32", (3,), ids.tobytes())],
+                      metadata={"format": "pt"})
+    nometa = tmp_path / "nometa.safetensors"
+    write_safetensors(nometa, [("x", "U8", (2,), b"\x01\x02")])
+    return str(path), str(nometa), w, ids
+
+
+@pytest.mark.parametrize("framework", ["pt", "torch", "np", "numpy", "PT"])
+def test_frameworks(st_file, framework, no_daemon):
+    path, _, w, ids = st_file
+    with wcache.safe_open(path, framework=framework, device="cpu") as f:
+        assert f.keys() == ["ids", "w"]
+        assert f.metadata() == {"format": "pt"}
+        t = f.get_tensor("w")
+        if framework.lower() in ("pt", "torch"):
+            assert isinstance(t, torch.Tensor)
+            assert torch.equal(t, torch.from_numpy(w))
+        else:
+            assert isinstance(t, np.ndarray) and not t.flags.writeable
+            assert np.array_equal(t, w)
+        with pytest.raises(KeyError):
+            f.get_tensor("nope")
+
+
+def test_get_slice(st_file, no_daemon):
+    path, _, w, _ = st_file
+    with wcache.safe_open(path, framework="pt") as f:
+        s = f.get_slice("w")
+        assert s.get_shape() == [4, 6]
+        assert s.get_dtype() == "F32"
+        assert torch.equal(s[1:3], torch.from_numpy(w[1:3]))
+        assert torch.equal(s[:, 2], torch.from_numpy(w[:, 2]))
+        assert torch.equal(s[1:3, ::2], torch.from_numpy(w[1:3, ::2]))
+        assert s[0, 0].item() == 0.0
+    with wcache.safe_open(path, framework="np") as f:
+        assert np.array_equal(f.get_slice("w")[..., 1:], w[..., 1:])
+
+
+def test_metadata_none_when_absent(st_file, no_daemon):
+    _, nometa, _, _ = st_file
+    with wcache.safe_open(nometa, framework="np") as f:
+        assert f.metadata() is None
+        assert f.get_tensor("x").tolist() == [1, 2]
+
+
+def test_bad_arguments(st_file, no_daemon):
+    path, _, _, _ = st_file
+    with pytest.raises(ValueError, match="framework"):
+        wcache.safe_open(path, framework="tf")
+    with pytest.raises(ValueError, match="device"):
+        wcache.safe_open(path, framework="np", device="cuda:0")
+
+
+def test_closed_after_with(st_file, no_daemon):
+    path, _, w, _ = st_file
+    with wcache.safe_open(path) as f:
+        t = f.get_tensor("w")
+    with pytest.raises(ValueError, match="closed"):
+        f.get_tensor("w")
+    assert torch.equal(t, torch.from_numpy(w))
+
+
+def test_pathlike(st_file, no_daemon):
+    import pathlib
+    path, _, _, ids = st_file
+    with wcache.safe_open(pathlib.Path(path), framework="np") as f:
+        assert np.array_equal(f.get_tensor("ids"), ids)

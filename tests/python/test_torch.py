@@ -1,0 +1,176 @@
+"""torch tensors from wcache equal what torch.load gives for the same
+checkpoint saved as .pt, and wcache.convert writes files wcache (and the
+byte layout of safetensors) agree with."""
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import wcache
+from pyhelpers import PYDIR, write_safetensors
+from wcache.convert import convert
+
+ST = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+      torch.float64: "F64", torch.int64: "I64", torch.int32: "I32", torch.int16: "I16",
+      torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL", torch.complex64: "C64"}
+
+
+def sample_state_dict():
+    g = torch.Generator().manual_seed(3)
+    sd = {
+        "embed.weight": torch.randn(50, 16, generator=g).to(torch.bfloat16),
+        "layers.0.attn.q.weight": torch.randn(16, 16, generator=g),
+        "layers.0.attn.q.bias": torch.randn(16, generator=g).half(),
+        "layers.0.mlp.w": torch.randn(32, 16, generator=g).double(),
+        "layers.0.mask": torch.rand(4, 4, generator=g) > 0.5,
+        "layers.0.ids": torch.randint(-100, 100, (7,), generator=g),
+        "layers.0.i32": torch.randint(-100, 100, (2, 3), generator=g, dtype=torch.int32),
+        "layers.0.i16": torch.randint(-100, 100, (5,), generator=g, dtype=torch.int16),
+        "layers.0.i8": torch.randint(-100, 100, (5,), generator=g, dtype=torch.int8),
+        "layers.0.u8": torch.randint(0, 255, (3, 1), generator=g, dtype=torch.uint8),
+        "layers.0.c": torch.randn(3, generator=g, dtype=torch.complex64),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 4),
+    }
+    return sd
+
+
+def assert_same(a, b, name=""):
+    assert a.dtype == b.dtype, name
+    assert a.shape == b.shape, name
+    assert torch.equal(a, b), name
+
+
+def test_equal_to_torch_load_of_the_pt(tmp_path, no_daemon):
+    sd = sample_state_dict()
+    pt = tmp_path / "model.pt"
+    torch.save(sd, pt)
+    # the safetensors file written byte by byte, independent of wcache.convert
+    st = tmp_path / "model.safetensors"
+    write_safetensors(st, [(k, ST[v.dtype], tuple(v.shape),
+                            (v.view(torch.int16) if v.dtype == torch.bfloat16 else v)
+                            .contiguous().numpy().tobytes()) for k, v in sd.items()])
+    loaded = torch.load(pt, weights_only=True)
+    with wcache.safe_open(str(st), framework="pt") as f:
+        assert sorted(f.keys()) == sorted(loaded)
+        for k in f.keys():
+            assert_same(f.get_tensor(k), loaded[k], k)
+    with wcache.open_file(st) as m:
+        for k, v in m.state_dict().items():
+            assert_same(v, loaded[k], k)
+
+
+def test_convert_then_read(tmp_path):
+    sd = sample_state_dict()
+    pt = tmp_path / "model.pt"
+    torch.save(sd, pt)
+    out = tmp_path / "out.safetensors"
+    r = subprocess.run([sys.executable, "-m", "wcache.convert", str(pt), str(out)],
+                       env=dict(os.environ, PYTHONPATH=PYDIR), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert f"{len(sd)} tensors" in r.stdout
+    loaded = torch.load(pt, weights_only=True)
+    with wcache.open_file(out) as m:
+        assert m.metadata() == {"format": "pt"}
+        assert sorted(m.keys()) == sorted(loaded)
+        for k in m.keys():
+            assert_same(m.torch(k), loaded[k], k)
+    # layout: header padded to 8, every tensor aligned to its element size
+    blob = out.read_bytes()
+    (n,) = struct.unpack("<Q", blob[:8])
+    assert n % 8 == 0
+    header = json.loads(blob[8:8 + n])
+    for k, v in header.items():
+        if k != "__metadata__":
+            size = torch.tensor([], dtype=loaded[k].dtype).element_size()
+            assert v["data_offsets"][0] % size == 0, k
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_convert_shared_storage_and_views(tmp_path):
+    base = torch.arange(20, dtype=torch.float32)
+    emb = torch.randn(6, 4)
+    sd = {"embed.weight": emb, "lm_head.weight": emb,       # tied
+          "half.a": base[:10], "half.b": base[10:],          # views of one storage
+          "t.weight": torch.randn(3, 5).t()}                  # not contiguous
+    pt = tmp_path / "shared.pt"
+    torch.save(sd, pt)
+    notes = []
+    out = tmp_path / "shared.safetensors"
+    convert(str(pt), str(out), log=notes.append)
+    assert any("embed.weight" in n and "lm_head.weight" in n for n in notes)
+    assert any("half.a" in n and "half.b" in n for n in notes)
+    loaded = torch.load(pt, weights_only=True)
+    with wcache.open_file(out) as m:
+        for k in sd:
+            assert_same(m.torch(k), loaded[k].contiguous(), k)
+        # written as separate copies: distinct addresses
+        assert m.info("embed.weight").data != m.info("lm_head.weight").data
+
+
+def test_convert_checkpoint_and_module(tmp_path):
+    net = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    ck = tmp_path / "ck.pt"
+    torch.save({"state_dict": net.state_dict(), "epoch": 7, "opt": {"step": 3}}, ck)
+    notes = []
+    convert(str(ck), str(tmp_path / "ck.safetensors"), log=notes.append)
+    assert any("epoch" in n for n in notes)
+    with wcache.open_file(tmp_path / "ck.safetensors") as m:
+        assert sorted(m.keys()) == sorted(net.state_dict())
+        for k, v in net.state_dict().items():
+            assert_same(m.torch(k), v, k)
+
+    whole = tmp_path / "whole.pt"
+    torch.save(net, whole)
+    out = tmp_path / "whole.safetensors"
+    r = subprocess.run([sys.executable, "-m", "wcache.convert", str(whole), str(out)],
+                       env=dict(os.environ, PYTHONPATH=PYDIR), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 1
+    assert "--trust-pickle" in r.stderr
+    assert not out.exists()
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+    convert(str(whole), str(out), trust_pickle=True)
+    with wcache.open_file(out) as m:
+        for k, v in net.state_dict().items():
+            assert_same(m.torch(k), v, k)
+
+
+def test_convert_failure_leaves_nothing(tmp_path):
+    from wcache.convert import ConvertError
+    pt = tmp_path / "c128.pt"
+    torch.save({"ok": torch.zeros(2), "bad": torch.zeros(2, dtype=torch.complex128)}, pt)
+    out = tmp_path / "c128.safetensors"
+    with pytest.raises(ConvertError, match="bad.*complex128"):
+        convert(str(pt), str(out))
+    assert sorted(os.listdir(tmp_path)) == ["c128.pt"]
+    # an existing destination is replaced only by a complete file
+    out.write_bytes(b"old")
+    with pytest.raises(ConvertError):
+        convert(str(pt), str(out))
+    assert out.read_bytes() == b"old"
+
+
+def test_state_dict_into_module(tmp_path, no_daemon):
+    """A module takes wcache tensors as its parameters, and inference works."""
+    net = torch.nn.Linear(8, 4)
+    pt = tmp_path / "lin.pt"
+    torch.save(net.state_dict(), pt)
+    out = tmp_path / "lin.safetensors"
+    convert(str(pt), str(out))
+    x = torch.randn(2, 8)
+    with wcache.safe_open(str(out)) as f:
+        other = torch.nn.Linear(8, 4)
+        other.load_state_dict({k: f.get_tensor(k) for k in f.keys()})
+        assert torch.equal(other(x), net(x))
+        # zero-copy parameters: wrap the views directly
+        with torch.no_grad():
+            w = torch.nn.Parameter(f.get_tensor("weight"), requires_grad=False)
+            assert torch.equal(torch.nn.functional.linear(x, w, f.get_tensor("bias")), net(x))
+    assert np.isfinite(w.numpy()).all()   # still valid after the with block
