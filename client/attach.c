@@ -110,9 +110,11 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, uint8_
 		}
 		if (msg->h.type != WIRE_CHANGED && msg->h.seq == seq)
 			return n;
-		/* An announcement (or a stray reply): drop it; the status page
-		 * says what changed. */
 		fdp_close_all(fds, *nfds);
+		if (msg->h.type != WIRE_CHANGED)
+			return error_set(-EBADMSG, "wcached at %s answered request %u with %u",
+				c->path, seq, msg->h.seq);
+		/* An announcement: drop it; the status page says what changed. */
 	}
 }
 

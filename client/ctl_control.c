@@ -1,1 +1,1044 @@
-/* ctl_control.c: being written. */
+/*
+ * ctl_control.c: the wcachectl commands that talk to wcached's control
+ * socket: status, load, unload, reload, pin, unpin, evict, metrics.
+ *
+ * Each command is one request line and one reply line holding a JSON object
+ * (daemon/control.h describes the protocol). wcachectl finds the socket
+ * (--control, the `control` key of -c CONFIG, $WCACHE_CONTROL, or the
+ * default), sends the line, waits for the reply, which for load and reload
+ * comes when the daemon has finished, and shows it: a table or a sentence by
+ * default, the reply itself with --json, the exposition text for metrics.
+ * The exit status is 0 when the reply says ok, 1 with the daemon's error on
+ * stderr otherwise (or when the daemon cannot be reached), 2 for a usage
+ * error.
+ *
+ * Replies are parsed with the strict reader of json.h. Strings from the
+ * daemon are printed with control characters escaped, so a hostile model
+ * file's name cannot drive the terminal.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "ctl.h"
+#include "json.h"
+
+/* Until ctl.h declares it (see ctl_main.c). */
+int ctl_control(int argc, char **argv, const char *config, const char *control, int json);
+
+#define DEFAULT_CONTROL "/run/wcached/control.sock"
+#define REQUEST_MAX 4096            /* the daemon's CONTROL_LINE_MAX */
+#define REPLY_MAX (256u << 20)      /* a status of thousands of models fits */
+#define CONFIG_LINE_MAX 65536
+
+/* ---- finding the socket ------------------------------------------------- */
+
+/* Trims spaces and tabs at both ends of s, in place. */
+static char *
+trim(char *s)
+{
+	char *e;
+
+	while (*s == ' ' || *s == '\t')
+		s++;
+	e = s + strlen(s);
+	while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\r' || e[-1] == '\n'))
+		*--e = '\0';
+	return s;
+}
+
+/*
+ * Reads the `control` key of the [wcached] section of the configuration at
+ * path, with the syntax of daemon/config.h (comments with ';' or '#' at the
+ * start of a line, ';' after whitespace inside one); a relative value is
+ * joined with the configuration's directory. Stores a malloc'd path, or NULL
+ * when the file sets none. Returns 0, or -1 after printing the error.
+ */
+static int
+control_from_config(const char *path, char **out)
+{
+	FILE *f = fopen(path, "re");
+	char *line = malloc(CONFIG_LINE_MAX), *value = NULL;
+	bool in_wcached = false;
+	unsigned lineno = 0;
+
+	*out = NULL;
+	if (f == NULL || line == NULL) {
+		fprintf(stderr, "wcachectl: %s: %s\n", path, strerror(f == NULL ? errno : ENOMEM));
+		if (f != NULL)
+			fclose(f);
+		free(line);
+		return -1;
+	}
+	while (fgets(line, CONFIG_LINE_MAX, f) != NULL) {
+		char *s = trim(line), *eq, *v;
+
+		lineno++;
+		if (*s == '\0' || *s == ';' || *s == '#')
+			continue;
+		if (*s == '[') {
+			char *end = strchr(s, ']');
+
+			if (end == NULL)
+				continue; /* the daemon reports it; we only need one key */
+			*end = '\0';
+			in_wcached = strcmp(trim(s + 1), "wcached") == 0;
+			continue;
+		}
+		if (!in_wcached || (eq = strchr(s, '=')) == NULL)
+			continue;
+		*eq = '\0';
+		if (strcmp(trim(s), "control") != 0)
+			continue;
+		v = eq + 1;
+		for (char *p = v; *p != '\0'; p++)
+			if (*p == ';' && p > v && (p[-1] == ' ' || p[-1] == '\t')) {
+				*p = '\0';
+				break;
+			}
+		v = trim(v);
+		if (*v == '\0') {
+			fprintf(stderr, "wcachectl: %s:%u: empty control path\n", path, lineno);
+			goto fail;
+		}
+		free(value);
+		if ((value = strdup(v)) == NULL)
+			goto oom;
+	}
+	if (ferror(f)) {
+		fprintf(stderr, "wcachectl: %s: %s\n", path, strerror(errno));
+		goto fail;
+	}
+	if (value != NULL && value[0] != '/') {
+		/* Relative to the directory of the configuration file. */
+		const char *slash = strrchr(path, '/');
+		char cwd[PATH_MAX], *joined;
+		size_t need;
+
+		if (path[0] != '/' && getcwd(cwd, sizeof(cwd)) == NULL) {
+			fprintf(stderr, "wcachectl: getcwd: %s\n", strerror(errno));
+			goto fail;
+		}
+		need = strlen(cwd) + strlen(path) + strlen(value) + 3;
+		if ((joined = malloc(need)) == NULL)
+			goto oom;
+		if (path[0] == '/')
+			snprintf(joined, need, "%.*s/%s", (int)(slash - path), path, value);
+		else if (slash != NULL)
+			snprintf(joined, need, "%s/%.*s/%s", cwd, (int)(slash - path), path, value);
+		else
+			snprintf(joined, need, "%s/%s", cwd, value);
+		free(value);
+		value = joined;
+	}
+	fclose(f);
+	free(line);
+	*out = value;
+	return 0;
+oom:
+	fprintf(stderr, "wcachectl: out of memory\n");
+fail:
+	fclose(f);
+	free(line);
+	free(value);
+	return -1;
+}
+
+/* ---- talking to the daemon ---------------------------------------------- */
+
+/* Connects to the control socket; prints why not and returns -1. */
+static int
+control_connect(const char *path)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd, e;
+
+	if (strlen(path) >= sizeof(sa.sun_path)) {
+		fprintf(stderr, "wcachectl: %s: control socket path longer than %zu bytes\n", path,
+			sizeof(sa.sun_path) - 1);
+		return -1;
+	}
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) == -1) {
+		fprintf(stderr, "wcachectl: socket: %s\n", strerror(errno));
+		return -1;
+	}
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+		return fd;
+	e = errno;
+	close(fd);
+	if (e == ENOENT || e == ECONNREFUSED)
+		fprintf(stderr, "wcachectl: wcached is not running: no control socket at %s (%s)\n",
+			path, strerror(e));
+	else if (e == EACCES || e == EPERM)
+		fprintf(stderr, "wcachectl: %s: permission denied: the control socket is for "
+				"root, wcached's user and its control_group\n", path);
+	else
+		fprintf(stderr, "wcachectl: cannot connect to wcached's control socket %s: %s\n",
+			path, strerror(e));
+	return -1;
+}
+
+/*
+ * Sends the request and reads the reply line (without its '\n', NUL-
+ * terminated, malloc'd). A failed send is not final: a daemon that refuses
+ * the connection has written its reason first, so the reply is still read.
+ */
+static char *
+exchange(int fd, const char *path, const char *req, size_t len, size_t *reply_len)
+{
+	size_t cap = 4096, n = 0;
+	char *buf = malloc(cap), *nl = NULL;
+	int send_errno = 0;
+
+	if (buf == NULL) {
+		fprintf(stderr, "wcachectl: out of memory\n");
+		return NULL;
+	}
+	for (size_t off = 0; off < len;) {
+		ssize_t w = send(fd, req + off, len - off, MSG_NOSIGNAL);
+
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0) {
+			send_errno = errno;
+			break;
+		}
+		off += (size_t)w;
+	}
+	while (nl == NULL) {
+		ssize_t r;
+
+		if (n == cap) {
+			char *bigger;
+
+			if (cap >= REPLY_MAX) {
+				fprintf(stderr, "wcachectl: reply from %s longer than %u bytes\n",
+					path, REPLY_MAX);
+				free(buf);
+				return NULL;
+			}
+			if ((bigger = realloc(buf, cap * 2)) == NULL) {
+				fprintf(stderr, "wcachectl: out of memory\n");
+				free(buf);
+				return NULL;
+			}
+			buf = bigger;
+			cap *= 2;
+		}
+		r = recv(fd, buf + n, cap - n, 0);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0) {
+			int e = r < 0 ? errno : send_errno;
+
+			fprintf(stderr, "wcachectl: wcached closed the control connection %s "
+					"without a reply%s%s\n", path, e ? ": " : "",
+				e ? strerror(e) : "");
+			free(buf);
+			return NULL;
+		}
+		nl = memchr(buf + n, '\n', (size_t)r);
+		n += (size_t)r;
+	}
+	*nl = '\0';
+	*reply_len = (size_t)(nl - buf);
+	return buf;
+}
+
+/* ---- reading replies ---------------------------------------------------- */
+
+/* The fields every reply may have. Strings are malloc'd, NULL if absent. */
+struct reply {
+	int ok;              /* -1: no "ok" */
+	char *error;
+	char *message;
+	char *model;
+	char *text;
+	size_t text_len;
+	uint64_t generation;
+};
+
+static void
+reply_free(struct reply *r)
+{
+	free(r->error);
+	free(r->message);
+	free(r->model);
+	free(r->text);
+}
+
+/* Reads a string value into a malloc'd, NUL-terminated copy. */
+static int
+read_string(struct jr *j, char **out, size_t *len)
+{
+	struct jr_str s;
+	char *copy;
+	int r;
+
+	if ((r = jr_string(j, &s)) < 0)
+		return r;
+	if ((copy = malloc(s.len + 1)) == NULL)
+		return -ENOMEM;
+	jr_str_decode(&s, copy);
+	free(*out);
+	*out = copy;
+	if (len != NULL)
+		*len = s.len;
+	return 0;
+}
+
+/* Reads true or false, or skips a value of another type and leaves *out. */
+static int
+read_bool(struct jr *j, int *out)
+{
+	enum jr_type t = jr_peek(j);
+
+	if (t == JR_TRUE || t == JR_FALSE)
+		*out = t == JR_TRUE;
+	return jr_skip(j);
+}
+
+/*
+ * Reads a number that may have a fraction (uptime_seconds, warm_seconds).
+ * The reader has no float accessor, so the number's text is taken from the
+ * reader's cursor around jr_skip(), which has validated its grammar.
+ */
+static int
+read_double(struct jr *j, double *out)
+{
+	const char *start;
+	char text[64];
+	int r;
+
+	if (jr_peek(j) != JR_NUMBER)
+		return jr_skip(j);
+	start = j->p;
+	if ((r = jr_skip(j)) < 0)
+		return r;
+	snprintf(text, sizeof(text), "%.*s", (int)(j->p - start), start);
+	*out = strtod(text, NULL);
+	return 0;
+}
+
+/* Reads an integer, or skips a value of another type and leaves *out. */
+static int
+read_u64(struct jr *j, uint64_t *out)
+{
+	if (jr_peek(j) != JR_NUMBER)
+		return jr_skip(j);
+	return jr_u64(j, out);
+}
+
+/* Prints the reader's error about the reply and returns -1. */
+static int
+malformed(const struct jr *j, int r)
+{
+	if (r == -ENOMEM)
+		fprintf(stderr, "wcachectl: out of memory\n");
+	else
+		fprintf(stderr, "wcachectl: malformed reply from wcached: %s at byte %zu\n",
+			jr_errmsg(j)[0] ? jr_errmsg(j) : "unexpected value", jr_erroff(j));
+	return -1;
+}
+
+/* Parses the common fields of a reply. Returns 0 or -1 (printed). */
+static int
+reply_parse(const char *line, size_t len, struct reply *out)
+{
+	struct jr j;
+	struct jr_str key;
+	int r;
+
+	memset(out, 0, sizeof(*out));
+	out->ok = -1;
+	jr_init(&j, line, len);
+	if ((r = jr_object_begin(&j)) < 0)
+		return malformed(&j, r);
+	while ((r = jr_object_next(&j, &key)) == 1) {
+		if (jr_str_eq(&key, "ok", 2))
+			r = read_bool(&j, &out->ok);
+		else if (jr_str_eq(&key, "error", 5))
+			r = read_string(&j, &out->error, NULL);
+		else if (jr_str_eq(&key, "message", 7))
+			r = read_string(&j, &out->message, NULL);
+		else if (jr_str_eq(&key, "model", 5))
+			r = read_string(&j, &out->model, NULL);
+		else if (jr_str_eq(&key, "text", 4))
+			r = read_string(&j, &out->text, &out->text_len);
+		else if (jr_str_eq(&key, "generation", 10))
+			r = read_u64(&j, &out->generation);
+		else
+			r = jr_skip(&j);
+		if (r < 0)
+			break;
+	}
+	if (r < 0 || (r = jr_finish(&j)) < 0) {
+		reply_free(out);
+		return malformed(&j, r);
+	}
+	if (out->ok < 0 || (!out->ok && out->error == NULL)) {
+		reply_free(out);
+		fprintf(stderr, "wcachectl: malformed reply from wcached: no \"ok\"%s\n",
+			out->ok == 0 ? " or no \"error\"" : "");
+		return -1;
+	}
+	return 0;
+}
+
+/* Writes s with control characters as \xNN, for a terminal. */
+static void
+print_safe(FILE *f, const char *s)
+{
+	for (const unsigned char *p = (const unsigned char *)s; *p != '\0'; p++) {
+		if (*p < 0x20 || *p == 0x7f)
+			fprintf(f, "\\x%02x", *p);
+		else
+			fputc(*p, f);
+	}
+}
+
+/* ---- status ------------------------------------------------------------- */
+
+struct gen_row {
+	uint64_t number, attached, bytes;
+	char *state;
+	int current, pending;
+};
+
+struct model_row {
+	char *name, *state, *pinned, *error, *path;
+	uint64_t generation, bytes, resident, attached;
+	struct gen_row *gens;
+	size_t ngens;
+};
+
+struct unloaded_row {
+	char *name, *state;
+	uint64_t generation, attached;
+};
+
+struct status {
+	char *version;
+	uint64_t pid, clients;
+	double uptime;
+	struct model_row *models;
+	size_t nmodels;
+	struct unloaded_row *unloaded;
+	size_t nunloaded;
+};
+
+static void
+status_free(struct status *s)
+{
+	for (size_t i = 0; i < s->nmodels; i++) {
+		struct model_row *m = &s->models[i];
+
+		for (size_t k = 0; k < m->ngens; k++)
+			free(m->gens[k].state);
+		free(m->gens);
+		free(m->name);
+		free(m->state);
+		free(m->pinned);
+		free(m->error);
+		free(m->path);
+	}
+	for (size_t i = 0; i < s->nunloaded; i++) {
+		free(s->unloaded[i].name);
+		free(s->unloaded[i].state);
+	}
+	free(s->models);
+	free(s->unloaded);
+	free(s->version);
+}
+
+/* Grows *array (of *n elements of size) by one zeroed element. */
+static void *
+push(void *array_ptr, size_t *n, size_t size)
+{
+	void **array = array_ptr;
+	char *bigger = realloc(*array, (*n + 1) * size);
+
+	if (bigger == NULL)
+		return NULL;
+	*array = bigger;
+	memset(bigger + *n * size, 0, size);
+	return bigger + (*n)++ * size;
+}
+
+static int
+parse_generation(struct jr *j, struct gen_row *g)
+{
+	struct jr_str key;
+	int r;
+
+	if ((r = jr_object_begin(j)) < 0)
+		return r;
+	while ((r = jr_object_next(j, &key)) == 1) {
+		if (jr_str_eq(&key, "number", 6))
+			r = read_u64(j, &g->number);
+		else if (jr_str_eq(&key, "attached", 8))
+			r = read_u64(j, &g->attached);
+		else if (jr_str_eq(&key, "bytes", 5))
+			r = read_u64(j, &g->bytes);
+		else if (jr_str_eq(&key, "state", 5))
+			r = read_string(j, &g->state, NULL);
+		else if (jr_str_eq(&key, "current", 7))
+			r = read_bool(j, &g->current);
+		else if (jr_str_eq(&key, "pending", 7))
+			r = read_bool(j, &g->pending);
+		else
+			r = jr_skip(j);
+		if (r < 0)
+			return r;
+	}
+	return r;
+}
+
+static int
+parse_model(struct jr *j, struct model_row *m)
+{
+	struct jr_str key;
+	int r;
+
+	if ((r = jr_object_begin(j)) < 0)
+		return r;
+	while ((r = jr_object_next(j, &key)) == 1) {
+		if (jr_str_eq(&key, "name", 4))
+			r = read_string(j, &m->name, NULL);
+		else if (jr_str_eq(&key, "path", 4))
+			r = read_string(j, &m->path, NULL);
+		else if (jr_str_eq(&key, "state", 5))
+			r = read_string(j, &m->state, NULL);
+		else if (jr_str_eq(&key, "pinned", 6))
+			r = read_string(j, &m->pinned, NULL);
+		else if (jr_str_eq(&key, "error", 5))
+			r = read_string(j, &m->error, NULL);
+		else if (jr_str_eq(&key, "generation", 10))
+			r = read_u64(j, &m->generation);
+		else if (jr_str_eq(&key, "bytes", 5))
+			r = read_u64(j, &m->bytes);
+		else if (jr_str_eq(&key, "resident_bytes", 14))
+			r = read_u64(j, &m->resident);
+		else if (jr_str_eq(&key, "attached", 8))
+			r = read_u64(j, &m->attached);
+		else if (jr_str_eq(&key, "generations", 11) && jr_peek(j) == JR_ARRAY) {
+			if ((r = jr_array_begin(j)) < 0)
+				return r;
+			while ((r = jr_array_next(j)) == 1) {
+				struct gen_row *g = push(&m->gens, &m->ngens, sizeof(*g));
+
+				if (g == NULL)
+					return -ENOMEM;
+				if ((r = parse_generation(j, g)) < 0)
+					return r;
+			}
+		} else
+			r = jr_skip(j);
+		if (r < 0)
+			return r;
+	}
+	return r;
+}
+
+static int
+parse_unloaded(struct jr *j, struct unloaded_row *u)
+{
+	struct jr_str key;
+	int r;
+
+	if ((r = jr_object_begin(j)) < 0)
+		return r;
+	while ((r = jr_object_next(j, &key)) == 1) {
+		if (jr_str_eq(&key, "name", 4))
+			r = read_string(j, &u->name, NULL);
+		else if (jr_str_eq(&key, "state", 5))
+			r = read_string(j, &u->state, NULL);
+		else if (jr_str_eq(&key, "generation", 10))
+			r = read_u64(j, &u->generation);
+		else if (jr_str_eq(&key, "attached", 8))
+			r = read_u64(j, &u->attached);
+		else
+			r = jr_skip(j);
+		if (r < 0)
+			return r;
+	}
+	return r;
+}
+
+/* Parses a status reply; returns 0 or -1 (printed). */
+static int
+status_parse(const char *line, size_t len, struct status *s)
+{
+	struct jr j;
+	struct jr_str key;
+	int r;
+
+	memset(s, 0, sizeof(*s));
+	jr_init(&j, line, len);
+	if ((r = jr_object_begin(&j)) < 0)
+		return malformed(&j, r);
+	while ((r = jr_object_next(&j, &key)) == 1) {
+		if (jr_str_eq(&key, "version", 7))
+			r = read_string(&j, &s->version, NULL);
+		else if (jr_str_eq(&key, "pid", 3))
+			r = read_u64(&j, &s->pid);
+		else if (jr_str_eq(&key, "clients", 7))
+			r = read_u64(&j, &s->clients);
+		else if (jr_str_eq(&key, "uptime_seconds", 14))
+			r = read_double(&j, &s->uptime);
+		else if ((jr_str_eq(&key, "models", 6) || jr_str_eq(&key, "unloaded", 8)) &&
+			jr_peek(&j) == JR_ARRAY) {
+			bool models = key.len == 6;
+
+			if ((r = jr_array_begin(&j)) < 0)
+				break;
+			while ((r = jr_array_next(&j)) == 1) {
+				if (models) {
+					struct model_row *m = push(&s->models, &s->nmodels, sizeof(*m));
+
+					r = m == NULL ? -ENOMEM : parse_model(&j, m);
+				} else {
+					struct unloaded_row *u =
+						push(&s->unloaded, &s->nunloaded, sizeof(*u));
+
+					r = u == NULL ? -ENOMEM : parse_unloaded(&j, u);
+				}
+				if (r < 0)
+					break;
+			}
+		} else
+			r = jr_skip(&j);
+		if (r < 0)
+			break;
+	}
+	if (r < 0 || (r = jr_finish(&j)) < 0) {
+		status_free(s);
+		return malformed(&j, r);
+	}
+	return 0;
+}
+
+/* "1.5 GiB": binary units, one decimal. */
+static const char *
+human_bytes(uint64_t b, char *buf, size_t cap)
+{
+	static const char *const units[] = { "KiB", "MiB", "GiB", "TiB", "PiB", "EiB" };
+	double v = (double)b;
+	size_t u = 0;
+
+	if (b < 1024) {
+		snprintf(buf, cap, "%" PRIu64 " B", b);
+		return buf;
+	}
+	v /= 1024;
+	while (v >= 1024 && u + 1 < sizeof(units) / sizeof(units[0])) {
+		v /= 1024;
+		u++;
+	}
+	snprintf(buf, cap, "%.1f %s", v, units[u]);
+	return buf;
+}
+
+/* "3d 4h", "2h 5m", "5m 12s", "12s". */
+static const char *
+human_duration(double seconds, char *buf, size_t cap)
+{
+	uint64_t s = seconds > 0 ? (uint64_t)seconds : 0;
+
+	if (s >= 86400)
+		snprintf(buf, cap, "%" PRIu64 "d %" PRIu64 "h", s / 86400, s % 86400 / 3600);
+	else if (s >= 3600)
+		snprintf(buf, cap, "%" PRIu64 "h %" PRIu64 "m", s / 3600, s % 3600 / 60);
+	else if (s >= 60)
+		snprintf(buf, cap, "%" PRIu64 "m %" PRIu64 "s", s / 60, s % 60);
+	else
+		snprintf(buf, cap, "%" PRIu64 "s", s);
+	return buf;
+}
+
+#define STATUS_COLUMNS 7
+
+/* Prints the status reply as a table: one row per model, then the other
+ * open generations, generations of unloaded models, and errors. */
+static void
+print_status(const struct status *s)
+{
+	static const char *const head[STATUS_COLUMNS] = {
+		"NAME", "GEN", "STATE", "BYTES", "RESIDENT", "PINNED", "ATTACHED",
+	};
+	size_t width[STATUS_COLUMNS];
+	char cell[STATUS_COLUMNS][64], tmp[32];
+	bool others = false, errors = false;
+
+	printf("wcached %s (pid %" PRIu64 "), up %s, %" PRIu64 " client%s, %zu model%s\n",
+		s->version != NULL ? s->version : "?", s->pid,
+		human_duration(s->uptime, tmp, sizeof(tmp)), s->clients, s->clients == 1 ? "" : "s",
+		s->nmodels, s->nmodels == 1 ? "" : "s");
+	if (s->nmodels == 0 && s->nunloaded == 0)
+		return;
+	for (int c = 0; c < STATUS_COLUMNS; c++)
+		width[c] = strlen(head[c]);
+	/* Two passes: measure, then print. Names are at most 128 bytes (the
+	 * daemon's rule), wider ones are not truncated, only misaligned. */
+	for (int pass = 0; pass < 2; pass++) {
+		if (pass == 1) {
+			putchar('\n');
+			for (int c = 0; c < STATUS_COLUMNS; c++)
+				printf("%-*s%s", c + 1 < STATUS_COLUMNS ? (int)width[c] : 0, head[c],
+					c + 1 < STATUS_COLUMNS ? "  " : "\n");
+		}
+		for (size_t i = 0; i < s->nmodels; i++) {
+			const struct model_row *m = &s->models[i];
+
+			snprintf(cell[0], sizeof(cell[0]), "%s", m->name ? m->name : "?");
+			snprintf(cell[1], sizeof(cell[1]), "%" PRIu64, m->generation);
+			snprintf(cell[2], sizeof(cell[2]), "%s", m->state ? m->state : "?");
+			human_bytes(m->bytes, cell[3], sizeof(cell[3]));
+			human_bytes(m->resident, cell[4], sizeof(cell[4]));
+			snprintf(cell[5], sizeof(cell[5]), "%s", m->pinned ? m->pinned : "?");
+			snprintf(cell[6], sizeof(cell[6]), "%" PRIu64, m->attached);
+			for (int c = 0; c < STATUS_COLUMNS; c++) {
+				if (pass == 0) {
+					if (strlen(cell[c]) > width[c])
+						width[c] = strlen(cell[c]);
+					continue;
+				}
+				if (c == 0)
+					print_safe(stdout, m->name ? m->name : "?");
+				else
+					fputs(cell[c], stdout);
+				if (c + 1 < STATUS_COLUMNS)
+					printf("%*s", (int)(width[c] - strlen(cell[c]) + 2), "");
+			}
+			if (pass == 1)
+				putchar('\n');
+		}
+	}
+	for (size_t i = 0; i < s->nmodels; i++) {
+		const struct model_row *m = &s->models[i];
+
+		for (size_t k = 0; k < m->ngens; k++) {
+			const struct gen_row *g = &m->gens[k];
+
+			if (g->current)
+				continue;
+			if (!others)
+				printf("\nother open generations:\n");
+			others = true;
+			printf("  ");
+			print_safe(stdout, m->name ? m->name : "?");
+			printf(" generation %" PRIu64 ": %s, %" PRIu64 " attached, %s%s\n", g->number,
+				g->state ? g->state : "?", g->attached,
+				human_bytes(g->bytes, tmp, sizeof(tmp)),
+				g->pending ? " (pending: becomes current when warm)" :
+					     " (old: closes when released)");
+		}
+	}
+	for (size_t i = 0; i < s->nunloaded; i++) {
+		const struct unloaded_row *u = &s->unloaded[i];
+
+		if (!others)
+			printf("\nother open generations:\n");
+		others = true;
+		printf("  ");
+		print_safe(stdout, u->name ? u->name : "?");
+		printf(" generation %" PRIu64 ": %s, %" PRIu64 " attached (unloaded: closes when "
+		       "released)\n", u->generation, u->state ? u->state : "?", u->attached);
+	}
+	for (size_t i = 0; i < s->nmodels; i++) {
+		const struct model_row *m = &s->models[i];
+
+		if (m->error == NULL)
+			continue;
+		if (!errors)
+			printf("\nerrors:\n");
+		errors = true;
+		printf("  ");
+		print_safe(stdout, m->name ? m->name : "?");
+		printf(": ");
+		print_safe(stdout, m->error);
+		putchar('\n');
+	}
+}
+
+/* ---- the commands ------------------------------------------------------- */
+
+static const struct control_command {
+	const char *name;
+	int min_args, max_args;
+	const char *args;
+	const char *help;
+} control_commands[] = {
+	{ "status", 0, 0, "",
+		"Shows wcached's version, uptime and client count, then one row per model:\n"
+		"its current generation, state (loading, warming, ready, cold, modified,\n"
+		"failed), size, bytes resident in the page cache, pin mode and the clients\n"
+		"attached to the current generation. Below the table: other generations\n"
+		"still open (a replacement warming, old ones that clients still hold,\n"
+		"those of unloaded models) and each model's last load error.\n" },
+	{ "load", 2, 3, "NAME PATH [pin=none|metadata|all]",
+		"Serves the model at PATH (a safetensors file, a shard index, a directory\n"
+		"holding one, or a WEIG file) as NAME. When NAME is served already, PATH\n"
+		"becomes its next generation: it is validated and warmed while the current\n"
+		"one keeps serving, and replaces it when warm; clients holding the old\n"
+		"generation keep it until they release it. A relative PATH is taken from\n"
+		"the current directory. pin= sets what stays locked in memory (default:\n"
+		"the model's current setting, or metadata). Waits until the daemon has\n"
+		"validated PATH and prints the new generation's number; a PATH that fails\n"
+		"validation is an error and the current generation keeps serving.\n" },
+	{ "unload", 1, 1, "NAME",
+		"Stops serving NAME: new attaches fail. Clients that hold it keep their\n"
+		"mappings; its generations close when they release them.\n" },
+	{ "reload", 0, 1, "[NAME]",
+		"With NAME: re-checks the model's files and, when one was replaced (or the\n"
+		"model had failed), loads them as the next generation. Without NAME:\n"
+		"re-reads the configuration file, as SIGHUP does, adding, dropping and\n"
+		"reloading models. Waits until the reload has finished.\n" },
+	{ "pin", 1, 1, "NAME",
+		"Locks every page of NAME's current generation in memory (mlock), within\n"
+		"RLIMIT_MEMLOCK, so memory pressure never evicts it.\n" },
+	{ "unpin", 1, 1, "NAME",
+		"Unlocks NAME's pages except its index and file headers (pin=metadata).\n" },
+	{ "evict", 1, 1, "NAME",
+		"Drops NAME's files from the page cache (pages that no process maps); the\n"
+		"model shows as cold until a client attaches it again. Refused for a\n"
+		"pinned model.\n" },
+	{ "metrics", 0, 0, "",
+		"Prints wcached's metrics in the Prometheus text exposition format: per\n"
+		"model bytes, resident bytes, generation, attached clients, attach, error\n"
+		"and swap counters, warm-up seconds; daemon uptime and clients. With\n"
+		"--json, the daemon's reply holds the text in \"text\".\n" },
+};
+
+#define NCONTROL (sizeof(control_commands) / sizeof(control_commands[0]))
+
+static const char options_help[] =
+	"  -c, --config CONFIG  find the control socket in CONFIG's [wcached] section\n"
+	"      --control PATH   the control socket (default $WCACHE_CONTROL, else\n"
+	"                       " DEFAULT_CONTROL ")\n"
+	"      --json           print the daemon's JSON reply as it came\n"
+	"  -h, --help           this help\n";
+
+static void
+command_usage(FILE *f, const struct control_command *cmd)
+{
+	fprintf(f, "usage: wcachectl [-c CONFIG | --control PATH] [--json] %s%s%s\n\n%s\n%s",
+		cmd->name, cmd->args[0] ? " " : "", cmd->args, cmd->help, options_help);
+}
+
+/* Appends word to the request, in double quotes when it needs them.
+ * Returns -1 (printed) for a control character or an overlong request. */
+static int
+append_word(char *req, size_t *len, const char *word)
+{
+	bool quote = word[0] == '\0' || strpbrk(word, " \t\"\\") != NULL;
+	size_t n = *len, need = (n > 0) + (quote ? 2 : 0);
+
+	for (const unsigned char *p = (const unsigned char *)word; *p != '\0'; p++) {
+		if (*p < 0x20 || *p == 0x7f) {
+			fprintf(stderr, "wcachectl: argument \"");
+			print_safe(stderr, word);
+			fprintf(stderr, "\" holds a control character\n");
+			return -1;
+		}
+		need += *p == '"' || *p == '\\' ? 2 : 1;
+	}
+	if (need > REQUEST_MAX - n) {
+		fprintf(stderr, "wcachectl: request longer than %d bytes\n", REQUEST_MAX);
+		return -1;
+	}
+	if (n > 0)
+		req[n++] = ' ';
+	if (quote)
+		req[n++] = '"';
+	for (const char *p = word; *p != '\0'; p++) {
+		if (*p == '"' || *p == '\\')
+			req[n++] = '\\';
+		req[n++] = *p;
+	}
+	if (quote)
+		req[n++] = '"';
+	*len = n;
+	return 0;
+}
+
+/* Makes a relative PATH absolute (without resolving symlinks: the daemon
+ * re-checks the path as given on reload). Returns malloc'd or NULL. */
+static char *
+absolute_path(const char *path)
+{
+	char cwd[PATH_MAX], *out;
+	size_t need;
+
+	if (path[0] == '/')
+		return strdup(path);
+	if (getcwd(cwd, sizeof(cwd)) == NULL) {
+		fprintf(stderr, "wcachectl: getcwd: %s\n", strerror(errno));
+		return NULL;
+	}
+	need = strlen(cwd) + strlen(path) + 2;
+	if ((out = malloc(need)) != NULL)
+		snprintf(out, need, "%s/%s", cwd, path);
+	return out;
+}
+
+/* Shows a successful reply of a command other than status and metrics. */
+static void
+print_result(const struct control_command *cmd, const struct reply *r, char **args)
+{
+	if (strcmp(cmd->name, "load") == 0 || (strcmp(cmd->name, "reload") == 0 && r->model)) {
+		printf("model ");
+		print_safe(stdout, r->model != NULL ? r->model : args[0]);
+		printf(": ");
+	} else if (cmd->min_args == 1) {
+		printf("model ");
+		print_safe(stdout, args[0]);
+		printf(": ");
+	}
+	print_safe(stdout, r->message != NULL ? r->message : "ok");
+	putchar('\n');
+}
+
+/* Resolves the control socket's path: --control, -c CONFIG's control key,
+ * $WCACHE_CONTROL, the default. Returns malloc'd, or NULL (printed). */
+static char *
+socket_path(const char *config, const char *control)
+{
+	const char *env = getenv("WCACHE_CONTROL");
+	char *path = NULL;
+
+	if (control != NULL)
+		path = strdup(control);
+	else if (config != NULL) {
+		if (control_from_config(config, &path) < 0)
+			return NULL;
+	}
+	if (path == NULL && control == NULL)
+		path = strdup(env != NULL && env[0] != '\0' ? env : DEFAULT_CONTROL);
+	if (path == NULL)
+		fprintf(stderr, "wcachectl: out of memory\n");
+	return path;
+}
+
+/*
+ * Runs the control command argv[0] with its arguments. config and control
+ * are the global -c and --control options (or NULL), json the global --json.
+ * Returns the exit status.
+ */
+int
+ctl_control(int argc, char **argv, const char *config, const char *control, int json)
+{
+	const struct control_command *cmd = NULL;
+	char *args[4], req[REQUEST_MAX + 2], *path = NULL, *reply_line = NULL, *abs = NULL;
+	size_t nargs = 0, len = 0, reply_len = 0;
+	struct reply r;
+	int fd = -1, status = 1;
+
+	for (size_t i = 0; i < NCONTROL; i++)
+		if (strcmp(argv[0], control_commands[i].name) == 0)
+			cmd = &control_commands[i];
+	if (cmd == NULL) {
+		fprintf(stderr, "wcachectl: unknown command \"%s\"\n", argv[0]);
+		return 2;
+	}
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+			command_usage(stdout, cmd);
+			return 0;
+		} else if (strcmp(argv[i], "--json") == 0) {
+			json = 1;
+		} else if (strcmp(argv[i], "--control") == 0 && i + 1 < argc) {
+			control = argv[++i];
+		} else if ((strcmp(argv[i], "-c") == 0 || strcmp(argv[i], "--config") == 0) &&
+			i + 1 < argc) {
+			config = argv[++i];
+		} else if (strncmp(argv[i], "--config=", 9) == 0) {
+			config = argv[i] + 9;
+		} else if (strncmp(argv[i], "--control=", 10) == 0) {
+			control = argv[i] + 10;
+		} else if (strcmp(argv[i], "--") == 0) {
+			while (++i < argc && nargs < 4)
+				args[nargs++] = argv[i];
+			if (i < argc)
+				nargs = 5; /* too many */
+			break;
+		} else if (argv[i][0] == '-' && argv[i][1] != '\0') {
+			fprintf(stderr, "wcachectl %s: unknown option \"%s\"\n\n", cmd->name, argv[i]);
+			command_usage(stderr, cmd);
+			return 2;
+		} else if (nargs < 4) {
+			args[nargs++] = argv[i];
+		} else {
+			nargs = 5;
+		}
+	}
+	if ((int)nargs < cmd->min_args || (int)nargs > cmd->max_args) {
+		command_usage(stderr, cmd);
+		return 2;
+	}
+	if (config != NULL && control != NULL) {
+		fprintf(stderr, "wcachectl: give -c CONFIG or --control PATH, not both\n");
+		return 2;
+	}
+	if (strcmp(cmd->name, "load") == 0) {
+		if ((abs = absolute_path(args[1])) == NULL)
+			return 1;
+		args[1] = abs;
+	}
+	if (append_word(req, &len, cmd->name) < 0)
+		goto out;
+	for (size_t i = 0; i < nargs; i++)
+		if (append_word(req, &len, args[i]) < 0)
+			goto out;
+	req[len++] = '\n';
+	if ((path = socket_path(config, control)) == NULL || (fd = control_connect(path)) < 0)
+		goto out;
+	if ((reply_line = exchange(fd, path, req, len, &reply_len)) == NULL)
+		goto out;
+	if (reply_parse(reply_line, reply_len, &r) < 0)
+		goto out;
+	status = r.ok ? 0 : 1;
+	if (!r.ok) {
+		fprintf(stderr, "wcachectl: ");
+		print_safe(stderr, r.error);
+		fputc('\n', stderr);
+		if (json)
+			printf("%s\n", reply_line);
+	} else if (json) {
+		printf("%s\n", reply_line);
+	} else if (strcmp(cmd->name, "metrics") == 0) {
+		if (r.text != NULL)
+			fwrite(r.text, 1, r.text_len, stdout);
+	} else if (strcmp(cmd->name, "status") == 0) {
+		struct status s;
+
+		if (status_parse(reply_line, reply_len, &s) < 0) {
+			status = 1;
+		} else {
+			print_status(&s);
+			status_free(&s);
+		}
+	} else {
+		print_result(cmd, &r, args);
+	}
+	reply_free(&r);
+	if (fflush(stdout) != 0 || ferror(stdout)) {
+		fprintf(stderr, "wcachectl: writing the output: %s\n", strerror(errno));
+		status = 1;
+	}
+out:
+	if (fd >= 0)
+		close(fd);
+	free(reply_line);
+	free(path);
+	free(abs);
+	return status;
+}

@@ -1,50 +1,139 @@
 /*
- * ctl_main.c: wcachectl, the command-line tool of wcache. This file only
- * dispatches to the subcommands (ctl.h) and prints the overall help.
+ * ctl_main.c: wcachectl, the command-line tool of wcache. This file parses
+ * the global options, dispatches to the subcommands (ctl.h) and prints the
+ * overall help.
+ *
+ * Two kinds of commands: those that work on files or attach like a worker
+ * (inspect, convert, attach: they take their own options), and those that
+ * drive a running wcached through its control socket (ctl_control.c), which
+ * the global options -c, --control and --json configure.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ctl.h"
 
+/* Until ctl.h declares it: the control commands (ctl_control.c). */
+int ctl_control(int argc, char **argv, const char *config, const char *control, int json);
+
 static const struct {
 	const char *name;
-	int (*run)(int, char **);
+	int (*run)(int, char **); /* NULL: a control command */
 	const char *summary;
 } commands[] = {
+	{ "status", NULL, "show the daemon, its models and their generations" },
+	{ "load", NULL, "serve a model, or swap a served one to a new path" },
+	{ "unload", NULL, "stop serving a model" },
+	{ "reload", NULL, "re-check a model's files, or re-read the configuration" },
+	{ "pin", NULL, "lock every page of a model in memory" },
+	{ "unpin", NULL, "lock only a model's index and headers" },
+	{ "evict", NULL, "drop a model's files from the page cache" },
+	{ "metrics", NULL, "print metrics in the Prometheus text format" },
 	{ "inspect", ctl_inspect, "validate a model file and list its tensors" },
 	{ "convert", ctl_convert, "convert between safetensors and WEIG" },
 	{ "attach", ctl_attach, "attach a model through wcached and time it" },
 };
 
+#define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
+
 static void
 usage(FILE *f)
 {
-	fprintf(f, "usage: wcachectl COMMAND [ARGS...]\n\ncommands:\n");
-	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+	fprintf(f, "usage: wcachectl [-c CONFIG | --control PATH] [--json] COMMAND [ARGS...]\n\n"
+		   "Drives wcached, the shared weight cache daemon, and works with model files.\n\n"
+		   "commands that talk to wcached's control socket:\n");
+	for (size_t i = 0; i < NCOMMANDS; i++) {
+		if (i > 0 && commands[i].run != NULL && commands[i - 1].run == NULL)
+			fprintf(f, "\nother commands (they take their own options):\n");
 		fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
-	fprintf(f, "\n'wcachectl COMMAND --help' describes a command.\n");
+	}
+	fprintf(f, "\noptions of the control commands (before or after COMMAND):\n"
+		   "  -c, --config CONFIG  use the control socket CONFIG names (the `control`\n"
+		   "                       key of its [wcached] section)\n"
+		   "      --control PATH   the control socket (default $WCACHE_CONTROL, else\n"
+		   "                       /run/wcached/control.sock)\n"
+		   "      --json           print wcached's JSON reply instead of a table\n\n"
+		   "Exit status: 0 on success; 1 when wcached reports an error or cannot be\n"
+		   "reached (the reason is on stderr); 2 for a usage error.\n\n"
+		   "'wcachectl COMMAND --help' describes a command.\n");
+}
+
+/* Takes the value of an option written "--opt VALUE", "--opt=VALUE" or
+ * "-c VALUE"; NULL (and a message) when it is missing. */
+static const char *
+option_value(int argc, char **argv, int *i, const char *name)
+{
+	size_t n = strlen(name);
+
+	if (strncmp(argv[*i], name, n) == 0 && argv[*i][n] == '=')
+		return argv[*i] + n + 1;
+	if (*i + 1 < argc)
+		return argv[++*i];
+	fprintf(stderr, "wcachectl: %s needs a value (see wcachectl --help)\n", name);
+	return NULL;
+}
+
+static int
+is_option(const char *arg, const char *name)
+{
+	size_t n = strlen(name);
+
+	return strncmp(arg, name, n) == 0 && (arg[n] == '\0' || arg[n] == '=');
 }
 
 int
 main(int argc, char **argv)
 {
-	if (argc < 2) {
+	const char *config = NULL, *control = NULL;
+	int json = 0, i;
+
+	for (i = 1; i < argc && argv[i][0] == '-'; i++) {
+		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+			usage(stdout);
+			return 0;
+		} else if (strcmp(argv[i], "--version") == 0) {
+			printf("wcachectl %s\n", WCACHE_VERSION);
+			return 0;
+		} else if (strcmp(argv[i], "-c") == 0 || is_option(argv[i], "--config")) {
+			if ((config = option_value(argc, argv, &i, "--config")) == NULL)
+				return 2;
+		} else if (is_option(argv[i], "--control")) {
+			if ((control = option_value(argc, argv, &i, "--control")) == NULL)
+				return 2;
+		} else if (strcmp(argv[i], "--json") == 0) {
+			json = 1;
+		} else {
+			fprintf(stderr, "wcachectl: unknown option \"%s\" (see wcachectl --help)\n",
+				argv[i]);
+			return 2;
+		}
+	}
+	if (config != NULL && control != NULL) {
+		fprintf(stderr, "wcachectl: give -c CONFIG or --control PATH, not both\n");
+		return 2;
+	}
+	if (i == argc) {
 		usage(stderr);
 		return 2;
 	}
-	if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
-		strcmp(argv[1], "help") == 0) {
+	if (strcmp(argv[i], "help") == 0) {
 		usage(stdout);
 		return 0;
 	}
-	if (strcmp(argv[1], "--version") == 0) {
-		printf("wcachectl %s\n", WCACHE_VERSION);
-		return 0;
+	for (size_t k = 0; k < NCOMMANDS; k++) {
+		if (strcmp(argv[i], commands[k].name) != 0)
+			continue;
+		if (commands[k].run == NULL)
+			return ctl_control(argc - i, argv + i, config, control, json);
+		if (config != NULL || control != NULL || json) {
+			fprintf(stderr, "wcachectl: -c, --control and --json go with the control "
+					"commands; see 'wcachectl %s --help' for its options\n",
+				commands[k].name);
+			return 2;
+		}
+		return commands[k].run(argc - i, argv + i);
 	}
-	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
-		if (strcmp(argv[1], commands[i].name) == 0)
-			return commands[i].run(argc - 1, argv + 1);
-	fprintf(stderr, "wcachectl: unknown command \"%s\" (see wcachectl --help)\n", argv[1]);
+	fprintf(stderr, "wcachectl: unknown command \"%s\" (see wcachectl --help)\n", argv[i]);
 	return 2;
 }

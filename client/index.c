@@ -229,8 +229,10 @@ index_build(struct index_builder *b, const char *what, uint8_t **blob, size_t *l
 	size_t tensor_off = INDEX_HEADER_SIZE, file_off, meta_off, shape_off, string_off, total;
 	uint8_t *out, *p;
 
-	qsort_r(b->tensors, b->ntensors, sizeof(*b->tensors), compare_tensors, b->strings);
-	qsort_r(b->meta, b->nmeta, sizeof(*b->meta), compare_pairs, b->strings);
+	if (b->ntensors > 1)
+		qsort_r(b->tensors, b->ntensors, sizeof(*b->tensors), compare_tensors, b->strings);
+	if (b->nmeta > 1)
+		qsort_r(b->meta, b->nmeta, sizeof(*b->meta), compare_pairs, b->strings);
 	for (size_t i = 1; i < b->ntensors; i++)
 		if (compare_tensors(&b->tensors[i - 1], &b->tensors[i], b->strings) == 0)
 			return error_set(-EINVAL, "%s: duplicate tensor name \"%s\"", what,
@@ -285,7 +287,8 @@ index_build(struct index_builder *b, const char *what, uint8_t **blob, size_t *l
 	}
 	for (size_t i = 0; i < b->shapes_len; i++)
 		put64(out + shape_off + i * sizeof(uint64_t), b->shapes[i]);
-	memcpy(out + string_off, b->strings, b->strings_len);
+	if (b->strings_len > 0)
+		memcpy(out + string_off, b->strings, b->strings_len);
 
 	*blob = out;
 	*len = total;

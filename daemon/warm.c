@@ -16,16 +16,25 @@
  * may read a job (e.g. for progress) without the lock as long as it has not
  * delivered it.
  *
- * Choice of method (measured on this machine: Linux 6.18, ext4 on virtio
- * /dev/vda, 1 GiB file, page cache dropped with POSIX_FADV_DONTNEED before
- * every run, 7 runs each, median): pread(2) of 8 MiB chunks into a reused
- * buffer 0.37 s (~2.7 GiB/s, the steadiest); fadvise(WILLNEED) one chunk
- * ahead then pread 0.44 s; sendfile(2) to /dev/null 0.47 s; pread of 1 MiB
- * chunks 0.75 s; `cat` 0.53 s (and the most variable). So WARM_PREAD with
- * 8 MiB chunks is the default; `test_warm --bench FILE` repeats the
- * comparison. cachestat(2) exists on this kernel (6.5+), so
- * warm_cached_bytes() uses it; warm_resident_bytes() (mincore) works
- * everywhere.
+ * Choice of method, measured on this machine (Linux 6.18, 2 vCPUs, ext4 on
+ * virtio /dev/vda, 1 GiB file, page cache dropped with POSIX_FADV_DONTNEED
+ * and checked empty before every run, contenders interleaved, medians;
+ * `test_warm --bench FILE RUNS`):
+ *   idle machine, 7 runs: pread 8 MiB 0.37 s; sendfile 0.47 s (8 MiB
+ *     calls; 0.35 s with 1 MiB calls, bimodal); fadvise(WILLNEED) one chunk
+ *     ahead + pread 0.44 s; pread 1 MiB 0.75 s; `cat` 0.53 s;
+ *   machine busy with other builds and fuzzers (load 5-9), 15 runs:
+ *     sendfile 0.59 s (max 0.73), CPU 0.022 s; pread 8 MiB 0.65 s (max
+ *     2.1), CPU 0.105 s; fadvise+pread 1.30 s; `cat` 1.93 s, CPU 0.59 s.
+ * The disk's speed is the same for all; what differs is the CPU each method
+ * needs between requests. sendfile(2) to /dev/null moves no byte to user
+ * space (the page cache pages go through a pipe to /dev/null's no-op
+ * splice), so it is the steadiest when the host is busy with inference
+ * workers, which is when warming runs. It is the default; if the file's
+ * filesystem cannot splice (sendfile fails with EINVAL or ENOSYS), the job
+ * falls back to pread into the thread's buffer. cachestat(2) exists on this
+ * kernel (6.5+), so warm_cached_bytes() uses it; warm_resident_bytes()
+ * (mincore) works everywhere.
  */
 #include "warm.h"
 
@@ -44,7 +53,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define WARM_DEFAULT_METHOD WARM_PREAD
+#define WARM_DEFAULT_METHOD WARM_SENDFILE
 
 /* Where a job is; only changes under pool->mu. */
 enum job_state {
@@ -79,7 +88,9 @@ struct warm_pool {
 	struct job_list done;
 	struct warm_job **running; /* one slot per thread */
 	pthread_t *threads;
-	uint8_t **buffers;         /* one chunk-sized read buffer per thread */
+	uint8_t **buffers;         /* one chunk-sized read buffer per thread (with
+				      sendfile, used only by the pread fallback;
+				      untouched pages cost no memory) */
 	unsigned nthreads;
 	size_t chunk;
 	enum warm_method method;
@@ -179,19 +190,25 @@ pace_wait(struct warm_pool *pool, struct warm_job *job, uint64_t bytes)
 }
 
 /*
- * Pulls [off, off + n) into the page cache with the pool's method. Returns
- * the bytes read (> 0), 0 at end of file, or -errno.
+ * Pulls [off, off + n) into the page cache: with sendfile(2) to /dev/null
+ * while *use_sendfile, else pread(2) into buf. A file that cannot be spliced
+ * (EINVAL, ENOSYS) clears *use_sendfile and is read with pread from then on.
+ * Returns the bytes read (> 0), 0 at end of file, or -errno.
  */
 static ssize_t
-read_chunk(struct warm_pool *pool, const struct warm_job *job, uint8_t *buf, uint64_t off,
-	size_t n)
+read_chunk(struct warm_pool *pool, const struct warm_job *job, bool *use_sendfile, uint8_t *buf,
+	uint64_t off, size_t n)
 {
 	ssize_t r;
 
 	for (;;) {
-		if (pool->method == WARM_SENDFILE) {
+		if (*use_sendfile) {
 			off_t o = (off_t)off;
 			r = sendfile(pool->null_fd, job->req.fd, &o, n);
+			if (r < 0 && (errno == EINVAL || errno == ENOSYS)) {
+				*use_sendfile = false;
+				continue;
+			}
 		} else {
 			r = pread(job->req.fd, buf, n, (off_t)off);
 		}
@@ -231,6 +248,7 @@ run_job(struct warm_pool *pool, struct warm_job *job, uint8_t *buf)
 	uint64_t off = job->req.offset;
 	uint64_t end = job->req.offset + job->req.length;
 	uint64_t done = 0;
+	bool use_sendfile = pool->method == WARM_SENDFILE;
 	int status = 0;
 
 	if (job->req.length > 0)
@@ -250,7 +268,7 @@ run_job(struct warm_pool *pool, struct warm_job *job, uint8_t *buf)
 			uint64_t next = off + n;
 			hint_ahead(job, next, end - next < pool->chunk ? end - next : pool->chunk);
 		}
-		r = read_chunk(pool, job, buf, off, n);
+		r = read_chunk(pool, job, &use_sendfile, buf, off, n);
 		if (r < 0) {
 			status = (int)r;
 			break;
@@ -496,13 +514,12 @@ warm_pool_new(uv_loop_t *loop, const struct warm_options *opt, struct warm_pool 
 			pool_free(pool);
 			return err;
 		}
-	} else {
-		for (unsigned i = 0; i < pool->nthreads; i++) {
-			pool->buffers[i] = aligned_alloc(page_size(), pool->chunk);
-			if (pool->buffers[i] == NULL) {
-				pool_free(pool);
-				return -ENOMEM;
-			}
+	}
+	for (unsigned i = 0; i < pool->nthreads; i++) {
+		pool->buffers[i] = aligned_alloc(page_size(), pool->chunk);
+		if (pool->buffers[i] == NULL) {
+			pool_free(pool);
+			return -ENOMEM;
 		}
 	}
 	/* The threads touch the async handle only once a job exists, and jobs

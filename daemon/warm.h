@@ -50,14 +50,17 @@ struct warm_pool;
 struct warm_job;
 
 /* How a pool thread pulls one chunk into the page cache. The default
- * (method 0 in struct warm_options) is WARM_PREAD with 8 MiB chunks, which
- * streamed fastest from a cold cache on the reference machine (figures in
- * warm.c; `test_warm --bench FILE` repeats them); the others stay
- * selectable for benchmarks and for disks that behave differently. */
+ * (method 0 in struct warm_options) is WARM_SENDFILE with 8 MiB calls: on an
+ * idle machine an 8 MiB pread was a little faster (0.37 s vs 0.47 s per
+ * GiB), but on a busy one, which is when warming runs, sendfile was faster
+ * and far steadier with a fifth of the CPU (figures in warm.c;
+ * `test_warm --bench FILE` repeats them). The others stay selectable for
+ * benchmarks and for disks that behave differently. */
 enum warm_method {
 	WARM_PREAD = 1,      /* pread(2) each chunk into a per-thread buffer */
 	WARM_FADVISE_PREAD,  /* posix_fadvise(WILLNEED) one chunk ahead, then pread */
-	WARM_SENDFILE,       /* sendfile(2) each chunk to /dev/null: no copy to user space */
+	WARM_SENDFILE,       /* sendfile(2) each chunk to /dev/null: no copy to user space;
+				falls back to pread if the filesystem cannot splice */
 };
 
 /* Limits and defaults for struct warm_options. */
@@ -70,7 +73,8 @@ enum warm_method {
 /* Pool settings. A zeroed struct (or a NULL pointer) means all defaults. */
 struct warm_options {
 	unsigned threads;        /* prefetch_threads: 0 = default, 1..WARM_MAX_THREADS */
-	size_t chunk_bytes;      /* read request size: 0 = default; rounded up to a page,
+	size_t chunk_bytes;      /* bytes per read call (and between cancel checks):
+				    0 = default; rounded up to a page,
 				    WARM_MIN_CHUNK..WARM_MAX_CHUNK */
 	enum warm_method method; /* 0 = default method */
 	uint64_t pace_bytes_per_sec; /* 0 = unlimited; else each thread reads at most
@@ -85,7 +89,7 @@ struct warm_result {
 				  before the last chunk was read;
 				  -ENODATA: the file ended before offset + length
 				  (truncated in place? the owner should check);
-				  other -errno: pread/sendfile failed (e.g. -EIO) */
+				  other -errno: the read failed (e.g. -EIO) */
 	uint64_t bytes;        /* bytes this job read (pulled into the page cache) */
 	double seconds;        /* wall time from the first to the last read (0 if it never ran) */
 	double queued_seconds; /* wall time from warm_submit until a thread took it

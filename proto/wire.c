@@ -170,6 +170,8 @@ wire_decode(const uint8_t *buf, size_t len, struct wire_message *out)
 	}
 	if (h.length != len - WIRE_HEADER_SIZE)
 		return -EBADMSG;
+	if (h.type == WIRE_CHANGED && h.seq != 0)
+		return -EBADMSG; /* announcements answer no request */
 	rc = check_payload(h.type, buf + WIRE_HEADER_SIZE, h.length);
 	if (rc < 0)
 		return rc;

@@ -70,6 +70,7 @@ struct run {
 	uint64_t size;
 	/* figures */
 	double connect_s, call_s, addressable_s, touch_s, parse_s;
+	double call_cpu_s, addressable_cpu_s, touch_cpu_s; /* CPU time of this process */
 	uint64_t pages;
 };
 
@@ -81,6 +82,17 @@ now(void)
 	struct timespec ts;
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* CPU time of this (single-threaded) process: what the step cost without
+ * the time spent waiting for a CPU on a busy machine. */
+static double
+cpu_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
@@ -272,18 +284,21 @@ load_mmap(struct run *r)
 static int
 load(struct run *r)
 {
-	double t0 = now(), t1;
+	double c0 = cpu_now(), t0 = now(), t1;
 	int err;
 
 	if (strcmp(r->variant, "read") == 0) {
 		err = load_read(r);
 		r->call_s = now() - t0;
+		r->call_cpu_s = cpu_now() - c0;
 	} else if (strcmp(r->variant, "mmap") == 0) {
 		err = load_mmap(r);
 		r->call_s = now() - t0;
+		r->call_cpu_s = cpu_now() - c0;
 	} else if (strcmp(r->variant, "open") == 0) {
 		err = wc_open_file(r->file, &r->m);
 		r->call_s = now() - t0;
+		r->call_cpu_s = cpu_now() - c0;
 		if (err == 0)
 			err = collect(r);
 	} else if (strcmp(r->variant, "attach") == 0) {
@@ -293,12 +308,14 @@ load(struct run *r)
 		r->connect_s = t1 - t0;
 		err = wc_attach(r->c, r->model_name, &r->m);
 		r->call_s = now() - t0;
+		r->call_cpu_s = cpu_now() - c0;
 		if (err == 0)
 			err = collect(r);
 	} else {
 		return -EINVAL;
 	}
 	r->addressable_s = now() - t0;
+	r->addressable_cpu_s = cpu_now() - c0;
 	return err;
 }
 
@@ -311,10 +328,11 @@ static void
 touch(struct run *r)
 {
 	uint64_t sum = 0, pages = 0;
-	double t0;
+	double t0, c0;
 
 	if (r->t != NULL && r->variant[0] != 'r')
 		qsort(r->t, r->n, sizeof(*r->t), by_address);
+	c0 = cpu_now();
 	t0 = now();
 	if (r->map != NULL) {
 		for (uint64_t off = 0; off < r->size; off += PAGE, pages++)
@@ -333,6 +351,7 @@ touch(struct run *r)
 		}
 	}
 	r->touch_s = now() - t0;
+	r->touch_cpu_s = cpu_now() - c0;
 	r->pages = pages;
 	sink += sum;
 }
@@ -431,11 +450,14 @@ cmd_run(int argc, char **argv)
 	       ",\"touch_s\":%.9f,\"touched_s\":%.9f,\"pages\":%" PRIu64
 	       ",\"hwm_addressable_kib\":%ld,\"hwm_kib\":%ld,\"rss_anon_kib\":%ld"
 	       ",\"rss_file_kib\":%ld,\"rss_shmem_kib\":%ld,\"repeats\":%d"
-	       ",\"repeat_best_s\":%.9f,\"repeat_median_s\":%.9f,\"generation\":%" PRIu64 "}\n",
+	       ",\"repeat_best_s\":%.9f,\"repeat_median_s\":%.9f,\"generation\":%" PRIu64
+	       ",\"call_cpu_s\":%.9f,\"addressable_cpu_s\":%.9f,\"touch_cpu_s\":%.9f"
+	       ",\"touched_cpu_s\":%.9f}\n",
 		r.variant, (int)getpid(), r.map != NULL ? (size_t)0 : r.n, r.bytes, r.connect_s,
 		r.call_s, r.parse_s, r.addressable_s, r.touch_s, r.addressable_s + r.touch_s,
 		r.pages, hwm_addr, hwm, anon, file, shmem, k, best, median,
-		r.m != NULL ? wc_model_generation(r.m) : 0);
+		r.m != NULL ? wc_model_generation(r.m) : 0, r.call_cpu_s, r.addressable_cpu_s,
+		r.touch_cpu_s, r.addressable_cpu_s + r.touch_cpu_s);
 	fflush(stdout);
 	if (hold && fgets(line, sizeof(line), stdin) == NULL && ferror(stdin))
 		return 1;

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -630,6 +631,113 @@ test_open_file(void **state)
 	tu_rmtree(dir);
 }
 
+/*
+ * Builds the image of a file of n tensors named like a large model's
+ * (model.layers.N.mlp.down_proj.weight, BF16, 2-D shapes), in data order or
+ * shuffled in the header.
+ */
+static uint8_t *
+many_tensors_image(int n, int shuffle, size_t *len)
+{
+	static const char *const kinds[] = { "mlp.down_proj", "mlp.up_proj", "mlp.gate_proj",
+		"self_attn.q_proj", "self_attn.k_proj" };
+	size_t cap = (size_t)n * 160 + 64, p = 0;
+	char *h = malloc(cap);
+	int *order = malloc(sizeof(int) * (size_t)n);
+	uint32_t seed = 1;
+	uint8_t *img;
+
+	for (int i = 0; i < n; i++)
+		order[i] = i;
+	for (int i = n - 1; shuffle && i > 0; i--) {
+		int k, t;
+
+		seed = seed * 1103515245 + 12345;
+		k = (int)((seed >> 8) % (uint32_t)(i + 1));
+		t = order[i], order[i] = order[k], order[k] = t;
+	}
+	p += (size_t)snprintf(h + p, cap - p, "{\"__metadata__\":{\"format\":\"pt\"}");
+	for (int k = 0; k < n; k++) {
+		int i = order[k];
+
+		p += (size_t)snprintf(h + p, cap - p,
+			",\"model.layers.%d.%s.weight\":{\"dtype\":\"BF16\",\"shape\":[4,8],"
+			"\"data_offsets\":[%d,%d]}", i / 5, kinds[i % 5], i * 64, i * 64 + 64);
+	}
+	snprintf(h + p, cap - p, "}");
+	img = tu_safetensors(h, (size_t)n * 64, len);
+	free(h);
+	free(order);
+	return img;
+}
+
+static double
+now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/*
+ * Large headers parse, in any order, and every tensor is where it should be.
+ * With WCACHE_BENCH=1 in the environment this also prints the best time of
+ * st_parse + index_build per tensor (the benchmark of the JSON work).
+ */
+static void
+test_many_tensors(void **state)
+{
+	static const int counts[] = { 1000, 50000 };
+	int bench = getenv("WCACHE_BENCH") != NULL;
+
+	for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+		for (int shuffle = 0; shuffle <= 1; shuffle++) {
+			int n = counts[c], runs = bench ? (n > 10000 ? 30 : 3000) : 1;
+			double best = 1e9, best_parse = 1e9;
+			size_t len;
+			uint8_t *img = many_tensors_image(n, shuffle, &len);
+			struct index_tensor t;
+			uint64_t hlen = 0;
+
+			for (int i = 7; i >= 0; i--)
+				hlen = (hlen << 8) | img[i];
+			for (int r = 0; r < runs; r++) {
+				struct index_builder *b;
+				uint32_t no;
+				double t0, t1, t2;
+
+				free(last_blob);
+				last_blob = NULL;
+				t0 = now();
+				assert_int_equal(index_builder_new(&b), 0);
+				assert_int_equal(index_add_file(b, NAME, len, &no), 0);
+				assert_int_equal(st_parse(NAME, img, len, no, b), 0);
+				t1 = now();
+				assert_int_equal(index_build(b, NAME, &last_blob, &last_len), 0);
+				t2 = now();
+				index_builder_free(b);
+				best = t2 - t0 < best ? t2 - t0 : best;
+				best_parse = t1 - t0 < best_parse ? t1 - t0 : best_parse;
+			}
+			assert_int_equal(index_open(last_blob, last_len, &last_h), 0);
+			assert_int_equal(last_h.tensor_count, (uint64_t)n);
+			t = find("model.layers.0.mlp.down_proj.weight");
+			assert_int_equal(t.offset, 8 + hlen);
+			t = find(n == 1000 ? "model.layers.199.self_attn.k_proj.weight" :
+					     "model.layers.9999.self_attn.k_proj.weight");
+			assert_int_equal(t.offset, 8 + hlen + (uint64_t)(n - 1) * 64);
+			assert_int_equal(t.nbytes, 64);
+			if (bench)
+				printf("st_parse %6d tensors, %s: %.3f us/tensor; with index_build "
+				       "%.3f us/tensor (header %llu bytes, best of %d)\n", n,
+					shuffle ? "shuffled" : "in data order", best_parse * 1e6 / n,
+					best * 1e6 / n, (unsigned long long)hlen, runs);
+			free(img);
+		}
+	}
+}
+
 int
 main(void)
 {
@@ -654,6 +762,7 @@ main(void)
 		cmocka_unit_test_teardown(test_names, teardown),
 		cmocka_unit_test_teardown(test_metadata, teardown),
 		cmocka_unit_test_teardown(test_open_file, teardown),
+		cmocka_unit_test_teardown(test_many_tensors, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

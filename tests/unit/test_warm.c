@@ -12,10 +12,10 @@
  * ext4 (this machine's /tmp); where it does not (tmpfs), the cold-cache
  * assertion is skipped with a printed reason and the rest still runs.
  *
- * Fault injection: this file defines pread() itself (the executable's
- * definition wins over libc's for warm.o from the static wcdaemon library,
- * as in test_fdpass.c). It forwards to the kernel unless a test asked for
- * EINTR or EIO.
+ * Fault injection: this file defines pread() and sendfile() itself (the
+ * executable's definitions win over libc's for warm.o from the static
+ * wcdaemon library, as in test_fdpass.c). They forward to the kernel unless
+ * a test asked for EINTR, EIO or (sendfile) EINVAL, and count their calls.
  *
  * Benchmark mode: `test_warm --bench FILE [RUNS]` compares, on a cold cache
  * each time, the pool's methods with `cat FILE > /dev/null` (see bench()).
@@ -36,6 +36,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -59,11 +60,33 @@
 static struct {
 	atomic_int eintr;      /* fail this many pread() calls with EINTR */
 	atomic_int eio_after;  /* if > 0: the eio_after-th call from now fails with EIO */
+	atomic_int sendfile_einval; /* fail this many sendfile() calls with EINVAL */
+	atomic_int sendfile_eio;    /* fail this many sendfile() calls with EIO */
+	atomic_int preads;     /* pread() calls */
+	atomic_int sendfiles;  /* sendfile() calls */
 } fault;
+
+ssize_t
+sendfile(int out, int in, off_t *off, size_t n)
+{
+	atomic_fetch_add(&fault.sendfiles, 1);
+	if (atomic_load(&fault.sendfile_einval) > 0) {
+		atomic_fetch_sub(&fault.sendfile_einval, 1);
+		errno = EINVAL;
+		return -1;
+	}
+	if (atomic_load(&fault.sendfile_eio) > 0) {
+		atomic_fetch_sub(&fault.sendfile_eio, 1);
+		errno = EIO;
+		return -1;
+	}
+	return syscall(SYS_sendfile, out, in, off, n);
+}
 
 ssize_t
 pread(int fd, void *buf, size_t n, off_t off)
 {
+	atomic_fetch_add(&fault.preads, 1);
 	if (atomic_load(&fault.eintr) > 0) {
 		atomic_fetch_sub(&fault.eintr, 1);
 		errno = EINTR;
@@ -116,8 +139,7 @@ setup(void **state)
 	f->big_fd = -1;
 	f->cancel_ret = 1;
 	f->submit_in_done = 1;
-	atomic_store(&fault.eintr, 0);
-	atomic_store(&fault.eio_after, 0);
+	memset(&fault, 0, sizeof(fault)); /* no pool thread runs yet */
 	*state = f;
 	return 0;
 }
@@ -597,6 +619,46 @@ test_read_errors(void **state)
 	close(pipefd[1]);
 }
 
+/* The default method: sendfile errors end the job; a file that cannot be
+ * spliced (EINVAL) is read with pread instead. */
+static void
+test_sendfile_fallback(void **state)
+{
+	struct fixture *f = *state;
+	int pipefd[2];
+
+	make_big(f);
+	new_pool(f, 1, 1 * MiB, 0, 0);
+	assert_int_equal(pipe2(pipefd, O_CLOEXEC), 0);
+
+	submit(f, 1, f->big_fd, NULL, 0, 4 * MiB, false);
+	assert_true(run_until(&f->loop, &f->completed, 1));
+	assert_int_equal(f->seen[0].res.status, 0);
+	assert_int_equal(atomic_load(&fault.sendfiles), 4); /* the default is sendfile */
+	assert_int_equal(atomic_load(&fault.preads), 0);
+
+	atomic_store(&fault.sendfile_einval, 1);
+	submit(f, 2, f->big_fd, NULL, 0, 4 * MiB, false);
+	assert_true(run_until(&f->loop, &f->completed, 2));
+	assert_int_equal(f->seen[1].res.status, 0);
+	assert_int_equal(f->seen[1].res.bytes, 4 * MiB);
+	assert_int_equal(atomic_load(&fault.sendfiles), 5);
+	assert_int_equal(atomic_load(&fault.preads), 4);
+
+	atomic_store(&fault.sendfile_eio, 1);
+	submit(f, 3, f->big_fd, NULL, 0, 4 * MiB, false);
+	submit(f, 4, pipefd[0], NULL, 0, MiB, false); /* no pread(2) on a pipe */
+	submit(f, 5, f->big_fd, NULL, BIG_SIZE - MiB, 2 * MiB, false);
+	assert_true(run_until(&f->loop, &f->completed, 5));
+	assert_int_equal(f->seen[2].res.status, -EIO);
+	assert_int_equal(f->seen[2].res.bytes, 0);
+	assert_int_equal(f->seen[3].res.status, -ESPIPE);
+	assert_int_equal(f->seen[4].res.status, -ENODATA);
+	assert_int_equal(f->seen[4].res.bytes, MiB);
+	close(pipefd[0]);
+	close(pipefd[1]);
+}
+
 static void
 test_invalid(void **state)
 {
@@ -978,6 +1040,7 @@ main(int argc, char **argv)
 		cmocka_unit_test_setup_teardown(test_close_in_flight, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_close_from_callback, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_read_errors, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_sendfile_fallback, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_invalid, setup, teardown),
 		cmocka_unit_test(test_resident_anonymous),
 		cmocka_unit_test_setup_teardown(test_pin, setup, teardown),

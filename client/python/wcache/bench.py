@@ -1,0 +1,303 @@
+"""python3 -m wcache.bench --build BUILD: the Python package's benchmark.
+
+On a checkpoint of about 1 GiB (BF16, llama-like shapes, written by the
+build's ``mkmodel``), with every file in the page cache, it times the
+alternatives side by side in one run:
+
+- ``wcache.safe_open`` of a model wcached serves (daemon up and warm): a
+  full state dict of torch tensors;
+- ``wcache.open_file`` of the same file in this process (no daemon);
+- ``torch.load`` of the equivalent ``.pt`` (``torch.save`` of the same
+  tensors).
+
+Each is timed to "state dict ready" and to "state dict ready and every
+page read once" (zero-copy loading defers the reads to first use, so the
+second figure is the fair one for a worker's first request). The median of
+--repeat runs is shown.
+
+Then memory: --workers pre-forked workers (forked from one parent that has
+imported torch and wcache), each attaching the model through wcached and
+reading every page, and the sum of their PSS next to the model size; the
+same with torch.load in each worker; and a baseline of workers that load
+nothing, whose PSS is subtracted to get what the model costs.
+
+Prints ratios; exits 0 (figures are reported, not judged).
+"""
+import argparse
+import gc
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+import wcache
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+def log(msg):
+    print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+
+def read_all(path):
+    """Reads path once so it is in the page cache."""
+    with open(path, "rb", buffering=0) as f:
+        while f.read(16 * MiB):
+            pass
+
+
+def touch(state):
+    """Reads one byte of every page of every tensor; returns a checksum."""
+    total = 0
+    for t in state.values():
+        if t.numel():
+            total += int(t.reshape(-1).view(torch.uint8)[::4096].sum())
+    return total
+
+
+def make_model(build, directory, size):
+    path = os.path.join(directory, "bench-llm.safetensors")
+    stamp = path + ".json"
+    want = {"size": size, "hidden": 2048, "ffn": 5632, "vocab": 32000}
+    try:
+        with open(stamp) as f:
+            if json.load(f) == want and os.path.exists(path):
+                return path
+    except (OSError, ValueError):
+        pass
+    log(f"writing {path} (mkmodel, {size / GiB:.2f} GiB)")
+    subprocess.run([os.path.join(build, "bin", "mkmodel"), "--hidden", "2048", "--ffn", "5632",
+                    "--vocab", "32000", "--min-bytes", str(size), path], check=True,
+                   stdout=subprocess.DEVNULL)
+    with open(stamp, "w") as f:
+        json.dump(want, f)
+    return path
+
+
+def make_pt(model, pt):
+    if os.path.exists(pt) and os.path.getmtime(pt) >= os.path.getmtime(model):
+        return pt
+    log(f"writing {pt} (torch.save of the same tensors)")
+    with wcache.open_file(model) as m:
+        torch.save({k: m.torch(k) for k in m.keys()}, pt + ".tmp")
+    os.replace(pt + ".tmp", pt)
+    return pt
+
+
+class Daemon:
+    def __init__(self, build, model, tmp):
+        self.socket = os.path.join(tmp, "wcached.sock")
+        conf = os.path.join(tmp, "wcached.conf")
+        with open(conf, "w") as f:
+            f.write(f"[wcached]\nsocket = {self.socket}\ncontrol = "
+                    f"{os.path.join(tmp, 'control.sock')}\nprefetch_threads = 2\n\n"
+                    f"[model bench]\npath = {model}\n")
+        self.log = open(os.path.join(tmp, "wcached.log"), "w")
+        self.proc = subprocess.Popen([os.path.join(build, "bin", "wcached"), "-c", conf],
+                                     stderr=self.log)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"bench: wcached exited with {self.proc.returncode}")
+            try:
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                s.connect(self.socket)
+                s.close()
+                return
+            except OSError:
+                time.sleep(0.02)
+        raise SystemExit("bench: wcached did not listen in time")
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def load_safe_open(model):
+    with wcache.safe_open(model, framework="pt") as f:
+        state = {k: f.get_tensor(k) for k in f.keys()}
+        source = f.model.source
+    return state, source
+
+
+def load_open_file(model):
+    with wcache.open_file(model) as m:
+        return {k: m.torch(k) for k in m.keys()}, m.source
+
+
+def load_torch(pt):
+    return torch.load(pt, map_location="cpu", weights_only=True), "torch.load"
+
+
+def timed(fn, arg, repeat):
+    """Median seconds to the state dict and to state dict + pages read."""
+    ready, touched, source = [], [], None
+    for _ in range(repeat):
+        gc.collect()
+        t0 = time.perf_counter()
+        state, source = fn(arg)
+        t1 = time.perf_counter()
+        touch(state)
+        t2 = time.perf_counter()
+        ready.append(t1 - t0)
+        touched.append(t2 - t0)
+        del state
+    return statistics.median(ready), statistics.median(touched), source
+
+
+def pss_kib(pid):
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    return 0
+
+
+def file_pss_kib(pid, path):
+    ino = os.stat(path).st_ino
+    total, inside = 0, False
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            head = line.split(None, 5)
+            if "-" in head[0] and len(head) >= 5 and ":" in head[3]:
+                inside = len(head) == 6 and int(head[4]) == ino
+            elif inside and line.startswith("Pss:"):
+                total += int(line.split()[1])
+    return total
+
+
+def forked_pss(n, loader, arg, model):
+    """Forks n workers that each load (loader(arg)) and read every page,
+    then returns (summed PSS, summed PSS of the model file's mappings) in
+    bytes, measured while all n are alive."""
+    kids = []
+    for _ in range(n):
+        ready_r, ready_w = os.pipe()
+        go_r, go_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                os.close(ready_r)
+                os.close(go_w)
+                state = loader(arg)[0] if loader else {}
+                touch(state)
+                os.write(ready_w, b"r")
+                os.read(go_r, 1)
+            except BaseException as e:
+                print(f"bench: worker: {e!r}", file=sys.stderr, flush=True)
+                code = 1
+            os._exit(code)
+        os.close(ready_w)
+        os.close(go_r)
+        kids.append((pid, ready_r, go_w))
+    try:
+        for pid, r, _ in kids:
+            if os.read(r, 1) != b"r":
+                raise SystemExit(f"bench: worker {pid} failed")
+        pss = sum(pss_kib(pid) for pid, _, _ in kids) * 1024
+        fpss = sum(file_pss_kib(pid, model) for pid, _, _ in kids) * 1024
+    finally:
+        for pid, r, w in kids:
+            os.close(w)
+            os.close(r)
+        for pid, _, _ in kids:
+            os.waitpid(pid, 0)
+    return pss, fpss
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python3 -m wcache.bench", description=__doc__.split(
+        "\n")[0])
+    ap.add_argument("--build", default="build", help="build directory (bin/mkmodel, "
+                    "bin/wcached, lib/libwcache.so.0)")
+    ap.add_argument("--dir", help="where to keep the model files (default BUILD/bench-python)")
+    ap.add_argument("--size", type=float, default=1.0, help="model size in GiB")
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--no-torch-pss", action="store_true",
+                    help="skip the torch.load workers (they need workers x size of memory)")
+    args = ap.parse_args(argv)
+    build = os.path.abspath(args.build)
+    os.environ.setdefault("WCACHE_LIB", os.path.join(build, "lib", "libwcache.so.0"))
+    directory = os.path.abspath(args.dir or os.path.join(build, "bench-python"))
+    os.makedirs(directory, exist_ok=True)
+    torch.set_num_threads(1)
+
+    model = make_model(build, directory, int(args.size * GiB))
+    pt = make_pt(model, os.path.join(directory, "bench-llm.pt"))
+    size = os.path.getsize(model)
+    read_all(model)
+    read_all(pt)
+
+    with tempfile.TemporaryDirectory(prefix="wcache-bench.") as tmp:
+        daemon = Daemon(build, model, tmp)
+        os.environ["WCACHE_SOCKET"] = daemon.socket
+        try:
+            # warm: the daemon has validated and mapped it; every page resident
+            state, source = load_safe_open(model)
+            if source != "wcached":
+                raise SystemExit("bench: safe_open did not attach through wcached")
+            ref = load_torch(pt)[0]
+            assert sorted(state) == sorted(ref)
+            for k in ref:  # the three loaders agree
+                assert torch.equal(state[k], ref[k]), k
+            ntensors = len(ref)
+            del state, ref
+            gc.collect()
+
+            results = [("wcache.safe_open (wcached)",) + timed(load_safe_open, model,
+                                                                args.repeat),
+                       ("wcache.open_file (in-process)",) + timed(load_open_file, model,
+                                                                   args.repeat),
+                       ("torch.load (.pt)",) + timed(load_torch, pt, args.repeat)]
+
+            base_pss, _ = forked_pss(args.workers, None, None, model)
+            wc_pss, wc_fpss = forked_pss(args.workers, load_safe_open, model, model)
+            tl_pss = None
+            if not args.no_torch_pss:
+                tl_pss, _ = forked_pss(args.workers, load_torch, pt, model)
+            daemon_fpss = file_pss_kib(daemon.proc.pid, model) * 1024
+        finally:
+            daemon.stop()
+
+    print(f"model: {model}: {size / GiB:.3f} GiB, {ntensors} tensors (BF16), in page cache")
+    print(f"torch {torch.__version__}, libwcache {wcache.library_path()}, median of "
+          f"{args.repeat}")
+    print(f"{'loader':<32}{'state dict':>14}{'+ every page':>16}")
+    for name, ready, touched, _src in results:
+        print(f"{name:<32}{ready * 1e3:>11.3f} ms{touched * 1e3:>13.3f} ms")
+    tl = results[2]
+    for name, ready, touched, _src in results[:2]:
+        print(f"torch.load / {name}: {tl[1] / ready:,.0f}x to the state dict, "
+              f"{tl[2] / touched:,.1f}x with every page read")
+    n = args.workers
+    print(f"{n} pre-forked workers, every page read (summed PSS; baseline = {n} workers "
+          f"that load nothing: {base_pss / MiB:.1f} MiB):")
+    wc_extra = wc_pss - base_pss
+    print(f"  wcache.safe_open: {wc_pss / MiB:,.1f} MiB, {wc_extra / MiB:,.1f} MiB over "
+          f"baseline = {wc_extra / size:.3f} x model size; the model file's mappings "
+          f"{wc_fpss / MiB:,.1f} MiB = {wc_fpss / size:.3f} x (wcached's own mapping holds "
+          f"{daemon_fpss / MiB:,.1f} MiB more)")
+    if tl_pss is not None:
+        tl_extra = tl_pss - base_pss
+        print(f"  torch.load:       {tl_pss / MiB:,.1f} MiB, {tl_extra / MiB:,.1f} MiB over "
+              f"baseline = {tl_extra / size:.3f} x model size")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
