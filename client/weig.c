@@ -487,7 +487,9 @@ parse(const char *name, const uint8_t *file, uint64_t size, uint32_t file_no,
 	struct index_builder *b, int big_endian)
 {
 	struct weig_reader r = { .name = name, .file = file, .size = size };
-	uint64_t count, records, meta_count, meta_table;
+	/* Zeroed for gcc, which cannot see that check_header() sets them all
+	 * whenever it returns 0. */
+	uint64_t count = 0, records = 0, meta_count = 0, meta_table = 0;
 	struct weig_range *ranges = NULL;
 	const char *prev = NULL;
 	int rc;

@@ -325,7 +325,8 @@ make_weig(const struct be_tensor *t, size_t n, const char *const *meta, size_t n
 	size_t *len)
 {
 	uint64_t off = 64 + 48 * n + 16 * nmeta, data, cur, size;
-	uint64_t shape_off[16], name_off[16], data_off[16], key_off[8], value_off[8];
+	uint64_t shape_off[16] = { 0 }, name_off[16] = { 0 }, data_off[16] = { 0 };
+	uint64_t key_off[8] = { 0 }, value_off[8] = { 0 };
 	uint8_t *buf;
 
 #define PUT64(p, v)                                                          \
