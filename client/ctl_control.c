@@ -307,9 +307,9 @@ read_bool(struct jr *j, int *out)
 }
 
 /*
- * Reads a number that may have a fraction (uptime_seconds, warm_seconds).
- * The reader has no float accessor, so the number's text is taken from the
- * reader's cursor around jr_skip(), which has validated its grammar.
+ * Reads a number that may have a fraction (uptime_seconds). The reader has
+ * no float accessor, so the number's text is taken from the cursor's
+ * position around jr_skip(), which validates its grammar.
  */
 static int
 read_double(struct jr *j, double *out)
@@ -320,10 +320,10 @@ read_double(struct jr *j, double *out)
 
 	if (jr_peek(j) != JR_NUMBER)
 		return jr_skip(j);
-	start = j->p;
+	start = jr_pos(j);
 	if ((r = jr_skip(j)) < 0)
 		return r;
-	snprintf(text, sizeof(text), "%.*s", (int)(j->p - start), start);
+	snprintf(text, sizeof(text), "%.*s", (int)(jr_pos(j) - start), start);
 	*out = strtod(text, NULL);
 	return 0;
 }

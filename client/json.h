@@ -112,6 +112,31 @@ int jr_validate(const char *buf, size_t len, struct jr *j);
 const char *jr_errmsg(const struct jr *j);
 size_t jr_erroff(const struct jr *j);
 
+/*
+ * The cursor's position and end, for a format-specific fast path that
+ * recognises one canonical spelling of a value by itself and leaves anything
+ * else to the cursor. jr_pos() is NULL once the reader holds an error.
+ * jr_skip_to() moves past what the fast path recognised, which must be one
+ * complete, valid value at the current nesting level.
+ */
+static inline const char *
+jr_pos(const struct jr *j)
+{
+	return j->code != 0 ? NULL : j->p;
+}
+
+static inline const char *
+jr_end(const struct jr *j)
+{
+	return j->end;
+}
+
+static inline void
+jr_skip_to(struct jr *j, const char *p)
+{
+	j->p = p;
+}
+
 /* Writes the decoded value of s (s->len bytes) and a NUL to dst, which must
  * hold s->len + 1 bytes. s must come from this reader (validated). */
 void jr_str_decode(const struct jr_str *s, char *dst);

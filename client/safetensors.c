@@ -12,6 +12,11 @@
  * read two ways: duplicate keys, unknown fields, empty names and names with
  * NUL are errors.
  *
+ * Speed: a large model's header holds tens of thousands of tensors and is
+ * read on every load, so the common spelling of a tensor entry is
+ * recognised byte for byte (read_canonical) and everything else goes
+ * through the general cursor path, which has the same verdicts.
+ *
  * Files that are not safetensors at all are common in practice (a Git LFS
  * pointer that was never pulled, an HTML error page saved by a download
  * script): we recognise them and say what they are.
@@ -52,7 +57,7 @@ struct st_ctx {
 	size_t n, cap;
 	const struct dtype_info *last_dtype; /* the previous tensor's dtype */
 	size_t last_dtype_len;
-	bool sorted;     /* entries so far are in (begin, end) order */
+	bool sorted;     /* entries so far are in compare_entries() order */
 	bool seen_meta;  /* __metadata__ was present */
 	const struct jr_str *key; /* the tensor being read, for messages */
 	char qname[320];            /* its name quoted, made by qn() on error */
@@ -108,7 +113,8 @@ header_error(struct st_ctx *c, const char *fmt, ...)
 		jr_errmsg(&c->j));
 }
 
-/* Quotes a name for a message (decoding it first if it holds escapes). */
+/* Quotes a name for a message (decoding it first if it holds escapes;
+ * json_quote_str() needs only raw, raw_len and escaped). */
 static const char *
 quote(char *dst, size_t cap, const char *raw, size_t raw_len, bool escaped)
 {
@@ -253,36 +259,123 @@ add_entry(struct st_ctx *c, const struct jr_str *key, uint64_t begin, uint64_t e
 	return 0;
 }
 
+/* Finds a dtype by name, trying the previous tensor's first (most tensors
+ * of a file share one). */
+static const struct dtype_info *
+lookup_dtype(struct st_ctx *c, const char *d, size_t n)
+{
+	const struct dtype_info *dt;
+
+	if (c->last_dtype != NULL && n == c->last_dtype_len &&
+		memcmp(d, c->last_dtype->name, n) == 0)
+		return c->last_dtype;
+	if ((dt = dtype_by_name(d, n)) != NULL) {
+		c->last_dtype = dt;
+		c->last_dtype_len = n;
+	}
+	return dt;
+}
+
+/*
+ * Set to 0 by the tests and the fuzzer to compare the canonical fast path
+ * with the general one; not for other use.
+ */
+int st_canonical_fast_path = 1;
+
+/* Consumes the literal s (n bytes) at *p if it is there. */
+static inline bool
+canon_lit(const char **p, const char *end, const char *s, size_t n)
+{
+	if ((size_t)(end - *p) < n || memcmp(*p, s, n) != 0)
+		return false;
+	*p += n;
+	return true;
+}
+
+/* Reads 0 or [1-9][0-9]{0,18} at *p (at most 19 digits cannot overflow; the
+ * caller requires ',' or ']' next, so longer numbers, leading zeros,
+ * fractions and exponents all fail and go to the general path). */
+static inline bool
+canon_u64(const char **pp, const char *end, uint64_t *v)
+{
+	const char *p = *pp;
+	uint64_t x = 0;
+	int n = 0;
+
+	if (p >= end || *p < '0' || *p > '9')
+		return false;
+	if (*p == '0')
+		p++;
+	else
+		for (; p < end && *p >= '0' && *p <= '9' && n < 19; p++, n++)
+			x = x * 10 + (uint64_t)(*p - '0');
+	*pp = p;
+	*v = x;
+	return true;
+}
+
+/*
+ * Recognises the spelling every writer we know uses, byte for byte:
+ *   {"dtype":"BF16","shape":[4096,11008],"data_offsets":[0,90177536]}
+ * and reads it without the cursor, which halves the cost of a header. On
+ * anything else (whitespace, another order, escapes, an unknown dtype, a
+ * number that is not a plain integer, any error) it returns false having
+ * consumed nothing, and the general path reads the value and explains what
+ * is wrong. So both paths accept the same files with the same result; the
+ * fuzzer compares them.
+ */
+static bool
+read_canonical(struct st_ctx *c, const struct dtype_info **dt, uint64_t *shape, uint32_t *ndim,
+	uint64_t *offsets)
+{
+	const char *p = jr_pos(&c->j), *end = jr_end(&c->j), *q;
+	uint32_t n = 0;
+
+	if (p == NULL || !canon_lit(&p, end, "{\"dtype\":\"", 10))
+		return false;
+	for (q = p; q < end && q - p < 15 &&
+		((*q >= 'A' && *q <= 'Z') || (*q >= '0' && *q <= '9') || *q == '_'); q++)
+		;
+	if (q >= end || *q != '"' || (*dt = lookup_dtype(c, p, (size_t)(q - p))) == NULL)
+		return false;
+	p = q + 1;
+	if (!canon_lit(&p, end, ",\"shape\":[", 10))
+		return false;
+	if (p < end && *p == ']') {
+		p++;
+	} else {
+		for (;;) {
+			if (n == INDEX_MAX_NDIM || !canon_u64(&p, end, &shape[n++]) || p >= end)
+				return false;
+			if (*p++ == ']')
+				break;
+			if (p[-1] != ',')
+				return false;
+		}
+	}
+	if (!canon_lit(&p, end, ",\"data_offsets\":[", 17) || !canon_u64(&p, end, &offsets[0]) ||
+		!canon_lit(&p, end, ",", 1) || !canon_u64(&p, end, &offsets[1]) ||
+		!canon_lit(&p, end, "]}", 2))
+		return false;
+	*ndim = n;
+	jr_skip_to(&c->j, p);
+	return true;
+}
+
 enum { F_DTYPE = 1, F_SHAPE = 2, F_OFFSETS = 4 };
 
-/* Reads one tensor entry (its key already read) and adds it to the index. */
+/* Reads a tensor's object with the cursor: any spelling, every check. */
 static int
-parse_tensor(struct st_ctx *c, const struct jr_str *key)
+read_general(struct st_ctx *c, const struct dtype_info **dtp, uint64_t *shape, uint32_t *ndim,
+	uint64_t *offsets)
 {
 	const struct dtype_info *dt = NULL;
-	uint64_t shape[INDEX_MAX_NDIM], offsets[2] = { 0, 0 }, elements, nbytes;
-	uint32_t ndim = 0, noff = 0;
-	const char *name = key->raw;
 	struct jr_str field, s;
+	uint32_t noff = 0;
 	unsigned seen = 0;
 	enum jr_type t;
 	char sbuf[200];
 	int r;
-
-	if (key->len == 0)
-		return error_set(-EINVAL, "%s: empty tensor name in the header at byte %llu",
-			c->name, (unsigned long long)(8 + (size_t)(key->raw - c->j.buf)));
-	c->key = key;
-	if (key->escaped && key->len <= INDEX_MAX_NAME) {
-		jr_str_decode(key, c->decoded);
-		name = c->decoded;
-	}
-	if (key->len > INDEX_MAX_NAME)
-		return error_set(-EINVAL, "%s: tensor %s: name of %zu bytes is longer than %d",
-			c->name, qn(c), key->len, INDEX_MAX_NAME);
-	if (key->has_nul)
-		return error_set(-EINVAL, "%s: tensor %s: name contains a NUL character", c->name,
-			qn(c));
 
 	if ((t = jr_peek(&c->j)) != JR_OBJECT)
 		return t == JR_INVALID ? header_error(c, "tensor %s", qn(c)) :
@@ -301,12 +394,10 @@ parse_tensor(struct st_ctx *c, const struct jr_str *key)
 			bit = F_OFFSETS;
 		else
 			return error_set(-EINVAL, "%s: tensor %s: unknown field %s", c->name,
-				qn(c),
-				quote(sbuf, sizeof(sbuf), field.raw, field.raw_len, field.escaped));
+				qn(c), quote(sbuf, sizeof(sbuf), field.raw, field.raw_len, field.escaped));
 		if (seen & bit)
 			return error_set(-EINVAL, "%s: tensor %s: duplicate field %s", c->name,
-				qn(c),
-				quote(sbuf, sizeof(sbuf), field.raw, field.raw_len, field.escaped));
+				qn(c), quote(sbuf, sizeof(sbuf), field.raw, field.raw_len, field.escaped));
 		seen |= bit;
 		if (bit == F_DTYPE) {
 			char d[16];
@@ -321,21 +412,13 @@ parse_tensor(struct st_ctx *c, const struct jr_str *key)
 				return header_error(c, "tensor %s: dtype", qn(c));
 			if (s.len < sizeof(d)) {
 				jr_str_decode(&s, d);
-				/* Most tensors share a dtype: skip the table search. */
-				if (c->last_dtype != NULL && s.len == c->last_dtype_len &&
-					strcmp(d, c->last_dtype->name) == 0) {
-					dt = c->last_dtype;
-				} else if ((dt = dtype_by_name(d, s.len)) != NULL) {
-					c->last_dtype = dt;
-					c->last_dtype_len = s.len;
-				}
+				dt = lookup_dtype(c, d, s.len);
 			}
 			if (dt == NULL)
 				return error_set(-EINVAL, "%s: tensor %s: unknown dtype %s", c->name,
-					qn(c),
-					quote(sbuf, sizeof(sbuf), s.raw, s.raw_len, s.escaped));
+					qn(c), quote(sbuf, sizeof(sbuf), s.raw, s.raw_len, s.escaped));
 		} else if (bit == F_SHAPE) {
-			if ((r = read_u64_array(c, "shape", shape, INDEX_MAX_NDIM, &ndim)) < 0)
+			if ((r = read_u64_array(c, "shape", shape, INDEX_MAX_NDIM, ndim)) < 0)
 				return r;
 		} else {
 			if ((r = read_u64_array(c, "data_offsets", offsets, 2, &noff)) < 0)
@@ -351,6 +434,38 @@ parse_tensor(struct st_ctx *c, const struct jr_str *key)
 	if (seen != (F_DTYPE | F_SHAPE | F_OFFSETS))
 		return error_set(-EINVAL, "%s: tensor %s: missing %s", c->name, qn(c),
 			!(seen & F_DTYPE) ? "dtype" : !(seen & F_SHAPE) ? "shape" : "data_offsets");
+	*dtp = dt;
+	return 0;
+}
+
+/* Reads one tensor entry (its key already read) and adds it to the index. */
+static int
+parse_tensor(struct st_ctx *c, const struct jr_str *key)
+{
+	const struct dtype_info *dt = NULL;
+	uint64_t shape[INDEX_MAX_NDIM], offsets[2] = { 0, 0 }, elements, nbytes;
+	uint32_t ndim = 0;
+	const char *name = key->raw;
+	char sbuf[200];
+	int r;
+
+	if (key->len == 0)
+		return error_set(-EINVAL, "%s: empty tensor name in the header at byte %llu",
+			c->name, (unsigned long long)(8 + (size_t)(key->raw - c->j.buf)));
+	c->key = key;
+	if (key->escaped && key->len <= INDEX_MAX_NAME) {
+		jr_str_decode(key, c->decoded);
+		name = c->decoded;
+	}
+	if (key->len > INDEX_MAX_NAME)
+		return error_set(-EINVAL, "%s: tensor %s: name of %zu bytes is longer than %d",
+			c->name, qn(c), key->len, INDEX_MAX_NAME);
+	if (key->has_nul)
+		return error_set(-EINVAL, "%s: tensor %s: name contains a NUL character", c->name,
+			qn(c));
+	if (!(st_canonical_fast_path && read_canonical(c, &dt, shape, &ndim, offsets)) &&
+		(r = read_general(c, &dt, shape, &ndim, offsets)) < 0)
+		return r;
 
 	r = dtype_nbytes(dt, shape, ndim, &elements, &nbytes);
 	if (r == -EINVAL)

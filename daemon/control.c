@@ -452,95 +452,23 @@ write_str_field(FILE *f, const char *key, const char *value)
 	json_write_string(f, value, strlen(value));
 }
 
-/* One entry of a model's "generations" array. */
-static void
-write_generation(FILE *f, const struct model_entry *m, const struct generation *g)
-{
-	fprintf(f, "{\"number\":%" PRIu64, g->number);
-	write_str_field(f, "state", metrics_generation_state(g));
-	fprintf(f, ",\"attached\":%u,\"bytes\":%" PRIu64 ",\"current\":%s,\"pending\":%s}",
-		g->attached, g->bytes, m != NULL && m->current == g ? "true" : "false",
-		m != NULL && m->pending == g ? "true" : "false");
-}
-
-/* One entry of status's "models" array. */
-static void
-write_model(FILE *f, const struct registry *reg, const struct model_entry *m)
-{
-	const struct generation *g = m->current;
-	bool first = true;
-
-	fputs("{\"name\":", f);
-	json_write_string(f, m->name, strlen(m->name));
-	write_str_field(f, "path", m->path != NULL ? m->path : "");
-	fprintf(f, ",\"generation\":%" PRIu64, g != NULL ? g->number : 0);
-	write_str_field(f, "state", metrics_model_state(m));
-	fprintf(f, ",\"bytes\":%" PRIu64 ",\"resident_bytes\":%" PRIu64,
-		g != NULL ? g->bytes : 0, g != NULL ? generation_resident(g) : 0);
-	write_str_field(f, "pinned", pin_mode_name(m->pin));
-	write_str_field(f, "pin_applied",
-		pin_mode_name(g != NULL ? (enum pin_mode)g->pinned : PIN_NONE));
-	fprintf(f, ",\"warm\":%s,\"attached\":%u,\"pending\":%" PRIu64 ",\"loading\":%u",
-		m->warm ? "true" : "false", g != NULL ? g->attached : 0,
-		m->pending != NULL ? m->pending->number : 0, m->loading);
-	fprintf(f, ",\"attaches\":%" PRIu64 ",\"attach_errors\":%" PRIu64 ",\"swaps\":%" PRIu64
-		   ",\"load_errors\":%" PRIu64 ",\"warm_seconds\":%.3f",
-		m->attach_count, m->error_count, m->swap_count, m->load_errors,
-		m->last_warm_seconds);
-	fputs(",\"generations\":[", f);
-	for (const struct generation *h = reg->generations; h != NULL; h = h->next) {
-		if (h->model != m)
-			continue;
-		if (!first)
-			fputc(',', f);
-		first = false;
-		write_generation(f, m, h);
-	}
-	fputc(']', f);
-	if (m->error != NULL)
-		write_str_field(f, "error", m->error);
-	fputc('}', f);
-}
-
 static void
 cmd_status(struct ctl_conn *c, int argc, char **argv)
 {
 	struct control *ctl = c->ctl;
-	const struct registry *reg = ctl->ctx->reg;
+	struct metrics_daemon daemon = {
+		.clients = ctl->ctx->server != NULL ? server_clients(ctl->ctx->server) : 0,
+		.control_clients = ctl->nconns,
+		.uptime_seconds = uptime_seconds(ctl),
+	};
 	struct reply r;
-	bool first = true;
 
+	log_debug("control: uid %u pid %d: status", (unsigned)c->uid, (int)c->pid);
 	if (reply_begin(&r, true) == NULL) {
 		conn_close(c);
 		return;
 	}
-	write_str_field(r.f, "version", WCACHE_VERSION);
-	fprintf(r.f, ",\"pid\":%d,\"uptime_seconds\":%.3f,\"clients\":%u,\"control_clients\":%u",
-		(int)getpid(), uptime_seconds(ctl),
-		ctl->ctx->server != NULL ? server_clients(ctl->ctx->server) : 0, ctl->nconns);
-	fputs(",\"models\":[", r.f);
-	for (const struct model_entry *m = reg->models; m != NULL; m = m->next) {
-		if (!first)
-			fputc(',', r.f);
-		first = false;
-		write_model(r.f, reg, m);
-	}
-	/* Generations of unloaded models that clients still hold. */
-	fputs("],\"unloaded\":[", r.f);
-	first = true;
-	for (const struct generation *g = reg->generations; g != NULL; g = g->next) {
-		if (g->model != NULL)
-			continue;
-		if (!first)
-			fputc(',', r.f);
-		first = false;
-		fputs("{\"name\":", r.f);
-		json_write_string(r.f, g->model_name, strlen(g->model_name));
-		fprintf(r.f, ",\"generation\":%" PRIu64, g->number);
-		write_str_field(r.f, "state", metrics_generation_state(g));
-		fprintf(r.f, ",\"attached\":%u,\"bytes\":%" PRIu64 "}", g->attached, g->bytes);
-	}
-	fputc(']', r.f);
+	metrics_status_json(r.f, ctl->ctx->reg, &daemon);
 	reply_end(c, &r);
 }
 
@@ -548,6 +476,11 @@ static void
 cmd_metrics(struct ctl_conn *c, int argc, char **argv)
 {
 	struct control *ctl = c->ctl;
+	struct metrics_daemon daemon = {
+		.clients = ctl->ctx->server != NULL ? server_clients(ctl->ctx->server) : 0,
+		.control_clients = ctl->nconns,
+		.uptime_seconds = uptime_seconds(ctl),
+	};
 	struct reply r;
 	char *text = NULL;
 	size_t len = 0;
@@ -558,9 +491,8 @@ cmd_metrics(struct ctl_conn *c, int argc, char **argv)
 		conn_error(c, "metrics: out of memory");
 		return;
 	}
-	metrics_write(f, ctl->ctx->reg,
-		ctl->ctx->server != NULL ? server_clients(ctl->ctx->server) : 0,
-		uptime_seconds(ctl));
+	log_debug("control: uid %u pid %d: metrics", (unsigned)c->uid, (int)c->pid);
+	metrics_write(f, ctl->ctx->reg, &daemon);
 	bad = ferror(f);
 	if (fclose(f) != 0 || bad || text == NULL) {
 		free(text);
@@ -639,10 +571,7 @@ request_started(struct ctl_conn *c, struct ctl_request *q, int err)
 	if (err >= 0 || c->req != q)
 		return; /* queued, or done already ran */
 	c->req = NULL;
-	if (q->name[0] != '\0')
-		conn_error(c, "%s: model \"%s\": %s", q->command, q->name, registry_message(err));
-	else
-		conn_error(c, "%s: %s", q->command, registry_message(err));
+	conn_error(c, "%s: %s", q->command, registry_message(err)); /* names the model */
 	free(q);
 }
 
@@ -844,7 +773,6 @@ handle_line(struct ctl_conn *c, char *line, size_t len)
 			conn_error(c, "%s: usage: %s", cmd->name, cmd->usage);
 			return;
 		}
-		log_debug("control: uid %u pid %d: %s", (unsigned)c->uid, (int)c->pid, cmd->name);
 		cmd->run(c, n, words);
 		return;
 	}
@@ -916,7 +844,7 @@ conn_process(struct ctl_conn *c)
 	}
 	if (c->closing || c->ending)
 		return;
-	if (c->len == CONTROL_READ_CAP && memchr(c->buf, '\n', c->len) == NULL) {
+	if (c->req == NULL && c->len == CONTROL_READ_CAP && memchr(c->buf, '\n', c->len) == NULL) {
 		log_warnx("control: uid %u pid %d: request longer than %d bytes; closing",
 			(unsigned)c->uid, (int)c->pid, CONTROL_LINE_MAX);
 		conn_error(c, "request longer than %d bytes", CONTROL_LINE_MAX);

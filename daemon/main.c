@@ -20,6 +20,7 @@
 #include <uv.h>
 
 #include "config.h"
+#include "control.h"
 #include "error.h"
 #include "log.h"
 #include "notify.h"
@@ -39,6 +40,9 @@ struct daemon {
 	struct warm_pool *pool;
 	struct server *server;
 	struct watch *watch;
+	struct control *control;
+	struct control_context control_ctx;
+	char *created_control; /* path of the control socket we made */
 	uv_signal_t sigterm, sigint, sighup;
 	int listen_fd;        /* client socket until the server takes it */
 	int serving;
@@ -143,6 +147,17 @@ batch_load_done(int status, const char *message, uint64_t generation, void *arg)
 	batch_step(b);
 }
 
+/* Applies a model's allow_users and allow_groups. */
+static void
+set_access(struct daemon *d, const struct model_config *m)
+{
+	int restricted = m->allow_users != NULL || m->allow_groups != NULL;
+
+	if (registry_set_access(&d->reg, m->name, restricted, m->uids, m->n_uids, m->gids,
+		    m->n_gids) < 0)
+		log_errorx("%s", error_get());
+}
+
 static void
 batch_load(struct batch *b, const struct model_config *m)
 {
@@ -152,6 +167,7 @@ batch_load(struct batch *b, const struct model_config *m)
 		b->failed++;
 		return;
 	}
+	set_access(b->d, m);
 	b->pending++;
 }
 
@@ -224,11 +240,20 @@ reload_model(enum config_change change, const struct model_config *old_model,
 {
 	struct batch *b = arg;
 
-	(void)changes;
-	if (change == CONFIG_MODEL_REMOVED)
+	if (change == CONFIG_MODEL_REMOVED) {
 		registry_unload(&b->d->reg, old_model->name);
-	else
+		return;
+	}
+	if (change == CONFIG_MODEL_ADDED || (changes & (CONFIG_CHANGED_PATH | CONFIG_CHANGED_WARM))) {
 		batch_load(b, new_model);
+		return;
+	}
+	/* Only who may attach, or what is pinned, changed: no new generation. */
+	if (changes & CONFIG_CHANGED_ACCESS)
+		set_access(b->d, new_model);
+	if ((changes & CONFIG_CHANGED_PIN) &&
+		registry_pin(&b->d->reg, new_model->name, pin_of(new_model->pin)) < 0)
+		log_warnx("%s", error_get());
 }
 
 /* What a config reload reports to its requester when its loads end. */
@@ -322,6 +347,9 @@ shutdown_daemon(struct daemon *d)
 	notify_send("STOPPING=1");
 	server_stop(d->server);
 	d->server = NULL;
+	d->control_ctx.server = NULL;
+	control_stop(d->control);
+	d->control = NULL;
 	if (d->listen_fd >= 0)
 		close(d->listen_fd);
 	d->listen_fd = -1;
@@ -340,11 +368,43 @@ shutdown_daemon(struct daemon *d)
 	uv_close((uv_handle_t *)&d->status_timer, NULL);
 }
 
+/* control_context.reload_config: `wcachectl reload` without a name. */
+static int
+control_reload(void *arg, registry_done_fn done, void *done_arg)
+{
+	return reload_config(arg, done, done_arg);
+}
+
+/* Opens the control socket: 0600, or 0660 for control_group. */
+static void
+start_control(struct daemon *d)
+{
+	int has_group = d->cfg->control_group != NULL, fd;
+
+	fd = control_listen_path(d->cfg->control_path, has_group ? 0660 : 0600,
+		has_group ? d->cfg->control_gid : (gid_t)-1);
+	if (fd < 0)
+		fatalx("%s", error_get());
+	d->created_control = strdup(d->cfg->control_path);
+	d->control_ctx = (struct control_context){
+		.reg = &d->reg,
+		.started_ms = uv_now(&d->loop),
+		.reload_config = control_reload,
+		.arg = d,
+		.daemon_uid = geteuid(),
+		.has_group = has_group,
+		.group = d->cfg->control_gid,
+	};
+	if (control_start(&d->loop, fd, &d->control_ctx, &d->control) < 0)
+		fatalx("%s", error_get());
+}
+
 /* The configured models have been loaded (or failed): serve. */
 static void
 start_serving(struct daemon *d, unsigned failed, void *arg)
 {
-	struct server_options sopt = { .max_clients = d->cfg->max_clients };
+	struct server_options sopt = { .max_clients = d->cfg->max_clients,
+		.max_clients_per_uid = d->cfg->max_clients_per_uid };
 
 	(void)arg;
 	if (d->stopping)
@@ -353,6 +413,7 @@ start_serving(struct daemon *d, unsigned failed, void *arg)
 		fatalx("%s", error_get());
 	d->listen_fd = -1; /* the server owns it */
 	d->serving = 1;
+	d->control_ctx.server = d->server;
 	watch_sync(d->watch);
 	uv_timer_start(&d->status_timer, on_status_timer, 1000, 1000);
 	log_info("serving on %s (%u model%s failed to load)", d->cfg->socket_path, failed,
@@ -454,6 +515,7 @@ main(int argc, char **argv)
 		d.created_socket = strdup(d.cfg->socket_path);
 	}
 	listen_fds_unset();
+	start_control(&d);
 
 	uv_signal_init(&d.loop, &d.sigterm);
 	uv_signal_init(&d.loop, &d.sigint);
@@ -479,6 +541,10 @@ main(int argc, char **argv)
 	if (d.created_socket != NULL) {
 		unlink(d.created_socket);
 		free(d.created_socket);
+	}
+	if (d.created_control != NULL) {
+		unlink(d.created_control);
+		free(d.created_control);
 	}
 	notify_close();
 	config_free(d.cfg);

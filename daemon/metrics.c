@@ -1,6 +1,7 @@
 /*
- * metrics.c: the Prometheus text exposition of wcached's state (see
- * metrics.h).
+ * metrics.c: wcached's state as the control socket reports it (see
+ * metrics.h): the status reply's JSON members, and the Prometheus text
+ * exposition.
  *
  * The format: for each metric family a "# HELP name text" line, a
  * "# TYPE name gauge|counter" line, then one sample line per label set,
@@ -10,9 +11,12 @@
  * conventions, which `promtool check metrics` enforces).
  */
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "json.h"
 #include "metrics.h"
 
 /* What one per-model family reports: a value from a model. */
@@ -121,6 +125,12 @@ v_attach_errors(const struct registry *reg, const struct model_entry *m)
 }
 
 static double
+v_denied(const struct registry *reg, const struct model_entry *m)
+{
+	return (double)m->denied_count;
+}
+
+static double
 v_load_errors(const struct registry *reg, const struct model_entry *m)
 {
 	return (double)m->load_errors;
@@ -158,6 +168,9 @@ static const struct {
 		"Successful attaches of the model.", v_attaches },
 	{ "wcached_model_attach_errors_total", "counter",
 		"Attaches of the model that were refused.", v_attach_errors },
+	{ "wcached_model_access_denied_total", "counter",
+		"Attaches refused because the client is not in allow_users or allow_groups.",
+		v_denied },
 	{ "wcached_model_load_errors_total", "counter",
 		"Loads of the model that failed validation or could not open its files.",
 		v_load_errors },
@@ -172,7 +185,7 @@ static const char *const model_states[] = {
 };
 
 void
-metrics_write(FILE *f, const struct registry *reg, unsigned clients, double uptime_seconds)
+metrics_write(FILE *f, const struct registry *reg, const struct metrics_daemon *d)
 {
 	unsigned nmodels = 0, ngenerations = 0, nunloaded = 0;
 
@@ -190,10 +203,10 @@ metrics_write(FILE *f, const struct registry *reg, unsigned clients, double upti
 	fputs("\"} 1\n", f);
 	family(f, "wcached_uptime_seconds", "gauge", "Seconds since wcached started.");
 	fputs("wcached_uptime_seconds", f);
-	value(f, uptime_seconds);
+	value(f, d->uptime_seconds);
 	family(f, "wcached_clients", "gauge", "Client connections to the client socket.");
 	fputs("wcached_clients", f);
-	value(f, clients);
+	value(f, d->clients);
 	family(f, "wcached_models", "gauge", "Models served.");
 	fputs("wcached_models", f);
 	value(f, nmodels);
@@ -239,4 +252,97 @@ metrics_write(FILE *f, const struct registry *reg, unsigned clients, double upti
 				strcmp(state, model_states[i]) == 0);
 		}
 	}
+}
+
+/* ---- the status reply ---------------------------------------------------- */
+
+static void
+write_str_field(FILE *f, const char *key, const char *value)
+{
+	fprintf(f, ",\"%s\":", key);
+	json_write_string(f, value, strlen(value));
+}
+
+/* One entry of a model's "generations" array. */
+static void
+write_generation(FILE *f, const struct model_entry *m, const struct generation *g)
+{
+	fprintf(f, "{\"number\":%" PRIu64, g->number);
+	write_str_field(f, "state", metrics_generation_state(g));
+	fprintf(f, ",\"attached\":%u,\"bytes\":%" PRIu64 ",\"current\":%s,\"pending\":%s}",
+		g->attached, g->bytes, m != NULL && m->current == g ? "true" : "false",
+		m != NULL && m->pending == g ? "true" : "false");
+}
+
+/* One entry of status's "models" array. */
+static void
+write_model(FILE *f, const struct registry *reg, const struct model_entry *m)
+{
+	const struct generation *g = m->current;
+	bool first = true;
+
+	fputs("{\"name\":", f);
+	json_write_string(f, m->name, strlen(m->name));
+	write_str_field(f, "path", m->path != NULL ? m->path : "");
+	fprintf(f, ",\"generation\":%" PRIu64, g != NULL ? g->number : 0);
+	write_str_field(f, "state", metrics_model_state(m));
+	fprintf(f, ",\"bytes\":%" PRIu64 ",\"resident_bytes\":%" PRIu64,
+		g != NULL ? g->bytes : 0, g != NULL ? generation_resident(g) : 0);
+	write_str_field(f, "pinned", pin_mode_name(m->pin));
+	write_str_field(f, "pin_applied",
+		pin_mode_name(g != NULL ? (enum pin_mode)g->pinned : PIN_NONE));
+	fprintf(f, ",\"warm\":%s,\"attached\":%u,\"pending\":%" PRIu64 ",\"loading\":%u",
+		m->warm ? "true" : "false", g != NULL ? g->attached : 0,
+		m->pending != NULL ? m->pending->number : 0, m->loading);
+	fprintf(f, ",\"attaches\":%" PRIu64 ",\"attach_errors\":%" PRIu64
+		   ",\"access_denied\":%" PRIu64 ",\"swaps\":%" PRIu64 ",\"load_errors\":%" PRIu64
+		   ",\"warm_seconds\":%.3f,\"restricted\":%s",
+		m->attach_count, m->error_count, m->denied_count, m->swap_count, m->load_errors,
+		m->last_warm_seconds, m->restricted ? "true" : "false");
+	fputs(",\"generations\":[", f);
+	for (const struct generation *h = reg->generations; h != NULL; h = h->next) {
+		if (h->model != m)
+			continue;
+		if (!first)
+			fputc(',', f);
+		first = false;
+		write_generation(f, m, h);
+	}
+	fputc(']', f);
+	if (m->error != NULL)
+		write_str_field(f, "error", m->error);
+	fputc('}', f);
+}
+
+void
+metrics_status_json(FILE *f, const struct registry *reg, const struct metrics_daemon *d)
+{
+	bool first = true;
+
+	write_str_field(f, "version", WCACHE_VERSION);
+	fprintf(f, ",\"pid\":%d,\"uptime_seconds\":%.3f,\"clients\":%u,\"control_clients\":%u",
+		(int)getpid(), d->uptime_seconds, d->clients, d->control_clients);
+	fputs(",\"models\":[", f);
+	for (const struct model_entry *m = reg->models; m != NULL; m = m->next) {
+		if (!first)
+			fputc(',', f);
+		first = false;
+		write_model(f, reg, m);
+	}
+	/* Generations of unloaded models that clients still hold. */
+	fputs("],\"unloaded\":[", f);
+	first = true;
+	for (const struct generation *g = reg->generations; g != NULL; g = g->next) {
+		if (g->model != NULL)
+			continue;
+		if (!first)
+			fputc(',', f);
+		first = false;
+		fputs("{\"name\":", f);
+		json_write_string(f, g->model_name, strlen(g->model_name));
+		fprintf(f, ",\"generation\":%" PRIu64, g->number);
+		write_str_field(f, "state", metrics_generation_state(g));
+		fprintf(f, ",\"attached\":%u,\"bytes\":%" PRIu64 "}", g->attached, g->bytes);
+	}
+	fputc(']', f);
 }

@@ -1,9 +1,11 @@
 /*
- * metrics.h: wcached's counters and gauges in the Prometheus text exposition
- * format (version 0.0.4), for the control socket's "metrics" command.
+ * metrics.h: what wcached reports about itself, for the control socket: the
+ * "status" reply's JSON, and counters and gauges in the Prometheus text
+ * exposition format (version 0.0.4) for "metrics".
  *
- * Kept apart from control.c so the format (escaping, families, names) can be
- * tested on its own and checked with `promtool check metrics`.
+ * Kept apart from control.c (which speaks the protocol) so the formats can
+ * be tested on their own, and the exposition checked with `promtool check
+ * metrics`.
  */
 #ifndef WC_METRICS_H
 #define WC_METRICS_H
@@ -11,6 +13,13 @@
 #include <stdio.h>
 
 #include "registry.h"
+
+/* Daemon-wide figures that the registry does not hold. */
+struct metrics_daemon {
+	unsigned clients;         /* connections to the client socket */
+	unsigned control_clients; /* connections to the control socket */
+	double uptime_seconds;
+};
 
 /*
  * Writes every metric family: daemon totals (clients, uptime, build info,
@@ -20,7 +29,18 @@
  * Every family has its # HELP and # TYPE lines, even without samples.
  * Resident bytes cost a mincore() over each current generation's mappings.
  */
-void metrics_write(FILE *f, const struct registry *reg, unsigned clients, double uptime_seconds);
+void metrics_write(FILE *f, const struct registry *reg, const struct metrics_daemon *d);
+
+/*
+ * Writes the members of the status reply, each preceded by a comma (the
+ * caller has written '{"ok":true' and closes the object): version, pid,
+ * uptime_seconds, clients, control_clients, "models" (per model: name,
+ * path, generation, state, bytes, resident_bytes, pinned, pin_applied, warm,
+ * attached, pending, loading, counters, warm_seconds, "generations" with
+ * every open generation of the model, error when there is one) and
+ * "unloaded" (generations of unloaded models that clients still hold).
+ */
+void metrics_status_json(FILE *f, const struct registry *reg, const struct metrics_daemon *d);
 
 /* Writes s as the inside of a label value: backslash, double quote and
  * newline escaped as \\, \" and \n. */

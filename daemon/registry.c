@@ -341,6 +341,8 @@ warm_done(struct warm_job *job, const struct warm_result *res, void *cookie)
 		g->warm_seconds = res->seconds;
 	if (res->status < 0 && res->status != -ECANCELED && g->warm_error == 0)
 		g->warm_error = res->status;
+	if (res->status == -ECANCELED)
+		g->warm_cancelled = 1;
 	if (--g->warm_pending > 0 || g->state != GEN_WARMING) {
 		gen_maybe_free(r, g);
 		return;
@@ -351,7 +353,7 @@ warm_done(struct warm_job *job, const struct warm_result *res, void *cookie)
 		g->state = GEN_FAILED;
 		log_errorx("model \"%s\": warming generation %" PRIu64 " failed: %s",
 			g->model_name, g->number, strerror(-g->warm_error));
-	} else if (!g->cold) {
+	} else if (!g->cold && !g->warm_cancelled) {
 		double secs = (double)(now_ms(r) - g->warm_started_ms) / 1000.0;
 
 		g->state = GEN_READY;
@@ -361,7 +363,9 @@ warm_done(struct warm_job *job, const struct warm_result *res, void *cookie)
 			 " bytes in %.3f s (%.0f MB/s)", g->model_name, g->number, g->warm_bytes,
 			secs, secs > 0 ? (double)g->warm_bytes / secs / 1e6 : 0.0);
 	} else {
-		g->state = GEN_READY; /* cancelled by an eviction: stays cold */
+		/* Cancelled (evicted, unloaded, superseded, shutdown): serves,
+		 * but was not warmed, so no claim is made. */
+		g->state = GEN_READY;
 	}
 	if (m != NULL && m->pending == g && g->state == GEN_READY)
 		promote(r, m, g);
@@ -384,6 +388,7 @@ start_warming(struct registry *r, struct generation *g)
 {
 	g->state = GEN_WARMING;
 	g->warm_error = 0;
+	g->warm_cancelled = 0;
 	g->warm_bytes = 0;
 	g->warm_seconds = 0;
 	g->warm_started_ms = now_ms(r);
@@ -828,6 +833,35 @@ registry_enforce_budget(struct registry *r)
 	}
 }
 
+int
+registry_set_access(struct registry *r, const char *name, int restricted, const uid_t *uids,
+	size_t n_uids, const gid_t *gids, size_t n_gids)
+{
+	struct model_entry *m = entry_named(r, name);
+	uid_t *u = NULL;
+	gid_t *g = NULL;
+
+	if (m == NULL)
+		return error_set(-ENOENT, "model \"%s\" is not loaded", name);
+	if ((n_uids > 0 && (u = malloc(n_uids * sizeof(*u))) == NULL) ||
+		(n_gids > 0 && (g = malloc(n_gids * sizeof(*g))) == NULL)) {
+		free(u);
+		return error_set(-ENOMEM, "model \"%s\": out of memory", name);
+	}
+	if (n_uids > 0)
+		memcpy(u, uids, n_uids * sizeof(*u));
+	if (n_gids > 0)
+		memcpy(g, gids, n_gids * sizeof(*g));
+	free(m->allow_uids);
+	free(m->allow_gids);
+	m->restricted = restricted;
+	m->allow_uids = u;
+	m->n_allow_uids = n_uids;
+	m->allow_gids = g;
+	m->n_allow_gids = n_gids;
+	return 0;
+}
+
 /* ---- unloading and shutdown ---- */
 
 /* Removes the entry and frees it; its generations live on (detached) until
@@ -850,6 +884,8 @@ entry_free(struct registry *r, struct model_entry *m)
 	free(m->name);
 	free(m->path);
 	free(m->error);
+	free(m->allow_uids);
+	free(m->allow_gids);
 	free(m);
 	/* Warming an unloaded model is wasted work. */
 	if (cur != NULL) {

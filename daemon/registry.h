@@ -58,6 +58,7 @@ struct generation {
 	double warm_seconds;        /* longest job's time */
 	uint64_t warm_started_ms;
 	int warm_error;             /* first job error, 0 if none */
+	int warm_cancelled;         /* a job was cancelled: not all was read */
 	int pinned;                 /* PIN_* actually applied */
 	struct warm_job **jobs;     /* one per file while it warms, else NULL */
 	struct registry *registry;
@@ -82,6 +83,14 @@ struct model_entry {
 	uint64_t load_errors;       /* failed loads */
 	double last_warm_seconds;   /* warm-up time of the newest warm generation */
 	uint64_t last_attach_ms;    /* for the memory budget's LRU */
+	uint64_t denied_count;      /* attaches refused by allow_users/allow_groups */
+	/* Access: when restricted, only these users and groups attach (plus
+	 * root and wcached's own user). */
+	int restricted;
+	uid_t *allow_uids;
+	size_t n_allow_uids;
+	gid_t *allow_gids;
+	size_t n_allow_gids;
 	struct model_entry *next;
 };
 
@@ -139,6 +148,11 @@ int registry_load(struct registry *r, const char *name, const char *path, enum p
  * once. -ENOENT for an unknown model.
  */
 int registry_reload(struct registry *r, const char *name, registry_done_fn done, void *arg);
+
+/* Sets who may attach name (restricted 0: everyone who reaches the
+ * socket). The lists are copied. -ENOENT, -ENOMEM. */
+int registry_set_access(struct registry *r, const char *name, int restricted, const uid_t *uids,
+	size_t n_uids, const gid_t *gids, size_t n_gids);
 
 /* Stops serving name; its generations close when released. -ENOENT. */
 int registry_unload(struct registry *r, const char *name);

@@ -10,11 +10,13 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -27,8 +29,13 @@
 #include "wire.h"
 
 #define DEFAULT_MAX_CLIENTS 1024
+#define DEFAULT_MAX_CLIENTS_PER_UID 256
 #define DEFAULT_MAX_ATTACHES 4096
 #define READS_PER_WAKEUP 16
+#define MAX_PEER_GROUPS 256
+/* Descriptors kept free for loading models, the control socket and logs:
+ * a connection that would eat into them is refused. */
+#define FD_RESERVE 64
 
 struct attach_ref {
 	uint64_t handle;
@@ -41,6 +48,10 @@ struct conn {
 	int fd;
 	pid_t pid;
 	uid_t uid;
+	gid_t gid;
+	gid_t *groups;                 /* supplementary groups (SO_PEERGROUPS) */
+	int ngroups;
+	int denied_logged;             /* one log line per peer for refusals */
 	struct attach_ref *refs;
 	size_t nrefs, refs_cap;
 	uint8_t out[WIRE_MAX_MESSAGE]; /* pending reply */
@@ -60,9 +71,12 @@ struct server {
 	int listen_fd;
 	struct conn *conns;
 	unsigned nconns;
-	unsigned max_clients, max_attaches;
+	unsigned max_clients, max_clients_per_uid, max_attaches;
 	uint64_t next_handle;
 	int stopping;
+	int fd_limit;      /* RLIMIT_NOFILE at start */
+	int spare_fd;      /* closed to accept-and-refuse when out of fds */
+	uid_t self_uid;
 };
 
 static void conn_close(struct conn *c);
@@ -127,6 +141,25 @@ conn_error(struct conn *c, uint32_t seq, int code, int fatal, const char *fmt, .
 	conn_send(c, buf, (size_t)n, NULL, 0);
 }
 
+/* May the peer of c attach m? Root and wcached's own user always may. */
+static int
+peer_allowed(const struct conn *c, const struct model_entry *m)
+{
+	if (!m->restricted || c->uid == 0 || c->uid == c->srv->self_uid)
+		return 1;
+	for (size_t i = 0; i < m->n_allow_uids; i++)
+		if (m->allow_uids[i] == c->uid)
+			return 1;
+	for (size_t i = 0; i < m->n_allow_gids; i++) {
+		if (m->allow_gids[i] == c->gid)
+			return 1;
+		for (int k = 0; k < c->ngroups; k++)
+			if (m->allow_gids[i] == c->groups[k])
+				return 1;
+	}
+	return 0;
+}
+
 static void
 handle_attach(struct conn *c, const struct wire_message *msg)
 {
@@ -149,6 +182,17 @@ handle_attach(struct conn *c, const struct wire_message *msg)
 	name[len] = '\0';
 	if ((m = registry_find(s->reg, name)) == NULL) {
 		conn_error(c, msg->h.seq, -ENOENT, 0, "not served");
+		return;
+	}
+	if (!peer_allowed(c, m)) {
+		m->denied_count++;
+		if (!c->denied_logged++)
+			log_warnx("client pid %d uid %u gid %u: attach of model \"%s\" refused by "
+				  "allow_users/allow_groups", (int)c->pid, (unsigned)c->uid,
+				(unsigned)c->gid, m->name);
+		conn_error(c, msg->h.seq, -EACCES, 0,
+			"access denied: uid %u is not in the model's allow_users or allow_groups",
+			(unsigned)c->uid);
 		return;
 	}
 	if ((g = m->current) == NULL) {
@@ -319,6 +363,7 @@ conn_free(uv_handle_t *handle)
 
 	close(c->fd);
 	free(c->refs);
+	free(c->groups);
 	free(c);
 }
 
@@ -352,15 +397,66 @@ refuse(int fd, const char *text)
 	close(fd);
 }
 
+/* Reads the peer's credentials and supplementary groups. */
+static void
+read_peer(struct conn *c)
+{
+	struct ucred cred;
+	socklen_t len = sizeof(cred);
+	gid_t groups[MAX_PEER_GROUPS];
+
+	if (getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+		c->pid = cred.pid;
+		c->uid = cred.uid;
+		c->gid = cred.gid;
+	} else {
+		c->uid = (uid_t)-1; /* matches no allow list */
+		c->gid = (gid_t)-1;
+	}
+	len = sizeof(groups);
+	if (getsockopt(c->fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) == 0 && len > 0 &&
+		(c->groups = malloc(len)) != NULL) {
+		memcpy(c->groups, groups, len);
+		c->ngroups = (int)(len / sizeof(gid_t));
+	}
+}
+
+/* Connections the peer's uid already has. */
+static unsigned
+conns_of(const struct server *s, uid_t uid)
+{
+	unsigned n = 0;
+
+	for (const struct conn *c = s->conns; c != NULL; c = c->next)
+		if (c->uid == uid)
+			n++;
+	return n;
+}
+
+/* Out of descriptors: accept with the spare one to refuse the client
+ * politely instead of leaving it in the backlog, then take it back. */
+static void
+refuse_without_fds(struct server *s)
+{
+	int fd;
+
+	if (s->spare_fd < 0)
+		return;
+	close(s->spare_fd);
+	fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+	if (fd >= 0)
+		refuse(fd, "wcached is out of file descriptors");
+	s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+}
+
 static void
 on_accept(uv_poll_t *handle, int status, int events)
 {
 	struct server *s = handle->data;
-	struct ucred cred;
-	socklen_t clen = sizeof(cred);
 	struct conn *c;
 	int fd;
 
+	(void)events;
 	if (status < 0)
 		return;
 	for (;;) {
@@ -368,6 +464,12 @@ on_accept(uv_poll_t *handle, int status, int events)
 		if (fd == -1) {
 			if (errno == EINTR || errno == ECONNABORTED)
 				continue;
+			if (errno == EMFILE || errno == ENFILE) {
+				log_warnx("out of file descriptors: refusing a client (raise "
+					  "LimitNOFILE=)");
+				refuse_without_fds(s);
+				continue;
+			}
 			if (errno != EAGAIN)
 				log_warn("accept");
 			return;
@@ -375,20 +477,32 @@ on_accept(uv_poll_t *handle, int status, int events)
 		if (s->nconns >= s->max_clients) {
 			log_warnx("refusing a client: %u clients connected (max_clients)",
 				s->nconns);
-			refuse(fd, "too many clients connected to wcached");
+			refuse(fd, "too many clients connected to wcached (max_clients)");
+			continue;
+		}
+		if (s->fd_limit > 0 && fd >= s->fd_limit - FD_RESERVE) {
+			log_warnx("refusing a client: descriptor %d is in the reserve of %d "
+				  "(raise LimitNOFILE=)", fd, FD_RESERVE);
+			refuse(fd, "wcached is short of file descriptors");
 			continue;
 		}
 		if ((c = calloc(1, sizeof(*c))) == NULL) {
 			refuse(fd, "wcached is out of memory");
 			continue;
 		}
-		if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0) {
-			c->pid = cred.pid;
-			c->uid = cred.uid;
-		}
 		c->fd = fd;
 		c->srv = s;
+		read_peer(c);
+		if (conns_of(s, c->uid) >= s->max_clients_per_uid) {
+			log_warnx("refusing a client: uid %u has %u connections "
+				  "(max_clients_per_uid)", (unsigned)c->uid, s->max_clients_per_uid);
+			free(c->groups);
+			free(c);
+			refuse(fd, "too many connections from this user (max_clients_per_uid)");
+			continue;
+		}
 		if (uv_poll_init(s->loop, &c->poll, fd) < 0) {
+			free(c->groups);
 			free(c);
 			refuse(fd, "wcached cannot watch the connection");
 			continue;
@@ -409,6 +523,7 @@ server_start(uv_loop_t *loop, struct registry *reg, int listen_fd,
 	const struct server_options *opt, struct server **out)
 {
 	struct server *s = calloc(1, sizeof(*s));
+	struct rlimit rl;
 	int r;
 
 	if (s == NULL)
@@ -422,8 +537,16 @@ server_start(uv_loop_t *loop, struct registry *reg, int listen_fd,
 		return error_set(-errno, "client socket: fcntl: %s", strerror(errno));
 	}
 	s->max_clients = opt && opt->max_clients ? opt->max_clients : DEFAULT_MAX_CLIENTS;
+	s->max_clients_per_uid = opt && opt->max_clients_per_uid ? opt->max_clients_per_uid :
+								   DEFAULT_MAX_CLIENTS_PER_UID;
+	s->self_uid = geteuid();
+	s->fd_limit = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < INT_MAX ?
+		(int)rl.rlim_cur : 0;
+	s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	s->max_attaches = opt && opt->max_attaches ? opt->max_attaches : DEFAULT_MAX_ATTACHES;
 	if ((r = uv_poll_init(loop, &s->listen_poll, listen_fd)) < 0) {
+		if (s->spare_fd >= 0)
+			close(s->spare_fd);
 		free(s);
 		return error_set(r, "client socket: %s", uv_strerror(r));
 	}
@@ -459,6 +582,8 @@ server_free(uv_handle_t *handle)
 	struct server *s = handle->data;
 
 	close(s->listen_fd);
+	if (s->spare_fd >= 0)
+		close(s->spare_fd);
 	free(s);
 }
 

@@ -20,6 +20,7 @@ struct server;
 
 struct server_options {
 	unsigned max_clients;          /* connections at once; 0 = 1024 */
+	unsigned max_clients_per_uid;  /* connections of one user; 0 = 256 */
 	unsigned max_attaches;         /* live attaches per connection; 0 = 4096 */
 };
 

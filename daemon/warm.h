@@ -164,7 +164,8 @@ size_t warm_pool_pending(const struct warm_pool *pool);
  * Shuts the pool down (see the sequence at the top): cancels and delivers
  * every outstanding job, joins the threads, uv_close()s the async handle;
  * the pool is freed by the close callback, so the loop must run once more.
- * Accepts NULL. The pool must not be used after this call.
+ * Accepts NULL. The pool must not be used after this call (a second call
+ * from a done callback that runs during the close is a no-op).
  */
 void warm_pool_close(struct warm_pool *pool);
 
@@ -201,7 +202,9 @@ int warm_cached_bytes(int fd, uint64_t offset, uint64_t len, uint64_t *out, uint
  * RLIMIT_MEMLOCK is too small (the caller logs the advice: raise
  * LimitMEMLOCK= in the unit or `ulimit -l`); a process with CAP_IPC_LOCK
  * (root) is not bound by the limit. Locking a file mapping reads any page
- * not yet resident, so warm first. base page-aligned.
+ * not yet resident, so warm first. Like mlock, the range is widened to
+ * whole pages (base need not be aligned). Pins do not nest: one unpin
+ * undoes any number of pins of a page.
  */
 int warm_pin_range(const void *base, size_t len);
 

@@ -82,8 +82,8 @@ class Bench:
         return path
 
     def target(self, what, figure, ok):
+        """Records a target for the summary; ok None means not measurable here."""
         self.targets.append((what, figure, verdict(ok) if ok is not None else "N/A"))
-        return verdict(ok) if ok is not None else "N/A"
 
     # ---- models ----
 
@@ -92,7 +92,10 @@ class Bench:
         path = os.path.join(self.model_dir, name + ".safetensors")
         stamp = path + ".args"
         want = " ".join(args)
-        ok = os.path.exists(path) and os.path.exists(stamp) and open(stamp).read() == want
+        ok = os.path.exists(path) and os.path.exists(stamp)
+        if ok:
+            with open(stamp) as f:
+                ok = f.read() == want
         if ok:
             ok = subprocess.run([self.binary("wcachectl"), "inspect", path],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -108,25 +111,29 @@ class Bench:
 
     # ---- bench_load ----
 
+    def bench_load(self, *args):
+        """Runs bench_load with args; returns its JSON line as a dict."""
+        cmd = [self.binary("bench_load"), *args]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode != 0:
+            raise SystemExit(f"bench: {' '.join(cmd)} failed ({p.returncode}):\n{p.stderr}")
+        return json.loads(p.stdout)
+
     def run(self, variant, path, sock=None, name=None, repeat=0):
-        cmd = [self.binary("bench_load"), "run", variant, path]
+        args = ["run", variant, path]
         if variant == "attach":
-            cmd += ["--socket", sock, "--model", name]
+            args += ["--socket", sock, "--model", name]
         if repeat:
-            cmd += ["--repeat", str(repeat)]
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-        return json.loads(out)
+            args += ["--repeat", str(repeat)]
+        return self.bench_load(*args)
 
     def cache(self, what, path):
-        out = subprocess.run([self.binary("bench_load"), what, path], check=True,
-                             capture_output=True, text=True).stdout
-        return json.loads(out)
+        return self.bench_load(what, path)
 
     # ---- the daemon ----
 
     def start_daemon(self, tmp, models, warm=True, pin="metadata"):
-        """Starts wcached on sockets in tmp serving models {name: path};
-        returns (proc, socket path, reader of timestamped log lines)."""
+        """Starts wcached on sockets in tmp serving models {name: path}."""
         sock = os.path.join(tmp, "wcached.sock")
         conf = os.path.join(tmp, "wcached.conf")
         with open(conf, "w") as f:
@@ -199,10 +206,10 @@ class Bench:
         cmd = [self.binary("bench_load"), "run", variant, path, "--hold"]
         if variant == "attach":
             cmd += ["--socket", sock, "--model", name]
-        procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  text=True) for _ in range(WORKERS)]
         total = {"Pss": 0, "Rss": 0, "Pss_Anon": 0, "Pss_File": 0, "Pss_Shmem": 0}
         t0 = time.monotonic()
+        procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True) for _ in range(WORKERS)]
         try:
             for p in procs:
                 line = p.stdout.readline()
@@ -221,6 +228,7 @@ class Bench:
                     pass
             for p in procs:
                 p.wait()
+                p.stdout.close()
         total["wall_s"] = wall
         return total
 
@@ -369,11 +377,120 @@ def mem_available():
     return 0
 
 
+def warm_part(b, paths, tmp):
+    """Warm page cache: (a), (b), (c) and bare mmap, then 8 workers at once."""
+    # One daemon serves both models; the benchmark waits until it has warmed them.
+    for p in paths.values():
+        subprocess.run(["cat", p], stdout=subprocess.DEVNULL, check=True)
+    d = b.start_daemon(tmp, paths, warm=True, pin="metadata")
+    try:
+        d.wait_listening()
+        for name in paths:
+            d.wait_for(rf'model "{re.escape(name)}": generation \d+ warm: ', 300)
+        for name, mk, what in MODELS:
+            path = paths[name]
+            size = os.path.getsize(path)
+            res = b.cache("resident", path)
+            print(f"\n-- {name}: {what}, {mib(size):.0f} MiB ({size / GIB:.2f} GiB); "
+                  f"page cache holds {100 * res['resident_after'] / size:.0f}% of it")
+            med = b.warm_variants(path, name, d.sock, size)
+            bb, c, m = med["open"], med["attach"], med["mmap"]
+            first = f"connect + attach, first call in a fresh process, best of {RUNS_WARM}"
+            if name == "load-50k":
+                b.target(f"(c) wc_attach < 1 ms ({name}; {first})", fmt_t(c["call_s"]),
+                         c["call_s"] < 1e-3)
+                b.target(f"(c) attach >= 10x faster than (b) wc_open_file ({name}; "
+                         f"{first})", f"{bb['call_s'] / c['call_s']:.0f}x "
+                         f"({fmt_t(c['call_s'])} vs {fmt_t(bb['call_s'])})",
+                         bb["call_s"] / c["call_s"] >= 10)
+            else:
+                b.target(f"(c) wc_attach < 1 ms ({name}; {first})", fmt_t(c["call_s"]),
+                         c["call_s"] < 1e-3)
+            ratio = c["touched_s"] / m["touched_s"]
+            cpu_ratio = c["touched_cpu_s"] / m["touched_cpu_s"]
+            b.target(f"(c) attach + every tensor's pointer + touch every page <= 1.2x "
+                     f"bare mmap + touch ({name})",
+                     f"{ratio:.2f}x ({fmt_t(c['touched_s'])} vs {fmt_t(m['touched_s'])}; "
+                     f"touch pass alone {c['touch_s'] / m['touch_s']:.2f}x; CPU time "
+                     f"{cpu_ratio:.2f}x)", ratio <= 1.2)
+
+            print(f"\n  {WORKERS} workers holding the model at once "
+                  f"(summed /proc/PID/smaps_rollup; model {mib(size):.0f} MiB)")
+            print(f"  {'variant':<28} {'sum PSS':>10} {'x model':>8} {'PSS anon':>9} "
+                  f"{'PSS file':>9} {'PSS shmem':>9} {'sum RSS':>9} {'all ready':>10}")
+            need = WORKERS * size * 1.2 + 2 * GIB
+            for v, label in (("attach", "(c) wc_attach via wcached"),
+                             ("open", "(b) wc_open_file"),
+                             ("read", "(a) read() into malloc")):
+                if v == "read" and mem_available() < need:
+                    print(f"  {label:<28} skipped: needs {need / GIB:.1f} GiB free, "
+                          f"{mem_available() / GIB:.1f} available")
+                    continue
+                t = b.workers(v, path, d.sock, name)
+                print(f"  {label:<28} {mib(t['Pss']):>10.1f} {t['Pss'] / size:>7.2f}x "
+                      f"{mib(t['Pss_Anon']):>9.1f} {mib(t['Pss_File']):>9.1f} "
+                      f"{mib(t['Pss_Shmem']):>9.1f} {mib(t['Rss']):>9.0f} "
+                      f"{fmt_t(t['wall_s']):>10}")
+                if v == "attach":
+                    b.target(f"{WORKERS} workers via (c): summed PSS < 1.1x model ({name})",
+                             f"{t['Pss'] / size:.3f}x", t["Pss"] < 1.1 * size)
+            dp = smaps_rollup(d.proc.pid)
+            print(f"  (wcached itself: PSS {dp.get('Pss', 0) / 1024:.1f} MiB, "
+                  f"RSS {dp.get('Rss', 0) / 1024:.1f} MiB)")
+    finally:
+        status = d.stop()
+    if status != 0:
+        raise SystemExit(f"bench: wcached exited with {status}:\n{d.log()}")
+
+
+def cold_part(b, paths, tmp):
+    """Cold page cache: cat against wcached's warm-up on the evicted file."""
+    print(f"\n-- cold page cache: evicted with posix_fadvise(DONTNEED) before every "
+          f"run (checked with mincore); {RUNS_COLD} runs each, interleaved; "
+          f"best (median)")
+    print(f"  {'model':<9} {'cat':>17} {'cat MB/s':>9} {'wcached warm-up':>18} "
+          f"{'warm MB/s':>10} {'x cat':>6} {'load->warm line':>16} "
+          f"{'start->warm line':>17}")
+    for name, mk, what in MODELS:
+        path = paths[name]
+        size = os.path.getsize(path)
+        cat, warm, ok = b.cold(path, size, tmp)
+        if not ok:
+            print(f"  {name:<9} the filesystem ({fs_type(path)}) did not drop the "
+                  f"file's pages: no cold figures")
+            b.target(f"cold warm-up >= 0.9x cat throughput ({name})",
+                     "cannot evict on " + fs_type(path), None)
+            continue
+        logged = [w["logged_s"] for w in warm]
+        observed = [w["observed_s"] for w in warm]
+        from_start = [w["from_start_s"] for w in warm]
+        cat_tp = size / min(cat)
+        warm_tp = warm[0]["bytes"] / min(logged)
+        med_ratio = (warm[0]["bytes"] / statistics.median(logged)) / (
+            size / statistics.median(cat))
+
+        def both(x):
+            return f"{fmt_t(min(x))} ({fmt_t(statistics.median(x))})"
+        print(f"  {name:<9} {both(cat):>17} {cat_tp / 1e6:>9.0f} {both(logged):>18} "
+              f"{warm_tp / 1e6:>10.0f} {warm_tp / cat_tp:>5.2f}x "
+              f"{both(observed):>16} {both(from_start):>17}")
+        print(f"  {'':<9} runs: cat {', '.join(fmt_t(x) for x in cat)}; warm-up "
+              f"{', '.join(fmt_t(x) for x in logged)}; medians ratio "
+              f"{med_ratio:.2f}x; resident after warm-up "
+              f"{100 * warm[0]['resident_after'] / size:.0f}%")
+        b.target(f"cold warm-up >= 0.9x cat throughput ({name}; wcached's logged "
+                 f"time, best of {RUNS_COLD} each)",
+                 f"{warm_tp / cat_tp:.2f}x ({warm_tp / 1e6:.0f} vs "
+                 f"{cat_tp / 1e6:.0f} MB/s; medians {med_ratio:.2f}x)",
+                 warm_tp / cat_tp >= 0.9)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", default="build")
     ap.add_argument("--models", default=None, help="model cache (default BUILD/bench-models)")
-    ap.add_argument("--skip-cold", action="store_true")
+    ap.add_argument("--part", choices=("all", "warm", "cold"), default="all",
+                    help="run only the warm-cache or only the cold-cache part")
     args = ap.parse_args()
     model_dir = os.path.abspath(args.models or os.path.join(args.build, "bench-models"))
     os.makedirs(model_dir, exist_ok=True)
@@ -389,111 +506,10 @@ def main():
         paths[name] = b.model(name, mk)
     tmp = tempfile.mkdtemp(prefix="wcache-bench-")
     try:
-        # Warm: one daemon serving both models; wait until it has warmed them.
-        for p in paths.values():
-            subprocess.run(["cat", p], stdout=subprocess.DEVNULL, check=True)
-        d = b.start_daemon(tmp, paths, warm=True, pin="metadata")
-        try:
-            d.wait_listening()
-            for name in paths:
-                d.wait_for(rf'model "{re.escape(name)}": generation \d+ warm: ', 300)
-            results = {}
-            for name, mk, what in MODELS:
-                path = paths[name]
-                size = os.path.getsize(path)
-                res = b.cache("resident", path)
-                print(f"\n-- {name}: {what}, {mib(size):.0f} MiB ({size / GIB:.2f} GiB); "
-                      f"page cache holds {100 * res['resident_after'] / size:.0f}% of it")
-                med = b.warm_variants(path, name, d.sock, size)
-                results[name] = med
-                bb, c, m = med["open"], med["attach"], med["mmap"]
-                first = f"connect + attach, first call in a fresh process, best of {RUNS_WARM}"
-                if name == "load-50k":
-                    b.target(f"(c) wc_attach < 1 ms ({name}; {first})", fmt_t(c["call_s"]),
-                             c["call_s"] < 1e-3)
-                    b.target(f"(c) attach >= 10x faster than (b) wc_open_file ({name}; "
-                             f"{first})", f"{bb['call_s'] / c['call_s']:.0f}x "
-                             f"({fmt_t(c['call_s'])} vs {fmt_t(bb['call_s'])})",
-                             bb["call_s"] / c["call_s"] >= 10)
-                else:
-                    b.target(f"(c) wc_attach < 1 ms ({name}; {first})", fmt_t(c["call_s"]),
-                             c["call_s"] < 1e-3)
-                ratio = c["touched_s"] / m["touched_s"]
-                cpu_ratio = c["touched_cpu_s"] / m["touched_cpu_s"]
-                b.target(f"(c) attach + every tensor's pointer + touch every page <= 1.2x "
-                         f"bare mmap + touch ({name})",
-                         f"{ratio:.2f}x ({fmt_t(c['touched_s'])} vs {fmt_t(m['touched_s'])}; "
-                         f"touch pass alone {c['touch_s'] / m['touch_s']:.2f}x; CPU time "
-                         f"{cpu_ratio:.2f}x)", ratio <= 1.2)
-
-                print(f"\n  {WORKERS} workers holding the model at once "
-                      f"(summed /proc/PID/smaps_rollup; model {mib(size):.0f} MiB)")
-                print(f"  {'variant':<28} {'sum PSS':>10} {'x model':>8} {'PSS anon':>9} "
-                      f"{'PSS file':>9} {'PSS shmem':>9} {'sum RSS':>9} {'all ready':>10}")
-                need = WORKERS * size * 1.2 + 2 * GIB
-                for v, label in (("attach", "(c) wc_attach via wcached"),
-                                 ("open", "(b) wc_open_file"),
-                                 ("read", "(a) read() into malloc")):
-                    if v == "read" and mem_available() < need:
-                        print(f"  {label:<28} skipped: needs {need / GIB:.1f} GiB free, "
-                              f"{mem_available() / GIB:.1f} available")
-                        continue
-                    t = b.workers(v, path, d.sock, name)
-                    print(f"  {label:<28} {mib(t['Pss']):>10.1f} {t['Pss'] / size:>7.2f}x "
-                          f"{mib(t['Pss_Anon']):>9.1f} {mib(t['Pss_File']):>9.1f} "
-                          f"{mib(t['Pss_Shmem']):>9.1f} {mib(t['Rss']):>9.0f} "
-                          f"{fmt_t(t['wall_s']):>10}")
-                    if v == "attach":
-                        b.target(f"{WORKERS} workers via (c): summed PSS < 1.1x model ({name})",
-                                 f"{t['Pss'] / size:.3f}x", t["Pss"] < 1.1 * size)
-                dp = smaps_rollup(d.proc.pid)
-                print(f"  (wcached itself: PSS {dp.get('Pss', 0) / 1024:.1f} MiB, "
-                      f"RSS {dp.get('Rss', 0) / 1024:.1f} MiB)")
-        finally:
-            status = d.stop()
-        if status != 0:
-            raise SystemExit(f"bench: wcached exited with {status}:\n{d.log()}")
-
-        # Cold: evict, then cat against the daemon's warm-up.
-        if not args.skip_cold:
-            print(f"\n-- cold page cache: evicted with posix_fadvise(DONTNEED) before every "
-                  f"run (checked with mincore); {RUNS_COLD} runs each, interleaved; "
-                  f"best (median)")
-            print(f"  {'model':<9} {'cat':>17} {'cat MB/s':>9} {'wcached warm-up':>18} "
-                  f"{'warm MB/s':>10} {'x cat':>6} {'load->warm line':>16} "
-                  f"{'start->warm line':>17}")
-            for name, mk, what in MODELS:
-                path = paths[name]
-                size = os.path.getsize(path)
-                cat, warm, ok = b.cold(path, size, tmp)
-                if not ok:
-                    print(f"  {name:<9} the filesystem ({fs_type(path)}) did not drop the "
-                          f"file's pages: no cold figures")
-                    b.target(f"cold warm-up >= 0.9x cat throughput ({name})",
-                             "cannot evict on " + fs_type(path), None)
-                    continue
-                logged = [w["logged_s"] for w in warm]
-                observed = [w["observed_s"] for w in warm]
-                from_start = [w["from_start_s"] for w in warm]
-                cat_tp = size / min(cat)
-                warm_tp = warm[0]["bytes"] / min(logged)
-                med_ratio = (warm[0]["bytes"] / statistics.median(logged)) / (
-                    size / statistics.median(cat))
-
-                def both(x):
-                    return f"{fmt_t(min(x))} ({fmt_t(statistics.median(x))})"
-                print(f"  {name:<9} {both(cat):>17} {cat_tp / 1e6:>9.0f} {both(logged):>18} "
-                      f"{warm_tp / 1e6:>10.0f} {warm_tp / cat_tp:>5.2f}x "
-                      f"{both(observed):>16} {both(from_start):>17}")
-                print(f"  {'':<9} runs: cat {', '.join(fmt_t(x) for x in cat)}; warm-up "
-                      f"{', '.join(fmt_t(x) for x in logged)}; medians ratio "
-                      f"{med_ratio:.2f}x; resident after warm-up "
-                      f"{100 * warm[0]['resident_after'] / size:.0f}%")
-                b.target(f"cold warm-up >= 0.9x cat throughput ({name}; wcached's logged "
-                         f"time, best of {RUNS_COLD} each)",
-                         f"{warm_tp / cat_tp:.2f}x ({warm_tp / 1e6:.0f} vs "
-                         f"{cat_tp / 1e6:.0f} MB/s; medians {med_ratio:.2f}x)",
-                         warm_tp / cat_tp >= 0.9)
+        if args.part != "cold":
+            warm_part(b, paths, tmp)
+        if args.part != "warm":
+            cold_part(b, paths, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

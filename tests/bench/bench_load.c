@@ -18,8 +18,11 @@
  * It measures the time until every tensor is addressable (the loading call,
  * then one pointer per tensor collected: wc_model_tensor() for open and
  * attach), then the time to touch every page of every tensor (one byte per
- * 4 KiB page, in file order), the peak RSS (VmHWM) after each step, and the
- * resident memory by kind after touching. The process is fresh, so VmHWM is
+ * 4 KiB page, in file order: the pointers are sorted by address first,
+ * untimed, so the walk is the same as the bare mmap's), the peak RSS
+ * (VmHWM) after each step, and the resident memory by kind after touching.
+ * Each time is taken as wall time and as the process's CPU time, which does
+ * not grow while other processes hold the CPU. The process is fresh, so VmHWM is
  * this variant's alone. With --repeat N it then repeats the loading call N
  * times (open: wc_open_file + wc_release; attach: wc_attach + wc_release on
  * the same connection) and reports the best and median call times. It

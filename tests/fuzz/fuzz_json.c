@@ -121,14 +121,14 @@ compare(struct jr *j, json_t *v)
 		return;
 	case JR_NUMBER:
 		CHECK(json_is_number(v));
-		start = j->p; /* after jr_peek: the number's first byte */
+		start = jr_pos(j); /* after jr_peek: the number's first byte */
 		CHECK(jr_skip(j) == 0);
 		/* digits only: read it with jr_u64 and compare with jansson */
-		if (json_is_integer(v) && all_digits(start, j->p)) {
+		if (json_is_integer(v) && all_digits(start, jr_pos(j))) {
 			struct jr n;
 			uint64_t u;
 
-			jr_init(&n, start, (size_t)(j->p - start));
+			jr_init(&n, start, (size_t)(jr_pos(j) - start));
 			CHECK(jr_u64(&n, &u) == 0);
 			CHECK(json_integer_value(v) >= 0 && u == (uint64_t)json_integer_value(v));
 		}

@@ -12,6 +12,9 @@
  * every tensor lies inside the data area; the tensors' sizes add up to the
  * data area exactly (they tile it); the header is JSON jansson accepts too.
  * A refused file leaves a one-line message that names the file.
+ *
+ * Each image is parsed twice, with and without the canonical fast path of
+ * safetensors.c: the verdict, the message and the index must be identical.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -27,6 +30,9 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
+/* safetensors.c: 0 turns off the canonical fast path (for comparing). */
+extern int st_canonical_fast_path;
+
 #define NAME "fuzz.safetensors"
 
 #define CHECK(cond)                                                                      \
@@ -38,8 +44,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 		}                                                                        \
 	} while (0)
 
-static void
-parse_one(const uint8_t *data, size_t size)
+/* Parses one image; returns the verdict and, when accepted, the index. */
+static int
+parse_one(const uint8_t *data, size_t size, uint8_t **out, size_t *out_len)
 {
 	struct index_builder *b = NULL;
 	struct index_header h;
@@ -76,6 +83,9 @@ parse_one(const uint8_t *data, size_t size)
 		sum += t.nbytes;
 	}
 	CHECK(sum == size - 8 - n);
+	*out = blob;
+	*out_len = len;
+	blob = NULL;
 	{
 		/* the header is JSON for jansson too, unless it holds an integer
 		 * above jansson's long long range (valid for us) */
@@ -88,6 +98,30 @@ parse_one(const uint8_t *data, size_t size)
 out:
 	free(blob);
 	index_builder_free(b);
+	return rc;
+}
+
+/* Parses with both paths and checks they agree exactly. */
+static void
+parse_both(const uint8_t *data, size_t size)
+{
+	uint8_t *fast = NULL, *general = NULL;
+	size_t fast_len = 0, general_len = 0;
+	char fast_msg[1024];
+	int a, b;
+
+	st_canonical_fast_path = 1;
+	a = parse_one(data, size, &fast, &fast_len);
+	snprintf(fast_msg, sizeof(fast_msg), "%s", error_get());
+	st_canonical_fast_path = 0;
+	b = parse_one(data, size, &general, &general_len);
+	CHECK(a == b);
+	if (a < 0)
+		CHECK(strcmp(fast_msg, error_get()) == 0);
+	else
+		CHECK(fast_len == general_len && memcmp(fast, general, fast_len) == 0);
+	free(fast);
+	free(general);
 }
 
 int
@@ -97,7 +131,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	uint8_t *copy;
 	uint64_t n;
 
-	parse_one(data, size);
+	parse_both(data, size);
 
 	/* the same bytes with the header running to the last '}' */
 	if (size < 9)
@@ -112,7 +146,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	memcpy(copy, data, size);
 	for (int i = 0; i < 8; i++)
 		copy[i] = (uint8_t)(n >> (8 * i));
-	parse_one(copy, size);
+	parse_both(copy, size);
 	free(copy);
 	return 0;
 }

@@ -1,0 +1,115 @@
+"""Helpers for the control socket tests: running wcachectl against a Daemon's
+control socket (as root or as another user), raw control connections, and
+reading a worker's mapping of a model file through /proc."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+
+from conftest import binary
+
+
+def ctl(d, *args, user=None, env=None, timeout=120):
+    """Runs `wcachectl --control SOCKET ARGS...`; returns the CompletedProcess.
+    user: argv prefix that runs it as someone else (see as_user)."""
+    argv = [binary("wcachectl"), "--control", d.control, *args]
+    if user is not None:
+        argv = [*user, shared_wcachectl(), "--control", d.control, *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def status(d):
+    """The daemon's status reply as a dict (asserts success)."""
+    r = ctl(d, "--json", "status")
+    assert r.returncode == 0, r.stderr
+    reply = json.loads(r.stdout)
+    assert reply["ok"] is True
+    return reply
+
+
+def model_entry(d, name):
+    """The status entry of model name, or None."""
+    for m in status(d)["models"]:
+        if m["name"] == name:
+            return m
+    return None
+
+
+_shared = {}
+
+
+def shared_dir():
+    """A directory every user can enter (pytest's tmp_path is 0700 root):
+    for sockets and binaries another user must reach."""
+    if "dir" not in _shared:
+        _shared["dir"] = tempfile.mkdtemp(prefix="wcache-ctl-")
+        os.chmod(_shared["dir"], 0o755)
+    return _shared["dir"]
+
+
+def shared_wcachectl():
+    """A copy of wcachectl in shared_dir(), executable by anyone."""
+    path = os.path.join(shared_dir(), "wcachectl")
+    if not os.path.exists(path):
+        shutil.copy(binary("wcachectl"), path)
+        os.chmod(path, 0o755)
+    return path
+
+
+def as_user(user="nobody", group="nogroup", groups=None):
+    """An argv prefix running a command as user with primary group group and
+    the supplementary groups given (none by default)."""
+    argv = ["setpriv", f"--reuid={user}", f"--regid={group}"]
+    argv.append(f"--groups={','.join(groups)}" if groups else "--clear-groups")
+    return argv
+
+
+class Control:
+    """A raw connection to the control socket."""
+
+    def __init__(self, d, timeout=30):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        self.sock.connect(d.control)
+        self.buf = b""
+
+    def send(self, data):
+        self.sock.sendall(data)
+
+    def reply(self):
+        """The next reply line as a dict; None when the daemon closed."""
+        while b"\n" not in self.buf:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                return None
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def request(self, line):
+        self.send(line + b"\n")
+        return self.reply()
+
+    def close(self):
+        self.sock.close()
+
+
+def mapped_bytes(pid, path, offset, length):
+    """Reads length bytes at file offset of path as process pid maps it,
+    through /proc/PID/mem: proves the mapping still reads, whatever the
+    daemon did since."""
+    real = os.path.realpath(path)
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            fields = line.split(maxsplit=5)
+            if len(fields) < 6 or fields[5].strip().replace(" (deleted)", "") != real:
+                continue
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            file_off = int(fields[2], 16)
+            if file_off <= offset and offset + length <= file_off + (end - start):
+                with open(f"/proc/{pid}/mem", "rb") as mem:
+                    mem.seek(start + offset - file_off)
+                    return mem.read(length)
+    raise AssertionError(f"pid {pid} does not map {path} at [{offset}, {offset + length})")

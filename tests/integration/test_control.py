@@ -1,0 +1,508 @@
+"""The control socket and wcachectl's control commands, end to end: every
+command's happy path and errors, swaps by `load`, `unload` while a worker
+holds the model, pin and evict, who may connect (file mode, SO_PEERCRED,
+control_group with primary and supplementary groups), hostile request
+lines, and the metrics text checked by promtool when it is installed."""
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+
+import pytest
+
+from conftest import Daemon, binary, fd_count, mkmodel, wait_until
+from ctlutil import (Control, as_user, ctl, mapped_bytes, model_entry, shared_dir, status)
+
+SMALL = dict(layers=2, hidden=64, ffn=128, vocab=100)
+
+
+def ready(d, name, generation=1):
+    """Waits until name's current generation is generation and warm."""
+    return wait_until(lambda: (lambda m: m and m["generation"] == generation
+                               and m["state"] == "ready" and m)(model_entry(d, name)),
+                      what=f"{name} generation {generation} ready")
+
+
+def serving(d, name="small"):
+    r = d.attach(name)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+# ---- status and the help ----------------------------------------------------
+
+def test_status_fields(daemon, model):
+    m = ready(daemon, "small")
+    s = status(daemon)
+    assert s["version"] and s["uptime_seconds"] >= 0 and s["clients"] == 0
+    assert s["pid"] == daemon.proc.pid
+    assert m["path"] == model
+    assert m["bytes"] == os.path.getsize(model)
+    assert 0 <= m["resident_bytes"] <= m["bytes"]
+    assert m["pinned"] == "metadata" and m["attached"] == 0 and "error" not in m
+    assert [(g["number"], g["state"], g["attached"]) for g in m["generations"]] == \
+        [(1, "ready", 0)]
+    assert s["unloaded"] == []
+
+
+def test_status_table(daemon):
+    ready(daemon, "small")
+    r = ctl(daemon, "status")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("wcached ") and "0 clients" in lines[0]
+    header = next(i for i, line in enumerate(lines) if line.startswith("NAME"))
+    assert lines[header].split() == ["NAME", "GEN", "STATE", "BYTES", "RESIDENT", "PINNED",
+                                     "ATTACHED"]
+    row = lines[header + 1].split()
+    assert row[0] == "small" and row[1] == "1" and row[2] == "ready" and row[-1] == "0"
+
+
+def test_clients_and_attached_counts(daemon):
+    ready(daemon, "small")
+    w = subprocess.Popen([binary("demo_worker"), "--socket", daemon.socket, "--hold", "small"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert json.loads(w.stdout.readline())["generation"] == 1
+        s = status(daemon)
+        assert s["clients"] == 1
+        assert s["models"][0]["attached"] == 1 and s["models"][0]["attaches"] >= 1
+    finally:
+        w.communicate("\n", timeout=30)
+    assert w.returncode == 0
+    wait_until(lambda: model_entry(daemon, "small")["attached"] == 0, what="release")
+
+
+def test_help():
+    r = subprocess.run([binary("wcachectl"), "--help"], capture_output=True, text=True)
+    assert r.returncode == 0
+    for command in ("status", "load", "unload", "reload", "pin", "unpin", "evict", "metrics",
+                    "inspect", "--control", "--json", "-c"):
+        assert command in r.stdout
+    for command in ("status", "load", "unload", "reload", "pin", "unpin", "evict", "metrics"):
+        r = subprocess.run([binary("wcachectl"), command, "--help"], capture_output=True,
+                           text=True)
+        assert r.returncode == 0 and r.stdout.startswith("usage: wcachectl"), command
+    assert "pin=none|metadata|all" in subprocess.run(
+        [binary("wcachectl"), "load", "--help"], capture_output=True, text=True).stdout
+
+
+def test_usage_errors(daemon):
+    for args in (["bogus"], ["load", "x"], ["unload"], ["pin", "a", "b"], ["status", "--what"],
+                 ["-c", "x", "--control", "y", "status"]):
+        r = subprocess.run([binary("wcachectl"), *args], capture_output=True, text=True)
+        assert r.returncode == 2, args
+        assert r.stderr, args
+
+
+def test_not_running(tmp_path):
+    path = str(tmp_path / "none.sock")
+    r = subprocess.run([binary("wcachectl"), "--control", path, "status"], capture_output=True,
+                       text=True)
+    assert r.returncode == 1
+    assert "wcached is not running" in r.stderr and path in r.stderr
+
+
+def test_socket_from_config_and_environment(daemon, tmp_path):
+    ready(daemon, "small")
+    # -c CONFIG: the daemon's own config names the socket by absolute path.
+    r = subprocess.run([binary("wcachectl"), "-c", daemon.conf, "status"], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    # A relative control path is relative to the config's directory, not the cwd.
+    other = tmp_path / "etc"
+    other.mkdir()
+    (other / "w.conf").write_text("# comment\n[wcached]\nsocket = x.sock ; inline\n"
+                                  f"control = ../{os.path.basename(daemon.control)}  ; here\n"
+                                  "[model a]\ncontrol = nope\n")
+    r = subprocess.run([binary("wcachectl"), "--config", str(other / "w.conf"), "--json",
+                        "status"], capture_output=True, text=True, cwd="/")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["ok"] is True
+    r = subprocess.run([binary("wcachectl"), "-c", str(tmp_path / "missing.conf"), "status"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "missing.conf" in r.stderr
+    env = dict(os.environ, WCACHE_CONTROL=daemon.control)
+    r = subprocess.run([binary("wcachectl"), "status"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+
+
+# ---- load, unload, reload ---------------------------------------------------
+
+def test_load_new_model(daemon, tmp_path):
+    other = mkmodel(tmp_path / "other.safetensors", seed=5, **SMALL)
+    r = ctl(daemon, "load", "other", other)
+    assert r.returncode == 0, r.stderr
+    assert "generation 1" in r.stdout
+    ready(daemon, "other")
+    serving(daemon, "other")
+    serving(daemon, "small")
+
+
+def test_load_relative_path_and_pin(daemon, tmp_path):
+    mkmodel(tmp_path / "rel.safetensors", seed=6, **SMALL)
+    r = subprocess.run([binary("wcachectl"), "--control", daemon.control, "--json", "load",
+                        "rel", "rel.safetensors", "pin=none"], capture_output=True, text=True,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    reply = json.loads(r.stdout)
+    assert reply["ok"] and reply["model"] == "rel" and reply["generation"] == 1
+    m = ready(daemon, "rel")
+    assert m["path"] == str(tmp_path / "rel.safetensors") and m["pinned"] == "none"
+
+
+def test_load_over_existing_name_swaps(daemon, tmp_path):
+    ready(daemon, "small")
+    w = subprocess.Popen([binary("demo_worker"), "--socket", daemon.socket, "--hold", "small"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert json.loads(w.stdout.readline())["generation"] == 1
+        new = mkmodel(tmp_path / "v2.safetensors", seed=9, **SMALL)
+        r = ctl(daemon, "--json", "load", "small", new)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["generation"] == 2
+        m = ready(daemon, "small", generation=2)
+        assert m["path"] == new and m["swaps"] == 1
+        # Generation 1 stays open for the worker that holds it.
+        assert {g["number"]: g["attached"] for g in m["generations"]} == {1: 1, 2: 0}
+        out = json.loads(daemon.attach("small", "--json").stdout)
+        assert out["generation"] == 2
+        r = ctl(daemon, "status")
+        assert "generation 1" in r.stdout and "old" in r.stdout
+    finally:
+        w.communicate("\n", timeout=30)
+    wait_until(lambda: [g["number"] for g in model_entry(daemon, "small")["generations"]] == [2],
+               what="generation 1 closed")
+
+
+def test_load_invalid_file_keeps_serving(daemon, tmp_path, model):
+    ready(daemon, "small")
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(open(model, "rb").read()[:-10])
+    r = ctl(daemon, "load", "small", str(bad))
+    assert r.returncode == 1
+    assert r.stderr.startswith("wcachectl: load: ") and "bad.safetensors" in r.stderr
+    m = model_entry(daemon, "small")
+    assert m["generation"] == 1 and m["state"] == "ready" and "bad.safetensors" in m["error"]
+    assert m["load_errors"] == 1
+    r = ctl(daemon, "status")
+    assert "errors:" in r.stdout and "bad.safetensors" in r.stdout
+    serving(daemon)
+    r = ctl(daemon, "load", "fresh", str(tmp_path / "missing.safetensors"))
+    assert r.returncode == 1 and "missing.safetensors" in r.stderr
+
+
+def test_load_argument_errors(daemon):
+    for args, text in ((["load", "--", "-bad", "/x"], "invalid model name"),
+                       (["load", "a/b", "/x"], "invalid model name"),
+                       (["load", "ok", "/x", "pin=some"], "pin=none"),
+                       (["load", "ok", "/x", "warm=no"], "pin=")):
+        r = ctl(daemon, *args)
+        assert r.returncode == 1, args
+        assert text in r.stderr, (args, r.stderr)
+
+
+def test_unload_while_attached(daemon, tmp_path, model):
+    ready(daemon, "small")
+    original = open(model, "rb").read()
+    w = subprocess.Popen([binary("demo_worker"), "--socket", daemon.socket, "--verify", model,
+                          "--hold", "small"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
+    try:
+        first = json.loads(w.stdout.readline())
+        assert first["verified"] == first["bytes"] > 0
+        r = ctl(daemon, "unload", "small")
+        assert r.returncode == 0, r.stderr
+        assert "unloaded" in r.stdout
+        s = status(daemon)
+        assert [m["name"] for m in s["models"]] == []
+        assert [(u["name"], u["generation"], u["attached"]) for u in s["unloaded"]] == \
+            [("small", 1, 1)]
+        assert daemon.attach("small").returncode == 1
+        # Replace the file too: the worker's mapping still reads the old bytes.
+        replacement = tmp_path / "next.safetensors"
+        mkmodel(replacement, seed=77, **SMALL)
+        os.rename(replacement, model)
+        assert mapped_bytes(w.pid, model, 0, len(original)) == original
+        r = ctl(daemon, "status")
+        assert "unloaded: closes when released" in r.stdout
+        assert ctl(daemon, "unload", "small").returncode == 1
+    finally:
+        w.communicate("\n", timeout=30)
+    assert w.returncode == 0
+    wait_until(lambda: status(daemon)["unloaded"] == [], what="generation closed on release")
+    wait_until(lambda: "generation 1 closed" in daemon.read_log(), what="close logged")
+
+
+def test_reload_model_and_config(daemon, tmp_path, model):
+    ready(daemon, "small")
+    r = ctl(daemon, "reload", "small")
+    assert r.returncode == 0, r.stderr
+    assert "unchanged" in r.stdout
+    fresh = tmp_path / ".fresh.safetensors"
+    mkmodel(fresh, seed=3, **SMALL)
+    os.rename(fresh, model)
+    r = ctl(daemon, "--json", "reload", "small")
+    assert r.returncode == 0, r.stderr
+    wait_until(lambda: model_gen(daemon, "small") >= 2, what="reload to generation 2")
+    assert ctl(daemon, "reload", "nope").returncode == 1
+    # Without a name: the configuration is re-read, and the reply waits for it.
+    other = mkmodel(tmp_path / "other.safetensors", seed=4, **SMALL)
+    daemon.write_config({"small": model, "other": other})
+    r = ctl(daemon, "reload")
+    assert r.returncode == 0, r.stderr
+    assert model_entry(daemon, "other") is not None
+    serving(daemon, "other")
+    # A broken configuration is refused with its file and line; nothing changes.
+    with open(daemon.conf, "a") as f:
+        f.write("bogus line\n")
+    r = ctl(daemon, "reload")
+    assert r.returncode == 1
+    assert daemon.conf in r.stderr
+    serving(daemon, "other")
+
+
+def model_gen(d, name):
+    m = model_entry(d, name)
+    return m["generation"] if m else 0
+
+
+# ---- pin, unpin, evict ----------------------------------------------------------
+
+def test_pin_unpin_evict(daemon):
+    ready(daemon, "small")
+    r = ctl(daemon, "pin", "small")
+    assert r.returncode == 0, r.stderr
+    assert model_entry(daemon, "small")["pinned"] == "all"
+    r = ctl(daemon, "evict", "small")
+    assert r.returncode == 1 and "pinned" in r.stderr
+    r = ctl(daemon, "unpin", "small")
+    assert r.returncode == 0, r.stderr
+    assert model_entry(daemon, "small")["pinned"] == "metadata"
+    r = ctl(daemon, "evict", "small")
+    assert r.returncode == 0, r.stderr
+    assert model_entry(daemon, "small")["state"] == "cold"
+    # Attaching a cold model warms it again.
+    serving(daemon)
+    ready(daemon, "small")
+    for cmd in ("pin", "unpin", "evict"):
+        r = ctl(daemon, cmd, "nope")
+        assert r.returncode == 1 and "nope" in r.stderr, cmd
+
+
+# ---- metrics --------------------------------------------------------------------
+
+def test_metrics(daemon, tmp_path):
+    ready(daemon, "small")
+    serving(daemon)
+    # A path with a quote, a backslash and a space: label escaping.
+    odd = tmp_path / 'we "ird\\ dir'
+    odd.mkdir()
+    path = mkmodel(odd / "m.safetensors", seed=2, **SMALL)
+    r = ctl(daemon, "load", "odd", path)
+    assert r.returncode == 0, r.stderr
+    ready(daemon, "odd")
+    r = ctl(daemon, "metrics")
+    assert r.returncode == 0, r.stderr
+    text = r.stdout
+    assert 'wcached_model_generation{model="small"} 1\n' in text
+    assert 'wcached_model_attaches_total{model="small"} 1\n' in text
+    assert "# TYPE wcached_model_swaps_total counter\n" in text
+    assert 'path="' + path.replace("\\", "\\\\").replace('"', '\\"') + '"' in text
+    assert "wcached_uptime_seconds " in text and "wcached_clients 0\n" in text
+    reply = json.loads(ctl(daemon, "--json", "metrics").stdout)
+    def steady(t):
+        return [line for line in t.splitlines() if not line.startswith("wcached_uptime")]
+    assert reply["ok"] and steady(reply["text"]) == steady(text)
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (Debian package prometheus)")
+    check = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                           text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+# ---- the protocol -----------------------------------------------------------------
+
+def test_protocol_pipelined_and_quoted(daemon, tmp_path):
+    ready(daemon, "small")
+    odd = tmp_path / 'a b"c'
+    odd.mkdir()
+    path = mkmodel(odd / "m.safetensors", seed=8, **SMALL)
+    quoted = '"' + path.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    c = Control(daemon)
+    # Several requests in one write: one reply each, in order; the load's
+    # reply waits for the load, and the status behind it sees its result.
+    c.send(b"status\nbogus\r\nload q " + quoted.encode() + b"\nstatus\nhelp\n")
+    assert c.reply()["ok"] is True
+    bad = c.reply()
+    assert bad == {"ok": False, "error": 'unknown command "bogus" (try "help")'}
+    loaded = c.reply()
+    assert loaded["ok"] and loaded["model"] == "q" and loaded["generation"] == 1
+    assert any(m["name"] == "q" and m["path"] == path for m in c.reply()["models"])
+    assert any(x["usage"].startswith("load NAME PATH") for x in c.reply()["commands"])
+    # A line ended by EOF instead of '\n' is still a request.
+    c.send(b"status")
+    c.sock.shutdown(socket.SHUT_WR)
+    assert c.reply()["ok"] is True
+    assert c.reply() is None
+    c.close()
+
+
+def test_malformed_lines(daemon):
+    ready(daemon, "small")
+    c = Control(daemon)
+    for line, text in ((b"", "empty request"), (b"   \t ", "empty request"),
+                       (b"status\x00", "control character 0x00"),
+                       (b"\xff\xfe\x80binary" + bytes(range(1, 9)), "bad request"),
+                       (b"\xc0\xaf", "not UTF-8"), (b"\xed\xa0\x80", "not UTF-8"),
+                       (b"load a \"/x", "unterminated quote"),
+                       (b"load a /x\\y", "quote the word"),
+                       (b"unload a b c d e f g h i", "more than"),
+                       (b"status extra", "status: usage: status"),
+                       (b"STATUS", 'unknown command "STATUS"')):
+        reply = c.request(line)
+        assert reply["ok"] is False, line
+        assert text in reply["error"], (line, reply)
+    # The connection survives all of them.
+    assert c.request(b"status")["ok"] is True
+    c.close()
+    # Random binary with newlines inside: every piece gets an error, no crash.
+    c = Control(daemon)
+    blob = bytes((b * 37 + 11) % 256 for b in range(3000)).replace(b"\n", b"\x01") + b"\n"
+    assert c.request(blob)["ok"] is False
+    c.close()
+    serving(daemon)
+
+
+def test_overlong_line_closes(daemon):
+    ready(daemon, "small")
+    base = fd_count(daemon.proc.pid)
+    c = Control(daemon)
+    try:
+        c.send(b"x" * (1 << 20) + b"\n")
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the daemon closed after its error reply, which is still readable
+    reply = c.reply()
+    assert reply == {"ok": False, "error": "request longer than 4096 bytes"}
+    try:
+        assert c.reply() is None
+    except ConnectionResetError:
+        pass
+    c.close()
+    # Exactly 4096 bytes is allowed (and then an unknown command).
+    c = Control(daemon)
+    reply = c.request(b"y" * 4096)
+    assert reply["ok"] is False and "unknown command" in reply["error"]
+    c.close()
+    serving(daemon)
+    assert status(daemon)["ok"]
+    wait_until(lambda: fd_count(daemon.proc.pid) == base, what="fds back to baseline")
+
+
+def test_client_disappears_mid_request(daemon, tmp_path):
+    ready(daemon, "small")
+    paths = [mkmodel(tmp_path / f"g{i}.safetensors", seed=20 + i, **SMALL) for i in range(5)]
+    for i, path in enumerate(paths):
+        c = Control(daemon)
+        c.send(f"load gone{i} {path}\nstatus\n".encode())
+        c.close()  # before the load's reply
+    wait_until(lambda: all(model_entry(daemon, f"gone{i}") for i in range(5)),
+               what="the loads finished anyway")
+    for i in range(5):
+        ready(daemon, f"gone{i}")
+    # The connections are gone too (their replies failed to send); only the
+    # status request's own connection is left.
+    wait_until(lambda: status(daemon)["control_clients"] == 1, what="connections closed")
+    base = fd_count(daemon.proc.pid)
+    for i in range(20):
+        c = Control(daemon)
+        c.send([b"sta", b"status\n", b"status\nstatus\nmetrics\n", b""][i % 4])
+        c.close()
+    serving(daemon)
+    wait_until(lambda: fd_count(daemon.proc.pid) == base, what="fds back to baseline")
+
+
+# ---- who may control ----------------------------------------------------------------
+
+def start_shared(tmp_path, model, extra=""):
+    """A daemon whose control socket lives where other users can reach it."""
+    d = Daemon(tmp_path, {"small": model})
+    d.control = os.path.join(shared_dir(), f"control-{os.getpid()}-{tmp_path.name}.sock")
+    d.write_config({"small": model}, extra)
+    return d.start()
+
+
+def test_socket_mode_keeps_others_out(tmp_path, model):
+    d = start_shared(tmp_path, model)
+    try:
+        st = os.stat(d.control)
+        assert stat.S_IMODE(st.st_mode) == 0o600
+        r = ctl(d, "status", user=as_user())
+        assert r.returncode == 1
+        assert "permission denied" in r.stderr and d.control in r.stderr
+        assert ctl(d, "status").returncode == 0
+    finally:
+        assert d.stop() == 0, d.read_log()
+    assert not os.path.exists(d.control)
+
+
+def test_peercred_refuses_others(tmp_path, model):
+    d = start_shared(tmp_path, model)
+    try:
+        os.chmod(d.control, 0o666)  # only SO_PEERCRED stands in the way now
+        r = ctl(d, "status", user=as_user())
+        assert r.returncode == 1
+        assert "permission denied: uid 65534 may not control wcached" in r.stderr
+        r = ctl(d, "unload", "small", user=as_user())
+        assert r.returncode == 1
+        assert d.read_log().count("control: refused uid 65534") == 2
+        serving(d)
+        assert model_entry(d, "small") is not None
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_control_group(tmp_path, model):
+    d = start_shared(tmp_path, model, extra="control_group = nogroup\n")
+    try:
+        st = os.stat(d.control)
+        assert stat.S_IMODE(st.st_mode) == 0o660 and st.st_gid == 65534
+        # Primary group.
+        r = ctl(d, "status", user=as_user(group="nogroup"))
+        assert r.returncode == 0, r.stderr
+        # Supplementary group (SO_PEERGROUPS).
+        r = ctl(d, "--json", "status", user=as_user(group="daemon", groups=["nogroup"]))
+        assert r.returncode == 0, r.stderr
+        # Neither: the file mode refuses, and with a looser mode SO_PEERCRED does.
+        r = ctl(d, "status", user=as_user(group="daemon"))
+        assert r.returncode == 1 and "permission denied" in r.stderr
+        os.chmod(d.control, 0o666)
+        r = ctl(d, "status", user=as_user(group="daemon"))
+        assert r.returncode == 1 and "may not control" in r.stderr
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_stale_control_socket_replaced_and_live_one_refused(tmp_path, model):
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(tmp_path / "control.sock"))
+    stale.close()
+    d = Daemon(tmp_path, {"small": model}).start()
+    try:
+        assert status(d)["ok"]
+        # A second daemon on the same control socket (another client socket).
+        second = tmp_path / "second"
+        second.mkdir()
+        other = Daemon(second, {"small": model})
+        other.control = d.control
+        other.write_config({"small": model})
+        r = subprocess.run([binary("wcached"), "-c", other.conf], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 1
+        assert "another wcached" in r.stderr and d.control in r.stderr
+        assert status(d)["ok"]
+    finally:
+        assert d.stop() == 0, d.read_log()
