@@ -94,10 +94,33 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, uint8_
 	ssize_t n;
 	int r;
 
-	if ((n = fdp_send(c->fd, req, req_len, NULL, 0)) < 0)
-		return error_set((int)n, "wcached at %s: send: %s", c->path, strerror((int)-n));
+	/*
+	 * A daemon that refuses a connection (too many clients) sends one
+	 * ERROR and closes. Our request may then fail to send, and the first
+	 * receive report ECONNRESET before the queued ERROR: read on, so the
+	 * caller sees the daemon's reason rather than a bare reset.
+	 */
+	int reset = 0;
+
+	if ((n = fdp_send(c->fd, req, req_len, NULL, 0)) < 0) {
+		if (n != -EPIPE && n != -ECONNRESET)
+			return error_set((int)n, "wcached at %s: send: %s", c->path,
+				strerror((int)-n));
+		reset = 1;
+	}
 	for (;;) {
 		n = fdp_recv(c->fd, buf, cap, fds, maxfds, nfds);
+		if (n == -ECONNRESET && !reset) {
+			reset = 1;
+			continue;
+		}
+		if (reset && n >= 0 && wire_decode(buf, (size_t)n, msg) == 0 &&
+			msg->h.type == WIRE_ERROR)
+			return n; /* the refusal, whatever its seq */
+		if (reset && n >= 0) {
+			fdp_close_all(fds, *nfds);
+			n = 0;
+		}
 		if (n == 0)
 			return error_set(-ECONNRESET, "wcached at %s closed the connection",
 				c->path);

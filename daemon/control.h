@@ -38,7 +38,9 @@
  * and, when control_group is configured, members of that group (primary or
  * supplementary) are served; anyone else gets one error line and is closed.
  *
- * Everything here runs on the event loop thread.
+ * Everything here runs on the event loop thread. The process must ignore
+ * SIGPIPE: libuv writes replies with write(2), and a client that has gone
+ * away makes that fail with EPIPE (the connection is then closed).
  */
 #ifndef WC_CONTROL_H
 #define WC_CONTROL_H

@@ -1,0 +1,135 @@
+"""Per-model access control and connection limits, with clients running as
+another user (setpriv). The model files are readable by root only: the
+workers that are allowed still map them, through the descriptors wcached
+passes."""
+import os
+import shutil
+import socket
+import subprocess
+import struct
+import tempfile
+
+import pytest
+
+from conftest import Daemon, binary, mkmodel, wait_until
+
+SETPRIV = shutil.which("setpriv")
+NOBODY = ["--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+
+
+@pytest.fixture
+def shared_dir():
+    """A directory other users can traverse (pytest's tmp_path is 0700)."""
+    d = tempfile.mkdtemp(prefix="wcache-access-")
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def served_connection(d):
+    """A raw connection that the daemon has accepted and answered."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.settimeout(10)
+    s.connect(d.socket)
+    s.send(struct.pack("<IHHII", 0x31504357, 1, 1, 5, 9) + b"small")
+    data, fds, _, _ = socket.recv_fds(s, 4096, 8)
+    for fd in fds:
+        os.close(fd)
+    return s, struct.unpack("<IHHII", data[:16])[2]
+
+
+def as_nobody(*argv):
+    return subprocess.run([SETPRIV, *NOBODY, *argv], capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.mark.skipif(SETPRIV is None, reason="setpriv (util-linux) is missing")
+def test_allowed_and_refused_attaches(shared_dir):
+    from pathlib import Path
+    tmp = Path(shared_dir)
+    model = mkmodel(tmp / "m.safetensors")
+    os.chmod(model, 0o600)  # nobody cannot read the file itself
+    d = Daemon(tmp, {})
+    d.write_config({}, "")
+    with open(d.conf, "a") as f:
+        f.write(f"[model open]\npath = {model}\n\n"
+                f"[model team]\npath = {model}\nallow_users = nobody\n\n"
+                f"[model staff]\npath = {model}\nallow_groups = root\n\n"
+                f"[model bygid]\npath = {model}\nallow_groups = 65534\n")
+    d.start()
+    try:
+        os.chmod(d.socket, 0o666)
+        for name in ("open", "team", "bygid"):
+            r = as_nobody(binary("wcachectl"), "attach", name, "--socket", d.socket,
+                          "--touch")
+            assert r.returncode == 0, (name, r.stderr)
+        r = as_nobody(binary("wcachectl"), "attach", "staff", "--socket", d.socket)
+        assert r.returncode == 1
+        assert 'model "staff": access denied' in r.stderr
+        # Root is always allowed.
+        assert d.attach("staff").returncode == 0
+        # Refused attaches are logged once per peer and counted.
+        assert "refused by allow_users/allow_groups" in d.read_log()
+        m = subprocess.run([binary("wcachectl"), "--control", d.control, "metrics"],
+                           capture_output=True, text=True, timeout=30)
+        assert m.returncode == 0, m.stderr
+        assert any(line.startswith("wcached_model_access_denied_total") and
+                   'model="staff"' in line and line.split()[-1] == "1"
+                   for line in m.stdout.splitlines()), m.stdout
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+@pytest.mark.skipif(SETPRIV is None, reason="setpriv (util-linux) is missing")
+def test_socket_mode_keeps_others_out(shared_dir):
+    from pathlib import Path
+    tmp = Path(shared_dir)
+    model = mkmodel(tmp / "m.safetensors")
+    d = Daemon(tmp, {"m": model}).start()
+    try:
+        assert oct(os.stat(d.socket).st_mode & 0o777) == "0o660"
+        r = as_nobody(binary("wcachectl"), "attach", "m", "--socket", d.socket)
+        assert r.returncode == 1 and "Permission denied" in r.stderr
+    finally:
+        assert d.stop() == 0
+
+
+def test_max_clients_per_uid(tmp_path, model):
+    d = Daemon(tmp_path, {"small": model}, "max_clients = 8\nmax_clients_per_uid = 3\n").start()
+    held = []
+    try:
+        for _ in range(3):
+            s, mtype = served_connection(d)
+            held.append(s)
+            assert mtype == 129  # ATTACH_OK
+        r = d.attach("small")
+        assert r.returncode == 1 and "max_clients_per_uid" in r.stderr, r.stderr
+        held.pop().close()
+        wait_until(lambda: d.attach("small").returncode == 0, what="a free slot again")
+    finally:
+        for s in held:
+            s.close()
+        assert d.stop() == 0, d.read_log()
+
+
+def test_max_clients(tmp_path, model):
+    d = Daemon(tmp_path, {"small": model}, "max_clients = 2\nmax_clients_per_uid = 2\n").start()
+    held = []
+    try:
+        for _ in range(2):
+            s, mtype = served_connection(d)
+            held.append(s)
+            assert mtype == 129
+        r = d.attach("small")
+        assert r.returncode == 1 and "too many clients" in r.stderr, r.stderr
+        # The connected clients keep working.
+        s = held[0]
+        s.send(struct.pack("<IHHII", 0x31504357, 1, 1, 5, 10) + b"small")
+        data, fds, _, _ = socket.recv_fds(s, 4096, 8)
+        assert struct.unpack("<IHHII", data[:16])[2] == 129
+        for fd in fds:
+            os.close(fd)
+    finally:
+        for s in held:
+            s.close()
+        assert d.stop() == 0, d.read_log()
