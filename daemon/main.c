@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <grp.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -399,6 +400,38 @@ start_control(struct daemon *d)
 		fatalx("%s", error_get());
 }
 
+/*
+ * user = NAME: when started as root, hand the sockets wcached created to
+ * that user and become it, before any model is opened (so models are read
+ * with the user's rights, as under systemd's User=).
+ */
+static void
+drop_privileges(struct daemon *d)
+{
+	const struct config *c = d->cfg;
+
+	if (c->user == NULL)
+		return;
+	if (geteuid() != 0) {
+		if (geteuid() != c->user_uid)
+			log_warnx("user = %s: not started as root, staying uid %u", c->user,
+				(unsigned)geteuid());
+		return;
+	}
+	if ((d->created_socket != NULL && chown(d->created_socket, c->user_uid, c->user_gid) == -1) ||
+		(d->created_control != NULL &&
+			chown(d->created_control, c->user_uid, c->user_gid) == -1))
+		fatal("user = %s: chown of the sockets", c->user);
+	if (initgroups(c->user, c->user_gid) == -1 || setgid(c->user_gid) == -1 ||
+		setuid(c->user_uid) == -1)
+		fatal("user = %s: cannot switch to uid %u gid %u", c->user, (unsigned)c->user_uid,
+			(unsigned)c->user_gid);
+	if (setuid(0) != -1)
+		fatalx("user = %s: could regain root after switching", c->user);
+	d->control_ctx.daemon_uid = c->user_uid;
+	log_info("running as user %s (uid %u)", c->user, (unsigned)c->user_uid);
+}
+
 /* The configured models have been loaded (or failed): serve. */
 static void
 start_serving(struct daemon *d, unsigned failed, void *arg)
@@ -516,6 +549,7 @@ main(int argc, char **argv)
 	}
 	listen_fds_unset();
 	start_control(&d);
+	drop_privileges(&d);
 
 	uv_signal_init(&d.loop, &d.sigterm);
 	uv_signal_init(&d.loop, &d.sigint);

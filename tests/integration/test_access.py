@@ -133,3 +133,20 @@ def test_max_clients(tmp_path, model):
         for s in held:
             s.close()
         assert d.stop() == 0, d.read_log()
+
+
+def test_user_drops_privileges(shared_dir):
+    from pathlib import Path
+    tmp = Path(shared_dir)
+    model = mkmodel(tmp / "m.safetensors")
+    d = Daemon(tmp, {"small": model}, "user = nobody\n").start()
+    try:
+        with open(f"/proc/{d.proc.pid}/status") as f:
+            uids = [l.split()[1:] for l in f if l.startswith("Uid:")][0]
+        assert uids == ["65534"] * 4, uids
+        st = os.stat(d.socket)
+        assert st.st_uid == 65534 and oct(st.st_mode & 0o777) == "0o660"
+        assert d.attach("small").returncode == 0
+    finally:
+        # Socket files in a root-owned directory: nobody cannot unlink them.
+        assert d.stop() == 0, d.read_log()
