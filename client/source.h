@@ -46,7 +46,9 @@ const char *source_format_name(enum source_format f);
 /*
  * Validates the safetensors file held in file[0..size) (header and layout;
  * the data bytes are not read) and adds its tensors to b as file file_no,
- * with absolute offsets. name is the file's name for messages.
+ * with absolute offsets. name is the file's name for messages. __metadata__
+ * is validated in every file but added to b only when file_no is 0, so a
+ * sharded model takes its first shard's metadata.
  */
 int st_parse(const char *name, const uint8_t *file, uint64_t size, uint32_t file_no,
 	struct index_builder *b);

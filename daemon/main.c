@@ -537,8 +537,20 @@ main(int argc, char **argv)
 	if (watch_start(&d.loop, &d.reg, &d.watch) < 0)
 		fatalx("%s", error_get());
 
-	/* Take or create the client socket now, so a second daemon fails at
-	 * once; serve it when the configured models are loaded. */
+	/* Signals first: from the moment a socket exists, a SIGTERM must
+	 * stop the daemon cleanly. */
+	uv_signal_init(&d.loop, &d.sigterm);
+	uv_signal_init(&d.loop, &d.sigint);
+	uv_signal_init(&d.loop, &d.sighup);
+	d.sigterm.data = d.sigint.data = d.sighup.data = &d;
+	uv_signal_start(&d.sigterm, on_signal, SIGTERM);
+	uv_signal_start(&d.sigint, on_signal, SIGINT);
+	uv_signal_start(&d.sighup, on_signal, SIGHUP);
+
+	/* The control socket, then the client socket (taken or created now,
+	 * so a second daemon fails at once; served when the configured models
+	 * are loaded); then drop root, before any model is opened. */
+	start_control(&d);
 	r = listen_fds_take("client", SOCK_SEQPACKET, &d.listen_fd);
 	if (r < 0)
 		fatalx("%s", error_get());
@@ -548,16 +560,8 @@ main(int argc, char **argv)
 		d.created_socket = strdup(d.cfg->socket_path);
 	}
 	listen_fds_unset();
-	start_control(&d);
 	drop_privileges(&d);
 
-	uv_signal_init(&d.loop, &d.sigterm);
-	uv_signal_init(&d.loop, &d.sigint);
-	uv_signal_init(&d.loop, &d.sighup);
-	d.sigterm.data = d.sigint.data = d.sighup.data = &d;
-	uv_signal_start(&d.sigterm, on_signal, SIGTERM);
-	uv_signal_start(&d.sigint, on_signal, SIGINT);
-	uv_signal_start(&d.sighup, on_signal, SIGHUP);
 	uv_timer_init(&d.loop, &d.status_timer);
 	d.status_timer.data = &d;
 

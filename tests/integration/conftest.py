@@ -52,6 +52,21 @@ def fd_count(pid):
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def settled_fd_count(pid, timeout=30.0):
+    """The daemon's descriptor count once it stops changing (connections
+    that just closed are released from the event loop a moment later)."""
+    deadline = time.monotonic() + timeout
+    last, same = fd_count(pid), 0
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        now = fd_count(pid)
+        same = same + 1 if now == last else 0
+        last = now
+        if same >= 10:
+            return now
+    raise AssertionError("the daemon's descriptor count never settled")
+
+
 class Daemon:
     """A wcached process with its config, sockets and log in one directory."""
 

@@ -141,9 +141,11 @@ def test_user_drops_privileges(shared_dir):
     model = mkmodel(tmp / "m.safetensors")
     d = Daemon(tmp, {"small": model}, "user = nobody\n").start()
     try:
-        with open(f"/proc/{d.proc.pid}/status") as f:
-            uids = [l.split()[1:] for l in f if l.startswith("Uid:")][0]
-        assert uids == ["65534"] * 4, uids
+        def uids():
+            with open(f"/proc/{d.proc.pid}/status") as f:
+                return [l.split()[1:] for l in f if l.startswith("Uid:")][0]
+        # The sockets exist a moment before the switch.
+        wait_until(lambda: uids() == ["65534"] * 4, what="wcached to become nobody")
         st = os.stat(d.socket)
         assert st.st_uid == 65534 and oct(st.st_mode & 0o777) == "0o660"
         assert d.attach("small").returncode == 0

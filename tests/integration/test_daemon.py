@@ -9,7 +9,8 @@ import socket
 import struct
 import subprocess
 
-from conftest import (BIN, Daemon, binary, connectable, fd_count, mkmodel, wait_until)
+from conftest import (BIN, Daemon, binary, connectable, fd_count, mkmodel, settled_fd_count,
+                      wait_until)
 
 HEADER = struct.Struct("<IHHII")
 MAGIC = 0x31504357
@@ -189,7 +190,7 @@ def test_hostile_sends_fds(daemon):
 
 
 def test_client_that_never_reads(daemon):
-    base = fd_count(daemon.proc.pid)
+    base = settled_fd_count(daemon.proc.pid)
     s = raw_client(daemon)
     s.setblocking(False)
     sent = 0
@@ -227,7 +228,7 @@ def test_release_unknown_handle(daemon):
 def test_fd_count_stable_after_1000_attach_cycles(daemon):
     pid = daemon.proc.pid
     assert_serving(daemon)
-    base = fd_count(pid)
+    base = settled_fd_count(pid)
     r = subprocess.run([binary("demo_worker"), "--socket", daemon.socket, "--repeat", "1000",
                         "small"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

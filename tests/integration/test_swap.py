@@ -5,7 +5,7 @@ import json
 import os
 import subprocess
 
-from conftest import Daemon, binary, fd_count, mkmodel, wait_until
+from conftest import Daemon, binary, fd_count, mkmodel, settled_fd_count, wait_until
 
 LAYERS = dict(layers=2, hidden=64, ffn=128, vocab=64)
 
@@ -32,7 +32,7 @@ def test_swap_under_load(tmp_path):
     d = Daemon(tmp_path, {"m": path}).start()
     try:
         wait_until(lambda: generation(d) == 1, what="generation 1")
-        base = fd_count(d.proc.pid)
+        base = settled_fd_count(d.proc.pid)
         workers = [subprocess.Popen([binary("demo_worker"), "--socket", d.socket, "--loop",
                                      "12", "m"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     text=True) for _ in range(3)]

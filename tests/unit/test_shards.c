@@ -113,7 +113,8 @@ test_parse_document_errors(void **state)
 		"duplicate metadata");
 	EXPECT("{\"metadata\":[],\"weight_map\":{\"a\":\"x.safetensors\"}}", -EINVAL,
 		"metadata is not an object");
-	EXPECT("{\"weight_map\":{\"a\":\"x.safetensors\",\"b\":\"x.safetensors\",\"a\":\"y.safetensors\"}}",
+	EXPECT("{\"weight_map\":{\"a\":\"x.safetensors\",\"b\":\"x.safetensors\","
+	       "\"a\":\"y.safetensors\"}}",
 		-EINVAL, "weight_map: tensor \"a\" is listed twice");
 	EXPECT("{\"weight_map\":{\"ab\":\"x.safetensors\",\"a\\u0062\":\"x.safetensors\"}}", -EINVAL,
 		"tensor \"ab\" is listed twice");
@@ -135,7 +136,8 @@ test_parse_total_size(void **state)
 		"4.0 is not a non-negative integer");
 	EXPECT("{\"metadata\":{\"total_size\":\"4\"},\"weight_map\":{\"a\":\"x.safetensors\"}}",
 		-EINVAL, "metadata: total_size is not a non-negative integer");
-	EXPECT("{\"metadata\":{\"total_size\":1,\"total_size\":2},\"weight_map\":{\"a\":\"x.safetensors\"}}",
+	EXPECT("{\"metadata\":{\"total_size\":1,\"total_size\":2},"
+	       "\"weight_map\":{\"a\":\"x.safetensors\"}}",
 		-EINVAL, "metadata: duplicate total_size");
 	assert_int_equal(parse_doc("{\"metadata\":{\"total_size\":18446744073709551615},"
 		"\"weight_map\":{\"a\":\"x.safetensors\"}}", &m), 0);
