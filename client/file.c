@@ -76,3 +76,11 @@ file_close(struct wc_file *f)
 	f->path = NULL;
 	f->size = 0;
 }
+
+const char *
+file_basename(const char *path)
+{
+	const char *slash = strrchr(path, '/');
+
+	return slash != NULL && slash[1] != '\0' ? slash + 1 : path;
+}

@@ -27,6 +27,9 @@ int file_open(const char *path, struct wc_file *out);
  * path is for messages. */
 int file_from_fd(int fd, const char *path, struct wc_file *out);
 
+/* The last component of path, as a model's index records its files. */
+const char *file_basename(const char *path);
+
 /* Unmaps and closes (fd -1 means handed over); safe on a zeroed or
  * already closed file. */
 void file_close(struct wc_file *f);

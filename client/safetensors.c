@@ -800,15 +800,6 @@ st_parse(const char *name, const uint8_t *file, uint64_t size, uint32_t file_no,
 	return r;
 }
 
-/* The last component of path, as the index records the file. */
-static const char *
-base_name(const char *path)
-{
-	const char *s = strrchr(path, '/');
-
-	return s != NULL && s[1] != '\0' ? s + 1 : path;
-}
-
 int
 st_open(const char *path, struct model_source *out)
 {
@@ -822,7 +813,7 @@ st_open(const char *path, struct model_source *out)
 	if ((r = file_open(path, &f)) < 0)
 		return r;
 	if ((r = index_builder_new(&b)) < 0 ||
-		(r = index_add_file(b, base_name(path), f.size, &file_no)) < 0 ||
+		(r = index_add_file(b, file_basename(path), f.size, &file_no)) < 0 ||
 		(r = st_parse(path, f.base, f.size, file_no, b)) < 0 ||
 		(r = index_build(b, path, &blob, &len)) < 0)
 		goto fail;

@@ -532,15 +532,6 @@ weig_parse_big_endian(const char *name, const uint8_t *file, uint64_t size,
 	return parse(name, file, size, file_no, b, 1);
 }
 
-/* The last component of path (for the index's file record). */
-static const char *
-base_name(const char *path)
-{
-	const char *slash = strrchr(path, '/');
-
-	return slash != NULL && slash[1] != '\0' ? slash + 1 : path;
-}
-
 /*
  * Opens path, validates it as a little-endian WEIG file and compiles its
  * index. On success out owns the file and the index.
@@ -559,7 +550,7 @@ weig_open(const char *path, struct model_source *out)
 		return rc;
 	if ((rc = index_builder_new(&b)) < 0)
 		goto fail;
-	if ((rc = index_add_file(b, base_name(path), f.size, &file_no)) < 0)
+	if ((rc = index_add_file(b, file_basename(path), f.size, &file_no)) < 0)
 		goto fail;
 	if ((rc = weig_parse(path, f.base, f.size, file_no, b)) < 0)
 		goto fail;

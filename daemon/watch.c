@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "file.h"
 #include "log.h"
 #include "watch.h"
 
@@ -52,14 +53,6 @@ dir_of(const char *path)
 	d = strdup(dirname(copy));
 	free(copy);
 	return d;
-}
-
-static const char *
-base_of(const char *path)
-{
-	const char *s = strrchr(path, '/');
-
-	return s != NULL ? s + 1 : path;
 }
 
 static struct watched_dir *
@@ -173,13 +166,13 @@ names_model_file(const struct model_entry *m, const char *dir, const char *name)
 {
 	if (strcmp(m->path, dir) == 0)
 		return 1; /* anything inside a directory model */
-	if (strcmp(base_of(m->path), name) == 0)
+	if (strcmp(file_basename(m->path), name) == 0)
 		return 1;
 	for (int k = 0; k < 2; k++) {
 		const struct generation *g = k == 0 ? m->current : m->pending;
 
 		for (size_t i = 0; g != NULL && i < g->source.nfiles; i++)
-			if (strcmp(base_of(g->source.files[i].path), name) == 0)
+			if (strcmp(file_basename(g->source.files[i].path), name) == 0)
 				return 1;
 	}
 	return 0;
