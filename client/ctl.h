@@ -11,4 +11,9 @@ int ctl_inspect(int argc, char **argv);
 int ctl_convert(int argc, char **argv);
 int ctl_attach(int argc, char **argv);
 
+/* The commands that talk to wcached's control socket (status, load, ...):
+ * config and control are the -c and --control options (NULL when absent),
+ * json the --json flag. */
+int ctl_control(int argc, char **argv, const char *config, const char *control, int json);
+
 #endif

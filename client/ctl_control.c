@@ -30,8 +30,6 @@
 #include "ctl.h"
 #include "json.h"
 
-/* Until ctl.h declares it (see ctl_main.c). */
-int ctl_control(int argc, char **argv, const char *config, const char *control, int json);
 
 #define DEFAULT_CONTROL "/run/wcached/control.sock"
 #define REQUEST_MAX 4096            /* the daemon's CONTROL_LINE_MAX */
@@ -666,10 +664,18 @@ human_duration(double seconds, char *buf, size_t cap)
 
 #define STATUS_COLUMNS 7
 
+static int
+by_name(const void *a, const void *b)
+{
+	const struct model_row *x = a, *y = b;
+
+	return strcmp(x->name != NULL ? x->name : "", y->name != NULL ? y->name : "");
+}
+
 /* Prints the status reply as a table: one row per model, then the other
  * open generations, generations of unloaded models, and errors. */
 static void
-print_status(const struct status *s)
+print_status(struct status *s)
 {
 	static const char *const head[STATUS_COLUMNS] = {
 		"NAME", "GEN", "STATE", "BYTES", "RESIDENT", "PINNED", "ATTACHED",
@@ -684,6 +690,8 @@ print_status(const struct status *s)
 		s->nmodels, s->nmodels == 1 ? "" : "s");
 	if (s->nmodels == 0 && s->nunloaded == 0)
 		return;
+	if (s->nmodels > 1)
+		qsort(s->models, s->nmodels, sizeof(*s->models), by_name);
 	for (int c = 0; c < STATUS_COLUMNS; c++)
 		width[c] = strlen(head[c]);
 	/* Two passes: measure, then print. Names are at most 128 bytes (the
@@ -699,7 +707,10 @@ print_status(const struct status *s)
 			const struct model_row *m = &s->models[i];
 
 			snprintf(cell[0], sizeof(cell[0]), "%s", m->name ? m->name : "?");
-			snprintf(cell[1], sizeof(cell[1]), "%" PRIu64, m->generation);
+			if (m->generation > 0)
+				snprintf(cell[1], sizeof(cell[1]), "%" PRIu64, m->generation);
+			else
+				snprintf(cell[1], sizeof(cell[1]), "-");
 			snprintf(cell[2], sizeof(cell[2]), "%s", m->state ? m->state : "?");
 			human_bytes(m->bytes, cell[3], sizeof(cell[3]));
 			human_bytes(m->resident, cell[4], sizeof(cell[4]));
@@ -907,22 +918,25 @@ print_result(const struct control_command *cmd, const struct reply *r, char **ar
 	putchar('\n');
 }
 
-/* Resolves the control socket's path: --control, -c CONFIG's control key,
- * $WCACHE_CONTROL, the default. Returns malloc'd, or NULL (printed). */
+/* Resolves the control socket's path: --control; else -c CONFIG's control
+ * key (the default when CONFIG sets none); else $WCACHE_CONTROL; else the
+ * default. Returns malloc'd, or NULL (printed). */
 static char *
 socket_path(const char *config, const char *control)
 {
 	const char *env = getenv("WCACHE_CONTROL");
 	char *path = NULL;
 
-	if (control != NULL)
+	if (control != NULL) {
 		path = strdup(control);
-	else if (config != NULL) {
+	} else if (config != NULL) {
 		if (control_from_config(config, &path) < 0)
 			return NULL;
-	}
-	if (path == NULL && control == NULL)
+		if (path == NULL) /* the daemon's default, whatever the environment says */
+			path = strdup(DEFAULT_CONTROL);
+	} else {
 		path = strdup(env != NULL && env[0] != '\0' ? env : DEFAULT_CONTROL);
+	}
 	if (path == NULL)
 		fprintf(stderr, "wcachectl: out of memory\n");
 	return path;
@@ -955,11 +969,16 @@ ctl_control(int argc, char **argv, const char *config, const char *control, int 
 			return 0;
 		} else if (strcmp(argv[i], "--json") == 0) {
 			json = 1;
-		} else if (strcmp(argv[i], "--control") == 0 && i + 1 < argc) {
-			control = argv[++i];
-		} else if ((strcmp(argv[i], "-c") == 0 || strcmp(argv[i], "--config") == 0) &&
-			i + 1 < argc) {
-			config = argv[++i];
+		} else if (strcmp(argv[i], "--control") == 0 || strcmp(argv[i], "-c") == 0 ||
+			strcmp(argv[i], "--config") == 0) {
+			if (i + 1 == argc) {
+				fprintf(stderr, "wcachectl: %s needs a value\n", argv[i]);
+				return 2;
+			}
+			if (strcmp(argv[i], "--control") == 0)
+				control = argv[++i];
+			else
+				config = argv[++i];
 		} else if (strncmp(argv[i], "--config=", 9) == 0) {
 			config = argv[i] + 9;
 		} else if (strncmp(argv[i], "--control=", 10) == 0) {

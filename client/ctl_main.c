@@ -14,8 +14,6 @@
 
 #include "ctl.h"
 
-/* Until ctl.h declares it: the control commands (ctl_control.c). */
-int ctl_control(int argc, char **argv, const char *config, const char *control, int json);
 
 static const struct {
 	const char *name;

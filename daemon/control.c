@@ -258,7 +258,7 @@ static void
 conn_error(struct ctl_conn *c, const char *fmt, ...)
 {
 	struct reply r;
-	char text[1024];
+	char text[8192]; /* room for a maximal path and its reason */
 	va_list ap;
 
 	va_start(ap, fmt);
@@ -431,18 +431,18 @@ valid_model_name(const char *s)
 	return true;
 }
 
-static uint64_t
-control_now_ms(const struct control *ctl)
+/* The daemon-wide figures of status and metrics. */
+static struct metrics_daemon
+daemon_figures(const struct control *ctl)
 {
-	return uv_now(ctl->loop);
-}
+	uint64_t now = uv_now(ctl->loop);
 
-static double
-uptime_seconds(const struct control *ctl)
-{
-	uint64_t now = control_now_ms(ctl);
-
-	return now > ctl->started_ms ? (double)(now - ctl->started_ms) / 1000.0 : 0.0;
+	return (struct metrics_daemon){
+		.clients = ctl->ctx->server != NULL ? server_clients(ctl->ctx->server) : 0,
+		.control_clients = ctl->nconns,
+		.uptime_seconds = now > ctl->started_ms ?
+			(double)(now - ctl->started_ms) / 1000.0 : 0.0,
+	};
 }
 
 static void
@@ -456,11 +456,7 @@ static void
 cmd_status(struct ctl_conn *c, int argc, char **argv)
 {
 	struct control *ctl = c->ctl;
-	struct metrics_daemon daemon = {
-		.clients = ctl->ctx->server != NULL ? server_clients(ctl->ctx->server) : 0,
-		.control_clients = ctl->nconns,
-		.uptime_seconds = uptime_seconds(ctl),
-	};
+	struct metrics_daemon daemon = daemon_figures(ctl);
 	struct reply r;
 
 	log_debug("control: uid %u pid %d: status", (unsigned)c->uid, (int)c->pid);
@@ -476,11 +472,7 @@ static void
 cmd_metrics(struct ctl_conn *c, int argc, char **argv)
 {
 	struct control *ctl = c->ctl;
-	struct metrics_daemon daemon = {
-		.clients = ctl->ctx->server != NULL ? server_clients(ctl->ctx->server) : 0,
-		.control_clients = ctl->nconns,
-		.uptime_seconds = uptime_seconds(ctl),
-	};
+	struct metrics_daemon daemon = daemon_figures(ctl);
 	struct reply r;
 	char *text = NULL;
 	size_t len = 0;

@@ -380,13 +380,18 @@ control_reload(void *arg, registry_done_fn done, void *done_arg)
 static void
 start_control(struct daemon *d)
 {
-	int has_group = d->cfg->control_group != NULL, fd;
+	int has_group = d->cfg->control_group != NULL, fd, r;
 
-	fd = control_listen_path(d->cfg->control_path, has_group ? 0660 : 0600,
-		has_group ? d->cfg->control_gid : (gid_t)-1);
-	if (fd < 0)
+	/* A socket unit may pass it as "control"; else we make it. */
+	if ((r = listen_fds_take("control", SOCK_STREAM, &fd)) < 0)
 		fatalx("%s", error_get());
-	d->created_control = strdup(d->cfg->control_path);
+	if (r == 0) {
+		fd = control_listen_path(d->cfg->control_path, has_group ? 0660 : 0600,
+			has_group ? d->cfg->control_gid : (gid_t)-1);
+		if (fd < 0)
+			fatalx("%s", error_get());
+		d->created_control = strdup(d->cfg->control_path);
+	}
 	d->control_ctx = (struct control_context){
 		.reg = &d->reg,
 		.started_ms = uv_now(&d->loop),

@@ -635,8 +635,14 @@ load_after(uv_work_t *w, int status)
 		if (q->done != NULL && m->current->state == GEN_MODIFIED)
 			q->done(-ESTALE, "its files were modified in place; replace them with "
 					 "rename(2) and reload again", 0, q->arg);
-		else if (q->done != NULL)
-			q->done(0, "unchanged", m->current->number, q->arg);
+		else {
+			/* The files serving are the configured ones: an error
+			 * from an earlier failed load no longer applies. */
+			free(m->error);
+			m->error = NULL;
+			if (q->done != NULL)
+				q->done(0, "unchanged", m->current->number, q->arg);
+		}
 	} else {
 		install(r, m, q);
 	}

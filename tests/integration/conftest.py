@@ -20,7 +20,7 @@ def binary(name):
     return path
 
 
-def wait_until(cond, timeout=30.0, what="condition"):
+def wait_until(cond, timeout=60.0, what="condition"):
     """Polls cond() until it is true or the deadline passes."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -52,7 +52,7 @@ def fd_count(pid):
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def settled_fd_count(pid, timeout=30.0):
+def settled_fd_count(pid, timeout=60.0):
     """The daemon's descriptor count once it stops changing (connections
     that just closed are released from the event loop a moment later)."""
     deadline = time.monotonic() + timeout

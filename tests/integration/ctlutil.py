@@ -1,6 +1,7 @@
 """Helpers for the control socket tests: running wcachectl against a Daemon's
 control socket (as root or as another user), raw control connections, and
 reading a worker's mapping of a model file through /proc."""
+import atexit
 import json
 import os
 import shutil
@@ -8,7 +9,7 @@ import socket
 import subprocess
 import tempfile
 
-from conftest import binary
+from conftest import binary, fd_count, wait_until
 
 
 def ctl(d, *args, user=None, env=None, timeout=120):
@@ -46,6 +47,7 @@ def shared_dir():
     if "dir" not in _shared:
         _shared["dir"] = tempfile.mkdtemp(prefix="wcache-ctl-")
         os.chmod(_shared["dir"], 0o755)
+        atexit.register(shutil.rmtree, _shared["dir"], True)
     return _shared["dir"]
 
 
@@ -94,6 +96,40 @@ class Control:
 
     def close(self):
         self.sock.close()
+
+
+def wait_for_control(d):
+    """Waits until the daemon answers on its control socket. Daemon.start()
+    waits for the client socket, which wcached opens first: until the
+    control socket listens (its mode set) and the loop runs, a test would
+    race the start-up."""
+    def answers():
+        try:
+            c = Control(d)
+        except OSError:
+            return False
+        try:
+            reply = c.request(b"help")
+            return reply is not None and reply["ok"]
+        except OSError:
+            return False
+        finally:
+            c.close()
+    wait_until(answers, what="the control socket to answer")
+    return d
+
+
+def quiet_fd_count(d):
+    """The daemon's descriptor count with no control connection open but
+    ours (the others, wcachectl runs that just exited, close asynchronously):
+    counted while ours is the only one, then ours is closed."""
+    c = Control(d)
+    try:
+        wait_until(lambda: c.request(b"status")["control_clients"] == 1,
+                   what="other control connections to close")
+        return fd_count(d.proc.pid)
+    finally:
+        c.close()
 
 
 def mapped_bytes(pid, path, offset, length):
