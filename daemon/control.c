@@ -36,6 +36,7 @@
 
 #include "config.h"
 #include "control.h"
+#include "listen.h"
 #include "error.h"
 #include "json.h"
 #include "log.h"
@@ -991,50 +992,7 @@ on_connection(uv_stream_t *listener, int status)
 int
 control_listen_path(const char *path, mode_t mode, gid_t group)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	struct stat st;
-	int fd, probe, e;
-
-	if (strlen(path) >= sizeof(sa.sun_path))
-		return error_set(-ENAMETOOLONG, "%s: socket path longer than %zu bytes", path,
-			sizeof(sa.sun_path) - 1);
-	memcpy(sa.sun_path, path, strlen(path) + 1);
-	if (lstat(path, &st) == 0) {
-		if (!S_ISSOCK(st.st_mode))
-			return error_set(-EEXIST, "%s: exists and is not a socket", path);
-		/* A socket file: is a daemon behind it? */
-		if ((probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) == -1)
-			return error_set(-errno, "socket: %s", strerror(errno));
-		if (connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
-			close(probe);
-			return error_set(-EADDRINUSE, "%s: another wcached is listening there",
-				path);
-		}
-		e = errno;
-		close(probe);
-		if (e != ECONNREFUSED && e != ENOENT && e != EPROTOTYPE)
-			return error_set(-e, "%s: %s", path, strerror(e));
-		if (unlink(path) == -1 && errno != ENOENT)
-			return error_set(-errno, "%s: removing stale socket: %s", path,
-				strerror(errno));
-	}
-	if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0)) == -1)
-		return error_set(-errno, "socket: %s", strerror(errno));
-	/* Nobody can connect before listen(), so a looser mode between bind()
-	 * and chmod() lets no one in. */
-	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == -1) {
-		e = errno;
-		close(fd);
-		return error_set(-e, "%s: %s", path, strerror(e));
-	}
-	if (chmod(path, mode) == -1 || (group != (gid_t)-1 && chown(path, (uid_t)-1, group) == -1) ||
-		listen(fd, SOMAXCONN) == -1) {
-		e = errno;
-		close(fd);
-		unlink(path);
-		return error_set(-e, "%s: %s", path, strerror(e));
-	}
-	return fd;
+	return listen_unix(path, SOCK_STREAM, mode, group);
 }
 
 int

@@ -24,6 +24,7 @@
 
 #include "error.h"
 #include "fdpass.h"
+#include "listen.h"
 #include "log.h"
 #include "server.h"
 #include "wire.h"
@@ -602,41 +603,5 @@ server_stop(struct server *s)
 int
 server_listen_path(const char *path, mode_t mode)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	struct stat st;
-	int fd, probe, e;
-
-	if (strlen(path) >= sizeof(sa.sun_path))
-		return error_set(-ENAMETOOLONG, "%s: socket path longer than %zu bytes", path,
-			sizeof(sa.sun_path) - 1);
-	memcpy(sa.sun_path, path, strlen(path) + 1);
-	if (lstat(path, &st) == 0) {
-		if (!S_ISSOCK(st.st_mode))
-			return error_set(-EEXIST, "%s: exists and is not a socket", path);
-		/* A socket file: is a daemon behind it? */
-		probe = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-		if (probe == -1)
-			return error_set(-errno, "socket: %s", strerror(errno));
-		if (connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
-			close(probe);
-			return error_set(-EADDRINUSE, "%s: another wcached is listening there",
-				path);
-		}
-		e = errno;
-		close(probe);
-		if (e != ECONNREFUSED && e != ENOENT && e != EPROTOTYPE)
-			return error_set(-e, "%s: %s", path, strerror(e));
-		if (unlink(path) == -1 && errno != ENOENT)
-			return error_set(-errno, "%s: removing stale socket: %s", path,
-				strerror(errno));
-	}
-	if ((fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0)) == -1)
-		return error_set(-errno, "socket: %s", strerror(errno));
-	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == -1 || chmod(path, mode) == -1 ||
-		listen(fd, SOMAXCONN) == -1) {
-		e = errno;
-		close(fd);
-		return error_set(-e, "%s: %s", path, strerror(e));
-	}
-	return fd;
+	return listen_unix(path, SOCK_SEQPACKET, mode, (gid_t)-1);
 }
