@@ -10,9 +10,10 @@ DESTDIR     ?=
 
 DEPS = cmake make gcc clang libclang-rt-14-dev pkg-config libuv1-dev libinih-dev \
        libcmocka-dev libjansson-dev python3 python3-pytest python3-numpy \
-       python3-torch procps systemd util-linux
+       python3-torch procps systemd util-linux debhelper dh-python dpkg-dev binutils \
+       groff-base man-db
 
-.PHONY: all deps build test test-asan fuzz bench demo install clean
+.PHONY: all deps build test test-asan fuzz bench demo install deb clean
 
 all: build
 
@@ -55,5 +56,9 @@ demo: build
 
 install: build
 	DESTDIR=$(DESTDIR) cmake --install $(BUILD) --prefix $(PREFIX)
+# Debian packages: wcached, libwcache0, libwcache-dev, python3-wcache.
+deb: deps
+	scripts/make-deb.sh $(BUILD)/deb
+
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)

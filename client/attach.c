@@ -163,7 +163,11 @@ map_fd(int fd, uint64_t want, int memfd, const char *what, const uint8_t **base)
 		*base = NULL;
 		return 0;
 	}
-	if ((p = mmap(NULL, (size_t)want, PROT_READ, MAP_SHARED, fd, 0)) == MAP_FAILED)
+	/* Model files MAP_PRIVATE (see file.c and wc_model_cow()); the sealed
+	 * index stays MAP_SHARED. */
+	p = mmap(NULL, (size_t)want, PROT_READ, memfd ? MAP_SHARED : MAP_PRIVATE | MAP_NORESERVE,
+		fd, 0);
+	if (p == MAP_FAILED)
 		return error_set(-errno, "%s: mmap: %s", what, strerror(errno));
 	*base = p;
 	return 0;

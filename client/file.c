@@ -2,8 +2,12 @@
  * file.c: opening and mapping one model file read-only.
  *
  * Every model byte a worker or the daemon reads comes through a mapping made
- * here: O_RDONLY | O_CLOEXEC, regular files only, PROT_READ and MAP_SHARED so
- * every process maps the same page cache.
+ * here: O_RDONLY | O_CLOEXEC, regular files only, PROT_READ. The mapping is
+ * MAP_PRIVATE | MAP_NORESERVE: for pages nobody writes that is the same page
+ * cache every other process maps (MAP_SHARED is no different for reading),
+ * and it lets wc_model_cow() make a model writable copy-on-write for
+ * bindings that have no read-only tensors (torch); MAP_NORESERVE keeps that
+ * from being charged as private memory up front.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -34,7 +38,7 @@ file_from_fd(int fd, const char *path, struct wc_file *out)
 	if ((f.path = strdup(path)) == NULL)
 		return error_set(-ENOMEM, "%s: out of memory", path);
 	if (f.size > 0) {
-		base = mmap(NULL, (size_t)f.size, PROT_READ, MAP_SHARED, fd, 0);
+		base = mmap(NULL, (size_t)f.size, PROT_READ, MAP_PRIVATE | MAP_NORESERVE, fd, 0);
 		if (base == MAP_FAILED) {
 			int e = errno;
 

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "dtype.h"
 #include "error.h"
@@ -220,4 +221,31 @@ uint64_t
 wc_model_generation(const wc_model *m)
 {
 	return m == NULL ? 0 : m->generation;
+}
+
+int
+wc_model_cow(wc_model *m)
+{
+	uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+
+	if (m == NULL)
+		return error_set(-EINVAL, "wc_model_cow: no model");
+	for (uint64_t i = 0; i < m->header.file_count; i++) {
+		const struct model_map *f = &m->maps[i];
+		size_t len;
+
+		if (f->base == NULL)
+			continue;
+		len = (size_t)((f->size + page - 1) & ~(uint64_t)(page - 1));
+		if (mprotect((void *)f->base, len, PROT_READ | PROT_WRITE) == -1) {
+			int e = errno;
+
+			if (e == EACCES)
+				return error_set(-ENOTSUP, "%s: model files are mapped shared and "
+					"cannot be made copy-on-write", m->name);
+			return error_set(-e, "%s: file %llu: mprotect: %s", m->name,
+				(unsigned long long)i, strerror(e));
+		}
+	}
+	return 0;
 }

@@ -82,6 +82,17 @@ WC_EXPORT uint64_t wc_model_generation(const wc_model *m);
  */
 WC_EXPORT int wc_model_stale(const wc_model *m);
 
+/* Makes the model's tensor data writable in this process, copy-on-write:
+ * every page stays the page cache other workers map until this process
+ * writes to it; a write gives this process a private copy of that page and
+ * never reaches the file, the daemon or another process. Afterwards the
+ * data of every wc_tensor of m may be written through (the pointers do not
+ * change). For bindings whose tensors cannot be read-only (torch). Files
+ * are mapped MAP_NORESERVE, so the writable mapping is not charged up front
+ * (except under vm.overcommit_memory=2: then -ENOMEM is possible).
+ * -ENOTSUP when the files are mapped shared. */
+WC_EXPORT int wc_model_cow(wc_model *m);
+
 /* Message for the last failure in the calling thread ("" if none). */
 WC_EXPORT const char *wc_errmsg(void);
 

@@ -31,6 +31,11 @@
 # systemd reads units from /usr/local/lib/systemd/system too, but sysusers.d
 # and tmpfiles.d only from /usr/lib, /run and /etc: with PREFIX=/usr/local
 # copy those two snippets to /etc/sysusers.d and /etc/tmpfiles.d.
+#
+# wcached reads /etc/wcached.conf whatever the prefix, so the example
+# configuration is installed as documentation only, never over a real one
+# (the Debian package ships /etc/wcached.conf as a conffile). Installed as
+# root with no DESTDIR, ldconfig runs so that libwcache.so.0 is found at once.
 
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
@@ -67,11 +72,40 @@ if(_wc_incs)
 	set_property(TARGET wcache PROPERTY INTERFACE_INCLUDE_DIRECTORIES "${_wc_fixed}")
 endif()
 
+# PUBLIC_HEADER (wcache.h) is relative to client/, but install(TARGETS) here
+# would look for it in the root directory: make it absolute.
+get_target_property(_wc_clientdir wcache SOURCE_DIR)
+get_target_property(_wc_headers wcache PUBLIC_HEADER)
+if(_wc_headers)
+	set(_wc_fixed)
+	foreach(_wc_header IN LISTS _wc_headers)
+		if(NOT IS_ABSOLUTE "${_wc_header}")
+			set(_wc_header "${_wc_clientdir}/${_wc_header}")
+		endif()
+		list(APPEND _wc_fixed "${_wc_header}")
+	endforeach()
+	set_property(TARGET wcache PROPERTY PUBLIC_HEADER "${_wc_fixed}")
+endif()
+
 install(TARGETS wcache EXPORT wcacheTargets
 	LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
 		COMPONENT Library NAMELINK_COMPONENT Development
 	PUBLIC_HEADER DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT Development
 	INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+
+# Installing as root straight into the system (no DESTDIR, as `sudo make
+# install` does): refresh the dynamic loader's cache so that programs and the
+# Python package find libwcache.so.0 at once. Staged installs (a DESTDIR, a
+# package build) leave that to the package's own triggers.
+install(CODE [[
+if("$ENV{DESTDIR}" STREQUAL "" AND EXISTS /sbin/ldconfig)
+	execute_process(COMMAND id -u OUTPUT_VARIABLE _wc_uid OUTPUT_STRIP_TRAILING_WHITESPACE)
+	if(_wc_uid STREQUAL "0")
+		message(STATUS "Running ldconfig")
+		execute_process(COMMAND /sbin/ldconfig)
+	endif()
+endif()
+]] COMPONENT Library)
 
 # --- CMake package: find_package(wcache) gives wcache::wcache -----------------
 
@@ -193,8 +227,6 @@ install(FILES ${PROJECT_SOURCE_DIR}/man/wcached.8
 	DESTINATION ${CMAKE_INSTALL_MANDIR}/man8 COMPONENT Runtime)
 install(FILES ${PROJECT_SOURCE_DIR}/man/wcache.3
 	DESTINATION ${CMAKE_INSTALL_MANDIR}/man3 COMPONENT Development)
-# wcached reads /etc/wcached.conf whatever the prefix; the example is
-# documentation, never installed over an administrator's configuration.
 install(FILES ${PROJECT_SOURCE_DIR}/README.md ${PROJECT_SOURCE_DIR}/conf/wcached.conf.example
 	DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT Runtime)
 

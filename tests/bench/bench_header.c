@@ -18,11 +18,12 @@
  *                  mmap, validate, compile the index, make the model.
  * Each row prints microseconds per run (wall time, best and median, and the
  * best CPU time of the thread, which other processes on a busy machine do
- * not inflate), per tensor, and the ratio to the read() row; the wc_open_file row is compared with the target (default
- * 0.5 us per tensor, half the Rust reference implementation's ~1 us) and
- * marked PASS or MISS. The exit status is 0 unless a file cannot be read:
- * a benchmark never fails a build. --only ROW times the read() row and that
- * row alone (for `perf record`).
+ * not inflate), per tensor, and the ratio to the read() row. The
+ * wc_open_file row is compared with the target (default 0.5 us per tensor,
+ * half the Rust reference implementation's ~1 us) and marked PASS or MISS.
+ * The exit status is 0 unless a file cannot be read: a benchmark never fails
+ * a build. --only ROW times the read() row and that row alone (for `perf
+ * record`).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -142,12 +143,14 @@ parse_common(const struct subject *s, int build)
 	return r;
 }
 
+/* st_parse alone. */
 static int
 run_parse(const struct subject *s)
 {
 	return parse_common(s, 0);
 }
 
+/* st_parse and index_build. */
 static int
 run_parse_build(const struct subject *s)
 {
@@ -256,6 +259,7 @@ subject_open(const char *path, struct subject *s)
 	return 0;
 }
 
+/* Unmaps and frees what subject_open() made. */
 static void
 subject_close(struct subject *s)
 {

@@ -388,6 +388,7 @@ repeat(struct run *r, int n, double *best, double *median)
 	return k;
 }
 
+/* Frees the buffers, releases the model, unmaps the file. */
 static void
 release(struct run *r)
 {
@@ -402,6 +403,7 @@ release(struct run *r)
 		munmap((void *)r->map, (size_t)r->size);
 }
 
+/* bench_load run: loads, touches, measures, prints one JSON line, holds. */
 static int
 cmd_run(int argc, char **argv)
 {
@@ -501,6 +503,9 @@ resident(int fd, uint64_t size, uint64_t *out)
 	return 0;
 }
 
+/* bench_load evict / resident: drops FILE from the page cache (evict, with
+ * up to three tries) and prints how many bytes were resident before and
+ * after. POSIX_FADV_DONTNEED leaves pages that some process maps. */
 static int
 cmd_cache(int argc, char **argv, int evict)
 {

@@ -60,11 +60,21 @@ def every_dtype(tmp_path_factory):
     return str(path), tensors, where
 
 
-def test_raw_bytes_match_the_file(every_dtype):
+def open_model(path, table):
+    """Opens path; with table, reads the whole tensor table first (keys()),
+    which switches views to slices of one array over all tensor data."""
+    m = wcache.open_file(path)
+    if table:
+        m.keys()
+    return m
+
+
+@pytest.mark.parametrize("table", [False, True])
+def test_raw_bytes_match_the_file(every_dtype, table):
     path, tensors, where = every_dtype
     with open(path, "rb") as f:
         blob = f.read()
-    with wcache.open_file(path) as m:
+    with open_model(path, table) as m:
         assert len(m) == len(tensors)
         for name, dtype, shape, data in tensors:
             info = m.info(name)
@@ -76,11 +86,12 @@ def test_raw_bytes_match_the_file(every_dtype):
             assert blob[off:off + len(data)] == data
 
 
+@pytest.mark.parametrize("table", [False, True])
 @pytest.mark.parametrize("dtype", sorted(TABLE))
-def test_numpy_every_dtype(every_dtype, dtype):
+def test_numpy_every_dtype(every_dtype, dtype, table):
     path, tensors, _ = every_dtype
     typestr = TABLE[dtype][1]
-    with wcache.open_file(path) as m:
+    with open_model(path, table) as m:
         for name, dt, shape, data in tensors:
             if dt != dtype:
                 continue
@@ -105,12 +116,13 @@ def test_numpy_every_dtype(every_dtype, dtype):
                 assert a.__array_interface__["data"][0] == m.info(name).data
 
 
+@pytest.mark.parametrize("table", [False, True])
 @pytest.mark.parametrize("dtype", sorted(TABLE))
-def test_torch_every_dtype(every_dtype, dtype):
+def test_torch_every_dtype(every_dtype, dtype, table):
     path, tensors, _ = every_dtype
     attr = TABLE[dtype][2]
     tdtype = getattr(torch, attr, None) if attr else None
-    with wcache.open_file(path) as m:
+    with open_model(path, table) as m:
         for name, dt, shape, data in tensors:
             if dt != dtype:
                 continue
@@ -151,7 +163,7 @@ def test_unaligned_data(tmp_path):
     f32 = np.arange(6, dtype="<f4")
     path = tmp_path / "odd.safetensors"
     write_safetensors(path, [("a", "U8", (1,), b"\x07"), ("b", "F32", (2, 3), f32.tobytes())])
-    with wcache.open_file(path) as m:
+    with open_model(path, True) as m:
         assert m.info("b").data % 4 != 0
         assert np.array_equal(m.numpy("b"), f32.reshape(2, 3))
         assert torch.equal(m.torch("b"), torch.from_numpy(f32.reshape(2, 3)))

@@ -54,7 +54,8 @@ def test_nothing_found_lists_what_was_tried(tmp_path):
         assert out == "" or "libwcache" in out
         return
     assert "$WCACHE_LIB (not set)" in out
-    assert os.path.join(str(tmp_path / "pkg"), "build", "lib", "libwcache.so.0") in out
+    assert "build tree: no build/lib/libwcache.so.0" in out
+    assert os.path.join(str(tmp_path / "pkg"), "wcache") in out
     assert "libwcache.so.0 (dynamic loader)" in out
 
 

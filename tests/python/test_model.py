@@ -108,21 +108,24 @@ def test_mapping_released_without_views(f32_model):
 TORCH_WRITES = textwrap.dedent("""
     import os, sys, torch, numpy as np, wcache
     path = sys.argv[1]
-    m = wcache.open_file(path)
     before = open(path, "rb").read()
-    t = m.torch("a.weight")
-    orig = t.clone()
-    t.add_(1)                      # in-place ops
-    t[0, 0] = 100
-    t.copy_(t * 2)
-    torch.nn.init.zeros_(m.torch("b.bias"))
-    torch.add(t, 1, out=t)
-    assert open(path, "rb").read() == before, "the file changed"
-    other = wcache.open_file(path)  # another mapping of the file sees no change
-    assert torch.equal(other.torch("a.weight"), orig)
-    assert np.array_equal(other.numpy("a.weight"), orig.numpy())
-    c = orig.clone(); c.add_(1)   # clone is independent
-    assert torch.equal(other.torch("a.weight"), orig)
+    for table in (False, True):
+        m = wcache.open_file(path)
+        if table:
+            m.keys()               # views become slices of one array
+        t = m.torch("a.weight")
+        orig = t.clone()
+        t.add_(1)                  # in-place ops
+        t[0, 0] = 100
+        t.copy_(t * 2)
+        torch.nn.init.zeros_(m.torch("b.bias"))
+        torch.add(t, 1, out=t)
+        assert open(path, "rb").read() == before, "the file changed"
+        other = wcache.open_file(path)  # another mapping of the file sees no change
+        assert torch.equal(other.torch("a.weight"), orig)
+        assert np.array_equal(other.numpy("a.weight"), orig.numpy())
+        c = orig.clone(); c.add_(1)    # clone is independent
+        assert torch.equal(other.torch("a.weight"), orig)
     print("ok", flush=True)
 """)
 
@@ -133,8 +136,8 @@ def test_torch_writes_never_reach_the_file(f32_model, mode):
     (the mapping is PROT_READ) nor reach the file or other mappings. Run in
     a subprocess so a regression shows as a failure, not a dead pytest."""
     import wcache._lib as L
-    if mode == "c" and getattr(L.lib(), "wc_model_tensor_cow", None) is None:
-        pytest.skip("libwcache has no wc_model_tensor_cow()")
+    if mode == "c" and getattr(L.lib(), "wc_model_cow", None) is None:
+        pytest.skip("libwcache has no wc_model_cow()")
     path, _ = f32_model
     env = dict(os.environ, WCACHE_TORCH_COW=mode,
                PYTHONPATH=PYDIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -162,6 +165,20 @@ def test_torch_is_zero_copy_and_shares_page_cache(f32_model):
                     break
             else:
                 pytest.fail("tensor memory is in no mapping")
+
+
+def test_each_tensor_has_its_own_storage(f32_model, tmp_path):
+    """Tensors are slices of one big array internally, but each has a
+    storage of its own bytes: saving one tensor saves only it."""
+    path, arrays = f32_model
+    with wcache.open_file(path) as m:
+        m.keys()
+        t = m.torch("b.bias")
+        assert t.storage().nbytes() == m.info("b.bias").nbytes
+        torch.save(t, tmp_path / "one.pt")
+        assert torch.equal(torch.load(tmp_path / "one.pt"), torch.from_numpy(arrays["b.bias"]))
+        a = m.numpy("a.weight")
+        assert a.base is not None and a.nbytes == 48
 
 
 def test_copy_mode_warns_when_asked_for_views(f32_model, monkeypatch):

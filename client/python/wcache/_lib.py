@@ -87,9 +87,9 @@ _REQUIRED = {
 
 # Functions used when the library has them (feature checks).
 _OPTIONAL = {
-    # Proposed: makes a tensor's pages writable copy-on-write in this process
+    # Proposed: makes a model's data writable copy-on-write in this process
     # (see wcache/_torch.py and client/python/README.md).
-    "wc_model_tensor_cow": (ctypes.c_int, [_P, _T, _PP]),
+    "wc_model_cow": (ctypes.c_int, [_P]),
 }
 
 _lock = threading.Lock()
@@ -144,12 +144,13 @@ def _load():
         _lib, _lib_path = cdll, env
         return
     seen = set()
+    missing_build = 0
     for path, where in _candidates():
         if path in seen:
             continue
         seen.add(path)
         if os.sep in path and not os.path.exists(path):
-            tried.append(f"  {path} ({where}): no such file")
+            missing_build += 1
             continue
         try:
             cdll = ctypes.CDLL(path)
@@ -159,6 +160,10 @@ def _load():
         _declare(cdll, path)
         _lib, _lib_path = cdll, getattr(cdll, "_name", path)
         return
+    here = os.path.dirname(os.path.abspath(__file__))
+    if missing_build:
+        tried.insert(0, f"  build tree: no build/lib/libwcache.so.0 or build/lib/libwcache.so "
+                        f"in {here} or any directory above it")
     raise LibraryNotFound(
         "cannot find libwcache. Set WCACHE_LIB to the path of libwcache.so.0, build the "
         "tree (make), or install the library. Tried, in order:\n  $WCACHE_LIB (not set)\n"

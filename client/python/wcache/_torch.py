@@ -17,11 +17,12 @@ program may modify. Modifications are visible to later ``torch(name)``
 calls on the same model in this process, like edits to a state dict; call
 ``.clone()`` first to keep the original.
 
-Three ways to get such memory, tried in this order for each tensor:
+Three ways to get such memory, tried in this order:
 
-1. ``wc_model_tensor_cow()`` in libwcache (proposed C API, used when the
-   library has it): the library maps model files MAP_PRIVATE | MAP_NORESERVE
-   and makes the tensor's pages writable in place (mprotect).
+1. ``wc_model_cow()`` in libwcache (proposed C API, used when the library
+   has it), called once per model: the library maps model files
+   MAP_PRIVATE | MAP_NORESERVE, PROT_READ, and makes them writable in place
+   (one mprotect per file); tensors are views of the library's own mapping.
 2. A private mapping of the same file made here: the file backing the
    tensor's read-only mapping is found in /proc/self/maps, opened read-only
    through its path, checked to be the same inode (device and inode number),
@@ -30,6 +31,11 @@ Three ways to get such memory, tried in this order for each tensor:
    read permission for) or the path now names another file (renamed over).
 3. A private copy of the tensor (not zero-copy), with a RuntimeWarning once
    per model saying why.
+
+Ways 1 and 2 slice every tensor out of one array per model (way 1) or per
+file (way 2), which keeps the per-tensor cost to a few numpy and torch
+calls; each tensor still gets its own storage (torch.from_numpy of its
+slice), so saving one tensor saves only its bytes.
 
 The environment variable WCACHE_TORCH_COW=auto|c|remap|copy forces one way
 (for tests and benchmarks); "auto" is the default.
@@ -41,7 +47,6 @@ very large model writable can fail with ENOMEM; then way 3 is used.
 """
 import bisect
 import ctypes
-import errno
 import mmap
 import os
 import platform
@@ -54,10 +59,10 @@ import torch
 
 from . import _lib
 from ._dtypes import carrier_typestr, torch_dtype
-from ._lib import check, wc_tensor
 from .model import _ArrayOwner, _view
 
 _MODES = ("auto", "c", "remap", "copy")
+_BIG_ENDIAN = sys.byteorder != "little"
 
 
 def _mode():
@@ -72,53 +77,66 @@ def _no_torch_type(label, info):
             f"{torch.__version__} has no type for; model.raw(name) gives its bytes")
 
 
+_types = {}  # safetensors dtype -> (torch dtype, numpy carrier typestr)
+
+
+def _types_of(label, info):
+    entry = _types.get(info.dtype)
+    if entry is None:
+        tdtype = torch_dtype(torch, info.dtype)
+        carrier = carrier_typestr(info.dtype)
+        if tdtype is None or carrier is None:
+            raise TypeError(_no_torch_type(label, info))
+        entry = _types[info.dtype] = (tdtype, carrier)
+    return entry
+
+
 def tensor(model, info):
     """The torch tensor for one tensor of model (see the module comment)."""
     h = model._h()
-    tdtype = torch_dtype(torch, info.dtype)
-    carrier = carrier_typestr(info.dtype)
-    if tdtype is None or carrier is None:
-        raise TypeError(_no_torch_type(h.label, info))
-    if sys.byteorder != "little":
+    tdtype, carrier = _types_of(h.label, info)
+    if _BIG_ENDIAN:
         raise TypeError(f"model {h.label!r}: safetensors data is little-endian and this "
                         "host is not; torch tensors cannot be zero-copy views here")
     if info.nbytes == 0:
         return torch.empty(info.shape, dtype=tdtype)
-    state = h.torch_maps
+    state = model._torch_state
     if state is None:
-        state = h.torch_maps = _State()
-    arr = state.writable(h, info, carrier)
-    t = torch.from_numpy(arr)
+        state = model._torch_state = _State()
+    t = torch.from_numpy(state.writable(model, h, info, carrier))
     if t.dtype != tdtype:
         t = t.view(tdtype)
     return t
 
 
 class _State:
-    """Per-model choices and private mappings for torch tensors."""
+    """Per-model choices and writable memory for torch tensors. Lives on the
+    Model (not on the handle: arrays here reference the handle, and a cycle
+    would delay wc_release() to the garbage collector)."""
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.c_ok = None        # wc_model_tensor_cow: unknown / works / unusable
-        self.c_reason = ""
+        self.mode = _mode()
+        self.c_ok = None        # wc_model_cow: not tried / done / unusable
+        self.c_region = None    # writable uint8 array over the model's span
+        self.reason = ""        # why way 1 is unusable
         self.remap = None       # _Remapper, built on first use
         self.warned = False
 
-    def writable(self, h, info, carrier):
-        mode = _mode()
+    def writable(self, model, h, info, carrier):
         reasons = []
-        if mode in ("auto", "c"):
-            arr = self._via_c(h, info, carrier, reasons)
+        if self.mode in ("auto", "c"):
+            arr = self._via_c(model, h, info, carrier, reasons)
             if arr is not None:
                 return arr
-        if mode in ("auto", "remap"):
+        if self.mode in ("auto", "remap"):
             with self.lock:
                 if self.remap is None:
                     self.remap = _Remapper()
             arr = self.remap.array(info, carrier, reasons)
             if arr is not None:
                 return arr
-        if mode != "copy" and not self.warned:
+        if self.mode != "copy" and not self.warned:
             self.warned = True
             warnings.warn(
                 f"wcache: model {h.label!r}: torch tensors are private copies, not views "
@@ -126,30 +144,31 @@ class _State:
         ro = _view(h, info.data, info.shape, carrier)
         return np.array(ro, copy=True)
 
-    def _via_c(self, h, info, carrier, reasons):
-        if self.c_ok is False:
-            reasons.append(self.c_reason)
+    def _via_c(self, model, h, info, carrier, reasons):
+        if self.c_ok is None:
+            with self.lock:
+                if self.c_ok is None:
+                    self._cow(h)
+        if not self.c_ok:
+            reasons.append(self.reason)
             return None
-        lib = _lib.lib()
-        fn = getattr(lib, "wc_model_tensor_cow", None)
+        if self.c_region is None and model._span is not None and model._names is not None:
+            lo, hi = model._span
+            self.c_region = _view(h, lo, (hi - lo,), "|u1", readonly=False)
+        if self.c_region is not None:
+            return model._slice(info, carrier, writable_region=self.c_region)
+        return _view(h, info.data, info.shape, carrier, readonly=False)
+
+    def _cow(self, h):
+        fn = getattr(_lib.lib(), "wc_model_cow", None)
         if fn is None or fn.argtypes is None:
-            self.c_ok, self.c_reason = False, "libwcache has no wc_model_tensor_cow()"
-            reasons.append(self.c_reason)
-            return None
-        t = wc_tensor()
-        check(lib.wc_model_find(h.ptr, info.name.encode("utf-8", "surrogateescape"),
-                                ctypes.byref(t)))
-        out = ctypes.c_void_p()
-        rc = fn(h.ptr, ctypes.byref(t), ctypes.byref(out))
-        if rc in (-errno.ENOTSUP, -errno.EOPNOTSUPP, -errno.EACCES):
-            self.c_ok, self.c_reason = False, _lib.errmsg() or os.strerror(-rc)
-            reasons.append(self.c_reason)
-            return None
+            self.c_ok, self.reason = False, "libwcache has no wc_model_cow()"
+            return
+        rc = fn(h.ptr)
         if rc < 0:
-            reasons.append(_lib.errmsg() or os.strerror(-rc))
-            return None
+            self.c_ok, self.reason = False, _lib.errmsg() or os.strerror(-rc)
+            return
         self.c_ok = True
-        return _view(h, out.value, info.shape, carrier, readonly=False)
 
 
 # --- way 2: a private mapping of the same file ---
@@ -216,6 +235,7 @@ class _Remapper:
         self.lock = threading.Lock()
         self.starts, self.entries = _parse_maps()
         self.files = {}  # (dev, ino) -> _PrivateMapping, or a reason string
+        self.arrays = {}  # id(mapping) -> writable uint8 array over all of it
 
     def array(self, info, carrier, reasons):
         i = bisect.bisect_right(self.starts, info.data) - 1
@@ -234,7 +254,14 @@ class _Remapper:
         if off + info.nbytes > m.size:
             reasons.append(f"{os.fsdecode(path)} is shorter than the mapping")
             return None
-        return np.asarray(_ArrayOwner(m, m.addr + off, info.shape, carrier, False))
+        whole = self.arrays.get(id(m))
+        if whole is None:
+            # one writable array over the whole private mapping; tensors are
+            # slices of it (each slice keeps the mapping alive)
+            whole = np.asarray(_ArrayOwner(m, m.addr, (m.size,), "|u1", False))
+            with self.lock:
+                self.arrays[id(m)] = whole
+        return whole[off:off + info.nbytes].view(carrier).reshape(info.shape)
 
     @staticmethod
     def _map(path, dev, ino):

@@ -283,8 +283,8 @@ def main(argv=None):
             daemon.stop()
 
     print(f"model: {model}: {size / GiB:.3f} GiB, {ntensors} tensors (BF16), in page cache")
-    cow = "wc_model_tensor_cow" if getattr(_lib.lib(), "wc_model_tensor_cow", None) \
-        else "private remap (no wc_model_tensor_cow)"
+    cow = "wc_model_cow" if getattr(_lib.lib(), "wc_model_cow", None) \
+        else "private remap (no wc_model_cow)"
     print(f"torch {torch.__version__}, libwcache {wcache.library_path()}, median of "
           f"{args.repeat}; torch copy-on-write through {cow}")
     print(f"{'loader':<32}{'state dict':>14}{'+ every page':>16}")

@@ -3,7 +3,8 @@
 Lifetime (the rule every view relies on): a :class:`Model` owns a
 ``_Handle``, the one Python object that owns the C ``wc_model``. Every array
 or tensor made from the model holds a reference to that handle (through the
-array's ``base``, the tensor's storage). ``Model.close()`` (or leaving a
+array's ``base``, the tensor's storage), or, for torch tensors made on a
+private mapping of the file (wcache/_torch.py, way 2), to that mapping. ``Model.close()`` (or leaving a
 ``with`` block) closes the Python object: later calls on it raise
 ValueError, and it drops its reference to the handle. The C model is
 released (``wc_release``: unmapped, and the daemon told) when the last
@@ -33,6 +34,8 @@ from ._lib import DaemonUnavailable, ModelNotFound, check, wc_tensor
 
 __all__ = ["Client", "Model", "TensorInfo", "connect", "open_file"]
 
+_torch = None  # wcache._torch, imported (with torch) on first Model.torch()
+
 
 class TensorInfo(tuple):
     """(name, dtype, shape, nbytes) of one tensor, plus its address."""
@@ -52,21 +55,18 @@ class TensorInfo(tuple):
 
 
 def _info(t):
-    shape = tuple(t.shape[i] for i in range(t.ndim))
     return TensorInfo(t.name.decode("utf-8", "surrogateescape"), t.dtype.decode("ascii"),
-                      shape, t.nbytes, t.data or 0)
+                      tuple(t.shape[:t.ndim]), t.nbytes, t.data or 0)
 
 
 class _Handle:
     """Owns one C wc_model; releases it when the last reference goes."""
-    __slots__ = ("ptr", "label", "client", "pid", "torch_maps", "__weakref__")
+    __slots__ = ("ptr", "label", "client", "__weakref__")
 
     def __init__(self, ptr, label, client=None):
         self.ptr = ptr
         self.label = label
         self.client = client      # keeps the connection open for RELEASE
-        self.pid = os.getpid()
-        self.torch_maps = None    # private mappings for torch (see _torch.py)
 
     def __del__(self):
         ptr, self.ptr = self.ptr, None
@@ -108,15 +108,18 @@ class Model:
         self._source = source
         self._infos = {}
         self._names = None
+        self._span = None         # (lowest, highest) address of tensor data
+        self._region = None       # read-only uint8 array over the span
+        self._torch_state = None  # see _torch.py
         self._lock = threading.Lock()
-        self._closed_label = handle.label
+        self._label = handle.label
 
     # -- identity and state --
 
     @property
     def name(self):
         """The model name (attached) or the path (opened in-process)."""
-        return self._closed_label
+        return self._label
 
     @property
     def source(self):
@@ -136,7 +139,7 @@ class Model:
     def _h(self):
         h = self._handle
         if h is None:
-            raise ValueError(f"model {self._closed_label!r} is closed")
+            raise ValueError(f"model {self._label!r} is closed")
         return h
 
     def close(self):
@@ -146,6 +149,8 @@ class Model:
             self._handle = None
             self._infos = {}
             self._names = None
+            self._region = None
+            self._torch_state = None
 
     def __enter__(self):
         return self
@@ -166,14 +171,41 @@ class Model:
                 if self._names is None:
                     lib = _lib.lib()
                     t = wc_tensor()
+                    ref = ctypes.byref(t)
+                    get = lib.wc_model_tensor
                     names = []
+                    lo, hi = None, None
                     for i in range(lib.wc_model_count(h.ptr)):
-                        check(lib.wc_model_tensor(h.ptr, i, ctypes.byref(t)))
+                        check(get(h.ptr, i, ref))
                         info = _info(t)
                         self._infos[info.name] = info
                         names.append(info.name)
+                        if info.nbytes:
+                            if lo is None or info.data < lo:
+                                lo = info.data
+                            if hi is None or info.data + info.nbytes > hi:
+                                hi = info.data + info.nbytes
+                    self._span = (lo, hi) if lo is not None else None
                     self._names = names
         return self._names
+
+    def _slice(self, info, typestr, writable_region=None, shape=None):
+        """Tensor info as an array sliced from one array over all tensor data
+        (cheaper than one __array_interface__ per tensor), or None when the
+        table of all tensors has not been read. The big array spans every
+        tensor of the model (and whatever lies between files); it is never
+        handed out, only slices of it that cover one tensor each."""
+        if self._span is None or self._names is None or not info.nbytes:
+            return None
+        lo, hi = self._span
+        region = writable_region
+        if region is None:
+            region = self._region
+            if region is None:
+                region = self._region = _view(self._h(), lo, (hi - lo,), "|u1")
+        off = info.data - lo
+        return region[off:off + info.nbytes].view(typestr).reshape(
+            info.shape if shape is None else shape)
 
     def info(self, name):
         """The :class:`TensorInfo` of tensor name; KeyError if there is none."""
@@ -232,7 +264,8 @@ class Model:
         """The bytes of tensor name as a read-only 1-D uint8 array (zero-copy),
         for any dtype, including those numpy has no type for."""
         info = self.info(name)
-        return _view(self._h(), info.data, (info.nbytes,), "|u1")
+        a = self._slice(info, "|u1", shape=(info.nbytes,))
+        return a if a is not None else _view(self._h(), info.data, (info.nbytes,), "|u1")
 
     def numpy(self, name):
         """Tensor name as a read-only numpy array on the mapping (zero-copy).
@@ -246,7 +279,8 @@ class Model:
         typestr = numpy_typestr(info.dtype)
         if typestr is None:
             raise TypeError(_no_numpy_type(self._h().label, info))
-        return _view(self._h(), info.data, info.shape, typestr)
+        a = self._slice(info, typestr)
+        return a if a is not None else _view(self._h(), info.data, info.shape, typestr)
 
     def torch(self, name):
         """Tensor name as a torch tensor on the mapping (zero-copy, CPU).
@@ -256,13 +290,15 @@ class Model:
         the page cache with every other worker; an in-place write gives this
         process a private copy of the pages it touches and never reaches the
         file or another process. ``.clone()`` gives an independent copy."""
-        from . import _torch
+        global _torch
+        if _torch is None:
+            from . import _torch
         return _torch.tensor(self, self.info(name))
 
     def state_dict(self, framework="pt"):
         """Every tensor, as {name: torch tensor} ("pt") or numpy array ("np")."""
         get = self.torch if _framework(framework) == "pt" else self.numpy
-        return {name: get(name) for name in self._all()}
+        return {name: get(name) for name in self.keys()}
 
 
 def _no_numpy_type(label, info):
@@ -290,7 +326,6 @@ class Client:
 
     def __init__(self, ptr, socket):
         self._ptr = ptr
-        self._pid = os.getpid()
         self.socket = socket
 
     @property
