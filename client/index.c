@@ -399,6 +399,7 @@ index_tensor_at(const uint8_t *blob, const struct index_header *h, uint64_t i,
 		(uintptr_t)(blob + shape_off) % 8 != 0)
 		return error_set(-EBADMSG, "index: tensor record %llu is damaged",
 			(unsigned long long)i);
+	t.type = dt;
 	t.ndim = (uint32_t)ndim;
 	t.shape = (const uint64_t *)(const void *)(blob + shape_off);
 	if (dtype_nbytes(dt, t.shape, t.ndim, &elements, &nbytes) < 0 || nbytes != t.nbytes)

@@ -24,6 +24,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct dtype_info;
+
 #define INDEX_MAGIC 0x58494357u /* "WCIX" read as little-endian u32 */
 #define INDEX_VERSION 1u
 #define INDEX_HEADER_SIZE 64
@@ -74,6 +76,7 @@ _Static_assert(sizeof(struct index_meta_record) == INDEX_META_SIZE, "meta record
 /* A tensor as the reader sees it: pointers into the index. */
 struct index_tensor {
 	const char *name;
+	const struct dtype_info *type; /* the dtype's table entry */
 	uint32_t dtype;
 	uint32_t file;
 	uint32_t ndim;

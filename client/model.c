@@ -140,7 +140,7 @@ make_tensor(const wc_model *m, const struct index_tensor *t, wc_tensor *out)
 		return error_set(-EBADMSG, "%s: tensor \"%s\" lies outside its file", m->name,
 			t->name);
 	out->name = t->name;
-	out->dtype = dtype_by_code(t->dtype)->name;
+	out->dtype = t->type->name;
 	out->ndim = t->ndim;
 	out->shape = t->shape;
 	out->data = f->base != NULL ? f->base + t->offset : empty;

@@ -41,4 +41,9 @@ echo
 
 /usr/bin/python3 "$here/bench.py" --build "$build" --models "$models"
 echo
+/usr/bin/python3 "$here/bench_swap.py" --build "$build" --models "$models"
+echo
+PYTHONPATH="$here/../../client/python" WCACHE_LIB="$build/lib/libwcache.so.0" \
+	/usr/bin/python3 -m wcache.bench --build "$build" --dir "$models"
+echo
 echo "== bench done in $(( $(date +%s) - start )) s =="
