@@ -2,6 +2,7 @@
 daemon or the file, clear errors, and forked workers sharing one attach."""
 import os
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -172,3 +173,23 @@ def test_views_outlive_close_attached(daemon):
         m.close()
     assert a.tobytes() == expect
     assert t.shape == (64,)
+
+
+def test_stale_after_rename(daemon, model_path, tmp_path):
+    with wcache.connect(daemon.socket) as c:
+        old = c.attach("small")
+        assert not old.stale()
+        with wcache.open_file(model_path) as local:
+            assert not local.stale()
+        new_file = tmp_path / ".replacement.safetensors"
+        mkmodel(str(new_file), seed=99)
+        os.rename(new_file, model_path)
+        deadline = time.monotonic() + 60
+        while not old.stale() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert old.stale()
+        new = c.attach("small")
+        assert new.generation == old.generation + 1 and not new.stale()
+        assert old.raw(old.keys()[0]) is not None  # the old generation stays readable
+        old.close()
+        new.close()

@@ -79,6 +79,7 @@ _REQUIRED = {
                                             ctypes.POINTER(ctypes.c_char_p),
                                             ctypes.POINTER(ctypes.c_char_p)]),
     "wc_model_generation": (ctypes.c_uint64, [_P]),
+    "wc_model_stale": (ctypes.c_int, [_P]),
     "wc_errmsg": (ctypes.c_char_p, []),
     "wc_connect": (ctypes.c_int, [ctypes.c_char_p, _PP]),
     "wc_attach": (ctypes.c_int, [_P, ctypes.c_char_p, _PP]),

@@ -136,6 +136,14 @@ class Model:
         """The generation wcached served this model as; 0 in-process."""
         return int(_lib.lib().wc_model_generation(self._h().ptr))
 
+    def stale(self):
+        """True when wcached now serves a newer generation under this
+        model's name (or no longer serves it); always False in-process.
+        No system call: it reads the daemon's status page. A stale model
+        stays valid; attach again for the new generation, then close this
+        one."""
+        return bool(_lib.lib().wc_model_stale(self._h().ptr))
+
     def _h(self):
         h = self._handle
         if h is None:
