@@ -219,7 +219,9 @@ main(int argc, char **argv)
 			goto fail;
 		left -= n;
 	}
-	if (close(fd) == -1 || rename(tmp, out) == -1) {
+	/* Write beside, fsync, rename: the update procedure the README asks
+	 * of every model writer (and clean pages can be evicted at once). */
+	if (fsync(fd) == -1 || close(fd) == -1 || rename(tmp, out) == -1) {
 		fprintf(stderr, "mkmodel: %s: %s\n", out, strerror(errno));
 		unlink(tmp);
 		return 1;
