@@ -37,6 +37,20 @@ def wait_for_socket(path, proc, deadline):
     raise SystemExit(f"demo: wcached did not listen on {path} in time")
 
 
+def wait_warm(bindir, conf, proc, deadline):
+    """Waits until `wcachectl status` reports the model ready (warm)."""
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"demo: wcached exited with status {proc.returncode}")
+        r = subprocess.run([f"{bindir}/wcachectl", "-c", conf, "--json", "status"],
+                           capture_output=True, text=True)
+        if r.returncode == 0 and all(m["state"] == "ready"
+                                     for m in json.loads(r.stdout)["models"]):
+            return
+        time.sleep(0.05)
+    raise SystemExit("demo: the model did not become ready in time")
+
+
 def pss_kib(pid):
     with open(f"/proc/{pid}/smaps_rollup") as f:
         fields = dict(line.split(":", 1) for line in f if ":" in line)
@@ -84,6 +98,10 @@ def main():
     try:
         wait_for_socket(sock, daemon, time.monotonic() + 60)
         print(f"wcached: pid {daemon.pid}, socket {sock}")
+        t0 = time.monotonic()
+        wait_warm(bindir, conf, daemon, t0 + 300)
+        print(f"wcached: model validated and warm after {time.monotonic() - t0:.2f} s "
+              f"(wcachectl status says ready)")
         for _ in range(WORKERS):
             workers.append(subprocess.Popen(
                 [f"{bindir}/demo_worker", "--socket", sock, "--verify", model, "--touch",
