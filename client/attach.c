@@ -27,7 +27,7 @@
 _Static_assert(INDEX_MAX_FILES == WIRE_MAX_FILES, "an attach passes the index, every file and the status page");
 
 #define DEFAULT_SOCKET "/run/wcached/wcached.sock"
-#define REQUIRED_SEALS (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW)
+#define REQUIRED_SEALS (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
 #define STATUS_SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
 #define STATUS_MAGIC 0x54534357u /* "WCST" in slot 0 */
 #define STATUS_MAX_BYTES (1u << 20)
@@ -129,14 +129,22 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, uint8_
 				strerror((int)-n));
 		if ((r = wire_decode(buf, (size_t)n, msg)) < 0) {
 			fdp_close_all(fds, *nfds);
+			/* Out of step with the daemon: no later reply can be
+			 * trusted on this connection. */
+			shutdown(c->fd, SHUT_RDWR);
 			return error_set(r, "wcached at %s sent a malformed reply", c->path);
 		}
-		if (msg->h.type != WIRE_CHANGED && msg->h.seq == seq)
+		/* An ERROR with seq 0 answers no request in particular: the
+		 * daemon refused the connection or could not read a header. */
+		if (msg->h.type != WIRE_CHANGED && (msg->h.seq == seq ||
+							   (msg->h.type == WIRE_ERROR && msg->h.seq == 0)))
 			return n;
 		fdp_close_all(fds, *nfds);
-		if (msg->h.type != WIRE_CHANGED)
+		if (msg->h.type != WIRE_CHANGED) {
+			shutdown(c->fd, SHUT_RDWR);
 			return error_set(-EBADMSG, "wcached at %s answered request %u with %u",
 				c->path, seq, msg->h.seq);
+		}
 		/* An announcement: drop it; the status page says what changed. */
 	}
 }
@@ -158,6 +166,10 @@ map_fd(int fd, uint64_t want, int memfd, const char *what, const uint8_t **base)
 
 		if (seals == -1 || (seals & REQUIRED_SEALS) != REQUIRED_SEALS)
 			return error_set(-EBADMSG, "%s: index is not sealed", what);
+	} else if ((fcntl(fd, F_GETFL) & O_ACCMODE) != O_RDONLY) {
+		/* wcached passes model files read-only; anything else is not
+		 * from wcached. */
+		return error_set(-EBADMSG, "%s: received a writable descriptor", what);
 	}
 	if (want == 0) {
 		*base = NULL;
@@ -401,8 +413,14 @@ wc_client_dispatch(wc_client *c)
 				"wcached at %s closed the connection", c->path);
 		}
 		n = fdp_recv(c->fd, buf, sizeof(buf), fds, WIRE_MAX_FDS, &nfds);
-		if (n <= 0)
+		if (n == -EAGAIN)
 			break;
+		if (n <= 0) {
+			pthread_mutex_unlock(&c->lock);
+			return error_set(n == 0 ? -ECONNRESET : (int)n,
+				"wcached at %s: receive: %s", c->path,
+				strerror(n == 0 ? ECONNRESET : (int)-n));
+		}
 		fdp_close_all(fds, nfds);
 		if (wire_decode(buf, (size_t)n, &msg) == 0 && msg.h.type == WIRE_CHANGED)
 			count++;

@@ -56,7 +56,9 @@ file_open(const char *path, struct wc_file *out)
 {
 	int fd, r;
 
-	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+	/* O_NONBLOCK: a FIFO or device named as a model must fail the type
+	 * check below, not block here (it means nothing for regular files). */
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
 	if (fd == -1)
 		return error_set(-errno, "%s: %s", path, strerror(errno));
 	if ((r = file_from_fd(fd, path, out)) < 0)

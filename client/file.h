@@ -3,7 +3,9 @@
  *
  * A wc_file owns its descriptor and its mapping. Files are opened
  * O_RDONLY | O_CLOEXEC, must be regular files, and are mapped whole with
- * PROT_READ, MAP_SHARED (an empty file has no mapping).
+ * PROT_READ, MAP_PRIVATE | MAP_NORESERVE (an empty file has no mapping):
+ * for reading that is the same page cache every other process maps, as
+ * MAP_SHARED would be, and wc_model_cow() can make it copy-on-write.
  */
 #ifndef WC_FILE_H
 #define WC_FILE_H

@@ -230,6 +230,10 @@ on_registry_changed(struct registry *r)
 
 	/* Immediate status only when warming just ended; the timer covers
 	 * progress in between. */
+	/* Models come and go through the control socket too: keep the
+	 * watched directories in step. */
+	if (d->watch != NULL)
+		watch_sync(d->watch);
 	registry_progress(r, &done, &total, &warming, &models);
 	if (warming == 0 && d->serving)
 		send_status(d);
@@ -270,7 +274,8 @@ reload_finished(struct daemon *d, unsigned failed, void *arg)
 	char msg[128];
 
 	d->reloads--;
-	watch_sync(d->watch);
+	if (d->watch != NULL)
+		watch_sync(d->watch);
 	if (d->reloads == 0 && !d->stopping) {
 		notify_send("READY=1");
 		send_status(d);
@@ -324,11 +329,11 @@ reload_config(struct daemon *d, registry_done_fn done, void *arg)
 }
 
 static void
-on_swapped(struct registry *r, struct model_entry *m)
+on_swapped(struct registry *r, struct model_entry *m, uint64_t generation)
 {
 	struct daemon *d = r->owner;
 
-	server_announce(d->server, m);
+	server_announce(d->server, m, generation);
 }
 
 static void

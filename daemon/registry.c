@@ -34,6 +34,7 @@ struct load_request {
 	int warm;
 	int reload;           /* discard when the files are unchanged */
 	uint64_t id;
+	uint64_t entry_id;    /* the model entry it was queued for */
 	struct model_source source;
 	int index_fd;
 	const uint8_t *index;
@@ -146,7 +147,7 @@ publish(struct registry *r, struct model_entry *m, uint64_t generation)
 	if (m->slot != 0)
 		__atomic_store_n(&r->status[m->slot], generation, __ATOMIC_RELEASE);
 	if (r->swapped != NULL)
-		r->swapped(r, m);
+		r->swapped(r, m, generation);
 }
 
 /* ---- generations ---- */
@@ -196,7 +197,7 @@ gen_maybe_free(struct registry *r, struct generation *g)
 {
 	struct generation **pp;
 
-	if (is_live(g) || g->attached > 0 || g->warm_pending > 0)
+	if (is_live(g) || g->attached > 0 || g->warm_pending > 0 || g->ops_pending > 0)
 		return;
 	for (pp = &r->generations; *pp != NULL; pp = &(*pp)->next)
 		if (*pp == g) {
@@ -221,8 +222,12 @@ generation_resident(const struct generation *g)
 
 	for (size_t i = 0; i < g->source.nfiles; i++) {
 		const struct wc_file *f = &g->source.files[i];
+		uint64_t evicted;
 
-		if (f->base != NULL && warm_resident_bytes(f->base, (size_t)f->size, &n) == 0)
+		/* cachestat(2) asks the page cache directly; mincore on our
+		 * mapping is the fallback before Linux 6.5. */
+		if (warm_cached_bytes(f->fd, 0, f->size, &n, &evicted) == 0 ||
+			(f->base != NULL && warm_resident_bytes(f->base, (size_t)f->size, &n) == 0))
 			total += n;
 	}
 	return total;
@@ -274,23 +279,43 @@ pin_metadata(struct generation *g)
 	g->pinned = PIN_METADATA;
 }
 
-/* Locks (pin = all) or unlocks every page of every file. */
+/*
+ * Work on a generation's pages that takes time proportional to its size
+ * (mlock reads every page not yet resident; munlock and fadvise walk them
+ * all) runs on libuv's work queue, never on the loop. The generation
+ * stays open while it runs (ops_pending).
+ */
+enum page_op { PAGE_PIN, PAGE_UNPIN, PAGE_EVICT };
+
+struct page_work {
+	uv_work_t work;
+	struct generation *g;
+	enum page_op op;
+	int err;          /* the first failure */
+	size_t failed;    /* the file it failed on */
+};
+
 static void
-pin_files(struct generation *g, int lock)
+page_work_run(uv_work_t *w)
 {
-	int err;
+	struct page_work *p = w->data;
+	struct generation *g = p->g;
 
 	for (size_t i = 0; i < g->source.nfiles; i++) {
 		const struct wc_file *f = &g->source.files[i];
 
+		if (p->op == PAGE_EVICT) {
+			warm_evict_range(f->fd, 0, 0);
+			continue;
+		}
 		if (f->base == NULL)
 			continue;
-		if (!lock) {
+		if (p->op == PAGE_UNPIN) {
 			warm_unpin_range(f->base, (size_t)f->size);
 			continue;
 		}
-		if ((err = warm_pin_range(f->base, (size_t)f->size)) < 0) {
-			pin_failed(g->model_name, f->path, (size_t)f->size, err);
+		if ((p->err = warm_pin_range(f->base, (size_t)f->size)) < 0) {
+			p->failed = i;
 			for (size_t j = 0; j < i; j++)
 				if (g->source.files[j].base != NULL)
 					warm_unpin_range(g->source.files[j].base,
@@ -298,10 +323,50 @@ pin_files(struct generation *g, int lock)
 			return;
 		}
 	}
-	if (lock)
-		g->pinned = PIN_ALL;
-	else if (g->pinned == PIN_ALL)
-		pin_metadata(g); /* munlock of the whole file dropped the headers too */
+}
+
+static void
+page_work_after(uv_work_t *w, int status)
+{
+	struct page_work *p = w->data;
+	struct generation *g = p->g;
+	struct registry *r = g->registry;
+
+	g->ops_pending--;
+	if (status == 0 && p->op == PAGE_PIN) {
+		if (p->err < 0)
+			pin_failed(g->model_name, g->source.files[p->failed].path,
+				(size_t)g->source.files[p->failed].size, p->err);
+		else
+			g->pinned = PIN_ALL;
+	} else if (status == 0 && p->op == PAGE_UNPIN && g->pinned == PIN_ALL) {
+		g->pinned = PIN_NONE;
+		pin_metadata(g); /* munlock of the whole files dropped the headers too */
+	}
+	free(p);
+	gen_maybe_free(r, g);
+}
+
+/* Queues op on g's pages; a failure to queue is logged, not fatal. */
+static void
+queue_pages(struct registry *r, struct generation *g, enum page_op op)
+{
+	struct page_work *p = calloc(1, sizeof(*p));
+	int err;
+
+	if (p == NULL) {
+		log_warnx("model \"%s\": out of memory", g->model_name);
+		return;
+	}
+	p->g = g;
+	p->op = op;
+	p->work.data = p;
+	if ((err = uv_queue_work(r->loop, &p->work, page_work_run, page_work_after)) < 0) {
+		log_warnx("model \"%s\": %s", g->model_name, uv_strerror(err));
+		free(p);
+		return;
+	}
+	g->ops_pending++;
 }
 
 /* Makes g (pending, now warm) the model's current generation. */
@@ -318,7 +383,7 @@ promote(struct registry *r, struct model_entry *m, struct generation *g)
 			m->name, g->number, old->number);
 	}
 	if (m->pin == PIN_ALL && g->state == GEN_READY)
-		pin_files(g, 1);
+		queue_pages(r, g, PAGE_PIN);
 	publish(r, m, g->number);
 	if (old != NULL)
 		gen_maybe_free(r, old);
@@ -370,7 +435,7 @@ warm_done(struct warm_job *job, const struct warm_result *res, void *cookie)
 	if (m != NULL && m->pending == g && g->state == GEN_READY)
 		promote(r, m, g);
 	else if (m != NULL && m->current == g && m->pin == PIN_ALL && g->state == GEN_READY)
-		pin_files(g, 1);
+		queue_pages(r, g, PAGE_PIN);
 	if (m != NULL && m->pending == g && g->state != GEN_READY) {
 		/* A replacement that cannot be served never becomes current. */
 		m->pending = NULL;
@@ -431,6 +496,29 @@ registry_mark_modified(struct registry *r, struct generation *g, const char *fil
 	log_errorx("model \"%s\": %s of generation %" PRIu64 " was modified in place; it is no "
 		   "longer attached by new clients. Replace model files with rename(2), then "
 		   "`wcachectl reload %s`", g->model_name, file, g->number, g->model_name);
+	if (g->model != NULL && g->model->pending == g) {
+		/* A replacement written to while it warmed never becomes
+		 * current: the current generation keeps serving. */
+		struct model_entry *m = g->model;
+
+		m->pending = NULL;
+		free(m->error);
+		m->error = strdup("the new generation was modified in place while it warmed; "
+				  "replace model files with rename(2)");
+		/* g may now be unreferenced: the caller frees it with
+		 * registry_collect() once it is done with it. */
+	}
+}
+
+void
+registry_collect(struct registry *r)
+{
+	struct generation *g = r->generations, *next;
+
+	for (; g != NULL; g = next) {
+		next = g->next;
+		gen_maybe_free(r, g);
+	}
 }
 
 /* ---- loading ---- */
@@ -609,6 +697,8 @@ load_after(uv_work_t *w, int status)
 	struct model_entry *m = entry_named(r, q->name);
 
 	r->loads_in_flight--;
+	if (m != NULL && m->entry_id != q->entry_id)
+		m = NULL; /* the model was unloaded and added again meanwhile */
 	if (m != NULL && m->loading > 0)
 		m->loading--;
 	if (status == UV_ECANCELED || r->closing) {
@@ -670,6 +760,7 @@ queue_load(struct registry *r, const char *name, const char *path, enum pin_mode
 		}
 		m->pin = pin;
 		m->warm = warm;
+		m->entry_id = ++r->next_load_id;
 		m->slot = slot_for(r, name);
 		if (m->slot != 0)
 			m->last_generation = r->slots[m->slot].last_generation;
@@ -692,6 +783,7 @@ queue_load(struct registry *r, const char *name, const char *path, enum pin_mode
 	q->done = done;
 	q->arg = arg;
 	q->id = ++r->next_load_id;
+	q->entry_id = m->entry_id;
 	q->work.data = q;
 	if ((err = uv_queue_work(r->loop, &q->work, load_work, load_after)) < 0) {
 		free(q->name);
@@ -719,6 +811,15 @@ registry_reload(struct registry *r, const char *name, registry_done_fn done, voi
 
 	if (m == NULL)
 		return error_set(-ENOENT, "model \"%s\" is not loaded", name);
+	if (m->loading > 0) {
+		/* A load already in flight reads the files as they are now, or
+		 * is an operator's load of another path that a reload of the
+		 * old path must not supersede. */
+		if (done != NULL)
+			done(0, "a load of this model is already in progress",
+				m->current != NULL ? m->current->number : 0, arg);
+		return 0;
+	}
 	return queue_load(r, m->name, m->path, m->pin, m->warm, 1, done, arg);
 }
 
@@ -759,16 +860,15 @@ registry_pin(struct registry *r, const char *name, enum pin_mode pin)
 	m->pin = pin;
 	if (m->current == NULL)
 		return 0;
+	/* Locking reads what is not resident: it runs off the loop, and a
+	 * lock RLIMIT_MEMLOCK refuses is logged with the advice. A generation
+	 * still warming is locked when warm. */
 	if (pin == PIN_ALL && m->current->pinned != PIN_ALL) {
 		m->current->cold = 0;
 		if (m->current->state == GEN_READY)
-			pin_files(m->current, 1);
-		/* else: pinned when warm */
-		if (m->current->pinned != PIN_ALL && m->current->state == GEN_READY)
-			return error_set(-ENOMEM, "model \"%s\": cannot lock it in memory; raise "
-						  "RLIMIT_MEMLOCK (LimitMEMLOCK=)", name);
+			queue_pages(r, m->current, PAGE_PIN);
 	} else if (pin != PIN_ALL && m->current->pinned == PIN_ALL) {
-		pin_files(m->current, 0);
+		queue_pages(r, m->current, PAGE_UNPIN);
 	}
 	return 0;
 }
@@ -778,8 +878,7 @@ static void
 evict_generation(struct registry *r, struct generation *g)
 {
 	cancel_warming(r, g);
-	for (size_t i = 0; i < g->source.nfiles; i++)
-		warm_evict_range(g->source.files[i].fd, 0, 0);
+	queue_pages(r, g, PAGE_EVICT);
 	g->cold = 1;
 }
 
@@ -913,6 +1012,8 @@ registry_unload(struct registry *r, const char *name)
 		return error_set(-ENOENT, "model \"%s\" is not loaded", name);
 	log_info("model \"%s\": unloaded", name);
 	entry_free(r, m);
+	if (r->changed != NULL)
+		r->changed(r);
 	return 0;
 }
 
@@ -924,10 +1025,10 @@ registry_close(struct registry *r)
 	r->changed = NULL;
 	while (r->models != NULL)
 		entry_free(r, r->models);
-	/* Clients are gone and the warm pool has delivered every job. */
-	while (r->generations != NULL) {
-		struct generation *g = r->generations;
-
+	/* Clients are gone and the warm pool has delivered every job; page
+	 * work still on the work queue frees its generation when it ends. */
+	for (struct generation *g = r->generations, *next; g != NULL; g = next) {
+		next = g->next;
 		g->attached = 0;
 		g->warm_pending = 0;
 		gen_maybe_free(r, g);

@@ -54,6 +54,7 @@ struct generation {
 	int cold;                   /* evicted by evict or the memory budget */
 	unsigned attached;          /* client references */
 	unsigned warm_pending;      /* warming jobs not yet done */
+	unsigned ops_pending;       /* pin, unpin, evict work not yet done */
 	uint64_t warm_bytes;        /* read by finished jobs */
 	double warm_seconds;        /* longest job's time */
 	uint64_t warm_started_ms;
@@ -73,6 +74,7 @@ struct model_entry {
 	unsigned slot;              /* in the status page */
 	struct generation *current; /* NULL until a load succeeds */
 	struct generation *pending; /* warming to replace current */
+	uint64_t entry_id;          /* unique per entry (an unload and re-add makes a new one) */
 	uint64_t load_id;           /* newest load request for this model */
 	uint64_t last_generation;   /* last number given out (kept across unload) */
 	unsigned loading;           /* load requests in flight */
@@ -122,7 +124,7 @@ struct registry {
 	/* Hooks: warming progress or end, and a model's current generation
 	 * changing (for client notifications). */
 	void (*changed)(struct registry *);
-	void (*swapped)(struct registry *, struct model_entry *);
+	void (*swapped)(struct registry *, struct model_entry *, uint64_t generation);
 	void *owner;
 };
 
@@ -165,8 +167,13 @@ int registry_pin(struct registry *r, const char *name, enum pin_mode pin);
  * it is pinned. */
 int registry_evict(struct registry *r, const char *name);
 
-/* Marks a generation modified in place (see watch), with a log line. */
+/* Marks a generation modified in place (see watch), with a log line. A
+ * pending replacement is dropped (it never becomes current) but not freed:
+ * call registry_collect() afterwards. */
 void registry_mark_modified(struct registry *r, struct generation *g, const char *file);
+
+/* Frees every generation nothing refers to any more. */
+void registry_collect(struct registry *r);
 
 /* The model called name, or whose configured path is name; NULL if none. */
 struct model_entry *registry_find(struct registry *r, const char *name);

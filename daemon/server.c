@@ -434,20 +434,25 @@ conns_of(const struct server *s, uid_t uid)
 	return n;
 }
 
-/* Out of descriptors: accept with the spare one to refuse the client
- * politely instead of leaving it in the backlog, then take it back. */
-static void
+/*
+ * Out of descriptors: accept with the spare one to refuse the client
+ * politely instead of leaving it in the backlog, then take it back.
+ * Returns 1 when a client was refused, 0 when none was waiting (accept4
+ * reports EMFILE before it looks at the queue) or there is no spare.
+ */
+static int
 refuse_without_fds(struct server *s)
 {
 	int fd;
 
 	if (s->spare_fd < 0)
-		return;
+		return 0;
 	close(s->spare_fd);
 	fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 	if (fd >= 0)
 		refuse(fd, "wcached is out of file descriptors");
 	s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	return fd >= 0;
 }
 
 static void
@@ -466,9 +471,10 @@ on_accept(uv_poll_t *handle, int status, int events)
 			if (errno == EINTR || errno == ECONNABORTED)
 				continue;
 			if (errno == EMFILE || errno == ENFILE) {
-				log_warnx("out of file descriptors: refusing a client (raise "
+				if (!refuse_without_fds(s))
+					return;
+				log_warnx("out of file descriptors: refused a client (raise "
 					  "LimitNOFILE=)");
-				refuse_without_fds(s);
 				continue;
 			}
 			if (errno != EAGAIN)
@@ -558,10 +564,9 @@ server_start(uv_loop_t *loop, struct registry *reg, int listen_fd,
 }
 
 void
-server_announce(struct server *s, const struct model_entry *m)
+server_announce(struct server *s, const struct model_entry *m, uint64_t generation)
 {
 	uint8_t buf[WIRE_MAX_MESSAGE];
-	uint64_t generation = m->current != NULL ? m->current->number : 0;
 	ssize_t n = wire_put_changed(buf, sizeof(buf), generation, m->name, strlen(m->name));
 
 	if (n < 0 || s == NULL)

@@ -33,8 +33,9 @@ int server_start(uv_loop_t *loop, struct registry *reg, int listen_fd,
 	const struct server_options *opt, struct server **out);
 
 /* Tells every connection holding an attach of m that its current
- * generation changed (WIRE_CHANGED; best effort, never blocks). */
-void server_announce(struct server *s, const struct model_entry *m);
+ * generation is now generation (0: no longer served) (WIRE_CHANGED; best
+ * effort, never blocks). */
+void server_announce(struct server *s, const struct model_entry *m, uint64_t generation);
 
 /* Connected clients right now. */
 unsigned server_clients(const struct server *s);

@@ -158,6 +158,7 @@ watch_check_modified(struct watch *w)
 	for (struct generation *g = w->reg->generations; g != NULL; g = g->next)
 		if (g->model != NULL)
 			check_generation(w->reg, g);
+	registry_collect(w->reg);
 }
 
 /* Is name (in dir) one of m's paths: the model path or a current file? */
@@ -246,6 +247,7 @@ handle_event(struct watch *w, const struct inotify_event *ev)
 		if (ev->mask & NAME_EVENTS)
 			mark_dirty(w, m->name);
 	}
+	registry_collect(w->reg);
 }
 
 static void
