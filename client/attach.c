@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -124,15 +125,19 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, uint8_
 		if (n == 0)
 			return error_set(-ECONNRESET, "wcached at %s closed the connection",
 				c->path);
-		if (n < 0)
+		if (n < 0) {
+			shutdown(c->fd, SHUT_RDWR);
 			return error_set((int)n, "wcached at %s: receive: %s", c->path,
 				strerror((int)-n));
+		}
 		if ((r = wire_decode(buf, (size_t)n, msg)) < 0) {
 			fdp_close_all(fds, *nfds);
 			/* Out of step with the daemon: no later reply can be
 			 * trusted on this connection. */
 			shutdown(c->fd, SHUT_RDWR);
-			return error_set(r, "wcached at %s sent a malformed reply", c->path);
+			return error_set(r, "wcached at %s sent a malformed reply%s", c->path,
+				r == -EPROTO ? " (protocol version mismatch: update libwcache or "
+					       "wcached)" : "");
 		}
 		/* An ERROR with seq 0 answers no request in particular: the
 		 * daemon refused the connection or could not read a header. */
@@ -227,15 +232,18 @@ model_from_fds(const char *name, const struct wire_attach_ok *ok, const int *fds
 
 	size_t want = 1 + (size_t)ok->file_count + ((ok->flags & WIRE_ATTACH_STATUS) ? 1 : 0);
 
-	if (nfds != want || ok->index_size > SIZE_MAX)
+	if (nfds != want || ok->index_size > INDEX_MAX_SIZE)
 		return error_set(-EBADMSG, "model \"%s\": wcached sent %zu descriptors for %u files",
 			name, nfds, ok->file_count);
 	if ((r = map_fd(fds[0], ok->index_size, 1, name, &index)) < 0)
 		return r;
 	if ((r = index_open(index, (size_t)ok->index_size, &h)) < 0 ||
 		h.file_count != ok->file_count) {
+		char why[256];
+
+		snprintf(why, sizeof(why), "%s", r < 0 ? error_get() : "file count differs");
 		r = r < 0 ? r : -EBADMSG;
-		error_set(r, "model \"%s\": wcached sent a damaged index", name);
+		error_set(r, "model \"%s\": wcached sent a damaged index (%s)", name, why);
 		goto fail;
 	}
 	if ((maps = calloc(h.file_count, sizeof(*maps))) == NULL) {
@@ -319,12 +327,15 @@ wc_attach(wc_client *c, const char *model, wc_model **out)
 	}
 	if (msg.h.type != WIRE_ATTACH_OK || wire_get_attach_ok(&msg, &ok) < 0) {
 		fdp_close_all(fds, nfds);
+		shutdown(c->fd, SHUT_RDWR);
 		pthread_mutex_unlock(&c->lock);
 		return error_set(-EBADMSG, "model \"%s\": unexpected reply from wcached at %s",
 			model, c->path);
 	}
 	r = model_from_fds(model, &ok, fds, nfds, &m);
 	fdp_close_all(fds, nfds);
+	if (r == -EBADMSG)
+		shutdown(c->fd, SHUT_RDWR); /* a reply we cannot use: not wcached */
 	if (r < 0) {
 		pthread_mutex_unlock(&c->lock);
 		return r;

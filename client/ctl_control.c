@@ -15,11 +15,15 @@
  * Replies are parsed with the strict reader of json.h. Strings from the
  * daemon are printed with control characters escaped, so a hostile model
  * file's name cannot drive the terminal.
+ *
+ * This file finds the socket, makes the request from the options and
+ * arguments, talks to the daemon and reads the fields every reply has.
+ * The status table is in ctl_status.c; the two share ctl_internal.h.
  */
 #include <errno.h>
-#include <inttypes.h>
 #include <limits.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,8 +32,8 @@
 #include <unistd.h>
 
 #include "ctl.h"
+#include "ctl_internal.h"
 #include "json.h"
-
 
 #define DEFAULT_CONTROL "/run/wcached/control.sock"
 #define REQUEST_MAX 4096            /* the daemon's CONTROL_LINE_MAX */
@@ -274,8 +278,8 @@ reply_free(struct reply *r)
 }
 
 /* Reads a string value into a malloc'd, NUL-terminated copy. */
-static int
-read_string(struct jr *j, char **out, size_t *len)
+int
+ctl_read_string(struct jr *j, char **out, size_t *len)
 {
 	struct jr_str s;
 	char *copy;
@@ -294,8 +298,8 @@ read_string(struct jr *j, char **out, size_t *len)
 }
 
 /* Reads true or false, or skips a value of another type and leaves *out. */
-static int
-read_bool(struct jr *j, int *out)
+int
+ctl_read_bool(struct jr *j, int *out)
 {
 	enum jr_type t = jr_peek(j);
 
@@ -304,31 +308,9 @@ read_bool(struct jr *j, int *out)
 	return jr_skip(j);
 }
 
-/*
- * Reads a number that may have a fraction (uptime_seconds). The reader has
- * no float accessor, so the number's text is taken from the cursor's
- * position around jr_skip(), which validates its grammar.
- */
-static int
-read_double(struct jr *j, double *out)
-{
-	const char *start;
-	char text[64];
-	int r;
-
-	if (jr_peek(j) != JR_NUMBER)
-		return jr_skip(j);
-	start = jr_pos(j);
-	if ((r = jr_skip(j)) < 0)
-		return r;
-	snprintf(text, sizeof(text), "%.*s", (int)(jr_pos(j) - start), start);
-	*out = strtod(text, NULL);
-	return 0;
-}
-
 /* Reads an integer, or skips a value of another type and leaves *out. */
-static int
-read_u64(struct jr *j, uint64_t *out)
+int
+ctl_read_u64(struct jr *j, uint64_t *out)
 {
 	if (jr_peek(j) != JR_NUMBER)
 		return jr_skip(j);
@@ -336,8 +318,8 @@ read_u64(struct jr *j, uint64_t *out)
 }
 
 /* Prints the reader's error about the reply and returns -1. */
-static int
-malformed(const struct jr *j, int r)
+int
+ctl_malformed(const struct jr *j, int r)
 {
 	if (r == -ENOMEM)
 		fprintf(stderr, "wcachectl: out of memory\n");
@@ -359,20 +341,20 @@ reply_parse(const char *line, size_t len, struct reply *out)
 	out->ok = -1;
 	jr_init(&j, line, len);
 	if ((r = jr_object_begin(&j)) < 0)
-		return malformed(&j, r);
+		return ctl_malformed(&j, r);
 	while ((r = jr_object_next(&j, &key)) == 1) {
 		if (jr_str_eq(&key, "ok", 2))
-			r = read_bool(&j, &out->ok);
+			r = ctl_read_bool(&j, &out->ok);
 		else if (jr_str_eq(&key, "error", 5))
-			r = read_string(&j, &out->error, NULL);
+			r = ctl_read_string(&j, &out->error, NULL);
 		else if (jr_str_eq(&key, "message", 7))
-			r = read_string(&j, &out->message, NULL);
+			r = ctl_read_string(&j, &out->message, NULL);
 		else if (jr_str_eq(&key, "model", 5))
-			r = read_string(&j, &out->model, NULL);
+			r = ctl_read_string(&j, &out->model, NULL);
 		else if (jr_str_eq(&key, "text", 4))
-			r = read_string(&j, &out->text, &out->text_len);
+			r = ctl_read_string(&j, &out->text, &out->text_len);
 		else if (jr_str_eq(&key, "generation", 10))
-			r = read_u64(&j, &out->generation);
+			r = ctl_read_u64(&j, &out->generation);
 		else
 			r = jr_skip(&j);
 		if (r < 0)
@@ -380,7 +362,7 @@ reply_parse(const char *line, size_t len, struct reply *out)
 	}
 	if (r < 0 || (r = jr_finish(&j)) < 0) {
 		reply_free(out);
-		return malformed(&j, r);
+		return ctl_malformed(&j, r);
 	}
 	if (out->ok < 0 || (!out->ok && out->error == NULL)) {
 		reply_free(out);
@@ -392,391 +374,14 @@ reply_parse(const char *line, size_t len, struct reply *out)
 }
 
 /* Writes s with control characters as \xNN, for a terminal. */
-static void
-print_safe(FILE *f, const char *s)
+void
+ctl_print_safe(FILE *f, const char *s)
 {
 	for (const unsigned char *p = (const unsigned char *)s; *p != '\0'; p++) {
 		if (*p < 0x20 || *p == 0x7f)
 			fprintf(f, "\\x%02x", *p);
 		else
 			fputc(*p, f);
-	}
-}
-
-/* ---- status ------------------------------------------------------------- */
-
-struct gen_row {
-	uint64_t number, attached, bytes;
-	char *state;
-	int current, pending;
-};
-
-struct model_row {
-	char *name, *state, *pinned, *error, *path;
-	uint64_t generation, bytes, resident, attached;
-	struct gen_row *gens;
-	size_t ngens;
-};
-
-struct unloaded_row {
-	char *name, *state;
-	uint64_t generation, attached;
-};
-
-struct status {
-	char *version;
-	uint64_t pid, clients;
-	double uptime;
-	struct model_row *models;
-	size_t nmodels;
-	struct unloaded_row *unloaded;
-	size_t nunloaded;
-};
-
-static void
-status_free(struct status *s)
-{
-	for (size_t i = 0; i < s->nmodels; i++) {
-		struct model_row *m = &s->models[i];
-
-		for (size_t k = 0; k < m->ngens; k++)
-			free(m->gens[k].state);
-		free(m->gens);
-		free(m->name);
-		free(m->state);
-		free(m->pinned);
-		free(m->error);
-		free(m->path);
-	}
-	for (size_t i = 0; i < s->nunloaded; i++) {
-		free(s->unloaded[i].name);
-		free(s->unloaded[i].state);
-	}
-	free(s->models);
-	free(s->unloaded);
-	free(s->version);
-}
-
-/* Grows *array (of *n elements of size) by one zeroed element. */
-static void *
-push(void *array_ptr, size_t *n, size_t size)
-{
-	void **array = array_ptr;
-	char *bigger = realloc(*array, (*n + 1) * size);
-
-	if (bigger == NULL)
-		return NULL;
-	*array = bigger;
-	memset(bigger + *n * size, 0, size);
-	return bigger + (*n)++ * size;
-}
-
-static int
-parse_generation(struct jr *j, struct gen_row *g)
-{
-	struct jr_str key;
-	int r;
-
-	if ((r = jr_object_begin(j)) < 0)
-		return r;
-	while ((r = jr_object_next(j, &key)) == 1) {
-		if (jr_str_eq(&key, "number", 6))
-			r = read_u64(j, &g->number);
-		else if (jr_str_eq(&key, "attached", 8))
-			r = read_u64(j, &g->attached);
-		else if (jr_str_eq(&key, "bytes", 5))
-			r = read_u64(j, &g->bytes);
-		else if (jr_str_eq(&key, "state", 5))
-			r = read_string(j, &g->state, NULL);
-		else if (jr_str_eq(&key, "current", 7))
-			r = read_bool(j, &g->current);
-		else if (jr_str_eq(&key, "pending", 7))
-			r = read_bool(j, &g->pending);
-		else
-			r = jr_skip(j);
-		if (r < 0)
-			return r;
-	}
-	return r;
-}
-
-static int
-parse_model(struct jr *j, struct model_row *m)
-{
-	struct jr_str key;
-	int r;
-
-	if ((r = jr_object_begin(j)) < 0)
-		return r;
-	while ((r = jr_object_next(j, &key)) == 1) {
-		if (jr_str_eq(&key, "name", 4))
-			r = read_string(j, &m->name, NULL);
-		else if (jr_str_eq(&key, "path", 4))
-			r = read_string(j, &m->path, NULL);
-		else if (jr_str_eq(&key, "state", 5))
-			r = read_string(j, &m->state, NULL);
-		else if (jr_str_eq(&key, "pinned", 6))
-			r = read_string(j, &m->pinned, NULL);
-		else if (jr_str_eq(&key, "error", 5))
-			r = read_string(j, &m->error, NULL);
-		else if (jr_str_eq(&key, "generation", 10))
-			r = read_u64(j, &m->generation);
-		else if (jr_str_eq(&key, "bytes", 5))
-			r = read_u64(j, &m->bytes);
-		else if (jr_str_eq(&key, "resident_bytes", 14))
-			r = read_u64(j, &m->resident);
-		else if (jr_str_eq(&key, "attached", 8))
-			r = read_u64(j, &m->attached);
-		else if (jr_str_eq(&key, "generations", 11) && jr_peek(j) == JR_ARRAY) {
-			if ((r = jr_array_begin(j)) < 0)
-				return r;
-			while ((r = jr_array_next(j)) == 1) {
-				struct gen_row *g = push(&m->gens, &m->ngens, sizeof(*g));
-
-				if (g == NULL)
-					return -ENOMEM;
-				if ((r = parse_generation(j, g)) < 0)
-					return r;
-			}
-		} else
-			r = jr_skip(j);
-		if (r < 0)
-			return r;
-	}
-	return r;
-}
-
-static int
-parse_unloaded(struct jr *j, struct unloaded_row *u)
-{
-	struct jr_str key;
-	int r;
-
-	if ((r = jr_object_begin(j)) < 0)
-		return r;
-	while ((r = jr_object_next(j, &key)) == 1) {
-		if (jr_str_eq(&key, "name", 4))
-			r = read_string(j, &u->name, NULL);
-		else if (jr_str_eq(&key, "state", 5))
-			r = read_string(j, &u->state, NULL);
-		else if (jr_str_eq(&key, "generation", 10))
-			r = read_u64(j, &u->generation);
-		else if (jr_str_eq(&key, "attached", 8))
-			r = read_u64(j, &u->attached);
-		else
-			r = jr_skip(j);
-		if (r < 0)
-			return r;
-	}
-	return r;
-}
-
-/* Parses a status reply; returns 0 or -1 (printed). */
-static int
-status_parse(const char *line, size_t len, struct status *s)
-{
-	struct jr j;
-	struct jr_str key;
-	int r;
-
-	memset(s, 0, sizeof(*s));
-	jr_init(&j, line, len);
-	if ((r = jr_object_begin(&j)) < 0)
-		return malformed(&j, r);
-	while ((r = jr_object_next(&j, &key)) == 1) {
-		if (jr_str_eq(&key, "version", 7))
-			r = read_string(&j, &s->version, NULL);
-		else if (jr_str_eq(&key, "pid", 3))
-			r = read_u64(&j, &s->pid);
-		else if (jr_str_eq(&key, "clients", 7))
-			r = read_u64(&j, &s->clients);
-		else if (jr_str_eq(&key, "uptime_seconds", 14))
-			r = read_double(&j, &s->uptime);
-		else if ((jr_str_eq(&key, "models", 6) || jr_str_eq(&key, "unloaded", 8)) &&
-			jr_peek(&j) == JR_ARRAY) {
-			bool models = key.len == 6;
-
-			if ((r = jr_array_begin(&j)) < 0)
-				break;
-			while ((r = jr_array_next(&j)) == 1) {
-				if (models) {
-					struct model_row *m = push(&s->models, &s->nmodels, sizeof(*m));
-
-					r = m == NULL ? -ENOMEM : parse_model(&j, m);
-				} else {
-					struct unloaded_row *u =
-						push(&s->unloaded, &s->nunloaded, sizeof(*u));
-
-					r = u == NULL ? -ENOMEM : parse_unloaded(&j, u);
-				}
-				if (r < 0)
-					break;
-			}
-		} else
-			r = jr_skip(&j);
-		if (r < 0)
-			break;
-	}
-	if (r < 0 || (r = jr_finish(&j)) < 0) {
-		status_free(s);
-		return malformed(&j, r);
-	}
-	return 0;
-}
-
-/* "1.5 GiB": binary units, one decimal. */
-static const char *
-human_bytes(uint64_t b, char *buf, size_t cap)
-{
-	static const char *const units[] = { "KiB", "MiB", "GiB", "TiB", "PiB", "EiB" };
-	double v = (double)b;
-	size_t u = 0;
-
-	if (b < 1024) {
-		snprintf(buf, cap, "%" PRIu64 " B", b);
-		return buf;
-	}
-	v /= 1024;
-	while (v >= 1024 && u + 1 < sizeof(units) / sizeof(units[0])) {
-		v /= 1024;
-		u++;
-	}
-	snprintf(buf, cap, "%.1f %s", v, units[u]);
-	return buf;
-}
-
-/* "3d 4h", "2h 5m", "5m 12s", "12s". */
-static const char *
-human_duration(double seconds, char *buf, size_t cap)
-{
-	uint64_t s = seconds > 0 ? (uint64_t)seconds : 0;
-
-	if (s >= 86400)
-		snprintf(buf, cap, "%" PRIu64 "d %" PRIu64 "h", s / 86400, s % 86400 / 3600);
-	else if (s >= 3600)
-		snprintf(buf, cap, "%" PRIu64 "h %" PRIu64 "m", s / 3600, s % 3600 / 60);
-	else if (s >= 60)
-		snprintf(buf, cap, "%" PRIu64 "m %" PRIu64 "s", s / 60, s % 60);
-	else
-		snprintf(buf, cap, "%" PRIu64 "s", s);
-	return buf;
-}
-
-#define STATUS_COLUMNS 7
-
-static int
-by_name(const void *a, const void *b)
-{
-	const struct model_row *x = a, *y = b;
-
-	return strcmp(x->name != NULL ? x->name : "", y->name != NULL ? y->name : "");
-}
-
-/* Prints the status reply as a table: one row per model, then the other
- * open generations, generations of unloaded models, and errors. */
-static void
-print_status(struct status *s)
-{
-	static const char *const head[STATUS_COLUMNS] = {
-		"NAME", "GEN", "STATE", "BYTES", "RESIDENT", "PINNED", "ATTACHED",
-	};
-	size_t width[STATUS_COLUMNS];
-	char cell[STATUS_COLUMNS][64], tmp[32];
-	bool others = false, errors = false;
-
-	printf("wcached %s (pid %" PRIu64 "), up %s, %" PRIu64 " client%s, %zu model%s\n",
-		s->version != NULL ? s->version : "?", s->pid,
-		human_duration(s->uptime, tmp, sizeof(tmp)), s->clients, s->clients == 1 ? "" : "s",
-		s->nmodels, s->nmodels == 1 ? "" : "s");
-	if (s->nmodels == 0 && s->nunloaded == 0)
-		return;
-	if (s->nmodels > 1)
-		qsort(s->models, s->nmodels, sizeof(*s->models), by_name);
-	for (int c = 0; c < STATUS_COLUMNS; c++)
-		width[c] = strlen(head[c]);
-	/* Two passes: measure, then print. Names are at most 128 bytes (the
-	 * daemon's rule), wider ones are not truncated, only misaligned. */
-	for (int pass = 0; pass < 2; pass++) {
-		if (pass == 1) {
-			putchar('\n');
-			for (int c = 0; c < STATUS_COLUMNS; c++)
-				printf("%-*s%s", c + 1 < STATUS_COLUMNS ? (int)width[c] : 0, head[c],
-					c + 1 < STATUS_COLUMNS ? "  " : "\n");
-		}
-		for (size_t i = 0; i < s->nmodels; i++) {
-			const struct model_row *m = &s->models[i];
-
-			snprintf(cell[0], sizeof(cell[0]), "%s", m->name ? m->name : "?");
-			if (m->generation > 0)
-				snprintf(cell[1], sizeof(cell[1]), "%" PRIu64, m->generation);
-			else
-				snprintf(cell[1], sizeof(cell[1]), "-");
-			snprintf(cell[2], sizeof(cell[2]), "%s", m->state ? m->state : "?");
-			human_bytes(m->bytes, cell[3], sizeof(cell[3]));
-			human_bytes(m->resident, cell[4], sizeof(cell[4]));
-			snprintf(cell[5], sizeof(cell[5]), "%s", m->pinned ? m->pinned : "?");
-			snprintf(cell[6], sizeof(cell[6]), "%" PRIu64, m->attached);
-			for (int c = 0; c < STATUS_COLUMNS; c++) {
-				if (pass == 0) {
-					if (strlen(cell[c]) > width[c])
-						width[c] = strlen(cell[c]);
-					continue;
-				}
-				if (c == 0)
-					print_safe(stdout, m->name ? m->name : "?");
-				else
-					fputs(cell[c], stdout);
-				if (c + 1 < STATUS_COLUMNS)
-					printf("%*s", (int)(width[c] - strlen(cell[c]) + 2), "");
-			}
-			if (pass == 1)
-				putchar('\n');
-		}
-	}
-	for (size_t i = 0; i < s->nmodels; i++) {
-		const struct model_row *m = &s->models[i];
-
-		for (size_t k = 0; k < m->ngens; k++) {
-			const struct gen_row *g = &m->gens[k];
-
-			if (g->current)
-				continue;
-			if (!others)
-				printf("\nother open generations:\n");
-			others = true;
-			printf("  ");
-			print_safe(stdout, m->name ? m->name : "?");
-			printf(" generation %" PRIu64 ": %s, %" PRIu64 " attached, %s%s\n", g->number,
-				g->state ? g->state : "?", g->attached,
-				human_bytes(g->bytes, tmp, sizeof(tmp)),
-				g->pending ? " (pending: becomes current when warm)" :
-					     " (old: closes when released)");
-		}
-	}
-	for (size_t i = 0; i < s->nunloaded; i++) {
-		const struct unloaded_row *u = &s->unloaded[i];
-
-		if (!others)
-			printf("\nother open generations:\n");
-		others = true;
-		printf("  ");
-		print_safe(stdout, u->name ? u->name : "?");
-		printf(" generation %" PRIu64 ": %s, %" PRIu64 " attached (unloaded: closes when "
-		       "released)\n", u->generation, u->state ? u->state : "?", u->attached);
-	}
-	for (size_t i = 0; i < s->nmodels; i++) {
-		const struct model_row *m = &s->models[i];
-
-		if (m->error == NULL)
-			continue;
-		if (!errors)
-			printf("\nerrors:\n");
-		errors = true;
-		printf("  ");
-		print_safe(stdout, m->name ? m->name : "?");
-		printf(": ");
-		print_safe(stdout, m->error);
-		putchar('\n');
 	}
 }
 
@@ -856,7 +461,7 @@ append_word(char *req, size_t *len, const char *word)
 	for (const unsigned char *p = (const unsigned char *)word; *p != '\0'; p++) {
 		if (*p < 0x20 || *p == 0x7f) {
 			fprintf(stderr, "wcachectl: argument \"");
-			print_safe(stderr, word);
+			ctl_print_safe(stderr, word);
 			fprintf(stderr, "\" holds a control character\n");
 			return -1;
 		}
@@ -907,14 +512,14 @@ print_result(const struct control_command *cmd, const struct reply *r, char **ar
 {
 	if (strcmp(cmd->name, "load") == 0 || (strcmp(cmd->name, "reload") == 0 && r->model)) {
 		printf("model ");
-		print_safe(stdout, r->model != NULL ? r->model : args[0]);
+		ctl_print_safe(stdout, r->model != NULL ? r->model : args[0]);
 		printf(": ");
 	} else if (cmd->min_args == 1) {
 		printf("model ");
-		print_safe(stdout, args[0]);
+		ctl_print_safe(stdout, args[0]);
 		printf(": ");
 	}
-	print_safe(stdout, r->message != NULL ? r->message : "ok");
+	ctl_print_safe(stdout, r->message != NULL ? r->message : "ok");
 	putchar('\n');
 }
 
@@ -1027,7 +632,7 @@ ctl_control(int argc, char **argv, const char *config, const char *control, int 
 	status = r.ok ? 0 : 1;
 	if (!r.ok) {
 		fprintf(stderr, "wcachectl: ");
-		print_safe(stderr, r.error);
+		ctl_print_safe(stderr, r.error);
 		fputc('\n', stderr);
 		if (json)
 			printf("%s\n", reply_line);
@@ -1037,14 +642,8 @@ ctl_control(int argc, char **argv, const char *config, const char *control, int 
 		if (r.text != NULL)
 			fwrite(r.text, 1, r.text_len, stdout);
 	} else if (strcmp(cmd->name, "status") == 0) {
-		struct status s;
-
-		if (status_parse(reply_line, reply_len, &s) < 0) {
+		if (ctl_status_print(reply_line, reply_len) < 0)
 			status = 1;
-		} else {
-			print_status(&s);
-			status_free(&s);
-		}
 	} else {
 		print_result(cmd, &r, args);
 	}

@@ -35,6 +35,7 @@ struct dtype_info;
 #define INDEX_MAX_FILES 250      /* fits one SCM_RIGHTS message with the index */
 #define INDEX_MAX_NDIM 64
 #define INDEX_MAX_NAME 4096
+#define INDEX_MAX_SIZE (1ull << 32) /* an index a client agrees to map */
 
 struct index_header {
 	uint32_t magic;

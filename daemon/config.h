@@ -112,6 +112,10 @@ struct config {
 	size_t n_models;
 };
 
+/* 1 when s is a valid model name (1..128 bytes of [A-Za-z0-9._-], not
+ * starting with '.' or '-'), else 0; for the control socket's load too. */
+int config_model_name_valid(const char *s);
+
 /* Reads and validates the configuration file at path. On success stores a
  * new config in *out (free it with config_free()) and returns 0. On failure
  * returns a negative errno-style code, leaves *out untouched and sets the

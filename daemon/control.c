@@ -21,9 +21,13 @@
  * request, the next buffered line is handled from an idle callback rather
  * than inside the registry's callback, so no command runs nested inside
  * another's completion.
+ *
+ * This file is the transport: the socket, the connections, line framing,
+ * the peer's credentials and the replies. What each command does is in
+ * control_cmd.c, which gets every request line from ctl_handle_line(); the
+ * two share control_internal.h.
  */
 #include <errno.h>
-#include <inttypes.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -34,80 +38,32 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "config.h"
 #include "control.h"
+#include "control_internal.h"
 #include "listen.h"
 #include "error.h"
 #include "json.h"
 #include "log.h"
-#include "metrics.h"
 
 #ifndef SO_PEERGROUPS
 #define SO_PEERGROUPS 59 /* Linux 4.13; older headers lack it */
 #endif
 
-#define CONTROL_READ_CAP (CONTROL_LINE_MAX + 1) /* a maximal line and its '\n' */
 #define CONTROL_MAX_QUEUED (4u << 20)           /* reply bytes waiting for a client */
 #define CONTROL_MAX_GROUPS 65536                /* SO_PEERGROUPS entries we accept */
 
-struct ctl_conn;
-
-/* A request the registry completes later (load, reload). */
-struct ctl_request {
-	struct ctl_conn *conn; /* NULL once the connection has closed */
-	char command[8];       /* "load" or "reload", for messages */
-	char name[CONFIG_MODEL_NAME_MAX + 1]; /* "" for reload of the configuration */
-};
-
-struct ctl_conn {
-	uv_pipe_t pipe;
-	uv_shutdown_t shutdown;
-	struct control *ctl;
-	pid_t pid;
-	uid_t uid;
-	struct ctl_request *req; /* in flight, or NULL */
-	size_t len;              /* bytes in buf */
-	bool reading;
-	bool eof;                /* the client will send nothing more */
-	bool ending;             /* shutting down after the queued replies */
-	bool closing;
-	bool resume;             /* process buffered lines from the idle callback */
-	struct ctl_conn *next, **prevp;
-	char buf[CONTROL_READ_CAP + 1];
-};
-
-struct control {
-	uv_loop_t *loop;
-	uv_pipe_t listener;
-	uv_idle_t idle;          /* resumes connections after a completed request */
-	uv_pipe_t spare;         /* accepts and drops a connection when out of memory */
-	bool spare_busy;
-	unsigned handles;        /* open handles; the struct is freed at 0 */
-	struct control_context *ctx;
-	uint64_t started_ms;
-	struct ctl_conn *conns;
-	unsigned nconns;
-	bool stopping;
-};
-
-/* A reply under construction in a memory stream. */
-struct reply {
-	FILE *f;
-	char *buf;
-	size_t len;
-};
-
+/* A reply on its way to the client: the buffer is freed when written. */
 struct write_req {
 	uv_write_t req;
 	char *buf;
 };
 
 static void conn_process(struct ctl_conn *c);
-static void conn_close(struct ctl_conn *c);
-static void on_idle(uv_idle_t *idle);
 
 /* ---- lifetimes ---------------------------------------------------------- */
 
+/* Close callback of the listener, the idle handle and the spare: the
+ * control is freed when its last handle has closed. */
 static void
 control_handle_closed(uv_handle_t *h)
 {
@@ -119,6 +75,7 @@ control_handle_closed(uv_handle_t *h)
 		free(ctl);
 }
 
+/* Close callback of a connection: the only place it is freed. */
 static void
 conn_free(uv_handle_t *h)
 {
@@ -129,8 +86,8 @@ conn_free(uv_handle_t *h)
 
 /* Closes the connection now: pending writes are cancelled, a request in
  * flight loses its way back. */
-static void
-conn_close(struct ctl_conn *c)
+void
+ctl_conn_close(struct ctl_conn *c)
 {
 	if (c->closing)
 		return;
@@ -146,10 +103,11 @@ conn_close(struct ctl_conn *c)
 	uv_close((uv_handle_t *)&c->pipe, conn_free);
 }
 
+/* The queued replies are written (or cancelled): close. */
 static void
 on_shutdown(uv_shutdown_t *req, int status)
 {
-	conn_close(req->data);
+	ctl_conn_close(req->data);
 }
 
 /* Closes the connection once every queued reply is written. */
@@ -165,11 +123,13 @@ conn_end(struct ctl_conn *c)
 	}
 	c->shutdown.data = c;
 	if (uv_shutdown(&c->shutdown, (uv_stream_t *)&c->pipe, on_shutdown) < 0)
-		conn_close(c);
+		ctl_conn_close(c);
 }
 
 /* ---- replies ------------------------------------------------------------ */
 
+/* A reply was written, failed or was cancelled: frees it, and resumes
+ * reading a connection that was throttled by its queued replies. */
 static void
 on_written(uv_write_t *req, int status)
 {
@@ -183,7 +143,7 @@ on_written(uv_write_t *req, int status)
 	if (status < 0) {
 		log_debug("control: uid %u pid %d: write: %s", (unsigned)c->uid, (int)c->pid,
 			uv_strerror(status));
-		conn_close(c);
+		ctl_conn_close(c);
 		return;
 	}
 	/* A throttled connection reads again once its replies drain. */
@@ -203,7 +163,7 @@ conn_send(struct ctl_conn *c, char *buf, size_t len)
 	if (c->closing || c->ending || (w = malloc(sizeof(*w))) == NULL) {
 		free(buf);
 		if (!c->closing && !c->ending)
-			conn_close(c);
+			ctl_conn_close(c);
 		return;
 	}
 	w->buf = buf;
@@ -214,13 +174,13 @@ conn_send(struct ctl_conn *c, char *buf, size_t len)
 			uv_strerror(r));
 		free(buf);
 		free(w);
-		conn_close(c);
+		ctl_conn_close(c);
 	}
 }
 
 /* Starts a reply: {"ok":true or {"ok":false. NULL when out of memory. */
-static FILE *
-reply_begin(struct reply *r, bool ok)
+FILE *
+ctl_reply_begin(struct ctl_reply *r, bool ok)
 {
 	r->buf = NULL;
 	r->len = 0;
@@ -231,8 +191,8 @@ reply_begin(struct reply *r, bool ok)
 }
 
 /* Closes the object, ends the line and sends it. */
-static void
-reply_end(struct ctl_conn *c, struct reply *r)
+void
+ctl_reply_end(struct ctl_conn *c, struct ctl_reply *r)
 {
 	static const char oom[] = "{\"ok\":false,\"error\":\"wcached is out of memory\"}\n";
 	int bad;
@@ -244,7 +204,7 @@ reply_end(struct ctl_conn *c, struct reply *r)
 		r->buf = strdup(oom);
 		r->len = sizeof(oom) - 1;
 		if (r->buf == NULL) {
-			conn_close(c);
+			ctl_conn_close(c);
 			return;
 		}
 	}
@@ -252,51 +212,38 @@ reply_end(struct ctl_conn *c, struct reply *r)
 }
 
 /* Sends {"ok":false,"error":MESSAGE}. */
-static void conn_error(struct ctl_conn *c, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-
-static void
-conn_error(struct ctl_conn *c, const char *fmt, ...)
+void
+ctl_conn_error(struct ctl_conn *c, const char *fmt, ...)
 {
-	struct reply r;
+	struct ctl_reply r;
 	char text[8192]; /* room for a maximal path and its reason */
 	va_list ap;
 
 	va_start(ap, fmt);
 	vsnprintf(text, sizeof(text), fmt, ap);
 	va_end(ap);
-	if (reply_begin(&r, false) == NULL) {
-		conn_close(c);
+	if (ctl_reply_begin(&r, false) == NULL) {
+		ctl_conn_close(c);
 		return;
 	}
 	fputs(",\"error\":", r.f);
 	json_write_string(r.f, text, strlen(text));
-	reply_end(c, &r);
+	ctl_reply_end(c, &r);
 }
 
 /* Sends {"ok":true,"message":MESSAGE}. */
-static void
-conn_ok(struct ctl_conn *c, const char *message)
+void
+ctl_conn_ok(struct ctl_conn *c, const char *message)
 {
-	struct reply r;
+	struct ctl_reply r;
 
-	if (reply_begin(&r, true) == NULL) {
-		conn_close(c);
+	if (ctl_reply_begin(&r, true) == NULL) {
+		ctl_conn_close(c);
 		return;
 	}
 	fputs(",\"message\":", r.f);
 	json_write_string(r.f, message, strlen(message));
-	reply_end(c, &r);
-}
-
-/* The message a registry call left, or strerror when it left none. Call
- * error_set(0, "%s", "") before the call. */
-static const char *
-registry_message(int err)
-{
-	const char *m = error_get();
-
-	return m[0] != '\0' ? m : strerror(-err);
+	ctl_reply_end(c, &r);
 }
 
 /* ---- request lines ------------------------------------------------------ */
@@ -414,367 +361,9 @@ control_split(char *line, size_t len, char **words, int max, char *err, size_t e
 	}
 }
 
-/* ---- commands ----------------------------------------------------------- */
-
-/* Model names follow the configuration's rule (config.h). */
-static bool
-valid_model_name(const char *s)
-{
-	size_t n = strlen(s);
-
-	if (n == 0 || n > CONFIG_MODEL_NAME_MAX || s[0] == '.' || s[0] == '-')
-		return false;
-	for (size_t i = 0; i < n; i++)
-		if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
-			    (s[i] >= '0' && s[i] <= '9') || s[i] == '.' || s[i] == '_' ||
-			    s[i] == '-'))
-			return false;
-	return true;
-}
-
-/* The daemon-wide figures of status and metrics. */
-static struct metrics_daemon
-daemon_figures(const struct control *ctl)
-{
-	uint64_t now = uv_now(ctl->loop);
-
-	return (struct metrics_daemon){
-		.clients = ctl->ctx->server != NULL ? server_clients(ctl->ctx->server) : 0,
-		.control_clients = ctl->nconns,
-		.uptime_seconds = now > ctl->started_ms ?
-			(double)(now - ctl->started_ms) / 1000.0 : 0.0,
-	};
-}
-
-static void
-write_str_field(FILE *f, const char *key, const char *value)
-{
-	fprintf(f, ",\"%s\":", key);
-	json_write_string(f, value, strlen(value));
-}
-
-static void
-cmd_status(struct ctl_conn *c, int argc, char **argv)
-{
-	struct control *ctl = c->ctl;
-	struct metrics_daemon daemon = daemon_figures(ctl);
-	struct reply r;
-
-	log_debug("control: uid %u pid %d: status", (unsigned)c->uid, (int)c->pid);
-	if (reply_begin(&r, true) == NULL) {
-		conn_close(c);
-		return;
-	}
-	metrics_status_json(r.f, ctl->ctx->reg, &daemon);
-	reply_end(c, &r);
-}
-
-static void
-cmd_metrics(struct ctl_conn *c, int argc, char **argv)
-{
-	struct control *ctl = c->ctl;
-	struct metrics_daemon daemon = daemon_figures(ctl);
-	struct reply r;
-	char *text = NULL;
-	size_t len = 0;
-	FILE *f = open_memstream(&text, &len);
-	int bad;
-
-	if (f == NULL) {
-		conn_error(c, "metrics: out of memory");
-		return;
-	}
-	log_debug("control: uid %u pid %d: metrics", (unsigned)c->uid, (int)c->pid);
-	metrics_write(f, ctl->ctx->reg, &daemon);
-	bad = ferror(f);
-	if (fclose(f) != 0 || bad || text == NULL) {
-		free(text);
-		conn_error(c, "metrics: out of memory");
-		return;
-	}
-	if (reply_begin(&r, true) == NULL) {
-		free(text);
-		conn_close(c);
-		return;
-	}
-	fputs(",\"content_type\":\"text/plain; version=0.0.4\",\"text\":", r.f);
-	json_write_string(r.f, text, len);
-	free(text);
-	reply_end(c, &r);
-}
-
-/*
- * The registry's answer to a load or reload: replies to the connection if
- * it is still there, then lets the idle callback handle its next line.
- */
-static void
-request_done(int status, const char *message, uint64_t generation, void *arg)
-{
-	struct ctl_request *q = arg;
-	struct ctl_conn *c = q->conn;
-	struct reply r;
-
-	if (c != NULL) {
-		c->req = NULL;
-		if (status < 0 && q->name[0] != '\0')
-			conn_error(c, "%s: model \"%s\": %s", q->command, q->name, message);
-		else if (status < 0)
-			conn_error(c, "%s: %s", q->command, message);
-		else if (reply_begin(&r, true) == NULL)
-			conn_close(c);
-		else {
-			if (q->name[0] != '\0')
-				write_str_field(r.f, "model", q->name);
-			if (generation > 0)
-				fprintf(r.f, ",\"generation\":%" PRIu64, generation);
-			write_str_field(r.f, "message", message);
-			reply_end(c, &r);
-		}
-		if (!c->closing) {
-			c->resume = true;
-			uv_idle_start(&c->ctl->idle, on_idle);
-		}
-	}
-	free(q);
-}
-
-/* Makes the request record for an asynchronous command; NULL (and an error
- * reply) when out of memory. */
-static struct ctl_request *
-request_new(struct ctl_conn *c, const char *command, const char *name)
-{
-	struct ctl_request *q = calloc(1, sizeof(*q));
-
-	if (q == NULL) {
-		conn_error(c, "%s: out of memory", command);
-		return NULL;
-	}
-	q->conn = c;
-	snprintf(q->command, sizeof(q->command), "%s", command);
-	snprintf(q->name, sizeof(q->name), "%s", name != NULL ? name : "");
-	c->req = q;
-	return q;
-}
-
-/* After an asynchronous call: when it failed without calling done, replies
- * with its error and forgets the request. */
-static void
-request_started(struct ctl_conn *c, struct ctl_request *q, int err)
-{
-	if (err >= 0 || c->req != q)
-		return; /* queued, or done already ran */
-	c->req = NULL;
-	conn_error(c, "%s: %s", q->command, registry_message(err)); /* names the model */
-	free(q);
-}
-
-static int
-parse_pin(const char *s, enum pin_mode *out)
-{
-	if (strcmp(s, "none") == 0)
-		*out = PIN_NONE;
-	else if (strcmp(s, "metadata") == 0)
-		*out = PIN_METADATA;
-	else if (strcmp(s, "all") == 0)
-		*out = PIN_ALL;
-	else
-		return -EINVAL;
-	return 0;
-}
-
-static void
-cmd_load(struct ctl_conn *c, int argc, char **argv)
-{
-	struct registry *reg = c->ctl->ctx->reg;
-	const char *name = argv[1], *path = argv[2];
-	struct model_entry *m;
-	struct ctl_request *q;
-	enum pin_mode pin = PIN_METADATA;
-	int warm = 1, have_pin = 0;
-	char quoted[80];
-
-	if (!valid_model_name(name)) {
-		conn_error(c, "load: invalid model name %s: use 1 to %d letters, digits, '.', '_' "
-			      "or '-', not starting with '.' or '-'",
-			json_quote(quoted, sizeof(quoted), name, strlen(name)),
-			CONFIG_MODEL_NAME_MAX);
-		return;
-	}
-	if (path[0] != '/') {
-		conn_error(c, "load: PATH must be absolute, not %s",
-			json_quote(quoted, sizeof(quoted), path, strlen(path)));
-		return;
-	}
-	if (argc == 4) {
-		if (strncmp(argv[3], "pin=", 4) != 0 || parse_pin(argv[3] + 4, &pin) < 0) {
-			conn_error(c, "load: bad option %s: use pin=none, pin=metadata or pin=all",
-				json_quote(quoted, sizeof(quoted), argv[3], strlen(argv[3])));
-			return;
-		}
-		have_pin = 1;
-	}
-	/* A model that exists keeps its settings unless told otherwise. */
-	if ((m = registry_find(reg, name)) != NULL && strcmp(m->name, name) == 0) {
-		if (!have_pin)
-			pin = m->pin;
-		warm = m->warm;
-	}
-	log_info("control: uid %u: load \"%s\" from %s (pin %s)", (unsigned)c->uid, name, path,
-		pin_mode_name(pin));
-	if ((q = request_new(c, "load", name)) == NULL)
-		return;
-	error_set(0, "%s", "");
-	request_started(c, q, registry_load(reg, name, path, pin, warm, request_done, q));
-}
-
-static void
-cmd_reload(struct ctl_conn *c, int argc, char **argv)
-{
-	struct control_context *ctx = c->ctl->ctx;
-	struct ctl_request *q;
-	int err;
-
-	if (argc == 1 && ctx->reload_config == NULL) {
-		conn_error(c, "reload: this wcached cannot re-read its configuration; "
-			      "use reload NAME");
-		return;
-	}
-	log_info("control: uid %u: reload%s%s", (unsigned)c->uid, argc == 2 ? " " : "",
-		argc == 2 ? argv[1] : "");
-	if ((q = request_new(c, "reload", argc == 2 ? argv[1] : NULL)) == NULL)
-		return;
-	error_set(0, "%s", "");
-	if (argc == 2)
-		err = registry_reload(ctx->reg, argv[1], request_done, q);
-	else
-		err = ctx->reload_config(ctx->arg, request_done, q);
-	request_started(c, q, err);
-}
-
-static void
-cmd_unload(struct ctl_conn *c, int argc, char **argv)
-{
-	int err;
-
-	log_info("control: uid %u: unload \"%s\"", (unsigned)c->uid, argv[1]);
-	error_set(0, "%s", "");
-	if ((err = registry_unload(c->ctl->ctx->reg, argv[1])) < 0) {
-		conn_error(c, "unload: %s", registry_message(err));
-		return;
-	}
-	conn_ok(c, "unloaded; clients that hold it keep it until they release it");
-}
-
-static void
-cmd_pin(struct ctl_conn *c, int argc, char **argv)
-{
-	bool pin = strcmp(argv[0], "pin") == 0;
-	int err;
-
-	log_info("control: uid %u: %s \"%s\"", (unsigned)c->uid, argv[0], argv[1]);
-	error_set(0, "%s", "");
-	if ((err = registry_pin(c->ctl->ctx->reg, argv[1], pin ? PIN_ALL : PIN_METADATA)) < 0) {
-		conn_error(c, "%s: %s", argv[0], registry_message(err));
-		return;
-	}
-	conn_ok(c, pin ? "pinned: every page is locked in memory" :
-			 "unpinned: only the index and headers stay locked");
-}
-
-static void
-cmd_evict(struct ctl_conn *c, int argc, char **argv)
-{
-	int err;
-
-	log_info("control: uid %u: evict \"%s\"", (unsigned)c->uid, argv[1]);
-	error_set(0, "%s", "");
-	if ((err = registry_evict(c->ctl->ctx->reg, argv[1])) < 0) {
-		conn_error(c, "evict: %s", registry_message(err));
-		return;
-	}
-	conn_ok(c, "evicted: pages no process maps were dropped from the page cache");
-}
-
-static void cmd_help(struct ctl_conn *c, int argc, char **argv);
-
-static const struct command {
-	const char *name;
-	int min_args, max_args; /* words after the command */
-	const char *usage;
-	const char *summary;
-	void (*run)(struct ctl_conn *c, int argc, char **argv);
-} commands[] = {
-	{ "status", 0, 0, "status", "daemon and per-model state", cmd_status },
-	{ "load", 2, 3, "load NAME PATH [pin=none|metadata|all]",
-		"serve PATH as NAME, or as NAME's next generation", cmd_load },
-	{ "unload", 1, 1, "unload NAME", "stop serving NAME", cmd_unload },
-	{ "reload", 0, 1, "reload [NAME]",
-		"re-check NAME's files; without NAME re-read the configuration", cmd_reload },
-	{ "pin", 1, 1, "pin NAME", "lock every page of NAME in memory", cmd_pin },
-	{ "unpin", 1, 1, "unpin NAME", "lock only NAME's index and headers", cmd_pin },
-	{ "evict", 1, 1, "evict NAME", "drop NAME's files from the page cache", cmd_evict },
-	{ "metrics", 0, 0, "metrics", "Prometheus text exposition, in \"text\"", cmd_metrics },
-	{ "help", 0, 0, "help", "this list", cmd_help },
-};
-
-#define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
-
-static void
-cmd_help(struct ctl_conn *c, int argc, char **argv)
-{
-	struct reply r;
-
-	if (reply_begin(&r, true) == NULL) {
-		conn_close(c);
-		return;
-	}
-	fputs(",\"commands\":[", r.f);
-	for (size_t i = 0; i < NCOMMANDS; i++) {
-		fputs(i ? ",{\"usage\":" : "{\"usage\":", r.f);
-		json_write_string(r.f, commands[i].usage, strlen(commands[i].usage));
-		write_str_field(r.f, "summary", commands[i].summary);
-		fputc('}', r.f);
-	}
-	fputc(']', r.f);
-	reply_end(c, &r);
-}
-
-/* Handles one request line (len bytes, no '\n'; line has room for a NUL). */
-static void
-handle_line(struct ctl_conn *c, char *line, size_t len)
-{
-	char *words[CONTROL_MAX_WORDS];
-	char err[160], quoted[48];
-	int n;
-
-	if (len > 0 && line[len - 1] == '\r')
-		len--;
-	if ((n = control_split(line, len, words, CONTROL_MAX_WORDS, err, sizeof(err))) < 0) {
-		conn_error(c, "bad request: %s", err);
-		return;
-	}
-	if (n == 0) {
-		conn_error(c, "empty request (try \"help\")");
-		return;
-	}
-	for (size_t i = 0; i < NCOMMANDS; i++) {
-		const struct command *cmd = &commands[i];
-
-		if (strcmp(words[0], cmd->name) != 0)
-			continue;
-		if (n - 1 < cmd->min_args || n - 1 > cmd->max_args) {
-			conn_error(c, "%s: usage: %s", cmd->name, cmd->usage);
-			return;
-		}
-		cmd->run(c, n, words);
-		return;
-	}
-	conn_error(c, "unknown command %s (try \"help\")",
-		json_quote(quoted, sizeof(quoted), words[0], strlen(words[0])));
-}
-
 /* ---- reading ------------------------------------------------------------ */
 
+/* libuv reads into the rest of the connection's line buffer. */
 static void
 on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
@@ -784,6 +373,8 @@ on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 	buf->len = CONTROL_READ_CAP - c->len;
 }
 
+/* Bytes, EOF or an error from the client; complete lines are handled by
+ * conn_process(). */
 static void
 on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 {
@@ -796,7 +387,7 @@ on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
 	} else if (nread < 0) {
 		log_debug("control: uid %u pid %d: read: %s", (unsigned)c->uid, (int)c->pid,
 			uv_strerror((int)nread));
-		conn_close(c);
+		ctl_conn_close(c);
 		return;
 	} else {
 		c->len += (size_t)nread;
@@ -833,14 +424,14 @@ conn_process(struct ctl_conn *c)
 		memcpy(line, c->buf, n);
 		memmove(c->buf, c->buf + used, c->len - used);
 		c->len -= used;
-		handle_line(c, line, n);
+		ctl_handle_line(c, line, n);
 	}
 	if (c->closing || c->ending)
 		return;
 	if (c->req == NULL && c->len == CONTROL_READ_CAP && memchr(c->buf, '\n', c->len) == NULL) {
 		log_warnx("control: uid %u pid %d: request longer than %d bytes; closing",
 			(unsigned)c->uid, (int)c->pid, CONTROL_LINE_MAX);
-		conn_error(c, "request longer than %d bytes", CONTROL_LINE_MAX);
+		ctl_conn_error(c, "request longer than %d bytes", CONTROL_LINE_MAX);
 		conn_end(c);
 		return;
 	}
@@ -873,6 +464,18 @@ on_idle(uv_idle_t *idle)
 			conn_process(c); /* may close c, never another connection */
 		}
 	}
+}
+
+/* After the reply to a request the registry completed: handles c's next
+ * buffered line from the idle callback, not nested in the registry's
+ * callback (see the top of this file). Does nothing once c is closing. */
+void
+ctl_conn_resume(struct ctl_conn *c)
+{
+	if (c->closing)
+		return;
+	c->resume = true;
+	uv_idle_start(&c->ctl->idle, on_idle);
 }
 
 /* ---- accepting ---------------------------------------------------------- */
@@ -935,6 +538,8 @@ drop_connection(struct control *ctl)
 	uv_close((uv_handle_t *)&ctl->spare, control_handle_closed);
 }
 
+/* A client connected: checks who it is and how many are connected, then
+ * reads its requests. */
 static void
 on_connection(uv_stream_t *listener, int status)
 {
@@ -964,15 +569,15 @@ on_connection(uv_stream_t *listener, int status)
 	ctl->nconns++;
 	if ((r = uv_accept(listener, (uv_stream_t *)&c->pipe)) < 0) {
 		log_warnx("control: accept: %s", uv_strerror(r));
-		conn_close(c);
+		ctl_conn_close(c);
 		return;
 	}
 	if (!peer_allowed(c, ctl->ctx)) {
 		log_warnx("control: refused uid %d pid %d: only root, uid %u%s may control "
 			  "wcached", (int)c->uid, (int)c->pid, (unsigned)ctl->ctx->daemon_uid,
 			ctl->ctx->has_group ? " and members of control_group" : "");
-		conn_error(c, "permission denied: uid %d may not control wcached (root, uid %u%s "
-			      "may)", (int)c->uid, (unsigned)ctl->ctx->daemon_uid,
+		ctl_conn_error(c, "permission denied: uid %d may not control wcached (root, "
+				  "uid %u%s may)", (int)c->uid, (unsigned)ctl->ctx->daemon_uid,
 			ctl->ctx->has_group ? " and members of control_group" : "");
 		conn_end(c);
 		return;
@@ -980,7 +585,7 @@ on_connection(uv_stream_t *listener, int status)
 	if (ctl->nconns > CONTROL_MAX_CONNECTIONS) {
 		log_warnx("control: refused uid %u pid %d: %d control connections open",
 			(unsigned)c->uid, (int)c->pid, CONTROL_MAX_CONNECTIONS);
-		conn_error(c, "too many control connections (%d)", CONTROL_MAX_CONNECTIONS);
+		ctl_conn_error(c, "too many control connections (%d)", CONTROL_MAX_CONNECTIONS);
 		conn_end(c);
 		return;
 	}
@@ -1047,7 +652,7 @@ control_stop(struct control *ctl)
 		return;
 	ctl->stopping = true;
 	while (ctl->conns != NULL)
-		conn_close(ctl->conns);
+		ctl_conn_close(ctl->conns);
 	uv_close((uv_handle_t *)&ctl->listener, control_handle_closed);
 	uv_close((uv_handle_t *)&ctl->idle, control_handle_closed);
 }

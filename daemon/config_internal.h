@@ -1,0 +1,117 @@
+/*
+ * config_internal.h: what config.c and config_value.c share while one
+ * config_load() runs. Private to daemon/config*.c; everyone else uses
+ * config.h.
+ *
+ * config.c reads the file (the inih reader, sections, keys) and owns the
+ * parse context; config_value.c parses and resolves the values it is handed
+ * (numbers, sizes, booleans, model names, users and groups, paths). Both
+ * report errors through config_error(), which puts the file and the current
+ * line in front of the reason.
+ */
+#ifndef WC_CONFIG_INTERNAL_H
+#define WC_CONFIG_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/types.h>
+
+#include "config.h"
+
+/* The keys of [wcached]; config.c holds their names. */
+enum wcached_key {
+	WK_SOCKET,
+	WK_CONTROL,
+	WK_CONTROL_GROUP,
+	WK_PREFETCH_THREADS,
+	WK_LOG_LEVEL,
+	WK_MEMORY_BUDGET,
+	WK_MAX_CLIENTS,
+	WK_MAX_CLIENTS_PER_UID,
+	WK_USER,
+	WK_COUNT
+};
+
+/* The keys of [model NAME]. */
+enum model_key { MK_PATH, MK_PIN, MK_WARM, MK_ALLOW_USERS, MK_ALLOW_GROUPS, MK_COUNT };
+
+enum section_kind { SEC_NONE, SEC_WCACHED, SEC_MODEL };
+
+/* State shared by the reader and the handler during one config_load(). */
+struct parse_ctx {
+	struct config *cfg;
+	FILE *fp;
+	int lineno;       /* line the reader returned last */
+	char *raw;        /* getline() buffer */
+	size_t raw_cap;
+	char *long_value; /* value of the current line when it was too long for inih */
+	int err;          /* first error (negative), 0 while all is well */
+
+	enum section_kind section;
+	size_t model;                    /* index of the current model (SEC_MODEL) */
+	int wcached_line;                /* line of [wcached], 0 when not seen */
+	int wcached_key_line[WK_COUNT];  /* line where each [wcached] key was set */
+	int model_key_line[MK_COUNT];    /* the same for the current model */
+	size_t models_cap;
+};
+
+/* uid_t and gid_t lists are resolved into, and compared as, arrays of
+ * unsigned (both are 32-bit unsigned on Linux). */
+_Static_assert(sizeof(uid_t) == sizeof(unsigned) && sizeof(gid_t) == sizeof(unsigned),
+	"uid_t and gid_t are stored as unsigned");
+
+/* ---- config.c --------------------------------------------------------- */
+
+/* Records the first error of the parse as "FILE:LINE: reason", at the line
+ * the reader returned last, in ctx->err and the thread's error message.
+ * Later errors are ignored. */
+void config_error(struct parse_ctx *ctx, int code, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+/* ---- config_value.c --------------------------------------------------- */
+
+/* The functions that take ctx report their errors with config_error() and
+ * return 0 or a negative errno-style code; prefix is "" for [wcached] or
+ * "model \"NAME\": " for a model's keys. */
+
+/* An integer key in [min, max]. */
+int config_parse_int_key(struct parse_ctx *ctx, const char *prefix, const char *key,
+	const char *value, unsigned long long min, unsigned long long max,
+	unsigned long long *out);
+
+/* yes/no, true/false, on/off, 1/0: returns 1 or 0, or -EINVAL. */
+int config_parse_bool(const char *s);
+
+/* memory_budget: "none", a size with a binary unit, or a percentage of RAM.
+ * Returns 0, or -EINVAL with the reason in *why. */
+int config_parse_memory_budget(const char *s, enum config_budget *kind, uint64_t *value,
+	const char **why);
+
+/* Whether s is a valid model name (see config.h). */
+
+/* One user or group (a name or a numeric id) resolved to an id. */
+int config_resolve_id(struct parse_ctx *ctx, const char *prefix, const char *key,
+	const char *token, int is_group, unsigned *id);
+
+/* A comma- or space-separated list of users or groups resolved into a new
+ * array of n_ids ids (never empty); the caller frees *ids. */
+int config_resolve_id_list(struct parse_ctx *ctx, const char *prefix, const char *key,
+	const char *value, int is_group, unsigned **ids, size_t *n_ids);
+
+/* The "user" key: sets cfg->user, cfg->user_uid and cfg->user_gid. */
+int config_resolve_user(struct parse_ctx *ctx, const char *value);
+
+/* A path joined with the config file's directory, new in *out. */
+int config_join_path(struct parse_ctx *ctx, const char *prefix, const char *key,
+	const char *value, char **out);
+
+/* config_join_path() for a unix socket address (must fit in sun_path); on
+ * success frees the old *out and stores the new path. */
+int config_socket_path(struct parse_ctx *ctx, const char *key, const char *value, char **out);
+
+/* The absolute directory of the config file at path, new in *out. Sets the
+ * error message itself (there is no parse context yet). */
+int config_dir(const char *path, char **out);
+
+#endif /* WC_CONFIG_INTERNAL_H */

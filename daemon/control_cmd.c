@@ -1,0 +1,395 @@
+/*
+ * control_cmd.c: the commands of the control socket (see control.h for the
+ * protocol): the command table, and one handler per command that checks
+ * its words, calls the registry and writes the reply.
+ *
+ * control.c owns the socket and the connections and hands each request line
+ * to ctl_handle_line(). A handler replies exactly once, with
+ * ctl_conn_error(), ctl_conn_ok() or ctl_reply_begin()/ctl_reply_end(),
+ * except for load and reload: the registry completes those later, so they
+ * leave a struct ctl_request on the connection, and request_done() replies
+ * when the registry calls it (or drops the reply when the connection has
+ * closed meanwhile), then lets control.c read the connection's next line.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "control_internal.h"
+#include "error.h"
+#include "json.h"
+#include "log.h"
+#include "metrics.h"
+
+/* ---- helpers ------------------------------------------------------------ */
+
+/* The message a registry call left, or strerror when it left none. Call
+ * error_set(0, "%s", "") before the call. */
+static const char *
+registry_message(int err)
+{
+	const char *m = error_get();
+
+	return m[0] != '\0' ? m : strerror(-err);
+}
+
+/* The daemon-wide figures of status and metrics. */
+static struct metrics_daemon
+daemon_figures(const struct control *ctl)
+{
+	uint64_t now = uv_now(ctl->loop);
+
+	return (struct metrics_daemon){
+		.clients = ctl->ctx->server != NULL ? server_clients(ctl->ctx->server) : 0,
+		.control_clients = ctl->nconns,
+		.uptime_seconds = now > ctl->started_ms ?
+			(double)(now - ctl->started_ms) / 1000.0 : 0.0,
+	};
+}
+
+/* Writes ,"KEY":VALUE into a reply (key is ours, value is escaped). */
+static void
+write_str_field(FILE *f, const char *key, const char *value)
+{
+	fprintf(f, ",\"%s\":", key);
+	json_write_string(f, value, strlen(value));
+}
+
+/* ---- commands ----------------------------------------------------------- */
+
+/* status: the daemon's figures and every model's state, as JSON (metrics.c
+ * writes it). */
+static void
+cmd_status(struct ctl_conn *c, int argc, char **argv)
+{
+	struct control *ctl = c->ctl;
+	struct metrics_daemon daemon = daemon_figures(ctl);
+	struct ctl_reply r;
+
+	log_debug("control: uid %u pid %d: status", (unsigned)c->uid, (int)c->pid);
+	if (ctl_reply_begin(&r, true) == NULL) {
+		ctl_conn_close(c);
+		return;
+	}
+	metrics_status_json(r.f, ctl->ctx->reg, &daemon);
+	ctl_reply_end(c, &r);
+}
+
+/* metrics: the Prometheus text exposition, as a string in "text". */
+static void
+cmd_metrics(struct ctl_conn *c, int argc, char **argv)
+{
+	struct control *ctl = c->ctl;
+	struct metrics_daemon daemon = daemon_figures(ctl);
+	struct ctl_reply r;
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&text, &len);
+	int bad;
+
+	if (f == NULL) {
+		ctl_conn_error(c, "metrics: out of memory");
+		return;
+	}
+	log_debug("control: uid %u pid %d: metrics", (unsigned)c->uid, (int)c->pid);
+	metrics_write(f, ctl->ctx->reg, &daemon);
+	bad = ferror(f);
+	if (fclose(f) != 0 || bad || text == NULL) {
+		free(text);
+		ctl_conn_error(c, "metrics: out of memory");
+		return;
+	}
+	if (ctl_reply_begin(&r, true) == NULL) {
+		free(text);
+		ctl_conn_close(c);
+		return;
+	}
+	fputs(",\"content_type\":\"text/plain; version=0.0.4\",\"text\":", r.f);
+	json_write_string(r.f, text, len);
+	free(text);
+	ctl_reply_end(c, &r);
+}
+
+/*
+ * The registry's answer to a load or reload: replies to the connection if
+ * it is still there, then lets the idle callback handle its next line.
+ */
+static void
+request_done(int status, const char *message, uint64_t generation, void *arg)
+{
+	struct ctl_request *q = arg;
+	struct ctl_conn *c = q->conn;
+	struct ctl_reply r;
+
+	if (c != NULL) {
+		c->req = NULL;
+		if (status < 0 && q->name[0] != '\0')
+			ctl_conn_error(c, "%s: model \"%s\": %s", q->command, q->name, message);
+		else if (status < 0)
+			ctl_conn_error(c, "%s: %s", q->command, message);
+		else if (ctl_reply_begin(&r, true) == NULL)
+			ctl_conn_close(c);
+		else {
+			if (q->name[0] != '\0')
+				write_str_field(r.f, "model", q->name);
+			if (generation > 0)
+				fprintf(r.f, ",\"generation\":%" PRIu64, generation);
+			write_str_field(r.f, "message", message);
+			ctl_reply_end(c, &r);
+		}
+		ctl_conn_resume(c);
+	}
+	free(q);
+}
+
+/* Makes the request record for an asynchronous command; NULL (and an error
+ * reply) when out of memory. */
+static struct ctl_request *
+request_new(struct ctl_conn *c, const char *command, const char *name)
+{
+	struct ctl_request *q = calloc(1, sizeof(*q));
+
+	if (q == NULL) {
+		ctl_conn_error(c, "%s: out of memory", command);
+		return NULL;
+	}
+	q->conn = c;
+	snprintf(q->command, sizeof(q->command), "%s", command);
+	snprintf(q->name, sizeof(q->name), "%s", name != NULL ? name : "");
+	c->req = q;
+	return q;
+}
+
+/* After an asynchronous call: when it failed without calling done, replies
+ * with its error and forgets the request. */
+static void
+request_started(struct ctl_conn *c, struct ctl_request *q, int err)
+{
+	if (err >= 0 || c->req != q)
+		return; /* queued, or done already ran */
+	c->req = NULL;
+	ctl_conn_error(c, "%s: %s", q->command, registry_message(err)); /* names the model */
+	free(q);
+}
+
+/* The value of load's pin= option. */
+static int
+parse_pin(const char *s, enum pin_mode *out)
+{
+	if (strcmp(s, "none") == 0)
+		*out = PIN_NONE;
+	else if (strcmp(s, "metadata") == 0)
+		*out = PIN_METADATA;
+	else if (strcmp(s, "all") == 0)
+		*out = PIN_ALL;
+	else
+		return -EINVAL;
+	return 0;
+}
+
+/* load NAME PATH [pin=...]: serves PATH as NAME, or as NAME's next
+ * generation; answered when the registry has validated PATH. */
+static void
+cmd_load(struct ctl_conn *c, int argc, char **argv)
+{
+	struct registry *reg = c->ctl->ctx->reg;
+	const char *name = argv[1], *path = argv[2];
+	struct model_entry *m;
+	struct ctl_request *q;
+	enum pin_mode pin = PIN_METADATA;
+	int warm = 1, have_pin = 0;
+	char quoted[80];
+
+	if (!config_model_name_valid(name)) {
+		ctl_conn_error(c, "load: invalid model name %s: use 1 to %d letters, digits, "
+				  "'.', '_' or '-', not starting with '.' or '-'",
+			json_quote(quoted, sizeof(quoted), name, strlen(name)),
+			CONFIG_MODEL_NAME_MAX);
+		return;
+	}
+	if (path[0] != '/') {
+		ctl_conn_error(c, "load: PATH must be absolute, not %s",
+			json_quote(quoted, sizeof(quoted), path, strlen(path)));
+		return;
+	}
+	if (argc == 4) {
+		if (strncmp(argv[3], "pin=", 4) != 0 || parse_pin(argv[3] + 4, &pin) < 0) {
+			ctl_conn_error(c,
+				"load: bad option %s: use pin=none, pin=metadata or pin=all",
+				json_quote(quoted, sizeof(quoted), argv[3], strlen(argv[3])));
+			return;
+		}
+		have_pin = 1;
+	}
+	/* A model that exists keeps its settings unless told otherwise. */
+	if ((m = registry_find(reg, name)) != NULL && strcmp(m->name, name) == 0) {
+		if (!have_pin)
+			pin = m->pin;
+		warm = m->warm;
+	}
+	log_info("control: uid %u: load \"%s\" from %s (pin %s)", (unsigned)c->uid, name, path,
+		pin_mode_name(pin));
+	if ((q = request_new(c, "load", name)) == NULL)
+		return;
+	error_set(0, "%s", "");
+	request_started(c, q, registry_load(reg, name, path, pin, warm, request_done, q));
+}
+
+/* reload [NAME]: re-checks NAME's files, or re-reads the configuration;
+ * answered when the reload is over. */
+static void
+cmd_reload(struct ctl_conn *c, int argc, char **argv)
+{
+	struct control_context *ctx = c->ctl->ctx;
+	struct ctl_request *q;
+	int err;
+
+	if (argc == 1 && ctx->reload_config == NULL) {
+		ctl_conn_error(c, "reload: this wcached cannot re-read its configuration; "
+			      "use reload NAME");
+		return;
+	}
+	log_info("control: uid %u: reload%s%s", (unsigned)c->uid, argc == 2 ? " " : "",
+		argc == 2 ? argv[1] : "");
+	if ((q = request_new(c, "reload", argc == 2 ? argv[1] : NULL)) == NULL)
+		return;
+	error_set(0, "%s", "");
+	if (argc == 2)
+		err = registry_reload(ctx->reg, argv[1], request_done, q);
+	else
+		err = ctx->reload_config(ctx->arg, request_done, q);
+	request_started(c, q, err);
+}
+
+/* unload NAME: stops serving NAME. */
+static void
+cmd_unload(struct ctl_conn *c, int argc, char **argv)
+{
+	int err;
+
+	log_info("control: uid %u: unload \"%s\"", (unsigned)c->uid, argv[1]);
+	error_set(0, "%s", "");
+	if ((err = registry_unload(c->ctl->ctx->reg, argv[1])) < 0) {
+		ctl_conn_error(c, "unload: %s", registry_message(err));
+		return;
+	}
+	ctl_conn_ok(c, "unloaded; clients that hold it keep it until they release it");
+}
+
+/* pin NAME, unpin NAME: locks every page of NAME, or only its metadata. */
+static void
+cmd_pin(struct ctl_conn *c, int argc, char **argv)
+{
+	bool pin = strcmp(argv[0], "pin") == 0;
+	int err;
+
+	log_info("control: uid %u: %s \"%s\"", (unsigned)c->uid, argv[0], argv[1]);
+	error_set(0, "%s", "");
+	if ((err = registry_pin(c->ctl->ctx->reg, argv[1], pin ? PIN_ALL : PIN_METADATA)) < 0) {
+		ctl_conn_error(c, "%s: %s", argv[0], registry_message(err));
+		return;
+	}
+	ctl_conn_ok(c, pin ? "pinned: every page is locked in memory" :
+			 "unpinned: only the index and headers stay locked");
+}
+
+/* evict NAME: drops NAME's files from the page cache. */
+static void
+cmd_evict(struct ctl_conn *c, int argc, char **argv)
+{
+	int err;
+
+	log_info("control: uid %u: evict \"%s\"", (unsigned)c->uid, argv[1]);
+	error_set(0, "%s", "");
+	if ((err = registry_evict(c->ctl->ctx->reg, argv[1])) < 0) {
+		ctl_conn_error(c, "evict: %s", registry_message(err));
+		return;
+	}
+	ctl_conn_ok(c, "evicted: pages no process maps were dropped from the page cache");
+}
+
+static void cmd_help(struct ctl_conn *c, int argc, char **argv);
+
+/* The commands, in the order help lists them. */
+static const struct command {
+	const char *name;
+	int min_args, max_args; /* words after the command */
+	const char *usage;
+	const char *summary;
+	void (*run)(struct ctl_conn *c, int argc, char **argv);
+} commands[] = {
+	{ "status", 0, 0, "status", "daemon and per-model state", cmd_status },
+	{ "load", 2, 3, "load NAME PATH [pin=none|metadata|all]",
+		"serve PATH as NAME, or as NAME's next generation", cmd_load },
+	{ "unload", 1, 1, "unload NAME", "stop serving NAME", cmd_unload },
+	{ "reload", 0, 1, "reload [NAME]",
+		"re-check NAME's files; without NAME re-read the configuration", cmd_reload },
+	{ "pin", 1, 1, "pin NAME", "lock every page of NAME in memory", cmd_pin },
+	{ "unpin", 1, 1, "unpin NAME", "lock only NAME's index and headers", cmd_pin },
+	{ "evict", 1, 1, "evict NAME", "drop NAME's files from the page cache", cmd_evict },
+	{ "metrics", 0, 0, "metrics", "Prometheus text exposition, in \"text\"", cmd_metrics },
+	{ "help", 0, 0, "help", "this list", cmd_help },
+};
+
+#define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
+
+/* help: the command table's usage lines and summaries. */
+static void
+cmd_help(struct ctl_conn *c, int argc, char **argv)
+{
+	struct ctl_reply r;
+
+	if (ctl_reply_begin(&r, true) == NULL) {
+		ctl_conn_close(c);
+		return;
+	}
+	fputs(",\"commands\":[", r.f);
+	for (size_t i = 0; i < NCOMMANDS; i++) {
+		fputs(i ? ",{\"usage\":" : "{\"usage\":", r.f);
+		json_write_string(r.f, commands[i].usage, strlen(commands[i].usage));
+		write_str_field(r.f, "summary", commands[i].summary);
+		fputc('}', r.f);
+	}
+	fputc(']', r.f);
+	ctl_reply_end(c, &r);
+}
+
+/* Handles one request line (len bytes, no '\n'; line has room for a NUL):
+ * splits it into words, finds the command, checks its number of arguments
+ * and runs it. Declared in control_internal.h for control.c. */
+void
+ctl_handle_line(struct ctl_conn *c, char *line, size_t len)
+{
+	char *words[CONTROL_MAX_WORDS];
+	char err[160], quoted[48];
+	int n;
+
+	if (len > 0 && line[len - 1] == '\r')
+		len--;
+	if ((n = control_split(line, len, words, CONTROL_MAX_WORDS, err, sizeof(err))) < 0) {
+		ctl_conn_error(c, "bad request: %s", err);
+		return;
+	}
+	if (n == 0) {
+		ctl_conn_error(c, "empty request (try \"help\")");
+		return;
+	}
+	for (size_t i = 0; i < NCOMMANDS; i++) {
+		const struct command *cmd = &commands[i];
+
+		if (strcmp(words[0], cmd->name) != 0)
+			continue;
+		if (n - 1 < cmd->min_args || n - 1 > cmd->max_args) {
+			ctl_conn_error(c, "%s: usage: %s", cmd->name, cmd->usage);
+			return;
+		}
+		cmd->run(c, n, words);
+		return;
+	}
+	ctl_conn_error(c, "unknown command %s (try \"help\")",
+		json_quote(quoted, sizeof(quoted), words[0], strlen(words[0])));
+}

@@ -1,0 +1,107 @@
+/*
+ * control_internal.h: what control.c (the socket, connections, line
+ * framing, credentials, replies) and control_cmd.c (the command table and
+ * the handlers) share. Private to daemon/control*.c; everyone else uses
+ * control.h.
+ *
+ * Everything here runs on the event loop thread.
+ */
+#ifndef WC_CONTROL_INTERNAL_H
+#define WC_CONTROL_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "config.h"
+#include "control.h"
+
+#define CONTROL_READ_CAP (CONTROL_LINE_MAX + 1) /* a maximal line and its '\n' */
+
+struct ctl_conn;
+
+/* A request the registry completes later (load, reload). */
+struct ctl_request {
+	struct ctl_conn *conn; /* NULL once the connection has closed */
+	char command[8];       /* "load" or "reload", for messages */
+	char name[CONFIG_MODEL_NAME_MAX + 1]; /* "" for reload of the configuration */
+};
+
+/* One control connection. Its buffer holds what was read and not yet
+ * handled: at most one maximal line and its '\n'. */
+struct ctl_conn {
+	uv_pipe_t pipe;
+	uv_shutdown_t shutdown;
+	struct control *ctl;
+	pid_t pid;
+	uid_t uid;
+	struct ctl_request *req; /* in flight, or NULL */
+	size_t len;              /* bytes in buf */
+	bool reading;
+	bool eof;                /* the client will send nothing more */
+	bool ending;             /* shutting down after the queued replies */
+	bool closing;
+	bool resume;             /* process buffered lines from the idle callback */
+	struct ctl_conn *next, **prevp;
+	char buf[CONTROL_READ_CAP + 1];
+};
+
+/* The control socket: the listener and its connections. */
+struct control {
+	uv_loop_t *loop;
+	uv_pipe_t listener;
+	uv_idle_t idle;          /* resumes connections after a completed request */
+	uv_pipe_t spare;         /* accepts and drops a connection when out of memory */
+	bool spare_busy;
+	unsigned handles;        /* open handles; the struct is freed at 0 */
+	struct control_context *ctx;
+	uint64_t started_ms;
+	struct ctl_conn *conns;
+	unsigned nconns;
+	bool stopping;
+};
+
+/* A reply under construction in a memory stream. */
+struct ctl_reply {
+	FILE *f;
+	char *buf;
+	size_t len;
+};
+
+/* ---- control.c -------------------------------------------------------- */
+
+/* Closes the connection now: pending writes are cancelled, a request in
+ * flight loses its way back (its conn pointer is cleared). The memory is
+ * freed from the close callback. */
+void ctl_conn_close(struct ctl_conn *c);
+
+/* Starts a reply, {"ok":true or {"ok":false, in r; the caller writes more
+ * fields to r->f. NULL when out of memory (the caller then closes). */
+FILE *ctl_reply_begin(struct ctl_reply *r, bool ok);
+
+/* Closes the object, ends the line and queues it for the client (an
+ * out-of-memory error reply instead when the stream failed). */
+void ctl_reply_end(struct ctl_conn *c, struct ctl_reply *r);
+
+/* Sends {"ok":false,"error":MESSAGE}. */
+void ctl_conn_error(struct ctl_conn *c, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+/* Sends {"ok":true,"message":MESSAGE}. */
+void ctl_conn_ok(struct ctl_conn *c, const char *message);
+
+/* After the reply to a request the registry completed: has the connection's
+ * next buffered line handled from the idle callback. */
+void ctl_conn_resume(struct ctl_conn *c);
+
+/* ---- control_cmd.c ---------------------------------------------------- */
+
+/* Handles one request line (len bytes without its '\n'; line has room for
+ * len + 1 bytes): replies, or leaves c->req set when the registry will
+ * complete the request later. */
+void ctl_handle_line(struct ctl_conn *c, char *line, size_t len);
+
+#endif /* WC_CONTROL_INTERNAL_H */
