@@ -293,7 +293,11 @@ cmd_pin(struct ctl_conn *c, int argc, char **argv)
 		ctl_conn_error(c, "%s: %s", argv[0], registry_message(err));
 		return;
 	}
-	ctl_conn_ok(c, pin ? "pinned: every page is locked in memory" :
+	/* Locking reads the model and runs off the loop: the reply says it
+	 * was asked for; status shows pin_applied once it is done, and a lock
+	 * the memlock limit refuses is logged. */
+	ctl_conn_ok(c, pin ? "pinning: every page is being locked in memory (status shows "
+			     "pin_applied when done)" :
 			 "unpinned: only the index and headers stay locked");
 }
 
