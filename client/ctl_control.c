@@ -17,12 +17,14 @@
  * file's name cannot drive the terminal.
  *
  * This file finds the socket, makes the request from the options and
- * arguments, talks to the daemon and reads the fields every reply has.
- * The status table is in ctl_status.c; the two share ctl_internal.h.
+ * arguments, talks to the daemon and reads the fields every reply has,
+ * with the table-driven object reader (ctl_read_object()) that the status
+ * table in ctl_status.c uses too; the two share ctl_internal.h.
  */
 #include <errno.h>
 #include <limits.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -277,9 +279,10 @@ reply_free(struct reply *r)
 	free(r->text);
 }
 
-/* Reads a string value into a malloc'd, NUL-terminated copy. */
-int
-ctl_read_string(struct jr *j, char **out, size_t *len)
+/* Reads a string value into a malloc'd, NUL-terminated copy in *out (the
+ * old one freed) and its length in *len when len is not NULL. */
+static int
+read_string(struct jr *j, char **out, size_t *len)
 {
 	struct jr_str s;
 	char *copy;
@@ -297,72 +300,131 @@ ctl_read_string(struct jr *j, char **out, size_t *len)
 	return 0;
 }
 
-/* Reads true or false, or skips a value of another type and leaves *out. */
-int
-ctl_read_bool(struct jr *j, int *out)
+/*
+ * Reads a number that may have a fraction (uptime_seconds), or skips a
+ * value of another type and leaves *out. The reader has no float accessor,
+ * so the number's text is taken from the cursor's position around
+ * jr_skip(), which validates its grammar.
+ */
+static int
+read_double(struct jr *j, double *out)
 {
-	enum jr_type t = jr_peek(j);
+	const char *start;
+	char text[64];
+	int r;
 
-	if (t == JR_TRUE || t == JR_FALSE)
-		*out = t == JR_TRUE;
+	if (jr_peek(j) != JR_NUMBER)
+		return jr_skip(j);
+	start = jr_pos(j);
+	if ((r = jr_skip(j)) < 0)
+		return r;
+	snprintf(text, sizeof(text), "%.*s", (int)(jr_pos(j) - start), start);
+	*out = strtod(text, NULL);
+	return 0;
+}
+
+/* Reads one member's value into the struct at dst as field says. */
+static int
+read_field(struct jr *j, const struct ctl_field *field, void *dst)
+{
+	void *member = (char *)dst + field->offset;
+	enum jr_type t;
+
+	switch (field->type) {
+	case CTL_STRING:
+		return read_string(j, member, NULL);
+	case CTL_U64:
+		if (jr_peek(j) != JR_NUMBER)
+			return jr_skip(j);
+		return jr_u64(j, member);
+	case CTL_BOOL:
+		t = jr_peek(j);
+		if (t == JR_TRUE || t == JR_FALSE)
+			*(int *)member = t == JR_TRUE;
+		return jr_skip(j);
+	case CTL_DOUBLE:
+		return read_double(j, member);
+	}
 	return jr_skip(j);
 }
 
-/* Reads an integer, or skips a value of another type and leaves *out. */
+/* Reads an object into dst by a table of fields (see ctl_internal.h). */
 int
-ctl_read_u64(struct jr *j, uint64_t *out)
+ctl_read_object(struct jr *j, const struct ctl_field *fields, size_t nfields, void *dst,
+	ctl_member_fn *other)
 {
-	if (jr_peek(j) != JR_NUMBER)
-		return jr_skip(j);
-	return jr_u64(j, out);
+	struct jr_str key;
+	int r;
+
+	if ((r = jr_object_begin(j)) < 0)
+		return r;
+	while ((r = jr_object_next(j, &key)) == 1) {
+		const struct ctl_field *f = NULL;
+
+		for (size_t i = 0; i < nfields && f == NULL; i++)
+			if (jr_str_eq(&key, fields[i].key, strlen(fields[i].key)))
+				f = &fields[i];
+		if (f != NULL)
+			r = read_field(j, f, dst);
+		else if (other != NULL)
+			r = other(j, &key, dst);
+		else
+			r = jr_skip(j);
+		if (r < 0)
+			return r;
+	}
+	return r;
 }
 
-/* Prints the reader's error about the reply and returns -1. */
+/* Parses a reply line that is one object; prints why not (ctl_internal.h). */
 int
-ctl_malformed(const struct jr *j, int r)
+ctl_parse_reply(const char *line, size_t len, const struct ctl_field *fields, size_t nfields,
+	void *dst, ctl_member_fn *other)
 {
-	if (r == -ENOMEM)
-		fprintf(stderr, "wcachectl: out of memory\n");
-	else
-		fprintf(stderr, "wcachectl: malformed reply from wcached: %s at byte %zu\n",
-			jr_errmsg(j)[0] ? jr_errmsg(j) : "unexpected value", jr_erroff(j));
-	return -1;
+	struct jr j;
+	int r;
+
+	jr_init(&j, line, len);
+	if ((r = ctl_read_object(&j, fields, nfields, dst, other)) < 0 || (r = jr_finish(&j)) < 0) {
+		if (r == -ENOMEM)
+			fprintf(stderr, "wcachectl: out of memory\n");
+		else
+			fprintf(stderr, "wcachectl: malformed reply from wcached: %s at byte %zu\n",
+				jr_errmsg(&j)[0] ? jr_errmsg(&j) : "unexpected value", jr_erroff(&j));
+		return -1;
+	}
+	return 0;
+}
+
+/* "text" (the metrics exposition) keeps its length: it is written as is. */
+static int
+reply_member(struct jr *j, const struct jr_str *key, void *dst)
+{
+	struct reply *out = dst;
+
+	if (jr_str_eq(key, "text", 4))
+		return read_string(j, &out->text, &out->text_len);
+	return jr_skip(j);
 }
 
 /* Parses the common fields of a reply. Returns 0 or -1 (printed). */
 static int
 reply_parse(const char *line, size_t len, struct reply *out)
 {
-	struct jr j;
-	struct jr_str key;
-	int r;
+	static const struct ctl_field fields[] = {
+		{ "ok", CTL_BOOL, offsetof(struct reply, ok) },
+		{ "error", CTL_STRING, offsetof(struct reply, error) },
+		{ "message", CTL_STRING, offsetof(struct reply, message) },
+		{ "model", CTL_STRING, offsetof(struct reply, model) },
+		{ "generation", CTL_U64, offsetof(struct reply, generation) },
+	};
 
 	memset(out, 0, sizeof(*out));
 	out->ok = -1;
-	jr_init(&j, line, len);
-	if ((r = jr_object_begin(&j)) < 0)
-		return ctl_malformed(&j, r);
-	while ((r = jr_object_next(&j, &key)) == 1) {
-		if (jr_str_eq(&key, "ok", 2))
-			r = ctl_read_bool(&j, &out->ok);
-		else if (jr_str_eq(&key, "error", 5))
-			r = ctl_read_string(&j, &out->error, NULL);
-		else if (jr_str_eq(&key, "message", 7))
-			r = ctl_read_string(&j, &out->message, NULL);
-		else if (jr_str_eq(&key, "model", 5))
-			r = ctl_read_string(&j, &out->model, NULL);
-		else if (jr_str_eq(&key, "text", 4))
-			r = ctl_read_string(&j, &out->text, &out->text_len);
-		else if (jr_str_eq(&key, "generation", 10))
-			r = ctl_read_u64(&j, &out->generation);
-		else
-			r = jr_skip(&j);
-		if (r < 0)
-			break;
-	}
-	if (r < 0 || (r = jr_finish(&j)) < 0) {
+	if (ctl_parse_reply(line, len, fields, sizeof(fields) / sizeof(fields[0]), out,
+		reply_member) < 0) {
 		reply_free(out);
-		return ctl_malformed(&j, r);
+		return -1;
 	}
 	if (out->ok < 0 || (!out->ok && out->error == NULL)) {
 		reply_free(out);

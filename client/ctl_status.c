@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,28 +23,6 @@
 #include "json.h"
 
 /* ---- reading the reply -------------------------------------------------- */
-
-/*
- * Reads a number that may have a fraction (uptime_seconds). The reader has
- * no float accessor, so the number's text is taken from the cursor's
- * position around jr_skip(), which validates its grammar.
- */
-static int
-read_double(struct jr *j, double *out)
-{
-	const char *start;
-	char text[64];
-	int r;
-
-	if (jr_peek(j) != JR_NUMBER)
-		return jr_skip(j);
-	start = jr_pos(j);
-	if ((r = jr_skip(j)) < 0)
-		return r;
-	snprintf(text, sizeof(text), "%.*s", (int)(jr_pos(j) - start), start);
-	*out = strtod(text, NULL);
-	return 0;
-}
 
 /* One generation of a model, from its "generations" array. */
 struct gen_row {
@@ -76,6 +55,45 @@ struct status {
 	size_t nmodels;
 	struct unloaded_row *unloaded;
 	size_t nunloaded;
+};
+
+#define NFIELDS(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Which members of each kind of object in the reply are kept, and where;
+ * ctl_read_object() skips the others. */
+static const struct ctl_field gen_fields[] = {
+	{ "number", CTL_U64, offsetof(struct gen_row, number) },
+	{ "attached", CTL_U64, offsetof(struct gen_row, attached) },
+	{ "bytes", CTL_U64, offsetof(struct gen_row, bytes) },
+	{ "state", CTL_STRING, offsetof(struct gen_row, state) },
+	{ "current", CTL_BOOL, offsetof(struct gen_row, current) },
+	{ "pending", CTL_BOOL, offsetof(struct gen_row, pending) },
+};
+
+static const struct ctl_field model_fields[] = {
+	{ "name", CTL_STRING, offsetof(struct model_row, name) },
+	{ "path", CTL_STRING, offsetof(struct model_row, path) },
+	{ "state", CTL_STRING, offsetof(struct model_row, state) },
+	{ "pinned", CTL_STRING, offsetof(struct model_row, pinned) },
+	{ "error", CTL_STRING, offsetof(struct model_row, error) },
+	{ "generation", CTL_U64, offsetof(struct model_row, generation) },
+	{ "bytes", CTL_U64, offsetof(struct model_row, bytes) },
+	{ "resident_bytes", CTL_U64, offsetof(struct model_row, resident) },
+	{ "attached", CTL_U64, offsetof(struct model_row, attached) },
+};
+
+static const struct ctl_field unloaded_fields[] = {
+	{ "name", CTL_STRING, offsetof(struct unloaded_row, name) },
+	{ "state", CTL_STRING, offsetof(struct unloaded_row, state) },
+	{ "generation", CTL_U64, offsetof(struct unloaded_row, generation) },
+	{ "attached", CTL_U64, offsetof(struct unloaded_row, attached) },
+};
+
+static const struct ctl_field status_fields[] = {
+	{ "version", CTL_STRING, offsetof(struct status, version) },
+	{ "pid", CTL_U64, offsetof(struct status, pid) },
+	{ "clients", CTL_U64, offsetof(struct status, clients) },
+	{ "uptime_seconds", CTL_DOUBLE, offsetof(struct status, uptime) },
 };
 
 /* Frees what status_parse() stored, also after it failed half-way. */
@@ -117,158 +135,67 @@ push(void *array_ptr, size_t *n, size_t size)
 	return bigger + (*n)++ * size;
 }
 
-/* Reads one object of a model's "generations" array. */
+/*
+ * Reads an array of objects at the cursor, appending one row (of size
+ * bytes) to *array_ptr (of *n rows) per object and reading the object into
+ * it with ctl_read_object(fields, other). Rows read before an error stay,
+ * for status_free().
+ */
 static int
-parse_generation(struct jr *j, struct gen_row *g)
+read_rows(struct jr *j, void *array_ptr, size_t *n, size_t size, const struct ctl_field *fields,
+	size_t nfields, ctl_member_fn *other)
 {
-	struct jr_str key;
 	int r;
 
-	if ((r = jr_object_begin(j)) < 0)
+	if ((r = jr_array_begin(j)) < 0)
 		return r;
-	while ((r = jr_object_next(j, &key)) == 1) {
-		if (jr_str_eq(&key, "number", 6))
-			r = ctl_read_u64(j, &g->number);
-		else if (jr_str_eq(&key, "attached", 8))
-			r = ctl_read_u64(j, &g->attached);
-		else if (jr_str_eq(&key, "bytes", 5))
-			r = ctl_read_u64(j, &g->bytes);
-		else if (jr_str_eq(&key, "state", 5))
-			r = ctl_read_string(j, &g->state, NULL);
-		else if (jr_str_eq(&key, "current", 7))
-			r = ctl_read_bool(j, &g->current);
-		else if (jr_str_eq(&key, "pending", 7))
-			r = ctl_read_bool(j, &g->pending);
-		else
-			r = jr_skip(j);
-		if (r < 0)
+	while ((r = jr_array_next(j)) == 1) {
+		void *row = push(array_ptr, n, size);
+
+		if (row == NULL)
+			return -ENOMEM;
+		if ((r = ctl_read_object(j, fields, nfields, row, other)) < 0)
 			return r;
 	}
 	return r;
 }
 
-/* Reads one object of "models", with its generations. */
+/* A model's "generations" array; other members are skipped. */
 static int
-parse_model(struct jr *j, struct model_row *m)
+model_member(struct jr *j, const struct jr_str *key, void *dst)
 {
-	struct jr_str key;
-	int r;
+	struct model_row *m = dst;
 
-	if ((r = jr_object_begin(j)) < 0)
-		return r;
-	while ((r = jr_object_next(j, &key)) == 1) {
-		if (jr_str_eq(&key, "name", 4))
-			r = ctl_read_string(j, &m->name, NULL);
-		else if (jr_str_eq(&key, "path", 4))
-			r = ctl_read_string(j, &m->path, NULL);
-		else if (jr_str_eq(&key, "state", 5))
-			r = ctl_read_string(j, &m->state, NULL);
-		else if (jr_str_eq(&key, "pinned", 6))
-			r = ctl_read_string(j, &m->pinned, NULL);
-		else if (jr_str_eq(&key, "error", 5))
-			r = ctl_read_string(j, &m->error, NULL);
-		else if (jr_str_eq(&key, "generation", 10))
-			r = ctl_read_u64(j, &m->generation);
-		else if (jr_str_eq(&key, "bytes", 5))
-			r = ctl_read_u64(j, &m->bytes);
-		else if (jr_str_eq(&key, "resident_bytes", 14))
-			r = ctl_read_u64(j, &m->resident);
-		else if (jr_str_eq(&key, "attached", 8))
-			r = ctl_read_u64(j, &m->attached);
-		else if (jr_str_eq(&key, "generations", 11) && jr_peek(j) == JR_ARRAY) {
-			if ((r = jr_array_begin(j)) < 0)
-				return r;
-			while ((r = jr_array_next(j)) == 1) {
-				struct gen_row *g = push(&m->gens, &m->ngens, sizeof(*g));
-
-				if (g == NULL)
-					return -ENOMEM;
-				if ((r = parse_generation(j, g)) < 0)
-					return r;
-			}
-		} else
-			r = jr_skip(j);
-		if (r < 0)
-			return r;
-	}
-	return r;
+	if (jr_str_eq(key, "generations", 11) && jr_peek(j) == JR_ARRAY)
+		return read_rows(j, &m->gens, &m->ngens, sizeof(*m->gens), gen_fields,
+			NFIELDS(gen_fields), NULL);
+	return jr_skip(j);
 }
 
-/* Reads one object of "unloaded". */
+/* The reply's "models" and "unloaded" arrays; other members are skipped. */
 static int
-parse_unloaded(struct jr *j, struct unloaded_row *u)
+status_member(struct jr *j, const struct jr_str *key, void *dst)
 {
-	struct jr_str key;
-	int r;
+	struct status *s = dst;
 
-	if ((r = jr_object_begin(j)) < 0)
-		return r;
-	while ((r = jr_object_next(j, &key)) == 1) {
-		if (jr_str_eq(&key, "name", 4))
-			r = ctl_read_string(j, &u->name, NULL);
-		else if (jr_str_eq(&key, "state", 5))
-			r = ctl_read_string(j, &u->state, NULL);
-		else if (jr_str_eq(&key, "generation", 10))
-			r = ctl_read_u64(j, &u->generation);
-		else if (jr_str_eq(&key, "attached", 8))
-			r = ctl_read_u64(j, &u->attached);
-		else
-			r = jr_skip(j);
-		if (r < 0)
-			return r;
-	}
-	return r;
+	if (jr_str_eq(key, "models", 6) && jr_peek(j) == JR_ARRAY)
+		return read_rows(j, &s->models, &s->nmodels, sizeof(*s->models), model_fields,
+			NFIELDS(model_fields), model_member);
+	if (jr_str_eq(key, "unloaded", 8) && jr_peek(j) == JR_ARRAY)
+		return read_rows(j, &s->unloaded, &s->nunloaded, sizeof(*s->unloaded),
+			unloaded_fields, NFIELDS(unloaded_fields), NULL);
+	return jr_skip(j);
 }
 
 /* Parses a status reply; returns 0 or -1 (printed). */
 static int
 status_parse(const char *line, size_t len, struct status *s)
 {
-	struct jr j;
-	struct jr_str key;
-	int r;
-
 	memset(s, 0, sizeof(*s));
-	jr_init(&j, line, len);
-	if ((r = jr_object_begin(&j)) < 0)
-		return ctl_malformed(&j, r);
-	while ((r = jr_object_next(&j, &key)) == 1) {
-		if (jr_str_eq(&key, "version", 7))
-			r = ctl_read_string(&j, &s->version, NULL);
-		else if (jr_str_eq(&key, "pid", 3))
-			r = ctl_read_u64(&j, &s->pid);
-		else if (jr_str_eq(&key, "clients", 7))
-			r = ctl_read_u64(&j, &s->clients);
-		else if (jr_str_eq(&key, "uptime_seconds", 14))
-			r = read_double(&j, &s->uptime);
-		else if ((jr_str_eq(&key, "models", 6) || jr_str_eq(&key, "unloaded", 8)) &&
-			jr_peek(&j) == JR_ARRAY) {
-			bool models = key.len == 6;
-
-			if ((r = jr_array_begin(&j)) < 0)
-				break;
-			while ((r = jr_array_next(&j)) == 1) {
-				if (models) {
-					struct model_row *m = push(&s->models, &s->nmodels, sizeof(*m));
-
-					r = m == NULL ? -ENOMEM : parse_model(&j, m);
-				} else {
-					struct unloaded_row *u =
-						push(&s->unloaded, &s->nunloaded, sizeof(*u));
-
-					r = u == NULL ? -ENOMEM : parse_unloaded(&j, u);
-				}
-				if (r < 0)
-					break;
-			}
-		} else
-			r = jr_skip(&j);
-		if (r < 0)
-			break;
-	}
-	if (r < 0 || (r = jr_finish(&j)) < 0) {
+	if (ctl_parse_reply(line, len, status_fields, NFIELDS(status_fields), s,
+		status_member) < 0) {
 		status_free(s);
-		return ctl_malformed(&j, r);
+		return -1;
 	}
 	return 0;
 }

@@ -215,60 +215,41 @@ nss_not_found(int e)
 	return e == 0 || e == ENOENT || e == ESRCH || e == EBADF || e == EPERM;
 }
 
-/* Looks up a user by name, or by the uid id when name is NULL. Returns 0
- * with the uid and primary gid, -ENOENT when there is no such user, or
- * -errno. */
+/*
+ * Looks up a group by name (is_group: stores its gid), or a user by name or,
+ * when name is NULL, by the uid id (stores the uid and the primary gid).
+ * The buffer of the reentrant NSS function grows while it says ERANGE, up
+ * to NSS_BUFFER_MAX. Returns 0, -ENOENT when there is no such entry, or
+ * -errno.
+ */
 static int
-lookup_user(const char *name, uid_t id, uid_t *uid, gid_t *gid)
+nss_lookup(int is_group, const char *name, uid_t id, uid_t *uid, gid_t *gid)
 {
-	size_t size = nss_buffer_size(_SC_GETPW_R_SIZE_MAX);
+	size_t size = nss_buffer_size(is_group ? _SC_GETGR_R_SIZE_MAX : _SC_GETPW_R_SIZE_MAX);
 
 	for (;;) {
-		struct passwd pw, *res = NULL;
+		struct passwd pw, *pw_found = NULL;
+		struct group gr, *gr_found = NULL;
 		char *buf = malloc(size);
 		int e;
 
 		if (buf == NULL)
 			return -ENOMEM;
-		if (name != NULL)
-			e = getpwnam_r(name, &pw, buf, size, &res);
+		if (is_group)
+			e = getgrnam_r(name, &gr, buf, size, &gr_found);
+		else if (name != NULL)
+			e = getpwnam_r(name, &pw, buf, size, &pw_found);
 		else
-			e = getpwuid_r(id, &pw, buf, size, &res);
-		if (res != NULL) {
+			e = getpwuid_r(id, &pw, buf, size, &pw_found);
+		if (gr_found != NULL) {
+			*gid = gr.gr_gid;
+		} else if (pw_found != NULL) {
 			*uid = pw.pw_uid;
 			*gid = pw.pw_gid;
-			free(buf);
-			return 0;
 		}
 		free(buf);
-		if (e == ERANGE && size < NSS_BUFFER_MAX) {
-			size *= 2;
-			continue;
-		}
-		return nss_not_found(e) ? -ENOENT : -e;
-	}
-}
-
-/* Looks up a group by name. Returns 0, -ENOENT or -errno. */
-static int
-lookup_group(const char *name, gid_t *gid)
-{
-	size_t size = nss_buffer_size(_SC_GETGR_R_SIZE_MAX);
-
-	for (;;) {
-		struct group gr, *res = NULL;
-		char *buf = malloc(size);
-		int e;
-
-		if (buf == NULL)
-			return -ENOMEM;
-		e = getgrnam_r(name, &gr, buf, size, &res);
-		if (res != NULL) {
-			*gid = gr.gr_gid;
-			free(buf);
+		if (gr_found != NULL || pw_found != NULL)
 			return 0;
-		}
-		free(buf);
 		if (e == ERANGE && size < NSS_BUFFER_MAX) {
 			size *= 2;
 			continue;
@@ -309,7 +290,7 @@ config_resolve_id(struct parse_ctx *ctx, const char *prefix, const char *key, co
 		*id = (unsigned)v;
 		return 0;
 	}
-	r = is_group ? lookup_group(token, &gid) : lookup_user(token, 0, &uid, &gid);
+	r = nss_lookup(is_group, token, 0, &uid, &gid);
 	if (r == -ENOENT) {
 		config_error(ctx, -EINVAL, "%s%s: unknown %s \"%s\"", prefix, key,
 			is_group ? "group" : "user", token);
@@ -393,9 +374,9 @@ config_resolve_user(struct parse_ctx *ctx, const char *value)
 			config_error(ctx, -EINVAL, "user: id %s is out of range", value);
 			return -EINVAL;
 		}
-		r = lookup_user(NULL, (uid_t)v, &cfg->user_uid, &cfg->user_gid);
+		r = nss_lookup(0, NULL, (uid_t)v, &cfg->user_uid, &cfg->user_gid);
 	} else {
-		r = lookup_user(value, 0, &cfg->user_uid, &cfg->user_gid);
+		r = nss_lookup(0, value, 0, &cfg->user_uid, &cfg->user_gid);
 	}
 	if (r == -ENOENT) {
 		config_error(ctx, -EINVAL, "user: unknown user \"%s\"", value);

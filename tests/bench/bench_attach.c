@@ -10,26 +10,9 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
+#include "benchutil.h"
 #include "wcache.h"
-
-static double
-now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static int
-by_value(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return (x > y) - (x < y);
-}
 
 int
 main(int argc, char **argv)
@@ -48,9 +31,9 @@ main(int argc, char **argv)
 		fprintf(stderr, "bench_attach: %s\n", wc_errmsg());
 		return 1;
 	}
-	end = now() + strtod(argv[3], NULL);
-	while (now() < end) {
-		t0 = now();
+	end = bench_now() + strtod(argv[3], NULL);
+	while (bench_now() < end) {
+		t0 = bench_now();
 		if (wc_attach(c, argv[2], &m) < 0) {
 			fprintf(stderr, "bench_attach: %s\n", wc_errmsg());
 			return 1;
@@ -63,14 +46,14 @@ main(int argc, char **argv)
 			lat = more;
 			cap *= 2;
 		}
-		lat[n++] = (now() - t0) * 1e6;
+		lat[n++] = (bench_now() - t0) * 1e6;
 		if (wc_model_generation(m) != last) {
 			last = wc_model_generation(m);
 			generations++;
 		}
 		wc_release(m);
 	}
-	qsort(lat, n, sizeof(*lat), by_value);
+	qsort(lat, n, sizeof(*lat), bench_compare_double);
 	printf("{\"count\":%zu,\"p50_us\":%.1f,\"p99_us\":%.1f,\"p999_us\":%.1f,\"max_us\":%.1f,"
 	       "\"generations\":%zu}\n", n, lat[n / 2], lat[n * 99 / 100], lat[n * 999 / 1000],
 		lat[n - 1], generations);

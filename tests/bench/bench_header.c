@@ -36,6 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "benchutil.h"
 #include "index.h"
 #include "source.h"
 #include "wcache.h"
@@ -56,29 +57,12 @@ struct subject {
 
 typedef int (*bench_fn)(const struct subject *s);
 
-static double
-now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static int
-compare_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return (x > y) - (x < y);
-}
-
 /* read(): what loading the header costs at the very least. */
 static int
 run_read(const struct subject *s)
 {
 	uint8_t len8[8];
-	uint64_t n = 0;
+	uint64_t n;
 	char *buf;
 	size_t done = 0;
 	int fd = open(s->path, O_RDONLY | O_CLOEXEC);
@@ -89,8 +73,7 @@ run_read(const struct subject *s)
 		close(fd);
 		return -EIO;
 	}
-	for (int i = 0; i < 8; i++)
-		n |= (uint64_t)len8[i] << (8 * i);
+	n = bench_le64(len8);
 	if (n > ST_MAX_HEADER || (buf = malloc((size_t)n + 1)) == NULL) {
 		close(fd);
 		return -ENOMEM;
@@ -176,10 +159,7 @@ run_open(const struct subject *s)
 static double
 cpu_now(void)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+	return bench_clock(CLOCK_THREAD_CPUTIME_ID);
 }
 
 /* What measure() found: best and median wall time, best CPU time. */
@@ -196,23 +176,23 @@ static int
 measure(bench_fn fn, const struct subject *s, int runs, struct timing *out)
 {
 	static double t[MAX_RUNS], c[MAX_RUNS];
-	double start = now();
+	double start = bench_now();
 	int n = 0, r;
 
 	if ((r = fn(s)) < 0)
 		return r;
 	while (n < MAX_RUNS) {
-		double t0 = now(), c0 = cpu_now();
+		double t0 = bench_now(), c0 = cpu_now();
 
 		if ((r = fn(s)) < 0)
 			return r;
 		c[n] = cpu_now() - c0;
-		t[n++] = now() - t0;
-		if (runs > 0 ? n >= runs : (n >= 5 && (now() - start >= 0.5 || n >= 200)))
+		t[n++] = bench_now() - t0;
+		if (runs > 0 ? n >= runs : (n >= 5 && (bench_now() - start >= 0.5 || n >= 200)))
 			break;
 	}
-	qsort(t, (size_t)n, sizeof(t[0]), compare_double);
-	qsort(c, (size_t)n, sizeof(c[0]), compare_double);
+	qsort(t, (size_t)n, sizeof(t[0]), bench_compare_double);
+	qsort(c, (size_t)n, sizeof(c[0]), bench_compare_double);
 	out->runs = n;
 	out->best = t[0];
 	out->median = t[n / 2];
@@ -249,8 +229,7 @@ subject_open(const char *path, struct subject *s)
 		fprintf(stderr, "bench_header: %s: mmap: %s\n", path, strerror(errno));
 		return -1;
 	}
-	for (int i = 0; i < 8; i++)
-		s->header_len |= (uint64_t)s->map[i] << (8 * i);
+	s->header_len = bench_le64(s->map);
 	if ((s->header = malloc((size_t)s->header_len)) == NULL)
 		return -1;
 	memcpy(s->header, s->map + 8, (size_t)s->header_len);

@@ -42,6 +42,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "benchutil.h"
 #include "wcache.h"
 
 #define PAGE 4096u
@@ -79,32 +80,12 @@ struct run {
 
 static volatile uint64_t sink;
 
-static double
-now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 /* CPU time of this (single-threaded) process: what the step cost without
  * the time spent waiting for a CPU on a busy machine. */
 static double
 cpu_now(void)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static int
-compare_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return (x > y) - (x < y);
+	return bench_clock(CLOCK_PROCESS_CPUTIME_ID);
 }
 
 static int
@@ -170,7 +151,7 @@ static int
 load_read(struct run *r)
 {
 	uint8_t len8[8];
-	uint64_t hlen = 0;
+	uint64_t hlen;
 	char *header = NULL;
 	json_t *root = NULL;
 	json_error_t jerr;
@@ -178,14 +159,13 @@ load_read(struct run *r)
 	json_t *value;
 	size_t i = 0;
 	int fd, err = -EINVAL;
-	double t0 = now();
+	double t0 = bench_now();
 
 	if ((fd = open(r->file, O_RDONLY | O_CLOEXEC)) == -1)
 		return -errno;
 	if (pread_all(fd, len8, 8, 0) < 0)
 		goto out;
-	for (int k = 0; k < 8; k++)
-		hlen |= (uint64_t)len8[k] << (8 * k);
+	hlen = bench_le64(len8);
 	if (hlen > 100000000 || (header = malloc((size_t)hlen)) == NULL ||
 		pread_all(fd, header, (size_t)hlen, 8) < 0)
 		goto out;
@@ -217,7 +197,7 @@ load_read(struct run *r)
 		i++;
 	}
 	r->n = i;
-	r->parse_s = now() - t0;
+	r->parse_s = bench_now() - t0;
 	qsort(r->t, r->n, sizeof(*r->t), by_offset);
 	for (i = 0; i < r->n; i++) {
 		uint8_t *buf = malloc(r->t[i].nbytes ? (size_t)r->t[i].nbytes : 1);
@@ -287,37 +267,37 @@ load_mmap(struct run *r)
 static int
 load(struct run *r)
 {
-	double c0 = cpu_now(), t0 = now(), t1;
+	double c0 = cpu_now(), t0 = bench_now(), t1;
 	int err;
 
 	if (strcmp(r->variant, "read") == 0) {
 		err = load_read(r);
-		r->call_s = now() - t0;
+		r->call_s = bench_now() - t0;
 		r->call_cpu_s = cpu_now() - c0;
 	} else if (strcmp(r->variant, "mmap") == 0) {
 		err = load_mmap(r);
-		r->call_s = now() - t0;
+		r->call_s = bench_now() - t0;
 		r->call_cpu_s = cpu_now() - c0;
 	} else if (strcmp(r->variant, "open") == 0) {
 		err = wc_open_file(r->file, &r->m);
-		r->call_s = now() - t0;
+		r->call_s = bench_now() - t0;
 		r->call_cpu_s = cpu_now() - c0;
 		if (err == 0)
 			err = collect(r);
 	} else if (strcmp(r->variant, "attach") == 0) {
 		if ((err = wc_connect(r->socket, &r->c)) < 0)
 			return err;
-		t1 = now();
+		t1 = bench_now();
 		r->connect_s = t1 - t0;
 		err = wc_attach(r->c, r->model_name, &r->m);
-		r->call_s = now() - t0;
+		r->call_s = bench_now() - t0;
 		r->call_cpu_s = cpu_now() - c0;
 		if (err == 0)
 			err = collect(r);
 	} else {
 		return -EINVAL;
 	}
-	r->addressable_s = now() - t0;
+	r->addressable_s = bench_now() - t0;
 	r->addressable_cpu_s = cpu_now() - c0;
 	return err;
 }
@@ -336,7 +316,7 @@ touch(struct run *r)
 	if (r->t != NULL && r->variant[0] != 'r')
 		qsort(r->t, r->n, sizeof(*r->t), by_address);
 	c0 = cpu_now();
-	t0 = now();
+	t0 = bench_now();
 	if (r->map != NULL) {
 		for (uint64_t off = 0; off < r->size; off += PAGE, pages++)
 			sum += r->map[off];
@@ -353,7 +333,7 @@ touch(struct run *r)
 				sum += *(const volatile uint8_t *)a;
 		}
 	}
-	r->touch_s = now() - t0;
+	r->touch_s = bench_now() - t0;
 	r->touch_cpu_s = cpu_now() - c0;
 	r->pages = pages;
 	sink += sum;
@@ -368,21 +348,21 @@ repeat(struct run *r, int n, double *best, double *median)
 
 	for (k = 0; k < n; k++) {
 		wc_model *m = NULL;
-		double t0 = now();
+		double t0 = bench_now();
 		int err;
 
 		if (r->c != NULL)
 			err = wc_attach(r->c, r->model_name, &m);
 		else
 			err = wc_open_file(r->file, &m);
-		t[k] = now() - t0;
+		t[k] = bench_now() - t0;
 		if (err < 0)
 			return err;
 		wc_release(m);
 	}
 	if (k == 0)
 		return 0;
-	qsort(t, (size_t)k, sizeof(t[0]), compare_double);
+	qsort(t, (size_t)k, sizeof(t[0]), bench_compare_double);
 	*best = t[0];
 	*median = t[k / 2];
 	return k;

@@ -27,29 +27,9 @@ import time
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(HERE))  # the wcache package beside examples/
 
-
-def pss_kib(pid):
-    with open(f"/proc/{pid}/smaps_rollup") as f:
-        for line in f:
-            if line.startswith("Pss:"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no Pss for {pid}")
-
-
-def file_pss_kib(pid, path):
-    """PSS of pid's mappings of the file path (by inode)."""
-    ino = os.stat(path).st_ino
-    total, inside = 0, False
-    with open(f"/proc/{pid}/smaps") as f:
-        for line in f:
-            head = line.split(None, 5)
-            if "-" in head[0] and len(head) >= 5 and ":" in head[3]:
-                inside = len(head) == 6 and int(head[4]) == ino
-            elif inside and line.startswith("Pss:"):
-                total += int(line.split()[1])
-    return total
+from wcache._pss import file_pss_kib, pss_kib  # noqa: E402
 
 
 def run(model, loader, workers, pt=None, timeout=600):

@@ -41,6 +41,7 @@ import torch
 
 import wcache
 from wcache import _lib
+from wcache._pss import file_pss_kib, pss_kib
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -159,27 +160,6 @@ def timed(fn, arg, repeat):
         touched.append(t2 - t0)
         del state
     return statistics.median(ready), statistics.median(touched), source
-
-
-def pss_kib(pid):
-    with open(f"/proc/{pid}/smaps_rollup") as f:
-        for line in f:
-            if line.startswith("Pss:"):
-                return int(line.split()[1])
-    return 0
-
-
-def file_pss_kib(pid, path):
-    ino = os.stat(path).st_ino
-    total, inside = 0, False
-    with open(f"/proc/{pid}/smaps") as f:
-        for line in f:
-            head = line.split(None, 5)
-            if "-" in head[0] and len(head) >= 5 and ":" in head[3]:
-                inside = len(head) == 6 and int(head[4]) == ino
-            elif inside and line.startswith("Pss:"):
-                total += int(line.split()[1])
-    return total
 
 
 def forked_pss(n, loader, arg, model):
