@@ -319,6 +319,7 @@ reload_config(struct daemon *d, registry_done_fn done, void *arg)
 			cfg->socket_path);
 	log_setlevel(cfg->log_level);
 	d->reg.memory_budget = memory_budget(cfg);
+	registry_enforce_budget(&d->reg);
 	d->reloads++;
 	b = batch_new(d, reload_finished, req);
 	config_diff(d->cfg, cfg, reload_model, b);

@@ -291,9 +291,38 @@ struct page_work {
 	uv_work_t work;
 	struct generation *g;
 	enum page_op op;
-	int err;          /* the first failure */
-	size_t failed;    /* the file it failed on */
+	int err;               /* the first failure */
+	size_t failed;         /* the file it failed on */
+	struct page_work *next; /* queued behind the running one */
 };
+
+#define EVICT_CHUNK (2u << 20)
+
+/*
+ * Drops this process's own page-table entries for a file mapping, so that
+ * POSIX_FADV_DONTNEED can drop the pages (it keeps mapped ones): after
+ * mlock and munlock every page is mapped here. The mapping is private and
+ * read-only, so nothing is lost: a later access faults the page cache in.
+ * Locked ranges (pinned headers) refuse MADV_DONTNEED; chunks let the rest
+ * go.
+ */
+static void
+unmap_pages(const struct wc_file *f)
+{
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+
+	if (f->base == NULL || madvise((void *)f->base, (size_t)f->size, MADV_DONTNEED) == 0)
+		return;
+	for (uint64_t off = 0; off < f->size; off += EVICT_CHUNK) {
+		uint64_t len = f->size - off < EVICT_CHUNK ? f->size - off : EVICT_CHUNK;
+
+		if (madvise((void *)(f->base + off), (size_t)len, MADV_DONTNEED) == 0)
+			continue;
+		/* The chunk holds locked pages: page by page. */
+		for (uint64_t p = off; p < off + len; p += page)
+			(void)madvise((void *)(f->base + p), (size_t)page, MADV_DONTNEED);
+	}
+}
 
 static void
 page_work_run(uv_work_t *w)
@@ -305,6 +334,7 @@ page_work_run(uv_work_t *w)
 		const struct wc_file *f = &g->source.files[i];
 
 		if (p->op == PAGE_EVICT) {
+			unmap_pages(f);
 			warm_evict_range(f->fd, 0, 0);
 			continue;
 		}
@@ -325,6 +355,24 @@ page_work_run(uv_work_t *w)
 	}
 }
 
+static void page_work_after(uv_work_t *w, int status);
+
+/* Starts the first queued page operation of g; -errno if it cannot. */
+static int
+page_work_start(struct registry *r, struct generation *g)
+{
+	struct page_work *p = g->page_queue;
+	int err;
+
+	if ((err = uv_queue_work(r->loop, &p->work, page_work_run, page_work_after)) < 0) {
+		log_warnx("model \"%s\": %s", g->model_name, uv_strerror(err));
+		g->page_queue = p->next;
+		g->ops_pending--;
+		free(p);
+	}
+	return err;
+}
+
 static void
 page_work_after(uv_work_t *w, int status)
 {
@@ -332,6 +380,7 @@ page_work_after(uv_work_t *w, int status)
 	struct generation *g = p->g;
 	struct registry *r = g->registry;
 
+	g->page_queue = p->next;
 	g->ops_pending--;
 	if (status == 0 && p->op == PAGE_PIN) {
 		if (p->err < 0)
@@ -339,20 +388,26 @@ page_work_after(uv_work_t *w, int status)
 				(size_t)g->source.files[p->failed].size, p->err);
 		else
 			g->pinned = PIN_ALL;
-	} else if (status == 0 && p->op == PAGE_UNPIN && g->pinned == PIN_ALL) {
+	} else if (status == 0 && p->op == PAGE_UNPIN) {
 		g->pinned = PIN_NONE;
-		pin_metadata(g); /* munlock of the whole files dropped the headers too */
+		/* munlock of the whole files dropped the headers' lock too */
+		if (g->model != NULL && g->model->pin != PIN_NONE)
+			pin_metadata(g);
 	}
 	free(p);
+	/* One operation at a time per generation, in the order asked: a
+	 * pin right after an unpin must not race it on another thread. */
+	while (g->page_queue != NULL && page_work_start(r, g) < 0)
+		;
 	gen_maybe_free(r, g);
 }
 
-/* Queues op on g's pages; a failure to queue is logged, not fatal. */
+/* Queues op on g's pages behind any running one; a failure to queue is
+ * logged, not fatal. */
 static void
 queue_pages(struct registry *r, struct generation *g, enum page_op op)
 {
-	struct page_work *p = calloc(1, sizeof(*p));
-	int err;
+	struct page_work *p = calloc(1, sizeof(*p)), **tail;
 
 	if (p == NULL) {
 		log_warnx("model \"%s\": out of memory", g->model_name);
@@ -361,12 +416,12 @@ queue_pages(struct registry *r, struct generation *g, enum page_op op)
 	p->g = g;
 	p->op = op;
 	p->work.data = p;
-	if ((err = uv_queue_work(r->loop, &p->work, page_work_run, page_work_after)) < 0) {
-		log_warnx("model \"%s\": %s", g->model_name, uv_strerror(err));
-		free(p);
-		return;
-	}
+	for (tail = &g->page_queue; *tail != NULL; tail = &(*tail)->next)
+		;
+	*tail = p;
 	g->ops_pending++;
+	if (g->page_queue == p)
+		(void)page_work_start(r, g);
 }
 
 /* Makes g (pending, now warm) the model's current generation. */
@@ -408,7 +463,9 @@ warm_done(struct warm_job *job, const struct warm_result *res, void *cookie)
 		g->warm_error = res->status;
 	if (res->status == -ECANCELED)
 		g->warm_cancelled = 1;
-	if (--g->warm_pending > 0 || g->state != GEN_WARMING) {
+	if (--g->warm_pending == 0 && g->cold)
+		queue_pages(r, g, PAGE_EVICT); /* evicted while it warmed */
+	if (g->warm_pending > 0 || g->state != GEN_WARMING) {
 		gen_maybe_free(r, g);
 		return;
 	}
@@ -846,7 +903,10 @@ generation_ref(struct registry *r, struct generation *g)
 void
 generation_unref(struct registry *r, struct generation *g)
 {
-	g->attached--;
+	/* Evicted pages a worker still mapped stayed resident; when the last
+	 * holder of a cold generation lets go, drop them. */
+	if (--g->attached == 0 && g->cold && is_live(g))
+		queue_pages(r, g, PAGE_EVICT);
 	gen_maybe_free(r, g);
 }
 
@@ -863,11 +923,15 @@ registry_pin(struct registry *r, const char *name, enum pin_mode pin)
 	/* Locking reads what is not resident: it runs off the loop, and a
 	 * lock RLIMIT_MEMLOCK refuses is logged with the advice. A generation
 	 * still warming is locked when warm. */
-	if (pin == PIN_ALL && m->current->pinned != PIN_ALL) {
+	if (pin == PIN_ALL) {
 		m->current->cold = 0;
 		if (m->current->state == GEN_READY)
 			queue_pages(r, m->current, PAGE_PIN);
-	} else if (pin != PIN_ALL && m->current->pinned == PIN_ALL) {
+		/* A pinned model counts against the budget and is never the
+		 * one evicted: others may have to go. */
+		registry_enforce_budget(r);
+	} else {
+		/* Queued behind a lock still running, if any. */
 		queue_pages(r, m->current, PAGE_UNPIN);
 	}
 	return 0;
@@ -877,9 +941,12 @@ registry_pin(struct registry *r, const char *name, enum pin_mode pin)
 static void
 evict_generation(struct registry *r, struct generation *g)
 {
-	cancel_warming(r, g);
-	queue_pages(r, g, PAGE_EVICT);
 	g->cold = 1;
+	cancel_warming(r, g);
+	/* A job still reading would leave its last chunk (and readahead)
+	 * resident: drop the pages once it has stopped (warm_done). */
+	if (g->warm_pending == 0)
+		queue_pages(r, g, PAGE_EVICT);
 }
 
 int

@@ -39,6 +39,7 @@ enum gen_state {
 };
 
 struct model_entry;
+struct page_work;
 struct registry;
 
 struct generation {
@@ -55,6 +56,7 @@ struct generation {
 	unsigned attached;          /* client references */
 	unsigned warm_pending;      /* warming jobs not yet done */
 	unsigned ops_pending;       /* pin, unpin, evict work not yet done */
+	struct page_work *page_queue; /* that work, in order; the first runs */
 	uint64_t warm_bytes;        /* read by finished jobs */
 	double warm_seconds;        /* longest job's time */
 	uint64_t warm_started_ms;
