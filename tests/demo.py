@@ -105,8 +105,16 @@ def main():
         for _ in range(WORKERS):
             workers.append(subprocess.Popen(
                 [f"{bindir}/demo_worker", "--socket", sock, "--verify", model, "--touch",
-                 "--hold", "demo-llm"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                text=True))
+                 "--sync", "--hold", "demo-llm"], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, text=True))
+        # All four attach at once; then all verify (CPU-bound on 2 cores),
+        # so the attach times do not include waiting for another's memcmp.
+        for w in workers:
+            if not w.stdout.readline():
+                raise SystemExit(f"demo: worker {w.pid} failed (status {w.wait()})")
+        for w in workers:
+            w.stdin.write("verify\n")
+            w.stdin.flush()
         results = []
         for w in workers:
             line = w.stdout.readline()

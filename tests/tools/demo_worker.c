@@ -14,6 +14,9 @@
  * then waits for a line (or EOF) on stdin before releasing, so a driver can
  * measure memory while all workers hold the model. --repeat N attaches and
  * releases the model N times on one connection first (for leak checks).
+ * --sync prints {"attached": ...} right after attaching and waits for a line
+ * on stdin before verifying, so a driver can time attaches apart from the
+ * CPU the verification of other workers takes.
  * --loop checks every byte of the model against the pattern its "seed"
  * metadata names (tests/tools/pattern.h) over and over for SECONDS, moving to
  * each new generation when wc_model_stale() says so (for hot-swap tests).
@@ -199,7 +202,7 @@ int
 main(int argc, char **argv)
 {
 	const char *sock = NULL, *file = NULL, *open_path = NULL, *name = NULL;
-	int do_touch = 0, hold = 0;
+	int do_touch = 0, hold = 0, sync = 0;
 	long repeat = 0;
 	double loop = 0;
 	double t0, t_attach, t_verify = 0, t_touch = 0;
@@ -222,6 +225,8 @@ main(int argc, char **argv)
 			loop = strtod(argv[++i], NULL);
 		else if (strcmp(argv[i], "--touch") == 0)
 			do_touch = 1;
+		else if (strcmp(argv[i], "--sync") == 0)
+			sync = 1;
 		else if (strcmp(argv[i], "--hold") == 0)
 			hold = 1;
 		else if (argv[i][0] != '-' && name == NULL)
@@ -264,6 +269,12 @@ main(int argc, char **argv)
 		return 1;
 	}
 	t_attach = now() - t0;
+	if (sync) {
+		printf("{\"attached_us\":%.1f}\n", t_attach * 1e6);
+		fflush(stdout);
+		if (fgets(line, sizeof(line), stdin) == NULL)
+			return 1;
+	}
 	for (size_t i = 0; i < wc_model_count(m); i++)
 		if (wc_model_tensor(m, i, &t) == 0)
 			bytes += t.nbytes;
