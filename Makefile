@@ -1,6 +1,7 @@
 # Thin wrapper over CMake. `make` builds into build/; `make test` runs every
 # test in a normal build and again in an ASan+UBSan clang build with short
 # fuzz runs; `make deps` installs missing Debian packages.
+SHELL       := /bin/bash
 BUILD       ?= build
 ASAN_BUILD  ?= build-asan
 JOBS        ?= $(shell nproc)
@@ -11,9 +12,9 @@ DESTDIR     ?=
 DEPS = cmake make gcc clang libclang-rt-14-dev pkg-config libuv1-dev libinih-dev \
        libcmocka-dev libjansson-dev python3 python3-pytest python3-numpy \
        python3-torch procps systemd util-linux debhelper dh-python dpkg-dev binutils \
-       groff-base man-db
+       groff-base man-db clang-tidy cppcheck
 
-.PHONY: all deps build test test-asan fuzz bench demo install deb clean
+.PHONY: all deps build test test-asan lint fuzz bench demo install deb clean
 
 all: build
 
@@ -34,6 +35,17 @@ build: deps
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	$(MAKE) test-asan
+	$(MAKE) lint
+
+# Static analysis: warnings are errors (.clang-tidy sets WarningsAsErrors).
+SOURCES = client/*.c proto/*.c daemon/*.c
+lint: build
+	cppcheck --quiet --enable=warning,portability --std=c11 -D_GNU_SOURCE \
+		-DWCACHE_VERSION='"lint"' -I client -I proto -I daemon \
+		--suppress=missingIncludeSystem --inline-suppr --error-exitcode=1 $(SOURCES)
+	cmake -S . -B $(BUILD) -DCMAKE_EXPORT_COMPILE_COMMANDS=ON >/dev/null
+	clang-tidy -p $(BUILD) --quiet $(SOURCES) 2>&1 | grep -v "warnings generated" ; \
+		exit $${PIPESTATUS[0]}
 
 test-asan: deps
 	CC=clang cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DWCACHE_SANITIZE=ON \

@@ -446,8 +446,14 @@ wc_disconnect(wc_client *c)
 	if (c == NULL)
 		return;
 	pthread_mutex_lock(&c->lock);
-	while (c->models != NULL)
-		unlink_model(c->models);
+	/* The models outlive the client: detach them all at once. */
+	for (wc_model *m = c->models, *next; m != NULL; m = next) {
+		next = m->next;
+		m->client = NULL;
+		m->next = NULL;
+		m->prevp = NULL;
+	}
+	c->models = NULL;
 	pthread_mutex_unlock(&c->lock);
 	pthread_mutex_destroy(&c->lock);
 	close(c->fd);

@@ -135,7 +135,7 @@ ctl_inspect(int argc, char **argv)
 		inspect_usage(stderr);
 		return 2;
 	}
-	if ((r = source_open(path, &s)) < 0) {
+	if (source_open(path, &s) < 0) {
 		fprintf(stderr, "wcachectl: %s\n", error_get());
 		return 1;
 	}

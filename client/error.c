@@ -11,6 +11,8 @@
 #include "error.h"
 #include "wcache.h"
 
+#undef error_set /* the function itself, not error.h's model for the analyser */
+
 #define ERROR_MAX 1024
 
 static _Thread_local char error_message[ERROR_MAX];

@@ -630,6 +630,8 @@ escape_unit(const unsigned char *s, size_t len, size_t i, char out[6], size_t *u
 	if (c >= 0x80) {
 		n = utf8_seq(s + i, s + len);
 		if (n == 0) {
+			/* out is an escape of 6 bytes, not a C string.
+			 * NOLINTNEXTLINE(bugprone-not-null-terminated-result) */
 			memcpy(out, "\\ufffd", 6);
 			return 6;
 		}
@@ -649,6 +651,8 @@ escape_unit(const unsigned char *s, size_t len, size_t i, char out[6], size_t *u
 	default: break;
 	}
 	if (c < 0x20) {
+		/* The escape's first 4 bytes; out is not a C string.
+		 * NOLINTNEXTLINE(bugprone-not-null-terminated-result) */
 		memcpy(out, "\\u00", 4);
 		out[4] = hex[c >> 4];
 		out[5] = hex[c & 15];

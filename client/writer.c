@@ -201,7 +201,7 @@ out_abort(struct out_file *o)
 
 /* Writes all of p[0..n) to the file, unbuffered. */
 static int
-out_write_all(struct out_file *o, const uint8_t *p, uint64_t n)
+out_write_all(const struct out_file *o, const uint8_t *p, uint64_t n)
 {
 	while (n > 0) {
 		size_t chunk = n > OUT_MAX_WRITE ? OUT_MAX_WRITE : (size_t)n;
@@ -558,7 +558,7 @@ weig_head(const struct wt_model *wm, uint64_t data_offset, uint64_t file_size)
 		put64(rec + 24, t->ndim);
 		put64(rec + 32, t->out_offset);
 		put64(rec + 40, t->nbytes);
-		for (uint32_t d = 0; d < t->ndim; d++)
+		for (size_t d = 0; d < t->ndim; d++)
 			put64(h + t->shape_offset + 8 * d, t->shape[d]);
 		memcpy(h + t->name_offset, t->name, t->name_len + 1);
 	}

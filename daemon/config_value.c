@@ -27,7 +27,7 @@
 #include <unistd.h>
 
 /* Largest buffer for getpwnam_r/getgrnam_r before giving up. */
-#define NSS_BUFFER_MAX (1024 * 1024)
+#define NSS_BUFFER_MAX (1024L * 1024)
 
 /* ---- value parsers ---------------------------------------------------- */
 

@@ -154,10 +154,8 @@ append_escaped(char *buf, size_t *pos, size_t limit, const char *src)
 static void
 append_raw(char *buf, size_t *pos, size_t limit, const char *src)
 {
-	size_t n = strlen(src);
+	size_t n = strnlen(src, limit - *pos); /* what fits; buf is not a C string */
 
-	if (n > limit - *pos)
-		n = limit - *pos;
 	memcpy(buf + *pos, src, n);
 	*pos += n;
 }

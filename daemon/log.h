@@ -76,7 +76,7 @@ void log_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Logs at the highest priority and exits with status 1. fatal appends
  * ": strerror(errno)"; fatalx does not. For the unrecoverable only: start-up
  * failures and broken invariants, never a client's or a file's fault. */
-_Noreturn void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-_Noreturn void fatalx(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+_Noreturn void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+_Noreturn void fatalx(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
 #endif /* WC_LOG_H */

@@ -530,7 +530,7 @@ main(int argc, char **argv)
 		fatalx("%s", error_get());
 	log_setlevel(debug ? LOG_LEVEL_DEBUG : d.cfg->log_level);
 	signal(SIGPIPE, SIG_IGN);
-	if ((r = notify_init()) < 0)
+	if (notify_init() < 0)
 		log_warnx("%s", error_get());
 
 	if ((r = uv_loop_init(&d.loop)) < 0)

@@ -259,11 +259,13 @@ static void
 install(struct registry *r, struct model_entry *m, struct load_request *q)
 {
 	struct generation *g = calloc(1, sizeof(*g));
+	size_t njobs = q->source.nfiles ? q->source.nfiles : 1;
 	char msg[256];
 
 	if (g == NULL || (g->model_name = strdup(m->name)) == NULL ||
-		(g->jobs = calloc(q->source.nfiles ? q->source.nfiles : 1, sizeof(*g->jobs))) ==
-			NULL) {
+		/* An array of pointers: sizeof(*g->jobs) is one pointer.
+		 * NOLINTNEXTLINE(bugprone-sizeof-expression) */
+		(g->jobs = calloc(njobs, sizeof(*g->jobs))) == NULL) {
 		if (g != NULL)
 			free(g->model_name);
 		free(g);

@@ -98,7 +98,8 @@ conn_send(struct conn *c, const uint8_t *buf, size_t len, const int *fds, size_t
 	if (n == -EAGAIN) {
 		memcpy(c->out, buf, len);
 		c->out_len = len;
-		memcpy(c->out_fds, fds, nfds * sizeof(*fds));
+		if (nfds > 0) /* fds is NULL when there are none: not for memcpy */
+			memcpy(c->out_fds, fds, nfds * sizeof(*fds));
 		c->out_nfds = nfds;
 		c->pending = 1;
 		uv_poll_start(&c->poll, UV_WRITABLE | UV_DISCONNECT, conn_io);

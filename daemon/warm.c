@@ -504,6 +504,8 @@ warm_pool_new(uv_loop_t *loop, const struct warm_options *opt, struct warm_pool 
 	pthread_cond_init(&pool->cv, &ca);
 	pthread_condattr_destroy(&ca);
 
+	/* An array of pointers: sizeof(*pool->running) is one pointer.
+	 * NOLINTNEXTLINE(bugprone-sizeof-expression) */
 	pool->running = calloc(pool->nthreads, sizeof(*pool->running));
 	pool->threads = calloc(pool->nthreads, sizeof(*pool->threads));
 	pool->buffers = calloc(pool->nthreads, sizeof(*pool->buffers));

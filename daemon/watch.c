@@ -104,7 +104,7 @@ void
 watch_sync(struct watch *w)
 {
 	struct stat st;
-	size_t i;
+	size_t i, kept = 0;
 
 	for (struct model_entry *m = w->reg->models; m != NULL; m = m->next) {
 		char *d = dir_of(m->path);
@@ -115,20 +115,20 @@ watch_sync(struct watch *w)
 		if (stat(m->path, &st) == 0 && S_ISDIR(st.st_mode))
 			add_dir(w, m->path);
 	}
-	/* Drop directories no model uses any more. */
-	for (i = 0; i < w->ndirs;) {
+	/* Drop directories no model uses any more; the others keep their order. */
+	for (i = 0; i < w->ndirs; i++) {
 		int used = 0;
 
 		for (struct model_entry *m = w->reg->models; m != NULL && !used; m = m->next)
 			used = model_uses_dir(m, w->dirs[i].path);
 		if (used) {
-			i++;
+			w->dirs[kept++] = w->dirs[i];
 			continue;
 		}
 		inotify_rm_watch(w->fd, w->dirs[i].wd);
 		free(w->dirs[i].path);
-		w->dirs[i] = w->dirs[--w->ndirs];
 	}
+	w->ndirs = kept;
 }
 
 /* Compares each file of g with its fstat at open; marks g modified. */
