@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "error.h"
@@ -186,10 +187,22 @@ page_work_run(uv_work_t *w)
 	struct page_work *p = w->data;
 	struct generation *g = p->g;
 
+	if (p->op == PAGE_EVICT_SETTLE) {
+		/* Evicted while it warmed: the cancelled job's readahead may
+		 * still be in flight, and DONTNEED skips pages under I/O. Drop
+		 * once now and once more when that I/O has landed. This thread
+		 * is a work-queue thread, never the loop. */
+		struct timespec pause = { 0, 50 * 1000 * 1000 };
+
+		for (size_t i = 0; i < g->source.nfiles; i++)
+			warm_evict_range(g->source.files[i].fd, 0, 0);
+		nanosleep(&pause, NULL);
+	}
+
 	for (size_t i = 0; i < g->source.nfiles; i++) {
 		const struct wc_file *f = &g->source.files[i];
 
-		if (p->op == PAGE_EVICT) {
+		if (p->op == PAGE_EVICT || p->op == PAGE_EVICT_SETTLE) {
 			unmap_pages(f);
 			warm_evict_range(f->fd, 0, 0);
 			continue;
@@ -244,6 +257,14 @@ page_work_after(uv_work_t *w, int status)
 				(size_t)g->source.files[p->failed].size, p->err);
 		else
 			g->pinned = PIN_ALL;
+	} else if ((p->op == PAGE_EVICT || p->op == PAGE_EVICT_SETTLE) && g->rewarm_after_evict) {
+		/* Attached again while this eviction ran: warm now that it is
+		 * done, so it does not drop the fresh pages. */
+		g->rewarm_after_evict = 0;
+		if (!g->cold && g->model != NULL && g->model->current == g && g->model->warm)
+			gen_start_warming(r, g);
+		else if (g->state == GEN_WARMING && g->warm_pending == 0)
+			g->state = GEN_READY;
 	} else if (status == 0 && p->op == PAGE_UNPIN) {
 		g->pinned = PIN_NONE;
 		/* munlock of the whole files dropped the headers' lock too */
@@ -320,7 +341,7 @@ warm_done(struct warm_job *job, const struct warm_result *res, void *cookie)
 	if (res->status == -ECANCELED)
 		g->warm_cancelled = 1;
 	if (--g->warm_pending == 0 && g->cold)
-		gen_queue_pages(r, g, PAGE_EVICT); /* evicted while it warmed */
+		gen_queue_pages(r, g, PAGE_EVICT_SETTLE); /* evicted while it warmed */
 	if (g->warm_pending > 0 || g->state != GEN_WARMING) {
 		gen_maybe_free(r, g);
 		return;
@@ -436,20 +457,47 @@ registry_collect(struct registry *r)
 
 /* ---- attaching, pinning, eviction ---- */
 
+/* Removes evictions queued behind the running page operation (the
+ * running one cannot be recalled). */
+static void
+drop_queued_evictions(struct generation *g)
+{
+	if (g->page_queue == NULL)
+		return;
+	for (struct page_work **pp = &g->page_queue->next; *pp != NULL;) {
+		struct page_work *p = *pp;
+
+		if (p->op == PAGE_EVICT || p->op == PAGE_EVICT_SETTLE) {
+			*pp = p->next;
+			g->ops_pending--;
+			free(p);
+		} else {
+			pp = &p->next;
+		}
+	}
+}
+
 void
 generation_ref(struct registry *r, struct generation *g)
 {
 	g->attached++;
 	if (g->model == NULL)
 		return;
-	g->model->last_attach_ms = registry_now_ms(r);
+	g->model->last_attach = ++r->attach_seq;
 	if (g->cold && g->model->current == g) {
 		/* Attaching a cold model warms it again. */
 		g->cold = 0;
 		log_info("model \"%s\": attached while cold, warming generation %" PRIu64,
 			g->model_name, g->number);
-		if (g->model->warm)
+		drop_queued_evictions(g);
+		if (g->page_queue != NULL && (g->page_queue->op == PAGE_EVICT ||
+						     g->page_queue->op == PAGE_EVICT_SETTLE)) {
+			/* One is running: warm after it. */
+			g->rewarm_after_evict = 1;
+			g->state = GEN_WARMING;
+		} else if (g->model->warm) {
 			gen_start_warming(r, g);
+		}
 		registry_enforce_budget(r);
 	}
 }
@@ -540,13 +588,13 @@ registry_enforce_budget(struct registry *r)
 		for (struct model_entry *m = r->models; m != NULL; m = m->next)
 			if (m->current != NULL && !m->current->cold && m->pin != PIN_ALL &&
 				m->current->attached == 0 &&
-				(lru == NULL || m->last_attach_ms < lru->last_attach_ms))
+				(lru == NULL || m->last_attach < lru->last_attach))
 				lru = m;
 		if (lru == NULL) {
 			/* Everything left is pinned or in use. */
 			for (struct model_entry *m = r->models; m != NULL; m = m->next)
 				if (m->current != NULL && !m->current->cold && m->pin != PIN_ALL &&
-					(lru == NULL || m->last_attach_ms < lru->last_attach_ms))
+					(lru == NULL || m->last_attach < lru->last_attach))
 					lru = m;
 		}
 		if (lru == NULL)

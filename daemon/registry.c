@@ -405,7 +405,7 @@ queue_load(struct registry *r, const char *name, const char *path, enum pin_mode
 		m->slot = slot_for(r, name);
 		if (m->slot != 0)
 			m->last_generation = r->slots[m->slot].last_generation;
-		m->last_attach_ms = registry_now_ms(r);
+		m->last_attach = ++r->attach_seq;
 		m->next = r->models;
 		r->models = m;
 	}

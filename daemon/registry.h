@@ -57,6 +57,7 @@ struct generation {
 	unsigned warm_pending;      /* warming jobs not yet done */
 	unsigned ops_pending;       /* pin, unpin, evict work not yet done */
 	struct page_work *page_queue; /* that work, in order; the first runs */
+	int rewarm_after_evict;     /* attached while an eviction ran: warm after it */
 	uint64_t warm_bytes;        /* read by finished jobs */
 	double warm_seconds;        /* longest job's time */
 	uint64_t warm_started_ms;
@@ -86,7 +87,7 @@ struct model_entry {
 	uint64_t swap_count;        /* generations that became current after the first */
 	uint64_t load_errors;       /* failed loads */
 	double last_warm_seconds;   /* warm-up time of the newest warm generation */
-	uint64_t last_attach_ms;    /* for the memory budget's LRU */
+	uint64_t last_attach;       /* attach sequence number, for the budget's LRU */
 	uint64_t denied_count;      /* attaches refused by allow_users/allow_groups */
 	/* Access: when restricted, only these users and groups attach (plus
 	 * root and wcached's own user). */
@@ -111,6 +112,7 @@ struct registry {
 	struct warm_pool *pool;         /* NULL: warming disabled */
 	uint64_t memory_budget;         /* bytes; 0: none */
 	uint64_t next_load_id;
+	uint64_t attach_seq;            /* counts attaches: orders the budget's LRU */
 	unsigned loads_in_flight;
 	int closing;
 	/* The status page: one u64 per model slot holding its current

@@ -9,7 +9,12 @@
 #include "registry.h"
 
 /* Work on a generation's pages, run off the loop one at a time. */
-enum page_op { PAGE_PIN, PAGE_UNPIN, PAGE_EVICT };
+enum page_op {
+	PAGE_PIN,
+	PAGE_UNPIN,
+	PAGE_EVICT,
+	PAGE_EVICT_SETTLE, /* evict, and again once in-flight readahead has landed */
+};
 
 /* registry.c */
 uint64_t registry_now_ms(const struct registry *r);

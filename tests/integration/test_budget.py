@@ -25,8 +25,9 @@ purpose. Every wait is a condition with a deadline (conftest.wait_until).
 Several tests here found daemon bugs when they were written (a reload or a
 pin that did not enforce the budget, pin/unpin races, an unpin that kept
 every page mapped, pages left behind by a worker's release or by a warming
-job); they were fixed in 2fa693d and the tests stay as regression tests. One
-is only partly fixed and is marked xfail (see its reason).
+job, an eviction still queued when the model was attached again, readahead
+left behind by an eviction during warming); they are fixed and the tests
+stay as regression tests.
 """
 import json
 import os
@@ -513,10 +514,6 @@ def test_pin_right_after_unpin_locks(start, tmp_path):
                locked_bytes(d.proc.pid) >= bytes_, what="m locked again")
 
 
-@pytest.mark.xfail(strict=True, reason="bug: an eviction still queued when the model is "
-                   "attached again runs after the re-warm and drops the pages of a model that "
-                   "status calls ready: daemon/generation.c generation_ref starts warming at "
-                   "once while a PAGE_EVICT of the same generation waits on libuv's work queue")
 def test_attach_while_eviction_queued_stays_warm(start, tmp_path):
     """evict, then attach before the daemon's fadvise has run: the model
     must end up warm. To hold the fadvise back deterministically, the daemon
@@ -544,12 +541,6 @@ def test_attach_while_eviction_queued_stays_warm(start, tmp_path):
                timeout=10, what="m ready and resident")
 
 
-@pytest.mark.xfail(strict=False, reason="bug, partly fixed in 2fa693d: evicting a model while it "
-                   "warms still leaves one readahead window (8 MiB) resident in about half the "
-                   "evictions: the PAGE_EVICT queued when the cancelled job ends "
-                   "(daemon/generation.c warm_done) runs while that readahead is still being "
-                   "read, and DONTNEED skips pages under I/O. Not strict because the race is "
-                   "random; make it strict (or drop the mark) once fixed")
 def test_evict_while_warming_leaves_nothing_resident(start, tmp_path):
     # What is left is what the kernel still reads for the cancelled job after
     # the last fadvise (before 2fa693d the rest of its chunk and readahead;
