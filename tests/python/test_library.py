@@ -80,3 +80,22 @@ def test_import_does_not_need_the_library():
     r = run_python("import wcache, wcache.convert; print('ok')",
                    env={"WCACHE_LIB": "/nonexistent/libwcache.so.0"})
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_pip_install_offline(tmp_path):
+    """`pip install ./client/python` works with no network: into a venv that
+    sees Debian's numpy and torch, with no index at all."""
+    import subprocess
+    import sys
+    src = os.path.join(os.path.dirname(__file__), "..", "..", "client", "python")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
+                   check=True)
+    r = subprocess.run([str(venv / "bin" / "pip"), "install", "--no-index", src],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([str(venv / "bin" / "python"), "-c",
+                        "import wcache, os; print(wcache.__file__)"],
+                       capture_output=True, text=True, timeout=60, cwd=str(tmp_path), env=env)
+    assert r.returncode == 0 and str(venv) in r.stdout, r.stdout + r.stderr
