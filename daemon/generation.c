@@ -192,7 +192,7 @@ page_work_run(uv_work_t *w)
 		 * still be in flight, and DONTNEED skips pages under I/O. Drop
 		 * once now and once more when that I/O has landed. This thread
 		 * is a work-queue thread, never the loop. */
-		struct timespec pause = { 0, 50 * 1000 * 1000 };
+		struct timespec pause = { 0, 50000000L }; /* 50 ms */
 
 		for (size_t i = 0; i < g->source.nfiles; i++)
 			warm_evict_range(g->source.files[i].fd, 0, 0);
