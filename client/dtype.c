@@ -7,7 +7,7 @@
 
 #include "dtype.h"
 
-static const struct dtype_info dtypes[DTYPE_COUNT] = {
+const struct dtype_info dtype_table[DTYPE_COUNT] = {
 	{ "F32", 0, 32 },	  { "F16", 1, 16 },	    { "BF16", 2, 16 },
 	{ "I8", 3, 8 },		  { "U8", 4, 8 },	    { "I32", 5, 32 },
 	{ "F64", 6, 64 },	  { "I64", 7, 64 },	    { "U64", 8, 64 },
@@ -22,34 +22,7 @@ const struct dtype_info *
 dtype_by_name(const char *name, size_t len)
 {
 	for (size_t i = 0; i < DTYPE_COUNT; i++)
-		if (strlen(dtypes[i].name) == len && memcmp(dtypes[i].name, name, len) == 0)
-			return &dtypes[i];
+		if (strlen(dtype_table[i].name) == len && memcmp(dtype_table[i].name, name, len) == 0)
+			return &dtype_table[i];
 	return NULL;
-}
-
-const struct dtype_info *
-dtype_by_code(uint32_t code)
-{
-	/* The table is indexed by code. */
-	if (code >= DTYPE_COUNT)
-		return NULL;
-	return &dtypes[code];
-}
-
-int
-dtype_nbytes(const struct dtype_info *t, const uint64_t *shape, uint32_t ndim,
-	uint64_t *elements, uint64_t *nbytes)
-{
-	uint64_t count = 1, bits;
-
-	for (uint32_t i = 0; i < ndim; i++)
-		if (__builtin_mul_overflow(count, shape[i], &count))
-			return -EOVERFLOW;
-	if (__builtin_mul_overflow(count, (uint64_t)t->bits, &bits))
-		return -EOVERFLOW;
-	if (bits % 8 != 0)
-		return -EINVAL;
-	*elements = count;
-	*nbytes = bits / 8;
-	return 0;
 }

@@ -5,6 +5,7 @@
 #ifndef WC_DTYPE_H
 #define WC_DTYPE_H
 
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -19,16 +20,40 @@ struct dtype_info {
 /* Lookup by exact, case-sensitive spelling; NULL if unknown. */
 const struct dtype_info *dtype_by_name(const char *name, size_t len);
 
-/* Lookup by WEIG code; NULL if unknown. */
-const struct dtype_info *dtype_by_code(uint32_t code);
+/* The table, indexed by WEIG code. */
+extern const struct dtype_info dtype_table[DTYPE_COUNT];
+
+/* Lookup by WEIG code; NULL if unknown. Inline: every tensor lookup of a
+ * worker goes through it. */
+static inline const struct dtype_info *
+dtype_by_code(uint32_t code)
+{
+	return code < DTYPE_COUNT ? &dtype_table[code] : NULL;
+}
 
 /*
  * Element count and byte size of a tensor of this type and shape, with
  * overflow checks. An empty shape is a scalar of one element. Returns 0,
  * -EOVERFLOW when the count or size does not fit 64 bits, or -EINVAL when
- * the bit count is not a multiple of 8 (sub-byte types).
+ * the bit count is not a multiple of 8 (sub-byte types). Inline for the
+ * same reason.
  */
-int dtype_nbytes(const struct dtype_info *t, const uint64_t *shape, uint32_t ndim,
-	uint64_t *elements, uint64_t *nbytes);
+static inline int
+dtype_nbytes(const struct dtype_info *t, const uint64_t *shape, uint32_t ndim,
+	uint64_t *elements, uint64_t *nbytes)
+{
+	uint64_t count = 1, bits;
+
+	for (uint32_t i = 0; i < ndim; i++)
+		if (__builtin_mul_overflow(count, shape[i], &count))
+			return -EOVERFLOW;
+	if (__builtin_mul_overflow(count, (uint64_t)t->bits, &bits))
+		return -EOVERFLOW;
+	if (bits % 8 != 0)
+		return -EINVAL;
+	*elements = count;
+	*nbytes = bits / 8;
+	return 0;
+}
 
 #endif
