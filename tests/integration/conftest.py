@@ -70,8 +70,9 @@ def settled_fd_count(pid, timeout=60.0):
 class Daemon:
     """A wcached process with its config, sockets and log in one directory."""
 
-    def __init__(self, tmp, models, extra=""):
+    def __init__(self, tmp, models, extra="", prefetch_threads=2):
         self.dir = tmp
+        self.prefetch_threads = prefetch_threads
         self.socket = str(tmp / "wcached.sock")
         self.control = str(tmp / "control.sock")
         self.conf = str(tmp / "wcached.conf")
@@ -81,7 +82,7 @@ class Daemon:
 
     def write_config(self, models, extra=""):
         text = (f"[wcached]\nsocket = {self.socket}\ncontrol = {self.control}\n"
-                f"prefetch_threads = 2\nlog_level = debug\n{extra}\n")
+                f"prefetch_threads = {self.prefetch_threads}\nlog_level = debug\n{extra}\n")
         for name, path in models.items():
             text += f"[model {name}]\npath = {path}\n\n"
         with open(self.conf, "w") as f:

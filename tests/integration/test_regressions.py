@@ -91,22 +91,6 @@ def attach_or_refusal(s, name):
 
 # ---- daemons and models ---------------------------------------------------------------
 
-class RegDaemon(Daemon):
-    """conftest's Daemon with a chosen prefetch_threads (conftest writes 2)."""
-
-    def __init__(self, tmp, models, extra="", prefetch_threads=2):
-        self.prefetch_threads = prefetch_threads
-        super().__init__(tmp, models, extra)
-
-    def write_config(self, models, extra=""):
-        text = (f"[wcached]\nsocket = {self.socket}\ncontrol = {self.control}\n"
-                f"prefetch_threads = {self.prefetch_threads}\nlog_level = debug\n{extra}\n")
-        for name, path in models.items():
-            text += f"[model {name}]\npath = {path}\n\n"
-        with open(self.conf, "w") as f:
-            f.write(text)
-
-
 @pytest.fixture
 def start(tmp_path):
     """start(models, **kw): a RegDaemon whose control socket answers; at
@@ -114,7 +98,7 @@ def start(tmp_path):
     started = []
 
     def run(models, **kw):
-        d = RegDaemon(tmp_path, models, **kw)
+        d = Daemon(tmp_path, models, **kw)
         started.append(d)
         return wait_for_control(d.start())
 
@@ -252,7 +236,7 @@ def test_sigterm_while_reload_loads(tmp_path):
     # 180,000 tensors: parsing the header takes tens of ms (more under
     # ASan), so eight of them keep libuv's four work threads busy a while.
     heavy = mkmodel(tmp_path / "heavy.safetensors", layers=20000, hidden=8, ffn=8, vocab=8)
-    d = RegDaemon(tmp_path, {"small": small}).start()
+    d = Daemon(tmp_path, {"small": small}).start()
     reload = None
     try:
         wait_for_control(d)
@@ -388,7 +372,7 @@ def test_fifo_as_model_path_is_refused(start, tmp_path):
     model = mkmodel(tmp_path / "small.safetensors", **SMALL)
     fifo = str(tmp_path / "fifo.safetensors")
     os.mkfifo(fifo)
-    conf = RegDaemon(tmp_path, {"small": model, "fifo": fifo})
+    conf = Daemon(tmp_path, {"small": model, "fifo": fifo})
     try:
         r = subprocess.run([binary("wcached"), "--check", "-c", conf.conf],
                            capture_output=True, text=True, timeout=SHORT)
