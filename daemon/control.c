@@ -527,11 +527,43 @@ conns_of(struct control *ctl, uid_t uid, const struct ctl_conn *except,
 			(uid != (uid_t)-1 && c->uid != uid))
 			continue;
 		n++;
-		if (c->req == NULL && c->len == 0 &&
-			(*idlest == NULL || c->active_ms < (*idlest)->active_ms))
+		/* <=: the list is newest first, so on a tie the oldest wins. */
+		if (c->req == NULL && (*idlest == NULL || c->active_ms <= (*idlest)->active_ms))
 			*idlest = c;
 	}
 	return n;
+}
+
+/*
+ * Keeps the connections of uid (of everyone, for uid -1) under max when c
+ * joins them: the one idle the longest with no request in flight is closed
+ * to make room, so that connections that never finish a line cannot lock
+ * an operator out; only when all are busy is c refused. Returns whether c
+ * may go on.
+ */
+static bool
+make_room(struct control *ctl, struct ctl_conn *c, uid_t uid, unsigned max)
+{
+	struct ctl_conn *idlest;
+
+	if (conns_of(ctl, uid, c, &idlest) < max)
+		return true;
+	ctl->refused++;
+	if (idlest == NULL) {
+		log_warnx("control: refused uid %u pid %d: %u control connections%s busy",
+			(unsigned)c->uid, (int)c->pid, max, uid != (uid_t)-1 ? " of that uid" : "");
+		ctl_conn_error(c, "too many control connections%s (%u), all busy",
+			uid != (uid_t)-1 ? " from this uid" : "", max);
+		conn_end(c);
+		return false;
+	}
+	log_warnx("control: %u control connections%s open: closing the one of uid %u pid %d, "
+		  "idle the longest", max, uid != (uid_t)-1 ? " of one uid" : "",
+		(unsigned)idlest->uid, (int)idlest->pid);
+	ctl_conn_error(idlest, "closed: too many control connections%s and this one was idle",
+		uid != (uid_t)-1 ? " from this uid" : "");
+	conn_end(idlest);
+	return true;
 }
 
 /* ---- accepting ---------------------------------------------------------- */
@@ -600,7 +632,7 @@ static void
 on_connection(uv_stream_t *listener, int status)
 {
 	struct control *ctl = listener->data;
-	struct ctl_conn *c, *idlest;
+	struct ctl_conn *c;
 	int r;
 
 	if (status < 0) {
@@ -639,34 +671,9 @@ on_connection(uv_stream_t *listener, int status)
 		return;
 	}
 	c->active_ms = uv_now(ctl->loop);
-	if (conns_of(ctl, c->uid, c, &idlest) >= CONTROL_MAX_PER_UID) {
-		ctl->refused++;
-		log_warnx("control: refused uid %u pid %d: it has %d control connections open",
-			(unsigned)c->uid, (int)c->pid, CONTROL_MAX_PER_UID);
-		ctl_conn_error(c, "too many control connections from uid %u (%d)",
-			(unsigned)c->uid, CONTROL_MAX_PER_UID);
-		conn_end(c);
+	if (!make_room(ctl, c, c->uid, CONTROL_MAX_PER_UID) ||
+		!make_room(ctl, c, (uid_t)-1, CONTROL_MAX_CONNECTIONS))
 		return;
-	}
-	if (conns_of(ctl, (uid_t)-1, c, &idlest) >= CONTROL_MAX_CONNECTIONS) {
-		/* Full: the connection idle the longest makes room, so that
-		 * idle connections cannot lock an operator out. */
-		ctl->refused++;
-		if (idlest == NULL) {
-			log_warnx("control: refused uid %u pid %d: %d control connections busy",
-				(unsigned)c->uid, (int)c->pid, CONTROL_MAX_CONNECTIONS);
-			ctl_conn_error(c, "too many control connections (%d)",
-				CONTROL_MAX_CONNECTIONS);
-			conn_end(c);
-			return;
-		}
-		log_warnx("control: %d control connections open: closing the one of uid %u pid "
-			  "%d, idle the longest", CONTROL_MAX_CONNECTIONS, (unsigned)idlest->uid,
-			(int)idlest->pid);
-		ctl_conn_error(idlest, "closed: the control socket is full and this connection "
-				       "was idle");
-		conn_end(idlest);
-	}
 	conn_process(c);
 }
 

@@ -95,8 +95,9 @@ struct server {
 	 * every send with descriptors fails (ETOOMANYREFS) for every client.
 	 * A connection whose earlier replies are known to be received (its
 	 * send queue is empty) may use the budget up to fd_hard; one with
-	 * replies still unread only up to fd_conn_cap of its own, fd_uid_cap
-	 * for all connections of its uid, and fd_soft in all. See fd_budget_allows().
+	 * replies still unread only up to fd_conn_cap of its own and fd_soft
+	 * in all; all connections of one uid together up to fd_uid_cap. See
+	 * fd_budget_allows().
 	 */
 	unsigned inflight_total;
 	unsigned fd_hard, fd_soft, fd_uid_cap, fd_conn_cap;
@@ -146,26 +147,29 @@ conn_confirm(struct conn *c)
 }
 
 /*
- * May c send a reply carrying nfds descriptors now? A connection that has
- * received everything it was sent (a client waiting for its reply, as
- * libwcache does) only has to fit under fd_hard; one that leaves replies
- * unread (pipelining and not reading) is held to its own, its uid's and a
- * global share, so non-readers can never use up the kernel's quota that
- * every other client's replies need.
+ * May c send a reply carrying nfds descriptors now? Never past fd_hard in
+ * all; never past fd_uid_cap for the connections of c's uid together
+ * (unless none of them has anything in flight, so that one reply larger
+ * than the cap can still go); and a connection that leaves replies unread
+ * (pipelining without reading) also only up to fd_conn_cap of its own and
+ * fd_soft in all. A client that reads each reply before its next request,
+ * as libwcache does, has nothing in flight when it asks, so non-readers
+ * never use up the kernel's quota that its replies need.
  */
 static int
 fd_budget_allows(struct conn *c, size_t nfds)
 {
 	struct server *s = c->srv;
+	unsigned of_uid;
 
 	conn_confirm(c);
 	if (s->inflight_total + nfds > s->fd_hard)
 		return 0;
-	if (c->inflight_fds == 0)
-		return 1;
-	return c->inflight_fds + nfds <= s->fd_conn_cap &&
-		s->inflight_total + nfds <= s->fd_soft &&
-		inflight_of_uid(s, c->uid) + nfds <= s->fd_uid_cap;
+	of_uid = s->inflight_total > 0 ? inflight_of_uid(s, c->uid) : 0;
+	if (of_uid > 0 && of_uid + nfds > s->fd_uid_cap)
+		return 0;
+	return c->inflight_fds == 0 || (c->inflight_fds + nfds <= s->fd_conn_cap &&
+						s->inflight_total + nfds <= s->fd_soft);
 }
 
 /* Warns once per connection that its replies are held back, and why. */
