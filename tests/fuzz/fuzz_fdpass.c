@@ -19,6 +19,9 @@
  *   [5] control buffer size when flag 32 is set
  *   [6] [7] kinds of descriptor, two bits each, cycled: /dev/null, a
  *       memfd, a pipe end, the receiving socket itself
+ *   [8] when not 0: RLIMIT_NOFILE is lowered during fdp_recv() so that
+ *       only about this many more descriptors fit in the process (the
+ *       kernel stops installing them at EMFILE: MSG_CTRUNC)
  *
  * Properties checked, beyond "no crash, no out-of-bounds access":
  *   - every descriptor the kernel installs in this process is returned to
@@ -31,7 +34,8 @@
  *     sent, each the very file sent (same st_dev and st_ino), close-on-exec;
  *     a success never drops a descriptor, and returns no more than maxfds;
  *   - the outcome is the one the rules predict (too long: -EMSGSIZE; more
- *     descriptors than maxfds or than the control buffer: -EBADMSG; empty:
+ *     descriptors than maxfds, than the control buffer or than the process
+ *     may open: -EBADMSG; empty:
  *     0; otherwise the message) and a second message is received whole
  *     after it.
  */
@@ -43,6 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -55,7 +60,7 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define KERNEL_SCM_MAX_FD 253 /* Linux's limit of descriptors per sendmsg() */
-#define PARAMS 8
+#define PARAMS 9
 
 enum {
 	F_PASSCRED = 1,
@@ -84,19 +89,60 @@ recvmsg(int fd, struct msghdr *msg, int flags)
 	return syscall(SYS_recvmsg, fd, msg, flags);
 }
 
-/* This process's open descriptors. */
+/* This process's open descriptors; the highest one in *highest. */
 static int
-count_fds(void)
+count_fds(int *highest)
 {
 	DIR *d = opendir("/proc/self/fd");
 	struct dirent *e;
-	int n = 0;
+	int n = 0, top = -1;
 
 	CHECK(d != NULL);
-	while ((e = readdir(d)) != NULL)
-		n += e->d_name[0] != '.';
+	while ((e = readdir(d)) != NULL) {
+		if (e->d_name[0] == '.')
+			continue;
+		n++;
+		if (atoi(e->d_name) > top && atoi(e->d_name) != dirfd(d))
+			top = atoi(e->d_name);
+	}
 	closedir(d);
+	if (highest != NULL)
+		*highest = top;
 	return n - 1; /* the directory's own descriptor */
+}
+
+/*
+ * With a nonzero headroom, lowers RLIMIT_NOFILE so that only about that many
+ * more descriptors can be opened: the kernel then installs some of a
+ * message's descriptors, fails on the next (EMFILE) and says MSG_CTRUNC.
+ * Returns how many descriptors can still be opened (SIZE_MAX: no limit set);
+ * restore_limit() puts the old limit back.
+ */
+static struct rlimit saved_limit;
+
+static size_t
+lower_limit(unsigned headroom)
+{
+	struct rlimit lim;
+	int top, open_now;
+
+	if (headroom == 0)
+		return SIZE_MAX;
+	open_now = count_fds(&top);
+	CHECK(getrlimit(RLIMIT_NOFILE, &saved_limit) == 0);
+	lim = saved_limit;
+	lim.rlim_cur = (rlim_t)top + headroom;
+	if (lim.rlim_cur > saved_limit.rlim_cur)
+		return SIZE_MAX;
+	CHECK(setrlimit(RLIMIT_NOFILE, &lim) == 0);
+	return (size_t)lim.rlim_cur - (size_t)open_now; /* free numbers below the limit */
+}
+
+static void
+restore_limit(size_t room)
+{
+	if (room != SIZE_MAX)
+		CHECK(setrlimit(RLIMIT_NOFILE, &saved_limit) == 0);
 }
 
 /* A new descriptor of the given kind (sock: the receiving socket). */
@@ -212,7 +258,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	static uint8_t buf[WIRE_MAX_MESSAGE + 1];
 	int sent[KERNEL_SCM_MAX_FD], got[256], sv[2], pipefd[2], memfd;
 	struct stat sent_st[KERNEL_SCM_MAX_FD];
-	size_t nsent, maxfds, cap, len, ngot = 9999;
+	size_t nsent, maxfds, cap, len, ngot = 9999, room;
 	long fits;
 	unsigned flags;
 	const uint8_t *msg;
@@ -228,7 +274,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	msg = data + PARAMS;
 	len = flags & F_EMPTY ? 0 : size - PARAMS;
 
-	before = count_fds();
+	before = count_fds(NULL);
 	CHECK(socketpair(AF_UNIX, (flags & F_DGRAM ? SOCK_DGRAM : SOCK_SEQPACKET) | SOCK_CLOEXEC,
 		      0, sv) == 0);
 	CHECK(pipe2(pipefd, O_CLOEXEC) == 0);
@@ -261,7 +307,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	shrink_control = flags & F_SHRINK ? data[5] : 0;
 	for (size_t i = 0; i < sizeof(got) / sizeof(got[0]); i++)
 		got[i] = -7;
+	room = lower_limit(data[8]);
 	r = fdp_recv(sv[1], buf, cap, got, maxfds, &ngot);
+	restore_limit(room);
 	shrink_control = 0;
 
 	fits = control_fits(flags & F_SHRINK ? data[5] : 0, flags & F_PASSCRED);
@@ -274,7 +322,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			CHECK(len > cap);
 		} else {
 			CHECK(r == -EBADMSG);
-			CHECK(nsent > maxfds || (long)nsent > fits || fits < 0);
+			CHECK(nsent > maxfds || (long)nsent > fits || fits < 0 || nsent > room);
 		}
 	} else if (r == 0) {
 		CHECK(len == 0 && ngot == 0);
@@ -290,7 +338,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		fdp_close_all(got, ngot);
 	}
 	/* The predicted outcome: an error exactly when a rule says so. */
-	if (fits < 0 || nsent > maxfds || (long)nsent > fits || len > cap)
+	if (fits < 0 || nsent > maxfds || (long)nsent > fits || nsent > room || len > cap)
 		CHECK(r < 0);
 	else if (len == 0)
 		CHECK(r == 0);
@@ -317,6 +365,6 @@ out:
 	close(pipefd[0]);
 	close(pipefd[1]);
 	close(memfd);
-	CHECK(count_fds() == before);
+	CHECK(count_fds(NULL) == before);
 	return 0;
 }
