@@ -16,6 +16,9 @@
  *   - written back as a file (every setting explicit, values as parsed) it
  *     loads again into the same config, so the reader accepts what it means
  *     and means what it accepts;
+ *   - leading whitespace is ignored, as config.h says: with a space, tab,
+ *     vertical tab, form feed or carriage return put in front of every line
+ *     the file loads into the same config, or fails with the same message;
  *   - config_diff() of a config against itself reports nothing, and against
  *     NULL reports each model once; config_memory_budget() does not
  *     overflow for any amount of RAM.
@@ -36,9 +39,12 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-/* The file the input is written to, and the one the reprint goes to. */
-static int input_fd = -1, reprint_fd = -1;
-static char input_path[64], reprint_path[64];
+static void check_same(const struct config *a, const struct config *b);
+
+/* The file the input is written to, the one the reprint goes to, and the
+ * one the indented copy goes to. */
+static int input_fd = -1, reprint_fd = -1, indent_fd = -1;
+static char input_path[64], reprint_path[64], indent_path[64];
 
 /* Replaces the contents of the memfd fd with len bytes. */
 static void
@@ -56,9 +62,11 @@ init_files(void)
 		return;
 	input_fd = memfd_create("fuzz_config", MFD_CLOEXEC);
 	reprint_fd = memfd_create("fuzz_config_reprint", MFD_CLOEXEC);
-	CHECK(input_fd >= 0 && reprint_fd >= 0);
+	indent_fd = memfd_create("fuzz_config_indent", MFD_CLOEXEC);
+	CHECK(input_fd >= 0 && reprint_fd >= 0 && indent_fd >= 0);
 	snprintf(input_path, sizeof(input_path), "/proc/self/fd/%d", input_fd);
 	snprintf(reprint_path, sizeof(reprint_path), "/proc/self/fd/%d", reprint_fd);
+	snprintf(indent_path, sizeof(indent_path), "/proc/self/fd/%d", indent_fd);
 }
 
 /* Lines of the input as getline() counts them. */
@@ -70,6 +78,48 @@ count_lines(const uint8_t *data, size_t size)
 	for (size_t i = 0; i < size; i++)
 		n += data[i] == '\n';
 	return n + (size > 0 && data[size - 1] != '\n');
+}
+
+/*
+ * Loads the input with one whitespace character (space, tab, vertical tab,
+ * form feed, carriage return, in turn) put in front of every line, which
+ * config.h says changes nothing, and compares: the same config, or the same
+ * message for the same line. Line 1 keeps a byte order mark at its start.
+ * first is the result of the plain load (its config, or NULL and its
+ * message in first_msg, after the file name).
+ */
+static void
+check_indented(const uint8_t *data, size_t size, const struct config *first, const char *first_msg)
+{
+	static const char ws[] = " \t\v\f\r";
+	char *text = malloc(2 * size + 1);
+	struct config *cfg = NULL;
+	size_t k = 0, n = 0;
+	int r;
+
+	if (size > 60000) {
+		free(text); /* a line could grow past the 64 KiB limit */
+		return;
+	}
+	CHECK(text != NULL);
+	for (size_t i = 0; i < size; i++) {
+		if ((i == 0 && data[0] != 0xEF) || (i > 0 && data[i - 1] == '\n'))
+			text[k++] = ws[n++ % 5];
+		text[k++] = (char)data[i];
+	}
+	put_file(indent_fd, text, k);
+	free(text);
+	r = config_load(indent_path, &cfg);
+	if (first != NULL && r == 0) {
+		check_same(first, cfg);
+		config_free(cfg);
+		return;
+	}
+	if (first == NULL && r < 0 && strcmp(first_msg, error_get() + strlen(indent_path)) == 0)
+		return;
+	fprintf(stderr, "fuzz_config: indenting the lines changes the result: %s\n  was: %s\n",
+		r == 0 ? "loaded" : error_get(), first != NULL ? "loaded" : first_msg);
+	abort();
 }
 
 /* Checks the message of a refused load. */
@@ -263,13 +313,18 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	error_set(0, "%s", "");
 	r = config_load(input_path, &cfg);
 	if (r < 0) {
+		char msg[1024];
+
 		CHECK(cfg == &marker);
 		check_error(r, input_path, count_lines(data, size));
+		snprintf(msg, sizeof(msg), "%s", error_get() + strlen(input_path));
+		check_indented(data, size, NULL, msg);
 		return 0;
 	}
 	CHECK(r == 0 && cfg != NULL);
 	check_invariants(cfg);
 	check_diff(cfg);
+	check_indented(data, size, cfg, NULL);
 
 	text = reprint(cfg, &len);
 	put_file(reprint_fd, text, len);
