@@ -17,8 +17,9 @@
  *     loads again into the same config, so the reader accepts what it means
  *     and means what it accepts;
  *   - leading whitespace is ignored, as config.h says: with a space, tab,
- *     vertical tab, form feed or carriage return put in front of every line
- *     the file loads into the same config, or fails with the same message;
+ *     vertical tab, form feed or carriage return put in front of every line,
+ *     and CRLF line ends, the file loads into the same config, or fails
+ *     with the same message;
  *   - config_diff() of a config against itself reports nothing, and against
  *     NULL reports each model once; config_memory_budget() does not
  *     overflow for any amount of RAM.
@@ -82,9 +83,11 @@ count_lines(const uint8_t *data, size_t size)
 
 /*
  * Loads the input with one whitespace character (space, tab, vertical tab,
- * form feed, carriage return, in turn) put in front of every line, which
- * config.h says changes nothing, and compares: the same config, or the same
- * message for the same line. Line 1 keeps a byte order mark at its start.
+ * form feed, carriage return, in turn) put in front of every line and CRLF
+ * line ends, which change nothing (config.h: leading whitespace is ignored;
+ * trailing whitespace is stripped), and compares: the same config, or the
+ * same message for the same line. Line 1 keeps a byte order mark at its
+ * start.
  * first is the result of the plain load (its config, or NULL and its
  * message in first_msg, after the file name).
  */
@@ -92,7 +95,7 @@ static void
 check_indented(const uint8_t *data, size_t size, const struct config *first, const char *first_msg)
 {
 	static const char ws[] = " \t\v\f\r";
-	char *text = malloc(2 * size + 1);
+	char *text = malloc(3 * size + 1);
 	struct config *cfg = NULL;
 	size_t k = 0, n = 0;
 	int r;
@@ -105,6 +108,8 @@ check_indented(const uint8_t *data, size_t size, const struct config *first, con
 	for (size_t i = 0; i < size; i++) {
 		if ((i == 0 && data[0] != 0xEF) || (i > 0 && data[i - 1] == '\n'))
 			text[k++] = ws[n++ % 5];
+		if (data[i] == '\n')
+			text[k++] = '\r';
 		text[k++] = (char)data[i];
 	}
 	put_file(indent_fd, text, k);
