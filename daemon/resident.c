@@ -82,16 +82,14 @@ resident_bytes(const struct wc_file *f, uint64_t *out, enum resident_method *how
 			*how = RESIDENT_CACHESTAT;
 		return 0;
 	}
-	if ((err = warm_cached_bytes(f->fd, 0, f->size, &n, NULL)) == 0) {
+	if (warm_cached_bytes(f->fd, 0, f->size, &n, NULL) == 0)
 		m = RESIDENT_CACHESTAT;
-	} else if (mincore_is_true(f) &&
-		(err = warm_resident_bytes(f->base, (size_t)f->size, &n)) == 0) {
+	else if (mincore_is_true(f) && warm_resident_bytes(f->base, (size_t)f->size, &n) == 0)
 		m = RESIDENT_MINCORE;
-	} else if ((err = mapped_bytes(f->base, f->size, &n)) == 0) {
+	else if ((err = mapped_bytes(f->base, f->size, &n)) == 0)
 		m = RESIDENT_MAPPED;
-	} else {
+	else
 		return err;
-	}
 	*out = n;
 	if (how != NULL)
 		*how = m;
