@@ -259,6 +259,8 @@ class Checks:
         n = self.residency_agrees("small")
         expect(n == model.file_size(), f"after warming {n} of {model.file_size()} bytes "
                "are resident")
+        method = self.model_status("small").get("resident_method")
+        return f"{n} bytes, measured by {method}" if method else f"{n} bytes"
 
     def evict(self):
         """Eviction runs off the event loop: once the pages went, status and
@@ -384,6 +386,7 @@ class Checks:
         m = re.search(r"Overall exposure level for \S+: ([\d.]+)", out)
         expect(m, f"no exposure level in:\n{out[-500:]}")
         expect(float(m.group(1)) <= SECURITY_MAX, f"exposure {m.group(1)} > {SECURITY_MAX}")
+        return f"exposure {m.group(1)}"
 
     def analyze_verify(self):
         r = self.sh("systemd-analyze", "verify", "/lib/systemd/system/wcached.service",

@@ -86,7 +86,8 @@ class Container:
 
     def boot(self, timeout=90):
         cmd = ["systemd-nspawn", "-D", self.dir, "--register=no", "--keep-unit", "-b",
-               "--console=passive", "--link-journal=no", "--machine=wcache-system",
+               "--console=passive", "--link-journal=no",
+               f"--machine=wcache-system-{os.getpid()}",  # unique: runs may overlap
                # nspawn refuses mlock(2) to containers without CAP_IPC_LOCK,
                # which this host may not grant; allowed, mlock obeys
                # RLIMIT_MEMLOCK as on a real host.
