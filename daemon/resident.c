@@ -4,7 +4,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -20,15 +19,6 @@
 #define PAGEMAP_PRESENT (1ull << 63)
 #define PAGEMAP_BATCH 2048           /* entries per pread: 8 MiB of 4 KiB pages */
 #define POPULATE_CHUNK (64ull << 20) /* bytes per madvise, so errors name a place */
-
-static int pagemap_fd = -1;
-static pthread_once_t pagemap_once = PTHREAD_ONCE_INIT;
-
-static void
-pagemap_open(void)
-{
-	pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
-}
 
 /*
  * Would the kernel answer mincore(2) on a mapping of this file truthfully?
@@ -53,27 +43,30 @@ mapped_bytes(const void *base, uint64_t len, uint64_t *out)
 	uint64_t entries[PAGEMAP_BATCH];
 	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), first = (uintptr_t)base / page;
 	uint64_t pages = (len + page - 1) / page, total = 0;
+	/* Opened per call: no descriptor outlives the measurement. */
+	int pagemap_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC), err = 0;
 
-	pthread_once(&pagemap_once, pagemap_open);
 	if (pagemap_fd < 0)
-		return -EACCES;
+		return -errno;
 	for (uint64_t done = 0; done < pages;) {
 		uint64_t n = pages - done < PAGEMAP_BATCH ? pages - done : PAGEMAP_BATCH;
 		ssize_t got = pread(pagemap_fd, entries, (size_t)(n * sizeof(entries[0])),
 			(off_t)((first + done) * sizeof(entries[0])));
 
-		if (got < 0)
-			return -errno;
-		if ((size_t)got < sizeof(entries[0]))
-			return -EIO;
+		if (got < (ssize_t)sizeof(entries[0])) {
+			err = got < 0 ? -errno : -EIO;
+			break;
+		}
 		n = (uint64_t)got / sizeof(entries[0]);
 		for (uint64_t i = 0; i < n; i++)
 			if (entries[i] & PAGEMAP_PRESENT)
 				total += page;
 		done += n;
 	}
-	*out = total < len ? total : len; /* the last page may be partial */
-	return 0;
+	close(pagemap_fd);
+	if (err == 0)
+		*out = total < len ? total : len; /* the last page may be partial */
+	return err;
 }
 
 int
