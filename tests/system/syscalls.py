@@ -20,7 +20,9 @@ WCACHED = "/usr/sbin/wcached"
 PROBES = {451: "cachestat"}
 
 _LINE = re.compile(r"^(\d+) +(?:<\.\.\. (\w+) resumed>|(\w+)\()(.*)$")
-_RESULT = re.compile(r"\) += (-?\d+)")
+# A result; a PID in the result (of clone) is the container's, and
+# --decode-pids=pidns adds the host's, which the log's PIDs are.
+_RESULT = re.compile(r"\) += (-?\d+)(?: /\* (\d+) in strace's PID NS \*/)?")
 _UNKNOWN = re.compile(r"^syscall_0x([0-9a-f]+)$")
 
 
@@ -30,7 +32,8 @@ class Tracer:
     def __init__(self, pid, log_path):
         self.pid = pid
         self.log_path = log_path
-        self.proc = subprocess.Popen(["strace", "-f", "-qq", "-o", log_path, "-p", str(pid)],
+        self.proc = subprocess.Popen(["strace", "-f", "-qq", "--decode-pids=pidns", "-o", log_path,
+                                      "-p", str(pid)],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, text=True)
         wait_for(f"strace to attach to PID {pid}", self._attached, 30)
@@ -78,6 +81,7 @@ def daemon_calls(log_path):
             finished = "<unfinished ...>" not in rest
             result = _RESULT.search(rest) if finished else None
             ret = int(result.group(1)) if result else None
+            host_pid = int(result.group(2)) if result and result.group(2) else None
             if started and name == "execve":
                 pending_exec[pid] = rest.split('"')[1] if '"' in rest else ""
             if name == "execve" and finished:
@@ -93,7 +97,10 @@ def daemon_calls(log_path):
                 calls.setdefault(name_of(name), []).append((pid, None))
             if finished and ret is not None:
                 if name in ("clone", "clone3", "fork", "vfork") and ret > 0:
-                    daemon.add(ret)
+                    if host_pid is None:
+                        raise RuntimeError(f"{log_path}: {name} returned {ret} without the "
+                                           "host PID (strace --decode-pids=pidns)")
+                    daemon.add(host_pid)
                 entries = calls.setdefault(name_of(name), [])
                 if entries and entries[-1] == (pid, None):
                     entries[-1] = (pid, ret)
