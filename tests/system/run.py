@@ -110,59 +110,16 @@ def main():
                 tail = "".join(f.readlines()[-20:])
             failed.append("boot")
             print(f"FAIL boot: {e}\n--- {nspawn_log.name} (last 20 lines) ---\n{tail}")
-            return finish(t0, t_root, passed, failed)
-        print(f"system tests: container booted ({state}) in {time.monotonic() - t:.1f} s, "
-              f"PID1 is host PID {c.pid1}", flush=True)
-        checks = Checks(c, [os.path.basename(p) for p in debs.values()])
-        for name in Checks.ORDER:
-            t = time.monotonic()
-            try:
-                detail = getattr(checks, name)()
-                if name not in Checks.NO_INVARIANT:
-                    checks.invariant()
-            except (Failure, RuntimeError, TimeoutError, OSError) as e:
-                failed.append(name)
-                print(f"FAIL {name}: {e}", flush=True)
-                # Later checks build on earlier ones: the first failures
-                # of the daemon itself make the rest meaningless.
-                if name in ("install", "socket_activation"):
-                    break
-                continue
-            except Exception:
-                failed.append(name)
-                print(f"FAIL {name}: {traceback.format_exc()}", flush=True)
-                continue
-            passed.append(name)
-            print(f"ok   {name} ({time.monotonic() - t:.1f} s{'; ' + detail if detail else ''})",
-                  flush=True)
-        tracer.stop()
-        name = "syscall_filter"
-        try:
-            allow, names = syscalls.unit_filter(c, UNIT)
-            calls = syscalls.daemon_calls(tracer.log_path)
-            if not calls:
-                raise Failure(f"the strace of PID1 shows no wcached process ({tracer.log_path})")
-            bad = syscalls.refused(calls, allow, names)
-            probes = {n: bad.pop(n) for n in list(bad)
-                      if n.startswith("syscall_") and int(n[8:]) in syscalls.PROBES}
-            if bad:
-                raise Failure("the unit's filter refuses calls wcached makes: " + ", ".join(
-                    f"{n} ({k}x)" for n, k in sorted(bad.items())))
-            passed.append(name)
-            note = (", refused as expected: " + ", ".join(
-                f"{syscalls.PROBES[int(n[8:])]} ({k}x)" for n, k in probes.items())
-                if probes else "")
-            print(f"ok   {name} ({len(calls)} distinct calls, all permitted{note})", flush=True)
-        except (Failure, RuntimeError, OSError) as e:
-            failed.append(name)
-            print(f"FAIL {name}: {e}", flush=True)
-        if failed:
-            try:
+        else:
+            print(f"system tests: container booted ({state}) in {time.monotonic() - t:.1f} s, "
+                  f"PID1 is host PID {c.pid1}", flush=True)
+            run_checks(c, debs, passed, failed)
+            tracer.stop()
+            check_syscalls(c, tracer.log_path, passed, failed)
+            if failed:
                 tail = c.run(["journalctl", "--no-pager", "-b", "-u", UNIT, "-n", "40"],
                              check=False).stdout
                 print("--- journal of wcached.service (last 40 lines) ---\n" + tail, flush=True)
-            except Exception as e:  # the report must not hide the results
-                print(f"(no journal: {e})")
     finally:
         t = time.monotonic()
         if tracer is not None:
@@ -171,6 +128,58 @@ def main():
         nspawn_log.close()
         print(f"system tests: container removed in {time.monotonic() - t:.1f} s", flush=True)
     return finish(t0, t_root, passed, failed)
+
+
+def run_checks(c, debs, passed, failed):
+    """Runs Checks.ORDER, each followed by the daemon's invariant, printing
+    a line each and appending its name to PASSED or FAILED."""
+    checks = Checks(c, [os.path.basename(p) for p in debs.values()])
+    for name in Checks.ORDER:
+        t = time.monotonic()
+        try:
+            detail = getattr(checks, name)()
+            if name not in Checks.NO_INVARIANT:
+                checks.invariant()
+        except (Failure, RuntimeError, TimeoutError, OSError) as e:
+            failed.append(name)
+            print(f"FAIL {name}: {e}", flush=True)
+            # Later checks build on these two: without them the rest
+            # would only repeat the failure.
+            if name in ("install", "socket_activation"):
+                return
+            continue
+        except Exception:
+            failed.append(name)
+            print(f"FAIL {name}: {traceback.format_exc()}", flush=True)
+            continue
+        passed.append(name)
+        print(f"ok   {name} ({time.monotonic() - t:.1f} s{'; ' + detail if detail else ''})",
+              flush=True)
+
+
+def check_syscalls(c, log_path, passed, failed):
+    """Every call the daemon made (LOG_PATH, the strace of PID1) is one the
+    unit's filter permits, or a known probe (syscalls.PROBES)."""
+    name = "syscall_filter"
+    try:
+        allow, names = syscalls.unit_filter(c, UNIT)
+        calls = syscalls.daemon_calls(log_path)
+        if not calls:
+            raise Failure(f"the strace of PID1 shows no wcached process ({log_path})")
+        bad = syscalls.refused(calls, allow, names)
+        probes = {n: bad.pop(n) for n in list(bad)
+                  if n.startswith("syscall_") and int(n[8:]) in syscalls.PROBES}
+        if bad:
+            raise Failure("the unit's filter refuses calls wcached makes: " + ", ".join(
+                f"{n} ({k}x)" for n, k in sorted(bad.items())))
+    except (Failure, RuntimeError, OSError) as e:
+        failed.append(name)
+        print(f"FAIL {name}: {e}", flush=True)
+        return
+    passed.append(name)
+    note = (", refused as expected: " + ", ".join(
+        f"{syscalls.PROBES[int(n[8:])]} ({k}x)" for n, k in probes.items()) if probes else "")
+    print(f"ok   {name} ({len(calls)} distinct calls, all permitted{note})", flush=True)
 
 
 def finish(t0, t_root, passed, failed):
