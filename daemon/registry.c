@@ -330,6 +330,9 @@ install(struct registry *r, struct model_entry *m, struct load_request *q)
 		r->changed(r);
 }
 
+static int queue_load(struct registry *r, const char *name, const char *path,
+	enum pin_mode pin, int warm, int reload, registry_done_fn done, void *arg);
+
 static void
 load_after(uv_work_t *w, int status)
 {
@@ -376,6 +379,13 @@ load_after(uv_work_t *w, int status)
 		}
 	} else {
 		install(r, m, q);
+	}
+	m = registry_entry_named(r, q->name); /* looked up again: done() may unload it */
+	if (m != NULL && m->entry_id == q->entry_id && m->reload_again && m->loading == 0 &&
+		!r->closing) {
+		m->reload_again = 0;
+		if (queue_load(r, m->name, m->path, m->pin, m->warm, 1, NULL, NULL) < 0)
+			log_warnx("%s", error_get());
 	}
 	load_request_free(q);
 }
@@ -453,9 +463,11 @@ registry_reload(struct registry *r, const char *name, registry_done_fn done, voi
 	if (m == NULL)
 		return error_set(-ENOENT, "model \"%s\" is not loaded", name);
 	if (m->loading > 0) {
-		/* A load already in flight reads the files as they are now, or
-		 * is an operator's load of another path that a reload of the
-		 * old path must not supersede. */
+		/* A load in flight may have opened the files before the change
+		 * that asks for this reload, so reload once more when it ends
+		 * (of the path it leaves configured: an operator's load of
+		 * another path is never superseded by the old one). */
+		m->reload_again = 1;
 		if (done != NULL)
 			done(0, "a load of this model is already in progress",
 				m->current != NULL ? m->current->number : 0, arg);

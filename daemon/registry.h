@@ -82,6 +82,7 @@ struct model_entry {
 	uint64_t load_id;           /* newest load request for this model */
 	uint64_t last_generation;   /* last number given out (kept across unload) */
 	unsigned loading;           /* load requests in flight */
+	int reload_again;           /* a reload came while a load ran: run it after */
 	char *error;                /* last load error, NULL if none */
 	uint64_t attach_count;      /* successful attaches */
 	uint64_t error_count;       /* refused attaches */

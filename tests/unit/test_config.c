@@ -243,6 +243,16 @@ test_syntax_variants(void **state)
 	assert_false(cfg->models[0].warm);
 	assert_true(cfg->models[1].warm);
 	config_free(cfg);
+
+	/* Any leading whitespace is indentation, never a continuation of the
+	 * previous key (found by fuzz_config: a vertical tab or form feed made
+	 * b's path "DIR/path = /b" with no error). */
+	text = "[model a]\npath = /a\n[model b]\n\vpath = /b\n\fwarm = no\n";
+	assert_int_equal(load_text(f, "w.conf", text, &cfg, NULL), 0);
+	assert_int_equal(cfg->n_models, 2);
+	assert_string_equal(cfg->models[1].path, "/b");
+	assert_false(cfg->models[1].warm);
+	config_free(cfg);
 }
 
 /* Relative paths are joined with the config file's directory, which is made
