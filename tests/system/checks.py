@@ -1,0 +1,421 @@
+"""checks.py: what the system suite checks in the booted container, in
+order. Each check is a method of Checks listed in ORDER; they share one
+daemon and build on each other (the models a reload added are there for
+the swaps). After every check that leaves the daemon running, the runner
+also checks it is the same process (systemctl's MainPID) and that the
+journal never saw it killed (code=killed, status=31/SYS).
+
+The deployment is a packager's: the project's .deb files, /etc/wcached.conf,
+model files root-owned 0644 under /srv/models, the daemon as the packaged
+user wcache, and a worker user in group wcache.
+"""
+import json
+import re
+
+import model
+from container import Timeout, wait_for
+
+MODELS = "/srv/models"
+UNIT = "wcached.service"
+WORKER = "worker"          # in group wcache: may use the client socket
+OUTSIDER = "outsider"      # not in group wcache
+SECURITY_MAX = 1.5         # systemd-analyze security exposure, as tests/integration
+KILLED = re.compile(r"code=(killed|dumped)|status=31/SYS")
+
+# A worker that attaches a model with the Python package and reads every
+# tensor: prints the generation and the sha256 of the bytes it saw.
+WORKER_PY = """\
+import hashlib, sys, wcache
+with wcache.connect() as client:
+    m = client.attach(sys.argv[1])
+h = hashlib.sha256()
+for name in sorted(m.keys()):
+    h.update(bytes(m.raw(name)))
+print(m.generation, h.hexdigest())
+"""
+# Drops a file's pages from the page cache, as any reader of it may.
+DROP_PY = """\
+import os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+"""
+
+
+def config(models, extra=""):
+    text = ("[wcached]\nsocket = /run/wcached/wcached.sock\ncontrol = /run/wcached/control.sock\n"
+            "log_level = info\n")
+    for name, body in models.items():
+        text += f"\n[model {name}]\n{body}"
+    return text + extra
+
+
+class Failure(Exception):
+    pass
+
+
+def expect(cond, message):
+    if not cond:
+        raise Failure(message)
+
+
+class Checks:
+    ORDER = ["install", "socket_activation", "sandbox", "check_status", "systemctl_status",
+             "metrics", "residency_warm", "evict", "dropped_by_a_client", "pin",
+             "python_worker", "reload_good", "reload_bad", "rename_swaps", "in_place_write",
+             "journal_priorities", "analyze_security", "analyze_verify", "stop"]
+
+    def __init__(self, container, debs):
+        self.c = container
+        self.debs = debs
+        self.main_pid = None
+        self.digests = {}       # model name -> sha256 of its tensors
+        self.seed = 1
+        self.models = {}        # the configuration's models: name -> section body
+
+    # ---- helpers ----
+
+    def sh(self, *argv, **kw):
+        return self.c.run(list(argv), **kw)
+
+    def show(self, *props, unit=UNIT):
+        out = self.sh("systemctl", "show", unit, *[f"-p{p}" for p in props]).stdout
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    def status(self):
+        r = self.sh("wcachectl", "--json", "status")
+        return json.loads(r.stdout)
+
+    def model_status(self, name):
+        for m in self.status()["models"]:
+            if m["name"] == name:
+                return m
+        raise Failure(f"wcachectl status does not list model {name!r}")
+
+    def metric(self, name, model_name):
+        text = self.sh("wcachectl", "metrics").stdout
+        m = re.search(rf'^{name}{{[^}}]*model="{re.escape(model_name)}"[^}}]*}} (\S+)$', text,
+                      re.M)
+        expect(m, f"wcachectl metrics has no {name} for model {model_name!r}")
+        return float(m.group(1))
+
+    def fincore(self, path):
+        r = self.sh("fincore", "--bytes", "--noheadings", "--output", "RES", path)
+        return int(r.stdout.split()[0])
+
+    def journal(self, *args):
+        return self.sh("journalctl", "--no-pager", "-b", *args).stdout
+
+    def write_model(self, name, path=None):
+        """Writes model NAME's file (or PATH, for a replacement written beside
+        it) with a new seed; remembers its digest for NAME."""
+        path = path or f"{MODELS}/{name}.safetensors"
+        self.seed += 1
+        self.digests[name] = model.write(self.c.path(path), self.seed)
+        return path
+
+    def write_config(self, text):
+        with open(self.c.path("/etc/wcached.conf"), "w") as f:
+            f.write(text)
+
+    def wait_state(self, name, state, generation=None, timeout=60):
+        def ok():
+            m = self.model_status(name)
+            return (m["state"] == state and (generation is None or m["generation"] == generation)
+                    and m)
+        try:
+            return wait_for(f"model {name} to be {state}", ok, timeout, interval=0.1)
+        except Timeout as e:
+            raise Failure(f"{e}; status says {self.model_status(name)}")
+
+    def attach(self, name, user=WORKER, check=True):
+        r = self.sh("wcachectl", "attach", name, "--json", user=user, check=False, timeout=90)
+        if check:
+            expect(r.returncode == 0, f"wcachectl attach {name} as {user} exited with "
+                   f"{r.returncode}: {r.stderr.strip()}")
+            return json.loads(r.stdout)
+        return r
+
+    def residency_agrees(self, name, timeout=15):
+        """Waits until the page cache holds still (fincore reads the same before
+        and after) and status and metrics report exactly what fincore does for
+        model NAME's file; returns that number. Strict: no tolerance."""
+        path = f"{MODELS}/{name}.safetensors"
+        last = {}
+
+        def agree():
+            before = self.fincore(path)
+            status = self.model_status(name)["resident_bytes"]
+            metric = self.metric("wcached_model_resident_bytes", name)
+            after = self.fincore(path)
+            last.update(fincore=after, status=status, metrics=metric)
+            return before == after == status == metric and (after,)
+        try:
+            return wait_for(f"status and metrics to agree with fincore on {path}", agree,
+                            timeout, interval=0.2)[0]
+        except Timeout:
+            raise Failure(f"resident bytes of {name}: fincore {last['fincore']}, status "
+                          f"{last['status']}, metrics {last['metrics']:.0f} (they must be "
+                          f"equal; file {model.file_size()} bytes)")
+
+    def invariant(self):
+        """The daemon is the process it was and was never killed."""
+        p = self.show("MainPID", "ActiveState", "SubState")
+        expect(p["ActiveState"] == "active" and p["SubState"] == "running",
+               f"{UNIT} is {p['ActiveState']}/{p['SubState']}")
+        expect(int(p["MainPID"]) == self.main_pid,
+               f"MainPID changed from {self.main_pid} to {p['MainPID']}")
+        self.never_killed()
+
+    def never_killed(self):
+        bad = [l for l in self.journal("-u", UNIT, "-o", "short").splitlines()
+               if KILLED.search(l)]
+        expect(not bad, "the journal says: " + " | ".join(bad))
+
+    # ---- the checks ----
+
+    def install(self):
+        """The .debs install offline (dpkg -i); policy-rc.d keeps dpkg from
+        starting anything, so the socket is started by hand below."""
+        names = [f"/root/debs/{d}" for d in sorted(self.debs)]
+        self.sh("dpkg", "-i", *names, timeout=300)
+        self.sh("rm", "-f", "/usr/sbin/policy-rc.d")
+        self.sh("getent", "passwd", "wcache")
+        self.sh("useradd", "--create-home", "--groups", "wcache", WORKER)
+        self.sh("useradd", "--create-home", OUTSIDER)
+        self.sh("install", "-d", "-m", "0755", "-o", "root", "-g", "root", MODELS,
+                "/srv/wcache-test")
+        for script, text in (("worker.py", WORKER_PY), ("drop.py", DROP_PY)):
+            with open(self.c.path(f"/srv/wcache-test/{script}"), "w") as f:
+                f.write(text)
+        for name in ("small", "restricted"):
+            self.write_model(name)
+        self.models = {"small": f"path = {MODELS}/small.safetensors\n",
+                       "restricted": f"path = {MODELS}/restricted.safetensors\n"
+                                     "allow_users = root\n"}
+        self.write_config(config(self.models))
+        # As the daemon's user: it can read what it is to serve.
+        self.sh("wcached", "--check", "-c", "/etc/wcached.conf", user="wcache")
+        for name in ("small", "restricted"):  # --check read them
+            model.drop_pages(self.c.path(f"{MODELS}/{name}.safetensors"))
+        st = self.sh("stat", "-c", "%U:%G %a", f"{MODELS}/small.safetensors").stdout.strip()
+        expect(st == "root:root 644", f"model file is {st}")
+        self.sh("systemctl", "start", "wcached.socket")
+        state = self.sh("systemctl", "is-active", UNIT, check=False).stdout.strip()
+        expect(state == "inactive", f"{UNIT} is {state} before any client connected")
+        expect(self.fincore(f"{MODELS}/small.safetensors") == 0,
+               "the model's pages are resident before the daemon ran")
+
+    def socket_activation(self):
+        """A worker in group wcache connects before the service runs: systemd
+        starts it and the attach succeeds. A user outside the group cannot
+        connect."""
+        got = self.attach("small")
+        expect(got["model"] == "small" and got["generation"] == 1, f"attach said {got}")
+        p = self.show("MainPID", "ActiveState")
+        expect(p["ActiveState"] == "active", f"{UNIT} is {p['ActiveState']} after the attach")
+        self.main_pid = int(p["MainPID"])
+        expect("Started wcached.service" in self.journal("-u", UNIT, "-o", "cat"),
+               "the journal does not show the service starting")
+        r = self.attach("small", user=OUTSIDER, check=False)
+        expect(r.returncode != 0 and "ermission denied" in r.stderr,
+               f"a user outside group wcache attached: exit {r.returncode} {r.stderr.strip()}")
+
+    def sandbox(self):
+        """The daemon runs as wcache, without capabilities, filtered."""
+        status = self.sh("cat", f"/proc/{self.main_pid}/status").stdout
+        fields = dict(l.split(":", 1) for l in status.splitlines() if ":" in l)
+        uid = self.sh("id", "-u", "wcache").stdout.strip()
+        expect(fields["Uid"].split() == [uid] * 4, f"Uid: {fields['Uid'].strip()}")
+        expect(int(fields["CapEff"], 16) == 0 and int(fields["CapBnd"], 16) == 0,
+               f"CapEff {fields['CapEff'].strip()} CapBnd {fields['CapBnd'].strip()}")
+        expect(fields["NoNewPrivs"].strip() == "1", "NoNewPrivs is not set")
+        expect(fields["Seccomp"].strip() == "2", "no seccomp filter")
+        p = self.show("SystemCallErrorNumber")
+        expect(p["SystemCallErrorNumber"] == "1",  # EPERM
+               f"SystemCallErrorNumber={p['SystemCallErrorNumber']}, not EPERM (1): a "
+               "refused call kills the daemon")
+
+    def check_status(self):
+        r = self.sh("wcachectl", "status")
+        expect(re.search(r"^small +1 +(ready|warming) ", r.stdout, re.M),
+               f"status table:\n{r.stdout}")
+        m = self.wait_state("small", "ready")
+        expect(m["bytes"] == model.file_size(), f"status says {m['bytes']} bytes")
+
+    def systemctl_status(self):
+        """The manager got the daemon's STATUS= line."""
+        text = self.sh("systemctl", "status", UNIT, "--no-pager", check=False).stdout
+        expect(re.search(r'Status: "serving \d+ models?', text),
+               f"systemctl status shows no STATUS= line of wcached:\n{text}")
+
+    def metrics(self):
+        text = self.sh("wcachectl", "metrics").stdout
+        for name in ("wcached_uptime_seconds", "wcached_clients",
+                     'wcached_model_bytes{model="small"}'):
+            expect(name in text, f"metrics lack {name}")
+        expect(self.metric("wcached_model_bytes", "small") == model.file_size(),
+               "wcached_model_bytes is not the file's size")
+
+    def residency_warm(self):
+        """Warming read the whole file; status, metrics and fincore agree."""
+        n = self.residency_agrees("small")
+        expect(n == model.file_size(), f"after warming {n} of {model.file_size()} bytes "
+               "are resident")
+        method = self.model_status("small").get("resident_method")
+        return f"{n} bytes, measured by {method}" if method else f"{n} bytes"
+
+    def evict(self):
+        """Eviction runs off the event loop: once the pages went, status and
+        metrics say what fincore says."""
+        path = f"{MODELS}/small.safetensors"
+        self.sh("wcachectl", "evict", "small")
+        try:
+            wait_for("evict to drop pages", lambda: self.fincore(path) < model.file_size(),
+                     15, 0.1)
+        except Timeout as e:
+            raise Failure(f"{e}: fincore still counts {self.fincore(path)} bytes")
+        return f"{self.residency_agrees('small')} bytes left resident"
+
+    def dropped_by_a_client(self):
+        """A worker (not the file's owner) drops the file's pages: status keeps
+        telling the truth (and the daemon may warm it again)."""
+        self.attach("small")  # warms the evicted model again
+        self.residency_agrees("small")
+        path = f"{MODELS}/small.safetensors"
+        self.sh("python3", "/srv/wcache-test/drop.py", path, user=WORKER)
+        dropped = self.fincore(path)
+        n = self.residency_agrees("small")
+        return f"fincore {dropped} bytes right after the drop, {n} when status agreed"
+
+    def pin(self):
+        self.sh("wcachectl", "pin", "small")
+        wait_for("pin = all to be applied",
+                 lambda: self.model_status("small")["pin_applied"] == "all", 60, 0.1)
+        n = self.residency_agrees("small")
+        expect(n == model.file_size(), f"pinned, {n} of {model.file_size()} bytes resident")
+        self.sh("wcachectl", "unpin", "small")
+
+    def python_worker(self):
+        """The Python package, as a worker, reads exactly the bytes written."""
+        r = self.sh("python3", "/srv/wcache-test/worker.py", "small", user=WORKER)
+        gen, digest = r.stdout.split()
+        expect(digest == self.digests["small"], "the worker read other bytes than the file's")
+
+    def reload_good(self):
+        self.write_model("second")
+        self.models["second"] = f"path = {MODELS}/second.safetensors\n"
+        self.write_config(config(self.models))
+        self.sh("systemctl", "reload", UNIT)
+        self.wait_state("second", "ready")
+        self.attach("second")
+        wait_for("STATUS= to count 3 models",
+                 lambda: "serving 3 models" in self.show("StatusText")["StatusText"], 30, 0.1)
+
+    def reload_bad(self):
+        self.write_config(config(self.models, "\n[model broken\npath = /nowhere\n"))
+        try:
+            r = self.sh("systemctl", "reload", UNIT, check=False)
+            expect(r.returncode != 0, "systemctl reload of a broken config succeeded")
+            text = self.journal("-u", UNIT, "-o", "cat", "-n", "20")
+            expect(re.search(r"/etc/wcached\.conf:\d+: section header", text),
+                   f"the journal does not name the bad line:\n{text}")
+            for name in ("small", "second"):
+                self.attach(name)
+        finally:
+            self.write_config(config(self.models))
+        self.sh("systemctl", "reload", UNIT)
+
+    def rename_swaps(self):
+        """Three rename(2) swaps; each new generation is current and served
+        with its own bytes."""
+        for _ in range(3):
+            gen = self.model_status("small")["generation"]
+            beside = self.write_model("small", f"{MODELS}/.small.next")
+            self.sh("mv", "-T", beside, f"{MODELS}/small.safetensors")
+            self.wait_state("small", "ready", generation=gen + 1)
+            r = self.sh("python3", "/srv/wcache-test/worker.py", "small", user=WORKER)
+            got_gen, digest = r.stdout.split()
+            expect(int(got_gen) == gen + 1 and digest == self.digests["small"],
+                   f"after a swap to generation {gen + 1}, a worker got generation "
+                   f"{got_gen} with {'the right' if digest == self.digests['small'] else 'other'}"
+                   " bytes")
+
+    def in_place_write(self):
+        """A write into the served file is noticed: no new attaches of that
+        generation, an error in the journal; a rename repairs it."""
+        gen = self.model_status("small")["generation"]
+        self.sh("dd", "if=/dev/zero", f"of={MODELS}/small.safetensors", "bs=4096", "seek=8",
+                "count=1", "conv=notrunc,fsync", "status=none")
+        self.wait_state("small", "modified", generation=gen)
+        r = self.attach("small", check=False)
+        expect(r.returncode != 0 and "modified in place" in r.stderr,
+               f"attach of a modified model: exit {r.returncode} {r.stderr.strip()}")
+        beside = self.write_model("small", f"{MODELS}/.small.next")
+        self.sh("mv", "-T", beside, f"{MODELS}/small.safetensors")
+        self.sh("wcachectl", "reload", "small")
+        m = self.wait_state("small", "ready")
+        expect(m["generation"] > gen, f"still generation {m['generation']}")
+        self.attach("small")
+
+    def journal_priorities(self):
+        """Warnings reach journald at priority 4, errors at 3, info at 6."""
+        r = self.attach("restricted", check=False)
+        expect(r.returncode != 0 and "access denied" in r.stderr,
+               f"restricted attach: exit {r.returncode} {r.stderr.strip()}")
+
+        def entries():
+            out = self.journal("-u", UNIT, "-o", "json")
+            return [json.loads(l) for l in out.splitlines() if l.strip()]
+
+        def find(text):
+            return [e for e in entries() if text in str(e.get("MESSAGE", ""))]
+        wait_for("the refused attach in the journal",
+                 lambda: find('attach of model "restricted" refused'), 10, 0.1)
+        for text, prio in (('attach of model "restricted" refused', "4"),
+                           ("was modified in place", "3"), ("serving on", "6")):
+            got = find(text)
+            expect(got and all(e.get("PRIORITY") == prio for e in got),
+                   f"{text!r} in the journal at priorities "
+                   f"{[e.get('PRIORITY') for e in got]}, expected {prio}")
+            expect(all(not str(e["MESSAGE"]).startswith("<") for e in got),
+                   f"{text!r}: the <N> prefix reached the message")
+        warnings = self.journal("-u", UNIT, "-p", "warning..warning", "-o", "cat")
+        expect('attach of model "restricted" refused' in warnings,
+               "journalctl -p warning does not show the warning")
+
+    def analyze_security(self):
+        out = self.sh("systemd-analyze", "security", UNIT, "--no-pager").stdout
+        m = re.search(r"Overall exposure level for \S+: ([\d.]+)", out)
+        expect(m, f"no exposure level in:\n{out[-500:]}")
+        expect(float(m.group(1)) <= SECURITY_MAX, f"exposure {m.group(1)} > {SECURITY_MAX}")
+        return f"exposure {m.group(1)}"
+
+    def analyze_verify(self):
+        r = self.sh("systemd-analyze", "verify", "/lib/systemd/system/wcached.service",
+                    "/lib/systemd/system/wcached.socket", check=False)
+        # Documentation=man:... needs man(1), which a minimal root lacks.
+        problems = [l for l in (r.stdout + r.stderr).splitlines()
+                    if "wcached" in l and "man" not in l.lower()]
+        expect(not problems, "systemd-analyze verify:\n" + "\n".join(problems))
+
+    def stop(self):
+        """systemctl stop: a clean exit; the socket stays and the next worker
+        starts the daemon again."""
+        self.sh("systemctl", "stop", UNIT)
+        p = self.show("ActiveState", "Result", "ExecMainCode", "ExecMainStatus")
+        expect(p["ActiveState"] == "inactive" and p["Result"] == "success"
+               and p["ExecMainCode"] == "1" and p["ExecMainStatus"] == "0",
+               f"after stop: {p}")
+        self.never_killed()
+        state = self.sh("systemctl", "is-active", "wcached.socket", check=False).stdout.strip()
+        expect(state == "active", f"wcached.socket is {state} after the service stopped")
+        self.attach("small")
+        pid = int(self.show("MainPID")["MainPID"])
+        expect(pid not in (0, self.main_pid), f"MainPID {pid} after re-activation")
+        self.main_pid = pid
+        self.sh("systemctl", "stop", UNIT)
+        self.never_killed()
+
+    # Checks that leave the daemon as the runner found it running; stop
+    # and install do not.
+    NO_INVARIANT = {"install", "stop"}
