@@ -227,6 +227,7 @@ int
 index_build(struct index_builder *b, const char *what, uint8_t **blob, size_t *len)
 {
 	size_t tensor_off = INDEX_HEADER_SIZE, file_off, meta_off, shape_off, string_off, total;
+	size_t names_len = 0, arena_off, at;
 	uint8_t *out, *p;
 
 	if (b->ntensors > 1)
@@ -248,7 +249,14 @@ index_build(struct index_builder *b, const char *what, uint8_t **blob, size_t *l
 	meta_off = file_off + b->nfiles * INDEX_FILE_SIZE;
 	shape_off = meta_off + b->nmeta * INDEX_META_SIZE;
 	string_off = shape_off + b->shapes_len * sizeof(uint64_t);
-	total = string_off + b->strings_len;
+	/* The file names first, together, so that a reader that checks every
+	 * file (attach) touches one page for them rather than one per file
+	 * (in the arena each lies before its shard's tensor names); then the
+	 * arena as built. */
+	for (size_t i = 0; i < b->nfiles; i++)
+		names_len += b->files[i].name_len + 1;
+	arena_off = string_off + names_len;
+	total = arena_off + b->strings_len;
 	if ((out = calloc(1, total)) == NULL)
 		return error_set(-ENOMEM, "%s: out of memory for an index of %zu bytes", what,
 			total);
@@ -267,7 +275,7 @@ index_build(struct index_builder *b, const char *what, uint8_t **blob, size_t *l
 		const struct builder_tensor *t = &b->tensors[i];
 
 		p = out + tensor_off + i * INDEX_RECORD_SIZE;
-		put64(p + 0, string_off + t->name);
+		put64(p + 0, arena_off + t->name);
 		put32(p + 8, t->dtype);
 		put32(p + 12, t->file);
 		put64(p + 16, shape_off + t->shape * sizeof(uint64_t));
@@ -275,20 +283,23 @@ index_build(struct index_builder *b, const char *what, uint8_t **blob, size_t *l
 		put64(p + 32, t->offset);
 		put64(p + 40, t->nbytes);
 	}
+	at = string_off;
 	for (size_t i = 0; i < b->nfiles; i++) {
 		p = out + file_off + i * INDEX_FILE_SIZE;
-		put64(p + 0, string_off + b->files[i].name);
+		put64(p + 0, at);
 		put64(p + 8, b->files[i].size);
+		memcpy(out + at, b->strings + b->files[i].name, b->files[i].name_len + 1);
+		at += b->files[i].name_len + 1;
 	}
 	for (size_t i = 0; i < b->nmeta; i++) {
 		p = out + meta_off + i * INDEX_META_SIZE;
-		put64(p + 0, string_off + b->meta[i].key);
-		put64(p + 8, string_off + b->meta[i].value);
+		put64(p + 0, arena_off + b->meta[i].key);
+		put64(p + 8, arena_off + b->meta[i].value);
 	}
 	for (size_t i = 0; i < b->shapes_len; i++)
 		put64(out + shape_off + i * sizeof(uint64_t), b->shapes[i]);
 	if (b->strings_len > 0)
-		memcpy(out + string_off, b->strings, b->strings_len);
+		memcpy(out + arena_off, b->strings, b->strings_len);
 
 	*blob = out;
 	*len = total;
@@ -453,10 +464,12 @@ index_file_at(const uint8_t *blob, const struct index_header *h, uint64_t i, con
 		return error_set(-ERANGE, "index: file %llu of %llu", (unsigned long long)i,
 			(unsigned long long)h->file_count);
 	p = blob + h->file_offset + i * INDEX_FILE_SIZE;
-	if ((s = string_at(blob, h->total_size, get64(p), 4096)) == NULL)
-		return error_set(-EBADMSG, "index: file record %llu is damaged",
-			(unsigned long long)i);
-	*name = s;
+	if (name != NULL) {
+		if ((s = string_at(blob, h->total_size, get64(p), 4096)) == NULL)
+			return error_set(-EBADMSG, "index: file record %llu is damaged",
+				(unsigned long long)i);
+		*name = s;
+	}
 	*size = get64(p + 8);
 	return 0;
 }

@@ -125,7 +125,9 @@ int index_tensor_at(const uint8_t *blob, const struct index_header *h, uint64_t 
 int index_find(const uint8_t *blob, const struct index_header *h, const char *name,
 	struct index_tensor *out);
 
-/* The i-th file's name and size. */
+/* The i-th file's name and size. name may be NULL: then only the size is
+ * read, and the name's bytes (which may lie on a page of their own) are not
+ * touched; attach looks up sizes only and names only for messages. */
 int index_file_at(const uint8_t *blob, const struct index_header *h, uint64_t i,
 	const char **name, uint64_t *size);
 

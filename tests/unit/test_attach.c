@@ -312,8 +312,8 @@ fake_reply(struct fake *k, int conn, uint32_t seq)
 	return 0;
 }
 
-/* Answers ATTACH as scripted and RELEASE with RELEASE_OK until the client
- * closes the connection. */
+/* Answers ATTACH as scripted and RELEASE with RELEASE_OK (none to a
+ * RELEASE of seq 0, as wcached) until the client closes the connection. */
 static void
 fake_serve(struct fake *k, int conn)
 {
@@ -344,6 +344,8 @@ fake_serve(struct fake *k, int conn)
 		} else if (msg.h.type == WIRE_RELEASE &&
 			wire_get_release(&msg, &k->released_handle) == 0) {
 			k->releases++;
+			if (msg.h.seq == 0)
+				continue; /* the client wants no reply */
 			n = wire_put_release_ok(buf, sizeof(buf), msg.h.seq);
 			if (n < 0 || fdp_send(conn, buf, (size_t)n, NULL, 0) < 0) {
 				fake_fail(k, "cannot send RELEASE_OK");
@@ -845,15 +847,20 @@ test_good_reply(void **state)
 	assert_map_perms("memfd:wctest-index", "r--s");
 	assert_map_perms(f->file_path[1], "r--p");
 
-	/* A second attach on the same connection is a second model. */
+	/* A second attach on the same connection is a second model, which
+	 * shares the client's one mapping of the status page. */
 	assert_int_equal(wc_attach(f->client, MODEL, &second), 0);
 	assert_true(second != f->model);
-	assert_maps(f, 2, 4, 3);
+	assert_maps(f, 2, 4, 2);
+	assert_int_equal(wc_model_stale(second), 0);
 	wc_release(f->model);
 	f->model = NULL;
 	check_tensors(second);
+	set_slot(f, SLOT, GENERATION + 1);
+	assert_int_equal(wc_model_stale(second), 1);
 	wc_release(second);
-	assert_maps(f, 0, 0, 1);
+	/* The client keeps its page for the next attach. */
+	assert_maps(f, 0, 0, 2);
 	finish(f, before);
 	assert_string_equal(f->fake.name, MODEL);
 	assert_int_equal(f->fake.attaches, 2);
