@@ -163,6 +163,7 @@ enum fake_mode {
 	FAKE_REFUSE_EARLY,  /* send the reply (seq 0) right after accept and close */
 	FAKE_REFUSE_UNREAD, /* wait for the client's packet, leave it unread, reply, close */
 	FAKE_REFUSE_LATE,   /* as UNREAD, but close only once the client has received */
+	FAKE_SILENT,        /* read the request, never answer, wait for the client to close */
 };
 
 enum reply_kind {
@@ -191,6 +192,7 @@ struct fake {
 	int attaches;
 	int releases;
 	uint64_t released_handle;
+	uint32_t released_seq;      /* of the last RELEASE */
 	char name[WIRE_MAX_NAME + 1];
 	char failure[256];
 	/* Internal. */
@@ -344,6 +346,7 @@ fake_serve(struct fake *k, int conn)
 		} else if (msg.h.type == WIRE_RELEASE &&
 			wire_get_release(&msg, &k->released_handle) == 0) {
 			k->releases++;
+			k->released_seq = msg.h.seq;
 			if (msg.h.seq == 0)
 				continue; /* the client wants no reply */
 			n = wire_put_release_ok(buf, sizeof(buf), msg.h.seq);
@@ -381,6 +384,22 @@ fake_main(void *arg)
 	case FAKE_REFUSE_EARLY:
 		(void)fake_reply(k, conn, 0);
 		break;
+	case FAKE_SILENT: {
+		uint8_t buf[WIRE_MAX_MESSAGE];
+		size_t nfds;
+		ssize_t n = 1;
+
+		/* The request, then nothing until the client hangs up. */
+		while (n > 0) {
+			if (wait_readable(conn) <= 0) {
+				fake_fail(k, "the client did not close within the deadline");
+				break;
+			}
+			if ((n = fdp_recv(conn, buf, sizeof(buf), NULL, 0, &nfds)) > 0)
+				k->attaches++;
+		}
+		break;
+	}
 	case FAKE_REFUSE_UNREAD:
 	case FAKE_REFUSE_LATE:
 		if (wait_readable(conn) <= 0) {
@@ -632,6 +651,7 @@ fake_start(struct fixture *f)
 	assert_false(k->started);
 	k->attaches = k->releases = 0;
 	k->released_handle = 0;
+	k->released_seq = UINT32_MAX;
 	k->name[0] = k->failure[0] = '\0';
 	assert_int_equal(pthread_create(&k->thread, NULL, fake_main, k), 0);
 	k->started = 1;
@@ -866,6 +886,7 @@ test_good_reply(void **state)
 	assert_int_equal(f->fake.attaches, 2);
 	assert_int_equal(f->fake.releases, 2);
 	assert_int_equal(f->fake.released_handle, HANDLE);
+	assert_int_equal(f->fake.released_seq, 0); /* no reply wanted */
 }
 
 /* Without WIRE_ATTACH_STATUS there is no page: never stale. */
@@ -1804,12 +1825,90 @@ test_mmap_fails_on_status_page(void **state)
 	finish(f, before);
 }
 
+/* Seconds on the monotonic clock. */
+static double
+now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* A daemon that never answers: the attach fails at the client's deadline
+ * with -ETIMEDOUT, naming the socket and the time waited, and closes the
+ * connection; nothing is left behind. */
+static void
+test_attach_times_out(void **state)
+{
+	struct fixture *f = *state;
+	int before = tu_count_fds();
+	wc_model *m = NULL;
+	double t0, waited;
+
+	f->fake.mode = FAKE_SILENT;
+	fake_start(f);
+	assert_int_equal(wc_connect_timeout(f->sock, 150, &f->client), 0);
+	t0 = now_s();
+	assert_error(wc_attach(f->client, MODEL, &m), -ETIMEDOUT, f->sock);
+	waited = now_s() - t0;
+	assert_null(m);
+	assert_true(strstr(wc_errmsg(), "did not answer within 0.15 s") != NULL);
+	assert_true(strstr(wc_errmsg(), "WCACHE_TIMEOUT") != NULL);
+	assert_true(waited >= 0.14);
+	assert_true(waited < DEADLINE_MS / 1000.0);
+	/* The connection is closed: the next attach fails at once. */
+	assert_int_not_equal(wc_attach(f->client, MODEL, &m), 0);
+	finish(f, before);
+	assert_int_equal(f->fake.attaches, 1);
+}
+
+/* wc_set_timeout() changes the deadline of a connected client; WCACHE_TIMEOUT
+ * sets the default; a bad value is an error that names the variable. */
+static void
+test_timeout_settings(void **state)
+{
+	struct fixture *f = *state;
+	int before = tu_count_fds();
+	wc_client *c = NULL;
+	wc_model *m = NULL;
+
+	f->fake.mode = FAKE_SILENT;
+	fake_start(f);
+	assert_int_equal(wc_connect(f->sock, &f->client), 0);
+	assert_int_equal(wc_set_timeout(f->client, 100), 0);
+	assert_error(wc_attach(f->client, MODEL, &m), -ETIMEDOUT, "within 0.1 s");
+	finish(f, before);
+
+	assert_error(wc_set_timeout(NULL, 100), -EINVAL, "no client");
+	setenv("WCACHE_TIMEOUT", "soon", 1);
+	assert_error(wc_connect(f->sock, &c), -EINVAL, "WCACHE_TIMEOUT=soon");
+	assert_null(c);
+	setenv("WCACHE_TIMEOUT", "-1", 1);
+	assert_error(wc_connect_timeout(f->sock, -1, &c), -EINVAL, "not a number of seconds");
+	setenv("WCACHE_TIMEOUT", "nan", 1);
+	assert_error(wc_connect(f->sock, &c), -EINVAL, "WCACHE_TIMEOUT=nan");
+	/* An explicit timeout does not read the variable. */
+	f->fake.mode = FAKE_SILENT;
+	fake_start(f);
+	assert_int_equal(wc_connect_timeout(f->sock, 100, &f->client), 0);
+	assert_error(wc_set_timeout(f->client, -1), -EINVAL, "WCACHE_TIMEOUT=nan");
+	setenv("WCACHE_TIMEOUT", "0.12", 1);
+	assert_int_equal(wc_set_timeout(f->client, -1), 0);
+	assert_error(wc_attach(f->client, MODEL, &m), -ETIMEDOUT, "within 0.12 s");
+	unsetenv("WCACHE_TIMEOUT");
+	finish(f, before);
+	assert_int_equal(tu_count_fds(), before);
+}
+
 int
 main(void)
 {
 #define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
 	const struct CMUnitTest tests[] = {
 		T(test_good_reply),
+		T(test_attach_times_out),
+		T(test_timeout_settings),
 		T(test_good_reply_without_status),
 		T(test_stale_follows_status_page),
 		T(test_changed_before_reply_is_skipped),
