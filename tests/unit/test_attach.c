@@ -1825,16 +1825,6 @@ test_mmap_fails_on_status_page(void **state)
 	finish(f, before);
 }
 
-/* Seconds on the monotonic clock. */
-static double
-now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 /* A daemon that never answers: the attach fails at the client's deadline
  * with -ETIMEDOUT, naming the socket and the time waited, and closes the
  * connection; nothing is left behind. */
@@ -1849,9 +1839,9 @@ test_attach_times_out(void **state)
 	f->fake.mode = FAKE_SILENT;
 	fake_start(f);
 	assert_int_equal(wc_connect_timeout(f->sock, 150, &f->client), 0);
-	t0 = now_s();
+	t0 = tu_now();
 	assert_error(wc_attach(f->client, MODEL, &m), -ETIMEDOUT, f->sock);
-	waited = now_s() - t0;
+	waited = tu_now() - t0;
 	assert_null(m);
 	assert_true(strstr(wc_errmsg(), "did not answer within 0.15 s") != NULL);
 	assert_true(strstr(wc_errmsg(), "WCACHE_TIMEOUT") != NULL);
