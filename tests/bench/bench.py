@@ -233,6 +233,21 @@ class Bench:
         total["wall_s"] = wall
         return total
 
+    def warm_up(self, tmp, path):
+        """wcached's warm-up of path as a model (warm = yes), from its log:
+        bytes, logged seconds, seconds from the load line and from start."""
+        d = self.start_daemon(tmp, {"cold": path}, warm=True, pin="none")
+        try:
+            loaded = d.wait_for(r'generation \d+ from ', 300)
+            line = d.wait_for(r'generation \d+ warm: ', 300)
+        finally:
+            status = d.stop()
+        if status != 0:
+            raise SystemExit(f"bench: wcached exited with {status}:\n{d.log()}")
+        m = re.search(r'warm: (\d+) bytes in ([0-9.]+) s', line[1])
+        return {"bytes": int(m.group(1)), "logged_s": float(m.group(2)),
+                "observed_s": line[0] - loaded[0], "from_start_s": line[0] - d.t0}
+
     def cold(self, path, size, tmp):
         """cat against wcached's warm-up on the evicted file, RUNS_COLD times each."""
         cat, warm = [], []
@@ -248,17 +263,7 @@ class Bench:
             e = self.cache("evict", path)
             if e["resident_after"] > size // 100:
                 evicted_ok = False
-            d = self.start_daemon(tmp, {"cold": path}, warm=True, pin="none")
-            try:
-                loaded = d.wait_for(r'generation \d+ from ', 120)
-                line = d.wait_for(r'generation \d+ warm: ', 120)
-            finally:
-                status = d.stop()
-            if status != 0:
-                raise SystemExit(f"bench: wcached exited with {status}:\n{d.log()}")
-            m = re.search(r'warm: (\d+) bytes in ([0-9.]+) s', line[1])
-            warm.append({"bytes": int(m.group(1)), "logged_s": float(m.group(2)),
-                         "observed_s": line[0] - loaded[0], "from_start_s": line[0] - d.t0})
+            warm.append(self.warm_up(tmp, path))
             if i == 0:
                 after = self.cache("resident", path)
                 warm[-1]["resident_after"] = after["resident_after"]

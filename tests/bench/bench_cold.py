@@ -25,7 +25,6 @@ fails because of a missed target.
 import argparse
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -82,19 +81,6 @@ def timed(cmd):
     return time.monotonic() - t0
 
 
-def warm_up(b, path, tmp):
-    """wcached's warm-up of path; returns (bytes, seconds) from its log."""
-    d = b.start_daemon(tmp, {"cold": path}, warm=True, pin="none")
-    try:
-        line = d.wait_for(r'generation \d+ warm: ', 300)
-    finally:
-        status = d.stop()
-    if status != 0:
-        raise SystemExit(f"bench: wcached exited with {status}:\n{d.log()}")
-    m = re.search(r'warm: (\d+) bytes in ([0-9.]+) s', line[1])
-    return int(m.group(1)), float(m.group(2))
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", default="build")
@@ -133,8 +119,8 @@ def main():
                 res[name].append(size / timed(cmd))
             if not evict(b, path, size):
                 raise SystemExit(f"bench: cannot evict {path} on {fs_type(path)}")
-            nbytes, secs = warm_up(b, path, tmp)
-            res["wcached warm-up"].append(nbytes / secs)
+            w = b.warm_up(tmp, path)
+            res["wcached warm-up"].append(w["bytes"] / w["logged_s"])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"  {'reader':<18} {'best MB/s':>10} {'median MB/s':>12}  runs")

@@ -1,12 +1,12 @@
 """How far a model has warmed, as status and metrics report it: a percentage
 and an estimate of the time left while it warms, 100 and 0 once ready; and
 the warm log line, which gives a rate only when it has one."""
-import os
 import re
 import subprocess
 
 from conftest import Daemon, binary, wait_until
 from ctlutil import ctl, model_entry
+from test_regressions import drop_page_cache
 
 
 def make_big(tmp_path):
@@ -15,12 +15,7 @@ def make_big(tmp_path):
     subprocess.run([binary("mkmodel"), "--hidden", "256", "--ffn", "512", "--vocab", "1000",
                     "--min-bytes", str(256 << 20), path], check=True,
                    stdout=subprocess.DEVNULL)
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    drop_page_cache(path)
     return path
 
 
