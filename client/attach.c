@@ -45,7 +45,7 @@ struct wc_client {
 	char *where;          /* "wcached at PATH", for messages */
 	pthread_mutex_t lock; /* one request at a time on the socket */
 	wc_model *models;     /* attached through this client, still held */
-	struct attach_status *status; /* the daemon's status page, mapped once */
+	struct attach_cache cache;    /* the status page, mapped once; the last index */
 };
 
 /* ---- the process's pid without a system call ---- */
@@ -335,7 +335,7 @@ wc_attach(wc_client *c, const char *model, wc_model **out)
 		pthread_mutex_unlock(&c->lock);
 		return (int)n;
 	}
-	r = attach_reply(model, c->where, buf, (size_t)n, fds, nfds, &c->status, &unusable, &m);
+	r = attach_reply(model, c->where, buf, (size_t)n, fds, nfds, &c->cache, &unusable, &m);
 	if (unusable)
 		shutdown(c->fd, SHUT_RDWR); /* a reply we cannot use: not wcached */
 	if (r < 0) {
@@ -384,6 +384,13 @@ attach_forget(wc_model *m)
 		return;
 	pthread_mutex_lock(&c->lock);
 	unlink_model(m);
+	/* The client keeps the index of the generation it attached last only
+	 * while that generation is current (the daemon keeps it then anyway):
+	 * a stale one goes with its last model. */
+	if (c->cache.index == m->shared_index && wc_model_stale(m)) {
+		attach_index_unref(c->cache.index);
+		c->cache.index = NULL;
+	}
 	/* Only the process that attached holds the daemon's handle; a child
 	 * after fork() shares the socket and must stay silent on it. */
 	if (m->pid == self_pid() && c->pid == m->pid) {
@@ -437,6 +444,11 @@ wc_client_dispatch(wc_client *c)
 		if (wire_decode(buf, (size_t)n, &msg) == 0 && msg.h.type == WIRE_CHANGED)
 			count++;
 	}
+	if (count > 0) {
+		/* A new generation: the index kept for the next attach is old. */
+		attach_index_unref(c->cache.index);
+		c->cache.index = NULL;
+	}
 	pthread_mutex_unlock(&c->lock);
 	return count;
 }
@@ -457,7 +469,7 @@ wc_disconnect(wc_client *c)
 	c->models = NULL;
 	pthread_mutex_unlock(&c->lock);
 	pthread_mutex_destroy(&c->lock);
-	attach_status_unref(c->status);
+	attach_cache_clear(&c->cache);
 	close(c->fd);
 	free(c->path);
 	free(c->where);

@@ -13,7 +13,9 @@
  * however many shards the model has. The index is not pre-faulted: its
  * pages are the daemon's, resident in the memfd, and a lookup faults in the
  * few it touches. The status page is mapped once per client and shared by
- * every model attached through it.
+ * every model attached through it; so is the index of the generation the
+ * client last attached, which it keeps while that generation is current
+ * (see attach.c), so attaching it again maps no index at all.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -59,22 +61,77 @@ close_received(int *fds, size_t n)
 	fdp_close_all(fds, n);
 }
 
-/* Checks the index's descriptor: a sealed regular file of want bytes. */
+/*
+ * The index memfd fd, mapped: the client's cached mapping when fd is the
+ * same inode (checked and sealed when it was first mapped, and seals
+ * cannot be removed: F_SEAL_SEAL), else a new mapping after the checks (a
+ * sealed regular file of want bytes, at least an index header). *out gets
+ * a reference for the model; *fresh says it is a new mapping, which the
+ * caller makes the cached one once the attach has succeeded.
+ */
 static int
-check_index_fd(int fd, uint64_t want, const char *what)
+use_index(int fd, uint64_t want, const char *what, const struct attach_index *cached,
+	struct attach_index **out, int *fresh)
 {
+	struct attach_index *x;
 	struct stat st;
 	int seals;
+	void *p;
 
 	if (fstat(fd, &st) == -1)
 		return error_set(-errno, "%s: fstat: %s", what, strerror(errno));
 	if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != want)
 		return error_set(-EBADMSG, "%s: received descriptor is not a %llu-byte file",
 			what, (unsigned long long)want);
+	if (cached != NULL && cached->dev == st.st_dev && cached->ino == st.st_ino &&
+		cached->len == want) {
+		x = (struct attach_index *)cached;
+		__atomic_add_fetch(&x->refs, 1, __ATOMIC_RELAXED);
+		*out = x;
+		*fresh = 0;
+		return 0;
+	}
 	seals = fcntl(fd, F_GET_SEALS);
 	if (seals == -1 || (seals & REQUIRED_SEALS) != REQUIRED_SEALS)
 		return error_set(-EBADMSG, "%s: index is not sealed", what);
+	if (want < INDEX_HEADER_SIZE)
+		return error_set(-EBADMSG, "model \"%s\": wcached sent a damaged index (index: "
+			"%llu bytes, shorter than its header)", what, (unsigned long long)want);
+	if ((x = calloc(1, sizeof(*x))) == NULL)
+		return error_set(-ENOMEM, "%s: out of memory", what);
+	/* Not populated: the pages are the daemon's, resident in the memfd; a
+	 * lookup faults in the few it touches, and nothing on attach or
+	 * release is proportional to the tensor count. */
+	if ((p = mmap(NULL, (size_t)want, PROT_READ, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+		free(x);
+		return error_set(-errno, "%s: mmap: %s", what, strerror(errno));
+	}
+	x->base = p;
+	x->len = (size_t)want;
+	x->dev = st.st_dev;
+	x->ino = st.st_ino;
+	x->refs = 1;
+	*out = x;
+	*fresh = 1;
 	return 0;
+}
+
+void
+attach_index_unref(struct attach_index *x)
+{
+	if (x == NULL || __atomic_sub_fetch(&x->refs, 1, __ATOMIC_ACQ_REL) != 0)
+		return;
+	munmap((void *)x->base, x->len);
+	free(x);
+}
+
+void
+attach_cache_clear(struct attach_cache *cache)
+{
+	attach_status_unref(cache->status);
+	attach_index_unref(cache->index);
+	cache->status = NULL;
+	cache->index = NULL;
 }
 
 /*
@@ -156,31 +213,24 @@ file_name(const uint8_t *index, const struct index_header *h, uint32_t i)
 /* Builds a model from ATTACH_OK's descriptors: fds[0] is the index. */
 static int
 model_from_fds(const char *name, const struct wire_attach_ok *ok, const int *fds, size_t nfds,
-	struct attach_status **status, wc_model **out)
+	struct attach_cache *cache, wc_model **out)
 {
 	struct index_header h;
 	struct model_map *maps = NULL;
+	struct attach_index *xi = NULL;
 	const uint8_t *index;
 	size_t want = 1 + (size_t)ok->file_count + ((ok->flags & WIRE_ATTACH_STATUS) ? 1 : 0);
 	size_t isize = (size_t)ok->index_size;
 	uint32_t mapped = 0;
+	int r, fresh = 0;
 	void *p;
-	int r;
 
 	if (nfds != want || ok->file_count > WIRE_MAX_FILES || ok->index_size > INDEX_MAX_SIZE)
 		return error_set(-EBADMSG, "model \"%s\": wcached sent %zu descriptors for %u files",
 			name, nfds, ok->file_count);
-	if ((r = check_index_fd(fds[0], ok->index_size, name)) < 0)
+	if ((r = use_index(fds[0], ok->index_size, name, cache->index, &xi, &fresh)) < 0)
 		return r;
-	if (isize < INDEX_HEADER_SIZE)
-		return error_set(-EBADMSG, "model \"%s\": wcached sent a damaged index (index: "
-			"%zu bytes, shorter than its header)", name, isize);
-	/* Not populated: the pages are the daemon's, resident in the memfd; a
-	 * lookup faults in the few it touches, and nothing on attach or
-	 * release is proportional to the tensor count. */
-	if ((p = mmap(NULL, isize, PROT_READ, MAP_SHARED, fds[0], 0)) == MAP_FAILED)
-		return error_set(-errno, "%s: mmap: %s", name, strerror(errno));
-	index = p;
+	index = xi->base;
 	if ((r = index_open(index, isize, &h)) < 0 || h.file_count != ok->file_count) {
 		char why[256];
 
@@ -234,21 +284,28 @@ model_from_fds(const char *name, const struct wire_attach_ok *ok, const int *fds
 	}
 	if ((r = model_new(name, index, isize, 1, maps, h.file_count, out)) < 0)
 		goto fail;
+	(*out)->shared_index = xi;
+	if (fresh) {
+		/* The new generation's index is the one to keep. */
+		attach_index_unref(cache->index);
+		__atomic_add_fetch(&xi->refs, 1, __ATOMIC_RELAXED);
+		cache->index = xi;
+	}
 	if (ok->flags & WIRE_ATTACH_STATUS)
-		use_status(*out, fds[1 + ok->file_count], ok->status_slot, status);
+		use_status(*out, fds[1 + ok->file_count], ok->status_slot, &cache->status);
 	return 0;
 fail:
 	for (uint32_t i = 0; i < mapped; i++)
 		if (maps[i].base != NULL)
 			munmap((void *)maps[i].base, (size_t)maps[i].size);
 	free(maps);
-	munmap((void *)index, isize);
+	attach_index_unref(xi);
 	return r;
 }
 
 int
 attach_reply(const char *name, const char *where, const uint8_t *buf, size_t len, int *fds,
-	size_t nfds, struct attach_status **status, int *unusable, wc_model **out)
+	size_t nfds, struct attach_cache *cache, int *unusable, wc_model **out)
 {
 	struct wire_message msg;
 	struct wire_attach_ok ok;
@@ -281,7 +338,7 @@ attach_reply(const char *name, const char *where, const uint8_t *buf, size_t len
 		close_received(fds, nfds);
 		return error_set(-EBADMSG, "model \"%s\": unexpected reply from %s", name, where);
 	}
-	r = model_from_fds(name, &ok, fds, nfds, status, &m);
+	r = model_from_fds(name, &ok, fds, nfds, cache, &m);
 	close_received(fds, nfds);
 	if (r < 0) {
 		*unusable = r == -EBADMSG; /* not a reply from wcached */

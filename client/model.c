@@ -77,7 +77,8 @@ range_order(const void *a, const void *b)
 }
 
 /*
- * Unmaps the model's files and its mapped index with as few munmap() calls
+ * Unmaps the model's files and its own mapped index (a shared one is
+ * unreferenced by model_free()) with as few munmap() calls
  * as there are runs of adjacent mappings: the kernel places consecutive
  * mappings next to each other, so a model of 163 shards usually goes in one
  * call. Every byte of a run is one of the model's mappings, so the call
@@ -95,7 +96,7 @@ unmap_all(wc_model *m)
 		for (uint64_t i = 0; i < m->header.file_count; i++)
 			if (m->maps[i].base != NULL)
 				munmap((void *)m->maps[i].base, (size_t)m->maps[i].size);
-		if (m->index_mapped)
+		if (m->index_mapped && m->shared_index == NULL)
 			munmap((void *)m->index, m->index_len);
 		return;
 	}
@@ -104,7 +105,7 @@ unmap_all(wc_model *m)
 			r[n++] = (struct range){ (uintptr_t)m->maps[i].base,
 				((uintptr_t)m->maps[i].base + (uintptr_t)m->maps[i].size + page - 1) &
 					~(page - 1) };
-	if (m->index_mapped && m->index_len > 0)
+	if (m->index_mapped && m->shared_index == NULL && m->index_len > 0)
 		r[n++] = (struct range){ (uintptr_t)m->index,
 			((uintptr_t)m->index + m->index_len + page - 1) & ~(page - 1) };
 	qsort(r, n, sizeof(*r), range_order);
@@ -127,7 +128,9 @@ model_free(wc_model *m)
 	if (m == NULL)
 		return;
 	unmap_all(m);
-	if (!m->index_mapped)
+	if (m->shared_index != NULL)
+		attach_index_unref(m->shared_index);
+	else if (!m->index_mapped)
 		free((void *)m->index);
 	free(m->maps);
 	attach_status_unref(m->status);

@@ -27,6 +27,27 @@ struct attach_status {
 	unsigned refs; /* atomic */
 };
 
+/*
+ * An index memfd as a client maps it, shared by the models of one
+ * generation attached through the client and kept by the client between
+ * attaches while it is current (the daemon keeps it anyway), so attaching
+ * the same generation again maps nothing. Identified by the memfd's inode.
+ */
+struct attach_index {
+	const uint8_t *base;
+	size_t len;
+	dev_t dev;
+	ino_t ino;
+	unsigned refs; /* atomic */
+};
+
+/* What a client keeps from one attach to the next: the status page and the
+ * last index; attach_reply() uses and updates both. */
+struct attach_cache {
+	struct attach_status *status;
+	struct attach_index *index;
+};
+
 struct model_map {
 	const uint8_t *base; /* NULL for an empty file */
 	uint64_t size;
@@ -47,6 +68,7 @@ struct wc_model {
 	struct wc_model **prevp;
 	char *name;                /* the model name, for messages */
 	struct attach_status *status; /* the client's status page, or NULL */
+	struct attach_index *shared_index; /* attached: the index mapping, else NULL */
 	const uint64_t *status_word;  /* this model's slot in it */
 };
 
@@ -69,19 +91,25 @@ void model_free(wc_model *m);
  * from its client. A no-op for models from wc_open_file(). */
 void attach_forget(wc_model *m);
 
-/* attach_reply.c: drops one reference to a status page; NULL is fine. */
+/* attach_reply.c: drop one reference to a status page or an index
+ * mapping, unmapping it with the last; NULL is fine. */
 void attach_status_unref(struct attach_status *s);
+void attach_index_unref(struct attach_index *x);
+
+/* attach_reply.c: drops what a client keeps between attaches. */
+void attach_cache_clear(struct attach_cache *cache);
 
 /*
  * attach_reply.c: makes a model of the daemon's reply to ATTACH (buf, len)
  * and its descriptors, checking all of it (PROTOCOL.md, "What a client
  * checks after ATTACH_OK"). Closes every descriptor, on every path. name is
  * the model as requested, where names the daemon in messages ("wcached at
- * PATH"). *status is the client's status page mapping: used when set, set
- * when a good page arrives and there was none. *unusable is set to 1 when
+ * PATH"). cache is the client's: its status page and index mapping are
+ * used when they match the reply, and replaced or set from a good reply
+ * otherwise. *unusable is set to 1 when
  * the reply was not one wcached would send, so the connection cannot be
  * trusted any more. The model's generation and handle come from the reply;
  * the caller links it to its client.
  */
 int attach_reply(const char *name, const char *where, const uint8_t *buf, size_t len, int *fds,
-	size_t nfds, struct attach_status **status, int *unusable, wc_model **out);
+	size_t nfds, struct attach_cache *cache, int *unusable, wc_model **out);

@@ -13,7 +13,9 @@
  * each time): it times wc_connect, the first wc_attach, the first lookup
  * of a tensor by name (a binary search of the index, so the pages it
  * faults in), and the first wc_release; then with --pairs it attaches and
- * releases in a loop for SECONDS and reports pairs per second. With --hold
+ * releases in a loop for SECONDS and reports pairs per second and this
+ * process's CPU time per pair (which, unlike the rate, other processes on
+ * a busy machine barely change). With --hold
  * it prints its line while it still holds the attach and waits for a line
  * (or EOF) on stdin, so a driver can measure the daemon with many clients.
  * Times are wall-clock microseconds.
@@ -74,7 +76,7 @@ loop(const char *sock, const char *model, double seconds)
 static int
 fresh(const char *sock, const char *model, double pair_seconds, int hold)
 {
-	double t0, t1, t2, t3, t4, end, rate = 0;
+	double t0, t1, t2, t3, t4, end, rate = 0, c0, cpu = 0;
 	unsigned long pairs = 0;
 	wc_tensor t, probe;
 	wc_client *c;
@@ -111,6 +113,7 @@ fresh(const char *sock, const char *model, double pair_seconds, int hold)
 	if (pair_seconds > 0) {
 		double start = bench_now();
 
+		c0 = bench_clock(CLOCK_PROCESS_CPUTIME_ID);
 		end = start + pair_seconds;
 		while (bench_now() < end) {
 			if (wc_attach(c, model, &m) < 0)
@@ -119,12 +122,15 @@ fresh(const char *sock, const char *model, double pair_seconds, int hold)
 			pairs++;
 		}
 		rate = (double)pairs / (bench_now() - start);
+		cpu = pairs ? (bench_clock(CLOCK_PROCESS_CPUTIME_ID) - c0) / (double)pairs : 0;
 	}
 	wc_disconnect(c);
 	if (!hold)
 		printf("{\"connect_us\":%.1f,\"attach_us\":%.1f,\"find_us\":%.1f,"
-		       "\"release_us\":%.1f,\"pairs\":%lu,\"pairs_per_s\":%.0f,\"tensors\":%zu}\n",
-			(t1 - t0) * 1e6, (t2 - t1) * 1e6, t3 * 1e6, t4 * 1e6, pairs, rate, count);
+		       "\"release_us\":%.1f,\"pairs\":%lu,\"pairs_per_s\":%.0f,"
+		       "\"cpu_us_per_pair\":%.2f,\"tensors\":%zu}\n",
+			(t1 - t0) * 1e6, (t2 - t1) * 1e6, t3 * 1e6, t4 * 1e6, pairs, rate, cpu * 1e6,
+			count);
 	return 0;
 fail:
 	fprintf(stderr, "bench_attach: %s\n", wc_errmsg());

@@ -41,6 +41,7 @@ from bench import Bench, machine  # noqa: E402
 RUNS = 15
 PAIR_SECONDS = 2.0
 CLIENTS = 16
+BASELINE_PAIRS = 7887  # 1k layout, attach + release pairs/s before issue 13's changes
 LAYOUTS = [
     # name, tensors, shards
     ("1k", 1000, 1),
@@ -79,12 +80,20 @@ def run_json(cmd):
     return json.loads(p.stdout)
 
 
-def rss_kib(pid):
+def rss_kib(pid, kind="VmRSS"):
+    """A resident-memory line of /proc/PID/status, in KiB."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(kind + ":"):
                 return int(line.split()[1])
     return 0
+
+
+def cpu_s(pid):
+    """User + system CPU seconds of a process so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def syscalls_per_pair(b, sock, name):
@@ -119,8 +128,8 @@ def attach_part(b, tmp, layouts):
     print(f"\n-- attach through wcached: fresh process per run, best (median) of {RUNS}; "
           f"pairs: attach + release in a loop for {PAIR_SECONDS:.0f} s in one process")
     print(f"  {'layout':<11} {'tensors':>8} {'files':>5} {'connect':>16} {'attach':>18} "
-          f"{'first find':>11} {'release':>9} {'pairs/s':>8} {'calls/pair':>10} "
-          f"{'wcached RSS':>11} {'per client':>10}  load")
+          f"{'first find':>11} {'release':>9} {'pairs/s':>8} {'cpu/pair':>15} {'calls/pair':>10} "
+          f"{'wcached RSS (anon/file/shmem)':>30} {'per client':>10}  load")
     results = {}
     for name, tensors, shards in layouts:
         path = layouts[(name, tensors, shards)]
@@ -128,11 +137,14 @@ def attach_part(b, tmp, layouts):
         try:
             d.wait_listening()
             d.wait_for(r'model "m": generation \d+ warm: ', 300)
-            rss_model = rss_kib(d.proc.pid)
+            rss_model = {k: rss_kib(d.proc.pid, k)
+                         for k in ("VmRSS", "RssAnon", "RssFile", "RssShmem")}
             runs = [run_json([b.binary("bench_attach"), "--fresh", d.sock, "m"])
                     for _ in range(RUNS)]
+            cpu0 = cpu_s(d.proc.pid)
             pairs = run_json([b.binary("bench_attach"), "--fresh", d.sock, "m", "--pairs",
                               str(PAIR_SECONDS)])
+            daemon_cpu = (cpu_s(d.proc.pid) - cpu0) / max(pairs["pairs"], 1) * 1e6
             calls = syscalls_per_pair(b, d.sock, "m")
             # CLIENTS workers holding one attach each, at once.
             before = rss_kib(d.proc.pid)
@@ -160,18 +172,29 @@ def attach_part(b, tmp, layouts):
         print(f"  {name:<11} {tensors:>8} {shards:>5} {con[0]:>7.0f} ({con[1]:>4.0f}) us "
               f"{att[0]:>8.0f} ({att[1]:>4.0f}) us {find[0]:>8.1f} us {rel[0]:>6.0f} us "
               f"{pairs['pairs_per_s']:>8.0f} "
+              f"{pairs['cpu_us_per_pair']:>6.1f}+{daemon_cpu:>4.1f} us "
               f"{'-' if calls is None else f'{calls:.0f}':>10} "
-              f"{rss_model / 1024:>8.1f} MiB {per_client:>7.0f} KiB  {load()}")
+              f"{rss_model['VmRSS'] / 1024:>7.1f} MiB ({rss_model['RssAnon'] / 1024:.1f}/"
+              f"{rss_model['RssFile'] / 1024:.1f}/{rss_model['RssShmem'] / 1024:.1f})"
+              f"{per_client:>8.0f} KiB  {load()}")
         results[name] = {"first_best_us": min(first), "first_median_us": statistics.median(first),
                          "pairs_per_s": pairs["pairs_per_s"], "calls": calls}
+        if name == "1k":
+            b.target(f"attach + release pairs in a loop >= 2x the rate before issue 13 "
+                     f"({name}, one file; {BASELINE_PAIRS}/s measured at commit 6363032 on "
+                     f"this machine, load 1.5)", f"{pairs['pairs_per_s']:.0f}/s "
+                     f"({pairs['pairs_per_s'] / BASELINE_PAIRS:.2f}x; {load()})",
+                     pairs["pairs_per_s"] >= 2 * BASELINE_PAIRS)
         if tensors == 200000 or shards == 163:
             b.target(f"connect + first attach < 1 ms in a fresh process ({name}; best of "
                      f"{RUNS})", f"{min(first):.0f} us (median "
                      f"{statistics.median(first):.0f} us; {load()})", min(first) < 1000)
     print("  (connect, attach: the first wc_connect and wc_attach of the process; first find: "
-          "wc_model_find of one name; calls/pair: system calls per attach + release, "
-          "strace -c; per client: wcached's RSS growth per connected client holding an "
-          "attach)")
+          "wc_model_find of one name; cpu/pair: CPU time per attach + release of the "
+          "client + of wcached; calls/pair: system calls per attach + release, "
+          "strace -c; wcached RSS: VmRSS serving that model alone, of it anonymous, file "
+          "and shmem (the index memfd); per client: wcached's RSS growth per connected "
+          "client holding an attach, {CLIENTS} at once)".replace("{CLIENTS}", str(CLIENTS)))
     return results
 
 

@@ -120,7 +120,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	uint8_t msg[WIRE_MAX_MESSAGE];
 	int fds[8];
 	unsigned mode, nfiles;
-	struct attach_status *status = NULL;
+	struct attach_cache cache = { NULL, NULL };
 	wc_model *m = NULL;
 	int unusable;
 
@@ -184,11 +184,11 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			return 0;
 		}
 
-	if (attach_reply("fuzz", "the fuzzer", msg, msg_len, fds, nfds, &status, &unusable,
+	if (attach_reply("fuzz", "the fuzzer", msg, msg_len, fds, nfds, &cache, &unusable,
 		    &m) == 0) {
 		use_model(m);
 		wc_release(m);
 	}
-	attach_status_unref(status);
+	attach_cache_clear(&cache);
 	return 0;
 }

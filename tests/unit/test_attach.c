@@ -868,10 +868,11 @@ test_good_reply(void **state)
 	assert_map_perms(f->file_path[1], "r--p");
 
 	/* A second attach on the same connection is a second model, which
-	 * shares the client's one mapping of the status page. */
+	 * shares the client's one mapping of the status page and, the same
+	 * generation, of the index. */
 	assert_int_equal(wc_attach(f->client, MODEL, &second), 0);
 	assert_true(second != f->model);
-	assert_maps(f, 2, 4, 2);
+	assert_maps(f, 1, 4, 2);
 	assert_int_equal(wc_model_stale(second), 0);
 	wc_release(f->model);
 	f->model = NULL;
@@ -879,7 +880,8 @@ test_good_reply(void **state)
 	set_slot(f, SLOT, GENERATION + 1);
 	assert_int_equal(wc_model_stale(second), 1);
 	wc_release(second);
-	/* The client keeps its page for the next attach. */
+	/* The client keeps its page for the next attach, and the index only
+	 * while it is current: the page says generation 8 now. */
 	assert_maps(f, 0, 0, 2);
 	finish(f, before);
 	assert_string_equal(f->fake.name, MODEL);
@@ -887,6 +889,37 @@ test_good_reply(void **state)
 	assert_int_equal(f->fake.releases, 2);
 	assert_int_equal(f->fake.released_handle, HANDLE);
 	assert_int_equal(f->fake.released_seq, 0); /* no reply wanted */
+}
+
+/* Between attaches the client keeps the index of a current generation
+ * (mapped once, however many attaches), and lets it go with the last model
+ * once the status page says the generation is old. */
+static void
+test_index_kept_while_current(void **state)
+{
+	struct fixture *f = *state;
+	int before = attach_ok(f);
+
+	wc_release(f->model);
+	f->model = NULL;
+	assert_maps(f, 1, 0, 2);
+	assert_int_equal(wc_attach(f->client, MODEL, &f->model), 0);
+	check_tensors(f->model);
+	assert_maps(f, 1, 2, 2);
+	set_slot(f, SLOT, GENERATION + 1);
+	wc_release(f->model);
+	f->model = NULL;
+	assert_maps(f, 0, 0, 2);
+	/* The next attach maps it afresh. */
+	set_slot(f, SLOT, GENERATION);
+	assert_int_equal(wc_attach(f->client, MODEL, &f->model), 0);
+	check_tensors(f->model);
+	assert_maps(f, 1, 2, 2);
+	wc_release(f->model);
+	f->model = NULL;
+	finish(f, before);
+	assert_int_equal(f->fake.attaches, 3);
+	assert_int_equal(f->fake.releases, 3);
 }
 
 /* Without WIRE_ATTACH_STATUS there is no page: never stale. */
@@ -1897,6 +1930,7 @@ main(void)
 #define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
 	const struct CMUnitTest tests[] = {
 		T(test_good_reply),
+		T(test_index_kept_while_current),
 		T(test_attach_times_out),
 		T(test_timeout_settings),
 		T(test_good_reply_without_status),
