@@ -228,8 +228,9 @@ model_from_fds(const char *name, const struct wire_attach_ok *ok, const int *fds
 	if (nfds != want || ok->file_count > WIRE_MAX_FILES || ok->index_size > INDEX_MAX_SIZE)
 		return error_set(-EBADMSG, "model \"%s\": wcached sent %zu descriptors for %u files",
 			name, nfds, ok->file_count);
-	if ((r = use_index(fds[0], ok->index_size, name, cache->index, &xi, &fresh)) < 0)
-		return r;
+	if ((r = use_index(fds[0], ok->index_size, name, cache->index, &xi, &fresh)) < 0 ||
+		xi == NULL)
+		return r < 0 ? r : -EIO;
 	index = xi->base;
 	if ((r = index_open(index, isize, &h)) < 0 || h.file_count != ok->file_count) {
 		char why[256];
@@ -309,7 +310,7 @@ attach_reply(const char *name, const char *where, const uint8_t *buf, size_t len
 {
 	struct wire_message msg;
 	struct wire_attach_ok ok;
-	wc_model *m;
+	wc_model *m = NULL;
 	int r;
 
 	*unusable = 1;
@@ -340,7 +341,8 @@ attach_reply(const char *name, const char *where, const uint8_t *buf, size_t len
 	}
 	r = model_from_fds(name, &ok, fds, nfds, cache, &m);
 	close_received(fds, nfds);
-	if (r < 0) {
+	if (r < 0 || m == NULL) {
+		r = r < 0 ? r : -EIO;
 		*unusable = r == -EBADMSG; /* not a reply from wcached */
 		return r;
 	}

@@ -329,7 +329,8 @@ static struct sort_item *
 sort_tensors(const struct index_builder *b)
 {
 	size_t n = b->ntensors, depth = SIZE_MAX;
-	struct sort_item *it = malloc(2 * (n ? n : 1) * sizeof(*it));
+	/* calloc: for a large n these are fresh zero pages anyway. */
+	struct sort_item *it = calloc(2 * (n ? n : 1), sizeof(*it));
 	struct sort_ctx *ctx = malloc(sizeof(*ctx));
 	const char *first = b->strings + (n ? b->tensors[0].name : 0);
 
@@ -400,9 +401,13 @@ index_build(struct index_builder *b, const char *what, uint8_t **blob, size_t *l
 			return r;
 		}
 	for (size_t i = 1; i < b->nmeta; i++)
-		if (compare_pairs(&b->meta[i - 1], &b->meta[i], b->strings) == 0)
-			return error_set(-EINVAL, "%s: duplicate metadata key \"%s\"", what,
+		if (compare_pairs(&b->meta[i - 1], &b->meta[i], b->strings) == 0) {
+			int r = error_set(-EINVAL, "%s: duplicate metadata key \"%s\"", what,
 				b->strings + b->meta[i].key);
+
+			free(order);
+			return r;
+		}
 
 	/* Sizes are bounded by what the arrays already hold in memory, so
 	 * these sums cannot overflow size_t on a 64-bit host. */
