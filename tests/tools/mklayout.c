@@ -32,7 +32,7 @@ static const char *const proj[] = { "gate_proj", "up_proj", "down_proj" };
 static void
 tensor_name(uint64_t i, char *buf, size_t cap)
 {
-	uint64_t per_layer = EXPERTS * 3;
+	uint64_t per_layer = (uint64_t)EXPERTS * 3;
 
 	snprintf(buf, cap, "model.layers.%" PRIu64 ".mlp.experts.%" PRIu64 ".%s.weight",
 		i / per_layer, (i % per_layer) / 3, proj[i % 3]);
