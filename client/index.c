@@ -226,14 +226,14 @@ struct sort_item {
 	uint32_t tensor;
 };
 
-#define SORT_SMALL 16
+#define SORT_SMALL 32
 
-/* What every level of sort_run() shares: the histograms are used only
- * before a level recurses, so one set serves all levels, and the stack
- * stays small however long the names (up to 512 levels of 8 bytes). */
+/* What every level of sort_run() shares: the histogram is used only before
+ * a level recurses, so one serves all levels, and the stack stays small
+ * however long the names (up to 512 levels of 8 bytes). */
 struct sort_ctx {
 	const struct index_builder *b;
-	uint32_t count[8][256];
+	uint32_t count[256];
 };
 
 /* The 8 bytes of tensor t's name at depth, big-endian, zero-padded. */
@@ -241,11 +241,15 @@ static uint64_t
 name_key(const struct index_builder *b, uint32_t t, size_t depth)
 {
 	const struct builder_tensor *x = &b->tensors[t];
-	const unsigned char *s = (const unsigned char *)b->strings + x->name;
+	const unsigned char *s = (const unsigned char *)b->strings + x->name + depth;
 	uint64_t k = 0;
 
+	if (depth + 8 <= x->name_len) {
+		memcpy(&k, s, 8);
+		return be64toh(k);
+	}
 	for (size_t i = 0; i < 8; i++)
-		k = k << 8 | (depth + i < x->name_len ? s[depth + i] : 0);
+		k = k << 8 | (depth + i < x->name_len ? s[i] : 0);
 	return k;
 }
 
@@ -261,21 +265,39 @@ compare_from(const struct index_builder *b, uint32_t x, uint32_t y, size_t depth
 		b->strings + c->name + (c->name_len - cl), cl);
 }
 
-/* Sorts items[0..n) (names equal before depth) into tmp's room. */
+/* Whether item x sorts before y, their keys taken at depth. A key whose
+ * last byte is 0 holds the end of the name: equal keys then mean equal
+ * names (duplicates, which index_build reports). */
+static int
+item_before(const struct index_builder *b, const struct sort_item *x, const struct sort_item *y,
+	size_t depth)
+{
+	if (x->key != y->key)
+		return x->key < y->key;
+	return (x->key & 0xff) != 0 && compare_from(b, x->tensor, y->tensor, depth + 8) < 0;
+}
+
+/* Sorts items[0..n) (names equal before depth) using tmp's room. */
 static void
 sort_run(struct sort_ctx *ctx, struct sort_item *it, struct sort_item *tmp, size_t n,
 	size_t depth)
 {
 	const struct index_builder *b = ctx->b;
-	uint32_t (*count)[256] = ctx->count;
 	struct sort_item *src = it, *dst = tmp;
+	uint64_t all = ~(uint64_t)0, any = 0, varies;
 
+	for (size_t i = 0; i < n; i++) {
+		uint64_t k = it[i].key = name_key(b, it[i].tensor, depth);
+
+		all &= k;
+		any |= k;
+	}
 	if (n <= SORT_SMALL) {
 		for (size_t i = 1; i < n; i++) {
 			struct sort_item v = it[i];
 			size_t j = i;
 
-			while (j > 0 && compare_from(b, it[j - 1].tensor, v.tensor, depth) > 0) {
+			while (j > 0 && item_before(b, &v, &it[j - 1], depth)) {
 				it[j] = it[j - 1];
 				j--;
 			}
@@ -283,25 +305,24 @@ sort_run(struct sort_ctx *ctx, struct sort_item *it, struct sort_item *tmp, size
 		}
 		return;
 	}
-	memset(ctx->count, 0, sizeof(ctx->count));
-	for (size_t i = 0; i < n; i++) {
-		uint64_t k = it[i].key = name_key(b, it[i].tensor, depth);
-
-		for (int d = 0; d < 8; d++)
-			count[d][(k >> (8 * d)) & 0xff]++;
-	}
-	/* Least significant byte first; a byte all keys share moves nothing. */
+	/* Least significant byte first, only the bytes that differ. */
+	varies = all ^ any;
 	for (int d = 0; d < 8; d++) {
-		uint32_t sum = 0, pos[256];
+		uint32_t *count = ctx->count, sum = 0;
 
-		if (count[d][(src[0].key >> (8 * d)) & 0xff] == n)
+		if (((varies >> (8 * d)) & 0xff) == 0)
 			continue;
+		memset(ctx->count, 0, sizeof(ctx->count));
+		for (size_t i = 0; i < n; i++)
+			count[(src[i].key >> (8 * d)) & 0xff]++;
 		for (int v = 0; v < 256; v++) {
-			pos[v] = sum;
-			sum += count[d][v];
+			uint32_t c = count[v];
+
+			count[v] = sum;
+			sum += c;
 		}
 		for (size_t i = 0; i < n; i++)
-			dst[pos[(src[i].key >> (8 * d)) & 0xff]++] = src[i];
+			dst[count[(src[i].key >> (8 * d)) & 0xff]++] = src[i];
 		struct sort_item *swap = src;
 
 		src = dst;
@@ -309,9 +330,7 @@ sort_run(struct sort_ctx *ctx, struct sort_item *it, struct sort_item *tmp, size
 	}
 	if (src != it)
 		memcpy(it, src, n * sizeof(*it));
-	/* Runs of one key: the names agree on 8 more bytes. A key whose last
-	 * byte is 0 ended inside it: those names are equal (duplicates, which
-	 * index_build reports). */
+	/* Runs of one key: the names agree on 8 more bytes. */
 	for (size_t i = 0; i < n;) {
 		size_t j = i + 1;
 
@@ -340,6 +359,21 @@ sort_tensors(const struct index_builder *b)
 		return NULL;
 	}
 	ctx->b = b;
+	/* Checkpoints written by the safetensors library list a file's tensors
+	 * sorted (by dtype, then name): one pass finds that out, and stops at
+	 * the first name out of order otherwise. */
+	{
+		size_t i = 1;
+
+		while (i < n && compare_tensors(&b->tensors[i - 1], &b->tensors[i], b->strings) < 0)
+			i++;
+		if (i >= n) {
+			for (i = 0; i < n; i++)
+				it[i].tensor = (uint32_t)i;
+			free(ctx);
+			return it;
+		}
+	}
 	for (size_t i = 0; i < n; i++) {
 		const struct builder_tensor *t = &b->tensors[i];
 		size_t l = 0, max = t->name_len < depth ? t->name_len : depth;

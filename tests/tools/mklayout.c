@@ -7,13 +7,15 @@
  * 90,000 tensors). Only the header and the index matter there, so every
  * tensor is a tiny BF16 vector and nothing large is written or committed.
  *
- *   mklayout --tensors N [--shards S] [--elements E] OUT
+ *   mklayout --tensors N [--shards S] [--elements E] [--sorted] OUT
  *
  * With S = 1 (the default) OUT is the safetensors file. With S > 1 OUT is
  * a directory, created if missing, that receives
  * model-0000K-of-0000S.safetensors and model.safetensors.index.json (the
  * path to give wcached and wc_open_file). Names are MoE-like:
- * model.layers.L.mlp.experts.X.{gate,up,down}_proj.weight. Files are
+ * model.layers.L.mlp.experts.X.{gate,up,down}_proj.weight, in generation
+ * order (layer by layer, not sorted) or, with --sorted, each file's header
+ * and data in name order, as the safetensors library writes them. Files are
  * written beside their final name and renamed into place.
  */
 #include <errno.h>
@@ -84,23 +86,39 @@ write_file(const char *path, const void *a, size_t alen, const void *b, size_t b
 	}
 }
 
-/* Shard k of nshards: tensors [first, last). */
+#define NAME_BYTES 96
+
+static int
+by_name(const void *a, const void *b)
+{
+	return strcmp(a, b);
+}
+
+/* Shard k of nshards: tensors [first, last), in generation order or, with
+ * sorted, in name order (as the safetensors library writes a file). */
 static void
-write_shard(const char *path, uint64_t first, uint64_t last, uint64_t elements)
+write_shard(const char *path, uint64_t first, uint64_t last, uint64_t elements, int sorted)
 {
 	struct text h = { 0 };
-	char name[160];
-	uint64_t nbytes = elements * 2, off = 0;
+	uint64_t nbytes = elements * 2, off = 0, n = last - first;
 	uint8_t lenbuf[8], *data;
+	char *names = malloc(n * NAME_BYTES);
 	size_t dlen;
 
-	text_add(&h, "12345678{\"__metadata__\":{\"format\":\"pt\"}"); /* 8: the length */
-	for (uint64_t i = first; i < last; i++, off += nbytes) {
-		tensor_name(i, name, sizeof(name));
-		text_add(&h, ",\"%s\":{\"dtype\":\"BF16\",\"shape\":[%" PRIu64 "],"
-			"\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", name, elements, off,
-			off + nbytes);
+	if (names == NULL) {
+		fprintf(stderr, "mklayout: out of memory\n");
+		exit(1);
 	}
+	for (uint64_t i = 0; i < n; i++)
+		tensor_name(first + i, names + i * NAME_BYTES, NAME_BYTES);
+	if (sorted)
+		qsort(names, n, NAME_BYTES, by_name);
+	text_add(&h, "12345678{\"__metadata__\":{\"format\":\"pt\"}"); /* 8: the length */
+	for (uint64_t i = 0; i < n; i++, off += nbytes)
+		text_add(&h, ",\"%s\":{\"dtype\":\"BF16\",\"shape\":[%" PRIu64 "],"
+			"\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", names + i * NAME_BYTES,
+			elements, off, off + nbytes);
+	free(names);
 	text_add(&h, "}");
 	while ((h.len - 8) % 8 != 0)
 		text_add(&h, " ");
@@ -123,7 +141,7 @@ write_shard(const char *path, uint64_t first, uint64_t last, uint64_t elements)
 static void
 usage(void)
 {
-	fprintf(stderr, "usage: mklayout --tensors N [--shards S] [--elements E] OUT\n");
+	fprintf(stderr, "usage: mklayout --tensors N [--shards S] [--elements E] [--sorted] OUT\n");
 	exit(2);
 }
 
@@ -132,6 +150,7 @@ main(int argc, char **argv)
 {
 	uint64_t tensors = 0, shards = 1, elements = 4;
 	const char *out = NULL;
+	int sorted = 0;
 
 	for (int i = 1; i < argc; i++) {
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -143,6 +162,8 @@ main(int argc, char **argv)
 			dst = &shards;
 		else if (strcmp(argv[i], "--elements") == 0)
 			dst = &elements;
+		else if (strcmp(argv[i], "--sorted") == 0)
+			sorted = 1;
 		else if (argv[i][0] != '-' && out == NULL)
 			out = argv[i];
 		else
@@ -162,7 +183,7 @@ main(int argc, char **argv)
 		strlen(out) > 4000)
 		usage();
 	if (shards == 1) {
-		write_shard(out, 0, tensors, elements);
+		write_shard(out, 0, tensors, elements, sorted);
 		return 0;
 	}
 	if (mkdir(out, 0755) != 0 && errno != EEXIST) {
@@ -181,7 +202,7 @@ main(int argc, char **argv)
 		snprintf(file, sizeof(file), "model-%05" PRIu64 "-of-%05" PRIu64 ".safetensors",
 			k + 1, shards);
 		snprintf(path, sizeof(path), "%s/%s", out, file);
-		write_shard(path, first, last, elements);
+		write_shard(path, first, last, elements, sorted);
 		for (uint64_t i = first; i < last; i++) {
 			tensor_name(i, name, sizeof(name));
 			text_add(&index, "%s\"%s\":\"%s\"", i ? "," : "", name, file);
