@@ -1,23 +1,29 @@
 /*
  * attach.c: attaching models through wcached (wc_connect, wc_attach,
- * wc_disconnect) and telling it when they are released.
+ * wc_disconnect), telling it when they are released, and the deadline of
+ * every wait on the daemon.
  *
  * One request, one reply: the client sends ATTACH with the model's name on
  * a SOCK_SEQPACKET socket and receives ATTACH_OK with the sealed index memfd
- * and one read-only descriptor per model file. Every received descriptor is
- * checked (type, size, seals), mapped, and closed: the model keeps only the
- * mappings, which outlive the descriptors, the connection and the daemon.
+ * and one read-only descriptor per model file; attach_reply.c checks and
+ * maps them. A release is one RELEASE with seq 0, which the daemon does not
+ * answer: no round trip.
+ *
+ * Deadlines: the socket's SO_RCVTIMEO and SO_SNDTIMEO, set at connect and
+ * by wc_set_timeout(), bound every connect, send and receive without a
+ * system call per request. A request that times out closes the connection
+ * (its reply could still come and would be taken for the next one's).
  */
 #include <errno.h>
-#include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "error.h"
@@ -25,32 +31,143 @@
 #include "model.h"
 #include "wire.h"
 
-_Static_assert(INDEX_MAX_FILES == WIRE_MAX_FILES, "an attach passes the index, every file and the status page");
-
 #define DEFAULT_SOCKET "/run/wcached/wcached.sock"
-#define REQUIRED_SEALS (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
-#define STATUS_SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
-#define STATUS_MAGIC 0x54534357u /* "WCST" in slot 0 */
-#define STATUS_MAX_BYTES (1u << 20)
+#define DEFAULT_TIMEOUT_MS 30000 /* long enough for socket activation to start wcached */
+#define TIMEOUT_ENV "WCACHE_TIMEOUT"
+#define MAX_TIMEOUT_S (INT_MAX / 1000)
 
 struct wc_client {
 	int fd;
 	pid_t pid;            /* the process that connected */
 	uint32_t seq;
+	int timeout_ms;       /* 0: wait forever */
 	char *path;
+	char *where;          /* "wcached at PATH", for messages */
 	pthread_mutex_t lock; /* one request at a time on the socket */
 	wc_model *models;     /* attached through this client, still held */
+	struct attach_cache cache;    /* the status page, mapped once; the last index */
 };
+
+/* ---- the process's pid without a system call ---- */
+
+static pid_t self_pid_value;
+static pthread_once_t self_pid_once = PTHREAD_ONCE_INIT;
+
+static void
+self_pid_child(void)
+{
+	__atomic_store_n(&self_pid_value, getpid(), __ATOMIC_RELAXED);
+}
+
+static void
+self_pid_init(void)
+{
+	self_pid_value = getpid();
+	(void)pthread_atfork(NULL, NULL, self_pid_child);
+}
+
+/* getpid(), kept up to date across fork() by an atfork handler, because
+ * every attach and release asks (a child must stay silent on its parent's
+ * connection) and getpid() is a system call. */
+static pid_t
+self_pid(void)
+{
+	pthread_once(&self_pid_once, self_pid_init);
+	return __atomic_load_n(&self_pid_value, __ATOMIC_RELAXED);
+}
+
+/* ---- deadlines ---- */
+
+/* The default deadline: $WCACHE_TIMEOUT seconds (0: forever), else 30 s. */
+static int
+timeout_default(int *ms)
+{
+	const char *v = getenv(TIMEOUT_ENV);
+	double seconds;
+	char *end;
+
+	if (v == NULL || *v == '\0') {
+		*ms = DEFAULT_TIMEOUT_MS;
+		return 0;
+	}
+	errno = 0;
+	seconds = strtod(v, &end);
+	if (end == v || *end != '\0' || errno != 0 || !(seconds >= 0) || seconds > MAX_TIMEOUT_S)
+		return error_set(-EINVAL, "%s=%.64s: not a number of seconds (0 to %d; 0 waits "
+			"forever)", TIMEOUT_ENV, v, MAX_TIMEOUT_S);
+	*ms = (int)(seconds * 1000 + 0.5);
+	if (seconds > 0 && *ms == 0)
+		*ms = 1;
+	return 0;
+}
+
+/* Sets fd's send and receive timeouts (connect uses the send timeout). */
+static int
+apply_timeout(int fd, int ms, const char *path)
+{
+	struct timeval tv = { .tv_sec = ms / 1000, .tv_usec = (suseconds_t)(ms % 1000) * 1000 };
+
+	if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == -1 ||
+		setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) == -1)
+		return error_set(-errno, "%s: setting the timeout: %s", path, strerror(errno));
+	return 0;
+}
+
+/* Seconds since start on the monotonic clock (a vDSO call, not a system call). */
+static double
+elapsed_since(const struct timespec *start)
+{
+	struct timespec now;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return (double)(now.tv_sec - start->tv_sec) + (double)(now.tv_nsec - start->tv_nsec) / 1e9;
+}
+
+/* The error of a wait that ran out: names the socket and the time waited,
+ * and closes the connection, which is out of step from now on. */
+static int
+timed_out(wc_client *c, const char *what, const struct timespec *start)
+{
+	shutdown(c->fd, SHUT_RDWR);
+	return error_set(-ETIMEDOUT, "%s did not %s within %.3g s (waited %.3g s; the limit is "
+		"%s or wc_set_timeout()); connection closed", c->where, what,
+		c->timeout_ms / 1000.0, elapsed_since(start), TIMEOUT_ENV);
+}
+
+int
+wc_set_timeout(wc_client *c, int timeout_ms)
+{
+	int r = 0;
+
+	if (c == NULL)
+		return error_set(-EINVAL, "wc_set_timeout: no client");
+	if (timeout_ms < 0 && (r = timeout_default(&timeout_ms)) < 0)
+		return r;
+	pthread_mutex_lock(&c->lock);
+	if ((r = apply_timeout(c->fd, timeout_ms, c->path)) == 0)
+		c->timeout_ms = timeout_ms;
+	pthread_mutex_unlock(&c->lock);
+	return r;
+}
 
 int
 wc_connect(const char *socket_path, wc_client **out)
 {
+	return wc_connect_timeout(socket_path, -1, out);
+}
+
+int
+wc_connect_timeout(const char *socket_path, int timeout_ms, wc_client **out)
+{
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct timespec start;
 	wc_client *c;
-	int fd;
+	int fd, r;
 
 	if (out == NULL)
 		return error_set(-EINVAL, "wc_connect: no output");
+	if (timeout_ms < 0 && (r = timeout_default(&timeout_ms)) < 0)
+		return r;
 	if (socket_path == NULL)
 		socket_path = getenv("WCACHE_SOCKET");
 	if (socket_path == NULL || *socket_path == '\0')
@@ -61,26 +178,50 @@ wc_connect(const char *socket_path, wc_client **out)
 	memcpy(sa.sun_path, socket_path, strlen(socket_path) + 1);
 	if ((fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0)) == -1)
 		return error_set(-errno, "socket: %s", strerror(errno));
+	if ((r = apply_timeout(fd, timeout_ms, socket_path)) < 0) {
+		close(fd);
+		return r;
+	}
+	clock_gettime(CLOCK_MONOTONIC, &start);
 	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == -1) {
 		int e = errno;
 
 		close(fd);
+		if (e == EAGAIN || e == EINPROGRESS)
+			return error_set(-ETIMEDOUT, "wcached at %s did not accept the connection "
+				"within %.3g s (waited %.3g s; the limit is %s or "
+				"wc_connect_timeout())", socket_path, timeout_ms / 1000.0,
+				elapsed_since(&start), TIMEOUT_ENV);
 		if (e == ENOENT || e == ECONNREFUSED)
 			return error_set(-e, "wcached is not running at %s (%s)", socket_path,
 				strerror(e));
 		return error_set(-e, "cannot connect to wcached at %s: %s", socket_path,
 			strerror(e));
 	}
-	if ((c = calloc(1, sizeof(*c))) == NULL || (c->path = strdup(socket_path)) == NULL) {
+	if ((c = calloc(1, sizeof(*c))) == NULL || (c->path = strdup(socket_path)) == NULL ||
+		asprintf(&c->where, "wcached at %s", socket_path) < 0) {
+		if (c != NULL)
+			free(c->path);
 		free(c);
 		close(fd);
 		return error_set(-ENOMEM, "wc_connect: out of memory");
 	}
 	c->fd = fd;
-	c->pid = getpid();
+	c->pid = self_pid();
+	c->timeout_ms = timeout_ms;
 	pthread_mutex_init(&c->lock, NULL);
 	*out = c;
 	return 0;
+}
+
+/* The next request's seq: counts from 1 and skips 0, which marks a
+ * request that wants no reply. */
+static uint32_t
+next_seq(wc_client *c)
+{
+	if (++c->seq == 0)
+		c->seq = 1;
+	return c->seq;
 }
 
 /*
@@ -92,6 +233,7 @@ static ssize_t
 roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, uint8_t *buf,
 	size_t cap, int *fds, size_t maxfds, size_t *nfds, struct wire_message *msg)
 {
+	struct timespec start;
 	ssize_t n;
 	int r;
 
@@ -103,7 +245,10 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, uint8_
 	 */
 	int reset = 0;
 
+	clock_gettime(CLOCK_MONOTONIC, &start);
 	if ((n = fdp_send(c->fd, req, req_len, NULL, 0)) < 0) {
+		if (n == -EAGAIN)
+			return timed_out(c, "take the request", &start);
 		if (n != -EPIPE && n != -ECONNRESET)
 			return error_set((int)n, "wcached at %s: send: %s", c->path,
 				strerror((int)-n));
@@ -111,6 +256,8 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, uint8_
 	}
 	for (;;) {
 		n = fdp_recv(c->fd, buf, cap, fds, maxfds, nfds);
+		if (n == -EAGAIN)
+			return timed_out(c, "answer", &start);
 		if (n == -ECONNRESET && !reset) {
 			reset = 1;
 			continue;
@@ -151,131 +298,9 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, uint8_
 				c->path, seq, msg->h.seq);
 		}
 		/* An announcement: drop it; the status page says what changed. */
+		if (c->timeout_ms > 0 && elapsed_since(&start) * 1000 > c->timeout_ms)
+			return timed_out(c, "answer", &start);
 	}
-}
-
-/* Checks a received descriptor and maps it whole, read-only. */
-static int
-map_fd(int fd, uint64_t want, int memfd, const char *what, const uint8_t **base)
-{
-	struct stat st;
-	void *p;
-
-	if (fstat(fd, &st) == -1)
-		return error_set(-errno, "%s: fstat: %s", what, strerror(errno));
-	if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != want)
-		return error_set(-EBADMSG, "%s: received descriptor is not a %llu-byte file",
-			what, (unsigned long long)want);
-	if (memfd) {
-		int seals = fcntl(fd, F_GET_SEALS);
-
-		if (seals == -1 || (seals & REQUIRED_SEALS) != REQUIRED_SEALS)
-			return error_set(-EBADMSG, "%s: index is not sealed", what);
-	} else if ((fcntl(fd, F_GETFL) & O_ACCMODE) != O_RDONLY) {
-		/* wcached passes model files read-only; anything else is not
-		 * from wcached. */
-		return error_set(-EBADMSG, "%s: received a writable descriptor", what);
-	}
-	if (want == 0) {
-		*base = NULL;
-		return 0;
-	}
-	/* Model files MAP_PRIVATE (see file.c and wc_model_cow()); the sealed
-	 * index stays MAP_SHARED and is populated now: one call maps its pages
-	 * (0.3 ms for 50,000 tensors) instead of a fault per page on the first
-	 * lookups, which cost more in total. */
-	p = mmap(NULL, (size_t)want, PROT_READ,
-		memfd ? MAP_SHARED | MAP_POPULATE : MAP_PRIVATE | MAP_NORESERVE,
-		fd, 0);
-	if (p == MAP_FAILED)
-		return error_set(-errno, "%s: mmap: %s", what, strerror(errno));
-	*base = p;
-	return 0;
-}
-
-/*
- * Maps the daemon's status page for wc_model_stale(). The page must be a
- * sealed memfd that cannot shrink (so reading it never faults) with the
- * magic in slot 0. A page that fails a check is ignored: the model works,
- * only its stale checks say 0.
- */
-static void
-map_status(wc_model *m, int fd, uint64_t slot)
-{
-	struct stat st;
-	int seals = fcntl(fd, F_GET_SEALS);
-	void *p;
-
-	if (slot == 0 || seals == -1 || (seals & STATUS_SEALS) != STATUS_SEALS ||
-		fstat(fd, &st) == -1 || !S_ISREG(st.st_mode) || st.st_size <= 0 ||
-		(uint64_t)st.st_size > STATUS_MAX_BYTES || slot >= (uint64_t)st.st_size / 8)
-		return;
-	p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
-	if (p == MAP_FAILED)
-		return;
-	if (__atomic_load_n((const uint64_t *)p, __ATOMIC_ACQUIRE) != STATUS_MAGIC) {
-		munmap(p, (size_t)st.st_size);
-		return;
-	}
-	m->status_page = p;
-	m->status_len = (size_t)st.st_size;
-	m->status_word = (const uint64_t *)p + slot;
-}
-
-/* Builds a model from ATTACH_OK's descriptors: fds[0] is the index. */
-static int
-model_from_fds(const char *name, const struct wire_attach_ok *ok, const int *fds, size_t nfds,
-	wc_model **out)
-{
-	struct index_header h;
-	struct model_map *maps = NULL;
-	const uint8_t *index = NULL;
-	size_t mapped = 0;
-	int r;
-
-	size_t want = 1 + (size_t)ok->file_count + ((ok->flags & WIRE_ATTACH_STATUS) ? 1 : 0);
-
-	if (nfds != want || ok->index_size > INDEX_MAX_SIZE)
-		return error_set(-EBADMSG, "model \"%s\": wcached sent %zu descriptors for %u files",
-			name, nfds, ok->file_count);
-	if ((r = map_fd(fds[0], ok->index_size, 1, name, &index)) < 0)
-		return r;
-	if ((r = index_open(index, (size_t)ok->index_size, &h)) < 0 ||
-		h.file_count != ok->file_count) {
-		char why[256];
-
-		snprintf(why, sizeof(why), "%s", r < 0 ? error_get() : "file count differs");
-		r = r < 0 ? r : -EBADMSG;
-		error_set(r, "model \"%s\": wcached sent a damaged index (%s)", name, why);
-		goto fail;
-	}
-	if ((maps = calloc(h.file_count, sizeof(*maps))) == NULL) {
-		r = error_set(-ENOMEM, "model \"%s\": out of memory", name);
-		goto fail;
-	}
-	for (; mapped < h.file_count; mapped++) {
-		const char *fname;
-
-		if ((r = index_file_at(index, &h, mapped, &fname, &maps[mapped].size)) < 0 ||
-			(r = map_fd(fds[1 + mapped], maps[mapped].size, 0, fname,
-				 &maps[mapped].base)) < 0) {
-			error_prefix(name);
-			goto fail;
-		}
-	}
-	if ((r = model_new(name, index, (size_t)ok->index_size, 1, maps, mapped, out)) < 0)
-		goto fail;
-	if (ok->flags & WIRE_ATTACH_STATUS)
-		map_status(*out, fds[1 + ok->file_count], ok->status_slot);
-	return 0;
-fail:
-	for (size_t i = 0; i < mapped; i++)
-		if (maps[i].base != NULL)
-			munmap((void *)maps[i].base, (size_t)maps[i].size);
-	free(maps);
-	if (index != NULL)
-		munmap((void *)index, (size_t)ok->index_size);
-	return r;
 }
 
 int
@@ -285,15 +310,14 @@ wc_attach(wc_client *c, const char *model, wc_model **out)
 	int fds[WIRE_MAX_FDS];
 	size_t nfds = 0, len;
 	struct wire_message msg;
-	struct wire_attach_ok ok;
 	wc_model *m;
 	ssize_t n;
 	uint32_t seq;
-	int r;
+	int r, unusable;
 
 	if (c == NULL || model == NULL || out == NULL)
 		return error_set(-EINVAL, "wc_attach: no client or model name");
-	if (c->pid != getpid())
+	if (c->pid != self_pid())
 		return error_set(-ECHILD, "model \"%s\": this client was connected by process %d; "
 			"call wc_connect() again after fork()", model, (int)c->pid);
 	len = strlen(model);
@@ -302,7 +326,7 @@ wc_attach(wc_client *c, const char *model, wc_model **out)
 			WIRE_MAX_NAME);
 
 	pthread_mutex_lock(&c->lock);
-	seq = ++c->seq;
+	seq = next_seq(c);
 	n = wire_put_attach(req, sizeof(req), seq, model, len);
 	if (n >= 0)
 		n = roundtrip(c, req, (size_t)n, seq, buf, sizeof(buf), fds, WIRE_MAX_FDS, &nfds,
@@ -311,40 +335,13 @@ wc_attach(wc_client *c, const char *model, wc_model **out)
 		pthread_mutex_unlock(&c->lock);
 		return (int)n;
 	}
-	if (msg.h.type == WIRE_ERROR) {
-		int32_t code;
-		const char *text;
-		size_t tlen;
-
-		fdp_close_all(fds, nfds);
-		pthread_mutex_unlock(&c->lock);
-		if (wire_get_error(&msg, &code, &text, &tlen) < 0)
-			return error_set(-EBADMSG, "model \"%s\": malformed error from wcached at %s",
-				model, c->path);
-		code = -code; /* the wire carries positive errno values */
-		if (code == -ENOENT)
-			return error_set(code, "model \"%s\" is not served by wcached at %s", model,
-				c->path);
-		return error_set(code, "model \"%s\": %.*s (wcached at %s)", model, (int)tlen,
-			text, c->path);
-	}
-	if (msg.h.type != WIRE_ATTACH_OK || wire_get_attach_ok(&msg, &ok) < 0) {
-		fdp_close_all(fds, nfds);
-		shutdown(c->fd, SHUT_RDWR);
-		pthread_mutex_unlock(&c->lock);
-		return error_set(-EBADMSG, "model \"%s\": unexpected reply from wcached at %s",
-			model, c->path);
-	}
-	r = model_from_fds(model, &ok, fds, nfds, &m);
-	fdp_close_all(fds, nfds);
-	if (r == -EBADMSG)
+	r = attach_reply(model, c->where, buf, (size_t)n, fds, nfds, &c->cache, &unusable, &m);
+	if (unusable)
 		shutdown(c->fd, SHUT_RDWR); /* a reply we cannot use: not wcached */
 	if (r < 0) {
 		pthread_mutex_unlock(&c->lock);
 		return r;
 	}
-	m->generation = ok.generation;
-	m->handle = ok.handle;
 	m->pid = c->pid;
 	m->client = c;
 	m->next = c->models;
@@ -369,29 +366,37 @@ unlink_model(wc_model *m)
 	m->prevp = NULL;
 }
 
+/*
+ * Tells the daemon with a RELEASE of seq 0, which it does not answer, so a
+ * release costs one send and no wait for the daemon. A send that fails
+ * (the daemon is gone, or wedged past the deadline) loses nothing the
+ * worker needs: the daemon releases every attach of a connection when it
+ * closes.
+ */
 void
 attach_forget(wc_model *m)
 {
 	wc_client *c = m->client;
-	uint8_t req[64], buf[WIRE_MAX_MESSAGE];
-	int fds[WIRE_MAX_FDS];
-	size_t nfds = 0;
-	struct wire_message msg;
-	uint32_t seq;
+	uint8_t req[64];
 	ssize_t n;
 
 	if (c == NULL)
 		return;
 	pthread_mutex_lock(&c->lock);
 	unlink_model(m);
+	/* The client keeps the index of the generation it attached last only
+	 * while that generation is current (the daemon keeps it then anyway):
+	 * a stale one goes with its last model. */
+	if (c->cache.index == m->shared_index && wc_model_stale(m)) {
+		attach_index_unref(c->cache.index);
+		c->cache.index = NULL;
+	}
 	/* Only the process that attached holds the daemon's handle; a child
 	 * after fork() shares the socket and must stay silent on it. */
-	if (m->pid == getpid() && c->pid == getpid()) {
-		seq = ++c->seq;
-		n = wire_put_release(req, sizeof(req), seq, m->handle);
-		if (n >= 0 && roundtrip(c, req, (size_t)n, seq, buf, sizeof(buf), fds,
-				      WIRE_MAX_FDS, &nfds, &msg) >= 0)
-			fdp_close_all(fds, nfds);
+	if (m->pid == self_pid() && c->pid == m->pid) {
+		n = wire_put_release(req, sizeof(req), 0, m->handle);
+		if (n >= 0)
+			(void)fdp_send(c->fd, req, (size_t)n, NULL, 0);
 	}
 	pthread_mutex_unlock(&c->lock);
 }
@@ -424,7 +429,7 @@ wc_client_dispatch(wc_client *c)
 		if (n <= 0) {
 			pthread_mutex_unlock(&c->lock);
 			return error_set(n == 0 ? -ECONNRESET : -errno,
-				"wcached at %s closed the connection", c->path);
+				"%s closed the connection", c->where);
 		}
 		n = fdp_recv(c->fd, buf, sizeof(buf), fds, WIRE_MAX_FDS, &nfds);
 		if (n == -EAGAIN)
@@ -432,12 +437,17 @@ wc_client_dispatch(wc_client *c)
 		if (n <= 0) {
 			pthread_mutex_unlock(&c->lock);
 			return error_set(n == 0 ? -ECONNRESET : (int)n,
-				"wcached at %s: receive: %s", c->path,
+				"%s: receive: %s", c->where,
 				strerror(n == 0 ? ECONNRESET : (int)-n));
 		}
 		fdp_close_all(fds, nfds);
 		if (wire_decode(buf, (size_t)n, &msg) == 0 && msg.h.type == WIRE_CHANGED)
 			count++;
+	}
+	if (count > 0) {
+		/* A new generation: the index kept for the next attach is old. */
+		attach_index_unref(c->cache.index);
+		c->cache.index = NULL;
 	}
 	pthread_mutex_unlock(&c->lock);
 	return count;
@@ -459,7 +469,9 @@ wc_disconnect(wc_client *c)
 	c->models = NULL;
 	pthread_mutex_unlock(&c->lock);
 	pthread_mutex_destroy(&c->lock);
+	attach_cache_clear(&c->cache);
 	close(c->fd);
 	free(c->path);
+	free(c->where);
 	free(c);
 }

@@ -35,6 +35,7 @@ struct gen_row {
 struct model_row {
 	char *name, *state, *pinned, *error, *path;
 	uint64_t generation, bytes, resident, attached;
+	double warm_percent, warm_eta; /* eta 0 when absent (null: no estimate yet) */
 	struct gen_row *gens;
 	size_t ngens;
 };
@@ -80,6 +81,8 @@ static const struct ctl_field model_fields[] = {
 	{ "bytes", CTL_U64, offsetof(struct model_row, bytes) },
 	{ "resident_bytes", CTL_U64, offsetof(struct model_row, resident) },
 	{ "attached", CTL_U64, offsetof(struct model_row, attached) },
+	{ "warm_percent", CTL_DOUBLE, offsetof(struct model_row, warm_percent) },
+	{ "warm_eta_seconds", CTL_DOUBLE, offsetof(struct model_row, warm_eta) },
 };
 
 static const struct ctl_field unloaded_fields[] = {
@@ -290,7 +293,13 @@ print_status(struct status *s)
 				snprintf(cell[1], sizeof(cell[1]), "%" PRIu64, m->generation);
 			else
 				snprintf(cell[1], sizeof(cell[1]), "-");
-			snprintf(cell[2], sizeof(cell[2]), "%s", m->state ? m->state : "?");
+			if (m->state != NULL && strcmp(m->state, "warming") == 0 && m->warm_eta > 0)
+				snprintf(cell[2], sizeof(cell[2]), "warming %.0f%%, ~%.0f s left",
+					m->warm_percent, m->warm_eta < 1 ? 1 : m->warm_eta);
+			else if (m->state != NULL && strcmp(m->state, "warming") == 0)
+				snprintf(cell[2], sizeof(cell[2]), "warming %.0f%%", m->warm_percent);
+			else
+				snprintf(cell[2], sizeof(cell[2]), "%s", m->state ? m->state : "?");
 			human_bytes(m->bytes, cell[3], sizeof(cell[3]));
 			human_bytes(m->resident, cell[4], sizeof(cell[4]));
 			snprintf(cell[5], sizeof(cell[5]), "%s", m->pinned ? m->pinned : "?");

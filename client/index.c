@@ -115,6 +115,17 @@ index_builder_free(struct index_builder *b)
 	free(b);
 }
 
+int
+index_builder_reserve(struct index_builder *b, size_t tensors, size_t string_bytes)
+{
+	/* Two dimensions per tensor is the common case; more grows as usual. */
+	if (grow(&b->tensors, &b->tensors_cap, b->ntensors + tensors, sizeof(*b->tensors)) < 0 ||
+		grow(&b->shapes, &b->shapes_cap, b->shapes_len + 2 * tensors, sizeof(uint64_t)) < 0 ||
+		grow(&b->strings, &b->strings_cap, b->strings_len + string_bytes, 1) < 0)
+		return error_set(-ENOMEM, "index: out of memory");
+	return 0;
+}
+
 size_t
 index_builder_count(const struct index_builder *b)
 {
@@ -200,6 +211,183 @@ compare_tensors(const void *x, const void *y, void *arg)
 	return compare_names(s + a->name, a->name_len, s + b->name, b->name_len);
 }
 
+/*
+ * Sorting tensors by name. Comparison sorts of the records spend most of
+ * their time in memcmp() over the long prefixes that checkpoint names share
+ * ("model.layers.12.mlp.experts.7.") and in moving 56-byte records. Instead
+ * an order (tensor numbers) is sorted by 8-byte keys: the name's bytes at a
+ * depth, big-endian, zero-padded past the end (no name holds a NUL, so this
+ * is strcmp order). The first depth is the prefix all names share; a radix
+ * sort orders the keys, and each run of equal keys whose names go on is
+ * sorted again at depth + 8. Small runs use insertion sort on whole names.
+ */
+struct sort_item {
+	uint64_t key;
+	uint32_t tensor;
+};
+
+#define SORT_SMALL 32
+
+/* What every level of sort_run() shares: the histogram is used only before
+ * a level recurses, so one serves all levels, and the stack stays small
+ * however long the names (up to 512 levels of 8 bytes). */
+struct sort_ctx {
+	const struct index_builder *b;
+	uint32_t count[256];
+};
+
+/* The 8 bytes of tensor t's name at depth, big-endian, zero-padded. */
+static uint64_t
+name_key(const struct index_builder *b, uint32_t t, size_t depth)
+{
+	const struct builder_tensor *x = &b->tensors[t];
+	const unsigned char *s = (const unsigned char *)b->strings + x->name + depth;
+	uint64_t k = 0;
+
+	if (depth + 8 <= x->name_len) {
+		memcpy(&k, s, 8);
+		return be64toh(k);
+	}
+	for (size_t i = 0; i < 8; i++)
+		k = k << 8 | (depth + i < x->name_len ? s[i] : 0);
+	return k;
+}
+
+/* Whole-name order of two tensors whose names agree before depth. */
+static int
+compare_from(const struct index_builder *b, uint32_t x, uint32_t y, size_t depth)
+{
+	const struct builder_tensor *a = &b->tensors[x], *c = &b->tensors[y];
+	size_t al = a->name_len - (depth < a->name_len ? depth : a->name_len);
+	size_t cl = c->name_len - (depth < c->name_len ? depth : c->name_len);
+
+	return compare_names(b->strings + a->name + (a->name_len - al), al,
+		b->strings + c->name + (c->name_len - cl), cl);
+}
+
+/* Whether item x sorts before y, their keys taken at depth. A key whose
+ * last byte is 0 holds the end of the name: equal keys then mean equal
+ * names (duplicates, which index_build reports). */
+static int
+item_before(const struct index_builder *b, const struct sort_item *x, const struct sort_item *y,
+	size_t depth)
+{
+	if (x->key != y->key)
+		return x->key < y->key;
+	return (x->key & 0xff) != 0 && compare_from(b, x->tensor, y->tensor, depth + 8) < 0;
+}
+
+/* Sorts items[0..n) (names equal before depth) using tmp's room. */
+static void
+sort_run(struct sort_ctx *ctx, struct sort_item *it, struct sort_item *tmp, size_t n,
+	size_t depth)
+{
+	const struct index_builder *b = ctx->b;
+	struct sort_item *src = it, *dst = tmp;
+	uint64_t all = ~(uint64_t)0, any = 0, varies;
+
+	for (size_t i = 0; i < n; i++) {
+		uint64_t k = it[i].key = name_key(b, it[i].tensor, depth);
+
+		all &= k;
+		any |= k;
+	}
+	if (n <= SORT_SMALL) {
+		for (size_t i = 1; i < n; i++) {
+			struct sort_item v = it[i];
+			size_t j = i;
+
+			while (j > 0 && item_before(b, &v, &it[j - 1], depth)) {
+				it[j] = it[j - 1];
+				j--;
+			}
+			it[j] = v;
+		}
+		return;
+	}
+	/* Least significant byte first, only the bytes that differ. */
+	varies = all ^ any;
+	for (int d = 0; d < 8; d++) {
+		uint32_t *count = ctx->count, sum = 0;
+
+		if (((varies >> (8 * d)) & 0xff) == 0)
+			continue;
+		memset(ctx->count, 0, sizeof(ctx->count));
+		for (size_t i = 0; i < n; i++)
+			count[(src[i].key >> (8 * d)) & 0xff]++;
+		for (int v = 0; v < 256; v++) {
+			uint32_t c = count[v];
+
+			count[v] = sum;
+			sum += c;
+		}
+		for (size_t i = 0; i < n; i++)
+			dst[count[(src[i].key >> (8 * d)) & 0xff]++] = src[i];
+		struct sort_item *swap = src;
+
+		src = dst;
+		dst = swap;
+	}
+	if (src != it)
+		memcpy(it, src, n * sizeof(*it));
+	/* Runs of one key: the names agree on 8 more bytes. */
+	for (size_t i = 0; i < n;) {
+		size_t j = i + 1;
+
+		while (j < n && it[j].key == it[i].key)
+			j++;
+		if (j - i > 1 && (it[i].key & 0xff) != 0)
+			sort_run(ctx, it + i, tmp, j - i, depth + 8);
+		i = j;
+	}
+}
+
+/* The tensors' order by name, as a malloc'd array of tensor numbers
+ * (items), or NULL when out of memory. */
+static struct sort_item *
+sort_tensors(const struct index_builder *b)
+{
+	size_t n = b->ntensors, depth = SIZE_MAX;
+	/* calloc: for a large n these are fresh zero pages anyway. */
+	struct sort_item *it = calloc(2 * (n ? n : 1), sizeof(*it));
+	struct sort_ctx *ctx = malloc(sizeof(*ctx));
+	const char *first = b->strings + (n ? b->tensors[0].name : 0);
+
+	if (it == NULL || ctx == NULL) {
+		free(it);
+		free(ctx);
+		return NULL;
+	}
+	ctx->b = b;
+	/* Checkpoints written by the safetensors library list a file's tensors
+	 * sorted (by dtype, then name): one pass finds that out, and stops at
+	 * the first name out of order otherwise. */
+	{
+		size_t i = 1;
+
+		while (i < n && compare_tensors(&b->tensors[i - 1], &b->tensors[i], b->strings) < 0)
+			i++;
+		if (i >= n) {
+			for (i = 0; i < n; i++)
+				it[i].tensor = (uint32_t)i;
+			free(ctx);
+			return it;
+		}
+	}
+	for (size_t i = 0; i < n; i++) {
+		const struct builder_tensor *t = &b->tensors[i];
+		size_t l = 0, max = t->name_len < depth ? t->name_len : depth;
+
+		while (l < max && b->strings[t->name + l] == first[l])
+			l++;
+		depth = l;
+		it[i].tensor = (uint32_t)i;
+	}
+	sort_run(ctx, it, it + n, n, n ? depth : 0);
+	free(ctx);
+	return it;
+}
+
 static int
 compare_pairs(const void *x, const void *y, void *arg)
 {
@@ -227,20 +415,33 @@ int
 index_build(struct index_builder *b, const char *what, uint8_t **blob, size_t *len)
 {
 	size_t tensor_off = INDEX_HEADER_SIZE, file_off, meta_off, shape_off, string_off, total;
+	size_t names_len = 0, arena_off, at;
+	struct sort_item *order;
 	uint8_t *out, *p;
 
-	if (b->ntensors > 1)
-		qsort_r(b->tensors, b->ntensors, sizeof(*b->tensors), compare_tensors, b->strings);
+	if (b->ntensors > UINT32_MAX)
+		return error_set(-E2BIG, "%s: more than %u tensors", what, UINT32_MAX);
+	if ((order = sort_tensors(b)) == NULL)
+		return error_set(-ENOMEM, "%s: out of memory", what);
 	if (b->nmeta > 1)
 		qsort_r(b->meta, b->nmeta, sizeof(*b->meta), compare_pairs, b->strings);
 	for (size_t i = 1; i < b->ntensors; i++)
-		if (compare_tensors(&b->tensors[i - 1], &b->tensors[i], b->strings) == 0)
-			return error_set(-EINVAL, "%s: duplicate tensor name \"%s\"", what,
-				b->strings + b->tensors[i].name);
+		if (compare_tensors(&b->tensors[order[i - 1].tensor],
+			    &b->tensors[order[i].tensor], b->strings) == 0) {
+			int r = error_set(-EINVAL, "%s: duplicate tensor name \"%s\"", what,
+				b->strings + b->tensors[order[i].tensor].name);
+
+			free(order);
+			return r;
+		}
 	for (size_t i = 1; i < b->nmeta; i++)
-		if (compare_pairs(&b->meta[i - 1], &b->meta[i], b->strings) == 0)
-			return error_set(-EINVAL, "%s: duplicate metadata key \"%s\"", what,
+		if (compare_pairs(&b->meta[i - 1], &b->meta[i], b->strings) == 0) {
+			int r = error_set(-EINVAL, "%s: duplicate metadata key \"%s\"", what,
 				b->strings + b->meta[i].key);
+
+			free(order);
+			return r;
+		}
 
 	/* Sizes are bounded by what the arrays already hold in memory, so
 	 * these sums cannot overflow size_t on a 64-bit host. */
@@ -248,10 +449,19 @@ index_build(struct index_builder *b, const char *what, uint8_t **blob, size_t *l
 	meta_off = file_off + b->nfiles * INDEX_FILE_SIZE;
 	shape_off = meta_off + b->nmeta * INDEX_META_SIZE;
 	string_off = shape_off + b->shapes_len * sizeof(uint64_t);
-	total = string_off + b->strings_len;
-	if ((out = calloc(1, total)) == NULL)
+	/* The file names first, together, so that a reader that checks every
+	 * file (attach) touches one page for them rather than one per file
+	 * (in the arena each lies before its shard's tensor names); then the
+	 * arena as built. */
+	for (size_t i = 0; i < b->nfiles; i++)
+		names_len += b->files[i].name_len + 1;
+	arena_off = string_off + names_len;
+	total = arena_off + b->strings_len;
+	if ((out = calloc(1, total)) == NULL) {
+		free(order);
 		return error_set(-ENOMEM, "%s: out of memory for an index of %zu bytes", what,
 			total);
+	}
 
 	put32(out + 0, INDEX_MAGIC);
 	put32(out + 4, INDEX_VERSION);
@@ -264,10 +474,10 @@ index_build(struct index_builder *b, const char *what, uint8_t **blob, size_t *l
 	put64(out + 56, total);
 
 	for (size_t i = 0; i < b->ntensors; i++) {
-		const struct builder_tensor *t = &b->tensors[i];
+		const struct builder_tensor *t = &b->tensors[order[i].tensor];
 
 		p = out + tensor_off + i * INDEX_RECORD_SIZE;
-		put64(p + 0, string_off + t->name);
+		put64(p + 0, arena_off + t->name);
 		put32(p + 8, t->dtype);
 		put32(p + 12, t->file);
 		put64(p + 16, shape_off + t->shape * sizeof(uint64_t));
@@ -275,21 +485,25 @@ index_build(struct index_builder *b, const char *what, uint8_t **blob, size_t *l
 		put64(p + 32, t->offset);
 		put64(p + 40, t->nbytes);
 	}
+	at = string_off;
 	for (size_t i = 0; i < b->nfiles; i++) {
 		p = out + file_off + i * INDEX_FILE_SIZE;
-		put64(p + 0, string_off + b->files[i].name);
+		put64(p + 0, at);
 		put64(p + 8, b->files[i].size);
+		memcpy(out + at, b->strings + b->files[i].name, b->files[i].name_len + 1);
+		at += b->files[i].name_len + 1;
 	}
 	for (size_t i = 0; i < b->nmeta; i++) {
 		p = out + meta_off + i * INDEX_META_SIZE;
-		put64(p + 0, string_off + b->meta[i].key);
-		put64(p + 8, string_off + b->meta[i].value);
+		put64(p + 0, arena_off + b->meta[i].key);
+		put64(p + 8, arena_off + b->meta[i].value);
 	}
 	for (size_t i = 0; i < b->shapes_len; i++)
 		put64(out + shape_off + i * sizeof(uint64_t), b->shapes[i]);
 	if (b->strings_len > 0)
-		memcpy(out + string_off, b->strings, b->strings_len);
+		memcpy(out + arena_off, b->strings, b->strings_len);
 
+	free(order);
 	*blob = out;
 	*len = total;
 	return 0;
@@ -453,10 +667,12 @@ index_file_at(const uint8_t *blob, const struct index_header *h, uint64_t i, con
 		return error_set(-ERANGE, "index: file %llu of %llu", (unsigned long long)i,
 			(unsigned long long)h->file_count);
 	p = blob + h->file_offset + i * INDEX_FILE_SIZE;
-	if ((s = string_at(blob, h->total_size, get64(p), 4096)) == NULL)
-		return error_set(-EBADMSG, "index: file record %llu is damaged",
-			(unsigned long long)i);
-	*name = s;
+	if (name != NULL) {
+		if ((s = string_at(blob, h->total_size, get64(p), 4096)) == NULL)
+			return error_set(-EBADMSG, "index: file record %llu is damaged",
+				(unsigned long long)i);
+		*name = s;
+	}
 	*size = get64(p + 8);
 	return 0;
 }

@@ -106,6 +106,11 @@ int index_add_meta(struct index_builder *b, const char *key, size_t key_len, con
 /* Number of tensors added so far. */
 size_t index_builder_count(const struct index_builder *b);
 
+/* Makes room for tensors more tensors and string_bytes more bytes of names,
+ * so that a reader that knows its input's size (a header of N bytes holds
+ * at most N bytes of names) grows nothing while it adds. Optional. */
+int index_builder_reserve(struct index_builder *b, size_t tensors, size_t string_bytes);
+
 /*
  * Sorts tensors by name and metadata by key, rejects duplicates (the message
  * names the tensor or key, prefixed by what), and writes the index into a
@@ -125,7 +130,9 @@ int index_tensor_at(const uint8_t *blob, const struct index_header *h, uint64_t 
 int index_find(const uint8_t *blob, const struct index_header *h, const char *name,
 	struct index_tensor *out);
 
-/* The i-th file's name and size. */
+/* The i-th file's name and size. name may be NULL: then only the size is
+ * read, and the name's bytes (which may lie on a page of their own) are not
+ * touched; attach looks up sizes only and names only for messages. */
 int index_file_at(const uint8_t *blob, const struct index_header *h, uint64_t i,
 	const char **name, uint64_t *size);
 

@@ -38,14 +38,17 @@ model_new(const char *what, const uint8_t *index, size_t index_len, int index_ma
 		const char *name;
 		uint64_t size;
 
-		if ((r = index_file_at(index, &h, i, &name, &size)) < 0) {
+		if ((r = index_file_at(index, &h, i, NULL, &size)) < 0) {
 			error_prefix(what);
 			return r;
 		}
-		if (size != maps[i].size)
+		if (size != maps[i].size) {
+			if (index_file_at(index, &h, i, &name, &size) < 0)
+				name = "(damaged name)";
 			return error_set(-EBADMSG, "%s: file %s is %llu bytes, index says %llu",
 				what, name, (unsigned long long)maps[i].size,
 				(unsigned long long)size);
+		}
 	}
 	if ((m = calloc(1, sizeof(*m))) == NULL || (m->name = strdup(what)) == NULL) {
 		free(m);
@@ -60,21 +63,77 @@ model_new(const char *what, const uint8_t *index, size_t index_len, int index_ma
 	return 0;
 }
 
+/* A mapping model_free() unmaps. */
+struct range {
+	uintptr_t start, end; /* end rounded up to a page */
+};
+
+static int
+range_order(const void *a, const void *b)
+{
+	const struct range *x = a, *y = b;
+
+	return (x->start > y->start) - (x->start < y->start);
+}
+
+/*
+ * Unmaps the model's files and its own mapped index (a shared one is
+ * unreferenced by model_free()) with as few munmap() calls
+ * as there are runs of adjacent mappings: the kernel places consecutive
+ * mappings next to each other, so a model of 163 shards usually goes in one
+ * call. Every byte of a run is one of the model's mappings, so the call
+ * unmaps nothing else.
+ */
+static void
+unmap_all(wc_model *m)
+{
+	uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+	struct range stack[16], *r = stack;
+	size_t n = 0, cap = m->header.file_count + 1;
+
+	if (cap > sizeof(stack) / sizeof(stack[0]) && (r = malloc(cap * sizeof(*r))) == NULL) {
+		/* No memory to sort: one call per mapping. */
+		for (uint64_t i = 0; i < m->header.file_count; i++)
+			if (m->maps[i].base != NULL)
+				munmap((void *)m->maps[i].base, (size_t)m->maps[i].size);
+		if (m->index_mapped && m->shared_index == NULL)
+			munmap((void *)m->index, m->index_len);
+		return;
+	}
+	for (uint64_t i = 0; i < m->header.file_count; i++)
+		if (m->maps[i].base != NULL)
+			r[n++] = (struct range){ (uintptr_t)m->maps[i].base,
+				((uintptr_t)m->maps[i].base + (uintptr_t)m->maps[i].size + page - 1) &
+					~(page - 1) };
+	if (m->index_mapped && m->shared_index == NULL && m->index_len > 0)
+		r[n++] = (struct range){ (uintptr_t)m->index,
+			((uintptr_t)m->index + m->index_len + page - 1) & ~(page - 1) };
+	qsort(r, n, sizeof(*r), range_order);
+	for (size_t i = 0; i < n;) {
+		size_t j = i + 1;
+		uintptr_t end = r[i].end;
+
+		while (j < n && r[j].start == end)
+			end = r[j++].end;
+		munmap((void *)r[i].start, end - r[i].start);
+		i = j;
+	}
+	if (r != stack)
+		free(r);
+}
+
 void
 model_free(wc_model *m)
 {
 	if (m == NULL)
 		return;
-	for (uint64_t i = 0; i < m->header.file_count; i++)
-		if (m->maps[i].base != NULL)
-			munmap((void *)m->maps[i].base, (size_t)m->maps[i].size);
-	free(m->maps);
-	if (m->status_page != NULL)
-		munmap((void *)m->status_page, m->status_len);
-	if (m->index_mapped)
-		munmap((void *)m->index, m->index_len);
-	else
+	unmap_all(m);
+	if (m->shared_index != NULL)
+		attach_index_unref(m->shared_index);
+	else if (!m->index_mapped)
 		free((void *)m->index);
+	free(m->maps);
+	attach_status_unref(m->status);
 	free(m->name);
 	free(m);
 }

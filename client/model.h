@@ -16,6 +16,38 @@
 #include "index.h"
 #include "wcache.h"
 
+/*
+ * The daemon's status page as a client maps it: once per client, shared by
+ * the client and every model attached through it, unmapped when the last of
+ * them lets go (models outlive their client).
+ */
+struct attach_status {
+	const uint64_t *page;
+	size_t len;
+	unsigned refs; /* atomic */
+};
+
+/*
+ * An index memfd as a client maps it, shared by the models of one
+ * generation attached through the client and kept by the client between
+ * attaches while it is current (the daemon keeps it anyway), so attaching
+ * the same generation again maps nothing. Identified by the memfd's inode.
+ */
+struct attach_index {
+	const uint8_t *base;
+	size_t len;
+	dev_t dev;
+	ino_t ino;
+	unsigned refs; /* atomic */
+};
+
+/* What a client keeps from one attach to the next: the status page and the
+ * last index; attach_reply() uses and updates both. */
+struct attach_cache {
+	struct attach_status *status;
+	struct attach_index *index;
+};
+
 struct model_map {
 	const uint8_t *base; /* NULL for an empty file */
 	uint64_t size;
@@ -35,8 +67,8 @@ struct wc_model {
 	struct wc_model *next;     /* in the client's list */
 	struct wc_model **prevp;
 	char *name;                /* the model name, for messages */
-	const uint64_t *status_page;  /* mapping of the daemon's status page, or NULL */
-	size_t status_len;
+	struct attach_status *status; /* the client's status page, or NULL */
+	struct attach_index *shared_index; /* attached: the index mapping, else NULL */
 	const uint64_t *status_word;  /* this model's slot in it */
 };
 
@@ -58,3 +90,26 @@ void model_free(wc_model *m);
  * process attached it and its client is still connected) and unlinks it
  * from its client. A no-op for models from wc_open_file(). */
 void attach_forget(wc_model *m);
+
+/* attach_reply.c: drop one reference to a status page or an index
+ * mapping, unmapping it with the last; NULL is fine. */
+void attach_status_unref(struct attach_status *s);
+void attach_index_unref(struct attach_index *x);
+
+/* attach_reply.c: drops what a client keeps between attaches. */
+void attach_cache_clear(struct attach_cache *cache);
+
+/*
+ * attach_reply.c: makes a model of the daemon's reply to ATTACH (buf, len)
+ * and its descriptors, checking all of it (PROTOCOL.md, "What a client
+ * checks after ATTACH_OK"). Closes every descriptor, on every path. name is
+ * the model as requested, where names the daemon in messages ("wcached at
+ * PATH"). cache is the client's: its status page and index mapping are
+ * used when they match the reply, and replaced or set from a good reply
+ * otherwise. *unusable is set to 1 when
+ * the reply was not one wcached would send, so the connection cannot be
+ * trusted any more. The model's generation and handle come from the reply;
+ * the caller links it to its client.
+ */
+int attach_reply(const char *name, const char *where, const uint8_t *buf, size_t len, int *fds,
+	size_t nfds, struct attach_cache *cache, int *unusable, wc_model **out);

@@ -113,6 +113,11 @@ header_error(struct st_ctx *c, const char *fmt, ...)
 		jr_errmsg(&c->j));
 }
 
+/* The fewest header bytes a tensor takes:
+ * "a":{"dtype":"U8","shape":[],"data_offsets":[0,0]}, so a header of n
+ * bytes holds at most n / 48 tensors (a sizing hint, not a limit). */
+#define ST_MIN_ENTRY_BYTES 48
+
 #ifdef __clang_analyzer__
 /* As for error_set() in error.h: the analyser does not look into a variadic
  * function, so tell it what header_error() returns (always -EINVAL). */
@@ -785,6 +790,10 @@ st_parse(const char *name, const uint8_t *file, uint64_t size, uint32_t file_no,
 		return error_set(-EINVAL,
 			"%s: header length %llu, but only %llu bytes follow it (truncated file?)",
 			name, (unsigned long long)n, (unsigned long long)(size - 8));
+	/* Room for as many tensors as the header can hold, so that nothing
+	 * is copied while growing: untouched room costs no memory. */
+	if (index_builder_reserve(b, (size_t)n / ST_MIN_ENTRY_BYTES + 1, (size_t)n) < 0)
+		return error_set(-ENOMEM, "%s: out of memory", name);
 	if ((c = malloc(sizeof(*c))) == NULL)
 		return error_set(-ENOMEM, "%s: out of memory", name);
 	c->name = name;
@@ -792,8 +801,12 @@ st_parse(const char *name, const uint8_t *file, uint64_t size, uint32_t file_no,
 	c->data_len = size - 8 - n;
 	c->file_no = file_no;
 	c->b = b;
-	c->entries = NULL;
-	c->n = c->cap = 0;
+	c->n = 0;
+	c->cap = (size_t)n / ST_MIN_ENTRY_BYTES + 1;
+	if ((c->entries = malloc(c->cap * sizeof(*c->entries))) == NULL) {
+		free(c);
+		return error_set(-ENOMEM, "%s: out of memory", name);
+	}
 	c->sorted = true;
 	c->seen_meta = false;
 	c->key = NULL;

@@ -97,8 +97,21 @@ WC_EXPORT int wc_model_cow(wc_model *m);
 WC_EXPORT const char *wc_errmsg(void);
 
 /* Connects to wcached's client socket. socket_path NULL means
- * $WCACHE_SOCKET, else /run/wcached/wcached.sock. */
+ * $WCACHE_SOCKET, else /run/wcached/wcached.sock. The connection's deadline
+ * is $WCACHE_TIMEOUT seconds (0: wait forever), else 30 s; a value that is
+ * not a number of seconds is -EINVAL. */
 WC_EXPORT int wc_connect(const char *socket_path, wc_client **out);
+
+/* wc_connect() with a deadline of timeout_ms milliseconds (0: wait forever;
+ * negative: the default, as wc_connect()). The deadline bounds the connect
+ * and every later wait of this client on the daemon (each wc_attach(), each
+ * release's send): past it the call fails with -ETIMEDOUT, naming the
+ * socket and the time waited, and the connection is closed (connect
+ * again). */
+WC_EXPORT int wc_connect_timeout(const char *socket_path, int timeout_ms, wc_client **out);
+
+/* Changes c's deadline, as wc_connect_timeout()'s timeout_ms. */
+WC_EXPORT int wc_set_timeout(wc_client *c, int timeout_ms);
 
 /* Attaches the model wcached serves under name (or under the exact
  * configured path). The returned model is independent of the client. */

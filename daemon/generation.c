@@ -430,9 +430,17 @@ warm_done(struct warm_job *job, const struct warm_result *res, void *cookie)
 		g->state = GEN_READY;
 		if (m != NULL)
 			m->last_warm_seconds = secs;
-		log_info("model \"%s\": generation %" PRIu64 " warm: %" PRIu64
-			 " bytes in %.3f s (%.0f MB/s)", g->model_name, g->number, g->warm_bytes,
-			secs, secs > 0 ? (double)g->warm_bytes / secs / 1e6 : 0.0);
+		/* The loop's clock counts milliseconds; the jobs' own clocks
+		 * time a warm-up shorter than that, so no rate reads 0 MB/s. */
+		if (g->warm_seconds > secs)
+			secs = g->warm_seconds;
+		if (secs > 0 && g->warm_bytes > 0)
+			log_info("model \"%s\": generation %" PRIu64 " warm: %" PRIu64
+				 " bytes in %.3f s (%.0f MB/s)", g->model_name, g->number,
+				g->warm_bytes, secs, (double)g->warm_bytes / secs / 1e6);
+		else
+			log_info("model \"%s\": generation %" PRIu64 " warm: %" PRIu64
+				 " bytes in %.3f s", g->model_name, g->number, g->warm_bytes, secs);
 	} else {
 		/* Cancelled (evicted, unloaded, superseded, shutdown): serves,
 		 * but was not warmed, so no claim is made. */

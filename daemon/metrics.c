@@ -154,6 +154,54 @@ v_warm_seconds(const struct registry *reg, const struct model_entry *m)
 	return m->last_warm_seconds;
 }
 
+/*
+ * How far the model's newest generation (the pending one, else the current
+ * one) has warmed, in percent: 100 once ready, the bytes its reads have
+ * pulled in so far while it warms, 0 before; and the seconds left at the
+ * rate it has read so far (0 when not warming, -1 while nothing is read
+ * yet, so no rate is known).
+ */
+static void
+warm_progress(const struct registry *reg, const struct model_entry *m, double *percent,
+	double *eta)
+{
+	const struct generation *g = m->pending != NULL ? m->pending : m->current;
+	uint64_t done;
+	double secs;
+
+	*percent = g != NULL && g->state == GEN_READY ? 100 : 0;
+	*eta = 0;
+	if (g == NULL || g->state != GEN_WARMING || g->bytes == 0)
+		return;
+	done = g->warm_bytes;
+	for (size_t i = 0; i < g->source.nfiles; i++)
+		if (g->jobs[i] != NULL)
+			done += warm_job_bytes(g->jobs[i]);
+	if (done > g->bytes)
+		done = g->bytes;
+	*percent = 100.0 * (double)done / (double)g->bytes;
+	secs = (double)(uv_now(reg->loop) - g->warm_started_ms) / 1000.0;
+	*eta = done > 0 && secs > 0 ? (double)(g->bytes - done) * secs / (double)done : -1;
+}
+
+static double
+v_warm_percent(const struct registry *reg, const struct model_entry *m)
+{
+	double percent, eta;
+
+	warm_progress(reg, m, &percent, &eta);
+	return percent;
+}
+
+static double
+v_warm_eta(const struct registry *reg, const struct model_entry *m)
+{
+	double percent, eta;
+
+	warm_progress(reg, m, &percent, &eta);
+	return eta;
+}
+
 static const struct {
 	const char *name;
 	const char *type;
@@ -188,6 +236,12 @@ static const struct {
 		v_rewarms },
 	{ "wcached_model_warm_seconds", "gauge",
 		"Warm-up time of the newest generation that finished warming.", v_warm_seconds },
+	{ "wcached_model_warm_percent", "gauge",
+		"How much of the newest generation is warm, in percent (100: ready).",
+		v_warm_percent },
+	{ "wcached_model_warm_eta_seconds", "gauge",
+		"Estimated seconds until the newest generation is warm (0: not warming; -1: "
+		"no estimate yet).", v_warm_eta },
 };
 
 static const char *const model_states[] = {
@@ -320,6 +374,7 @@ write_model(FILE *f, const struct registry *reg, const struct model_entry *m)
 	const char *method = "none";
 	uint64_t resident;
 	bool first = true;
+	double percent, eta;
 
 	fputs("{\"name\":", f);
 	json_write_string(f, m->name, strlen(m->name));
@@ -341,6 +396,12 @@ write_model(FILE *f, const struct registry *reg, const struct model_entry *m)
 		   ",\"rewarms\":%" PRIu64 ",\"warm_seconds\":%.3f,\"restricted\":%s",
 		m->attach_count, m->error_count, m->denied_count, m->swap_count, m->load_errors,
 		m->rewarm_count, m->last_warm_seconds, m->restricted ? "true" : "false");
+	warm_progress(reg, m, &percent, &eta);
+	fprintf(f, ",\"warm_percent\":%.1f", percent);
+	if (eta >= 0)
+		fprintf(f, ",\"warm_eta_seconds\":%.1f", eta);
+	else
+		fputs(",\"warm_eta_seconds\":null", f);
 	fputs(",\"generations\":[", f);
 	for (const struct generation *h = reg->generations; h != NULL; h = h->next) {
 		if (h->model != m)

@@ -441,8 +441,14 @@ handle_release(struct conn *c, const struct wire_message *msg)
 
 		c->refs[i] = c->refs[--c->nrefs];
 		generation_unref(c->srv->reg, g);
-		if ((n = wire_put_release_ok(buf, sizeof(buf), msg->h.seq)) >= 0)
+		/* seq 0: the client wants no reply (PROTOCOL.md, RELEASE). */
+		if (msg->h.seq != 0 && (n = wire_put_release_ok(buf, sizeof(buf), msg->h.seq)) >= 0)
 			conn_send(c, buf, (size_t)n, NULL, 0);
+		return;
+	}
+	if (msg->h.seq == 0) {
+		log_debug("client pid %d: RELEASE of unknown handle %" PRIu64 " (no reply wanted)",
+			(int)c->pid, handle);
 		return;
 	}
 	conn_error(c, msg->h.seq, -EINVAL, 0, "no attach with handle %" PRIu64, handle);

@@ -3,6 +3,7 @@
  * takes, next to reading the same header bytes with plain read(2).
  *
  *   bench_header [--runs N] [--target US] [--only ROW] FILE...
+ *   bench_header --fresh FILE
  *
  * For each file, in one process, side by side (best and median of N runs
  * each, after one untimed warm-up run):
@@ -24,6 +25,11 @@
  * The exit status is 0 unless a file cannot be read: a benchmark never fails
  * a build. --only ROW times the read() row and that row alone (for `perf
  * record`).
+ *
+ * --fresh times the first wc_open_file() of this process (run it as a new
+ * process each time: that is the caller who pays for faulting in a heap it
+ * never had) and prints one JSON line with the wall and CPU time, the wall
+ * time per tensor and the compiled index's size in bytes and per tensor.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -247,10 +253,42 @@ subject_close(struct subject *s)
 	free(s->header);
 }
 
+/* --fresh: the first wc_open_file() of a fresh process, and the index size. */
+static int
+fresh(const char *path)
+{
+	struct model_source src;
+	double t0, c0, t, cpu;
+	wc_model *m;
+	size_t n;
+
+	c0 = bench_clock(CLOCK_PROCESS_CPUTIME_ID);
+	t0 = bench_now();
+	if (wc_open_file(path, &m) < 0) {
+		fprintf(stderr, "bench_header: %s\n", wc_errmsg());
+		return 1;
+	}
+	t = bench_now() - t0;
+	cpu = bench_clock(CLOCK_PROCESS_CPUTIME_ID) - c0;
+	n = wc_model_count(m);
+	wc_release(m);
+	if (source_open(path, &src) < 0) {
+		fprintf(stderr, "bench_header: %s\n", wc_errmsg());
+		return 1;
+	}
+	printf("{\"tensors\":%zu,\"open_us\":%.1f,\"open_cpu_us\":%.1f,\"us_per_tensor\":%.4f,"
+	       "\"index_bytes\":%zu,\"index_bytes_per_tensor\":%.1f}\n", n, t * 1e6, cpu * 1e6,
+		n ? t * 1e6 / (double)n : 0.0, src.index_len,
+		n ? (double)src.index_len / (double)n : 0.0);
+	source_close(&src);
+	return 0;
+}
+
 static void
 usage(void)
 {
 	fprintf(stderr, "usage: bench_header [--runs N] [--target US] [--only ROW] FILE...\n"
+			"       bench_header --fresh FILE\n"
 			"  ROW: read | jansson | st_parse | index_build | wc_open_file\n");
 	exit(2);
 }
@@ -280,6 +318,10 @@ main(int argc, char **argv)
 
 	if (files == NULL)
 		return 1;
+	if (argc == 3 && strcmp(argv[1], "--fresh") == 0) {
+		free(files);
+		return fresh(argv[2]);
+	}
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--runs") == 0 && i + 1 < argc) {
 			runs = atoi(argv[++i]);

@@ -25,7 +25,9 @@
  * not grow while other processes hold the CPU. The process is fresh, so VmHWM is
  * this variant's alone. With --repeat N it then repeats the loading call N
  * times (open: wc_open_file + wc_release; attach: wc_attach + wc_release on
- * the same connection) and reports the best and median call times. It
+ * the same connection) and reports the best and median call times; and
+ * --repeat-full M times (default min(N, 5)) the whole load: until the state
+ * dict is ready (a pointer per tensor) and until every page is read. It
  * prints one JSON line. With --hold it then waits for a line (or EOF) on
  * stdin before releasing anything, so a driver can sum the PSS of several
  * workers holding the model at once.
@@ -339,6 +341,82 @@ touch(struct run *r)
 	sink += sum;
 }
 
+/* Best and median of n timings (sorted in place). */
+struct spread {
+	double best, median;
+};
+
+static struct spread
+spread_of(double *t, int n)
+{
+	qsort(t, (size_t)n, sizeof(t[0]), bench_compare_double);
+	return (struct spread){ t[0], t[n / 2] };
+}
+
+/*
+ * The whole load again, n times, in this warm process: the loading call,
+ * one pointer per tensor ("state dict ready"), then one byte of every page
+ * of every tensor ("every page read"; the pointers sorted by address first,
+ * untimed, as in the first run), then the release. Returns the number of
+ * rounds or -errno.
+ */
+static int
+repeat_full(struct run *r, int n, struct spread *ready, struct spread *all_read)
+{
+	static double tr[MAX_REPEAT], ta[MAX_REPEAT];
+	struct held *h;
+	int k;
+
+	if ((h = calloc(r->n ? r->n : 1, sizeof(*h))) == NULL)
+		return -ENOMEM;
+	for (k = 0; k < n; k++) {
+		wc_model *m = NULL;
+		uint64_t sum = 0;
+		double t0 = bench_now(), t1;
+		size_t count;
+		int err;
+		wc_tensor t;
+
+		err = r->c != NULL ? wc_attach(r->c, r->model_name, &m) : wc_open_file(r->file, &m);
+		if (err < 0) {
+			free(h);
+			return err;
+		}
+		count = wc_model_count(m) < r->n ? wc_model_count(m) : r->n;
+		for (size_t i = 0; i < count; i++) {
+			if (wc_model_tensor(m, i, &t) < 0) {
+				wc_release(m);
+				free(h);
+				return -EBADMSG;
+			}
+			h[i].data = t.data;
+			h[i].nbytes = t.nbytes;
+		}
+		t1 = bench_now();
+		tr[k] = t1 - t0;
+		qsort(h, count, sizeof(*h), by_address);
+		t1 = bench_now() - t1; /* the sort, untimed */
+		for (size_t i = 0; i < count; i++) {
+			uintptr_t a = (uintptr_t)h[i].data, end = a + h[i].nbytes;
+
+			if (h[i].nbytes == 0)
+				continue;
+			sum += *(const volatile uint8_t *)a;
+			for (a = (a | (PAGE - 1)) + 1; a < end; a += PAGE)
+				sum += *(const volatile uint8_t *)a;
+		}
+		ta[k] = bench_now() - t0 - t1;
+		sink += sum;
+		wc_release(m);
+	}
+	free(h);
+	if (k > 0) {
+		*ready = spread_of(tr, k);
+		*all_read = spread_of(ta, k);
+	}
+	return k;
+}
+
 /* Repeats the loading call; returns the number of timed calls or -errno. */
 static int
 repeat(struct run *r, int n, double *best, double *median)
@@ -362,8 +440,7 @@ repeat(struct run *r, int n, double *best, double *median)
 	}
 	if (k == 0)
 		return 0;
-	qsort(t, (size_t)k, sizeof(t[0]), bench_compare_double);
-	*best = t[0];
+	*best = spread_of(t, k).best;
 	*median = t[k / 2];
 	return k;
 }
@@ -388,9 +465,10 @@ static int
 cmd_run(int argc, char **argv)
 {
 	struct run r = { 0 };
-	int hold = 0, do_touch = 1, nrepeat = 0, k = 0, err;
+	int hold = 0, do_touch = 1, nrepeat = 0, nfull = -1, k = 0, kf = 0, err;
 	long hwm_addr, hwm, anon, file, shmem;
 	double best = 0, median = 0;
+	struct spread ready = { 0, 0 }, all_read = { 0, 0 };
 	char line[64];
 
 	for (int i = 2; i < argc; i++) {
@@ -400,6 +478,8 @@ cmd_run(int argc, char **argv)
 			r.model_name = argv[++i];
 		else if (strcmp(argv[i], "--repeat") == 0 && i + 1 < argc)
 			nrepeat = atoi(argv[++i]);
+		else if (strcmp(argv[i], "--repeat-full") == 0 && i + 1 < argc)
+			nfull = atoi(argv[++i]);
 		else if (strcmp(argv[i], "--hold") == 0)
 			hold = 1;
 		else if (strcmp(argv[i], "--no-touch") == 0)
@@ -411,7 +491,10 @@ cmd_run(int argc, char **argv)
 		else
 			return 2;
 	}
+	if (nfull < 0)
+		nfull = nrepeat < 5 ? nrepeat : 5;
 	if (r.variant == NULL || r.file == NULL || nrepeat < 0 || nrepeat > MAX_REPEAT ||
+		nfull > MAX_REPEAT ||
 		(strcmp(r.variant, "attach") == 0 && r.model_name == NULL))
 		return 2;
 	if ((err = load(&r)) < 0) {
@@ -430,6 +513,10 @@ cmd_run(int argc, char **argv)
 		fprintf(stderr, "bench_load: repeat: %s\n", wc_errmsg());
 		return 1;
 	}
+	if (nfull > 0 && r.m != NULL && (kf = repeat_full(&r, nfull, &ready, &all_read)) < 0) {
+		fprintf(stderr, "bench_load: repeat: %s\n", wc_errmsg());
+		return 1;
+	}
 	printf("{\"variant\":\"%s\",\"pid\":%d,\"tensors\":%zu,\"bytes\":%" PRIu64
 	       ",\"connect_s\":%.9f,\"call_s\":%.9f,\"parse_s\":%.9f,\"addressable_s\":%.9f"
 	       ",\"touch_s\":%.9f,\"touched_s\":%.9f,\"pages\":%" PRIu64
@@ -437,12 +524,15 @@ cmd_run(int argc, char **argv)
 	       ",\"rss_file_kib\":%ld,\"rss_shmem_kib\":%ld,\"repeats\":%d"
 	       ",\"repeat_best_s\":%.9f,\"repeat_median_s\":%.9f,\"generation\":%" PRIu64
 	       ",\"call_cpu_s\":%.9f,\"addressable_cpu_s\":%.9f,\"touch_cpu_s\":%.9f"
-	       ",\"touched_cpu_s\":%.9f}\n",
+	       ",\"touched_cpu_s\":%.9f,\"repeats_full\":%d,\"repeat_ready_best_s\":%.9f"
+	       ",\"repeat_ready_median_s\":%.9f,\"repeat_read_best_s\":%.9f"
+	       ",\"repeat_read_median_s\":%.9f}\n",
 		r.variant, (int)getpid(), r.map != NULL ? (size_t)0 : r.n, r.bytes, r.connect_s,
 		r.call_s, r.parse_s, r.addressable_s, r.touch_s, r.addressable_s + r.touch_s,
 		r.pages, hwm_addr, hwm, anon, file, shmem, k, best, median,
 		r.m != NULL ? wc_model_generation(r.m) : 0, r.call_cpu_s, r.addressable_cpu_s,
-		r.touch_cpu_s, r.addressable_cpu_s + r.touch_cpu_s);
+		r.touch_cpu_s, r.addressable_cpu_s + r.touch_cpu_s, kf, ready.best, ready.median,
+		all_read.best, all_read.median);
 	fflush(stdout);
 	if (hold && fgets(line, sizeof(line), stdin) == NULL && ferror(stdin))
 		return 1;
@@ -540,7 +630,7 @@ main(int argc, char **argv)
 	if (r == 2)
 		fprintf(stderr,
 			"usage: bench_load run read|open|attach|mmap FILE [--socket PATH --model NAME]\n"
-			"                  [--repeat N] [--hold] [--no-touch]\n"
+			"                  [--repeat N] [--repeat-full M] [--hold] [--no-touch]\n"
 			"       bench_load evict FILE\n"
 			"       bench_load resident FILE\n");
 	return r;

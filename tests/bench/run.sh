@@ -6,6 +6,10 @@
 #    in-process by bench_header next to a plain read() of the same bytes.
 # 2. Loading (issue 3): bench.py, with ~1.2 GiB models, a real wcached on a
 #    temporary socket, warm and cold page cache.
+# 3. Scale (issue 13): bench_scale.py, attach and wc_open_file at 200,000
+#    tensors and 163 shards (mklayout layouts, tiny data), wcached's memory
+#    per model and per client; bench_cold.py, fio's best direct read of a
+#    ~2 GiB file against cat, dd, vmtouch and wcached's warm-up.
 # Models are cached in BUILD/bench-models and reused. Figures and targets
 # are printed with PASS/MISS; a missed target never makes this script fail
 # (only a broken setup does). Takes a few minutes on a 2-core machine.
@@ -15,7 +19,7 @@ build=${1:-build}
 here=$(cd "$(dirname "$0")" && pwd)
 bin=$build/bin
 models=$build/bench-models
-for b in mkmodel wcachectl wcached bench_header bench_load; do
+for b in mkmodel mklayout wcachectl wcached bench_header bench_load bench_attach; do
 	if [ ! -x "$bin/$b" ]; then
 		echo "run.sh: $bin/$b is missing: build first (make build)" >&2
 		exit 1
@@ -35,10 +39,13 @@ header_model() { # NAME LAYERS
 h1k=$(header_model hdr-1k 111)
 h50k=$(header_model hdr-50k 5555)
 
-echo "== wcache benchmarks ($(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -r), $(nproc) CPUs) =="
+echo "== wcache benchmarks ($(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -r), $(nproc) CPUs," \
+	"load average $(cut -d' ' -f1-3 /proc/loadavg)) =="
 echo
 "$bin/bench_header" "$h1k" "$h50k"
 
+/usr/bin/python3 "$here/bench_scale.py" --build "$build" --models "$models"
+/usr/bin/python3 "$here/bench_cold.py" --build "$build" --models "$models"
 /usr/bin/python3 "$here/bench.py" --build "$build" --models "$models"
 echo
 /usr/bin/python3 "$here/bench_swap.py" --build "$build" --models "$models"

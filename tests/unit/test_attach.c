@@ -13,10 +13,10 @@
  * of the index, a model file or a bad status page is left behind
  * (/proc/self/maps), which is how a leak on an error path would show.
  *
- * The fake daemon never uses cmocka's assertions (they longjmp, which
- * cannot cross threads): it records a failure that the test asserts empty
- * after joining it, and every wait it does has a deadline, so a broken
- * client fails a test instead of hanging it.
+ * The fake daemon lives in fakedaemon.c: it never uses cmocka's
+ * assertions (they longjmp, which cannot cross threads), records a failure
+ * that the test asserts empty after joining it, and every wait it does has
+ * a deadline, so a broken client fails a test instead of hanging it.
  *
  * Fault injection uses the linker's --wrap (tests/CMakeLists.txt links this
  * test with -Wl,--wrap=mmap -Wl,--wrap=recvmsg and compiles it with
@@ -48,6 +48,7 @@
 
 #include <cmocka.h>
 
+#include "fakedaemon.h"
 #include "fdpass.h"
 #include "index.h"
 #include "testutil.h"
@@ -64,8 +65,8 @@
 #define STATUS_MAGIC 0x54534357u
 #define INDEX_SEALS (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
 #define PAGE_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL)
-#define DEADLINE_MS 10000
-#define KERNEL_SCM_MAX_FD 253 /* Linux: the most descriptors one sendmsg() carries */
+#define DEADLINE_MS FAKE_DEADLINE_MS
+#define KERNEL_SCM_MAX_FD FAKE_SCM_MAX_FD
 #define REFUSAL "too many clients connected to wcached (max_clients)"
 
 /* ---- fault injection ---------------------------------------------------- */
@@ -86,21 +87,6 @@ static struct {
 	sem_t closed;        /* posted by the fake daemon when it has closed */
 	sem_t read;          /* posted by the client's hooked recvmsg() */
 } fault;
-
-/* Waits for s with the test deadline; 0 or -1. */
-static int
-sem_wait_deadline(sem_t *s)
-{
-	struct timespec ts;
-	int r;
-
-	clock_gettime(CLOCK_REALTIME, &ts);
-	ts.tv_sec += DEADLINE_MS / 1000;
-	do
-		r = sem_timedwait(s, &ts);
-	while (r == -1 && errno == EINTR);
-	return r;
-}
 
 /* mmap() as the library calls it: fails (ENOMEM) the armed call, counting
  * only file-backed calls so that anonymous mappings made by anything else
@@ -129,7 +115,7 @@ __wrap_recvmsg(int fd, struct msghdr *msg, int flags)
 
 	if (mine && fault.recv_wait_close) {
 		fault.recv_wait_close = 0;
-		(void)sem_wait_deadline(&fault.closed);
+		(void)fake_sem_wait(&fault.closed);
 	}
 	n = __real_recvmsg(fd, msg, flags);
 	e = errno;
@@ -155,247 +141,6 @@ have_wrap(void)
 			skip();                                                            \
 		}                                                                          \
 	} while (0)
-
-/* ---- the fake daemon ---------------------------------------------------- */
-
-enum fake_mode {
-	FAKE_SERVE,         /* answer requests as scripted until the client closes */
-	FAKE_REFUSE_EARLY,  /* send the reply (seq 0) right after accept and close */
-	FAKE_REFUSE_UNREAD, /* wait for the client's packet, leave it unread, reply, close */
-	FAKE_REFUSE_LATE,   /* as UNREAD, but close only once the client has received */
-};
-
-enum reply_kind {
-	REPLY_ATTACH_OK, /* wire_put_attach_ok(ok) */
-	REPLY_ERROR,     /* wire_put_error(err_code, err_text) */
-	REPLY_RAW,       /* raw[0..raw_len) as it is */
-	REPLY_CLOSE,     /* no reply: close the connection */
-};
-
-struct fake {
-	/* The script, set before fake_start(). */
-	enum fake_mode mode;
-	enum reply_kind kind;
-	struct wire_attach_ok ok;
-	int fds[KERNEL_SCM_MAX_FD]; /* sent with the reply; owned by the fixture */
-	size_t nfds;
-	uint32_t seq_delta;         /* added to the request's seq in the reply */
-	int32_t err_code;
-	const char *err_text;
-	uint8_t raw[2 * WIRE_MAX_MESSAGE];
-	size_t raw_len;
-	int changed_before;         /* CHANGED messages sent before the reply */
-	int changed_fd;             /* sent with each of them when >= 0 */
-	int changed_echo;           /* they carry the request's seq instead of 0 */
-	/* What the fake saw; read after fake_finish(). */
-	int attaches;
-	int releases;
-	uint64_t released_handle;
-	char name[WIRE_MAX_NAME + 1];
-	char failure[256];
-	/* Internal. */
-	int listen_fd;
-	int conn; /* the accepted connection while open, else -1 (atomic) */
-	pthread_t thread;
-	int started;
-};
-
-static void fake_fail(struct fake *k, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-/* Records the fake's first failure, for the test to assert after joining. */
-static void
-fake_fail(struct fake *k, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (k->failure[0] != '\0')
-		return;
-	va_start(ap, fmt);
-	vsnprintf(k->failure, sizeof(k->failure), fmt, ap);
-	va_end(ap);
-}
-
-/* Waits until fd is readable (or hung up); > 0, or <= 0 at the deadline. */
-static int
-wait_readable(int fd)
-{
-	struct pollfd p = { .fd = fd, .events = POLLIN };
-	int r;
-
-	do
-		r = poll(&p, 1, DEADLINE_MS);
-	while (r == -1 && errno == EINTR);
-	return r;
-}
-
-/* Sends len bytes and n descriptors with a plain sendmsg(), bypassing
- * fdp_send()'s checks (n up to the kernel's limit, len 0 allowed), as a
- * hostile daemon would. */
-static ssize_t
-raw_send(int sock, const void *buf, size_t len, const int *fds, size_t n)
-{
-	union {
-		struct cmsghdr align;
-		unsigned char buf[CMSG_SPACE(sizeof(int) * KERNEL_SCM_MAX_FD)];
-	} control;
-	struct iovec iov = { .iov_base = (void *)(uintptr_t)buf, .iov_len = len };
-	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
-	struct cmsghdr *c;
-
-	if (n > 0) {
-		memset(&control, 0, sizeof(control));
-		msg.msg_control = control.buf;
-		msg.msg_controllen = CMSG_SPACE(sizeof(int) * n);
-		c = CMSG_FIRSTHDR(&msg);
-		c->cmsg_level = SOL_SOCKET;
-		c->cmsg_type = SCM_RIGHTS;
-		c->cmsg_len = CMSG_LEN(sizeof(int) * n);
-		memcpy(CMSG_DATA(c), fds, sizeof(int) * n);
-	}
-	return sendmsg(sock, &msg, MSG_NOSIGNAL);
-}
-
-/* Whether a send failed because the client has hung up, which it may do
- * as soon as one of our messages is malformed: not the fake's failure. */
-static int
-client_gone(void)
-{
-	return errno == EPIPE || errno == ECONNRESET;
-}
-
-/* Sends the scripted reply to a request of sequence number seq, preceded by
- * the scripted CHANGED messages. Returns 1 when the connection is to be
- * closed now, else 0. */
-static int
-fake_reply(struct fake *k, int conn, uint32_t seq)
-{
-	uint8_t buf[WIRE_MAX_MESSAGE];
-	ssize_t n = -EINVAL;
-
-	for (int i = 0; i < k->changed_before; i++) {
-		n = wire_put_changed(buf, sizeof(buf), GENERATION + 2, MODEL, strlen(MODEL));
-		if (n > 0 && k->changed_echo)
-			memcpy(buf + 12, &seq, 4); /* the header's seq, little-endian host */
-		if (n < 0 || raw_send(conn, buf, (size_t)n, &k->changed_fd,
-				 k->changed_fd >= 0 ? 1 : 0) < 0) {
-			if (n < 0 || !client_gone())
-				fake_fail(k, "cannot send CHANGED");
-			return 1;
-		}
-	}
-	switch (k->kind) {
-	case REPLY_ATTACH_OK:
-		n = wire_put_attach_ok(buf, sizeof(buf), seq + k->seq_delta, &k->ok);
-		break;
-	case REPLY_ERROR:
-		n = wire_put_error(buf, sizeof(buf), seq + k->seq_delta, k->err_code, k->err_text);
-		break;
-	case REPLY_RAW:
-		if (raw_send(conn, k->raw, k->raw_len, k->fds, k->nfds) < 0) {
-			if (!client_gone())
-				fake_fail(k, "cannot send the raw reply: %s", strerror(errno));
-			return 1;
-		}
-		return 0;
-	case REPLY_CLOSE:
-		return 1;
-	}
-	if (n < 0) {
-		fake_fail(k, "cannot encode the reply: %zd", n);
-		return 1;
-	}
-	if (raw_send(conn, buf, (size_t)n, k->fds, k->nfds) < 0) {
-		if (!client_gone())
-			fake_fail(k, "cannot send the reply: %s", strerror(errno));
-		return 1;
-	}
-	return 0;
-}
-
-/* Answers ATTACH as scripted and RELEASE with RELEASE_OK until the client
- * closes the connection. */
-static void
-fake_serve(struct fake *k, int conn)
-{
-	uint8_t buf[WIRE_MAX_MESSAGE];
-	struct wire_message msg;
-	const char *name;
-	size_t nfds, len;
-	ssize_t n;
-
-	for (;;) {
-		if (wait_readable(conn) <= 0) {
-			fake_fail(k, "no request within the deadline");
-			return;
-		}
-		n = fdp_recv(conn, buf, sizeof(buf), NULL, 0, &nfds);
-		if (n == 0)
-			return;
-		if (n < 0 || wire_decode(buf, (size_t)n, &msg) < 0) {
-			fake_fail(k, "malformed request (%zd)", n);
-			return;
-		}
-		if (msg.h.type == WIRE_ATTACH && wire_get_attach(&msg, &name, &len) == 0) {
-			memcpy(k->name, name, len);
-			k->name[len] = '\0';
-			k->attaches++;
-			if (fake_reply(k, conn, msg.h.seq))
-				return;
-		} else if (msg.h.type == WIRE_RELEASE &&
-			wire_get_release(&msg, &k->released_handle) == 0) {
-			k->releases++;
-			n = wire_put_release_ok(buf, sizeof(buf), msg.h.seq);
-			if (n < 0 || fdp_send(conn, buf, (size_t)n, NULL, 0) < 0) {
-				fake_fail(k, "cannot send RELEASE_OK");
-				return;
-			}
-		} else {
-			fake_fail(k, "unexpected request of type %u", msg.h.type);
-			return;
-		}
-	}
-}
-
-/* The fake daemon's thread: one connection, then exit. */
-static void *
-fake_main(void *arg)
-{
-	struct fake *k = arg;
-	int conn;
-
-	if (wait_readable(k->listen_fd) <= 0) {
-		fake_fail(k, "no client connected within the deadline");
-		goto out;
-	}
-	if ((conn = accept4(k->listen_fd, NULL, NULL, SOCK_CLOEXEC)) < 0) {
-		fake_fail(k, "accept: %s", strerror(errno));
-		goto out;
-	}
-	__atomic_store_n(&k->conn, conn, __ATOMIC_RELEASE);
-	switch (k->mode) {
-	case FAKE_SERVE:
-		fake_serve(k, conn);
-		break;
-	case FAKE_REFUSE_EARLY:
-		(void)fake_reply(k, conn, 0);
-		break;
-	case FAKE_REFUSE_UNREAD:
-	case FAKE_REFUSE_LATE:
-		if (wait_readable(conn) <= 0) {
-			fake_fail(k, "the client sent nothing within the deadline");
-			break;
-		}
-		(void)fake_reply(k, conn, 0);
-		if (k->mode == FAKE_REFUSE_LATE && sem_wait_deadline(&fault.read) < 0)
-			fake_fail(k, "the client never received the refusal");
-		break;
-	}
-	__atomic_store_n(&k->conn, -1, __ATOMIC_RELEASE);
-	close(conn);
-out:
-	sem_post(&fault.closed);
-	return NULL;
-}
 
 /* ---- fixture ------------------------------------------------------------ */
 
@@ -630,7 +375,12 @@ fake_start(struct fixture *f)
 	assert_false(k->started);
 	k->attaches = k->releases = 0;
 	k->released_handle = 0;
+	k->released_seq = UINT32_MAX;
 	k->name[0] = k->failure[0] = '\0';
+	k->model = MODEL;
+	k->changed_generation = GENERATION + 2;
+	k->closed = &fault.closed;
+	k->read = &fault.read;
 	assert_int_equal(pthread_create(&k->thread, NULL, fake_main, k), 0);
 	k->started = 1;
 }
@@ -845,20 +595,59 @@ test_good_reply(void **state)
 	assert_map_perms("memfd:wctest-index", "r--s");
 	assert_map_perms(f->file_path[1], "r--p");
 
-	/* A second attach on the same connection is a second model. */
+	/* A second attach on the same connection is a second model, which
+	 * shares the client's one mapping of the status page and, the same
+	 * generation, of the index. */
 	assert_int_equal(wc_attach(f->client, MODEL, &second), 0);
 	assert_true(second != f->model);
-	assert_maps(f, 2, 4, 3);
+	assert_maps(f, 1, 4, 2);
+	assert_int_equal(wc_model_stale(second), 0);
 	wc_release(f->model);
 	f->model = NULL;
 	check_tensors(second);
+	set_slot(f, SLOT, GENERATION + 1);
+	assert_int_equal(wc_model_stale(second), 1);
 	wc_release(second);
-	assert_maps(f, 0, 0, 1);
+	/* The client keeps its page for the next attach, and the index only
+	 * while it is current: the page says generation 8 now. */
+	assert_maps(f, 0, 0, 2);
 	finish(f, before);
 	assert_string_equal(f->fake.name, MODEL);
 	assert_int_equal(f->fake.attaches, 2);
 	assert_int_equal(f->fake.releases, 2);
 	assert_int_equal(f->fake.released_handle, HANDLE);
+	assert_int_equal(f->fake.released_seq, 0); /* no reply wanted */
+}
+
+/* Between attaches the client keeps the index of a current generation
+ * (mapped once, however many attaches), and lets it go with the last model
+ * once the status page says the generation is old. */
+static void
+test_index_kept_while_current(void **state)
+{
+	struct fixture *f = *state;
+	int before = attach_ok(f);
+
+	wc_release(f->model);
+	f->model = NULL;
+	assert_maps(f, 1, 0, 2);
+	assert_int_equal(wc_attach(f->client, MODEL, &f->model), 0);
+	check_tensors(f->model);
+	assert_maps(f, 1, 2, 2);
+	set_slot(f, SLOT, GENERATION + 1);
+	wc_release(f->model);
+	f->model = NULL;
+	assert_maps(f, 0, 0, 2);
+	/* The next attach maps it afresh. */
+	set_slot(f, SLOT, GENERATION);
+	assert_int_equal(wc_attach(f->client, MODEL, &f->model), 0);
+	check_tensors(f->model);
+	assert_maps(f, 1, 2, 2);
+	wc_release(f->model);
+	f->model = NULL;
+	finish(f, before);
+	assert_int_equal(f->fake.attaches, 3);
+	assert_int_equal(f->fake.releases, 3);
 }
 
 /* Without WIRE_ATTACH_STATUS there is no page: never stale. */
@@ -961,10 +750,10 @@ test_dispatch_counts_changed(void **state)
 	assert_true(conn >= 0);
 	n = wire_put_changed(buf, sizeof(buf), GENERATION + 1, MODEL, strlen(MODEL));
 	assert_true(n > 0);
-	assert_int_equal(raw_send(conn, buf, (size_t)n, NULL, 0), n);
-	assert_int_equal(raw_send(conn, garbage, sizeof(garbage), NULL, 0), sizeof(garbage));
-	assert_int_equal(raw_send(conn, buf, (size_t)n, &p[0], 1), n);
-	assert_int_equal(raw_send(conn, buf, (size_t)n, NULL, 0), n);
+	assert_int_equal(fake_raw_send(conn, buf, (size_t)n, NULL, 0), n);
+	assert_int_equal(fake_raw_send(conn, garbage, sizeof(garbage), NULL, 0), sizeof(garbage));
+	assert_int_equal(fake_raw_send(conn, buf, (size_t)n, &p[0], 1), n);
+	assert_int_equal(fake_raw_send(conn, buf, (size_t)n, NULL, 0), n);
 	assert_int_equal(poll(&pfd, 1, 0), 1);
 	assert_true(pfd.revents & POLLIN);
 	assert_int_equal(wc_client_dispatch(f->client), 3);
@@ -980,11 +769,11 @@ test_dispatch_counts_changed(void **state)
 	/* A message longer than any, or with more descriptors than any: an
 	 * error, with every descriptor closed. */
 	memset(big, 0, sizeof(big));
-	assert_int_equal(raw_send(conn, big, sizeof(big), &p[0], 1), sizeof(big));
+	assert_int_equal(fake_raw_send(conn, big, sizeof(big), &p[0], 1), sizeof(big));
 	assert_error(wc_client_dispatch(f->client), -EMSGSIZE, "receive: ");
 	for (size_t i = 0; i < KERNEL_SCM_MAX_FD; i++)
 		many[i] = p[0];
-	assert_int_equal(raw_send(conn, buf, (size_t)n, many, KERNEL_SCM_MAX_FD), n);
+	assert_int_equal(fake_raw_send(conn, buf, (size_t)n, many, KERNEL_SCM_MAX_FD), n);
 	assert_error(wc_client_dispatch(f->client), -EBADMSG, "receive: ");
 	assert_int_equal(tu_count_fds(), before + 2);
 
@@ -1797,12 +1586,81 @@ test_mmap_fails_on_status_page(void **state)
 	finish(f, before);
 }
 
+/* A daemon that never answers: the attach fails at the client's deadline
+ * with -ETIMEDOUT, naming the socket and the time waited, and closes the
+ * connection; nothing is left behind. */
+static void
+test_attach_times_out(void **state)
+{
+	struct fixture *f = *state;
+	int before = tu_count_fds();
+	wc_model *m = NULL;
+	double t0, waited;
+
+	f->fake.mode = FAKE_SILENT;
+	fake_start(f);
+	assert_int_equal(wc_connect_timeout(f->sock, 150, &f->client), 0);
+	t0 = tu_now();
+	assert_error(wc_attach(f->client, MODEL, &m), -ETIMEDOUT, f->sock);
+	waited = tu_now() - t0;
+	assert_null(m);
+	assert_true(strstr(wc_errmsg(), "did not answer within 0.15 s") != NULL);
+	assert_true(strstr(wc_errmsg(), "WCACHE_TIMEOUT") != NULL);
+	assert_true(waited >= 0.14);
+	assert_true(waited < DEADLINE_MS / 1000.0);
+	/* The connection is closed: the next attach fails at once. */
+	assert_int_not_equal(wc_attach(f->client, MODEL, &m), 0);
+	finish(f, before);
+	assert_int_equal(f->fake.attaches, 1);
+}
+
+/* wc_set_timeout() changes the deadline of a connected client; WCACHE_TIMEOUT
+ * sets the default; a bad value is an error that names the variable. */
+static void
+test_timeout_settings(void **state)
+{
+	struct fixture *f = *state;
+	int before = tu_count_fds();
+	wc_client *c = NULL;
+	wc_model *m = NULL;
+
+	f->fake.mode = FAKE_SILENT;
+	fake_start(f);
+	assert_int_equal(wc_connect(f->sock, &f->client), 0);
+	assert_int_equal(wc_set_timeout(f->client, 100), 0);
+	assert_error(wc_attach(f->client, MODEL, &m), -ETIMEDOUT, "within 0.1 s");
+	finish(f, before);
+
+	assert_error(wc_set_timeout(NULL, 100), -EINVAL, "no client");
+	setenv("WCACHE_TIMEOUT", "soon", 1);
+	assert_error(wc_connect(f->sock, &c), -EINVAL, "WCACHE_TIMEOUT=soon");
+	assert_null(c);
+	setenv("WCACHE_TIMEOUT", "-1", 1);
+	assert_error(wc_connect_timeout(f->sock, -1, &c), -EINVAL, "not a number of seconds");
+	setenv("WCACHE_TIMEOUT", "nan", 1);
+	assert_error(wc_connect(f->sock, &c), -EINVAL, "WCACHE_TIMEOUT=nan");
+	/* An explicit timeout does not read the variable. */
+	f->fake.mode = FAKE_SILENT;
+	fake_start(f);
+	assert_int_equal(wc_connect_timeout(f->sock, 100, &f->client), 0);
+	assert_error(wc_set_timeout(f->client, -1), -EINVAL, "WCACHE_TIMEOUT=nan");
+	setenv("WCACHE_TIMEOUT", "0.12", 1);
+	assert_int_equal(wc_set_timeout(f->client, -1), 0);
+	assert_error(wc_attach(f->client, MODEL, &m), -ETIMEDOUT, "within 0.12 s");
+	unsetenv("WCACHE_TIMEOUT");
+	finish(f, before);
+	assert_int_equal(tu_count_fds(), before);
+}
+
 int
 main(void)
 {
 #define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
 	const struct CMUnitTest tests[] = {
 		T(test_good_reply),
+		T(test_index_kept_while_current),
+		T(test_attach_times_out),
+		T(test_timeout_settings),
 		T(test_good_reply_without_status),
 		T(test_stale_follows_status_page),
 		T(test_changed_before_reply_is_skipped),

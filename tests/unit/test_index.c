@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -72,6 +73,103 @@ test_sorted_by_name(void **state)
 		assert_string_equal(t.name, want[i]);
 	}
 	assert_int_equal(index_tensor_at(f->blob, &f->h, 3, &t), -ERANGE);
+}
+
+static int
+compare_strings(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/*
+ * The radix sort of names against qsort(strcmp): many names that share
+ * long prefixes (longer than 8-byte keys, so runs recurse), names that are
+ * prefixes of others, bytes above 0x7f, lengths around the 8-byte steps,
+ * and one duplicate among many names, which must be found.
+ */
+static void
+test_sort_matches_strcmp(void **state)
+{
+	enum { N = 3000 };
+	struct index_builder *b;
+	struct index_header h;
+	struct index_tensor t;
+	char **names = calloc(N, sizeof(*names));
+	uint8_t *blob;
+	size_t len;
+	uint32_t f0;
+	uint64_t seed = 12345;
+
+	(void)state;
+	assert_non_null(names);
+	assert_int_equal(index_builder_new(&b), 0);
+	assert_int_equal(index_add_file(b, "f", 1u << 20, &f0), 0);
+	for (int i = 0; i < N; i++) {
+		char buf[200];
+		int n;
+
+		seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+		switch (i % 5) {
+		case 0: /* long shared prefix, numbered like layers */
+			n = snprintf(buf, sizeof(buf), "model.layers.%d.mlp.experts.%d.w", i % 61,
+				i);
+			break;
+		case 1: /* a prefix of case 0's names and of each other */
+			n = snprintf(buf, sizeof(buf), "model.layers.%d", i);
+			break;
+		case 2: /* lengths around multiples of 8 */
+			n = snprintf(buf, sizeof(buf), "%.*s%d", (int)(seed >> 59),
+				"abcdefghijklmnopqrstuvwxyzABCDEF", i);
+			break;
+		case 3: /* high bytes */
+			n = snprintf(buf, sizeof(buf), "\xc3\xa9t\xc3\xa9.%d.\xff", i);
+			break;
+		default: /* a 40-byte common stem, then a varying tail */
+			n = snprintf(buf, sizeof(buf),
+				"transformer.h.block.attention.query_key.%llu",
+				(unsigned long long)(seed >> 40));
+			break;
+		}
+		/* Drop the rare collision of case 4's random tails. */
+		int dup = 0;
+
+		for (int j = 0; j < i && !dup; j++)
+			dup = names[j] != NULL && strcmp(names[j], buf) == 0;
+		if (dup) {
+			names[i] = NULL;
+			continue;
+		}
+		names[i] = strdup(buf);
+		assert_int_equal(index_add_tensor(b, buf, (size_t)n, 4, f0, NULL, 0, (uint64_t)i, 1),
+			0);
+	}
+	assert_int_equal(index_build(b, "sort", &blob, &len), 0);
+	assert_int_equal(index_open(blob, len, &h), 0);
+	{
+		size_t m = 0;
+
+		for (int i = 0; i < N; i++)
+			if (names[i] != NULL)
+				names[m++] = names[i];
+		qsort(names, m, sizeof(*names), compare_strings);
+		assert_int_equal(h.tensor_count, m);
+		for (size_t i = 0; i < m; i++) {
+			assert_int_equal(index_tensor_at(blob, &h, i, &t), 0);
+			assert_string_equal(t.name, names[i]);
+		}
+		/* The same names plus one duplicate: index_build refuses. */
+		assert_int_equal(index_add_tensor(b, names[m / 2], strlen(names[m / 2]), 4, f0, NULL,
+			0, 0, 1), 0);
+		free(blob);
+		blob = NULL;
+		assert_int_equal(index_build(b, "sort", &blob, &len), -EINVAL);
+		assert_non_null(strstr(error_get(), names[m / 2]));
+		for (size_t i = 0; i < m; i++)
+			free(names[i]);
+	}
+	free(blob);
+	free(names);
+	index_builder_free(b);
 }
 
 static void
@@ -271,6 +369,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_sorted_by_name, setup, teardown),
+		cmocka_unit_test(test_sort_matches_strcmp),
 		cmocka_unit_test_setup_teardown(test_fields_survive, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_find_missing, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_files_and_metadata, setup, teardown),

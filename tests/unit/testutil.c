@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 char *
@@ -81,4 +82,13 @@ tu_count_fds(void)
 			n++;
 	closedir(d);
 	return n - 1; /* the directory's own descriptor */
+}
+
+double
+tu_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }

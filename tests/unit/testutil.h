@@ -25,4 +25,7 @@ uint8_t *tu_safetensors(const char *header, size_t data_len, size_t *len);
 /* Counts this process's open descriptors. */
 int tu_count_fds(void);
 
+/* Seconds on the monotonic clock, for intervals. */
+double tu_now(void);
+
 #endif
