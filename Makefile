@@ -16,7 +16,7 @@ DEPS = cmake make gcc clang libclang-rt-14-dev pkg-config libuv1-dev libinih-dev
        groff-base man-db clang-tidy cppcheck python3-pip python3-venv \
        systemd-container debootstrap strace
 
-.PHONY: all deps build test test-asan test-system lint fuzz bench demo install deb clean
+.PHONY: all deps build test test-asan test-release test-system lint fuzz bench demo install deb clean
 
 all: build
 
@@ -30,15 +30,29 @@ deps:
 		apt-get install -y -q $$missing || { apt-get update -q && apt-get install -y -q $$missing; }; \
 	fi
 
+# Warnings are errors here and in CI (WCACHE_WERROR=ON), not in a plain
+# `cmake` build of someone else's, where a newer compiler must not break it.
 build: deps
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWCACHE_WERROR=ON >/dev/null
 	cmake --build $(BUILD) -j $(JOBS)
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	$(MAKE) test-asan
+	$(MAKE) test-release
 	$(MAKE) lint
 	$(MAKE) test-system
+
+# What a packager builds first: Release (-O3) with gcc and with clang, with
+# warnings as errors so that optimiser-only warnings are caught; the unit
+# tests run against each.
+test-release: deps
+	for cc in gcc clang; do \
+		CC=$$cc cmake -S . -B $(BUILD)-release-$$cc -DCMAKE_BUILD_TYPE=Release \
+			-DWCACHE_WERROR=ON >/dev/null && \
+		cmake --build $(BUILD)-release-$$cc -j $(JOBS) && \
+		(cd $(BUILD)-release-$$cc && ctest --output-on-failure -j $(JOBS) -R '^unit_') || exit 1; \
+	done
 
 # Static analysis: warnings are errors (.clang-tidy sets WarningsAsErrors).
 SOURCES = client/*.c proto/*.c daemon/*.c
@@ -52,7 +66,7 @@ lint: build
 
 test-asan: deps
 	CC=clang cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DWCACHE_SANITIZE=ON \
-		-DWCACHE_FUZZ=ON >/dev/null
+		-DWCACHE_FUZZ=ON -DWCACHE_WERROR=ON >/dev/null
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 		UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS)
@@ -83,4 +97,4 @@ test-system: deb
 	/usr/bin/python3 tests/system/run.py --build $(BUILD) --debs $(BUILD)/deb
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(BUILD)-release-gcc $(BUILD)-release-clang

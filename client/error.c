@@ -11,21 +11,18 @@
 #include "error.h"
 #include "wcache.h"
 
-#undef error_set /* the function itself, not error.h's model for the analyser */
-
 #define ERROR_MAX 1024
 
 static _Thread_local char error_message[ERROR_MAX];
 
-int
-error_set(int code, const char *fmt, ...)
+void
+error_format(const char *fmt, ...)
 {
 	va_list ap;
 
 	va_start(ap, fmt);
 	vsnprintf(error_message, sizeof(error_message), fmt, ap);
 	va_end(ap);
-	return code;
 }
 
 void

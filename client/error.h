@@ -8,24 +8,21 @@
 #ifndef WC_ERROR_H
 #define WC_ERROR_H
 
-/* Formats the message for the calling thread and returns code. */
-int error_set(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Formats the message for the calling thread (never allocates). */
+void error_format(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-#ifdef __clang_analyzer__
 /*
- * For the static analyser only (clang-tidy, scan-build). It does not look into
- * a variadic function, so it believes `return error_set(-EINVAL, ...)` may
- * return anything, follows error paths as if they had succeeded and reports
- * the out-parameters they leave unset. This spells out what error_set() does:
- * the call, then code (evaluated once, before the call, as for the function).
- * Compiled code never sees it.
+ * Sets the message and evaluates to code. code is evaluated once, before the
+ * message is formatted, so error_set(-errno, "%s: %s", path, strerror(errno))
+ * returns the errno of the failure. A macro over error_format(), so that
+ * compilers and analysers see what it returns: a caller's error path is
+ * visibly an error path, and its out-parameters visibly untouched.
  */
-#define error_set(code, ...) __extension__ ({ \
+#define error_set(code, ...) __extension__({ \
 	int error_set_code_ = (code); \
-	(void)error_set(error_set_code_, __VA_ARGS__); \
+	error_format(__VA_ARGS__); \
 	error_set_code_; \
 })
-#endif
 
 /* Prefixes the current message with "prefix: " (for callers that add the
  * name of the thing, such as a model name, to a lower layer's message). */

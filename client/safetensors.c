@@ -94,8 +94,8 @@ type_name(enum jr_type t)
  * put in front; a number that is valid JSON but not a non-negative integer
  * is explained as such, anything else as invalid JSON at a file offset.
  */
-__attribute__((format(printf, 2, 3))) static int
-header_error(struct st_ctx *c, const char *fmt, ...)
+__attribute__((format(printf, 2, 3))) static void
+header_error_message(struct st_ctx *c, const char *fmt, ...)
 {
 	char what[400] = "";
 	va_list ap;
@@ -106,23 +106,20 @@ header_error(struct st_ctx *c, const char *fmt, ...)
 		va_end(ap);
 	}
 	if (c->j.code == -EDOM)
-		return error_set(-EINVAL, "%s: %s%s%s", c->name, what, *what ? ": " : "",
+		error_format("%s: %s%s%s", c->name, what, *what ? ": " : "", jr_errmsg(&c->j));
+	else
+		error_format("%s: %s%sinvalid JSON in the header at byte %llu: %s", c->name, what,
+			*what ? ": " : "", 8 + (unsigned long long)jr_erroff(&c->j),
 			jr_errmsg(&c->j));
-	return error_set(-EINVAL, "%s: %s%sinvalid JSON in the header at byte %llu: %s", c->name,
-		what, *what ? ": " : "", 8 + (unsigned long long)jr_erroff(&c->j),
-		jr_errmsg(&c->j));
 }
+
+/* Leaves the message and evaluates to -EINVAL (a macro, as error_set()). */
+#define header_error(...) (header_error_message(__VA_ARGS__), -EINVAL)
 
 /* The fewest header bytes a tensor takes:
  * "a":{"dtype":"U8","shape":[],"data_offsets":[0,0]}, so a header of n
  * bytes holds at most n / 48 tensors (a sizing hint, not a limit). */
 #define ST_MIN_ENTRY_BYTES 48
-
-#ifdef __clang_analyzer__
-/* As for error_set() in error.h: the analyser does not look into a variadic
- * function, so tell it what header_error() returns (always -EINVAL). */
-#define header_error(...) ((void)header_error(__VA_ARGS__), -EINVAL)
-#endif
 
 /* Quotes a name for a message (decoding it first if it holds escapes;
  * json_quote_str() needs only raw, raw_len and escaped). */

@@ -88,9 +88,9 @@ table_find(struct name_table *t, char *const *names, const char *name, size_t le
 /* ---- the shard index document ---- */
 
 /* Says where a JSON error is, by line and column (index files are usually
- * pretty-printed). */
-__attribute__((format(printf, 5, 6))) static int
-json_fail(const char *name, const struct jr *j, const char *buf, size_t len,
+ * pretty-printed); json_fail() below returns -EINVAL after it. */
+__attribute__((format(printf, 5, 6))) static void
+json_fail_message(const char *name, const struct jr *j, const char *buf, size_t len,
 	const char *fmt, ...)
 {
 	size_t off = jr_erroff(j), line = 1, col = 1;
@@ -111,17 +111,14 @@ json_fail(const char *name, const struct jr *j, const char *buf, size_t len,
 		}
 	}
 	if (j->code == -EDOM)
-		return error_set(-EINVAL, "%s: %s%s%s", name, what, *what ? ": " : "",
-			jr_errmsg(j));
-	return error_set(-EINVAL, "%s: %s%sinvalid JSON at line %zu, column %zu: %s", name, what,
-		*what ? ": " : "", line, col, jr_errmsg(j));
+		error_format("%s: %s%s%s", name, what, *what ? ": " : "", jr_errmsg(j));
+	else
+		error_format("%s: %s%sinvalid JSON at line %zu, column %zu: %s", name, what,
+			*what ? ": " : "", line, col, jr_errmsg(j));
 }
 
-#ifdef __clang_analyzer__
-/* As for error_set() in error.h: the analyser does not look into a variadic
- * function, so tell it what json_fail() returns (always -EINVAL). */
-#define json_fail(...) ((void)json_fail(__VA_ARGS__), -EINVAL)
-#endif
+/* Leaves the message and evaluates to -EINVAL (a macro, as error_set()). */
+#define json_fail(...) (json_fail_message(__VA_ARGS__), -EINVAL)
 
 /* Checks a shard file name: a plain name in the same directory. */
 static const char *
