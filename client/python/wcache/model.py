@@ -30,7 +30,8 @@ import numpy as np
 
 from . import _lib
 from ._dtypes import numpy_typestr
-from ._lib import DaemonUnavailable, ModelNotFound, check, wc_tensor
+from ._lib import DaemonUnavailable, MissingTensor, ModelNotFound, check, wc_tensor
+from ._table import Table
 
 __all__ = ["Client", "Model", "TensorInfo", "connect", "open_file"]
 
@@ -108,6 +109,7 @@ class Model:
         self._source = source
         self._infos = {}
         self._names = None
+        self._table = None        # wcache._table.Table, read on first use
         self._span = None         # (lowest, highest) address of tensor data
         self._region = None       # read-only uint8 array over the span
         self._torch_state = None  # see _torch.py
@@ -157,6 +159,7 @@ class Model:
             self._handle = None
             self._infos = {}
             self._names = None
+            self._table = None
             self._region = None
             self._torch_state = None
 
@@ -172,30 +175,22 @@ class Model:
 
     # -- tensors --
 
-    def _all(self):
+    def _tab(self):
+        """The :class:`wcache._table.Table` of every tensor (read on first
+        use, in one library call)."""
         h = self._h()
-        if self._names is None:
+        table = self._table
+        if table is None:
             with self._lock:
-                if self._names is None:
-                    lib = _lib.lib()
-                    t = wc_tensor()
-                    ref = ctypes.byref(t)
-                    get = lib.wc_model_tensor
-                    names = []
-                    lo, hi = None, None
-                    for i in range(lib.wc_model_count(h.ptr)):
-                        check(get(h.ptr, i, ref))
-                        info = _info(t)
-                        self._infos[info.name] = info
-                        names.append(info.name)
-                        if info.nbytes:
-                            if lo is None or info.data < lo:
-                                lo = info.data
-                            if hi is None or info.data + info.nbytes > hi:
-                                hi = info.data + info.nbytes
-                    self._span = (lo, hi) if lo is not None else None
-                    self._names = names
-        return self._names
+                if self._table is None:
+                    self._table = Table(h)
+                    self._span = self._table.span
+                    self._names = self._table.names
+                table = self._table
+        return table
+
+    def _all(self):
+        return self._tab().names
 
     def _slice(self, info, typestr, writable_region=None, shape=None):
         """Tensor info as an array sliced from one array over all tensor data
@@ -215,6 +210,13 @@ class Model:
         return region[off:off + info.nbytes].view(typestr).reshape(
             info.shape if shape is None else shape)
 
+    def _raw_region(self):
+        """The read-only uint8 array over the span of all tensor data."""
+        if self._region is None:
+            lo, hi = self._tab().span
+            self._region = _view(self._h(), lo, (hi - lo,), "|u1")
+        return self._region
+
     def info(self, name):
         """The :class:`TensorInfo` of tensor name; KeyError if there is none."""
         h = self._h()
@@ -223,11 +225,18 @@ class Model:
             return info
         if not isinstance(name, str):
             raise TypeError(f"tensor names are str, not {type(name).__name__}")
+        table = self._table
+        if table is not None:
+            i = table.index.get(name)
+            if i is None:
+                raise MissingTensor(f"model {h.label!r} has no tensor {name!r}")
+            info = self._infos[name] = table.info(i)
+            return info
         t = wc_tensor()
         rc = _lib.lib().wc_model_find(h.ptr, name.encode("utf-8", "surrogateescape"),
                                       ctypes.byref(t))
         if rc == -errno.ENOENT:
-            raise KeyError(f"model {h.label!r} has no tensor {name!r}")
+            raise MissingTensor(f"model {h.label!r} has no tensor {name!r}")
         check(rc)
         info = _info(t)
         self._infos[name] = info
@@ -242,6 +251,10 @@ class Model:
 
     def __len__(self):
         return int(_lib.lib().wc_model_count(self._h().ptr))
+
+    def offset_keys(self):
+        """Tensor names in the order of their data (file order)."""
+        return self._tab().offset_keys()
 
     def __contains__(self, name):
         if not isinstance(name, str):
