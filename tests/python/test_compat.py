@@ -263,3 +263,16 @@ print(safetensors.torch.load_file({str(path)!r})["w"].tolist())
     assert r.returncode == 0 and "[1.0, 1.0]" in r.stdout, r.stderr
     r = run_standin(code, {"WCACHE_SAFETENSORS": ""}, tmp_path)
     assert r.returncode != 0 and "upstream load_file called" in r.stderr
+
+
+def test_connect_timeout(daemon):
+    from wcache import _lib
+    if _lib.has("wc_connect_timeout"):
+        with wcache.connect(daemon.socket, timeout=5) as c:
+            c.set_timeout(0.5)
+            assert c.attach("small").keys()
+        with pytest.raises(ValueError):
+            wcache.connect(daemon.socket, timeout=-1)
+    else:  # a library without deadlines says so instead of ignoring timeout=
+        with pytest.raises(wcache.WcacheError, match="WCACHE_TIMEOUT"):
+            wcache.connect(daemon.socket, timeout=5)

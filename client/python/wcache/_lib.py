@@ -129,6 +129,9 @@ _OPTIONAL = {
     # Proposed: makes a model's data writable copy-on-write in this process
     # (see wcache/_torch.py and client/python/README.md).
     "wc_model_cow": (ctypes.c_int, [_P]),
+    # Client deadlines (libwcache with WCACHE_TIMEOUT support).
+    "wc_connect_timeout": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int, _PP]),
+    "wc_set_timeout": (ctypes.c_int, [_P, ctypes.c_int]),
     # Every tensor record in one call (wcache/_table.py).
     "wc_model_tensors": (ctypes.c_int, [_P, ctypes.c_size_t, _T, ctypes.c_size_t]),
 }

@@ -25,6 +25,7 @@ several per tensor, so the cost per tensor is close to what torch itself
 needs to make as many views.
 """
 import ctypes
+import gc
 import operator
 
 import numpy as np
@@ -32,7 +33,9 @@ import numpy as np
 from . import _lib
 from ._lib import check, wc_tensor
 
-__all__ = ["Table"]
+__all__ = ["Table", "Runs", "NumpyRuns"]
+
+_GC_PAUSE_MIN = 256  # runs at least this long are made with the collector paused
 
 # struct wc_tensor as numpy sees it (64-bit hosts; checked below).
 _RECORD = np.dtype([("name", "u8"), ("dtype", "u8"), ("ndim", "u4"), ("pad", "u4"),
@@ -61,24 +64,40 @@ def _records(h, n):
 
 def _strings(pointers):
     """The NUL-terminated UTF-8 strings at pointers (a uint64 array), read
-    with one copy of the area they lie in when they tile it."""
+    with one copy of the area they lie in: the area is decoded and split at
+    its NULs once, and each pointer that starts right after a NUL (or at the
+    start) is the string of that piece. If any pointer does not, they are
+    read one by one instead."""
     n = len(pointers)
     if n == 0:
         return []
     lo, hi = int(pointers.min()), int(pointers.max())
-    blob = ctypes.string_at(lo, hi - lo + len(ctypes.string_at(hi)))
-    parts = blob.split(b"\0")
-    lengths = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
-    starts = np.zeros(len(parts), dtype=np.int64)
-    np.cumsum(lengths[:-1] + 1, out=starts[1:])
+    raw = ctypes.string_at(lo, hi - lo + len(ctypes.string_at(hi)) + 1)
+    nuls = np.flatnonzero(np.frombuffer(raw, dtype=np.uint8) == 0)
     offsets = (pointers - lo).astype(np.int64)
-    where = np.searchsorted(starts, offsets)
-    if not (where < len(parts)).all() or not (starts[np.minimum(where, len(parts) - 1)]
-                                              == offsets).all():
+    piece = np.searchsorted(nuls, offsets)  # NULs before each string
+    starts = np.where(piece > 0, nuls[np.maximum(piece - 1, 0)] + 1, 0)
+    if not (starts == offsets).all():
         return [ctypes.string_at(p).decode("utf-8", "surrogateescape")
                 for p in pointers.tolist()]
-    chosen = operator.itemgetter(*where.tolist())(parts) if n > 1 else (parts[where[0]],)
-    return b"\0".join(chosen).decode("utf-8", "surrogateescape").split("\0")
+    pieces = raw.decode("utf-8", "surrogateescape").split("\0")
+    if n == 1:
+        return [pieces[int(piece[0])]]
+    return list(operator.itemgetter(*piece.tolist())(pieces))
+
+
+def _distinct(values):
+    """(distinct values in order of first appearance, number of each
+    element's value): cheaper than np.unique for the few dtypes a model has."""
+    of = np.full(len(values), -1, dtype=np.int64)
+    distinct = []
+    while True:
+        left = np.flatnonzero(of < 0)
+        if not len(left):
+            return distinct, of
+        v = values[left[0]]
+        of[values == v] = len(distinct)
+        distinct.append(int(v))
 
 
 def contiguous_strides(shape):
@@ -99,9 +118,9 @@ class Table:
         recs = _records(h, n)
         self.count = n
         self.names = _strings(recs["name"])
-        self.index = dict(zip(self.names, range(n)))
-        dtype_ptrs, self.dtype_of = np.unique(recs["dtype"], return_inverse=True)
-        self.dtype_names = [ctypes.string_at(p).decode("ascii") for p in dtype_ptrs.tolist()]
+        self._index = None
+        dtype_ptrs, self.dtype_of = _distinct(recs["dtype"])
+        self.dtype_names = [ctypes.string_at(p).decode("ascii") for p in dtype_ptrs]
         self.ndim = recs["ndim"].astype(np.int64)
         self.addr = recs["data"].astype(np.uint64)
         self.nbytes = recs["nbytes"].astype(np.uint64)
@@ -126,6 +145,14 @@ class Table:
         self._runs = None
         self._offset_order = None
         self.bulk = None  # set by runs(): whether tensor i may be in a run
+
+    @property
+    def index(self):
+        """{name: tensor number}, made on first use (a loader that takes
+        every tensor in runs never needs it for most of them)."""
+        if self._index is None:
+            self._index = dict(zip(self.names, range(self.count)))
+        return self._index
 
     def info(self, i):
         """The wcache.TensorInfo of tensor number i."""
@@ -285,7 +312,17 @@ class Runs:
         if b - a == 1:
             return self.view_one(base, shape, strides, offset),
         step = (int(t.addr[self.order_list[a + 1]]) - int(t.addr[i])) // size
-        return self.view_many(base, b - a, step, shape, strides, offset)
+        if b - a < _GC_PAUSE_MIN or not gc.isenabled():
+            return self.view_many(base, b - a, step, shape, strides, offset)
+        # Thousands of new tensors at once: without a pause, the cyclic
+        # collector runs every 700 of them and now and then walks every
+        # object of the process (tens of ms with torch loaded). Paused, it
+        # runs once afterwards over the new objects.
+        gc.disable()
+        try:
+            return self.view_many(base, b - a, step, shape, strides, offset)
+        finally:
+            gc.enable()
 
     def get(self, name):
         t = self.ready.pop(name, None)

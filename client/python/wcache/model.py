@@ -371,6 +371,19 @@ class Client:
         label = name.decode("utf-8", "surrogateescape")
         return Model(_Handle(out.value, label, self), "wcached")
 
+    def set_timeout(self, timeout):
+        """Changes this client's deadline (seconds, 0 for none), as
+        connect(timeout=) sets it. Needs wc_set_timeout() in libwcache."""
+        if not self._ptr:
+            raise ValueError(f"client of wcached at {self.socket} is closed")
+        if not _lib.has("wc_set_timeout"):
+            raise _lib.WcacheError(errno.ENOTSUP, f"libwcache {_lib.library_path()} has no "
+                                   "wc_set_timeout()")
+        if timeout < 0:
+            raise ValueError(f"timeout={timeout!r}: seconds, 0 for none")
+        ms = max(int(round(timeout * 1000)), 1 if timeout > 0 else 0)
+        check(_lib.lib().wc_set_timeout(self._ptr, min(ms, 2**31 - 1)))
+
     def close(self):
         """Disconnects. Models attached through this client stay valid."""
         ptr, self._ptr = self._ptr, None
@@ -398,13 +411,33 @@ def default_socket():
     return os.environ.get("WCACHE_SOCKET") or "/run/wcached/wcached.sock"
 
 
-def connect(socket=None):
+def connect(socket=None, timeout=None):
     """Connects to wcached (socket None: $WCACHE_SOCKET, else
-    /run/wcached/wcached.sock). Raises DaemonUnavailable when it cannot."""
+    /run/wcached/wcached.sock). Raises DaemonUnavailable when it cannot.
+
+    timeout: the client's deadline in seconds for the connect and every
+    later wait on the daemon (an attach, a release), 0 for none; past it a
+    call raises WcacheError with errno ETIMEDOUT and the connection is
+    closed. None: $WCACHE_TIMEOUT seconds (0: none), else libwcache's
+    default of 30 s. Needs a libwcache with wc_connect_timeout() when
+    given."""
     lib = _lib.lib()
     path = os.fspath(socket) if socket is not None else None
     out = ctypes.c_void_p()
-    rc = lib.wc_connect(os.fsencode(path) if path is not None else None, ctypes.byref(out))
+    where = os.fsencode(path) if path is not None else None
+    if timeout is None:
+        rc = lib.wc_connect(where, ctypes.byref(out))
+    else:
+        if not _lib.has("wc_connect_timeout"):
+            raise _lib.WcacheError(errno.ENOTSUP, f"timeout={timeout!r}: libwcache "
+                                   f"{_lib.library_path()} has no wc_connect_timeout(); set "
+                                   "WCACHE_TIMEOUT instead")
+        if timeout < 0:
+            raise ValueError(f"timeout={timeout!r}: seconds, 0 for none")
+        ms = int(round(timeout * 1000))
+        if timeout > 0 and ms == 0:
+            ms = 1
+        rc = lib.wc_connect_timeout(where, min(ms, 2**31 - 1), ctypes.byref(out))
     if rc < 0:
         check(rc, DaemonUnavailable)
     return Client(out.value, path if path is not None else default_socket())
