@@ -276,3 +276,44 @@ def test_connect_timeout(daemon):
     else:  # a library without deadlines says so instead of ignoring timeout=
         with pytest.raises(wcache.WcacheError, match="WCACHE_TIMEOUT"):
             wcache.connect(daemon.socket, timeout=5)
+
+
+def test_upstream_messages_and_helpers(tmp_path, no_daemon):
+    with pytest.raises(FileNotFoundError) as e:
+        wcache.safe_open("notafile", framework="pt")
+    assert str(e.value) == "No such file or directory: notafile"  # upstream's words
+    assert "not running" in e.value.reason  # and why wcached did not serve it
+    # 0.7 raised SafetensorError for an incomplete dict, 0.8 TypeError for any dict
+    with pytest.raises(wcache.SafetensorError):
+        wcache.serialize({"test": {"dtype": "float32", "shape": [1]}})
+    with pytest.raises(TypeError):
+        wcache.serialize({"test": {"dtype": "float32", "shape": [1], "data_ptr": 0,
+                                   "data_len": 0}})
+    b = torch.zeros(16)
+    assert wtorch._end_ptr(b[::4]) - b[::4].data_ptr() == 16 * 3 + 4  # last element's end
+    assert wtorch.storage_size(b[::4]) == 64 and wtorch.storage_ptr(b[4:]) == b.data_ptr()
+
+
+def test_safe_open_handle(tmp_path, no_daemon):
+    path = tmp_path / "m.safetensors"
+    wnp.save_file({"a": np.arange(4, dtype=np.int16)}, path)
+    with open(path, "rb") as f, wcache._safe_open_handle(f, framework="np") as g:
+        assert g.keys() == ["a"] and g.get_tensor("a").tolist() == [0, 1, 2, 3]
+
+    class NoFileno:  # a file object without a descriptor (fsspec, s3)
+        def __init__(self, data):
+            self.data, self.pos = data, 0
+
+        def fileno(self):
+            raise OSError("no descriptor")
+
+        def seek(self, pos):
+            self.pos = pos
+
+        def read(self, n):
+            chunk = self.data[self.pos:self.pos + n]
+            self.pos += len(chunk)
+            return chunk
+
+    with wcache._safe_open_handle(NoFileno(path.read_bytes()), framework="np") as g:
+        assert g.get_tensor("a").dtype == np.int16

@@ -25,7 +25,7 @@ library is found ($WCACHE_LIB, the build tree, the system library path).
 """
 from ._lib import (DaemonUnavailable, LibraryNotFound, ModelNotFound, NoSuchFile,
                    SafetensorError, WcacheError, library_path)
-from ._safe_open import open_model, safe_open
+from ._safe_open import _safe_open_handle, open_model, safe_open
 from ._serialize import TensorSpec, deserialize, serialize, serialize_file
 from ._install import install, uninstall
 from .model import Client, Model, TensorInfo, connect, default_socket, open_file

@@ -85,6 +85,12 @@ class InvalidArgument(SafetensorError, ValueError):
     as before)."""
 
 
+class InvalidTensorSpec(SafetensorError, TypeError):
+    """serialize() input that is neither a TensorSpec nor a complete dict
+    (upstream 0.7 raises SafetensorError here, 0.8 TypeError: this is
+    both)."""
+
+
 class LibraryNotFound(ImportError):
     """libwcache could not be loaded; the message lists what was tried."""
 

@@ -114,9 +114,12 @@ def open_model(path_or_name):
         return open_file(target)
     except WcacheError as e:
         if e.errno == errno.ENOENT and not os.path.lexists(target):
-            raise NoSuchFile(
-                errno.ENOENT, f"No such file or directory: {target} (and wcached does not "
-                f"serve it: {why})", target) from None
+            # upstream's message exactly; why wcached did not serve it in a note
+            err = NoSuchFile(errno.ENOENT, f"No such file or directory: {target}", target)
+            err.reason = f"wcached does not serve {target!r}: {why}"
+            if hasattr(err, "add_note"):
+                err.add_note(err.reason)
+            raise err from None
         if e.errno in (errno.EINVAL, errno.EBADMSG, errno.ERANGE, errno.EOVERFLOW,
                        errno.E2BIG, errno.EFBIG):
             raise SafetensorError(e.errno, e.strerror) from None
@@ -367,3 +370,31 @@ class safe_open:
 
     def __repr__(self):
         return f"<wcache.safe_open {self._model!r} framework={self._framework}>"
+
+
+class _safe_open_handle(safe_open):
+    """upstream's _safe_open_handle: safe_open of an open file object (a
+    local file, an fsspec file). A file with a descriptor is opened through
+    /proc/self/fd (and attached through wcached when it serves that file);
+    any other file object is read into a memfd first."""
+
+    def __init__(self, f, framework="pt", device="cpu", *, backend="mmap"):
+        fd = None
+        try:
+            fileno = f.fileno()
+        except (AttributeError, OSError, ValueError):
+            fileno = None
+            f.seek(0)
+            fd = os.memfd_create("wcache-handle", os.MFD_CLOEXEC)
+            with os.fdopen(os.dup(fd), "wb") as out:
+                while True:
+                    chunk = f.read(16 << 20)
+                    if not chunk:
+                        break
+                    out.write(chunk)
+            fileno = fd
+        try:
+            super().__init__(f"/proc/self/fd/{fileno}", framework, device, backend=backend)
+        finally:
+            if fd is not None:
+                os.close(fd)  # the model keeps its own mapping

@@ -34,7 +34,7 @@ import json
 import os
 import struct
 
-from ._lib import InvalidArgument, SafetensorError
+from ._lib import InvalidArgument, InvalidTensorSpec, SafetensorError
 
 __all__ = ["TensorSpec", "serialize", "serialize_file", "deserialize", "DTYPES", "ST_BITS"]
 
@@ -100,6 +100,9 @@ def _entry(name, value):
             if value.data_len else b""
         st, shape = value._st, value.shape
     elif isinstance(value, dict):
+        if not {"dtype", "shape", "data"} <= value.keys():
+            raise InvalidTensorSpec(f"tensor {name!r}: a dict needs dtype, shape and data (upstream "
+                            f"0.7's form), or pass a TensorSpec; got keys {sorted(value)}")
         st = _dtype(value["dtype"])
         shape = [int(x) for x in value["shape"]]
         data = value["data"]

@@ -28,30 +28,47 @@ from ._lib import SafetensorError
 from ._safe_open import safe_open
 from ._serialize import TensorSpec, deserialize, serialize, serialize_file
 
-__all__ = ["load_file", "load", "save_file", "save", "save_model", "load_model"]
+__all__ = ["load_file", "load", "save_file", "save", "save_model", "load_model", "storage_ptr",
+           "storage_size"]
 
 
-def _storage(t):
-    """(data pointer, size in bytes) of t's storage; (0, 0) when it has none
-    (meta tensors)."""
+def _untyped(tensor):
+    return tensor.untyped_storage() if hasattr(tensor, "untyped_storage") else tensor.storage()
+
+
+def storage_ptr(tensor):
+    """The address of tensor's storage (0 when it has none: meta tensors)."""
     try:
-        s = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
-        return s.data_ptr(), s.nbytes()
+        return _untyped(tensor).data_ptr()
     except (NotImplementedError, RuntimeError):
-        return 0, 0
+        return 0
 
 
-def _end(t):
-    return t.data_ptr() + t.nelement() * t.element_size() if t.nelement() else t.data_ptr()
+def storage_size(tensor):
+    """The size in bytes of tensor's storage (for meta tensors, of the
+    tensor)."""
+    try:
+        return _untyped(tensor).nbytes()
+    except (NotImplementedError, RuntimeError):
+        return tensor.nelement() * tensor.element_size()
 
 
-def _shared_groups(state_dict):
+def _end_ptr(tensor):
+    """One past the last byte of tensor's data (its last element, whatever
+    its strides)."""
+    if not tensor.nelement():
+        return tensor.data_ptr()
+    last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    return tensor.data_ptr() + (last + 1) * tensor.element_size()
+
+
+def _find_shared_tensors(state_dict):
     """Sets of names whose tensors overlap in memory (upstream's
     _find_shared_tensors: grouped by device and storage, then split where
     the tensors' byte ranges do not overlap)."""
     by_storage = defaultdict(set)
     for name, t in state_dict.items():
-        ptr, size = _storage(t)
+        ptr, size = storage_ptr(t), storage_size(t)
         if t.device.type != "meta" and ptr and size:
             by_storage[(t.device, ptr, size)].add(name)
     groups = []
@@ -59,7 +76,7 @@ def _shared_groups(state_dict):
         if len(shared) < 2:
             groups.append(shared)
             continue
-        areas = sorted((state_dict[n].data_ptr(), _end(state_dict[n]), n) for n in shared)
+        areas = sorted((state_dict[n].data_ptr(), _end_ptr(state_dict[n]), n) for n in shared)
         _, last_stop, first = areas[0]
         groups.append({first})
         for start, stop, name in areas[1:]:
@@ -71,19 +88,20 @@ def _shared_groups(state_dict):
     return groups
 
 
-def _complete(t):
-    ptr, size = _storage(t)
-    return t.data_ptr() == ptr and t.nelement() * t.element_size() == size
+def _is_complete(tensor):
+    """Whether tensor covers its whole storage."""
+    return tensor.data_ptr() == storage_ptr(tensor) and \
+        tensor.nelement() * tensor.element_size() == storage_size(tensor)
 
 
-def _duplicates(state_dict, preferred_names=None, discard_names=None):
+def _remove_duplicate_names(state_dict, *, preferred_names=None, discard_names=None):
     """{kept name: [names to drop]} for every group of shared tensors, as
     upstream's _remove_duplicate_names chooses them."""
     preferred_names = set(preferred_names or ())
     discard_names = set(discard_names or ())
     to_remove = defaultdict(list)
-    for shared in _shared_groups(state_dict):
-        complete = {n for n in shared if _complete(state_dict[n])}
+    for shared in _find_shared_tensors(state_dict):
+        complete = {n for n in shared if _is_complete(state_dict[n])}
         if not complete:
             raise RuntimeError(
                 "Error while trying to find names to remove to save state dict, but found no "
@@ -118,8 +136,9 @@ def _specs(tensors, keep):
     if sparse:
         raise ValueError(f"You are trying to save a sparse tensors: `{sparse}` which this "
                          "library does not support. You can make it a dense tensor before "
-                         "saving with `.to_dense()`.")
-    failing = [names for names in _shared_groups(tensors) if len(names) > 1]
+                         "saving with `.to_dense()` but be aware this might make a much larger "
+                         "file than needed.")
+    failing = [names for names in _find_shared_tensors(tensors) if len(names) > 1]
     if failing:
         raise RuntimeError(
             f"Some tensors share memory, this will lead to duplicate memory on disk and "
@@ -198,7 +217,7 @@ def save_model(model, filename, metadata=None, force_contiguous=True):
     """Saves model's state dict to filename, dropping the duplicate names of
     shared tensors (recorded in the metadata as dropped -> kept)."""
     state_dict = model.state_dict()
-    for kept, dropped in _duplicates(state_dict).items():
+    for kept, dropped in _remove_duplicate_names(state_dict).items():
         for name in dropped:
             if metadata is None:
                 metadata = {}
@@ -218,7 +237,7 @@ def load_model(model, filename, strict=True, device="cpu", *, backend="mmap"):
     """Loads filename into model; returns (missing, unexpected) names, and
     with strict raises RuntimeError when either is not empty."""
     state_dict = load_file(filename, device=device, backend=backend)
-    to_removes = _duplicates(model.state_dict(), preferred_names=state_dict.keys())
+    to_removes = _remove_duplicate_names(model.state_dict(), preferred_names=state_dict.keys())
     missing, unexpected = model.load_state_dict(state_dict, strict=False)
     missing = set(missing)
     for group in to_removes.values():
