@@ -317,3 +317,14 @@ def test_safe_open_handle(tmp_path, no_daemon):
 
     with wcache._safe_open_handle(NoFileno(path.read_bytes()), framework="np") as g:
         assert g.get_tensor("a").dtype == np.int16
+
+
+def test_load_of_a_pickle_names_it(tmp_path):
+    import io
+    buf = io.BytesIO()
+    torch.save({"w": torch.zeros(2)}, buf)
+    with pytest.raises(wcache.SafetensorError) as e:
+        wtorch.load(buf.getvalue())
+    assert "PyTorch checkpoint" in str(e.value) and "python3 -m wcache.convert" in str(e.value)
+    with pytest.raises(wcache.SafetensorError, match="GGUF"):
+        wnp.load(b"GGUF\x03\x00\x00\x00" + bytes(32))

@@ -208,11 +208,48 @@ def serialize_file(tensor_dict, filename, metadata=None):
     write_atomically(filename, [header] + [b for b in buffers if len(memoryview(b).cast("B"))])
 
 
+_CONVERT = "python3 -m wcache.convert IN OUT.safetensors"
+_LEGACY_TORCH = bytes.fromhex("80028a0a6cfc9c46f9206aa85019")
+
+
+def not_safetensors(data):
+    """What the bytes are when they are a format often mistaken for
+    safetensors (the checks of client/diagnose.c, for bytes that never
+    reach the C library), else None."""
+    head = bytes(data[:64])
+    if len(head) > 8 and head[8:9] == b"{":
+        return None
+    if head.startswith(b"PK\x03\x04"):
+        name = bytes(data[30:30 + int.from_bytes(head[26:28], "little")])
+        if name.endswith(b".pkl"):
+            return ("a PyTorch checkpoint (torch.save zip archive holding a pickle): "
+                    f"convert it with `{_CONVERT}`")
+        if name.endswith(b".npy"):
+            return "a NumPy .npz archive: load it with numpy.load()"
+        return "a zip archive"
+    if head.startswith(_LEGACY_TORCH):
+        return f"a PyTorch checkpoint (legacy torch.save pickle format): convert it with " \
+            f"`{_CONVERT}`"
+    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        return f"a Python pickle (protocol {head[1]})"
+    if head.startswith(b"GGUF"):
+        return "a GGUF file (llama.cpp)"
+    if head.startswith(b"\x93NUMPY"):
+        return "a NumPy .npy array: load it with numpy.load()"
+    if any(bytes(data[at:at + 8]) == b"\x89HDF\r\n\x1a\n" for at in (0, 512, 1024, 2048)):
+        return "an HDF5 file (Keras/TensorFlow .h5)"
+    return None
+
+
 def deserialize(data):
     """[(name, {"shape": [...], "dtype": "F32", "data": bytearray}), ...] of
     a safetensors file's bytes, in file order; SafetensorError when they are
     not a valid safetensors file."""
     view = memoryview(data).cast("B")
+    what = not_safetensors(view)
+    if what is not None:
+        raise SafetensorError(f"Error while deserializing: these bytes are {what}, not "
+                              "safetensors")
     if view.nbytes < 8:
         raise SafetensorError("Error while deserializing: HeaderTooSmall")
     n = struct.unpack("<Q", view[:8])[0]
