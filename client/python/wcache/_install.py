@@ -25,8 +25,6 @@ them, so torch is not imported before the program wants it. Unset, the
 hook costs one environment lookup.
 """
 import importlib
-import importlib.abc
-import importlib.util
 import os
 import sys
 import threading
@@ -97,8 +95,9 @@ def uninstall():
         sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _Hook)]
 
 
-class _PatchingLoader(importlib.abc.Loader):
-    """Runs the real loader, then patches the module it made."""
+class _PatchingLoader:
+    """Runs the real loader, then patches the module it made (an
+    importlib Loader by its methods)."""
 
     def __init__(self, loader, patch):
         self.loader = loader
@@ -115,8 +114,9 @@ class _PatchingLoader(importlib.abc.Loader):
         return getattr(self.loader, name)
 
 
-class _Hook(importlib.abc.MetaPathFinder):
-    """Patches safetensors and safetensors.torch when they are imported."""
+class _Hook:
+    """Patches safetensors and safetensors.torch when they are imported (a
+    meta path finder by its find_spec method)."""
     targets = {"safetensors": _patch_top, "safetensors.torch": _patch_torch}
 
     def find_spec(self, name, path=None, target=None):

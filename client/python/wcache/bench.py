@@ -277,9 +277,15 @@ def per_tensor(build, directory, repeat):
     rows = []
     with tempfile.TemporaryDirectory(prefix="wcache-bench.") as tmp:
         daemon = Daemon(build, models, tmp)
-        env = dict(os.environ, WCACHE_SOCKET=daemon.socket)
+        # Fresh processes find wcache's bytecode compiled, as an installed
+        # package has it (python3-wcache compiles it at install), even where
+        # PYTHONDONTWRITEBYTECODE is set: one untimed run writes it.
+        env = dict(os.environ, WCACHE_SOCKET=daemon.socket,
+                   PYTHONPYCACHEPREFIX=os.path.join(tmp, "pycache"))
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         os.environ["WCACHE_SOCKET"] = daemon.socket
         try:
+            _fresh("wcache", f"t{PER_TENSOR_COUNTS[0]}", env)
             for n, path in models.items():
                 name = f"t{n}"
                 fresh_w = [_fresh("wcache", name, env) for _ in range(3)]
