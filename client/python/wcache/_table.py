@@ -24,6 +24,7 @@ stride) are made by one strided view over the model's memory and one
 several per tensor, so the cost per tensor is close to what torch itself
 needs to make as many views.
 """
+import bisect
 import ctypes
 import gc
 import operator
@@ -153,6 +154,16 @@ class Table:
         if self._index is None:
             self._index = dict(zip(self.names, range(self.count)))
         return self._index
+
+    def position(self, name):
+        """The number of tensor name, or None: a binary search of the sorted
+        names (no dictionary of every name needed), checked against the
+        name index when it misses (names whose byte order and str order
+        differ, with surrogate escapes)."""
+        i = bisect.bisect_left(self.names, name)
+        if i < self.count and self.names[i] == name:
+            return i
+        return self.index.get(name)
 
     def info(self, i):
         """The wcache.TensorInfo of tensor number i."""
@@ -328,7 +339,7 @@ class Runs:
         t = self.ready.pop(name, None)
         if t is not None:
             return t
-        i = self.table.index.get(name)
+        i = self.table.position(name) if isinstance(name, str) else None
         if i is None:
             raise _lib.MissingTensor(f"File does not contain tensor {name}")
         r = int(self.run_of[i])

@@ -227,7 +227,7 @@ class Model:
             raise TypeError(f"tensor names are str, not {type(name).__name__}")
         table = self._table
         if table is not None:
-            i = table.index.get(name)
+            i = table.position(name)
             if i is None:
                 raise MissingTensor(f"model {h.label!r} has no tensor {name!r}")
             info = self._infos[name] = table.info(i)
