@@ -130,6 +130,11 @@ def test_safe_open_interface(tmp_path, no_daemon):
             f.get_tensor("nope")
     with pytest.raises(wcache.SafetensorError, match="File is closed"):
         f.keys()
+    with wcache.safe_open(path, framework="pt") as g:
+        get = g.get_tensor
+        get("a")
+    with pytest.raises(wcache.SafetensorError, match="File is closed"):
+        get("layers.0.w")  # bound before close
     with pytest.raises(wcache.SafetensorError):
         wcache.safe_open(path, framework="tf")
     with pytest.raises(wcache.SafetensorError):

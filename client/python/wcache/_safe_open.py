@@ -359,6 +359,8 @@ class safe_open:
     def close(self):
         if self._model is not None:
             self._model.close()
+        if self._runs is not None:
+            self._runs.close()  # a get_tensor bound before close raises too
         self._runs = None
         self.__dict__.pop("get_tensor", None)
 

@@ -301,6 +301,7 @@ class Runs:
         self.ready = {}
         self.lo = table.span[0] if table.span else 0
         self.bases = {}
+        self.closed = False
 
     def _typed(self, d):
         """(typed base view for dtype number d, its element size)."""
@@ -335,10 +336,17 @@ class Runs:
         finally:
             gc.enable()
 
+    def close(self):
+        """Drops the tensors not handed out; later get() calls raise."""
+        self.closed = True
+        self.ready.clear()
+
     def get(self, name):
         t = self.ready.pop(name, None)
         if t is not None:
             return t
+        if self.closed:
+            raise _lib.ClosedError("File is closed")
         i = self.table.position(name) if isinstance(name, str) else None
         if i is None:
             raise _lib.MissingTensor(f"File does not contain tensor {name}")
