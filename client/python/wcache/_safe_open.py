@@ -174,7 +174,10 @@ def _header_has_metadata(path):
             raw = f.read(8)
             if len(raw) != 8:
                 return None
-            header = f.read(struct.unpack("<Q", raw)[0])
+            n = struct.unpack("<Q", raw)[0]
+            if n > os.fstat(f.fileno()).st_size - 8:  # not a safetensors file (a shard index)
+                return None
+            header = f.read(n)
     except OSError:
         return None
     pos = header.find(b'"__metadata__"')

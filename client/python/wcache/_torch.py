@@ -33,9 +33,13 @@ Three ways to get such memory, tried in this order:
    per model saying why.
 
 Ways 1 and 2 slice every tensor out of one array per model (way 1) or per
-file (way 2), which keeps the per-tensor cost to a few numpy and torch
-calls; each tensor still gets its own storage (torch.from_numpy of its
-slice), so saving one tensor saves only its bytes.
+file (way 2), which keeps the per-tensor cost of ``Model.torch(name)`` to a
+few numpy and torch calls; each such tensor gets its own storage
+(torch.from_numpy of its slice), so saving one tensor saves only its bytes.
+``safe_open`` goes further (TorchRuns, on way 1): it makes tensors run by
+run as strided views of one torch tensor over the model's span, so they
+share that one storage (see wcache/_table.py and the README's list of
+differences from upstream).
 
 The environment variable WCACHE_TORCH_COW=auto|c|remap|copy forces one way
 (for tests and benchmarks); "auto" is the default.
