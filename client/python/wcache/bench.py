@@ -219,6 +219,7 @@ def forked_pss(n, loader, arg, model):
 
 PER_TENSOR_COUNTS = (1000, 50000, 200000)
 PER_TENSOR_TARGET = 2.5
+PER_TENSOR_TARGET_FROM = 50000  # tensors
 
 
 def _floor(n):
@@ -319,10 +320,13 @@ def per_tensor(build, directory, repeat):
     for n, fw, ff, rw, rf, ww, wf, cpath in rows:
         c_us = cpath["addressable_cpu_s"] * 1e6 / n
         worst = max(fw / ff, rw / rf)
+        # The target is for large models (issue 10: 50,000 and 200,000
+        # tensors); at 1,000 the fixed cost of a first call dominates.
+        verdict = "(no target)" if n < PER_TENSOR_TARGET_FROM else \
+            "PASS" if worst <= PER_TENSOR_TARGET else "MISS"
         print(f"{n:>9}{fw * 1e6 / n:>14.2f}{ff * 1e6 / n:>8.2f}{fw / ff:>7.2f}"
               f"{rw * 1e6 / n:>10.2f}{rf * 1e6 / n:>8.2f}{rw / rf:>7.2f}{c_us:>14.3f}  "
-              f"{'PASS' if worst <= PER_TENSOR_TARGET else 'MISS'} (wall, fresh: "
-              f"{ww * 1e6 / n:.2f} vs {wf * 1e6 / n:.2f})")
+              f"{verdict} (wall, fresh: {ww * 1e6 / n:.2f} vs {wf * 1e6 / n:.2f})")
 
 
 def main(argv=None):
