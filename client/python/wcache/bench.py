@@ -316,7 +316,8 @@ def per_tensor(build, directory, repeat):
           f"views); CPU time, us per tensor; fresh = median of 3 new processes, repeated = "
           f"best of {repeat} in one process")
     print(f"{'tensors':>9}{'fresh wcache':>14}{'floor':>8}{'ratio':>7}{'repeated':>10}"
-          f"{'floor':>8}{'ratio':>7}{'C attach+all':>14}  target <= {PER_TENSOR_TARGET}x")
+          f"{'floor':>8}{'ratio':>7}{'C attach+all':>14}  target <= {PER_TENSOR_TARGET}x (fresh "
+          f"and repeated) from {PER_TENSOR_TARGET_FROM:,} tensors")
     for n, fw, ff, rw, rf, ww, wf, cpath in rows:
         c_us = cpath["addressable_cpu_s"] * 1e6 / n
         worst = max(fw / ff, rw / rf)
