@@ -333,3 +333,15 @@ def test_load_of_a_pickle_names_it(tmp_path):
     assert "PyTorch checkpoint" in str(e.value) and "python3 -m wcache.convert" in str(e.value)
     with pytest.raises(wcache.SafetensorError, match="GGUF"):
         wnp.load(b"GGUF\x03\x00\x00\x00" + bytes(32))
+
+
+def test_daemon_and_wcachectl_name_a_pickled_checkpoint(tmp_path, daemon):
+    from pyhelpers import binary
+    pt = tmp_path / "pytorch_model.bin"
+    torch.save({"w": torch.zeros(2)}, pt)
+    for cmd in (["--control", daemon.control, "load", "pt", str(pt)], ["inspect", str(pt)]):
+        r = subprocess.run([binary("wcachectl")] + cmd, capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode != 0, (cmd, r.stdout)
+        out = r.stdout + r.stderr
+        assert "PyTorch checkpoint" in out and "python3 -m wcache.convert" in out, (cmd, out)
