@@ -345,3 +345,57 @@ def test_daemon_and_wcachectl_name_a_pickled_checkpoint(tmp_path, daemon):
         assert r.returncode != 0, (cmd, r.stdout)
         out = r.stdout + r.stderr
         assert "PyTorch checkpoint" in out and "python3 -m wcache.convert" in out, (cmd, out)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_runs_give_every_tensor_its_own_values(tmp_path, no_daemon, seed):
+    """Tensors made run by run (strided views of the model's memory) equal
+    what was saved, for layouts that repeat, repeat with outliers, or not at
+    all, with several dtypes, scalars and empty tensors; in numpy too."""
+    import random
+    rnd = random.Random(seed)
+    shapes = [(4, 4), (8, 4), (4,), (), (0, 3), (2, 3, 2)]
+    dtypes = [torch.float32, torch.bfloat16, torch.int64, torch.uint8, torch.float16]
+    tensors = {}
+    layers = rnd.randint(9, 40)
+    per_layer = [(rnd.choice(shapes), rnd.choice(dtypes)) for _ in range(rnd.randint(1, 6))]
+    for layer in range(layers):
+        for j, (shape, dtype) in enumerate(per_layer):
+            if rnd.random() < 0.1:  # an irregular layer now and then
+                shape = rnd.choice(shapes)
+            n = int(np.prod(shape)) if shape else 1
+            values = torch.arange(n, dtype=torch.float64).reshape(shape) + layer * 100 + j
+            tensors[f"model.layers.{layer}.p{j}"] = values.to(dtype)
+    tensors["embed"] = torch.randn(8, 4)
+    tensors["lm_head"] = torch.randn(8, 4)
+    path = tmp_path / "r.safetensors"
+    wtorch.save_file(tensors, path)
+    with wcache.safe_open(path, framework="pt") as f:
+        for k in f.keys():
+            t = f.get_tensor(k)
+            assert t.dtype == tensors[k].dtype and t.shape == tensors[k].shape, k
+            assert torch.equal(t, tensors[k]), k
+        every = f.get_tensors()
+        assert all(torch.equal(every[k], tensors[k]) for k in tensors)
+    with wcache.safe_open(path, framework="np") as f:
+        for k in f.keys():
+            if tensors[k].dtype != torch.bfloat16:
+                assert np.array_equal(f.get_tensor(k), tensors[k].numpy()), k
+
+
+def test_interleaved_layers_are_few_runs(tmp_path, no_daemon):
+    """q, k, v, o of one shape in every layer, and embeddings of the same
+    shape as a projection before and after the layers: still one run per
+    projection (the speed of safe_open depends on it), and right values."""
+    tensors = {"a.embed": torch.randn(8, 4), "z.lm_head": torch.randn(8, 4)}
+    for layer in range(30):
+        for j, name in enumerate(("k", "o", "q", "v")):
+            tensors[f"m.layers.{layer}.{name}"] = torch.full((4, 4), layer * 10.0 + j)
+        tensors[f"m.layers.{layer}.up"] = torch.full((8, 4), -layer - 1.0)
+    path = tmp_path / "l.safetensors"
+    wtorch.save_file(tensors, path)
+    with wcache.safe_open(path, framework="pt") as f:
+        runs = f._bulk()
+        assert len(runs.done) <= 4 + 1 + 2  # k, o, q, v; up; embed and lm_head alone
+        for k in f.keys():
+            assert torch.equal(f.get_tensor(k), tensors[k]), k
