@@ -9,6 +9,7 @@
  * mapping.
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -223,6 +224,33 @@ wc_model_tensor(const wc_model *m, size_t i, wc_tensor *out)
 		return r;
 	}
 	return make_tensor(m, &t, out);
+}
+
+int
+wc_model_tensors(const wc_model *m, size_t first, wc_tensor *out, size_t n)
+{
+	struct index_tensor t;
+	size_t k;
+	int r;
+
+	if (m == NULL || (out == NULL && n > 0))
+		return error_set(-EINVAL, "wc_model_tensors: no model or no array");
+	if (first >= m->header.tensor_count)
+		return 0;
+	k = (size_t)(m->header.tensor_count - first);
+	if (k > n)
+		k = n;
+	if (k > INT_MAX)
+		k = INT_MAX;
+	for (size_t i = 0; i < k; i++) {
+		if ((r = index_tensor_at(m->index, &m->header, first + i, &t)) < 0) {
+			error_prefix(m->name);
+			return r;
+		}
+		if ((r = make_tensor(m, &t, &out[i])) < 0)
+			return r;
+	}
+	return (int)k;
 }
 
 int

@@ -19,7 +19,8 @@
  *
  * Files that are not safetensors at all are common in practice (a Git LFS
  * pointer that was never pulled, an HTML error page saved by a download
- * script): we recognise them and say what they are.
+ * script, a pickled PyTorch checkpoint: see diagnose.c): we recognise them
+ * and say what they are.
  *
  * Metadata: __metadata__ (null or an object of string to string) is
  * validated in every file but added to the index only for file 0, so a
@@ -32,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "diagnose.h"
 #include "dtype.h"
 #include "error.h"
 #include "json.h"
@@ -168,6 +170,7 @@ check_not_safetensors(const char *name, const uint8_t *file, uint64_t size)
 {
 	static const char lfs[] = "version https://git-lfs";
 	uint64_t i = 0;
+	int r;
 
 	if (size == 0)
 		return error_set(-EINVAL, "%s: file is empty (0 bytes), not a safetensors file",
@@ -186,6 +189,8 @@ check_not_safetensors(const char *name, const uint8_t *file, uint64_t size)
 		return error_set(-EINVAL,
 			"%s: looks like an HTML page, not a safetensors file (a failed "
 			"download?)", name);
+	if ((r = diagnose_format(name, file, size)) < 0)
+		return r;
 	if (size < 8)
 		return error_set(-EINVAL,
 			"%s: %llu bytes, too short for a safetensors file (8-byte header "

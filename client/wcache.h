@@ -59,6 +59,15 @@ WC_EXPORT size_t wc_model_count(const wc_model *m);
 /* The i-th tensor in byte order of names; -ERANGE when i is out of range. */
 WC_EXPORT int wc_model_tensor(const wc_model *m, size_t i, wc_tensor *out);
 
+/*
+ * Bulk form of wc_model_tensor() for bindings that read every tensor: fills
+ * out[0 .. k) with tensors first .. first + k - 1, where k is the smaller of
+ * n and wc_model_count(m) - first, and returns k (0 when first is at or past
+ * the end), or a negative errno with nothing promised about out. One call
+ * instead of one per tensor: a 200,000-tensor model is read in one go.
+ */
+WC_EXPORT int wc_model_tensors(const wc_model *m, size_t first, wc_tensor *out, size_t n);
+
 /* The tensor called name; -ENOENT when there is none. */
 WC_EXPORT int wc_model_find(const wc_model *m, const char *name, wc_tensor *out);
 

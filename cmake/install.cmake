@@ -14,7 +14,9 @@
 #   they are installed), lib/sysusers.d/, lib/tmpfiles.d/  component Runtime
 #   share/man/man{1,3,5,8}/                         Runtime and Development
 #   share/doc/wcache/ (README.md, wcached.conf.example)  component Runtime
-#   WCACHE_PYTHON_DIR/wcache/ (only when set)       component Python
+#   WCACHE_PYTHON_DIR/wcache/, wcache-V.dist-info/,  component Python
+#   wcache-safetensors.pth, bin/wcache-convert
+#   (only when WCACHE_PYTHON_DIR is set)
 #
 # Why some files are generated at install time rather than configure time:
 # the Makefile configures once (prefix /usr/local by default) and installs
@@ -232,8 +234,34 @@ install(FILES ${PROJECT_SOURCE_DIR}/README.md ${PROJECT_SOURCE_DIR}/conf/wcached
 
 # --- the Python package (pure Python over libwcache.so.0) -------------------
 
+# Besides the package: its dist-info, so importlib.metadata.version("wcache")
+# and the console script pyproject.toml declares work as after a pip install
+# (the version is read from pyproject.toml, its one definition); the
+# wcache-convert script in bin; and wcache-safetensors.pth, which Python runs
+# at start-up and which patches an installed safetensors when
+# WCACHE_SAFETENSORS=1 (see client/python/wcache/_install.py).
 if(WCACHE_PYTHON_DIR)
-	install(DIRECTORY ${PROJECT_SOURCE_DIR}/client/python/wcache
+	set(py_src ${PROJECT_SOURCE_DIR}/client/python)
+	install(DIRECTORY ${py_src}/wcache
 		DESTINATION ${WCACHE_PYTHON_DIR} COMPONENT Python
 		FILES_MATCHING PATTERN "*.py" PATTERN "__pycache__" EXCLUDE)
+	file(STRINGS ${py_src}/pyproject.toml py_version_line REGEX "^version = ")
+	string(REGEX REPLACE "^version = \"([^\"]+)\".*" "\\1" py_version "${py_version_line}")
+	file(STRINGS ${py_src}/pyproject.toml py_description_line REGEX "^description = ")
+	string(REGEX REPLACE "^description = \"([^\"]+)\".*" "\\1" py_description
+		"${py_description_line}")
+	string(REPLACE "\\;" ";" py_description "${py_description}")
+	set(py_dist ${CMAKE_CURRENT_BINARY_DIR}/python/wcache-${py_version}.dist-info)
+	file(WRITE ${py_dist}/METADATA "Metadata-Version: 2.1\nName: wcache\nVersion: ${py_version}\n"
+		"Summary: ${py_description}\nRequires-Python: >=3.9\nRequires-Dist: numpy\n"
+		"Provides-Extra: torch\nRequires-Dist: torch; extra == \"torch\"\n")
+	file(WRITE ${py_dist}/entry_points.txt
+		"[console_scripts]\nwcache-convert = wcache.convert:main\n")
+	file(WRITE ${py_dist}/top_level.txt "wcache\n")
+	file(WRITE ${py_dist}/INSTALLER "cmake\n")
+	install(DIRECTORY ${py_dist} DESTINATION ${WCACHE_PYTHON_DIR} COMPONENT Python)
+	install(FILES ${py_src}/wcache-safetensors.pth DESTINATION ${WCACHE_PYTHON_DIR}
+		COMPONENT Python)
+	install(PROGRAMS ${py_src}/wcache-convert DESTINATION ${CMAKE_INSTALL_BINDIR}
+		COMPONENT Python)
 endif()

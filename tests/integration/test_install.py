@@ -488,8 +488,16 @@ def test_deb_contents(scratch):
                  "usr/include/wcache.h", "usr/share/man/man8/wcached.8.gz",
                  "usr/share/man/man3/wcache.3.gz",
                  "usr/share/doc/wcached/examples/wcached.conf.example",
-                 "usr/lib/python3/dist-packages/wcache/__init__.py"):
+                 "usr/lib/python3/dist-packages/wcache/__init__.py",
+                 "usr/lib/python3/dist-packages/wcache/torch.py",
+                 "usr/lib/python3/dist-packages/wcache-safetensors.pth",
+                 "usr/bin/wcache-convert"):
         assert os.path.exists(os.path.join(root, path)), path
+    # the dist-info: importlib.metadata sees the package and its script
+    r = run(["/usr/bin/python3", "-c", "import importlib.metadata as m; "
+             "print(m.version('wcache'), [e.value for e in m.distribution('wcache').entry_points])"],
+            env=dict(os.environ, PYTHONPATH=os.path.join(root, "usr/lib/python3/dist-packages")))
+    assert r.stdout.split()[0] == "0.1.0" and "wcache.convert:main" in r.stdout, r.stdout
     assert "Library soname: [libwcache.so.0]" in readelf_dynamic(os.path.join(lib, "libwcache.so.0"))
     with open(os.path.join(lib, "pkgconfig", "wcache.pc")) as f:
         pc = f.read()

@@ -73,11 +73,13 @@ def test_missing_daemon_error(no_daemon):
     assert "not running" in str(e.value)
     with pytest.raises(wcache.DaemonUnavailable):
         wcache.connect("/nonexistent/dir/wcached.sock")
-    # safe_open of a name that is no file: both reasons in one message
+    # safe_open of a name that is no file: upstream's message and exception
+    # type, and why wcached did not serve it in .reason (and the traceback)
     with pytest.raises(wcache.ModelNotFound) as e:
         wcache.safe_open("llama-70b")
-    assert "llama-70b" in str(e.value) and "no such file" in str(e.value)
-    assert "not running" in str(e.value)
+    assert str(e.value) == "No such file or directory: llama-70b"
+    assert isinstance(e.value, FileNotFoundError)
+    assert "llama-70b" in e.value.reason and "not running" in e.value.reason
 
 
 def test_unknown_model_error(daemon):
@@ -91,7 +93,9 @@ def test_unknown_model_error(daemon):
             assert len(m) > 0
     with pytest.raises(wcache.ModelNotFound) as e:
         wcache.safe_open("nope")
-    assert "not served" in str(e.value)
+    # str() is upstream's message; why in .reason and the traceback's note
+    assert str(e.value) == "No such file or directory: nope"
+    assert "not served" in e.value.reason and e.value.reason in e.value.__notes__
 
 
 def test_safe_open_reconnects_after_daemon_restart(tmp_path, model_path, monkeypatch):

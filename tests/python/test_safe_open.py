@@ -20,14 +20,14 @@ def st_file(tmp_path):
     return str(path), str(nometa), w, ids
 
 
-@pytest.mark.parametrize("framework", ["pt", "torch", "np", "numpy", "PT"])
+@pytest.mark.parametrize("framework", ["pt", "torch", "pytorch", "np", "numpy"])
 def test_frameworks(st_file, framework, no_daemon):
     path, _, w, ids = st_file
     with wcache.safe_open(path, framework=framework, device="cpu") as f:
         assert f.keys() == ["ids", "w"]
         assert f.metadata() == {"format": "pt"}
         t = f.get_tensor("w")
-        if framework.lower() in ("pt", "torch"):
+        if framework in ("pt", "torch", "pytorch"):
             assert isinstance(t, torch.Tensor)
             assert torch.equal(t, torch.from_numpy(w))
         else:
@@ -62,8 +62,10 @@ def test_bad_arguments(st_file, no_daemon):
     path, _, _, _ = st_file
     with pytest.raises(ValueError, match="framework"):
         wcache.safe_open(path, framework="tf")
-    with pytest.raises(ValueError, match="device"):
+    with pytest.raises(ValueError, match="Device cuda:0 is not supported for framework numpy"):
         wcache.safe_open(path, framework="np", device="cuda:0")
+    with pytest.raises(wcache.SafetensorError, match="framework PT is invalid"):
+        wcache.safe_open(path, framework="PT")  # upstream's names are exact
 
 
 def test_closed_after_with(st_file, no_daemon):

@@ -166,11 +166,39 @@ test_cow_writes_stay_private(void **state)
 	assert_int_equal(wc_model_cow(NULL), -EINVAL);
 }
 
+/* wc_model_tensors() fills what wc_model_tensor() gives, clipped to the end. */
+static void
+test_bulk_matches_one_by_one(void **state)
+{
+	struct fixture *f = *state;
+	wc_model *m;
+	wc_tensor one, all[4];
+
+	assert_int_equal(wc_open_file(f->path, &m), 0);
+	assert_int_equal(wc_model_tensors(m, 0, all, 4), 3);
+	for (size_t i = 0; i < 3; i++) {
+		assert_int_equal(wc_model_tensor(m, i, &one), 0);
+		assert_ptr_equal(all[i].name, one.name);
+		assert_ptr_equal(all[i].dtype, one.dtype);
+		assert_int_equal(all[i].ndim, one.ndim);
+		assert_ptr_equal(all[i].shape, one.shape);
+		assert_ptr_equal(all[i].data, one.data);
+		assert_int_equal(all[i].nbytes, one.nbytes);
+	}
+	assert_int_equal(wc_model_tensors(m, 1, all, 1), 1);
+	assert_string_equal(all[0].name, "b");
+	assert_int_equal(wc_model_tensors(m, 3, all, 4), 0);
+	assert_int_equal(wc_model_tensors(m, 99, NULL, 0), 0);
+	assert_int_equal(wc_model_tensors(NULL, 0, all, 4), -EINVAL);
+	wc_release(m);
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_lookups, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_bulk_matches_one_by_one, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_errors_name_the_file, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_valid_in_child_after_fork, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_cow_writes_stay_private, setup, teardown),

@@ -11,6 +11,10 @@
     with safe_open("model.safetensors", framework="pt") as f:
         state = {k: f.get_tensor(k) for k in f.keys()}
 
+    from wcache.torch import load_file, save_file # safetensors.torch
+    wcache.install()                              # or WCACHE_SAFETENSORS=1: an
+                                                  # installed safetensors uses wcache
+
 numpy arrays are read-only views of the mapping; torch tensors are views
 whose pages are copy-on-write (torch has no read-only tensors; see
 wcache/_torch.py). Arrays and tensors keep the model mapped after
@@ -19,9 +23,11 @@ wcache/_torch.py). Arrays and tensors keep the model mapped after
 Pure Python over libwcache with ctypes; see wcache/_lib.py for how the
 library is found ($WCACHE_LIB, the build tree, the system library path).
 """
-from ._lib import (DaemonUnavailable, LibraryNotFound, ModelNotFound, WcacheError,
-                   library_path)
-from ._safe_open import open_model, safe_open
+from ._lib import (DaemonUnavailable, LibraryNotFound, ModelNotFound, NoSuchFile,
+                   SafetensorError, WcacheError, library_path)
+from ._safe_open import _safe_open_handle, open_model, safe_open
+from ._serialize import TensorSpec, deserialize, serialize, serialize_file
+from ._install import install, uninstall
 from .model import Client, Model, TensorInfo, connect, default_socket, open_file
 
 __version__ = "0.1.0"
@@ -29,5 +35,6 @@ __version__ = "0.1.0"
 __all__ = [
     "Client", "Model", "TensorInfo", "connect", "open_file", "open_model", "safe_open",
     "default_socket", "library_path", "WcacheError", "DaemonUnavailable", "ModelNotFound",
-    "LibraryNotFound",
+    "LibraryNotFound", "NoSuchFile", "SafetensorError", "TensorSpec", "serialize",
+    "serialize_file", "deserialize", "install", "uninstall",
 ]

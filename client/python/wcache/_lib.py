@@ -24,7 +24,7 @@ import os
 import threading
 
 __all__ = [
-    "WcacheError", "DaemonUnavailable", "ModelNotFound", "LibraryNotFound",
+    "WcacheError", "DaemonUnavailable", "ModelNotFound", "LibraryNotFound", "SafetensorError",
     "lib", "library_path", "check",
 ]
 
@@ -45,6 +45,50 @@ class DaemonUnavailable(WcacheError, ConnectionError):
 
 class ModelNotFound(WcacheError):
     """wcached is running but does not serve a model of that name or path."""
+
+
+class NoSuchFile(ModelNotFound, FileNotFoundError):
+    """safe_open of a path that does not exist and that wcached does not
+    serve: a FileNotFoundError, as upstream raises, and the ModelNotFound
+    wcache raised before."""
+
+
+class SafetensorError(WcacheError):
+    """What ``safetensors.SafetensorError`` is to safetensors: raised where
+    upstream raises it (a file that is not valid safetensors, a missing
+    tensor, a closed handle, an invalid slice index, an unknown framework,
+    device or backend, an unknown dtype). A :class:`WcacheError` as well,
+    so code that catches wcache's errors keeps working. str() is the
+    message alone."""
+
+
+class MissingTensor(SafetensorError, KeyError):
+    """A tensor name the file does not have (also a KeyError, as
+    ``wcache.Model`` raised before)."""
+
+    def __str__(self):
+        return SafetensorError.__str__(self)
+
+
+class ClosedError(SafetensorError, ValueError):
+    """A call on a closed ``safe_open`` handle (also a ValueError, as
+    before)."""
+
+
+class InvalidSlice(SafetensorError, IndexError):
+    """An index of ``get_slice(name)[...]`` out of range or not supported
+    (also an IndexError, as before)."""
+
+
+class InvalidArgument(SafetensorError, ValueError):
+    """An unknown framework, device, backend or dtype (also a ValueError,
+    as before)."""
+
+
+class InvalidTensorSpec(SafetensorError, TypeError):
+    """serialize() input that is neither a TensorSpec nor a complete dict
+    (upstream 0.7 raises SafetensorError here, 0.8 TypeError: this is
+    both)."""
 
 
 class LibraryNotFound(ImportError):
@@ -91,6 +135,11 @@ _OPTIONAL = {
     # Proposed: makes a model's data writable copy-on-write in this process
     # (see wcache/_torch.py and client/python/README.md).
     "wc_model_cow": (ctypes.c_int, [_P]),
+    # Client deadlines (libwcache with WCACHE_TIMEOUT support).
+    "wc_connect_timeout": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int, _PP]),
+    "wc_set_timeout": (ctypes.c_int, [_P, ctypes.c_int]),
+    # Every tensor record in one call (wcache/_table.py).
+    "wc_model_tensors": (ctypes.c_int, [_P, ctypes.c_size_t, _T, ctypes.c_size_t]),
 }
 
 _lock = threading.Lock()

@@ -16,13 +16,31 @@ would hide it.
 
 One connection per process is kept for these attaches and made again after
 ``fork()``.
+
+Upstream's interface, all of it: ``keys()`` (byte order of names),
+``offset_keys()`` (file order), ``get_tensor``, ``get_tensors`` (a dict in
+file order), ``get_slice`` (``get_shape``, ``get_dtype``, indexing),
+``metadata()`` (None without ``__metadata__``, ``{}`` for an empty one),
+the context manager; framework "pt"/"torch"/"pytorch" or "np"/"numpy";
+device a string or an int (a CUDA index, as torch reads it); ``backend``
+"mmap" or "pread" (both mean the same here: tensors are views of the
+mapping). Errors are :class:`wcache.SafetensorError` where upstream raises
+it, each also the exception type wcache raised before (KeyError for a
+missing tensor, ValueError for a closed handle or a bad argument,
+IndexError for a bad slice index), and FileNotFoundError for a path that
+does not exist and is not served.
+
+Speed: tensors are made run by run (wcache/_table.py), so a state dict of
+200,000 tensors costs about what torch needs to make as many views.
 """
 import errno
 import os
+import struct
 import threading
 
-from ._lib import DaemonUnavailable, ModelNotFound, WcacheError
-from .model import _framework, connect, open_file
+from ._lib import (ClosedError, DaemonUnavailable, InvalidArgument, InvalidSlice, ModelNotFound,
+                   NoSuchFile, SafetensorError, WcacheError)
+from .model import connect, open_file
 
 __all__ = ["safe_open", "open_model"]
 
@@ -83,7 +101,9 @@ def _attach(target):
 
 def open_model(path_or_name):
     """The Model safe_open uses: attached through wcached when it serves
-    path_or_name, else mapped in-process from the file."""
+    path_or_name, else mapped in-process from the file. Raises
+    FileNotFoundError (:class:`wcache.NoSuchFile`) when neither, and
+    :class:`wcache.SafetensorError` for a file that is not a valid model."""
     target = os.fspath(path_or_name)
     if not isinstance(target, str):
         target = os.fsdecode(target)
@@ -94,20 +114,102 @@ def open_model(path_or_name):
         return open_file(target)
     except WcacheError as e:
         if e.errno == errno.ENOENT and not os.path.lexists(target):
-            raise ModelNotFound(
-                errno.ENOENT,
-                f"{target}: no such file, and not served by wcached ({why})") from None
+            # upstream's message exactly; why wcached did not serve it in a note
+            err = NoSuchFile(errno.ENOENT, f"No such file or directory: {target}", target)
+            err.reason = f"wcached does not serve {target!r}: {why}"
+            if hasattr(err, "add_note"):
+                err.add_note(err.reason)
+            raise err from None
+        if e.errno in (errno.EINVAL, errno.EBADMSG, errno.ERANGE, errno.EOVERFLOW,
+                       errno.E2BIG, errno.EFBIG):
+            raise SafetensorError(e.errno, e.strerror) from None
         raise
+
+
+FRAMEWORKS = {"pt": "pt", "torch": "pt", "pytorch": "pt", "np": "np", "numpy": "np"}
+BACKENDS = ("mmap", "pread")
+
+
+def check_framework(framework):
+    """"pt" or "np" for an upstream framework name; SafetensorError else."""
+    f = FRAMEWORKS.get(framework) if isinstance(framework, str) else None
+    if f is None:
+        raise InvalidArgument(
+            f"framework {framework} is invalid: wcache supports \"pt\" (also \"torch\", "
+            f"\"pytorch\") and \"np\" (also \"numpy\")")
+    return f
+
+
+def check_backend(backend):
+    if backend not in BACKENDS:
+        raise InvalidArgument(
+            f"backend {backend!r} is invalid (expected one of: \"mmap\", \"pread\")"
+            .replace("'", '"'))
+    return backend
+
+
+def check_device(framework, device):
+    """The device to copy tensors to, or None for the CPU (views)."""
+    if device is None or device == "cpu":
+        return None
+    if isinstance(device, bool) or not isinstance(device, (str, int)):
+        raise InvalidArgument(f"device {device!r} is invalid")
+    if framework != "pt":
+        raise InvalidArgument(f"Device {device} is not supported for framework numpy")
+    if isinstance(device, int) and device < 0:
+        raise InvalidArgument(f"device {device} is invalid")
+    import torch
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise InvalidArgument(f"device {device} is invalid") from None
+    return None if d.type == "cpu" else d
+
+
+def _header_has_metadata(path):
+    """For a file with no metadata entries: {} when its header has an empty
+    "__metadata__" object, None when it has none (or cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(8)
+            if len(raw) != 8:
+                return None
+            n = struct.unpack("<Q", raw)[0]
+            if n > os.fstat(f.fileno()).st_size - 8:  # not a safetensors file (a shard index)
+                return None
+            header = f.read(n)
+    except OSError:
+        return None
+    pos = header.find(b'"__metadata__"')
+    while pos >= 0:
+        before = header[:pos].rstrip()
+        after = header[pos + 14:].lstrip()
+        if before[-1:] in (b"{", b",") and after[:1] == b":" and \
+                after[1:].lstrip()[:1] == b"{":
+            return {}
+        pos = header.find(b'"__metadata__"', pos + 1)
+    return None
+
+
+def _slice_text(index):
+    def one(x):
+        if isinstance(x, slice):
+            text = f"{'' if x.start is None else x.start}:{'' if x.stop is None else x.stop}"
+            return text if x.step is None else f"{text}:{x.step}"
+        return "..." if x is Ellipsis else str(x)
+    return "[" + ", ".join(one(x) for x in index) + "]"
 
 
 class _Slice:
     """What get_slice() returns: shape and dtype without touching data, and
-    indexing that returns a view (zero-copy) of the selected part."""
+    indexing checked as upstream checks it, that returns a view (zero-copy)
+    of the selected part. Steps in slices and negative bounds work as in
+    Python (upstream has neither)."""
 
     def __init__(self, owner, name):
         self._owner = owner
         self._name = name
-        self._info = owner._model.info(name)
+        self._info = owner._model_open().info(name)
 
     def get_shape(self):
         return list(self._info.shape)
@@ -118,53 +220,152 @@ class _Slice:
     def get_ndim(self):
         return len(self._info.shape)
 
+    def _check(self, index):
+        shape = self._info.shape
+        items = index if isinstance(index, tuple) else (index,)
+        if any(isinstance(x, list) and x for x in items):
+            raise InvalidSlice("Non empty lists are not implemented")
+        dims = [x for x in items if x is not None and x is not Ellipsis]
+        if len(dims) > len(shape):
+            raise InvalidSlice(f"Error during slicing {_slice_text(items)} with shape "
+                               f"{list(shape)}: too many indices ({len(dims)}) for a tensor "
+                               f"of {len(shape)} dimensions")
+        if any(x is Ellipsis for x in items):
+            return index  # positions are relative to the Ellipsis: torch checks them
+        for axis, (x, size) in enumerate(zip(items, shape)):
+            if isinstance(x, bool) or not isinstance(x, (int, slice, list)):
+                if hasattr(x, "__index__"):
+                    x = x.__index__()
+                else:
+                    raise InvalidSlice(f"Error during slicing {_slice_text(items)}: "
+                                       f"{type(x).__name__} is not a valid index")
+            if isinstance(x, int):
+                if x < 0 and x + size < 0:
+                    raise InvalidSlice(f"Invalid index {x} for dimension {axis} of size {size}")
+                if x >= size:
+                    raise InvalidSlice(
+                        f"Error during slicing {_slice_text(items)} with shape {list(shape)}: "
+                        f"index {x} out of bounds for tensor dimension #{axis} of size {size}")
+            elif isinstance(x, slice):
+                for bound, shown in ((x.stop, lambda v: v - 1), (x.start, lambda v: v)):
+                    if isinstance(bound, int) and bound > size:
+                        raise InvalidSlice(
+                            f"Error during slicing {_slice_text(items)} with shape "
+                            f"{list(shape)}: index {shown(bound)} out of bounds for tensor "
+                            f"dimension #{axis} of size {size}")
+        return index
+
     def __getitem__(self, index):
-        return self._owner.get_tensor(self._name)[index]
+        index = self._check(index)
+        try:
+            return self._owner.get_tensor(self._name)[index]
+        except IndexError as e:
+            raise InvalidSlice(f"Error during slicing with shape {list(self._info.shape)}: "
+                               f"{e}") from None
 
     def __repr__(self):
         return f"<wcache slice {self._name!r} {self._info.dtype} {list(self._info.shape)}>"
 
 
 class safe_open:
-    """``safetensors.safe_open`` over wcache. framework: "pt"/"torch" or
-    "np"/"numpy". device: "cpu" gives views on the mapping; another torch
-    device copies there (as safetensors does)."""
+    """``safetensors.safe_open`` over wcache (see the module comment).
 
-    def __init__(self, filename, framework="pt", device="cpu"):
-        self._framework = _framework(framework)
-        device = str(device)
-        if self._framework == "np" and device != "cpu":
-            raise ValueError(f"device {device!r}: numpy arrays live on the CPU")
-        self._device = device
+    framework: "pt"/"torch"/"pytorch" or "np"/"numpy". device: "cpu" (the
+    default) gives views on the mapping; another torch device, as a string
+    or an int, copies each tensor there (as safetensors does). backend:
+    "mmap" or "pread", accepted for compatibility (tensors are views of the
+    mapping either way)."""
+
+    def __init__(self, filename, framework="pt", device="cpu", *, backend="mmap"):
+        self._model = None
+        self._framework = check_framework(framework)
+        self._device = check_device(self._framework, device)
+        check_backend(backend)
+        self._filename = os.fspath(filename)
         self._model = open_model(filename)
+        self._runs = None
+
+    def _model_open(self):
+        model = self._model
+        if model is None or model.closed:
+            raise ClosedError("File is closed")
+        return model
 
     @property
     def model(self):
         """The underlying :class:`wcache.Model`."""
-        return self._model
+        return self._model_open()
 
     def keys(self):
-        return self._model.keys()
+        """Tensor names, sorted (byte order)."""
+        return self._model_open().keys()
+
+    def offset_keys(self):
+        """Tensor names in the order of their data in the file."""
+        return self._model_open().offset_keys()
 
     def metadata(self):
-        """The __metadata__ dict, or None when the file has none (as
-        safetensors returns)."""
-        meta = self._model.metadata()
-        return meta or None
+        """The __metadata__ dict; None when the file has none, {} when it is
+        empty (as safetensors returns)."""
+        meta = self._model_open().metadata()
+        if meta:
+            return meta
+        path = self._filename
+        if isinstance(path, bytes):
+            path = os.fsdecode(path)
+        return _header_has_metadata(path) if os.path.isfile(path) else None
+
+    def _bulk(self):
+        runs = self._runs
+        if runs is None:
+            model = self._model_open()
+            if self._framework == "np":
+                from ._table import NumpyRuns
+                runs = NumpyRuns(model)
+            else:
+                from ._torch import TorchRuns
+                runs = TorchRuns(model)
+            self._runs = runs
+        return runs
 
     def get_tensor(self, name):
-        if self._framework == "np":
-            return self._model.numpy(name)
-        t = self._model.torch(name)
-        if self._device != "cpu":
-            t = t.to(self._device)
-        return t
+        """Tensor name: a view of the mapping on the CPU (torch tensors
+        copy-on-write, numpy arrays read-only), else a copy on device."""
+        runs = self._runs
+        if runs is None or self._model.closed:
+            runs = self._bulk()
+        if self._device is None:
+            # From now on get_tensor is this closure: a loader calls it once
+            # per tensor, and every layer of Python costs per tensor.
+            ready_pop, slow = runs.ready.pop, runs.get
+
+            def get_tensor(name):
+                t = ready_pop(name, None)
+                return slow(name) if t is None else t
+            get_tensor.__doc__ = safe_open.get_tensor.__doc__
+            self.get_tensor = get_tensor
+            return get_tensor(name)
+        return runs.get(name).to(self._device)
+
+    def get_tensors(self):
+        """{name: tensor} of every tensor, in the order of the file."""
+        every = self._bulk().every()
+        if self._device is not None:
+            every = {k: v.to(self._device) for k, v in every.items()}
+        return {k: every[k] for k in self.offset_keys()}
 
     def get_slice(self, name):
+        """A lazy handle on tensor name: get_shape(), get_dtype(), and
+        indexing (``[:, :2]``) that returns the selected part."""
         return _Slice(self, name)
 
     def close(self):
-        self._model.close()
+        if self._model is not None:
+            self._model.close()
+        if self._runs is not None:
+            self._runs.close()  # a get_tensor bound before close raises too
+        self._runs = None
+        self.__dict__.pop("get_tensor", None)
 
     def __enter__(self):
         return self
@@ -175,3 +376,30 @@ class safe_open:
     def __repr__(self):
         return f"<wcache.safe_open {self._model!r} framework={self._framework}>"
 
+
+class _safe_open_handle(safe_open):
+    """upstream's _safe_open_handle: safe_open of an open file object (a
+    local file, an fsspec file). A file with a descriptor is opened through
+    /proc/self/fd (and attached through wcached when it serves that file);
+    any other file object is read into a memfd first."""
+
+    def __init__(self, f, framework="pt", device="cpu", *, backend="mmap"):
+        fd = None
+        try:
+            fileno = f.fileno()
+        except (AttributeError, OSError, ValueError):
+            fileno = None
+            f.seek(0)
+            fd = os.memfd_create("wcache-handle", os.MFD_CLOEXEC)
+            with os.fdopen(os.dup(fd), "wb") as out:
+                while True:
+                    chunk = f.read(16 << 20)
+                    if not chunk:
+                        break
+                    out.write(chunk)
+            fileno = fd
+        try:
+            super().__init__(f"/proc/self/fd/{fileno}", framework, device, backend=backend)
+        finally:
+            if fd is not None:
+                os.close(fd)  # the model keeps its own mapping

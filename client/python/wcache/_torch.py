@@ -33,9 +33,13 @@ Three ways to get such memory, tried in this order:
    per model saying why.
 
 Ways 1 and 2 slice every tensor out of one array per model (way 1) or per
-file (way 2), which keeps the per-tensor cost to a few numpy and torch
-calls; each tensor still gets its own storage (torch.from_numpy of its
-slice), so saving one tensor saves only its bytes.
+file (way 2), which keeps the per-tensor cost of ``Model.torch(name)`` to a
+few numpy and torch calls; each such tensor gets its own storage
+(torch.from_numpy of its slice), so saving one tensor saves only its bytes.
+``safe_open`` goes further (TorchRuns, on way 1): it makes tensors run by
+run as strided views of one torch tensor over the model's span, so they
+share that one storage (see wcache/_table.py and the README's list of
+differences from upstream).
 
 The environment variable WCACHE_TORCH_COW=auto|c|remap|copy forces one way
 (for tests and benchmarks); "auto" is the default.
@@ -57,7 +61,7 @@ import warnings
 import numpy as np
 import torch
 
-from . import _lib
+from . import _lib, _table
 from ._dtypes import carrier_typestr, torch_dtype
 from .model import _ArrayOwner, _view
 
@@ -109,6 +113,43 @@ def tensor(model, info):
     return t
 
 
+class TorchRuns(_table.Runs):
+    """torch tensors on the model's copy-on-write memory (way 1 of the
+    module comment), made run by run (see wcache/_table.py). Without way 1
+    every tensor takes the per-tensor path of :func:`tensor`."""
+
+    def __init__(self, model):
+        h = model._h()
+        names = model._tab().dtype_names
+        state = model._torch_state
+        if state is None:
+            state = model._torch_state = _State()
+        region = state.cow_region(model, h) if not _BIG_ENDIAN else None
+        self.u8 = torch.from_numpy(region) if region is not None else None
+        self.tdtype = [torch_dtype(torch, n) for n in names]
+        itemsize = []
+        for n, t in zip(names, self.tdtype):
+            carrier = carrier_typestr(n)
+            ok = self.u8 is not None and t is not None and carrier is not None
+            itemsize.append(np.dtype(carrier).itemsize if ok else 0)
+        super().__init__(model, itemsize)
+
+    def base(self, d, size):
+        u8 = self.u8
+        return u8[:len(u8) - len(u8) % size].view(self.tdtype[d])
+
+    @staticmethod
+    def view_one(base, shape, strides, offset):
+        return base.as_strided(shape, strides, offset)
+
+    @staticmethod
+    def view_many(base, m, step, shape, strides, offset):
+        return base.as_strided((m,) + shape, (step,) + strides, offset).unbind(0)
+
+    def single(self, name):
+        return self.model.torch(name)
+
+
 class _State:
     """Per-model choices and writable memory for torch tensors. Lives on the
     Model (not on the handle: arrays here reference the handle, and a cycle
@@ -143,6 +184,23 @@ class _State:
                 f"of the shared mapping ({'; '.join(reasons)})", RuntimeWarning, stacklevel=4)
         ro = _view(h, info.data, info.shape, carrier)
         return np.array(ro, copy=True)
+
+    def cow_region(self, model, h):
+        """A writable uint8 array over the model's span of tensor data, on
+        memory made copy-on-write by wc_model_cow(); None when way 1 is not
+        used (WCACHE_TORCH_COW, or the library cannot)."""
+        if self.mode not in ("auto", "c") or model._tab().span is None:
+            return None
+        if self.c_ok is None:
+            with self.lock:
+                if self.c_ok is None:
+                    self._cow(h)
+        if not self.c_ok:
+            return None
+        if self.c_region is None:
+            lo, hi = model._span
+            self.c_region = _view(h, lo, (hi - lo,), "|u1", readonly=False)
+        return self.c_region
 
     def _via_c(self, model, h, info, carrier, reasons):
         if self.c_ok is None:

@@ -33,11 +33,8 @@ to disk, and renamed over the destination, so a reader never sees half a
 file and a failure leaves nothing behind.
 """
 import argparse
-import json
 import os
-import struct
 import sys
-import tempfile
 
 from ._dtypes import TORCH_TO_ST
 
@@ -115,83 +112,28 @@ def shared_groups(tensors):
     return [sorted(g) for g in groups.values() if len(g) > 1]
 
 
-def _tensor_bytes(torch, t):
-    """The tensor's bytes, contiguous and little-endian, as a buffer."""
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    t = t.contiguous()
-    if t.dtype == torch.bfloat16:
-        arr = t.view(torch.int16).numpy()
-    elif str(t.dtype) in ("torch.float8_e4m3fn", "torch.float8_e5m2", "torch.float8_e8m0fnu",
-                          "torch.float8_e4m3fnuz", "torch.float8_e5m2fnuz"):
-        arr = t.view(torch.uint8).numpy()
-    elif str(t.dtype) in ("torch.uint16", "torch.uint32", "torch.uint64"):
-        arr = t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]).numpy()
-    else:
-        arr = t.numpy()
-    if sys.byteorder != "little" and arr.dtype.itemsize > 1:
-        arr = arr.byteswap()
-    return memoryview(arr.reshape(-1)).cast("B")
-
-
 def write_safetensors(tensors, out_path, metadata=None):
-    """Writes {name: tensor} to out_path as safetensors, through a temporary
-    file in the same directory renamed into place."""
+    """Writes {name: tensor} to out_path as safetensors, byte for byte as
+    safetensors' save_file would (wcache.torch.save_file: upstream's order
+    and padding, through a temporary file renamed into place). Tensors that
+    share storage are each written as their own copy. Returns the size of
+    the data in bytes."""
     import torch
-    entries = []
+
+    from . import torch as wtorch
+    shared = {name for group in shared_groups(tensors) for name in group}
+    out = {}
     for name, t in tensors.items():
-        st = TORCH_TO_ST.get(str(t.dtype))
-        if st is None:
+        if TORCH_TO_ST.get(str(t.dtype)) is None:
             raise ConvertError(f"tensor {name!r}: safetensors has no type for {t.dtype}")
         if t.is_sparse or getattr(t, "is_quantized", False):
             raise ConvertError(f"tensor {name!r}: sparse and quantized tensors are not "
                                "supported; convert them to dense first")
-        entries.append((-t.element_size(), name, st, t))
-    entries.sort(key=lambda e: (e[0], e[1]))
-    header = {}
-    if metadata:
-        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
-    off = 0
-    for _, name, st, t in entries:
-        n = t.numel() * t.element_size()
-        header[name] = {"dtype": st, "shape": list(t.shape), "data_offsets": [off, off + n]}
-        off += n
-    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    text += b" " * (-len(text) % 8)
-
-    out_path = os.fspath(out_path)
-    directory = os.path.dirname(os.path.abspath(out_path))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(out_path) + ".",
-                               suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(struct.pack("<Q", len(text)))
-            f.write(text)
-            for _, name, st, t in entries:
-                if t.numel():
-                    f.write(_tensor_bytes(torch, t))
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, out_path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    try:
-        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
-    return off
+        t = t.detach().to("cpu").contiguous()
+        out[name] = t.clone() if name in shared else t
+    meta = {str(k): str(v) for k, v in metadata.items()} if metadata else None
+    wtorch.save_file(out, out_path, metadata=meta)
+    return sum(t.numel() * t.element_size() for t in out.values() if isinstance(t, torch.Tensor))
 
 
 def _last_line(e):

@@ -30,7 +30,8 @@ import numpy as np
 
 from . import _lib
 from ._dtypes import numpy_typestr
-from ._lib import DaemonUnavailable, ModelNotFound, check, wc_tensor
+from ._lib import DaemonUnavailable, MissingTensor, ModelNotFound, check, wc_tensor
+from ._table import Table
 
 __all__ = ["Client", "Model", "TensorInfo", "connect", "open_file"]
 
@@ -108,6 +109,7 @@ class Model:
         self._source = source
         self._infos = {}
         self._names = None
+        self._table = None        # wcache._table.Table, read on first use
         self._span = None         # (lowest, highest) address of tensor data
         self._region = None       # read-only uint8 array over the span
         self._torch_state = None  # see _torch.py
@@ -157,6 +159,7 @@ class Model:
             self._handle = None
             self._infos = {}
             self._names = None
+            self._table = None
             self._region = None
             self._torch_state = None
 
@@ -172,30 +175,22 @@ class Model:
 
     # -- tensors --
 
-    def _all(self):
+    def _tab(self):
+        """The :class:`wcache._table.Table` of every tensor (read on first
+        use, in one library call)."""
         h = self._h()
-        if self._names is None:
+        table = self._table
+        if table is None:
             with self._lock:
-                if self._names is None:
-                    lib = _lib.lib()
-                    t = wc_tensor()
-                    ref = ctypes.byref(t)
-                    get = lib.wc_model_tensor
-                    names = []
-                    lo, hi = None, None
-                    for i in range(lib.wc_model_count(h.ptr)):
-                        check(get(h.ptr, i, ref))
-                        info = _info(t)
-                        self._infos[info.name] = info
-                        names.append(info.name)
-                        if info.nbytes:
-                            if lo is None or info.data < lo:
-                                lo = info.data
-                            if hi is None or info.data + info.nbytes > hi:
-                                hi = info.data + info.nbytes
-                    self._span = (lo, hi) if lo is not None else None
-                    self._names = names
-        return self._names
+                if self._table is None:
+                    self._table = Table(h)
+                    self._span = self._table.span
+                    self._names = self._table.names
+                table = self._table
+        return table
+
+    def _all(self):
+        return self._tab().names
 
     def _slice(self, info, typestr, writable_region=None, shape=None):
         """Tensor info as an array sliced from one array over all tensor data
@@ -215,6 +210,13 @@ class Model:
         return region[off:off + info.nbytes].view(typestr).reshape(
             info.shape if shape is None else shape)
 
+    def _raw_region(self):
+        """The read-only uint8 array over the span of all tensor data."""
+        if self._region is None:
+            lo, hi = self._tab().span
+            self._region = _view(self._h(), lo, (hi - lo,), "|u1")
+        return self._region
+
     def info(self, name):
         """The :class:`TensorInfo` of tensor name; KeyError if there is none."""
         h = self._h()
@@ -223,11 +225,18 @@ class Model:
             return info
         if not isinstance(name, str):
             raise TypeError(f"tensor names are str, not {type(name).__name__}")
+        table = self._table
+        if table is not None:
+            i = table.position(name)
+            if i is None:
+                raise MissingTensor(f"model {h.label!r} has no tensor {name!r}")
+            info = self._infos[name] = table.info(i)
+            return info
         t = wc_tensor()
         rc = _lib.lib().wc_model_find(h.ptr, name.encode("utf-8", "surrogateescape"),
                                       ctypes.byref(t))
         if rc == -errno.ENOENT:
-            raise KeyError(f"model {h.label!r} has no tensor {name!r}")
+            raise MissingTensor(f"model {h.label!r} has no tensor {name!r}")
         check(rc)
         info = _info(t)
         self._infos[name] = info
@@ -242,6 +251,10 @@ class Model:
 
     def __len__(self):
         return int(_lib.lib().wc_model_count(self._h().ptr))
+
+    def offset_keys(self):
+        """Tensor names in the order of their data (file order)."""
+        return self._tab().offset_keys()
 
     def __contains__(self, name):
         if not isinstance(name, str):
@@ -358,6 +371,19 @@ class Client:
         label = name.decode("utf-8", "surrogateescape")
         return Model(_Handle(out.value, label, self), "wcached")
 
+    def set_timeout(self, timeout):
+        """Changes this client's deadline (seconds, 0 for none), as
+        connect(timeout=) sets it. Needs wc_set_timeout() in libwcache."""
+        if not self._ptr:
+            raise ValueError(f"client of wcached at {self.socket} is closed")
+        if not _lib.has("wc_set_timeout"):
+            raise _lib.WcacheError(errno.ENOTSUP, f"libwcache {_lib.library_path()} has no "
+                                   "wc_set_timeout()")
+        if timeout < 0:
+            raise ValueError(f"timeout={timeout!r}: seconds, 0 for none")
+        ms = max(int(round(timeout * 1000)), 1 if timeout > 0 else 0)
+        check(_lib.lib().wc_set_timeout(self._ptr, min(ms, 2**31 - 1)))
+
     def close(self):
         """Disconnects. Models attached through this client stay valid."""
         ptr, self._ptr = self._ptr, None
@@ -385,13 +411,33 @@ def default_socket():
     return os.environ.get("WCACHE_SOCKET") or "/run/wcached/wcached.sock"
 
 
-def connect(socket=None):
+def connect(socket=None, timeout=None):
     """Connects to wcached (socket None: $WCACHE_SOCKET, else
-    /run/wcached/wcached.sock). Raises DaemonUnavailable when it cannot."""
+    /run/wcached/wcached.sock). Raises DaemonUnavailable when it cannot.
+
+    timeout: the client's deadline in seconds for the connect and every
+    later wait on the daemon (an attach, a release), 0 for none; past it a
+    call raises WcacheError with errno ETIMEDOUT and the connection is
+    closed. None: $WCACHE_TIMEOUT seconds (0: none), else libwcache's
+    default of 30 s. Needs a libwcache with wc_connect_timeout() when
+    given."""
     lib = _lib.lib()
     path = os.fspath(socket) if socket is not None else None
     out = ctypes.c_void_p()
-    rc = lib.wc_connect(os.fsencode(path) if path is not None else None, ctypes.byref(out))
+    where = os.fsencode(path) if path is not None else None
+    if timeout is None:
+        rc = lib.wc_connect(where, ctypes.byref(out))
+    else:
+        if not _lib.has("wc_connect_timeout"):
+            raise _lib.WcacheError(errno.ENOTSUP, f"timeout={timeout!r}: libwcache "
+                                   f"{_lib.library_path()} has no wc_connect_timeout(); set "
+                                   "WCACHE_TIMEOUT instead")
+        if timeout < 0:
+            raise ValueError(f"timeout={timeout!r}: seconds, 0 for none")
+        ms = int(round(timeout * 1000))
+        if timeout > 0 and ms == 0:
+            ms = 1
+        rc = lib.wc_connect_timeout(where, min(ms, 2**31 - 1), ctypes.byref(out))
     if rc < 0:
         check(rc, DaemonUnavailable)
     return Client(out.value, path if path is not None else default_socket())

@@ -1,0 +1,149 @@
+"""wcache.install(): an installed ``safetensors`` package goes through wcache.
+
+For servers whose loading code calls safetensors directly or through
+transformers, diffusers, vLLM or SGLang, and that cannot be changed:
+
+    import wcache; wcache.install()      # in the program, before loading, or
+    WCACHE_SAFETENSORS=1 python3 serve.py  # set by the process manager
+
+``install()`` replaces, in the installed package, ``safetensors.safe_open``
+(and the reference ``safetensors.torch`` holds), ``safetensors.torch.
+load_file`` and ``safetensors.torch.load_model`` by wcache's, which serve
+a file through wcached when it serves it and map it in-process otherwise.
+``wcache.SafetensorError`` is made a subclass of the package's own
+``SafetensorError``, so ``except safetensors.SafetensorError`` still
+catches what wcache raises. Everything else (``save_file``, ``serialize``)
+stays upstream's. Code that did ``from safetensors import safe_open``
+before ``install()`` keeps the object it imported: call it first.
+
+The environment variable works without touching the program: the
+python3-wcache package installs ``wcache-safetensors.pth`` in
+dist-packages, which Python runs at start-up; when WCACHE_SAFETENSORS is
+set to 1 (or yes, true, on) it registers an import hook that patches
+``safetensors`` and ``safetensors.torch`` as soon as something imports
+them, so torch is not imported before the program wants it. Unset, the
+hook costs one environment lookup.
+"""
+import importlib
+import os
+import sys
+import threading
+
+from . import _lib
+
+__all__ = ["install", "uninstall", "ENV"]
+
+ENV = "WCACHE_SAFETENSORS"
+_lock = threading.Lock()
+_saved = {}  # (module name, attribute) -> upstream's object
+
+
+def _patch(module_name, attrs):
+    module = sys.modules[module_name]
+    for attr, value in attrs.items():
+        key = (module_name, attr)
+        if key not in _saved and hasattr(module, attr):
+            _saved[key] = getattr(module, attr)
+        setattr(module, attr, value)
+
+
+def _adopt_error_class(upstream):
+    """Makes wcache.SafetensorError also an upstream SafetensorError."""
+    ours = _lib.SafetensorError
+    if upstream is None or issubclass(ours, upstream):
+        return
+    try:
+        ours.__bases__ = ours.__bases__ + (upstream,)
+    except TypeError:  # incompatible layout: leave the classes apart
+        pass
+
+
+def _patch_top(module_name="safetensors"):
+    from ._safe_open import safe_open
+    _adopt_error_class(getattr(sys.modules[module_name], "SafetensorError", None))
+    _patch(module_name, {"safe_open": safe_open})
+
+
+def _patch_torch(module_name="safetensors.torch"):
+    from . import torch as wtorch
+    from ._safe_open import safe_open
+    _patch(module_name, {"safe_open": safe_open, "load_file": wtorch.load_file,
+                         "load_model": wtorch.load_model})
+
+
+def install():
+    """Patches the installed safetensors package (see the module comment).
+    Raises ModuleNotFoundError when there is none. Idempotent."""
+    with _lock:
+        importlib.import_module("safetensors")
+        _patch_top()
+        try:
+            importlib.import_module("safetensors.torch")
+        except ImportError:  # no torch: the top-level safe_open is patched
+            return
+        _patch_torch()
+
+
+def uninstall():
+    """Puts upstream's objects back."""
+    with _lock:
+        for (module_name, attr), value in _saved.items():
+            module = sys.modules.get(module_name)
+            if module is not None:
+                setattr(module, attr, value)
+        _saved.clear()
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _Hook)]
+
+
+class _PatchingLoader:
+    """Runs the real loader, then patches the module it made (an
+    importlib Loader by its methods)."""
+
+    def __init__(self, loader, patch):
+        self.loader = loader
+        self.patch = patch
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        self.patch(module.__name__)
+
+    def __getattr__(self, name):  # get_resource_reader, is_package, ...
+        return getattr(self.loader, name)
+
+
+class _Hook:
+    """Patches safetensors and safetensors.torch when they are imported (a
+    meta path finder by its find_spec method)."""
+    targets = {"safetensors": _patch_top, "safetensors.torch": _patch_torch}
+
+    def find_spec(self, name, path=None, target=None):
+        patch = self.targets.get(name)
+        if patch is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _PatchingLoader(spec.loader, patch)
+                return spec
+        return None
+
+
+def install_from_environment():
+    """What wcache-safetensors.pth runs at start-up: when $WCACHE_SAFETENSORS
+    asks for it, patches safetensors now if it is already imported, else
+    when it is."""
+    if os.environ.get(ENV, "").strip().lower() not in ("1", "yes", "true", "on"):
+        return False
+    with _lock:
+        if not any(isinstance(f, _Hook) for f in sys.meta_path):
+            sys.meta_path.insert(0, _Hook())
+    for name, patch in _Hook.targets.items():
+        if name in sys.modules:
+            patch(name)
+    return True

@@ -1,0 +1,299 @@
+"""serialize, serialize_file, deserialize and TensorSpec: safetensors'
+low-level functions, writing exactly the bytes upstream writes.
+
+The layout upstream's ``serialize`` produces (safetensors/src/tensor.rs,
+``prepare``), which this module follows:
+
+- tensors sorted by dtype, in *descending* order of upstream's ``Dtype``
+  enumeration (U64, I64, F64, C64, F32, U32, I32, BF16, F16, U16, I16,
+  F8_E5M2FNUZ, F8_E4M3FNUZ, F8_E8M0, F8_E4M3, F8_E5M2, I8, U8, F6_E3M2,
+  F6_E2M3, F4, BOOL), then by name (byte order), so every tensor is aligned
+  to its element size;
+- data_offsets assigned in that order, back to back from 0;
+- the header: compact JSON (no spaces), ``"__metadata__"`` first when
+  metadata is given (even an empty dict; left out for None), then each
+  tensor as ``{"dtype":..,"shape":[..],"data_offsets":[begin,end]}``;
+  strings escaped as serde_json escapes them (``"``, ``\\``, control
+  characters; other characters as UTF-8), which is what ``json.dumps(...,
+  ensure_ascii=False)`` does;
+- the header padded with spaces to a multiple of 8 bytes; its length as a
+  little-endian u64 first; then the data.
+
+One difference: upstream keeps metadata in a Rust HashMap, so with two or
+more entries its key order changes from run to run; here keys are sorted,
+so the output is reproducible (and equal to upstream's whenever upstream's
+is determined: none or one entry).
+
+``serialize_file`` writes to a temporary file in the destination's
+directory, flushes it to disk (fsync), renames it over the destination and
+syncs the directory: a reader, or wcached serving the old file, never sees
+a half-written or truncated file, and a failure leaves the old file alone.
+"""
+import ctypes
+import json
+import os
+import struct
+
+from ._lib import InvalidArgument, InvalidTensorSpec, SafetensorError
+
+__all__ = ["TensorSpec", "serialize", "serialize_file", "deserialize", "DTYPES", "ST_BITS"]
+
+# Upstream's Dtype enumeration, in its order; the sort is descending.
+_ORDER = ("BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0",
+          "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "C64",
+          "F64", "I64", "U64")
+_RANK = {name: i for i, name in enumerate(_ORDER)}
+
+# Bits per element of each safetensors dtype.
+ST_BITS = {"BOOL": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "U8": 8, "I8": 8, "F8_E5M2": 8,
+           "F8_E4M3": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8, "I16": 16,
+           "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "C64": 64,
+           "F64": 64, "I64": 64, "U64": 64}
+
+# The dtype names serialize accepts (torch's and numpy's spellings).
+DTYPES = {"bool": "BOOL", "int8": "I8", "uint8": "U8", "int16": "I16", "uint16": "U16",
+          "int32": "I32", "uint32": "U32", "int64": "I64", "uint64": "U64",
+          "float16": "F16", "float32": "F32", "float64": "F64", "bfloat16": "BF16",
+          "float8_e4m3fn": "F8_E4M3", "float8_e4m3fnuz": "F8_E4M3FNUZ",
+          "float8_e5m2": "F8_E5M2", "float8_e5m2fnuz": "F8_E5M2FNUZ",
+          "float8_e8m0fnu": "F8_E8M0", "float4_e2m1fn_x2": "F4", "complex64": "C64"}
+
+MAX_HEADER = 100_000_000  # upstream's MAX_HEADER_SIZE
+
+
+def _dtype(name):
+    st = DTYPES.get(name)
+    if st is None:
+        raise InvalidArgument(f"Unknown dtype {name!r}. Supported dtypes: "
+                              + ", ".join(DTYPES))
+    return st
+
+
+class TensorSpec:
+    """One tensor for :func:`serialize`: its dtype (a torch or numpy name,
+    e.g. "float32"), its shape, and its bytes at data_ptr (data_len of
+    them), which must stay valid while serialize runs. As upstream, a
+    float4_e2m1fn_x2 shape is the storage shape (two values per byte) and
+    is recorded with its last dimension doubled."""
+    __slots__ = ("dtype", "shape", "data_ptr", "data_len", "_st")
+
+    def __init__(self, *, dtype, shape, data_ptr, data_len):
+        self._st = _dtype(dtype)
+        shape = [int(x) for x in shape]
+        if self._st == "F4" and shape:
+            shape[-1] *= 2
+        self.dtype, self.shape = dtype, shape
+        self.data_ptr, self.data_len = int(data_ptr), int(data_len)
+
+    def __repr__(self):
+        return (f"TensorSpec(dtype={self.dtype!r}, shape={self.shape}, "
+                f"data_ptr={self.data_ptr}, data_len={self.data_len})")
+
+
+def _entry(name, value):
+    """(safetensors dtype, shape, buffer) of one serialize input: a
+    TensorSpec or upstream 0.7's {"dtype", "shape", "data"} dict."""
+    if not isinstance(name, str):
+        raise TypeError(f"tensor names are str, not {type(name).__name__}")
+    if isinstance(value, TensorSpec):
+        data = (ctypes.c_char * value.data_len).from_address(value.data_ptr) \
+            if value.data_len else b""
+        st, shape = value._st, value.shape
+    elif isinstance(value, dict):
+        if not {"dtype", "shape", "data"} <= value.keys():
+            raise InvalidTensorSpec(f"tensor {name!r}: a dict needs dtype, shape and data (upstream "
+                            f"0.7's form), or pass a TensorSpec; got keys {sorted(value)}")
+        st = _dtype(value["dtype"])
+        shape = [int(x) for x in value["shape"]]
+        data = value["data"]
+    else:
+        raise TypeError(f"tensor {name!r}: expected a TensorSpec or a dict of dtype, shape "
+                        f"and data, not {type(value).__name__}")
+    n = 1
+    for x in shape:
+        if x < 0:
+            raise SafetensorError(f"Error while serializing: tensor {name!r}: negative "
+                                  f"dimension in shape {shape}")
+        n *= x
+    bits = n * ST_BITS[st]
+    size = len(memoryview(data).cast("B")) if not isinstance(data, bytes) else len(data)
+    if bits % 8 or bits // 8 != size:
+        raise SafetensorError(
+            f"Error while serializing: tensor {name!r}: {size} bytes, but dtype {st} and "
+            f"shape {shape} need {bits / 8:g}")
+    return st, shape, data
+
+
+def _prepare(tensor_dict, metadata):
+    """(header bytes including the length prefix, buffers in file order)."""
+    if not isinstance(tensor_dict, dict):
+        raise TypeError(f"expected a dict of tensors, not {type(tensor_dict).__name__}")
+    entries = [(name,) + _entry(name, value) for name, value in tensor_dict.items()]
+    entries.sort(key=lambda e: e[0])
+    entries.sort(key=lambda e: _RANK[e[1]], reverse=True)  # stable: names stay sorted
+    header = {}
+    if metadata is not None:
+        if not isinstance(metadata, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+            raise TypeError("metadata must be a dict of str to str")
+        header["__metadata__"] = dict(sorted(metadata.items()))
+    offset = 0
+    buffers = []
+    for name, st, shape, data in entries:
+        size = len(data) if isinstance(data, bytes) else memoryview(data).nbytes
+        header[name] = {"dtype": st, "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+        buffers.append(data)
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    if len(text) > MAX_HEADER:
+        raise SafetensorError(f"Error while serializing: HeaderTooLarge ({len(text)} bytes, "
+                              f"the maximum is {MAX_HEADER})")
+    return struct.pack("<Q", len(text)) + text, buffers
+
+
+def serialize(tensor_dict, metadata=None):
+    """The safetensors file of tensor_dict ({name: TensorSpec}, or
+    {name: {"dtype", "shape", "data"}}) and metadata, as bytes."""
+    header, buffers = _prepare(tensor_dict, metadata)
+    return b"".join([header] + [bytes(b) if not isinstance(b, bytes) else b for b in buffers])
+
+
+def write_atomically(filename, chunks):
+    """Writes the byte chunks to filename through a temporary file in the
+    same directory: written, fsync'ed, renamed over filename, directory
+    synced. The file gets mode 0666 minus the umask, as a new file would."""
+    filename = os.fspath(filename)
+    directory = os.path.dirname(os.path.abspath(filename)) or "."
+    base = os.path.basename(filename)
+    for attempt in range(100):
+        tmp = os.path.join(directory, f".{base}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"{directory}: cannot create a temporary file")
+    try:
+        with os.fdopen(fd, "wb", buffering=0) as f:
+            for chunk in chunks:
+                view = memoryview(chunk).cast("B")
+                while view.nbytes:
+                    view = view[f.write(view):]
+            os.fsync(f.fileno())
+        os.rename(tmp, filename)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.fsync(dfd)
+    except OSError:
+        pass
+    finally:
+        os.close(dfd)
+
+
+def serialize_file(tensor_dict, filename, metadata=None):
+    """Writes what :func:`serialize` returns to filename, atomically (see
+    the module comment). Returns None."""
+    header, buffers = _prepare(tensor_dict, metadata)
+    write_atomically(filename, [header] + [b for b in buffers if len(memoryview(b).cast("B"))])
+
+
+_CONVERT = "python3 -m wcache.convert IN OUT.safetensors"
+_LEGACY_TORCH = bytes.fromhex("80028a0a6cfc9c46f9206aa85019")
+
+
+def not_safetensors(data):
+    """What the bytes are when they are a format often mistaken for
+    safetensors (the checks of client/diagnose.c, for bytes that never
+    reach the C library), else None."""
+    head = bytes(data[:64])
+    if len(head) > 8 and head[8:9] == b"{":
+        return None
+    if head.startswith(b"PK\x03\x04"):
+        name = bytes(data[30:30 + int.from_bytes(head[26:28], "little")])
+        if name.endswith(b".pkl"):
+            return ("a PyTorch checkpoint (torch.save zip archive holding a pickle): "
+                    f"convert it with `{_CONVERT}`")
+        if name.endswith(b".npy"):
+            return "a NumPy .npz archive: load it with numpy.load()"
+        return "a zip archive"
+    if head.startswith(_LEGACY_TORCH):
+        return f"a PyTorch checkpoint (legacy torch.save pickle format): convert it with " \
+            f"`{_CONVERT}`"
+    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        return f"a Python pickle (protocol {head[1]})"
+    if head.startswith(b"GGUF"):
+        return "a GGUF file (llama.cpp)"
+    if head.startswith(b"\x93NUMPY"):
+        return "a NumPy .npy array: load it with numpy.load()"
+    if any(bytes(data[at:at + 8]) == b"\x89HDF\r\n\x1a\n" for at in (0, 512, 1024, 2048)):
+        return "an HDF5 file (Keras/TensorFlow .h5)"
+    return None
+
+
+def deserialize(data):
+    """[(name, {"shape": [...], "dtype": "F32", "data": bytearray}), ...] of
+    a safetensors file's bytes, in file order; SafetensorError when they are
+    not a valid safetensors file."""
+    view = memoryview(data).cast("B")
+    what = not_safetensors(view)
+    if what is not None:
+        raise SafetensorError(f"Error while deserializing: these bytes are {what}, not "
+                              "safetensors")
+    if view.nbytes < 8:
+        raise SafetensorError("Error while deserializing: HeaderTooSmall")
+    n = struct.unpack("<Q", view[:8])[0]
+    if n > MAX_HEADER:
+        raise SafetensorError("Error while deserializing: HeaderTooLarge")
+    if n > view.nbytes - 8:
+        raise SafetensorError("Error while deserializing: InvalidHeaderLength")
+    raw = bytes(view[8:8 + n])
+    if not raw.startswith(b"{"):
+        raise SafetensorError("Error while deserializing: InvalidHeaderStart")
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise SafetensorError(f"Error while deserializing: InvalidHeaderDeserialization "
+                              f"({e})") from None
+    if not isinstance(header, dict):
+        raise SafetensorError("Error while deserializing: InvalidHeaderDeserialization")
+    header.pop("__metadata__", None)
+    items = []
+    for name, info in header.items():
+        try:
+            st, shape, (begin, end) = info["dtype"], list(info["shape"]), info["data_offsets"]
+        except (KeyError, TypeError, ValueError):
+            raise SafetensorError(f"Error while deserializing: InvalidHeaderDeserialization "
+                                  f"(tensor {name!r})") from None
+        if st not in ST_BITS:
+            raise SafetensorError(f"Error while deserializing: unknown dtype {st!r} of "
+                                  f"tensor {name!r}")
+        items.append(((begin, end), name, st, shape))
+    items.sort(key=lambda e: e[0])
+    start = 0
+    base = 8 + n
+    out = []
+    for (begin, end), name, st, shape in items:
+        if begin != start or end < begin:
+            raise SafetensorError(f"Error while deserializing: InvalidOffset({name})")
+        count = 1
+        for x in shape:
+            count *= x
+        if count * ST_BITS[st] != (end - begin) * 8:
+            raise SafetensorError(f"Error while deserializing: TensorInvalidInfo ({name})")
+        start = end
+        out.append((name, {"shape": shape, "dtype": st,
+                           "data": bytearray(view[base + begin:base + end])}))
+    if base + start != view.nbytes:
+        raise SafetensorError("Error while deserializing: MetadataIncompleteBuffer")
+    return out

@@ -1,0 +1,418 @@
+"""Every tensor record of a model at once, and tensors made in bulk.
+
+Per-tensor cost matters as much as per-byte cost: a mixture-of-experts
+checkpoint has 50,000 to 200,000 tensors, and a Python loader touches every
+one. One ctypes call per tensor costs about a microsecond, so a
+:class:`Table` reads all records with one ``wc_model_tensors()`` call into
+a C array, looks at it as a numpy structured array, and turns the columns
+into Python objects with a few vectorised operations:
+
+- names: every name pointer points into the index's string area, so that
+  area is copied once (``ctypes.string_at``), split at its NULs, and each
+  pointer is matched to the string that starts there (``searchsorted``);
+  the selected names are decoded in one ``bytes.decode``. If any pointer
+  does not start a string of that copy (an index laid out otherwise), the
+  names are read one by one instead: slower, never wrong;
+- dtypes: the few distinct dtype string pointers, read once each;
+- shapes: the shape area copied once, one column per dimension.
+
+Tensors are then made in *runs* (:meth:`Table.runs`): tensors of one dtype
+and shape whose data addresses form an arithmetic progression (the same
+tensor of every layer or expert, which real checkpoints lay out at a fixed
+stride) are made by one strided view over the model's memory and one
+``unbind`` (torch) or one iteration (numpy): one library call per run, not
+several per tensor, so the cost per tensor is close to what torch itself
+needs to make as many views.
+"""
+import bisect
+import ctypes
+import gc
+import operator
+
+import numpy as np
+
+from . import _lib
+from ._lib import check, wc_tensor
+
+__all__ = ["Table", "Runs", "NumpyRuns"]
+
+_GC_PAUSE_MIN = 256  # runs at least this long are made with the collector paused
+
+# struct wc_tensor as numpy sees it (64-bit hosts; checked below).
+_RECORD = np.dtype([("name", "u8"), ("dtype", "u8"), ("ndim", "u4"), ("pad", "u4"),
+                    ("shape", "u8"), ("data", "u8"), ("nbytes", "u8")])
+
+
+def _records(h, n):
+    """All n records of handle h as a numpy structured array."""
+    lib = _lib.lib()
+    recs = (wc_tensor * max(n, 1))()
+    if ctypes.sizeof(wc_tensor) == _RECORD.itemsize and _lib.has("wc_model_tensors"):
+        got = check(lib.wc_model_tensors(h.ptr, 0, recs, n))
+        if got != n:
+            raise _lib.WcacheError(0, f"model {h.label!r}: {got} of {n} tensor records read")
+        return np.frombuffer(recs, dtype=_RECORD, count=n).copy()
+    # An older library (or a 32-bit host): one call per tensor.
+    out = np.zeros(n, dtype=_RECORD)
+    for i in range(n):
+        check(lib.wc_model_tensor(h.ptr, i, ctypes.byref(recs[0])))
+        t = recs[0]
+        out[i] = (ctypes.cast(t.name, ctypes.c_void_p).value or 0,
+                  ctypes.cast(t.dtype, ctypes.c_void_p).value or 0, t.ndim, 0,
+                  ctypes.cast(t.shape, ctypes.c_void_p).value or 0, t.data or 0, t.nbytes)
+    return out
+
+
+def _strings(pointers):
+    """The NUL-terminated UTF-8 strings at pointers (a uint64 array), read
+    with one copy of the area they lie in: the area is decoded and split at
+    its NULs once, and each pointer that starts right after a NUL (or at the
+    start) is the string of that piece. If any pointer does not, they are
+    read one by one instead."""
+    n = len(pointers)
+    if n == 0:
+        return []
+    lo, hi = int(pointers.min()), int(pointers.max())
+    raw = ctypes.string_at(lo, hi - lo + len(ctypes.string_at(hi)) + 1)
+    nuls = np.flatnonzero(np.frombuffer(raw, dtype=np.uint8) == 0)
+    offsets = (pointers - lo).astype(np.int64)
+    piece = np.searchsorted(nuls, offsets)  # NULs before each string
+    starts = np.where(piece > 0, nuls[np.maximum(piece - 1, 0)] + 1, 0)
+    if not (starts == offsets).all():
+        return [ctypes.string_at(p).decode("utf-8", "surrogateescape")
+                for p in pointers.tolist()]
+    pieces = raw.decode("utf-8", "surrogateescape").split("\0")
+    if n == 1:
+        return [pieces[int(piece[0])]]
+    return list(operator.itemgetter(*piece.tolist())(pieces))
+
+
+def _distinct(values):
+    """(distinct values in order of first appearance, number of each
+    element's value): cheaper than np.unique for the few dtypes a model has."""
+    of = np.full(len(values), -1, dtype=np.int64)
+    distinct = []
+    while True:
+        left = np.flatnonzero(of < 0)
+        if not len(left):
+            return distinct, of
+        v = values[left[0]]
+        of[values == v] = len(distinct)
+        distinct.append(int(v))
+
+
+def contiguous_strides(shape):
+    """Row-major strides, in elements, of shape."""
+    strides, step = [], 1
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= max(int(dim), 1)
+    return tuple(reversed(strides))
+
+
+class Table:
+    """Names, dtypes, shapes, addresses and sizes of every tensor of a model,
+    in the byte order of names (the order of ``keys()``)."""
+
+    def __init__(self, h):
+        n = int(_lib.lib().wc_model_count(h.ptr))
+        recs = _records(h, n)
+        self.count = n
+        self.names = _strings(recs["name"])
+        self._index = None
+        dtype_ptrs, self.dtype_of = _distinct(recs["dtype"])
+        self.dtype_names = [ctypes.string_at(p).decode("ascii") for p in dtype_ptrs]
+        self.ndim = recs["ndim"].astype(np.int64)
+        self.addr = recs["data"].astype(np.uint64)
+        self.nbytes = recs["nbytes"].astype(np.uint64)
+        width = int(self.ndim.max()) if n else 0
+        self.dims = np.zeros((n, width), dtype=np.int64)
+        if width:
+            shape_ptrs = recs["shape"]
+            used = self.ndim > 0
+            lo = int(shape_ptrs[used].min())
+            hi = int((shape_ptrs[used] + 8 * self.ndim[used].astype(np.uint64)).max())
+            area = np.frombuffer(ctypes.string_at(lo, hi - lo), dtype="<u8").astype(np.int64)
+            first = ((shape_ptrs - lo) // 8).astype(np.int64)
+            for d in range(width):
+                rows = self.ndim > d
+                self.dims[rows, d] = area[first[rows] + d]
+        data = self.nbytes > 0
+        if data.any():
+            self.span = (int(self.addr[data].min()),
+                         int((self.addr[data] + self.nbytes[data]).max()))
+        else:
+            self.span = None
+        self._runs = None
+        self._offset_order = None
+        self.bulk = None  # set by runs(): whether tensor i may be in a run
+
+    @property
+    def index(self):
+        """{name: tensor number}, made on first use (a loader that takes
+        every tensor in runs never needs it for most of them)."""
+        if self._index is None:
+            self._index = dict(zip(self.names, range(self.count)))
+        return self._index
+
+    def position(self, name):
+        """The number of tensor name, or None: a binary search of the sorted
+        names (no dictionary of every name needed), checked against the
+        name index when it misses (names whose byte order and str order
+        differ, with surrogate escapes)."""
+        i = bisect.bisect_left(self.names, name)
+        if i < self.count and self.names[i] == name:
+            return i
+        return self.index.get(name)
+
+    def info(self, i):
+        """The wcache.TensorInfo of tensor number i."""
+        from .model import TensorInfo
+        return TensorInfo(self.names[i], self.dtype(i), self.shape(i), int(self.nbytes[i]),
+                          int(self.addr[i]))
+
+    def shape(self, i):
+        return tuple(self.dims[i, :self.ndim[i]].tolist())
+
+    def dtype(self, i):
+        return self.dtype_names[self.dtype_of[i]]
+
+    def offset_keys(self):
+        """Names ordered by where their data lies (then by size, then name):
+        the order of the file for a single safetensors file."""
+        if self._offset_order is None:
+            end = self.addr + self.nbytes
+            self._offset_order = np.lexsort((np.arange(self.count), end, self.addr))
+        order = self._offset_order.tolist()
+        return list(operator.itemgetter(*order)(self.names)) if len(order) > 1 else \
+            [self.names[i] for i in order]
+
+    @staticmethod
+    def _interleaved(order, group_start, start, rel, bulk, max_period=64):
+        """Finds runs the greedy pass splits: a group whose members repeat
+        with a period of k (q, k, v and o of one shape in every layer: each
+        layer holds k of them at the same places) is k runs, member j, j + k,
+        j + 2k, ... each. Reorders order and sets start in place for every
+        group of 8 or more members where such a k (up to max_period) exists."""
+        bounds = np.append(np.flatnonzero(group_start), len(order)).tolist()
+        for g0, g1 in zip(bounds[:-1], bounds[1:]):
+            size = g1 - g0
+            if size < 8 or not bulk[order[g0]] or not start[g0 + 1:g1].any():
+                continue
+            # A few members at either end may stand apart (embeddings and
+            # lm_head of one shape with the layers' projections): they
+            # become runs of one.
+            for head, tail in ((0, 0), (1, 0), (0, 1), (1, 1), (2, 0), (0, 2), (2, 1),
+                               (1, 2), (2, 2)):
+                if Table._periodic(order, start, rel, g0 + head, g1 - tail, max_period):
+                    start[g0:g0 + head] = True
+                    start[g1 - tail:g1] = True
+                    break
+
+    @staticmethod
+    def _periodic(order, start, rel, g0, g1, max_period):
+        """Regroups order[g0:g1] into k runs when its addresses repeat with a
+        period of k members; True when it did."""
+        size = g1 - g0
+        members = order[g0:g1].copy()
+        addr = rel[members]
+        for k in range(1, min(max_period, size // 2) + 1):
+            gaps = addr[k:] - addr[:-k]
+            if gaps[0] > 0 and (gaps == gaps[0]).all():
+                order[g0:g1] = np.concatenate([members[j::k] for j in range(k)])
+                start[g0:g1] = False
+                for j in range(k):
+                    start[g0 + j * (size // k) + min(j, size % k)] = True
+                return True
+        return False
+
+    def runs(self, itemsize_of):
+        """(order, run_start, run_of): tensors grouped into runs of one dtype
+        and shape at addresses in arithmetic progression. itemsize_of[d] is
+        the element size of dtype number d, or 0 for a dtype that cannot be
+        made in bulk (those tensors, and empty ones, are runs of one).
+        order lists tensor numbers run after run; run r is
+        order[run_start[r]:run_start[r + 1]]; run_of[i] is tensor i's run."""
+        if self._runs is not None:
+            return self._runs
+        n = self.count
+        size = np.asarray(itemsize_of, dtype=np.int64)[self.dtype_of] if n else \
+            np.zeros(0, dtype=np.int64)
+        lo = self.span[0] if self.span else 0
+        rel = (self.addr.astype(np.int64) - lo) if n else np.zeros(0, dtype=np.int64)
+        # In a run: data, a dtype made in bulk, and aligned to its element
+        # size from the start of the span (safetensors writers align every
+        # tensor; one that is not is made on its own).
+        bulk = (size > 0) & (self.nbytes > 0)
+        bulk &= rel % np.maximum(size, 1) == 0
+        # Tensors that cannot be in a run get a key of their own.
+        alone = np.where(bulk, -1, np.arange(n))
+        keys = [rel] + [self.dims[:, d] for d in reversed(range(self.dims.shape[1]))] + \
+            [self.ndim, self.dtype_of.astype(np.int64), alone]
+        order = np.lexsort(keys)
+        if n == 0:
+            self.bulk = bulk
+            self._runs = (order, np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64))
+            return self._runs
+        same = np.ones(n, dtype=bool)
+        same[0] = False
+        for k in keys[1:]:
+            ks = k[order]
+            same[1:] &= ks[1:] == ks[:-1]
+        rs = rel[order]
+        delta = np.zeros(n, dtype=np.int64)
+        delta[1:] = rs[1:] - rs[:-1]
+        start = ~same
+        # i continues the run of i - 1 when it is of the same group and, if
+        # i - 1 is not the first of its run, at the same distance.
+        start[2:] |= same[1:-1] & ~start[1:-1] & (delta[2:] != delta[1:-1])
+        start[1:] |= delta[1:] <= 0
+        self._interleaved(order, ~same, start, rel, bulk)
+        run_start = np.append(np.flatnonzero(start), n)
+        run_sorted = np.cumsum(start) - 1
+        run_of = np.empty(n, dtype=np.int64)
+        run_of[order] = run_sorted
+        self.bulk = bulk
+        self._runs = (order, run_start, run_of)
+        return self._runs
+
+
+class Runs:
+    """Makes the tensors of one model run by run, for ``safe_open``.
+
+    ``get(name)`` hands out each tensor it makes once: the first request for
+    a tensor makes its whole run, returns that tensor and keeps the others
+    until they are asked for; a second request for the same name makes a
+    new view of its own (so every call returns a new object, as upstream's
+    ``get_tensor`` does). ``every()`` makes all of them afresh.
+    Subclasses say how to make views: :meth:`base` (a typed 1-D view of
+    the model's memory for dtype number d), :meth:`view_one`,
+    :meth:`view_many`, and :meth:`single` (the per-tensor path, for what
+    cannot be made in bulk)."""
+
+    def __init__(self, model, itemsize_of):
+        self.model = model
+        self.table = table = model._tab()
+        self.itemsize_of = itemsize_of
+        self.order, self.run_start, self.run_of = table.runs(itemsize_of)
+        self.order_list = self.order.tolist()
+        self.start_list = self.run_start.tolist()
+        self.done = bytearray(len(self.start_list) - 1)
+        self.ready = {}
+        self.lo = table.span[0] if table.span else 0
+        self.bases = {}
+        self.closed = False
+
+    def _typed(self, d):
+        """(typed base view for dtype number d, its element size)."""
+        size = self.itemsize_of[d]
+        base = self.bases.get(d)
+        if base is None:
+            base = self.bases[d] = self.base(d, size)
+        return base, size
+
+    def _make(self, r):
+        a, b = self.start_list[r], self.start_list[r + 1]
+        t = self.table
+        i = self.order_list[a]
+        if not t.bulk[i]:
+            return self.single(t.names[i]),
+        base, size = self._typed(int(t.dtype_of[i]))
+        shape = t.shape(i)
+        strides = contiguous_strides(shape)
+        offset = (int(t.addr[i]) - self.lo) // size
+        if b - a == 1:
+            return self.view_one(base, shape, strides, offset),
+        step = (int(t.addr[self.order_list[a + 1]]) - int(t.addr[i])) // size
+        if b - a < _GC_PAUSE_MIN or not gc.isenabled():
+            return self.view_many(base, b - a, step, shape, strides, offset)
+        # Thousands of new tensors at once: without a pause, the cyclic
+        # collector runs every 700 of them and now and then walks every
+        # object of the process (tens of ms with torch loaded). Paused, it
+        # runs once afterwards over the new objects.
+        gc.disable()
+        try:
+            return self.view_many(base, b - a, step, shape, strides, offset)
+        finally:
+            gc.enable()
+
+    def close(self):
+        """Drops the tensors not handed out; later get() calls raise."""
+        self.closed = True
+        self.ready.clear()
+
+    def get(self, name):
+        t = self.ready.pop(name, None)
+        if t is not None:
+            return t
+        if self.closed:
+            raise _lib.ClosedError("File is closed")
+        i = self.table.position(name) if isinstance(name, str) else None
+        if i is None:
+            raise _lib.MissingTensor(f"File does not contain tensor {name}")
+        r = int(self.run_of[i])
+        if self.done[r]:
+            return self._make_alone(i)
+        self.done[r] = 1
+        made = self._make(r)
+        if len(made) == 1:
+            return made[0]
+        a, b = self.start_list[r], self.start_list[r + 1]
+        self.ready.update(zip(operator.itemgetter(*self.order_list[a:b])(self.table.names),
+                              made))
+        return self.ready.pop(name)
+
+    def _make_alone(self, i):
+        """A new view of tensor i alone."""
+        t = self.table
+        if not t.bulk[i]:
+            return self.single(t.names[i])
+        base, size = self._typed(int(t.dtype_of[i]))
+        shape = t.shape(i)
+        return self.view_one(base, shape, contiguous_strides(shape),
+                             (int(t.addr[i]) - self.lo) // size)
+
+    def every(self):
+        """{name: tensor} of every tensor, in byte order of names."""
+        made = []
+        for r in range(len(self.done)):
+            made.extend(self._make(r))
+        names = self.table.names
+        if len(made) > 1:
+            by_run = operator.itemgetter(*self.order_list)(names)
+        else:
+            by_run = [names[i] for i in self.order_list]
+        return dict(zip(by_run, made))
+
+
+def _np_many(base, m, step, shape, strides, offset):
+    size = base.itemsize
+    arr = np.lib.stride_tricks.as_strided(
+        base[offset:], shape=(m,) + shape, strides=tuple(x * size for x in (step,) + strides),
+        writeable=False)
+    if shape:
+        return list(arr)
+    return [arr[j, ...] for j in range(m)]
+
+
+class NumpyRuns(Runs):
+    """Read-only numpy arrays on the model's mapping, made run by run."""
+
+    def __init__(self, model):
+        from ._dtypes import numpy_typestr
+        self.typestr = [numpy_typestr(n) for n in model._tab().dtype_names]
+        itemsize = [np.dtype(ts).itemsize if ts else 0 for ts in self.typestr]
+        super().__init__(model, itemsize)
+
+    def base(self, d, size):
+        region = self.model._raw_region()
+        return region[:len(region) - len(region) % size].view(self.typestr[d])
+
+    @staticmethod
+    def view_one(base, shape, strides, offset):
+        return _np_many(base, 1, 0, shape, strides, offset)[0]
+
+    view_many = staticmethod(_np_many)
+
+    def single(self, name):
+        return self.model.numpy(name)

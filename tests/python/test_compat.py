@@ -1,0 +1,401 @@
+"""Upstream safetensors' documented behaviour, asserted against wcache:
+file bytes computed here from the format (not by wcache), exception types,
+dtypes, shapes, metadata, shared-tensor rules, and wcache.install()."""
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import wcache
+import wcache.numpy as wnp
+import wcache.torch as wtorch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def expected_file(header, data):
+    """A safetensors file as upstream's format defines it: u64 length, the
+    header padded with spaces to a multiple of 8, then the data."""
+    h = header.encode("utf-8")
+    h += b" " * (-len(h) % 8)
+    return struct.pack("<Q", len(h)) + h + data
+
+
+def test_upstream_test_vector():
+    # upstream's tests/test_simple.py: a 2x2 int32 of zeros
+    want = (b'@\x00\x00\x00\x00\x00\x00\x00{"test":{"dtype":"I32","shape":[2,2],'
+            b'"data_offsets":[0,16]}}    ' + b"\x00" * 16)
+    assert wtorch.save({"test": torch.zeros((2, 2), dtype=torch.int32)}) == want
+    assert wnp.save({"test": np.zeros((2, 2), dtype=np.int32)}) == want
+
+
+def test_order_metadata_and_padding(tmp_path):
+    tensors = {"b": torch.tensor([1.0, 2.0]), "a": torch.tensor([7], dtype=torch.int64),
+               "c": torch.tensor([1, 2, 3], dtype=torch.uint8),
+               "d": torch.tensor([1.0], dtype=torch.bfloat16),
+               "é": torch.tensor(True), "z": torch.zeros((0, 2))}
+    # descending dtype order of upstream's enum, then name
+    header = ('{"__metadata__":{"format":"pt"},'
+              '"a":{"dtype":"I64","shape":[1],"data_offsets":[0,8]},'
+              '"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]},'
+              '"z":{"dtype":"F32","shape":[0,2],"data_offsets":[16,16]},'
+              '"d":{"dtype":"BF16","shape":[1],"data_offsets":[16,18]},'
+              '"c":{"dtype":"U8","shape":[3],"data_offsets":[18,21]},'
+              '"é":{"dtype":"BOOL","shape":[],"data_offsets":[21,22]}}')
+    data = struct.pack("<q", 7) + struct.pack("<2f", 1, 2) + b"\x80\x3f" + b"\x01\x02\x03\x01"
+    want = expected_file(header, data)
+    assert wtorch.save(tensors, metadata={"format": "pt"}) == want
+    path = tmp_path / "m.safetensors"
+    wtorch.save_file(tensors, path, metadata={"format": "pt"})
+    assert path.read_bytes() == want
+    # {} is written as an empty object, None leaves __metadata__ out
+    assert wtorch.save({"x": torch.zeros(1)}, metadata={}) == expected_file(
+        '{"__metadata__":{},"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}',
+        b"\x00" * 4)
+    assert wtorch.save({"x": torch.zeros(1)}) == expected_file(
+        '{"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}', b"\x00" * 4)
+
+
+def test_serialize_and_deserialize():
+    spec = {"t": {"dtype": "float32", "shape": [2], "data": struct.pack("<2f", 1, 2)}}
+    blob = wcache.serialize(spec)
+    assert blob == expected_file('{"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}',
+                                 struct.pack("<2f", 1, 2))
+    out = wcache.deserialize(blob)
+    assert out == [("t", {"shape": [2], "dtype": "F32", "data": bytearray(struct.pack(
+        "<2f", 1, 2))})]
+    with pytest.raises(wcache.SafetensorError):
+        wcache.TensorSpec(dtype="nonsense", shape=[1], data_ptr=0, data_len=0)
+    with pytest.raises(wcache.SafetensorError):
+        wcache.deserialize(b"\x10\x00\x00\x00\x00\x00\x00\x00{}")
+    loaded = wtorch.load(blob)
+    assert loaded["t"].dtype == torch.float32 and loaded["t"].tolist() == [1.0, 2.0]
+    assert wnp.load(blob)["t"].dtype == np.float32
+
+
+def test_save_file_is_atomic(tmp_path):
+    path = tmp_path / "m.safetensors"
+    wtorch.save_file({"x": torch.zeros(4)}, path)
+    old = open(path, "rb")
+    wtorch.save_file({"x": torch.ones(4)}, path)
+    assert old.read() == wtorch.save({"x": torch.zeros(4)})  # old inode untouched
+    old.close()
+    assert os.listdir(tmp_path) == ["m.safetensors"]  # no temporary left
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_safe_open_interface(tmp_path, no_daemon):
+    path = tmp_path / "m.safetensors"
+    a = torch.arange(50, dtype=torch.float32).reshape(10, 5)
+    tensors = {"a": a, "b": torch.ones(3, dtype=torch.bfloat16),
+               **{f"layers.{i}.w": torch.full((2, 2), float(i)) for i in range(12)}}
+    wtorch.save_file(tensors, path, metadata={"format": "pt"})
+    with wcache.safe_open(path, framework="pt", device="cpu", backend="pread") as f:
+        assert f.keys() == sorted(tensors)
+        offsets = json.loads(path.read_bytes()[8:8 + struct.unpack("<Q", path.read_bytes()[
+            :8])[0]])
+        offsets.pop("__metadata__")
+        assert f.offset_keys() == sorted(offsets, key=lambda k: offsets[k]["data_offsets"])
+        assert f.metadata() == {"format": "pt"}
+        every = f.get_tensors()
+        assert list(every) == f.offset_keys()
+        for k, v in tensors.items():
+            got = f.get_tensor(k)
+            assert got.dtype == v.dtype and torch.equal(got, v) and torch.equal(every[k], v)
+            assert f.get_tensor(k) is not got  # a new tensor each call
+        s = f.get_slice("a")
+        assert s.get_shape() == [10, 5] and s.get_dtype() == "F32"
+        assert torch.equal(s[2:, -1], a[2:, -1]) and torch.equal(s[0, :2], a[0, :2])
+        assert list(s[list()].shape) == [0, 5]
+        for index, message in (
+                ((slice(2, None), -6), "Invalid index -6 for dimension 1 of size 5"),
+                ([0, 1], "Non empty lists are not implemented"),
+                ((slice(2, None), 20), "Error during slicing [2:, 20] with shape [10, 5]: "
+                 "index 20 out of bounds for tensor dimension #1 of size 5"),
+                (slice(None, 20), "Error during slicing [:20] with shape [10, 5]: index 19 "
+                 "out of bounds for tensor dimension #0 of size 10")):
+            with pytest.raises(wcache.SafetensorError) as e:
+                s[index]
+            assert str(e.value) == message
+        with pytest.raises(wcache.SafetensorError):
+            f.get_tensor("nope")
+        with pytest.raises(KeyError):  # what wcache raised before
+            f.get_tensor("nope")
+    with pytest.raises(wcache.SafetensorError, match="File is closed"):
+        f.keys()
+    with wcache.safe_open(path, framework="pt") as g:
+        get = g.get_tensor
+        get("a")
+    with pytest.raises(wcache.SafetensorError, match="File is closed"):
+        get("layers.0.w")  # bound before close
+    with pytest.raises(wcache.SafetensorError):
+        wcache.safe_open(path, framework="tf")
+    with pytest.raises(wcache.SafetensorError):
+        wcache.safe_open(path, framework="pt", backend="io_uring")
+    with pytest.raises(wcache.SafetensorError):
+        wcache.safe_open(path, framework="np", device="cuda")
+    wcache.safe_open(path, framework="pt", device=0).close()  # an int is a CUDA index
+    with pytest.raises(FileNotFoundError):
+        wcache.safe_open(tmp_path / "missing.safetensors", framework="pt")
+    del tensors["b"]  # numpy has no bfloat16 (upstream raises too)
+    wtorch.save_file(tensors, path)
+    np_every = wnp.load_file(path)
+    assert np_every["a"].dtype == np.float32 and np.array_equal(np_every["a"], a.numpy())
+    assert not np_every["a"].flags.writeable
+
+
+def test_metadata_empty_and_absent(tmp_path, no_daemon):
+    empty, absent = tmp_path / "e.safetensors", tmp_path / "n.safetensors"
+    empty.write_bytes(expected_file(
+        '{"__metadata__":{},"x":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}', b"\x05"))
+    absent.write_bytes(expected_file(
+        '{"x":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}', b"\x05"))
+    with wcache.safe_open(empty, framework="np") as f:
+        assert f.metadata() == {}
+    with wcache.safe_open(absent, framework="np") as f:
+        assert f.metadata() is None
+
+
+def test_bad_files_are_safetensor_errors(tmp_path, no_daemon):
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(struct.pack("<Q", 1 << 40) + b"{}")
+    with pytest.raises(wcache.SafetensorError):
+        wcache.safe_open(bad, framework="pt")
+    pt = tmp_path / "pytorch_model.bin"
+    torch.save({"w": torch.zeros(2)}, pt)
+    with pytest.raises(wcache.SafetensorError) as e:
+        wcache.safe_open(pt, framework="pt")
+    assert "PyTorch checkpoint" in str(e.value) and "python3 -m wcache.convert" in str(e.value)
+    legacy = tmp_path / "legacy.pt"
+    torch.save({"w": torch.zeros(2)}, legacy, _use_new_zipfile_serialization=False)
+    with pytest.raises(wcache.SafetensorError, match="legacy torch.save"):
+        wcache.safe_open(legacy, framework="pt")
+    npy = tmp_path / "a.npy"
+    np.save(npy, np.zeros(3))
+    with pytest.raises(wcache.SafetensorError, match=r"NumPy \.npy"):
+        wcache.safe_open(npy, framework="np")
+
+
+def test_save_rules_for_shared_tensors(tmp_path):
+    shared = torch.zeros(4)
+    with pytest.raises(RuntimeError, match="share memory"):
+        wtorch.save_file({"a": shared, "b": shared}, tmp_path / "x.safetensors")
+    with pytest.raises(ValueError, match="non contiguous"):
+        wtorch.save_file({"a": torch.zeros(3, 3).t()}, tmp_path / "x.safetensors")
+    # views of one buffer that do not overlap are fine (upstream's filter)
+    buf = torch.arange(8.0)
+    wtorch.save_file({"lo": buf[:4], "hi": buf[4:]}, tmp_path / "y.safetensors")
+
+
+class Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4, bias=False)
+        self.b = torch.nn.Linear(4, 4, bias=False)
+        self.b.weight = self.a.weight
+
+
+def test_save_and_load_model(tmp_path, no_daemon):
+    path = tmp_path / "tied.safetensors"
+    model = Tied()
+    wtorch.save_model(model, path)
+    with wcache.safe_open(path, framework="pt") as f:
+        assert f.keys() == ["a.weight"]  # the duplicate name is dropped ...
+        assert f.metadata() == {"b.weight": "a.weight"}  # ... and recorded
+    other = Tied()
+    missing, unexpected = wtorch.load_model(other, path)
+    assert (missing, unexpected) == (set(), [])
+    assert torch.equal(other.a.weight, model.a.weight)
+    lone = torch.nn.Linear(4, 2)
+    with pytest.raises(RuntimeError, match="Missing key"):
+        wtorch.load_model(lone, path)
+    missing, unexpected = wtorch.load_model(lone, path, strict=False)
+    assert missing == {"weight", "bias"} and unexpected == ["a.weight"]
+
+
+def run_standin(code, env_extra, tmp_path):
+    env = dict(os.environ, **env_extra)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "standin"),
+                                         env.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, cwd=str(tmp_path))
+
+
+def test_install_patches_safetensors(tmp_path, no_daemon):
+    path = tmp_path / "m.safetensors"
+    wtorch.save_file({"w": torch.ones(2)}, path)
+    code = f"""
+import wcache, torch
+wcache.install()
+import safetensors, safetensors.torch
+with safetensors.safe_open({str(path)!r}, framework="pt") as f:
+    assert f.keys() == ["w"]
+assert torch.equal(safetensors.torch.load_file({str(path)!r})["w"], torch.ones(2))
+m = torch.nn.Module(); m.w = torch.nn.Parameter(torch.zeros(2))
+assert safetensors.torch.load_model(m, {str(path)!r}) == (set(), [])
+assert safetensors.torch.save_file() == "upstream save_file"  # the rest stays upstream's
+try:
+    safetensors.safe_open({str(path)!r}, framework="tf")
+except safetensors.SafetensorError:
+    pass
+print("patched")
+"""
+    r = run_standin(code, {}, tmp_path)
+    assert r.returncode == 0 and "patched" in r.stdout, r.stderr
+
+
+def test_environment_variable_patches_on_import(tmp_path, no_daemon):
+    path = tmp_path / "m.safetensors"
+    wtorch.save_file({"w": torch.ones(2)}, path)
+    site = tmp_path / "site"
+    site.mkdir()
+    pth = os.path.join(HERE, "..", "..", "client", "python", "wcache-safetensors.pth")
+    (site / "wcache-safetensors.pth").write_bytes(open(pth, "rb").read())
+    code = f"""
+import site, sys
+site.addsitedir({str(site)!r})   # what Python does at start-up for dist-packages
+import safetensors.torch
+print(safetensors.torch.load_file({str(path)!r})["w"].tolist())
+"""
+    r = run_standin(code, {"WCACHE_SAFETENSORS": "1"}, tmp_path)
+    assert r.returncode == 0 and "[1.0, 1.0]" in r.stdout, r.stderr
+    r = run_standin(code, {"WCACHE_SAFETENSORS": ""}, tmp_path)
+    assert r.returncode != 0 and "upstream load_file called" in r.stderr
+
+
+def test_connect_timeout(daemon):
+    from wcache import _lib
+    if _lib.has("wc_connect_timeout"):
+        with wcache.connect(daemon.socket, timeout=5) as c:
+            c.set_timeout(0.5)
+            assert c.attach("small").keys()
+        with pytest.raises(ValueError):
+            wcache.connect(daemon.socket, timeout=-1)
+    else:  # a library without deadlines says so instead of ignoring timeout=
+        with pytest.raises(wcache.WcacheError, match="WCACHE_TIMEOUT"):
+            wcache.connect(daemon.socket, timeout=5)
+
+
+def test_upstream_messages_and_helpers(tmp_path, no_daemon):
+    with pytest.raises(FileNotFoundError) as e:
+        wcache.safe_open("notafile", framework="pt")
+    assert str(e.value) == "No such file or directory: notafile"  # upstream's words
+    assert "not running" in e.value.reason  # and why wcached did not serve it
+    # 0.7 raised SafetensorError for an incomplete dict, 0.8 TypeError for any dict
+    with pytest.raises(wcache.SafetensorError):
+        wcache.serialize({"test": {"dtype": "float32", "shape": [1]}})
+    with pytest.raises(TypeError):
+        wcache.serialize({"test": {"dtype": "float32", "shape": [1], "data_ptr": 0,
+                                   "data_len": 0}})
+    b = torch.zeros(16)
+    assert wtorch._end_ptr(b[::4]) - b[::4].data_ptr() == 16 * 3 + 4  # last element's end
+    assert wtorch.storage_size(b[::4]) == 64 and wtorch.storage_ptr(b[4:]) == b.data_ptr()
+
+
+def test_safe_open_handle(tmp_path, no_daemon):
+    path = tmp_path / "m.safetensors"
+    wnp.save_file({"a": np.arange(4, dtype=np.int16)}, path)
+    with open(path, "rb") as f, wcache._safe_open_handle(f, framework="np") as g:
+        assert g.keys() == ["a"] and g.get_tensor("a").tolist() == [0, 1, 2, 3]
+
+    class NoFileno:  # a file object without a descriptor (fsspec, s3)
+        def __init__(self, data):
+            self.data, self.pos = data, 0
+
+        def fileno(self):
+            raise OSError("no descriptor")
+
+        def seek(self, pos):
+            self.pos = pos
+
+        def read(self, n):
+            chunk = self.data[self.pos:self.pos + n]
+            self.pos += len(chunk)
+            return chunk
+
+    with wcache._safe_open_handle(NoFileno(path.read_bytes()), framework="np") as g:
+        assert g.get_tensor("a").dtype == np.int16
+
+
+def test_load_of_a_pickle_names_it(tmp_path):
+    import io
+    buf = io.BytesIO()
+    torch.save({"w": torch.zeros(2)}, buf)
+    with pytest.raises(wcache.SafetensorError) as e:
+        wtorch.load(buf.getvalue())
+    assert "PyTorch checkpoint" in str(e.value) and "python3 -m wcache.convert" in str(e.value)
+    with pytest.raises(wcache.SafetensorError, match="GGUF"):
+        wnp.load(b"GGUF\x03\x00\x00\x00" + bytes(32))
+
+
+def test_daemon_and_wcachectl_name_a_pickled_checkpoint(tmp_path, daemon):
+    from pyhelpers import binary
+    pt = tmp_path / "pytorch_model.bin"
+    torch.save({"w": torch.zeros(2)}, pt)
+    for cmd in (["--control", daemon.control, "load", "pt", str(pt)], ["inspect", str(pt)]):
+        r = subprocess.run([binary("wcachectl")] + cmd, capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode != 0, (cmd, r.stdout)
+        out = r.stdout + r.stderr
+        assert "PyTorch checkpoint" in out and "python3 -m wcache.convert" in out, (cmd, out)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_runs_give_every_tensor_its_own_values(tmp_path, no_daemon, seed):
+    """Tensors made run by run (strided views of the model's memory) equal
+    what was saved, for layouts that repeat, repeat with outliers, or not at
+    all, with several dtypes, scalars and empty tensors; in numpy too."""
+    import random
+    rnd = random.Random(seed)
+    shapes = [(4, 4), (8, 4), (4,), (), (0, 3), (2, 3, 2)]
+    dtypes = [torch.float32, torch.bfloat16, torch.int64, torch.uint8, torch.float16]
+    tensors = {}
+    layers = rnd.randint(9, 40)
+    per_layer = [(rnd.choice(shapes), rnd.choice(dtypes)) for _ in range(rnd.randint(1, 6))]
+    for layer in range(layers):
+        for j, (shape, dtype) in enumerate(per_layer):
+            if rnd.random() < 0.1:  # an irregular layer now and then
+                shape = rnd.choice(shapes)
+            n = int(np.prod(shape)) if shape else 1
+            values = torch.arange(n, dtype=torch.float64).reshape(shape) + layer * 100 + j
+            tensors[f"model.layers.{layer}.p{j}"] = values.to(dtype)
+    tensors["embed"] = torch.randn(8, 4)
+    tensors["lm_head"] = torch.randn(8, 4)
+    path = tmp_path / "r.safetensors"
+    wtorch.save_file(tensors, path)
+    with wcache.safe_open(path, framework="pt") as f:
+        for k in f.keys():
+            t = f.get_tensor(k)
+            assert t.dtype == tensors[k].dtype and t.shape == tensors[k].shape, k
+            assert torch.equal(t, tensors[k]), k
+        every = f.get_tensors()
+        assert all(torch.equal(every[k], tensors[k]) for k in tensors)
+    with wcache.safe_open(path, framework="np") as f:
+        for k in f.keys():
+            if tensors[k].dtype != torch.bfloat16:
+                assert np.array_equal(f.get_tensor(k), tensors[k].numpy()), k
+
+
+def test_interleaved_layers_are_few_runs(tmp_path, no_daemon):
+    """q, k, v, o of one shape in every layer, and embeddings of the same
+    shape as a projection before and after the layers: still one run per
+    projection (the speed of safe_open depends on it), and right values."""
+    tensors = {"a.embed": torch.randn(8, 4), "z.lm_head": torch.randn(8, 4)}
+    for layer in range(30):
+        for j, name in enumerate(("k", "o", "q", "v")):
+            tensors[f"m.layers.{layer}.{name}"] = torch.full((4, 4), layer * 10.0 + j)
+        tensors[f"m.layers.{layer}.up"] = torch.full((8, 4), -layer - 1.0)
+    path = tmp_path / "l.safetensors"
+    wtorch.save_file(tensors, path)
+    with wcache.safe_open(path, framework="pt") as f:
+        runs = f._bulk()
+        assert len(runs.done) <= 4 + 1 + 2  # k, o, q, v; up; embed and lm_head alone
+        for k in f.keys():
+            assert torch.equal(f.get_tensor(k), tensors[k]), k
