@@ -207,7 +207,7 @@ def test_prometheus_scrapes_the_endpoint(endpoint, tmp_path, model):
         log.close()
 
 
-# ---- the units ---------------------------------------------------------------
+# ---- the units (test_systemd.py rates their security) ----------------------
 
 @pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze is missing")
 def test_metrics_units_verify(tmp_path):
@@ -226,13 +226,3 @@ def test_metrics_units_verify(tmp_path):
     assert not problems, r.stdout + r.stderr
     text = open(os.path.join(SRC, "systemd", "wcached-metrics.socket")).read()
     assert "ListenStream=127.0.0.1:9571" in text and "Accept=yes" in text
-
-
-@pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze is missing")
-def test_metrics_service_security_rating():
-    r = subprocess.run([ANALYZE, "security", "--offline=yes",
-                        os.path.join(SRC, "systemd", "wcached-metrics@.service")],
-                       capture_output=True, text=True, timeout=60)
-    line = [l for l in r.stdout.splitlines() if "Overall exposure level" in l][0]
-    exposure = float(line.split(":")[1].split()[0])
-    assert exposure <= 1.5, r.stdout
