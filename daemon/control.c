@@ -425,6 +425,7 @@ conn_process(struct ctl_conn *c)
 		memcpy(line, c->buf, n);
 		memmove(c->buf, c->buf + used, c->len - used);
 		c->len -= used;
+		c->active_ms = uv_now(c->ctl->loop);
 		ctl_handle_line(c, line, n);
 	}
 	if (c->closing || c->ending)
@@ -476,7 +477,94 @@ ctl_conn_resume(struct ctl_conn *c)
 	if (c->closing)
 		return;
 	c->resume = true;
+	c->active_ms = uv_now(c->ctl->loop);
 	uv_idle_start(&c->ctl->idle, on_idle);
+}
+
+/* ---- limits ------------------------------------------------------------- */
+
+/*
+ * Once a second: a connection with no request in flight that has been
+ * silent, or has left its replies unread, for CONTROL_IDLE_TIMEOUT_MS is
+ * closed (with an error line when it can still take one), so connections
+ * that never finish a line cannot lock operators out.
+ */
+static void
+on_sweep(uv_timer_t *t)
+{
+	struct control *ctl = t->data;
+	uint64_t now = uv_now(ctl->loop);
+	struct ctl_conn *next;
+
+	for (struct ctl_conn *c = ctl->conns; c != NULL; c = next) {
+		next = c->next;
+		if (c->closing || c->req != NULL || now - c->active_ms < CONTROL_IDLE_TIMEOUT_MS)
+			continue;
+		ctl->timeouts++;
+		log_warnx("control: uid %u pid %d: no complete request (or replies unread) for "
+			  "%d s; closing", (unsigned)c->uid, (int)c->pid,
+			CONTROL_IDLE_TIMEOUT_MS / 1000);
+		if (c->ending || uv_stream_get_write_queue_size((uv_stream_t *)&c->pipe) > 0) {
+			ctl_conn_close(c);
+			continue;
+		}
+		ctl_conn_error(c, "closed: no complete request within %d s",
+			CONTROL_IDLE_TIMEOUT_MS / 1000);
+		conn_end(c);
+	}
+}
+
+/* Connections of uid, and the one of them (or of anyone, for uid -1) idle
+ * the longest with nothing in flight, for evicting. */
+static unsigned
+conns_of(struct control *ctl, uid_t uid, const struct ctl_conn *except,
+	struct ctl_conn **idlest)
+{
+	unsigned n = 0;
+
+	*idlest = NULL;
+	for (struct ctl_conn *c = ctl->conns; c != NULL; c = c->next) {
+		if (c == except || c->closing || c->ending ||
+			(uid != (uid_t)-1 && c->uid != uid))
+			continue;
+		n++;
+		/* <=: the list is newest first, so on a tie the oldest wins. */
+		if (c->req == NULL && (*idlest == NULL || c->active_ms <= (*idlest)->active_ms))
+			*idlest = c;
+	}
+	return n;
+}
+
+/*
+ * Keeps the connections of uid (of everyone, for uid -1) under max when c
+ * joins them: the one idle the longest with no request in flight is closed
+ * to make room, so that connections that never finish a line cannot lock
+ * an operator out; only when all are busy is c refused. Returns whether c
+ * may go on.
+ */
+static bool
+make_room(struct control *ctl, struct ctl_conn *c, uid_t uid, unsigned max)
+{
+	struct ctl_conn *idlest;
+
+	if (conns_of(ctl, uid, c, &idlest) < max)
+		return true;
+	ctl->refused++;
+	if (idlest == NULL) {
+		log_warnx("control: refused uid %u pid %d: %u control connections%s busy",
+			(unsigned)c->uid, (int)c->pid, max, uid != (uid_t)-1 ? " of that uid" : "");
+		ctl_conn_error(c, "too many control connections%s (%u), all busy",
+			uid != (uid_t)-1 ? " from this uid" : "", max);
+		conn_end(c);
+		return false;
+	}
+	log_warnx("control: %u control connections%s open: closing the one of uid %u pid %d, "
+		  "idle the longest", max, uid != (uid_t)-1 ? " of one uid" : "",
+		(unsigned)idlest->uid, (int)idlest->pid);
+	ctl_conn_error(idlest, "closed: too many control connections%s and this one was idle",
+		uid != (uid_t)-1 ? " from this uid" : "");
+	conn_end(idlest);
+	return true;
 }
 
 /* ---- accepting ---------------------------------------------------------- */
@@ -583,13 +671,10 @@ on_connection(uv_stream_t *listener, int status)
 		conn_end(c);
 		return;
 	}
-	if (ctl->nconns > CONTROL_MAX_CONNECTIONS) {
-		log_warnx("control: refused uid %u pid %d: %d control connections open",
-			(unsigned)c->uid, (int)c->pid, CONTROL_MAX_CONNECTIONS);
-		ctl_conn_error(c, "too many control connections (%d)", CONTROL_MAX_CONNECTIONS);
-		conn_end(c);
+	c->active_ms = uv_now(ctl->loop);
+	if (!make_room(ctl, c, c->uid, CONTROL_MAX_PER_UID) ||
+		!make_room(ctl, c, (uid_t)-1, CONTROL_MAX_CONNECTIONS))
 		return;
-	}
 	conn_process(c);
 }
 
@@ -630,8 +715,9 @@ control_start(uv_loop_t *loop, int listen_fd, struct control_context *ctx,
 	ctl->started_ms = ctx->started_ms != 0 ? ctx->started_ms : uv_now(loop);
 	uv_pipe_init(loop, &ctl->listener, 0);
 	uv_idle_init(loop, &ctl->idle);
-	ctl->listener.data = ctl->idle.data = ctl;
-	ctl->handles = 2;
+	uv_timer_init(loop, &ctl->sweep);
+	ctl->listener.data = ctl->idle.data = ctl->sweep.data = ctl;
+	ctl->handles = 3;
 	if ((r = uv_pipe_open(&ctl->listener, listen_fd)) < 0 ||
 		(r = uv_listen((uv_stream_t *)&ctl->listener, SOMAXCONN, on_connection)) < 0) {
 		/* uv_pipe_open took the fd only when it succeeded. */
@@ -640,8 +726,10 @@ control_start(uv_loop_t *loop, int listen_fd, struct control_context *ctx,
 		ctl->stopping = true;
 		uv_close((uv_handle_t *)&ctl->listener, control_handle_closed);
 		uv_close((uv_handle_t *)&ctl->idle, control_handle_closed);
+		uv_close((uv_handle_t *)&ctl->sweep, control_handle_closed);
 		return error_set(r, "control socket: %s", uv_strerror(r));
 	}
+	uv_timer_start(&ctl->sweep, on_sweep, 1000, 1000);
 	*out = ctl;
 	return 0;
 }
@@ -656,4 +744,5 @@ control_stop(struct control *ctl)
 		ctl_conn_close(ctl->conns);
 	uv_close((uv_handle_t *)&ctl->listener, control_handle_closed);
 	uv_close((uv_handle_t *)&ctl->idle, control_handle_closed);
+	uv_close((uv_handle_t *)&ctl->sweep, control_handle_closed);
 }

@@ -55,6 +55,11 @@
 
 #define CONTROL_LINE_MAX 4096      /* bytes of a request line, without '\n' */
 #define CONTROL_MAX_CONNECTIONS 64 /* control connections at once */
+#define CONTROL_MAX_PER_UID 16     /* control connections of one uid at once */
+/* A connection must finish a request line within this long of connecting or
+ * of its previous request (and read its replies as fast): else it is
+ * closed. A request the daemon is working on (load, reload) has no limit. */
+#define CONTROL_IDLE_TIMEOUT_MS 10000
 #define CONTROL_MAX_WORDS 8        /* words in a request line */
 
 struct control;

@@ -24,6 +24,7 @@
 #include "json.h"
 #include "log.h"
 #include "metrics.h"
+#include "notify.h"
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -43,12 +44,19 @@ daemon_figures(const struct control *ctl)
 {
 	uint64_t now = uv_now(ctl->loop);
 
-	return (struct metrics_daemon){
+	struct metrics_daemon d = {
 		.clients = ctl->ctx->server != NULL ? server_clients(ctl->ctx->server) : 0,
 		.control_clients = ctl->nconns,
 		.uptime_seconds = now > ctl->started_ms ?
 			(double)(now - ctl->started_ms) / 1000.0 : 0.0,
+		.control_timeouts = ctl->timeouts,
+		.control_refused = ctl->refused,
+		.notify_dropped = notify_dropped_count(),
 	};
+
+	if (ctl->ctx->server != NULL)
+		server_get_stats(ctl->ctx->server, &d.server);
+	return d;
 }
 
 /* Writes ,"KEY":VALUE into a reply (key is ours, value is escaped). */

@@ -48,6 +48,7 @@ struct ctl_conn {
 	bool ending;             /* shutting down after the queued replies */
 	bool closing;
 	bool resume;             /* process buffered lines from the idle callback */
+	uint64_t active_ms;      /* accepted, or last request handled (loop time) */
 	struct ctl_conn *next, **prevp;
 	char buf[CONTROL_READ_CAP + 1];
 };
@@ -57,6 +58,7 @@ struct control {
 	uv_loop_t *loop;
 	uv_pipe_t listener;
 	uv_idle_t idle;          /* resumes connections after a completed request */
+	uv_timer_t sweep;        /* closes connections idle past CONTROL_IDLE_TIMEOUT_MS */
 	uv_pipe_t spare;         /* accepts and drops a connection when out of memory */
 	bool spare_busy;
 	unsigned handles;        /* open handles; the struct is freed at 0 */
@@ -65,6 +67,8 @@ struct control {
 	struct ctl_conn *conns;
 	unsigned nconns;
 	bool stopping;
+	uint64_t timeouts;       /* connections closed by the sweep */
+	uint64_t refused;        /* connections refused or evicted for the limits */
 };
 
 /* A reply under construction in a memory stream. */

@@ -50,6 +50,7 @@ struct daemon {
 	int stopping;
 	unsigned reloads;     /* config reloads in progress */
 	uv_timer_t status_timer;
+	uv_timer_t notify_timer;  /* sends what a manager that did not read missed */
 	char *created_socket; /* path of the socket file we made, to remove */
 	uint64_t started_ms;
 };
@@ -227,6 +228,16 @@ on_status_timer(uv_timer_t *t)
 	send_status(t->data);
 }
 
+/* Notifications the manager had no room for wait in notify.c; send them
+ * when it reads again (never blocking the loop). */
+static void
+on_notify_timer(uv_timer_t *t)
+{
+	(void)t;
+	if (notify_flush() < 0)
+		log_warnx("%s", error_get());
+}
+
 static void
 on_registry_changed(struct registry *r)
 {
@@ -379,6 +390,7 @@ shutdown_daemon(struct daemon *d)
 	uv_close((uv_handle_t *)&d->sigint, NULL);
 	uv_close((uv_handle_t *)&d->sighup, NULL);
 	uv_close((uv_handle_t *)&d->status_timer, NULL);
+	uv_close((uv_handle_t *)&d->notify_timer, NULL);
 }
 
 /* control_context.reload_config: `wcachectl reload` without a name. */
@@ -500,7 +512,7 @@ main(int argc, char **argv)
 	};
 	struct daemon d = { .config_path = DEFAULT_CONFIG, .listen_fd = -1 };
 	struct warm_options wopt = { 0 };
-	int opt, do_check = 0, debug = 0, r;
+	int opt, do_check = 0, debug = 0, notifying, r;
 
 	while ((opt = getopt_long(argc, argv, "c:dhV", options, NULL)) != -1) {
 		switch (opt) {
@@ -536,7 +548,7 @@ main(int argc, char **argv)
 		fatalx("%s", error_get());
 	log_setlevel(debug ? LOG_LEVEL_DEBUG : d.cfg->log_level);
 	signal(SIGPIPE, SIG_IGN);
-	if (notify_init() < 0)
+	if ((notifying = notify_init()) < 0)
 		log_warnx("%s", error_get());
 
 	if ((r = uv_loop_init(&d.loop)) < 0)
@@ -581,6 +593,9 @@ main(int argc, char **argv)
 
 	uv_timer_init(&d.loop, &d.status_timer);
 	d.status_timer.data = &d;
+	uv_timer_init(&d.loop, &d.notify_timer);
+	if (notifying)
+		uv_timer_start(&d.notify_timer, on_notify_timer, 200, 200);
 
 	struct batch *b = batch_new(&d, start_serving, NULL);
 	for (size_t i = 0; i < d.cfg->n_models; i++)
@@ -601,6 +616,9 @@ main(int argc, char **argv)
 		unlink(d.created_control);
 		free(d.created_control);
 	}
+	/* STOPPING=1 reaches a manager that is slow, not one that is gone. */
+	if (notify_flush_wait(1000) == 0)
+		log_warnx("the service manager did not read STOPPING=1 within 1 s");
 	notify_close();
 	config_free(d.cfg);
 	log_info("stopped");

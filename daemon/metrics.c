@@ -207,6 +207,34 @@ metrics_write(FILE *f, const struct registry *reg, const struct metrics_daemon *
 	family(f, "wcached_clients", "gauge", "Client connections to the client socket.");
 	fputs("wcached_clients", f);
 	value(f, d->clients);
+	family(f, "wcached_fds_in_flight", "gauge",
+		"Descriptors sent to clients with replies and not yet received by them.");
+	fputs("wcached_fds_in_flight", f);
+	value(f, d->server.fds_in_flight);
+	family(f, "wcached_clients_held_back", "gauge",
+		"Clients whose next reply waits because they leave replies unread.");
+	fputs("wcached_clients_held_back", f);
+	value(f, d->server.deferred_clients);
+	family(f, "wcached_replies_held_back_total", "counter",
+		"Replies held back for a client that left earlier replies unread (backpressure).");
+	fputs("wcached_replies_held_back_total", f);
+	value(f, (double)d->server.replies_deferred);
+	family(f, "wcached_sends_refused_total", "counter",
+		"Replies the kernel refused to send (ETOOMANYREFS, ENOBUFS); retried later.");
+	fputs("wcached_sends_refused_total", f);
+	value(f, (double)d->server.sends_refused);
+	family(f, "wcached_control_timeouts_total", "counter",
+		"Control connections closed because they did not finish a request in time.");
+	fputs("wcached_control_timeouts_total", f);
+	value(f, (double)d->control_timeouts);
+	family(f, "wcached_control_refused_total", "counter",
+		"Control connections refused (too many at once, or from one user).");
+	fputs("wcached_control_refused_total", f);
+	value(f, (double)d->control_refused);
+	family(f, "wcached_notify_dropped_total", "counter",
+		"STATUS= notifications to the service manager dropped because it was not reading.");
+	fputs("wcached_notify_dropped_total", f);
+	value(f, (double)d->notify_dropped);
 	family(f, "wcached_models", "gauge", "Models served.");
 	fputs("wcached_models", f);
 	value(f, nmodels);

@@ -13,12 +13,17 @@
 #include <stdio.h>
 
 #include "registry.h"
+#include "server.h"
 
 /* Daemon-wide figures that the registry does not hold. */
 struct metrics_daemon {
 	unsigned clients;         /* connections to the client socket */
 	unsigned control_clients; /* connections to the control socket */
 	double uptime_seconds;
+	struct server_stats server; /* backpressure of the client socket */
+	uint64_t control_timeouts;  /* control connections closed for idling */
+	uint64_t control_refused;   /* control connections refused (limits) */
+	uint64_t notify_dropped;    /* STATUS= notifications dropped (manager not reading) */
 };
 
 /*

@@ -6,6 +6,12 @@
  * The notification socket is opened once by notify_init(); notify_send()
  * addresses each datagram with sendmsg() to the saved address, as sd_notify
  * does, so a manager that re-creates its socket is still reached.
+ *
+ * The socket is non-blocking: a manager that does not read (stalled, or
+ * re-executing) must never stop the event loop. A datagram that does not
+ * fit is kept: state changes (READY=1, RELOADING=1, STOPPING=1, ...) in
+ * order in a small queue, STATUS= lines coalesced into the newest one, and
+ * notify_flush() sends them when the manager reads again.
  */
 #include "notify.h"
 
@@ -14,8 +20,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,10 +38,22 @@
 /* Send buffer for the notification socket, like libsystemd's. */
 #define NOTIFY_SNDBUF (8 * 1024 * 1024)
 
+/* State changes kept while the manager does not read; a further one is
+ * dropped (and counted) only when this many are already waiting. */
+#define NOTIFY_QUEUE 8
+
 /* Set by notify_init(), read by notify_send(). */
 static int notify_fd = -1;
 static struct sockaddr_un notify_addr;
 static socklen_t notify_addrlen;
+
+/* Datagrams that did not fit, guarded by notify_lock (notify_send() may be
+ * called from any thread). */
+static pthread_mutex_t notify_lock = PTHREAD_MUTEX_INITIALIZER;
+static char *notify_queue[NOTIFY_QUEUE];
+static unsigned notify_queued;
+static char *notify_status;      /* newest STATUS=-only datagram not yet sent */
+static uint64_t notify_dropped;  /* datagrams given up on */
 
 /* Fills addr and *len from a $NOTIFY_SOCKET value: "/path" is a filesystem
  * socket (length includes the terminating NUL), "@name" an abstract one (the
@@ -83,11 +104,11 @@ notify_init(void)
 	r = notify_parse_address(value, &addr, &len);
 	if (r < 0)
 		return r;
-	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0)
 		return error_set(-errno, "NOTIFY_SOCKET=%s: socket: %s", value, strerror(errno));
-	/* Best effort, as in libsystemd: a small buffer only means a send may
-	 * wait for the manager to read. */
+	/* Best effort, as in libsystemd: a small buffer only means more
+	 * datagrams wait in notify_queue. */
 	(void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
 	notify_addr = addr;
 	notify_addrlen = len;
@@ -95,14 +116,106 @@ notify_init(void)
 	return 1;
 }
 
+/* Sends one datagram now: 1 when sent, -EAGAIN when the manager's queue is
+ * full, or another -errno. */
+static int
+notify_sendmsg(const char *buf, size_t len)
+{
+	struct iovec iov;
+	struct msghdr msg;
+
+	iov.iov_base = (void *)(uintptr_t)buf; /* sendmsg does not write it */
+	iov.iov_len = len;
+	memset(&msg, 0, sizeof(msg));
+	msg.msg_name = &notify_addr;
+	msg.msg_namelen = notify_addrlen;
+	msg.msg_iov = &iov;
+	msg.msg_iovlen = 1;
+	for (;;) {
+		if (sendmsg(notify_fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) >= 0)
+			return 1;
+		if (errno == EWOULDBLOCK)
+			return -EAGAIN;
+		if (errno != EINTR)
+			return -errno;
+	}
+}
+
+/* Is every line of buf a STATUS= line (so a newer one may replace it)? */
+static int
+status_only(const char *buf)
+{
+	for (const char *p = buf; *p != '\0';) {
+		const char *nl = strchr(p, '\n');
+
+		if (strncmp(p, "STATUS=", 7) != 0)
+			return 0;
+		if (nl == NULL)
+			break;
+		p = nl + 1;
+	}
+	return 1;
+}
+
+/* Sends what waits, oldest state change first and the newest STATUS= last,
+ * until the manager's queue is full again. Call with notify_lock held. */
+static int
+flush_locked(void)
+{
+	int r;
+
+	while (notify_queued > 0) {
+		if ((r = notify_sendmsg(notify_queue[0], strlen(notify_queue[0]))) == -EAGAIN)
+			return 0;
+		free(notify_queue[0]);
+		memmove(notify_queue, notify_queue + 1, --notify_queued * sizeof(notify_queue[0]));
+		if (r < 0)
+			return r;
+	}
+	if (notify_status != NULL) {
+		if ((r = notify_sendmsg(notify_status, strlen(notify_status))) == -EAGAIN)
+			return 0;
+		free(notify_status);
+		notify_status = NULL;
+		if (r < 0)
+			return r;
+	}
+	return 1;
+}
+
+/* Keeps a datagram that did not fit (see the file comment). */
+static int
+keep_locked(const char *buf)
+{
+	char *copy = strdup(buf);
+
+	if (copy == NULL) {
+		notify_dropped++;
+		return error_set(-ENOMEM, "notify: out of memory");
+	}
+	if (status_only(buf)) {
+		if (notify_status != NULL)
+			notify_dropped++;
+		free(notify_status);
+		notify_status = copy;
+		return 2;
+	}
+	if (notify_queued == NOTIFY_QUEUE) {
+		notify_dropped++;
+		free(copy);
+		return error_set(-EAGAIN, "notify: the service manager does not read; %d state "
+					  "changes wait already, dropped: %s", NOTIFY_QUEUE, buf);
+	}
+	notify_queue[notify_queued++] = copy;
+	return 2;
+}
+
 int
 notify_send(const char *fmt, ...)
 {
 	char buf[NOTIFY_MAX_MESSAGE + 1];
-	struct iovec iov;
-	struct msghdr msg;
 	va_list ap;
-	int n;
+	int n, r;
 
 	if (notify_fd < 0)
 		return 0;
@@ -115,27 +228,73 @@ notify_send(const char *fmt, ...)
 		return error_set(-EMSGSIZE, "notify: state string of %d bytes is too long (max %d)",
 			n, NOTIFY_MAX_MESSAGE);
 
-	iov.iov_base = buf;
-	iov.iov_len = (size_t)n;
-	memset(&msg, 0, sizeof(msg));
-	msg.msg_name = &notify_addr;
-	msg.msg_namelen = notify_addrlen;
-	msg.msg_iov = &iov;
-	msg.msg_iovlen = 1;
-	for (;;) {
-		ssize_t sent = sendmsg(notify_fd, &msg, MSG_NOSIGNAL);
+	pthread_mutex_lock(&notify_lock);
+	/* What already waits goes first, so state changes keep their order. */
+	if ((r = flush_locked()) == 1)
+		r = notify_sendmsg(buf, (size_t)n);
+	else if (r == 0)
+		r = -EAGAIN;
+	if (r == -EAGAIN)
+		r = keep_locked(buf);
+	else if (r < 0)
+		r = error_set(r, "notify: sendmsg to $NOTIFY_SOCKET: %s", strerror(-r));
+	pthread_mutex_unlock(&notify_lock);
+	return r;
+}
 
-		if (sent >= 0)
-			return 1;
-		if (errno != EINTR)
-			return error_set(-errno, "notify: sendmsg to $NOTIFY_SOCKET: %s",
-				strerror(errno));
+int
+notify_flush(void)
+{
+	int r;
+
+	if (notify_fd < 0)
+		return 1;
+	pthread_mutex_lock(&notify_lock);
+	r = flush_locked();
+	pthread_mutex_unlock(&notify_lock);
+	if (r < 0)
+		return error_set(r, "notify: sendmsg to $NOTIFY_SOCKET: %s", strerror(-r));
+	return r;
+}
+
+int
+notify_flush_wait(int timeout_ms)
+{
+	struct pollfd p = { .fd = notify_fd, .events = POLLOUT };
+	int r;
+
+	while ((r = notify_flush()) == 0) {
+		/* A datagram socket polls writable when its own buffer has room,
+		 * not when the receiver's queue does: wait in small steps. */
+		if (timeout_ms <= 0)
+			return 0;
+		(void)poll(&p, 1, 10);
+		timeout_ms -= 10;
 	}
+	return r;
+}
+
+uint64_t
+notify_dropped_count(void)
+{
+	uint64_t n;
+
+	pthread_mutex_lock(&notify_lock);
+	n = notify_dropped;
+	pthread_mutex_unlock(&notify_lock);
+	return n;
 }
 
 void
 notify_close(void)
 {
+	pthread_mutex_lock(&notify_lock);
+	for (unsigned i = 0; i < notify_queued; i++)
+		free(notify_queue[i]);
+	notify_queued = 0;
+	free(notify_status);
+	notify_status = NULL;
+	pthread_mutex_unlock(&notify_lock);
 	if (notify_fd >= 0)
 		close(notify_fd);
 	notify_fd = -1;

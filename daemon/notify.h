@@ -20,6 +20,8 @@
 #ifndef WC_NOTIFY_H
 #define WC_NOTIFY_H
 
+#include <stdint.h>
+
 /* Longest state string notify_send() sends, in bytes (systemd reads at most
  * this much of each datagram). */
 #define NOTIFY_MAX_MESSAGE 4096
@@ -36,15 +38,32 @@ int notify_init(void);
 
 /* Formats the whole state string, e.g. notify_send("READY=1\nSTATUS=serving
  * %zu models", n), and sends it as one datagram with sendmsg(MSG_NOSIGNAL).
- * Returns 1 when sent, 0 when notifications are off (notify_init() returned
- * 0 or was not called), -EMSGSIZE when the string is longer than
- * NOTIFY_MAX_MESSAGE, or the error of sendmsg() (for example -ECONNREFUSED
- * when the manager is gone). The send blocks only while the receiver's queue
- * is full (the socket has a large send buffer, like sd_notify's). Safe to
- * call from any thread. */
+ * Never blocks: when the manager's queue is full the datagram is kept (a
+ * state change in order, in a queue of 8; a STATUS=-only one replaces the
+ * STATUS= kept before it, which counts as dropped) for notify_flush().
+ * Returns 1 when sent, 2 when kept, 0 when notifications are off
+ * (notify_init() returned 0 or was not called), -EMSGSIZE when the string is
+ * longer than NOTIFY_MAX_MESSAGE, -EAGAIN when it had to be dropped (8 state
+ * changes wait already), or the error of sendmsg() (for example
+ * -ECONNREFUSED when the manager is gone). Safe to call from any thread. */
 int notify_send(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* Closes the notification socket; notify_send() becomes a no-op. */
+/* Sends what notify_send() kept, as far as the manager reads. Returns 1 when
+ * nothing waits any more, 0 when something still does (call again later),
+ * or a negative errno when a send failed (that datagram is dropped). Never
+ * blocks. */
+int notify_flush(void);
+
+/* notify_flush() until nothing waits or timeout_ms passed: for shutdown,
+ * so STOPPING=1 reaches a manager that is merely slow. Blocks. */
+int notify_flush_wait(int timeout_ms);
+
+/* Datagrams dropped so far (STATUS= replaced by a newer one, or a state
+ * change that found the queue full). */
+uint64_t notify_dropped_count(void);
+
+/* Closes the notification socket and forgets what waits; notify_send()
+ * becomes a no-op. */
 void notify_close(void);
 
 /* Takes the socket-activated fd whose name in $LISTEN_FDNAMES is name.

@@ -16,11 +16,13 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
+#include <linux/sockios.h>
 
 #include "error.h"
 #include "fdpass.h"
@@ -35,8 +37,12 @@
 #define READS_PER_WAKEUP 16
 #define MAX_PEER_GROUPS 256
 /* Descriptors kept free for loading models, the control socket and logs:
- * a connection that would eat into them is refused. */
+ * a connection that would eat into them is refused. A small RLIMIT_NOFILE
+ * gets a smaller reserve (a quarter of it) rather than no clients at all. */
 #define FD_RESERVE 64
+/* How often connections held back by the descriptor budget are looked at
+ * again (they are also looked at whenever they become readable). */
+#define DEFER_RETRY_MS 50
 
 struct attach_ref {
 	uint64_t handle;
@@ -60,8 +66,11 @@ struct conn {
 	int out_fds[WIRE_MAX_FDS];     /* borrowed from a held generation */
 	size_t out_nfds;
 	int pending;
+	int deferred;                  /* the pending reply waits for the descriptor budget */
 	int close_after_send;
 	int closing;
+	int throttle_logged;           /* one warning per peer for backpressure */
+	unsigned inflight_fds;         /* sent with replies, not yet known to be received */
 	struct conn *next, **prevp;
 };
 
@@ -76,12 +85,31 @@ struct server {
 	uint64_t next_handle;
 	int stopping;
 	int fd_limit;      /* RLIMIT_NOFILE at start */
+	int fd_reserve;    /* descriptors a new connection may not take */
 	int spare_fd;      /* closed to accept-and-refuse when out of fds */
 	uid_t self_uid;
+	/*
+	 * Descriptors in flight. The kernel counts every descriptor sent with
+	 * SCM_RIGHTS and not yet received against the sending user's
+	 * RLIMIT_NOFILE, for all of that user's sockets together; past it
+	 * every send with descriptors fails (ETOOMANYREFS) for every client.
+	 * A connection whose earlier replies are known to be received (its
+	 * send queue is empty) may use the budget up to fd_hard; one with
+	 * replies still unread only up to fd_conn_cap of its own and fd_soft
+	 * in all; all connections of one uid together up to fd_uid_cap. See
+	 * fd_budget_allows().
+	 */
+	unsigned inflight_total;
+	unsigned fd_hard, fd_soft, fd_uid_cap, fd_conn_cap;
+	unsigned ndeferred;
+	uv_timer_t retry_timer;
+	struct server_stats stats;
 };
 
 static void conn_close(struct conn *c);
 static void conn_io(uv_poll_t *handle, int status, int events);
+static void conn_read(struct conn *c);
+static void on_retry(uv_timer_t *t);
 
 unsigned
 server_clients(const struct server *s)
@@ -89,29 +117,170 @@ server_clients(const struct server *s)
 	return s->nconns;
 }
 
-/* Sends a reply now, or keeps it and waits for the socket to drain. */
-static void
-conn_send(struct conn *c, const uint8_t *buf, size_t len, const int *fds, size_t nfds)
+/* Descriptors the connections of uid have in flight. */
+static unsigned
+inflight_of_uid(const struct server *s, uid_t uid)
 {
-	ssize_t n = fdp_send(c->fd, buf, len, fds, nfds);
+	unsigned n = 0;
 
+	for (const struct conn *c = s->conns; c != NULL; c = c->next)
+		if (c->uid == uid)
+			n += c->inflight_fds;
+	return n;
+}
+
+/*
+ * Forgets the descriptors of c's earlier replies once the peer has received
+ * them all: SIOCOUTQ on a unix socket counts what the peer has not yet
+ * read, so 0 means every descriptor sent on it left the kernel's in-flight
+ * count.
+ */
+static void
+conn_confirm(struct conn *c)
+{
+	int unread;
+
+	if (c->inflight_fds == 0 || ioctl(c->fd, SIOCOUTQ, &unread) != 0 || unread != 0)
+		return;
+	c->srv->inflight_total -= c->inflight_fds;
+	c->inflight_fds = 0;
+}
+
+/*
+ * May c send a reply carrying nfds descriptors now? Never past fd_hard in
+ * all; never past fd_uid_cap for the connections of c's uid together
+ * (unless none of them has anything in flight, so that one reply larger
+ * than the cap can still go); and a connection that leaves replies unread
+ * (pipelining without reading) also only up to fd_conn_cap of its own and
+ * fd_soft in all. A client that reads each reply before its next request,
+ * as libwcache does, has nothing in flight when it asks, so non-readers
+ * never use up the kernel's quota that its replies need.
+ */
+static int
+fd_budget_allows(struct conn *c, size_t nfds)
+{
+	struct server *s = c->srv;
+	unsigned of_uid;
+
+	conn_confirm(c);
+	if (s->inflight_total + nfds > s->fd_hard)
+		return 0;
+	of_uid = s->inflight_total > 0 ? inflight_of_uid(s, c->uid) : 0;
+	if (of_uid > 0 && of_uid + nfds > s->fd_uid_cap)
+		return 0;
+	return c->inflight_fds == 0 || (c->inflight_fds + nfds <= s->fd_conn_cap &&
+						s->inflight_total + nfds <= s->fd_soft);
+}
+
+/* Warns once per connection that its replies are held back, and why. */
+static void
+conn_throttled(struct conn *c, const char *why)
+{
+	c->srv->stats.replies_deferred++;
+	if (c->throttle_logged++)
+		return;
+	log_warnx("client pid %d uid %u: %s; not reading from it until it reads its replies "
+		  "(%u descriptors of its replies unread)", (int)c->pid, (unsigned)c->uid, why,
+		c->inflight_fds);
+}
+
+static void
+conn_set_deferred(struct conn *c, int deferred)
+{
+	struct server *s = c->srv;
+
+	if (c->deferred == deferred)
+		return;
+	c->deferred = deferred;
+	if (deferred && s->ndeferred++ == 0)
+		uv_timer_start(&s->retry_timer, on_retry, DEFER_RETRY_MS, DEFER_RETRY_MS);
+	else if (!deferred && --s->ndeferred == 0)
+		uv_timer_stop(&s->retry_timer);
+}
+
+/*
+ * Sends the pending reply if it can go now. Otherwise it stays pending and
+ * the connection is not read (backpressure): until the socket drains
+ * (EAGAIN: wait for writable), or until the descriptor budget has room
+ * (deferred: looked at again by the retry timer). A send the kernel
+ * refuses for lack of in-flight quota or memory is deferred the same way:
+ * one client's backlog never closes another client's connection.
+ */
+static void
+conn_flush(struct conn *c)
+{
+	struct server *s = c->srv;
+	ssize_t n;
+
+	if (c->out_nfds > 0 && !fd_budget_allows(c, c->out_nfds)) {
+		conn_throttled(c, "too many descriptors in flight");
+		goto defer;
+	}
+	n = fdp_send(c->fd, c->out, c->out_len, c->out_fds, c->out_nfds);
 	if (n == -EAGAIN) {
-		memcpy(c->out, buf, len);
-		c->out_len = len;
-		if (nfds > 0) /* fds is NULL when there are none: not for memcpy */
-			memcpy(c->out_fds, fds, nfds * sizeof(*fds));
-		c->out_nfds = nfds;
-		c->pending = 1;
+		conn_set_deferred(c, 0);
 		uv_poll_start(&c->poll, UV_WRITABLE | UV_DISCONNECT, conn_io);
 		return;
 	}
+	if (n == -ETOOMANYREFS || n == -ENOBUFS || n == -ENOMEM) {
+		s->stats.sends_refused++;
+		conn_throttled(c, n == -ETOOMANYREFS ?
+				"the kernel refused to pass more descriptors (ETOOMANYREFS: "
+				"RLIMIT_NOFILE of wcached's user reached)" :
+				"the kernel is short of memory for the reply");
+		goto defer;
+	}
+	conn_set_deferred(c, 0);
+	c->pending = 0;
 	if (n < 0) {
-		log_debug("client pid %d: send: %s", (int)c->pid, strerror((int)-n));
+		log_warnx("client pid %d uid %u: send: %s; closing the connection", (int)c->pid,
+			(unsigned)c->uid, strerror((int)-n));
 		conn_close(c);
 		return;
 	}
-	if (c->close_after_send)
+	c->inflight_fds += (unsigned)c->out_nfds;
+	s->inflight_total += (unsigned)c->out_nfds;
+	c->out_nfds = 0;
+	if (c->close_after_send) {
 		conn_close(c);
+		return;
+	}
+	uv_poll_start(&c->poll, UV_READABLE | UV_DISCONNECT, conn_io);
+	return;
+defer:
+	conn_set_deferred(c, 1);
+	/* Only a hang-up is of interest until the reply can go. */
+	uv_poll_start(&c->poll, UV_DISCONNECT, conn_io);
+}
+
+/* Queues a reply (copying it) and sends it as soon as it may go. */
+static void
+conn_send(struct conn *c, const uint8_t *buf, size_t len, const int *fds, size_t nfds)
+{
+	memcpy(c->out, buf, len);
+	c->out_len = len;
+	if (nfds > 0) /* fds is NULL when there are none: not for memcpy */
+		memcpy(c->out_fds, fds, nfds * sizeof(*fds));
+	c->out_nfds = nfds;
+	c->pending = 1;
+	conn_flush(c);
+}
+
+/* Looks again at every connection held back by the descriptor budget. */
+static void
+on_retry(uv_timer_t *t)
+{
+	struct server *s = t->data;
+	struct conn *c, *next;
+
+	for (c = s->conns; c != NULL; c = next) {
+		next = c->next;
+		if (c->deferred && !c->closing) {
+			conn_flush(c);
+			if (!c->pending && !c->closing)
+				conn_read(c);
+		}
+	}
 }
 
 /* Replies with an error; fatal ones close the connection once sent. */
@@ -276,7 +445,7 @@ handle_release(struct conn *c, const struct wire_message *msg)
 			conn_send(c, buf, (size_t)n, NULL, 0);
 		return;
 	}
-	conn_error(c, msg->h.seq, -ENOENT, 0, "no attach with handle %" PRIu64, handle);
+	conn_error(c, msg->h.seq, -EINVAL, 0, "no attach with handle %" PRIu64, handle);
 }
 
 /* Reads and handles messages until the socket is empty, a reply is
@@ -337,24 +506,17 @@ static void
 conn_io(uv_poll_t *handle, int status, int events)
 {
 	struct conn *c = handle->data;
-	ssize_t n;
 
 	if (status < 0 || (events & UV_DISCONNECT)) {
 		conn_close(c);
 		return;
 	}
 	if ((events & UV_WRITABLE) && c->pending) {
-		n = fdp_send(c->fd, c->out, c->out_len, c->out_fds, c->out_nfds);
-		if (n == -EAGAIN)
+		conn_flush(c);
+		if (c->pending || c->closing)
 			return;
-		c->pending = 0;
-		if (n < 0 || c->close_after_send) {
-			conn_close(c);
-			return;
-		}
-		uv_poll_start(&c->poll, UV_READABLE | UV_DISCONNECT, conn_io);
 	}
-	if (events & UV_READABLE)
+	if ((events & UV_READABLE) && !c->pending)
 		conn_read(c);
 }
 
@@ -376,6 +538,11 @@ conn_close(struct conn *c)
 	if (c->closing)
 		return;
 	c->closing = 1;
+	conn_set_deferred(c, 0);
+	/* The peer's socket, and with it everything unread, goes away with
+	 * the connection (or is no longer ours to account for). */
+	c->srv->inflight_total -= c->inflight_fds;
+	c->inflight_fds = 0;
 	for (size_t i = 0; i < c->nrefs; i++)
 		generation_unref(c->srv->reg, c->refs[i].gen);
 	c->nrefs = 0;
@@ -488,9 +655,9 @@ on_accept(uv_poll_t *handle, int status, int events)
 			refuse(fd, "too many clients connected to wcached (max_clients)");
 			continue;
 		}
-		if (s->fd_limit > 0 && fd >= s->fd_limit - FD_RESERVE) {
+		if (s->fd_limit > 0 && fd >= s->fd_limit - s->fd_reserve) {
 			log_warnx("refusing a client: descriptor %d is in the reserve of %d "
-				  "(raise LimitNOFILE=)", fd, FD_RESERVE);
+				  "(raise LimitNOFILE=)", fd, s->fd_reserve);
 			refuse(fd, "wcached is short of file descriptors");
 			continue;
 		}
@@ -526,6 +693,61 @@ on_accept(uv_poll_t *handle, int status, int events)
 	}
 }
 
+/* The highest descriptor number open now: what the daemon already uses. */
+static int
+highest_open_fd(void)
+{
+	int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+
+	if (fd >= 0)
+		close(fd);
+	return fd;
+}
+
+/*
+ * Derives the descriptor reserve and the in-flight budget from
+ * RLIMIT_NOFILE, and warns when the limit cannot serve max_clients. The
+ * kernel's in-flight quota is RLIMIT_NOFILE itself (per sending user), so
+ * the hard cap leaves a quarter of it unused, non-readers together get at
+ * most half, one uid an eighth, one connection at most 256 (and always
+ * enough for two of the largest replies, WIRE_MAX_FDS each).
+ */
+static void
+fd_budget_init(struct server *s)
+{
+	unsigned limit = s->fd_limit > 0 ? (unsigned)s->fd_limit : 1u << 20;
+	int room;
+
+	s->fd_reserve = s->fd_limit > 0 && s->fd_limit / 4 < FD_RESERVE ? s->fd_limit / 4 :
+									 FD_RESERVE;
+	s->fd_hard = limit - limit / 4;
+	s->fd_soft = limit / 2;
+	s->fd_uid_cap = limit / 8;
+	s->fd_conn_cap = s->fd_uid_cap < 256 ? s->fd_uid_cap : 256;
+	if (s->fd_conn_cap < 2 * WIRE_MAX_FDS)
+		s->fd_conn_cap = 2 * WIRE_MAX_FDS;
+	if (s->fd_limit <= 0)
+		return;
+	room = s->fd_limit - s->fd_reserve - highest_open_fd();
+	if (room <= 0)
+		log_warnx("RLIMIT_NOFILE is %d: with the %d descriptors wcached keeps in reserve "
+			  "there is room for no client at all; raise LimitNOFILE= (or ulimit -n)",
+			s->fd_limit, s->fd_reserve);
+	else if ((unsigned)room < s->max_clients)
+		log_warnx("RLIMIT_NOFILE is %d: room for about %d clients, fewer than max_clients "
+			  "= %u; raise LimitNOFILE= (or ulimit -n) or lower max_clients",
+			s->fd_limit, room, s->max_clients);
+}
+
+void
+server_get_stats(const struct server *s, struct server_stats *out)
+{
+	*out = s->stats;
+	out->clients = s->nconns;
+	out->fds_in_flight = s->inflight_total;
+	out->deferred_clients = s->ndeferred;
+}
+
 int
 server_start(uv_loop_t *loop, struct registry *reg, int listen_fd,
 	const struct server_options *opt, struct server **out)
@@ -552,12 +774,15 @@ server_start(uv_loop_t *loop, struct registry *reg, int listen_fd,
 		(int)rl.rlim_cur : 0;
 	s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	s->max_attaches = opt && opt->max_attaches ? opt->max_attaches : DEFAULT_MAX_ATTACHES;
+	fd_budget_init(s);
 	if ((r = uv_poll_init(loop, &s->listen_poll, listen_fd)) < 0) {
 		if (s->spare_fd >= 0)
 			close(s->spare_fd);
 		free(s);
 		return error_set(r, "client socket: %s", uv_strerror(r));
 	}
+	uv_timer_init(loop, &s->retry_timer);
+	s->retry_timer.data = s;
 	s->listen_poll.data = s;
 	uv_poll_start(&s->listen_poll, UV_READABLE, on_accept);
 	*out = s;
@@ -575,6 +800,11 @@ server_announce(struct server *s, const struct model_entry *m, uint64_t generati
 	for (struct conn *c = s->conns; c != NULL; c = c->next) {
 		if (c->pending || c->closing)
 			continue; /* best effort: the status page is authoritative */
+		/* Only to a peer that has read everything so far: an unread
+		 * CHANGED must not look like an unread reply (conn_confirm). */
+		conn_confirm(c);
+		if (c->inflight_fds > 0)
+			continue;
 		for (size_t i = 0; i < c->nrefs; i++)
 			if (c->refs[i].gen->model == m) {
 				(void)fdp_send(c->fd, buf, (size_t)n, NULL, 0);
@@ -588,6 +818,12 @@ server_free(uv_handle_t *handle)
 {
 	struct server *s = handle->data;
 
+	if (!uv_is_closing((uv_handle_t *)&s->retry_timer)) {
+		uv_close((uv_handle_t *)&s->retry_timer, server_free);
+		return;
+	}
+	if (handle != (uv_handle_t *)&s->retry_timer)
+		return;
 	close(s->listen_fd);
 	if (s->spare_fd >= 0)
 		close(s->spare_fd);

@@ -4,9 +4,10 @@
  * Workers connect to a SOCK_SEQPACKET socket and send ATTACH and RELEASE
  * (proto/PROTOCOL.md). Each connection is watched with a uv_poll_t and read
  * and written with recvmsg/sendmsg, because libuv cannot pass arbitrary
- * descriptors. A connection has at most one reply in flight: while a reply
- * waits for a slow client's buffer to drain, that client is not read, and no
- * other client waits for it.
+ * descriptors. A connection has at most one reply pending: while a reply
+ * waits for a slow client's buffer to drain, or for room in the budget of
+ * descriptors in flight (see struct server in server.c), that client is not
+ * read, and no other client waits for it or loses its connection for it.
  */
 #ifndef WC_SERVER_H
 #define WC_SERVER_H
@@ -39,6 +40,16 @@ void server_announce(struct server *s, const struct model_entry *m, uint64_t gen
 
 /* Connected clients right now. */
 unsigned server_clients(const struct server *s);
+
+/* What the backpressure and descriptor budget did, for status and metrics. */
+struct server_stats {
+	unsigned clients;           /* connections now */
+	unsigned fds_in_flight;     /* descriptors sent and not known to be received */
+	unsigned deferred_clients;  /* connections whose reply waits for the budget now */
+	uint64_t replies_deferred;  /* times a reply was held back (budget or kernel refusal) */
+	uint64_t sends_refused;     /* sends the kernel refused (ETOOMANYREFS, ENOBUFS) */
+};
+void server_get_stats(const struct server *s, struct server_stats *out);
 
 /* Closes the listening socket and every connection (releasing what they
  * hold); the memory is freed from libuv close callbacks, so run the loop

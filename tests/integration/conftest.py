@@ -2,6 +2,7 @@
 models made with mkmodel, and a real wcached on sockets in a temporary
 directory. Waits are conditions with deadlines, never bare sleeps."""
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -12,6 +13,39 @@ import pytest
 BUILD = os.environ.get("WCACHE_BUILD") or os.path.join(
     os.path.dirname(__file__), "..", "..", "build")
 BIN = os.path.abspath(os.path.join(BUILD, "bin"))
+
+
+# WCACHE_TEST_USER=UID:GID runs every test daemon as that unprivileged user,
+# without capabilities, as wcached.service does (tests that need root's
+# powers skip themselves). Root is needed to switch.
+TEST_USER = os.environ.get("WCACHE_TEST_USER")
+
+
+def parse_user(text):
+    uid, _, gid = text.partition(":")
+    return int(uid), int(gid or uid)
+
+
+def as_user(uid, gid, groups=()):
+    """The command prefix that runs a program as uid:gid with no capability
+    and only the given supplementary groups."""
+    extra = [f"--groups={','.join(str(g) for g in groups)}"] if groups else ["--clear-groups"]
+    return ["setpriv", f"--reuid={uid}", f"--regid={gid}", *extra, "--inh-caps=-all",
+            "--bounding-set=-all"]
+
+
+def open_to(path, uid, gid):
+    """Lets uid:gid into path: the directory becomes theirs, and every parent
+    directory traversable (pytest's temporary root is 0700)."""
+    path = os.path.abspath(str(path))
+    os.chown(path, uid, gid)
+    os.chmod(path, 0o755)
+    parent = os.path.dirname(path)
+    while parent != "/":
+        mode = os.stat(parent).st_mode
+        if mode & 0o001 == 0:
+            os.chmod(parent, (mode & 0o7777) | 0o011)
+        parent = os.path.dirname(parent)
 
 
 def binary(name):
@@ -70,8 +104,13 @@ def settled_fd_count(pid, timeout=60.0):
 class Daemon:
     """A wcached process with its config, sockets and log in one directory."""
 
-    def __init__(self, tmp, models, extra="", prefetch_threads=2):
+    def __init__(self, tmp, models, extra="", prefetch_threads=2, user=None, nofile=None):
         self.dir = tmp
+        # user: (uid, gid) to run as, unprivileged; default WCACHE_TEST_USER.
+        self.user = user if user is not None else (parse_user(TEST_USER) if TEST_USER else None)
+        self.nofile = nofile
+        if self.user is not None:
+            open_to(tmp, *self.user)
         self.prefetch_threads = prefetch_threads
         self.socket = str(tmp / "wcached.sock")
         self.control = str(tmp / "control.sock")
@@ -90,8 +129,15 @@ class Daemon:
 
     def start(self, env=None):
         self.logf = open(self.log, "w")
-        self.proc = subprocess.Popen([binary("wcached"), "-c", self.conf],
-                                     stderr=self.logf, env=env)
+        cmd = [binary("wcached"), "-c", self.conf]
+        if self.user is not None:
+            cmd = as_user(*self.user) + cmd
+        nofile = self.nofile
+
+        def limits():
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+        self.proc = subprocess.Popen(cmd, stderr=self.logf, env=env, preexec_fn=limits)
         wait_until(lambda: self.proc.poll() is not None or connectable(self.socket),
                    what="wcached to listen")
         assert self.proc.poll() is None, self.read_log()

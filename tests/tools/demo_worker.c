@@ -4,7 +4,7 @@
  *
  *   demo_worker [--socket PATH] [--verify FILE] [--touch] [--hold] MODEL
  *   demo_worker --open FILE [--verify FILE] [--touch] [--hold]
- *   demo_worker [--socket PATH] --repeat N MODEL
+ *   demo_worker [--socket PATH] --repeat N [--check] MODEL
  *   demo_worker [--socket PATH] --loop SECONDS MODEL
  *
  * Attaches MODEL through wcached (or maps FILE in-process with --open),
@@ -13,7 +13,9 @@
  * not trust any wcache code path), and prints one JSON line. With --hold it
  * then waits for a line (or EOF) on stdin before releasing, so a driver can
  * measure memory while all workers hold the model. --repeat N attaches and
- * releases the model N times on one connection first (for leak checks).
+ * releases the model N times on one connection first (for leak checks);
+ * with --check it instead checks every byte against the "seed" pattern
+ * after each attach and prints the attach latencies (p50, p99, max).
  * --sync prints {"attached": ...} right after attaching and waits for a line
  * on stdin before verifying, so a driver can time attaches apart from the
  * CPU the verification of other workers takes.
@@ -144,6 +146,14 @@ out:
 	return ok;
 }
 
+static int
+by_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
 /* Attaches name and checks it for seconds, following new generations. */
 static int
 loop_checks(const char *sock, const char *name, double seconds)
@@ -202,7 +212,7 @@ int
 main(int argc, char **argv)
 {
 	const char *sock = NULL, *file = NULL, *open_path = NULL, *name = NULL;
-	int do_touch = 0, hold = 0, sync = 0;
+	int do_touch = 0, hold = 0, sync = 0, check = 0;
 	long repeat = 0;
 	double loop = 0;
 	double t0, t_attach, t_verify = 0, t_touch = 0;
@@ -227,6 +237,8 @@ main(int argc, char **argv)
 			do_touch = 1;
 		else if (strcmp(argv[i], "--sync") == 0)
 			sync = 1;
+		else if (strcmp(argv[i], "--check") == 0)
+			check = 1;
 		else if (strcmp(argv[i], "--hold") == 0)
 			hold = 1;
 		else if (argv[i][0] != '-' && name == NULL)
@@ -248,15 +260,33 @@ main(int argc, char **argv)
 			fprintf(stderr, "demo_worker: %s\n", wc_errmsg());
 			return 1;
 		}
+		double *lat = calloc((size_t)repeat, sizeof(*lat));
+
+		if (lat == NULL)
+			return 1;
 		for (long i = 0; i < repeat; i++) {
+			t0 = now();
 			if (wc_attach(c, name, &m) < 0) {
 				fprintf(stderr, "demo_worker: attach %ld: %s\n", i, wc_errmsg());
 				return 1;
 			}
+			lat[i] = now() - t0;
+			if (check && check_pattern(m) < 0)
+				return 1;
 			wc_release(m);
 		}
 		wc_disconnect(c);
 		c = NULL;
+		if (check) {
+			/* --repeat N --check: the latencies, for the neighbour tests. */
+			qsort(lat, (size_t)repeat, sizeof(*lat), by_double);
+			printf("{\"attaches\":%ld,\"p50_us\":%.1f,\"p99_us\":%.1f,\"max_us\":%.1f}\n",
+				repeat, lat[repeat / 2] * 1e6, lat[repeat * 99 / 100] * 1e6,
+				lat[repeat - 1] * 1e6);
+			free(lat);
+			return 0;
+		}
+		free(lat);
 	}
 	t0 = now();
 	if (open_path != NULL) {

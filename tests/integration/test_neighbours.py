@@ -1,0 +1,214 @@
+"""Neighbours that misbehave cost the others nothing, with wcached running as
+an unprivileged user without capabilities, as wcached.service runs it (root
+would hide the limits that bite): clients that pipeline ATTACH and never
+read, a service manager that never reads its notify socket, control
+connections that never finish a line."""
+import json
+import os
+import socket
+import subprocess
+import time
+
+import pytest
+
+from conftest import Daemon, as_user, binary, mkmodel, wait_until
+from test_daemon import HEADER, message
+
+# Ids no account uses: the daemon's user, a misbehaving user, a good user.
+# All share GROUP, which may connect to the 0660 client socket.
+DAEMON_UID, BAD_UID, GOOD_UID, GROUP = 64101, 64102, 64103, 64100
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0,
+                                reason="needs root to run wcached and clients as other users")
+
+
+def control(d, *words):
+    r = subprocess.run([binary("wcachectl"), "--control", d.control, "--json", *words],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(r.stdout)
+
+
+def metric(d, name):
+    text = control(d, "metrics")["text"]
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in metrics:\n{text}")
+
+
+# A client that opens CONNS connections, pipelines ATTACH on each until the
+# socket refuses more, reads nothing, says "ready" and holds on until stdin
+# closes.
+NON_READER = r"""
+import socket, struct, sys
+HEADER = struct.Struct("<IHHII")
+path, name, conns = sys.argv[1], sys.argv[2].encode(), int(sys.argv[3])
+held, sent = [], 0
+for k in range(conns):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(path)
+    s.setblocking(False)
+    try:
+        for i in range(100000):
+            s.send(HEADER.pack(0x31504357, 1, 1, len(name), i) + name)
+            sent += 1
+    except OSError:  # full (EAGAIN), or closed by the daemon
+        pass
+    held.append(s)
+print("ready", sent, flush=True)
+sys.stdin.read()
+"""
+
+
+def good_worker(d, model_path, repeat):
+    """As GOOD_UID: attach, check every byte, release, repeat times; returns
+    the latencies demo_worker measured."""
+    r = subprocess.run(as_user(GOOD_UID, GROUP) + [binary("demo_worker"), "--socket",
+                       d.socket, "--repeat", str(repeat), "--check", "small"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.fixture
+def unprivileged(tmp_path):
+    model = mkmodel(tmp_path / "small.safetensors")
+    d = Daemon(tmp_path, {"small": model}, user=(DAEMON_UID, GROUP), nofile=1024)
+    d.start()
+    yield d, model
+    assert d.stop() == 0, d.read_log()
+
+
+def test_non_readers_cannot_cut_off_others(unprivileged):
+    d, model = unprivileged
+    quiet = good_worker(d, model, 200)
+    # 64 connections of one uid that never read: without a budget their
+    # replies' descriptors in flight pass the kernel's quota for the
+    # daemon's user (RLIMIT_NOFILE 1024 here), and every send fails.
+    bad = subprocess.Popen(as_user(BAD_UID, GROUP) + ["/usr/bin/python3", "-c", NON_READER,
+                           d.socket, "small", "64"], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        line = bad.stdout.readline().split()
+        assert line[0] == "ready" and int(line[1]) > 1024 // 3, line
+        busy = good_worker(d, model, 1000)
+        assert busy["attaches"] == 1000
+        assert metric(d, "wcached_replies_held_back_total") > 0
+        assert metric(d, "wcached_fds_in_flight") <= 1024 // 2
+        assert metric(d, "wcached_sends_refused_total") == 0
+        log = d.read_log()
+        assert f"uid {BAD_UID}: too many descriptors in flight" in log
+        # One warning per connection at most, never one per reply.
+        assert log.count("too many descriptors in flight") <= 64
+    finally:
+        bad.stdin.close()
+        bad.wait(timeout=60)
+    print(f"good client p99: quiet {quiet['p99_us']} us, with 64 non-readers "
+          f"{busy['p99_us']} us")
+    # The non-readers are gone: their descriptors are no longer in flight.
+    wait_until(lambda: metric(d, "wcached_fds_in_flight") == 0, what="fds in flight to drop")
+
+
+def test_release_unknown_handle_is_einval(unprivileged):
+    d, _ = unprivileged
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.settimeout(10)
+    s.connect(d.socket)
+    s.send(message(2, (12345).to_bytes(8, "little")))
+    reply = s.recv(4096)
+    mtype, length = HEADER.unpack(reply[:16])[2:4]
+    code = int.from_bytes(reply[16:20], "little")
+    assert mtype == 255 and code == 22, reply  # EINVAL, as PROTOCOL.md says
+    s.close()
+
+
+def test_idle_control_connections_do_not_lock_out_operators(unprivileged):
+    d, _ = unprivileged
+    idle = []
+    try:
+        for _ in range(64):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(d.control)
+            s.send(b"stat")  # never finished
+            idle.append(s)
+        t0 = time.monotonic()
+        reply = control(d, "status")
+        assert reply["ok"] is True
+        assert time.monotonic() - t0 < 10
+        # Idle connections are closed by the timeout, with a reason.
+        s = idle[-1]
+        s.settimeout(30)
+        data = s.recv(4096)
+        assert b"no complete request" in data or b"idle" in data, data
+        assert metric(d, "wcached_control_refused_total") + \
+            metric(d, "wcached_control_timeouts_total") > 0
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_control_connections_per_uid_are_capped(unprivileged):
+    """One uid's connections past 16 push out its own idlest one, not others'."""
+    d, _ = unprivileged
+    held = []
+    try:
+        other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        other.connect(d.control)  # root's, older than all of BAD_UID's
+        held.append(other)
+        opener = subprocess.Popen(as_user(DAEMON_UID, GROUP) + ["/usr/bin/python3", "-c",
+                                  "import socket, sys\n"
+                                  "ss = []\n"
+                                  "for i in range(17):\n"
+                                  "    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+                                  "    s.connect(sys.argv[1]); ss.append(s)\n"
+                                  "ss[0].settimeout(10)\n"
+                                  "print(ss[0].recv(4096).decode(), flush=True)\n",
+                                  d.control], stdout=subprocess.PIPE, text=True)
+        out, _ = opener.communicate(timeout=60)
+        assert "too many control connections from this uid" in out, out
+        # Root's idle connection was not the one closed.
+        other.send(b"status\n")
+        other.settimeout(10)
+        assert json.loads(other.makefile().readline())["ok"] is True
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_manager_that_never_reads_does_not_stall(tmp_path):
+    """A notify socket nobody reads: READY=1 and every STATUS= would block a
+    blocking sender after about 10 datagrams. 30 swaps later the daemon still
+    serves, and once the manager reads it finds the state changes in order
+    and the newest STATUS=."""
+    model = mkmodel(tmp_path / "small.safetensors", seed=1)
+    d = Daemon(tmp_path, {"small": model}, user=(DAEMON_UID, GROUP), nofile=1024)
+    nsock = str(tmp_path / "notify.sock")
+    manager = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    manager.bind(nsock)
+    os.chown(nsock, DAEMON_UID, GROUP)
+    env = dict(os.environ, NOTIFY_SOCKET=nsock)
+    d.start(env=env)
+    try:
+        wait_until(lambda: control(d, "status")["models"][0]["state"] == "ready",
+                   what="the model to be ready")
+        for i in range(30):
+            new = mkmodel(tmp_path / f".next{i}.safetensors", seed=i + 2)
+            os.rename(new, model)
+            wait_until(lambda: control(d, "status")["models"][0]["generation"] == i + 2,
+                       what=f"generation {i + 2}")
+            r = d.attach("small")
+            assert r.returncode == 0, r.stderr
+        assert metric(d, "wcached_notify_dropped_total") > 0
+        manager.settimeout(5)
+        got = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any("READY=1" in g for g in got):
+            try:
+                got.append(manager.recv(4096).decode())
+            except socket.timeout:
+                pass
+        assert any("READY=1" in g for g in got), got
+    finally:
+        assert d.stop() == 0, d.read_log()
+        manager.close()
