@@ -10,7 +10,8 @@
  * default, the reply itself with --json, the exposition text for metrics.
  * The exit status is 0 when the reply says ok, 1 with the daemon's error on
  * stderr otherwise (or when the daemon cannot be reached), 2 for a usage
- * error.
+ * error; status adds 3 and 4 (ctl.h). With --json, stdout holds exactly one
+ * JSON object whatever happens: the reply, or ctl_json_error()'s.
  *
  * Replies are parsed with the strict reader of json.h. Strings from the
  * daemon are printed with control characters escaped, so a hostile model
@@ -22,8 +23,8 @@
  * table in ctl_status.c uses too; the two share ctl_internal.h.
  */
 #include <errno.h>
-#include <stdarg.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
