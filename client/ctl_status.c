@@ -36,8 +36,10 @@ struct gen_row {
 
 /* One entry of "models": a served model and its current generation. */
 struct model_row {
-	char *name, *state, *pinned, *pin_applied, *error, *path;
+	char *name, *state, *pinned, *error, *path;
 	uint64_t generation, bytes, resident, attached;
+	double warm_percent, warm_eta; /* eta 0 when absent (null: no estimate yet) */
+	char *pin_applied;             /* what is locked; NULL from an older daemon */
 	struct gen_row *gens;
 	size_t ngens;
 };
@@ -84,6 +86,8 @@ static const struct ctl_field model_fields[] = {
 	{ "bytes", CTL_U64, offsetof(struct model_row, bytes) },
 	{ "resident_bytes", CTL_U64, offsetof(struct model_row, resident) },
 	{ "attached", CTL_U64, offsetof(struct model_row, attached) },
+	{ "warm_percent", CTL_DOUBLE, offsetof(struct model_row, warm_percent) },
+	{ "warm_eta_seconds", CTL_DOUBLE, offsetof(struct model_row, warm_eta) },
 };
 
 static const struct ctl_field unloaded_fields[] = {
@@ -284,16 +288,27 @@ is_ready(const struct model_row *m)
 	return m->state != NULL && strcmp(m->state, "ready") == 0;
 }
 
-/* The STATE cell: the state, with the percent warmed while warming (bytes
- * of the files in the page cache over their size). */
+/* The STATE cell: the state, with the percent warmed while warming and the
+ * time left when the daemon estimates it. The percent is the daemon's
+ * warm_percent (bytes its reads pulled in); a daemon without that field
+ * gets bytes in the page cache over the size. */
 static void
 state_cell(const struct model_row *m, char *buf, size_t cap)
 {
-	if (m->state != NULL && strcmp(m->state, "warming") == 0 && m->bytes > 0)
-		snprintf(buf, cap, "warming %u%%", (unsigned)(m->resident >= m->bytes ? 100 :
-			(double)m->resident * 100.0 / (double)m->bytes));
-	else
+	double percent = m->warm_percent;
+
+	if (m->state == NULL || strcmp(m->state, "warming") != 0) {
 		snprintf(buf, cap, "%s", m->state ? m->state : "?");
+		return;
+	}
+	if (percent <= 0 && m->bytes > 0)
+		percent = m->resident >= m->bytes ? 100 :
+			(double)m->resident * 100.0 / (double)m->bytes;
+	if (m->warm_eta > 0)
+		snprintf(buf, cap, "warming %.0f%%, ~%.0f s left", percent,
+			m->warm_eta < 1 ? 1 : m->warm_eta);
+	else
+		snprintf(buf, cap, "warming %.0f%%", percent);
 }
 
 /* The PINNED cell: what is locked (pin_applied), which a daemon without

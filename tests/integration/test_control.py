@@ -312,6 +312,19 @@ def test_status_table_pins_warming_and_exit_codes(tmp_path):
         assert run("status", "a", "zz").returncode == 4  # unknown wins over not ready
     finally:
         fake.close()
+    # A daemon that reports its own warm progress and estimate: those are shown.
+    path = str(tmp_path / "control2.sock")
+    fake = FakeControl(path, {
+        "ok": True, "protocol": 1, "version": "0.1.0", "pid": 1, "uptime_seconds": 5,
+        "clients": 0, "unloaded": [],
+        "models": [{**fake_model("w", "warming", resident=100), "warm_percent": 62.4,
+                    "warm_eta_seconds": 7.2}]})
+    try:
+        r = subprocess.run([binary("wcachectl"), "--control", path, "status"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 3 and "warming 62%, ~7 s left" in r.stdout, r.stdout
+    finally:
+        fake.close()
 
 
 def test_json_is_one_object_whatever_happens(tmp_path, daemon):
