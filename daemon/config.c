@@ -516,7 +516,10 @@ ini_reader_cb(char *str, int num, void *stream)
 	if (ctx->lineno == 1 && len >= 3 && memcmp(s, "\xEF\xBB\xBF", 3) == 0)
 		s += 3; /* UTF-8 byte order mark */
 	rstrip(s);
-	while (*s == ' ' || *s == '\t')
+	/* All of isspace(), as inih's lskip() has it: a line that inih sees
+	 * starting with a vertical tab or a form feed would be a continuation
+	 * of the previous key (of any earlier section: inih sees no headers). */
+	while (isspace((unsigned char)*s))
 		s++;
 
 	str[0] = '\0';

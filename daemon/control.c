@@ -358,7 +358,7 @@ control_split(char *line, size_t len, char **words, int max, char *err, size_t e
 		if (p < end)
 			p++;
 		*out = '\0';
-		words[n++] = start[0] == '"' ? start + 1 : start;
+		words[n++] = start; /* a quoted word's text was copied over its quote */
 	}
 }
 

@@ -354,7 +354,7 @@ cmd_evict(struct ctl_conn *c, int argc, char **argv)
 static void cmd_help(struct ctl_conn *c, int argc, char **argv);
 
 /* The commands, in the order help lists them. */
-static const struct command {
+static const struct ctl_command {
 	const char *name;
 	int min_args, max_args; /* words after the command */
 	const char *usage;
@@ -397,38 +397,57 @@ cmd_help(struct ctl_conn *c, int argc, char **argv)
 	ctl_reply_end(c, &r);
 }
 
-/* Handles one request line (len bytes, no '\n'; line has room for a NUL):
- * splits it into words, finds the command, checks its number of arguments
- * and runs it. Declared in control_internal.h for control.c. */
-void
-ctl_handle_line(struct ctl_conn *c, char *line, size_t len)
+/* Parses a request line into its words and command, without I/O: the
+ * rules are in control_internal.h. Declared there for ctl_handle_line()
+ * and the fuzzer. */
+int
+ctl_parse_request(char *line, size_t len, char **words, const struct ctl_command **command,
+	char *err, size_t errlen)
 {
-	char *words[CONTROL_MAX_WORDS];
-	char err[160], quoted[48];
+	char why[160], quoted[48];
 	int n;
 
 	if (len > 0 && line[len - 1] == '\r')
 		len--;
-	if ((n = control_split(line, len, words, CONTROL_MAX_WORDS, err, sizeof(err))) < 0) {
-		ctl_conn_error(c, "bad request: %s", err);
-		return;
+	if ((n = control_split(line, len, words, CONTROL_MAX_WORDS, why, sizeof(why))) < 0) {
+		snprintf(err, errlen, "bad request: %s", why);
+		return -EINVAL;
 	}
 	if (n == 0) {
-		ctl_conn_error(c, "empty request (try \"help\")");
-		return;
+		snprintf(err, errlen, "empty request (try \"help\")");
+		return -EINVAL;
 	}
 	for (size_t i = 0; i < NCOMMANDS; i++) {
-		const struct command *cmd = &commands[i];
+		const struct ctl_command *cmd = &commands[i];
 
 		if (strcmp(words[0], cmd->name) != 0)
 			continue;
 		if (n - 1 < cmd->min_args || n - 1 > cmd->max_args) {
-			ctl_conn_error(c, "%s: usage: %s", cmd->name, cmd->usage);
-			return;
+			snprintf(err, errlen, "%s: usage: %s", cmd->name, cmd->usage);
+			return -EINVAL;
 		}
-		cmd->run(c, n, words);
+		*command = cmd;
+		return n;
+	}
+	snprintf(err, errlen, "unknown command %s (try \"help\")",
+		json_quote(quoted, sizeof(quoted), words[0], strlen(words[0])));
+	return -EINVAL;
+}
+
+/* Handles one request line (len bytes, no '\n'; line has room for a NUL):
+ * parses it and runs its command, or replies with the parse error.
+ * Declared in control_internal.h for control.c. */
+void
+ctl_handle_line(struct ctl_conn *c, char *line, size_t len)
+{
+	char *words[CONTROL_MAX_WORDS];
+	const struct ctl_command *cmd = NULL;
+	char err[CTL_REQUEST_ERROR_MAX];
+	int n;
+
+	if ((n = ctl_parse_request(line, len, words, &cmd, err, sizeof(err))) < 0) {
+		ctl_conn_error(c, "%s", err);
 		return;
 	}
-	ctl_conn_error(c, "unknown command %s (try \"help\")",
-		json_quote(quoted, sizeof(quoted), words[0], strlen(words[0])));
+	cmd->run(c, n, words);
 }

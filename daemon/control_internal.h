@@ -111,4 +111,25 @@ void ctl_conn_resume(struct ctl_conn *c);
  * complete the request later. */
 void ctl_handle_line(struct ctl_conn *c, char *line, size_t len);
 
+/* An entry of the command table (its name, argument range and handler). */
+struct ctl_command;
+
+/* Room for any error message of ctl_parse_request(), NUL included. */
+#define CTL_REQUEST_ERROR_MAX 256
+
+/*
+ * Parses one request line (len bytes without its '\n'; line has room for
+ * len + 1 bytes, and is split in place) into words and the command they
+ * name, with no I/O: a trailing '\r' is dropped, control_split() makes at
+ * most CONTROL_MAX_WORDS words, the first must name a command and the number
+ * of words after it must be within that command's range. Returns the number
+ * of words (at least 1) and the command in *command; or -EINVAL with the text
+ * of the error reply in err (errlen bytes, CTL_REQUEST_ERROR_MAX is enough):
+ * "bad request: REASON", "empty request ...", "CMD: usage: ..." or
+ * "unknown command ...". *command is untouched on failure. Exposed for the
+ * fuzzer.
+ */
+int ctl_parse_request(char *line, size_t len, char **words, const struct ctl_command **command,
+	char *err, size_t errlen);
+
 #endif /* WC_CONTROL_INTERNAL_H */

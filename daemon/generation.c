@@ -18,6 +18,7 @@
 #include "error.h"
 #include "log.h"
 #include "registry_internal.h"
+#include "resident.h"
 
 static const char *const state_names[] = {
 	[GEN_WARMING] = "warming",
@@ -74,22 +75,28 @@ gen_maybe_free(struct registry *r, struct generation *g)
 	free(g);
 }
 
-uint64_t
-generation_resident(const struct generation *g)
+/* Bytes of g's files in memory (resident.h: true for a daemon that does
+ * not own the files); a file no method can measure counts as 0. */
+static uint64_t
+resident_of(const struct generation *g, enum resident_method *how)
 {
 	uint64_t total = 0, n;
 
-	for (size_t i = 0; i < g->source.nfiles; i++) {
-		const struct wc_file *f = &g->source.files[i];
-		uint64_t evicted;
-
-		/* cachestat(2) asks the page cache directly; mincore on our
-		 * mapping is the fallback before Linux 6.5. */
-		if (warm_cached_bytes(f->fd, 0, f->size, &n, &evicted) == 0 ||
-			(f->base != NULL && warm_resident_bytes(f->base, (size_t)f->size, &n) == 0))
+	for (size_t i = 0; i < g->source.nfiles; i++)
+		if (resident_bytes(&g->source.files[i], &n, how) == 0)
 			total += n;
-	}
 	return total;
+}
+
+uint64_t
+generation_resident(const struct generation *g, const char **method)
+{
+	enum resident_method how = RESIDENT_CACHESTAT;
+	uint64_t n = resident_of(g, &how);
+
+	if (method != NULL)
+		*method = resident_method_name(how);
+	return n;
 }
 
 /* Logs a refused mlock with the advice that fixes it. */
@@ -150,6 +157,7 @@ struct page_work {
 	enum page_op op;
 	int err;               /* the first failure */
 	size_t failed;         /* the file it failed on */
+	uint64_t resident;     /* PAGE_CHECK: bytes in memory */
 	struct page_work *next; /* queued behind the running one */
 };
 
@@ -199,9 +207,18 @@ page_work_run(uv_work_t *w)
 		nanosleep(&pause, NULL);
 	}
 
+	if (p->op == PAGE_CHECK) {
+		p->resident = resident_of(g, NULL);
+		return;
+	}
 	for (size_t i = 0; i < g->source.nfiles; i++) {
 		const struct wc_file *f = &g->source.files[i];
 
+		if (p->op == PAGE_POPULATE) {
+			if (p->err == 0 && (p->err = resident_populate(f)) < 0)
+				p->failed = i;
+			continue;
+		}
 		if (p->op == PAGE_EVICT || p->op == PAGE_EVICT_SETTLE) {
 			unmap_pages(f);
 			warm_evict_range(f->fd, 0, 0);
@@ -225,6 +242,57 @@ page_work_run(uv_work_t *w)
 }
 
 static void page_work_after(uv_work_t *w, int status);
+
+/*
+ * Should g be warmed again after a residency check found resident bytes in
+ * memory? Only a generation that is current, ready, not evicted (cold),
+ * configured to warm, and whose pages the daemon had all mapped (so that
+ * what is missing was taken by memory pressure, not never read), and only
+ * when more than 1% (at least 1 MiB) is missing.
+ */
+static int
+needs_rewarm(const struct generation *g, uint64_t resident)
+{
+	uint64_t slack = g->bytes / 100 > (1u << 20) ? g->bytes / 100 : (1u << 20);
+
+	return g->populated && !g->cold && g->state == GEN_READY && g->model != NULL &&
+		g->model->current == g && g->model->warm && resident + slack < g->bytes;
+}
+
+/* A populate or a residency check ended (loop thread). */
+static void
+residency_done(struct registry *r, struct generation *g, const struct page_work *p, int status)
+{
+	if (status != 0)
+		return;
+	if (p->op == PAGE_POPULATE) {
+		if (p->err < 0 && p->err != -EINVAL)
+			log_warnx("model \"%s\": cannot map %s into wcached: %s; a client may drop its "
+				  "pages from the page cache", g->model_name,
+				g->source.files[p->failed].path, strerror(-p->err));
+		g->populated = p->err == 0 && !g->cold;
+		return;
+	}
+	if (!needs_rewarm(g, p->resident))
+		return;
+	g->model->rewarm_count++;
+	log_warnx("model \"%s\": only %" PRIu64 " of %" PRIu64 " bytes of generation %" PRIu64
+		  " are still in memory (memory pressure); warming it again", g->model_name,
+		p->resident, g->bytes, g->number);
+	g->populated = 0;
+	gen_start_warming(r, g);
+}
+
+void
+registry_check_residency(struct registry *r)
+{
+	for (struct model_entry *m = r->models; m != NULL; m = m->next) {
+		struct generation *g = m->current;
+
+		if (g != NULL && g->populated && g->page_queue == NULL && g->warm_pending == 0)
+			gen_queue_pages(r, g, PAGE_CHECK);
+	}
+}
 
 /* Starts the first queued page operation of g; -errno if it cannot. */
 static int
@@ -251,7 +319,11 @@ page_work_after(uv_work_t *w, int status)
 
 	g->page_queue = p->next;
 	g->ops_pending--;
-	if (status == 0 && p->op == PAGE_PIN) {
+	if (p->op == PAGE_EVICT || p->op == PAGE_EVICT_SETTLE)
+		g->populated = 0; /* its pages are no longer mapped here */
+	if (p->op == PAGE_POPULATE || p->op == PAGE_CHECK) {
+		residency_done(r, g, p, status);
+	} else if (status == 0 && p->op == PAGE_PIN) {
 		if (p->err < 0)
 			pin_failed(g->model_name, g->source.files[p->failed].path,
 				(size_t)g->source.files[p->failed].size, p->err);
@@ -366,6 +438,9 @@ warm_done(struct warm_job *job, const struct warm_result *res, void *cookie)
 		 * but was not warmed, so no claim is made. */
 		g->state = GEN_READY;
 	}
+	/* Warm: map every page, so no client can drop it (resident.h). */
+	if (g->state == GEN_READY && !g->cold && !g->warm_cancelled && g->warm_error == 0)
+		gen_queue_pages(r, g, PAGE_POPULATE);
 	if (m != NULL && m->pending == g && g->state == GEN_READY)
 		gen_promote(r, m, g);
 	else if (m != NULL && m->current == g && m->pin == PIN_ALL && g->state == GEN_READY)

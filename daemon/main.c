@@ -51,6 +51,7 @@ struct daemon {
 	unsigned reloads;     /* config reloads in progress */
 	uv_timer_t status_timer;
 	uv_timer_t notify_timer;  /* sends what a manager that did not read missed */
+	uv_timer_t residency_timer; /* warm models that memory pressure shrank again */
 	char *created_socket; /* path of the socket file we made, to remove */
 	uint64_t started_ms;
 };
@@ -228,6 +229,17 @@ on_status_timer(uv_timer_t *t)
 	send_status(t->data);
 }
 
+/* How often warm models are checked for pages memory pressure took. */
+#define RESIDENCY_CHECK_MS 5000
+
+static void
+on_residency_timer(uv_timer_t *t)
+{
+	struct daemon *d = t->data;
+
+	registry_check_residency(&d->reg);
+}
+
 /* Notifications the manager had no room for wait in notify.c; send them
  * when it reads again (never blocking the loop). */
 static void
@@ -391,6 +403,7 @@ shutdown_daemon(struct daemon *d)
 	uv_close((uv_handle_t *)&d->sighup, NULL);
 	uv_close((uv_handle_t *)&d->status_timer, NULL);
 	uv_close((uv_handle_t *)&d->notify_timer, NULL);
+	uv_close((uv_handle_t *)&d->residency_timer, NULL);
 }
 
 /* control_context.reload_config: `wcachectl reload` without a name. */
@@ -593,6 +606,10 @@ main(int argc, char **argv)
 
 	uv_timer_init(&d.loop, &d.status_timer);
 	d.status_timer.data = &d;
+	uv_timer_init(&d.loop, &d.residency_timer);
+	d.residency_timer.data = &d;
+	uv_timer_start(&d.residency_timer, on_residency_timer, RESIDENCY_CHECK_MS,
+		RESIDENCY_CHECK_MS);
 	uv_timer_init(&d.loop, &d.notify_timer);
 	if (notifying)
 		uv_timer_start(&d.notify_timer, on_notify_timer, 200, 200);

@@ -91,7 +91,7 @@ v_bytes(const struct registry *reg, const struct model_entry *m)
 static double
 v_resident(const struct registry *reg, const struct model_entry *m)
 {
-	return m->current != NULL ? (double)generation_resident(m->current) : 0;
+	return m->current != NULL ? (double)generation_resident(m->current, NULL) : 0;
 }
 
 static double
@@ -143,6 +143,12 @@ v_swaps(const struct registry *reg, const struct model_entry *m)
 }
 
 static double
+v_rewarms(const struct registry *reg, const struct model_entry *m)
+{
+	return (double)m->rewarm_count;
+}
+
+static double
 v_warm_seconds(const struct registry *reg, const struct model_entry *m)
 {
 	return m->last_warm_seconds;
@@ -157,7 +163,8 @@ static const struct {
 	{ "wcached_model_bytes", "gauge",
 		"Size of the files of the model's current generation.", v_bytes },
 	{ "wcached_model_resident_bytes", "gauge",
-		"Bytes of the current generation's files in the page cache.", v_resident },
+		"Bytes of the current generation's files in memory (page cache, measured so "
+		"that it is true for a daemon that does not own the files).", v_resident },
 	{ "wcached_model_generation", "gauge",
 		"Number of the model's current generation (0: none).", v_generation },
 	{ "wcached_model_attached_clients", "gauge",
@@ -176,6 +183,9 @@ static const struct {
 		v_load_errors },
 	{ "wcached_model_swaps_total", "counter",
 		"Generations that replaced a current one.", v_swaps },
+	{ "wcached_model_rewarms_total", "counter",
+		"Warm-ups of the current generation after memory pressure took its pages.",
+		v_rewarms },
 	{ "wcached_model_warm_seconds", "gauge",
 		"Warm-up time of the newest generation that finished warming.", v_warm_seconds },
 };
@@ -307,6 +317,8 @@ static void
 write_model(FILE *f, const struct registry *reg, const struct model_entry *m)
 {
 	const struct generation *g = m->current;
+	const char *method = "none";
+	uint64_t resident;
 	bool first = true;
 
 	fputs("{\"name\":", f);
@@ -314,8 +326,10 @@ write_model(FILE *f, const struct registry *reg, const struct model_entry *m)
 	write_str_field(f, "path", m->path != NULL ? m->path : "");
 	fprintf(f, ",\"generation\":%" PRIu64, g != NULL ? g->number : 0);
 	write_str_field(f, "state", metrics_model_state(m));
+	resident = g != NULL ? generation_resident(g, &method) : 0;
 	fprintf(f, ",\"bytes\":%" PRIu64 ",\"resident_bytes\":%" PRIu64,
-		g != NULL ? g->bytes : 0, g != NULL ? generation_resident(g) : 0);
+		g != NULL ? g->bytes : 0, resident);
+	write_str_field(f, "resident_method", method);
 	write_str_field(f, "pinned", pin_mode_name(m->pin));
 	write_str_field(f, "pin_applied",
 		pin_mode_name(g != NULL ? (enum pin_mode)g->pinned : PIN_NONE));
@@ -324,9 +338,9 @@ write_model(FILE *f, const struct registry *reg, const struct model_entry *m)
 		m->pending != NULL ? m->pending->number : 0, m->loading);
 	fprintf(f, ",\"attaches\":%" PRIu64 ",\"attach_errors\":%" PRIu64
 		   ",\"access_denied\":%" PRIu64 ",\"swaps\":%" PRIu64 ",\"load_errors\":%" PRIu64
-		   ",\"warm_seconds\":%.3f,\"restricted\":%s",
+		   ",\"rewarms\":%" PRIu64 ",\"warm_seconds\":%.3f,\"restricted\":%s",
 		m->attach_count, m->error_count, m->denied_count, m->swap_count, m->load_errors,
-		m->last_warm_seconds, m->restricted ? "true" : "false");
+		m->rewarm_count, m->last_warm_seconds, m->restricted ? "true" : "false");
 	fputs(",\"generations\":[", f);
 	for (const struct generation *h = reg->generations; h != NULL; h = h->next) {
 		if (h->model != m)

@@ -57,32 +57,36 @@ static uint64_t notify_dropped;  /* datagrams given up on */
 
 /* Fills addr and *len from a $NOTIFY_SOCKET value: "/path" is a filesystem
  * socket (length includes the terminating NUL), "@name" an abstract one (the
- * '@' becomes the leading NUL; length counts exactly the name's bytes). */
-static int
+ * '@' becomes the leading NUL; length counts exactly the name's bytes).
+ * Declared in notify.h; both outputs are untouched on failure. */
+int
 notify_parse_address(const char *value, struct sockaddr_un *addr, socklen_t *len)
 {
 	size_t n = strlen(value);
+	struct sockaddr_un a;
 
-	memset(addr, 0, sizeof(*addr));
-	addr->sun_family = AF_UNIX;
+	memset(&a, 0, sizeof(a));
+	a.sun_family = AF_UNIX;
 	if (value[0] == '/') {
-		if (n >= sizeof(addr->sun_path))
+		if (n >= sizeof(a.sun_path))
 			return error_set(-EINVAL,
 				"NOTIFY_SOCKET=%s: path too long for a unix socket (max %zu bytes)",
-				value, sizeof(addr->sun_path) - 1);
-		memcpy(addr->sun_path, value, n + 1);
+				value, sizeof(a.sun_path) - 1);
+		memcpy(a.sun_path, value, n + 1);
+		*addr = a;
 		*len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n + 1);
 		return 0;
 	}
 	if (value[0] == '@') {
 		if (n < 2)
 			return error_set(-EINVAL, "NOTIFY_SOCKET=@: empty abstract socket name");
-		if (n > sizeof(addr->sun_path))
+		if (n > sizeof(a.sun_path))
 			return error_set(-EINVAL,
 				"NOTIFY_SOCKET=%s: abstract name too long (max %zu bytes)", value,
-				sizeof(addr->sun_path) - 1);
-		addr->sun_path[0] = '\0';
-		memcpy(addr->sun_path + 1, value + 1, n - 1);
+				sizeof(a.sun_path) - 1);
+		a.sun_path[0] = '\0';
+		memcpy(a.sun_path + 1, value + 1, n - 1);
+		*addr = a;
 		*len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n);
 		return 0;
 	}
@@ -397,20 +401,20 @@ check_listen_fd(int fd, const char *name, int type)
 	return 0;
 }
 
+/* The variables' part of listen_fds_take(), with no environment and no
+ * descriptor: declared in notify.h. */
 int
-listen_fds_take(const char *name, int type, int *fd)
+listen_fds_parse(const char *pid_s, const char *fds_s, const char *names, const char *name,
+	long long self, int *fd)
 {
-	const char *pid_s = getenv("LISTEN_PID");
-	const char *fds_s = getenv("LISTEN_FDS");
-	const char *names = getenv("LISTEN_FDNAMES");
 	long long pid = 0, count = 0, index = -1;
-	int r, flags, candidate;
+	int r;
 
 	if (pid_s == NULL || fds_s == NULL)
 		return 0;
 	if (parse_decimal(pid_s, INT_MAX, &pid) < 0)
 		return error_set(-EINVAL, "LISTEN_PID=%s is not a process id", pid_s);
-	if (pid != (long long)getpid())
+	if (pid != self)
 		return 0;
 	if (parse_decimal(fds_s, INT_MAX - LISTEN_FDS_START, &count) < 0)
 		return error_set(-EINVAL, "LISTEN_FDS=%s is not a count of descriptors", fds_s);
@@ -426,8 +430,19 @@ listen_fds_take(const char *name, int type, int *fd)
 	}
 	if (index < 0)
 		return 0;
+	*fd = LISTEN_FDS_START + (int)index;
+	return 1;
+}
 
-	candidate = LISTEN_FDS_START + (int)index;
+int
+listen_fds_take(const char *name, int type, int *fd)
+{
+	int r, flags, candidate = -1;
+
+	r = listen_fds_parse(getenv("LISTEN_PID"), getenv("LISTEN_FDS"), getenv("LISTEN_FDNAMES"),
+		name, (long long)getpid(), &candidate);
+	if (r <= 0)
+		return r;
 	r = check_listen_fd(candidate, name, type);
 	if (r < 0)
 		return r;

@@ -21,6 +21,8 @@
 #define WC_NOTIFY_H
 
 #include <stdint.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 
 /* Longest state string notify_send() sends, in bytes (systemd reads at most
  * this much of each datagram). */
@@ -95,5 +97,24 @@ int listen_fds_take(const char *name, int type, int *fd);
  * (like sd_listen_fds(1)). Not thread-safe (setenv/unsetenv): call it at
  * start-up. */
 void listen_fds_unset(void);
+
+/* The parsers of the variables above, pure functions for the fuzzer and the
+ * unit tests; the functions above call them. */
+
+/* Parses a $NOTIFY_SOCKET value ("/path" or "@abstract") into a socket
+ * address and its exact length for sendmsg(). Returns 0, or -EINVAL with the
+ * message in error_get() (relative, "@" alone, too long for sun_path); addr
+ * and *len are untouched on failure. */
+int notify_parse_address(const char *value, struct sockaddr_un *addr, socklen_t *len);
+
+/* Parses the values of $LISTEN_PID, $LISTEN_FDS and $LISTEN_FDNAMES (each
+ * NULL when unset) for the process self, with listen_fds_take()'s rules,
+ * without looking at any descriptor. Returns 1 and the number of the fd
+ * called name (3, 4, ...) in *fd; 0 with *fd untouched when there is no
+ * activation for self or no fd of that name; or -EINVAL with the message in
+ * error_get() when a value is malformed (LISTEN_PID not a number, LISTEN_FDS
+ * not a count, a number of names that is not LISTEN_FDS). */
+int listen_fds_parse(const char *pid_s, const char *fds_s, const char *names, const char *name,
+	long long self, int *fd);
 
 #endif /* WC_NOTIFY_H */

@@ -64,6 +64,7 @@ struct generation {
 	int warm_error;             /* first job error, 0 if none */
 	int warm_cancelled;         /* a job was cancelled: not all was read */
 	int pinned;                 /* PIN_* actually applied */
+	int populated;              /* every page is mapped into the daemon (resident.h) */
 	struct warm_job **jobs;     /* one per file while it warms, else NULL */
 	struct registry *registry;
 	struct generation *next;    /* in the registry's list */
@@ -89,6 +90,7 @@ struct model_entry {
 	double last_warm_seconds;   /* warm-up time of the newest warm generation */
 	uint64_t last_attach;       /* attach sequence number, for the budget's LRU */
 	uint64_t denied_count;      /* attaches refused by allow_users/allow_groups */
+	uint64_t rewarm_count;      /* warm-ups after pages of a warm generation went missing */
 	/* Access: when restricted, only these users and groups attach (plus
 	 * root and wcached's own user). */
 	int restricted;
@@ -134,6 +136,11 @@ struct registry {
 
 #define STATUS_PAGE_BYTES 65536u
 #define STATUS_SLOTS (STATUS_PAGE_BYTES / 8u)
+
+/* Queues a residency check of every populated current generation on the
+ * work queue (resident.h); one that memory pressure shrank by more than 1%
+ * is warmed again and counted in rewarm_count. Call it every few seconds. */
+void registry_check_residency(struct registry *r);
 
 /* Initialises an empty registry with its status page; pool may be NULL. */
 int registry_init(struct registry *r, uv_loop_t *loop, struct warm_pool *pool);
@@ -195,9 +202,11 @@ struct model_entry *registry_find(struct registry *r, const char *name);
 void generation_ref(struct registry *r, struct generation *g);
 void generation_unref(struct registry *r, struct generation *g);
 
-/* Bytes of the generation's files resident in the page cache (mincore on
- * the daemon's mappings). */
-uint64_t generation_resident(const struct generation *g);
+/* Bytes of the generation's files in memory, measured by the first method
+ * that is true for the daemon's user (resident.h); *method (may be NULL)
+ * names it ("cachestat", "mincore", "mapped"). Walks the files' pages:
+ * proportional to their size. */
+uint64_t generation_resident(const struct generation *g, const char **method);
 
 /* Evicts the least recently attached unpinned models until the resident
  * total of current generations fits the budget. */

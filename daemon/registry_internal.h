@@ -14,6 +14,8 @@ enum page_op {
 	PAGE_UNPIN,
 	PAGE_EVICT,
 	PAGE_EVICT_SETTLE, /* evict, and again once in-flight readahead has landed */
+	PAGE_POPULATE,     /* map every page into the daemon (resident.h), once warm */
+	PAGE_CHECK,        /* measure residency; warm again what memory pressure took */
 };
 
 /* registry.c */

@@ -21,6 +21,12 @@ BIN = os.path.abspath(os.path.join(BUILD, "bin"))
 TEST_USER = os.environ.get("WCACHE_TEST_USER")
 
 
+# For tests that need the daemon to be root (it creates sockets where only
+# root may, switches users itself, ...): skipped in the unprivileged run.
+root_daemon = pytest.mark.skipif(TEST_USER is not None,
+                                 reason="needs wcached to run as root (WCACHE_TEST_USER is set)")
+
+
 def parse_user(text):
     uid, _, gid = text.partition(":")
     return int(uid), int(gid or uid)

@@ -11,7 +11,7 @@ import tempfile
 
 import pytest
 
-from conftest import Daemon, binary, mkmodel, wait_until
+from conftest import Daemon, binary, mkmodel, root_daemon, wait_until
 
 SETPRIV = shutil.which("setpriv")
 NOBODY = ["--reuid=nobody", "--regid=nogroup", "--clear-groups"]
@@ -44,6 +44,7 @@ def as_nobody(*argv):
 
 
 @pytest.mark.skipif(SETPRIV is None, reason="setpriv (util-linux) is missing")
+@root_daemon
 def test_allowed_and_refused_attaches(shared_dir):
     from pathlib import Path
     tmp = Path(shared_dir)
@@ -135,6 +136,7 @@ def test_max_clients(tmp_path, model):
         assert d.stop() == 0, d.read_log()
 
 
+@root_daemon
 def test_user_drops_privileges(shared_dir):
     from pathlib import Path
     tmp = Path(shared_dir)

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from conftest import Daemon, binary, mkmodel, wait_until
+from conftest import Daemon, binary, mkmodel, root_daemon, wait_until
 from ctlutil import (Control, as_user, ctl, mapped_bytes, model_entry, quiet_fd_count, shared_dir,
                      status, wait_for_control)
 
@@ -614,6 +614,7 @@ def start_shared(tmp_path, model, extra=""):
     return wait_for_control(d.start())
 
 
+@root_daemon
 def test_socket_mode_keeps_others_out(tmp_path, model):
     d = start_shared(tmp_path, model)
     try:
@@ -628,6 +629,7 @@ def test_socket_mode_keeps_others_out(tmp_path, model):
     assert not os.path.exists(d.control)
 
 
+@root_daemon
 def test_peercred_refuses_others(tmp_path, model):
     d = start_shared(tmp_path, model)
     try:
@@ -644,6 +646,7 @@ def test_peercred_refuses_others(tmp_path, model):
         assert d.stop() == 0, d.read_log()
 
 
+@root_daemon
 def test_control_group(tmp_path, model):
     d = start_shared(tmp_path, model, extra="control_group = nogroup\n")
     try:
@@ -665,6 +668,7 @@ def test_control_group(tmp_path, model):
         assert d.stop() == 0, d.read_log()
 
 
+@root_daemon
 def test_stale_control_socket_replaced_and_live_one_refused(tmp_path, model):
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     stale.bind(str(tmp_path / "control.sock"))

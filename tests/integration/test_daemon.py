@@ -9,8 +9,8 @@ import socket
 import struct
 import subprocess
 
-from conftest import (BIN, Daemon, binary, connectable, fd_count, mkmodel, settled_fd_count,
-                      wait_until)
+from conftest import (BIN, Daemon, binary, connectable, fd_count, mkmodel, root_daemon,
+                      settled_fd_count, wait_until)
 
 HEADER = struct.Struct("<IHHII")
 MAGIC = 0x31504357
@@ -143,6 +143,7 @@ def test_live_daemon_on_same_socket_is_an_error(daemon, tmp_path):
     assert_serving(daemon)
 
 
+@root_daemon
 def test_stale_socket_is_replaced(tmp_path, model):
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     stale.bind(str(tmp_path / "wcached.sock"))

@@ -193,10 +193,11 @@ def test_manager_that_never_reads_does_not_stall(tmp_path):
         wait_until(lambda: control(d, "status")["models"][0]["state"] == "ready",
                    what="the model to be ready")
         for i in range(30):
+            before = control(d, "status")["models"][0]["generation"]
             new = mkmodel(tmp_path / f".next{i}.safetensors", seed=i + 2)
             os.rename(new, model)
-            wait_until(lambda: control(d, "status")["models"][0]["generation"] == i + 2,
-                       what=f"generation {i + 2}")
+            wait_until(lambda: control(d, "status")["models"][0]["generation"] > before,
+                       what=f"swap {i + 1} (from generation {before})")
             r = d.attach("small")
             assert r.returncode == 0, r.stderr
         assert metric(d, "wcached_notify_dropped_total") > 0
@@ -212,3 +213,18 @@ def test_manager_that_never_reads_does_not_stall(tmp_path):
     finally:
         assert d.stop() == 0, d.read_log()
         manager.close()
+
+
+def test_low_nofile_is_warned_at_start(tmp_path):
+    """An RLIMIT_NOFILE too small for max_clients is said at start, and the
+    daemon still serves (a smaller reserve) instead of refusing everyone."""
+    model = mkmodel(tmp_path / "small.safetensors")
+    d = Daemon(tmp_path, {"small": model}, user=(DAEMON_UID, GROUP), nofile=64).start()
+    try:
+        wait_until(lambda: "RLIMIT_NOFILE is 64" in d.read_log(), what="the warning")
+        assert "fewer than max_clients" in d.read_log()
+        r = subprocess.run(as_user(GOOD_UID, GROUP) + [binary("wcachectl"), "attach", "small",
+                           "--socket", d.socket], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+    finally:
+        assert d.stop() == 0, d.read_log()

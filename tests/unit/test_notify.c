@@ -145,6 +145,66 @@ test_notify_path(void **state)
 	assert_int_equal(notify_send("READY=1"), 0);
 }
 
+/*
+ * A manager that does not read: the receiver's queue (max_dgram_qlen, 10 by
+ * default) fills, and notify_send() must not block. State changes are kept
+ * in order and STATUS= lines coalesce into the newest; notify_flush() sends
+ * them once the manager reads again.
+ */
+static void
+test_notify_manager_not_reading(void **state)
+{
+	struct fixture *f = *state;
+	struct sockaddr_un addr = {.sun_family = AF_UNIX};
+	char buf[NOTIFY_MAX_MESSAGE + 16];
+	int fd, r, kept = 0, ready_at = -1, stopping_at = -1, i;
+	char last_status[NOTIFY_MAX_MESSAGE + 16] = "";
+	ssize_t n;
+
+	snprintf(addr.sun_path, sizeof(addr.sun_path), "%s/notify.sock", f->dir);
+	fd = bound_dgram(&addr, sizeof(addr));
+	assert_int_equal(setenv("NOTIFY_SOCKET", addr.sun_path, 1), 0);
+	assert_int_equal(notify_init(), 1);
+	for (i = 0; i < 200; i++) {
+		r = notify_send("STATUS=warming %d", i);
+		assert_true(r == 1 || r == 2);
+		kept += r == 2;
+	}
+	assert_true(kept > 0); /* the queue filled: it would have blocked */
+	assert_int_equal(notify_send("READY=1"), 2);
+	assert_int_equal(notify_send("STATUS=serving"), 2);
+	assert_int_equal(notify_send("STOPPING=1"), 2);
+	assert_true(notify_dropped_count() > 0);
+	assert_int_equal(notify_flush(), 0); /* still nobody reads */
+
+	/* The manager reads: everything kept arrives, state changes in order,
+	 * only the newest STATUS= after them. */
+	for (i = 0; i < 1000 && (r = notify_flush()) != 1; i++) {
+		while ((n = recv(fd, buf, sizeof(buf) - 1, MSG_DONTWAIT)) > 0) {
+			buf[n] = '\0';
+			if (strcmp(buf, "READY=1") == 0)
+				ready_at = i;
+			else if (strcmp(buf, "STOPPING=1") == 0)
+				stopping_at = i;
+			else if (strncmp(buf, "STATUS=", 7) == 0)
+				snprintf(last_status, sizeof(last_status), "%s", buf);
+		}
+	}
+	assert_int_equal(r, 1);
+	while ((n = recv(fd, buf, sizeof(buf) - 1, MSG_DONTWAIT)) > 0) {
+		buf[n] = '\0';
+		if (strcmp(buf, "STOPPING=1") == 0)
+			stopping_at = i;
+		else if (strcmp(buf, "READY=1") == 0)
+			ready_at = i;
+		else if (strncmp(buf, "STATUS=", 7) == 0)
+			snprintf(last_status, sizeof(last_status), "%s", buf);
+	}
+	assert_true(ready_at >= 0 && stopping_at >= ready_at);
+	assert_string_equal(last_status, "STATUS=serving");
+	close(fd);
+}
+
 /* An abstract socket: "@name". The address length must count exactly the
  * name's bytes: with a trailing NUL it would be a different address and the
  * send would fail with ECONNREFUSED. */
@@ -404,6 +464,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_notify_path, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_notify_manager_not_reading, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_notify_abstract, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_notify_unset, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_notify_invalid, setup, teardown),

@@ -1,0 +1,109 @@
+"""Residency that is true, and kept: status and metrics agree with the kernel
+(fincore) whether wcached may ask the page cache (root: cachestat) or not
+(its own user reading a root-owned model, as packaged: it counts the pages
+it maps); a client's posix_fadvise(DONTNEED) on the descriptor it was given
+drops nothing; pages memory pressure takes (MADV_PAGEOUT of the daemon's
+mapping, from outside with process_madvise) are noticed and warmed again."""
+import ctypes
+import json
+import os
+import subprocess
+
+import pytest
+
+from conftest import Daemon, as_user, binary, mkmodel, open_to, wait_until
+
+DAEMON_UID, BAD_UID, GROUP = 64101, 64102, 64100
+SYS_PIDFD_OPEN, SYS_PROCESS_MADVISE, MADV_PAGEOUT = 434, 440, 21
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0,
+                                reason="needs root: other users, fincore, process_madvise")
+
+
+def status_model(d):
+    r = subprocess.run([binary("wcachectl"), "--control", d.control, "--json", "status"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["models"][0]
+
+
+def fincore(path):
+    """The page cache's own answer (util-linux fincore, as root), in bytes
+    capped at the file's size (it counts whole pages; status counts the
+    bytes of the last, partial page)."""
+    r = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", path],
+                       capture_output=True, text=True, check=True)
+    return min(int(r.stdout.split()[0]), os.path.getsize(path))
+
+
+class IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+def page_out(pid, path):
+    """Reclaims the pages of path that process pid maps (what memory pressure
+    would do): process_madvise(MADV_PAGEOUT) over each of its mappings."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    pidfd = libc.syscall(SYS_PIDFD_OPEN, pid, 0)
+    assert pidfd >= 0, os.strerror(ctypes.get_errno())
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            ranges = [line.split()[0] for line in f if line.rstrip().endswith(path)]
+        assert ranges, f"wcached does not map {path}"
+        paged = 0
+        for r in ranges:
+            lo, hi = (int(x, 16) for x in r.split("-"))
+            iov = IoVec(lo, hi - lo)
+            n = libc.syscall(ctypes.c_long(SYS_PROCESS_MADVISE), ctypes.c_long(pidfd),
+                             ctypes.byref(iov), ctypes.c_long(1), ctypes.c_long(MADV_PAGEOUT),
+                             ctypes.c_long(0))
+            # EINVAL: the mlock()ed header (pin = metadata), which stays.
+            assert n >= 0 or ctypes.get_errno() == 22, os.strerror(ctypes.get_errno())
+            paged += n > 0
+        assert paged, f"no mapping of {path} could be paged out"
+    finally:
+        os.close(pidfd)
+
+
+@pytest.mark.parametrize("who", ["root", "unprivileged"])
+def test_residency_is_true_and_kept(tmp_path, who):
+    # Root-owned, 0644: the packaged case (the daemon neither owns nor may
+    # write it). About 17 MiB.
+    model = mkmodel(tmp_path / "m.safetensors", layers=3, hidden=512, ffn=1024, vocab=1000)
+    os.chmod(model, 0o644)
+    open_to(tmp_path, 0, 0)  # a client of another user may open it too
+    user = (DAEMON_UID, GROUP) if who == "unprivileged" else None
+    d = Daemon(tmp_path, {"m": model}, user=user).start()
+    try:
+        size = os.path.getsize(model)
+        m = wait_until(lambda: (lambda m: m["state"] == "ready" and m["resident_bytes"] == size
+                                and m)(status_model(d)), what="m ready and resident")
+        assert m["resident_method"] == ("cachestat" if who == "root" else "mapped"), m
+        assert fincore(model) == size
+
+        # A client drops the pages of the file it was given: nothing goes,
+        # because wcached maps every page of a warm model.
+        r = subprocess.run(as_user(BAD_UID, GROUP) + ["/usr/bin/python3", "-c",
+                           "import os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); "
+                           "os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)", model],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert fincore(model) == size
+        assert status_model(d)["resident_bytes"] == size
+
+        # Memory pressure takes them: status says so, and wcached warms the
+        # model again within its check interval (5 s).
+        page_out(d.proc.pid, model)
+        os.posix_fadvise(os.open(model, os.O_RDONLY), 0, 0, os.POSIX_FADV_DONTNEED)
+        assert fincore(model) < size // 2
+        m = wait_until(lambda: (lambda m: m["rewarms"] >= 1 and m["resident_bytes"] == size
+                                and m)(status_model(d)), timeout=60,
+                       what="m warmed again after its pages were taken")
+        assert fincore(model) == size
+        assert "still in memory (memory pressure); warming it again" in d.read_log()
+        text = subprocess.run([binary("wcachectl"), "--control", d.control, "metrics"],
+                              capture_output=True, text=True, check=True).stdout
+        assert 'wcached_model_rewarms_total{model="m"} 1' in text
+    finally:
+        assert d.stop() == 0, d.read_log()
