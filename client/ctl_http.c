@@ -22,7 +22,6 @@
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
-#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,22 +115,9 @@ read_request(char *buf, size_t cap, size_t *len, double deadline)
 			return n == 0 ? 0 : -1;
 		n += (size_t)r;
 		*len = n;
-		/* The head ends with an empty line (CRLF CRLF, or bare LFs). */
-		for (size_t i = 0; i + 1 < n; i++)
-			if (buf[i] == '\n' && (buf[i + 1] == '\n' ||
-				(buf[i + 1] == '\r' && i + 2 < n && buf[i + 2] == '\n')))
-				return 1;
+		if (ctl_http_head_complete(buf, n))
+			return 1;
 	}
-}
-
-/* Is every byte of s[0..n) a visible ASCII character (a token or target)? */
-static bool
-visible(const char *s, size_t n)
-{
-	for (size_t i = 0; i < n; i++)
-		if ((unsigned char)s[i] <= 0x20 || (unsigned char)s[i] >= 0x7f)
-			return false;
-	return n > 0;
 }
 
 /* Asks the control socket for the metrics and answers with them. */
@@ -224,8 +210,7 @@ int
 ctl_http_metrics(const char *control_path, double timeout)
 {
 	char buf[CTL_HTTP_REQUEST_MAX];
-	size_t len = 0, line_len, method_len, target_len;
-	const char *sp1, *sp2, *target, *version;
+	size_t len = 0;
 	int r, status = 1;
 
 	signal(SIGPIPE, SIG_IGN);
@@ -244,36 +229,20 @@ ctl_http_metrics(const char *control_path, double timeout)
 			"incomplete request");
 		goto out;
 	}
-	/* Request line: METHOD SP TARGET SP HTTP/1.x, then CRLF. */
-	line_len = (size_t)((const char *)memchr(buf, '\n', len) - buf);
-	if (line_len > 0 && buf[line_len - 1] == '\r')
-		line_len--;
-	sp1 = memchr(buf, ' ', line_len);
-	sp2 = sp1 != NULL ? memchr(sp1 + 1, ' ', line_len - (size_t)(sp1 + 1 - buf)) : NULL;
-	if (sp1 == NULL || sp2 == NULL) {
-		respond_text(400, "Bad Request", NULL, "malformed request line");
-		goto out;
-	}
-	method_len = (size_t)(sp1 - buf);
-	target = sp1 + 1;
-	target_len = (size_t)(sp2 - target);
-	version = sp2 + 1;
-	if (!visible(buf, method_len) || !visible(target, target_len) ||
-		(size_t)(buf + line_len - version) != 8 || strncmp(version, "HTTP/1.", 7) != 0 ||
-		(version[7] != '0' && version[7] != '1')) {
-		respond_text(400, "Bad Request", NULL, "malformed request line");
-		goto out;
-	}
-	if (method_len != 3 || memcmp(buf, "GET", 3) != 0) {
-		respond_text(405, "Method Not Allowed", "Allow: GET\r\n", "only GET is served");
-		goto out;
-	}
-	if (!(target_len >= 8 && memcmp(target, "/metrics", 8) == 0 &&
-		(target_len == 8 || target[8] == '?'))) {
+	switch (ctl_http_classify(buf, len)) {
+	case 200:
+		status = serve_metrics(control_path);
+		break;
+	case 404:
 		respond_text(404, "Not Found", NULL, "not found: only /metrics is served");
-		goto out;
+		break;
+	case 405:
+		respond_text(405, "Method Not Allowed", "Allow: GET\r\n", "only GET is served");
+		break;
+	default:
+		respond_text(400, "Bad Request", NULL, "malformed request line");
+		break;
 	}
-	status = serve_metrics(control_path);
 out:
 	linger();
 	return status;

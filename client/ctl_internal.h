@@ -14,6 +14,7 @@
 #ifndef WC_CTL_INTERNAL_H
 #define WC_CTL_INTERNAL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -108,5 +109,16 @@ int ctl_status_show(const char *line, size_t len, char *const *names, size_t nna
  * the metrics were served, 1 otherwise (the reason on stderr).
  */
 int ctl_http_metrics(const char *control_path, double timeout);
+
+/* ---- ctl_http_parse.c ------------------------------------------------- */
+
+/* Does buf[0..len) hold a whole request head (up to its empty line)? */
+bool ctl_http_head_complete(const char *buf, size_t len);
+
+/* The status a request head (len bytes, as ctl_http_head_complete() found
+ * it) gets: 200 for GET /metrics (a query string is ignored) in HTTP/1.0 or
+ * 1.1, 404 for another target, 405 for another method, 400 when the request
+ * line is malformed. Reads nothing outside buf[0..len). */
+int ctl_http_classify(const char *buf, size_t len);
 
 #endif /* WC_CTL_INTERNAL_H */
