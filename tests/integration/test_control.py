@@ -611,7 +611,10 @@ def start_shared(tmp_path, model, extra=""):
     d = Daemon(tmp_path, {"small": model})
     d.control = os.path.join(shared_dir(), f"control-{os.getpid()}-{tmp_path.name}.sock")
     d.write_config({"small": model}, extra)
-    return wait_for_control(d.start())
+    wait_for_control(d.start())
+    # Ready, so that status exits 0 for the users allowed to ask.
+    wait_until(lambda: ctl(d, "status").returncode == 0, what="small ready")
+    return d
 
 
 @root_daemon
