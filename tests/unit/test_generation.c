@@ -258,6 +258,13 @@ test_failed_replacement_never_current(void **state)
 	free(p2);
 }
 
+static bool
+current_is_2(struct du *t, void *arg)
+{
+	(void)arg;
+	return du_current(t, "m")->number == 2;
+}
+
 static void
 test_promote(void **state)
 {
@@ -272,7 +279,9 @@ test_promote(void **state)
 	g1 = attach(t, "m"); /* held: stays open after the swap */
 	du_log_start(t);
 	assert_int_equal(du_load(t, "m", p2, PIN_NONE, 1), 0);
-	g2 = du_wait_state(t, "m", false, GEN_READY);
+	du_run_until(t, current_is_2, NULL);
+	g2 = du_current(t, "m");
+	assert_int_equal(g2->state, GEN_READY);
 	log = du_log_stop(t);
 	assert_int_equal(g2->number, 2);
 	assert_logged(log, "model \"m\": generation 2 is current (was 1)");
