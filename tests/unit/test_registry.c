@@ -241,6 +241,27 @@ test_unload_during_load(void **state)
 	free(path);
 }
 
+static void
+test_forget(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 1024), *missing;
+	uint64_t id;
+
+	assert_true(asprintf(&missing, "%s/none", t->dir) > 0);
+	assert_true(du_load(t, "bad", missing, PIN_NONE, 0) < 0);
+	id = registry_find(&t->reg, "bad")->entry_id;
+	assert_int_equal(registry_forget(&t->reg, "bad", id + 1), -ENOENT);
+	assert_int_equal(registry_forget(&t->reg, "bad", id), 0);
+	assert_null(registry_find(&t->reg, "bad"));
+	/* A model that serves is not forgotten. */
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 0), 0);
+	id = registry_find(&t->reg, "m")->entry_id;
+	assert_int_equal(registry_forget(&t->reg, "m", id), -EBUSY);
+	free(missing);
+	free(path);
+}
+
 /* ---- attaching ---- */
 
 static void
@@ -350,6 +371,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_reload, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unload, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unload_during_load, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_forget, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_attach_reply, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_access, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_progress_and_close_with_load_in_flight, setup,
