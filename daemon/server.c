@@ -323,7 +323,7 @@ handle_attach(struct conn *c, const struct wire_message *msg)
 	struct registry_attachment at;
 	struct wire_attach_ok ok = { 0 };
 	uint8_t buf[WIRE_MAX_MESSAGE];
-	char name[WIRE_MAX_NAME + 1], text[512];
+	char name[WIRE_MAX_NAME + 1], text[WIRE_MAX_MESSAGE];
 	const char *p;
 	size_t len;
 	ssize_t n;
