@@ -178,7 +178,7 @@ model_begin(struct parse_ctx *ctx, const char *name)
 		config_error(ctx, -ENOMEM, "out of memory");
 		return;
 	}
-	m->pin = CONFIG_PIN_METADATA;
+	m->pin = PIN_METADATA;
 	m->warm = true;
 	m->line = ctx->lineno;
 	ctx->model = cfg->n_models++;
@@ -350,13 +350,7 @@ model_key(struct parse_ctx *ctx, const char *key, const char *value)
 		config_join_path(ctx, prefix, key, value, &m->path);
 		break;
 	case MK_PIN:
-		if (strcmp(value, "none") == 0)
-			m->pin = CONFIG_PIN_NONE;
-		else if (strcmp(value, "metadata") == 0)
-			m->pin = CONFIG_PIN_METADATA;
-		else if (strcmp(value, "all") == 0)
-			m->pin = CONFIG_PIN_ALL;
-		else
+		if (pin_mode_parse(value, &m->pin) < 0)
 			config_error(ctx, -EINVAL,
 				"%spin: \"%s\" is not one of none, metadata, all", prefix, value);
 		break;

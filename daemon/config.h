@@ -43,6 +43,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "pin.h"
+
 #define CONFIG_DEFAULT_SOCKET "/run/wcached/wcached.sock"
 #define CONFIG_DEFAULT_CONTROL "/run/wcached/control.sock"
 #define CONFIG_DEFAULT_PREFETCH_THREADS 2
@@ -52,13 +54,6 @@
 #define CONFIG_MAX_CLIENTS_LIMIT 1000000 /* upper bound accepted for both */
 #define CONFIG_MAX_MODELS 4096
 #define CONFIG_MODEL_NAME_MAX 128 /* bytes, not counting the NUL */
-
-/* What a model keeps locked in memory (mlock), from the "pin" key. */
-enum config_pin {
-	CONFIG_PIN_NONE = 0,     /* nothing */
-	CONFIG_PIN_METADATA = 1, /* the index and the files' headers (default) */
-	CONFIG_PIN_ALL = 2,      /* the whole model, within RLIMIT_MEMLOCK */
-};
 
 /* How memory_budget was given. */
 enum config_budget {
@@ -71,7 +66,7 @@ enum config_budget {
 struct model_config {
 	char *name;            /* 1..128 bytes of [A-Za-z0-9._-], not starting with '.' or '-' */
 	char *path;            /* absolute (joined with the config file's directory) */
-	enum config_pin pin;   /* default CONFIG_PIN_METADATA */
+	enum pin_mode pin;     /* the "pin" key, default PIN_METADATA */
 	bool warm;             /* default true */
 	/* Access lists. When both raw strings are NULL the model has no list and
 	 * any peer that can reach the client socket may attach it. When either

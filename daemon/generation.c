@@ -33,12 +33,6 @@ gen_state_name(enum gen_state s)
 	return state_names[s];
 }
 
-const char *
-pin_mode_name(enum pin_mode p)
-{
-	return p == PIN_ALL ? "all" : p == PIN_NONE ? "none" : "metadata";
-}
-
 uint64_t
 registry_now_ms(const struct registry *r)
 {

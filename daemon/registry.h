@@ -29,7 +29,7 @@
 #include "source.h"
 #include "warm.h"
 
-enum pin_mode { PIN_NONE = 0, PIN_METADATA, PIN_ALL };
+#include "pin.h"
 
 enum gen_state {
 	GEN_WARMING,  /* being read into the page cache */
@@ -222,6 +222,5 @@ void registry_progress(const struct registry *r, uint64_t *done, uint64_t *total
 	unsigned *warming, unsigned *models);
 
 const char *gen_state_name(enum gen_state s);
-const char *pin_mode_name(enum pin_mode p);
 
 #endif

@@ -149,7 +149,7 @@ test_full(void **state)
 	m = &cfg->models[0];
 	assert_string_equal(m->name, "llama-3-8b");
 	assert_string_equal(m->path, "/models/llama-3-8b");
-	assert_int_equal(m->pin, CONFIG_PIN_ALL);
+	assert_int_equal(m->pin, PIN_ALL);
 	assert_false(m->warm);
 	assert_int_equal(m->line, 14);
 	assert_string_equal(m->allow_users, "root, 1234");
@@ -164,7 +164,7 @@ test_full(void **state)
 	m = &cfg->models[1];
 	assert_string_equal(m->name, "Qwen2.5_7B");
 	assert_string_equal(m->path, "/models/qwen/model.safetensors.index.json");
-	assert_int_equal(m->pin, CONFIG_PIN_NONE);
+	assert_int_equal(m->pin, PIN_NONE);
 	assert_true(m->warm);
 	assert_int_equal(m->line, 21);
 	assert_null(m->allow_users);
@@ -204,7 +204,7 @@ test_defaults(void **state)
 		0);
 	assert_int_equal(cfg->n_models, 1);
 	assert_string_equal(cfg->models[0].name, "m");
-	assert_int_equal(cfg->models[0].pin, CONFIG_PIN_METADATA);
+	assert_int_equal(cfg->models[0].pin, PIN_METADATA);
 	assert_true(cfg->models[0].warm);
 	config_free(cfg);
 
