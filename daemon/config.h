@@ -1,5 +1,5 @@
 /*
- * config.h: wcached's configuration file (INI syntax, parsed with inih).
+ * config.h: wcached's configuration file (INI syntax, read with inih).
  *
  *   [wcached]
  *   socket = /run/wcached/wcached.sock    ; client socket
@@ -19,7 +19,8 @@
  *   allow_users = alice, 1001             ; names or uids, comma or space separated
  *   allow_groups = ml                     ; names or gids
  *
- * Comments start with ';' or '#' at the start of a line, or with ';' after
+ * The syntax is client/inifile.h's (inih's, shared with wcachectl):
+ * comments start with ';' or '#' at the start of a line, or with ';' after
  * whitespace inside a line. Leading whitespace is ignored (there are no
  * continuation lines). Lines may be of any length up to 64 KiB.
  *

@@ -534,6 +534,27 @@ test_errors(void **state)
 	check_error(f, "[wcached] socket = /s\n", 1, "unexpected text after section header");
 	check_error(f, "[wcached]\n= value\n", 2, "missing key name");
 	check_error(f, "[wcached]\nsocket ; = /s\n", 2, "expected \"key = value\"");
+	check_error(f, "[wcached]\n  : value\n", 2, "missing key name before ':'");
+	check_error(f, "[model a]\npath = /a\n[wcached\n", 3, "section header without closing ']'");
+	check_error(f, "[wcached ; comment]\n", 1, "section header without closing ']'");
+	check_error(f, "[model a]\npath = /a\n[wcached] # comment\n[model b] x\n", 4,
+		"unexpected text after section header: \"x\"");
+
+	/* 64 KiB per line, newline included. */
+	{
+		char *line = malloc(70000);
+		struct config *cfg = NULL;
+
+		assert_non_null(line);
+		memset(line, 'x', 70000);
+		memcpy(line, "[wcached]\nsocket = /", 20);
+		memcpy(line + 65535 + 10, "\n", 2); /* line 2: 65536 bytes, newline included */
+		assert_int_equal(load_text(f, "l64k.conf", line, &cfg, NULL), -EINVAL);
+		assert_non_null(strstr(error_get(), ":2: socket: path too long (65526 bytes)"));
+		memcpy(line + 65535 + 10, "x\n", 3);
+		check_error(f, line, 2, "line too long (65537 bytes, max 65536)");
+		free(line);
+	}
 }
 
 /* Errors that are not about a line. */
