@@ -1,9 +1,10 @@
 /*
  * fuzz_config.c: libFuzzer harness for wcached's configuration reader
- * (daemon/config.c and daemon/config_value.c, over inih), driven the way the
- * daemon drives it: config_load() of a file. The input is written into a
- * memfd and loaded by its /proc/self/fd path, so there is no disk I/O and
- * the file's directory (the base of relative paths) is /proc/self/fd.
+ * (daemon/config.c and daemon/config_value.c, over client/inifile.c and
+ * inih), driven the way the daemon drives it: config_load() of a file. The
+ * input is written into a memfd and loaded by its /proc/self/fd path, so
+ * there is no disk I/O and the file's directory (the base of relative
+ * paths) is /proc/self/fd.
  *
  * Properties checked, beyond "no crash, no leak, no undefined behaviour":
  *   - a refusal is -EINVAL with "FILE:LINE: reason", LINE a line of the

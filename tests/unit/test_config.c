@@ -4,8 +4,9 @@
  * Each test writes a config file into a fresh temporary directory and loads
  * it: a full valid file, the defaults, relative path resolution, the
  * memory_budget forms, user and group lists, lines longer than inih's
- * buffer, the model diff for SIGHUP, and every error, checking the code and
- * that the message is "FILE:LINE: reason" with the right line.
+ * default buffer and the 64 KiB limit, the model diff for SIGHUP, and
+ * every error, checking the code and that the message is
+ * "FILE:LINE: reason" with the right line.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -412,7 +413,8 @@ test_allow_lists(void **state)
 		"user: unknown user \"no-such-user-wcache\"");
 }
 
-/* A value longer than inih's 200-byte line buffer, with an inline comment. */
+/* A value longer than inih's default 200-byte line buffer, with an inline
+ * comment. */
 static void
 test_long_line(void **state)
 {
