@@ -37,6 +37,7 @@
 #include "dtype.h"
 #include "error.h"
 #include "json.h"
+#include "le.h"
 #include "source.h"
 
 /* A tensor's data range, kept to check the tiling once the header is read. */
@@ -65,16 +66,6 @@ struct st_ctx {
 	char qname[320];            /* its name quoted, made by qn() on error */
 	char decoded[INDEX_MAX_NAME + 1];
 };
-
-static uint64_t
-get_le64(const uint8_t *p)
-{
-	uint64_t v = 0;
-
-	for (int i = 7; i >= 0; i--)
-		v = (v << 8) | p[i];
-	return v;
-}
 
 static const char *
 type_name(enum jr_type t)

@@ -7,7 +7,6 @@
  * else is read as safetensors, whose reader explains what it finds instead.
  */
 #include <byteswap.h>
-#include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -16,30 +15,22 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "le.h"
 #include "source.h"
 
-/* Reads the first four bytes of path as a little-endian u32; 0 when the
- * file is shorter or unreadable (the format reader reports why). */
-static uint32_t
-peek_magic(const char *path)
+uint32_t
+source_magic(const char *path)
 {
-	uint32_t v = 0;
+	uint8_t b[4];
 	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+	uint32_t v = 0;
 
 	if (fd == -1)
 		return 0;
-	if (pread(fd, &v, sizeof(v), 0) != (ssize_t)sizeof(v))
-		v = 0;
+	if (pread(fd, b, sizeof(b), 0) == (ssize_t)sizeof(b))
+		v = get_le32(b);
 	close(fd);
-	return le32toh(v);
-}
-
-static int
-has_suffix(const char *s, const char *suffix)
-{
-	size_t n = strlen(s), m = strlen(suffix);
-
-	return n >= m && strcmp(s + n - m, suffix) == 0;
+	return v;
 }
 
 int
@@ -52,9 +43,9 @@ source_open(const char *path, struct model_source *out)
 		return error_set(-errno, "%s: %s", path, strerror(errno));
 	if (S_ISDIR(st.st_mode))
 		return shards_open_dir(path, out);
-	if (has_suffix(path, ".json"))
+	if (file_has_suffix(path, ".json"))
 		return shards_open(path, out);
-	magic = peek_magic(path);
+	magic = source_magic(path);
 	if (magic == WEIG_MAGIC || magic == bswap_32(WEIG_MAGIC))
 		return weig_open(path, out);
 	return st_open(path, out);

@@ -33,6 +33,10 @@ struct model_source {
 /* Opens path (file, shard index, directory or WEIG) and fills *out. */
 int source_open(const char *path, struct model_source *out);
 
+/* The first four bytes of path as a little-endian u32 (a format's magic);
+ * 0 when the file is shorter or unreadable (the format reader reports why). */
+uint32_t source_magic(const char *path);
+
 /* Closes the files, frees the index; safe on a zeroed source. */
 void source_close(struct model_source *s);
 

@@ -21,7 +21,6 @@
  * everything else that is wrong with the file.
  */
 #include <byteswap.h>
-#include <endian.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -31,6 +30,7 @@
 #include "dtype.h"
 #include "error.h"
 #include "index.h"
+#include "le.h"
 #include "json.h"
 #include "source.h"
 #include "writer.h"
@@ -82,20 +82,18 @@ struct weig_range {
 static uint32_t
 rd32(const struct weig_reader *r, uint64_t off)
 {
-	uint32_t v;
+	uint32_t v = get_le32(r->file + off);
 
-	memcpy(&v, r->file + off, sizeof(v));
-	return r->big_endian ? be32toh(v) : le32toh(v);
+	return r->big_endian ? bswap_32(v) : v;
 }
 
 /* Reads a u64 at off (the caller has checked the bounds). */
 static uint64_t
 rd64(const struct weig_reader *r, uint64_t off)
 {
-	uint64_t v;
+	uint64_t v = get_le64(r->file + off);
 
-	memcpy(&v, r->file + off, sizeof(v));
-	return r->big_endian ? be64toh(v) : le64toh(v);
+	return r->big_endian ? bswap_64(v) : v;
 }
 
 /*
@@ -234,8 +232,7 @@ check_header(struct weig_reader *r, int want_big_endian, uint64_t *tensor_count,
 	if (r->size < 4)
 		return error_set(-EINVAL, "%s: file is %" PRIu64 " bytes, too small for a WEIG"
 			" header", r->name, r->size);
-	memcpy(&magic, r->file, sizeof(magic));
-	magic = le32toh(magic);
+	magic = get_le32(r->file);
 	if (magic == bswap_32(WEIG_MAGIC)) {
 		r->big_endian = 1;
 	} else if (magic == WEIG_MAGIC) {
