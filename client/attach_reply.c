@@ -32,8 +32,6 @@
 #include "model.h"
 #include "wire.h"
 
-_Static_assert(INDEX_MAX_FILES == WIRE_MAX_FILES, "an attach passes the index, every file and the status page");
-
 /*
  * Closes the received descriptors: one close_range() when they are
  * consecutive numbers (the kernel installs them lowest-first, so they

@@ -33,14 +33,13 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "bounds.h" /* CONTROL_LINE_MAX, CONFIG_LINE_MAX */
 #include "ctl.h"
 #include "ctl_internal.h"
+#include "defaults.h"
 #include "json.h"
 
-#define DEFAULT_CONTROL "/run/wcached/control.sock"
-#define REQUEST_MAX 4096            /* the daemon's CONTROL_LINE_MAX */
 #define REPLY_MAX (256u << 20)      /* a status of thousands of models fits */
-#define CONFIG_LINE_MAX 65536
 
 /* ---- finding the socket ------------------------------------------------- */
 
@@ -501,7 +500,7 @@ static const struct control_command {
 static const char options_help[] =
 	"  -c, --config CONFIG  find the control socket in CONFIG's [wcached] section\n"
 	"      --control PATH   the control socket (default $WCACHE_CONTROL, else\n"
-	"                       " DEFAULT_CONTROL ")\n"
+	"                       " DEFAULT_CONTROL_PATH ")\n"
 	"      --json           print the daemon's JSON reply as it came\n"
 	"  -h, --help           this help\n";
 
@@ -529,8 +528,8 @@ append_word(char *req, size_t *len, const char *word)
 		}
 		need += *p == '"' || *p == '\\' ? 2 : 1;
 	}
-	if (need > REQUEST_MAX - n) {
-		fprintf(stderr, "wcachectl: request longer than %d bytes\n", REQUEST_MAX);
+	if (need > CONTROL_LINE_MAX - n) {
+		fprintf(stderr, "wcachectl: request longer than %d bytes\n", CONTROL_LINE_MAX);
 		return -1;
 	}
 	if (n > 0)
@@ -591,7 +590,7 @@ print_result(const struct control_command *cmd, const struct reply *r, char **ar
 static char *
 socket_path(const char *config, const char *control)
 {
-	const char *env = getenv("WCACHE_CONTROL");
+	const char *env = getenv(CONTROL_ENV);
 	char *path = NULL;
 
 	if (control != NULL) {
@@ -600,9 +599,9 @@ socket_path(const char *config, const char *control)
 		if (control_from_config(config, &path) < 0)
 			return NULL;
 		if (path == NULL) /* the daemon's default, whatever the environment says */
-			path = strdup(DEFAULT_CONTROL);
+			path = strdup(DEFAULT_CONTROL_PATH);
 	} else {
-		path = strdup(env != NULL && env[0] != '\0' ? env : DEFAULT_CONTROL);
+		path = strdup(env != NULL && env[0] != '\0' ? env : DEFAULT_CONTROL_PATH);
 	}
 	if (path == NULL)
 		fprintf(stderr, "wcachectl: out of memory\n");
@@ -618,7 +617,7 @@ int
 ctl_control(int argc, char **argv, const char *config, const char *control, int json)
 {
 	const struct control_command *cmd = NULL;
-	char *args[4], req[REQUEST_MAX + 2], *path = NULL, *reply_line = NULL, *abs = NULL;
+	char *args[4], req[CONTROL_LINE_MAX + 2], *path = NULL, *reply_line = NULL, *abs = NULL;
 	size_t nargs = 0, len = 0, reply_len = 0;
 	struct reply r;
 	int fd = -1, status = 1;

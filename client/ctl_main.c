@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "ctl.h"
+#include "defaults.h"
 
 
 static const struct {
@@ -50,7 +51,7 @@ usage(FILE *f)
 		   "  -c, --config CONFIG  use the control socket CONFIG names (the `control`\n"
 		   "                       key of its [wcached] section)\n"
 		   "      --control PATH   the control socket (default $WCACHE_CONTROL, else\n"
-		   "                       /run/wcached/control.sock)\n"
+		   "                       " DEFAULT_CONTROL_PATH ")\n"
 		   "      --json           print wcached's JSON reply instead of a table\n\n"
 		   "Exit status: 0 on success; 1 when wcached reports an error or cannot be\n"
 		   "reached (the reason is on stderr); 2 for a usage error.\n\n"
