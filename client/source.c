@@ -5,6 +5,8 @@
  * shard index; a file whose first four bytes are the WEIG magic (either byte
  * order, so the WEIG reader can explain a big-endian file) is WEIG; anything
  * else is read as safetensors, whose reader explains what it finds instead.
+ * A model that is one file, whatever its format, is opened the same way:
+ * source_open_file() maps it and runs the format's parser over it.
  */
 #include <byteswap.h>
 #include <errno.h>
@@ -49,6 +51,44 @@ source_open(const char *path, struct model_source *out)
 	if (magic == WEIG_MAGIC || magic == bswap_32(WEIG_MAGIC))
 		return weig_open(path, out);
 	return st_open(path, out);
+}
+
+int
+source_open_file(const char *path, enum source_format format, source_parse_fn parse,
+	struct model_source *out)
+{
+	struct index_builder *b = NULL;
+	struct wc_file f, *files = NULL;
+	uint8_t *blob = NULL;
+	size_t len = 0;
+	uint32_t file_no;
+	int r;
+
+	if ((r = file_open(path, &f)) < 0)
+		return r;
+	if ((r = index_builder_new(&b)) < 0 ||
+		(r = index_add_file(b, file_basename(path), f.size, &file_no)) < 0 ||
+		(r = parse(path, f.base, f.size, file_no, b)) < 0 ||
+		(r = index_build(b, path, &blob, &len)) < 0)
+		goto fail;
+	if ((files = malloc(sizeof(*files))) == NULL) {
+		r = error_set(-ENOMEM, "%s: out of memory", path);
+		goto fail;
+	}
+	index_builder_free(b);
+	files[0] = f;
+	memset(out, 0, sizeof(*out));
+	out->format = format;
+	out->files = files;
+	out->nfiles = 1;
+	out->index = blob;
+	out->index_len = len;
+	return 0;
+fail:
+	free(blob);
+	index_builder_free(b);
+	file_close(&f);
+	return r;
 }
 
 void

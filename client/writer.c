@@ -799,21 +799,13 @@ fail:
 int
 writer_from_big_endian(const char *in_path, enum writer_format fmt, const char *out_path)
 {
-	struct index_builder *b = NULL;
-	struct wc_file f;
+	struct model_source s;
 	struct wt_model wm = { 0 };
-	uint8_t *blob = NULL;
-	size_t len = 0;
-	uint32_t file_no;
 	int rc;
 
-	if ((rc = file_open(in_path, &f)) < 0)
+	if ((rc = source_open_file(in_path, FORMAT_WEIG, weig_parse_big_endian, &s)) < 0)
 		return rc;
-	if ((rc = index_builder_new(&b)) < 0 ||
-		(rc = index_add_file(b, in_path, f.size, &file_no)) < 0 ||
-		(rc = weig_parse_big_endian(in_path, f.base, f.size, file_no, b)) < 0 ||
-		(rc = index_build(b, in_path, &blob, &len)) < 0 ||
-		(rc = wt_from_index(blob, len, &f, &wm)) < 0)
+	if ((rc = wt_from_index(s.index, s.index_len, &s.files[0], &wm)) < 0)
 		goto out;
 	if (fmt == WRITER_WEIG)
 		rc = write_weig(&wm, out_path);
@@ -823,8 +815,6 @@ writer_from_big_endian(const char *in_path, enum writer_format fmt, const char *
 		rc = error_set(-EINVAL, "%s: unknown output format %d", out_path, (int)fmt);
 out:
 	wt_free(&wm);
-	free(blob);
-	index_builder_free(b);
-	file_close(&f);
+	source_close(&s);
 	return rc;
 }
