@@ -7,6 +7,22 @@
 #ifndef WC_CTL_H
 #define WC_CTL_H
 
+/* Exit statuses; status's follow systemctl is-active (man/wcachectl.1). */
+#define CTL_EXIT_OK 0
+#define CTL_EXIT_FAILURE 1   /* reported on stderr */
+#define CTL_EXIT_USAGE 2
+#define CTL_EXIT_NOT_READY 3 /* status: a model asked about is not ready */
+#define CTL_EXIT_UNKNOWN 4   /* status: a name asked about is not served */
+
+/* Prints a usage error in one line, "wcachectl COMMAND: MESSAGE (see
+ * 'wcachectl COMMAND --help')" (command NULL: the global one), and returns
+ * CTL_EXIT_USAGE. */
+int ctl_usage_error(const char *command, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+/* Seconds on the monotonic clock, for durations. */
+double ctl_monotonic(void);
+
 int ctl_inspect(int argc, char **argv);
 int ctl_convert(int argc, char **argv);
 int ctl_attach(int argc, char **argv);

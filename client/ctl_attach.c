@@ -27,15 +27,6 @@ attach_usage(FILE *f)
 		   "  --json         print one JSON object\n");
 }
 
-static double
-now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 /* Reads one byte of every page of every tensor; returns a checksum so the
  * reads cannot be optimised away. */
 static uint64_t
@@ -79,35 +70,37 @@ ctl_attach(int argc, char **argv)
 		} else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
 			attach_usage(stdout);
 			return 0;
-		} else if (argv[i][0] != '-' && name == NULL) {
+		} else if (strcmp(argv[i], "--socket") == 0) {
+			return ctl_usage_error("attach", "--socket needs a value");
+		} else if (argv[i][0] == '-') {
+			return ctl_usage_error("attach", "unknown option \"%s\"", argv[i]);
+		} else if (name == NULL) {
 			name = argv[i];
 		} else {
-			attach_usage(stderr);
-			return 2;
+			return ctl_usage_error("attach", "unexpected argument \"%s\": attach takes "
+				"one NAME", argv[i]);
 		}
 	}
-	if (name == NULL) {
-		attach_usage(stderr);
-		return 2;
-	}
+	if (name == NULL)
+		return ctl_usage_error("attach", "missing NAME");
 	if (wc_connect(socket_path, &c) < 0) {
 		fprintf(stderr, "wcachectl: %s\n", wc_errmsg());
 		return 1;
 	}
-	t0 = now();
+	t0 = ctl_monotonic();
 	if (wc_attach(c, name, &m) < 0) {
 		fprintf(stderr, "wcachectl: %s\n", wc_errmsg());
 		wc_disconnect(c);
 		return 1;
 	}
-	t_attach = now() - t0;
+	t_attach = ctl_monotonic() - t0;
 	for (size_t i = 0; i < wc_model_count(m); i++)
 		if (wc_model_tensor(m, i, &t) == 0)
 			bytes += t.nbytes;
 	if (touch) {
-		t0 = now();
+		t0 = ctl_monotonic();
 		sum = touch_all(m, &bytes);
-		t_touch = now() - t0;
+		t_touch = ctl_monotonic() - t0;
 	}
 	if (json) {
 		printf("{\"model\":");

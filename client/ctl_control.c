@@ -10,7 +10,8 @@
  * default, the reply itself with --json, the exposition text for metrics.
  * The exit status is 0 when the reply says ok, 1 with the daemon's error on
  * stderr otherwise (or when the daemon cannot be reached), 2 for a usage
- * error.
+ * error; status adds 3 and 4 (ctl.h). With --json, stdout holds exactly one
+ * JSON object whatever happens: the reply, or ctl_json_error()'s.
  *
  * Replies are parsed with the strict reader of json.h. Strings from the
  * daemon are printed with control characters escaped, so a hostile model
@@ -23,6 +24,7 @@
  */
 #include <errno.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -33,8 +35,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "bounds.h" /* CONTROL_LINE_MAX, CONFIG_LINE_MAX */
+#include "bounds.h" /* CONFIG_LINE_MAX */
 #include "ctl.h"
+#include "control_proto.h"
 #include "ctl_internal.h"
 #include "defaults.h"
 #include "json.h"
@@ -74,7 +77,7 @@ control_from_config(const char *path, char **out)
 
 	*out = NULL;
 	if (f == NULL || line == NULL) {
-		fprintf(stderr, "wcachectl: %s: %s\n", path, strerror(f == NULL ? errno : ENOMEM));
+		ctl_error("%s: %s", path, strerror(f == NULL ? errno : ENOMEM));
 		if (f != NULL)
 			fclose(f);
 		free(line);
@@ -108,7 +111,7 @@ control_from_config(const char *path, char **out)
 			}
 		v = trim(v);
 		if (*v == '\0') {
-			fprintf(stderr, "wcachectl: %s:%u: empty control path\n", path, lineno);
+			ctl_error("%s:%u: empty control path", path, lineno);
 			goto fail;
 		}
 		free(value);
@@ -116,7 +119,7 @@ control_from_config(const char *path, char **out)
 			goto oom;
 	}
 	if (ferror(f)) {
-		fprintf(stderr, "wcachectl: %s: %s\n", path, strerror(errno));
+		ctl_error("%s: %s", path, strerror(errno));
 		goto fail;
 	}
 	if (value != NULL && value[0] != '/') {
@@ -126,7 +129,7 @@ control_from_config(const char *path, char **out)
 		size_t need;
 
 		if (path[0] != '/' && getcwd(cwd, sizeof(cwd)) == NULL) {
-			fprintf(stderr, "wcachectl: getcwd: %s\n", strerror(errno));
+			ctl_error("getcwd: %s", strerror(errno));
 			goto fail;
 		}
 		need = strlen(cwd) + strlen(path) + strlen(value) + 3;
@@ -146,7 +149,7 @@ control_from_config(const char *path, char **out)
 	*out = value;
 	return 0;
 oom:
-	fprintf(stderr, "wcachectl: out of memory\n");
+	ctl_error("out of memory");
 fail:
 	fclose(f);
 	free(line);
@@ -164,27 +167,31 @@ control_connect(const char *path)
 	int fd, e;
 
 	if (strlen(path) >= sizeof(sa.sun_path)) {
-		fprintf(stderr, "wcachectl: %s: control socket path longer than %zu bytes\n", path,
+		ctl_error("%s: control socket path longer than %zu bytes", path,
 			sizeof(sa.sun_path) - 1);
 		return -1;
 	}
 	memcpy(sa.sun_path, path, strlen(path) + 1);
 	if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) == -1) {
-		fprintf(stderr, "wcachectl: socket: %s\n", strerror(errno));
+		ctl_error("socket: %s", strerror(errno));
 		return -1;
 	}
 	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
 		return fd;
 	e = errno;
 	close(fd);
-	if (e == ENOENT || e == ECONNREFUSED)
-		fprintf(stderr, "wcachectl: wcached is not running: no control socket at %s (%s)\n",
+	if (e == EPROTOTYPE)
+		/* A SOCK_SEQPACKET socket: wcached's client socket, most likely. */
+		ctl_error("%s looks like wcached's client socket, not its control socket; use "
+			  "--control " DEFAULT_CONTROL_PATH " (or -c CONFIG)", path);
+	else if (e == ENOENT || e == ECONNREFUSED)
+		ctl_error("wcached is not running: no control socket at %s (%s)",
 			path, strerror(e));
 	else if (e == EACCES || e == EPERM)
-		fprintf(stderr, "wcachectl: %s: permission denied: the control socket is for "
-				"root, wcached's user and its control_group\n", path);
+		ctl_error("%s: permission denied: the control socket is for "
+				"root, wcached's user and its control_group", path);
 	else
-		fprintf(stderr, "wcachectl: cannot connect to wcached's control socket %s: %s\n",
+		ctl_error("cannot connect to wcached's control socket %s: %s",
 			path, strerror(e));
 	return -1;
 }
@@ -202,7 +209,7 @@ exchange(int fd, const char *path, const char *req, size_t len, size_t *reply_le
 	int send_errno = 0;
 
 	if (buf == NULL) {
-		fprintf(stderr, "wcachectl: out of memory\n");
+		ctl_error("out of memory");
 		return NULL;
 	}
 	for (size_t off = 0; off < len;) {
@@ -223,13 +230,13 @@ exchange(int fd, const char *path, const char *req, size_t len, size_t *reply_le
 			char *bigger;
 
 			if (cap >= REPLY_MAX) {
-				fprintf(stderr, "wcachectl: reply from %s longer than %u bytes\n",
+				ctl_error("reply from %s longer than %u bytes",
 					path, REPLY_MAX);
 				free(buf);
 				return NULL;
 			}
 			if ((bigger = realloc(buf, cap * 2)) == NULL) {
-				fprintf(stderr, "wcachectl: out of memory\n");
+				ctl_error("out of memory");
 				free(buf);
 				return NULL;
 			}
@@ -242,8 +249,8 @@ exchange(int fd, const char *path, const char *req, size_t len, size_t *reply_le
 		if (r <= 0) {
 			int e = r < 0 ? errno : send_errno;
 
-			fprintf(stderr, "wcachectl: wcached closed the control connection %s "
-					"without a reply%s%s\n", path, e ? ": " : "",
+			ctl_error("wcached closed the control connection %s "
+					"without a reply%s%s", path, e ? ": " : "",
 				e ? strerror(e) : "");
 			free(buf);
 			return NULL;
@@ -386,9 +393,9 @@ ctl_parse_reply(const char *line, size_t len, const struct ctl_field *fields, si
 	jr_init(&j, line, len);
 	if ((r = ctl_read_object(&j, fields, nfields, dst, other)) < 0 || (r = jr_finish(&j)) < 0) {
 		if (r == -ENOMEM)
-			fprintf(stderr, "wcachectl: out of memory\n");
+			ctl_error("out of memory");
 		else
-			fprintf(stderr, "wcachectl: malformed reply from wcached: %s at byte %zu\n",
+			ctl_error("malformed reply from wcached: %s at byte %zu",
 				jr_errmsg(&j)[0] ? jr_errmsg(&j) : "unexpected value", jr_erroff(&j));
 		return -1;
 	}
@@ -427,7 +434,7 @@ reply_parse(const char *line, size_t len, struct reply *out)
 	}
 	if (out->ok < 0 || (!out->ok && out->error == NULL)) {
 		reply_free(out);
-		fprintf(stderr, "wcachectl: malformed reply from wcached: no \"ok\"%s\n",
+		ctl_error("malformed reply from wcached: no \"ok\"%s",
 			out->ok == 0 ? " or no \"error\"" : "");
 		return -1;
 	}
@@ -446,7 +453,48 @@ ctl_print_safe(FILE *f, const char *s)
 	}
 }
 
+/* The last error ctl_error() printed, for --json's error object. */
+static char last_error[1024];
+
+void
+ctl_error(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(last_error, sizeof(last_error), fmt, ap);
+	va_end(ap);
+	fputs("wcachectl: ", stderr);
+	ctl_print_safe(stderr, last_error);
+	fputc('\n', stderr);
+}
+
+int
+ctl_usage_error(const char *command, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(last_error, sizeof(last_error), fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "wcachectl%s%s: ", command != NULL ? " " : "", command != NULL ? command : "");
+	ctl_print_safe(stderr, last_error);
+	fprintf(stderr, " (see 'wcachectl %s%s--help')\n", command != NULL ? command : "",
+		command != NULL ? " " : "");
+	return CTL_EXIT_USAGE;
+}
+
+void
+ctl_json_error(void)
+{
+	printf("{\"ok\":false,\"protocol\":%d,\"error\":", CONTROL_PROTOCOL_VERSION);
+	json_write_string(stdout, last_error, strlen(last_error));
+	printf("}\n");
+}
+
 /* ---- the commands ------------------------------------------------------- */
+
+#define ANY_ARGS INT_MAX /* max_args of a command that takes a list */
 
 static const struct control_command {
 	const char *name;
@@ -454,13 +502,22 @@ static const struct control_command {
 	const char *args;
 	const char *help;
 } control_commands[] = {
-	{ "status", 0, 0, "",
-		"Shows wcached's version, uptime and client count, then one row per model:\n"
-		"its current generation, state (loading, warming, ready, cold, modified,\n"
-		"failed), size, bytes resident in the page cache, pin mode and the clients\n"
-		"attached to the current generation. Below the table: other generations\n"
-		"still open (a replacement warming, old ones that clients still hold,\n"
-		"those of unloaded models) and each model's last load error.\n" },
+	{ "status", 0, ANY_ARGS, "[NAME...]",
+		"Shows wcached's version, uptime and client count, then one row per model\n"
+		"(only the NAMEs given, when there are any): its current generation, state\n"
+		"(loading, warming with the percent warmed, ready, cold, modified, failed),\n"
+		"size, bytes resident in the page cache, what is locked in memory (PINNED:\n"
+		"none, metadata or all, as applied; a note below says when it is less than\n"
+		"asked for) and the clients attached to the current generation. Below the\n"
+		"table: other generations still open (a replacement warming, old ones that\n"
+		"clients still hold, those of unloaded models) and each model's last load\n"
+		"error.\n\n"
+		"Exit status, like systemctl is-active: 0 when every NAME (without NAMEs:\n"
+		"every model) is ready; 3 when one is not (loading, warming, cold, modified\n"
+		"or failed); 4 when a NAME is not served (it wins over 3); 1 when wcached\n"
+		"cannot be reached or fails; 2 for a usage error. With --json, stdout holds\n"
+		"exactly one JSON object whatever happens: the daemon's reply with \"ready\",\n"
+		"\"not_ready\" and \"unknown\" added, or {\"ok\":false,\"error\":...}.\n" },
 	{ "load", 2, 3, "NAME PATH [pin=none|metadata|all]",
 		"Serves the model at PATH (a safetensors file, a shard index, a directory\n"
 		"holding one, or a WEIG file) as NAME. When NAME is served already, PATH\n"
@@ -470,10 +527,15 @@ static const struct control_command {
 		"the current directory. pin= sets what stays locked in memory (default:\n"
 		"the model's current setting, or metadata). Waits until the daemon has\n"
 		"validated PATH and prints the new generation's number; a PATH that fails\n"
-		"validation is an error and the current generation keeps serving.\n" },
+		"validation is an error, the current generation keeps serving, and a NAME\n"
+		"that was not served before is not added.\n\n"
+		"A load lasts until wcached restarts: it is not written to the\n"
+		"configuration file, which decides what a restart serves. Add a\n"
+		"[model NAME] section to keep it.\n" },
 	{ "unload", 1, 1, "NAME",
 		"Stops serving NAME: new attaches fail. Clients that hold it keep their\n"
-		"mappings; its generations close when they release them.\n" },
+		"mappings; its generations close when they release them. Like load, this\n"
+		"lasts until wcached restarts or re-reads a configuration that changed NAME.\n" },
 	{ "reload", 0, 1, "[NAME]",
 		"With NAME: re-checks the model's files and, when one was replaced (or the\n"
 		"model had failed), loads them as the next generation. Without NAME:\n"
@@ -488,11 +550,17 @@ static const struct control_command {
 		"Drops NAME's files from the page cache (pages that no process maps); the\n"
 		"model shows as cold until a client attaches it again. Refused for a\n"
 		"pinned model.\n" },
-	{ "metrics", 0, 0, "",
+	{ "metrics", 0, 0, "[--http [--timeout SECONDS]]",
 		"Prints wcached's metrics in the Prometheus text exposition format: per\n"
 		"model bytes, resident bytes, generation, attached clients, attach, error\n"
 		"and swap counters, warm-up seconds; daemon uptime and clients. With\n"
-		"--json, the daemon's reply holds the text in \"text\".\n" },
+		"--json, the daemon's reply holds the text in \"text\".\n\n"
+		"With --http: answers one HTTP/1.1 request read from standard input on\n"
+		"standard output, as an inetd-style service (wcached-metrics@.service of\n"
+		"wcached-metrics.socket runs it): GET /metrics gets the exposition, any\n"
+		"other path 404, any other method 405, a malformed or oversized request\n"
+		"400, a request not complete within SECONDS (default 10) 408, and 503\n"
+		"when wcached cannot be reached.\n" },
 };
 
 #define NCONTROL (sizeof(control_commands) / sizeof(control_commands[0]))
@@ -501,7 +569,8 @@ static const char options_help[] =
 	"  -c, --config CONFIG  find the control socket in CONFIG's [wcached] section\n"
 	"      --control PATH   the control socket (default $WCACHE_CONTROL, else\n"
 	"                       " DEFAULT_CONTROL_PATH ")\n"
-	"      --json           print the daemon's JSON reply as it came\n"
+	"      --json           print the daemon's JSON reply as it came (one JSON\n"
+	"                       object on stdout, errors included)\n"
 	"  -h, --help           this help\n";
 
 static void
@@ -521,15 +590,13 @@ append_word(char *req, size_t *len, const char *word)
 
 	for (const unsigned char *p = (const unsigned char *)word; *p != '\0'; p++) {
 		if (*p < 0x20 || *p == 0x7f) {
-			fprintf(stderr, "wcachectl: argument \"");
-			ctl_print_safe(stderr, word);
-			fprintf(stderr, "\" holds a control character\n");
+			ctl_error("argument \"%s\" holds a control character", word);
 			return -1;
 		}
 		need += *p == '"' || *p == '\\' ? 2 : 1;
 	}
 	if (need > CONTROL_LINE_MAX - n) {
-		fprintf(stderr, "wcachectl: request longer than %d bytes\n", CONTROL_LINE_MAX);
+		ctl_error("request longer than %d bytes", CONTROL_LINE_MAX);
 		return -1;
 	}
 	if (n > 0)
@@ -558,7 +625,7 @@ absolute_path(const char *path)
 	if (path[0] == '/')
 		return strdup(path);
 	if (getcwd(cwd, sizeof(cwd)) == NULL) {
-		fprintf(stderr, "wcachectl: getcwd: %s\n", strerror(errno));
+		ctl_error("getcwd: %s", strerror(errno));
 		return NULL;
 	}
 	need = strlen(cwd) + strlen(path) + 2;
@@ -604,8 +671,127 @@ socket_path(const char *config, const char *control)
 		path = strdup(env != NULL && env[0] != '\0' ? env : DEFAULT_CONTROL_PATH);
 	}
 	if (path == NULL)
-		fprintf(stderr, "wcachectl: out of memory\n");
+		ctl_error("out of memory");
 	return path;
+}
+
+char *
+ctl_request(const char *path, const char *request, size_t len, size_t *reply_len)
+{
+	int fd = control_connect(path);
+	char *reply;
+
+	if (fd < 0)
+		return NULL;
+	reply = exchange(fd, path, request, len, reply_len);
+	close(fd);
+	return reply;
+}
+
+/* The argument of args a usage error names: the placeholders of the
+ * command's synopsis ("NAME PATH [pin=...]") from the first missing one. */
+static void
+missing_args(const struct control_command *cmd, size_t given, char *out, size_t cap)
+{
+	const char *p = cmd->args;
+
+	for (size_t i = 0; i < given && *p != '\0'; i++) {
+		p += strcspn(p, " ");
+		p += strspn(p, " ");
+	}
+	/* Only the mandatory words: up to the first optional "[". */
+	snprintf(out, cap, "%.*s", (int)strcspn(p, "["), p);
+	for (size_t n = strlen(out); n > 0 && out[n - 1] == ' '; n--)
+		out[n - 1] = '\0';
+}
+
+/* Parsed command line of a control command. */
+struct control_args {
+	const char *config, *control;
+	int json, http;
+	double timeout;
+	char **words;  /* the arguments, malloc'd array of pointers into argv */
+	size_t nwords;
+};
+
+/*
+ * Parses the options and arguments after the command name. Returns 0, 1
+ * after --help (printed), or 2 after a usage error (one line on stderr,
+ * and the error object on stdout with --json).
+ */
+static int
+parse_args(const struct control_command *cmd, int argc, char **argv, struct control_args *a)
+{
+	bool options = true;
+
+	for (int i = 1; i < argc; i++) {
+		const char *s = argv[i];
+
+		if (options && (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0)) {
+			command_usage(stdout, cmd);
+			return 1;
+		} else if (options && strcmp(s, "--json") == 0) {
+			a->json = 1;
+		} else if (options && strcmp(cmd->name, "metrics") == 0 && strcmp(s, "--http") == 0) {
+			a->http = 1;
+		} else if (options && (strcmp(s, "--control") == 0 || strcmp(s, "-c") == 0 ||
+			strcmp(s, "--config") == 0 || (strcmp(cmd->name, "metrics") == 0 &&
+			strcmp(s, "--timeout") == 0))) {
+			if (i + 1 == argc)
+				return ctl_usage_error(cmd->name, "%s needs a value", s);
+			if (strcmp(s, "--control") == 0)
+				a->control = argv[++i];
+			else if (strcmp(s, "--timeout") == 0) {
+				char *end;
+
+				a->timeout = strtod(argv[++i], &end);
+				if (*end != '\0' || !(a->timeout > 0 && a->timeout <= 3600))
+					return ctl_usage_error(cmd->name, "--timeout takes seconds "
+						"(0 to 3600), not \"%s\"", argv[i]);
+			} else
+				a->config = argv[++i];
+		} else if (options && strncmp(s, "--config=", 9) == 0) {
+			a->config = s + 9;
+		} else if (options && strncmp(s, "--control=", 10) == 0) {
+			a->control = s + 10;
+		} else if (options && strcmp(s, "--") == 0) {
+			options = false;
+		} else if (options && s[0] == '-' && s[1] != '\0') {
+			return ctl_usage_error(cmd->name, "unknown option \"%s\"", s);
+		} else if ((int)a->nwords >= cmd->max_args) {
+			return ctl_usage_error(cmd->name, "unexpected argument \"%s\": %s takes %s",
+				s, cmd->name, cmd->args[0] ? cmd->args : "no arguments");
+		} else {
+			a->words[a->nwords++] = argv[i];
+		}
+	}
+	if ((int)a->nwords < cmd->min_args) {
+		char what[128];
+
+		missing_args(cmd, a->nwords, what, sizeof(what));
+		return ctl_usage_error(cmd->name, "missing %s", what);
+	}
+	if (a->config != NULL && a->control != NULL)
+		return ctl_usage_error(cmd->name, "give -c CONFIG or --control PATH, not both");
+	if (a->timeout > 0 && !a->http)
+		return ctl_usage_error(cmd->name, "--timeout goes with --http");
+	return 0;
+}
+
+/* Builds the request line from the command and its arguments. */
+static int
+make_request(const struct control_command *cmd, char **words, size_t nwords, char *req,
+	size_t *len)
+{
+	*len = 0;
+	if (append_word(req, len, cmd->name) < 0)
+		return -1;
+	/* status NAME... is answered from the whole status. */
+	for (size_t i = 0; strcmp(cmd->name, "status") != 0 && i < nwords; i++)
+		if (append_word(req, len, words[i]) < 0)
+			return -1;
+	req[(*len)++] = '\n';
+	return 0;
 }
 
 /*
@@ -617,107 +803,77 @@ int
 ctl_control(int argc, char **argv, const char *config, const char *control, int json)
 {
 	const struct control_command *cmd = NULL;
-	char *args[4], req[CONTROL_LINE_MAX + 2], *path = NULL, *reply_line = NULL, *abs = NULL;
-	size_t nargs = 0, len = 0, reply_len = 0;
+	struct control_args a = { .config = config, .control = control, .json = json };
+	char req[CONTROL_LINE_MAX + 2], *path = NULL, *reply_line = NULL, *abs = NULL;
+	size_t len = 0, reply_len = 0;
 	struct reply r;
-	int fd = -1, status = 1;
+	int status = CTL_EXIT_FAILURE;
 
 	for (size_t i = 0; i < NCONTROL; i++)
 		if (strcmp(argv[0], control_commands[i].name) == 0)
 			cmd = &control_commands[i];
-	if (cmd == NULL) {
-		fprintf(stderr, "wcachectl: unknown command \"%s\"\n", argv[0]);
-		return 2;
+	if (cmd == NULL)
+		return ctl_usage_error(NULL, "unknown command \"%s\"", argv[0]);
+	if ((a.words = calloc((size_t)argc, sizeof(*a.words))) == NULL) {
+		ctl_error("out of memory");
+		return CTL_EXIT_FAILURE;
 	}
-	for (int i = 1; i < argc; i++) {
-		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-			command_usage(stdout, cmd);
-			return 0;
-		} else if (strcmp(argv[i], "--json") == 0) {
-			json = 1;
-		} else if (strcmp(argv[i], "--control") == 0 || strcmp(argv[i], "-c") == 0 ||
-			strcmp(argv[i], "--config") == 0) {
-			if (i + 1 == argc) {
-				fprintf(stderr, "wcachectl: %s needs a value\n", argv[i]);
-				return 2;
-			}
-			if (strcmp(argv[i], "--control") == 0)
-				control = argv[++i];
-			else
-				config = argv[++i];
-		} else if (strncmp(argv[i], "--config=", 9) == 0) {
-			config = argv[i] + 9;
-		} else if (strncmp(argv[i], "--control=", 10) == 0) {
-			control = argv[i] + 10;
-		} else if (strcmp(argv[i], "--") == 0) {
-			while (++i < argc && nargs < 4)
-				args[nargs++] = argv[i];
-			if (i < argc)
-				nargs = 5; /* too many */
-			break;
-		} else if (argv[i][0] == '-' && argv[i][1] != '\0') {
-			fprintf(stderr, "wcachectl %s: unknown option \"%s\"\n\n", cmd->name, argv[i]);
-			command_usage(stderr, cmd);
-			return 2;
-		} else if (nargs < 4) {
-			args[nargs++] = argv[i];
-		} else {
-			nargs = 5;
-		}
+	if ((status = parse_args(cmd, argc, argv, &a)) != 0) {
+		if (status == CTL_EXIT_USAGE && a.json)
+			ctl_json_error();
+		free(a.words);
+		return status == 1 ? 0 : status;
 	}
-	if ((int)nargs < cmd->min_args || (int)nargs > cmd->max_args) {
-		command_usage(stderr, cmd);
-		return 2;
-	}
-	if (config != NULL && control != NULL) {
-		fprintf(stderr, "wcachectl: give -c CONFIG or --control PATH, not both\n");
-		return 2;
-	}
+	status = CTL_EXIT_FAILURE;
 	if (strcmp(cmd->name, "load") == 0) {
-		if ((abs = absolute_path(args[1])) == NULL)
-			return 1;
-		args[1] = abs;
-	}
-	if (append_word(req, &len, cmd->name) < 0)
-		goto out;
-	for (size_t i = 0; i < nargs; i++)
-		if (append_word(req, &len, args[i]) < 0)
+		if ((abs = absolute_path(a.words[1])) == NULL)
 			goto out;
-	req[len++] = '\n';
-	if ((path = socket_path(config, control)) == NULL || (fd = control_connect(path)) < 0)
+		a.words[1] = abs;
+	}
+	if (make_request(cmd, a.words, a.nwords, req, &len) < 0)
 		goto out;
-	if ((reply_line = exchange(fd, path, req, len, &reply_len)) == NULL)
+	path = socket_path(a.config, a.control);
+	if (a.http) { /* answers 503 when path is NULL */
+		status = ctl_http_metrics(path, a.timeout > 0 ? a.timeout : CTL_HTTP_TIMEOUT);
 		goto out;
-	if (reply_parse(reply_line, reply_len, &r) < 0)
+	}
+	if (path == NULL || (reply_line = ctl_request(path, req, len, &reply_len)) == NULL ||
+		reply_parse(reply_line, reply_len, &r) < 0)
 		goto out;
-	status = r.ok ? 0 : 1;
+	status = r.ok ? CTL_EXIT_OK : CTL_EXIT_FAILURE;
 	if (!r.ok) {
 		fprintf(stderr, "wcachectl: ");
 		ctl_print_safe(stderr, r.error);
 		fputc('\n', stderr);
-		if (json)
+		if (a.json)
 			printf("%s\n", reply_line);
-	} else if (json) {
+	} else if (strcmp(cmd->name, "status") == 0) {
+		status = ctl_status_show(reply_line, reply_len, a.words, a.nwords, a.json);
+	} else if (a.json) {
 		printf("%s\n", reply_line);
 	} else if (strcmp(cmd->name, "metrics") == 0) {
 		if (r.text != NULL)
 			fwrite(r.text, 1, r.text_len, stdout);
-	} else if (strcmp(cmd->name, "status") == 0) {
-		if (ctl_status_print(reply_line, reply_len) < 0)
-			status = 1;
 	} else {
-		print_result(cmd, &r, args);
+		print_result(cmd, &r, a.words);
 	}
 	reply_free(&r);
 	if (fflush(stdout) != 0 || ferror(stdout)) {
-		fprintf(stderr, "wcachectl: writing the output: %s\n", strerror(errno));
-		status = 1;
+		ctl_error("writing the output: %s", strerror(errno));
+		status = CTL_EXIT_FAILURE;
 	}
-out:
-	if (fd >= 0)
-		close(fd);
 	free(reply_line);
 	free(path);
 	free(abs);
+	free(a.words);
+	return status;
+out:
+	/* Nothing came from the daemon: the error object is ours. */
+	if (a.json && !a.http && status == CTL_EXIT_FAILURE)
+		ctl_json_error();
+	free(reply_line);
+	free(path);
+	free(abs);
+	free(a.words);
 	return status;
 }

@@ -121,20 +121,16 @@ ctl_inspect(int argc, char **argv)
 			inspect_usage(stdout);
 			return 0;
 		} else if (argv[i][0] == '-' && argv[i][1] != '\0') {
-			fprintf(stderr, "wcachectl inspect: unknown option %s\n", argv[i]);
-			inspect_usage(stderr);
-			return 2;
+			return ctl_usage_error("inspect", "unknown option \"%s\"", argv[i]);
 		} else if (path == NULL) {
 			path = argv[i];
 		} else {
-			inspect_usage(stderr);
-			return 2;
+			return ctl_usage_error("inspect", "unexpected argument \"%s\": inspect takes "
+				"one PATH", argv[i]);
 		}
 	}
-	if (path == NULL) {
-		inspect_usage(stderr);
-		return 2;
-	}
+	if (path == NULL)
+		return ctl_usage_error("inspect", "missing PATH");
 	if (source_open(path, &s) < 0) {
 		fprintf(stderr, "wcachectl: %s\n", error_get());
 		return 1;

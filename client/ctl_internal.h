@@ -14,6 +14,7 @@
 #ifndef WC_CTL_INTERNAL_H
 #define WC_CTL_INTERNAL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -64,10 +65,60 @@ int ctl_parse_reply(const char *line, size_t len, const struct ctl_field *fields
 /* Writes s with control characters as \xNN, for a terminal. */
 void ctl_print_safe(FILE *f, const char *s);
 
+/* Prints "wcachectl: MESSAGE" on stderr (control characters escaped) and
+ * keeps MESSAGE for ctl_json_error(). Every error of the control commands
+ * goes through here. */
+void ctl_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Prints {"ok":false,"protocol":N,"error":LAST} on stdout, LAST being the
+ * message of the last ctl_error(): --json's object when the daemon's reply
+ * never came. */
+void ctl_json_error(void);
+
+/*
+ * Connects to the control socket at path, sends the request line (len
+ * bytes, '\n' included) and reads the reply line. Returns it malloc'd and
+ * NUL-terminated without its '\n' (its length in *reply_len), or NULL after
+ * ctl_error() (with a hint when path is a packet socket, such as wcached's
+ * client socket).
+ */
+char *ctl_request(const char *path, const char *request, size_t len, size_t *reply_len);
+
 /* ---- ctl_status.c ----------------------------------------------------- */
 
-/* Parses a status reply (len bytes) and prints it as a table on stdout.
- * Returns 0, or -1 after printing why the reply is malformed. */
-int ctl_status_print(const char *line, size_t len);
+/*
+ * Shows a successful status reply (len bytes) for the models named (all of
+ * them when nnames is 0): a table on stdout, or with json the reply with
+ * "ready", "not_ready" and "unknown" added. Returns the exit status: 0 when
+ * every model asked about is ready, CTL_EXIT_NOT_READY when one is not,
+ * CTL_EXIT_UNKNOWN when a name is not served, CTL_EXIT_FAILURE after
+ * printing why the reply is malformed.
+ */
+int ctl_status_show(const char *line, size_t len, char *const *names, size_t nnames, int json);
+
+/* ---- ctl_http.c ------------------------------------------------------- */
+
+#define CTL_HTTP_TIMEOUT 10.0   /* seconds for the whole request */
+#define CTL_HTTP_REQUEST_MAX 8192 /* bytes of request line and headers */
+
+/*
+ * `wcachectl metrics --http`: reads one HTTP/1.1 request on standard input
+ * and answers it on standard output (see the metrics help in ctl_control.c),
+ * asking wcached's control socket at control_path for the metrics (NULL:
+ * unknown, answered 503). Gives up after timeout seconds. Returns 0 when
+ * the metrics were served, 1 otherwise (the reason on stderr).
+ */
+int ctl_http_metrics(const char *control_path, double timeout);
+
+/* ---- ctl_http_parse.c ------------------------------------------------- */
+
+/* Does buf[0..len) hold a whole request head (up to its empty line)? */
+bool ctl_http_head_complete(const char *buf, size_t len);
+
+/* The status a request head (len bytes, as ctl_http_head_complete() found
+ * it) gets: 200 for GET /metrics (a query string is ignored) in HTTP/1.0 or
+ * 1.1, 404 for another target, 405 for another method, 400 when the request
+ * line is malformed. Reads nothing outside buf[0..len). */
+int ctl_http_classify(const char *buf, size_t len);
 
 #endif /* WC_CTL_INTERNAL_H */

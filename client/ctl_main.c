@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ctl.h"
 #include "defaults.h"
@@ -54,8 +55,18 @@ usage(FILE *f)
 		   "                       " DEFAULT_CONTROL_PATH ")\n"
 		   "      --json           print wcached's JSON reply instead of a table\n\n"
 		   "Exit status: 0 on success; 1 when wcached reports an error or cannot be\n"
-		   "reached (the reason is on stderr); 2 for a usage error.\n\n"
+		   "reached (the reason is on stderr); 2 for a usage error; status also\n"
+		   "exits 3 when a model is not ready and 4 for a name it does not serve.\n\n"
 		   "'wcachectl COMMAND --help' describes a command.\n");
+}
+
+double
+ctl_monotonic(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
 /* Takes the value of an option written "--opt VALUE", "--opt=VALUE" or
@@ -69,7 +80,7 @@ option_value(int argc, char **argv, int *i, const char *name)
 		return argv[*i] + n + 1;
 	if (*i + 1 < argc)
 		return argv[++*i];
-	fprintf(stderr, "wcachectl: %s needs a value (see wcachectl --help)\n", name);
+	ctl_usage_error(NULL, "%s needs a value", name);
 	return NULL;
 }
 
@@ -103,19 +114,13 @@ main(int argc, char **argv)
 		} else if (strcmp(argv[i], "--json") == 0) {
 			json = 1;
 		} else {
-			fprintf(stderr, "wcachectl: unknown option \"%s\" (see wcachectl --help)\n",
-				argv[i]);
-			return 2;
+			return ctl_usage_error(NULL, "unknown option \"%s\"", argv[i]);
 		}
 	}
-	if (config != NULL && control != NULL) {
-		fprintf(stderr, "wcachectl: give -c CONFIG or --control PATH, not both\n");
-		return 2;
-	}
-	if (i == argc) {
-		usage(stderr);
-		return 2;
-	}
+	if (config != NULL && control != NULL)
+		return ctl_usage_error(NULL, "give -c CONFIG or --control PATH, not both");
+	if (i == argc)
+		return ctl_usage_error(NULL, "missing COMMAND");
 	if (strcmp(argv[i], "help") == 0) {
 		usage(stdout);
 		return 0;
@@ -125,14 +130,10 @@ main(int argc, char **argv)
 			continue;
 		if (commands[k].run == NULL)
 			return ctl_control(argc - i, argv + i, config, control, json);
-		if (config != NULL || control != NULL || json) {
-			fprintf(stderr, "wcachectl: -c, --control and --json go with the control "
-					"commands; see 'wcachectl %s --help' for its options\n",
-				commands[k].name);
-			return 2;
-		}
+		if (config != NULL || control != NULL || json)
+			return ctl_usage_error(commands[k].name, "-c, --control and --json go with "
+				"the control commands, not %s", commands[k].name);
 		return commands[k].run(argc - i, argv + i);
 	}
-	fprintf(stderr, "wcachectl: unknown command \"%s\" (see wcachectl --help)\n", argv[i]);
-	return 2;
+	return ctl_usage_error(NULL, "unknown command \"%s\"", argv[i]);
 }

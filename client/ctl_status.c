@@ -6,8 +6,10 @@
  * model's last load error.
  *
  * ctl_control.c sends the request, reads the reply and checks its common
- * fields; it hands a successful status reply to ctl_status_print() unless
- * --json asked for the reply as it came. Every string from the daemon is
+ * fields; it hands a successful status reply to ctl_status_show(), which
+ * prints the table (or, with --json, the reply with the answer to "is what
+ * was asked about ready?" added) and turns that answer into the exit
+ * status. Every string from the daemon is
  * printed with ctl_print_safe(), so a hostile model name cannot drive the
  * terminal.
  */
@@ -19,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ctl.h"
 #include "ctl_internal.h"
 #include "json.h"
 
@@ -36,6 +39,7 @@ struct model_row {
 	char *name, *state, *pinned, *error, *path;
 	uint64_t generation, bytes, resident, attached;
 	double warm_percent, warm_eta; /* eta 0 when absent (null: no estimate yet) */
+	char *pin_applied;             /* what is locked; NULL from an older daemon */
 	struct gen_row *gens;
 	size_t ngens;
 };
@@ -76,6 +80,7 @@ static const struct ctl_field model_fields[] = {
 	{ "path", CTL_STRING, offsetof(struct model_row, path) },
 	{ "state", CTL_STRING, offsetof(struct model_row, state) },
 	{ "pinned", CTL_STRING, offsetof(struct model_row, pinned) },
+	{ "pin_applied", CTL_STRING, offsetof(struct model_row, pin_applied) },
 	{ "error", CTL_STRING, offsetof(struct model_row, error) },
 	{ "generation", CTL_U64, offsetof(struct model_row, generation) },
 	{ "bytes", CTL_U64, offsetof(struct model_row, bytes) },
@@ -112,6 +117,7 @@ status_free(struct status *s)
 		free(m->name);
 		free(m->state);
 		free(m->pinned);
+		free(m->pin_applied);
 		free(m->error);
 		free(m->path);
 	}
@@ -254,23 +260,100 @@ by_name(const void *a, const void *b)
 	return strcmp(x->name != NULL ? x->name : "", y->name != NULL ? y->name : "");
 }
 
-/* Prints the status reply as a table: one row per model, then the other
- * open generations, generations of unloaded models, and errors. */
+/* Is name one of names (or are there no names: everything is asked)? */
+static bool
+asked(const char *name, char *const *names, size_t nnames)
+{
+	if (nnames == 0)
+		return true;
+	for (size_t i = 0; i < nnames; i++)
+		if (name != NULL && strcmp(name, names[i]) == 0)
+			return true;
+	return false;
+}
+
+/* Is the model served under name? */
+static bool
+served(const struct status *s, const char *name)
+{
+	for (size_t i = 0; i < s->nmodels; i++)
+		if (s->models[i].name != NULL && strcmp(s->models[i].name, name) == 0)
+			return true;
+	return false;
+}
+
+static bool
+is_ready(const struct model_row *m)
+{
+	return m->state != NULL && strcmp(m->state, "ready") == 0;
+}
+
+/* The STATE cell: the state, with the percent warmed while warming and the
+ * time left when the daemon estimates it. The percent is the daemon's
+ * warm_percent (bytes its reads pulled in); a daemon without that field
+ * gets bytes in the page cache over the size. */
 static void
-print_status(struct status *s)
+state_cell(const struct model_row *m, char *buf, size_t cap)
+{
+	double percent = m->warm_percent;
+
+	if (m->state == NULL || strcmp(m->state, "warming") != 0) {
+		snprintf(buf, cap, "%s", m->state ? m->state : "?");
+		return;
+	}
+	if (percent <= 0 && m->bytes > 0)
+		percent = m->resident >= m->bytes ? 100 :
+			(double)m->resident * 100.0 / (double)m->bytes;
+	if (m->warm_eta > 0)
+		snprintf(buf, cap, "warming %.0f%%, ~%.0f s left", percent,
+			m->warm_eta < 1 ? 1 : m->warm_eta);
+	else
+		snprintf(buf, cap, "warming %.0f%%", percent);
+}
+
+/* The PINNED cell: what is locked (pin_applied), which a daemon without
+ * that field reports only as the configured mode. */
+static const char *
+pinned_cell(const struct model_row *m)
+{
+	if (m->pin_applied != NULL)
+		return m->pin_applied;
+	return m->pinned != NULL ? m->pinned : "?";
+}
+
+/* Ranks pin modes: none < metadata < all. */
+static int
+pin_rank(const char *mode)
+{
+	if (mode == NULL)
+		return -1;
+	if (strcmp(mode, "all") == 0)
+		return 2;
+	return strcmp(mode, "metadata") == 0 ? 1 : 0;
+}
+
+/* Prints the status reply as a table: one row per model asked about, then
+ * the other open generations, generations of unloaded models, pins that
+ * fall short and errors. */
+static void
+print_status(struct status *s, char *const *names, size_t nnames)
 {
 	static const char *const head[STATUS_COLUMNS] = {
 		"NAME", "GEN", "STATE", "BYTES", "RESIDENT", "PINNED", "ATTACHED",
 	};
 	size_t width[STATUS_COLUMNS];
 	char cell[STATUS_COLUMNS][64], tmp[32];
-	bool others = false, errors = false;
+	bool others = false, notes = false, errors = false, any = false;
 
 	printf("wcached %s (pid %" PRIu64 "), up %s, %" PRIu64 " client%s, %zu model%s\n",
 		s->version != NULL ? s->version : "?", s->pid,
 		human_duration(s->uptime, tmp, sizeof(tmp)), s->clients, s->clients == 1 ? "" : "s",
 		s->nmodels, s->nmodels == 1 ? "" : "s");
-	if (s->nmodels == 0 && s->nunloaded == 0)
+	for (size_t i = 0; i < s->nmodels; i++)
+		any = any || asked(s->models[i].name, names, nnames);
+	for (size_t i = 0; i < s->nunloaded; i++)
+		any = any || asked(s->unloaded[i].name, names, nnames);
+	if (!any)
 		return;
 	if (s->nmodels > 1)
 		qsort(s->models, s->nmodels, sizeof(*s->models), by_name);
@@ -288,21 +371,17 @@ print_status(struct status *s)
 		for (size_t i = 0; i < s->nmodels; i++) {
 			const struct model_row *m = &s->models[i];
 
+			if (!asked(m->name, names, nnames))
+				continue;
 			snprintf(cell[0], sizeof(cell[0]), "%s", m->name ? m->name : "?");
 			if (m->generation > 0)
 				snprintf(cell[1], sizeof(cell[1]), "%" PRIu64, m->generation);
 			else
 				snprintf(cell[1], sizeof(cell[1]), "-");
-			if (m->state != NULL && strcmp(m->state, "warming") == 0 && m->warm_eta > 0)
-				snprintf(cell[2], sizeof(cell[2]), "warming %.0f%%, ~%.0f s left",
-					m->warm_percent, m->warm_eta < 1 ? 1 : m->warm_eta);
-			else if (m->state != NULL && strcmp(m->state, "warming") == 0)
-				snprintf(cell[2], sizeof(cell[2]), "warming %.0f%%", m->warm_percent);
-			else
-				snprintf(cell[2], sizeof(cell[2]), "%s", m->state ? m->state : "?");
+			state_cell(m, cell[2], sizeof(cell[2]));
 			human_bytes(m->bytes, cell[3], sizeof(cell[3]));
 			human_bytes(m->resident, cell[4], sizeof(cell[4]));
-			snprintf(cell[5], sizeof(cell[5]), "%s", m->pinned ? m->pinned : "?");
+			snprintf(cell[5], sizeof(cell[5]), "%s", pinned_cell(m));
 			snprintf(cell[6], sizeof(cell[6]), "%" PRIu64, m->attached);
 			for (int c = 0; c < STATUS_COLUMNS; c++) {
 				if (pass == 0) {
@@ -324,6 +403,8 @@ print_status(struct status *s)
 	for (size_t i = 0; i < s->nmodels; i++) {
 		const struct model_row *m = &s->models[i];
 
+		if (!asked(m->name, names, nnames))
+			continue;
 		for (size_t k = 0; k < m->ngens; k++) {
 			const struct gen_row *g = &m->gens[k];
 
@@ -344,6 +425,8 @@ print_status(struct status *s)
 	for (size_t i = 0; i < s->nunloaded; i++) {
 		const struct unloaded_row *u = &s->unloaded[i];
 
+		if (!asked(u->name, names, nnames))
+			continue;
 		if (!others)
 			printf("\nother open generations:\n");
 		others = true;
@@ -352,10 +435,26 @@ print_status(struct status *s)
 		printf(" generation %" PRIu64 ": %s, %" PRIu64 " attached (unloaded: closes when "
 		       "released)\n", u->generation, u->state ? u->state : "?", u->attached);
 	}
+	/* A pin that locked less than asked: still locking, or refused. */
 	for (size_t i = 0; i < s->nmodels; i++) {
 		const struct model_row *m = &s->models[i];
 
-		if (m->error == NULL)
+		if (!asked(m->name, names, nnames) || m->pin_applied == NULL || m->generation == 0 ||
+			pin_rank(m->pin_applied) >= pin_rank(m->pinned))
+			continue;
+		if (!notes)
+			printf("\npins:\n");
+		notes = true;
+		printf("  ");
+		ctl_print_safe(stdout, m->name ? m->name : "?");
+		printf(": pin = %s asked, %s locked: still locking, or mlock(2) was refused "
+		       "(RLIMIT_MEMLOCK, LimitMEMLOCK= in wcached.service; wcached's log says)\n",
+			m->pinned, m->pin_applied);
+	}
+	for (size_t i = 0; i < s->nmodels; i++) {
+		const struct model_row *m = &s->models[i];
+
+		if (m->error == NULL || !asked(m->name, names, nnames))
 			continue;
 		if (!errors)
 			printf("\nerrors:\n");
@@ -368,16 +467,90 @@ print_status(struct status *s)
 	}
 }
 
-/* Parses a status reply and prints it as a table (see the top of this
- * file). Returns 0, or -1 after printing why the reply is malformed. */
+/* Writes a JSON array of the names for which keep(s, name) holds. */
+static void
+write_names(const char *key, char *const *names, size_t n, const struct status *s,
+	bool (*keep)(const struct status *, const char *))
+{
+	bool first = true;
+
+	printf(",\"%s\":[", key);
+	for (size_t i = 0; i < n; i++) {
+		if (!keep(s, names[i]))
+			continue;
+		if (!first)
+			putchar(',');
+		first = false;
+		json_write_string(stdout, names[i], strlen(names[i]));
+	}
+	putchar(']');
+}
+
+static bool
+unknown_name(const struct status *s, const char *name)
+{
+	return !served(s, name);
+}
+
+/*
+ * --json: the daemon's reply (an object: its last byte is '}') with
+ * "ready" (every model asked about is), "not_ready" and "unknown" added.
+ */
+static void
+print_json(const char *line, size_t len, const struct status *s, char *const *names,
+	size_t nnames, bool ready)
+{
+	bool first = true;
+
+	while (len > 0 && line[len - 1] != '}')
+		len--;
+	printf("%.*s,\"ready\":%s,\"not_ready\":[", (int)(len > 0 ? len - 1 : 0), line,
+		ready ? "true" : "false");
+	for (size_t i = 0; i < s->nmodels; i++) {
+		const struct model_row *m = &s->models[i];
+
+		if (!asked(m->name, names, nnames) || is_ready(m) || m->name == NULL)
+			continue;
+		if (!first)
+			putchar(',');
+		first = false;
+		json_write_string(stdout, m->name, strlen(m->name));
+	}
+	putchar(']');
+	write_names("unknown", names, nnames, s, unknown_name);
+	printf("}\n");
+}
+
+/* Shows a status reply and says whether what was asked about is ready
+ * (see ctl_internal.h). */
 int
-ctl_status_print(const char *line, size_t len)
+ctl_status_show(const char *line, size_t len, char *const *names, size_t nnames, int json)
 {
 	struct status s;
+	bool ready = true, unknown = false;
 
-	if (status_parse(line, len, &s) < 0)
-		return -1;
-	print_status(&s);
+	if (status_parse(line, len, &s) < 0) {
+		if (json)
+			ctl_json_error();
+		return CTL_EXIT_FAILURE;
+	}
+	for (size_t i = 0; i < s.nmodels; i++)
+		if (asked(s.models[i].name, names, nnames) && !is_ready(&s.models[i]))
+			ready = false;
+	for (size_t i = 0; i < nnames; i++)
+		if (!served(&s, names[i])) {
+			unknown = true;
+			ready = false;
+			fprintf(stderr, "wcachectl: no model \"");
+			ctl_print_safe(stderr, names[i]);
+			fprintf(stderr, "\" is served\n");
+		}
+	if (json)
+		print_json(line, len, &s, names, nnames, ready);
+	else
+		print_status(&s, names, nnames);
 	status_free(&s);
-	return 0;
+	if (unknown)
+		return CTL_EXIT_UNKNOWN;
+	return ready ? CTL_EXIT_OK : CTL_EXIT_NOT_READY;
 }

@@ -14,6 +14,7 @@
 #   they are installed), lib/sysusers.d/, lib/tmpfiles.d/  component Runtime
 #   share/man/man{1,3,5,8}/                         Runtime and Development
 #   share/doc/wcache/ (README.md, wcached.conf.example)  component Runtime
+#   /etc/wcached.conf (the example, only if absent) component Runtime
 #   WCACHE_PYTHON_DIR/wcache/, wcache-V.dist-info/,  component Python
 #   wcache-safetensors.pth, bin/wcache-convert
 #   (only when WCACHE_PYTHON_DIR is set)
@@ -34,9 +35,10 @@
 # and tmpfiles.d only from /usr/lib, /run and /etc: with PREFIX=/usr/local
 # copy those two snippets to /etc/sysusers.d and /etc/tmpfiles.d.
 #
-# wcached reads /etc/wcached.conf whatever the prefix, so the example
-# configuration is installed as documentation only, never over a real one
-# (the Debian package ships /etc/wcached.conf as a conffile). Installed as
+# wcached reads /etc/wcached.conf whatever the prefix: the example
+# configuration is installed there when no such file exists (never over a
+# real one; WCACHE_INSTALL_CONFIG=OFF skips it, as the Debian package, which
+# ships /etc/wcached.conf as a conffile, does), and as documentation. Installed as
 # root with no DESTDIR, ldconfig runs so that libwcache.so.0 is found at once.
 
 include(GNUInstallDirs)
@@ -232,6 +234,31 @@ install(FILES ${PROJECT_SOURCE_DIR}/man/wcache.3
 install(FILES ${PROJECT_SOURCE_DIR}/README.md ${PROJECT_SOURCE_DIR}/conf/wcached.conf.example
 	DESTINATION ${CMAKE_INSTALL_DOCDIR} COMPONENT Runtime)
 
+# /etc/wcached.conf, which wcached.service names: the example configuration
+# when there is none yet, never over an existing one (an upgrade keeps the
+# operator's). Always /etc, whatever the prefix, since that is where the
+# daemon and its unit look; DESTDIR is honoured. It is left out of
+# install_manifest.txt on purpose: removing what was installed must not
+# remove a configuration the operator has since edited. Debian's package
+# ships its own conffile and turns this off.
+option(WCACHE_INSTALL_CONFIG "Install /etc/wcached.conf (the example) when it does not exist" ON)
+if(WCACHE_INSTALL_CONFIG)
+	set(_wc_code [[
+set(_wc_conf "$ENV{DESTDIR}/etc/wcached.conf")
+if(EXISTS "${_wc_conf}" OR IS_SYMLINK "${_wc_conf}")
+	message(STATUS "Keeping: ${_wc_conf} (exists)")
+else()
+	message(STATUS "Installing: ${_wc_conf} (from wcached.conf.example)")
+	file(MAKE_DIRECTORY "$ENV{DESTDIR}/etc")
+	file(COPY "${_wc_example}" DESTINATION "$ENV{DESTDIR}/etc"
+		FILE_PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ)
+	file(RENAME "$ENV{DESTDIR}/etc/wcached.conf.example" "${_wc_conf}")
+endif()
+]])
+	install(CODE "set(_wc_example \"${PROJECT_SOURCE_DIR}/conf/wcached.conf.example\")
+${_wc_code}" COMPONENT Runtime)
+endif()
+
 # --- the Python package (pure Python over libwcache.so.0) -------------------
 
 # Besides the package: its dist-info, so importlib.metadata.version("wcache")
@@ -264,4 +291,6 @@ if(WCACHE_PYTHON_DIR)
 		COMPONENT Python)
 	install(PROGRAMS ${py_src}/wcache-convert DESTINATION ${CMAKE_INSTALL_BINDIR}
 		COMPONENT Python)
+	install(FILES ${PROJECT_SOURCE_DIR}/man/wcache-convert.1
+		DESTINATION ${CMAKE_INSTALL_MANDIR}/man1 COMPONENT Python)
 endif()

@@ -187,6 +187,7 @@ ctl_reply_begin(struct ctl_reply *r, bool ok)
 	if ((r->f = open_memstream(&r->buf, &r->len)) == NULL)
 		return NULL;
 	fputs(ok ? "{\"ok\":true" : "{\"ok\":false", r->f);
+	fprintf(r->f, ",\"protocol\":%d", CONTROL_PROTOCOL_VERSION);
 	return r->f;
 }
 

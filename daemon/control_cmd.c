@@ -133,9 +133,16 @@ request_done(int status, const char *message, uint64_t generation, void *arg)
 	struct ctl_conn *c = q->conn;
 	struct ctl_reply r;
 
+	/* A runtime load of a new name that failed leaves nothing behind: no
+	 * model in status and metrics that was never served. */
+	if (status < 0 && q->new_entry != 0 && registry_forget(q->reg, q->name, q->new_entry) == 0)
+		log_info("model \"%s\": not added, its load failed", q->name);
 	if (c != NULL) {
 		c->req = NULL;
-		if (status < 0 && q->name[0] != '\0')
+		if (status < 0 && q->new_entry != 0)
+			ctl_conn_error(c, "%s: model \"%s\": %s; the model was not added", q->command,
+				q->name, message);
+		else if (status < 0 && q->name[0] != '\0')
 			ctl_conn_error(c, "%s: model \"%s\": %s", q->command, q->name, message);
 		else if (status < 0)
 			ctl_conn_error(c, "%s: %s", q->command, message);
@@ -146,7 +153,17 @@ request_done(int status, const char *message, uint64_t generation, void *arg)
 				write_str_field(r.f, "model", q->name);
 			if (generation > 0)
 				fprintf(r.f, ",\"generation\":%" PRIu64, generation);
-			write_str_field(r.f, "message", message);
+			if (strcmp(q->command, "load") == 0) {
+				/* Runtime changes are not written anywhere: say so. */
+				char text[512];
+
+				snprintf(text, sizeof(text), "%s; until wcached restarts (add "
+					 "the model to the configuration file to keep it)", message);
+				fputs(",\"persistent\":false", r.f);
+				write_str_field(r.f, "message", text);
+			} else {
+				write_str_field(r.f, "message", message);
+			}
 			ctl_reply_end(c, &r);
 		}
 		ctl_conn_resume(c);
@@ -209,7 +226,8 @@ cmd_load(struct ctl_conn *c, int argc, char **argv)
 	struct model_entry *m;
 	struct ctl_request *q;
 	enum pin_mode pin = PIN_METADATA;
-	int warm = 1, have_pin = 0;
+	int warm = 1, have_pin = 0, err;
+	bool existed = false;
 	char quoted[80];
 
 	if (!config_model_name_valid(name)) {
@@ -235,6 +253,7 @@ cmd_load(struct ctl_conn *c, int argc, char **argv)
 	}
 	/* A model that exists keeps its settings unless told otherwise. */
 	if ((m = registry_find(reg, name)) != NULL && strcmp(m->name, name) == 0) {
+		existed = true;
 		if (!have_pin)
 			pin = m->pin;
 		warm = m->warm;
@@ -244,7 +263,15 @@ cmd_load(struct ctl_conn *c, int argc, char **argv)
 	if ((q = request_new(c, "load", name)) == NULL)
 		return;
 	error_set(0, "%s", "");
-	request_started(c, q, registry_load(reg, name, path, pin, warm, request_done, q));
+	err = registry_load(reg, name, path, pin, warm, request_done, q);
+	/* The load added name: remember which entry, to forget it if it fails
+	 * (q is still ours: the registry answers later, never from the call). */
+	if (err >= 0 && c->req == q && !existed && (m = registry_find(reg, name)) != NULL &&
+		strcmp(m->name, name) == 0) {
+		q->reg = reg;
+		q->new_entry = m->entry_id;
+	}
+	request_started(c, q, err);
 }
 
 /* reload [NAME]: re-checks NAME's files, or re-reads the configuration;

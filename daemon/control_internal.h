@@ -18,6 +18,7 @@
 
 #include "config.h"
 #include "control.h"
+#include "control_proto.h"
 
 #define CONTROL_READ_CAP (CONTROL_LINE_MAX + 1) /* a maximal line and its '\n' */
 
@@ -28,6 +29,8 @@ struct ctl_request {
 	struct ctl_conn *conn; /* NULL once the connection has closed */
 	char command[8];       /* "load" or "reload", for messages */
 	char name[CONFIG_MODEL_NAME_MAX + 1]; /* "" for reload of the configuration */
+	struct registry *reg;  /* for a load that added name: forgets it on failure */
+	uint64_t new_entry;    /* that entry's entry_id; 0: name was served before */
 };
 
 /* One control connection. Its buffer holds what was read and not yet

@@ -96,7 +96,13 @@ check(const char *path)
 				source_format_name(s.format));
 		source_close(&s);
 	}
-	printf("%s: %s\n", path, bad ? "errors found" : "ok");
+	/* Valid, but a daemon that serves nothing is rarely what was meant
+	 * (the packaged configuration starts that way): a warning, not an error. */
+	if (cfg->n_models == 0)
+		fprintf(stderr, "wcached: warning: %s configures no model: wcached would serve "
+				"nothing; add a [model NAME] section with path = ... (see "
+				"wcached.conf(5))\n", path);
+	printf("%s: %s\n", path, bad ? "errors found" : cfg->n_models == 0 ? "ok, no models" : "ok");
 	config_free(cfg);
 	return bad;
 }

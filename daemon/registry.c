@@ -553,6 +553,21 @@ registry_unload(struct registry *r, const char *name)
 	return 0;
 }
 
+int
+registry_forget(struct registry *r, const char *name, uint64_t entry_id)
+{
+	struct model_entry *m = registry_entry_named(r, name);
+
+	if (m == NULL || m->entry_id != entry_id)
+		return error_set(-ENOENT, "model \"%s\" is not loaded", name);
+	if (m->current != NULL || m->pending != NULL || m->loading > 0)
+		return error_set(-EBUSY, "model \"%s\" is served or loading", name);
+	entry_free(r, m);
+	if (r->changed != NULL)
+		r->changed(r);
+	return 0;
+}
+
 void
 registry_close(struct registry *r)
 {

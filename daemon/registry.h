@@ -168,6 +168,14 @@ int registry_set_access(struct registry *r, const char *name, int restricted, co
 /* Stops serving name; its generations close when released. -ENOENT. */
 int registry_unload(struct registry *r, const char *name);
 
+/*
+ * Removes the entry entry_id of model name when it has never served: no
+ * current or pending generation and no load in flight. For a runtime load
+ * that added a name and failed: it leaves nothing behind. -ENOENT when name
+ * is not that entry any more, -EBUSY when it serves or loads.
+ */
+int registry_forget(struct registry *r, const char *name, uint64_t entry_id);
+
 /* pin = all (lock every page), or back to pin = metadata. -ENOENT. */
 int registry_pin(struct registry *r, const char *name, enum pin_mode pin);
 

@@ -1,9 +1,9 @@
 /*
  * bounds.h: the size limits the daemon and its clients must agree on. The
  * daemon never makes what a client would refuse: an index it builds passes
- * the client's index reader, a control request wcachectl sends fits the
- * daemon's line buffer, and wcachectl reads the daemon's config file as the
- * daemon does.
+ * the client's index reader, and wcachectl reads the daemon's config file as
+ * the daemon does. (The control socket's line limit is with its protocol, in
+ * control_proto.h.)
  */
 #ifndef WC_BOUNDS_H
 #define WC_BOUNDS_H
@@ -18,9 +18,6 @@
 
 _Static_assert(INDEX_MAX_FILES == WIRE_MAX_FILES,
 	"an attach passes the index, every file and the status page");
-
-/* A control request line (daemon/control.h), without its '\n'. */
-#define CONTROL_LINE_MAX 4096
 
 /* A line of wcached.conf, its '\n' included; the reader refuses a longer one. */
 #define CONFIG_LINE_MAX 65536

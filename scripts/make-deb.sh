@@ -76,4 +76,8 @@ for f in "$work"/*.deb; do
 	cp "$f" "$OUTDIR/"
 	echo "$OUTDIR/$(basename "$f")"
 done
+# The .changes (which lintian checks with every package it lists) and the
+# .buildinfo it names.
+rm -f "$OUTDIR"/wcache_*.changes "$OUTDIR"/wcache_*.buildinfo
+cp "$work"/*.changes "$work"/*.buildinfo "$OUTDIR/" 2>/dev/null || true
 cp "$work/build.log" "$OUTDIR/build.log"

@@ -47,7 +47,7 @@ def test_bad_timeout_is_an_error(daemon):
 def status(d):
     r = subprocess.run([binary("wcachectl"), "status", "--json", "--control", d.control],
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode in (0, 3), r.stderr  # 3: a model is not ready (yet)
     return json.loads(r.stdout)
 
 

@@ -201,6 +201,181 @@ def test_load_invalid_file_keeps_serving(daemon, tmp_path, model):
     assert r.returncode == 1 and "missing.safetensors" in r.stderr
 
 
+def test_failed_load_of_new_name_leaves_nothing(daemon, tmp_path, model):
+    ready(daemon, "small")
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(open(model, "rb").read()[:-10])
+    for path in (str(bad), str(tmp_path / "missing.safetensors")):
+        r = ctl(daemon, "load", "ghost", path)
+        assert r.returncode == 1 and "not added" in r.stderr, r.stderr
+        assert model_entry(daemon, "ghost") is None, status(daemon)
+        text = ctl(daemon, "metrics").stdout
+        assert 'model="ghost"' not in text and 'model="small"' in text
+        assert ctl(daemon, "status", "ghost").returncode == 4
+    # A name that serves keeps serving, and keeps its error for status.
+    r = ctl(daemon, "load", "small", str(bad))
+    assert r.returncode == 1 and "not added" not in r.stderr
+    assert model_entry(daemon, "small")["state"] == "ready"
+
+
+def test_load_says_it_lasts_until_restart(daemon, tmp_path):
+    other = mkmodel(tmp_path / "other.safetensors", seed=5, **SMALL)
+    r = ctl(daemon, "load", "other", other)
+    assert r.returncode == 0 and "until wcached restarts" in r.stdout, r.stdout
+    r = ctl(daemon, "--json", "load", "other", other)
+    reply = json.loads(r.stdout)
+    assert reply["persistent"] is False and "configuration file" in reply["message"]
+    r = ctl(daemon, "load", "--help")
+    assert "until wcached restarts" in r.stdout
+
+
+# ---- status as a health check ---------------------------------------------
+
+def test_status_names_and_exit_codes(daemon):
+    ready(daemon, "small")
+    assert ctl(daemon, "status").returncode == 0
+    r = ctl(daemon, "status", "small")
+    assert r.returncode == 0 and "small" in r.stdout
+    r = ctl(daemon, "status", "small", "nope")
+    assert r.returncode == 4 and 'no model "nope"' in r.stderr
+    r = ctl(daemon, "--json", "status", "nope")
+    assert r.returncode == 4
+    reply = json.loads(r.stdout)  # exactly one object
+    assert reply["ok"] is True and reply["ready"] is False and reply["unknown"] == ["nope"]
+    reply = json.loads(ctl(daemon, "--json", "status", "small").stdout)
+    assert reply["ready"] is True and reply["not_ready"] == [] and reply["unknown"] == []
+
+
+class FakeControl:
+    """A control socket that answers every request with one canned reply:
+    for what wcachectl shows of states a real daemon passes through too
+    quickly to catch (warming) or cannot reach as root (a refused mlock)."""
+
+    def __init__(self, path, reply):
+        import threading
+        self.path = path
+        self.reply = (json.dumps(reply) + "\n").encode()
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(path)
+        self.sock.listen(8)
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self):
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            with c:
+                c.recv(4096)
+                c.sendall(self.reply)
+
+    def close(self):
+        self.sock.close()
+
+
+def fake_model(name, state, pinned="metadata", applied="metadata", bytes_=1000, resident=1000):
+    return {"name": name, "path": f"/m/{name}", "generation": 1, "state": state,
+            "bytes": bytes_, "resident_bytes": resident, "pinned": pinned,
+            "pin_applied": applied, "attached": 0, "generations": []}
+
+
+def test_status_table_pins_warming_and_exit_codes(tmp_path):
+    path = str(tmp_path / "control.sock")
+    fake = FakeControl(path, {
+        "ok": True, "protocol": 1, "version": "0.1.0", "pid": 1, "uptime_seconds": 5,
+        "clients": 0, "unloaded": [],
+        "models": [fake_model("a", "ready"),
+                   fake_model("b", "warming", pinned="all", applied="metadata",
+                              resident=450),
+                   {**fake_model("c", "failed", applied="none", bytes_=0, resident=0),
+                    "generation": 0, "error": "c.safetensors: truncated"}]})
+    try:
+        def run(*args):
+            return subprocess.run([binary("wcachectl"), "--control", path, *args],
+                                  capture_output=True, text=True, timeout=60)
+        r = run("status")
+        assert r.returncode == 3, r.stderr
+        rows = {line.split()[0]: line for line in r.stdout.splitlines()[3:6]}
+        assert "warming 45%" in rows["b"], r.stdout
+        # PINNED shows what is locked, and a note says why it is less.
+        assert rows["b"].split()[-2] == "metadata", r.stdout
+        assert "pin = all asked, metadata locked" in r.stdout and "RLIMIT_MEMLOCK" in r.stdout
+        assert "c.safetensors: truncated" in r.stdout
+        assert run("status", "a").returncode == 0
+        r = run("status", "a", "c")
+        assert r.returncode == 3 and "b" not in [l.split()[0] for l in r.stdout.splitlines()
+                                                 if l.strip()]
+        reply = json.loads(run("--json", "status", "a", "c").stdout)
+        assert reply["ready"] is False and reply["not_ready"] == ["c"]
+        assert run("status", "a", "zz").returncode == 4  # unknown wins over not ready
+    finally:
+        fake.close()
+    # A daemon that reports its own warm progress and estimate: those are shown.
+    path = str(tmp_path / "control2.sock")
+    fake = FakeControl(path, {
+        "ok": True, "protocol": 1, "version": "0.1.0", "pid": 1, "uptime_seconds": 5,
+        "clients": 0, "unloaded": [],
+        "models": [{**fake_model("w", "warming", resident=100), "warm_percent": 62.4,
+                    "warm_eta_seconds": 7.2}]})
+    try:
+        r = subprocess.run([binary("wcachectl"), "--control", path, "status"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 3 and "warming 62%, ~7 s left" in r.stdout, r.stdout
+    finally:
+        fake.close()
+
+
+def test_json_is_one_object_whatever_happens(tmp_path, daemon):
+    missing = str(tmp_path / "none.sock")
+    for args in (["--control", missing, "--json", "status"],
+                 ["--control", missing, "status", "--json"],
+                 ["--control", daemon.control, "--json", "unload", "nope"],
+                 ["--control", missing, "--json", "load", "x"]):
+        r = subprocess.run([binary("wcachectl"), *args], capture_output=True, text=True)
+        assert r.returncode in (1, 2), (args, r.returncode)
+        reply = json.loads(r.stdout)
+        assert reply["ok"] is False and reply["error"] and reply["protocol"] == 1, reply
+        assert r.stdout.count("\n") == 1
+
+
+def test_every_reply_has_the_protocol_version(daemon):
+    c = Control(daemon)
+    try:
+        for line in (b"status", b"help", b"metrics", b"bogus", b"unload nope"):
+            assert c.request(line)["protocol"] == 1, line
+    finally:
+        c.close()
+
+
+def test_client_socket_as_control_gives_a_hint(daemon):
+    r = ctl(daemon, "status")
+    r = subprocess.run([binary("wcachectl"), "--control", daemon.socket, "status"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1
+    assert "client socket, not its control socket" in r.stderr, r.stderr
+    assert "--control /run/wcached/control.sock" in r.stderr
+    assert len(r.stderr.splitlines()) == 1
+
+
+def test_usage_errors_name_the_problem_in_one_line(tmp_path):
+    cases = ((["load", "x"], "missing PATH"), (["load"], "missing NAME PATH"),
+             (["unload"], "missing NAME"), (["pin", "a", "b"], 'unexpected argument "b"'),
+             (["status", "--what"], 'unknown option "--what"'), ([], "missing COMMAND"),
+             (["inspect"], "missing PATH"), (["inspect", "a", "b"], 'unexpected argument "b"'),
+             (["convert", "a"], "missing OUT"), (["convert"], "missing IN OUT"),
+             (["convert", "a", "b", "c"], 'unexpected argument "c"'),
+             (["attach"], "missing NAME"), (["bogus"], 'unknown command "bogus"'))
+    for args, text in cases:
+        r = subprocess.run([binary("wcachectl"), *args], capture_output=True, text=True,
+                           cwd=tmp_path)
+        assert r.returncode == 2, (args, r.returncode, r.stderr)
+        assert r.stdout == "", args
+        assert len(r.stderr.splitlines()) == 1 and text in r.stderr, (args, r.stderr)
+        assert "--help" in r.stderr, (args, r.stderr)
+
+
 def test_load_argument_errors(daemon):
     for args, text in ((["load", "--", "-bad", "/x"], "invalid model name"),
                        (["load", "a/b", "/x"], "invalid model name"),
@@ -345,7 +520,7 @@ def test_protocol_pipelined_and_quoted(daemon, tmp_path):
     c.send(b"status\nbogus\r\nload q " + quoted.encode() + b"\nstatus\nhelp\n")
     assert c.reply()["ok"] is True
     bad = c.reply()
-    assert bad == {"ok": False, "error": 'unknown command "bogus" (try "help")'}
+    assert bad == {"ok": False, "protocol": 1, "error": 'unknown command "bogus" (try "help")'}
     loaded = c.reply()
     assert loaded["ok"] and loaded["model"] == "q" and loaded["generation"] == 1
     assert any(m["name"] == "q" and m["path"] == path for m in c.reply()["models"])
@@ -393,7 +568,7 @@ def test_overlong_line_closes(daemon):
     except (BrokenPipeError, ConnectionResetError):
         pass  # the daemon closed after its error reply, which is still readable
     reply = c.reply()
-    assert reply == {"ok": False, "error": "request longer than 4096 bytes"}
+    assert reply == {"ok": False, "protocol": 1, "error": "request longer than 4096 bytes"}
     try:
         assert c.reply() is None
     except ConnectionResetError:
@@ -436,7 +611,10 @@ def start_shared(tmp_path, model, extra=""):
     d = Daemon(tmp_path, {"small": model})
     d.control = os.path.join(shared_dir(), f"control-{os.getpid()}-{tmp_path.name}.sock")
     d.write_config({"small": model}, extra)
-    return wait_for_control(d.start())
+    wait_for_control(d.start())
+    # Ready, so that status exits 0 for the users allowed to ask.
+    wait_until(lambda: ctl(d, "status").returncode == 0, what="small ready")
+    return d
 
 
 @root_daemon

@@ -408,8 +408,43 @@ def test_usage_errors(ctl, tmp_path):
                  ["--bogus", "a", "b"]):
         r = run(ctl, "convert", *args)
         assert r.returncode == 2, args
-        assert "usage: wcachectl convert" in r.stderr
+        # One line naming what is wrong, and where the help is.
+        assert r.stderr.startswith("wcachectl convert: ") and r.stderr.count("\n") == 1, args
+        assert "see 'wcachectl convert --help'" in r.stderr, args
     assert os.listdir(tmp_path) == []
+
+
+def test_output_that_is_the_input_is_refused(ctl, tmp_path):
+    src = tmp_path / "m.safetensors"
+    write_safetensors(src, {"w": ("F32", [2], struct.pack("<2f", 1, 2))})
+    before = src.read_bytes()
+    os.symlink(src, tmp_path / "link.weig")
+    os.link(src, tmp_path / "hard.weig")
+    shards = tmp_path / "sharded"
+    shards.mkdir()
+    write_safetensors(shards / "a.safetensors", {"a": ("U8", [1], b"a")})
+    write_safetensors(shards / "b.safetensors", {"b": ("U8", [1], b"b")})
+    (shards / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {"a": "a.safetensors", "b": "b.safetensors"}}))
+    for args in ([str(src), str(src)], ["--to", "weig", str(src), str(src)],
+                 [str(src), str(tmp_path / "link.weig")], [str(src), str(tmp_path / "hard.weig")],
+                 [str(src), str(tmp_path / "." / "m.safetensors")],
+                 [str(shards), str(shards / "b.safetensors")]):
+        r = run(ctl, "convert", *args)
+        assert r.returncode == 1, (args, r.stdout)
+        assert "the output is" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert src.read_bytes() == before
+    no_temporaries(tmp_path)
+
+
+def test_summary_line(ctl, tmp_path):
+    src = tmp_path / "m.safetensors"
+    write_safetensors(src, {"w": ("F32", [2], struct.pack("<2f", 1, 2)),
+                            "v": ("U8", [3], b"abc")})
+    r = convert(ctl, str(src), str(tmp_path / "m.weig"))
+    assert r.stdout.count("\n") == 1, r.stdout
+    assert r.stdout.startswith(f"wrote {tmp_path / 'm.weig'}: WEIG, 2 tensors, "), r.stdout
+    assert " in " in r.stdout and "MB/s" in r.stdout
 
 
 def test_failures_leave_no_output(ctl, tmp_path):

@@ -253,6 +253,52 @@ def test_install_layout(installed):
         assert a.read() == b.read()
 
 
+def test_install_puts_the_example_config_in_etc_once(installed, tmp_path):
+    """/etc/wcached.conf (in DESTDIR, whatever the prefix) is the example when
+    there was none; a second install keeps an edited one; it is not in the
+    manifest, so uninstalling cannot remove an operator's configuration."""
+    conf = os.path.join(installed["dest"], "etc", "wcached.conf")
+    with open(conf) as f, open(os.path.join(SRC, "conf", "wcached.conf.example")) as g:
+        assert f.read() == g.read()
+    with open(os.path.join(BUILD, "install_manifest.txt")) as f:
+        assert "/etc/wcached.conf" not in f.read().split()
+    r = subprocess.run([os.path.join(installed["prefix"], "sbin", "wcached"), "--check", "-c",
+                        conf], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, LD_LIBRARY_PATH=installed["lib"]))
+    # Valid, serving nothing yet: a warning says so.
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "configures no model" in r.stderr and "warning" in r.stderr
+    dest = str(tmp_path / "again")
+    os.makedirs(os.path.join(dest, "etc"))
+    with open(os.path.join(dest, "etc", "wcached.conf"), "w") as f:
+        f.write("; the operator's own\n")
+    run(["cmake", "--install", BUILD, "--prefix", PREFIX, "--component", "Runtime"],
+        env=dict(os.environ, DESTDIR=dest))
+    with open(os.path.join(dest, "etc", "wcached.conf")) as f:
+        assert f.read() == "; the operator's own\n"
+
+
+def exported_symbols(library):
+    """The functions a shared library exports (nm -D, defined, global)."""
+    out = run(["nm", "-D", "--defined-only", library]).stdout
+    return sorted(line.split()[2] for line in out.splitlines()
+                  if len(line.split()) == 3 and line.split()[1] in "TW")
+
+
+def test_symbols_file_matches_exports():
+    """debian/libwcache0.symbols lists exactly what libwcache.so.0 exports:
+    a function added to wcache.h without a symbols entry (or the reverse)
+    fails here before lintian or dpkg-gensymbols see it."""
+    lib = os.path.realpath(os.path.join(BUILD, "lib", "libwcache.so.0"))
+    exported = exported_symbols(lib)
+    listed = sorted(re.findall(r"^ (\w+)@Base ", read("debian", "libwcache0.symbols"), re.M))
+    assert exported, f"nm found no exports in {lib}"
+    assert listed == exported, (
+        f"missing from debian/libwcache0.symbols: {sorted(set(exported) - set(listed))}; "
+        f"listed but not exported: {sorted(set(listed) - set(exported))}")
+    assert all(name.startswith("wc_") for name in exported), exported
+
+
 def test_library_soname_and_no_build_paths(installed):
     lib = installed["lib"]
     assert os.path.islink(os.path.join(lib, "libwcache.so"))
@@ -479,6 +525,37 @@ def test_deb_packages_and_metadata(debs, tmp_path):
     ctl = tmp_path / "lib.control"
     run(["dpkg-deb", "-e", debs["libwcache0"], str(ctl)])
     assert "libwcache.so.0 libwcache0" in (ctl / "symbols").read_text()
+
+
+LINTIAN = shutil.which("lintian")
+# Tags that are right for this package: it is not uploaded to Debian, so
+# there is no ITP bug for the changelog to close.
+LINTIAN_ALLOWED = {"initial-upload-closes-no-bugs"}
+
+
+def test_lintian_is_clean(debs):
+    """lintian finds no error and no warning in the packages (their
+    .changes: every .deb and the .buildinfo), but the allowed tags."""
+    if LINTIAN is None:
+        pytest.skip("lintian is not installed (Debian package lintian)")
+    changes = [os.path.join(os.path.dirname(p), n) for p in list(debs.values())[:1]
+               for n in os.listdir(os.path.dirname(p)) if n.endswith(".changes")]
+    targets = changes or sorted(debs.values())
+    r = subprocess.run([LINTIAN, "--tag-display-limit", "0", *targets], capture_output=True,
+                       text=True, timeout=600)
+    findings = [l for l in r.stdout.splitlines() if re.match(r"^[EW]: ", l)]
+    bad = [l for l in findings if l.split()[2] not in LINTIAN_ALLOWED]
+    assert not bad, "lintian:\n" + "\n".join(bad) + "\n" + r.stderr
+    assert r.returncode in (0, 1), r.stderr  # 2: lintian itself failed
+
+
+def test_deb_ships_the_metrics_units(scratch):
+    units = os.path.join(scratch["root"], "lib/systemd/system")
+    for unit in ("wcached-metrics.socket", "wcached-metrics@.service"):
+        assert os.path.exists(os.path.join(units, unit)), unit
+    with open(os.path.join(units, "wcached-metrics@.service")) as f:
+        text = f.read()
+    assert re.search(r"^ExecStart=/usr/bin/wcachectl .*metrics --http$", text, re.M), text
 
 
 def test_deb_contents(scratch):

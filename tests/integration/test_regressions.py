@@ -218,7 +218,7 @@ def test_out_of_descriptors_refuses_without_spinning(start, tmp_path):
         wait_until(lambda: fd_count(pid) < limit, timeout=SHORT,
                    what="wcached to close the connection its client closed")
         r = ctl(d, "--json", "status", timeout=SHORT)
-        assert r.returncode == 0, r.stderr
+        assert r.returncode in (0, 3), r.stderr  # 3: a model is not ready
         assert json.loads(r.stdout)["ok"] is True
         assert d.stop() == 0, d.read_log()
     finally:
@@ -385,7 +385,8 @@ def test_fifo_as_model_path_is_refused(start, tmp_path):
         r = ctl(d, "load", "fifo", fifo, timeout=SHORT)
         assert r.returncode == 1, r.stdout
         assert "fifo.safetensors" in r.stderr and "not a regular file" in r.stderr, r.stderr
-        assert "not a regular file" in model_entry(d, "fifo")["error"]
+        # A failed load of a new name leaves no model behind.
+        assert "not added" in r.stderr and model_entry(d, "fifo") is None, r.stderr
         r = d.attach("small")
         assert r.returncode == 0, r.stderr
     except subprocess.TimeoutExpired:

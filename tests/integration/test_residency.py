@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0,
 def status_model(d):
     r = subprocess.run([binary("wcachectl"), "--control", d.control, "--json", "status"],
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode in (0, 3), r.stderr  # 3: not ready (cold, warming)
     return json.loads(r.stdout)["models"][0]
 
 

@@ -146,9 +146,10 @@ def test_socket_activation_wrong_type_is_an_error(tmp_path, model):
 
 
 @pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze is missing")
-def test_unit_security_rating():
+@pytest.mark.parametrize("unit", ["wcached.service", "wcached-metrics@.service"])
+def test_unit_security_rating(unit):
     r = subprocess.run([ANALYZE, "security", "--offline=yes",
-                        os.path.join(SRC, "systemd", "wcached.service")],
+                        os.path.join(SRC, "systemd", unit)],
                        capture_output=True, text=True, timeout=60)
     line = [l for l in r.stdout.splitlines() if "Overall exposure level" in l][0]
     exposure = float(line.split(":")[1].split()[0])

@@ -425,18 +425,18 @@ requests_and_errors(void **state)
 	send_text(c, "status\n");
 	r = reply(f, c);
 	assert_non_null(r);
-	assert_non_null(strstr(r, "{\"ok\":true,\"version\":\""));
+	assert_non_null(strstr(r, "{\"ok\":true,\"protocol\":1,\"version\":\""));
 	assert_non_null(strstr(r, "\"models\":[],\"unloaded\":[]}"));
 	free(r);
 	send_text(c, "\nfoo bar\nload x\nunload nope\nload -x /p\nload x rel\n"
 		      "load x /p pin=most\npin\n");
-	expect_reply(f, c, "{\"ok\":false,\"error\":\"empty request (try \\\"help\\\")\"}");
-	expect_reply(f, c, "{\"ok\":false,\"error\":\"unknown command \\\"foo\\\" "
+	expect_reply(f, c, "{\"ok\":false,\"protocol\":1,\"error\":\"empty request (try \\\"help\\\")\"}");
+	expect_reply(f, c, "{\"ok\":false,\"protocol\":1,\"error\":\"unknown command \\\"foo\\\" "
 			    "(try \\\"help\\\")\"}");
-	expect_reply(f, c, "{\"ok\":false,\"error\":\"load: usage: load NAME PATH "
+	expect_reply(f, c, "{\"ok\":false,\"protocol\":1,\"error\":\"load: usage: load NAME PATH "
 			    "[pin=none|metadata|all]\"}");
 	r = reply(f, c);
-	assert_non_null(strstr(r, "\"ok\":false,\"error\":\"unload: "));
+	assert_non_null(strstr(r, "\"ok\":false,\"protocol\":1,\"error\":\"unload: "));
 	assert_non_null(strstr(r, "nope"));
 	free(r);
 	r = reply(f, c);
@@ -448,7 +448,7 @@ requests_and_errors(void **state)
 	r = reply(f, c);
 	assert_non_null(strstr(r, "load: bad option \\\"pin=most\\\""));
 	free(r);
-	expect_reply(f, c, "{\"ok\":false,\"error\":\"pin: usage: pin NAME\"}");
+	expect_reply(f, c, "{\"ok\":false,\"protocol\":1,\"error\":\"pin: usage: pin NAME\"}");
 	/* The metrics text is one JSON string holding the exposition. */
 	send_text(c, "metrics\n");
 	r = reply(f, c);
@@ -459,7 +459,7 @@ requests_and_errors(void **state)
 	send_text(c, "help");
 	shutdown(c->fd, SHUT_WR);
 	r = reply(f, c);
-	assert_non_null(strstr(r, "{\"ok\":true,\"commands\":[{\"usage\":\"status\""));
+	assert_non_null(strstr(r, "{\"ok\":true,\"protocol\":1,\"commands\":[{\"usage\":\"status\""));
 	free(r);
 	assert_null(reply(f, c));
 	client_close(c);
@@ -477,13 +477,13 @@ overlong_line(void **state)
 	big[CONTROL_LINE_MAX] = '\n';
 	assert_int_equal(send(c->fd, big, CONTROL_LINE_MAX + 1, 0), CONTROL_LINE_MAX + 1);
 	r = reply(f, c);
-	assert_non_null(strstr(r, "{\"ok\":false,\"error\":\"unknown command \\\"aaaa"));
+	assert_non_null(strstr(r, "{\"ok\":false,\"protocol\":1,\"error\":\"unknown command \\\"aaaa"));
 	free(r);
 	/* One more byte is not, and closes the connection. */
 	big[CONTROL_LINE_MAX] = 'a';
 	big[CONTROL_LINE_MAX + 1] = '\n';
 	assert_int_equal(send(c->fd, big, sizeof(big), 0), (ssize_t)sizeof(big));
-	expect_reply(f, c, "{\"ok\":false,\"error\":\"request longer than 4096 bytes\"}");
+	expect_reply(f, c, "{\"ok\":false,\"protocol\":1,\"error\":\"request longer than 4096 bytes\"}");
 	assert_null(reply(f, c));
 	client_close(c);
 }
@@ -496,12 +496,12 @@ reload_completes_at_once(void **state)
 
 	f->reload_mode = 0;
 	send_text(c, "reload\nreload\n");
-	expect_reply(f, c, "{\"ok\":true,\"message\":\"configuration reloaded\"}");
-	expect_reply(f, c, "{\"ok\":true,\"message\":\"configuration reloaded\"}");
+	expect_reply(f, c, "{\"ok\":true,\"protocol\":1,\"message\":\"configuration reloaded\"}");
+	expect_reply(f, c, "{\"ok\":true,\"protocol\":1,\"message\":\"configuration reloaded\"}");
 	assert_int_equal(f->reload_calls, 2);
 	f->reload_mode = 1;
 	send_text(c, "reload\n");
-	expect_reply(f, c, "{\"ok\":false,\"error\":\"reload: wcached.conf:3: unknown key "
+	expect_reply(f, c, "{\"ok\":false,\"protocol\":1,\"error\":\"reload: wcached.conf:3: unknown key "
 			    "\\\"x\\\"\"}");
 	client_close(c);
 }
@@ -522,7 +522,7 @@ reload_later_keeps_order(void **state)
 	assert_int_equal(errno, EAGAIN);
 	f->kept_done(-EIO, "configuration reloaded; some models failed to load", 0,
 		f->kept_arg);
-	expect_reply(f, c, "{\"ok\":false,\"error\":\"reload: configuration reloaded; some "
+	expect_reply(f, c, "{\"ok\":false,\"protocol\":1,\"error\":\"reload: configuration reloaded; some "
 			    "models failed to load\"}");
 	free(reply(f, c)); /* help */
 	client_close(c);
