@@ -637,7 +637,7 @@ index_file_at(const uint8_t *blob, const struct index_header *h, uint64_t i, con
 			(unsigned long long)h->file_count);
 	p = blob + h->file_offset + i * INDEX_FILE_SIZE;
 	if (name != NULL) {
-		if ((s = string_at(blob, h->total_size, get_le64(p), 4096)) == NULL)
+		if ((s = string_at(blob, h->total_size, get_le64(p), INDEX_MAX_NAME)) == NULL)
 			return error_set(-EBADMSG, "index: file record %llu is damaged",
 				(unsigned long long)i);
 		*name = s;
