@@ -381,15 +381,14 @@ unlink_model(wc_model *m)
  * worker needs: the daemon releases every attach of a connection when it
  * closes.
  */
-void
+uint64_t
 attach_forget(wc_model *m)
 {
 	wc_client *c = m->client;
-	uint8_t req[64];
-	ssize_t n;
+	uint64_t handle = 0;
 
 	if (c == NULL)
-		return;
+		return 0;
 	pthread_mutex_lock(&c->lock);
 	unlink_model(m);
 	/* The client keeps the index of the generation it attached last only
@@ -401,11 +400,24 @@ attach_forget(wc_model *m)
 	}
 	/* Only the process that attached holds the daemon's handle; a child
 	 * after fork() shares the socket and must stay silent on it. */
-	if (m->pid == self_pid() && c->pid == m->pid) {
-		n = wire_put_release(req, sizeof(req), 0, m->handle);
-		if (n >= 0)
-			(void)fdp_send(c->fd, req, (size_t)n, NULL, 0);
-	}
+	if (m->pid == self_pid() && c->pid == m->pid)
+		handle = m->handle;
+	pthread_mutex_unlock(&c->lock);
+	return handle;
+}
+
+void
+attach_send_release(wc_client *c, uint64_t handle)
+{
+	uint8_t req[64];
+	ssize_t n;
+
+	if (c == NULL || handle == 0)
+		return;
+	pthread_mutex_lock(&c->lock);
+	n = wire_put_release(req, sizeof(req), 0, handle);
+	if (n >= 0)
+		(void)fdp_send(c->fd, req, (size_t)n, NULL, 0);
 	pthread_mutex_unlock(&c->lock);
 }
 
