@@ -27,11 +27,11 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "defaults.h"
 #include "fdpass.h"
 #include "model.h"
 #include "wire.h"
 
-#define DEFAULT_SOCKET "/run/wcached/wcached.sock"
 #define DEFAULT_TIMEOUT_MS 30000 /* long enough for socket activation to start wcached */
 #define TIMEOUT_ENV "WCACHE_TIMEOUT"
 #define MAX_TIMEOUT_S (INT_MAX / 1000)
@@ -156,6 +156,14 @@ wc_connect(const char *socket_path, wc_client **out)
 	return wc_connect_timeout(socket_path, -1, out);
 }
 
+const char *
+wc_default_socket(void)
+{
+	const char *env = getenv(SOCKET_ENV);
+
+	return env != NULL && env[0] != '\0' ? env : DEFAULT_SOCKET_PATH;
+}
+
 int
 wc_connect_timeout(const char *socket_path, int timeout_ms, wc_client **out)
 {
@@ -169,9 +177,9 @@ wc_connect_timeout(const char *socket_path, int timeout_ms, wc_client **out)
 	if (timeout_ms < 0 && (r = timeout_default(&timeout_ms)) < 0)
 		return r;
 	if (socket_path == NULL)
-		socket_path = getenv("WCACHE_SOCKET");
-	if (socket_path == NULL || *socket_path == '\0')
-		socket_path = DEFAULT_SOCKET;
+		socket_path = wc_default_socket();
+	else if (*socket_path == '\0')
+		socket_path = DEFAULT_SOCKET_PATH;
 	if (strlen(socket_path) >= sizeof(sa.sun_path))
 		return error_set(-ENAMETOOLONG, "%s: socket path longer than %zu bytes",
 			socket_path, sizeof(sa.sun_path) - 1);

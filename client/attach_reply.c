@@ -28,15 +28,9 @@
 
 #include "error.h"
 #include "fdpass.h"
+#include "memfds.h"
 #include "model.h"
 #include "wire.h"
-
-#define REQUIRED_SEALS (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
-#define STATUS_SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
-#define STATUS_MAGIC 0x54534357u /* "WCST" in slot 0 */
-#define STATUS_MAX_BYTES (1u << 20)
-
-_Static_assert(INDEX_MAX_FILES == WIRE_MAX_FILES, "an attach passes the index, every file and the status page");
 
 /*
  * Closes the received descriptors: one close_range() when they are
@@ -92,7 +86,7 @@ use_index(int fd, uint64_t want, const char *what, const struct attach_index *ca
 		return 0;
 	}
 	seals = fcntl(fd, F_GET_SEALS);
-	if (seals == -1 || (seals & REQUIRED_SEALS) != REQUIRED_SEALS)
+	if (seals == -1 || (seals & INDEX_SEALS) != INDEX_SEALS)
 		return error_set(-EBADMSG, "%s: index is not sealed", what);
 	if (want < INDEX_HEADER_SIZE)
 		return error_set(-EBADMSG, "model \"%s\": wcached sent a damaged index (index: "
@@ -148,8 +142,9 @@ map_status(int fd)
 	int seals = fcntl(fd, F_GET_SEALS);
 	void *p;
 
-	if (seals == -1 || (seals & STATUS_SEALS) != STATUS_SEALS || fstat(fd, &st) == -1 ||
-		!S_ISREG(st.st_mode) || st.st_size < 16 || (uint64_t)st.st_size > STATUS_MAX_BYTES)
+	if (seals == -1 || (seals & STATUS_PAGE_CLIENT_SEALS) != STATUS_PAGE_CLIENT_SEALS ||
+		fstat(fd, &st) == -1 || !S_ISREG(st.st_mode) || st.st_size < STATUS_PAGE_MIN_BYTES ||
+		(uint64_t)st.st_size > STATUS_PAGE_MAX_BYTES)
 		return NULL;
 	p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
 	if (p == MAP_FAILED)

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "ctl.h"
+#include "defaults.h"
 #include "json.h"
 #include "wcache.h"
 
@@ -21,7 +22,7 @@ attach_usage(FILE *f)
 		   "Attaches the model wcached serves as NAME (or at that configured path) and\n"
 		   "prints its tensor count, bytes, generation and the attach time.\n\n"
 		   "  --socket PATH  wcached's client socket (default $WCACHE_SOCKET, else\n"
-		   "                 /run/wcached/wcached.sock)\n"
+		   "                 " DEFAULT_SOCKET_PATH ")\n"
 		   "  --touch        also read every page of every tensor and time it\n"
 		   "  --json         print one JSON object\n");
 }

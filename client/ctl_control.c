@@ -38,11 +38,11 @@
 #include "ctl.h"
 #include "control_proto.h"
 #include "ctl_internal.h"
+#include "defaults.h"
 #include "error.h"
 #include "inifile.h"
 #include "json.h"
 
-#define REQUEST_MAX 4096            /* the daemon's CONTROL_LINE_MAX */
 #define REPLY_MAX (256u << 20)      /* a status of thousands of models fits */
 
 /* ---- finding the socket ------------------------------------------------- */
@@ -143,7 +143,7 @@ control_connect(const char *path)
 	if (e == EPROTOTYPE)
 		/* A SOCK_SEQPACKET socket: wcached's client socket, most likely. */
 		ctl_error("%s looks like wcached's client socket, not its control socket; use "
-			  "--control " CONTROL_DEFAULT_PATH " (or -c CONFIG)", path);
+			  "--control " DEFAULT_CONTROL_PATH " (or -c CONFIG)", path);
 	else if (e == ENOENT || e == ECONNREFUSED)
 		ctl_error("wcached is not running: no control socket at %s (%s)",
 			path, strerror(e));
@@ -528,7 +528,7 @@ static const struct control_command {
 static const char options_help[] =
 	"  -c, --config CONFIG  find the control socket in CONFIG's [wcached] section\n"
 	"      --control PATH   the control socket (default $WCACHE_CONTROL, else\n"
-	"                       " CONTROL_DEFAULT_PATH ")\n"
+	"                       " DEFAULT_CONTROL_PATH ")\n"
 	"      --json           print the daemon's JSON reply as it came (one JSON\n"
 	"                       object on stdout, errors included)\n"
 	"  -h, --help           this help\n";
@@ -555,8 +555,8 @@ append_word(char *req, size_t *len, const char *word)
 		}
 		need += *p == '"' || *p == '\\' ? 2 : 1;
 	}
-	if (need > REQUEST_MAX - n) {
-		ctl_error("request longer than %d bytes", REQUEST_MAX);
+	if (need > CONTROL_LINE_MAX - n) {
+		ctl_error("request longer than %d bytes", CONTROL_LINE_MAX);
 		return -1;
 	}
 	if (n > 0)
@@ -617,7 +617,7 @@ print_result(const struct control_command *cmd, const struct reply *r, char **ar
 static char *
 socket_path(const char *config, const char *control)
 {
-	const char *env = getenv("WCACHE_CONTROL");
+	const char *env = getenv(CONTROL_ENV);
 	char *path = NULL;
 
 	if (control != NULL) {
@@ -626,9 +626,9 @@ socket_path(const char *config, const char *control)
 		if (control_from_config(config, &path) < 0)
 			return NULL;
 		if (path == NULL) /* the daemon's default, whatever the environment says */
-			path = strdup(CONTROL_DEFAULT_PATH);
+			path = strdup(DEFAULT_CONTROL_PATH);
 	} else {
-		path = strdup(env != NULL && env[0] != '\0' ? env : CONTROL_DEFAULT_PATH);
+		path = strdup(env != NULL && env[0] != '\0' ? env : DEFAULT_CONTROL_PATH);
 	}
 	if (path == NULL)
 		ctl_error("out of memory");
@@ -764,7 +764,7 @@ ctl_control(int argc, char **argv, const char *config, const char *control, int 
 {
 	const struct control_command *cmd = NULL;
 	struct control_args a = { .config = config, .control = control, .json = json };
-	char req[REQUEST_MAX + 2], *path = NULL, *reply_line = NULL, *abs = NULL;
+	char req[CONTROL_LINE_MAX + 2], *path = NULL, *reply_line = NULL, *abs = NULL;
 	size_t len = 0, reply_len = 0;
 	struct reply r;
 	int status = CTL_EXIT_FAILURE;

@@ -17,7 +17,6 @@
  * summary goes to standard output at the end.
  */
 #include <byteswap.h>
-#include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -32,6 +31,7 @@
 
 #include "ctl.h"
 #include "error.h"
+#include "file.h"
 #include "index.h"
 #include "source.h"
 #include "wcache.h"
@@ -59,32 +59,17 @@ convert_usage(FILE *f)
 		   "               (a big-endian WEIG file becomes a little-endian WEIG)\n");
 }
 
-static int
-has_suffix(const char *s, const char *suffix)
-{
-	size_t n = strlen(s), m = strlen(suffix);
-
-	return n >= m && strcmp(s + n - m, suffix) == 0;
-}
-
 /* Tells WEIG (by its magic, in either byte order) from everything else; the
  * readers explain what is wrong with an unreadable IN. */
 static enum convert_input
 classify_input(const char *path)
 {
 	struct stat st;
-	uint32_t magic = 0;
-	int fd;
+	uint32_t magic;
 
 	if (stat(path, &st) == -1 || !S_ISREG(st.st_mode))
 		return INPUT_SAFETENSORS;
-	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-	if (fd == -1)
-		return INPUT_SAFETENSORS;
-	if (pread(fd, &magic, sizeof(magic), 0) != (ssize_t)sizeof(magic))
-		magic = 0;
-	close(fd);
-	magic = le32toh(magic);
+	magic = source_magic(path);
 	if (magic == WEIG_MAGIC)
 		return INPUT_WEIG;
 	if (magic == bswap_32(WEIG_MAGIC))
@@ -107,9 +92,9 @@ parse_format(const char *s)
 static enum writer_format
 default_format(enum convert_input in, const char *out)
 {
-	if (has_suffix(out, ".weig"))
+	if (file_has_suffix(out, ".weig"))
 		return WRITER_WEIG;
-	if (has_suffix(out, ".safetensors"))
+	if (file_has_suffix(out, ".safetensors"))
 		return WRITER_SAFETENSORS;
 	switch (in) {
 	case INPUT_WEIG:

@@ -13,8 +13,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "control_proto.h"
 #include "ctl.h"
+#include "defaults.h"
 
 
 static const struct {
@@ -52,7 +52,7 @@ usage(FILE *f)
 		   "  -c, --config CONFIG  use the control socket CONFIG names (the `control`\n"
 		   "                       key of its [wcached] section)\n"
 		   "      --control PATH   the control socket (default $WCACHE_CONTROL, else\n"
-		   "                       " CONTROL_DEFAULT_PATH ")\n"
+		   "                       " DEFAULT_CONTROL_PATH ")\n"
 		   "      --json           print wcached's JSON reply instead of a table\n\n"
 		   "Exit status: 0 on success; 1 when wcached reports an error or cannot be\n"
 		   "reached (the reason is on stderr); 2 for a usage error; status also\n"

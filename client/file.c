@@ -90,3 +90,11 @@ file_basename(const char *path)
 
 	return slash != NULL && slash[1] != '\0' ? slash + 1 : path;
 }
+
+bool
+file_has_suffix(const char *name, const char *suffix)
+{
+	size_t n = strlen(name), k = strlen(suffix);
+
+	return n > k && strcmp(name + n - k, suffix) == 0;
+}

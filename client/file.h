@@ -10,6 +10,7 @@
 #ifndef WC_FILE_H
 #define WC_FILE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <sys/stat.h>
 
@@ -31,6 +32,10 @@ int file_from_fd(int fd, const char *path, struct wc_file *out);
 
 /* The last component of path, as a model's index records its files. */
 const char *file_basename(const char *path);
+
+/* Whether name ends in suffix with at least one byte before it (a file
+ * named only ".json" has no extension). */
+bool file_has_suffix(const char *name, const char *suffix);
 
 /* Unmaps and closes (fd -1 means handed over); safe on a zeroed or
  * already closed file. */

@@ -17,6 +17,7 @@
 #include "dtype.h"
 #include "error.h"
 #include "index.h"
+#include "le.h"
 
 /* Shapes are handed out as pointers into the block: native u64 must be LE. */
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "wcache needs a little-endian host");
@@ -397,20 +398,6 @@ compare_pairs(const void *x, const void *y, void *arg)
 	return compare_names(s + a->key, a->key_len, s + b->key, b->key_len);
 }
 
-static void
-put64(uint8_t *p, uint64_t v)
-{
-	v = htole64(v);
-	memcpy(p, &v, 8);
-}
-
-static void
-put32(uint8_t *p, uint32_t v)
-{
-	v = htole32(v);
-	memcpy(p, &v, 4);
-}
-
 int
 index_build(struct index_builder *b, const char *what, uint8_t **blob, size_t *len)
 {
@@ -463,43 +450,43 @@ index_build(struct index_builder *b, const char *what, uint8_t **blob, size_t *l
 			total);
 	}
 
-	put32(out + 0, INDEX_MAGIC);
-	put32(out + 4, INDEX_VERSION);
-	put64(out + 8, b->ntensors);
-	put64(out + 16, tensor_off);
-	put64(out + 24, b->nfiles);
-	put64(out + 32, file_off);
-	put64(out + 40, b->nmeta);
-	put64(out + 48, meta_off);
-	put64(out + 56, total);
+	put_le32(out + 0, INDEX_MAGIC);
+	put_le32(out + 4, INDEX_VERSION);
+	put_le64(out + 8, b->ntensors);
+	put_le64(out + 16, tensor_off);
+	put_le64(out + 24, b->nfiles);
+	put_le64(out + 32, file_off);
+	put_le64(out + 40, b->nmeta);
+	put_le64(out + 48, meta_off);
+	put_le64(out + 56, total);
 
 	for (size_t i = 0; i < b->ntensors; i++) {
 		const struct builder_tensor *t = &b->tensors[order[i].tensor];
 
 		p = out + tensor_off + i * INDEX_RECORD_SIZE;
-		put64(p + 0, arena_off + t->name);
-		put32(p + 8, t->dtype);
-		put32(p + 12, t->file);
-		put64(p + 16, shape_off + t->shape * sizeof(uint64_t));
-		put64(p + 24, t->ndim);
-		put64(p + 32, t->offset);
-		put64(p + 40, t->nbytes);
+		put_le64(p + 0, arena_off + t->name);
+		put_le32(p + 8, t->dtype);
+		put_le32(p + 12, t->file);
+		put_le64(p + 16, shape_off + t->shape * sizeof(uint64_t));
+		put_le64(p + 24, t->ndim);
+		put_le64(p + 32, t->offset);
+		put_le64(p + 40, t->nbytes);
 	}
 	at = string_off;
 	for (size_t i = 0; i < b->nfiles; i++) {
 		p = out + file_off + i * INDEX_FILE_SIZE;
-		put64(p + 0, at);
-		put64(p + 8, b->files[i].size);
+		put_le64(p + 0, at);
+		put_le64(p + 8, b->files[i].size);
 		memcpy(out + at, b->strings + b->files[i].name, b->files[i].name_len + 1);
 		at += b->files[i].name_len + 1;
 	}
 	for (size_t i = 0; i < b->nmeta; i++) {
 		p = out + meta_off + i * INDEX_META_SIZE;
-		put64(p + 0, arena_off + b->meta[i].key);
-		put64(p + 8, arena_off + b->meta[i].value);
+		put_le64(p + 0, arena_off + b->meta[i].key);
+		put_le64(p + 8, arena_off + b->meta[i].value);
 	}
 	for (size_t i = 0; i < b->shapes_len; i++)
-		put64(out + shape_off + i * sizeof(uint64_t), b->shapes[i]);
+		put_le64(out + shape_off + i * sizeof(uint64_t), b->shapes[i]);
 	if (b->strings_len > 0)
 		memcpy(out + arena_off, b->strings, b->strings_len);
 
@@ -510,24 +497,6 @@ index_build(struct index_builder *b, const char *what, uint8_t **blob, size_t *l
 }
 
 /* ---- reading ---- */
-
-static uint64_t
-get64(const uint8_t *p)
-{
-	uint64_t v;
-
-	memcpy(&v, p, 8);
-	return le64toh(v);
-}
-
-static uint32_t
-get32(const uint8_t *p)
-{
-	uint32_t v;
-
-	memcpy(&v, p, 4);
-	return le32toh(v);
-}
 
 /* Checks that count records of size bytes at off lie inside len bytes. */
 static int
@@ -547,15 +516,15 @@ index_open(const uint8_t *blob, size_t len, struct index_header *out)
 
 	if (len < INDEX_HEADER_SIZE)
 		return error_set(-EBADMSG, "index: %zu bytes, shorter than its header", len);
-	h.magic = get32(blob);
-	h.version = get32(blob + 4);
-	h.tensor_count = get64(blob + 8);
-	h.tensor_offset = get64(blob + 16);
-	h.file_count = get64(blob + 24);
-	h.file_offset = get64(blob + 32);
-	h.meta_count = get64(blob + 40);
-	h.meta_offset = get64(blob + 48);
-	h.total_size = get64(blob + 56);
+	h.magic = get_le32(blob);
+	h.version = get_le32(blob + 4);
+	h.tensor_count = get_le64(blob + 8);
+	h.tensor_offset = get_le64(blob + 16);
+	h.file_count = get_le64(blob + 24);
+	h.file_offset = get_le64(blob + 32);
+	h.meta_count = get_le64(blob + 40);
+	h.meta_offset = get_le64(blob + 48);
+	h.total_size = get_le64(blob + 56);
 	if (h.magic != INDEX_MAGIC)
 		return error_set(-EBADMSG, "index: bad magic 0x%08x", h.magic);
 	if (h.version != INDEX_VERSION)
@@ -601,13 +570,13 @@ index_tensor_at(const uint8_t *blob, const struct index_header *h, uint64_t i,
 		return error_set(-ERANGE, "index: tensor %llu of %llu", (unsigned long long)i,
 			(unsigned long long)h->tensor_count);
 	p = blob + h->tensor_offset + i * INDEX_RECORD_SIZE;
-	t.name = string_at(blob, h->total_size, get64(p), INDEX_MAX_NAME);
-	t.dtype = get32(p + 8);
-	t.file = get32(p + 12);
-	shape_off = get64(p + 16);
-	ndim = get64(p + 24);
-	t.offset = get64(p + 32);
-	t.nbytes = get64(p + 40);
+	t.name = string_at(blob, h->total_size, get_le64(p), INDEX_MAX_NAME);
+	t.dtype = get_le32(p + 8);
+	t.file = get_le32(p + 12);
+	shape_off = get_le64(p + 16);
+	ndim = get_le64(p + 24);
+	t.offset = get_le64(p + 32);
+	t.nbytes = get_le64(p + 40);
 	if (t.name == NULL || (dt = dtype_by_code(t.dtype)) == NULL || t.file >= h->file_count ||
 		ndim > INDEX_MAX_NDIM || !table_fits(shape_off, ndim, 8, h->total_size) ||
 		(uintptr_t)(blob + shape_off) % 8 != 0)
@@ -628,7 +597,7 @@ static const char *
 record_name(const uint8_t *blob, const struct index_header *h, uint64_t i)
 {
 	return string_at(blob, h->total_size,
-		get64(blob + h->tensor_offset + i * INDEX_RECORD_SIZE), INDEX_MAX_NAME);
+		get_le64(blob + h->tensor_offset + i * INDEX_RECORD_SIZE), INDEX_MAX_NAME);
 }
 
 int
@@ -668,12 +637,12 @@ index_file_at(const uint8_t *blob, const struct index_header *h, uint64_t i, con
 			(unsigned long long)h->file_count);
 	p = blob + h->file_offset + i * INDEX_FILE_SIZE;
 	if (name != NULL) {
-		if ((s = string_at(blob, h->total_size, get64(p), 4096)) == NULL)
+		if ((s = string_at(blob, h->total_size, get_le64(p), INDEX_MAX_NAME)) == NULL)
 			return error_set(-EBADMSG, "index: file record %llu is damaged",
 				(unsigned long long)i);
 		*name = s;
 	}
-	*size = get64(p + 8);
+	*size = get_le64(p + 8);
 	return 0;
 }
 
@@ -687,8 +656,8 @@ index_meta_at(const uint8_t *blob, const struct index_header *h, uint64_t i, con
 	if (i >= h->meta_count)
 		return -ERANGE;
 	p = blob + h->meta_offset + i * INDEX_META_SIZE;
-	k = string_at(blob, h->total_size, get64(p), h->total_size);
-	v = string_at(blob, h->total_size, get64(p + 8), h->total_size);
+	k = string_at(blob, h->total_size, get_le64(p), h->total_size);
+	v = string_at(blob, h->total_size, get_le64(p + 8), h->total_size);
 	if (k == NULL || v == NULL)
 		return error_set(-EBADMSG, "index: metadata record %llu is damaged",
 			(unsigned long long)i);

@@ -24,6 +24,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "bounds.h" /* INDEX_MAX_FILES, _NDIM, _NAME, _SIZE */
+
 struct dtype_info;
 
 #define INDEX_MAGIC 0x58494357u /* "WCIX" read as little-endian u32 */
@@ -32,10 +34,6 @@ struct dtype_info;
 #define INDEX_RECORD_SIZE 48
 #define INDEX_FILE_SIZE 16
 #define INDEX_META_SIZE 16
-#define INDEX_MAX_FILES 250      /* fits one SCM_RIGHTS message with the index */
-#define INDEX_MAX_NDIM 64
-#define INDEX_MAX_NAME 4096
-#define INDEX_MAX_SIZE (1ull << 32) /* an index a client agrees to map */
 
 struct index_header {
 	uint32_t magic;

@@ -26,8 +26,9 @@
 #ifndef WC_INIFILE_H
 #define WC_INIFILE_H
 
-/* Longest line accepted, newline included. */
-#define INIFILE_LINE_MAX 65536
+#include "bounds.h" /* CONFIG_LINE_MAX: the longest line accepted, newline included */
+
+#define INIFILE_LINE_MAX CONFIG_LINE_MAX
 
 /* A file being read; handlers get it to report errors and ask the line. */
 struct inifile;

@@ -66,13 +66,8 @@ skip_ws(const char *p, const char *end)
 	return p;
 }
 
-/*
- * Length of the valid UTF-8 sequence at p (1 to 4), or 0 if the bytes there
- * are not one (RFC 3629: no overlong forms, no surrogates, nothing above
- * U+10FFFF, no truncated sequence).
- */
-static size_t
-utf8_seq(const unsigned char *p, const unsigned char *end)
+size_t
+json_utf8_seq(const unsigned char *p, const unsigned char *end)
 {
 	size_t avail = (size_t)(end - p);
 	unsigned c = p[0], lo = 0x80, hi = 0xbf;
@@ -103,6 +98,18 @@ utf8_seq(const unsigned char *p, const unsigned char *end)
 		return 4;
 	}
 	return 0;
+}
+
+bool
+json_utf8_valid(const void *s, size_t n)
+{
+	const unsigned char *p = s, *end = p + n;
+	size_t k;
+
+	for (; p < end; p += k)
+		if ((k = json_utf8_seq(p, end)) == 0)
+			return false;
+	return true;
 }
 
 static inline int
@@ -209,7 +216,7 @@ scan_string(struct jr *j, struct jr_str *out)
 			return fail(j, (const char *)p, -EINVAL,
 				"control character 0x%02x in string (must be escaped)", *p);
 		} else {
-			size_t n = utf8_seq(p, end);
+			size_t n = json_utf8_seq(p, end);
 
 			if (n == 0)
 				return fail(j, (const char *)p, -EINVAL, "invalid UTF-8 in string");
@@ -628,7 +635,7 @@ escape_unit(const unsigned char *s, size_t len, size_t i, char out[6], size_t *u
 
 	*used = 1;
 	if (c >= 0x80) {
-		n = utf8_seq(s + i, s + len);
+		n = json_utf8_seq(s + i, s + len);
 		if (n == 0) {
 			/* out is an escape of 6 bytes, not a C string.
 			 * NOLINTNEXTLINE(bugprone-not-null-terminated-result) */
@@ -749,7 +756,7 @@ json_quote_str(char *dst, size_t cap, const struct jr_str *s)
 		for (k = n; k > 0 && n - k < 3 && ((unsigned char)buf[k - 1] & 0xc0) == 0x80; k--)
 			;
 		if (k > 0 && (unsigned char)buf[k - 1] >= 0xc0 &&
-			utf8_seq((const unsigned char *)buf + k - 1, (const unsigned char *)buf + n) == 0)
+			json_utf8_seq((const unsigned char *)buf + k - 1, (const unsigned char *)buf + n) == 0)
 			n = k - 1;
 	}
 	return quote_impl(dst, cap, buf, n, p < end);

@@ -159,6 +159,15 @@ jr_str_eq(const struct jr_str *s, const char *lit, size_t n)
 	return true;
 }
 
+/* Length of the valid UTF-8 sequence at p, before end (1 to 4), or 0 when
+ * the bytes there are not one (RFC 3629: no overlong forms, no surrogates,
+ * nothing above U+10FFFF, no truncated sequence). p must be before end.
+ * The one UTF-8 check of the JSON reader, WEIG strings and control lines. */
+size_t json_utf8_seq(const unsigned char *p, const unsigned char *end);
+
+/* Whether s[0..n) is UTF-8 throughout, by json_utf8_seq(). */
+bool json_utf8_valid(const void *s, size_t n);
+
 /*
  * Writes s[0..len) as a JSON string literal with its quotes: '"' and '\\' and
  * control characters are escaped (\n, \t, ... or \u00XX, including NUL), valid

@@ -37,6 +37,7 @@
 #include "dtype.h"
 #include "error.h"
 #include "json.h"
+#include "le.h"
 #include "source.h"
 
 /* A tensor's data range, kept to check the tiling once the header is read. */
@@ -65,16 +66,6 @@ struct st_ctx {
 	char qname[320];            /* its name quoted, made by qn() on error */
 	char decoded[INDEX_MAX_NAME + 1];
 };
-
-static uint64_t
-get_le64(const uint8_t *p)
-{
-	uint64_t v = 0;
-
-	for (int i = 7; i >= 0; i--)
-		v = (v << 8) | p[i];
-	return v;
-}
 
 static const char *
 type_name(enum jr_type t)
@@ -824,36 +815,5 @@ st_parse(const char *name, const uint8_t *file, uint64_t size, uint32_t file_no,
 int
 st_open(const char *path, struct model_source *out)
 {
-	struct index_builder *b = NULL;
-	struct wc_file f, *files = NULL;
-	uint8_t *blob = NULL;
-	size_t len = 0;
-	uint32_t file_no;
-	int r;
-
-	if ((r = file_open(path, &f)) < 0)
-		return r;
-	if ((r = index_builder_new(&b)) < 0 ||
-		(r = index_add_file(b, file_basename(path), f.size, &file_no)) < 0 ||
-		(r = st_parse(path, f.base, f.size, file_no, b)) < 0 ||
-		(r = index_build(b, path, &blob, &len)) < 0)
-		goto fail;
-	if ((files = malloc(sizeof(*files))) == NULL) {
-		r = error_set(-ENOMEM, "%s: out of memory", path);
-		goto fail;
-	}
-	index_builder_free(b);
-	files[0] = f;
-	memset(out, 0, sizeof(*out));
-	out->format = FORMAT_SAFETENSORS;
-	out->files = files;
-	out->nfiles = 1;
-	out->index = blob;
-	out->index_len = len;
-	return 0;
-fail:
-	free(blob);
-	index_builder_free(b);
-	file_close(&f);
-	return r;
+	return source_open_file(path, FORMAT_SAFETENSORS, st_parse, out);
 }

@@ -613,14 +613,6 @@ fail:
 
 /* ---- finding the model in a directory ---- */
 
-static bool
-has_suffix(const char *s, const char *suffix)
-{
-	size_t n = strlen(s), k = strlen(suffix);
-
-	return n > k && strcmp(s + n - k, suffix) == 0;
-}
-
 static int
 compare_strings(const void *a, const void *b)
 {
@@ -660,9 +652,9 @@ shards_open_dir(const char *dir, struct model_source *out)
 		char ***arr;
 		size_t *n, *cap;
 
-		if (has_suffix(e->d_name, INDEX_SUFFIX)) {
+		if (file_has_suffix(e->d_name, INDEX_SUFFIX)) {
 			arr = &idx, n = &nidx, cap = &capidx;
-		} else if (has_suffix(e->d_name, SHARD_SUFFIX)) {
+		} else if (file_has_suffix(e->d_name, SHARD_SUFFIX)) {
 			arr = &st, n = &nst, cap = &capst;
 		} else {
 			continue;

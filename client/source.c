@@ -5,9 +5,10 @@
  * shard index; a file whose first four bytes are the WEIG magic (either byte
  * order, so the WEIG reader can explain a big-endian file) is WEIG; anything
  * else is read as safetensors, whose reader explains what it finds instead.
+ * A model that is one file, whatever its format, is opened the same way:
+ * source_open_file() maps it and runs the format's parser over it.
  */
 #include <byteswap.h>
-#include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -16,30 +17,22 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "le.h"
 #include "source.h"
 
-/* Reads the first four bytes of path as a little-endian u32; 0 when the
- * file is shorter or unreadable (the format reader reports why). */
-static uint32_t
-peek_magic(const char *path)
+uint32_t
+source_magic(const char *path)
 {
-	uint32_t v = 0;
+	uint8_t b[4];
 	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+	uint32_t v = 0;
 
 	if (fd == -1)
 		return 0;
-	if (pread(fd, &v, sizeof(v), 0) != (ssize_t)sizeof(v))
-		v = 0;
+	if (pread(fd, b, sizeof(b), 0) == (ssize_t)sizeof(b))
+		v = get_le32(b);
 	close(fd);
-	return le32toh(v);
-}
-
-static int
-has_suffix(const char *s, const char *suffix)
-{
-	size_t n = strlen(s), m = strlen(suffix);
-
-	return n >= m && strcmp(s + n - m, suffix) == 0;
+	return v;
 }
 
 int
@@ -52,12 +45,50 @@ source_open(const char *path, struct model_source *out)
 		return error_set(-errno, "%s: %s", path, strerror(errno));
 	if (S_ISDIR(st.st_mode))
 		return shards_open_dir(path, out);
-	if (has_suffix(path, ".json"))
+	if (file_has_suffix(path, ".json"))
 		return shards_open(path, out);
-	magic = peek_magic(path);
+	magic = source_magic(path);
 	if (magic == WEIG_MAGIC || magic == bswap_32(WEIG_MAGIC))
 		return weig_open(path, out);
 	return st_open(path, out);
+}
+
+int
+source_open_file(const char *path, enum source_format format, source_parse_fn parse,
+	struct model_source *out)
+{
+	struct index_builder *b = NULL;
+	struct wc_file f, *files = NULL;
+	uint8_t *blob = NULL;
+	size_t len = 0;
+	uint32_t file_no;
+	int r;
+
+	if ((r = file_open(path, &f)) < 0)
+		return r;
+	if ((r = index_builder_new(&b)) < 0 ||
+		(r = index_add_file(b, file_basename(path), f.size, &file_no)) < 0 ||
+		(r = parse(path, f.base, f.size, file_no, b)) < 0 ||
+		(r = index_build(b, path, &blob, &len)) < 0)
+		goto fail;
+	if ((files = malloc(sizeof(*files))) == NULL) {
+		r = error_set(-ENOMEM, "%s: out of memory", path);
+		goto fail;
+	}
+	index_builder_free(b);
+	files[0] = f;
+	memset(out, 0, sizeof(*out));
+	out->format = format;
+	out->files = files;
+	out->nfiles = 1;
+	out->index = blob;
+	out->index_len = len;
+	return 0;
+fail:
+	free(blob);
+	index_builder_free(b);
+	file_close(&f);
+	return r;
 }
 
 void

@@ -33,6 +33,24 @@ struct model_source {
 /* Opens path (file, shard index, directory or WEIG) and fills *out. */
 int source_open(const char *path, struct model_source *out);
 
+/* The first four bytes of path as a little-endian u32 (a format's magic);
+ * 0 when the file is shorter or unreadable (the format reader reports why). */
+uint32_t source_magic(const char *path);
+
+/* A format reader of one file (st_parse, weig_parse, ...): validates
+ * file[0..size), adds its tensors to b as file file_no; name is for messages. */
+typedef int (*source_parse_fn)(const char *name, const uint8_t *file, uint64_t size,
+	uint32_t file_no, struct index_builder *b);
+
+/*
+ * Opens a model that is one file: maps path (file_open), reads it with
+ * parse as file 0, builds the index and fills *out as a source of format.
+ * On failure *out is untouched, the file is closed and the message is
+ * parse's or names path.
+ */
+int source_open_file(const char *path, enum source_format format, source_parse_fn parse,
+	struct model_source *out);
+
 /* Closes the files, frees the index; safe on a zeroed source. */
 void source_close(struct model_source *s);
 

@@ -105,6 +105,12 @@ WC_EXPORT int wc_model_cow(wc_model *m);
 /* Message for the last failure in the calling thread ("" if none). */
 WC_EXPORT const char *wc_errmsg(void);
 
+/* The client socket wc_connect(NULL, ...) connects to: $WCACHE_SOCKET when
+ * it is set and not empty, else /run/wcached/wcached.sock (wcached's
+ * default). The string is the environment's or static: do not free it, and
+ * copy it before changing WCACHE_SOCKET. */
+WC_EXPORT const char *wc_default_socket(void);
+
 /* Connects to wcached's client socket. socket_path NULL means
  * $WCACHE_SOCKET, else /run/wcached/wcached.sock. The connection's deadline
  * is $WCACHE_TIMEOUT seconds (0: wait forever), else 30 s; a value that is

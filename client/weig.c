@@ -21,7 +21,6 @@
  * everything else that is wrong with the file.
  */
 #include <byteswap.h>
-#include <endian.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -31,6 +30,7 @@
 #include "dtype.h"
 #include "error.h"
 #include "index.h"
+#include "le.h"
 #include "json.h"
 #include "source.h"
 #include "writer.h"
@@ -82,61 +82,18 @@ struct weig_range {
 static uint32_t
 rd32(const struct weig_reader *r, uint64_t off)
 {
-	uint32_t v;
+	uint32_t v = get_le32(r->file + off);
 
-	memcpy(&v, r->file + off, sizeof(v));
-	return r->big_endian ? be32toh(v) : le32toh(v);
+	return r->big_endian ? bswap_32(v) : v;
 }
 
 /* Reads a u64 at off (the caller has checked the bounds). */
 static uint64_t
 rd64(const struct weig_reader *r, uint64_t off)
 {
-	uint64_t v;
+	uint64_t v = get_le64(r->file + off);
 
-	memcpy(&v, r->file + off, sizeof(v));
-	return r->big_endian ? be64toh(v) : le64toh(v);
-}
-
-/*
- * Checks that the UTF-8 in s[0..n) is well formed: no stray continuation
- * bytes, no overlong forms, no surrogates, nothing above U+10FFFF.
- */
-static int
-utf8_valid(const uint8_t *s, size_t n)
-{
-	size_t i = 0;
-
-	while (i < n) {
-		uint8_t c = s[i];
-		uint32_t cp, min;
-		size_t len;
-
-		if (c < 0x80) {
-			i++;
-			continue;
-		}
-		if ((c & 0xe0) == 0xc0) {
-			len = 2, cp = c & 0x1fu, min = 0x80;
-		} else if ((c & 0xf0) == 0xe0) {
-			len = 3, cp = c & 0x0fu, min = 0x800;
-		} else if ((c & 0xf8) == 0xf0) {
-			len = 4, cp = c & 0x07u, min = 0x10000;
-		} else {
-			return 0;
-		}
-		if (n - i < len)
-			return 0;
-		for (size_t k = 1; k < len; k++) {
-			if ((s[i + k] & 0xc0) != 0x80)
-				return 0;
-			cp = (cp << 6) | (s[i + k] & 0x3fu);
-		}
-		if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-			return 0;
-		i += len;
-	}
-	return 1;
+	return r->big_endian ? bswap_64(v) : v;
 }
 
 /*
@@ -190,7 +147,7 @@ read_string(const struct weig_reader *r, const char *what, uint64_t off, size_t 
 		return error_set(-EINVAL, "%s: %s at offset %" PRIu64 " has no NUL before the"
 			" end of the table area (%" PRIu64 ")", r->name, what, off, r->area_end);
 	}
-	if (!utf8_valid(p, (size_t)(nul - p)))
+	if (!json_utf8_valid(p, (size_t)(nul - p)))
 		return error_set(-EINVAL, "%s: %s at offset %" PRIu64 " is not valid UTF-8",
 			r->name, what, off);
 	*s = (const char *)p;
@@ -234,8 +191,7 @@ check_header(struct weig_reader *r, int want_big_endian, uint64_t *tensor_count,
 	if (r->size < 4)
 		return error_set(-EINVAL, "%s: file is %" PRIu64 " bytes, too small for a WEIG"
 			" header", r->name, r->size);
-	memcpy(&magic, r->file, sizeof(magic));
-	magic = le32toh(magic);
+	magic = get_le32(r->file);
 	if (magic == bswap_32(WEIG_MAGIC)) {
 		r->big_endian = 1;
 	} else if (magic == WEIG_MAGIC) {
@@ -539,40 +495,5 @@ weig_parse_big_endian(const char *name, const uint8_t *file, uint64_t size,
 int
 weig_open(const char *path, struct model_source *out)
 {
-	struct index_builder *b = NULL;
-	struct wc_file f, *files = NULL;
-	uint8_t *blob = NULL;
-	size_t len = 0;
-	uint32_t file_no;
-	int rc;
-
-	if ((rc = file_open(path, &f)) < 0)
-		return rc;
-	if ((rc = index_builder_new(&b)) < 0)
-		goto fail;
-	if ((rc = index_add_file(b, file_basename(path), f.size, &file_no)) < 0)
-		goto fail;
-	if ((rc = weig_parse(path, f.base, f.size, file_no, b)) < 0)
-		goto fail;
-	if ((rc = index_build(b, path, &blob, &len)) < 0)
-		goto fail;
-	files = malloc(sizeof(*files));
-	if (files == NULL) {
-		rc = error_set(-ENOMEM, "%s: out of memory", path);
-		goto fail;
-	}
-	index_builder_free(b);
-	*files = f;
-	memset(out, 0, sizeof(*out));
-	out->format = FORMAT_WEIG;
-	out->files = files;
-	out->nfiles = 1;
-	out->index = blob;
-	out->index_len = len;
-	return 0;
-fail:
-	free(blob);
-	index_builder_free(b);
-	file_close(&f);
-	return rc;
+	return source_open_file(path, FORMAT_WEIG, weig_parse, out);
 }

@@ -12,7 +12,6 @@
  * buffer when a big-endian file is converted.
  */
 #include <byteswap.h>
-#include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -26,6 +25,7 @@
 #include "error.h"
 #include "file.h"
 #include "index.h"
+#include "le.h"
 #include "json.h"
 #include "source.h"
 #include "writer.h"
@@ -466,21 +466,6 @@ align_u64(uint64_t *v, uint64_t align)
 	return 0;
 }
 
-/* Stores little-endian integers into a buffer. */
-static void
-put32(uint8_t *p, uint32_t v)
-{
-	v = htole32(v);
-	memcpy(p, &v, 4);
-}
-
-static void
-put64(uint8_t *p, uint64_t v)
-{
-	v = htole64(v);
-	memcpy(p, &v, 8);
-}
-
 /*
  * Lays out a WEIG file: records at 64, the metadata table after them, the
  * shapes (8-aligned), the strings, then the data region at the next multiple
@@ -536,38 +521,38 @@ weig_head(const struct wt_model *wm, uint64_t data_offset, uint64_t file_size)
 
 	if (h == NULL)
 		return NULL;
-	put32(h + 0, WEIG_MAGIC);
-	put32(h + 4, WEIG_VERSION);
-	put64(h + 8, wm->n);
-	put64(h + 16, WEIG_HEADER_SIZE);
-	put64(h + 24, data_offset);
-	put64(h + 32, file_size);
+	put_le32(h + 0, WEIG_MAGIC);
+	put_le32(h + 4, WEIG_VERSION);
+	put_le64(h + 8, wm->n);
+	put_le64(h + 16, WEIG_HEADER_SIZE);
+	put_le64(h + 24, data_offset);
+	put_le64(h + 32, file_size);
 	if (wm->nmeta > 0) {
-		put64(h + 40, WEIG_FLAG_METADATA);
-		put64(h + 48, meta_table);
-		put64(h + 56, wm->nmeta);
+		put_le64(h + 40, WEIG_FLAG_METADATA);
+		put_le64(h + 48, meta_table);
+		put_le64(h + 56, wm->nmeta);
 	}
 	for (size_t i = 0; i < wm->n; i++) {
 		const struct wt_tensor *t = &wm->t[i];
 		uint8_t *rec = h + WEIG_HEADER_SIZE + i * WEIG_RECORD_SIZE;
 
-		put64(rec + 0, t->name_offset);
-		put32(rec + 8, t->type->code);
-		put32(rec + 12, 0);
-		put64(rec + 16, t->shape_offset);
-		put64(rec + 24, t->ndim);
-		put64(rec + 32, t->out_offset);
-		put64(rec + 40, t->nbytes);
+		put_le64(rec + 0, t->name_offset);
+		put_le32(rec + 8, t->type->code);
+		put_le32(rec + 12, 0);
+		put_le64(rec + 16, t->shape_offset);
+		put_le64(rec + 24, t->ndim);
+		put_le64(rec + 32, t->out_offset);
+		put_le64(rec + 40, t->nbytes);
 		for (size_t d = 0; d < t->ndim; d++)
-			put64(h + t->shape_offset + 8 * d, t->shape[d]);
+			put_le64(h + t->shape_offset + 8 * d, t->shape[d]);
 		memcpy(h + t->name_offset, t->name, t->name_len + 1);
 	}
 	for (size_t i = 0; i < wm->nmeta; i++) {
 		const struct wt_meta *e = &wm->meta[i];
 		uint8_t *ent = h + meta_table + i * WEIG_META_ENTRY_SIZE;
 
-		put64(ent + 0, e->key_offset);
-		put64(ent + 8, e->value_offset);
+		put_le64(ent + 0, e->key_offset);
+		put_le64(ent + 8, e->value_offset);
 		memcpy(h + e->key_offset, e->key, e->key_len + 1);
 		memcpy(h + e->value_offset, e->value, e->value_len + 1);
 	}
@@ -612,7 +597,7 @@ write_weig(struct wt_model *wm, const char *out_path)
 		return error_set(-ENOMEM, "%s: out of memory for %" PRIu64 " bytes of tables",
 			out_path, data_offset);
 	memcpy(trailer, WEIG_TRAILER_MAGIC, 8);
-	put64(trailer + 8, file_size);
+	put_le64(trailer + 8, file_size);
 	if ((rc = out_begin(out_path, &o)) == 0) {
 		if ((rc = out_put(&o, head, data_offset)) == 0 &&
 			(rc = write_data(&o, wm, 1)) == 0 &&
@@ -710,7 +695,7 @@ write_safetensors(struct wt_model *wm, const char *out_path)
 	}
 	if ((rc = st_header(wm, out_path, &header, &header_len)) < 0)
 		return rc;
-	put64(prefix, header_len);
+	put_le64(prefix, header_len);
 	if ((rc = out_begin(out_path, &o)) == 0) {
 		if ((rc = out_put(&o, prefix, sizeof(prefix))) == 0 &&
 			(rc = out_put(&o, header, header_len)) == 0 &&
@@ -814,21 +799,13 @@ fail:
 int
 writer_from_big_endian(const char *in_path, enum writer_format fmt, const char *out_path)
 {
-	struct index_builder *b = NULL;
-	struct wc_file f;
+	struct model_source s;
 	struct wt_model wm = { 0 };
-	uint8_t *blob = NULL;
-	size_t len = 0;
-	uint32_t file_no;
 	int rc;
 
-	if ((rc = file_open(in_path, &f)) < 0)
+	if ((rc = source_open_file(in_path, FORMAT_WEIG, weig_parse_big_endian, &s)) < 0)
 		return rc;
-	if ((rc = index_builder_new(&b)) < 0 ||
-		(rc = index_add_file(b, in_path, f.size, &file_no)) < 0 ||
-		(rc = weig_parse_big_endian(in_path, f.base, f.size, file_no, b)) < 0 ||
-		(rc = index_build(b, in_path, &blob, &len)) < 0 ||
-		(rc = wt_from_index(blob, len, &f, &wm)) < 0)
+	if ((rc = wt_from_index(s.index, s.index_len, &s.files[0], &wm)) < 0)
 		goto out;
 	if (fmt == WRITER_WEIG)
 		rc = write_weig(&wm, out_path);
@@ -838,8 +815,6 @@ writer_from_big_endian(const char *in_path, enum writer_format fmt, const char *
 		rc = error_set(-EINVAL, "%s: unknown output format %d", out_path, (int)fmt);
 out:
 	wt_free(&wm);
-	free(blob);
-	index_builder_free(b);
-	file_close(&f);
+	source_close(&s);
 	return rc;
 }

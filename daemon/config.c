@@ -412,8 +412,8 @@ config_load(const char *path, struct config **out)
 	cfg->max_clients = CONFIG_DEFAULT_MAX_CLIENTS;
 	cfg->max_clients_per_uid = CONFIG_DEFAULT_MAX_CLIENTS_PER_UID;
 	cfg->file = strdup(path);
-	cfg->socket_path = strdup(CONFIG_DEFAULT_SOCKET);
-	cfg->control_path = strdup(CONFIG_DEFAULT_CONTROL);
+	cfg->socket_path = strdup(DEFAULT_SOCKET_PATH);
+	cfg->control_path = strdup(DEFAULT_CONTROL_PATH);
 	if (cfg->file == NULL || cfg->socket_path == NULL || cfg->control_path == NULL) {
 		config_free(cfg);
 		return error_set(-ENOMEM, "out of memory");

@@ -44,10 +44,9 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "defaults.h" /* DEFAULT_SOCKET_PATH, DEFAULT_CONTROL_PATH */
 #include "pin.h"
 
-#define CONFIG_DEFAULT_SOCKET "/run/wcached/wcached.sock"
-#define CONFIG_DEFAULT_CONTROL "/run/wcached/control.sock"
 #define CONFIG_DEFAULT_PREFETCH_THREADS 2
 #define CONFIG_MAX_PREFETCH_THREADS 64
 #define CONFIG_DEFAULT_MAX_CLIENTS 1024

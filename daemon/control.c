@@ -249,41 +249,6 @@ ctl_conn_ok(struct ctl_conn *c, const char *message)
 
 /* ---- request lines ------------------------------------------------------ */
 
-/*
- * Length of the UTF-8 sequence at s[0..n), or 0 when it is not valid:
- * overlong forms, UTF-16 surrogates and code points above U+10FFFF are
- * invalid, as in RFC 3629.
- */
-static size_t
-utf8_sequence(const unsigned char *s, size_t n)
-{
-	unsigned char c = s[0];
-	size_t len;
-	uint32_t cp;
-
-	if (c < 0x80)
-		return 1;
-	if (c >= 0xc2 && c <= 0xdf)
-		len = 2, cp = c & 0x1fu;
-	else if (c >= 0xe0 && c <= 0xef)
-		len = 3, cp = c & 0x0fu;
-	else if (c >= 0xf0 && c <= 0xf4)
-		len = 4, cp = c & 0x07u;
-	else
-		return 0;
-	if (len > n)
-		return 0;
-	for (size_t i = 1; i < len; i++) {
-		if ((s[i] & 0xc0) != 0x80)
-			return 0;
-		cp = (cp << 6) | (s[i] & 0x3fu);
-	}
-	if ((len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10ffff ||
-		(cp >= 0xd800 && cp <= 0xdfff))
-		return 0;
-	return len;
-}
-
 int
 control_split(char *line, size_t len, char **words, int max, char *err, size_t errlen)
 {
@@ -298,7 +263,7 @@ control_split(char *line, size_t len, char **words, int max, char *err, size_t e
 			snprintf(err, errlen, "control character 0x%02x at byte %zu", u[i], i);
 			return -EINVAL;
 		}
-		if ((k = utf8_sequence(u + i, len - i)) == 0) {
+		if ((k = json_utf8_seq(u + i, u + len)) == 0) {
 			snprintf(err, errlen, "not UTF-8 text (byte %zu)", i);
 			return -EINVAL;
 		}

@@ -50,10 +50,10 @@
 #include <sys/types.h>
 #include <uv.h>
 
+#include "control_proto.h" /* CONTROL_LINE_MAX */
 #include "registry.h"
 #include "server.h"
 
-#define CONTROL_LINE_MAX 4096      /* bytes of a request line, without '\n' */
 #define CONTROL_MAX_CONNECTIONS 64 /* control connections at once */
 #define CONTROL_MAX_PER_UID 16     /* control connections of one uid at once */
 /* A connection must finish a request line within this long of connecting or

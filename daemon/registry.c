@@ -25,7 +25,7 @@
 #include "pages.h"
 #include "registry_internal.h"
 
-#define STATUS_MAGIC 0x54534357u /* "WCST": slot 0 of the status page */
+#include "memfds.h"
 
 struct load_request {
 	uv_work_t work;
@@ -72,8 +72,7 @@ status_page_init(struct registry *r)
 		close(fd);
 		return error_set(-e, "status page: %s", strerror(e));
 	}
-	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) ==
-		-1) {
+	if (fcntl(fd, F_ADD_SEALS, STATUS_PAGE_SEALS) == -1) {
 		int e = errno;
 
 		munmap(map, STATUS_PAGE_BYTES);
@@ -190,8 +189,7 @@ seal_index(struct load_request *q)
 		p += n;
 		left -= (size_t)n;
 	}
-	if (fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) ==
-		-1) {
+	if (fcntl(fd, F_ADD_SEALS, INDEX_SEALS) == -1) {
 		int e = errno;
 
 		close(fd);

@@ -101,9 +101,6 @@ struct registry {
 	void *owner;
 };
 
-#define STATUS_PAGE_BYTES 65536u
-#define STATUS_SLOTS (STATUS_PAGE_BYTES / 8u)
-
 /* Queues a residency check of every populated current generation on the
  * work queue (resident.h); one that memory pressure shrank by more than 1%
  * is warmed again and counted in rewarm_count. Call it every few seconds. */

@@ -1,8 +1,8 @@
 /*
  * control_proto.h: what wcached's control socket and its clients
- * (wcachectl, the metrics HTTP responder) agree on. The protocol itself is
- * described in proto/PROTOCOL.md, section "Control protocol", and in
- * daemon/control.h.
+ * (wcachectl, the metrics HTTP responder) agree on, besides where it is
+ * (defaults.h). The protocol itself is described in proto/PROTOCOL.md,
+ * section "Control protocol", and in daemon/control.h.
  *
  * Every reply object carries "protocol": CONTROL_PROTOCOL_VERSION. The
  * number changes when a member changes meaning or disappears; new members
@@ -12,6 +12,11 @@
 #define WC_CONTROL_PROTO_H
 
 #define CONTROL_PROTOCOL_VERSION 1
-#define CONTROL_DEFAULT_PATH "/run/wcached/control.sock"
+
+/* A request line is at most this many bytes, without its '\n'; wcached
+ * answers a longer one with an error and closes the connection, so
+ * wcachectl refuses to send one. (The socket's default path is
+ * DEFAULT_CONTROL_PATH in defaults.h.) */
+#define CONTROL_LINE_MAX 4096
 
 #endif /* WC_CONTROL_PROTO_H */

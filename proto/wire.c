@@ -14,6 +14,7 @@
  * into messages that name the peer and the model.
  */
 #include "wire.h"
+#include "le.h"
 
 #include <errno.h>
 #include <string.h>
@@ -35,49 +36,6 @@ _Static_assert(WIRE_HEADER_SIZE + WIRE_MAX_NAME <= WIRE_MAX_MESSAGE,
         "an ATTACH with the longest name fits in one message");
 _Static_assert(WIRE_HEADER_SIZE + WIRE_ATTACH_OK_SIZE <= WIRE_MAX_MESSAGE,
         "an ATTACH_OK fits in one message");
-
-/* Little-endian loads and stores by byte shifts. */
-
-static uint16_t
-get_le16(const uint8_t *p)
-{
-	return (uint16_t)(p[0] | (uint16_t)p[1] << 8);
-}
-
-static uint32_t
-get_le32(const uint8_t *p)
-{
-	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static uint64_t
-get_le64(const uint8_t *p)
-{
-	return (uint64_t)get_le32(p) | (uint64_t)get_le32(p + 4) << 32;
-}
-
-static void
-put_le16(uint8_t *p, uint16_t v)
-{
-	p[0] = (uint8_t)v;
-	p[1] = (uint8_t)(v >> 8);
-}
-
-static void
-put_le32(uint8_t *p, uint32_t v)
-{
-	p[0] = (uint8_t)v;
-	p[1] = (uint8_t)(v >> 8);
-	p[2] = (uint8_t)(v >> 16);
-	p[3] = (uint8_t)(v >> 24);
-}
-
-static void
-put_le64(uint8_t *p, uint64_t v)
-{
-	put_le32(p, (uint32_t)v);
-	put_le32(p + 4, (uint32_t)(v >> 32));
-}
 
 /*
  * Checks that a payload of n bytes has the layout its type requires. The

@@ -28,6 +28,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "memfds.h"
 #include "model.h"
 #include "wcache.h"
 #include "wire.h"
@@ -38,7 +39,6 @@
 #define MODE_SEAL 8u
 #define MODE_WRITABLE 16u
 #define MODE_PIPE 32u
-#define SEALS (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -165,7 +165,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		fds[nfds++] = pipe_fds[0];
 	} else {
 		fds[nfds++] = memfd_with("fuzz-index", index, index_len,
-			(mode & MODE_SEAL) ? SEALS : 0);
+			(mode & MODE_SEAL) ? INDEX_SEALS : 0);
 	}
 	for (unsigned i = 0; i < nfiles; i++) {
 		const uint8_t *sz = take(&p, &left, 2);
@@ -175,7 +175,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 	if (mode & MODE_STATUS)
 		fds[nfds++] = read_only(memfd_with("fuzz-status", p, left,
-			F_SEAL_SHRINK | F_SEAL_GROW));
+			STATUS_PAGE_CLIENT_SEALS));
 	for (size_t i = 0; i < nfds; i++)
 		if (fds[i] < 0) {
 			for (size_t j = 0; j < nfds; j++)

@@ -1,10 +1,11 @@
 """Finding libwcache: $WCACHE_LIB, the build tree, the system; and clear
 errors when it is missing. Each case runs in a fresh interpreter."""
 import os
+import re
 import shutil
 
 import wcache
-from pyhelpers import PYDIR, run_python
+from pyhelpers import PYDIR, REPO, run_python
 
 
 def test_wcache_lib_pointing_nowhere(tmp_path):
@@ -99,3 +100,25 @@ def test_pip_install_offline(tmp_path):
                         "import wcache, os; print(wcache.__file__)"],
                        capture_output=True, text=True, timeout=60, cwd=str(tmp_path), env=env)
     assert r.returncode == 0 and str(venv) in r.stdout, r.stdout + r.stderr
+
+
+def test_default_socket_is_libwcaches():
+    """wcache.default_socket() is the path wc_connect(NULL) uses, from the C
+    library: proto/defaults.h's DEFAULT_SOCKET_PATH, or $WCACHE_SOCKET."""
+    with open(os.path.join(REPO, "proto", "defaults.h")) as f:
+        header = f.read()
+    default = re.search(r'#define DEFAULT_SOCKET_PATH "([^"]+)"', header).group(1)
+    r = run_python("import wcache; print(wcache.default_socket())",
+                   env={"WCACHE_SOCKET": None})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == default
+    r = run_python("import wcache; print(wcache.default_socket())",
+                   env={"WCACHE_SOCKET": ""})
+    assert r.stdout.strip() == default, r.stderr
+    r = run_python("import os, wcache\n"
+                   "print(wcache.default_socket())\n"
+                   "os.environ['WCACHE_SOCKET'] = '/elsewhere/w.sock'\n"
+                   "print(wcache.default_socket())\n",
+                   env={"WCACHE_SOCKET": "/tmp/x/wcached.sock"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["/tmp/x/wcached.sock", "/elsewhere/w.sock"]

@@ -51,6 +51,7 @@
 #include "fakedaemon.h"
 #include "fdpass.h"
 #include "index.h"
+#include "memfds.h"
 #include "testutil.h"
 #include "wcache.h"
 #include "wire.h"
@@ -62,9 +63,7 @@
 #define A_SIZE 256u /* a.bin: tensors alpha (F32 4x4 at 0) and gamma (I16 2x8 at 128) */
 #define B_SIZE 96u  /* b.bin: tensor beta (U8 32 at 64) */
 #define PAGE_SIZE_BYTES 4096u
-#define STATUS_MAGIC 0x54534357u
-#define INDEX_SEALS (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
-#define PAGE_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL)
+#define PAGE_SEALS STATUS_PAGE_SEALS
 #define DEADLINE_MS FAKE_DEADLINE_MS
 #define KERNEL_SCM_MAX_FD FAKE_SCM_MAX_FD
 #define REFUSAL "too many clients connected to wcached (max_clients)"

@@ -186,8 +186,8 @@ test_defaults(void **state)
 	struct config *cfg = NULL;
 
 	assert_int_equal(load_text(f, "empty.conf", "", &cfg, NULL), 0);
-	assert_string_equal(cfg->socket_path, CONFIG_DEFAULT_SOCKET);
-	assert_string_equal(cfg->control_path, CONFIG_DEFAULT_CONTROL);
+	assert_string_equal(cfg->socket_path, DEFAULT_SOCKET_PATH);
+	assert_string_equal(cfg->control_path, DEFAULT_CONTROL_PATH);
 	assert_string_equal(cfg->socket_path, "/run/wcached/wcached.sock");
 	assert_string_equal(cfg->control_path, "/run/wcached/control.sock");
 	assert_null(cfg->control_group);

@@ -126,6 +126,7 @@ _REQUIRED = {
     "wc_model_stale": (ctypes.c_int, [_P]),
     "wc_errmsg": (ctypes.c_char_p, []),
     "wc_connect": (ctypes.c_int, [ctypes.c_char_p, _PP]),
+    "wc_default_socket": (ctypes.c_char_p, []),
     "wc_attach": (ctypes.c_int, [_P, ctypes.c_char_p, _PP]),
     "wc_disconnect": (None, [_P]),
 }

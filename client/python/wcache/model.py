@@ -407,8 +407,9 @@ class Client:
 
 
 def default_socket():
-    """The socket wc_connect(NULL) uses: $WCACHE_SOCKET, else the default."""
-    return os.environ.get("WCACHE_SOCKET") or "/run/wcached/wcached.sock"
+    """The socket wc_connect(NULL) uses: $WCACHE_SOCKET, else the default
+    (/run/wcached/wcached.sock), as libwcache's wc_default_socket() says."""
+    return os.fsdecode(_lib.lib().wc_default_socket())
 
 
 def connect(socket=None, timeout=None):
