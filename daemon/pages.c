@@ -54,7 +54,7 @@ pages_pin_metadata(struct generation *g)
 	uint64_t *first;
 	int err;
 
-	if ((err = warm_pin_range(g->index, g->index_size)) < 0) {
+	if ((err = resident_pin_range(g->index, g->index_size)) < 0) {
 		pin_failed(g->model_name, "the index", g->index_size, err);
 		return;
 	}
@@ -70,7 +70,7 @@ pages_pin_metadata(struct generation *g)
 	for (size_t i = 0; i < g->source.nfiles; i++) {
 		if (first[i] == 0 || g->source.files[i].base == NULL)
 			continue;
-		if ((err = warm_pin_range(g->source.files[i].base, (size_t)first[i])) < 0) {
+		if ((err = resident_pin_range(g->source.files[i].base, (size_t)first[i])) < 0) {
 			pin_failed(g->model_name, "file headers", (size_t)first[i], err);
 			break;
 		}
@@ -120,7 +120,7 @@ page_work_run(uv_work_t *w)
 		struct timespec pause = { 0, 50000000L }; /* 50 ms */
 
 		for (size_t i = 0; i < g->source.nfiles; i++)
-			warm_evict_range(g->source.files[i].fd, 0, 0);
+			resident_evict_range(g->source.files[i].fd, 0, 0);
 		nanosleep(&pause, NULL);
 	}
 
@@ -138,20 +138,20 @@ page_work_run(uv_work_t *w)
 		}
 		if (p->op == PAGE_EVICT || p->op == PAGE_EVICT_SETTLE) {
 			unmap_pages(f);
-			warm_evict_range(f->fd, 0, 0);
+			resident_evict_range(f->fd, 0, 0);
 			continue;
 		}
 		if (f->base == NULL)
 			continue;
 		if (p->op == PAGE_UNPIN) {
-			warm_unpin_range(f->base, (size_t)f->size);
+			resident_unpin_range(f->base, (size_t)f->size);
 			continue;
 		}
-		if ((p->err = warm_pin_range(f->base, (size_t)f->size)) < 0) {
+		if ((p->err = resident_pin_range(f->base, (size_t)f->size)) < 0) {
 			p->failed = i;
 			for (size_t j = 0; j < i; j++)
 				if (g->source.files[j].base != NULL)
-					warm_unpin_range(g->source.files[j].base,
+					resident_unpin_range(g->source.files[j].base,
 						(size_t)g->source.files[j].size);
 			return;
 		}

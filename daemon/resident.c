@@ -5,12 +5,19 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "resident.h"
-#include "warm.h"
+
+static size_t
+page_size(void)
+{
+	return (size_t)sysconf(_SC_PAGESIZE);
+}
 
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22 /* Linux 5.14 */
@@ -82,9 +89,9 @@ resident_bytes(const struct wc_file *f, uint64_t *out, enum resident_method *how
 			*how = RESIDENT_CACHESTAT;
 		return 0;
 	}
-	if (warm_cached_bytes(f->fd, 0, f->size, &n, NULL) == 0)
+	if (resident_cachestat_bytes(f->fd, 0, f->size, &n, NULL) == 0)
 		m = RESIDENT_CACHESTAT;
-	else if (mincore_is_true(f) && warm_resident_bytes(f->base, (size_t)f->size, &n) == 0)
+	else if (mincore_is_true(f) && resident_mincore_bytes(f->base, (size_t)f->size, &n) == 0)
 		m = RESIDENT_MINCORE;
 	else if ((err = mapped_bytes(f->base, f->size, &n)) == 0)
 		m = RESIDENT_MAPPED;
@@ -113,4 +120,114 @@ resident_populate(const struct wc_file *f)
 			return -errno;
 	}
 	return 0;
+}
+
+/* ---- measures and page-range operations (no pool needed) ---- */
+
+int
+resident_mincore_bytes(const void *base, size_t len, uint64_t *out)
+{
+	enum { VEC = 4096 }; /* pages per mincore call: 16 MiB of 4 KiB pages */
+	unsigned char vec[VEC];
+	size_t pg = page_size();
+	const uint8_t *p = base;
+	uint64_t total = 0;
+	size_t left = len;
+
+	if (out == NULL || (uintptr_t)base % pg != 0)
+		return -EINVAL;
+	while (left > 0) {
+		size_t span = left < (size_t)VEC * pg ? left : (size_t)VEC * pg;
+		size_t pages = (span + pg - 1) / pg;
+
+		if (mincore((void *)(uintptr_t)p, span, vec) != 0)
+			return -errno;
+		for (size_t i = 0; i < pages; i++) {
+			if (vec[i] & 1) {
+				size_t in_page = span - i * pg;
+				total += in_page < pg ? in_page : pg;
+			}
+		}
+		p += span;
+		left -= span;
+	}
+	*out = total;
+	return 0;
+}
+
+#ifndef SYS_cachestat
+#define SYS_cachestat 451 /* the same number on every architecture */
+#endif
+
+/* The kernel's struct cachestat_range and struct cachestat (Linux 6.5
+ * uapi/linux/mman.h), spelled here because Debian 12's headers predate it. */
+struct resident_cachestat_range {
+	uint64_t off;
+	uint64_t len;
+};
+
+struct resident_cachestat {
+	uint64_t nr_cache;
+	uint64_t nr_dirty;
+	uint64_t nr_writeback;
+	uint64_t nr_evicted;
+	uint64_t nr_recently_evicted;
+};
+
+/* Pages to bytes, saturating, capped at len (when len is not 0) because a
+ * partial page counts as the bytes of the range it covers. */
+static uint64_t
+pages_to_bytes(uint64_t pages, uint64_t len)
+{
+	uint64_t bytes;
+
+	if (__builtin_mul_overflow(pages, (uint64_t)page_size(), &bytes))
+		bytes = UINT64_MAX;
+	return len > 0 && bytes > len ? len : bytes;
+}
+
+int
+resident_cachestat_bytes(int fd, uint64_t offset, uint64_t len, uint64_t *out, uint64_t *evicted)
+{
+	struct resident_cachestat_range range = {.off = offset, .len = len};
+	struct resident_cachestat cs;
+
+	if (out == NULL || fd < 0)
+		return -EINVAL;
+	memset(&cs, 0, sizeof(cs));
+	if (syscall(SYS_cachestat, fd, &range, &cs, 0) != 0)
+		return -errno;
+	*out = pages_to_bytes(cs.nr_cache, len);
+	if (evicted != NULL)
+		*evicted = pages_to_bytes(cs.nr_evicted, len);
+	return 0;
+}
+
+/*
+ * mlock(2) and munlock(2) go through syscall(2): AddressSanitizer replaces
+ * the libc functions with no-ops that return 0 (because mlockall would lock
+ * its shadow memory), which would make a sanitized daemon claim pins it
+ * does not hold and hide RLIMIT_MEMLOCK failures from the tests.
+ */
+int
+resident_pin_range(const void *base, size_t len)
+{
+	return syscall(SYS_mlock, base, len) == 0 ? 0 : -errno;
+}
+
+int
+resident_unpin_range(const void *base, size_t len)
+{
+	return syscall(SYS_munlock, base, len) == 0 ? 0 : -errno;
+}
+
+int
+resident_evict_range(int fd, uint64_t offset, uint64_t len)
+{
+	int err;
+
+	if (fd < 0 || offset > (uint64_t)INT64_MAX || len > (uint64_t)INT64_MAX)
+		return -EINVAL;
+	err = posix_fadvise(fd, (off_t)offset, (off_t)len, POSIX_FADV_DONTNEED);
+	return -err;
 }

@@ -29,9 +29,61 @@
 #ifndef WC_RESIDENT_H
 #define WC_RESIDENT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "file.h"
+
+/* ---- the measures and page-range operations under them ---- */
+
+/*
+ * Counts the bytes of [base, base + len) whose pages are resident in memory,
+ * with mincore(2) in chunks (bounded vector, no allocation proportional to
+ * len). For a MAP_SHARED file mapping this is page-cache residency of the
+ * file range, whether or not this process touched the pages. base must be
+ * page-aligned; len need not be (the last partial page counts as its bytes).
+ * Returns 0 and sets *out, or -errno (-ENOMEM: not all of the range is
+ * mapped; -EINVAL: base not aligned). Note: on tmpfs, and on overlay over
+ * tmpfs, file pages are always resident.
+ */
+int resident_mincore_bytes(const void *base, size_t len, uint64_t *out);
+
+/*
+ * Same question asked of the file instead of a mapping: bytes of
+ * [offset, offset + len) of fd (len 0: to the end of the file) in the page
+ * cache, with cachestat(2) (Linux 6.5+; this machine's 6.18 has it).
+ * *evicted (if not NULL) receives the bytes of the range the kernel evicted
+ * under memory pressure since they were cached (its workingset shadow
+ * entries; POSIX_FADV_DONTNEED leaves none): warm pages going missing
+ * because the host is short of memory, as opposed to never read. Returns
+ * -ENOSYS on older kernels (callers fall back to resident_mincore_bytes), else
+ * 0 or -errno.
+ */
+int resident_cachestat_bytes(int fd, uint64_t offset, uint64_t len, uint64_t *out, uint64_t *evicted);
+
+/*
+ * mlock(2)s [base, base + len) (the model's pages stay resident until
+ * resident_unpin_range or unmap). Returns 0 or -errno: -ENOMEM or -EPERM when
+ * RLIMIT_MEMLOCK is too small (the caller logs the advice: raise
+ * LimitMEMLOCK= in the unit or `ulimit -l`); a process with CAP_IPC_LOCK
+ * (root) is not bound by the limit. Locking a file mapping reads any page
+ * not yet resident, so warm first. Like mlock, the range is widened to
+ * whole pages (base need not be aligned). Pins do not nest: one unpin
+ * undoes any number of pins of a page.
+ */
+int resident_pin_range(const void *base, size_t len);
+
+/* munlock(2)s the range. Returns 0 or -errno. */
+int resident_unpin_range(const void *base, size_t len);
+
+/*
+ * Drops the clean, unmapped, unlocked page-cache pages of [offset,
+ * offset + len) of fd (len 0: to the end of the file) with
+ * posix_fadvise(POSIX_FADV_DONTNEED); for `wcachectl evict` and cold-cache
+ * benchmarks. Pages mapped into some process's page tables, locked, or
+ * dirty stay; check with resident_mincore_bytes. Returns 0 or -errno.
+ */
+int resident_evict_range(int fd, uint64_t offset, uint64_t len);
 
 enum resident_method {
 	RESIDENT_CACHESTAT,

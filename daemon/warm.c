@@ -1,5 +1,5 @@
 /*
- * warm.c: the page-cache warming pool and the residency helpers (warm.h).
+ * warm.c: the page-cache warming pool (warm.h).
  *
  * A fixed set of pthreads takes jobs from a FIFO queue and reads each job's
  * file range sequentially in large chunks, so the disk streams instead of
@@ -16,29 +16,14 @@
  * may read a job (e.g. for progress) without the lock as long as it has not
  * delivered it.
  *
- * Choice of method, measured on this machine (Linux 6.18, 2 vCPUs, ext4 on
- * virtio /dev/vda, 1 GiB file, page cache dropped with POSIX_FADV_DONTNEED
- * and checked empty before every run, contenders interleaved, medians;
- * `test_warm --bench FILE RUNS`):
- *   idle machine, 7 runs: pread 8 MiB 0.37 s; sendfile 0.47 s (8 MiB
- *     calls; 0.35 s with 1 MiB calls, bimodal); fadvise(WILLNEED) one chunk
- *     ahead + pread 0.44 s; pread 1 MiB 0.75 s; `cat` 0.53 s;
- *   machine busy with other builds and fuzzers (load 5-12), 15 runs:
- *     sendfile 0.59 s (max 0.73), CPU 0.022 s; pread 8 MiB 0.65 s (max
- *     2.1), CPU 0.105 s; fadvise+pread 1.30 s; `cat` 1.93 s, CPU 0.59 s;
- *     and again, 9 runs: sendfile 8 MiB 0.57 s, 1 MiB 0.48 s; pread 8 MiB
- *     0.93 s, 1 MiB 0.64 s, 32 MiB 0.70 s; `cat` 1.08 s. The size of a
- *     sendfile call barely matters (256 KiB..8 MiB all 0.37-0.40 s in a
- *     third run where pread 8 MiB took 1.0 s).
- * The disk's speed is the same for all; what differs is the CPU each method
- * needs between requests. sendfile(2) to /dev/null moves no byte to user
- * space (the page cache pages go through a pipe to /dev/null's no-op
- * splice), so it is the steadiest when the host is busy with inference
- * workers, which is when warming runs. It is the default; if the file's
- * filesystem cannot splice (sendfile fails with EINVAL or ENOSYS), the job
- * falls back to pread into the thread's buffer. cachestat(2) exists on this
- * kernel (6.5+), so warm_cached_bytes() uses it; warm_resident_bytes()
- * (mincore) works everywhere.
+ * The method (warm.h, enum warm_method) defaults to sendfile(2) to
+ * /dev/null: the page cache pages go through a pipe to /dev/null's no-op
+ * splice and no byte reaches user space, so between requests it needs the
+ * least CPU of the methods, which keeps it steady on a host busy with
+ * inference workers. `test_warm --bench FILE RUNS` measures the methods side
+ * by side; `make bench` measures the warm-up against fio, cat, dd and
+ * vmtouch. If the file's filesystem cannot splice (sendfile fails with
+ * EINVAL or ENOSYS), the job falls back to pread into the thread's buffer.
  */
 #include "warm.h"
 
@@ -671,114 +656,4 @@ warm_pool_close(struct warm_pool *pool)
 		deliver(pool, job);
 	}
 	uv_close((uv_handle_t *)&pool->async, on_async_closed);
-}
-
-/* ---- residency ---- */
-
-int
-warm_resident_bytes(const void *base, size_t len, uint64_t *out)
-{
-	enum { VEC = 4096 }; /* pages per mincore call: 16 MiB of 4 KiB pages */
-	unsigned char vec[VEC];
-	size_t pg = page_size();
-	const uint8_t *p = base;
-	uint64_t total = 0;
-	size_t left = len;
-
-	if (out == NULL || (uintptr_t)base % pg != 0)
-		return -EINVAL;
-	while (left > 0) {
-		size_t span = left < (size_t)VEC * pg ? left : (size_t)VEC * pg;
-		size_t pages = (span + pg - 1) / pg;
-
-		if (mincore((void *)(uintptr_t)p, span, vec) != 0)
-			return -errno;
-		for (size_t i = 0; i < pages; i++) {
-			if (vec[i] & 1) {
-				size_t in_page = span - i * pg;
-				total += in_page < pg ? in_page : pg;
-			}
-		}
-		p += span;
-		left -= span;
-	}
-	*out = total;
-	return 0;
-}
-
-#ifndef SYS_cachestat
-#define SYS_cachestat 451 /* the same number on every architecture */
-#endif
-
-/* The kernel's struct cachestat_range and struct cachestat (Linux 6.5
- * uapi/linux/mman.h), spelled here because Debian 12's headers predate it. */
-struct warm_cachestat_range {
-	uint64_t off;
-	uint64_t len;
-};
-
-struct warm_cachestat {
-	uint64_t nr_cache;
-	uint64_t nr_dirty;
-	uint64_t nr_writeback;
-	uint64_t nr_evicted;
-	uint64_t nr_recently_evicted;
-};
-
-/* Pages to bytes, saturating, capped at len (when len is not 0) because a
- * partial page counts as the bytes of the range it covers. */
-static uint64_t
-pages_to_bytes(uint64_t pages, uint64_t len)
-{
-	uint64_t bytes;
-
-	if (__builtin_mul_overflow(pages, (uint64_t)page_size(), &bytes))
-		bytes = UINT64_MAX;
-	return len > 0 && bytes > len ? len : bytes;
-}
-
-int
-warm_cached_bytes(int fd, uint64_t offset, uint64_t len, uint64_t *out, uint64_t *evicted)
-{
-	struct warm_cachestat_range range = {.off = offset, .len = len};
-	struct warm_cachestat cs;
-
-	if (out == NULL || fd < 0)
-		return -EINVAL;
-	memset(&cs, 0, sizeof(cs));
-	if (syscall(SYS_cachestat, fd, &range, &cs, 0) != 0)
-		return -errno;
-	*out = pages_to_bytes(cs.nr_cache, len);
-	if (evicted != NULL)
-		*evicted = pages_to_bytes(cs.nr_evicted, len);
-	return 0;
-}
-
-/*
- * mlock(2) and munlock(2) go through syscall(2): AddressSanitizer replaces
- * the libc functions with no-ops that return 0 (because mlockall would lock
- * its shadow memory), which would make a sanitized daemon claim pins it
- * does not hold and hide RLIMIT_MEMLOCK failures from the tests.
- */
-int
-warm_pin_range(const void *base, size_t len)
-{
-	return syscall(SYS_mlock, base, len) == 0 ? 0 : -errno;
-}
-
-int
-warm_unpin_range(const void *base, size_t len)
-{
-	return syscall(SYS_munlock, base, len) == 0 ? 0 : -errno;
-}
-
-int
-warm_evict_range(int fd, uint64_t offset, uint64_t len)
-{
-	int err;
-
-	if (fd < 0 || offset > (uint64_t)INT64_MAX || len > (uint64_t)INT64_MAX)
-		return -EINVAL;
-	err = posix_fadvise(fd, (off_t)offset, (off_t)len, POSIX_FADV_DONTNEED);
-	return -err;
 }

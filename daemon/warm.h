@@ -11,9 +11,9 @@
  *
  * Threading contract. Every function taking a struct warm_pool or a struct
  * warm_job must be called on the thread running the pool's loop, except
- * warm_job_bytes(), which any thread may call while the job is valid. The
- * range helpers at the bottom (resident, cached, pin, evict) touch no pool
- * and are safe on any thread.
+ * warm_job_bytes(), which any thread may call while the job is valid.
+ * (Measuring residency and pinning or evicting page ranges are in
+ * resident.h.)
  *
  * Job lifecycle. warm_submit() queues a job (FIFO) and returns a handle. A
  * pool thread takes it, reads [offset, offset + length) of the fd in chunks,
@@ -50,12 +50,11 @@ struct warm_pool;
 struct warm_job;
 
 /* How a pool thread pulls one chunk into the page cache. The default
- * (method 0 in struct warm_options) is WARM_SENDFILE with 8 MiB calls: on an
- * idle machine an 8 MiB pread was a little faster (0.37 s vs 0.47 s per
- * GiB), but on a busy one, which is when warming runs, sendfile was faster
- * and far steadier with a fifth of the CPU (figures in warm.c;
- * `test_warm --bench FILE` repeats them). The others stay selectable for
- * benchmarks and for disks that behave differently. */
+ * (method 0 in struct warm_options) is WARM_SENDFILE with 8 MiB calls: it
+ * moves no byte to user space and needs the least CPU between requests, so
+ * it is the steadiest on a busy host, which is when warming runs. The others
+ * stay selectable for benchmarks (`test_warm --bench FILE RUNS` compares
+ * them) and for disks that behave differently. */
 enum warm_method {
 	WARM_PREAD = 1,      /* pread(2) each chunk into a per-thread buffer */
 	WARM_FADVISE_PREAD,  /* posix_fadvise(WILLNEED) one chunk ahead, then pread */
@@ -168,56 +167,5 @@ size_t warm_pool_pending(const struct warm_pool *pool);
  * from a done callback that runs during the close is a no-op).
  */
 void warm_pool_close(struct warm_pool *pool);
-
-/* ---- measuring and controlling residency (no pool needed) ---- */
-
-/*
- * Counts the bytes of [base, base + len) whose pages are resident in memory,
- * with mincore(2) in chunks (bounded vector, no allocation proportional to
- * len). For a MAP_SHARED file mapping this is page-cache residency of the
- * file range, whether or not this process touched the pages. base must be
- * page-aligned; len need not be (the last partial page counts as its bytes).
- * Returns 0 and sets *out, or -errno (-ENOMEM: not all of the range is
- * mapped; -EINVAL: base not aligned). Note: on tmpfs, and on overlay over
- * tmpfs, file pages are always resident.
- */
-int warm_resident_bytes(const void *base, size_t len, uint64_t *out);
-
-/*
- * Same question asked of the file instead of a mapping: bytes of
- * [offset, offset + len) of fd (len 0: to the end of the file) in the page
- * cache, with cachestat(2) (Linux 6.5+; this machine's 6.18 has it).
- * *evicted (if not NULL) receives the bytes of the range the kernel evicted
- * under memory pressure since they were cached (its workingset shadow
- * entries; POSIX_FADV_DONTNEED leaves none): warm pages going missing
- * because the host is short of memory, as opposed to never read. Returns
- * -ENOSYS on older kernels (callers fall back to warm_resident_bytes), else
- * 0 or -errno.
- */
-int warm_cached_bytes(int fd, uint64_t offset, uint64_t len, uint64_t *out, uint64_t *evicted);
-
-/*
- * mlock(2)s [base, base + len) (the model's pages stay resident until
- * warm_unpin_range or unmap). Returns 0 or -errno: -ENOMEM or -EPERM when
- * RLIMIT_MEMLOCK is too small (the caller logs the advice: raise
- * LimitMEMLOCK= in the unit or `ulimit -l`); a process with CAP_IPC_LOCK
- * (root) is not bound by the limit. Locking a file mapping reads any page
- * not yet resident, so warm first. Like mlock, the range is widened to
- * whole pages (base need not be aligned). Pins do not nest: one unpin
- * undoes any number of pins of a page.
- */
-int warm_pin_range(const void *base, size_t len);
-
-/* munlock(2)s the range. Returns 0 or -errno. */
-int warm_unpin_range(const void *base, size_t len);
-
-/*
- * Drops the clean, unmapped, unlocked page-cache pages of [offset,
- * offset + len) of fd (len 0: to the end of the file) with
- * posix_fadvise(POSIX_FADV_DONTNEED); for `wcachectl evict` and cold-cache
- * benchmarks. Pages mapped into some process's page tables, locked, or
- * dirty stay; check with warm_resident_bytes. Returns 0 or -errno.
- */
-int warm_evict_range(int fd, uint64_t offset, uint64_t len);
 
 #endif

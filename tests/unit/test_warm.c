@@ -6,9 +6,9 @@
  * uv_timer deadline: no sleeps. Slow jobs (for cancel and close tests) use
  * the pool's pacing, whose waits cancel and close interrupt at once.
  *
- * Residency is checked with the module's own warm_resident_bytes (mincore on
+ * Residency is checked with the module's own resident_mincore_bytes (mincore on
  * an untouched MAP_SHARED mapping of the file) and, where the kernel has it,
- * warm_cached_bytes (cachestat). Eviction with POSIX_FADV_DONTNEED works on
+ * resident_cachestat_bytes (cachestat). Eviction with POSIX_FADV_DONTNEED works on
  * ext4 (this machine's /tmp); where it does not (tmpfs), the cold-cache
  * assertion is skipped with a printed reason and the rest still runs.
  *
@@ -47,6 +47,7 @@
 #include <uv.h>
 
 #include "testutil.h"
+#include "resident.h"
 #include "warm.h"
 
 #define MiB (1024u * 1024u)
@@ -314,10 +315,10 @@ assert_resident(struct fixture *f, const void *base, uint64_t off, uint64_t len)
 	uint64_t resident = 0, cached = 0, evicted = 0;
 	int r;
 
-	assert_int_equal(warm_resident_bytes(base, (size_t)len, &resident), 0);
+	assert_int_equal(resident_mincore_bytes(base, (size_t)len, &resident), 0);
 	if (resident == len)
 		return;
-	r = warm_cached_bytes(f->big_fd, off, len, &cached, &evicted);
+	r = resident_cachestat_bytes(f->big_fd, off, len, &cached, &evicted);
 	if (r == 0 && evicted > 0 && resident + evicted >= len) {
 		printf("# note: %llu of %llu bytes reclaimed under memory pressure after "
 		       "warming\n", (unsigned long long)(len - resident),
@@ -341,13 +342,13 @@ warm_cold(struct fixture *f, enum warm_method method)
 
 	make_big(f);
 	new_pool(f, 2, 0, method, 0);
-	assert_int_equal(warm_evict_range(f->big_fd, 0, 0), 0);
-	assert_int_equal(warm_resident_bytes(f->big_map, BIG_SIZE, &resident), 0);
+	assert_int_equal(resident_evict_range(f->big_fd, 0, 0), 0);
+	assert_int_equal(resident_mincore_bytes(f->big_map, BIG_SIZE, &resident), 0);
 	if (resident != 0)
 		printf("# note: %s: %llu bytes still resident after POSIX_FADV_DONTNEED "
 		       "(tmpfs/overlay?); not asserting a cold start\n",
 			f->big_path, (unsigned long long)resident);
-	r = warm_cached_bytes(f->big_fd, 0, 0, &cached, NULL);
+	r = resident_cachestat_bytes(f->big_fd, 0, 0, &cached, NULL);
 	if (r == -ENOSYS)
 		printf("# note: no cachestat(2) on this kernel (needs Linux 6.5)\n");
 	else
@@ -368,14 +369,14 @@ warm_cold(struct fixture *f, enum warm_method method)
 	if (r == 0) {
 		uint64_t evicted;
 
-		assert_int_equal(warm_cached_bytes(f->big_fd, 0, 0, &cached, &evicted), 0);
+		assert_int_equal(resident_cachestat_bytes(f->big_fd, 0, 0, &cached, &evicted), 0);
 		assert_true(cached + evicted >= BIG_SIZE && cached <= BIG_SIZE);
-		assert_int_equal(warm_cached_bytes(f->big_fd, 4096, 100, &cached, NULL), 0);
+		assert_int_equal(resident_cachestat_bytes(f->big_fd, 4096, 100, &cached, NULL), 0);
 		assert_true(cached == 100 || evicted > 0);
 	}
 	/* And evict again: the helper the `evict` command will use. */
-	assert_int_equal(warm_evict_range(f->big_fd, 0, 0), 0);
-	assert_int_equal(warm_resident_bytes(f->big_map, BIG_SIZE, &resident), 0);
+	assert_int_equal(resident_evict_range(f->big_fd, 0, 0), 0);
+	assert_int_equal(resident_mincore_bytes(f->big_map, BIG_SIZE, &resident), 0);
 	if (resident != 0)
 		printf("# note: eviction not possible here; skipped the evict check\n");
 }
@@ -407,8 +408,8 @@ test_warm_range(void **state)
 
 	make_big(f);
 	new_pool(f, 1, 1 * MiB, 0, 0);
-	assert_int_equal(warm_evict_range(f->big_fd, 0, 0), 0);
-	assert_int_equal(warm_resident_bytes(f->big_map, BIG_SIZE, &resident), 0);
+	assert_int_equal(resident_evict_range(f->big_fd, 0, 0), 0);
+	assert_int_equal(resident_mincore_bytes(f->big_map, BIG_SIZE, &resident), 0);
 	if (resident != 0) {
 		printf("# skipped: cannot evict %s (tmpfs/overlay?)\n", f->big_path);
 		return;
@@ -419,7 +420,7 @@ test_warm_range(void **state)
 	assert_int_equal(f->seen[0].res.bytes, 3 * MiB + 100);
 	assert_resident(f, (uint8_t *)f->big_map + 8 * MiB, 8 * MiB, 3 * MiB + 100);
 	/* Readahead may spill a little past the range, but not over the file. */
-	assert_int_equal(warm_resident_bytes(f->big_map, BIG_SIZE, &resident), 0);
+	assert_int_equal(resident_mincore_bytes(f->big_map, BIG_SIZE, &resident), 0);
 	assert_true(resident < 16 * MiB);
 }
 
@@ -697,8 +698,8 @@ test_invalid(void **state)
 	assert_int_equal(warm_submit(f->pool, &req, NULL), -EINVAL);
 	assert_int_equal(warm_pool_pending(f->pool), 0);
 	assert_int_equal(warm_cancel(f->pool, NULL), -EINVAL);
-	assert_int_equal(warm_evict_range(-1, 0, 0), -EINVAL);
-	assert_int_equal(warm_evict_range(0, UINT64_MAX, 0), -EINVAL);
+	assert_int_equal(resident_evict_range(-1, 0, 0), -EINVAL);
+	assert_int_equal(resident_evict_range(0, UINT64_MAX, 0), -EINVAL);
 	warm_pool_close(NULL);
 }
 
@@ -713,18 +714,18 @@ test_resident_anonymous(void **state)
 
 	(void)state;
 	assert_true(p != MAP_FAILED);
-	assert_int_equal(warm_resident_bytes(p, len, &n), 0);
+	assert_int_equal(resident_mincore_bytes(p, len, &n), 0);
 	assert_int_equal(n, 0);
 	memset(p, 1, len / 2);
-	assert_int_equal(warm_resident_bytes(p, len, &n), 0);
+	assert_int_equal(resident_mincore_bytes(p, len, &n), 0);
 	assert_int_equal(n, len / 2);
 	/* A length that ends inside a resident page counts only its bytes. */
-	assert_int_equal(warm_resident_bytes(p, 100, &n), 0);
+	assert_int_equal(resident_mincore_bytes(p, 100, &n), 0);
 	assert_int_equal(n, 100);
-	assert_int_equal(warm_resident_bytes(p + 1, 100, &n), -EINVAL);
-	assert_int_equal(warm_resident_bytes(p, len, NULL), -EINVAL);
+	assert_int_equal(resident_mincore_bytes(p + 1, 100, &n), -EINVAL);
+	assert_int_equal(resident_mincore_bytes(p, len, NULL), -EINVAL);
 	assert_int_equal(munmap(p + len / 2, len / 2), 0);
-	assert_int_equal(warm_resident_bytes(p, len, &n), -ENOMEM); /* not all mapped */
+	assert_int_equal(resident_mincore_bytes(p, len, &n), -ENOMEM); /* not all mapped */
 	assert_int_equal(munmap(p, len / 2), 0);
 }
 
@@ -766,7 +767,7 @@ child_root_ignores_limit(void)
 
 	if (p == MAP_FAILED || set_memlock(0, 0) != 0)
 		return CHILD_FAIL;
-	return warm_pin_range(p, 65536) == 0 ? CHILD_OK : CHILD_FAIL;
+	return resident_pin_range(p, 65536) == 0 ? CHILD_OK : CHILD_FAIL;
 }
 
 /* Without CAP_IPC_LOCK: limit 0 gives -EPERM, a small limit -ENOMEM. Root
@@ -788,10 +789,10 @@ child_limited(void)
 		if (setgid(uid) != 0 || setuid(uid) != 0)
 			return CHILD_SKIP;
 	}
-	r0 = warm_pin_range(p, len);
+	r0 = resident_pin_range(p, len);
 	if (set_memlock(4096, 4096) != 0)
 		return CHILD_FAIL;
-	r1 = warm_pin_range(p, len);
+	r1 = resident_pin_range(p, len);
 	if (r0 != -EPERM || r1 != -ENOMEM) {
 		fprintf(stderr, "child: rlimit 0 -> %d (want %d), rlimit 4096 -> %d (want %d)\n",
 			r0, -EPERM, r1, -ENOMEM);
@@ -816,24 +817,24 @@ test_pin(void **state)
 		printf("# note: RLIMIT_MEMLOCK %llu < %zu; small pin not testable\n",
 			(unsigned long long)rl.rlim_cur, len);
 	else {
-		assert_int_equal(warm_pin_range(p, len), 0);
+		assert_int_equal(resident_pin_range(p, len), 0);
 		/* mlock faults the pages in. */
-		assert_int_equal(warm_resident_bytes(p, len, &n), 0);
+		assert_int_equal(resident_mincore_bytes(p, len, &n), 0);
 		assert_int_equal(n, len);
-		assert_int_equal(warm_unpin_range(p, len), 0);
+		assert_int_equal(resident_unpin_range(p, len), 0);
 	}
 	/* An unaligned range is widened to whole pages, as mlock does. */
-	assert_int_equal(warm_pin_range(p + 1, len - 1), 0);
-	assert_int_equal(warm_unpin_range(p + 1, len - 1), 0);
+	assert_int_equal(resident_pin_range(p + 1, len - 1), 0);
+	assert_int_equal(resident_unpin_range(p + 1, len - 1), 0);
 	assert_int_equal(munmap(p, len), 0);
 
 	/* A pinned file range of the big file. */
 	make_big(f);
 	if (geteuid() == 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= MiB) {
-		assert_int_equal(warm_pin_range(f->big_map, MiB), 0);
-		assert_int_equal(warm_resident_bytes(f->big_map, MiB, &n), 0);
+		assert_int_equal(resident_pin_range(f->big_map, MiB), 0);
+		assert_int_equal(resident_mincore_bytes(f->big_map, MiB, &n), 0);
 		assert_int_equal(n, MiB);
-		assert_int_equal(warm_unpin_range(f->big_map, MiB), 0);
+		assert_int_equal(resident_unpin_range(f->big_map, MiB), 0);
 	}
 
 	if (geteuid() == 0) {
@@ -993,8 +994,8 @@ bench(const char *path, int runs)
 		for (int i = 0; i < NC; i++) {
 			double s;
 
-			if (warm_evict_range(fd, 0, 0) != 0 ||
-				warm_resident_bytes(map, (size_t)st.st_size, &res) != 0)
+			if (resident_evict_range(fd, 0, 0) != 0 ||
+				resident_mincore_bytes(map, (size_t)st.st_size, &res) != 0)
 				return 1;
 			if (res != 0) {
 				fprintf(stderr, "bench: %s: %llu bytes still cached after eviction; "
@@ -1005,7 +1006,7 @@ bench(const char *path, int runs)
 			s = c[i].chunk != 0 ? bench_pool(fd, (uint64_t)st.st_size, c[i].method,
 						      c[i].chunk, &cpu[i][r])
 					    : bench_cat(path, &cpu[i][r]);
-			if (s < 0 || warm_resident_bytes(map, (size_t)st.st_size, &res) != 0) {
+			if (s < 0 || resident_mincore_bytes(map, (size_t)st.st_size, &res) != 0) {
 				fprintf(stderr, "bench: %s failed (status %d, %llu bytes)\n",
 					c[i].name, bench_res.status,
 					(unsigned long long)bench_res.bytes);
