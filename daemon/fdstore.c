@@ -151,6 +151,8 @@ compare_strings(const void *a, const void *b)
 static int
 check_unique(const char **v, size_t n, const char *what)
 {
+	if (n < 2)
+		return 0; /* and v may be NULL: qsort() must not see it */
 	qsort(v, n, sizeof(*v), compare_strings);
 	for (size_t i = 1; i < n; i++)
 		if (strcmp(v[i - 1], v[i]) == 0)

@@ -204,7 +204,11 @@ static void b_reserved(struct fdstore_desc *d)
 	free(d->models[0].generations[0].index_fdname);
 	d->models[0].generations[0].index_fdname = strdup(FDSTORE_NAME_STATUS);
 }
-static void b_no_files(struct fdstore_desc *d) { d->models[0].generations[1].nfiles = 0; }
+static void b_no_files(struct fdstore_desc *d)
+{
+	free(d->models[0].generations[1].files[0].fdname); /* fdstore_free() skips it now */
+	d->models[0].generations[1].nfiles = 0;
+}
 static void b_index_size(struct fdstore_desc *d) { d->models[0].generations[1].index_size = 0; }
 static void b_long_fdname(struct fdstore_desc *d)
 {
