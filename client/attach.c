@@ -256,8 +256,11 @@ reconnect(wc_client *c, int ms)
 
 	if ((r = open_connection(c->path, ms, &fd)) < 0) {
 		snprintf(why, sizeof(why), "%s", error_get());
-		return error_set(r, "%s closed the connection, and connecting again failed: %s",
-			c->where, why);
+		/* A socket path that is gone is a daemon that is not running,
+		 * not a model that is not served (what -ENOENT means from
+		 * wc_attach()). */
+		return error_set(r == -ENOENT ? -ECONNREFUSED : r, "%s closed the connection, and "
+			"connecting again failed: %s", c->where, why);
 	}
 	close(c->fd);
 	c->fd = fd;

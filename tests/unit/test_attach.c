@@ -1628,7 +1628,8 @@ test_reconnect_when_daemon_dies_holding_request(void **state)
 }
 
 /* The daemon is gone for good: the reconnect fails and the error says
- * both what happened and why connecting again failed. */
+ * both what happened and why connecting again failed; a socket path that
+ * is gone is -ECONNREFUSED, not the -ENOENT of a model not served. */
 static void
 test_reconnect_fails_when_daemon_gone(void **state)
 {
@@ -1641,7 +1642,7 @@ test_reconnect_fails_when_daemon_gone(void **state)
 	assert_int_equal(shutdown(conn, SHUT_RDWR), 0);
 	fake_finish(f);
 	assert_int_equal(unlink(f->sock), 0); /* nobody at the path any more */
-	assert_error(wc_attach(f->client, MODEL, &again), -ENOENT,
+	assert_error(wc_attach(f->client, MODEL, &again), -ECONNREFUSED,
 		"closed the connection, and connecting again failed: wcached is not running");
 	assert_null(again);
 	check_tensors(f->model);
