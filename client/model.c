@@ -177,10 +177,15 @@ wc_open_file(const char *path, wc_model **out)
 void
 wc_release(wc_model *m)
 {
+	wc_client *c;
+	uint64_t handle, connection = 0;
+
 	if (m == NULL)
 		return;
-	attach_forget(m);
+	c = m->client;
+	handle = attach_forget(m, &connection);
 	model_free(m);
+	attach_send_release(c, handle, connection);
 }
 
 size_t

@@ -291,4 +291,6 @@ if(WCACHE_PYTHON_DIR)
 		COMPONENT Python)
 	install(PROGRAMS ${py_src}/wcache-convert DESTINATION ${CMAKE_INSTALL_BINDIR}
 		COMPONENT Python)
+	install(FILES ${PROJECT_SOURCE_DIR}/man/wcache-convert.1
+		DESTINATION ${CMAKE_INSTALL_MANDIR}/man1 COMPONENT Python)
 endif()

@@ -40,8 +40,6 @@ metrics_label_value(FILE *f, const char *s)
 const char *
 metrics_generation_state(const struct generation *g)
 {
-	if (g->cold && (g->state == GEN_READY || g->state == GEN_WARMING))
-		return "cold";
 	return gen_state_name(g->state);
 }
 
@@ -173,14 +171,14 @@ warm_progress(const struct registry *reg, const struct model_entry *m, double *p
 	*eta = 0;
 	if (g == NULL || g->state != GEN_WARMING || g->bytes == 0)
 		return;
-	done = g->warm_bytes;
+	done = g->warm.bytes;
 	for (size_t i = 0; i < g->source.nfiles; i++)
-		if (g->jobs[i] != NULL)
-			done += warm_job_bytes(g->jobs[i]);
+		if (g->warm.jobs[i] != NULL)
+			done += warm_job_bytes(g->warm.jobs[i]);
 	if (done > g->bytes)
 		done = g->bytes;
 	*percent = 100.0 * (double)done / (double)g->bytes;
-	secs = (double)(uv_now(reg->loop) - g->warm_started_ms) / 1000.0;
+	secs = (double)(uv_now(reg->loop) - g->warm.started_ms) / 1000.0;
 	*eta = done > 0 && secs > 0 ? (double)(g->bytes - done) * secs / (double)done : -1;
 }
 

@@ -12,6 +12,7 @@
 
 #include <stdio.h>
 
+#include "generation.h"
 #include "registry.h"
 #include "server.h"
 
@@ -59,7 +60,7 @@ void metrics_label_value(FILE *f, const char *s);
  */
 const char *metrics_model_state(const struct model_entry *m);
 
-/* The state of one generation: gen_state_name(), or "cold" as above. */
+/* The state of one generation: gen_state_name() (generation.h). */
 const char *metrics_generation_state(const struct generation *g);
 
 #endif

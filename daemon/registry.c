@@ -8,7 +8,8 @@
  * Back on the loop the generation is installed: pinned as its model asks,
  * handed to the warm pool, and made current at once (a first generation) or
  * when warm (a replacement). What happens to a generation after that is
- * generation.c's.
+ * generation.c's (generation.h). Attaching checks access and the current
+ * generation's state, and takes the client reference.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -21,6 +22,7 @@
 
 #include "error.h"
 #include "log.h"
+#include "pages.h"
 #include "registry_internal.h"
 
 #define STATUS_MAGIC 0x54534357u /* "WCST": slot 0 of the status page */
@@ -263,9 +265,9 @@ install(struct registry *r, struct model_entry *m, struct load_request *q)
 	char msg[256];
 
 	if (g == NULL || (g->model_name = strdup(m->name)) == NULL ||
-		/* An array of pointers: sizeof(*g->jobs) is one pointer.
+		/* An array of pointers: sizeof(*g->warm.jobs) is one pointer.
 		 * NOLINTNEXTLINE(bugprone-sizeof-expression) */
-		(g->jobs = calloc(njobs, sizeof(*g->jobs))) == NULL) {
+		(g->warm.jobs = calloc(njobs, sizeof(*g->warm.jobs))) == NULL) {
 		if (g != NULL)
 			free(g->model_name);
 		free(g);
@@ -298,7 +300,7 @@ install(struct registry *r, struct model_entry *m, struct load_request *q)
 	free(m->error);
 	m->error = NULL;
 	if (m->pin != PIN_NONE)
-		gen_pin_metadata(g);
+		pages_pin_metadata(g);
 
 	if (m->pending != NULL) {
 		/* A newer replacement supersedes one still warming. */
@@ -314,7 +316,7 @@ install(struct registry *r, struct model_entry *m, struct load_request *q)
 	if (m->warm && r->pool != NULL)
 		gen_start_warming(r, g);
 	else
-		g->state = GEN_READY;
+		gen_set_state(g, GEN_READY, m->warm ? "no warm pool" : "the model does not warm");
 	if (m->current == NULL || g->state == GEN_READY) {
 		/* A first generation serves at once, warm or not. */
 		m->pending = g;
@@ -505,6 +507,101 @@ registry_set_access(struct registry *r, const char *name, int restricted, const 
 	return 0;
 }
 
+/* ---- attaching ---- */
+
+/* May peer attach m? Root and wcached's own user always may. */
+static int
+peer_allowed(const struct registry_peer *peer, const struct model_entry *m)
+{
+	if (!m->restricted || peer->uid == 0 || peer->uid == peer->self_uid)
+		return 1;
+	for (size_t i = 0; i < m->n_allow_uids; i++)
+		if (m->allow_uids[i] == peer->uid)
+			return 1;
+	for (size_t i = 0; i < m->n_allow_gids; i++) {
+		if (m->allow_gids[i] == peer->gid)
+			return 1;
+		for (int k = 0; k < peer->ngroups; k++)
+			if (m->allow_gids[i] == peer->groups[k])
+				return 1;
+	}
+	return 0;
+}
+
+int
+registry_attach(struct registry *r, const char *name, const struct registry_peer *peer,
+	struct registry_attachment *out, char *msg, size_t msg_size)
+{
+	struct model_entry *m = registry_find(r, name);
+	struct generation *g;
+
+	if (m == NULL) {
+		snprintf(msg, msg_size, "not served");
+		return -ENOENT;
+	}
+	if (!peer_allowed(peer, m)) {
+		m->denied_count++;
+		if (peer->denied_logged == NULL || !(*peer->denied_logged)++)
+			log_warnx("client pid %d uid %u gid %u: attach of model \"%s\" refused by "
+				  "allow_users/allow_groups", (int)peer->pid, (unsigned)peer->uid,
+				(unsigned)peer->gid, m->name);
+		snprintf(msg, msg_size,
+			"access denied: uid %u is not in the model's allow_users or allow_groups",
+			(unsigned)peer->uid);
+		return -EACCES;
+	}
+	if ((g = m->current) == NULL) {
+		m->error_count++;
+		snprintf(msg, msg_size, "failed to load: %s",
+			m->error != NULL ? m->error : "unknown error");
+		return -EIO;
+	}
+	if (!gen_attachable(g)) {
+		m->error_count++;
+		if (g->state == GEN_MODIFIED) {
+			snprintf(msg, msg_size,
+				"generation %" PRIu64 " was modified in place and is not served; "
+				"replace model files with rename(2), then reload", g->number);
+			return -ESTALE;
+		}
+		snprintf(msg, msg_size, "generation %" PRIu64 " failed while warming", g->number);
+		return -EIO;
+	}
+	memset(out, 0, sizeof(*out));
+	out->gen = g;
+	out->generation = g->number;
+	out->index_size = g->index_size;
+	out->file_count = (uint32_t)g->source.nfiles;
+	out->fds[out->nfds++] = g->index_fd;
+	for (size_t i = 0; i < g->source.nfiles && out->nfds < WIRE_MAX_FDS; i++)
+		out->fds[out->nfds++] = g->source.files[i].fd;
+	if (m->slot != 0 && r->status_ro_fd >= 0 && out->nfds < WIRE_MAX_FDS) {
+		out->status_slot = m->slot;
+		out->fds[out->nfds++] = r->status_ro_fd;
+	}
+	generation_ref(r, g);
+	m->attach_count++;
+	return 0;
+}
+
+void
+registry_release(struct registry *r, struct generation *g)
+{
+	generation_unref(r, g);
+}
+
+const struct model_entry *
+registry_generation_of(const struct generation *g)
+{
+	return g->model;
+}
+
+const char *
+registry_model_name(const struct model_entry *m)
+{
+	return m->name;
+}
+
 /* ---- unloading and shutdown ---- */
 
 /* Removes the entry and frees it; its generations live on (detached) until
@@ -583,7 +680,7 @@ registry_close(struct registry *r)
 	for (struct generation *g = r->generations, *next; g != NULL; g = next) {
 		next = g->next;
 		g->attached = 0;
-		g->warm_pending = 0;
+		g->warm.pending = 0;
 		gen_maybe_free(r, g);
 	}
 	for (unsigned i = 1; i < r->nslots; i++)
@@ -617,15 +714,15 @@ registry_progress(const struct registry *r, uint64_t *done, uint64_t *total, uns
 			if (g == NULL)
 				continue;
 			*total += g->bytes;
-			if (g->state != GEN_WARMING) {
+			if (!gen_is_warming(g)) {
 				*done += g->bytes;
 				continue;
 			}
 			(*warming)++;
-			*done += g->warm_bytes;
+			*done += g->warm.bytes;
 			for (size_t i = 0; i < g->source.nfiles; i++)
-				if (g->jobs[i] != NULL)
-					*done += warm_job_bytes(g->jobs[i]);
+				if (g->warm.jobs[i] != NULL)
+					*done += warm_job_bytes(g->warm.jobs[i]);
 		}
 	}
 }

@@ -16,6 +16,8 @@
  * serve). A load that fails leaves the current generation serving and the
  * error on the model, for status.
  *
+ * A generation's life is a state machine: generation.h.
+ *
  * Everything here runs on the event loop thread.
  */
 #ifndef WC_REGISTRY_H
@@ -26,49 +28,13 @@
 #include <sys/types.h>
 #include <uv.h>
 
-#include "source.h"
+#include "wire.h"
 #include "warm.h"
 
-enum pin_mode { PIN_NONE = 0, PIN_METADATA, PIN_ALL };
+#include "pin.h"
 
-enum gen_state {
-	GEN_WARMING,  /* being read into the page cache */
-	GEN_READY,    /* warm */
-	GEN_MODIFIED, /* a file was changed in place: no new attaches */
-	GEN_FAILED,   /* warming failed (I/O error) */
-};
-
-struct model_entry;
-struct page_work;
+struct generation; /* generation.h */
 struct registry;
-
-struct generation {
-	uint64_t number;
-	struct model_entry *model;  /* NULL once the model is unloaded */
-	char *model_name;           /* for messages after unload */
-	struct model_source source; /* files: fds and mappings, owned */
-	int index_fd;               /* sealed memfd, owned */
-	const uint8_t *index;       /* read-only mapping of index_fd */
-	size_t index_size;
-	uint64_t bytes;             /* sum of file sizes */
-	enum gen_state state;
-	int cold;                   /* evicted by evict or the memory budget */
-	unsigned attached;          /* client references */
-	unsigned warm_pending;      /* warming jobs not yet done */
-	unsigned ops_pending;       /* pin, unpin, evict work not yet done */
-	struct page_work *page_queue; /* that work, in order; the first runs */
-	int rewarm_after_evict;     /* attached while an eviction ran: warm after it */
-	uint64_t warm_bytes;        /* read by finished jobs */
-	double warm_seconds;        /* longest job's time */
-	uint64_t warm_started_ms;
-	int warm_error;             /* first job error, 0 if none */
-	int warm_cancelled;         /* a job was cancelled: not all was read */
-	int pinned;                 /* PIN_* actually applied */
-	int populated;              /* every page is mapped into the daemon (resident.h) */
-	struct warm_job **jobs;     /* one per file while it warms, else NULL */
-	struct registry *registry;
-	struct generation *next;    /* in the registry's list */
-};
 
 struct model_entry {
 	char *name;
@@ -198,8 +164,58 @@ void registry_collect(struct registry *r);
 /* The model called name, or whose configured path is name; NULL if none. */
 struct model_entry *registry_find(struct registry *r, const char *name);
 
-/* Takes and drops a client reference on a generation; an attach of a cold
- * model warms it again, and counts for the memory budget's LRU. */
+/* Who asks to attach: the peer's credentials (SO_PEERCRED, SO_PEERGROUPS)
+ * and the uid that always may (wcached's own). denied_logged is the
+ * caller's: the first refusal of this peer is logged, later ones only
+ * counted. */
+struct registry_peer {
+	pid_t pid;
+	uid_t uid;
+	gid_t gid;
+	const gid_t *groups;
+	int ngroups;
+	uid_t self_uid;
+	int *denied_logged;
+};
+
+/* What an attach gives the client (the ATTACH_OK reply). */
+struct registry_attachment {
+	struct generation *gen;  /* the reference taken: registry_release() it */
+	uint64_t generation;     /* its number */
+	uint64_t index_size;
+	uint32_t file_count;
+	unsigned status_slot;    /* 0: no status page; else its last descriptor */
+	int fds[WIRE_MAX_FDS];   /* index, files, status page: the generation's
+				    and the registry's, borrowed while the
+				    reference is held */
+	size_t nfds;
+};
+
+/*
+ * Attaches the model called name (or whose configured path is name) for
+ * peer: checks access (allow_users/allow_groups; root and self_uid always
+ * may), checks the current generation is attachable (generation.h), takes
+ * a client reference on it (an attach of a cold model warms it again, and
+ * counts for the memory budget's LRU) and counts the attach. Returns 0 and
+ * fills *out, or -errno with the message for the client in msg:
+ * -ENOENT "not served", -EACCES (access denied), -EIO (never loaded, or
+ * failed while warming), -ESTALE (modified in place). Refusals after the
+ * access check count in the model's attach_errors, access refusals in
+ * access_denied.
+ */
+int registry_attach(struct registry *r, const char *name, const struct registry_peer *peer,
+	struct registry_attachment *out, char *msg, size_t msg_size);
+
+/* Drops a reference registry_attach() took. */
+void registry_release(struct registry *r, struct generation *g);
+
+/* The model g is a generation of (NULL once unloaded), and a model's name. */
+const struct model_entry *registry_generation_of(const struct generation *g);
+const char *registry_model_name(const struct model_entry *m);
+
+/* Takes and drops a client reference on a generation (registry_attach and
+ * registry_release without the checks): an attach of a cold model warms it
+ * again, and counts for the memory budget's LRU. */
 void generation_ref(struct registry *r, struct generation *g);
 void generation_unref(struct registry *r, struct generation *g);
 
@@ -220,8 +236,5 @@ void registry_close(struct registry *r);
 /* Warming totals over all current and pending generations, for status. */
 void registry_progress(const struct registry *r, uint64_t *done, uint64_t *total,
 	unsigned *warming, unsigned *models);
-
-const char *gen_state_name(enum gen_state s);
-const char *pin_mode_name(enum pin_mode p);
 
 #endif

@@ -312,38 +312,22 @@ conn_error(struct conn *c, uint32_t seq, int code, int fatal, const char *fmt, .
 	conn_send(c, buf, (size_t)n, NULL, 0);
 }
 
-/* May the peer of c attach m? Root and wcached's own user always may. */
-static int
-peer_allowed(const struct conn *c, const struct model_entry *m)
-{
-	if (!m->restricted || c->uid == 0 || c->uid == c->srv->self_uid)
-		return 1;
-	for (size_t i = 0; i < m->n_allow_uids; i++)
-		if (m->allow_uids[i] == c->uid)
-			return 1;
-	for (size_t i = 0; i < m->n_allow_gids; i++) {
-		if (m->allow_gids[i] == c->gid)
-			return 1;
-		for (int k = 0; k < c->ngroups; k++)
-			if (m->allow_gids[i] == c->groups[k])
-				return 1;
-	}
-	return 0;
-}
-
 static void
 handle_attach(struct conn *c, const struct wire_message *msg)
 {
 	struct server *s = c->srv;
-	struct model_entry *m;
-	struct generation *g;
+	struct registry_peer peer = {
+		.pid = c->pid, .uid = c->uid, .gid = c->gid, .groups = c->groups,
+		.ngroups = c->ngroups, .self_uid = s->self_uid, .denied_logged = &c->denied_logged,
+	};
+	struct registry_attachment at;
 	struct wire_attach_ok ok = { 0 };
 	uint8_t buf[WIRE_MAX_MESSAGE];
-	int fds[WIRE_MAX_FDS];
-	char name[WIRE_MAX_NAME + 1];
+	char name[WIRE_MAX_NAME + 1], text[WIRE_MAX_MESSAGE];
 	const char *p;
-	size_t len, nfds;
+	size_t len;
 	ssize_t n;
+	int err;
 
 	if (wire_get_attach(msg, &p, &len) < 0) {
 		conn_error(c, msg->h.seq, -EBADMSG, 1, "malformed ATTACH");
@@ -351,37 +335,6 @@ handle_attach(struct conn *c, const struct wire_message *msg)
 	}
 	memcpy(name, p, len);
 	name[len] = '\0';
-	if ((m = registry_find(s->reg, name)) == NULL) {
-		conn_error(c, msg->h.seq, -ENOENT, 0, "not served");
-		return;
-	}
-	if (!peer_allowed(c, m)) {
-		m->denied_count++;
-		if (!c->denied_logged++)
-			log_warnx("client pid %d uid %u gid %u: attach of model \"%s\" refused by "
-				  "allow_users/allow_groups", (int)c->pid, (unsigned)c->uid,
-				(unsigned)c->gid, m->name);
-		conn_error(c, msg->h.seq, -EACCES, 0,
-			"access denied: uid %u is not in the model's allow_users or allow_groups",
-			(unsigned)c->uid);
-		return;
-	}
-	if ((g = m->current) == NULL) {
-		m->error_count++;
-		conn_error(c, msg->h.seq, -EIO, 0, "failed to load: %s",
-			m->error != NULL ? m->error : "unknown error");
-		return;
-	}
-	if (g->state == GEN_MODIFIED || g->state == GEN_FAILED) {
-		m->error_count++;
-		conn_error(c, msg->h.seq, g->state == GEN_MODIFIED ? -ESTALE : -EIO, 0,
-			g->state == GEN_MODIFIED ?
-				"generation %" PRIu64 " was modified in place and is not served; "
-				"replace model files with rename(2), then reload" :
-				"generation %" PRIu64 " failed while warming",
-			g->number);
-		return;
-	}
 	if (c->nrefs >= s->max_attaches) {
 		conn_error(c, msg->h.seq, -EMFILE, 0, "more than %u attaches on one connection",
 			s->max_attaches);
@@ -398,29 +351,27 @@ handle_attach(struct conn *c, const struct wire_message *msg)
 		c->refs = r;
 		c->refs_cap = cap;
 	}
-	ok.generation = g->number;
+	if ((err = registry_attach(s->reg, name, &peer, &at, text, sizeof(text))) < 0) {
+		conn_error(c, msg->h.seq, err, 0, "%s", text);
+		return;
+	}
+	ok.generation = at.generation;
 	ok.handle = ++s->next_handle;
-	ok.index_size = g->index_size;
-	ok.file_count = (uint32_t)g->source.nfiles;
-	nfds = 0;
-	fds[nfds++] = g->index_fd;
-	for (size_t i = 0; i < g->source.nfiles; i++)
-		fds[nfds++] = g->source.files[i].fd;
-	if (m->slot != 0 && s->reg->status_ro_fd >= 0) {
+	ok.index_size = at.index_size;
+	ok.file_count = at.file_count;
+	if (at.status_slot != 0) {
 		ok.flags = WIRE_ATTACH_STATUS;
-		ok.status_slot = m->slot;
-		fds[nfds++] = s->reg->status_ro_fd;
+		ok.status_slot = at.status_slot;
 	}
 	if ((n = wire_put_attach_ok(buf, sizeof(buf), msg->h.seq, &ok)) < 0) {
+		registry_release(s->reg, at.gen);
 		conn_error(c, msg->h.seq, -EPROTO, 0, "cannot encode reply");
 		return;
 	}
-	generation_ref(s->reg, g);
-	c->refs[c->nrefs++] = (struct attach_ref){ ok.handle, g };
-	m->attach_count++;
+	c->refs[c->nrefs++] = (struct attach_ref){ ok.handle, at.gen };
 	log_debug("client pid %d: attached \"%s\" generation %" PRIu64 " (handle %" PRIu64 ")",
-		(int)c->pid, name, g->number, ok.handle);
-	conn_send(c, buf, (size_t)n, fds, nfds);
+		(int)c->pid, name, at.generation, ok.handle);
+	conn_send(c, buf, (size_t)n, at.fds, at.nfds);
 }
 
 static void
@@ -440,7 +391,7 @@ handle_release(struct conn *c, const struct wire_message *msg)
 		struct generation *g = c->refs[i].gen;
 
 		c->refs[i] = c->refs[--c->nrefs];
-		generation_unref(c->srv->reg, g);
+		registry_release(c->srv->reg, g);
 		/* seq 0: the client wants no reply (PROTOCOL.md, RELEASE). */
 		if (msg->h.seq != 0 && (n = wire_put_release_ok(buf, sizeof(buf), msg->h.seq)) >= 0)
 			conn_send(c, buf, (size_t)n, NULL, 0);
@@ -550,7 +501,7 @@ conn_close(struct conn *c)
 	c->srv->inflight_total -= c->inflight_fds;
 	c->inflight_fds = 0;
 	for (size_t i = 0; i < c->nrefs; i++)
-		generation_unref(c->srv->reg, c->refs[i].gen);
+		registry_release(c->srv->reg, c->refs[i].gen);
 	c->nrefs = 0;
 	*c->prevp = c->next;
 	if (c->next != NULL)
@@ -798,8 +749,9 @@ server_start(uv_loop_t *loop, struct registry *reg, int listen_fd,
 void
 server_announce(struct server *s, const struct model_entry *m, uint64_t generation)
 {
+	const char *model = registry_model_name(m);
 	uint8_t buf[WIRE_MAX_MESSAGE];
-	ssize_t n = wire_put_changed(buf, sizeof(buf), generation, m->name, strlen(m->name));
+	ssize_t n = wire_put_changed(buf, sizeof(buf), generation, model, strlen(model));
 
 	if (n < 0 || s == NULL)
 		return;
@@ -812,7 +764,7 @@ server_announce(struct server *s, const struct model_entry *m, uint64_t generati
 		if (c->inflight_fds > 0)
 			continue;
 		for (size_t i = 0; i < c->nrefs; i++)
-			if (c->refs[i].gen->model == m) {
+			if (registry_generation_of(c->refs[i].gen) == m) {
 				(void)fdp_send(c->fd, buf, (size_t)n, NULL, 0);
 				break;
 			}

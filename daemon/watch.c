@@ -17,6 +17,7 @@
 
 #include "error.h"
 #include "file.h"
+#include "generation.h"
 #include "log.h"
 #include "watch.h"
 

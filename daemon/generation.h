@@ -1,0 +1,156 @@
+/*
+ * generation.h: one generation of a model and its life, as a state machine.
+ *
+ * A generation is the open files of one version of a model, their
+ * mappings, the sealed index memfd, and a number that only grows. It is
+ * created by a successful load (registry.c: loading happens before it
+ * exists; the model reads "loading" meanwhile) and freed once nothing refers
+ * to it. Its life is the state below, changed only by gen_set_state(), which
+ * refuses a transition the table does not allow and logs each one at debug:
+ *
+ *   model "x": generation N: warming -> ready (warm)
+ *
+ *   from \ to   WARMING  READY  COLD  REWARM  MODIFIED  FAILED  CLOSED
+ *   NEW           w        n     .      .        .        .       f
+ *   WARMING       .        d     e      .        m        x       f
+ *   READY         r        .     e      .        m        .       f
+ *   COLD          a        p     .      a        m        x       f
+ *   REWARM        s        s     e      .        m        .       f
+ *   MODIFIED      .        .     .      .        .        .       f
+ *   FAILED        .        .     .      .        m        .       f
+ *
+ *   w  installed for a model that warms (gen_start_warming)
+ *   n  installed for a model that does not warm, or without a warm pool
+ *   d  the last warming job ended: read to the end, or cancelled (a
+ *      superseded, unloaded or stopping generation serves unwarmed)
+ *   e  evicted: `wcachectl evict` or the memory budget (gen_evict)
+ *   r  a residency check found memory pressure took its pages: warm again
+ *   a  attached while cold: warm again (REWARM while the eviction that made
+ *      it cold still runs, so that eviction does not drop the fresh pages)
+ *   s  that eviction ended: warm (REWARM -> WARMING), or serve as is when the
+ *      model does not warm (REWARM -> READY)
+ *   p  pinned with pin = all while cold (locking reads every page), or
+ *      attached while cold when the model does not warm
+ *   m  a file was changed in place (watch.c, or a warming job found a file
+ *      shorter than when it was loaded); no new attaches
+ *   x  a warming job failed with an I/O error; no new attaches
+ *   f  nothing refers to it any more (gen_maybe_free frees it at once)
+ *
+ * MODIFIED and FAILED are final: a new generation (reload) replaces them.
+ * A generation is attachable in WARMING, READY, COLD and REWARM.
+ *
+ * Reference counts are not states; they only keep a generation open:
+ * it stays until it is neither current nor pending of its model
+ * (gen_is_live), no client holds it (attached), no warming job reads it
+ * (warm.pending) and no page operation is queued on it (ops_pending, see
+ * pages.h). An unloaded model's generations keep their state, with model
+ * NULL, until released. Two attributes are not states either: pinned (what
+ * pages.c actually locked) and populated (whether every page is mapped into
+ * the daemon, resident.h); pages.c writes them.
+ *
+ * Everything here runs on the event loop thread.
+ */
+#ifndef WC_GENERATION_H
+#define WC_GENERATION_H
+
+#include <stdint.h>
+
+#include "registry.h"
+#include "source.h"
+#include "warm.h"
+
+enum gen_state {
+	GEN_NEW,      /* installed, not yet warming or serving (only inside install) */
+	GEN_WARMING,  /* being read into the page cache */
+	GEN_READY,    /* serves; warm unless the model does not warm */
+	GEN_COLD,     /* evicted from the page cache; an attach warms it again */
+	GEN_REWARM,   /* attached while cold: warms when the running eviction ends */
+	GEN_MODIFIED, /* a file was changed in place: no new attaches */
+	GEN_FAILED,   /* warming failed (I/O error): no new attaches */
+	GEN_CLOSED,   /* unreferenced, being freed */
+};
+
+struct page_work;
+
+struct generation {
+	uint64_t number;
+	struct model_entry *model;  /* NULL once the model is unloaded */
+	char *model_name;           /* for messages after unload */
+	struct model_source source; /* files: fds and mappings, owned */
+	int index_fd;               /* sealed memfd, owned */
+	const uint8_t *index;       /* read-only mapping of index_fd */
+	size_t index_size;
+	uint64_t bytes;             /* sum of file sizes */
+	enum gen_state state;       /* written by gen_set_state() only */
+	unsigned attached;          /* client references */
+	unsigned ops_pending;       /* page operations queued or running (pages.h) */
+	struct page_work *page_queue; /* those operations, in order; the first runs */
+	int pinned;                 /* PIN_* actually applied (pages.c) */
+	int populated;              /* every page is mapped into the daemon (pages.c) */
+	/* The running or last warm-up: one job per file while it runs. Its
+	 * outcome decides the transition out of WARMING (warm_done). */
+	struct {
+		struct warm_job **jobs;  /* nfiles entries, NULL when not running */
+		unsigned pending;        /* jobs not yet done */
+		uint64_t bytes;          /* read by finished jobs */
+		double seconds;          /* longest job's time */
+		uint64_t started_ms;
+		int error;               /* first job error, 0 if none */
+		int cancelled;           /* a job was cancelled: not all was read */
+	} warm;
+	struct registry *registry;
+	struct generation *next;    /* in the registry's list */
+};
+
+/* "new", "warming", "ready", "cold", "warming" (REWARM), "modified",
+ * "failed", "closed": the words status and metrics print. */
+const char *gen_state_name(enum gen_state s);
+
+/* Moves g to state to; why says what caused it (for the debug log line).
+ * Returns 0, or -EINVAL (logged as an error, state unchanged) when the table
+ * above does not allow it. Setting the state g is in is a no-op. */
+int gen_set_state(struct generation *g, enum gen_state to, const char *why);
+
+/* May a client attach g (WARMING, READY, COLD, REWARM)? */
+int gen_attachable(const struct generation *g);
+
+/* Is g being warmed (WARMING or REWARM)? */
+int gen_is_warming(const struct generation *g);
+
+/* Does g keep its pages in memory, for the memory budget (WARMING, READY,
+ * REWARM)? */
+int gen_holds_memory(const struct generation *g);
+
+/* Is g its model's current or pending generation? */
+int gen_is_live(const struct generation *g);
+
+/* Frees g (-> CLOSED) if nothing refers to it any more (see above). */
+void gen_maybe_free(struct registry *r, struct generation *g);
+
+/* Makes g (the model's pending generation) current, without changing its
+ * state; the previous current generation is freed if unreferenced. */
+void gen_promote(struct registry *r, struct model_entry *m, struct generation *g);
+
+/* Starts warming every file of g on the pool (-> WARMING; -> READY when no
+ * job could start). */
+void gen_start_warming(struct registry *r, struct generation *g);
+
+/* Asks every running warming job of g to stop; each ends later (warm_done). */
+void gen_cancel_warming(struct registry *r, struct generation *g);
+
+/* Drops the page cache of g's files: WARMING/READY/REWARM -> COLD; a
+ * MODIFIED or FAILED generation keeps its state. */
+void gen_evict(struct registry *r, struct generation *g);
+
+/* pages.c: an eviction of g ended (REWARM -> WARMING or READY). */
+void gen_evict_done(struct registry *r, struct generation *g);
+
+/* pages.c: a residency check found only resident bytes of g in memory;
+ * READY -> WARMING when memory pressure took more than 1% (counted in the
+ * model's rewarm_count). */
+void gen_residency_checked(struct registry *r, struct generation *g, uint64_t resident);
+
+/* Milliseconds on the registry's loop clock. */
+uint64_t registry_now_ms(const struct registry *r);
+
+#endif

@@ -1,0 +1,259 @@
+/*
+ * pages.c: operations on a generation's pages (see pages.h), on libuv's
+ * work queue, one at a time per generation.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "index.h"
+#include "log.h"
+#include "pages.h"
+
+struct page_work {
+	uv_work_t work;
+	struct generation *g;
+	enum page_op op;
+	int err;                /* the first failure */
+	size_t failed;          /* the file it failed on */
+	uint64_t resident;      /* PAGE_CHECK: bytes in memory */
+	struct page_work *next; /* queued behind the running one */
+};
+
+#define EVICT_CHUNK (2u << 20)
+
+uint64_t
+pages_resident(const struct generation *g, enum resident_method *how)
+{
+	uint64_t total = 0, n;
+
+	for (size_t i = 0; i < g->source.nfiles; i++)
+		if (resident_bytes(&g->source.files[i], &n, how) == 0)
+			total += n;
+	return total;
+}
+
+/* Logs a refused mlock with the advice that fixes it. */
+static void
+pin_failed(const char *name, const char *what, size_t bytes, int err)
+{
+	log_warnx("model \"%s\": cannot lock %s (%zu bytes) in memory: %s; raise "
+		  "RLIMIT_MEMLOCK (LimitMEMLOCK= in wcached.service, or ulimit -l)",
+		name, what, bytes, strerror(-err));
+}
+
+void
+pages_pin_metadata(struct generation *g)
+{
+	struct index_header h;
+	struct index_tensor t;
+	uint64_t *first;
+	int err;
+
+	if ((err = warm_pin_range(g->index, g->index_size)) < 0) {
+		pin_failed(g->model_name, "the index", g->index_size, err);
+		return;
+	}
+	if (index_open(g->index, g->index_size, &h) < 0 ||
+		(first = calloc(g->source.nfiles, sizeof(*first))) == NULL)
+		return;
+	for (size_t i = 0; i < g->source.nfiles; i++)
+		first[i] = g->source.files[i].size;
+	for (uint64_t i = 0; i < h.tensor_count; i++)
+		if (index_tensor_at(g->index, &h, i, &t) == 0 && t.file < g->source.nfiles &&
+			t.offset < first[t.file])
+			first[t.file] = t.offset;
+	for (size_t i = 0; i < g->source.nfiles; i++) {
+		if (first[i] == 0 || g->source.files[i].base == NULL)
+			continue;
+		if ((err = warm_pin_range(g->source.files[i].base, (size_t)first[i])) < 0) {
+			pin_failed(g->model_name, "file headers", (size_t)first[i], err);
+			break;
+		}
+	}
+	free(first);
+	g->pinned = PIN_METADATA;
+}
+
+/*
+ * Drops this process's own page-table entries for a file mapping, so that
+ * POSIX_FADV_DONTNEED can drop the pages (it keeps mapped ones): after
+ * mlock and munlock every page is mapped here. The mapping is private and
+ * read-only, so nothing is lost: a later access faults the page cache in.
+ * Locked ranges (pinned headers) refuse MADV_DONTNEED; chunks let the rest
+ * go.
+ */
+static void
+unmap_pages(const struct wc_file *f)
+{
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+
+	if (f->base == NULL || madvise((void *)f->base, (size_t)f->size, MADV_DONTNEED) == 0)
+		return;
+	for (uint64_t off = 0; off < f->size; off += EVICT_CHUNK) {
+		uint64_t len = f->size - off < EVICT_CHUNK ? f->size - off : EVICT_CHUNK;
+
+		if (madvise((void *)(f->base + off), (size_t)len, MADV_DONTNEED) == 0)
+			continue;
+		/* The chunk holds locked pages: page by page. */
+		for (uint64_t p = off; p < off + len; p += page)
+			(void)madvise((void *)(f->base + p), (size_t)page, MADV_DONTNEED);
+	}
+}
+
+/* Work queue thread. */
+static void
+page_work_run(uv_work_t *w)
+{
+	struct page_work *p = w->data;
+	struct generation *g = p->g;
+
+	if (p->op == PAGE_EVICT_SETTLE) {
+		/* Evicted while it warmed: the cancelled job's readahead may
+		 * still be in flight, and DONTNEED skips pages under I/O. Drop
+		 * once now and once more when that I/O has landed. This thread
+		 * is a work-queue thread, never the loop. */
+		struct timespec pause = { 0, 50000000L }; /* 50 ms */
+
+		for (size_t i = 0; i < g->source.nfiles; i++)
+			warm_evict_range(g->source.files[i].fd, 0, 0);
+		nanosleep(&pause, NULL);
+	}
+
+	if (p->op == PAGE_CHECK) {
+		p->resident = pages_resident(g, NULL);
+		return;
+	}
+	for (size_t i = 0; i < g->source.nfiles; i++) {
+		const struct wc_file *f = &g->source.files[i];
+
+		if (p->op == PAGE_POPULATE) {
+			if (p->err == 0 && (p->err = resident_populate(f)) < 0)
+				p->failed = i;
+			continue;
+		}
+		if (p->op == PAGE_EVICT || p->op == PAGE_EVICT_SETTLE) {
+			unmap_pages(f);
+			warm_evict_range(f->fd, 0, 0);
+			continue;
+		}
+		if (f->base == NULL)
+			continue;
+		if (p->op == PAGE_UNPIN) {
+			warm_unpin_range(f->base, (size_t)f->size);
+			continue;
+		}
+		if ((p->err = warm_pin_range(f->base, (size_t)f->size)) < 0) {
+			p->failed = i;
+			for (size_t j = 0; j < i; j++)
+				if (g->source.files[j].base != NULL)
+					warm_unpin_range(g->source.files[j].base,
+						(size_t)g->source.files[j].size);
+			return;
+		}
+	}
+}
+
+static void page_work_after(uv_work_t *w, int status);
+
+/* Starts the first queued operation of g; -errno if it cannot. */
+static int
+page_work_start(struct registry *r, struct generation *g)
+{
+	struct page_work *p = g->page_queue;
+	int err;
+
+	if ((err = uv_queue_work(r->loop, &p->work, page_work_run, page_work_after)) < 0) {
+		log_warnx("model \"%s\": %s", g->model_name, uv_strerror(err));
+		g->page_queue = p->next;
+		g->ops_pending--;
+		free(p);
+	}
+	return err;
+}
+
+/* Loop thread: records what the operation left, and runs the next one. */
+static void
+page_work_after(uv_work_t *w, int status)
+{
+	struct page_work *p = w->data;
+	struct generation *g = p->g;
+	struct registry *r = g->registry;
+	int evict = p->op == PAGE_EVICT || p->op == PAGE_EVICT_SETTLE;
+
+	g->page_queue = p->next;
+	g->ops_pending--;
+	if (evict)
+		g->populated = 0; /* its pages are no longer mapped here */
+	if (status != 0) {
+		/* cancelled: nothing ran */
+	} else if (p->op == PAGE_POPULATE) {
+		if (p->err < 0 && p->err != -EINVAL)
+			log_warnx("model \"%s\": cannot map %s into wcached: %s; a client may drop its "
+				  "pages from the page cache", g->model_name,
+				g->source.files[p->failed].path, strerror(-p->err));
+		g->populated = p->err == 0 && g->state != GEN_COLD;
+	} else if (p->op == PAGE_CHECK) {
+		gen_residency_checked(r, g, p->resident);
+	} else if (p->op == PAGE_PIN) {
+		if (p->err < 0)
+			pin_failed(g->model_name, g->source.files[p->failed].path,
+				(size_t)g->source.files[p->failed].size, p->err);
+		else
+			g->pinned = PIN_ALL;
+	} else if (p->op == PAGE_UNPIN) {
+		g->pinned = PIN_NONE;
+		/* munlock of the whole files dropped the headers' lock too */
+		if (g->model != NULL && g->model->pin != PIN_NONE)
+			pages_pin_metadata(g);
+	}
+	if (evict)
+		gen_evict_done(r, g);
+	free(p);
+	while (g->page_queue != NULL && page_work_start(r, g) < 0)
+		;
+	gen_maybe_free(r, g);
+}
+
+void
+pages_queue(struct registry *r, struct generation *g, enum page_op op)
+{
+	struct page_work *p = calloc(1, sizeof(*p)), **tail;
+
+	if (p == NULL) {
+		log_warnx("model \"%s\": out of memory", g->model_name);
+		return;
+	}
+	p->g = g;
+	p->op = op;
+	p->work.data = p;
+	for (tail = &g->page_queue; *tail != NULL; tail = &(*tail)->next)
+		;
+	*tail = p;
+	g->ops_pending++;
+	if (g->page_queue == p)
+		(void)page_work_start(r, g);
+}
+
+int
+pages_drop_queued_evictions(struct generation *g)
+{
+	if (g->page_queue == NULL)
+		return 0;
+	for (struct page_work **pp = &g->page_queue->next; *pp != NULL;) {
+		struct page_work *p = *pp;
+
+		if (p->op == PAGE_EVICT || p->op == PAGE_EVICT_SETTLE) {
+			*pp = p->next;
+			g->ops_pending--;
+			free(p);
+		} else {
+			pp = &p->next;
+		}
+	}
+	return g->page_queue->op == PAGE_EVICT || g->page_queue->op == PAGE_EVICT_SETTLE;
+}

@@ -1,0 +1,614 @@
+/*
+ * test_generation.c: unit tests of daemon/generation.c and daemon/pages.c,
+ * the state machine of a generation (generation.h), on a real libuv loop,
+ * a real warm pool and small model files in /tmp.
+ *
+ * Each test drives generations through transitions with the registry's
+ * calls (load, attach, evict, pin, mark modified, unload, close) and checks
+ * the state, the words status prints, and the debug line each transition
+ * logs. The transition table itself is checked pair by pair.
+ *
+ * Fault injection (-Wl,--wrap in tests/CMakeLists.txt): sendfile and pread
+ * (the warm pool's reads) fail with EIO when asked, so warming fails;
+ * madvise fails when asked, so mapping every page (populate) fails.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/sendfile.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "daemonutil.h"
+#include "metrics.h"
+#include "pages.h"
+#include "testutil.h"
+
+/* ---- fault injection ---- */
+
+static atomic_int fail_reads;    /* sendfile/pread fail with EIO */
+static atomic_int fail_populate; /* madvise(MADV_POPULATE_READ) fails with EIO */
+
+ssize_t __real_sendfile(int out, int in, off_t *off, size_t count);
+ssize_t __wrap_sendfile(int out, int in, off_t *off, size_t count);
+ssize_t __real_pread(int fd, void *buf, size_t count, off_t off);
+ssize_t __wrap_pread(int fd, void *buf, size_t count, off_t off);
+int __real_madvise(void *addr, size_t len, int advice);
+int __wrap_madvise(void *addr, size_t len, int advice);
+
+ssize_t
+__wrap_sendfile(int out, int in, off_t *off, size_t count)
+{
+	if (atomic_load(&fail_reads)) {
+		errno = EIO;
+		return -1;
+	}
+	return __real_sendfile(out, in, off, count);
+}
+
+ssize_t
+__wrap_pread(int fd, void *buf, size_t count, off_t off)
+{
+	if (atomic_load(&fail_reads)) {
+		errno = EIO;
+		return -1;
+	}
+	return __real_pread(fd, buf, count, off);
+}
+
+int
+__wrap_madvise(void *addr, size_t len, int advice)
+{
+#ifdef MADV_POPULATE_READ
+	if (advice == MADV_POPULATE_READ && atomic_load(&fail_populate)) {
+		errno = EIO;
+		return -1;
+	}
+#endif
+	return __real_madvise(addr, len, advice);
+}
+
+static int
+setup(void **state)
+{
+	atomic_store(&fail_reads, 0);
+	atomic_store(&fail_populate, 0);
+	*state = du_new(true);
+	return 0;
+}
+
+#define teardown du_free
+
+static void
+assert_logged(const char *log, const char *line)
+{
+	if (strstr(log, line) == NULL)
+		fail_msg("not logged: %s", line);
+}
+
+static struct registry_peer root_peer = { .pid = 1, .uid = 0, .gid = 0 };
+
+static struct generation *
+attach(struct du *t, const char *name)
+{
+	struct registry_attachment a;
+	char msg[256];
+
+	assert_int_equal(registry_attach(&t->reg, name, &root_peer, &a, msg, sizeof(msg)), 0);
+	return a.gen;
+}
+
+/* Loads a warm model of floats floats as "m" and waits until it is ready
+ * and nothing runs on it; *path receives its file. */
+static struct generation *
+load_ready(struct du *t, size_t floats, enum pin_mode pin, char **path)
+{
+	*path = du_model(t, "m.safetensors", floats);
+	assert_int_equal(du_load(t, "m", *path, pin, 1), 0);
+	du_wait_state(t, "m", false, GEN_READY);
+	du_settle(t);
+	return du_current(t, "m");
+}
+
+/* ---- the table ---- */
+
+static void
+test_transition_table(void **state)
+{
+	/* expected[from] lists the allowed targets, as generation.h's table. */
+	static const char *const expected[] = {
+		[GEN_NEW] = "WRC",
+		[GEN_WARMING] = "RcMFC",
+		[GEN_READY] = "WcMC",
+		[GEN_COLD] = "WRrMFC",
+		[GEN_REWARM] = "WRcMC",
+		[GEN_MODIFIED] = "C",
+		[GEN_FAILED] = "MC",
+		[GEN_CLOSED] = "",
+	};
+	static const char letter[] = {
+		[GEN_NEW] = 'N', [GEN_WARMING] = 'W', [GEN_READY] = 'R', [GEN_COLD] = 'c',
+		[GEN_REWARM] = 'r', [GEN_MODIFIED] = 'M', [GEN_FAILED] = 'F', [GEN_CLOSED] = 'C',
+	};
+	struct generation g = { .number = 7, .model_name = "t" };
+
+	(void)state;
+	for (int from = GEN_NEW; from <= GEN_CLOSED; from++)
+		for (int to = GEN_NEW; to <= GEN_CLOSED; to++) {
+			int ok = from == to || strchr(expected[from], letter[to]) != NULL;
+
+			g.state = (enum gen_state)from;
+			assert_int_equal(gen_set_state(&g, (enum gen_state)to, "test"),
+				ok ? 0 : -EINVAL);
+			assert_int_equal(g.state, ok ? to : from);
+		}
+	assert_string_equal(gen_state_name(GEN_REWARM), "warming");
+	assert_string_equal(gen_state_name(GEN_COLD), "cold");
+	assert_string_equal(gen_state_name(GEN_READY), "ready");
+	assert_string_equal(gen_state_name(GEN_MODIFIED), "modified");
+	assert_string_equal(gen_state_name(GEN_FAILED), "failed");
+}
+
+/* ---- load and warm ---- */
+
+static void
+test_load_without_warming(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 1024), *log;
+	struct generation *g;
+
+	du_log_start(t);
+	assert_int_equal(du_load(t, "m", path, PIN_METADATA, 0), 0);
+	log = du_log_stop(t);
+	assert_logged(log, "model \"m\": generation 1: new -> ready (the model does not warm)");
+	g = du_current(t, "m");
+	assert_int_equal(g->state, GEN_READY);
+	assert_int_equal(g->pinned, PIN_METADATA);
+	assert_string_equal(metrics_model_state(g->model), "ready");
+	free(log);
+	free(path);
+}
+
+static void
+test_load_warm(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 256 * 1024), *log;
+	struct generation *g;
+
+	du_log_start(t);
+	assert_int_equal(du_load(t, "m", path, PIN_METADATA, 1), 0);
+	/* A first generation is current at once, while it warms. */
+	assert_string_equal(t->message, "generation 1 is current");
+	g = du_current(t, "m");
+	assert_true(g->state == GEN_WARMING || g->state == GEN_READY);
+	g = du_wait_state(t, "m", false, GEN_READY);
+	du_settle(t);
+	log = du_log_stop(t);
+	assert_logged(log, "model \"m\": generation 1: new -> warming (warming)");
+	assert_logged(log, "model \"m\": generation 1: warming -> ready (warm)");
+	assert_int_equal(g->warm.bytes, g->bytes);
+	assert_int_equal(g->warm.error, 0);
+	assert_true(g->populated); /* every page mapped into the daemon */
+	free(log);
+	free(path);
+}
+
+static void
+test_warm_failed(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 64 * 1024), *log;
+	struct registry_attachment a;
+	struct generation *g;
+	char msg[256];
+
+	atomic_store(&fail_reads, 1);
+	du_log_start(t);
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 1), 0);
+	g = du_wait_state(t, "m", false, GEN_FAILED);
+	atomic_store(&fail_reads, 0);
+	log = du_log_stop(t);
+	assert_logged(log, "generation 1: warming -> failed (warming failed)");
+	assert_int_equal(g->warm.error, -EIO);
+	assert_string_equal(metrics_model_state(g->model), "failed");
+	assert_int_equal(registry_attach(&t->reg, "m", &root_peer, &a, msg, sizeof(msg)), -EIO);
+	assert_string_equal(msg, "generation 1 failed while warming");
+	assert_int_equal(g->model->error_count, 1);
+	/* Final: eviction drops pages but keeps the state. */
+	assert_int_equal(registry_evict(&t->reg, "m"), 0);
+	assert_int_equal(g->state, GEN_FAILED);
+	/* A file then changed in place is reported as such. */
+	registry_mark_modified(&t->reg, g, "m.safetensors");
+	assert_int_equal(g->state, GEN_MODIFIED);
+	free(log);
+	free(path);
+}
+
+static void
+test_failed_replacement_never_current(void **state)
+{
+	struct du *t = *state;
+	char *p1 = du_model(t, "a.safetensors", 1024), *p2 = du_model(t, "b.safetensors", 1024);
+	struct model_entry *m;
+
+	assert_int_equal(du_load(t, "m", p1, PIN_NONE, 1), 0);
+	du_wait_state(t, "m", false, GEN_READY);
+	atomic_store(&fail_reads, 1);
+	assert_int_equal(du_load(t, "m", p2, PIN_NONE, 1), 0);
+	assert_string_equal(t->message,
+		"generation 2 is warming and becomes current when warm");
+	m = registry_find(&t->reg, "m");
+	du_settle(t);
+	atomic_store(&fail_reads, 0);
+	assert_null(m->pending);
+	assert_int_equal(m->current->number, 1);
+	assert_string_equal(m->error, "the new generation failed while warming");
+	assert_int_equal(du_generations(t), 1); /* generation 2 closed */
+	free(p1);
+	free(p2);
+}
+
+static bool
+current_is_2(struct du *t, void *arg)
+{
+	(void)arg;
+	return du_current(t, "m")->number == 2;
+}
+
+static void
+test_promote(void **state)
+{
+	struct du *t = *state;
+	char *p1 = du_model(t, "a.safetensors", 4096), *p2 = du_model(t, "b.safetensors", 8192);
+	struct model_entry *m;
+	struct generation *g1, *g2;
+	char *log;
+
+	assert_int_equal(du_load(t, "m", p1, PIN_NONE, 1), 0);
+	g1 = du_wait_state(t, "m", false, GEN_READY);
+	g1 = attach(t, "m"); /* held: stays open after the swap */
+	du_log_start(t);
+	assert_int_equal(du_load(t, "m", p2, PIN_NONE, 1), 0);
+	du_run_until(t, current_is_2, NULL);
+	g2 = du_current(t, "m");
+	assert_int_equal(g2->state, GEN_READY);
+	log = du_log_stop(t);
+	assert_int_equal(g2->number, 2);
+	assert_logged(log, "model \"m\": generation 2 is current (was 1)");
+	m = registry_find(&t->reg, "m");
+	assert_int_equal(m->swap_count, 1);
+	assert_null(m->pending);
+	assert_int_equal(t->reg.status[m->slot], 2);
+	assert_int_equal(du_generations(t), 2);
+	registry_release(&t->reg, g1);
+	assert_int_equal(du_generations(t), 1);
+	free(log);
+	free(p1);
+	free(p2);
+}
+
+/* ---- cancelled, unload while held ---- */
+
+static void
+test_unload_while_held_cancels_warming(void **state)
+{
+	struct du *t = *state;
+	struct generation *g;
+	char *path, *log;
+
+	/* A slow pool: the warm-up is still running when the model goes. */
+	du_teardown(t);
+	du_setup(t, true, 1 << 20);
+	path = du_model(t, "m.safetensors", 1 << 20); /* 4 MiB at 1 MiB/s */
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 1), 0);
+	g = attach(t, "m");
+	assert_int_equal(g->state, GEN_WARMING);
+	du_log_start(t);
+	assert_int_equal(registry_unload(&t->reg, "m"), 0);
+	assert_null(g->model);
+	assert_int_equal(t->reg.status[1], 0); /* no longer served */
+	du_settle(t);
+	log = du_log_stop(t);
+	assert_logged(log, "generation 1: warming -> ready (warming cancelled)");
+	assert_true(g->warm.cancelled);
+	assert_false(g->populated); /* not warmed, so not claimed */
+	assert_int_equal(du_generations(t), 1); /* held by the client */
+	du_log_start(t);
+	registry_release(&t->reg, g);
+	free(du_log_stop(t));
+	assert_int_equal(du_generations(t), 0);
+	free(log);
+	free(path);
+}
+
+/* ---- evict, attach while cold ---- */
+
+static void
+test_evict_and_attach_cold(void **state)
+{
+	struct du *t = *state;
+	char *path, *log;
+	struct generation *g = load_ready(t, 64 * 1024, PIN_NONE, &path);
+
+	du_log_start(t);
+	assert_int_equal(registry_evict(&t->reg, "m"), 0);
+	assert_int_equal(g->state, GEN_COLD);
+	assert_string_equal(metrics_model_state(g->model), "cold");
+	du_settle(t);
+	assert_false(g->populated);
+	/* Attached while cold and no eviction running: warms again. */
+	g = attach(t, "m");
+	assert_int_equal(g->state, GEN_WARMING);
+	du_wait_state(t, "m", false, GEN_READY);
+	log = du_log_stop(t);
+	assert_logged(log, "generation 1: ready -> cold (evicted)");
+	assert_logged(log, "model \"m\": attached while cold, warming generation 1");
+	assert_logged(log, "generation 1: cold -> warming (warming)");
+	assert_logged(log, "generation 1: warming -> ready (warm)");
+	registry_release(&t->reg, g);
+	free(log);
+	free(path);
+}
+
+static void
+test_attach_during_eviction_rewarms_after(void **state)
+{
+	struct du *t = *state;
+	char *path, *log;
+	struct generation *g = load_ready(t, 64 * 1024, PIN_NONE, &path);
+
+	du_log_start(t);
+	assert_int_equal(registry_evict(&t->reg, "m"), 0);
+	/* The eviction is queued and has not ended (the loop has not run). */
+	assert_non_null(g->page_queue);
+	attach(t, "m");
+	assert_int_equal(g->state, GEN_REWARM);
+	assert_string_equal(metrics_model_state(g->model), "warming");
+	du_wait_state(t, "m", false, GEN_READY);
+	log = du_log_stop(t);
+	assert_logged(log, "cold -> warming (after eviction) (attached while an eviction runs)");
+	assert_logged(log, "warming (after eviction) -> warming (warming)");
+	registry_release(&t->reg, g);
+	free(log);
+	free(path);
+}
+
+static void
+test_cold_not_warming_model(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 1024);
+	struct generation *g;
+
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 0), 0);
+	g = du_current(t, "m");
+	assert_int_equal(registry_evict(&t->reg, "m"), 0);
+	du_settle(t);
+	assert_int_equal(g->state, GEN_COLD);
+	attach(t, "m");
+	assert_int_equal(g->state, GEN_READY);
+	/* The last holder of a cold generation letting go drops its pages:
+	 * here it is no longer cold, so nothing is queued. */
+	registry_release(&t->reg, g);
+	assert_null(g->page_queue);
+	free(path);
+}
+
+static void
+test_memory_budget_evicts_lru(void **state)
+{
+	struct du *t = *state;
+	char *p1 = du_model(t, "a.safetensors", 64 * 1024), *p2 = du_model(t, "b.safetensors", 64 * 1024);
+	struct generation *a, *b;
+
+	t->reg.memory_budget = 300 * 1024; /* room for one 256 KiB model */
+	assert_int_equal(du_load(t, "a", p1, PIN_NONE, 1), 0);
+	a = du_wait_state(t, "a", false, GEN_READY);
+	assert_int_equal(du_load(t, "b", p2, PIN_NONE, 1), 0);
+	b = du_current(t, "b");
+	assert_int_equal(a->state, GEN_COLD);
+	assert_true(gen_holds_memory(b));
+	du_settle(t);
+	free(p1);
+	free(p2);
+}
+
+/* ---- pin, unpin ---- */
+
+static void
+test_pin_unpin(void **state)
+{
+	struct du *t = *state;
+	char *path;
+	struct generation *g = load_ready(t, 64 * 1024, PIN_METADATA, &path);
+
+	assert_int_equal(registry_pin(&t->reg, "m", PIN_ALL), 0);
+	du_settle(t);
+	assert_int_equal(g->pinned, PIN_ALL);
+	assert_int_equal(registry_evict(&t->reg, "m"), -EBUSY);
+	assert_int_equal(g->state, GEN_READY);
+	assert_int_equal(registry_pin(&t->reg, "m", PIN_METADATA), 0);
+	du_settle(t);
+	assert_int_equal(g->pinned, PIN_METADATA); /* headers locked again */
+	/* Pinning a cold generation reads it back: cold -> ready. */
+	assert_int_equal(registry_evict(&t->reg, "m"), 0);
+	du_settle(t);
+	assert_int_equal(g->state, GEN_COLD);
+	assert_int_equal(registry_pin(&t->reg, "m", PIN_ALL), 0);
+	assert_int_equal(g->state, GEN_READY);
+	du_settle(t);
+	assert_int_equal(g->pinned, PIN_ALL);
+	assert_int_equal(registry_pin(&t->reg, "nope", PIN_ALL), -ENOENT);
+	free(path);
+}
+
+/* ---- modified in place ---- */
+
+static void
+test_modified_in_place(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 1024), *log;
+	struct registry_attachment a;
+	struct generation *g;
+	char msg[256];
+
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 1), 0);
+	g = du_wait_state(t, "m", false, GEN_READY);
+	du_log_start(t);
+	registry_mark_modified(&t->reg, g, path);
+	registry_mark_modified(&t->reg, g, path); /* once only */
+	log = du_log_stop(t);
+	assert_logged(log, "generation 1: ready -> modified (modified in place)");
+	assert_int_equal(g->state, GEN_MODIFIED);
+	assert_int_equal(registry_attach(&t->reg, "m", &root_peer, &a, msg, sizeof(msg)),
+		-ESTALE);
+	assert_string_equal(msg, "generation 1 was modified in place and is not served; "
+				 "replace model files with rename(2), then reload");
+	/* Final: eviction and pins leave it modified. */
+	assert_int_equal(registry_evict(&t->reg, "m"), 0);
+	assert_int_equal(g->state, GEN_MODIFIED);
+	assert_int_equal(gen_set_state(g, GEN_READY, "test"), -EINVAL);
+	assert_string_equal(metrics_model_state(g->model), "modified");
+	free(log);
+	free(path);
+}
+
+static void
+test_modified_replacement_dropped(void **state)
+{
+	struct du *t = *state;
+	char *p1, *p2;
+	struct model_entry *m;
+	struct generation *g2;
+
+	du_teardown(t);
+	du_setup(t, true, 1 << 20);
+	p1 = du_model(t, "a.safetensors", 1024);
+	p2 = du_model(t, "b.safetensors", 1 << 20);
+	assert_int_equal(du_load(t, "m", p1, PIN_NONE, 1), 0);
+	du_wait_state(t, "m", false, GEN_READY);
+	assert_int_equal(du_load(t, "m", p2, PIN_NONE, 1), 0);
+	m = registry_find(&t->reg, "m");
+	g2 = m->pending;
+	assert_non_null(g2);
+	assert_int_equal(g2->state, GEN_WARMING);
+	registry_mark_modified(&t->reg, g2, p2);
+	assert_null(m->pending);
+	assert_string_equal(m->error, "the new generation was modified in place while it "
+				      "warmed; replace model files with rename(2)");
+	du_settle(t);
+	registry_collect(&t->reg);
+	assert_int_equal(du_generations(t), 1);
+	assert_int_equal(m->current->number, 1);
+	free(p1);
+	free(p2);
+}
+
+/* ---- residency ---- */
+
+static void
+test_residency_rewarm(void **state)
+{
+	struct du *t = *state;
+	char *path, *log;
+	struct generation *g = load_ready(t, 1 << 20, PIN_NONE, &path);
+
+	assert_true(g->populated);
+	/* A check that finds everything resident changes nothing. */
+	registry_check_residency(&t->reg);
+	du_settle(t);
+	assert_int_equal(g->state, GEN_READY);
+	assert_int_equal(g->model->rewarm_count, 0);
+	/* Memory pressure took the pages: warm again. */
+	du_log_start(t);
+	gen_residency_checked(&t->reg, g, 0);
+	assert_int_equal(g->state, GEN_WARMING);
+	du_wait_state(t, "m", false, GEN_READY);
+	log = du_log_stop(t);
+	assert_logged(log, "are still in memory (memory pressure); warming it again");
+	assert_logged(log, "generation 1: ready -> warming (warming)");
+	assert_int_equal(g->model->rewarm_count, 1);
+	free(log);
+	free(path);
+}
+
+static void
+test_populate_fails(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 64 * 1024), *log;
+	struct generation *g;
+
+	atomic_store(&fail_populate, 1);
+	du_log_start(t);
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 1), 0);
+	g = du_wait_state(t, "m", false, GEN_READY);
+	du_settle(t);
+	atomic_store(&fail_populate, 0);
+	log = du_log_stop(t);
+	assert_logged(log, "cannot map");
+	assert_logged(log, "into wcached: Input/output error");
+	assert_false(g->populated);
+	assert_int_equal(g->state, GEN_READY); /* serves all the same */
+	free(log);
+	free(path);
+}
+
+/* ---- close ---- */
+
+static void
+test_close_while_warming(void **state)
+{
+	struct du *t = *state;
+	char *path;
+
+	du_teardown(t);
+	du_setup(t, true, 1 << 20);
+	path = du_model(t, "m.safetensors", 1 << 20);
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 1), 0);
+	attach(t, "m"); /* a client still holds it at shutdown */
+	assert_int_equal(du_current(t, "m")->state, GEN_WARMING);
+	free(path);
+	/* teardown: pool closed (jobs cancelled), registry closed, every
+	 * generation freed, the loop closes cleanly */
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_transition_table),
+		cmocka_unit_test_setup_teardown(test_load_without_warming, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_load_warm, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_warm_failed, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_failed_replacement_never_current, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_promote, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_unload_while_held_cancels_warming, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_evict_and_attach_cold, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_attach_during_eviction_rewarms_after, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_cold_not_warming_model, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_memory_budget_evicts_lru, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_pin_unpin, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_modified_in_place, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_modified_replacement_dropped, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_residency_rewarm, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_populate_fails, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_close_while_warming, setup, teardown),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,382 @@
+/*
+ * test_registry.c: unit tests of daemon/registry.c: loading, reloading,
+ * unloading, access, attaching and the status page, on a real libuv loop
+ * and small model files in /tmp.
+ *
+ * Fault injection (-Wl,--wrap in tests/CMakeLists.txt): mmap, fstat and
+ * memfd_create fail with the errno a test asks for, from the n-th call on,
+ * so a load fails where the kernel would refuse.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "daemonutil.h"
+#include "metrics.h"
+#include "testutil.h"
+
+/* ---- fault injection ---- */
+
+static atomic_int fail_mmap, fail_fstat, fail_memfd; /* errno to fail with, 0: none */
+
+void *__real_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off);
+void *__wrap_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off);
+int __real_fstat(int fd, struct stat *st);
+int __wrap_fstat(int fd, struct stat *st);
+int __real_memfd_create(const char *name, unsigned flags);
+int __wrap_memfd_create(const char *name, unsigned flags);
+
+void *
+__wrap_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+	int e = atomic_load(&fail_mmap);
+
+	if (e != 0 && fd >= 0) {
+		errno = e;
+		return MAP_FAILED;
+	}
+	return __real_mmap(addr, len, prot, flags, fd, off);
+}
+
+int
+__wrap_fstat(int fd, struct stat *st)
+{
+	int e = atomic_load(&fail_fstat);
+
+	if (e != 0) {
+		errno = e;
+		return -1;
+	}
+	return __real_fstat(fd, st);
+}
+
+int
+__wrap_memfd_create(const char *name, unsigned flags)
+{
+	int e = atomic_load(&fail_memfd);
+
+	if (e != 0) {
+		errno = e;
+		return -1;
+	}
+	return __real_memfd_create(name, flags);
+}
+
+static int
+setup(void **state)
+{
+	atomic_store(&fail_mmap, 0);
+	atomic_store(&fail_fstat, 0);
+	atomic_store(&fail_memfd, 0);
+	*state = du_new(false);
+	return 0;
+}
+
+#define teardown du_free
+
+static const struct registry_peer root_peer = { .pid = 1, .uid = 0, .gid = 0 };
+
+/* ---- loading ---- */
+
+static void
+test_load_and_status_page(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 1024);
+	struct model_entry *m;
+	struct generation *g;
+
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 1), 0);
+	assert_int_equal(t->generation, 1);
+	assert_string_equal(t->message, "generation 1 is current");
+	m = registry_find(&t->reg, "m");
+	assert_non_null(m);
+	assert_ptr_equal(registry_find(&t->reg, path), m); /* by path too */
+	assert_null(registry_find(&t->reg, "other"));
+	g = m->current;
+	/* No warm pool: ready at once. */
+	assert_int_equal(g->state, GEN_READY);
+	assert_int_equal(g->bytes, 8 + strlen("{\"w\":{\"dtype\":\"F32\",\"shape\":[1024],"
+					    "\"data_offsets\":[0,4096]}}") + 4096);
+	assert_int_equal(t->reg.status[0], 0x54534357u);
+	assert_int_equal(t->reg.status[m->slot], 1);
+	assert_string_equal(registry_model_name(m), "m");
+	assert_ptr_equal(registry_generation_of(g), m);
+	free(path);
+}
+
+static void
+test_load_missing_file(void **state)
+{
+	struct du *t = *state;
+	struct registry_attachment a;
+	char msg[256], *path;
+
+	assert_true(asprintf(&path, "%s/none.safetensors", t->dir) > 0);
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 1), -ENOENT);
+	assert_non_null(strstr(t->message, "none.safetensors"));
+	assert_string_equal(metrics_model_state(registry_find(&t->reg, "m")), "failed");
+	assert_int_equal(registry_find(&t->reg, "m")->load_errors, 1);
+	/* An attach says why it is not served. */
+	assert_int_equal(registry_attach(&t->reg, "m", &root_peer, &a, msg, sizeof(msg)), -EIO);
+	assert_true(strncmp(msg, "failed to load: ", 16) == 0);
+	assert_non_null(strstr(msg, "none.safetensors"));
+	free(path);
+}
+
+static void
+test_load_faults(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 1024);
+
+	atomic_store(&fail_mmap, ENOMEM);
+	assert_int_equal(du_load(t, "a", path, PIN_NONE, 1), -ENOMEM);
+	assert_non_null(strstr(t->message, "m.safetensors"));
+	atomic_store(&fail_mmap, 0);
+	atomic_store(&fail_fstat, EIO);
+	assert_int_equal(du_load(t, "b", path, PIN_NONE, 1), -EIO);
+	atomic_store(&fail_fstat, 0);
+	atomic_store(&fail_memfd, EMFILE);
+	assert_int_equal(du_load(t, "c", path, PIN_NONE, 1), -EMFILE);
+	assert_non_null(strstr(t->message, "memfd_create"));
+	atomic_store(&fail_memfd, 0);
+	assert_int_equal(du_generations(t), 0);
+	/* A failed reload leaves the current generation serving. */
+	assert_int_equal(du_load(t, "a", path, PIN_NONE, 1), 0);
+	atomic_store(&fail_mmap, ENOMEM);
+	assert_int_equal(du_load(t, "a", path, PIN_NONE, 1), -ENOMEM);
+	atomic_store(&fail_mmap, 0);
+	assert_int_equal(du_current(t, "a")->number, 1);
+	assert_non_null(registry_find(&t->reg, "a")->error);
+	assert_string_equal(metrics_model_state(registry_find(&t->reg, "a")), "ready");
+	free(path);
+}
+
+static void
+test_reload(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 1024), *next;
+	struct model_entry *m;
+
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 0), 0);
+	assert_int_equal(du_reload(t, "m"), 0);
+	assert_string_equal(t->message, "unchanged");
+	assert_int_equal(t->generation, 1);
+	/* A new inode renamed over the path is the next generation. */
+	next = du_model(t, "next.safetensors", 2048);
+	assert_int_equal(rename(next, path), 0);
+	assert_int_equal(du_reload(t, "m"), 0);
+	assert_int_equal(t->generation, 2);
+	m = registry_find(&t->reg, "m");
+	assert_int_equal(m->current->number, 2);
+	assert_int_equal(m->swap_count, 1);
+	assert_int_equal(du_generations(t), 1);
+	/* Modified in place: the reload refuses to serve the same inode. */
+	registry_mark_modified(&t->reg, m->current, path);
+	assert_int_equal(du_reload(t, "m"), -ESTALE);
+	assert_int_equal(registry_reload(&t->reg, "none", NULL, NULL), -ENOENT);
+	free(next);
+	free(path);
+}
+
+static void
+test_unload(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 1024);
+	struct registry_attachment a;
+	char msg[64];
+	unsigned slot;
+
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 0), 0);
+	slot = registry_find(&t->reg, "m")->slot;
+	assert_int_equal(registry_attach(&t->reg, "m", &root_peer, &a, msg, sizeof(msg)), 0);
+	assert_int_equal(registry_unload(&t->reg, "m"), 0);
+	assert_int_equal(registry_unload(&t->reg, "m"), -ENOENT);
+	assert_int_equal(t->reg.status[slot], 0);
+	assert_int_equal(registry_attach(&t->reg, "m", &root_peer, &a, msg, sizeof(msg)),
+		-ENOENT);
+	assert_string_equal(msg, "not served");
+	/* Held: still open until released. */
+	assert_int_equal(du_generations(t), 1);
+	assert_null(registry_generation_of(a.gen));
+	registry_release(&t->reg, a.gen);
+	assert_int_equal(du_generations(t), 0);
+	/* Loaded again: the same slot, numbers keep growing. */
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 0), 0);
+	assert_int_equal(t->generation, 2);
+	assert_int_equal(registry_find(&t->reg, "m")->slot, slot);
+	free(path);
+}
+
+static void
+test_unload_during_load(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 1024);
+	int before = t->done_calls;
+
+	assert_int_equal(registry_load(&t->reg, "m", path, PIN_NONE, 0, NULL, NULL), 0);
+	assert_string_equal(metrics_model_state(registry_find(&t->reg, "m")), "loading");
+	assert_int_equal(registry_unload(&t->reg, "m"), 0);
+	du_settle(t);
+	while (t->reg.loads_in_flight > 0)
+		uv_run(&t->loop, UV_RUN_ONCE);
+	assert_int_equal(t->done_calls, before);
+	assert_null(registry_find(&t->reg, "m"));
+	assert_int_equal(du_generations(t), 0);
+	free(path);
+}
+
+static void
+test_forget(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 1024), *missing;
+	uint64_t id;
+
+	assert_true(asprintf(&missing, "%s/none", t->dir) > 0);
+	assert_true(du_load(t, "bad", missing, PIN_NONE, 0) < 0);
+	id = registry_find(&t->reg, "bad")->entry_id;
+	assert_int_equal(registry_forget(&t->reg, "bad", id + 1), -ENOENT);
+	assert_int_equal(registry_forget(&t->reg, "bad", id), 0);
+	assert_null(registry_find(&t->reg, "bad"));
+	/* A model that serves is not forgotten. */
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 0), 0);
+	id = registry_find(&t->reg, "m")->entry_id;
+	assert_int_equal(registry_forget(&t->reg, "m", id), -EBUSY);
+	free(missing);
+	free(path);
+}
+
+/* ---- attaching ---- */
+
+static void
+test_attach_reply(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 1024);
+	struct registry_attachment a;
+	struct model_entry *m;
+	char msg[64];
+
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 0), 0);
+	m = registry_find(&t->reg, "m");
+	assert_int_equal(registry_attach(&t->reg, "m", &root_peer, &a, msg, sizeof(msg)), 0);
+	assert_int_equal(a.generation, 1);
+	assert_int_equal(a.file_count, 1);
+	assert_int_equal(a.index_size, a.gen->index_size);
+	assert_int_equal(a.nfds, 3); /* index, the file, the status page */
+	assert_int_equal(a.fds[0], a.gen->index_fd);
+	assert_int_equal(a.fds[1], a.gen->source.files[0].fd);
+	assert_int_equal(a.fds[2], t->reg.status_ro_fd);
+	assert_int_equal(a.status_slot, m->slot);
+	assert_int_equal(a.gen->attached, 1);
+	assert_int_equal(m->attach_count, 1);
+	registry_release(&t->reg, a.gen);
+	assert_int_equal(du_current(t, "m")->attached, 0);
+	free(path);
+}
+
+static void
+test_access(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 1024);
+	const uid_t uids[] = { 1000 };
+	const gid_t gids[] = { 2000 };
+	const gid_t groups[] = { 5, 2000 };
+	struct registry_attachment a;
+	struct model_entry *m;
+	char msg[128];
+	int logged = 0;
+	struct registry_peer p = { .pid = 9, .uid = 3000, .gid = 3000, .self_uid = 4000,
+		.denied_logged = &logged };
+
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 0), 0);
+	m = registry_find(&t->reg, "m");
+	/* Unrestricted: anyone. */
+	assert_int_equal(registry_attach(&t->reg, "m", &p, &a, msg, sizeof(msg)), 0);
+	registry_release(&t->reg, a.gen);
+	assert_int_equal(registry_set_access(&t->reg, "m", 1, uids, 1, gids, 1), 0);
+	assert_int_equal(registry_set_access(&t->reg, "none", 1, uids, 1, gids, 1), -ENOENT);
+	assert_int_equal(registry_attach(&t->reg, "m", &p, &a, msg, sizeof(msg)), -EACCES);
+	assert_string_equal(msg, "access denied: uid 3000 is not in the model's allow_users or "
+				 "allow_groups");
+	assert_int_equal(registry_attach(&t->reg, "m", &p, &a, msg, sizeof(msg)), -EACCES);
+	assert_int_equal(m->denied_count, 2);
+	assert_int_equal(logged, 2); /* the first was logged */
+	assert_int_equal(m->attach_count, 1);
+	/* By uid, by primary group, by supplementary group, root, self. */
+	p.uid = 1000;
+	assert_int_equal(registry_attach(&t->reg, "m", &p, &a, msg, sizeof(msg)), 0);
+	registry_release(&t->reg, a.gen);
+	p.uid = 3000;
+	p.gid = 2000;
+	assert_int_equal(registry_attach(&t->reg, "m", &p, &a, msg, sizeof(msg)), 0);
+	registry_release(&t->reg, a.gen);
+	p.gid = 3000;
+	p.groups = groups;
+	p.ngroups = 2;
+	assert_int_equal(registry_attach(&t->reg, "m", &p, &a, msg, sizeof(msg)), 0);
+	registry_release(&t->reg, a.gen);
+	p.ngroups = 0;
+	p.uid = 4000;
+	assert_int_equal(registry_attach(&t->reg, "m", &p, &a, msg, sizeof(msg)), 0);
+	registry_release(&t->reg, a.gen);
+	assert_int_equal(registry_attach(&t->reg, "m", &root_peer, &a, msg, sizeof(msg)), 0);
+	registry_release(&t->reg, a.gen);
+	free(path);
+}
+
+static void
+test_progress_and_close_with_load_in_flight(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 1024);
+	uint64_t done, total;
+	unsigned warming, models;
+
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 0), 0);
+	registry_progress(&t->reg, &done, &total, &warming, &models);
+	assert_int_equal(models, 1);
+	assert_int_equal(warming, 0);
+	assert_int_equal(done, total);
+	assert_int_equal(total, du_current(t, "m")->bytes);
+	/* A load still on the work queue at shutdown is cancelled. */
+	assert_int_equal(registry_load(&t->reg, "n", path, PIN_NONE, 0, NULL, NULL), 0);
+	free(path);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_load_and_status_page, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_load_missing_file, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_load_faults, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_reload, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_unload, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_unload_during_load, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_forget, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_attach_reply, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_access, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_progress_and_close_with_load_in_flight, setup,
+			teardown),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

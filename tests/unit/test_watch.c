@@ -1,0 +1,157 @@
+/*
+ * test_watch.c: unit tests of daemon/watch.c against a real registry on a
+ * real libuv loop with real inotify: a model file written in place marks its
+ * generation modified; a new file renamed over the path is reloaded, after
+ * the settle time, as the next generation.
+ *
+ * Fault injection (-Wl,--wrap in tests/CMakeLists.txt): fstat fails when
+ * asked, and a file that cannot be checked is not called modified.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "daemonutil.h"
+#include "testutil.h"
+#include "watch.h"
+
+static atomic_int fail_fstat;
+
+int __real_fstat(int fd, struct stat *st);
+int __wrap_fstat(int fd, struct stat *st);
+
+int
+__wrap_fstat(int fd, struct stat *st)
+{
+	if (atomic_load(&fail_fstat)) {
+		errno = EIO;
+		return -1;
+	}
+	return __real_fstat(fd, st);
+}
+
+struct wt {
+	struct du du;
+	struct watch *w;
+	char *path;
+};
+
+static int
+setup(void **state)
+{
+	struct wt *t = calloc(1, sizeof(*t));
+
+	atomic_store(&fail_fstat, 0);
+	du_setup(&t->du, false, 0);
+	t->path = du_model(&t->du, "m.safetensors", 1024);
+	assert_int_equal(du_load(&t->du, "m", t->path, PIN_NONE, 0), 0);
+	assert_int_equal(watch_start(&t->du.loop, &t->du.reg, &t->w), 0);
+	watch_sync(t->w);
+	*state = t;
+	return 0;
+}
+
+static int
+teardown(void **state)
+{
+	struct wt *t = *state;
+
+	watch_stop(t->w);
+	du_teardown(&t->du);
+	free(t->path);
+	free(t);
+	return 0;
+}
+
+/* Writes one byte of the tensor data in place: still a valid model, with
+ * a new mtime. */
+static void
+write_in_place(const char *path)
+{
+	struct timespec times[2] = { { 0, UTIME_OMIT }, { 1, 0 } };
+	int fd = open(path, O_WRONLY | O_CLOEXEC);
+
+	assert_true(fd >= 0);
+	assert_int_equal(pwrite(fd, "y", 1, 100), 1);
+	assert_int_equal(futimens(fd, times), 0); /* even within the same clock tick */
+	close(fd);
+}
+
+static bool
+current_is(struct du *d, void *arg)
+{
+	struct model_entry *m = registry_find(&d->reg, "m");
+
+	return m != NULL && m->current != NULL && m->current->number == *(uint64_t *)arg;
+}
+
+static void
+test_written_in_place(void **state)
+{
+	struct wt *t = *state;
+	struct generation *g = du_current(&t->du, "m");
+
+	write_in_place(t->path);
+	g = du_wait_state(&t->du, "m", false, GEN_MODIFIED);
+	assert_int_equal(g->number, 1);
+	/* The same inode is never served again: a reload refuses it. */
+	assert_int_equal(du_reload(&t->du, "m"), -ESTALE);
+}
+
+static void
+test_check_modified(void **state)
+{
+	struct wt *t = *state;
+	struct generation *g = du_current(&t->du, "m");
+
+	/* Stop inotify from noticing first: check by hand. */
+	watch_stop(t->w);
+	t->w = NULL;
+	write_in_place(t->path);
+	assert_int_equal(watch_start(&t->du.loop, &t->du.reg, &t->w), 0);
+	atomic_store(&fail_fstat, 1);
+	watch_check_modified(t->w);
+	atomic_store(&fail_fstat, 0);
+	assert_int_equal(g->state, GEN_READY); /* could not tell */
+	watch_check_modified(t->w);
+	assert_int_equal(g->state, GEN_MODIFIED);
+}
+
+static void
+test_renamed_over(void **state)
+{
+	struct wt *t = *state;
+	char *next = du_model(&t->du, "next.safetensors", 2048);
+	uint64_t two = 2;
+
+	assert_int_equal(rename(next, t->path), 0);
+	du_run_until(&t->du, current_is, &two);
+	assert_int_equal(du_current(&t->du, "m")->state, GEN_READY);
+	assert_int_equal(registry_find(&t->du.reg, "m")->swap_count, 1);
+	/* The old generation was closed: nothing held it. */
+	assert_int_equal(du_generations(&t->du), 1);
+	free(next);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_written_in_place, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_check_modified, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_renamed_over, setup, teardown),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
