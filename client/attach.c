@@ -13,6 +13,14 @@
  * by wc_set_timeout(), bound every connect, send and receive without a
  * system call per request. A request that times out closes the connection
  * (its reply could still come and would be taken for the next one's).
+ *
+ * Restarts: when a request finds the connection dead (the send fails with
+ * EPIPE, ECONNRESET or ENOTCONN, or the daemon hangs up before the reply),
+ * the client connects once more to the same path, within what is left of
+ * the deadline, and sends the request again, once. Each connection has a
+ * number; a model remembers the one it was attached on, and its release
+ * is sent only on that connection (its handle means nothing on another).
+ * See PROTOCOL.md, "Restarts".
  */
 #include <errno.h>
 #include <limits.h>
@@ -37,7 +45,8 @@
 #define MAX_TIMEOUT_S (INT_MAX / 1000)
 
 struct wc_client {
-	int fd;
+	int fd;               /* replaced by a reconnect (wc_client_fd() changes) */
+	uint64_t connection;  /* counts reconnects: which connection fd is */
 	pid_t pid;            /* the process that connected */
 	uint32_t seq;
 	int timeout_ms;       /* 0: wait forever */
@@ -156,29 +165,25 @@ wc_connect(const char *socket_path, wc_client **out)
 	return wc_connect_timeout(socket_path, -1, out);
 }
 
-int
-wc_connect_timeout(const char *socket_path, int timeout_ms, wc_client **out)
+/*
+ * Opens a SOCK_SEQPACKET connection to path with the deadline ms for the
+ * connect and every later wait; *out gets the descriptor, which passes to
+ * the caller. The errors name the path and say whether wcached is running.
+ */
+static int
+open_connection(const char *path, int ms, int *out)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct timespec start;
-	wc_client *c;
 	int fd, r;
 
-	if (out == NULL)
-		return error_set(-EINVAL, "wc_connect: no output");
-	if (timeout_ms < 0 && (r = timeout_default(&timeout_ms)) < 0)
-		return r;
-	if (socket_path == NULL)
-		socket_path = getenv("WCACHE_SOCKET");
-	if (socket_path == NULL || *socket_path == '\0')
-		socket_path = DEFAULT_SOCKET;
-	if (strlen(socket_path) >= sizeof(sa.sun_path))
-		return error_set(-ENAMETOOLONG, "%s: socket path longer than %zu bytes",
-			socket_path, sizeof(sa.sun_path) - 1);
-	memcpy(sa.sun_path, socket_path, strlen(socket_path) + 1);
+	if (strlen(path) >= sizeof(sa.sun_path))
+		return error_set(-ENAMETOOLONG, "%s: socket path longer than %zu bytes", path,
+			sizeof(sa.sun_path) - 1);
+	memcpy(sa.sun_path, path, strlen(path) + 1);
 	if ((fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0)) == -1)
 		return error_set(-errno, "socket: %s", strerror(errno));
-	if ((r = apply_timeout(fd, timeout_ms, socket_path)) < 0) {
+	if ((r = apply_timeout(fd, ms, path)) < 0) {
 		close(fd);
 		return r;
 	}
@@ -190,14 +195,33 @@ wc_connect_timeout(const char *socket_path, int timeout_ms, wc_client **out)
 		if (e == EAGAIN || e == EINPROGRESS)
 			return error_set(-ETIMEDOUT, "wcached at %s did not accept the connection "
 				"within %.3g s (waited %.3g s; the limit is %s or "
-				"wc_connect_timeout())", socket_path, timeout_ms / 1000.0,
+				"wc_connect_timeout())", path, ms / 1000.0,
 				elapsed_since(&start), TIMEOUT_ENV);
 		if (e == ENOENT || e == ECONNREFUSED)
-			return error_set(-e, "wcached is not running at %s (%s)", socket_path,
+			return error_set(-e, "wcached is not running at %s (%s)", path,
 				strerror(e));
-		return error_set(-e, "cannot connect to wcached at %s: %s", socket_path,
-			strerror(e));
+		return error_set(-e, "cannot connect to wcached at %s: %s", path, strerror(e));
 	}
+	*out = fd;
+	return 0;
+}
+
+int
+wc_connect_timeout(const char *socket_path, int timeout_ms, wc_client **out)
+{
+	wc_client *c;
+	int fd, r;
+
+	if (out == NULL)
+		return error_set(-EINVAL, "wc_connect: no output");
+	if (timeout_ms < 0 && (r = timeout_default(&timeout_ms)) < 0)
+		return r;
+	if (socket_path == NULL)
+		socket_path = getenv("WCACHE_SOCKET");
+	if (socket_path == NULL || *socket_path == '\0')
+		socket_path = DEFAULT_SOCKET;
+	if ((r = open_connection(socket_path, timeout_ms, &fd)) < 0)
+		return r;
 	if ((c = calloc(1, sizeof(*c))) == NULL || (c->path = strdup(socket_path)) == NULL ||
 		asprintf(&c->where, "wcached at %s", socket_path) < 0) {
 		if (c != NULL)
@@ -211,6 +235,37 @@ wc_connect_timeout(const char *socket_path, int timeout_ms, wc_client **out)
 	c->timeout_ms = timeout_ms;
 	pthread_mutex_init(&c->lock, NULL);
 	*out = c;
+	return 0;
+}
+
+/*
+ * Replaces c's dead connection with a new one to the same path (the daemon
+ * restarted, or the connection was closed after a timeout), connecting
+ * within ms milliseconds (0: no limit); the new socket keeps ms as its
+ * deadline until the caller restores c->timeout_ms. What the client kept
+ * from the old daemon goes: its status page may not be the new daemon's.
+ * Models attached over the old connection keep their own mappings; their
+ * connection number no longer matches, so their release sends nothing.
+ * The lock is held. On failure the old descriptor stays (still dead).
+ */
+static int
+reconnect(wc_client *c, int ms)
+{
+	char why[256];
+	int fd, r;
+
+	if ((r = open_connection(c->path, ms, &fd)) < 0) {
+		snprintf(why, sizeof(why), "%s", error_get());
+		/* A socket path that is gone is a daemon that is not running,
+		 * not a model that is not served (what -ENOENT means from
+		 * wc_attach()). */
+		return error_set(r == -ENOENT ? -ECONNREFUSED : r, "%s closed the connection, and "
+			"connecting again failed: %s", c->where, why);
+	}
+	close(c->fd);
+	c->fd = fd;
+	c->connection++;
+	attach_cache_clear(&c->cache);
 	return 0;
 }
 
@@ -231,7 +286,7 @@ next_seq(wc_client *c)
  */
 static ssize_t
 roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, uint8_t *buf,
-	size_t cap, int *fds, size_t maxfds, size_t *nfds, struct wire_message *msg)
+	size_t cap, int *fds, size_t maxfds, size_t *nfds, struct wire_message *msg, int *dead)
 {
 	struct timespec start;
 	ssize_t n;
@@ -245,11 +300,12 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, uint8_
 	 */
 	int reset = 0;
 
+	*dead = 0;
 	clock_gettime(CLOCK_MONOTONIC, &start);
 	if ((n = fdp_send(c->fd, req, req_len, NULL, 0)) < 0) {
 		if (n == -EAGAIN)
 			return timed_out(c, "take the request", &start);
-		if (n != -EPIPE && n != -ECONNRESET)
+		if (n != -EPIPE && n != -ECONNRESET && n != -ENOTCONN)
 			return error_set((int)n, "wcached at %s: send: %s", c->path,
 				strerror((int)-n));
 		reset = 1;
@@ -269,6 +325,8 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, uint8_
 			fdp_close_all(fds, *nfds);
 			n = 0;
 		}
+		/* Hung up before the reply: the daemon exited or restarted. */
+		*dead = n == 0 || n == -ECONNRESET;
 		if (n == 0)
 			return error_set(-ECONNRESET, "wcached at %s closed the connection",
 				c->path);
@@ -313,7 +371,8 @@ wc_attach(wc_client *c, const char *model, wc_model **out)
 	wc_model *m;
 	ssize_t n;
 	uint32_t seq;
-	int r, unusable;
+	struct timespec start;
+	int r, unusable, reconnected = 0;
 
 	if (c == NULL || model == NULL || out == NULL)
 		return error_set(-EINVAL, "wc_attach: no client or model name");
@@ -326,11 +385,36 @@ wc_attach(wc_client *c, const char *model, wc_model **out)
 			WIRE_MAX_NAME);
 
 	pthread_mutex_lock(&c->lock);
-	seq = next_seq(c);
-	n = wire_put_attach(req, sizeof(req), seq, model, len);
-	if (n >= 0)
-		n = roundtrip(c, req, (size_t)n, seq, buf, sizeof(buf), fds, WIRE_MAX_FDS, &nfds,
-			&msg);
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	for (int attempt = 0;; attempt++) {
+		int dead = 0, left;
+
+		seq = next_seq(c);
+		n = wire_put_attach(req, sizeof(req), seq, model, len);
+		if (n >= 0)
+			n = roundtrip(c, req, (size_t)n, seq, buf, sizeof(buf), fds, WIRE_MAX_FDS,
+				&nfds, &msg, &dead);
+		if (n >= 0 || !dead || attempt > 0)
+			break;
+		/* Once: connect again within what is left of the deadline and
+		 * send the request again (the old daemon's attach, if it made
+		 * one, ended with its connection). */
+		left = c->timeout_ms == 0 ? 0 : c->timeout_ms - (int)(elapsed_since(&start) * 1000);
+		if (c->timeout_ms > 0 && left <= 0) {
+			n = error_set(-ETIMEDOUT, "%s closed the connection and the deadline of "
+				"%.3g s has passed (the limit is %s or wc_set_timeout())", c->where,
+				c->timeout_ms / 1000.0, TIMEOUT_ENV);
+			break;
+		}
+		if ((n = reconnect(c, left)) < 0)
+			break;
+		reconnected = 1;
+	}
+	if (reconnected && c->timeout_ms > 0 && (r = apply_timeout(c->fd, c->timeout_ms, c->path)) < 0 &&
+		n >= 0) {
+		fdp_close_all(fds, nfds);
+		n = r;
+	}
 	if (n < 0) {
 		pthread_mutex_unlock(&c->lock);
 		return (int)n;
@@ -344,6 +428,7 @@ wc_attach(wc_client *c, const char *model, wc_model **out)
 	}
 	m->pid = c->pid;
 	m->client = c;
+	m->connection = c->connection;
 	m->next = c->models;
 	if (c->models != NULL)
 		c->models->prevp = &m->next;
@@ -392,7 +477,10 @@ attach_forget(wc_model *m)
 	}
 	/* Only the process that attached holds the daemon's handle; a child
 	 * after fork() shares the socket and must stay silent on it. */
-	if (m->pid == self_pid() && c->pid == m->pid)
+	/* A model attached over a connection that has since been replaced
+	 * (the daemon restarted): its handle meant nothing to the new daemon,
+	 * and the old one released it when the connection closed. */
+	if (m->pid == self_pid() && c->pid == m->pid && m->connection == c->connection)
 		handle = m->handle;
 	pthread_mutex_unlock(&c->lock);
 	return handle;
@@ -419,6 +507,13 @@ wc_client_fd(const wc_client *c)
 	return c == NULL ? -1 : c->fd;
 }
 
+/*
+ * Reads the announcements waiting on the connection without blocking. A
+ * connection the daemon has hung up (it exited or restarted) is replaced
+ * by a new one to the same path, so that an event loop polling
+ * wc_client_fd() goes on with the new descriptor instead of spinning on a
+ * dead one; announcements then resume for the models attached from now on.
+ */
 int
 wc_client_dispatch(wc_client *c)
 {
@@ -427,7 +522,7 @@ wc_client_dispatch(wc_client *c)
 	size_t nfds = 0;
 	struct wire_message msg;
 	ssize_t n;
-	int count = 0;
+	int count = 0, r = 0;
 
 	if (c == NULL)
 		return error_set(-EINVAL, "wc_client_dispatch: no client");
@@ -438,19 +533,22 @@ wc_client_dispatch(wc_client *c)
 		n = recv(c->fd, buf, 1, MSG_PEEK | MSG_DONTWAIT);
 		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
 			break;
-		if (n <= 0) {
-			pthread_mutex_unlock(&c->lock);
-			return error_set(n == 0 ? -ECONNRESET : -errno,
-				"%s closed the connection", c->where);
-		}
-		n = fdp_recv(c->fd, buf, sizeof(buf), fds, WIRE_MAX_FDS, &nfds);
+		if (n > 0)
+			n = fdp_recv(c->fd, buf, sizeof(buf), fds, WIRE_MAX_FDS, &nfds);
+		else if (n < 0)
+			n = -errno;
 		if (n == -EAGAIN)
 			break;
-		if (n <= 0) {
-			pthread_mutex_unlock(&c->lock);
-			return error_set(n == 0 ? -ECONNRESET : (int)n,
-				"%s: receive: %s", c->where,
-				strerror(n == 0 ? ECONNRESET : (int)-n));
+		if (n == 0 || n == -ECONNRESET) {
+			if (c->pid == self_pid() && (r = reconnect(c, c->timeout_ms)) == 0)
+				r = apply_timeout(c->fd, c->timeout_ms, c->path);
+			else if (r == 0)
+				r = error_set(-ECONNRESET, "%s closed the connection", c->where);
+			break;
+		}
+		if (n < 0) {
+			r = error_set((int)n, "%s: receive: %s", c->where, strerror((int)-n));
+			break;
 		}
 		fdp_close_all(fds, nfds);
 		if (wire_decode(buf, (size_t)n, &msg) == 0 && msg.h.type == WIRE_CHANGED)
@@ -462,7 +560,7 @@ wc_client_dispatch(wc_client *c)
 		c->cache.index = NULL;
 	}
 	pthread_mutex_unlock(&c->lock);
-	return count;
+	return r < 0 ? r : count;
 }
 
 void

@@ -63,6 +63,7 @@ struct wc_model {
 	/* Attached models only. */
 	struct wc_client *client;  /* NULL once the client is gone */
 	uint64_t handle;
+	uint64_t connection;       /* the client's connection number it came over */
 	pid_t pid;                 /* the process that attached */
 	struct wc_model *next;     /* in the client's list */
 	struct wc_model **prevp;

@@ -115,15 +115,24 @@ WC_EXPORT int wc_connect(const char *socket_path, wc_client **out);
  * negative: the default, as wc_connect()). The deadline bounds the connect
  * and every later wait of this client on the daemon (each wc_attach(), each
  * release's send): past it the call fails with -ETIMEDOUT, naming the
- * socket and the time waited, and the connection is closed (connect
- * again). */
+ * socket and the time waited, and the connection is closed (the next
+ * wc_attach() connects again by itself). */
 WC_EXPORT int wc_connect_timeout(const char *socket_path, int timeout_ms, wc_client **out);
 
 /* Changes c's deadline, as wc_connect_timeout()'s timeout_ms. */
 WC_EXPORT int wc_set_timeout(wc_client *c, int timeout_ms);
 
 /* Attaches the model wcached serves under name (or under the exact
- * configured path). The returned model is independent of the client. */
+ * configured path). The returned model is independent of the client.
+ *
+ * Restarts: when the connection turns out to be dead (wcached exited,
+ * crashed or restarted, or the connection was closed after an error), the
+ * client connects once more to the same socket path, within what is left
+ * of its deadline, and sends the request again, once; the caller does not
+ * reconnect by hand. Models attached before keep working (their mappings
+ * do not depend on the connection); their wc_release() only unmaps, since
+ * the daemon that handed them out released them when the connection
+ * closed. See proto/PROTOCOL.md, "Restarts". */
 WC_EXPORT int wc_attach(wc_client *c, const char *model, wc_model **out);
 
 /* Closes the connection. Models attached through it stay valid; the daemon
@@ -136,12 +145,19 @@ WC_EXPORT void wc_disconnect(wc_client *c);
  * longer served). Poll it for POLLIN; when readable, call
  * wc_client_dispatch(), then check wc_model_stale() on the models you hold.
  * Announcements are a wake-up, not a record: wc_model_stale() is the truth.
- * The descriptor belongs to the client; do not close it.
+ * The descriptor belongs to the client; do not close it. It changes when
+ * the client reconnects (after a restart of wcached, in wc_attach() or
+ * wc_client_dispatch()): call wc_client_fd() again after each of them
+ * rather than keeping the number. Announcements resume on the new
+ * descriptor for the models attached from then on.
  */
 WC_EXPORT int wc_client_fd(const wc_client *c);
 
 /* Reads pending announcements without blocking; returns how many were read
- * (0 if none), or a negative errno when the connection failed. */
+ * (0 if none), or a negative errno when the connection failed. When wcached
+ * has hung up (it exited or restarted), connects again to the same path
+ * (bounded by the client's deadline) and returns the count so far; the
+ * error is returned only when that connect fails. */
 WC_EXPORT int wc_client_dispatch(wc_client *c);
 
 #ifdef __cplusplus

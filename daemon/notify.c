@@ -305,6 +305,86 @@ notify_close(void)
 	notify_addrlen = 0;
 }
 
+int
+notify_fdname_valid(const char *s, size_t len)
+{
+	if (len == 0 || len > NOTIFY_MAX_FDNAME)
+		return 0;
+	for (size_t i = 0; i < len; i++)
+		if ((unsigned char)s[i] < 0x20 || (unsigned char)s[i] > 0x7e || s[i] == ':')
+			return 0;
+	return 1;
+}
+
+static int
+check_fdname(const char *name)
+{
+	if (name == NULL || !notify_fdname_valid(name, strnlen(name, NOTIFY_MAX_FDNAME + 1)))
+		return error_set(-EINVAL, "notify: FDNAME=\"%.64s\": not 1 to %d printable ASCII "
+			"bytes without ':'", name != NULL ? name : "", NOTIFY_MAX_FDNAME);
+	return 0;
+}
+
+int
+notify_store_fds(const char *name, const int *fds, size_t n)
+{
+	union {
+		struct cmsghdr align;
+		unsigned char buf[CMSG_SPACE(sizeof(int) * NOTIFY_MAX_STORE_FDS)];
+	} control;
+	char text[32 + NOTIFY_MAX_FDNAME];
+	struct iovec iov;
+	struct msghdr msg;
+	struct cmsghdr *c;
+	int r, len;
+
+	if ((r = check_fdname(name)) < 0)
+		return r;
+	if (n == 0 || n > NOTIFY_MAX_STORE_FDS || fds == NULL)
+		return error_set(-EINVAL, "notify: FDNAME=%s: %zu descriptors, not 1 to %d", name,
+			n, NOTIFY_MAX_STORE_FDS);
+	if (notify_fd < 0)
+		return 0;
+	len = snprintf(text, sizeof(text), "FDSTORE=1\nFDNAME=%s", name);
+	iov.iov_base = text;
+	iov.iov_len = (size_t)len;
+	memset(&msg, 0, sizeof(msg));
+	memset(&control, 0, sizeof(control));
+	msg.msg_iov = &iov;
+	msg.msg_iovlen = 1;
+	msg.msg_control = control.buf;
+	msg.msg_controllen = CMSG_SPACE(sizeof(int) * n);
+	c = CMSG_FIRSTHDR(&msg);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(int) * n);
+	memcpy(CMSG_DATA(c), fds, sizeof(int) * n);
+	pthread_mutex_lock(&notify_lock);
+	msg.msg_name = &notify_addr;
+	msg.msg_namelen = notify_addrlen;
+	do
+		r = sendmsg(notify_fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) >= 0 ? 1 : -errno;
+	while (r == -EINTR);
+	pthread_mutex_unlock(&notify_lock);
+	if (r == -EAGAIN || r == -EWOULDBLOCK)
+		return error_set(-EAGAIN, "notify: FDSTORE=1 FDNAME=%s: the manager's queue is "
+			"full; the %zu descriptors were not stored", name, n);
+	if (r < 0)
+		return error_set(r, "notify: FDSTORE=1 FDNAME=%s: sendmsg to $NOTIFY_SOCKET: %s",
+			name, strerror(-r));
+	return 1;
+}
+
+int
+notify_remove_fds(const char *name)
+{
+	int r;
+
+	if ((r = check_fdname(name)) < 0)
+		return r;
+	return notify_send("FDSTOREREMOVE=1\nFDNAME=%s", name);
+}
+
 /* Parses a whole decimal number in [0, max] (no sign, no spaces, no junk).
  * Returns 0 or -EINVAL. */
 static int
@@ -452,6 +532,93 @@ listen_fds_take(const char *name, int type, int *fd)
 			candidate, name, strerror(errno));
 	*fd = candidate;
 	return 1;
+}
+
+int
+listen_fds_parse_all(const char *pid_s, const char *fds_s, const char *names, long long self,
+	struct listen_fd **list, size_t *n)
+{
+	long long pid = 0, count = 0;
+	struct listen_fd *v;
+	const char *p = names;
+
+	if (pid_s == NULL || fds_s == NULL)
+		goto none;
+	if (parse_decimal(pid_s, INT_MAX, &pid) < 0)
+		return error_set(-EINVAL, "LISTEN_PID=%s is not a process id", pid_s);
+	if (pid != self)
+		goto none;
+	if (parse_decimal(fds_s, INT_MAX - LISTEN_FDS_START, &count) < 0)
+		return error_set(-EINVAL, "LISTEN_FDS=%s is not a count of descriptors", fds_s);
+	if (count == 0)
+		goto none;
+	if (count > LISTEN_FDS_MAX)
+		return error_set(-EINVAL, "LISTEN_FDS=%s: more than %d descriptors", fds_s,
+			LISTEN_FDS_MAX);
+	if (names != NULL) {
+		long long unused;
+		int r = find_fd_name(names, "", count, &unused); /* checks the count */
+
+		if (r < 0)
+			return r;
+	}
+	if ((v = calloc((size_t)count, sizeof(*v))) == NULL)
+		return error_set(-ENOMEM, "socket activation: out of memory");
+	for (long long i = 0; i < count; i++) {
+		const char *end = p != NULL ? strchr(p, ':') : NULL;
+		size_t len = p == NULL ? 0 : end != NULL ? (size_t)(end - p) : strlen(p);
+
+		v[i].fd = LISTEN_FDS_START + (int)i;
+		v[i].name = p != NULL ? strndup(p, len) : strdup("unknown");
+		if (v[i].name == NULL) {
+			listen_fds_free(v, (size_t)i);
+			return error_set(-ENOMEM, "socket activation: out of memory");
+		}
+		if (p != NULL)
+			p = end != NULL ? end + 1 : NULL;
+	}
+	*list = v;
+	*n = (size_t)count;
+	return (int)count;
+none:
+	*list = NULL;
+	*n = 0;
+	return 0;
+}
+
+int
+listen_fds_list(struct listen_fd **list, size_t *n)
+{
+	struct listen_fd *v = NULL;
+	size_t count = 0;
+	int r, flags;
+
+	r = listen_fds_parse_all(getenv("LISTEN_PID"), getenv("LISTEN_FDS"),
+		getenv("LISTEN_FDNAMES"), (long long)getpid(), &v, &count);
+	if (r < 0)
+		return r;
+	for (size_t i = 0; i < count; i++) {
+		flags = fcntl(v[i].fd, F_GETFD);
+		if (flags < 0 || fcntl(v[i].fd, F_SETFD, flags | FD_CLOEXEC) < 0) {
+			r = error_set(flags < 0 ? -EBADF : -errno, "socket activation: fd %d "
+				"(\"%s\") is not open", v[i].fd, v[i].name);
+			listen_fds_free(v, count);
+			return r;
+		}
+	}
+	*list = v;
+	*n = count;
+	return (int)count;
+}
+
+void
+listen_fds_free(struct listen_fd *list, size_t n)
+{
+	if (list == NULL)
+		return;
+	for (size_t i = 0; i < n; i++)
+		free(list[i].name);
+	free(list);
 }
 
 void

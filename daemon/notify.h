@@ -20,6 +20,7 @@
 #ifndef WC_NOTIFY_H
 #define WC_NOTIFY_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -68,6 +69,42 @@ uint64_t notify_dropped_count(void);
  * becomes a no-op. */
 void notify_close(void);
 
+/* Longest FDNAME= systemd takes. */
+#define NOTIFY_MAX_FDNAME 255
+
+/* Whether s (len bytes) is a valid FDNAME=: 1 to NOTIFY_MAX_FDNAME bytes of
+ * printable ASCII other than ':' (systemd's fdname_is_valid(), and ':'
+ * separates the names in $LISTEN_FDNAMES). 1 or 0. */
+int notify_fdname_valid(const char *s, size_t len);
+
+/* Most descriptors one notify_store_fds() passes (the kernel's SCM_MAX_FD). */
+#define NOTIFY_MAX_STORE_FDS 253
+
+/*
+ * Hands fds[0 .. n) to the manager's file descriptor store under name
+ * ("FDSTORE=1\nFDNAME=name" with SCM_RIGHTS, sd_pid_notify_with_fds(3)):
+ * systemd keeps them across restarts of the service and passes them back
+ * in $LISTEN_FDS/$LISTEN_FDNAMES (the unit needs FileDescriptorStoreMax=).
+ * The manager receives its own copies; fds stay the caller's. name must be
+ * a valid FDNAME (1 to 255 printable ASCII bytes, no ':'); n 1 to
+ * NOTIFY_MAX_STORE_FDS.
+ *
+ * Never blocks, and never queues: a descriptor that waited in our queue
+ * could be closed or reused by its owner before it went, so when the
+ * manager's queue is full this returns -EAGAIN and the caller decides
+ * (log it and try again later, or store nothing: a restart then loads that
+ * generation afresh). Returns 1 when sent, 0 when notifications are off,
+ * -EINVAL for a bad name or count, -EAGAIN, or the error of sendmsg().
+ * Safe to call from any thread.
+ */
+int notify_store_fds(const char *name, const int *fds, size_t n);
+
+/* Asks the manager to close every descriptor it stores under name
+ * ("FDSTOREREMOVE=1\nFDNAME=name"). A plain state string: when the queue
+ * is full it is kept and sent by notify_flush() like any state change.
+ * Returns as notify_send(), or -EINVAL for a bad name. */
+int notify_remove_fds(const char *name);
+
 /* Takes the socket-activated fd whose name in $LISTEN_FDNAMES is name.
  *
  * Returns 1 and stores the fd in *fd when $LISTEN_PID is this process,
@@ -93,6 +130,35 @@ void notify_close(void);
  * .socket unit should name exactly the sockets the daemon takes. */
 int listen_fds_take(const char *name, int type, int *fd);
 
+/* Most descriptors listen_fds_list() takes (the store's FileDescriptorStoreMax=
+ * and the sockets, with room to spare). */
+#define LISTEN_FDS_MAX 65536
+
+/* One descriptor passed by the manager, with its name. */
+struct listen_fd {
+	int fd;     /* 3, 4, ... */
+	char *name; /* from $LISTEN_FDNAMES, "unknown" when unset; malloc'd */
+};
+
+/*
+ * Every descriptor the manager passed, with its name: the sockets of the
+ * .socket unit ("client", "control") and, after a restart, what the
+ * daemon put in the file descriptor store ("wc-status", "wc-desc",
+ * "wc-<slot>-<gen>-..."), which listen_fds_take() cannot list. Returns the
+ * count (0 without activation, *list then NULL) and a malloc'd array in
+ * *list, in fd order, for listen_fds_free(); each fd is checked open and
+ * made FD_CLOEXEC, and from then on belongs to the caller, who closes the
+ * ones it does not keep. -EINVAL when the variables are malformed or count
+ * more than LISTEN_FDS_MAX, -EBADF
+ * when a counted fd is not open (the message names it), -ENOMEM. Leaves
+ * the environment alone.
+ */
+int listen_fds_list(struct listen_fd **list, size_t *n);
+
+/* Frees what listen_fds_list() or listen_fds_parse_all() returned (the
+ * names and the array; no descriptor is closed). Accepts NULL. */
+void listen_fds_free(struct listen_fd *list, size_t n);
+
 /* Removes LISTEN_PID, LISTEN_FDS and LISTEN_FDNAMES from the environment
  * (like sd_listen_fds(1)). Not thread-safe (setenv/unsetenv): call it at
  * start-up. */
@@ -116,5 +182,13 @@ int notify_parse_address(const char *value, struct sockaddr_un *addr, socklen_t 
  * not a count, a number of names that is not LISTEN_FDS). */
 int listen_fds_parse(const char *pid_s, const char *fds_s, const char *names, const char *name,
 	long long self, int *fd);
+
+/* listen_fds_list() without descriptors: the fds that the values name,
+ * numbered from 3, with their names, for the process self. Returns the
+ * count and the array as listen_fds_list() (0 and NULL without activation
+ * for self), or -EINVAL with the message in error_get() when a value is
+ * malformed, or -ENOMEM. */
+int listen_fds_parse_all(const char *pid_s, const char *fds_s, const char *names,
+	long long self, struct listen_fd **list, size_t *n);
 
 #endif /* WC_NOTIFY_H */

@@ -107,9 +107,13 @@ fake_reply(struct fake *k, int conn, uint32_t seq)
 		}
 	}
 	switch (k->kind) {
-	case REPLY_ATTACH_OK:
-		n = wire_put_attach_ok(buf, sizeof(buf), seq + k->seq_delta, &k->ok);
+	case REPLY_ATTACH_OK: {
+		struct wire_attach_ok ok = k->ok;
+
+		ok.handle += (uint64_t)__atomic_load_n(&k->accepted, __ATOMIC_ACQUIRE) - 1;
+		n = wire_put_attach_ok(buf, sizeof(buf), seq + k->seq_delta, &ok);
 		break;
+	}
 	case REPLY_ERROR:
 		n = wire_put_error(buf, sizeof(buf), seq + k->seq_delta, k->err_code, k->err_text);
 		break;
@@ -145,6 +149,7 @@ fake_serve(struct fake *k, int conn)
 	const char *name;
 	size_t nfds, len;
 	ssize_t n;
+	int first = __atomic_load_n(&k->accepted, __ATOMIC_ACQUIRE) == 1, attaches = 0;
 
 	for (;;) {
 		if (fake_wait_readable(conn) <= 0) {
@@ -162,6 +167,8 @@ fake_serve(struct fake *k, int conn)
 			memcpy(k->name, name, len);
 			k->name[len] = '\0';
 			k->attaches++;
+			if (first && ++attaches == k->first_close_at)
+				return; /* as a daemon that dies holding the request */
 			if (fake_reply(k, conn, msg.h.seq))
 				return;
 		} else if (msg.h.type == WIRE_RELEASE &&
@@ -182,20 +189,10 @@ fake_serve(struct fake *k, int conn)
 	}
 }
 
-void *
-fake_main(void *arg)
+/* Serves one accepted connection as the script says, then closes it. */
+static void
+fake_connection(struct fake *k, int conn)
 {
-	struct fake *k = arg;
-	int conn;
-
-	if (fake_wait_readable(k->listen_fd) <= 0) {
-		fake_fail(k, "no client connected within the deadline");
-		goto out;
-	}
-	if ((conn = accept4(k->listen_fd, NULL, NULL, SOCK_CLOEXEC)) < 0) {
-		fake_fail(k, "accept: %s", strerror(errno));
-		goto out;
-	}
 	__atomic_store_n(&k->conn, conn, __ATOMIC_RELEASE);
 	switch (k->mode) {
 	case FAKE_SERVE:
@@ -233,8 +230,27 @@ fake_main(void *arg)
 	}
 	__atomic_store_n(&k->conn, -1, __ATOMIC_RELEASE);
 	close(conn);
-out:
+}
+
+void *
+fake_main(void *arg)
+{
+	struct fake *k = arg;
+	int conn, want = k->connections > 0 ? k->connections : 1;
+
+	for (int i = 0; i < want && k->failure[0] == '\0'; i++) {
+		if (fake_wait_readable(k->listen_fd) <= 0) {
+			fake_fail(k, "no client connected within the deadline (connection %d)",
+				i + 1);
+			break;
+		}
+		if ((conn = accept4(k->listen_fd, NULL, NULL, SOCK_CLOEXEC)) < 0) {
+			fake_fail(k, "accept: %s", strerror(errno));
+			break;
+		}
+		__atomic_add_fetch(&k->accepted, 1, __ATOMIC_ACQ_REL);
+		fake_connection(k, conn);
+	}
 	sem_post(k->closed);
 	return NULL;
 }
-

@@ -2,8 +2,9 @@
  * fakedaemon.h: a fake, scriptable, hostile wcached for the client
  * library's tests (test_attach.c).
  *
- * fake_main() runs in a thread: it accepts one connection on listen_fd and
- * answers as the script in struct fake says (a good ATTACH_OK with the
+ * fake_main() runs in a thread: it accepts one connection on listen_fd (or
+ * `connections` of them, one after the other, as a daemon that restarts
+ * would see its clients come back) and answers as the script in struct fake says (a good ATTACH_OK with the
  * given descriptors, descriptors of the wrong kind or number, wrong seqs,
  * garbage, errors, refusals, silence). It never uses cmocka's assertions
  * (they longjmp, which cannot cross threads): it records its first failure
@@ -57,6 +58,9 @@ struct fake {
 	int changed_echo;           /* they carry the request's seq instead of 0 */
 	uint64_t changed_generation; /* the generation they announce */
 	const char *model;          /* the name they announce */
+	int connections;            /* served one after another; 0 means 1 */
+	int first_close_at;         /* the Nth ATTACH on the first connection is
+				     * answered by closing it (0: never) */
 	sem_t *closed;              /* posted when the fake has closed the connection */
 	sem_t *read;                /* waited for by FAKE_REFUSE_LATE before closing */
 	/* What the fake saw; read after fake_finish(). */
@@ -64,6 +68,7 @@ struct fake {
 	int releases;
 	uint64_t released_handle;
 	uint32_t released_seq;      /* of the last RELEASE */
+	int accepted;               /* connections accepted so far (atomic) */
 	char name[WIRE_MAX_NAME + 1];
 	char failure[256];
 	/* Internal. */
@@ -73,7 +78,10 @@ struct fake {
 	int started;
 };
 
-/* The fake daemon's thread (arg: struct fake): one connection, then exit. */
+/* The fake daemon's thread (arg: struct fake): its connections, then exit.
+ * The handle of an ATTACH_OK is ok.handle plus the number of connections
+ * accepted before this one, so a test can tell which connection a RELEASE
+ * came over. */
 void *fake_main(void *arg);
 
 /* Records the fake's first failure, for the test to assert after joining. */

@@ -266,6 +266,8 @@ fake_good(struct fixture *f)
 	k->changed_before = 0;
 	k->changed_fd = -1;
 	k->changed_echo = 0;
+	k->connections = 1;
+	k->first_close_at = 0;
 }
 
 /* A temporary directory with a.bin and b.bin, their read-only descriptors,
@@ -374,6 +376,7 @@ fake_start(struct fixture *f)
 
 	assert_false(k->started);
 	k->attaches = k->releases = 0;
+	k->accepted = 0;
 	k->released_handle = 0;
 	k->released_seq = UINT32_MAX;
 	k->name[0] = k->failure[0] = '\0';
@@ -506,20 +509,24 @@ attach_fails(struct fixture *f, int code, const char *want)
 
 /* As attach_fails(), for a reply that puts the client out of step with the
  * daemon: the client must close the connection, so that a second attach
- * fails without reaching the daemon. */
+ * reaches the daemon over a new connection (and fails the same way), never
+ * over the old one. */
 static void
 attach_fails_out_of_step(struct fixture *f, int code, const char *want)
 {
 	int before = tu_count_fds();
 	wc_model *m = NULL;
 
+	f->fake.connections = 2;
 	fake_start(f);
 	assert_int_equal(wc_connect(f->sock, &f->client), 0);
 	assert_error(wc_attach(f->client, MODEL, &m), code, want);
-	assert_error(wc_attach(f->client, MODEL, &m), -ECONNRESET, "closed the connection");
+	assert_error(wc_attach(f->client, MODEL, &m), code, f->sock);
 	assert_null(m);
 	finish(f, before);
-	assert_int_equal(f->fake.attaches, 1);
+	assert_int_equal(f->fake.attaches, 2);
+	assert_int_equal(f->fake.accepted, 2);
+	f->fake.connections = 1;
 }
 
 /* Connects and attaches MODEL, which must succeed; the model is in
@@ -777,11 +784,17 @@ test_dispatch_counts_changed(void **state)
 	assert_error(wc_client_dispatch(f->client), -EBADMSG, "receive: ");
 	assert_int_equal(tu_count_fds(), before + 2);
 
-	/* The daemon goes away: dispatch says so. */
+	/* The daemon goes away: dispatch connects again (nobody accepts
+	 * here, the connection waits in the backlog), and the descriptor to
+	 * poll is a new one. */
 	assert_int_equal(shutdown(conn, SHUT_RDWR), 0);
 	fake_finish(f);
 	assert_int_equal(f->fake.releases, 1);
-	assert_error(wc_client_dispatch(f->client), -ECONNRESET, "closed the connection");
+	conn = wc_client_fd(f->client);
+	assert_int_equal(wc_client_dispatch(f->client), 0);
+	assert_int_not_equal(wc_client_fd(f->client), conn);
+	assert_int_equal(poll(&pfd, 1, 0), 1); /* the old one is closed: POLLNVAL */
+	assert_true(pfd.revents & POLLNVAL);
 	finish(f, before);
 }
 
@@ -1361,14 +1374,18 @@ test_error_text_surfaces(void **state)
 	attach_fails(f, -ESTALE, "was modified in place");
 }
 
-/* The daemon reads the request and closes the connection. */
+/* The daemon reads the request and closes the connection, twice: the
+ * client connects again and retries once, not more. */
 static void
 test_daemon_closes(void **state)
 {
 	struct fixture *f = *state;
 
 	f->fake.kind = REPLY_CLOSE;
+	f->fake.connections = 2;
 	attach_fails(f, -ECONNRESET, "closed the connection");
+	assert_int_equal(f->fake.attaches, 2);
+	assert_int_equal(f->fake.accepted, 2);
 }
 
 /* Garbage, truncated and mistyped replies are malformed; their descriptors
@@ -1387,8 +1404,11 @@ test_garbage_replies(void **state)
 	attach_fails(f, -EMSGSIZE, "sent a malformed reply");
 	fake_raw(f, msg, sizeof(msg)); /* longer than WIRE_MAX_MESSAGE */
 	attach_fails(f, -EMSGSIZE, "receive: ");
-	fake_raw(f, msg, 0); /* an empty packet reads as the end */
+	fake_raw(f, msg, 0); /* an empty packet reads as the end: retried once */
+	f->fake.connections = 2;
 	attach_fails(f, -ECONNRESET, "closed the connection");
+	assert_int_equal(f->fake.accepted, 2);
+	f->fake.connections = 1;
 
 	/* A good ATTACH_OK (seq 1), cut short, with unknown flags, of
 	 * another version. */
@@ -1507,7 +1527,9 @@ test_refusal_read_before_close(void **state)
 }
 
 /* A reset followed by something other than an ERROR is a closed
- * connection; the descriptors that came are closed. */
+ * connection; the descriptors that came are closed, and the client
+ * connects again to retry (nobody accepts it here: the retry runs out the
+ * deadline). */
 static void
 test_reset_without_refusal(void **state)
 {
@@ -1519,12 +1541,138 @@ test_reset_without_refusal(void **state)
 	f->fake.kind = REPLY_ATTACH_OK;
 	fake_fds(f, 4, f->index_fd, f->file_fd[0], f->file_fd[1], f->status_fd);
 	fake_start(f);
-	assert_int_equal(wc_connect(f->sock, &f->client), 0);
+	assert_int_equal(wc_connect_timeout(f->sock, 200, &f->client), 0);
 	fault.recv_wait_close = 1;
-	assert_error(wc_attach(f->client, MODEL, &f->model), -ECONNRESET,
-		"closed the connection");
+	assert_error(wc_attach(f->client, MODEL, &f->model), -ETIMEDOUT, "did not answer");
 	assert_null(f->model);
 	finish(f, before);
+	assert_int_equal(f->fake.accepted, 1);
+}
+
+/* ---- restarts -------------------------------------------------------------- */
+
+/*
+ * The daemon restarts between two attaches (the test shuts the fake's
+ * first connection down, as a dying daemon's exit does): the next attach's
+ * send fails, the client connects again and the attach succeeds over the
+ * new connection, whose descriptor wc_client_fd() now returns. The model
+ * attached before still reads; its release sends nothing (its handle
+ * meant nothing to the new daemon); announcements come on the new
+ * connection; the new model's release reaches the new daemon.
+ */
+static void
+test_reconnect_after_restart(void **state)
+{
+	struct fixture *f = *state;
+	uint8_t buf[WIRE_MAX_MESSAGE];
+	wc_model *again = NULL;
+	int before, old_fd, conn;
+	ssize_t n;
+
+	f->fake.connections = 2;
+	before = attach_ok(f);
+	old_fd = wc_client_fd(f->client);
+	conn = __atomic_load_n(&f->fake.conn, __ATOMIC_ACQUIRE);
+	assert_true(conn >= 0);
+	assert_int_equal(shutdown(conn, SHUT_RDWR), 0);
+
+	if (wc_attach(f->client, MODEL, &again) != 0)
+		fail_msg("attach after the restart failed: %s", wc_errmsg());
+	assert_int_not_equal(wc_client_fd(f->client), old_fd);
+	check_tensors(f->model);
+	check_tensors(again);
+	assert_int_equal(f->fake.accepted, 2);
+
+	wc_release(f->model); /* over the old connection: only unmapped */
+	f->model = NULL;
+	check_tensors(again);
+
+	conn = __atomic_load_n(&f->fake.conn, __ATOMIC_ACQUIRE);
+	assert_true(conn >= 0);
+	n = wire_put_changed(buf, sizeof(buf), GENERATION + 1, MODEL, strlen(MODEL));
+	assert_true(n > 0);
+	assert_int_equal(fake_raw_send(conn, buf, (size_t)n, NULL, 0), n);
+	assert_int_equal(wc_client_dispatch(f->client), 1);
+
+	wc_release(again);
+	finish(f, before);
+	assert_int_equal(f->fake.attaches, 2);
+	assert_int_equal(f->fake.releases, 1);
+	assert_int_equal(f->fake.released_handle, HANDLE + 1); /* the new connection's */
+}
+
+/* The daemon dies holding the request (it read the ATTACH and hung up):
+ * the client sees the end of the stream before a reply, connects again
+ * and sends the request once more. */
+static void
+test_reconnect_when_daemon_dies_holding_request(void **state)
+{
+	struct fixture *f = *state;
+	wc_model *again = NULL;
+	int before;
+
+	f->fake.connections = 2;
+	f->fake.first_close_at = 2;
+	before = attach_ok(f);
+	if (wc_attach(f->client, MODEL, &again) != 0)
+		fail_msg("attach across the restart failed: %s", wc_errmsg());
+	check_tensors(again);
+	assert_int_equal(wc_model_generation(again), GENERATION);
+	wc_release(again);
+	wc_release(f->model);
+	f->model = NULL;
+	finish(f, before);
+	assert_int_equal(f->fake.attaches, 3); /* 1, 2 (dropped), 2 again */
+	assert_int_equal(f->fake.releases, 1);
+	assert_int_equal(f->fake.released_handle, HANDLE + 1);
+}
+
+/* The daemon is gone for good: the reconnect fails and the error says
+ * both what happened and why connecting again failed; a socket path that
+ * is gone is -ECONNREFUSED, not the -ENOENT of a model not served. */
+static void
+test_reconnect_fails_when_daemon_gone(void **state)
+{
+	struct fixture *f = *state;
+	wc_model *again = NULL;
+	int before, conn;
+
+	before = attach_ok(f);
+	conn = __atomic_load_n(&f->fake.conn, __ATOMIC_ACQUIRE);
+	assert_int_equal(shutdown(conn, SHUT_RDWR), 0);
+	fake_finish(f);
+	assert_int_equal(unlink(f->sock), 0); /* nobody at the path any more */
+	assert_error(wc_attach(f->client, MODEL, &again), -ECONNREFUSED,
+		"closed the connection, and connecting again failed: wcached is not running");
+	assert_null(again);
+	check_tensors(f->model);
+	wc_release(f->model);
+	f->model = NULL;
+	finish(f, before);
+}
+
+/* A reconnect keeps to the client's deadline: a daemon that hangs up and
+ * then does not answer on the new connection fails the attach with
+ * -ETIMEDOUT at about the deadline, not after a second one. */
+static void
+test_reconnect_within_deadline(void **state)
+{
+	struct fixture *f = *state;
+	int before = tu_count_fds();
+	wc_model *m = NULL;
+	double t0, waited;
+
+	f->fake.kind = REPLY_CLOSE; /* one connection: the second is never accepted */
+	fake_start(f);
+	assert_int_equal(wc_connect_timeout(f->sock, 300, &f->client), 0);
+	t0 = tu_now();
+	assert_error(wc_attach(f->client, MODEL, &m), -ETIMEDOUT, "did not answer");
+	waited = tu_now() - t0;
+	assert_null(m);
+	assert_true(waited >= 0.2);
+	assert_true(waited < DEADLINE_MS / 1000.0);
+	finish(f, before);
+	assert_int_equal(f->fake.attaches, 1);
 }
 
 /* ---- mmap failures ------------------------------------------------------ */
@@ -1608,8 +1756,10 @@ test_attach_times_out(void **state)
 	assert_true(strstr(wc_errmsg(), "WCACHE_TIMEOUT") != NULL);
 	assert_true(waited >= 0.14);
 	assert_true(waited < DEADLINE_MS / 1000.0);
-	/* The connection is closed: the next attach fails at once. */
-	assert_int_not_equal(wc_attach(f->client, MODEL, &m), 0);
+	/* The connection is closed: the next attach connects again, which
+	 * nobody accepts here, and times out too; the old connection never
+	 * sees it. */
+	assert_error(wc_attach(f->client, MODEL, &m), -ETIMEDOUT, "did not answer");
 	finish(f, before);
 	assert_int_equal(f->fake.attaches, 1);
 }
@@ -1699,6 +1849,10 @@ main(void)
 		T(test_refusal_reset_on_receive),
 		T(test_refusal_read_before_close),
 		T(test_reset_without_refusal),
+		T(test_reconnect_after_restart),
+		T(test_reconnect_when_daemon_dies_holding_request),
+		T(test_reconnect_fails_when_daemon_gone),
+		T(test_reconnect_within_deadline),
 		T(test_mmap_fails_on_second_file),
 		T(test_mmap_fails_on_first_file),
 		T(test_mmap_fails_on_index),

@@ -3,7 +3,9 @@
  * real filesystem socket and a real abstract socket (the exact bytes
  * received), the no-op and error cases of $NOTIFY_SOCKET, and socket
  * activation with real listening sockets placed at fds 3 and 4 the way
- * systemd places them.
+ * systemd places them; the file descriptor store's messages (FDSTORE=1
+ * with real descriptors received and compared by inode, FDSTOREREMOVE=1)
+ * and the list of every passed descriptor with its name (fds 3 to 6).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -14,7 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -24,9 +28,11 @@
 #include "notify.h"
 #include "testutil.h"
 
+#define SAVED_FDS 4
+
 struct fixture {
 	char *dir;
-	int saved_fd[2]; /* what fds 3 and 4 held before the test, or -1 */
+	int saved_fd[SAVED_FDS]; /* what fds 3 .. 6 held before the test, or -1 */
 };
 
 static int
@@ -39,7 +45,7 @@ setup(void **state)
 	f->dir = tu_tmpdir();
 	/* Keep whatever the test runner left at fds 3 and 4 out of the way so
 	 * the tests can put activation sockets there. */
-	for (int i = 0; i < 2; i++) {
+	for (int i = 0; i < SAVED_FDS; i++) {
 		f->saved_fd[i] = -1;
 		if (fcntl(3 + i, F_GETFD) >= 0) {
 			f->saved_fd[i] = fcntl(3 + i, F_DUPFD_CLOEXEC, 10);
@@ -64,7 +70,7 @@ teardown(void **state)
 	notify_close();
 	unsetenv("NOTIFY_SOCKET");
 	listen_fds_unset();
-	for (int i = 0; i < 2; i++) {
+	for (int i = 0; i < SAVED_FDS; i++) {
 		close(3 + i);
 		if (f->saved_fd[i] >= 0) {
 			dup2(f->saved_fd[i], 3 + i);
@@ -459,6 +465,203 @@ test_listen_errors(void **state)
 	assert_int_equal(fd, -1);
 }
 
+/* ---- the file descriptor store ---------------------------------------- */
+
+/* Receives one datagram with its descriptors, without waiting. */
+static ssize_t
+recv_with_fds(int sock, char *buf, size_t cap, int *fds, size_t max, size_t *n)
+{
+	union {
+		struct cmsghdr align;
+		unsigned char buf[CMSG_SPACE(sizeof(int) * 8)];
+	} control;
+	struct iovec iov = { .iov_base = buf, .iov_len = cap };
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
+		.msg_controllen = sizeof(control.buf) };
+	struct cmsghdr *c;
+	ssize_t r = recvmsg(sock, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+
+	*n = 0;
+	for (c = CMSG_FIRSTHDR(&msg); r >= 0 && c != NULL; c = CMSG_NXTHDR(&msg, c)) {
+		size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+
+		assert_true(c->cmsg_type == SCM_RIGHTS && *n + k <= max);
+		memcpy(fds + *n, CMSG_DATA(c), k * sizeof(int));
+		*n += k;
+	}
+	return r;
+}
+
+/* Whether a and b are the same open file. */
+static int
+same_file(int a, int b)
+{
+	struct stat x, y;
+
+	assert_int_equal(fstat(a, &x), 0);
+	assert_int_equal(fstat(b, &y), 0);
+	return x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+}
+
+/* FDSTORE=1 carries the descriptors to the manager; FDSTOREREMOVE=1 names
+ * them; bad names and counts are refused before anything is sent; with
+ * notifications off nothing is sent; a full queue is -EAGAIN, not a
+ * queued descriptor. */
+static void
+test_store_fds(void **state)
+{
+	struct fixture *f = *state;
+	struct sockaddr_un addr = {.sun_family = AF_UNIX};
+	char buf[512], longname[300];
+	int manager, fds[2] = { -1, -1 }, got[8], before, r = 0, tries;
+	size_t n;
+
+	assert_int_equal(notify_store_fds("wc-1-1-i", fds, 1), 0); /* off: nothing */
+	snprintf(addr.sun_path, sizeof(addr.sun_path), "%s/notify.sock", f->dir);
+	manager = bound_dgram(&addr, sizeof(addr));
+	assert_int_equal(setenv("NOTIFY_SOCKET", addr.sun_path, 1), 0);
+	assert_int_equal(notify_init(), 1);
+	fds[0] = memfd_create("wctest-store", MFD_CLOEXEC);
+	assert_true(fds[0] >= 0);
+	assert_int_equal(pipe2(got, O_CLOEXEC), 0);
+	fds[1] = got[0];
+	close(got[1]);
+	before = tu_count_fds();
+
+	assert_int_equal(notify_store_fds("wc-1-1-i", fds, 2), 1);
+	assert_int_equal(tu_count_fds(), before); /* ours stay ours, no copy kept */
+	memset(buf, 0, sizeof(buf));
+	assert_int_equal(recv_with_fds(manager, buf, sizeof(buf), got, 8, &n),
+		(ssize_t)strlen("FDSTORE=1\nFDNAME=wc-1-1-i"));
+	assert_string_equal(buf, "FDSTORE=1\nFDNAME=wc-1-1-i");
+	assert_int_equal(n, 2);
+	assert_true(same_file(got[0], fds[0]));
+	assert_true(same_file(got[1], fds[1]));
+	close(got[0]);
+	close(got[1]);
+
+	assert_int_equal(notify_remove_fds("wc-1-1-i"), 1);
+	expect_datagram(manager, "FDSTOREREMOVE=1\nFDNAME=wc-1-1-i");
+
+	/* Names systemd would refuse, and counts. */
+	assert_int_equal(notify_store_fds("wc:1", fds, 1), -EINVAL);
+	assert_non_null(strstr(error_get(), "FDNAME=\"wc:1\""));
+	assert_int_equal(notify_store_fds("", fds, 1), -EINVAL);
+	assert_int_equal(notify_store_fds("a\nFDSTOREREMOVE=1", fds, 1), -EINVAL);
+	memset(longname, 'x', sizeof(longname));
+	longname[NOTIFY_MAX_FDNAME] = '\0';
+	assert_int_equal(notify_store_fds(longname, fds, 1), 1); /* 255 bytes: fine */
+	assert_true(recv_with_fds(manager, buf, sizeof(buf), got, 8, &n) > 0 && n == 1);
+	close(got[0]);
+	longname[NOTIFY_MAX_FDNAME] = 'x';
+	longname[NOTIFY_MAX_FDNAME + 1] = '\0';
+	assert_int_equal(notify_store_fds(longname, fds, 1), -EINVAL);
+	assert_int_equal(notify_remove_fds(longname), -EINVAL);
+	assert_int_equal(notify_store_fds("wc-1-1-0", fds, 0), -EINVAL);
+	assert_int_equal(notify_store_fds("wc-1-1-0", fds, NOTIFY_MAX_STORE_FDS + 1), -EINVAL);
+	assert_non_null(strstr(error_get(), "254 descriptors, not 1 to 253"));
+	assert_int_equal(recv(manager, buf, sizeof(buf), MSG_DONTWAIT), -1); /* nothing sent */
+
+	/* The manager stops reading: -EAGAIN once its queue is full, with a
+	 * message, and no descriptor kept anywhere on our side. */
+	for (tries = 0; tries < 1000 && (r = notify_store_fds("wc-1-1-0", fds, 1)) == 1; tries++)
+		;
+	assert_int_equal(r, -EAGAIN);
+	assert_non_null(strstr(error_get(), "queue is full"));
+	assert_int_equal(tu_count_fds(), before);
+	close(manager); /* its queued copies go with it */
+	close(fds[0]);
+	close(fds[1]);
+}
+
+/* A memfd moved to target without FD_CLOEXEC, as systemd passes back what
+ * the store holds. */
+static void
+memfd_at(int target)
+{
+	int fd = memfd_create("wctest-passed", 0);
+
+	assert_true(fd >= 0);
+	move_to(fd, target);
+}
+
+/* Every passed descriptor with its name: the sockets and the store's
+ * memfds together, made close-on-exec; the same errors as take. */
+static void
+test_listen_list(void **state)
+{
+	struct fixture *f = *state;
+	struct listen_fd *v = (struct listen_fd *)&v;
+	size_t n = 99;
+
+	assert_int_equal(listen_fds_list(&v, &n), 0); /* no activation */
+	assert_null(v);
+	assert_int_equal(n, 0);
+
+	socket_at(f, SOCK_SEQPACKET, 1, 3);
+	socket_at(f, SOCK_STREAM, 1, 4);
+	memfd_at(5);
+	memfd_at(6);
+	set_listen_env(0, "4", "client:control:wc-status:wc-1-2-i");
+	assert_int_equal(listen_fds_list(&v, &n), 4);
+	assert_int_equal(n, 4);
+	for (int i = 0; i < 4; i++) {
+		assert_int_equal(v[i].fd, 3 + i);
+		assert_int_equal(fcntl(3 + i, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
+	}
+	assert_string_equal(v[0].name, "client");
+	assert_string_equal(v[1].name, "control");
+	assert_string_equal(v[2].name, "wc-status");
+	assert_string_equal(v[3].name, "wc-1-2-i");
+	listen_fds_free(v, n);
+	listen_fds_free(NULL, 0);
+
+	/* Without names every fd is "unknown". */
+	set_listen_env(0, "2", NULL);
+	assert_int_equal(listen_fds_list(&v, &n), 2);
+	assert_string_equal(v[0].name, "unknown");
+	assert_string_equal(v[1].name, "unknown");
+	listen_fds_free(v, n);
+
+	/* Another process's, a wrong count, a closed fd. */
+	v = (struct listen_fd *)&v;
+	set_listen_env(1, "4", "client:control:wc-status:wc-1-2-i");
+	assert_int_equal(listen_fds_list(&v, &n), 0);
+	assert_null(v);
+	set_listen_env(0, "4", "client:control");
+	assert_int_equal(listen_fds_list(&v, &n), -EINVAL);
+	assert_non_null(strstr(error_get(), "has 2 names but LISTEN_FDS=4"));
+	close(6);
+	set_listen_env(0, "4", "client:control:wc-status:wc-1-2-i");
+	assert_int_equal(listen_fds_list(&v, &n), -EBADF);
+	assert_non_null(strstr(error_get(), "fd 6 (\"wc-1-2-i\") is not open"));
+	set_listen_env(0, "x", NULL);
+	assert_int_equal(listen_fds_list(&v, &n), -EINVAL);
+	assert_non_null(strstr(error_get(), "LISTEN_FDS=x"));
+}
+
+/* The pure parser: empty names are kept as they are, in order. */
+static void
+test_listen_parse_all(void **state)
+{
+	struct listen_fd *v = NULL;
+	size_t n = 0;
+
+	(void)state;
+	assert_int_equal(listen_fds_parse_all("7", "3", "a::b", 7, &v, &n), 3);
+	assert_string_equal(v[0].name, "a");
+	assert_string_equal(v[1].name, "");
+	assert_string_equal(v[2].name, "b");
+	assert_int_equal(v[2].fd, 5);
+	listen_fds_free(v, n);
+	assert_int_equal(listen_fds_parse_all("7", "0", "", 7, &v, &n), 0);
+	assert_int_equal(listen_fds_parse_all(NULL, "1", "a", 7, &v, &n), 0);
+	assert_int_equal(listen_fds_parse_all("7x", "1", "a", 7, &v, &n), -EINVAL);
+	assert_int_equal(listen_fds_parse_all("7", "2", "a", 7, &v, &n), -EINVAL);
+	assert_int_equal(listen_fds_parse_all("7", "65537", NULL, 7, &v, &n), -EINVAL);
+	assert_non_null(strstr(error_get(), "more than 65536"));
+}
+
 int
 main(void)
 {
@@ -471,6 +674,9 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_listen_take, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_listen_not_ours, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_listen_errors, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_store_fds, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_listen_list, setup, teardown),
+		cmocka_unit_test(test_listen_parse_all),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -17,6 +17,13 @@ the daemon hears about the release on the same connection; ``Client.close()``
 still disconnects at once when asked (attached models stay valid, as the C
 API promises).
 
+Restarts of wcached (a crash, an upgrade, ``systemctl restart``) need
+nothing from the caller: the next ``Client.attach()`` finds the connection
+dead, connects again to the same socket once, within the client's deadline,
+and sends the request again (libwcache does it, see wcache(3)). Models
+attached before the restart stay valid and readable; closing them only
+unmaps (the daemon that served them released them when it went away).
+
 After ``os.fork()`` every model, view and tensor stays valid in the child
 (mappings are inherited). A child that needs more models must ``connect()``
 again; ``safe_open`` does that by itself.
@@ -355,7 +362,11 @@ class Client:
 
     def attach(self, name):
         """Attaches the model wcached serves as name (a configured name or the
-        exact configured path). Raises ModelNotFound when it serves none."""
+        exact configured path). Raises ModelNotFound when it serves none.
+
+        After wcached restarted, the first attach reconnects to the same
+        socket by itself (once, within the deadline) and retries; it raises
+        DaemonUnavailable only when no wcached answers there."""
         if not self._ptr:
             raise ValueError(f"client of wcached at {self.socket} is closed")
         name = os.fspath(name)
@@ -418,7 +429,7 @@ def connect(socket=None, timeout=None):
     timeout: the client's deadline in seconds for the connect and every
     later wait on the daemon (an attach, a release), 0 for none; past it a
     call raises WcacheError with errno ETIMEDOUT and the connection is
-    closed. None: $WCACHE_TIMEOUT seconds (0: none), else libwcache's
+    closed (the next attach connects again by itself). None: $WCACHE_TIMEOUT seconds (0: none), else libwcache's
     default of 30 s. Needs a libwcache with wc_connect_timeout() when
     given."""
     lib = _lib.lib()

@@ -1,0 +1,718 @@
+/*
+ * fdstore.c: the names and the description of what wcached keeps in
+ * systemd's file descriptor store (see fdstore.h, and proto/PROTOCOL.md,
+ * "The file descriptor store").
+ *
+ * One set of rules for both directions: fdstore_check() says what a
+ * description may hold; the encoder refuses what it refuses, and the
+ * decoder runs it on what it parsed, so decode(encode(x)) is x for every
+ * x the encoder takes, and nothing the decoder returns breaks a rule.
+ */
+#include "fdstore.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "notify.h"
+
+/* The smallest encoding of each record, to bound a count by the bytes
+ * left before allocating for it: a string is at least 2 + 1 bytes. */
+#define MIN_STRING 3u
+#define MODEL_FIXED (8u + 8u + 4u)               /* slot, last generation, count */
+#define MIN_MODEL (2u * MIN_STRING + MODEL_FIXED)
+#define GENERATION_FIXED (8u + 1u + 1u + 2u + 8u + 4u) /* number .. file count */
+#define MIN_GENERATION (MIN_STRING + GENERATION_FIXED)
+#define FILE_FIXED (4u * 8u)                     /* dev, ino, size, mtime */
+#define MIN_FILE (MIN_STRING + FILE_FIXED)
+#define STATUS_MIN 16u
+#define STATUS_MAX (1u << 20)
+
+_Static_assert(sizeof(FDSTORE_MAGIC) - 1 == 8, "the magic is 8 bytes");
+_Static_assert(FDSTORE_MAX_FDNAME == NOTIFY_MAX_FDNAME, "one limit for FDNAME=");
+
+/* ---- names ---------------------------------------------------------------- */
+
+static int
+name_result(int n, size_t cap)
+{
+	if (n < 0 || (size_t)n >= cap)
+		return error_set(-ENAMETOOLONG, "fdstore: a %zu-byte buffer is too small for "
+			"a name", cap);
+	return n;
+}
+
+int
+fdstore_name_index(char *buf, size_t cap, uint64_t slot, uint64_t gen)
+{
+	return name_result(snprintf(buf, cap, "wc-%" PRIu64 "-%" PRIu64 "-i", slot, gen), cap);
+}
+
+int
+fdstore_name_file(char *buf, size_t cap, uint64_t slot, uint64_t gen, uint32_t k)
+{
+	return name_result(snprintf(buf, cap, "wc-%" PRIu64 "-%" PRIu64 "-%" PRIu32, slot, gen,
+		k), cap);
+}
+
+/* A decimal number at *p up to the next '-' or the end, without leading
+ * zeros or overflow; advances *p past it. */
+static int
+name_number(const char **p, uint64_t max, uint64_t *out)
+{
+	const char *s = *p;
+	uint64_t v = 0;
+
+	if (*s < '0' || *s > '9' || (*s == '0' && s[1] >= '0' && s[1] <= '9'))
+		return -1;
+	for (; *s >= '0' && *s <= '9'; s++) {
+		if (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, (uint64_t)(*s - '0'), &v))
+			return -1;
+	}
+	if (v > max)
+		return -1;
+	*p = s;
+	*out = v;
+	return 0;
+}
+
+int
+fdstore_name_parse(const char *name, struct fdstore_name *out)
+{
+	struct fdstore_name n = { 0 };
+	const char *p = name;
+	uint64_t k;
+
+	if (strcmp(name, FDSTORE_NAME_STATUS) == 0) {
+		out->kind = FDSTORE_NAME_KIND_STATUS;
+		return 0;
+	}
+	if (strcmp(name, FDSTORE_NAME_DESC) == 0) {
+		out->kind = FDSTORE_NAME_KIND_DESC;
+		return 0;
+	}
+	if (strncmp(p, FDSTORE_NAME_PREFIX, strlen(FDSTORE_NAME_PREFIX)) != 0)
+		return error_set(-EINVAL, "fdstore: \"%.64s\": not a name of wcached's", name);
+	p += strlen(FDSTORE_NAME_PREFIX);
+	if (name_number(&p, UINT64_MAX, &n.slot) < 0 || n.slot == 0 || *p++ != '-' ||
+		name_number(&p, UINT64_MAX, &n.generation) < 0 || n.generation == 0 || *p++ != '-')
+		return error_set(-EINVAL, "fdstore: \"%.64s\": not wc-<slot>-<generation>-...",
+			name);
+	if (p[0] == 'i' && p[1] == '\0') {
+		n.kind = FDSTORE_NAME_KIND_INDEX;
+	} else if (name_number(&p, FDSTORE_MAX_FILES - 1, &k) == 0 && *p == '\0') {
+		n.kind = FDSTORE_NAME_KIND_FILE;
+		n.file = (uint32_t)k;
+	} else {
+		return error_set(-EINVAL, "fdstore: \"%.64s\": ends in neither \"i\" nor a file "
+			"number below %u", name, FDSTORE_MAX_FILES);
+	}
+	*out = n;
+	return 0;
+}
+
+/* ---- the rules -------------------------------------------------------------- */
+
+/* Whether a string field is 1 .. max bytes without NUL (and, for fdnames,
+ * valid): the message names the field. */
+static int
+check_string(const char *s, size_t max, int fdname, const char *where, const char *field)
+{
+	size_t len;
+
+	if (s == NULL)
+		return error_set(-EINVAL, "fdstore: %s: %s: missing", where, field);
+	len = strnlen(s, max + 1);
+	if (len == 0 || len > max)
+		return error_set(-EINVAL, "fdstore: %s: %s: %zu bytes, not 1 to %zu", where,
+			field, len, max);
+	if (fdname && !notify_fdname_valid(s, len))
+		return error_set(-EINVAL, "fdstore: %s: %s \"%s\": not a valid FDNAME (printable "
+			"ASCII, no ':')", where, field, s);
+	if (fdname && (strcmp(s, FDSTORE_NAME_STATUS) == 0 || strcmp(s, FDSTORE_NAME_DESC) == 0))
+		return error_set(-EINVAL, "fdstore: %s: %s \"%s\": reserved name", where, field, s);
+	return 0;
+}
+
+static int
+compare_strings(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Sorts n strings and reports the first one that appears twice. */
+static int
+check_unique(const char **v, size_t n, const char *what)
+{
+	if (n < 2)
+		return 0; /* and v may be NULL: qsort() must not see it */
+	qsort(v, n, sizeof(*v), compare_strings);
+	for (size_t i = 1; i < n; i++)
+		if (strcmp(v[i - 1], v[i]) == 0)
+			return error_set(-EINVAL, "fdstore: %s \"%.255s\" appears twice", what, v[i]);
+	return 0;
+}
+
+static int
+check_generation(const struct fdstore_model *m, uint32_t gi, const char *mwhere, size_t *nfds)
+{
+	const struct fdstore_generation *g = &m->generations[gi];
+	char where[1400], fwhere[1500];
+	int r;
+
+	snprintf(where, sizeof(where), "%s: generation %" PRIu32 " (%" PRIu64 ")", mwhere, gi,
+		g->number);
+	if (g->number == 0 || g->number > m->last_generation)
+		return error_set(-EINVAL, "fdstore: %s: number: not 1 to the last generation %"
+			PRIu64, where, m->last_generation);
+	if (g->role < FDSTORE_CURRENT || g->role > FDSTORE_HELD)
+		return error_set(-EINVAL, "fdstore: %s: role: %u is not current (1), pending (2) "
+			"or held (3)", where, g->role);
+	if (g->pin > FDSTORE_MAX_PIN)
+		return error_set(-EINVAL, "fdstore: %s: pin: %u is not 0 to %u", where, g->pin,
+			FDSTORE_MAX_PIN);
+	if ((r = check_string(g->index_fdname, FDSTORE_MAX_FDNAME, 1, where, "index fdname")) < 0)
+		return r;
+	if (g->index_size == 0 || g->index_size > UINT32_MAX)
+		return error_set(-EINVAL, "fdstore: %s: index size: %" PRIu64 " bytes, not 1 to %"
+			PRIu32, where, g->index_size, UINT32_MAX);
+	if (g->nfiles == 0 || g->nfiles > FDSTORE_MAX_FILES || g->files == NULL)
+		return error_set(-EINVAL, "fdstore: %s: file count: %" PRIu32 ", not 1 to %u",
+			where, g->nfiles, FDSTORE_MAX_FILES);
+	for (uint32_t k = 0; k < g->nfiles; k++) {
+		snprintf(fwhere, sizeof(fwhere), "%s: file %" PRIu32, where, k);
+		if ((r = check_string(g->files[k].fdname, FDSTORE_MAX_FDNAME, 1, fwhere,
+			     "fdname")) < 0)
+			return r;
+	}
+	*nfds += 1 + g->nfiles;
+	return 0;
+}
+
+int
+fdstore_check(const struct fdstore_desc *d)
+{
+	const char **names = NULL, **fdnames = NULL;
+	size_t nfds = 0, nn = 0;
+	char where[1200];
+	int r = 0;
+
+	if (d->status_size < STATUS_MIN || d->status_size > STATUS_MAX || d->status_size % 8 != 0)
+		return error_set(-EINVAL, "fdstore: status size: %" PRIu64 " bytes, not a multiple "
+			"of 8 from %u to %u", d->status_size, STATUS_MIN, STATUS_MAX);
+	if (d->nmodels > FDSTORE_MAX_MODELS || (d->nmodels > 0 && d->models == NULL))
+		return error_set(-EINVAL, "fdstore: model count: %" PRIu32 ", more than %u",
+			d->nmodels, FDSTORE_MAX_MODELS);
+	for (uint32_t i = 0; i < d->nmodels; i++) {
+		const struct fdstore_model *m = &d->models[i];
+		int current = 0, pending = 0;
+
+		snprintf(where, sizeof(where), "model %" PRIu32 " (\"%.1024s\")", i,
+			m->name != NULL ? m->name : "");
+		if ((r = check_string(m->name, FDSTORE_MAX_MODEL_NAME, 0, where, "name")) < 0 ||
+			(r = check_string(m->path, FDSTORE_MAX_PATH, 0, where, "path")) < 0)
+			return r;
+		if (m->path[0] != '/')
+			return error_set(-EINVAL, "fdstore: %s: path: not absolute", where);
+		if (m->slot == 0 || m->slot >= d->status_size / 8)
+			return error_set(-EINVAL, "fdstore: %s: slot: %" PRIu64 " is not 1 to %" PRIu64,
+				where, m->slot, d->status_size / 8 - 1);
+		for (uint32_t j = 0; j < i; j++)
+			if (d->models[j].slot == m->slot)
+				return error_set(-EINVAL, "fdstore: %s: slot: %" PRIu64 " is model "
+					"%" PRIu32 "'s too", where, m->slot, j);
+		if (m->ngenerations > FDSTORE_MAX_GENERATIONS ||
+			(m->ngenerations > 0 && m->generations == NULL))
+			return error_set(-EINVAL, "fdstore: %s: generation count: %" PRIu32 ", more "
+				"than %u", where, m->ngenerations, FDSTORE_MAX_GENERATIONS);
+		for (uint32_t g = 0; g < m->ngenerations; g++) {
+			if ((r = check_generation(m, g, where, &nfds)) < 0)
+				return r;
+			current += m->generations[g].role == FDSTORE_CURRENT;
+			pending += m->generations[g].role == FDSTORE_PENDING;
+			for (uint32_t h = 0; h < g; h++)
+				if (m->generations[h].number == m->generations[g].number)
+					return error_set(-EINVAL, "fdstore: %s: generation %" PRIu64
+						" appears twice", where, m->generations[g].number);
+		}
+		if (current > 1 || pending > 1)
+			return error_set(-EINVAL, "fdstore: %s: %d current and %d pending "
+				"generations (at most one each)", where, current, pending);
+		if (nfds > FDSTORE_MAX_FDS)
+			return error_set(-EINVAL, "fdstore: %s: more than %u descriptors in all",
+				where, FDSTORE_MAX_FDS);
+	}
+	/* Unique over the description: model names, and every fdname. */
+	if ((d->nmodels > 0 && (names = calloc(d->nmodels, sizeof(*names))) == NULL) ||
+		(nfds > 0 && (fdnames = calloc(nfds, sizeof(*fdnames))) == NULL)) {
+		free(names);
+		return error_set(-ENOMEM, "fdstore: out of memory");
+	}
+	for (uint32_t i = 0; i < d->nmodels; i++) {
+		names[i] = d->models[i].name;
+		for (uint32_t g = 0; g < d->models[i].ngenerations; g++) {
+			const struct fdstore_generation *gen = &d->models[i].generations[g];
+
+			fdnames[nn++] = gen->index_fdname;
+			for (uint32_t k = 0; k < gen->nfiles; k++)
+				fdnames[nn++] = gen->files[k].fdname;
+		}
+	}
+	if ((r = check_unique(names, d->nmodels, "model name")) == 0)
+		r = check_unique(fdnames, nn, "fdname");
+	free(names);
+	free(fdnames);
+	return r;
+}
+
+/* ---- encoding ----------------------------------------------------------------- */
+
+struct out {
+	uint8_t *p;
+	size_t len, cap;
+	int err;
+};
+
+static void
+put(struct out *o, const void *v, size_t n)
+{
+	size_t want;
+
+	if (o->err != 0)
+		return;
+	if (__builtin_add_overflow(o->len, n, &want) || want > FDSTORE_MAX_BYTES) {
+		o->err = -E2BIG;
+		return;
+	}
+	if (want > o->cap) {
+		size_t cap = o->cap < 4096 ? 4096 : o->cap;
+		uint8_t *q;
+
+		while (cap < want)
+			cap *= 2;
+		if ((q = realloc(o->p, cap)) == NULL) {
+			o->err = -ENOMEM;
+			return;
+		}
+		o->p = q;
+		o->cap = cap;
+	}
+	memcpy(o->p + o->len, v, n);
+	o->len = want;
+}
+
+static void
+put_u8(struct out *o, uint8_t v)
+{
+	put(o, &v, 1);
+}
+
+static void
+put_le(struct out *o, uint64_t v, size_t n)
+{
+	uint8_t b[8];
+
+	for (size_t i = 0; i < n; i++)
+		b[i] = (uint8_t)(v >> (8 * i));
+	put(o, b, n);
+}
+
+static void
+put_string(struct out *o, const char *s)
+{
+	size_t n = strlen(s);
+
+	put_le(o, n, 2);
+	put(o, s, n);
+}
+
+int
+fdstore_encode(const struct fdstore_desc *d, uint8_t **buf, size_t *len)
+{
+	struct out o = { 0 };
+	int r;
+
+	if ((r = fdstore_check(d)) < 0)
+		return r;
+	put(&o, FDSTORE_MAGIC, 8);
+	put_le(&o, FDSTORE_VERSION, 4);
+	put_le(&o, d->nmodels, 4);
+	put_le(&o, d->status_size, 8);
+	for (uint32_t i = 0; i < d->nmodels; i++) {
+		const struct fdstore_model *m = &d->models[i];
+
+		put_string(&o, m->name);
+		put_string(&o, m->path);
+		put_le(&o, m->slot, 8);
+		put_le(&o, m->last_generation, 8);
+		put_le(&o, m->ngenerations, 4);
+		for (uint32_t g = 0; g < m->ngenerations; g++) {
+			const struct fdstore_generation *gen = &m->generations[g];
+
+			put_le(&o, gen->number, 8);
+			put_u8(&o, gen->role);
+			put_u8(&o, gen->pin);
+			put_le(&o, 0, 2); /* reserved */
+			put_string(&o, gen->index_fdname);
+			put_le(&o, gen->index_size, 8);
+			put_le(&o, gen->nfiles, 4);
+			for (uint32_t k = 0; k < gen->nfiles; k++) {
+				const struct fdstore_file *f = &gen->files[k];
+
+				put_string(&o, f->fdname);
+				put_le(&o, f->dev, 8);
+				put_le(&o, f->ino, 8);
+				put_le(&o, f->size, 8);
+				put_le(&o, (uint64_t)f->mtime_ns, 8);
+			}
+		}
+	}
+	if (o.err != 0) {
+		free(o.p);
+		return error_set(o.err, "fdstore: encoding: %s", o.err == -E2BIG ?
+			"the description is larger than " "16 MiB" : "out of memory");
+	}
+	*buf = o.p;
+	*len = o.len;
+	return 0;
+}
+
+/* ---- decoding ------------------------------------------------------------------ */
+
+struct in {
+	const uint8_t *p;
+	size_t len, off;
+};
+
+/* Takes n bytes, or fails naming the field and where it starts. */
+static int
+take(struct in *in, size_t n, const void **out, const char *where, const char *field)
+{
+	if (n > in->len - in->off)
+		return error_set(-EBADMSG, "fdstore: %s: %s: needs %zu bytes at offset %zu, %zu "
+			"left", where, field, n, in->off, in->len - in->off);
+	*out = in->p + in->off;
+	in->off += n;
+	return 0;
+}
+
+static int
+get_le(struct in *in, size_t n, uint64_t *v, const char *where, const char *field)
+{
+	const uint8_t *b;
+	int r;
+
+	if ((r = take(in, n, (const void **)&b, where, field)) < 0)
+		return r;
+	*v = 0;
+	for (size_t i = 0; i < n; i++)
+		*v |= (uint64_t)b[i] << (8 * i);
+	return 0;
+}
+
+/* A string of 1 .. max bytes without NUL, copied with a terminating NUL. */
+static int
+get_string(struct in *in, size_t max, char **out, const char *where, const char *field)
+{
+	const void *b;
+	uint64_t n;
+	int r;
+
+	if ((r = get_le(in, 2, &n, where, field)) < 0)
+		return r;
+	if (n == 0 || n > max)
+		return error_set(-EBADMSG, "fdstore: %s: %s: length %" PRIu64 " at offset %zu, "
+			"not 1 to %zu", where, field, n, in->off - 2, max);
+	if ((r = take(in, (size_t)n, &b, where, field)) < 0)
+		return r;
+	if (memchr(b, '\0', (size_t)n) != NULL)
+		return error_set(-EBADMSG, "fdstore: %s: %s: holds a NUL byte", where, field);
+	if ((*out = strndup(b, (size_t)n)) == NULL)
+		return error_set(-ENOMEM, "fdstore: out of memory");
+	return 0;
+}
+
+/* A count of at most max records of at least min bytes each: bounded by
+ * what is left before anything is allocated for it. */
+static int
+get_count(struct in *in, uint32_t max, size_t min, uint32_t *out, const char *where,
+	const char *field)
+{
+	uint64_t n;
+	int r;
+
+	if ((r = get_le(in, 4, &n, where, field)) < 0)
+		return r;
+	if (n > max)
+		return error_set(-EBADMSG, "fdstore: %s: %s: %" PRIu64 ", more than %" PRIu32,
+			where, field, n, max);
+	if (n > (in->len - in->off) / min)
+		return error_set(-EBADMSG, "fdstore: %s: %s: %" PRIu64 " records cannot fit in "
+			"the %zu bytes left", where, field, n, in->len - in->off);
+	*out = (uint32_t)n;
+	return 0;
+}
+
+static int
+get_file(struct in *in, struct fdstore_file *f, const char *where)
+{
+	uint64_t mtime;
+	int r;
+
+	if ((r = get_string(in, FDSTORE_MAX_FDNAME, &f->fdname, where, "fdname")) < 0 ||
+		(r = get_le(in, 8, &f->dev, where, "st_dev")) < 0 ||
+		(r = get_le(in, 8, &f->ino, where, "st_ino")) < 0 ||
+		(r = get_le(in, 8, &f->size, where, "st_size")) < 0 ||
+		(r = get_le(in, 8, &mtime, where, "st_mtim")) < 0)
+		return r;
+	if (f->size > INT64_MAX)
+		return error_set(-EBADMSG, "fdstore: %s: st_size: %" PRIu64 " is past any file's",
+			where, f->size);
+	f->mtime_ns = (int64_t)mtime;
+	return 0;
+}
+
+static int
+get_generation(struct in *in, struct fdstore_generation *g, const char *mwhere, uint32_t gi)
+{
+	char where[1400], fwhere[1500];
+	uint64_t v, reserved;
+	int r;
+
+	snprintf(where, sizeof(where), "%s: generation %" PRIu32, mwhere, gi);
+	if ((r = get_le(in, 8, &g->number, where, "number")) < 0 ||
+		(r = get_le(in, 1, &v, where, "role")) < 0)
+		return r;
+	g->role = (uint8_t)v;
+	if ((r = get_le(in, 1, &v, where, "pin")) < 0)
+		return r;
+	g->pin = (uint8_t)v;
+	if ((r = get_le(in, 2, &reserved, where, "reserved")) < 0)
+		return r;
+	if (reserved != 0)
+		return error_set(-EBADMSG, "fdstore: %s: reserved: %" PRIu64 ", not 0", where,
+			reserved);
+	if ((r = get_string(in, FDSTORE_MAX_FDNAME, &g->index_fdname, where, "index fdname")) < 0 ||
+		(r = get_le(in, 8, &g->index_size, where, "index size")) < 0 ||
+		(r = get_count(in, FDSTORE_MAX_FILES, MIN_FILE, &g->nfiles, where, "file count")) < 0)
+		return r;
+	if (g->nfiles > 0 && (g->files = calloc(g->nfiles, sizeof(*g->files))) == NULL)
+		return error_set(-ENOMEM, "fdstore: out of memory");
+	for (uint32_t k = 0; k < g->nfiles; k++) {
+		snprintf(fwhere, sizeof(fwhere), "%s: file %" PRIu32, where, k);
+		if ((r = get_file(in, &g->files[k], fwhere)) < 0)
+			return r;
+	}
+	return 0;
+}
+
+static int
+get_model(struct in *in, struct fdstore_model *m, uint32_t i)
+{
+	char where[1200];
+	int r;
+
+	snprintf(where, sizeof(where), "model %" PRIu32, i);
+	if ((r = get_string(in, FDSTORE_MAX_MODEL_NAME, &m->name, where, "name")) < 0)
+		return r;
+	snprintf(where, sizeof(where), "model %" PRIu32 " (\"%s\")", i, m->name);
+	if ((r = get_string(in, FDSTORE_MAX_PATH, &m->path, where, "path")) < 0 ||
+		(r = get_le(in, 8, &m->slot, where, "slot")) < 0 ||
+		(r = get_le(in, 8, &m->last_generation, where, "last generation")) < 0 ||
+		(r = get_count(in, FDSTORE_MAX_GENERATIONS, MIN_GENERATION, &m->ngenerations, where,
+			 "generation count")) < 0)
+		return r;
+	if (m->ngenerations > 0 &&
+		(m->generations = calloc(m->ngenerations, sizeof(*m->generations))) == NULL)
+		return error_set(-ENOMEM, "fdstore: out of memory");
+	for (uint32_t g = 0; g < m->ngenerations; g++)
+		if ((r = get_generation(in, &m->generations[g], where, g)) < 0)
+			return r;
+	return 0;
+}
+
+int
+fdstore_decode(const uint8_t *buf, size_t len, struct fdstore_desc **out)
+{
+	struct in in = { .p = buf, .len = len };
+	struct fdstore_desc *d;
+	const void *magic;
+	uint64_t version;
+	int r;
+
+	if (len < FDSTORE_HEADER_SIZE || len > FDSTORE_MAX_BYTES)
+		return error_set(-EBADMSG, "fdstore: description: %zu bytes, not %u to %u", len,
+			FDSTORE_HEADER_SIZE, FDSTORE_MAX_BYTES);
+	(void)take(&in, 8, &magic, "header", "magic");
+	if (memcmp(magic, FDSTORE_MAGIC, 8) != 0)
+		return error_set(-EBADMSG, "fdstore: header: magic: not \"%s\"", FDSTORE_MAGIC);
+	(void)get_le(&in, 4, &version, "header", "version");
+	if (version != FDSTORE_VERSION)
+		return error_set(-EPROTO, "fdstore: header: version: %" PRIu64 ", this wcached "
+			"reads %u", version, FDSTORE_VERSION);
+	if ((d = calloc(1, sizeof(*d))) == NULL)
+		return error_set(-ENOMEM, "fdstore: out of memory");
+	if ((r = get_count(&in, FDSTORE_MAX_MODELS, MIN_MODEL, &d->nmodels, "header",
+		     "model count")) < 0 ||
+		(r = get_le(&in, 8, &d->status_size, "header", "status size")) < 0)
+		goto fail;
+	if (d->nmodels > 0 && (d->models = calloc(d->nmodels, sizeof(*d->models))) == NULL) {
+		r = error_set(-ENOMEM, "fdstore: out of memory");
+		goto fail;
+	}
+	for (uint32_t i = 0; i < d->nmodels; i++)
+		if ((r = get_model(&in, &d->models[i], i)) < 0)
+			goto fail;
+	if (in.off != in.len) {
+		r = error_set(-EBADMSG, "fdstore: description: %zu bytes left over after the last "
+			"model, at offset %zu", in.len - in.off, in.off);
+		goto fail;
+	}
+	if ((r = fdstore_check(d)) < 0) {
+		if (r == -EINVAL)
+			r = -EBADMSG;
+		goto fail;
+	}
+	*out = d;
+	return 0;
+fail:
+	fdstore_free(d);
+	return r;
+}
+
+static int
+generation_equal(const struct fdstore_generation *a, const struct fdstore_generation *b)
+{
+	if (a->number != b->number || a->role != b->role || a->pin != b->pin ||
+		strcmp(a->index_fdname, b->index_fdname) != 0 || a->index_size != b->index_size ||
+		a->nfiles != b->nfiles)
+		return 0;
+	for (uint32_t k = 0; k < a->nfiles; k++) {
+		const struct fdstore_file *x = &a->files[k], *y = &b->files[k];
+
+		if (strcmp(x->fdname, y->fdname) != 0 || x->dev != y->dev || x->ino != y->ino ||
+			x->size != y->size || x->mtime_ns != y->mtime_ns)
+			return 0;
+	}
+	return 1;
+}
+
+int
+fdstore_equal(const struct fdstore_desc *a, const struct fdstore_desc *b)
+{
+	if (a->status_size != b->status_size || a->nmodels != b->nmodels)
+		return 0;
+	for (uint32_t i = 0; i < a->nmodels; i++) {
+		const struct fdstore_model *x = &a->models[i], *y = &b->models[i];
+
+		if (strcmp(x->name, y->name) != 0 || strcmp(x->path, y->path) != 0 ||
+			x->slot != y->slot || x->last_generation != y->last_generation ||
+			x->ngenerations != y->ngenerations)
+			return 0;
+		for (uint32_t g = 0; g < x->ngenerations; g++)
+			if (!generation_equal(&x->generations[g], &y->generations[g]))
+				return 0;
+	}
+	return 1;
+}
+
+void
+fdstore_free(struct fdstore_desc *d)
+{
+	if (d == NULL)
+		return;
+	for (uint32_t i = 0; d->models != NULL && i < d->nmodels; i++) {
+		struct fdstore_model *m = &d->models[i];
+
+		for (uint32_t g = 0; m->generations != NULL && g < m->ngenerations; g++) {
+			struct fdstore_generation *gen = &m->generations[g];
+
+			for (uint32_t k = 0; gen->files != NULL && k < gen->nfiles; k++)
+				free(gen->files[k].fdname);
+			free(gen->files);
+			free(gen->index_fdname);
+		}
+		free(m->generations);
+		free(m->name);
+		free(m->path);
+	}
+	free(d->models);
+	free(d);
+}
+
+/* ---- the memfd ----------------------------------------------------------------- */
+
+int
+fdstore_memfd_make(const uint8_t *buf, size_t len, int *fd)
+{
+	size_t done = 0;
+	int m;
+
+	if ((m = memfd_create("wcached-fdstore", MFD_CLOEXEC | MFD_ALLOW_SEALING)) < 0)
+		return error_set(-errno, "fdstore: memfd_create: %s", strerror(errno));
+	while (done < len) {
+		ssize_t n = write(m, buf + done, len - done);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			int e = n < 0 ? errno : EIO;
+
+			close(m);
+			return error_set(-e, "fdstore: writing the description: %s", strerror(e));
+		}
+		done += (size_t)n;
+	}
+	if (fcntl(m, F_ADD_SEALS, FDSTORE_SEALS) < 0) {
+		int e = errno;
+
+		close(m);
+		return error_set(-e, "fdstore: sealing the description: %s", strerror(e));
+	}
+	*fd = m;
+	return 0;
+}
+
+int
+fdstore_memfd_read(int fd, uint8_t **buf, size_t *len)
+{
+	struct stat st;
+	uint8_t *p;
+	size_t done = 0;
+	int seals;
+
+	if (fstat(fd, &st) < 0)
+		return error_set(-errno, "fdstore: %s: fstat: %s", FDSTORE_NAME_DESC, strerror(errno));
+	seals = fcntl(fd, F_GET_SEALS);
+	if (!S_ISREG(st.st_mode) || seals < 0 || (seals & FDSTORE_SEALS) != FDSTORE_SEALS)
+		return error_set(-EBADMSG, "fdstore: %s: not a sealed memfd", FDSTORE_NAME_DESC);
+	if (st.st_size < (off_t)FDSTORE_HEADER_SIZE || st.st_size > (off_t)FDSTORE_MAX_BYTES)
+		return error_set(-EBADMSG, "fdstore: %s: %lld bytes, not %u to %u",
+			FDSTORE_NAME_DESC, (long long)st.st_size, FDSTORE_HEADER_SIZE,
+			FDSTORE_MAX_BYTES);
+	if ((p = malloc((size_t)st.st_size)) == NULL)
+		return error_set(-ENOMEM, "fdstore: out of memory");
+	while (done < (size_t)st.st_size) {
+		ssize_t n = pread(fd, p + done, (size_t)st.st_size - done, (off_t)done);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			int e = n < 0 ? errno : EIO;
+
+			free(p);
+			return error_set(-e, "fdstore: %s: read: %s", FDSTORE_NAME_DESC, strerror(e));
+		}
+		done += (size_t)n;
+	}
+	*buf = p;
+	*len = done;
+	return 0;
+}

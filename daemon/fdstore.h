@@ -1,0 +1,157 @@
+/*
+ * fdstore.h: what wcached will keep in systemd's file descriptor store
+ * across a restart (issue 12), as a pure module: the names of the stored
+ * descriptors (FDNAME=) and the description of the registry that goes with
+ * them in a sealed memfd. No socket, no registry: the daemon fills a
+ * struct fdstore_desc from its registry, encodes it, and on the next start
+ * decodes what $LISTEN_FDS handed back; tests/fuzz/fuzz_fdstore.c drives
+ * the decoder with hostile bytes.
+ *
+ * The format is in proto/PROTOCOL.md, "The file descriptor store". In
+ * short: little-endian, a 24-byte header (magic "WCFDSTOR", version, model
+ * count, status page size), then each model (name, configured path, status
+ * page slot, last generation number, generations), each generation
+ * (number, role, pin state applied, the index memfd's FDNAME and size,
+ * files), each file (FDNAME, st_dev, st_ino, st_size, st_mtim in ns).
+ * Strings are a u16 length and that many bytes, no NUL.
+ *
+ * The decoder trusts nothing: every count and length is checked against
+ * its minimum and maximum before anything is read or allocated, sizes are
+ * added with overflow checks, the buffer must end exactly where the last
+ * file does, and the result must satisfy fdstore_check() (unique names,
+ * slots and generation numbers, at most one current and one pending
+ * generation per model). Every error is one line in error_get() naming the
+ * field ("fdstore: model 2 (\"llama\"): generation 1: file 0: fdname: ...").
+ */
+#ifndef WC_FDSTORE_H
+#define WC_FDSTORE_H
+
+#include <fcntl.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define FDSTORE_MAGIC "WCFDSTOR"          /* 8 bytes, no NUL */
+#define FDSTORE_VERSION 1u
+#define FDSTORE_HEADER_SIZE 24u
+#define FDSTORE_MAX_BYTES (16u << 20)     /* the description's memfd */
+#define FDSTORE_MAX_MODELS 4096u
+#define FDSTORE_MAX_GENERATIONS 64u       /* per model: current, pending, held */
+#define FDSTORE_MAX_FILES 250u            /* per generation (INDEX_MAX_FILES) */
+#define FDSTORE_MAX_FDS 16384u            /* every stored fd: FileDescriptorStoreMax= */
+#define FDSTORE_MAX_FDNAME 255u           /* systemd's limit for FDNAME= */
+#define FDSTORE_MAX_MODEL_NAME 1024u      /* WIRE_MAX_NAME */
+#define FDSTORE_MAX_PATH 4095u
+#define FDSTORE_MAX_PIN 2u                /* enum config_pin: none, metadata, all */
+
+/* The fixed FDNAMEs; per generation, fdstore_name_index/_file(). */
+#define FDSTORE_NAME_STATUS "wc-status"   /* the status page memfd */
+#define FDSTORE_NAME_DESC "wc-desc"       /* the sealed memfd of this description */
+#define FDSTORE_NAME_PREFIX "wc-"         /* every name the daemon stores */
+
+/* Seals of the description's memfd: nothing can change it once written. */
+#define FDSTORE_SEALS (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+
+/* What a generation is for, as the registry had it. */
+enum fdstore_role {
+	FDSTORE_CURRENT = 1, /* served to new attaches */
+	FDSTORE_PENDING = 2, /* loading or warming, not yet served */
+	FDSTORE_HELD = 3,    /* replaced, still held by workers */
+};
+
+struct fdstore_file {
+	char *fdname;     /* the model file's descriptor in the store */
+	uint64_t dev;     /* st_dev, st_ino, st_size, st_mtim when opened */
+	uint64_t ino;
+	uint64_t size;
+	int64_t mtime_ns; /* st_mtim as nanoseconds since the epoch */
+};
+
+struct fdstore_generation {
+	uint64_t number;        /* 1 .. the model's last_generation */
+	uint8_t role;           /* enum fdstore_role */
+	uint8_t pin;            /* enum config_pin actually applied, 0 .. FDSTORE_MAX_PIN */
+	char *index_fdname;     /* the sealed index memfd in the store */
+	uint64_t index_size;    /* its exact size in bytes */
+	uint32_t nfiles;        /* 1 .. FDSTORE_MAX_FILES */
+	struct fdstore_file *files;
+};
+
+struct fdstore_model {
+	char *name;             /* as configured */
+	char *path;             /* the configured path, absolute */
+	uint64_t slot;          /* in the status page, 1 .. status_size / 8 - 1 */
+	uint64_t last_generation; /* numbers continue from here */
+	uint32_t ngenerations;  /* 0 .. FDSTORE_MAX_GENERATIONS */
+	struct fdstore_generation *generations;
+};
+
+struct fdstore_desc {
+	uint64_t status_size;   /* the status page's size in bytes, 16 .. 1 MiB, a multiple of 8 */
+	uint32_t nmodels;       /* 0 .. FDSTORE_MAX_MODELS */
+	struct fdstore_model *models;
+};
+
+/* "wc-<slot>-<gen>-i", the index memfd of a generation, and
+ * "wc-<slot>-<gen>-<k>", its k-th file, into buf of cap bytes. Decimal,
+ * unique per (slot, gen, k), at most 3 + 20 + 1 + 20 + 1 + 10 bytes.
+ * Returns the length, or -ENAMETOOLONG when cap is too small. */
+int fdstore_name_index(char *buf, size_t cap, uint64_t slot, uint64_t gen);
+int fdstore_name_file(char *buf, size_t cap, uint64_t slot, uint64_t gen, uint32_t k);
+
+/* What a stored name means. */
+enum fdstore_name_kind {
+	FDSTORE_NAME_KIND_STATUS = 1,
+	FDSTORE_NAME_KIND_DESC,
+	FDSTORE_NAME_KIND_INDEX,
+	FDSTORE_NAME_KIND_FILE,
+};
+
+struct fdstore_name {
+	enum fdstore_name_kind kind;
+	uint64_t slot, generation; /* INDEX and FILE */
+	uint32_t file;             /* FILE */
+};
+
+/* Parses a name of the scheme above, strictly (decimal without leading
+ * zeros, slot and generation >= 1, file < FDSTORE_MAX_FILES). 0, or
+ * -EINVAL with the reason in error_get() for anything else (a name that
+ * does not start with "wc-" is not the daemon's). */
+int fdstore_name_parse(const char *name, struct fdstore_name *out);
+
+/* The rules a description obeys, beyond the limits of each field: names
+ * valid and unique over the whole description (and neither "wc-status"
+ * nor "wc-desc"), model names and slots unique, generation numbers unique
+ * per model and at most its last_generation, one current and one pending
+ * generation at most per model, FDSTORE_MAX_FDS descriptors in all. 0, or
+ * -EINVAL naming the field. */
+int fdstore_check(const struct fdstore_desc *d);
+
+/* Encodes d (which must pass fdstore_check()) into a malloc'd buffer of
+ * *len bytes that the caller frees. 0, -EINVAL naming the field, -E2BIG
+ * past FDSTORE_MAX_BYTES, or -ENOMEM. */
+int fdstore_encode(const struct fdstore_desc *d, uint8_t **buf, size_t *len);
+
+/* Decodes len bytes of hostile input into a new description (free it with
+ * fdstore_free()). 0, or -EBADMSG (malformed: the message names the field
+ * and the offset), -EPROTO (another version) or -ENOMEM; *out is untouched
+ * on failure and nothing is leaked. */
+int fdstore_decode(const uint8_t *buf, size_t len, struct fdstore_desc **out);
+
+/* 1 when a and b describe the same things field by field, else 0. */
+int fdstore_equal(const struct fdstore_desc *a, const struct fdstore_desc *b);
+
+/* Frees a description from fdstore_decode() (or built the same way: every
+ * pointer malloc'd). Accepts NULL. */
+void fdstore_free(struct fdstore_desc *d);
+
+/* Puts len bytes into a new memfd called "wcached-fdstore", sealed with
+ * FDSTORE_SEALS; *fd is then the caller's. 0 or a negative errno naming
+ * the step. */
+int fdstore_memfd_make(const uint8_t *buf, size_t len, int *fd);
+
+/* Reads the description memfd fd back after checking it (a regular file
+ * sealed with FDSTORE_SEALS, 24 .. FDSTORE_MAX_BYTES bytes); *buf is
+ * malloc'd, the caller's; fd stays the caller's. 0 or a negative errno. */
+int fdstore_memfd_read(int fd, uint8_t **buf, size_t *len);
+
+#endif /* WC_FDSTORE_H */

@@ -1,0 +1,100 @@
+/*
+ * fuzz_fdstore.c: libFuzzer harness for daemon/fdstore.c, the description
+ * of the registry that wcached will keep in systemd's file descriptor
+ * store, and the names of the stored descriptors. Both come back from the
+ * store on the next start and are untrusted.
+ *
+ * Input: the bytes of a description, decoded as they are; and the same
+ * bytes up to the first NUL (at most 300) as a FDNAME.
+ *
+ * Properties checked, beyond "no crash, no leak, no out-of-bounds access":
+ *   - a description the decoder accepts passes fdstore_check(), encodes
+ *     back to exactly the input (the format has one encoding for each
+ *     description: no padding, reserved bytes zero, no leftover bytes), and
+ *     decoding that again gives an equal description: decode(encode(x))
+ *     == x for every x the decoder can produce;
+ *   - a refusal leaves *out untouched and says "fdstore:";
+ *   - a name fdstore_name_parse() accepts is printed back to the same
+ *     string by fdstore_name_index()/_file() (or is a fixed name), and
+ *     is a valid FDNAME.
+ */
+#include <errno.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "fdstore.h"
+#include "notify.h"
+#include "fuzz_check.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static void
+check_description(const uint8_t *data, size_t size)
+{
+	struct fdstore_desc *d = (struct fdstore_desc *)&d, *again = NULL;
+	uint8_t *buf = NULL;
+	size_t len = 0;
+	int r;
+
+	r = fdstore_decode(data, size, &d);
+	if (r < 0) {
+		CHECK(d == (struct fdstore_desc *)&d);
+		CHECK(r == -EBADMSG || r == -EPROTO || r == -ENOMEM);
+		CHECK(strncmp(error_get(), "fdstore: ", 9) == 0);
+		return;
+	}
+	CHECK(r == 0 && d != NULL);
+	CHECK(fdstore_check(d) == 0);
+	CHECK(fdstore_encode(d, &buf, &len) == 0);
+	CHECK(len == size && memcmp(buf, data, size) == 0);
+	CHECK(fdstore_decode(buf, len, &again) == 0);
+	CHECK(fdstore_equal(d, again));
+	fdstore_free(again);
+	fdstore_free(d);
+	free(buf);
+}
+
+static void
+check_name(const uint8_t *data, size_t size)
+{
+	struct fdstore_name n;
+	char name[301], back[128];
+	size_t len = 0;
+
+	while (len < size && len < sizeof(name) - 1 && data[len] != 0)
+		len++;
+	memcpy(name, data, len);
+	name[len] = '\0';
+	if (fdstore_name_parse(name, &n) < 0)
+		return;
+	CHECK(notify_fdname_valid(name, len));
+	switch (n.kind) {
+	case FDSTORE_NAME_KIND_STATUS:
+		CHECK(strcmp(name, FDSTORE_NAME_STATUS) == 0);
+		break;
+	case FDSTORE_NAME_KIND_DESC:
+		CHECK(strcmp(name, FDSTORE_NAME_DESC) == 0);
+		break;
+	case FDSTORE_NAME_KIND_INDEX:
+		CHECK(fdstore_name_index(back, sizeof(back), n.slot, n.generation) > 0);
+		CHECK(strcmp(back, name) == 0);
+		break;
+	case FDSTORE_NAME_KIND_FILE:
+		CHECK(fdstore_name_file(back, sizeof(back), n.slot, n.generation, n.file) > 0);
+		CHECK(strcmp(back, name) == 0);
+		break;
+	default:
+		CHECK(0);
+	}
+}
+
+int
+LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	check_description(data, size);
+	check_name(data, size);
+	return 0;
+}
