@@ -165,28 +165,34 @@ def test_warm_restart(tmp_path):
     a = mkmodel(tmp_path / "a.safetensors", seed=1)
     b = mkmodel(tmp_path / "b.safetensors", seed=2)
     b2 = mkmodel(tmp_path / "b2.safetensors", seed=3)
+    c = mkmodel(tmp_path / "c.safetensors", seed=4)
     mgr = FakeManager(str(tmp_path / "notify.sock"))
-    d = Daemon(tmp_path, {"a": a, "b": b})
+    d = Daemon(tmp_path, {"a": a, "b": b, "c": c})
     try:
         start(d, mgr)
-        wait_until(lambda: ready(d, "a") and ready(d, "b"), what="both models ready")
+        wait_until(lambda: ready(d, "a") and ready(d, "b") and ready(d, "c"),
+                   what="the models ready")
         mgr.wait_for(lambda m: "wc-desc" in m.store and "wc-status" in m.store and
-                     sum(k.startswith("wc-") and k.endswith("-i") for k in m.store) == 2,
+                     sum(k.startswith("wc-") and k.endswith("-i") for k in m.store) == 3,
                      what="the generations and the description stored")
         before = worker(d, a, "a")
         ga, gb = generation(d, "a"), generation(d, "b")
         slot_a = 1  # slots go in configuration order, from 1
         assert f"wc-{slot_a}-{ga}-i" in mgr.store, sorted(mgr.store)
         # The next configuration keeps a and points b elsewhere.
-        d.write_config({"a": a, "b": b2})
+        d.write_config({"a": a, "b": b2, "c": c})
         assert d.stop() == 0, d.read_log()
+        # c changes while no daemon runs: same inode, another mtime.
+        st = os.stat(c)
+        os.utime(c, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
         first_log = d.read_log()
         assert "warm:" in first_log   # the first process read them
         # The old process left the status page as it was.
         assert mgr.status_slot(slot_a) == ga
         fds, names = mgr.listen_fds()
         start(d, mgr, fds, names)
-        wait_until(lambda: ready(d, "a") and ready(d, "b"), what="both models after restart")
+        wait_until(lambda: ready(d, "a") and ready(d, "b") and ready(d, "c"),
+                   what="the models after the restart")
         log = d.read_log()
         assert f'model "a": generation {ga} restored from the file descriptor store' in log, log
         assert 'model "a": warm:' not in log and 'model "a": generation ' + str(ga) + \
@@ -194,6 +200,9 @@ def test_warm_restart(tmp_path):
         assert 'model "b": not restored: its path changed' in log, log
         assert generation(d, "a") == ga
         assert generation(d, "b") == gb + 1     # numbers continue
+        assert 'model "c": not restored: file c.safetensors: not the inode, size and mtime' \
+            in log, log
+        assert generation(d, "c") == 2
         # The worker from before and one from after both read right bytes.
         assert finish(before)["generation"] == ga
         after = finish(worker(d, a, "a"))
@@ -202,7 +211,8 @@ def test_warm_restart(tmp_path):
         assert mgr.status_slot(slot_a) == ga
         # b's old generation left the store; b's new one went in.
         mgr.wait_for(lambda m: sorted(k for k in m.store if k.endswith("-i")) ==
-                     [f"wc-{slot_a}-{ga}-i", f"wc-2-{gb + 1}-i"], what="b's new generation stored")
+                     [f"wc-{slot_a}-{ga}-i", f"wc-2-{gb + 1}-i", "wc-3-2-i"],
+                     what="the new generations of b and c stored")
         assert mgr.status_slot(2) == gb + 1
     finally:
         status_code = d.stop()
