@@ -175,7 +175,7 @@ open_connection(const char *path, int ms, int *out)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct timespec start;
-	int fd, r;
+	int fd = -1, r;
 
 	if (strlen(path) >= sizeof(sa.sun_path))
 		return error_set(-ENAMETOOLONG, "%s: socket path longer than %zu bytes", path,
@@ -210,7 +210,7 @@ int
 wc_connect_timeout(const char *socket_path, int timeout_ms, wc_client **out)
 {
 	wc_client *c;
-	int fd, r;
+	int fd = -1, r;
 
 	if (out == NULL)
 		return error_set(-EINVAL, "wc_connect: no output");
@@ -252,7 +252,7 @@ static int
 reconnect(wc_client *c, int ms)
 {
 	char why[256];
-	int fd, r;
+	int fd = -1, r;
 
 	if ((r = open_connection(c->path, ms, &fd)) < 0) {
 		snprintf(why, sizeof(why), "%s", error_get());

@@ -250,8 +250,8 @@ fdstore_check(const struct fdstore_desc *d)
 				where, FDSTORE_MAX_FDS);
 	}
 	/* Unique over the description: model names, and every fdname. */
-	if ((d->nmodels > 0 && (names = calloc(d->nmodels, sizeof(*names))) == NULL) ||
-		(nfds > 0 && (fdnames = calloc(nfds, sizeof(*fdnames))) == NULL)) {
+	if ((names = calloc((size_t)d->nmodels + 1, sizeof(*names))) == NULL ||
+		(fdnames = calloc(nfds + 1, sizeof(*fdnames))) == NULL) {
 		free(names);
 		return error_set(-ENOMEM, "fdstore: out of memory");
 	}
@@ -285,13 +285,13 @@ put(struct out *o, const void *v, size_t n)
 {
 	size_t want;
 
-	if (o->err != 0)
+	if (o->err != 0 || n == 0)
 		return;
 	if (__builtin_add_overflow(o->len, n, &want) || want > FDSTORE_MAX_BYTES) {
 		o->err = -E2BIG;
 		return;
 	}
-	if (want > o->cap) {
+	if (want > o->cap || o->p == NULL) {
 		size_t cap = o->cap < 4096 ? 4096 : o->cap;
 		uint8_t *q;
 

@@ -595,8 +595,10 @@ listen_fds_list(struct listen_fd **list, size_t *n)
 
 	r = listen_fds_parse_all(getenv("LISTEN_PID"), getenv("LISTEN_FDS"),
 		getenv("LISTEN_FDNAMES"), (long long)getpid(), &v, &count);
-	if (r < 0)
+	if (r < 0) {
+		listen_fds_free(v, count); /* nothing: v stays NULL on failure */
 		return r;
+	}
 	for (size_t i = 0; i < count; i++) {
 		flags = fcntl(v[i].fd, F_GETFD);
 		if (flags < 0 || fcntl(v[i].fd, F_SETFD, flags | FD_CLOEXEC) < 0) {
