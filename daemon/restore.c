@@ -120,17 +120,17 @@ restore_take(void)
 		log_warnx("warm restart: %s; loading every model afresh", error_get());
 		return NULL;
 	}
-	if ((s = calloc(1, sizeof(*s))) == NULL)
+	if ((s = calloc(1, sizeof(*s))) == NULL ||
+		(n > 0 && (s->fds = calloc(n, sizeof(*s->fds))) == NULL))
 		fatalx("out of memory");
 	s->status_fd = -1;
 	/* Keep the "wc-..." ones; the sockets stay for listen_fds_take(). */
-	for (size_t i = 0; i < n; i++) {
-		if (strncmp(all[i].name, FDSTORE_NAME_PREFIX, strlen(FDSTORE_NAME_PREFIX)) == 0)
-			all[k++] = all[i];
-		else
-			free(all[i].name);
-	}
-	s->fds = all;
+	for (size_t i = 0; i < n; i++)
+		if (strncmp(all[i].name, FDSTORE_NAME_PREFIX, strlen(FDSTORE_NAME_PREFIX)) == 0) {
+			s->fds[k++] = all[i];
+			all[i].name = NULL;
+		}
+	listen_fds_free(all, n);
 	s->n = k;
 	if (k == 0) {
 		restore_free(s);
@@ -143,8 +143,7 @@ restore_take(void)
 		return s;
 	}
 	r = find_fd(s, FDSTORE_NAME_DESC, &at);
-	if ((r = fdstore_memfd_read(r, &buf, &len)) < 0 ||
-		(r = fdstore_decode(buf, len, &s->desc)) < 0) {
+	if (fdstore_memfd_read(r, &buf, &len) < 0 || fdstore_decode(buf, len, &s->desc) < 0) {
 		log_warnx("warm restart: the stored description: %s; loading every model afresh",
 			error_get());
 		s->desc = NULL;
