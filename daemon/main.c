@@ -246,9 +246,12 @@ on_residency_timer(uv_timer_t *t)
 static void
 on_notify_timer(uv_timer_t *t)
 {
-	(void)t;
+	struct daemon *d = t->data;
+
 	if (notify_flush() < 0)
 		log_warnx("%s", error_get());
+	/* What the manager's full queue refused goes again (restore.h). */
+	restore_sync(&d->reg);
 }
 
 static void
@@ -394,6 +397,7 @@ shutdown_daemon(struct daemon *d)
 	d->listen_fd = -1;
 	watch_stop(d->watch);
 	d->watch = NULL;
+	restore_stopping(&d->reg); /* the next process finds everything stored */
 	d->reg.changed = NULL;
 	d->reg.swapped = NULL;
 	d->reg.closing = 1; /* loads still on the work queue are dropped */
@@ -633,6 +637,7 @@ main(int argc, char **argv)
 	uv_timer_start(&d.residency_timer, on_residency_timer, RESIDENCY_CHECK_MS,
 		RESIDENCY_CHECK_MS);
 	uv_timer_init(&d.loop, &d.notify_timer);
+	d.notify_timer.data = &d;
 	if (notifying)
 		uv_timer_start(&d.notify_timer, on_notify_timer, 200, 200);
 

@@ -44,6 +44,18 @@ struct restore {
 static int restoring;
 static int status_stored;
 static uint64_t described; /* describe_hash() of the stored description, 0: none */
+static int desc_in_store;  /* a description is in the store: remove it before the next */
+
+/* A store the manager's full queue refused is tried again by the next
+ * restore_sync() (every 200 ms): logged at debug only. */
+static void
+log_not_stored(int err, const char *what)
+{
+	if (err == -EAGAIN)
+		log_debug("%s: not stored yet: %s", what, error_get());
+	else
+		log_warnx("%s is not stored (%s); a restart loads it afresh", what, error_get());
+}
 
 int
 restore_enabled(void)
@@ -317,8 +329,14 @@ adopt(struct restore *s, struct registry *r, const struct fdstore_model *m,
 	munmap(map, (size_t)g->index_size);
 	if (err == 0 &&
 		(err = registry_adopt(r, m->name, path, pin, warm, g->number, &src, ifd,
-			 (size_t)g->index_size)) == 0)
+			 (size_t)g->index_size)) == 0) {
+		struct model_entry *e = registry_find(r, m->name);
+
 		s->fds[at].fd = -1;
+		/* The manager still has every piece under these names. */
+		e->current->stored_slot = e->slot;
+		e->current->stored_done = e->slot == m->slot;
+	}
 	source_close(&src); /* the files, on failure; zeroed on success */
 	return err;
 }
@@ -390,14 +408,14 @@ restore_finish(struct restore *s, struct registry *r)
 
 /* ---- storing ---- */
 
-/* Asks the manager to drop the index and the first nfiles files of
- * generation number of slot. */
+/* Asks the manager to drop the index and the nfiles files of generation
+ * number of slot. */
 static void
-remove_names(unsigned slot, uint64_t number, size_t nfiles, int with_index)
+remove_names(unsigned slot, uint64_t number, size_t nfiles)
 {
 	char name[FDSTORE_MAX_FDNAME + 1];
 
-	if (with_index && fdstore_name_index(name, sizeof(name), slot, number) > 0)
+	if (fdstore_name_index(name, sizeof(name), slot, number) > 0)
 		(void)notify_remove_fds(name);
 	for (size_t k = 0; k < nfiles; k++)
 		if (fdstore_name_file(name, sizeof(name), slot, number, (uint32_t)k) > 0)
@@ -411,16 +429,20 @@ store_generation(struct generation *g, unsigned slot)
 	char name[FDSTORE_MAX_FDNAME + 1];
 	size_t k;
 
-	if (fdstore_name_index(name, sizeof(name), slot, g->number) < 0 ||
-		notify_store_fds(name, &g->index_fd, 1) <= 0)
-		return -1;
-	for (k = 0; k < g->source.nfiles; k++)
-		if (fdstore_name_file(name, sizeof(name), slot, g->number, (uint32_t)k) < 0 ||
-			notify_store_fds(name, &g->source.files[k].fd, 1) <= 0) {
-			remove_names(slot, g->number, k, 1);
-			return -1;
-		}
+	int err;
+
+	/* What went in stays: the next attempt stores everything again
+	 * (the manager keeps one copy of the same open file), and
+	 * restore_forget() removes every name of the slot. */
 	g->stored_slot = slot;
+	if ((err = fdstore_name_index(name, sizeof(name), slot, g->number)) < 0 ||
+		(err = notify_store_fds(name, &g->index_fd, 1)) <= 0)
+		return err < 0 ? err : -ENOTCONN;
+	for (k = 0; k < g->source.nfiles; k++)
+		if ((err = fdstore_name_file(name, sizeof(name), slot, g->number, (uint32_t)k)) < 0 ||
+			(err = notify_store_fds(name, &g->source.files[k].fd, 1)) <= 0)
+			return err < 0 ? err : -ENOTCONN;
+	g->stored_done = 1;
 	return 0;
 }
 
@@ -435,7 +457,7 @@ describe_model(struct fdstore_model *d, const struct model_entry *m)
 		return -ENOMEM;
 	d->slot = m->slot;
 	d->last_generation = m->last_generation;
-	if (g == NULL || g->stored_slot != m->slot || !gen_attachable(g))
+	if (g == NULL || !g->stored_done || g->stored_slot != m->slot || !gen_attachable(g))
 		return 0;
 	if ((d->generations = calloc(1, sizeof(*d->generations))) == NULL)
 		return -ENOMEM;
@@ -489,13 +511,26 @@ store_description(struct registry *r)
 			goto out;
 	if ((err = fdstore_encode(d, &buf, &len)) < 0 || (err = fdstore_memfd_make(buf, len, &fd)) < 0)
 		goto out;
-	(void)notify_remove_fds(FDSTORE_NAME_DESC);
-	err = notify_store_fds(FDSTORE_NAME_DESC, &fd, 1);
+	/* Removed once: a retry after a refused store must not remove
+	 * again behind a removal still queued. */
+	if (desc_in_store)
+		(void)notify_remove_fds(FDSTORE_NAME_DESC);
+	desc_in_store = 0;
+	/* A removal still in our queue would go after the store and remove
+	 * the new description: store once it has gone. */
+	if (notify_flush() == 0) {
+		err = error_set(-EAGAIN, "the removal of the previous one waits in the queue");
+		close(fd);
+		goto out;
+	}
+	if ((err = notify_store_fds(FDSTORE_NAME_DESC, &fd, 1)) > 0)
+		desc_in_store = 1;
 	close(fd);
 out:
+	if (err == -ENOMEM)
+		error_set(-ENOMEM, "out of memory");
 	if (err < 0)
-		log_warnx("warm restart: the registry's description is not stored (%s); the next "
-			  "start loads every model afresh", err == -ENOMEM ? "out of memory" : error_get());
+		log_not_stored(err, "warm restart: the registry's description");
 	free(buf);
 	fdstore_free(d);
 	return err < 0 ? err : 0;
@@ -511,7 +546,7 @@ describe_hash(const struct registry *r)
 	for (const struct model_entry *m = r->models; m != NULL; m = m->next) {
 		const struct generation *g = m->current;
 		uint64_t v[6] = { m->entry_id, m->slot, m->last_generation, g ? g->number : 0,
-			g ? g->stored_slot : 0, g ? (uint64_t)gen_attachable(g) : 0 };
+			g ? (uint64_t)g->stored_done : 0, g ? (uint64_t)gen_attachable(g) : 0 };
 
 		for (int i = 0; i < 6; i++)
 			h = (h ^ v[i]) * 1099511628211ull;
@@ -526,23 +561,63 @@ restore_sync(struct registry *r)
 
 	if (!r->fdstore || restoring || r->closing)
 		return;
+	/* Removals wait in the queue: they go first (see store_description). */
+	if (notify_flush() == 0)
+		return;
+	char what[128];
+	int err;
+
 	if (!status_stored) {
-		if (notify_store_fds(FDSTORE_NAME_STATUS, &r->status_fd, 1) > 0)
+		if ((err = notify_store_fds(FDSTORE_NAME_STATUS, &r->status_fd, 1)) > 0)
 			status_stored = 1;
-		else
-			log_warnx("warm restart: the status page is not stored: %s", error_get());
+		else if (err < 0) {
+			log_not_stored(err, "warm restart: the status page");
+			return; /* the generations need it: all of them again later */
+		}
 	}
 	for (struct model_entry *m = r->models; m != NULL; m = m->next) {
 		struct generation *g = m->current;
 
-		if (g == NULL || m->slot == 0 || g->stored_slot != 0 || !gen_attachable(g))
+		if (g == NULL || m->slot == 0 || g->stored_done || !gen_attachable(g))
 			continue;
-		if (store_generation(g, m->slot) < 0)
-			log_warnx("model \"%s\": generation %" PRIu64 " is not stored (%s); a restart "
-				  "loads it afresh", m->name, g->number, error_get());
+		if ((err = store_generation(g, m->slot)) < 0) {
+			snprintf(what, sizeof(what), "model \"%.64s\": generation %" PRIu64, m->name,
+				g->number);
+			log_not_stored(err, what);
+			return;
+		}
 	}
 	if ((h = describe_hash(r)) != described && store_description(r) == 0)
 		described = h;
+}
+
+/* Is anything not yet in the store that restore_sync() would store? */
+static int
+sync_pending(const struct registry *r)
+{
+	if (!status_stored || describe_hash(r) != described)
+		return 1;
+	for (const struct model_entry *m = r->models; m != NULL; m = m->next)
+		if (m->current != NULL && m->slot != 0 && !m->current->stored_done &&
+			gen_attachable(m->current))
+			return 1;
+	return 0;
+}
+
+void
+restore_stopping(struct registry *r)
+{
+	if (!r->fdstore || r->closing)
+		return;
+	for (int i = 0; i < 100 && sync_pending(r); i++) {
+		(void)notify_flush_wait(10);
+		restore_sync(r);
+		if (sync_pending(r))
+			usleep(10000);
+	}
+	if (sync_pending(r))
+		log_warnx("warm restart: the service manager did not take everything within 1 s; "
+			  "the next start loads some models afresh");
 }
 
 void
@@ -550,6 +625,7 @@ restore_forget(struct registry *r, struct generation *g)
 {
 	if (g->stored_slot == 0 || r->closing)
 		return;
-	remove_names(g->stored_slot, g->number, g->source.nfiles, 1);
+	remove_names(g->stored_slot, g->number, g->source.nfiles);
 	g->stored_slot = 0;
+	g->stored_done = 0;
 }

@@ -61,6 +61,10 @@ void restore_finish(struct restore *s, struct registry *r);
  * a model is added or removed. */
 void restore_sync(struct registry *r);
 
+/* At shutdown, before the registry closes: stores what the manager's full
+ * queue refused so far, waiting up to 1 s for it to read. */
+void restore_stopping(struct registry *r);
+
 /* g closes: asks the manager to drop its descriptors (not at shutdown:
  * the next process takes them). */
 void restore_forget(struct registry *r, struct generation *g);
