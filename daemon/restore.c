@@ -149,6 +149,8 @@ restore_take(void)
 		return NULL;
 	}
 	restoring = 1;
+	/* Whatever description the manager has, the next one replaces it. */
+	desc_in_store = count_named(s, FDSTORE_NAME_DESC) > 0;
 	if (count_named(s, FDSTORE_NAME_DESC) != 1) {
 		log_warnx("warm restart: %zu stored descriptions (\"%s\"), not one; loading every "
 			  "model afresh", count_named(s, FDSTORE_NAME_DESC), FDSTORE_NAME_DESC);

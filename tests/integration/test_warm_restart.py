@@ -40,6 +40,8 @@ class FakeManager:
         self.path = path
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(path)
+        self.sock.settimeout(0.05)
+        self.stopping = False
         self.store = {}          # name -> [fd, ...]
         self.messages = []
         self.lock = threading.Lock()
@@ -49,11 +51,11 @@ class FakeManager:
 
     def run(self):
         fdsize = array.array("i").itemsize
-        while True:
+        while not self.stopping:
             try:
                 data, anc, _, _ = self.sock.recvmsg(4096, socket.CMSG_SPACE(253 * fdsize))
-            except OSError:
-                return
+            except socket.timeout:
+                continue
             fds = array.array("i")
             for level, kind, payload in anc:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -107,6 +109,8 @@ class FakeManager:
         return fds, names
 
     def close(self):
+        self.stopping = True
+        self.thread.join(timeout=60)
         self.sock.close()
         for stored in self.store.values():
             for fd in stored:
@@ -233,13 +237,19 @@ def test_broken_store_loads_afresh(tmp_path):
         import fcntl
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK |
                     fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
-        high = os.dup2(fd, 1000, inheritable=True)
-        os.close(fd)
-        start(d, mgr, [high], ["wc-desc"])
+        mgr.store["wc-desc"] = [fd]    # as if an older wcached had stored it
+        start(d, mgr, *mgr.listen_fds())
         wait_until(lambda: ready(d, "a"), what="a loaded afresh")
         log = d.read_log()
         assert "warm restart: the stored description:" in log, log
         assert generation(d, "a") == 1
+        # The broken description was replaced, not joined, by a good one.
+        mgr.wait_for(lambda m: len(m.store.get("wc-desc", [])) == 1 and
+                     "wc-1-1-i" in m.store, what="one description and a's generation stored")
+        assert d.stop() == 0, d.read_log()
+        start(d, mgr, *mgr.listen_fds())
+        wait_until(lambda: ready(d, "a"), what="a restored")
+        assert 'model "a": generation 1 restored' in d.read_log(), d.read_log()
     finally:
         status_code = d.stop()
         mgr.close()
