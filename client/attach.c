@@ -459,7 +459,7 @@ unlink_model(wc_model *m)
  * closes.
  */
 uint64_t
-attach_forget(wc_model *m)
+attach_forget(wc_model *m, uint64_t *connection)
 {
 	wc_client *c = m->client;
 	uint64_t handle = 0;
@@ -477,17 +477,21 @@ attach_forget(wc_model *m)
 	}
 	/* Only the process that attached holds the daemon's handle; a child
 	 * after fork() shares the socket and must stay silent on it. */
-	/* A model attached over a connection that has since been replaced
-	 * (the daemon restarted): its handle meant nothing to the new daemon,
-	 * and the old one released it when the connection closed. */
-	if (m->pid == self_pid() && c->pid == m->pid && m->connection == c->connection)
+	if (m->pid == self_pid() && c->pid == m->pid)
 		handle = m->handle;
+	*connection = m->connection;
 	pthread_mutex_unlock(&c->lock);
 	return handle;
 }
 
+/* Sends the RELEASE of handle on c, when c is still on the connection the
+ * model was attached over. A model attached over a connection that has
+ * since been replaced (the daemon restarted): its handle meant nothing to
+ * the new daemon, and the old one released it when the connection closed.
+ * Checked here, under the lock, because another thread may reconnect
+ * between attach_forget() and this. */
 void
-attach_send_release(wc_client *c, uint64_t handle)
+attach_send_release(wc_client *c, uint64_t handle, uint64_t connection)
 {
 	uint8_t req[64];
 	ssize_t n;
@@ -495,7 +499,7 @@ attach_send_release(wc_client *c, uint64_t handle)
 	if (c == NULL || handle == 0)
 		return;
 	pthread_mutex_lock(&c->lock);
-	n = wire_put_release(req, sizeof(req), 0, handle);
+	n = c->connection == connection ? wire_put_release(req, sizeof(req), 0, handle) : -1;
 	if (n >= 0)
 		(void)fdp_send(c->fd, req, (size_t)n, NULL, 0);
 	pthread_mutex_unlock(&c->lock);

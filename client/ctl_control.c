@@ -38,123 +38,83 @@
 #include "ctl.h"
 #include "control_proto.h"
 #include "ctl_internal.h"
+#include "error.h"
+#include "inifile.h"
 #include "json.h"
 
 #define REQUEST_MAX 4096            /* the daemon's CONTROL_LINE_MAX */
 #define REPLY_MAX (256u << 20)      /* a status of thousands of models fits */
-#define CONFIG_LINE_MAX 65536
 
 /* ---- finding the socket ------------------------------------------------- */
 
-/* Trims spaces and tabs at both ends of s, in place. */
-static char *
-trim(char *s)
-{
-	char *e;
+/* What control_from_config() gathers while inifile_read() runs. */
+struct control_key {
+	bool in_wcached; /* the current line is in [wcached] */
+	char *value;     /* the last control key of [wcached], or NULL */
+};
 
-	while (*s == ' ' || *s == '\t')
-		s++;
-	e = s + strlen(s);
-	while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\r' || e[-1] == '\n'))
-		*--e = '\0';
-	return s;
+/* inifile's section callback: notes whether the lines are in [wcached]. */
+static int
+control_section(struct inifile *f, const char *name, void *arg)
+{
+	struct control_key *c = arg;
+
+	c->in_wcached = strcmp(name, "wcached") == 0;
+	return 0;
+}
+
+/* inifile's key callback: keeps [wcached]'s control key, ignores the rest
+ * (wcached checks it; wcachectl needs one key). */
+static int
+control_key(struct inifile *f, const char *key, const char *value, void *arg)
+{
+	struct control_key *c = arg;
+	char *copy;
+
+	if (!c->in_wcached || strcmp(key, "control") != 0)
+		return 0;
+	if (*value == '\0')
+		return inifile_error(f, -EINVAL, "empty control path");
+	if ((copy = strdup(value)) == NULL)
+		return inifile_error(f, -ENOMEM, "out of memory");
+	free(c->value);
+	c->value = copy;
+	return 0;
 }
 
 /*
  * Reads the `control` key of the [wcached] section of the configuration at
- * path, with the syntax of daemon/config.h (comments with ';' or '#' at the
- * start of a line, ';' after whitespace inside one); a relative value is
- * joined with the configuration's directory. Stores a malloc'd path, or NULL
- * when the file sets none. Returns 0, or -1 after printing the error.
+ * path with wcached's reader (client/inifile.h), which also joins a relative
+ * value with the configuration's directory as wcached does. Stores a
+ * malloc'd path, or NULL when the file sets none. Returns 0, or -1 after
+ * printing the error.
  */
 static int
 control_from_config(const char *path, char **out)
 {
-	FILE *f = fopen(path, "re");
-	char *line = malloc(CONFIG_LINE_MAX), *value = NULL;
-	bool in_wcached = false;
-	unsigned lineno = 0;
+	static const struct inifile_handler handler = { control_section, control_key, NULL };
+	struct control_key c = { .in_wcached = false, .value = NULL };
+	char *dir = NULL, *joined = NULL;
 
 	*out = NULL;
-	if (f == NULL || line == NULL) {
-		ctl_error("%s: %s", path, strerror(f == NULL ? errno : ENOMEM));
-		if (f != NULL)
-			fclose(f);
-		free(line);
+	if (inifile_read(path, &handler, &c) < 0) {
+		ctl_error("%s", error_get());
+		free(c.value);
 		return -1;
 	}
-	while (fgets(line, CONFIG_LINE_MAX, f) != NULL) {
-		char *s = trim(line), *eq, *v;
-
-		lineno++;
-		if (*s == '\0' || *s == ';' || *s == '#')
-			continue;
-		if (*s == '[') {
-			char *end = strchr(s, ']');
-
-			if (end == NULL)
-				continue; /* the daemon reports it; we only need one key */
-			*end = '\0';
-			in_wcached = strcmp(trim(s + 1), "wcached") == 0;
-			continue;
-		}
-		if (!in_wcached || (eq = strchr(s, '=')) == NULL)
-			continue;
-		*eq = '\0';
-		if (strcmp(trim(s), "control") != 0)
-			continue;
-		v = eq + 1;
-		for (char *p = v; *p != '\0'; p++)
-			if (*p == ';' && p > v && (p[-1] == ' ' || p[-1] == '\t')) {
-				*p = '\0';
-				break;
-			}
-		v = trim(v);
-		if (*v == '\0') {
-			ctl_error("%s:%u: empty control path", path, lineno);
-			goto fail;
-		}
-		free(value);
-		if ((value = strdup(v)) == NULL)
-			goto oom;
+	if (c.value == NULL)
+		return 0;
+	if (inifile_dir(path, &dir) < 0) {
+		ctl_error("%s", error_get());
+		free(c.value);
+		return -1;
 	}
-	if (ferror(f)) {
-		ctl_error("%s: %s", path, strerror(errno));
-		goto fail;
-	}
-	if (value != NULL && value[0] != '/') {
-		/* Relative to the directory of the configuration file. */
-		const char *slash = strrchr(path, '/');
-		char cwd[PATH_MAX], *joined;
-		size_t need;
-
-		if (path[0] != '/' && getcwd(cwd, sizeof(cwd)) == NULL) {
-			ctl_error("getcwd: %s", strerror(errno));
-			goto fail;
-		}
-		need = strlen(cwd) + strlen(path) + strlen(value) + 3;
-		if ((joined = malloc(need)) == NULL)
-			goto oom;
-		if (path[0] == '/')
-			snprintf(joined, need, "%.*s/%s", (int)(slash - path), path, value);
-		else if (slash != NULL)
-			snprintf(joined, need, "%s/%.*s/%s", cwd, (int)(slash - path), path, value);
-		else
-			snprintf(joined, need, "%s/%s", cwd, value);
-		free(value);
-		value = joined;
-	}
-	fclose(f);
-	free(line);
-	*out = value;
-	return 0;
-oom:
-	ctl_error("out of memory");
-fail:
-	fclose(f);
-	free(line);
-	free(value);
-	return -1;
+	if (inifile_join(dir, c.value, &joined) < 0)
+		ctl_error("out of memory");
+	free(dir);
+	free(c.value);
+	*out = joined;
+	return joined != NULL ? 0 : -1;
 }
 
 /* ---- talking to the daemon ---------------------------------------------- */

@@ -178,14 +178,14 @@ void
 wc_release(wc_model *m)
 {
 	wc_client *c;
-	uint64_t handle;
+	uint64_t handle, connection = 0;
 
 	if (m == NULL)
 		return;
 	c = m->client;
-	handle = attach_forget(m);
+	handle = attach_forget(m, &connection);
 	model_free(m);
-	attach_send_release(c, handle);
+	attach_send_release(c, handle, connection);
 }
 
 size_t

@@ -89,12 +89,14 @@ void model_free(wc_model *m);
 
 /* attach.c: unlinks an attached model from its client and returns the
  * daemon's handle to release, or 0 when nothing is to be sent (a model from
- * wc_open_file(), or one attached by another process before fork()). Then,
- * after the model is unmapped, attach_send_release(client, handle) tells the
+ * wc_open_file(), or one attached by another process before fork()), and
+ * in *connection the client's connection it came over. Then, after the
+ * model is unmapped, attach_send_release(client, handle, connection) tells the
  * daemon: unmapping first means the daemon never acts on a release (an
- * eviction of a cold model, say) while this process still maps the pages. */
-uint64_t attach_forget(wc_model *m);
-void attach_send_release(wc_client *c, uint64_t handle);
+ * eviction of a cold model, say) while this process still maps the pages;
+ * it sends nothing when the client has reconnected since (see attach.c). */
+uint64_t attach_forget(wc_model *m, uint64_t *connection);
+void attach_send_release(wc_client *c, uint64_t handle, uint64_t connection);
 
 /* attach_reply.c: drop one reference to a status page or an index
  * mapping, unmapping it with the last; NULL is fine. */

@@ -1,53 +1,27 @@
 /*
  * config.c: loads and validates wcached's configuration file (see config.h).
  *
- * inih splits "key = value" lines and strips comments; everything else is
- * ours, because the Debian build of inih cannot give us what we need:
- *
- * - Line numbers: the installed <ini.h> declares the handler without a line
- *   number (INI_HANDLER_LINENO is 0 there), so the file is fed to
- *   ini_parse_stream() through our own reader, which counts lines. The
- *   handler runs for the line the reader returned last, so ctx->lineno is
- *   the handler's line.
- * - Sections: inih calls the handler only for keys, so an empty [model x]
- *   or a second empty [wcached] would go unseen, and it cuts section names
- *   at 49 bytes (model names may have 128). The reader parses section
- *   headers itself and hands inih an empty line instead.
- * - Continuation lines: inih treats an indented line after a key as more of
- *   that key's value. The reader strips leading whitespace, so indenting keys
- *   is harmless and there are no continuation lines.
- * - Line length: inih reads lines into a 200-byte buffer and splits longer
- *   ones. The reader reads whole lines (up to CONFIG_LINE_MAX); a key line
- *   too long for inih's buffer is split here with inih's own rules and inih
- *   sees "key=<sentinel>", the handler then takes the value from ctx.
+ * The file's syntax is read by client/inifile.c (inih, shared with
+ * wcachectl); this file is what its sections and keys mean: [wcached] and
+ * [model NAME], the keys of each, duplicates, the checks that need the whole
+ * file, and loading, freeing and comparing configs. What a value means
+ * (numbers, sizes, booleans, users and groups, paths) is in config_value.c;
+ * the two share config_internal.h.
  *
  * The first error stops the parse; its message is "FILE:LINE: reason".
- *
- * This file is the structure of the file: the reader, sections, keys, the
- * errors with their lines, and loading, freeing and comparing configs. What
- * a value means (numbers, sizes, booleans, users and groups, paths) is in
- * config_value.c; the two share config_internal.h.
  */
 #include "config.h"
 #include "config_internal.h"
 
 #include "error.h"
+#include "inifile.h"
 #include "log.h"
 
-#include <ctype.h>
 #include <errno.h>
-#include <ini.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* Longest line accepted, newline included. */
-#define CONFIG_LINE_MAX 65536
-
-/* What inih sees as the value of a key line that was too long for it; the
- * handler substitutes ctx->long_value (only set for such lines). */
-#define LONG_VALUE_SENTINEL "\x01"
 
 static const char *const wcached_keys[WK_COUNT] = {
 	[WK_SOCKET] = "socket",
@@ -71,8 +45,7 @@ static const char *const model_keys[MK_COUNT] = {
 
 /* ---- errors ----------------------------------------------------------- */
 
-/* Records the first error as "FILE:LINE: reason" (or "FILE: reason" when
- * line is 0) in the thread's error message. Later errors are ignored. */
+/* Records the first error of the parse (see config_error()). */
 static void __attribute__((format(printf, 4, 0)))
 config_verror(struct parse_ctx *ctx, int line, int code, const char *fmt, va_list ap)
 {
@@ -81,10 +54,7 @@ config_verror(struct parse_ctx *ctx, int line, int code, const char *fmt, va_lis
 	if (ctx->err != 0)
 		return;
 	vsnprintf(reason, sizeof(reason), fmt, ap);
-	if (line > 0)
-		ctx->err = error_set(code, "%s:%d: %s", ctx->cfg->file, line, reason);
-	else
-		ctx->err = error_set(code, "%s: %s", ctx->cfg->file, reason);
+	ctx->err = inifile_error_at(ctx->ini, line, code, "%s", reason);
 }
 
 /* An error at the current line (declared in config_internal.h). */
@@ -94,7 +64,7 @@ config_error(struct parse_ctx *ctx, int code, const char *fmt, ...)
 	va_list ap;
 
 	va_start(ap, fmt);
-	config_verror(ctx, ctx->lineno, code, fmt, ap);
+	config_verror(ctx, inifile_line(ctx->ini), code, fmt, ap);
 	va_end(ap);
 }
 
@@ -178,62 +148,44 @@ model_begin(struct parse_ctx *ctx, const char *name)
 		config_error(ctx, -ENOMEM, "out of memory");
 		return;
 	}
-	m->pin = CONFIG_PIN_METADATA;
+	m->pin = PIN_METADATA;
 	m->warm = true;
-	m->line = ctx->lineno;
+	m->line = inifile_line(ctx->ini);
 	ctx->model = cfg->n_models++;
 	ctx->section = SEC_MODEL;
 	memset(ctx->model_key_line, 0, sizeof(ctx->model_key_line));
 }
 
-/* Handles a "[...]" line (s has no leading or trailing whitespace). */
-static void
-section_line(struct parse_ctx *ctx, char *s)
+/* inifile's section callback: a "[NAME]" line. */
+static int
+section_cb(struct inifile *ini, const char *name, void *arg)
 {
-	char *end = strchr(s, ']');
-	char *inner = s + 1, *rest;
+	struct parse_ctx *ctx = arg;
 
+	ctx->ini = ini;
 	section_end(ctx);
 	if (ctx->err != 0)
-		return;
-	if (end == NULL) {
-		config_error(ctx, -EINVAL, "section header without closing ']'");
-		return;
-	}
-	rest = end + 1;
-	while (*rest == ' ' || *rest == '\t')
-		rest++;
-	if (*rest != '\0' && *rest != ';' && *rest != '#') {
-		config_error(ctx, -EINVAL, "unexpected text after section header: \"%s\"", rest);
-		return;
-	}
-	*end = '\0';
-	while (*inner == ' ' || *inner == '\t')
-		inner++;
-	while (end > inner && (end[-1] == ' ' || end[-1] == '\t'))
-		*--end = '\0';
-
-	if (strcmp(inner, "wcached") == 0) {
-		if (ctx->wcached_line != 0) {
+		return ctx->err;
+	if (strcmp(name, "wcached") == 0) {
+		if (ctx->wcached_line != 0)
 			config_error(ctx, -EINVAL, "duplicate section [wcached] (first on line %d)",
 				ctx->wcached_line);
-			return;
-		}
-		ctx->wcached_line = ctx->lineno;
+		ctx->wcached_line = inifile_line(ini);
 		ctx->section = SEC_WCACHED;
-		return;
+		return ctx->err;
 	}
-	if (strncmp(inner, "model", 5) == 0 &&
-		(inner[5] == '\0' || inner[5] == ' ' || inner[5] == '\t')) {
-		char *name = inner + 5;
+	if (strncmp(name, "model", 5) == 0 &&
+		(name[5] == '\0' || name[5] == ' ' || name[5] == '\t')) {
+		const char *model = name + 5;
 
-		while (*name == ' ' || *name == '\t')
-			name++;
-		model_begin(ctx, name);
-		return;
+		while (*model == ' ' || *model == '\t')
+			model++;
+		model_begin(ctx, model);
+		return ctx->err;
 	}
 	config_error(ctx, -EINVAL, "unknown section [%s] (expected [wcached] or [model NAME])",
-		inner);
+		name);
+	return ctx->err;
 }
 
 /* ---- keys ------------------------------------------------------------- */
@@ -269,7 +221,7 @@ wcached_key(struct parse_ctx *ctx, const char *key, const char *value)
 			ctx->wcached_key_line[k]);
 		return;
 	}
-	ctx->wcached_key_line[k] = ctx->lineno;
+	ctx->wcached_key_line[k] = inifile_line(ctx->ini);
 
 	switch ((enum wcached_key)k) {
 	case WK_SOCKET:
@@ -343,20 +295,14 @@ model_key(struct parse_ctx *ctx, const char *key, const char *value)
 			ctx->model_key_line[k]);
 		return;
 	}
-	ctx->model_key_line[k] = ctx->lineno;
+	ctx->model_key_line[k] = inifile_line(ctx->ini);
 
 	switch ((enum model_key)k) {
 	case MK_PATH:
 		config_join_path(ctx, prefix, key, value, &m->path);
 		break;
 	case MK_PIN:
-		if (strcmp(value, "none") == 0)
-			m->pin = CONFIG_PIN_NONE;
-		else if (strcmp(value, "metadata") == 0)
-			m->pin = CONFIG_PIN_METADATA;
-		else if (strcmp(value, "all") == 0)
-			m->pin = CONFIG_PIN_ALL;
-		else
+		if (pin_mode_parse(value, &m->pin) < 0)
 			config_error(ctx, -EINVAL,
 				"%spin: \"%s\" is not one of none, metadata, all", prefix, value);
 		break;
@@ -397,19 +343,13 @@ model_key(struct parse_ctx *ctx, const char *key, const char *value)
 	}
 }
 
-/* inih's handler: called for every "key = value" line with the line the
- * reader returned last. Errors are recorded in ctx; returning nonzero keeps
- * inih from recording a line of its own. */
+/* inifile's key callback: a "key = value" line. */
 static int
-ini_handler_cb(void *user, const char *section, const char *name, const char *value)
+key_cb(struct inifile *ini, const char *name, const char *value, void *arg)
 {
-	struct parse_ctx *ctx = user;
+	struct parse_ctx *ctx = arg;
 
-	(void)section; /* ours is ctx->section; inih never sees a header */
-	if (ctx->err != 0)
-		return 1;
-	if (ctx->long_value != NULL && strcmp(value, LONG_VALUE_SENTINEL) == 0)
-		value = ctx->long_value;
+	ctx->ini = ini;
 	switch (ctx->section) {
 	case SEC_NONE:
 		config_error(ctx, -EINVAL,
@@ -423,138 +363,20 @@ ini_handler_cb(void *user, const char *section, const char *name, const char *va
 		model_key(ctx, name, value);
 		break;
 	}
-	return 1;
-}
-
-/* ---- the reader ------------------------------------------------------- */
-
-/* inih's find_chars_or_comment(): the first character of s in chars, or
- * the ';' of an inline comment (one preceded by whitespace), or the end. */
-static char *
-find_chars_or_comment(char *s, const char *chars)
-{
-	int was_space = 0;
-
-	while (*s != '\0' && (chars == NULL || strchr(chars, *s) == NULL) &&
-		!(was_space && *s == ';')) {
-		was_space = isspace((unsigned char)*s);
-		s++;
-	}
-	return s;
-}
-
-/* Removes trailing whitespace in place. */
-static void
-rstrip(char *s)
-{
-	size_t n = strlen(s);
-
-	while (n > 0 && isspace((unsigned char)s[n - 1]))
-		s[--n] = '\0';
-}
-
-/* A key line too long for inih's buffer: splits it as inih would, keeps the
- * value in ctx->long_value and gives inih "key=SENTINEL" in str. */
-static char *
-long_key_line(struct parse_ctx *ctx, char *s, char *eq, char *str, int num)
-{
-	char *value = eq + 1, *vend;
-
-	*eq = '\0';
-	rstrip(s);
-	if (strlen(s) + sizeof(LONG_VALUE_SENTINEL) + 1 > (size_t)num) {
-		config_error(ctx, -EINVAL, "key name too long");
-		return NULL;
-	}
-	vend = find_chars_or_comment(value, NULL);
-	*vend = '\0';
-	while (isspace((unsigned char)*value))
-		value++;
-	rstrip(value);
-	ctx->long_value = strdup(value);
-	if (ctx->long_value == NULL) {
-		config_error(ctx, -ENOMEM, "out of memory");
-		return NULL;
-	}
-	snprintf(str, (size_t)num, "%s=%s", s, LONG_VALUE_SENTINEL);
-	return str;
-}
-
-/* inih's reader: returns the next line of the file in str (at most num - 1
- * bytes), after handling everything inih must not see (see the top of this
- * file). Returns NULL at the end of the file or after the first error. */
-static char *
-ini_reader_cb(char *str, int num, void *stream)
-{
-	struct parse_ctx *ctx = stream;
-	ssize_t len;
-	char *s, *eq;
-
-	free(ctx->long_value);
-	ctx->long_value = NULL;
-	if (ctx->err != 0 || num < 8)
-		return NULL;
-	errno = 0;
-	len = getline(&ctx->raw, &ctx->raw_cap, ctx->fp);
-	if (len < 0) {
-		if (ferror(ctx->fp))
-			config_error_at(ctx, 0, errno != 0 ? -errno : -EIO, "read error: %s",
-				strerror(errno != 0 ? errno : EIO));
-		return NULL;
-	}
-	ctx->lineno++;
-	if (len > CONFIG_LINE_MAX) {
-		config_error(ctx, -EINVAL, "line too long (%zd bytes, max %d)", len,
-			CONFIG_LINE_MAX);
-		return NULL;
-	}
-	if (strlen(ctx->raw) != (size_t)len) {
-		config_error(ctx, -EINVAL, "line contains a NUL byte");
-		return NULL;
-	}
-	s = ctx->raw;
-	if (ctx->lineno == 1 && len >= 3 && memcmp(s, "\xEF\xBB\xBF", 3) == 0)
-		s += 3; /* UTF-8 byte order mark */
-	rstrip(s);
-	/* All of isspace(), as inih's lskip() has it: a line that inih sees
-	 * starting with a vertical tab or a form feed would be a continuation
-	 * of the previous key (of any earlier section: inih sees no headers). */
-	while (isspace((unsigned char)*s))
-		s++;
-
-	str[0] = '\0';
-	if (*s == '\0' || *s == ';' || *s == '#')
-		return str;
-	if (*s == '[') {
-		section_line(ctx, s);
-		return ctx->err != 0 ? NULL : str;
-	}
-	eq = find_chars_or_comment(s, "=:");
-	if (*eq != '=' && *eq != ':') {
-		config_error(ctx, -EINVAL,
-			"expected \"key = value\", a [section] or a comment, got \"%s\"", s);
-		return NULL;
-	}
-	if (eq == s) {
-		config_error(ctx, -EINVAL, "missing key name before '%c'", *eq);
-		return NULL;
-	}
-	if (strlen(s) + 2 <= (size_t)num) {
-		memcpy(str, s, strlen(s) + 1);
-		return str;
-	}
-	return long_key_line(ctx, s, eq, str, num);
+	return ctx->err;
 }
 
 /* ---- load, free, compare --------------------------------------------- */
 
-/* Checks that need the whole file. */
-static void
-config_finish(struct parse_ctx *ctx)
+/* inifile's end callback: the checks that need the whole file. */
+static int
+end_cb(struct inifile *ini, void *arg)
 {
+	struct parse_ctx *ctx = arg;
 	struct config *cfg = ctx->cfg;
 	int per_uid_line = ctx->wcached_key_line[WK_MAX_CLIENTS_PER_UID];
 
+	ctx->ini = ini;
 	section_end(ctx);
 	if (cfg->max_clients_per_uid > cfg->max_clients) {
 		if (per_uid_line != 0)
@@ -570,11 +392,13 @@ config_finish(struct parse_ctx *ctx)
 		config_error_at(ctx, a > b ? a : b, -EINVAL,
 			"socket and control are the same path \"%s\"", cfg->socket_path);
 	}
+	return ctx->err;
 }
 
 int
 config_load(const char *path, struct config **out)
 {
+	static const struct inifile_handler handler = { section_cb, key_cb, end_cb };
 	struct parse_ctx ctx;
 	struct config *cfg;
 	int r;
@@ -594,7 +418,7 @@ config_load(const char *path, struct config **out)
 		config_free(cfg);
 		return error_set(-ENOMEM, "out of memory");
 	}
-	r = config_dir(path, &cfg->dir);
+	r = inifile_dir(path, &cfg->dir);
 	if (r < 0) {
 		config_free(cfg);
 		return r;
@@ -602,30 +426,10 @@ config_load(const char *path, struct config **out)
 
 	memset(&ctx, 0, sizeof(ctx));
 	ctx.cfg = cfg;
-	ctx.fp = fopen(path, "re");
-	if (ctx.fp == NULL) {
-		r = error_set(-errno, "%s: %s", path, strerror(errno));
+	r = inifile_read(path, &handler, &ctx);
+	if (r < 0) {
 		config_free(cfg);
 		return r;
-	}
-
-	r = ini_parse_stream(ini_reader_cb, &ctx, ini_handler_cb, &ctx);
-	if (ctx.err == 0) {
-		if (r > 0)
-			config_error_at(&ctx, r, -EINVAL, "syntax error");
-		else if (r == -2)
-			config_error_at(&ctx, 0, -ENOMEM, "out of memory");
-		else if (r < 0)
-			config_error_at(&ctx, 0, -EIO, "cannot parse (inih error %d)", r);
-		else
-			config_finish(&ctx);
-	}
-	fclose(ctx.fp);
-	free(ctx.raw);
-	free(ctx.long_value);
-	if (ctx.err != 0) {
-		config_free(cfg);
-		return ctx.err;
 	}
 	*out = cfg;
 	return 0;

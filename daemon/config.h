@@ -1,5 +1,5 @@
 /*
- * config.h: wcached's configuration file (INI syntax, parsed with inih).
+ * config.h: wcached's configuration file (INI syntax, read with inih).
  *
  *   [wcached]
  *   socket = /run/wcached/wcached.sock    ; client socket
@@ -19,7 +19,8 @@
  *   allow_users = alice, 1001             ; names or uids, comma or space separated
  *   allow_groups = ml                     ; names or gids
  *
- * Comments start with ';' or '#' at the start of a line, or with ';' after
+ * The syntax is client/inifile.h's (inih's, shared with wcachectl):
+ * comments start with ';' or '#' at the start of a line, or with ';' after
  * whitespace inside a line. Leading whitespace is ignored (there are no
  * continuation lines). Lines may be of any length up to 64 KiB.
  *
@@ -43,6 +44,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "pin.h"
+
 #define CONFIG_DEFAULT_SOCKET "/run/wcached/wcached.sock"
 #define CONFIG_DEFAULT_CONTROL "/run/wcached/control.sock"
 #define CONFIG_DEFAULT_PREFETCH_THREADS 2
@@ -52,13 +55,6 @@
 #define CONFIG_MAX_CLIENTS_LIMIT 1000000 /* upper bound accepted for both */
 #define CONFIG_MAX_MODELS 4096
 #define CONFIG_MODEL_NAME_MAX 128 /* bytes, not counting the NUL */
-
-/* What a model keeps locked in memory (mlock), from the "pin" key. */
-enum config_pin {
-	CONFIG_PIN_NONE = 0,     /* nothing */
-	CONFIG_PIN_METADATA = 1, /* the index and the files' headers (default) */
-	CONFIG_PIN_ALL = 2,      /* the whole model, within RLIMIT_MEMLOCK */
-};
 
 /* How memory_budget was given. */
 enum config_budget {
@@ -71,7 +67,7 @@ enum config_budget {
 struct model_config {
 	char *name;            /* 1..128 bytes of [A-Za-z0-9._-], not starting with '.' or '-' */
 	char *path;            /* absolute (joined with the config file's directory) */
-	enum config_pin pin;   /* default CONFIG_PIN_METADATA */
+	enum pin_mode pin;     /* the "pin" key, default PIN_METADATA */
 	bool warm;             /* default true */
 	/* Access lists. When both raw strings are NULL the model has no list and
 	 * any peer that can reach the client socket may attach it. When either

@@ -3,21 +3,21 @@
  * config_load() runs. Private to daemon/config*.c; everyone else uses
  * config.h.
  *
- * config.c reads the file (the inih reader, sections, keys) and owns the
- * parse context; config_value.c parses and resolves the values it is handed
- * (numbers, sizes, booleans, model names, users and groups, paths). Both
- * report errors through config_error(), which puts the file and the current
- * line in front of the reason.
+ * client/inifile.c reads the file's syntax; config.c gives its sections and
+ * keys their meaning and owns the parse context; config_value.c parses and
+ * resolves the values it is handed (numbers, sizes, booleans, model names,
+ * users and groups, paths). Both report errors through config_error(),
+ * which puts the file and the current line in front of the reason.
  */
 #ifndef WC_CONFIG_INTERNAL_H
 #define WC_CONFIG_INTERNAL_H
 
 #include <stddef.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <sys/types.h>
 
 #include "config.h"
+#include "inifile.h"
 
 /* The keys of [wcached]; config.c holds their names. */
 enum wcached_key {
@@ -36,24 +36,21 @@ enum wcached_key {
 /* The keys of [model NAME]. */
 enum model_key { MK_PATH, MK_PIN, MK_WARM, MK_ALLOW_USERS, MK_ALLOW_GROUPS, MK_COUNT };
 
+/* The section a line is in: none before the first header. */
 enum section_kind { SEC_NONE, SEC_WCACHED, SEC_MODEL };
 
-/* State shared by the reader and the handler during one config_load(). */
+/* What one config_load() knows while inifile_read() runs. */
 struct parse_ctx {
-	struct config *cfg;
-	FILE *fp;
-	int lineno;       /* line the reader returned last */
-	char *raw;        /* getline() buffer */
-	size_t raw_cap;
-	char *long_value; /* value of the current line when it was too long for inih */
-	int err;          /* first error (negative), 0 while all is well */
+	struct config *cfg;  /* being filled; freed by config_load() on error */
+	struct inifile *ini; /* the file being read: its path and current line */
+	int err;             /* first error (negative), 0 while all is well */
 
-	enum section_kind section;
+	enum section_kind section;       /* the section of the current line */
 	size_t model;                    /* index of the current model (SEC_MODEL) */
 	int wcached_line;                /* line of [wcached], 0 when not seen */
-	int wcached_key_line[WK_COUNT];  /* line where each [wcached] key was set */
+	int wcached_key_line[WK_COUNT];  /* line where each [wcached] key was set, 0 if not */
 	int model_key_line[MK_COUNT];    /* the same for the current model */
-	size_t models_cap;
+	size_t models_cap;               /* allocated entries of cfg->models */
 };
 
 /* uid_t and gid_t lists are resolved into, and compared as, arrays of
@@ -63,9 +60,9 @@ _Static_assert(sizeof(uid_t) == sizeof(unsigned) && sizeof(gid_t) == sizeof(unsi
 
 /* ---- config.c --------------------------------------------------------- */
 
-/* Records the first error of the parse as "FILE:LINE: reason", at the line
- * the reader returned last, in ctx->err and the thread's error message.
- * Later errors are ignored. */
+/* Records the first error of the parse as "FILE:LINE: reason", at the
+ * current line, in ctx->err and the thread's error message. Later errors
+ * are ignored. */
 void config_error(struct parse_ctx *ctx, int code, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 
@@ -88,8 +85,6 @@ int config_parse_bool(const char *s);
 int config_parse_memory_budget(const char *s, enum config_budget *kind, uint64_t *value,
 	const char **why);
 
-/* Whether s is a valid model name (see config.h). */
-
 /* One user or group (a name or a numeric id) resolved to an id. */
 int config_resolve_id(struct parse_ctx *ctx, const char *prefix, const char *key,
 	const char *token, int is_group, unsigned *id);
@@ -102,16 +97,14 @@ int config_resolve_id_list(struct parse_ctx *ctx, const char *prefix, const char
 /* The "user" key: sets cfg->user, cfg->user_uid and cfg->user_gid. */
 int config_resolve_user(struct parse_ctx *ctx, const char *value);
 
-/* A path joined with the config file's directory, new in *out. */
+/* A path key's value joined with the config file's directory
+ * (inifile_join()), new in *out: an empty value, or a result of PATH_MAX
+ * bytes or more, is an error. */
 int config_join_path(struct parse_ctx *ctx, const char *prefix, const char *key,
 	const char *value, char **out);
 
 /* config_join_path() for a unix socket address (must fit in sun_path); on
  * success frees the old *out and stores the new path. */
 int config_socket_path(struct parse_ctx *ctx, const char *key, const char *value, char **out);
-
-/* The absolute directory of the config file at path, new in *out. Sets the
- * error message itself (there is no parse context yet). */
-int config_dir(const char *path, char **out);
 
 #endif /* WC_CONFIG_INTERNAL_H */

@@ -14,6 +14,7 @@
 #include "config_internal.h"
 
 #include "error.h"
+#include "inifile.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -401,27 +402,13 @@ int
 config_join_path(struct parse_ctx *ctx, const char *prefix, const char *key, const char *value,
 	char **out)
 {
-	const char *dir = ctx->cfg->dir;
 	char *p;
 
 	if (*value == '\0') {
 		config_error(ctx, -EINVAL, "%s%s: empty value", prefix, key);
 		return -EINVAL;
 	}
-	if (value[0] == '/') {
-		p = strdup(value);
-	} else {
-		while (value[0] == '.' && value[1] == '/') {
-			value += 2;
-			while (*value == '/')
-				value++;
-		}
-		if (*value == '\0' || strcmp(value, ".") == 0)
-			p = strdup(dir);
-		else if (asprintf(&p, "%s%s%s", dir, strcmp(dir, "/") == 0 ? "" : "/", value) < 0)
-			p = NULL;
-	}
-	if (p == NULL) {
+	if (inifile_join(ctx->cfg->dir, value, &p) < 0) {
 		config_error(ctx, -ENOMEM, "out of memory");
 		return -ENOMEM;
 	}
@@ -454,39 +441,5 @@ config_socket_path(struct parse_ctx *ctx, const char *key, const char *value, ch
 	}
 	free(*out);
 	*out = p;
-	return 0;
-}
-
-/* Computes the absolute directory holding the config file. */
-int
-config_dir(const char *path, char **out)
-{
-	char *abs, *slash;
-
-	if (path[0] == '/') {
-		abs = strdup(path);
-	} else {
-		char *cwd = getcwd(NULL, 0);
-
-		if (cwd == NULL)
-			return error_set(-errno, "%s: cannot get the current directory: %s", path,
-				strerror(errno));
-		while (path[0] == '.' && path[1] == '/') {
-			path += 2;
-			while (*path == '/')
-				path++;
-		}
-		if (asprintf(&abs, "%s%s%s", cwd, strcmp(cwd, "/") == 0 ? "" : "/", path) < 0)
-			abs = NULL;
-		free(cwd);
-	}
-	if (abs == NULL)
-		return error_set(-ENOMEM, "out of memory");
-	slash = strrchr(abs, '/');
-	if (slash == abs)
-		slash[1] = '\0'; /* the file is in "/" */
-	else
-		*slash = '\0';
-	*out = abs;
 	return 0;
 }

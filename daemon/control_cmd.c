@@ -201,21 +201,6 @@ request_started(struct ctl_conn *c, struct ctl_request *q, int err)
 	free(q);
 }
 
-/* The value of load's pin= option. */
-static int
-parse_pin(const char *s, enum pin_mode *out)
-{
-	if (strcmp(s, "none") == 0)
-		*out = PIN_NONE;
-	else if (strcmp(s, "metadata") == 0)
-		*out = PIN_METADATA;
-	else if (strcmp(s, "all") == 0)
-		*out = PIN_ALL;
-	else
-		return -EINVAL;
-	return 0;
-}
-
 /* load NAME PATH [pin=...]: serves PATH as NAME, or as NAME's next
  * generation; answered when the registry has validated PATH. */
 static void
@@ -243,7 +228,7 @@ cmd_load(struct ctl_conn *c, int argc, char **argv)
 		return;
 	}
 	if (argc == 4) {
-		if (strncmp(argv[3], "pin=", 4) != 0 || parse_pin(argv[3] + 4, &pin) < 0) {
+		if (strncmp(argv[3], "pin=", 4) != 0 || pin_mode_parse(argv[3] + 4, &pin) < 0) {
 			ctl_conn_error(c,
 				"load: bad option %s: use pin=none, pin=metadata or pin=all",
 				json_quote(quoted, sizeof(quoted), argv[3], strlen(argv[3])));

@@ -177,7 +177,7 @@ check_generation(const struct fdstore_model *m, uint32_t gi, const char *mwhere,
 			"or held (3)", where, g->role);
 	if (g->pin > FDSTORE_MAX_PIN)
 		return error_set(-EINVAL, "fdstore: %s: pin: %u is not 0 to %u", where, g->pin,
-			FDSTORE_MAX_PIN);
+			(unsigned)FDSTORE_MAX_PIN);
 	if ((r = check_string(g->index_fdname, FDSTORE_MAX_FDNAME, 1, where, "index fdname")) < 0)
 		return r;
 	if (g->index_size == 0 || g->index_size > UINT32_MAX)

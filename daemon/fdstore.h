@@ -30,6 +30,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pin.h"
+
 #define FDSTORE_MAGIC "WCFDSTOR"          /* 8 bytes, no NUL */
 #define FDSTORE_VERSION 1u
 #define FDSTORE_HEADER_SIZE 24u
@@ -41,7 +43,7 @@
 #define FDSTORE_MAX_FDNAME 255u           /* systemd's limit for FDNAME= */
 #define FDSTORE_MAX_MODEL_NAME 1024u      /* WIRE_MAX_NAME */
 #define FDSTORE_MAX_PATH 4095u
-#define FDSTORE_MAX_PIN 2u                /* enum config_pin: none, metadata, all */
+#define FDSTORE_MAX_PIN PIN_ALL           /* enum pin_mode (pin.h): none, metadata, all */
 
 /* The fixed FDNAMEs; per generation, fdstore_name_index/_file(). */
 #define FDSTORE_NAME_STATUS "wc-status"   /* the status page memfd */
@@ -69,7 +71,7 @@ struct fdstore_file {
 struct fdstore_generation {
 	uint64_t number;        /* 1 .. the model's last_generation */
 	uint8_t role;           /* enum fdstore_role */
-	uint8_t pin;            /* enum config_pin actually applied, 0 .. FDSTORE_MAX_PIN */
+	uint8_t pin;            /* enum pin_mode actually applied, 0 .. FDSTORE_MAX_PIN */
 	char *index_fdname;     /* the sealed index memfd in the store */
 	uint64_t index_size;    /* its exact size in bytes */
 	uint32_t nfiles;        /* 1 .. FDSTORE_MAX_FILES */

@@ -92,12 +92,6 @@ gen_holds_memory(const struct generation *g)
 	return g->state == GEN_WARMING || g->state == GEN_READY || g->state == GEN_REWARM;
 }
 
-const char *
-pin_mode_name(enum pin_mode p)
-{
-	return p == PIN_ALL ? "all" : p == PIN_NONE ? "none" : "metadata";
-}
-
 uint64_t
 registry_now_ms(const struct registry *r)
 {

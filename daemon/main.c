@@ -117,12 +117,6 @@ memory_budget(const struct config *cfg)
 	return config_memory_budget(cfg, pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0);
 }
 
-static enum pin_mode
-pin_of(enum config_pin p)
-{
-	return p == CONFIG_PIN_ALL ? PIN_ALL : p == CONFIG_PIN_NONE ? PIN_NONE : PIN_METADATA;
-}
-
 /*
  * A batch of loads (start-up or a config reload) that reports once when
  * every load in it has ended.
@@ -171,7 +165,7 @@ set_access(struct daemon *d, const struct model_config *m)
 static void
 batch_load(struct batch *b, const struct model_config *m)
 {
-	if (registry_load(&b->d->reg, m->name, m->path, pin_of(m->pin), m->warm, batch_load_done,
+	if (registry_load(&b->d->reg, m->name, m->path, m->pin, m->warm, batch_load_done,
 		    b) < 0) {
 		log_errorx("%s; not served", error_get());
 		b->failed++;
@@ -291,7 +285,7 @@ reload_model(enum config_change change, const struct model_config *old_model,
 	if (changes & CONFIG_CHANGED_ACCESS)
 		set_access(b->d, new_model);
 	if ((changes & CONFIG_CHANGED_PIN) &&
-		registry_pin(&b->d->reg, new_model->name, pin_of(new_model->pin)) < 0)
+		registry_pin(&b->d->reg, new_model->name, new_model->pin) < 0)
 		log_warnx("%s", error_get());
 }
 
@@ -645,7 +639,7 @@ main(int argc, char **argv)
 	for (size_t i = 0; i < d.cfg->n_models; i++) {
 		const struct model_config *m = &d.cfg->models[i];
 
-		if (fdstore && restore_model(stored, &d.reg, m->name, m->path, pin_of(m->pin), m->warm))
+		if (fdstore && restore_model(stored, &d.reg, m->name, m->path, m->pin, m->warm))
 			set_access(&d, m);
 		else
 			batch_load(b, m);

@@ -32,7 +32,7 @@
 #include "wire.h"
 #include "warm.h"
 
-enum pin_mode { PIN_NONE = 0, PIN_METADATA, PIN_ALL };
+#include "pin.h"
 
 struct generation; /* generation.h */
 struct registry;
@@ -266,7 +266,5 @@ void registry_close(struct registry *r);
 /* Warming totals over all current and pending generations, for status. */
 void registry_progress(const struct registry *r, uint64_t *done, uint64_t *total,
 	unsigned *warming, unsigned *models);
-
-const char *pin_mode_name(enum pin_mode p);
 
 #endif

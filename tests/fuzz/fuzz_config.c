@@ -1,9 +1,10 @@
 /*
  * fuzz_config.c: libFuzzer harness for wcached's configuration reader
- * (daemon/config.c and daemon/config_value.c, over inih), driven the way the
- * daemon drives it: config_load() of a file. The input is written into a
- * memfd and loaded by its /proc/self/fd path, so there is no disk I/O and
- * the file's directory (the base of relative paths) is /proc/self/fd.
+ * (daemon/config.c and daemon/config_value.c, over client/inifile.c and
+ * inih), driven the way the daemon drives it: config_load() of a file. The
+ * input is written into a memfd and loaded by its /proc/self/fd path, so
+ * there is no disk I/O and the file's directory (the base of relative
+ * paths) is /proc/self/fd.
  *
  * Properties checked, beyond "no crash, no leak, no undefined behaviour":
  *   - a refusal is -EINVAL with "FILE:LINE: reason", LINE a line of the
@@ -195,8 +196,8 @@ check_invariants(const struct config *cfg)
 		CHECK(config_model_name_valid(m->name));
 		CHECK(config_model_find(cfg, m->name) == m); /* unique */
 		CHECK(m->path != NULL && m->path[0] == '/');
-		CHECK(m->pin == CONFIG_PIN_NONE || m->pin == CONFIG_PIN_METADATA ||
-			m->pin == CONFIG_PIN_ALL);
+		CHECK(m->pin == PIN_NONE || m->pin == PIN_METADATA ||
+			m->pin == PIN_ALL);
 		CHECK((m->allow_users == NULL) == (m->n_uids == 0));
 		CHECK((m->allow_groups == NULL) == (m->n_gids == 0));
 		CHECK(m->line >= 1);
@@ -207,7 +208,6 @@ check_invariants(const struct config *cfg)
 static char *
 reprint(const struct config *cfg, size_t *len)
 {
-	static const char *const pins[] = { "none", "metadata", "all" };
 	char *text = NULL;
 	FILE *f = open_memstream(&text, len);
 
@@ -231,7 +231,7 @@ reprint(const struct config *cfg, size_t *len)
 		const struct model_config *m = &cfg->models[i];
 
 		fprintf(f, "\n[model %s]\npath = %s\npin = %s\nwarm = %s\n", m->name, m->path,
-			pins[m->pin], m->warm ? "yes" : "no");
+			pin_mode_name(m->pin), m->warm ? "yes" : "no");
 		if (m->allow_users != NULL)
 			fprintf(f, "allow_users = %s\n", m->allow_users);
 		if (m->allow_groups != NULL)

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from conftest import Daemon, binary, mkmodel, root_daemon, wait_until
+from conftest import BUILD, Daemon, binary, mkmodel, root_daemon, wait_until
 from ctlutil import (Control, as_user, ctl, mapped_bytes, model_entry, quiet_fd_count, shared_dir,
                      status, wait_for_control)
 
@@ -134,6 +134,45 @@ def test_socket_from_config_and_environment(daemon, tmp_path):
     env = dict(os.environ, WCACHE_CONTROL=daemon.control)
     r = subprocess.run([binary("wcachectl"), "status"], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
+
+
+def test_config_reader_under_valgrind(tmp_path):
+    """wcachectl -c with an absolute CONFIG path and a relative control key
+    reads no uninitialised memory (it once measured an unset cwd buffer) and
+    finds the socket where wcached puts it: in the config's directory."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        pytest.skip("valgrind is not installed (make deps installs it)")
+    with open(os.path.join(BUILD, "CMakeCache.txt")) as f:
+        if "WCACHE_SANITIZE:BOOL=ON" in f.read():
+            pytest.skip("a sanitizer build: valgrind cannot run ASan binaries")
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    conf = etc / "w.conf"
+    conf.write_text("[wcached]\ncontrol = ./run/ctl.sock ; relative\n")
+    r = subprocess.run([valgrind, "-q", "--error-exitcode=99", "--leak-check=full",
+                        "--errors-for-leak-kinds=definite", binary("wcachectl"), "-c", str(conf),
+                        "status"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert f"no control socket at {etc}/run/ctl.sock " in r.stderr, r.stderr
+
+
+def test_config_syntax_errors_as_wcached_says(tmp_path):
+    """wcachectl reads -c CONFIG with wcached's reader: a line wcached cannot
+    parse is an error for both, with the same FILE:LINE: reason."""
+    for text, reason in (("[wcached]\n[model a\n", "2: section header without closing ']'"),
+                         ("[wcached]\ncontrol\n", '2: expected "key = value"'),
+                         ("[wcached] control = x\n", "1: unexpected text after section header"),
+                         ("[wcached]\n\vcontrol =\n", "2: empty control path")):
+        conf = tmp_path / "w.conf"
+        conf.write_text(text)
+        r = subprocess.run([binary("wcachectl"), "-c", str(conf), "status"],
+                           capture_output=True, text=True)
+        assert r.returncode == 1 and f"{conf}:{reason}" in r.stderr, (text, r.stderr)
+        if "empty control" not in reason:
+            d = subprocess.run([binary("wcached"), "--check", "-c", str(conf)],
+                               capture_output=True, text=True)
+            assert d.returncode != 0 and f"{conf}:{reason}" in d.stderr, (text, d.stderr)
 
 
 # ---- load, unload, reload ---------------------------------------------------

@@ -157,7 +157,9 @@ fake_serve(struct fake *k, int conn)
 			return;
 		}
 		n = fdp_recv(conn, buf, sizeof(buf), NULL, 0, &nfds);
-		if (n == 0)
+		/* The end, or a reset: a client that reconnects closes its old
+		 * socket with our reply possibly unread. */
+		if (n == 0 || n == -ECONNRESET)
 			return;
 		if (n < 0 || wire_decode(buf, (size_t)n, &msg) < 0) {
 			fake_fail(k, "malformed request (%zd)", n);

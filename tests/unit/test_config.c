@@ -4,8 +4,9 @@
  * Each test writes a config file into a fresh temporary directory and loads
  * it: a full valid file, the defaults, relative path resolution, the
  * memory_budget forms, user and group lists, lines longer than inih's
- * buffer, the model diff for SIGHUP, and every error, checking the code and
- * that the message is "FILE:LINE: reason" with the right line.
+ * default buffer and the 64 KiB limit, the model diff for SIGHUP, and
+ * every error, checking the code and that the message is
+ * "FILE:LINE: reason" with the right line.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -149,7 +150,7 @@ test_full(void **state)
 	m = &cfg->models[0];
 	assert_string_equal(m->name, "llama-3-8b");
 	assert_string_equal(m->path, "/models/llama-3-8b");
-	assert_int_equal(m->pin, CONFIG_PIN_ALL);
+	assert_int_equal(m->pin, PIN_ALL);
 	assert_false(m->warm);
 	assert_int_equal(m->line, 14);
 	assert_string_equal(m->allow_users, "root, 1234");
@@ -164,7 +165,7 @@ test_full(void **state)
 	m = &cfg->models[1];
 	assert_string_equal(m->name, "Qwen2.5_7B");
 	assert_string_equal(m->path, "/models/qwen/model.safetensors.index.json");
-	assert_int_equal(m->pin, CONFIG_PIN_NONE);
+	assert_int_equal(m->pin, PIN_NONE);
 	assert_true(m->warm);
 	assert_int_equal(m->line, 21);
 	assert_null(m->allow_users);
@@ -204,7 +205,7 @@ test_defaults(void **state)
 		0);
 	assert_int_equal(cfg->n_models, 1);
 	assert_string_equal(cfg->models[0].name, "m");
-	assert_int_equal(cfg->models[0].pin, CONFIG_PIN_METADATA);
+	assert_int_equal(cfg->models[0].pin, PIN_METADATA);
 	assert_true(cfg->models[0].warm);
 	config_free(cfg);
 
@@ -412,7 +413,8 @@ test_allow_lists(void **state)
 		"user: unknown user \"no-such-user-wcache\"");
 }
 
-/* A value longer than inih's 200-byte line buffer, with an inline comment. */
+/* A value longer than inih's default 200-byte line buffer, with an inline
+ * comment. */
 static void
 test_long_line(void **state)
 {
@@ -534,6 +536,27 @@ test_errors(void **state)
 	check_error(f, "[wcached] socket = /s\n", 1, "unexpected text after section header");
 	check_error(f, "[wcached]\n= value\n", 2, "missing key name");
 	check_error(f, "[wcached]\nsocket ; = /s\n", 2, "expected \"key = value\"");
+	check_error(f, "[wcached]\n  : value\n", 2, "missing key name before ':'");
+	check_error(f, "[model a]\npath = /a\n[wcached\n", 3, "section header without closing ']'");
+	check_error(f, "[wcached ; comment]\n", 1, "section header without closing ']'");
+	check_error(f, "[model a]\npath = /a\n[wcached] # comment\n[model b] x\n", 4,
+		"unexpected text after section header: \"x\"");
+
+	/* 64 KiB per line, newline included. */
+	{
+		char *line = malloc(70000);
+		struct config *cfg = NULL;
+
+		assert_non_null(line);
+		memset(line, 'x', 70000);
+		memcpy(line, "[wcached]\nsocket = /", 20);
+		memcpy(line + 65535 + 10, "\n", 2); /* line 2: 65536 bytes, newline included */
+		assert_int_equal(load_text(f, "l64k.conf", line, &cfg, NULL), -EINVAL);
+		assert_non_null(strstr(error_get(), ":2: socket: path too long (65526 bytes)"));
+		memcpy(line + 65535 + 10, "x\n", 3);
+		check_error(f, line, 2, "line too long (65537 bytes, max 65536)");
+		free(line);
+	}
 }
 
 /* Errors that are not about a line. */
