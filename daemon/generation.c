@@ -15,6 +15,7 @@
 
 #include "error.h"
 #include "log.h"
+#include "restore.h"
 #include "pages.h"
 #include "registry_internal.h"
 
@@ -116,6 +117,7 @@ gen_maybe_free(struct registry *r, struct generation *g)
 			break;
 		}
 	gen_set_state(g, GEN_CLOSED, "unreferenced");
+	restore_forget(r, g);
 	log_info("model \"%s\": generation %" PRIu64 " closed", g->model_name, g->number);
 	if (g->index != NULL)
 		munmap((void *)g->index, g->index_size);

@@ -87,6 +87,9 @@ struct generation {
 	struct page_work *page_queue; /* those operations, in order; the first runs */
 	int pinned;                 /* PIN_* actually applied (pages.c) */
 	int populated;              /* every page is mapped into the daemon (pages.c) */
+	unsigned stored_slot;       /* its fds went to the manager's store under this
+				       slot's names (restore.h); 0: none */
+	int stored_done;            /* all of them (not only some: a full queue) */
 	/* The running or last warm-up: one job per file while it runs. Its
 	 * outcome decides the transition out of WARMING (warm_done). */
 	struct {

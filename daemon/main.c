@@ -26,6 +26,7 @@
 #include "log.h"
 #include "notify.h"
 #include "registry.h"
+#include "restore.h"
 #include "server.h"
 #include "source.h"
 #include "warm.h"
@@ -239,9 +240,12 @@ on_residency_timer(uv_timer_t *t)
 static void
 on_notify_timer(uv_timer_t *t)
 {
-	(void)t;
+	struct daemon *d = t->data;
+
 	if (notify_flush() < 0)
 		log_warnx("%s", error_get());
+	/* What the manager's full queue refused goes again (restore.h). */
+	restore_sync(&d->reg);
 }
 
 static void
@@ -257,6 +261,7 @@ on_registry_changed(struct registry *r)
 	 * watched directories in step. */
 	if (d->watch != NULL)
 		watch_sync(d->watch);
+	restore_sync(r);
 	registry_progress(r, &done, &total, &warming, &models);
 	if (warming == 0 && d->serving)
 		send_status(d);
@@ -358,6 +363,7 @@ on_swapped(struct registry *r, struct model_entry *m, uint64_t generation)
 	struct daemon *d = r->owner;
 
 	server_announce(d->server, m, generation);
+	restore_sync(r);
 }
 
 static void
@@ -385,6 +391,7 @@ shutdown_daemon(struct daemon *d)
 	d->listen_fd = -1;
 	watch_stop(d->watch);
 	d->watch = NULL;
+	restore_stopping(&d->reg); /* the next process finds everything stored */
 	d->reg.changed = NULL;
 	d->reg.swapped = NULL;
 	d->reg.closing = 1; /* loads still on the work queue are dropped */
@@ -519,7 +526,8 @@ main(int argc, char **argv)
 	};
 	struct daemon d = { .config_path = DEFAULT_CONFIG, .listen_fd = -1 };
 	struct warm_options wopt = { 0 };
-	int opt, do_check = 0, debug = 0, notifying, r;
+	struct restore *stored = NULL;
+	int opt, do_check = 0, debug = 0, notifying, fdstore, r;
 
 	while ((opt = getopt_long(argc, argv, "c:dhV", options, NULL)) != -1) {
 		switch (opt) {
@@ -557,6 +565,10 @@ main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);
 	if ((notifying = notify_init()) < 0)
 		log_warnx("%s", error_get());
+	/* Under a manager with a file descriptor store: take back what the
+	 * previous process stored (restore.h). */
+	if ((fdstore = notifying > 0 && restore_enabled()))
+		stored = restore_take();
 
 	if ((r = uv_loop_init(&d.loop)) < 0)
 		fatalx("uv_loop_init: %s", uv_strerror(r));
@@ -564,8 +576,22 @@ main(int argc, char **argv)
 	if ((r = warm_pool_new(&d.loop, &wopt, &d.pool)) < 0)
 		fatalx("cannot start %d prefetch threads: %s", d.cfg->prefetch_threads,
 			strerror(-r));
-	if (registry_init(&d.reg, &d.loop, d.pool) < 0)
+	if (!fdstore && registry_init(&d.reg, &d.loop, d.pool) < 0)
 		fatalx("%s", error_get());
+	if (fdstore) {
+		int status_fd = restore_status_fd(stored);
+
+		if (registry_init_stored(&d.reg, &d.loop, d.pool, status_fd) == 0)
+			restore_status_taken(stored);
+		else if (status_fd < 0)
+			fatalx("%s", error_get());
+		else {
+			log_warnx("warm restart: %s; a new status page", error_get());
+			if (registry_init_stored(&d.reg, &d.loop, d.pool, -1) < 0)
+				fatalx("%s", error_get());
+		}
+		restore_slots(stored, &d.reg);
+	}
 	d.reg.owner = &d;
 	d.reg.changed = on_registry_changed;
 	d.reg.swapped = on_swapped;
@@ -605,12 +631,21 @@ main(int argc, char **argv)
 	uv_timer_start(&d.residency_timer, on_residency_timer, RESIDENCY_CHECK_MS,
 		RESIDENCY_CHECK_MS);
 	uv_timer_init(&d.loop, &d.notify_timer);
+	d.notify_timer.data = &d;
 	if (notifying)
 		uv_timer_start(&d.notify_timer, on_notify_timer, 200, 200);
 
 	struct batch *b = batch_new(&d, start_serving, NULL);
-	for (size_t i = 0; i < d.cfg->n_models; i++)
-		batch_load(b, &d.cfg->models[i]);
+	for (size_t i = 0; i < d.cfg->n_models; i++) {
+		const struct model_config *m = &d.cfg->models[i];
+
+		if (fdstore && restore_model(stored, &d.reg, m->name, m->path, m->pin, m->warm))
+			set_access(&d, m);
+		else
+			batch_load(b, m);
+	}
+	if (fdstore)
+		restore_finish(stored, &d.reg);
 	batch_release(b);
 	uv_run(&d.loop, UV_RUN_DEFAULT);
 

@@ -49,47 +49,95 @@ struct load_request {
 
 /* ---- the status page ---- */
 
-/*
- * Creates the status page: a memfd the daemon maps read-write and sealed so
- * it can never shrink (no SIGBUS in workers) nor be mapped writable again
- * (F_SEAL_FUTURE_WRITE); workers get a read-only reopen of it.
- */
+/* Maps the status page fd read-write and opens the read-only reopen that
+ * workers get; takes fd on success. */
 static int
-status_page_init(struct registry *r)
+status_page_map(struct registry *r, int fd)
 {
 	char proc[64];
 	void *map;
-	int fd;
 
-	fd = memfd_create("wcache-status", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (fd == -1)
-		return error_set(-errno, "status page: memfd_create: %s", strerror(errno));
-	if (ftruncate(fd, STATUS_PAGE_BYTES) == -1 ||
-		(map = mmap(NULL, STATUS_PAGE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) ==
-			MAP_FAILED) {
-		int e = errno;
-
-		close(fd);
-		return error_set(-e, "status page: %s", strerror(e));
-	}
-	if (fcntl(fd, F_ADD_SEALS, STATUS_PAGE_SEALS) == -1) {
-		int e = errno;
-
-		munmap(map, STATUS_PAGE_BYTES);
-		close(fd);
-		return error_set(-e, "status page: sealing: %s", strerror(e));
-	}
+	map = mmap(NULL, STATUS_PAGE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (map == MAP_FAILED)
+		return error_set(-errno, "status page: mmap: %s", strerror(errno));
 	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
 	if ((r->status_ro_fd = open(proc, O_RDONLY | O_CLOEXEC)) == -1) {
 		int e = errno;
 
 		munmap(map, STATUS_PAGE_BYTES);
-		close(fd);
 		return error_set(-e, "status page: reopening read-only: %s", strerror(e));
 	}
 	r->status_fd = fd;
 	r->status = map;
+	return 0;
+}
+
+/*
+ * Creates the status page: a memfd the daemon maps read-write and sealed so
+ * it can never shrink (no SIGBUS in workers) nor be mapped writable again
+ * (F_SEAL_FUTURE_WRITE); workers get a read-only reopen of it. A page kept
+ * in the manager's store must stay writable for the next process: no
+ * F_SEAL_FUTURE_WRITE, and mode 0600, so only wcached's user (who could
+ * ptrace wcached anyway) can reopen it writable.
+ */
+static int
+status_page_init(struct registry *r)
+{
+	int fd, seals = r->fdstore ? STATUS_PAGE_STORED_SEALS : STATUS_PAGE_SEALS;
+
+	fd = memfd_create("wcache-status", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd == -1)
+		return error_set(-errno, "status page: memfd_create: %s", strerror(errno));
+	if (ftruncate(fd, STATUS_PAGE_BYTES) == -1 || (r->fdstore && fchmod(fd, 0600) == -1)) {
+		int e = errno;
+
+		close(fd);
+		return error_set(-e, "status page: %s", strerror(e));
+	}
+	if (status_page_map(r, fd) < 0) {
+		close(fd);
+		return -EINVAL;
+	}
+	if (fcntl(fd, F_ADD_SEALS, seals) == -1) {
+		int e = errno;
+
+		munmap(r->status, STATUS_PAGE_BYTES);
+		close(r->status_ro_fd);
+		close(fd);
+		r->status = NULL;
+		r->status_fd = r->status_ro_fd = -1;
+		return error_set(-e, "status page: sealing: %s", strerror(e));
+	}
 	__atomic_store_n(&r->status[0], STATUS_MAGIC, __ATOMIC_RELEASE);
+	return 0;
+}
+
+/* Takes the status page the previous process stored, after checking it. */
+static int
+status_page_adopt(struct registry *r, int fd)
+{
+	struct stat st;
+	int seals;
+
+	if (fstat(fd, &st) == -1)
+		return error_set(-errno, "stored status page: fstat: %s", strerror(errno));
+	if (!S_ISREG(st.st_mode) || st.st_size != (off_t)STATUS_PAGE_BYTES)
+		return error_set(-EINVAL, "stored status page: not a %u-byte file",
+			STATUS_PAGE_BYTES);
+	if ((seals = fcntl(fd, F_GET_SEALS)) == -1 || seals != STATUS_PAGE_STORED_SEALS)
+		return error_set(-EINVAL, "stored status page: seals 0x%x, not 0x%x", seals,
+			STATUS_PAGE_STORED_SEALS);
+	if ((fcntl(fd, F_GETFL) & O_ACCMODE) != O_RDWR)
+		return error_set(-EINVAL, "stored status page: not open read-write");
+	if (status_page_map(r, fd) < 0)
+		return -EINVAL;
+	if (__atomic_load_n(&r->status[0], __ATOMIC_ACQUIRE) != STATUS_MAGIC) {
+		munmap(r->status, STATUS_PAGE_BYTES);
+		close(r->status_ro_fd);
+		r->status = NULL;
+		r->status_fd = r->status_ro_fd = -1;
+		return error_set(-EINVAL, "stored status page: slot 0 is not the magic");
+	}
 	return 0;
 }
 
@@ -138,6 +186,50 @@ registry_init(struct registry *r, uv_loop_t *loop, struct warm_pool *pool)
 	return status_page_init(r);
 }
 
+int
+registry_init_stored(struct registry *r, uv_loop_t *loop, struct warm_pool *pool, int status_fd)
+{
+	memset(r, 0, sizeof(*r));
+	r->loop = loop;
+	r->pool = pool;
+	r->fdstore = 1;
+	r->status_fd = r->status_ro_fd = -1;
+	return status_fd >= 0 ? status_page_adopt(r, status_fd) : status_page_init(r);
+}
+
+int
+registry_restore_slot(struct registry *r, unsigned slot, const char *name, uint64_t last_generation)
+{
+	struct status_slot *slots;
+	char *n;
+
+	if (slot == 0 || slot >= STATUS_SLOTS || (slot < r->nslots && r->slots[slot].name[0] != 0))
+		return error_set(-EINVAL, "status slot %u of model \"%s\": taken or out of range",
+			slot, name);
+	if (slot >= r->nslots) {
+		unsigned first = r->nslots == 0 ? 1 : r->nslots;
+
+		if ((slots = realloc(r->slots, (slot + 1) * sizeof(*slots))) == NULL)
+			return error_set(-ENOMEM, "status slots: out of memory");
+		r->slots = slots;
+		for (unsigned i = first; i <= slot; i++) {
+			/* A gap: a slot nobody owns yet, named "" (no model is). */
+			slots[i].last_generation = 0;
+			if ((slots[i].name = strdup("")) == NULL) {
+				r->nslots = i;
+				return error_set(-ENOMEM, "status slots: out of memory");
+			}
+		}
+		r->nslots = slot + 1;
+	}
+	if ((n = strdup(name)) == NULL)
+		return error_set(-ENOMEM, "status slots: out of memory");
+	free(r->slots[slot].name);
+	r->slots[slot].name = n;
+	r->slots[slot].last_generation = last_generation;
+	return 0;
+}
+
 /* Exact name lookup. */
 struct model_entry *
 registry_entry_named(struct registry *r, const char *name)
@@ -159,6 +251,89 @@ registry_find(struct registry *r, const char *name)
 		if (strcmp(m->path, name) == 0)
 			return m;
 	return NULL;
+}
+
+/* Adds the model name, not yet served, with its status slot. NULL when out
+ * of memory (the message in error_get()). */
+static struct model_entry *
+entry_new(struct registry *r, const char *name, const char *path, enum pin_mode pin, int warm)
+{
+	struct model_entry *m;
+
+	if ((m = calloc(1, sizeof(*m))) == NULL || (m->name = strdup(name)) == NULL ||
+		(m->path = strdup(path)) == NULL) {
+		if (m != NULL)
+			free(m->name);
+		free(m);
+		error_set(-ENOMEM, "model \"%s\": out of memory", name);
+		return NULL;
+	}
+	m->pin = pin;
+	m->warm = warm;
+	m->entry_id = ++r->next_load_id;
+	m->slot = slot_for(r, name);
+	if (m->slot != 0)
+		m->last_generation = r->slots[m->slot].last_generation;
+	m->last_attach = ++r->attach_seq;
+	m->next = r->models;
+	r->models = m;
+	return m;
+}
+
+int
+registry_adopt(struct registry *r, const char *name, const char *path, enum pin_mode pin,
+	int warm, uint64_t number, struct model_source *src, int index_fd, size_t index_size)
+{
+	struct model_entry *m;
+	struct generation *g;
+	void *map;
+
+	if (registry_entry_named(r, name) != NULL)
+		return error_set(-EEXIST, "model \"%s\" is already there", name);
+	map = mmap(NULL, index_size, PROT_READ, MAP_SHARED, index_fd, 0);
+	if (map == MAP_FAILED)
+		return error_set(-errno, "model \"%s\": mapping the stored index: %s", name,
+			strerror(errno));
+	if ((g = calloc(1, sizeof(*g))) == NULL || (g->model_name = strdup(name)) == NULL ||
+		/* NOLINTNEXTLINE(bugprone-sizeof-expression) */
+		(g->warm.jobs = calloc(src->nfiles ? src->nfiles : 1, sizeof(*g->warm.jobs))) ==
+			NULL ||
+		(m = entry_new(r, name, path, pin, warm)) == NULL) {
+		if (g != NULL) {
+			free(g->model_name);
+			free(g->warm.jobs);
+		}
+		free(g);
+		munmap(map, index_size);
+		return error_set(-ENOMEM, "model \"%s\": out of memory", name);
+	}
+	g->registry = r;
+	g->source = *src;
+	memset(src, 0, sizeof(*src));
+	g->index_fd = index_fd;
+	g->index = map;
+	g->index_size = index_size;
+	for (size_t i = 0; i < g->source.nfiles; i++)
+		g->bytes += g->source.files[i].size;
+	g->number = number;
+	if (number > m->last_generation)
+		m->last_generation = number;
+	if (m->slot != 0)
+		r->slots[m->slot].last_generation = m->last_generation;
+	g->model = m;
+	g->next = r->generations;
+	r->generations = g;
+	if (m->pin != PIN_NONE)
+		pages_pin_metadata(g);
+	gen_set_state(g, GEN_READY, "restored from the file descriptor store");
+	m->pending = g;
+	gen_promote(r, m, g);
+	/* Map its pages into this process again: the page cache still has
+	 * them, so that reads nothing from disk. */
+	pages_queue(r, g, PAGE_POPULATE);
+	if (r->changed != NULL)
+		r->changed(r);
+	return 0;
 }
 
 /* ---- loading ---- */
@@ -401,24 +576,8 @@ queue_load(struct registry *r, const char *name, const char *path, enum pin_mode
 
 	if (r->closing)
 		return error_set(-ESHUTDOWN, "wcached is stopping");
-	if (m == NULL) {
-		if ((m = calloc(1, sizeof(*m))) == NULL || (m->name = strdup(name)) == NULL ||
-			(m->path = strdup(path)) == NULL) {
-			if (m != NULL)
-				free(m->name);
-			free(m);
-			return error_set(-ENOMEM, "model \"%s\": out of memory", name);
-		}
-		m->pin = pin;
-		m->warm = warm;
-		m->entry_id = ++r->next_load_id;
-		m->slot = slot_for(r, name);
-		if (m->slot != 0)
-			m->last_generation = r->slots[m->slot].last_generation;
-		m->last_attach = ++r->attach_seq;
-		m->next = r->models;
-		r->models = m;
-	}
+	if (m == NULL && (m = entry_new(r, name, path, pin, warm)) == NULL)
+		return -ENOMEM;
 	if ((q = calloc(1, sizeof(*q))) == NULL || (q->name = strdup(name)) == NULL ||
 		(q->path = strdup(path)) == NULL) {
 		if (q != NULL)
@@ -615,7 +774,11 @@ entry_free(struct registry *r, struct model_entry *m)
 			*pp = m->next;
 			break;
 		}
-	registry_publish(r, m, 0);
+	/* A stopping daemon whose state is in the manager's store leaves the
+	 * page as it is: the next process serves the same generations, and
+	 * holders must not see a false stale meanwhile. */
+	if (!(r->closing && r->fdstore))
+		registry_publish(r, m, 0);
 	for (struct generation *g = r->generations; g != NULL; g = g->next)
 		if (g->model == m)
 			g->model = NULL;

@@ -28,6 +28,7 @@
 #include <sys/types.h>
 #include <uv.h>
 
+#include "source.h"
 #include "wire.h"
 #include "warm.h"
 
@@ -94,6 +95,10 @@ struct registry {
 		uint64_t last_generation; /* so numbers grow across unload and load */
 	} *slots;
 	unsigned nslots;
+	/* The manager's file descriptor store (restore.h): 1 when wcached
+	 * hands it the generations and the status page, which then is left
+	 * as it is at shutdown. */
+	int fdstore;
 	/* Hooks: warming progress or end, and a model's current generation
 	 * changing (for client notifications). */
 	void (*changed)(struct registry *);
@@ -108,6 +113,31 @@ void registry_check_residency(struct registry *r);
 
 /* Initialises an empty registry with its status page; pool may be NULL. */
 int registry_init(struct registry *r, uv_loop_t *loop, struct warm_pool *pool);
+
+/*
+ * registry_init() for a daemon that uses the manager's file descriptor
+ * store (r->fdstore = 1): status_fd -1 makes a status page the next process
+ * can write too (sealed F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL, mode
+ * 0600, without F_SEAL_FUTURE_WRITE); otherwise status_fd is the page the
+ * previous process stored, checked (those seals, STATUS_PAGE_BYTES, the
+ * magic) and taken on success only: -EINVAL naming what failed.
+ */
+int registry_init_stored(struct registry *r, uv_loop_t *loop, struct warm_pool *pool,
+	int status_fd);
+
+/* Gives slot (1 .. STATUS_SLOTS - 1) to name with last_generation, as the
+ * previous process had it; before any model is added. 0, -EINVAL, -ENOMEM. */
+int registry_restore_slot(struct registry *r, unsigned slot, const char *name,
+	uint64_t last_generation);
+
+/*
+ * Serves src (files open and mapped) and the sealed index index_fd as
+ * generation number of the model name, current and READY at once, without
+ * loading or warming it (a warm restart: restore.h). Takes src and index_fd
+ * on success only. 0, -EEXIST when the model is already there, -ENOMEM.
+ */
+int registry_adopt(struct registry *r, const char *name, const char *path, enum pin_mode pin,
+	int warm, uint64_t number, struct model_source *src, int index_fd, size_t index_size);
 
 /*
  * Loads path as the next generation of the model name (adding the model if

@@ -33,6 +33,12 @@
  * daemon's mapping, made before the seal, can change it. Seal: for good. */
 #define STATUS_PAGE_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL)
 #define STATUS_PAGE_CLIENT_SEALS (F_SEAL_SHRINK | F_SEAL_GROW)
+/* A page kept in systemd's fd store for the next daemon process: that one
+ * must map it writable again, so it lacks F_SEAL_FUTURE_WRITE (and the memfd
+ * is mode 0600). Still what a client needs. */
+#define STATUS_PAGE_STORED_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+_Static_assert((STATUS_PAGE_STORED_SEALS & STATUS_PAGE_CLIENT_SEALS) == STATUS_PAGE_CLIENT_SEALS,
+	"a stored status page must be one a client accepts");
 
 _Static_assert(STATUS_PAGE_BYTES % 8u == 0 && STATUS_PAGE_BYTES >= STATUS_PAGE_MIN_BYTES &&
 		STATUS_PAGE_BYTES <= STATUS_PAGE_MAX_BYTES,

@@ -62,7 +62,7 @@ class Checks:
     ORDER = ["install", "socket_activation", "sandbox", "check_status", "systemctl_status",
              "metrics", "residency_warm", "evict", "dropped_by_a_client", "pin",
              "python_worker", "reload_good", "reload_bad", "rename_swaps", "in_place_write",
-             "journal_priorities", "analyze_security", "analyze_verify", "stop"]
+             "warm_restart", "journal_priorities", "analyze_security", "analyze_verify", "stop"]
 
     def __init__(self, container, debs):
         self.c = container
@@ -359,6 +359,34 @@ class Checks:
         m = self.wait_state("small", "ready")
         expect(m["generation"] > gen, f"still generation {m['generation']}")
         self.attach("small")
+
+    def warm_restart(self):
+        """systemctl restart: a new process (MainPID changes) serves every
+        ready model with the same generation, restored from the file
+        descriptor store without a warm-up, and a worker reads the bytes
+        written."""
+        before = {m["name"]: m["generation"] for m in self.status()["models"]
+                  if m["state"] == "ready"}
+        expect(before, "no ready model to restart with")
+        self.sh("systemctl", "restart", UNIT, timeout=120)
+        pid = int(self.show("MainPID")["MainPID"])
+        expect(pid not in (0, self.main_pid), f"MainPID {pid} after systemctl restart")
+        self.main_pid = pid
+        for name, gen in before.items():
+            m = self.wait_state(name, "ready")
+            expect(m["generation"] == gen, f"model {name}: generation {m['generation']} after "
+                   f"the restart, was {gen}")
+        text = self.journal("-u", UNIT, "-o", "cat", f"_PID={pid}")
+        for name in before:
+            expect(f'model "{name}": generation {before[name]} restored' in text,
+                   f"model {name} was not restored:\n{text[-2000:]}")
+        expect("warm:" not in text, f"the new process warmed a model:\n{text[-2000:]}")
+        r = self.sh("python3", "/srv/wcache-test/worker.py", "small", user=WORKER)
+        gen, digest = r.stdout.split()
+        expect(int(gen) == before["small"] and digest == self.digests["small"],
+               f"after the restart a worker got generation {gen} with "
+               f"{'the right' if digest == self.digests['small'] else 'other'} bytes")
+        return f"{len(before)} models restored, MainPID {pid}"
 
     def journal_priorities(self):
         """Warnings reach journald at priority 4, errors at 3, info at 6."""

@@ -1,0 +1,256 @@
+"""The warm restart (issue 12) without systemd: a fake service manager
+listens on $NOTIFY_SOCKET, keeps what wcached stores with FDSTORE=1 (the
+descriptors come with SCM_RIGHTS), drops what FDSTOREREMOVE=1 names, and
+starts the next wcached with them at 3.. and LISTEN_FDS/LISTEN_FDNAMES/
+LISTEN_PID, as systemd does after `systemctl restart`. The second process
+must serve the same generation without reading the model (no "warm:" line,
+the load log says restored), on the same status page, while a worker that
+attached before the restart still reads correct bytes; a model whose
+configuration changed loads afresh with the next generation number."""
+import array
+import json
+import mmap
+import os
+import socket
+import subprocess
+import sys
+import threading
+
+from conftest import Daemon, binary, mkmodel, wait_until, connectable
+
+# Run as the new process itself: put the stored descriptors at 3.., set
+# LISTEN_PID to our pid (exec keeps it) and exec wcached.
+WRAPPER = """
+import os, sys
+fds = [int(x) for x in sys.argv[1].split(",") if x]
+for i, fd in enumerate(fds):
+    os.dup2(fd, 3 + i)
+for fd in fds:
+    if fd >= 3 + len(fds):
+        os.close(fd)
+os.environ["LISTEN_PID"] = str(os.getpid())
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+class FakeManager:
+    """A file descriptor store on a datagram socket, like systemd's."""
+
+    def __init__(self, path):
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(path)
+        self.sock.settimeout(0.05)
+        self.stopping = False
+        self.store = {}          # name -> [fd, ...]
+        self.messages = []
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        fdsize = array.array("i").itemsize
+        while not self.stopping:
+            try:
+                data, anc, _, _ = self.sock.recvmsg(4096, socket.CMSG_SPACE(253 * fdsize))
+            except socket.timeout:
+                continue
+            fds = array.array("i")
+            for level, kind, payload in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds.frombytes(payload[:len(payload) - len(payload) % fdsize])
+            fields = dict(line.split("=", 1) for line in data.decode().splitlines()
+                          if "=" in line)
+            with self.cond:
+                self.messages.append(fields)
+                name = fields.get("FDNAME", "stored")
+                if fields.get("FDSTORE") == "1":
+                    for fd in fds:
+                        # systemd keeps one copy of the same open file
+                        have = [os.fstat(f) for f in self.store.get(name, [])]
+                        st = os.fstat(fd)
+                        if any((h.st_dev, h.st_ino) == (st.st_dev, st.st_ino) for h in have):
+                            os.close(fd)
+                        else:
+                            self.store.setdefault(name, []).append(fd)
+                    fds = []
+                elif fields.get("FDSTOREREMOVE") == "1":
+                    for fd in self.store.pop(name, []):
+                        os.close(fd)
+                for fd in fds:
+                    os.close(fd)
+                self.cond.notify_all()
+
+    def wait_for(self, cond, what):
+        with self.cond:
+            assert self.cond.wait_for(lambda: cond(self), timeout=60), \
+                f"timed out waiting for {what}: {sorted(self.store)}"
+
+    def count(self, key, value="1"):
+        with self.lock:
+            return sum(1 for m in self.messages if m.get(key) == value)
+
+    def status_slot(self, slot):
+        with self.lock:
+            fd = self.store["wc-status"][0]
+        with mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ) as m:
+            return int.from_bytes(m[slot * 8:slot * 8 + 8], "little")
+
+    def listen_fds(self):
+        """The store as the next process gets it: high copies of the fds
+        (so the wrapper can put them at 3..) and their names."""
+        with self.lock:
+            names, fds = [], []
+            for name, stored in sorted(self.store.items()):
+                for fd in stored:
+                    names.append(name)
+                    fds.append(os.dup2(fd, 1000 + len(fds), inheritable=True))
+        return fds, names
+
+    def close(self):
+        self.stopping = True
+        self.thread.join(timeout=60)
+        self.sock.close()
+        for stored in self.store.values():
+            for fd in stored:
+                os.close(fd)
+
+
+def start(d, mgr, fds=(), names=()):
+    env = dict(os.environ, NOTIFY_SOCKET=mgr.path)
+    env.pop("LISTEN_PID", None)
+    if fds:
+        env.update(LISTEN_FDS=str(len(fds)), LISTEN_FDNAMES=":".join(names))
+    d.logf = open(d.log, "w")
+    cmd = [sys.executable, "-c", WRAPPER, ",".join(map(str, fds)), binary("wcached"),
+           "-c", d.conf]
+    d.proc = subprocess.Popen(cmd, stderr=d.logf, env=env, pass_fds=list(fds))
+    for fd in fds:
+        os.close(fd)
+    wait_until(lambda: d.proc.poll() is not None or connectable(d.socket),
+               what="wcached to listen")
+    assert d.proc.poll() is None, d.read_log()
+
+
+def status(d):
+    r = subprocess.run([binary("wcachectl"), "status", "--json", "--control", d.control],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode in (0, 3), r.stderr
+    return {m["name"]: m for m in json.loads(r.stdout)["models"]}
+
+
+def ready(d, name):
+    m = status(d).get(name)
+    return m is not None and m.get("state") == "ready" and m
+
+
+def worker(d, path, name):
+    p = subprocess.Popen([binary("demo_worker"), "--socket", d.socket, "--verify", path,
+                          "--sync", name], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    line = p.stdout.readline()
+    assert "attached_us" in line, line + p.stderr.read()
+    return p
+
+
+def finish(p):
+    """Lets a --sync worker verify every byte; returns its report."""
+    out, err = p.communicate("go\n", timeout=120)
+    assert p.returncode == 0, err
+    return json.loads(out.splitlines()[-1])
+
+
+def generation(d, name):
+    return status(d)[name]["generation"]
+
+
+def test_warm_restart(tmp_path):
+    a = mkmodel(tmp_path / "a.safetensors", seed=1)
+    b = mkmodel(tmp_path / "b.safetensors", seed=2)
+    b2 = mkmodel(tmp_path / "b2.safetensors", seed=3)
+    c = mkmodel(tmp_path / "c.safetensors", seed=4)
+    mgr = FakeManager(str(tmp_path / "notify.sock"))
+    d = Daemon(tmp_path, {"a": a, "b": b, "c": c})
+    try:
+        start(d, mgr)
+        wait_until(lambda: ready(d, "a") and ready(d, "b") and ready(d, "c"),
+                   what="the models ready")
+        mgr.wait_for(lambda m: "wc-desc" in m.store and "wc-status" in m.store and
+                     sum(k.startswith("wc-") and k.endswith("-i") for k in m.store) == 3,
+                     what="the generations and the description stored")
+        before = worker(d, a, "a")
+        ga, gb = generation(d, "a"), generation(d, "b")
+        slot_a = 1  # slots go in configuration order, from 1
+        assert f"wc-{slot_a}-{ga}-i" in mgr.store, sorted(mgr.store)
+        # The next configuration keeps a and points b elsewhere.
+        d.write_config({"a": a, "b": b2, "c": c})
+        assert d.stop() == 0, d.read_log()
+        # c changes while no daemon runs: same inode, another mtime.
+        st = os.stat(c)
+        os.utime(c, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+        first_log = d.read_log()
+        assert f'model "a": generation {ga} warm:' in first_log   # the first process read it
+        # The old process left the status page as it was.
+        assert mgr.status_slot(slot_a) == ga
+        fds, names = mgr.listen_fds()
+        start(d, mgr, fds, names)
+        wait_until(lambda: ready(d, "a") and ready(d, "b") and ready(d, "c"),
+                   what="the models after the restart")
+        log = d.read_log()
+        assert f'model "a": generation {ga} restored from the file descriptor store' in log, log
+        # Neither opened and parsed ("generation N from PATH") nor warmed.
+        assert f'model "a": generation {ga} from ' not in log, log
+        assert f'model "a": generation {ga} warm:' not in log, log
+        assert 'model "b": not restored: its path changed' in log, log
+        assert generation(d, "a") == ga
+        assert generation(d, "b") == gb + 1     # numbers continue
+        assert 'model "c": not restored: file c.safetensors: not the inode, size and mtime' \
+            in log, log
+        assert generation(d, "c") == 2
+        # The worker from before and one from after both read right bytes.
+        assert finish(before)["generation"] == ga
+        after = finish(worker(d, a, "a"))
+        assert after["generation"] == ga and after["verified"] > 0
+        assert finish(worker(d, b2, "b"))["generation"] == gb + 1
+        assert mgr.status_slot(slot_a) == ga
+        # b's old generation left the store; b's new one went in.
+        mgr.wait_for(lambda m: sorted(k for k in m.store if k.endswith("-i")) ==
+                     [f"wc-{slot_a}-{ga}-i", f"wc-2-{gb + 1}-i", "wc-3-2-i"],
+                     what="the new generations of b and c stored")
+        assert mgr.status_slot(2) == gb + 1
+    finally:
+        status_code = d.stop()
+        mgr.close()
+    assert status_code == 0, d.read_log()
+
+
+def test_broken_store_loads_afresh(tmp_path):
+    """A description that does not decode: every model loads as usual, the
+    stored descriptors are closed, one line says why."""
+    a = mkmodel(tmp_path / "a.safetensors", seed=1)
+    mgr = FakeManager(str(tmp_path / "notify.sock"))
+    d = Daemon(tmp_path, {"a": a})
+    try:
+        fd = os.memfd_create("fake", os.MFD_ALLOW_SEALING)
+        os.write(fd, b"WCFDSTOR" + b"\xff" * 40)
+        import fcntl
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK |
+                    fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+        mgr.store["wc-desc"] = [fd]    # as if an older wcached had stored it
+        start(d, mgr, *mgr.listen_fds())
+        wait_until(lambda: ready(d, "a"), what="a loaded afresh")
+        log = d.read_log()
+        assert "warm restart: the stored description:" in log, log
+        assert generation(d, "a") == 1
+        # The broken description was replaced, not joined, by a good one.
+        mgr.wait_for(lambda m: len(m.store.get("wc-desc", [])) == 1 and
+                     "wc-1-1-i" in m.store, what="one description and a's generation stored")
+        assert d.stop() == 0, d.read_log()
+        start(d, mgr, *mgr.listen_fds())
+        wait_until(lambda: ready(d, "a"), what="a restored")
+        assert 'model "a": generation 1 restored' in d.read_log(), d.read_log()
+    finally:
+        status_code = d.stop()
+        mgr.close()
+    assert status_code == 0, d.read_log()
