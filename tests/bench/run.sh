@@ -52,6 +52,8 @@ echo
 echo
 /usr/bin/python3 "$here/bench_neighbours.py" --build "$build"
 echo
+/usr/bin/python3 "$here/bench_restart.py" --build "$build"
+echo
 PYTHONPATH="$here/../../client/python" WCACHE_LIB="$build/lib/libwcache.so.0" \
 	/usr/bin/python3 -m wcache.bench --build "$build" --dir "$models"
 echo
