@@ -3,6 +3,7 @@
  * fakedaemon.h).
  */
 #include "fakedaemon.h"
+#include "testutil.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -57,25 +58,7 @@ fake_wait_readable(int fd)
 ssize_t
 fake_raw_send(int sock, const void *buf, size_t len, const int *fds, size_t n)
 {
-	union {
-		struct cmsghdr align;
-		unsigned char buf[CMSG_SPACE(sizeof(int) * FAKE_SCM_MAX_FD)];
-	} control;
-	struct iovec iov = { .iov_base = (void *)(uintptr_t)buf, .iov_len = len };
-	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
-	struct cmsghdr *c;
-
-	if (n > 0) {
-		memset(&control, 0, sizeof(control));
-		msg.msg_control = control.buf;
-		msg.msg_controllen = CMSG_SPACE(sizeof(int) * n);
-		c = CMSG_FIRSTHDR(&msg);
-		c->cmsg_level = SOL_SOCKET;
-		c->cmsg_type = SCM_RIGHTS;
-		c->cmsg_len = CMSG_LEN(sizeof(int) * n);
-		memcpy(CMSG_DATA(c), fds, sizeof(int) * n);
-	}
-	return sendmsg(sock, &msg, MSG_NOSIGNAL);
+	return tu_raw_send(sock, buf, len, fds, n);
 }
 
 /* Whether a send failed because the client has hung up, which it may do

@@ -163,31 +163,7 @@ assert_same_files(const int *sent, const int *got, size_t n)
 	}
 }
 
-/* Sends len bytes and n descriptors with a raw sendmsg(), bypassing
- * fdp_send()'s checks, as a hostile peer would. */
-static ssize_t
-raw_send(int sock, const void *buf, size_t len, const int *fds, size_t n)
-{
-	static union {
-		struct cmsghdr align;
-		unsigned char buf[CMSG_SPACE(sizeof(int) * KERNEL_SCM_MAX_FD)];
-	} control;
-	struct iovec iov = {.iov_base = (void *)(uintptr_t)buf, .iov_len = len};
-	struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-	struct cmsghdr *c;
-
-	if (n > 0) {
-		memset(&control, 0, sizeof(control));
-		msg.msg_control = control.buf;
-		msg.msg_controllen = CMSG_SPACE(sizeof(int) * n);
-		c = CMSG_FIRSTHDR(&msg);
-		c->cmsg_level = SOL_SOCKET;
-		c->cmsg_type = SCM_RIGHTS;
-		c->cmsg_len = CMSG_LEN(sizeof(int) * n);
-		memcpy(CMSG_DATA(c), fds, sizeof(int) * n);
-	}
-	return sendmsg(sock, &msg, MSG_NOSIGNAL);
-}
+#define raw_send tu_raw_send
 
 /* ---- tests -------------------------------------------------------------- */
 

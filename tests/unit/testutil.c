@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -91,4 +92,30 @@ tu_now(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+ssize_t
+tu_raw_send(int sock, const void *buf, size_t len, const int *fds, size_t n)
+{
+	union {
+		struct cmsghdr align;
+		unsigned char buf[CMSG_SPACE(sizeof(int) * TU_SCM_MAX_FD)];
+	} control;
+	struct iovec iov = { .iov_base = (void *)(uintptr_t)buf, .iov_len = len };
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
+	struct cmsghdr *c;
+
+	if (n > TU_SCM_MAX_FD)
+		return -1;
+	if (n > 0) {
+		memset(&control, 0, sizeof(control));
+		msg.msg_control = control.buf;
+		msg.msg_controllen = CMSG_SPACE(sizeof(int) * n);
+		c = CMSG_FIRSTHDR(&msg);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int) * n);
+		memcpy(CMSG_DATA(c), fds, sizeof(int) * n);
+	}
+	return sendmsg(sock, &msg, MSG_NOSIGNAL);
 }

@@ -6,6 +6,9 @@
 #define WC_TESTUTIL_H
 
 #include <stddef.h>
+#include <sys/types.h>
+
+#include <stddef.h>
 #include <stdint.h>
 
 /* Creates a fresh temporary directory; returns its malloc'd path. */
@@ -27,5 +30,12 @@ int tu_count_fds(void);
 
 /* Seconds on the monotonic clock, for intervals. */
 double tu_now(void);
+
+/* Linux: the most descriptors one sendmsg() carries (SCM_MAX_FD). */
+#define TU_SCM_MAX_FD 253
+
+/* Sends len bytes and n (at most TU_SCM_MAX_FD) descriptors with a raw
+ * sendmsg(), bypassing fdp_send()'s checks, as a hostile peer would. */
+ssize_t tu_raw_send(int sock, const void *buf, size_t len, const int *fds, size_t n);
 
 #endif
