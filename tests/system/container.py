@@ -124,15 +124,25 @@ class Container:
         """Runs ARGV inside the container (as USER when given) and returns the
         CompletedProcess (text). CHECK: a non-zero exit raises RuntimeError
         with the output."""
-        cmd = ["nsenter", "-t", str(self.pid1), "-m", "-u", "-i", "-n", "-p", "-r", "-w"]
-        if user is not None:
-            cmd += ["runuser", "-u", user, "--"]
-        r = subprocess.run(cmd + list(argv), input=input, capture_output=True, text=True,
+        r = subprocess.run(self._enter(argv, user), input=input, capture_output=True, text=True,
                            env=ENV, timeout=timeout)
         if check and r.returncode != 0:
             raise RuntimeError(f"in the container, {' '.join(argv)} exited with "
                                f"{r.returncode}: {r.stderr.strip() or r.stdout.strip()}")
         return r
+
+    def popen(self, argv, user=None):
+        """Starts ARGV inside the container (as USER when given) with pipes
+        for stdin, stdout and stderr (bytes) and returns the Popen; the
+        caller waits for it."""
+        return subprocess.Popen(self._enter(argv, user), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
+
+    def _enter(self, argv, user):
+        cmd = ["nsenter", "-t", str(self.pid1), "-m", "-u", "-i", "-n", "-p", "-r", "-w"]
+        if user is not None:
+            cmd += ["runuser", "-u", user, "--"]
+        return cmd + list(argv)
 
     def close(self, timeout=30):
         """Ends the container and removes the copy. The copy is thrown away,

@@ -11,7 +11,7 @@ traces the service manager with strace to learn every system call the
 daemon makes (syscalls.py), runs the checks, and always tears the
 container down. Skips, on one line starting with "SKIP system tests:",
 only when the container cannot be booted here: not root, no
-systemd-nspawn/debootstrap/nsenter/strace, or the Debian archive
+systemd-nspawn/debootstrap/nsenter/strace/cc, or the Debian archive
 unreachable. Ends with "N passed, N failed"; exit status 1 when any check
 failed, 0 otherwise (a skip included).
 """
@@ -32,7 +32,7 @@ from checks import UNIT, Checks, Failure  # noqa: E402
 from container import Container  # noqa: E402
 
 PACKAGES = ("wcached", "libwcache0", "libwcache-dev", "python3-wcache")
-TOOLS = ("systemd-nspawn", "debootstrap", "nsenter", "strace", "dpkg-deb", "cp")
+TOOLS = ("systemd-nspawn", "debootstrap", "nsenter", "strace", "dpkg-deb", "cp", "cc")
 
 
 def skip(reason):
@@ -68,7 +68,7 @@ def main():
     missing = [t for t in TOOLS if shutil.which(t) is None]
     if missing:
         skip(f"{', '.join(missing)} missing: make deps installs systemd-container, "
-             "debootstrap and strace")
+             "debootstrap, strace and gcc")
     os.makedirs(work, exist_ok=True)
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, on_signal)
@@ -88,7 +88,7 @@ def main():
     passed, failed = [], []
     nspawn_log = open(os.path.join(work, "nspawn.log"), "w")
     c = Container(root, work, nspawn_log)
-    tracer = None
+    tracing = None
     try:
         t = time.monotonic()
         c.prepare()
@@ -103,7 +103,7 @@ def main():
         os.chmod(c.path("/usr/sbin/policy-rc.d"), 0o755)
         try:
             state = c.boot()
-            tracer = syscalls.Tracer(c.pid1, os.path.join(work, "pid1.strace"))
+            tracing = syscalls.Tracing(c.pid1, os.path.join(work, "pid1.strace"))
         except (RuntimeError, TimeoutError, OSError) as e:
             nspawn_log.flush()
             with open(nspawn_log.name, errors="replace") as f:
@@ -113,31 +113,41 @@ def main():
         else:
             print(f"system tests: container booted ({state}) in {time.monotonic() - t:.1f} s, "
                   f"PID1 is host PID {c.pid1}", flush=True)
-            run_checks(c, debs, passed, failed)
-            tracer.stop()
-            check_syscalls(c, tracer.log_path, passed, failed)
+            run_checks(c, debs, passed, failed, tracing)
+            tracing.pause()
+            check_syscalls(c, tracing.logs, passed, failed)
+            with open(os.path.join(work, "journal.log"), "w") as f:
+                f.write(c.run(["journalctl", "--no-pager", "-b", "-o", "short-monotonic"],
+                              check=False).stdout)
             if failed:
                 tail = c.run(["journalctl", "--no-pager", "-b", "-u", UNIT, "-n", "40"],
                              check=False).stdout
-                print("--- journal of wcached.service (last 40 lines) ---\n" + tail, flush=True)
+                print("--- journal of wcached.service (last 40 lines; all of the boot's in "
+                      f"{work}/journal.log) ---\n" + tail, flush=True)
     finally:
         t = time.monotonic()
-        if tracer is not None:
-            tracer.stop()
+        if tracing is not None:
+            tracing.pause()
         c.close()
         nspawn_log.close()
         print(f"system tests: container removed in {time.monotonic() - t:.1f} s", flush=True)
     return finish(t0, t_root, passed, failed)
 
 
-def run_checks(c, debs, passed, failed):
+def run_checks(c, debs, passed, failed, tracing):
     """Runs Checks.ORDER, each followed by the daemon's invariant, printing
-    a line each and appending its name to PASSED or FAILED."""
+    a line each and appending its name to PASSED or FAILED. TRACING (the
+    strace of PID1) pauses for the checks in Checks.UNTRACED."""
     checks = Checks(c, [os.path.basename(p) for p in debs.values()])
     for name in Checks.ORDER:
         t = time.monotonic()
         try:
-            detail = getattr(checks, name)()
+            if name in Checks.UNTRACED:
+                tracing.pause()
+            try:
+                detail = getattr(checks, name)()
+            finally:
+                tracing.resume()
             if name not in Checks.NO_INVARIANT:
                 checks.invariant()
         except (Failure, RuntimeError, TimeoutError, OSError) as e:
@@ -157,15 +167,15 @@ def run_checks(c, debs, passed, failed):
               flush=True)
 
 
-def check_syscalls(c, log_path, passed, failed):
-    """Every call the daemon made (LOG_PATH, the strace of PID1) is one the
+def check_syscalls(c, log_paths, passed, failed):
+    """Every call the daemon made (LOG_PATHS, the strace of PID1) is one the
     unit's filter permits, or a known probe (syscalls.PROBES)."""
     name = "syscall_filter"
     try:
         allow, names = syscalls.unit_filter(c, UNIT)
-        calls = syscalls.daemon_calls(log_path)
+        calls = syscalls.daemon_calls(log_paths)
         if not calls:
-            raise Failure(f"the strace of PID1 shows no wcached process ({log_path})")
+            raise Failure(f"the strace of PID1 shows no wcached process ({', '.join(log_paths)})")
         bad = syscalls.refused(calls, allow, names)
         probes = {n: bad.pop(n) for n in list(bad)
                   if n.startswith("syscall_") and int(n[8:]) in syscalls.PROBES}

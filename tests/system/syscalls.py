@@ -57,15 +57,48 @@ class Tracer:
                 self.proc.wait()
 
 
+class Tracing:
+    """The strace of PID1 over the whole run, which a check may pause (a
+    check that measures time: a traced daemon and manager are slower).
+    Each stretch has its own log, LOG_PATH first, then LOG_PATH.2, ...; a
+    process started while paused is not traced afterwards either."""
+
+    def __init__(self, pid, log_path):
+        self.pid = pid
+        self.logs = []
+        self.base = log_path
+        self.tracer = None
+        self.resume()
+
+    def resume(self):
+        if self.tracer is None:
+            path = self.base if not self.logs else f"{self.base}.{len(self.logs) + 1}"
+            self.tracer = Tracer(self.pid, path)
+            self.logs.append(path)
+
+    def pause(self):
+        if self.tracer is not None:
+            self.tracer.stop()
+            self.tracer = None
+
+
 def name_of(syscall):
     """strace's name for a call, or 'syscall_NUMBER' for one it does not know."""
     m = _UNKNOWN.match(syscall)
     return f"syscall_{int(m.group(1), 16)}" if m else syscall
 
 
-def daemon_calls(log_path):
+def daemon_calls(log_paths):
     """{syscall name: [(pid, result), ...]} of the wcached processes in the
-    strace log; names strace does not know are 'syscall_NUMBER'."""
+    strace logs; names strace does not know are 'syscall_NUMBER'."""
+    calls = {}
+    for path in log_paths:
+        for name, uses in _log_calls(path).items():
+            calls.setdefault(name, []).extend(uses)
+    return calls
+
+
+def _log_calls(log_path):
     daemon = set()        # PIDs (and TIDs) that run wcached
     pending_exec = {}     # pid -> path of an execve not finished yet
     calls = {}
