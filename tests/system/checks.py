@@ -230,6 +230,31 @@ class Checks:
                  re.search(r'model "[^"]+": generation \d+ from ', l)]
         return loads and f"PID {pid} read a model again: " + " | ".join(loads)
 
+    def downtimes(self, windows):
+        """{kind: [ns]}: for each restart of WINDOWS (kind -> [(start, end)]),
+        how long the journal shows the service down: from systemd's
+        "Stopping" (a restart) or "Main process exited" (a kill) to the next
+        "Started". The journal's monotonic clock is the host's."""
+        marks = []
+        for l in self.journal("-u", UNIT, "-o", "json").splitlines():
+            e = json.loads(l) if l.strip() else {}
+            msg = str(e.get("MESSAGE", ""))
+            if e.get("_PID") == "1" and e.get("UNIT") == UNIT:
+                for word in ("Stopping", "Main process exited", "Started"):
+                    if msg.startswith(word) or msg.startswith(f"{UNIT}: {word}"):
+                        marks.append((int(e["__MONOTONIC_TIMESTAMP"]) * 1000, word))
+        out = {}
+        for kind, ws in windows.items():
+            down = "Stopping" if kind == "restart" else "Main process exited"
+            for start, end in ws:
+                t_down = next((t for t, w in marks if w == down and start <= t <= end), None)
+                t_up = next((t for t, w in marks if w == "Started" and t_down is not None
+                             and t_down <= t <= end), None)
+                expect(t_up is not None, f"the journal shows no {down!r} and then 'Started' "
+                       f"between {start} and {end} ns")
+                out.setdefault(kind, []).append(t_up - t_down)
+        return out
+
     # ---- the checks ----
 
     def install(self):
@@ -560,10 +585,13 @@ class Checks:
                 stats.append(f"{kind} {mode}: max {max(waits) / 1e6:.1f} p99 "
                              f"{load.p99(waits) / 1e6:.1f} ms of {len(waits)}")
         steady = result.outside([w for ws in windows.values() for w in ws])
+        down = self.downtimes(windows)
         return (f"{RESTARTS} restarts + kill -9, {2 * LOAD_WORKERS} workers, "
                 f"{result.attaches()} attaches, 0 failed, longest wait "
                 f"{longest['restart'] / 1e6:.0f} ms (restart) / {longest['kill -9'] / 1e6:.0f} ms "
                 f"(kill -9); " + "; ".join(stats) +
+                f"; down by the journal: max {max(down['restart']) / 1e6:.0f} ms (restart), "
+                f"{max(down['kill -9']) / 1e6:.0f} ms (kill -9)" +
                 (f"; between restarts p99 {load.p99(steady) / 1e6:.1f} ms" if steady else ""))
 
     def journal_priorities(self):
