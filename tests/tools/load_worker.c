@@ -102,7 +102,7 @@ flush_lines(struct worker *w)
 
 /* Appends one line to w's buffer, writing the buffer first when the line
  * would not fit, so that every write(2) holds whole lines only. */
-static void
+__attribute__((format(printf, 2, 3))) static void
 line(struct worker *w, const char *fmt, ...)
 {
 	char buf[1024];
