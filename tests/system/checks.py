@@ -70,7 +70,8 @@ class Checks:
     ORDER = ["install", "socket_activation", "sandbox", "check_status", "systemctl_status",
              "metrics", "residency_warm", "evict", "dropped_by_a_client", "pin",
              "python_worker", "reload_good", "reload_bad", "rename_swaps", "in_place_write",
-             "warm_restart", "restart_under_load", "journal_priorities", "analyze_security", "analyze_verify", "stop"]
+             "warm_restart", "restart_under_load", "journal_priorities", "analyze_security",
+             "analyze_verify", "stop"]
 
     def __init__(self, container, debs):
         self.c = container
@@ -579,8 +580,10 @@ class Checks:
         stats, longest = [], {}
         for kind, ws in windows.items():
             for mode in ("keep", "connect"):
+                for i, w in enumerate(ws):
+                    expect(result.across([w], mode), f"no {mode} worker was attaching during "
+                           f"{kind} {i + 1}: nothing measured")
                 waits = result.across(ws, mode)
-                expect(waits, f"no {mode} worker was attaching during a {kind}: nothing measured")
                 longest[kind] = max(longest.get(kind, 0), max(waits))
                 stats.append(f"{kind} {mode}: max {max(waits) / 1e6:.1f} p99 "
                              f"{load.p99(waits) / 1e6:.1f} ms of {len(waits)}")

@@ -18,8 +18,8 @@ import time
 from container import Timeout
 
 
-class WorkerError(Exception):
-    pass
+class WorkerError(RuntimeError):
+    """load_worker did not do what it says it does (a check's failure)."""
 
 
 class Result:

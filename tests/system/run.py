@@ -8,8 +8,9 @@ as an operator and a worker use it (see checks.py for the list).
 Builds the root once with debootstrap under BUILD/system (rootfs.py),
 boots a copy with systemd-nspawn (container.py), installs the packages,
 traces the service manager with strace to learn every system call the
-daemon makes (syscalls.py), runs the checks, and always tears the
-container down. Skips, on one line starting with "SKIP system tests:",
+daemon makes (syscalls.py; paused for the checks that measure time),
+runs the checks, keeps the boot's journal in BUILD/system/journal.log,
+and always tears the container down. Skips, on one line starting with "SKIP system tests:",
 only when the container cannot be booted here: not root, no
 systemd-nspawn/debootstrap/nsenter/strace/cc, or the Debian archive
 unreachable. Ends with "N passed, N failed"; exit status 1 when any check
