@@ -246,14 +246,66 @@ wc_connect_timeout(const char *socket_path, int timeout_ms, wc_client **out)
 	return 0;
 }
 
+static ssize_t roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq,
+	uint8_t *buf, size_t cap, int *fds, size_t maxfds, size_t *nfds, struct wire_message *msg,
+	int *dead);
+static uint32_t next_seq(wc_client *c);
+
+/*
+ * After a reconnect: tells the new daemon, with one HOLD each, which
+ * generations this process still maps from earlier connections, and takes
+ * the handle it answers, so that the model's release counts there again
+ * (PROTOCOL.md, "Restarts"). A refusal (the daemon does not have that
+ * generation open) leaves the model as it was: its release only unmaps.
+ * Stops at the first reply that is not an answer; the request that
+ * reconnected then finds out what is wrong. The lock is held.
+ */
+static void
+announce_holds(wc_client *c)
+{
+	uint8_t req[WIRE_MAX_MESSAGE], buf[WIRE_MAX_MESSAGE];
+	int fds[WIRE_MAX_FDS];
+	struct wire_message msg;
+	uint64_t handle;
+	size_t nfds = 0;
+	ssize_t n;
+	int dead;
+
+	for (wc_model *m = c->models; m != NULL; m = m->next) {
+		uint32_t seq;
+
+		if (m->connection == c->connection || m->pid != c->pid || m->name == NULL)
+			continue;
+		seq = next_seq(c);
+		n = wire_put_hold(req, sizeof(req), seq, m->generation, m->name, strlen(m->name));
+		if (n < 0)
+			continue;
+		n = roundtrip(c, req, (size_t)n, seq, buf, sizeof(buf), fds, WIRE_MAX_FDS, &nfds,
+			&msg, &dead);
+		if (n < 0)
+			return;
+		if (nfds > 0 || (msg.h.type != WIRE_HOLD_OK && msg.h.type != WIRE_ERROR)) {
+			fdp_close_all(fds, nfds);
+			shutdown(c->fd, SHUT_RDWR); /* out of step: not an answer to HOLD */
+			return;
+		}
+		if (wire_get_hold_ok(&msg, &handle) == 0) {
+			m->handle = handle;
+			m->connection = c->connection;
+		}
+	}
+}
+
 /*
  * Replaces c's dead connection with a new one to the same path (the daemon
  * restarted, or the connection was closed after a timeout), connecting
  * within ms milliseconds (0: no limit); the new socket keeps ms as its
  * deadline until the caller restores c->timeout_ms. What the client kept
  * from the old daemon goes: its status page may not be the new daemon's.
- * Models attached over the old connection keep their own mappings; their
- * connection number no longer matches, so their release sends nothing.
+ * Models attached over the old connection keep their own mappings; the new
+ * daemon is told which generations they are (announce_holds), and those it
+ * has open are theirs again on the new connection; the release of the
+ * others sends nothing (their connection number no longer matches).
  * The lock is held. On failure the old descriptor stays (still dead).
  */
 static int
@@ -274,6 +326,7 @@ reconnect(wc_client *c, int ms)
 	c->fd = fd;
 	c->connection++;
 	attach_cache_clear(&c->cache);
+	announce_holds(c);
 	return 0;
 }
 
