@@ -257,10 +257,11 @@ static uint32_t next_seq(wc_client *c);
  * the handle it answers, so that the model's release counts there again
  * (PROTOCOL.md, "Restarts"). A refusal (the daemon does not have that
  * generation open) leaves the model as it was: its release only unmaps.
- * Stops at the first reply that is not an answer; the request that
- * reconnected then finds out what is wrong. The lock is held.
+ * Returns 0; 1 when the daemon hung up or answered something else (a
+ * daemon that does not know HOLD closes the connection on it); or -errno
+ * (a timeout) with the message. The lock is held.
  */
-static void
+static int
 announce_holds(wc_client *c)
 {
 	uint8_t req[WIRE_MAX_MESSAGE], buf[WIRE_MAX_MESSAGE];
@@ -282,18 +283,21 @@ announce_holds(wc_client *c)
 			continue;
 		n = roundtrip(c, req, (size_t)n, seq, buf, sizeof(buf), fds, WIRE_MAX_FDS, &nfds,
 			&msg, &dead);
+		if (n == -ETIMEDOUT)
+			return (int)n;
 		if (n < 0)
-			return;
+			return 1;
 		if (nfds > 0 || (msg.h.type != WIRE_HOLD_OK && msg.h.type != WIRE_ERROR)) {
 			fdp_close_all(fds, nfds);
 			shutdown(c->fd, SHUT_RDWR); /* out of step: not an answer to HOLD */
-			return;
+			return 1;
 		}
 		if (wire_get_hold_ok(&msg, &handle) == 0) {
 			m->handle = handle;
 			m->connection = c->connection;
 		}
 	}
+	return 0;
 }
 
 /*
@@ -314,20 +318,26 @@ reconnect(wc_client *c, int ms)
 	char why[256];
 	int fd = -1, r;
 
-	if ((r = open_connection(c->path, ms, &fd)) < 0) {
-		snprintf(why, sizeof(why), "%s", error_get());
-		/* A socket path that is gone is a daemon that is not running,
-		 * not a model that is not served (what -ENOENT means from
-		 * wc_attach()). */
-		return error_set(r == -ENOENT ? -ECONNREFUSED : r, "%s closed the connection, and "
-			"connecting again failed: %s", c->where, why);
+	for (int announce = 1;; announce = 0) {
+		if ((r = open_connection(c->path, ms, &fd)) < 0) {
+			snprintf(why, sizeof(why), "%s", error_get());
+			/* A socket path that is gone is a daemon that is not
+			 * running, not a model that is not served (what -ENOENT
+			 * means from wc_attach()). */
+			return error_set(r == -ENOENT ? -ECONNREFUSED : r, "%s closed the "
+				"connection, and connecting again failed: %s", c->where, why);
+		}
+		close(c->fd);
+		c->fd = fd;
+		c->connection++;
+		attach_cache_clear(&c->cache);
+		if (!announce || (r = announce_holds(c)) == 0)
+			return 0;
+		if (r < 0)
+			return r;
+		/* It hung up on HOLD: once more, without (what it accepted
+		 * was on that connection; those releases only unmap). */
 	}
-	close(c->fd);
-	c->fd = fd;
-	c->connection++;
-	attach_cache_clear(&c->cache);
-	announce_holds(c);
-	return 0;
 }
 
 /* The next request's seq: counts from 1 and skips 0, which marks a
