@@ -246,14 +246,70 @@ wc_connect_timeout(const char *socket_path, int timeout_ms, wc_client **out)
 	return 0;
 }
 
+static ssize_t roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq,
+	uint8_t *buf, size_t cap, int *fds, size_t maxfds, size_t *nfds, struct wire_message *msg,
+	int *dead);
+static uint32_t next_seq(wc_client *c);
+
+/*
+ * After a reconnect: tells the new daemon, with one HOLD each, which
+ * generations this process still maps from earlier connections, and takes
+ * the handle it answers, so that the model's release counts there again
+ * (PROTOCOL.md, "Restarts"). A refusal (the daemon does not have that
+ * generation open) leaves the model as it was: its release only unmaps.
+ * Returns 0; 1 when the daemon hung up or answered something else (a
+ * daemon that does not know HOLD closes the connection on it); or -errno
+ * (a timeout) with the message. The lock is held.
+ */
+static int
+announce_holds(wc_client *c)
+{
+	uint8_t req[WIRE_MAX_MESSAGE], buf[WIRE_MAX_MESSAGE];
+	int fds[WIRE_MAX_FDS];
+	struct wire_message msg;
+	uint64_t handle;
+	size_t nfds = 0;
+	ssize_t n;
+	int dead;
+
+	for (wc_model *m = c->models; m != NULL; m = m->next) {
+		uint32_t seq;
+
+		if (m->connection == c->connection || m->pid != c->pid || m->name == NULL)
+			continue;
+		seq = next_seq(c);
+		n = wire_put_hold(req, sizeof(req), seq, m->generation, m->name, strlen(m->name));
+		if (n < 0)
+			continue;
+		n = roundtrip(c, req, (size_t)n, seq, buf, sizeof(buf), fds, WIRE_MAX_FDS, &nfds,
+			&msg, &dead);
+		if (n == -ETIMEDOUT)
+			return (int)n;
+		if (n < 0)
+			return 1;
+		if (nfds > 0 || (msg.h.type != WIRE_HOLD_OK && msg.h.type != WIRE_ERROR)) {
+			fdp_close_all(fds, nfds);
+			shutdown(c->fd, SHUT_RDWR); /* out of step: not an answer to HOLD */
+			return 1;
+		}
+		if (wire_get_hold_ok(&msg, &handle) == 0) {
+			m->handle = handle;
+			m->connection = c->connection;
+		}
+	}
+	return 0;
+}
+
 /*
  * Replaces c's dead connection with a new one to the same path (the daemon
  * restarted, or the connection was closed after a timeout), connecting
  * within ms milliseconds (0: no limit); the new socket keeps ms as its
  * deadline until the caller restores c->timeout_ms. What the client kept
  * from the old daemon goes: its status page may not be the new daemon's.
- * Models attached over the old connection keep their own mappings; their
- * connection number no longer matches, so their release sends nothing.
+ * Models attached over the old connection keep their own mappings; the new
+ * daemon is told which generations they are (announce_holds), and those it
+ * has open are theirs again on the new connection; the release of the
+ * others sends nothing (their connection number no longer matches).
  * The lock is held. On failure the old descriptor stays (still dead).
  */
 static int
@@ -262,19 +318,26 @@ reconnect(wc_client *c, int ms)
 	char why[256];
 	int fd = -1, r;
 
-	if ((r = open_connection(c->path, ms, &fd)) < 0) {
-		snprintf(why, sizeof(why), "%s", error_get());
-		/* A socket path that is gone is a daemon that is not running,
-		 * not a model that is not served (what -ENOENT means from
-		 * wc_attach()). */
-		return error_set(r == -ENOENT ? -ECONNREFUSED : r, "%s closed the connection, and "
-			"connecting again failed: %s", c->where, why);
+	for (int announce = 1;; announce = 0) {
+		if ((r = open_connection(c->path, ms, &fd)) < 0) {
+			snprintf(why, sizeof(why), "%s", error_get());
+			/* A socket path that is gone is a daemon that is not
+			 * running, not a model that is not served (what -ENOENT
+			 * means from wc_attach()). */
+			return error_set(r == -ENOENT ? -ECONNREFUSED : r, "%s closed the "
+				"connection, and connecting again failed: %s", c->where, why);
+		}
+		close(c->fd);
+		c->fd = fd;
+		c->connection++;
+		attach_cache_clear(&c->cache);
+		if (!announce || (r = announce_holds(c)) == 0)
+			return 0;
+		if (r < 0)
+			return r;
+		/* It hung up on HOLD: once more, without (what it accepted
+		 * was on that connection; those releases only unmap). */
 	}
-	close(c->fd);
-	c->fd = fd;
-	c->connection++;
-	attach_cache_clear(&c->cache);
-	return 0;
 }
 
 /* The next request's seq: counts from 1 and skips 0, which marks a

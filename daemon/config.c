@@ -33,6 +33,7 @@ static const char *const wcached_keys[WK_COUNT] = {
 	[WK_MAX_CLIENTS] = "max_clients",
 	[WK_MAX_CLIENTS_PER_UID] = "max_clients_per_uid",
 	[WK_USER] = "user",
+	[WK_RESTART_HOLD_SECONDS] = "restart_hold_seconds",
 };
 
 static const char *const model_keys[MK_COUNT] = {
@@ -269,6 +270,11 @@ wcached_key(struct parse_ctx *ctx, const char *key, const char *value)
 	case WK_USER:
 		config_resolve_user(ctx, value);
 		break;
+	case WK_RESTART_HOLD_SECONDS:
+		if (config_parse_int_key(ctx, "", key, value, 0, CONFIG_MAX_RESTART_HOLD_SECONDS,
+			    &v) == 0)
+			cfg->restart_hold_seconds = (unsigned)v;
+		break;
 	case WK_COUNT:
 		break;
 	}
@@ -411,6 +417,7 @@ config_load(const char *path, struct config **out)
 	cfg->memory_budget = CONFIG_BUDGET_NONE;
 	cfg->max_clients = CONFIG_DEFAULT_MAX_CLIENTS;
 	cfg->max_clients_per_uid = CONFIG_DEFAULT_MAX_CLIENTS_PER_UID;
+	cfg->restart_hold_seconds = CONFIG_DEFAULT_RESTART_HOLD_SECONDS;
 	cfg->file = strdup(path);
 	cfg->socket_path = strdup(DEFAULT_SOCKET_PATH);
 	cfg->control_path = strdup(DEFAULT_CONTROL_PATH);

@@ -11,6 +11,8 @@
  *   max_clients = 1024
  *   max_clients_per_uid = 256
  *   user = wcache                         ; user (name or uid) to run as
+ *   restart_hold_seconds = 60             ; 0..86400: after a warm restart, how long a
+ *                                         ; generation workers held waits for their HOLD
  *
  *   [model llama-3-8b]
  *   path = /models/llama-3-8b             ; safetensors file, shard index or directory, or WEIG
@@ -53,6 +55,8 @@
 #define CONFIG_DEFAULT_MAX_CLIENTS_PER_UID 256
 #define CONFIG_MAX_CLIENTS_LIMIT 1000000 /* upper bound accepted for both */
 #define CONFIG_MAX_MODELS 4096
+#define CONFIG_DEFAULT_RESTART_HOLD_SECONDS 60
+#define CONFIG_MAX_RESTART_HOLD_SECONDS 86400
 #define CONFIG_MODEL_NAME_MAX 128 /* bytes, not counting the NUL */
 
 /* How memory_budget was given. */
@@ -101,6 +105,7 @@ struct config {
 	char *user;            /* raw value, or NULL when absent (stay as started) */
 	uid_t user_uid;        /* resolved user; valid when user != NULL */
 	gid_t user_gid;        /* that user's primary group from the passwd entry */
+	unsigned restart_hold_seconds; /* 0..86400, default 60 (restore.h) */
 
 	/* [model NAME] sections, in file order; names are unique. */
 	struct model_config *models;

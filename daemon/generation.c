@@ -109,7 +109,8 @@ gen_maybe_free(struct registry *r, struct generation *g)
 {
 	struct generation **pp;
 
-	if (gen_is_live(g) || g->attached > 0 || g->warm.pending > 0 || g->ops_pending > 0)
+	if (gen_is_live(g) || g->attached > 0 || g->warm.pending > 0 || g->ops_pending > 0 ||
+		g->hold_until_ms != 0)
 		return;
 	for (pp = &r->generations; *pp != NULL; pp = &(*pp)->next)
 		if (*pp == g) {

@@ -42,8 +42,9 @@
  * Reference counts are not states; they only keep a generation open:
  * it stays until it is neither current nor pending of its model
  * (gen_is_live), no client holds it (attached), no warming job reads it
- * (warm.pending) and no page operation is queued on it (ops_pending, see
- * pages.h). An unloaded model's generations keep their state, with model
+ * (warm.pending), no page operation is queued on it (ops_pending, see
+ * pages.h) and, restored after a restart as held, it no longer waits for
+ * its holders' HOLDs (hold_until_ms). An unloaded model's generations keep their state, with model
  * NULL, until released. Two attributes are not states either: pinned (what
  * pages.c actually locked) and populated (whether every page is mapped into
  * the daemon, resident.h); pages.c writes them.
@@ -90,6 +91,13 @@ struct generation {
 	unsigned stored_slot;       /* its fds went to the manager's store under this
 				       slot's names (restore.h); 0: none */
 	int stored_done;            /* all of them (not only some: a full queue) */
+	/* Restored from the store as a generation workers held before the
+	 * restart (not current): kept open until then, on the loop's clock,
+	 * for their HOLDs (registry_hold), even while nobody holds it. 0:
+	 * not waiting. */
+	uint64_t hold_until_ms;
+	int from_store;             /* taken back from the store: the previous process
+				       served it, so its workers may HOLD it */
 	/* The running or last warm-up: one job per file while it runs. Its
 	 * outcome decides the transition out of WARMING (warm_done). */
 	struct {

@@ -246,6 +246,8 @@ on_notify_timer(uv_timer_t *t)
 		log_warnx("%s", error_get());
 	/* What the manager's full queue refused goes again (restore.h). */
 	restore_sync(&d->reg);
+	/* Generations held before a restart that nobody claimed close. */
+	registry_expire_holds(&d->reg);
 }
 
 static void
@@ -381,6 +383,14 @@ shutdown_daemon(struct daemon *d)
 	d->stopping = 1;
 	log_info("shutting down");
 	notify_send("STOPPING=1");
+	/* Everything to the manager first, while every generation a client
+	 * holds is still open (restore.h); from then on the registry is
+	 * closing, so the releases of the clients dropped below take nothing
+	 * out of the store. */
+	restore_stopping(&d->reg);
+	d->reg.changed = NULL;
+	d->reg.swapped = NULL;
+	d->reg.closing = 1; /* loads still on the work queue are dropped */
 	server_stop(d->server);
 	d->server = NULL;
 	d->control_ctx.server = NULL;
@@ -391,10 +401,6 @@ shutdown_daemon(struct daemon *d)
 	d->listen_fd = -1;
 	watch_stop(d->watch);
 	d->watch = NULL;
-	restore_stopping(&d->reg); /* the next process finds everything stored */
-	d->reg.changed = NULL;
-	d->reg.swapped = NULL;
-	d->reg.closing = 1; /* loads still on the work queue are dropped */
 	warm_pool_close(d->pool);
 	d->pool = NULL;
 	d->reg.pool = NULL;
@@ -596,6 +602,7 @@ main(int argc, char **argv)
 	d.reg.changed = on_registry_changed;
 	d.reg.swapped = on_swapped;
 	d.reg.memory_budget = memory_budget(d.cfg);
+	d.reg.restart_hold_ms = (int)d.cfg->restart_hold_seconds * 1000;
 	if (watch_start(&d.loop, &d.reg, &d.watch) < 0)
 		fatalx("%s", error_get());
 

@@ -359,9 +359,17 @@ write_generation(FILE *f, const struct model_entry *m, const struct generation *
 {
 	fprintf(f, "{\"number\":%" PRIu64, g->number);
 	write_str_field(f, "state", metrics_generation_state(g));
-	fprintf(f, ",\"attached\":%u,\"bytes\":%" PRIu64 ",\"current\":%s,\"pending\":%s}",
+	fprintf(f, ",\"attached\":%u,\"bytes\":%" PRIu64 ",\"current\":%s,\"pending\":%s",
 		g->attached, g->bytes, m != NULL && m->current == g ? "true" : "false",
 		m != NULL && m->pending == g ? "true" : "false");
+	/* Restored as held before a restart: how long HOLDs may still come. */
+	if (g->hold_until_ms != 0) {
+		uint64_t now = registry_now_ms(g->registry);
+
+		fprintf(f, ",\"hold_wait_ms\":%" PRIu64,
+			g->hold_until_ms > now ? g->hold_until_ms - now : 0);
+	}
+	fputc('}', f);
 }
 
 /* One entry of status's "models" array. */

@@ -280,32 +280,33 @@ entry_new(struct registry *r, const char *name, const char *path, enum pin_mode 
 	return m;
 }
 
-int
-registry_adopt(struct registry *r, const char *name, const char *path, enum pin_mode pin,
-	int warm, uint64_t number, struct model_source *src, int index_fd, size_t index_size)
+/* A generation of the model name made of what the store gave back: src
+ * (files open and mapped) and the sealed index_fd, mapped here. Takes src
+ * on success only; NULL with the message otherwise. Not yet in the
+ * registry's list, without a model and without a state. */
+static struct generation *
+generation_from_store(struct registry *r, const char *name, uint64_t number,
+	struct model_source *src, int index_fd, size_t index_size)
 {
-	struct model_entry *m;
 	struct generation *g;
 	void *map;
 
-	if (registry_entry_named(r, name) != NULL)
-		return error_set(-EEXIST, "model \"%s\" is already there", name);
 	map = mmap(NULL, index_size, PROT_READ, MAP_SHARED, index_fd, 0);
-	if (map == MAP_FAILED)
-		return error_set(-errno, "model \"%s\": mapping the stored index: %s", name,
+	if (map == MAP_FAILED) {
+		error_set(-errno, "model \"%s\": mapping the stored index: %s", name,
 			strerror(errno));
+		return NULL;
+	}
 	if ((g = calloc(1, sizeof(*g))) == NULL || (g->model_name = strdup(name)) == NULL ||
 		/* NOLINTNEXTLINE(bugprone-sizeof-expression) */
 		(g->warm.jobs = calloc(src->nfiles ? src->nfiles : 1, sizeof(*g->warm.jobs))) ==
-			NULL ||
-		(m = entry_new(r, name, path, pin, warm)) == NULL) {
-		if (g != NULL) {
+			NULL) {
+		if (g != NULL)
 			free(g->model_name);
-			free(g->warm.jobs);
-		}
 		free(g);
 		munmap(map, index_size);
-		return error_set(-ENOMEM, "model \"%s\": out of memory", name);
+		error_set(-ENOMEM, "model \"%s\": out of memory", name);
+		return NULL;
 	}
 	g->registry = r;
 	g->source = *src;
@@ -316,13 +317,51 @@ registry_adopt(struct registry *r, const char *name, const char *path, enum pin_
 	for (size_t i = 0; i < g->source.nfiles; i++)
 		g->bytes += g->source.files[i].size;
 	g->number = number;
-	if (number > m->last_generation)
-		m->last_generation = number;
+	g->from_store = 1;
+	return g;
+}
+
+/* Gives the files and the index of g back to src and index_fd's owner and
+ * frees the rest (the inverse of generation_from_store). */
+static void
+generation_unstore(struct generation *g, struct model_source *src)
+{
+	*src = g->source;
+	munmap((void *)g->index, g->index_size);
+	free(g->warm.jobs);
+	free(g->model_name);
+	free(g);
+}
+
+/* Puts g in the registry's list as a generation of m. */
+static void
+generation_link(struct registry *r, struct model_entry *m, struct generation *g)
+{
+	if (g->number > m->last_generation)
+		m->last_generation = g->number;
 	if (m->slot != 0)
 		r->slots[m->slot].last_generation = m->last_generation;
 	g->model = m;
 	g->next = r->generations;
 	r->generations = g;
+}
+
+int
+registry_adopt(struct registry *r, const char *name, const char *path, enum pin_mode pin,
+	int warm, uint64_t number, struct model_source *src, int index_fd, size_t index_size)
+{
+	struct model_entry *m;
+	struct generation *g;
+
+	if (registry_entry_named(r, name) != NULL)
+		return error_set(-EEXIST, "model \"%s\" is already there", name);
+	if ((g = generation_from_store(r, name, number, src, index_fd, index_size)) == NULL)
+		return -ENOMEM;
+	if ((m = entry_new(r, name, path, pin, warm)) == NULL) {
+		generation_unstore(g, src);
+		return error_set(-ENOMEM, "model \"%s\": out of memory", name);
+	}
+	generation_link(r, m, g);
 	if (m->pin != PIN_NONE)
 		pages_pin_metadata(g);
 	gen_set_state(g, GEN_READY, "restored from the file descriptor store");
@@ -334,6 +373,56 @@ registry_adopt(struct registry *r, const char *name, const char *path, enum pin_
 	if (r->changed != NULL)
 		r->changed(r);
 	return 0;
+}
+
+int
+registry_adopt_held(struct registry *r, const char *name, uint64_t number,
+	struct model_source *src, int index_fd, size_t index_size)
+{
+	struct model_entry *m = registry_entry_named(r, name);
+	struct generation *g;
+
+	if (m == NULL || m->current == NULL || m->current->number <= number)
+		return error_set(-EINVAL, "model \"%s\": generation %" PRIu64 " is not older "
+			"than a restored current one", name, number);
+	for (g = r->generations; g != NULL; g = g->next)
+		if (g->model == m && g->number == number)
+			return error_set(-EEXIST, "model \"%s\": generation %" PRIu64
+				" is already there", name, number);
+	if ((g = generation_from_store(r, name, number, src, index_fd, index_size)) == NULL)
+		return -ENOMEM;
+	generation_link(r, m, g);
+	gen_set_state(g, GEN_READY, "restored from the file descriptor store, held");
+	/* Not current: only its holders' HOLDs keep it, once this passes. */
+	g->hold_until_ms = registry_now_ms(r) + (uint64_t)r->restart_hold_ms;
+	if (g->hold_until_ms == 0)
+		g->hold_until_ms = 1;
+	r->holds_open++;
+	if (r->changed != NULL)
+		r->changed(r);
+	return 0;
+}
+
+void
+registry_expire_holds(struct registry *r)
+{
+	uint64_t now = registry_now_ms(r);
+	struct generation *g, *next;
+
+	if (r->holds_open == 0)
+		return;
+	for (g = r->generations; g != NULL; g = next) {
+		next = g->next;
+		if (g->hold_until_ms == 0 || now < g->hold_until_ms)
+			continue;
+		g->hold_until_ms = 0;
+		r->holds_open--;
+		if (g->attached == 0)
+			log_info("model \"%s\": generation %" PRIu64 ": no worker said it still "
+				 "holds it within %.3g s of the restart", g->model_name, g->number,
+				r->restart_hold_ms / 1000.0);
+		gen_maybe_free(r, g);
+	}
 }
 
 /* ---- loading ---- */
@@ -685,12 +774,13 @@ peer_allowed(const struct registry_peer *peer, const struct model_entry *m)
 	return 0;
 }
 
-int
-registry_attach(struct registry *r, const char *name, const struct registry_peer *peer,
-	struct registry_attachment *out, char *msg, size_t msg_size)
+/* The model name (or path) if peer may use it: 0 and *out, or -ENOENT or
+ * -EACCES (counted and logged once per peer) with the client's message. */
+static int
+find_for_peer(struct registry *r, const char *name, const struct registry_peer *peer,
+	struct model_entry **out, char *msg, size_t msg_size)
 {
 	struct model_entry *m = registry_find(r, name);
-	struct generation *g;
 
 	if (m == NULL) {
 		snprintf(msg, msg_size, "not served");
@@ -707,6 +797,20 @@ registry_attach(struct registry *r, const char *name, const struct registry_peer
 			(unsigned)peer->uid);
 		return -EACCES;
 	}
+	*out = m;
+	return 0;
+}
+
+int
+registry_attach(struct registry *r, const char *name, const struct registry_peer *peer,
+	struct registry_attachment *out, char *msg, size_t msg_size)
+{
+	struct model_entry *m = NULL;
+	struct generation *g;
+	int err;
+
+	if ((err = find_for_peer(r, name, peer, &m, msg, msg_size)) < 0)
+		return err;
 	if ((g = m->current) == NULL) {
 		m->error_count++;
 		snprintf(msg, msg_size, "failed to load: %s",
@@ -738,6 +842,33 @@ registry_attach(struct registry *r, const char *name, const struct registry_peer
 	}
 	generation_ref(r, g);
 	m->attach_count++;
+	return 0;
+}
+
+int
+registry_hold(struct registry *r, const char *name, uint64_t number,
+	const struct registry_peer *peer, struct generation **out, char *msg, size_t msg_size)
+{
+	struct model_entry *m = NULL;
+	struct generation *g;
+	int err;
+
+	if ((err = find_for_peer(r, name, peer, &m, msg, msg_size)) < 0)
+		return err;
+	for (g = r->generations; g != NULL; g = g->next)
+		if (g->model == m && g->number == number && g->state != GEN_CLOSED)
+			break;
+	/* Only a generation the previous process served: after a cold start
+	 * the same number names another generation. */
+	if (g == NULL || !g->from_store) {
+		snprintf(msg, msg_size, "generation %" PRIu64 " was not taken over from the "
+			"previous wcached", number);
+		return -ENOENT;
+	}
+	/* A reference like an attach's, without an attach's effects: the
+	 * worker has its mappings; nothing is warmed or counted. */
+	g->attached++;
+	*out = g;
 	return 0;
 }
 
@@ -832,6 +963,7 @@ void
 registry_close(struct registry *r)
 {
 	r->closing = 1;
+	r->holds_open = 0;
 	r->swapped = NULL;
 	r->changed = NULL;
 	while (r->models != NULL)
@@ -842,6 +974,7 @@ registry_close(struct registry *r)
 		next = g->next;
 		g->attached = 0;
 		g->warm.pending = 0;
+		g->hold_until_ms = 0;
 		gen_maybe_free(r, g);
 	}
 	for (unsigned i = 1; i < r->nslots; i++)

@@ -99,6 +99,8 @@ struct registry {
 	 * hands it the generations and the status page, which then is left
 	 * as it is at shutdown. */
 	int fdstore;
+	int restart_hold_ms;            /* registry_adopt_held(): how long HOLDs may come */
+	unsigned holds_open;            /* generations waiting for HOLDs */
 	/* Hooks: warming progress or end, and a model's current generation
 	 * changing (for client notifications). */
 	void (*changed)(struct registry *);
@@ -138,6 +140,22 @@ int registry_restore_slot(struct registry *r, unsigned slot, const char *name,
  */
 int registry_adopt(struct registry *r, const char *name, const char *path, enum pin_mode pin,
 	int warm, uint64_t number, struct model_source *src, int index_fd, size_t index_size);
+
+/*
+ * Adds src and the sealed index_fd as generation number of the model name,
+ * which registry_adopt() restored with a newer current generation: one that
+ * workers held before the restart. It is not served to new attaches; it
+ * stays open for restart_hold_ms (registry_hold() may then take
+ * references), and after that until its last holder releases it. Takes src
+ * and index_fd on success only. 0, -EINVAL, -EEXIST, -ENOMEM.
+ */
+int registry_adopt_held(struct registry *r, const char *name, uint64_t number,
+	struct model_source *src, int index_fd, size_t index_size);
+
+/* Ends the wait for HOLDs of every generation registry_adopt_held() made
+ * whose restart_hold_ms has passed; those nobody holds close. Cheap when
+ * none waits: call it often. */
+void registry_expire_holds(struct registry *r);
 
 /*
  * Loads path as the next generation of the model name (adding the model if
@@ -233,7 +251,21 @@ struct registry_attachment {
 int registry_attach(struct registry *r, const char *name, const struct registry_peer *peer,
 	struct registry_attachment *out, char *msg, size_t msg_size);
 
-/* Drops a reference registry_attach() took. */
+/*
+ * HOLD: a worker that reconnected after a restart still maps generation
+ * number of the model name (or path). Checks access as registry_attach()
+ * does and takes a client reference on that generation, current or not,
+ * without an attach's effects (no warming, no counting). Only a generation
+ * taken back from the file descriptor store (the previous process served
+ * it; after a cold start the same number names another one). 0 and *out
+ * (drop it with registry_release()), or -ENOENT ("not served", or
+ * "generation N was not taken over ...") or -EACCES with the message for
+ * the client in msg.
+ */
+int registry_hold(struct registry *r, const char *name, uint64_t number,
+	const struct registry_peer *peer, struct generation **out, char *msg, size_t msg_size);
+
+/* Drops a reference registry_attach() or registry_hold() took. */
 void registry_release(struct registry *r, struct generation *g);
 
 /* The model g is a generation of (NULL once unloaded), and a model's name. */

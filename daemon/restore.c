@@ -299,7 +299,8 @@ take_file(struct restore *s, const char *dir, const struct fdstore_generation *g
 		return error_set(-EINVAL, "file %s: not open read-only", fname);
 	if (snprintf(full, sizeof(full), "%s/%s", dir, fname) >= (int)sizeof(full))
 		return error_set(-ENAMETOOLONG, "file %s: path too long", fname);
-	if (stat(full, &st) == -1 || !same_file(&st, f))
+	/* A held generation's files were replaced: that is why it is old. */
+	if (g->role == FDSTORE_CURRENT && (stat(full, &st) == -1 || !same_file(&st, f)))
 		return error_set(-EINVAL, "%s was replaced or changed since it was stored", full);
 	if (file_from_fd(fd, full, out) < 0)
 		return -EINVAL;
@@ -307,7 +308,8 @@ take_file(struct restore *s, const char *dir, const struct fdstore_generation *g
 	return 0;
 }
 
-/* Checks every piece of m's current generation g and serves it. */
+/* Checks every piece of m's stored generation g and serves it: as the
+ * current one, or (FDSTORE_HELD) as one its holders may HOLD. */
 static int
 adopt(struct restore *s, struct registry *r, const struct fdstore_model *m,
 	const struct fdstore_generation *g, const char *path, enum pin_mode pin, int warm)
@@ -330,18 +332,46 @@ adopt(struct restore *s, struct registry *r, const struct fdstore_model *m,
 			if ((err = take_file(s, dir, g, k, map, &h, &src.files[k])) == 0)
 				src.nfiles = k + 1;
 	munmap(map, (size_t)g->index_size);
-	if (err == 0 &&
-		(err = registry_adopt(r, m->name, path, pin, warm, g->number, &src, ifd,
-			 (size_t)g->index_size)) == 0) {
+	if (err == 0 && g->role == FDSTORE_CURRENT)
+		err = registry_adopt(r, m->name, path, pin, warm, g->number, &src, ifd,
+			(size_t)g->index_size);
+	else if (err == 0)
+		err = registry_adopt_held(r, m->name, g->number, &src, ifd, (size_t)g->index_size);
+	if (err == 0) {
 		struct model_entry *e = registry_find(r, m->name);
 
 		s->fds[at].fd = -1;
 		/* The manager still has every piece under these names. */
-		e->current->stored_slot = e->slot;
-		e->current->stored_done = e->slot == m->slot;
+		for (struct generation *k = r->generations; k != NULL; k = k->next)
+			if (k->model == e && k->number == g->number) {
+				k->stored_slot = e->slot;
+				k->stored_done = e->slot == m->slot;
+			}
 	}
 	source_close(&src); /* the files, on failure; zeroed on success */
 	return err;
+}
+
+/* After m's current generation came back: the generations workers held
+ * before the restart, each waiting restart_hold_ms for their HOLDs. */
+static void
+adopt_held(struct restore *s, struct registry *r, const struct fdstore_model *m,
+	const char *path)
+{
+	for (uint32_t k = 0; k < m->ngenerations; k++) {
+		const struct fdstore_generation *g = &m->generations[k];
+
+		if (g->role != FDSTORE_HELD)
+			continue;
+		if (adopt(s, r, m, g, path, PIN_NONE, 0) < 0)
+			log_warnx("model \"%s\": generation %" PRIu64 ", held before the restart, "
+				  "not restored: %s; its holders' mappings stay valid",
+				m->name, g->number, error_get());
+		else
+			log_info("model \"%s\": generation %" PRIu64 ", held by workers before the "
+				 "restart, restored; waiting %.3g s for them to say so (HOLD)",
+				m->name, g->number, r->restart_hold_ms / 1000.0);
+	}
 }
 
 int
@@ -381,6 +411,7 @@ restore_model(struct restore *s, struct registry *r, const char *name, const cha
 		const struct model_entry *e = registry_find(r, name);
 
 		s->restored[i - 1] = 1;
+		adopt_held(s, r, m, path);
 		log_info("model \"%s\": generation %" PRIu64 " restored from the file descriptor "
 			 "store: %" PRIu32 " file%s, %" PRIu64 " bytes, not read again",
 			name, g->number, g->nfiles, g->nfiles == 1 ? "" : "s",
@@ -449,27 +480,26 @@ store_generation(struct generation *g, unsigned slot)
 	return 0;
 }
 
-/* Fills d->models[i] from m (and its stored current generation). */
+/* Is g, not current, a generation its holders still need: stored, open,
+ * held or waiting for their HOLDs? */
 static int
-describe_model(struct fdstore_model *d, const struct model_entry *m)
+describe_held(const struct model_entry *m, const struct generation *g)
 {
-	const struct generation *g = m->current;
+	return g->model == m && g != m->current && g != m->pending && g->stored_done &&
+		g->stored_slot == m->slot && g->state != GEN_CLOSED && g->state != GEN_MODIFIED &&
+		(g->attached > 0 || g->hold_until_ms != 0);
+}
+
+/* Fills dg from g of m, stored under m's slot, in role. */
+static int
+describe_generation(struct fdstore_generation *dg, const struct model_entry *m,
+	const struct generation *g, uint8_t role)
+{
 	char name[FDSTORE_MAX_FDNAME + 1];
 
-	if ((d->name = strdup(m->name)) == NULL || (d->path = strdup(m->path)) == NULL)
-		return -ENOMEM;
-	d->slot = m->slot;
-	d->last_generation = m->last_generation;
-	if (g == NULL || !g->stored_done || g->stored_slot != m->slot || !gen_attachable(g))
-		return 0;
-	if ((d->generations = calloc(1, sizeof(*d->generations))) == NULL)
-		return -ENOMEM;
-	d->ngenerations = 1;
-	struct fdstore_generation *dg = d->generations;
-
 	dg->number = g->number;
-	dg->role = FDSTORE_CURRENT;
-	dg->pin = (uint8_t)m->pin;
+	dg->role = role;
+	dg->pin = role == FDSTORE_CURRENT ? (uint8_t)m->pin : (uint8_t)PIN_NONE;
 	dg->index_size = g->index_size;
 	dg->nfiles = (uint32_t)g->source.nfiles;
 	if (fdstore_name_index(name, sizeof(name), m->slot, g->number) < 0 ||
@@ -492,6 +522,40 @@ describe_model(struct fdstore_model *d, const struct model_entry *m)
 	return 0;
 }
 
+/* Fills d from m: its stored current generation and, with it, the stored
+ * generations workers still hold (the newest FDSTORE_MAX_GENERATIONS - 1). */
+static int
+describe_model(struct fdstore_model *d, const struct registry *r, const struct model_entry *m)
+{
+	const struct generation *g = m->current;
+	uint32_t n = 1;
+	int err;
+
+	if ((d->name = strdup(m->name)) == NULL || (d->path = strdup(m->path)) == NULL)
+		return -ENOMEM;
+	d->slot = m->slot;
+	d->last_generation = m->last_generation;
+	if (g == NULL || !g->stored_done || g->stored_slot != m->slot || !gen_attachable(g))
+		return 0;
+	for (const struct generation *k = r->generations; k != NULL; k = k->next)
+		n += describe_held(m, k);
+	if (n > FDSTORE_MAX_GENERATIONS)
+		n = FDSTORE_MAX_GENERATIONS;
+	if ((d->generations = calloc(n, sizeof(*d->generations))) == NULL)
+		return -ENOMEM;
+	d->ngenerations = 1;
+	if ((err = describe_generation(&d->generations[0], m, g, FDSTORE_CURRENT)) < 0)
+		return err;
+	/* The list is newest first. */
+	for (const struct generation *k = r->generations; k != NULL && d->ngenerations < n;
+		k = k->next)
+		if (describe_held(m, k) &&
+			(err = describe_generation(&d->generations[d->ngenerations++], m, k,
+				 FDSTORE_HELD)) < 0)
+			return err;
+	return 0;
+}
+
 /* Encodes the registry and stores it in place of the previous description. */
 static int
 store_description(struct registry *r)
@@ -510,7 +574,7 @@ store_description(struct registry *r)
 	if (n > 0 && (d->models = calloc(n, sizeof(*d->models))) == NULL)
 		goto out;
 	for (const struct model_entry *m = r->models; m != NULL; m = m->next)
-		if (m->slot != 0 && (err = describe_model(&d->models[d->nmodels++], m)) < 0)
+		if (m->slot != 0 && (err = describe_model(&d->models[d->nmodels++], r, m)) < 0)
 			goto out;
 	if ((err = fdstore_encode(d, &buf, &len)) < 0 || (err = fdstore_memfd_make(buf, len, &fd)) < 0)
 		goto out;
@@ -552,6 +616,15 @@ describe_hash(const struct registry *r)
 			g ? (uint64_t)g->stored_done : 0, g ? (uint64_t)gen_attachable(g) : 0 };
 
 		for (int i = 0; i < 6; i++)
+			h = (h ^ v[i]) * 1099511628211ull;
+	}
+	/* The held generations described with them. */
+	for (const struct generation *g = r->generations; g != NULL; g = g->next) {
+		if (g->model == NULL || g == g->model->current || !describe_held(g->model, g))
+			continue;
+		uint64_t v[2] = { g->model->entry_id, g->number };
+
+		for (int i = 0; i < 2; i++)
 			h = (h ^ v[i]) * 1099511628211ull;
 	}
 	return h | 1;

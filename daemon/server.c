@@ -312,6 +312,30 @@ conn_error(struct conn *c, uint32_t seq, int code, int fatal, const char *fmt, .
 	conn_send(c, buf, (size_t)n, NULL, 0);
 }
 
+/* Makes room for one more attach on c, or answers seq's request with
+ * EMFILE (the limit) or ENOMEM and returns -1. */
+static int
+refs_room(struct conn *c, uint32_t seq)
+{
+	if (c->nrefs >= c->srv->max_attaches) {
+		conn_error(c, seq, -EMFILE, 0, "more than %u attaches on one connection",
+			c->srv->max_attaches);
+		return -1;
+	}
+	if (c->nrefs == c->refs_cap) {
+		size_t cap = c->refs_cap ? c->refs_cap * 2 : 8;
+		struct attach_ref *r = realloc(c->refs, cap * sizeof(*r));
+
+		if (r == NULL) {
+			conn_error(c, seq, -ENOMEM, 0, "out of memory");
+			return -1;
+		}
+		c->refs = r;
+		c->refs_cap = cap;
+	}
+	return 0;
+}
+
 static void
 handle_attach(struct conn *c, const struct wire_message *msg)
 {
@@ -335,22 +359,8 @@ handle_attach(struct conn *c, const struct wire_message *msg)
 	}
 	memcpy(name, p, len);
 	name[len] = '\0';
-	if (c->nrefs >= s->max_attaches) {
-		conn_error(c, msg->h.seq, -EMFILE, 0, "more than %u attaches on one connection",
-			s->max_attaches);
+	if (refs_room(c, msg->h.seq) < 0)
 		return;
-	}
-	if (c->nrefs == c->refs_cap) {
-		size_t cap = c->refs_cap ? c->refs_cap * 2 : 8;
-		struct attach_ref *r = realloc(c->refs, cap * sizeof(*r));
-
-		if (r == NULL) {
-			conn_error(c, msg->h.seq, -ENOMEM, 0, "out of memory");
-			return;
-		}
-		c->refs = r;
-		c->refs_cap = cap;
-	}
 	if ((err = registry_attach(s->reg, name, &peer, &at, text, sizeof(text))) < 0) {
 		conn_error(c, msg->h.seq, err, 0, "%s", text);
 		return;
@@ -372,6 +382,49 @@ handle_attach(struct conn *c, const struct wire_message *msg)
 	log_debug("client pid %d: attached \"%s\" generation %" PRIu64 " (handle %" PRIu64 ")",
 		(int)c->pid, name, at.generation, ok.handle);
 	conn_send(c, buf, (size_t)n, at.fds, at.nfds);
+}
+
+/* HOLD: after a restart, a worker says it still maps a generation it
+ * attached from the previous process (PROTOCOL.md, "Restarts"). */
+static void
+handle_hold(struct conn *c, const struct wire_message *msg)
+{
+	struct server *s = c->srv;
+	struct registry_peer peer = {
+		.pid = c->pid, .uid = c->uid, .gid = c->gid, .groups = c->groups,
+		.ngroups = c->ngroups, .self_uid = s->self_uid, .denied_logged = &c->denied_logged,
+	};
+	uint8_t buf[WIRE_HEADER_SIZE + 8];
+	char name[WIRE_MAX_NAME + 1], text[WIRE_MAX_MESSAGE];
+	struct generation *g;
+	const char *p;
+	uint64_t number, handle;
+	size_t len;
+	ssize_t n;
+	int err;
+
+	if (wire_get_hold(msg, &number, &p, &len) < 0) {
+		conn_error(c, msg->h.seq, -EBADMSG, 1, "malformed HOLD");
+		return;
+	}
+	memcpy(name, p, len);
+	name[len] = '\0';
+	if (refs_room(c, msg->h.seq) < 0)
+		return;
+	if ((err = registry_hold(s->reg, name, number, &peer, &g, text, sizeof(text))) < 0) {
+		conn_error(c, msg->h.seq, err, 0, "%s", text);
+		return;
+	}
+	handle = ++s->next_handle;
+	if ((n = wire_put_hold_ok(buf, sizeof(buf), msg->h.seq, handle)) < 0) {
+		registry_release(s->reg, g);
+		conn_error(c, msg->h.seq, -EPROTO, 0, "cannot encode reply");
+		return;
+	}
+	c->refs[c->nrefs++] = (struct attach_ref){ handle, g };
+	log_debug("client pid %d: holds \"%s\" generation %" PRIu64 " (handle %" PRIu64 ")",
+		(int)c->pid, name, number, handle);
+	conn_send(c, buf, (size_t)n, NULL, 0);
 }
 
 static void
@@ -450,6 +503,9 @@ conn_read(struct conn *c)
 			break;
 		case WIRE_RELEASE:
 			handle_release(c, &msg);
+			break;
+		case WIRE_HOLD:
+			handle_hold(c, &msg);
 			break;
 		default:
 			conn_error(c, msg.h.seq, -EBADMSG, 1, "unexpected message type %u",

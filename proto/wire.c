@@ -54,6 +54,7 @@ check_payload(uint16_t type, const uint8_t *p, uint32_t n)
 			return -EBADMSG;
 		return 0;
 	case WIRE_RELEASE:
+	case WIRE_HOLD_OK:
 		return n == WIRE_RELEASE_SIZE ? 0 : -EBADMSG;
 	case WIRE_ATTACH_OK:
 		if (n != WIRE_ATTACH_OK_SIZE)
@@ -64,6 +65,7 @@ check_payload(uint16_t type, const uint8_t *p, uint32_t n)
 			return -EBADMSG;
 		return 0;
 	case WIRE_CHANGED:
+	case WIRE_HOLD:
 		if (n < 9 || n > 8 + WIRE_MAX_NAME || memchr(p + 8, 0, n - 8) != NULL)
 			return -EBADMSG;
 		return 0;
@@ -122,6 +124,8 @@ wire_decode(const uint8_t *buf, size_t len, struct wire_message *out)
 	case WIRE_RELEASE_OK:
 	case WIRE_ERROR:
 	case WIRE_CHANGED:
+	case WIRE_HOLD:
+	case WIRE_HOLD_OK:
 		break;
 	default:
 		return -EBADMSG;
@@ -171,18 +175,32 @@ wire_get_attach(const struct wire_message *m, const char **name, size_t *name_le
 	return 0;
 }
 
+/* The u64 of a RELEASE or HOLD_OK (8 bytes, nothing else). */
+static int
+get_u64(const struct wire_message *m, uint16_t type, uint64_t *v)
+{
+	int rc = check_message(m, type);
+
+	if (rc < 0)
+		return rc;
+	if (v == NULL)
+		return -EINVAL;
+	*v = get_le64(m->payload);
+	return 0;
+}
+
 /* The handle a RELEASE names. */
 int
 wire_get_release(const struct wire_message *m, uint64_t *handle)
 {
-	int rc = check_message(m, WIRE_RELEASE);
+	return get_u64(m, WIRE_RELEASE, handle);
+}
 
-	if (rc < 0)
-		return rc;
-	if (handle == NULL)
-		return -EINVAL;
-	*handle = get_le64(m->payload);
-	return 0;
+/* The handle of the attach a HOLD made. */
+int
+wire_get_hold_ok(const struct wire_message *m, uint64_t *handle)
+{
+	return get_u64(m, WIRE_HOLD_OK, handle);
 }
 
 /* The fields of an ATTACH_OK. */
@@ -257,17 +275,31 @@ wire_put_attach(uint8_t *buf, size_t cap, uint32_t seq, const char *name, size_t
 	return (ssize_t)(WIRE_HEADER_SIZE + len);
 }
 
-/* RELEASE of the attach the daemon named handle. */
-ssize_t
-wire_put_release(uint8_t *buf, size_t cap, uint32_t seq, uint64_t handle)
+/* A message of type whose payload is the u64 v alone. */
+static ssize_t
+put_u64(uint8_t *buf, size_t cap, uint16_t type, uint32_t seq, uint64_t v)
 {
 	if (buf == NULL)
 		return -EINVAL;
 	if (cap < WIRE_HEADER_SIZE + WIRE_RELEASE_SIZE)
 		return -EMSGSIZE;
-	put_header(buf, WIRE_RELEASE, WIRE_RELEASE_SIZE, seq);
-	put_le64(buf + WIRE_HEADER_SIZE, handle);
+	put_header(buf, type, WIRE_RELEASE_SIZE, seq);
+	put_le64(buf + WIRE_HEADER_SIZE, v);
 	return WIRE_HEADER_SIZE + WIRE_RELEASE_SIZE;
+}
+
+/* RELEASE of the attach the daemon named handle. */
+ssize_t
+wire_put_release(uint8_t *buf, size_t cap, uint32_t seq, uint64_t handle)
+{
+	return put_u64(buf, cap, WIRE_RELEASE, seq, handle);
+}
+
+/* HOLD_OK: the handle of the attach a HOLD made. */
+ssize_t
+wire_put_hold_ok(uint8_t *buf, size_t cap, uint32_t seq, uint64_t handle)
+{
+	return put_u64(buf, cap, WIRE_HOLD_OK, seq, handle);
 }
 
 /* ATTACH_OK: flags known and file_count at most WIRE_MAX_FILES. */
@@ -292,12 +324,12 @@ wire_put_attach_ok(uint8_t *buf, size_t cap, uint32_t seq, const struct wire_att
 	return WIRE_HEADER_SIZE + WIRE_ATTACH_OK_SIZE;
 }
 
-/* The generation and model name of a CHANGED announcement. */
-int
-wire_get_changed(const struct wire_message *m, uint64_t *generation, const char **name,
-	size_t *name_len)
+/* The generation and model name of a CHANGED or a HOLD. */
+static int
+get_u64_name(const struct wire_message *m, uint16_t type, uint64_t *generation,
+	const char **name, size_t *name_len)
 {
-	int rc = check_message(m, WIRE_CHANGED);
+	int rc = check_message(m, type);
 
 	if (rc < 0)
 		return rc;
@@ -309,20 +341,50 @@ wire_get_changed(const struct wire_message *m, uint64_t *generation, const char 
 	return 0;
 }
 
-/* CHANGED: u64 generation, then the name (1..WIRE_MAX_NAME bytes, no NUL);
- * always sequence number 0. */
-ssize_t
-wire_put_changed(uint8_t *buf, size_t cap, uint64_t generation, const char *name, size_t len)
+int
+wire_get_changed(const struct wire_message *m, uint64_t *generation, const char **name,
+	size_t *name_len)
+{
+	return get_u64_name(m, WIRE_CHANGED, generation, name, name_len);
+}
+
+int
+wire_get_hold(const struct wire_message *m, uint64_t *generation, const char **name,
+	size_t *name_len)
+{
+	return get_u64_name(m, WIRE_HOLD, generation, name, name_len);
+}
+
+/* A message of type: u64 generation, then the name (1..WIRE_MAX_NAME
+ * bytes, no NUL). */
+static ssize_t
+put_u64_name(uint8_t *buf, size_t cap, uint16_t type, uint32_t seq, uint64_t generation,
+	const char *name, size_t len)
 {
 	if (buf == NULL || name == NULL || len < 1 || len > WIRE_MAX_NAME ||
 		memchr(name, 0, len) != NULL)
 		return -EINVAL;
 	if (cap < WIRE_HEADER_SIZE + 8 + len)
 		return -EMSGSIZE;
-	put_header(buf, WIRE_CHANGED, (uint32_t)(8 + len), 0);
+	put_header(buf, type, (uint32_t)(8 + len), seq);
 	put_le64(buf + WIRE_HEADER_SIZE, generation);
 	memcpy(buf + WIRE_HEADER_SIZE + 8, name, len);
 	return (ssize_t)(WIRE_HEADER_SIZE + 8 + len);
+}
+
+/* CHANGED: always sequence number 0. */
+ssize_t
+wire_put_changed(uint8_t *buf, size_t cap, uint64_t generation, const char *name, size_t len)
+{
+	return put_u64_name(buf, cap, WIRE_CHANGED, 0, generation, name, len);
+}
+
+/* HOLD: the generation of name that the client still maps. */
+ssize_t
+wire_put_hold(uint8_t *buf, size_t cap, uint32_t seq, uint64_t generation, const char *name,
+	size_t len)
+{
+	return put_u64_name(buf, cap, WIRE_HOLD, seq, generation, name, len);
 }
 
 /* RELEASE_OK: an empty payload. */

@@ -29,8 +29,11 @@
 enum wire_type {
 	WIRE_ATTACH = 1,      /* client: payload = model name, 1..WIRE_MAX_NAME bytes, no NUL */
 	WIRE_RELEASE = 2,     /* client: payload = u64 handle */
+	WIRE_HOLD = 3,        /* client, after a reconnect: u64 generation it still maps,
+				 then the model name, 1..WIRE_MAX_NAME bytes */
 	WIRE_ATTACH_OK = 129, /* daemon: struct wire_attach_ok; fds: index memfd, then files */
 	WIRE_RELEASE_OK = 130,/* daemon: empty payload */
+	WIRE_HOLD_OK = 132,   /* daemon: u64 handle of the attach HOLD made */
 	WIRE_CHANGED = 131,   /* daemon, unsolicited (seq 0): u64 generation (0: no longer
 				 served), then the model name, 1..WIRE_MAX_NAME bytes */
 	WIRE_ERROR = 255,     /* daemon: positive errno code 1..4095 (i32), then UTF-8 text (no NUL) */
@@ -81,6 +84,9 @@ int wire_get_error(const struct wire_message *m, int32_t *code, const char **tex
 	size_t *text_len);
 int wire_get_changed(const struct wire_message *m, uint64_t *generation, const char **name,
 	size_t *name_len);
+int wire_get_hold(const struct wire_message *m, uint64_t *generation, const char **name,
+	size_t *name_len);
+int wire_get_hold_ok(const struct wire_message *m, uint64_t *handle);
 
 /* Encoders: write the whole message to buf (cap bytes) and return its length,
  * -EMSGSIZE when cap is too small, or -EINVAL for arguments that cannot form
@@ -93,5 +99,8 @@ ssize_t wire_put_release_ok(uint8_t *buf, size_t cap, uint32_t seq);
 ssize_t wire_put_error(uint8_t *buf, size_t cap, uint32_t seq, int32_t code, const char *text);
 ssize_t wire_put_changed(uint8_t *buf, size_t cap, uint64_t generation, const char *name,
 	size_t len);
+ssize_t wire_put_hold(uint8_t *buf, size_t cap, uint32_t seq, uint64_t generation,
+	const char *name, size_t len);
+ssize_t wire_put_hold_ok(uint8_t *buf, size_t cap, uint32_t seq, uint64_t handle);
 
 #endif

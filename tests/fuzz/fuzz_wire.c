@@ -6,7 +6,7 @@
  *   - wire_decode() either accepts or returns one of the three documented
  *     codes, and sizes outside [16, WIRE_MAX_MESSAGE] are always -EMSGSIZE;
  *   - on an accepted message exactly one payload getter (the one for its
- *     type, CHANGED included) succeeds and the others return -EBADMSG;
+ *     type, CHANGED, HOLD and HOLD_OK included) succeeds and the others return -EBADMSG;
  *   - what a getter returns is within the protocol's bounds (ATTACH_OK:
  *     flags 0 or WIRE_ATTACH_STATUS, file_count <= WIRE_MAX_FILES; CHANGED:
  *     a name of 1..WIRE_MAX_NAME bytes without NUL);
@@ -90,6 +90,18 @@ check_roundtrip(const uint8_t *data, size_t size, const struct wire_message *m)
 		/* CHANGED answers no request: the decoder accepts seq 0 only. */
 		CHECK(m->h.seq == 0);
 		n = wire_put_changed(out, sizeof(out), generation, name, len);
+	}
+	if (wire_get_hold(m, &generation, &name, &len) == 0) {
+		hits++;
+		CHECK(m->h.type == WIRE_HOLD);
+		CHECK(len >= 1 && len <= WIRE_MAX_NAME && memchr(name, 0, len) == NULL);
+		CHECK(generation == le64(data + WIRE_HEADER_SIZE));
+		n = wire_put_hold(out, sizeof(out), m->h.seq, generation, name, len);
+	}
+	if (wire_get_hold_ok(m, &handle) == 0) {
+		hits++;
+		CHECK(m->h.type == WIRE_HOLD_OK);
+		n = wire_put_hold_ok(out, sizeof(out), m->h.seq, handle);
 	}
 	if (wire_get_error(m, &code, &text, &len) == 0) {
 		hits++;

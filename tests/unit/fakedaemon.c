@@ -122,8 +122,9 @@ fake_reply(struct fake *k, int conn, uint32_t seq)
 	return 0;
 }
 
-/* Answers ATTACH as scripted and RELEASE with RELEASE_OK (none to a
- * RELEASE of seq 0, as wcached) until the client closes the connection. */
+/* Answers ATTACH as scripted, RELEASE with RELEASE_OK (none to a RELEASE
+ * of seq 0, as wcached) and HOLD as hold_handle says, until the client
+ * closes the connection. */
 static void
 fake_serve(struct fake *k, int conn)
 {
@@ -165,6 +166,20 @@ fake_serve(struct fake *k, int conn)
 			n = wire_put_release_ok(buf, sizeof(buf), msg.h.seq);
 			if (n < 0 || fdp_send(conn, buf, (size_t)n, NULL, 0) < 0) {
 				fake_fail(k, "cannot send RELEASE_OK");
+				return;
+			}
+		} else if (msg.h.type == WIRE_HOLD &&
+			wire_get_hold(&msg, &k->held_generation, &name, &len) == 0) {
+			k->holds++;
+			if (k->hold_handle < 0)
+				return; /* as a daemon that does not know HOLD */
+			n = k->hold_handle > 0 ?
+				wire_put_hold_ok(buf, sizeof(buf), msg.h.seq,
+					(uint64_t)k->hold_handle) :
+				wire_put_error(buf, sizeof(buf), msg.h.seq, ENOENT,
+					"generation 1 was not taken over");
+			if (n < 0 || fdp_send(conn, buf, (size_t)n, NULL, 0) < 0) {
+				fake_fail(k, "cannot answer HOLD");
 				return;
 			}
 		} else {

@@ -61,6 +61,9 @@ struct fake {
 	int connections;            /* served one after another; 0 means 1 */
 	int first_close_at;         /* the Nth ATTACH on the first connection is
 				     * answered by closing it (0: never) */
+	int64_t hold_handle;        /* HOLD: answered HOLD_OK with this handle; 0:
+				     * ERROR ENOENT (a cold daemon); -1: the
+				     * connection closed (a daemon without HOLD) */
 	sem_t *closed;              /* posted when the fake has closed the connection */
 	sem_t *read;                /* waited for by FAKE_REFUSE_LATE before closing */
 	/* What the fake saw; read after fake_finish(). */
@@ -68,6 +71,8 @@ struct fake {
 	int releases;
 	uint64_t released_handle;
 	uint32_t released_seq;      /* of the last RELEASE */
+	int holds;                  /* HOLDs received */
+	uint64_t held_generation;   /* of the last one */
 	int accepted;               /* connections accepted so far (atomic) */
 	char name[WIRE_MAX_NAME + 1];
 	char failure[256];

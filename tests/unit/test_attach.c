@@ -1600,6 +1600,68 @@ test_reconnect_after_restart(void **state)
 	assert_int_equal(f->fake.released_handle, HANDLE + 1); /* the new connection's */
 }
 
+/*
+ * A warm restart: the new daemon took the generation over and answers the
+ * client's HOLD (sent right after it connects again, before the attach)
+ * with a handle; the release of the model attached before the restart
+ * then reaches the new daemon with that handle.
+ */
+static void
+test_reconnect_holds(void **state)
+{
+	struct fixture *f = *state;
+	wc_model *again = NULL;
+	int before, conn;
+
+	f->fake.connections = 2;
+	f->fake.hold_handle = 77;
+	before = attach_ok(f);
+	conn = __atomic_load_n(&f->fake.conn, __ATOMIC_ACQUIRE);
+	assert_int_equal(shutdown(conn, SHUT_RDWR), 0);
+	if (wc_attach(f->client, MODEL, &again) != 0)
+		fail_msg("attach after the restart failed: %s", wc_errmsg());
+	assert_int_equal(f->fake.holds, 1);
+	assert_int_equal(f->fake.held_generation, GENERATION);
+	assert_string_equal(f->fake.name, MODEL);
+	wc_release(f->model); /* held again: its RELEASE goes */
+	f->model = NULL;
+	check_tensors(again);
+	wc_release(again);
+	finish(f, before);
+	assert_int_equal(f->fake.attaches, 2);
+	assert_int_equal(f->fake.releases, 2);
+	assert_int_equal(f->fake.released_handle, HANDLE + 1); /* the last: again's */
+}
+
+/*
+ * A daemon that does not know HOLD closes the connection on it: the
+ * client connects once more without it, and the attach goes through; the
+ * model from before the restart is released by unmapping only.
+ */
+static void
+test_reconnect_hold_hang_up(void **state)
+{
+	struct fixture *f = *state;
+	wc_model *again = NULL;
+	int before, conn;
+
+	f->fake.connections = 3;
+	f->fake.hold_handle = -1;
+	before = attach_ok(f);
+	conn = __atomic_load_n(&f->fake.conn, __ATOMIC_ACQUIRE);
+	assert_int_equal(shutdown(conn, SHUT_RDWR), 0);
+	if (wc_attach(f->client, MODEL, &again) != 0)
+		fail_msg("attach after the restart failed: %s", wc_errmsg());
+	assert_int_equal(f->fake.holds, 1);
+	assert_int_equal(f->fake.accepted, 3);
+	wc_release(f->model); /* only unmapped */
+	f->model = NULL;
+	wc_release(again);
+	finish(f, before);
+	assert_int_equal(f->fake.releases, 1);
+	assert_int_equal(f->fake.released_handle, HANDLE + 2); /* the third connection's */
+}
+
 /* The daemon dies holding the request (it read the ATTACH and hung up):
  * the client sees the end of the stream before a reply, connects again
  * and sends the request once more. */
@@ -1849,6 +1911,8 @@ main(void)
 		T(test_refusal_read_before_close),
 		T(test_reset_without_refusal),
 		T(test_reconnect_after_restart),
+		T(test_reconnect_holds),
+		T(test_reconnect_hold_hang_up),
 		T(test_reconnect_when_daemon_dies_holding_request),
 		T(test_reconnect_fails_when_daemon_gone),
 		T(test_reconnect_within_deadline),

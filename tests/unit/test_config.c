@@ -117,6 +117,7 @@ test_full(void **state)
 			   "memory_budget = 64G\n"
 			   "max_clients = 2000\n"
 			   "max_clients_per_uid = 100\n"
+			   "restart_hold_seconds = 0\n"
 			   "user = root\n"
 			   "\n"
 			   "[model llama-3-8b]\n"
@@ -141,6 +142,7 @@ test_full(void **state)
 	assert_true(cfg->memory_budget_value == 64ull << 30);
 	assert_int_equal(cfg->max_clients, 2000);
 	assert_int_equal(cfg->max_clients_per_uid, 100);
+	assert_int_equal(cfg->restart_hold_seconds, 0);
 	assert_string_equal(cfg->user, "root");
 	assert_int_equal(cfg->user_uid, 0);
 	assert_int_equal(cfg->user_gid, 0);
@@ -152,7 +154,7 @@ test_full(void **state)
 	assert_string_equal(m->path, "/models/llama-3-8b");
 	assert_int_equal(m->pin, PIN_ALL);
 	assert_false(m->warm);
-	assert_int_equal(m->line, 14);
+	assert_int_equal(m->line, 15);
 	assert_string_equal(m->allow_users, "root, 1234");
 	assert_int_equal(m->n_uids, 2);
 	assert_int_equal(m->uids[0], 0);
@@ -167,7 +169,7 @@ test_full(void **state)
 	assert_string_equal(m->path, "/models/qwen/model.safetensors.index.json");
 	assert_int_equal(m->pin, PIN_NONE);
 	assert_true(m->warm);
-	assert_int_equal(m->line, 21);
+	assert_int_equal(m->line, 22);
 	assert_null(m->allow_users);
 	assert_null(m->allow_groups);
 	assert_int_equal(m->n_uids, 0);
@@ -197,6 +199,7 @@ test_defaults(void **state)
 	assert_true(config_memory_budget(cfg, 1ull << 40) == 0);
 	assert_int_equal(cfg->max_clients, 1024);
 	assert_int_equal(cfg->max_clients_per_uid, 256);
+	assert_int_equal(cfg->restart_hold_seconds, 60);
 	assert_null(cfg->user);
 	assert_int_equal(cfg->n_models, 0);
 	config_free(cfg);
@@ -474,6 +477,8 @@ test_errors(void **state)
 	check_error(f, "[wcached]\nlog_level = loud\n", 2,
 		"log_level: \"loud\" is not one of error, warn, info, debug");
 	check_error(f, "[wcached]\nmax_clients = 0\n", 2, "max_clients: 0 is out of range");
+	check_error(f, "[wcached]\nrestart_hold_seconds = 86401\n", 2,
+		"restart_hold_seconds: 86401 is out of range (0..86400)");
 	check_error(f, "[wcached]\nmax_clients_per_uid = 1000001\n", 2, "out of range");
 	check_error(f, "[wcached]\nmax_clients = 10\nmax_clients_per_uid = 20\n", 3,
 		"max_clients_per_uid (20) is larger than max_clients (10)");

@@ -8,6 +8,7 @@
  * so a load fails where the kernel would refuse.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -23,6 +24,8 @@
 #include <cmocka.h>
 
 #include "daemonutil.h"
+#include "file.h"
+#include "generation.h"
 #include "metrics.h"
 #include "testutil.h"
 
@@ -291,6 +294,73 @@ test_attach_reply(void **state)
 	free(path);
 }
 
+/* HOLD (registry_hold) and the generations a restart takes over as held
+ * (registry_adopt_held): only a generation taken over from the store may
+ * be held; one waits restart_hold_ms with no holder, then closes unless
+ * someone holds it. */
+static void
+test_hold_after_restart(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 1024), *path2;
+	struct model_source src = { .format = FORMAT_SAFETENSORS };
+	struct generation *g = NULL, *old;
+	char msg[128];
+	int fd, ifd;
+
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 0), 0);
+	/* Loaded by this process: a HOLD of it names another generation. */
+	assert_int_equal(registry_hold(&t->reg, "m", 1, &root_peer, &g, msg, sizeof(msg)),
+		-ENOENT);
+	assert_string_equal(msg, "generation 1 was not taken over from the previous wcached");
+	assert_int_equal(registry_hold(&t->reg, "x", 1, &root_peer, &g, msg, sizeof(msg)),
+		-ENOENT);
+	assert_string_equal(msg, "not served");
+	path2 = du_model(t, "m2.safetensors", 2048);
+	assert_int_equal(rename(path2, path), 0); /* replaced: generation 2 */
+	assert_int_equal(du_reload(t, "m"), 0);
+	assert_int_equal(du_current(t, "m")->number, 2);
+	assert_int_equal(du_generations(t), 1);
+
+	/* Generation 1 comes back as the store would give it. */
+	src.files = calloc(1, sizeof(*src.files));
+	assert_non_null(src.files);
+	assert_true((fd = open(path, O_RDONLY | O_CLOEXEC)) >= 0);
+	assert_int_equal(file_from_fd(fd, path, &src.files[0]), 0);
+	src.nfiles = 1;
+	assert_true((ifd = fcntl(du_current(t, "m")->index_fd, F_DUPFD_CLOEXEC, 0)) >= 0);
+	t->reg.restart_hold_ms = 0;
+	/* Not older than the current generation: refused, nothing taken. */
+	assert_int_equal(registry_adopt_held(&t->reg, "m", 2, &src, ifd,
+				 du_current(t, "m")->index_size), -EINVAL);
+	assert_int_equal(src.nfiles, 1);
+	assert_int_equal(registry_adopt_held(&t->reg, "m", 1, &src, ifd,
+				 du_current(t, "m")->index_size), 0);
+	assert_int_equal(src.nfiles, 0);
+	assert_int_equal(du_generations(t), 2);
+	assert_int_equal(t->reg.holds_open, 1);
+	assert_int_equal(registry_hold(&t->reg, "m", 1, &root_peer, &g, msg, sizeof(msg)), 0);
+	old = g;
+	assert_int_equal(old->number, 1);
+	assert_int_equal(old->attached, 1);
+	assert_int_equal(old->state, GEN_READY);
+	assert_ptr_not_equal(du_current(t, "m"), old);
+	/* The wait ends while it is held: it stays until released. */
+	uv_update_time(t->reg.loop);
+	registry_expire_holds(&t->reg);
+	assert_int_equal(t->reg.holds_open, 0);
+	assert_int_equal(du_generations(t), 2);
+	registry_release(&t->reg, old);
+	assert_int_equal(du_generations(t), 1);
+	/* The current generation restored could be held too; this one was
+	 * loaded here. */
+	assert_int_equal(registry_hold(&t->reg, "m", 2, &root_peer, &g, msg, sizeof(msg)),
+		-ENOENT);
+	free(src.files);
+	free(path);
+	free(path2);
+}
+
 static void
 test_access(void **state)
 {
@@ -374,6 +444,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_forget, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_attach_reply, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_access, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_hold_after_restart, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_progress_and_close_with_load_in_flight, setup,
 			teardown),
 	};

@@ -563,7 +563,7 @@ test_reject_header(void **state)
 	len = raw(buf, WIRE_MAGIC, 0x0100, WIRE_RELEASE, 8, 1, handle, 8); /* big-endian 1 */
 	expect_reject(buf, len, -EPROTO);
 
-	static const uint16_t unknown[] = {0, 3, 128, 132, 254, 256, 0x8101, 0x8301, 0xFFFF};
+	static const uint16_t unknown[] = {0, 4, 128, 133, 254, 256, 0x8101, 0x8301, 0xFFFF};
 	for (size_t i = 0; i < sizeof(unknown) / sizeof(unknown[0]); i++) {
 		len = raw(buf, WIRE_MAGIC, WIRE_VERSION, unknown[i], 8, 1, handle, 8);
 		expect_reject(buf, len, -EBADMSG);
@@ -788,6 +788,69 @@ test_reject_changed(void **state)
 	expect_reject(buf, len, -EPROTO);
 }
 
+/* HOLD: the client's seq, the generation it maps, then the name (CHANGED's
+ * layout, any seq); HOLD_OK: the handle alone (RELEASE's layout). Every
+ * layout error refused, and neither getter reads the other's type. */
+static void
+test_hold(void **state)
+{
+	static uint8_t buf[WIRE_MAX_MESSAGE];
+	static uint8_t payload[8 + WIRE_MAX_NAME + 1];
+	struct wire_message m;
+	uint64_t generation = 0, handle = 0;
+	const char *got = NULL;
+	size_t got_len = 0, len;
+	ssize_t n;
+
+	(void)state;
+	n = wire_put_hold(buf, sizeof(buf), 42, 7, "llama", 5);
+	assert_int_equal(n, 16 + 8 + 5);
+	assert_int_equal(buf[6], 3);
+	assert_int_equal(le32(buf + 8), 13);
+	assert_int_equal(le32(buf + 12), 42);
+	assert_true(le64(buf + 16) == 7);
+	assert_memory_equal(buf + 24, "llama", 5);
+	expect_accept(buf, (size_t)n, &m);
+	assert_int_equal(wire_get_hold(&m, &generation, &got, &got_len), 0);
+	assert_true(generation == 7);
+	assert_int_equal(got_len, 5);
+	assert_ptr_equal(got, buf + 24);
+	assert_int_equal(wire_get_changed(&m, &generation, &got, &got_len), -EBADMSG);
+	assert_int_equal(wire_get_hold_ok(&m, &handle), -EBADMSG);
+	assert_int_equal(wire_put_hold(buf, sizeof(buf), 1, 7, "", 0), -EINVAL);
+	assert_int_equal(wire_put_hold(buf, sizeof(buf), 1, 7, "a\0b", 3), -EINVAL);
+	assert_int_equal(wire_put_hold(buf, 16 + 8 + 4, 1, 7, "llama", 5), -EMSGSIZE);
+
+	/* No name, a NUL in it, one byte too long. */
+	memset(payload, 'n', sizeof(payload));
+	for (size_t k = 0; k <= 8; k++) {
+		len = good(buf, WIRE_HOLD, payload, k);
+		expect_reject(buf, len, -EBADMSG);
+	}
+	payload[10] = '\0';
+	len = good(buf, WIRE_HOLD, payload, 12);
+	expect_reject(buf, len, -EBADMSG);
+	payload[10] = 'n';
+	len = good(buf, WIRE_HOLD, payload, 8 + WIRE_MAX_NAME);
+	expect_accept(buf, len, &m);
+	len = good(buf, WIRE_HOLD, payload, 8 + WIRE_MAX_NAME + 1);
+	expect_reject(buf, len, -EBADMSG);
+
+	n = wire_put_hold_ok(buf, sizeof(buf), 42, 0x1122334455667788ull);
+	assert_int_equal(n, 24);
+	assert_int_equal(buf[6], 132);
+	expect_accept(buf, (size_t)n, &m);
+	assert_int_equal(wire_get_hold_ok(&m, &handle), 0);
+	assert_true(handle == 0x1122334455667788ull);
+	assert_int_equal(wire_get_release(&m, &handle), -EBADMSG);
+	assert_int_equal(wire_put_hold_ok(buf, 23, 42, 1), -EMSGSIZE);
+	for (size_t k = 0; k <= 16; k++)
+		if (k != 8) {
+			len = good(buf, WIRE_HOLD_OK, payload, k);
+			expect_reject(buf, len, -EBADMSG);
+		}
+}
+
 /* RELEASE_OK: empty. */
 static void
 test_reject_release_ok(void **state)
@@ -1002,6 +1065,7 @@ main(void)
 	        cmocka_unit_test(test_reject_release_ok),
 	        cmocka_unit_test(test_reject_error),
 	        cmocka_unit_test(test_reject_changed),
+	        cmocka_unit_test(test_hold),
 	        cmocka_unit_test(test_getter_wrong_type),
 	        cmocka_unit_test(test_unaligned),
 	};
