@@ -15,6 +15,7 @@ import re
 import subprocess
 import time
 
+import held
 import load
 import model
 import tools
@@ -29,6 +30,7 @@ KILLED = re.compile(r"code=(killed|dumped)|status=31/SYS")
 KILL_9 = "code=killed, status=9/KILL"  # what systemd logs for a kill -9 of MainPID
 LOAD_WORKERS = 8           # per mode of restart_under_load
 RESTARTS = 5
+HOLD_SECONDS = 3           # restart_hold_seconds for held_across_restart
 
 # A worker that attaches a model with the Python package and reads every
 # tensor: prints the generation and the sha256 of the bytes it saw.
@@ -49,9 +51,11 @@ os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 """
 
 
-def config(models, extra=""):
+def config(models, extra="", daemon=""):
+    """/etc/wcached.conf with MODELS (name -> section body), DAEMON's lines in
+    [wcached] and EXTRA at the end."""
     text = ("[wcached]\nsocket = /run/wcached/wcached.sock\ncontrol = /run/wcached/control.sock\n"
-            "log_level = info\n")
+            "log_level = info\n" + daemon)
     for name, body in models.items():
         text += f"\n[model {name}]\n{body}"
     return text + extra
@@ -70,8 +74,8 @@ class Checks:
     ORDER = ["install", "socket_activation", "sandbox", "check_status", "systemctl_status",
              "metrics", "residency_warm", "evict", "dropped_by_a_client", "pin",
              "python_worker", "reload_good", "reload_bad", "rename_swaps", "in_place_write",
-             "warm_restart", "restart_under_load", "journal_priorities", "analyze_security",
-             "analyze_verify", "stop"]
+             "warm_restart", "restart_under_load", "held_across_restart", "journal_priorities",
+             "analyze_security", "analyze_verify", "stop"]
 
     def __init__(self, container, debs):
         self.c = container
@@ -488,7 +492,7 @@ class Checks:
         PID1 is not traced meanwhile (the times would be strace's)."""
         work = os.path.dirname(self.c.dir)
         binary = "/srv/wcache-test/load_worker"
-        tools.build_load_worker(self.c, work, binary)
+        tools.build_worker(self.c, work, "load_worker", binary)
         self.seed += 1
         seed, path = self.seed, f"{MODELS}/load.safetensors"
         subprocess.run([tools.build_mkmodel(work), "--seed", str(seed), self.c.path(path)],
@@ -596,6 +600,171 @@ class Checks:
                 f"; down by the journal: max {max(down['restart']) / 1e6:.0f} ms (restart), "
                 f"{max(down['kill -9']) / 1e6:.0f} ms (kill -9)" +
                 (f"; between restarts p99 {load.p99(steady) / 1e6:.1f} ms" if steady else ""))
+
+    def generations(self, name):
+        """Model NAME's open generations in status: number -> entry."""
+        return {g["number"]: g for g in self.model_status(name).get("generations", [])}
+
+    def journal_entry(self, pid, text, timeout=10):
+        """The first entry of PID's journal whose message holds TEXT (waited
+        for, as journald may not have read it yet)."""
+        def find():
+            for l in self.journal("-u", UNIT, "-o", "json", f"_PID={pid}").splitlines():
+                e = json.loads(l) if l.strip() else {}
+                if text in str(e.get("MESSAGE", "")):
+                    return e
+            return None
+        try:
+            return wait_for(f"{text!r} in the journal of PID {pid}", find, timeout, 0.1)
+        except Timeout as e:
+            raise Failure(f"{e}; it says:\n"
+                          f"{self.journal('-u', UNIT, '-o', 'cat', f'_PID={pid}')[-2500:]}")
+
+    def store_holds(self, files, want, when):
+        """Waits until systemd's file descriptor store (PID1's descriptors)
+        holds exactly the files of FILES ({(st_dev, st_ino): label}) whose
+        labels are WANT."""
+        try:
+            wait_for(f"systemd's store to hold {sorted(want)} {when}",
+                     lambda: held.in_store(self.c.pid1, files) == want, 10, 0.1)
+        except Timeout as e:
+            raise Failure(f"{e}; it holds {sorted(held.in_store(self.c.pid1, files))}")
+
+    def held_across_restart(self):
+        """Generations workers still hold survive systemctl restart (issue
+        12). A worker (restart_worker, a user in group wcache) holds model
+        small's generation N, a second one model second's generation K;
+        both models are replaced by rename(2). The new process restores N
+        and K as held and waits restart_hold_seconds (HOLD_SECONDS here,
+        /etc/wcached.conf) for their holders. The first worker's next attach
+        reads its old mapping end to end, reconnects and HOLDs N (attached
+        1 again) and gets N+1; the second stays silent, so K closes when the
+        wait ends, while N stays until its holder releases it. Independently
+        of the daemon, PID1's descriptors show systemd's store holding each
+        generation's file while it is open and dropping it once it closed.
+        The silent worker's mapping of K still reads afterwards, and its
+        release of it only unmaps."""
+        work = os.path.dirname(self.c.dir)
+        binary = "/srv/wcache-test/restart_worker"
+        tools.build_worker(self.c, work, "restart_worker", binary)
+        names = ("small", "second")
+        claimer, silent = names
+        # The daemon reads it when it starts: the restart below takes it.
+        self.write_config(config(self.models,
+                                 daemon=f"restart_hold_seconds = {HOLD_SECONDS}\n"))
+        workers = {}
+        try:
+            for name in names:
+                workers[name] = held.RestartWorker(self.c, binary, WORKER, name)
+            old = {name: w.generation for name, w in workers.items()}
+            for name in names:
+                now = self.model_status(name)["generation"]
+                expect(now == old[name], f"model {name}: a worker attached generation "
+                       f"{old[name]}, status says {now}")
+            files = {held.file_id(self.c.path(f"{MODELS}/{n}.safetensors")): (n, old[n])
+                     for n in names}
+            for name in names:
+                beside = self.write_model(name, f"{MODELS}/.{name}.next")
+                self.sh("mv", "-T", beside, f"{MODELS}/{name}.safetensors")
+            for name in names:
+                self.wait_state(name, "ready", generation=old[name] + 1)
+                g = self.generations(name)
+                expect(g.get(old[name], {}).get("attached") == 1,
+                       f"model {name} after the swap: generations {g}")
+                files[held.file_id(self.c.path(f"{MODELS}/{name}.safetensors"))] = \
+                    (name, old[name] + 1)
+            self.store_holds(files, set(files.values()), "before the restart")
+
+            t_restart = time.monotonic_ns()
+            self.sh("systemctl", "restart", UNIT, timeout=120)
+            pid = int(self.show("MainPID")["MainPID"])
+            expect(pid not in (0, self.main_pid), f"MainPID {pid} after systemctl restart")
+            self.main_pid = pid
+            restored = {}
+            for name in names:
+                restored[name] = self.journal_entry(
+                    pid, f'model "{name}": generation {old[name]}, held by workers before the '
+                    f"restart, restored; waiting {HOLD_SECONDS} s for them to say so (HOLD)")
+                self.journal_entry(pid, f'model "{name}": generation {old[name] + 1} restored '
+                                   "from the file descriptor store")
+                g = self.generations(name)
+                was, new = g.get(old[name], {}), g.get(old[name] + 1, {})
+                expect(was.get("attached") == 0 and "hold_wait_ms" in was and new.get("current"),
+                       f"model {name} after the restart: generations {g}")
+
+            got = workers[claimer].attach()
+            g = self.generations(claimer)
+            expect(got == old[claimer] + 1 and g.get(old[claimer], {}).get("attached") == 1
+                   and g.get(got, {}).get("attached") == 1,
+                   f"after the worker's attach (generation {got}): {claimer}'s generations {g}")
+            left_ms = g[old[claimer]].get("hold_wait_ms")
+
+            k = old[silent]
+            try:
+                wait_for(f"model {silent}'s unclaimed generation {k} to close",
+                         lambda: k not in self.generations(silent), HOLD_SECONDS + 10, 0.1)
+            except Timeout as e:
+                raise Failure(f"{e}; generations {self.generations(silent)}")
+            closed = self.journal_entry(pid, f'model "{silent}": generation {k}: no worker said '
+                                        f"it still holds it within {HOLD_SECONDS} s of the "
+                                        "restart")
+            # The journal's monotonic clock is the host's. It stamps a line
+            # when journald reads it, so a late read of the restore line
+            # shortens WAITED: the lower bound is from the restart's start.
+            t_closed = int(closed["__MONOTONIC_TIMESTAMP"]) * 1000
+            waited = (t_closed - int(restored[silent]["__MONOTONIC_TIMESTAMP"]) * 1000) / 1e9
+            since_restart = (t_closed - t_restart) / 1e9
+            expect(since_restart >= HOLD_SECONDS and waited <= HOLD_SECONDS + 1.5,
+                   f"generation {k} of {silent} closed {since_restart:.2f} s after systemctl "
+                   f"restart began and {waited:.2f} s after the journal's restore line: the "
+                   f"wait is {HOLD_SECONDS} s")
+            n = old[claimer]
+            try:
+                wait_for(f"the wait of {claimer}'s generation {n} to end",
+                         lambda: "hold_wait_ms" not in self.generations(claimer).get(n, {}),
+                         5, 0.1)
+            except Timeout as e:
+                raise Failure(f"{e}; generations {self.generations(claimer)}")
+            g = self.generations(claimer)
+            expect(g.get(n, {}).get("attached") == 1,
+                   f"{claimer}'s claimed generation {n} after the wait: generations {g}")
+            text = self.journal("-u", UNIT, "-o", "cat", f"_PID={pid}")
+            expect(f'model "{claimer}": generation {n}: no worker said' not in text,
+                   f"the claimed generation {n} of {claimer} was said to be unclaimed:\n"
+                   f"{text[-2000:]}")
+            self.store_holds(files, set(files.values()) - {(silent, k)},
+                             "after the wait ended")
+
+            workers[claimer].release(0)
+            self.journal_entry(pid, f'model "{claimer}": generation {n} closed')
+            try:
+                wait_for(f"{claimer}'s generation {n} to leave status",
+                         lambda: n not in self.generations(claimer), 5, 0.1)
+            except Timeout as e:
+                raise Failure(f"{e}; generations {self.generations(claimer)}")
+            current = {(name, old[name] + 1) for name in names}
+            self.store_holds(files, current, "after the release")
+
+            got = workers[silent].attach()
+            expect(got == k + 1, f"the silent worker's attach got generation {got}, not {k + 1}")
+            workers[silent].release(0)
+            g = self.generations(silent)
+            expect(set(g) == {k + 1} and g[k + 1]["attached"] == 1,
+                   f"after the silent worker released generation {k} (only unmapped): {g}")
+            for name in names:
+                workers.pop(name).quit()
+            wait_for("the daemon to count no client", lambda: self.status()["clients"] == 0,
+                     10, 0.1)
+        finally:
+            for w in workers.values():
+                w.kill()
+            self.write_config(config(self.models))
+        self.sh("systemctl", "reload", UNIT)
+        return (f"MainPID {pid}; {claimer} generation {n} claimed with "
+                f"{left_ms} ms of the {HOLD_SECONDS} s wait left, closed on release; {silent} "
+                f"generation {k} unclaimed, closed {waited:.2f} s after its restore line, "
+                f"{since_restart:.2f} s after systemctl restart began; systemd's "
+                "store dropped both")
 
     def journal_priorities(self):
         """Warnings reach journald at priority 4, errors at 3, info at 6."""

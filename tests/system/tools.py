@@ -2,11 +2,11 @@
 the host (Debian 12, as the container) with cc, and a watch on model files
 that sees every open(2) and read(2) of them.
 
-mkmodel needs only the C library. load_worker is built the way a user of
-the packages builds a worker: against the wcache.h and libwcache.so that
-libwcache-dev installed in the container (a copy of the header in its own
-folder, so that no other wcache.h on the host is found first), and it runs
-there against the installed libwcache0.
+mkmodel needs only the C library. load_worker and restart_worker are built
+the way a user of the packages builds a worker: against the wcache.h and
+libwcache.so that libwcache-dev installed in the container (a copy of the
+header in its own folder, so that no other wcache.h on the host is found
+first), and they run there against the installed libwcache0.
 """
 import ctypes
 import glob
@@ -35,16 +35,16 @@ def build_mkmodel(workdir):
     return compile_tool("mkmodel", os.path.join(workdir, "mkmodel"))
 
 
-def build_load_worker(container, workdir, inside):
-    """load_worker at INSIDE (a path in the container), built against the
-    installed libwcache-dev."""
+def build_worker(container, workdir, name, inside):
+    """tests/tools/NAME.c (a worker) at INSIDE (a path in the container),
+    built against the installed libwcache-dev."""
     include = os.path.join(workdir, "libwcache-dev-include")
     os.makedirs(include, exist_ok=True)
     shutil.copy(container.path("/usr/include/wcache.h"), include)
     libs = glob.glob(container.path("/usr/lib/*/libwcache.so"))
     if len(libs) != 1:
         raise RuntimeError(f"libwcache-dev installed {len(libs)} libwcache.so in the container")
-    return compile_tool("load_worker", container.path(inside), ["-I", include, libs[0]])
+    return compile_tool(name, container.path(inside), ["-I", include, libs[0]])
 
 
 # inotify(7): what a read of a file cannot avoid. Opening a file is
