@@ -130,14 +130,16 @@ gen_maybe_free(struct registry *r, struct generation *g)
 }
 
 uint64_t
-generation_resident(const struct generation *g, const char **method)
+generation_resident(const struct generation *g, const char **method, int64_t *age_ms)
 {
-	enum resident_method how = RESIDENT_CACHESTAT;
-	uint64_t n = pages_resident(g, &how);
+	uint64_t now = registry_now_ms(g->registry);
 
 	if (method != NULL)
-		*method = resident_method_name(how);
-	return n;
+		*method = g->resident.measured ? resident_method_name(g->resident.method) : "none";
+	if (age_ms != NULL)
+		*age_ms = !g->resident.measured ? -1 :
+			now > g->resident.at_ms ? (int64_t)(now - g->resident.at_ms) : 0;
+	return g->resident.measured ? g->resident.bytes : 0;
 }
 
 void
@@ -161,14 +163,28 @@ gen_residency_checked(struct registry *r, struct generation *g, uint64_t residen
 }
 
 void
-registry_check_residency(struct registry *r)
+registry_refresh_residency(struct registry *r, uint64_t max_age_ms)
 {
+	uint64_t now = registry_now_ms(r);
+
 	for (struct model_entry *m = r->models; m != NULL; m = m->next) {
 		struct generation *g = m->current;
 
-		if (g != NULL && g->populated && g->page_queue == NULL && g->warm.pending == 0)
-			pages_queue(r, g, PAGE_CHECK);
+		/* A queued or running operation measures when it ends. */
+		if (g == NULL || g->page_queue != NULL)
+			continue;
+		if (g->resident.measured && now < g->resident.at_ms + max_age_ms)
+			continue;
+		pages_queue(r, g, PAGE_CHECK);
 	}
+}
+
+void
+registry_check_residency(struct registry *r)
+{
+	/* Every current one, for the figure status reports; only a populated
+	 * one can need warming again (gen_residency_checked). */
+	registry_refresh_residency(r, 0);
 }
 
 void
@@ -254,9 +270,12 @@ warm_done(struct warm_job *job, const struct warm_result *res, void *cookie)
 			log_warm(r, g);
 		gen_set_state(g, GEN_READY, clean ? "warm" : "warming cancelled");
 	}
-	/* Warm: map every page, so no client can drop it (resident.h). */
+	/* Warm: map every page, so no client can drop it (resident.h). Either
+	 * way the page operation measures what warming left in memory. */
 	if (g->state == GEN_READY && clean)
 		pages_queue(r, g, PAGE_POPULATE);
+	else if (g->page_queue == NULL)
+		pages_queue(r, g, PAGE_CHECK);
 	if (m != NULL && m->pending == g && (g->state == GEN_READY || g->state == GEN_COLD))
 		gen_promote(r, m, g);
 	else if (m != NULL && m->current == g && m->pin == PIN_ALL && g->state == GEN_READY)

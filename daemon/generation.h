@@ -44,9 +44,10 @@
  * (gen_is_live), no client holds it (attached), no warming job reads it
  * (warm.pending) and no page operation is queued on it (ops_pending, see
  * pages.h). An unloaded model's generations keep their state, with model
- * NULL, until released. Two attributes are not states either: pinned (what
- * pages.c actually locked) and populated (whether every page is mapped into
- * the daemon, resident.h); pages.c writes them.
+ * NULL, until released. Three attributes are not states either: pinned
+ * (what pages.c actually locked), populated (whether every page is mapped
+ * into the daemon, resident.h) and resident (the latest measure of its
+ * bytes in memory); pages.c writes them.
  *
  * Everything here runs on the event loop thread.
  */
@@ -56,6 +57,7 @@
 #include <stdint.h>
 
 #include "registry.h"
+#include "resident.h"
 #include "source.h"
 #include "warm.h"
 
@@ -90,6 +92,15 @@ struct generation {
 	unsigned stored_slot;       /* its fds went to the manager's store under this
 				       slot's names (restore.h); 0: none */
 	int stored_done;            /* all of them (not only some: a full queue) */
+	/* The latest residency measure, taken off the loop at the end of every
+	 * page operation (pages.c): status and metrics report it instead of
+	 * walking the pages on the loop. */
+	struct {
+		int measured;               /* 0 until the first measure arrived */
+		uint64_t bytes;             /* in memory (pages_resident) */
+		enum resident_method method;
+		uint64_t at_ms;             /* registry_now_ms() when it arrived */
+	} resident;
 	/* The running or last warm-up: one job per file while it runs. Its
 	 * outcome decides the transition out of WARMING (warm_done). */
 	struct {
