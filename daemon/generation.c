@@ -270,12 +270,14 @@ warm_done(struct warm_job *job, const struct warm_result *res, void *cookie)
 			log_warm(r, g);
 		gen_set_state(g, GEN_READY, clean ? "warm" : "warming cancelled");
 	}
-	/* Warm: map every page, so no client can drop it (resident.h). Either
-	 * way the page operation measures what warming left in memory. */
+	/* What warming left in memory, for status: measured at once (a cold
+	 * one's eviction measures when it ends), before the mapping of every
+	 * page that a clean warm-up is followed by, so no client can drop
+	 * them (resident.h), which takes longer. */
+	if (g->state != GEN_COLD)
+		pages_queue(r, g, PAGE_CHECK);
 	if (g->state == GEN_READY && clean)
 		pages_queue(r, g, PAGE_POPULATE);
-	else if (g->page_queue == NULL)
-		pages_queue(r, g, PAGE_CHECK);
 	if (m != NULL && m->pending == g && (g->state == GEN_READY || g->state == GEN_COLD))
 		gen_promote(r, m, g);
 	else if (m != NULL && m->current == g && m->pin == PIN_ALL && g->state == GEN_READY)
