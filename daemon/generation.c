@@ -244,6 +244,9 @@ warm_done(struct warm_job *job, const struct warm_result *res, void *cookie)
 		if (g->warm.jobs[i] == job)
 			g->warm.jobs[i] = NULL;
 	g->warm.bytes += res->bytes;
+	g->warm.resident += res->measure.value;
+	if (res->status == 0)
+		g->warm.resident_how = (enum resident_method)res->measure.how;
 	if (res->seconds > g->warm.seconds)
 		g->warm.seconds = res->seconds;
 	if (res->status < 0 && res->status != -ECANCELED && g->warm.error == 0)
@@ -270,14 +273,21 @@ warm_done(struct warm_job *job, const struct warm_result *res, void *cookie)
 			log_warm(r, g);
 		gen_set_state(g, GEN_READY, clean ? "warm" : "warming cancelled");
 	}
-	/* What warming left in memory, for status: measured at once (a cold
-	 * one's eviction measures when it ends), before the mapping of every
-	 * page that a clean warm-up is followed by, so no client can drop
-	 * them (resident.h), which takes longer. */
-	if (g->state != GEN_COLD)
-		pages_queue(r, g, PAGE_CHECK);
-	if (g->state == GEN_READY && clean)
+	/* What warming left in memory, for status: each job measured its file
+	 * when it had read it all (warm_measure), so a clean warm-up turns
+	 * ready with a fresh figure; otherwise measured now, off the loop (a
+	 * cold one's eviction measures when it ends). A clean one is then
+	 * mapped page by page, so no client can drop it (resident.h). */
+	if (g->state == GEN_READY && clean) {
+		g->resident.epoch++; /* what started before measured before */
+		g->resident.measured = 1;
+		g->resident.bytes = g->warm.resident;
+		g->resident.method = g->warm.resident_how;
+		g->resident.at_ms = registry_now_ms(r);
 		pages_queue(r, g, PAGE_POPULATE);
+	} else if (g->state != GEN_COLD) {
+		pages_queue(r, g, PAGE_CHECK);
+	}
 	if (m != NULL && m->pending == g && (g->state == GEN_READY || g->state == GEN_COLD))
 		gen_promote(r, m, g);
 	else if (m != NULL && m->current == g && m->pin == PIN_ALL && g->state == GEN_READY)
@@ -293,6 +303,27 @@ warm_done(struct warm_job *job, const struct warm_result *res, void *cookie)
 	gen_maybe_free(r, g);
 }
 
+/* Pool thread, once a warming job has read its whole file: what of the file
+ * is in memory now (resident.h), for the figure status reports when the
+ * generation turns ready. The generation outlives its pending jobs. */
+static void
+warm_measure(const struct warm_request *req, struct warm_measure *out)
+{
+	const struct generation *g = req->cookie;
+	enum resident_method how = RESIDENT_CACHESTAT;
+	uint64_t n = 0;
+
+	for (size_t i = 0; i < g->source.nfiles; i++) {
+		if (g->source.files[i].fd != req->fd)
+			continue;
+		if (resident_bytes(&g->source.files[i], &n, &how) == 0) {
+			out->value = n;
+			out->how = (int)how;
+		}
+		return;
+	}
+}
+
 void
 gen_start_warming(struct registry *r, struct generation *g)
 {
@@ -300,13 +331,15 @@ gen_start_warming(struct registry *r, struct generation *g)
 	g->warm.error = 0;
 	g->warm.cancelled = 0;
 	g->warm.bytes = 0;
+	g->warm.resident = 0;
+	g->warm.resident_how = RESIDENT_CACHESTAT;
 	g->warm.seconds = 0;
 	g->warm.started_ms = registry_now_ms(r);
 	for (size_t i = 0; r->pool != NULL && i < g->source.nfiles; i++) {
 		const struct wc_file *f = &g->source.files[i];
 		struct warm_request req = {
 			.fd = f->fd, .offset = 0, .length = f->size, .base = f->base,
-			.cookie = g, .done = warm_done,
+			.cookie = g, .done = warm_done, .measure = warm_measure,
 		};
 		int err;
 

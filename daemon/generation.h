@@ -47,7 +47,7 @@
  * NULL, until released. Three attributes are not states either: pinned
  * (what pages.c actually locked), populated (whether every page is mapped
  * into the daemon, resident.h) and resident (the latest measure of its
- * bytes in memory); pages.c writes them.
+ * bytes in memory); pages.c writes them (resident also warm_done).
  *
  * Everything here runs on the event loop thread.
  */
@@ -93,13 +93,16 @@ struct generation {
 				       slot's names (restore.h); 0: none */
 	int stored_done;            /* all of them (not only some: a full queue) */
 	/* The latest residency measure, taken off the loop at the end of every
-	 * page operation (pages.c): status and metrics report it instead of
-	 * walking the pages on the loop. */
+	 * page operation (pages.c) and by the jobs of a clean warm-up
+	 * (warm_done): status and metrics report it instead of walking the
+	 * pages on the loop. */
 	struct {
 		int measured;               /* 0 until the first measure arrived */
 		uint64_t bytes;             /* in memory (pages_resident) */
 		enum resident_method method;
 		uint64_t at_ms;             /* registry_now_ms() when it arrived */
+		uint64_t epoch;             /* a page operation started in an earlier
+					       epoch measured too early to count */
 	} resident;
 	/* The running or last warm-up: one job per file while it runs. Its
 	 * outcome decides the transition out of WARMING (warm_done). */
@@ -107,6 +110,8 @@ struct generation {
 		struct warm_job **jobs;  /* nfiles entries, NULL when not running */
 		unsigned pending;        /* jobs not yet done */
 		uint64_t bytes;          /* read by finished jobs */
+		uint64_t resident;       /* in memory as each job that read it all ended */
+		enum resident_method resident_how; /* how the last one measured it */
 		double seconds;          /* longest job's time */
 		uint64_t started_ms;
 		int error;               /* first job error, 0 if none */

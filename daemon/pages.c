@@ -22,6 +22,7 @@ struct page_work {
 	size_t failed;          /* the file it failed on */
 	uint64_t resident;      /* bytes in memory once the operation ended */
 	enum resident_method how; /* the measure that counted them */
+	uint64_t epoch;         /* g->resident.epoch when it started */
 	struct page_work *next; /* queued behind the running one */
 };
 
@@ -180,6 +181,7 @@ page_work_start(struct registry *r, struct generation *g)
 	struct page_work *p = g->page_queue;
 	int err;
 
+	p->epoch = g->resident.epoch;
 	if ((err = uv_queue_work(r->loop, &p->work, page_work_run, page_work_after)) < 0) {
 		log_warnx("model \"%s\": %s", g->model_name, uv_strerror(err));
 		g->page_queue = p->next;
@@ -202,7 +204,8 @@ page_work_after(uv_work_t *w, int status)
 	g->ops_pending--;
 	if (evict)
 		g->populated = 0; /* its pages are no longer mapped here */
-	if (status == 0) {
+	/* A warm-up that ended while this ran measured later (warm_done). */
+	if (status == 0 && p->epoch == g->resident.epoch) {
 		g->resident.measured = 1;
 		g->resident.bytes = p->resident;
 		g->resident.method = p->how;

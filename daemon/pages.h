@@ -32,7 +32,8 @@ enum page_op {
 };
 
 /* Every operation ends with a measure of g's bytes in memory, recorded in
- * g->resident on the loop thread (what status and metrics report). */
+ * g->resident on the loop thread (what status and metrics report), unless a
+ * warm-up ended while it ran: that one's figure is newer (warm_done). */
 
 /* Queues op on g's pages behind any queued or running one. */
 void pages_queue(struct registry *r, struct generation *g, enum page_op op);

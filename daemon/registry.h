@@ -256,8 +256,8 @@ void generation_unref(struct registry *r, struct generation *g);
 
 /* Bytes of the generation's files in memory at the latest measure (by the
  * first method that is true for the daemon's user, resident.h), taken off
- * the loop after each page operation and each residency check; 0 before the
- * first. *method (may be NULL) names it ("cachestat", "mincore", "mapped",
+ * the loop after each page operation and each residency check, and by the
+ * warming jobs as a warm-up ends; 0 before the first. *method (may be NULL) names it ("cachestat", "mincore", "mapped",
  * or "none" before the first); *age_ms (may be NULL) receives its age in
  * milliseconds on the loop's clock, or -1 before the first. Constant time:
  * status and metrics call it on the loop. */

@@ -553,7 +553,7 @@ test_residency_cached(void **state)
 	struct du *t = *state;
 	char *path, *json = NULL;
 	struct generation never = { .registry = &t->reg };
-	struct generation *g = load_ready(t, 1 << 20, PIN_NONE, &path);
+	struct generation *g;
 	const char *method = NULL;
 	int64_t age = -7;
 	size_t len = 0;
@@ -564,8 +564,17 @@ test_residency_cached(void **state)
 	assert_string_equal(method, "none");
 	assert_int_equal(age, -1);
 
-	/* Warm: populate measured every byte, as a fresh walk does. */
+	/* Ready after a clean warm-up: the warming jobs measured their files
+	 * as they ended, so the figure is there the moment it is ready. */
+	path = du_model(t, "m.safetensors", 1 << 20);
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 1), 0);
+	g = du_wait_state(t, "m", false, GEN_READY);
 	assert_true(g->resident.measured);
+	assert_int_equal(generation_resident(g, NULL, NULL), g->bytes);
+
+	/* Then every page is mapped, and measured once more, as a fresh walk. */
+	du_settle(t);
+	assert_true(g->populated);
 	assert_int_equal(generation_resident(g, &method, &age), g->bytes);
 	assert_int_equal(generation_resident(g, NULL, NULL), pages_resident(g, NULL));
 	assert_string_not_equal(method, "none");
@@ -592,6 +601,16 @@ test_residency_cached(void **state)
 	assert_non_null(g->page_queue);
 	du_settle(t);
 	assert_int_equal(generation_resident(g, NULL, NULL), pages_resident(g, NULL));
+
+	/* A measure that started before a warm-up ended does not replace the
+	 * figure the warm-up's end set (as warm_done does, below). */
+	g->resident.at_ms -= 250;
+	registry_refresh_residency(&t->reg, 250);
+	assert_non_null(g->page_queue);
+	g->resident.epoch++;
+	g->resident.bytes = 12345;
+	du_settle(t);
+	assert_int_equal(generation_resident(g, NULL, NULL), 12345);
 
 	/* Evict: the figure is what the eviction left, measured when it ended. */
 	g->resident.bytes = 12345;
