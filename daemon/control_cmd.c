@@ -69,6 +69,11 @@ write_str_field(FILE *f, const char *key, const char *value)
 
 /* ---- commands ----------------------------------------------------------- */
 
+/* Status and metrics report each model's residency as last measured (off
+ * the loop, after every page operation and every 5 s); a figure this old
+ * is measured again after the reply, for the next request. */
+#define CTL_RESIDENT_MAX_AGE_MS 250
+
 /* status: the daemon's figures and every model's state, as JSON (metrics.c
  * writes it). */
 static void
@@ -85,6 +90,7 @@ cmd_status(struct ctl_conn *c, int argc, char **argv)
 	}
 	metrics_status_json(r.f, ctl->ctx->reg, &daemon);
 	ctl_reply_end(c, &r);
+	registry_refresh_residency(ctl->ctx->reg, CTL_RESIDENT_MAX_AGE_MS);
 }
 
 /* metrics: the Prometheus text exposition, as a string in "text". */
@@ -105,6 +111,7 @@ cmd_metrics(struct ctl_conn *c, int argc, char **argv)
 	}
 	log_debug("control: uid %u pid %d: metrics", (unsigned)c->uid, (int)c->pid);
 	metrics_write(f, ctl->ctx->reg, &daemon);
+	registry_refresh_residency(ctl->ctx->reg, CTL_RESIDENT_MAX_AGE_MS);
 	bad = ferror(f);
 	if (fclose(f) != 0 || bad || text == NULL) {
 		free(text);

@@ -131,14 +131,16 @@ gen_maybe_free(struct registry *r, struct generation *g)
 }
 
 uint64_t
-generation_resident(const struct generation *g, const char **method)
+generation_resident(const struct generation *g, const char **method, int64_t *age_ms)
 {
-	enum resident_method how = RESIDENT_CACHESTAT;
-	uint64_t n = pages_resident(g, &how);
+	uint64_t now = registry_now_ms(g->registry);
 
 	if (method != NULL)
-		*method = resident_method_name(how);
-	return n;
+		*method = g->resident.measured ? resident_method_name(g->resident.method) : "none";
+	if (age_ms != NULL)
+		*age_ms = !g->resident.measured ? -1 :
+			now > g->resident.at_ms ? (int64_t)(now - g->resident.at_ms) : 0;
+	return g->resident.measured ? g->resident.bytes : 0;
 }
 
 void
@@ -162,14 +164,28 @@ gen_residency_checked(struct registry *r, struct generation *g, uint64_t residen
 }
 
 void
-registry_check_residency(struct registry *r)
+registry_refresh_residency(struct registry *r, uint64_t max_age_ms)
 {
+	uint64_t now = registry_now_ms(r);
+
 	for (struct model_entry *m = r->models; m != NULL; m = m->next) {
 		struct generation *g = m->current;
 
-		if (g != NULL && g->populated && g->page_queue == NULL && g->warm.pending == 0)
-			pages_queue(r, g, PAGE_CHECK);
+		/* A queued or running operation measures when it ends. */
+		if (g == NULL || g->page_queue != NULL)
+			continue;
+		if (g->resident.measured && now < g->resident.at_ms + max_age_ms)
+			continue;
+		pages_queue(r, g, PAGE_CHECK);
 	}
+}
+
+void
+registry_check_residency(struct registry *r)
+{
+	/* Every current one, for the figure status reports; only a populated
+	 * one can need warming again (gen_residency_checked). */
+	registry_refresh_residency(r, 0);
 }
 
 void
@@ -229,6 +245,9 @@ warm_done(struct warm_job *job, const struct warm_result *res, void *cookie)
 		if (g->warm.jobs[i] == job)
 			g->warm.jobs[i] = NULL;
 	g->warm.bytes += res->bytes;
+	g->warm.resident += res->measure.value;
+	if (res->status == 0)
+		g->warm.resident_how = (enum resident_method)res->measure.how;
 	if (res->seconds > g->warm.seconds)
 		g->warm.seconds = res->seconds;
 	if (res->status < 0 && res->status != -ECANCELED && g->warm.error == 0)
@@ -255,9 +274,21 @@ warm_done(struct warm_job *job, const struct warm_result *res, void *cookie)
 			log_warm(r, g);
 		gen_set_state(g, GEN_READY, clean ? "warm" : "warming cancelled");
 	}
-	/* Warm: map every page, so no client can drop it (resident.h). */
-	if (g->state == GEN_READY && clean)
+	/* What warming left in memory, for status: each job measured its file
+	 * when it had read it all (warm_measure), so a clean warm-up turns
+	 * ready with a fresh figure; otherwise measured now, off the loop (a
+	 * cold one's eviction measures when it ends). A clean one is then
+	 * mapped page by page, so no client can drop it (resident.h). */
+	if (g->state == GEN_READY && clean) {
+		g->resident.epoch++; /* what started before measured before */
+		g->resident.measured = 1;
+		g->resident.bytes = g->warm.resident;
+		g->resident.method = g->warm.resident_how;
+		g->resident.at_ms = registry_now_ms(r);
 		pages_queue(r, g, PAGE_POPULATE);
+	} else if (g->state != GEN_COLD) {
+		pages_queue(r, g, PAGE_CHECK);
+	}
 	if (m != NULL && m->pending == g && (g->state == GEN_READY || g->state == GEN_COLD))
 		gen_promote(r, m, g);
 	else if (m != NULL && m->current == g && m->pin == PIN_ALL && g->state == GEN_READY)
@@ -273,6 +304,27 @@ warm_done(struct warm_job *job, const struct warm_result *res, void *cookie)
 	gen_maybe_free(r, g);
 }
 
+/* Pool thread, once a warming job has read its whole file: what of the file
+ * is in memory now (resident.h), for the figure status reports when the
+ * generation turns ready. The generation outlives its pending jobs. */
+static void
+warm_measure(const struct warm_request *req, struct warm_measure *out)
+{
+	const struct generation *g = req->cookie;
+	enum resident_method how = RESIDENT_CACHESTAT;
+	uint64_t n = 0;
+
+	for (size_t i = 0; i < g->source.nfiles; i++) {
+		if (g->source.files[i].fd != req->fd)
+			continue;
+		if (resident_bytes(&g->source.files[i], &n, &how) == 0) {
+			out->value = n;
+			out->how = (int)how;
+		}
+		return;
+	}
+}
+
 void
 gen_start_warming(struct registry *r, struct generation *g)
 {
@@ -280,13 +332,15 @@ gen_start_warming(struct registry *r, struct generation *g)
 	g->warm.error = 0;
 	g->warm.cancelled = 0;
 	g->warm.bytes = 0;
+	g->warm.resident = 0;
+	g->warm.resident_how = RESIDENT_CACHESTAT;
 	g->warm.seconds = 0;
 	g->warm.started_ms = registry_now_ms(r);
 	for (size_t i = 0; r->pool != NULL && i < g->source.nfiles; i++) {
 		const struct wc_file *f = &g->source.files[i];
 		struct warm_request req = {
 			.fd = f->fd, .offset = 0, .length = f->size, .base = f->base,
-			.cookie = g, .done = warm_done,
+			.cookie = g, .done = warm_done, .measure = warm_measure,
 		};
 		int err;
 

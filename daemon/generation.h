@@ -44,10 +44,12 @@
  * (gen_is_live), no client holds it (attached), no warming job reads it
  * (warm.pending), no page operation is queued on it (ops_pending, see
  * pages.h) and, restored after a restart as held, it no longer waits for
- * its holders' HOLDs (hold_until_ms). An unloaded model's generations keep their state, with model
- * NULL, until released. Two attributes are not states either: pinned (what
- * pages.c actually locked) and populated (whether every page is mapped into
- * the daemon, resident.h); pages.c writes them.
+ * its holders' HOLDs (hold_until_ms). An unloaded model's generations
+ * keep their state, with model NULL, until released. Three attributes are
+ * not states either: pinned (what pages.c actually locked), populated
+ * (whether every page is mapped into the daemon, resident.h) and resident
+ * (the latest measure of its bytes in memory); pages.c writes them
+ * (resident also warm_done).
  *
  * Everything here runs on the event loop thread.
  */
@@ -57,6 +59,7 @@
 #include <stdint.h>
 
 #include "registry.h"
+#include "resident.h"
 #include "source.h"
 #include "warm.h"
 
@@ -98,12 +101,26 @@ struct generation {
 	uint64_t hold_until_ms;
 	int from_store;             /* taken back from the store: the previous process
 				       served it, so its workers may HOLD it */
+	/* The latest residency measure, taken off the loop at the end of every
+	 * page operation (pages.c) and by the jobs of a clean warm-up
+	 * (warm_done): status and metrics report it instead of walking the
+	 * pages on the loop. */
+	struct {
+		int measured;               /* 0 until the first measure arrived */
+		uint64_t bytes;             /* in memory (pages_resident) */
+		enum resident_method method;
+		uint64_t at_ms;             /* registry_now_ms() when it arrived */
+		uint64_t epoch;             /* a page operation started in an earlier
+					       epoch measured too early to count */
+	} resident;
 	/* The running or last warm-up: one job per file while it runs. Its
 	 * outcome decides the transition out of WARMING (warm_done). */
 	struct {
 		struct warm_job **jobs;  /* nfiles entries, NULL when not running */
 		unsigned pending;        /* jobs not yet done */
 		uint64_t bytes;          /* read by finished jobs */
+		uint64_t resident;       /* in memory as each job that read it all ended */
+		enum resident_method resident_how; /* how the last one measured it */
 		double seconds;          /* longest job's time */
 		uint64_t started_ms;
 		int error;               /* first job error, 0 if none */

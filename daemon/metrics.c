@@ -89,7 +89,7 @@ v_bytes(const struct registry *reg, const struct model_entry *m)
 static double
 v_resident(const struct registry *reg, const struct model_entry *m)
 {
-	return m->current != NULL ? (double)generation_resident(m->current, NULL) : 0;
+	return m->current != NULL ? (double)generation_resident(m->current, NULL, NULL) : 0;
 }
 
 static double
@@ -378,6 +378,7 @@ write_model(FILE *f, const struct registry *reg, const struct model_entry *m)
 {
 	const struct generation *g = m->current;
 	const char *method = "none";
+	int64_t age_ms = -1;
 	uint64_t resident;
 	bool first = true;
 	double percent, eta;
@@ -387,10 +388,14 @@ write_model(FILE *f, const struct registry *reg, const struct model_entry *m)
 	write_str_field(f, "path", m->path != NULL ? m->path : "");
 	fprintf(f, ",\"generation\":%" PRIu64, g != NULL ? g->number : 0);
 	write_str_field(f, "state", metrics_model_state(m));
-	resident = g != NULL ? generation_resident(g, &method) : 0;
+	resident = g != NULL ? generation_resident(g, &method, &age_ms) : 0;
 	fprintf(f, ",\"bytes\":%" PRIu64 ",\"resident_bytes\":%" PRIu64,
 		g != NULL ? g->bytes : 0, resident);
 	write_str_field(f, "resident_method", method);
+	if (age_ms >= 0)
+		fprintf(f, ",\"resident_age_ms\":%" PRId64, age_ms);
+	else
+		fputs(",\"resident_age_ms\":null", f);
 	write_str_field(f, "pinned", pin_mode_name(m->pin));
 	write_str_field(f, "pin_applied",
 		pin_mode_name(g != NULL ? (enum pin_mode)g->pinned : PIN_NONE));

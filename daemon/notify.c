@@ -16,6 +16,7 @@
 #include "notify.h"
 
 #include "error.h"
+#include "fdpass.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -328,14 +329,8 @@ check_fdname(const char *name)
 int
 notify_store_fds(const char *name, const int *fds, size_t n)
 {
-	union {
-		struct cmsghdr align;
-		unsigned char buf[CMSG_SPACE(sizeof(int) * NOTIFY_MAX_STORE_FDS)];
-	} control;
 	char text[32 + NOTIFY_MAX_FDNAME];
-	struct iovec iov;
-	struct msghdr msg;
-	struct cmsghdr *c;
+	ssize_t sent;
 	int r, len;
 
 	if ((r = check_fdname(name)) < 0)
@@ -346,26 +341,12 @@ notify_store_fds(const char *name, const int *fds, size_t n)
 	if (notify_fd < 0)
 		return 0;
 	len = snprintf(text, sizeof(text), "FDSTORE=1\nFDNAME=%s", name);
-	iov.iov_base = text;
-	iov.iov_len = (size_t)len;
-	memset(&msg, 0, sizeof(msg));
-	memset(&control, 0, sizeof(control));
-	msg.msg_iov = &iov;
-	msg.msg_iovlen = 1;
-	msg.msg_control = control.buf;
-	msg.msg_controllen = CMSG_SPACE(sizeof(int) * n);
-	c = CMSG_FIRSTHDR(&msg);
-	c->cmsg_level = SOL_SOCKET;
-	c->cmsg_type = SCM_RIGHTS;
-	c->cmsg_len = CMSG_LEN(sizeof(int) * n);
-	memcpy(CMSG_DATA(c), fds, sizeof(int) * n);
+	/* notify_fd is non-blocking (notify_init), so a full queue is -EAGAIN. */
 	pthread_mutex_lock(&notify_lock);
-	msg.msg_name = &notify_addr;
-	msg.msg_namelen = notify_addrlen;
-	do
-		r = sendmsg(notify_fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) >= 0 ? 1 : -errno;
-	while (r == -EINTR);
+	sent = fdp_sendto(notify_fd, text, (size_t)len, fds, n, NOTIFY_MAX_STORE_FDS,
+		(const struct sockaddr *)&notify_addr, notify_addrlen);
 	pthread_mutex_unlock(&notify_lock);
+	r = sent < 0 ? (int)sent : 1;
 	if (r == -EAGAIN || r == -EWOULDBLOCK)
 		return error_set(-EAGAIN, "notify: FDSTORE=1 FDNAME=%s: the manager's queue is "
 			"full; the %zu descriptors were not stored", name, n);

@@ -25,6 +25,8 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
+#include "fdpass.h"
+
 /* Longest state string notify_send() sends, in bytes (systemd reads at most
  * this much of each datagram). */
 #define NOTIFY_MAX_MESSAGE 4096
@@ -78,7 +80,7 @@ void notify_close(void);
 int notify_fdname_valid(const char *s, size_t len);
 
 /* Most descriptors one notify_store_fds() passes (the kernel's SCM_MAX_FD). */
-#define NOTIFY_MAX_STORE_FDS 253
+#define NOTIFY_MAX_STORE_FDS ((int)FDP_MAX_FDS)
 
 /*
  * Hands fds[0 .. n) to the manager's file descriptor store under name

@@ -20,7 +20,9 @@ struct page_work {
 	enum page_op op;
 	int err;                /* the first failure */
 	size_t failed;          /* the file it failed on */
-	uint64_t resident;      /* PAGE_CHECK: bytes in memory */
+	uint64_t resident;      /* bytes in memory once the operation ended */
+	enum resident_method how; /* the measure that counted them */
+	uint64_t epoch;         /* g->resident.epoch when it started */
 	struct page_work *next; /* queued behind the running one */
 };
 
@@ -105,11 +107,11 @@ unmap_pages(const struct wc_file *f)
 	}
 }
 
-/* Work queue thread. */
+/* Work queue thread: does the operation itself (PAGE_CHECK has nothing to
+ * do but measure, which page_work_run does after every operation). */
 static void
-page_work_run(uv_work_t *w)
+page_work_apply(struct page_work *p)
 {
-	struct page_work *p = w->data;
 	struct generation *g = p->g;
 
 	if (p->op == PAGE_EVICT_SETTLE) {
@@ -124,10 +126,8 @@ page_work_run(uv_work_t *w)
 		nanosleep(&pause, NULL);
 	}
 
-	if (p->op == PAGE_CHECK) {
-		p->resident = pages_resident(g, NULL);
+	if (p->op == PAGE_CHECK)
 		return;
-	}
 	for (size_t i = 0; i < g->source.nfiles; i++) {
 		const struct wc_file *f = &g->source.files[i];
 
@@ -158,6 +158,20 @@ page_work_run(uv_work_t *w)
 	}
 }
 
+/* Work queue thread: the operation, then a measure of what it left in
+ * memory, so that status and metrics report a figure taken off the loop
+ * (generation_resident) that is fresh right after every change a page
+ * operation makes (evict, pin, populate once warm). */
+static void
+page_work_run(uv_work_t *w)
+{
+	struct page_work *p = w->data;
+
+	page_work_apply(p);
+	p->how = RESIDENT_CACHESTAT;
+	p->resident = pages_resident(p->g, &p->how);
+}
+
 static void page_work_after(uv_work_t *w, int status);
 
 /* Starts the first queued operation of g; -errno if it cannot. */
@@ -167,6 +181,7 @@ page_work_start(struct registry *r, struct generation *g)
 	struct page_work *p = g->page_queue;
 	int err;
 
+	p->epoch = g->resident.epoch;
 	if ((err = uv_queue_work(r->loop, &p->work, page_work_run, page_work_after)) < 0) {
 		log_warnx("model \"%s\": %s", g->model_name, uv_strerror(err));
 		g->page_queue = p->next;
@@ -189,6 +204,13 @@ page_work_after(uv_work_t *w, int status)
 	g->ops_pending--;
 	if (evict)
 		g->populated = 0; /* its pages are no longer mapped here */
+	/* A warm-up that ended while this ran measured later (warm_done). */
+	if (status == 0 && p->epoch == g->resident.epoch) {
+		g->resident.measured = 1;
+		g->resident.bytes = p->resident;
+		g->resident.method = p->how;
+		g->resident.at_ms = registry_now_ms(r);
+	}
 	if (status != 0) {
 		/* cancelled: nothing ran */
 	} else if (p->op == PAGE_POPULATE) {

@@ -28,8 +28,12 @@ enum page_op {
 	PAGE_EVICT,        /* unmap here and drop the page cache; -> populated = 0 */
 	PAGE_EVICT_SETTLE, /* evict, and again once in-flight readahead has landed */
 	PAGE_POPULATE,     /* map every page into the daemon (resident.h), once warm */
-	PAGE_CHECK,        /* measure residency; gen_residency_checked() decides */
+	PAGE_CHECK,        /* only measure; gen_residency_checked() decides */
 };
+
+/* Every operation ends with a measure of g's bytes in memory, recorded in
+ * g->resident on the loop thread (what status and metrics report), unless a
+ * warm-up ended while it ran: that one's figure is newer (warm_done). */
 
 /* Queues op on g's pages behind any queued or running one. */
 void pages_queue(struct registry *r, struct generation *g, enum page_op op);

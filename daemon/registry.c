@@ -393,7 +393,10 @@ registry_adopt_held(struct registry *r, const char *name, uint64_t number,
 		return -ENOMEM;
 	generation_link(r, m, g);
 	gen_set_state(g, GEN_READY, "restored from the file descriptor store, held");
-	/* Not current: only its holders' HOLDs keep it, once this passes. */
+	/* Not current: only its holders' HOLDs keep it, once this passes.
+	 * From now, not from the loop's last update (start-up runs before
+	 * the loop does). */
+	uv_update_time(r->loop);
 	g->hold_until_ms = registry_now_ms(r) + (uint64_t)r->restart_hold_ms;
 	if (g->hold_until_ms == 0)
 		g->hold_until_ms = 1;

@@ -108,10 +108,18 @@ struct registry {
 	void *owner;
 };
 
-/* Queues a residency check of every populated current generation on the
- * work queue (resident.h); one that memory pressure shrank by more than 1%
- * is warmed again and counted in rewarm_count. Call it every few seconds. */
+/* Queues a residency check of every current generation on the work queue
+ * (resident.h), which refreshes the figure status and metrics report; a
+ * populated one that memory pressure shrank by more than 1% is warmed again
+ * and counted in rewarm_count. Call it every few seconds. */
 void registry_check_residency(struct registry *r);
+
+/* registry_check_residency, but only for the current generations whose
+ * figure is max_age_ms old or older (or was never measured) and that have
+ * no page operation queued (it measures when it ends): status and metrics
+ * call it after they replied, so a client that polls them sees figures
+ * about that old at most, and the loop never waits for a measure. */
+void registry_refresh_residency(struct registry *r, uint64_t max_age_ms);
 
 /* Initialises an empty registry with its status page; pool may be NULL. */
 int registry_init(struct registry *r, uv_loop_t *loop, struct warm_pool *pool);
@@ -278,11 +286,14 @@ const char *registry_model_name(const struct model_entry *m);
 void generation_ref(struct registry *r, struct generation *g);
 void generation_unref(struct registry *r, struct generation *g);
 
-/* Bytes of the generation's files in memory, measured by the first method
- * that is true for the daemon's user (resident.h); *method (may be NULL)
- * names it ("cachestat", "mincore", "mapped"). Walks the files' pages:
- * proportional to their size. */
-uint64_t generation_resident(const struct generation *g, const char **method);
+/* Bytes of the generation's files in memory at the latest measure (by the
+ * first method that is true for the daemon's user, resident.h), taken off
+ * the loop after each page operation and each residency check, and by the
+ * warming jobs as a warm-up ends; 0 before the first. *method (may be NULL) names it ("cachestat", "mincore", "mapped",
+ * or "none" before the first); *age_ms (may be NULL) receives its age in
+ * milliseconds on the loop's clock, or -1 before the first. Constant time:
+ * status and metrics call it on the loop. */
+uint64_t generation_resident(const struct generation *g, const char **method, int64_t *age_ms);
 
 /* Evicts the least recently attached unpinned models until the resident
  * total of current generations fits the budget. */

@@ -23,8 +23,8 @@
  * (registry_check_residency).
  *
  * Every function here may block on I/O or walk page tables in proportion to
- * the file's size: call them off the event loop, except where a caller
- * accepts that cost (status on demand). Thread-safe.
+ * the file's size: call them off the event loop (pages.c measures after
+ * each page operation; status and metrics report that figure). Thread-safe.
  */
 #ifndef WC_RESIDENT_H
 #define WC_RESIDENT_H

@@ -29,6 +29,7 @@
 #include "listen.h"
 #include "log.h"
 #include "server.h"
+#include "uidtally.h"
 #include "wire.h"
 
 #define DEFAULT_MAX_CLIENTS 1024
@@ -100,6 +101,7 @@ struct server {
 	 * fd_budget_allows().
 	 */
 	unsigned inflight_total;
+	struct uidtally inflight_by_uid; /* the same per uid: every conn's inflight_fds */
 	unsigned fd_hard, fd_soft, fd_uid_cap, fd_conn_cap;
 	unsigned ndeferred;
 	uv_timer_t retry_timer;
@@ -117,16 +119,37 @@ server_clients(const struct server *s)
 	return s->nconns;
 }
 
-/* Descriptors the connections of uid have in flight. */
+/* Descriptors the connections of uid have in flight (constant time). */
 static unsigned
 inflight_of_uid(const struct server *s, uid_t uid)
 {
-	unsigned n = 0;
+	return uidtally_get(&s->inflight_by_uid, uid);
+}
 
-	for (const struct conn *c = s->conns; c != NULL; c = c->next)
-		if (c->uid == uid)
-			n += c->inflight_fds;
-	return n;
+/* Counts n more descriptors in flight on c: for c, its uid and in all.
+ * fd_budget_allows() reserved the uid's place in the tally beforehand, so
+ * this cannot fail after the send that it follows. */
+static void
+inflight_add(struct conn *c, unsigned n)
+{
+	struct server *s = c->srv;
+
+	if (uidtally_add(&s->inflight_by_uid, c->uid, n) < 0)
+		log_warnx("client pid %d uid %u: out of memory counting descriptors in flight",
+			(int)c->pid, (unsigned)c->uid);
+	c->inflight_fds += n;
+	s->inflight_total += n;
+}
+
+/* Forgets every descriptor c has in flight (received, or gone with it). */
+static void
+inflight_forget(struct conn *c)
+{
+	struct server *s = c->srv;
+
+	uidtally_sub(&s->inflight_by_uid, c->uid, c->inflight_fds);
+	s->inflight_total -= c->inflight_fds;
+	c->inflight_fds = 0;
 }
 
 /*
@@ -142,8 +165,7 @@ conn_confirm(struct conn *c)
 
 	if (c->inflight_fds == 0 || ioctl(c->fd, SIOCOUTQ, &unread) != 0 || unread != 0)
 		return;
-	c->srv->inflight_total -= c->inflight_fds;
-	c->inflight_fds = 0;
+	inflight_forget(c);
 }
 
 /*
@@ -154,7 +176,8 @@ conn_confirm(struct conn *c)
  * (pipelining without reading) also only up to fd_conn_cap of its own and
  * fd_soft in all. A client that reads each reply before its next request,
  * as libwcache does, has nothing in flight when it asks, so non-readers
- * never use up the kernel's quota that its replies need.
+ * never use up the kernel's quota that its replies need. Also makes room
+ * for c's uid in the per-uid tally (no room, no memory: not now).
  */
 static int
 fd_budget_allows(struct conn *c, size_t nfds)
@@ -167,6 +190,8 @@ fd_budget_allows(struct conn *c, size_t nfds)
 		return 0;
 	of_uid = s->inflight_total > 0 ? inflight_of_uid(s, c->uid) : 0;
 	if (of_uid > 0 && of_uid + nfds > s->fd_uid_cap)
+		return 0;
+	if (of_uid == 0 && uidtally_reserve(&s->inflight_by_uid) < 0)
 		return 0;
 	return c->inflight_fds == 0 || (c->inflight_fds + nfds <= s->fd_conn_cap &&
 						s->inflight_total + nfds <= s->fd_soft);
@@ -238,8 +263,7 @@ conn_flush(struct conn *c)
 		conn_close(c);
 		return;
 	}
-	c->inflight_fds += (unsigned)c->out_nfds;
-	s->inflight_total += (unsigned)c->out_nfds;
+	inflight_add(c, (unsigned)c->out_nfds);
 	c->out_nfds = 0;
 	if (c->close_after_send) {
 		conn_close(c);
@@ -554,8 +578,7 @@ conn_close(struct conn *c)
 	conn_set_deferred(c, 0);
 	/* The peer's socket, and with it everything unread, goes away with
 	 * the connection (or is no longer ours to account for). */
-	c->srv->inflight_total -= c->inflight_fds;
-	c->inflight_fds = 0;
+	inflight_forget(c);
 	for (size_t i = 0; i < c->nrefs; i++)
 		registry_release(c->srv->reg, c->refs[i].gen);
 	c->nrefs = 0;
@@ -841,6 +864,7 @@ server_free(uv_handle_t *handle)
 	close(s->listen_fd);
 	if (s->spare_fd >= 0)
 		close(s->spare_fd);
+	uidtally_free(&s->inflight_by_uid);
 	free(s);
 }
 

@@ -279,6 +279,8 @@ run_job(struct warm_pool *pool, struct warm_job *job, uint8_t *buf)
 	if (job->req.length > 0)
 		(void)posix_fadvise(job->req.fd, (off_t)job->req.offset, (off_t)job->req.length,
 			POSIX_FADV_NORMAL);
+	if (status == 0 && job->req.measure != NULL)
+		job->req.measure(&job->req, &job->res.measure);
 	job->res.status = status;
 	job->res.bytes = done;
 	job->res.seconds = ns_to_s(job->start_ns, now_ns());

@@ -81,6 +81,13 @@ struct warm_options {
 					chunks is interruptible by cancel and close) */
 };
 
+/* What the owner's measure callback found (struct warm_request): a number
+ * and a code, both the owner's to define. */
+struct warm_measure {
+	uint64_t value;
+	int how;
+};
+
 /* What a job achieved, given to its done callback. */
 struct warm_result {
 	int status;            /* 0: the whole range was read;
@@ -93,6 +100,8 @@ struct warm_result {
 	double seconds;        /* wall time from the first to the last read (0 if it never ran) */
 	double queued_seconds; /* wall time from warm_submit until a thread took it
 				  (or until it was cancelled, if it never ran) */
+	struct warm_measure measure; /* what req.measure found; zeros without one, or
+					when the range was not all read */
 };
 
 /* Called on the loop thread exactly once per job. job is valid until the
@@ -120,6 +129,12 @@ struct warm_request {
 	void *cookie;            /* the owner's identity for this job (e.g. a generation) */
 	warm_done_cb done;       /* required */
 	warm_progress_cb progress; /* optional */
+	/* Optional: called on the pool thread once the whole range was read
+	 * (status 0), before the job is queued for its done callback; fills
+	 * res.measure. The owner measures there, off the loop, what the read
+	 * left (wcached: the file's bytes in memory, resident.h), so the figure
+	 * is fresh when the done callback runs. May touch the fd and mapping. */
+	void (*measure)(const struct warm_request *req, struct warm_measure *out);
 };
 
 /*

@@ -1,6 +1,7 @@
 /*
  * fdpass.c: sending and receiving one message with descriptors over a Unix
- * socket (SCM_RIGHTS), for the wcache client protocol.
+ * socket (SCM_RIGHTS), for the wcache client protocol and for the daemon's
+ * datagrams to the service manager's fd store (fdp_sendto() with an address).
  *
  * The protocol runs on SOCK_SEQPACKET, so one sendmsg() is one message and
  * the descriptors sent with it arrive with it or not at all. What can still
@@ -38,28 +39,52 @@ union fdp_control {
 	unsigned char buf[FDP_CONTROL_SIZE];
 };
 
+/* The send control buffer: room for the most descriptors any caller may
+ * pass (the client protocol's WIRE_MAX_FDS is fewer). */
+_Static_assert(WIRE_MAX_FDS <= FDP_MAX_FDS, "the wire's limit exceeds the kernel's");
+
+union fdp_send_control {
+	struct cmsghdr align;
+	unsigned char buf[CMSG_SPACE(sizeof(int) * FDP_MAX_FDS)];
+};
+
 /*
  * Sends len bytes and nfds descriptors (at most WIRE_MAX_FDS) as one message
- * with MSG_NOSIGNAL, so a closed peer is -EPIPE rather than SIGPIPE. No
- * descriptors means no control message. The caller keeps ownership of its
- * descriptors. Returns the bytes sent, -EINVAL for bad arguments (including
- * an empty message, which the receiver could not tell from end of stream),
- * or -errno from sendmsg (-EAGAIN when a non-blocking socket is full); EINTR
- * is retried.
+ * on a connected socket: fdp_sendto() with the client protocol's limit.
  */
 ssize_t
 fdp_send(int sock, const void *buf, size_t len, const int *fds, size_t nfds)
 {
-	union fdp_control control;
+	return fdp_sendto(sock, buf, len, fds, nfds, WIRE_MAX_FDS, NULL, 0);
+}
+
+/*
+ * Sends len bytes and nfds descriptors (at most maxfds) as one message to
+ * to (or the connected peer when to is NULL) with MSG_NOSIGNAL, so a closed
+ * peer is -EPIPE rather than SIGPIPE. No descriptors means no control
+ * message. The caller keeps ownership of its descriptors. Returns the bytes
+ * sent, -EINVAL for bad arguments (including an empty message, which a
+ * SEQPACKET receiver could not tell from end of stream), or -errno from
+ * sendmsg (-EAGAIN when a non-blocking socket is full); EINTR is retried.
+ */
+ssize_t
+fdp_sendto(int sock, const void *buf, size_t len, const int *fds, size_t nfds, size_t maxfds,
+	const struct sockaddr *to, socklen_t tolen)
+{
+	union fdp_send_control control;
 	struct iovec iov;
 	struct msghdr msg;
 	struct cmsghdr *cmsg;
 	ssize_t n;
 
-	if (buf == NULL || len == 0 || nfds > WIRE_MAX_FDS || (nfds > 0 && fds == NULL))
+	if (buf == NULL || len == 0 || maxfds > FDP_MAX_FDS || nfds > maxfds ||
+	        (nfds > 0 && fds == NULL) || (to == NULL) != (tolen == 0))
 		return -EINVAL;
 	memset(&msg, 0, sizeof(msg));
-	iov.iov_base = (void *)(uintptr_t)buf; /* sendmsg does not write it */
+	/* sendmsg reads neither the address nor the buffer */
+	msg.msg_name = (void *)(uintptr_t)to;
+	msg.msg_namelen = tolen;
+	iov.iov_base = (void *)(uintptr_t)buf;
 	iov.iov_len = len;
 	msg.msg_iov = &iov;
 	msg.msg_iovlen = 1;

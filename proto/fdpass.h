@@ -1,8 +1,8 @@
 /*
  * fdpass.h: sending and receiving one message with descriptors (SCM_RIGHTS).
  *
- * Ownership: fdp_send() never takes ownership of the descriptors it sends;
- * the caller closes its copies. fdp_recv() passes the responsibility for
+ * Ownership: fdp_send() and fdp_sendto() never take ownership of the
+ * descriptors they send; the caller closes its copies. fdp_recv() passes the responsibility for
  * every descriptor it returns to the caller; descriptors it does not return
  * (too many, a truncated message, a cmsg of another kind) it closes.
  */
@@ -10,13 +10,31 @@
 #define WC_FDPASS_H
 
 #include <stddef.h>
+#include <sys/socket.h>
 #include <sys/types.h>
+
+/* The most descriptors one sendmsg() may carry: Linux's SCM_MAX_FD. */
+#define FDP_MAX_FDS 253u
 
 /* Sends len bytes and nfds descriptors as one message (MSG_NOSIGNAL).
  * Returns the bytes sent or a negative errno (-EAGAIN when it would block;
  * -EINVAL for len 0, which SEQPACKET peers cannot tell from end of stream,
  * nfds > WIRE_MAX_FDS, or fds NULL with nfds > 0). */
 ssize_t fdp_send(int sock, const void *buf, size_t len, const int *fds, size_t nfds);
+
+/*
+ * fdp_send() with the caller's limit on descriptors and an optional
+ * destination: sends len bytes and nfds (at most maxfds, itself at most
+ * FDP_MAX_FDS) descriptors as one message to the address to (tolen bytes),
+ * or on the connected socket when to is NULL and tolen 0. The socket's own
+ * mode decides whether it may block: a non-blocking socket returns -EAGAIN.
+ * fdp_send() is fdp_sendto(sock, buf, len, fds, nfds, WIRE_MAX_FDS, NULL, 0);
+ * the service manager's fd store (a datagram socket) takes FDP_MAX_FDS.
+ * Returns as fdp_send(), and -EINVAL also for maxfds > FDP_MAX_FDS or an
+ * address without its length (or a length without an address).
+ */
+ssize_t fdp_sendto(int sock, const void *buf, size_t len, const int *fds, size_t nfds,
+	size_t maxfds, const struct sockaddr *to, socklen_t tolen);
 
 /*
  * Receives one message into buf (cap bytes) and up to maxfds descriptors

@@ -80,6 +80,8 @@ def test_residency_is_true_and_kept(tmp_path, who):
         m = wait_until(lambda: (lambda m: m["state"] == "ready" and m["resident_bytes"] == size
                                 and m)(status_model(d)), what="m ready and resident")
         assert m["resident_method"] == ("cachestat" if who == "root" else "mapped"), m
+        # Measured off the loop, and how long ago it says.
+        assert isinstance(m["resident_age_ms"], int) and 0 <= m["resident_age_ms"] < 10000, m
         assert fincore(model) == size
 
         # A client drops the pages of the file it was given: nothing goes,

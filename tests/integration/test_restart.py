@@ -5,13 +5,16 @@ path. The next wc_attach() on the old client works without reconnecting by
 hand; the models attached before keep reading; their release only unmaps
 (the new daemon's attach count is not touched); wc_client_fd() changes.
 The worker is tests/tools/restart_worker.c, driven line by line."""
-import json
-import signal
+import os
 import subprocess
+import sys
 
 import pytest
 
 from conftest import Daemon, binary, wait_until
+
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
+from restartutil import attached as count_attached, restart  # noqa: E402 (path set just above)
 
 
 class Worker:
@@ -38,20 +41,7 @@ class Worker:
 
 
 def attached(d, name="small"):
-    r = subprocess.run([binary("wcachectl"), "status", "--json", "--control", d.control],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode in (0, 3), r.stderr
-    return next(m["attached"] for m in json.loads(r.stdout)["models"] if m["name"] == name)
-
-
-def restart(d, how):
-    if how == "sigterm":
-        assert d.stop() == 0, d.read_log()
-    else:
-        d.proc.send_signal(signal.SIGKILL)
-        d.proc.wait(timeout=60)
-        d.logf.close()
-    d.start()
+    return count_attached(d, binary("wcachectl"), name)
 
 
 @pytest.mark.parametrize("how", ["sigterm", "sigkill"])

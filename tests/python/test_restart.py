@@ -2,9 +2,8 @@
 working after SIGTERM or SIGKILL and a new wcached on the same socket; a
 model from before stays readable, closing it reaches no daemon, and
 safe_open's shared connection recovers the same way."""
-import json
-import signal
-import subprocess
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -12,26 +11,16 @@ import pytest
 import wcache
 from pyhelpers import binary, wait_until
 
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
+from restartutil import attached as count_attached, restart  # noqa: E402 (path set just above)
+
 
 def checksums(model):
     return {k: int(model.raw(k).sum(dtype=np.uint64)) for k in model.keys()}
 
 
 def attached(d):
-    r = subprocess.run([binary("wcachectl"), "status", "--json", "--control", d.control],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode in (0, 3), r.stderr
-    return next(m["attached"] for m in json.loads(r.stdout)["models"] if m["name"] == "small")
-
-
-def restart(d, how):
-    if how == "sigterm":
-        assert d.stop() == 0, d.read_log()
-    else:
-        d.proc.send_signal(signal.SIGKILL)
-        d.proc.wait(timeout=60)
-        d.logf.close()
-    d.start()
+    return count_attached(d, binary("wcachectl"))
 
 
 @pytest.mark.parametrize("how", ["sigterm", "sigkill"])

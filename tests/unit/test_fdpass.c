@@ -1,6 +1,7 @@
 /*
  * test_fdpass.c: unit tests of proto/fdpass.c, one message with descriptors
- * over a SOCK_SEQPACKET socketpair.
+ * over a SOCK_SEQPACKET socketpair, and fdp_sendto() to a datagram socket
+ * that stands in for the service manager's notify socket.
  *
  * Descriptors are memfds, one inode each, so "the same file arrived in the
  * same place" is checked by st_ino. Every error path checks that the process
@@ -22,12 +23,14 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -566,6 +569,166 @@ test_errors_returned(void **state)
 	close(sent);
 }
 
+/* ---- fdp_sendto: a datagram "manager" at an address --------------------- */
+
+/* A datagram socket bound to an abstract address of its own, standing in
+ * for the service manager's notify socket, and an unbound sender. */
+struct manager {
+	int sock; /* the manager: receives */
+	int sender;
+	struct sockaddr_un addr;
+	socklen_t addrlen;
+};
+
+static void
+manager_open(struct manager *m)
+{
+	int n;
+
+	memset(m, 0, sizeof(*m));
+	m->addr.sun_family = AF_UNIX;
+	/* abstract: sun_path[0] stays '\0'; the length counts the name only */
+	n = snprintf(m->addr.sun_path + 1, sizeof(m->addr.sun_path) - 1, "wcache-test-fdpass-%ld",
+		(long)getpid());
+	assert_true(n > 0);
+	m->addrlen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+	m->sock = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	assert_true(m->sock >= 0);
+	assert_int_equal(bind(m->sock, (struct sockaddr *)&m->addr, m->addrlen), 0);
+	m->sender = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	assert_true(m->sender >= 0);
+}
+
+static void
+manager_close(struct manager *m)
+{
+	close(m->sock);
+	close(m->sender);
+}
+
+/* FDP_MAX_FDS descriptors (more than the wire allows) reach the manager's
+ * address in one datagram, in order, and stay the sender's. */
+static void
+test_sendto_address(void **state)
+{
+	struct manager m;
+	int sent[FDP_MAX_FDS], got[FDP_MAX_FDS];
+	char buf[64];
+	size_t nfds = 0;
+	int base;
+
+	(void)state;
+	_Static_assert(FDP_MAX_FDS > WIRE_MAX_FDS, "the test needs more than the wire allows");
+	manager_open(&m);
+	base = tu_count_fds();
+	make_memfds(sent, FDP_MAX_FDS);
+	assert_int_equal(fdp_sendto(m.sender, "FDSTORE=1", 9, sent, FDP_MAX_FDS, FDP_MAX_FDS,
+		(struct sockaddr *)&m.addr, m.addrlen), 9);
+	assert_true(fault.send_flags & MSG_NOSIGNAL);
+	assert_int_equal(fdp_recv(m.sock, buf, sizeof(buf), got, FDP_MAX_FDS, &nfds), 9);
+	assert_memory_equal(buf, "FDSTORE=1", 9);
+	assert_int_equal(nfds, FDP_MAX_FDS);
+	assert_same_files(sent, got, FDP_MAX_FDS);
+	assert_int_equal(tu_count_fds(), base + 2 * (int)FDP_MAX_FDS);
+	fdp_close_all(sent, FDP_MAX_FDS);
+	fdp_close_all(got, FDP_MAX_FDS);
+	assert_int_equal(tu_count_fds(), base);
+
+	/* The same without descriptors: no control message. */
+	assert_int_equal(fdp_sendto(m.sender, "READY=1", 7, NULL, 0, FDP_MAX_FDS,
+		(struct sockaddr *)&m.addr, m.addrlen), 7);
+	assert_int_equal(fdp_recv(m.sock, buf, sizeof(buf), NULL, 0, &nfds), 7);
+	assert_int_equal(nfds, 0);
+	manager_close(&m);
+}
+
+/* Without an address it sends on a connected socket: a datagram
+ * socketpair as the manager. */
+static void
+test_sendto_connected(void **state)
+{
+	int sv[2], sent[2], got[2];
+	char buf[16];
+	size_t nfds = 0;
+
+	(void)state;
+	assert_int_equal(socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, sv), 0);
+	make_memfds(sent, 2);
+	assert_int_equal(fdp_sendto(sv[0], "two", 3, sent, 2, 2, NULL, 0), 3);
+	assert_int_equal(fdp_recv(sv[1], buf, sizeof(buf), got, 2, &nfds), 3);
+	assert_int_equal(nfds, 2);
+	assert_same_files(sent, got, 2);
+	fdp_close_all(sent, 2);
+	fdp_close_all(got, 2);
+	close(sv[0]);
+	close(sv[1]);
+}
+
+/* A manager that does not read: a non-blocking sender gets -EAGAIN, its
+ * descriptors stay open and nothing of the refused datagram arrives. */
+static void
+test_sendto_full(void **state)
+{
+	struct manager m;
+	char buf[16];
+	int fd, got = -1;
+	size_t nfds = 0;
+	ssize_t n = 0;
+	int i, queued = 0;
+
+	(void)state;
+	manager_open(&m);
+	make_memfds(&fd, 1);
+	for (i = 0; i < 100000; i++) {
+		n = fdp_sendto(m.sender, "x", 1, &fd, 1, 1, (struct sockaddr *)&m.addr,
+			m.addrlen);
+		if (n != 1)
+			break;
+		queued++;
+	}
+	assert_int_equal(n, -EAGAIN);
+	assert_true(queued > 0);
+	assert_true(fcntl(fd, F_GETFD) >= 0); /* still ours */
+	/* Exactly the queued datagrams arrive, each with its descriptor. */
+	assert_int_equal(fcntl(m.sock, F_SETFL, O_NONBLOCK), 0);
+	for (i = 0; i < queued; i++) {
+		assert_int_equal(fdp_recv(m.sock, buf, sizeof(buf), &got, 1, &nfds), 1);
+		assert_int_equal(nfds, 1);
+		assert_true(inode_of(got) == inode_of(fd));
+		close(got);
+	}
+	assert_int_equal(fdp_recv(m.sock, buf, sizeof(buf), &got, 1, &nfds), -EAGAIN);
+	close(fd);
+	manager_close(&m);
+}
+
+/* Arguments fdp_sendto() refuses before any sendmsg(): more descriptors
+ * than the caller's limit, a limit above the kernel's, an address without
+ * its length or a length without an address. */
+static void
+test_sendto_invalid(void **state)
+{
+	struct manager m;
+	int fds[FDP_MAX_FDS + 1] = {0};
+
+	(void)state;
+	manager_open(&m);
+	fault.send_calls = 0;
+	assert_int_equal(fdp_sendto(m.sender, "x", 1, fds, 3, 2, (struct sockaddr *)&m.addr,
+		m.addrlen), -EINVAL);
+	assert_int_equal(fdp_sendto(m.sender, "x", 1, fds, FDP_MAX_FDS + 1, FDP_MAX_FDS + 1,
+		(struct sockaddr *)&m.addr, m.addrlen), -EINVAL);
+	assert_int_equal(fdp_sendto(m.sender, "x", 1, fds, 1, FDP_MAX_FDS + 1,
+		(struct sockaddr *)&m.addr, m.addrlen), -EINVAL);
+	assert_int_equal(fdp_sendto(m.sender, "x", 1, NULL, 0, 0, (struct sockaddr *)&m.addr, 0),
+		-EINVAL);
+	assert_int_equal(fdp_sendto(m.sender, "x", 1, NULL, 0, 0, NULL, m.addrlen), -EINVAL);
+	assert_int_equal(fdp_sendto(m.sender, "x", 0, NULL, 0, 0, (struct sockaddr *)&m.addr,
+		m.addrlen), -EINVAL);
+	assert_int_equal(fault.send_calls, 0);
+	manager_close(&m);
+}
+
 /* fdp_close_all() closes, sets -1, skips -1, accepts NULL. */
 static void
 test_close_all(void **state)
@@ -604,6 +767,10 @@ main(void)
 	        cmocka_unit_test_setup_teardown(test_invalid, setup, teardown),
 	        cmocka_unit_test_setup_teardown(test_eintr_retried, setup, teardown),
 	        cmocka_unit_test_setup_teardown(test_errors_returned, setup, teardown),
+	        cmocka_unit_test_setup_teardown(test_sendto_address, setup, teardown),
+	        cmocka_unit_test_setup_teardown(test_sendto_connected, setup, teardown),
+	        cmocka_unit_test_setup_teardown(test_sendto_full, setup, teardown),
+	        cmocka_unit_test_setup_teardown(test_sendto_invalid, setup, teardown),
 	        cmocka_unit_test(test_close_all),
 	};
 

@@ -543,6 +543,92 @@ test_residency_rewarm(void **state)
 	free(path);
 }
 
+/* Status and metrics report the figure the latest page operation measured
+ * off the loop (generation_resident walks nothing); evict and pin refresh
+ * it when they end; registry_refresh_residency measures again only what is
+ * old enough. */
+static void
+test_residency_cached(void **state)
+{
+	struct du *t = *state;
+	char *path, *json = NULL;
+	struct generation never = { .registry = &t->reg };
+	struct generation *g;
+	const char *method = NULL;
+	int64_t age = -7;
+	size_t len = 0;
+	FILE *f;
+
+	/* Before any measure: nothing, "none", no age. */
+	assert_int_equal(generation_resident(&never, &method, &age), 0);
+	assert_string_equal(method, "none");
+	assert_int_equal(age, -1);
+
+	/* Ready after a clean warm-up: the warming jobs measured their files
+	 * as they ended, so the figure is there the moment it is ready. */
+	path = du_model(t, "m.safetensors", 1 << 20);
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 1), 0);
+	g = du_wait_state(t, "m", false, GEN_READY);
+	assert_true(g->resident.measured);
+	assert_int_equal(generation_resident(g, NULL, NULL), g->bytes);
+
+	/* Then every page is mapped, and measured once more, as a fresh walk. */
+	du_settle(t);
+	assert_true(g->populated);
+	assert_int_equal(generation_resident(g, &method, &age), g->bytes);
+	assert_int_equal(generation_resident(g, NULL, NULL), pages_resident(g, NULL));
+	assert_string_not_equal(method, "none");
+	assert_true(age >= 0);
+
+	/* The figure is the cached one: a value the pages cannot have shows. */
+	g->resident.bytes = 12345;
+	g->resident.at_ms = registry_now_ms(&t->reg);
+	assert_int_equal(generation_resident(g, NULL, NULL), 12345);
+	f = open_memstream(&json, &len);
+	assert_non_null(f);
+	metrics_status_json(f, &t->reg, &(struct metrics_daemon){ 0 });
+	assert_int_equal(fclose(f), 0);
+	assert_non_null(strstr(json, "\"resident_bytes\":12345,"));
+	assert_non_null(strstr(json, "\"resident_age_ms\":"));
+	assert_null(strstr(json, "\"resident_age_ms\":null"));
+	free(json);
+
+	/* Fresh: not measured again. Old enough: measured again, off the loop. */
+	registry_refresh_residency(&t->reg, 250);
+	assert_null(g->page_queue);
+	g->resident.at_ms -= 250;
+	registry_refresh_residency(&t->reg, 250);
+	assert_non_null(g->page_queue);
+	du_settle(t);
+	assert_int_equal(generation_resident(g, NULL, NULL), pages_resident(g, NULL));
+
+	/* A measure that started before a warm-up ended does not replace the
+	 * figure the warm-up's end set (as warm_done does, below). */
+	g->resident.at_ms -= 250;
+	registry_refresh_residency(&t->reg, 250);
+	assert_non_null(g->page_queue);
+	g->resident.epoch++;
+	g->resident.bytes = 12345;
+	du_settle(t);
+	assert_int_equal(generation_resident(g, NULL, NULL), 12345);
+
+	/* Evict: the figure is what the eviction left, measured when it ended. */
+	g->resident.bytes = 12345;
+	assert_int_equal(registry_evict(&t->reg, "m"), 0);
+	du_settle(t);
+	assert_int_equal(g->state, GEN_COLD);
+	assert_int_not_equal(generation_resident(g, NULL, NULL), 12345);
+	assert_int_equal(generation_resident(g, NULL, NULL), pages_resident(g, NULL));
+
+	/* Pin (reads the cold model back): every byte, when the lock is done. */
+	g->resident.bytes = 12345;
+	assert_int_equal(registry_pin(&t->reg, "m", PIN_ALL), 0);
+	du_settle(t);
+	assert_int_equal(g->pinned, PIN_ALL);
+	assert_int_equal(generation_resident(g, NULL, NULL), g->bytes);
+	free(path);
+}
+
 static void
 test_populate_fails(void **state)
 {
@@ -606,6 +692,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_modified_in_place, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_modified_replacement_dropped, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_residency_rewarm, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_residency_cached, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_populate_fails, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_close_while_warming, setup, teardown),
 	};

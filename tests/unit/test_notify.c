@@ -473,7 +473,7 @@ recv_with_fds(int sock, char *buf, size_t cap, int *fds, size_t max, size_t *n)
 {
 	union {
 		struct cmsghdr align;
-		unsigned char buf[CMSG_SPACE(sizeof(int) * 8)];
+		unsigned char buf[CMSG_SPACE(sizeof(int) * NOTIFY_MAX_STORE_FDS)];
 	} control;
 	struct iovec iov = { .iov_base = buf, .iov_len = cap };
 	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
@@ -561,6 +561,24 @@ test_store_fds(void **state)
 	assert_int_equal(notify_store_fds("wc-1-1-0", fds, NOTIFY_MAX_STORE_FDS + 1), -EINVAL);
 	assert_non_null(strstr(error_get(), "254 descriptors, not 1 to 253"));
 	assert_int_equal(recv(manager, buf, sizeof(buf), MSG_DONTWAIT), -1); /* nothing sent */
+
+	/* As many as the kernel passes in one message (more than the client
+	 * protocol's WIRE_MAX_FDS), the same descriptor each time. */
+	{
+		int many[NOTIFY_MAX_STORE_FDS], back[NOTIFY_MAX_STORE_FDS];
+
+		for (size_t i = 0; i < NOTIFY_MAX_STORE_FDS; i++)
+			many[i] = fds[0];
+		assert_int_equal(notify_store_fds("wc-1-1-m", many, NOTIFY_MAX_STORE_FDS), 1);
+		assert_true(recv_with_fds(manager, buf, sizeof(buf), back, NOTIFY_MAX_STORE_FDS,
+			&n) > 0);
+		assert_int_equal(n, NOTIFY_MAX_STORE_FDS);
+		for (size_t i = 0; i < n; i++) {
+			assert_true(same_file(back[i], fds[0]));
+			close(back[i]);
+		}
+		assert_int_equal(tu_count_fds(), before);
+	}
 
 	/* The manager stops reading: -EAGAIN once its queue is full, with a
 	 * message, and no descriptor kept anywhere on our side. */

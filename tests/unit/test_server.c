@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -249,6 +250,123 @@ test_announce(void **state)
 	free(path);
 }
 
+/* ---- descriptors in flight per uid ---- */
+
+/* RLIMIT_NOFILE for the server of the in-flight test: its budget for one
+ * uid is an eighth of it (128), 42 replies of 3 descriptors. */
+#define LOW_NOFILE 1024
+#define UID_CAP (LOW_NOFILE / 8)
+#define CLIENTS 50
+
+static struct rlimit saved_nofile;
+
+static int
+setup_low_nofile(void **state)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &saved_nofile) != 0)
+		return -1;
+	rl = saved_nofile;
+	rl.rlim_cur = LOW_NOFILE;
+	if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+		return -1;
+	return setup(state);
+}
+
+static int
+teardown_low_nofile(void **state)
+{
+	teardown(state);
+	return setrlimit(RLIMIT_NOFILE, &saved_nofile);
+}
+
+struct inflight_want {
+	unsigned fds, deferred, clients;
+};
+
+static bool
+inflight_is(struct du *d, void *arg)
+{
+	const struct inflight_want *w = arg;
+	struct server_stats s;
+	struct st *t = (struct st *)d; /* du is the first member */
+
+	server_get_stats(t->srv, &s);
+	return s.fds_in_flight == w->fds && s.deferred_clients == w->deferred &&
+		s.clients == w->clients;
+}
+
+static int
+connect_client(struct st *t)
+{
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+
+	assert_true(fd >= 0);
+	snprintf(a.sun_path, sizeof(a.sun_path), "%s", t->sock);
+	assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	return fd;
+}
+
+/*
+ * Connections of one uid that leave their replies unread share the uid's
+ * budget of descriptors in flight: the replies that fit go, the others
+ * wait; a connection that goes away gives its share back and a waiting
+ * reply goes; once all have gone, nothing is counted for the uid any more.
+ */
+static void
+test_inflight_per_uid(void **state)
+{
+	struct st *t = *state;
+	char *path = du_model(&t->du, "m.safetensors", 1024);
+	uint8_t req[WIRE_MAX_MESSAGE], buf[WIRE_MAX_MESSAGE];
+	int clients[CLIENTS], fds[WIRE_MAX_FDS];
+	unsigned fit = UID_CAP / 3, readable_now = 0;
+	struct inflight_want want;
+	struct wire_message m;
+	size_t nfds, gone = CLIENTS;
+	ssize_t n = wire_put_attach(req, sizeof(req), 7, "m", 1);
+
+	assert_true(n > 0);
+	assert_int_equal(du_load(&t->du, "m", path, PIN_NONE, 0), 0);
+	for (size_t i = 0; i < CLIENTS; i++) {
+		clients[i] = connect_client(t);
+		assert_int_equal(send(clients[i], req, (size_t)n, 0), n);
+	}
+	want = (struct inflight_want){ 3 * fit, CLIENTS - fit, CLIENTS + 1 };
+	du_run_until(&t->du, inflight_is, &want);
+	for (size_t i = 0; i < CLIENTS; i++) {
+		struct pollfd p = { .fd = clients[i], .events = POLLIN };
+
+		if (poll(&p, 1, 0) == 1) {
+			readable_now++;
+			gone = i;
+		}
+	}
+	assert_int_equal(readable_now, fit);
+
+	/* One that was answered goes without reading: a waiting reply goes. */
+	close(clients[gone]);
+	clients[gone] = -1;
+	want = (struct inflight_want){ 3 * fit, CLIENTS - fit - 1, CLIENTS };
+	du_run_until(&t->du, inflight_is, &want);
+
+	/* All go: nothing left in flight, and the uid starts afresh. */
+	for (size_t i = 0; i < CLIENTS; i++)
+		if (clients[i] >= 0)
+			close(clients[i]);
+	want = (struct inflight_want){ 0, 0, 1 };
+	du_run_until(&t->du, inflight_is, &want);
+	m = send_attach(t, "m", buf, fds, &nfds);
+	assert_int_equal(m.h.type, WIRE_ATTACH_OK);
+	assert_int_equal(nfds, 3);
+	fdp_close_all(fds, nfds);
+	want = (struct inflight_want){ 3, 0, 1 };
+	assert_true(inflight_is(&t->du, &want));
+	free(path);
+}
+
 int
 main(void)
 {
@@ -257,6 +375,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_attach_errors, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_attach_modified_and_limit, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_announce, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_inflight_per_uid, setup_low_nofile,
+			teardown_low_nofile),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

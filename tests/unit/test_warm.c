@@ -22,6 +22,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <pwd.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -127,6 +128,7 @@ struct fixture {
 	int cancel_ret;          /* what that warm_cancel returned */
 	int submit_in_done;      /* warm_submit's result when tried inside a done callback */
 	bool try_submit_in_done;
+	pthread_t loop_thread;   /* the test's own thread, for test_measure */
 };
 
 static int
@@ -466,6 +468,55 @@ test_fifo(void **state)
 	assert_true(run_until(&f->loop, &f->completed, N));
 	for (int i = 0; i < N; i++)
 		assert_int_equal(f->seen[i].order, i + 1);
+}
+
+/* ---- the owner's measure ------------------------------------------------ */
+
+static atomic_int measure_calls;
+
+/* Reports the range it was called for and that it ran on a pool thread. */
+static void
+record_measure(const struct warm_request *req, struct warm_measure *out)
+{
+	atomic_fetch_add(&measure_calls, 1);
+	out->value = req->offset + req->length;
+	out->how = pthread_equal(pthread_self(), cur->loop_thread) ? -1 : 7;
+}
+
+/* The measure callback runs once per job that read its whole range, on a
+ * pool thread, before the done callback, which gets what it found; a job
+ * that did not read it all gets zeros and no call. */
+static void
+test_measure(void **state)
+{
+	struct fixture *f = *state;
+	struct warm_request req = {
+		.fd = -1, .offset = 2 * MiB, .length = 3 * MiB, .cookie = (void *)(uintptr_t)1,
+		.done = record_done, .measure = record_measure,
+	};
+
+	make_big(f);
+	f->loop_thread = pthread_self();
+	atomic_store(&measure_calls, 0);
+	new_pool(f, 1, 1 * MiB, 0, 0);
+	req.fd = f->big_fd;
+	assert_int_equal(warm_submit(f->pool, &req, &f->jobs[0]), 0);
+	assert_true(run_until(&f->loop, &f->completed, 1));
+	assert_int_equal(f->seen[0].res.status, 0);
+	assert_int_equal(atomic_load(&measure_calls), 1);
+	assert_int_equal(f->seen[0].res.measure.value, 5 * MiB);
+	assert_int_equal(f->seen[0].res.measure.how, 7);
+
+	/* Past the end of the file: -ENODATA, not measured. */
+	req.offset = BIG_SIZE - MiB;
+	req.length = 2 * MiB;
+	req.cookie = (void *)(uintptr_t)2;
+	assert_int_equal(warm_submit(f->pool, &req, &f->jobs[1]), 0);
+	assert_true(run_until(&f->loop, &f->completed, 2));
+	assert_int_equal(f->seen[1].res.status, -ENODATA);
+	assert_int_equal(atomic_load(&measure_calls), 1);
+	assert_int_equal(f->seen[1].res.measure.value, 0);
+	assert_int_equal(f->seen[1].res.measure.how, 0);
 }
 
 /* ---- cancellation ------------------------------------------------------- */
@@ -1040,6 +1091,7 @@ main(int argc, char **argv)
 		cmocka_unit_test_setup_teardown(test_warm_range, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_many_jobs, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_fifo, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_measure, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_cancel, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_close_in_flight, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_close_from_callback, setup, teardown),
