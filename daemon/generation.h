@@ -113,6 +113,15 @@ struct generation {
 		uint64_t epoch;             /* a page operation started in an earlier
 					       epoch measured too early to count */
 	} resident;
+	/* A generation a warm restart adopted serves before its index is
+	 * checked in full: the checks run on the work queue once every
+	 * stored model is adopted, one generation at a time (registry.h,
+	 * registry_restore_checks). */
+	enum {
+		RESTORE_CHECK_NONE,    /* compiled here, or checked */
+		RESTORE_CHECK_WAITING, /* adopted, its check not yet queued */
+		RESTORE_CHECK_RUNNING, /* PAGE_RESTORE queued or running */
+	} restore_check;
 	/* The running or last warm-up: one job per file while it runs. Its
 	 * outcome decides the transition out of WARMING (warm_done). */
 	struct {

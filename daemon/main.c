@@ -390,7 +390,9 @@ shutdown_daemon(struct daemon *d)
 	restore_stopping(&d->reg);
 	d->reg.changed = NULL;
 	d->reg.swapped = NULL;
-	d->reg.closing = 1; /* loads still on the work queue are dropped */
+	/* Loads still on the work queue are dropped; page work reads it
+	 * from its thread (pages.c) and stops early. */
+	__atomic_store_n(&d->reg.closing, 1, __ATOMIC_RELAXED);
 	server_stop(d->server);
 	d->server = NULL;
 	d->control_ctx.server = NULL;

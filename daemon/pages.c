@@ -10,9 +10,19 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "error.h"
 #include "index.h"
+#include "index_check.h"
 #include "log.h"
 #include "pages.h"
+
+/* What locking a generation's metadata left (lock_metadata). */
+struct metadata_lock {
+	int err;          /* 0, or the first failure */
+	const char *what; /* what it failed on, for the message */
+	size_t bytes;
+	int locked;       /* the index is locked: pinned = PIN_METADATA */
+};
 
 struct page_work {
 	uv_work_t work;
@@ -23,10 +33,20 @@ struct page_work {
 	uint64_t resident;      /* bytes in memory once the operation ended */
 	enum resident_method how; /* the measure that counted them */
 	uint64_t epoch;         /* g->resident.epoch when it started */
+	/* PAGE_RESTORE: lock the metadata (the model pins), what that left,
+	 * and the index check's outcome with its message. */
+	int pin_metadata;
+	struct metadata_lock lock;
+	int check_err;
+	char message[512];
+	int stopped;            /* the daemon began to stop: not every page mapped */
 	struct page_work *next; /* queued behind the running one */
 };
 
 #define EVICT_CHUNK (2u << 20)
+/* PAGE_RESTORE maps a file this much at a time, so that a daemon stopping
+ * meanwhile waits for one piece, not for a whole model. */
+#define RESTORE_CHUNK (64u << 20)
 
 uint64_t
 pages_resident(const struct generation *g, enum resident_method *how)
@@ -48,37 +68,118 @@ pin_failed(const char *name, const char *what, size_t bytes, int err)
 		name, what, bytes, strerror(-err));
 }
 
+/*
+ * Locks g's index, then each file up to first[i] (its first tensor's data;
+ * none when first is NULL). Touches the mappings only, so it may run on a
+ * work queue thread; metadata_locked() records the outcome on the loop.
+ */
+static void
+lock_metadata(const struct generation *g, const uint64_t *first, struct metadata_lock *out)
+{
+	memset(out, 0, sizeof(*out));
+	if ((out->err = resident_pin_range(g->index, g->index_size)) < 0) {
+		out->what = "the index";
+		out->bytes = g->index_size;
+		return;
+	}
+	out->locked = 1;
+	for (size_t i = 0; first != NULL && i < g->source.nfiles; i++) {
+		if (first[i] == 0 || g->source.files[i].base == NULL)
+			continue;
+		if ((out->err = resident_pin_range(g->source.files[i].base, (size_t)first[i])) < 0) {
+			out->what = "file headers";
+			out->bytes = (size_t)first[i];
+			return;
+		}
+	}
+}
+
+/* Loop thread: what lock_metadata() left. */
+static void
+metadata_locked(struct generation *g, const struct metadata_lock *l)
+{
+	if (l->err < 0)
+		pin_failed(g->model_name, l->what, l->bytes, l->err);
+	if (l->locked)
+		g->pinned = PIN_METADATA;
+}
+
 void
 pages_pin_metadata(struct generation *g)
 {
 	struct index_header h;
 	struct index_tensor t;
-	uint64_t *first;
-	int err;
+	struct metadata_lock l;
+	uint64_t *first = NULL;
 
-	if ((err = resident_pin_range(g->index, g->index_size)) < 0) {
-		pin_failed(g->model_name, "the index", g->index_size, err);
-		return;
+	if (index_open(g->index, g->index_size, &h) == 0 &&
+		(first = calloc(g->source.nfiles, sizeof(*first))) != NULL) {
+		for (size_t i = 0; i < g->source.nfiles; i++)
+			first[i] = g->source.files[i].size;
+		for (uint64_t i = 0; i < h.tensor_count; i++)
+			if (index_tensor_at(g->index, &h, i, &t) == 0 && t.file < g->source.nfiles &&
+				t.offset < first[t.file])
+				first[t.file] = t.offset;
 	}
-	if (index_open(g->index, g->index_size, &h) < 0 ||
-		(first = calloc(g->source.nfiles, sizeof(*first))) == NULL)
-		return;
-	for (size_t i = 0; i < g->source.nfiles; i++)
-		first[i] = g->source.files[i].size;
-	for (uint64_t i = 0; i < h.tensor_count; i++)
-		if (index_tensor_at(g->index, &h, i, &t) == 0 && t.file < g->source.nfiles &&
-			t.offset < first[t.file])
-			first[t.file] = t.offset;
-	for (size_t i = 0; i < g->source.nfiles; i++) {
-		if (first[i] == 0 || g->source.files[i].base == NULL)
-			continue;
-		if ((err = resident_pin_range(g->source.files[i].base, (size_t)first[i])) < 0) {
-			pin_failed(g->model_name, "file headers", (size_t)first[i], err);
-			break;
-		}
-	}
+	lock_metadata(g, first, &l);
+	metadata_locked(g, &l);
 	free(first);
-	g->pinned = PIN_METADATA;
+}
+
+/* Work queue thread: maps every page of file i of g (resident_populate),
+ * a RESTORE_CHUNK at a time, until it fails or the daemon stops. */
+static void
+restore_populate(struct page_work *p, size_t i)
+{
+	const struct wc_file *f = &p->g->source.files[i];
+
+	for (uint64_t off = 0; off < f->size && p->err == 0; off += RESTORE_CHUNK) {
+		struct wc_file piece = *f;
+
+		if (__atomic_load_n(&p->g->registry->closing, __ATOMIC_RELAXED)) {
+			p->stopped = 1;
+			return;
+		}
+		piece.base = f->base != NULL ? f->base + off : NULL;
+		piece.size = f->size - off < RESTORE_CHUNK ? f->size - off : RESTORE_CHUNK;
+		if ((p->err = resident_populate(&piece)) < 0)
+			p->failed = i;
+	}
+}
+
+/*
+ * Work queue thread, PAGE_RESTORE: the full index check, then (when it
+ * passes) the metadata lock and every page mapped, as a fresh generation
+ * has them once warm.
+ */
+static void
+restore_run(struct page_work *p)
+{
+	const struct generation *g = p->g;
+	size_t n = g->source.nfiles;
+	uint64_t *size = calloc(n ? n : 1, sizeof(*size)), *first = calloc(n ? n : 1, sizeof(*first));
+	struct index_header h;
+
+	if (size == NULL || first == NULL) {
+		p->check_err = error_set(-ENOMEM, "out of memory");
+	} else {
+		for (size_t i = 0; i < n; i++)
+			size[i] = g->source.files[i].size;
+		if (index_open(g->index, g->index_size, &h) < 0)
+			p->check_err = -EBADMSG;
+		else
+			p->check_err = index_check(g->index, &h, size, n, first);
+	}
+	if (p->check_err < 0) {
+		snprintf(p->message, sizeof(p->message), "%s", error_get());
+	} else {
+		if (p->pin_metadata)
+			lock_metadata(g, first, &p->lock);
+		for (size_t i = 0; i < n && p->err == 0 && !p->stopped; i++)
+			restore_populate(p, i);
+	}
+	free(size);
+	free(first);
 }
 
 /*
@@ -128,6 +229,10 @@ page_work_apply(struct page_work *p)
 
 	if (p->op == PAGE_CHECK)
 		return;
+	if (p->op == PAGE_RESTORE) {
+		restore_run(p);
+		return;
+	}
 	for (size_t i = 0; i < g->source.nfiles; i++) {
 		const struct wc_file *f = &g->source.files[i];
 
@@ -174,6 +279,17 @@ page_work_run(uv_work_t *w)
 
 static void page_work_after(uv_work_t *w, int status);
 
+/* Loop thread: what mapping every page of g (PAGE_POPULATE) left. */
+static void
+populated(struct generation *g, const struct page_work *p)
+{
+	if (p->err < 0 && p->err != -EINVAL)
+		log_warnx("model \"%s\": cannot map %s into wcached: %s; a client may drop its "
+			  "pages from the page cache", g->model_name,
+			g->source.files[p->failed].path, strerror(-p->err));
+	g->populated = p->err == 0 && g->state != GEN_COLD;
+}
+
 /* Starts the first queued operation of g; -errno if it cannot. */
 static int
 page_work_start(struct registry *r, struct generation *g)
@@ -214,11 +330,15 @@ page_work_after(uv_work_t *w, int status)
 	if (status != 0) {
 		/* cancelled: nothing ran */
 	} else if (p->op == PAGE_POPULATE) {
-		if (p->err < 0 && p->err != -EINVAL)
-			log_warnx("model \"%s\": cannot map %s into wcached: %s; a client may drop its "
-				  "pages from the page cache", g->model_name,
-				g->source.files[p->failed].path, strerror(-p->err));
-		g->populated = p->err == 0 && g->state != GEN_COLD;
+		populated(g, p);
+	} else if (p->op == PAGE_RESTORE) {
+		if (p->check_err == 0) {
+			if (p->pin_metadata)
+				metadata_locked(g, &p->lock);
+			if (!p->stopped)
+				populated(g, p);
+		}
+		registry_restore_checked(r, g, p->check_err, p->message);
 	} else if (p->op == PAGE_CHECK) {
 		gen_residency_checked(r, g, p->resident);
 	} else if (p->op == PAGE_PIN) {
@@ -252,6 +372,7 @@ pages_queue(struct registry *r, struct generation *g, enum page_op op)
 	}
 	p->g = g;
 	p->op = op;
+	p->pin_metadata = op == PAGE_RESTORE && g->model != NULL && g->model->pin != PIN_NONE;
 	p->work.data = p;
 	for (tail = &g->page_queue; *tail != NULL; tail = &(*tail)->next)
 		;

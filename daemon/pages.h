@@ -28,7 +28,10 @@ enum page_op {
 	PAGE_EVICT,        /* unmap here and drop the page cache; -> populated = 0 */
 	PAGE_EVICT_SETTLE, /* evict, and again once in-flight readahead has landed */
 	PAGE_POPULATE,     /* map every page into the daemon (resident.h), once warm */
-	PAGE_CHECK,        /* only measure; gen_residency_checked() decides */
+	PAGE_CHECK,        /* measure residency; gen_residency_checked() decides */
+	PAGE_RESTORE,      /* a generation a warm restart took back: check its index in
+			    * full (index_check.h), lock the metadata when its model pins,
+			    * map every page; registry_restore_checked() decides */
 };
 
 /* Every operation ends with a measure of g's bytes in memory, recorded in
@@ -44,7 +47,8 @@ int pages_drop_queued_evictions(struct generation *g);
 
 /* Locks the index and each file's headers (everything before its first
  * tensor's data), which every attach and lookup touches; on the loop (the
- * metadata is small). -> pinned = PIN_METADATA. */
+ * metadata is small), for a generation this process compiled (a restored
+ * one does it in PAGE_RESTORE). -> pinned = PIN_METADATA. */
 void pages_pin_metadata(struct generation *g);
 
 /* Bytes of g's files in memory, by resident.h's first true method

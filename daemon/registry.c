@@ -24,6 +24,7 @@
 #include "log.h"
 #include "pages.h"
 #include "registry_internal.h"
+#include "restore.h"
 
 #include "memfds.h"
 
@@ -362,14 +363,18 @@ registry_adopt(struct registry *r, const char *name, const char *path, enum pin_
 		return error_set(-ENOMEM, "model \"%s\": out of memory", name);
 	}
 	generation_link(r, m, g);
-	if (m->pin != PIN_NONE)
-		pages_pin_metadata(g);
 	gen_set_state(g, GEN_READY, "restored from the file descriptor store");
-	m->pending = g;
-	gen_promote(r, m, g);
-	/* Map its pages into this process again: the page cache still has
-	 * them, so that reads nothing from disk. */
-	pages_queue(r, g, PAGE_POPULATE);
+	/* Current at once (gen_promote without its pin = all: that waits for
+	 * the check below, as the metadata lock does). */
+	m->current = g;
+	registry_publish(r, m, number);
+	registry_enforce_budget(r);
+	/* Nothing here is proportional to the model's size or tensor count:
+	 * the full index check, the metadata lock and mapping every page into
+	 * this process again (the page cache still has them: that reads
+	 * nothing from disk) run on the work queue while it serves, from
+	 * registry_restore_checks(). */
+	g->restore_check = RESTORE_CHECK_WAITING;
 	if (r->changed != NULL)
 		r->changed(r);
 	return 0;
@@ -426,6 +431,60 @@ registry_expire_holds(struct registry *r)
 				r->restart_hold_ms / 1000.0);
 		gen_maybe_free(r, g);
 	}
+}
+
+void
+registry_restore_checks(struct registry *r)
+{
+	struct generation *next = NULL;
+
+	if (r->closing)
+		return;
+	for (struct generation *g = r->generations; g != NULL; g = g->next) {
+		if (g->restore_check == RESTORE_CHECK_RUNNING)
+			return;
+		if (g->restore_check == RESTORE_CHECK_WAITING)
+			next = g; /* the list is newest first: the last one waited longest */
+	}
+	if (next != NULL) {
+		next->restore_check = RESTORE_CHECK_RUNNING;
+		pages_queue(r, next, PAGE_RESTORE);
+	}
+}
+
+void
+registry_restore_checked(struct registry *r, struct generation *g, int err, const char *why)
+{
+	struct model_entry *m = g->model;
+	int serving = m != NULL && m->current == g;
+
+	g->restore_check = RESTORE_CHECK_NONE;
+	registry_restore_checks(r);
+	if (err == 0) {
+		log_debug("model \"%s\": generation %" PRIu64 ": restored index checked in full%s",
+			g->model_name, g->number, g->populated ? ", every page mapped" : "");
+		if (serving && m->pin == PIN_ALL && g->state == GEN_READY)
+			pages_queue(r, g, PAGE_PIN);
+		return;
+	}
+	/* Withdrawn as a failed load is: no new attaches (an attach made
+	 * meanwhile keeps it open until released), out of the store, and
+	 * loaded afresh from the configured path. */
+	log_errorx("model \"%s\": generation %" PRIu64 " restored from the file descriptor store "
+		   "failed its full check (%s); %s", g->model_name, g->number, why,
+		serving ? "withdrawn, loading afresh" : "no longer served");
+	restore_forget(r, g);
+	if (!serving)
+		return;
+	m->current = NULL;
+	m->load_errors++;
+	free(m->error);
+	m->error = strdup(why);
+	registry_publish(r, m, 0);
+	if (registry_load(r, m->name, m->path, m->pin, m->warm, NULL, NULL) < 0)
+		log_errorx("%s; not served", error_get());
+	if (r->changed != NULL)
+		r->changed(r);
 }
 
 /* ---- loading ---- */
@@ -965,7 +1024,7 @@ registry_forget(struct registry *r, const char *name, uint64_t entry_id)
 void
 registry_close(struct registry *r)
 {
-	r->closing = 1;
+	__atomic_store_n(&r->closing, 1, __ATOMIC_RELAXED); /* read by page work too */
 	r->holds_open = 0;
 	r->swapped = NULL;
 	r->changed = NULL;

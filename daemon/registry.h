@@ -145,6 +145,10 @@ int registry_restore_slot(struct registry *r, unsigned slot, const char *name,
  * generation number of the model name, current and READY at once, without
  * loading or warming it (a warm restart: restore.h). Takes src and index_fd
  * on success only. 0, -EEXIST when the model is already there, -ENOMEM.
+ * O(files): the caller has checked the index's header (index_open) and
+ * each file against it; the rest of the index is checked in full on the
+ * work queue while the generation serves (registry_restore_checks), and
+ * only then are its metadata locked and its pages mapped into wcached.
  */
 int registry_adopt(struct registry *r, const char *name, const char *path, enum pin_mode pin,
 	int warm, uint64_t number, struct model_source *src, int index_fd, size_t index_size);
@@ -164,6 +168,27 @@ int registry_adopt_held(struct registry *r, const char *name, uint64_t number,
  * whose restart_hold_ms has passed; those nobody holds close. Cheap when
  * none waits: call it often. */
 void registry_expire_holds(struct registry *r);
+
+/*
+ * Starts the full check of the next adopted generation that waits for one
+ * (PAGE_RESTORE: the index checked record by record, its metadata locked,
+ * its pages mapped into wcached), unless one is running: one at a time, so
+ * that the checks leave the loop a core and never hold the address space
+ * against its mmap calls for long. restore_finish() calls it once every
+ * stored model is adopted; each check's end starts the next.
+ */
+void registry_restore_checks(struct registry *r);
+
+/*
+ * pages.c: the full check of adopted generation g ended, err 0 or -errno
+ * with why. On success a model with pin = all locks it now; on failure one
+ * error line says why and g is withdrawn: no longer current (its status
+ * slot reads 0, so holders see stale), removed from the store, and the
+ * model loads afresh from its configured path as the next generation. g
+ * itself is not freed here (the caller does, once unreferenced).
+ */
+void registry_restore_checked(struct registry *r, struct generation *g, int err,
+	const char *why);
 
 /*
  * Loads path as the next generation of the model name (adding the model if

@@ -7,7 +7,11 @@
  * as described, opened read-only, and still be what the configured path
  * names; each index memfd must be fully sealed, of the described size, and
  * pass index_open() with one file per stored file; the status page is
- * checked by registry_init_stored().
+ * checked by registry_init_stored(). All of that is O(files), so a restart
+ * serves again in the same time whatever the models' sizes and tensor
+ * counts; each index is then checked record by record on the work queue
+ * while it serves (index_check.h), and one that fails is withdrawn and its
+ * model loaded afresh (registry_restore_checked).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -250,8 +254,9 @@ same_file(const struct stat *st, const struct fdstore_file *f)
 		mtime == f->mtime_ns;
 }
 
-/* Checks the stored index memfd of g: sealed, its size, a valid index of
- * g's file count. 0 or -EINVAL with the reason. */
+/* Checks the stored index memfd of g: sealed, its size, a valid index
+ * header for g's file count (O(1): the records are checked later, see
+ * above). 0 or -EINVAL with the reason. */
 static int
 check_index(int fd, const struct fdstore_generation *g, struct index_header *h, void **map)
 {
@@ -438,6 +443,9 @@ restore_finish(struct restore *s, struct registry *r)
 	}
 	restoring = 0;
 	restore_sync(r);
+	/* Every stored model is adopted (or loads afresh): check them in full
+	 * now, while they serve. */
+	registry_restore_checks(r);
 }
 
 /* ---- storing ---- */

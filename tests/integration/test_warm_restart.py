@@ -254,3 +254,64 @@ def test_broken_store_loads_afresh(tmp_path):
         status_code = d.stop()
         mgr.close()
     assert status_code == 0, d.read_log()
+
+
+def sealed_memfd(data):
+    """A memfd holding data, sealed as wcached seals an index."""
+    import fcntl
+    fd = os.memfd_create("index", os.MFD_ALLOW_SEALING)
+    os.write(fd, data)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK |
+                fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+    return fd
+
+
+def test_index_damaged_past_its_header_is_withdrawn(tmp_path):
+    """A stored index whose header is fine but whose records are not (two
+    tensor records swapped: each valid, the order broken) is served at once,
+    as restoring checks only what is O(1), then fails the full check on the
+    work queue: one error line, withdrawn, loaded afresh as the next
+    generation. The other model's index passes that check."""
+    a = mkmodel(tmp_path / "a.safetensors", seed=1)
+    b = mkmodel(tmp_path / "b.safetensors", seed=2)
+    mgr = FakeManager(str(tmp_path / "notify.sock"))
+    d = Daemon(tmp_path, {"a": a, "b": b})
+    try:
+        start(d, mgr)
+        wait_until(lambda: ready(d, "a") and ready(d, "b"), what="the models ready")
+        mgr.wait_for(lambda m: "wc-1-1-i" in m.store and "wc-2-1-i" in m.store and
+                     "wc-desc" in m.store, what="both generations stored")
+        assert d.stop() == 0, d.read_log()
+        with mgr.lock:
+            old = mgr.store["wc-1-1-i"]
+            blob = bytearray(os.pread(old[0], os.fstat(old[0]).st_size, 0))
+            tensor_offset = int.from_bytes(blob[16:24], "little")
+            first, second = tensor_offset, tensor_offset + 48   # name_offset of records 0, 1
+            blob[first:first + 8], blob[second:second + 8] = \
+                blob[second:second + 8], blob[first:first + 8]
+            mgr.store["wc-1-1-i"] = [sealed_memfd(bytes(blob))]
+            for fd in old:
+                os.close(fd)
+        start(d, mgr, *mgr.listen_fds())
+        line = ('model "a": generation 1 restored from the file descriptor store failed its '
+                'full check (index: tensor record 1')
+        wait_until(lambda: line in d.read_log(), what="the full check of a to fail")
+        log = d.read_log()
+        assert 'model "a": generation 1 restored from the file descriptor store:' in log, log
+        assert "the records are not sorted by name); withdrawn, loading afresh" in log, log
+        assert log.count("failed its full check") == 1, log
+        wait_until(lambda: ready(d, "a") and generation(d, "a") == 2, what="a loaded afresh")
+        assert 'model "a": generation 2 from ' in d.read_log()
+        assert finish(worker(d, a, "a"))["generation"] == 2
+        wait_until(lambda: 'model "b": generation 1: restored index checked in full, every '
+                   'page mapped' in d.read_log(), what="b checked in full")
+        assert generation(d, "b") == 1
+        assert 'model "b": generation 1 restored from the file descriptor store failed' \
+            not in d.read_log()
+        assert mgr.status_slot(1) == 2 and mgr.status_slot(2) == 1
+        mgr.wait_for(lambda m: "wc-1-2-i" in m.store and "wc-1-1-i" not in m.store,
+                     what="a's new generation stored in place of the damaged one")
+    finally:
+        status_code = d.stop()
+        mgr.close()
+    assert status_code == 0, d.read_log()
