@@ -53,6 +53,7 @@ struct daemon {
 	uv_timer_t status_timer;
 	uv_timer_t notify_timer;  /* sends what a manager that did not read missed */
 	uv_timer_t residency_timer; /* warm models that memory pressure shrank again */
+	uv_timer_t checks_timer;  /* starts the full checks of restored generations */
 	char *created_socket; /* path of the socket file we made, to remove */
 	uint64_t started_ms;
 };
@@ -235,6 +236,20 @@ on_residency_timer(uv_timer_t *t)
 	registry_check_residency(&d->reg);
 }
 
+/* The full checks of the generations a warm restart took back (index
+ * record by record, metadata lock, every page mapped: registry.h) start
+ * this long after serving does, so that the workers reconnecting at once
+ * have both cores; the generations serve meanwhile. */
+#define RESTORE_CHECKS_DELAY_MS 100
+
+static void
+on_checks_timer(uv_timer_t *t)
+{
+	struct daemon *d = t->data;
+
+	registry_restore_checks(&d->reg);
+}
+
 /* Notifications the manager had no room for wait in notify.c; send them
  * when it reads again (never blocking the loop). */
 static void
@@ -413,6 +428,7 @@ shutdown_daemon(struct daemon *d)
 	uv_close((uv_handle_t *)&d->status_timer, NULL);
 	uv_close((uv_handle_t *)&d->notify_timer, NULL);
 	uv_close((uv_handle_t *)&d->residency_timer, NULL);
+	uv_close((uv_handle_t *)&d->checks_timer, NULL);
 }
 
 /* control_context.reload_config: `wcachectl reload` without a name. */
@@ -500,6 +516,7 @@ start_serving(struct daemon *d, unsigned failed, void *arg)
 	d->control_ctx.server = d->server;
 	watch_sync(d->watch);
 	uv_timer_start(&d->status_timer, on_status_timer, 1000, 1000);
+	uv_timer_start(&d->checks_timer, on_checks_timer, RESTORE_CHECKS_DELAY_MS, 0);
 	log_info("serving on %s (%u model%s failed to load)", d->cfg->socket_path, failed,
 		failed == 1 ? "" : "s");
 	notify_send("READY=1");
@@ -641,6 +658,8 @@ main(int argc, char **argv)
 		RESIDENCY_CHECK_MS);
 	uv_timer_init(&d.loop, &d.notify_timer);
 	d.notify_timer.data = &d;
+	uv_timer_init(&d.loop, &d.checks_timer);
+	d.checks_timer.data = &d;
 	if (notifying)
 		uv_timer_start(&d.notify_timer, on_notify_timer, 200, 200);
 

@@ -174,8 +174,9 @@ void registry_expire_holds(struct registry *r);
  * (PAGE_RESTORE: the index checked record by record, its metadata locked,
  * its pages mapped into wcached), unless one is running: one at a time, so
  * that the checks leave the loop a core and never hold the address space
- * against its mmap calls for long. restore_finish() calls it once every
- * stored model is adopted; each check's end starts the next.
+ * against its mmap calls for long. main.c calls it 100 ms after serving
+ * begins (every stored model is adopted by then); each check's end starts
+ * the next.
  */
 void registry_restore_checks(struct registry *r);
 

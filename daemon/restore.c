@@ -443,9 +443,8 @@ restore_finish(struct restore *s, struct registry *r)
 	}
 	restoring = 0;
 	restore_sync(r);
-	/* Every stored model is adopted (or loads afresh): check them in full
-	 * now, while they serve. */
-	registry_restore_checks(r);
+	/* Every stored model is adopted (or loads afresh): main.c starts
+	 * their full checks (registry_restore_checks) once it serves. */
 }
 
 /* ---- storing ---- */
