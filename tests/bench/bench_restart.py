@@ -43,6 +43,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "integration"))
+sys.path.insert(0, str(HERE.parent / "pyutil"))
+from fakemanager import FakeManager  # noqa: E402 (path set just above)
 
 MODELS = 10
 RUNS = 9
@@ -155,7 +157,7 @@ class Case:
                        for i in range(MODELS)}
         self.bytes = os.path.getsize(self.models["m0"])
         self.names = list(self.models)
-        self.mgr = twr.FakeManager(str(self.tmp / "notify.sock"))
+        self.mgr = FakeManager(str(self.tmp / "notify.sock"))
         self.d = conftest.Daemon(self.tmp, self.models)
         self.warm, self.cold, self.exits = [], [], []
 

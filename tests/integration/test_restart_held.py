@@ -5,7 +5,7 @@ libwcache when it reconnects). One that a worker claims stays open until
 that worker releases it; one nobody claims closes when the wait ends. Both
 workers' mappings read right bytes throughout.
 
-Uses test_warm_restart's fake service manager; the worker is
+Uses tests/pyutil/fakemanager.py's fake service manager (through test_warm_restart); the worker is
 tests/tools/restart_worker.c (test_restart's driver)."""
 import json
 import os
@@ -13,7 +13,7 @@ import subprocess
 
 from conftest import Daemon, binary, mkmodel, wait_until
 from test_restart import Worker
-from test_warm_restart import FakeManager, ready, start
+from test_warm_restart import FakeManager, ready, start  # FakeManager: tests/pyutil
 
 
 def swap(path, seed):
