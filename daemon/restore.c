@@ -627,7 +627,7 @@ describe_hash(const struct registry *r)
 	}
 	/* The held generations described with them. */
 	for (const struct generation *g = r->generations; g != NULL; g = g->next) {
-		if (g->model == NULL || g == g->model->current || !describe_held(g->model, g))
+		if (g->model == NULL || !describe_held(g->model, g))
 			continue;
 		uint64_t v[2] = { g->model->entry_id, g->number };
 

@@ -336,6 +336,17 @@ conn_error(struct conn *c, uint32_t seq, int code, int fatal, const char *fmt, .
 	conn_send(c, buf, (size_t)n, NULL, 0);
 }
 
+/* Who c's peer is, for the registry's access checks. */
+static struct registry_peer
+conn_peer(struct conn *c)
+{
+	return (struct registry_peer){
+		.pid = c->pid, .uid = c->uid, .gid = c->gid, .groups = c->groups,
+		.ngroups = c->ngroups, .self_uid = c->srv->self_uid,
+		.denied_logged = &c->denied_logged,
+	};
+}
+
 /* Makes room for one more attach on c, or answers seq's request with
  * EMFILE (the limit) or ENOMEM and returns -1. */
 static int
@@ -364,10 +375,7 @@ static void
 handle_attach(struct conn *c, const struct wire_message *msg)
 {
 	struct server *s = c->srv;
-	struct registry_peer peer = {
-		.pid = c->pid, .uid = c->uid, .gid = c->gid, .groups = c->groups,
-		.ngroups = c->ngroups, .self_uid = s->self_uid, .denied_logged = &c->denied_logged,
-	};
+	struct registry_peer peer = conn_peer(c);
 	struct registry_attachment at;
 	struct wire_attach_ok ok = { 0 };
 	uint8_t buf[WIRE_MAX_MESSAGE];
@@ -414,10 +422,7 @@ static void
 handle_hold(struct conn *c, const struct wire_message *msg)
 {
 	struct server *s = c->srv;
-	struct registry_peer peer = {
-		.pid = c->pid, .uid = c->uid, .gid = c->gid, .groups = c->groups,
-		.ngroups = c->ngroups, .self_uid = s->self_uid, .denied_logged = &c->denied_logged,
-	};
+	struct registry_peer peer = conn_peer(c);
 	uint8_t buf[WIRE_HEADER_SIZE + 8];
 	char name[WIRE_MAX_NAME + 1], text[WIRE_MAX_MESSAGE];
 	struct generation *g;
