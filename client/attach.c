@@ -258,25 +258,31 @@ static uint32_t next_seq(wc_client *c);
  * (PROTOCOL.md, "Restarts"). A refusal (the daemon does not have that
  * generation open) leaves the model as it was: its release only unmaps.
  * Returns 0; 1 when the daemon hung up or answered something else (a
- * daemon that does not know HOLD closes the connection on it); or -errno
- * (a timeout) with the message. The lock is held.
+ * daemon that does not know HOLD answers an ERROR of seq 0, "malformed",
+ * and closes the connection); or -errno (a timeout) with the message. The
+ * HOLDs share the ms milliseconds the reconnect has (0: no limit): those
+ * left when they are up are not sent. The lock is held.
  */
 static int
-announce_holds(wc_client *c)
+announce_holds(wc_client *c, int ms)
 {
 	uint8_t req[WIRE_MAX_MESSAGE], buf[WIRE_MAX_MESSAGE];
 	int fds[WIRE_MAX_FDS];
 	struct wire_message msg;
 	uint64_t handle;
 	size_t nfds = 0;
+	struct timespec start;
 	ssize_t n;
 	int dead;
 
+	clock_gettime(CLOCK_MONOTONIC, &start);
 	for (wc_model *m = c->models; m != NULL; m = m->next) {
 		uint32_t seq;
 
-		if (m->connection == c->connection || m->pid != c->pid || m->name == NULL)
+		if (m->connection == c->connection || m->name == NULL)
 			continue;
+		if (ms > 0 && elapsed_since(&start) * 1000 >= ms)
+			return 0;
 		seq = next_seq(c);
 		n = wire_put_hold(req, sizeof(req), seq, m->generation, m->name, strlen(m->name));
 		if (n < 0)
@@ -292,6 +298,8 @@ announce_holds(wc_client *c)
 			shutdown(c->fd, SHUT_RDWR); /* out of step: not an answer to HOLD */
 			return 1;
 		}
+		if (msg.h.type == WIRE_ERROR && msg.h.seq != seq)
+			return 1; /* not a refusal of this HOLD: the connection's end */
 		if (wire_get_hold_ok(&msg, &handle) == 0) {
 			m->handle = handle;
 			m->connection = c->connection;
@@ -310,7 +318,9 @@ announce_holds(wc_client *c)
  * daemon is told which generations they are (announce_holds), and those it
  * has open are theirs again on the new connection; the release of the
  * others sends nothing (their connection number no longer matches).
- * The lock is held. On failure the old descriptor stays (still dead).
+ * The lock is held. On a failure to connect the old descriptor stays
+ * (still dead); after a timeout of the HOLDs the new one does (and the
+ * timeout closed it).
  */
 static int
 reconnect(wc_client *c, int ms)
@@ -331,7 +341,7 @@ reconnect(wc_client *c, int ms)
 		c->fd = fd;
 		c->connection++;
 		attach_cache_clear(&c->cache);
-		if (!announce || (r = announce_holds(c)) == 0)
+		if (!announce || (r = announce_holds(c, ms)) == 0)
 			return 0;
 		if (r < 0)
 			return r;

@@ -126,24 +126,11 @@ notify_init(void)
 static int
 notify_sendmsg(const char *buf, size_t len)
 {
-	struct iovec iov;
-	struct msghdr msg;
+	/* The socket is non-blocking: a full queue is -EAGAIN. */
+	ssize_t n = fdp_sendto(notify_fd, buf, len, NULL, 0, 0,
+		(const struct sockaddr *)&notify_addr, notify_addrlen);
 
-	iov.iov_base = (void *)(uintptr_t)buf; /* sendmsg does not write it */
-	iov.iov_len = len;
-	memset(&msg, 0, sizeof(msg));
-	msg.msg_name = &notify_addr;
-	msg.msg_namelen = notify_addrlen;
-	msg.msg_iov = &iov;
-	msg.msg_iovlen = 1;
-	for (;;) {
-		if (sendmsg(notify_fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) >= 0)
-			return 1;
-		if (errno == EWOULDBLOCK)
-			return -EAGAIN;
-		if (errno != EINTR)
-			return -errno;
-	}
+	return n < 0 ? (int)n : 1;
 }
 
 /* Is every line of buf a STATUS= line (so a newer one may replace it)? */

@@ -171,8 +171,15 @@ fake_serve(struct fake *k, int conn)
 		} else if (msg.h.type == WIRE_HOLD &&
 			wire_get_hold(&msg, &k->held_generation, &name, &len) == 0) {
 			k->holds++;
-			if (k->hold_handle < 0)
-				return; /* as a daemon that does not know HOLD */
+			if (k->hold_handle < 0) {
+				/* As a wcached that does not know HOLD: "malformed",
+				 * seq 0, and the connection closed. */
+				n = wire_put_error(buf, sizeof(buf), 0, EBADMSG,
+					"unexpected message type 3");
+				if (n > 0)
+					(void)fdp_send(conn, buf, (size_t)n, NULL, 0);
+				return;
+			}
 			n = k->hold_handle > 0 ?
 				wire_put_hold_ok(buf, sizeof(buf), msg.h.seq,
 					(uint64_t)k->hold_handle) :

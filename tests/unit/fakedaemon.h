@@ -62,8 +62,9 @@ struct fake {
 	int first_close_at;         /* the Nth ATTACH on the first connection is
 				     * answered by closing it (0: never) */
 	int64_t hold_handle;        /* HOLD: answered HOLD_OK with this handle; 0:
-				     * ERROR ENOENT (a cold daemon); -1: the
-				     * connection closed (a daemon without HOLD) */
+				     * ERROR ENOENT (a cold daemon); -1: an ERROR
+				     * of seq 0 and the connection closed (a
+				     * daemon without HOLD) */
 	sem_t *closed;              /* posted when the fake has closed the connection */
 	sem_t *read;                /* waited for by FAKE_REFUSE_LATE before closing */
 	/* What the fake saw; read after fake_finish(). */
