@@ -40,6 +40,9 @@ struct page_work {
 	int check_err;
 	char message[512];
 	int stopped;            /* the daemon began to stop: not every page mapped */
+	int populate;           /* PAGE_RESTORE: map every page (not when it went cold
+				   before the check started: evicted, by the budget or
+				   by hand, or no longer served) */
 	struct page_work *next; /* queued behind the running one */
 };
 
@@ -175,7 +178,7 @@ restore_run(struct page_work *p)
 	} else {
 		if (p->pin_metadata)
 			lock_metadata(g, first, &p->lock);
-		for (size_t i = 0; i < n && p->err == 0 && !p->stopped; i++)
+		for (size_t i = 0; i < n && p->populate && p->err == 0 && !p->stopped; i++)
 			restore_populate(p, i);
 	}
 	free(size);
@@ -298,6 +301,7 @@ page_work_start(struct registry *r, struct generation *g)
 	int err;
 
 	p->epoch = g->resident.epoch;
+	p->populate = g->state != GEN_COLD && gen_is_live(g);
 	if ((err = uv_queue_work(r->loop, &p->work, page_work_run, page_work_after)) < 0) {
 		log_warnx("model \"%s\": %s", g->model_name, uv_strerror(err));
 		g->page_queue = p->next;
@@ -335,7 +339,7 @@ page_work_after(uv_work_t *w, int status)
 		if (p->check_err == 0) {
 			if (p->pin_metadata)
 				metadata_locked(g, &p->lock);
-			if (!p->stopped)
+			if (p->populate && !p->stopped)
 				populated(g, p);
 		}
 		registry_restore_checked(r, g, p->check_err, p->message);

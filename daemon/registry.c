@@ -474,6 +474,13 @@ registry_restore_checked(struct registry *r, struct generation *g, int err, cons
 		   "failed its full check (%s); %s", g->model_name, g->number, why,
 		serving ? "withdrawn, loading afresh" : "no longer served");
 	restore_forget(r, g);
+	/* Not the previous process's generation any more, as far as HOLD
+	 * goes, and nothing to wait for. */
+	g->from_store = 0;
+	if (g->hold_until_ms != 0) {
+		g->hold_until_ms = 0;
+		r->holds_open--;
+	}
 	if (!serving)
 		return;
 	m->current = NULL;

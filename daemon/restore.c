@@ -302,6 +302,12 @@ take_file(struct restore *s, const char *dir, const struct fdstore_generation *g
 		return error_set(-EINVAL, "file %s: not the inode, size and mtime described", fname);
 	if ((fl = fcntl(fd, F_GETFL)) == -1 || (fl & O_ACCMODE) != O_RDONLY)
 		return error_set(-EINVAL, "file %s: not open read-only", fname);
+	/* The name comes from the stored index: a plain name in dir, as every
+	 * load compiles it, or the stat below would check another file. */
+	if (fname[0] == '\0' || strchr(fname, '/') != NULL || strcmp(fname, ".") == 0 ||
+		strcmp(fname, "..") == 0)
+		return error_set(-EINVAL, "file %" PRIu32 ": the stored index names it \"%.64s\", "
+			"not a file name", k, fname);
 	if (snprintf(full, sizeof(full), "%s/%s", dir, fname) >= (int)sizeof(full))
 		return error_set(-ENAMETOOLONG, "file %s: path too long", fname);
 	/* A held generation's files were replaced: that is why it is old. */
@@ -353,6 +359,10 @@ adopt(struct restore *s, struct registry *r, const struct fdstore_model *m,
 				k->stored_done = e->slot == m->slot;
 			}
 	}
+	/* On failure the files taken are closed here, not by close_untaken():
+	 * ask the manager to drop them too. */
+	for (size_t k = 0; err < 0 && k < src.nfiles; k++)
+		(void)notify_remove_fds(g->files[k].fdname);
 	source_close(&src); /* the files, on failure; zeroed on success */
 	return err;
 }
