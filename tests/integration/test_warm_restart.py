@@ -230,3 +230,38 @@ def test_index_damaged_past_its_header_is_withdrawn(tmp_path):
         status_code = d.stop()
         mgr.close()
     assert status_code == 0, d.read_log()
+
+
+def test_index_file_name_not_a_plain_name_is_refused(tmp_path):
+    """A stored index whose file record names "/.safetensors" (a path, not a
+    file name in the model's directory): the model is not restored, one line
+    says why, and it loads afresh as the next generation."""
+    a = mkmodel(tmp_path / "a.safetensors", seed=1)
+    mgr = FakeManager(str(tmp_path / "notify.sock"))
+    d = Daemon(tmp_path, {"a": a})
+    try:
+        start(d, mgr)
+        wait_until(lambda: ready(d, "a"), what="a ready")
+        mgr.wait_for(lambda m: "wc-1-1-i" in m.store and "wc-desc" in m.store,
+                     what="a's generation stored")
+        assert d.stop() == 0, d.read_log()
+        with mgr.lock:
+            old = mgr.store["wc-1-1-i"]
+            blob = bytearray(os.pread(old[0], os.fstat(old[0]).st_size, 0))
+            file_offset = int.from_bytes(blob[32:40], "little")
+            name_offset = int.from_bytes(blob[file_offset:file_offset + 8], "little")
+            assert blob[name_offset:name_offset + 13] == b"a.safetensors"
+            blob[name_offset] = ord("/")
+            mgr.store["wc-1-1-i"] = [sealed_memfd(bytes(blob))]
+            for fd in old:
+                os.close(fd)
+        start(d, mgr, *mgr.listen_fds())
+        wait_until(lambda: ready(d, "a") and generation(d, "a") == 2, what="a loaded afresh")
+        log = d.read_log()
+        assert ('model "a": not restored: file 0: the stored index names it "/.safetensors", '
+                "not a file name; loading") in log, log
+        assert finish(worker(d, a, "a"))["generation"] == 2
+    finally:
+        status_code = d.stop()
+        mgr.close()
+    assert status_code == 0, d.read_log()
