@@ -347,6 +347,15 @@ generation_link(struct registry *r, struct model_entry *m, struct generation *g)
 	r->generations = g;
 }
 
+struct generation *
+registry_generation(struct registry *r, const struct model_entry *m, uint64_t number)
+{
+	for (struct generation *g = r->generations; g != NULL; g = g->next)
+		if (g->model == m && g->number == number)
+			return g;
+	return NULL;
+}
+
 int
 registry_adopt(struct registry *r, const char *name, const char *path, enum pin_mode pin,
 	int warm, uint64_t number, struct model_source *src, int index_fd, size_t index_size)
@@ -390,10 +399,9 @@ registry_adopt_held(struct registry *r, const char *name, uint64_t number,
 	if (m == NULL || m->current == NULL || m->current->number <= number)
 		return error_set(-EINVAL, "model \"%s\": generation %" PRIu64 " is not older "
 			"than a restored current one", name, number);
-	for (g = r->generations; g != NULL; g = g->next)
-		if (g->model == m && g->number == number)
-			return error_set(-EEXIST, "model \"%s\": generation %" PRIu64
-				" is already there", name, number);
+	if (registry_generation(r, m, number) != NULL)
+		return error_set(-EEXIST, "model \"%s\": generation %" PRIu64 " is already there",
+			name, number);
 	if ((g = generation_from_store(r, name, number, src, index_fd, index_size)) == NULL)
 		return -ENOMEM;
 	generation_link(r, m, g);
@@ -924,9 +932,7 @@ registry_hold(struct registry *r, const char *name, uint64_t number,
 
 	if ((err = find_for_peer(r, name, peer, &m, msg, msg_size)) < 0)
 		return err;
-	for (g = r->generations; g != NULL; g = g->next)
-		if (g->model == m && g->number == number && g->state != GEN_CLOSED)
-			break;
+	g = registry_generation(r, m, number);
 	/* Only a generation the previous process served: after a cold start
 	 * the same number names another generation. */
 	if (g == NULL || !g->from_store) {

@@ -153,6 +153,10 @@ int registry_restore_slot(struct registry *r, unsigned slot, const char *name,
 int registry_adopt(struct registry *r, const char *name, const char *path, enum pin_mode pin,
 	int warm, uint64_t number, struct model_source *src, int index_fd, size_t index_size);
 
+/* The open generation number of m, or NULL. */
+struct generation *registry_generation(struct registry *r, const struct model_entry *m,
+	uint64_t number);
+
 /*
  * Adds src and the sealed index_fd as generation number of the model name,
  * which registry_adopt() restored with a newer current generation: one that

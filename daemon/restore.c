@@ -350,14 +350,12 @@ adopt(struct restore *s, struct registry *r, const struct fdstore_model *m,
 		err = registry_adopt_held(r, m->name, g->number, &src, ifd, (size_t)g->index_size);
 	if (err == 0) {
 		struct model_entry *e = registry_find(r, m->name);
+		struct generation *k = registry_generation(r, e, g->number);
 
 		s->fds[at].fd = -1;
 		/* The manager still has every piece under these names. */
-		for (struct generation *k = r->generations; k != NULL; k = k->next)
-			if (k->model == e && k->number == g->number) {
-				k->stored_slot = e->slot;
-				k->stored_done = e->slot == m->slot;
-			}
+		k->stored_slot = e->slot;
+		k->stored_done = e->slot == m->slot;
 	}
 	/* On failure the files taken are closed here, not by close_untaken():
 	 * ask the manager to drop them too. */
