@@ -6,11 +6,13 @@
  * generations; pages.c works on their pages.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "error.h"
@@ -124,10 +126,64 @@ gen_maybe_free(struct registry *r, struct generation *g)
 		munmap((void *)g->index, g->index_size);
 	if (g->index_fd >= 0)
 		close(g->index_fd);
+	gen_close_served(g->served_fds, g->source.nfiles);
 	source_close(&g->source);
 	free(g->warm.jobs);
 	free(g->model_name);
 	free(g);
+}
+
+/* A second open file description of the file open as fd, checked to be the
+ * same inode as st; a descriptor, or a negative errno with the message. */
+static int
+reopen_served(int fd, const struct stat *st, const char *path)
+{
+	char proc[64];
+	struct stat now;
+	int nfd;
+
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+	if ((nfd = open(proc, O_RDONLY | O_CLOEXEC | O_NOCTTY)) == -1)
+		return error_set(-errno, "%s: opening the descriptor workers get: %s", path,
+			strerror(errno));
+	if (fstat(nfd, &now) == -1 || now.st_dev != st->st_dev || now.st_ino != st->st_ino ||
+		!S_ISREG(now.st_mode)) {
+		close(nfd);
+		return error_set(-ESTALE, "%s: the descriptor workers get is not the file "
+			"that was loaded", path);
+	}
+	return nfd;
+}
+
+int
+gen_open_served(const struct model_source *src, int **out)
+{
+	size_t n = src->nfiles;
+	int *fds = malloc((n ? n : 1) * sizeof(*fds));
+
+	if (fds == NULL)
+		return error_set(-ENOMEM, "out of memory");
+	for (size_t i = 0; i < n; i++) {
+		int fd = reopen_served(src->files[i].fd, &src->files[i].st, src->files[i].path);
+
+		if (fd < 0) {
+			gen_close_served(fds, i);
+			return fd;
+		}
+		fds[i] = fd;
+	}
+	*out = fds;
+	return 0;
+}
+
+void
+gen_close_served(int *fds, size_t n)
+{
+	if (fds == NULL)
+		return;
+	for (size_t i = 0; i < n; i++)
+		close(fds[i]);
+	free(fds);
 }
 
 uint64_t

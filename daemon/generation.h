@@ -80,7 +80,11 @@ struct generation {
 	uint64_t number;
 	struct model_entry *model;  /* NULL once the model is unloaded */
 	char *model_name;           /* for messages after unload */
-	struct model_source source; /* files: fds and mappings, owned */
+	struct model_source source; /* files: fds and mappings, owned; the daemon's
+				       own descriptions, never handed out */
+	int *served_fds;            /* source.nfiles descriptors workers get: each
+				       another open file description of the same
+				       file (gen_open_served), owned */
 	int index_fd;               /* sealed memfd, owned */
 	const uint8_t *index;       /* read-only mapping of index_fd */
 	size_t index_size;
@@ -99,6 +103,9 @@ struct generation {
 	 * for their HOLDs (registry_hold), even while nobody holds it. 0:
 	 * not waiting. */
 	uint64_t hold_until_ms;
+	int watched;                /* its files' paths were compared with its files
+				       once its model's directories were watched
+				       (watch.c): a rename before that is seen too */
 	int from_store;             /* taken back from the store: the previous process
 				       served it, so its workers may HOLD it */
 	/* The latest residency measure, taken off the loop at the end of every
@@ -186,6 +193,22 @@ void gen_evict_done(struct registry *r, struct generation *g);
  * READY -> WARMING when memory pressure took more than 1% (counted in the
  * model's rewarm_count). */
 void gen_residency_checked(struct registry *r, struct generation *g, uint64_t resident);
+
+/*
+ * Opens, for each file of src, the descriptor workers are given: a second
+ * open file description of the same inode (through /proc/self/fd, so a
+ * file renamed over or unlinked since is still the one reopened), checked
+ * to be that inode. Workers may set flags on what they receive (O_DIRECT,
+ * O_APPEND, O_NONBLOCK) or move its offset; none of that reaches the
+ * descriptions the daemon warms, measures and stores through, nor another
+ * generation. On success *out holds src->nfiles descriptors the caller owns
+ * (gen_close_served); on failure nothing is open and the message names the
+ * file.
+ */
+int gen_open_served(const struct model_source *src, int **out);
+
+/* Closes and frees what gen_open_served() opened; safe on NULL. */
+void gen_close_served(int *fds, size_t n);
 
 /* Milliseconds on the registry's loop clock. */
 uint64_t registry_now_ms(const struct registry *r);

@@ -39,6 +39,7 @@ struct load_request {
 	uint64_t id;
 	uint64_t entry_id;    /* the model entry it was queued for */
 	struct model_source source;
+	int *served_fds;      /* gen_open_served(), one per file */
 	int index_fd;
 	const uint8_t *index;
 	size_t index_size;
@@ -309,6 +310,17 @@ generation_from_store(struct registry *r, const char *name, uint64_t number,
 		error_set(-ENOMEM, "model \"%s\": out of memory", name);
 		return NULL;
 	}
+	if (gen_open_served(src, &g->served_fds) < 0) {
+		char why[512];
+
+		snprintf(why, sizeof(why), "%s", error_get());
+		free(g->warm.jobs);
+		free(g->model_name);
+		free(g);
+		munmap(map, index_size);
+		error_set(-ESTALE, "model \"%s\": %s", name, why);
+		return NULL;
+	}
 	g->registry = r;
 	g->source = *src;
 	memset(src, 0, sizeof(*src));
@@ -328,6 +340,7 @@ static void
 generation_unstore(struct generation *g, struct model_source *src)
 {
 	*src = g->source;
+	gen_close_served(g->served_fds, g->source.nfiles);
 	munmap((void *)g->index, g->index_size);
 	free(g->warm.jobs);
 	free(g->model_name);
@@ -557,8 +570,13 @@ load_work(uv_work_t *w)
 {
 	struct load_request *q = w->data;
 
-	if ((q->status = source_open(q->path, &q->source)) == 0 && (q->status = seal_index(q)) < 0)
+	if ((q->status = source_open(q->path, &q->source)) == 0 &&
+		((q->status = gen_open_served(&q->source, &q->served_fds)) < 0 ||
+			(q->status = seal_index(q)) < 0)) {
+		gen_close_served(q->served_fds, q->source.nfiles);
+		q->served_fds = NULL;
 		source_close(&q->source);
+	}
 	if (q->status < 0)
 		snprintf(q->message, sizeof(q->message), "%s", error_get());
 }
@@ -570,6 +588,7 @@ load_request_free(struct load_request *q)
 		munmap((void *)q->index, q->index_size);
 	if (q->index_fd >= 0)
 		close(q->index_fd);
+	gen_close_served(q->served_fds, q->source.nfiles);
 	source_close(&q->source);
 	free(q->name);
 	free(q->path);
@@ -616,6 +635,8 @@ install(struct registry *r, struct model_entry *m, struct load_request *q)
 	}
 	g->registry = r;
 	g->source = q->source;
+	g->served_fds = q->served_fds;
+	q->served_fds = NULL;
 	g->index_fd = q->index_fd;
 	g->index = q->index;
 	g->index_size = q->index_size;
@@ -912,7 +933,7 @@ registry_attach(struct registry *r, const char *name, const struct registry_peer
 	out->file_count = (uint32_t)g->source.nfiles;
 	out->fds[out->nfds++] = g->index_fd;
 	for (size_t i = 0; i < g->source.nfiles && out->nfds < WIRE_MAX_FDS; i++)
-		out->fds[out->nfds++] = g->source.files[i].fd;
+		out->fds[out->nfds++] = g->served_fds[i];
 	if (m->slot != 0 && r->status_ro_fd >= 0 && out->nfds < WIRE_MAX_FDS) {
 		out->status_slot = m->slot;
 		out->fds[out->nfds++] = r->status_ro_fd;

@@ -244,10 +244,24 @@ files_dir(const char *path, char *dir, size_t cap)
 	return 0;
 }
 
+/* st's mtime in nanoseconds since the epoch, as the store describes it;
+ * times past the year 2262 (or before 1678) saturate instead of
+ * overflowing. */
+static int64_t
+mtime_ns(const struct stat *st)
+{
+	int64_t ns;
+
+	if (__builtin_mul_overflow((int64_t)st->st_mtim.tv_sec, (int64_t)1000000000, &ns) ||
+		__builtin_add_overflow(ns, (int64_t)st->st_mtim.tv_nsec, &ns))
+		return st->st_mtim.tv_sec < 0 ? INT64_MIN : INT64_MAX;
+	return ns;
+}
+
 static int
 same_file(const struct stat *st, const struct fdstore_file *f)
 {
-	int64_t mtime = (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
+	int64_t mtime = mtime_ns(st);
 
 	return S_ISREG(st->st_mode) && (uint64_t)st->st_dev == f->dev &&
 		(uint64_t)st->st_ino == f->ino && (uint64_t)st->st_size == f->size &&
@@ -532,7 +546,7 @@ describe_generation(struct fdstore_generation *dg, const struct model_entry *m,
 		f->dev = (uint64_t)st->st_dev;
 		f->ino = (uint64_t)st->st_ino;
 		f->size = (uint64_t)st->st_size;
-		f->mtime_ns = (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
+		f->mtime_ns = mtime_ns(st);
 	}
 	return 0;
 }

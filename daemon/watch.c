@@ -8,6 +8,7 @@
  * when it was opened; the events only say when to look.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,6 +102,43 @@ model_uses_dir(const struct model_entry *m, const char *dir)
 	return yes || strcmp(m->path, dir) == 0;
 }
 
+static void mark_dirty(struct watch *w, const char *name);
+
+/*
+ * Does a path of g now name another file than g opened (renamed over, or
+ * gone)? A rename between a load's open (or a restore's stat) and the
+ * arming of its directory's watch made no event this process saw.
+ */
+static int
+paths_replaced(const struct generation *g)
+{
+	struct stat st;
+
+	for (size_t i = 0; i < g->source.nfiles; i++) {
+		const struct wc_file *f = &g->source.files[i];
+
+		if (stat(f->path, &st) == -1 || st.st_dev != f->st.st_dev ||
+			st.st_ino != f->st.st_ino)
+			return 1;
+	}
+	return 0;
+}
+
+/* Once per generation, after its model's directories are watched: reload
+ * the model if one of its paths was replaced before that. */
+static void
+check_paths_once(struct watch *w, struct model_entry *m, struct generation *g)
+{
+	if (g == NULL || g->watched)
+		return;
+	g->watched = 1;
+	if (paths_replaced(g)) {
+		log_info("model \"%s\": generation %" PRIu64 ": a file was replaced before "
+			 "its directory was watched", m->name, g->number);
+		mark_dirty(w, m->name);
+	}
+}
+
 void
 watch_sync(struct watch *w)
 {
@@ -130,6 +168,36 @@ watch_sync(struct watch *w)
 		free(w->dirs[i].path);
 	}
 	w->ndirs = kept;
+	/* Every directory is watched from here: compare what was opened
+	 * before with what the paths name now. */
+	for (struct model_entry *m = w->reg->models; m != NULL; m = m->next) {
+		check_paths_once(w, m, m->current);
+		check_paths_once(w, m, m->pending);
+	}
+}
+
+static int
+same_time(const struct timespec *a, const struct timespec *b)
+{
+	return a->tv_sec == b->tv_sec && a->tv_nsec == b->tv_nsec;
+}
+
+/*
+ * Was the file whose fstat at open was then written in place, as now shows?
+ * Its size or mtime moved; or its ctime moved while its link count did not.
+ * A writer can put the mtime back (utimensat) but never the ctime, which
+ * every write and every utimensat sets to the present. A rename over the
+ * model's path changes the replaced inode's ctime too, but also drops its
+ * link count: that is a replacement, seen by the directory watch, not a
+ * change in place. chmod, chown and a rename of the file itself also move
+ * the ctime alone: they count as changes in place (README, "Updating a
+ * model": replace files by rename, do not change them).
+ */
+static int
+changed_in_place(const struct stat *then, const struct stat *now)
+{
+	return now->st_size != then->st_size || !same_time(&now->st_mtim, &then->st_mtim) ||
+		(now->st_nlink == then->st_nlink && !same_time(&now->st_ctim, &then->st_ctim));
 }
 
 /* Compares each file of g with its fstat at open; marks g modified. */
@@ -145,8 +213,7 @@ check_generation(struct registry *r, struct generation *g)
 
 		if (fstat(f->fd, &st) == -1)
 			continue;
-		if (st.st_size != f->st.st_size || st.st_mtim.tv_sec != f->st.st_mtim.tv_sec ||
-			st.st_mtim.tv_nsec != f->st.st_mtim.tv_nsec) {
+		if (changed_in_place(&f->st, &st)) {
 			registry_mark_modified(r, g, f->path);
 			return;
 		}

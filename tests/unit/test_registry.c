@@ -284,7 +284,22 @@ test_attach_reply(void **state)
 	assert_int_equal(a.index_size, a.gen->index_size);
 	assert_int_equal(a.nfds, 3); /* index, the file, the status page */
 	assert_int_equal(a.fds[0], a.gen->index_fd);
-	assert_int_equal(a.fds[1], a.gen->source.files[0].fd);
+	/* The file goes out as another open file description of the same
+	 * inode: a flag a worker sets on it never reaches the daemon's. */
+	assert_int_equal(a.fds[1], a.gen->served_fds[0]);
+	assert_int_not_equal(a.fds[1], a.gen->source.files[0].fd);
+	{
+		struct stat sent, own;
+		int own_flags = fcntl(a.gen->source.files[0].fd, F_GETFL);
+
+		assert_int_equal(fstat(a.fds[1], &sent), 0);
+		assert_int_equal(fstat(a.gen->source.files[0].fd, &own), 0);
+		assert_true(sent.st_dev == own.st_dev && sent.st_ino == own.st_ino);
+		assert_int_equal(fcntl(a.fds[1], F_SETFL, O_APPEND | O_NONBLOCK | O_DIRECT), 0);
+		assert_int_equal(fcntl(a.gen->source.files[0].fd, F_GETFL), own_flags);
+		assert_int_equal(lseek(a.fds[1], 100, SEEK_SET), 100);
+		assert_int_equal(lseek(a.gen->source.files[0].fd, 0, SEEK_CUR), 0);
+	}
 	assert_int_equal(a.fds[2], t->reg.status_ro_fd);
 	assert_int_equal(a.status_slot, m->slot);
 	assert_int_equal(a.gen->attached, 1);

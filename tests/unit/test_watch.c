@@ -144,6 +144,70 @@ test_renamed_over(void **state)
 	free(next);
 }
 
+/* A writer that puts the mtime back after writing in place (utimensat)
+ * cannot put the ctime back: the generation is still called modified. */
+static void
+test_mtime_put_back(void **state)
+{
+	struct wt *t = *state;
+	struct generation *g = du_current(&t->du, "m");
+	struct stat before;
+	int fd;
+
+	watch_stop(t->w);
+	t->w = NULL;
+	assert_int_equal(stat(t->path, &before), 0);
+	usleep(20000); /* past the filesystem's timestamp granularity */
+	fd = open(t->path, O_WRONLY | O_CLOEXEC);
+	assert_true(fd >= 0);
+	assert_int_equal(pwrite(fd, "z", 1, 100), 1);
+	{
+		struct timespec times[2] = { before.st_atim, before.st_mtim };
+
+		assert_int_equal(futimens(fd, times), 0);
+	}
+	close(fd);
+	{
+		struct stat after;
+
+		assert_int_equal(stat(t->path, &after), 0);
+		assert_true(after.st_mtim.tv_sec == before.st_mtim.tv_sec &&
+			after.st_mtim.tv_nsec == before.st_mtim.tv_nsec);
+		assert_int_equal(after.st_size, before.st_size);
+	}
+	assert_int_equal(watch_start(&t->du.loop, &t->du.reg, &t->w), 0);
+	watch_check_modified(t->w);
+	assert_int_equal(g->state, GEN_MODIFIED);
+}
+
+/* A file renamed over the path after the model was opened but before its
+ * directory was watched made no event: arming the watch compares the
+ * paths with the open files and reloads. */
+static void
+test_renamed_before_watched(void **state)
+{
+	struct du *d = du_new(false);
+	char *path = du_model(d, "m.safetensors", 1024);
+	char *next = du_model(d, "next.safetensors", 2048);
+	struct watch *w;
+	uint64_t two = 2;
+
+	(void)state;
+	assert_int_equal(du_load(d, "m", path, PIN_NONE, 0), 0);
+	assert_int_equal(rename(next, path), 0);
+	assert_int_equal(watch_start(&d->loop, &d->reg, &w), 0);
+	watch_sync(w);
+	du_run_until(d, current_is, &two);
+	assert_int_equal(du_current(d, "m")->state, GEN_READY);
+	/* Checked once: another sync does not reload again. */
+	watch_sync(w);
+	watch_stop(w);
+	free(next);
+	free(path);
+	du_teardown(d);
+	free(d);
+}
+
 int
 main(void)
 {
@@ -151,6 +215,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_written_in_place, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_check_modified, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_renamed_over, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_mtime_put_back, setup, teardown),
+		cmocka_unit_test(test_renamed_before_watched),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
