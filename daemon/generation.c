@@ -126,6 +126,7 @@ gen_maybe_free(struct registry *r, struct generation *g)
 		close(g->index_fd);
 	source_close(&g->source);
 	free(g->warm.jobs);
+	free(g->hold_conns);
 	free(g->model_name);
 	free(g);
 }
