@@ -44,13 +44,9 @@
 #include "error.h"
 #include "json.h"
 #include "log.h"
-
-#ifndef SO_PEERGROUPS
-#define SO_PEERGROUPS 59 /* Linux 4.13; older headers lack it */
-#endif
+#include "peercred.h"
 
 #define CONTROL_MAX_QUEUED (4u << 20)           /* reply bytes waiting for a client */
-#define CONTROL_MAX_GROUPS 65536                /* SO_PEERGROUPS entries we accept */
 
 /* A reply on its way to the client: the buffer is freed when written. */
 struct write_req {
@@ -534,48 +530,27 @@ make_room(struct control *ctl, struct ctl_conn *c, uid_t uid, unsigned max)
 
 /* ---- accepting ---------------------------------------------------------- */
 
-/* True when the peer's groups (SO_PEERGROUPS) include group. */
+/* Reads the peer's credentials (peercred.h: every supplementary group);
+ * returns whether it may control wcached. */
 static bool
-peer_in_group(int fd, gid_t group)
+may_control(struct ctl_conn *c, const struct control_context *ctx)
 {
-	gid_t small[64], *groups = small;
-	socklen_t len = sizeof(small);
-	bool found = false;
-
-	if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) == -1) {
-		if (errno != ERANGE || len == 0 || len > CONTROL_MAX_GROUPS * sizeof(gid_t))
-			return false;
-		if ((groups = malloc(len)) == NULL)
-			return false;
-		if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) == -1) {
-			free(groups);
-			return false;
-		}
-	}
-	for (size_t i = 0; i < len / sizeof(gid_t); i++)
-		if (groups[i] == group)
-			found = true;
-	if (groups != small)
-		free(groups);
-	return found;
-}
-
-/* Reads the peer's credentials; returns whether it may control wcached. */
-static bool
-peer_allowed(struct ctl_conn *c, const struct control_context *ctx)
-{
-	struct ucred cred;
-	socklen_t len = sizeof(cred);
+	struct peer_cred cred;
+	bool ok;
 	int fd;
 
-	if (uv_fileno((uv_handle_t *)&c->pipe, &fd) < 0 ||
-		getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == -1 || len != sizeof(cred))
+	if (uv_fileno((uv_handle_t *)&c->pipe, &fd) < 0)
 		return false;
+	if (peer_read(fd, &cred) < 0) {
+		log_warnx("control: %s", error_get());
+		return false;
+	}
 	c->pid = cred.pid;
 	c->uid = cred.uid;
-	if (cred.uid == 0 || cred.uid == ctx->daemon_uid)
-		return true;
-	return ctx->has_group && (cred.gid == ctx->group || peer_in_group(fd, ctx->group));
+	ok = cred.uid == 0 || cred.uid == ctx->daemon_uid ||
+		(ctx->has_group && peer_in_group(&cred, ctx->group));
+	peer_cred_free(&cred);
+	return ok;
 }
 
 /* Out of memory for a connection: accepts it into the spare handle and
@@ -626,7 +601,7 @@ on_connection(uv_stream_t *listener, int status)
 		ctl_conn_close(c);
 		return;
 	}
-	if (!peer_allowed(c, ctl->ctx)) {
+	if (!may_control(c, ctl->ctx)) {
 		log_warnx("control: refused uid %d pid %d: only root, uid %u%s may control "
 			  "wcached", (int)c->uid, (int)c->pid, (unsigned)ctl->ctx->daemon_uid,
 			ctl->ctx->has_group ? " and members of control_group" : "");

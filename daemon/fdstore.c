@@ -28,7 +28,7 @@
 #define MIN_STRING 3u
 #define MODEL_FIXED (8u + 8u + 4u)               /* slot, last generation, count */
 #define MIN_MODEL (2u * MIN_STRING + MODEL_FIXED)
-#define GENERATION_FIXED (8u + 1u + 1u + 2u + 8u + 4u) /* number .. file count */
+#define GENERATION_FIXED (8u + 1u + 1u + 2u + 4u + 8u + 4u) /* number .. file count */
 #define MIN_GENERATION (MIN_STRING + GENERATION_FIXED)
 #define FILE_FIXED (4u * 8u)                     /* dev, ino, size, mtime */
 #define MIN_FILE (MIN_STRING + FILE_FIXED)
@@ -360,6 +360,7 @@ fdstore_encode(const struct fdstore_desc *d, uint8_t **buf, size_t *len)
 			put_u8(&o, gen->role);
 			put_u8(&o, gen->pin);
 			put_le(&o, 0, 2); /* reserved */
+			put_le(&o, gen->holders, 4);
 			put_string(&o, gen->index_fdname);
 			put_le(&o, gen->index_size, 8);
 			put_le(&o, gen->nfiles, 4);
@@ -499,6 +500,9 @@ get_generation(struct in *in, struct fdstore_generation *g, const char *mwhere, 
 	if (reserved != 0)
 		return error_set(-EBADMSG, "fdstore: %s: reserved: %" PRIu64 ", not 0", where,
 			reserved);
+	if ((r = get_le(in, 4, &v, where, "holders")) < 0)
+		return r;
+	g->holders = (uint32_t)v;
 	if ((r = get_string(in, FDSTORE_MAX_FDNAME, &g->index_fdname, where, "index fdname")) < 0 ||
 		(r = get_le(in, 8, &g->index_size, where, "index size")) < 0 ||
 		(r = get_count(in, FDSTORE_MAX_FILES, MIN_FILE, &g->nfiles, where, "file count")) < 0)
@@ -591,6 +595,7 @@ static int
 generation_equal(const struct fdstore_generation *a, const struct fdstore_generation *b)
 {
 	if (a->number != b->number || a->role != b->role || a->pin != b->pin ||
+		a->holders != b->holders ||
 		strcmp(a->index_fdname, b->index_fdname) != 0 || a->index_size != b->index_size ||
 		a->nfiles != b->nfiles)
 		return 0;

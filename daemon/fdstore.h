@@ -11,8 +11,8 @@
  * short: little-endian, a 24-byte header (magic "WCFDSTOR", version, model
  * count, status page size), then each model (name, configured path, status
  * page slot, last generation number, generations), each generation
- * (number, role, pin state applied, the index memfd's FDNAME and size,
- * files), each file (FDNAME, st_dev, st_ino, st_size, st_mtim in ns).
+ * (number, role, pin state applied, holders, the index memfd's FDNAME and
+ * size, files), each file (FDNAME, st_dev, st_ino, st_size, st_mtim in ns).
  * Strings are a u16 length and that many bytes, no NUL.
  *
  * The decoder trusts nothing: every count and length is checked against
@@ -33,7 +33,7 @@
 #include "pin.h"
 
 #define FDSTORE_MAGIC "WCFDSTOR"          /* 8 bytes, no NUL */
-#define FDSTORE_VERSION 1u
+#define FDSTORE_VERSION 2u                /* 2: generations record their holders */
 #define FDSTORE_HEADER_SIZE 24u
 #define FDSTORE_MAX_BYTES (16u << 20)     /* the description's memfd */
 #define FDSTORE_MAX_MODELS 4096u
@@ -72,6 +72,8 @@ struct fdstore_generation {
 	uint64_t number;        /* 1 .. the model's last_generation */
 	uint8_t role;           /* enum fdstore_role */
 	uint8_t pin;            /* enum pin_mode actually applied, 0 .. FDSTORE_MAX_PIN */
+	uint32_t holders;       /* client references (and HOLDs still expected) when
+				   stored: the HOLDs a restarted daemon accepts */
 	char *index_fdname;     /* the sealed index memfd in the store */
 	uint64_t index_size;    /* its exact size in bytes */
 	uint32_t nfiles;        /* 1 .. FDSTORE_MAX_FILES */

@@ -129,6 +129,7 @@ gen_maybe_free(struct registry *r, struct generation *g)
 	gen_close_served(g->served_fds, g->source.nfiles);
 	source_close(&g->source);
 	free(g->warm.jobs);
+	free(g->hold_conns);
 	free(g->model_name);
 	free(g);
 }

@@ -98,14 +98,17 @@ struct generation {
 	unsigned stored_slot;       /* its fds went to the manager's store under this
 				       slot's names (restore.h); 0: none */
 	int stored_done;            /* all of them (not only some: a full queue) */
-	/* Restored from the store as a generation workers held before the
-	 * restart (not current): kept open until then, on the loop's clock,
-	 * for their HOLDs (registry_hold), even while nobody holds it. 0:
-	 * not waiting. */
+	/* Restored from the store with holders (registry_await_holds): the
+	 * wait for their HOLDs (registry_hold) ends then, on the loop's clock;
+	 * until then a generation no longer current stays open even while
+	 * nobody holds it. 0: not waiting. */
 	uint64_t hold_until_ms;
 	int watched;                /* its files' paths were compared with its files
 				       once its model's directories were watched
 				       (watch.c): a rename before that is seen too */
+	unsigned holds_expected;    /* the holders it had when it was stored */
+	uint64_t *hold_conns;       /* the connections whose HOLD it accepted, */
+	unsigned nhold_conns;       /* at most holds_expected; freed with it */
 	int from_store;             /* taken back from the store: the previous process
 				       served it, so its workers may HOLD it */
 	/* The latest residency measure, taken off the loop at the end of every

@@ -14,10 +14,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "error.h"
@@ -114,7 +116,16 @@ status_page_init(struct registry *r)
 	return 0;
 }
 
-/* Takes the status page the previous process stored, after checking it. */
+/*
+ * Takes the status page the previous process stored, after checking that
+ * it is one status_page_init() makes for the store: a memfd (only shmem
+ * files take seals, and a tmpfs file starts sealed against more) of
+ * STATUS_PAGE_BYTES with exactly STATUS_PAGE_STORED_SEALS, and, because it
+ * lacks F_SEAL_FUTURE_WRITE, one that only wcached's user can reopen
+ * writable through the read-only descriptor workers get: owned by our
+ * euid, neither group- nor world-writable. Anything else could let a
+ * worker announce false generations to the others.
+ */
 static int
 status_page_adopt(struct registry *r, int fd)
 {
@@ -127,8 +138,15 @@ status_page_adopt(struct registry *r, int fd)
 		return error_set(-EINVAL, "stored status page: not a %u-byte file",
 			STATUS_PAGE_BYTES);
 	if ((seals = fcntl(fd, F_GET_SEALS)) == -1 || seals != STATUS_PAGE_STORED_SEALS)
-		return error_set(-EINVAL, "stored status page: seals 0x%x, not 0x%x", seals,
+		return error_set(-EINVAL, "stored status page: seals 0x%x, not 0x%x "
+			"(F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)", seals,
 			STATUS_PAGE_STORED_SEALS);
+	if (st.st_uid != geteuid())
+		return error_set(-EINVAL, "stored status page: owned by uid %u, not wcached's "
+			"uid %u", (unsigned)st.st_uid, (unsigned)geteuid());
+	if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
+		return error_set(-EINVAL, "stored status page: mode %04o is group- or "
+			"world-writable (a fresh page is 0600)", (unsigned)(st.st_mode & 07777));
 	if ((fcntl(fd, F_GETFL) & O_ACCMODE) != O_RDWR)
 		return error_set(-EINVAL, "stored status page: not open read-write");
 	if (status_page_map(r, fd) < 0)
@@ -404,7 +422,7 @@ registry_adopt(struct registry *r, const char *name, const char *path, enum pin_
 
 int
 registry_adopt_held(struct registry *r, const char *name, uint64_t number,
-	struct model_source *src, int index_fd, size_t index_size)
+	struct model_source *src, int index_fd, size_t index_size, unsigned holders)
 {
 	struct model_entry *m = registry_entry_named(r, name);
 	struct generation *g;
@@ -412,6 +430,10 @@ registry_adopt_held(struct registry *r, const char *name, uint64_t number,
 	if (m == NULL || m->current == NULL || m->current->number <= number)
 		return error_set(-EINVAL, "model \"%s\": generation %" PRIu64 " is not older "
 			"than a restored current one", name, number);
+	/* Nobody could say they hold it: it would only wait for nothing. */
+	if (holders == 0)
+		return error_set(-EINVAL, "model \"%s\": generation %" PRIu64 " had no holders "
+			"when it was stored", name, number);
 	if (registry_generation(r, m, number) != NULL)
 		return error_set(-EEXIST, "model \"%s\": generation %" PRIu64 " is already there",
 			name, number);
@@ -419,17 +441,49 @@ registry_adopt_held(struct registry *r, const char *name, uint64_t number,
 		return -ENOMEM;
 	generation_link(r, m, g);
 	gen_set_state(g, GEN_READY, "restored from the file descriptor store, held");
-	/* Not current: only its holders' HOLDs keep it, once this passes.
-	 * From now, not from the loop's last update (start-up runs before
+	/* Not current: only its holders' HOLDs keep it, once this passes. */
+	registry_await_holds(r, g, holders);
+	if (r->changed != NULL)
+		r->changed(r);
+	return 0;
+}
+
+void
+registry_await_holds(struct registry *r, struct generation *g, unsigned holders)
+{
+	if (holders == 0 || g->hold_until_ms != 0)
+		return;
+	/* From now, not from the loop's last update (start-up runs before
 	 * the loop does). */
 	uv_update_time(r->loop);
 	g->hold_until_ms = registry_now_ms(r) + (uint64_t)r->restart_hold_ms;
 	if (g->hold_until_ms == 0)
 		g->hold_until_ms = 1;
+	g->holds_expected = holders;
 	r->holds_open++;
-	if (r->changed != NULL)
-		r->changed(r);
-	return 0;
+}
+
+unsigned
+registry_holders(const struct generation *g)
+{
+	unsigned n = g->attached;
+
+	if (g->hold_until_ms != 0 && g->holds_expected > g->nhold_conns &&
+		__builtin_add_overflow(n, g->holds_expected - g->nhold_conns, &n))
+		n = UINT_MAX;
+	return n;
+}
+
+/* Ends g's wait for HOLDs: none is accepted from now. */
+static void
+hold_wait_end(struct registry *r, struct generation *g)
+{
+	g->hold_until_ms = 0;
+	r->holds_open--;
+	free(g->hold_conns);
+	g->hold_conns = NULL;
+	g->nhold_conns = 0;
+	g->holds_expected = 0;
 }
 
 void
@@ -444,9 +498,8 @@ registry_expire_holds(struct registry *r)
 		next = g->next;
 		if (g->hold_until_ms == 0 || now < g->hold_until_ms)
 			continue;
-		g->hold_until_ms = 0;
-		r->holds_open--;
-		if (g->attached == 0)
+		hold_wait_end(r, g);
+		if (g->attached == 0 && !gen_is_live(g))
 			log_info("model \"%s\": generation %" PRIu64 ": no worker said it still "
 				 "holds it within %.3g s of the restart", g->model_name, g->number,
 				r->restart_hold_ms / 1000.0);
@@ -498,10 +551,8 @@ registry_restore_checked(struct registry *r, struct generation *g, int err, cons
 	/* Not the previous process's generation any more, as far as HOLD
 	 * goes, and nothing to wait for. */
 	g->from_store = 0;
-	if (g->hold_until_ms != 0) {
-		g->hold_until_ms = 0;
-		r->holds_open--;
-	}
+	if (g->hold_until_ms != 0)
+		hold_wait_end(r, g);
 	if (!serving)
 		return;
 	m->current = NULL;
@@ -943,24 +994,62 @@ registry_attach(struct registry *r, const char *name, const struct registry_peer
 	return 0;
 }
 
+/* May the connection conn_id HOLD g now (registry_hold's rules)? 0, or
+ * -errno with the client's message naming the model, the generation and
+ * why. */
+static int
+hold_allowed(struct registry *r, const struct model_entry *m, const struct generation *g,
+	uint64_t number, uint64_t conn_id, char *msg, size_t msg_size)
+{
+	/* Only a generation the previous process served: after a cold start
+	 * the same number names another generation. */
+	if (g == NULL || !g->from_store) {
+		snprintf(msg, msg_size, "model \"%s\": generation %" PRIu64 " was not taken "
+			"over from the previous wcached", m->name, number);
+		return -ENOENT;
+	}
+	if (g->hold_until_ms == 0 || registry_now_ms(r) >= g->hold_until_ms) {
+		snprintf(msg, msg_size, "model \"%s\": generation %" PRIu64 ": the wait for its "
+			"holders after the restart has ended (restart_hold_seconds)", m->name,
+			number);
+		return -ENOENT;
+	}
+	for (unsigned i = 0; i < g->nhold_conns; i++)
+		if (g->hold_conns[i] == conn_id) {
+			snprintf(msg, msg_size, "model \"%s\": generation %" PRIu64 ": this "
+				"connection has said it holds it already", m->name, number);
+			return -EALREADY;
+		}
+	if (g->nhold_conns >= g->holds_expected) {
+		snprintf(msg, msg_size, "model \"%s\": generation %" PRIu64 ": all %u of its "
+			"holders before the restart have said so", m->name, number,
+			g->holds_expected);
+		return -EUSERS;
+	}
+	return 0;
+}
+
 int
 registry_hold(struct registry *r, const char *name, uint64_t number,
 	const struct registry_peer *peer, struct generation **out, char *msg, size_t msg_size)
 {
 	struct model_entry *m = NULL;
 	struct generation *g;
+	uint64_t *conns;
 	int err;
 
 	if ((err = find_for_peer(r, name, peer, &m, msg, msg_size)) < 0)
 		return err;
 	g = registry_generation(r, m, number);
-	/* Only a generation the previous process served: after a cold start
-	 * the same number names another generation. */
-	if (g == NULL || !g->from_store) {
-		snprintf(msg, msg_size, "generation %" PRIu64 " was not taken over from the "
-			"previous wcached", number);
-		return -ENOENT;
+	if ((err = hold_allowed(r, m, g, number, peer->conn_id, msg, msg_size)) < 0)
+		return err;
+	/* Grows with the HOLDs that come, never past holds_expected. */
+	if ((conns = realloc(g->hold_conns, (g->nhold_conns + 1) * sizeof(*conns))) == NULL) {
+		snprintf(msg, msg_size, "out of memory");
+		return -ENOMEM;
 	}
+	g->hold_conns = conns;
+	conns[g->nhold_conns++] = peer->conn_id;
 	/* A reference like an attach's, without an attach's effects: the
 	 * worker has its mappings; nothing is warmed or counted. */
 	g->attached++;

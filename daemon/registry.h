@@ -160,13 +160,28 @@ struct generation *registry_generation(struct registry *r, const struct model_en
 /*
  * Adds src and the sealed index_fd as generation number of the model name,
  * which registry_adopt() restored with a newer current generation: one that
- * workers held before the restart. It is not served to new attaches; it
- * stays open for restart_hold_ms (registry_hold() may then take
+ * workers held before the restart, holders of them (1 or more). It is not
+ * served to new attaches; it stays open for restart_hold_ms
+ * (registry_await_holds: registry_hold() may then take up to holders
  * references), and after that until its last holder releases it. Takes src
- * and index_fd on success only. 0, -EINVAL, -EEXIST, -ENOMEM.
+ * and index_fd on success only. 0, -EINVAL (no holders, or not older than
+ * the current one), -EEXIST, -ENOMEM.
  */
 int registry_adopt_held(struct registry *r, const char *name, uint64_t number,
-	struct model_source *src, int index_fd, size_t index_size);
+	struct model_source *src, int index_fd, size_t index_size, unsigned holders);
+
+/*
+ * Opens g's wait for HOLDs after a restart: for restart_hold_ms from now,
+ * registry_hold() accepts up to holders HOLDs of g, one per connection (the
+ * holders it had when the previous process stored it). Nothing when
+ * holders is 0: no HOLD of g is ever accepted then.
+ */
+void registry_await_holds(struct registry *r, struct generation *g, unsigned holders);
+
+/* The workers that may hold g: its client references, and while its wait
+ * for HOLDs lasts, the HOLDs still expected. What the store records as its
+ * holders. */
+unsigned registry_holders(const struct generation *g);
 
 /* Ends the wait for HOLDs of every generation registry_adopt_held() made
  * whose restart_hold_ms has passed; those nobody holds close. Cheap when
@@ -247,8 +262,8 @@ void registry_collect(struct registry *r);
 /* The model called name, or whose configured path is name; NULL if none. */
 struct model_entry *registry_find(struct registry *r, const char *name);
 
-/* Who asks to attach: the peer's credentials (SO_PEERCRED, SO_PEERGROUPS)
- * and the uid that always may (wcached's own). denied_logged is the
+/* Who asks to attach: the peer's credentials (peercred.h: SO_PEERCRED and
+ * every group of SO_PEERGROUPS) and the uid that always may (wcached's own). denied_logged is the
  * caller's: the first refusal of this peer is logged, later ones only
  * counted. */
 struct registry_peer {
@@ -259,6 +274,7 @@ struct registry_peer {
 	int ngroups;
 	uid_t self_uid;
 	int *denied_logged;
+	uint64_t conn_id;        /* the connection asking, for HOLD's once-only rule */
 };
 
 /* What an attach gives the client (the ATTACH_OK reply). */
@@ -295,10 +311,14 @@ int registry_attach(struct registry *r, const char *name, const struct registry_
  * does and takes a client reference on that generation, current or not,
  * without an attach's effects (no warming, no counting). Only a generation
  * taken back from the file descriptor store (the previous process served
- * it; after a cold start the same number names another one). 0 and *out
- * (drop it with registry_release()), or -ENOENT ("not served", or
- * "generation N was not taken over ...") or -EACCES with the message for
- * the client in msg.
+ * it; after a cold start the same number names another one), only while
+ * its wait for HOLDs lasts (registry_await_holds), at most as many times as
+ * it had holders when it was stored, and once per connection
+ * (peer->conn_id). 0 and *out (drop it with registry_release()), or with
+ * the message for the client in msg (naming the model, the generation and
+ * why): -ENOENT ("not served", not taken over, or the wait has ended),
+ * -EACCES, -EALREADY (this connection sent one already) or -EUSERS (every
+ * holder it had has said so).
  */
 int registry_hold(struct registry *r, const char *name, uint64_t number,
 	const struct registry_peer *peer, struct generation **out, char *msg, size_t msg_size);

@@ -17,6 +17,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -361,12 +362,17 @@ adopt(struct restore *s, struct registry *r, const struct fdstore_model *m,
 		err = registry_adopt(r, m->name, path, pin, warm, g->number, &src, ifd,
 			(size_t)g->index_size);
 	else if (err == 0)
-		err = registry_adopt_held(r, m->name, g->number, &src, ifd, (size_t)g->index_size);
+		err = registry_adopt_held(r, m->name, g->number, &src, ifd, (size_t)g->index_size,
+			g->holders);
 	if (err == 0) {
 		struct model_entry *e = registry_find(r, m->name);
 		struct generation *k = registry_generation(r, e, g->number);
 
 		s->fds[at].fd = -1;
+		/* Its holders before the restart may say so (HOLD), as many of
+		 * them as there were; a held one waits already. */
+		if (g->role == FDSTORE_CURRENT)
+			registry_await_holds(r, k, g->holders);
 		/* The manager still has every piece under these names. */
 		k->stored_slot = e->slot;
 		k->stored_done = e->slot == m->slot;
@@ -516,7 +522,17 @@ describe_held(const struct model_entry *m, const struct generation *g)
 {
 	return g->model == m && g != m->current && g != m->pending && g->stored_done &&
 		g->stored_slot == m->slot && g->state != GEN_CLOSED && g->state != GEN_MODIFIED &&
-		(g->attached > 0 || g->hold_until_ms != 0);
+		registry_holders(g) > 0;
+}
+
+/* Is m's current generation in the store, whole, and attachable? */
+static int
+describe_current(const struct model_entry *m)
+{
+	const struct generation *g = m->current;
+
+	return m->slot != 0 && g != NULL && g->stored_done && g->stored_slot == m->slot &&
+		gen_attachable(g);
 }
 
 /* Fills dg from g of m, stored under m's slot, in role. */
@@ -529,6 +545,7 @@ describe_generation(struct fdstore_generation *dg, const struct model_entry *m,
 	dg->number = g->number;
 	dg->role = role;
 	dg->pin = role == FDSTORE_CURRENT ? (uint8_t)m->pin : (uint8_t)PIN_NONE;
+	dg->holders = registry_holders(g);
 	dg->index_size = g->index_size;
 	dg->nfiles = (uint32_t)g->source.nfiles;
 	if (fdstore_name_index(name, sizeof(name), m->slot, g->number) < 0 ||
@@ -551,60 +568,151 @@ describe_generation(struct fdstore_generation *dg, const struct model_entry *m,
 	return 0;
 }
 
-/* Fills d from m: its stored current generation and, with it, the stored
- * generations workers still hold (the newest FDSTORE_MAX_GENERATIONS - 1). */
-static int
-describe_model(struct fdstore_model *d, const struct registry *r, const struct model_entry *m)
+/* Descriptors g takes in the store: its index and its files. */
+static size_t
+generation_fds(const struct generation *g)
 {
-	const struct generation *g = m->current;
-	uint32_t n = 1;
-	int err;
+	return 1 + g->source.nfiles;
+}
 
-	if ((d->name = strdup(m->name)) == NULL || (d->path = strdup(m->path)) == NULL)
-		return -ENOMEM;
-	d->slot = m->slot;
-	d->last_generation = m->last_generation;
-	if (g == NULL || !g->stored_done || g->stored_slot != m->slot || !gen_attachable(g))
-		return 0;
-	for (const struct generation *k = r->generations; k != NULL; k = k->next)
-		n += describe_held(m, k);
-	if (n > FDSTORE_MAX_GENERATIONS)
-		n = FDSTORE_MAX_GENERATIONS;
-	if ((d->generations = calloc(n, sizeof(*d->generations))) == NULL)
-		return -ENOMEM;
-	d->ngenerations = 1;
-	if ((err = describe_generation(&d->generations[0], m, g, FDSTORE_CURRENT)) < 0)
-		return err;
-	/* The list is newest first. */
-	for (const struct generation *k = r->generations; k != NULL && d->ngenerations < n;
-		k = k->next)
-		if (describe_held(m, k) &&
-			(err = describe_generation(&d->generations[d->ngenerations++], m, k,
-				 FDSTORE_HELD)) < 0)
-			return err;
+/* Appends printf-style text to buf of cap bytes (cut at the end). */
+static void
+append(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static void
+append(char *buf, size_t cap, const char *fmt, ...)
+{
+	size_t len = strnlen(buf, cap);
+	va_list ap;
+
+	if (len + 1 >= cap)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(buf + len, cap - len, fmt, ap);
+	va_end(ap);
+}
+
+/* The description's model for m (models are described in registry order,
+ * those with a slot): its place in d, found by m's entry_id. */
+static struct fdstore_model *
+described_model(struct fdstore_desc *d, const struct model_entry *const *order,
+	const struct model_entry *m)
+{
+	for (uint32_t i = 0; i < d->nmodels; i++)
+		if (order[i] == m)
+			return &d->models[i];
+	return NULL;
+}
+
+int
+restore_describe(const struct registry *r, size_t max_fds, struct fdstore_desc **out,
+	char *left_out, size_t cap)
+{
+	struct fdstore_desc *d = calloc(1, sizeof(*d));
+	const struct model_entry **order = NULL;
+	size_t fds = 0, n = 0;
+	unsigned models_out = 0, held_out = 0;
+	int full = 0, err = -ENOMEM;
+
+	left_out[0] = '\0';
+	if (d == NULL)
+		goto fail;
+	d->status_size = STATUS_PAGE_BYTES;
+	for (const struct model_entry *m = r->models; m != NULL; m = m->next)
+		n += m->slot != 0;
+	if (n > 0 && ((d->models = calloc(n, sizeof(*d->models))) == NULL ||
+			     (order = calloc(n, sizeof(*order))) == NULL))
+		goto fail;
+	/* Every model, and its current generation while they fit: a model
+	 * left out whole keeps its slot and numbers, and loads afresh. */
+	for (const struct model_entry *m = r->models; m != NULL; m = m->next) {
+		struct fdstore_model *dm;
+
+		if (m->slot == 0)
+			continue;
+		order[d->nmodels] = m;
+		dm = &d->models[d->nmodels++];
+		if ((dm->name = strdup(m->name)) == NULL || (dm->path = strdup(m->path)) == NULL)
+			goto fail;
+		dm->slot = m->slot;
+		dm->last_generation = m->last_generation;
+		if (!describe_current(m))
+			continue;
+		if (generation_fds(m->current) > max_fds - fds) {
+			append(left_out, cap, "%s\"%.64s\"", models_out++ ? ", " : "models left out "
+				"whole: ", m->name);
+			continue;
+		}
+		fds += generation_fds(m->current);
+		if ((dm->generations = calloc(1, sizeof(*dm->generations))) == NULL ||
+			describe_generation(&dm->generations[0], m, m->current, FDSTORE_CURRENT) < 0)
+			goto fail;
+		dm->ngenerations = 1;
+	}
+	/* Then the held ones, newest first (the registry's list), while they
+	 * fit: from the first that does not, every older one is left out. */
+	for (const struct generation *g = r->generations; g != NULL; g = g->next) {
+		struct fdstore_model *dm;
+		struct fdstore_generation *more;
+
+		if (g->model == NULL || !describe_held(g->model, g) ||
+			(dm = described_model(d, order, g->model)) == NULL || dm->ngenerations == 0 ||
+			dm->ngenerations >= FDSTORE_MAX_GENERATIONS)
+			continue;
+		if (full || generation_fds(g) > max_fds - fds) {
+			append(left_out, cap, "%s\"%.64s\" %" PRIu64, held_out++ ? ", " :
+				(models_out ? "; held generations left out: " :
+					      "held generations left out: "), g->model->name, g->number);
+			full = 1;
+			continue;
+		}
+		if ((more = realloc(dm->generations, (dm->ngenerations + 1) * sizeof(*more))) == NULL)
+			goto fail;
+		dm->generations = more;
+		memset(&more[dm->ngenerations], 0, sizeof(*more));
+		if (describe_generation(&more[dm->ngenerations++], g->model, g, FDSTORE_HELD) < 0)
+			goto fail;
+		fds += generation_fds(g);
+	}
+	free(order);
+	*out = d;
 	return 0;
+fail:
+	free(order);
+	fdstore_free(d);
+	return error_set(err, "out of memory");
+}
+
+/* Logs what the description leaves out to stay within the store's limit,
+ * once for each different report (store_description runs again every
+ * 200 ms while the manager's queue is full). */
+static void
+log_left_out(const char *left_out)
+{
+	static char logged[1024];
+
+	if (strcmp(left_out, logged) == 0)
+		return;
+	snprintf(logged, sizeof(logged), "%s", left_out);
+	if (left_out[0] != '\0')
+		log_warnx("warm restart: the description would need more than %u stored "
+			  "descriptors (FileDescriptorStoreMax=); %s: a restart loads them afresh "
+			  "or does not restore them", FDSTORE_MAX_FDS, left_out);
 }
 
 /* Encodes the registry and stores it in place of the previous description. */
 static int
 store_description(struct registry *r)
 {
-	struct fdstore_desc *d = calloc(1, sizeof(*d));
+	struct fdstore_desc *d = NULL;
 	uint8_t *buf = NULL;
 	size_t len = 0;
-	unsigned n = 0;
-	int fd = -1, err = -ENOMEM;
+	char left_out[1024];
+	int fd = -1, err;
 
-	if (d == NULL)
+	if ((err = restore_describe(r, FDSTORE_MAX_FDS, &d, left_out, sizeof(left_out))) < 0)
 		goto out;
-	d->status_size = STATUS_PAGE_BYTES;
-	for (const struct model_entry *m = r->models; m != NULL; m = m->next)
-		n += m->slot != 0;
-	if (n > 0 && (d->models = calloc(n, sizeof(*d->models))) == NULL)
-		goto out;
-	for (const struct model_entry *m = r->models; m != NULL; m = m->next)
-		if (m->slot != 0 && (err = describe_model(&d->models[d->nmodels++], r, m)) < 0)
-			goto out;
+	log_left_out(left_out);
 	if ((err = fdstore_encode(d, &buf, &len)) < 0 || (err = fdstore_memfd_make(buf, len, &fd)) < 0)
 		goto out;
 	/* Removed once: a retry after a refused store must not remove
@@ -641,19 +749,20 @@ describe_hash(const struct registry *r)
 
 	for (const struct model_entry *m = r->models; m != NULL; m = m->next) {
 		const struct generation *g = m->current;
-		uint64_t v[6] = { m->entry_id, m->slot, m->last_generation, g ? g->number : 0,
-			g ? (uint64_t)g->stored_done : 0, g ? (uint64_t)gen_attachable(g) : 0 };
+		uint64_t v[7] = { m->entry_id, m->slot, m->last_generation, g ? g->number : 0,
+			g ? (uint64_t)g->stored_done : 0, g ? (uint64_t)gen_attachable(g) : 0,
+			g ? registry_holders(g) : 0 };
 
-		for (int i = 0; i < 6; i++)
+		for (int i = 0; i < 7; i++)
 			h = (h ^ v[i]) * 1099511628211ull;
 	}
 	/* The held generations described with them. */
 	for (const struct generation *g = r->generations; g != NULL; g = g->next) {
 		if (g->model == NULL || !describe_held(g->model, g))
 			continue;
-		uint64_t v[2] = { g->model->entry_id, g->number };
+		uint64_t v[3] = { g->model->entry_id, g->number, registry_holders(g) };
 
-		for (int i = 0; i < 2; i++)
+		for (int i = 0; i < 3; i++)
 			h = (h ^ v[i]) * 1099511628211ull;
 	}
 	return h | 1;

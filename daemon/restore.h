@@ -7,9 +7,10 @@
  * served again at once, with the same generation number and the same status
  * page, without reading its files. Everything else loads afresh.
  *
- * Held generations (replaced, still mapped by workers) are not stored: a
- * worker's mappings stay valid without the daemon, and the restarted daemon
- * does not know them (proto/PROTOCOL.md, "Restarts").
+ * Generations workers still held (replaced, still mapped) are stored with
+ * the current ones, each with its number of holders: the restarted daemon
+ * accepts that many HOLDs of it, during restart_hold_seconds, and closes it
+ * when nobody claims it (proto/PROTOCOL.md, "Restarts").
  *
  * Everything here runs on the event loop thread (or before it runs).
  */
@@ -18,6 +19,7 @@
 
 #include "registry.h"
 
+struct fdstore_desc;
 struct generation;
 struct restore;
 
@@ -64,6 +66,19 @@ void restore_sync(struct registry *r);
 /* At shutdown, before the registry closes: stores what the manager's full
  * queue refused so far, waiting up to 1 s for it to read. */
 void restore_stopping(struct registry *r);
+
+/*
+ * The description of r for the store, within max_fds descriptors
+ * (FDSTORE_MAX_FDS; a parameter for the tests): every model with a slot;
+ * each stored current generation while they fit (a model whose current one
+ * does not fit is described without generations, so it keeps its slot and
+ * numbers and loads afresh); then the held generations, newest first, while
+ * they fit (from the first that does not, every older one is left out).
+ * left_out (cap bytes) says what was left out, "" when nothing was. 0 and
+ * *out (fdstore_free it), or -ENOMEM.
+ */
+int restore_describe(const struct registry *r, size_t max_fds, struct fdstore_desc **out,
+	char *left_out, size_t cap);
 
 /* g closes: asks the manager to drop its descriptors (not at shutdown:
  * the next process takes them). */

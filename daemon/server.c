@@ -28,6 +28,7 @@
 #include "fdpass.h"
 #include "listen.h"
 #include "log.h"
+#include "peercred.h"
 #include "server.h"
 #include "uidtally.h"
 #include "wire.h"
@@ -36,7 +37,6 @@
 #define DEFAULT_MAX_CLIENTS_PER_UID 256
 #define DEFAULT_MAX_ATTACHES 4096
 #define READS_PER_WAKEUP 16
-#define MAX_PEER_GROUPS 256
 /* Descriptors kept free for loading models, the control socket and logs:
  * a connection that would eat into them is refused. A small RLIMIT_NOFILE
  * gets a smaller reserve (a quarter of it) rather than no clients at all. */
@@ -57,8 +57,9 @@ struct conn {
 	pid_t pid;
 	uid_t uid;
 	gid_t gid;
-	gid_t *groups;                 /* supplementary groups (SO_PEERGROUPS) */
-	int ngroups;
+	gid_t *groups;                 /* supplementary groups (peer_read), owned */
+	size_t ngroups;
+	uint64_t id;                   /* unique per connection, for HOLD's once-only rule */
 	int denied_logged;             /* one log line per peer for refusals */
 	struct attach_ref *refs;
 	size_t nrefs, refs_cap;
@@ -84,6 +85,7 @@ struct server {
 	unsigned nconns;
 	unsigned max_clients, max_clients_per_uid, max_attaches;
 	uint64_t next_handle;
+	uint64_t next_conn_id;
 	int stopping;
 	int fd_limit;      /* RLIMIT_NOFILE at start */
 	int fd_reserve;    /* descriptors a new connection may not take */
@@ -342,7 +344,7 @@ conn_peer(struct conn *c)
 {
 	return (struct registry_peer){
 		.pid = c->pid, .uid = c->uid, .gid = c->gid, .groups = c->groups,
-		.ngroups = c->ngroups, .self_uid = c->srv->self_uid,
+		.ngroups = (int)c->ngroups, .self_uid = c->srv->self_uid, .conn_id = c->id,
 		.denied_logged = &c->denied_logged,
 	};
 }
@@ -607,28 +609,24 @@ refuse(int fd, const char *text)
 	close(fd);
 }
 
-/* Reads the peer's credentials and supplementary groups. */
-static void
+/* Reads the peer's credentials and every supplementary group into c;
+ * -errno with the reason in error_get() when they cannot be read (the
+ * client is refused: a peer whose groups are unknown could be denied a
+ * model its group may attach). */
+static int
 read_peer(struct conn *c)
 {
-	struct ucred cred;
-	socklen_t len = sizeof(cred);
-	gid_t groups[MAX_PEER_GROUPS];
+	struct peer_cred cred;
+	int err;
 
-	if (getsockopt(c->fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
-		c->pid = cred.pid;
-		c->uid = cred.uid;
-		c->gid = cred.gid;
-	} else {
-		c->uid = (uid_t)-1; /* matches no allow list */
-		c->gid = (gid_t)-1;
-	}
-	len = sizeof(groups);
-	if (getsockopt(c->fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) == 0 && len > 0 &&
-		(c->groups = malloc(len)) != NULL) {
-		memcpy(c->groups, groups, len);
-		c->ngroups = (int)(len / sizeof(gid_t));
-	}
+	if ((err = peer_read(c->fd, &cred)) < 0)
+		return err;
+	c->pid = cred.pid;
+	c->uid = cred.uid;
+	c->gid = cred.gid;
+	c->groups = cred.groups; /* c's now */
+	c->ngroups = cred.ngroups;
+	return 0;
 }
 
 /* Connections the peer's uid already has. */
@@ -708,7 +706,13 @@ on_accept(uv_poll_t *handle, int status, int events)
 		}
 		c->fd = fd;
 		c->srv = s;
-		read_peer(c);
+		c->id = ++s->next_conn_id;
+		if (read_peer(c) < 0) {
+			log_warnx("refusing a client: %s", error_get());
+			free(c);
+			refuse(fd, "wcached cannot read this client's credentials");
+			continue;
+		}
 		if (conns_of(s, c->uid) >= s->max_clients_per_uid) {
 			log_warnx("refusing a client: uid %u has %u connections "
 				  "(max_clients_per_uid)", (unsigned)c->uid, s->max_clients_per_uid);

@@ -65,6 +65,7 @@ make_generation(struct fdstore_generation *g, uint64_t slot, uint64_t number, ui
 	g->number = number;
 	g->role = role;
 	g->pin = 1;
+	g->holders = role == FDSTORE_PENDING ? 0 : (uint32_t)(number * 1000003u); /* > 16 bits */
 	assert_true(fdstore_name_index(name, sizeof(name), slot, number) > 0);
 	g->index_fdname = strdup(name);
 	g->index_size = 4096 * number;
@@ -143,9 +144,13 @@ test_round_trip(void **state)
 	assert_string_equal(back->models[1].generations[0].files[249].fdname, "wc-7-2-249");
 	assert_int_equal(back->models[0].generations[0].files[0].mtime_ns, -5);
 	assert_int_equal(back->models[0].generations[2].role, FDSTORE_PENDING);
+	assert_int_equal(back->models[0].generations[1].holders, 3000009u);
 	again = encode(back, &len2);
 	assert_int_equal(len, len2);
 	assert_memory_equal(buf, again, len);
+	back->models[0].generations[1].holders--;
+	assert_false(fdstore_equal(d, back));
+	back->models[0].generations[1].holders++;
 	back->models[0].generations[1].files[0].ino++;
 	assert_false(fdstore_equal(d, back));
 	fdstore_free(back);
@@ -288,8 +293,13 @@ test_hostile_bytes(void **state)
 	copy[0] = 'w';
 	bad_bytes(copy, len, -EBADMSG, "header: magic");
 	memcpy(copy, buf, len);
-	put_u32(copy + 8, 2);
-	bad_bytes(copy, len, -EPROTO, "header: version: 2, this wcached reads 1");
+	put_u32(copy + 8, 3);
+	bad_bytes(copy, len, -EPROTO, "header: version: 3, this wcached reads 2");
+	/* Version 1 (no holders in its generations) is refused as a whole,
+	 * in one line: a restart after an upgrade loads every model afresh. */
+	memcpy(copy, buf, len);
+	put_u32(copy + 8, 1);
+	bad_bytes(copy, len, -EPROTO, "header: version: 1, this wcached reads 2");
 	memcpy(copy, buf, len);
 	put_u32(copy + 12, FDSTORE_MAX_MODELS + 1);
 	bad_bytes(copy, len, -EBADMSG, "header: model count: 4097, more than 4096");
