@@ -261,11 +261,11 @@ test_cursor(void **state)
 	assert_true(jr_str_eq(&k, "dtype", 5));
 	assert_false(jr_str_eq(&k, "dtypx", 5));
 	assert_false(jr_str_eq(&k, "dtyp", 4));
-	jr_str_decode(&k, buf);
+	assert_int_equal(jr_str_decode(&k, buf, sizeof(buf)), 0);
 	assert_string_equal(buf, "dtype");
 	assert_int_equal(jr_string(&j, &s), 0);
 	assert_int_equal(s.len, 1 + 2 + 4 + 1);
-	jr_str_decode(&s, buf);
+	assert_int_equal(jr_str_decode(&s, buf, sizeof(buf)), 0);
 	assert_memory_equal(buf, "F\xc3\xa9\xf0\x9f\x98\x80\n", 9);
 	assert_false(s.has_nul);
 
@@ -283,7 +283,7 @@ test_cursor(void **state)
 	assert_int_equal(jr_string(&j, &s), 0);
 	assert_true(s.has_nul);
 	assert_int_equal(s.len, 3);
-	jr_str_decode(&s, buf);
+	assert_int_equal(jr_str_decode(&s, buf, sizeof(buf)), 0);
 	assert_memory_equal(buf, "a\0b", 4);
 
 	assert_int_equal(jr_object_next(&j, &k), 1);
@@ -336,7 +336,7 @@ assert_string_value(const char *text, size_t len, const char *want, size_t want_
 	assert_int_equal(jr_string(&j, &s), 0);
 	assert_int_equal(jr_finish(&j), 0);
 	assert_int_equal(s.len, want_len);
-	jr_str_decode(&s, dec);
+	assert_int_equal(jr_str_decode(&s, dec, want_len + 1), 0);
 	assert_memory_equal(dec, want, want_len);
 	free(dec);
 
