@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -112,6 +113,22 @@ tree_close(struct model_tree *t)
 	t->dir = NULL;
 }
 
+/* Whether the symlink at link (whose target is target) points at another
+ * symlink: a chain, whose end its target does not show. */
+static bool
+is_link_to_link(const char *link, const char *target)
+{
+	char next[PATH_MAX * 2 + 2];
+	const char *slash = strrchr(link, '/');
+	struct stat st;
+
+	if (target[0] == '/' || slash == NULL)
+		snprintf(next, sizeof(next), "%s", target);
+	else
+		snprintf(next, sizeof(next), "%.*s/%s", (int)(slash - link), link, target);
+	return lstat(next, &st) == 0 && S_ISLNK(st.st_mode);
+}
+
 /*
  * Explains why rel (a path inside t) leads out of the tree: finds the first
  * component of rel that is a symlink and names it and its target; the path it
@@ -140,21 +157,22 @@ explain_escape(const struct model_tree *t, const char *rel, const char *path)
 	target[k] = '\0';
 	snprintf(full, sizeof(full), "%s/%s", t->root, rel);
 	real = realpath(full, NULL);
-	if (target[0] == '/' && real == NULL)
-		return error_set(-EXDEV, "%s: symlink to %s leaves the model's tree %s (absolute "
-			"links are not allowed in a model)", strcmp(sub, rel) == 0 ? path : full,
-			target, t->root);
 	if (strcmp(sub, rel) != 0)
 		snprintf(full, sizeof(full), "%s/%s", t->root, sub);
-	if (real != NULL && strcmp(real, target) != 0) {
+	else
+		snprintf(full, sizeof(full), "%s", path);
+	n = strlen(t->root);
+	if (target[0] == '/' && real != NULL && strncmp(real, t->root, n) == 0 && real[n] == '/')
+		error_set(-EXDEV, "%s: symlink to %s: absolute links are not allowed inside the "
+			"model's tree %s (make it relative)", full, target, t->root);
+	else if (real != NULL && is_link_to_link(full, target))
 		error_set(-EXDEV, "%s: symlink to %s (resolving to %s) leaves the model's tree %s",
-			strcmp(sub, rel) == 0 ? path : full, target, real, t->root);
-		free(real);
-		return -EXDEV;
-	}
+			full, target, real, t->root);
+	else
+		error_set(-EXDEV, "%s: symlink to %s leaves the model's tree %s", full, target,
+			t->root);
 	free(real);
-	return error_set(-EXDEV, "%s: symlink to %s leaves the model's tree %s",
-		strcmp(sub, rel) == 0 ? path : full, target, t->root);
+	return -EXDEV;
 }
 
 /*
