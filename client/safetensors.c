@@ -157,54 +157,6 @@ format_shape(char *dst, size_t cap, const uint64_t *shape, uint32_t ndim)
 	return dst;
 }
 
-/*
- * Recognises files that are not safetensors at all and explains them;
- * returns 0 when the file may be safetensors.
- */
-static int
-check_not_safetensors(const char *name, const uint8_t *file, uint64_t size)
-{
-	static const char lfs[] = "version https://git-lfs";
-	uint64_t i = 0;
-	int r;
-
-	if (size == 0)
-		return error_set(-EINVAL, "%s: file is empty (0 bytes), not a safetensors file",
-			name);
-	if (size >= sizeof(lfs) - 1 && memcmp(file, lfs, sizeof(lfs) - 1) == 0)
-		return error_set(-EINVAL,
-			"%s: is a Git LFS pointer, not the model data: run `git lfs pull` in "
-			"its repository to fetch the file", name);
-	if (size >= 3 && memcmp(file, "\xef\xbb\xbf", 3) == 0)
-		i = 3;
-	while (i < size && i < 1024 &&
-		(file[i] == ' ' || file[i] == '\t' || file[i] == '\r' || file[i] == '\n'))
-		i++;
-	if ((size - i >= 9 && strncasecmp((const char *)file + i, "<!doctype", 9) == 0) ||
-		(size - i >= 5 && strncasecmp((const char *)file + i, "<html", 5) == 0))
-		return error_set(-EINVAL,
-			"%s: looks like an HTML page, not a safetensors file (a failed "
-			"download?)", name);
-	if ((r = diagnose_format(name, file, size)) < 0)
-		return r;
-	if (size < 8)
-		return error_set(-EINVAL,
-			"%s: %llu bytes, too short for a safetensors file (8-byte header "
-			"length, then the header)", name, (unsigned long long)size);
-	return 0;
-}
-
-/* True if the 8 bytes at p are printable ASCII or whitespace (a text file). */
-static bool
-looks_like_text(const uint8_t *p)
-{
-	for (int i = 0; i < 8; i++)
-		if (!((p[i] >= 0x20 && p[i] < 0x7f) || p[i] == '\t' || p[i] == '\n' ||
-			    p[i] == '\r'))
-			return false;
-	return true;
-}
-
 /* Reads an array of non-negative integers into v (at most max). */
 static int
 read_u64_array(struct st_ctx *c, const char *field, uint64_t *v, uint32_t max, uint32_t *count)
@@ -801,11 +753,11 @@ st_parse_bytes(const char *name, const struct file_bytes *in, uint32_t file_no,
 	if (in->head_len > size)
 		return error_set(-EIO, "%s: file changed while being read: %zu bytes read of a "
 			"%llu-byte file", name, in->head_len, (unsigned long long)size);
-	if ((r = check_not_safetensors(name, file, in->head_len)) < 0)
+	if ((r = diagnose_not_safetensors(name, file, in->head_len)) < 0)
 		return r;
 	n = get_le64(file);
 	if (n > ST_MAX_HEADER) {
-		if (looks_like_text(file)) {
+		if (diagnose_looks_like_text(file)) {
 			char q[64];
 
 			return error_set(-EINVAL,
