@@ -11,11 +11,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/magic.h>
 #include <linux/openat2.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -79,6 +81,7 @@ tree_open(const char *model_dir, struct model_tree *out)
 {
 	const char *d = model_dir[0] != '\0' ? model_dir : ".";
 	struct model_tree t = { .fd = -1 };
+	struct statfs fs;
 	char *canon;
 
 	if ((canon = realpath(d, NULL)) == NULL)
@@ -95,6 +98,7 @@ tree_open(const char *model_dir, struct model_tree *out)
 		tree_close(&t);
 		return -e;
 	}
+	t.proc = fstatfs(t.fd, &fs) == 0 && fs.f_type == PROC_SUPER_MAGIC;
 	*out = t;
 	return 0;
 }
@@ -219,12 +223,15 @@ tree_open_file(const struct model_tree *t, const char *name, const char *path,
 	if (asprintf(&rel, "%s%s", t->dir, name) < 0)
 		return error_set(-ENOMEM, "%s: out of memory", path);
 	errno = ENOSYS;
-	while (!tree_force_fallback &&
-		(fd = syscall(SYS_openat2, t->fd, rel, &how, sizeof(how))) == -1 &&
-		errno == EAGAIN && ++tries < TREE_EAGAIN_TRIES)
-		;
+	if (t->proc) /* the caller's own descriptor, /proc/self/fd/N: no tree */
+		fd = openat(t->fd, rel, TREE_OPEN_FLAGS);
+	else
+		while (!tree_force_fallback &&
+			(fd = syscall(SYS_openat2, t->fd, rel, &how, sizeof(how))) == -1 &&
+			errno == EAGAIN && ++tries < TREE_EAGAIN_TRIES)
+			;
 	if (fd == -1) {
-		if (errno == ENOSYS)
+		if (errno == ENOSYS && !t->proc)
 			fd = open_fallback(t, rel, path);
 		else if (errno == EXDEV)
 			fd = explain_escape(t, rel, path);

@@ -20,10 +20,13 @@
  * Where the kernel has no openat2 (ENOSYS, before Linux 5.6, or a seccomp
  * filter), a fallback resolves the path with realpath(3), checks it against
  * the root and opens it with O_NOFOLLOW (racy against a writer who swaps
- * directories meanwhile, and says so in the docs).
+ * directories meanwhile, and says so in the docs). A path in procfs
+ * (/proc/self/fd/N, a caller's own open file) has no tree and is followed.
  */
 #ifndef WC_TREE_H
 #define WC_TREE_H
+
+#include <stdbool.h>
 
 #include "file.h"
 
@@ -31,6 +34,9 @@ struct model_tree {
 	int fd;     /* O_PATH | O_DIRECTORY descriptor of the tree's root, or -1 */
 	char *root; /* the root's canonical path, for messages and the fallback */
 	char *dir;  /* the model directory inside the tree: "" or "snapshots/REV/" */
+	bool proc;  /* the directory is in procfs (/proc/self/fd/N names a caller's
+		     * open file, as the Python package's safe_open of a file
+		     * object does): no model tree there, links are followed */
 };
 
 /*

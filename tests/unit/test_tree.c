@@ -9,6 +9,7 @@
  * case runs twice: with openat2 and with the fallback for kernels without it.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -234,6 +235,26 @@ test_hub_snapshot(void **state)
 		"plain/snapshots/rev1");
 }
 
+/* /proc/self/fd/N names the caller's own open file (the Python package's
+ * safe_open of a file object): it has no model tree and opens. */
+static void
+test_proc_self_fd(void **state)
+{
+	struct fixture *f = *state;
+	char p[PATH_MAX];
+	struct wc_file w;
+	int fd;
+
+	snprintf(p, sizeof(p), "%s/models/a/real.safetensors", f->dir);
+	assert_true((fd = open(p, O_RDONLY | O_CLOEXEC)) >= 0);
+	snprintf(p, sizeof(p), "/proc/self/fd/%d", fd);
+	assert_int_equal(tree_open_model_file(p, &w), 0);
+	assert_int_equal(w.size, 4);
+	assert_int_equal(w.base[0], 'A');
+	file_close(&w);
+	close(fd);
+}
+
 /* The tree of a model directory and its place in the tree. */
 static void
 test_tree_open(void **state)
@@ -266,6 +287,7 @@ main(void)
 		BOTH(test_chain),
 		BOTH(test_hub_snapshot),
 		BOTH(test_tree_open),
+		BOTH(test_proc_self_fd),
 #undef BOTH
 	};
 
