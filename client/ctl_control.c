@@ -258,7 +258,10 @@ read_string(struct jr *j, char **out, size_t *len)
 		return r;
 	if ((copy = malloc(s.len + 1)) == NULL)
 		return -ENOMEM;
-	jr_str_decode(&s, copy);
+	if ((r = jr_str_decode(&s, copy, s.len + 1)) < 0) {
+		free(copy);
+		return r;
+	}
 	free(*out);
 	*out = copy;
 	if (len != NULL)

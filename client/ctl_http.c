@@ -157,7 +157,8 @@ serve_metrics(const char *control_path)
 				rc = -ENOMEM;
 				break;
 			}
-			jr_str_decode(&v, text);
+			if ((rc = jr_str_decode(&v, text, v.len + 1)) < 0)
+				break;
 			text_len = v.len;
 		} else {
 			rc = jr_skip(&j);

@@ -13,11 +13,14 @@
  *   Python pickle;
  * - GGUF ("GGUF"), NumPy .npy ("\x93NUMPY"), HDF5 (its 8-byte signature at
  *   offset 0, 512, 1024 or 2048, where the HDF5 spec allows a user block).
- * Only magic bytes are read, from the start of the mapping, bounds-checked,
+ * Only magic bytes are read, from the start of the file (the private copy
+ * the safetensors reader made), bounds-checked,
  * and only when byte 8 does not open a JSON object (a safetensors header).
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <string.h>
+#include <strings.h>
 
 #include "diagnose.h"
 #include "error.h"
@@ -106,4 +109,52 @@ diagnose_format(const char *name, const uint8_t *file, uint64_t size)
 				"%s: is an HDF5 file (Keras/TensorFlow .h5), not a safetensors file",
 				name);
 	return 0;
+}
+
+/*
+ * Recognises files that are not safetensors at all and explains them;
+ * returns 0 when the file may be safetensors.
+ */
+int
+diagnose_not_safetensors(const char *name, const uint8_t *file, uint64_t size)
+{
+	static const char lfs[] = "version https://git-lfs";
+	uint64_t i = 0;
+	int r;
+
+	if (size == 0)
+		return error_set(-EINVAL, "%s: file is empty (0 bytes), not a safetensors file",
+			name);
+	if (size >= sizeof(lfs) - 1 && memcmp(file, lfs, sizeof(lfs) - 1) == 0)
+		return error_set(-EINVAL,
+			"%s: is a Git LFS pointer, not the model data: run `git lfs pull` in "
+			"its repository to fetch the file", name);
+	if (size >= 3 && memcmp(file, "\xef\xbb\xbf", 3) == 0)
+		i = 3;
+	while (i < size && i < 1024 &&
+		(file[i] == ' ' || file[i] == '\t' || file[i] == '\r' || file[i] == '\n'))
+		i++;
+	if ((size - i >= 9 && strncasecmp((const char *)file + i, "<!doctype", 9) == 0) ||
+		(size - i >= 5 && strncasecmp((const char *)file + i, "<html", 5) == 0))
+		return error_set(-EINVAL,
+			"%s: looks like an HTML page, not a safetensors file (a failed "
+			"download?)", name);
+	if ((r = diagnose_format(name, file, size)) < 0)
+		return r;
+	if (size < 8)
+		return error_set(-EINVAL,
+			"%s: %llu bytes, too short for a safetensors file (8-byte header "
+			"length, then the header)", name, (unsigned long long)size);
+	return 0;
+}
+
+/* True if the 8 bytes at p are printable ASCII or whitespace (a text file). */
+bool
+diagnose_looks_like_text(const uint8_t *p)
+{
+	for (int i = 0; i < 8; i++)
+		if (!((p[i] >= 0x20 && p[i] < 0x7f) || p[i] == '\t' || p[i] == '\n' ||
+			    p[i] == '\r'))
+			return false;
+	return true;
 }

@@ -11,6 +11,7 @@
 #ifndef WC_DIAGNOSE_H
 #define WC_DIAGNOSE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /* The command that converts a PyTorch checkpoint, named in messages. */
@@ -22,5 +23,17 @@
  * and the converter) and returns -EINVAL; else returns 0.
  */
 int diagnose_format(const char *name, const uint8_t *file, uint64_t size);
+
+/*
+ * Recognises files that are not safetensors at all (empty, a Git LFS
+ * pointer, an HTML page, the formats of diagnose_format(), too short) from
+ * the first size bytes at file and explains them: -EINVAL with the message;
+ * 0 when the file may be safetensors.
+ */
+int diagnose_not_safetensors(const char *name, const uint8_t *file, uint64_t size);
+
+/* True if the 8 bytes at p are printable ASCII or whitespace: a text file
+ * where a safetensors header length should be. */
+bool diagnose_looks_like_text(const uint8_t *p);
 
 #endif

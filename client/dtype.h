@@ -37,18 +37,28 @@ dtype_by_code(uint32_t code)
  * -EOVERFLOW when the count or size does not fit 64 bits, or -EINVAL when
  * the bit count is not a multiple of 8 (sub-byte types). Inline for the
  * same reason.
+ *
+ * The overflow rule does not depend on the order of the dimensions: the
+ * product of the non-zero dimensions (and its size in bits) must fit 64
+ * bits even when a zero dimension makes the tensor empty, so [0, 2^40, 2^40]
+ * and [2^40, 2^40, 0] are both refused. (Upstream safetensors multiplies
+ * left to right with checked_mul and so accepts the first and refuses the
+ * second; we take the strict rule, in every reader.)
  */
 static inline int
 dtype_nbytes(const struct dtype_info *t, const uint64_t *shape, uint32_t ndim,
 	uint64_t *elements, uint64_t *nbytes)
 {
-	uint64_t count = 1, bits;
+	uint64_t count = 1, nonzero = 1, bits;
 
-	for (uint32_t i = 0; i < ndim; i++)
-		if (__builtin_mul_overflow(count, shape[i], &count))
+	for (uint32_t i = 0; i < ndim; i++) {
+		count *= shape[i]; /* wraps only if nonzero overflows below */
+		if (shape[i] != 0 && __builtin_mul_overflow(nonzero, shape[i], &nonzero))
 			return -EOVERFLOW;
-	if (__builtin_mul_overflow(count, (uint64_t)t->bits, &bits))
+	}
+	if (__builtin_mul_overflow(nonzero, (uint64_t)t->bits, &bits))
 		return -EOVERFLOW;
+	bits = count * (uint64_t)t->bits; /* count <= nonzero: no overflow */
 	if (bits % 8 != 0)
 		return -EINVAL;
 	*elements = count;

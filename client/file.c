@@ -8,6 +8,11 @@
  * and it lets wc_model_cow() make a model writable copy-on-write for
  * bindings that have no read-only tensors (torch); MAP_NORESERVE keeps that
  * from being charged as private memory up front.
+ *
+ * Parsers never read that mapping: whoever can write the file could change
+ * the bytes under them (or truncate them away: SIGBUS). They read private
+ * copies made with pread (file_read_exact, file_read_bytes), and a file that
+ * shrinks or changes while it is read fails its load with a message.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -64,6 +69,122 @@ file_open(const char *path, struct wc_file *out)
 	if ((r = file_from_fd(fd, path, out)) < 0)
 		close(fd);
 	return r;
+}
+
+int
+file_read_exact(int fd, const char *path, const char *what, uint64_t off, uint64_t len,
+	uint64_t min_len, uint64_t max_len, uint8_t **out)
+{
+	uint64_t done = 0, end;
+	uint8_t *buf;
+
+	if (len < min_len)
+		return error_set(-EINVAL, "%s: %s of %llu bytes is shorter than %llu", path, what,
+			(unsigned long long)len, (unsigned long long)min_len);
+	if (len > max_len || len > (uint64_t)SIZE_MAX - 1)
+		return error_set(-EFBIG, "%s: %s of %llu bytes is larger than the %llu allowed",
+			path, what, (unsigned long long)len, (unsigned long long)max_len);
+	if (__builtin_add_overflow(off, len, &end) || end > (uint64_t)INT64_MAX)
+		return error_set(-EINVAL, "%s: %s at offset %llu: beyond any file size", path,
+			what, (unsigned long long)off);
+	if ((buf = malloc(len ? (size_t)len : 1)) == NULL)
+		return error_set(-ENOMEM, "%s: out of memory for the %s (%llu bytes)", path, what,
+			(unsigned long long)len);
+	while (done < len) {
+		ssize_t r = pread(fd, buf + done, (size_t)(len - done), (off_t)(off + done));
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0) {
+			int e = r < 0 ? errno : 0;
+
+			free(buf);
+			if (e != 0)
+				return error_set(-e, "%s: reading the %s: %s", path, what, strerror(e));
+			return error_set(-EIO, "%s: file shrank while being read: %s [%llu, %llu) "
+				"ends at %llu", path, what, (unsigned long long)off,
+				(unsigned long long)end, (unsigned long long)(off + done));
+		}
+		done += (uint64_t)r;
+	}
+	*out = buf;
+	return 0;
+}
+
+int
+file_read_bytes(const struct wc_file *f, file_head_fn need, uint64_t max_head,
+	struct file_bytes *out)
+{
+	uint64_t probe = f->size < FILE_PROBE_LEN ? f->size : FILE_PROBE_LEN, head;
+	uint64_t tail = f->size < FILE_TAIL_MAX ? f->size : FILE_TAIL_MAX;
+	uint8_t *buf, *t;
+	int r;
+
+	if ((r = file_read_exact(f->fd, f->path, "start of the file", 0, probe, 0, probe,
+		     &buf)) < 0)
+		return r;
+	head = need(buf, (size_t)probe, f->size);
+	if (head < probe || head > f->size)
+		head = probe;
+	if (head > probe) {
+		free(buf);
+		if ((r = file_read_exact(f->fd, f->path, "header", 0, head, 0, max_head, &buf)) < 0)
+			return r;
+	}
+	/* The tail goes after the head in the same block. */
+	if ((t = realloc(buf, (size_t)head + FILE_TAIL_MAX)) == NULL) {
+		free(buf);
+		return error_set(-ENOMEM, "%s: out of memory", f->path);
+	}
+	buf = t;
+	if (tail > 0) {
+		uint8_t *copy;
+
+		if ((r = file_read_exact(f->fd, f->path, "end of the file", f->size - tail, tail,
+			     0, FILE_TAIL_MAX, &copy)) < 0) {
+			free(buf);
+			return r;
+		}
+		memcpy(buf + head, copy, (size_t)tail);
+		free(copy);
+	}
+	*out = (struct file_bytes){ .head = buf, .head_len = (size_t)head, .tail = buf + head,
+		.tail_len = (size_t)tail, .size = f->size, .owned = buf };
+	return 0;
+}
+
+struct file_bytes
+file_bytes_of(const uint8_t *data, uint64_t size)
+{
+	size_t tail = size < FILE_TAIL_MAX ? (size_t)size : FILE_TAIL_MAX;
+
+	return (struct file_bytes){ .head = data, .head_len = (size_t)size,
+		.tail = data != NULL ? data + size - tail : NULL, .tail_len = tail, .size = size };
+}
+
+void
+file_bytes_free(struct file_bytes *b)
+{
+	if (b == NULL)
+		return;
+	free(b->owned);
+	memset(b, 0, sizeof(*b));
+}
+
+int
+file_check_unchanged(const struct wc_file *f)
+{
+	struct stat st;
+
+	if (fstat(f->fd, &st) == -1)
+		return error_set(-errno, "%s: fstat: %s", f->path, strerror(errno));
+	if (st.st_size != f->st.st_size)
+		return error_set(-ESTALE, "%s: file changed while being read (size %lld, now %lld)",
+			f->path, (long long)f->st.st_size, (long long)st.st_size);
+	if (st.st_mtim.tv_sec != f->st.st_mtim.tv_sec || st.st_mtim.tv_nsec != f->st.st_mtim.tv_nsec)
+		return error_set(-ESTALE, "%s: file changed while being read (written in place; "
+			"replace a served file with rename(2))", f->path);
+	return 0;
 }
 
 void

@@ -11,6 +11,7 @@
 #define WC_FILE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/stat.h>
 
@@ -29,6 +30,66 @@ int file_open(const char *path, struct wc_file *out);
 /* Maps an already open descriptor (taking ownership of fd on success only);
  * path is for messages. */
 int file_from_fd(int fd, const char *path, struct wc_file *out);
+
+/*
+ * Reads exactly [off, off + len) of fd into a new malloc'd buffer (*out,
+ * len bytes; the caller frees it), so a parser works on bytes nobody else
+ * can change. len must lie in [min_len, max_len]; what names the bytes for
+ * messages ("header", "shard index"). A read that ends early is -EIO "file
+ * shrank while being read". Messages name path. *out is untouched on failure.
+ */
+int file_read_exact(int fd, const char *path, const char *what, uint64_t off, uint64_t len,
+	uint64_t min_len, uint64_t max_len, uint8_t **out);
+
+/*
+ * The bytes of one model file that a format parser reads: private copies made
+ * with file_read_exact(), never a mapping another process can write. head
+ * holds file[0..head_len), tail the file's last tail_len bytes (for a
+ * trailer); size is the file's size when it was opened. owned is what
+ * file_bytes_free() frees (NULL when the caller owns the memory).
+ */
+struct file_bytes {
+	const uint8_t *head;
+	size_t head_len;
+	const uint8_t *tail;
+	size_t tail_len;
+	uint64_t size;
+	uint8_t *owned;
+};
+
+/* Most bytes a tail holds (the WEIG trailer is 16). */
+#define FILE_TAIL_MAX 16
+
+/* Bytes read first, to detect a format and its header length. */
+#define FILE_PROBE_LEN 65536
+
+/*
+ * How many head bytes a format's parser needs, from the first len bytes of a
+ * file of size bytes (len == min(size, FILE_PROBE_LEN)). Returns a value in
+ * [len, size] (len when the prefix says nothing useful: the parser explains).
+ */
+typedef uint64_t (*file_head_fn)(const uint8_t *prefix, size_t len, uint64_t size);
+
+/*
+ * Reads the head (as much as need says, at most max_head bytes) and the tail
+ * of f into *out. On failure *out is untouched and the message names f.
+ */
+int file_read_bytes(const struct wc_file *f, file_head_fn need, uint64_t max_head,
+	struct file_bytes *out);
+
+/* A whole file image already in the caller's memory as file bytes (tests,
+ * fuzzers, converters): nothing is copied and nothing owned. */
+struct file_bytes file_bytes_of(const uint8_t *data, uint64_t size);
+
+/* Frees what out owns; safe on a zeroed one. */
+void file_bytes_free(struct file_bytes *b);
+
+/*
+ * Checks that f still has the size and modification time it had when it was
+ * opened: -ESTALE "file changed while being read" otherwise. Called after a
+ * parse, so a file written in place during a load fails that load.
+ */
+int file_check_unchanged(const struct wc_file *f);
 
 /* The last component of path, as a model's index records its files. */
 const char *file_basename(const char *path);

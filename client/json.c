@@ -244,37 +244,48 @@ jr_string(struct jr *j, struct jr_str *out)
 }
 
 /*
- * Decodes the unit (one plain byte or one escape) at *pp into out, advancing
- * *pp; returns the number of bytes written (1 to 4). The string was
- * validated by scan_string(), so escapes are well formed.
+ * Decodes the unit (one plain byte or one escape) at *pp, before end, into
+ * out, advancing *pp; returns the number of bytes written (1 to 4), or 0 when
+ * the bytes there are not a complete, valid escape. scan_string() validated
+ * the string, but the bytes may have changed since (a buffer another process
+ * writes), so every read is bounded by end and every escape checked again.
  */
 static size_t
-decode_unit(const char **pp, char out[4])
+decode_unit(const char **pp, const char *end, char out[4])
 {
 	const unsigned char *p = (const unsigned char *)*pp;
-	uint32_t cp;
+	int cp, lo;
 
 	if (*p != '\\') {
 		out[0] = (char)*p;
 		*pp += 1;
 		return 1;
 	}
-	*pp += 2;
+	if (end - *pp < 2)
+		return 0;
 	switch (p[1]) {
-	case 'b': out[0] = '\b'; return 1;
-	case 'f': out[0] = '\f'; return 1;
-	case 'n': out[0] = '\n'; return 1;
-	case 'r': out[0] = '\r'; return 1;
-	case 't': out[0] = '\t'; return 1;
-	case 'u': break;
-	default: out[0] = (char)p[1]; return 1;
+	case 'b': out[0] = '\b'; break;
+	case 'f': out[0] = '\f'; break;
+	case 'n': out[0] = '\n'; break;
+	case 'r': out[0] = '\r'; break;
+	case 't': out[0] = '\t'; break;
+	case '"': case '\\': case '/': out[0] = (char)p[1]; break;
+	case 'u': goto unicode;
+	default: return 0;
 	}
-	cp = (uint32_t)hex4(p + 2);
-	*pp += 4;
+	*pp += 2;
+	return 1;
+unicode:
+	if (end - *pp < 6 || (cp = hex4(p + 2)) < 0 || (cp >= 0xdc00 && cp <= 0xdfff))
+		return 0;
 	if (cp >= 0xd800 && cp <= 0xdbff) {
-		cp = 0x10000 + ((cp - 0xd800) << 10) + ((uint32_t)hex4(p + 8) - 0xdc00);
+		if (end - *pp < 12 || p[6] != '\\' || p[7] != 'u' || (lo = hex4(p + 8)) < 0 ||
+			lo < 0xdc00 || lo > 0xdfff)
+			return 0;
+		cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
 		*pp += 6;
 	}
+	*pp += 6;
 	if (cp < 0x80) {
 		out[0] = (char)cp;
 		return 1;
@@ -297,28 +308,49 @@ decode_unit(const char **pp, char out[4])
 	return 4;
 }
 
-void
-jr_str_decode(const struct jr_str *s, char *dst)
+int
+jr_str_decode(const struct jr_str *s, char *dst, size_t cap)
 {
 	const char *p = s->raw, *end = s->raw + s->raw_len;
-	size_t n = 0;
+	size_t n = 0, k;
+	char u[4];
 
+	if (cap == 0)
+		return -ENOBUFS;
+	dst[0] = '\0';
 	if (!s->escaped) {
+		if (s->raw_len >= cap)
+			return -ENOBUFS;
 		memcpy(dst, s->raw, s->raw_len);
 		dst[s->raw_len] = '\0';
-		return;
+		return 0;
 	}
 	while (p < end) {
 		const char *bs = memchr(p, '\\', (size_t)(end - p));
 		size_t run = (size_t)((bs != NULL ? bs : end) - p);
 
+		if (run >= cap - n) {
+			dst[n] = '\0';
+			return -ENOBUFS;
+		}
 		memcpy(dst + n, p, run);
 		n += run;
 		p += run;
-		if (p < end)
-			n += decode_unit(&p, dst + n);
+		if (p == end)
+			break;
+		if ((k = decode_unit(&p, end, u)) == 0) {
+			dst[n] = '\0';
+			return -EINVAL;
+		}
+		if (k >= cap - n) {
+			dst[n] = '\0';
+			return -ENOBUFS;
+		}
+		memcpy(dst + n, u, k);
+		n += k;
 	}
 	dst[n] = '\0';
+	return n == s->len ? 0 : -EINVAL;
 }
 
 bool
@@ -331,13 +363,13 @@ jr_str_eq_escaped(const struct jr_str *s, const char *lit, size_t n)
 		return false;
 	while (p < end) {
 		char u[4];
-		size_t k = decode_unit(&p, u);
+		size_t k = decode_unit(&p, end, u);
 
-		if (memcmp(u, lit + i, k) != 0)
+		if (k == 0 || k > n - i || memcmp(u, lit + i, k) != 0)
 			return false;
 		i += k;
 	}
-	return true;
+	return i == n;
 }
 
 /* ---- structure ---- */
@@ -749,8 +781,15 @@ json_quote_str(char *dst, size_t cap, const struct jr_str *s)
 	if (!s->escaped)
 		return json_quote(dst, cap, s->raw, s->raw_len);
 	/* Only the start can be shown: decode at most sizeof(buf) bytes. */
-	while (p < end && n + 4 <= sizeof(buf))
-		n += decode_unit(&p, buf + n);
+	while (p < end && n + 4 <= sizeof(buf)) {
+		size_t unit = decode_unit(&p, end, buf + n);
+
+		if (unit == 0) { /* changed since it was validated: stop there */
+			p = end;
+			break;
+		}
+		n += unit;
+	}
 	if (p < end) {
 		/* Drop a multi-byte character cut at the end of buf. */
 		for (k = n; k > 0 && n - k < 3 && ((unsigned char)buf[k - 1] & 0xc0) == 0x80; k--)

@@ -137,9 +137,14 @@ jr_skip_to(struct jr *j, const char *p)
 	j->p = p;
 }
 
-/* Writes the decoded value of s (s->len bytes) and a NUL to dst, which must
- * hold s->len + 1 bytes. s must come from this reader (validated). */
-void jr_str_decode(const struct jr_str *s, char *dst);
+/*
+ * Writes the decoded value of s and a NUL to dst, which holds cap bytes
+ * (s->len + 1 are needed). Never writes past dst[cap - 1] nor reads past the
+ * raw bytes, even when they changed since the reader measured s: -ENOBUFS
+ * when the value does not fit, -EINVAL when the bytes are no longer a valid
+ * string of s->len bytes; dst then holds a NUL-terminated prefix.
+ */
+int jr_str_decode(const struct jr_str *s, char *dst, size_t cap);
 
 /* True if the decoded value of s is exactly lit[0..n). Inline for the
  * common unescaped case, where a constant n lets the compiler compare in

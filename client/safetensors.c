@@ -12,6 +12,11 @@
  * read two ways: duplicate keys, unknown fields, empty names and names with
  * NUL are errors.
  *
+ * The parser reads a private copy of the header (st_parse_bytes, fed by
+ * file_read_bytes() in file.c), never the file's mapping: whoever can write
+ * the file could change the bytes between the scan of a string and its
+ * decoding. Only the file size is needed for the data area.
+ *
  * Speed: a large model's header holds tens of thousands of tensors and is
  * read on every load, so the common spelling of a tensor entry is
  * recognised byte for byte (read_canonical) and everything else goes
@@ -150,54 +155,6 @@ format_shape(char *dst, size_t cap, const uint64_t *shape, uint32_t ndim)
 	if (pos < cap)
 		snprintf(dst + pos, cap - pos, "]");
 	return dst;
-}
-
-/*
- * Recognises files that are not safetensors at all and explains them;
- * returns 0 when the file may be safetensors.
- */
-static int
-check_not_safetensors(const char *name, const uint8_t *file, uint64_t size)
-{
-	static const char lfs[] = "version https://git-lfs";
-	uint64_t i = 0;
-	int r;
-
-	if (size == 0)
-		return error_set(-EINVAL, "%s: file is empty (0 bytes), not a safetensors file",
-			name);
-	if (size >= sizeof(lfs) - 1 && memcmp(file, lfs, sizeof(lfs) - 1) == 0)
-		return error_set(-EINVAL,
-			"%s: is a Git LFS pointer, not the model data: run `git lfs pull` in "
-			"its repository to fetch the file", name);
-	if (size >= 3 && memcmp(file, "\xef\xbb\xbf", 3) == 0)
-		i = 3;
-	while (i < size && i < 1024 &&
-		(file[i] == ' ' || file[i] == '\t' || file[i] == '\r' || file[i] == '\n'))
-		i++;
-	if ((size - i >= 9 && strncasecmp((const char *)file + i, "<!doctype", 9) == 0) ||
-		(size - i >= 5 && strncasecmp((const char *)file + i, "<html", 5) == 0))
-		return error_set(-EINVAL,
-			"%s: looks like an HTML page, not a safetensors file (a failed "
-			"download?)", name);
-	if ((r = diagnose_format(name, file, size)) < 0)
-		return r;
-	if (size < 8)
-		return error_set(-EINVAL,
-			"%s: %llu bytes, too short for a safetensors file (8-byte header "
-			"length, then the header)", name, (unsigned long long)size);
-	return 0;
-}
-
-/* True if the 8 bytes at p are printable ASCII or whitespace (a text file). */
-static bool
-looks_like_text(const uint8_t *p)
-{
-	for (int i = 0; i < 8; i++)
-		if (!((p[i] >= 0x20 && p[i] < 0x7f) || p[i] == '\t' || p[i] == '\n' ||
-			    p[i] == '\r'))
-			return false;
-	return true;
 }
 
 /* Reads an array of non-negative integers into v (at most max). */
@@ -414,10 +371,8 @@ read_general(struct st_ctx *c, const struct dtype_info **dtp, uint64_t *shape, u
 						c->name, qn(c), type_name(t));
 			if (jr_string(&c->j, &s) < 0)
 				return header_error(c, "tensor %s: dtype", qn(c));
-			if (s.len < sizeof(d)) {
-				jr_str_decode(&s, d);
+			if (s.len < sizeof(d) && jr_str_decode(&s, d, sizeof(d)) == 0)
 				dt = lookup_dtype(c, d, s.len);
-			}
 			if (dt == NULL)
 				return error_set(-EINVAL, "%s: tensor %s: unknown dtype %s", c->name,
 					qn(c), quote(sbuf, sizeof(sbuf), s.raw, s.raw_len, s.escaped));
@@ -458,7 +413,9 @@ parse_tensor(struct st_ctx *c, const struct jr_str *key)
 			c->name, 8 + (unsigned long long)(key->raw - c->j.buf));
 	c->key = key;
 	if (key->escaped && key->len <= INDEX_MAX_NAME) {
-		jr_str_decode(key, c->decoded);
+		if (jr_str_decode(key, c->decoded, sizeof(c->decoded)) < 0)
+			return error_set(-EINVAL, "%s: tensor %s: name cannot be decoded",
+				c->name, qn(c));
 		name = c->decoded;
 	}
 	if (key->len > INDEX_MAX_NAME)
@@ -562,7 +519,11 @@ check_duplicate_keys(struct st_ctx *c, const struct jr_str *keys, size_t n)
 	for (size_t i = 0; i < n; i++) {
 		k[i].len = keys[i].len;
 		if (keys[i].escaped) {
-			jr_str_decode(&keys[i], at);
+			if (jr_str_decode(&keys[i], at, keys[i].len + 1) < 0) {
+				r = error_set(-EINVAL, "%s: __metadata__: a key cannot be decoded",
+					c->name);
+				goto out;
+			}
 			k[i].p = at;
 			at += keys[i].len + 1;
 		} else {
@@ -576,6 +537,7 @@ check_duplicate_keys(struct st_ctx *c, const struct jr_str *keys, size_t n)
 				json_quote(kbuf, sizeof(kbuf), k[i].p, k[i].len));
 			break;
 		}
+out:
 	free(k);
 	free(arena);
 	return r;
@@ -593,10 +555,12 @@ add_meta(struct st_ctx *c, const struct jr_str *key, const struct jr_str *value)
 		free(kd);
 		return error_set(-ENOMEM, "%s: out of memory", c->name);
 	}
-	if (kd != NULL)
-		jr_str_decode(key, kd);
-	if (vd != NULL)
-		jr_str_decode(value, vd);
+	if ((kd != NULL && jr_str_decode(key, kd, key->len + 1) < 0) ||
+		(vd != NULL && jr_str_decode(value, vd, value->len + 1) < 0)) {
+		free(kd);
+		free(vd);
+		return error_set(-EINVAL, "%s: __metadata__: an entry cannot be decoded", c->name);
+	}
 	r = index_add_meta(c->b, kd != NULL ? kd : key->raw, key->len,
 		vd != NULL ? vd : value->raw, value->len);
 	free(kd);
@@ -756,19 +720,44 @@ parse_header(struct st_ctx *c)
 	return check_tiling(c);
 }
 
+/* The head a safetensors parse needs: the 8-byte length and the header it
+ * announces (when the length is plausible; else the prefix, for messages). */
+static uint64_t
+st_head_len(const uint8_t *prefix, size_t len, uint64_t size)
+{
+	uint64_t n;
+
+	if (len < 8)
+		return len;
+	n = get_le64(prefix);
+	if (n > ST_MAX_HEADER || n > size - 8)
+		return len;
+	return 8 + n;
+}
+
+const struct source_reader st_reader = {
+	.head_len = st_head_len,
+	.max_head = 8 + ST_MAX_HEADER,
+	.parse = st_parse_bytes,
+};
+
 int
-st_parse(const char *name, const uint8_t *file, uint64_t size, uint32_t file_no,
+st_parse_bytes(const char *name, const struct file_bytes *in, uint32_t file_no,
 	struct index_builder *b)
 {
+	const uint8_t *file = in->head;
+	uint64_t size = in->size, n;
 	struct st_ctx *c;
-	uint64_t n;
 	int r;
 
-	if ((r = check_not_safetensors(name, file, size)) < 0)
+	if (in->head_len > size)
+		return error_set(-EIO, "%s: file changed while being read: %zu bytes read of a "
+			"%llu-byte file", name, in->head_len, (unsigned long long)size);
+	if ((r = diagnose_not_safetensors(name, file, in->head_len)) < 0)
 		return r;
 	n = get_le64(file);
 	if (n > ST_MAX_HEADER) {
-		if (looks_like_text(file)) {
+		if (diagnose_looks_like_text(file)) {
 			char q[64];
 
 			return error_set(-EINVAL,
@@ -783,6 +772,10 @@ st_parse(const char *name, const uint8_t *file, uint64_t size, uint32_t file_no,
 		return error_set(-EINVAL,
 			"%s: header length %llu, but only %llu bytes follow it (truncated file?)",
 			name, (unsigned long long)n, (unsigned long long)(size - 8));
+	if (n > in->head_len - 8)
+		return error_set(-EIO, "%s: file changed while being read: header length %llu, "
+			"but %zu header bytes were read", name, (unsigned long long)n,
+			in->head_len - 8);
 	/* Room for as many tensors as the header can hold, so that nothing
 	 * is copied while growing: untouched room costs no memory. */
 	if (index_builder_reserve(b, (size_t)n / ST_MIN_ENTRY_BYTES + 1, (size_t)n) < 0)
@@ -813,7 +806,16 @@ st_parse(const char *name, const uint8_t *file, uint64_t size, uint32_t file_no,
 }
 
 int
+st_parse(const char *name, const uint8_t *file, uint64_t size, uint32_t file_no,
+	struct index_builder *b)
+{
+	struct file_bytes in = file_bytes_of(file, size);
+
+	return st_parse_bytes(name, &in, file_no, b);
+}
+
+int
 st_open(const char *path, struct model_source *out)
 {
-	return source_open_file(path, FORMAT_SAFETENSORS, st_parse, out);
+	return source_open_file(path, FORMAT_SAFETENSORS, &st_reader, out);
 }

@@ -4,7 +4,9 @@
  *
  * The shard index says which shard holds each tensor:
  *   {"metadata": {"total_size": N, ...}, "weight_map": {"tensor": "shard", ...}}
- * Shards are plain file names in the index's directory. We parse every
+ * Shards are plain file names in the index's directory, opened inside the
+ * model's tree (tree.h: a symlinked shard must not lead out of it), and
+ * parsed from private copies of their headers (file_read_bytes()). We parse every
  * shard into one index builder (shard k is file k, in first-seen order of
  * the weight_map) and then check both directions: every tensor of the
  * weight_map is in the shard it names, and every tensor of a shard is in
@@ -27,6 +29,7 @@
 #include "error.h"
 #include "json.h"
 #include "source.h"
+#include "tree.h"
 
 #define SHARDS_MAX_INDEX (64u << 20) /* bytes of shard index JSON we read */
 #define SHARD_MAX_NAME 255           /* NAME_MAX */
@@ -170,7 +173,10 @@ pack_strings(const struct jr_str *const *strs, size_t n)
 	at = (char *)(out + n);
 	for (size_t i = 0; i < n; i++) {
 		out[i] = at;
-		jr_str_decode(strs[i], at);
+		if (jr_str_decode(strs[i], at, strs[i]->len + 1) < 0) {
+			free(out);
+			return NULL;
+		}
 		at += strs[i]->len + 1;
 	}
 	return out;
@@ -194,8 +200,8 @@ shard_number(struct map_reader *r, const struct jr_str *s, uint32_t *out)
 
 		if (r->shards[i].len != s->len)
 			continue;
-		jr_str_decode(&r->shards[i], buf); /* len <= SHARD_MAX_NAME */
-		if (jr_str_eq(s, buf, s->len))
+		if (jr_str_decode(&r->shards[i], buf, sizeof(buf)) == 0 &&
+			jr_str_eq(s, buf, s->len))
 			break;
 	}
 	if (i == r->nshards) {
@@ -245,8 +251,8 @@ read_weight_map(struct map_reader *r, struct jr *j, const char *buf, size_t len)
 		} else {
 			char tmp[SHARD_MAX_NAME + 1];
 
-			jr_str_decode(&value, tmp);
-			why = bad_shard_name(tmp, value.len, value.has_nul);
+			why = jr_str_decode(&value, tmp, sizeof(tmp)) < 0 ? "cannot be decoded" :
+				bad_shard_name(tmp, value.len, value.has_nul);
 		}
 		if (why != NULL)
 			return error_set(-EINVAL, "%s: weight_map: tensor %s: shard name %s %s",
@@ -463,20 +469,26 @@ dir_of(const char *path)
 	return strndup(path, (size_t)(slash - path));
 }
 
-/* Reads and parses the shard index file (at most SHARDS_MAX_INDEX bytes). */
+/* Reads (a private copy, at most SHARDS_MAX_INDEX bytes) and parses the
+ * shard index file, opened inside the model's tree. */
 static int
-load_index(const char *index_path, struct shard_map *m)
+load_index(const struct model_tree *tree, const char *index_path, struct shard_map *m)
 {
 	struct wc_file f;
+	uint8_t *json = NULL;
 	int rc;
 
-	if ((rc = file_open(index_path, &f)) < 0)
+	if ((rc = tree_open_file(tree, file_basename(index_path), index_path, &f)) < 0)
 		return rc;
 	if (f.size > SHARDS_MAX_INDEX)
 		rc = error_set(-EFBIG, "%s: %llu bytes, larger than the %u MiB a shard index may be",
 			index_path, (unsigned long long)f.size, SHARDS_MAX_INDEX >> 20);
-	else
-		rc = shards_parse_index(index_path, (const char *)f.base, (size_t)f.size, m);
+	else if ((rc = file_read_exact(f.fd, index_path, "shard index", 0, f.size, 0,
+			  SHARDS_MAX_INDEX, &json)) == 0 &&
+		(rc = shards_parse_index(index_path, (const char *)json, (size_t)f.size, m)) == 0 &&
+		(rc = file_check_unchanged(&f)) < 0)
+		shard_map_free(m);
+	free(json);
 	file_close(&f);
 	return rc;
 }
@@ -543,6 +555,7 @@ out:
 int
 shards_open(const char *index_path, struct model_source *out)
 {
+	struct model_tree tree = { .fd = -1 };
 	struct shard_map m = { 0 };
 	struct index_builder *b = NULL;
 	struct wc_file *files = NULL;
@@ -551,9 +564,15 @@ shards_open(const char *index_path, struct model_source *out)
 	size_t len = 0;
 	int rc;
 
-	if ((rc = load_index(index_path, &m)) < 0)
+	if ((dir = dir_of(index_path)) == NULL)
+		return error_set(-ENOMEM, "%s: out of memory", index_path);
+	if ((rc = tree_open(dir, &tree)) < 0) {
+		free(dir);
 		return rc;
-	if ((dir = dir_of(index_path)) == NULL || (files = calloc(m.nshards, sizeof(*files))) == NULL ||
+	}
+	if ((rc = load_index(&tree, index_path, &m)) < 0)
+		goto fail;
+	if ((files = calloc(m.nshards, sizeof(*files))) == NULL ||
 		(paths = calloc(m.nshards, sizeof(*paths))) == NULL) {
 		rc = error_set(-ENOMEM, "%s: out of memory", index_path);
 		goto fail;
@@ -569,14 +588,14 @@ shards_open(const char *index_path, struct model_source *out)
 			rc = error_set(-ENOMEM, "%s: out of memory", index_path);
 			goto fail;
 		}
-		if ((rc = file_open(paths[i], &files[i])) < 0) {
+		if ((rc = tree_open_file(&tree, m.shards[i], paths[i], &files[i])) < 0) {
 			if (rc == -ENOENT)
 				rc = error_set(rc, "%s: shard %s named by %s does not exist", paths[i],
 					m.shards[i], index_path);
 			goto fail;
 		}
 		if ((rc = index_add_file(b, m.shards[i], files[i].size, &file_no)) < 0 ||
-			(rc = st_parse(paths[i], files[i].base, files[i].size, file_no, b)) < 0)
+			(rc = source_parse_file(&files[i], &st_reader, file_no, b)) < 0)
 			goto fail;
 	}
 	if ((rc = index_build(b, index_path, &blob, &len)) < 0 ||
@@ -587,6 +606,7 @@ shards_open(const char *index_path, struct model_source *out)
 		free(paths[i]);
 	free(paths);
 	free(dir);
+	tree_close(&tree);
 	memset(out, 0, sizeof(*out));
 	out->format = FORMAT_SHARDED;
 	out->files = files;
@@ -607,6 +627,7 @@ fail:
 			free(paths[i]);
 	free(paths);
 	free(dir);
+	tree_close(&tree);
 	shard_map_free(&m);
 	return rc;
 }

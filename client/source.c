@@ -6,7 +6,8 @@
  * order, so the WEIG reader can explain a big-endian file) is WEIG; anything
  * else is read as safetensors, whose reader explains what it finds instead.
  * A model that is one file, whatever its format, is opened the same way:
- * source_open_file() maps it and runs the format's parser over it.
+ * source_open_file() opens it inside its model's tree (tree.h), reads
+ * private copies of the bytes its format's parser needs and parses them.
  */
 #include <byteswap.h>
 #include <errno.h>
@@ -19,6 +20,7 @@
 #include "error.h"
 #include "le.h"
 #include "source.h"
+#include "tree.h"
 
 uint32_t
 source_magic(const char *path)
@@ -54,7 +56,23 @@ source_open(const char *path, struct model_source *out)
 }
 
 int
-source_open_file(const char *path, enum source_format format, source_parse_fn parse,
+source_parse_file(const struct wc_file *f, const struct source_reader *rd, uint32_t file_no,
+	struct index_builder *b)
+{
+	struct file_bytes in;
+	int r;
+
+	if ((r = file_read_bytes(f, rd->head_len, rd->max_head, &in)) < 0)
+		return r;
+	r = rd->parse(f->path, &in, file_no, b);
+	file_bytes_free(&in);
+	if (r < 0)
+		return r;
+	return file_check_unchanged(f);
+}
+
+int
+source_open_file(const char *path, enum source_format format, const struct source_reader *rd,
 	struct model_source *out)
 {
 	struct index_builder *b = NULL;
@@ -64,11 +82,11 @@ source_open_file(const char *path, enum source_format format, source_parse_fn pa
 	uint32_t file_no;
 	int r;
 
-	if ((r = file_open(path, &f)) < 0)
+	if ((r = tree_open_model_file(path, &f)) < 0)
 		return r;
 	if ((r = index_builder_new(&b)) < 0 ||
 		(r = index_add_file(b, file_basename(path), f.size, &file_no)) < 0 ||
-		(r = parse(path, f.base, f.size, file_no, b)) < 0 ||
+		(r = source_parse_file(&f, rd, file_no, b)) < 0 ||
 		(r = index_build(b, path, &blob, &len)) < 0)
 		goto fail;
 	if ((files = malloc(sizeof(*files))) == NULL) {

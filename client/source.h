@@ -37,19 +37,35 @@ int source_open(const char *path, struct model_source *out);
  * 0 when the file is shorter or unreadable (the format reader reports why). */
 uint32_t source_magic(const char *path);
 
-/* A format reader of one file (st_parse, weig_parse, ...): validates
- * file[0..size), adds its tensors to b as file file_no; name is for messages. */
-typedef int (*source_parse_fn)(const char *name, const uint8_t *file, uint64_t size,
+/* A format parser of one file (st_parse_bytes, weig_parse_bytes, ...):
+ * validates the private bytes in (see file_bytes in file.h), adds its
+ * tensors to b as file file_no; name is for messages. */
+typedef int (*source_parse_fn)(const char *name, const struct file_bytes *in,
+	uint32_t file_no, struct index_builder *b);
+
+/* A format's reader: how much of a file its parser needs, and the parser. */
+struct source_reader {
+	file_head_fn head_len;
+	uint64_t max_head; /* most head bytes it may ask for */
+	source_parse_fn parse;
+};
+
+/*
+ * Reads f's bytes the way rd says (private copies, with pread), parses them
+ * as file file_no of b, then checks that f did not change meanwhile. On
+ * failure the message is the parser's or names f.
+ */
+int source_parse_file(const struct wc_file *f, const struct source_reader *rd,
 	uint32_t file_no, struct index_builder *b);
 
 /*
- * Opens a model that is one file: maps path (file_open), reads it with
- * parse as file 0, builds the index and fills *out as a source of format.
- * On failure *out is untouched, the file is closed and the message is
- * parse's or names path.
+ * Opens a model that is one file: opens path inside its model tree (tree.h),
+ * reads it with rd as file 0, builds the index and fills *out as a source of
+ * format. On failure *out is untouched, the file is closed and the message
+ * is the parser's or names path.
  */
-int source_open_file(const char *path, enum source_format format, source_parse_fn parse,
-	struct model_source *out);
+int source_open_file(const char *path, enum source_format format,
+	const struct source_reader *rd, struct model_source *out);
 
 /* Closes the files, frees the index; safe on a zeroed source. */
 void source_close(struct model_source *s);
@@ -62,14 +78,20 @@ const char *source_format_name(enum source_format f);
 #define ST_MAX_HEADER 100000000ull
 
 /*
- * Validates the safetensors file held in file[0..size) (header and layout;
- * the data bytes are not read) and adds its tensors to b as file file_no,
+ * Validates the safetensors file whose private bytes are in (its header
+ * and layout; the data bytes are not read, only the file size counts) and adds its tensors to b as file file_no,
  * with absolute offsets. name is the file's name for messages. __metadata__
  * is validated in every file but added to b only when file_no is 0, so a
  * sharded model takes its first shard's metadata.
  */
+int st_parse_bytes(const char *name, const struct file_bytes *in, uint32_t file_no,
+	struct index_builder *b);
+
+/* st_parse_bytes() of a whole file image in memory (tests, fuzzers). */
 int st_parse(const char *name, const uint8_t *file, uint64_t size, uint32_t file_no,
 	struct index_builder *b);
+
+extern const struct source_reader st_reader;
 
 /* Opens one safetensors file as a source. */
 int st_open(const char *path, struct model_source *out);
@@ -105,13 +127,24 @@ int shards_open_dir(const char *dir, struct model_source *out);
 #define WEIG_MAGIC 0x57454947u
 
 /*
- * Validates the WEIG file in file[0..size) (everything but data bytes) and
+ * Validates the WEIG file whose private bytes are in: the head holds the
+ * tables (everything before the data region), the tail the trailer and
  * adds its tensors and metadata to b as file file_no. A byte-swapped magic
  * is -EPROTO with a message that says the file is big-endian and that
  * `wcachectl convert` makes a little-endian copy.
  */
+int weig_parse_bytes(const char *name, const struct file_bytes *in, uint32_t file_no,
+	struct index_builder *b);
+
+/* weig_parse_bytes() of a whole file image in memory (tests, fuzzers). */
 int weig_parse(const char *name, const uint8_t *file, uint64_t size, uint32_t file_no,
 	struct index_builder *b);
+
+/* Most bytes of tables (everything before the data region) read from a WEIG
+ * file: 48-byte records, names and shapes of a few million tensors. */
+#define WEIG_MAX_TABLES (1ull << 30)
+
+extern const struct source_reader weig_reader;
 
 /* Opens one WEIG file as a source. */
 int weig_open(const char *path, struct model_source *out);

@@ -8,9 +8,11 @@
  *
  * The reader validates every field it reads (never the data bytes) before a
  * tensor reaches the index builder, so the daemon and the workers can trust
- * the offsets in the index without looking at the file again. Every field is
- * read with memcpy and converted from the file's byte order; no pointer into
- * the mapping is ever dereferenced as anything but bytes. A file whose magic
+ * the offsets in the index without looking at the file again. It reads a
+ * private copy of the tables and the trailer (file_read_bytes() in file.c),
+ * never the file's mapping, which whoever can write the file could change
+ * under it (erase a name's NUL, truncate it). Every field is read with
+ * memcpy and converted from the file's byte order. A file whose magic
  * reads byte-swapped is big-endian: weig_parse() refuses it (its data cannot
  * be served zero-copy on a little-endian host) and weig_parse_big_endian()
  * reads it for `wcachectl convert`.
@@ -63,8 +65,11 @@ enum {
  * offset must fall in. */
 struct weig_reader {
 	const char *name;     /* for messages */
-	const uint8_t *file;
-	uint64_t size;
+	const uint8_t *file;  /* private copy of file[0..head_len) */
+	size_t head_len;
+	const uint8_t *tail;  /* private copy of the last tail_len bytes */
+	size_t tail_len;
+	uint64_t size;        /* of the whole file */
 	int big_endian;
 	uint64_t area_end;    /* end of the table/name/shape area = data_offset */
 	uint64_t data_start;  /* header data_offset */
@@ -188,9 +193,9 @@ check_header(struct weig_reader *r, int want_big_endian, uint64_t *tensor_count,
 	uint64_t file_size, data_offset, flags, res0, res1, trailer_size;
 	const uint8_t *trailer;
 
-	if (r->size < 4)
+	if (r->size < 4 || r->head_len < 4)
 		return error_set(-EINVAL, "%s: file is %" PRIu64 " bytes, too small for a WEIG"
-			" header", r->name, r->size);
+			" header", r->name, r->size < 4 ? r->size : (uint64_t)r->head_len);
 	magic = get_le32(r->file);
 	if (magic == bswap_32(WEIG_MAGIC)) {
 		r->big_endian = 1;
@@ -211,6 +216,9 @@ check_header(struct weig_reader *r, int want_big_endian, uint64_t *tensor_count,
 		return error_set(-EINVAL, "%s: file is %" PRIu64 " bytes, too small for a WEIG"
 			" header and trailer (%u bytes): truncated", r->name, r->size,
 			WEIG_HEADER_SIZE + WEIG_TRAILER_SIZE);
+	if (r->head_len < WEIG_HEADER_SIZE || r->tail_len != WEIG_TRAILER_SIZE)
+		return error_set(-EIO, "%s: file changed while being read: %zu header bytes and"
+			" %zu trailer bytes read", r->name, r->head_len, r->tail_len);
 	if (rd32(r, H_VERSION) != WEIG_VERSION)
 		return error_set(-ENOTSUP, "%s: WEIG version %" PRIu32 " is not supported (this"
 			" reader knows version %u)", r->name, rd32(r, H_VERSION), WEIG_VERSION);
@@ -221,8 +229,10 @@ check_header(struct weig_reader *r, int want_big_endian, uint64_t *tensor_count,
 			file_size > r->size ? "truncated" : "data appended");
 
 	/* The trailer: magic bytes, then the file size again. */
-	trailer = r->file + r->size - WEIG_TRAILER_SIZE;
-	trailer_size = rd64(r, r->size - 8);
+	trailer = r->tail;
+	trailer_size = get_le64(trailer + 8);
+	if (r->big_endian)
+		trailer_size = bswap_64(trailer_size);
 	if (memcmp(trailer, WEIG_TRAILER_MAGIC, 8) != 0 || trailer_size != r->size)
 		return error_set(-EINVAL, "%s: the trailer at offset %" PRIu64 " is missing or"
 			" damaged: the file is truncated or was not completely written", r->name,
@@ -245,6 +255,9 @@ check_header(struct weig_reader *r, int want_big_endian, uint64_t *tensor_count,
 		return error_set(-EINVAL, "%s: data_offset %" PRIu64 " must be a multiple of %u"
 			" between %u and the trailer at %" PRIu64, r->name, data_offset,
 			WEIG_DATA_ALIGN, WEIG_HEADER_SIZE, r->data_end);
+	if (data_offset > r->head_len)
+		return error_set(-EIO, "%s: file changed while being read: the tables end at"
+			" %" PRIu64 " but %zu bytes were read", r->name, data_offset, r->head_len);
 	r->area_end = data_offset;
 	r->data_start = data_offset;
 
@@ -439,10 +452,11 @@ parse_metadata(const struct weig_reader *r, uint64_t table, uint64_t count,
  * metadata. On failure b holds part of the file and must be discarded.
  */
 static int
-parse(const char *name, const uint8_t *file, uint64_t size, uint32_t file_no,
+parse(const char *name, const struct file_bytes *in, uint32_t file_no,
 	struct index_builder *b, int big_endian)
 {
-	struct weig_reader r = { .name = name, .file = file, .size = size };
+	struct weig_reader r = { .name = name, .file = in->head, .head_len = in->head_len,
+		.tail = in->tail, .tail_len = in->tail_len, .size = in->size };
 	/* Zeroed for gcc, which cannot see that check_header() sets them all
 	 * whenever it returns 0. */
 	uint64_t count = 0, records = 0, meta_count = 0, meta_table = 0;
@@ -475,18 +489,71 @@ out:
 }
 
 int
+weig_parse_bytes(const char *name, const struct file_bytes *in, uint32_t file_no,
+	struct index_builder *b)
+{
+	return parse(name, in, file_no, b, 0);
+}
+
+/* weig_parse_bytes() for a big-endian file (the converter's reader). */
+static int
+weig_parse_big_endian_bytes(const char *name, const struct file_bytes *in, uint32_t file_no,
+	struct index_builder *b)
+{
+	return parse(name, in, file_no, b, 1);
+}
+
+int
 weig_parse(const char *name, const uint8_t *file, uint64_t size, uint32_t file_no,
 	struct index_builder *b)
 {
-	return parse(name, file, size, file_no, b, 0);
+	struct file_bytes in = file_bytes_of(file, size);
+
+	return parse(name, &in, file_no, b, 0);
 }
 
 int
 weig_parse_big_endian(const char *name, const uint8_t *file, uint64_t size,
 	uint32_t file_no, struct index_builder *b)
 {
-	return parse(name, file, size, file_no, b, 1);
+	struct file_bytes in = file_bytes_of(file, size);
+
+	return parse(name, &in, file_no, b, 1);
 }
+
+/*
+ * The head a WEIG parse needs: everything before the data region (header,
+ * tables, names, shapes), as the header's data_offset says in either byte
+ * order; the prefix when the header is not plausible (the parser explains).
+ */
+static uint64_t
+weig_head_len(const uint8_t *prefix, size_t len, uint64_t size)
+{
+	uint32_t magic;
+	uint64_t off;
+
+	if (len < WEIG_HEADER_SIZE)
+		return len;
+	magic = get_le32(prefix + H_MAGIC);
+	off = get_le64(prefix + H_DATA_OFFSET);
+	if (magic == bswap_32(WEIG_MAGIC))
+		off = bswap_64(off);
+	else if (magic != WEIG_MAGIC)
+		return len;
+	return off <= size ? off : len;
+}
+
+const struct source_reader weig_reader = {
+	.head_len = weig_head_len,
+	.max_head = WEIG_MAX_TABLES,
+	.parse = weig_parse_bytes,
+};
+
+const struct source_reader weig_big_endian_reader = {
+	.head_len = weig_head_len,
+	.max_head = WEIG_MAX_TABLES,
+	.parse = weig_parse_big_endian_bytes,
+};
 
 /*
  * Opens path, validates it as a little-endian WEIG file and compiles its
@@ -495,5 +562,5 @@ weig_parse_big_endian(const char *name, const uint8_t *file, uint64_t size,
 int
 weig_open(const char *path, struct model_source *out)
 {
-	return source_open_file(path, FORMAT_WEIG, weig_parse, out);
+	return source_open_file(path, FORMAT_WEIG, &weig_reader, out);
 }

@@ -56,6 +56,9 @@ _Static_assert(WEIG_META_ENTRY_SIZE == INDEX_META_SIZE, "WEIG metadata entries a
 int weig_parse_big_endian(const char *name, const uint8_t *file, uint64_t size,
 	uint32_t file_no, struct index_builder *b);
 
+/* The reader of big-endian WEIG files for source_open_file(). */
+extern const struct source_reader weig_big_endian_reader;
+
 /* ---- writers (writer.c) ---- */
 
 enum writer_format {

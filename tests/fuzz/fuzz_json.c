@@ -41,7 +41,7 @@ decode(const struct jr_str *s)
 	char *d = malloc(s->len + 1);
 
 	CHECK(d != NULL);
-	jr_str_decode(s, d);
+	CHECK(jr_str_decode(s, d, s->len + 1) == 0);
 	return d;
 }
 

@@ -241,6 +241,60 @@ test_error_offset(void **state)
 	assert_non_null(strstr(jr_errmsg(&j), "after the JSON value"));
 }
 
+/*
+ * jr_str_decode() takes its destination's size: a value that does not fit is
+ * -ENOBUFS and nothing is written past the end; a string whose bytes changed
+ * after the reader measured it (a writer toggling "\u0041..." and "AAAAAA..."
+ * of the same length) can neither overflow the destination nor be read past
+ * its end.
+ */
+static void
+test_decode_bounded(void **state)
+{
+	char doc[] = "\"\\u0041\\u0041\\u0041\"";
+	char dst[16];
+	struct jr_str s;
+	struct jr j;
+
+	(void)state;
+	jr_init(&j, doc, strlen(doc));
+	assert_int_equal(jr_string(&j, &s), 0);
+	assert_int_equal(s.len, 3);
+	/* Fits exactly (3 bytes and the NUL), then one byte short. */
+	memset(dst, 0x5a, sizeof(dst));
+	assert_int_equal(jr_str_decode(&s, dst, 4), 0);
+	assert_string_equal(dst, "AAA");
+	memset(dst, 0x5a, sizeof(dst));
+	assert_int_equal(jr_str_decode(&s, dst, 3), -ENOBUFS);
+	for (size_t i = 3; i < sizeof(dst); i++)
+		assert_int_equal(dst[i], 0x5a);
+	assert_int_equal(dst[2], '\0');
+	memset(dst, 0x5a, sizeof(dst));
+	assert_int_equal(jr_str_decode(&s, dst, 0), -ENOBUFS);
+	assert_int_equal(dst[0], 0x5a);
+	/* The writer's toggle: now 18 plain bytes where 3 were measured. */
+	memset(doc + 1, 'A', 18);
+	memset(dst, 0x5a, sizeof(dst));
+	assert_int_equal(jr_str_decode(&s, dst, 4), -ENOBUFS);
+	for (size_t i = 4; i < sizeof(dst); i++)
+		assert_int_equal(dst[i], 0x5a);
+	assert_int_equal(jr_str_decode(&s, dst, sizeof(dst)), -ENOBUFS);
+	/* Room enough for the new bytes, but not the measured length. */
+	{
+		char big[64];
+
+		assert_int_equal(jr_str_decode(&s, big, sizeof(big)), -EINVAL);
+	}
+	/* An escape broken after the scan, and one cut at the end of the raw
+	 * bytes (a surrogate pair whose second half is gone). */
+	memcpy(doc + 1, "\\u00zz", 6);
+	assert_int_equal(jr_str_decode(&s, dst, sizeof(dst)), -EINVAL);
+	memcpy(doc + 1, "AAAAAAAAAAAA\\ud83d", 18);
+	assert_int_equal(jr_str_decode(&s, dst, sizeof(dst)), -EINVAL);
+	s.len = 13;
+	assert_false(jr_str_eq_escaped(&s, "AAAAAAAAAAAA\xf0", 13));
+}
+
 /* The cursor API: keys, values, decoding. */
 static void
 test_cursor(void **state)
@@ -261,11 +315,11 @@ test_cursor(void **state)
 	assert_true(jr_str_eq(&k, "dtype", 5));
 	assert_false(jr_str_eq(&k, "dtypx", 5));
 	assert_false(jr_str_eq(&k, "dtyp", 4));
-	jr_str_decode(&k, buf);
+	assert_int_equal(jr_str_decode(&k, buf, sizeof(buf)), 0);
 	assert_string_equal(buf, "dtype");
 	assert_int_equal(jr_string(&j, &s), 0);
 	assert_int_equal(s.len, 1 + 2 + 4 + 1);
-	jr_str_decode(&s, buf);
+	assert_int_equal(jr_str_decode(&s, buf, sizeof(buf)), 0);
 	assert_memory_equal(buf, "F\xc3\xa9\xf0\x9f\x98\x80\n", 9);
 	assert_false(s.has_nul);
 
@@ -283,7 +337,7 @@ test_cursor(void **state)
 	assert_int_equal(jr_string(&j, &s), 0);
 	assert_true(s.has_nul);
 	assert_int_equal(s.len, 3);
-	jr_str_decode(&s, buf);
+	assert_int_equal(jr_str_decode(&s, buf, sizeof(buf)), 0);
 	assert_memory_equal(buf, "a\0b", 4);
 
 	assert_int_equal(jr_object_next(&j, &k), 1);
@@ -336,7 +390,7 @@ assert_string_value(const char *text, size_t len, const char *want, size_t want_
 	assert_int_equal(jr_string(&j, &s), 0);
 	assert_int_equal(jr_finish(&j), 0);
 	assert_int_equal(s.len, want_len);
-	jr_str_decode(&s, dec);
+	assert_int_equal(jr_str_decode(&s, dec, want_len + 1), 0);
 	assert_memory_equal(dec, want, want_len);
 	free(dec);
 
@@ -480,6 +534,7 @@ main(void)
 		cmocka_unit_test(test_depth),
 		cmocka_unit_test(test_error_offset),
 		cmocka_unit_test(test_cursor),
+		cmocka_unit_test(test_decode_bounded),
 		cmocka_unit_test(test_write_string),
 		cmocka_unit_test(test_write_string_round_trip),
 		cmocka_unit_test(test_quote),

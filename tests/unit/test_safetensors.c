@@ -461,7 +461,19 @@ test_shape_field(void **state)
 	EXPECT("{\"a\":{\"dtype\":\"U8\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,1]}}",
 		1, -EINVAL, "tensor \"a\": U8 [4294967296, 4294967296]: size overflows 64 bits");
 	EXPECT("{\"a\":{\"dtype\":\"F64\",\"shape\":[4611686018427387904],\"data_offsets\":[0,1]}}",
-		1, -EINVAL, "size overflows 64 bits");
+		1, -EINVAL, "size overflows 64 bits");	/* The rule does not depend on where a zero dimension is: the product of
+	 * the non-zero dimensions must fit, so both orders are refused. */
+	EXPECT("{\"a\":{\"dtype\":\"U8\",\"shape\":[0,1099511627776,1099511627776],"
+		"\"data_offsets\":[0,0]}}", 0, -EINVAL,
+		"tensor \"a\": U8 [0, 1099511627776, 1099511627776]: size overflows 64 bits");
+	EXPECT("{\"a\":{\"dtype\":\"U8\",\"shape\":[1099511627776,1099511627776,0],"
+		"\"data_offsets\":[0,0]}}", 0, -EINVAL,
+		"tensor \"a\": U8 [1099511627776, 1099511627776, 0]: size overflows 64 bits");
+	/* Zeros with dimensions whose product fits: an empty tensor. */
+	assert_int_equal(parse("{\"a\":{\"dtype\":\"U8\",\"shape\":[0,1099511627776,1048576],"
+		"\"data_offsets\":[0,0]}}", 0), 0);
+	assert_int_equal(parse("{\"a\":{\"dtype\":\"U8\",\"shape\":[1099511627776,1048576,0],"
+		"\"data_offsets\":[0,0]}}", 0), 0);
 }
 
 static void

@@ -672,6 +672,24 @@ test_shape_overflow(void **state)
 	expect_fail(&im, -EINVAL, "shape [8589934592, 2147483648] of BF16 overflows 64 bits");
 }
 
+/* The overflow rule does not depend on the order of the dimensions: with a
+ * zero dimension first or last, 2^63 elements of 16 bits overflow. */
+static void
+test_shape_overflow_any_order(void **state)
+{
+	BASE(im);
+
+	st64(&im, im.shape_off[1], 0);
+	st64(&im, im.shape_off[1] + 8, 1ull << 63);
+	rec64(&im, 1, R_SIZE, 0);
+	expect_fail(&im, -EINVAL, "shape [0, 9223372036854775808] of BF16 overflows 64 bits");
+	build_base(&im, 0);
+	rec64(&im, 1, R_SIZE, 0);
+	st64(&im, im.shape_off[1], 1ull << 63);
+	st64(&im, im.shape_off[1] + 8, 0);
+	expect_fail(&im, -EINVAL, "shape [9223372036854775808, 0] of BF16 overflows 64 bits");
+}
+
 static void
 test_sub_byte_fraction(void **state)
 {
@@ -869,6 +887,7 @@ main(void)
 		cmocka_unit_test(test_shape_bounds),
 		cmocka_unit_test(test_data_size_mismatch),
 		cmocka_unit_test(test_shape_overflow),
+		cmocka_unit_test(test_shape_overflow_any_order),
 		cmocka_unit_test(test_sub_byte_fraction),
 		cmocka_unit_test(test_data_bounds),
 		cmocka_unit_test(test_misaligned_data),
