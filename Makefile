@@ -16,7 +16,7 @@ DEPS = cmake make gcc clang libclang-rt-14-dev pkg-config libuv1-dev libinih-dev
        groff-base man-db clang-tidy cppcheck python3-pip python3-venv python3-yaml \
        systemd-container debootstrap strace valgrind
 
-.PHONY: all deps build test test-asan test-release test-system lint fuzz bench demo install deb clean
+.PHONY: all deps build layers test test-asan test-release test-system lint fuzz bench demo install deb clean
 
 all: build
 
@@ -54,11 +54,23 @@ test-release: deps
 		(cd $(BUILD)-release-$$cc && ctest --output-on-failure -j $(JOBS) -R '^unit_') || exit 1; \
 	done
 
+# The folders' dependencies go one way (README, "Layout"): proto/ includes
+# only proto/; client/base/ only proto/ and base/; client/format/ not lib/ or
+# ctl/; client/lib/ not ctl/; the daemon never lib/ or ctl/.
+layers:
+	@bad=$$( { grep -Hn '#include "\(base\|format\|lib\|ctl\|client\)/' proto/*.[ch]; \
+		grep -Hn '#include "\(format\|lib\|ctl\)/' client/base/*.[ch]; \
+		grep -Hn '#include "\(lib\|ctl\)/' client/format/*.[ch]; \
+		grep -Hn '#include "ctl/' client/lib/*.[ch]; \
+		grep -Hn '#include "\(lib\|ctl\|client\)/' daemon/*.[ch]; } ); \
+	if [ -n "$$bad" ]; then echo "make layers: an include against the layering:"; \
+		echo "$$bad"; exit 1; fi
+
 # Static analysis: warnings are errors (.clang-tidy sets WarningsAsErrors).
-SOURCES = client/*.c proto/*.c daemon/*.c
-lint: build
+SOURCES = client/*/*.c proto/*.c daemon/*.c
+lint: build layers
 	cppcheck --quiet --enable=warning,portability --std=c11 -D_GNU_SOURCE \
-		-DWCACHE_VERSION='"lint"' -I client -I proto -I daemon \
+		-DWCACHE_VERSION='"lint"' -I . -I client -I daemon \
 		--suppress=missingIncludeSystem --inline-suppr --error-exitcode=1 $(SOURCES)
 	cmake -S . -B $(BUILD) -DCMAKE_EXPORT_COMPILE_COMMANDS=ON >/dev/null
 	clang-tidy -p $(BUILD) --quiet $(SOURCES) 2>&1 | grep -v "warnings generated" ; \

@@ -1,7 +1,7 @@
 /*
  * config.c: loads and validates wcached's configuration file (see config.h).
  *
- * The file's syntax is read by client/inifile.c (inih, shared with
+ * The file's syntax is read by client/base/inifile.c (inih, shared with
  * wcachectl); this file is what its sections and keys mean: [wcached] and
  * [model NAME], the keys of each, duplicates, the checks that need the whole
  * file, and loading, freeing and comparing configs. What a value means
@@ -13,8 +13,8 @@
 #include "config.h"
 #include "config_internal.h"
 
-#include "error.h"
-#include "inifile.h"
+#include "base/error.h"
+#include "base/inifile.h"
 #include "log.h"
 
 #include <errno.h>

@@ -21,7 +21,7 @@
  *   allow_users = alice, 1001             ; names or uids, comma or space separated
  *   allow_groups = ml                     ; names or gids
  *
- * The syntax is client/inifile.h's (inih's, shared with wcachectl):
+ * The syntax is client/base/inifile.h's (inih's, shared with wcachectl):
  * comments start with ';' or '#' at the start of a line, or with ';' after
  * whitespace inside a line. Leading whitespace is ignored (there are no
  * continuation lines). Lines may be of any length up to 64 KiB.
@@ -46,7 +46,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "defaults.h" /* DEFAULT_SOCKET_PATH, DEFAULT_CONTROL_PATH */
+#include "proto/defaults.h" /* DEFAULT_SOCKET_PATH, DEFAULT_CONTROL_PATH */
 #include "pin.h"
 
 #define CONFIG_DEFAULT_PREFETCH_THREADS 2

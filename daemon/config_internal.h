@@ -3,7 +3,7 @@
  * config_load() runs. Private to daemon/config*.c; everyone else uses
  * config.h.
  *
- * client/inifile.c reads the file's syntax; config.c gives its sections and
+ * client/base/inifile.c reads the file's syntax; config.c gives its sections and
  * keys their meaning and owns the parse context; config_value.c parses and
  * resolves the values it is handed (numbers, sizes, booleans, model names,
  * users and groups, paths). Both report errors through config_error(),
@@ -17,7 +17,7 @@
 #include <sys/types.h>
 
 #include "config.h"
-#include "inifile.h"
+#include "base/inifile.h"
 
 /* The keys of [wcached]; config.c holds their names. */
 enum wcached_key {

@@ -13,8 +13,8 @@
  */
 #include "config_internal.h"
 
-#include "error.h"
-#include "inifile.h"
+#include "base/error.h"
+#include "base/inifile.h"
 
 #include <ctype.h>
 #include <errno.h>

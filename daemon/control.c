@@ -41,8 +41,8 @@
 #include "control.h"
 #include "control_internal.h"
 #include "listen.h"
-#include "error.h"
-#include "json.h"
+#include "base/error.h"
+#include "base/json.h"
 #include "log.h"
 #include "peercred.h"
 

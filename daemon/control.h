@@ -50,7 +50,7 @@
 #include <sys/types.h>
 #include <uv.h>
 
-#include "control_proto.h" /* CONTROL_LINE_MAX */
+#include "proto/control_proto.h" /* CONTROL_LINE_MAX */
 #include "registry.h"
 #include "server.h"
 

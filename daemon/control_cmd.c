@@ -20,8 +20,8 @@
 
 #include "config.h"
 #include "control_internal.h"
-#include "error.h"
-#include "json.h"
+#include "base/error.h"
+#include "base/json.h"
 #include "log.h"
 #include "metrics.h"
 #include "notify.h"

@@ -18,7 +18,7 @@
 
 #include "config.h"
 #include "control.h"
-#include "control_proto.h"
+#include "proto/control_proto.h"
 
 #define CONTROL_READ_CAP (CONTROL_LINE_MAX + 1) /* a maximal line and its '\n' */
 

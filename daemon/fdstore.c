@@ -20,7 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "base/error.h"
 #include "notify.h"
 
 /* The smallest encoding of each record, to bound a count by the bytes

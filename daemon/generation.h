@@ -60,7 +60,7 @@
 
 #include "registry.h"
 #include "resident.h"
-#include "source.h"
+#include "format/source.h"
 #include "warm.h"
 
 enum gen_state {

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "base/error.h"
 #include "index_check.h"
 
 /* The file records: names readable, sizes those of the files. */

@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "index.h"
+#include "format/index.h"
 
 /*
  * Checks every record of the index blob (whose header h index_open()

@@ -11,7 +11,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "base/error.h"
 #include "listen.h"
 
 int

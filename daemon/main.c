@@ -22,13 +22,13 @@
 
 #include "config.h"
 #include "control.h"
-#include "error.h"
+#include "base/error.h"
 #include "log.h"
 #include "notify.h"
 #include "registry.h"
 #include "restore.h"
 #include "server.h"
-#include "source.h"
+#include "format/source.h"
 #include "warm.h"
 #include "watch.h"
 

@@ -16,7 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "json.h"
+#include "base/json.h"
 #include "metrics.h"
 
 /* What one per-model family reports: a value from a model. */

@@ -15,8 +15,8 @@
  */
 #include "notify.h"
 
-#include "error.h"
-#include "fdpass.h"
+#include "base/error.h"
+#include "proto/fdpass.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -25,7 +25,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
-#include "fdpass.h"
+#include "proto/fdpass.h"
 
 /* Longest state string notify_send() sends, in bytes (systemd reads at most
  * this much of each datagram). */

@@ -10,8 +10,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "error.h"
-#include "index.h"
+#include "base/error.h"
+#include "format/index.h"
 #include "index_check.h"
 #include "log.h"
 #include "pages.h"

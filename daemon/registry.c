@@ -22,13 +22,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "base/error.h"
 #include "log.h"
 #include "pages.h"
 #include "registry_internal.h"
 #include "restore.h"
 
-#include "memfds.h"
+#include "proto/memfds.h"
 
 struct load_request {
 	uv_work_t work;

@@ -28,8 +28,8 @@
 #include <sys/types.h>
 #include <uv.h>
 
-#include "source.h"
-#include "wire.h"
+#include "format/source.h"
+#include "proto/wire.h"
 #include "warm.h"
 
 #include "pin.h"

@@ -32,7 +32,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "file.h"
+#include "base/file.h"
 
 /* ---- the measures and page-range operations under them ---- */
 

@@ -25,12 +25,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "base/error.h"
 #include "fdstore.h"
 #include "generation.h"
-#include "index.h"
+#include "format/index.h"
 #include "log.h"
-#include "memfds.h"
+#include "proto/memfds.h"
 #include "notify.h"
 #include "restore.h"
 

@@ -24,14 +24,14 @@
 #include <unistd.h>
 #include <linux/sockios.h>
 
-#include "error.h"
-#include "fdpass.h"
+#include "base/error.h"
+#include "proto/fdpass.h"
 #include "listen.h"
 #include "log.h"
 #include "peercred.h"
 #include "server.h"
 #include "uidtally.h"
-#include "wire.h"
+#include "proto/wire.h"
 
 #define DEFAULT_MAX_CLIENTS 1024
 #define DEFAULT_MAX_CLIENTS_PER_UID 256

@@ -16,8 +16,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "error.h"
-#include "file.h"
+#include "base/error.h"
+#include "base/file.h"
 #include "generation.h"
 #include "log.h"
 #include "watch.h"

@@ -8,7 +8,7 @@
 #ifndef WC_BOUNDS_H
 #define WC_BOUNDS_H
 
-#include "wire.h"
+#include "proto/wire.h"
 
 /* A model's compiled index (FORMAT.md). */
 #define INDEX_MAX_FILES 250         /* fits one SCM_RIGHTS message with the index */

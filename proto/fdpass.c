@@ -15,8 +15,8 @@
  *
  * No libuv, no error_set(): only negative errno codes, as the rest of proto/.
  */
-#include "fdpass.h"
-#include "wire.h"
+#include "proto/fdpass.h"
+#include "proto/wire.h"
 
 #include <errno.h>
 #include <stdint.h>

@@ -13,8 +13,8 @@
  * (proto/ depends on nothing else in the tree). The callers turn the codes
  * into messages that name the peer and the model.
  */
-#include "wire.h"
-#include "le.h"
+#include "proto/wire.h"
+#include "proto/le.h"
 
 #include <errno.h>
 #include <string.h>

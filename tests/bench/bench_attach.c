@@ -25,7 +25,7 @@
 #include <string.h>
 
 #include "benchutil.h"
-#include "wcache.h"
+#include <wcache.h>
 
 /* The loop of the first form. */
 static int

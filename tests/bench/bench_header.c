@@ -43,9 +43,9 @@
 #include <unistd.h>
 
 #include "benchutil.h"
-#include "index.h"
-#include "source.h"
-#include "wcache.h"
+#include "format/index.h"
+#include "format/source.h"
+#include "lib/wcache.h"
 
 #define MAX_RUNS 1000
 

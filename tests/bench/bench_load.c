@@ -45,7 +45,7 @@
 #include <unistd.h>
 
 #include "benchutil.h"
-#include "wcache.h"
+#include <wcache.h>
 
 #define PAGE 4096u
 #define MAX_REPEAT 10000

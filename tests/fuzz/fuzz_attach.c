@@ -28,10 +28,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "memfds.h"
-#include "model.h"
-#include "wcache.h"
-#include "wire.h"
+#include "proto/memfds.h"
+#include "lib/model.h"
+#include "lib/wcache.h"
+#include "proto/wire.h"
 
 #define MODE_RAW 1u
 #define MODE_FIX 2u

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "file.h"
+#include "base/file.h"
 
 /* Fills *in with copies of data[0..cut) and the last bytes of data[0..size);
  * returns 0, or -1 when out of memory. Free with fuzz_bytes_free(). */

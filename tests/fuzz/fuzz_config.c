@@ -1,6 +1,6 @@
 /*
  * fuzz_config.c: libFuzzer harness for wcached's configuration reader
- * (daemon/config.c and daemon/config_value.c, over client/inifile.c and
+ * (daemon/config.c and daemon/config_value.c, over client/base/inifile.c and
  * inih), driven the way the daemon drives it: config_load() of a file. The
  * input is written into a memfd and loaded by its /proc/self/fd path, so
  * there is no disk I/O and the file's directory (the base of relative
@@ -35,7 +35,7 @@
 #include <unistd.h>
 
 #include "config.h"
-#include "error.h"
+#include "base/error.h"
 #include "log.h"
 #include "fuzz_check.h"
 

@@ -53,8 +53,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "fdpass.h"
-#include "wire.h"
+#include "proto/fdpass.h"
+#include "proto/wire.h"
 #include "fuzz_check.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "base/error.h"
 #include "fdstore.h"
 #include "notify.h"
 #include "fuzz_check.h"

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ctl_internal.h"
+#include "ctl/internal.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "index.h"
+#include "format/index.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,6 +1,6 @@
 /*
  * fuzz_json.c: libFuzzer harness for the JSON reader and writer
- * (client/json.c), differential against jansson.
+ * (client/base/json.c), differential against jansson.
  *
  * 1. Verdict: for any input, jr_validate() accepts exactly when
  *    json_loadb(JSON_DECODE_ANY | JSON_ALLOW_NUL) does, except where jansson
@@ -21,7 +21,7 @@
 
 #include <jansson.h>
 
-#include "json.h"
+#include "base/json.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

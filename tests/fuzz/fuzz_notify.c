@@ -29,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "base/error.h"
 #include "notify.h"
 #include "fuzz_check.h"
 

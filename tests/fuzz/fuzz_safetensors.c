@@ -1,6 +1,6 @@
 /*
  * fuzz_safetensors.c: libFuzzer harness for the safetensors reader
- * (client/safetensors.c).
+ * (client/format/safetensors.c).
  *
  * The input is a whole file image. It is parsed as is, and once more with
  * its 8-byte header length rewritten so the header runs to the last '}' of
@@ -26,10 +26,10 @@
 
 #include <jansson.h>
 
-#include "error.h"
+#include "base/error.h"
 #include "fuzz_bytes.h"
-#include "index.h"
-#include "source.h"
+#include "format/index.h"
+#include "format/source.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

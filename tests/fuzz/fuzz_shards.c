@@ -1,6 +1,6 @@
 /*
  * fuzz_shards.c: libFuzzer harness for the shard index parser
- * (shards_parse_index in client/shards.c).
+ * (shards_parse_index in client/format/shards.c).
  *
  * The input is the text of a model.safetensors.index.json. A map that is
  * accepted must keep the promises shards_open relies on: at least one tensor
@@ -15,9 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
-#include "index.h"
-#include "source.h"
+#include "base/error.h"
+#include "format/index.h"
+#include "format/source.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

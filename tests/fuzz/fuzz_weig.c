@@ -1,5 +1,5 @@
 /*
- * fuzz_weig.c: libFuzzer harness for the WEIG reader (client/weig.c).
+ * fuzz_weig.c: libFuzzer harness for the WEIG reader (client/format/weig.c).
  *
  * The input is a file image. It is parsed as is, little-endian and
  * big-endian, into an index builder, and a parse that succeeds must compile
@@ -15,9 +15,9 @@
 #include <string.h>
 
 #include "fuzz_bytes.h"
-#include "index.h"
-#include "source.h"
-#include "writer.h"
+#include "format/index.h"
+#include "format/source.h"
+#include "lib/writer.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "wire.h"
+#include "proto/wire.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -248,7 +248,7 @@ def test_install_layout(installed):
     assert not absent, f"not written into DESTDIR: {absent}"
 
     # The version is the project's; the header is the tree's.
-    with open(os.path.join(SRC, "client", "wcache.h"), "rb") as a, \
+    with open(os.path.join(SRC, "client", "lib", "wcache.h"), "rb") as a, \
             open(os.path.join(p, "include", "wcache.h"), "rb") as b:
         assert a.read() == b.read()
 
@@ -426,7 +426,7 @@ def test_man_pages_cover_the_interfaces():
     """Every public function, config key, wcachectl command and wcached
     option has its entry: a new one without documentation fails here."""
     page = read("man", "wcache.3")
-    functions = re.findall(r"^WC_EXPORT\b[^(]*?\b(wc_\w+)\(", read("client", "wcache.h"), re.M)
+    functions = re.findall(r"^WC_EXPORT\b[^(]*?\b(wc_\w+)\(", read("client", "lib", "wcache.h"), re.M)
     assert len(functions) >= 10, functions
     for fn in functions:
         assert re.search(rf"^\.BR? {fn} \(\)", page, re.M), f"wcache.3 does not describe {fn}()"

@@ -33,7 +33,7 @@
 #include <unistd.h>
 
 #include "pattern.h"
-#include "wcache.h"
+#include "lib/wcache.h"
 
 static double
 now(void)

@@ -43,7 +43,7 @@
 #include <unistd.h>
 
 #include "pattern.h"
-#include "wcache.h"
+#include "lib/wcache.h"
 
 #define MAX_WORKERS 256
 #define MAX_FAIL_LINES 20

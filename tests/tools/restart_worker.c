@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "wcache.h"
+#include "lib/wcache.h"
 
 #define MAX_MODELS 64
 

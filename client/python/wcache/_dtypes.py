@@ -1,6 +1,6 @@
 """The safetensors element types and their numpy and torch counterparts.
 
-Every spelling client/dtype.c knows is listed with its size. numpy types are
+Every spelling client/format/dtype.c knows is listed with its size. numpy types are
 given with an explicit little-endian byte order (safetensors data is
 little-endian), so values are right on any host. torch types are looked up
 by attribute name at run time: a newer torch that has, say,

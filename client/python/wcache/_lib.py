@@ -96,7 +96,7 @@ class LibraryNotFound(ImportError):
 
 
 class wc_tensor(ctypes.Structure):
-    """struct wc_tensor from client/wcache.h."""
+    """struct wc_tensor from client/lib/wcache.h."""
     _fields_ = [
         ("name", ctypes.c_char_p),
         ("dtype", ctypes.c_char_p),
@@ -111,7 +111,7 @@ _P = ctypes.c_void_p
 _PP = ctypes.POINTER(ctypes.c_void_p)
 _T = ctypes.POINTER(wc_tensor)
 
-# name: (restype, argtypes). Every function in client/wcache.h.
+# name: (restype, argtypes). Every function in client/lib/wcache.h.
 _REQUIRED = {
     "wc_open_file": (ctypes.c_int, [ctypes.c_char_p, _PP]),
     "wc_release": (None, [_P]),

@@ -214,7 +214,7 @@ _LEGACY_TORCH = bytes.fromhex("80028a0a6cfc9c46f9206aa85019")
 
 def not_safetensors(data):
     """What the bytes are when they are a format often mistaken for
-    safetensors (the checks of client/diagnose.c, for bytes that never
+    safetensors (the checks of client/format/diagnose.c, for bytes that never
     reach the C library), else None."""
     head = bytes(data[:64])
     if len(head) > 8 and head[8:9] == b"{":

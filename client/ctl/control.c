@@ -1,0 +1,842 @@
+/*
+ * ctl_control.c: the wcachectl commands that talk to wcached's control
+ * socket: status, load, unload, reload, pin, unpin, evict, metrics.
+ *
+ * Each command is one request line and one reply line holding a JSON object
+ * (daemon/control.h describes the protocol). wcachectl finds the socket
+ * (--control, the `control` key of -c CONFIG, $WCACHE_CONTROL, or the
+ * default), sends the line, waits for the reply, which for load and reload
+ * comes when the daemon has finished, and shows it: a table or a sentence by
+ * default, the reply itself with --json, the exposition text for metrics.
+ * The exit status is 0 when the reply says ok, 1 with the daemon's error on
+ * stderr otherwise (or when the daemon cannot be reached), 2 for a usage
+ * error; status adds 3 and 4 (ctl.h). With --json, stdout holds exactly one
+ * JSON object whatever happens: the reply, or ctl_json_error()'s.
+ *
+ * Replies are parsed with the strict reader of json.h. Strings from the
+ * daemon are printed with control characters escaped, so a hostile model
+ * file's name cannot drive the terminal.
+ *
+ * This file finds the socket, makes the request from the options and
+ * arguments, talks to the daemon and reads the fields every reply has,
+ * with the table-driven object reader (ctl_read_object()) that the status
+ * table in ctl_status.c uses too; the two share ctl_internal.h.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "ctl/ctl.h"
+#include "proto/control_proto.h"
+#include "ctl/internal.h"
+#include "proto/defaults.h"
+#include "base/error.h"
+#include "base/inifile.h"
+#include "base/json.h"
+
+#define REPLY_MAX (256u << 20)      /* a status of thousands of models fits */
+
+/* ---- finding the socket ------------------------------------------------- */
+
+/* What control_from_config() gathers while inifile_read() runs. */
+struct control_key {
+	bool in_wcached; /* the current line is in [wcached] */
+	char *value;     /* the last control key of [wcached], or NULL */
+};
+
+/* inifile's section callback: notes whether the lines are in [wcached]. */
+static int
+control_section(struct inifile *f, const char *name, void *arg)
+{
+	struct control_key *c = arg;
+
+	c->in_wcached = strcmp(name, "wcached") == 0;
+	return 0;
+}
+
+/* inifile's key callback: keeps [wcached]'s control key, ignores the rest
+ * (wcached checks it; wcachectl needs one key). */
+static int
+control_key(struct inifile *f, const char *key, const char *value, void *arg)
+{
+	struct control_key *c = arg;
+	char *copy;
+
+	if (!c->in_wcached || strcmp(key, "control") != 0)
+		return 0;
+	if (*value == '\0')
+		return inifile_error(f, -EINVAL, "empty control path");
+	if ((copy = strdup(value)) == NULL)
+		return inifile_error(f, -ENOMEM, "out of memory");
+	free(c->value);
+	c->value = copy;
+	return 0;
+}
+
+/*
+ * Reads the `control` key of the [wcached] section of the configuration at
+ * path with wcached's reader (client/base/inifile.h), which also joins a relative
+ * value with the configuration's directory as wcached does. Stores a
+ * malloc'd path, or NULL when the file sets none. Returns 0, or -1 after
+ * printing the error.
+ */
+static int
+control_from_config(const char *path, char **out)
+{
+	static const struct inifile_handler handler = { control_section, control_key, NULL };
+	struct control_key c = { .in_wcached = false, .value = NULL };
+	char *dir = NULL, *joined = NULL;
+
+	*out = NULL;
+	if (inifile_read(path, &handler, &c) < 0) {
+		ctl_error("%s", error_get());
+		free(c.value);
+		return -1;
+	}
+	if (c.value == NULL)
+		return 0;
+	if (inifile_dir(path, &dir) < 0) {
+		ctl_error("%s", error_get());
+		free(c.value);
+		return -1;
+	}
+	if (inifile_join(dir, c.value, &joined) < 0)
+		ctl_error("out of memory");
+	free(dir);
+	free(c.value);
+	*out = joined;
+	return joined != NULL ? 0 : -1;
+}
+
+/* ---- talking to the daemon ---------------------------------------------- */
+
+/* Connects to the control socket; prints why not and returns -1. */
+static int
+control_connect(const char *path)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd, e;
+
+	if (strlen(path) >= sizeof(sa.sun_path)) {
+		ctl_error("%s: control socket path longer than %zu bytes", path,
+			sizeof(sa.sun_path) - 1);
+		return -1;
+	}
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) == -1) {
+		ctl_error("socket: %s", strerror(errno));
+		return -1;
+	}
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+		return fd;
+	e = errno;
+	close(fd);
+	if (e == EPROTOTYPE)
+		/* A SOCK_SEQPACKET socket: wcached's client socket, most likely. */
+		ctl_error("%s looks like wcached's client socket, not its control socket; use "
+			  "--control " DEFAULT_CONTROL_PATH " (or -c CONFIG)", path);
+	else if (e == ENOENT || e == ECONNREFUSED)
+		ctl_error("wcached is not running: no control socket at %s (%s)",
+			path, strerror(e));
+	else if (e == EACCES || e == EPERM)
+		ctl_error("%s: permission denied: the control socket is for "
+				"root, wcached's user and its control_group", path);
+	else
+		ctl_error("cannot connect to wcached's control socket %s: %s",
+			path, strerror(e));
+	return -1;
+}
+
+/*
+ * Sends the request and reads the reply line (without its '\n', NUL-
+ * terminated, malloc'd). A failed send is not final: a daemon that refuses
+ * the connection has written its reason first, so the reply is still read.
+ */
+static char *
+exchange(int fd, const char *path, const char *req, size_t len, size_t *reply_len)
+{
+	size_t cap = 4096, n = 0;
+	char *buf = malloc(cap), *nl = NULL;
+	int send_errno = 0;
+
+	if (buf == NULL) {
+		ctl_error("out of memory");
+		return NULL;
+	}
+	for (size_t off = 0; off < len;) {
+		ssize_t w = send(fd, req + off, len - off, MSG_NOSIGNAL);
+
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0) {
+			send_errno = errno;
+			break;
+		}
+		off += (size_t)w;
+	}
+	while (nl == NULL) {
+		ssize_t r;
+
+		if (n == cap) {
+			char *bigger;
+
+			if (cap >= REPLY_MAX) {
+				ctl_error("reply from %s longer than %u bytes",
+					path, REPLY_MAX);
+				free(buf);
+				return NULL;
+			}
+			if ((bigger = realloc(buf, cap * 2)) == NULL) {
+				ctl_error("out of memory");
+				free(buf);
+				return NULL;
+			}
+			buf = bigger;
+			cap *= 2;
+		}
+		r = recv(fd, buf + n, cap - n, 0);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0) {
+			int e = r < 0 ? errno : send_errno;
+
+			ctl_error("wcached closed the control connection %s "
+					"without a reply%s%s", path, e ? ": " : "",
+				e ? strerror(e) : "");
+			free(buf);
+			return NULL;
+		}
+		nl = memchr(buf + n, '\n', (size_t)r);
+		n += (size_t)r;
+	}
+	*nl = '\0';
+	*reply_len = (size_t)(nl - buf);
+	return buf;
+}
+
+/* ---- reading replies ---------------------------------------------------- */
+
+/* The fields every reply may have. Strings are malloc'd, NULL if absent. */
+struct reply {
+	int ok;              /* -1: no "ok" */
+	char *error;
+	char *message;
+	char *model;
+	char *text;
+	size_t text_len;
+	uint64_t generation;
+};
+
+static void
+reply_free(struct reply *r)
+{
+	free(r->error);
+	free(r->message);
+	free(r->model);
+	free(r->text);
+}
+
+/* Reads a string value into a malloc'd, NUL-terminated copy in *out (the
+ * old one freed) and its length in *len when len is not NULL. */
+static int
+read_string(struct jr *j, char **out, size_t *len)
+{
+	struct jr_str s;
+	char *copy;
+	int r;
+
+	if ((r = jr_string(j, &s)) < 0)
+		return r;
+	if ((copy = malloc(s.len + 1)) == NULL)
+		return -ENOMEM;
+	if ((r = jr_str_decode(&s, copy, s.len + 1)) < 0) {
+		free(copy);
+		return r;
+	}
+	free(*out);
+	*out = copy;
+	if (len != NULL)
+		*len = s.len;
+	return 0;
+}
+
+/*
+ * Reads a number that may have a fraction (uptime_seconds), or skips a
+ * value of another type and leaves *out. The reader has no float accessor,
+ * so the number's text is taken from the cursor's position around
+ * jr_skip(), which validates its grammar.
+ */
+static int
+read_double(struct jr *j, double *out)
+{
+	const char *start;
+	char text[64];
+	int r;
+
+	if (jr_peek(j) != JR_NUMBER)
+		return jr_skip(j);
+	start = jr_pos(j);
+	if ((r = jr_skip(j)) < 0)
+		return r;
+	snprintf(text, sizeof(text), "%.*s", (int)(jr_pos(j) - start), start);
+	*out = strtod(text, NULL);
+	return 0;
+}
+
+/* Reads one member's value into the struct at dst as field says. */
+static int
+read_field(struct jr *j, const struct ctl_field *field, void *dst)
+{
+	void *member = (char *)dst + field->offset;
+	enum jr_type t;
+
+	switch (field->type) {
+	case CTL_STRING:
+		return read_string(j, member, NULL);
+	case CTL_U64:
+		if (jr_peek(j) != JR_NUMBER)
+			return jr_skip(j);
+		return jr_u64(j, member);
+	case CTL_BOOL:
+		t = jr_peek(j);
+		if (t == JR_TRUE || t == JR_FALSE)
+			*(int *)member = t == JR_TRUE;
+		return jr_skip(j);
+	case CTL_DOUBLE:
+		return read_double(j, member);
+	}
+	return jr_skip(j);
+}
+
+/* Reads an object into dst by a table of fields (see ctl_internal.h). */
+int
+ctl_read_object(struct jr *j, const struct ctl_field *fields, size_t nfields, void *dst,
+	ctl_member_fn *other)
+{
+	struct jr_str key;
+	int r;
+
+	if ((r = jr_object_begin(j)) < 0)
+		return r;
+	while ((r = jr_object_next(j, &key)) == 1) {
+		const struct ctl_field *f = NULL;
+
+		for (size_t i = 0; i < nfields && f == NULL; i++)
+			if (jr_str_eq(&key, fields[i].key, strlen(fields[i].key)))
+				f = &fields[i];
+		if (f != NULL)
+			r = read_field(j, f, dst);
+		else if (other != NULL)
+			r = other(j, &key, dst);
+		else
+			r = jr_skip(j);
+		if (r < 0)
+			return r;
+	}
+	return r;
+}
+
+/* Parses a reply line that is one object; prints why not (ctl_internal.h). */
+int
+ctl_parse_reply(const char *line, size_t len, const struct ctl_field *fields, size_t nfields,
+	void *dst, ctl_member_fn *other)
+{
+	struct jr j;
+	int r;
+
+	jr_init(&j, line, len);
+	if ((r = ctl_read_object(&j, fields, nfields, dst, other)) < 0 || (r = jr_finish(&j)) < 0) {
+		if (r == -ENOMEM)
+			ctl_error("out of memory");
+		else
+			ctl_error("malformed reply from wcached: %s at byte %zu",
+				jr_errmsg(&j)[0] ? jr_errmsg(&j) : "unexpected value", jr_erroff(&j));
+		return -1;
+	}
+	return 0;
+}
+
+/* "text" (the metrics exposition) keeps its length: it is written as is. */
+static int
+reply_member(struct jr *j, const struct jr_str *key, void *dst)
+{
+	struct reply *out = dst;
+
+	if (jr_str_eq(key, "text", 4))
+		return read_string(j, &out->text, &out->text_len);
+	return jr_skip(j);
+}
+
+/* Parses the common fields of a reply. Returns 0 or -1 (printed). */
+static int
+reply_parse(const char *line, size_t len, struct reply *out)
+{
+	static const struct ctl_field fields[] = {
+		{ "ok", CTL_BOOL, offsetof(struct reply, ok) },
+		{ "error", CTL_STRING, offsetof(struct reply, error) },
+		{ "message", CTL_STRING, offsetof(struct reply, message) },
+		{ "model", CTL_STRING, offsetof(struct reply, model) },
+		{ "generation", CTL_U64, offsetof(struct reply, generation) },
+	};
+
+	memset(out, 0, sizeof(*out));
+	out->ok = -1;
+	if (ctl_parse_reply(line, len, fields, sizeof(fields) / sizeof(fields[0]), out,
+		reply_member) < 0) {
+		reply_free(out);
+		return -1;
+	}
+	if (out->ok < 0 || (!out->ok && out->error == NULL)) {
+		reply_free(out);
+		ctl_error("malformed reply from wcached: no \"ok\"%s",
+			out->ok == 0 ? " or no \"error\"" : "");
+		return -1;
+	}
+	return 0;
+}
+
+/* Writes s with control characters as \xNN, for a terminal. */
+void
+ctl_print_safe(FILE *f, const char *s)
+{
+	for (const unsigned char *p = (const unsigned char *)s; *p != '\0'; p++) {
+		if (*p < 0x20 || *p == 0x7f)
+			fprintf(f, "\\x%02x", *p);
+		else
+			fputc(*p, f);
+	}
+}
+
+/* The last error ctl_error() printed, for --json's error object. */
+static char last_error[1024];
+
+void
+ctl_error(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(last_error, sizeof(last_error), fmt, ap);
+	va_end(ap);
+	fputs("wcachectl: ", stderr);
+	ctl_print_safe(stderr, last_error);
+	fputc('\n', stderr);
+}
+
+int
+ctl_usage_error(const char *command, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(last_error, sizeof(last_error), fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "wcachectl%s%s: ", command != NULL ? " " : "", command != NULL ? command : "");
+	ctl_print_safe(stderr, last_error);
+	fprintf(stderr, " (see 'wcachectl %s%s--help')\n", command != NULL ? command : "",
+		command != NULL ? " " : "");
+	return CTL_EXIT_USAGE;
+}
+
+void
+ctl_json_error(void)
+{
+	printf("{\"ok\":false,\"protocol\":%d,\"error\":", CONTROL_PROTOCOL_VERSION);
+	json_write_string(stdout, last_error, strlen(last_error));
+	printf("}\n");
+}
+
+/* ---- the commands ------------------------------------------------------- */
+
+#define ANY_ARGS INT_MAX /* max_args of a command that takes a list */
+
+static const struct control_command {
+	const char *name;
+	int min_args, max_args;
+	const char *args;
+	const char *help;
+} control_commands[] = {
+	{ "status", 0, ANY_ARGS, "[NAME...]",
+		"Shows wcached's version, uptime and client count, then one row per model\n"
+		"(only the NAMEs given, when there are any): its current generation, state\n"
+		"(loading, warming with the percent warmed, ready, cold, modified, failed),\n"
+		"size, bytes resident in the page cache, what is locked in memory (PINNED:\n"
+		"none, metadata or all, as applied; a note below says when it is less than\n"
+		"asked for) and the clients attached to the current generation. Below the\n"
+		"table: other generations still open (a replacement warming, old ones that\n"
+		"clients still hold, those of unloaded models) and each model's last load\n"
+		"error.\n\n"
+		"Exit status, like systemctl is-active: 0 when every NAME (without NAMEs:\n"
+		"every model) is ready; 3 when one is not (loading, warming, cold, modified\n"
+		"or failed); 4 when a NAME is not served (it wins over 3); 1 when wcached\n"
+		"cannot be reached or fails; 2 for a usage error. With --json, stdout holds\n"
+		"exactly one JSON object whatever happens: the daemon's reply with \"ready\",\n"
+		"\"not_ready\" and \"unknown\" added, or {\"ok\":false,\"error\":...}.\n" },
+	{ "load", 2, 3, "NAME PATH [pin=none|metadata|all]",
+		"Serves the model at PATH (a safetensors file, a shard index, a directory\n"
+		"holding one, or a WEIG file) as NAME. When NAME is served already, PATH\n"
+		"becomes its next generation: it is validated and warmed while the current\n"
+		"one keeps serving, and replaces it when warm; clients holding the old\n"
+		"generation keep it until they release it. A relative PATH is taken from\n"
+		"the current directory. pin= sets what stays locked in memory (default:\n"
+		"the model's current setting, or metadata). Waits until the daemon has\n"
+		"validated PATH and prints the new generation's number; a PATH that fails\n"
+		"validation is an error, the current generation keeps serving, and a NAME\n"
+		"that was not served before is not added.\n\n"
+		"A load lasts until wcached restarts: it is not written to the\n"
+		"configuration file, which decides what a restart serves. Add a\n"
+		"[model NAME] section to keep it.\n" },
+	{ "unload", 1, 1, "NAME",
+		"Stops serving NAME: new attaches fail. Clients that hold it keep their\n"
+		"mappings; its generations close when they release them. Like load, this\n"
+		"lasts until wcached restarts or re-reads a configuration that changed NAME.\n" },
+	{ "reload", 0, 1, "[NAME]",
+		"With NAME: re-checks the model's files and, when one was replaced (or the\n"
+		"model had failed), loads them as the next generation. Without NAME:\n"
+		"re-reads the configuration file, as SIGHUP does, adding, dropping and\n"
+		"reloading models. Waits until the reload has finished.\n" },
+	{ "pin", 1, 1, "NAME",
+		"Locks every page of NAME's current generation in memory (mlock), within\n"
+		"RLIMIT_MEMLOCK, so memory pressure never evicts it.\n" },
+	{ "unpin", 1, 1, "NAME",
+		"Unlocks NAME's pages except its index and file headers (pin=metadata).\n" },
+	{ "evict", 1, 1, "NAME",
+		"Drops NAME's files from the page cache (pages that no process maps); the\n"
+		"model shows as cold until a client attaches it again. Refused for a\n"
+		"pinned model.\n" },
+	{ "metrics", 0, 0, "[--http [--timeout SECONDS]]",
+		"Prints wcached's metrics in the Prometheus text exposition format: per\n"
+		"model bytes, resident bytes, generation, attached clients, attach, error\n"
+		"and swap counters, warm-up seconds; daemon uptime and clients. With\n"
+		"--json, the daemon's reply holds the text in \"text\".\n\n"
+		"With --http: answers one HTTP/1.1 request read from standard input on\n"
+		"standard output, as an inetd-style service (wcached-metrics@.service of\n"
+		"wcached-metrics.socket runs it): GET /metrics gets the exposition, any\n"
+		"other path 404, any other method 405, a malformed or oversized request\n"
+		"400, a request not complete within SECONDS (default 10) 408, and 503\n"
+		"when wcached cannot be reached.\n" },
+};
+
+#define NCONTROL (sizeof(control_commands) / sizeof(control_commands[0]))
+
+static const char options_help[] =
+	"  -c, --config CONFIG  find the control socket in CONFIG's [wcached] section\n"
+	"      --control PATH   the control socket (default $WCACHE_CONTROL, else\n"
+	"                       " DEFAULT_CONTROL_PATH ")\n"
+	"      --json           print the daemon's JSON reply as it came (one JSON\n"
+	"                       object on stdout, errors included)\n"
+	"  -h, --help           this help\n";
+
+static void
+command_usage(FILE *f, const struct control_command *cmd)
+{
+	fprintf(f, "usage: wcachectl [-c CONFIG | --control PATH] [--json] %s%s%s\n\n%s\n%s",
+		cmd->name, cmd->args[0] ? " " : "", cmd->args, cmd->help, options_help);
+}
+
+/* Appends word to the request, in double quotes when it needs them.
+ * Returns -1 (printed) for a control character or an overlong request. */
+static int
+append_word(char *req, size_t *len, const char *word)
+{
+	bool quote = word[0] == '\0' || strpbrk(word, " \t\"\\") != NULL;
+	size_t n = *len, need = (n > 0) + (quote ? 2 : 0);
+
+	for (const unsigned char *p = (const unsigned char *)word; *p != '\0'; p++) {
+		if (*p < 0x20 || *p == 0x7f) {
+			ctl_error("argument \"%s\" holds a control character", word);
+			return -1;
+		}
+		need += *p == '"' || *p == '\\' ? 2 : 1;
+	}
+	if (need > CONTROL_LINE_MAX - n) {
+		ctl_error("request longer than %d bytes", CONTROL_LINE_MAX);
+		return -1;
+	}
+	if (n > 0)
+		req[n++] = ' ';
+	if (quote)
+		req[n++] = '"';
+	for (const char *p = word; *p != '\0'; p++) {
+		if (*p == '"' || *p == '\\')
+			req[n++] = '\\';
+		req[n++] = *p;
+	}
+	if (quote)
+		req[n++] = '"';
+	*len = n;
+	return 0;
+}
+
+/* Makes a relative PATH absolute (without resolving symlinks: the daemon
+ * re-checks the path as given on reload). Returns malloc'd or NULL. */
+static char *
+absolute_path(const char *path)
+{
+	char cwd[PATH_MAX], *out;
+	size_t need;
+
+	if (path[0] == '/')
+		return strdup(path);
+	if (getcwd(cwd, sizeof(cwd)) == NULL) {
+		ctl_error("getcwd: %s", strerror(errno));
+		return NULL;
+	}
+	need = strlen(cwd) + strlen(path) + 2;
+	if ((out = malloc(need)) != NULL)
+		snprintf(out, need, "%s/%s", cwd, path);
+	return out;
+}
+
+/* Shows a successful reply of a command other than status and metrics. */
+static void
+print_result(const struct control_command *cmd, const struct reply *r, char **args)
+{
+	if (strcmp(cmd->name, "load") == 0 || (strcmp(cmd->name, "reload") == 0 && r->model)) {
+		printf("model ");
+		ctl_print_safe(stdout, r->model != NULL ? r->model : args[0]);
+		printf(": ");
+	} else if (cmd->min_args == 1) {
+		printf("model ");
+		ctl_print_safe(stdout, args[0]);
+		printf(": ");
+	}
+	ctl_print_safe(stdout, r->message != NULL ? r->message : "ok");
+	putchar('\n');
+}
+
+/* Resolves the control socket's path: --control; else -c CONFIG's control
+ * key (the default when CONFIG sets none); else $WCACHE_CONTROL; else the
+ * default. Returns malloc'd, or NULL (printed). */
+static char *
+socket_path(const char *config, const char *control)
+{
+	const char *env = getenv(CONTROL_ENV);
+	char *path = NULL;
+
+	if (control != NULL) {
+		path = strdup(control);
+	} else if (config != NULL) {
+		if (control_from_config(config, &path) < 0)
+			return NULL;
+		if (path == NULL) /* the daemon's default, whatever the environment says */
+			path = strdup(DEFAULT_CONTROL_PATH);
+	} else {
+		path = strdup(env != NULL && env[0] != '\0' ? env : DEFAULT_CONTROL_PATH);
+	}
+	if (path == NULL)
+		ctl_error("out of memory");
+	return path;
+}
+
+char *
+ctl_request(const char *path, const char *request, size_t len, size_t *reply_len)
+{
+	int fd = control_connect(path);
+	char *reply;
+
+	if (fd < 0)
+		return NULL;
+	reply = exchange(fd, path, request, len, reply_len);
+	close(fd);
+	return reply;
+}
+
+/* The argument of args a usage error names: the placeholders of the
+ * command's synopsis ("NAME PATH [pin=...]") from the first missing one. */
+static void
+missing_args(const struct control_command *cmd, size_t given, char *out, size_t cap)
+{
+	const char *p = cmd->args;
+
+	for (size_t i = 0; i < given && *p != '\0'; i++) {
+		p += strcspn(p, " ");
+		p += strspn(p, " ");
+	}
+	/* Only the mandatory words: up to the first optional "[". */
+	snprintf(out, cap, "%.*s", (int)strcspn(p, "["), p);
+	for (size_t n = strlen(out); n > 0 && out[n - 1] == ' '; n--)
+		out[n - 1] = '\0';
+}
+
+/* Parsed command line of a control command. */
+struct control_args {
+	const char *config, *control;
+	int json, http;
+	double timeout;
+	char **words;  /* the arguments, malloc'd array of pointers into argv */
+	size_t nwords;
+};
+
+/*
+ * Parses the options and arguments after the command name. Returns 0, 1
+ * after --help (printed), or 2 after a usage error (one line on stderr,
+ * and the error object on stdout with --json).
+ */
+static int
+parse_args(const struct control_command *cmd, int argc, char **argv, struct control_args *a)
+{
+	bool options = true;
+
+	for (int i = 1; i < argc; i++) {
+		const char *s = argv[i];
+
+		if (options && (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0)) {
+			command_usage(stdout, cmd);
+			return 1;
+		} else if (options && strcmp(s, "--json") == 0) {
+			a->json = 1;
+		} else if (options && strcmp(cmd->name, "metrics") == 0 && strcmp(s, "--http") == 0) {
+			a->http = 1;
+		} else if (options && (strcmp(s, "--control") == 0 || strcmp(s, "-c") == 0 ||
+			strcmp(s, "--config") == 0 || (strcmp(cmd->name, "metrics") == 0 &&
+			strcmp(s, "--timeout") == 0))) {
+			if (i + 1 == argc)
+				return ctl_usage_error(cmd->name, "%s needs a value", s);
+			if (strcmp(s, "--control") == 0)
+				a->control = argv[++i];
+			else if (strcmp(s, "--timeout") == 0) {
+				char *end;
+
+				a->timeout = strtod(argv[++i], &end);
+				if (*end != '\0' || !(a->timeout > 0 && a->timeout <= 3600))
+					return ctl_usage_error(cmd->name, "--timeout takes seconds "
+						"(0 to 3600), not \"%s\"", argv[i]);
+			} else
+				a->config = argv[++i];
+		} else if (options && strncmp(s, "--config=", 9) == 0) {
+			a->config = s + 9;
+		} else if (options && strncmp(s, "--control=", 10) == 0) {
+			a->control = s + 10;
+		} else if (options && strcmp(s, "--") == 0) {
+			options = false;
+		} else if (options && s[0] == '-' && s[1] != '\0') {
+			return ctl_usage_error(cmd->name, "unknown option \"%s\"", s);
+		} else if ((int)a->nwords >= cmd->max_args) {
+			return ctl_usage_error(cmd->name, "unexpected argument \"%s\": %s takes %s",
+				s, cmd->name, cmd->args[0] ? cmd->args : "no arguments");
+		} else {
+			a->words[a->nwords++] = argv[i];
+		}
+	}
+	if ((int)a->nwords < cmd->min_args) {
+		char what[128];
+
+		missing_args(cmd, a->nwords, what, sizeof(what));
+		return ctl_usage_error(cmd->name, "missing %s", what);
+	}
+	if (a->config != NULL && a->control != NULL)
+		return ctl_usage_error(cmd->name, "give -c CONFIG or --control PATH, not both");
+	if (a->timeout > 0 && !a->http)
+		return ctl_usage_error(cmd->name, "--timeout goes with --http");
+	return 0;
+}
+
+/* Builds the request line from the command and its arguments. */
+static int
+make_request(const struct control_command *cmd, char **words, size_t nwords, char *req,
+	size_t *len)
+{
+	*len = 0;
+	if (append_word(req, len, cmd->name) < 0)
+		return -1;
+	/* status NAME... is answered from the whole status. */
+	for (size_t i = 0; strcmp(cmd->name, "status") != 0 && i < nwords; i++)
+		if (append_word(req, len, words[i]) < 0)
+			return -1;
+	req[(*len)++] = '\n';
+	return 0;
+}
+
+/*
+ * Runs the control command argv[0] with its arguments. config and control
+ * are the global -c and --control options (or NULL), json the global --json.
+ * Returns the exit status.
+ */
+int
+ctl_control(int argc, char **argv, const char *config, const char *control, int json)
+{
+	const struct control_command *cmd = NULL;
+	struct control_args a = { .config = config, .control = control, .json = json };
+	char req[CONTROL_LINE_MAX + 2], *path = NULL, *reply_line = NULL, *abs = NULL;
+	size_t len = 0, reply_len = 0;
+	struct reply r;
+	int status = CTL_EXIT_FAILURE;
+
+	for (size_t i = 0; i < NCONTROL; i++)
+		if (strcmp(argv[0], control_commands[i].name) == 0)
+			cmd = &control_commands[i];
+	if (cmd == NULL)
+		return ctl_usage_error(NULL, "unknown command \"%s\"", argv[0]);
+	if ((a.words = calloc((size_t)argc, sizeof(*a.words))) == NULL) {
+		ctl_error("out of memory");
+		return CTL_EXIT_FAILURE;
+	}
+	if ((status = parse_args(cmd, argc, argv, &a)) != 0) {
+		if (status == CTL_EXIT_USAGE && a.json)
+			ctl_json_error();
+		free(a.words);
+		return status == 1 ? 0 : status;
+	}
+	status = CTL_EXIT_FAILURE;
+	if (strcmp(cmd->name, "load") == 0) {
+		if ((abs = absolute_path(a.words[1])) == NULL)
+			goto out;
+		a.words[1] = abs;
+	}
+	if (make_request(cmd, a.words, a.nwords, req, &len) < 0)
+		goto out;
+	path = socket_path(a.config, a.control);
+	if (a.http) { /* answers 503 when path is NULL */
+		status = ctl_http_metrics(path, a.timeout > 0 ? a.timeout : CTL_HTTP_TIMEOUT);
+		goto out;
+	}
+	if (path == NULL || (reply_line = ctl_request(path, req, len, &reply_len)) == NULL ||
+		reply_parse(reply_line, reply_len, &r) < 0)
+		goto out;
+	status = r.ok ? CTL_EXIT_OK : CTL_EXIT_FAILURE;
+	if (!r.ok) {
+		fprintf(stderr, "wcachectl: ");
+		ctl_print_safe(stderr, r.error);
+		fputc('\n', stderr);
+		if (a.json)
+			printf("%s\n", reply_line);
+	} else if (strcmp(cmd->name, "status") == 0) {
+		status = ctl_status_show(reply_line, reply_len, a.words, a.nwords, a.json);
+	} else if (a.json) {
+		printf("%s\n", reply_line);
+	} else if (strcmp(cmd->name, "metrics") == 0) {
+		if (r.text != NULL)
+			fwrite(r.text, 1, r.text_len, stdout);
+	} else {
+		print_result(cmd, &r, a.words);
+	}
+	reply_free(&r);
+	if (fflush(stdout) != 0 || ferror(stdout)) {
+		ctl_error("writing the output: %s", strerror(errno));
+		status = CTL_EXIT_FAILURE;
+	}
+	free(reply_line);
+	free(path);
+	free(abs);
+	free(a.words);
+	return status;
+out:
+	/* Nothing came from the daemon: the error object is ours. */
+	if (a.json && !a.http && status == CTL_EXIT_FAILURE)
+		ctl_json_error();
+	free(reply_line);
+	free(path);
+	free(abs);
+	free(a.words);
+	return status;
+}

@@ -1,0 +1,384 @@
+/*
+ * ctl_convert.c: `wcachectl convert [--to safetensors|weig] IN OUT`: rewrites
+ * a model in the other format (or the same one, normalised): safetensors
+ * (single or sharded) to WEIG so wcached can serve it with aligned data,
+ * WEIG back to safetensors for other tools, and a big-endian WEIG file to a
+ * little-endian one, the only form that can be mapped zero-copy here.
+ *
+ * IN is validated completely by the same readers wcached uses before a byte
+ * is written; OUT is written to a temporary file and renamed, so it is either
+ * the whole new file or untouched. An OUT that is IN, or one of IN's files
+ * (the same inode, by any path), is refused before anything is opened for
+ * writing.
+ *
+ * A long conversion shows its progress on a terminal (standard error): bytes
+ * written, rate and time left, measured by a thread from the process's own
+ * write counter (/proc/self/io), so the writers need no hook. A one-line
+ * summary goes to standard output at the end.
+ */
+#include <byteswap.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ctl/ctl.h"
+#include "base/error.h"
+#include "base/file.h"
+#include "format/index.h"
+#include "format/source.h"
+#include "lib/wcache.h"
+#include "lib/writer.h"
+
+/* What IN holds, as far as choosing a conversion goes. */
+enum convert_input {
+	INPUT_SAFETENSORS, /* anything wc_open_file reads that is not WEIG */
+	INPUT_WEIG,
+	INPUT_WEIG_BIG_ENDIAN,
+};
+
+static void
+convert_usage(FILE *f)
+{
+	fprintf(f, "usage: wcachectl convert [--to safetensors|weig] IN OUT\n\n"
+		   "Validates IN (a safetensors file, a shard index, a directory holding one,\n"
+		   "or a WEIG file of either byte order) and writes it to OUT as safetensors or\n"
+		   "WEIG: names, dtypes, shapes, metadata and every data byte are kept. A\n"
+		   "big-endian WEIG file is written little-endian, each element byte-swapped.\n"
+		   "OUT is written to a temporary file beside it and renamed: it is never\n"
+		   "left partial.\n\n"
+		   "  --to FORMAT  safetensors or weig; by default OUT's extension decides\n"
+		   "               (.weig, .safetensors), else the format IN is not in\n"
+		   "               (a big-endian WEIG file becomes a little-endian WEIG)\n");
+}
+
+/* Tells WEIG (by its magic, in either byte order) from everything else; the
+ * readers explain what is wrong with an unreadable IN. */
+static enum convert_input
+classify_input(const char *path)
+{
+	struct stat st;
+	uint32_t magic;
+
+	if (stat(path, &st) == -1 || !S_ISREG(st.st_mode))
+		return INPUT_SAFETENSORS;
+	magic = source_magic(path);
+	if (magic == WEIG_MAGIC)
+		return INPUT_WEIG;
+	if (magic == bswap_32(WEIG_MAGIC))
+		return INPUT_WEIG_BIG_ENDIAN;
+	return INPUT_SAFETENSORS;
+}
+
+/* Parses a --to argument; 0 if unknown. */
+static enum writer_format
+parse_format(const char *s)
+{
+	if (strcmp(s, "weig") == 0 || strcmp(s, "WEIG") == 0)
+		return WRITER_WEIG;
+	if (strcmp(s, "safetensors") == 0)
+		return WRITER_SAFETENSORS;
+	return 0;
+}
+
+/* The default target: OUT's extension, else the format IN is not in. */
+static enum writer_format
+default_format(enum convert_input in, const char *out)
+{
+	if (file_has_suffix(out, ".weig"))
+		return WRITER_WEIG;
+	if (file_has_suffix(out, ".safetensors"))
+		return WRITER_SAFETENSORS;
+	switch (in) {
+	case INPUT_WEIG:
+		return WRITER_SAFETENSORS;
+	case INPUT_WEIG_BIG_ENDIAN:
+	case INPUT_SAFETENSORS:
+		break;
+	}
+	return WRITER_WEIG;
+}
+
+/* Opens IN with the library's readers and writes it in format fmt. */
+static int
+convert_model(const char *in, const char *out, enum writer_format fmt)
+{
+	wc_model *m = NULL;
+	int rc;
+
+	if ((rc = wc_open_file(in, &m)) < 0)
+		return rc;
+	rc = fmt == WRITER_WEIG ? writer_weig(m, out) : writer_safetensors(m, out);
+	wc_release(m);
+	return rc;
+}
+
+/* ---- refusing to overwrite the input ---------------------------------- */
+
+static bool
+same_inode(const struct stat *a, const struct stat *b)
+{
+	return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
+}
+
+/*
+ * Fails (-EEXIST, message set) when out names in itself or one of the files
+ * of the model at in (a shard of a sharded model, the file a directory
+ * holds), by any path: a symlink, a hard link, "./x" for "x". Fills *src
+ * with the opened input when it opens (for the summary), else zeroes it.
+ */
+static int
+refuse_same_file(const char *in, const char *out, struct model_source *src)
+{
+	struct stat so, si;
+
+	memset(src, 0, sizeof(*src));
+	if (source_open(in, src) < 0)
+		memset(src, 0, sizeof(*src)); /* the conversion says why */
+	if (stat(out, &so) < 0)
+		return 0; /* OUT does not exist yet (or cannot be seen): not IN */
+	if (stat(in, &si) == 0 && same_inode(&si, &so))
+		return error_set(-EEXIST, "%s: the output is the input %s: write the "
+			"conversion to another path", out, in);
+	for (size_t i = 0; i < src->nfiles; i++)
+		if (same_inode(&src->files[i].st, &so))
+			return error_set(-EEXIST, "%s: the output is %s, a file of the input %s: "
+				"write the conversion to another path", out, src->files[i].path, in);
+	return 0;
+}
+
+/* ---- progress -------------------------------------------------------------- */
+
+#define PROGRESS_AFTER 1.0     /* seconds before the first progress line */
+#define PROGRESS_INTERVAL_NS 250000000L
+
+/* The progress thread's state; the mutex guards done. */
+struct progress {
+	pthread_t thread;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool done, shown;
+	uint64_t total, base;  /* bytes to write; write counter at the start */
+	double start;
+	const char *out;
+};
+
+/* The process's write counter: bytes it has written with write(2) and the
+ * like (wchar of /proc/self/io). -1 when unknown. */
+static int
+bytes_written(uint64_t *out)
+{
+	FILE *f = fopen("/proc/self/io", "re");
+	char line[128];
+	int rc = -1;
+
+	if (f == NULL)
+		return -1;
+	while (fgets(line, sizeof(line), f) != NULL)
+		if (sscanf(line, "wchar: %" SCNu64, out) == 1) {
+			rc = 0;
+			break;
+		}
+	fclose(f);
+	return rc;
+}
+
+/* "1.5 GiB" */
+static const char *
+human(uint64_t b, char *buf, size_t cap)
+{
+	if (b >= (1ull << 30))
+		snprintf(buf, cap, "%.1f GiB", (double)b / (double)(1ull << 30));
+	else if (b >= (1u << 20))
+		snprintf(buf, cap, "%.1f MiB", (double)b / (double)(1u << 20));
+	else
+		snprintf(buf, cap, "%" PRIu64 " bytes", b);
+	return buf;
+}
+
+/* Rewrites the progress line on the terminal. */
+static void
+progress_line(struct progress *p)
+{
+	uint64_t now_bytes, done = 0;
+	double elapsed = ctl_monotonic() - p->start, rate;
+	char a[32], b[32], left[48] = "";
+
+	if (elapsed < PROGRESS_AFTER || bytes_written(&now_bytes) < 0)
+		return;
+	done = now_bytes > p->base ? now_bytes - p->base : 0;
+	if (done > p->total)
+		done = p->total;
+	rate = (double)done / elapsed;
+	if (done >= p->total)
+		snprintf(left, sizeof(left), ", syncing to disk");
+	else if (rate > 0)
+		snprintf(left, sizeof(left), ", %.0f s left", (double)(p->total - done) / rate);
+	fprintf(stderr, "\rwcachectl: writing %s: %s of %s (%.0f%%), %.0f MB/s%s\033[K", p->out,
+		human(done, a, sizeof(a)), human(p->total, b, sizeof(b)),
+		p->total > 0 ? (double)done * 100.0 / (double)p->total : 100.0, rate / 1e6, left);
+	p->shown = true;
+}
+
+static void *
+progress_main(void *arg)
+{
+	struct progress *p = arg;
+	struct timespec ts;
+
+	pthread_mutex_lock(&p->lock);
+	while (!p->done) {
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += PROGRESS_INTERVAL_NS;
+		if (ts.tv_nsec >= 1000000000L) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000L;
+		}
+		if (pthread_cond_timedwait(&p->cond, &p->lock, &ts) != 0 && !p->done)
+			progress_line(p);
+	}
+	if (p->shown)
+		fputs("\r\033[K", stderr); /* the summary replaces it */
+	pthread_mutex_unlock(&p->lock);
+	return NULL;
+}
+
+/* Starts the progress thread when standard error is a terminal. Returns
+ * whether it runs. */
+static bool
+progress_start(struct progress *p, uint64_t total, const char *out)
+{
+	memset(p, 0, sizeof(*p));
+	if (!isatty(STDERR_FILENO) || bytes_written(&p->base) < 0)
+		return false;
+	p->total = total;
+	p->out = out;
+	p->start = ctl_monotonic();
+	pthread_mutex_init(&p->lock, NULL);
+	pthread_cond_init(&p->cond, NULL);
+	if (pthread_create(&p->thread, NULL, progress_main, p) != 0) {
+		pthread_cond_destroy(&p->cond);
+		pthread_mutex_destroy(&p->lock);
+		return false;
+	}
+	return true;
+}
+
+static void
+progress_stop(struct progress *p)
+{
+	pthread_mutex_lock(&p->lock);
+	p->done = true;
+	pthread_cond_signal(&p->cond);
+	pthread_mutex_unlock(&p->lock);
+	pthread_join(p->thread, NULL);
+	pthread_cond_destroy(&p->cond);
+	pthread_mutex_destroy(&p->lock);
+}
+
+/* ---- the command ------------------------------------------------------------- */
+
+/* "wrote OUT: weig, 291 tensors, 1.5 GiB in 6.8 s (236 MB/s)" */
+static void
+print_summary(const char *out, enum writer_format fmt, const struct model_source *src,
+	double seconds)
+{
+	struct index_header h;
+	struct stat st;
+	char size[32], tensors[48] = "";
+
+	if (src->index != NULL && index_open(src->index, src->index_len, &h) == 0)
+		snprintf(tensors, sizeof(tensors), " %" PRIu64 " tensor%s,", h.tensor_count,
+			h.tensor_count == 1 ? "" : "s");
+	if (stat(out, &st) < 0)
+		st.st_size = 0;
+	printf("wrote %s: %s,%s %s in %.1f s (%.0f MB/s)\n", out,
+		fmt == WRITER_WEIG ? "WEIG" : "safetensors", tensors,
+		human((uint64_t)st.st_size, size, sizeof(size)), seconds,
+		seconds > 0 ? (double)st.st_size / seconds / 1e6 : 0.0);
+}
+
+int
+ctl_convert(int argc, char **argv)
+{
+	const char *paths[2] = { NULL, NULL };
+	enum writer_format fmt = 0;
+	enum convert_input in;
+	struct model_source src;
+	struct progress progress;
+	uint64_t total = 0;
+	double start;
+	bool shown;
+	int npaths = 0, options = 1, rc;
+
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+
+		if (options && strcmp(a, "--") == 0) {
+			options = 0;
+		} else if (options && (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)) {
+			convert_usage(stdout);
+			return 0;
+		} else if (options && (strcmp(a, "--to") == 0 || strncmp(a, "--to=", 5) == 0)) {
+			const char *v = a[4] == '=' ? a + 5 : (i + 1 < argc ? argv[++i] : NULL);
+
+			if (v == NULL)
+				return ctl_usage_error("convert", "--to needs safetensors or weig");
+			if ((fmt = parse_format(v)) == 0)
+				return ctl_usage_error("convert", "--to needs safetensors or weig, "
+					"not \"%s\"", v);
+		} else if (options && a[0] == '-' && a[1] != '\0') {
+			return ctl_usage_error("convert", "unknown option \"%s\"", a);
+		} else if (npaths < 2) {
+			paths[npaths++] = a;
+		} else {
+			return ctl_usage_error("convert", "unexpected argument \"%s\": convert takes "
+				"IN and OUT", a);
+		}
+	}
+	if (npaths < 2)
+		return ctl_usage_error("convert", "missing %s", npaths == 0 ? "IN OUT" : "OUT");
+	if (refuse_same_file(paths[0], paths[1], &src) < 0) {
+		fprintf(stderr, "wcachectl: %s\n", error_get());
+		source_close(&src);
+		return 1;
+	}
+	in = classify_input(paths[0]);
+	if (fmt == 0)
+		fmt = default_format(in, paths[1]);
+	for (size_t i = 0; i < src.nfiles; i++)
+		total += src.files[i].size;
+	if (total == 0) { /* a big-endian WEIG file: the readers refuse it */
+		struct stat st;
+
+		if (stat(paths[0], &st) == 0)
+			total = (uint64_t)st.st_size;
+	}
+	start = ctl_monotonic();
+	shown = progress_start(&progress, total, paths[1]);
+	if (in == INPUT_WEIG_BIG_ENDIAN)
+		rc = writer_from_big_endian(paths[0], fmt, paths[1]);
+	else
+		rc = convert_model(paths[0], paths[1], fmt);
+	if (shown)
+		progress_stop(&progress);
+	if (rc < 0) {
+		fprintf(stderr, "wcachectl: %s\n", error_get());
+		source_close(&src);
+		return 1;
+	}
+	print_summary(paths[1], fmt, &src, ctl_monotonic() - start);
+	source_close(&src);
+	if (fflush(stdout) != 0) {
+		fprintf(stderr, "wcachectl: writing the output: %s\n", strerror(errno));
+		return 1;
+	}
+	return 0;
+}

@@ -1,0 +1,124 @@
+/*
+ * ctl_internal.h: what ctl_control.c (the control commands: socket,
+ * request, options, the fields every reply has) and ctl_status.c (the
+ * status table) share. Private to wcachectl; the subcommands themselves
+ * are declared in ctl.h.
+ *
+ * Both read a reply the same way: a table of ctl_field names the members
+ * of a JSON object and where each value goes in the caller's struct, and
+ * ctl_read_object() walks the object with json.h's strict reader, filling
+ * them. The readers return 0 or a negative errno-style code (the reader's
+ * own on malformed JSON); ctl_parse_reply() turns such a code into one line
+ * on stderr.
+ */
+#ifndef WC_CTL_INTERNAL_H
+#define WC_CTL_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "base/json.h"
+
+/* ---- ctl_control.c ---------------------------------------------------- */
+
+/* What a member's value is and how it is stored. A value of another JSON
+ * type is skipped and leaves the member as it was, except for a string
+ * member, where it is an error. */
+enum ctl_type {
+	CTL_STRING, /* char *: a malloc'd, NUL-terminated copy (the old one freed) */
+	CTL_U64,    /* uint64_t: an integer */
+	CTL_BOOL,   /* int: true or false as 1 or 0 */
+	CTL_DOUBLE, /* double: a number that may have a fraction */
+};
+
+/* One member of a JSON object: its key, and the offset of the member of
+ * the caller's struct (offsetof) that receives its value. */
+struct ctl_field {
+	const char *key;
+	enum ctl_type type;
+	size_t offset;
+};
+
+/* Reads the value of a member that no ctl_field names, or skips it. */
+typedef int ctl_member_fn(struct jr *j, const struct jr_str *key, void *dst);
+
+/*
+ * Reads the object at the cursor into dst: the value of each member named
+ * in fields (nfields of them) is stored as its ctl_field says; any other
+ * member goes to other, or is skipped when other is NULL. Returns 0 or a
+ * negative errno-style code; dst may then hold part of the object.
+ */
+int ctl_read_object(struct jr *j, const struct ctl_field *fields, size_t nfields, void *dst,
+	ctl_member_fn *other);
+
+/*
+ * Parses a reply line (len bytes) that must be one JSON object and nothing
+ * else, with ctl_read_object(). Returns 0, or -1 after printing why the
+ * reply is malformed; dst may then hold part of the reply, for the caller
+ * to free.
+ */
+int ctl_parse_reply(const char *line, size_t len, const struct ctl_field *fields,
+	size_t nfields, void *dst, ctl_member_fn *other);
+
+/* Writes s with control characters as \xNN, for a terminal. */
+void ctl_print_safe(FILE *f, const char *s);
+
+/* Prints "wcachectl: MESSAGE" on stderr (control characters escaped) and
+ * keeps MESSAGE for ctl_json_error(). Every error of the control commands
+ * goes through here. */
+void ctl_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Prints {"ok":false,"protocol":N,"error":LAST} on stdout, LAST being the
+ * message of the last ctl_error(): --json's object when the daemon's reply
+ * never came. */
+void ctl_json_error(void);
+
+/*
+ * Connects to the control socket at path, sends the request line (len
+ * bytes, '\n' included) and reads the reply line. Returns it malloc'd and
+ * NUL-terminated without its '\n' (its length in *reply_len), or NULL after
+ * ctl_error() (with a hint when path is a packet socket, such as wcached's
+ * client socket).
+ */
+char *ctl_request(const char *path, const char *request, size_t len, size_t *reply_len);
+
+/* ---- ctl_status.c ----------------------------------------------------- */
+
+/*
+ * Shows a successful status reply (len bytes) for the models named (all of
+ * them when nnames is 0): a table on stdout, or with json the reply with
+ * "ready", "not_ready" and "unknown" added. Returns the exit status: 0 when
+ * every model asked about is ready, CTL_EXIT_NOT_READY when one is not,
+ * CTL_EXIT_UNKNOWN when a name is not served, CTL_EXIT_FAILURE after
+ * printing why the reply is malformed.
+ */
+int ctl_status_show(const char *line, size_t len, char *const *names, size_t nnames, int json);
+
+/* ---- ctl_http.c ------------------------------------------------------- */
+
+#define CTL_HTTP_TIMEOUT 10.0   /* seconds for the whole request */
+#define CTL_HTTP_REQUEST_MAX 8192 /* bytes of request line and headers */
+
+/*
+ * `wcachectl metrics --http`: reads one HTTP/1.1 request on standard input
+ * and answers it on standard output (see the metrics help in ctl_control.c),
+ * asking wcached's control socket at control_path for the metrics (NULL:
+ * unknown, answered 503). Gives up after timeout seconds. Returns 0 when
+ * the metrics were served, 1 otherwise (the reason on stderr).
+ */
+int ctl_http_metrics(const char *control_path, double timeout);
+
+/* ---- ctl_http_parse.c ------------------------------------------------- */
+
+/* Does buf[0..len) hold a whole request head (up to its empty line)? */
+bool ctl_http_head_complete(const char *buf, size_t len);
+
+/* The status a request head (len bytes, as ctl_http_head_complete() found
+ * it) gets: 200 for GET /metrics (a query string is ignored) in HTTP/1.0 or
+ * 1.1, 404 for another target, 405 for another method, 400 when the request
+ * line is malformed. Reads nothing outside buf[0..len). */
+int ctl_http_classify(const char *buf, size_t len);
+
+#endif /* WC_CTL_INTERNAL_H */

@@ -1,0 +1,556 @@
+/*
+ * ctl_status.c: how `wcachectl status` shows wcached's status reply: the
+ * reply's models, their generations and the generations of unloaded models
+ * read into rows, then printed as a table with sizes and the uptime in
+ * human units, followed by the generations that are not current and each
+ * model's last load error.
+ *
+ * ctl_control.c sends the request, reads the reply and checks its common
+ * fields; it hands a successful status reply to ctl_status_show(), which
+ * prints the table (or, with --json, the reply with the answer to "is what
+ * was asked about ready?" added) and turns that answer into the exit
+ * status. Every string from the daemon is
+ * printed with ctl_print_safe(), so a hostile model name cannot drive the
+ * terminal.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctl/ctl.h"
+#include "ctl/internal.h"
+#include "base/json.h"
+
+/* ---- reading the reply -------------------------------------------------- */
+
+/* One generation of a model, from its "generations" array. */
+struct gen_row {
+	uint64_t number, attached, bytes;
+	char *state;
+	int current, pending;
+};
+
+/* One entry of "models": a served model and its current generation. */
+struct model_row {
+	char *name, *state, *pinned, *error, *path;
+	uint64_t generation, bytes, resident, attached;
+	double warm_percent, warm_eta; /* eta 0 when absent (null: no estimate yet) */
+	char *pin_applied;             /* what is locked; NULL from an older daemon */
+	struct gen_row *gens;
+	size_t ngens;
+};
+
+/* One entry of "unloaded": a generation of a model no longer served that
+ * clients still hold. */
+struct unloaded_row {
+	char *name, *state;
+	uint64_t generation, attached;
+};
+
+/* The status reply; strings are malloc'd, NULL when absent. */
+struct status {
+	char *version;
+	uint64_t pid, clients;
+	double uptime;
+	struct model_row *models;
+	size_t nmodels;
+	struct unloaded_row *unloaded;
+	size_t nunloaded;
+};
+
+#define NFIELDS(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Which members of each kind of object in the reply are kept, and where;
+ * ctl_read_object() skips the others. */
+static const struct ctl_field gen_fields[] = {
+	{ "number", CTL_U64, offsetof(struct gen_row, number) },
+	{ "attached", CTL_U64, offsetof(struct gen_row, attached) },
+	{ "bytes", CTL_U64, offsetof(struct gen_row, bytes) },
+	{ "state", CTL_STRING, offsetof(struct gen_row, state) },
+	{ "current", CTL_BOOL, offsetof(struct gen_row, current) },
+	{ "pending", CTL_BOOL, offsetof(struct gen_row, pending) },
+};
+
+static const struct ctl_field model_fields[] = {
+	{ "name", CTL_STRING, offsetof(struct model_row, name) },
+	{ "path", CTL_STRING, offsetof(struct model_row, path) },
+	{ "state", CTL_STRING, offsetof(struct model_row, state) },
+	{ "pinned", CTL_STRING, offsetof(struct model_row, pinned) },
+	{ "pin_applied", CTL_STRING, offsetof(struct model_row, pin_applied) },
+	{ "error", CTL_STRING, offsetof(struct model_row, error) },
+	{ "generation", CTL_U64, offsetof(struct model_row, generation) },
+	{ "bytes", CTL_U64, offsetof(struct model_row, bytes) },
+	{ "resident_bytes", CTL_U64, offsetof(struct model_row, resident) },
+	{ "attached", CTL_U64, offsetof(struct model_row, attached) },
+	{ "warm_percent", CTL_DOUBLE, offsetof(struct model_row, warm_percent) },
+	{ "warm_eta_seconds", CTL_DOUBLE, offsetof(struct model_row, warm_eta) },
+};
+
+static const struct ctl_field unloaded_fields[] = {
+	{ "name", CTL_STRING, offsetof(struct unloaded_row, name) },
+	{ "state", CTL_STRING, offsetof(struct unloaded_row, state) },
+	{ "generation", CTL_U64, offsetof(struct unloaded_row, generation) },
+	{ "attached", CTL_U64, offsetof(struct unloaded_row, attached) },
+};
+
+static const struct ctl_field status_fields[] = {
+	{ "version", CTL_STRING, offsetof(struct status, version) },
+	{ "pid", CTL_U64, offsetof(struct status, pid) },
+	{ "clients", CTL_U64, offsetof(struct status, clients) },
+	{ "uptime_seconds", CTL_DOUBLE, offsetof(struct status, uptime) },
+};
+
+/* Frees what status_parse() stored, also after it failed half-way. */
+static void
+status_free(struct status *s)
+{
+	for (size_t i = 0; i < s->nmodels; i++) {
+		struct model_row *m = &s->models[i];
+
+		for (size_t k = 0; k < m->ngens; k++)
+			free(m->gens[k].state);
+		free(m->gens);
+		free(m->name);
+		free(m->state);
+		free(m->pinned);
+		free(m->pin_applied);
+		free(m->error);
+		free(m->path);
+	}
+	for (size_t i = 0; i < s->nunloaded; i++) {
+		free(s->unloaded[i].name);
+		free(s->unloaded[i].state);
+	}
+	free(s->models);
+	free(s->unloaded);
+	free(s->version);
+}
+
+/* Grows *array (of *n elements of size) by one zeroed element. */
+static void *
+push(void *array_ptr, size_t *n, size_t size)
+{
+	void **array = array_ptr;
+	char *bigger = realloc(*array, (*n + 1) * size);
+
+	if (bigger == NULL)
+		return NULL;
+	*array = bigger;
+	memset(bigger + *n * size, 0, size);
+	return bigger + (*n)++ * size;
+}
+
+/*
+ * Reads an array of objects at the cursor, appending one row (of size
+ * bytes) to *array_ptr (of *n rows) per object and reading the object into
+ * it with ctl_read_object(fields, other). Rows read before an error stay,
+ * for status_free().
+ */
+static int
+read_rows(struct jr *j, void *array_ptr, size_t *n, size_t size, const struct ctl_field *fields,
+	size_t nfields, ctl_member_fn *other)
+{
+	int r;
+
+	if ((r = jr_array_begin(j)) < 0)
+		return r;
+	while ((r = jr_array_next(j)) == 1) {
+		void *row = push(array_ptr, n, size);
+
+		if (row == NULL)
+			return -ENOMEM;
+		if ((r = ctl_read_object(j, fields, nfields, row, other)) < 0)
+			return r;
+	}
+	return r;
+}
+
+/* A model's "generations" array; other members are skipped. */
+static int
+model_member(struct jr *j, const struct jr_str *key, void *dst)
+{
+	struct model_row *m = dst;
+
+	if (jr_str_eq(key, "generations", 11) && jr_peek(j) == JR_ARRAY)
+		return read_rows(j, &m->gens, &m->ngens, sizeof(*m->gens), gen_fields,
+			NFIELDS(gen_fields), NULL);
+	return jr_skip(j);
+}
+
+/* The reply's "models" and "unloaded" arrays; other members are skipped. */
+static int
+status_member(struct jr *j, const struct jr_str *key, void *dst)
+{
+	struct status *s = dst;
+
+	if (jr_str_eq(key, "models", 6) && jr_peek(j) == JR_ARRAY)
+		return read_rows(j, &s->models, &s->nmodels, sizeof(*s->models), model_fields,
+			NFIELDS(model_fields), model_member);
+	if (jr_str_eq(key, "unloaded", 8) && jr_peek(j) == JR_ARRAY)
+		return read_rows(j, &s->unloaded, &s->nunloaded, sizeof(*s->unloaded),
+			unloaded_fields, NFIELDS(unloaded_fields), NULL);
+	return jr_skip(j);
+}
+
+/* Parses a status reply; returns 0 or -1 (printed). */
+static int
+status_parse(const char *line, size_t len, struct status *s)
+{
+	memset(s, 0, sizeof(*s));
+	if (ctl_parse_reply(line, len, status_fields, NFIELDS(status_fields), s,
+		status_member) < 0) {
+		status_free(s);
+		return -1;
+	}
+	return 0;
+}
+
+/* ---- printing the table ------------------------------------------------ */
+
+/* "1.5 GiB": binary units, one decimal. */
+static const char *
+human_bytes(uint64_t b, char *buf, size_t cap)
+{
+	static const char *const units[] = { "KiB", "MiB", "GiB", "TiB", "PiB", "EiB" };
+	double v = (double)b;
+	size_t u = 0;
+
+	if (b < 1024) {
+		snprintf(buf, cap, "%" PRIu64 " B", b);
+		return buf;
+	}
+	v /= 1024;
+	while (v >= 1024 && u + 1 < sizeof(units) / sizeof(units[0])) {
+		v /= 1024;
+		u++;
+	}
+	snprintf(buf, cap, "%.1f %s", v, units[u]);
+	return buf;
+}
+
+/* "3d 4h", "2h 5m", "5m 12s", "12s". */
+static const char *
+human_duration(double seconds, char *buf, size_t cap)
+{
+	uint64_t s = seconds > 0 ? (uint64_t)seconds : 0;
+
+	if (s >= 86400)
+		snprintf(buf, cap, "%" PRIu64 "d %" PRIu64 "h", s / 86400, s % 86400 / 3600);
+	else if (s >= 3600)
+		snprintf(buf, cap, "%" PRIu64 "h %" PRIu64 "m", s / 3600, s % 3600 / 60);
+	else if (s >= 60)
+		snprintf(buf, cap, "%" PRIu64 "m %" PRIu64 "s", s / 60, s % 60);
+	else
+		snprintf(buf, cap, "%" PRIu64 "s", s);
+	return buf;
+}
+
+#define STATUS_COLUMNS 7
+
+/* qsort() order of the table: by model name. */
+static int
+by_name(const void *a, const void *b)
+{
+	const struct model_row *x = a, *y = b;
+
+	return strcmp(x->name != NULL ? x->name : "", y->name != NULL ? y->name : "");
+}
+
+/* Is name one of names (or are there no names: everything is asked)? */
+static bool
+asked(const char *name, char *const *names, size_t nnames)
+{
+	if (nnames == 0)
+		return true;
+	for (size_t i = 0; i < nnames; i++)
+		if (name != NULL && strcmp(name, names[i]) == 0)
+			return true;
+	return false;
+}
+
+/* Is the model served under name? */
+static bool
+served(const struct status *s, const char *name)
+{
+	for (size_t i = 0; i < s->nmodels; i++)
+		if (s->models[i].name != NULL && strcmp(s->models[i].name, name) == 0)
+			return true;
+	return false;
+}
+
+static bool
+is_ready(const struct model_row *m)
+{
+	return m->state != NULL && strcmp(m->state, "ready") == 0;
+}
+
+/* The STATE cell: the state, with the percent warmed while warming and the
+ * time left when the daemon estimates it. The percent is the daemon's
+ * warm_percent (bytes its reads pulled in); a daemon without that field
+ * gets bytes in the page cache over the size. */
+static void
+state_cell(const struct model_row *m, char *buf, size_t cap)
+{
+	double percent = m->warm_percent;
+
+	if (m->state == NULL || strcmp(m->state, "warming") != 0) {
+		snprintf(buf, cap, "%s", m->state ? m->state : "?");
+		return;
+	}
+	if (percent <= 0 && m->bytes > 0)
+		percent = m->resident >= m->bytes ? 100 :
+			(double)m->resident * 100.0 / (double)m->bytes;
+	if (m->warm_eta > 0)
+		snprintf(buf, cap, "warming %.0f%%, ~%.0f s left", percent,
+			m->warm_eta < 1 ? 1 : m->warm_eta);
+	else
+		snprintf(buf, cap, "warming %.0f%%", percent);
+}
+
+/* The PINNED cell: what is locked (pin_applied), which a daemon without
+ * that field reports only as the configured mode. */
+static const char *
+pinned_cell(const struct model_row *m)
+{
+	if (m->pin_applied != NULL)
+		return m->pin_applied;
+	return m->pinned != NULL ? m->pinned : "?";
+}
+
+/* Ranks pin modes: none < metadata < all. */
+static int
+pin_rank(const char *mode)
+{
+	if (mode == NULL)
+		return -1;
+	if (strcmp(mode, "all") == 0)
+		return 2;
+	return strcmp(mode, "metadata") == 0 ? 1 : 0;
+}
+
+/* Prints the status reply as a table: one row per model asked about, then
+ * the other open generations, generations of unloaded models, pins that
+ * fall short and errors. */
+static void
+print_status(struct status *s, char *const *names, size_t nnames)
+{
+	static const char *const head[STATUS_COLUMNS] = {
+		"NAME", "GEN", "STATE", "BYTES", "RESIDENT", "PINNED", "ATTACHED",
+	};
+	size_t width[STATUS_COLUMNS];
+	char cell[STATUS_COLUMNS][64], tmp[32];
+	bool others = false, notes = false, errors = false, any = false;
+
+	printf("wcached %s (pid %" PRIu64 "), up %s, %" PRIu64 " client%s, %zu model%s\n",
+		s->version != NULL ? s->version : "?", s->pid,
+		human_duration(s->uptime, tmp, sizeof(tmp)), s->clients, s->clients == 1 ? "" : "s",
+		s->nmodels, s->nmodels == 1 ? "" : "s");
+	for (size_t i = 0; i < s->nmodels; i++)
+		any = any || asked(s->models[i].name, names, nnames);
+	for (size_t i = 0; i < s->nunloaded; i++)
+		any = any || asked(s->unloaded[i].name, names, nnames);
+	if (!any)
+		return;
+	if (s->nmodels > 1)
+		qsort(s->models, s->nmodels, sizeof(*s->models), by_name);
+	for (int c = 0; c < STATUS_COLUMNS; c++)
+		width[c] = strlen(head[c]);
+	/* Two passes: measure, then print. Names are at most 128 bytes (the
+	 * daemon's rule), wider ones are not truncated, only misaligned. */
+	for (int pass = 0; pass < 2; pass++) {
+		if (pass == 1) {
+			putchar('\n');
+			for (int c = 0; c < STATUS_COLUMNS; c++)
+				printf("%-*s%s", c + 1 < STATUS_COLUMNS ? (int)width[c] : 0, head[c],
+					c + 1 < STATUS_COLUMNS ? "  " : "\n");
+		}
+		for (size_t i = 0; i < s->nmodels; i++) {
+			const struct model_row *m = &s->models[i];
+
+			if (!asked(m->name, names, nnames))
+				continue;
+			snprintf(cell[0], sizeof(cell[0]), "%s", m->name ? m->name : "?");
+			if (m->generation > 0)
+				snprintf(cell[1], sizeof(cell[1]), "%" PRIu64, m->generation);
+			else
+				snprintf(cell[1], sizeof(cell[1]), "-");
+			state_cell(m, cell[2], sizeof(cell[2]));
+			human_bytes(m->bytes, cell[3], sizeof(cell[3]));
+			human_bytes(m->resident, cell[4], sizeof(cell[4]));
+			snprintf(cell[5], sizeof(cell[5]), "%s", pinned_cell(m));
+			snprintf(cell[6], sizeof(cell[6]), "%" PRIu64, m->attached);
+			for (int c = 0; c < STATUS_COLUMNS; c++) {
+				if (pass == 0) {
+					if (strlen(cell[c]) > width[c])
+						width[c] = strlen(cell[c]);
+					continue;
+				}
+				if (c == 0)
+					ctl_print_safe(stdout, m->name ? m->name : "?");
+				else
+					fputs(cell[c], stdout);
+				if (c + 1 < STATUS_COLUMNS)
+					printf("%*s", (int)(width[c] - strlen(cell[c]) + 2), "");
+			}
+			if (pass == 1)
+				putchar('\n');
+		}
+	}
+	for (size_t i = 0; i < s->nmodels; i++) {
+		const struct model_row *m = &s->models[i];
+
+		if (!asked(m->name, names, nnames))
+			continue;
+		for (size_t k = 0; k < m->ngens; k++) {
+			const struct gen_row *g = &m->gens[k];
+
+			if (g->current)
+				continue;
+			if (!others)
+				printf("\nother open generations:\n");
+			others = true;
+			printf("  ");
+			ctl_print_safe(stdout, m->name ? m->name : "?");
+			printf(" generation %" PRIu64 ": %s, %" PRIu64 " attached, %s%s\n", g->number,
+				g->state ? g->state : "?", g->attached,
+				human_bytes(g->bytes, tmp, sizeof(tmp)),
+				g->pending ? " (pending: becomes current when warm)" :
+					     " (old: closes when released)");
+		}
+	}
+	for (size_t i = 0; i < s->nunloaded; i++) {
+		const struct unloaded_row *u = &s->unloaded[i];
+
+		if (!asked(u->name, names, nnames))
+			continue;
+		if (!others)
+			printf("\nother open generations:\n");
+		others = true;
+		printf("  ");
+		ctl_print_safe(stdout, u->name ? u->name : "?");
+		printf(" generation %" PRIu64 ": %s, %" PRIu64 " attached (unloaded: closes when "
+		       "released)\n", u->generation, u->state ? u->state : "?", u->attached);
+	}
+	/* A pin that locked less than asked: still locking, or refused. */
+	for (size_t i = 0; i < s->nmodels; i++) {
+		const struct model_row *m = &s->models[i];
+
+		if (!asked(m->name, names, nnames) || m->pin_applied == NULL || m->generation == 0 ||
+			pin_rank(m->pin_applied) >= pin_rank(m->pinned))
+			continue;
+		if (!notes)
+			printf("\npins:\n");
+		notes = true;
+		printf("  ");
+		ctl_print_safe(stdout, m->name ? m->name : "?");
+		printf(": pin = %s asked, %s locked: still locking, or mlock(2) was refused "
+		       "(RLIMIT_MEMLOCK, LimitMEMLOCK= in wcached.service; wcached's log says)\n",
+			m->pinned, m->pin_applied);
+	}
+	for (size_t i = 0; i < s->nmodels; i++) {
+		const struct model_row *m = &s->models[i];
+
+		if (m->error == NULL || !asked(m->name, names, nnames))
+			continue;
+		if (!errors)
+			printf("\nerrors:\n");
+		errors = true;
+		printf("  ");
+		ctl_print_safe(stdout, m->name ? m->name : "?");
+		printf(": ");
+		ctl_print_safe(stdout, m->error);
+		putchar('\n');
+	}
+}
+
+/* Writes a JSON array of the names for which keep(s, name) holds. */
+static void
+write_names(const char *key, char *const *names, size_t n, const struct status *s,
+	bool (*keep)(const struct status *, const char *))
+{
+	bool first = true;
+
+	printf(",\"%s\":[", key);
+	for (size_t i = 0; i < n; i++) {
+		if (!keep(s, names[i]))
+			continue;
+		if (!first)
+			putchar(',');
+		first = false;
+		json_write_string(stdout, names[i], strlen(names[i]));
+	}
+	putchar(']');
+}
+
+static bool
+unknown_name(const struct status *s, const char *name)
+{
+	return !served(s, name);
+}
+
+/*
+ * --json: the daemon's reply (an object: its last byte is '}') with
+ * "ready" (every model asked about is), "not_ready" and "unknown" added.
+ */
+static void
+print_json(const char *line, size_t len, const struct status *s, char *const *names,
+	size_t nnames, bool ready)
+{
+	bool first = true;
+
+	while (len > 0 && line[len - 1] != '}')
+		len--;
+	printf("%.*s,\"ready\":%s,\"not_ready\":[", (int)(len > 0 ? len - 1 : 0), line,
+		ready ? "true" : "false");
+	for (size_t i = 0; i < s->nmodels; i++) {
+		const struct model_row *m = &s->models[i];
+
+		if (!asked(m->name, names, nnames) || is_ready(m) || m->name == NULL)
+			continue;
+		if (!first)
+			putchar(',');
+		first = false;
+		json_write_string(stdout, m->name, strlen(m->name));
+	}
+	putchar(']');
+	write_names("unknown", names, nnames, s, unknown_name);
+	printf("}\n");
+}
+
+/* Shows a status reply and says whether what was asked about is ready
+ * (see ctl_internal.h). */
+int
+ctl_status_show(const char *line, size_t len, char *const *names, size_t nnames, int json)
+{
+	struct status s;
+	bool ready = true, unknown = false;
+
+	if (status_parse(line, len, &s) < 0) {
+		if (json)
+			ctl_json_error();
+		return CTL_EXIT_FAILURE;
+	}
+	for (size_t i = 0; i < s.nmodels; i++)
+		if (asked(s.models[i].name, names, nnames) && !is_ready(&s.models[i]))
+			ready = false;
+	for (size_t i = 0; i < nnames; i++)
+		if (!served(&s, names[i])) {
+			unknown = true;
+			ready = false;
+			fprintf(stderr, "wcachectl: no model \"");
+			ctl_print_safe(stderr, names[i]);
+			fprintf(stderr, "\" is served\n");
+		}
+	if (json)
+		print_json(line, len, &s, names, nnames, ready);
+	else
+		print_status(&s, names, nnames);
+	status_free(&s);
+	if (unknown)
+		return CTL_EXIT_UNKNOWN;
+	return ready ? CTL_EXIT_OK : CTL_EXIT_NOT_READY;
+}

@@ -1,0 +1,734 @@
+/*
+ * shards.c: sharded safetensors checkpoints (a model.safetensors.index.json
+ * and the shard files it names), and finding the model in a directory.
+ *
+ * The shard index says which shard holds each tensor:
+ *   {"metadata": {"total_size": N, ...}, "weight_map": {"tensor": "shard", ...}}
+ * Shards are plain file names in the index's directory, opened inside the
+ * model's tree (tree.h: a symlinked shard must not lead out of it), and
+ * parsed from private copies of their headers (file_read_bytes()). We parse every
+ * shard into one index builder (shard k is file k, in first-seen order of
+ * the weight_map) and then check both directions: every tensor of the
+ * weight_map is in the shard it names, and every tensor of a shard is in
+ * the weight_map. total_size is advisory (tools disagree on whether it
+ * counts headers), so a mismatch is not an error.
+ *
+ * Metadata: a sharded model's metadata is the __metadata__ of its first
+ * shard (file 0; st_parse adds metadata for file 0 only). Every shard's
+ * __metadata__ is still validated. The index's own "metadata" object holds
+ * only bookkeeping (total_size) and is not exposed.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/json.h"
+#include "format/source.h"
+#include "format/tree.h"
+
+#define SHARDS_MAX_INDEX (64u << 20) /* bytes of shard index JSON we read */
+#define SHARD_MAX_NAME 255           /* NAME_MAX */
+#define SHARD_SUFFIX ".safetensors"
+#define INDEX_SUFFIX ".safetensors.index.json"
+
+/* ---- a hash table of names, by index into an array of strings ---- */
+
+struct name_table {
+	uint32_t *slots; /* entry + 1, 0 for empty */
+	size_t mask;
+};
+
+static uint64_t
+hash_name(const char *s, size_t len)
+{
+	uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+
+	for (size_t i = 0; i < len; i++)
+		h = (h ^ (unsigned char)s[i]) * 0x100000001b3ull;
+	return h ^ (h >> 29);
+}
+
+static int
+table_init(struct name_table *t, size_t n)
+{
+	size_t cap = 16;
+
+	while (cap < 2 * n)
+		cap *= 2;
+	if ((t->slots = calloc(cap, sizeof(*t->slots))) == NULL)
+		return -ENOMEM;
+	t->mask = cap - 1;
+	return 0;
+}
+
+/*
+ * Finds name in the table (names[] holds the strings of the entries);
+ * returns the entry or -1. If absent and insert >= 0, inserts entry insert.
+ */
+static long
+table_find(struct name_table *t, char *const *names, const char *name, size_t len, long insert)
+{
+	size_t i = (size_t)hash_name(name, len) & t->mask;
+
+	for (;; i = (i + 1) & t->mask) {
+		uint32_t e = t->slots[i];
+
+		if (e == 0) {
+			if (insert >= 0)
+				t->slots[i] = (uint32_t)insert + 1;
+			return -1;
+		}
+		if (strncmp(names[e - 1], name, len) == 0 && names[e - 1][len] == '\0')
+			return (long)e - 1;
+	}
+}
+
+/* ---- the shard index document ---- */
+
+/* Says where a JSON error is, by line and column (index files are usually
+ * pretty-printed); json_fail() below returns -EINVAL after it. */
+__attribute__((format(printf, 5, 6))) static void
+json_fail_message(const char *name, const struct jr *j, const char *buf, size_t len,
+	const char *fmt, ...)
+{
+	size_t off = jr_erroff(j), line = 1, col = 1;
+	char what[300] = "";
+	va_list ap;
+
+	if (fmt != NULL) {
+		va_start(ap, fmt);
+		vsnprintf(what, sizeof(what), fmt, ap);
+		va_end(ap);
+	}
+	for (size_t i = 0; i < off && i < len; i++) {
+		if (buf[i] == '\n') {
+			line++;
+			col = 1;
+		} else {
+			col++;
+		}
+	}
+	if (j->code == -EDOM)
+		error_format("%s: %s%s%s", name, what, *what ? ": " : "", jr_errmsg(j));
+	else
+		error_format("%s: %s%sinvalid JSON at line %zu, column %zu: %s", name, what,
+			*what ? ": " : "", line, col, jr_errmsg(j));
+}
+
+/* Leaves the message and evaluates to -EINVAL (a macro, as error_set()). */
+#define json_fail(...) (json_fail_message(__VA_ARGS__), -EINVAL)
+
+/* Checks a shard file name: a plain name in the same directory. */
+static const char *
+bad_shard_name(const char *s, size_t len, bool has_nul)
+{
+	if (len == 0)
+		return "is empty";
+	if (has_nul)
+		return "contains a NUL character";
+	if (memchr(s, '/', len) != NULL)
+		return "contains '/' (shards must be in the directory of the index)";
+	if ((len == 1 && s[0] == '.') || (len == 2 && s[0] == '.' && s[1] == '.'))
+		return "is not a file name";
+	if (len > SHARD_MAX_NAME)
+		return "is longer than 255 bytes";
+	if (len <= strlen(SHARD_SUFFIX) ||
+		memcmp(s + len - strlen(SHARD_SUFFIX), SHARD_SUFFIX, strlen(SHARD_SUFFIX)) != 0)
+		return "does not end in .safetensors";
+	return NULL;
+}
+
+/* The weight_map while it is read: views into the document. */
+struct map_entry {
+	struct jr_str tensor;
+	uint32_t shard;
+};
+
+struct map_reader {
+	const char *name;
+	struct map_entry *entries;
+	size_t n, cap;
+	struct jr_str shards[INDEX_MAX_FILES];
+	size_t nshards;
+	size_t last_shard;
+};
+
+/* Copies decoded strings into one block: an array of n pointers followed by
+ * the NUL-terminated strings; the pointers point into the block. */
+static char **
+pack_strings(const struct jr_str *const *strs, size_t n)
+{
+	size_t total = n * sizeof(char *);
+	char **out, *at;
+
+	for (size_t i = 0; i < n; i++)
+		total += strs[i]->len + 1; /* bounded by the document size */
+	if ((out = malloc(total ? total : 1)) == NULL)
+		return NULL;
+	at = (char *)(out + n);
+	for (size_t i = 0; i < n; i++) {
+		out[i] = at;
+		if (jr_str_decode(strs[i], at, strs[i]->len + 1) < 0) {
+			free(out);
+			return NULL;
+		}
+		at += strs[i]->len + 1;
+	}
+	return out;
+}
+
+/* Returns the number of shard name s, adding it if new. */
+static int
+shard_number(struct map_reader *r, const struct jr_str *s, uint32_t *out)
+{
+	size_t i;
+
+	/* Weight maps list tensors shard by shard: try the last one first. */
+	if (r->nshards > 0 && r->shards[r->last_shard].len == s->len &&
+		r->shards[r->last_shard].raw_len == s->raw_len &&
+		memcmp(r->shards[r->last_shard].raw, s->raw, s->raw_len) == 0) {
+		*out = (uint32_t)r->last_shard;
+		return 0;
+	}
+	for (i = 0; i < r->nshards; i++) {
+		char buf[SHARD_MAX_NAME + 1];
+
+		if (r->shards[i].len != s->len)
+			continue;
+		if (jr_str_decode(&r->shards[i], buf, sizeof(buf)) == 0 &&
+			jr_str_eq(s, buf, s->len))
+			break;
+	}
+	if (i == r->nshards) {
+		if (r->nshards == INDEX_MAX_FILES)
+			return error_set(-E2BIG, "%s: weight_map names more than %d shards",
+				r->name, INDEX_MAX_FILES);
+		r->shards[r->nshards++] = *s;
+	}
+	r->last_shard = i;
+	*out = (uint32_t)i;
+	return 0;
+}
+
+/* Reads the weight_map object. */
+static int
+read_weight_map(struct map_reader *r, struct jr *j, const char *buf, size_t len)
+{
+	struct jr_str key, value;
+	char q1[300], q2[300];
+	enum jr_type t;
+	int rc;
+
+	if ((t = jr_peek(j)) != JR_OBJECT)
+		return t == JR_INVALID ? json_fail(r->name, j, buf, len, "weight_map") :
+			error_set(-EINVAL, "%s: weight_map is not an object", r->name);
+	if (jr_object_begin(j) < 0)
+		return json_fail(r->name, j, buf, len, "weight_map");
+	while ((rc = jr_object_next(j, &key)) == 1) {
+		struct map_entry *e;
+		const char *why;
+
+		if ((t = jr_peek(j)) != JR_STRING) {
+			if (t == JR_INVALID)
+				return json_fail(r->name, j, buf, len, "weight_map");
+			return error_set(-EINVAL, "%s: weight_map: tensor %s: shard is not a string",
+				r->name, json_quote_str(q1, sizeof(q1), &key));
+		}
+		if (jr_string(j, &value) < 0)
+			return json_fail(r->name, j, buf, len, "weight_map");
+		if (key.len == 0 || key.len > INDEX_MAX_NAME || key.has_nul)
+			return error_set(-EINVAL, "%s: weight_map: tensor name %s %s", r->name,
+				json_quote_str(q1, sizeof(q1), &key),
+				key.len == 0 ? "is empty" : key.has_nul ? "contains a NUL character" :
+				"is longer than 4096 bytes");
+		if (value.len > SHARD_MAX_NAME) {
+			why = "is longer than 255 bytes";
+		} else {
+			char tmp[SHARD_MAX_NAME + 1];
+
+			why = jr_str_decode(&value, tmp, sizeof(tmp)) < 0 ? "cannot be decoded" :
+				bad_shard_name(tmp, value.len, value.has_nul);
+		}
+		if (why != NULL)
+			return error_set(-EINVAL, "%s: weight_map: tensor %s: shard name %s %s",
+				r->name, json_quote_str(q1, sizeof(q1), &key),
+				json_quote_str(q2, sizeof(q2), &value), why);
+		if (r->n == r->cap) {
+			size_t ncap = r->cap ? r->cap * 2 : 1024;
+
+			if ((e = realloc(r->entries, ncap * sizeof(*e))) == NULL)
+				return error_set(-ENOMEM, "%s: out of memory", r->name);
+			r->entries = e;
+			r->cap = ncap;
+		}
+		e = &r->entries[r->n];
+		e->tensor = key;
+		if ((rc = shard_number(r, &value, &e->shard)) < 0)
+			return rc;
+		r->n++;
+	}
+	if (rc < 0)
+		return json_fail(r->name, j, buf, len, "weight_map");
+	if (r->n == 0)
+		return error_set(-EINVAL, "%s: weight_map is empty", r->name);
+	return 0;
+}
+
+/* Reads the metadata object: total_size, if present, is a non-negative
+ * integer; other fields may hold anything. */
+static int
+read_metadata(const char *name, struct jr *j, const char *buf, size_t len,
+	struct shard_map *m)
+{
+	struct jr_str key;
+	enum jr_type t;
+	int rc;
+
+	if ((t = jr_peek(j)) != JR_OBJECT)
+		return t == JR_INVALID ? json_fail(name, j, buf, len, "metadata") :
+			error_set(-EINVAL, "%s: metadata is not an object", name);
+	if (jr_object_begin(j) < 0)
+		return json_fail(name, j, buf, len, "metadata");
+	while ((rc = jr_object_next(j, &key)) == 1) {
+		if (!jr_str_eq(&key, "total_size", 10)) {
+			if (jr_skip(j) < 0)
+				return json_fail(name, j, buf, len, "metadata");
+			continue;
+		}
+		if (m->has_total_size)
+			return error_set(-EINVAL, "%s: metadata: duplicate total_size", name);
+		if ((t = jr_peek(j)) != JR_NUMBER)
+			return t == JR_INVALID ? json_fail(name, j, buf, len, "metadata") :
+				error_set(-EINVAL,
+					"%s: metadata: total_size is not a non-negative integer",
+					name);
+		if (jr_u64(j, &m->total_size) < 0)
+			return json_fail(name, j, buf, len, "metadata: total_size");
+		m->has_total_size = 1;
+	}
+	if (rc < 0)
+		return json_fail(name, j, buf, len, "metadata");
+	return 0;
+}
+
+/* Rejects a tensor listed twice in the weight_map. */
+static int
+check_unique(const char *name, const struct shard_map *m)
+{
+	struct name_table t;
+	char q[300];
+
+	if (table_init(&t, m->ntensors) < 0)
+		return error_set(-ENOMEM, "%s: out of memory", name);
+	for (size_t i = 0; i < m->ntensors; i++) {
+		const char *s = m->tensors[i];
+		size_t n = strlen(s);
+
+		if (table_find(&t, m->tensors, s, n, (long)i) >= 0) {
+			free(t.slots);
+			return error_set(-EINVAL, "%s: weight_map: tensor %s is listed twice", name,
+				json_quote(q, sizeof(q), s, n));
+		}
+	}
+	free(t.slots);
+	return 0;
+}
+
+int
+shards_parse_index(const char *name, const char *json, size_t len, struct shard_map *out)
+{
+	struct map_reader *r;
+	struct shard_map m = { 0 };
+	bool seen_meta = false, seen_map = false;
+	const struct jr_str **strs = NULL;
+	struct jr_str key;
+	struct jr j;
+	enum jr_type t;
+	int rc;
+
+	if ((r = calloc(1, sizeof(*r))) == NULL)
+		return error_set(-ENOMEM, "%s: out of memory", name);
+	r->name = name;
+	jr_init(&j, json, len);
+	if ((t = jr_peek(&j)) != JR_OBJECT) {
+		rc = t == JR_INVALID ? json_fail(name, &j, json, len, NULL) :
+			error_set(-EINVAL, "%s: not a shard index: expected a JSON object", name);
+		goto out;
+	}
+	if (jr_object_begin(&j) < 0) {
+		rc = json_fail(name, &j, json, len, NULL);
+		goto out;
+	}
+	while ((rc = jr_object_next(&j, &key)) == 1) {
+		if (jr_str_eq(&key, "weight_map", 10)) {
+			if (seen_map) {
+				rc = error_set(-EINVAL, "%s: duplicate weight_map", name);
+				goto out;
+			}
+			seen_map = true;
+			rc = read_weight_map(r, &j, json, len);
+		} else if (jr_str_eq(&key, "metadata", 8)) {
+			if (seen_meta) {
+				rc = error_set(-EINVAL, "%s: duplicate metadata", name);
+				goto out;
+			}
+			seen_meta = true;
+			rc = read_metadata(name, &j, json, len, &m);
+		} else if ((rc = jr_skip(&j)) < 0) { /* other fields: tolerated */
+			rc = json_fail(name, &j, json, len, NULL);
+		}
+		if (rc < 0)
+			goto out;
+	}
+	if (rc < 0 || jr_finish(&j) < 0) {
+		rc = json_fail(name, &j, json, len, NULL);
+		goto out;
+	}
+	if (!seen_map) {
+		rc = error_set(-EINVAL, "%s: not a shard index: no weight_map", name);
+		goto out;
+	}
+
+	/* Copy the names out of the document. */
+	m.ntensors = r->n;
+	m.nshards = r->nshards;
+	/* An array of pointers: each element is sizeof(*strs), one pointer.
+	 * NOLINTNEXTLINE(bugprone-sizeof-expression) */
+	if ((strs = malloc(r->n * sizeof(*strs))) == NULL)
+		goto nomem;
+	for (size_t i = 0; i < r->n; i++)
+		strs[i] = &r->entries[i].tensor;
+	if ((m.tensors = pack_strings(strs, r->n)) == NULL)
+		goto nomem;
+	for (size_t i = 0; i < r->nshards; i++)
+		strs[i] = &r->shards[i];
+	if ((m.shards = pack_strings(strs, r->nshards)) == NULL)
+		goto nomem;
+	if ((m.tensor_shard = malloc(r->n * sizeof(*m.tensor_shard))) == NULL)
+		goto nomem;
+	for (size_t i = 0; i < r->n; i++)
+		m.tensor_shard[i] = r->entries[i].shard;
+	if ((rc = check_unique(name, &m)) < 0)
+		goto out;
+	*out = m;
+	memset(&m, 0, sizeof(m));
+	rc = 0;
+	goto out;
+nomem:
+	rc = error_set(-ENOMEM, "%s: out of memory", name);
+out:
+	shard_map_free(&m);
+	free(strs);
+	free(r->entries);
+	free(r);
+	return rc;
+}
+
+void
+shard_map_free(struct shard_map *m)
+{
+	if (m == NULL)
+		return;
+	free(m->shards);
+	free(m->tensors);
+	free(m->tensor_shard);
+	memset(m, 0, sizeof(*m));
+}
+
+/* ---- opening a sharded model ---- */
+
+/* dir/name in a malloc'd string; dir "" means the current directory. */
+static char *
+join_path(const char *dir, const char *name)
+{
+	size_t n = strlen(dir);
+	char *p;
+
+	if (n == 0)
+		return strdup(name);
+	if (asprintf(&p, "%s%s%s", dir, dir[n - 1] == '/' ? "" : "/", name) < 0)
+		return NULL;
+	return p;
+}
+
+/* The directory part of path ("" when it has none), malloc'd. */
+static char *
+dir_of(const char *path)
+{
+	const char *slash = strrchr(path, '/');
+
+	if (slash == NULL)
+		return strdup("");
+	if (slash == path)
+		return strdup("/");
+	return strndup(path, (size_t)(slash - path));
+}
+
+/* Reads (a private copy, at most SHARDS_MAX_INDEX bytes) and parses the
+ * shard index file, opened inside the model's tree. */
+static int
+load_index(const struct model_tree *tree, const char *index_path, struct shard_map *m)
+{
+	struct wc_file f;
+	uint8_t *json = NULL;
+	int rc;
+
+	if ((rc = tree_open_file(tree, file_basename(index_path), index_path, &f)) < 0)
+		return rc;
+	if (f.size > SHARDS_MAX_INDEX)
+		rc = error_set(-EFBIG, "%s: %llu bytes, larger than the %u MiB a shard index may be",
+			index_path, (unsigned long long)f.size, SHARDS_MAX_INDEX >> 20);
+	else if ((rc = file_read_exact(f.fd, index_path, "shard index", 0, f.size, 0,
+			  SHARDS_MAX_INDEX, &json)) == 0 &&
+		(rc = shards_parse_index(index_path, (const char *)json, (size_t)f.size, m)) == 0 &&
+		(rc = file_check_unchanged(&f)) < 0)
+		shard_map_free(m);
+	free(json);
+	file_close(&f);
+	return rc;
+}
+
+/*
+ * Checks the shards against the weight_map in both directions, using the
+ * built index (whose tensor names are unique) and the map.
+ */
+static int
+cross_check(const char *index_path, const struct shard_map *m, char *const *paths,
+	const uint8_t *blob, size_t len)
+{
+	struct index_header h;
+	struct name_table t;
+	uint8_t *found = NULL;
+	char q[300];
+	int rc;
+
+	if ((rc = index_open(blob, len, &h)) < 0)
+		return rc;
+	if (table_init(&t, m->ntensors) < 0 || (found = calloc(m->ntensors, 1)) == NULL) {
+		free(t.slots);
+		return error_set(-ENOMEM, "%s: out of memory", index_path);
+	}
+	for (size_t i = 0; i < m->ntensors; i++)
+		table_find(&t, m->tensors, m->tensors[i], strlen(m->tensors[i]), (long)i);
+	for (uint64_t i = 0; i < h.tensor_count; i++) {
+		struct index_tensor x;
+		long e;
+
+		if ((rc = index_tensor_at(blob, &h, i, &x)) < 0)
+			goto out;
+		e = table_find(&t, m->tensors, x.name, strlen(x.name), -1);
+		if (e < 0) {
+			rc = error_set(-EINVAL, "%s: tensor %s is not in the weight_map of %s",
+				paths[x.file], json_quote(q, sizeof(q), x.name, strlen(x.name)),
+				index_path);
+			goto out;
+		}
+		if (m->tensor_shard[e] != x.file) {
+			rc = error_set(-EINVAL, "%s: tensor %s is in shard %s but the weight_map of %s "
+				"puts it in %s", paths[x.file],
+				json_quote(q, sizeof(q), x.name, strlen(x.name)), m->shards[x.file],
+				index_path, m->shards[m->tensor_shard[e]]);
+			goto out;
+		}
+		found[e] = 1;
+	}
+	for (size_t i = 0; i < m->ntensors; i++)
+		if (!found[i]) {
+			rc = error_set(-EINVAL, "%s: tensor %s is missing: the weight_map of %s puts it "
+				"in this shard", paths[m->tensor_shard[i]],
+				json_quote(q, sizeof(q), m->tensors[i], strlen(m->tensors[i])),
+				index_path);
+			goto out;
+		}
+	rc = 0;
+out:
+	free(t.slots);
+	free(found);
+	return rc;
+}
+
+int
+shards_open(const char *index_path, struct model_source *out)
+{
+	struct model_tree tree = { .fd = -1 };
+	struct shard_map m = { 0 };
+	struct index_builder *b = NULL;
+	struct wc_file *files = NULL;
+	char **paths = NULL, *dir = NULL;
+	uint8_t *blob = NULL;
+	size_t len = 0;
+	int rc;
+
+	if ((dir = dir_of(index_path)) == NULL)
+		return error_set(-ENOMEM, "%s: out of memory", index_path);
+	if ((rc = tree_open(dir, &tree)) < 0) {
+		free(dir);
+		return rc;
+	}
+	if ((rc = load_index(&tree, index_path, &m)) < 0)
+		goto fail;
+	if ((files = calloc(m.nshards, sizeof(*files))) == NULL ||
+		(paths = calloc(m.nshards, sizeof(*paths))) == NULL) {
+		rc = error_set(-ENOMEM, "%s: out of memory", index_path);
+		goto fail;
+	}
+	for (size_t i = 0; i < m.nshards; i++)
+		files[i].fd = -1;
+	if ((rc = index_builder_new(&b)) < 0)
+		goto fail;
+	for (size_t i = 0; i < m.nshards; i++) {
+		uint32_t file_no;
+
+		if ((paths[i] = join_path(dir, m.shards[i])) == NULL) {
+			rc = error_set(-ENOMEM, "%s: out of memory", index_path);
+			goto fail;
+		}
+		if ((rc = tree_open_file(&tree, m.shards[i], paths[i], &files[i])) < 0) {
+			if (rc == -ENOENT)
+				rc = error_set(rc, "%s: shard %s named by %s does not exist", paths[i],
+					m.shards[i], index_path);
+			goto fail;
+		}
+		if ((rc = index_add_file(b, m.shards[i], files[i].size, &file_no)) < 0 ||
+			(rc = source_parse_file(&files[i], &st_reader, file_no, b)) < 0)
+			goto fail;
+	}
+	if ((rc = index_build(b, index_path, &blob, &len)) < 0 ||
+		(rc = cross_check(index_path, &m, paths, blob, len)) < 0)
+		goto fail;
+	index_builder_free(b);
+	for (size_t i = 0; i < m.nshards; i++)
+		free(paths[i]);
+	free(paths);
+	free(dir);
+	tree_close(&tree);
+	memset(out, 0, sizeof(*out));
+	out->format = FORMAT_SHARDED;
+	out->files = files;
+	out->nfiles = m.nshards;
+	out->index = blob;
+	out->index_len = len;
+	shard_map_free(&m);
+	return 0;
+fail:
+	free(blob);
+	index_builder_free(b);
+	if (files != NULL)
+		for (size_t i = 0; i < m.nshards; i++)
+			file_close(&files[i]);
+	free(files);
+	if (paths != NULL)
+		for (size_t i = 0; i < m.nshards; i++)
+			free(paths[i]);
+	free(paths);
+	free(dir);
+	tree_close(&tree);
+	shard_map_free(&m);
+	return rc;
+}
+
+/* ---- finding the model in a directory ---- */
+
+static int
+compare_strings(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Lists up to a few names, comma-separated, into dst. */
+static const char *
+list_names(char *dst, size_t cap, char **names, size_t n)
+{
+	size_t pos = 0;
+
+	dst[0] = '\0';
+	for (size_t i = 0; i < n && pos < cap; i++) {
+		if (i == 8) {
+			snprintf(dst + pos, cap - pos, ", ... (%zu in all)", n);
+			break;
+		}
+		pos += (size_t)snprintf(dst + pos, cap - pos, "%s%s", i ? ", " : "", names[i]);
+	}
+	return dst;
+}
+
+int
+shards_open_dir(const char *dir, struct model_source *out)
+{
+	char **idx = NULL, **st = NULL, **p, *path, list[600];
+	size_t nidx = 0, nst = 0, capidx = 0, capst = 0;
+	struct dirent *e;
+	DIR *d;
+	int rc;
+
+	if ((d = opendir(dir)) == NULL)
+		return error_set(-errno, "%s: %s", dir, strerror(errno));
+	errno = 0;
+	while ((e = readdir(d)) != NULL) {
+		char ***arr;
+		size_t *n, *cap;
+
+		if (file_has_suffix(e->d_name, INDEX_SUFFIX)) {
+			arr = &idx, n = &nidx, cap = &capidx;
+		} else if (file_has_suffix(e->d_name, SHARD_SUFFIX)) {
+			arr = &st, n = &nst, cap = &capst;
+		} else {
+			continue;
+		}
+		if (*n == *cap) {
+			*cap = *cap ? *cap * 2 : 8;
+			if ((p = realloc(*arr, *cap * sizeof(*p))) == NULL)
+				goto nomem;
+			*arr = p;
+		}
+		if (((*arr)[*n] = strdup(e->d_name)) == NULL)
+			goto nomem;
+		(*n)++;
+	}
+	if (errno != 0) {
+		rc = error_set(-errno, "%s: %s", dir, strerror(errno));
+		goto out;
+	}
+	if (nidx > 1)
+		qsort(idx, nidx, sizeof(*idx), compare_strings);
+	if (nst > 1)
+		qsort(st, nst, sizeof(*st), compare_strings);
+	if (nidx > 1) {
+		rc = error_set(-EINVAL, "%s: %zu shard indexes (%s): open one of them by its path",
+			dir, nidx, list_names(list, sizeof(list), idx, nidx));
+		goto out;
+	}
+	if (nidx == 0 && nst != 1) {
+		if (nst == 0)
+			rc = error_set(-ENOENT,
+				"%s: no model found: no *.safetensors.index.json and no "
+				"*.safetensors file", dir);
+		else
+			rc = error_set(-EINVAL,
+				"%s: %zu *.safetensors files (%s) and no *.safetensors.index.json "
+				"to say how they form a model: open one file by its path", dir,
+				nst, list_names(list, sizeof(list), st, nst));
+		goto out;
+	}
+	if ((path = join_path(dir, nidx == 1 ? idx[0] : st[0])) == NULL)
+		goto nomem;
+	rc = nidx == 1 ? shards_open(path, out) : st_open(path, out);
+	free(path);
+	goto out;
+nomem:
+	rc = error_set(-ENOMEM, "%s: out of memory", dir);
+out:
+	closedir(d);
+	for (size_t i = 0; i < nidx; i++)
+		free(idx[i]);
+	for (size_t i = 0; i < nst; i++)
+		free(st[i]);
+	free(idx);
+	free(st);
+	return rc;
+}

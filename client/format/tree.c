@@ -1,0 +1,277 @@
+/*
+ * tree.c: opening a model's files so that their symlinks stay inside the
+ * model's tree (see tree.h for the rule and why).
+ *
+ * openat2(2) with RESOLVE_BENEATH refuses, with EXDEV, any walk that leaves
+ * the directory it starts from: an absolute symlink, or ".." above the root,
+ * at any depth of a chain of links. We call it through syscall(2) (glibc 2.36
+ * has no wrapper). On EXDEV we look for the link to blame, so the message
+ * names it, its target (readlink) and the tree.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/magic.h>
+#include <linux/openat2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "base/error.h"
+#include "format/tree.h"
+
+int tree_force_fallback;
+
+/* Flags of every model file: see file_open() in file.c. */
+#define TREE_OPEN_FLAGS (O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK)
+
+/* How often openat2 is retried when it says a rename raced its walk. */
+#define TREE_EAGAIN_TRIES 8
+
+/* Whether component (len bytes) is a Hugging Face hub repository folder. */
+static bool
+is_hub_repo(const char *component, size_t len)
+{
+	return len > 8 && strncmp(component, "models--", 8) == 0;
+}
+
+/*
+ * Splits the canonical model directory canon into the tree's root and the
+ * model directory inside it: <R>/models--X/snapshots/<rev> gives root
+ * <R>/models--X and dir "snapshots/<rev>/"; anything else is its own root.
+ */
+static int
+split_tree(const char *canon, char **root, char **dir)
+{
+	const char *rev = strrchr(canon, '/'), *snap = NULL, *repo = NULL;
+
+	if (rev != NULL && rev > canon) {
+		for (snap = rev - 1; snap > canon && *snap != '/'; snap--)
+			;
+		if (*snap == '/' && snap > canon && rev - snap - 1 == 9 &&
+			strncmp(snap + 1, "snapshots", 9) == 0) {
+			for (repo = snap - 1; repo > canon && *repo != '/'; repo--)
+				;
+			if (*repo != '/' || !is_hub_repo(repo + 1, (size_t)(snap - repo - 1)))
+				repo = NULL;
+		}
+	}
+	if (repo != NULL && rev[1] != '\0') {
+		*root = strndup(canon, (size_t)(snap - canon));
+		if (asprintf(dir, "%s/", snap + 1) < 0)
+			*dir = NULL;
+	} else {
+		*root = strdup(canon);
+		*dir = strdup("");
+	}
+	if (*root == NULL || *dir == NULL) {
+		free(*root);
+		free(*dir);
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+int
+tree_open(const char *model_dir, struct model_tree *out)
+{
+	const char *d = model_dir[0] != '\0' ? model_dir : ".";
+	struct model_tree t = { .fd = -1 };
+	struct statfs fs;
+	char *canon;
+
+	if ((canon = realpath(d, NULL)) == NULL)
+		return error_set(-errno, "%s: %s", d, strerror(errno));
+	if (split_tree(canon, &t.root, &t.dir) < 0) {
+		free(canon);
+		return error_set(-ENOMEM, "%s: out of memory", d);
+	}
+	free(canon);
+	if ((t.fd = open(t.root, O_PATH | O_DIRECTORY | O_CLOEXEC)) == -1) {
+		int e = errno;
+
+		error_set(-e, "%s: the model's tree %s: %s", d, t.root, strerror(e));
+		tree_close(&t);
+		return -e;
+	}
+	t.proc = fstatfs(t.fd, &fs) == 0 && fs.f_type == PROC_SUPER_MAGIC;
+	*out = t;
+	return 0;
+}
+
+void
+tree_close(struct model_tree *t)
+{
+	if (t == NULL)
+		return;
+	if (t->fd >= 0)
+		close(t->fd);
+	free(t->root);
+	free(t->dir);
+	t->fd = -1;
+	t->root = NULL;
+	t->dir = NULL;
+}
+
+/* Whether the symlink at link (whose target is target) points at another
+ * symlink: a chain, whose end its target does not show. */
+static bool
+is_link_to_link(const char *link, const char *target)
+{
+	char next[PATH_MAX * 2 + 2];
+	const char *slash = strrchr(link, '/');
+	struct stat st;
+
+	if (target[0] == '/' || slash == NULL)
+		snprintf(next, sizeof(next), "%s", target);
+	else
+		snprintf(next, sizeof(next), "%.*s/%s", (int)(slash - link), link, target);
+	return lstat(next, &st) == 0 && S_ISLNK(st.st_mode);
+}
+
+/*
+ * Explains why rel (a path inside t) leads out of the tree: finds the first
+ * component of rel that is a symlink and names it and its target; the path it
+ * finally resolves to is added when a chain of links makes that differ.
+ * path is the caller's name of the file. Returns -EXDEV.
+ */
+static int
+explain_escape(const struct model_tree *t, const char *rel, const char *path)
+{
+	char sub[PATH_MAX], target[PATH_MAX], full[PATH_MAX * 2 + 2], *real;
+	size_t n = strlen(rel);
+	ssize_t k = -1;
+
+	if (n >= sizeof(sub))
+		n = sizeof(sub) - 1;
+	for (size_t i = 1; i <= n; i++) {
+		if (i < n && rel[i] != '/')
+			continue;
+		memcpy(sub, rel, i);
+		sub[i] = '\0';
+		if ((k = readlinkat(t->fd, sub, target, sizeof(target) - 1)) >= 0)
+			break;
+	}
+	if (k < 0)
+		return error_set(-EXDEV, "%s: leaves the model's tree %s", path, t->root);
+	target[k] = '\0';
+	snprintf(full, sizeof(full), "%s/%s", t->root, rel);
+	real = realpath(full, NULL);
+	if (strcmp(sub, rel) != 0)
+		snprintf(full, sizeof(full), "%s/%s", t->root, sub);
+	else
+		snprintf(full, sizeof(full), "%s", path);
+	n = strlen(t->root);
+	if (target[0] == '/' && real != NULL && strncmp(real, t->root, n) == 0 && real[n] == '/')
+		error_set(-EXDEV, "%s: symlink to %s: absolute links are not allowed inside the "
+			"model's tree %s (make it relative)", full, target, t->root);
+	else if (real != NULL && is_link_to_link(full, target))
+		error_set(-EXDEV, "%s: symlink to %s (resolving to %s) leaves the model's tree %s",
+			full, target, real, t->root);
+	else
+		error_set(-EXDEV, "%s: symlink to %s leaves the model's tree %s", full, target,
+			t->root);
+	free(real);
+	return -EXDEV;
+}
+
+/*
+ * The fallback without openat2: resolves root/rel with realpath(3), checks
+ * that it lies beneath the root and opens that path without following a
+ * last symlink. Returns the descriptor or a negative code with the message.
+ */
+static int
+open_fallback(const struct model_tree *t, const char *rel, const char *path)
+{
+	char *full, *real;
+	size_t n = strlen(t->root);
+	int fd;
+
+	if (asprintf(&full, "%s/%s", t->root, rel) < 0)
+		return error_set(-ENOMEM, "%s: out of memory", path);
+	real = realpath(full, NULL);
+	free(full);
+	if (real == NULL)
+		return error_set(-errno, "%s: %s", path, strerror(errno));
+	if (strncmp(real, t->root, n) != 0 || (real[n] != '/' && strcmp(t->root, "/") != 0)) {
+		free(real);
+		return explain_escape(t, rel, path);
+	}
+	fd = open(real, TREE_OPEN_FLAGS | O_NOFOLLOW);
+	free(real);
+	if (fd == -1)
+		return error_set(-errno, "%s: %s", path, strerror(errno));
+	return fd;
+}
+
+int
+tree_open_file(const struct model_tree *t, const char *name, const char *path,
+	struct wc_file *out)
+{
+	struct open_how how = {
+		.flags = TREE_OPEN_FLAGS,
+		.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
+	};
+	char *rel;
+	long fd = -1;
+	int r, tries = 0;
+
+	if (asprintf(&rel, "%s%s", t->dir, name) < 0)
+		return error_set(-ENOMEM, "%s: out of memory", path);
+	errno = ENOSYS;
+	if (t->proc) /* the caller's own descriptor, /proc/self/fd/N: no tree */
+		fd = openat(t->fd, rel, TREE_OPEN_FLAGS);
+	else
+		while (!tree_force_fallback &&
+			(fd = syscall(SYS_openat2, t->fd, rel, &how, sizeof(how))) == -1 &&
+			errno == EAGAIN && ++tries < TREE_EAGAIN_TRIES)
+			;
+	if (fd == -1) {
+		if (errno == ENOSYS && !t->proc)
+			fd = open_fallback(t, rel, path);
+		else if (errno == EXDEV)
+			fd = explain_escape(t, rel, path);
+		else if (errno == ELOOP)
+			fd = error_set(-ELOOP, "%s: a symlink loop, or a link into /proc, inside the "
+				"model's tree %s", path, t->root);
+		else
+			fd = error_set(-errno, "%s: %s", path, strerror(errno));
+	}
+	free(rel);
+	if (fd < 0)
+		return (int)fd;
+	if ((r = file_from_fd((int)fd, path, out)) < 0)
+		close((int)fd);
+	return r;
+}
+
+int
+tree_open_model_file(const char *path, struct wc_file *out)
+{
+	const char *slash = strrchr(path, '/');
+	struct model_tree t;
+	char *dir;
+	int r;
+
+	if (slash == NULL)
+		dir = strdup("");
+	else if (slash == path)
+		dir = strdup("/");
+	else
+		dir = strndup(path, (size_t)(slash - path));
+	if (dir == NULL)
+		return error_set(-ENOMEM, "%s: out of memory", path);
+	r = tree_open(dir, &t);
+	free(dir);
+	if (r == -ENOENT || r == -ENOTDIR || r == -EACCES || r == -ELOOP)
+		return error_set(r, "%s: %s", path, strerror(-r)); /* name the file */
+	if (r < 0)
+		return r;
+	r = tree_open_file(&t, slash != NULL ? slash + 1 : path, path, out);
+	tree_close(&t);
+	return r;
+}

@@ -1,0 +1,68 @@
+/*
+ * tree.h: opening the files of a model inside the model's own tree.
+ *
+ * A model's files (the single file, a shard index and the shards it names,
+ * the file found in a model directory) may be symlinks, but every symlink
+ * must resolve inside the model's tree; one that leaves it (to another
+ * model's directory, which may be restricted to other users, or to any file
+ * wcached can read) is refused with a message that names the link, its
+ * target and the tree. The tree is the model's directory (the directory
+ * given, or the one that holds the configured file or shard index), except
+ * for a Hugging Face hub snapshot: when the model directory, with the
+ * operator's symlinks resolved, is <R>/models--ORG--NAME/snapshots/<rev>,
+ * the tree is <R>/models--ORG--NAME, so the snapshot's links into
+ * ../../blobs/ stay inside it.
+ *
+ * The path up to the tree's root is the operator's and may hold symlinks; the
+ * root is opened once (O_PATH) and each file is opened relative to it with
+ * openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS), which checks every
+ * component as the kernel walks it: no race between a check and the open.
+ * Where the kernel has no openat2 (ENOSYS, before Linux 5.6, or a seccomp
+ * filter), a fallback resolves the path with realpath(3), checks it against
+ * the root and opens it with O_NOFOLLOW (racy against a writer who swaps
+ * directories meanwhile, and says so in the docs). A path in procfs
+ * (/proc/self/fd/N, a caller's own open file) has no tree and is followed.
+ */
+#ifndef WC_TREE_H
+#define WC_TREE_H
+
+#include <stdbool.h>
+
+#include "base/file.h"
+
+struct model_tree {
+	int fd;     /* O_PATH | O_DIRECTORY descriptor of the tree's root, or -1 */
+	char *root; /* the root's canonical path, for messages and the fallback */
+	char *dir;  /* the model directory inside the tree: "" or "snapshots/REV/" */
+	bool proc;  /* the directory is in procfs (/proc/self/fd/N names a caller's
+		     * open file, as the Python package's safe_open of a file
+		     * object does): no model tree there, links are followed */
+};
+
+/*
+ * Opens the tree of the model whose directory is model_dir ("" means the
+ * current directory). On failure *out is untouched and the message names
+ * model_dir.
+ */
+int tree_open(const char *model_dir, struct model_tree *out);
+
+/*
+ * Opens and maps the file name (a plain name) of the model directory of t, as
+ * file_open() does, refusing a symlink that leaves the tree. path is how the
+ * caller names the file, for messages and f->path.
+ */
+int tree_open_file(const struct model_tree *t, const char *name, const char *path,
+	struct wc_file *out);
+
+/* Closes the tree; safe on a zeroed or closed one. */
+void tree_close(struct model_tree *t);
+
+/* tree_open() of path's directory, then tree_open_file() of its last
+ * component: a model file named by its path. */
+int tree_open_model_file(const char *path, struct wc_file *out);
+
+/* Set by the unit tests to exercise the fallback for kernels without
+ * openat2; not for other use. */
+extern int tree_force_fallback;
+
+#endif

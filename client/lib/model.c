@@ -1,0 +1,343 @@
+/*
+ * model.c: the wc_model API over a compiled index and file mappings.
+ *
+ * Both ways of getting a model end here: wc_open_file() validates the files
+ * in-process and compiles an index; wc_attach() maps the index and files the
+ * daemon passed. Lookups go through the index reader, which checks every
+ * offset it follows, and through a bounds check of each tensor against its
+ * file's mapping, so even a damaged index cannot make us read outside a
+ * mapping.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "format/dtype.h"
+#include "base/error.h"
+#include "lib/model.h"
+#include "format/source.h"
+
+int
+model_new(const char *what, const uint8_t *index, size_t index_len, int index_mapped,
+	struct model_map *maps, size_t nmaps, wc_model **out)
+{
+	wc_model *m;
+	struct index_header h;
+	int r;
+
+	if ((r = index_open(index, index_len, &h)) < 0) {
+		error_prefix(what);
+		return r;
+	}
+	if (h.file_count != nmaps)
+		return error_set(-EBADMSG, "%s: index names %llu files, %zu given", what,
+			(unsigned long long)h.file_count, nmaps);
+	for (size_t i = 0; i < nmaps; i++) {
+		const char *name;
+		uint64_t size;
+
+		if ((r = index_file_at(index, &h, i, NULL, &size)) < 0) {
+			error_prefix(what);
+			return r;
+		}
+		if (size != maps[i].size) {
+			if (index_file_at(index, &h, i, &name, &size) < 0)
+				name = "(damaged name)";
+			return error_set(-EBADMSG, "%s: file %s is %llu bytes, index says %llu",
+				what, name, (unsigned long long)maps[i].size,
+				(unsigned long long)size);
+		}
+	}
+	if ((m = calloc(1, sizeof(*m))) == NULL || (m->name = strdup(what)) == NULL) {
+		free(m);
+		return error_set(-ENOMEM, "%s: out of memory", what);
+	}
+	m->index = index;
+	m->index_len = index_len;
+	m->index_mapped = index_mapped;
+	m->header = h;
+	m->maps = maps;
+	*out = m;
+	return 0;
+}
+
+/* A mapping model_free() unmaps. */
+struct range {
+	uintptr_t start, end; /* end rounded up to a page */
+};
+
+static int
+range_order(const void *a, const void *b)
+{
+	const struct range *x = a, *y = b;
+
+	return (x->start > y->start) - (x->start < y->start);
+}
+
+/*
+ * Unmaps the model's files and its own mapped index (a shared one is
+ * unreferenced by model_free()) with as few munmap() calls
+ * as there are runs of adjacent mappings: the kernel places consecutive
+ * mappings next to each other, so a model of 163 shards usually goes in one
+ * call. Every byte of a run is one of the model's mappings, so the call
+ * unmaps nothing else.
+ */
+static void
+unmap_all(wc_model *m)
+{
+	uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+	struct range stack[16], *r = stack;
+	size_t n = 0, cap = m->header.file_count + 1;
+
+	if (cap > sizeof(stack) / sizeof(stack[0]) && (r = malloc(cap * sizeof(*r))) == NULL) {
+		/* No memory to sort: one call per mapping. */
+		for (uint64_t i = 0; i < m->header.file_count; i++)
+			if (m->maps[i].base != NULL)
+				munmap((void *)m->maps[i].base, (size_t)m->maps[i].size);
+		if (m->index_mapped && m->shared_index == NULL)
+			munmap((void *)m->index, m->index_len);
+		return;
+	}
+	for (uint64_t i = 0; i < m->header.file_count; i++)
+		if (m->maps[i].base != NULL)
+			r[n++] = (struct range){ (uintptr_t)m->maps[i].base,
+				((uintptr_t)m->maps[i].base + (uintptr_t)m->maps[i].size + page - 1) &
+					~(page - 1) };
+	if (m->index_mapped && m->shared_index == NULL && m->index_len > 0)
+		r[n++] = (struct range){ (uintptr_t)m->index,
+			((uintptr_t)m->index + m->index_len + page - 1) & ~(page - 1) };
+	qsort(r, n, sizeof(*r), range_order);
+	for (size_t i = 0; i < n;) {
+		size_t j = i + 1;
+		uintptr_t end = r[i].end;
+
+		while (j < n && r[j].start == end)
+			end = r[j++].end;
+		munmap((void *)r[i].start, end - r[i].start);
+		i = j;
+	}
+	if (r != stack)
+		free(r);
+}
+
+void
+model_free(wc_model *m)
+{
+	if (m == NULL)
+		return;
+	unmap_all(m);
+	if (m->shared_index != NULL)
+		attach_index_unref(m->shared_index);
+	else if (!m->index_mapped)
+		free((void *)m->index);
+	free(m->maps);
+	attach_status_unref(m->status);
+	free(m->name);
+	free(m);
+}
+
+int
+wc_open_file(const char *path, wc_model **out)
+{
+	struct model_source s;
+	struct model_map *maps;
+	wc_model *m;
+	int r;
+
+	if (path == NULL || out == NULL)
+		return error_set(-EINVAL, "wc_open_file: no path");
+	if ((r = source_open(path, &s)) < 0)
+		return r;
+	if ((maps = calloc(s.nfiles ? s.nfiles : 1, sizeof(*maps))) == NULL) {
+		source_close(&s);
+		return error_set(-ENOMEM, "%s: out of memory", path);
+	}
+	for (size_t i = 0; i < s.nfiles; i++) {
+		maps[i].base = s.files[i].base;
+		maps[i].size = s.files[i].size;
+	}
+	if ((r = model_new(path, s.index, s.index_len, 0, maps, s.nfiles, &m)) < 0) {
+		free(maps);
+		source_close(&s);
+		return r;
+	}
+	/* The model now owns the index and the mappings; the source keeps the
+	 * descriptors, which a worker does not need once mapped. */
+	for (size_t i = 0; i < s.nfiles; i++)
+		s.files[i].base = NULL;
+	s.index = NULL;
+	source_close(&s);
+	*out = m;
+	return 0;
+}
+
+void
+wc_release(wc_model *m)
+{
+	wc_client *c;
+	uint64_t handle, connection = 0;
+
+	if (m == NULL)
+		return;
+	c = m->client;
+	handle = attach_forget(m, &connection);
+	model_free(m);
+	attach_send_release(c, handle, connection);
+}
+
+size_t
+wc_model_count(const wc_model *m)
+{
+	return m == NULL ? 0 : (size_t)m->header.tensor_count;
+}
+
+/* Turns an index tensor into a wc_tensor, checking it lies in its file. */
+static int
+make_tensor(const wc_model *m, const struct index_tensor *t, wc_tensor *out)
+{
+	const struct model_map *f = &m->maps[t->file];
+	static const uint8_t empty[1];
+
+	if (t->offset > f->size || t->nbytes > f->size - t->offset)
+		return error_set(-EBADMSG, "%s: tensor \"%s\" lies outside its file", m->name,
+			t->name);
+	out->name = t->name;
+	out->dtype = t->type->name;
+	out->ndim = t->ndim;
+	out->shape = t->shape;
+	out->data = f->base != NULL ? f->base + t->offset : empty;
+	out->nbytes = t->nbytes;
+	return 0;
+}
+
+int
+wc_model_tensor(const wc_model *m, size_t i, wc_tensor *out)
+{
+	struct index_tensor t;
+	int r;
+
+	if (m == NULL || out == NULL)
+		return error_set(-EINVAL, "wc_model_tensor: no model");
+	if (i >= m->header.tensor_count)
+		return error_set(-ERANGE, "%s: tensor %zu of %llu", m->name, i,
+			(unsigned long long)m->header.tensor_count);
+	if ((r = index_tensor_at(m->index, &m->header, i, &t)) < 0) {
+		error_prefix(m->name);
+		return r;
+	}
+	return make_tensor(m, &t, out);
+}
+
+int
+wc_model_tensors(const wc_model *m, size_t first, wc_tensor *out, size_t n)
+{
+	struct index_tensor t;
+	size_t k;
+	int r;
+
+	if (m == NULL || (out == NULL && n > 0))
+		return error_set(-EINVAL, "wc_model_tensors: no model or no array");
+	if (first >= m->header.tensor_count)
+		return 0;
+	k = (size_t)(m->header.tensor_count - first);
+	if (k > n)
+		k = n;
+	if (k > INT_MAX)
+		k = INT_MAX;
+	for (size_t i = 0; i < k; i++) {
+		if ((r = index_tensor_at(m->index, &m->header, first + i, &t)) < 0) {
+			error_prefix(m->name);
+			return r;
+		}
+		if ((r = make_tensor(m, &t, &out[i])) < 0)
+			return r;
+	}
+	return (int)k;
+}
+
+int
+wc_model_find(const wc_model *m, const char *name, wc_tensor *out)
+{
+	struct index_tensor t;
+	int r;
+
+	if (m == NULL || name == NULL || out == NULL)
+		return error_set(-EINVAL, "wc_model_find: no model or name");
+	if ((r = index_find(m->index, &m->header, name, &t)) < 0) {
+		error_prefix(m->name);
+		return r;
+	}
+	return make_tensor(m, &t, out);
+}
+
+const char *
+wc_model_metadata(const wc_model *m, const char *key)
+{
+	const char *value;
+
+	if (m == NULL || key == NULL || index_meta_find(m->index, &m->header, key, &value) < 0)
+		return NULL;
+	return value;
+}
+
+int
+wc_model_metadata_at(const wc_model *m, size_t i, const char **key, const char **value)
+{
+	const char *k, *v;
+	int r;
+
+	if (m == NULL)
+		return error_set(-EINVAL, "wc_model_metadata_at: no model");
+	if ((r = index_meta_at(m->index, &m->header, i, &k, &v)) < 0)
+		return r == -ERANGE ? error_set(r, "%s: metadata entry %zu of %llu", m->name, i,
+			(unsigned long long)m->header.meta_count) : r;
+	if (key != NULL)
+		*key = k;
+	if (value != NULL)
+		*value = v;
+	return 0;
+}
+
+int
+wc_model_stale(const wc_model *m)
+{
+	if (m == NULL || m->status_word == NULL)
+		return 0;
+	return __atomic_load_n(m->status_word, __ATOMIC_ACQUIRE) != m->generation;
+}
+
+uint64_t
+wc_model_generation(const wc_model *m)
+{
+	return m == NULL ? 0 : m->generation;
+}
+
+int
+wc_model_cow(wc_model *m)
+{
+	uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+
+	if (m == NULL)
+		return error_set(-EINVAL, "wc_model_cow: no model");
+	for (uint64_t i = 0; i < m->header.file_count; i++) {
+		const struct model_map *f = &m->maps[i];
+		size_t len;
+
+		if (f->base == NULL)
+			continue;
+		len = (size_t)((f->size + page - 1) & ~(uint64_t)(page - 1));
+		if (mprotect((void *)f->base, len, PROT_READ | PROT_WRITE) == -1) {
+			int e = errno;
+
+			if (e == EACCES)
+				return error_set(-ENOTSUP, "%s: model files are mapped shared and "
+					"cannot be made copy-on-write", m->name);
+			return error_set(-e, "%s: file %llu: mprotect: %s", m->name,
+				(unsigned long long)i, strerror(e));
+		}
+	}
+	return 0;
+}

@@ -1,0 +1,58 @@
+/*
+ * writer.h: writing models to disk (safetensors and WEIG). The WEIG layout
+ * the writer shares with the reader is format/weig.h's.
+ *
+ * Writers never leave a partial output: they write a temporary file in the
+ * output's directory, fsync it and rename it over the output path; on any
+ * failure they unlink the temporary file and the output path is untouched.
+ * Errors follow error.h: a negative errno code and a message naming the file.
+ */
+#ifndef WC_WRITER_H
+#define WC_WRITER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "format/index.h"
+#include "format/weig.h"
+#include "lib/wcache.h"
+
+/* ---- writers (writer.c) ---- */
+
+enum writer_format {
+	WRITER_WEIG = 1,
+	WRITER_SAFETENSORS,
+};
+
+/*
+ * Writes m as a WEIG file: records sorted by name, metadata when m has any,
+ * data region at a multiple of 4096, each tensor at a multiple of 64, trailer.
+ */
+int writer_weig(const wc_model *m, const char *out_path);
+
+/*
+ * Writes m as a standard safetensors file: a JSON header (with __metadata__
+ * when m has metadata) padded with spaces to a multiple of 8 bytes, then the
+ * tensors' data back to back, in byte order of names.
+ */
+int writer_safetensors(const wc_model *m, const char *out_path);
+
+/*
+ * Reads the big-endian WEIG file in_path, validates it completely and writes
+ * it to out_path in format fmt, little-endian: every element is byte-swapped
+ * according to its dtype's size (2, 4 or 8 bytes; C64 as two 4-byte floats;
+ * 1-byte and sub-byte types unchanged).
+ */
+int writer_from_big_endian(const char *in_path, enum writer_format fmt, const char *out_path);
+
+/* Byte-swaps n bytes from src into dst, elements of elem_size bytes (1, 2,
+ * 4 or 8; 1 copies). n must be a multiple of elem_size; src and dst may be
+ * the same buffer. Exposed for the tests. */
+void writer_swap_elements(uint8_t *dst, const uint8_t *src, size_t n, unsigned elem_size);
+
+/* Size of the elements a big-endian to little-endian conversion swaps for
+ * this WEIG dtype code: 1 (nothing to swap), 2, 4 or 8; 0 for an unknown
+ * code. */
+unsigned writer_swap_size(uint32_t dtype);
+
+#endif

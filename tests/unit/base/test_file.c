@@ -1,0 +1,220 @@
+/*
+ * test_file.c: reading a model file's bytes for the parsers (client/base/file.c):
+ * file_read_exact() and file_read_bytes() read private copies with pread,
+ * and a file that is shorter than asked, shrinks or changes while it is
+ * read fails with a message that names it, never a signal.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "base/error.h"
+#include "base/file.h"
+#include "testutil.h"
+
+struct fixture {
+	char *dir;
+	char *path;
+	uint8_t data[200];
+};
+
+static int
+setup(void **state)
+{
+	struct fixture *f = calloc(1, sizeof(*f));
+
+	assert_non_null(f);
+	for (size_t i = 0; i < sizeof(f->data); i++)
+		f->data[i] = (uint8_t)(i * 7 + 1);
+	f->dir = tu_tmpdir();
+	f->path = tu_write(f->dir, "m.bin", f->data, sizeof(f->data));
+	*state = f;
+	return 0;
+}
+
+static int
+teardown(void **state)
+{
+	struct fixture *f = *state;
+
+	free(f->path);
+	tu_rmtree(f->dir);
+	free(f);
+	return 0;
+}
+
+/* The exact range comes back, in a buffer of its own. */
+static void
+test_read_exact(void **state)
+{
+	struct fixture *f = *state;
+	int fd = open(f->path, O_RDONLY | O_CLOEXEC);
+	uint8_t *buf = NULL;
+
+	assert_true(fd >= 0);
+	assert_int_equal(file_read_exact(fd, f->path, "header", 10, 50, 1, 100, &buf), 0);
+	assert_memory_equal(buf, f->data + 10, 50);
+	free(buf);
+	/* The whole file, and an empty range. */
+	assert_int_equal(file_read_exact(fd, f->path, "header", 0, 200, 0, 200, &buf), 0);
+	assert_memory_equal(buf, f->data, 200);
+	free(buf);
+	assert_int_equal(file_read_exact(fd, f->path, "header", 200, 0, 0, 10, &buf), 0);
+	free(buf);
+	close(fd);
+}
+
+/* A range past the end of a short file is "shrank while being read", and
+ * the out-parameter is untouched. */
+static void
+test_read_short_file(void **state)
+{
+	struct fixture *f = *state;
+	int fd = open(f->path, O_RDONLY | O_CLOEXEC);
+	uint8_t *buf = (uint8_t *)(uintptr_t)1;
+
+	assert_true(fd >= 0);
+	assert_int_equal(file_read_exact(fd, f->path, "header", 150, 51, 0, 1000, &buf), -EIO);
+	assert_ptr_equal(buf, (uint8_t *)(uintptr_t)1);
+	assert_non_null(strstr(error_get(), f->path));
+	assert_non_null(strstr(error_get(), "file shrank while being read"));
+	assert_int_equal(file_read_exact(fd, f->path, "header", 300, 1, 0, 1000, &buf), -EIO);
+	close(fd);
+}
+
+/* Lengths outside [min, max] are refused before anything is allocated. */
+static void
+test_read_limits(void **state)
+{
+	struct fixture *f = *state;
+	int fd = open(f->path, O_RDONLY | O_CLOEXEC);
+	uint8_t *buf = NULL;
+
+	assert_true(fd >= 0);
+	assert_int_equal(file_read_exact(fd, f->path, "header", 0, 7, 8, 100, &buf), -EINVAL);
+	assert_non_null(strstr(error_get(), "shorter than 8"));
+	assert_int_equal(file_read_exact(fd, f->path, "header", 0, 101, 8, 100, &buf), -EFBIG);
+	assert_non_null(strstr(error_get(), "larger than the 100 allowed"));
+	assert_int_equal(file_read_exact(fd, f->path, "header", UINT64_MAX - 3, 8, 0, 100, &buf),
+		-EINVAL);
+	assert_null(buf);
+	close(fd);
+}
+
+static uint64_t head_wanted;
+
+/* A format that asks for head_wanted bytes. */
+static uint64_t
+want_head(const uint8_t *prefix, size_t len, uint64_t size)
+{
+	(void)prefix;
+	(void)len;
+	(void)size;
+	return head_wanted;
+}
+
+/* file_read_bytes copies the head the format asks for and the tail. */
+static void
+test_read_bytes(void **state)
+{
+	struct fixture *f = *state;
+	struct wc_file w;
+	struct file_bytes b;
+
+	assert_int_equal(file_open(f->path, &w), 0);
+	head_wanted = 0; /* less than the probe: the probe is kept */
+	assert_int_equal(file_read_bytes(&w, want_head, 1000, &b), 0);
+	assert_int_equal(b.head_len, 200);
+	assert_int_equal(b.tail_len, FILE_TAIL_MAX);
+	assert_int_equal(b.size, 200);
+	assert_memory_equal(b.head, f->data, 200);
+	assert_memory_equal(b.tail, f->data + 200 - FILE_TAIL_MAX, FILE_TAIL_MAX);
+	assert_true(b.head != w.base); /* a copy, not the mapping */
+	file_bytes_free(&b);
+	file_bytes_free(&b); /* safe twice */
+	file_close(&w);
+}
+
+/* A file that shrinks after it was opened (and mapped) fails the read with
+ * a message; touching the mapping instead would be SIGBUS. */
+static void
+test_read_bytes_file_shrinks(void **state)
+{
+	struct fixture *f = *state;
+	struct wc_file w;
+	struct file_bytes b = { 0 };
+
+	assert_int_equal(file_open(f->path, &w), 0);
+	assert_int_equal(truncate(f->path, 0), 0);
+	head_wanted = 0;
+	assert_int_equal(file_read_bytes(&w, want_head, 1000, &b), -EIO);
+	assert_non_null(strstr(error_get(), "file shrank while being read"));
+	assert_non_null(strstr(error_get(), f->path));
+	assert_null(b.owned);
+	assert_int_equal(file_check_unchanged(&w), -ESTALE);
+	assert_non_null(strstr(error_get(), "file changed while being read"));
+	file_close(&w);
+}
+
+/* A file written in place after it was opened is "changed". */
+static void
+test_check_unchanged(void **state)
+{
+	struct fixture *f = *state;
+	struct timespec later[2] = { { 0, UTIME_OMIT }, { 12345, 0 } };
+	struct wc_file w;
+
+	assert_int_equal(file_open(f->path, &w), 0);
+	assert_int_equal(file_check_unchanged(&w), 0);
+	assert_int_equal(utimensat(AT_FDCWD, f->path, later, 0), 0);
+	assert_int_equal(file_check_unchanged(&w), -ESTALE);
+	assert_non_null(strstr(error_get(), "written in place"));
+	file_close(&w);
+}
+
+/* A head larger than the format's maximum is refused. */
+static void
+test_read_bytes_max_head(void **state)
+{
+	struct fixture *f = *state;
+	struct wc_file w;
+	struct file_bytes b;
+	uint8_t big[FILE_PROBE_LEN + 100];
+	char *path;
+
+	memset(big, 'x', sizeof(big));
+	path = tu_write(f->dir, "big.bin", big, sizeof(big));
+	assert_int_equal(file_open(path, &w), 0);
+	head_wanted = sizeof(big);
+	assert_int_equal(file_read_bytes(&w, want_head, FILE_PROBE_LEN + 1, &b), -EFBIG);
+	assert_int_equal(file_read_bytes(&w, want_head, sizeof(big), &b), 0);
+	assert_int_equal(b.head_len, sizeof(big));
+	file_bytes_free(&b);
+	file_close(&w);
+	free(path);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_read_exact, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_read_short_file, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_read_limits, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_read_bytes, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_read_bytes_file_shrinks, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_check_unchanged, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_read_bytes_max_head, setup, teardown),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,628 @@
+/*
+ * test_control.c: unit tests of daemon/control.c and daemon/metrics.c.
+ *
+ * The request-line splitter and the exposition's label escaping are tested
+ * as functions. The socket is tested for real: control_listen_path() in a
+ * temporary directory, and control_start() on a libuv loop with an empty
+ * registry, driven by a non-blocking client socket in the same thread. The
+ * loop runs one event at a time (UV_RUN_ONCE) until the reply line is there,
+ * bounded by a timer deadline, so nothing sleeps. The "reload" hook of the
+ * control context is a fake that completes at once, fails, or keeps its
+ * done callback for the test to call later: after the client has gone, or
+ * after control_stop(), which is where lifetimes go wrong (ASan watches).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <uv.h>
+
+#include "control.h"
+#include "base/error.h"
+#include "metrics.h"
+#include "registry.h"
+#include "testutil.h"
+
+#define DEADLINE_MS 10000
+
+/* ---- control_split --------------------------------------------------------- */
+
+/* Splits text (copied, so the test's literal stays intact) and checks the
+ * words; expect NULL-terminated. */
+static void
+check_split(const char *text, const char *const *expect)
+{
+	char line[256], err[128], *words[CONTROL_MAX_WORDS];
+	size_t len = strlen(text);
+	int n, want = 0;
+
+	memcpy(line, text, len + 1);
+	n = control_split(line, len, words, CONTROL_MAX_WORDS, err, sizeof(err));
+	while (expect[want] != NULL)
+		want++;
+	if (n != want)
+		fail_msg("\"%s\": %d words, want %d (%s)", text, n, want, n < 0 ? err : "");
+	for (int i = 0; i < n; i++)
+		assert_string_equal(words[i], expect[i]);
+}
+
+static void
+split_words(void **state)
+{
+	check_split("status", (const char *const[]){ "status", NULL });
+	check_split("  load\tm  /a/b.safetensors  pin=all ",
+		(const char *const[]){ "load", "m", "/a/b.safetensors", "pin=all", NULL });
+	check_split("", (const char *const[]){ NULL });
+	check_split(" \t ", (const char *const[]){ NULL });
+	check_split("load m \"/a b/c\"",
+		(const char *const[]){ "load", "m", "/a b/c", NULL });
+	check_split("load m \"/q\\\"uote\\\\back\"",
+		(const char *const[]){ "load", "m", "/q\"uote\\back", NULL });
+	check_split("x \"\" y", (const char *const[]){ "x", "", "y", NULL });
+	/* A quoted word that starts with an escaped quote keeps it (found by
+	 * fuzz_control: the leading '"' was dropped, naming another model). */
+	check_split("pin \"\\\"llama\"", (const char *const[]){ "pin", "\"llama", NULL });
+	check_split("load m \"/caf\xc3\xa9 \xf0\x9f\x98\x80\"",
+		(const char *const[]){ "load", "m", "/caf\xc3\xa9 \xf0\x9f\x98\x80", NULL });
+}
+
+/* Checks that text (len bytes, may hold NUL) is refused with reason. */
+static void
+check_refused(const char *text, size_t len, const char *reason)
+{
+	char line[256], err[128], *words[CONTROL_MAX_WORDS];
+
+	memcpy(line, text, len);
+	assert_int_equal(control_split(line, len, words, CONTROL_MAX_WORDS, err, sizeof(err)),
+		-EINVAL);
+	if (strstr(err, reason) == NULL)
+		fail_msg("refusing \"%.*s\": \"%s\" does not say \"%s\"", (int)len, text, err,
+			reason);
+}
+
+static void
+split_errors(void **state)
+{
+	check_refused("sta\0tus", 7, "control character 0x00 at byte 3");
+	check_refused("status\r", 7, "control character 0x0d");
+	check_refused("a\x1b[2J", 5, "control character 0x1b");
+	check_refused("a\x7f", 2, "control character 0x7f");
+	check_refused("\xff", 1, "not UTF-8 text (byte 0)");
+	check_refused("ab\xc0\xaf", 4, "not UTF-8 text (byte 2)");       /* overlong '/' */
+	check_refused("\xe0\x80\xaf", 3, "not UTF-8");                   /* overlong */
+	check_refused("\xed\xa0\x80", 3, "not UTF-8");                   /* surrogate */
+	check_refused("\xf4\x90\x80\x80", 4, "not UTF-8");               /* > U+10FFFF */
+	check_refused("x \xe2\x82", 4, "not UTF-8 text (byte 2)");       /* truncated */
+	check_refused("load m \"/a", 10, "unterminated quote at byte 7");
+	check_refused("load m \"/a\\x\"", 13, "bad escape at byte 10");
+	check_refused("load m \"/a\"b", 12, "no space after the quoted word");
+	check_refused("load m /a\"b", 11, "'\"' inside a word at byte 9");
+	check_refused("load m /a\\b", 11, "'\\' inside a word");
+	check_refused("a b c d e f g h i", 17, "more than 8 words");
+}
+
+/* ---- metrics ------------------------------------------------------------- */
+
+static char *
+label(const char *s)
+{
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+
+	assert_non_null(f);
+	metrics_label_value(f, s);
+	assert_int_equal(fclose(f), 0);
+	return buf;
+}
+
+static void
+label_escaping(void **state)
+{
+	char *s;
+
+	s = label("/a\\b\"c\nd e");
+	assert_string_equal(s, "/a\\\\b\\\"c\\nd e");
+	free(s);
+	s = label("");
+	assert_string_equal(s, "");
+	free(s);
+}
+
+/* ---- the socket ------------------------------------------------------------ */
+
+struct fixture {
+	char *dir;
+	char path[200];
+	uv_loop_t loop;
+	uv_timer_t deadline;
+	int timed_out;
+	struct registry reg;
+	struct control_context ctx;
+	struct control *ctl;
+	/* The fake reload hook. */
+	int reload_mode;   /* 0: complete at once, 1: fail, 2: keep done for later */
+	int reload_calls;
+	registry_done_fn kept_done;
+	void *kept_arg;
+	int fds_before;
+};
+
+static int
+fake_reload(void *arg, registry_done_fn done, void *done_arg)
+{
+	struct fixture *f = arg;
+
+	f->reload_calls++;
+	switch (f->reload_mode) {
+	case 0:
+		done(0, "configuration reloaded", 0, done_arg);
+		return 0;
+	case 1:
+		return error_set(-EINVAL, "%s", "wcached.conf:3: unknown key \"x\"");
+	default:
+		f->kept_done = done;
+		f->kept_arg = done_arg;
+		return 0;
+	}
+}
+
+static void
+on_deadline(uv_timer_t *t)
+{
+	struct fixture *f = t->data;
+
+	f->timed_out = 1;
+}
+
+static int
+setup(void **state)
+{
+	struct fixture *f = calloc(1, sizeof(*f));
+	int fd;
+
+	if (f == NULL)
+		return -1;
+	f->fds_before = tu_count_fds();
+	f->dir = tu_tmpdir();
+	snprintf(f->path, sizeof(f->path), "%s/control.sock", f->dir);
+	if (uv_loop_init(&f->loop) < 0 || registry_init(&f->reg, &f->loop, NULL) < 0)
+		return -1;
+	uv_timer_init(&f->loop, &f->deadline);
+	f->deadline.data = f;
+	uv_unref((uv_handle_t *)&f->deadline);
+	f->ctx = (struct control_context){
+		.reg = &f->reg,
+		.reload_config = fake_reload,
+		.arg = f,
+		.daemon_uid = geteuid(),
+	};
+	if ((fd = control_listen_path(f->path, 0600, (gid_t)-1)) < 0)
+		return -1;
+	if (control_start(&f->loop, fd, &f->ctx, &f->ctl) < 0)
+		return -1;
+	*state = f;
+	return 0;
+}
+
+static int
+teardown(void **state)
+{
+	struct fixture *f = *state;
+
+	control_stop(f->ctl);
+	registry_close(&f->reg);
+	uv_close((uv_handle_t *)&f->deadline, NULL);
+	uv_run(&f->loop, UV_RUN_DEFAULT);
+	assert_int_equal(uv_loop_close(&f->loop), 0);
+	tu_rmtree(f->dir);
+	assert_int_equal(tu_count_fds(), f->fds_before);
+	free(f);
+	return 0;
+}
+
+/* A control client: a non-blocking socket and what it has read. */
+struct client {
+	int fd;
+	size_t len;
+	char buf[1u << 16];
+};
+
+static struct client *
+client(struct fixture *f)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct client *c = calloc(1, sizeof(*c));
+
+	assert_non_null(c);
+	c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	assert_true(c->fd >= 0);
+	assert_true(strlen(f->path) < sizeof(sa.sun_path));
+	memcpy(sa.sun_path, f->path, strlen(f->path) + 1);
+	assert_int_equal(connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	return c;
+}
+
+static void
+client_close(struct client *c)
+{
+	close(c->fd);
+	free(c);
+}
+
+static void
+send_text(struct client *c, const char *text)
+{
+	assert_int_equal(send(c->fd, text, strlen(text), MSG_NOSIGNAL), (ssize_t)strlen(text));
+}
+
+/*
+ * Runs the loop until a whole reply line has arrived, and returns it
+ * (malloc'd, without '\n'); or NULL when the daemon closed the connection.
+ * The loop runs one event at a time, bounded by the deadline timer.
+ */
+static char *
+reply(struct fixture *f, struct client *c)
+{
+	f->timed_out = 0;
+	uv_timer_start(&f->deadline, on_deadline, DEADLINE_MS, 0);
+	for (;;) {
+		char *nl = memchr(c->buf, '\n', c->len);
+		ssize_t r;
+
+		if (nl != NULL) {
+			char *line = strndup(c->buf, (size_t)(nl - c->buf));
+
+			c->len -= (size_t)(nl + 1 - c->buf);
+			memmove(c->buf, nl + 1, c->len);
+			uv_timer_stop(&f->deadline);
+			return line;
+		}
+		assert_true(c->len < sizeof(c->buf));
+		r = recv(c->fd, c->buf + c->len, sizeof(c->buf) - c->len, 0);
+		if (r > 0) {
+			c->len += (size_t)r;
+			continue;
+		}
+		if (r == 0 || (r < 0 && errno == ECONNRESET)) {
+			uv_timer_stop(&f->deadline);
+			return NULL;
+		}
+		assert_int_equal(errno, EAGAIN);
+		if (f->timed_out)
+			fail_msg("no reply within %d ms (have \"%.*s\")", DEADLINE_MS,
+				(int)c->len, c->buf);
+		uv_run(&f->loop, UV_RUN_ONCE);
+	}
+}
+
+/* Asserts that the next reply equals want. */
+static void
+expect_reply(struct fixture *f, struct client *c, const char *want)
+{
+	char *got = reply(f, c);
+
+	assert_non_null(got);
+	assert_string_equal(got, want);
+	free(got);
+}
+
+/* Control connections open, from a status request on a new connection
+ * (which counts itself). */
+static int
+control_clients(struct fixture *f)
+{
+	struct client *c = client(f);
+	char *r, *p;
+	int n;
+
+	send_text(c, "status\n");
+	r = reply(f, c);
+	assert_non_null(r);
+	assert_non_null(p = strstr(r, "\"control_clients\":"));
+	n = atoi(p + strlen("\"control_clients\":"));
+	free(r);
+	client_close(c);
+	return n;
+}
+
+/* Runs the loop until cond(f) holds (bounded by the deadline). */
+static void
+run_until(struct fixture *f, int (*cond)(struct fixture *))
+{
+	f->timed_out = 0;
+	uv_timer_start(&f->deadline, on_deadline, DEADLINE_MS, 0);
+	while (!cond(f)) {
+		if (f->timed_out)
+			fail_msg("condition not reached within %d ms", DEADLINE_MS);
+		uv_run(&f->loop, UV_RUN_ONCE);
+	}
+	uv_timer_stop(&f->deadline);
+}
+
+static int
+reload_called(struct fixture *f)
+{
+	return f->reload_calls > 0;
+}
+
+static void
+listen_path_modes(void **state)
+{
+	struct fixture *f = *state;
+	struct stat st;
+	char other[256];
+	int fd;
+
+	assert_int_equal(stat(f->path, &st), 0);
+	assert_true(S_ISSOCK(st.st_mode));
+	assert_int_equal(st.st_mode & 07777, 0600);
+	/* A live daemon: refused, and the socket file stays. */
+	assert_int_equal(control_listen_path(f->path, 0600, (gid_t)-1), -EADDRINUSE);
+	assert_non_null(strstr(error_get(), "another wcached"));
+	assert_int_equal(stat(f->path, &st), 0);
+	/* A regular file is not replaced. */
+	snprintf(other, sizeof(other), "%s/file", f->dir);
+	free(tu_write(f->dir, "file", "x", 1));
+	assert_int_equal(control_listen_path(other, 0600, (gid_t)-1), -EEXIST);
+	/* A stale socket is replaced; the group and mode are applied. */
+	snprintf(other, sizeof(other), "%s/stale.sock", f->dir);
+	{
+		struct sockaddr_un sa = { .sun_family = AF_UNIX };
+		int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+		assert_true(strlen(other) < sizeof(sa.sun_path));
+		memcpy(sa.sun_path, other, strlen(other) + 1);
+		assert_int_equal(bind(s, (struct sockaddr *)&sa, sizeof(sa)), 0);
+		close(s);
+	}
+	fd = control_listen_path(other, 0660, getegid());
+	assert_true(fd >= 0);
+	assert_int_equal(stat(other, &st), 0);
+	assert_int_equal(st.st_mode & 07777, 0660);
+	assert_int_equal(st.st_gid, getegid());
+	assert_true(fcntl(fd, F_GETFD) & FD_CLOEXEC);
+	close(fd);
+}
+
+static void
+start_refuses_non_listening(void **state)
+{
+	struct fixture *f = *state;
+	struct control *c = NULL;
+	int sv[2], before = tu_count_fds();
+
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+	close(sv[1]);
+	assert_int_equal(control_start(&f->loop, sv[0], &f->ctx, &c), -EPROTOTYPE);
+	assert_null(c);
+	sv[0] = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	assert_true(sv[0] >= 0);
+	assert_int_equal(control_start(&f->loop, sv[0], &f->ctx, &c), -EPROTOTYPE);
+	assert_null(c);
+	assert_int_equal(tu_count_fds(), before);
+}
+
+static void
+requests_and_errors(void **state)
+{
+	struct fixture *f = *state;
+	struct client *c = client(f);
+	char *r;
+
+	send_text(c, "status\n");
+	r = reply(f, c);
+	assert_non_null(r);
+	assert_non_null(strstr(r, "{\"ok\":true,\"protocol\":1,\"version\":\""));
+	assert_non_null(strstr(r, "\"models\":[],\"unloaded\":[]}"));
+	free(r);
+	send_text(c, "\nfoo bar\nload x\nunload nope\nload -x /p\nload x rel\n"
+		      "load x /p pin=most\npin\n");
+	expect_reply(f, c, "{\"ok\":false,\"protocol\":1,\"error\":\"empty request (try \\\"help\\\")\"}");
+	expect_reply(f, c, "{\"ok\":false,\"protocol\":1,\"error\":\"unknown command \\\"foo\\\" "
+			    "(try \\\"help\\\")\"}");
+	expect_reply(f, c, "{\"ok\":false,\"protocol\":1,\"error\":\"load: usage: load NAME PATH "
+			    "[pin=none|metadata|all]\"}");
+	r = reply(f, c);
+	assert_non_null(strstr(r, "\"ok\":false,\"protocol\":1,\"error\":\"unload: "));
+	assert_non_null(strstr(r, "nope"));
+	free(r);
+	r = reply(f, c);
+	assert_non_null(strstr(r, "load: invalid model name \\\"-x\\\""));
+	free(r);
+	r = reply(f, c);
+	assert_non_null(strstr(r, "load: PATH must be absolute"));
+	free(r);
+	r = reply(f, c);
+	assert_non_null(strstr(r, "load: bad option \\\"pin=most\\\""));
+	free(r);
+	expect_reply(f, c, "{\"ok\":false,\"protocol\":1,\"error\":\"pin: usage: pin NAME\"}");
+	/* The metrics text is one JSON string holding the exposition. */
+	send_text(c, "metrics\n");
+	r = reply(f, c);
+	assert_non_null(strstr(r, "\"text\":\"# HELP wcached_build_info "));
+	assert_non_null(strstr(r, "# TYPE wcached_model_swaps_total counter\\n"));
+	free(r);
+	/* A line at EOF without '\n' is a request; then the daemon closes. */
+	send_text(c, "help");
+	shutdown(c->fd, SHUT_WR);
+	r = reply(f, c);
+	assert_non_null(strstr(r, "{\"ok\":true,\"protocol\":1,\"commands\":[{\"usage\":\"status\""));
+	free(r);
+	assert_null(reply(f, c));
+	client_close(c);
+}
+
+static void
+overlong_line(void **state)
+{
+	struct fixture *f = *state;
+	char big[CONTROL_LINE_MAX + 2], *r;
+	struct client *c = client(f);
+
+	memset(big, 'a', sizeof(big));
+	/* Exactly the maximum is fine. */
+	big[CONTROL_LINE_MAX] = '\n';
+	assert_int_equal(send(c->fd, big, CONTROL_LINE_MAX + 1, 0), CONTROL_LINE_MAX + 1);
+	r = reply(f, c);
+	assert_non_null(strstr(r, "{\"ok\":false,\"protocol\":1,\"error\":\"unknown command \\\"aaaa"));
+	free(r);
+	/* One more byte is not, and closes the connection. */
+	big[CONTROL_LINE_MAX] = 'a';
+	big[CONTROL_LINE_MAX + 1] = '\n';
+	assert_int_equal(send(c->fd, big, sizeof(big), 0), (ssize_t)sizeof(big));
+	expect_reply(f, c, "{\"ok\":false,\"protocol\":1,\"error\":\"request longer than 4096 bytes\"}");
+	assert_null(reply(f, c));
+	client_close(c);
+}
+
+static void
+reload_completes_at_once(void **state)
+{
+	struct fixture *f = *state;
+	struct client *c = client(f);
+
+	f->reload_mode = 0;
+	send_text(c, "reload\nreload\n");
+	expect_reply(f, c, "{\"ok\":true,\"protocol\":1,\"message\":\"configuration reloaded\"}");
+	expect_reply(f, c, "{\"ok\":true,\"protocol\":1,\"message\":\"configuration reloaded\"}");
+	assert_int_equal(f->reload_calls, 2);
+	f->reload_mode = 1;
+	send_text(c, "reload\n");
+	expect_reply(f, c, "{\"ok\":false,\"protocol\":1,\"error\":\"reload: wcached.conf:3: unknown key "
+			    "\\\"x\\\"\"}");
+	client_close(c);
+}
+
+static void
+reload_later_keeps_order(void **state)
+{
+	struct fixture *f = *state;
+	struct client *c = client(f);
+	char byte;
+
+	f->reload_mode = 2;
+	send_text(c, "reload\nhelp\n");
+	run_until(f, reload_called);
+	/* The help behind the reload waits for it. */
+	uv_run(&f->loop, UV_RUN_NOWAIT);
+	assert_int_equal(recv(c->fd, &byte, 1, MSG_PEEK), -1);
+	assert_int_equal(errno, EAGAIN);
+	f->kept_done(-EIO, "configuration reloaded; some models failed to load", 0,
+		f->kept_arg);
+	expect_reply(f, c, "{\"ok\":false,\"protocol\":1,\"error\":\"reload: configuration reloaded; some "
+			    "models failed to load\"}");
+	free(reply(f, c)); /* help */
+	client_close(c);
+}
+
+static void
+reload_done_after_client_left(void **state)
+{
+	struct fixture *f = *state;
+	struct client *c = client(f);
+	int tries = 0;
+
+	f->reload_mode = 2;
+	send_text(c, "reload\nstatus\n");
+	run_until(f, reload_called);
+	client_close(c);
+	uv_run(&f->loop, UV_RUN_NOWAIT);
+	/* The reply goes nowhere; the connection closes, nothing leaks. */
+	f->kept_done(0, "configuration reloaded", 0, f->kept_arg);
+	while (control_clients(f) != 1)
+		assert_true(++tries < 100);
+}
+
+static void
+reload_done_after_stop(void **state)
+{
+	struct fixture *f = *state;
+	struct client *c = client(f);
+
+	f->reload_mode = 2;
+	send_text(c, "reload\n");
+	run_until(f, reload_called);
+	control_stop(f->ctl);
+	f->ctl = NULL;
+	uv_run(&f->loop, UV_RUN_NOWAIT);
+	f->kept_done(0, "configuration reloaded", 0, f->kept_arg);
+	assert_null(reply(f, c)); /* closed without a reply */
+	client_close(c);
+}
+
+static void
+many_pipelined_requests(void **state)
+{
+	struct fixture *f = *state;
+	struct client *c = client(f);
+	int sent = 0, replies = 0;
+	char *r;
+
+	/* 2000 metrics replies are more than CONTROL_MAX_QUEUED: the daemon
+	 * stops reading this client instead of queueing without bound, and
+	 * carries on as the client reads. */
+	while (sent < 2000) {
+		ssize_t n = send(c->fd, "metrics\n", 8, MSG_NOSIGNAL);
+
+		if (n == 8) {
+			sent++;
+			continue;
+		}
+		assert_int_equal(errno, EAGAIN);
+		r = reply(f, c);
+		assert_non_null(r);
+		free(r);
+		replies++;
+	}
+	shutdown(c->fd, SHUT_WR);
+	while ((r = reply(f, c)) != NULL) {
+		assert_non_null(strstr(r, "{\"ok\":true,"));
+		free(r);
+		replies++;
+	}
+	assert_int_equal(replies, 2000);
+	client_close(c);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(split_words),
+		cmocka_unit_test(split_errors),
+		cmocka_unit_test(label_escaping),
+		cmocka_unit_test_setup_teardown(listen_path_modes, setup, teardown),
+		cmocka_unit_test_setup_teardown(start_refuses_non_listening, setup, teardown),
+		cmocka_unit_test_setup_teardown(requests_and_errors, setup, teardown),
+		cmocka_unit_test_setup_teardown(overlong_line, setup, teardown),
+		cmocka_unit_test_setup_teardown(reload_completes_at_once, setup, teardown),
+		cmocka_unit_test_setup_teardown(reload_later_keeps_order, setup, teardown),
+		cmocka_unit_test_setup_teardown(reload_done_after_client_left, setup, teardown),
+		cmocka_unit_test_setup_teardown(reload_done_after_stop, setup, teardown),
+		cmocka_unit_test_setup_teardown(many_pipelined_requests, setup, teardown),
+	};
+
+	uv_loop_t warmup;
+
+	/* As in wcached: replies to a client that has gone fail with EPIPE
+	 * (libuv writes streams with write(2), which cannot say MSG_NOSIGNAL). */
+	signal(SIGPIPE, SIG_IGN);
+	/* libuv opens a process-wide pipe at its first loop; open it now so
+	 * the fixtures' descriptor counts see only what the tests open. */
+	if (uv_loop_init(&warmup) != 0 || uv_loop_close(&warmup) != 0)
+		return 1;
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

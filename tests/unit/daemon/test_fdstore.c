@@ -1,0 +1,468 @@
+/*
+ * test_fdstore.c: daemon/fdstore.c, the description of the registry that
+ * wcached will keep in systemd's file descriptor store, and the names of
+ * the stored descriptors.
+ *
+ * A description with every kind of record (three models, one without
+ * generations, one with a current, a held and a pending generation) is
+ * encoded and decoded back; then each rule is broken on a copy, through
+ * the encoder (which refuses) and through hand-made bytes (which the
+ * decoder refuses), and the message must name the field. Every prefix of
+ * a good encoding is refused, and so is every single byte flipped that
+ * the format does not allow (checked against the round trip). The sealed
+ * memfd comes back only when sealed.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "base/error.h"
+#include "fdstore.h"
+#include "notify.h"
+#include "testutil.h"
+
+static void
+assert_error(int r, int code, const char *want)
+{
+	if (r != code)
+		fail_msg("returned %d, expected %d; message: %s", r, code, error_get());
+	if (strstr(error_get(), want) == NULL)
+		fail_msg("message \"%s\" does not contain \"%s\"", error_get(), want);
+}
+
+static char *
+dup_name(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static char *
+dup_name(const char *fmt, ...)
+{
+	va_list ap;
+	char *s;
+
+	va_start(ap, fmt);
+	assert_true(vasprintf(&s, fmt, ap) > 0);
+	va_end(ap);
+	return s;
+}
+
+/* A generation of model slot with nfiles files, named as the daemon will. */
+static void
+make_generation(struct fdstore_generation *g, uint64_t slot, uint64_t number, uint8_t role,
+	uint32_t nfiles)
+{
+	char name[128];
+
+	g->number = number;
+	g->role = role;
+	g->pin = 1;
+	g->holders = role == FDSTORE_PENDING ? 0 : (uint32_t)(number * 1000003u); /* > 16 bits */
+	assert_true(fdstore_name_index(name, sizeof(name), slot, number) > 0);
+	g->index_fdname = strdup(name);
+	g->index_size = 4096 * number;
+	g->nfiles = nfiles;
+	g->files = calloc(nfiles, sizeof(*g->files));
+	assert_non_null(g->files);
+	for (uint32_t k = 0; k < nfiles; k++) {
+		assert_true(fdstore_name_file(name, sizeof(name), slot, number, k) > 0);
+		g->files[k] = (struct fdstore_file){ .fdname = strdup(name), .dev = 0x801,
+			.ino = 1000 + slot * 100 + number * 10 + k, .size = 1ull << 40,
+			.mtime_ns = -5 + (int64_t)k }; /* before the epoch is a time too */
+	}
+}
+
+/* The description of the file header: llama (current 5, held 3, pending
+ * 6), qwen (current 2) and idle (no generation). */
+static struct fdstore_desc *
+make_desc(void)
+{
+	struct fdstore_desc *d = calloc(1, sizeof(*d));
+	struct fdstore_model *m;
+
+	assert_non_null(d);
+	d->status_size = 4096;
+	d->nmodels = 3;
+	d->models = calloc(3, sizeof(*d->models));
+	m = &d->models[0];
+	m->name = strdup("llama");
+	m->path = strdup("/srv/models/llama");
+	m->slot = 1;
+	m->last_generation = 6;
+	m->ngenerations = 3;
+	m->generations = calloc(3, sizeof(*m->generations));
+	make_generation(&m->generations[0], 1, 5, FDSTORE_CURRENT, 3);
+	make_generation(&m->generations[1], 1, 3, FDSTORE_HELD, 1);
+	make_generation(&m->generations[2], 1, 6, FDSTORE_PENDING, 2);
+	m = &d->models[1];
+	m->name = strdup("qwen");
+	m->path = dup_name("/srv/%s/model.safetensors.index.json", "qwen");
+	m->slot = 7;
+	m->last_generation = 2;
+	m->ngenerations = 1;
+	m->generations = calloc(1, sizeof(*m->generations));
+	make_generation(&m->generations[0], 7, 2, FDSTORE_CURRENT, 250);
+	m = &d->models[2];
+	m->name = strdup("idle");
+	m->path = strdup("/srv/idle");
+	m->slot = 2;
+	return d;
+}
+
+/* Encodes d, which must succeed. */
+static uint8_t *
+encode(const struct fdstore_desc *d, size_t *len)
+{
+	uint8_t *buf = NULL;
+
+	if (fdstore_encode(d, &buf, len) != 0)
+		fail_msg("encode: %s", error_get());
+	return buf;
+}
+
+static void
+test_round_trip(void **state)
+{
+	struct fdstore_desc *d = make_desc(), *back = NULL, *empty;
+	uint8_t *buf, *again;
+	size_t len, len2;
+
+	(void)state;
+	buf = encode(d, &len);
+	assert_memory_equal(buf, FDSTORE_MAGIC, 8);
+	if (fdstore_decode(buf, len, &back) != 0)
+		fail_msg("decode: %s", error_get());
+	assert_true(fdstore_equal(d, back));
+	assert_string_equal(back->models[1].generations[0].files[249].fdname, "wc-7-2-249");
+	assert_int_equal(back->models[0].generations[0].files[0].mtime_ns, -5);
+	assert_int_equal(back->models[0].generations[2].role, FDSTORE_PENDING);
+	assert_int_equal(back->models[0].generations[1].holders, 3000009u);
+	again = encode(back, &len2);
+	assert_int_equal(len, len2);
+	assert_memory_equal(buf, again, len);
+	back->models[0].generations[1].holders--;
+	assert_false(fdstore_equal(d, back));
+	back->models[0].generations[1].holders++;
+	back->models[0].generations[1].files[0].ino++;
+	assert_false(fdstore_equal(d, back));
+	fdstore_free(back);
+	free(again);
+	free(buf);
+
+	/* No models at all: the header alone. */
+	empty = calloc(1, sizeof(*empty));
+	empty->status_size = 16;
+	buf = encode(empty, &len);
+	assert_int_equal(len, FDSTORE_HEADER_SIZE);
+	assert_int_equal(fdstore_decode(buf, len, &back), 0);
+	assert_int_equal(back->nmodels, 0);
+	fdstore_free(back);
+	fdstore_free(empty);
+	free(buf);
+	fdstore_free(d);
+	fdstore_free(NULL);
+}
+
+/* Breaks one rule on a fresh description; the encoder must refuse it
+ * naming the field. */
+static void
+refuse(void (*breaker)(struct fdstore_desc *), const char *want)
+{
+	struct fdstore_desc *d = make_desc();
+	uint8_t *buf = (uint8_t *)&d;
+	size_t len = 99;
+
+	breaker(d);
+	assert_error(fdstore_encode(d, &buf, &len), -EINVAL, want);
+	assert_true(buf == (uint8_t *)&d && len == 99);
+	fdstore_free(d);
+}
+
+static void b_status(struct fdstore_desc *d) { d->status_size = 4097; }
+static void b_slot0(struct fdstore_desc *d) { d->models[2].slot = 0; }
+static void b_slot_big(struct fdstore_desc *d) { d->models[2].slot = 512; }
+static void b_slot_dup(struct fdstore_desc *d) { d->models[2].slot = 7; }
+static void b_name_dup(struct fdstore_desc *d) { strcpy(d->models[2].name, "qwen"); }
+static void b_relative(struct fdstore_desc *d) { d->models[2].path[0] = 's'; }
+static void b_gen_past(struct fdstore_desc *d) { d->models[0].last_generation = 5; }
+static void b_gen_zero(struct fdstore_desc *d) { d->models[0].generations[1].number = 0; }
+static void b_gen_dup(struct fdstore_desc *d) { d->models[0].generations[1].number = 5; }
+static void b_two_current(struct fdstore_desc *d) { d->models[0].generations[1].role = FDSTORE_CURRENT; }
+static void b_role(struct fdstore_desc *d) { d->models[0].generations[1].role = 4; }
+static void b_pin(struct fdstore_desc *d) { d->models[0].generations[1].pin = 3; }
+static void b_colon(struct fdstore_desc *d) { d->models[0].generations[0].files[1].fdname[2] = ':'; }
+static void b_fdname_dup(struct fdstore_desc *d)
+{
+	free(d->models[1].generations[0].files[3].fdname);
+	d->models[1].generations[0].files[3].fdname = strdup("wc-1-5-i");
+}
+static void b_reserved(struct fdstore_desc *d)
+{
+	free(d->models[0].generations[0].index_fdname);
+	d->models[0].generations[0].index_fdname = strdup(FDSTORE_NAME_STATUS);
+}
+static void b_no_files(struct fdstore_desc *d)
+{
+	free(d->models[0].generations[1].files[0].fdname); /* fdstore_free() skips it now */
+	d->models[0].generations[1].nfiles = 0;
+}
+static void b_index_size(struct fdstore_desc *d) { d->models[0].generations[1].index_size = 0; }
+static void b_long_fdname(struct fdstore_desc *d)
+{
+	char *s = malloc(257);
+
+	memset(s, 'x', 256);
+	s[256] = '\0';
+	free(d->models[0].generations[1].files[0].fdname);
+	d->models[0].generations[1].files[0].fdname = s;
+}
+
+static void
+test_rules(void **state)
+{
+	(void)state;
+	refuse(b_status, "status size: 4097 bytes");
+	refuse(b_slot0, "model 2 (\"idle\"): slot: 0 is not 1 to 511");
+	refuse(b_slot_big, "slot: 512 is not 1 to 511");
+	refuse(b_slot_dup, "slot: 7 is model 1's too");
+	refuse(b_name_dup, "model name \"qwen\" appears twice");
+	refuse(b_relative, "path: not absolute");
+	refuse(b_gen_past, "generation 2 (6): number: not 1 to the last generation 5");
+	refuse(b_gen_zero, "generation 1 (0): number");
+	refuse(b_gen_dup, "generation 5 appears twice");
+	refuse(b_two_current, "2 current and 1 pending");
+	refuse(b_role, "role: 4 is not current");
+	refuse(b_pin, "pin: 3 is not 0 to 2");
+	refuse(b_colon, "file 1: fdname \"wc:1-5-1\": not a valid FDNAME");
+	refuse(b_fdname_dup, "fdname \"wc-1-5-i\" appears twice");
+	refuse(b_reserved, "index fdname \"wc-status\": reserved name");
+	refuse(b_no_files, "file count: 0, not 1 to 250");
+	refuse(b_index_size, "index size: 0 bytes");
+	refuse(b_long_fdname, "file 0: fdname: 256 bytes, not 1 to 255");
+}
+
+/* Decodes hostile bytes: the code, the message, *out untouched. */
+static void
+bad_bytes(const uint8_t *buf, size_t len, int code, const char *want)
+{
+	struct fdstore_desc *d = (struct fdstore_desc *)&d;
+
+	assert_error(fdstore_decode(buf, len, &d), code, want);
+	assert_true(d == (struct fdstore_desc *)&d);
+}
+
+static void
+put_u32(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void
+test_hostile_bytes(void **state)
+{
+	struct fdstore_desc *d = make_desc(), *back;
+	uint8_t *buf, *copy, hdr[FDSTORE_HEADER_SIZE + 4];
+	size_t len, name_off;
+
+	(void)state;
+	buf = encode(d, &len);
+	copy = malloc(len + 1);
+	assert_non_null(copy);
+
+	/* Every prefix, and one byte more. */
+	for (size_t n = 0; n < len; n++) {
+		back = NULL;
+		assert_int_not_equal(fdstore_decode(buf, n, &back), 0);
+		assert_null(back);
+	}
+	memcpy(copy, buf, len);
+	copy[len] = 0;
+	bad_bytes(copy, len + 1, -EBADMSG, "1 bytes left over after the last model");
+
+	/* The header. */
+	memcpy(copy, buf, len);
+	copy[0] = 'w';
+	bad_bytes(copy, len, -EBADMSG, "header: magic");
+	memcpy(copy, buf, len);
+	put_u32(copy + 8, 3);
+	bad_bytes(copy, len, -EPROTO, "header: version: 3, this wcached reads 2");
+	/* Version 1 (no holders in its generations) is refused as a whole,
+	 * in one line: a restart after an upgrade loads every model afresh. */
+	memcpy(copy, buf, len);
+	put_u32(copy + 8, 1);
+	bad_bytes(copy, len, -EPROTO, "header: version: 1, this wcached reads 2");
+	memcpy(copy, buf, len);
+	put_u32(copy + 12, FDSTORE_MAX_MODELS + 1);
+	bad_bytes(copy, len, -EBADMSG, "header: model count: 4097, more than 4096");
+	memcpy(copy, buf, len);
+	put_u32(copy + 12, 4000); /* cannot fit: refused before any allocation */
+	bad_bytes(copy, len, -EBADMSG, "records cannot fit");
+	bad_bytes(buf, FDSTORE_HEADER_SIZE - 1, -EBADMSG, "description: 23 bytes");
+
+	/* The first model's name: a NUL in it, a length of 0, one past the end. */
+	name_off = FDSTORE_HEADER_SIZE;
+	memcpy(copy, buf, len);
+	copy[name_off + 3] = '\0';
+	bad_bytes(copy, len, -EBADMSG, "model 0: name: holds a NUL byte");
+	memcpy(copy, buf, len);
+	copy[name_off] = 0;
+	copy[name_off + 1] = 0;
+	bad_bytes(copy, len, -EBADMSG, "model 0: name: length 0");
+	memcpy(copy, buf, len);
+	copy[name_off] = 0xff;
+	copy[name_off + 1] = 0x7f;
+	bad_bytes(copy, len, -EBADMSG, "model 0: name: length 32767");
+
+	/* A rule broken in bytes: the decoder runs fdstore_check() too. The
+	 * slot of the first model (after its name and path) becomes qwen's. */
+	memcpy(copy, buf, len);
+	copy[name_off + 2 + 5 + 2 + 17] = 7;
+	bad_bytes(copy, len, -EBADMSG, "slot: 7 is model 0's too");
+
+	/* A header that claims a model and stops. */
+	memcpy(hdr, buf, FDSTORE_HEADER_SIZE);
+	put_u32(hdr + 12, 1);
+	bad_bytes(hdr, FDSTORE_HEADER_SIZE, -EBADMSG, "model count: 1 records cannot fit");
+
+	free(copy);
+	free(buf);
+	fdstore_free(d);
+}
+
+/* Flipping any one byte either is refused or decodes to a description that
+ * encodes back to the flipped bytes: nothing is ignored. */
+static void
+test_every_byte_counts(void **state)
+{
+	struct fdstore_desc *d = make_desc(), *back;
+	uint8_t *buf, *copy, *again;
+	size_t len, len2;
+
+	(void)state;
+	buf = encode(d, &len);
+	copy = malloc(len);
+	for (size_t i = 0; i < len; i += (i < 600 ? 1 : 97)) {
+		memcpy(copy, buf, len);
+		copy[i] ^= 0x41;
+		back = NULL;
+		if (fdstore_decode(copy, len, &back) != 0) {
+			assert_null(back);
+			assert_true(strncmp(error_get(), "fdstore: ", 9) == 0);
+			continue;
+		}
+		again = encode(back, &len2);
+		assert_int_equal(len2, len);
+		assert_memory_equal(again, copy, len);
+		free(again);
+		fdstore_free(back);
+	}
+	free(copy);
+	free(buf);
+	fdstore_free(d);
+}
+
+static void
+test_names(void **state)
+{
+	struct fdstore_name n;
+	char buf[64];
+
+	(void)state;
+	assert_int_equal(fdstore_name_index(buf, sizeof(buf), 3, 12), 9);
+	assert_string_equal(buf, "wc-3-12-i");
+	assert_int_equal(fdstore_name_parse(buf, &n), 0);
+	assert_int_equal(n.kind, FDSTORE_NAME_KIND_INDEX);
+	assert_int_equal(n.slot, 3);
+	assert_int_equal(n.generation, 12);
+	assert_true(fdstore_name_file(buf, sizeof(buf), UINT64_MAX, UINT64_MAX, 249) > 0);
+	assert_string_equal(buf, "wc-18446744073709551615-18446744073709551615-249");
+	assert_true(strlen(buf) <= FDSTORE_MAX_FDNAME);
+	assert_int_equal(fdstore_name_parse(buf, &n), 0);
+	assert_int_equal(n.kind, FDSTORE_NAME_KIND_FILE);
+	assert_true(n.slot == UINT64_MAX && n.generation == UINT64_MAX && n.file == 249);
+	assert_int_equal(fdstore_name_parse("wc-status", &n), 0);
+	assert_int_equal(n.kind, FDSTORE_NAME_KIND_STATUS);
+	assert_int_equal(fdstore_name_parse("wc-desc", &n), 0);
+	assert_int_equal(n.kind, FDSTORE_NAME_KIND_DESC);
+	assert_error(fdstore_name_file(buf, 8, 3, 12, 1), -ENAMETOOLONG, "too small");
+
+	assert_error(fdstore_name_parse("client", &n), -EINVAL, "not a name of wcached's");
+	assert_error(fdstore_name_parse("wc-0-1-i", &n), -EINVAL, "not wc-<slot>");
+	assert_error(fdstore_name_parse("wc-1-0-i", &n), -EINVAL, "not wc-<slot>");
+	assert_error(fdstore_name_parse("wc-01-1-i", &n), -EINVAL, "not wc-<slot>");
+	assert_error(fdstore_name_parse("wc-18446744073709551616-1-i", &n), -EINVAL,
+		"not wc-<slot>");
+	assert_error(fdstore_name_parse("wc-1-1-250", &n), -EINVAL, "file number below 250");
+	assert_error(fdstore_name_parse("wc-1-1-ix", &n), -EINVAL, "ends in neither");
+	assert_error(fdstore_name_parse("wc-1-1-", &n), -EINVAL, "ends in neither");
+	assert_error(fdstore_name_parse("wc-1-1-01", &n), -EINVAL, "ends in neither");
+
+	assert_true(notify_fdname_valid("wc-1-1-i", 8));
+	assert_false(notify_fdname_valid("", 0));
+	assert_false(notify_fdname_valid("a:b", 3));
+	assert_false(notify_fdname_valid("a\nb", 3));
+	assert_false(notify_fdname_valid("caf\xc3\xa9", 5));
+}
+
+static void
+test_memfd(void **state)
+{
+	struct fdstore_desc *d = make_desc(), *back = NULL;
+	uint8_t *buf, *read_back = NULL;
+	size_t len, rlen = 0;
+	int before = tu_count_fds(), fd = -1, plain, seals;
+
+	(void)state;
+	buf = encode(d, &len);
+	assert_int_equal(fdstore_memfd_make(buf, len, &fd), 0);
+	seals = fcntl(fd, F_GET_SEALS);
+	assert_int_equal(seals & FDSTORE_SEALS, FDSTORE_SEALS);
+	assert_true(write(fd, "x", 1) < 0); /* sealed */
+	assert_int_equal(fdstore_memfd_read(fd, &read_back, &rlen), 0);
+	assert_int_equal(rlen, len);
+	assert_memory_equal(read_back, buf, len);
+	assert_int_equal(fdstore_decode(read_back, rlen, &back), 0);
+	assert_true(fdstore_equal(d, back));
+	fdstore_free(back);
+	free(read_back);
+	close(fd);
+
+	/* The same bytes in a memfd that is not sealed, and a pipe. */
+	plain = memfd_create("wctest-plain", MFD_CLOEXEC);
+	assert_true(plain >= 0);
+	assert_int_equal(write(plain, buf, len), (ssize_t)len);
+	read_back = NULL;
+	assert_error(fdstore_memfd_read(plain, &read_back, &rlen), -EBADMSG, "not a sealed memfd");
+	assert_null(read_back);
+	close(plain);
+	assert_int_equal(fdstore_memfd_make(buf, 10, &fd), 0);
+	assert_error(fdstore_memfd_read(fd, &read_back, &rlen), -EBADMSG, "10 bytes, not 24");
+	close(fd);
+	assert_int_equal(tu_count_fds(), before);
+	free(buf);
+	fdstore_free(d);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_round_trip),
+		cmocka_unit_test(test_rules),
+		cmocka_unit_test(test_hostile_bytes),
+		cmocka_unit_test(test_every_byte_counts),
+		cmocka_unit_test(test_names),
+		cmocka_unit_test(test_memfd),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,383 @@
+/*
+ * test_server.c: unit tests of daemon/server.c, the client socket, against
+ * a real registry on a real libuv loop: a client socket in the test sends
+ * ATTACH and RELEASE and reads the replies and their descriptors while the
+ * loop runs. The replies' codes and texts are the ones the integration
+ * tests and clients rely on.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "daemonutil.h"
+#include "proto/fdpass.h"
+#include "server.h"
+#include "testutil.h"
+#include "proto/wire.h"
+
+struct st {
+	struct du du;
+	struct server *srv;
+	int client;
+	char *sock;
+};
+
+static int
+setup(void **state)
+{
+	struct st *t = calloc(1, sizeof(*t));
+	struct server_options opt = { .max_attaches = 2 };
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	int fd;
+
+	du_setup(&t->du, false, 0);
+	assert_true(asprintf(&t->sock, "%s/s", t->du.dir) > 0);
+	fd = server_listen_path(t->sock, 0600);
+	assert_true(fd >= 0);
+	assert_int_equal(server_start(&t->du.loop, &t->du.reg, fd, &opt, &t->srv), 0);
+	t->client = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	assert_true(t->client >= 0);
+	snprintf(a.sun_path, sizeof(a.sun_path), "%s", t->sock);
+	assert_int_equal(connect(t->client, (struct sockaddr *)&a, sizeof(a)), 0);
+	*state = t;
+	return 0;
+}
+
+static int
+teardown(void **state)
+{
+	struct st *t = *state;
+
+	close(t->client);
+	server_stop(t->srv);
+	du_teardown(&t->du);
+	free(t->sock);
+	free(t);
+	return 0;
+}
+
+static bool
+readable(struct du *d, void *arg)
+{
+	struct pollfd p = { .fd = *(int *)arg, .events = POLLIN };
+
+	(void)d;
+	return poll(&p, 1, 0) == 1;
+}
+
+/* Sends msg and runs the loop until a reply is readable; reads it. */
+static struct wire_message
+exchange(struct st *t, const uint8_t *msg, size_t len, uint8_t *buf, int *fds, size_t *nfds)
+{
+	struct wire_message m;
+	ssize_t n;
+
+	assert_int_equal(send(t->client, msg, len, 0), (ssize_t)len);
+	du_run_until(&t->du, readable, &t->client);
+	n = fdp_recv(t->client, buf, WIRE_MAX_MESSAGE, fds, WIRE_MAX_FDS, nfds);
+	assert_true(n > 0);
+	assert_int_equal(wire_decode(buf, (size_t)n, &m), 0);
+	return m;
+}
+
+static struct wire_message
+send_attach(struct st *t, const char *name, uint8_t *buf, int *fds, size_t *nfds)
+{
+	uint8_t req[WIRE_MAX_MESSAGE];
+	ssize_t n = wire_put_attach(req, sizeof(req), 7, name, strlen(name));
+
+	assert_true(n > 0);
+	return exchange(t, req, (size_t)n, buf, fds, nfds);
+}
+
+static void
+assert_error(const struct wire_message *m, int code, const char *text)
+{
+	int32_t c;
+	const char *p;
+	size_t len;
+
+	assert_int_equal(m->h.type, WIRE_ERROR);
+	assert_int_equal(wire_get_error(m, &c, &p, &len), 0);
+	assert_int_equal(c, code);
+	if (len != strlen(text) || memcmp(p, text, len) != 0)
+		fail_msg("error text \"%.*s\", expected \"%s\"", (int)len, p, text);
+}
+
+static void
+test_attach_release(void **state)
+{
+	struct st *t = *state;
+	char *path = du_model(&t->du, "m.safetensors", 1024);
+	uint8_t buf[WIRE_MAX_MESSAGE], req[64];
+	struct wire_attach_ok ok;
+	struct wire_message m;
+	int fds[WIRE_MAX_FDS];
+	size_t nfds;
+	ssize_t n;
+
+	assert_int_equal(du_load(&t->du, "m", path, PIN_NONE, 0), 0);
+	m = send_attach(t, "m", buf, fds, &nfds);
+	assert_int_equal(m.h.type, WIRE_ATTACH_OK);
+	assert_int_equal(m.h.seq, 7);
+	assert_int_equal(wire_get_attach_ok(&m, &ok), 0);
+	assert_int_equal(ok.generation, 1);
+	assert_int_equal(ok.file_count, 1);
+	assert_int_equal(ok.flags, WIRE_ATTACH_STATUS);
+	assert_int_equal(nfds, 3);
+	fdp_close_all(fds, nfds);
+	assert_int_equal(du_current(&t->du, "m")->attached, 1);
+	n = wire_put_release(req, sizeof(req), 8, ok.handle);
+	m = exchange(t, req, (size_t)n, buf, fds, &nfds);
+	assert_int_equal(m.h.type, WIRE_RELEASE_OK);
+	assert_int_equal(du_current(&t->du, "m")->attached, 0);
+	/* An unknown handle. */
+	m = exchange(t, req, (size_t)n, buf, fds, &nfds);
+	assert_error(&m, EINVAL, "no attach with handle 1");
+	free(path);
+}
+
+static void
+test_attach_errors(void **state)
+{
+	struct st *t = *state;
+	char *path = du_model(&t->du, "m.safetensors", 1024), *missing;
+	uint8_t buf[WIRE_MAX_MESSAGE];
+	struct wire_message m;
+	int fds[WIRE_MAX_FDS];
+	size_t nfds;
+
+	m = send_attach(t, "nope", buf, fds, &nfds);
+	assert_error(&m, ENOENT, "not served");
+	assert_true(asprintf(&missing, "%s/none", t->du.dir) > 0);
+	assert_true(du_load(&t->du, "bad", missing, PIN_NONE, 0) < 0);
+	m = send_attach(t, "bad", buf, fds, &nfds);
+	{
+		int32_t c;
+		const char *p;
+		size_t len;
+
+		assert_int_equal(m.h.type, WIRE_ERROR);
+		assert_int_equal(wire_get_error(&m, &c, &p, &len), 0);
+		assert_int_equal(c, EIO);
+		assert_true(len > 16 && memcmp(p, "failed to load: ", 16) == 0);
+	}
+	free(missing);
+	free(path);
+}
+
+static bool
+released(struct du *d, void *arg)
+{
+	(void)arg;
+	return du_current(d, "m")->attached == 0;
+}
+
+static void
+test_attach_modified_and_limit(void **state)
+{
+	struct st *t = *state;
+	char *path = du_model(&t->du, "m.safetensors", 1024);
+	uint8_t buf[WIRE_MAX_MESSAGE];
+	struct wire_message m;
+	int fds[WIRE_MAX_FDS];
+	size_t nfds;
+
+	assert_int_equal(du_load(&t->du, "m", path, PIN_NONE, 0), 0);
+	for (int i = 0; i < 2; i++) {
+		m = send_attach(t, "m", buf, fds, &nfds);
+		assert_int_equal(m.h.type, WIRE_ATTACH_OK);
+		fdp_close_all(fds, nfds);
+	}
+	m = send_attach(t, "m", buf, fds, &nfds);
+	assert_error(&m, EMFILE, "more than 2 attaches on one connection");
+	/* Closing the connection releases what it held. */
+	close(t->client);
+	t->client = -1;
+	du_run_until(&t->du, released, NULL);
+	registry_mark_modified(&t->du.reg, du_current(&t->du, "m"), path);
+	t->client = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	{
+		struct sockaddr_un a = { .sun_family = AF_UNIX };
+
+		snprintf(a.sun_path, sizeof(a.sun_path), "%s", t->sock);
+		assert_int_equal(connect(t->client, (struct sockaddr *)&a, sizeof(a)), 0);
+	}
+	m = send_attach(t, "m", buf, fds, &nfds);
+	assert_error(&m, ESTALE, "generation 1 was modified in place and is not served; "
+				 "replace model files with rename(2), then reload");
+	free(path);
+}
+
+static void
+test_announce(void **state)
+{
+	struct st *t = *state;
+	char *path = du_model(&t->du, "m.safetensors", 1024);
+	uint8_t buf[WIRE_MAX_MESSAGE];
+	struct wire_message m;
+	int fds[WIRE_MAX_FDS];
+	size_t nfds, len;
+	uint64_t gen;
+	const char *name;
+	ssize_t n;
+
+	assert_int_equal(du_load(&t->du, "m", path, PIN_NONE, 0), 0);
+	m = send_attach(t, "m", buf, fds, &nfds);
+	fdp_close_all(fds, nfds);
+	server_announce(t->srv, registry_find(&t->du.reg, "m"), 5);
+	n = fdp_recv(t->client, buf, sizeof(buf), fds, WIRE_MAX_FDS, &nfds);
+	assert_true(n > 0);
+	assert_int_equal(wire_decode(buf, (size_t)n, &m), 0);
+	assert_int_equal(wire_get_changed(&m, &gen, &name, &len), 0);
+	assert_int_equal(gen, 5);
+	assert_int_equal(len, 1);
+	assert_int_equal(name[0], 'm');
+	assert_int_equal(server_clients(t->srv), 1);
+	free(path);
+}
+
+/* ---- descriptors in flight per uid ---- */
+
+/* RLIMIT_NOFILE for the server of the in-flight test: its budget for one
+ * uid is an eighth of it (128), 42 replies of 3 descriptors. */
+#define LOW_NOFILE 1024
+#define UID_CAP (LOW_NOFILE / 8)
+#define CLIENTS 50
+
+static struct rlimit saved_nofile;
+
+static int
+setup_low_nofile(void **state)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &saved_nofile) != 0)
+		return -1;
+	rl = saved_nofile;
+	rl.rlim_cur = LOW_NOFILE;
+	if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+		return -1;
+	return setup(state);
+}
+
+static int
+teardown_low_nofile(void **state)
+{
+	teardown(state);
+	return setrlimit(RLIMIT_NOFILE, &saved_nofile);
+}
+
+struct inflight_want {
+	unsigned fds, deferred, clients;
+};
+
+static bool
+inflight_is(struct du *d, void *arg)
+{
+	const struct inflight_want *w = arg;
+	struct server_stats s;
+	struct st *t = (struct st *)d; /* du is the first member */
+
+	server_get_stats(t->srv, &s);
+	return s.fds_in_flight == w->fds && s.deferred_clients == w->deferred &&
+		s.clients == w->clients;
+}
+
+static int
+connect_client(struct st *t)
+{
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+
+	assert_true(fd >= 0);
+	snprintf(a.sun_path, sizeof(a.sun_path), "%s", t->sock);
+	assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	return fd;
+}
+
+/*
+ * Connections of one uid that leave their replies unread share the uid's
+ * budget of descriptors in flight: the replies that fit go, the others
+ * wait; a connection that goes away gives its share back and a waiting
+ * reply goes; once all have gone, nothing is counted for the uid any more.
+ */
+static void
+test_inflight_per_uid(void **state)
+{
+	struct st *t = *state;
+	char *path = du_model(&t->du, "m.safetensors", 1024);
+	uint8_t req[WIRE_MAX_MESSAGE], buf[WIRE_MAX_MESSAGE];
+	int clients[CLIENTS], fds[WIRE_MAX_FDS];
+	unsigned fit = UID_CAP / 3, readable_now = 0;
+	struct inflight_want want;
+	struct wire_message m;
+	size_t nfds, gone = CLIENTS;
+	ssize_t n = wire_put_attach(req, sizeof(req), 7, "m", 1);
+
+	assert_true(n > 0);
+	assert_int_equal(du_load(&t->du, "m", path, PIN_NONE, 0), 0);
+	for (size_t i = 0; i < CLIENTS; i++) {
+		clients[i] = connect_client(t);
+		assert_int_equal(send(clients[i], req, (size_t)n, 0), n);
+	}
+	want = (struct inflight_want){ 3 * fit, CLIENTS - fit, CLIENTS + 1 };
+	du_run_until(&t->du, inflight_is, &want);
+	for (size_t i = 0; i < CLIENTS; i++) {
+		struct pollfd p = { .fd = clients[i], .events = POLLIN };
+
+		if (poll(&p, 1, 0) == 1) {
+			readable_now++;
+			gone = i;
+		}
+	}
+	assert_int_equal(readable_now, fit);
+
+	/* One that was answered goes without reading: a waiting reply goes. */
+	close(clients[gone]);
+	clients[gone] = -1;
+	want = (struct inflight_want){ 3 * fit, CLIENTS - fit - 1, CLIENTS };
+	du_run_until(&t->du, inflight_is, &want);
+
+	/* All go: nothing left in flight, and the uid starts afresh. */
+	for (size_t i = 0; i < CLIENTS; i++)
+		if (clients[i] >= 0)
+			close(clients[i]);
+	want = (struct inflight_want){ 0, 0, 1 };
+	du_run_until(&t->du, inflight_is, &want);
+	m = send_attach(t, "m", buf, fds, &nfds);
+	assert_int_equal(m.h.type, WIRE_ATTACH_OK);
+	assert_int_equal(nfds, 3);
+	fdp_close_all(fds, nfds);
+	want = (struct inflight_want){ 3, 0, 1 };
+	assert_true(inflight_is(&t->du, &want));
+	free(path);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_attach_release, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_attach_errors, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_attach_modified_and_limit, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_announce, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_inflight_per_uid, setup_low_nofile,
+			teardown_low_nofile),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,577 @@
+/*
+ * test_shards.c: sharded checkpoints and directory resolution
+ * (client/format/shards.c).
+ *
+ * The shard index parser is tested on documents; shards_open() and
+ * shards_open_dir() on real files in a temporary directory, checking what
+ * reaches the index and that failures name the shard and the tensor and
+ * leak no descriptor.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "base/error.h"
+#include "format/index.h"
+#include "format/source.h"
+#include "testutil.h"
+
+#define INDEX_NAME "model.safetensors.index.json"
+
+/* ---- the index document ---- */
+
+static int
+parse_doc(const char *doc, struct shard_map *m)
+{
+	error_set(0, "%s", "");
+	return shards_parse_index(INDEX_NAME, doc, strlen(doc), m);
+}
+
+static void
+assert_msg(const char *want)
+{
+	const char *msg = error_get();
+
+	if (strstr(msg, want) == NULL)
+		fail_msg("message \"%s\" lacks \"%s\"", msg, want);
+	if (strchr(msg, '\n') != NULL)
+		fail_msg("message \"%s\" is not one line", msg);
+}
+
+#define EXPECT(doc, code, want)                                                          \
+	do {                                                                             \
+		struct shard_map m_ = { 0 };                                             \
+		assert_int_equal(parse_doc(doc, &m_), (code));                           \
+		assert_null(m_.tensors);                                                 \
+		assert_msg(want);                                                        \
+		assert_non_null(strstr(error_get(), INDEX_NAME));                        \
+	} while (0)
+
+static void
+test_parse_valid(void **state)
+{
+	const char *doc = "{\n  \"metadata\": {\"total_size\": 1234, \"format\": \"pt\", \"x\": [1]},\n"
+			  "  \"weight_map\": {\n"
+			  "    \"a\": \"model-00002-of-00002.safetensors\",\n"
+			  "    \"b\": \"model-00001-of-00002.safetensors\",\n"
+			  "    \"c\\u00e9\": \"model-00002-of-00002.safetensors\"\n"
+			  "  },\n  \"other\": {\"ignored\": true}\n}\n";
+	struct shard_map m = { 0 };
+
+	assert_int_equal(parse_doc(doc, &m), 0);
+	assert_int_equal(m.ntensors, 3);
+	assert_int_equal(m.nshards, 2);
+	assert_string_equal(m.shards[0], "model-00002-of-00002.safetensors");
+	assert_string_equal(m.shards[1], "model-00001-of-00002.safetensors");
+	assert_string_equal(m.tensors[0], "a");
+	assert_string_equal(m.tensors[2], "c\xc3\xa9");
+	assert_int_equal(m.tensor_shard[0], 0);
+	assert_int_equal(m.tensor_shard[1], 1);
+	assert_int_equal(m.tensor_shard[2], 0);
+	assert_true(m.has_total_size);
+	assert_int_equal(m.total_size, 1234);
+	shard_map_free(&m);
+	assert_null(m.tensors);
+	shard_map_free(&m); /* twice is harmless */
+
+	/* metadata is optional */
+	assert_int_equal(parse_doc("{\"weight_map\":{\"a\":\"x.safetensors\"}}", &m), 0);
+	assert_false(m.has_total_size);
+	assert_int_equal(m.nshards, 1);
+	shard_map_free(&m);
+	/* a shard name may be escaped */
+	assert_int_equal(parse_doc("{\"weight_map\":{\"a\":\"\\u0078.safetensors\"}}", &m), 0);
+	assert_string_equal(m.shards[0], "x.safetensors");
+	shard_map_free(&m);
+}
+
+static void
+test_parse_document_errors(void **state)
+{
+	EXPECT("", -EINVAL, "invalid JSON at line 1, column 1");
+	EXPECT("[]", -EINVAL, "not a shard index: expected a JSON object");
+	EXPECT("{}", -EINVAL, "not a shard index: no weight_map");
+	EXPECT("{\"metadata\":{}}", -EINVAL, "no weight_map");
+	EXPECT("{\"weight_map\":{\"a\":\"x.safetensors\"}} x", -EINVAL,
+		"unexpected data after the JSON value");
+	EXPECT("{\n\"weight_map\":{\n\"a\":\"x.safetensors\",\n}}", -EINVAL,
+		"weight_map: invalid JSON at line 4, column 1");
+	EXPECT("{\"weight_map\":[]}", -EINVAL, "weight_map is not an object");
+	EXPECT("{\"weight_map\":{}}", -EINVAL, "weight_map is empty");
+	EXPECT("{\"weight_map\":{\"a\":1}}", -EINVAL, "weight_map: tensor \"a\": shard is not a string");
+	EXPECT("{\"weight_map\":{\"a\":\"x.safetensors\"},\"weight_map\":{\"a\":\"x.safetensors\"}}",
+		-EINVAL, "duplicate weight_map");
+	EXPECT("{\"metadata\":{},\"metadata\":{},\"weight_map\":{\"a\":\"x.safetensors\"}}", -EINVAL,
+		"duplicate metadata");
+	EXPECT("{\"metadata\":[],\"weight_map\":{\"a\":\"x.safetensors\"}}", -EINVAL,
+		"metadata is not an object");
+	EXPECT("{\"weight_map\":{\"a\":\"x.safetensors\",\"b\":\"x.safetensors\","
+	       "\"a\":\"y.safetensors\"}}",
+		-EINVAL, "weight_map: tensor \"a\" is listed twice");
+	EXPECT("{\"weight_map\":{\"ab\":\"x.safetensors\",\"a\\u0062\":\"x.safetensors\"}}", -EINVAL,
+		"tensor \"ab\" is listed twice");
+	EXPECT("{\"weight_map\":{\"\":\"x.safetensors\"}}", -EINVAL,
+		"weight_map: tensor name \"\" is empty");
+	EXPECT("{\"weight_map\":{\"a\\u0000\":\"x.safetensors\"}}", -EINVAL,
+		"tensor name \"a\\u0000\" contains a NUL character");
+	EXPECT("{\"weight_map\":{\"a\":\"x\xff.safetensors\"}}", -EINVAL, "invalid UTF-8");
+}
+
+static void
+test_parse_total_size(void **state)
+{
+	struct shard_map m = { 0 };
+
+	EXPECT("{\"metadata\":{\"total_size\":-1},\"weight_map\":{\"a\":\"x.safetensors\"}}", -EINVAL,
+		"metadata: total_size: -1 is not a non-negative integer");
+	EXPECT("{\"metadata\":{\"total_size\":4.0},\"weight_map\":{\"a\":\"x.safetensors\"}}", -EINVAL,
+		"4.0 is not a non-negative integer");
+	EXPECT("{\"metadata\":{\"total_size\":\"4\"},\"weight_map\":{\"a\":\"x.safetensors\"}}",
+		-EINVAL, "metadata: total_size is not a non-negative integer");
+	EXPECT("{\"metadata\":{\"total_size\":1,\"total_size\":2},"
+	       "\"weight_map\":{\"a\":\"x.safetensors\"}}",
+		-EINVAL, "metadata: duplicate total_size");
+	assert_int_equal(parse_doc("{\"metadata\":{\"total_size\":18446744073709551615},"
+		"\"weight_map\":{\"a\":\"x.safetensors\"}}", &m), 0);
+	assert_true(m.total_size == UINT64_MAX);
+	shard_map_free(&m);
+}
+
+static void
+test_parse_shard_names(void **state)
+{
+	static const struct {
+		const char *doc, *want;
+	} cases[] = {
+		{ "{\"weight_map\":{\"t\":\"../x.safetensors\"}}",
+			"weight_map: tensor \"t\": shard name \"../x.safetensors\" contains '/'" },
+		{ "{\"weight_map\":{\"t\":\"a/b.safetensors\"}}",
+			"shard name \"a/b.safetensors\" contains '/'" },
+		{ "{\"weight_map\":{\"t\":\"/abs.safetensors\"}}", "contains '/'" },
+		{ "{\"weight_map\":{\"t\":\"x.bin\"}}",
+			"shard name \"x.bin\" does not end in .safetensors" },
+		{ "{\"weight_map\":{\"t\":\"x.safetensors.bak\"}}", "does not end in .safetensors" },
+		{ "{\"weight_map\":{\"t\":\".safetensors\"}}", "does not end in .safetensors" },
+		{ "{\"weight_map\":{\"t\":\".\"}}", "shard name \".\" is not a file name" },
+		{ "{\"weight_map\":{\"t\":\"..\"}}", "shard name \"..\" is not a file name" },
+		{ "{\"weight_map\":{\"t\":\"\"}}", "shard name \"\" is empty" },
+		{ "{\"weight_map\":{\"t\":\"a\\u0000.safetensors\"}}",
+			"shard name \"a\\u0000.safetensors\" contains a NUL character" },
+		{ "{\"weight_map\":{\"t\":\"a\\/b.safetensors\"}}", "contains '/'" },
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		EXPECT(cases[i].doc, -EINVAL, cases[i].want);
+	{
+		char doc[400], name[300];
+
+		memset(name, 'n', 256 - 12);
+		strcpy(name + 256 - 12, ".safetensors");
+		snprintf(doc, sizeof(doc), "{\"weight_map\":{\"t\":\"%s\"}}", name);
+		EXPECT(doc, -EINVAL, "is longer than 255 bytes");
+	}
+}
+
+/* More distinct shards than one model may have files. */
+static void
+test_parse_too_many_shards(void **state)
+{
+	size_t cap = 64 * (INDEX_MAX_FILES + 2), p = 0;
+	char *doc = malloc(cap);
+
+	p += (size_t)snprintf(doc + p, cap - p, "{\"weight_map\":{");
+	for (int i = 0; i <= INDEX_MAX_FILES; i++)
+		p += (size_t)snprintf(doc + p, cap - p, "%s\"t%d\":\"s%d.safetensors\"", i ? "," : "",
+			i, i);
+	snprintf(doc + p, cap - p, "}}");
+	EXPECT(doc, -E2BIG, "weight_map names more than 250 shards");
+	free(doc);
+}
+
+/* ---- opening sharded models ---- */
+
+struct fixture {
+	char *dir;
+	int fds;
+};
+
+static int
+setup(void **state)
+{
+	struct fixture *f = calloc(1, sizeof(*f));
+
+	f->dir = tu_tmpdir();
+	f->fds = tu_count_fds();
+	*state = f;
+	return 0;
+}
+
+static int
+teardown(void **state)
+{
+	struct fixture *f = *state;
+
+	/* no test may leak a descriptor, whether it succeeded or failed */
+	assert_int_equal(tu_count_fds(), f->fds);
+	tu_rmtree(f->dir);
+	free(f);
+	return 0;
+}
+
+/*
+ * Writes dir/name: a safetensors file holding the comma-separated tensors
+ * (each F32 [2], 8 bytes, in order) and the given __metadata__ JSON (or
+ * NULL).
+ */
+static void
+write_shard(const char *dir, const char *name, const char *tensors, const char *meta)
+{
+	char h[4096], list[1024], *save = NULL, *t;
+	size_t p = 0, len;
+	uint64_t off = 0;
+	uint8_t *img;
+
+	snprintf(list, sizeof(list), "%s", tensors);
+	p += (size_t)snprintf(h + p, sizeof(h) - p, "{");
+	if (meta != NULL)
+		p += (size_t)snprintf(h + p, sizeof(h) - p, "\"__metadata__\":%s", meta);
+	for (t = strtok_r(list, ",", &save); t != NULL; t = strtok_r(NULL, ",", &save)) {
+		p += (size_t)snprintf(h + p, sizeof(h) - p,
+			"%s\"%s\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[%llu,%llu]}",
+			(p > 1) ? "," : "", t, (unsigned long long)off,
+			(unsigned long long)(off + 8));
+		off += 8;
+	}
+	snprintf(h + p, sizeof(h) - p, "}");
+	img = tu_safetensors(h, off, &len);
+	free(tu_write(dir, name, img, len));
+	free(img);
+}
+
+static void
+write_text(const char *dir, const char *name, const char *text)
+{
+	free(tu_write(dir, name, text, strlen(text)));
+}
+
+static char *
+path_of(const char *dir, const char *name)
+{
+	char *p;
+
+	assert_true(asprintf(&p, "%s/%s", dir, name) > 0);
+	return p;
+}
+
+#define S1 "model-00001-of-00003.safetensors"
+#define S2 "model-00002-of-00003.safetensors"
+#define S3 "model-00003-of-00003.safetensors"
+
+/* The standard three-shard model of these tests. */
+static void
+write_model(const char *dir)
+{
+	write_shard(dir, S1, "embed,layers.0.w", "{\"format\":\"pt\",\"shard\":\"1\"}");
+	write_shard(dir, S2, "layers.1.w,layers.2.w", "{\"format\":\"pt\",\"shard\":\"2\"}");
+	write_shard(dir, S3, "lm_head", NULL);
+	write_text(dir, INDEX_NAME,
+		"{\"metadata\":{\"total_size\":999},\"weight_map\":{"
+		"\"embed\":\"" S1 "\",\"layers.0.w\":\"" S1 "\","
+		"\"layers.1.w\":\"" S2 "\",\"layers.2.w\":\"" S2 "\","
+		"\"lm_head\":\"" S3 "\"}}");
+}
+
+/* Checks the source of the standard model. */
+static void
+check_model(const struct model_source *src)
+{
+	struct index_header h;
+	struct index_tensor t;
+	const char *name, *v;
+	uint64_t size;
+
+	assert_int_equal(src->format, FORMAT_SHARDED);
+	assert_int_equal(src->nfiles, 3);
+	assert_int_equal(index_open(src->index, src->index_len, &h), 0);
+	assert_int_equal(h.tensor_count, 5);
+	assert_int_equal(h.file_count, 3);
+	for (uint32_t i = 0; i < 3; i++) {
+		assert_int_equal(index_file_at(src->index, &h, i, &name, &size), 0);
+		assert_string_equal(name, i == 0 ? S1 : i == 1 ? S2 : S3);
+		assert_int_equal(size, src->files[i].size);
+		assert_non_null(strstr(src->files[i].path, name));
+	}
+	assert_int_equal(index_find(src->index, &h, "layers.2.w", &t), 0);
+	assert_int_equal(t.file, 1);
+	assert_int_equal(t.nbytes, 8);
+	/* the second tensor of its shard: 8 bytes into the data */
+	assert_int_equal(t.offset, src->files[1].size - 8);
+	assert_int_equal(index_find(src->index, &h, "lm_head", &t), 0);
+	assert_int_equal(t.file, 2);
+	/* metadata is the first shard's */
+	assert_int_equal(h.meta_count, 2);
+	assert_int_equal(index_meta_find(src->index, &h, "shard", &v), 0);
+	assert_string_equal(v, "1");
+}
+
+static void
+test_open_valid(void **state)
+{
+	struct fixture *f = *state;
+	struct model_source src;
+	char *p;
+
+	write_model(f->dir);
+	p = path_of(f->dir, INDEX_NAME);
+	assert_int_equal(shards_open(p, &src), 0);
+	check_model(&src);
+	source_close(&src);
+	free(p);
+	/* total_size 999 is wrong, and that is fine (advisory) */
+}
+
+/* An index named by a relative path with no directory part. */
+static void
+test_open_relative(void **state)
+{
+	struct fixture *f = *state;
+	struct model_source src;
+	char cwd[4096];
+
+	write_model(f->dir);
+	assert_non_null(getcwd(cwd, sizeof(cwd)));
+	assert_int_equal(chdir(f->dir), 0);
+	assert_int_equal(shards_open(INDEX_NAME, &src), 0);
+	assert_int_equal(chdir(cwd), 0);
+	check_model(&src);
+	source_close(&src);
+}
+
+static void
+test_open_missing_shard(void **state)
+{
+	struct fixture *f = *state;
+	struct model_source src;
+	char *p;
+
+	write_model(f->dir);
+	p = path_of(f->dir, S2);
+	assert_int_equal(unlink(p), 0);
+	free(p);
+	p = path_of(f->dir, INDEX_NAME);
+	assert_int_equal(shards_open(p, &src), -ENOENT);
+	assert_msg(S2 ": shard " S2 " named by ");
+	assert_msg("does not exist");
+	free(p);
+}
+
+static void
+test_open_wrong_shard(void **state)
+{
+	struct fixture *f = *state;
+	struct model_source src;
+	char *p;
+
+	write_model(f->dir);
+	/* layers.2.w moves to shard 3, the map still says shard 2 */
+	write_shard(f->dir, S2, "layers.1.w", NULL);
+	write_shard(f->dir, S3, "lm_head,layers.2.w", NULL);
+	p = path_of(f->dir, INDEX_NAME);
+	assert_int_equal(shards_open(p, &src), -EINVAL);
+	assert_msg(S3 ": tensor \"layers.2.w\" is in shard " S3 " but the weight_map of ");
+	assert_msg("puts it in " S2);
+	free(p);
+}
+
+static void
+test_open_tensor_not_in_map(void **state)
+{
+	struct fixture *f = *state;
+	struct model_source src;
+	char *p;
+
+	write_model(f->dir);
+	write_shard(f->dir, S3, "lm_head,extra.bias", NULL);
+	p = path_of(f->dir, INDEX_NAME);
+	assert_int_equal(shards_open(p, &src), -EINVAL);
+	assert_msg(S3 ": tensor \"extra.bias\" is not in the weight_map of ");
+	free(p);
+}
+
+static void
+test_open_tensor_missing_from_shard(void **state)
+{
+	struct fixture *f = *state;
+	struct model_source src;
+	char *p;
+
+	write_model(f->dir);
+	write_shard(f->dir, S1, "embed", NULL);
+	p = path_of(f->dir, INDEX_NAME);
+	assert_int_equal(shards_open(p, &src), -EINVAL);
+	assert_msg(S1 ": tensor \"layers.0.w\" is missing: the weight_map of ");
+	assert_msg("puts it in this shard");
+	free(p);
+}
+
+static void
+test_open_tensor_in_two_shards(void **state)
+{
+	struct fixture *f = *state;
+	struct model_source src;
+	char *p;
+
+	write_model(f->dir);
+	write_shard(f->dir, S3, "lm_head,embed", NULL);
+	p = path_of(f->dir, INDEX_NAME);
+	assert_int_equal(shards_open(p, &src), -EINVAL);
+	assert_msg("duplicate tensor name \"embed\"");
+	free(p);
+}
+
+static void
+test_open_bad_shard(void **state)
+{
+	struct fixture *f = *state;
+	struct model_source src;
+	char *p;
+
+	write_model(f->dir);
+	write_text(f->dir, S2, "version https://git-lfs.github.com/spec/v1\noid sha256:00\n");
+	p = path_of(f->dir, INDEX_NAME);
+	assert_int_equal(shards_open(p, &src), -EINVAL);
+	assert_msg(S2 ": is a Git LFS pointer");
+	free(p);
+}
+
+static void
+test_open_bad_index(void **state)
+{
+	struct fixture *f = *state;
+	struct model_source src;
+	char *p;
+	FILE *fp;
+
+	write_model(f->dir);
+	write_text(f->dir, INDEX_NAME, "{\"weight_map\":{\"t\":\"../" S1 "\"}}");
+	p = path_of(f->dir, INDEX_NAME);
+	assert_int_equal(shards_open(p, &src), -EINVAL);
+	assert_msg(INDEX_NAME ": weight_map: tensor \"t\": shard name \"../" S1 "\" contains '/'");
+	/* larger than 64 MiB (sparse: nothing is written) */
+	fp = fopen(p, "w");
+	assert_non_null(fp);
+	assert_int_equal(ftruncate(fileno(fp), (64 << 20) + 1), 0);
+	fclose(fp);
+	assert_int_equal(shards_open(p, &src), -EFBIG);
+	assert_msg("larger than the 64 MiB a shard index may be");
+	/* empty */
+	write_text(f->dir, INDEX_NAME, "");
+	assert_int_equal(shards_open(p, &src), -EINVAL);
+	assert_msg("invalid JSON");
+	free(p);
+	p = path_of(f->dir, "nope.safetensors.index.json");
+	assert_int_equal(shards_open(p, &src), -ENOENT);
+	free(p);
+}
+
+/* ---- directories ---- */
+
+static void
+test_dir_sharded(void **state)
+{
+	struct fixture *f = *state;
+	struct model_source src;
+
+	write_model(f->dir);
+	write_text(f->dir, "config.json", "{}");
+	assert_int_equal(shards_open_dir(f->dir, &src), 0);
+	check_model(&src);
+	source_close(&src);
+}
+
+static void
+test_dir_single(void **state)
+{
+	struct fixture *f = *state;
+	struct model_source src;
+	char *d;
+
+	write_shard(f->dir, "model.safetensors", "a,b", NULL);
+	write_text(f->dir, "config.json", "{}");
+	write_text(f->dir, "README.md", "hi");
+	assert_int_equal(shards_open_dir(f->dir, &src), 0);
+	assert_int_equal(src.format, FORMAT_SAFETENSORS);
+	assert_int_equal(src.nfiles, 1);
+	source_close(&src);
+	/* a trailing slash works too */
+	assert_true(asprintf(&d, "%s/", f->dir) > 0);
+	assert_int_equal(shards_open_dir(d, &src), 0);
+	source_close(&src);
+	free(d);
+}
+
+static void
+test_dir_ambiguous(void **state)
+{
+	struct fixture *f = *state;
+	struct model_source src;
+
+	assert_int_equal(shards_open_dir(f->dir, &src), -ENOENT);
+	assert_msg("no model found: no *.safetensors.index.json and no *.safetensors file");
+	write_text(f->dir, "notes.txt", "x");
+	assert_int_equal(shards_open_dir(f->dir, &src), -ENOENT);
+	write_shard(f->dir, "b.safetensors", "x", NULL);
+	write_shard(f->dir, "a.safetensors", "y", NULL);
+	assert_int_equal(shards_open_dir(f->dir, &src), -EINVAL);
+	assert_msg("2 *.safetensors files (a.safetensors, b.safetensors) and no "
+		   "*.safetensors.index.json");
+	/* an index decides, whatever other safetensors files lie around */
+	write_model(f->dir);
+	assert_int_equal(shards_open_dir(f->dir, &src), 0);
+	check_model(&src);
+	source_close(&src);
+	write_text(f->dir, "other.safetensors.index.json", "{}");
+	assert_int_equal(shards_open_dir(f->dir, &src), -EINVAL);
+	assert_msg("2 shard indexes (model.safetensors.index.json, other.safetensors.index.json)");
+	{
+		char *p = path_of(f->dir, "missing-dir");
+
+		assert_int_equal(shards_open_dir(p, &src), -ENOENT);
+		assert_msg("missing-dir");
+		free(p);
+	}
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_parse_valid),
+		cmocka_unit_test(test_parse_document_errors),
+		cmocka_unit_test(test_parse_total_size),
+		cmocka_unit_test(test_parse_shard_names),
+		cmocka_unit_test(test_parse_too_many_shards),
+		cmocka_unit_test_setup_teardown(test_open_valid, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_open_relative, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_open_missing_shard, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_open_wrong_shard, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_open_tensor_not_in_map, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_open_tensor_missing_from_shard, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_open_tensor_in_two_shards, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_open_bad_shard, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_open_bad_index, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_dir_sharded, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_dir_single, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_dir_ambiguous, setup, teardown),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,295 @@
+/*
+ * test_tree.c: a model's files open inside the model's tree (client/format/tree.c).
+ *
+ * Each case builds a small directory layout with real symlinks and opens a
+ * model file in it: links that stay inside the tree (including the Hugging
+ * Face hub layout, whose snapshot files link to ../../blobs/) open; links to
+ * another model's directory, absolute links and chains that end outside are
+ * refused with a message that names the link, its target and the tree. Every
+ * case runs twice: with openat2 and with the fallback for kernels without it.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "base/error.h"
+#include "base/file.h"
+#include "format/tree.h"
+#include "testutil.h"
+
+struct fixture {
+	char *dir;  /* as tu_tmpdir() made it */
+	char *real; /* its canonical path, as messages name the tree */
+	int fallback;
+};
+
+static void mkdir_at(const struct fixture *f, const char *rel);
+
+static int
+setup(void **state, int fallback)
+{
+	struct fixture *f = calloc(1, sizeof(*f));
+	char p[PATH_MAX];
+
+	assert_non_null(f);
+	f->dir = tu_tmpdir();
+	assert_non_null(f->real = realpath(f->dir, NULL));
+	f->fallback = fallback;
+	tree_force_fallback = fallback;
+	/* models/a: a model; models/b: another model; secret: not a model. */
+	mkdir_at(f, "models");
+	mkdir_at(f, "models/a");
+	mkdir_at(f, "models/a/sub");
+	mkdir_at(f, "models/b");
+	snprintf(p, sizeof(p), "%s/models/a", f->dir);
+	free(tu_write(p, "real.safetensors", "AAAA", 4));
+	free(tu_write(p, "sub/deep.safetensors", "DDDD", 4));
+	snprintf(p, sizeof(p), "%s/models/b", f->dir);
+	free(tu_write(p, "y.safetensors", "BBBB", 4));
+	free(tu_write(f->dir, "secret", "SSSS", 4));
+	*state = f;
+	return 0;
+}
+
+static int
+setup_openat2(void **state)
+{
+	return setup(state, 0);
+}
+
+static int
+setup_fallback(void **state)
+{
+	return setup(state, 1);
+}
+
+static int
+teardown(void **state)
+{
+	struct fixture *f = *state;
+
+	tree_force_fallback = 0;
+	free(f->real);
+	tu_rmtree(f->dir);
+	free(f);
+	return 0;
+}
+
+/* Makes the directory rel of the fixture. */
+static void
+mkdir_at(const struct fixture *f, const char *rel)
+{
+	char p[PATH_MAX];
+
+	snprintf(p, sizeof(p), "%s/%s", f->dir, rel);
+	assert_int_equal(mkdir(p, 0755), 0);
+}
+
+/* Makes dir/rel a symlink to target (dir relative to the fixture). */
+static void
+link_at(const struct fixture *f, const char *rel, const char *target)
+{
+	char p[PATH_MAX];
+
+	snprintf(p, sizeof(p), "%s/%s", f->dir, rel);
+	assert_int_equal(symlink(target, p), 0);
+}
+
+/* Opens fixture-relative rel as a model file; on success checks the 4 bytes
+ * it holds start with first. */
+static int
+open_model(const struct fixture *f, const char *rel, char first)
+{
+	struct wc_file w;
+	char p[PATH_MAX];
+	int r;
+
+	snprintf(p, sizeof(p), "%s/%s", f->dir, rel);
+	if ((r = tree_open_model_file(p, &w)) < 0)
+		return r;
+	assert_int_equal(w.size, 4);
+	assert_int_equal(w.base[0], first);
+	assert_string_equal(w.path, p);
+	file_close(&w);
+	return 0;
+}
+
+/* Checks the message names the link (as the caller named it), the target and
+ * the tree. */
+static void
+assert_refused(const struct fixture *f, const char *rel, const char *target, const char *tree)
+{
+	char want[PATH_MAX * 3];
+
+	assert_int_equal(open_model(f, rel, 0), -EXDEV);
+	snprintf(want, sizeof(want), "%s/%s: symlink to %s", f->dir, rel, target);
+	if (strstr(error_get(), want) == NULL)
+		fail_msg("message \"%s\" does not start with \"%s\"", error_get(), want);
+	snprintf(want, sizeof(want), "leaves the model's tree %s/%s", f->real, tree);
+	if (strstr(error_get(), want) == NULL)
+		fail_msg("message \"%s\" does not say \"%s\"", error_get(), want);
+}
+
+/* Plain files and links that stay inside the model's directory open. */
+static void
+test_inside(void **state)
+{
+	struct fixture *f = *state;
+
+	assert_int_equal(open_model(f, "models/a/real.safetensors", 'A'), 0);
+	link_at(f, "models/a/x.safetensors", "real.safetensors");
+	assert_int_equal(open_model(f, "models/a/x.safetensors", 'A'), 0);
+	link_at(f, "models/a/y.safetensors", "sub/../sub/deep.safetensors");
+	assert_int_equal(open_model(f, "models/a/y.safetensors", 'D'), 0);
+	/* A chain whose every step stays inside. */
+	link_at(f, "models/a/z.safetensors", "x.safetensors");
+	assert_int_equal(open_model(f, "models/a/z.safetensors", 'A'), 0);
+	/* A missing file is ENOENT with the file's name. */
+	assert_int_equal(open_model(f, "models/a/none.safetensors", 0), -ENOENT);
+	assert_non_null(strstr(error_get(), "models/a/none.safetensors"));
+}
+
+/* A link into another model's directory is refused. */
+static void
+test_other_model(void **state)
+{
+	struct fixture *f = *state;
+
+	link_at(f, "models/a/x.safetensors", "../b/y.safetensors");
+	assert_refused(f, "models/a/x.safetensors", "../b/y.safetensors", "models/a");
+}
+
+/* An absolute link is refused, even to a file readable by everyone. */
+static void
+test_absolute(void **state)
+{
+	struct fixture *f = *state;
+	char target[PATH_MAX];
+
+	snprintf(target, sizeof(target), "%s/secret", f->dir);
+	link_at(f, "models/a/x.safetensors", target);
+	assert_refused(f, "models/a/x.safetensors", target, "models/a");
+}
+
+/* A chain whose first link stays inside but whose end leaves is refused,
+ * naming the first link and where the chain ends. */
+static void
+test_chain(void **state)
+{
+	struct fixture *f = *state;
+	char want[PATH_MAX + 32];
+
+	link_at(f, "models/a/sub/hop", "../../../secret");
+	link_at(f, "models/a/x.safetensors", "sub/hop");
+	assert_refused(f, "models/a/x.safetensors", "sub/hop", "models/a");
+	snprintf(want, sizeof(want), "resolving to %s/secret", f->real);
+	assert_non_null(strstr(error_get(), want));
+}
+
+/* The Hugging Face hub layout: snapshot files are relative links into
+ * ../../blobs/, which is inside the tree models--ORG--NAME; the same link
+ * from an ordinary directory is refused. */
+static void
+test_hub_snapshot(void **state)
+{
+	struct fixture *f = *state;
+	char p[PATH_MAX];
+
+	mkdir_at(f, "hub");
+	mkdir_at(f, "hub/models--org--m");
+	mkdir_at(f, "hub/models--org--m/blobs");
+	mkdir_at(f, "hub/models--org--m/snapshots");
+	mkdir_at(f, "hub/models--org--m/snapshots/rev1");
+	snprintf(p, sizeof(p), "%s/hub/models--org--m/blobs", f->dir);
+	free(tu_write(p, "abc123", "HHHH", 4));
+	link_at(f, "hub/models--org--m/snapshots/rev1/model.safetensors", "../../blobs/abc123");
+	assert_int_equal(open_model(f, "hub/models--org--m/snapshots/rev1/model.safetensors", 'H'),
+		0);
+	/* Through the operator's own symlink to the snapshot (a stable path). */
+	link_at(f, "served", "hub/models--org--m/snapshots/rev1");
+	assert_int_equal(open_model(f, "served/model.safetensors", 'H'), 0);
+	/* Out of the repository folder: refused. */
+	link_at(f, "hub/models--org--m/snapshots/rev1/bad.safetensors", "../../../../secret");
+	assert_refused(f, "hub/models--org--m/snapshots/rev1/bad.safetensors",
+		"../../../../secret", "hub/models--org--m");
+	/* Not a hub layout (no models-- folder): the snapshot is its own tree. */
+	mkdir_at(f, "plain");
+	mkdir_at(f, "plain/snapshots");
+	mkdir_at(f, "plain/snapshots/rev1");
+	mkdir_at(f, "plain/blobs");
+	snprintf(p, sizeof(p), "%s/plain/blobs", f->dir);
+	free(tu_write(p, "abc123", "HHHH", 4));
+	link_at(f, "plain/snapshots/rev1/model.safetensors", "../../blobs/abc123");
+	assert_refused(f, "plain/snapshots/rev1/model.safetensors", "../../blobs/abc123",
+		"plain/snapshots/rev1");
+}
+
+/* /proc/self/fd/N names the caller's own open file (the Python package's
+ * safe_open of a file object): it has no model tree and opens. */
+static void
+test_proc_self_fd(void **state)
+{
+	struct fixture *f = *state;
+	char p[PATH_MAX];
+	struct wc_file w;
+	int fd;
+
+	snprintf(p, sizeof(p), "%s/models/a/real.safetensors", f->dir);
+	assert_true((fd = open(p, O_RDONLY | O_CLOEXEC)) >= 0);
+	snprintf(p, sizeof(p), "/proc/self/fd/%d", fd);
+	assert_int_equal(tree_open_model_file(p, &w), 0);
+	assert_int_equal(w.size, 4);
+	assert_int_equal(w.base[0], 'A');
+	file_close(&w);
+	close(fd);
+}
+
+/* The tree of a model directory and its place in the tree. */
+static void
+test_tree_open(void **state)
+{
+	struct fixture *f = *state;
+	struct model_tree t;
+	char p[PATH_MAX], want[PATH_MAX];
+
+	snprintf(p, sizeof(p), "%s/models/a/", f->dir);
+	assert_int_equal(tree_open(p, &t), 0);
+	snprintf(want, sizeof(want), "%s/models/a", f->real);
+	assert_string_equal(t.root, want);
+	assert_string_equal(t.dir, "");
+	tree_close(&t);
+	tree_close(&t);
+	snprintf(p, sizeof(p), "%s/nope", f->dir);
+	assert_int_equal(tree_open(p, &t), -ENOENT);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+#define BOTH(t)                                                          \
+	cmocka_unit_test_setup_teardown(t, setup_openat2, teardown),     \
+		cmocka_unit_test_setup_teardown(t, setup_fallback, teardown)
+		BOTH(test_inside),
+		BOTH(test_other_model),
+		BOTH(test_absolute),
+		BOTH(test_chain),
+		BOTH(test_hub_snapshot),
+		BOTH(test_tree_open),
+		BOTH(test_proc_self_fd),
+#undef BOTH
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

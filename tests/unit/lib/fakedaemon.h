@@ -1,0 +1,107 @@
+/*
+ * fakedaemon.h: a fake, scriptable, hostile wcached for the client
+ * library's tests (test_attach.c).
+ *
+ * fake_main() runs in a thread: it accepts one connection on listen_fd (or
+ * `connections` of them, one after the other, as a daemon that restarts
+ * would see its clients come back) and answers as the script in struct fake says (a good ATTACH_OK with the
+ * given descriptors, descriptors of the wrong kind or number, wrong seqs,
+ * garbage, errors, refusals, silence). It never uses cmocka's assertions
+ * (they longjmp, which cannot cross threads): it records its first failure
+ * in failure[] for the test to assert empty after joining, and every wait
+ * has a deadline, so a broken client fails a test instead of hanging it.
+ */
+#ifndef WC_FAKEDAEMON_H
+#define WC_FAKEDAEMON_H
+
+#include <pthread.h>
+#include <semaphore.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "proto/wire.h"
+
+#define FAKE_DEADLINE_MS 10000
+#define FAKE_SCM_MAX_FD 253 /* Linux: the most descriptors one sendmsg() carries */
+
+
+enum fake_mode {
+	FAKE_SERVE,         /* answer requests as scripted until the client closes */
+	FAKE_REFUSE_EARLY,  /* send the reply (seq 0) right after accept and close */
+	FAKE_REFUSE_UNREAD, /* wait for the client's packet, leave it unread, reply, close */
+	FAKE_REFUSE_LATE,   /* as UNREAD, but close only once the client has received */
+	FAKE_SILENT,        /* read the request, never answer, wait for the client to close */
+};
+
+enum reply_kind {
+	REPLY_ATTACH_OK, /* wire_put_attach_ok(ok) */
+	REPLY_ERROR,     /* wire_put_error(err_code, err_text) */
+	REPLY_RAW,       /* raw[0..raw_len) as it is */
+	REPLY_CLOSE,     /* no reply: close the connection */
+};
+
+struct fake {
+	/* The script, set before fake_start(). */
+	enum fake_mode mode;
+	enum reply_kind kind;
+	struct wire_attach_ok ok;
+	int fds[FAKE_SCM_MAX_FD]; /* sent with the reply; owned by the fixture */
+	size_t nfds;
+	uint32_t seq_delta;         /* added to the request's seq in the reply */
+	int32_t err_code;
+	const char *err_text;
+	uint8_t raw[2 * WIRE_MAX_MESSAGE];
+	size_t raw_len;
+	int changed_before;         /* CHANGED messages sent before the reply */
+	int changed_fd;             /* sent with each of them when >= 0 */
+	int changed_echo;           /* they carry the request's seq instead of 0 */
+	uint64_t changed_generation; /* the generation they announce */
+	const char *model;          /* the name they announce */
+	int connections;            /* served one after another; 0 means 1 */
+	int first_close_at;         /* the Nth ATTACH on the first connection is
+				     * answered by closing it (0: never) */
+	int64_t hold_handle;        /* HOLD: answered HOLD_OK with this handle; 0:
+				     * ERROR ENOENT (a cold daemon); -1: an ERROR
+				     * of seq 0 and the connection closed (a
+				     * daemon without HOLD) */
+	sem_t *closed;              /* posted when the fake has closed the connection */
+	sem_t *read;                /* waited for by FAKE_REFUSE_LATE before closing */
+	/* What the fake saw; read after fake_finish(). */
+	int attaches;
+	int releases;
+	uint64_t released_handle;
+	uint32_t released_seq;      /* of the last RELEASE */
+	int holds;                  /* HOLDs received */
+	uint64_t held_generation;   /* of the last one */
+	int accepted;               /* connections accepted so far (atomic) */
+	char name[WIRE_MAX_NAME + 1];
+	char failure[256];
+	/* Internal. */
+	int listen_fd;
+	int conn; /* the accepted connection while open, else -1 (atomic) */
+	pthread_t thread;
+	int started;
+};
+
+/* The fake daemon's thread (arg: struct fake): its connections, then exit.
+ * The handle of an ATTACH_OK is ok.handle plus the number of connections
+ * accepted before this one, so a test can tell which connection a RELEASE
+ * came over. */
+void *fake_main(void *arg);
+
+/* Records the fake's first failure, for the test to assert after joining. */
+void fake_fail(struct fake *k, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Waits until fd is readable (or hung up); > 0, or <= 0 at the deadline. */
+int fake_wait_readable(int fd);
+
+/* Sends len bytes and n descriptors with a plain sendmsg(), bypassing
+ * fdp_send()'s checks (n up to the kernel's limit, len 0 allowed), as a
+ * hostile daemon would. */
+ssize_t fake_raw_send(int sock, const void *buf, size_t len, const int *fds, size_t n);
+
+/* Waits for s with the deadline; 0 or -1. */
+int fake_sem_wait(sem_t *s);
+
+#endif

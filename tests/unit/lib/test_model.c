@@ -1,0 +1,208 @@
+/*
+ * test_model.c: the wc_model API over wc_open_file: lookups, metadata,
+ * errors, lifetime across fork(), and wc_model_cow() writes that stay
+ * private to this process.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "testutil.h"
+#include "lib/wcache.h"
+
+struct fixture {
+	char *dir;
+	char *path;
+};
+
+/* Two F32 tensors (a: 2x2, b: 4) and one scalar U8 named with a byte > 0x7f. */
+static int
+setup(void **state)
+{
+	struct fixture *f = calloc(1, sizeof(*f));
+	const char *header = "{\"__metadata__\":{\"format\":\"pt\",\"author\":\"x\"},"
+			     "\"b\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[16,32]},"
+			     "\"a\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]},"
+			     "\"\xc3\xa9t\xc3\xa9\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[32,33]}}";
+	size_t len;
+	uint8_t *img = tu_safetensors(header, 33, &len);
+
+	f->dir = tu_tmpdir();
+	f->path = tu_write(f->dir, "m.safetensors", img, len);
+	free(img);
+	*state = f;
+	return 0;
+}
+
+static int
+teardown(void **state)
+{
+	struct fixture *f = *state;
+
+	free(f->path);
+	tu_rmtree(f->dir);
+	free(f);
+	return 0;
+}
+
+static void
+test_lookups(void **state)
+{
+	struct fixture *f = *state;
+	wc_model *m;
+	wc_tensor t;
+	const char *k, *v;
+
+	assert_int_equal(wc_open_file(f->path, &m), 0);
+	assert_int_equal(wc_model_count(m), 3);
+	assert_int_equal(wc_model_generation(m), 0);
+	assert_int_equal(wc_model_stale(m), 0);
+	assert_int_equal(wc_model_tensor(m, 0, &t), 0);
+	assert_string_equal(t.name, "a"); /* byte order of names */
+	assert_string_equal(t.dtype, "F32");
+	assert_int_equal(t.ndim, 2);
+	assert_int_equal(t.shape[0], 2);
+	assert_int_equal(t.nbytes, 16);
+	assert_int_equal(((const uint8_t *)t.data)[5], 5); /* data byte i is i & 0xff */
+	assert_int_equal(wc_model_tensor(m, 2, &t), 0);
+	assert_string_equal(t.name, "\xc3\xa9t\xc3\xa9");
+	assert_int_equal(t.ndim, 0);
+	assert_int_equal(*(const uint8_t *)t.data, 32);
+	assert_int_equal(wc_model_tensor(m, 3, &t), -ERANGE);
+	assert_int_equal(wc_model_find(m, "b", &t), 0);
+	assert_int_equal(((const uint8_t *)t.data)[0], 16);
+	assert_int_equal(wc_model_find(m, "c", &t), -ENOENT);
+	assert_non_null(strstr(wc_errmsg(), "\"c\""));
+	assert_string_equal(wc_model_metadata(m, "format"), "pt");
+	assert_null(wc_model_metadata(m, "nope"));
+	assert_int_equal(wc_model_metadata_at(m, 0, &k, &v), 0);
+	assert_string_equal(k, "author");
+	assert_int_equal(wc_model_metadata_at(m, 2, &k, &v), -ERANGE);
+	wc_release(m);
+	wc_release(NULL);
+}
+
+static void
+test_errors_name_the_file(void **state)
+{
+	struct fixture *f = *state;
+	wc_model *m = (wc_model *)0x1;
+	char *missing;
+
+	assert_int_equal(asprintf(&missing, "%s/none.safetensors", f->dir) > 0, 1);
+	assert_int_equal(wc_open_file(missing, &m), -ENOENT);
+	assert_ptr_equal(m, (wc_model *)0x1); /* untouched on failure */
+	assert_non_null(strstr(wc_errmsg(), missing));
+	free(missing);
+	assert_int_equal(wc_open_file(NULL, &m), -EINVAL);
+}
+
+static void
+test_valid_in_child_after_fork(void **state)
+{
+	struct fixture *f = *state;
+	wc_model *m;
+	wc_tensor t;
+	int status;
+	pid_t pid;
+
+	assert_int_equal(wc_open_file(f->path, &m), 0);
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		int ok = wc_model_find(m, "b", &t) == 0 && ((const uint8_t *)t.data)[15] == 31;
+		wc_release(m);
+		_exit(ok ? 0 : 1);
+	}
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+	assert_int_equal(wc_model_find(m, "b", &t), 0); /* the parent's is intact */
+	wc_release(m);
+}
+
+static void
+test_cow_writes_stay_private(void **state)
+{
+	struct fixture *f = *state;
+	wc_model *m, *other;
+	wc_tensor t, u;
+	uint8_t byte;
+	int fd;
+
+	assert_int_equal(wc_open_file(f->path, &m), 0);
+	assert_int_equal(wc_open_file(f->path, &other), 0);
+	assert_int_equal(wc_model_cow(m), 0);
+	assert_int_equal(wc_model_find(m, "a", &t), 0);
+	((uint8_t *)t.data)[0] = 0xee; /* would be SIGSEGV without cow */
+	assert_int_equal(((const uint8_t *)t.data)[0], 0xee);
+	/* Another mapping and the file itself still hold the original byte. */
+	assert_int_equal(wc_model_find(other, "a", &u), 0);
+	assert_int_equal(((const uint8_t *)u.data)[0], 0);
+	fd = open(f->path, O_RDONLY | O_CLOEXEC);
+	assert_true(fd >= 0);
+	{
+		uint8_t len8[8];
+		uint64_t hlen = 0;
+
+		assert_int_equal(pread(fd, len8, 8, 0), 8);
+		for (int i = 0; i < 8; i++)
+			hlen |= (uint64_t)len8[i] << (8 * i);
+		assert_int_equal(pread(fd, &byte, 1, (off_t)(8 + hlen)), 1);
+		assert_int_equal(byte, 0);
+	}
+	close(fd);
+	wc_release(m);
+	wc_release(other);
+	assert_int_equal(wc_model_cow(NULL), -EINVAL);
+}
+
+/* wc_model_tensors() fills what wc_model_tensor() gives, clipped to the end. */
+static void
+test_bulk_matches_one_by_one(void **state)
+{
+	struct fixture *f = *state;
+	wc_model *m;
+	wc_tensor one, all[4];
+
+	assert_int_equal(wc_open_file(f->path, &m), 0);
+	assert_int_equal(wc_model_tensors(m, 0, all, 4), 3);
+	for (size_t i = 0; i < 3; i++) {
+		assert_int_equal(wc_model_tensor(m, i, &one), 0);
+		assert_ptr_equal(all[i].name, one.name);
+		assert_ptr_equal(all[i].dtype, one.dtype);
+		assert_int_equal(all[i].ndim, one.ndim);
+		assert_ptr_equal(all[i].shape, one.shape);
+		assert_ptr_equal(all[i].data, one.data);
+		assert_int_equal(all[i].nbytes, one.nbytes);
+	}
+	assert_int_equal(wc_model_tensors(m, 1, all, 1), 1);
+	assert_string_equal(all[0].name, "b");
+	assert_int_equal(wc_model_tensors(m, 3, all, 4), 0);
+	assert_int_equal(wc_model_tensors(m, 99, NULL, 0), 0);
+	assert_int_equal(wc_model_tensors(NULL, 0, all, 4), -EINVAL);
+	wc_release(m);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_lookups, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_bulk_matches_one_by_one, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_errors_name_the_file, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_valid_in_child_after_fork, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_cow_writes_stay_private, setup, teardown),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,720 @@
+/*
+ * test_writer.c: the writers (client/lib/writer.c). Round trips safetensors ->
+ * WEIG -> safetensors must keep names, dtypes, shapes, metadata and every
+ * data byte; big-endian WEIG files must come out little-endian with each
+ * element swapped by its dtype's size; and a failed write must leave no
+ * output and no temporary file behind.
+ */
+#include <dirent.h>
+#include <endian.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "base/error.h"
+#include "format/index.h"
+#include "format/source.h"
+#include "testutil.h"
+#include "lib/wcache.h"
+#include "lib/writer.h"
+
+/* ---- helpers ---- */
+
+/* Reads a whole file into a malloc'd buffer. */
+static uint8_t *
+slurp(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	uint8_t *buf;
+	long n;
+
+	assert_non_null(f);
+	assert_int_equal(fseek(f, 0, SEEK_END), 0);
+	n = ftell(f);
+	rewind(f);
+	buf = malloc((size_t)n + 1);
+	assert_non_null(buf);
+	assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
+	fclose(f);
+	*len = (size_t)n;
+	return buf;
+}
+
+/* Number of entries in dir, "." and ".." aside. */
+static int
+count_entries(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	int n = 0;
+
+	assert_non_null(d);
+	while ((e = readdir(d)) != NULL)
+		if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
+			n++;
+	closedir(d);
+	return n;
+}
+
+static char *
+join(const char *dir, const char *name)
+{
+	char *p;
+
+	assert_true(asprintf(&p, "%s/%s", dir, name) > 0);
+	return p;
+}
+
+/* Checks that two models hold the same tensors (names, dtypes, shapes, every
+ * byte) and the same metadata. */
+static void
+assert_same_model(const wc_model *a, const wc_model *b)
+{
+	const char *ka, *va, *kb, *vb;
+	size_t i;
+
+	assert_int_equal(wc_model_count(a), wc_model_count(b));
+	for (i = 0; i < wc_model_count(a); i++) {
+		wc_tensor x, y;
+
+		assert_int_equal(wc_model_tensor(a, i, &x), 0);
+		assert_int_equal(wc_model_tensor(b, i, &y), 0);
+		assert_string_equal(x.name, y.name);
+		assert_string_equal(x.dtype, y.dtype);
+		assert_int_equal(x.ndim, y.ndim);
+		for (uint32_t d = 0; d < x.ndim; d++)
+			assert_int_equal(x.shape[d], y.shape[d]);
+		assert_int_equal(x.nbytes, y.nbytes);
+		if (x.nbytes > 0)
+			assert_memory_equal(x.data, y.data, x.nbytes);
+	}
+	for (i = 0; wc_model_metadata_at(a, i, &ka, &va) == 0; i++) {
+		assert_int_equal(wc_model_metadata_at(b, i, &kb, &vb), 0);
+		assert_string_equal(ka, kb);
+		assert_string_equal(va, vb);
+	}
+	assert_int_equal(wc_model_metadata_at(b, i, &kb, &vb), -ERANGE);
+}
+
+/* Validates a WEIG file with the reader and checks the writer's alignment
+ * promises: data region at a multiple of 4096, each tensor at 64. */
+static void
+assert_weig_layout(const char *path)
+{
+	struct model_source s;
+	struct index_header h;
+	struct index_tensor t;
+	uint64_t data_offset;
+
+	assert_int_equal(weig_open(path, &s), 0);
+	memcpy(&data_offset, s.files[0].base + 24, 8);
+	data_offset = le64toh(data_offset);
+	assert_int_equal(data_offset % 4096, 0);
+	assert_int_equal(index_open(s.index, s.index_len, &h), 0);
+	for (uint64_t i = 0; i < h.tensor_count; i++) {
+		assert_int_equal(index_tensor_at(s.index, &h, i, &t), 0);
+		assert_int_equal(t.offset % 64, 0);
+		assert_true(t.offset >= data_offset);
+	}
+	/* The trailer. */
+	assert_memory_equal(s.files[0].base + s.files[0].size - 16, "WEIGTAIL", 8);
+	source_close(&s);
+}
+
+/* The safetensors test model: dtypes of every size, a scalar, an empty
+ * tensor, a sub-byte type, names that need escaping, listed unsorted. */
+static const char st_header[] =
+	"{\"z.last\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]},"
+	"\"__metadata__\":{\"format\":\"pt\",\"quote\":\"a\\\"b\\\\c\\n\",\"uni\":\"\xc3\xa9\"},"
+	"\"a.first\":{\"dtype\":\"BF16\",\"shape\":[3],\"data_offsets\":[16,22]},"
+	"\"m.scalar\":{\"dtype\":\"I64\",\"shape\":[],\"data_offsets\":[22,30]},"
+	"\"empty\":{\"dtype\":\"F32\",\"shape\":[0,4],\"data_offsets\":[30,30]},"
+	"\"c64\":{\"dtype\":\"C64\",\"shape\":[1],\"data_offsets\":[30,38]},"
+	"\"f4\":{\"dtype\":\"F4\",\"shape\":[4],\"data_offsets\":[38,40]},"
+	"\"q\\\"uote\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[40,41]},"
+	"\"\xc3\xa9\":{\"dtype\":\"I8\",\"shape\":[2],\"data_offsets\":[41,43]}}";
+
+/* ---- round trips ---- */
+
+static void
+test_roundtrip(void **state)
+{
+	char *dir = tu_tmpdir(), *in, *weig, *st, *st2;
+	wc_model *m0 = NULL, *m1 = NULL, *m2 = NULL, *m3 = NULL;
+	uint8_t *img, *a, *b;
+	size_t len, alen, blen;
+	uint64_t hlen;
+	int fds = tu_count_fds();
+
+	img = tu_safetensors(st_header, 43, &len);
+	in = tu_write(dir, "in.safetensors", img, len);
+	weig = join(dir, "out.weig");
+	st = join(dir, "back.safetensors");
+	st2 = join(dir, "again.safetensors");
+	if (wc_open_file(in, &m0) != 0)
+		fail_msg("%s", wc_errmsg());
+	assert_int_equal(wc_model_count(m0), 8);
+
+	/* safetensors -> WEIG */
+	if (writer_weig(m0, weig) != 0)
+		fail_msg("%s", wc_errmsg());
+	assert_weig_layout(weig);
+	assert_int_equal(wc_open_file(weig, &m1), 0);
+	assert_same_model(m0, m1);
+	assert_string_equal(wc_model_metadata(m1, "quote"), "a\"b\\c\n");
+
+	/* WEIG -> safetensors */
+	if (writer_safetensors(m1, st) != 0)
+		fail_msg("%s", wc_errmsg());
+	assert_int_equal(wc_open_file(st, &m2), 0);
+	assert_same_model(m0, m2);
+
+	/* The header: __metadata__ first, padded with spaces to 8 bytes, data
+	 * in byte order of names ("a.first" first, "\xc3\xa9" last). */
+	a = slurp(st, &alen);
+	memcpy(&hlen, a, 8);
+	hlen = le64toh(hlen);
+	assert_int_equal(hlen % 8, 0);
+	assert_true(8 + hlen <= alen);
+	assert_memory_equal(a + 8, "{\"__metadata__\":{\"format\":\"pt\",", 31);
+	assert_true(a[8 + hlen - 1] == ' ' || a[8 + hlen - 1] == '}');
+	assert_int_equal(alen, 8 + hlen + 43);
+	{
+		const uint8_t *prev = NULL;
+		wc_tensor t;
+
+		assert_int_equal(wc_model_tensor(m2, 0, &t), 0);
+		assert_string_equal(t.name, "a.first");
+		assert_memory_equal(t.data, a + 8 + hlen, t.nbytes); /* first in the data */
+		for (size_t i = 0; i < wc_model_count(m2); i++) {
+			assert_int_equal(wc_model_tensor(m2, i, &t), 0);
+			assert_true(prev == NULL || (const uint8_t *)t.data >= prev);
+			prev = t.data;
+		}
+	}
+
+	/* Writing the same model again gives the same bytes. */
+	assert_int_equal(writer_safetensors(m2, st2), 0);
+	assert_int_equal(wc_open_file(st2, &m3), 0);
+	b = slurp(st2, &blen);
+	assert_int_equal(alen, blen);
+	assert_memory_equal(a, b, alen);
+
+	/* Output files are 0644 (whatever mkostemp made them). */
+	{
+		struct stat sb;
+
+		assert_int_equal(stat(weig, &sb), 0);
+		assert_int_equal(sb.st_mode & 07777, 0644);
+	}
+	/* Only the four files, no temporaries. */
+	assert_int_equal(count_entries(dir), 4);
+
+	wc_release(m0);
+	wc_release(m1);
+	wc_release(m2);
+	wc_release(m3);
+	assert_int_equal(tu_count_fds(), fds);
+	free(a);
+	free(b);
+	free(img);
+	free(in);
+	free(weig);
+	free(st);
+	free(st2);
+	tu_rmtree(dir);
+}
+
+static void
+test_roundtrip_no_metadata(void **state)
+{
+	static const char hdr[] =
+		"{\"w\":{\"dtype\":\"F16\",\"shape\":[5],\"data_offsets\":[0,10]}}";
+	char *dir = tu_tmpdir(), *in, *weig, *st;
+	wc_model *m0 = NULL, *m1 = NULL;
+	uint8_t *img, *a;
+	size_t len, alen;
+	uint64_t flags;
+
+	img = tu_safetensors(hdr, 10, &len);
+	in = tu_write(dir, "in.safetensors", img, len);
+	weig = join(dir, "out.weig");
+	st = join(dir, "back.safetensors");
+	assert_int_equal(wc_open_file(in, &m0), 0);
+	assert_int_equal(writer_weig(m0, weig), 0);
+	a = slurp(weig, &alen);
+	memcpy(&flags, a + 40, 8);
+	assert_int_equal(flags, 0); /* no metadata flag, reserved 0 */
+	free(a);
+	assert_int_equal(wc_open_file(weig, &m1), 0);
+	assert_int_equal(writer_safetensors(m1, st), 0);
+	a = slurp(st, &alen);
+	assert_null(memmem(a, alen, "__metadata__", 12));
+	assert_memory_equal(a + 8, "{\"w\":{\"dtype\":\"F16\",\"shape\":[5],\"data_offsets\":[0,10]}}",
+		54);
+	assert_memory_equal(a + alen - 10, img + len - 10, 10);
+	free(a);
+	wc_release(m0);
+	wc_release(m1);
+	free(img);
+	free(in);
+	free(weig);
+	free(st);
+	tu_rmtree(dir);
+}
+
+/* An empty model survives both ways. */
+static void
+test_roundtrip_empty(void **state)
+{
+	char *dir = tu_tmpdir(), *in, *weig, *st;
+	wc_model *m0 = NULL, *m1 = NULL, *m2 = NULL;
+	uint8_t *img;
+	size_t len;
+
+	img = tu_safetensors("{\"__metadata__\":{\"k\":\"v\"}}", 0, &len);
+	in = tu_write(dir, "in.safetensors", img, len);
+	weig = join(dir, "out.weig");
+	st = join(dir, "back.safetensors");
+	assert_int_equal(wc_open_file(in, &m0), 0);
+	assert_int_equal(writer_weig(m0, weig), 0);
+	assert_int_equal(wc_open_file(weig, &m1), 0);
+	assert_int_equal(writer_safetensors(m1, st), 0);
+	assert_int_equal(wc_open_file(st, &m2), 0);
+	assert_int_equal(wc_model_count(m2), 0);
+	assert_string_equal(wc_model_metadata(m2, "k"), "v");
+	wc_release(m0);
+	wc_release(m1);
+	wc_release(m2);
+	free(img);
+	free(in);
+	free(weig);
+	free(st);
+	tu_rmtree(dir);
+}
+
+/* ---- big-endian WEIG ---- */
+
+struct be_tensor {
+	const char *name;
+	uint32_t dtype;
+	uint32_t ndim;
+	uint64_t shape[2];
+	uint64_t nbytes;
+	const uint8_t *data; /* in the file's byte order */
+};
+
+/*
+ * Writes a WEIG image (layout as in proto/FORMAT.md) in either byte order,
+ * with the given data bytes. Tensors must be sorted by name.
+ */
+static uint8_t *
+make_weig(const struct be_tensor *t, size_t n, const char *const *meta, size_t nmeta, int be,
+	size_t *len)
+{
+	uint64_t off = 64 + 48 * n + 16 * nmeta, data, cur, size;
+	uint64_t shape_off[16] = { 0 }, name_off[16] = { 0 }, data_off[16] = { 0 };
+	uint64_t key_off[8] = { 0 }, value_off[8] = { 0 };
+	uint8_t *buf;
+
+#define PUT64(p, v)                                                          \
+	do {                                                                 \
+		uint64_t v_ = be ? htobe64(v) : htole64(v);                  \
+		memcpy(buf + (p), &v_, 8);                                   \
+	} while (0)
+#define PUT32(p, v)                                                          \
+	do {                                                                 \
+		uint32_t v_ = be ? htobe32(v) : htole32(v);                  \
+		memcpy(buf + (p), &v_, 4);                                   \
+	} while (0)
+	assert_true(n <= 16 && nmeta <= 8);
+	for (size_t i = 0; i < n; i++) {
+		shape_off[i] = off;
+		off += 8 * t[i].ndim;
+	}
+	for (size_t i = 0; i < n; i++) {
+		name_off[i] = off;
+		off += strlen(t[i].name) + 1;
+	}
+	for (size_t i = 0; i < nmeta; i++) {
+		key_off[i] = off;
+		off += strlen(meta[2 * i]) + 1;
+		value_off[i] = off;
+		off += strlen(meta[2 * i + 1]) + 1;
+	}
+	data = (off + 4095) / 4096 * 4096;
+	cur = data;
+	for (size_t i = 0; i < n; i++) {
+		cur = (cur + 63) / 64 * 64;
+		data_off[i] = cur;
+		cur += t[i].nbytes;
+	}
+	size = (cur + 7) / 8 * 8 + 16;
+	buf = calloc(1, size);
+	assert_non_null(buf);
+	PUT32(0, WEIG_MAGIC);
+	PUT32(4, 1);
+	PUT64(8, n);
+	PUT64(16, 64);
+	PUT64(24, data);
+	PUT64(32, size);
+	if (nmeta > 0) {
+		PUT64(40, 1);
+		PUT64(48, 64 + 48 * n);
+		PUT64(56, nmeta);
+	}
+	for (size_t i = 0; i < n; i++) {
+		uint64_t r = 64 + 48 * i;
+
+		PUT64(r, name_off[i]);
+		PUT32(r + 8, t[i].dtype);
+		PUT64(r + 16, shape_off[i]);
+		PUT64(r + 24, t[i].ndim);
+		PUT64(r + 32, data_off[i]);
+		PUT64(r + 40, t[i].nbytes);
+		for (uint32_t d = 0; d < t[i].ndim; d++)
+			PUT64(shape_off[i] + 8 * d, t[i].shape[d]);
+		memcpy(buf + name_off[i], t[i].name, strlen(t[i].name) + 1);
+		memcpy(buf + data_off[i], t[i].data, t[i].nbytes);
+	}
+	for (size_t i = 0; i < nmeta; i++) {
+		PUT64(64 + 48 * n + 16 * i, key_off[i]);
+		PUT64(64 + 48 * n + 16 * i + 8, value_off[i]);
+		memcpy(buf + key_off[i], meta[2 * i], strlen(meta[2 * i]) + 1);
+		memcpy(buf + value_off[i], meta[2 * i + 1], strlen(meta[2 * i + 1]) + 1);
+	}
+	memcpy(buf + size - 16, "WEIGTAIL", 8);
+	PUT64(size - 8, size);
+#undef PUT64
+#undef PUT32
+	*len = size;
+	return buf;
+}
+
+/* Big-endian bytes of known values, and what they must become. */
+static const uint8_t be_bf16[] = { 0x3f, 0x80, 0xc0, 0x00 };              /* 1.0, -2.0 */
+static const uint8_t be_c64[] = { 0x3f, 0xc0, 0, 0, 0xc0, 0, 0, 0 };      /* 1.5 - 2i */
+static const uint8_t be_f64[] = { 0x40, 0x09, 0x21, 0xfb, 0x54, 0x44, 0x2d, 0x18 }; /* pi */
+static const uint8_t be_f4[] = { 0x12, 0x34 };
+static const uint8_t be_i8[] = { 1, 0xfe, 3 };
+static const uint8_t be_u16[] = { 0x01, 0x02, 0xa0, 0xb0 };
+static const uint8_t be_u64[] = { 1, 2, 3, 4, 5, 6, 7, 8 };
+static const uint8_t be_bool[] = { 1, 0, 1 };
+
+/* A large F32 tensor (more than the writer's 1 MiB buffer, and not a
+ * multiple of it) with element i = i in big-endian. */
+#define BIG_COUNT ((3u << 18) + 3u)
+
+static uint8_t *
+big_f32(void)
+{
+	uint8_t *p = malloc(4 * (size_t)BIG_COUNT);
+
+	assert_non_null(p);
+	for (uint32_t i = 0; i < BIG_COUNT; i++) {
+		uint32_t v = htobe32(i);
+
+		memcpy(p + 4 * (size_t)i, &v, 4);
+	}
+	return p;
+}
+
+/* Checks the converted values through the library. */
+static void
+check_swapped(const wc_model *m)
+{
+	wc_tensor t;
+	uint16_t u16[2];
+	uint32_t u32[2];
+	uint64_t u64;
+	double pi;
+
+	assert_int_equal(wc_model_find(m, "bf16", &t), 0);
+	memcpy(u16, t.data, 4);
+	assert_int_equal(u16[0], 0x3f80);
+	assert_int_equal(u16[1], 0xc000);
+	assert_int_equal(wc_model_find(m, "c64", &t), 0);
+	assert_string_equal(t.dtype, "C64");
+	memcpy(u32, t.data, 8);
+	assert_int_equal(u32[0], 0x3fc00000); /* each half swapped on its own */
+	assert_int_equal(u32[1], 0xc0000000);
+	assert_int_equal(wc_model_find(m, "f64", &t), 0);
+	memcpy(&pi, t.data, 8);
+	assert_true(pi > 3.14159 && pi < 3.1416);
+	assert_int_equal(wc_model_find(m, "f4", &t), 0);
+	assert_memory_equal(t.data, be_f4, 2);
+	assert_int_equal(wc_model_find(m, "i8", &t), 0);
+	assert_memory_equal(t.data, be_i8, 3);
+	assert_int_equal(wc_model_find(m, "bool", &t), 0);
+	assert_memory_equal(t.data, be_bool, 3);
+	assert_int_equal(wc_model_find(m, "u16", &t), 0);
+	memcpy(u16, t.data, 4);
+	assert_int_equal(u16[0], 0x0102);
+	assert_int_equal(u16[1], 0xa0b0);
+	assert_int_equal(wc_model_find(m, "u64", &t), 0);
+	memcpy(&u64, t.data, 8);
+	assert_int_equal(u64, 0x0102030405060708ull);
+	assert_int_equal(wc_model_find(m, "w.big", &t), 0);
+	assert_int_equal(t.ndim, 2);
+	assert_int_equal(t.shape[0], 1);
+	assert_int_equal(t.shape[1], BIG_COUNT);
+	for (uint32_t i = 0; i < BIG_COUNT; i += 4097) {
+		uint32_t v;
+
+		memcpy(&v, (const uint8_t *)t.data + 4 * (size_t)i, 4);
+		assert_int_equal(v, i);
+	}
+	memcpy(u32, (const uint8_t *)t.data + 4 * (size_t)(BIG_COUNT - 1), 4);
+	assert_int_equal(u32[0], BIG_COUNT - 1);
+	assert_string_equal(wc_model_metadata(m, "endian"), "big");
+}
+
+static void
+test_big_endian(void **state)
+{
+	uint8_t *big = big_f32();
+	const struct be_tensor t[] = {
+		{ "bf16", 2, 1, { 2 }, 4, be_bf16 },
+		{ "bool", 12, 1, { 3 }, 3, be_bool },
+		{ "c64", 21, 1, { 1 }, 8, be_c64 },
+		{ "f4", 18, 1, { 4 }, 2, be_f4 },
+		{ "f64", 6, 0, { 0 }, 8, be_f64 },
+		{ "i8", 3, 1, { 3 }, 3, be_i8 },
+		{ "u16", 11, 1, { 2 }, 4, be_u16 },
+		{ "u64", 8, 1, { 1 }, 8, be_u64 },
+		{ "u8.odd", 4, 1, { 1 }, 1, be_i8 }, /* puts w.big at an odd offset */
+		{ "w.big", 0, 2, { 1, BIG_COUNT }, 4 * (uint64_t)BIG_COUNT, big },
+	};
+	static const char *const meta[] = { "endian", "big" };
+	char *dir = tu_tmpdir(), *in, *weig, *st;
+	wc_model *m = NULL, *m2 = NULL;
+	uint8_t *img;
+	size_t len;
+	int fds = tu_count_fds();
+
+	img = make_weig(t, 10, meta, 1, 1, &len);
+	in = tu_write(dir, "be.weig", img, len);
+	weig = join(dir, "le.weig");
+	st = join(dir, "le.safetensors");
+
+	/* The library refuses it... */
+	assert_int_equal(wc_open_file(in, &m), -EPROTO);
+	assert_non_null(strstr(wc_errmsg(), "big-endian"));
+
+	/* ...the converter makes a little-endian copy. */
+	if (writer_from_big_endian(in, WRITER_WEIG, weig) != 0)
+		fail_msg("%s", wc_errmsg());
+	assert_weig_layout(weig);
+	assert_int_equal(wc_open_file(weig, &m), 0);
+	check_swapped(m);
+
+	/* And straight to safetensors. */
+	assert_int_equal(writer_from_big_endian(in, WRITER_SAFETENSORS, st), 0);
+	assert_int_equal(wc_open_file(st, &m2), 0);
+	check_swapped(m2);
+	assert_same_model(m, m2);
+	wc_release(m);
+	wc_release(m2);
+
+	/* The same image little-endian (data still big-endian bytes) is not
+	 * big-endian: the converter says so and writes nothing. */
+	free(img);
+	img = make_weig(t, 10, meta, 1, 0, &len);
+	free(in);
+	in = tu_write(dir, "le-in.weig", img, len);
+	free(weig);
+	weig = join(dir, "nothing.weig");
+	assert_int_equal(writer_from_big_endian(in, WRITER_WEIG, weig), -EPROTO);
+	assert_non_null(strstr(wc_errmsg(), "little-endian"));
+	assert_int_equal(access(weig, F_OK), -1);
+	assert_int_equal(count_entries(dir), 4);
+	assert_int_equal(tu_count_fds(), fds);
+
+	free(big);
+	free(img);
+	free(in);
+	free(weig);
+	free(st);
+	tu_rmtree(dir);
+}
+
+static void
+test_swap_helpers(void **state)
+{
+	uint8_t buf[16] = { 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16 }, out[16];
+	static const uint8_t s2[] = { 2, 1, 4, 3, 6, 5, 8, 7, 10, 9, 12, 11, 14, 13, 16, 15 };
+	static const uint8_t s4[] = { 4, 3, 2, 1, 8, 7, 6, 5, 12, 11, 10, 9, 16, 15, 14, 13 };
+	static const uint8_t s8[] = { 8, 7, 6, 5, 4, 3, 2, 1, 16, 15, 14, 13, 12, 11, 10, 9 };
+
+	writer_swap_elements(out, buf, 16, 2);
+	assert_memory_equal(out, s2, 16);
+	writer_swap_elements(out, buf, 16, 4);
+	assert_memory_equal(out, s4, 16);
+	writer_swap_elements(out, buf, 16, 8);
+	assert_memory_equal(out, s8, 16);
+	writer_swap_elements(out, buf, 16, 1);
+	assert_memory_equal(out, buf, 16);
+	writer_swap_elements(buf, buf, 16, 8); /* in place */
+	assert_memory_equal(buf, s8, 16);
+
+	assert_int_equal(writer_swap_size(0), 4);  /* F32 */
+	assert_int_equal(writer_swap_size(1), 2);  /* F16 */
+	assert_int_equal(writer_swap_size(2), 2);  /* BF16 */
+	assert_int_equal(writer_swap_size(3), 1);  /* I8 */
+	assert_int_equal(writer_swap_size(6), 8);  /* F64 */
+	assert_int_equal(writer_swap_size(12), 1); /* BOOL */
+	assert_int_equal(writer_swap_size(13), 1); /* F8_E4M3 */
+	assert_int_equal(writer_swap_size(18), 1); /* F4 */
+	assert_int_equal(writer_swap_size(20), 1); /* F6_E3M2 */
+	assert_int_equal(writer_swap_size(21), 4); /* C64: two F32 */
+	assert_int_equal(writer_swap_size(22), 0); /* unknown */
+}
+
+/* A WEIG tensor called "__metadata__" cannot become safetensors. */
+static void
+test_reserved_name(void **state)
+{
+	static const uint8_t one[4] = { 0 };
+	const struct be_tensor t[] = { { "__metadata__", 0, 1, { 1 }, 4, one } };
+	char *dir = tu_tmpdir(), *in, *st;
+	wc_model *m = NULL;
+	uint8_t *img;
+	size_t len;
+
+	img = make_weig(t, 1, NULL, 0, 0, &len);
+	in = tu_write(dir, "in.weig", img, len);
+	st = join(dir, "out.safetensors");
+	assert_int_equal(wc_open_file(in, &m), 0);
+	assert_int_equal(writer_safetensors(m, st), -EINVAL);
+	assert_non_null(strstr(wc_errmsg(), st));
+	assert_non_null(strstr(wc_errmsg(), "reserved"));
+	assert_int_equal(count_entries(dir), 1);
+	wc_release(m);
+	free(img);
+	free(in);
+	free(st);
+	tu_rmtree(dir);
+}
+
+/* ---- never a partial output ---- */
+
+static void
+test_no_partial_output(void **state)
+{
+	char *dir = tu_tmpdir(), *in, *out, *bad, *sub, *missing;
+	static const char hdr[] =
+		"{\"w\":{\"dtype\":\"U8\",\"shape\":[200000],\"data_offsets\":[0,200000]}}";
+	struct rlimit old, small;
+	void (*old_handler)(int);
+	wc_model *m = NULL;
+	uint8_t *img, *got;
+	size_t len, glen;
+	int fds = tu_count_fds(), rc;
+
+	img = tu_safetensors(hdr, 200000, &len);
+	in = tu_write(dir, "in.safetensors", img, len);
+	out = tu_write(dir, "out.weig", "old", 3);
+	assert_int_equal(wc_open_file(in, &m), 0);
+
+	/* The file system refuses more than 64 KiB mid-write (EFBIG): OUT keeps
+	 * its old content and the temporary file is gone. */
+	assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+	small = old;
+	small.rlim_cur = 65536;
+	old_handler = signal(SIGXFSZ, SIG_IGN);
+	assert_int_equal(setrlimit(RLIMIT_FSIZE, &small), 0);
+	rc = writer_weig(m, out);
+	assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+	signal(SIGXFSZ, old_handler);
+	assert_int_equal(rc, -EFBIG);
+	assert_non_null(strstr(wc_errmsg(), out));
+	got = slurp(out, &glen);
+	assert_int_equal(glen, 3);
+	assert_memory_equal(got, "old", 3);
+	free(got);
+	assert_int_equal(count_entries(dir), 2);
+
+	/* The same for safetensors. */
+	assert_int_equal(setrlimit(RLIMIT_FSIZE, &small), 0);
+	old_handler = signal(SIGXFSZ, SIG_IGN);
+	rc = writer_safetensors(m, out);
+	assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+	signal(SIGXFSZ, old_handler);
+	assert_int_equal(rc, -EFBIG);
+	assert_int_equal(count_entries(dir), 2);
+
+	/* A directory that does not exist: nothing is created. */
+	missing = join(dir, "no/such/dir/out.weig");
+	assert_int_equal(writer_weig(m, missing), -ENOENT);
+	assert_non_null(strstr(wc_errmsg(), missing));
+	assert_non_null(strstr(wc_errmsg(), "temporary file"));
+
+	/* OUT is a directory: the rename fails and the temporary goes. */
+	sub = join(dir, "sub");
+	assert_int_equal(mkdir(sub, 0755), 0);
+	assert_true(writer_weig(m, sub) < 0);
+	assert_non_null(strstr(wc_errmsg(), sub));
+	assert_int_equal(count_entries(dir), 3);
+	assert_int_equal(count_entries(sub), 0);
+	free(sub);
+	sub = join(dir, "sub/");
+	assert_int_equal(writer_weig(m, sub), -EISDIR);
+
+	/* A directory we may not write to (root may write anywhere). */
+	if (geteuid() != 0) {
+		char *ro = join(dir, "x.weig");
+
+		assert_int_equal(chmod(dir, 0555), 0);
+		assert_int_equal(writer_weig(m, ro), -EACCES);
+		assert_int_equal(chmod(dir, 0755), 0);
+		assert_int_equal(access(ro, F_OK), -1);
+		free(ro);
+	}
+
+	/* A damaged big-endian input: nothing written. */
+	bad = tu_write(dir, "bad.weig", "WEIG\0\0\0\1", 8);
+	assert_int_equal(writer_from_big_endian(bad, WRITER_WEIG, out), -EINVAL);
+	assert_non_null(strstr(wc_errmsg(), bad));
+	got = slurp(out, &glen);
+	assert_int_equal(glen, 3);
+	free(got);
+	assert_int_equal(count_entries(dir), 4);
+
+	wc_release(m);
+	assert_int_equal(tu_count_fds(), fds);
+	free(img);
+	free(in);
+	free(out);
+	free(bad);
+	free(sub);
+	free(missing);
+	tu_rmtree(dir);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_roundtrip),
+		cmocka_unit_test(test_roundtrip_no_metadata),
+		cmocka_unit_test(test_roundtrip_empty),
+		cmocka_unit_test(test_big_endian),
+		cmocka_unit_test(test_swap_helpers),
+		cmocka_unit_test(test_reserved_name),
+		cmocka_unit_test(test_no_partial_output),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
