@@ -59,14 +59,6 @@ daemon_figures(const struct control *ctl)
 	return d;
 }
 
-/* Writes ,"KEY":VALUE into a reply (key is ours, value is escaped). */
-static void
-write_str_field(FILE *f, const char *key, const char *value)
-{
-	fprintf(f, ",\"%s\":", key);
-	json_write_string(f, value, strlen(value));
-}
-
 /* ---- commands ----------------------------------------------------------- */
 
 /* Status and metrics report each model's residency as last measured (off
@@ -157,7 +149,7 @@ request_done(int status, const char *message, uint64_t generation, void *arg)
 			ctl_conn_close(c);
 		else {
 			if (q->name[0] != '\0')
-				write_str_field(r.f, "model", q->name);
+				json_write_field(r.f, "model", q->name);
 			if (generation > 0)
 				fprintf(r.f, ",\"generation\":%" PRIu64, generation);
 			if (strcmp(q->command, "load") == 0) {
@@ -167,9 +159,9 @@ request_done(int status, const char *message, uint64_t generation, void *arg)
 				snprintf(text, sizeof(text), "%s; until wcached restarts (add "
 					 "the model to the configuration file to keep it)", message);
 				fputs(",\"persistent\":false", r.f);
-				write_str_field(r.f, "message", text);
+				json_write_field(r.f, "message", text);
 			} else {
-				write_str_field(r.f, "message", message);
+				json_write_field(r.f, "message", message);
 			}
 			ctl_reply_end(c, &r);
 		}
@@ -382,7 +374,7 @@ cmd_help(struct ctl_conn *c, int argc, char **argv)
 	for (size_t i = 0; i < NCOMMANDS; i++) {
 		fputs(i ? ",{\"usage\":" : "{\"usage\":", r.f);
 		json_write_string(r.f, commands[i].usage, strlen(commands[i].usage));
-		write_str_field(r.f, "summary", commands[i].summary);
+		json_write_field(r.f, "summary", commands[i].summary);
 		fputc('}', r.f);
 	}
 	fputc(']', r.f);

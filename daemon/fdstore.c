@@ -21,6 +21,8 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "base/path.h"
+#include "proto/le.h"
 #include "notify.h"
 
 /* The smallest encoding of each record, to bound a count by the bytes
@@ -319,8 +321,7 @@ put_le(struct out *o, uint64_t v, size_t n)
 {
 	uint8_t b[8];
 
-	for (size_t i = 0; i < n; i++)
-		b[i] = (uint8_t)(v >> (8 * i));
+	put_le_n(b, v, n);
 	put(o, b, n);
 }
 
@@ -412,9 +413,7 @@ get_le(struct in *in, size_t n, uint64_t *v, const char *where, const char *fiel
 
 	if ((r = take(in, n, (const void **)&b, where, field)) < 0)
 		return r;
-	*v = 0;
-	for (size_t i = 0; i < n; i++)
-		*v |= (uint64_t)b[i] << (8 * i);
+	*v = get_le_n(b, n);
 	return 0;
 }
 
@@ -657,29 +656,11 @@ fdstore_free(struct fdstore_desc *d)
 int
 fdstore_memfd_make(const uint8_t *buf, size_t len, int *fd)
 {
-	size_t done = 0;
-	int m;
+	int m = memfd_sealed("wcached-fdstore", buf, len, FDSTORE_SEALS, 0);
 
-	if ((m = memfd_create("wcached-fdstore", MFD_CLOEXEC | MFD_ALLOW_SEALING)) < 0)
-		return error_set(-errno, "fdstore: memfd_create: %s", strerror(errno));
-	while (done < len) {
-		ssize_t n = write(m, buf + done, len - done);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0) {
-			int e = n < 0 ? errno : EIO;
-
-			close(m);
-			return error_set(-e, "fdstore: writing the description: %s", strerror(e));
-		}
-		done += (size_t)n;
-	}
-	if (fcntl(m, F_ADD_SEALS, FDSTORE_SEALS) < 0) {
-		int e = errno;
-
-		close(m);
-		return error_set(-e, "fdstore: sealing the description: %s", strerror(e));
+	if (m < 0) {
+		error_prefix("fdstore: the description");
+		return m;
 	}
 	*fd = m;
 	return 0;

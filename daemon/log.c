@@ -19,6 +19,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/path.h"
+
 /* Longest line written, prefix and newline included; longer messages are
  * cut and end in "...". */
 #define LOG_LINE_MAX 4096
@@ -160,23 +162,6 @@ append_raw(char *buf, size_t *pos, size_t limit, const char *src)
 	*pos += n;
 }
 
-/* Writes all of buf to stderr, retrying after EINTR and short writes. */
-static void
-write_all(const char *buf, size_t len)
-{
-	while (len > 0) {
-		ssize_t n = write(STDERR_FILENO, buf, len);
-
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return;
-		}
-		buf += n;
-		len -= (size_t)n;
-	}
-}
-
 /* Formats and writes one line: prefix, message, optionally ": strerror(err)"
  * (err >= 0), newline. */
 static void __attribute__((format(printf, 3, 0)))
@@ -211,7 +196,7 @@ log_line(enum log_kind kind, int err, const char *fmt, va_list ap)
 	if (pos >= limit || (size_t)n >= sizeof(msg))
 		append_raw(line, &pos, sizeof(line) - 1, "...");
 	line[pos++] = '\n';
-	write_all(line, pos);
+	(void)fd_write_all(STDERR_FILENO, line, pos);
 }
 
 /* Whether a message of this kind passes the current level. */

@@ -346,19 +346,12 @@ metrics_write(FILE *f, const struct registry *reg, const struct metrics_daemon *
 
 /* ---- the status reply ---------------------------------------------------- */
 
-static void
-write_str_field(FILE *f, const char *key, const char *value)
-{
-	fprintf(f, ",\"%s\":", key);
-	json_write_string(f, value, strlen(value));
-}
-
 /* One entry of a model's "generations" array. */
 static void
 write_generation(FILE *f, const struct model_entry *m, const struct generation *g)
 {
 	fprintf(f, "{\"number\":%" PRIu64, g->number);
-	write_str_field(f, "state", metrics_generation_state(g));
+	json_write_field(f, "state", metrics_generation_state(g));
 	fprintf(f, ",\"attached\":%u,\"bytes\":%" PRIu64 ",\"current\":%s,\"pending\":%s",
 		g->attached, g->bytes, m != NULL && m->current == g ? "true" : "false",
 		m != NULL && m->pending == g ? "true" : "false");
@@ -385,19 +378,19 @@ write_model(FILE *f, const struct registry *reg, const struct model_entry *m)
 
 	fputs("{\"name\":", f);
 	json_write_string(f, m->name, strlen(m->name));
-	write_str_field(f, "path", m->path != NULL ? m->path : "");
+	json_write_field(f, "path", m->path != NULL ? m->path : "");
 	fprintf(f, ",\"generation\":%" PRIu64, g != NULL ? g->number : 0);
-	write_str_field(f, "state", metrics_model_state(m));
+	json_write_field(f, "state", metrics_model_state(m));
 	resident = g != NULL ? generation_resident(g, &method, &age_ms) : 0;
 	fprintf(f, ",\"bytes\":%" PRIu64 ",\"resident_bytes\":%" PRIu64,
 		g != NULL ? g->bytes : 0, resident);
-	write_str_field(f, "resident_method", method);
+	json_write_field(f, "resident_method", method);
 	if (age_ms >= 0)
 		fprintf(f, ",\"resident_age_ms\":%" PRId64, age_ms);
 	else
 		fputs(",\"resident_age_ms\":null", f);
-	write_str_field(f, "pinned", pin_mode_name(m->pin));
-	write_str_field(f, "pin_applied",
+	json_write_field(f, "pinned", pin_mode_name(m->pin));
+	json_write_field(f, "pin_applied",
 		pin_mode_name(g != NULL ? (enum pin_mode)g->pinned : PIN_NONE));
 	fprintf(f, ",\"warm\":%s,\"attached\":%u,\"pending\":%" PRIu64 ",\"loading\":%u",
 		m->warm ? "true" : "false", g != NULL ? g->attached : 0,
@@ -424,7 +417,7 @@ write_model(FILE *f, const struct registry *reg, const struct model_entry *m)
 	}
 	fputc(']', f);
 	if (m->error != NULL)
-		write_str_field(f, "error", m->error);
+		json_write_field(f, "error", m->error);
 	fputc('}', f);
 }
 
@@ -433,7 +426,7 @@ metrics_status_json(FILE *f, const struct registry *reg, const struct metrics_da
 {
 	bool first = true;
 
-	write_str_field(f, "version", WCACHE_VERSION);
+	json_write_field(f, "version", WCACHE_VERSION);
 	fprintf(f, ",\"pid\":%d,\"uptime_seconds\":%.3f,\"clients\":%u,\"control_clients\":%u",
 		(int)getpid(), d->uptime_seconds, d->clients, d->control_clients);
 	fputs(",\"models\":[", f);
@@ -455,7 +448,7 @@ metrics_status_json(FILE *f, const struct registry *reg, const struct metrics_da
 		fputs("{\"name\":", f);
 		json_write_string(f, g->model_name, strlen(g->model_name));
 		fprintf(f, ",\"generation\":%" PRIu64, g->number);
-		write_str_field(f, "state", metrics_generation_state(g));
+		json_write_field(f, "state", metrics_generation_state(g));
 		fprintf(f, ",\"attached\":%u,\"bytes\":%" PRIu64 "}", g->attached, g->bytes);
 	}
 	fputc(']', f);

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "base/path.h"
 #include "log.h"
 #include "pages.h"
 #include "registry_internal.h"
@@ -89,14 +90,12 @@ status_page_init(struct registry *r)
 {
 	int fd, seals = r->fdstore ? STATUS_PAGE_STORED_SEALS : STATUS_PAGE_SEALS;
 
-	fd = memfd_create("wcache-status", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (fd == -1)
-		return error_set(-errno, "status page: memfd_create: %s", strerror(errno));
-	if (ftruncate(fd, STATUS_PAGE_BYTES) == -1 || (r->fdstore && fchmod(fd, 0600) == -1)) {
-		int e = errno;
-
-		close(fd);
-		return error_set(-e, "status page: %s", strerror(e));
+	/* Sealed below, once mapped: F_SEAL_FUTURE_WRITE forbids the
+	 * writable mapping after it. */
+	fd = memfd_sealed("wcache-status", NULL, STATUS_PAGE_BYTES, 0, r->fdstore ? 0600 : 0);
+	if (fd < 0) {
+		error_prefix("status page");
+		return fd;
 	}
 	if (status_page_map(r, fd) < 0) {
 		close(fd);
@@ -572,34 +571,11 @@ registry_restore_checked(struct registry *r, struct generation *g, int err, cons
 static int
 seal_index(struct load_request *q)
 {
-	const uint8_t *p = q->source.index;
-	size_t left = q->source.index_len;
 	void *map;
-	int fd;
+	int fd = memfd_sealed("wcache-index", q->source.index, q->source.index_len, INDEX_SEALS, 0);
 
-	fd = memfd_create("wcache-index", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (fd == -1)
-		return error_set(-errno, "memfd_create: %s", strerror(errno));
-	while (left > 0) {
-		ssize_t n = write(fd, p, left);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0) {
-			int e = n < 0 ? errno : EIO;
-
-			close(fd);
-			return error_set(-e, "writing the index: %s", strerror(e));
-		}
-		p += n;
-		left -= (size_t)n;
-	}
-	if (fcntl(fd, F_ADD_SEALS, INDEX_SEALS) == -1) {
-		int e = errno;
-
-		close(fd);
-		return error_set(-e, "sealing the index: %s", strerror(e));
-	}
+	if (fd < 0)
+		return fd;
 	map = mmap(NULL, q->source.index_len, PROT_READ, MAP_SHARED, fd, 0);
 	if (map == MAP_FAILED) {
 		int e = errno;

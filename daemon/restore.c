@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "base/path.h"
 #include "fdstore.h"
 #include "generation.h"
 #include "format/index.h"
@@ -219,29 +220,20 @@ restore_slots(struct restore *s, struct registry *r)
 	}
 }
 
-/* The directory the model's files are in: path itself, or its parent. */
+/* The directory the model's files are in, malloc'd in *dir: path itself,
+ * or its parent. */
 static int
-files_dir(const char *path, char *dir, size_t cap)
+files_dir(const char *path, char **dir)
 {
 	struct stat st;
-	const char *slash;
+	char *d;
 
 	if (stat(path, &st) == -1)
 		return error_set(-errno, "%s: %s", path, strerror(errno));
-	if (S_ISDIR(st.st_mode)) {
-		if (snprintf(dir, cap, "%s", path) >= (int)cap)
-			return error_set(-ENAMETOOLONG, "%s: path too long", path);
-		return 0;
-	}
-	slash = strrchr(path, '/');
-	if (slash == NULL)
-		return snprintf(dir, cap, ".") < 0 ? -EINVAL : 0;
-	if ((size_t)(slash - path) + 1 > cap)
-		return error_set(-ENAMETOOLONG, "%s: path too long", path);
-	memcpy(dir, path, (size_t)(slash - path));
-	dir[slash - path] = 0;
-	if (dir[0] == 0)
-		snprintf(dir, cap, "/");
+	d = S_ISDIR(st.st_mode) ? strdup(path) : path_dir(path);
+	if (d == NULL)
+		return error_set(-ENOMEM, "%s: out of memory", path);
+	*dir = d;
 	return 0;
 }
 
@@ -303,7 +295,7 @@ take_file(struct restore *s, const char *dir, const struct fdstore_generation *g
 {
 	const struct fdstore_file *f = &g->files[k];
 	const char *fname;
-	char full[PATH_MAX];
+	char *full;
 	struct stat st;
 	uint64_t size;
 	size_t at;
@@ -323,13 +315,19 @@ take_file(struct restore *s, const char *dir, const struct fdstore_generation *g
 		strcmp(fname, "..") == 0)
 		return error_set(-EINVAL, "file %" PRIu32 ": the stored index names it \"%.64s\", "
 			"not a file name", k, fname);
-	if (snprintf(full, sizeof(full), "%s/%s", dir, fname) >= (int)sizeof(full))
-		return error_set(-ENAMETOOLONG, "file %s: path too long", fname);
+	if ((full = path_join(dir, fname)) == NULL)
+		return error_set(-ENOMEM, "file %s: out of memory", fname);
 	/* A held generation's files were replaced: that is why it is old. */
-	if (g->role == FDSTORE_CURRENT && (stat(full, &st) == -1 || !same_file(&st, f)))
-		return error_set(-EINVAL, "%s was replaced or changed since it was stored", full);
-	if (file_from_fd(fd, full, out) < 0)
+	if (g->role == FDSTORE_CURRENT && (stat(full, &st) == -1 || !same_file(&st, f))) {
+		error_set(-EINVAL, "%s was replaced or changed since it was stored", full);
+		free(full);
 		return -EINVAL;
+	}
+	if (file_from_fd(fd, full, out) < 0) {
+		free(full);
+		return -EINVAL;
+	}
+	free(full);
 	s->fds[at].fd = -1;
 	return 0;
 }
@@ -342,7 +340,7 @@ adopt(struct restore *s, struct registry *r, const struct fdstore_model *m,
 {
 	struct model_source src = { .format = FORMAT_SAFETENSORS };
 	struct index_header h;
-	char dir[PATH_MAX];
+	char *dir = NULL;
 	void *map = NULL;
 	size_t at = 0;
 	int ifd = find_fd(s, g->index_fdname, &at), err;
@@ -353,10 +351,11 @@ adopt(struct restore *s, struct registry *r, const struct fdstore_model *m,
 		munmap(map, (size_t)g->index_size);
 		return error_set(-ENOMEM, "out of memory");
 	}
-	if ((err = files_dir(path, dir, sizeof(dir))) == 0)
+	if ((err = files_dir(path, &dir)) == 0)
 		for (uint32_t k = 0; k < g->nfiles && err == 0; k++)
 			if ((err = take_file(s, dir, g, k, map, &h, &src.files[k])) == 0)
 				src.nfiles = k + 1;
+	free(dir);
 	munmap(map, (size_t)g->index_size);
 	if (err == 0 && g->role == FDSTORE_CURRENT)
 		err = registry_adopt(r, m->name, path, pin, warm, g->number, &src, ifd,

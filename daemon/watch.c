@@ -9,7 +9,6 @@
  */
 #include <errno.h>
 #include <inttypes.h>
-#include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/inotify.h>
@@ -18,6 +17,8 @@
 
 #include "base/error.h"
 #include "base/file.h"
+#include "base/path.h"
+
 #include "generation.h"
 #include "log.h"
 #include "watch.h"
@@ -44,16 +45,17 @@ struct watch {
 	size_t ndirty;
 };
 
-/* The directory of path, malloc'd. */
+/* The directory path is in, malloc'd: "." for a name without one (the
+ * current directory, as inotify_add_watch needs it). */
 static char *
 dir_of(const char *path)
 {
-	char *copy = strdup(path), *d;
+	char *d = path_dir(path);
 
-	if (copy == NULL)
-		return NULL;
-	d = strdup(dirname(copy));
-	free(copy);
+	if (d != NULL && d[0] == '\0') {
+		free(d);
+		d = strdup(".");
+	}
 	return d;
 }
 

@@ -62,4 +62,24 @@ put_le64(void *p, uint64_t v)
 	memcpy(p, &v, sizeof(v));
 }
 
+/* The low n (1..8) bytes of v, least significant first, at p. */
+static inline void
+put_le_n(void *p, uint64_t v, size_t n)
+{
+	uint8_t b[8];
+
+	put_le64(b, v);
+	memcpy(p, b, n);
+}
+
+/* n (1..8) little-endian bytes at p as an unsigned integer. */
+static inline uint64_t
+get_le_n(const void *p, size_t n)
+{
+	uint8_t b[8] = { 0 };
+
+	memcpy(b, p, n);
+	return get_le64(b);
+}
+
 #endif

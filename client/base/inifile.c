@@ -23,6 +23,8 @@
 #include "base/inifile.h"
 
 #include "base/error.h"
+#include "base/path.h"
+
 
 #include <ctype.h>
 #include <errno.h>
@@ -303,17 +305,8 @@ inifile_dir(const char *path, char **out)
 int
 inifile_join(const char *dir, const char *value, char **out)
 {
-	char *p;
+	char *p = path_join(dir, value);
 
-	if (value[0] == '/') {
-		p = strdup(value);
-	} else {
-		value = skip_dot_slash(value);
-		if (*value == '\0' || strcmp(value, ".") == 0)
-			p = strdup(dir);
-		else if (asprintf(&p, "%s%s%s", dir, strcmp(dir, "/") == 0 ? "" : "/", value) < 0)
-			p = NULL;
-	}
 	if (p == NULL)
 		return -ENOMEM;
 	*out = p;

@@ -708,6 +708,13 @@ plain_byte(unsigned char c)
 }
 
 void
+json_write_field(FILE *f, const char *key, const char *value)
+{
+	fprintf(f, ",\"%s\":", key);
+	json_write_string(f, value, strlen(value));
+}
+
+void
 json_write_string(FILE *f, const char *s, size_t len)
 {
 	const unsigned char *u = (const unsigned char *)s;

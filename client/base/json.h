@@ -181,6 +181,10 @@ bool json_utf8_valid(const void *s, size_t n);
  */
 void json_write_string(FILE *f, const char *s, size_t len);
 
+/* Writes ,"key":"value" (key is the caller's own text, value is escaped as
+ * above): one field appended to an object being written. */
+void json_write_field(FILE *f, const char *key, const char *value);
+
 /*
  * Same escaping into dst (cap bytes, cap >= 8), always NUL-terminated; when
  * the literal does not fit, it is cut at a character boundary and ends with

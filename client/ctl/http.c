@@ -31,25 +31,9 @@
 #include "ctl/ctl.h"
 #include "ctl/internal.h"
 #include "base/json.h"
+#include "base/path.h"
 
 #define EXPOSITION_TYPE "text/plain; version=0.0.4; charset=utf-8"
-
-/* Writes all of p[0..n) to standard output. */
-static int
-write_all(const char *p, size_t n)
-{
-	while (n > 0) {
-		ssize_t w = write(STDOUT_FILENO, p, n);
-
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0)
-			return -1;
-		p += w;
-		n -= (size_t)w;
-	}
-	return 0;
-}
 
 /* Sends a whole response: status line, headers, body. */
 static int
@@ -62,8 +46,8 @@ respond(int code, const char *reason, const char *type, const char *extra_header
 		"Cache-Control: no-store\r\nConnection: close\r\n\r\n",
 		code, reason, type, len, extra_header != NULL ? extra_header : "");
 
-	if (n < 0 || (size_t)n >= sizeof(head) || write_all(head, (size_t)n) < 0 ||
-		write_all(body, len) < 0) {
+	if (n < 0 || (size_t)n >= sizeof(head) || fd_write_all(STDOUT_FILENO, head, (size_t)n) < 0 ||
+		fd_write_all(STDOUT_FILENO, body, len) < 0) {
 		fprintf(stderr, "wcachectl metrics --http: writing the response: %s\n",
 			strerror(errno));
 		return -1;

@@ -11,6 +11,7 @@
 #include <endian.h>
 #include <errno.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -690,4 +691,24 @@ index_meta_find(const uint8_t *blob, const struct index_header *h, const char *k
 			lo = mid + 1;
 	}
 	return -ENOENT;
+}
+
+const char *
+index_format_shape(char *dst, size_t cap, const uint64_t *shape, uint32_t ndim)
+{
+	size_t pos = 0;
+
+	pos += (size_t)snprintf(dst, cap, "[");
+	for (uint32_t i = 0; i < ndim && pos < cap; i++) {
+		if (pos + 28 > cap) {
+			snprintf(dst + pos, cap - pos, "...");
+			pos = cap;
+			break;
+		}
+		pos += (size_t)snprintf(dst + pos, cap - pos, "%s%llu", i ? ", " : "",
+			(unsigned long long)shape[i]);
+	}
+	if (pos < cap)
+		snprintf(dst + pos, cap - pos, "]");
+	return dst;
 }

@@ -140,4 +140,8 @@ int index_meta_at(const uint8_t *blob, const struct index_header *h, uint64_t i,
 int index_meta_find(const uint8_t *blob, const struct index_header *h, const char *key,
 	const char **value);
 
+/* Writes a shape as "[a, b, c]" into dst (cap bytes, at least 8), cut with
+ * "..." when it does not fit; returns dst, for messages. */
+const char *index_format_shape(char *dst, size_t cap, const uint64_t *shape, uint32_t ndim);
+
 #endif

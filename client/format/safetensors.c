@@ -136,27 +136,6 @@ qn(struct st_ctx *c)
 	return quote(c->qname, sizeof(c->qname), c->key->raw, c->key->raw_len, c->key->escaped);
 }
 
-/* Writes "[a, b, c]" (cut with "..." if long) into dst. */
-static const char *
-format_shape(char *dst, size_t cap, const uint64_t *shape, uint32_t ndim)
-{
-	size_t pos = 0;
-
-	pos += (size_t)snprintf(dst, cap, "[");
-	for (uint32_t i = 0; i < ndim && pos < cap; i++) {
-		if (pos + 28 > cap) {
-			snprintf(dst + pos, cap - pos, "...");
-			pos = cap;
-			break;
-		}
-		pos += (size_t)snprintf(dst + pos, cap - pos, "%s%llu", i ? ", " : "",
-			(unsigned long long)shape[i]);
-	}
-	if (pos < cap)
-		snprintf(dst + pos, cap - pos, "]");
-	return dst;
-}
-
 /* Reads an array of non-negative integers into v (at most max). */
 static int
 read_u64_array(struct st_ctx *c, const char *field, uint64_t *v, uint32_t max, uint32_t *count)
@@ -433,10 +412,10 @@ parse_tensor(struct st_ctx *c, const struct jr_str *key)
 		return error_set(-EINVAL,
 			"%s: tensor %s: %s %s is not a whole number of bytes (%u bits per "
 			"element)", c->name, qn(c), dt->name,
-			format_shape(sbuf, sizeof(sbuf), shape, ndim), dt->bits);
+			index_format_shape(sbuf, sizeof(sbuf), shape, ndim), dt->bits);
 	if (r < 0)
 		return error_set(-EINVAL, "%s: tensor %s: %s %s: size overflows 64 bits", c->name,
-			qn(c), dt->name, format_shape(sbuf, sizeof(sbuf), shape, ndim));
+			qn(c), dt->name, index_format_shape(sbuf, sizeof(sbuf), shape, ndim));
 	if (offsets[0] > offsets[1])
 		return error_set(-EINVAL, "%s: tensor %s: data_offsets [%llu, %llu]: begin is after end",
 			c->name, qn(c), (unsigned long long)offsets[0],
@@ -452,7 +431,7 @@ parse_tensor(struct st_ctx *c, const struct jr_str *key)
 			"needs %llu", c->name, qn(c), (unsigned long long)offsets[0],
 			(unsigned long long)offsets[1],
 			(unsigned long long)(offsets[1] - offsets[0]), dt->name,
-			format_shape(sbuf, sizeof(sbuf), shape, ndim), (unsigned long long)nbytes);
+			index_format_shape(sbuf, sizeof(sbuf), shape, ndim), (unsigned long long)nbytes);
 	if ((r = index_add_tensor(c->b, name, key->len, dt->code, c->file_no, shape, ndim,
 		     c->data_start + offsets[0], nbytes)) < 0)
 		return r;

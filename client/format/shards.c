@@ -28,6 +28,8 @@
 
 #include "base/error.h"
 #include "base/json.h"
+#include "base/path.h"
+
 #include "format/source.h"
 #include "format/tree.h"
 
@@ -442,33 +444,6 @@ shard_map_free(struct shard_map *m)
 
 /* ---- opening a sharded model ---- */
 
-/* dir/name in a malloc'd string; dir "" means the current directory. */
-static char *
-join_path(const char *dir, const char *name)
-{
-	size_t n = strlen(dir);
-	char *p;
-
-	if (n == 0)
-		return strdup(name);
-	if (asprintf(&p, "%s%s%s", dir, dir[n - 1] == '/' ? "" : "/", name) < 0)
-		return NULL;
-	return p;
-}
-
-/* The directory part of path ("" when it has none), malloc'd. */
-static char *
-dir_of(const char *path)
-{
-	const char *slash = strrchr(path, '/');
-
-	if (slash == NULL)
-		return strdup("");
-	if (slash == path)
-		return strdup("/");
-	return strndup(path, (size_t)(slash - path));
-}
-
 /* Reads (a private copy, at most SHARDS_MAX_INDEX bytes) and parses the
  * shard index file, opened inside the model's tree. */
 static int
@@ -564,7 +539,7 @@ shards_open(const char *index_path, struct model_source *out)
 	size_t len = 0;
 	int rc;
 
-	if ((dir = dir_of(index_path)) == NULL)
+	if ((dir = path_dir(index_path)) == NULL)
 		return error_set(-ENOMEM, "%s: out of memory", index_path);
 	if ((rc = tree_open(dir, &tree)) < 0) {
 		free(dir);
@@ -584,7 +559,7 @@ shards_open(const char *index_path, struct model_source *out)
 	for (size_t i = 0; i < m.nshards; i++) {
 		uint32_t file_no;
 
-		if ((paths[i] = join_path(dir, m.shards[i])) == NULL) {
+		if ((paths[i] = path_join(dir, m.shards[i])) == NULL) {
 			rc = error_set(-ENOMEM, "%s: out of memory", index_path);
 			goto fail;
 		}
@@ -715,7 +690,7 @@ shards_open_dir(const char *dir, struct model_source *out)
 				nst, list_names(list, sizeof(list), st, nst));
 		goto out;
 	}
-	if ((path = join_path(dir, nidx == 1 ? idx[0] : st[0])) == NULL)
+	if ((path = path_join(dir, nidx == 1 ? idx[0] : st[0])) == NULL)
 		goto nomem;
 	rc = nidx == 1 ? shards_open(path, out) : st_open(path, out);
 	free(path);

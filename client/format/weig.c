@@ -160,26 +160,6 @@ read_string(const struct weig_reader *r, const char *what, uint64_t off, size_t 
 	return 0;
 }
 
-/* Formats a shape as "[2, 3]" into buf of n >= 4 bytes ("..." if long). */
-static void
-format_shape(char *buf, size_t n, const uint64_t *shape, uint32_t ndim)
-{
-	size_t used = 0;
-	int w;
-
-	for (uint32_t i = 0; i < ndim; i++) {
-		w = snprintf(buf + used, n - used, "%s%" PRIu64, i ? ", " : "[", shape[i]);
-		if (w < 0 || (size_t)w >= n - used)
-			goto truncated;
-		used += (size_t)w;
-	}
-	w = snprintf(buf + used, n - used, "%s", ndim ? "]" : "[]");
-	if (w >= 0 && (size_t)w < n - used)
-		return;
-truncated:
-	memcpy(buf + n - 4, "...", 4);
-}
-
 /*
  * Checks the header: magic and byte order, version, file size, trailer,
  * flags, and that the data region and the two tables lie where they must.
@@ -338,7 +318,7 @@ parse_record(const struct weig_reader *r, uint64_t rec, uint64_t i, const char *
 		return rc;
 	for (uint64_t d = 0; d < ndim; d++)
 		shape[d] = rd64(r, shape_off + 8 * d);
-	format_shape(shape_text, sizeof(shape_text), shape, (uint32_t)ndim);
+	index_format_shape(shape_text, sizeof(shape_text), shape, (uint32_t)ndim);
 	rc = dtype_nbytes(t, shape, (uint32_t)ndim, &elements, &nbytes);
 	if (rc == -EOVERFLOW)
 		return error_set(-EINVAL, "%s: tensor %s: shape %s of %s overflows 64 bits",

@@ -42,6 +42,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/path.h"
 #include "pattern.h"
 #include "lib/wcache.h"
 
@@ -79,24 +80,10 @@ now_ns(void)
 }
 
 static void
-write_all(const char *p, size_t len)
-{
-	while (len > 0) {
-		ssize_t n = write(STDOUT_FILENO, p, len);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			_exit(3); /* the driver is gone: nothing to report to */
-		p += n;
-		len -= (size_t)n;
-	}
-}
-
-static void
 flush_lines(struct worker *w)
 {
-	write_all(w->out, w->out_len);
+	if (fd_write_all(STDOUT_FILENO, w->out, w->out_len) < 0)
+		_exit(3); /* the driver is gone: nothing to report to */
 	w->out_len = 0;
 }
 

@@ -1,0 +1,97 @@
+/*
+ * path.c: path joining, write-all and sealed memfds (see path.h).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/error.h"
+#include "base/path.h"
+
+char *
+path_join(const char *dir, const char *name)
+{
+	size_t n = strlen(dir);
+	char *p;
+
+	if (name[0] == '/')
+		return strdup(name);
+	while (name[0] == '.' && name[1] == '/') {
+		name += 2;
+		while (*name == '/')
+			name++;
+	}
+	if (*name == '\0' || strcmp(name, ".") == 0)
+		return strdup(n == 0 ? "." : dir);
+	if (n == 0)
+		return strdup(name);
+	if (asprintf(&p, "%s%s%s", dir, dir[n - 1] == '/' ? "" : "/", name) < 0)
+		return NULL;
+	return p;
+}
+
+char *
+path_dir(const char *path)
+{
+	const char *slash = strrchr(path, '/');
+
+	if (slash == NULL)
+		return strdup("");
+	if (slash == path)
+		return strdup("/");
+	return strndup(path, (size_t)(slash - path));
+}
+
+int
+fd_write_all(int fd, const void *buf, size_t len)
+{
+	const char *p = buf;
+
+	while (len > 0) {
+		ssize_t w = write(fd, p, len);
+
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0)
+			return -errno;
+		if (w == 0)
+			return -EIO;
+		p += w;
+		len -= (size_t)w;
+	}
+	return 0;
+}
+
+int
+memfd_sealed(const char *name, const void *buf, size_t len, int seals, unsigned mode)
+{
+	int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING), r;
+
+	if (fd == -1)
+		return error_set(-errno, "memfd_create: %s", strerror(errno));
+	if (buf == NULL && ftruncate(fd, (off_t)len) == -1) {
+		r = -errno;
+		close(fd);
+		return error_set(r, "%s: %s", name, strerror(-r));
+	}
+	if (buf != NULL && (r = fd_write_all(fd, buf, len)) < 0) {
+		close(fd);
+		return error_set(r, "writing %s: %s", name, strerror(-r));
+	}
+	if (mode != 0 && fchmod(fd, (mode_t)mode) == -1) {
+		r = -errno;
+		close(fd);
+		return error_set(r, "%s: chmod: %s", name, strerror(-r));
+	}
+	if (seals != 0 && fcntl(fd, F_ADD_SEALS, seals) == -1) {
+		r = -errno;
+		close(fd);
+		return error_set(r, "sealing %s: %s", name, strerror(-r));
+	}
+	return fd;
+}

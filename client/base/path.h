@@ -1,0 +1,40 @@
+/*
+ * path.h: the path and descriptor helpers every product shares: joining a
+ * name to a directory, the directory part of a path, writing a whole
+ * buffer to a descriptor, and a memfd filled and sealed in one call. One
+ * definition each, so the daemon, the formats, the library and wcachectl do
+ * not each keep their own.
+ */
+#ifndef WC_PATH_H
+#define WC_PATH_H
+
+#include <stddef.h>
+
+/*
+ * dir/name in a malloc'd string (NULL when out of memory). An absolute name
+ * is copied as is; leading "./" components of name are dropped, and an
+ * empty name or "." is dir itself. dir "" is the current directory: the
+ * result is name alone.
+ */
+char *path_join(const char *dir, const char *name);
+
+/* The directory part of path in a malloc'd string: "" when path has no
+ * slash (the current directory), "/" for a file in the root; NULL when out
+ * of memory. */
+char *path_dir(const char *path);
+
+/* Writes all of buf[0..len) to fd, retrying after EINTR and short writes.
+ * 0, or a negative errno (-EIO when write returns 0). */
+int fd_write_all(int fd, const void *buf, size_t len);
+
+/*
+ * A memfd named name holding a copy of buf[0..len) (len zero bytes when buf
+ * is NULL), sealed with seals
+ * (F_SEAL_* from proto/memfds.h), with mode applied first when mode is not
+ * 0 (a mode such as 0600 must be set before F_SEAL_SEAL is). Returns the
+ * descriptor (close-on-exec, the caller's), or a negative errno with the
+ * message naming what failed ("memfd_create", "writing", "sealing").
+ */
+int memfd_sealed(const char *name, const void *buf, size_t len, int seals, unsigned mode);
+
+#endif
