@@ -1,7 +1,9 @@
 /*
  * control_cmd.c: the commands of the control socket (see control.h for the
- * protocol): the command table, and one handler per command that checks
- * its words, calls the registry and writes the reply.
+ * protocol): the dispatcher, and one handler per command that checks
+ * its words, calls the registry and writes the reply. The commands, their
+ * argument counts and their usage are the table of proto/control_cmds.h;
+ * this file holds a handler for each.
  *
  * control.c owns the socket and the connections and hands each request line
  * to ctl_handle_line(). A handler replies exactly once, with
@@ -25,6 +27,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "notify.h"
+#include "proto/control_cmds.h"
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -335,61 +338,66 @@ cmd_evict(struct ctl_conn *c, int argc, char **argv)
 	ctl_conn_ok(c, "evicted: pages no process maps were dropped from the page cache");
 }
 
-static void cmd_help(struct ctl_conn *c, int argc, char **argv);
-
-/* The commands, in the order help lists them. */
-static const struct ctl_command {
-	const char *name;
-	int min_args, max_args; /* words after the command */
-	const char *usage;
-	const char *summary;
-	void (*run)(struct ctl_conn *c, int argc, char **argv);
-} commands[] = {
-	{ "status", 0, 0, "status", "daemon and per-model state", cmd_status },
-	{ "load", 2, 3, "load NAME PATH [pin=none|metadata|all]",
-		"serve PATH as NAME, or as NAME's next generation", cmd_load },
-	{ "unload", 1, 1, "unload NAME", "stop serving NAME", cmd_unload },
-	{ "reload", 0, 1, "reload [NAME]",
-		"re-check NAME's files; without NAME re-read the configuration", cmd_reload },
-	{ "pin", 1, 1, "pin NAME", "lock every page of NAME in memory", cmd_pin },
-	{ "unpin", 1, 1, "unpin NAME", "lock only NAME's index and headers", cmd_pin },
-	{ "evict", 1, 1, "evict NAME", "drop NAME's files from the page cache", cmd_evict },
-	{ "metrics", 0, 0, "metrics", "Prometheus text exposition, in \"text\"", cmd_metrics },
-	{ "help", 0, 0, "help", "this list", cmd_help },
-};
-
-#define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
-
-/* help: the command table's usage lines and summaries. */
+/* help: each command's usage and summary, from the table of
+ * proto/control_cmds.h. */
 static void
 cmd_help(struct ctl_conn *c, int argc, char **argv)
 {
 	struct ctl_reply r;
+	char usage[128];
 
 	if (ctl_reply_begin(&r, true) == NULL) {
 		ctl_conn_close(c);
 		return;
 	}
 	fputs(",\"commands\":[", r.f);
-	for (size_t i = 0; i < NCOMMANDS; i++) {
-		fputs(i ? ",{\"usage\":" : "{\"usage\":", r.f);
-		json_write_string(r.f, commands[i].usage, strlen(commands[i].usage));
-		json_write_field(r.f, "summary", commands[i].summary);
+	for (int id = 0; id < CONTROL_CMD_COUNT; id++) {
+		int n = control_cmd_usage(&control_cmds[id], usage, sizeof(usage));
+
+		fputs(id ? ",{\"usage\":" : "{\"usage\":", r.f);
+		json_write_string(r.f, usage, n < (int)sizeof(usage) ? (size_t)n : sizeof(usage) - 1);
+		json_write_field(r.f, "summary", control_cmds[id].summary);
 		fputc('}', r.f);
 	}
 	fputc(']', r.f);
 	ctl_reply_end(c, &r);
 }
 
+/* The handler of each command of proto/control_cmds.h, indexed by its id:
+ * a command the table gains without a handler here fails to compile (the
+ * size) or the unit test (a gap). */
+static ctl_handler *const handlers[] = {
+	[CONTROL_CMD_STATUS] = cmd_status,
+	[CONTROL_CMD_LOAD] = cmd_load,
+	[CONTROL_CMD_UNLOAD] = cmd_unload,
+	[CONTROL_CMD_RELOAD] = cmd_reload,
+	[CONTROL_CMD_PIN] = cmd_pin,
+	[CONTROL_CMD_UNPIN] = cmd_pin,
+	[CONTROL_CMD_EVICT] = cmd_evict,
+	[CONTROL_CMD_METRICS] = cmd_metrics,
+	[CONTROL_CMD_HELP] = cmd_help,
+};
+
+_Static_assert(sizeof(handlers) / sizeof(handlers[0]) == CONTROL_CMD_COUNT,
+	"one handler per command of proto/control_cmds.h");
+
+/* The handler of a command id (control_internal.h). */
+ctl_handler *
+ctl_command_handler(enum control_cmd_id id)
+{
+	return (unsigned)id < CONTROL_CMD_COUNT ? handlers[id] : NULL;
+}
+
 /* Parses a request line into its words and command, without I/O: the
  * rules are in control_internal.h. Declared there for ctl_handle_line()
  * and the fuzzer. */
 int
-ctl_parse_request(char *line, size_t len, char **words, const struct ctl_command **command,
+ctl_parse_request(char *line, size_t len, char **words, enum control_cmd_id *command,
 	char *err, size_t errlen)
 {
-	char why[160], quoted[48];
-	int n;
+	char why[160], quoted[48], usage[128];
+	const struct control_cmd *cmd;
+	int n, id;
 
 	if (len > 0 && line[len - 1] == '\r')
 		len--;
@@ -401,21 +409,19 @@ ctl_parse_request(char *line, size_t len, char **words, const struct ctl_command
 		snprintf(err, errlen, "empty request (try \"help\")");
 		return -EINVAL;
 	}
-	for (size_t i = 0; i < NCOMMANDS; i++) {
-		const struct ctl_command *cmd = &commands[i];
-
-		if (strcmp(words[0], cmd->name) != 0)
-			continue;
-		if (n - 1 < cmd->min_args || n - 1 > cmd->max_args) {
-			snprintf(err, errlen, "%s: usage: %s", cmd->name, cmd->usage);
-			return -EINVAL;
-		}
-		*command = cmd;
-		return n;
+	if ((id = control_cmd_find(words[0])) < 0) {
+		snprintf(err, errlen, "unknown command %s (try \"help\")",
+			json_quote(quoted, sizeof(quoted), words[0], strlen(words[0])));
+		return -EINVAL;
 	}
-	snprintf(err, errlen, "unknown command %s (try \"help\")",
-		json_quote(quoted, sizeof(quoted), words[0], strlen(words[0])));
-	return -EINVAL;
+	cmd = &control_cmds[id];
+	if (n - 1 < cmd->min_args || n - 1 > cmd->max_args) {
+		control_cmd_usage(cmd, usage, sizeof(usage));
+		snprintf(err, errlen, "%s: usage: %s", cmd->name, usage);
+		return -EINVAL;
+	}
+	*command = (enum control_cmd_id)id;
+	return n;
 }
 
 /* Handles one request line (len bytes, no '\n'; line has room for a NUL):
@@ -425,13 +431,13 @@ void
 ctl_handle_line(struct ctl_conn *c, char *line, size_t len)
 {
 	char *words[CONTROL_MAX_WORDS];
-	const struct ctl_command *cmd = NULL;
 	char err[CTL_REQUEST_ERROR_MAX];
+	enum control_cmd_id id = CONTROL_CMD_HELP;
 	int n;
 
-	if ((n = ctl_parse_request(line, len, words, &cmd, err, sizeof(err))) < 0) {
+	if ((n = ctl_parse_request(line, len, words, &id, err, sizeof(err))) < 0) {
 		ctl_conn_error(c, "%s", err);
 		return;
 	}
-	cmd->run(c, n, words);
+	handlers[id](c, n, words);
 }

@@ -1,7 +1,7 @@
 /*
  * control_internal.h: what control.c (the socket, connections, line
- * framing, credentials, replies) and control_cmd.c (the command table and
- * the handlers) share. Private to daemon/control*.c; everyone else uses
+ * framing, credentials, replies) and control_cmd.c (the dispatcher and the
+ * handlers) share. Private to daemon/control*.c; everyone else uses
  * control.h.
  *
  * Everything here runs on the event loop thread.
@@ -18,6 +18,7 @@
 
 #include "config.h"
 #include "control.h"
+#include "proto/control_cmds.h"
 #include "proto/control_proto.h"
 
 #define CONTROL_READ_CAP (CONTROL_LINE_MAX + 1) /* a maximal line and its '\n' */
@@ -111,8 +112,14 @@ void ctl_conn_resume(struct ctl_conn *c);
  * complete the request later. */
 void ctl_handle_line(struct ctl_conn *c, char *line, size_t len);
 
-/* An entry of the command table (its name, argument range and handler). */
-struct ctl_command;
+/* A command's handler: argv holds the request's argc words (argv[0] the
+ * command), their number already checked against proto/control_cmds.h. It
+ * replies exactly once, or leaves c->req for the registry to complete. */
+typedef void ctl_handler(struct ctl_conn *c, int argc, char **argv);
+
+/* The handler of command id, NULL for an id out of range. Exposed for the
+ * unit test that every command has one. */
+ctl_handler *ctl_command_handler(enum control_cmd_id id);
 
 /* Room for any error message of ctl_parse_request(), NUL included. */
 #define CTL_REQUEST_ERROR_MAX 256
@@ -121,15 +128,16 @@ struct ctl_command;
  * Parses one request line (len bytes without its '\n'; line has room for
  * len + 1 bytes, and is split in place) into words and the command they
  * name, with no I/O: a trailing '\r' is dropped, control_split() makes at
- * most CONTROL_MAX_WORDS words, the first must name a command and the number
- * of words after it must be within that command's range. Returns the number
- * of words (at least 1) and the command in *command; or -EINVAL with the text
+ * most CONTROL_MAX_WORDS words, the first must name a command of
+ * proto/control_cmds.h and the number of words after it must be within that
+ * command's range. Returns the number of words (at least 1) and the
+ * command's id in *command; or -EINVAL with the text
  * of the error reply in err (errlen bytes, CTL_REQUEST_ERROR_MAX is enough):
  * "bad request: REASON", "empty request ...", "CMD: usage: ..." or
  * "unknown command ...". *command is untouched on failure. Exposed for the
  * fuzzer.
  */
-int ctl_parse_request(char *line, size_t len, char **words, const struct ctl_command **command,
+int ctl_parse_request(char *line, size_t len, char **words, enum control_cmd_id *command,
 	char *err, size_t errlen);
 
 #endif /* WC_CONTROL_INTERNAL_H */

@@ -1,6 +1,7 @@
 /*
  * ctl_control.c: the wcachectl commands that talk to wcached's control
- * socket: status, load, unload, reload, pin, unpin, evict, metrics.
+ * socket: those of the table in proto/control_cmds.h (status, load, unload,
+ * reload, pin, unpin, evict, metrics), which commands.c finds and describes.
  *
  * Each command is one request line and one reply line holding a JSON object
  * (daemon/control.h describes the protocol). wcachectl finds the socket
@@ -457,92 +458,6 @@ ctl_json_error(void)
 
 /* ---- the commands ------------------------------------------------------- */
 
-#define ANY_ARGS INT_MAX /* max_args of a command that takes a list */
-
-static const struct control_command {
-	const char *name;
-	int min_args, max_args;
-	const char *args;
-	const char *help;
-} control_commands[] = {
-	{ "status", 0, ANY_ARGS, "[NAME...]",
-		"Shows wcached's version, uptime and client count, then one row per model\n"
-		"(only the NAMEs given, when there are any): its current generation, state\n"
-		"(loading, warming with the percent warmed, ready, cold, modified, failed),\n"
-		"size, bytes resident in the page cache, what is locked in memory (PINNED:\n"
-		"none, metadata or all, as applied; a note below says when it is less than\n"
-		"asked for) and the clients attached to the current generation. Below the\n"
-		"table: other generations still open (a replacement warming, old ones that\n"
-		"clients still hold, those of unloaded models) and each model's last load\n"
-		"error.\n\n"
-		"Exit status, like systemctl is-active: 0 when every NAME (without NAMEs:\n"
-		"every model) is ready; 3 when one is not (loading, warming, cold, modified\n"
-		"or failed); 4 when a NAME is not served (it wins over 3); 1 when wcached\n"
-		"cannot be reached or fails; 2 for a usage error. With --json, stdout holds\n"
-		"exactly one JSON object whatever happens: the daemon's reply with \"ready\",\n"
-		"\"not_ready\" and \"unknown\" added, or {\"ok\":false,\"error\":...}.\n" },
-	{ "load", 2, 3, "NAME PATH [pin=none|metadata|all]",
-		"Serves the model at PATH (a safetensors file, a shard index, a directory\n"
-		"holding one, or a WEIG file) as NAME. When NAME is served already, PATH\n"
-		"becomes its next generation: it is validated and warmed while the current\n"
-		"one keeps serving, and replaces it when warm; clients holding the old\n"
-		"generation keep it until they release it. A relative PATH is taken from\n"
-		"the current directory. pin= sets what stays locked in memory (default:\n"
-		"the model's current setting, or metadata). Waits until the daemon has\n"
-		"validated PATH and prints the new generation's number; a PATH that fails\n"
-		"validation is an error, the current generation keeps serving, and a NAME\n"
-		"that was not served before is not added.\n\n"
-		"A load lasts until wcached restarts: it is not written to the\n"
-		"configuration file, which decides what a restart serves. Add a\n"
-		"[model NAME] section to keep it.\n" },
-	{ "unload", 1, 1, "NAME",
-		"Stops serving NAME: new attaches fail. Clients that hold it keep their\n"
-		"mappings; its generations close when they release them. Like load, this\n"
-		"lasts until wcached restarts or re-reads a configuration that changed NAME.\n" },
-	{ "reload", 0, 1, "[NAME]",
-		"With NAME: re-checks the model's files and, when one was replaced (or the\n"
-		"model had failed), loads them as the next generation. Without NAME:\n"
-		"re-reads the configuration file, as SIGHUP does, adding, dropping and\n"
-		"reloading models. Waits until the reload has finished.\n" },
-	{ "pin", 1, 1, "NAME",
-		"Locks every page of NAME's current generation in memory (mlock), within\n"
-		"RLIMIT_MEMLOCK, so memory pressure never evicts it.\n" },
-	{ "unpin", 1, 1, "NAME",
-		"Unlocks NAME's pages except its index and file headers (pin=metadata).\n" },
-	{ "evict", 1, 1, "NAME",
-		"Drops NAME's files from the page cache (pages that no process maps); the\n"
-		"model shows as cold until a client attaches it again. Refused for a\n"
-		"pinned model.\n" },
-	{ "metrics", 0, 0, "[--http [--timeout SECONDS]]",
-		"Prints wcached's metrics in the Prometheus text exposition format: per\n"
-		"model bytes, resident bytes, generation, attached clients, attach, error\n"
-		"and swap counters, warm-up seconds; daemon uptime and clients. With\n"
-		"--json, the daemon's reply holds the text in \"text\".\n\n"
-		"With --http: answers one HTTP/1.1 request read from standard input on\n"
-		"standard output, as an inetd-style service (wcached-metrics@.service of\n"
-		"wcached-metrics.socket runs it): GET /metrics gets the exposition, any\n"
-		"other path 404, any other method 405, a malformed or oversized request\n"
-		"400, a request not complete within SECONDS (default 10) 408, and 503\n"
-		"when wcached cannot be reached.\n" },
-};
-
-#define NCONTROL (sizeof(control_commands) / sizeof(control_commands[0]))
-
-static const char options_help[] =
-	"  -c, --config CONFIG  find the control socket in CONFIG's [wcached] section\n"
-	"      --control PATH   the control socket (default $WCACHE_CONTROL, else\n"
-	"                       " DEFAULT_CONTROL_PATH ")\n"
-	"      --json           print the daemon's JSON reply as it came (one JSON\n"
-	"                       object on stdout, errors included)\n"
-	"  -h, --help           this help\n";
-
-static void
-command_usage(FILE *f, const struct control_command *cmd)
-{
-	fprintf(f, "usage: wcachectl [-c CONFIG | --control PATH] [--json] %s%s%s\n\n%s\n%s",
-		cmd->name, cmd->args[0] ? " " : "", cmd->args, cmd->help, options_help);
-}
-
 /* Appends word to the request, in double quotes when it needs them.
  * Returns -1 (printed) for a control character or an overlong request. */
 static int
@@ -599,13 +514,13 @@ absolute_path(const char *path)
 
 /* Shows a successful reply of a command other than status and metrics. */
 static void
-print_result(const struct control_command *cmd, const struct reply *r, char **args)
+print_result(const struct ctl_control_cmd *cmd, const struct reply *r, char **args)
 {
-	if (strcmp(cmd->name, "load") == 0 || (strcmp(cmd->name, "reload") == 0 && r->model)) {
+	if (cmd->id == CONTROL_CMD_LOAD || (cmd->id == CONTROL_CMD_RELOAD && r->model)) {
 		printf("model ");
 		ctl_print_safe(stdout, r->model != NULL ? r->model : args[0]);
 		printf(": ");
-	} else if (cmd->min_args == 1) {
+	} else if (cmd->wire->min_args == 1) {
 		printf("model ");
 		ctl_print_safe(stdout, args[0]);
 		printf(": ");
@@ -654,7 +569,7 @@ ctl_request(const char *path, const char *request, size_t len, size_t *reply_len
 /* The argument of args a usage error names: the placeholders of the
  * command's synopsis ("NAME PATH [pin=...]") from the first missing one. */
 static void
-missing_args(const struct control_command *cmd, size_t given, char *out, size_t cap)
+missing_args(const struct ctl_control_cmd *cmd, size_t given, char *out, size_t cap)
 {
 	const char *p = cmd->args;
 
@@ -683,7 +598,7 @@ struct control_args {
  * and the error object on stdout with --json).
  */
 static int
-parse_args(const struct control_command *cmd, int argc, char **argv, struct control_args *a)
+parse_args(const struct ctl_control_cmd *cmd, int argc, char **argv, struct control_args *a)
 {
 	bool options = true;
 
@@ -691,17 +606,17 @@ parse_args(const struct control_command *cmd, int argc, char **argv, struct cont
 		const char *s = argv[i];
 
 		if (options && (strcmp(s, "--help") == 0 || strcmp(s, "-h") == 0)) {
-			command_usage(stdout, cmd);
+			ctl_control_usage(stdout, cmd);
 			return 1;
 		} else if (options && strcmp(s, "--json") == 0) {
 			a->json = 1;
-		} else if (options && strcmp(cmd->name, "metrics") == 0 && strcmp(s, "--http") == 0) {
+		} else if (options && cmd->id == CONTROL_CMD_METRICS && strcmp(s, "--http") == 0) {
 			a->http = 1;
 		} else if (options && (strcmp(s, "--control") == 0 || strcmp(s, "-c") == 0 ||
-			strcmp(s, "--config") == 0 || (strcmp(cmd->name, "metrics") == 0 &&
+			strcmp(s, "--config") == 0 || (cmd->id == CONTROL_CMD_METRICS &&
 			strcmp(s, "--timeout") == 0))) {
 			if (i + 1 == argc)
-				return ctl_usage_error(cmd->name, "%s needs a value", s);
+				return ctl_usage_error(cmd->wire->name, "%s needs a value", s);
 			if (strcmp(s, "--control") == 0)
 				a->control = argv[++i];
 			else if (strcmp(s, "--timeout") == 0) {
@@ -709,7 +624,7 @@ parse_args(const struct control_command *cmd, int argc, char **argv, struct cont
 
 				a->timeout = strtod(argv[++i], &end);
 				if (*end != '\0' || !(a->timeout > 0 && a->timeout <= 3600))
-					return ctl_usage_error(cmd->name, "--timeout takes seconds "
+					return ctl_usage_error(cmd->wire->name, "--timeout takes seconds "
 						"(0 to 3600), not \"%s\"", argv[i]);
 			} else
 				a->config = argv[++i];
@@ -720,10 +635,10 @@ parse_args(const struct control_command *cmd, int argc, char **argv, struct cont
 		} else if (options && strcmp(s, "--") == 0) {
 			options = false;
 		} else if (options && s[0] == '-' && s[1] != '\0') {
-			return ctl_usage_error(cmd->name, "unknown option \"%s\"", s);
+			return ctl_usage_error(cmd->wire->name, "unknown option \"%s\"", s);
 		} else if ((int)a->nwords >= cmd->max_args) {
-			return ctl_usage_error(cmd->name, "unexpected argument \"%s\": %s takes %s",
-				s, cmd->name, cmd->args[0] ? cmd->args : "no arguments");
+			return ctl_usage_error(cmd->wire->name, "unexpected argument \"%s\": %s takes %s",
+				s, cmd->wire->name, cmd->args[0] ? cmd->args : "no arguments");
 		} else {
 			a->words[a->nwords++] = argv[i];
 		}
@@ -732,51 +647,42 @@ parse_args(const struct control_command *cmd, int argc, char **argv, struct cont
 		char what[128];
 
 		missing_args(cmd, a->nwords, what, sizeof(what));
-		return ctl_usage_error(cmd->name, "missing %s", what);
+		return ctl_usage_error(cmd->wire->name, "missing %s", what);
 	}
 	if (a->config != NULL && a->control != NULL)
-		return ctl_usage_error(cmd->name, "give -c CONFIG or --control PATH, not both");
+		return ctl_usage_error(cmd->wire->name, "give -c CONFIG or --control PATH, not both");
 	if (a->timeout > 0 && !a->http)
-		return ctl_usage_error(cmd->name, "--timeout goes with --http");
+		return ctl_usage_error(cmd->wire->name, "--timeout goes with --http");
 	return 0;
 }
 
 /* Builds the request line from the command and its arguments. */
 static int
-make_request(const struct control_command *cmd, char **words, size_t nwords, char *req,
+make_request(const struct ctl_control_cmd *cmd, char **words, size_t nwords, char *req,
 	size_t *len)
 {
 	*len = 0;
-	if (append_word(req, len, cmd->name) < 0)
+	if (append_word(req, len, cmd->wire->name) < 0)
 		return -1;
 	/* status NAME... is answered from the whole status. */
-	for (size_t i = 0; strcmp(cmd->name, "status") != 0 && i < nwords; i++)
+	for (size_t i = 0; !cmd->filter && i < nwords; i++)
 		if (append_word(req, len, words[i]) < 0)
 			return -1;
 	req[(*len)++] = '\n';
 	return 0;
 }
 
-/*
- * Runs the control command argv[0] with its arguments. config and control
- * are the global -c and --control options (or NULL), json the global --json.
- * Returns the exit status.
- */
+/* Runs a control command (internal.h). */
 int
-ctl_control(int argc, char **argv, const char *config, const char *control, int json)
+ctl_control(const struct ctl_control_cmd *cmd, int argc, char **argv, const char *config,
+	const char *control, int json)
 {
-	const struct control_command *cmd = NULL;
 	struct control_args a = { .config = config, .control = control, .json = json };
 	char req[CONTROL_LINE_MAX + 2], *path = NULL, *reply_line = NULL, *abs = NULL;
 	size_t len = 0, reply_len = 0;
 	struct reply r;
 	int status = CTL_EXIT_FAILURE;
 
-	for (size_t i = 0; i < NCONTROL; i++)
-		if (strcmp(argv[0], control_commands[i].name) == 0)
-			cmd = &control_commands[i];
-	if (cmd == NULL)
-		return ctl_usage_error(NULL, "unknown command \"%s\"", argv[0]);
 	if ((a.words = calloc((size_t)argc, sizeof(*a.words))) == NULL) {
 		ctl_error("out of memory");
 		return CTL_EXIT_FAILURE;
@@ -788,7 +694,7 @@ ctl_control(int argc, char **argv, const char *config, const char *control, int 
 		return status == 1 ? 0 : status;
 	}
 	status = CTL_EXIT_FAILURE;
-	if (strcmp(cmd->name, "load") == 0) {
+	if (cmd->id == CONTROL_CMD_LOAD) {
 		if ((abs = absolute_path(a.words[1])) == NULL)
 			goto out;
 		a.words[1] = abs;
@@ -810,11 +716,11 @@ ctl_control(int argc, char **argv, const char *config, const char *control, int 
 		fputc('\n', stderr);
 		if (a.json)
 			printf("%s\n", reply_line);
-	} else if (strcmp(cmd->name, "status") == 0) {
+	} else if (cmd->id == CONTROL_CMD_STATUS) {
 		status = ctl_status_show(reply_line, reply_len, a.words, a.nwords, a.json);
 	} else if (a.json) {
 		printf("%s\n", reply_line);
-	} else if (strcmp(cmd->name, "metrics") == 0) {
+	} else if (cmd->id == CONTROL_CMD_METRICS) {
 		if (r.text != NULL)
 			fwrite(r.text, 1, r.text_len, stdout);
 	} else {

@@ -7,6 +7,8 @@
 #ifndef WC_CTL_H
 #define WC_CTL_H
 
+#include <stdio.h>
+
 /* Exit statuses; status's follow systemctl is-active (man/wcachectl.1). */
 #define CTL_EXIT_OK 0
 #define CTL_EXIT_FAILURE 1   /* reported on stderr */
@@ -27,9 +29,14 @@ int ctl_inspect(int argc, char **argv);
 int ctl_convert(int argc, char **argv);
 int ctl_attach(int argc, char **argv);
 
-/* The commands that talk to wcached's control socket (status, load, ...):
- * config and control are the -c and --control options (NULL when absent),
- * json the --json flag. */
-int ctl_control(int argc, char **argv, const char *config, const char *control, int json);
+/* Prints wcachectl's help: its commands (the control commands from
+ * proto/control_cmds.h, then the others) and the global options. */
+void ctl_help(FILE *f);
+
+/* Runs the command argv[0] (commands.c): "help", a control command, or one
+ * of the others. config and control are the global -c and --control options
+ * (NULL when absent), json the global --json flag, which go with the control
+ * commands only. */
+int ctl_run(int argc, char **argv, const char *config, const char *control, int json);
 
 #endif

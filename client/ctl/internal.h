@@ -1,7 +1,8 @@
 /*
  * ctl_internal.h: what ctl_control.c (the control commands: socket,
- * request, options, the fields every reply has) and ctl_status.c (the
- * status table) share. Private to wcachectl; the subcommands themselves
+ * request, options, the fields every reply has), ctl_commands.c (the
+ * control commands' table as wcachectl takes it, and the help) and
+ * ctl_status.c (the status table) share. Private to wcachectl; the subcommands themselves
  * are declared in ctl.h.
  *
  * Both read a reply the same way: a table of ctl_field names the members
@@ -20,6 +21,9 @@
 #include <stdio.h>
 
 #include "base/json.h"
+#include "proto/control_cmds.h"
+
+struct ctl_control_cmd; /* commands.c */
 
 /* ---- ctl_control.c ---------------------------------------------------- */
 
@@ -84,6 +88,13 @@ void ctl_json_error(void);
  */
 char *ctl_request(const char *path, const char *request, size_t len, size_t *reply_len);
 
+/* Runs the control command cmd (ctl_control_find() found it) with the
+ * arguments after it in argv (argv[0] is its name). config and control are
+ * the global -c and --control options (or NULL), json the global --json.
+ * Returns the exit status. */
+int ctl_control(const struct ctl_control_cmd *cmd, int argc, char **argv, const char *config,
+	const char *control, int json);
+
 /* ---- ctl_status.c ----------------------------------------------------- */
 
 /*
@@ -95,6 +106,27 @@ char *ctl_request(const char *path, const char *request, size_t len, size_t *rep
  * printing why the reply is malformed.
  */
 int ctl_status_show(const char *line, size_t len, char *const *names, size_t nnames, int json);
+
+/* ---- ctl_commands.c --------------------------------------------------- */
+
+/* A control command as wcachectl takes it: its entry in proto/control_cmds.h
+ * and what wcachectl adds to it. */
+struct ctl_control_cmd {
+	enum control_cmd_id id;
+	const struct control_cmd *wire; /* name, the request's words, summary */
+	int min_args, max_args;         /* the words wcachectl takes */
+	const char *args;               /* their synopsis, for --help and errors */
+	bool filter;                    /* the words are NAMEs to show, not sent */
+	const char *help;               /* the description of --help; NULL: none yet */
+};
+
+/* Fills *out for the control command called name. Returns 0, or -ENOENT
+ * when there is none, or when it is one wcachectl answers itself (help). */
+int ctl_control_find(const char *name, struct ctl_control_cmd *out);
+
+/* Prints `wcachectl COMMAND --help` for a control command: usage, its
+ * description and the options of the control commands. */
+void ctl_control_usage(FILE *f, const struct ctl_control_cmd *cmd);
 
 /* ---- ctl_http.c ------------------------------------------------------- */
 

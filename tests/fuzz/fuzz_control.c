@@ -23,8 +23,10 @@
  *     inside) split back into the same words (the daemon and its client
  *     agree on quoting);
  *   - ctl_parse_request() accepts exactly when the words name a command with
- *     an allowed number of arguments (this harness's own copy of the table
- *     is the oracle), and refuses with one of its four documented messages,
+ *     an allowed number of arguments (this harness's own copy of the ranges
+ *     control.h documents is the oracle, so a change to the table of
+ *     proto/control_cmds.h that nobody meant shows here), returns the id of
+ *     the command named, and refuses with one of its four documented messages,
  *     "bad request: ..." exactly when control_split() refuses.
  */
 #include <errno.h>
@@ -250,7 +252,7 @@ check_request(const uint8_t *p, size_t len)
 {
 	char *line = copy_line(p, len), *split_line;
 	char *words[CONTROL_MAX_WORDS], *split_words[CONTROL_MAX_WORDS];
-	const struct ctl_command *cmd = NULL;
+	enum control_cmd_id cmd = CONTROL_CMD_COUNT; /* untouched */
 	char err[CTL_REQUEST_ERROR_MAX];
 	size_t split_len = len > 0 && p[len - 1] == '\r' ? len - 1 : len;
 	int n, s;
@@ -278,13 +280,14 @@ check_request(const uint8_t *p, size_t len)
 			CHECK(n == -EINVAL && strncmp(err, oracle[i].name, strlen(oracle[i].name)) == 0 &&
 				strncmp(err + strlen(oracle[i].name), ": usage: ", 9) == 0);
 		} else {
-			CHECK(n == s && cmd != NULL);
+			CHECK(n == s && cmd < CONTROL_CMD_COUNT &&
+				strcmp(control_cmds[cmd].name, split_words[0]) == 0);
 			for (int k = 0; k < n; k++)
 				CHECK(strcmp(words[k], split_words[k]) == 0);
 		}
 	}
 	if (n < 0) {
-		CHECK(cmd == NULL);
+		CHECK(cmd == CONTROL_CMD_COUNT);
 		CHECK(memchr(err, '\0', sizeof(err)) != NULL);
 	}
 	free(split_line);

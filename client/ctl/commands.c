@@ -1,0 +1,199 @@
+/*
+ * commands.c: wcachectl's commands and the help that lists them.
+ *
+ * Two kinds: the control commands, which are those of wcached's control
+ * socket (the table of proto/control_cmds.h gives their names, words and
+ * one-line summaries; control.c runs them), and the commands that work on
+ * files or attach like a worker (inspect, convert, attach), which take
+ * their own options. This file adds to each control command what only
+ * wcachectl needs: the description its --help prints and, where wcachectl
+ * takes other words than it sends, its own synopsis. A command the table
+ * gains runs here at once; its description is all this file needs, and the
+ * unit test (tests/unit/ctl/test_commands.c) fails until it is written.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ctl/ctl.h"
+#include "ctl/internal.h"
+#include "proto/control_cmds.h"
+#include "proto/defaults.h"
+
+/* The commands that do not talk to the control socket. */
+static const struct {
+	const char *name;
+	int (*run)(int, char **);
+	const char *summary;
+} file_commands[] = {
+	{ "inspect", ctl_inspect, "validate a model file and list its tensors" },
+	{ "convert", ctl_convert, "convert between safetensors and WEIG" },
+	{ "attach", ctl_attach, "attach a model through wcached and time it" },
+};
+
+#define NFILE_COMMANDS (sizeof(file_commands) / sizeof(file_commands[0]))
+
+/*
+ * What wcachectl adds to each control command, by id: the description of
+ * `wcachectl COMMAND --help`, and for status and metrics the synopsis of
+ * what wcachectl takes (status's NAMEs choose the rows to show and are not
+ * sent; metrics takes --http). help has none: wcachectl answers it itself,
+ * with ctl_help().
+ */
+static const struct {
+	const char *args; /* NULL: the request's synopsis */
+	bool filter;      /* any number of NAMEs, kept by wcachectl */
+	const char *help;
+} control_details[CONTROL_CMD_COUNT] = {
+	[CONTROL_CMD_STATUS] = { "[NAME...]", true,
+		"Shows wcached's version, uptime and client count, then one row per model\n"
+		"(only the NAMEs given, when there are any): its current generation, state\n"
+		"(loading, warming with the percent warmed, ready, cold, modified, failed),\n"
+		"size, bytes resident in the page cache, what is locked in memory (PINNED:\n"
+		"none, metadata or all, as applied; a note below says when it is less than\n"
+		"asked for) and the clients attached to the current generation. Below the\n"
+		"table: other generations still open (a replacement warming, old ones that\n"
+		"clients still hold, those of unloaded models) and each model's last load\n"
+		"error.\n\n"
+		"Exit status, like systemctl is-active: 0 when every NAME (without NAMEs:\n"
+		"every model) is ready; 3 when one is not (loading, warming, cold, modified\n"
+		"or failed); 4 when a NAME is not served (it wins over 3); 1 when wcached\n"
+		"cannot be reached or fails; 2 for a usage error. With --json, stdout holds\n"
+		"exactly one JSON object whatever happens: the daemon's reply with \"ready\",\n"
+		"\"not_ready\" and \"unknown\" added, or {\"ok\":false,\"error\":...}.\n" },
+	[CONTROL_CMD_LOAD] = { NULL, false,
+		"Serves the model at PATH (a safetensors file, a shard index, a directory\n"
+		"holding one, or a WEIG file) as NAME. When NAME is served already, PATH\n"
+		"becomes its next generation: it is validated and warmed while the current\n"
+		"one keeps serving, and replaces it when warm; clients holding the old\n"
+		"generation keep it until they release it. A relative PATH is taken from\n"
+		"the current directory. pin= sets what stays locked in memory (default:\n"
+		"the model's current setting, or metadata). Waits until the daemon has\n"
+		"validated PATH and prints the new generation's number; a PATH that fails\n"
+		"validation is an error, the current generation keeps serving, and a NAME\n"
+		"that was not served before is not added.\n\n"
+		"A load lasts until wcached restarts: it is not written to the\n"
+		"configuration file, which decides what a restart serves. Add a\n"
+		"[model NAME] section to keep it.\n" },
+	[CONTROL_CMD_UNLOAD] = { NULL, false,
+		"Stops serving NAME: new attaches fail. Clients that hold it keep their\n"
+		"mappings; its generations close when they release them. Like load, this\n"
+		"lasts until wcached restarts or re-reads a configuration that changed NAME.\n" },
+	[CONTROL_CMD_RELOAD] = { NULL, false,
+		"With NAME: re-checks the model's files and, when one was replaced (or the\n"
+		"model had failed), loads them as the next generation. Without NAME:\n"
+		"re-reads the configuration file, as SIGHUP does, adding, dropping and\n"
+		"reloading models. Waits until the reload has finished.\n" },
+	[CONTROL_CMD_PIN] = { NULL, false,
+		"Locks every page of NAME's current generation in memory (mlock), within\n"
+		"RLIMIT_MEMLOCK, so memory pressure never evicts it.\n" },
+	[CONTROL_CMD_UNPIN] = { NULL, false,
+		"Unlocks NAME's pages except its index and file headers (pin=metadata).\n" },
+	[CONTROL_CMD_EVICT] = { NULL, false,
+		"Drops NAME's files from the page cache (pages that no process maps); the\n"
+		"model shows as cold until a client attaches it again. Refused for a\n"
+		"pinned model.\n" },
+	[CONTROL_CMD_METRICS] = { "[--http [--timeout SECONDS]]", false,
+		"Prints wcached's metrics in the Prometheus text exposition format: per\n"
+		"model bytes, resident bytes, generation, attached clients, attach, error\n"
+		"and swap counters, warm-up seconds; daemon uptime and clients. With\n"
+		"--json, the daemon's reply holds the text in \"text\".\n\n"
+		"With --http: answers one HTTP/1.1 request read from standard input on\n"
+		"standard output, as an inetd-style service (wcached-metrics@.service of\n"
+		"wcached-metrics.socket runs it): GET /metrics gets the exposition, any\n"
+		"other path 404, any other method 405, a malformed or oversized request\n"
+		"400, a request not complete within SECONDS (default 10) 408, and 503\n"
+		"when wcached cannot be reached.\n" },
+};
+
+/* Finds a control command as wcachectl takes it (internal.h). */
+int
+ctl_control_find(const char *name, struct ctl_control_cmd *out)
+{
+	int id = control_cmd_find(name);
+
+	if (id < 0 || id == CONTROL_CMD_HELP)
+		return -ENOENT;
+	out->id = (enum control_cmd_id)id;
+	out->wire = &control_cmds[id];
+	out->filter = control_details[id].filter;
+	out->min_args = out->filter ? 0 : out->wire->min_args;
+	out->max_args = out->filter ? INT_MAX : out->wire->max_args;
+	out->args = control_details[id].args != NULL ? control_details[id].args : out->wire->args;
+	out->help = control_details[id].help;
+	return 0;
+}
+
+/* The options every control command takes, for its --help. */
+static const char options_help[] =
+	"  -c, --config CONFIG  find the control socket in CONFIG's [wcached] section\n"
+	"      --control PATH   the control socket (default $WCACHE_CONTROL, else\n"
+	"                       " DEFAULT_CONTROL_PATH ")\n"
+	"      --json           print the daemon's JSON reply as it came (one JSON\n"
+	"                       object on stdout, errors included)\n"
+	"  -h, --help           this help\n";
+
+/* Prints `wcachectl COMMAND --help` (internal.h). */
+void
+ctl_control_usage(FILE *f, const struct ctl_control_cmd *cmd)
+{
+	fprintf(f, "usage: wcachectl [-c CONFIG | --control PATH] [--json] %s%s%s\n\n",
+		cmd->wire->name, cmd->args[0] ? " " : "", cmd->args);
+	if (cmd->help != NULL)
+		fprintf(f, "%s\n", cmd->help);
+	else /* a command whose description is still to be written here */
+		fprintf(f, "%c%s.\n\n", toupper((unsigned char)cmd->wire->summary[0]),
+			cmd->wire->summary + 1);
+	fputs(options_help, f);
+}
+
+/* Prints wcachectl's help (ctl.h). */
+void
+ctl_help(FILE *f)
+{
+	fprintf(f, "usage: wcachectl [-c CONFIG | --control PATH] [--json] COMMAND [ARGS...]\n\n"
+		   "Drives wcached, the shared weight cache daemon, and works with model files.\n\n"
+		   "commands that talk to wcached's control socket:\n");
+	for (int id = 0; id < CONTROL_CMD_COUNT; id++)
+		if (id != CONTROL_CMD_HELP) /* this text */
+			fprintf(f, "  %-10s %s\n", control_cmds[id].name, control_cmds[id].summary);
+	fprintf(f, "\nother commands (they take their own options):\n");
+	for (size_t i = 0; i < NFILE_COMMANDS; i++)
+		fprintf(f, "  %-10s %s\n", file_commands[i].name, file_commands[i].summary);
+	fprintf(f, "\noptions of the control commands (before or after COMMAND):\n"
+		   "  -c, --config CONFIG  use the control socket CONFIG names (the `control`\n"
+		   "                       key of its [wcached] section)\n"
+		   "      --control PATH   the control socket (default $WCACHE_CONTROL, else\n"
+		   "                       " DEFAULT_CONTROL_PATH ")\n"
+		   "      --json           print wcached's JSON reply instead of a table\n\n"
+		   "Exit status: 0 on success; 1 when wcached reports an error or cannot be\n"
+		   "reached (the reason is on stderr); 2 for a usage error; status also\n"
+		   "exits 3 when a model is not ready and 4 for a name it does not serve.\n\n"
+		   "'wcachectl COMMAND --help' describes a command.\n");
+}
+
+/* Runs the command argv[0] (ctl.h). */
+int
+ctl_run(int argc, char **argv, const char *config, const char *control, int json)
+{
+	struct ctl_control_cmd cmd;
+
+	if (strcmp(argv[0], "help") == 0) {
+		ctl_help(stdout);
+		return CTL_EXIT_OK;
+	}
+	if (ctl_control_find(argv[0], &cmd) == 0)
+		return ctl_control(&cmd, argc, argv, config, control, json);
+	for (size_t k = 0; k < NFILE_COMMANDS; k++) {
+		if (strcmp(argv[0], file_commands[k].name) != 0)
+			continue;
+		if (config != NULL || control != NULL || json)
+			return ctl_usage_error(file_commands[k].name, "-c, --control and --json go "
+				"with the control commands, not %s", file_commands[k].name);
+		return file_commands[k].run(argc, argv);
+	}
+	return ctl_usage_error(NULL, "unknown command \"%s\"", argv[0]);
+}
