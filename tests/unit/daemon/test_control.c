@@ -1,8 +1,11 @@
 /*
- * test_control.c: unit tests of daemon/control.c and daemon/metrics.c.
+ * test_control.c: unit tests of daemon/control.c, daemon/control_cmd.c and
+ * daemon/metrics.c.
  *
- * The request-line splitter and the exposition's label escaping are tested
- * as functions. The socket is tested for real: control_listen_path() in a
+ * The request-line splitter, the command table of proto/control_cmds.h as
+ * the dispatcher reads it (every command has a handler, its word counts and
+ * usage are the ones requests are checked against) and the exposition's
+ * label escaping are tested as functions. The socket is tested for real: control_listen_path() in a
  * temporary directory, and control_start() on a libuv loop with an empty
  * registry, driven by a non-blocking client socket in the same thread. The
  * loop runs one event at a time (UV_RUN_ONCE) until the reply line is there,
@@ -30,6 +33,7 @@
 #include <uv.h>
 
 #include "control.h"
+#include "control_internal.h"
 #include "base/error.h"
 #include "metrics.h"
 #include "registry.h"
@@ -111,6 +115,91 @@ split_errors(void **state)
 	check_refused("load m /a\"b", 11, "'\"' inside a word at byte 9");
 	check_refused("load m /a\\b", 11, "'\\' inside a word");
 	check_refused("a b c d e f g h i", 17, "more than 8 words");
+}
+
+/* ---- the command table ----------------------------------------------------- */
+
+/* Every command of proto/control_cmds.h has a handler and a well-formed
+ * entry: a name that finds it again, a word range a request can hold, and
+ * a usage and summary that help writes without escapes and that fit the
+ * dispatcher's buffers. */
+static void
+every_command_has_a_handler(void **state)
+{
+	char usage[128], err[CTL_REQUEST_ERROR_MAX];
+
+	for (int id = 0; id < CONTROL_CMD_COUNT; id++) {
+		const struct control_cmd *cmd = &control_cmds[id];
+		int n;
+
+		assert_non_null(cmd->name);
+		if (ctl_command_handler((enum control_cmd_id)id) == NULL)
+			fail_msg("command \"%s\" has no handler in daemon/control_cmd.c", cmd->name);
+		assert_int_equal(control_cmd_find(cmd->name), id);
+		assert_true(cmd->name[0] != '\0' && strspn(cmd->name, "abcdefghijklmnopqrstuvwxyz") ==
+			strlen(cmd->name));
+		assert_true(0 <= cmd->min_args && cmd->min_args <= cmd->max_args);
+		assert_true(cmd->max_args < CONTROL_MAX_WORDS);
+		assert_non_null(cmd->args);
+		assert_non_null(cmd->summary);
+		assert_true(cmd->summary[0] != '\0');
+		n = control_cmd_usage(cmd, usage, sizeof(usage));
+		assert_true(n > 0 && (size_t)n < sizeof(usage));
+		assert_int_equal(strncmp(usage, cmd->name, strlen(cmd->name)), 0);
+		assert_true(snprintf(err, sizeof(err), "%s: usage: %s", cmd->name, usage) <
+			(int)sizeof(err));
+		assert_null(strpbrk(usage, "\"\\"));
+		assert_null(strpbrk(cmd->summary, "\"\\"));
+	}
+	assert_null(ctl_command_handler(CONTROL_CMD_COUNT));
+	assert_int_equal(control_cmd_find("STATUS"), -ENOENT);
+	assert_int_equal(control_cmd_find(""), -ENOENT);
+}
+
+/* Parses a request of name and nargs words "w"; returns ctl_parse_request()'s
+ * result, its command in *id and its error in err. */
+static int
+parse_with_args(const char *name, int nargs, enum control_cmd_id *id, char *err, size_t errlen)
+{
+	char line[256], *words[CONTROL_MAX_WORDS];
+	int len = snprintf(line, sizeof(line), "%s", name);
+
+	for (int i = 0; i < nargs; i++)
+		len += snprintf(line + len, sizeof(line) - (size_t)len, " w");
+	return ctl_parse_request(line, (size_t)len, words, id, err, errlen);
+}
+
+/* Requests are checked against the table: each command's own word range is
+ * accepted and names it; one word fewer or more is refused with its usage. */
+static void
+requests_follow_the_table(void **state)
+{
+	char usage[128], want[CTL_REQUEST_ERROR_MAX], err[CTL_REQUEST_ERROR_MAX];
+
+	for (int id = 0; id < CONTROL_CMD_COUNT; id++) {
+		const struct control_cmd *cmd = &control_cmds[id];
+		enum control_cmd_id got;
+
+		for (int n = cmd->min_args; n <= cmd->max_args; n++) {
+			got = CONTROL_CMD_COUNT;
+			assert_int_equal(parse_with_args(cmd->name, n, &got, err, sizeof(err)), n + 1);
+			assert_int_equal(got, id);
+		}
+		control_cmd_usage(cmd, usage, sizeof(usage));
+		snprintf(want, sizeof(want), "%s: usage: %s", cmd->name, usage);
+		got = CONTROL_CMD_COUNT;
+		if (cmd->min_args > 0) {
+			assert_int_equal(parse_with_args(cmd->name, cmd->min_args - 1, &got, err,
+				sizeof(err)), -EINVAL);
+			assert_string_equal(err, want);
+		}
+		if (cmd->max_args + 2 <= CONTROL_MAX_WORDS) {
+			assert_int_equal(parse_with_args(cmd->name, cmd->max_args + 1, &got, err,
+				sizeof(err)), -EINVAL);
+			assert_string_equal(err, want);
+		}
+		assert_int_equal(got, CONTROL_CMD_COUNT); /* untouched on failure */
+	}
 }
 
 /* ---- metrics ------------------------------------------------------------- */
@@ -460,6 +549,15 @@ requests_and_errors(void **state)
 	shutdown(c->fd, SHUT_WR);
 	r = reply(f, c);
 	assert_non_null(strstr(r, "{\"ok\":true,\"protocol\":1,\"commands\":[{\"usage\":\"status\""));
+	for (int id = 0; id < CONTROL_CMD_COUNT; id++) {
+		char usage[128], entry[512];
+
+		control_cmd_usage(&control_cmds[id], usage, sizeof(usage));
+		snprintf(entry, sizeof(entry), "{\"usage\":\"%s\",\"summary\":\"%s\"}", usage,
+			control_cmds[id].summary);
+		if (strstr(r, entry) == NULL)
+			fail_msg("help does not list %s in %s", entry, r);
+	}
 	free(r);
 	assert_null(reply(f, c));
 	client_close(c);
@@ -603,6 +701,8 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(split_words),
 		cmocka_unit_test(split_errors),
+		cmocka_unit_test(every_command_has_a_handler),
+		cmocka_unit_test(requests_follow_the_table),
 		cmocka_unit_test(label_escaping),
 		cmocka_unit_test_setup_teardown(listen_path_modes, setup, teardown),
 		cmocka_unit_test_setup_teardown(start_refuses_non_listening, setup, teardown),
