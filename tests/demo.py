@@ -2,7 +2,8 @@
 """make demo: wcache end to end.
 
 Generates a demo model (a BF16 safetensors file shaped like a decoder-only
-LLM, at least 512 MiB), starts wcached on sockets in a temporary directory,
+LLM, at least 512 MiB), starts wcached on sockets in a temporary directory
+(tests/pyutil/wcached.py),
 starts 4 worker processes that attach the model through the daemon and check
 every byte against the file read with plain read(2), prints what each worker
 paid and what the 4 (and wcached) together cost in memory (summed PSS next to the model
@@ -12,29 +13,15 @@ import argparse
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "pyutil"))
+from wcached import Wcached  # noqa: E402 (path set just above)
+
 WORKERS = 4
-
-
-def wait_for_socket(path, proc, deadline):
-    """Waits until wcached accepts on path (or dies, or time runs out)."""
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"demo: wcached exited with status {proc.returncode}")
-        try:
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            s.connect(path)
-            s.close()
-            return
-        except OSError:
-            time.sleep(0.02)
-    raise SystemExit(f"demo: wcached did not listen on {path} in time")
 
 
 def wait_warm(bindir, conf, proc, deadline):
@@ -84,22 +71,16 @@ def main():
     print(f"model: {model}\n       {summary}")
 
     tmp = tempfile.mkdtemp(prefix="wcache-demo-")
-    sock = os.path.join(tmp, "wcached.sock")
-    conf = os.path.join(tmp, "wcached.conf")
-    with open(conf, "w") as f:
-        f.write(f"[wcached]\nsocket = {sock}\ncontrol = {tmp}/control.sock\n"
-                f"prefetch_threads = 2\nlog_level = info\n\n"
-                f"[model demo-llm]\npath = {model}\npin = metadata\nwarm = yes\n")
-    log_path = os.path.join(tmp, "wcached.log")
-    log = open(log_path, "w")
-    daemon = subprocess.Popen([f"{bindir}/wcached", "-c", conf], stderr=log)
+    wcached = Wcached(tmp, {"demo-llm": (model, {"pin": "metadata", "warm": "yes"})},
+                      log_level="info", wcached=f"{bindir}/wcached")
+    sock = wcached.socket
     workers = []
     ok = False
     try:
-        wait_for_socket(sock, daemon, time.monotonic() + 60)
+        daemon = wcached.start().proc
         print(f"wcached: pid {daemon.pid}, socket {sock}")
         t0 = time.monotonic()
-        wait_warm(bindir, conf, daemon, t0 + 300)
+        wait_warm(bindir, wcached.conf, daemon, t0 + 300)
         print(f"wcached: model validated and warm after {time.monotonic() - t0:.2f} s "
               f"(wcachectl status says ready)")
         for _ in range(WORKERS):
@@ -153,15 +134,9 @@ def main():
             if w.poll() is None:
                 w.kill()
                 w.wait()
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            status = daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            status = daemon.wait()
-        log.close()
+        status = wcached.stop(timeout=30)
         if not ok or status != 0 or os.path.exists(sock):
-            sys.stderr.write(open(log_path).read())
+            sys.stderr.write(wcached.read_log())
         shutil.rmtree(tmp, ignore_errors=True)
     if status != 0:
         raise SystemExit(f"demo: wcached exited with status {status}")

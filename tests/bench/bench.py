@@ -10,7 +10,7 @@ Runs, side by side in one run, on a ~1.2 GiB model of ~1,000 tensors and a
                 malloc'd buffer (header parsed with jansson)
     (b) open    wc_open_file(): map and validate in-process
     (c) attach  wc_attach() through a real wcached this script starts on a
-                socket in a temporary directory
+                socket in a temporary directory (tests/pyutil/wcached.py)
     mmap        bare open + mmap + touch of the file: the floor for touching
   time until every tensor is addressable, until every page is touched, peak
   RSS; then 8 workers holding the model at once and their summed PSS.
@@ -28,13 +28,14 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
+import sys
 import tempfile
-import threading
 import time
+
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
+from wcached import Wcached, build_binary  # noqa: E402 (path set just above)
 
 RUNS_WARM = 5     # fresh processes per variant, warm page cache
 RUNS_READ = 3     # for (a), which takes seconds
@@ -71,15 +72,12 @@ def verdict(ok):
 
 class Bench:
     def __init__(self, build, model_dir):
-        self.bin = os.path.abspath(os.path.join(build, "bin"))
+        self.build = os.path.abspath(build)
         self.model_dir = model_dir
         self.targets = []  # (description, figure, PASS/MISS)
 
     def binary(self, name):
-        path = os.path.join(self.bin, name)
-        if not os.access(path, os.X_OK):
-            raise SystemExit(f"bench: {path} is missing: build first")
-        return path
+        return build_binary(name, self.build)
 
     def target(self, what, figure, ok):
         """Records a target for the summary; ok None means not measurable here."""
@@ -133,18 +131,10 @@ class Bench:
     # ---- the daemon ----
 
     def start_daemon(self, tmp, models, warm=True, pin="metadata"):
-        """Starts wcached on sockets in tmp serving models {name: path}."""
-        sock = os.path.join(tmp, "wcached.sock")
-        conf = os.path.join(tmp, "wcached.conf")
-        with open(conf, "w") as f:
-            f.write(f"[wcached]\nsocket = {sock}\ncontrol = {tmp}/control.sock\n"
-                    f"prefetch_threads = 2\nlog_level = info\n\n")
-            for name, path in models.items():
-                f.write(f"[model {name}]\npath = {path}\npin = {pin}\n"
-                        f"warm = {'yes' if warm else 'no'}\n\n")
-        t0 = time.monotonic()
-        proc = subprocess.Popen([self.binary("wcached"), "-c", conf], stderr=subprocess.PIPE)
-        return Daemon(proc, sock, t0)
+        """A running wcached on sockets in tmp serving models {name: path}."""
+        keys = {"pin": pin, "warm": "yes" if warm else "no"}
+        return Wcached(tmp, {name: (path, keys) for name, path in models.items()},
+                       log_level="info", wcached=self.binary("wcached")).start()
 
     # ---- the parts ----
 
@@ -246,15 +236,15 @@ class Bench:
         bytes, logged seconds, seconds from the load line and from start."""
         d = self.start_daemon(tmp, {"cold": path}, warm=True, pin="none")
         try:
-            loaded = d.wait_for(r'generation \d+ from ', 300)
-            line = d.wait_for(r'generation \d+ warm: ', 300)
+            loaded = d.wait_for_log(r'generation \d+ from ', 300)
+            line = d.wait_for_log(r'generation \d+ warm: ', 300)
         finally:
             status = d.stop()
         if status != 0:
-            raise SystemExit(f"bench: wcached exited with {status}:\n{d.log()}")
+            raise SystemExit(f"bench: wcached exited with {status}:\n{d.read_log()}")
         m = re.search(r'warm: (\d+) bytes in ([0-9.]+) s', line[1])
         return {"bytes": int(m.group(1)), "logged_s": float(m.group(2)),
-                "observed_s": line[0] - loaded[0], "from_start_s": line[0] - d.t0}
+                "observed_s": line[0] - loaded[0], "from_start_s": line[0] - d.started}
 
     def cold(self, path, size, tmp):
         """cat against wcached's warm-up on the evicted file, RUNS_COLD times each."""
@@ -286,78 +276,6 @@ def smaps_rollup(pid):
             if len(parts) >= 2 and parts[0].endswith(":") and parts[1].isdigit():
                 out[parts[0][:-1]] = int(parts[1])
     return out
-
-
-class Daemon:
-    """A running wcached. A thread reads its stderr continuously (so a full
-    pipe never blocks the daemon) and stamps each line with its arrival."""
-
-    def __init__(self, proc, sock, t0):
-        self.proc, self.sock, self.t0 = proc, sock, t0
-        self.lines = []
-        self.cv = threading.Condition()
-        self.eof = False
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self):
-        for raw in iter(self.proc.stderr.readline, b""):
-            item = (time.monotonic(), raw.decode(errors="replace").rstrip("\n"))
-            with self.cv:
-                self.lines.append(item)
-                self.cv.notify_all()
-        with self.cv:
-            self.eof = True
-            self.cv.notify_all()
-
-    def wait_for(self, pattern, timeout):
-        """Waits for a log line matching pattern; returns (arrival time, line)."""
-        rx = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        seen = 0
-        with self.cv:
-            while True:
-                for item in self.lines[seen:]:
-                    if rx.search(item[1]):
-                        return item
-                seen = len(self.lines)
-                if self.eof:
-                    raise SystemExit(f"bench: wcached exited ({self.proc.wait()}):\n"
-                                     f"{self.log()}")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise SystemExit(f"bench: no log line matching {pattern!r} in "
-                                     f"{timeout} s:\n{self.log()}")
-                self.cv.wait(left)
-
-    def wait_listening(self, timeout=60):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"bench: wcached exited ({self.proc.returncode})")
-            try:
-                s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-                s.connect(self.sock)
-                s.close()
-                return
-            except OSError:
-                time.sleep(0.01)
-        raise SystemExit("bench: wcached did not listen in time")
-
-    def log(self):
-        return "\n".join(line for _, line in list(self.lines))
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.reader.join(timeout=10)
-        self.proc.stderr.close()
-        return self.proc.returncode
 
 
 def machine():
@@ -402,9 +320,8 @@ def warm_part(b, paths, tmp):
         b.cache("evict", p)
     d = b.start_daemon(tmp, paths, warm=True, pin="metadata")
     try:
-        d.wait_listening()
         for name in paths:
-            d.wait_for(rf'model "{re.escape(name)}": generation \d+ warm: ', 300)
+            d.wait_for_log(rf'model "{re.escape(name)}": generation \d+ warm: ', 300)
         print("  page cache filled by wcached's own warm-up, after evicting the files")
         for name, mk, what in MODELS:
             path = paths[name]
@@ -412,7 +329,7 @@ def warm_part(b, paths, tmp):
             res = b.cache("resident", path)
             print(f"\n-- {name}: {what}, {mib(size):.0f} MiB ({size / GIB:.2f} GiB); "
                   f"page cache holds {100 * res['resident_after'] / size:.0f}% of it")
-            med = b.warm_variants(path, name, d.sock, size)
+            med = b.warm_variants(path, name, d.socket, size)
             bb, c, m = med["open"], med["attach"], med["mmap"]
             first = f"connect + attach, first call in a fresh process, best of {RUNS_WARM}"
             if name == "load-50k":
@@ -446,7 +363,7 @@ def warm_part(b, paths, tmp):
                     print(f"  {label:<28} skipped: needs {need / GIB:.1f} GiB free, "
                           f"{mem_available() / GIB:.1f} available")
                     continue
-                t = b.workers(v, path, d.sock, name)
+                t = b.workers(v, path, d.socket, name)
                 print(f"  {label:<28} {mib(t['Pss']):>10.1f} {t['Pss'] / size:>7.2f}x "
                       f"{mib(t['Pss_Anon']):>9.1f} {mib(t['Pss_File']):>9.1f} "
                       f"{mib(t['Pss_Shmem']):>9.1f} {mib(t['Rss']):>9.0f} "
@@ -464,7 +381,7 @@ def warm_part(b, paths, tmp):
     finally:
         status = d.stop()
     if status != 0:
-        raise SystemExit(f"bench: wcached exited with {status}:\n{d.log()}")
+        raise SystemExit(f"bench: wcached exited with {status}:\n{d.read_log()}")
 
 
 def cold_part(b, paths, tmp):

@@ -140,20 +140,19 @@ def attach_part(b, tmp, layouts):
         path = layouts[(name, tensors, shards)]
         d = b.start_daemon(tmp, {"m": path}, warm=True, pin="metadata")
         try:
-            d.wait_listening()
-            d.wait_for(r'model "m": generation \d+ warm: ', 300)
+            d.wait_for_log(r'model "m": generation \d+ warm: ', 300)
             rss_model = {k: rss_kib(d.proc.pid, k)
                          for k in ("VmRSS", "RssAnon", "RssFile", "RssShmem")}
-            runs = [run_json([b.binary("bench_attach"), "--fresh", d.sock, "m"])
+            runs = [run_json([b.binary("bench_attach"), "--fresh", d.socket, "m"])
                     for _ in range(RUNS)]
             cpu0 = cpu_s(d.proc.pid)
-            pairs = run_json([b.binary("bench_attach"), "--fresh", d.sock, "m", "--pairs",
+            pairs = run_json([b.binary("bench_attach"), "--fresh", d.socket, "m", "--pairs",
                               str(PAIR_SECONDS)])
             daemon_cpu = (cpu_s(d.proc.pid) - cpu0) / max(pairs["pairs"], 1) * 1e6
-            calls = syscalls_per_pair(b, d.sock, "m")
+            calls = syscalls_per_pair(b, d.socket, "m")
             # CLIENTS workers holding one attach each, at once.
             before = rss_kib(d.proc.pid)
-            procs = [subprocess.Popen([b.binary("bench_attach"), "--fresh", d.sock, "m",
+            procs = [subprocess.Popen([b.binary("bench_attach"), "--fresh", d.socket, "m",
                                        "--hold"], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, text=True)
                      for _ in range(CLIENTS)]

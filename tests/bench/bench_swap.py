@@ -15,13 +15,15 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
+from wcached import Wcached, build_binary  # noqa: E402 (path set just above)
 
 SWAPS = 6
 
@@ -65,7 +67,7 @@ def main():
     ap.add_argument("--mib", type=int, default=256, help="model size")
     args = ap.parse_args()
     build = os.path.abspath(args.build)
-    binary = lambda name: os.path.join(build, "bin", name)
+    binary = lambda name: build_binary(name, build)  # noqa: E731
     models = os.path.abspath(args.models or os.path.join(build, "bench-models"))
     os.makedirs(models, exist_ok=True)
 
@@ -92,14 +94,10 @@ def main():
     tmp = tempfile.mkdtemp(prefix="wcache-bench-swap-", dir=models)
     live = os.path.join(tmp, "live.safetensors")
     shutil.copy(sources[0], live)
-    sock, ctl, conf, log = (os.path.join(tmp, n) for n in
-                            ("wcached.sock", "control.sock", "wcached.conf", "wcached.log"))
-    with open(conf, "w") as f:
-        f.write(f"[wcached]\nsocket = {sock}\ncontrol = {ctl}\nprefetch_threads = 2\n\n"
-                f"[model swap]\npath = {live}\n")
-    logf = open(log, "w")
-    daemon = subprocess.Popen([binary("wcached"), "-c", conf], stderr=logf)
+    daemon = Wcached(tmp, {"swap": live}, log_level="info", wcached=binary("wcached"))
+    sock, ctl = daemon.socket, daemon.control
     try:
+        daemon.start()
         wait_for(lambda: os.path.exists(ctl) and
                  control(ctl, "status")["models"][0]["state"] == "ready", 60, "warm")
         print(f"== Hot swap (issue 4): {SWAPS} swaps of a {size / 2**20:.0f} MiB model, "
@@ -132,10 +130,8 @@ def main():
             lib.wc_attach(client, b"swap", ctypes.byref(model))
             lib.wc_release(old)
             gen = lib.wc_model_generation(model)
-            wait_for(lambda: re.search(rf"generation {gen} warm: \d+ bytes in ([\d.]+) s",
-                                       open(log).read()), 30, "the warm-up log line")
-            warm = float(re.search(rf"generation {gen} warm: \d+ bytes in ([\d.]+) s",
-                                   open(log).read()).group(1))
+            line = daemon.wait_for_log(rf"generation {gen} warm: \d+ bytes in ([\d.]+) s", 30)[1]
+            warm = float(re.search(r"warm: \d+ bytes in ([\d.]+) s", line).group(1))
             rows.append((gen, t_valid, warm, t_current))
         # Attach latency while swaps run back to back.
         busy = swap_window(binary, sock, ctl, live, tmp, sources, lib)
@@ -166,9 +162,7 @@ def main():
               f"quiet: p50 {ratio:.2f}x ({busy['p50_us']:.0f} vs {quiet['p50_us']:.0f} us), "
               f"p99 {busy['p99_us'] / quiet['p99_us']:.2f}x")
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(timeout=60)
-        logf.close()
+        daemon.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -55,6 +55,6 @@ echo
 /usr/bin/python3 "$here/bench_restart.py" --build "$build"
 echo
 PYTHONPATH="$here/../../client/python" WCACHE_LIB="$build/lib/libwcache.so.0" \
-	/usr/bin/python3 -m wcache.bench --build "$build" --dir "$models"
+	/usr/bin/python3 "$here/bench_python.py" --build "$build" --dir "$models"
 echo
 echo "== bench done in $(( $(date +%s) - start )) s =="

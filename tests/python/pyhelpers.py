@@ -1,7 +1,7 @@
 """Helpers of the Python package's tests: the package from this tree, the
 build's libwcache and binaries, safetensors files written here byte by byte
 (struct + json, independent of the code under test), and a real wcached on
-sockets in a temporary directory.
+sockets in a temporary directory (tests/pyutil/wcached.py runs it).
 
 Environment: WCACHE_BUILD (build directory; default <repo>/build), WCACHE_LIB
 (the library; default <build>/lib/libwcache.so.0). Waits are conditions with
@@ -9,18 +9,17 @@ deadlines, never bare sleeps.
 """
 import json
 import os
-import signal
-import socket
 import struct
 import subprocess
 import sys
-import time
-
-import pytest
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.append(os.path.join(REPO, "tests", "pyutil"))
+from wcached import Wcached, build_binary, build_dir  # noqa: E402
+from wcached import wait_until as _wait_until  # noqa: E402
+
 PYDIR = os.path.join(REPO, "client", "python")
-BUILD = os.path.abspath(os.environ.get("WCACHE_BUILD") or os.path.join(REPO, "build"))
+BUILD = build_dir()
 BIN = os.path.join(BUILD, "bin")
 
 if PYDIR not in sys.path:
@@ -32,21 +31,12 @@ if not os.environ.get("WCACHE_LIB"):
 
 
 def binary(name):
-    path = os.path.join(BIN, name)
-    if not os.path.exists(path):
-        pytest.fail(f"{path} is missing: build first (WCACHE_BUILD={BUILD})")
-    return path
+    return build_binary(name, BUILD)
 
 
 def wait_until(cond, timeout=30.0, what="condition"):
     """Polls cond() until it is true or the deadline passes."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    return _wait_until(cond, timeout, what)
 
 
 def write_safetensors(path, tensors, metadata=None):
@@ -81,16 +71,6 @@ def mkmodel(path, layers=2, hidden=64, ffn=128, vocab=100, seed=1, dtype="BF16")
     return str(path)
 
 
-def connectable(path):
-    try:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        s.connect(str(path))
-        s.close()
-        return True
-    except OSError:
-        return False
-
-
 def file_mappings(path):
     """How many of this process's mappings are of path (by /proc/self/maps)."""
     st = os.stat(path)
@@ -104,47 +84,9 @@ def file_mappings(path):
     return n
 
 
-class Daemon:
-    """A wcached with its config, sockets and log in one directory."""
-
-    def __init__(self, tmp, models):
-        self.dir = tmp
-        self.socket = str(tmp / "wcached.sock")
-        self.control = str(tmp / "control.sock")
-        self.conf = str(tmp / "wcached.conf")
-        self.log = str(tmp / "wcached.log")
-        text = (f"[wcached]\nsocket = {self.socket}\ncontrol = {self.control}\n"
-                f"prefetch_threads = 2\nlog_level = debug\n\n")
-        for name, path in models.items():
-            text += f"[model {name}]\npath = {path}\n\n"
-        with open(self.conf, "w") as f:
-            f.write(text)
-        self.proc = None
-
-    def start(self):
-        self.logf = open(self.log, "w")
-        self.proc = subprocess.Popen([binary("wcached"), "-c", self.conf], stderr=self.logf)
-        wait_until(lambda: self.proc.poll() is not None or connectable(self.socket),
-                   what="wcached to listen")
-        assert self.proc.poll() is None, self.read_log()
-        return self
-
-    def read_log(self):
-        with open(self.log) as f:
-            return f.read()
-
-    def stop(self):
-        """SIGTERM; returns the exit status."""
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else 0
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            status = self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            status = self.proc.wait()
-        self.logf.close()
-        return status
+class Daemon(Wcached):
+    """A wcached with its config, sockets and log in one directory
+    (tests/pyutil/wcached.py's Wcached, under the name the tests use)."""
 
 
 def run_python(code, env=None, timeout=120):

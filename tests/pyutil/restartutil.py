@@ -2,11 +2,12 @@
 under its clients: tests/integration/test_restart.py (libwcache) and
 tests/python/test_restart.py (the Python package).
 
-Both suites have their own Daemon class (tests/integration/conftest.py,
-tests/python/pyhelpers.py); the helpers here only use what the two have in
-common (proc, logf, stop(), start(), control), and take the path of the
-build's wcachectl from the caller, so this module imports neither and can
-be imported from either directory. Import it with
+Both suites' Daemon classes (tests/integration/conftest.py,
+tests/python/pyhelpers.py) are tests/pyutil/wcached.py's Wcached; the
+helpers here only use what Wcached has (proc, logf, stop(), start(),
+control) and take the path of the build's wcachectl from the caller, so
+this module imports neither suite and can be imported from either
+directory. Import it with
 
     sys.path.append(<tests>/pyutil); from restartutil import ...
 """

@@ -3,7 +3,7 @@ size (PSS) and the share of it that maps one file.
 
 PSS counts a page shared by N processes as 1/N in each, so the sum over a
 set of processes is what they really cost together: the figure the
-benchmark (wcache.bench) and the pre-fork example
+benchmark (tests/bench/bench_python.py) and the pre-fork example
 (examples/prefork_pss.py) report for workers holding a model. Standard
 library only, so the example can use it without torch.
 """

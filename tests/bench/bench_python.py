@@ -1,4 +1,9 @@
-"""python3 -m wcache.bench --build BUILD: the Python package's benchmark.
+"""tests/bench/bench_python.py --build BUILD: the Python package's benchmark.
+
+It lives with the other benchmarks, not in the installed package: it needs
+a build tree (mkmodel, wcached, bench_load) and torch, which no user of the
+package has reason to ship. The package it measures is the one Python
+imports: run.sh puts this tree's client/python first on PYTHONPATH.
 
 On a checkpoint of about 1 GiB (BF16, llama-like shapes, written by the
 build's ``mkmodel``), with every file in the page cache, it times the
@@ -29,8 +34,6 @@ import argparse
 import gc
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,6 +45,9 @@ import torch
 import wcache
 from wcache import _lib
 from wcache._pss import file_pss_kib, pss_kib
+
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
+from wcached import Wcached, build_binary  # noqa: E402 (path set just above)
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -96,41 +102,10 @@ def make_pt(model, pt):
     return pt
 
 
-class Daemon:
-    def __init__(self, build, model, tmp):
-        self.socket = os.path.join(tmp, "wcached.sock")
-        conf = os.path.join(tmp, "wcached.conf")
-        models = model if isinstance(model, dict) else {"bench": model}
-        with open(conf, "w") as f:
-            f.write(f"[wcached]\nsocket = {self.socket}\ncontrol = "
-                    f"{os.path.join(tmp, 'control.sock')}\nprefetch_threads = 2\n")
-            for name, path in models.items():
-                name = name if isinstance(name, str) else f"t{name}"
-                f.write(f"\n[model {name}]\npath = {path}\n")
-        self.log = open(os.path.join(tmp, "wcached.log"), "w")
-        self.proc = subprocess.Popen([os.path.join(build, "bin", "wcached"), "-c", conf],
-                                     stderr=self.log)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"bench: wcached exited with {self.proc.returncode}")
-            try:
-                s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-                s.connect(self.socket)
-                s.close()
-                return
-            except OSError:
-                time.sleep(0.02)
-        raise SystemExit("bench: wcached did not listen in time")
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
+def start_daemon(build, models, tmp):
+    """A running wcached on sockets in tmp serving models {name: path}."""
+    return Wcached(tmp, models, log_level="info",
+                   wcached=build_binary("wcached", build)).start()
 
 
 def load_safe_open(model):
@@ -245,7 +220,7 @@ def _wcache_all(name):
 
 
 def _child(kind, arg):
-    """python3 -m wcache.bench --child KIND ARG: one fresh measurement."""
+    """bench_python.py --child KIND ARG: one fresh measurement."""
     gc.collect()
     if kind == "floor":
         c, w = _floor(int(arg))
@@ -257,7 +232,7 @@ def _child(kind, arg):
 
 
 def _fresh(kind, arg, env):
-    r = subprocess.run([sys.executable, "-m", "wcache.bench", "--child", kind, str(arg)],
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", kind, str(arg)],
                        env=env, check=True, capture_output=True, text=True)
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -277,7 +252,7 @@ def per_tensor(build, directory, repeat):
         models[n] = path
     rows = []
     with tempfile.TemporaryDirectory(prefix="wcache-bench.") as tmp:
-        daemon = Daemon(build, models, tmp)
+        daemon = start_daemon(build, {f"t{n}": path for n, path in models.items()}, tmp)
         # Fresh processes find wcache's bytecode compiled, as an installed
         # package has it (python3-wcache compiles it at install), even where
         # PYTHONDONTWRITEBYTECODE is set: one untimed run writes it.
@@ -331,8 +306,7 @@ def per_tensor(build, directory, repeat):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python3 -m wcache.bench", description=__doc__.split(
-        "\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default="build", help="build directory (bin/mkmodel, "
                     "bin/wcached, lib/libwcache.so.0)")
     ap.add_argument("--dir", help="where to keep the model files (default BUILD/bench-python)")
@@ -368,7 +342,7 @@ def main(argv=None):
     read_all(pt)
 
     with tempfile.TemporaryDirectory(prefix="wcache-bench.") as tmp:
-        daemon = Daemon(build, model, tmp)
+        daemon = start_daemon(build, {"bench": model}, tmp)
         os.environ["WCACHE_SOCKET"] = daemon.socket
         try:
             # warm: the daemon has validated and mapped it; every page resident
