@@ -135,7 +135,7 @@ pages_pin_metadata(struct generation *g)
 /* Work queue thread: maps every page of file i of g (resident_populate),
  * a RESTORE_CHUNK at a time, until it fails or the daemon stops. */
 static void
-restore_populate(struct page_work *p, size_t i)
+populate_restored(struct page_work *p, size_t i)
 {
 	const struct wc_file *f = &p->g->source.files[i];
 
@@ -159,7 +159,7 @@ restore_populate(struct page_work *p, size_t i)
  * has them once warm.
  */
 static void
-restore_run(struct page_work *p)
+check_restored(struct page_work *p)
 {
 	const struct generation *g = p->g;
 	size_t n = g->source.nfiles;
@@ -182,7 +182,7 @@ restore_run(struct page_work *p)
 		if (p->pin_metadata)
 			lock_metadata(g, first, &p->lock);
 		for (size_t i = 0; i < n && p->populate && p->err == 0 && !p->stopped; i++)
-			restore_populate(p, i);
+			populate_restored(p, i);
 	}
 	free(size);
 	free(first);
@@ -236,7 +236,7 @@ page_work_apply(struct page_work *p)
 	if (p->op == PAGE_CHECK)
 		return;
 	if (p->op == PAGE_RESTORE) {
-		restore_run(p);
+		check_restored(p);
 		return;
 	}
 	for (size_t i = 0; i < g->source.nfiles; i++) {
@@ -271,7 +271,7 @@ page_work_apply(struct page_work *p)
 
 /* Work queue thread: the operation, then a measure of what it left in
  * memory, so that status and metrics report a figure taken off the loop
- * (generation_resident) that is fresh right after every change a page
+ * (gen_resident) that is fresh right after every change a page
  * operation makes (evict, pin, populate once warm). */
 static void
 page_work_run(uv_work_t *w)

@@ -534,7 +534,7 @@ test_residency_rewarm(void **state)
 }
 
 /* Status and metrics report the figure the latest page operation measured
- * off the loop (generation_resident walks nothing); evict and pin refresh
+ * off the loop (gen_resident walks nothing); evict and pin refresh
  * it when they end; registry_refresh_residency measures again only what is
  * old enough. */
 static void

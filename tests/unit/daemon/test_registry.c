@@ -347,8 +347,8 @@ conn_peer(uint64_t conn)
 	return (struct registry_peer){ .pid = 1, .uid = 0, .gid = 0, .conn_id = conn };
 }
 
-/* HOLD (registry_hold) and the generations a restart takes over as held
- * (registry_adopt_held): only a generation taken over from the store may
+/* HOLD (restore_hold) and the generations a restart takes over as held
+ * (restore_adopt_held): only a generation taken over from the store may
  * be held, only while its wait lasts, at most as many times as it had
  * holders and once per connection; one waits restart_hold_ms with no
  * holder, then closes unless someone holds it. */
