@@ -240,7 +240,7 @@ struct generation *gen_new(struct registry *r, const char *model_name, uint64_t 
  * the caller's), g freed. */
 void gen_unmake(struct generation *g, struct model_source *src);
 
-/* pages.c: a residency check found only resident bytes of g in memory;
+/* A PAGE_CHECK found only resident bytes of g in memory (pages_done);
  * READY -> WARMING when memory pressure took more than 1% (counted in the
  * model's rewarm_count). */
 void gen_residency_checked(struct registry *r, struct generation *g, uint64_t resident);
