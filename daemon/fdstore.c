@@ -591,7 +591,7 @@ fail:
 }
 
 static int
-generation_equal(const struct fdstore_generation *a, const struct fdstore_generation *b)
+stored_generation_equal(const struct fdstore_generation *a, const struct fdstore_generation *b)
 {
 	if (a->number != b->number || a->role != b->role || a->pin != b->pin ||
 		a->holders != b->holders ||
@@ -621,7 +621,7 @@ fdstore_equal(const struct fdstore_desc *a, const struct fdstore_desc *b)
 			x->ngenerations != y->ngenerations)
 			return 0;
 		for (uint32_t g = 0; g < x->ngenerations; g++)
-			if (!generation_equal(&x->generations[g], &y->generations[g]))
+			if (!stored_generation_equal(&x->generations[g], &y->generations[g]))
 				return 0;
 	}
 	return 1;

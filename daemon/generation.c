@@ -1,9 +1,12 @@
 /*
  * generation.c: the state machine of a generation (see generation.h), from
- * its install to its free: warming on the pool, promotion to current,
- * eviction, attaching while cold, the memory budget, being modified in
- * place, and freeing once nothing refers to it. registry.c creates
- * generations; pages.c works on their pages.
+ * its making to its free: warming on the pool, promotion to current,
+ * eviction, attaching while cold, being modified in place, and freeing once
+ * nothing refers to it. The registry (and the warm restart) make
+ * generations and decide policy over models (the memory budget, pins);
+ * pages.c works on their pages and reports back through page_hooks below.
+ * Nothing here calls the registry or the warm restart: what they must
+ * hear goes through struct registry's hooks (promoted, closed, changed).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -16,10 +19,9 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "generation.h"
 #include "log.h"
-#include "restore.h"
 #include "pages.h"
-#include "registry_internal.h"
 
 static const char *const state_names[] = {
 	[GEN_NEW] = "new",
@@ -94,8 +96,9 @@ gen_holds_memory(const struct generation *g)
 	return g->state == GEN_WARMING || g->state == GEN_READY || g->state == GEN_REWARM;
 }
 
-uint64_t
-registry_now_ms(const struct registry *r)
+/* Milliseconds on the registry's loop clock (registry_now_ms). */
+static uint64_t
+now_ms(const struct registry *r)
 {
 	return uv_now(r->loop);
 }
@@ -120,7 +123,8 @@ gen_maybe_free(struct registry *r, struct generation *g)
 			break;
 		}
 	gen_set_state(g, GEN_CLOSED, "unreferenced");
-	restore_forget(r, g);
+	if (r->closed != NULL)
+		r->closed(r, g);
 	log_info("model \"%s\": generation %" PRIu64 " closed", g->model_name, g->number);
 	if (g->index != NULL)
 		munmap((void *)g->index, g->index_size);
@@ -187,10 +191,51 @@ gen_close_served(int *fds, size_t n)
 	free(fds);
 }
 
-uint64_t
-generation_resident(const struct generation *g, const char **method, int64_t *age_ms)
+struct generation *
+gen_new(struct registry *r, const char *model_name, uint64_t number, struct model_source *src,
+	int *served_fds, int index_fd, const uint8_t *index, size_t index_size)
 {
-	uint64_t now = registry_now_ms(g->registry);
+	struct generation *g = calloc(1, sizeof(*g));
+
+	if (g == NULL || (g->model_name = strdup(model_name)) == NULL ||
+		/* An array of pointers: sizeof(*g->warm.jobs) is one pointer.
+		 * NOLINTNEXTLINE(bugprone-sizeof-expression) */
+		(g->warm.jobs = calloc(src->nfiles ? src->nfiles : 1, sizeof(*g->warm.jobs))) ==
+			NULL) {
+		if (g != NULL)
+			free(g->model_name);
+		free(g);
+		return NULL;
+	}
+	g->registry = r;
+	g->source = *src;
+	memset(src, 0, sizeof(*src));
+	g->served_fds = served_fds;
+	g->index_fd = index_fd;
+	g->index = index;
+	g->index_size = index_size;
+	for (size_t i = 0; i < g->source.nfiles; i++)
+		g->bytes += g->source.files[i].size;
+	g->number = number;
+	return g;
+}
+
+void
+gen_unmake(struct generation *g, struct model_source *src)
+{
+	*src = g->source;
+	gen_close_served(g->served_fds, g->source.nfiles);
+	munmap((void *)g->index, g->index_size);
+	free(g->warm.jobs);
+	free(g->hold_conns);
+	free(g->model_name);
+	free(g);
+}
+
+uint64_t
+gen_resident(const struct generation *g, const char **method, int64_t *age_ms)
+{
+	uint64_t now = now_ms(g->registry);
 
 	if (method != NULL)
 		*method = g->resident.measured ? resident_method_name(g->resident.method) : "none";
@@ -221,31 +266,6 @@ gen_residency_checked(struct registry *r, struct generation *g, uint64_t residen
 }
 
 void
-registry_refresh_residency(struct registry *r, uint64_t max_age_ms)
-{
-	uint64_t now = registry_now_ms(r);
-
-	for (struct model_entry *m = r->models; m != NULL; m = m->next) {
-		struct generation *g = m->current;
-
-		/* A queued or running operation measures when it ends. */
-		if (g == NULL || g->page_queue != NULL)
-			continue;
-		if (g->resident.measured && now < g->resident.at_ms + max_age_ms)
-			continue;
-		pages_queue(r, g, PAGE_CHECK);
-	}
-}
-
-void
-registry_check_residency(struct registry *r)
-{
-	/* Every current one, for the figure status reports; only a populated
-	 * one can need warming again (gen_residency_checked). */
-	registry_refresh_residency(r, 0);
-}
-
-void
 gen_promote(struct registry *r, struct model_entry *m, struct generation *g)
 {
 	struct generation *old = m->current;
@@ -258,11 +278,12 @@ gen_promote(struct registry *r, struct model_entry *m, struct generation *g)
 			m->name, g->number, old->number);
 	}
 	if (m->pin == PIN_ALL && g->state == GEN_READY)
-		pages_queue(r, g, PAGE_PIN);
-	registry_publish(r, m, g->number);
+		gen_queue_pages(r, g, PAGE_PIN);
+	/* The registry publishes it and keeps within the memory budget. */
+	if (r->promoted != NULL)
+		r->promoted(r, m, g);
 	if (old != NULL)
 		gen_maybe_free(r, old);
-	registry_enforce_budget(r);
 }
 
 /* The last warming job of g ended with no error (loop thread): logs the
@@ -270,7 +291,7 @@ gen_promote(struct registry *r, struct model_entry *m, struct generation *g)
 static void
 log_warm(struct registry *r, struct generation *g)
 {
-	double secs = (double)(registry_now_ms(r) - g->warm.started_ms) / 1000.0;
+	double secs = (double)(now_ms(r) - g->warm.started_ms) / 1000.0;
 
 	if (g->model != NULL)
 		g->model->last_warm_seconds = secs;
@@ -312,14 +333,14 @@ warm_done(struct warm_job *job, const struct warm_result *res, void *cookie)
 	if (res->status == -ECANCELED)
 		g->warm.cancelled = 1;
 	if (--g->warm.pending == 0 && g->state == GEN_COLD)
-		pages_queue(r, g, PAGE_EVICT_SETTLE); /* evicted while it warmed */
+		gen_queue_pages(r, g, PAGE_EVICT_SETTLE); /* evicted while it warmed */
 	if (g->warm.pending > 0 || (g->state != GEN_WARMING && g->state != GEN_COLD)) {
 		gen_maybe_free(r, g);
 		return;
 	}
 	clean = g->warm.error == 0 && !g->warm.cancelled;
 	if (g->warm.error == -ENODATA) {
-		registry_mark_modified(r, g, "a file");
+		gen_mark_modified(r, g, "a file");
 	} else if (g->warm.error < 0) {
 		gen_set_state(g, GEN_FAILED, "warming failed");
 		log_errorx("model \"%s\": warming generation %" PRIu64 " failed: %s",
@@ -341,15 +362,15 @@ warm_done(struct warm_job *job, const struct warm_result *res, void *cookie)
 		g->resident.measured = 1;
 		g->resident.bytes = g->warm.resident;
 		g->resident.method = g->warm.resident_how;
-		g->resident.at_ms = registry_now_ms(r);
-		pages_queue(r, g, PAGE_POPULATE);
+		g->resident.at_ms = now_ms(r);
+		gen_queue_pages(r, g, PAGE_POPULATE);
 	} else if (g->state != GEN_COLD) {
-		pages_queue(r, g, PAGE_CHECK);
+		gen_queue_pages(r, g, PAGE_CHECK);
 	}
 	if (m != NULL && m->pending == g && (g->state == GEN_READY || g->state == GEN_COLD))
 		gen_promote(r, m, g);
 	else if (m != NULL && m->current == g && m->pin == PIN_ALL && g->state == GEN_READY)
-		pages_queue(r, g, PAGE_PIN);
+		gen_queue_pages(r, g, PAGE_PIN);
 	if (m != NULL && m->pending == g && !gen_attachable(g)) {
 		/* A replacement that cannot be served never becomes current. */
 		m->pending = NULL;
@@ -392,7 +413,7 @@ gen_start_warming(struct registry *r, struct generation *g)
 	g->warm.resident = 0;
 	g->warm.resident_how = RESIDENT_CACHESTAT;
 	g->warm.seconds = 0;
-	g->warm.started_ms = registry_now_ms(r);
+	g->warm.started_ms = now_ms(r);
 	for (size_t i = 0; r->pool != NULL && i < g->source.nfiles; i++) {
 		const struct wc_file *f = &g->source.files[i];
 		struct warm_request req = {
@@ -423,7 +444,7 @@ gen_cancel_warming(struct registry *r, struct generation *g)
 }
 
 void
-registry_mark_modified(struct registry *r, struct generation *g, const char *file)
+gen_mark_modified(struct registry *r, struct generation *g, const char *file)
 {
 	if (g->state == GEN_MODIFIED)
 		return;
@@ -441,33 +462,46 @@ registry_mark_modified(struct registry *r, struct generation *g, const char *fil
 		free(m->error);
 		m->error = strdup("the new generation was modified in place while it warmed; "
 				  "replace model files with rename(2)");
-		/* g may now be unreferenced: the caller frees it with
-		 * registry_collect() once it is done with it. */
+		/* g may now be unreferenced: the caller frees it
+		 * (gen_maybe_free, registry_collect) once it is done with it. */
 	}
 }
 
-void
-registry_collect(struct registry *r)
+/* ---- page operations ---- */
+
+static void evict_done(struct registry *r, struct generation *g);
+
+/* pages.c: a page operation of g ended (pages.h): what it found moves g
+ * on; then g closes if nothing refers to it any more. */
+static void
+pages_done(struct registry *r, struct generation *g, const struct pages_result *res)
 {
-	struct generation *g = r->generations, *next;
-
-	for (; g != NULL; g = next) {
-		next = g->next;
-		gen_maybe_free(r, g);
-	}
+	if (res->op == PAGE_CHECK && !res->cancelled)
+		gen_residency_checked(r, g, res->resident);
+	if (res->op == PAGE_EVICT || res->op == PAGE_EVICT_SETTLE)
+		evict_done(r, g);
+	gen_maybe_free(r, g);
 }
 
-/* ---- attaching, pinning, eviction ---- */
+static const struct pages_hooks page_hooks = { .live = gen_is_live, .done = pages_done };
 
 void
-generation_ref(struct registry *r, struct generation *g)
+gen_queue_pages(struct registry *r, struct generation *g, enum page_op op)
+{
+	pages_queue(r, g, op, &page_hooks);
+}
+
+/* ---- attaching, eviction ---- */
+
+int
+gen_ref(struct registry *r, struct generation *g)
 {
 	g->attached++;
 	if (g->model == NULL)
-		return;
+		return 0;
 	g->model->last_attach = ++r->attach_seq;
 	if (g->state != GEN_COLD || g->model->current != g)
-		return;
+		return 0;
 	log_info("model \"%s\": attached while cold, warming generation %" PRIu64, g->model_name,
 		g->number);
 	if (pages_drop_queued_evictions(g))
@@ -476,21 +510,22 @@ generation_ref(struct registry *r, struct generation *g)
 		gen_start_warming(r, g);
 	else
 		gen_set_state(g, GEN_READY, "attached while cold");
-	registry_enforce_budget(r);
+	return 1;
 }
 
 void
-generation_unref(struct registry *r, struct generation *g)
+gen_unref(struct registry *r, struct generation *g)
 {
 	/* Evicted pages a worker still mapped stayed resident; when the last
 	 * holder of a cold generation lets go, drop them. */
 	if (--g->attached == 0 && g->state == GEN_COLD && gen_is_live(g))
-		pages_queue(r, g, PAGE_EVICT);
+		gen_queue_pages(r, g, PAGE_EVICT);
 	gen_maybe_free(r, g);
 }
 
-void
-gen_evict_done(struct registry *r, struct generation *g)
+/* An eviction of g ended (REWARM -> WARMING or READY). */
+static void
+evict_done(struct registry *r, struct generation *g)
 {
 	if (g->state != GEN_REWARM)
 		return;
@@ -502,34 +537,6 @@ gen_evict_done(struct registry *r, struct generation *g)
 		gen_set_state(g, GEN_READY, "eviction ended");
 }
 
-int
-registry_pin(struct registry *r, const char *name, enum pin_mode pin)
-{
-	struct model_entry *m = registry_entry_named(r, name);
-
-	if (m == NULL)
-		return error_set(-ENOENT, "model \"%s\" is not loaded", name);
-	m->pin = pin;
-	if (m->current == NULL)
-		return 0;
-	/* Locking reads what is not resident: it runs off the loop, and a
-	 * lock RLIMIT_MEMLOCK refuses is logged with the advice. A generation
-	 * still warming is locked when warm. */
-	if (pin == PIN_ALL) {
-		if (m->current->state == GEN_COLD)
-			gen_set_state(m->current, GEN_READY, "pinned");
-		if (m->current->state == GEN_READY)
-			pages_queue(r, m->current, PAGE_PIN);
-		/* A pinned model counts against the budget and is never the
-		 * one evicted: others may have to go. */
-		registry_enforce_budget(r);
-	} else {
-		/* Queued behind a lock still running, if any. */
-		pages_queue(r, m->current, PAGE_UNPIN);
-	}
-	return 0;
-}
-
 void
 gen_evict(struct registry *r, struct generation *g)
 {
@@ -539,62 +546,6 @@ gen_evict(struct registry *r, struct generation *g)
 	/* A job still reading would leave its last chunk (and readahead)
 	 * resident: drop the pages once it has stopped (warm_done). */
 	if (g->warm.pending == 0)
-		pages_queue(r, g, PAGE_EVICT);
+		gen_queue_pages(r, g, PAGE_EVICT);
 }
 
-int
-registry_evict(struct registry *r, const char *name)
-{
-	struct model_entry *m = registry_entry_named(r, name);
-
-	if (m == NULL)
-		return error_set(-ENOENT, "model \"%s\" is not loaded", name);
-	if (m->pin == PIN_ALL)
-		return error_set(-EBUSY, "model \"%s\" is pinned; unpin it first", name);
-	for (struct generation *g = r->generations; g != NULL; g = g->next)
-		if (g->model == m)
-			gen_evict(r, g);
-	log_info("model \"%s\": evicted from the page cache", name);
-	return 0;
-}
-
-void
-registry_enforce_budget(struct registry *r)
-{
-	uint64_t total = 0;
-
-	if (r->memory_budget == 0)
-		return;
-	/* The estimate is the size of every current generation that keeps
-	 * its pages, and of every pending one: what warming keeps resident. */
-	for (struct model_entry *m = r->models; m != NULL; m = m->next) {
-		if (m->current != NULL && gen_holds_memory(m->current))
-			total += m->current->bytes;
-		if (m->pending != NULL)
-			total += m->pending->bytes;
-	}
-	while (total > r->memory_budget) {
-		struct model_entry *lru = NULL;
-
-		for (struct model_entry *m = r->models; m != NULL; m = m->next)
-			if (m->current != NULL && gen_holds_memory(m->current) &&
-				m->pin != PIN_ALL && m->current->attached == 0 &&
-				(lru == NULL || m->last_attach < lru->last_attach))
-				lru = m;
-		if (lru == NULL) {
-			/* Everything left is pinned or in use. */
-			for (struct model_entry *m = r->models; m != NULL; m = m->next)
-				if (m->current != NULL && gen_holds_memory(m->current) &&
-					m->pin != PIN_ALL &&
-					(lru == NULL || m->last_attach < lru->last_attach))
-					lru = m;
-		}
-		if (lru == NULL)
-			break;
-		log_info("model \"%s\": evicted to keep within memory_budget (%" PRIu64
-			 " MiB of models, budget %" PRIu64 " MiB)", lru->name, total >> 20,
-			r->memory_budget >> 20);
-		gen_evict(r, lru->current);
-		total -= lru->current->bytes;
-	}
-}

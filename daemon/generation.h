@@ -3,9 +3,9 @@
  *
  * A generation is the open files of one version of a model, their
  * mappings, the sealed index memfd, and a number that only grows. It is
- * created by a successful load (registry.c: loading happens before it
- * exists; the model reads "loading" meanwhile) and freed once nothing refers
- * to it. Its life is the state below, changed only by gen_set_state(), which
+ * made (gen_new) by a successful load (registry_load.c: loading happens
+ * before it exists; the model reads "loading" meanwhile) or by a warm
+ * restart (restore.h), and freed once nothing refers to it. Its life is the state below, changed only by gen_set_state(), which
  * refuses a transition the table does not allow and logs each one at debug:
  *
  *   model "x": generation N: warming -> ready (warm)
@@ -44,12 +44,17 @@
  * (gen_is_live), no client holds it (attached), no warming job reads it
  * (warm.pending), no page operation is queued on it (ops_pending, see
  * pages.h) and, restored after a restart as held, it no longer waits for
- * its holders' HOLDs (hold_until_ms). An unloaded model's generations
+ * its holders' HOLDs (hold_until_ms, restore.h). An unloaded model's generations
  * keep their state, with model NULL, until released. Three attributes are
  * not states either: pinned (what pages.c actually locked), populated
  * (whether every page is mapped into the daemon, resident.h) and resident
  * (the latest measure of its bytes in memory); pages.c writes them
  * (resident also warm_done).
+ *
+ * This module is below the registry and the warm restart: it never calls
+ * them. A promotion is reported through the registry's promoted hook, a
+ * generation closing through its closed hook, any change through changed.
+ * Page operations it queues report back to it through pages.h's hooks.
  *
  * Everything here runs on the event loop thread.
  */
@@ -58,6 +63,7 @@
 
 #include <stdint.h>
 
+#include "pages.h"
 #include "registry.h"
 #include "resident.h"
 #include "format/source.h"
@@ -98,8 +104,8 @@ struct generation {
 	unsigned stored_slot;       /* its fds went to the manager's store under this
 				       slot's names (restore.h); 0: none */
 	int stored_done;            /* all of them (not only some: a full queue) */
-	/* Restored from the store with holders (registry_await_holds): the
-	 * wait for their HOLDs (registry_hold) ends then, on the loop's clock;
+	/* Restored from the store with holders (restore_await_holds): the
+	 * wait for their HOLDs (restore_hold) ends then, on the loop's clock;
 	 * until then a generation no longer current stays open even while
 	 * nobody holds it. 0: not waiting. */
 	uint64_t hold_until_ms;
@@ -119,14 +125,14 @@ struct generation {
 		int measured;               /* 0 until the first measure arrived */
 		uint64_t bytes;             /* in memory (pages_resident) */
 		enum resident_method method;
-		uint64_t at_ms;             /* registry_now_ms() when it arrived */
+		uint64_t at_ms;             /* the loop's clock when it arrived */
 		uint64_t epoch;             /* a page operation started in an earlier
 					       epoch measured too early to count */
 	} resident;
 	/* A generation a warm restart adopted serves before its index is
 	 * checked in full: the checks run on the work queue once every
-	 * stored model is adopted, one generation at a time (registry.h,
-	 * registry_restore_checks). */
+	 * stored model is adopted, one generation at a time (restore.h,
+	 * restore_checks). */
 	enum {
 		RESTORE_CHECK_NONE,    /* compiled here, or checked */
 		RESTORE_CHECK_WAITING, /* adopted, its check not yet queued */
@@ -175,7 +181,8 @@ int gen_is_live(const struct generation *g);
 void gen_maybe_free(struct registry *r, struct generation *g);
 
 /* Makes g (the model's pending generation) current, without changing its
- * state; the previous current generation is freed if unreferenced. */
+ * state, and reports it through r->promoted (the registry publishes it);
+ * the previous current generation is freed if unreferenced. */
 void gen_promote(struct registry *r, struct model_entry *m, struct generation *g);
 
 /* Starts warming every file of g on the pool (-> WARMING; -> READY when no
@@ -189,10 +196,51 @@ void gen_cancel_warming(struct registry *r, struct generation *g);
  * MODIFIED or FAILED generation keeps its state. */
 void gen_evict(struct registry *r, struct generation *g);
 
-/* pages.c: an eviction of g ended (REWARM -> WARMING or READY). */
-void gen_evict_done(struct registry *r, struct generation *g);
+/* Queues op on g's pages (pages.h) with the hooks that bring its outcome
+ * back here: an eviction's end moves REWARM on, a residency check may warm
+ * again, and g closes once unreferenced. */
+void gen_queue_pages(struct registry *r, struct generation *g, enum page_op op);
 
-/* pages.c: a residency check found only resident bytes of g in memory;
+/* Marks g modified in place (watch, or a warming job that found a file
+ * shorter), with a log line: -> MODIFIED, warming cancelled, and a pending
+ * replacement dropped (it never becomes current) but not freed. */
+void gen_mark_modified(struct registry *r, struct generation *g, const char *file);
+
+/* Takes and drops a client reference on g. gen_ref of a cold current
+ * generation warms it again and returns 1 (the caller then applies the
+ * memory budget), else 0; it counts for the budget's LRU. gen_unref of the
+ * last holder of a cold generation drops its pages; g closes if nothing
+ * else refers to it. */
+int gen_ref(struct registry *r, struct generation *g);
+void gen_unref(struct registry *r, struct generation *g);
+
+/* Bytes of the generation's files in memory at the latest measure (by the
+ * first method that is true for the daemon's user, resident.h), taken off
+ * the loop after each page operation and each residency check, and by the
+ * warming jobs as a warm-up ends; 0 before the first. *method (may be NULL)
+ * names it ("cachestat", "mincore", "mapped", or "none" before the first);
+ * *age_ms (may be NULL) receives its age in milliseconds on the loop's
+ * clock, or -1 before the first. Constant time: status and metrics call it
+ * on the loop. */
+uint64_t gen_resident(const struct generation *g, const char **method, int64_t *age_ms);
+
+/*
+ * A new generation number of the model model_name (state NEW, in no list,
+ * without a model: registry_add_* link it) made of src (files open and
+ * mapped), the served descriptors (gen_open_served), the sealed index_fd
+ * and its read-only mapping index. Takes all of them on success only; NULL
+ * when out of memory.
+ */
+struct generation *gen_new(struct registry *r, const char *model_name, uint64_t number,
+	struct model_source *src, int *served_fds, int index_fd, const uint8_t *index,
+	size_t index_size);
+
+/* Undoes gen_new() for a generation never linked: src gets its files back,
+ * the served descriptors are closed, the index unmapped (index_fd stays
+ * the caller's), g freed. */
+void gen_unmake(struct generation *g, struct model_source *src);
+
+/* A PAGE_CHECK found only resident bytes of g in memory (pages_done);
  * READY -> WARMING when memory pressure took more than 1% (counted in the
  * model's rewarm_count). */
 void gen_residency_checked(struct registry *r, struct generation *g, uint64_t resident);
@@ -212,8 +260,5 @@ int gen_open_served(const struct model_source *src, int **out);
 
 /* Closes and frees what gen_open_served() opened; safe on NULL. */
 void gen_close_served(int *fds, size_t n);
-
-/* Milliseconds on the registry's loop clock. */
-uint64_t registry_now_ms(const struct registry *r);
 
 #endif

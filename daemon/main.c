@@ -247,7 +247,7 @@ on_checks_timer(uv_timer_t *t)
 {
 	struct daemon *d = t->data;
 
-	registry_restore_checks(&d->reg);
+	restore_checks(&d->reg);
 }
 
 /* Notifications the manager had no room for wait in notify.c; send them
@@ -262,7 +262,7 @@ on_notify_timer(uv_timer_t *t)
 	/* What the manager's full queue refused goes again (restore.h). */
 	restore_sync(&d->reg);
 	/* Generations held before a restart that nobody claimed close. */
-	registry_expire_holds(&d->reg);
+	restore_expire_holds(&d->reg);
 }
 
 static void
@@ -620,6 +620,7 @@ main(int argc, char **argv)
 	d.reg.owner = &d;
 	d.reg.changed = on_registry_changed;
 	d.reg.swapped = on_swapped;
+	d.reg.closed = restore_forget;
 	d.reg.memory_budget = memory_budget(d.cfg);
 	d.reg.restart_hold_ms = (int)d.cfg->restart_hold_seconds * 1000;
 	if (watch_start(&d.loop, &d.reg, &d.watch) < 0)

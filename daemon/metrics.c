@@ -89,7 +89,7 @@ v_bytes(const struct registry *reg, const struct model_entry *m)
 static double
 v_resident(const struct registry *reg, const struct model_entry *m)
 {
-	return m->current != NULL ? (double)generation_resident(m->current, NULL, NULL) : 0;
+	return m->current != NULL ? (double)gen_resident(m->current, NULL, NULL) : 0;
 }
 
 static double
@@ -381,7 +381,7 @@ write_model(FILE *f, const struct registry *reg, const struct model_entry *m)
 	json_write_field(f, "path", m->path != NULL ? m->path : "");
 	fprintf(f, ",\"generation\":%" PRIu64, g != NULL ? g->number : 0);
 	json_write_field(f, "state", metrics_model_state(m));
-	resident = g != NULL ? generation_resident(g, &method, &age_ms) : 0;
+	resident = g != NULL ? gen_resident(g, &method, &age_ms) : 0;
 	fprintf(f, ",\"bytes\":%" PRIu64 ",\"resident_bytes\":%" PRIu64,
 		g != NULL ? g->bytes : 0, resident);
 	json_write_field(f, "resident_method", method);
@@ -399,7 +399,7 @@ write_model(FILE *f, const struct registry *reg, const struct model_entry *m)
 		   ",\"access_denied\":%" PRIu64 ",\"swaps\":%" PRIu64 ",\"load_errors\":%" PRIu64
 		   ",\"rewarms\":%" PRIu64 ",\"warm_seconds\":%.3f,\"restricted\":%s",
 		m->attach_count, m->error_count, m->denied_count, m->swap_count, m->load_errors,
-		m->rewarm_count, m->last_warm_seconds, m->restricted ? "true" : "false");
+		m->rewarm_count, m->last_warm_seconds, m->access.restricted ? "true" : "false");
 	warm_progress(reg, m, &percent, &eta);
 	fprintf(f, ",\"warm_percent\":%.1f", percent);
 	if (eta >= 0)

@@ -1,6 +1,7 @@
 /*
  * pages.c: operations on a generation's pages (see pages.h), on libuv's
- * work queue, one at a time per generation.
+ * work queue, one at a time per generation; each one's end is reported
+ * through the hooks it was queued with, never by calling the modules above.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@
 
 #include "base/error.h"
 #include "format/index.h"
+#include "generation.h"
 #include "index_check.h"
 #include "log.h"
 #include "pages.h"
@@ -43,6 +45,7 @@ struct page_work {
 	int populate;           /* PAGE_RESTORE: map every page (not when it went cold
 				   before the check started: evicted, by the budget or
 				   by hand, or no longer served) */
+	const struct pages_hooks *hooks; /* how its end is reported */
 	struct page_work *next; /* queued behind the running one */
 };
 
@@ -132,7 +135,7 @@ pages_pin_metadata(struct generation *g)
 /* Work queue thread: maps every page of file i of g (resident_populate),
  * a RESTORE_CHUNK at a time, until it fails or the daemon stops. */
 static void
-restore_populate(struct page_work *p, size_t i)
+populate_restored(struct page_work *p, size_t i)
 {
 	const struct wc_file *f = &p->g->source.files[i];
 
@@ -156,7 +159,7 @@ restore_populate(struct page_work *p, size_t i)
  * has them once warm.
  */
 static void
-restore_run(struct page_work *p)
+check_restored(struct page_work *p)
 {
 	const struct generation *g = p->g;
 	size_t n = g->source.nfiles;
@@ -179,7 +182,7 @@ restore_run(struct page_work *p)
 		if (p->pin_metadata)
 			lock_metadata(g, first, &p->lock);
 		for (size_t i = 0; i < n && p->populate && p->err == 0 && !p->stopped; i++)
-			restore_populate(p, i);
+			populate_restored(p, i);
 	}
 	free(size);
 	free(first);
@@ -233,7 +236,7 @@ page_work_apply(struct page_work *p)
 	if (p->op == PAGE_CHECK)
 		return;
 	if (p->op == PAGE_RESTORE) {
-		restore_run(p);
+		check_restored(p);
 		return;
 	}
 	for (size_t i = 0; i < g->source.nfiles; i++) {
@@ -268,7 +271,7 @@ page_work_apply(struct page_work *p)
 
 /* Work queue thread: the operation, then a measure of what it left in
  * memory, so that status and metrics report a figure taken off the loop
- * (generation_resident) that is fresh right after every change a page
+ * (gen_resident) that is fresh right after every change a page
  * operation makes (evict, pin, populate once warm). */
 static void
 page_work_run(uv_work_t *w)
@@ -301,23 +304,29 @@ page_work_start(struct registry *r, struct generation *g)
 	int err;
 
 	p->epoch = g->resident.epoch;
-	p->populate = g->state != GEN_COLD && gen_is_live(g);
+	p->populate = g->state != GEN_COLD && p->hooks->live(g);
 	if ((err = uv_queue_work(r->loop, &p->work, page_work_run, page_work_after)) < 0) {
 		log_warnx("model \"%s\": %s", g->model_name, uv_strerror(err));
 		g->page_queue = p->next;
 		g->ops_pending--;
 		free(p);
+		/* Nothing to report: the operation never ran. What keeps g
+		 * open is the caller's to reconsider (page_work_after). */
 	}
 	return err;
 }
 
-/* Loop thread: records what the operation left, and runs the next one. */
+/* Loop thread: records what the operation left, starts the next one, and
+ * reports this one's end through its hooks. */
 static void
 page_work_after(uv_work_t *w, int status)
 {
 	struct page_work *p = w->data;
 	struct generation *g = p->g;
 	struct registry *r = g->registry;
+	const struct pages_hooks *hooks = p->hooks;
+	struct pages_result res = { .op = p->op, .cancelled = status != 0 };
+	char message[sizeof(p->message)];
 	int evict = p->op == PAGE_EVICT || p->op == PAGE_EVICT_SETTLE;
 
 	g->page_queue = p->next;
@@ -329,7 +338,7 @@ page_work_after(uv_work_t *w, int status)
 		g->resident.measured = 1;
 		g->resident.bytes = p->resident;
 		g->resident.method = p->how;
-		g->resident.at_ms = registry_now_ms(r);
+		g->resident.at_ms = uv_now(r->loop);
 	}
 	if (status != 0) {
 		/* cancelled: nothing ran */
@@ -342,9 +351,6 @@ page_work_after(uv_work_t *w, int status)
 			if (p->populate && !p->stopped)
 				populated(g, p);
 		}
-		registry_restore_checked(r, g, p->check_err, p->message);
-	} else if (p->op == PAGE_CHECK) {
-		gen_residency_checked(r, g, p->resident);
 	} else if (p->op == PAGE_PIN) {
 		if (p->err < 0)
 			pin_failed(g->model_name, g->source.files[p->failed].path,
@@ -357,16 +363,22 @@ page_work_after(uv_work_t *w, int status)
 		if (g->model != NULL && g->model->pin != PIN_NONE)
 			pages_pin_metadata(g);
 	}
-	if (evict)
-		gen_evict_done(r, g);
+	res.resident = p->resident;
+	res.check_err = p->check_err;
+	snprintf(message, sizeof(message), "%s", p->message);
+	res.message = message;
 	free(p);
+	/* The next one starts before this one is reported, so that an
+	 * operation the hook queues runs after those already queued and is
+	 * started once only. */
 	while (g->page_queue != NULL && page_work_start(r, g) < 0)
 		;
-	gen_maybe_free(r, g);
+	hooks->done(r, g, &res);
 }
 
 void
-pages_queue(struct registry *r, struct generation *g, enum page_op op)
+pages_queue(struct registry *r, struct generation *g, enum page_op op,
+	const struct pages_hooks *hooks)
 {
 	struct page_work *p = calloc(1, sizeof(*p)), **tail;
 
@@ -376,6 +388,7 @@ pages_queue(struct registry *r, struct generation *g, enum page_op op)
 	}
 	p->g = g;
 	p->op = op;
+	p->hooks = hooks;
 	p->pin_metadata = op == PAGE_RESTORE && g->model != NULL && g->model->pin != PIN_NONE;
 	p->work.data = p;
 	for (tail = &g->page_queue; *tail != NULL; tail = &(*tail)->next)

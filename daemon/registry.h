@@ -32,7 +32,9 @@
 #include "proto/wire.h"
 #include "warm.h"
 
+#include "access.h"
 #include "pin.h"
+#include "statuspage.h"
 
 struct generation; /* generation.h */
 struct registry;
@@ -61,11 +63,7 @@ struct model_entry {
 	uint64_t rewarm_count;      /* warm-ups after pages of a warm generation went missing */
 	/* Access: when restricted, only these users and groups attach (plus
 	 * root and wcached's own user). */
-	int restricted;
-	uid_t *allow_uids;
-	size_t n_allow_uids;
-	gid_t *allow_gids;
-	size_t n_allow_gids;
+	struct access_list access;
 	struct model_entry *next;
 };
 
@@ -85,26 +83,25 @@ struct registry {
 	uint64_t attach_seq;            /* counts attaches: orders the budget's LRU */
 	unsigned loads_in_flight;
 	int closing;
-	/* The status page: one u64 per model slot holding its current
-	 * generation (0: not served), mapped read-only by workers. */
-	int status_fd;                  /* read-write memfd, owned */
-	int status_ro_fd;               /* read-only reopen, passed to clients */
-	uint64_t *status;               /* read-write mapping */
-	struct status_slot {
-		char *name;               /* owns the slot forever */
-		uint64_t last_generation; /* so numbers grow across unload and load */
-	} *slots;
-	unsigned nslots;
+	/* The status page workers read (statuspage.h). */
+	struct statuspage page;
 	/* The manager's file descriptor store (restore.h): 1 when wcached
 	 * hands it the generations and the status page, which then is left
 	 * as it is at shutdown. */
 	int fdstore;
-	int restart_hold_ms;            /* registry_adopt_held(): how long HOLDs may come */
-	unsigned holds_open;            /* generations waiting for HOLDs */
-	/* Hooks: warming progress or end, and a model's current generation
-	 * changing (for client notifications). */
+	int restart_hold_ms;            /* restore_adopt_held(): how long HOLDs may come */
+	unsigned holds_open;            /* generations waiting for HOLDs (restore.h) */
+	/* The owner's hooks: warming progress or end, and a model's current
+	 * generation changing (for client notifications). */
 	void (*changed)(struct registry *);
 	void (*swapped)(struct registry *, struct model_entry *, uint64_t generation);
+	/* A generation closes (gen_maybe_free): the warm restart's hook
+	 * (restore_forget), so that neither the registry nor generation.c
+	 * calls the module above them. NULL: nothing to do. */
+	void (*closed)(struct registry *, struct generation *);
+	/* How generation.c reports upward, set by registry_init: the
+	 * model's pending generation became current (gen_promote). */
+	void (*promoted)(struct registry *, struct model_entry *, struct generation *);
 	void *owner;
 };
 
@@ -135,80 +132,31 @@ int registry_init(struct registry *r, uv_loop_t *loop, struct warm_pool *pool);
 int registry_init_stored(struct registry *r, uv_loop_t *loop, struct warm_pool *pool,
 	int status_fd);
 
-/* Gives slot (1 .. STATUS_SLOTS - 1) to name with last_generation, as the
- * previous process had it; before any model is added. 0, -EINVAL, -ENOMEM. */
-int registry_restore_slot(struct registry *r, unsigned slot, const char *name,
-	uint64_t last_generation);
-
-/*
- * Serves src (files open and mapped) and the sealed index index_fd as
- * generation number of the model name, current and READY at once, without
- * loading or warming it (a warm restart: restore.h). Takes src and index_fd
- * on success only. 0, -EEXIST when the model is already there, -ENOMEM.
- * O(files): the caller has checked the index's header (index_open) and
- * each file against it; the rest of the index is checked in full on the
- * work queue while the generation serves (registry_restore_checks), and
- * only then are its metadata locked and its pages mapped into wcached.
- */
-int registry_adopt(struct registry *r, const char *name, const char *path, enum pin_mode pin,
-	int warm, uint64_t number, struct model_source *src, int index_fd, size_t index_size);
-
 /* The open generation number of m, or NULL. */
 struct generation *registry_generation(struct registry *r, const struct model_entry *m,
 	uint64_t number);
 
 /*
- * Adds src and the sealed index_fd as generation number of the model name,
- * which registry_adopt() restored with a newer current generation: one that
- * workers held before the restart, holders of them (1 or more). It is not
- * served to new attaches; it stays open for restart_hold_ms
- * (registry_await_holds: registry_hold() may then take up to holders
- * references), and after that until its last holder releases it. Takes src
- * and index_fd on success only. 0, -EINVAL (no holders, or not older than
- * the current one), -EEXIST, -ENOMEM.
+ * Adds the model name (path, pin and warm as configured) served by g, a
+ * generation made outside the load pipeline (gen_new; a warm restart's,
+ * restore.h): g is linked, made current at once and published, without
+ * being loaded or warmed; the memory budget applies. g must be READY. 0,
+ * -EEXIST when the model is already there, -ENOMEM (g untouched then).
  */
-int registry_adopt_held(struct registry *r, const char *name, uint64_t number,
-	struct model_source *src, int index_fd, size_t index_size, unsigned holders);
+int registry_add_served(struct registry *r, const char *name, const char *path,
+	enum pin_mode pin, int warm, struct generation *g);
+
+/* Adds g (gen_new) as an older generation of m, not current: it stays open
+ * while something refers to it (gen_maybe_free). */
+void registry_add_generation(struct registry *r, struct model_entry *m, struct generation *g);
 
 /*
- * Opens g's wait for HOLDs after a restart: for restart_hold_ms from now,
- * registry_hold() accepts up to holders HOLDs of g, one per connection (the
- * holders it had when the previous process stored it). Nothing when
- * holders is 0: no HOLD of g is ever accepted then.
+ * m's current generation failed a check after it began serving (a warm
+ * restart's full index check): it is no longer current (its status slot
+ * reads 0, so holders see stale), why becomes the model's error, and the
+ * model loads afresh from its configured path as the next generation.
  */
-void registry_await_holds(struct registry *r, struct generation *g, unsigned holders);
-
-/* The workers that may hold g: its client references, and while its wait
- * for HOLDs lasts, the HOLDs still expected. What the store records as its
- * holders. */
-unsigned registry_holders(const struct generation *g);
-
-/* Ends the wait for HOLDs of every generation registry_adopt_held() made
- * whose restart_hold_ms has passed; those nobody holds close. Cheap when
- * none waits: call it often. */
-void registry_expire_holds(struct registry *r);
-
-/*
- * Starts the full check of the next adopted generation that waits for one
- * (PAGE_RESTORE: the index checked record by record, its metadata locked,
- * its pages mapped into wcached), unless one is running: one at a time, so
- * that the checks leave the loop a core and never hold the address space
- * against its mmap calls for long. main.c calls it 100 ms after serving
- * begins (every stored model is adopted by then); each check's end starts
- * the next.
- */
-void registry_restore_checks(struct registry *r);
-
-/*
- * pages.c: the full check of adopted generation g ended, err 0 or -errno
- * with why. On success a model with pin = all locks it now; on failure one
- * error line says why and g is withdrawn: no longer current (its status
- * slot reads 0, so holders see stale), removed from the store, and the
- * model loads afresh from its configured path as the next generation. g
- * itself is not freed here (the caller does, once unreferenced).
- */
-void registry_restore_checked(struct registry *r, struct generation *g, int err,
-	const char *why);
+void registry_withdraw(struct registry *r, struct model_entry *m, const char *why);
 
 /*
  * Loads path as the next generation of the model name (adding the model if
@@ -228,7 +176,7 @@ int registry_load(struct registry *r, const char *name, const char *path, enum p
 int registry_reload(struct registry *r, const char *name, registry_done_fn done, void *arg);
 
 /* Sets who may attach name (restricted 0: everyone who reaches the
- * socket). The lists are copied. -ENOENT, -ENOMEM. */
+ * socket; access.h). The lists are copied. -ENOENT, -ENOMEM. */
 int registry_set_access(struct registry *r, const char *name, int restricted, const uid_t *uids,
 	size_t n_uids, const gid_t *gids, size_t n_gids);
 
@@ -306,44 +254,23 @@ int registry_attach(struct registry *r, const char *name, const struct registry_
 	struct registry_attachment *out, char *msg, size_t msg_size);
 
 /*
- * HOLD: a worker that reconnected after a restart still maps generation
- * number of the model name (or path). Checks access as registry_attach()
- * does and takes a client reference on that generation, current or not,
- * without an attach's effects (no warming, no counting). Only a generation
- * taken back from the file descriptor store (the previous process served
- * it; after a cold start the same number names another one), only while
- * its wait for HOLDs lasts (registry_await_holds), at most as many times as
- * it had holders when it was stored, and once per connection
- * (peer->conn_id). 0 and *out (drop it with registry_release()), or with
- * the message for the client in msg (naming the model, the generation and
- * why): -ENOENT ("not served", not taken over, or the wait has ended),
- * -EACCES, -EALREADY (this connection sent one already) or -EUSERS (every
- * holder it had has said so).
+ * The model called name (or whose configured path is name) if peer may use
+ * it (access.h): 0 and *out, or -ENOENT ("not served") or -EACCES (counted
+ * in the model's denied_count, logged once per peer) with the client's
+ * message in msg. What registry_attach() and restore_hold() check first.
  */
-int registry_hold(struct registry *r, const char *name, uint64_t number,
-	const struct registry_peer *peer, struct generation **out, char *msg, size_t msg_size);
+int registry_find_for(struct registry *r, const char *name, const struct registry_peer *peer,
+	struct model_entry **out, char *msg, size_t msg_size);
 
-/* Drops a reference registry_attach() or registry_hold() took. */
+/* Drops a reference registry_attach() or restore_hold() took. */
 void registry_release(struct registry *r, struct generation *g);
 
 /* The model g is a generation of (NULL once unloaded), and a model's name. */
 const struct model_entry *registry_generation_of(const struct generation *g);
 const char *registry_model_name(const struct model_entry *m);
 
-/* Takes and drops a client reference on a generation (registry_attach and
- * registry_release without the checks): an attach of a cold model warms it
- * again, and counts for the memory budget's LRU. */
-void generation_ref(struct registry *r, struct generation *g);
-void generation_unref(struct registry *r, struct generation *g);
-
-/* Bytes of the generation's files in memory at the latest measure (by the
- * first method that is true for the daemon's user, resident.h), taken off
- * the loop after each page operation and each residency check, and by the
- * warming jobs as a warm-up ends; 0 before the first. *method (may be NULL) names it ("cachestat", "mincore", "mapped",
- * or "none" before the first); *age_ms (may be NULL) receives its age in
- * milliseconds on the loop's clock, or -1 before the first. Constant time:
- * status and metrics call it on the loop. */
-uint64_t generation_resident(const struct generation *g, const char **method, int64_t *age_ms);
+/* Milliseconds on the registry's loop clock. */
+uint64_t registry_now_ms(const struct registry *r);
 
 /* Evicts the least recently attached unpinned models until the resident
  * total of current generations fits the budget. */

@@ -1,8 +1,9 @@
 /*
- * registry_internal.h: what registry.c (models, loading, attaching) and
- * generation.c (the state machine of a generation) share. Not for other
- * modules: they use registry.h, and generation.h where they read a
- * generation.
+ * registry_internal.h: what the registry's files share: registry.c (the
+ * model table, attaching, unloading), registry_load.c (the load pipeline)
+ * and registry_budget.c (the memory budget, pins, evictions, residency
+ * checks). Not for other modules: they use registry.h, and generation.h
+ * where they read a generation.
  */
 #ifndef WC_REGISTRY_INTERNAL_H
 #define WC_REGISTRY_INTERNAL_H
@@ -10,8 +11,16 @@
 #include "generation.h"
 #include "registry.h"
 
-/* registry.c */
+/* registry.c: the model called exactly name, or NULL. */
 struct model_entry *registry_entry_named(struct registry *r, const char *name);
-void registry_publish(struct registry *r, struct model_entry *m, uint64_t generation);
+
+/* registry.c: adds the model name, not yet served, with its status slot.
+ * NULL when out of memory (the message in error_get()). */
+struct model_entry *registry_entry_new(struct registry *r, const char *name, const char *path,
+	enum pin_mode pin, int warm);
+
+/* registry.c: puts g in the registry's list as a generation of m, and
+ * keeps m's and its status slot's last generation number. */
+void registry_link(struct registry *r, struct model_entry *m, struct generation *g);
 
 #endif

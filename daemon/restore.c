@@ -1,17 +1,18 @@
 /*
- * restore.c: the warm restart (see restore.h): what wcached puts in the
- * manager's file descriptor store, and how it takes it back.
+ * restore.c: the warm restart (see restore.h): taking back what the
+ * manager's file descriptor store holds at start-up, and checking it
+ * before restore_adopt.c serves it (restore_store.c puts it there).
  *
  * Every piece that comes back is untrusted: the description is decoded by
  * fdstore_decode(), each model file must be the same inode, size and mtime
  * as described, opened read-only, and still be what the configured path
  * names; each index memfd must be fully sealed, of the described size, and
  * pass index_open() with one file per stored file; the status page is
- * checked by registry_init_stored(). All of that is O(files), so a restart
- * serves again in the same time whatever the models' sizes and tensor
- * counts; each index is then checked record by record on the work queue
+ * checked by registry_init_stored() (statuspage_adopt). All of that is
+ * O(files), so a restart serves again in the same time whatever the
+ * models' sizes and tensor counts; each index is then checked record by record on the work queue
  * while it serves (index_check.h), and one that fails is withdrawn and its
- * model loaded afresh (registry_restore_checked).
+ * model loaded afresh (restore_adopt.c).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -34,6 +35,7 @@
 #include "proto/memfds.h"
 #include "notify.h"
 #include "restore.h"
+#include "restore_internal.h"
 
 #define INDEX_SEALS (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
 
@@ -46,23 +48,6 @@ struct restore {
 	unsigned char *restored; /* per described model */
 };
 
-/* Between restore_take() and restore_finish(): nothing is stored, so that
- * the untaken entries are removed before new ones go in. */
-static int restoring;
-static int status_stored;
-static uint64_t described; /* describe_hash() of the stored description, 0: none */
-static int desc_in_store;  /* a description is in the store: remove it before the next */
-
-/* A store the manager's full queue refused is tried again by the next
- * restore_sync() (every 200 ms): logged at debug only. */
-static void
-log_not_stored(int err, const char *what)
-{
-	if (err == -EAGAIN)
-		log_debug("%s: not stored yet: %s", what, error_get());
-	else
-		log_warnx("%s is not stored (%s); a restart loads it afresh", what, error_get());
-}
 
 int
 restore_enabled(void)
@@ -155,9 +140,9 @@ restore_take(void)
 		restore_free(s);
 		return NULL;
 	}
-	restoring = 1;
+	restore_state.restoring = 1;
 	/* Whatever description the manager has, the next one replaces it. */
-	desc_in_store = count_named(s, FDSTORE_NAME_DESC) > 0;
+	restore_state.desc_in_store = count_named(s, FDSTORE_NAME_DESC) > 0;
 	if (count_named(s, FDSTORE_NAME_DESC) != 1) {
 		log_warnx("warm restart: %zu stored descriptions (\"%s\"), not one; loading every "
 			  "model afresh", count_named(s, FDSTORE_NAME_DESC), FDSTORE_NAME_DESC);
@@ -202,7 +187,7 @@ restore_status_taken(struct restore *s)
 		return;
 	s->fds[at].fd = -1;
 	s->status_taken = 1;
-	status_stored = 1; /* the manager has it already */
+	restore_state.status_stored = 1; /* the manager has it already */
 }
 
 void
@@ -214,7 +199,8 @@ restore_slots(struct restore *s, struct registry *r)
 		const struct fdstore_model *m = &s->desc->models[i];
 
 		if (m->slot >= STATUS_SLOTS ||
-			registry_restore_slot(r, (unsigned)m->slot, m->name, m->last_generation) < 0)
+			statuspage_restore_slot(&r->page, (unsigned)m->slot, m->name,
+				m->last_generation) < 0)
 			log_warnx("warm restart: model \"%s\": status slot %" PRIu64 " not restored: %s",
 				m->name, m->slot, error_get());
 	}
@@ -240,8 +226,8 @@ files_dir(const char *path, char **dir)
 /* st's mtime in nanoseconds since the epoch, as the store describes it;
  * times past the year 2262 (or before 1678) saturate instead of
  * overflowing. */
-static int64_t
-mtime_ns(const struct stat *st)
+int64_t
+restore_mtime_ns(const struct stat *st)
 {
 	int64_t ns;
 
@@ -254,7 +240,7 @@ mtime_ns(const struct stat *st)
 static int
 same_file(const struct stat *st, const struct fdstore_file *f)
 {
-	int64_t mtime = mtime_ns(st);
+	int64_t mtime = restore_mtime_ns(st);
 
 	return S_ISREG(st->st_mode) && (uint64_t)st->st_dev == f->dev &&
 		(uint64_t)st->st_ino == f->ino && (uint64_t)st->st_size == f->size &&
@@ -358,10 +344,10 @@ adopt(struct restore *s, struct registry *r, const struct fdstore_model *m,
 	free(dir);
 	munmap(map, (size_t)g->index_size);
 	if (err == 0 && g->role == FDSTORE_CURRENT)
-		err = registry_adopt(r, m->name, path, pin, warm, g->number, &src, ifd,
+		err = restore_adopt_current(r, m->name, path, pin, warm, g->number, &src, ifd,
 			(size_t)g->index_size);
 	else if (err == 0)
-		err = registry_adopt_held(r, m->name, g->number, &src, ifd, (size_t)g->index_size,
+		err = restore_adopt_held(r, m->name, g->number, &src, ifd, (size_t)g->index_size,
 			g->holders);
 	if (err == 0) {
 		struct model_entry *e = registry_find(r, m->name);
@@ -371,7 +357,7 @@ adopt(struct restore *s, struct registry *r, const struct fdstore_model *m,
 		/* Its holders before the restart may say so (HOLD), as many of
 		 * them as there were; a held one waits already. */
 		if (g->role == FDSTORE_CURRENT)
-			registry_await_holds(r, k, g->holders);
+			restore_await_holds(r, k, g->holders);
 		/* The manager still has every piece under these names. */
 		k->stored_slot = e->slot;
 		k->stored_done = e->slot == m->slot;
@@ -463,382 +449,13 @@ restore_finish(struct restore *s, struct registry *r)
 			uint64_t slot = s->desc->models[i].slot;
 
 			if (!s->restored[i] && s->status_taken && slot > 0 && slot < STATUS_SLOTS)
-				__atomic_store_n(&r->status[slot], 0, __ATOMIC_RELEASE);
+				statuspage_publish(&r->page, (unsigned)slot, 0);
 		}
 		close_untaken(s);
 		restore_free(s);
 	}
-	restoring = 0;
+	restore_state.restoring = 0;
 	restore_sync(r);
 	/* Every stored model is adopted (or loads afresh): main.c starts
-	 * their full checks (registry_restore_checks) once it serves. */
-}
-
-/* ---- storing ---- */
-
-/* Asks the manager to drop the index and the nfiles files of generation
- * number of slot. */
-static void
-remove_names(unsigned slot, uint64_t number, size_t nfiles)
-{
-	char name[FDSTORE_MAX_FDNAME + 1];
-
-	if (fdstore_name_index(name, sizeof(name), slot, number) > 0)
-		(void)notify_remove_fds(name);
-	for (size_t k = 0; k < nfiles; k++)
-		if (fdstore_name_file(name, sizeof(name), slot, number, (uint32_t)k) > 0)
-			(void)notify_remove_fds(name);
-}
-
-/* Hands the manager g's index and files under slot's names. */
-static int
-store_generation(struct generation *g, unsigned slot)
-{
-	char name[FDSTORE_MAX_FDNAME + 1];
-	size_t k;
-
-	int err;
-
-	/* What went in stays: the next attempt stores everything again
-	 * (the manager keeps one copy of the same open file), and
-	 * restore_forget() removes every name of the slot. */
-	g->stored_slot = slot;
-	if ((err = fdstore_name_index(name, sizeof(name), slot, g->number)) < 0 ||
-		(err = notify_store_fds(name, &g->index_fd, 1)) <= 0)
-		return err < 0 ? err : -ENOTCONN;
-	for (k = 0; k < g->source.nfiles; k++)
-		if ((err = fdstore_name_file(name, sizeof(name), slot, g->number, (uint32_t)k)) < 0 ||
-			(err = notify_store_fds(name, &g->source.files[k].fd, 1)) <= 0)
-			return err < 0 ? err : -ENOTCONN;
-	g->stored_done = 1;
-	return 0;
-}
-
-/* Is g, not current, a generation its holders still need: stored, open,
- * held or waiting for their HOLDs? */
-static int
-describe_held(const struct model_entry *m, const struct generation *g)
-{
-	return g->model == m && g != m->current && g != m->pending && g->stored_done &&
-		g->stored_slot == m->slot && g->state != GEN_CLOSED && g->state != GEN_MODIFIED &&
-		registry_holders(g) > 0;
-}
-
-/* Is m's current generation in the store, whole, and attachable? */
-static int
-describe_current(const struct model_entry *m)
-{
-	const struct generation *g = m->current;
-
-	return m->slot != 0 && g != NULL && g->stored_done && g->stored_slot == m->slot &&
-		gen_attachable(g);
-}
-
-/* Fills dg from g of m, stored under m's slot, in role. */
-static int
-describe_generation(struct fdstore_generation *dg, const struct model_entry *m,
-	const struct generation *g, uint8_t role)
-{
-	char name[FDSTORE_MAX_FDNAME + 1];
-
-	dg->number = g->number;
-	dg->role = role;
-	dg->pin = role == FDSTORE_CURRENT ? (uint8_t)m->pin : (uint8_t)PIN_NONE;
-	dg->holders = registry_holders(g);
-	dg->index_size = g->index_size;
-	dg->nfiles = (uint32_t)g->source.nfiles;
-	if (fdstore_name_index(name, sizeof(name), m->slot, g->number) < 0 ||
-		(dg->index_fdname = strdup(name)) == NULL ||
-		(dg->files = calloc(g->source.nfiles ? g->source.nfiles : 1, sizeof(*dg->files))) ==
-			NULL)
-		return -ENOMEM;
-	for (size_t k = 0; k < g->source.nfiles; k++) {
-		const struct stat *st = &g->source.files[k].st;
-		struct fdstore_file *f = &dg->files[k];
-
-		if (fdstore_name_file(name, sizeof(name), m->slot, g->number, (uint32_t)k) < 0 ||
-			(f->fdname = strdup(name)) == NULL)
-			return -ENOMEM;
-		f->dev = (uint64_t)st->st_dev;
-		f->ino = (uint64_t)st->st_ino;
-		f->size = (uint64_t)st->st_size;
-		f->mtime_ns = mtime_ns(st);
-	}
-	return 0;
-}
-
-/* Descriptors g takes in the store: its index and its files. */
-static size_t
-generation_fds(const struct generation *g)
-{
-	return 1 + g->source.nfiles;
-}
-
-/* Appends printf-style text to buf of cap bytes (cut at the end). */
-static void
-append(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-static void
-append(char *buf, size_t cap, const char *fmt, ...)
-{
-	size_t len = strnlen(buf, cap);
-	va_list ap;
-
-	if (len + 1 >= cap)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(buf + len, cap - len, fmt, ap);
-	va_end(ap);
-}
-
-/* The description's model for m (models are described in registry order,
- * those with a slot): its place in d, found by m's entry_id. */
-static struct fdstore_model *
-described_model(struct fdstore_desc *d, const struct model_entry *const *order,
-	const struct model_entry *m)
-{
-	for (uint32_t i = 0; i < d->nmodels; i++)
-		if (order[i] == m)
-			return &d->models[i];
-	return NULL;
-}
-
-int
-restore_describe(const struct registry *r, size_t max_fds, struct fdstore_desc **out,
-	char *left_out, size_t cap)
-{
-	struct fdstore_desc *d = calloc(1, sizeof(*d));
-	const struct model_entry **order = NULL;
-	size_t fds = 0, n = 0;
-	unsigned models_out = 0, held_out = 0;
-	int full = 0, err = -ENOMEM;
-
-	left_out[0] = '\0';
-	if (d == NULL)
-		goto fail;
-	d->status_size = STATUS_PAGE_BYTES;
-	for (const struct model_entry *m = r->models; m != NULL; m = m->next)
-		n += m->slot != 0;
-	if (n > 0 && ((d->models = calloc(n, sizeof(*d->models))) == NULL ||
-			     (order = calloc(n, sizeof(*order))) == NULL))
-		goto fail;
-	/* Every model, and its current generation while they fit: a model
-	 * left out whole keeps its slot and numbers, and loads afresh. */
-	for (const struct model_entry *m = r->models; m != NULL; m = m->next) {
-		struct fdstore_model *dm;
-
-		if (m->slot == 0)
-			continue;
-		order[d->nmodels] = m;
-		dm = &d->models[d->nmodels++];
-		if ((dm->name = strdup(m->name)) == NULL || (dm->path = strdup(m->path)) == NULL)
-			goto fail;
-		dm->slot = m->slot;
-		dm->last_generation = m->last_generation;
-		if (!describe_current(m))
-			continue;
-		if (generation_fds(m->current) > max_fds - fds) {
-			append(left_out, cap, "%s\"%.64s\"", models_out++ ? ", " : "models left out "
-				"whole: ", m->name);
-			continue;
-		}
-		fds += generation_fds(m->current);
-		if ((dm->generations = calloc(1, sizeof(*dm->generations))) == NULL ||
-			describe_generation(&dm->generations[0], m, m->current, FDSTORE_CURRENT) < 0)
-			goto fail;
-		dm->ngenerations = 1;
-	}
-	/* Then the held ones, newest first (the registry's list), while they
-	 * fit: from the first that does not, every older one is left out. */
-	for (const struct generation *g = r->generations; g != NULL; g = g->next) {
-		struct fdstore_model *dm;
-		struct fdstore_generation *more;
-
-		if (g->model == NULL || !describe_held(g->model, g) ||
-			(dm = described_model(d, order, g->model)) == NULL || dm->ngenerations == 0 ||
-			dm->ngenerations >= FDSTORE_MAX_GENERATIONS)
-			continue;
-		if (full || generation_fds(g) > max_fds - fds) {
-			append(left_out, cap, "%s\"%.64s\" %" PRIu64, held_out++ ? ", " :
-				(models_out ? "; held generations left out: " :
-					      "held generations left out: "), g->model->name, g->number);
-			full = 1;
-			continue;
-		}
-		if ((more = realloc(dm->generations, (dm->ngenerations + 1) * sizeof(*more))) == NULL)
-			goto fail;
-		dm->generations = more;
-		memset(&more[dm->ngenerations], 0, sizeof(*more));
-		if (describe_generation(&more[dm->ngenerations++], g->model, g, FDSTORE_HELD) < 0)
-			goto fail;
-		fds += generation_fds(g);
-	}
-	free(order);
-	*out = d;
-	return 0;
-fail:
-	free(order);
-	fdstore_free(d);
-	return error_set(err, "out of memory");
-}
-
-/* Logs what the description leaves out to stay within the store's limit,
- * once for each different report (store_description runs again every
- * 200 ms while the manager's queue is full). */
-static void
-log_left_out(const char *left_out)
-{
-	static char logged[1024];
-
-	if (strcmp(left_out, logged) == 0)
-		return;
-	snprintf(logged, sizeof(logged), "%s", left_out);
-	if (left_out[0] != '\0')
-		log_warnx("warm restart: the description would need more than %u stored "
-			  "descriptors (FileDescriptorStoreMax=); %s: a restart loads them afresh "
-			  "or does not restore them", FDSTORE_MAX_FDS, left_out);
-}
-
-/* Encodes the registry and stores it in place of the previous description. */
-static int
-store_description(struct registry *r)
-{
-	struct fdstore_desc *d = NULL;
-	uint8_t *buf = NULL;
-	size_t len = 0;
-	char left_out[1024];
-	int fd = -1, err;
-
-	if ((err = restore_describe(r, FDSTORE_MAX_FDS, &d, left_out, sizeof(left_out))) < 0)
-		goto out;
-	log_left_out(left_out);
-	if ((err = fdstore_encode(d, &buf, &len)) < 0 || (err = fdstore_memfd_make(buf, len, &fd)) < 0)
-		goto out;
-	/* Removed once: a retry after a refused store must not remove
-	 * again behind a removal still queued. */
-	if (desc_in_store)
-		(void)notify_remove_fds(FDSTORE_NAME_DESC);
-	desc_in_store = 0;
-	/* A removal still in our queue would go after the store and remove
-	 * the new description: store once it has gone. */
-	if (notify_flush() == 0) {
-		err = error_set(-EAGAIN, "the removal of the previous one waits in the queue");
-		close(fd);
-		goto out;
-	}
-	if ((err = notify_store_fds(FDSTORE_NAME_DESC, &fd, 1)) > 0)
-		desc_in_store = 1;
-	close(fd);
-out:
-	if (err == -ENOMEM)
-		error_set(-ENOMEM, "out of memory");
-	if (err < 0)
-		log_not_stored(err, "warm restart: the registry's description");
-	free(buf);
-	fdstore_free(d);
-	return err < 0 ? err : 0;
-}
-
-/* What the description depends on, hashed (FNV-1a), so that progress
- * events do not rewrite it. Never 0. */
-static uint64_t
-describe_hash(const struct registry *r)
-{
-	uint64_t h = 1469598103934665603ull;
-
-	for (const struct model_entry *m = r->models; m != NULL; m = m->next) {
-		const struct generation *g = m->current;
-		uint64_t v[7] = { m->entry_id, m->slot, m->last_generation, g ? g->number : 0,
-			g ? (uint64_t)g->stored_done : 0, g ? (uint64_t)gen_attachable(g) : 0,
-			g ? registry_holders(g) : 0 };
-
-		for (int i = 0; i < 7; i++)
-			h = (h ^ v[i]) * 1099511628211ull;
-	}
-	/* The held generations described with them. */
-	for (const struct generation *g = r->generations; g != NULL; g = g->next) {
-		if (g->model == NULL || !describe_held(g->model, g))
-			continue;
-		uint64_t v[3] = { g->model->entry_id, g->number, registry_holders(g) };
-
-		for (int i = 0; i < 3; i++)
-			h = (h ^ v[i]) * 1099511628211ull;
-	}
-	return h | 1;
-}
-
-void
-restore_sync(struct registry *r)
-{
-	uint64_t h;
-
-	if (!r->fdstore || restoring || r->closing)
-		return;
-	/* Removals wait in the queue: they go first (see store_description). */
-	if (notify_flush() == 0)
-		return;
-	char what[128];
-	int err;
-
-	if (!status_stored) {
-		if ((err = notify_store_fds(FDSTORE_NAME_STATUS, &r->status_fd, 1)) > 0)
-			status_stored = 1;
-		else if (err < 0) {
-			log_not_stored(err, "warm restart: the status page");
-			return; /* the generations need it: all of them again later */
-		}
-	}
-	for (struct model_entry *m = r->models; m != NULL; m = m->next) {
-		struct generation *g = m->current;
-
-		if (g == NULL || m->slot == 0 || g->stored_done || !gen_attachable(g))
-			continue;
-		if ((err = store_generation(g, m->slot)) < 0) {
-			snprintf(what, sizeof(what), "model \"%.64s\": generation %" PRIu64, m->name,
-				g->number);
-			log_not_stored(err, what);
-			return;
-		}
-	}
-	if ((h = describe_hash(r)) != described && store_description(r) == 0)
-		described = h;
-}
-
-/* Is anything not yet in the store that restore_sync() would store? */
-static int
-sync_pending(const struct registry *r)
-{
-	if (!status_stored || describe_hash(r) != described)
-		return 1;
-	for (const struct model_entry *m = r->models; m != NULL; m = m->next)
-		if (m->current != NULL && m->slot != 0 && !m->current->stored_done &&
-			gen_attachable(m->current))
-			return 1;
-	return 0;
-}
-
-void
-restore_stopping(struct registry *r)
-{
-	if (!r->fdstore || r->closing)
-		return;
-	for (int i = 0; i < 100 && sync_pending(r); i++) {
-		(void)notify_flush_wait(10);
-		restore_sync(r);
-		if (sync_pending(r))
-			usleep(10000);
-	}
-	if (sync_pending(r))
-		log_warnx("warm restart: the service manager did not take everything within 1 s; "
-			  "the next start loads some models afresh");
-}
-
-void
-restore_forget(struct registry *r, struct generation *g)
-{
-	if (g->stored_slot == 0 || r->closing)
-		return;
-	remove_names(g->stored_slot, g->number, g->source.nfiles);
-	g->stored_slot = 0;
-	g->stored_done = 0;
+	 * their full checks (restore_checks) once it serves. */
 }

@@ -12,11 +12,19 @@
  * accepts that many HOLDs of it, during restart_hold_seconds, and closes it
  * when nobody claims it (proto/PROTOCOL.md, "Restarts").
  *
+ * The files: restore.c takes the store back at start-up and checks each
+ * piece; restore_adopt.c serves what passed (through the registry's public
+ * API), waits for HOLDs and runs the full checks; restore_store.c keeps
+ * the store in step with the registry. The registry never calls this
+ * module: main.c sets the registry's closed hook to restore_forget and
+ * calls restore_sync from its changed hook.
+ *
  * Everything here runs on the event loop thread (or before it runs).
  */
 #ifndef WC_RESTORE_H
 #define WC_RESTORE_H
 
+#include "format/source.h"
 #include "registry.h"
 
 struct fdstore_desc;
@@ -53,6 +61,81 @@ void restore_slots(struct restore *s, struct registry *r);
 int restore_model(struct restore *s, struct registry *r, const char *name, const char *path,
 	enum pin_mode pin, int warm);
 
+/*
+ * Serves src (files open and mapped) and the sealed index index_fd as
+ * generation number of the model name, current and READY at once, without
+ * loading or warming it. Takes src and index_fd on success only. 0, -EEXIST
+ * when the model is already there, -ENOMEM. O(files): the caller has
+ * checked the index's header (index_open) and each file against it; the
+ * rest of the index is checked in full on the work queue while the
+ * generation serves (restore_checks), and only then are its metadata
+ * locked and its pages mapped into wcached.
+ */
+int restore_adopt_current(struct registry *r, const char *name, const char *path,
+	enum pin_mode pin, int warm, uint64_t number, struct model_source *src, int index_fd,
+	size_t index_size);
+
+/*
+ * Adds src and the sealed index_fd as generation number of the model name,
+ * which restore_adopt_current() restored with a newer current generation:
+ * one that workers held before the restart, holders of them (1 or more).
+ * It is not served to new attaches; it stays open for restart_hold_ms
+ * (restore_await_holds: restore_hold() may then take up to holders
+ * references), and after that until its last holder releases it. Takes src
+ * and index_fd on success only. 0, -EINVAL (no holders, or not older than
+ * the current one), -EEXIST, -ENOMEM.
+ */
+int restore_adopt_held(struct registry *r, const char *name, uint64_t number,
+	struct model_source *src, int index_fd, size_t index_size, unsigned holders);
+
+/*
+ * Opens g's wait for HOLDs after a restart: for restart_hold_ms from now,
+ * restore_hold() accepts up to holders HOLDs of g, one per connection (the
+ * holders it had when the previous process stored it). Nothing when
+ * holders is 0: no HOLD of g is ever accepted then.
+ */
+void restore_await_holds(struct registry *r, struct generation *g, unsigned holders);
+
+/* The workers that may hold g: its client references, and while its wait
+ * for HOLDs lasts, the HOLDs still expected. What the store records as its
+ * holders. */
+unsigned restore_holders(const struct generation *g);
+
+/* Ends the wait for HOLDs of every generation restore_adopt_held() made
+ * whose restart_hold_ms has passed; those nobody holds close. Cheap when
+ * none waits: call it often. */
+void restore_expire_holds(struct registry *r);
+
+/*
+ * Starts the full check of the next adopted generation that waits for one
+ * (PAGE_RESTORE: the index checked record by record, its metadata locked,
+ * its pages mapped into wcached), unless one is running: one at a time, so
+ * that the checks leave the loop a core and never hold the address space
+ * against its mmap calls for long. main.c calls it 100 ms after serving
+ * begins (every stored model is adopted by then); each check's end starts
+ * the next. A generation that fails is withdrawn (registry_withdraw) and
+ * its model loads afresh.
+ */
+void restore_checks(struct registry *r);
+
+/*
+ * HOLD: a worker that reconnected after a restart still maps generation
+ * number of the model name (or path). Checks access as registry_attach()
+ * does (registry_find_for) and takes a client reference on that
+ * generation, current or not, without an attach's effects (no warming, no
+ * counting). Only a generation taken back from the file descriptor store
+ * (the previous process served it; after a cold start the same number
+ * names another one), only while its wait for HOLDs lasts
+ * (restore_await_holds), at most as many times as it had holders when it
+ * was stored, and once per connection (peer->conn_id). 0 and *out (drop it
+ * with registry_release()), or with the message for the client in msg
+ * (naming the model, the generation and why): -ENOENT ("not served", not
+ * taken over, or the wait has ended), -EACCES, -EALREADY (this connection
+ * sent one already) or -EUSERS (every holder it had has said so).
+ */
+int restore_hold(struct registry *r, const char *name, uint64_t number,
+	const struct registry_peer *peer, struct generation **out, char *msg, size_t msg_size);
+
 /* Closes what nobody took, zeroes the status slots of models not restored,
  * frees s. Accepts NULL. */
 void restore_finish(struct restore *s, struct registry *r);
@@ -81,7 +164,7 @@ int restore_describe(const struct registry *r, size_t max_fds, struct fdstore_de
 	char *left_out, size_t cap);
 
 /* g closes: asks the manager to drop its descriptors (not at shutdown:
- * the next process takes them). */
+ * the next process takes them). The registry's closed hook. */
 void restore_forget(struct registry *r, struct generation *g);
 
 #endif

@@ -29,6 +29,7 @@
 #include "listen.h"
 #include "log.h"
 #include "peercred.h"
+#include "restore.h"
 #include "server.h"
 #include "uidtally.h"
 #include "proto/wire.h"
@@ -442,7 +443,7 @@ handle_hold(struct conn *c, const struct wire_message *msg)
 	name[len] = '\0';
 	if (refs_room(c, msg->h.seq) < 0)
 		return;
-	if ((err = registry_hold(s->reg, name, number, &peer, &g, text, sizeof(text))) < 0) {
+	if ((err = restore_hold(s->reg, name, number, &peer, &g, text, sizeof(text))) < 0) {
 		conn_error(c, msg->h.seq, err, 0, "%s", text);
 		return;
 	}

@@ -278,7 +278,7 @@ test_promote(void **state)
 	m = registry_find(&t->reg, "m");
 	assert_int_equal(m->swap_count, 1);
 	assert_null(m->pending);
-	assert_int_equal(t->reg.status[m->slot], 2);
+	assert_int_equal(t->reg.page.map[m->slot], 2);
 	assert_int_equal(du_generations(t), 2);
 	registry_release(&t->reg, g1);
 	assert_int_equal(du_generations(t), 1);
@@ -306,7 +306,7 @@ test_unload_while_held_cancels_warming(void **state)
 	du_log_start(t);
 	assert_int_equal(registry_unload(&t->reg, "m"), 0);
 	assert_null(g->model);
-	assert_int_equal(t->reg.status[1], 0); /* no longer served */
+	assert_int_equal(t->reg.page.map[1], 0); /* no longer served */
 	du_settle(t);
 	log = du_log_stop(t);
 	assert_logged(log, "generation 1: warming -> ready (warming cancelled)");
@@ -534,7 +534,7 @@ test_residency_rewarm(void **state)
 }
 
 /* Status and metrics report the figure the latest page operation measured
- * off the loop (generation_resident walks nothing); evict and pin refresh
+ * off the loop (gen_resident walks nothing); evict and pin refresh
  * it when they end; registry_refresh_residency measures again only what is
  * old enough. */
 static void
@@ -550,7 +550,7 @@ test_residency_cached(void **state)
 	FILE *f;
 
 	/* Before any measure: nothing, "none", no age. */
-	assert_int_equal(generation_resident(&never, &method, &age), 0);
+	assert_int_equal(gen_resident(&never, &method, &age), 0);
 	assert_string_equal(method, "none");
 	assert_int_equal(age, -1);
 
@@ -560,20 +560,20 @@ test_residency_cached(void **state)
 	assert_int_equal(du_load(t, "m", path, PIN_NONE, 1), 0);
 	g = du_wait_state(t, "m", false, GEN_READY);
 	assert_true(g->resident.measured);
-	assert_int_equal(generation_resident(g, NULL, NULL), g->bytes);
+	assert_int_equal(gen_resident(g, NULL, NULL), g->bytes);
 
 	/* Then every page is mapped, and measured once more, as a fresh walk. */
 	du_settle(t);
 	assert_true(g->populated);
-	assert_int_equal(generation_resident(g, &method, &age), g->bytes);
-	assert_int_equal(generation_resident(g, NULL, NULL), pages_resident(g, NULL));
+	assert_int_equal(gen_resident(g, &method, &age), g->bytes);
+	assert_int_equal(gen_resident(g, NULL, NULL), pages_resident(g, NULL));
 	assert_string_not_equal(method, "none");
 	assert_true(age >= 0);
 
 	/* The figure is the cached one: a value the pages cannot have shows. */
 	g->resident.bytes = 12345;
 	g->resident.at_ms = registry_now_ms(&t->reg);
-	assert_int_equal(generation_resident(g, NULL, NULL), 12345);
+	assert_int_equal(gen_resident(g, NULL, NULL), 12345);
 	f = open_memstream(&json, &len);
 	assert_non_null(f);
 	metrics_status_json(f, &t->reg, &(struct metrics_daemon){ 0 });
@@ -590,7 +590,7 @@ test_residency_cached(void **state)
 	registry_refresh_residency(&t->reg, 250);
 	assert_non_null(g->page_queue);
 	du_settle(t);
-	assert_int_equal(generation_resident(g, NULL, NULL), pages_resident(g, NULL));
+	assert_int_equal(gen_resident(g, NULL, NULL), pages_resident(g, NULL));
 
 	/* A measure that started before a warm-up ended does not replace the
 	 * figure the warm-up's end set (as warm_done does, below). */
@@ -600,22 +600,22 @@ test_residency_cached(void **state)
 	g->resident.epoch++;
 	g->resident.bytes = 12345;
 	du_settle(t);
-	assert_int_equal(generation_resident(g, NULL, NULL), 12345);
+	assert_int_equal(gen_resident(g, NULL, NULL), 12345);
 
 	/* Evict: the figure is what the eviction left, measured when it ended. */
 	g->resident.bytes = 12345;
 	assert_int_equal(registry_evict(&t->reg, "m"), 0);
 	du_settle(t);
 	assert_int_equal(g->state, GEN_COLD);
-	assert_int_not_equal(generation_resident(g, NULL, NULL), 12345);
-	assert_int_equal(generation_resident(g, NULL, NULL), pages_resident(g, NULL));
+	assert_int_not_equal(gen_resident(g, NULL, NULL), 12345);
+	assert_int_equal(gen_resident(g, NULL, NULL), pages_resident(g, NULL));
 
 	/* Pin (reads the cold model back): every byte, when the lock is done. */
 	g->resident.bytes = 12345;
 	assert_int_equal(registry_pin(&t->reg, "m", PIN_ALL), 0);
 	du_settle(t);
 	assert_int_equal(g->pinned, PIN_ALL);
-	assert_int_equal(generation_resident(g, NULL, NULL), g->bytes);
+	assert_int_equal(gen_resident(g, NULL, NULL), g->bytes);
 	free(path);
 }
 

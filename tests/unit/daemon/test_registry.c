@@ -116,8 +116,8 @@ test_load_and_status_page(void **state)
 	assert_int_equal(g->state, GEN_READY);
 	assert_int_equal(g->bytes, 8 + strlen("{\"w\":{\"dtype\":\"F32\",\"shape\":[1024],"
 					    "\"data_offsets\":[0,4096]}}") + 4096);
-	assert_int_equal(t->reg.status[0], 0x54534357u);
-	assert_int_equal(t->reg.status[m->slot], 1);
+	assert_int_equal(t->reg.page.map[0], 0x54534357u);
+	assert_int_equal(t->reg.page.map[m->slot], 1);
 	assert_string_equal(registry_model_name(m), "m");
 	assert_ptr_equal(registry_generation_of(g), m);
 	free(path);
@@ -213,7 +213,7 @@ test_unload(void **state)
 	assert_int_equal(registry_attach(&t->reg, "m", &root_peer, &a, msg, sizeof(msg)), 0);
 	assert_int_equal(registry_unload(&t->reg, "m"), 0);
 	assert_int_equal(registry_unload(&t->reg, "m"), -ENOENT);
-	assert_int_equal(t->reg.status[slot], 0);
+	assert_int_equal(t->reg.page.map[slot], 0);
 	assert_int_equal(registry_attach(&t->reg, "m", &root_peer, &a, msg, sizeof(msg)),
 		-ENOENT);
 	assert_string_equal(msg, "not served");
@@ -304,7 +304,7 @@ test_attach_reply(void **state)
 		assert_int_equal(lseek(a.fds[1], 100, SEEK_SET), 100);
 		assert_int_equal(lseek(a.gen->source.files[0].fd, 0, SEEK_CUR), 0);
 	}
-	assert_int_equal(a.fds[2], t->reg.status_ro_fd);
+	assert_int_equal(a.fds[2], t->reg.page.ro_fd);
 	assert_int_equal(a.status_slot, m->slot);
 	assert_int_equal(a.gen->attached, 1);
 	assert_int_equal(m->attach_count, 1);
@@ -327,7 +327,7 @@ adopt_held(struct du *t, const char *path, uint64_t number, unsigned holders)
 	assert_int_equal(file_from_fd(fd, path, &src.files[0]), 0);
 	src.nfiles = 1;
 	assert_true((ifd = fcntl(du_current(t, "m")->index_fd, F_DUPFD_CLOEXEC, 0)) >= 0);
-	r = registry_adopt_held(&t->reg, "m", number, &src, ifd, du_current(t, "m")->index_size,
+	r = restore_adopt_held(&t->reg, "m", number, &src, ifd, du_current(t, "m")->index_size,
 		holders);
 	if (r < 0) { /* nothing taken */
 		assert_int_equal(src.nfiles, 1);
@@ -347,8 +347,8 @@ conn_peer(uint64_t conn)
 	return (struct registry_peer){ .pid = 1, .uid = 0, .gid = 0, .conn_id = conn };
 }
 
-/* HOLD (registry_hold) and the generations a restart takes over as held
- * (registry_adopt_held): only a generation taken over from the store may
+/* HOLD (restore_hold) and the generations a restart takes over as held
+ * (restore_adopt_held): only a generation taken over from the store may
  * be held, only while its wait lasts, at most as many times as it had
  * holders and once per connection; one waits restart_hold_ms with no
  * holder, then closes unless someone holds it. */
@@ -363,10 +363,10 @@ test_hold_after_restart(void **state)
 
 	assert_int_equal(du_load(t, "m", path, PIN_NONE, 0), 0);
 	/* Loaded by this process: a HOLD of it names another generation. */
-	assert_int_equal(registry_hold(&t->reg, "m", 1, &p1, &g, msg, sizeof(msg)), -ENOENT);
+	assert_int_equal(restore_hold(&t->reg, "m", 1, &p1, &g, msg, sizeof(msg)), -ENOENT);
 	assert_string_equal(msg, "model \"m\": generation 1 was not taken over from the "
 				 "previous wcached");
-	assert_int_equal(registry_hold(&t->reg, "x", 1, &p1, &g, msg, sizeof(msg)), -ENOENT);
+	assert_int_equal(restore_hold(&t->reg, "x", 1, &p1, &g, msg, sizeof(msg)), -ENOENT);
 	assert_string_equal(msg, "not served");
 	path2 = du_model(t, "m2.safetensors", 2048);
 	assert_int_equal(rename(path2, path), 0); /* replaced: generation 2 */
@@ -387,39 +387,39 @@ test_hold_after_restart(void **state)
 	assert_int_equal(t->reg.holds_open, 1);
 	old = registry_generation(&t->reg, registry_find(&t->reg, "m"), 1);
 	assert_non_null(old);
-	assert_int_equal(registry_holders(old), 2);
-	assert_int_equal(registry_hold(&t->reg, "m", 1, &p1, &g, msg, sizeof(msg)), 0);
+	assert_int_equal(restore_holders(old), 2);
+	assert_int_equal(restore_hold(&t->reg, "m", 1, &p1, &g, msg, sizeof(msg)), 0);
 	assert_ptr_equal(g, old);
 	assert_int_equal(old->attached, 1);
 	assert_int_equal(old->state, GEN_READY);
 	assert_ptr_not_equal(du_current(t, "m"), old);
-	assert_int_equal(registry_holders(old), 2); /* one attached, one expected */
+	assert_int_equal(restore_holders(old), 2); /* one attached, one expected */
 	/* Replayed on the same connection: refused, nothing taken. */
-	assert_int_equal(registry_hold(&t->reg, "m", 1, &p1, &h, msg, sizeof(msg)), -EALREADY);
+	assert_int_equal(restore_hold(&t->reg, "m", 1, &p1, &h, msg, sizeof(msg)), -EALREADY);
 	assert_string_equal(msg, "model \"m\": generation 1: this connection has said it holds "
 				 "it already");
 	assert_int_equal(old->attached, 1);
 	/* The second holder; a third is one more than there were. */
-	assert_int_equal(registry_hold(&t->reg, "m", 1, &p2, &h, msg, sizeof(msg)), 0);
+	assert_int_equal(restore_hold(&t->reg, "m", 1, &p2, &h, msg, sizeof(msg)), 0);
 	assert_int_equal(old->attached, 2);
-	assert_int_equal(registry_hold(&t->reg, "m", 1, &p3, &h, msg, sizeof(msg)), -EUSERS);
+	assert_int_equal(restore_hold(&t->reg, "m", 1, &p3, &h, msg, sizeof(msg)), -EUSERS);
 	assert_string_equal(msg, "model \"m\": generation 1: all 2 of its holders before the "
 				 "restart have said so");
 	assert_int_equal(old->attached, 2);
 	registry_release(&t->reg, h);
 	/* A holder that released is gone: its place is not given again. */
-	assert_int_equal(registry_hold(&t->reg, "m", 1, &p3, &h, msg, sizeof(msg)), -EUSERS);
+	assert_int_equal(restore_hold(&t->reg, "m", 1, &p3, &h, msg, sizeof(msg)), -EUSERS);
 	/* The current generation was loaded here: nobody may HOLD it. */
-	assert_int_equal(registry_hold(&t->reg, "m", 2, &p3, &h, msg, sizeof(msg)), -ENOENT);
+	assert_int_equal(restore_hold(&t->reg, "m", 2, &p3, &h, msg, sizeof(msg)), -ENOENT);
 	/* The wait ends while it is held: it stays until released, and no
 	 * HOLD is accepted any more. */
 	old->hold_until_ms = 1;
 	uv_update_time(t->reg.loop);
-	registry_expire_holds(&t->reg);
+	restore_expire_holds(&t->reg);
 	assert_int_equal(t->reg.holds_open, 0);
 	assert_int_equal(du_generations(t), 2);
-	assert_int_equal(registry_holders(old), 1);
-	assert_int_equal(registry_hold(&t->reg, "m", 1, &p3, &h, msg, sizeof(msg)), -ENOENT);
+	assert_int_equal(restore_holders(old), 1);
+	assert_int_equal(restore_hold(&t->reg, "m", 1, &p3, &h, msg, sizeof(msg)), -ENOENT);
 	assert_string_equal(msg, "model \"m\": generation 1: the wait for its holders after the "
 				 "restart has ended (restart_hold_seconds)");
 	registry_release(&t->reg, old);
@@ -445,10 +445,10 @@ test_hold_after_deadline(void **state)
 	assert_int_equal(du_reload(t, "m"), 0);
 	t->reg.restart_hold_ms = 0; /* the deadline is now */
 	assert_int_equal(adopt_held(t, path, 1, 5), 0);
-	assert_int_equal(registry_hold(&t->reg, "m", 1, &p1, &g, msg, sizeof(msg)), -ENOENT);
+	assert_int_equal(restore_hold(&t->reg, "m", 1, &p1, &g, msg, sizeof(msg)), -ENOENT);
 	assert_non_null(strstr(msg, "the wait for its holders after the restart has ended"));
 	assert_int_equal(du_generations(t), 2);
-	registry_expire_holds(&t->reg);
+	restore_expire_holds(&t->reg);
 	assert_int_equal(du_generations(t), 1);
 	assert_int_equal(t->reg.holds_open, 0);
 	free(path);
@@ -548,14 +548,14 @@ try_stored_page(struct du *t, int fd, const char *want)
 
 	if (want == NULL) {
 		assert_int_equal(registry_init_stored(&r, t->reg.loop, NULL, fd), 0);
-		assert_int_equal(r.status_fd, fd);
+		assert_int_equal(r.page.fd, fd);
 		registry_close(&r);
 		return;
 	}
 	assert_int_equal(registry_init_stored(&r, t->reg.loop, NULL, fd), -EINVAL);
 	if (strstr(error_get(), want) == NULL)
 		fail_msg("\"%s\" does not say \"%s\"", error_get(), want);
-	assert_int_equal(r.status_fd, -1);
+	assert_int_equal(r.page.fd, -1);
 	close(fd);
 }
 

@@ -1,0 +1,310 @@
+/*
+ * registry_load.c: the registry's load pipeline (registry.h, registry_load
+ * and registry_reload). Loading a model opens and validates its files with
+ * the client library's readers and copies the compiled index into a sealed
+ * memfd (the one thing every worker maps to find tensors without parsing),
+ * on libuv's work queue. Back on the loop the generation is made (gen_new)
+ * and installed: pinned as its model asks, handed to the warm pool, and
+ * made current at once (a first generation) or when warm (a replacement).
+ * What happens to a generation after that is generation.c's.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/error.h"
+#include "base/path.h"
+#include "log.h"
+#include "pages.h"
+#include "proto/memfds.h"
+#include "registry_internal.h"
+
+struct load_request {
+	uv_work_t work;
+	struct registry *r;
+	char *name;
+	char *path;
+	enum pin_mode pin;
+	int warm;
+	int reload;           /* discard when the files are unchanged */
+	uint64_t id;
+	uint64_t entry_id;    /* the model entry it was queued for */
+	struct model_source source;
+	int *served_fds;      /* gen_open_served(), one per file */
+	int index_fd;
+	const uint8_t *index;
+	size_t index_size;
+	int status;
+	char message[1024];
+	registry_done_fn done;
+	void *arg;
+};
+
+/* Copies the compiled index into a sealed memfd and maps it read-only. */
+static int
+seal_index(struct load_request *q)
+{
+	void *map;
+	int fd = memfd_sealed("wcache-index", q->source.index, q->source.index_len, INDEX_SEALS, 0);
+
+	if (fd < 0)
+		return fd;
+	map = mmap(NULL, q->source.index_len, PROT_READ, MAP_SHARED, fd, 0);
+	if (map == MAP_FAILED) {
+		int e = errno;
+
+		close(fd);
+		return error_set(-e, "mapping the index: %s", strerror(e));
+	}
+	q->index_fd = fd;
+	q->index = map;
+	q->index_size = q->source.index_len;
+	free(q->source.index);
+	q->source.index = NULL;
+	return 0;
+}
+
+/* Work queue thread: open, validate, compile, seal. */
+static void
+load_work(uv_work_t *w)
+{
+	struct load_request *q = w->data;
+
+	if ((q->status = source_open(q->path, &q->source)) == 0 &&
+		((q->status = gen_open_served(&q->source, &q->served_fds)) < 0 ||
+			(q->status = seal_index(q)) < 0)) {
+		gen_close_served(q->served_fds, q->source.nfiles);
+		q->served_fds = NULL;
+		source_close(&q->source);
+	}
+	if (q->status < 0)
+		snprintf(q->message, sizeof(q->message), "%s", error_get());
+}
+
+static void
+load_request_free(struct load_request *q)
+{
+	if (q->index != NULL)
+		munmap((void *)q->index, q->index_size);
+	if (q->index_fd >= 0)
+		close(q->index_fd);
+	gen_close_served(q->served_fds, q->source.nfiles);
+	source_close(&q->source);
+	free(q->name);
+	free(q->path);
+	free(q);
+}
+
+/*
+ * Same files (the same inodes) as generation g? A reload serves new inodes
+ * only: files are replaced by rename(2), and an inode written in place is
+ * the modified generation's, not a new one.
+ */
+static int
+same_inodes(const struct generation *g, const struct model_source *s)
+{
+	if (g == NULL || g->source.nfiles != s->nfiles)
+		return 0;
+	for (size_t i = 0; i < s->nfiles; i++) {
+		const struct stat *a = &g->source.files[i].st, *b = &s->files[i].st;
+
+		if (a->st_dev != b->st_dev || a->st_ino != b->st_ino)
+			return 0;
+	}
+	return 1;
+}
+
+/* Loop thread: turns a validated load into a generation of its model. */
+static void
+install(struct registry *r, struct model_entry *m, struct load_request *q)
+{
+	struct generation *g;
+	char msg[256];
+
+	g = gen_new(r, m->name, m->last_generation + 1, &q->source, q->served_fds, q->index_fd,
+		q->index, q->index_size);
+	if (g == NULL) {
+		if (q->done != NULL)
+			q->done(-ENOMEM, "out of memory", 0, q->arg);
+		return;
+	}
+	q->served_fds = NULL;
+	q->index_fd = -1;
+	q->index = NULL;
+	registry_link(r, m, g);
+
+	free(m->path);
+	m->path = q->path;
+	q->path = NULL;
+	m->pin = q->pin;
+	m->warm = q->warm;
+	free(m->error);
+	m->error = NULL;
+	if (m->pin != PIN_NONE)
+		pages_pin_metadata(g);
+
+	if (m->pending != NULL) {
+		/* A newer replacement supersedes one still warming. */
+		struct generation *old = m->pending;
+
+		m->pending = NULL;
+		gen_cancel_warming(r, old);
+		gen_maybe_free(r, old);
+	}
+	log_info("model \"%s\": generation %" PRIu64 " from %s: %zu file%s, %" PRIu64 " bytes",
+		m->name, g->number, m->path, g->source.nfiles, g->source.nfiles == 1 ? "" : "s",
+		g->bytes);
+	if (m->warm && r->pool != NULL)
+		gen_start_warming(r, g);
+	else
+		gen_set_state(g, GEN_READY, m->warm ? "no warm pool" : "the model does not warm");
+	if (m->current == NULL || g->state == GEN_READY) {
+		/* A first generation serves at once, warm or not. */
+		m->pending = g;
+		gen_promote(r, m, g);
+	} else {
+		m->pending = g;
+	}
+	snprintf(msg, sizeof(msg), "generation %" PRIu64 " %s", g->number,
+		m->current == g ? "is current" : "is warming and becomes current when warm");
+	if (q->done != NULL)
+		q->done(0, msg, g->number, q->arg);
+	if (r->changed != NULL)
+		r->changed(r);
+}
+
+static int queue_load(struct registry *r, const char *name, const char *path,
+	enum pin_mode pin, int warm, int reload, registry_done_fn done, void *arg);
+
+static void
+load_after(uv_work_t *w, int status)
+{
+	struct load_request *q = w->data;
+	struct registry *r = q->r;
+	struct model_entry *m = registry_entry_named(r, q->name);
+
+	r->loads_in_flight--;
+	if (m != NULL && m->entry_id != q->entry_id)
+		m = NULL; /* the model was unloaded and added again meanwhile */
+	if (m != NULL && m->loading > 0)
+		m->loading--;
+	if (status == UV_ECANCELED || r->closing) {
+		if (q->done != NULL)
+			q->done(-ECANCELED, "cancelled: wcached is stopping", 0, q->arg);
+	} else if (m == NULL || m->load_id != q->id) {
+		if (q->done != NULL)
+			q->done(-ECANCELED, "superseded by a newer load or unload", 0, q->arg);
+	} else if (q->status < 0) {
+		m->load_errors++;
+		free(m->error);
+		m->error = strdup(q->message);
+		log_errorx("model \"%s\": %s; %s", m->name, q->message,
+			m->current != NULL ? "generation still serving" : "not served");
+		if (q->done != NULL)
+			q->done(q->status, q->message, 0, q->arg);
+		if (r->changed != NULL)
+			r->changed(r);
+	} else if (q->reload && same_inodes(m->pending, &q->source)) {
+		if (q->done != NULL)
+			q->done(0, "already warming as the next generation", m->pending->number,
+				q->arg);
+	} else if (q->reload && same_inodes(m->current, &q->source)) {
+		if (q->done != NULL && m->current->state == GEN_MODIFIED)
+			q->done(-ESTALE, "its files were modified in place; replace them with "
+					 "rename(2) and reload again", 0, q->arg);
+		else {
+			/* The files serving are the configured ones: an error
+			 * from an earlier failed load no longer applies. */
+			free(m->error);
+			m->error = NULL;
+			if (q->done != NULL)
+				q->done(0, "unchanged", m->current->number, q->arg);
+		}
+	} else {
+		install(r, m, q);
+	}
+	m = registry_entry_named(r, q->name); /* looked up again: done() may unload it */
+	if (m != NULL && m->entry_id == q->entry_id && m->reload_again && m->loading == 0 &&
+		!r->closing) {
+		m->reload_again = 0;
+		if (queue_load(r, m->name, m->path, m->pin, m->warm, 1, NULL, NULL) < 0)
+			log_warnx("%s", error_get());
+	}
+	load_request_free(q);
+}
+
+/* Queues a load of path for the model name (entry created if new). */
+static int
+queue_load(struct registry *r, const char *name, const char *path, enum pin_mode pin, int warm,
+	int reload, registry_done_fn done, void *arg)
+{
+	struct model_entry *m = registry_entry_named(r, name);
+	struct load_request *q;
+	int err;
+
+	if (r->closing)
+		return error_set(-ESHUTDOWN, "wcached is stopping");
+	if (m == NULL && (m = registry_entry_new(r, name, path, pin, warm)) == NULL)
+		return -ENOMEM;
+	if ((q = calloc(1, sizeof(*q))) == NULL || (q->name = strdup(name)) == NULL ||
+		(q->path = strdup(path)) == NULL) {
+		if (q != NULL)
+			free(q->name);
+		free(q);
+		return error_set(-ENOMEM, "model \"%s\": out of memory", name);
+	}
+	q->r = r;
+	q->pin = pin;
+	q->warm = warm;
+	q->reload = reload;
+	q->index_fd = -1;
+	q->done = done;
+	q->arg = arg;
+	q->id = ++r->next_load_id;
+	q->entry_id = m->entry_id;
+	q->work.data = q;
+	if ((err = uv_queue_work(r->loop, &q->work, load_work, load_after)) < 0) {
+		free(q->name);
+		free(q->path);
+		free(q);
+		return error_set(err, "model \"%s\": %s", name, uv_strerror(err));
+	}
+	m->load_id = q->id;
+	m->loading++;
+	r->loads_in_flight++;
+	return 0;
+}
+
+int
+registry_load(struct registry *r, const char *name, const char *path, enum pin_mode pin,
+	int warm, registry_done_fn done, void *arg)
+{
+	return queue_load(r, name, path, pin, warm, 0, done, arg);
+}
+
+int
+registry_reload(struct registry *r, const char *name, registry_done_fn done, void *arg)
+{
+	struct model_entry *m = registry_entry_named(r, name);
+
+	if (m == NULL)
+		return error_set(-ENOENT, "model \"%s\" is not loaded", name);
+	if (m->loading > 0) {
+		/* A load in flight may have opened the files before the change
+		 * that asks for this reload, so reload once more when it ends
+		 * (of the path it leaves configured: an operator's load of
+		 * another path is never superseded by the old one). */
+		m->reload_again = 1;
+		if (done != NULL)
+			done(0, "a load of this model is already in progress",
+				m->current != NULL ? m->current->number : 0, arg);
+		return 0;
+	}
+	return queue_load(r, m->name, m->path, m->pin, m->warm, 1, done, arg);
+}

@@ -1,0 +1,306 @@
+/*
+ * restore_adopt.c: serving what the manager's store gave back (restore.h):
+ * a model's current generation at once, the generations workers held
+ * before the restart while their HOLDs may come, HOLD itself, and the full
+ * check of each adopted generation on the work queue while it serves.
+ * Everything goes through the registry's public API (registry.h) and
+ * generation.h; the registry hears of nothing here but what that API says.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "base/error.h"
+#include "generation.h"
+#include "log.h"
+#include "pages.h"
+#include "restore.h"
+
+static void check_done(struct registry *r, struct generation *g,
+	const struct pages_result *res);
+
+/* PAGE_RESTORE reports here (pages.h). */
+static const struct pages_hooks check_hooks = { .live = gen_is_live, .done = check_done };
+
+/* A generation of the model name made of what the store gave back: src
+ * (files open and mapped) and the sealed index_fd, mapped here. Takes src
+ * on success only; NULL with the message otherwise. Not yet in the
+ * registry's list, without a model, in state NEW. */
+static struct generation *
+stored_generation(struct registry *r, const char *name, uint64_t number,
+	struct model_source *src, int index_fd, size_t index_size)
+{
+	struct generation *g;
+	int *served;
+	void *map;
+
+	map = mmap(NULL, index_size, PROT_READ, MAP_SHARED, index_fd, 0);
+	if (map == MAP_FAILED) {
+		error_set(-errno, "model \"%s\": mapping the stored index: %s", name,
+			strerror(errno));
+		return NULL;
+	}
+	if (gen_open_served(src, &served) < 0) {
+		char why[512];
+
+		snprintf(why, sizeof(why), "%s", error_get());
+		munmap(map, index_size);
+		error_set(-ESTALE, "model \"%s\": %s", name, why);
+		return NULL;
+	}
+	g = gen_new(r, name, number, src, served, index_fd, map, index_size);
+	if (g == NULL) {
+		gen_close_served(served, src->nfiles);
+		munmap(map, index_size);
+		error_set(-ENOMEM, "model \"%s\": out of memory", name);
+		return NULL;
+	}
+	g->from_store = 1;
+	return g;
+}
+
+int
+restore_adopt_current(struct registry *r, const char *name, const char *path,
+	enum pin_mode pin, int warm, uint64_t number, struct model_source *src, int index_fd,
+	size_t index_size)
+{
+	struct generation *g;
+	int err;
+
+	if ((g = stored_generation(r, name, number, src, index_fd, index_size)) == NULL)
+		return -ENOMEM;
+	gen_set_state(g, GEN_READY, "restored from the file descriptor store");
+	/* Nothing here is proportional to the model's size or tensor count:
+	 * the full index check, the metadata lock and mapping every page into
+	 * this process again (the page cache still has them: that reads
+	 * nothing from disk) run on the work queue while it serves, from
+	 * restore_checks(). */
+	g->restore_check = RESTORE_CHECK_WAITING;
+	if ((err = registry_add_served(r, name, path, pin, warm, g)) < 0) {
+		gen_unmake(g, src);
+		return err;
+	}
+	return 0;
+}
+
+int
+restore_adopt_held(struct registry *r, const char *name, uint64_t number,
+	struct model_source *src, int index_fd, size_t index_size, unsigned holders)
+{
+	struct model_entry *m = registry_find(r, name);
+	struct generation *g;
+
+	if (m != NULL && strcmp(m->name, name) != 0)
+		m = NULL; /* the model whose path is name: not this one */
+	if (m == NULL || m->current == NULL || m->current->number <= number)
+		return error_set(-EINVAL, "model \"%s\": generation %" PRIu64 " is not older "
+			"than a restored current one", name, number);
+	/* Nobody could say they hold it: it would only wait for nothing. */
+	if (holders == 0)
+		return error_set(-EINVAL, "model \"%s\": generation %" PRIu64 " had no holders "
+			"when it was stored", name, number);
+	if (registry_generation(r, m, number) != NULL)
+		return error_set(-EEXIST, "model \"%s\": generation %" PRIu64 " is already there",
+			name, number);
+	if ((g = stored_generation(r, name, number, src, index_fd, index_size)) == NULL)
+		return -ENOMEM;
+	gen_set_state(g, GEN_READY, "restored from the file descriptor store, held");
+	/* Not current: only its holders' HOLDs keep it, once this passes. */
+	restore_await_holds(r, g, holders);
+	registry_add_generation(r, m, g);
+	return 0;
+}
+
+void
+restore_await_holds(struct registry *r, struct generation *g, unsigned holders)
+{
+	if (holders == 0 || g->hold_until_ms != 0)
+		return;
+	/* From now, not from the loop's last update (start-up runs before
+	 * the loop does). */
+	uv_update_time(r->loop);
+	g->hold_until_ms = registry_now_ms(r) + (uint64_t)r->restart_hold_ms;
+	if (g->hold_until_ms == 0)
+		g->hold_until_ms = 1;
+	g->holds_expected = holders;
+	r->holds_open++;
+}
+
+unsigned
+restore_holders(const struct generation *g)
+{
+	unsigned n = g->attached;
+
+	if (g->hold_until_ms != 0 && g->holds_expected > g->nhold_conns &&
+		__builtin_add_overflow(n, g->holds_expected - g->nhold_conns, &n))
+		n = UINT_MAX;
+	return n;
+}
+
+/* Ends g's wait for HOLDs: none is accepted from now. */
+static void
+hold_wait_end(struct registry *r, struct generation *g)
+{
+	g->hold_until_ms = 0;
+	r->holds_open--;
+	free(g->hold_conns);
+	g->hold_conns = NULL;
+	g->nhold_conns = 0;
+	g->holds_expected = 0;
+}
+
+void
+restore_expire_holds(struct registry *r)
+{
+	uint64_t now = registry_now_ms(r);
+	struct generation *g, *next;
+
+	if (r->holds_open == 0)
+		return;
+	for (g = r->generations; g != NULL; g = next) {
+		next = g->next;
+		if (g->hold_until_ms == 0 || now < g->hold_until_ms)
+			continue;
+		hold_wait_end(r, g);
+		if (g->attached == 0 && !gen_is_live(g))
+			log_info("model \"%s\": generation %" PRIu64 ": no worker said it still "
+				 "holds it within %.3g s of the restart", g->model_name, g->number,
+				r->restart_hold_ms / 1000.0);
+		gen_maybe_free(r, g);
+	}
+}
+
+void
+restore_checks(struct registry *r)
+{
+	struct generation *next = NULL;
+
+	if (r->closing)
+		return;
+	for (struct generation *g = r->generations; g != NULL; g = g->next) {
+		if (g->restore_check == RESTORE_CHECK_RUNNING)
+			return;
+		if (g->restore_check == RESTORE_CHECK_WAITING)
+			next = g; /* the list is newest first: the last one waited longest */
+	}
+	if (next != NULL) {
+		next->restore_check = RESTORE_CHECK_RUNNING;
+		pages_queue(r, next, PAGE_RESTORE, &check_hooks);
+	}
+}
+
+/*
+ * The full check of adopted generation g ended, err 0 or -errno with why.
+ * On success a model with pin = all locks it now; on failure one error
+ * line says why and g is withdrawn: no longer current (registry_withdraw),
+ * removed from the store, and the model loads afresh from its configured
+ * path as the next generation.
+ */
+static void
+checked(struct registry *r, struct generation *g, int err, const char *why)
+{
+	struct model_entry *m = g->model;
+	int serving = m != NULL && m->current == g;
+
+	g->restore_check = RESTORE_CHECK_NONE;
+	restore_checks(r);
+	if (err == 0) {
+		log_debug("model \"%s\": generation %" PRIu64 ": restored index checked in full%s",
+			g->model_name, g->number, g->populated ? ", every page mapped" : "");
+		if (serving && m->pin == PIN_ALL && g->state == GEN_READY)
+			gen_queue_pages(r, g, PAGE_PIN);
+		return;
+	}
+	/* Withdrawn as a failed load is: no new attaches (an attach made
+	 * meanwhile keeps it open until released), out of the store, and
+	 * loaded afresh from the configured path. */
+	log_errorx("model \"%s\": generation %" PRIu64 " restored from the file descriptor store "
+		   "failed its full check (%s); %s", g->model_name, g->number, why,
+		serving ? "withdrawn, loading afresh" : "no longer served");
+	restore_forget(r, g);
+	/* Not the previous process's generation any more, as far as HOLD
+	 * goes, and nothing to wait for. */
+	g->from_store = 0;
+	if (g->hold_until_ms != 0)
+		hold_wait_end(r, g);
+	if (serving)
+		registry_withdraw(r, m, why);
+}
+
+/* pages.c: PAGE_RESTORE of g ended (pages.h); g closes if nothing refers
+ * to it any more. */
+static void
+check_done(struct registry *r, struct generation *g, const struct pages_result *res)
+{
+	if (!res->cancelled)
+		checked(r, g, res->check_err, res->message);
+	gen_maybe_free(r, g);
+}
+
+/* May the connection conn_id HOLD g now (restore_hold's rules)? 0, or
+ * -errno with the client's message naming the model, the generation and
+ * why. */
+static int
+hold_allowed(struct registry *r, const struct model_entry *m, const struct generation *g,
+	uint64_t number, uint64_t conn_id, char *msg, size_t msg_size)
+{
+	/* Only a generation the previous process served: after a cold start
+	 * the same number names another generation. */
+	if (g == NULL || !g->from_store) {
+		snprintf(msg, msg_size, "model \"%s\": generation %" PRIu64 " was not taken "
+			"over from the previous wcached", m->name, number);
+		return -ENOENT;
+	}
+	if (g->hold_until_ms == 0 || registry_now_ms(r) >= g->hold_until_ms) {
+		snprintf(msg, msg_size, "model \"%s\": generation %" PRIu64 ": the wait for its "
+			"holders after the restart has ended (restart_hold_seconds)", m->name,
+			number);
+		return -ENOENT;
+	}
+	for (unsigned i = 0; i < g->nhold_conns; i++)
+		if (g->hold_conns[i] == conn_id) {
+			snprintf(msg, msg_size, "model \"%s\": generation %" PRIu64 ": this "
+				"connection has said it holds it already", m->name, number);
+			return -EALREADY;
+		}
+	if (g->nhold_conns >= g->holds_expected) {
+		snprintf(msg, msg_size, "model \"%s\": generation %" PRIu64 ": all %u of its "
+			"holders before the restart have said so", m->name, number,
+			g->holds_expected);
+		return -EUSERS;
+	}
+	return 0;
+}
+
+int
+restore_hold(struct registry *r, const char *name, uint64_t number,
+	const struct registry_peer *peer, struct generation **out, char *msg, size_t msg_size)
+{
+	struct model_entry *m = NULL;
+	struct generation *g;
+	uint64_t *conns;
+	int err;
+
+	if ((err = registry_find_for(r, name, peer, &m, msg, msg_size)) < 0)
+		return err;
+	g = registry_generation(r, m, number);
+	if ((err = hold_allowed(r, m, g, number, peer->conn_id, msg, msg_size)) < 0)
+		return err;
+	/* Grows with the HOLDs that come, never past holds_expected. */
+	if ((conns = realloc(g->hold_conns, (g->nhold_conns + 1) * sizeof(*conns))) == NULL) {
+		snprintf(msg, msg_size, "out of memory");
+		return -ENOMEM;
+	}
+	g->hold_conns = conns;
+	conns[g->nhold_conns++] = peer->conn_id;
+	/* A reference like an attach's, without an attach's effects: the
+	 * worker has its mappings; nothing is warmed or counted. */
+	g->attached++;
+	*out = g;
+	return 0;
+}
+

@@ -1,0 +1,404 @@
+/*
+ * restore_store.c: keeping the manager's file descriptor store in step
+ * with the registry (restore.h): the status page once, each current
+ * generation's index and files under its slot's names, the held
+ * generations, and a sealed description of it all, replaced whenever it
+ * changes; at shutdown what the manager's full queue refused so far; and
+ * the removal of a closed generation's descriptors.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/error.h"
+#include "fdstore.h"
+#include "generation.h"
+#include "log.h"
+#include "notify.h"
+#include "proto/memfds.h"
+#include "restore.h"
+#include "restore_internal.h"
+
+struct restore_state restore_state;
+
+/* A store the manager's full queue refused is tried again by the next
+ * restore_sync() (every 200 ms): logged at debug only. */
+static void
+log_not_stored(int err, const char *what)
+{
+	if (err == -EAGAIN)
+		log_debug("%s: not stored yet: %s", what, error_get());
+	else
+		log_warnx("%s is not stored (%s); a restart loads it afresh", what, error_get());
+}
+
+/* Asks the manager to drop the index and the nfiles files of generation
+ * number of slot. */
+static void
+remove_names(unsigned slot, uint64_t number, size_t nfiles)
+{
+	char name[FDSTORE_MAX_FDNAME + 1];
+
+	if (fdstore_name_index(name, sizeof(name), slot, number) > 0)
+		(void)notify_remove_fds(name);
+	for (size_t k = 0; k < nfiles; k++)
+		if (fdstore_name_file(name, sizeof(name), slot, number, (uint32_t)k) > 0)
+			(void)notify_remove_fds(name);
+}
+
+/* Hands the manager g's index and files under slot's names. */
+static int
+store_generation(struct generation *g, unsigned slot)
+{
+	char name[FDSTORE_MAX_FDNAME + 1];
+	size_t k;
+
+	int err;
+
+	/* What went in stays: the next attempt stores everything again
+	 * (the manager keeps one copy of the same open file), and
+	 * restore_forget() removes every name of the slot. */
+	g->stored_slot = slot;
+	if ((err = fdstore_name_index(name, sizeof(name), slot, g->number)) < 0 ||
+		(err = notify_store_fds(name, &g->index_fd, 1)) <= 0)
+		return err < 0 ? err : -ENOTCONN;
+	for (k = 0; k < g->source.nfiles; k++)
+		if ((err = fdstore_name_file(name, sizeof(name), slot, g->number, (uint32_t)k)) < 0 ||
+			(err = notify_store_fds(name, &g->source.files[k].fd, 1)) <= 0)
+			return err < 0 ? err : -ENOTCONN;
+	g->stored_done = 1;
+	return 0;
+}
+
+/* Is g, not current, a generation its holders still need: stored, open,
+ * held or waiting for their HOLDs? */
+static int
+describe_held(const struct model_entry *m, const struct generation *g)
+{
+	return g->model == m && g != m->current && g != m->pending && g->stored_done &&
+		g->stored_slot == m->slot && g->state != GEN_CLOSED && g->state != GEN_MODIFIED &&
+		restore_holders(g) > 0;
+}
+
+/* Is m's current generation in the store, whole, and attachable? */
+static int
+describe_current(const struct model_entry *m)
+{
+	const struct generation *g = m->current;
+
+	return m->slot != 0 && g != NULL && g->stored_done && g->stored_slot == m->slot &&
+		gen_attachable(g);
+}
+
+/* Fills dg from g of m, stored under m's slot, in role. */
+static int
+describe_generation(struct fdstore_generation *dg, const struct model_entry *m,
+	const struct generation *g, uint8_t role)
+{
+	char name[FDSTORE_MAX_FDNAME + 1];
+
+	dg->number = g->number;
+	dg->role = role;
+	dg->pin = role == FDSTORE_CURRENT ? (uint8_t)m->pin : (uint8_t)PIN_NONE;
+	dg->holders = restore_holders(g);
+	dg->index_size = g->index_size;
+	dg->nfiles = (uint32_t)g->source.nfiles;
+	if (fdstore_name_index(name, sizeof(name), m->slot, g->number) < 0 ||
+		(dg->index_fdname = strdup(name)) == NULL ||
+		(dg->files = calloc(g->source.nfiles ? g->source.nfiles : 1, sizeof(*dg->files))) ==
+			NULL)
+		return -ENOMEM;
+	for (size_t k = 0; k < g->source.nfiles; k++) {
+		const struct stat *st = &g->source.files[k].st;
+		struct fdstore_file *f = &dg->files[k];
+
+		if (fdstore_name_file(name, sizeof(name), m->slot, g->number, (uint32_t)k) < 0 ||
+			(f->fdname = strdup(name)) == NULL)
+			return -ENOMEM;
+		f->dev = (uint64_t)st->st_dev;
+		f->ino = (uint64_t)st->st_ino;
+		f->size = (uint64_t)st->st_size;
+		f->mtime_ns = restore_mtime_ns(st);
+	}
+	return 0;
+}
+
+/* Descriptors g takes in the store: its index and its files. */
+static size_t
+generation_fds(const struct generation *g)
+{
+	return 1 + g->source.nfiles;
+}
+
+/* Appends printf-style text to buf of cap bytes (cut at the end). */
+static void
+append(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static void
+append(char *buf, size_t cap, const char *fmt, ...)
+{
+	size_t len = strnlen(buf, cap);
+	va_list ap;
+
+	if (len + 1 >= cap)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(buf + len, cap - len, fmt, ap);
+	va_end(ap);
+}
+
+/* The description's model for m (models are described in registry order,
+ * those with a slot): its place in d, found by m's entry_id. */
+static struct fdstore_model *
+described_model(struct fdstore_desc *d, const struct model_entry *const *order,
+	const struct model_entry *m)
+{
+	for (uint32_t i = 0; i < d->nmodels; i++)
+		if (order[i] == m)
+			return &d->models[i];
+	return NULL;
+}
+
+int
+restore_describe(const struct registry *r, size_t max_fds, struct fdstore_desc **out,
+	char *left_out, size_t cap)
+{
+	struct fdstore_desc *d = calloc(1, sizeof(*d));
+	const struct model_entry **order = NULL;
+	size_t fds = 0, n = 0;
+	unsigned models_out = 0, held_out = 0;
+	int full = 0, err = -ENOMEM;
+
+	left_out[0] = '\0';
+	if (d == NULL)
+		goto fail;
+	d->status_size = STATUS_PAGE_BYTES;
+	for (const struct model_entry *m = r->models; m != NULL; m = m->next)
+		n += m->slot != 0;
+	if (n > 0 && ((d->models = calloc(n, sizeof(*d->models))) == NULL ||
+			     (order = calloc(n, sizeof(*order))) == NULL))
+		goto fail;
+	/* Every model, and its current generation while they fit: a model
+	 * left out whole keeps its slot and numbers, and loads afresh. */
+	for (const struct model_entry *m = r->models; m != NULL; m = m->next) {
+		struct fdstore_model *dm;
+
+		if (m->slot == 0)
+			continue;
+		order[d->nmodels] = m;
+		dm = &d->models[d->nmodels++];
+		if ((dm->name = strdup(m->name)) == NULL || (dm->path = strdup(m->path)) == NULL)
+			goto fail;
+		dm->slot = m->slot;
+		dm->last_generation = m->last_generation;
+		if (!describe_current(m))
+			continue;
+		if (generation_fds(m->current) > max_fds - fds) {
+			append(left_out, cap, "%s\"%.64s\"", models_out++ ? ", " : "models left out "
+				"whole: ", m->name);
+			continue;
+		}
+		fds += generation_fds(m->current);
+		if ((dm->generations = calloc(1, sizeof(*dm->generations))) == NULL ||
+			describe_generation(&dm->generations[0], m, m->current, FDSTORE_CURRENT) < 0)
+			goto fail;
+		dm->ngenerations = 1;
+	}
+	/* Then the held ones, newest first (the registry's list), while they
+	 * fit: from the first that does not, every older one is left out. */
+	for (const struct generation *g = r->generations; g != NULL; g = g->next) {
+		struct fdstore_model *dm;
+		struct fdstore_generation *more;
+
+		if (g->model == NULL || !describe_held(g->model, g) ||
+			(dm = described_model(d, order, g->model)) == NULL || dm->ngenerations == 0 ||
+			dm->ngenerations >= FDSTORE_MAX_GENERATIONS)
+			continue;
+		if (full || generation_fds(g) > max_fds - fds) {
+			append(left_out, cap, "%s\"%.64s\" %" PRIu64, held_out++ ? ", " :
+				(models_out ? "; held generations left out: " :
+					      "held generations left out: "), g->model->name, g->number);
+			full = 1;
+			continue;
+		}
+		if ((more = realloc(dm->generations, (dm->ngenerations + 1) * sizeof(*more))) == NULL)
+			goto fail;
+		dm->generations = more;
+		memset(&more[dm->ngenerations], 0, sizeof(*more));
+		if (describe_generation(&more[dm->ngenerations++], g->model, g, FDSTORE_HELD) < 0)
+			goto fail;
+		fds += generation_fds(g);
+	}
+	free(order);
+	*out = d;
+	return 0;
+fail:
+	free(order);
+	fdstore_free(d);
+	return error_set(err, "out of memory");
+}
+
+/* Logs what the description leaves out to stay within the store's limit,
+ * once for each different report (store_description runs again every
+ * 200 ms while the manager's queue is full). */
+static void
+log_left_out(const char *left_out)
+{
+	static char logged[1024];
+
+	if (strcmp(left_out, logged) == 0)
+		return;
+	snprintf(logged, sizeof(logged), "%s", left_out);
+	if (left_out[0] != '\0')
+		log_warnx("warm restart: the description would need more than %u stored "
+			  "descriptors (FileDescriptorStoreMax=); %s: a restart loads them afresh "
+			  "or does not restore them", FDSTORE_MAX_FDS, left_out);
+}
+
+/* Encodes the registry and stores it in place of the previous description. */
+static int
+store_description(struct registry *r)
+{
+	struct fdstore_desc *d = NULL;
+	uint8_t *buf = NULL;
+	size_t len = 0;
+	char left_out[1024];
+	int fd = -1, err;
+
+	if ((err = restore_describe(r, FDSTORE_MAX_FDS, &d, left_out, sizeof(left_out))) < 0)
+		goto out;
+	log_left_out(left_out);
+	if ((err = fdstore_encode(d, &buf, &len)) < 0 || (err = fdstore_memfd_make(buf, len, &fd)) < 0)
+		goto out;
+	/* Removed once: a retry after a refused store must not remove
+	 * again behind a removal still queued. */
+	if (restore_state.desc_in_store)
+		(void)notify_remove_fds(FDSTORE_NAME_DESC);
+	restore_state.desc_in_store = 0;
+	/* A removal still in our queue would go after the store and remove
+	 * the new description: store once it has gone. */
+	if (notify_flush() == 0) {
+		err = error_set(-EAGAIN, "the removal of the previous one waits in the queue");
+		close(fd);
+		goto out;
+	}
+	if ((err = notify_store_fds(FDSTORE_NAME_DESC, &fd, 1)) > 0)
+		restore_state.desc_in_store = 1;
+	close(fd);
+out:
+	if (err == -ENOMEM)
+		error_set(-ENOMEM, "out of memory");
+	if (err < 0)
+		log_not_stored(err, "warm restart: the registry's description");
+	free(buf);
+	fdstore_free(d);
+	return err < 0 ? err : 0;
+}
+
+/* What the description depends on, hashed (FNV-1a), so that progress
+ * events do not rewrite it. Never 0. */
+static uint64_t
+describe_hash(const struct registry *r)
+{
+	uint64_t h = 1469598103934665603ull;
+
+	for (const struct model_entry *m = r->models; m != NULL; m = m->next) {
+		const struct generation *g = m->current;
+		uint64_t v[7] = { m->entry_id, m->slot, m->last_generation, g ? g->number : 0,
+			g ? (uint64_t)g->stored_done : 0, g ? (uint64_t)gen_attachable(g) : 0,
+			g ? restore_holders(g) : 0 };
+
+		for (int i = 0; i < 7; i++)
+			h = (h ^ v[i]) * 1099511628211ull;
+	}
+	/* The held generations described with them. */
+	for (const struct generation *g = r->generations; g != NULL; g = g->next) {
+		if (g->model == NULL || !describe_held(g->model, g))
+			continue;
+		uint64_t v[3] = { g->model->entry_id, g->number, restore_holders(g) };
+
+		for (int i = 0; i < 3; i++)
+			h = (h ^ v[i]) * 1099511628211ull;
+	}
+	return h | 1;
+}
+
+void
+restore_sync(struct registry *r)
+{
+	uint64_t h;
+
+	if (!r->fdstore || restore_state.restoring || r->closing)
+		return;
+	/* Removals wait in the queue: they go first (see store_description). */
+	if (notify_flush() == 0)
+		return;
+	char what[128];
+	int err;
+
+	if (!restore_state.status_stored) {
+		if ((err = notify_store_fds(FDSTORE_NAME_STATUS, &r->page.fd, 1)) > 0)
+			restore_state.status_stored = 1;
+		else if (err < 0) {
+			log_not_stored(err, "warm restart: the status page");
+			return; /* the generations need it: all of them again later */
+		}
+	}
+	for (struct model_entry *m = r->models; m != NULL; m = m->next) {
+		struct generation *g = m->current;
+
+		if (g == NULL || m->slot == 0 || g->stored_done || !gen_attachable(g))
+			continue;
+		if ((err = store_generation(g, m->slot)) < 0) {
+			snprintf(what, sizeof(what), "model \"%.64s\": generation %" PRIu64, m->name,
+				g->number);
+			log_not_stored(err, what);
+			return;
+		}
+	}
+	if ((h = describe_hash(r)) != restore_state.described && store_description(r) == 0)
+		restore_state.described = h;
+}
+
+/* Is anything not yet in the store that restore_sync() would store? */
+static int
+sync_pending(const struct registry *r)
+{
+	if (!restore_state.status_stored || describe_hash(r) != restore_state.described)
+		return 1;
+	for (const struct model_entry *m = r->models; m != NULL; m = m->next)
+		if (m->current != NULL && m->slot != 0 && !m->current->stored_done &&
+			gen_attachable(m->current))
+			return 1;
+	return 0;
+}
+
+void
+restore_stopping(struct registry *r)
+{
+	if (!r->fdstore || r->closing)
+		return;
+	for (int i = 0; i < 100 && sync_pending(r); i++) {
+		(void)notify_flush_wait(10);
+		restore_sync(r);
+		if (sync_pending(r))
+			usleep(10000);
+	}
+	if (sync_pending(r))
+		log_warnx("warm restart: the service manager did not take everything within 1 s; "
+			  "the next start loads some models afresh");
+}
+
+void
+restore_forget(struct registry *r, struct generation *g)
+{
+	if (g->stored_slot == 0 || r->closing)
+		return;
+	remove_names(g->stored_slot, g->number, g->source.nfiles);
+	g->stored_slot = 0;
+	g->stored_done = 0;
+}
