@@ -24,6 +24,7 @@
 #include "control.h"
 #include "base/error.h"
 #include "log.h"
+#include "listen.h"
 #include "notify.h"
 #include "registry.h"
 #include "restore.h"

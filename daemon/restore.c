@@ -33,6 +33,7 @@
 #include "format/index.h"
 #include "log.h"
 #include "proto/memfds.h"
+#include "listen.h"
 #include "notify.h"
 #include "restore.h"
 #include "restore_internal.h"

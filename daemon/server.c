@@ -31,12 +31,10 @@
 #include "peercred.h"
 #include "restore.h"
 #include "server.h"
+#include "server_internal.h"
 #include "uidtally.h"
 #include "proto/wire.h"
 
-#define DEFAULT_MAX_CLIENTS 1024
-#define DEFAULT_MAX_CLIENTS_PER_UID 256
-#define DEFAULT_MAX_ATTACHES 4096
 #define READS_PER_WAKEUP 16
 /* Descriptors kept free for loading models, the control socket and logs:
  * a connection that would eat into them is refused. A small RLIMIT_NOFILE
@@ -46,72 +44,6 @@
  * again (they are also looked at whenever they become readable). */
 #define DEFER_RETRY_MS 50
 
-struct attach_ref {
-	uint64_t handle;
-	struct generation *gen;
-};
-
-struct conn {
-	uv_poll_t poll;
-	struct server *srv;
-	int fd;
-	pid_t pid;
-	uid_t uid;
-	gid_t gid;
-	gid_t *groups;                 /* supplementary groups (peer_read), owned */
-	size_t ngroups;
-	uint64_t id;                   /* unique per connection, for HOLD's once-only rule */
-	int denied_logged;             /* one log line per peer for refusals */
-	struct attach_ref *refs;
-	size_t nrefs, refs_cap;
-	uint8_t out[WIRE_MAX_MESSAGE]; /* pending reply */
-	size_t out_len;
-	int out_fds[WIRE_MAX_FDS];     /* borrowed from a held generation */
-	size_t out_nfds;
-	int pending;
-	int deferred;                  /* the pending reply waits for the descriptor budget */
-	int close_after_send;
-	int closing;
-	int throttle_logged;           /* one warning per peer for backpressure */
-	unsigned inflight_fds;         /* sent with replies, not yet known to be received */
-	struct conn *next, **prevp;
-};
-
-struct server {
-	uv_loop_t *loop;
-	struct registry *reg;
-	uv_poll_t listen_poll;
-	int listen_fd;
-	struct conn *conns;
-	unsigned nconns;
-	unsigned max_clients, max_clients_per_uid, max_attaches;
-	uint64_t next_handle;
-	uint64_t next_conn_id;
-	int stopping;
-	int fd_limit;      /* RLIMIT_NOFILE at start */
-	int fd_reserve;    /* descriptors a new connection may not take */
-	int spare_fd;      /* closed to accept-and-refuse when out of fds */
-	uid_t self_uid;
-	/*
-	 * Descriptors in flight. The kernel counts every descriptor sent with
-	 * SCM_RIGHTS and not yet received against the sending user's
-	 * RLIMIT_NOFILE, for all of that user's sockets together; past it
-	 * every send with descriptors fails (ETOOMANYREFS) for every client.
-	 * A connection whose earlier replies are known to be received (its
-	 * send queue is empty) may use the budget up to fd_hard; one with
-	 * replies still unread only up to fd_conn_cap of its own and fd_soft
-	 * in all; all connections of one uid together up to fd_uid_cap. See
-	 * fd_budget_allows().
-	 */
-	unsigned inflight_total;
-	struct uidtally inflight_by_uid; /* the same per uid: every conn's inflight_fds */
-	unsigned fd_hard, fd_soft, fd_uid_cap, fd_conn_cap;
-	unsigned ndeferred;
-	uv_timer_t retry_timer;
-	struct server_stats stats;
-};
-
-static void conn_close(struct conn *c);
 static void conn_io(uv_poll_t *handle, int status, int events);
 static void conn_read(struct conn *c);
 static void on_retry(uv_timer_t *t);
@@ -281,7 +213,7 @@ defer:
 }
 
 /* Queues a reply (copying it) and sends it as soon as it may go. */
-static void
+void
 conn_send(struct conn *c, const uint8_t *buf, size_t len, const int *fds, size_t nfds)
 {
 	memcpy(c->out, buf, len);
@@ -308,186 +240,6 @@ on_retry(uv_timer_t *t)
 				conn_read(c);
 		}
 	}
-}
-
-/* Replies with an error; fatal ones close the connection once sent. */
-static void
-conn_error(struct conn *c, uint32_t seq, int code, int fatal, const char *fmt, ...)
-	__attribute__((format(printf, 5, 6)));
-
-static void
-conn_error(struct conn *c, uint32_t seq, int code, int fatal, const char *fmt, ...)
-{
-	uint8_t buf[WIRE_MAX_MESSAGE];
-	char text[WIRE_MAX_MESSAGE];
-	va_list ap;
-	ssize_t n;
-
-	va_start(ap, fmt);
-	vsnprintf(text, sizeof(text), fmt, ap);
-	va_end(ap);
-	if (fatal) {
-		log_warnx("client pid %d uid %u: %s; closing the connection", (int)c->pid,
-			(unsigned)c->uid, text);
-		c->close_after_send = 1;
-	}
-	/* The wire carries positive errno values. */
-	if ((n = wire_put_error(buf, sizeof(buf), seq, -code, text)) < 0) {
-		conn_close(c);
-		return;
-	}
-	conn_send(c, buf, (size_t)n, NULL, 0);
-}
-
-/* Who c's peer is, for the registry's access checks. */
-static struct registry_peer
-conn_peer(struct conn *c)
-{
-	return (struct registry_peer){
-		.pid = c->pid, .uid = c->uid, .gid = c->gid, .groups = c->groups,
-		.ngroups = (int)c->ngroups, .self_uid = c->srv->self_uid, .conn_id = c->id,
-		.denied_logged = &c->denied_logged,
-	};
-}
-
-/* Makes room for one more attach on c, or answers seq's request with
- * EMFILE (the limit) or ENOMEM and returns -1. */
-static int
-refs_room(struct conn *c, uint32_t seq)
-{
-	if (c->nrefs >= c->srv->max_attaches) {
-		conn_error(c, seq, -EMFILE, 0, "more than %u attaches on one connection",
-			c->srv->max_attaches);
-		return -1;
-	}
-	if (c->nrefs == c->refs_cap) {
-		size_t cap = c->refs_cap ? c->refs_cap * 2 : 8;
-		struct attach_ref *r = realloc(c->refs, cap * sizeof(*r));
-
-		if (r == NULL) {
-			conn_error(c, seq, -ENOMEM, 0, "out of memory");
-			return -1;
-		}
-		c->refs = r;
-		c->refs_cap = cap;
-	}
-	return 0;
-}
-
-static void
-handle_attach(struct conn *c, const struct wire_message *msg)
-{
-	struct server *s = c->srv;
-	struct registry_peer peer = conn_peer(c);
-	struct registry_attachment at;
-	struct wire_attach_ok ok = { 0 };
-	uint8_t buf[WIRE_MAX_MESSAGE];
-	char name[WIRE_MAX_NAME + 1], text[WIRE_MAX_MESSAGE];
-	const char *p;
-	size_t len;
-	ssize_t n;
-	int err;
-
-	if (wire_get_attach(msg, &p, &len) < 0) {
-		conn_error(c, msg->h.seq, -EBADMSG, 1, "malformed ATTACH");
-		return;
-	}
-	memcpy(name, p, len);
-	name[len] = '\0';
-	if (refs_room(c, msg->h.seq) < 0)
-		return;
-	if ((err = registry_attach(s->reg, name, &peer, &at, text, sizeof(text))) < 0) {
-		conn_error(c, msg->h.seq, err, 0, "%s", text);
-		return;
-	}
-	ok.generation = at.generation;
-	ok.handle = ++s->next_handle;
-	ok.index_size = at.index_size;
-	ok.file_count = at.file_count;
-	if (at.status_slot != 0) {
-		ok.flags = WIRE_ATTACH_STATUS;
-		ok.status_slot = at.status_slot;
-	}
-	if ((n = wire_put_attach_ok(buf, sizeof(buf), msg->h.seq, &ok)) < 0) {
-		registry_release(s->reg, at.gen);
-		conn_error(c, msg->h.seq, -EPROTO, 0, "cannot encode reply");
-		return;
-	}
-	c->refs[c->nrefs++] = (struct attach_ref){ ok.handle, at.gen };
-	log_debug("client pid %d: attached \"%s\" generation %" PRIu64 " (handle %" PRIu64 ")",
-		(int)c->pid, name, at.generation, ok.handle);
-	conn_send(c, buf, (size_t)n, at.fds, at.nfds);
-}
-
-/* HOLD: after a restart, a worker says it still maps a generation it
- * attached from the previous process (PROTOCOL.md, "Restarts"). */
-static void
-handle_hold(struct conn *c, const struct wire_message *msg)
-{
-	struct server *s = c->srv;
-	struct registry_peer peer = conn_peer(c);
-	uint8_t buf[WIRE_HEADER_SIZE + 8];
-	char name[WIRE_MAX_NAME + 1], text[WIRE_MAX_MESSAGE];
-	struct generation *g;
-	const char *p;
-	uint64_t number, handle;
-	size_t len;
-	ssize_t n;
-	int err;
-
-	if (wire_get_hold(msg, &number, &p, &len) < 0) {
-		conn_error(c, msg->h.seq, -EBADMSG, 1, "malformed HOLD");
-		return;
-	}
-	memcpy(name, p, len);
-	name[len] = '\0';
-	if (refs_room(c, msg->h.seq) < 0)
-		return;
-	if ((err = restore_hold(s->reg, name, number, &peer, &g, text, sizeof(text))) < 0) {
-		conn_error(c, msg->h.seq, err, 0, "%s", text);
-		return;
-	}
-	handle = ++s->next_handle;
-	if ((n = wire_put_hold_ok(buf, sizeof(buf), msg->h.seq, handle)) < 0) {
-		registry_release(s->reg, g);
-		conn_error(c, msg->h.seq, -EPROTO, 0, "cannot encode reply");
-		return;
-	}
-	c->refs[c->nrefs++] = (struct attach_ref){ handle, g };
-	log_debug("client pid %d: holds \"%s\" generation %" PRIu64 " (handle %" PRIu64 ")",
-		(int)c->pid, name, number, handle);
-	conn_send(c, buf, (size_t)n, NULL, 0);
-}
-
-static void
-handle_release(struct conn *c, const struct wire_message *msg)
-{
-	uint8_t buf[WIRE_HEADER_SIZE];
-	uint64_t handle;
-	ssize_t n;
-
-	if (wire_get_release(msg, &handle) < 0) {
-		conn_error(c, msg->h.seq, -EBADMSG, 1, "malformed RELEASE");
-		return;
-	}
-	for (size_t i = 0; i < c->nrefs; i++) {
-		if (c->refs[i].handle != handle)
-			continue;
-		struct generation *g = c->refs[i].gen;
-
-		c->refs[i] = c->refs[--c->nrefs];
-		registry_release(c->srv->reg, g);
-		/* seq 0: the client wants no reply (PROTOCOL.md, RELEASE). */
-		if (msg->h.seq != 0 && (n = wire_put_release_ok(buf, sizeof(buf), msg->h.seq)) >= 0)
-			conn_send(c, buf, (size_t)n, NULL, 0);
-		return;
-	}
-	if (msg->h.seq == 0) {
-		log_debug("client pid %d: RELEASE of unknown handle %" PRIu64 " (no reply wanted)",
-			(int)c->pid, handle);
-		return;
-	}
-	conn_error(c, msg->h.seq, -EINVAL, 0, "no attach with handle %" PRIu64, handle);
 }
 
 /* Reads and handles messages until the socket is empty, a reply is
@@ -531,13 +283,13 @@ conn_read(struct conn *c)
 		}
 		switch (msg.h.type) {
 		case WIRE_ATTACH:
-			handle_attach(c, &msg);
+			request_attach(c, &msg);
 			break;
 		case WIRE_RELEASE:
-			handle_release(c, &msg);
+			request_release(c, &msg);
 			break;
 		case WIRE_HOLD:
-			handle_hold(c, &msg);
+			request_hold(c, &msg);
 			break;
 		default:
 			conn_error(c, msg.h.seq, -EBADMSG, 1, "unexpected message type %u",
@@ -577,7 +329,7 @@ conn_free(uv_handle_t *handle)
 }
 
 /* Releases everything the connection holds and closes it. */
-static void
+void
 conn_close(struct conn *c)
 {
 	if (c->closing)

@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "listen.h"
 #include "notify.h"
 #include "fuzz_check.h"
 

@@ -25,6 +25,7 @@
 #include <cmocka.h>
 
 #include "base/error.h"
+#include "listen.h"
 #include "notify.h"
 #include "testutil.h"
 

@@ -1,0 +1,102 @@
+/*
+ * server_internal.h: what server.c (connections: accept, read, flow
+ * control, close) and server_requests.c (the requests and their replies)
+ * share. Not for other modules: they use server.h.
+ */
+#ifndef WC_SERVER_INTERNAL_H
+#define WC_SERVER_INTERNAL_H
+
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "generation.h"
+#include "proto/wire.h"
+#include "registry.h"
+#include "server.h"
+#include "uidtally.h"
+
+#define DEFAULT_MAX_CLIENTS 1024
+#define DEFAULT_MAX_CLIENTS_PER_UID 256
+#define DEFAULT_MAX_ATTACHES 4096
+
+struct attach_ref {
+	uint64_t handle;
+	struct generation *gen;
+};
+
+struct conn {
+	uv_poll_t poll;
+	struct server *srv;
+	int fd;
+	pid_t pid;
+	uid_t uid;
+	gid_t gid;
+	gid_t *groups;                 /* supplementary groups (peer_read), owned */
+	size_t ngroups;
+	uint64_t id;                   /* unique per connection, for HOLD's once-only rule */
+	int denied_logged;             /* one log line per peer for refusals */
+	struct attach_ref *refs;
+	size_t nrefs, refs_cap;
+	uint8_t out[WIRE_MAX_MESSAGE]; /* pending reply */
+	size_t out_len;
+	int out_fds[WIRE_MAX_FDS];     /* borrowed from a held generation */
+	size_t out_nfds;
+	int pending;
+	int deferred;                  /* the pending reply waits for the descriptor budget */
+	int close_after_send;
+	int closing;
+	int throttle_logged;           /* one warning per peer for backpressure */
+	unsigned inflight_fds;         /* sent with replies, not yet known to be received */
+	struct conn *next, **prevp;
+};
+
+struct server {
+	uv_loop_t *loop;
+	struct registry *reg;
+	uv_poll_t listen_poll;
+	int listen_fd;
+	struct conn *conns;
+	unsigned nconns;
+	unsigned max_clients, max_clients_per_uid, max_attaches;
+	uint64_t next_handle;
+	uint64_t next_conn_id;
+	int stopping;
+	int fd_limit;      /* RLIMIT_NOFILE at start */
+	int fd_reserve;    /* descriptors a new connection may not take */
+	int spare_fd;      /* closed to accept-and-refuse when out of fds */
+	uid_t self_uid;
+	/*
+	 * Descriptors in flight. The kernel counts every descriptor sent with
+	 * SCM_RIGHTS and not yet received against the sending user's
+	 * RLIMIT_NOFILE, for all of that user's sockets together; past it
+	 * every send with descriptors fails (ETOOMANYREFS) for every client.
+	 * A connection whose earlier replies are known to be received (its
+	 * send queue is empty) may use the budget up to fd_hard; one with
+	 * replies still unread only up to fd_conn_cap of its own and fd_soft
+	 * in all; all connections of one uid together up to fd_uid_cap. See
+	 * fd_budget_allows().
+	 */
+	unsigned inflight_total;
+	struct uidtally inflight_by_uid; /* the same per uid: every conn's inflight_fds */
+	unsigned fd_hard, fd_soft, fd_uid_cap, fd_conn_cap;
+	unsigned ndeferred;
+	uv_timer_t retry_timer;
+	struct server_stats stats;
+};
+
+/* server.c: queues one reply (at most one is pending: the connection stops
+ * reading until it is sent) and closes a connection. */
+void conn_send(struct conn *c, const uint8_t *buf, size_t len, const int *fds, size_t nfds);
+void conn_close(struct conn *c);
+
+/* Replies with an error; fatal ones close the connection once sent. */
+void conn_error(struct conn *c, uint32_t seq, int code, int fatal, const char *fmt, ...)
+	__attribute__((format(printf, 5, 6)));
+
+/* server_requests.c: one handler per request type. */
+void request_attach(struct conn *c, const struct wire_message *msg);
+void request_hold(struct conn *c, const struct wire_message *msg);
+void request_release(struct conn *c, const struct wire_message *msg);
+
+#endif

@@ -1,0 +1,194 @@
+/*
+ * server_requests.c: the client socket's requests (ATTACH, HOLD, RELEASE)
+ * and their replies, on a connection that server.c owns (server_internal.h).
+ * Each handler decodes its message with proto/wire.c's exact-size checks,
+ * asks the registry (or, for HOLD, the warm restart), records the attach
+ * reference on the connection and queues one reply; errors are ERROR
+ * replies, fatal only for a malformed message.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "proto/wire.h"
+#include "restore.h"
+#include "server_internal.h"
+
+void
+conn_error(struct conn *c, uint32_t seq, int code, int fatal, const char *fmt, ...)
+{
+	uint8_t buf[WIRE_MAX_MESSAGE];
+	char text[WIRE_MAX_MESSAGE];
+	va_list ap;
+	ssize_t n;
+
+	va_start(ap, fmt);
+	vsnprintf(text, sizeof(text), fmt, ap);
+	va_end(ap);
+	if (fatal) {
+		log_warnx("client pid %d uid %u: %s; closing the connection", (int)c->pid,
+			(unsigned)c->uid, text);
+		c->close_after_send = 1;
+	}
+	/* The wire carries positive errno values. */
+	if ((n = wire_put_error(buf, sizeof(buf), seq, -code, text)) < 0) {
+		conn_close(c);
+		return;
+	}
+	conn_send(c, buf, (size_t)n, NULL, 0);
+}
+
+/* Who c's peer is, for the registry's access checks. */
+static struct registry_peer
+conn_peer(struct conn *c)
+{
+	return (struct registry_peer){
+		.pid = c->pid, .uid = c->uid, .gid = c->gid, .groups = c->groups,
+		.ngroups = (int)c->ngroups, .self_uid = c->srv->self_uid, .conn_id = c->id,
+		.denied_logged = &c->denied_logged,
+	};
+}
+
+/* Makes room for one more attach on c, or answers seq's request with
+ * EMFILE (the limit) or ENOMEM and returns -1. */
+static int
+refs_room(struct conn *c, uint32_t seq)
+{
+	if (c->nrefs >= c->srv->max_attaches) {
+		conn_error(c, seq, -EMFILE, 0, "more than %u attaches on one connection",
+			c->srv->max_attaches);
+		return -1;
+	}
+	if (c->nrefs == c->refs_cap) {
+		size_t cap = c->refs_cap ? c->refs_cap * 2 : 8;
+		struct attach_ref *r = realloc(c->refs, cap * sizeof(*r));
+
+		if (r == NULL) {
+			conn_error(c, seq, -ENOMEM, 0, "out of memory");
+			return -1;
+		}
+		c->refs = r;
+		c->refs_cap = cap;
+	}
+	return 0;
+}
+
+void
+request_attach(struct conn *c, const struct wire_message *msg)
+{
+	struct server *s = c->srv;
+	struct registry_peer peer = conn_peer(c);
+	struct registry_attachment at;
+	struct wire_attach_ok ok = { 0 };
+	uint8_t buf[WIRE_MAX_MESSAGE];
+	char name[WIRE_MAX_NAME + 1], text[WIRE_MAX_MESSAGE];
+	const char *p;
+	size_t len;
+	ssize_t n;
+	int err;
+
+	if (wire_get_attach(msg, &p, &len) < 0) {
+		conn_error(c, msg->h.seq, -EBADMSG, 1, "malformed ATTACH");
+		return;
+	}
+	memcpy(name, p, len);
+	name[len] = '\0';
+	if (refs_room(c, msg->h.seq) < 0)
+		return;
+	if ((err = registry_attach(s->reg, name, &peer, &at, text, sizeof(text))) < 0) {
+		conn_error(c, msg->h.seq, err, 0, "%s", text);
+		return;
+	}
+	ok.generation = at.generation;
+	ok.handle = ++s->next_handle;
+	ok.index_size = at.index_size;
+	ok.file_count = at.file_count;
+	if (at.status_slot != 0) {
+		ok.flags = WIRE_ATTACH_STATUS;
+		ok.status_slot = at.status_slot;
+	}
+	if ((n = wire_put_attach_ok(buf, sizeof(buf), msg->h.seq, &ok)) < 0) {
+		registry_release(s->reg, at.gen);
+		conn_error(c, msg->h.seq, -EPROTO, 0, "cannot encode reply");
+		return;
+	}
+	c->refs[c->nrefs++] = (struct attach_ref){ ok.handle, at.gen };
+	log_debug("client pid %d: attached \"%s\" generation %" PRIu64 " (handle %" PRIu64 ")",
+		(int)c->pid, name, at.generation, ok.handle);
+	conn_send(c, buf, (size_t)n, at.fds, at.nfds);
+}
+
+/* HOLD: after a restart, a worker says it still maps a generation it
+ * attached from the previous process (PROTOCOL.md, "Restarts"). */
+void
+request_hold(struct conn *c, const struct wire_message *msg)
+{
+	struct server *s = c->srv;
+	struct registry_peer peer = conn_peer(c);
+	uint8_t buf[WIRE_HEADER_SIZE + 8];
+	char name[WIRE_MAX_NAME + 1], text[WIRE_MAX_MESSAGE];
+	struct generation *g;
+	const char *p;
+	uint64_t number, handle;
+	size_t len;
+	ssize_t n;
+	int err;
+
+	if (wire_get_hold(msg, &number, &p, &len) < 0) {
+		conn_error(c, msg->h.seq, -EBADMSG, 1, "malformed HOLD");
+		return;
+	}
+	memcpy(name, p, len);
+	name[len] = '\0';
+	if (refs_room(c, msg->h.seq) < 0)
+		return;
+	if ((err = restore_hold(s->reg, name, number, &peer, &g, text, sizeof(text))) < 0) {
+		conn_error(c, msg->h.seq, err, 0, "%s", text);
+		return;
+	}
+	handle = ++s->next_handle;
+	if ((n = wire_put_hold_ok(buf, sizeof(buf), msg->h.seq, handle)) < 0) {
+		registry_release(s->reg, g);
+		conn_error(c, msg->h.seq, -EPROTO, 0, "cannot encode reply");
+		return;
+	}
+	c->refs[c->nrefs++] = (struct attach_ref){ handle, g };
+	log_debug("client pid %d: holds \"%s\" generation %" PRIu64 " (handle %" PRIu64 ")",
+		(int)c->pid, name, number, handle);
+	conn_send(c, buf, (size_t)n, NULL, 0);
+}
+
+void
+request_release(struct conn *c, const struct wire_message *msg)
+{
+	uint8_t buf[WIRE_HEADER_SIZE];
+	uint64_t handle;
+	ssize_t n;
+
+	if (wire_get_release(msg, &handle) < 0) {
+		conn_error(c, msg->h.seq, -EBADMSG, 1, "malformed RELEASE");
+		return;
+	}
+	for (size_t i = 0; i < c->nrefs; i++) {
+		if (c->refs[i].handle != handle)
+			continue;
+		struct generation *g = c->refs[i].gen;
+
+		c->refs[i] = c->refs[--c->nrefs];
+		registry_release(c->srv->reg, g);
+		/* seq 0: the client wants no reply (PROTOCOL.md, RELEASE). */
+		if (msg->h.seq != 0 && (n = wire_put_release_ok(buf, sizeof(buf), msg->h.seq)) >= 0)
+			conn_send(c, buf, (size_t)n, NULL, 0);
+		return;
+	}
+	if (msg->h.seq == 0) {
+		log_debug("client pid %d: RELEASE of unknown handle %" PRIu64 " (no reply wanted)",
+			(int)c->pid, handle);
+		return;
+	}
+	conn_error(c, msg->h.seq, -EINVAL, 0, "no attach with handle %" PRIu64, handle);
+}
