@@ -34,6 +34,7 @@
 #include "base/file.h"
 #include "format/index.h"
 #include "format/source.h"
+#include "format/weig.h"
 #include "lib/wcache.h"
 #include "lib/writer.h"
 

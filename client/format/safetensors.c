@@ -30,6 +30,10 @@
  * Metadata: __metadata__ (null or an object of string to string) is
  * validated in every file but added to the index only for file 0, so a
  * sharded model takes its metadata from its first shard (see shards.c).
+ *
+ * Layering: a reader (reader.h) only parses. This file opens nothing and
+ * calls nothing above it; open.c reads a file through st_reader, shards.c
+ * does so for each shard, and source.c lists st_reader in its table.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -43,7 +47,7 @@
 #include "base/error.h"
 #include "base/json.h"
 #include "proto/le.h"
-#include "format/source.h"
+#include "format/safetensors.h"
 
 /* A tensor's data range, kept to check the tiling once the header is read. */
 struct st_entry {
@@ -714,7 +718,7 @@ st_head_len(const uint8_t *prefix, size_t len, uint64_t size)
 	return 8 + n;
 }
 
-const struct source_reader st_reader = {
+const struct format_reader st_reader = {
 	.head_len = st_head_len,
 	.max_head = 8 + ST_MAX_HEADER,
 	.parse = st_parse_bytes,
@@ -791,10 +795,4 @@ st_parse(const char *name, const uint8_t *file, uint64_t size, uint32_t file_no,
 	struct file_bytes in = file_bytes_of(file, size);
 
 	return st_parse_bytes(name, &in, file_no, b);
-}
-
-int
-st_open(const char *path, struct model_source *out)
-{
-	return source_open_file(path, FORMAT_SAFETENSORS, &st_reader, out);
 }

@@ -17,6 +17,11 @@
  * shard (file 0; st_parse adds metadata for file 0 only). Every shard's
  * __metadata__ is still validated. The index's own "metadata" object holds
  * only bookkeeping (total_size) and is not exposed.
+ *
+ * Layering: the multi-file opener of source.c's table of formats. It reads
+ * each shard with open_read_file() (open.c) and the safetensors reader,
+ * and calls nothing above it: shards_find_model() only finds the file a
+ * directory holds, and source.c opens it.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -30,7 +35,9 @@
 #include "base/json.h"
 #include "base/path.h"
 
-#include "format/source.h"
+#include "format/open.h"
+#include "format/safetensors.h"
+#include "format/shards.h"
 #include "format/tree.h"
 
 #define SHARDS_MAX_INDEX (64u << 20) /* bytes of shard index JSON we read */
@@ -570,7 +577,7 @@ shards_open(const char *index_path, struct model_source *out)
 			goto fail;
 		}
 		if ((rc = index_add_file(b, m.shards[i], files[i].size, &file_no)) < 0 ||
-			(rc = source_parse_file(&files[i], &st_reader, file_no, b)) < 0)
+			(rc = open_read_file(&files[i], &st_reader, file_no, b)) < 0)
 			goto fail;
 	}
 	if ((rc = index_build(b, index_path, &blob, &len)) < 0 ||
@@ -633,9 +640,9 @@ list_names(char *dst, size_t cap, char **names, size_t n)
 }
 
 int
-shards_open_dir(const char *dir, struct model_source *out)
+shards_find_model(const char *dir, char **path, bool *is_index)
 {
-	char **idx = NULL, **st = NULL, **p, *path, list[600];
+	char **idx = NULL, **st = NULL, **p, *found, list[600];
 	size_t nidx = 0, nst = 0, capidx = 0, capst = 0;
 	struct dirent *e;
 	DIR *d;
@@ -690,10 +697,11 @@ shards_open_dir(const char *dir, struct model_source *out)
 				nst, list_names(list, sizeof(list), st, nst));
 		goto out;
 	}
-	if ((path = path_join(dir, nidx == 1 ? idx[0] : st[0])) == NULL)
+	if ((found = path_join(dir, nidx == 1 ? idx[0] : st[0])) == NULL)
 		goto nomem;
-	rc = nidx == 1 ? shards_open(path, out) : st_open(path, out);
-	free(path);
+	*path = found;
+	*is_index = nidx == 1;
+	rc = 0;
 	goto out;
 nomem:
 	rc = error_set(-ENOMEM, "%s: out of memory", dir);

@@ -1,17 +1,24 @@
 /*
- * source.c: opening a model from a path, whatever its format.
+ * source.c: opening a model from a path, whatever its format: the table of
+ * formats, detection, and closing what was opened.
  *
- * A directory is resolved by the shard code; a name ending in ".json" is a
- * shard index; a file whose first four bytes are the WEIG magic (either byte
- * order, so the WEIG reader can explain a big-endian file) is WEIG; anything
- * else is read as safetensors, whose reader explains what it finds instead.
- * A model that is one file, whatever its format, is opened the same way:
- * source_open_file() opens it inside its model's tree (tree.h), reads
- * private copies of the bytes its format's parser needs and parses them.
+ * A directory holds one model, which shards.c finds (a shard index, else a
+ * single .safetensors file). Otherwise the first format of the table whose
+ * detect function accepts the path is the path's format: a name ending in
+ * ".json" is a shard index; a file whose first four bytes are the WEIG
+ * magic (either byte order, so the WEIG reader can explain a big-endian
+ * file) is WEIG; anything else is read as safetensors, whose reader
+ * explains what it finds instead. A format of one file is opened with its
+ * reader by open_model_file() (open.c); a sharded model by its opener.
+ *
+ * Layering: the top of format/. This file calls open.c and shards.c and
+ * names the readers (safetensors.c, weig.c) in its table; none of them
+ * calls it back. Callers: lib/model.c, wcachectl, the daemon.
  */
 #include <byteswap.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -19,8 +26,73 @@
 
 #include "base/error.h"
 #include "proto/le.h"
+#include "format/open.h"
+#include "format/safetensors.h"
+#include "format/shards.h"
 #include "format/source.h"
-#include "format/tree.h"
+#include "format/weig.h"
+
+/*
+ * One format: how to recognise it from a path, and how to open it: with a
+ * reader through open_model_file() (a format of one file), or with a
+ * multi-file opener (a sharded model; reader is then NULL).
+ */
+struct source_entry {
+	enum source_format format;
+	const char *name;                      /* for messages and `inspect --json` */
+	bool (*detect)(const char *path);      /* true: path is in this format */
+	const struct format_reader *reader;    /* a one-file format's reader */
+	int (*open_sharded)(const char *path, struct model_source *out);
+};
+
+static bool
+detect_shard_index(const char *path)
+{
+	return file_has_suffix(path, ".json");
+}
+
+static bool
+detect_weig(const char *path)
+{
+	uint32_t magic = source_magic(path);
+
+	return magic == WEIG_MAGIC || magic == bswap_32(WEIG_MAGIC);
+}
+
+static bool
+detect_any(const char *path)
+{
+	(void)path;
+	return true;
+}
+
+/* In the order of detection: the last accepts anything. */
+static const struct source_entry source_formats[] = {
+	{ FORMAT_SHARDED, "safetensors", detect_shard_index, NULL, shards_open },
+	{ FORMAT_WEIG, "weig", detect_weig, &weig_reader, NULL },
+	{ FORMAT_SAFETENSORS, "safetensors", detect_any, &st_reader, NULL },
+};
+
+#define SOURCE_NFORMATS (sizeof(source_formats) / sizeof(source_formats[0]))
+
+/* The table's entry of format f, or NULL. */
+static const struct source_entry *
+source_entry_of(enum source_format f)
+{
+	for (size_t i = 0; i < SOURCE_NFORMATS; i++)
+		if (source_formats[i].format == f)
+			return &source_formats[i];
+	return NULL;
+}
+
+/* Opens path as a model of format e. */
+static int
+source_open_as(const struct source_entry *e, const char *path, struct model_source *out)
+{
+	if (e->open_sharded != NULL)
+		return e->open_sharded(path, out);
+	return open_model_file(path, e->format, e->reader, out);
+}
 
 uint32_t
 source_magic(const char *path)
@@ -37,76 +109,36 @@ source_magic(const char *path)
 	return v;
 }
 
+/* Opens the model a directory holds: its shard index, else its one
+ * .safetensors file. */
+static int
+source_open_dir(const char *dir, struct model_source *out)
+{
+	char *path;
+	bool is_index;
+	int r;
+
+	if ((r = shards_find_model(dir, &path, &is_index)) < 0)
+		return r;
+	r = source_open_as(source_entry_of(is_index ? FORMAT_SHARDED : FORMAT_SAFETENSORS), path,
+		out);
+	free(path);
+	return r;
+}
+
 int
 source_open(const char *path, struct model_source *out)
 {
 	struct stat st;
-	uint32_t magic;
 
 	if (stat(path, &st) == -1)
 		return error_set(-errno, "%s: %s", path, strerror(errno));
 	if (S_ISDIR(st.st_mode))
-		return shards_open_dir(path, out);
-	if (file_has_suffix(path, ".json"))
-		return shards_open(path, out);
-	magic = source_magic(path);
-	if (magic == WEIG_MAGIC || magic == bswap_32(WEIG_MAGIC))
-		return weig_open(path, out);
-	return st_open(path, out);
-}
-
-int
-source_parse_file(const struct wc_file *f, const struct source_reader *rd, uint32_t file_no,
-	struct index_builder *b)
-{
-	struct file_bytes in;
-	int r;
-
-	if ((r = file_read_bytes(f, rd->head_len, rd->max_head, &in)) < 0)
-		return r;
-	r = rd->parse(f->path, &in, file_no, b);
-	file_bytes_free(&in);
-	if (r < 0)
-		return r;
-	return file_check_unchanged(f);
-}
-
-int
-source_open_file(const char *path, enum source_format format, const struct source_reader *rd,
-	struct model_source *out)
-{
-	struct index_builder *b = NULL;
-	struct wc_file f, *files = NULL;
-	uint8_t *blob = NULL;
-	size_t len = 0;
-	uint32_t file_no;
-	int r;
-
-	if ((r = tree_open_model_file(path, &f)) < 0)
-		return r;
-	if ((r = index_builder_new(&b)) < 0 ||
-		(r = index_add_file(b, file_basename(path), f.size, &file_no)) < 0 ||
-		(r = source_parse_file(&f, rd, file_no, b)) < 0 ||
-		(r = index_build(b, path, &blob, &len)) < 0)
-		goto fail;
-	if ((files = malloc(sizeof(*files))) == NULL) {
-		r = error_set(-ENOMEM, "%s: out of memory", path);
-		goto fail;
-	}
-	index_builder_free(b);
-	files[0] = f;
-	memset(out, 0, sizeof(*out));
-	out->format = format;
-	out->files = files;
-	out->nfiles = 1;
-	out->index = blob;
-	out->index_len = len;
-	return 0;
-fail:
-	free(blob);
-	index_builder_free(b);
-	file_close(&f);
-	return r;
+		return source_open_dir(path, out);
+	for (size_t i = 0; i < SOURCE_NFORMATS; i++)
+		if (source_formats[i].detect(path))
+			return source_open_as(&source_formats[i], path, out);
+	return error_set(-EINVAL, "%s: not a model file", path); /* not reached: detect_any */
 }
 
 void
@@ -124,12 +156,7 @@ source_close(struct model_source *s)
 const char *
 source_format_name(enum source_format f)
 {
-	switch (f) {
-	case FORMAT_SAFETENSORS:
-	case FORMAT_SHARDED:
-		return "safetensors";
-	case FORMAT_WEIG:
-		return "weig";
-	}
-	return "unknown";
+	const struct source_entry *e = source_entry_of(f);
+
+	return e != NULL ? e->name : "unknown";
 }

@@ -21,6 +21,11 @@
  * little-endian one given to weig_parse_big_endian()), -ENOTSUP for a
  * version or flag this reader does not know, -ENOMEM, and -EINVAL for
  * everything else that is wrong with the file.
+ *
+ * Layering: a reader (reader.h) only parses. This file opens nothing and
+ * calls nothing above it; source.c lists weig_reader in its table, and
+ * lib/writer.c opens a big-endian file through open.c with
+ * weig_big_endian_reader.
  */
 #include <byteswap.h>
 #include <errno.h>
@@ -34,7 +39,6 @@
 #include "format/index.h"
 #include "proto/le.h"
 #include "base/json.h"
-#include "format/source.h"
 #include "format/weig.h"
 
 /* Header field offsets. */
@@ -523,24 +527,14 @@ weig_head_len(const uint8_t *prefix, size_t len, uint64_t size)
 	return off <= size ? off : len;
 }
 
-const struct source_reader weig_reader = {
+const struct format_reader weig_reader = {
 	.head_len = weig_head_len,
 	.max_head = WEIG_MAX_TABLES,
 	.parse = weig_parse_bytes,
 };
 
-const struct source_reader weig_big_endian_reader = {
+const struct format_reader weig_big_endian_reader = {
 	.head_len = weig_head_len,
 	.max_head = WEIG_MAX_TABLES,
 	.parse = weig_parse_big_endian_bytes,
 };
-
-/*
- * Opens path, validates it as a little-endian WEIG file and compiles its
- * index. On success out owns the file and the index.
- */
-int
-weig_open(const char *path, struct model_source *out)
-{
-	return source_open_file(path, FORMAT_WEIG, &weig_reader, out);
-}

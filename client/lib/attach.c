@@ -21,6 +21,15 @@
  * number; a model remembers the one it was attached on, and its release
  * is sent only on that connection (its handle means nothing on another).
  * See PROTOCOL.md, "Restarts".
+ *
+ * Each attached model has an attach record here: the attach_model from
+ * attach_reply.c (the model and what it shares with the client), its
+ * client, connection, handle and the process that attached. The client
+ * lists its records; the model's release hook (model.h) is the record's,
+ * so wc_release() reaches this file without model.c knowing of clients.
+ *
+ * Layering: the top of libwcache's attach path (model.c < attach_reply.c <
+ * attach.c): this file calls both, and neither calls it.
  */
 #include <errno.h>
 #include <limits.h>
@@ -37,6 +46,7 @@
 #include "base/error.h"
 #include "proto/defaults.h"
 #include "proto/fdpass.h"
+#include "lib/attach_reply.h"
 #include "lib/model.h"
 #include "proto/wire.h"
 
@@ -53,8 +63,22 @@ struct wc_client {
 	char *path;
 	char *where;          /* "wcached at PATH", for messages */
 	pthread_mutex_t lock; /* one request at a time on the socket */
-	wc_model *models;     /* attached through this client, still held */
+	struct attach_record *records; /* models attached through it, still held */
 	struct attach_cache cache;    /* the status page, mapped once; the last index */
+};
+
+/*
+ * A model attached through a client: its release hook's context, freed by
+ * that hook (attach_release()). It outlives its client: wc_disconnect()
+ * only sets client to NULL.
+ */
+struct attach_record {
+	struct attach_model am;       /* the model, its handle, its shared mappings */
+	struct wc_client *client;     /* NULL once the client is gone */
+	uint64_t connection;          /* the client's connection number it came over */
+	pid_t pid;                    /* the process that attached */
+	struct attach_record *next;   /* in the client's list */
+	struct attach_record **prevp;
 };
 
 /* ---- the process's pid without a system call ---- */
@@ -276,10 +300,11 @@ announce_holds(wc_client *c, int ms)
 	int dead;
 
 	clock_gettime(CLOCK_MONOTONIC, &start);
-	for (wc_model *m = c->models; m != NULL; m = m->next) {
+	for (struct attach_record *a = c->records; a != NULL; a = a->next) {
+		const wc_model *m = a->am.model;
 		uint32_t seq;
 
-		if (m->connection == c->connection || m->name == NULL)
+		if (a->connection == c->connection || m->name == NULL)
 			continue;
 		if (ms > 0 && elapsed_since(&start) * 1000 >= ms)
 			return 0;
@@ -301,8 +326,8 @@ announce_holds(wc_client *c, int ms)
 		if (msg.h.type == WIRE_ERROR && msg.h.seq != seq)
 			return 1; /* not a refusal of this HOLD: the connection's end */
 		if (wire_get_hold_ok(&msg, &handle) == 0) {
-			m->handle = handle;
-			m->connection = c->connection;
+			a->am.handle = handle;
+			a->connection = c->connection;
 		}
 	}
 	return 0;
@@ -442,6 +467,8 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, uint8_
 	}
 }
 
+static void attach_release(wc_model *m, void *ctx);
+
 int
 wc_attach(wc_client *c, const char *model, wc_model **out)
 {
@@ -449,7 +476,7 @@ wc_attach(wc_client *c, const char *model, wc_model **out)
 	int fds[WIRE_MAX_FDS];
 	size_t nfds = 0, len;
 	struct wire_message msg;
-	wc_model *m;
+	struct attach_record *a;
 	ssize_t n;
 	uint32_t seq;
 	struct timespec start;
@@ -464,6 +491,10 @@ wc_attach(wc_client *c, const char *model, wc_model **out)
 	if (len == 0 || len > WIRE_MAX_NAME)
 		return error_set(-EINVAL, "model \"%.64s\": name must be 1 to %u bytes", model,
 			WIRE_MAX_NAME);
+	/* The record first: once the daemon has answered, nothing may fail
+	 * but the reply itself. */
+	if ((a = calloc(1, sizeof(*a))) == NULL)
+		return error_set(-ENOMEM, "model \"%s\": out of memory", model);
 
 	pthread_mutex_lock(&c->lock);
 	clock_gettime(CLOCK_MONOTONIC, &start);
@@ -498,38 +529,75 @@ wc_attach(wc_client *c, const char *model, wc_model **out)
 	}
 	if (n < 0) {
 		pthread_mutex_unlock(&c->lock);
+		free(a);
 		return (int)n;
 	}
-	r = attach_reply(model, c->where, buf, (size_t)n, fds, nfds, &c->cache, &unusable, &m);
+	r = attach_reply(model, c->where, buf, (size_t)n, fds, nfds, &c->cache, &unusable,
+		&a->am);
 	if (unusable)
 		shutdown(c->fd, SHUT_RDWR); /* a reply we cannot use: not wcached */
 	if (r < 0) {
 		pthread_mutex_unlock(&c->lock);
+		free(a);
 		return r;
 	}
-	m->pid = c->pid;
-	m->client = c;
-	m->connection = c->connection;
-	m->next = c->models;
-	if (c->models != NULL)
-		c->models->prevp = &m->next;
-	m->prevp = &c->models;
-	c->models = m;
+	a->pid = c->pid;
+	a->client = c;
+	a->connection = c->connection;
+	a->next = c->records;
+	if (c->records != NULL)
+		c->records->prevp = &a->next;
+	a->prevp = &c->records;
+	c->records = a;
+	a->am.model->release = attach_release;
+	a->am.model->release_ctx = a;
 	pthread_mutex_unlock(&c->lock);
-	*out = m;
+	*out = a->am.model;
 	return 0;
 }
 
-/* Unlinks m from its client's list; the client's lock is held. */
+/* Unlinks a from its client's list; the client's lock is held. */
 static void
-unlink_model(wc_model *m)
+unlink_record(struct attach_record *a)
 {
-	*m->prevp = m->next;
-	if (m->next != NULL)
-		m->next->prevp = m->prevp;
-	m->client = NULL;
-	m->next = NULL;
-	m->prevp = NULL;
+	*a->prevp = a->next;
+	if (a->next != NULL)
+		a->next->prevp = a->prevp;
+	a->client = NULL;
+	a->next = NULL;
+	a->prevp = NULL;
+}
+
+/*
+ * Unlinks an attached model from its client and returns the daemon's
+ * handle to release, or 0 when nothing is to be sent (its client is gone,
+ * or it was attached by another process before fork()), and in
+ * *connection the client's connection it came over.
+ */
+static uint64_t
+attach_forget(struct attach_record *a, uint64_t *connection)
+{
+	wc_client *c = a->client;
+	uint64_t handle = 0;
+
+	if (c == NULL)
+		return 0;
+	pthread_mutex_lock(&c->lock);
+	unlink_record(a);
+	/* The client keeps the index of the generation it attached last only
+	 * while that generation is current (the daemon keeps it then anyway):
+	 * a stale one goes with its last model. */
+	if (c->cache.index == a->am.index && wc_model_stale(a->am.model)) {
+		attach_index_unref(c->cache.index);
+		c->cache.index = NULL;
+	}
+	/* Only the process that attached holds the daemon's handle; a child
+	 * after fork() shares the socket and must stay silent on it. */
+	if (a->pid == self_pid() && c->pid == a->pid)
+		handle = a->am.handle;
+	*connection = a->connection;
+	pthread_mutex_unlock(&c->lock);
+	return handle;
 }
 
 /*
@@ -537,41 +605,14 @@ unlink_model(wc_model *m)
  * release costs one send and no wait for the daemon. A send that fails
  * (the daemon is gone, or wedged past the deadline) loses nothing the
  * worker needs: the daemon releases every attach of a connection when it
- * closes.
+ * closes. Sent only when c is still on the connection the model was
+ * attached over. A model attached over a connection that has since been
+ * replaced (the daemon restarted): its handle meant nothing to the new
+ * daemon, and the old one released it when the connection closed. Checked
+ * here, under the lock, because another thread may reconnect between
+ * attach_forget() and this.
  */
-uint64_t
-attach_forget(wc_model *m, uint64_t *connection)
-{
-	wc_client *c = m->client;
-	uint64_t handle = 0;
-
-	if (c == NULL)
-		return 0;
-	pthread_mutex_lock(&c->lock);
-	unlink_model(m);
-	/* The client keeps the index of the generation it attached last only
-	 * while that generation is current (the daemon keeps it then anyway):
-	 * a stale one goes with its last model. */
-	if (c->cache.index == m->shared_index && wc_model_stale(m)) {
-		attach_index_unref(c->cache.index);
-		c->cache.index = NULL;
-	}
-	/* Only the process that attached holds the daemon's handle; a child
-	 * after fork() shares the socket and must stay silent on it. */
-	if (m->pid == self_pid() && c->pid == m->pid)
-		handle = m->handle;
-	*connection = m->connection;
-	pthread_mutex_unlock(&c->lock);
-	return handle;
-}
-
-/* Sends the RELEASE of handle on c, when c is still on the connection the
- * model was attached over. A model attached over a connection that has
- * since been replaced (the daemon restarted): its handle meant nothing to
- * the new daemon, and the old one released it when the connection closed.
- * Checked here, under the lock, because another thread may reconnect
- * between attach_forget() and this. */
-void
+static void
 attach_send_release(wc_client *c, uint64_t handle, uint64_t connection)
 {
 	uint8_t req[64];
@@ -584,6 +625,27 @@ attach_send_release(wc_client *c, uint64_t handle, uint64_t connection)
 	if (n >= 0)
 		(void)fdp_send(c->fd, req, (size_t)n, NULL, 0);
 	pthread_mutex_unlock(&c->lock);
+}
+
+/*
+ * The release hook of an attached model (model.h), which wc_release()
+ * calls: unlinks the record from its client, unmaps the model and drops
+ * its shared mappings, then tells the daemon. Unmapping first means the
+ * daemon never acts on a release (an eviction of a cold model, say) while
+ * this process still maps the pages.
+ */
+static void
+attach_release(wc_model *m, void *ctx)
+{
+	struct attach_record *a = ctx;
+	wc_client *c = a->client;
+	uint64_t handle, connection = 0;
+
+	(void)m; /* a->am.model */
+	handle = attach_forget(a, &connection);
+	attach_model_free(&a->am);
+	free(a);
+	attach_send_release(c, handle, connection);
 }
 
 int
@@ -655,13 +717,13 @@ wc_disconnect(wc_client *c)
 		return;
 	pthread_mutex_lock(&c->lock);
 	/* The models outlive the client: detach them all at once. */
-	for (wc_model *m = c->models, *next; m != NULL; m = next) {
-		next = m->next;
-		m->client = NULL;
-		m->next = NULL;
-		m->prevp = NULL;
+	for (struct attach_record *a = c->records, *next; a != NULL; a = next) {
+		next = a->next;
+		a->client = NULL;
+		a->next = NULL;
+		a->prevp = NULL;
 	}
-	c->models = NULL;
+	c->records = NULL;
 	pthread_mutex_unlock(&c->lock);
 	pthread_mutex_destroy(&c->lock);
 	attach_cache_clear(&c->cache);

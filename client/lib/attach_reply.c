@@ -16,6 +16,10 @@
  * every model attached through it; so is the index of the generation the
  * client last attached, which it keeps while that generation is current
  * (see attach.c), so attaching it again maps no index at all.
+ *
+ * Layering: model.c < attach_reply.c < attach.c. A model made here borrows
+ * its index from the attach_index mapping; the attach_model that holds
+ * both (attach_reply.h) belongs to the caller, attach.c.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -29,6 +33,7 @@
 #include "base/error.h"
 #include "proto/fdpass.h"
 #include "proto/memfds.h"
+#include "lib/attach_reply.h"
 #include "lib/model.h"
 #include "proto/wire.h"
 
@@ -170,13 +175,13 @@ attach_status_unref(struct attach_status *s)
 }
 
 /*
- * Gives m the status page of its client: the client's mapping when it has
- * one (every attach on a connection passes the same page, so the new
- * descriptor is not even looked at), else a new one that becomes the
- * client's when its slot is in it.
+ * Gives the model of a the status page of its client: the client's mapping
+ * when it has one (every attach on a connection passes the same page, so
+ * the new descriptor is not even looked at), else a new one that becomes
+ * the client's when its slot is in it.
  */
 static void
-use_status(wc_model *m, int fd, uint64_t slot, struct attach_status **cache)
+use_status(struct attach_model *a, int fd, uint64_t slot, struct attach_status **cache)
 {
 	struct attach_status *s = *cache;
 
@@ -191,8 +196,8 @@ use_status(wc_model *m, int fd, uint64_t slot, struct attach_status **cache)
 	}
 	*cache = s;
 	__atomic_add_fetch(&s->refs, 1, __ATOMIC_RELAXED);
-	m->status = s;
-	m->status_word = s->page + slot;
+	a->status = s;
+	a->model->status_word = s->page + slot;
 }
 
 /* The name of file i for a message, without trusting the index. */
@@ -208,7 +213,7 @@ file_name(const uint8_t *index, const struct index_header *h, uint32_t i)
 /* Builds a model from ATTACH_OK's descriptors: fds[0] is the index. */
 static int
 model_from_fds(const char *name, const struct wire_attach_ok *ok, const int *fds, size_t nfds,
-	struct attach_cache *cache, wc_model **out)
+	struct attach_cache *cache, struct attach_model *out)
 {
 	struct index_header h;
 	struct model_map *maps = NULL;
@@ -278,9 +283,10 @@ model_from_fds(const char *name, const struct wire_attach_ok *ok, const int *fds
 		}
 		maps[i].base = p;
 	}
-	if ((r = model_new(name, index, isize, 1, maps, h.file_count, out)) < 0)
+	if ((r = model_new(name, index, isize, MODEL_INDEX_BORROWED, maps, h.file_count,
+		     &out->model)) < 0)
 		goto fail;
-	(*out)->shared_index = xi;
+	out->index = xi;
 	if (fresh) {
 		/* The new generation's index is the one to keep. */
 		attach_index_unref(cache->index);
@@ -288,7 +294,7 @@ model_from_fds(const char *name, const struct wire_attach_ok *ok, const int *fds
 		cache->index = xi;
 	}
 	if (ok->flags & WIRE_ATTACH_STATUS)
-		use_status(*out, fds[1 + ok->file_count], ok->status_slot, &cache->status);
+		use_status(out, fds[1 + ok->file_count], ok->status_slot, &cache->status);
 	return 0;
 fail:
 	for (uint32_t i = 0; i < mapped; i++)
@@ -301,11 +307,11 @@ fail:
 
 int
 attach_reply(const char *name, const char *where, const uint8_t *buf, size_t len, int *fds,
-	size_t nfds, struct attach_cache *cache, int *unusable, wc_model **out)
+	size_t nfds, struct attach_cache *cache, int *unusable, struct attach_model *out)
 {
 	struct wire_message msg;
 	struct wire_attach_ok ok;
-	wc_model *m = NULL;
+	struct attach_model a = { NULL, 0, NULL, NULL };
 	int r;
 
 	*unusable = 1;
@@ -334,16 +340,27 @@ attach_reply(const char *name, const char *where, const uint8_t *buf, size_t len
 		close_received(fds, nfds);
 		return error_set(-EBADMSG, "model \"%s\": unexpected reply from %s", name, where);
 	}
-	r = model_from_fds(name, &ok, fds, nfds, cache, &m);
+	r = model_from_fds(name, &ok, fds, nfds, cache, &a);
 	close_received(fds, nfds);
-	if (r < 0 || m == NULL) {
+	if (r < 0 || a.model == NULL) {
 		r = r < 0 ? r : -EIO;
 		*unusable = r == -EBADMSG; /* not a reply from wcached */
 		return r;
 	}
 	*unusable = 0;
-	m->generation = ok.generation;
-	m->handle = ok.handle;
-	*out = m;
+	a.model->generation = ok.generation;
+	a.handle = ok.handle;
+	*out = a;
 	return 0;
+}
+
+void
+attach_model_free(struct attach_model *a)
+{
+	if (a == NULL)
+		return;
+	model_free(a->model);
+	attach_index_unref(a->index);
+	attach_status_unref(a->status);
+	memset(a, 0, sizeof(*a));
 }

@@ -7,6 +7,11 @@
  * offset it follows, and through a bounds check of each tensor against its
  * file's mapping, so even a damaged index cannot make us read outside a
  * mapping.
+ *
+ * Layering: the bottom of libwcache (model.c < attach_reply.c < attach.c).
+ * This file calls format/ and base/ only. An attached model's release goes
+ * through the hook the attach code set (model.h); nothing here knows of
+ * clients, handles or connections.
  */
 #include <errno.h>
 #include <limits.h>
@@ -21,8 +26,8 @@
 #include "format/source.h"
 
 int
-model_new(const char *what, const uint8_t *index, size_t index_len, int index_mapped,
-	struct model_map *maps, size_t nmaps, wc_model **out)
+model_new(const char *what, const uint8_t *index, size_t index_len,
+	enum model_index_owner owner, struct model_map *maps, size_t nmaps, wc_model **out)
 {
 	wc_model *m;
 	struct index_header h;
@@ -57,7 +62,7 @@ model_new(const char *what, const uint8_t *index, size_t index_len, int index_ma
 	}
 	m->index = index;
 	m->index_len = index_len;
-	m->index_mapped = index_mapped;
+	m->index_owner = owner;
 	m->header = h;
 	m->maps = maps;
 	*out = m;
@@ -78,11 +83,9 @@ range_order(const void *a, const void *b)
 }
 
 /*
- * Unmaps the model's files and its own mapped index (a shared one is
- * unreferenced by model_free()) with as few munmap() calls
- * as there are runs of adjacent mappings: the kernel places consecutive
- * mappings next to each other, so a model of 163 shards usually goes in one
- * call. Every byte of a run is one of the model's mappings, so the call
+ * Unmaps the model's files with as few munmap() calls as there are runs of
+ * adjacent mappings: the kernel places consecutive mappings next to each
+ * other, so a model of 163 shards usually goes in one call. Every byte of a run is one of the model's mappings, so the call
  * unmaps nothing else.
  */
 static void
@@ -90,15 +93,13 @@ unmap_all(wc_model *m)
 {
 	uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
 	struct range stack[16], *r = stack;
-	size_t n = 0, cap = m->header.file_count + 1;
+	size_t n = 0, cap = m->header.file_count;
 
 	if (cap > sizeof(stack) / sizeof(stack[0]) && (r = malloc(cap * sizeof(*r))) == NULL) {
 		/* No memory to sort: one call per mapping. */
 		for (uint64_t i = 0; i < m->header.file_count; i++)
 			if (m->maps[i].base != NULL)
 				munmap((void *)m->maps[i].base, (size_t)m->maps[i].size);
-		if (m->index_mapped && m->shared_index == NULL)
-			munmap((void *)m->index, m->index_len);
 		return;
 	}
 	for (uint64_t i = 0; i < m->header.file_count; i++)
@@ -106,9 +107,6 @@ unmap_all(wc_model *m)
 			r[n++] = (struct range){ (uintptr_t)m->maps[i].base,
 				((uintptr_t)m->maps[i].base + (uintptr_t)m->maps[i].size + page - 1) &
 					~(page - 1) };
-	if (m->index_mapped && m->shared_index == NULL && m->index_len > 0)
-		r[n++] = (struct range){ (uintptr_t)m->index,
-			((uintptr_t)m->index + m->index_len + page - 1) & ~(page - 1) };
 	qsort(r, n, sizeof(*r), range_order);
 	for (size_t i = 0; i < n;) {
 		size_t j = i + 1;
@@ -129,12 +127,9 @@ model_free(wc_model *m)
 	if (m == NULL)
 		return;
 	unmap_all(m);
-	if (m->shared_index != NULL)
-		attach_index_unref(m->shared_index);
-	else if (!m->index_mapped)
+	if (m->index_owner == MODEL_INDEX_OWNED)
 		free((void *)m->index);
 	free(m->maps);
-	attach_status_unref(m->status);
 	free(m->name);
 	free(m);
 }
@@ -159,7 +154,7 @@ wc_open_file(const char *path, wc_model **out)
 		maps[i].base = s.files[i].base;
 		maps[i].size = s.files[i].size;
 	}
-	if ((r = model_new(path, s.index, s.index_len, 0, maps, s.nfiles, &m)) < 0) {
+	if ((r = model_new(path, s.index, s.index_len, MODEL_INDEX_OWNED, maps, s.nfiles, &m)) < 0) {
 		free(maps);
 		source_close(&s);
 		return r;
@@ -174,18 +169,17 @@ wc_open_file(const char *path, wc_model **out)
 	return 0;
 }
 
+/* An attached model's release is its hook's (attach.c: unmap, then tell the
+ * daemon); a model from wc_open_file() has none and is only freed. */
 void
 wc_release(wc_model *m)
 {
-	wc_client *c;
-	uint64_t handle, connection = 0;
-
 	if (m == NULL)
 		return;
-	c = m->client;
-	handle = attach_forget(m, &connection);
-	model_free(m);
-	attach_send_release(c, handle, connection);
+	if (m->release != NULL)
+		m->release(m, m->release_ctx);
+	else
+		model_free(m);
 }
 
 size_t

@@ -27,6 +27,8 @@
 #include "format/index.h"
 #include "proto/le.h"
 #include "base/json.h"
+#include "format/open.h"
+#include "format/safetensors.h"
 #include "format/source.h"
 #include "lib/writer.h"
 
@@ -803,7 +805,7 @@ writer_from_big_endian(const char *in_path, enum writer_format fmt, const char *
 	struct wt_model wm = { 0 };
 	int rc;
 
-	if ((rc = source_open_file(in_path, FORMAT_WEIG, &weig_big_endian_reader, &s)) < 0)
+	if ((rc = open_model_file(in_path, FORMAT_WEIG, &weig_big_endian_reader, &s)) < 0)
 		return rc;
 	if ((rc = wt_from_index(s.index, s.index_len, &s.files[0], &wm)) < 0)
 		goto out;

@@ -44,6 +44,7 @@
 
 #include "benchutil.h"
 #include "format/index.h"
+#include "format/safetensors.h"
 #include "format/source.h"
 #include "lib/wcache.h"
 

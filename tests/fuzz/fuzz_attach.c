@@ -29,7 +29,7 @@
 #include <unistd.h>
 
 #include "proto/memfds.h"
-#include "lib/model.h"
+#include "lib/attach_reply.h"
 #include "lib/wcache.h"
 #include "proto/wire.h"
 
@@ -121,7 +121,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	int fds[8];
 	unsigned mode, nfiles;
 	struct attach_cache cache = { NULL, NULL };
-	wc_model *m = NULL;
+	struct attach_model am = { NULL, 0, NULL, NULL };
 	int unusable;
 
 	if ((mode_b = take(&p, &left, 1)) == NULL || (nf_b = take(&p, &left, 1)) == NULL ||
@@ -185,9 +185,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		}
 
 	if (attach_reply("fuzz", "the fuzzer", msg, msg_len, fds, nfds, &cache, &unusable,
-		    &m) == 0) {
-		use_model(m);
-		wc_release(m);
+		    &am) == 0) {
+		use_model(am.model);
+		attach_model_free(&am);
 	}
 	attach_cache_clear(&cache);
 	return 0;

@@ -29,7 +29,7 @@
 #include "base/error.h"
 #include "fuzz_bytes.h"
 #include "format/index.h"
-#include "format/source.h"
+#include "format/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -17,7 +17,7 @@
 
 #include "base/error.h"
 #include "format/index.h"
-#include "format/source.h"
+#include "format/shards.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -16,7 +16,7 @@
 
 #include "fuzz_bytes.h"
 #include "format/index.h"
-#include "format/source.h"
+#include "format/weig.h"
 #include "lib/writer.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

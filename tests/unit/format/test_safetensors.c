@@ -21,6 +21,7 @@
 #include "format/dtype.h"
 #include "base/error.h"
 #include "format/index.h"
+#include "format/safetensors.h"
 #include "format/source.h"
 #include "testutil.h"
 
@@ -586,7 +587,7 @@ test_metadata(void **state)
 		"key contains a NUL character");
 }
 
-/* ---- st_open: files on disk ---- */
+/* ---- source_open() of a safetensors file on disk ---- */
 
 static void
 test_open_file(void **state)
@@ -603,7 +604,7 @@ test_open_file(void **state)
 	int fds = tu_count_fds();
 
 	path = tu_write(dir, "model.safetensors", img, len);
-	assert_int_equal(st_open(path, &src), 0);
+	assert_int_equal(source_open(path, &src), 0);
 	assert_int_equal(src.format, FORMAT_SAFETENSORS);
 	assert_int_equal(src.nfiles, 1);
 	assert_int_equal(src.files[0].size, len);
@@ -622,7 +623,7 @@ test_open_file(void **state)
 
 	/* a bad file: the message names the path, no descriptor leaks */
 	path = tu_write(dir, "bad.safetensors", img, len - 1);
-	assert_int_equal(st_open(path, &src), -EINVAL);
+	assert_int_equal(source_open(path, &src), -EINVAL);
 	assert_non_null(strstr(error_get(), "bad.safetensors: tensor \"w\": data_offsets [0, 16] "
 		"extend past the end of the data (15 bytes)"));
 	assert_int_equal(tu_count_fds(), fds);
@@ -630,7 +631,7 @@ test_open_file(void **state)
 
 	/* empty file and missing file */
 	path = tu_write(dir, "empty.safetensors", "", 0);
-	assert_int_equal(st_open(path, &src), -EINVAL);
+	assert_int_equal(source_open(path, &src), -EINVAL);
 	assert_non_null(strstr(error_get(), "empty.safetensors: file is empty"));
 	free(path);
 	path = tu_write(dir, "dup.safetensors", "", 0);
@@ -640,7 +641,7 @@ test_open_file(void **state)
 		char missing[4200];
 
 		snprintf(missing, sizeof(missing), "%s/missing.safetensors", dir);
-		assert_int_equal(st_open(missing, &src), -ENOENT);
+		assert_int_equal(source_open(missing, &src), -ENOENT);
 		assert_non_null(strstr(error_get(), "missing.safetensors"));
 	}
 	free(img);

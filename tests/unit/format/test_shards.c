@@ -3,7 +3,7 @@
  * (client/format/shards.c).
  *
  * The shard index parser is tested on documents; shards_open() and
- * shards_open_dir() on real files in a temporary directory, checking what
+ * source_open() of a directory (shards_find_model()) on real files in a temporary directory, checking what
  * reaches the index and that failures name the shard and the tensor and
  * leak no descriptor.
  */
@@ -21,6 +21,7 @@
 
 #include "base/error.h"
 #include "format/index.h"
+#include "format/shards.h"
 #include "format/source.h"
 #include "testutil.h"
 
@@ -492,7 +493,7 @@ test_dir_sharded(void **state)
 
 	write_model(f->dir);
 	write_text(f->dir, "config.json", "{}");
-	assert_int_equal(shards_open_dir(f->dir, &src), 0);
+	assert_int_equal(source_open(f->dir, &src), 0);
 	check_model(&src);
 	source_close(&src);
 }
@@ -507,13 +508,13 @@ test_dir_single(void **state)
 	write_shard(f->dir, "model.safetensors", "a,b", NULL);
 	write_text(f->dir, "config.json", "{}");
 	write_text(f->dir, "README.md", "hi");
-	assert_int_equal(shards_open_dir(f->dir, &src), 0);
+	assert_int_equal(source_open(f->dir, &src), 0);
 	assert_int_equal(src.format, FORMAT_SAFETENSORS);
 	assert_int_equal(src.nfiles, 1);
 	source_close(&src);
 	/* a trailing slash works too */
 	assert_true(asprintf(&d, "%s/", f->dir) > 0);
-	assert_int_equal(shards_open_dir(d, &src), 0);
+	assert_int_equal(source_open(d, &src), 0);
 	source_close(&src);
 	free(d);
 }
@@ -524,27 +525,27 @@ test_dir_ambiguous(void **state)
 	struct fixture *f = *state;
 	struct model_source src;
 
-	assert_int_equal(shards_open_dir(f->dir, &src), -ENOENT);
+	assert_int_equal(source_open(f->dir, &src), -ENOENT);
 	assert_msg("no model found: no *.safetensors.index.json and no *.safetensors file");
 	write_text(f->dir, "notes.txt", "x");
-	assert_int_equal(shards_open_dir(f->dir, &src), -ENOENT);
+	assert_int_equal(source_open(f->dir, &src), -ENOENT);
 	write_shard(f->dir, "b.safetensors", "x", NULL);
 	write_shard(f->dir, "a.safetensors", "y", NULL);
-	assert_int_equal(shards_open_dir(f->dir, &src), -EINVAL);
+	assert_int_equal(source_open(f->dir, &src), -EINVAL);
 	assert_msg("2 *.safetensors files (a.safetensors, b.safetensors) and no "
 		   "*.safetensors.index.json");
 	/* an index decides, whatever other safetensors files lie around */
 	write_model(f->dir);
-	assert_int_equal(shards_open_dir(f->dir, &src), 0);
+	assert_int_equal(source_open(f->dir, &src), 0);
 	check_model(&src);
 	source_close(&src);
 	write_text(f->dir, "other.safetensors.index.json", "{}");
-	assert_int_equal(shards_open_dir(f->dir, &src), -EINVAL);
+	assert_int_equal(source_open(f->dir, &src), -EINVAL);
 	assert_msg("2 shard indexes (model.safetensors.index.json, other.safetensors.index.json)");
 	{
 		char *p = path_of(f->dir, "missing-dir");
 
-		assert_int_equal(shards_open_dir(p, &src), -ENOENT);
+		assert_int_equal(source_open(p, &src), -ENOENT);
 		assert_msg("missing-dir");
 		free(p);
 	}

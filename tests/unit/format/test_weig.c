@@ -3,7 +3,8 @@
  * with a small writer of its own (independent of client/lib/writer.c, so the
  * reader is checked against the spec rather than against our writer), then
  * breaks one rule at a time and checks the error code and message. Also
- * checks that valid files reach the index intact and weig_open().
+ * checks that valid files reach the index intact and that source_open()
+ * opens a WEIG file.
  */
 #include <endian.h>
 #include <errno.h>
@@ -20,6 +21,7 @@
 #include "base/error.h"
 #include "format/index.h"
 #include "format/source.h"
+#include "format/weig.h"
 #include "testutil.h"
 #include "lib/writer.h"
 
@@ -812,7 +814,7 @@ test_metadata_order(void **state)
 	free(im.buf);
 }
 
-/* ---- weig_open ---- */
+/* ---- source_open() of a WEIG file ---- */
 
 static void
 test_open(void **state)
@@ -825,7 +827,7 @@ test_open(void **state)
 	BASE(im);
 
 	path = tu_write(dir, "m.weig", im.buf, im.len);
-	assert_int_equal(weig_open(path, &s), 0);
+	assert_int_equal(source_open(path, &s), 0);
 	assert_int_equal(s.format, FORMAT_WEIG);
 	assert_int_equal(s.nfiles, 1);
 	assert_int_equal(s.files[0].size, im.len);
@@ -844,13 +846,13 @@ test_open(void **state)
 	/* Failures close what they opened and name the file. */
 	build_base(&im, 1);
 	path = tu_write(dir, "be.weig", im.buf, im.len);
-	assert_int_equal(weig_open(path, &s), -EPROTO);
+	assert_int_equal(source_open(path, &s), -EPROTO);
 	assert_non_null(strstr(error_get(), path));
 	assert_non_null(strstr(error_get(), "big-endian"));
 	assert_int_equal(tu_count_fds(), fds);
 	free(path);
 	free(im.buf);
-	assert_int_equal(weig_open("/nonexistent/m.weig", &s), -ENOENT);
+	assert_int_equal(source_open("/nonexistent/m.weig", &s), -ENOENT);
 	assert_non_null(strstr(error_get(), "/nonexistent/m.weig"));
 	assert_int_equal(tu_count_fds(), fds);
 	tu_rmtree(dir);

@@ -118,7 +118,7 @@ assert_weig_layout(const char *path)
 	struct index_tensor t;
 	uint64_t data_offset;
 
-	assert_int_equal(weig_open(path, &s), 0);
+	assert_int_equal(source_open(path, &s), 0);
 	memcpy(&data_offset, s.files[0].base + 24, 8);
 	data_offset = le64toh(data_offset);
 	assert_int_equal(data_offset % 4096, 0);

@@ -1,0 +1,47 @@
+/*
+ * shards.h: sharded safetensors checkpoints (shards.c): the shard index
+ * document, the opener of a sharded model, and finding the model in a
+ * directory.
+ *
+ * shards.c is the multi-file opener of source.c's table of formats. It
+ * opens each shard through open.c with the safetensors reader; it calls
+ * nothing above it (source.c opens what shards_find_model() finds).
+ */
+#ifndef WC_SHARDS_H
+#define WC_SHARDS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "format/open.h"
+
+/* One entry of a shard index's weight_map. Strings point into storage the
+ * shard_map owns. */
+struct shard_map {
+	char **shards;       /* distinct shard file names, in first-seen order */
+	size_t nshards;
+	char **tensors;      /* tensor names */
+	uint32_t *tensor_shard; /* index into shards for each tensor */
+	size_t ntensors;
+	uint64_t total_size; /* metadata.total_size, 0 if absent (advisory) */
+	int has_total_size;
+};
+
+/* Parses and validates a shard index document (JSON text of len bytes);
+ * name is for messages. */
+int shards_parse_index(const char *name, const char *json, size_t len, struct shard_map *out);
+void shard_map_free(struct shard_map *m);
+
+/* Opens a shard index file and every shard it names, cross-checks them. */
+int shards_open(const char *index_path, struct model_source *out);
+
+/*
+ * Finds the model in the directory dir: exactly one *.safetensors.index.json
+ * (*is_index set), else exactly one *.safetensors file. *path gets the
+ * malloc'd path of that file, which the caller opens; on failure nothing is
+ * set and the message says what dir holds (nothing, or too many).
+ */
+int shards_find_model(const char *dir, char **path, bool *is_index);
+
+#endif
