@@ -554,6 +554,12 @@ shards_open(const char *index_path, struct model_source *out)
 	}
 	if ((rc = load_index(&tree, index_path, &m)) < 0)
 		goto fail;
+	/* shards_parse_index refuses an empty weight_map; said again here for
+	 * the analyser, which cannot see it across the call. */
+	if (m.nshards == 0) {
+		rc = error_set(-EINVAL, "%s: weight_map names no shard", index_path);
+		goto fail;
+	}
 	if ((files = calloc(m.nshards, sizeof(*files))) == NULL ||
 		(paths = calloc(m.nshards, sizeof(*paths))) == NULL) {
 		rc = error_set(-ENOMEM, "%s: out of memory", index_path);

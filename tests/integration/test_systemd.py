@@ -132,9 +132,17 @@ def test_socket_activation_wrong_type_is_an_error(tmp_path, model):
     proc = subprocess.Popen([ACTIVATE, "-l", sock, "--fdname=client", binary("wcached"),
                              "-c", d.conf], stderr=subprocess.PIPE, text=True)
     try:
-        wait_until(lambda: os.path.exists(sock), what="systemd-socket-activate to listen")
+        # The path appears at bind(2), before listen(2): a connect in
+        # between is refused, so retry until it is accepted.
         c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        c.connect(sock)
+
+        def connected():
+            try:
+                c.connect(sock)
+                return True
+            except (FileNotFoundError, ConnectionRefusedError):
+                return False
+        wait_until(connected, what="systemd-socket-activate to listen")
         _, err = proc.communicate(timeout=30)
         assert proc.returncode == 1
         assert '("client") has socket type 1, expected 5' in err, err
