@@ -19,19 +19,9 @@
  * longer than CONTROL_LINE_MAX gets an error reply and the connection is
  * closed.
  *
- * Commands:
- *   status                         daemon and per-model state
- *   load NAME PATH [pin=none|metadata|all]
- *                                  serve a model, or swap NAME to PATH as
- *                                  its next generation (PATH absolute)
- *   unload NAME                    stop serving NAME
- *   reload [NAME]                  re-check NAME's files; without NAME,
- *                                  re-read the configuration
- *   pin NAME | unpin NAME          lock the whole model in memory, or back
- *                                  to the index and headers only
- *   evict NAME                     drop the page cache of NAME's files
- *   metrics                        Prometheus text exposition in "text"
- *   help                           the command list
+ * Commands: the table in proto/control_cmds.c (name, words, usage, summary)
+ * is the list; control_cmd.c holds a handler for each, and `help` answers
+ * with the table.
  *
  * Who may control: the peer's credentials are read at accept (SO_PEERCRED,
  * and SO_PEERGROUPS for supplementary groups). Root, the daemon's own uid
