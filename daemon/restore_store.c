@@ -180,6 +180,8 @@ restore_describe(const struct registry *r, size_t max_fds, struct fdstore_desc *
 	for (const struct model_entry *m = r->models; m != NULL; m = m->next)
 		n += m->slot != 0;
 	if (n > 0 && ((d->models = calloc(n, sizeof(*d->models))) == NULL ||
+			     /* An array of pointers: sizeof(*order) is one pointer.
+			      * NOLINTNEXTLINE(bugprone-sizeof-expression) */
 			     (order = calloc(n, sizeof(*order))) == NULL))
 		goto fail;
 	/* Every model, and its current generation while they fit: a model

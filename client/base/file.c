@@ -99,8 +99,10 @@ file_read_exact(int fd, const char *path, const char *what, uint64_t off, uint64
 			int e = r < 0 ? errno : 0;
 
 			free(buf);
-			if (e != 0)
-				return error_set(-e, "%s: reading the %s: %s", path, what, strerror(e));
+			if (e > 0) {
+				error_set(-e, "%s: reading the %s: %s", path, what, strerror(e));
+				return -e;
+			}
 			return error_set(-EIO, "%s: file shrank while being read: %s [%llu, %llu) "
 				"ends at %llu", path, what, (unsigned long long)off,
 				(unsigned long long)end, (unsigned long long)(off + done));
@@ -117,7 +119,7 @@ file_read_bytes(const struct wc_file *f, file_head_fn need, uint64_t max_head,
 {
 	uint64_t probe = f->size < FILE_PROBE_LEN ? f->size : FILE_PROBE_LEN, head;
 	uint64_t tail = f->size < FILE_TAIL_MAX ? f->size : FILE_TAIL_MAX;
-	uint8_t *buf, *t;
+	uint8_t *buf = NULL, *t;
 	int r;
 
 	if ((r = file_read_exact(f->fd, f->path, "start of the file", 0, probe, 0, probe,
@@ -128,6 +130,7 @@ file_read_bytes(const struct wc_file *f, file_head_fn need, uint64_t max_head,
 		head = probe;
 	if (head > probe) {
 		free(buf);
+		buf = NULL;
 		if ((r = file_read_exact(f->fd, f->path, "header", 0, head, 0, max_head, &buf)) < 0)
 			return r;
 	}
@@ -138,12 +141,14 @@ file_read_bytes(const struct wc_file *f, file_head_fn need, uint64_t max_head,
 	}
 	buf = t;
 	if (tail > 0) {
-		uint8_t *copy;
+		uint8_t *copy = NULL;
 
+		/* copy is set whenever r is 0; the analyser, which cannot tell
+		 * that error_set(-errno) is negative, is told so. */
 		if ((r = file_read_exact(f->fd, f->path, "end of the file", f->size - tail, tail,
-			     0, FILE_TAIL_MAX, &copy)) < 0) {
+			     0, FILE_TAIL_MAX, &copy)) < 0 || copy == NULL) {
 			free(buf);
-			return r;
+			return r < 0 ? r : -EIO;
 		}
 		memcpy(buf + head, copy, (size_t)tail);
 		free(copy);

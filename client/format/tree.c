@@ -253,7 +253,7 @@ int
 tree_open_model_file(const char *path, struct wc_file *out)
 {
 	const char *slash = strrchr(path, '/');
-	struct model_tree t;
+	struct model_tree t = { .fd = -1 };
 	char *dir;
 	int r;
 
@@ -269,8 +269,10 @@ tree_open_model_file(const char *path, struct wc_file *out)
 	free(dir);
 	if (r == -ENOENT || r == -ENOTDIR || r == -EACCES || r == -ELOOP)
 		return error_set(r, "%s: %s", path, strerror(-r)); /* name the file */
-	if (r < 0)
-		return r;
+	/* t is set whenever r is 0; the analyser, which cannot tell that
+	 * error_set(-errno) is negative, is told so. */
+	if (r < 0 || t.root == NULL || t.dir == NULL)
+		return r < 0 ? r : -EIO;
 	r = tree_open_file(&t, slash != NULL ? slash + 1 : path, path, out);
 	tree_close(&t);
 	return r;
