@@ -520,7 +520,7 @@ print_result(const struct ctl_control_cmd *cmd, const struct reply *r, char **ar
 		printf("model ");
 		ctl_print_safe(stdout, r->model != NULL ? r->model : args[0]);
 		printf(": ");
-	} else if (cmd->wire->min_args == 1) {
+	} else if (cmd->wire->min_args == 1 && args[0] != NULL) {
 		printf("model ");
 		ctl_print_safe(stdout, args[0]);
 		printf(": ");
@@ -683,7 +683,7 @@ ctl_control(const struct ctl_control_cmd *cmd, int argc, char **argv, const char
 	struct reply r;
 	int status = CTL_EXIT_FAILURE;
 
-	if ((a.words = calloc((size_t)argc, sizeof(*a.words))) == NULL) {
+	if ((a.words = calloc((size_t)argc + 1, sizeof(*a.words))) == NULL) {
 		ctl_error("out of memory");
 		return CTL_EXIT_FAILURE;
 	}
@@ -695,7 +695,9 @@ ctl_control(const struct ctl_control_cmd *cmd, int argc, char **argv, const char
 	}
 	status = CTL_EXIT_FAILURE;
 	if (cmd->id == CONTROL_CMD_LOAD) {
-		if ((abs = absolute_path(a.words[1])) == NULL)
+		/* parse_args() required the table's two words; said again for
+		 * the analyser, which cannot see the table. */
+		if (a.nwords < 2 || (abs = absolute_path(a.words[1])) == NULL)
 			goto out;
 		a.words[1] = abs;
 	}

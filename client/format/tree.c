@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "base/path.h"
 #include "format/tree.h"
 
 int tree_force_fallback;
@@ -257,13 +258,7 @@ tree_open_model_file(const char *path, struct wc_file *out)
 	char *dir;
 	int r;
 
-	if (slash == NULL)
-		dir = strdup("");
-	else if (slash == path)
-		dir = strdup("/");
-	else
-		dir = strndup(path, (size_t)(slash - path));
-	if (dir == NULL)
+	if ((dir = path_dir(path)) == NULL)
 		return error_set(-ENOMEM, "%s: out of memory", path);
 	r = tree_open(dir, &t);
 	free(dir);
