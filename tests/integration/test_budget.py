@@ -57,32 +57,17 @@ WARM_FRACTION = 0.95
 
 # ---- daemon and models -----------------------------------------------------
 
-class BudgetDaemon(Daemon):
-    """conftest's Daemon whose models may carry their own keys: models maps
-    a name to a path, or to (path, {"pin": "all", ...})."""
-
-    def write_config(self, models, extra=""):
-        text = (f"[wcached]\nsocket = {self.socket}\ncontrol = {self.control}\n"
-                f"prefetch_threads = 2\nlog_level = debug\n{extra}\n")
-        for name, spec in models.items():
-            path, keys = (spec, {}) if isinstance(spec, str) else spec
-            text += f"[model {name}]\npath = {path}\n"
-            text += "".join(f"{k} = {v}\n" for k, v in keys.items()) + "\n"
-        with open(self.conf, "w") as f:
-            f.write(text)
-
-
 @pytest.fixture
 def start(tmp_path):
-    """start(models, budget=None): a running BudgetDaemon whose control
-    socket answers; stopped at teardown, which must exit 0 (under ASan that
+    """start(models, budget=None): a running Daemon (models maps a name to a
+    path, or to (path, {"pin": "all", ...})) whose control socket answers; stopped at teardown, which must exit 0 (under ASan that
     includes no leak)."""
     started = []
 
     def run(models, budget=None, extra="", env=None):
         if budget is not None:
             extra = f"memory_budget = {budget}\n{extra}"
-        d = BudgetDaemon(tmp_path, models, extra)
+        d = Daemon(tmp_path, models, extra)
         started.append(d)
         return wait_for_control(d.start(env=env))
 
@@ -377,7 +362,7 @@ def test_budget_as_percentage_of_ram(start, tmp_path):
     ("40 Q", "unknown unit"),
 ])
 def test_bad_budget_refused_at_start(tmp_path, value, reason):
-    d = BudgetDaemon(tmp_path, {}, f"memory_budget = {value}\n")
+    d = Daemon(tmp_path, {}, f"memory_budget = {value}\n")
     r = subprocess.run([binary("wcached"), "-c", d.conf], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 1
