@@ -33,7 +33,7 @@
 #include <unistd.h>
 
 #include "pattern.h"
-#include "lib/wcache.h"
+#include "wcache.h"
 
 static double
 now(void)

@@ -42,9 +42,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "base/path.h"
 #include "pattern.h"
-#include "lib/wcache.h"
+#include "wcache.h"
 
 #define MAX_WORKERS 256
 #define MAX_FAIL_LINES 20
@@ -79,11 +78,28 @@ now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* Writes everything, through short writes and EINTR. Its own loop, not
+ * base/path.h's fd_write_all: tests/system builds this file alone, as a
+ * user of the packages would. */
+static void
+write_all(const char *p, size_t len)
+{
+	while (len > 0) {
+		ssize_t n = write(STDOUT_FILENO, p, len);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			_exit(3); /* the driver is gone: nothing to report to */
+		p += n;
+		len -= (size_t)n;
+	}
+}
+
 static void
 flush_lines(struct worker *w)
 {
-	if (fd_write_all(STDOUT_FILENO, w->out, w->out_len) < 0)
-		_exit(3); /* the driver is gone: nothing to report to */
+	write_all(w->out, w->out_len);
 	w->out_len = 0;
 }
 

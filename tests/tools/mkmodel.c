@@ -19,7 +19,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "base/path.h"
 #include "pattern.h"
 
 struct spec {
@@ -92,6 +91,27 @@ all_specs(const struct params *p, size_t *count)
 	s[n].ndim = 2, s[n].shape[0] = p->vocab, s[n].shape[1] = p->hidden, n++;
 	*count = n;
 	return s;
+}
+
+/* Writes everything, through short writes and EINTR. Its own loop, not
+ * base/path.h's fd_write_all: tests/system builds this file alone, as a
+ * user of the packages would. */
+static int
+write_all(int fd, const void *buf, size_t len)
+{
+	const uint8_t *p = buf;
+
+	while (len > 0) {
+		ssize_t n = write(fd, p, len);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return -1;
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
 }
 
 static void
@@ -190,15 +210,15 @@ main(int argc, char **argv)
 	uint8_t len8[8];
 	for (int i = 0; i < 8; i++)
 		len8[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
-	if ((buf = malloc(8 << 20)) == NULL || fd_write_all(fd, len8, 8) < 0 ||
-		fd_write_all(fd, header, hlen) < 0)
+	if ((buf = malloc(8 << 20)) == NULL || write_all(fd, len8, 8) < 0 ||
+		write_all(fd, header, hlen) < 0)
 		goto fail;
 	state = p.seed;
 	for (uint64_t left = data; left > 0;) {
 		size_t n = left < (8u << 20) ? (size_t)left : (8u << 20);
 
 		pattern_fill(buf, n, p.elem, &state);
-		if (fd_write_all(fd, buf, n) < 0)
+		if (write_all(fd, buf, n) < 0)
 			goto fail;
 		left -= n;
 	}

@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lib/wcache.h"
+#include "wcache.h"
 
 #define MAX_MODELS 64
 
