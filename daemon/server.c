@@ -115,12 +115,11 @@ conn_confirm(struct conn *c)
  * for c's uid in the per-uid tally (no room, no memory: not now).
  */
 static int
-fd_budget_allows(struct conn *c, size_t nfds)
+budget_has_room(struct conn *c, size_t nfds)
 {
 	struct server *s = c->srv;
 	unsigned of_uid;
 
-	conn_confirm(c);
 	if (s->inflight_total + nfds > s->fd_hard)
 		return 0;
 	of_uid = s->inflight_total > 0 ? inflight_of_uid(s, c->uid) : 0;
@@ -130,6 +129,28 @@ fd_budget_allows(struct conn *c, size_t nfds)
 		return 0;
 	return c->inflight_fds == 0 || (c->inflight_fds + nfds <= s->fd_conn_cap &&
 						s->inflight_total + nfds <= s->fd_soft);
+}
+
+static int
+fd_budget_allows(struct conn *c, size_t nfds)
+{
+	struct server *s = c->srv;
+
+	conn_confirm(c);
+	if (budget_has_room(c, nfds))
+		return 1;
+	/* The tallies may still count replies other connections have read
+	 * since: a connection is confirmed only when it sends again, and a
+	 * worker that holds its attach never does. Confirm them all before
+	 * holding c back, at most once per loop tick (a retry every
+	 * DEFER_RETRY_MS otherwise), so that no client ever waits on
+	 * descriptors already received. */
+	if (s->confirmed_at == uv_now(s->loop) + 1)
+		return 0;
+	s->confirmed_at = uv_now(s->loop) + 1;
+	for (struct conn *o = s->conns; o != NULL; o = o->next)
+		conn_confirm(o);
+	return budget_has_room(c, nfds);
 }
 
 /* Warns once per connection that its replies are held back, and why. */

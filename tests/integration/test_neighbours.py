@@ -6,6 +6,7 @@ connections that never finish a line."""
 import json
 import os
 import socket
+import struct
 import subprocess
 import time
 
@@ -230,3 +231,41 @@ def test_low_nofile_is_warned_at_start(tmp_path):
         assert r.returncode == 0, r.stderr
     finally:
         assert d.stop() == 0, d.read_log()
+
+
+def test_workers_that_hold_their_attach_never_hold_back_the_next(tmp_path):
+    """Workers of one uid that attach a sharded model and keep it (they read
+    their reply and send nothing more) must not count against the next
+    worker's descriptors in flight: those descriptors were received. The
+    daemon used to confirm a connection's replies only when that connection
+    sent again, so with RLIMIT_NOFILE 1024 (a per-uid in-flight cap of 128)
+    the fourth holder of a 40-file model (42 descriptors each) waited for ever, and with the
+    packaged unit's 65536 the 50th holder of a 163-shard model did."""
+    layout = tmp_path / "sharded"
+    subprocess.run([binary("mklayout"), "--tensors", "400", "--shards", "40", str(layout)],
+                   check=True, stdout=subprocess.DEVNULL)
+    d = Daemon(tmp_path, {"m": str(layout)}, user=(DAEMON_UID, GROUP), nofile=1024)
+    d.start()
+    held = []
+    try:
+        os.chmod(d.socket, 0o666)
+        for k in range(8):  # 8 x 42 descriptors, far past the uid's cap of 128
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            s.settimeout(10.0)
+            s.connect(d.socket)
+            s.send(message(1, b"m", seq=k + 1))
+            data, anc, _, _ = s.recvmsg(65536, socket.CMSG_SPACE(4 * 256))
+            fds = [fd for level, kind, cdata in anc
+                   if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+                   for (fd,) in struct.iter_unpack("i", cdata[:len(cdata) // 4 * 4])]
+            assert HEADER.unpack_from(data)[2] == 129, f"holder {k}: {data!r}"  # ATTACH_OK
+            assert len(fds) == 42, f"holder {k}: {len(fds)} descriptors"  # index, 40, status
+            for fd in fds:
+                os.close(fd)
+            held.append(s)  # keeps its attach, sends nothing more
+        assert "too many descriptors in flight" not in d.read_log(), d.read_log()
+    finally:
+        for s in held:
+            s.close()
+        code = d.stop()
+    assert code == 0, d.read_log()
