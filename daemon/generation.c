@@ -130,6 +130,8 @@ gen_maybe_free(struct registry *r, struct generation *g)
 		munmap((void *)g->index, g->index_size);
 	if (g->index_fd >= 0)
 		close(g->index_fd);
+	if (g->served_index_fd >= 0)
+		close(g->served_index_fd);
 	gen_close_served(g->served_fds, g->source.nfiles);
 	source_close(&g->source);
 	free(g->warm.jobs);
@@ -196,7 +198,15 @@ gen_new(struct registry *r, const char *model_name, uint64_t number, struct mode
 	int *served_fds, int index_fd, const uint8_t *index, size_t index_size)
 {
 	struct generation *g = calloc(1, sizeof(*g));
+	struct stat st;
+	int served_index = -1;
 
+	/* Workers get their own open file description of the index too. */
+	if (fstat(index_fd, &st) == -1 ||
+		(served_index = reopen_served(index_fd, &st, "the index memfd")) < 0) {
+		free(g);
+		return NULL;
+	}
 	if (g == NULL || (g->model_name = strdup(model_name)) == NULL ||
 		/* An array of pointers: sizeof(*g->warm.jobs) is one pointer.
 		 * NOLINTNEXTLINE(bugprone-sizeof-expression) */
@@ -205,9 +215,11 @@ gen_new(struct registry *r, const char *model_name, uint64_t number, struct mode
 		if (g != NULL)
 			free(g->model_name);
 		free(g);
+		close(served_index);
 		return NULL;
 	}
 	g->registry = r;
+	g->served_index_fd = served_index;
 	g->source = *src;
 	memset(src, 0, sizeof(*src));
 	g->served_fds = served_fds;
@@ -224,6 +236,7 @@ void
 gen_unmake(struct generation *g, struct model_source *src)
 {
 	*src = g->source;
+	close(g->served_index_fd);
 	gen_close_served(g->served_fds, g->source.nfiles);
 	munmap((void *)g->index, g->index_size);
 	free(g->warm.jobs);

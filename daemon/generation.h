@@ -91,7 +91,9 @@ struct generation {
 	int *served_fds;            /* source.nfiles descriptors workers get: each
 				       another open file description of the same
 				       file (gen_open_served), owned */
-	int index_fd;               /* sealed memfd, owned */
+	int index_fd;               /* sealed memfd, owned; never handed out */
+	int served_index_fd;        /* the index as workers get it: another open file
+				       description of index_fd's memfd, owned */
 	const uint8_t *index;       /* read-only mapping of index_fd */
 	size_t index_size;
 	uint64_t bytes;             /* sum of file sizes */

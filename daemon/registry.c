@@ -253,7 +253,7 @@ registry_attach(struct registry *r, const char *name, const struct registry_peer
 	out->generation = g->number;
 	out->index_size = g->index_size;
 	out->file_count = (uint32_t)g->source.nfiles;
-	out->fds[out->nfds++] = g->index_fd;
+	out->fds[out->nfds++] = g->served_index_fd;
 	for (size_t i = 0; i < g->source.nfiles && out->nfds < WIRE_MAX_FDS; i++)
 		out->fds[out->nfds++] = g->served_fds[i];
 	if (m->slot != 0 && r->page.ro_fd >= 0 && out->nfds < WIRE_MAX_FDS) {

@@ -287,7 +287,9 @@ test_attach_reply(void **state)
 	assert_int_equal(a.file_count, 1);
 	assert_int_equal(a.index_size, a.gen->index_size);
 	assert_int_equal(a.nfds, 3); /* index, the file, the status page */
-	assert_int_equal(a.fds[0], a.gen->index_fd);
+	/* The index too goes out as another open file description. */
+	assert_int_equal(a.fds[0], a.gen->served_index_fd);
+	assert_int_not_equal(a.fds[0], a.gen->index_fd);
 	/* The file goes out as another open file description of the same
 	 * inode: a flag a worker sets on it never reaches the daemon's. */
 	assert_int_equal(a.fds[1], a.gen->served_fds[0]);
