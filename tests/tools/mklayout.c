@@ -57,9 +57,12 @@ text_add(struct text *t, const char *fmt, ...)
 
 	for (;;) {
 		va_start(ap, fmt);
-		n = vsnprintf(t->p + t->len, t->cap - t->len, fmt, ap);
+		/* An empty text has no buffer yet: measure only (NULL + 0 is
+		 * undefined behaviour). */
+		n = t->p == NULL ? vsnprintf(NULL, 0, fmt, ap) :
+				   vsnprintf(t->p + t->len, t->cap - t->len, fmt, ap);
 		va_end(ap);
-		if (n >= 0 && (size_t)n < t->cap - t->len)
+		if (t->p != NULL && n >= 0 && (size_t)n < t->cap - t->len)
 			break;
 		t->cap = t->cap * 2 + (size_t)n + 64;
 		if ((t->p = realloc(t->p, t->cap)) == NULL) {
