@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "base/path.h"
 #include "generation.h"
 #include "log.h"
 #include "pages.h"
@@ -145,16 +146,13 @@ gen_maybe_free(struct registry *r, struct generation *g)
 static int
 reopen_served(int fd, const struct stat *st, const char *path)
 {
-	char proc[64];
 	struct stat now;
 	int nfd;
 
-	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
-	if ((nfd = open(proc, O_RDONLY | O_CLOEXEC | O_NOCTTY)) == -1)
-		return error_set(-errno, "%s: opening the descriptor workers get: %s", path,
-			strerror(errno));
-	if (fstat(nfd, &now) == -1 || now.st_dev != st->st_dev || now.st_ino != st->st_ino ||
-		!S_ISREG(now.st_mode)) {
+	if ((nfd = fd_reopen_read_only(fd, path)) < 0)
+		return nfd;
+	/* The same inode as fd, and fd still the file that was loaded. */
+	if (fstat(nfd, &now) == -1 || now.st_dev != st->st_dev || now.st_ino != st->st_ino) {
 		close(nfd);
 		return error_set(-ESTALE, "%s: the descriptor workers get is not the file "
 			"that was loaded", path);

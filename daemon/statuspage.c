@@ -22,18 +22,17 @@
 static int
 map_page(struct statuspage *p, int fd)
 {
-	char proc[64];
 	void *map;
 
 	map = mmap(NULL, STATUS_PAGE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (map == MAP_FAILED)
 		return error_set(-errno, "status page: mmap: %s", strerror(errno));
-	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
-	if ((p->ro_fd = open(proc, O_RDONLY | O_CLOEXEC)) == -1) {
-		int e = errno;
+	if ((p->ro_fd = fd_reopen_read_only(fd, "status page")) < 0) {
+		int e = p->ro_fd;
 
+		p->ro_fd = -1;
 		munmap(map, STATUS_PAGE_BYTES);
-		return error_set(-e, "status page: reopening read-only: %s", strerror(e));
+		return e;
 	}
 	p->fd = fd;
 	p->map = map;

@@ -68,6 +68,26 @@ fd_write_all(int fd, const void *buf, size_t len)
 }
 
 int
+fd_reopen_read_only(int fd, const char *what)
+{
+	struct stat was, now;
+	char proc[64];
+	int nfd;
+
+	if (fstat(fd, &was) == -1)
+		return error_set(-errno, "%s: fstat: %s", what, strerror(errno));
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+	if ((nfd = open(proc, O_RDONLY | O_CLOEXEC | O_NOCTTY)) == -1)
+		return error_set(-errno, "%s: reopening read-only: %s", what, strerror(errno));
+	if (fstat(nfd, &now) == -1 || now.st_dev != was.st_dev || now.st_ino != was.st_ino ||
+		!S_ISREG(now.st_mode)) {
+		close(nfd);
+		return error_set(-ESTALE, "%s: the reopened descriptor is not the same file", what);
+	}
+	return nfd;
+}
+
+int
 memfd_sealed(const char *name, const void *buf, size_t len, int seals, unsigned mode)
 {
 	int fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING), r;

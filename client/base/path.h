@@ -28,6 +28,16 @@ char *path_dir(const char *path);
 int fd_write_all(int fd, const void *buf, size_t len);
 
 /*
+ * Another open file description of the file open as fd, read-only: an
+ * open(2) of /proc/self/fd/FD, which reaches the same inode even after it
+ * was renamed over or unlinked, checked to be that inode (dev and ino) and
+ * a regular file. Flags or an offset set on one description never reach the
+ * other. Returns the descriptor (close-on-exec, the caller's), or a
+ * negative errno with the message naming what as the thing reopened.
+ */
+int fd_reopen_read_only(int fd, const char *what);
+
+/*
  * A memfd named name holding a copy of buf[0..len) (len zero bytes when buf
  * is NULL), sealed with seals
  * (F_SEAL_* from proto/memfds.h), with mode applied first when mode is not
