@@ -23,6 +23,8 @@
 #define WIRE_RELEASE_SIZE 8u
 #define WIRE_ATTACH_OK_SIZE 40u
 #define WIRE_ERROR_MIN 4u /* the i32 code */
+#define WIRE_DERIVE_FIXED 8u /* u32 wait_ms, u32 key_len */
+#define WIRE_BUILD_SIZE (WIRE_ATTACH_OK_SIZE + 8u)
 
 /* Error codes carried by WIRE_ERROR are positive Linux errno values;
  * 4095 is the kernel's MAX_ERRNO. */
@@ -36,6 +38,33 @@ _Static_assert(WIRE_HEADER_SIZE + WIRE_MAX_NAME <= WIRE_MAX_MESSAGE,
         "an ATTACH with the longest name fits in one message");
 _Static_assert(WIRE_HEADER_SIZE + WIRE_ATTACH_OK_SIZE <= WIRE_MAX_MESSAGE,
         "an ATTACH_OK fits in one message");
+_Static_assert(WIRE_HEADER_SIZE + WIRE_DERIVE_FIXED + WIRE_MAX_KEY + WIRE_MAX_NAME <=
+	WIRE_MAX_MESSAGE, "a DERIVE with the longest key and name fits in one message");
+_Static_assert(WIRE_HEADER_SIZE + 8 + WIRE_MAX_REASON <= WIRE_MAX_MESSAGE,
+	"an ABANDON with the longest reason fits in one message");
+
+int
+wire_key_valid(const char *key, size_t len)
+{
+	if (key == NULL || len < 1 || len > WIRE_MAX_KEY)
+		return 0;
+	for (size_t i = 0; i < len; i++) {
+		unsigned char c = (unsigned char)key[i];
+
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+			c == '.' || c == '_' || c == '+' || c == '-'))
+			return 0;
+	}
+	return 1;
+}
+
+/* The ATTACH_OK fields at p (40 bytes) are well formed: flags known, and
+ * file_count fits in one SCM_RIGHTS message with the index and status page. */
+static int
+attach_ok_valid(const uint8_t *p)
+{
+	return get_le32(p + 24) <= WIRE_MAX_FILES && (get_le32(p + 28) & ~WIRE_ATTACH_STATUS) == 0;
+}
 
 /*
  * Checks that a payload of n bytes has the layout its type requires. The
@@ -47,6 +76,7 @@ static int
 check_payload(uint16_t type, const uint8_t *p, uint32_t n)
 {
 	int32_t code;
+	uint32_t key_len;
 
 	switch (type) {
 	case WIRE_ATTACH:
@@ -55,13 +85,25 @@ check_payload(uint16_t type, const uint8_t *p, uint32_t n)
 		return 0;
 	case WIRE_RELEASE:
 	case WIRE_HOLD_OK:
+	case WIRE_PUBLISH:
 		return n == WIRE_RELEASE_SIZE ? 0 : -EBADMSG;
 	case WIRE_ATTACH_OK:
-		if (n != WIRE_ATTACH_OK_SIZE)
+		return n == WIRE_ATTACH_OK_SIZE && attach_ok_valid(p) ? 0 : -EBADMSG;
+	case WIRE_BUILD:
+		return n == WIRE_BUILD_SIZE && attach_ok_valid(p) ? 0 : -EBADMSG;
+	case WIRE_DERIVE:
+		if (n < WIRE_DERIVE_FIXED + 2)
 			return -EBADMSG;
-		/* flags (offset 28) must be known and file_count (offset 24) must
-		 * fit in one SCM_RIGHTS message with the index and status page. */
-		if (get_le32(p + 24) > WIRE_MAX_FILES || (get_le32(p + 28) & ~WIRE_ATTACH_STATUS) != 0)
+		key_len = get_le32(p + 4);
+		/* key_len <= WIRE_MAX_KEY first: the sum below cannot wrap. */
+		if (key_len < 1 || key_len > WIRE_MAX_KEY || n < WIRE_DERIVE_FIXED + key_len + 1 ||
+			n - WIRE_DERIVE_FIXED - key_len > WIRE_MAX_NAME ||
+			!wire_key_valid((const char *)p + WIRE_DERIVE_FIXED, key_len) ||
+			memchr(p + WIRE_DERIVE_FIXED + key_len, 0, n - WIRE_DERIVE_FIXED - key_len) != NULL)
+			return -EBADMSG;
+		return 0;
+	case WIRE_ABANDON:
+		if (n < 8 || n > 8 + WIRE_MAX_REASON || memchr(p + 8, 0, n - 8) != NULL)
 			return -EBADMSG;
 		return 0;
 	case WIRE_CHANGED:
@@ -126,6 +168,10 @@ wire_decode(const uint8_t *buf, size_t len, struct wire_message *out)
 	case WIRE_CHANGED:
 	case WIRE_HOLD:
 	case WIRE_HOLD_OK:
+	case WIRE_DERIVE:
+	case WIRE_PUBLISH:
+	case WIRE_ABANDON:
+	case WIRE_BUILD:
 		break;
 	default:
 		return -EBADMSG;
@@ -203,24 +249,89 @@ wire_get_hold_ok(const struct wire_message *m, uint64_t *handle)
 	return get_u64(m, WIRE_HOLD_OK, handle);
 }
 
-/* The fields of an ATTACH_OK. */
+/* The build token of a PUBLISH. */
 int
-wire_get_attach_ok(const struct wire_message *m, struct wire_attach_ok *out)
+wire_get_publish(const struct wire_message *m, uint64_t *token)
 {
-	const uint8_t *p;
-	int rc = check_message(m, WIRE_ATTACH_OK);
+	return get_u64(m, WIRE_PUBLISH, token);
+}
 
-	if (rc < 0)
-		return rc;
-	if (out == NULL)
-		return -EINVAL;
-	p = m->payload;
+/* Reads the 40 bytes of ATTACH_OK fields at p. */
+static void
+read_attach_ok(const uint8_t *p, struct wire_attach_ok *out)
+{
 	out->generation = get_le64(p);
 	out->handle = get_le64(p + 8);
 	out->index_size = get_le64(p + 16);
 	out->file_count = get_le32(p + 24);
 	out->flags = get_le32(p + 28);
 	out->status_slot = get_le64(p + 32);
+}
+
+/* The fields of an ATTACH_OK. */
+int
+wire_get_attach_ok(const struct wire_message *m, struct wire_attach_ok *out)
+{
+	int rc = check_message(m, WIRE_ATTACH_OK);
+
+	if (rc < 0)
+		return rc;
+	if (out == NULL)
+		return -EINVAL;
+	read_attach_ok(m->payload, out);
+	return 0;
+}
+
+/* The source attach and the build token of a BUILD. */
+int
+wire_get_build(const struct wire_message *m, struct wire_attach_ok *source, uint64_t *token)
+{
+	int rc = check_message(m, WIRE_BUILD);
+
+	if (rc < 0)
+		return rc;
+	if (source == NULL || token == NULL)
+		return -EINVAL;
+	read_attach_ok(m->payload, source);
+	*token = get_le64(m->payload + WIRE_ATTACH_OK_SIZE);
+	return 0;
+}
+
+/* The fields of a DERIVE; key and name point into the message. */
+int
+wire_get_derive(const struct wire_message *m, struct wire_derive *out)
+{
+	int rc = check_message(m, WIRE_DERIVE);
+	uint32_t key_len;
+
+	if (rc < 0)
+		return rc;
+	if (out == NULL)
+		return -EINVAL;
+	key_len = get_le32(m->payload + 4);
+	out->wait_ms = get_le32(m->payload);
+	out->key = (const char *)m->payload + WIRE_DERIVE_FIXED;
+	out->key_len = key_len;
+	out->name = out->key + key_len;
+	out->name_len = m->h.length - WIRE_DERIVE_FIXED - key_len;
+	return 0;
+}
+
+/* The build token and the reason (reason_len bytes, maybe 0, not
+ * NUL-terminated) of an ABANDON. */
+int
+wire_get_abandon(const struct wire_message *m, uint64_t *token, const char **reason,
+	size_t *reason_len)
+{
+	int rc = check_message(m, WIRE_ABANDON);
+
+	if (rc < 0)
+		return rc;
+	if (token == NULL || reason == NULL || reason_len == NULL)
+		return -EINVAL;
+	*token = get_le64(m->payload);
+	*reason = (const char *)m->payload + 8;
+	*reason_len = m->h.length - 8;
 	return 0;
 }
 
@@ -302,26 +413,80 @@ wire_put_hold_ok(uint8_t *buf, size_t cap, uint32_t seq, uint64_t handle)
 	return put_u64(buf, cap, WIRE_HOLD_OK, seq, handle);
 }
 
-/* ATTACH_OK: flags known and file_count at most WIRE_MAX_FILES. */
+/* PUBLISH of the build token names. */
 ssize_t
-wire_put_attach_ok(uint8_t *buf, size_t cap, uint32_t seq, const struct wire_attach_ok *ok)
+wire_put_publish(uint8_t *buf, size_t cap, uint32_t seq, uint64_t token)
 {
-	uint8_t *p;
+	return put_u64(buf, cap, WIRE_PUBLISH, seq, token);
+}
 
-	if (buf == NULL || ok == NULL || (ok->flags & ~WIRE_ATTACH_STATUS) != 0 ||
-		ok->file_count > WIRE_MAX_FILES)
+/* Writes ok's 40 bytes at p; 0, or -EINVAL when ok is not well formed. */
+static int
+write_attach_ok(uint8_t *p, const struct wire_attach_ok *ok)
+{
+	if (ok == NULL || (ok->flags & ~WIRE_ATTACH_STATUS) != 0 || ok->file_count > WIRE_MAX_FILES)
 		return -EINVAL;
-	if (cap < WIRE_HEADER_SIZE + WIRE_ATTACH_OK_SIZE)
-		return -EMSGSIZE;
-	put_header(buf, WIRE_ATTACH_OK, WIRE_ATTACH_OK_SIZE, seq);
-	p = buf + WIRE_HEADER_SIZE;
 	put_le64(p, ok->generation);
 	put_le64(p + 8, ok->handle);
 	put_le64(p + 16, ok->index_size);
 	put_le32(p + 24, ok->file_count);
 	put_le32(p + 28, ok->flags);
 	put_le64(p + 32, ok->status_slot);
+	return 0;
+}
+
+/* ATTACH_OK: flags known and file_count at most WIRE_MAX_FILES. */
+ssize_t
+wire_put_attach_ok(uint8_t *buf, size_t cap, uint32_t seq, const struct wire_attach_ok *ok)
+{
+	uint8_t tmp[WIRE_ATTACH_OK_SIZE];
+
+	if (buf == NULL || write_attach_ok(tmp, ok) < 0)
+		return -EINVAL;
+	if (cap < WIRE_HEADER_SIZE + WIRE_ATTACH_OK_SIZE)
+		return -EMSGSIZE;
+	put_header(buf, WIRE_ATTACH_OK, WIRE_ATTACH_OK_SIZE, seq);
+	memcpy(buf + WIRE_HEADER_SIZE, tmp, sizeof(tmp));
 	return WIRE_HEADER_SIZE + WIRE_ATTACH_OK_SIZE;
+}
+
+/* BUILD: the source's ATTACH_OK fields, then the build token. */
+ssize_t
+wire_put_build(uint8_t *buf, size_t cap, uint32_t seq, const struct wire_attach_ok *source,
+	uint64_t token)
+{
+	uint8_t tmp[WIRE_ATTACH_OK_SIZE];
+
+	if (buf == NULL || write_attach_ok(tmp, source) < 0)
+		return -EINVAL;
+	if (cap < WIRE_HEADER_SIZE + WIRE_BUILD_SIZE)
+		return -EMSGSIZE;
+	put_header(buf, WIRE_BUILD, WIRE_BUILD_SIZE, seq);
+	memcpy(buf + WIRE_HEADER_SIZE, tmp, sizeof(tmp));
+	put_le64(buf + WIRE_HEADER_SIZE + WIRE_ATTACH_OK_SIZE, token);
+	return WIRE_HEADER_SIZE + WIRE_BUILD_SIZE;
+}
+
+/* DERIVE: a valid key (wire_key_valid) and a name of 1..WIRE_MAX_NAME
+ * bytes without NUL. */
+ssize_t
+wire_put_derive(uint8_t *buf, size_t cap, uint32_t seq, const struct wire_derive *d)
+{
+	size_t len;
+
+	if (buf == NULL || d == NULL || !wire_key_valid(d->key, d->key_len) || d->name == NULL ||
+		d->name_len < 1 || d->name_len > WIRE_MAX_NAME ||
+		memchr(d->name, 0, d->name_len) != NULL)
+		return -EINVAL;
+	len = WIRE_DERIVE_FIXED + d->key_len + d->name_len;
+	if (cap < WIRE_HEADER_SIZE + len)
+		return -EMSGSIZE;
+	put_header(buf, WIRE_DERIVE, (uint32_t)len, seq);
+	put_le32(buf + WIRE_HEADER_SIZE, d->wait_ms);
+	put_le32(buf + WIRE_HEADER_SIZE + 4, (uint32_t)d->key_len);
+	memcpy(buf + WIRE_HEADER_SIZE + WIRE_DERIVE_FIXED, d->key, d->key_len);
+	memcpy(buf + WIRE_HEADER_SIZE + WIRE_DERIVE_FIXED + d->key_len, d->name, d->name_len);
+	return (ssize_t)(WIRE_HEADER_SIZE + len);
 }
 
 /* The generation and model name of a CHANGED or a HOLD. */
@@ -419,6 +584,24 @@ utf8_cut(const char *text, size_t len, size_t n)
 	if (((unsigned char)text[cut] & 0xC0) == 0x80)
 		cut = n; /* not UTF-8 here: a plain cut is as good as any */
 	return cut;
+}
+
+/* ABANDON: the build token and why; the reason is cut to WIRE_MAX_REASON
+ * bytes at a UTF-8 character boundary (a NUL ends it). */
+ssize_t
+wire_put_abandon(uint8_t *buf, size_t cap, uint32_t seq, uint64_t token, const char *reason)
+{
+	size_t len;
+
+	if (buf == NULL || reason == NULL)
+		return -EINVAL;
+	len = utf8_cut(reason, strnlen(reason, WIRE_MAX_REASON + 1), WIRE_MAX_REASON);
+	if (cap < WIRE_HEADER_SIZE + 8 + len)
+		return -EMSGSIZE;
+	put_header(buf, WIRE_ABANDON, (uint32_t)(8 + len), seq);
+	put_le64(buf + WIRE_HEADER_SIZE, token);
+	memcpy(buf + WIRE_HEADER_SIZE + 8, reason, len);
+	return (ssize_t)(WIRE_HEADER_SIZE + 8 + len);
 }
 
 /*

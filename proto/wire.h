@@ -25,15 +25,24 @@
 #define WIRE_MAX_NAME 1024u    /* model name or path in ATTACH */
 #define WIRE_MAX_FDS 252u      /* index + up to 250 files + status page; below SCM_MAX_FD */
 #define WIRE_MAX_FILES (WIRE_MAX_FDS - 2u)
+#define WIRE_MAX_KEY 64u       /* derived artifact key in DERIVE: [A-Za-z0-9._+-] */
+#define WIRE_MAX_REASON 1024u  /* reason text in ABANDON */
 
 enum wire_type {
 	WIRE_ATTACH = 1,      /* client: payload = model name, 1..WIRE_MAX_NAME bytes, no NUL */
 	WIRE_RELEASE = 2,     /* client: payload = u64 handle */
 	WIRE_HOLD = 3,        /* client, after a reconnect: u64 generation it still maps,
 				 then the model name, 1..WIRE_MAX_NAME bytes */
+	WIRE_DERIVE = 4,      /* client: u32 wait_ms, u32 key_len, key (1..WIRE_MAX_KEY bytes
+				 of [A-Za-z0-9._+-]), then the model name, 1..WIRE_MAX_NAME */
+	WIRE_PUBLISH = 5,     /* client, a builder: u64 build token; one fd: the artifact memfd */
+	WIRE_ABANDON = 6,     /* client, a builder: u64 build token, then a reason,
+				 0..WIRE_MAX_REASON bytes, no NUL */
 	WIRE_ATTACH_OK = 129, /* daemon: struct wire_attach_ok; fds: index memfd, then files */
 	WIRE_RELEASE_OK = 130,/* daemon: empty payload */
 	WIRE_HOLD_OK = 132,   /* daemon: u64 handle of the attach HOLD made */
+	WIRE_BUILD = 133,     /* daemon: struct wire_attach_ok of the source, then u64
+				 build token; fds as ATTACH_OK */
 	WIRE_CHANGED = 131,   /* daemon, unsolicited (seq 0): u64 generation (0: no longer
 				 served), then the model name, 1..WIRE_MAX_NAME bytes */
 	WIRE_ERROR = 255,     /* daemon: positive errno code 1..4095 (i32), then UTF-8 text (no NUL) */
@@ -62,6 +71,20 @@ struct wire_attach_ok {
  * which holds its current generation. */
 #define WIRE_ATTACH_STATUS 1u
 
+/* The fields of a DERIVE. key and name point into the message, not
+ * NUL-terminated. */
+struct wire_derive {
+	uint32_t wait_ms;      /* how long to wait for another worker's build; 0: not at all */
+	const char *key;
+	size_t key_len;
+	const char *name;
+	size_t name_len;
+};
+
+/* 1 when key[0..len) is a valid derived artifact key: 1..WIRE_MAX_KEY
+ * bytes, each a letter, a digit or one of "._+-". */
+int wire_key_valid(const char *key, size_t len);
+
 /* A decoded message: the header plus a view of its payload in the buffer. */
 struct wire_message {
 	struct wire_header h;
@@ -87,6 +110,11 @@ int wire_get_changed(const struct wire_message *m, uint64_t *generation, const c
 int wire_get_hold(const struct wire_message *m, uint64_t *generation, const char **name,
 	size_t *name_len);
 int wire_get_hold_ok(const struct wire_message *m, uint64_t *handle);
+int wire_get_derive(const struct wire_message *m, struct wire_derive *out);
+int wire_get_publish(const struct wire_message *m, uint64_t *token);
+int wire_get_abandon(const struct wire_message *m, uint64_t *token, const char **reason,
+	size_t *reason_len);
+int wire_get_build(const struct wire_message *m, struct wire_attach_ok *source, uint64_t *token);
 
 /* Encoders: write the whole message to buf (cap bytes) and return its length,
  * -EMSGSIZE when cap is too small, or -EINVAL for arguments that cannot form
@@ -102,5 +130,13 @@ ssize_t wire_put_changed(uint8_t *buf, size_t cap, uint64_t generation, const ch
 ssize_t wire_put_hold(uint8_t *buf, size_t cap, uint32_t seq, uint64_t generation,
 	const char *name, size_t len);
 ssize_t wire_put_hold_ok(uint8_t *buf, size_t cap, uint32_t seq, uint64_t handle);
+ssize_t wire_put_derive(uint8_t *buf, size_t cap, uint32_t seq, const struct wire_derive *d);
+ssize_t wire_put_publish(uint8_t *buf, size_t cap, uint32_t seq, uint64_t token);
+/* reason is NUL-terminated; a longer one is cut to WIRE_MAX_REASON bytes at
+ * a UTF-8 character boundary. */
+ssize_t wire_put_abandon(uint8_t *buf, size_t cap, uint32_t seq, uint64_t token,
+	const char *reason);
+ssize_t wire_put_build(uint8_t *buf, size_t cap, uint32_t seq,
+	const struct wire_attach_ok *source, uint64_t token);
 
 #endif

@@ -59,6 +59,7 @@ check_roundtrip(const uint8_t *data, size_t size, const struct wire_message *m)
 	size_t len;
 	uint64_t handle, generation;
 	struct wire_attach_ok ok;
+	struct wire_derive d;
 	int32_t code;
 	char *copy;
 	ssize_t n = -1;
@@ -113,6 +114,38 @@ check_roundtrip(const uint8_t *data, size_t size, const struct wire_message *m)
 		copy[len] = '\0';
 		n = wire_put_error(out, sizeof(out), m->h.seq, code, copy);
 		free(copy);
+	}
+	if (wire_get_derive(m, &d) == 0) {
+		hits++;
+		CHECK(m->h.type == WIRE_DERIVE);
+		CHECK(wire_key_valid(d.key, d.key_len));
+		CHECK(d.name_len >= 1 && d.name_len <= WIRE_MAX_NAME &&
+			memchr(d.name, 0, d.name_len) == NULL);
+		CHECK(d.name == d.key + d.key_len);
+		n = wire_put_derive(out, sizeof(out), m->h.seq, &d);
+	}
+	if (wire_get_publish(m, &handle) == 0) {
+		hits++;
+		CHECK(m->h.type == WIRE_PUBLISH);
+		n = wire_put_publish(out, sizeof(out), m->h.seq, handle);
+	}
+	if (wire_get_abandon(m, &handle, &text, &len) == 0) {
+		hits++;
+		CHECK(m->h.type == WIRE_ABANDON);
+		CHECK(len <= WIRE_MAX_REASON && memchr(text, 0, len) == NULL);
+		copy = malloc(len + 1);
+		CHECK(copy != NULL);
+		memcpy(copy, text, len);
+		copy[len] = '\0';
+		n = wire_put_abandon(out, sizeof(out), m->h.seq, handle, copy);
+		free(copy);
+	}
+	if (wire_get_build(m, &ok, &handle) == 0) {
+		hits++;
+		CHECK(m->h.type == WIRE_BUILD);
+		CHECK(ok.flags == 0 || ok.flags == WIRE_ATTACH_STATUS);
+		CHECK(ok.file_count <= WIRE_MAX_FILES);
+		n = wire_put_build(out, sizeof(out), m->h.seq, &ok, handle);
 	}
 	if (m->h.type == WIRE_RELEASE_OK) {
 		hits++;
