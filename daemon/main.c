@@ -465,6 +465,7 @@ start_control(struct daemon *d)
 	}
 	d->control_ctx = (struct control_context){
 		.reg = &d->reg,
+		.derive = &d->derive,
 		.started_ms = uv_now(&d->loop),
 		.reload_config = control_reload,
 		.arg = d,
