@@ -1,0 +1,609 @@
+"""Derived artifacts (proto/PROTOCOL.md, "Derived artifacts"), driven on the
+wire against the real daemon: one builder, waiters, and the builders and
+workers that try to hurt the others. Each test asserts what every other
+worker sees, and that the daemon still serves and exits cleanly (under ASan:
+no leak) at teardown.
+
+The client here speaks the protocol itself (struct, socket, memfd), so it
+can do what libwcache never would: keep a writable mapping, publish twice,
+publish garbage, publish another connection's build.
+"""
+import json
+import mmap
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import binary, mkmodel, settled_fd_count, wait_until
+from ctlutil import ctl, model_entry, status
+from test_regressions import HEADER, MAGIC, ready
+from test_regressions import start  # noqa: F401 (the fixture, used by name)
+
+ATTACH, RELEASE, DERIVE, PUBLISH, ABANDON = 1, 2, 4, 5, 6
+ATTACH_OK, RELEASE_OK, CHANGED, BUILD, ERROR = 129, 130, 131, 133, 255
+ERRNO = {"EACCES": 13, "EPERM": 1, "EAGAIN": 11, "EBUSY": 16, "ETIMEDOUT": 110,
+         "ECANCELED": 125, "EHOSTDOWN": 112, "ESTALE": 116, "EBADMSG": 74, "ENOENT": 2,
+         "EINVAL": 22, "EFBIG": 27}
+DERIVE_CONF = {"derive": "yes"}
+
+
+def st_bytes(tensors, metadata=None):
+    """A safetensors file of tensors {name: (dtype, shape, bytes)}."""
+    header, offset, blobs = {}, 0, []
+    if metadata:
+        header["__metadata__"] = metadata
+    for name, (dtype, shape, data) in sorted(tensors.items()):
+        header[name] = {"dtype": dtype, "shape": list(shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+        blobs.append(data)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    return struct.pack("<Q", len(h)) + h + b"".join(blobs)
+
+
+ARTIFACT = st_bytes({"w": ("F32", [4, 4], bytes(range(64))),
+                     "b": ("I8", [3], b"\x01\x02\x03")}, {"key": "f32-v1"})
+
+
+def memfd_with(data, name="artifact"):
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.write(fd, data)
+    return fd
+
+
+class Peer:
+    """One connection speaking the client protocol by hand."""
+
+    def __init__(self, d, timeout=30.0):
+        self.s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.s.settimeout(timeout)
+        self.s.connect(d.socket)
+        self.seq = 0
+
+    def send(self, mtype, payload, fds=(), seq=None):
+        if seq is None:
+            self.seq += 1
+            seq = self.seq
+        msg = HEADER.pack(MAGIC, 1, mtype, len(payload), seq) + payload
+        if fds:
+            self.s.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                    struct.pack(f"{len(fds)}i", *fds))])
+        else:
+            self.s.send(msg)
+        return seq
+
+    def receive(self, timeout=None):
+        """(type, seq, payload, fds), skipping CHANGED; the caller owns the fds."""
+        if timeout is not None:
+            self.s.settimeout(timeout)
+        while True:
+            data, anc, _, _ = self.s.recvmsg(8192, socket.CMSG_SPACE(4 * 256))
+            if not data:
+                raise EOFError("the daemon closed the connection")
+            fds = []
+            for level, kind, cdata in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds += [f for (f,) in struct.iter_unpack("i", cdata[:len(cdata) // 4 * 4])]
+            _, _, mtype, length, seq = HEADER.unpack_from(data)
+            if mtype == CHANGED:
+                continue
+            return mtype, seq, data[16:16 + length], fds
+
+    def derive(self, name, key, wait_ms=30000):
+        return self.send(DERIVE, struct.pack("<II", wait_ms, len(key)) + key.encode() +
+                         name.encode())
+
+    def reply(self, timeout=None):
+        """The next reply as a dict: type, and its fields and descriptors."""
+        mtype, seq, p, fds = self.receive(timeout)
+        r = {"type": mtype, "seq": seq, "fds": fds}
+        if mtype in (ATTACH_OK, BUILD):
+            (r["generation"], r["handle"], r["index_size"], r["file_count"], r["flags"],
+             r["slot"]) = struct.unpack_from("<QQQIIQ", p)
+            if mtype == BUILD:
+                (r["token"],) = struct.unpack_from("<Q", p, 40)
+        elif mtype == ERROR:
+            r["code"] = struct.unpack_from("<i", p)[0]
+            r["text"] = p[4:].decode("utf-8", "replace")
+        return r
+
+    def publish(self, token, fd):
+        return self.send(PUBLISH, struct.pack("<Q", token), fds=[fd])
+
+    def abandon(self, token, reason):
+        return self.send(ABANDON, struct.pack("<Q", token) + reason.encode())
+
+    def close(self):
+        self.s.close()
+
+
+def closing(r):
+    for fd in r["fds"]:
+        os.close(fd)
+    return r
+
+
+def artifact_bytes(r):
+    """The artifact an ATTACH_OK of it handed over (descriptor 1), read through
+    a mapping as a worker would."""
+    assert r["type"] == ATTACH_OK, r
+    assert r["file_count"] == 1 and len(r["fds"]) == 2 + (r["flags"] & 1), r
+    fd = r["fds"][1]
+    size = os.fstat(fd).st_size
+    with mmap.mmap(fd, size, prot=mmap.PROT_READ) as m:
+        return bytes(m)
+
+
+def take_artifact(r):
+    """artifact_bytes(r), then closes r's descriptors."""
+    try:
+        return artifact_bytes(r)
+    finally:
+        closing(r)
+
+
+def expect_error(r, name, *words):
+    closing(r)
+    assert r["type"] == ERROR, r
+    assert r["code"] == ERRNO[name], r
+    for w in words:
+        assert w in r["text"], r["text"]
+    return r["text"]
+
+
+def waiting(d, n, key="f32-v1"):
+    """Waits until n connections wait for key's build (their DERIVE was read:
+    the daemon reads each connection on its own, in no set order)."""
+    def check():
+        for x in model_entry(d, "small")["derived"]:
+            if x["key"] == key and x["state"] == "building":
+                return x["waiting"] == n
+        return False
+    wait_until(check, what=f"{n} waiting for {key}")
+
+
+def build(peer, name="small", key="f32-v1"):
+    peer.derive(name, key)
+    r = closing(peer.reply())
+    assert r["type"] == BUILD, r
+    return r
+
+
+@pytest.fixture
+def derived(start, tmp_path):
+    """A daemon serving "small" with derive = yes, plus any keys of extra."""
+    def run(extra=None, daemon_extra=""):
+        keys = dict(DERIVE_CONF, **(extra or {}))
+        return start({"small": (mkmodel(tmp_path / "small.safetensors"), keys)},
+                     extra=daemon_extra)
+    return run
+
+
+def test_first_asker_builds_and_every_other_attaches_the_published_bytes(derived):
+    d = derived()
+    ready(d, "small")
+    a, b, c = Peer(d), Peer(d), Peer(d)
+    r = build(a)
+    assert r["generation"] == 1 and r["token"] != 0 and r["file_count"] == 1
+    # b waits for a's build: no reply until a publishes.
+    b.derive("small", "f32-v1")
+    waiting(d, 1)
+    with pytest.raises(socket.timeout):
+        b.receive(timeout=0.5)
+    b.s.settimeout(30)
+    fd = memfd_with(ARTIFACT)
+    a.publish(r["token"], fd)
+    mine = a.reply()
+    os.close(fd)
+    assert artifact_bytes(mine) == ARTIFACT
+    assert mine["generation"] == 1
+    closing(mine)
+    theirs = b.reply()
+    assert artifact_bytes(theirs) == ARTIFACT
+    closing(theirs)
+    # Later askers attach at once.
+    c.derive("small", "f32-v1", wait_ms=0)
+    later = c.reply()
+    assert artifact_bytes(later) == ARTIFACT
+    # The artifact is sealed for good: nobody can write, shrink or grow it.
+    fd = later["fds"][1]
+    with pytest.raises(OSError):
+        os.ftruncate(fd, 0)
+    closing(later)
+    m = model_entry(d, "small")
+    (art,) = m["derived"]
+    assert art["key"] == "f32-v1" and art["state"] == "ready"
+    assert art["source_generation"] == 1 and art["bytes"] == len(ARTIFACT)
+    assert art["attaches"] == 3 and art["attached"] == 3 and art["builder_pid"] == os.getpid()
+    st = status(d)
+    assert st["derive"]["published"] == 1 and st["derive"]["waits"] == 1
+    assert st["derive"]["bytes"] == len(ARTIFACT)
+    metrics = ctl(d, "metrics").stdout
+    assert "wcached_derived_published_total 1" in metrics
+    for p in (a, b, c):
+        p.close()
+
+
+def test_a_builder_that_keeps_a_writable_mapping_is_refused_and_waiters_told(derived):
+    d = derived()
+    ready(d, "small")
+    a, b = Peer(d), Peer(d)
+    r = build(a)
+    b.derive("small", "f32-v1")
+    waiting(d, 1)
+    fd = memfd_with(ARTIFACT)
+    m = mmap.mmap(fd, len(ARTIFACT))  # shared, writable
+    a.publish(r["token"], fd)
+    expect_error(a.reply(), "EBUSY", "writable mapping")
+    text = expect_error(b.reply(), "ECANCELED", "small", "f32-v1", str(os.getpid()),
+                        "writable mapping")
+    assert "\n" not in text
+    m.close()
+    os.close(fd)
+    # The next asker builds afresh.
+    r = build(b)
+    fd = memfd_with(ARTIFACT)
+    b.publish(r["token"], fd)
+    os.close(fd)
+    assert take_artifact(b.reply()) == ARTIFACT
+    a.close()
+    b.close()
+
+
+@pytest.mark.parametrize("payload,words", [
+    (b"\x00" * 7, ["small derived f32-v1"]),
+    (struct.pack("<Q", 1 << 40) + b"{}", ["header"]),
+    (st_bytes({"w": ("F32", [4, 4], bytes(60))})[:-4] + b"\x00" * 8, []),
+    (b"", ["empty"]),
+])
+def test_a_malformed_publication_is_refused_with_the_readers_reason(derived, payload, words):
+    d = derived()
+    ready(d, "small")
+    a, b = Peer(d), Peer(d)
+    r = build(a)
+    b.derive("small", "f32-v1")
+    waiting(d, 1)
+    fd = memfd_with(payload)
+    a.publish(r["token"], fd)
+    os.close(fd)
+    mine = closing(a.reply())
+    assert mine["type"] == ERROR, mine
+    theirs = expect_error(b.reply(), "ECANCELED", "small", "f32-v1", "refused", *words)
+    assert mine["text"] in theirs
+    # The daemon still serves the model and its other keys.
+    r = build(Peer(d), key="other-v1")
+    assert r["generation"] == 1
+
+
+def test_publish_twice_another_token_or_another_connections_build(derived):
+    d = derived()
+    ready(d, "small")
+    a, b = Peer(d), Peer(d)
+    r = build(a)
+    r2 = build(b, key="int8-v1")
+    fd = memfd_with(ARTIFACT)
+    # b publishes a's build: refused, and a's build goes on.
+    b.publish(r["token"], fd)
+    expect_error(b.reply(), "EPERM", "another connection")
+    a.publish(r2["token"] ^ 2, fd)  # a token never given
+    expect_error(a.reply(), "ESTALE")
+    a.publish(r["token"], fd)
+    assert take_artifact(a.reply()) == ARTIFACT
+    a.publish(r["token"], fd)  # twice
+    expect_error(a.reply(), "ESTALE", "published")
+    os.close(fd)
+    # b's own build was not touched.
+    fd = memfd_with(ARTIFACT)
+    b.publish(r2["token"], fd)
+    os.close(fd)
+    assert take_artifact(b.reply()) == ARTIFACT
+    assert {x["key"] for x in model_entry(d, "small")["derived"]} == {"f32-v1", "int8-v1"}
+
+
+def test_a_builder_that_exits_half_way_hands_the_build_to_the_next_waiter(derived):
+    d = derived()
+    ready(d, "small")
+    a, b, c = Peer(d), Peer(d), Peer(d)
+    first = build(a)
+    b.derive("small", "f32-v1")
+    waiting(d, 1)
+    c.derive("small", "f32-v1")
+    waiting(d, 2)
+    a.close()  # the builder dies
+    r = closing(b.reply())
+    assert r["type"] == BUILD and r["token"] != first["token"]
+    fd = memfd_with(ARTIFACT)
+    b.publish(r["token"], fd)
+    os.close(fd)
+    assert take_artifact(b.reply()) == ARTIFACT
+    assert take_artifact(c.reply()) == ARTIFACT
+    assert status(d)["derive"]["builders_lost"] == 1
+    d.wait_for_log(r"builder \(pid \d+ uid \d+\) disconnected before publishing")
+
+
+def test_a_builder_that_never_publishes_loses_the_build_at_derive_timeout(derived):
+    d = derived({"derive_timeout": "1"})
+    ready(d, "small")
+    a, b = Peer(d), Peer(d)
+    first = build(a)
+    started = time.monotonic()
+    b.derive("small", "f32-v1")
+    r = closing(b.reply(timeout=30))
+    waited = time.monotonic() - started
+    assert r["type"] == BUILD, r
+    assert 0.5 < waited < 10, waited
+    fd = memfd_with(ARTIFACT)
+    a.publish(first["token"], fd)  # too late
+    expect_error(a.reply(), "ESTALE")
+    b.publish(r["token"], fd)
+    os.close(fd)
+    assert take_artifact(b.reply()) == ARTIFACT
+    d.wait_for_log(r"did not publish within derive_timeout \(1 s\)")
+
+
+def test_an_abandoned_build_gives_every_waiter_the_reason(derived):
+    d = derived()
+    ready(d, "small")
+    a, b = Peer(d), Peer(d)
+    r = build(a)
+    b.derive("small", "f32-v1")
+    waiting(d, 1)
+    a.abandon(r["token"], "ValueError: NaN in layer 3\x1b[31m")
+    assert closing(a.reply())["type"] == RELEASE_OK
+    text = expect_error(b.reply(), "ECANCELED", "small", "f32-v1", "ValueError: NaN in layer 3")
+    assert "\x1b" not in text
+
+
+def test_waits_have_their_own_deadline(derived):
+    d = derived()
+    ready(d, "small")
+    a, b, c = Peer(d), Peer(d), Peer(d)
+    build(a)
+    b.derive("small", "f32-v1", wait_ms=0)
+    expect_error(b.reply(), "EAGAIN", "being built by pid")
+    started = time.monotonic()
+    c.derive("small", "f32-v1", wait_ms=300)
+    expect_error(c.reply(), "ETIMEDOUT", "still being built")
+    assert time.monotonic() - started < 5
+    # c's connection serves again after its wait ended.
+    c.send(ATTACH, b"small")
+    assert closing(c.reply())["type"] == ATTACH_OK
+
+
+def test_64_waiters_on_one_key_all_attach_and_nothing_leaks(derived):
+    d = derived()
+    ready(d, "small")
+    base = settled_fd_count(d.proc.pid)
+    a = Peer(d)
+    r = build(a)
+    waiters = [Peer(d) for _ in range(64)]
+    for w in waiters:
+        w.derive("small", "f32-v1")
+    waiting(d, 64)
+    fd = memfd_with(ARTIFACT)
+    a.publish(r["token"], fd)
+    os.close(fd)
+    assert take_artifact(a.reply()) == ARTIFACT
+    for w in waiters:
+        assert take_artifact(w.reply()) == ARTIFACT
+    assert model_entry(d, "small")["derived"][0]["attached"] == 65
+    for w in waiters + [a]:
+        w.close()
+    # The artifact stays (cached for the next asker); the waiters' and the
+    # builder's descriptors are all gone: two more than before (the memfd
+    # and its index), plus the reopens workers get.
+    wait_until(lambda: model_entry(d, "small")["derived"][0]["attached"] == 0,
+               what="every holder gone")
+    assert settled_fd_count(d.proc.pid) <= base + 4
+
+
+def test_derive_no_and_unknown_models_are_refused(start, tmp_path):
+    d = start({"small": mkmodel(tmp_path / "small.safetensors")})
+    ready(d, "small")
+    p = Peer(d)
+    p.derive("small", "f32-v1")
+    expect_error(p.reply(), "EPERM", "derive = no")
+    p.derive("nope", "f32-v1")
+    expect_error(p.reply(), "ENOENT")
+    # A malformed key closes the connection, as any malformed request.
+    p.send(DERIVE, struct.pack("<II", 0, 3) + b"a/bsmall")
+    r = closing(p.reply())
+    assert r["type"] == ERROR and r["code"] == ERRNO["EBADMSG"]
+    with pytest.raises((EOFError, ConnectionResetError)):
+        p.reply()
+
+
+def test_descriptors_only_come_with_publish(derived):
+    d = derived()
+    ready(d, "small")
+    p = Peer(d)
+    fd = memfd_with(b"x")
+    p.send(ATTACH, b"small", fds=[fd])
+    expect_error(p.reply(), "EBADMSG", "PUBLISH")
+    q = Peer(d)
+    q.send(PUBLISH, struct.pack("<Q", 5))
+    expect_error(q.reply(), "EBADMSG", "without its memfd")
+    os.close(fd)
+    # Both connections were closed; the daemon serves on.
+    assert build(Peer(d))["generation"] == 1
+
+
+def test_a_regular_file_is_not_a_publishable_memfd(derived, tmp_path):
+    d = derived()
+    ready(d, "small")
+    a = Peer(d)
+    r = build(a)
+    path = tmp_path / "artifact.safetensors"
+    path.write_bytes(ARTIFACT)
+    fd = os.open(path, os.O_RDWR)
+    a.publish(r["token"], fd)
+    os.close(fd)
+    expect_error(a.reply(), "EINVAL", "memfd")
+
+
+
+def let_in(d):
+    """Lets every user reach the client socket (wcached's mode is for the
+    packaged unit; the tests' directories are private)."""
+    path = os.path.dirname(d.socket)
+    while path != "/":
+        os.chmod(path, os.stat(path).st_mode | 0o011)
+        path = os.path.dirname(path)
+    os.chmod(d.socket, 0o666)
+
+
+def run_as(user, code, d):
+    """Runs code (Python) as user (uid, gid, groups) with the socket in argv[1]."""
+    from wcached import as_user
+    let_in(d)
+    return subprocess.run(as_user(*user) + [sys.executable, "-c", code, d.socket],
+                          capture_output=True, text=True, timeout=60)
+
+
+CLIENT = r"""
+import os, socket, struct, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.connect(sys.argv[1])
+key, name = b"f32-v1", b"small"
+s.send(struct.pack("<IHHII", 0x31504357, 1, 4, 8 + len(key) + len(name), 1) +
+       struct.pack("<II", 30000, len(key)) + key + name)
+data, anc, _, _ = s.recvmsg(8192, socket.CMSG_SPACE(4 * 256))
+mtype = struct.unpack_from("<H", data, 6)[0]
+print(mtype, struct.unpack_from("<i", data, 16)[0] if mtype == 255 else 0,
+      data[20:].decode("utf-8", "replace") if mtype == 255 else "")
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another user")
+def test_a_uid_outside_derive_groups_may_attach_but_not_build(derived):
+    d = derived({"derive_groups": "64200"})
+    ready(d, "small")
+    stranger = (64301, 64301, ())
+    out = run_as(stranger, CLIENT, d)
+    assert out.returncode == 0, out.stderr
+    mtype, code, text = out.stdout.split(" ", 2)
+    assert (int(mtype), int(code)) == (ERROR, ERRNO["EACCES"]), out.stdout
+    assert "derive_groups" in text and "64301" in text
+    member = (64302, 64302, (64200,))
+    out = run_as(member, CLIENT, d)
+    assert out.stdout.split()[0] == str(BUILD), out.stdout
+    # Once built (by root here), the stranger attaches it.
+    a = Peer(d)
+    r = build(a)
+    fd = memfd_with(ARTIFACT)
+    a.publish(r["token"], fd)
+    os.close(fd)
+    closing(a.reply())
+    out = run_as(stranger, CLIENT, d)
+    assert out.stdout.split()[0] == str(ATTACH_OK), out.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another user")
+def test_when_no_waiter_may_build_they_are_told_why(derived):
+    d = derived({"derive_groups": "64200"})
+    ready(d, "small")
+    a = Peer(d)
+    build(a)
+    let_in(d)
+    proc = subprocess.Popen(
+        __import__("wcached").as_user(64301, 64301) + [sys.executable, "-c", CLIENT, d.socket],
+        stdout=subprocess.PIPE, text=True)
+    waiting(d, 1)
+    a.close()
+    out, _ = proc.communicate(timeout=60)
+    mtype, code, text = out.split(" ", 2)
+    assert (int(mtype), int(code)) == (ERROR, ERRNO["EHOSTDOWN"]), out
+    assert "no waiting worker may build" in text
+
+
+def test_a_swap_builds_anew_and_the_old_artifact_lives_while_held(derived, tmp_path):
+    d = derived()
+    ready(d, "small")
+    a = Peer(d)
+    r = build(a)
+    fd = memfd_with(ARTIFACT)
+    a.publish(r["token"], fd)
+    os.close(fd)
+    old = a.reply()
+    assert old["generation"] == 1
+    # A new version of the model, renamed into place.
+    new = mkmodel(tmp_path / "new.safetensors", seed=7)
+    os.rename(new, tmp_path / "small.safetensors")
+    assert ctl(d, "reload", "small").returncode == 0
+    ready(d, "small", generation=2)
+    b = Peer(d)
+    r2 = build(b)
+    assert r2["generation"] == 2
+    other = st_bytes({"w": ("F32", [2], bytes(8))})
+    fd = memfd_with(other)
+    b.publish(r2["token"], fd)
+    os.close(fd)
+    assert take_artifact(b.reply()) == other
+    # The old artifact is still whole for its holder.
+    assert artifact_bytes(old) == ARTIFACT
+    keys = {(x["key"], x["source_generation"]) for x in model_entry(d, "small")["derived"]}
+    assert keys == {("f32-v1", 1), ("f32-v1", 2)}
+    a.send(RELEASE, struct.pack("<Q", old["handle"]))
+    assert closing(a.reply())["type"] == RELEASE_OK
+    closing(old)
+    wait_until(lambda: [x["source_generation"] for x in model_entry(d, "small")["derived"]]
+               == [2], what="the old artifact dropped")
+
+
+def test_a_build_racing_an_unload_is_refused_cleanly(derived):
+    d = derived()
+    ready(d, "small")
+    a, b = Peer(d), Peer(d)
+    r = build(a)
+    b.derive("small", "f32-v1")
+    assert ctl(d, "unload", "small").returncode == 0
+    fd = memfd_with(ARTIFACT)
+    a.publish(r["token"], fd)
+    os.close(fd)
+    expect_error(a.reply(), "ENOENT", "no longer served")
+    expect_error(b.reply(), "ECANCELED", "no longer served")
+
+
+def publish_held(peer, key, data):
+    """Builds and publishes key with data; returns the builder's ATTACH_OK."""
+    r = build(peer, key=key)
+    fd = memfd_with(data)
+    peer.publish(r["token"], fd)
+    os.close(fd)
+    rep = peer.reply()
+    assert rep["type"] == ATTACH_OK, rep
+    return rep
+
+
+def release(peer, rep):
+    peer.send(RELEASE, struct.pack("<Q", rep["handle"]))
+    assert closing(peer.reply())["type"] == RELEASE_OK
+    closing(rep)
+
+
+def test_unheld_artifacts_go_first_under_the_memory_budget(derived):
+    d = derived(daemon_extra="memory_budget = 2M")
+    ready(d, "small")
+    blob = st_bytes({"w": ("U8", [700 * 1024], bytes(700 * 1024))})
+    a = Peer(d)
+    held = publish_held(a, "k1", blob)             # held throughout
+    release(a, publish_held(a, "k2", blob))        # nobody holds it
+    release(a, publish_held(a, "k3", blob))        # over budget: k2 goes, not k1
+    keys = {x["key"] for x in model_entry(d, "small")["derived"]}
+    assert keys == {"k1", "k3"}, keys
+    assert artifact_bytes(held) == blob
+    d.wait_for_log(r'derived "k2" of generation 1 dropped \(memory_budget')
+    # An artifact larger than the budget is refused with the reason.
+    r = build(a, key="huge")
+    big = os.memfd_create("big", os.MFD_ALLOW_SEALING)
+    os.ftruncate(big, 3 << 20)
+    a.publish(r["token"], big)
+    os.close(big)
+    expect_error(a.reply(), "EFBIG", "memory_budget")
+    closing(held)
