@@ -700,6 +700,49 @@ derive_release(struct derive_table *t, struct generation *g)
 }
 
 void
+derive_stored_each(const struct derive_table *t, const struct model_entry *m,
+	void (*fn)(const struct derive_stored *, void *), void *arg)
+{
+	for (const struct derived *a = t->artifacts; a != NULL; a = a->next)
+		if (a->entry_id == m->entry_id)
+			fn(&(struct derive_stored){ .key = a->key, .source = a->source,
+				   .gen = a->gen, .builder_uid = a->builder_uid,
+				   .builder_pid = a->builder_pid,
+				   .build_seconds = a->build_seconds },
+				arg);
+}
+
+int
+derive_adopt(struct derive_table *t, struct model_entry *m, const struct derive_stored *s)
+{
+	struct derived *a;
+
+	if (!wire_key_valid(s->key, strlen(s->key)))
+		return -EINVAL;
+	if (find_artifact(t, m->entry_id, s->source, s->key) != NULL)
+		return -EEXIST;
+	if ((a = calloc(1, sizeof(*a))) == NULL || (a->model_name = strdup(m->name)) == NULL) {
+		free(a);
+		return -ENOMEM;
+	}
+	a->entry_id = m->entry_id;
+	a->source = s->source;
+	snprintf(a->key, sizeof(a->key), "%s", s->key);
+	a->gen = s->gen;
+	a->builder_uid = s->builder_uid;
+	a->builder_pid = s->builder_pid;
+	a->build_seconds = s->build_seconds;
+	a->last_use = ++t->r->attach_seq;
+	a->next = t->artifacts;
+	t->artifacts = a;
+	s->gen->kept = 1;
+	t->r->derived_bytes += s->gen->bytes;
+	log_info("model \"%s\": derived \"%s\" of generation %" PRIu64 " taken back from the "
+		 "store (%" PRIu64 " bytes)", m->name, a->key, a->source, s->gen->bytes);
+	return 0;
+}
+
+void
 derive_each(const struct derive_table *t, const char *model_name,
 	void (*fn)(const struct derive_info *, void *), void *arg)
 {

@@ -21,9 +21,11 @@
  * drop_derived hook, which drops those nobody holds, least recently used
  * first).
  *
- * Above the registry (it calls registry_find_for, registry_attach_generation,
- * registry_release) and generation.c; the server calls it and is told the
- * outcome for its waiting connections through struct derive_hooks.
+ * Below the warm restart (restore.c keeps artifacts in the fd store:
+ * derive_stored_each, derive_adopt) and above the registry (it calls
+ * registry_find_for, registry_attach_generation, registry_release) and
+ * generation.c; the server calls it and is told the outcome for its
+ * waiting connections through struct derive_hooks.
  * Everything runs on the event loop thread.
  */
 #ifndef WC_DERIVE_H
@@ -156,5 +158,26 @@ struct derive_info {
 };
 void derive_each(const struct derive_table *t, const char *model_name,
 	void (*fn)(const struct derive_info *, void *), void *arg);
+
+/* For the warm restart (restore.h), which keeps artifacts in the
+ * manager's fd store like generations: every artifact of the model entry
+ * m, with its generation (file 0 is the sealed artifact memfd, index_fd
+ * its sealed index). */
+struct derive_stored {
+	const char *key;
+	uint64_t source;
+	struct generation *gen;
+	uid_t builder_uid;
+	pid_t builder_pid;
+	double build_seconds;
+};
+void derive_stored_each(const struct derive_table *t, const struct model_entry *m,
+	void (*fn)(const struct derive_stored *, void *), void *arg);
+
+/* Lists g, an artifact taken back from the store (made with gen_new() as
+ * the key's artifact of m's generation source, READY, checked: seals and
+ * the reader), as if it had been published. Takes g on success only: 0,
+ * -EEXIST (that key of that generation is already there), -ENOMEM. */
+int derive_adopt(struct derive_table *t, struct model_entry *m, const struct derive_stored *s);
 
 #endif
