@@ -42,6 +42,9 @@ static const char *const model_keys[MK_COUNT] = {
 	[MK_WARM] = "warm",
 	[MK_ALLOW_USERS] = "allow_users",
 	[MK_ALLOW_GROUPS] = "allow_groups",
+	[MK_DERIVE] = "derive",
+	[MK_DERIVE_GROUPS] = "derive_groups",
+	[MK_DERIVE_TIMEOUT] = "derive_timeout",
 };
 
 /* ---- errors ----------------------------------------------------------- */
@@ -151,6 +154,7 @@ model_begin(struct parse_ctx *ctx, const char *name)
 	}
 	m->pin = PIN_METADATA;
 	m->warm = true;
+	m->derive_timeout = CONFIG_DEFAULT_DERIVE_TIMEOUT;
 	m->line = inifile_line(ctx->ini);
 	ctx->model = cfg->n_models++;
 	ctx->section = SEC_MODEL;
@@ -344,6 +348,33 @@ model_key(struct parse_ctx *ctx, const char *key, const char *value)
 		}
 		break;
 	}
+	case MK_DERIVE:
+		b = config_parse_bool(value);
+		if (b < 0)
+			config_error(ctx, -EINVAL, "%sderive: \"%s\" is not yes or no", prefix,
+				value);
+		else
+			m->derive = b != 0;
+		break;
+	case MK_DERIVE_GROUPS:
+		if (config_resolve_id_list(ctx, prefix, key, value, 1, &ids, &n) < 0)
+			break;
+		if ((m->derive_groups = strdup(value)) == NULL) {
+			free(ids);
+			config_error(ctx, -ENOMEM, "out of memory");
+			break;
+		}
+		m->derive_gids = (gid_t *)ids;
+		m->n_derive_gids = n;
+		break;
+	case MK_DERIVE_TIMEOUT: {
+		unsigned long long v;
+
+		if (config_parse_int_key(ctx, prefix, key, value, 1, CONFIG_MAX_DERIVE_TIMEOUT,
+			    &v) == 0)
+			m->derive_timeout = (unsigned)v;
+		break;
+	}
 	case MK_COUNT:
 		break;
 	}
@@ -456,6 +487,8 @@ config_free(struct config *cfg)
 		free(m->allow_groups);
 		free(m->uids);
 		free(m->gids);
+		free(m->derive_groups);
+		free(m->derive_gids);
 	}
 	free(cfg->models);
 	free(cfg->file);
@@ -534,6 +567,10 @@ config_model_changes(const struct model_config *a, const struct model_config *b)
 		!ids_equal((const unsigned *)a->gids, a->n_gids, (const unsigned *)b->gids,
 			b->n_gids))
 		changes |= CONFIG_CHANGED_ACCESS;
+	if (a->derive != b->derive || a->derive_timeout != b->derive_timeout ||
+		!ids_equal((const unsigned *)a->derive_gids, a->n_derive_gids,
+			(const unsigned *)b->derive_gids, b->n_derive_gids))
+		changes |= CONFIG_CHANGED_DERIVE;
 	return changes;
 }
 

@@ -20,6 +20,9 @@
  *   warm = yes                            ; yes | no
  *   allow_users = alice, 1001             ; names or uids, comma or space separated
  *   allow_groups = ml                     ; names or gids
+ *   derive = no                           ; yes: workers may share derived artifacts
+ *   derive_groups = ml-builders           ; names or gids that may build them
+ *   derive_timeout = 600                  ; 1..86400 s a builder has to publish
  *
  * The syntax is client/base/inifile.h's (inih's, shared with wcachectl):
  * comments start with ';' or '#' at the start of a line, or with ';' after
@@ -57,6 +60,8 @@
 #define CONFIG_MAX_MODELS 4096
 #define CONFIG_DEFAULT_RESTART_HOLD_SECONDS 60
 #define CONFIG_MAX_RESTART_HOLD_SECONDS 86400
+#define CONFIG_DEFAULT_DERIVE_TIMEOUT 600
+#define CONFIG_MAX_DERIVE_TIMEOUT 86400
 #define CONFIG_MODEL_NAME_MAX 128 /* bytes, not counting the NUL */
 
 /* How memory_budget was given. */
@@ -82,6 +87,14 @@ struct model_config {
 	size_t n_uids;
 	gid_t *gids;           /* allow_groups resolved, n_gids entries */
 	size_t n_gids;
+	/* Derived artifacts (README, "Derived weights"): off unless derive is
+	 * set; who may build them: root, wcached's own user, and members of
+	 * derive_gids (none when derive_groups is absent). */
+	bool derive;           /* default false */
+	char *derive_groups;   /* raw value, or NULL when absent */
+	gid_t *derive_gids;    /* derive_groups resolved */
+	size_t n_derive_gids;
+	unsigned derive_timeout; /* seconds a builder has to publish, 1..86400, default 600 */
 	int line;              /* line of the [model NAME] header */
 };
 
@@ -147,6 +160,7 @@ uint64_t config_memory_budget(const struct config *cfg, uint64_t ram_bytes);
 #define CONFIG_CHANGED_PIN 0x2u    /* pin differs */
 #define CONFIG_CHANGED_WARM 0x4u   /* warm differs */
 #define CONFIG_CHANGED_ACCESS 0x8u /* allow_users/allow_groups differ */
+#define CONFIG_CHANGED_DERIVE 0x10u /* derive, derive_groups or derive_timeout differ */
 
 /* Returns the CONFIG_CHANGED_* bits for a and b (0 when equivalent). */
 unsigned config_model_changes(const struct model_config *a, const struct model_config *b);

@@ -35,7 +35,10 @@ enum wcached_key {
 };
 
 /* The keys of [model NAME]. */
-enum model_key { MK_PATH, MK_PIN, MK_WARM, MK_ALLOW_USERS, MK_ALLOW_GROUPS, MK_COUNT };
+enum model_key {
+	MK_PATH, MK_PIN, MK_WARM, MK_ALLOW_USERS, MK_ALLOW_GROUPS, MK_DERIVE, MK_DERIVE_GROUPS,
+	MK_DERIVE_TIMEOUT, MK_COUNT
+};
 
 /* The section a line is in: none before the first header. */
 enum section_kind { SEC_NONE, SEC_WCACHED, SEC_MODEL };

@@ -61,6 +61,7 @@ struct control;
 struct control_context {
 	struct registry *reg;
 	struct server *server;     /* for the client count; may be NULL */
+	const struct derive_table *derive; /* derived artifacts, for status; may be NULL */
 	uint64_t started_ms;       /* uv_now(loop) when the daemon started; 0: when
 	                            * control_start() ran */
 	/*

@@ -55,6 +55,7 @@ daemon_figures(const struct control *ctl)
 		.control_timeouts = ctl->timeouts,
 		.control_refused = ctl->refused,
 		.notify_dropped = notify_dropped_count(),
+		.derive = ctl->ctx->derive,
 	};
 
 	if (ctl->ctx->server != NULL)

@@ -23,6 +23,7 @@
 #include "generation.h"
 #include "log.h"
 #include "pages.h"
+#include "proto/memfds.h"
 
 static const char *const state_names[] = {
 	[GEN_NEW] = "new",
@@ -116,7 +117,7 @@ gen_maybe_free(struct registry *r, struct generation *g)
 	struct generation **pp;
 
 	if (gen_is_live(g) || g->attached > 0 || g->warm.pending > 0 || g->ops_pending > 0 ||
-		g->hold_until_ms != 0)
+		g->hold_until_ms != 0 || g->kept)
 		return;
 	for (pp = &r->generations; *pp != NULL; pp = &(*pp)->next)
 		if (*pp == g) {
@@ -228,6 +229,26 @@ gen_new(struct registry *r, const char *model_name, uint64_t number, struct mode
 		g->bytes += g->source.files[i].size;
 	g->number = number;
 	return g;
+}
+
+int
+gen_seal_index(const uint8_t *blob, size_t len, int *fd, const uint8_t **map)
+{
+	void *p;
+	int mfd = memfd_sealed("wcache-index", blob, len, INDEX_SEALS, 0);
+
+	if (mfd < 0)
+		return mfd;
+	p = mmap(NULL, len, PROT_READ, MAP_SHARED, mfd, 0);
+	if (p == MAP_FAILED) {
+		int e = errno;
+
+		close(mfd);
+		return error_set(-e, "mapping the index: %s", strerror(e));
+	}
+	*fd = mfd;
+	*map = p;
+	return 0;
 }
 
 void

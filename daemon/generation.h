@@ -119,6 +119,8 @@ struct generation {
 	unsigned nhold_conns;       /* at most holds_expected; freed with it */
 	int from_store;             /* taken back from the store: the previous process
 				       served it, so its workers may HOLD it */
+	int kept;                   /* a derived artifact listed in derive.c's table:
+				       not freed while listed (derive.h) */
 	/* The latest residency measure, taken off the loop at the end of every
 	 * page operation (pages.c) and by the jobs of a clean warm-up
 	 * (warm_done): status and metrics report it instead of walking the
@@ -236,6 +238,11 @@ uint64_t gen_resident(const struct generation *g, const char **method, int64_t *
 struct generation *gen_new(struct registry *r, const char *model_name, uint64_t number,
 	struct model_source *src, int *served_fds, int index_fd, const uint8_t *index,
 	size_t index_size);
+
+/* Copies a compiled index (len bytes at blob) into a memfd sealed with
+ * INDEX_SEALS and maps it read-only: 0 with *fd and *map, or -errno with
+ * the message (nothing open). For gen_new()'s index_fd and index. */
+int gen_seal_index(const uint8_t *blob, size_t len, int *fd, const uint8_t **map);
 
 /* Undoes gen_new() for a generation never linked: src gets its files back,
  * the served descriptors are closed, the index unmapped (index_fd stays

@@ -31,6 +31,7 @@
 #include "server.h"
 #include "format/source.h"
 #include "warm.h"
+#include "derive.h"
 #include "watch.h"
 
 #define DEFAULT_CONFIG "/etc/wcached.conf"
@@ -42,6 +43,7 @@ struct daemon {
 	struct registry reg;
 	struct warm_pool *pool;
 	struct server *server;
+	struct derive_table derive; /* derived artifacts (derive.h) */
 	struct watch *watch;
 	struct control *control;
 	struct control_context control_ctx;
@@ -153,14 +155,17 @@ batch_load_done(int status, const char *message, uint64_t generation, void *arg)
 	batch_step(b);
 }
 
-/* Applies a model's allow_users and allow_groups. */
+/* Applies who may do what with a model: allow_users and allow_groups
+ * (attach), derive, derive_groups and derive_timeout (build artifacts). */
 static void
 set_access(struct daemon *d, const struct model_config *m)
 {
 	int restricted = m->allow_users != NULL || m->allow_groups != NULL;
 
 	if (registry_set_access(&d->reg, m->name, restricted, m->uids, m->n_uids, m->gids,
-		    m->n_gids) < 0)
+		    m->n_gids) < 0 ||
+		registry_set_derive(&d->reg, m->name, m->derive, m->derive_gids, m->n_derive_gids,
+			m->derive_timeout) < 0)
 		log_errorx("%s", error_get());
 }
 
@@ -300,7 +305,7 @@ reload_model(enum config_change change, const struct model_config *old_model,
 		return;
 	}
 	/* Only who may attach, or what is pinned, changed: no new generation. */
-	if (changes & CONFIG_CHANGED_ACCESS)
+	if (changes & (CONFIG_CHANGED_ACCESS | CONFIG_CHANGED_DERIVE))
 		set_access(b->d, new_model);
 	if ((changes & CONFIG_CHANGED_PIN) &&
 		registry_pin(&b->d->reg, new_model->name, new_model->pin) < 0)
@@ -381,6 +386,7 @@ on_swapped(struct registry *r, struct model_entry *m, uint64_t generation)
 	struct daemon *d = r->owner;
 
 	server_announce(d->server, m, generation);
+	derive_collect(&d->derive);
 	restore_sync(r);
 }
 
@@ -411,6 +417,8 @@ shutdown_daemon(struct daemon *d)
 	__atomic_store_n(&d->reg.closing, 1, __ATOMIC_RELAXED);
 	server_stop(d->server);
 	d->server = NULL;
+	/* Every connection is gone: nobody waits or builds any more. */
+	derive_close(&d->derive);
 	d->control_ctx.server = NULL;
 	control_stop(d->control);
 	d->control = NULL;
@@ -457,6 +465,7 @@ start_control(struct daemon *d)
 	}
 	d->control_ctx = (struct control_context){
 		.reg = &d->reg,
+		.derive = &d->derive,
 		.started_ms = uv_now(&d->loop),
 		.reload_config = control_reload,
 		.arg = d,
@@ -505,7 +514,7 @@ static void
 start_serving(struct daemon *d, unsigned failed, void *arg)
 {
 	struct server_options sopt = { .max_clients = d->cfg->max_clients,
-		.max_clients_per_uid = d->cfg->max_clients_per_uid };
+		.max_clients_per_uid = d->cfg->max_clients_per_uid, .derive = &d->derive };
 
 	(void)arg;
 	if (d->stopping)
@@ -624,6 +633,8 @@ main(int argc, char **argv)
 	d.reg.closed = restore_forget;
 	d.reg.memory_budget = memory_budget(d.cfg);
 	d.reg.restart_hold_ms = (int)d.cfg->restart_hold_seconds * 1000;
+	if (derive_init(&d.derive, &d.reg, &server_derive_hooks) < 0)
+		fatalx("derived artifacts: out of memory");
 	if (watch_start(&d.loop, &d.reg, &d.watch) < 0)
 		fatalx("%s", error_get());
 

@@ -12,6 +12,7 @@
  */
 #include <inttypes.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -246,6 +247,60 @@ static const char *const model_states[] = {
 	"loading", "warming", "ready", "cold", "modified", "failed",
 };
 
+/* Counts artifacts (for derive_each). */
+static void
+count_artifact(const struct derive_info *i, void *arg)
+{
+	unsigned *n = arg;
+
+	*n += !i->building;
+}
+
+static void
+write_derive_metrics(FILE *f, const struct registry *reg, const struct derive_table *t)
+{
+	static const struct {
+		const char *name, *help;
+		size_t offset;
+	} counters[] = {
+		{ "wcached_derived_builds_total", "Builds of derived artifacts started (each "
+		  "builder, the first and any that took over).", offsetof(struct derive_stats, builds) },
+		{ "wcached_derived_published_total", "Derived artifacts published.",
+		  offsetof(struct derive_stats, published) },
+		{ "wcached_derived_published_bytes_total", "Bytes of derived artifacts published.",
+		  offsetof(struct derive_stats, published_bytes) },
+		{ "wcached_derived_waits_total", "Requests that waited for another worker's build.",
+		  offsetof(struct derive_stats, waits) },
+		{ "wcached_derived_failures_total", "Builds that failed for good (abandoned, refused "
+		  "publication, no builder left).", offsetof(struct derive_stats, failures) },
+		{ "wcached_derived_builders_lost_total", "Builders that disconnected or exceeded "
+		  "derive_timeout.", offsetof(struct derive_stats, builders_lost) },
+		{ "wcached_derived_attaches_total", "Attaches of derived artifacts.",
+		  offsetof(struct derive_stats, attaches) },
+		{ "wcached_derived_dropped_total", "Derived artifacts dropped (superseded or for "
+		  "memory_budget).", offsetof(struct derive_stats, dropped) },
+	};
+	unsigned n = 0;
+
+	for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++) {
+		uint64_t v;
+
+		memcpy(&v, (const char *)&t->stats + counters[i].offset, sizeof(v));
+		family(f, counters[i].name, "counter", counters[i].help);
+		fputs(counters[i].name, f);
+		value(f, (double)v);
+	}
+	for (const struct model_entry *m = reg->models; m != NULL; m = m->next)
+		derive_each(t, m->name, count_artifact, &n);
+	family(f, "wcached_derived_artifacts", "gauge", "Derived artifacts served now.");
+	fputs("wcached_derived_artifacts", f);
+	value(f, n);
+	family(f, "wcached_derived_bytes", "gauge",
+		"Bytes of the derived artifacts served now (they count against memory_budget).");
+	fputs("wcached_derived_bytes", f);
+	value(f, (double)reg->derived_bytes);
+}
+
 void
 metrics_write(FILE *f, const struct registry *reg, const struct metrics_daemon *d)
 {
@@ -297,6 +352,8 @@ metrics_write(FILE *f, const struct registry *reg, const struct metrics_daemon *
 		"STATUS= notifications to the service manager dropped because it was not reading.");
 	fputs("wcached_notify_dropped_total", f);
 	value(f, (double)d->notify_dropped);
+	if (d->derive != NULL)
+		write_derive_metrics(f, reg, d->derive);
 	family(f, "wcached_models", "gauge", "Models served.");
 	fputs("wcached_models", f);
 	value(f, nmodels);
@@ -365,9 +422,40 @@ write_generation(FILE *f, const struct model_entry *m, const struct generation *
 	fputc('}', f);
 }
 
+struct derived_json {
+	FILE *f;
+	bool first;
+};
+
+/* One entry of a model's "derived" array (for derive_each). */
+static void
+write_derived(const struct derive_info *i, void *arg)
+{
+	struct derived_json *j = arg;
+	FILE *f = j->f;
+
+	if (!j->first)
+		fputc(',', f);
+	j->first = false;
+	fputs("{\"key\":", f);
+	json_write_string(f, i->key, strlen(i->key));
+	json_write_field(f, "state", i->building ? "building" : "ready");
+	fprintf(f, ",\"source_generation\":%" PRIu64 ",\"builder_uid\":%u,\"builder_pid\":%d",
+		i->source, (unsigned)i->builder_uid, (int)i->builder_pid);
+	if (i->building) {
+		fprintf(f, ",\"waiting\":%u}", i->waiting);
+		return;
+	}
+	json_write_field(f, "format", i->format);
+	fprintf(f, ",\"bytes\":%" PRIu64 ",\"attached\":%u,\"attaches\":%" PRIu64
+		   ",\"build_seconds\":%.3f}", i->bytes, i->holders, i->attach_count,
+		i->build_seconds);
+}
+
 /* One entry of status's "models" array. */
 static void
-write_model(FILE *f, const struct registry *reg, const struct model_entry *m)
+write_model(FILE *f, const struct registry *reg, const struct model_entry *m,
+	const struct derive_table *t)
 {
 	const struct generation *g = m->current;
 	const char *method = "none";
@@ -416,6 +504,14 @@ write_model(FILE *f, const struct registry *reg, const struct model_entry *m)
 		write_generation(f, m, h);
 	}
 	fputc(']', f);
+	fprintf(f, ",\"derive\":%s", m->derive ? "true" : "false");
+	if (t != NULL) {
+		struct derived_json j = { f, true };
+
+		fputs(",\"derived\":[", f);
+		derive_each(t, m->name, write_derived, &j);
+		fputc(']', f);
+	}
 	if (m->error != NULL)
 		json_write_field(f, "error", m->error);
 	fputc('}', f);
@@ -429,12 +525,23 @@ metrics_status_json(FILE *f, const struct registry *reg, const struct metrics_da
 	json_write_field(f, "version", WCACHE_VERSION);
 	fprintf(f, ",\"pid\":%d,\"uptime_seconds\":%.3f,\"clients\":%u,\"control_clients\":%u",
 		(int)getpid(), d->uptime_seconds, d->clients, d->control_clients);
+	if (d->derive != NULL) {
+		const struct derive_stats *s = &d->derive->stats;
+
+		fprintf(f, ",\"derive\":{\"bytes\":%" PRIu64 ",\"builds\":%" PRIu64
+			   ",\"published\":%" PRIu64 ",\"published_bytes\":%" PRIu64
+			   ",\"waits\":%" PRIu64 ",\"failures\":%" PRIu64
+			   ",\"builders_lost\":%" PRIu64 ",\"attaches\":%" PRIu64
+			   ",\"dropped\":%" PRIu64 "}", reg->derived_bytes, s->builds, s->published,
+			s->published_bytes, s->waits, s->failures, s->builders_lost, s->attaches,
+			s->dropped);
+	}
 	fputs(",\"models\":[", f);
 	for (const struct model_entry *m = reg->models; m != NULL; m = m->next) {
 		if (!first)
 			fputc(',', f);
 		first = false;
-		write_model(f, reg, m);
+		write_model(f, reg, m, d->derive);
 	}
 	/* Generations of unloaded models that clients still hold. */
 	fputs("],\"unloaded\":[", f);

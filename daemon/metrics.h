@@ -14,6 +14,7 @@
 
 #include "generation.h"
 #include "registry.h"
+#include "derive.h"
 #include "server.h"
 
 /* Daemon-wide figures that the registry does not hold. */
@@ -25,6 +26,7 @@ struct metrics_daemon {
 	uint64_t control_timeouts;  /* control connections closed for idling */
 	uint64_t control_refused;   /* control connections refused (limits) */
 	uint64_t notify_dropped;    /* STATUS= notifications dropped (manager not reading) */
+	const struct derive_table *derive; /* derived artifacts; NULL: none */
 };
 
 /*

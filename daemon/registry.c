@@ -107,6 +107,8 @@ registry_entry_new(struct registry *r, const char *name, const char *path, enum 
 	}
 	m->pin = pin;
 	m->warm = warm;
+	m->builders.restricted = 1; /* nobody but root and wcached's own user */
+	m->derive_timeout_ms = 600 * 1000;
 	m->entry_id = ++r->next_load_id;
 	m->slot = statuspage_slot_for(&r->page, name);
 	m->last_generation = statuspage_last_generation(&r->page, m->slot);
@@ -226,11 +228,22 @@ registry_attach(struct registry *r, const char *name, const struct registry_peer
 	struct registry_attachment *out, char *msg, size_t msg_size)
 {
 	struct model_entry *m = NULL;
-	struct generation *g;
+	struct generation *g = NULL;
 	int err;
 
-	if ((err = registry_find_for(r, name, peer, &m, msg, msg_size)) < 0)
-		return err;
+	if ((err = registry_find_for(r, name, peer, &m, msg, msg_size)) < 0 ||
+		(err = registry_servable(m, &g, msg, msg_size)) < 0 || m == NULL || g == NULL)
+		return err < 0 ? err : -EIO;
+	registry_attach_generation(r, m, g, out);
+	m->attach_count++;
+	return 0;
+}
+
+int
+registry_servable(struct model_entry *m, struct generation **out, char *msg, size_t msg_size)
+{
+	struct generation *g;
+
 	if ((g = m->current) == NULL) {
 		m->error_count++;
 		snprintf(msg, msg_size, "failed to load: %s",
@@ -248,6 +261,14 @@ registry_attach(struct registry *r, const char *name, const struct registry_peer
 		snprintf(msg, msg_size, "generation %" PRIu64 " failed while warming", g->number);
 		return -EIO;
 	}
+	*out = g;
+	return 0;
+}
+
+void
+registry_attach_generation(struct registry *r, const struct model_entry *m,
+	struct generation *g, struct registry_attachment *out)
+{
 	memset(out, 0, sizeof(*out));
 	out->gen = g;
 	out->generation = g->number;
@@ -256,15 +277,38 @@ registry_attach(struct registry *r, const char *name, const struct registry_peer
 	out->fds[out->nfds++] = g->served_index_fd;
 	for (size_t i = 0; i < g->source.nfiles && out->nfds < WIRE_MAX_FDS; i++)
 		out->fds[out->nfds++] = g->served_fds[i];
-	if (m->slot != 0 && r->page.ro_fd >= 0 && out->nfds < WIRE_MAX_FDS) {
+	if (m != NULL && m->slot != 0 && r->page.ro_fd >= 0 && out->nfds < WIRE_MAX_FDS) {
 		out->status_slot = m->slot;
 		out->fds[out->nfds++] = r->page.ro_fd;
 	}
 	/* An attach of a cold model warms it again: the budget applies. */
 	if (gen_ref(r, g))
 		registry_enforce_budget(r);
-	m->attach_count++;
+}
+
+int
+registry_set_derive(struct registry *r, const char *name, int enabled, const gid_t *gids,
+	size_t n_gids, unsigned timeout_seconds)
+{
+	struct model_entry *m = registry_entry_named(r, name);
+
+	if (m == NULL)
+		return error_set(-ENOENT, "model \"%s\" is not loaded", name);
+	/* Restricted with no users: only the groups, root and wcached's own. */
+	if (access_set(&m->builders, 1, NULL, 0, gids, n_gids) < 0)
+		return error_set(-ENOMEM, "model \"%s\": out of memory", name);
+	m->derive = enabled;
+	m->derive_timeout_ms = (uint64_t)timeout_seconds * 1000;
 	return 0;
+}
+
+int
+registry_may_build(const struct model_entry *m, const struct registry_peer *peer)
+{
+	struct access_who who = { .uid = peer->uid, .gid = peer->gid, .groups = peer->groups,
+		.ngroups = peer->ngroups, .self_uid = peer->self_uid };
+
+	return m->derive && access_allows(&m->builders, &who);
 }
 
 void
@@ -312,6 +356,7 @@ entry_free(struct registry *r, struct model_entry *m)
 	free(m->path);
 	free(m->error);
 	access_clear(&m->access);
+	access_clear(&m->builders);
 	free(m);
 	/* Warming an unloaded model is wasted work. */
 	if (cur != NULL) {

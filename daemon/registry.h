@@ -64,6 +64,12 @@ struct model_entry {
 	/* Access: when restricted, only these users and groups attach (plus
 	 * root and wcached's own user). */
 	struct access_list access;
+	/* Derived artifacts (derive.h): off unless derive; who may build
+	 * them (root and wcached's own user always may); how long a builder
+	 * has to publish. */
+	int derive;
+	struct access_list builders;
+	uint64_t derive_timeout_ms;
 	struct model_entry *next;
 };
 
@@ -102,6 +108,13 @@ struct registry {
 	/* How generation.c reports upward, set by registry_init: the
 	 * model's pending generation became current (gen_promote). */
 	void (*promoted)(struct registry *, struct model_entry *, struct generation *);
+	/* Derived artifacts (derive.h) count against the memory budget: their
+	 * bytes, kept up to date by derive.c, and its hook that drops those
+	 * nobody holds, least recently used first, until at least want bytes
+	 * are gone or none is left; it returns the bytes dropped. NULL: none. */
+	uint64_t derived_bytes;
+	uint64_t (*drop_derived)(struct registry *, uint64_t want);
+	void *derive_owner;
 	void *owner;
 };
 
@@ -261,6 +274,30 @@ int registry_attach(struct registry *r, const char *name, const struct registry_
  */
 int registry_find_for(struct registry *r, const char *name, const struct registry_peer *peer,
 	struct model_entry **out, char *msg, size_t msg_size);
+
+/* Sets whether name has derived artifacts, who may build them (the gids of
+ * derive_groups; root and wcached's own user always may) and the builders'
+ * deadline. -ENOENT, -ENOMEM. */
+int registry_set_derive(struct registry *r, const char *name, int enabled, const gid_t *gids,
+	size_t n_gids, unsigned timeout_seconds);
+
+/* May peer build m's derived artifacts? */
+int registry_may_build(const struct model_entry *m, const struct registry_peer *peer);
+
+/*
+ * Takes a client reference on g, an open generation (of m, or a derived
+ * artifact with m its source model; m may be NULL), and fills *out as
+ * registry_attach() does, with m's status slot. For derive.c, which
+ * chooses the generation itself.
+ */
+void registry_attach_generation(struct registry *r, const struct model_entry *m,
+	struct generation *g, struct registry_attachment *out);
+
+/* m's current generation if it may be attached (generation.h): 0 and *out,
+ * or -EIO (never loaded, failed while warming) or -ESTALE (modified in
+ * place) with the client's message, counted in m's attach_errors. */
+int registry_servable(struct model_entry *m, struct generation **out, char *msg,
+	size_t msg_size);
 
 /* Drops a reference registry_attach() or restore_hold() took. */
 void registry_release(struct registry *r, struct generation *g);

@@ -97,6 +97,14 @@ registry_enforce_budget(struct registry *r)
 		if (m->pending != NULL)
 			total += m->pending->bytes;
 	}
+	/* Derived artifacts are memory, not page cache: nobody's copy can be
+	 * read back, so those nobody holds go first, least recently used. */
+	total += r->derived_bytes;
+	if (total > r->memory_budget && r->drop_derived != NULL) {
+		uint64_t dropped = r->drop_derived(r, total - r->memory_budget);
+
+		total = dropped < total ? total - dropped : 0;
+	}
 	while (total > r->memory_budget) {
 		struct model_entry *lru = NULL;
 

@@ -50,20 +50,10 @@ struct load_request {
 static int
 seal_index(struct load_request *q)
 {
-	void *map;
-	int fd = memfd_sealed("wcache-index", q->source.index, q->source.index_len, INDEX_SEALS, 0);
+	int r = gen_seal_index(q->source.index, q->source.index_len, &q->index_fd, &q->index);
 
-	if (fd < 0)
-		return fd;
-	map = mmap(NULL, q->source.index_len, PROT_READ, MAP_SHARED, fd, 0);
-	if (map == MAP_FAILED) {
-		int e = errno;
-
-		close(fd);
-		return error_set(-e, "mapping the index: %s", strerror(e));
-	}
-	q->index_fd = fd;
-	q->index = map;
+	if (r < 0)
+		return r;
 	q->index_size = q->source.index_len;
 	free(q->source.index);
 	q->source.index = NULL;

@@ -29,6 +29,7 @@
 #include "listen.h"
 #include "log.h"
 #include "peercred.h"
+#include "derive.h"
 #include "restore.h"
 #include "server.h"
 #include "server_internal.h"
@@ -257,14 +258,30 @@ on_retry(uv_timer_t *t)
 		next = c->next;
 		if (c->deferred && !c->closing) {
 			conn_flush(c);
-			if (!c->pending && !c->closing)
+			if (!c->pending && !c->waiting && !c->closing)
 				conn_read(c);
 		}
 	}
 }
 
+void
+conn_wait(struct conn *c)
+{
+	c->waiting = 1;
+	uv_poll_start(&c->poll, UV_DISCONNECT, conn_io);
+}
+
+void
+conn_release(struct conn *c, struct generation *g)
+{
+	if (c->srv->derive != NULL)
+		derive_release(c->srv->derive, g);
+	else
+		registry_release(c->srv->reg, g);
+}
+
 /* Reads and handles messages until the socket is empty, a reply is
- * pending, or the connection closes. */
+ * pending or waited for, or the connection closes. */
 static void
 conn_read(struct conn *c)
 {
@@ -275,8 +292,9 @@ conn_read(struct conn *c)
 	ssize_t n;
 	int r;
 
-	for (int i = 0; i < READS_PER_WAKEUP && !c->pending && !c->closing; i++) {
-		n = fdp_recv(c->fd, buf, sizeof(buf), fds, 0, &nfds);
+	for (int i = 0; i < READS_PER_WAKEUP && !c->pending && !c->waiting && !c->closing; i++) {
+		nfds = 0;
+		n = fdp_recv(c->fd, buf, sizeof(buf), fds, 1, &nfds);
 		if (n == -EAGAIN)
 			return;
 		if (n == 0) {
@@ -284,7 +302,7 @@ conn_read(struct conn *c)
 			return;
 		}
 		if (n == -EBADMSG) {
-			conn_error(c, 0, -EBADMSG, 1, "sent descriptors, which wcached never accepts");
+			conn_error(c, 0, -EBADMSG, 1, "sent more descriptors than a PUBLISH carries");
 			return;
 		}
 		if (n == -EMSGSIZE) {
@@ -298,8 +316,17 @@ conn_read(struct conn *c)
 			return;
 		}
 		if ((r = wire_decode(buf, (size_t)n, &msg)) < 0) {
+			fdp_close_all(fds, nfds);
 			conn_error(c, 0, r, 1, r == -EPROTO ? "protocol version mismatch" :
 							      "malformed message");
+			return;
+		}
+		/* Only a PUBLISH carries a descriptor, and always exactly one. */
+		if ((msg.h.type == WIRE_PUBLISH) != (nfds == 1)) {
+			fdp_close_all(fds, nfds);
+			conn_error(c, msg.h.seq, -EBADMSG, 1, msg.h.type == WIRE_PUBLISH ?
+				"PUBLISH without its memfd" :
+				"sent descriptors, which wcached accepts only with PUBLISH");
 			return;
 		}
 		switch (msg.h.type) {
@@ -311,6 +338,15 @@ conn_read(struct conn *c)
 			break;
 		case WIRE_HOLD:
 			request_hold(c, &msg);
+			break;
+		case WIRE_DERIVE:
+			request_derive(c, &msg);
+			break;
+		case WIRE_PUBLISH:
+			request_publish(c, &msg, fds[0]);
+			break;
+		case WIRE_ABANDON:
+			request_abandon(c, &msg);
 			break;
 		default:
 			conn_error(c, msg.h.seq, -EBADMSG, 1, "unexpected message type %u",
@@ -334,7 +370,7 @@ conn_io(uv_poll_t *handle, int status, int events)
 		if (c->pending || c->closing)
 			return;
 	}
-	if ((events & UV_READABLE) && !c->pending)
+	if ((events & UV_READABLE) && !c->pending && !c->waiting)
 		conn_read(c);
 }
 
@@ -360,8 +396,11 @@ conn_close(struct conn *c)
 	/* The peer's socket, and with it everything unread, goes away with
 	 * the connection (or is no longer ours to account for). */
 	inflight_forget(c);
+	/* It waits no more; a build it ran goes to the next waiter. */
+	if (c->srv->derive != NULL)
+		derive_conn_gone(c->srv->derive, c);
 	for (size_t i = 0; i < c->nrefs; i++)
-		registry_release(c->srv->reg, c->refs[i].gen);
+		conn_release(c, c->refs[i].gen);
 	c->nrefs = 0;
 	*c->prevp = c->next;
 	if (c->next != NULL)
@@ -593,6 +632,7 @@ server_start(uv_loop_t *loop, struct registry *reg, int listen_fd,
 		(int)rl.rlim_cur : 0;
 	s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	s->max_attaches = opt && opt->max_attaches ? opt->max_attaches : DEFAULT_MAX_ATTACHES;
+	s->derive = opt ? opt->derive : NULL;
 	fd_budget_init(s);
 	if ((r = uv_poll_init(loop, &s->listen_poll, listen_fd)) < 0) {
 		if (s->spare_fd >= 0)

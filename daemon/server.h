@@ -19,11 +19,20 @@
 
 struct server;
 
+struct derive_table;
+struct derive_hooks;
+
 struct server_options {
 	unsigned max_clients;          /* connections at once; 0 = 1024 */
 	unsigned max_clients_per_uid;  /* connections of one user; 0 = 256 */
 	unsigned max_attaches;         /* live attaches per connection; 0 = 4096 */
+	struct derive_table *derive;   /* derived artifacts (derive.h); set up with
+					  server_derive_hooks */
 };
+
+/* The hooks derive_init() needs to answer the server's waiting
+ * connections. */
+extern const struct derive_hooks server_derive_hooks;
 
 /*
  * Starts serving on listen_fd (a listening SOCK_SEQPACKET socket, which the

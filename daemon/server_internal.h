@@ -43,6 +43,8 @@ struct conn {
 	int out_fds[WIRE_MAX_FDS];     /* borrowed from a held generation */
 	size_t out_nfds;
 	int pending;
+	int waiting;                   /* a DERIVE waits for another worker's build: no
+					  request is read until derive.c answers it */
 	int deferred;                  /* the pending reply waits for the descriptor budget */
 	int close_after_send;
 	int closing;
@@ -61,6 +63,7 @@ struct server {
 	unsigned max_clients, max_clients_per_uid, max_attaches;
 	uint64_t next_handle;
 	uint64_t next_conn_id;
+	struct derive_table *derive;  /* NULL: DERIVE is refused */
 	int stopping;
 	int fd_limit;      /* RLIMIT_NOFILE at start */
 	int fd_reserve;    /* descriptors a new connection may not take */
@@ -99,5 +102,17 @@ void conn_error(struct conn *c, uint32_t seq, int code, int fatal, const char *f
 void request_attach(struct conn *c, const struct wire_message *msg);
 void request_hold(struct conn *c, const struct wire_message *msg);
 void request_release(struct conn *c, const struct wire_message *msg);
+void request_derive(struct conn *c, const struct wire_message *msg);
+/* PUBLISH takes fd (the memfd that came with it) whatever happens. */
+void request_publish(struct conn *c, const struct wire_message *msg, int fd);
+void request_abandon(struct conn *c, const struct wire_message *msg);
+
+/* A DERIVE waits: c reads nothing until derive.c's hook answers it (which
+ * clears c->waiting and sends), and a hang-up still closes it. */
+void conn_wait(struct conn *c);
+
+/* Drops a reference the connection held (through derive.c, which knows
+ * when an artifact goes with its last holder). */
+void conn_release(struct conn *c, struct generation *g);
 
 #endif

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "derive.h"
 #include "log.h"
 #include "proto/wire.h"
 #include "restore.h"
@@ -77,18 +78,50 @@ refs_room(struct conn *c, uint32_t seq)
 	return 0;
 }
 
+/*
+ * Replies to seq with the attachment at (a reference already taken): an
+ * ATTACH_OK, or with token != 0 a BUILD (the source of a derived artifact
+ * for its builder). what names it in the debug log.
+ */
+static void
+send_attachment(struct conn *c, uint32_t seq, struct registry_attachment *at, uint64_t token,
+	const char *what)
+{
+	struct server *s = c->srv;
+	struct wire_attach_ok ok = { 0 };
+	uint8_t buf[WIRE_MAX_MESSAGE];
+	ssize_t n;
+
+	ok.generation = at->generation;
+	ok.handle = ++s->next_handle;
+	ok.index_size = at->index_size;
+	ok.file_count = at->file_count;
+	if (at->status_slot != 0) {
+		ok.flags = WIRE_ATTACH_STATUS;
+		ok.status_slot = at->status_slot;
+	}
+	n = token != 0 ? wire_put_build(buf, sizeof(buf), seq, &ok, token) :
+			 wire_put_attach_ok(buf, sizeof(buf), seq, &ok);
+	if (n < 0) {
+		conn_release(c, at->gen);
+		conn_error(c, seq, -EPROTO, 0, "cannot encode reply");
+		return;
+	}
+	c->refs[c->nrefs++] = (struct attach_ref){ ok.handle, at->gen };
+	log_debug("client pid %d: %s generation %" PRIu64 " (handle %" PRIu64 ")", (int)c->pid,
+		what, at->generation, ok.handle);
+	conn_send(c, buf, (size_t)n, at->fds, at->nfds);
+}
+
 void
 request_attach(struct conn *c, const struct wire_message *msg)
 {
 	struct server *s = c->srv;
 	struct registry_peer peer = conn_peer(c);
 	struct registry_attachment at;
-	struct wire_attach_ok ok = { 0 };
-	uint8_t buf[WIRE_MAX_MESSAGE];
-	char name[WIRE_MAX_NAME + 1], text[WIRE_MAX_MESSAGE];
+	char name[WIRE_MAX_NAME + 1], text[WIRE_MAX_MESSAGE], what[WIRE_MAX_NAME + 32];
 	const char *p;
 	size_t len;
-	ssize_t n;
 	int err;
 
 	if (wire_get_attach(msg, &p, &len) < 0) {
@@ -103,23 +136,156 @@ request_attach(struct conn *c, const struct wire_message *msg)
 		conn_error(c, msg->h.seq, err, 0, "%s", text);
 		return;
 	}
-	ok.generation = at.generation;
-	ok.handle = ++s->next_handle;
-	ok.index_size = at.index_size;
-	ok.file_count = at.file_count;
-	if (at.status_slot != 0) {
-		ok.flags = WIRE_ATTACH_STATUS;
-		ok.status_slot = at.status_slot;
-	}
-	if ((n = wire_put_attach_ok(buf, sizeof(buf), msg->h.seq, &ok)) < 0) {
-		registry_release(s->reg, at.gen);
-		conn_error(c, msg->h.seq, -EPROTO, 0, "cannot encode reply");
+	snprintf(what, sizeof(what), "attached \"%s\"", name);
+	send_attachment(c, msg->h.seq, &at, 0, what);
+}
+
+/* ---- derived artifacts (derive.h) ---- */
+
+/* derive.c's hooks: a waiting connection's answer. */
+static void
+derived_ready(void *conn, uint32_t seq, struct derived *a)
+{
+	struct conn *c = conn;
+	struct registry_attachment at;
+
+	c->waiting = 0;
+	if (refs_room(c, seq) < 0)
+		return;
+	derive_attach(c->srv->derive, a, &at);
+	send_attachment(c, seq, &at, 0, "attached a derived artifact of");
+}
+
+static void
+derived_build(void *conn, uint32_t seq, struct derive_build *b)
+{
+	struct conn *c = conn;
+	struct registry_attachment at;
+
+	c->waiting = 0;
+	/* refs_room() was checked when it began to wait and it has attached
+	 * nothing since; a failure here still answers it. */
+	if (refs_room(c, seq) < 0)
+		return;
+	derive_attach_source(c->srv->derive, b, &at);
+	send_attachment(c, seq, &at, derive_token(b), "builds a derived artifact from");
+}
+
+static void
+derived_fail(void *conn, uint32_t seq, int err, const char *text)
+{
+	struct conn *c = conn;
+
+	c->waiting = 0;
+	conn_error(c, seq, err, 0, "%s", text);
+}
+
+const struct derive_hooks server_derive_hooks = {
+	.ready = derived_ready,
+	.build = derived_build,
+	.fail = derived_fail,
+};
+
+void
+request_derive(struct conn *c, const struct wire_message *msg)
+{
+	struct server *s = c->srv;
+	struct registry_peer peer = conn_peer(c);
+	struct registry_attachment at;
+	struct wire_derive d;
+	struct derived *a = NULL;
+	struct derive_build *b = NULL;
+	char text[WIRE_MAX_MESSAGE];
+	int r;
+
+	if (wire_get_derive(msg, &d) < 0) {
+		conn_error(c, msg->h.seq, -EBADMSG, 1, "malformed DERIVE");
 		return;
 	}
-	c->refs[c->nrefs++] = (struct attach_ref){ ok.handle, at.gen };
-	log_debug("client pid %d: attached \"%s\" generation %" PRIu64 " (handle %" PRIu64 ")",
-		(int)c->pid, name, at.generation, ok.handle);
-	conn_send(c, buf, (size_t)n, at.fds, at.nfds);
+	if (s->derive == NULL) {
+		conn_error(c, msg->h.seq, -ENOTSUP, 0, "derived artifacts are not served here");
+		return;
+	}
+	if (refs_room(c, msg->h.seq) < 0)
+		return;
+	r = derive_request(s->derive, &d, &peer, c, msg->h.seq, &a, &b, text, sizeof(text));
+	if (r < 0) {
+		conn_error(c, msg->h.seq, r, 0, "%s", text);
+	} else if (r == DERIVE_READY && a != NULL) {
+		derive_attach(s->derive, a, &at);
+		send_attachment(c, msg->h.seq, &at, 0, "attached a derived artifact of");
+	} else if (r == DERIVE_BUILD && b != NULL) {
+		derive_attach_source(s->derive, b, &at);
+		send_attachment(c, msg->h.seq, &at, derive_token(b),
+			"builds a derived artifact from");
+	} else {
+		/* DERIVE_WAIT: only a hang-up is of interest until derive.c answers. */
+		conn_wait(c);
+	}
+}
+
+void
+request_publish(struct conn *c, const struct wire_message *msg, int fd)
+{
+	struct server *s = c->srv;
+	struct registry_attachment at;
+	struct derived *a = NULL;
+	char text[WIRE_MAX_MESSAGE];
+	uint64_t token;
+	int r;
+
+	if (wire_get_publish(msg, &token) < 0 || s->derive == NULL) {
+		close(fd);
+		if (s->derive == NULL)
+			conn_error(c, msg->h.seq, -ENOTSUP, 0, "derived artifacts are not served here");
+		else
+			conn_error(c, msg->h.seq, -EBADMSG, 1, "malformed PUBLISH");
+		return;
+	}
+	if (refs_room(c, msg->h.seq) < 0) {
+		close(fd);
+		return;
+	}
+	if ((r = derive_publish(s->derive, c, token, fd, &a, text, sizeof(text))) < 0 || a == NULL) {
+		conn_error(c, msg->h.seq, r < 0 ? r : -EIO, 0, "%s", text);
+		return;
+	}
+	derive_attach(s->derive, a, &at);
+	send_attachment(c, msg->h.seq, &at, 0, "published and attached a derived artifact of");
+	registry_enforce_budget(s->reg);
+}
+
+void
+request_abandon(struct conn *c, const struct wire_message *msg)
+{
+	struct server *s = c->srv;
+	char reason[WIRE_MAX_REASON + 1], text[WIRE_MAX_MESSAGE];
+	uint8_t buf[WIRE_HEADER_SIZE];
+	const char *p;
+	uint64_t token;
+	size_t len;
+	ssize_t n;
+	int r;
+
+	if (wire_get_abandon(msg, &token, &p, &len) < 0) {
+		conn_error(c, msg->h.seq, -EBADMSG, 1, "malformed ABANDON");
+		return;
+	}
+	if (s->derive == NULL) {
+		conn_error(c, msg->h.seq, -ENOTSUP, 0, "derived artifacts are not served here");
+		return;
+	}
+	/* The reason goes into log lines and other clients' errors: control
+	 * characters become '?'. */
+	for (size_t i = 0; i < len; i++)
+		reason[i] = (unsigned char)p[i] < 0x20 || p[i] == 0x7f ? '?' : p[i];
+	reason[len] = '\0';
+	if ((r = derive_abandon(s->derive, c, token, reason, text, sizeof(text))) < 0) {
+		conn_error(c, msg->h.seq, r, 0, "%s", text);
+		return;
+	}
+	if ((n = wire_put_release_ok(buf, sizeof(buf), msg->h.seq)) >= 0)
+		conn_send(c, buf, (size_t)n, NULL, 0);
 }
 
 /* HOLD: after a restart, a worker says it still maps a generation it
@@ -152,7 +318,7 @@ request_hold(struct conn *c, const struct wire_message *msg)
 	}
 	handle = ++s->next_handle;
 	if ((n = wire_put_hold_ok(buf, sizeof(buf), msg->h.seq, handle)) < 0) {
-		registry_release(s->reg, g);
+		conn_release(c, g);
 		conn_error(c, msg->h.seq, -EPROTO, 0, "cannot encode reply");
 		return;
 	}
@@ -179,7 +345,7 @@ request_release(struct conn *c, const struct wire_message *msg)
 		struct generation *g = c->refs[i].gen;
 
 		c->refs[i] = c->refs[--c->nrefs];
-		registry_release(c->srv->reg, g);
+		conn_release(c, g);
 		/* seq 0: the client wants no reply (PROTOCOL.md, RELEASE). */
 		if (msg->h.seq != 0 && (n = wire_put_release_ok(buf, sizeof(buf), msg->h.seq)) >= 0)
 			conn_send(c, buf, (size_t)n, NULL, 0);

@@ -37,22 +37,22 @@ open_read_file(const struct wc_file *f, const struct format_reader *rd, uint32_t
 	return file_check_unchanged(f);
 }
 
-int
-open_model_file(const char *path, enum source_format format, const struct format_reader *rd,
-	struct model_source *out)
+/* Reads the open file f with rd as a whole model of format: fills *out
+ * and takes f on success; on failure f is still the caller's. */
+static int
+open_model_of(struct wc_file *f, const char *path, enum source_format format,
+	const struct format_reader *rd, struct model_source *out)
 {
 	struct index_builder *b = NULL;
-	struct wc_file f, *files = NULL;
+	struct wc_file *files = NULL;
 	uint8_t *blob = NULL;
 	size_t len = 0;
 	uint32_t file_no;
 	int r;
 
-	if ((r = tree_open_model_file(path, &f)) < 0)
-		return r;
 	if ((r = index_builder_new(&b)) < 0 ||
-		(r = index_add_file(b, file_basename(path), f.size, &file_no)) < 0 ||
-		(r = open_read_file(&f, rd, file_no, b)) < 0 ||
+		(r = index_add_file(b, file_basename(path), f->size, &file_no)) < 0 ||
+		(r = open_read_file(f, rd, file_no, b)) < 0 ||
 		(r = index_build(b, path, &blob, &len)) < 0)
 		goto fail;
 	if ((files = malloc(sizeof(*files))) == NULL) {
@@ -60,7 +60,7 @@ open_model_file(const char *path, enum source_format format, const struct format
 		goto fail;
 	}
 	index_builder_free(b);
-	files[0] = f;
+	files[0] = *f;
 	memset(out, 0, sizeof(*out));
 	out->format = format;
 	out->files = files;
@@ -71,6 +71,35 @@ open_model_file(const char *path, enum source_format format, const struct format
 fail:
 	free(blob);
 	index_builder_free(b);
-	file_close(&f);
+	return r;
+}
+
+int
+open_model_file(const char *path, enum source_format format, const struct format_reader *rd,
+	struct model_source *out)
+{
+	struct wc_file f;
+	int r;
+
+	if ((r = tree_open_model_file(path, &f)) < 0)
+		return r;
+	if ((r = open_model_of(&f, path, format, rd, out)) < 0)
+		file_close(&f);
+	return r;
+}
+
+int
+open_model_fd(int fd, const char *label, enum source_format format,
+	const struct format_reader *rd, struct model_source *out)
+{
+	struct wc_file f;
+	int r;
+
+	if ((r = file_from_fd(fd, label, &f)) < 0)
+		return r;
+	if ((r = open_model_of(&f, label, format, rd, out)) < 0) {
+		f.fd = -1; /* still the caller's */
+		file_close(&f);
+	}
 	return r;
 }

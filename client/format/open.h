@@ -53,4 +53,12 @@ int open_read_file(const struct wc_file *f, const struct format_reader *rd,
 int open_model_file(const char *path, enum source_format format,
 	const struct format_reader *rd, struct model_source *out);
 
+/*
+ * open_model_file() of a descriptor already open (a memfd a builder
+ * published): label names it in messages and in the index. Takes fd on
+ * success only; on failure fd is still the caller's, and open.
+ */
+int open_model_fd(int fd, const char *label, enum source_format format,
+	const struct format_reader *rd, struct model_source *out);
+
 #endif

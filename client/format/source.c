@@ -94,6 +94,19 @@ source_open_as(const struct source_entry *e, const char *path, struct model_sour
 	return open_model_file(path, e->format, e->reader, out);
 }
 
+int
+source_open_fd(int fd, const char *label, struct model_source *out)
+{
+	uint8_t b[4];
+	uint32_t magic = 0;
+
+	if (pread(fd, b, sizeof(b), 0) == (ssize_t)sizeof(b))
+		magic = get_le32(b);
+	if (magic == WEIG_MAGIC || magic == bswap_32(WEIG_MAGIC))
+		return open_model_fd(fd, label, FORMAT_WEIG, &weig_reader, out);
+	return open_model_fd(fd, label, FORMAT_SAFETENSORS, &st_reader, out);
+}
+
 uint32_t
 source_magic(const char *path)
 {

@@ -24,6 +24,10 @@ int source_open(const char *path, struct model_source *out);
  * 0 when the file is shorter or unreadable (the format reader reports why). */
 uint32_t source_magic(const char *path);
 
+/* Opens the one-file model (safetensors, or WEIG by its magic) open as fd,
+ * named label in messages; takes fd on success only (open_model_fd). */
+int source_open_fd(int fd, const char *label, struct model_source *out);
+
 /* Closes the files, frees the index; safe on a zeroed source. */
 void source_close(struct model_source *s);
 

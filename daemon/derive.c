@@ -1,0 +1,728 @@
+/*
+ * derive.c: derived artifacts, single flight (derive.h).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/error.h"
+#include "derive.h"
+#include "format/source.h"
+#include "generation.h"
+#include "log.h"
+
+#define ARTIFACT_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL)
+
+struct derived {
+	uint64_t entry_id;       /* the model entry it was built for */
+	char *model_name;
+	uint64_t source;         /* source generation number */
+	char key[WIRE_MAX_KEY + 1];
+	struct generation *gen;  /* file 0: the sealed memfd; kept while listed */
+	uid_t builder_uid;
+	pid_t builder_pid;
+	double build_seconds;
+	uint64_t attach_count;
+	uint64_t last_use;       /* the registry's attach_seq, for the LRU */
+	struct derived *next;
+};
+
+struct derive_waiter {
+	void *conn;
+	uint32_t seq;
+	uint64_t deadline_ms;    /* UINT64_MAX: none */
+	int may_build;
+	pid_t pid;
+	uid_t uid;
+	struct derive_waiter *next;
+};
+
+struct derive_build {
+	uint64_t entry_id;
+	char *model_name;
+	uint64_t source;
+	char key[WIRE_MAX_KEY + 1];
+	struct generation *src;  /* a reference held for the build's life */
+	uint64_t token;
+	void *builder;           /* the builder's connection */
+	pid_t builder_pid;
+	uid_t builder_uid;
+	uint64_t started_ms;     /* this builder's start */
+	uint64_t deadline_ms;
+	uint64_t timeout_ms;
+	struct derive_waiter *waiters; /* oldest first */
+	struct derive_build *next;
+};
+
+static uint64_t
+now_ms(const struct derive_table *t)
+{
+	return registry_now_ms(t->r);
+}
+
+/* The model entry an artifact or build was made for, if still there. */
+static struct model_entry *
+entry_of(struct derive_table *t, const char *name, uint64_t entry_id)
+{
+	struct model_entry *m = registry_find(t->r, name);
+
+	return m != NULL && m->entry_id == entry_id ? m : NULL;
+}
+
+/* A fresh token: random bits and a counter, never 0. */
+static uint64_t
+new_token(struct derive_table *t)
+{
+	uint64_t v = 0;
+
+	if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != (ssize_t)sizeof(v))
+		v = 0;
+	return ((v << 20) ^ ++t->next_token) | 1;
+}
+
+/* ---- deadlines ---- */
+
+static void on_timer(uv_timer_t *timer);
+
+/* Arms the timer for the earliest deadline of a builder or a waiter. */
+static void
+rearm(struct derive_table *t)
+{
+	uint64_t next = UINT64_MAX, now = now_ms(t);
+
+	if (t->closed)
+		return;
+	for (struct derive_build *b = t->builds; b != NULL; b = b->next) {
+		if (b->builder != NULL && b->deadline_ms < next)
+			next = b->deadline_ms;
+		for (struct derive_waiter *w = b->waiters; w != NULL; w = w->next)
+			if (w->deadline_ms < next)
+				next = w->deadline_ms;
+	}
+	if (next == UINT64_MAX) {
+		uv_timer_stop(&t->timer);
+		return;
+	}
+	uv_timer_start(&t->timer, on_timer, next > now ? next - now : 0, 0);
+}
+
+/* ---- builds ---- */
+
+static void
+unlink_build(struct derive_table *t, struct derive_build *b)
+{
+	for (struct derive_build **pp = &t->builds; *pp != NULL; pp = &(*pp)->next)
+		if (*pp == b) {
+			*pp = b->next;
+			return;
+		}
+}
+
+/* Frees b (already unlinked, no waiters left) and its source reference. */
+static void
+build_free(struct derive_table *t, struct derive_build *b)
+{
+	registry_release(t->r, b->src);
+	free(b->model_name);
+	free(b);
+}
+
+/* The build ends for good: every waiter gets err with text. */
+static void
+build_fail(struct derive_table *t, struct derive_build *b, int err, const char *text)
+{
+	struct derive_waiter *w = b->waiters, *next;
+
+	unlink_build(t, b);
+	b->waiters = NULL;
+	t->stats.failures++;
+	log_warnx("%s", text);
+	for (; w != NULL; w = next) {
+		next = w->next;
+		t->hooks.fail(w->conn, w->seq, err, text);
+		free(w);
+	}
+	build_free(t, b);
+	rearm(t);
+}
+
+/* The builder went away (why): the oldest waiter that may build takes
+ * over, else the build fails for every waiter. */
+static void
+builder_lost(struct derive_table *t, struct derive_build *b, const char *why)
+{
+	struct derive_waiter **pp, *w = NULL;
+	char text[WIRE_MAX_MESSAGE];
+
+	t->stats.builders_lost++;
+	log_warnx("model \"%s\": derived \"%s\" of generation %" PRIu64 ": the builder (pid %d "
+		  "uid %u) %s", b->model_name, b->key, b->source, (int)b->builder_pid,
+		(unsigned)b->builder_uid, why);
+	b->builder = NULL;
+	for (pp = &b->waiters; *pp != NULL; pp = &(*pp)->next)
+		if ((*pp)->may_build) {
+			w = *pp;
+			*pp = w->next;
+			break;
+		}
+	if (w == NULL) {
+		snprintf(text, sizeof(text),
+			"model \"%s\": derived \"%s\" of generation %" PRIu64 ": the builder "
+			"(pid %d) %s, and no waiting worker may build it (derive_groups)",
+			b->model_name, b->key, b->source, (int)b->builder_pid, why);
+		build_fail(t, b, -EHOSTDOWN, text);
+		return;
+	}
+	b->builder = w->conn;
+	b->builder_pid = w->pid;
+	b->builder_uid = w->uid;
+	b->token = new_token(t);
+	b->started_ms = now_ms(t);
+	b->deadline_ms = b->started_ms + b->timeout_ms;
+	t->stats.builds++;
+	log_info("model \"%s\": derived \"%s\" of generation %" PRIu64 ": pid %d builds it now",
+		b->model_name, b->key, b->source, (int)w->pid);
+	t->hooks.build(w->conn, w->seq, b);
+	free(w);
+	rearm(t);
+}
+
+static void
+on_timer(uv_timer_t *timer)
+{
+	struct derive_table *t = timer->data;
+	uint64_t now = now_ms(t);
+	struct derive_build *b, *next;
+	char text[WIRE_MAX_MESSAGE];
+
+	for (b = t->builds; b != NULL; b = next) {
+		struct derive_waiter **pp = &b->waiters;
+
+		next = b->next;
+		while (*pp != NULL) {
+			struct derive_waiter *w = *pp;
+
+			if (w->deadline_ms > now) {
+				pp = &w->next;
+				continue;
+			}
+			*pp = w->next;
+			snprintf(text, sizeof(text),
+				"model \"%s\": derived \"%s\" of generation %" PRIu64 ": still being "
+				"built by pid %d after the wait the client asked for",
+				b->model_name, b->key, b->source, (int)b->builder_pid);
+			t->hooks.fail(w->conn, w->seq, -ETIMEDOUT, text);
+			free(w);
+		}
+		if (b->builder != NULL && b->deadline_ms <= now) {
+			char why[96];
+
+			snprintf(why, sizeof(why), "did not publish within derive_timeout (%" PRIu64 " s)",
+				b->timeout_ms / 1000);
+			builder_lost(t, b, why);
+		}
+	}
+	rearm(t);
+}
+
+/* ---- artifacts ---- */
+
+static struct derived *
+find_artifact(struct derive_table *t, uint64_t entry_id, uint64_t source, const char *key)
+{
+	for (struct derived *a = t->artifacts; a != NULL; a = a->next)
+		if (a->entry_id == entry_id && a->source == source && strcmp(a->key, key) == 0)
+			return a;
+	return NULL;
+}
+
+static struct derive_build *
+find_build(struct derive_table *t, uint64_t entry_id, uint64_t source, const char *key)
+{
+	for (struct derive_build *b = t->builds; b != NULL; b = b->next)
+		if (b->entry_id == entry_id && b->source == source && strcmp(b->key, key) == 0)
+			return b;
+	return NULL;
+}
+
+/* Removes a from the table; its generation closes with its last holder. */
+static void
+drop(struct derive_table *t, struct derived *a, const char *why)
+{
+	struct generation *g = a->gen;
+
+	for (struct derived **pp = &t->artifacts; *pp != NULL; pp = &(*pp)->next)
+		if (*pp == a) {
+			*pp = a->next;
+			break;
+		}
+	t->r->derived_bytes -= g->bytes;
+	t->stats.dropped++;
+	log_info("model \"%s\": derived \"%s\" of generation %" PRIu64 " dropped (%s)",
+		a->model_name, a->key, a->source, why);
+	g->kept = 0;
+	gen_maybe_free(t->r, g);
+	free(a->model_name);
+	free(a);
+}
+
+/* Is a's source no longer its model's current generation? */
+static int
+superseded(struct derive_table *t, const struct derived *a)
+{
+	struct model_entry *m = entry_of(t, a->model_name, a->entry_id);
+
+	return m == NULL || m->current == NULL || m->current->number != a->source;
+}
+
+void
+derive_collect(struct derive_table *t)
+{
+	struct derived *a, *next;
+
+	for (a = t->artifacts; a != NULL; a = next) {
+		next = a->next;
+		if (a->gen->attached == 0 && superseded(t, a))
+			drop(t, a, "its source generation is no longer current");
+	}
+}
+
+/* registry's drop_derived hook: the memory budget wants want bytes. */
+static uint64_t
+drop_unheld(struct registry *r, uint64_t want)
+{
+	struct derive_table *t = r->derive_owner;
+	uint64_t dropped = 0;
+
+	while (dropped < want) {
+		struct derived *lru = NULL;
+
+		for (struct derived *a = t->artifacts; a != NULL; a = a->next)
+			if (a->gen->attached == 0 && (lru == NULL || a->last_use < lru->last_use))
+				lru = a;
+		if (lru == NULL)
+			break;
+		dropped += lru->gen->bytes;
+		drop(t, lru, "memory_budget: nobody held it");
+	}
+	return dropped;
+}
+
+/* ---- requests ---- */
+
+int
+derive_init(struct derive_table *t, struct registry *r, const struct derive_hooks *hooks)
+{
+	memset(t, 0, sizeof(*t));
+	t->r = r;
+	t->hooks = *hooks;
+	if (uv_timer_init(r->loop, &t->timer) < 0)
+		return -ENOMEM;
+	t->timer.data = t;
+	r->derive_owner = t;
+	r->drop_derived = drop_unheld;
+	return 0;
+}
+
+void
+derive_close(struct derive_table *t)
+{
+	struct derive_build *b;
+
+	while ((b = t->builds) != NULL) {
+		struct derive_waiter *w, *next;
+
+		t->builds = b->next;
+		for (w = b->waiters; w != NULL; w = next) {
+			next = w->next;
+			free(w);
+		}
+		build_free(t, b);
+	}
+	while (t->artifacts != NULL)
+		drop(t, t->artifacts, "wcached stops");
+	t->r->drop_derived = NULL;
+	t->closed = 1;
+	uv_close((uv_handle_t *)&t->timer, NULL);
+}
+
+int
+derive_request(struct derive_table *t, const struct wire_derive *d,
+	const struct registry_peer *peer, void *conn, uint32_t seq, struct derived **artifact,
+	struct derive_build **build, char *msg, size_t msg_size)
+{
+	char name[WIRE_MAX_NAME + 1], key[WIRE_MAX_KEY + 1];
+	struct model_entry *m = NULL;
+	struct generation *g = NULL;
+	struct derive_build *b;
+	struct derived *a;
+	int err;
+
+	memcpy(name, d->name, d->name_len);
+	name[d->name_len] = '\0';
+	memcpy(key, d->key, d->key_len);
+	key[d->key_len] = '\0';
+	if ((err = registry_find_for(t->r, name, peer, &m, msg, msg_size)) < 0)
+		return err;
+	if (m == NULL)
+		return -ENOENT;
+	if (!m->derive) {
+		snprintf(msg, msg_size, "model \"%s\": derived artifacts are off for it "
+			 "(derive = no in its configuration)", m->name);
+		return -EPERM;
+	}
+	if ((err = registry_servable(m, &g, msg, msg_size)) < 0 || g == NULL)
+		return err < 0 ? err : -EIO;
+	if ((a = find_artifact(t, m->entry_id, g->number, key)) != NULL) {
+		*artifact = a;
+		return DERIVE_READY;
+	}
+	if ((b = find_build(t, m->entry_id, g->number, key)) != NULL) {
+		struct derive_waiter *w, **pp;
+
+		if (d->wait_ms == 0) {
+			snprintf(msg, msg_size, "model \"%s\": derived \"%s\" of generation %" PRIu64
+				 " is being built by pid %d", m->name, key, g->number,
+				(int)b->builder_pid);
+			return -EAGAIN;
+		}
+		if ((w = calloc(1, sizeof(*w))) == NULL) {
+			snprintf(msg, msg_size, "out of memory");
+			return -ENOMEM;
+		}
+		w->conn = conn;
+		w->seq = seq;
+		w->deadline_ms = now_ms(t) + d->wait_ms;
+		w->may_build = registry_may_build(m, peer);
+		w->pid = peer->pid;
+		w->uid = peer->uid;
+		for (pp = &b->waiters; *pp != NULL; pp = &(*pp)->next)
+			;
+		*pp = w;
+		t->stats.waits++;
+		rearm(t);
+		return DERIVE_WAIT;
+	}
+	if (!registry_may_build(m, peer)) {
+		snprintf(msg, msg_size, "model \"%s\": no derived \"%s\" of generation %" PRIu64
+			 " yet, and uid %u may not build it (not in derive_groups)", m->name, key,
+			g->number, (unsigned)peer->uid);
+		return -EACCES;
+	}
+	if ((b = calloc(1, sizeof(*b))) == NULL || (b->model_name = strdup(m->name)) == NULL) {
+		free(b);
+		snprintf(msg, msg_size, "out of memory");
+		return -ENOMEM;
+	}
+	b->entry_id = m->entry_id;
+	b->source = g->number;
+	memcpy(b->key, key, sizeof(key));
+	b->src = g;
+	gen_ref(t->r, g);
+	b->builder = conn;
+	b->builder_pid = peer->pid;
+	b->builder_uid = peer->uid;
+	b->token = new_token(t);
+	b->timeout_ms = m->derive_timeout_ms;
+	b->started_ms = now_ms(t);
+	b->deadline_ms = b->started_ms + b->timeout_ms;
+	b->next = t->builds;
+	t->builds = b;
+	t->stats.builds++;
+	log_info("model \"%s\": derived \"%s\" of generation %" PRIu64 ": pid %d uid %u builds it",
+		m->name, key, g->number, (int)peer->pid, (unsigned)peer->uid);
+	rearm(t);
+	*build = b;
+	return DERIVE_BUILD;
+}
+
+void
+derive_attach(struct derive_table *t, struct derived *a, struct registry_attachment *out)
+{
+	registry_attach_generation(t->r, entry_of(t, a->model_name, a->entry_id), a->gen, out);
+	a->attach_count++;
+	a->last_use = ++t->r->attach_seq;
+	t->stats.attaches++;
+}
+
+void
+derive_attach_source(struct derive_table *t, struct derive_build *b,
+	struct registry_attachment *out)
+{
+	registry_attach_generation(t->r, entry_of(t, b->model_name, b->entry_id), b->src, out);
+}
+
+uint64_t
+derive_token(const struct derive_build *b)
+{
+	return b->token;
+}
+
+/* The build of token, if conn runs it: 0, or -ESTALE / -EPERM with msg. */
+static int
+build_of_token(struct derive_table *t, void *conn, uint64_t token, struct derive_build **out,
+	char *msg, size_t msg_size)
+{
+	for (struct derive_build *b = t->builds; b != NULL; b = b->next) {
+		if (b->token != token || b->builder == NULL)
+			continue;
+		if (b->builder != conn) {
+			snprintf(msg, msg_size, "build token %" PRIx64 " belongs to another connection",
+				token);
+			return -EPERM;
+		}
+		*out = b;
+		return 0;
+	}
+	snprintf(msg, msg_size, "no build in progress has token %" PRIx64 " (it was published, "
+		 "abandoned, timed out or never given)", token);
+	return -ESTALE;
+}
+
+/* Seals fd for good: 0, or -errno with why. */
+static int
+seal_artifact(int fd, char *why, size_t why_size)
+{
+	int seals = fcntl(fd, F_GET_SEALS);
+
+	if (seals == -1) {
+		snprintf(why, why_size, "the descriptor is not a memfd that can be sealed (%s); "
+			 "make it with memfd_create(MFD_ALLOW_SEALING)", strerror(errno));
+		return -EINVAL;
+	}
+	if ((seals & F_SEAL_SEAL) && (seals & ARTIFACT_SEALS) != ARTIFACT_SEALS) {
+		snprintf(why, why_size, "the memfd is already sealed against sealing (F_SEAL_SEAL) "
+			 "without F_SEAL_WRITE, F_SEAL_SHRINK and F_SEAL_GROW");
+		return -EINVAL;
+	}
+	if ((seals & ARTIFACT_SEALS) != ARTIFACT_SEALS &&
+		fcntl(fd, F_ADD_SEALS, ARTIFACT_SEALS & ~seals) == -1) {
+		int e = errno;
+
+		if (e == EBUSY)
+			snprintf(why, why_size, "the builder still has a writable mapping of the "
+				 "memfd (unmap it before publishing)");
+		else
+			snprintf(why, why_size, "sealing the memfd: %s", strerror(e));
+		return -e;
+	}
+	return 0;
+}
+
+/* Turns the published memfd into b's artifact (taking fd whatever
+ * happens): 0 and *out, or -errno with why. */
+static int
+make_artifact(struct derive_table *t, struct derive_build *b, int fd, struct derived **out,
+	char *why, size_t why_size)
+{
+	struct model_source src = { 0 };
+	struct model_entry *m = entry_of(t, b->model_name, b->entry_id);
+	char label[WIRE_MAX_NAME + WIRE_MAX_KEY + 16];
+	int *served = NULL, index_fd = -1, r;
+	const uint8_t *index = NULL;
+	struct generation *g;
+	struct derived *a;
+	struct stat st;
+
+	if (m == NULL) {
+		close(fd);
+		snprintf(why, why_size, "the model is no longer served");
+		return -ENOENT;
+	}
+	if ((r = seal_artifact(fd, why, why_size)) < 0) {
+		close(fd);
+		return r;
+	}
+	if (fstat(fd, &st) == -1 || st.st_size <= 0) {
+		close(fd);
+		snprintf(why, why_size, "the memfd is empty");
+		return -EBADMSG;
+	}
+	if (t->r->memory_budget != 0 && (uint64_t)st.st_size > t->r->memory_budget) {
+		close(fd);
+		snprintf(why, why_size, "%" PRIu64 " MiB is more than memory_budget (%" PRIu64
+			 " MiB)", (uint64_t)st.st_size >> 20, t->r->memory_budget >> 20);
+		return -EFBIG;
+	}
+	snprintf(label, sizeof(label), "%s derived %s", b->model_name, b->key);
+	if ((r = source_open_fd(fd, label, &src)) < 0) {
+		close(fd);
+		snprintf(why, why_size, "%s", error_get());
+		return r == -ENOMEM ? r : -EBADMSG;
+	}
+	if ((r = gen_open_served(&src, &served)) < 0 ||
+		(r = gen_seal_index(src.index, src.index_len, &index_fd, &index)) < 0)
+		goto fail;
+	if ((a = calloc(1, sizeof(*a))) == NULL || (a->model_name = strdup(b->model_name)) == NULL ||
+		(g = gen_new(t->r, b->model_name, b->source, &src, served, index_fd, index,
+			 src.index_len)) == NULL) {
+		if (a != NULL)
+			free(a->model_name);
+		free(a);
+		r = error_set(-ENOMEM, "out of memory");
+		goto fail;
+	}
+	/* The index lives on in the sealed memfd. */
+	free(g->source.index);
+	g->source.index = NULL;
+	gen_set_state(g, GEN_READY, "published");
+	g->kept = 1;
+	a->entry_id = b->entry_id;
+	a->source = b->source;
+	memcpy(a->key, b->key, sizeof(a->key));
+	a->gen = g;
+	a->builder_uid = b->builder_uid;
+	a->builder_pid = b->builder_pid;
+	a->build_seconds = (double)(now_ms(t) - b->started_ms) / 1000.0;
+	a->last_use = ++t->r->attach_seq;
+	a->next = t->artifacts;
+	t->artifacts = a;
+	t->r->derived_bytes += g->bytes;
+	t->stats.published++;
+	t->stats.published_bytes += g->bytes;
+	*out = a;
+	return 0;
+fail:
+	snprintf(why, why_size, "%s", error_get());
+	if (index != NULL)
+		munmap((void *)index, src.index_len);
+	if (index_fd >= 0)
+		close(index_fd);
+	gen_close_served(served, src.nfiles);
+	source_close(&src);
+	return r;
+}
+
+int
+derive_publish(struct derive_table *t, void *conn, uint64_t token, int memfd,
+	struct derived **out, char *msg, size_t msg_size)
+{
+	struct derive_build *b = NULL;
+	struct derive_waiter *w, *next;
+	struct derived *a = NULL;
+	char why[1024], text[WIRE_MAX_MESSAGE];
+	int err;
+
+	if ((err = build_of_token(t, conn, token, &b, msg, msg_size)) < 0 || b == NULL) {
+		close(memfd);
+		return err < 0 ? err : -ESTALE;
+	}
+	if ((err = make_artifact(t, b, memfd, &a, why, sizeof(why))) < 0 || a == NULL) {
+		snprintf(text, sizeof(text), "model \"%s\": derived \"%s\" of generation %" PRIu64
+			 ": the publication by pid %d was refused: %s", b->model_name, b->key,
+			b->source, (int)b->builder_pid, why);
+		snprintf(msg, msg_size, "%s", text);
+		build_fail(t, b, -ECANCELED, text);
+		return err < 0 ? err : -EIO;
+	}
+	log_info("model \"%s\": derived \"%s\" of generation %" PRIu64 " published by pid %d uid "
+		 "%u: %" PRIu64 " bytes (%s), built in %.1f s; %s", a->model_name, a->key, a->source,
+		(int)a->builder_pid, (unsigned)a->builder_uid, a->gen->bytes,
+		source_format_name(a->gen->source.format), a->build_seconds,
+		b->waiters != NULL ? "answering its waiters" : "nobody waited");
+	unlink_build(t, b);
+	w = b->waiters;
+	b->waiters = NULL;
+	for (; w != NULL; w = next) {
+		next = w->next;
+		t->hooks.ready(w->conn, w->seq, a);
+		free(w);
+	}
+	build_free(t, b);
+	rearm(t);
+	*out = a;
+	return 0;
+}
+
+int
+derive_abandon(struct derive_table *t, void *conn, uint64_t token, const char *reason,
+	char *msg, size_t msg_size)
+{
+	struct derive_build *b = NULL;
+	char text[WIRE_MAX_MESSAGE];
+	int err;
+
+	if ((err = build_of_token(t, conn, token, &b, msg, msg_size)) < 0 || b == NULL)
+		return err < 0 ? err : -ESTALE;
+	snprintf(text, sizeof(text), "model \"%s\": derived \"%s\" of generation %" PRIu64
+		 ": the build by pid %d failed: %s", b->model_name, b->key, b->source,
+		(int)b->builder_pid, reason[0] != '\0' ? reason : "(no reason given)");
+	build_fail(t, b, -ECANCELED, text);
+	return 0;
+}
+
+void
+derive_conn_gone(struct derive_table *t, void *conn)
+{
+	struct derive_build *b, *next;
+
+	for (b = t->builds; b != NULL; b = next) {
+		struct derive_waiter **pp = &b->waiters;
+
+		next = b->next;
+		while (*pp != NULL) {
+			struct derive_waiter *w = *pp;
+
+			if (w->conn == conn) {
+				*pp = w->next;
+				free(w);
+			} else {
+				pp = &w->next;
+			}
+		}
+		if (b->builder == conn)
+			builder_lost(t, b, "disconnected before publishing");
+	}
+	rearm(t);
+}
+
+void
+derive_release(struct derive_table *t, struct generation *g)
+{
+	int artifact = g->kept;
+
+	registry_release(t->r, g);
+	if (artifact && g->attached == 0)
+		for (struct derived *a = t->artifacts; a != NULL; a = a->next)
+			if (a->gen == g) {
+				if (superseded(t, a))
+					drop(t, a, "its last holder released it and its source "
+						   "generation is no longer current");
+				break;
+			}
+}
+
+void
+derive_each(const struct derive_table *t, const char *model_name,
+	void (*fn)(const struct derive_info *, void *), void *arg)
+{
+	for (const struct derived *a = t->artifacts; a != NULL; a = a->next) {
+		if (strcmp(a->model_name, model_name) != 0)
+			continue;
+		fn(&(struct derive_info){ .key = a->key, .source = a->source,
+			   .bytes = a->gen->bytes, .attach_count = a->attach_count,
+			   .holders = a->gen->attached, .build_seconds = a->build_seconds,
+			   .builder_uid = a->builder_uid, .builder_pid = a->builder_pid,
+			   .format = source_format_name(a->gen->source.format) },
+			arg);
+	}
+	for (const struct derive_build *b = t->builds; b != NULL; b = b->next) {
+		unsigned waiting = 0;
+
+		if (strcmp(b->model_name, model_name) != 0)
+			continue;
+		for (const struct derive_waiter *w = b->waiters; w != NULL; w = w->next)
+			waiting++;
+		fn(&(struct derive_info){ .key = b->key, .source = b->source, .waiting = waiting,
+			   .builder_uid = b->builder_uid, .builder_pid = b->builder_pid,
+			   .building = 1 },
+			arg);
+	}
+}

@@ -1,0 +1,160 @@
+/*
+ * derive.h: derived artifacts: a model's generation transformed by a key
+ * (proto/PROTOCOL.md, "Derived artifacts"), computed by one worker and
+ * served to all.
+ *
+ * The table keeps, per (model, source generation, key), either the
+ * artifact (a generation of its own whose one file is the sealed memfd the
+ * builder published) or the build in progress: its builder (a connection
+ * of the server, opaque here), its token and deadline, and the connections
+ * waiting for it, oldest first. Single flight: at most one build of a key
+ * runs at a time. When a builder publishes, the memfd is sealed, validated
+ * with the readers every model goes through and compiled; then every
+ * waiter is answered. When it goes away (hang-up, derive_timeout) the
+ * oldest waiter that may build takes over; when it fails for good
+ * (ABANDON, a refused publication, the model unloaded) every waiter gets
+ * the error.
+ *
+ * An artifact belongs to its source generation: after a swap a request
+ * builds anew, and the old artifact is dropped once nobody holds it. Its
+ * bytes count against memory_budget (registry.h: derived_bytes, and the
+ * drop_derived hook, which drops those nobody holds, least recently used
+ * first).
+ *
+ * Above the registry (it calls registry_find_for, registry_attach_generation,
+ * registry_release) and generation.c; the server calls it and is told the
+ * outcome for its waiting connections through struct derive_hooks.
+ * Everything runs on the event loop thread.
+ */
+#ifndef WC_DERIVE_H
+#define WC_DERIVE_H
+
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "proto/wire.h"
+#include "registry.h"
+
+struct derived;
+struct derive_build;
+
+/* How the outcome reaches a waiting connection (the server's). Each is
+ * called once per waiter, which is no longer waiting when it is called. */
+struct derive_hooks {
+	/* The artifact is published: attach it (derive_attach). */
+	void (*ready)(void *conn, uint32_t seq, struct derived *a);
+	/* The builder went away and conn is next: it builds now (derive_attach_source,
+	 * then a BUILD with derive_token). */
+	void (*build)(void *conn, uint32_t seq, struct derive_build *b);
+	/* The build failed for good, or the wait timed out: an ERROR. */
+	void (*fail)(void *conn, uint32_t seq, int err, const char *msg);
+};
+
+struct derive_stats {
+	uint64_t builds;        /* builds started (each builder, first or next) */
+	uint64_t published;     /* artifacts published */
+	uint64_t published_bytes;
+	uint64_t waits;         /* DERIVEs that waited for a build */
+	uint64_t failures;      /* builds that failed for good */
+	uint64_t builders_lost; /* builders that disconnected or timed out */
+	uint64_t attaches;      /* attaches of artifacts */
+	uint64_t dropped;       /* artifacts dropped (nobody held them) */
+};
+
+struct derive_table {
+	struct registry *r;
+	struct derived *artifacts;
+	struct derive_build *builds;
+	uint64_t next_token;
+	uv_timer_t timer;          /* the next deadline of a builder or a waiter */
+	struct derive_hooks hooks;
+	struct derive_stats stats;
+	int closed;
+};
+
+/* What derive_request() decided. */
+enum derive_outcome {
+	DERIVE_READY = 0, /* *artifact: attach it */
+	DERIVE_BUILD = 1, /* *build: conn is its builder (derive_attach_source) */
+	DERIVE_WAIT = 2,  /* conn waits; a hook answers it later */
+};
+
+/* Sets up t for r (and r's drop_derived hook); 0 or -errno. */
+int derive_init(struct derive_table *t, struct registry *r, const struct derive_hooks *hooks);
+
+/* Fails every waiter and build, drops every artifact nobody holds (those
+ * held close with their last holder), closes the timer. Before
+ * registry_close(). */
+void derive_close(struct derive_table *t);
+
+/*
+ * A DERIVE of d from conn (peer's credentials, request seq): checks access
+ * to the model and that it has derive = yes, then finds the artifact of its
+ * current generation and d's key, the build in progress, or starts one
+ * when peer may build. Returns an enum derive_outcome (filling *artifact or
+ * *build), or -errno with the client's message in msg: -ENOENT, -EACCES,
+ * -EPERM, -EIO, -ESTALE, -EAGAIN (wait_ms 0 and a build runs), -ENOMEM.
+ */
+int derive_request(struct derive_table *t, const struct wire_derive *d,
+	const struct registry_peer *peer, void *conn, uint32_t seq, struct derived **artifact,
+	struct derive_build **build, char *msg, size_t msg_size);
+
+/* Attaches artifact a for a client: a reference and the descriptors. */
+void derive_attach(struct derive_table *t, struct derived *a, struct registry_attachment *out);
+
+/* Attaches b's source generation for its builder. */
+void derive_attach_source(struct derive_table *t, struct derive_build *b,
+	struct registry_attachment *out);
+
+/* The token that names b in PUBLISH and ABANDON. */
+uint64_t derive_token(const struct derive_build *b);
+
+/*
+ * PUBLISH of token by conn with memfd (always taken: kept on success,
+ * closed otherwise). Seals, validates and serves it; answers the waiters
+ * (hooks.ready); *out is the artifact for the builder's own attach. On
+ * failure -errno with msg: -ESTALE (no such build in progress), -EPERM
+ * (another connection's), and for the build's own failures (-EBUSY,
+ * -EBADMSG, -EINVAL, -ENOENT) the build ends for good and the waiters get
+ * the error.
+ */
+int derive_publish(struct derive_table *t, void *conn, uint64_t token, int memfd,
+	struct derived **out, char *msg, size_t msg_size);
+
+/* ABANDON of token by conn with a reason: the build ends for good. 0, or
+ * -ESTALE / -EPERM as for derive_publish. */
+int derive_abandon(struct derive_table *t, void *conn, uint64_t token, const char *reason,
+	char *msg, size_t msg_size);
+
+/* conn closed: it waits no more, and the builds it ran go to the next
+ * waiter that may build. */
+void derive_conn_gone(struct derive_table *t, void *conn);
+
+/* Releases a reference a client held on g (any generation: derive's or a
+ * model's), and drops g's artifact when that was the last holder of an
+ * artifact whose source is no longer current. */
+void derive_release(struct derive_table *t, struct generation *g);
+
+/* Drops the artifacts nobody holds whose source generation is no longer
+ * its model's current one (after a swap or an unload). */
+void derive_collect(struct derive_table *t);
+
+/* For status: calls fn for every artifact of the model called model_name. */
+struct derive_info {
+	const char *key;
+	uint64_t source;      /* source generation */
+	uint64_t bytes;
+	uint64_t attach_count;
+	unsigned holders;
+	double build_seconds;
+	uid_t builder_uid;
+	pid_t builder_pid;
+	const char *format;   /* "safetensors" or "weig" */
+	int building;         /* 1: a build in progress (bytes etc. are 0) */
+	unsigned waiting;     /* a build's waiters */
+};
+void derive_each(const struct derive_table *t, const char *model_name,
+	void (*fn)(const struct derive_info *, void *), void *arg);
+
+#endif
