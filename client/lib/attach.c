@@ -28,8 +28,14 @@
  * lists its records; the model's release hook (model.h) is the record's,
  * so wc_release() reaches this file without model.c knowing of clients.
  *
- * Layering: the top of libwcache's attach path (model.c < attach_reply.c <
- * attach.c): this file calls both, and neither calls it.
+ * derive.c sends its requests (DERIVE, PUBLISH, ABANDON) through the same
+ * machinery, which attach.h shares with it: attach_call() (a request with
+ * the deadline and the reconnect), attach_exchange() (one without the
+ * reconnect) and attach_keep() (a model the client holds). A record says
+ * what kind of attach it is: a derived artifact is never named in a HOLD.
+ *
+ * Layering: model.c < attach_reply.c < attach.c < derive.c: this file calls
+ * the first two, and neither calls it.
  */
 #include <errno.h>
 #include <limits.h>
@@ -46,6 +52,7 @@
 #include "base/error.h"
 #include "proto/defaults.h"
 #include "proto/fdpass.h"
+#include "lib/attach.h"
 #include "lib/attach_reply.h"
 #include "lib/model.h"
 #include "proto/wire.h"
@@ -53,33 +60,6 @@
 #define DEFAULT_TIMEOUT_MS 30000 /* long enough for socket activation to start wcached */
 #define TIMEOUT_ENV "WCACHE_TIMEOUT"
 #define MAX_TIMEOUT_S (INT_MAX / 1000)
-
-struct wc_client {
-	int fd;               /* replaced by a reconnect (wc_client_fd() changes) */
-	uint64_t connection;  /* counts reconnects: which connection fd is */
-	pid_t pid;            /* the process that connected */
-	uint32_t seq;
-	int timeout_ms;       /* 0: wait forever */
-	char *path;
-	char *where;          /* "wcached at PATH", for messages */
-	pthread_mutex_t lock; /* one request at a time on the socket */
-	struct attach_record *records; /* models attached through it, still held */
-	struct attach_cache cache;    /* the status page, mapped once; the last index */
-};
-
-/*
- * A model attached through a client: its release hook's context, freed by
- * that hook (attach_release()). It outlives its client: wc_disconnect()
- * only sets client to NULL.
- */
-struct attach_record {
-	struct attach_model am;       /* the model, its handle, its shared mappings */
-	struct wc_client *client;     /* NULL once the client is gone */
-	uint64_t connection;          /* the client's connection number it came over */
-	pid_t pid;                    /* the process that attached */
-	struct attach_record *next;   /* in the client's list */
-	struct attach_record **prevp;
-};
 
 /* ---- the process's pid without a system call ---- */
 
@@ -102,8 +82,8 @@ self_pid_init(void)
 /* getpid(), kept up to date across fork() by an atfork handler, because
  * every attach and release asks (a child must stay silent on its parent's
  * connection) and getpid() is a system call. */
-static pid_t
-self_pid(void)
+pid_t
+attach_self_pid(void)
 {
 	pthread_once(&self_pid_once, self_pid_init);
 	return __atomic_load_n(&self_pid_value, __ATOMIC_RELAXED);
@@ -148,7 +128,7 @@ apply_timeout(int fd, int ms, const char *path)
 
 /* Seconds since start on the monotonic clock (a vDSO call, not a system call). */
 static double
-elapsed_since(const struct timespec *start)
+attach_elapsed(const struct timespec *start)
 {
 	struct timespec now;
 
@@ -164,7 +144,7 @@ timed_out(wc_client *c, const char *what, const struct timespec *start)
 	shutdown(c->fd, SHUT_RDWR);
 	return error_set(-ETIMEDOUT, "%s did not %s within %.3g s (waited %.3g s; the limit is "
 		"%s or wc_set_timeout()); connection closed", c->where, what,
-		c->timeout_ms / 1000.0, elapsed_since(start), TIMEOUT_ENV);
+		c->timeout_ms / 1000.0, attach_elapsed(start), TIMEOUT_ENV);
 }
 
 int
@@ -228,7 +208,7 @@ open_connection(const char *path, int ms, int *out)
 			return error_set(-ETIMEDOUT, "wcached at %s did not accept the connection "
 				"within %.3g s (waited %.3g s; the limit is %s or "
 				"wc_connect_timeout())", path, ms / 1000.0,
-				elapsed_since(&start), TIMEOUT_ENV);
+				attach_elapsed(&start), TIMEOUT_ENV);
 		if (e == ENOENT || e == ECONNREFUSED)
 			return error_set(-e, "wcached is not running at %s (%s)", path,
 				strerror(e));
@@ -263,7 +243,7 @@ wc_connect_timeout(const char *socket_path, int timeout_ms, wc_client **out)
 		return error_set(-ENOMEM, "wc_connect: out of memory");
 	}
 	c->fd = fd;
-	c->pid = self_pid();
+	c->pid = attach_self_pid();
 	c->timeout_ms = timeout_ms;
 	pthread_mutex_init(&c->lock, NULL);
 	*out = c;
@@ -271,9 +251,8 @@ wc_connect_timeout(const char *socket_path, int timeout_ms, wc_client **out)
 }
 
 static ssize_t roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq,
-	uint8_t *buf, size_t cap, int *fds, size_t maxfds, size_t *nfds, struct wire_message *msg,
-	int *dead);
-static uint32_t next_seq(wc_client *c);
+	int send_fd, int limit_ms, uint8_t *buf, size_t cap, int *fds, size_t maxfds, size_t *nfds,
+	struct wire_message *msg, int *dead);
 
 /*
  * After a reconnect: tells the new daemon, with one HOLD each, which
@@ -304,16 +283,17 @@ announce_holds(wc_client *c, int ms)
 		const wc_model *m = a->am.model;
 		uint32_t seq;
 
-		if (a->connection == c->connection || m->name == NULL)
+		if (a->connection == c->connection || m->name == NULL ||
+			a->kind != ATTACH_KIND_GENERATION)
 			continue;
-		if (ms > 0 && elapsed_since(&start) * 1000 >= ms)
+		if (ms > 0 && attach_elapsed(&start) * 1000 >= ms)
 			return 0;
-		seq = next_seq(c);
+		seq = attach_next_seq(c);
 		n = wire_put_hold(req, sizeof(req), seq, m->generation, m->name, strlen(m->name));
 		if (n < 0)
 			continue;
-		n = roundtrip(c, req, (size_t)n, seq, buf, sizeof(buf), fds, WIRE_MAX_FDS, &nfds,
-			&msg, &dead);
+		n = roundtrip(c, req, (size_t)n, seq, -1, c->timeout_ms, buf, sizeof(buf), fds,
+			WIRE_MAX_FDS, &nfds, &msg, &dead);
 		if (n == -ETIMEDOUT)
 			return (int)n;
 		if (n < 0)
@@ -377,8 +357,8 @@ reconnect(wc_client *c, int ms)
 
 /* The next request's seq: counts from 1 and skips 0, which marks a
  * request that wants no reply. */
-static uint32_t
-next_seq(wc_client *c)
+uint32_t
+attach_next_seq(wc_client *c)
 {
 	if (++c->seq == 0)
 		c->seq = 1;
@@ -386,13 +366,17 @@ next_seq(wc_client *c)
 }
 
 /*
- * Sends one request and receives its reply (matching seq) into buf, with up
- * to maxfds descriptors, which pass to the caller. Replies to other requests
- * (there should be none) are dropped with their descriptors closed.
+ * Sends one request, with the descriptor send_fd unless it is -1 (it stays
+ * the caller's), and receives its reply (matching seq) into buf, with up
+ * to maxfds descriptors, which pass to the caller. Replies to other
+ * requests (there should be none) are dropped with their descriptors
+ * closed. limit_ms (0: none) bounds the wait when announcements keep
+ * coming, each of which restarts the socket's own receive timeout.
  */
 static ssize_t
-roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, uint8_t *buf,
-	size_t cap, int *fds, size_t maxfds, size_t *nfds, struct wire_message *msg, int *dead)
+roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, int send_fd,
+	int limit_ms, uint8_t *buf, size_t cap, int *fds, size_t maxfds, size_t *nfds,
+	struct wire_message *msg, int *dead)
 {
 	struct timespec start;
 	ssize_t n;
@@ -408,7 +392,8 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, uint8_
 
 	*dead = 0;
 	clock_gettime(CLOCK_MONOTONIC, &start);
-	if ((n = fdp_send(c->fd, req, req_len, NULL, 0)) < 0) {
+	if ((n = fdp_send(c->fd, req, req_len, send_fd >= 0 ? &send_fd : NULL,
+		     send_fd >= 0 ? 1 : 0)) < 0) {
 		if (n == -EAGAIN)
 			return timed_out(c, "take the request", &start);
 		if (n != -EPIPE && n != -ECONNRESET && n != -ENOTCONN)
@@ -462,29 +447,117 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, uint8_
 				c->path, seq, msg->h.seq);
 		}
 		/* An announcement: drop it; the status page says what changed. */
-		if (c->timeout_ms > 0 && elapsed_since(&start) * 1000 > c->timeout_ms)
+		if (limit_ms > 0 && attach_elapsed(&start) * 1000 > limit_ms)
 			return timed_out(c, "answer", &start);
 	}
 }
 
 static void attach_release(wc_model *m, void *ctx);
 
+ssize_t
+attach_call(wc_client *c, attach_put_fn put, const void *arg, int grace_ms, uint8_t *buf,
+	size_t cap, int *fds, size_t *nfds, struct wire_message *msg)
+{
+	uint8_t req[WIRE_MAX_MESSAGE];
+	struct timespec start;
+	ssize_t n;
+	int r, left = c->timeout_ms, retimed = 0;
+
+	*nfds = 0;
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	for (int attempt = 0;; attempt++) {
+		int dead = 0, limit = left;
+		uint32_t seq = attach_next_seq(c);
+
+		/* The daemon answers by itself when left runs out: the receive
+		 * waits a little longer, so that its answer, not ours, says why. */
+		if (c->timeout_ms > 0 && grace_ms > 0) {
+			limit = left > INT_MAX - grace_ms ? INT_MAX : left + grace_ms;
+			if ((n = apply_timeout(c->fd, limit, c->path)) < 0)
+				break;
+			retimed = 1;
+		}
+		if ((n = put(req, sizeof(req), seq, left, arg)) < 0) {
+			n = error_set((int)n, "%s: cannot encode the request: %s", c->where,
+				strerror((int)-n));
+			break;
+		}
+		n = roundtrip(c, req, (size_t)n, seq, -1, limit, buf, cap, fds, WIRE_MAX_FDS, nfds,
+			msg, &dead);
+		if (n >= 0 || !dead || attempt > 0)
+			break;
+		/* Once: connect again within what is left of the deadline and
+		 * send the request again (the old daemon's attach, if it made
+		 * one, ended with its connection). */
+		left = c->timeout_ms == 0 ? 0 : c->timeout_ms - (int)(attach_elapsed(&start) * 1000);
+		if (c->timeout_ms > 0 && left <= 0) {
+			n = error_set(-ETIMEDOUT, "%s closed the connection and the deadline of "
+				"%.3g s has passed (the limit is %s or wc_set_timeout())", c->where,
+				c->timeout_ms / 1000.0, TIMEOUT_ENV);
+			break;
+		}
+		if ((n = reconnect(c, left)) < 0)
+			break;
+		retimed = 1;
+	}
+	if (retimed && c->timeout_ms > 0 && (r = apply_timeout(c->fd, c->timeout_ms, c->path)) < 0 &&
+		n >= 0) {
+		fdp_close_all(fds, *nfds);
+		*nfds = 0;
+		n = r;
+	}
+	return n;
+}
+
+ssize_t
+attach_exchange(wc_client *c, const uint8_t *req, size_t len, uint32_t seq, int send_fd,
+	uint8_t *buf, size_t cap, int *fds, size_t *nfds, struct wire_message *msg)
+{
+	int dead;
+
+	*nfds = 0;
+	return roundtrip(c, req, len, seq, send_fd, c->timeout_ms, buf, cap, fds, WIRE_MAX_FDS,
+		nfds, msg, &dead);
+}
+
+void
+attach_keep(wc_client *c, struct attach_record *a, enum attach_kind kind)
+{
+	a->kind = kind;
+	a->pid = c->pid;
+	a->client = c;
+	a->connection = c->connection;
+	a->next = c->records;
+	if (c->records != NULL)
+		c->records->prevp = &a->next;
+	a->prevp = &c->records;
+	c->records = a;
+	a->am.model->release = attach_release;
+	a->am.model->release_ctx = a;
+}
+
+/* ATTACH's encoder for attach_call(): arg is the model's name. */
+static ssize_t
+put_attach(uint8_t *buf, size_t cap, uint32_t seq, int left_ms, const void *arg)
+{
+	(void)left_ms;
+	return wire_put_attach(buf, cap, seq, arg, strlen(arg));
+}
+
 int
 wc_attach(wc_client *c, const char *model, wc_model **out)
 {
-	uint8_t req[WIRE_MAX_MESSAGE], buf[WIRE_MAX_MESSAGE];
+	uint8_t buf[WIRE_MAX_MESSAGE];
 	int fds[WIRE_MAX_FDS];
 	size_t nfds = 0, len;
 	struct wire_message msg;
 	struct attach_record *a;
 	ssize_t n;
-	uint32_t seq;
-	struct timespec start;
-	int r, unusable, reconnected = 0;
+	int r, unusable;
 
 	if (c == NULL || model == NULL || out == NULL)
 		return error_set(-EINVAL, "wc_attach: no client or model name");
-	if (c->pid != self_pid())
+	if (c->pid != attach_self_pid())
 		return error_set(-ECHILD, "model \"%s\": this client was connected by process %d; "
 			"call wc_connect() again after fork()", model, (int)c->pid);
 	len = strlen(model);
@@ -497,36 +570,7 @@ wc_attach(wc_client *c, const char *model, wc_model **out)
 		return error_set(-ENOMEM, "model \"%s\": out of memory", model);
 
 	pthread_mutex_lock(&c->lock);
-	clock_gettime(CLOCK_MONOTONIC, &start);
-	for (int attempt = 0;; attempt++) {
-		int dead = 0, left;
-
-		seq = next_seq(c);
-		n = wire_put_attach(req, sizeof(req), seq, model, len);
-		if (n >= 0)
-			n = roundtrip(c, req, (size_t)n, seq, buf, sizeof(buf), fds, WIRE_MAX_FDS,
-				&nfds, &msg, &dead);
-		if (n >= 0 || !dead || attempt > 0)
-			break;
-		/* Once: connect again within what is left of the deadline and
-		 * send the request again (the old daemon's attach, if it made
-		 * one, ended with its connection). */
-		left = c->timeout_ms == 0 ? 0 : c->timeout_ms - (int)(elapsed_since(&start) * 1000);
-		if (c->timeout_ms > 0 && left <= 0) {
-			n = error_set(-ETIMEDOUT, "%s closed the connection and the deadline of "
-				"%.3g s has passed (the limit is %s or wc_set_timeout())", c->where,
-				c->timeout_ms / 1000.0, TIMEOUT_ENV);
-			break;
-		}
-		if ((n = reconnect(c, left)) < 0)
-			break;
-		reconnected = 1;
-	}
-	if (reconnected && c->timeout_ms > 0 && (r = apply_timeout(c->fd, c->timeout_ms, c->path)) < 0 &&
-		n >= 0) {
-		fdp_close_all(fds, nfds);
-		n = r;
-	}
+	n = attach_call(c, put_attach, model, 0, buf, sizeof(buf), fds, &nfds, &msg);
 	if (n < 0) {
 		pthread_mutex_unlock(&c->lock);
 		free(a);
@@ -541,16 +585,7 @@ wc_attach(wc_client *c, const char *model, wc_model **out)
 		free(a);
 		return r;
 	}
-	a->pid = c->pid;
-	a->client = c;
-	a->connection = c->connection;
-	a->next = c->records;
-	if (c->records != NULL)
-		c->records->prevp = &a->next;
-	a->prevp = &c->records;
-	c->records = a;
-	a->am.model->release = attach_release;
-	a->am.model->release_ctx = a;
+	attach_keep(c, a, ATTACH_KIND_GENERATION);
 	pthread_mutex_unlock(&c->lock);
 	*out = a->am.model;
 	return 0;
@@ -593,7 +628,7 @@ attach_forget(struct attach_record *a, uint64_t *connection)
 	}
 	/* Only the process that attached holds the daemon's handle; a child
 	 * after fork() shares the socket and must stay silent on it. */
-	if (a->pid == self_pid() && c->pid == a->pid)
+	if (a->pid == attach_self_pid() && c->pid == a->pid)
 		handle = a->am.handle;
 	*connection = a->connection;
 	pthread_mutex_unlock(&c->lock);
@@ -687,7 +722,7 @@ wc_client_dispatch(wc_client *c)
 		if (n == -EAGAIN)
 			break;
 		if (n == 0 || n == -ECONNRESET) {
-			if (c->pid == self_pid() && (r = reconnect(c, c->timeout_ms)) == 0)
+			if (c->pid == attach_self_pid() && (r = reconnect(c, c->timeout_ms)) == 0)
 				r = apply_timeout(c->fd, c->timeout_ms, c->path);
 			else if (r == 0)
 				r = error_set(-ECONNRESET, "%s closed the connection", c->where);

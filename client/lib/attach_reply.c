@@ -17,6 +17,10 @@
  * client last attached, which it keeps while that generation is current
  * (see attach.c), so attaching it again maps no index at all.
  *
+ * The replies to DERIVE and PUBLISH are made into models here too
+ * (attach_reply_to()): an artifact's ATTACH_OK is a model of one file,
+ * named "NAME [KEY]", and a BUILD is the source's ATTACH_OK with a token.
+ *
  * Layering: model.c < attach_reply.c < attach.c. A model made here borrows
  * its index from the attach_index mapping; the attach_model that holds
  * both (attach_reply.h) belongs to the caller, attach.c.
@@ -306,15 +310,26 @@ fail:
 }
 
 int
-attach_reply(const char *name, const char *where, const uint8_t *buf, size_t len, int *fds,
-	size_t nfds, struct attach_cache *cache, int *unusable, struct attach_model *out)
+attach_reply_to(enum attach_request req, const char *name, const char *key, const char *where,
+	const uint8_t *buf, size_t len, int *fds, size_t nfds, struct attach_cache *cache,
+	int *unusable, struct attach_model *out, uint64_t *token)
 {
 	struct wire_message msg;
 	struct wire_attach_ok ok;
 	struct attach_model a = { NULL, 0, NULL, NULL };
-	int r;
+	/* How messages name what was asked, and the name of what came. */
+	char what[WIRE_MAX_NAME + WIRE_MAX_KEY + 32], model[WIRE_MAX_NAME + WIRE_MAX_KEY + 8];
+	uint64_t build_token = 0;
+	int r, is_build;
 
 	*unusable = 1;
+	if (key == NULL || req == ATTACH_REQUEST_ATTACH) {
+		snprintf(what, sizeof(what), "model \"%s\"", name);
+		snprintf(model, sizeof(model), "%s", name);
+	} else {
+		snprintf(what, sizeof(what), "model \"%s\", key \"%s\"", name, key);
+		snprintf(model, sizeof(model), "%s [%s]", name, key);
+	}
 	if ((r = wire_decode(buf, len, &msg)) < 0) {
 		close_received(fds, nfds);
 		return error_set(r, "%s sent a malformed reply%s", where,
@@ -329,18 +344,25 @@ attach_reply(const char *name, const char *where, const uint8_t *buf, size_t len
 		close_received(fds, nfds);
 		*unusable = 0;
 		if (wire_get_error(&msg, &code, &text, &tlen) < 0)
-			return error_set(-EBADMSG, "model \"%s\": malformed error from %s", name,
-				where);
+			return error_set(-EBADMSG, "%s: malformed error from %s", what, where);
 		code = -code; /* the wire carries positive errno values */
-		if (code == -ENOENT)
+		if (code == -ENOENT && req != ATTACH_REQUEST_PUBLISH)
 			return error_set(code, "model \"%s\" is not served by %s", name, where);
-		return error_set(code, "model \"%s\": %.*s (%s)", name, (int)tlen, text, where);
+		return error_set(code, "%s: %.*s (%s)", what, (int)tlen, text, where);
 	}
-	if (msg.h.type != WIRE_ATTACH_OK || wire_get_attach_ok(&msg, &ok) < 0) {
+	/* BUILD answers only DERIVE; an artifact is one file. */
+	is_build = msg.h.type == WIRE_BUILD && req == ATTACH_REQUEST_DERIVE;
+	if (is_build ? wire_get_build(&msg, &ok, &build_token) < 0 :
+		       msg.h.type != WIRE_ATTACH_OK || wire_get_attach_ok(&msg, &ok) < 0) {
 		close_received(fds, nfds);
-		return error_set(-EBADMSG, "model \"%s\": unexpected reply from %s", name, where);
+		return error_set(-EBADMSG, "%s: unexpected reply from %s", what, where);
 	}
-	r = model_from_fds(name, &ok, fds, nfds, cache, &a);
+	if (!is_build && req != ATTACH_REQUEST_ATTACH && ok.file_count != 1) {
+		close_received(fds, nfds);
+		return error_set(-EBADMSG, "%s: %s sent an artifact of %u files, not 1", what,
+			where, ok.file_count);
+	}
+	r = model_from_fds(is_build ? name : model, &ok, fds, nfds, cache, &a);
 	close_received(fds, nfds);
 	if (r < 0 || a.model == NULL) {
 		r = r < 0 ? r : -EIO;
@@ -351,7 +373,17 @@ attach_reply(const char *name, const char *where, const uint8_t *buf, size_t len
 	a.model->generation = ok.generation;
 	a.handle = ok.handle;
 	*out = a;
-	return 0;
+	if (is_build)
+		*token = build_token;
+	return is_build;
+}
+
+int
+attach_reply(const char *name, const char *where, const uint8_t *buf, size_t len, int *fds,
+	size_t nfds, struct attach_cache *cache, int *unusable, struct attach_model *out)
+{
+	return attach_reply_to(ATTACH_REQUEST_ATTACH, name, NULL, where, buf, len, fds, nfds,
+		cache, unusable, out, NULL);
 }
 
 void

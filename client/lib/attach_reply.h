@@ -86,6 +86,26 @@ void attach_cache_clear(struct attach_cache *cache);
 int attach_reply(const char *name, const char *where, const uint8_t *buf, size_t len, int *fds,
 	size_t nfds, struct attach_cache *cache, int *unusable, struct attach_model *out);
 
+/* The request a reply answers, which decides what it may be. */
+enum attach_request {
+	ATTACH_REQUEST_ATTACH = 1, /* ATTACH_OK or ERROR */
+	ATTACH_REQUEST_DERIVE,     /* ATTACH_OK of an artifact (one file), BUILD, or ERROR */
+	ATTACH_REQUEST_PUBLISH,    /* ATTACH_OK of an artifact (one file), or ERROR */
+};
+
+/*
+ * attach_reply() for the reply to req. key (NULL for ATTACH) names the
+ * derived artifact in messages and in the model's name ("NAME [KEY]").
+ * Returns 0 when *out is the model or artifact asked for; 1 for a BUILD
+ * (only to DERIVE): *out is the source generation (named name) and *token
+ * the build's token; or a negative errno as attach_reply(). Any other
+ * reply, and an artifact of more than one file, is malformed (-EBADMSG,
+ * *unusable set). Closes every descriptor, on every path.
+ */
+int attach_reply_to(enum attach_request req, const char *name, const char *key, const char *where,
+	const uint8_t *buf, size_t len, int *fds, size_t nfds, struct attach_cache *cache,
+	int *unusable, struct attach_model *out, uint64_t *token);
+
 /* Frees the model (model_free(): its files are unmapped first), then drops
  * its index and status page references; zeroes a; safe on a zeroed one. */
 void attach_model_free(struct attach_model *a);

@@ -34,6 +34,7 @@ extern "C" {
 
 typedef struct wc_model wc_model;
 typedef struct wc_client wc_client;
+typedef struct wc_build wc_build;
 
 typedef struct wc_tensor {
 	const char *name;      /* NUL-terminated UTF-8 */
@@ -144,6 +145,68 @@ WC_EXPORT int wc_attach(wc_client *c, const char *model, wc_model **out);
 /* Closes the connection. Models attached through it stay valid; the daemon
  * counts them as released (it still never truncates their files). */
 WC_EXPORT void wc_disconnect(wc_client *c);
+
+/*
+ * Derived artifacts: the model wcached serves under name, transformed by
+ * key (1 to 64 letters, digits or "._+-": "f32-v1", "int8-rowwise-v2"),
+ * computed once by one worker and then attached by every other worker like
+ * a model (proto/PROTOCOL.md, "Derived artifacts"; the model's section in
+ * wcached.conf says whether it has artifacts and who may compute them).
+ *
+ * Returns 0 when *out is the artifact, attached: a model of one file whose
+ * wc_model_generation() is the source generation's number and which reads
+ * stale (wc_model_stale()) when its model has a newer generation; release
+ * it with wc_release(). Returns 1 when this process is the builder: *build
+ * is set, the source generation is wc_build_source(*build), and the caller
+ * computes the artifact and ends the build with wc_build_publish(),
+ * wc_build_publish_fd() or wc_build_abandon(), on this client, before the
+ * model's derive_timeout. Returns a negative errno otherwise, with
+ * wc_errmsg() naming the model, the key and why: -EACCES (no artifact yet
+ * and this process may not build it), -EPERM (the model has no derived
+ * artifacts), -ETIMEDOUT (another worker's build took longer than the
+ * deadline), -ECANCELED (that build was abandoned or its artifact
+ * refused), -EHOSTDOWN (its builder went away), -ENOENT, -EAGAIN as
+ * wc_attach().
+ *
+ * While another worker builds, the call waits for it up to the client's
+ * deadline (wc_connect_timeout(), wc_set_timeout(); 0 waits as long as the
+ * build takes). A dead connection is replaced once, as in wc_attach().
+ */
+WC_EXPORT int wc_derive(wc_client *c, const char *model, const char *key, wc_model **out,
+	wc_build **build);
+
+/* The source generation a builder computes from: a model like an attached
+ * one, valid until the build ends (wc_build_publish*, wc_build_abandon). */
+WC_EXPORT const wc_model *wc_build_source(const wc_build *b);
+
+/*
+ * Publishes the artifact: writes tensors[0 .. n) and nmeta metadata pairs
+ * (metadata[2i] a key, metadata[2i + 1] its value; NULL when nmeta is 0)
+ * as a safetensors file into a new memfd, straight from the tensors' data,
+ * and sends it to wcached, which seals and validates it and serves it to
+ * every waiting worker. Each tensor's name, dtype (safetensors spelling),
+ * shape and data are read during the call only; nbytes must be that of its
+ * shape. On success *out is the artifact, attached, as from wc_derive().
+ * Ends b whatever happens (b is freed and the source released): a tensor
+ * the writer refuses abandons the build with the writer's message; -EBUSY,
+ * -EBADMSG and others are wcached's refusal, with its reason.
+ */
+WC_EXPORT int wc_build_publish(wc_build *b, const wc_tensor *tensors, size_t n,
+	const char *const *metadata, size_t nmeta, wc_model **out);
+
+/*
+ * Publishes a memfd the caller filled with a whole safetensors or WEIG file
+ * (memfd_create with MFD_ALLOW_SEALING). The caller keeps memfd, and must
+ * not keep a writable shared mapping of it: wcached seals it against
+ * writes and refuses it (-EBUSY) while one exists. On success *out is the
+ * artifact. Ends b whatever happens, as wc_build_publish().
+ */
+WC_EXPORT int wc_build_publish_fd(wc_build *b, int memfd, wc_model **out);
+
+/* Tells wcached that the build failed, with reason (UTF-8, cut at 1024
+ * bytes; NULL for none), which the waiting workers get in their error; ends
+ * b. Accepts NULL. */
+WC_EXPORT void wc_build_abandon(wc_build *b, const char *reason);
 
 /*
  * For event-loop workers: a descriptor that becomes readable when wcached

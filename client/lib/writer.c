@@ -10,6 +10,13 @@
  * failure unlinks the temporary file and leaves the output path as it was.
  * Data is copied from the mappings in large writes, byte-swapped through the
  * buffer when a big-endian file is converted.
+ *
+ * writer_safetensors_fd() is the other way out: a derived artifact's
+ * builder (derive.c) writes the caller's tensors straight into a memfd it
+ * then hands to wcached. There is no temporary name and nothing to rename;
+ * tensors of a megabyte or more go from the caller's memory to the
+ * descriptor in write(2)s of up to 1 GiB, smaller ones through the buffer,
+ * so the file is never assembled in memory.
  */
 #include <byteswap.h>
 #include <errno.h>
@@ -68,11 +75,13 @@ struct wt_model {
 	int swap; /* 1: the data is big-endian, swap each element */
 };
 
-/* An output file being written under a temporary name. */
+/* An output file being written under a temporary name, or a descriptor
+ * the caller owns (out_begin_fd: no temporary name, never closed here). */
 struct out_file {
-	const char *path; /* the final path, for messages */
-	char *tmp;        /* the temporary path, NULL once renamed */
+	const char *path; /* the final path (or what the descriptor is), for messages */
+	char *tmp;        /* the temporary path, NULL once renamed or for a descriptor */
 	int fd;
+	int borrowed;     /* 1: fd is the caller's; out_abort() leaves it open */
 	uint8_t *buf;
 	size_t used;
 	uint64_t pos;     /* bytes written so far, buffered ones included */
@@ -190,7 +199,7 @@ fail:
 static void
 out_abort(struct out_file *o)
 {
-	if (o->fd >= 0)
+	if (o->fd >= 0 && !o->borrowed)
 		close(o->fd);
 	if (o->tmp != NULL)
 		unlink(o->tmp);
@@ -199,6 +208,23 @@ out_abort(struct out_file *o)
 	o->fd = -1;
 	o->tmp = NULL;
 	o->buf = NULL;
+}
+
+/*
+ * Starts writing to the caller's descriptor fd, at its current offset; what
+ * names it in messages. Nothing is renamed or synced: out_finish_fd()
+ * flushes, and out_abort() frees the buffer and leaves fd open.
+ */
+static int
+out_begin_fd(int fd, const char *what, struct out_file *o)
+{
+	memset(o, 0, sizeof(*o));
+	o->path = what;
+	o->fd = fd;
+	o->borrowed = 1;
+	if ((o->buf = malloc(OUT_BUFFER_SIZE)) == NULL)
+		return error_set(-ENOMEM, "%s: out of memory", what);
+	return 0;
 }
 
 /* Writes all of p[0..n) to the file, unbuffered. */
@@ -674,38 +700,157 @@ st_header(struct wt_model *wm, const char *out_path, char **out, size_t *out_len
 	return 0;
 }
 
+/* Checks that wm can be a safetensors file (no reserved name, offsets
+ * within 64 bits) and builds its header; what names the output. */
+static int
+st_prepare(struct wt_model *wm, const char *what, char **header, size_t *header_len)
+{
+	uint64_t total = 0;
+	char q[160];
+
+	for (size_t i = 0; i < wm->n; i++) {
+		if (strcmp(wm->t[i].name, "__metadata__") == 0)
+			return error_set(-EINVAL, "%s: tensor %s cannot be written to safetensors"
+				" (the name is reserved)", what,
+				json_quote(q, sizeof(q), wm->t[i].name, wm->t[i].name_len));
+		if (add_u64(&total, wm->t[i].nbytes) < 0)
+			return error_set(-EOVERFLOW, "%s: model too large for 64-bit offsets",
+				what);
+	}
+	return st_header(wm, what, header, header_len);
+}
+
+/* Appends the whole file: the header's length, the header, the data. */
+static int
+st_put(struct out_file *o, const struct wt_model *wm, const char *header, size_t header_len)
+{
+	uint8_t prefix[8];
+	int rc;
+
+	put_le64(prefix, header_len);
+	if ((rc = out_put(o, prefix, sizeof(prefix))) < 0 ||
+		(rc = out_put(o, header, header_len)) < 0)
+		return rc;
+	return write_data(o, wm, 0);
+}
+
 /* Writes wm as safetensors to out_path, atomically. */
 static int
 write_safetensors(struct wt_model *wm, const char *out_path)
 {
 	struct out_file o;
-	uint8_t prefix[8];
 	char *header = NULL;
 	size_t header_len = 0;
-	uint64_t total = 0;
-	char q[160];
 	int rc;
 
-	for (size_t i = 0; i < wm->n; i++) {
-		if (strcmp(wm->t[i].name, "__metadata__") == 0)
-			return error_set(-EINVAL, "%s: tensor %s cannot be written to safetensors"
-				" (the name is reserved)", out_path,
-				json_quote(q, sizeof(q), wm->t[i].name, wm->t[i].name_len));
-		if (add_u64(&total, wm->t[i].nbytes) < 0)
-			return error_set(-EOVERFLOW, "%s: model too large for 64-bit offsets",
-				out_path);
-	}
-	if ((rc = st_header(wm, out_path, &header, &header_len)) < 0)
+	if ((rc = st_prepare(wm, out_path, &header, &header_len)) < 0)
 		return rc;
-	put_le64(prefix, header_len);
 	if ((rc = out_begin(out_path, &o)) == 0) {
-		if ((rc = out_put(&o, prefix, sizeof(prefix))) == 0 &&
-			(rc = out_put(&o, header, header_len)) == 0 &&
-			(rc = write_data(&o, wm, 0)) == 0)
+		if ((rc = st_put(&o, wm, header, header_len)) == 0)
 			rc = out_commit(&o);
 		out_abort(&o); /* unlinks the temporary file unless it was renamed */
 	}
 	free(header);
+	return rc;
+}
+
+/*
+ * Gathers a caller's tensors and metadata pairs (metadata[2i] the key,
+ * metadata[2i + 1] the value) for writing, checking what a reader would
+ * refuse: a missing name or dtype, an unknown dtype, too many dimensions,
+ * a byte count that is not the shape's, data missing for a non-empty
+ * tensor. The arrays point at the caller's strings and data.
+ */
+static int
+wt_from_tensors(const wc_tensor *tensors, size_t n, const char *const *metadata, size_t nmeta,
+	const char *what, struct wt_model *wm)
+{
+	char q[160];
+	int rc = 0;
+
+	memset(wm, 0, sizeof(*wm));
+	if ((n > 0 && tensors == NULL) || (nmeta > 0 && metadata == NULL))
+		return error_set(-EINVAL, "%s: no tensors or metadata given", what);
+	if (nmeta > SIZE_MAX / 2)
+		return error_set(-EINVAL, "%s: %zu metadata pairs", what, nmeta);
+	wm->t = calloc(n > 0 ? n : 1, sizeof(*wm->t));
+	wm->meta = calloc(nmeta > 0 ? nmeta : 1, sizeof(*wm->meta));
+	if (wm->t == NULL || wm->meta == NULL) {
+		wt_free(wm);
+		return error_set(-ENOMEM, "%s: out of memory for %zu tensors", what, n);
+	}
+	for (size_t i = 0; i < n && rc == 0; i++) {
+		const wc_tensor *ten = &tensors[i];
+		struct wt_tensor *t = &wm->t[i];
+		uint64_t elements, nbytes;
+
+		if (ten->name == NULL || ten->dtype == NULL) {
+			rc = error_set(-EINVAL, "%s: tensor %zu has no name or no dtype", what, i);
+			break;
+		}
+		t->name = ten->name;
+		t->name_len = strlen(ten->name);
+		json_quote(q, sizeof(q), t->name, t->name_len);
+		t->type = dtype_by_name(ten->dtype, strlen(ten->dtype));
+		if (t->type == NULL)
+			rc = error_set(-EINVAL, "%s: tensor %s: unknown dtype \"%.32s\"", what, q,
+				ten->dtype);
+		else if (ten->ndim > INDEX_MAX_NDIM || (ten->ndim > 0 && ten->shape == NULL))
+			rc = error_set(-EINVAL, "%s: tensor %s: %u dimensions (at most %u, with a "
+				"shape)", what, q, ten->ndim, INDEX_MAX_NDIM);
+		else if (dtype_nbytes(t->type, ten->shape, ten->ndim, &elements, &nbytes) < 0 ||
+			nbytes != ten->nbytes)
+			rc = error_set(-EINVAL, "%s: tensor %s: %" PRIu64 " bytes of data do not "
+				"make its shape of %s", what, q, ten->nbytes, t->type->name);
+		else if (ten->data == NULL && ten->nbytes > 0)
+			rc = error_set(-EINVAL, "%s: tensor %s: no data", what, q);
+		t->ndim = ten->ndim;
+		t->shape = ten->shape;
+		t->data = ten->data;
+		t->nbytes = ten->nbytes;
+	}
+	wm->n = n;
+	for (size_t i = 0; i < nmeta && rc == 0; i++) {
+		struct wt_meta *e = &wm->meta[i];
+
+		e->key = metadata[2 * i];
+		e->value = metadata[2 * i + 1];
+		if (e->key == NULL || e->value == NULL) {
+			rc = error_set(-EINVAL, "%s: metadata pair %zu has no key or no value",
+				what, i);
+			break;
+		}
+		e->key_len = strlen(e->key);
+		e->value_len = strlen(e->value);
+	}
+	wm->nmeta = nmeta;
+	if (rc == 0)
+		rc = wt_sort(wm, what);
+	if (rc < 0)
+		wt_free(wm);
+	return rc;
+}
+
+int
+writer_safetensors_fd(const wc_tensor *tensors, size_t n, const char *const *metadata,
+	size_t nmeta, int fd, const char *what)
+{
+	struct wt_model wm;
+	struct out_file o;
+	char *header = NULL;
+	size_t header_len = 0;
+	int rc;
+
+	if ((rc = wt_from_tensors(tensors, n, metadata, nmeta, what, &wm)) < 0)
+		return rc;
+	if ((rc = st_prepare(&wm, what, &header, &header_len)) == 0 &&
+		(rc = out_begin_fd(fd, what, &o)) == 0) {
+		if ((rc = st_put(&o, &wm, header, header_len)) == 0)
+			rc = out_flush(&o);
+		out_abort(&o); /* frees the buffer; fd stays the caller's */
+	}
+	free(header);
+	wt_free(&wm);
 	return rc;
 }
 

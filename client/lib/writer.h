@@ -2,9 +2,10 @@
  * writer.h: writing models to disk (safetensors and WEIG). The WEIG layout
  * the writer shares with the reader is format/weig.h's.
  *
- * Writers never leave a partial output: they write a temporary file in the
- * output's directory, fsync it and rename it over the output path; on any
- * failure they unlink the temporary file and the output path is untouched.
+ * Writers to a path never leave a partial output: they write a temporary
+ * file in the output's directory, fsync it and rename it over the output
+ * path; on any failure they unlink the temporary file and the output path is
+ * untouched. writer_safetensors_fd() writes to the caller's descriptor.
  * Errors follow error.h: a negative errno code and a message naming the file.
  */
 #ifndef WC_WRITER_H
@@ -36,6 +37,19 @@ int writer_weig(const wc_model *m, const char *out_path);
  * tensors' data back to back, in byte order of names.
  */
 int writer_safetensors(const wc_model *m, const char *out_path);
+
+/*
+ * Writes the caller's tensors, and nmeta metadata pairs (metadata[2i] the
+ * key, metadata[2i + 1] the value), as a standard safetensors file (as
+ * writer_safetensors() lays it out) to fd from its current offset, for a
+ * memfd that is then published. Checks each tensor (known dtype, at most
+ * INDEX_MAX_NDIM dimensions, nbytes that of its shape, data when not
+ * empty, no duplicate or reserved name); what names the output in
+ * messages. fd stays the caller's, open, whatever happens; after a failure
+ * it may hold part of the file.
+ */
+int writer_safetensors_fd(const wc_tensor *tensors, size_t n, const char *const *metadata,
+	size_t nmeta, int fd, const char *what);
 
 /*
  * Reads the big-endian WEIG file in_path, validates it completely and writes

@@ -13,10 +13,14 @@
  *                from the payload below with a good header); bit 1: fix
  *                index_size and file_count to what is sent; bit 2: send a
  *                status page; bit 3: seal the index; bit 4: pass file 0
- *                writable; bit 5: the index descriptor is a pipe
+ *                writable; bit 5: the index descriptor is a pipe; bit 6:
+ *                the reply answers DERIVE (attach_reply_to: an artifact's
+ *                ATTACH_OK, or BUILD); bit 7: built as BUILD (48 bytes:
+ *                the ATTACH_OK payload and a token), answering DERIVE
  *   u8  nfiles   model files sent (mod 4)
  *   u16 n, then n bytes: the index
- *   raw: u16 n, then n bytes: the message; else 40 bytes: ATTACH_OK payload
+ *   raw: u16 n, then n bytes: the message; else 40 (BUILD: 48) bytes: the
+ *        payload
  *   nfiles x u16: each file's size
  *   the rest: the status page's bytes
  */
@@ -39,6 +43,8 @@
 #define MODE_SEAL 8u
 #define MODE_WRITABLE 16u
 #define MODE_PIPE 32u
+#define MODE_DERIVE 64u
+#define MODE_BUILD 128u
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -122,6 +128,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	unsigned mode, nfiles;
 	struct attach_cache cache = { NULL, NULL };
 	struct attach_model am = { NULL, 0, NULL, NULL };
+	uint64_t token = 0;
 	int unusable;
 
 	if ((mode_b = take(&p, &left, 1)) == NULL || (nf_b = take(&p, &left, 1)) == NULL ||
@@ -139,11 +146,16 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	} else {
 		static const uint8_t head[16] = { 0x57, 0x43, 0x50, 0x31, 1, 0, 129, 0, 40, 0, 0,
 			0, 1, 0, 0, 0 };
+		size_t plen = (mode & MODE_BUILD) ? 48 : 40;
 
-		if ((payload = take(&p, &left, 40)) == NULL)
+		if ((payload = take(&p, &left, plen)) == NULL)
 			return 0;
 		memcpy(msg, head, 16);
-		memcpy(msg + 16, payload, 40);
+		if (mode & MODE_BUILD) {
+			msg[6] = WIRE_BUILD;
+			msg[8] = 48;
+		}
+		memcpy(msg + 16, payload, plen);
 		if (mode & MODE_FIX) {
 			for (int i = 0; i < 8; i++)
 				msg[16 + 16 + i] = (uint8_t)((uint64_t)index_len >> (8 * i));
@@ -152,7 +164,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			msg[16 + 28] = (mode & MODE_STATUS) ? 1 : 0;
 			msg[16 + 29] = msg[16 + 30] = msg[16 + 31] = 0;
 		}
-		msg_len = 56;
+		msg_len = 16 + plen;
 	}
 
 	/* The descriptors, in ATTACH_OK's order. */
@@ -184,8 +196,11 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			return 0;
 		}
 
-	if (attach_reply("fuzz", "the fuzzer", msg, msg_len, fds, nfds, &cache, &unusable,
-		    &am) == 0) {
+	if ((mode & (MODE_DERIVE | MODE_BUILD)) ?
+		attach_reply_to(ATTACH_REQUEST_DERIVE, "fuzz", "key-v1", "the fuzzer", msg, msg_len,
+			fds, nfds, &cache, &unusable, &am, &token) >= 0 :
+		attach_reply("fuzz", "the fuzzer", msg, msg_len, fds, nfds, &cache, &unusable,
+			&am) == 0) {
 		use_model(am.model);
 		attach_model_free(&am);
 	}

@@ -12,6 +12,9 @@
         state = {k: f.get_tensor(k) for k in f.keys()}
 
     from wcache.torch import load_file, save_file # safetensors.torch
+
+    f32 = wcache.derived("llama", "f32-v1",       # computed once, by one worker,
+        lambda src: {k: v.float() for k, v in src.items()})  # shared by all
     wcache.install()                              # or WCACHE_SAFETENSORS=1: an
                                                   # installed safetensors uses wcache
 
@@ -27,6 +30,7 @@ from ._lib import (DaemonUnavailable, LibraryNotFound, ModelNotFound, NoSuchFile
                    SafetensorError, WcacheError, library_path)
 from ._safe_open import _safe_open_handle, open_model, safe_open
 from ._serialize import TensorSpec, deserialize, serialize, serialize_file
+from ._derived import derived
 from ._install import install, uninstall
 from .model import Client, Model, TensorInfo, connect, default_socket, open_file
 
@@ -36,5 +40,5 @@ __all__ = [
     "Client", "Model", "TensorInfo", "connect", "open_file", "open_model", "safe_open",
     "default_socket", "library_path", "WcacheError", "DaemonUnavailable", "ModelNotFound",
     "LibraryNotFound", "NoSuchFile", "SafetensorError", "TensorSpec", "serialize",
-    "serialize_file", "deserialize", "install", "uninstall",
+    "serialize_file", "deserialize", "install", "uninstall", "derived",
 ]

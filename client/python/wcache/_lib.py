@@ -141,6 +141,13 @@ _OPTIONAL = {
     "wc_set_timeout": (ctypes.c_int, [_P, ctypes.c_int]),
     # Every tensor record in one call (wcache/_table.py).
     "wc_model_tensors": (ctypes.c_int, [_P, ctypes.c_size_t, _T, ctypes.c_size_t]),
+    # Derived artifacts (wcache/_derived.py).
+    "wc_derive": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_char_p, _PP, _PP]),
+    "wc_build_source": (_P, [_P]),
+    "wc_build_publish": (ctypes.c_int, [_P, _T, ctypes.c_size_t,
+                                        ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t, _PP]),
+    "wc_build_publish_fd": (ctypes.c_int, [_P, ctypes.c_int, _PP]),
+    "wc_build_abandon": (None, [_P, ctypes.c_char_p]),
 }
 
 _lock = threading.Lock()

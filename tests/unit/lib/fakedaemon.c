@@ -6,15 +6,21 @@
 #include "testutil.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "proto/fdpass.h"
+#include "proto/memfds.h"
 
 int
 fake_sem_wait(sem_t *s)
@@ -30,6 +36,56 @@ fake_sem_wait(sem_t *s)
 	return r;
 }
 
+int
+fake_listen(const char *path)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd;
+
+	if (strlen(path) >= sizeof(sa.sun_path))
+		return -1;
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	if ((fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0)) < 0)
+		return -1;
+	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(fd, 8) < 0) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+int
+fake_status_page(size_t bytes, uint64_t slot, uint64_t generation, uint64_t **map)
+{
+	int fd = memfd_create("wctest-status", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	uint64_t *p;
+
+	if (fd < 0)
+		return -1;
+	if (slot >= bytes / 8 || ftruncate(fd, (off_t)bytes) < 0 ||
+		(p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+		close(fd);
+		return -1;
+	}
+	__atomic_store_n(&p[0], STATUS_MAGIC, __ATOMIC_RELEASE);
+	__atomic_store_n(&p[slot], generation, __ATOMIC_RELEASE);
+	if (fcntl(fd, F_ADD_SEALS, STATUS_PAGE_SEALS) < 0) {
+		munmap(p, bytes);
+		close(fd);
+		return -1;
+	}
+	*map = p;
+	return fd;
+}
+
+void
+fake_join(struct fake *k)
+{
+	if (k->started) {
+		pthread_join(k->thread, NULL);
+		k->started = 0;
+	}
+}
 
 void
 fake_fail(struct fake *k, const char *fmt, ...)
@@ -97,6 +153,13 @@ fake_reply(struct fake *k, int conn, uint32_t seq)
 		n = wire_put_attach_ok(buf, sizeof(buf), seq + k->seq_delta, &ok);
 		break;
 	}
+	case REPLY_BUILD: {
+		struct wire_attach_ok ok = k->ok;
+
+		ok.handle += (uint64_t)__atomic_load_n(&k->accepted, __ATOMIC_ACQUIRE) - 1;
+		n = wire_put_build(buf, sizeof(buf), seq + k->seq_delta, &ok, k->token);
+		break;
+	}
 	case REPLY_ERROR:
 		n = wire_put_error(buf, sizeof(buf), seq + k->seq_delta, k->err_code, k->err_text);
 		break;
@@ -122,17 +185,90 @@ fake_reply(struct fake *k, int conn, uint32_t seq)
 	return 0;
 }
 
-/* Answers ATTACH as scripted, RELEASE with RELEASE_OK (none to a RELEASE
- * of seq 0, as wcached) and HOLD as hold_handle says, until the client
- * closes the connection. */
+/* Keeps what a PUBLISH brought: its seals and its bytes; closes fd. */
+static void
+fake_take_published(struct fake *k, int fd)
+{
+	struct stat st;
+	size_t len;
+
+	k->published_seals = fcntl(fd, F_GET_SEALS);
+	free(k->published);
+	k->published = NULL;
+	k->published_len = 0;
+	if (fstat(fd, &st) == 0 && st.st_size >= 0) {
+		k->published_len = (size_t)st.st_size;
+		len = k->published_len < FAKE_PUBLISHED_MAX ? k->published_len : FAKE_PUBLISHED_MAX;
+		k->published = malloc(len > 0 ? len : 1);
+		if (k->published == NULL || pread(fd, k->published, len, 0) != (ssize_t)len)
+			fake_fail(k, "cannot read the published memfd");
+	}
+	close(fd);
+}
+
+/* Answers PUBLISH as k->publish says. Returns 1 when the connection is to
+ * be closed now. */
+static int
+fake_publish_reply(struct fake *k, int conn, uint32_t seq)
+{
+	const struct fake_publish *p = &k->publish;
+	uint8_t buf[WIRE_MAX_MESSAGE];
+	ssize_t n;
+
+	switch (p->kind) {
+	case REPLY_ATTACH_OK:
+		n = wire_put_attach_ok(buf, sizeof(buf), seq, &p->ok);
+		break;
+	case REPLY_ERROR:
+		n = wire_put_error(buf, sizeof(buf), seq, p->err_code, p->err_text);
+		break;
+	case REPLY_RAW:
+		if (p->raw_len > sizeof(buf))
+			return 1;
+		memcpy(buf, p->raw, p->raw_len);
+		n = (ssize_t)p->raw_len;
+		break;
+	default:
+		return 1;
+	}
+	if (n < 0 || fake_raw_send(conn, buf, (size_t)n, p->fds, p->nfds) < 0) {
+		if (n < 0 || !client_gone())
+			fake_fail(k, "cannot answer PUBLISH");
+		return 1;
+	}
+	return 0;
+}
+
+/* Answers ABANDON: RELEASE_OK, or the scripted ERROR. */
+static int
+fake_abandon_reply(struct fake *k, int conn, uint32_t seq)
+{
+	uint8_t buf[WIRE_MAX_MESSAGE];
+	ssize_t n = k->abandon_err_code == 0 ? wire_put_release_ok(buf, sizeof(buf), seq) :
+		wire_put_error(buf, sizeof(buf), seq, k->abandon_err_code, "build 9 ended");
+
+	if (n < 0 || fdp_send(conn, buf, (size_t)n, NULL, 0) < 0) {
+		fake_fail(k, "cannot answer ABANDON");
+		return 1;
+	}
+	return 0;
+}
+
+/* Answers ATTACH and DERIVE as scripted, RELEASE with RELEASE_OK (none to
+ * a RELEASE of seq 0, as wcached), HOLD as hold_handle says, PUBLISH and
+ * ABANDON as publish and abandon_err_code say, until the client closes
+ * the connection. Only PUBLISH may carry a descriptor (exactly one). */
 static void
 fake_serve(struct fake *k, int conn)
 {
 	uint8_t buf[WIRE_MAX_MESSAGE];
 	struct wire_message msg;
+	struct wire_derive d;
 	const char *name;
 	size_t nfds, len;
 	ssize_t n;
+	int fds[2];
+	uint64_t token;
 	int first = __atomic_load_n(&k->accepted, __ATOMIC_ACQUIRE) == 1, attaches = 0;
 
 	for (;;) {
@@ -140,16 +276,42 @@ fake_serve(struct fake *k, int conn)
 			fake_fail(k, "no request within the deadline");
 			return;
 		}
-		n = fdp_recv(conn, buf, sizeof(buf), NULL, 0, &nfds);
+		n = fdp_recv(conn, buf, sizeof(buf), fds, 2, &nfds);
 		/* The end, or a reset: a client that reconnects closes its old
 		 * socket with our reply possibly unread. */
 		if (n == 0 || n == -ECONNRESET)
 			return;
-		if (n < 0 || wire_decode(buf, (size_t)n, &msg) < 0) {
-			fake_fail(k, "malformed request (%zd)", n);
+		if (n < 0 || wire_decode(buf, (size_t)n, &msg) < 0 ||
+			nfds != (msg.h.type == WIRE_PUBLISH ? 1u : 0u)) {
+			if (n > 0)
+				fdp_close_all(fds, nfds);
+			fake_fail(k, "malformed request (%zd, %zu descriptors)", n, n > 0 ? nfds : 0);
 			return;
 		}
-		if (msg.h.type == WIRE_ATTACH && wire_get_attach(&msg, &name, &len) == 0) {
+		if (msg.h.type == WIRE_PUBLISH && wire_get_publish(&msg, &token) == 0) {
+			k->publishes++;
+			k->published_token = token;
+			fake_take_published(k, fds[0]);
+			if (fake_publish_reply(k, conn, msg.h.seq))
+				return;
+		} else if (msg.h.type == WIRE_ABANDON &&
+			wire_get_abandon(&msg, &token, &name, &len) == 0) {
+			k->abandons++;
+			k->abandoned_token = token;
+			memcpy(k->reason, name, len);
+			k->reason[len] = '\0';
+			if (fake_abandon_reply(k, conn, msg.h.seq))
+				return;
+		} else if (msg.h.type == WIRE_DERIVE && wire_get_derive(&msg, &d) == 0) {
+			memcpy(k->name, d.name, d.name_len);
+			k->name[d.name_len] = '\0';
+			memcpy(k->key, d.key, d.key_len);
+			k->key[d.key_len] = '\0';
+			k->wait_ms = d.wait_ms;
+			k->derives++;
+			if (fake_reply(k, conn, msg.h.seq))
+				return;
+		} else if (msg.h.type == WIRE_ATTACH && wire_get_attach(&msg, &name, &len) == 0) {
 			memcpy(k->name, name, len);
 			k->name[len] = '\0';
 			k->attaches++;

@@ -36,10 +36,26 @@ enum fake_mode {
 
 enum reply_kind {
 	REPLY_ATTACH_OK, /* wire_put_attach_ok(ok) */
+	REPLY_BUILD,     /* wire_put_build(ok, token) */
 	REPLY_ERROR,     /* wire_put_error(err_code, err_text) */
 	REPLY_RAW,       /* raw[0..raw_len) as it is */
 	REPLY_CLOSE,     /* no reply: close the connection */
 };
+
+/* The reply to PUBLISH (test_derive.c): an ATTACH_OK of the artifact with
+ * fds, or an ERROR, or raw bytes with fds. */
+struct fake_publish {
+	enum reply_kind kind;
+	struct wire_attach_ok ok;
+	int fds[4];                 /* owned by the fixture */
+	size_t nfds;
+	int32_t err_code;
+	const char *err_text;
+	uint8_t raw[64];
+	size_t raw_len;
+};
+
+#define FAKE_PUBLISHED_MAX (1u << 20) /* bytes of a published memfd the fake keeps */
 
 struct fake {
 	/* The script, set before fake_start(). */
@@ -61,6 +77,9 @@ struct fake {
 	int connections;            /* served one after another; 0 means 1 */
 	int first_close_at;         /* the Nth ATTACH on the first connection is
 				     * answered by closing it (0: never) */
+	uint64_t token;             /* the build token of REPLY_BUILD */
+	struct fake_publish publish; /* how PUBLISH is answered */
+	int32_t abandon_err_code;   /* ABANDON: RELEASE_OK when 0, else this ERROR */
 	int64_t hold_handle;        /* HOLD: answered HOLD_OK with this handle; 0:
 				     * ERROR ENOENT (a cold daemon); -1: an ERROR
 				     * of seq 0 and the connection closed (a
@@ -76,6 +95,18 @@ struct fake {
 	uint64_t held_generation;   /* of the last one */
 	int accepted;               /* connections accepted so far (atomic) */
 	char name[WIRE_MAX_NAME + 1];
+	int derives;                /* DERIVEs received */
+	uint32_t wait_ms;           /* of the last one */
+	char key[WIRE_MAX_KEY + 1]; /* of the last one */
+	int publishes;              /* PUBLISHes received */
+	uint64_t published_token;
+	int published_seals;        /* F_GET_SEALS of its memfd, -1 if not a memfd */
+	uint8_t *published;         /* its bytes (malloc'd, up to FAKE_PUBLISHED_MAX;
+				     * the test frees it) */
+	size_t published_len;       /* the memfd's whole size */
+	int abandons;               /* ABANDONs received */
+	uint64_t abandoned_token;
+	char reason[WIRE_MAX_REASON + 1]; /* of the last one */
 	char failure[256];
 	/* Internal. */
 	int listen_fd;
@@ -103,5 +134,17 @@ ssize_t fake_raw_send(int sock, const void *buf, size_t len, const int *fds, siz
 
 /* Waits for s with the deadline; 0 or -1. */
 int fake_sem_wait(sem_t *s);
+
+/* A SOCK_SEQPACKET socket listening at path, for listen_fd; -1 on failure. */
+int fake_listen(const char *path);
+
+/* The daemon's status page as wcached makes it: a sealed memfd called
+ * "wctest-status" of bytes bytes, magic in slot 0 and generation in slot,
+ * with the daemon's writable mapping (made before the seals) in *map, to
+ * announce new generations through. Returns the memfd, or -1. */
+int fake_status_page(size_t bytes, uint64_t slot, uint64_t generation, uint64_t **map);
+
+/* Joins the fake's thread if it was started. */
+void fake_join(struct fake *k);
 
 #endif

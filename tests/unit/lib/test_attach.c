@@ -276,9 +276,7 @@ static int
 setup(void **state)
 {
 	struct fixture *f = calloc(1, sizeof(*f));
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	uint8_t a[A_SIZE], b[B_SIZE];
-	void *p;
 
 	assert_non_null(f);
 	memset(&fault, 0, sizeof(fault));
@@ -302,36 +300,14 @@ setup(void **state)
 
 	/* The daemon's status page: mapped writable before the seals, as
 	 * wcached does; the fake writes new generations through it. */
-	f->status_fd = memfd_create("wctest-status", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	f->status_fd = fake_status_page(PAGE_SIZE_BYTES, SLOT, GENERATION, &f->status);
 	assert_true(f->status_fd >= 0);
-	assert_int_equal(ftruncate(f->status_fd, PAGE_SIZE_BYTES), 0);
-	p = mmap(NULL, PAGE_SIZE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, f->status_fd, 0);
-	assert_true(p != MAP_FAILED);
-	f->status = p;
-	__atomic_store_n(&f->status[0], STATUS_MAGIC, __ATOMIC_RELEASE);
-	__atomic_store_n(&f->status[SLOT], GENERATION, __ATOMIC_RELEASE);
-	assert_int_equal(fcntl(f->status_fd, F_ADD_SEALS, PAGE_SEALS), 0);
-
-	f->fake.listen_fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	f->fake.listen_fd = fake_listen(f->sock);
 	assert_true(f->fake.listen_fd >= 0);
-	assert_true(strlen(f->sock) < sizeof(sa.sun_path));
-	memcpy(sa.sun_path, f->sock, strlen(f->sock) + 1);
-	assert_int_equal(bind(f->fake.listen_fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	assert_int_equal(listen(f->fake.listen_fd, 8), 0);
 	f->fake.conn = -1;
 	fake_good(f);
 	*state = f;
 	return 0;
-}
-
-/* Joins the fake daemon's thread if it runs. */
-static void
-fake_join(struct fixture *f)
-{
-	if (f->fake.started) {
-		pthread_join(f->fake.thread, NULL);
-		f->fake.started = 0;
-	}
 }
 
 /* Undoes setup() and whatever a failed test left behind. */
@@ -344,7 +320,7 @@ teardown(void **state)
 	 * the end of the stream and a release sends nothing. */
 	wc_disconnect(f->client);
 	wc_release(f->model);
-	fake_join(f);
+	fake_join(&f->fake);
 	for (size_t i = 0; i < f->nextra; i++)
 		close(f->extra[i]);
 	close(f->fake.listen_fd);
@@ -391,7 +367,7 @@ fake_start(struct fixture *f)
 static void
 fake_finish(struct fixture *f)
 {
-	fake_join(f);
+	fake_join(&f->fake);
 	if (f->fake.failure[0] != '\0')
 		fail_msg("fake daemon: %s", f->fake.failure);
 }

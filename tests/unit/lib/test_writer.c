@@ -3,7 +3,9 @@
  * WEIG -> safetensors must keep names, dtypes, shapes, metadata and every
  * data byte; big-endian WEIG files must come out little-endian with each
  * element swapped by its dtype's size; and a failed write must leave no
- * output and no temporary file behind.
+ * output and no temporary file behind. writer_safetensors_fd() must write
+ * the caller's tensors as a file the library's reader accepts, and refuse
+ * tensors it would not.
  */
 #include <dirent.h>
 #include <endian.h>
@@ -17,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -703,6 +706,146 @@ test_no_partial_output(void **state)
 	tu_rmtree(dir);
 }
 
+/* ---- writing the caller's tensors to a descriptor ---- */
+
+/* Copies what fd holds into dir/name and opens it with the library. */
+static wc_model *
+open_fd_copy(const char *dir, const char *name, int fd)
+{
+	struct stat st;
+	uint8_t *buf;
+	char *path;
+	wc_model *m = NULL;
+
+	assert_int_equal(fstat(fd, &st), 0);
+	buf = malloc((size_t)st.st_size);
+	assert_non_null(buf);
+	assert_int_equal(pread(fd, buf, (size_t)st.st_size, 0), st.st_size);
+	path = tu_write(dir, name, buf, (size_t)st.st_size);
+	if (wc_open_file(path, &m) != 0)
+		fail_msg("the written file does not open: %s", wc_errmsg());
+	free(buf);
+	free(path);
+	return m;
+}
+
+/*
+ * writer_safetensors_fd() writes a valid safetensors file into a memfd:
+ * every tensor's bytes (one of them over the 1 MiB buffer, written
+ * straight from the caller's memory), sorted names, metadata; the
+ * descriptor stays open.
+ */
+static void
+test_safetensors_fd(void **state)
+{
+	char *dir = tu_tmpdir();
+	static const uint64_t big_shape[] = { 3, 1 << 18 }, small_shape[] = { 5 };
+	const uint64_t big_n = 3u << 18;
+	uint16_t *big = malloc(big_n * 2);
+	int8_t small[5] = { -2, -1, 0, 1, 2 };
+	const char *meta[] = { "quant", "int8-rowwise", "format", "pt" };
+	wc_tensor t[3], got;
+	wc_model *m;
+	int fd, fds = tu_count_fds();
+
+	(void)state;
+	assert_non_null(big);
+	for (uint64_t i = 0; i < big_n; i++)
+		big[i] = (uint16_t)(i * 31);
+	t[0] = (wc_tensor){ "z.big", "BF16", 2, big_shape, big, big_n * 2 };
+	t[1] = (wc_tensor){ "a.small", "I8", 1, small_shape, small, sizeof(small) };
+	t[2] = (wc_tensor){ "m.scalar", "F32", 0, NULL, "\0\0\x80\x3f", 4 };
+	fd = memfd_create("wctest-artifact", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	assert_true(fd >= 0);
+	assert_int_equal(writer_safetensors_fd(t, 3, meta, 2, fd, "artifact"), 0);
+	assert_int_equal(fcntl(fd, F_GETFD), FD_CLOEXEC); /* still open, the caller's */
+
+	m = open_fd_copy(dir, "out.safetensors", fd);
+	assert_int_equal(wc_model_count(m), 3);
+	assert_int_equal(wc_model_tensor(m, 0, &got), 0);
+	assert_string_equal(got.name, "a.small");
+	assert_string_equal(got.dtype, "I8");
+	assert_memory_equal(got.data, small, sizeof(small));
+	assert_int_equal(wc_model_find(m, "z.big", &got), 0);
+	assert_string_equal(got.dtype, "BF16");
+	assert_int_equal(got.ndim, 2);
+	assert_int_equal(got.shape[1], 1 << 18);
+	assert_int_equal(got.nbytes, big_n * 2);
+	assert_memory_equal(got.data, big, big_n * 2);
+	assert_int_equal(wc_model_find(m, "m.scalar", &got), 0);
+	assert_int_equal(got.ndim, 0);
+	assert_memory_equal(got.data, "\0\0\x80\x3f", 4);
+	assert_string_equal(wc_model_metadata(m, "quant"), "int8-rowwise");
+	assert_string_equal(wc_model_metadata(m, "format"), "pt");
+	wc_release(m);
+	close(fd);
+
+	/* No tensors at all is a valid (empty) file too. */
+	fd = memfd_create("wctest-artifact", MFD_CLOEXEC);
+	assert_int_equal(writer_safetensors_fd(NULL, 0, NULL, 0, fd, "artifact"), 0);
+	m = open_fd_copy(dir, "empty.safetensors", fd);
+	assert_int_equal(wc_model_count(m), 0);
+	wc_release(m);
+	close(fd);
+
+	free(big);
+	assert_int_equal(tu_count_fds(), fds);
+	tu_rmtree(dir);
+}
+
+/* Tensors a reader would refuse are refused before anything is written,
+ * naming the output and the tensor; a failing write names the output. */
+static void
+test_safetensors_fd_refuses(void **state)
+{
+	static const uint64_t shape[] = { 2, 2 };
+	float d[4] = { 0 };
+	const char *meta_null[] = { "k", NULL };
+	wc_tensor t[2];
+	struct stat st;
+	int fd = memfd_create("wctest-artifact", MFD_CLOEXEC), ro, fds;
+	char *dir = tu_tmpdir(), *path;
+
+	(void)state;
+	fds = tu_count_fds();
+	t[0] = (wc_tensor){ "w", "F32", 2, shape, d, 12 };
+	assert_int_equal(writer_safetensors_fd(t, 1, NULL, 0, fd, "out"), -EINVAL);
+	assert_non_null(strstr(wc_errmsg(), "out: tensor \"w\": 12 bytes"));
+	t[0] = (wc_tensor){ "w", "F33", 2, shape, d, 16 };
+	assert_int_equal(writer_safetensors_fd(t, 1, NULL, 0, fd, "out"), -EINVAL);
+	assert_non_null(strstr(wc_errmsg(), "unknown dtype"));
+	t[0] = (wc_tensor){ "w", "F32", 2, NULL, d, 16 };
+	assert_int_equal(writer_safetensors_fd(t, 1, NULL, 0, fd, "out"), -EINVAL);
+	t[0] = (wc_tensor){ "w", "F32", 2, shape, NULL, 16 };
+	assert_int_equal(writer_safetensors_fd(t, 1, NULL, 0, fd, "out"), -EINVAL);
+	assert_non_null(strstr(wc_errmsg(), "no data"));
+	t[0] = (wc_tensor){ NULL, "F32", 2, shape, d, 16 };
+	assert_int_equal(writer_safetensors_fd(t, 1, NULL, 0, fd, "out"), -EINVAL);
+	t[0] = (wc_tensor){ "w", "F32", 2, shape, d, 16 };
+	t[1] = t[0];
+	assert_int_equal(writer_safetensors_fd(t, 2, NULL, 0, fd, "out"), -EINVAL);
+	assert_non_null(strstr(wc_errmsg(), "duplicate"));
+	t[1].name = "__metadata__";
+	assert_int_equal(writer_safetensors_fd(t, 2, NULL, 0, fd, "out"), -EINVAL);
+	assert_non_null(strstr(wc_errmsg(), "reserved"));
+	assert_int_equal(writer_safetensors_fd(t, 1, meta_null, 1, fd, "out"), -EINVAL);
+	assert_non_null(strstr(wc_errmsg(), "metadata pair 0"));
+	assert_int_equal(fstat(fd, &st), 0);
+	assert_int_equal(st.st_size, 0); /* nothing was written */
+
+	/* A descriptor open for reading only: the write fails, named. */
+	path = tu_write(dir, "ro", "", 0);
+	ro = open(path, O_RDONLY | O_CLOEXEC);
+	assert_true(ro >= 0);
+	assert_int_equal(writer_safetensors_fd(t, 1, NULL, 0, ro, "out"), -EBADF);
+	assert_non_null(strstr(wc_errmsg(), "out: write"));
+	close(ro);
+	free(path);
+	assert_int_equal(tu_count_fds(), fds);
+	close(fd);
+	tu_rmtree(dir);
+}
+
 int
 main(void)
 {
@@ -714,6 +857,8 @@ main(void)
 		cmocka_unit_test(test_swap_helpers),
 		cmocka_unit_test(test_reserved_name),
 		cmocka_unit_test(test_no_partial_output),
+		cmocka_unit_test(test_safetensors_fd),
+		cmocka_unit_test(test_safetensors_fd_refuses),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

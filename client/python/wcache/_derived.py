@@ -1,0 +1,281 @@
+"""wcache.derived: weights computed once from a model and shared by every worker.
+
+    import wcache
+    f32 = wcache.derived("llama", "f32-v1",
+                         lambda src: {k: v.float() for k, v in src.items()})
+
+The first worker that asks for (model, key) becomes the builder: it gets the
+model's current generation as a state dict, calls ``build(source)``, and
+wcached seals, validates and serves what it returns; every other worker
+(and every later call) attaches that artifact like a model, zero-copy, and
+``build`` never runs there (proto/PROTOCOL.md, "Derived artifacts"; the C
+side is ``wc_derive()`` and ``wc_build_*()`` in wcache(3)).
+
+Lifetimes: the tensors returned are views of the artifact's mapping, as
+``Model.state_dict`` makes them (torch by default, numpy with
+``framework="np"``); the mapping lives as long as one of them does. The
+source state dict handed to ``build`` is made from an attach of the same
+generation that this module owns (not from the build's own source, which
+libwcache releases when the build ends), so a source tensor that ``build``
+keeps somewhere stays valid.
+
+Without a daemon (``DaemonUnavailable``), or when wcached does not serve the
+model, the source is opened in this process as ``safe_open`` opens it,
+``build`` runs here, and its result (made contiguous) is returned; a
+RuntimeWarning says so, once per (model, key) and process. Any other
+failure from the daemon is raised: a model with ``derive = no`` (EPERM), a
+worker that may not build (EACCES), a build that failed elsewhere
+(ECANCELED, EHOSTDOWN), or one that took longer than the deadline
+(ETIMEDOUT).
+"""
+import ctypes
+import errno
+import os
+import re
+import sys
+import threading
+import warnings
+
+from . import _lib
+from ._lib import DaemonUnavailable, ModelNotFound, WcacheError, check, wc_tensor
+from ._safe_open import _names, open_model
+from ._serialize import DTYPES as _NUMPY_DTYPES
+from .model import Model, _Handle, _framework, connect
+
+__all__ = ["derived"]
+
+_FUNCTIONS = ("wc_derive", "wc_build_source", "wc_build_publish", "wc_build_abandon")
+_TRIES = 3  # builds restarted because the model changed generation meanwhile
+_KEY = re.compile(r"[A-Za-z0-9._+-]{1,64}\Z")  # wire_key_valid() in proto/wire.c
+
+_warned = set()
+_warned_lock = threading.Lock()
+
+
+class _Unavailable(Exception):
+    """The daemon cannot serve this derivation: compute it locally (why)."""
+
+
+def _warn_once(target, key, why):
+    with _warned_lock:
+        if (target, key) in _warned:
+            return
+        _warned.add((target, key))
+    warnings.warn(f"wcache.derived({target!r}, {key!r}): {why}; computed in this process "
+                  f"and not shared with other workers", RuntimeWarning, stacklevel=3)
+
+
+def _st_dtype(value):
+    """(safetensors dtype, contiguous CPU tensor or array, its address, its
+    byte count) of one value of build's result; TypeError or ValueError
+    for what cannot be written."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        from ._dtypes import TORCH_TO_ST
+        if value.layout != torch.strided:
+            raise ValueError("a sparse tensor (make it dense with .to_dense())")
+        st = TORCH_TO_ST.get(str(value.dtype))
+        if st is None:
+            raise ValueError(f"dtype {value.dtype} has no safetensors spelling")
+        t = value.detach()
+        if t.device.type != "cpu":
+            t = t.to("cpu")
+        t = t.contiguous()
+        if sys.byteorder == "big" and t.element_size() > 1:
+            raise ValueError("a big-endian host (safetensors data is little-endian)")
+        return st, t, tuple(t.shape), (t.data_ptr() if t.nelement() else 0), \
+            t.nelement() * t.element_size()
+    import numpy as np
+    if isinstance(value, np.ndarray):
+        a = np.ascontiguousarray(value)
+        if a.dtype.byteorder == ">" or (a.dtype.byteorder == "=" and sys.byteorder == "big"):
+            a = a.byteswap().view(a.dtype.newbyteorder("<"))
+        st = _NUMPY_DTYPES.get(a.dtype.name)
+        if st is None:
+            raise ValueError(f"numpy dtype {a.dtype} has no safetensors spelling")
+        return st, a, tuple(a.shape), (a.ctypes.data if a.nbytes else 0), a.nbytes
+    raise TypeError(f"a {type(value).__module__}.{type(value).__name__}, not a torch "
+                    f"tensor or a numpy array")
+
+
+def _checked(result):
+    """[(name, dtype, tensor, shape, address, nbytes)] of build's result, in
+    its order; TypeError or ValueError naming the first bad entry."""
+    if not isinstance(result, dict):
+        raise TypeError(f"build returned a {type(result).__name__}, not a dict of "
+                        f"name -> tensor")
+    out = []
+    for name, value in result.items():
+        if not isinstance(name, str):
+            raise TypeError(f"build returned a key {name!r} that is not a str")
+        try:
+            st, t, shape, ptr, nbytes = _st_dtype(value)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"build returned {name!r}: {e}") from None
+        out.append((name, st, t, shape, ptr, nbytes))
+    return out
+
+
+def _publish(lib, build, entries, framework):
+    """Sends entries as the artifact (wc_build_publish ends the build);
+    returns the artifact's wc_model pointer."""
+    n = len(entries)
+    arr = (wc_tensor * max(n, 1))()
+    keep = []  # names and shapes must outlive the call; the tensors are in entries
+    for i, (name, st, _t, shape, ptr, nbytes) in enumerate(entries):
+        cname = name.encode("utf-8", "surrogateescape")
+        cshape = (ctypes.c_uint64 * max(len(shape), 1))(*shape)
+        keep.append((cname, cshape))
+        arr[i].name, arr[i].dtype = cname, st.encode("ascii")
+        arr[i].ndim, arr[i].shape = len(shape), ctypes.cast(cshape, ctypes.POINTER(ctypes.c_uint64))
+        arr[i].data, arr[i].nbytes = ptr or None, nbytes
+    meta = (ctypes.c_char_p * 2)(b"format", framework.encode("ascii"))
+    out = ctypes.c_void_p()
+    check(lib.wc_build_publish(build, arr, n, meta, 1, ctypes.byref(out)))
+    del keep
+    return out.value
+
+
+def _abandon(lib, build, reason):
+    # libwcache cuts the reason at 1024 bytes, at a character boundary.
+    lib.wc_build_abandon(build, reason.encode("utf-8", "replace").replace(b"\0", b" "))
+
+
+def _source(client, name, build_ptr, framework):
+    """The source state dict for build: from an attach of its own of the
+    build's source generation, so that its tensors live as long as Python
+    keeps them (the build's source is released when the build ends).
+    None when the model has moved on to another generation meanwhile."""
+    lib = _lib.lib()
+    generation = int(lib.wc_model_generation(lib.wc_build_source(build_ptr)))
+    own = client.attach(name)
+    if own.generation != generation:
+        own.close()
+        return None
+    return own.state_dict(framework)
+
+
+def _build_here(lib, client, target, name, key, build_ptr, build, framework):
+    """This process is the builder: runs build on the source, publishes,
+    returns the artifact's Model; abandons (with the reason) and raises
+    when anything fails. None when the source changed generation (the
+    build was abandoned; derive again)."""
+    try:
+        source = _source(client, name, build_ptr, framework)
+    except BaseException as e:
+        _abandon(lib, build_ptr, f"{type(e).__name__}: {e}")
+        raise
+    if source is None:
+        _abandon(lib, build_ptr, f"model {target!r} changed generation while the build "
+                                 f"began; the next derive builds from the new one")
+        return None
+    try:
+        result = build(source)
+    except BaseException as e:
+        _abandon(lib, build_ptr, f"{type(e).__name__}: {e}")
+        raise
+    del source
+    try:
+        entries = _checked(result)
+    except (TypeError, ValueError) as e:
+        _abandon(lib, build_ptr, f"{type(e).__name__}: {e}")
+        raise
+    del result
+    ptr = _publish(lib, build_ptr, entries, framework)
+    return Model(_Handle(ptr, f"{target} [{key}]", client), "wcached")
+
+
+def _derive(client, target, key, build, framework):
+    """The artifact's Model through wcached; raises _Unavailable when the
+    daemon does not serve target (compute locally)."""
+    lib = _lib.lib()
+    ckey = key.encode("utf-8")
+    why = None
+    for name in _names(target):
+        cname = name.encode("utf-8", "surrogateescape")
+        for _ in range(_TRIES):
+            out, build_ptr = ctypes.c_void_p(), ctypes.c_void_p()
+            rc = lib.wc_derive(client._ptr, cname, ckey, ctypes.byref(out),
+                               ctypes.byref(build_ptr))
+            if rc == 0:
+                return Model(_Handle(out.value, f"{name} [{key}]", client), "wcached")
+            if rc == 1:
+                model = _build_here(lib, client, target, name, key, build_ptr.value, build,
+                                    framework)
+                if model is not None:
+                    return model
+                continue
+            if rc == -errno.ENOENT:
+                why = _lib.errmsg()
+                break
+            if -rc in _lib._DAEMON_DOWN:
+                check(rc, DaemonUnavailable)
+            check(rc)
+        else:
+            raise WcacheError(errno.ESTALE, f"model {target!r}, key {key!r}: the model "
+                              f"changed generation during {_TRIES} builds in a row")
+    raise _Unavailable(why or f"wcached does not serve {target!r}")
+
+
+def _local(target, key, build, framework, why):
+    """build run on the source opened in this process; its result checked
+    (and made contiguous) like a publication."""
+    _warn_once(target, key, why)
+    model = open_model(target)
+    result = build(model.state_dict(framework))
+    entries = _checked(result)
+    return {name: t for name, _st, t, _shape, _ptr, _n in entries}
+
+
+def derived(name, key, build, framework="pt", socket=None, timeout=None):
+    """The model ``name`` transformed by ``key``, as {tensor name: tensor}.
+
+    name: a model wcached serves, or its configured path (or a path to the
+    model, as ``safe_open`` takes it). key: names the transformation and its
+    version, 1 to 64 letters, digits or ``._+-`` ("f32-v1",
+    "int8-rowwise-v2"); change it whenever build changes.
+
+    build(source) is called only in the process that becomes the builder,
+    with the source as a state dict, and returns a dict of torch tensors or
+    numpy arrays (any device, any strides: they are copied out, contiguous,
+    into the artifact). If it raises, the build is abandoned with
+    "ExceptionType: message" (the waiting workers get that reason) and the
+    exception propagates; a result that is not such a dict is abandoned and
+    raised as TypeError or ValueError.
+
+    framework: "pt" (torch, the default) or "np" (numpy), for both the
+    source and the result. socket, timeout: as :func:`wcache.connect`; the
+    timeout also bounds the wait for another worker's build (0: as long as
+    it takes).
+
+    Without wcached (or when it does not serve name) the source is opened
+    in this process and build runs here, with a RuntimeWarning once.
+    """
+    fw = _framework(framework)
+    if not callable(build):
+        raise TypeError(f"build must be callable, not {type(build).__name__}")
+    if not isinstance(key, str):
+        raise TypeError(f"key must be a str, not {type(key).__name__}")
+    if not _KEY.match(key):
+        raise ValueError(f"key {key!r}: 1 to 64 letters, digits or \"._+-\"")
+    target = os.fspath(name)
+    if not isinstance(target, str):
+        target = os.fsdecode(target)
+    if not all(_lib.has(f) for f in _FUNCTIONS):
+        return _local(target, key, build, fw, f"libwcache {_lib.library_path()} has no "
+                                              f"wc_derive()")
+    try:
+        client = connect(socket, timeout)
+    except DaemonUnavailable as e:
+        return _local(target, key, build, fw, str(e))
+    try:
+        model = _derive(client, target, key, build, fw)
+    except (_Unavailable, DaemonUnavailable, ModelNotFound) as e:
+        client.close()
+        return _local(target, key, build, fw, str(e))
+    except BaseException:
+        client.close()
+        raise
+    state = model.state_dict(fw)
+    model.close()  # the tensors keep the mapping (and the connection) alive
+    return state

@@ -1,0 +1,259 @@
+"""wcache.derived: one builder per (model generation, key) through a real
+wcached, every other caller attaching the artifact; the builder's failures
+reaching the daemon as ABANDON; and the local fallback without a daemon.
+
+The daemon serves the model with ``derive = yes`` (its section in
+wcached.conf); a model without it refuses (EPERM). Builds are counted in a
+file each build function appends to, so a test can tell which process
+built, across processes.
+"""
+import errno
+import os
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+
+import wcache
+from pyhelpers import Daemon, mkmodel, run_python
+
+
+def to_f32(src):
+    """The build of most tests: every tensor as float32."""
+    return {k: v.float() for k, v in src.items()}
+
+
+@pytest.fixture
+def derive_daemon(tmp_path, model_path, monkeypatch):
+    """wcached serving model_path (BF16) as "small" and an F32 model as
+    "wide", both with derived artifacts, and "plain" without;
+    $WCACHE_SOCKET points at it."""
+    import wcache._safe_open as so
+    f32_path = mkmodel(tmp_path / "wide.safetensors", seed=3, dtype="F32")
+    d = Daemon(tmp_path, {"small": (model_path, {"derive": "yes"}),
+                          "wide": (f32_path, {"derive": "yes"}),
+                          "plain": mkmodel(tmp_path / "plain.safetensors", seed=2)}).start()
+    d.f32_path = f32_path
+    monkeypatch.setenv("WCACHE_SOCKET", d.socket)
+    so._shared = None
+    yield d
+    so._shared = None
+    status = d.stop()
+    assert status == 0, f"wcached exited with {status}:\n{d.read_log()}"
+
+
+def counting(fn, calls):
+    def build(src):
+        calls.append(sorted(src))
+        return fn(src)
+    return build
+
+
+# ---- through wcached ----
+
+def test_first_call_builds_then_attaches(derive_daemon, model_path):
+    import torch
+    calls = []
+    first = wcache.derived("small", "f32-v1", counting(to_f32, calls))
+    assert len(calls) == 1
+    source = wcache.open_file(model_path)
+    assert calls[0] == sorted(source.keys())
+    again = wcache.derived("small", "f32-v1", counting(to_f32, calls))
+    assert len(calls) == 1, "the artifact existed: build must not run again"
+    assert sorted(first) == sorted(again) == sorted(source.keys())
+    for name in source.keys():
+        want = source.torch(name).float()
+        assert first[name].dtype == torch.float32
+        assert torch.equal(first[name], want)
+        assert torch.equal(again[name], want)
+
+
+def test_numpy_framework(derive_daemon, tmp_path):
+    src = wcache.open_file(derive_daemon.f32_path)
+    out = wcache.derived("wide", "np-neg-v1", lambda s: {k: -v for k, v in s.items()},
+                         framework="np")
+    for k in src.keys():
+        assert isinstance(out[k], np.ndarray)
+        assert not out[k].flags.writeable, "a view of the artifact's read-only mapping"
+        assert (out[k] == -src.numpy(k)).all()
+
+
+def test_path_names_the_model(derive_daemon, model_path):
+    out = wcache.derived(model_path, "f32-v1", to_f32)
+    again = wcache.derived("small", "f32-v1", lambda s: pytest.fail("built twice"))
+    assert sorted(out) == sorted(again)
+
+
+def test_non_contiguous_and_other_names(derive_daemon, model_path):
+    import torch
+
+    def build(src):
+        w = src[sorted(src)[0]]
+        return {"t": w.float().t(), "shape": torch.tensor(list(w.shape), dtype=torch.int64)}
+
+    out = wcache.derived("small", "transposed-v1", build)
+    src = wcache.open_file(model_path)
+    first = src.torch(src.keys()[0]).float()
+    assert torch.equal(out["t"], first.t().contiguous())
+    assert out["shape"].tolist() == list(first.shape)
+
+
+def test_build_exception_abandons_and_propagates(derive_daemon):
+    def broken(src):
+        raise ValueError("no tensor called lm_head")
+
+    with pytest.raises(ValueError, match="lm_head"):
+        wcache.derived("small", "f32-v1", broken)
+    # The build ended for good: the next call builds again.
+    calls = []
+    wcache.derived("small", "f32-v1", counting(to_f32, calls))
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("result, kind, words", [
+    ([1, 2], TypeError, "not a dict"),
+    ({"w": "text"}, TypeError, "'w'"),
+    ({3: np.zeros(2)}, TypeError, "not a str"),
+])
+def test_invalid_result_abandons(derive_daemon, result, kind, words):
+    with pytest.raises(kind, match=words):
+        wcache.derived("small", "bad-v1", lambda src: result)
+    calls = []
+    wcache.derived("small", "bad-v1", counting(to_f32, calls))
+    assert len(calls) == 1
+
+
+def test_model_without_derive_refuses(derive_daemon):
+    with pytest.raises(wcache.WcacheError) as e:
+        wcache.derived("plain", "f32-v1", to_f32)
+    assert e.value.errno == errno.EPERM
+    assert "plain" in str(e.value) and "f32-v1" in str(e.value)
+
+
+def test_one_build_across_processes(derive_daemon, tmp_path):
+    """Four processes ask at once: exactly one builds, all get the same
+    bytes."""
+    log = tmp_path / "builds.log"
+    code = textwrap.dedent(f"""
+        import os, hashlib, wcache
+        def build(src):
+            with open({str(log)!r}, "a") as f:
+                f.write(f"{{os.getpid()}}\\n")
+            return {{k: v.float() * 3 for k, v in src.items()}}
+        out = wcache.derived("small", "x3-v1", build, timeout=120)
+        h = hashlib.sha256()
+        for k in sorted(out):
+            h.update(k.encode()); h.update(out[k].numpy().tobytes())
+        print(h.hexdigest())
+    """)
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(wcache.__file__), ".."))
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        outs.append(out.strip())
+    assert len(set(outs)) == 1, outs
+    assert len(log.read_text().split()) == 1, log.read_text()
+
+
+def test_source_tensors_outlive_the_build(derive_daemon):
+    """A source tensor build keeps stays readable after the build ended
+    (it comes from an attach of its own, not the build's source)."""
+    import torch
+    kept = {}
+
+    def build(src):
+        kept.update(src)
+        return to_f32(src)
+
+    out = wcache.derived("small", "keep-v1", build)
+    for k, v in kept.items():
+        assert torch.equal(v.float(), out[k])
+
+
+# ---- without wcached ----
+
+def test_fallback_without_daemon(no_daemon, model_path):
+    import torch
+    calls = []
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        out = wcache.derived(model_path, "f32-fallback-v1", counting(to_f32, calls))
+        again = wcache.derived(model_path, "f32-fallback-v1", counting(to_f32, calls))
+    said = [x for x in w if issubclass(x.category, RuntimeWarning)
+            and "computed in this process" in str(x.message)]
+    assert len(said) == 1, [str(x.message) for x in w]
+    assert len(calls) == 2  # no daemon to share it: each call builds
+    source = wcache.open_file(model_path)
+    for name in source.keys():
+        assert torch.equal(out[name], source.torch(name).float())
+        assert torch.equal(again[name], out[name])
+
+
+def test_fallback_makes_contiguous(no_daemon, model_path):
+    def build(src):
+        return {k: v.t() for k, v in src.items() if v.dim() == 2}
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = wcache.derived(model_path, "t-v1", build)
+    assert out and all(v.is_contiguous() for v in out.values())
+
+
+def test_fallback_numpy(no_daemon, tmp_path):
+    path = mkmodel(tmp_path / "f32.safetensors", dtype="F32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = wcache.derived(path, "neg-v1", lambda s: {k: -v for k, v in s.items()},
+                             framework="np")
+    src = wcache.open_file(path)
+    for k in src.keys():
+        assert (out[k] == -src.numpy(k)).all()
+
+
+def test_fallback_build_errors_propagate(no_daemon, model_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(KeyError, match="nope"):
+            wcache.derived(model_path, "err-v1", lambda s: s["nope"])
+        with pytest.raises(TypeError, match="not a dict"):
+            wcache.derived(model_path, "err-v1", lambda s: None)
+
+
+def test_fallback_missing_file(no_daemon, tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(FileNotFoundError):
+            wcache.derived(str(tmp_path / "missing.safetensors"), "f32-v1", to_f32)
+
+
+@pytest.mark.parametrize("key", ["", "a/b", "x" * 65, "sp ace", "é"])
+def test_bad_keys(no_daemon, model_path, key):
+    with pytest.raises(ValueError, match="key"):
+        wcache.derived(model_path, key, to_f32)
+
+
+def test_bad_arguments(no_daemon, model_path):
+    with pytest.raises(TypeError, match="callable"):
+        wcache.derived(model_path, "f32-v1", None)
+    with pytest.raises(ValueError, match="framework"):
+        wcache.derived(model_path, "f32-v1", to_f32, framework="tf")
+
+
+def test_fallback_in_a_fresh_process(no_daemon, model_path):
+    """The warning is a RuntimeWarning a script sees on stderr, once."""
+    r = run_python(textwrap.dedent(f"""
+        import wcache
+        for _ in range(3):
+            out = wcache.derived({model_path!r}, "f32-v1",
+                                 lambda s: {{k: v.float() for k, v in s.items()}})
+        print(len(out))
+    """), env={"WCACHE_SOCKET": no_daemon})
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout) > 0
+    assert r.stderr.count("RuntimeWarning") == 1, r.stderr
