@@ -10,6 +10,9 @@
 #    tensors and 163 shards (mklayout layouts, tiny data), wcached's memory
 #    per model and per client; bench_cold.py, fio's best direct read of a
 #    ~2 GiB file against cat, dd, vmtouch and wcached's warm-up.
+# 4. Derived weights (issue 20): bench_derived.py, 4 and 8 workers each
+#    transforming a ~560 MiB model (BF16 -> F32, int8 per channel) by
+#    themselves, then through wcache.derived().
 # Models are cached in BUILD/bench-models and reused. Figures and targets
 # are printed with PASS/MISS; a missed target never makes this script fail
 # (only a broken setup does). Takes a few minutes on a 2-core machine.
@@ -56,5 +59,7 @@ echo
 echo
 PYTHONPATH="$here/../../client/python" WCACHE_LIB="$build/lib/libwcache.so.0" \
 	/usr/bin/python3 "$here/bench_python.py" --build "$build" --dir "$models"
+echo
+/usr/bin/python3 "$here/bench_derived.py" --build "$build" --models "$models"
 echo
 echo "== bench done in $(( $(date +%s) - start )) s =="

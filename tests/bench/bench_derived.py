@@ -1,0 +1,200 @@
+"""bench_derived.py: derived weights (issue 20), side by side in one run.
+
+N worker processes (4, then 8) each need the model transformed, BF16 -> F32
+and int8 per output channel with F32 scales, on a model of at least 500 MiB:
+
+  (a) every worker attaches the source through wcached and transforms it
+      itself (private copies);
+  (b) every worker calls wcache.derived(): one builds and publishes, the
+      others wait and attach the artifact.
+
+Per run it prints each worker's time until its state dict was ready, the
+builder's time against one worker computing alone, what the waiters spent
+after the artifact was published and what a worker that comes later spends,
+against a plain attach of the source plus making its tensors, and the
+summed PSS of the workers while they hold their state dicts, against the
+same workers holding nothing (their interpreters) plus the source and one
+artifact. Targets (issue 20), printed PASS or MISS:
+  - summed PSS of (b) <= 1.15 x (interpreters + source + one artifact);
+  - every worker but the builder ready within 3 x (plain attach + tensors)
+    once the artifact exists;
+  - the builder <= 1.2 x computing alone.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "pyutil"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "python"))
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def transform(kind):
+    import torch
+
+    def f32(src):
+        return {k: v.float() for k, v in src.items()}
+
+    def int8(src):
+        out = {}
+        for k, v in src.items():
+            if v.dim() != 2:
+                out[k] = v.float()
+                continue
+            w = v.float()
+            scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+            out[k] = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+            out[k + ".scale"] = scale
+        return out
+    return {"f32": f32, "int8": int8}[kind]
+
+
+def worker(mode, kind, name, key):
+    """One worker: prints one JSON line when its state dict is ready, then
+    holds it until stdin closes."""
+    import torch  # noqa: F401 (imported before the clock starts, as a server would)
+    import wcache
+    t0 = time.monotonic()
+    built = []
+    if mode == "none":
+        with wcache.safe_open(name, framework="pt") as f:
+            state = {k: f.get_tensor(k) for k in f.keys()}
+    elif mode == "self":
+        with wcache.safe_open(name, framework="pt") as f:
+            src = {k: f.get_tensor(k) for k in f.keys()}
+        state = transform(kind)(src)
+    else:
+        fn = transform(kind)
+
+        def build(src):
+            built.append(time.monotonic())
+            return fn(src)
+        state = wcache.derived(name, key, build)
+    ready = time.monotonic()
+    nbytes = sum(v.numel() * v.element_size() for v in state.values())
+    print(json.dumps({"seconds": ready - t0, "ready": ready, "builder": bool(built),
+                      "bytes": nbytes}), flush=True)
+    sys.stdin.read()
+    del state
+
+
+def pss_kib(pid):
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    return 0
+
+
+def run(n, mode, kind, name, key, env, stagger=0.0):
+    """Starts n workers (each stagger seconds after the previous), waits until
+    every one is ready, measures their PSS, lets them go. Returns (results,
+    summed PSS in bytes)."""
+    procs = []
+    for _ in range(n):
+        procs.append(subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--worker", mode, kind, name, key],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True))
+        if stagger:
+            time.sleep(stagger)
+    results = []
+    for p in procs:
+        line = p.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker {p.pid} ({mode} {kind}) failed: exit {p.wait()}")
+        results.append(json.loads(line))
+    pss = sum(pss_kib(p.pid) for p in procs) * 1024
+    for p in procs:
+        p.stdin.close()
+    for p in procs:
+        p.wait(timeout=120)
+    return results, pss
+
+
+def verdict(ok):
+    return "PASS" if ok else "MISS"
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        worker(*sys.argv[2:6])
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--models", default=None, help="where the bench model is cached")
+    ap.add_argument("--size", type=float, default=0.55, help="model size in GiB (>= 0.5)")
+    ap.add_argument("--workers", default="4,8")
+    args = ap.parse_args()
+    from bench_python import make_model
+    from wcached import Wcached, build_binary
+    build = os.path.abspath(args.build)
+    models = args.models or os.path.join(build, "bench-models")
+    os.makedirs(models, exist_ok=True)
+    model = make_model(build, models, int(args.size * GiB), 1024, 4096, 32000)
+    size = os.path.getsize(model)
+    env = dict(os.environ, PYTHONPATH=os.path.join(HERE, "..", "..", "client", "python"),
+               WCACHE_LIB=os.path.join(build, "lib", "libwcache.so.0"), WCACHE_TIMEOUT="600")
+    print(f"== derived weights: {size / MiB:,.0f} MiB BF16 model, workers "
+          f"{args.workers}, {os.cpu_count()} CPUs ==")
+    with tempfile.TemporaryDirectory(prefix="wcache-bench-derived-") as tmp:
+        d = Wcached(tmp, {"m": (model, {"derive": "yes"})}, log_level="info",
+                    wcached=build_binary("wcached", build)).start()
+        env["WCACHE_SOCKET"] = d.socket
+        try:
+            plain, _ = run(1, "none", "f32", "m", "-", env)
+            plain_s = plain[0]["seconds"]
+            print(f"plain attach of the source + making its tensors: {plain_s * 1e3:.1f} ms")
+            for kind in ("f32", "int8"):
+                alone, _ = run(1, "self", kind, "m", "-", env)
+                alone_s, art = alone[0]["seconds"], alone[0]["bytes"]
+                print(f"\n-- {kind}: one worker computing alone {alone_s:.2f} s, artifact "
+                      f"{art / MiB:,.0f} MiB --")
+                for n in [int(x) for x in args.workers.split(",")]:
+                    base, base_pss = run(n, "none", kind, "m", "-", env)
+                    # The interpreters alone: what the workers hold beyond the
+                    # source they map (their share of it is in base_pss).
+                    interp = max(base_pss - size, 0)
+                    own, own_pss = run(n, "self", kind, "m", "-", env)
+                    key = f"{kind}-n{n}-{int(time.time())}"
+                    shared, sh_pss = run(n, "derived", kind, "m", key, env)
+                    late, late_pss = run(1, "derived", kind, "m", key, env)
+                    builders = [r for r in shared if r["builder"]]
+                    if len(builders) != 1:
+                        print(f"  {n} workers: {len(builders)} builders (expected 1): MISS")
+                        continue
+                    b = builders[0]
+                    published = b["ready"]
+                    after = [r["ready"] - published for r in shared if not r["builder"]]
+                    limit = interp + size + art
+                    print(f"  {n} workers, (a) each transforms: ready in "
+                          f"{min(r['seconds'] for r in own):.2f}..{max(r['seconds'] for r in own):.2f} s, "
+                          f"summed PSS {own_pss / MiB:,.0f} MiB")
+                    print(f"  {n} workers, (b) wcache.derived: builder {b['seconds']:.2f} s, others "
+                          f"ready in {min(r['seconds'] for r in shared if not r['builder']):.2f}.."
+                          f"{max(r['seconds'] for r in shared):.2f} s, summed PSS "
+                          f"{sh_pss / MiB:,.0f} MiB ({own_pss / max(sh_pss, 1):.1f}x less than (a))")
+                    print(f"    summed PSS {sh_pss / MiB:,.0f} MiB vs interpreters "
+                          f"{interp / MiB:,.0f} + source {size / MiB:,.0f} + artifact "
+                          f"{art / MiB:,.0f} = {limit / MiB:,.0f} MiB: {sh_pss / limit:.2f}x "
+                          f"(target <= 1.15) {verdict(sh_pss <= 1.15 * limit)}")
+                    worst = max(after) if after else 0.0
+                    print(f"    waiters after the publication: at most {worst * 1e3:.0f} ms; a "
+                          f"later worker {late[0]['seconds'] * 1e3:.0f} ms; vs 3 x plain "
+                          f"{3 * plain_s * 1e3:.0f} ms {verdict(max(worst, late[0]['seconds']) <= 3 * plain_s)}")
+                    print(f"    builder {b['seconds']:.2f} s vs alone {alone_s:.2f} s: "
+                          f"{b['seconds'] / alone_s:.2f}x (target <= 1.2) "
+                          f"{verdict(b['seconds'] <= 1.2 * alone_s)}")
+        finally:
+            d.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
