@@ -34,6 +34,13 @@ struct gen_row {
 	int current, pending;
 };
 
+/* One derived artifact of a model (or a build of one), from "derived". */
+struct derived_row {
+	char *key, *state, *format;
+	uint64_t source, bytes, attached, attaches, builder_uid, builder_pid, waiting;
+	double build_seconds;
+};
+
 /* One entry of "models": a served model and its current generation. */
 struct model_row {
 	char *name, *state, *pinned, *error, *path;
@@ -42,6 +49,8 @@ struct model_row {
 	char *pin_applied;             /* what is locked; NULL from an older daemon */
 	struct gen_row *gens;
 	size_t ngens;
+	struct derived_row *derived;
+	size_t nderived;
 };
 
 /* One entry of "unloaded": a generation of a model no longer served that
@@ -73,6 +82,20 @@ static const struct ctl_field gen_fields[] = {
 	{ "state", CTL_STRING, offsetof(struct gen_row, state) },
 	{ "current", CTL_BOOL, offsetof(struct gen_row, current) },
 	{ "pending", CTL_BOOL, offsetof(struct gen_row, pending) },
+};
+
+static const struct ctl_field derived_fields[] = {
+	{ "key", CTL_STRING, offsetof(struct derived_row, key) },
+	{ "state", CTL_STRING, offsetof(struct derived_row, state) },
+	{ "format", CTL_STRING, offsetof(struct derived_row, format) },
+	{ "source_generation", CTL_U64, offsetof(struct derived_row, source) },
+	{ "bytes", CTL_U64, offsetof(struct derived_row, bytes) },
+	{ "attached", CTL_U64, offsetof(struct derived_row, attached) },
+	{ "attaches", CTL_U64, offsetof(struct derived_row, attaches) },
+	{ "builder_uid", CTL_U64, offsetof(struct derived_row, builder_uid) },
+	{ "builder_pid", CTL_U64, offsetof(struct derived_row, builder_pid) },
+	{ "waiting", CTL_U64, offsetof(struct derived_row, waiting) },
+	{ "build_seconds", CTL_DOUBLE, offsetof(struct derived_row, build_seconds) },
 };
 
 static const struct ctl_field model_fields[] = {
@@ -114,6 +137,12 @@ status_free(struct status *s)
 		for (size_t k = 0; k < m->ngens; k++)
 			free(m->gens[k].state);
 		free(m->gens);
+		for (size_t k = 0; k < m->nderived; k++) {
+			free(m->derived[k].key);
+			free(m->derived[k].state);
+			free(m->derived[k].format);
+		}
+		free(m->derived);
 		free(m->name);
 		free(m->state);
 		free(m->pinned);
@@ -178,6 +207,9 @@ model_member(struct jr *j, const struct jr_str *key, void *dst)
 	if (jr_str_eq(key, "generations", 11) && jr_peek(j) == JR_ARRAY)
 		return read_rows(j, &m->gens, &m->ngens, sizeof(*m->gens), gen_fields,
 			NFIELDS(gen_fields), NULL);
+	if (jr_str_eq(key, "derived", 7) && jr_peek(j) == JR_ARRAY)
+		return read_rows(j, &m->derived, &m->nderived, sizeof(*m->derived),
+			derived_fields, NFIELDS(derived_fields), NULL);
 	return jr_skip(j);
 }
 
@@ -332,6 +364,44 @@ pin_rank(const char *mode)
 	return strcmp(mode, "metadata") == 0 ? 1 : 0;
 }
 
+/* The derived artifacts of the models asked about, and builds in progress. */
+static void
+print_derived(const struct status *s, char *const *names, size_t nnames)
+{
+	bool first = true;
+	char tmp[32];
+
+	for (size_t i = 0; i < s->nmodels; i++) {
+		const struct model_row *m = &s->models[i];
+
+		if (!asked(m->name, names, nnames))
+			continue;
+		for (size_t k = 0; k < m->nderived; k++) {
+			const struct derived_row *d = &m->derived[k];
+			bool building = d->state != NULL && strcmp(d->state, "building") == 0;
+
+			if (first)
+				printf("\nderived artifacts:\n");
+			first = false;
+			printf("  ");
+			ctl_print_safe(stdout, m->name ? m->name : "?");
+			printf(" ");
+			ctl_print_safe(stdout, d->key ? d->key : "?");
+			printf(" (generation %" PRIu64 "): ", d->source);
+			if (building) {
+				printf("building by pid %" PRIu64 " uid %" PRIu64 ", %" PRIu64
+				       " waiting\n", d->builder_pid, d->builder_uid, d->waiting);
+				continue;
+			}
+			printf("%s %s, %" PRIu64 " attached, %" PRIu64 " attaches, built in %.1f s "
+			       "by pid %" PRIu64 " uid %" PRIu64 "\n",
+				human_bytes(d->bytes, tmp, sizeof(tmp)), d->format ? d->format : "?",
+				d->attached, d->attaches, d->build_seconds, d->builder_pid,
+				d->builder_uid);
+		}
+	}
+}
+
 /* Prints the status reply as a table: one row per model asked about, then
  * the other open generations, generations of unloaded models, pins that
  * fall short and errors. */
@@ -435,6 +505,7 @@ print_status(struct status *s, char *const *names, size_t nnames)
 		printf(" generation %" PRIu64 ": %s, %" PRIu64 " attached (unloaded: closes when "
 		       "released)\n", u->generation, u->state ? u->state : "?", u->attached);
 	}
+	print_derived(s, names, nnames);
 	/* A pin that locked less than asked: still locking, or refused. */
 	for (size_t i = 0; i < s->nmodels; i++) {
 		const struct model_row *m = &s->models[i];

@@ -57,13 +57,15 @@ def transform(kind):
 
 
 def worker(mode, kind, name, key):
-    """One worker: prints one JSON line when its state dict is ready, then
-    holds it until stdin closes."""
-    import torch  # noqa: F401 (imported before the clock starts, as a server would)
+    """One worker: prints one JSON line when its state dict is ready (and read
+    through once, as serving would), then holds it until stdin closes."""
+    import torch  # imported before the clock starts, as a server would
     import wcache
     t0 = time.monotonic()
     built = []
-    if mode == "none":
+    if mode == "idle":
+        state = {}
+    elif mode == "none":
         with wcache.safe_open(name, framework="pt") as f:
             state = {k: f.get_tensor(k) for k in f.keys()}
     elif mode == "self":
@@ -79,6 +81,8 @@ def worker(mode, kind, name, key):
         state = wcache.derived(name, key, build)
     ready = time.monotonic()
     nbytes = sum(v.numel() * v.element_size() for v in state.values())
+    for v in state.values():  # every page of the weights in use, as serving would
+        torch.sum(v.view(torch.uint8) if v.dtype != torch.uint8 else v)
     print(json.dumps({"seconds": ready - t0, "ready": ready, "builder": bool(built),
                       "bytes": nbytes}), flush=True)
     sys.stdin.read()
@@ -157,10 +161,8 @@ def main():
                 print(f"\n-- {kind}: one worker computing alone {alone_s:.2f} s, artifact "
                       f"{art / MiB:,.0f} MiB --")
                 for n in [int(x) for x in args.workers.split(",")]:
-                    base, base_pss = run(n, "none", kind, "m", "-", env)
-                    # The interpreters alone: what the workers hold beyond the
-                    # source they map (their share of it is in base_pss).
-                    interp = max(base_pss - size, 0)
+                    # The interpreters alone (torch and wcache imported, no weights).
+                    _, interp = run(n, "idle", kind, "m", "-", env)
                     own, own_pss = run(n, "self", kind, "m", "-", env)
                     key = f"{kind}-n{n}-{int(time.time())}"
                     shared, sh_pss = run(n, "derived", kind, "m", key, env)
@@ -171,7 +173,8 @@ def main():
                         continue
                     b = builders[0]
                     published = b["ready"]
-                    after = [r["ready"] - published for r in shared if not r["builder"]]
+                    after = [max(r["ready"] - published, 0.0) for r in shared
+                             if not r["builder"]]
                     limit = interp + size + art
                     print(f"  {n} workers, (a) each transforms: ready in "
                           f"{min(r['seconds'] for r in own):.2f}..{max(r['seconds'] for r in own):.2f} s, "

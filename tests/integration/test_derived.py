@@ -11,6 +11,7 @@ publish garbage, publish another connection's build.
 import json
 import mmap
 import os
+import re
 import socket
 import struct
 import subprocess
@@ -226,6 +227,11 @@ def test_first_asker_builds_and_every_other_attaches_the_published_bytes(derived
     assert st["derive"]["bytes"] == len(ARTIFACT)
     metrics = ctl(d, "metrics").stdout
     assert "wcached_derived_published_total 1" in metrics
+    human = ctl(d, "status").stdout
+    assert "derived artifacts:" in human, human
+    assert re.search(r"small f32-v1 \(generation 1\): \S+ \S+ safetensors, 3 attached, 3 "
+                     rf"attaches, built in [0-9.]+ s by pid {os.getpid()} uid {os.getuid()}\n",
+                     human), human
     for p in (a, b, c):
         p.close()
 
