@@ -108,7 +108,7 @@ registry_entry_new(struct registry *r, const char *name, const char *path, enum 
 	m->pin = pin;
 	m->warm = warm;
 	m->builders.restricted = 1; /* nobody but root and wcached's own user */
-	m->derive_timeout_ms = 600 * 1000;
+	m->derive_timeout_ms = 600000; /* derive_timeout's default, 600 s */
 	m->entry_id = ++r->next_load_id;
 	m->slot = statuspage_slot_for(&r->page, name);
 	m->last_generation = statuspage_last_generation(&r->page, m->slot);

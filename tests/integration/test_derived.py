@@ -607,3 +607,31 @@ def test_unheld_artifacts_go_first_under_the_memory_budget(derived):
     os.close(big)
     expect_error(a.reply(), "EFBIG", "memory_budget")
     closing(held)
+
+
+def test_a_build_racing_a_swap_publishes_for_its_own_generation(derived, tmp_path):
+    d = derived()
+    ready(d, "small")
+    a, b = Peer(d), Peer(d)
+    r = build(a)
+    b.derive("small", "f32-v1")
+    waiting(d, 1)
+    os.rename(mkmodel(tmp_path / "new.safetensors", seed=9), tmp_path / "small.safetensors")
+    assert ctl(d, "reload", "small").returncode == 0
+    ready(d, "small", generation=2)
+    fd = memfd_with(ARTIFACT)
+    a.publish(r["token"], fd)
+    os.close(fd)
+    mine, theirs = a.reply(), b.reply()
+    # Built from generation 1, it is generation 1's artifact, for both.
+    assert mine["generation"] == theirs["generation"] == 1
+    assert take_artifact(theirs) == ARTIFACT
+    # It reads stale at once (the model moved on), and the key builds anew.
+    c = Peer(d)
+    assert build(c)["generation"] == 2
+    take_artifact(mine)
+    a.close()
+    b.close()
+    wait_until(lambda: all(x["source_generation"] == 2
+                           for x in model_entry(d, "small")["derived"]),
+               what="generation 1's artifact dropped with its last holder")

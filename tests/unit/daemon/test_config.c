@@ -416,6 +416,44 @@ test_allow_lists(void **state)
 		"user: unknown user \"no-such-user-wcache\"");
 }
 
+/* derive, derive_groups and derive_timeout: defaults, values, errors, and
+ * config_model_changes() seeing them. */
+static void
+test_derive_keys(void **state)
+{
+	struct fixture *f = *state;
+	struct config *cfg = NULL, *other = NULL;
+
+	assert_int_equal(load_text(f, "a.conf", "[model m]\npath = /m\n", &cfg, NULL), 0);
+	assert_false(cfg->models[0].derive);
+	assert_null(cfg->models[0].derive_groups);
+	assert_int_equal(cfg->models[0].n_derive_gids, 0);
+	assert_int_equal(cfg->models[0].derive_timeout, 600);
+	assert_int_equal(load_text(f, "b.conf", "[model m]\npath = /m\nderive = yes\n"
+					      "derive_groups = root, 65534\nderive_timeout = 30\n",
+				 &other, NULL), 0);
+	assert_true(other->models[0].derive);
+	assert_string_equal(other->models[0].derive_groups, "root, 65534");
+	assert_int_equal(other->models[0].n_derive_gids, 2);
+	assert_int_equal(other->models[0].derive_gids[1], 65534);
+	assert_int_equal(other->models[0].derive_timeout, 30);
+	assert_int_equal(config_model_changes(&cfg->models[0], &other->models[0]),
+		CONFIG_CHANGED_DERIVE);
+	config_free(cfg);
+	config_free(other);
+
+	check_error(f, "[model m]\npath = /m\nderive = maybe\n", 3,
+		"model \"m\": derive: \"maybe\" is not yes or no");
+	check_error(f, "[model m]\npath = /m\nderive_groups = no-such-group-wcache\n", 3,
+		"derive_groups: unknown group \"no-such-group-wcache\"");
+	check_error(f, "[model m]\npath = /m\nderive_timeout = 0\n", 3,
+		"derive_timeout: 0 is out of range (1..86400)");
+	check_error(f, "[model m]\npath = /m\nderive_timeout = 86401\n", 3,
+		"derive_timeout: 86401 is out of range");
+	check_error(f, "[model m]\npath = /m\nderive = yes\nderive = no\n", 4,
+		"duplicate key \"derive\"");
+}
+
 /* A value longer than inih's default 200-byte line buffer, with an inline
  * comment. */
 static void
@@ -678,6 +716,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_syntax_variants, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_relative_paths, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_memory_budget, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_derive_keys, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_derive_keys, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_allow_lists, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_long_line, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
