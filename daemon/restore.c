@@ -481,11 +481,11 @@ adopt_artifact(struct restore *s, struct registry *r, const struct fdstore_model
 			.builder_pid = (pid_t)a->builder_pid,
 			.build_seconds = (double)a->build_ms / 1000.0 }, &src, ifd,
 			(size_t)a->index_size, &g);
-	if (err < 0) {
+	if (err < 0 || g == NULL) {
 		/* Closed here, not by close_untaken(): the manager drops it too. */
 		(void)notify_remove_fds(a->fdname);
 		source_close(&src);
-		return err;
+		return err < 0 ? err : -EINVAL;
 	}
 	s->fds[iat].fd = -1;
 	/* The manager still has both under these names. */

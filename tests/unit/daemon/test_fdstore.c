@@ -344,7 +344,11 @@ static void b_key_long(struct fdstore_desc *d)
 	free(d->models[0].artifacts[1].key);
 	d->models[0].artifacts[1].key = s;
 }
-static void b_art_dup(struct fdstore_desc *d) { strcpy(d->models[0].artifacts[1].key, "f32-v1"); }
+static void b_art_dup(struct fdstore_desc *d)
+{
+	free(d->models[0].artifacts[1].key);
+	d->models[0].artifacts[1].key = strdup("f32-v1");
+}
 static void b_art_source(struct fdstore_desc *d) { d->models[0].artifacts[1].source = 4; }
 static void b_art_slot(struct fdstore_desc *d) { d->models[0].artifacts[1].fdname[3] = '7'; }
 static void b_art_n(struct fdstore_desc *d) { d->models[0].artifacts[1].index_fdname[6] = '8'; }
