@@ -18,7 +18,7 @@
 #include "generation.h"
 #include "log.h"
 
-#define ARTIFACT_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL)
+#define ARTIFACT_SEALS DERIVE_ARTIFACT_SEALS
 
 struct derived {
 	uint64_t entry_id;       /* the model entry it was built for */
@@ -271,6 +271,9 @@ drop(struct derive_table *t, struct derived *a, const char *why)
 	gen_maybe_free(t->r, g);
 	free(a->model_name);
 	free(a);
+	/* The warm restart keeps the store in step (restore_sync). */
+	if (t->r->changed != NULL)
+		t->r->changed(t->r);
 }
 
 /* Is a's source no longer its model's current generation? */
@@ -588,6 +591,9 @@ make_artifact(struct derive_table *t, struct derive_build *b, int fd, struct der
 	t->stats.published++;
 	t->stats.published_bytes += g->bytes;
 	*out = a;
+	/* The warm restart keeps the store in step (restore_sync). */
+	if (t->r->changed != NULL)
+		t->r->changed(t->r);
 	return 0;
 fail:
 	snprintf(why, why_size, "%s", error_get());

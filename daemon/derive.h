@@ -31,6 +31,7 @@
 #ifndef WC_DERIVE_H
 #define WC_DERIVE_H
 
+#include <fcntl.h>
 #include <stdint.h>
 #include <sys/types.h>
 #include <uv.h>
@@ -40,6 +41,10 @@
 
 struct derived;
 struct derive_build;
+
+/* The seals of a published artifact's memfd (derive_publish adds those
+ * missing); a warm restart takes back only a memfd that has them all. */
+#define DERIVE_ARTIFACT_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL)
 
 /* How the outcome reaches a waiting connection (the server's). Each is
  * called once per waiter, which is no longer waiting when it is called. */

@@ -7,6 +7,8 @@
  * description may hold; the encoder refuses what it refuses, and the
  * decoder runs it on what it parsed, so decode(encode(x)) is x for every
  * x the encoder takes, and nothing the decoder returns breaks a rule.
+ * The encoder writes FDSTORE_VERSION only; the decoder also reads version
+ * 2, whose models end after their generations (no artifact count).
  */
 #include "fdstore.h"
 
@@ -23,17 +25,21 @@
 #include "base/error.h"
 #include "base/path.h"
 #include "proto/le.h"
+#include "proto/wire.h"
 #include "notify.h"
 
 /* The smallest encoding of each record, to bound a count by the bytes
  * left before allocating for it: a string is at least 2 + 1 bytes. */
 #define MIN_STRING 3u
 #define MODEL_FIXED (8u + 8u + 4u)               /* slot, last generation, count */
-#define MIN_MODEL (2u * MIN_STRING + MODEL_FIXED)
+#define MIN_MODEL_V2 (2u * MIN_STRING + MODEL_FIXED)
+#define MIN_MODEL (MIN_MODEL_V2 + 4u)            /* and the artifact count */
 #define GENERATION_FIXED (8u + 1u + 1u + 2u + 4u + 8u + 4u) /* number .. file count */
 #define MIN_GENERATION (MIN_STRING + GENERATION_FIXED)
 #define FILE_FIXED (4u * 8u)                     /* dev, ino, size, mtime */
 #define MIN_FILE (MIN_STRING + FILE_FIXED)
+#define ARTIFACT_FIXED (8u + 8u + 8u + 4u + 4u + 8u) /* source, sizes, uid, pid, build ms */
+#define MIN_ARTIFACT (3u * MIN_STRING + ARTIFACT_FIXED)
 #define STATUS_MIN 16u
 #define STATUS_MAX (1u << 20)
 
@@ -62,6 +68,18 @@ fdstore_name_file(char *buf, size_t cap, uint64_t slot, uint64_t gen, uint32_t k
 {
 	return name_result(snprintf(buf, cap, "wc-%" PRIu64 "-%" PRIu64 "-%" PRIu32, slot, gen,
 		k), cap);
+}
+
+int
+fdstore_name_artifact(char *buf, size_t cap, uint64_t slot, uint64_t n)
+{
+	return name_result(snprintf(buf, cap, "wc-%" PRIu64 "-d%" PRIu64 "-a", slot, n), cap);
+}
+
+int
+fdstore_name_artifact_index(char *buf, size_t cap, uint64_t slot, uint64_t n)
+{
+	return name_result(snprintf(buf, cap, "wc-%" PRIu64 "-d%" PRIu64 "-i", slot, n), cap);
 }
 
 /* A decimal number at *p up to the next '-' or the end, without leading
@@ -103,8 +121,21 @@ fdstore_name_parse(const char *name, struct fdstore_name *out)
 	if (strncmp(p, FDSTORE_NAME_PREFIX, strlen(FDSTORE_NAME_PREFIX)) != 0)
 		return error_set(-EINVAL, "fdstore: \"%.64s\": not a name of wcached's", name);
 	p += strlen(FDSTORE_NAME_PREFIX);
-	if (name_number(&p, UINT64_MAX, &n.slot) < 0 || n.slot == 0 || *p++ != '-' ||
-		name_number(&p, UINT64_MAX, &n.generation) < 0 || n.generation == 0 || *p++ != '-')
+	if (name_number(&p, UINT64_MAX, &n.slot) < 0 || n.slot == 0 || *p++ != '-')
+		return error_set(-EINVAL, "fdstore: \"%.64s\": not wc-<slot>-<generation>-...",
+			name);
+	/* A derived artifact's: wc-<slot>-d<n>-a or -i. */
+	if (*p == 'd') {
+		p++;
+		if (name_number(&p, UINT64_MAX, &n.artifact) < 0 || n.artifact == 0 ||
+			p[0] != '-' || (p[1] != 'a' && p[1] != 'i') || p[2] != '\0')
+			return error_set(-EINVAL, "fdstore: \"%.64s\": not wc-<slot>-d<artifact>-a "
+				"or -i", name);
+		n.kind = p[1] == 'a' ? FDSTORE_NAME_KIND_ARTIFACT : FDSTORE_NAME_KIND_ARTIFACT_INDEX;
+		*out = n;
+		return 0;
+	}
+	if (name_number(&p, UINT64_MAX, &n.generation) < 0 || n.generation == 0 || *p++ != '-')
 		return error_set(-EINVAL, "fdstore: \"%.64s\": not wc-<slot>-<generation>-...",
 			name);
 	if (p[0] == 'i' && p[1] == '\0') {
@@ -198,6 +229,67 @@ check_generation(const struct fdstore_model *m, uint32_t gi, const char *mwhere,
 	return 0;
 }
 
+/* Is name fdname of kind for artifact number *n of slot (*n 0: any, and
+ * then set)? */
+static int
+artifact_name(const char *fdname, enum fdstore_name_kind kind, uint64_t slot, uint64_t *n)
+{
+	struct fdstore_name parsed;
+
+	if (fdstore_name_parse(fdname, &parsed) < 0 || parsed.kind != kind ||
+		parsed.slot != slot || (*n != 0 && parsed.artifact != *n))
+		return 0;
+	*n = parsed.artifact;
+	return 1;
+}
+
+static int
+check_artifact(const struct fdstore_model *m, uint32_t ai, const char *mwhere, size_t *nfds)
+{
+	const struct fdstore_artifact *a = &m->artifacts[ai];
+	char where[1400];
+	uint64_t n = 0;
+	int r, described = 0;
+
+	snprintf(where, sizeof(where), "%s: artifact %" PRIu32, mwhere, ai);
+	if ((r = check_string(a->key, FDSTORE_MAX_KEY, 0, where, "key")) < 0)
+		return r;
+	if (!wire_key_valid(a->key, strlen(a->key)))
+		return error_set(-EINVAL, "fdstore: %s: key \"%s\": not a derived artifact key "
+			"([A-Za-z0-9._+-])", where, a->key);
+	snprintf(where, sizeof(where), "%s: artifact %" PRIu32 " (\"%s\" of generation %" PRIu64
+		")", mwhere, ai, a->key, a->source);
+	for (uint32_t g = 0; g < m->ngenerations; g++)
+		described += m->generations[g].number == a->source;
+	if (!described)
+		return error_set(-EINVAL, "fdstore: %s: source: generation %" PRIu64 " is not "
+			"described for the model", where, a->source);
+	for (uint32_t b = 0; b < ai; b++)
+		if (m->artifacts[b].source == a->source && strcmp(m->artifacts[b].key, a->key) == 0)
+			return error_set(-EINVAL, "fdstore: %s: appears twice", where);
+	if ((r = check_string(a->fdname, FDSTORE_MAX_FDNAME, 1, where, "fdname")) < 0 ||
+		(r = check_string(a->index_fdname, FDSTORE_MAX_FDNAME, 1, where,
+			 "index fdname")) < 0)
+		return r;
+	if (!artifact_name(a->fdname, FDSTORE_NAME_KIND_ARTIFACT, m->slot, &n))
+		return error_set(-EINVAL, "fdstore: %s: fdname \"%s\": not wc-%" PRIu64 "-d<n>-a",
+			where, a->fdname, m->slot);
+	if (!artifact_name(a->index_fdname, FDSTORE_NAME_KIND_ARTIFACT_INDEX, m->slot, &n))
+		return error_set(-EINVAL, "fdstore: %s: index fdname \"%s\": not wc-%" PRIu64
+			"-d%" PRIu64 "-i", where, a->index_fdname, m->slot, n);
+	if (a->size == 0 || a->size > INT64_MAX)
+		return error_set(-EINVAL, "fdstore: %s: size: %" PRIu64 " bytes, not 1 to 2^63 - 1",
+			where, a->size);
+	if (a->index_size == 0 || a->index_size > UINT32_MAX)
+		return error_set(-EINVAL, "fdstore: %s: index size: %" PRIu64 " bytes, not 1 to %"
+			PRIu32, where, a->index_size, UINT32_MAX);
+	if (a->builder_pid == 0 || a->builder_pid > INT32_MAX)
+		return error_set(-EINVAL, "fdstore: %s: builder pid: %" PRIu32 " is not 1 to %"
+			PRId32, where, a->builder_pid, INT32_MAX);
+	*nfds += 2;
+	return 0;
+}
+
 int
 fdstore_check(const struct fdstore_desc *d)
 {
@@ -247,6 +339,13 @@ fdstore_check(const struct fdstore_desc *d)
 		if (current > 1 || pending > 1)
 			return error_set(-EINVAL, "fdstore: %s: %d current and %d pending "
 				"generations (at most one each)", where, current, pending);
+		if (m->nartifacts > FDSTORE_MAX_ARTIFACTS ||
+			(m->nartifacts > 0 && m->artifacts == NULL))
+			return error_set(-EINVAL, "fdstore: %s: artifact count: %" PRIu32 ", more "
+				"than %u", where, m->nartifacts, FDSTORE_MAX_ARTIFACTS);
+		for (uint32_t a = 0; a < m->nartifacts; a++)
+			if ((r = check_artifact(m, a, where, &nfds)) < 0)
+				return r;
 		if (nfds > FDSTORE_MAX_FDS)
 			return error_set(-EINVAL, "fdstore: %s: more than %u descriptors in all",
 				where, FDSTORE_MAX_FDS);
@@ -265,6 +364,10 @@ fdstore_check(const struct fdstore_desc *d)
 			fdnames[nn++] = gen->index_fdname;
 			for (uint32_t k = 0; k < gen->nfiles; k++)
 				fdnames[nn++] = gen->files[k].fdname;
+		}
+		for (uint32_t a = 0; a < d->models[i].nartifacts; a++) {
+			fdnames[nn++] = d->models[i].artifacts[a].fdname;
+			fdnames[nn++] = d->models[i].artifacts[a].index_fdname;
 		}
 	}
 	if ((r = check_unique(names, d->nmodels, "model name")) == 0)
@@ -374,6 +477,20 @@ fdstore_encode(const struct fdstore_desc *d, uint8_t **buf, size_t *len)
 				put_le(&o, f->size, 8);
 				put_le(&o, (uint64_t)f->mtime_ns, 8);
 			}
+		}
+		put_le(&o, m->nartifacts, 4);
+		for (uint32_t a = 0; a < m->nartifacts; a++) {
+			const struct fdstore_artifact *art = &m->artifacts[a];
+
+			put_string(&o, art->key);
+			put_le(&o, art->source, 8);
+			put_string(&o, art->fdname);
+			put_le(&o, art->size, 8);
+			put_string(&o, art->index_fdname);
+			put_le(&o, art->index_size, 8);
+			put_le(&o, art->builder_uid, 4);
+			put_le(&o, art->builder_pid, 4);
+			put_le(&o, art->build_ms, 8);
 		}
 	}
 	if (o.err != 0) {
@@ -516,8 +633,34 @@ get_generation(struct in *in, struct fdstore_generation *g, const char *mwhere, 
 	return 0;
 }
 
+/* The checks of each field's range are fdstore_check()'s, run on the
+ * whole description once it is read. */
 static int
-get_model(struct in *in, struct fdstore_model *m, uint32_t i)
+get_artifact(struct in *in, struct fdstore_artifact *a, const char *mwhere, uint32_t ai)
+{
+	char where[1400];
+	uint64_t v;
+	int r;
+
+	snprintf(where, sizeof(where), "%s: artifact %" PRIu32, mwhere, ai);
+	if ((r = get_string(in, FDSTORE_MAX_KEY, &a->key, where, "key")) < 0 ||
+		(r = get_le(in, 8, &a->source, where, "source")) < 0 ||
+		(r = get_string(in, FDSTORE_MAX_FDNAME, &a->fdname, where, "fdname")) < 0 ||
+		(r = get_le(in, 8, &a->size, where, "size")) < 0 ||
+		(r = get_string(in, FDSTORE_MAX_FDNAME, &a->index_fdname, where,
+			 "index fdname")) < 0 ||
+		(r = get_le(in, 8, &a->index_size, where, "index size")) < 0 ||
+		(r = get_le(in, 4, &v, where, "builder uid")) < 0)
+		return r;
+	a->builder_uid = (uint32_t)v;
+	if ((r = get_le(in, 4, &v, where, "builder pid")) < 0)
+		return r;
+	a->builder_pid = (uint32_t)v;
+	return get_le(in, 8, &a->build_ms, where, "build time");
+}
+
+static int
+get_model(struct in *in, struct fdstore_model *m, uint32_t i, uint64_t version)
 {
 	char where[1200];
 	int r;
@@ -538,6 +681,17 @@ get_model(struct in *in, struct fdstore_model *m, uint32_t i)
 	for (uint32_t g = 0; g < m->ngenerations; g++)
 		if ((r = get_generation(in, &m->generations[g], where, g)) < 0)
 			return r;
+	if (version < 3)
+		return 0; /* version 2: no artifacts */
+	if ((r = get_count(in, FDSTORE_MAX_ARTIFACTS, MIN_ARTIFACT, &m->nartifacts, where,
+		     "artifact count")) < 0)
+		return r;
+	if (m->nartifacts > 0 &&
+		(m->artifacts = calloc(m->nartifacts, sizeof(*m->artifacts))) == NULL)
+		return error_set(-ENOMEM, "fdstore: out of memory");
+	for (uint32_t a = 0; a < m->nartifacts; a++)
+		if ((r = get_artifact(in, &m->artifacts[a], where, a)) < 0)
+			return r;
 	return 0;
 }
 
@@ -557,13 +711,13 @@ fdstore_decode(const uint8_t *buf, size_t len, struct fdstore_desc **out)
 	if (memcmp(magic, FDSTORE_MAGIC, 8) != 0)
 		return error_set(-EBADMSG, "fdstore: header: magic: not \"%s\"", FDSTORE_MAGIC);
 	(void)get_le(&in, 4, &version, "header", "version");
-	if (version != FDSTORE_VERSION)
+	if (version < FDSTORE_VERSION_MIN || version > FDSTORE_VERSION)
 		return error_set(-EPROTO, "fdstore: header: version: %" PRIu64 ", this wcached "
-			"reads %u", version, FDSTORE_VERSION);
+			"reads %u to %u", version, FDSTORE_VERSION_MIN, FDSTORE_VERSION);
 	if ((d = calloc(1, sizeof(*d))) == NULL)
 		return error_set(-ENOMEM, "fdstore: out of memory");
-	if ((r = get_count(&in, FDSTORE_MAX_MODELS, MIN_MODEL, &d->nmodels, "header",
-		     "model count")) < 0 ||
+	if ((r = get_count(&in, FDSTORE_MAX_MODELS, version < 3 ? MIN_MODEL_V2 : MIN_MODEL,
+		     &d->nmodels, "header", "model count")) < 0 ||
 		(r = get_le(&in, 8, &d->status_size, "header", "status size")) < 0)
 		goto fail;
 	if (d->nmodels > 0 && (d->models = calloc(d->nmodels, sizeof(*d->models))) == NULL) {
@@ -571,7 +725,7 @@ fdstore_decode(const uint8_t *buf, size_t len, struct fdstore_desc **out)
 		goto fail;
 	}
 	for (uint32_t i = 0; i < d->nmodels; i++)
-		if ((r = get_model(&in, &d->models[i], i)) < 0)
+		if ((r = get_model(&in, &d->models[i], i, version)) < 0)
 			goto fail;
 	if (in.off != in.len) {
 		r = error_set(-EBADMSG, "fdstore: description: %zu bytes left over after the last "
@@ -608,6 +762,16 @@ stored_generation_equal(const struct fdstore_generation *a, const struct fdstore
 	return 1;
 }
 
+static int
+stored_artifact_equal(const struct fdstore_artifact *a, const struct fdstore_artifact *b)
+{
+	return strcmp(a->key, b->key) == 0 && a->source == b->source &&
+		strcmp(a->fdname, b->fdname) == 0 && a->size == b->size &&
+		strcmp(a->index_fdname, b->index_fdname) == 0 && a->index_size == b->index_size &&
+		a->builder_uid == b->builder_uid && a->builder_pid == b->builder_pid &&
+		a->build_ms == b->build_ms;
+}
+
 int
 fdstore_equal(const struct fdstore_desc *a, const struct fdstore_desc *b)
 {
@@ -618,10 +782,13 @@ fdstore_equal(const struct fdstore_desc *a, const struct fdstore_desc *b)
 
 		if (strcmp(x->name, y->name) != 0 || strcmp(x->path, y->path) != 0 ||
 			x->slot != y->slot || x->last_generation != y->last_generation ||
-			x->ngenerations != y->ngenerations)
+			x->ngenerations != y->ngenerations || x->nartifacts != y->nartifacts)
 			return 0;
 		for (uint32_t g = 0; g < x->ngenerations; g++)
 			if (!stored_generation_equal(&x->generations[g], &y->generations[g]))
+				return 0;
+		for (uint32_t k = 0; k < x->nartifacts; k++)
+			if (!stored_artifact_equal(&x->artifacts[k], &y->artifacts[k]))
 				return 0;
 	}
 	return 1;
@@ -644,6 +811,12 @@ fdstore_free(struct fdstore_desc *d)
 			free(gen->index_fdname);
 		}
 		free(m->generations);
+		for (uint32_t a = 0; m->artifacts != NULL && a < m->nartifacts; a++) {
+			free(m->artifacts[a].key);
+			free(m->artifacts[a].fdname);
+			free(m->artifacts[a].index_fdname);
+		}
+		free(m->artifacts);
 		free(m->name);
 		free(m->path);
 	}

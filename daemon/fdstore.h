@@ -10,17 +10,21 @@
  * The format is in proto/PROTOCOL.md, "The file descriptor store". In
  * short: little-endian, a 24-byte header (magic "WCFDSTOR", version, model
  * count, status page size), then each model (name, configured path, status
- * page slot, last generation number, generations), each generation
- * (number, role, pin state applied, holders, the index memfd's FDNAME and
- * size, files), each file (FDNAME, st_dev, st_ino, st_size, st_mtim in ns).
- * Strings are a u16 length and that many bytes, no NUL.
+ * page slot, last generation number, generations, derived artifacts),
+ * each generation (number, role, pin state applied, holders, the index
+ * memfd's FDNAME and size, files), each file (FDNAME, st_dev, st_ino,
+ * st_size, st_mtim in ns), each derived artifact (key, source generation,
+ * the artifact memfd's and its index memfd's FDNAME and size, the builder's
+ * uid and pid, the build time). Strings are a u16 length and that many
+ * bytes, no NUL. Version 2, the same without artifacts, is still read.
  *
  * The decoder trusts nothing: every count and length is checked against
  * its minimum and maximum before anything is read or allocated, sizes are
  * added with overflow checks, the buffer must end exactly where the last
  * file does, and the result must satisfy fdstore_check() (unique names,
  * slots and generation numbers, at most one current and one pending
- * generation per model). Every error is one line in error_get() naming the
+ * generation per model, one artifact per source generation and key, of a
+ * generation the model describes). Every error is one line in error_get() naming the
  * field ("fdstore: model 2 (\"llama\"): generation 1: file 0: fdname: ...").
  */
 #ifndef WC_FDSTORE_H
@@ -31,21 +35,27 @@
 #include <stdint.h>
 
 #include "pin.h"
+#include "proto/wire.h"
 
 #define FDSTORE_MAGIC "WCFDSTOR"          /* 8 bytes, no NUL */
-#define FDSTORE_VERSION 2u                /* 2: generations record their holders */
+#define FDSTORE_VERSION 3u                /* 3: models carry their derived artifacts */
+#define FDSTORE_VERSION_MIN 2u            /* 2: generations record their holders; read as
+					     a version 3 without artifacts */
 #define FDSTORE_HEADER_SIZE 24u
 #define FDSTORE_MAX_BYTES (16u << 20)     /* the description's memfd */
 #define FDSTORE_MAX_MODELS 4096u
 #define FDSTORE_MAX_GENERATIONS 64u       /* per model: current, pending, held */
 #define FDSTORE_MAX_FILES 250u            /* per generation (INDEX_MAX_FILES) */
+#define FDSTORE_MAX_ARTIFACTS 64u         /* derived artifacts per model */
+#define FDSTORE_MAX_KEY WIRE_MAX_KEY      /* an artifact's key (wire_key_valid) */
 #define FDSTORE_MAX_FDS 16384u            /* every stored fd: FileDescriptorStoreMax= */
 #define FDSTORE_MAX_FDNAME 255u           /* systemd's limit for FDNAME= */
 #define FDSTORE_MAX_MODEL_NAME 1024u      /* WIRE_MAX_NAME */
 #define FDSTORE_MAX_PATH 4095u
 #define FDSTORE_MAX_PIN PIN_ALL           /* enum pin_mode (pin.h): none, metadata, all */
 
-/* The fixed FDNAMEs; per generation, fdstore_name_index/_file(). */
+/* The fixed FDNAMEs; per generation, fdstore_name_index/_file(); per
+ * derived artifact, fdstore_name_artifact/_artifact_index(). */
 #define FDSTORE_NAME_STATUS "wc-status"   /* the status page memfd */
 #define FDSTORE_NAME_DESC "wc-desc"       /* the sealed memfd of this description */
 #define FDSTORE_NAME_PREFIX "wc-"         /* every name the daemon stores */
@@ -80,6 +90,23 @@ struct fdstore_generation {
 	struct fdstore_file *files;
 };
 
+/* A derived artifact (derive.h): a sealed memfd a worker built from one of
+ * the model's generations, and its sealed index. Its two names share the
+ * model's slot and a number n of the artifact's own: "wc-<slot>-d<n>-a"
+ * and "wc-<slot>-d<n>-i". */
+struct fdstore_artifact {
+	char *key;              /* 1 .. FDSTORE_MAX_KEY bytes, wire_key_valid() */
+	uint64_t source;        /* the generation it was built from: one of the model's
+				   described generations; with key, unique in the model */
+	char *fdname;           /* the sealed artifact memfd: wc-<slot>-d<n>-a */
+	uint64_t size;          /* its exact size, 1 .. INT64_MAX */
+	char *index_fdname;     /* its sealed index memfd: wc-<slot>-d<n>-i, the same n */
+	uint64_t index_size;    /* 1 .. UINT32_MAX */
+	uint32_t builder_uid;   /* who published it, for status */
+	uint32_t builder_pid;   /* 1 .. INT32_MAX */
+	uint64_t build_ms;      /* how long its build took */
+};
+
 struct fdstore_model {
 	char *name;             /* as configured */
 	char *path;             /* the configured path, absolute */
@@ -87,6 +114,8 @@ struct fdstore_model {
 	uint64_t last_generation; /* numbers continue from here */
 	uint32_t ngenerations;  /* 0 .. FDSTORE_MAX_GENERATIONS */
 	struct fdstore_generation *generations;
+	uint32_t nartifacts;    /* 0 .. FDSTORE_MAX_ARTIFACTS */
+	struct fdstore_artifact *artifacts;
 };
 
 struct fdstore_desc {
@@ -102,22 +131,33 @@ struct fdstore_desc {
 int fdstore_name_index(char *buf, size_t cap, uint64_t slot, uint64_t gen);
 int fdstore_name_file(char *buf, size_t cap, uint64_t slot, uint64_t gen, uint32_t k);
 
+/* "wc-<slot>-d<n>-a", derived artifact n's memfd, and "wc-<slot>-d<n>-i",
+ * its index memfd (n >= 1, the 'd' keeps them apart from any generation's
+ * name). Returns the length, or -ENAMETOOLONG. */
+int fdstore_name_artifact(char *buf, size_t cap, uint64_t slot, uint64_t n);
+int fdstore_name_artifact_index(char *buf, size_t cap, uint64_t slot, uint64_t n);
+
 /* What a stored name means. */
 enum fdstore_name_kind {
 	FDSTORE_NAME_KIND_STATUS = 1,
 	FDSTORE_NAME_KIND_DESC,
 	FDSTORE_NAME_KIND_INDEX,
 	FDSTORE_NAME_KIND_FILE,
+	FDSTORE_NAME_KIND_ARTIFACT,       /* wc-<slot>-d<n>-a */
+	FDSTORE_NAME_KIND_ARTIFACT_INDEX, /* wc-<slot>-d<n>-i */
 };
 
 struct fdstore_name {
 	enum fdstore_name_kind kind;
-	uint64_t slot, generation; /* INDEX and FILE */
+	uint64_t slot;             /* all but STATUS and DESC */
+	uint64_t generation;       /* INDEX and FILE */
 	uint32_t file;             /* FILE */
+	uint64_t artifact;         /* ARTIFACT and ARTIFACT_INDEX: n */
 };
 
 /* Parses a name of the scheme above, strictly (decimal without leading
- * zeros, slot and generation >= 1, file < FDSTORE_MAX_FILES). 0, or
+ * zeros, slot, generation and artifact number >= 1, file <
+ * FDSTORE_MAX_FILES). 0, or
  * -EINVAL with the reason in error_get() for anything else (a name that
  * does not start with "wc-" is not the daemon's). */
 int fdstore_name_parse(const char *name, struct fdstore_name *out);
@@ -126,8 +166,10 @@ int fdstore_name_parse(const char *name, struct fdstore_name *out);
  * valid and unique over the whole description (and neither "wc-status"
  * nor "wc-desc"), model names and slots unique, generation numbers unique
  * per model and at most its last_generation, one current and one pending
- * generation at most per model, FDSTORE_MAX_FDS descriptors in all. 0, or
- * -EINVAL naming the field. */
+ * generation at most per model; each artifact's key valid, its source one
+ * of the model's described generations, (source, key) unique per model,
+ * its two names "wc-<slot>-d<n>-a" and "-i" of the model's slot and one n;
+ * FDSTORE_MAX_FDS descriptors in all. 0, or -EINVAL naming the field. */
 int fdstore_check(const struct fdstore_desc *d);
 
 /* Encodes d (which must pass fdstore_check()) into a malloc'd buffer of
@@ -135,10 +177,12 @@ int fdstore_check(const struct fdstore_desc *d);
  * past FDSTORE_MAX_BYTES, or -ENOMEM. */
 int fdstore_encode(const struct fdstore_desc *d, uint8_t **buf, size_t *len);
 
-/* Decodes len bytes of hostile input into a new description (free it with
- * fdstore_free()). 0, or -EBADMSG (malformed: the message names the field
- * and the offset), -EPROTO (another version) or -ENOMEM; *out is untouched
- * on failure and nothing is leaked. */
+/* Decodes len bytes of hostile input, version FDSTORE_VERSION_MIN to
+ * FDSTORE_VERSION, into a new description (free it with fdstore_free()).
+ * 0, or -EBADMSG (malformed: the message names the field and the offset),
+ * -EPROTO (another version) or -ENOMEM; *out is untouched on failure and
+ * nothing is leaked. Encoding the result always gives version
+ * FDSTORE_VERSION. */
 int fdstore_decode(const uint8_t *buf, size_t len, struct fdstore_desc **out);
 
 /* 1 when a and b describe the same things field by field, else 0. */

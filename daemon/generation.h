@@ -106,6 +106,9 @@ struct generation {
 	unsigned stored_slot;       /* its fds went to the manager's store under this
 				       slot's names (restore.h); 0: none */
 	int stored_done;            /* all of them (not only some: a full queue) */
+	uint64_t stored_artifact;   /* a derived artifact's: stored as wc-<stored_slot>-d<n>-a
+				       and -i under this n, unique in the store
+				       (restore.h); 0: none */
 	/* Restored from the store with holders (restore_await_holds): the
 	 * wait for their HOLDs (restore_hold) ends then, on the loop's clock;
 	 * until then a generation no longer current stays open even while

@@ -13,6 +13,14 @@
  * models' sizes and tensor counts; each index is then checked record by record on the work queue
  * while it serves (index_check.h), and one that fails is withdrawn and its
  * model loaded afresh (restore_adopt.c).
+ *
+ * A restored model's derived artifacts come back too (derive.h): each
+ * artifact memfd must be a regular file with every seal a published one
+ * has, of the described size, and parse again with its format's reader
+ * (source_open_fd, O(its header)) into an index byte for byte the stored
+ * index memfd, itself checked as a generation's is. One that fails is left
+ * out with one line naming the model, the key and the reason, its
+ * descriptors closed: the next DERIVE builds it again.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -28,6 +36,7 @@
 
 #include "base/error.h"
 #include "base/path.h"
+#include "derive.h"
 #include "fdstore.h"
 #include "generation.h"
 #include "format/index.h"
@@ -162,6 +171,16 @@ restore_take(void)
 		return s;
 	if ((s->restored = calloc(s->desc->nmodels + 1, 1)) == NULL)
 		fatalx("out of memory");
+	/* An artifact stored from now on takes a number none of these has,
+	 * taken back or not (a removal may still be on its way). */
+	for (uint32_t i = 0; i < s->desc->nmodels; i++)
+		for (uint32_t a = 0; a < s->desc->models[i].nartifacts; a++) {
+			struct fdstore_name parsed;
+
+			if (fdstore_name_parse(s->desc->models[i].artifacts[a].fdname, &parsed) == 0 &&
+				parsed.artifact > restore_state.last_artifact)
+				restore_state.last_artifact = parsed.artifact;
+		}
 	if (s->desc->status_size != STATUS_PAGE_BYTES)
 		log_warnx("warm restart: the stored status page is described as %" PRIu64
 			  " bytes, not %u; not used", s->desc->status_size, STATUS_PAGE_BYTES);
@@ -248,28 +267,29 @@ same_file(const struct stat *st, const struct fdstore_file *f)
 		mtime == f->mtime_ns;
 }
 
-/* Checks the stored index memfd of g: sealed, its size, a valid index
- * header for g's file count (O(1): the records are checked later, see
- * above). 0 or -EINVAL with the reason. */
+/* Checks a stored index memfd fd, called fdname: sealed, of size bytes,
+ * a valid index header for nfiles files (O(1): the records are checked
+ * later, see above), and maps it into *map. 0 or -EINVAL with the reason. */
 static int
-check_index(int fd, const struct fdstore_generation *g, struct index_header *h, void **map)
+check_index(int fd, const char *fdname, uint64_t size, uint32_t nfiles, struct index_header *h,
+	void **map)
 {
 	struct stat st;
 	int seals;
 
 	if (fd < 0)
-		return error_set(-EINVAL, "its index memfd \"%s\" is not in the store", g->index_fdname);
-	if (fstat(fd, &st) == -1 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != g->index_size ||
-		g->index_size == 0 || g->index_size > SIZE_MAX)
-		return error_set(-EINVAL, "its index memfd is not %" PRIu64 " bytes", g->index_size);
+		return error_set(-EINVAL, "its index memfd \"%s\" is not in the store", fdname);
+	if (fstat(fd, &st) == -1 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != size ||
+		size == 0 || size > SIZE_MAX)
+		return error_set(-EINVAL, "its index memfd is not %" PRIu64 " bytes", size);
 	if ((seals = fcntl(fd, F_GET_SEALS)) == -1 || (seals & INDEX_SEALS) != INDEX_SEALS)
 		return error_set(-EINVAL, "its index memfd is not sealed");
-	*map = mmap(NULL, (size_t)g->index_size, PROT_READ, MAP_SHARED, fd, 0);
+	*map = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
 	if (*map == MAP_FAILED)
 		return error_set(-errno, "mapping its index: %s", strerror(errno));
-	if (index_open(*map, (size_t)g->index_size, h) < 0 || h->file_count != g->nfiles) {
-		munmap(*map, (size_t)g->index_size);
-		return error_set(-EINVAL, "its index is not valid for %" PRIu32 " files", g->nfiles);
+	if (index_open(*map, (size_t)size, h) < 0 || h->file_count != nfiles) {
+		munmap(*map, (size_t)size);
+		return error_set(-EINVAL, "its index is not valid for %" PRIu32 " files", nfiles);
 	}
 	return 0;
 }
@@ -332,7 +352,7 @@ adopt(struct restore *s, struct registry *r, const struct fdstore_model *m,
 	size_t at = 0;
 	int ifd = find_fd(s, g->index_fdname, &at), err;
 
-	if ((err = check_index(ifd, g, &h, &map)) < 0)
+	if ((err = check_index(ifd, g->index_fdname, g->index_size, g->nfiles, &h, &map)) < 0)
 		return err;
 	if ((src.files = calloc(g->nfiles, sizeof(*src.files))) == NULL) {
 		munmap(map, (size_t)g->index_size);
@@ -393,6 +413,103 @@ adopt_held(struct restore *s, struct registry *r, const struct fdstore_model *m,
 	}
 }
 
+/* Checks the stored artifact memfd fd of a: a regular file sealed as a
+ * published one is, of exactly the described size. */
+static int
+check_artifact_memfd(int fd, const struct fdstore_artifact *a)
+{
+	struct stat st;
+	int seals;
+
+	if (fd < 0)
+		return error_set(-EINVAL, "its memfd \"%s\" is not in the store", a->fdname);
+	if (fstat(fd, &st) == -1 || !S_ISREG(st.st_mode))
+		return error_set(-EINVAL, "its memfd is not a regular file");
+	if ((seals = fcntl(fd, F_GET_SEALS)) == -1 ||
+		(seals & DERIVE_ARTIFACT_SEALS) != DERIVE_ARTIFACT_SEALS)
+		return error_set(-EINVAL, "its memfd is not sealed against writing, shrinking, "
+			"growing and unsealing");
+	if ((uint64_t)st.st_size != a->size)
+		return error_set(-EINVAL, "its memfd is %lld bytes, not %" PRIu64,
+			(long long)st.st_size, a->size);
+	return 0;
+}
+
+/* Checks every piece of artifact a of m (restored) and lists it again
+ * (restore_adopt_artifact). The descriptors stay in s->fds until taken:
+ * on failure close_untaken() closes them and the manager drops them. */
+static int
+adopt_artifact(struct restore *s, struct registry *r, const struct fdstore_model *m,
+	const struct fdstore_artifact *a)
+{
+	struct model_source src = { 0 };
+	struct model_entry *e = registry_find(r, m->name);
+	struct generation *g = NULL;
+	struct index_header h;
+	struct fdstore_name n;
+	char label[FDSTORE_MAX_MODEL_NAME + FDSTORE_MAX_KEY + 16];
+	void *map = NULL;
+	size_t aat = 0, iat = 0;
+	int afd = find_fd(s, a->fdname, &aat), ifd = find_fd(s, a->index_fdname, &iat), err;
+
+	if (e == NULL || e->current == NULL || e->current->number != a->source)
+		return error_set(-ESTALE, "its source generation %" PRIu64 " is not the one "
+			"restored", a->source);
+	if (fdstore_name_parse(a->fdname, &n) < 0 || n.kind != FDSTORE_NAME_KIND_ARTIFACT)
+		return error_set(-EINVAL, "its memfd's name \"%s\" is not an artifact's", a->fdname);
+	if ((err = check_artifact_memfd(afd, a)) < 0 ||
+		(err = check_index(ifd, a->index_fdname, a->index_size, 1, &h, &map)) < 0)
+		return err;
+	/* Its reader again, as PUBLISH does: the same index, byte for byte. */
+	snprintf(label, sizeof(label), "%s derived %s", m->name, a->key);
+	if (source_open_fd(afd, label, &src) < 0) {
+		char why[512];
+
+		snprintf(why, sizeof(why), "%s", error_get());
+		munmap(map, (size_t)a->index_size);
+		return error_set(-EBADMSG, "its memfd does not parse: %s", why);
+	}
+	s->fds[aat].fd = -1; /* src's now */
+	if (src.nfiles != 1 || src.index_len != a->index_size ||
+		memcmp(src.index, map, src.index_len) != 0)
+		err = error_set(-EBADMSG, "its stored index (%" PRIu64 " bytes) is not the one "
+			"its memfd compiles to (%zu bytes)", a->index_size, src.index_len);
+	munmap(map, (size_t)a->index_size);
+	if (err == 0)
+		err = restore_adopt_artifact(r, e, &(struct derive_stored){ .key = a->key,
+			.source = a->source, .builder_uid = (uid_t)a->builder_uid,
+			.builder_pid = (pid_t)a->builder_pid,
+			.build_seconds = (double)a->build_ms / 1000.0 }, &src, ifd,
+			(size_t)a->index_size, &g);
+	if (err < 0 || g == NULL) {
+		/* Closed here, not by close_untaken(): the manager drops it too. */
+		(void)notify_remove_fds(a->fdname);
+		source_close(&src);
+		return err < 0 ? err : -EINVAL;
+	}
+	s->fds[iat].fd = -1;
+	/* The manager still has both under these names. */
+	g->stored_slot = e->slot;
+	g->stored_artifact = n.artifact;
+	g->stored_done = e->slot == m->slot;
+	return 0;
+}
+
+/* After m's current generation came back: its derived artifacts. One that
+ * does not come back is built again by the next DERIVE of its key. */
+static void
+adopt_artifacts(struct restore *s, struct registry *r, const struct fdstore_model *m)
+{
+	for (uint32_t k = 0; k < m->nartifacts; k++) {
+		const struct fdstore_artifact *a = &m->artifacts[k];
+
+		if (adopt_artifact(s, r, m, a) < 0)
+			log_warnx("model \"%s\": derived \"%s\" of generation %" PRIu64 " not "
+				  "restored: %s; the next DERIVE of it builds it again", m->name,
+				a->key, a->source, error_get());
+	}
+}
+
 int
 restore_model(struct restore *s, struct registry *r, const char *name, const char *path,
 	enum pin_mode pin, int warm)
@@ -431,6 +548,7 @@ restore_model(struct restore *s, struct registry *r, const char *name, const cha
 
 		s->restored[i - 1] = 1;
 		adopt_held(s, r, m, path);
+		adopt_artifacts(s, r, m);
 		log_info("model \"%s\": generation %" PRIu64 " restored from the file descriptor "
 			 "store: %" PRIu32 " file%s, %" PRIu64 " bytes, not read again",
 			name, g->number, g->nfiles, g->nfiles == 1 ? "" : "s",

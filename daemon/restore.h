@@ -10,7 +10,10 @@
  * Generations workers still held (replaced, still mapped) are stored with
  * the current ones, each with its number of holders: the restarted daemon
  * accepts that many HOLDs of it, during restart_hold_seconds, and closes it
- * when nobody claims it (proto/PROTOCOL.md, "Restarts").
+ * when nobody claims it (proto/PROTOCOL.md, "Restarts"). The derived
+ * artifacts of each current generation (derive.h) are stored too, and a
+ * restored model's come back, each checked again (its seals, its size, its
+ * reader, its index); one that fails is built again on demand.
  *
  * The files: restore.c takes the store back at start-up and checks each
  * piece; restore_adopt.c serves what passed (through the registry's public
@@ -140,10 +143,11 @@ int restore_hold(struct registry *r, const char *name, uint64_t number,
  * frees s. Accepts NULL. */
 void restore_finish(struct restore *s, struct registry *r);
 
-/* Hands the manager the status page (once) and every current generation
- * not yet stored, and stores a new description in place of the old one.
- * A no-op unless r->fdstore. Call whenever a generation becomes current or
- * a model is added or removed. */
+/* Hands the manager the status page (once), every current generation and
+ * every derived artifact of one not yet stored, and stores a new
+ * description in place of the old one. A no-op unless r->fdstore. Call
+ * whenever a generation becomes current, an artifact is published or
+ * dropped, or a model is added or removed. */
 void restore_sync(struct registry *r);
 
 /* At shutdown, before the registry closes: stores what the manager's full
@@ -156,15 +160,18 @@ void restore_stopping(struct registry *r);
  * each stored current generation while they fit (a model whose current one
  * does not fit is described without generations, so it keeps its slot and
  * numbers and loads afresh); then the held generations, newest first, while
- * they fit (from the first that does not, every older one is left out).
- * left_out (cap bytes) says what was left out, "" when nothing was. 0 and
- * *out (fdstore_free it), or -ENOMEM.
+ * they fit (from the first that does not, every older one is left out);
+ * then the derived artifacts of each described current generation, while
+ * they fit (FDSTORE_MAX_ARTIFACTS per model). left_out (cap bytes) says
+ * what was left out, "" when nothing was. 0 and *out (fdstore_free it), or
+ * -ENOMEM.
  */
 int restore_describe(const struct registry *r, size_t max_fds, struct fdstore_desc **out,
 	char *left_out, size_t cap);
 
-/* g closes: asks the manager to drop its descriptors (not at shutdown:
- * the next process takes them). The registry's closed hook. */
+/* g closes: asks the manager to drop its descriptors, a generation's or a
+ * derived artifact's (not at shutdown: the next process takes them). The
+ * registry's closed hook. */
 void restore_forget(struct registry *r, struct generation *g);
 
 #endif

@@ -5,6 +5,7 @@
  * check of each adopted generation on the work queue while it serves.
  * Everything goes through the registry's public API (registry.h) and
  * generation.h; the registry hears of nothing here but what that API says.
+ * Derived artifacts go back to derive.c's table (derive_adopt).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -15,10 +16,12 @@
 #include <sys/mman.h>
 
 #include "base/error.h"
+#include "derive.h"
 #include "generation.h"
 #include "log.h"
 #include "pages.h"
 #include "restore.h"
+#include "restore_internal.h"
 
 static void check_done(struct registry *r, struct generation *g,
 	const struct pages_result *res);
@@ -112,6 +115,33 @@ restore_adopt_held(struct registry *r, const char *name, uint64_t number,
 	/* Not current: only its holders' HOLDs keep it, once this passes. */
 	restore_await_holds(r, g, holders);
 	registry_add_generation(r, m, g);
+	return 0;
+}
+
+int
+restore_adopt_artifact(struct registry *r, struct model_entry *m,
+	const struct derive_stored *a, struct model_source *src, int index_fd,
+	size_t index_size, struct generation **out)
+{
+	struct derive_stored s = *a;
+	struct generation *g;
+	int err;
+
+	if (r->derive_owner == NULL)
+		return error_set(-ENOTSUP, "derived artifacts are not set up");
+	if ((g = stored_generation(r, m->name, a->source, src, index_fd, index_size)) == NULL)
+		return -ENOMEM;
+	/* The index lives on in the sealed memfd, as for a published one. */
+	free(g->source.index);
+	g->source.index = NULL;
+	gen_set_state(g, GEN_READY, "derived artifact restored from the file descriptor store");
+	s.gen = g;
+	if ((err = derive_adopt(r->derive_owner, m, &s)) < 0) {
+		gen_unmake(g, src);
+		return error_set(err, "%s", err == -EEXIST ? "that key of that generation is "
+			"already there" : strerror(-err));
+	}
+	*out = g;
 	return 0;
 }
 

@@ -2,9 +2,11 @@
  * restore_store.c: keeping the manager's file descriptor store in step
  * with the registry (restore.h): the status page once, each current
  * generation's index and files under its slot's names, the held
- * generations, and a sealed description of it all, replaced whenever it
- * changes; at shutdown what the manager's full queue refused so far; and
- * the removal of a closed generation's descriptors.
+ * generations, the derived artifacts of each current generation (derive.h)
+ * under names of their own, and a sealed description of it all, replaced
+ * whenever it changes; at shutdown what the manager's full queue refused
+ * so far; and the removal of a closed generation's or artifact's
+ * descriptors.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -15,6 +17,7 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "derive.h"
 #include "fdstore.h"
 #include "generation.h"
 #include "log.h"
@@ -50,6 +53,19 @@ remove_names(unsigned slot, uint64_t number, size_t nfiles)
 			(void)notify_remove_fds(name);
 }
 
+/* Asks the manager to drop derived artifact n of slot: its memfd and its
+ * index. */
+static void
+remove_artifact_names(unsigned slot, uint64_t n)
+{
+	char name[FDSTORE_MAX_FDNAME + 1];
+
+	if (fdstore_name_artifact(name, sizeof(name), slot, n) > 0)
+		(void)notify_remove_fds(name);
+	if (fdstore_name_artifact_index(name, sizeof(name), slot, n) > 0)
+		(void)notify_remove_fds(name);
+}
+
 /* Hands the manager g's index and files under slot's names. */
 static int
 store_generation(struct generation *g, unsigned slot)
@@ -74,6 +90,28 @@ store_generation(struct generation *g, unsigned slot)
 	return 0;
 }
 
+/* Hands the manager artifact g (its memfd, file 0, and its index) under
+ * slot's names and an n of its own, kept for its life: a name removed
+ * (restore_forget) is never used again by this process. */
+static int
+store_artifact(struct generation *g, unsigned slot)
+{
+	char name[FDSTORE_MAX_FDNAME + 1];
+	int err;
+
+	if (g->stored_artifact == 0)
+		g->stored_artifact = ++restore_state.last_artifact;
+	g->stored_slot = slot;
+	if ((err = fdstore_name_artifact_index(name, sizeof(name), slot,
+		     g->stored_artifact)) < 0 ||
+		(err = notify_store_fds(name, &g->index_fd, 1)) <= 0 ||
+		(err = fdstore_name_artifact(name, sizeof(name), slot, g->stored_artifact)) < 0 ||
+		(err = notify_store_fds(name, &g->source.files[0].fd, 1)) <= 0)
+		return err < 0 ? err : -ENOTCONN;
+	g->stored_done = 1;
+	return 0;
+}
+
 /* Is g, not current, a generation its holders still need: stored, open,
  * held or waiting for their HOLDs? */
 static int
@@ -92,6 +130,148 @@ describe_current(const struct model_entry *m)
 
 	return m->slot != 0 && g != NULL && g->stored_done && g->stored_slot == m->slot &&
 		gen_attachable(g);
+}
+
+/* The derived artifacts of m that go to the store (derive_stored_each):
+ * those of its current generation, while that one is described, that
+ * serve (an artifact of an older generation is dropped once nobody holds
+ * it: a restarted daemon would only drop it). */
+static int
+artifact_storable(const struct model_entry *m, const struct derive_stored *a)
+{
+	return describe_current(m) && a->source == m->current->number &&
+		gen_attachable(a->gen) && a->gen->source.nfiles == 1;
+}
+
+/* What the artifact walks below need, and what they found. */
+struct artifact_walk {
+	const struct model_entry *m;
+	struct fdstore_model *dm;  /* restore_describe: where they go */
+	size_t *fds, max_fds;      /* restore_describe: descriptors used so far, the limit */
+	char *left_out;            /* restore_describe: what did not fit */
+	size_t cap;
+	unsigned *out;             /* how many were left out so far */
+	uint64_t hash;             /* describe_hash */
+	int pending;               /* sync_pending: one is not stored yet */
+	int err;                   /* restore_sync, restore_describe: the first error */
+};
+
+/* The derive table restore works with (main.c's, through the registry). */
+static const struct derive_table *
+derive_table_of(const struct registry *r)
+{
+	return r->derive_owner;
+}
+
+/* restore_sync: stores each storable artifact not yet stored. */
+static void
+sync_artifact(const struct derive_stored *a, void *arg)
+{
+	struct artifact_walk *w = arg;
+	char what[256];
+
+	if (w->err < 0 || !artifact_storable(w->m, a) || a->gen->stored_done)
+		return;
+	if ((w->err = store_artifact(a->gen, w->m->slot)) < 0) {
+		snprintf(what, sizeof(what), "model \"%.64s\": derived \"%s\" of generation %"
+			PRIu64, w->m->name, a->key, a->source);
+		log_not_stored(w->err, what);
+	}
+}
+
+/* Fills da from artifact a of m, stored under m's slot. */
+static int
+describe_artifact(struct fdstore_artifact *da, const struct model_entry *m,
+	const struct derive_stored *a)
+{
+	char name[FDSTORE_MAX_FDNAME + 1];
+	const struct generation *g = a->gen;
+	double ms = a->build_seconds * 1000.0;
+
+	da->source = a->source;
+	da->size = (uint64_t)g->source.files[0].st.st_size;
+	da->index_size = g->index_size;
+	da->builder_uid = (uint32_t)a->builder_uid;
+	da->builder_pid = (uint32_t)a->builder_pid;
+	da->build_ms = ms > 0 && ms < 1e18 ? (uint64_t)ms : 0;
+	if ((da->key = strdup(a->key)) == NULL ||
+		fdstore_name_artifact(name, sizeof(name), m->slot, g->stored_artifact) < 0 ||
+		(da->fdname = strdup(name)) == NULL ||
+		fdstore_name_artifact_index(name, sizeof(name), m->slot, g->stored_artifact) < 0 ||
+		(da->index_fdname = strdup(name)) == NULL)
+		return -ENOMEM;
+	return 0;
+}
+
+/* Appends printf-style text to buf of cap bytes (cut at the end). */
+static void
+append(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* restore_describe: each storable artifact in the store, while it fits. */
+static void
+describe_artifact_cb(const struct derive_stored *a, void *arg)
+{
+	struct artifact_walk *w = arg;
+	struct fdstore_model *dm = w->dm;
+	struct fdstore_artifact *more;
+	const struct generation *g = a->gen;
+
+	if (w->err < 0 || !artifact_storable(w->m, a) || !g->stored_done ||
+		g->stored_slot != w->m->slot || g->stored_artifact == 0 ||
+		a->builder_pid <= 0)
+		return;
+	if (dm->nartifacts >= FDSTORE_MAX_ARTIFACTS || 2 > w->max_fds - *w->fds) {
+		append(w->left_out, w->cap, "%s\"%.64s\" \"%s\"", (*w->out)++ ? ", " :
+			(w->left_out[0] != '\0' ? "; derived artifacts left out: " :
+						    "derived artifacts left out: "),
+			w->m->name, a->key);
+		return;
+	}
+	if ((more = realloc(dm->artifacts, (dm->nartifacts + 1) * sizeof(*more))) == NULL) {
+		w->err = -ENOMEM;
+		return;
+	}
+	dm->artifacts = more;
+	memset(&more[dm->nartifacts], 0, sizeof(*more));
+	if (describe_artifact(&more[dm->nartifacts++], w->m, a) < 0) {
+		w->err = -ENOMEM;
+		return;
+	}
+	*w->fds += 2;
+}
+
+/* describe_hash: what of each artifact the description depends on. */
+static void
+hash_artifact(const struct derive_stored *a, void *arg)
+{
+	struct artifact_walk *w = arg;
+	uint64_t v[4] = { w->m->entry_id, a->gen->stored_artifact, a->source,
+		(uint64_t)a->gen->stored_done };
+
+	if (!artifact_storable(w->m, a))
+		return;
+	for (int i = 0; i < 4; i++)
+		w->hash = (w->hash ^ v[i]) * 1099511628211ull;
+}
+
+/* sync_pending: is a storable artifact not yet stored? */
+static void
+pending_artifact(const struct derive_stored *a, void *arg)
+{
+	struct artifact_walk *w = arg;
+
+	if (artifact_storable(w->m, a) && !a->gen->stored_done)
+		w->pending = 1;
+}
+
+/* Calls fn for each artifact of m, when there is a derive table. */
+static void
+walk_artifacts(const struct registry *r, const struct model_entry *m,
+	void (*fn)(const struct derive_stored *, void *), struct artifact_walk *w)
+{
+	w->m = m;
+	if (derive_table_of(r) != NULL)
+		derive_stored_each(derive_table_of(r), m, fn, w);
 }
 
 /* Fills dg from g of m, stored under m's slot, in role. */
@@ -134,10 +314,6 @@ generation_fds(const struct generation *g)
 	return 1 + g->source.nfiles;
 }
 
-/* Appends printf-style text to buf of cap bytes (cut at the end). */
-static void
-append(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
 static void
 append(char *buf, size_t cap, const char *fmt, ...)
 {
@@ -170,7 +346,7 @@ restore_describe(const struct registry *r, size_t max_fds, struct fdstore_desc *
 	struct fdstore_desc *d = calloc(1, sizeof(*d));
 	const struct model_entry **order = NULL;
 	size_t fds = 0, n = 0;
-	unsigned models_out = 0, held_out = 0;
+	unsigned models_out = 0, held_out = 0, artifacts_out = 0;
 	int full = 0, err = -ENOMEM;
 
 	left_out[0] = '\0';
@@ -234,6 +410,18 @@ restore_describe(const struct registry *r, size_t max_fds, struct fdstore_desc *
 		if (describe_generation(&more[dm->ngenerations++], g->model, g, FDSTORE_HELD) < 0)
 			goto fail;
 		fds += generation_fds(g);
+	}
+	/* Then the derived artifacts of the current generations described,
+	 * while they fit: the first to be rebuilt when they do not. */
+	for (uint32_t i = 0; i < d->nmodels; i++) {
+		struct artifact_walk w = { .dm = &d->models[i], .fds = &fds, .max_fds = max_fds,
+			.left_out = left_out, .cap = cap, .out = &artifacts_out };
+
+		if (d->models[i].ngenerations == 0)
+			continue;
+		walk_artifacts(r, order[i], describe_artifact_cb, &w);
+		if (w.err < 0)
+			goto fail;
 	}
 	free(order);
 	*out = d;
@@ -326,6 +514,13 @@ describe_hash(const struct registry *r)
 		for (int i = 0; i < 3; i++)
 			h = (h ^ v[i]) * 1099511628211ull;
 	}
+	/* The derived artifacts described with them. */
+	for (const struct model_entry *m = r->models; m != NULL; m = m->next) {
+		struct artifact_walk w = { .hash = h };
+
+		walk_artifacts(r, m, hash_artifact, &w);
+		h = w.hash;
+	}
 	return h | 1;
 }
 
@@ -362,6 +557,13 @@ restore_sync(struct registry *r)
 			return;
 		}
 	}
+	for (struct model_entry *m = r->models; m != NULL; m = m->next) {
+		struct artifact_walk w = { 0 };
+
+		walk_artifacts(r, m, sync_artifact, &w);
+		if (w.err < 0)
+			return;
+	}
 	if ((h = describe_hash(r)) != restore_state.described && store_description(r) == 0)
 		restore_state.described = h;
 }
@@ -376,6 +578,13 @@ sync_pending(const struct registry *r)
 		if (m->current != NULL && m->slot != 0 && !m->current->stored_done &&
 			gen_attachable(m->current))
 			return 1;
+	for (const struct model_entry *m = r->models; m != NULL; m = m->next) {
+		struct artifact_walk w = { 0 };
+
+		walk_artifacts(r, m, pending_artifact, &w);
+		if (w.pending)
+			return 1;
+	}
 	return 0;
 }
 
@@ -400,7 +609,13 @@ restore_forget(struct registry *r, struct generation *g)
 {
 	if (g->stored_slot == 0 || r->closing)
 		return;
-	remove_names(g->stored_slot, g->number, g->source.nfiles);
+	/* An artifact's number is its source generation's: its names are
+	 * its own. */
+	if (g->stored_artifact != 0)
+		remove_artifact_names(g->stored_slot, g->stored_artifact);
+	else
+		remove_names(g->stored_slot, g->number, g->source.nfiles);
 	g->stored_slot = 0;
+	g->stored_artifact = 0;
 	g->stored_done = 0;
 }

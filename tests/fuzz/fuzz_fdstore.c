@@ -9,13 +9,18 @@
  *
  * Properties checked, beyond "no crash, no leak, no out-of-bounds access":
  *   - a description the decoder accepts passes fdstore_check(), encodes
- *     back to exactly the input (the format has one encoding for each
- *     description: no padding, reserved bytes zero, no leftover bytes), and
- *     decoding that again gives an equal description: decode(encode(x))
- *     == x for every x the decoder can produce;
+ *     back to exactly the input when the input is version 3 (the format
+ *     has one encoding for each description: no padding, reserved bytes
+ *     zero, no leftover bytes), and decoding that again gives an equal
+ *     description, derived artifacts included: decode(encode(x)) == x for
+ *     every x the decoder can produce;
+ *   - a version 2 input (no artifacts) decodes to a description without
+ *     artifacts whose encoding is version 3 and exactly 4 bytes (a zero
+ *     artifact count) longer per model;
  *   - a refusal leaves *out untouched and says "fdstore:";
  *   - a name fdstore_name_parse() accepts is printed back to the same
- *     string by fdstore_name_index()/_file() (or is a fixed name), and
+ *     string by fdstore_name_index()/_file()/_artifact()/_artifact_index()
+ *     (or is a fixed name), and
  *     is a valid FDNAME.
  */
 #include <errno.h>
@@ -49,7 +54,16 @@ check_description(const uint8_t *data, size_t size)
 	CHECK(r == 0 && d != NULL);
 	CHECK(fdstore_check(d) == 0);
 	CHECK(fdstore_encode(d, &buf, &len) == 0);
-	CHECK(len == size && memcmp(buf, data, size) == 0);
+	CHECK(len >= FDSTORE_HEADER_SIZE && buf[8] == FDSTORE_VERSION);
+	if (data[8] == FDSTORE_VERSION) {
+		CHECK(len == size && memcmp(buf, data, size) == 0);
+	} else {
+		CHECK(data[8] == 2);
+		CHECK(len == size + 4 * (size_t)d->nmodels);
+		CHECK(memcmp(buf + 12, data + 12, FDSTORE_HEADER_SIZE - 12) == 0);
+		for (uint32_t i = 0; i < d->nmodels; i++)
+			CHECK(d->models[i].nartifacts == 0 && d->models[i].artifacts == NULL);
+	}
 	CHECK(fdstore_decode(buf, len, &again) == 0);
 	CHECK(fdstore_equal(d, again));
 	fdstore_free(again);
@@ -84,6 +98,14 @@ check_name(const uint8_t *data, size_t size)
 		break;
 	case FDSTORE_NAME_KIND_FILE:
 		CHECK(fdstore_name_file(back, sizeof(back), n.slot, n.generation, n.file) > 0);
+		CHECK(strcmp(back, name) == 0);
+		break;
+	case FDSTORE_NAME_KIND_ARTIFACT:
+		CHECK(fdstore_name_artifact(back, sizeof(back), n.slot, n.artifact) > 0);
+		CHECK(strcmp(back, name) == 0);
+		break;
+	case FDSTORE_NAME_KIND_ARTIFACT_INDEX:
+		CHECK(fdstore_name_artifact_index(back, sizeof(back), n.slot, n.artifact) > 0);
 		CHECK(strcmp(back, name) == 0);
 		break;
 	default:

@@ -4,8 +4,9 @@
  * the stored descriptors.
  *
  * A description with every kind of record (three models, one without
- * generations, one with a current, a held and a pending generation) is
- * encoded and decoded back; then each rule is broken on a copy, through
+ * generations, one with a current, a held and a pending generation and
+ * derived artifacts of two of them) is encoded and decoded back, and a
+ * version 2 description (no artifacts) is still read; then each rule is broken on a copy, through
  * the encoder (which refuses) and through hand-made bytes (which the
  * decoder refuses), and the message must name the field. Every prefix of
  * a good encoding is refused, and so is every single byte flipped that
@@ -80,8 +81,30 @@ make_generation(struct fdstore_generation *g, uint64_t slot, uint64_t number, ui
 	}
 }
 
+/* Derived artifact n of source with key, of the model in slot, named as
+ * the daemon will. */
+static void
+make_artifact(struct fdstore_artifact *a, uint64_t slot, uint64_t n, uint64_t source,
+	const char *key)
+{
+	char name[128];
+
+	a->key = strdup(key);
+	a->source = source;
+	assert_true(fdstore_name_artifact(name, sizeof(name), slot, n) > 0);
+	a->fdname = strdup(name);
+	a->size = (1ull << 33) + n;
+	assert_true(fdstore_name_artifact_index(name, sizeof(name), slot, n) > 0);
+	a->index_fdname = strdup(name);
+	a->index_size = 200 + n;
+	a->builder_uid = 64101;
+	a->builder_pid = 4000000 + (uint32_t)n;
+	a->build_ms = 123456789012ull + n;
+}
+
 /* The description of the file header: llama (current 5, held 3, pending
- * 6), qwen (current 2) and idle (no generation). */
+ * 6; artifacts "f32-v1" and "q8" of 5, "f32-v1" of 3), qwen (current 2,
+ * artifact "f32-v1" of it) and idle (no generation). */
 static struct fdstore_desc *
 make_desc(void)
 {
@@ -102,6 +125,11 @@ make_desc(void)
 	make_generation(&m->generations[0], 1, 5, FDSTORE_CURRENT, 3);
 	make_generation(&m->generations[1], 1, 3, FDSTORE_HELD, 1);
 	make_generation(&m->generations[2], 1, 6, FDSTORE_PENDING, 2);
+	m->nartifacts = 3;
+	m->artifacts = calloc(3, sizeof(*m->artifacts));
+	make_artifact(&m->artifacts[0], 1, 4, 5, "f32-v1");
+	make_artifact(&m->artifacts[1], 1, 9, 5, "q8");
+	make_artifact(&m->artifacts[2], 1, 2, 3, "f32-v1");
 	m = &d->models[1];
 	m->name = strdup("qwen");
 	m->path = dup_name("/srv/%s/model.safetensors.index.json", "qwen");
@@ -110,6 +138,9 @@ make_desc(void)
 	m->ngenerations = 1;
 	m->generations = calloc(1, sizeof(*m->generations));
 	make_generation(&m->generations[0], 7, 2, FDSTORE_CURRENT, 250);
+	m->nartifacts = 1;
+	m->artifacts = calloc(1, sizeof(*m->artifacts));
+	make_artifact(&m->artifacts[0], 7, 1, 2, "f32-v1");
 	m = &d->models[2];
 	m->name = strdup("idle");
 	m->path = strdup("/srv/idle");
@@ -126,6 +157,74 @@ encode(const struct fdstore_desc *d, size_t *len)
 	if (fdstore_encode(d, &buf, len) != 0)
 		fail_msg("encode: %s", error_get());
 	return buf;
+}
+
+/* Frees m's artifacts: a model as version 2 described it. */
+static void
+strip_artifacts(struct fdstore_model *m)
+{
+	for (uint32_t a = 0; a < m->nartifacts; a++) {
+		free(m->artifacts[a].key);
+		free(m->artifacts[a].fdname);
+		free(m->artifacts[a].index_fdname);
+	}
+	free(m->artifacts);
+	m->artifacts = NULL;
+	m->nartifacts = 0;
+}
+
+/* A version 2 description (today's before artifacts) is read as a version
+ * 3 one without artifacts: a restart after the upgrade restores every
+ * model. With one model and no artifacts, version 3 is version 2 and a
+ * zero artifact count at the end. */
+static void
+test_version_2(void **state)
+{
+	struct fdstore_desc *d = make_desc(), *back = NULL;
+	uint8_t *buf, *again;
+	size_t len, len2;
+
+	(void)state;
+	fdstore_free(NULL);
+	for (uint32_t i = 1; i < d->nmodels; i++) {
+		struct fdstore_model *m = &d->models[i];
+
+		strip_artifacts(m);
+		for (uint32_t g = 0; g < m->ngenerations; g++) {
+			for (uint32_t k = 0; k < m->generations[g].nfiles; k++)
+				free(m->generations[g].files[k].fdname);
+			free(m->generations[g].files);
+			free(m->generations[g].index_fdname);
+		}
+		free(m->generations);
+		free(m->name);
+		free(m->path);
+	}
+	d->nmodels = 1;
+	strip_artifacts(&d->models[0]);
+	buf = encode(d, &len);
+	assert_int_equal(buf[8], 3);
+	assert_memory_equal(buf + len - 4, "\0\0\0\0", 4);
+	buf[8] = 2;
+	if (fdstore_decode(buf, len - 4, &back) != 0)
+		fail_msg("decode version 2: %s", error_get());
+	assert_true(fdstore_equal(d, back));
+	assert_int_equal(back->models[0].nartifacts, 0);
+	assert_null(back->models[0].artifacts);
+	/* Encoded again, it is version 3. */
+	again = encode(back, &len2);
+	buf[8] = 3;
+	assert_int_equal(len2, len);
+	assert_memory_equal(again, buf, len);
+	/* Version 2 bytes with the artifact count: 4 bytes left over. */
+	buf[8] = 2;
+	fdstore_free(back);
+	back = (struct fdstore_desc *)&back;
+	assert_error(fdstore_decode(buf, len, &back), -EBADMSG, "4 bytes left over");
+	assert_true(back == (struct fdstore_desc *)&back);
+	free(again);
+	free(buf);
+	fdstore_free(d);
 }
 
 static void
@@ -145,6 +244,13 @@ test_round_trip(void **state)
 	assert_int_equal(back->models[0].generations[0].files[0].mtime_ns, -5);
 	assert_int_equal(back->models[0].generations[2].role, FDSTORE_PENDING);
 	assert_int_equal(back->models[0].generations[1].holders, 3000009u);
+	assert_string_equal(back->models[0].artifacts[1].key, "q8");
+	assert_string_equal(back->models[0].artifacts[1].fdname, "wc-1-d9-a");
+	assert_string_equal(back->models[0].artifacts[1].index_fdname, "wc-1-d9-i");
+	assert_int_equal(back->models[0].artifacts[2].source, 3);
+	assert_int_equal(back->models[1].artifacts[0].size, (1ull << 33) + 1);
+	assert_int_equal(back->models[1].artifacts[0].build_ms, 123456789013ull);
+	assert_int_equal(back->models[1].artifacts[0].builder_pid, 4000001u);
 	again = encode(back, &len2);
 	assert_int_equal(len, len2);
 	assert_memory_equal(buf, again, len);
@@ -152,6 +258,9 @@ test_round_trip(void **state)
 	assert_false(fdstore_equal(d, back));
 	back->models[0].generations[1].holders++;
 	back->models[0].generations[1].files[0].ino++;
+	assert_false(fdstore_equal(d, back));
+	back->models[0].generations[1].files[0].ino--;
+	back->models[0].artifacts[2].build_ms++;
 	assert_false(fdstore_equal(d, back));
 	fdstore_free(back);
 	free(again);
@@ -225,6 +334,46 @@ static void b_long_fdname(struct fdstore_desc *d)
 	d->models[0].generations[1].files[0].fdname = s;
 }
 
+static void b_key(struct fdstore_desc *d) { d->models[0].artifacts[1].key[0] = '/'; }
+static void b_key_long(struct fdstore_desc *d)
+{
+	char *s = malloc(66);
+
+	memset(s, 'k', 65);
+	s[65] = '\0';
+	free(d->models[0].artifacts[1].key);
+	d->models[0].artifacts[1].key = s;
+}
+static void b_art_dup(struct fdstore_desc *d)
+{
+	free(d->models[0].artifacts[1].key);
+	d->models[0].artifacts[1].key = strdup("f32-v1");
+}
+static void b_art_source(struct fdstore_desc *d) { d->models[0].artifacts[1].source = 4; }
+static void b_art_slot(struct fdstore_desc *d) { d->models[0].artifacts[1].fdname[3] = '7'; }
+static void b_art_n(struct fdstore_desc *d) { d->models[0].artifacts[1].index_fdname[6] = '8'; }
+static void b_art_kind(struct fdstore_desc *d) { d->models[0].artifacts[1].fdname[8] = 'i'; }
+static void b_art_gen_name(struct fdstore_desc *d)
+{
+	free(d->models[0].artifacts[1].fdname);
+	d->models[0].artifacts[1].fdname = strdup("wc-1-9-0");
+}
+static void b_art_fdname_dup(struct fdstore_desc *d)
+{
+	/* Both of llama's "f32-v1" artifacts under the names n = 4. */
+	free(d->models[0].artifacts[2].fdname);
+	free(d->models[0].artifacts[2].index_fdname);
+	d->models[0].artifacts[2].fdname = strdup("wc-1-d4-a");
+	d->models[0].artifacts[2].index_fdname = strdup("wc-1-d4-i");
+}
+static void b_art_size(struct fdstore_desc *d) { d->models[0].artifacts[1].size = 0; }
+static void b_art_index_size(struct fdstore_desc *d)
+{
+	d->models[0].artifacts[1].index_size = 1ull << 32;
+}
+static void b_art_pid(struct fdstore_desc *d) { d->models[0].artifacts[1].builder_pid = 0; }
+static void b_art_count(struct fdstore_desc *d) { d->models[2].nartifacts = 65; }
+
 static void
 test_rules(void **state)
 {
@@ -247,6 +396,19 @@ test_rules(void **state)
 	refuse(b_no_files, "file count: 0, not 1 to 250");
 	refuse(b_index_size, "index size: 0 bytes");
 	refuse(b_long_fdname, "file 0: fdname: 256 bytes, not 1 to 255");
+	refuse(b_key, "artifact 1: key \"/8\": not a derived artifact key");
+	refuse(b_key_long, "artifact 1: key: 65 bytes, not 1 to 64");
+	refuse(b_art_dup, "artifact 1 (\"f32-v1\" of generation 5): appears twice");
+	refuse(b_art_source, "source: generation 4 is not described for the model");
+	refuse(b_art_slot, "fdname \"wc-7-d9-a\": not wc-1-d<n>-a");
+	refuse(b_art_n, "index fdname \"wc-1-d8-i\": not wc-1-d9-i");
+	refuse(b_art_kind, "fdname \"wc-1-d9-i\": not wc-1-d<n>-a");
+	refuse(b_art_gen_name, "fdname \"wc-1-9-0\": not wc-1-d<n>-a");
+	refuse(b_art_fdname_dup, "fdname \"wc-1-d4-a\" appears twice");
+	refuse(b_art_size, "artifact 1 (\"q8\" of generation 5): size: 0 bytes");
+	refuse(b_art_index_size, "index size: 4294967296 bytes");
+	refuse(b_art_pid, "builder pid: 0 is not 1");
+	refuse(b_art_count, "model 2 (\"idle\"): artifact count: 65, more than 64");
 }
 
 /* Decodes hostile bytes: the code, the message, *out untouched. */
@@ -293,13 +455,19 @@ test_hostile_bytes(void **state)
 	copy[0] = 'w';
 	bad_bytes(copy, len, -EBADMSG, "header: magic");
 	memcpy(copy, buf, len);
-	put_u32(copy + 8, 3);
-	bad_bytes(copy, len, -EPROTO, "header: version: 3, this wcached reads 2");
+	put_u32(copy + 8, 4);
+	bad_bytes(copy, len, -EPROTO, "header: version: 4, this wcached reads 2 to 3");
 	/* Version 1 (no holders in its generations) is refused as a whole,
-	 * in one line: a restart after an upgrade loads every model afresh. */
+	 * in one line: a restart after an upgrade loads every model afresh.
+	 * Version 2 is read (test_version_2). */
 	memcpy(copy, buf, len);
 	put_u32(copy + 8, 1);
-	bad_bytes(copy, len, -EPROTO, "header: version: 1, this wcached reads 2");
+	bad_bytes(copy, len, -EPROTO, "header: version: 1, this wcached reads 2 to 3");
+	/* Version 3 bytes read as version 2: the artifact counts are not
+	 * there, so the next model starts early and does not parse. */
+	memcpy(copy, buf, len);
+	put_u32(copy + 8, 2);
+	assert_int_not_equal(fdstore_decode(copy, len, &back), 0);
 	memcpy(copy, buf, len);
 	put_u32(copy + 12, FDSTORE_MAX_MODELS + 1);
 	bad_bytes(copy, len, -EBADMSG, "header: model count: 4097, more than 4096");
@@ -323,10 +491,11 @@ test_hostile_bytes(void **state)
 	bad_bytes(copy, len, -EBADMSG, "model 0: name: length 32767");
 
 	/* A rule broken in bytes: the decoder runs fdstore_check() too. The
-	 * slot of the first model (after its name and path) becomes qwen's. */
+	 * slot of the first model (after its name and path) becomes qwen's:
+	 * its artifacts' names no longer carry its slot. */
 	memcpy(copy, buf, len);
 	copy[name_off + 2 + 5 + 2 + 17] = 7;
-	bad_bytes(copy, len, -EBADMSG, "slot: 7 is model 0's too");
+	bad_bytes(copy, len, -EBADMSG, "fdname \"wc-1-d4-a\": not wc-7-d<n>-a");
 
 	/* A header that claims a model and stops. */
 	memcpy(hdr, buf, FDSTORE_HEADER_SIZE);
@@ -394,6 +563,17 @@ test_names(void **state)
 	assert_int_equal(fdstore_name_parse("wc-desc", &n), 0);
 	assert_int_equal(n.kind, FDSTORE_NAME_KIND_DESC);
 	assert_error(fdstore_name_file(buf, 8, 3, 12, 1), -ENAMETOOLONG, "too small");
+	assert_int_equal(fdstore_name_artifact(buf, sizeof(buf), 3, 12), 10);
+	assert_string_equal(buf, "wc-3-d12-a");
+	assert_int_equal(fdstore_name_parse(buf, &n), 0);
+	assert_int_equal(n.kind, FDSTORE_NAME_KIND_ARTIFACT);
+	assert_true(n.slot == 3 && n.artifact == 12);
+	assert_true(fdstore_name_artifact_index(buf, sizeof(buf), UINT64_MAX, UINT64_MAX) > 0);
+	assert_string_equal(buf, "wc-18446744073709551615-d18446744073709551615-i");
+	assert_int_equal(fdstore_name_parse(buf, &n), 0);
+	assert_int_equal(n.kind, FDSTORE_NAME_KIND_ARTIFACT_INDEX);
+	assert_true(n.slot == UINT64_MAX && n.artifact == UINT64_MAX);
+	assert_error(fdstore_name_artifact(buf, 9, 3, 12), -ENAMETOOLONG, "too small");
 
 	assert_error(fdstore_name_parse("client", &n), -EINVAL, "not a name of wcached's");
 	assert_error(fdstore_name_parse("wc-0-1-i", &n), -EINVAL, "not wc-<slot>");
@@ -405,6 +585,14 @@ test_names(void **state)
 	assert_error(fdstore_name_parse("wc-1-1-ix", &n), -EINVAL, "ends in neither");
 	assert_error(fdstore_name_parse("wc-1-1-", &n), -EINVAL, "ends in neither");
 	assert_error(fdstore_name_parse("wc-1-1-01", &n), -EINVAL, "ends in neither");
+	assert_error(fdstore_name_parse("wc-1-d0-a", &n), -EINVAL, "not wc-<slot>-d<artifact>");
+	assert_error(fdstore_name_parse("wc-1-d01-a", &n), -EINVAL, "not wc-<slot>-d<artifact>");
+	assert_error(fdstore_name_parse("wc-1-d1-x", &n), -EINVAL, "not wc-<slot>-d<artifact>");
+	assert_error(fdstore_name_parse("wc-1-d1-ai", &n), -EINVAL, "not wc-<slot>-d<artifact>");
+	assert_error(fdstore_name_parse("wc-1-d1-", &n), -EINVAL, "not wc-<slot>-d<artifact>");
+	assert_error(fdstore_name_parse("wc-1-d-a", &n), -EINVAL, "not wc-<slot>-d<artifact>");
+	assert_error(fdstore_name_parse("wc-1-1-d", &n), -EINVAL, "ends in neither");
+	assert_error(fdstore_name_parse("wc-0-d1-a", &n), -EINVAL, "not wc-<slot>");
 
 	assert_true(notify_fdname_valid("wc-1-1-i", 8));
 	assert_false(notify_fdname_valid("", 0));
@@ -457,6 +645,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_round_trip),
+		cmocka_unit_test(test_version_2),
 		cmocka_unit_test(test_rules),
 		cmocka_unit_test(test_hostile_bytes),
 		cmocka_unit_test(test_every_byte_counts),
