@@ -182,7 +182,19 @@ def _build_here(lib, client, target, name, key, build_ptr, build, framework):
         raise
     del result
     ptr = _publish(lib, build_ptr, entries, framework)
+    del entries
+    _trim()
     return Model(_Handle(ptr, f"{target} [{key}]", client), "wcached")
+
+
+def _trim():
+    """Gives the memory the build freed back to the system: build's result
+    now lives in the artifact every worker shares, and the allocator would
+    otherwise keep its private copy's pages (glibc's malloc_trim)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError):
+        pass
 
 
 def _derive(client, target, key, build, framework):
