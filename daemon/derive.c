@@ -194,25 +194,23 @@ builder_lost(struct derive_table *t, struct derive_build *b, const char *why)
 	rearm(t);
 }
 
-static void
-on_timer(uv_timer_t *timer)
+/*
+ * Ends one wait or build whose deadline passed (now); 1 when it did, 0
+ * when none is due. A hook it calls may close connections, and a closing
+ * connection changes the table (derive_conn_gone): the caller starts over
+ * after each one rather than keep a pointer into the lists.
+ */
+static int
+expire_one(struct derive_table *t, uint64_t now)
 {
-	struct derive_table *t = timer->data;
-	uint64_t now = now_ms(t);
-	struct derive_build *b, *next;
 	char text[WIRE_MAX_MESSAGE];
 
-	for (b = t->builds; b != NULL; b = next) {
-		struct derive_waiter **pp = &b->waiters;
-
-		next = b->next;
-		while (*pp != NULL) {
+	for (struct derive_build *b = t->builds; b != NULL; b = b->next) {
+		for (struct derive_waiter **pp = &b->waiters; *pp != NULL; pp = &(*pp)->next) {
 			struct derive_waiter *w = *pp;
 
-			if (w->deadline_ms > now) {
-				pp = &w->next;
+			if (w->deadline_ms > now)
 				continue;
-			}
 			*pp = w->next;
 			snprintf(text, sizeof(text),
 				"model \"%s\": derived \"%s\" of generation %" PRIu64 ": still being "
@@ -220,6 +218,7 @@ on_timer(uv_timer_t *timer)
 				b->model_name, b->key, b->source, (int)b->builder_pid);
 			t->hooks.fail(w->conn, w->seq, -ETIMEDOUT, text);
 			free(w);
+			return 1;
 		}
 		if (b->builder != NULL && b->deadline_ms <= now) {
 			char why[96];
@@ -227,8 +226,20 @@ on_timer(uv_timer_t *timer)
 			snprintf(why, sizeof(why), "did not publish within derive_timeout (%" PRIu64 " s)",
 				b->timeout_ms / 1000);
 			builder_lost(t, b, why);
+			return 1;
 		}
 	}
+	return 0;
+}
+
+static void
+on_timer(uv_timer_t *timer)
+{
+	struct derive_table *t = timer->data;
+	uint64_t now = now_ms(t);
+
+	while (expire_one(t, now))
+		;
 	rearm(t);
 }
 
@@ -667,12 +678,12 @@ derive_abandon(struct derive_table *t, void *conn, uint64_t token, const char *r
 void
 derive_conn_gone(struct derive_table *t, void *conn)
 {
-	struct derive_build *b, *next;
+	struct derive_build *b;
 
-	for (b = t->builds; b != NULL; b = next) {
+	/* Its waits first: nothing calls a hook. */
+	for (b = t->builds; b != NULL; b = b->next) {
 		struct derive_waiter **pp = &b->waiters;
 
-		next = b->next;
 		while (*pp != NULL) {
 			struct derive_waiter *w = *pp;
 
@@ -683,8 +694,16 @@ derive_conn_gone(struct derive_table *t, void *conn)
 				pp = &w->next;
 			}
 		}
-		if (b->builder == conn)
-			builder_lost(t, b, "disconnected before publishing");
+	}
+	/* Then its builds, one at a time: builder_lost() calls a hook, which
+	 * may close another connection and change the list (as expire_one). */
+	for (b = t->builds; b != NULL;) {
+		if (b->builder != conn) {
+			b = b->next;
+			continue;
+		}
+		builder_lost(t, b, "disconnected before publishing");
+		b = t->builds;
 	}
 	rearm(t);
 }
