@@ -169,33 +169,36 @@ wc_build_source(const wc_build *b)
 }
 
 /*
- * The client a build may still send on, in *out with its lock held: the
- * one that got BUILD, on that same connection, in that process. A negative
- * errno with the message set otherwise (the build is lost, or belongs to
- * another process), and no lock held.
+ * The client a build may still send on, returned with its lock held: the
+ * one that got BUILD, on that same connection, in that process. NULL with
+ * the message set (and *err its negative errno) otherwise: the build is
+ * lost, or belongs to another process; no lock is held then.
  */
-static int
-build_client(const wc_build *b, const char *doing, wc_client **out)
+static wc_client *
+build_client(const wc_build *b, const char *doing, int *err)
 {
 	wc_client *c = b->source->client;
 
-	if (c == NULL)
-		return error_set(-ENOTCONN, "model \"%s\", key \"%s\": cannot %s: the client was "
-			"disconnected, which ended the build", b->name, b->key, doing);
+	if (c == NULL) {
+		*err = error_set(-ENOTCONN, "model \"%s\", key \"%s\": cannot %s: the client "
+			"was disconnected, which ended the build", b->name, b->key, doing);
+		return NULL;
+	}
 	pthread_mutex_lock(&c->lock);
 	if (c->pid != attach_self_pid() || b->source->pid != c->pid) {
 		pthread_mutex_unlock(&c->lock);
-		return error_set(-ECHILD, "model \"%s\", key \"%s\": cannot %s: the build belongs "
+		*err = error_set(-ECHILD, "model \"%s\", key \"%s\": cannot %s: the build belongs "
 			"to process %d", b->name, b->key, doing, (int)b->source->pid);
+		return NULL;
 	}
 	if (c->connection != b->connection) {
 		pthread_mutex_unlock(&c->lock);
-		return error_set(-ECONNRESET, "model \"%s\", key \"%s\": cannot %s: the "
+		*err = error_set(-ECONNRESET, "model \"%s\", key \"%s\": cannot %s: the "
 			"connection that got the build has closed (did wcached restart?), which "
 			"ended the build", b->name, b->key, doing);
+		return NULL;
 	}
-	*out = c;
-	return 0;
+	return c;
 }
 
 /* Sends ABANDON and reads its answer; the lock is held. Failures only set
@@ -234,11 +237,12 @@ abandon_send(wc_client *c, const wc_build *b, const char *reason)
 void
 wc_build_abandon(wc_build *b, const char *reason)
 {
-	wc_client *c = NULL;
+	wc_client *c;
+	int err = 0;
 
 	if (b == NULL)
 		return;
-	if (build_client(b, "abandon the build", &c) == 0) {
+	if ((c = build_client(b, "abandon the build", &err)) != NULL) {
 		(void)abandon_send(c, b, reason != NULL ? reason : "");
 		pthread_mutex_unlock(&c->lock);
 	}
@@ -296,7 +300,7 @@ wc_build_publish_fd(wc_build *b, int memfd, wc_model **out)
 	if ((a = calloc(1, sizeof(*a))) == NULL)
 		return abandon_after(b, error_set(-ENOMEM, "model \"%s\", key \"%s\": out of "
 			"memory", b->name, b->key));
-	if ((r = build_client(b, "publish", &c)) < 0) {
+	if ((c = build_client(b, "publish", &r)) == NULL) {
 		free(a);
 		build_end(b); /* nothing to tell: the build is already lost */
 		return r;
