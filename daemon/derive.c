@@ -13,12 +13,12 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "base/path.h"
 #include "derive.h"
 #include "format/source.h"
 #include "generation.h"
 #include "log.h"
 
-#define ARTIFACT_SEALS DERIVE_ARTIFACT_SEALS
 
 struct derived {
 	uint64_t entry_id;       /* the model entry it was built for */
@@ -511,13 +511,13 @@ seal_artifact(int fd, char *why, size_t why_size)
 			 "make it with memfd_create(MFD_ALLOW_SEALING)", strerror(errno));
 		return -EINVAL;
 	}
-	if ((seals & F_SEAL_SEAL) && (seals & ARTIFACT_SEALS) != ARTIFACT_SEALS) {
+	if ((seals & F_SEAL_SEAL) && (seals & DERIVE_ARTIFACT_SEALS) != DERIVE_ARTIFACT_SEALS) {
 		snprintf(why, why_size, "the memfd is already sealed against sealing (F_SEAL_SEAL) "
 			 "without F_SEAL_WRITE, F_SEAL_SHRINK and F_SEAL_GROW");
 		return -EINVAL;
 	}
-	if ((seals & ARTIFACT_SEALS) != ARTIFACT_SEALS &&
-		fcntl(fd, F_ADD_SEALS, ARTIFACT_SEALS & ~seals) == -1) {
+	if ((seals & DERIVE_ARTIFACT_SEALS) != DERIVE_ARTIFACT_SEALS &&
+		fcntl(fd, F_ADD_SEALS, DERIVE_ARTIFACT_SEALS & ~seals) == -1) {
 		int e = errno;
 
 		if (e == EBUSY)
@@ -550,10 +550,18 @@ make_artifact(struct derive_table *t, struct derive_build *b, int fd, struct der
 		snprintf(why, why_size, "the model is no longer served");
 		return -ENOENT;
 	}
-	if ((r = seal_artifact(fd, why, why_size)) < 0) {
-		close(fd);
+	r = seal_artifact(fd, why, why_size);
+	snprintf(label, sizeof(label), "%s derived %s", b->model_name, b->key);
+	/* The received descriptor is the builder's own open file description
+	 * (its offset and status flags are the builder's to change): once
+	 * sealed, the daemon keeps a read-only one of its own, as it does for
+	 * model files (issue 18), and workers get reopens of that. */
+	if (r == 0 && (r = fd_reopen_read_only(fd, label)) < 0)
+		snprintf(why, why_size, "%s", error_get());
+	close(fd);
+	if (r < 0)
 		return r;
-	}
+	fd = r;
 	if (fstat(fd, &st) == -1 || st.st_size <= 0) {
 		close(fd);
 		snprintf(why, why_size, "the memfd is empty");
@@ -565,7 +573,6 @@ make_artifact(struct derive_table *t, struct derive_build *b, int fd, struct der
 			 " MiB)", (uint64_t)st.st_size >> 20, t->r->memory_budget >> 20);
 		return -EFBIG;
 	}
-	snprintf(label, sizeof(label), "%s derived %s", b->model_name, b->key);
 	if ((r = source_open_fd(fd, label, &src)) < 0) {
 		close(fd);
 		snprintf(why, why_size, "%s", error_get());
