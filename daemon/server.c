@@ -75,6 +75,8 @@ inflight_add(struct conn *c, unsigned n)
 			(int)c->pid, (unsigned)c->uid);
 	c->inflight_fds += n;
 	s->inflight_total += n;
+	if (n > 0)
+		s->sent_since_sweep = 1;
 }
 
 /* Forgets every descriptor c has in flight (received, or gone with it). */
@@ -143,12 +145,15 @@ fd_budget_allows(struct conn *c, size_t nfds)
 	/* The tallies may still count replies other connections have read
 	 * since: a connection is confirmed only when it sends again, and a
 	 * worker that holds its attach never does. Confirm them all before
-	 * holding c back, at most once per loop tick (a retry every
-	 * DEFER_RETRY_MS otherwise), so that no client ever waits on
-	 * descriptors already received. */
-	if (s->confirmed_at == uv_now(s->loop) + 1)
+	 * holding c back, at most once per loop tick unless descriptors were
+	 * sent since the last sweep (a retry every DEFER_RETRY_MS otherwise),
+	 * so that no client ever waits on descriptors already received: a
+	 * reply sent and read within one millisecond of the last sweep is
+	 * confirmed too. */
+	if (s->confirmed_at == uv_now(s->loop) + 1 && !s->sent_since_sweep)
 		return 0;
 	s->confirmed_at = uv_now(s->loop) + 1;
+	s->sent_since_sweep = 0;
 	for (struct conn *o = s->conns; o != NULL; o = o->next)
 		conn_confirm(o);
 	return budget_has_room(c, nfds);

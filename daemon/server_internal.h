@@ -84,6 +84,7 @@ struct server {
 	struct uidtally inflight_by_uid; /* the same per uid: every conn's inflight_fds */
 	unsigned fd_hard, fd_soft, fd_uid_cap, fd_conn_cap;
 	uint64_t confirmed_at; /* uv_now() + 1 of the last sweep of conn_confirm, 0: never */
+	int sent_since_sweep;  /* descriptors were sent since that sweep */
 	unsigned ndeferred;
 	uv_timer_t retry_timer;
 	struct server_stats stats;
