@@ -62,6 +62,7 @@ struct control_context {
 	struct registry *reg;
 	struct server *server;     /* for the client count; may be NULL */
 	const struct derive_table *derive; /* derived artifacts, for status; may be NULL */
+	const struct memlimit *mem; /* the memory limit in force, for status; may be NULL */
 	uint64_t started_ms;       /* uv_now(loop) when the daemon started; 0: when
 	                            * control_start() ran */
 	/*

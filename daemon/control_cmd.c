@@ -8,7 +8,8 @@
  * control.c owns the socket and the connections and hands each request line
  * to ctl_handle_line(). A handler replies exactly once, with
  * ctl_conn_error(), ctl_conn_ok() or ctl_reply_begin()/ctl_reply_end(),
- * except for load and reload: the registry completes those later, so they
+ * except for load, reload, pin, unpin and evict: the registry completes
+ * those later (pin, unpin and evict once their page work has ended), so they
  * leave a struct ctl_request on the connection, and request_done() replies
  * when the registry calls it (or drops the reply when the connection has
  * closed meanwhile), then lets control.c read the connection's next line.
@@ -56,6 +57,7 @@ daemon_figures(const struct control *ctl)
 		.control_refused = ctl->refused,
 		.notify_dropped = notify_dropped_count(),
 		.derive = ctl->ctx->derive,
+		.mem = ctl->ctx->mem,
 	};
 
 	if (ctl->ctx->server != NULL)
@@ -303,7 +305,71 @@ cmd_unload(struct ctl_conn *c, int argc, char **argv)
 	ctl_conn_ok(c, "unloaded; clients that hold it keep it until they release it");
 }
 
-/* pin NAME, unpin NAME: locks every page of NAME, or only its metadata. */
+/*
+ * The registry's answer to pin, unpin or evict once their page work has
+ * ended: what it left, from the model's current generation (the residency
+ * figure each page operation measures as it ends), so that a status right
+ * after the reply shows the same.
+ */
+static void
+pages_done(int status, const char *message, uint64_t generation, void *arg)
+{
+	struct ctl_request *q = arg;
+	struct ctl_conn *c = q->conn;
+	const struct model_entry *m;
+	const struct generation *g;
+	struct ctl_reply r;
+	uint64_t resident = 0, bytes = 0;
+	char text[256];
+
+	if (c == NULL) {
+		free(q);
+		return;
+	}
+	c->req = NULL;
+	m = registry_find(c->ctl->ctx->reg, q->name);
+	if ((g = m != NULL ? m->current : NULL) != NULL) {
+		resident = g->resident.bytes;
+		bytes = g->bytes;
+	}
+	if (status < 0) {
+		ctl_conn_error(c, "%s: model \"%s\": %s", q->command, q->name, message);
+	} else if (ctl_reply_begin(&r, true) == NULL) {
+		ctl_conn_close(c);
+	} else {
+		if (strcmp(q->command, "evict") == 0)
+			snprintf(text, sizeof(text), "evicted: %" PRIu64 " of %" PRIu64 " bytes still "
+				 "resident (pages a process maps or locks stay)", resident, bytes);
+		else if (strcmp(q->command, "pin") == 0)
+			snprintf(text, sizeof(text), "pinned: every page is locked in memory (%" PRIu64
+				 " of %" PRIu64 " bytes resident)", resident, bytes);
+		else
+			snprintf(text, sizeof(text), "unpinned: only the index and headers stay "
+				 "locked (%" PRIu64 " of %" PRIu64 " bytes resident)", resident, bytes);
+		json_write_field(r.f, "model", q->name);
+		fprintf(r.f, ",\"generation\":%" PRIu64 ",\"resident_bytes\":%" PRIu64, generation,
+			resident);
+		json_write_field(r.f, "message", text);
+		ctl_reply_end(c, &r);
+	}
+	ctl_conn_resume(c);
+	free(q);
+}
+
+/* Answers c's pin, unpin or evict of name when its page work has ended. */
+static void
+wait_pages(struct ctl_conn *c, const char *command, const char *name)
+{
+	struct ctl_request *q = request_new(c, command, name);
+
+	if (q == NULL)
+		return;
+	error_set(0, "%s", "");
+	request_started(c, q, registry_pages_wait(c->ctl->ctx->reg, name, pages_done, q));
+}
+
+/* pin NAME, unpin NAME: locks every page of NAME, or only its metadata;
+ * answered when the locking is done. */
 static void
 cmd_pin(struct ctl_conn *c, int argc, char **argv)
 {
@@ -316,15 +382,11 @@ cmd_pin(struct ctl_conn *c, int argc, char **argv)
 		ctl_conn_error(c, "%s: %s", argv[0], registry_message(err));
 		return;
 	}
-	/* Locking reads the model and runs off the loop: the reply says it
-	 * was asked for; status shows pin_applied once it is done, and a lock
-	 * the memlock limit refuses is logged. */
-	ctl_conn_ok(c, pin ? "pinning: every page is being locked in memory (status shows "
-			     "pin_applied when done)" :
-			 "unpinned: only the index and headers stay locked");
+	wait_pages(c, argv[0], argv[1]);
 }
 
-/* evict NAME: drops NAME's files from the page cache. */
+/* evict NAME: drops NAME's files from the page cache; answered when the
+ * pages are gone. */
 static void
 cmd_evict(struct ctl_conn *c, int argc, char **argv)
 {
@@ -336,7 +398,7 @@ cmd_evict(struct ctl_conn *c, int argc, char **argv)
 		ctl_conn_error(c, "evict: %s", registry_message(err));
 		return;
 	}
-	ctl_conn_ok(c, "evicted: pages no process maps were dropped from the page cache");
+	wait_pages(c, "evict", argv[1]);
 }
 
 /* help: each command's usage and summary, from the table of

@@ -28,7 +28,7 @@ struct ctl_conn;
 /* A request the registry completes later (load, reload). */
 struct ctl_request {
 	struct ctl_conn *conn; /* NULL once the connection has closed */
-	char command[8];       /* "load" or "reload", for messages */
+	char command[8];       /* "load", "reload", "pin", "unpin" or "evict", for messages */
 	char name[CONFIG_MODEL_NAME_MAX + 1]; /* "" for reload of the configuration */
 	struct registry *reg;  /* for a load that added name: forgets it on failure */
 	uint64_t new_entry;    /* that entry's entry_id; 0: name was served before */

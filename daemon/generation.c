@@ -367,6 +367,8 @@ warm_done(struct warm_job *job, const struct warm_result *res, void *cookie)
 	if (--g->warm.pending == 0 && g->state == GEN_COLD)
 		gen_queue_pages(r, g, PAGE_EVICT_SETTLE); /* evicted while it warmed */
 	if (g->warm.pending > 0 || (g->state != GEN_WARMING && g->state != GEN_COLD)) {
+		if (g->warm.pending == 0 && r->pages_ended != NULL)
+			r->pages_ended(r, g);
 		gen_maybe_free(r, g);
 		return;
 	}
@@ -512,6 +514,8 @@ pages_done(struct registry *r, struct generation *g, const struct pages_result *
 		gen_residency_checked(r, g, res->resident);
 	if (res->op == PAGE_EVICT || res->op == PAGE_EVICT_SETTLE)
 		evict_done(r, g);
+	if (r->pages_ended != NULL)
+		r->pages_ended(r, g);
 	gen_maybe_free(r, g);
 }
 

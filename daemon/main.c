@@ -24,12 +24,14 @@
 #include "control.h"
 #include "base/error.h"
 #include "log.h"
+#include "memlimit.h"
 #include "listen.h"
 #include "notify.h"
 #include "registry.h"
 #include "restore.h"
 #include "server.h"
 #include "format/source.h"
+#include "generation.h"
 #include "warm.h"
 #include "derive.h"
 #include "watch.h"
@@ -44,6 +46,7 @@ struct daemon {
 	struct warm_pool *pool;
 	struct server *server;
 	struct derive_table derive; /* derived artifacts (derive.h) */
+	struct memlimit mem;        /* the memory limit in force, read at start and reload */
 	struct watch *watch;
 	struct control *control;
 	struct control_context control_ctx;
@@ -112,13 +115,61 @@ check(const char *path)
 	return bad;
 }
 
-/* The memory budget in bytes (0: none) for this host's RAM. */
+/*
+ * Reads the memory limit in force (memlimit.h: RAM, or the daemon's cgroup
+ * limit when smaller) into d->mem, logs it when it is new or changed, and
+ * returns cfg's memory budget in bytes (0: none): a percent budget is of
+ * that limit.
+ */
 static uint64_t
-memory_budget(const struct config *cfg)
+memory_budget(struct daemon *d, const struct config *cfg)
 {
-	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+	struct memlimit old = d->mem;
+	uint64_t budget;
+	char src[400];
 
-	return config_memory_budget(cfg, pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0);
+	memlimit_read("", memlimit_ram(), &d->mem);
+	budget = config_memory_budget(cfg, d->mem.limit);
+	if (d->mem.limit != old.limit || d->mem.kind != old.kind)
+		log_info("memory: %" PRIu64 " MiB in force (%s; RAM %" PRIu64 " MiB)%s",
+			d->mem.limit >> 20, memlimit_source(&d->mem, src, sizeof(src)),
+			d->mem.ram >> 20,
+			d->mem.kind == MEMLIMIT_RAM ? "" :
+				": wcached's cgroup pays for the page cache it warms, so the "
+				"warm set must fit under this limit");
+	if (budget > d->mem.limit && d->mem.kind != MEMLIMIT_RAM)
+		log_warnx("memory_budget (%" PRIu64 " MiB) is above the memory limit in force "
+			  "(%" PRIu64 " MiB, %s): the kernel reclaims warm models before the "
+			  "budget evicts any", budget >> 20, d->mem.limit >> 20,
+			memlimit_source(&d->mem, src, sizeof(src)));
+	return budget;
+}
+
+/* Warns once loads end when the models served do not fit under the memory
+ * limit in force: the kernel would reclaim what was just warmed. */
+static void
+check_fit(struct daemon *d)
+{
+	uint64_t total = 0;
+	unsigned n = 0;
+	char src[400];
+
+	for (const struct model_entry *m = d->reg.models; m != NULL; m = m->next) {
+		if (m->current == NULL)
+			continue;
+		total += m->current->bytes;
+		n++;
+	}
+	if (d->mem.limit == 0 || total <= d->mem.limit)
+		return;
+	log_warnx("the %u model%s served (%" PRIu64 " MiB) do not fit under the memory limit "
+		  "in force (%" PRIu64 " MiB, %s): the kernel will reclaim warm pages and "
+		  "workers will read from disk; %s", n, n == 1 ? "" : "s", total >> 20,
+		d->mem.limit >> 20, memlimit_source(&d->mem, src, sizeof(src)),
+		d->mem.kind == MEMLIMIT_RAM ? "serve fewer models, or set memory_budget to keep "
+					      "the most used ones warm" :
+					      "raise or remove that limit (see README, "
+					      "\"Memory limits\"), or set memory_budget");
 }
 
 /*
@@ -333,6 +384,7 @@ reload_finished(struct daemon *d, unsigned failed, void *arg)
 	}
 	snprintf(msg, sizeof(msg), "configuration reloaded%s", failed ? "; some models failed" : "");
 	log_info("%s", msg);
+	check_fit(d);
 	if (req != NULL && req->done != NULL)
 		req->done(failed ? -EIO : 0, failed ? "configuration reloaded; some models failed "
 						      "to load (see status)" :
@@ -369,7 +421,7 @@ reload_config(struct daemon *d, registry_done_fn done, void *arg)
 		log_warnx("socket path changed to %s: takes effect after a restart",
 			cfg->socket_path);
 	log_setlevel(cfg->log_level);
-	d->reg.memory_budget = memory_budget(cfg);
+	d->reg.memory_budget = memory_budget(d, cfg);
 	registry_enforce_budget(&d->reg);
 	d->reloads++;
 	b = batch_new(d, reload_finished, req);
@@ -466,6 +518,7 @@ start_control(struct daemon *d)
 	d->control_ctx = (struct control_context){
 		.reg = &d->reg,
 		.derive = &d->derive,
+		.mem = &d->mem,
 		.started_ms = uv_now(&d->loop),
 		.reload_config = control_reload,
 		.arg = d,
@@ -529,6 +582,7 @@ start_serving(struct daemon *d, unsigned failed, void *arg)
 	uv_timer_start(&d->checks_timer, on_checks_timer, RESTORE_CHECKS_DELAY_MS, 0);
 	log_info("serving on %s (%u model%s failed to load)", d->cfg->socket_path, failed,
 		failed == 1 ? "" : "s");
+	check_fit(d);
 	notify_send("READY=1");
 	send_status(d);
 }
@@ -631,7 +685,7 @@ main(int argc, char **argv)
 	d.reg.changed = on_registry_changed;
 	d.reg.swapped = on_swapped;
 	d.reg.closed = restore_forget;
-	d.reg.memory_budget = memory_budget(d.cfg);
+	d.reg.memory_budget = memory_budget(&d, d.cfg);
 	d.reg.restart_hold_ms = (int)d.cfg->restart_hold_seconds * 1000;
 	if (derive_init(&d.derive, &d.reg, &server_derive_hooks) < 0)
 		fatalx("derived artifacts: out of memory");

@@ -301,6 +301,47 @@ write_derive_metrics(FILE *f, const struct registry *reg, const struct derive_ta
 	value(f, (double)reg->derived_bytes);
 }
 
+/* The memory limit in force, where it came from, and the budget. */
+static void
+write_memory_metrics(FILE *f, const struct registry *reg, const struct memlimit *mem)
+{
+	family(f, "wcached_memory_limit_bytes", "gauge",
+		"The memory wcached may use: RAM, or its cgroup's limit when smaller (source); "
+		"percent budgets are of this.");
+	fprintf(f, "wcached_memory_limit_bytes{source=\"%s\"}", memlimit_kind_name(mem->kind));
+	value(f, (double)mem->limit);
+	family(f, "wcached_memory_ram_bytes", "gauge", "The machine's RAM.");
+	fputs("wcached_memory_ram_bytes", f);
+	value(f, (double)mem->ram);
+	family(f, "wcached_memory_budget_bytes", "gauge",
+		"memory_budget in bytes (0: none): models past it are evicted, least recently "
+		"attached first.");
+	fputs("wcached_memory_budget_bytes", f);
+	value(f, (double)reg->memory_budget);
+}
+
+/* Status's "memory" object: the limit in force and what the models need. */
+static void
+write_memory_json(FILE *f, const struct registry *reg, const struct memlimit *mem)
+{
+	uint64_t models = 0;
+	char src[400];
+
+	for (const struct model_entry *m = reg->models; m != NULL; m = m->next)
+		if (m->current != NULL)
+			models += m->current->bytes;
+	fprintf(f, ",\"memory\":{\"ram\":%" PRIu64 ",\"limit\":%" PRIu64, mem->ram, mem->limit);
+	json_write_field(f, "limit_source", memlimit_source(mem, src, sizeof(src)));
+	json_write_field(f, "limit_kind", memlimit_kind_name(mem->kind));
+	if (mem->cgroup != 0)
+		fprintf(f, ",\"cgroup_limit\":%" PRIu64, mem->cgroup);
+	else
+		fputs(",\"cgroup_limit\":null", f);
+	fprintf(f, ",\"budget\":%" PRIu64 ",\"models_bytes\":%" PRIu64
+		   ",\"derived_bytes\":%" PRIu64 ",\"fits\":%s}", reg->memory_budget, models,
+		reg->derived_bytes, mem->limit == 0 || models <= mem->limit ? "true" : "false");
+}
+
 void
 metrics_write(FILE *f, const struct registry *reg, const struct metrics_daemon *d)
 {
@@ -354,6 +395,8 @@ metrics_write(FILE *f, const struct registry *reg, const struct metrics_daemon *
 	value(f, (double)d->notify_dropped);
 	if (d->derive != NULL)
 		write_derive_metrics(f, reg, d->derive);
+	if (d->mem != NULL)
+		write_memory_metrics(f, reg, d->mem);
 	family(f, "wcached_models", "gauge", "Models served.");
 	fputs("wcached_models", f);
 	value(f, nmodels);
@@ -536,6 +579,8 @@ metrics_status_json(FILE *f, const struct registry *reg, const struct metrics_da
 			s->published_bytes, s->waits, s->failures, s->builders_lost, s->attaches,
 			s->dropped);
 	}
+	if (d->mem != NULL)
+		write_memory_json(f, reg, d->mem);
 	fputs(",\"models\":[", f);
 	for (const struct model_entry *m = reg->models; m != NULL; m = m->next) {
 		if (!first)

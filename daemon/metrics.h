@@ -15,6 +15,7 @@
 #include "generation.h"
 #include "registry.h"
 #include "derive.h"
+#include "memlimit.h"
 #include "server.h"
 
 /* Daemon-wide figures that the registry does not hold. */
@@ -27,6 +28,7 @@ struct metrics_daemon {
 	uint64_t control_refused;   /* control connections refused (limits) */
 	uint64_t notify_dropped;    /* STATUS= notifications dropped (manager not reading) */
 	const struct derive_table *derive; /* derived artifacts; NULL: none */
+	const struct memlimit *mem;        /* the memory limit in force; NULL: unknown */
 };
 
 /*

@@ -55,6 +55,7 @@ registry_init(struct registry *r, uv_loop_t *loop, struct warm_pool *pool)
 	r->loop = loop;
 	r->pool = pool;
 	r->promoted = promoted;
+	r->pages_ended = registry_pages_ended;
 	return statuspage_init(&r->page, 0);
 }
 
@@ -66,6 +67,7 @@ registry_init_stored(struct registry *r, uv_loop_t *loop, struct warm_pool *pool
 	r->pool = pool;
 	r->fdstore = 1;
 	r->promoted = promoted;
+	r->pages_ended = registry_pages_ended;
 	return status_fd >= 0 ? statuspage_adopt(&r->page, status_fd) :
 				statuspage_init(&r->page, 1);
 }
@@ -352,6 +354,7 @@ entry_free(struct registry *r, struct model_entry *m)
 	for (struct generation *g = r->generations; g != NULL; g = g->next)
 		if (g->model == m)
 			g->model = NULL;
+	registry_pages_cancel(m);
 	free(m->name);
 	free(m->path);
 	free(m->error);

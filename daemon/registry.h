@@ -70,6 +70,9 @@ struct model_entry {
 	int derive;
 	struct access_list builders;
 	uint64_t derive_timeout_ms;
+	/* Requests answered once no page operation or warm-up job of the
+	 * model's generations is queued or running (registry_pages_wait). */
+	struct page_waiter *page_waiters;
 	struct model_entry *next;
 };
 
@@ -108,6 +111,9 @@ struct registry {
 	/* How generation.c reports upward, set by registry_init: the
 	 * model's pending generation became current (gen_promote). */
 	void (*promoted)(struct registry *, struct model_entry *, struct generation *);
+	/* ... and page work of g ended (a page operation, pages.h, or its
+	 * last warm-up job), once g's state reflects it. */
+	void (*pages_ended)(struct registry *, struct generation *);
 	/* Derived artifacts (derive.h) count against the memory budget: their
 	 * bytes, kept up to date by derive.c, and its hook that drops those
 	 * nobody holds, least recently used first, until at least want bytes
@@ -211,6 +217,18 @@ int registry_pin(struct registry *r, const char *name, enum pin_mode pin);
  * cold); the model reads as cold until attached again. -ENOENT, -EBUSY when
  * it is pinned. */
 int registry_evict(struct registry *r, const char *name);
+
+/*
+ * Calls done once the page work registry_pin or registry_evict queued on
+ * name has ended: no page operation (pages.h) and no warm-up job of the
+ * model's generations queued or running, so that status shows what it
+ * left. Status 0, or -EIO when the pin in force could not be applied
+ * (pin_applied differs from pin: mlock refused, see the log), with the
+ * current generation's number; -ECANCELED when the model is unloaded
+ * first (or the registry closes). May call done before it returns.
+ * Returns 0, or -ENOENT / -ENOMEM without calling done.
+ */
+int registry_pages_wait(struct registry *r, const char *name, registry_done_fn done, void *arg);
 
 /* Marks a generation modified in place (see watch), with a log line. A
  * pending replacement is dropped (it never becomes current) but not freed:

@@ -7,11 +7,105 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 #include "base/error.h"
 #include "log.h"
 #include "registry_internal.h"
+
+/* A registry_pages_wait request. */
+struct page_waiter {
+	registry_done_fn done;
+	void *arg;
+	struct page_waiter *next;
+};
+
+/* Has any generation of m page work queued or running? */
+static bool
+pages_busy(const struct registry *r, const struct model_entry *m)
+{
+	for (const struct generation *g = r->generations; g != NULL; g = g->next)
+		if (g->model == m && (g->ops_pending > 0 || g->warm.pending > 0))
+			return true;
+	return false;
+}
+
+/* Answers one request: the pin in force applied, or -EIO. */
+static void
+answer(const struct model_entry *m, struct page_waiter *w)
+{
+	const struct generation *g = m->current;
+	char msg[160];
+	int status = 0;
+
+	if (g != NULL && m->pin == PIN_ALL && g->pinned != PIN_ALL && g->state != GEN_COLD) {
+		status = -EIO;
+		snprintf(msg, sizeof(msg), "not every page could be locked: the kernel refused "
+			 "mlock (see status and the log)");
+	} else {
+		snprintf(msg, sizeof(msg), "done");
+	}
+	w->done(status, msg, g != NULL ? g->number : 0, w->arg);
+	free(w);
+}
+
+int
+registry_pages_wait(struct registry *r, const char *name, registry_done_fn done, void *arg)
+{
+	struct model_entry *m = registry_entry_named(r, name);
+	struct page_waiter *w;
+
+	if (m == NULL)
+		return error_set(-ENOENT, "model \"%s\" is not loaded", name);
+	if ((w = calloc(1, sizeof(*w))) == NULL)
+		return error_set(-ENOMEM, "model \"%s\": out of memory", name);
+	w->done = done;
+	w->arg = arg;
+	if (!pages_busy(r, m)) {
+		answer(m, w);
+		return 0;
+	}
+	w->next = m->page_waiters;
+	m->page_waiters = w;
+	return 0;
+}
+
+void
+registry_pages_ended(struct registry *r, struct generation *g)
+{
+	struct model_entry *m = g->model;
+	struct page_waiter *w;
+
+	if (m == NULL || m->page_waiters == NULL || pages_busy(r, m))
+		return;
+	/* Taken off first: a done hook may queue more work or wait again. */
+	w = m->page_waiters;
+	m->page_waiters = NULL;
+	while (w != NULL) {
+		struct page_waiter *next = w->next;
+
+		answer(m, w);
+		w = next;
+	}
+}
+
+void
+registry_pages_cancel(struct model_entry *m)
+{
+	struct page_waiter *w = m->page_waiters;
+
+	m->page_waiters = NULL;
+	while (w != NULL) {
+		struct page_waiter *next = w->next;
+
+		w->done(-ECANCELED, "the model was unloaded first", 0, w->arg);
+		free(w);
+		w = next;
+	}
+}
 
 void
 registry_refresh_residency(struct registry *r, uint64_t max_age_ms)

@@ -23,4 +23,13 @@ struct model_entry *registry_entry_new(struct registry *r, const char *name, con
  * keeps m's and its status slot's last generation number. */
 void registry_link(struct registry *r, struct model_entry *m, struct generation *g);
 
+/* registry_budget.c: generation.c's pages_ended hook: answers m's
+ * registry_pages_wait requests once none of its generations has page work
+ * left. */
+void registry_pages_ended(struct registry *r, struct generation *g);
+
+/* registry_budget.c: answers m's registry_pages_wait requests with
+ * -ECANCELED (m is being unloaded). */
+void registry_pages_cancel(struct model_entry *m);
+
 #endif

@@ -89,13 +89,16 @@ static const struct {
 		"reloading models. Waits until the reload has finished.\n" },
 	[CONTROL_CMD_PIN] = { NULL, false,
 		"Locks every page of NAME's current generation in memory (mlock), within\n"
-		"RLIMIT_MEMLOCK, so memory pressure never evicts it.\n" },
+		"RLIMIT_MEMLOCK, so memory pressure never evicts it. Waits until every\n"
+		"page is locked; exits 1 when the kernel refused the lock.\n" },
 	[CONTROL_CMD_UNPIN] = { NULL, false,
-		"Unlocks NAME's pages except its index and file headers (pin=metadata).\n" },
+		"Unlocks NAME's pages except its index and file headers (pin=metadata).\n"
+		"Waits until they are unlocked.\n" },
 	[CONTROL_CMD_EVICT] = { NULL, false,
 		"Drops NAME's files from the page cache (pages that no process maps); the\n"
-		"model shows as cold until a client attaches it again. Refused for a\n"
-		"pinned model.\n" },
+		"model shows as cold until a client attaches it again. Waits until the\n"
+		"pages are gone, so status right after shows the new figure. Refused for\n"
+		"a pinned model.\n" },
 	[CONTROL_CMD_METRICS] = { "[--http [--timeout SECONDS]]", false,
 		"Prints wcached's metrics in the Prometheus text exposition format: per\n"
 		"model bytes, resident bytes, generation, attached clients, attach, error\n"

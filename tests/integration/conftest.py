@@ -64,11 +64,12 @@ class Daemon(Wcached):
     """tests/pyutil/wcached.py's Wcached, run as $WCACHE_TEST_USER when that
     is set, with wcachectl attach at hand."""
 
-    def __init__(self, tmp, models, extra="", prefetch_threads=2, user=None, nofile=None):
+    def __init__(self, tmp, models, extra="", prefetch_threads=2, user=None, nofile=None,
+                 cgroup=None):
         # user: (uid, gid) to run as, unprivileged; default WCACHE_TEST_USER.
         user = user if user is not None else (parse_user(TEST_USER) if TEST_USER else None)
         super().__init__(tmp, models, extra, prefetch_threads=prefetch_threads, user=user,
-                         nofile=nofile)
+                         nofile=nofile, cgroup=cgroup)
 
     def attach(self, name, *extra):
         return subprocess.run([binary("wcachectl"), "attach", name, "--socket", self.socket,

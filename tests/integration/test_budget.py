@@ -31,13 +31,15 @@ stay as regression tests.
 """
 import json
 import os
+import resource
 import subprocess
 import time
 
 import pytest
 
-from conftest import Daemon, binary, wait_until
+from conftest import TEST_USER, Daemon, binary, wait_until
 from ctlutil import Control, ctl, model_entry, status, wait_for_control
+from wcached import parse_user
 
 # hidden 512, ffn 1024, vocab 1000, 3 layers of BF16: 17,787,096 bytes. Two
 # such models (34 MiB) fit in BUDGET, three (51 MiB) do not.
@@ -407,11 +409,14 @@ def test_evict_drops_pages_and_attach_rewarms(start, tmp_path):
     assert m["state"] == "ready" and is_warm(m)
     r = ctl(d, "--json", "evict", "m")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["ok"] is True
-    # The model reads as cold at once; its pages go as soon as the daemon's
-    # fadvise has run (on the loop or on the work queue).
-    assert model_entry(d, "m")["state"] == "cold"
-    m = wait_cold(d, "m")
+    reply = json.loads(r.stdout)
+    assert reply["ok"] is True and reply["model"] == "m" and reply["generation"] == 1
+    # evict answers once the pages are gone: the reply and a status right
+    # after it show the figure the eviction measured, no wait needed.
+    assert reply["resident_bytes"] <= RESIDUE, reply
+    assert reply["message"].startswith("evicted: "), reply
+    m = model_entry(d, "m")
+    assert m["state"] == "cold" and m["resident_bytes"] <= RESIDUE, m
     assert [g["state"] for g in m["generations"]] == ["cold"]
     assert 'model "m": evicted from the page cache' in d.read_log()
     # The next attach warms it again.
@@ -427,12 +432,15 @@ def test_pin_unpin_and_evict_refused_while_pinned(start, tmp_path):
     settled(d, ["m"])
     ctl(d, "evict", "m")
     wait_cold(d, "m")
-    # Pinning a cold model locks every page, which reads it back in.
-    r = ctl(d, "pin", "m")
+    # Pinning a cold model locks every page, which reads it back in; pin
+    # answers when that is done.
+    r = ctl(d, "--json", "pin", "m")
     assert r.returncode == 0, r.stderr
-    assert model_entry(d, "m")["pinned"] == "all"
-    m = wait_pin_applied(d, "m", "all")
-    assert m["state"] == "ready" and m["resident_bytes"] == m["bytes"]
+    reply = json.loads(r.stdout)
+    assert reply["message"].startswith("pinned: every page is locked"), reply
+    m = model_entry(d, "m")
+    assert m["pinned"] == "all" and m["pin_applied"] == "all", m
+    assert m["state"] == "ready" and m["resident_bytes"] == m["bytes"] == reply["resident_bytes"]
     assert locked_bytes(d.proc.pid) >= m["bytes"]
     r = ctl(d, "evict", "m")
     assert r.returncode == 1
@@ -441,12 +449,41 @@ def test_pin_unpin_and_evict_refused_while_pinned(start, tmp_path):
     assert m["state"] == "ready" and m["resident_bytes"] == m["bytes"]
     r = ctl(d, "--json", "unpin", "m")
     assert r.returncode == 0 and json.loads(r.stdout)["ok"] is True, r.stderr
-    assert model_entry(d, "m")["pinned"] == "metadata"
-    wait_pin_applied(d, "m", "metadata")
+    m = model_entry(d, "m")
+    assert m["pinned"] == "metadata" and m["pin_applied"] == "metadata", m
     assert locked_bytes(d.proc.pid) < RESIDUE  # the index and the header
     for cmd in ("pin", "unpin"):
         r = ctl(d, cmd, "nope")
         assert r.returncode == 1 and '"nope"' in r.stderr, cmd
+
+
+def test_pin_refused_by_the_memlock_limit_fails_the_command(start, tmp_path):
+    """pin answers once mlock has run: when the kernel refuses it (here the
+    daemon, unprivileged, gets a 1 MiB RLIMIT_MEMLOCK), wcachectl pin exits
+    1 saying so, instead of claiming a pin that status then contradicts."""
+    user = parse_user(TEST_USER) if TEST_USER else (64101, 64100)
+    d = Daemon(tmp_path, {"m": make(tmp_path, "m", 1)}, user=user)
+    # The daemon inherits a soft limit of 1 MiB (ours is set back after).
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    resource.setrlimit(resource.RLIMIT_MEMLOCK, (min(1 << 20, hard), hard))
+    try:
+        wait_for_control(d.start())
+    finally:
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (soft, hard))
+    try:
+        settled(d, ["m"])
+        r = ctl(d, "pin", "m")
+        assert r.returncode == 1, r.stdout
+        assert r.stderr.startswith('wcachectl: pin: model "m": not every page could be locked'), \
+            r.stderr
+        m = model_entry(d, "m")
+        assert m["pinned"] == "all" and m["pin_applied"] != "all", m
+        # Unpinning answers at once and leaves the metadata locked.
+        r = ctl(d, "unpin", "m")
+        assert r.returncode == 0, r.stderr
+        assert model_entry(d, "m")["pin_applied"] == "metadata"
+    finally:
+        assert d.stop() == 0, d.read_log()
 
 
 def test_evict_after_unpin_drops_pages(start, tmp_path):

@@ -29,7 +29,7 @@ import time
 import pytest
 
 from conftest import Daemon, binary, fd_count, mkmodel, settled_fd_count, wait_until
-from ctlutil import Control, ctl, model_entry, wait_for_control
+from ctlutil import Control, ctl, daemons, model_entry, wait_for_control
 
 SMALL = dict(layers=2, hidden=64, ffn=128, vocab=100)
 
@@ -95,17 +95,7 @@ def attach_or_refusal(s, name):
 def start(tmp_path):
     """start(models, **kw): a RegDaemon whose control socket answers; at
     teardown it must exit 0 on SIGTERM (under ASan: no leak, no report)."""
-    started = []
-
-    def run(models, **kw):
-        d = Daemon(tmp_path, models, **kw)
-        started.append(d)
-        return wait_for_control(d.start())
-
-    yield run
-    for d in started:
-        code = d.stop()
-        assert code == 0, f"wcached exited with {code}:\n{d.read_log()}"
+    yield from daemons(lambda models, **kw: Daemon(tmp_path, models, **kw))
 
 
 def ready(d, name, generation=1, timeout=60.0):

@@ -98,14 +98,16 @@ class Wcached:
     models maps a model name to its path, or to (path, {key: value, ...})
     for the model's other keys (pin, warm, ...); extra is text for the
     [wcached] section. user (uid, gid) runs the daemon unprivileged (the
-    directory is opened to it); nofile sets its RLIMIT_NOFILE; wcached is
-    the program to run (default: the build's). The log is the file self.log;
+    directory is opened to it); nofile sets its RLIMIT_NOFILE; cgroup is a
+    cgroup directory (v1 or v2) it starts in; wcached is the program to run
+    (default: the build's). The log is the file self.log;
     wait_for_log() waits for a line in it and tells when it first saw it.
     """
 
     def __init__(self, directory, models, extra="", *, prefetch_threads=2, log_level="debug",
-                 user=None, nofile=None, wcached=None):
+                 user=None, nofile=None, wcached=None, cgroup=None):
         self.dir = directory
+        self.cgroup = cgroup
         self.user = user
         self.nofile = nofile
         self.wcached = wcached
@@ -144,14 +146,17 @@ class Wcached:
         cmd = [self.wcached or build_binary("wcached"), "-c", self.conf]
         if self.user is not None:
             cmd = as_user(*self.user) + cmd
-        limits = None
-        if self.nofile is not None:
-            nofile = self.nofile
+        nofile, cgroup = self.nofile, self.cgroup
 
-            def limits():
+        def before_exec():
+            if nofile is not None:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+            if cgroup is not None:
+                with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+                    f.write("0")
+        prepare = before_exec if nofile is not None or cgroup is not None else None
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(cmd, stderr=self.logf, env=env, preexec_fn=limits)
+        self.proc = subprocess.Popen(cmd, stderr=self.logf, env=env, preexec_fn=prepare)
         self.wait_listening(timeout)
         return self
 

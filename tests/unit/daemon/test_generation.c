@@ -442,6 +442,82 @@ test_pin_unpin(void **state)
 	free(path);
 }
 
+/* registry_pages_wait's answers, recorded. */
+struct pages_answer {
+	int calls;
+	int status;
+	uint64_t generation;
+	bool busy_then;    /* page work was still queued when it answered */
+	struct generation *g;
+};
+
+static void
+pages_answered(int status, const char *message, uint64_t generation, void *arg)
+{
+	struct pages_answer *a = arg;
+
+	(void)message;
+	a->calls++;
+	a->status = status;
+	a->generation = generation;
+	a->busy_then = a->g != NULL && (a->g->ops_pending > 0 || a->g->warm.pending > 0);
+}
+
+static bool
+answered(struct du *t, void *arg)
+{
+	(void)t;
+	return ((struct pages_answer *)arg)->calls > 0;
+}
+
+/* pin, unpin and evict are answered when their page work has ended. */
+static void
+test_pages_wait(void **state)
+{
+	struct du *t = *state;
+	char *path;
+	struct generation *g = load_ready(t, 64 * 1024, PIN_METADATA, &path);
+	struct pages_answer a = { .g = g }, b = { .g = g }, idle = { .g = g };
+
+	du_settle(t);
+	/* Nothing queued: answered at once. */
+	assert_int_equal(registry_pages_wait(&t->reg, "m", pages_answered, &idle), 0);
+	assert_int_equal(idle.calls, 1);
+	assert_int_equal(idle.status, 0);
+	assert_int_equal(idle.generation, 1);
+	/* An eviction: answered once it ran, not before; two waiters both. */
+	assert_int_equal(registry_evict(&t->reg, "m"), 0);
+	assert_int_equal(registry_pages_wait(&t->reg, "m", pages_answered, &a), 0);
+	assert_int_equal(registry_pages_wait(&t->reg, "m", pages_answered, &b), 0);
+	assert_int_equal(a.calls, 0);
+	du_run_until(t, answered, &a);
+	assert_int_equal(a.calls, 1);
+	assert_int_equal(b.calls, 1);
+	assert_false(a.busy_then);
+	assert_int_equal(a.status, 0);
+	assert_false(g->populated);
+	/* A pin: answered with every page locked. */
+	memset(&a, 0, sizeof(a));
+	a.g = g;
+	assert_int_equal(registry_pin(&t->reg, "m", PIN_ALL), 0);
+	assert_int_equal(registry_pages_wait(&t->reg, "m", pages_answered, &a), 0);
+	du_run_until(t, answered, &a);
+	assert_int_equal(a.status, 0);
+	assert_int_equal(g->pinned, PIN_ALL);
+	assert_false(a.busy_then);
+	/* An unload before the work ends answers -ECANCELED. */
+	memset(&a, 0, sizeof(a));
+	assert_int_equal(registry_pin(&t->reg, "m", PIN_METADATA), 0);
+	assert_int_equal(registry_pages_wait(&t->reg, "m", pages_answered, &a), 0);
+	assert_int_equal(a.calls, 0);
+	assert_int_equal(registry_unload(&t->reg, "m"), 0);
+	assert_int_equal(a.calls, 1);
+	assert_int_equal(a.status, -ECANCELED);
+	assert_int_equal(registry_pages_wait(&t->reg, "m", pages_answered, &a), -ENOENT);
+	du_settle(t);
+	free(path);
+}
+
 /* ---- modified in place ---- */
 
 static void
@@ -679,6 +755,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_cold_not_warming_model, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_memory_budget_evicts_lru, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_pin_unpin, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_pages_wait, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_modified_in_place, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_modified_replacement_dropped, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_residency_rewarm, setup, teardown),

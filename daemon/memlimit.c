@@ -1,0 +1,300 @@
+/*
+ * memlimit.c: the memory limit wcached runs under (see memlimit.h).
+ */
+#include "memlimit.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* A limit at or above this is "unlimited" (v1 writes 2^63 rounded down to
+ * a page; no machine has 4 EiB). */
+#define NO_LIMIT (UINT64_C(1) << 62)
+
+#define PATH_CAP 4096
+
+/* One hierarchy the process is in: where it is mounted and which cgroup. */
+struct hierarchy {
+	bool found;
+	char cgroup[PATH_CAP];     /* from /proc/self/cgroup */
+	char root[PATH_CAP];       /* the part of the hierarchy the mount shows */
+	char mountpoint[PATH_CAP];
+};
+
+static FILE *
+open_under(const char *root, const char *path)
+{
+	char full[PATH_CAP * 2];
+
+	if ((size_t)snprintf(full, sizeof(full), "%s%s", root, path) >= sizeof(full))
+		return NULL;
+	return fopen(full, "re");
+}
+
+/* Undoes mountinfo's octal escapes (\040 for a space) in place. */
+static void
+unescape(char *s)
+{
+	char *w = s;
+
+	for (const char *r = s; *r != '\0'; r++) {
+		if (r[0] == '\\' && r[1] >= '0' && r[1] <= '3' && r[2] >= '0' && r[2] <= '7' &&
+			r[3] >= '0' && r[3] <= '7') {
+			*w++ = (char)((r[1] - '0') * 64 + (r[2] - '0') * 8 + (r[3] - '0'));
+			r += 3;
+		} else {
+			*w++ = *r;
+		}
+	}
+	*w = '\0';
+}
+
+/* Is word one of the comma-separated words of list? */
+static bool
+has_word(const char *list, const char *word)
+{
+	size_t n = strlen(word);
+
+	for (const char *p = list; p != NULL; p = strchr(p, ',')) {
+		if (*p == ',')
+			p++;
+		if (strncmp(p, word, n) == 0 && (p[n] == ',' || p[n] == '\0'))
+			return true;
+	}
+	return false;
+}
+
+/* Copies src into dst (cap bytes), cut to fit. */
+static void
+copy(char *dst, size_t cap, const char *src)
+{
+	size_t n = strnlen(src, cap - 1);
+
+	memcpy(dst, src, n);
+	dst[n] = '\0';
+}
+
+/* /proc/self/cgroup: the v2 cgroup ("0::/path") and the v1 memory one
+ * ("N:...,memory,...:/path"). */
+static void
+read_cgroups(const char *root, struct hierarchy *v2, struct hierarchy *v1)
+{
+	FILE *f = open_under(root, "/proc/self/cgroup");
+	char *line = NULL, *a, *b;
+	size_t cap = 0;
+	ssize_t n;
+
+	if (f == NULL)
+		return;
+	while ((n = getline(&line, &cap, f)) > 0) {
+		if (line[n - 1] == '\n')
+			line[n - 1] = '\0';
+		if ((a = strchr(line, ':')) == NULL || (b = strchr(a + 1, ':')) == NULL)
+			continue;
+		*a++ = '\0';
+		*b++ = '\0';
+		if (strcmp(line, "0") == 0 && *a == '\0') {
+			copy(v2->cgroup, sizeof(v2->cgroup), b);
+			v2->found = true;
+		} else if (has_word(a, "memory")) {
+			copy(v1->cgroup, sizeof(v1->cgroup), b);
+			v1->found = true;
+		}
+	}
+	free(line);
+	fclose(f);
+}
+
+/* /proc/self/mountinfo: where each hierarchy is mounted. Fields: id parent
+ * dev root mountpoint options [optional...] - fstype source superoptions. */
+static void
+read_mounts(const char *root, struct hierarchy *v2, struct hierarchy *v1)
+{
+	FILE *f = open_under(root, "/proc/self/mountinfo");
+	char *line = NULL;
+	size_t cap = 0;
+	ssize_t n;
+
+	if (f == NULL)
+		return;
+	while ((n = getline(&line, &cap, f)) > 0) {
+		char *field[6] = { 0 }, *save = NULL, *fstype, *super, *tok;
+		struct hierarchy *h = NULL;
+		int i = 0;
+
+		if (line[n - 1] == '\n')
+			line[n - 1] = '\0';
+		for (tok = strtok_r(line, " ", &save); tok != NULL && i < 6;
+			tok = strtok_r(NULL, " ", &save))
+			field[i++] = tok;
+		while (tok != NULL && strcmp(tok, "-") != 0)
+			tok = strtok_r(NULL, " ", &save);
+		if (i < 6 || tok == NULL || (fstype = strtok_r(NULL, " ", &save)) == NULL ||
+			strtok_r(NULL, " ", &save) == NULL || (super = strtok_r(NULL, " ", &save)) == NULL)
+			continue;
+		if (strcmp(fstype, "cgroup2") == 0)
+			h = v2;
+		else if (strcmp(fstype, "cgroup") == 0 && has_word(super, "memory"))
+			h = v1;
+		/* The first mount of a hierarchy is the one /sys/fs/cgroup shows. */
+		if (h == NULL || !h->found || h->mountpoint[0] != '\0')
+			continue;
+		unescape(field[3]);
+		unescape(field[4]);
+		copy(h->root, sizeof(h->root), field[3]);
+		copy(h->mountpoint, sizeof(h->mountpoint), field[4]);
+	}
+	free(line);
+	fclose(f);
+}
+
+/* A limit file's value in bytes; 0 when absent, unreadable or unlimited. */
+static uint64_t
+read_limit(const char *root, const char *dir, const char *file, const char *key)
+{
+	char path[PATH_CAP * 2], *line = NULL, *end;
+	size_t cap = 0, klen = key != NULL ? strlen(key) : 0;
+	uint64_t v = 0;
+	FILE *f;
+
+	if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, file) >= sizeof(path) ||
+		(f = open_under(root, path)) == NULL)
+		return 0;
+	while (getline(&line, &cap, f) > 0) {
+		const char *s = line;
+
+		if (key != NULL) {
+			if (strncmp(line, key, klen) != 0 || line[klen] != ' ')
+				continue;
+			s = line + klen + 1;
+		}
+		if (*s >= '0' && *s <= '9') {
+			unsigned long long x = strtoull(s, &end, 10);
+
+			if (*end == '\n' || *end == '\0')
+				v = x >= NO_LIMIT ? 0 : (uint64_t)x;
+		}
+		break;
+	}
+	free(line);
+	fclose(f);
+	return v;
+}
+
+/* Keeps the smaller limit in out (0 is none). */
+static void
+consider(struct memlimit *out, uint64_t v, enum memlimit_kind kind, const char *cgroup,
+	const char *file)
+{
+	if (v == 0 || (out->cgroup != 0 && out->cgroup <= v))
+		return;
+	out->cgroup = v;
+	out->kind = kind;
+	copy(out->cgroup_path, sizeof(out->cgroup_path), cgroup);
+	copy(out->file, sizeof(out->file), file);
+}
+
+/* h's cgroup as a path under its mount (a container's mount shows a
+ * subtree: the part of the cgroup path above it is cut; a cgroup outside
+ * the mount is the mount's top). "" is the mount's top. */
+static const char *
+relative(const struct hierarchy *h)
+{
+	size_t rlen = strlen(h->root);
+
+	if (strcmp(h->root, "/") == 0)
+		return strcmp(h->cgroup, "/") == 0 ? "" : h->cgroup;
+	if (strncmp(h->cgroup, h->root, rlen) == 0 &&
+		(h->cgroup[rlen] == '/' || h->cgroup[rlen] == '\0'))
+		return h->cgroup + rlen;
+	return "";
+}
+
+/* The cgroup at rel under h's mount, as the kernel names it. */
+static void
+cgroup_name(char *buf, size_t cap, const struct hierarchy *h, const char *rel)
+{
+	snprintf(buf, cap, "%s%s", strcmp(h->root, "/") == 0 ? "" : h->root, rel);
+	if (buf[0] == '\0')
+		copy(buf, cap, "/");
+}
+
+/* Walks h's cgroup and its ancestors up to the mount's top, keeping the
+ * smallest value of file. */
+static void
+walk(const char *root, const struct hierarchy *h, const char *file, enum memlimit_kind kind,
+	struct memlimit *out)
+{
+	char rel[PATH_CAP], dir[PATH_CAP * 2], name[PATH_CAP * 2], *slash;
+
+	if (!h->found || h->mountpoint[0] == '\0')
+		return;
+	copy(rel, sizeof(rel), relative(h));
+	for (;;) {
+		snprintf(dir, sizeof(dir), "%s%s", h->mountpoint, rel);
+		cgroup_name(name, sizeof(name), h, rel);
+		consider(out, read_limit(root, dir, file, NULL), kind, name, file);
+		if ((slash = strrchr(rel, '/')) == NULL)
+			break;
+		*slash = '\0';
+	}
+}
+
+void
+memlimit_read(const char *root, uint64_t ram, struct memlimit *out)
+{
+	struct hierarchy *v2 = calloc(1, sizeof(*v2)), *v1 = calloc(1, sizeof(*v1));
+
+	memset(out, 0, sizeof(*out));
+	out->ram = ram;
+	out->kind = MEMLIMIT_RAM;
+	if (v2 != NULL && v1 != NULL) {
+		read_cgroups(root, v2, v1);
+		read_mounts(root, v2, v1);
+		walk(root, v2, "memory.max", MEMLIMIT_CGROUP_V2, out);
+		walk(root, v1, "memory.limit_in_bytes", MEMLIMIT_CGROUP_V1, out);
+		/* v1 counts ancestors this mount may not show. */
+		if (v1->found && v1->mountpoint[0] != '\0') {
+			char dir[PATH_CAP * 2], name[PATH_CAP * 2];
+
+			snprintf(dir, sizeof(dir), "%s%s", v1->mountpoint, relative(v1));
+			cgroup_name(name, sizeof(name), v1, relative(v1));
+			consider(out, read_limit(root, dir, "memory.stat", "hierarchical_memory_limit"),
+				MEMLIMIT_CGROUP_V1, name, "hierarchical_memory_limit");
+		}
+	}
+	free(v2);
+	free(v1);
+	out->limit = ram;
+	if (out->cgroup != 0 && (ram == 0 || out->cgroup < ram))
+		out->limit = out->cgroup;
+	else
+		out->kind = MEMLIMIT_RAM;
+}
+
+const char *
+memlimit_kind_name(enum memlimit_kind k)
+{
+	return k == MEMLIMIT_CGROUP_V2 ? "cgroup_v2" : k == MEMLIMIT_CGROUP_V1 ? "cgroup_v1" : "ram";
+}
+
+const char *
+memlimit_source(const struct memlimit *m, char *buf, size_t len)
+{
+	if (m->kind == MEMLIMIT_RAM)
+		snprintf(buf, len, "RAM");
+	else
+		snprintf(buf, len, "cgroup %s %s of %s", m->kind == MEMLIMIT_CGROUP_V2 ? "v2" : "v1",
+			m->file, m->cgroup_path);
+	return buf;
+}
+
+uint64_t
+memlimit_ram(void)
+{
+	long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+
+	return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+}

@@ -1,0 +1,61 @@
+/*
+ * memlimit.h: how much memory wcached may really use: the smaller of the
+ * machine's RAM and the memory limit of the cgroup it runs in.
+ *
+ * The kernel charges a page of the page cache to the cgroup of the process
+ * that first reads it, so every model wcached warms is charged to wcached's
+ * own cgroup: a limit there (systemd's MemoryMax=, a container's memory
+ * limit) caps the warm set, whatever the machine's RAM. Percent budgets
+ * (memory_budget = 80%) are of this figure.
+ *
+ * The limit is the smallest of: cgroup v2 `memory.max` of the daemon's
+ * cgroup and of each ancestor visible in the mount; cgroup v1
+ * `memory.limit_in_bytes` of the same, and the v1 `memory.stat`
+ * `hierarchical_memory_limit` (which includes ancestors a container cannot
+ * see). The cgroups are found as the kernel lists them: /proc/self/cgroup
+ * (which cgroup, per hierarchy) and /proc/self/mountinfo (where each
+ * hierarchy is mounted, and which part of it: a container sees a subtree).
+ * Hybrid machines (v1 memory controller, v2 without it) work: a file that
+ * is not there is no limit. "max" and v1's "unlimited" (a page count near
+ * 2^63) are no limit.
+ */
+#ifndef WC_MEMLIMIT_H
+#define WC_MEMLIMIT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum memlimit_kind {
+	MEMLIMIT_RAM,       /* no cgroup limit below the RAM */
+	MEMLIMIT_CGROUP_V2, /* memory.max */
+	MEMLIMIT_CGROUP_V1, /* memory.limit_in_bytes or hierarchical_memory_limit */
+};
+
+struct memlimit {
+	uint64_t ram;             /* bytes of RAM (0: unknown) */
+	uint64_t cgroup;          /* the smallest cgroup limit found; 0: none */
+	uint64_t limit;           /* min(ram, cgroup): what percent budgets are of */
+	enum memlimit_kind kind;  /* where limit came from */
+	char cgroup_path[256];    /* the cgroup whose limit it is ("/system.slice/x") */
+	char file[40];            /* and its file ("memory.max") */
+};
+
+/*
+ * Reads the limit in force for the calling process into *out. root is
+ * prepended to every path read ("" on a real system; a fake tree in the
+ * unit tests), ram is the machine's RAM in bytes (0: unknown). Never fails:
+ * what cannot be read is no limit, and then out->limit is ram.
+ */
+void memlimit_read(const char *root, uint64_t ram, struct memlimit *out);
+
+/* Where out's limit came from, in words: "RAM", or "cgroup v2 memory.max of
+ * /system.slice/wcached.service". Returns buf. */
+const char *memlimit_source(const struct memlimit *m, char *buf, size_t len);
+
+/* The word metrics label the kind with: "ram", "cgroup_v2", "cgroup_v1". */
+const char *memlimit_kind_name(enum memlimit_kind k);
+
+/* The machine's RAM in bytes (sysconf), 0 when unknown. */
+uint64_t memlimit_ram(void);
+
+#endif

@@ -1,0 +1,293 @@
+/*
+ * test_memlimit.c: unit tests of daemon/memlimit.c on fake trees of
+ * /proc/self/{cgroup,mountinfo} and cgroup files: v2, v1, hybrid (v1
+ * memory, v2 without it), nested limits, a container's view of a subtree
+ * (v1's hierarchical limit seeing past it), "max", v1's "unlimited", a
+ * limit above RAM, escaped mount points and garbage.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <cmocka.h>
+
+#include "memlimit.h"
+#include "testutil.h"
+
+#define GiB (UINT64_C(1) << 30)
+#define RAM (24 * GiB)
+#define V1_UNLIMITED "9223372036854771712\n"
+
+/* Writes text to root/path, making the directories on the way. */
+static void
+put(const char *root, const char *path, const char *text)
+{
+	char full[4096];
+	FILE *f;
+
+	snprintf(full, sizeof(full), "%s%s", root, path);
+	for (char *p = full + strlen(root) + 1; (p = strchr(p, '/')) != NULL; p++) {
+		*p = '\0';
+		assert_true(mkdir(full, 0755) == 0 || errno == EEXIST);
+		*p = '/';
+	}
+	assert_non_null(f = fopen(full, "w"));
+	fputs(text, f);
+	assert_int_equal(fclose(f), 0);
+}
+
+/* A fresh fake tree with these /proc/self/cgroup and mountinfo. */
+static char *
+tree(const char *cgroup, const char *mountinfo)
+{
+	char *root = tu_tmpdir();
+
+	put(root, "/proc/self/cgroup", cgroup);
+	put(root, "/proc/self/mountinfo", mountinfo);
+	return root;
+}
+
+/* Reads root's limit into *m and checks its kind, figure and (unless
+ * NULL) where it says it came from. */
+static void
+expect(const char *root, struct memlimit *m, enum memlimit_kind kind, uint64_t limit,
+	const char *source)
+{
+	char src[400];
+
+	memlimit_read(root, RAM, m);
+	assert_int_equal(m->kind, kind);
+	assert_int_equal(m->limit, limit);
+	assert_int_equal(m->ram, RAM);
+	if (source != NULL)
+		assert_string_equal(memlimit_source(m, src, sizeof(src)), source);
+}
+
+/* mountinfo lines of a unified (v2) system and of a hybrid one. */
+#define MOUNT_ROOT "22 1 252:1 / / rw,relatime shared:1 - ext4 /dev/vda rw\n"
+#define MOUNT_V2                                                                           \
+	"30 22 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 "  \
+	"cgroup2 rw,nsdelegate,memory_recursiveprot\n"
+#define MOUNT_V1_MEMORY                                                                    \
+	"35 30 0:31 / /sys/fs/cgroup/memory rw,nosuid,nodev,noexec,relatime shared:9 - "   \
+	"cgroup cgroup rw,memory\n"
+#define MOUNT_V1_CPU                                                                       \
+	"34 30 0:30 / /sys/fs/cgroup/cpu,cpuacct rw,relatime shared:8 - cgroup cgroup "    \
+	"rw,cpu,cpuacct\n"
+#define MOUNT_HYBRID_V2                                                                    \
+	"31 30 0:27 / /sys/fs/cgroup/unified rw,relatime shared:5 - cgroup2 cgroup2 "      \
+	"rw,nsdelegate\n"
+
+static void
+test_v2_parent_limit(void **state)
+{
+	char *root = tree("0::/system.slice/wcached.service\n", MOUNT_ROOT MOUNT_V2);
+	struct memlimit m;
+
+	(void)state;
+	put(root, "/sys/fs/cgroup/system.slice/wcached.service/memory.max", "max\n");
+	put(root, "/sys/fs/cgroup/system.slice/memory.max", "4294967296\n");
+	expect(root, &m, MEMLIMIT_CGROUP_V2, 4 * GiB, "cgroup v2 memory.max of /system.slice");
+	assert_int_equal(m.cgroup, 4 * GiB);
+	assert_string_equal(memlimit_kind_name(m.kind), "cgroup_v2");
+
+	/* The service's own, smaller, wins. */
+	put(root, "/sys/fs/cgroup/system.slice/wcached.service/memory.max", "1073741824\n");
+	expect(root, &m, MEMLIMIT_CGROUP_V2, GiB,
+		"cgroup v2 memory.max of /system.slice/wcached.service");
+	tu_rmtree(root);
+}
+
+static void
+test_v2_unlimited_and_above_ram(void **state)
+{
+	char *root = tree("0::/system.slice/wcached.service\n", MOUNT_ROOT MOUNT_V2);
+	struct memlimit m;
+
+	(void)state;
+	put(root, "/sys/fs/cgroup/system.slice/wcached.service/memory.max", "max\n");
+	put(root, "/sys/fs/cgroup/system.slice/memory.max", "max\n");
+	expect(root, &m, MEMLIMIT_RAM, RAM, "RAM");
+	assert_int_equal(m.cgroup, 0);
+	assert_string_equal(memlimit_kind_name(m.kind), "ram");
+
+	/* A limit above the RAM is no limit, but it is reported. */
+	put(root, "/sys/fs/cgroup/system.slice/memory.max", "68719476736\n");
+	expect(root, &m, MEMLIMIT_RAM, RAM, NULL);
+	assert_int_equal(m.cgroup, 64 * GiB);
+
+	/* RAM unknown: the cgroup's limit is all there is. */
+	memlimit_read(root, 0, &m);
+	assert_int_equal(m.kind, MEMLIMIT_CGROUP_V2);
+	assert_int_equal(m.limit, 64 * GiB);
+	tu_rmtree(root);
+}
+
+/* A container with its own cgroup namespace: it is "/", its mount's top. */
+static void
+test_v2_cgroup_namespace(void **state)
+{
+	char *root = tree("0::/\n", MOUNT_ROOT MOUNT_V2);
+	struct memlimit m;
+
+	(void)state;
+	put(root, "/sys/fs/cgroup/memory.max", "2147483648\n");
+	expect(root, &m, MEMLIMIT_CGROUP_V2, 2 * GiB, "cgroup v2 memory.max of /");
+	tu_rmtree(root);
+}
+
+/* Hybrid, as on this project's CI machine: memory is a v1 controller, the
+ * v2 mount has no memory files. */
+static void
+test_hybrid_v1_memory(void **state)
+{
+	char *root = tree("9:name=systemd:/\n5:cpu,cpuacct:/\n4:memory:/jobs/42\n0::/\n",
+		MOUNT_ROOT
+		"30 22 0:25 / /sys/fs/cgroup rw - tmpfs tmpfs rw,mode=755\n" MOUNT_HYBRID_V2
+			MOUNT_V1_CPU MOUNT_V1_MEMORY);
+	struct memlimit m;
+
+	(void)state;
+	put(root, "/sys/fs/cgroup/unified/cgroup.procs", "1\n");
+	put(root, "/sys/fs/cgroup/memory/memory.limit_in_bytes", V1_UNLIMITED);
+	put(root, "/sys/fs/cgroup/memory/jobs/memory.limit_in_bytes", V1_UNLIMITED);
+	put(root, "/sys/fs/cgroup/memory/jobs/42/memory.limit_in_bytes", "3221225472\n");
+	/* A cpu controller's files are not memory limits. */
+	put(root, "/sys/fs/cgroup/cpu,cpuacct/memory.limit_in_bytes", "1\n");
+	expect(root, &m, MEMLIMIT_CGROUP_V1, 3 * GiB, "cgroup v1 memory.limit_in_bytes of /jobs/42");
+	assert_string_equal(memlimit_kind_name(m.kind), "cgroup_v1");
+
+	/* Unlimited all the way up: RAM. */
+	put(root, "/sys/fs/cgroup/memory/jobs/42/memory.limit_in_bytes", V1_UNLIMITED);
+	expect(root, &m, MEMLIMIT_RAM, RAM, NULL);
+	tu_rmtree(root);
+}
+
+/* A v1 container sees only its own subtree, mounted as the top: its
+ * parent's limit shows only in memory.stat's hierarchical_memory_limit. */
+static void
+test_v1_container_subtree(void **state)
+{
+	char *root = tree("4:memory:/kubepods/pod1/abc\n",
+		MOUNT_ROOT
+		"35 30 0:31 /kubepods/pod1/abc /sys/fs/cgroup/memory ro,relatime - cgroup cgroup "
+		"rw,memory\n");
+	struct memlimit m;
+
+	(void)state;
+	put(root, "/sys/fs/cgroup/memory/memory.limit_in_bytes", V1_UNLIMITED);
+	put(root, "/sys/fs/cgroup/memory/memory.stat",
+		"cache 0\nrss 0\nhierarchical_memory_limit_x 5\n"
+		"hierarchical_memory_limit 536870912\nhierarchical_memsw_limit 9\n");
+	expect(root, &m, MEMLIMIT_CGROUP_V1, GiB / 2,
+		"cgroup v1 hierarchical_memory_limit of /kubepods/pod1/abc");
+
+	/* Its own limit, equal to the hierarchical one, is named first. */
+	put(root, "/sys/fs/cgroup/memory/memory.limit_in_bytes", "536870912\n");
+	expect(root, &m, MEMLIMIT_CGROUP_V1, GiB / 2,
+		"cgroup v1 memory.limit_in_bytes of /kubepods/pod1/abc");
+	tu_rmtree(root);
+}
+
+/* Both hierarchies limit: the smaller one is in force. */
+static void
+test_v1_and_v2_smaller_wins(void **state)
+{
+	char *root = tree("4:memory:/a\n0::/b\n",
+		MOUNT_ROOT MOUNT_V2 MOUNT_V1_MEMORY);
+	struct memlimit m;
+
+	(void)state;
+	put(root, "/sys/fs/cgroup/b/memory.max", "2147483648\n");
+	put(root, "/sys/fs/cgroup/memory/a/memory.limit_in_bytes", "1073741824\n");
+	expect(root, &m, MEMLIMIT_CGROUP_V1, GiB, NULL);
+	put(root, "/sys/fs/cgroup/b/memory.max", "1048576\n");
+	expect(root, &m, MEMLIMIT_CGROUP_V2, 1048576, NULL);
+	tu_rmtree(root);
+}
+
+/* A mount point with a space, escaped as \040 in mountinfo. */
+static void
+test_escaped_mountpoint(void **state)
+{
+	char *root = tree("0::/x\n",
+		MOUNT_ROOT "30 22 0:26 / /cg\\040roups rw shared:4 - cgroup2 cgroup2 rw\n");
+	struct memlimit m;
+
+	(void)state;
+	put(root, "/cg roups/x/memory.max", "1073741824\n");
+	expect(root, &m, MEMLIMIT_CGROUP_V2, GiB, NULL);
+	tu_rmtree(root);
+}
+
+/* Nothing to read, or garbage: no limit, and no crash. */
+static void
+test_missing_and_garbage(void **state)
+{
+	char *root = tu_tmpdir();
+	struct memlimit m;
+
+	(void)state;
+	memlimit_read(root, RAM, &m); /* no /proc at all */
+	assert_int_equal(m.kind, MEMLIMIT_RAM);
+	assert_int_equal(m.limit, RAM);
+
+	put(root, "/proc/self/cgroup", "garbage\n::\n0:\n4:memory\n\n0::/s\n");
+	put(root, "/proc/self/mountinfo",
+		"short line\n1 2 3\n30 22 0:26 / /sys/fs/cgroup rw - cgroup2\n"
+		"30 22 0:26 / /sys/fs/cgroup rw no dash cgroup2 cgroup2 rw\n" MOUNT_V2);
+	put(root, "/sys/fs/cgroup/s/memory.max", "-5\n");
+	put(root, "/sys/fs/cgroup/memory.max", "12abc\n");
+	expect(root, &m, MEMLIMIT_RAM, RAM, NULL);
+
+	put(root, "/sys/fs/cgroup/s/memory.max", "99999999999999999999999\n"); /* overflow */
+	put(root, "/sys/fs/cgroup/memory.max", "");
+	memlimit_read(root, RAM, &m);
+	assert_int_equal(m.kind, MEMLIMIT_RAM);
+
+	/* A cgroup outside the mount's root: the mount's top is ours. */
+	put(root, "/proc/self/cgroup", "0::/elsewhere/x\n");
+	put(root, "/proc/self/mountinfo",
+		"30 22 0:26 /mine /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n");
+	put(root, "/sys/fs/cgroup/memory.max", "1073741824\n");
+	expect(root, &m, MEMLIMIT_CGROUP_V2, GiB, NULL);
+	tu_rmtree(root);
+}
+
+/* The real machine's figure: at most its RAM, never 0 when RAM is known. */
+static void
+test_this_machine(void **state)
+{
+	struct memlimit m;
+	uint64_t ram = memlimit_ram();
+
+	(void)state;
+	assert_true(ram > 0);
+	memlimit_read("", ram, &m);
+	assert_true(m.limit > 0 && m.limit <= ram);
+	assert_true(m.kind == MEMLIMIT_RAM || m.cgroup == m.limit);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_v2_parent_limit),
+		cmocka_unit_test(test_v2_unlimited_and_above_ram),
+		cmocka_unit_test(test_v2_cgroup_namespace),
+		cmocka_unit_test(test_hybrid_v1_memory),
+		cmocka_unit_test(test_v1_container_subtree),
+		cmocka_unit_test(test_v1_and_v2_smaller_wins),
+		cmocka_unit_test(test_escaped_mountpoint),
+		cmocka_unit_test(test_missing_and_garbage),
+		cmocka_unit_test(test_this_machine),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
