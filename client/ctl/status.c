@@ -60,11 +60,20 @@ struct unloaded_row {
 	uint64_t generation, attached;
 };
 
+/* The reply's "memory": the limit in force and what the models need. */
+struct memory_row {
+	int present;
+	uint64_t limit, budget, models;
+	char *source;
+	int fits;
+};
+
 /* The status reply; strings are malloc'd, NULL when absent. */
 struct status {
 	char *version;
 	uint64_t pid, clients;
 	double uptime;
+	struct memory_row memory;
 	struct model_row *models;
 	size_t nmodels;
 	struct unloaded_row *unloaded;
@@ -120,6 +129,14 @@ static const struct ctl_field unloaded_fields[] = {
 	{ "attached", CTL_U64, offsetof(struct unloaded_row, attached) },
 };
 
+static const struct ctl_field memory_fields[] = {
+	{ "limit", CTL_U64, offsetof(struct memory_row, limit) },
+	{ "budget", CTL_U64, offsetof(struct memory_row, budget) },
+	{ "models_bytes", CTL_U64, offsetof(struct memory_row, models) },
+	{ "limit_source", CTL_STRING, offsetof(struct memory_row, source) },
+	{ "fits", CTL_BOOL, offsetof(struct memory_row, fits) },
+};
+
 static const struct ctl_field status_fields[] = {
 	{ "version", CTL_STRING, offsetof(struct status, version) },
 	{ "pid", CTL_U64, offsetof(struct status, pid) },
@@ -157,6 +174,7 @@ status_free(struct status *s)
 	free(s->models);
 	free(s->unloaded);
 	free(s->version);
+	free(s->memory.source);
 }
 
 /* Grows *array (of *n elements of size) by one zeroed element. */
@@ -225,6 +243,10 @@ status_member(struct jr *j, const struct jr_str *key, void *dst)
 	if (jr_str_eq(key, "unloaded", 8) && jr_peek(j) == JR_ARRAY)
 		return read_rows(j, &s->unloaded, &s->nunloaded, sizeof(*s->unloaded),
 			unloaded_fields, NFIELDS(unloaded_fields), NULL);
+	if (jr_str_eq(key, "memory", 6) && jr_peek(j) == JR_OBJECT) {
+		s->memory.present = 1;
+		return ctl_read_object(j, memory_fields, NFIELDS(memory_fields), &s->memory, NULL);
+	}
 	return jr_skip(j);
 }
 
@@ -402,6 +424,24 @@ print_derived(const struct status *s, char *const *names, size_t nnames)
 	}
 }
 
+/* "memory: 4.0 GiB in force (cgroup v2 memory.max of /x), budget 3.2 GiB,
+ * models 40.1 MiB", and a warning when the models do not fit. */
+static void
+print_memory(const struct memory_row *m)
+{
+	char limit[32], budget[32], models[32];
+
+	if (!m->present)
+		return;
+	printf("memory: %s in force (%s), budget %s, models %s\n",
+		human_bytes(m->limit, limit, sizeof(limit)), m->source != NULL ? m->source : "?",
+		m->budget != 0 ? human_bytes(m->budget, budget, sizeof(budget)) : "none",
+		human_bytes(m->models, models, sizeof(models)));
+	if (!m->fits)
+		printf("warning: the models do not fit under the memory limit: the kernel reclaims "
+		       "their pages (README, \"Memory limits\")\n");
+}
+
 /* Prints the status reply as a table: one row per model asked about, then
  * the other open generations, generations of unloaded models, pins that
  * fall short and errors. */
@@ -419,6 +459,7 @@ print_status(struct status *s, char *const *names, size_t nnames)
 		s->version != NULL ? s->version : "?", s->pid,
 		human_duration(s->uptime, tmp, sizeof(tmp)), s->clients, s->clients == 1 ? "" : "s",
 		s->nmodels, s->nmodels == 1 ? "" : "s");
+	print_memory(&s->memory);
 	for (size_t i = 0; i < s->nmodels; i++)
 		any = any || asked(s->models[i].name, names, nnames);
 	for (size_t i = 0; i < s->nunloaded; i++)

@@ -123,6 +123,10 @@ def test_percent_budget_is_of_the_cgroup_limit(start, tmp_path, cgroup):
     assert f"memory: {limit >> 20} MiB in force (cgroup {version} {limit_file} of {path}" \
         in d.read_log()
     assert "do not fit" not in d.read_log()
+    out = ctl(d, "status").stdout
+    assert (f"memory: 512.0 MiB in force (cgroup {version} {limit_file} of {path}), "
+            "budget 256.0 MiB, models ") in out, out
+    assert "do not fit" not in out
 
     # The limit changes (a resize of the container); a reload reads it again.
     set_limit(256 * MiB)
@@ -155,6 +159,9 @@ def test_models_that_do_not_fit_are_named_at_start(start, tmp_path, cgroup):
     assert f"of {path}" in line and "raise or remove that limit" in line, line
     mem = status(d)["memory"]
     assert mem["fits"] is False and mem["limit"] == 128 * MiB and mem["budget"] == 0
+    out = ctl(d, "status").stdout
+    assert "budget none" in out and "warning: the models do not fit under the memory limit" \
+        in out, out
     assert len(re.findall("do not fit", d.read_log())) == 1
 
 
