@@ -34,6 +34,7 @@ static const char *const wcached_keys[WK_COUNT] = {
 	[WK_MAX_CLIENTS_PER_UID] = "max_clients_per_uid",
 	[WK_USER] = "user",
 	[WK_RESTART_HOLD_SECONDS] = "restart_hold_seconds",
+	[WK_STAGE_DIR] = "stage_dir",
 };
 
 static const char *const model_keys[MK_COUNT] = {
@@ -45,6 +46,9 @@ static const char *const model_keys[MK_COUNT] = {
 	[MK_DERIVE] = "derive",
 	[MK_DERIVE_GROUPS] = "derive_groups",
 	[MK_DERIVE_TIMEOUT] = "derive_timeout",
+	[MK_WATCH] = "watch",
+	[MK_POLL_INTERVAL] = "poll_interval",
+	[MK_STAGE] = "stage",
 };
 
 /* ---- errors ----------------------------------------------------------- */
@@ -155,6 +159,7 @@ model_begin(struct parse_ctx *ctx, const char *name)
 	m->pin = PIN_METADATA;
 	m->warm = true;
 	m->derive_timeout = CONFIG_DEFAULT_DERIVE_TIMEOUT;
+	m->poll_interval_ms = CONFIG_DEFAULT_POLL_INTERVAL_MS;
 	m->line = inifile_line(ctx->ini);
 	ctx->model = cfg->n_models++;
 	ctx->section = SEC_MODEL;
@@ -279,6 +284,11 @@ wcached_key(struct parse_ctx *ctx, const char *key, const char *value)
 			    &v) == 0)
 			cfg->restart_hold_seconds = (unsigned)v;
 		break;
+	case WK_STAGE_DIR:
+		free(cfg->stage_dir);
+		cfg->stage_dir = NULL;
+		config_join_path(ctx, "", key, value, &cfg->stage_dir);
+		break;
 	case WK_COUNT:
 		break;
 	}
@@ -375,6 +385,20 @@ model_key(struct parse_ctx *ctx, const char *key, const char *value)
 			m->derive_timeout = (unsigned)v;
 		break;
 	}
+	case MK_WATCH:
+		if (fs_watch_parse(value, &m->watch) < 0)
+			config_error(ctx, -EINVAL,
+				"%swatch: \"%s\" is not one of auto, inotify, poll", prefix, value);
+		break;
+	case MK_POLL_INTERVAL:
+		config_parse_seconds_ms(ctx, prefix, key, value, CONFIG_MIN_POLL_INTERVAL_MS,
+			CONFIG_MAX_POLL_INTERVAL_MS, &m->poll_interval_ms);
+		break;
+	case MK_STAGE:
+		if (fs_stage_parse(value, &m->stage) < 0)
+			config_error(ctx, -EINVAL, "%sstage: \"%s\" is not one of auto, yes, no",
+				prefix, value);
+		break;
 	case MK_COUNT:
 		break;
 	}
@@ -452,7 +476,9 @@ config_load(const char *path, struct config **out)
 	cfg->file = strdup(path);
 	cfg->socket_path = strdup(DEFAULT_SOCKET_PATH);
 	cfg->control_path = strdup(DEFAULT_CONTROL_PATH);
-	if (cfg->file == NULL || cfg->socket_path == NULL || cfg->control_path == NULL) {
+	cfg->stage_dir = strdup(CONFIG_DEFAULT_STAGE_DIR);
+	if (cfg->file == NULL || cfg->socket_path == NULL || cfg->control_path == NULL ||
+		cfg->stage_dir == NULL) {
 		config_free(cfg);
 		return error_set(-ENOMEM, "out of memory");
 	}
@@ -497,6 +523,7 @@ config_free(struct config *cfg)
 	free(cfg->control_path);
 	free(cfg->control_group);
 	free(cfg->user);
+	free(cfg->stage_dir);
 	free(cfg);
 }
 
@@ -571,6 +598,10 @@ config_model_changes(const struct model_config *a, const struct model_config *b)
 		!ids_equal((const unsigned *)a->derive_gids, a->n_derive_gids,
 			(const unsigned *)b->derive_gids, b->n_derive_gids))
 		changes |= CONFIG_CHANGED_DERIVE;
+	if (a->watch != b->watch || a->poll_interval_ms != b->poll_interval_ms)
+		changes |= CONFIG_CHANGED_WATCH;
+	if (a->stage != b->stage)
+		changes |= CONFIG_CHANGED_STAGE;
 	return changes;
 }
 

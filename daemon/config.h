@@ -13,6 +13,7 @@
  *   user = wcache                         ; user (name or uid) to run as
  *   restart_hold_seconds = 60             ; 0..86400: after a warm restart, how long a
  *                                         ; generation workers held waits for their HOLD
+ *   stage_dir = /var/cache/wcached/staged ; local copies of models on shared storage
  *
  *   [model llama-3-8b]
  *   path = /models/llama-3-8b             ; safetensors file, shard index or directory, or WEIG
@@ -23,6 +24,9 @@
  *   derive = no                           ; yes: workers may share derived artifacts
  *   derive_groups = ml-builders           ; names or gids that may build them
  *   derive_timeout = 600                  ; 1..86400 s a builder has to publish
+ *   watch = auto                          ; auto | inotify | poll: how updates are seen
+ *   poll_interval = 2                     ; 0.1..3600 s between polls of its paths
+ *   stage = auto                          ; auto | yes | no: copy to stage_dir first
  *
  * The syntax is client/base/inifile.h's (inih's, shared with wcachectl):
  * comments start with ';' or '#' at the start of a line, or with ';' after
@@ -50,6 +54,7 @@
 #include <sys/types.h>
 
 #include "proto/defaults.h" /* DEFAULT_SOCKET_PATH, DEFAULT_CONTROL_PATH */
+#include "fstype.h"
 #include "pin.h"
 
 #define CONFIG_DEFAULT_PREFETCH_THREADS 2
@@ -63,6 +68,10 @@
 #define CONFIG_DEFAULT_DERIVE_TIMEOUT 600
 #define CONFIG_MAX_DERIVE_TIMEOUT 86400
 #define CONFIG_MODEL_NAME_MAX 128 /* bytes, not counting the NUL */
+#define CONFIG_DEFAULT_POLL_INTERVAL_MS 2000
+#define CONFIG_MIN_POLL_INTERVAL_MS 100
+#define CONFIG_MAX_POLL_INTERVAL_MS 3600000
+#define CONFIG_DEFAULT_STAGE_DIR "/var/cache/wcached/staged"
 
 /* How memory_budget was given. */
 enum config_budget {
@@ -95,6 +104,12 @@ struct model_config {
 	gid_t *derive_gids;    /* derive_groups resolved */
 	size_t n_derive_gids;
 	unsigned derive_timeout; /* seconds a builder has to publish, 1..86400, default 600 */
+	/* Shared storage (README, "Models on shared storage"): how updates are
+	 * seen, how often paths are polled, whether the files are copied to
+	 * stage_dir before they are served. */
+	enum fs_watch watch;   /* default FS_WATCH_AUTO */
+	unsigned poll_interval_ms; /* 100..3600000, default 2000 */
+	enum fs_stage stage;   /* default FS_STAGE_AUTO */
 	int line;              /* line of the [model NAME] header */
 };
 
@@ -119,6 +134,7 @@ struct config {
 	uid_t user_uid;        /* resolved user; valid when user != NULL */
 	gid_t user_gid;        /* that user's primary group from the passwd entry */
 	unsigned restart_hold_seconds; /* 0..86400, default 60 (restore.h) */
+	char *stage_dir;       /* absolute; where staged copies go (default CONFIG_DEFAULT_STAGE_DIR) */
 
 	/* [model NAME] sections, in file order; names are unique. */
 	struct model_config *models;
@@ -161,6 +177,8 @@ uint64_t config_memory_budget(const struct config *cfg, uint64_t ram_bytes);
 #define CONFIG_CHANGED_WARM 0x4u   /* warm differs */
 #define CONFIG_CHANGED_ACCESS 0x8u /* allow_users/allow_groups differ */
 #define CONFIG_CHANGED_DERIVE 0x10u /* derive, derive_groups or derive_timeout differ */
+#define CONFIG_CHANGED_WATCH 0x20u  /* watch or poll_interval differ */
+#define CONFIG_CHANGED_STAGE 0x40u  /* stage differs: load a new generation */
 
 /* Returns the CONFIG_CHANGED_* bits for a and b (0 when equivalent). */
 unsigned config_model_changes(const struct model_config *a, const struct model_config *b);

@@ -31,13 +31,14 @@ enum wcached_key {
 	WK_MAX_CLIENTS_PER_UID,
 	WK_USER,
 	WK_RESTART_HOLD_SECONDS,
+	WK_STAGE_DIR,
 	WK_COUNT
 };
 
 /* The keys of [model NAME]. */
 enum model_key {
 	MK_PATH, MK_PIN, MK_WARM, MK_ALLOW_USERS, MK_ALLOW_GROUPS, MK_DERIVE, MK_DERIVE_GROUPS,
-	MK_DERIVE_TIMEOUT, MK_COUNT
+	MK_DERIVE_TIMEOUT, MK_WATCH, MK_POLL_INTERVAL, MK_STAGE, MK_COUNT
 };
 
 /* The section a line is in: none before the first header. */
@@ -100,6 +101,12 @@ int config_resolve_id_list(struct parse_ctx *ctx, const char *prefix, const char
 
 /* The "user" key: sets cfg->user, cfg->user_uid and cfg->user_gid. */
 int config_resolve_user(struct parse_ctx *ctx, const char *value);
+
+/* A duration in seconds, with up to 3 decimals ("2", "0.5"), from min_ms
+ * to max_ms milliseconds, into *out_ms; on error reports "PREFIXKEY: ..."
+ * and returns -EINVAL. */
+int config_parse_seconds_ms(struct parse_ctx *ctx, const char *prefix, const char *key,
+	const char *value, unsigned min_ms, unsigned max_ms, unsigned *out_ms);
 
 /* A path key's value joined with the config file's directory
  * (inifile_join()), new in *out: an empty value, or a result of PATH_MAX

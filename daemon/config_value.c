@@ -76,6 +76,50 @@ config_parse_int_key(struct parse_ctx *ctx, const char *prefix, const char *key,
 	return 0;
 }
 
+int
+config_parse_seconds_ms(struct parse_ctx *ctx, const char *prefix, const char *key,
+	const char *value, unsigned min_ms, unsigned max_ms, unsigned *out_ms)
+{
+	unsigned long long ms = 0;
+	const char *p = value;
+	int decimals = 0;
+
+	if (*p < '0' || *p > '9')
+		goto bad;
+	for (; *p >= '0' && *p <= '9'; p++) {
+		ms = ms * 10 + (unsigned long long)(*p - '0');
+		if (ms > max_ms)
+			goto range;
+	}
+	ms *= 1000;
+	if (*p == '.') {
+		unsigned long long scale = 100;
+
+		for (p++; *p >= '0' && *p <= '9'; p++, decimals++) {
+			if (decimals == 3)
+				goto bad;
+			ms += (unsigned long long)(*p - '0') * scale;
+			scale /= 10;
+		}
+		if (decimals == 0)
+			goto bad;
+	}
+	if (*p != '\0')
+		goto bad;
+	if (ms < min_ms || ms > max_ms)
+		goto range;
+	*out_ms = (unsigned)ms;
+	return 0;
+bad:
+	config_error(ctx, -EINVAL, "%s%s: \"%s\" is not a number of seconds (e.g. 2 or 0.5)",
+		prefix, key, value);
+	return -EINVAL;
+range:
+	config_error(ctx, -EINVAL, "%s%s: %s is out of range (%u.%03u..%u seconds)", prefix, key,
+		value, min_ms / 1000, min_ms % 1000, max_ms / 1000);
+	return -EINVAL;
+}
+
 /* Parses yes/no (and true/false, on/off, 1/0). Returns 0/1, or -EINVAL. */
 int
 config_parse_bool(const char *s)

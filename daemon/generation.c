@@ -225,8 +225,17 @@ gen_new(struct registry *r, const char *model_name, uint64_t number, struct mode
 	g->index_fd = index_fd;
 	g->index = index;
 	g->index_size = index_size;
-	for (size_t i = 0; i < g->source.nfiles; i++)
+	for (size_t i = 0; i < g->source.nfiles; i++) {
+		struct fs_info fs;
+
 		g->bytes += g->source.files[i].size;
+		/* The filesystem status shows: the first remote one if any. */
+		if (fstype_of_fd(g->source.files[i].fd, &fs) == 0 && (i == 0 || fs.remote) &&
+			!g->fs.remote)
+			g->fs = fs;
+	}
+	if (g->source.nfiles == 0)
+		fstype_classify(0, &g->fs);
 	g->number = number;
 	return g;
 }

@@ -63,6 +63,7 @@
 
 #include <stdint.h>
 
+#include "fstype.h"
 #include "pages.h"
 #include "registry.h"
 #include "resident.h"
@@ -114,6 +115,7 @@ struct generation {
 	 * until then a generation no longer current stays open even while
 	 * nobody holds it. 0: not waiting. */
 	uint64_t hold_until_ms;
+	struct fs_info fs;          /* the filesystem of its files (the first remote one) */
 	int watched;                /* its files' paths were compared with its files
 				       once its model's directories were watched
 				       (watch.c): a rename before that is seen too */

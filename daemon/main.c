@@ -216,7 +216,8 @@ set_access(struct daemon *d, const struct model_config *m)
 	if (registry_set_access(&d->reg, m->name, restricted, m->uids, m->n_uids, m->gids,
 		    m->n_gids) < 0 ||
 		registry_set_derive(&d->reg, m->name, m->derive, m->derive_gids, m->n_derive_gids,
-			m->derive_timeout) < 0)
+			m->derive_timeout) < 0 ||
+		registry_set_storage(&d->reg, m->name, m->watch, m->poll_interval_ms, m->stage) < 0)
 		log_errorx("%s", error_get());
 }
 
@@ -351,12 +352,13 @@ reload_model(enum config_change change, const struct model_config *old_model,
 		registry_unload(&b->d->reg, old_model->name);
 		return;
 	}
-	if (change == CONFIG_MODEL_ADDED || (changes & (CONFIG_CHANGED_PATH | CONFIG_CHANGED_WARM))) {
+	if (change == CONFIG_MODEL_ADDED ||
+		(changes & (CONFIG_CHANGED_PATH | CONFIG_CHANGED_WARM | CONFIG_CHANGED_STAGE))) {
 		batch_load(b, new_model);
 		return;
 	}
 	/* Only who may attach, or what is pinned, changed: no new generation. */
-	if (changes & (CONFIG_CHANGED_ACCESS | CONFIG_CHANGED_DERIVE))
+	if (changes & (CONFIG_CHANGED_ACCESS | CONFIG_CHANGED_DERIVE | CONFIG_CHANGED_WATCH))
 		set_access(b->d, new_model);
 	if ((changes & CONFIG_CHANGED_PIN) &&
 		registry_pin(&b->d->reg, new_model->name, new_model->pin) < 0)

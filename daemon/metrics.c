@@ -420,7 +420,8 @@ metrics_write(FILE *f, const struct registry *reg, const struct metrics_daemon *
 	}
 
 	family(f, "wcached_model_info", "gauge",
-		"The model's configured path and pin mode, as labels.");
+		"The model's configured path and pin mode, the filesystem of its current "
+		"generation (remote: network or FUSE) and how its updates are seen, as labels.");
 	for (const struct model_entry *m = reg->models; m != NULL; m = m->next) {
 		fputs("wcached_model_info{model=\"", f);
 		metrics_label_value(f, m->name);
@@ -428,7 +429,10 @@ metrics_write(FILE *f, const struct registry *reg, const struct metrics_daemon *
 		metrics_label_value(f, m->path != NULL ? m->path : "");
 		fputs("\",pin=\"", f);
 		metrics_label_value(f, pin_mode_name(m->pin));
-		fputs("\"} 1\n", f);
+		fprintf(f, "\",filesystem=\"%s\",remote=\"%s\",watch=\"%s\"} 1\n",
+			m->current != NULL ? m->current->fs.name : "",
+			m->current != NULL && m->current->fs.remote ? "true" : "false",
+			registry_polls(m) ? "inotify+poll" : "inotify");
 	}
 	family(f, "wcached_model_state", "gauge",
 		"1 for the model's state (as in wcachectl status), 0 for the others.");
@@ -547,6 +551,12 @@ write_model(FILE *f, const struct registry *reg, const struct model_entry *m,
 		write_generation(f, m, h);
 	}
 	fputc(']', f);
+	json_write_field(f, "filesystem", g != NULL ? g->fs.name : "");
+	fprintf(f, ",\"remote\":%s", g != NULL && g->fs.remote ? "true" : "false");
+	json_write_field(f, "watch", fs_watch_name(m->watch));
+	fprintf(f, ",\"polled\":%s,\"poll_interval_ms\":%u", registry_polls(m) ? "true" : "false",
+		m->poll_interval_ms);
+	json_write_field(f, "stage", fs_stage_name(m->stage));
 	fprintf(f, ",\"derive\":%s", m->derive ? "true" : "false");
 	if (t != NULL) {
 		struct derived_json j = { f, true };

@@ -111,6 +111,7 @@ registry_entry_new(struct registry *r, const char *name, const char *path, enum 
 	m->warm = warm;
 	m->builders.restricted = 1; /* nobody but root and wcached's own user */
 	m->derive_timeout_ms = 600000; /* derive_timeout's default, 600 s */
+	m->poll_interval_ms = 2000;    /* poll_interval's default, 2 s */
 	m->entry_id = ++r->next_load_id;
 	m->slot = statuspage_slot_for(&r->page, name);
 	m->last_generation = statuspage_last_generation(&r->page, m->slot);
@@ -302,6 +303,29 @@ registry_set_derive(struct registry *r, const char *name, int enabled, const gid
 	m->derive = enabled;
 	m->derive_timeout_ms = (uint64_t)timeout_seconds * 1000;
 	return 0;
+}
+
+int
+registry_set_storage(struct registry *r, const char *name, enum fs_watch watch,
+	unsigned poll_interval_ms, enum fs_stage stage)
+{
+	struct model_entry *m = registry_entry_named(r, name);
+
+	if (m == NULL)
+		return error_set(-ENOENT, "model \"%s\" is not loaded", name);
+	m->watch = watch;
+	m->poll_interval_ms = poll_interval_ms;
+	m->stage = stage;
+	return 0;
+}
+
+int
+registry_polls(const struct model_entry *m)
+{
+	const struct generation *g = m->current != NULL ? m->current : m->pending;
+
+	return m->watch == FS_WATCH_POLL ||
+		(m->watch == FS_WATCH_AUTO && g != NULL && g->fs.remote);
 }
 
 int

@@ -33,6 +33,7 @@
 #include "warm.h"
 
 #include "access.h"
+#include "fstype.h"
 #include "pin.h"
 #include "statuspage.h"
 
@@ -73,6 +74,11 @@ struct model_entry {
 	/* Requests answered once no page operation or warm-up job of the
 	 * model's generations is queued or running (registry_pages_wait). */
 	struct page_waiter *page_waiters;
+	/* Shared storage (fstype.h): how updates are seen, how often its
+	 * paths are polled, whether its files are staged locally. */
+	enum fs_watch watch;
+	unsigned poll_interval_ms;
+	enum fs_stage stage;
 	struct model_entry *next;
 };
 
@@ -292,6 +298,15 @@ int registry_attach(struct registry *r, const char *name, const struct registry_
  */
 int registry_find_for(struct registry *r, const char *name, const struct registry_peer *peer,
 	struct model_entry **out, char *msg, size_t msg_size);
+
+/* Sets how name's updates are seen (watch, poll_interval) and whether its
+ * next generations are staged. -ENOENT. */
+int registry_set_storage(struct registry *r, const char *name, enum fs_watch watch,
+	unsigned poll_interval_ms, enum fs_stage stage);
+
+/* Whether m's paths must be polled for updates: watch = poll, or watch =
+ * auto and its current generation is on a remote filesystem (fstype.h). */
+int registry_polls(const struct model_entry *m);
 
 /* Sets whether name has derived artifacts, who may build them (the gids of
  * derive_groups; root and wcached's own user always may) and the builders'

@@ -454,6 +454,63 @@ test_derive_keys(void **state)
 		"duplicate key \"derive\"");
 }
 
+/* watch, poll_interval, stage and stage_dir: defaults, values, errors, and
+ * config_model_changes() seeing them. */
+static void
+test_shared_storage_keys(void **state)
+{
+	struct fixture *f = *state;
+	struct config *cfg = NULL, *other = NULL;
+	char want[4200];
+
+	assert_int_equal(load_text(f, "a.conf", "[model m]\npath = /m\n", &cfg, NULL), 0);
+	assert_int_equal(cfg->models[0].watch, FS_WATCH_AUTO);
+	assert_int_equal(cfg->models[0].poll_interval_ms, 2000);
+	assert_int_equal(cfg->models[0].stage, FS_STAGE_AUTO);
+	assert_string_equal(cfg->stage_dir, "/var/cache/wcached/staged");
+	assert_int_equal(load_text(f, "b.conf", "[wcached]\nstage_dir = staged\n[model m]\n"
+					      "path = /m\nwatch = poll\npoll_interval = 0.25\n",
+				 &other, NULL), 0);
+	snprintf(want, sizeof(want), "%s/staged", f->dir);
+	assert_string_equal(other->stage_dir, want); /* relative to the file's directory */
+	assert_int_equal(other->models[0].watch, FS_WATCH_POLL);
+	assert_int_equal(other->models[0].poll_interval_ms, 250);
+	assert_int_equal(config_model_changes(&cfg->models[0], &other->models[0]),
+		CONFIG_CHANGED_WATCH);
+	config_free(other);
+	other = NULL;
+	assert_int_equal(load_text(f, "c.conf", "[model m]\npath = /m\nstage = no\n"
+					      "watch = inotify\npoll_interval = 3600\n", &other, NULL), 0);
+	assert_int_equal(other->models[0].stage, FS_STAGE_NO);
+	assert_int_equal(other->models[0].watch, FS_WATCH_INOTIFY);
+	assert_int_equal(other->models[0].poll_interval_ms, 3600000);
+	assert_int_equal(config_model_changes(&cfg->models[0], &other->models[0]),
+		CONFIG_CHANGED_WATCH | CONFIG_CHANGED_STAGE);
+	assert_string_equal(fs_stage_name(other->models[0].stage), "no");
+	assert_string_equal(fs_watch_name(other->models[0].watch), "inotify");
+	config_free(cfg);
+	config_free(other);
+
+	check_error(f, "[model m]\npath = /m\nwatch = fanotify\n", 3,
+		"model \"m\": watch: \"fanotify\" is not one of auto, inotify, poll");
+	check_error(f, "[model m]\npath = /m\nstage = maybe\n", 3,
+		"model \"m\": stage: \"maybe\" is not one of auto, yes, no");
+	check_error(f, "[model m]\npath = /m\npoll_interval = 0.05\n", 3,
+		"poll_interval: 0.05 is out of range (0.100..3600 seconds)");
+	check_error(f, "[model m]\npath = /m\npoll_interval = 3600.5\n", 3,
+		"poll_interval: 3600.5 is out of range");
+	check_error(f, "[model m]\npath = /m\npoll_interval = 99999999999999999999\n", 3,
+		"is out of range");
+	for (int i = 0; i < 6; i++) {
+		static const char *const bad[] = { "", "abc", "1.", ".5", "1.2345", "2s" };
+		char text[128];
+
+		snprintf(text, sizeof(text), "[model m]\npath = /m\npoll_interval = %s\n", bad[i]);
+		check_error(f, text, 3, "is not a number of seconds");
+	}
+	check_error(f, "[wcached]\nstage_dir =\n", 2, "stage_dir");
+}
+
 /* A value longer than inih's default 200-byte line buffer, with an inline
  * comment. */
 static void
@@ -717,6 +774,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_relative_paths, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_memory_budget, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_derive_keys, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_shared_storage_keys, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_derive_keys, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_allow_lists, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_long_line, setup, teardown),

@@ -1,0 +1,138 @@
+/*
+ * fstype.c: filesystem kinds, and the watch and stage words (see fstype.h).
+ */
+#include "fstype.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/vfs.h>
+
+struct known_fs {
+	unsigned long magic;
+	const char *name;
+	bool remote;
+};
+
+/* linux/magic.h and the filesystems' own headers (Lustre, GPFS, BeeGFS
+ * are out of tree). FUSE covers virtiofs, sshfs, s3fs, gcsfuse, glusterfs
+ * and the like: they all report FUSE's magic. */
+static const struct known_fs known[] = {
+	{ 0x6969, "nfs", true },
+	{ 0xFF534D42, "cifs", true },
+	{ 0xFE534D42, "smb2", true },
+	{ 0x517B, "smb", true },
+	{ 0x65735546, "fuse", true },
+	{ 0x0BD00BD0, "lustre", true },
+	{ 0x47504653, "gpfs", true },
+	{ 0x00C36400, "ceph", true },
+	{ 0x01021997, "9p", true },
+	{ 0x5346414F, "afs", true },
+	{ 0x6B414653, "kafs", true },
+	{ 0x19830326, "beegfs", true },
+	{ 0x73757245, "coda", true },
+	{ 0x7461636F, "ocfs2", true },
+	{ 0x01161970, "gfs2", true },
+	{ 0xAAD7AAEA, "panfs", true },
+	{ 0x20030528, "orangefs", true },
+	{ 0xEF53, "ext4", false },
+	{ 0x58465342, "xfs", false },
+	{ 0x9123683E, "btrfs", false },
+	{ 0x01021994, "tmpfs", false },
+	{ 0x794C7630, "overlay", false },
+	{ 0x2FC12FC1, "zfs", false },
+	{ 0xF2F52010, "f2fs", false },
+	{ 0x858458F6, "ramfs", false },
+	{ 0x73717368, "squashfs", false },
+	{ 0x4D44, "vfat", false },
+	{ 0x2011BAB0, "exfat", false },
+	{ 0x5346544E, "ntfs", false },
+	{ 0x958458F6, "hugetlbfs", false },
+};
+
+void
+fstype_classify(unsigned long magic, struct fs_info *out)
+{
+	memset(out, 0, sizeof(*out));
+	out->magic = magic;
+	for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++) {
+		if (known[i].magic == (magic & 0xFFFFFFFFul)) {
+			snprintf(out->name, sizeof(out->name), "%s", known[i].name);
+			out->remote = known[i].remote;
+			return;
+		}
+	}
+	snprintf(out->name, sizeof(out->name), "0x%lx", magic & 0xFFFFFFFFul);
+}
+
+int
+fstype_of_fd(int fd, struct fs_info *out)
+{
+	struct statfs st;
+
+	if (fstatfs(fd, &st) == -1) {
+		int err = -errno;
+
+		memset(out, 0, sizeof(*out));
+		snprintf(out->name, sizeof(out->name), "unknown");
+		return err;
+	}
+	fstype_classify((unsigned long)st.f_type, out);
+	return 0;
+}
+
+static const char *const watch_names[] = {
+	[FS_WATCH_AUTO] = "auto",
+	[FS_WATCH_INOTIFY] = "inotify",
+	[FS_WATCH_POLL] = "poll",
+};
+
+static const char *const stage_names[] = {
+	[FS_STAGE_AUTO] = "auto",
+	[FS_STAGE_YES] = "yes",
+	[FS_STAGE_NO] = "no",
+};
+
+/* The index of s in names (n of them): 0.., or -EINVAL. */
+static int
+word_index(const char *const *names, size_t n, const char *s)
+{
+	for (size_t i = 0; i < n; i++)
+		if (strcmp(s, names[i]) == 0)
+			return (int)i;
+	return -EINVAL;
+}
+
+int
+fs_watch_parse(const char *s, enum fs_watch *out)
+{
+	int i = word_index(watch_names, sizeof(watch_names) / sizeof(watch_names[0]), s);
+
+	if (i < 0)
+		return i;
+	*out = (enum fs_watch)i;
+	return 0;
+}
+
+int
+fs_stage_parse(const char *s, enum fs_stage *out)
+{
+	int i = word_index(stage_names, sizeof(stage_names) / sizeof(stage_names[0]), s);
+
+	if (i < 0)
+		return i;
+	*out = (enum fs_stage)i;
+	return 0;
+}
+
+const char *
+fs_watch_name(enum fs_watch w)
+{
+	return (unsigned)w < sizeof(watch_names) / sizeof(watch_names[0]) ? watch_names[w] : "auto";
+}
+
+const char *
+fs_stage_name(enum fs_stage s)
+{
+	return (unsigned)s < sizeof(stage_names) / sizeof(stage_names[0]) ? stage_names[s] : "auto";
+}

@@ -1,0 +1,53 @@
+/*
+ * fstype.h: which filesystem a model's files are on, and what wcached does
+ * about it (README, "Models on shared storage").
+ *
+ * On a local filesystem this host's kernel makes every change, so inotify
+ * sees every update, and a file replaced by rename(2) lives on as long as
+ * wcached holds it open. On a network filesystem (NFS, SMB, Lustre, GPFS,
+ * CephFS, 9p, AFS...) or a FUSE one (object stores, virtiofs, sshfs)
+ * another host can replace a file: no inotify event says so, and the old
+ * file's pages that are not cached here may become unreadable (ESTALE, EIO;
+ * SIGBUS to a process that touches them through a mapping). Such a file
+ * system is "remote" here: wcached polls its paths (watch = auto) and
+ * copies the model to local disk before serving it (stage = auto).
+ */
+#ifndef WC_FSTYPE_H
+#define WC_FSTYPE_H
+
+#include <stdbool.h>
+
+/* A filesystem as statfs(2) names it. */
+struct fs_info {
+	unsigned long magic;  /* f_type */
+	char name[16];        /* "ext4", "nfs", "fuse", or "0x1234abcd" when unknown */
+	bool remote;          /* a network or FUSE filesystem (see above) */
+};
+
+/* Classifies statfs's f_type. */
+void fstype_classify(unsigned long magic, struct fs_info *out);
+
+/* fstatfs(fd) classified: 0, or -errno (out then says "unknown", local). */
+int fstype_of_fd(int fd, struct fs_info *out);
+
+/* How a model's files are watched for updates (the "watch" key). */
+enum fs_watch {
+	FS_WATCH_AUTO = 0, /* inotify, plus polling on a remote filesystem */
+	FS_WATCH_INOTIFY,  /* inotify only */
+	FS_WATCH_POLL,     /* inotify, plus polling wherever the files are */
+};
+
+/* Whether a model is copied to local disk before it is served ("stage"). */
+enum fs_stage {
+	FS_STAGE_AUTO = 0, /* yes on a remote filesystem, no on a local one */
+	FS_STAGE_YES,
+	FS_STAGE_NO,
+};
+
+/* "auto", "inotify", "poll" / "auto", "yes", "no": 0, or -EINVAL. */
+int fs_watch_parse(const char *s, enum fs_watch *out);
+int fs_stage_parse(const char *s, enum fs_stage *out);
+const char *fs_watch_name(enum fs_watch w);
+const char *fs_stage_name(enum fs_stage s);
+
+#endif
