@@ -116,6 +116,15 @@ struct generation {
 	 * nobody holds it. 0: not waiting. */
 	uint64_t hold_until_ms;
 	struct fs_info fs;          /* the filesystem of its files (the first remote one) */
+	/* A staged generation (stage.h) serves local copies: source.files are
+	 * the copies, origin the files they were copied from (path and stat
+	 * when copied), which polling compares with what the paths name now.
+	 * NULL (norigin 0) when it serves its files where they are. */
+	struct gen_origin {
+		char *path;
+		struct stat st;
+	} *origin;
+	size_t norigin;
 	int watched;                /* its files' paths were compared with its files
 				       once its model's directories were watched
 				       (watch.c): a rename before that is seen too */
