@@ -94,7 +94,9 @@ load_request_free(struct load_request *q)
 /*
  * Same files (the same inodes) as generation g? A reload serves new inodes
  * only: files are replaced by rename(2), and an inode written in place is
- * the modified generation's, not a new one.
+ * the modified generation's, not a new one. On a remote filesystem an inode
+ * number says less: another host's server may give a freed number to the
+ * file that replaced it, so there the size and mtime must match too.
  */
 static int
 same_inodes(const struct generation *g, const struct model_source *s)
@@ -105,6 +107,10 @@ same_inodes(const struct generation *g, const struct model_source *s)
 		const struct stat *a = &g->source.files[i].st, *b = &s->files[i].st;
 
 		if (a->st_dev != b->st_dev || a->st_ino != b->st_ino)
+			return 0;
+		if (g->fs.remote && (a->st_size != b->st_size ||
+					    a->st_mtim.tv_sec != b->st_mtim.tv_sec ||
+					    a->st_mtim.tv_nsec != b->st_mtim.tv_nsec))
 			return 0;
 	}
 	return 1;
