@@ -425,7 +425,8 @@ def main():
             return f"{run.model_size >> 20} MiB, {TENSORS} tensors, at {run.model_path}"
 
         print("kube tests: Pods run with podman pod create and podman run (podman 4.3's kube"
-              " play cannot put them under the test's cgroup)", flush=True)
+              " play cannot put them under the test's cgroup); not applied: priorityClassName,"
+              " resources.requests (scheduling); the probes run with podman exec", flush=True)
         for name, check in (("images", images),
                             ("model", write_model),
                             ("daemon_pod", lambda: check_daemon_pod(run)),
