@@ -33,6 +33,7 @@ image failing to start. Ends with "N passed, N failed"; exit status 1
 when a check failed.
 """
 import argparse
+import fcntl
 import glob
 import hashlib
 import json
@@ -354,7 +355,8 @@ def check_daemon_replaced(run):
               f"failed attaches: "
               + (", ".join(f"{k} x{n}" for k, n in sorted(errors.items())) or "none")
               + f"; longest gap seen by a worker {longest:.2f} s; slowest attach "
-              f"{max(s['slowest_attach_s'] for s in got):.3f} s")
+              f"{max(s['slowest_attach_s'] for s in got):.3f} s, slowest failed one "
+              f"{max(s['slowest_failure_s'] for s in got):.3f} s")
     for kind, msg in sorted(messages.items()):
         detail += f"\n       {kind}: {msg}"
     if problems:
@@ -379,6 +381,12 @@ def main():
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, lambda signum, _: sys.exit(f"kube tests: interrupted by {signum}"))
     os.makedirs(cache, exist_ok=True)
+    # One run at a time: a run starts by removing what another left.
+    lock = open(os.path.join(cache, "lock"), "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise SystemExit(f"kube tests: another run holds {lock.name}")
 
     t0 = time.monotonic()
     log = open(os.path.join(cache, "podman.log"), "w")

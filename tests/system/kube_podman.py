@@ -129,9 +129,12 @@ class Podman:
         self.env = dict(os.environ, CONTAINERS_CONF=self.conf)
 
     def argv(self, args):
+        # skip_mount_home: the overlay driver would otherwise leave its
+        # folder mounted on itself, and `make clean` could not remove it.
         return ["podman", "--root", self.root, "--runroot", self.runroot,
                 "--tmpdir", os.path.join(self.runroot, "libpod"), "--runtime", "runc",
-                "--cgroup-manager", "cgroupfs"] + list(args)
+                "--cgroup-manager", "cgroupfs", "--storage-driver", "overlay",
+                "--storage-opt", "overlay.skip_mount_home=true"] + list(args)
 
     def __call__(self, *args, check=True, timeout=120, input=None):
         """Runs podman ARGS; returns the CompletedProcess (text). CHECK: a
@@ -155,6 +158,9 @@ class Podman:
         run left, even an interrupted one); images stay (the cache)."""
         self("pod", "rm", "--all", "--force", "--time", "0", check=False, timeout=120)
         self("rm", "--all", "--force", "--time", "0", check=False, timeout=120)
+        overlay = os.path.join(self.root, "overlay")
+        if os.path.ismount(overlay):  # left by a run without skip_mount_home
+            subprocess.run(["umount", overlay], check=False)
 
 
 def _volume_sources(spec, host_paths, configmaps, confdir):

@@ -14,6 +14,7 @@ JSON; times are CLOCK_MONOTONIC, which the host shares.
 """
 import hashlib
 import json
+import re
 import signal
 import sys
 import threading
@@ -66,7 +67,7 @@ messages = {}     # kind -> first message
 gaps = []         # [end of the last attach that worked, end of the next that did]
 failing = False
 last_ok = time.monotonic()
-slowest = 0.0
+slowest = slowest_failure = 0.0
 generations = set()
 i = 0
 while not state["stop"]:
@@ -74,9 +75,13 @@ while not state["stop"]:
     try:
         m = client.attach(spec["model"])
     except wcache.WcacheError as e:
-        kind = f"{type(e).__name__}({e.errno})"
+        # By class, errno and the system's reason at the end of the
+        # message: a socket not there yet, or one nobody listens on.
+        reason = re.search(r"\(([^()]*)\)$", str(e))
+        kind = f"{type(e).__name__}({e.errno})" + (f" [{reason.group(1)}]" if reason else "")
         errors[kind] = errors.get(kind, 0) + 1
         messages.setdefault(kind, str(e))
+        slowest_failure = max(slowest_failure, time.monotonic() - t)
         if not failing:
             gaps.append([last_ok, None])
             failing = True
@@ -96,5 +101,6 @@ while not state["stop"]:
         bad += 1
     m.close()
 say(event="summary", ok=ok, bad=bad, errors=errors, messages=messages,
-    gaps=gaps, slowest_attach_s=round(slowest, 4), generations=sorted(generations),
+    gaps=gaps, slowest_attach_s=round(slowest, 4),
+    slowest_failure_s=round(slowest_failure, 4), generations=sorted(generations),
     held_intact=digest(held, names) == spec["digest"])
