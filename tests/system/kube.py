@@ -90,17 +90,15 @@ class Run:
     """One run of the checks: the manifests, the test's directories (the
     node's /srv/models and /run/wcached), the model and podman."""
 
-    def __init__(self, podman, work, debs):
+    def __init__(self, podman, work):
         self.podman = podman
         self.work = work
-        self.debs = debs
         docs = manifests()
         self.daemonset = docs[("DaemonSet", "wcached")]
         self.worker = next(d for (kind, _), d in docs.items() if kind == "Pod")
         self.configmaps = {name: d for (kind, name), d in docs.items() if kind == "ConfigMap"}
         self.host_paths = {"/srv/models": os.path.join(work, "models"),
                            "/run/wcached": os.path.join(work, "run")}
-        self.images = {}
         self.workers = []  # worker container names
 
     # ---- the model ---------------------------------------------------------
@@ -414,7 +412,13 @@ def main():
                  + (smoke.stderr.strip().splitlines() or ["?"])[-1])
         print(f"kube tests: base image {base} ({how}, {time.monotonic() - t:.0f} s)",
               flush=True)
-        run = Run(podman, work, debs)
+        try:
+            run = Run(podman, work)
+        except (KeyError, StopIteration, yaml.YAMLError) as e:
+            failed.append("manifests")
+            print(f"FAIL manifests: deploy/k8s lacks the DaemonSet wcached, a Pod or a"
+                  f" ConfigMap, or does not parse: {e!r}", flush=True)
+            return finish(t0, passed, failed)
         spec = {}
 
         def images():
