@@ -389,12 +389,16 @@ def main():
     t0 = time.monotonic()
     log = open(os.path.join(cache, "podman.log"), "w")
     cgroup = Cgroup(f"wcache-kube-{os.getpid()}")
-    podman = Podman(cache, "/run/wcache-kube", cgroup, log)
+    # Run state on tmpfs, one folder per storage (a build folder of its own).
+    runroot = f"/run/wcache-kube-{hashlib.sha256(cache.encode()).hexdigest()[:8]}"
+    podman = Podman(cache, runroot, cgroup, log)
     work = tempfile.mkdtemp(prefix="run-", dir=cache)
     os.chmod(work, 0o755)
     passed, failed = [], []
     try:
+        how = podman.open_storage()
         podman.remove_all()  # what an interrupted run left
+        print(f"kube tests: podman storage {podman.root} {how}", flush=True)
         t = time.monotonic()
         try:
             with open(os.path.join(cache, "debootstrap.log"), "a") as dlog:

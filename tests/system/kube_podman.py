@@ -15,6 +15,7 @@ know is an error naming it, never something silently dropped.
 """
 import json
 import os
+import shutil
 import subprocess
 
 # Debian 12's podman with this host's hybrid cgroups: crun refuses them,
@@ -152,6 +153,22 @@ class Podman:
 
     def inspect(self, name):
         return json.loads(self("inspect", name).stdout)[0]
+
+    def open_storage(self):
+        """Checks that the storage answers; one made with other settings
+        (podman's database records its run state folder) is removed, with
+        its cached images, and made again. Returns what happened."""
+        r = self("images", "--quiet", check=False)
+        if r.returncode == 0:
+            return "reused"
+        if "database configuration mismatch" not in r.stderr:
+            raise PodmanError(f"podman images: {r.stderr.strip()}")
+        overlay = os.path.join(self.root, "overlay")
+        if os.path.ismount(overlay):
+            subprocess.run(["umount", overlay], check=False)
+        shutil.rmtree(self.root)
+        self("images", "--quiet")
+        return "made again (the old one had other settings)"
 
     def remove_all(self):
         """Removes every pod and container in the test's storage (what a
