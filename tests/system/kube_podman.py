@@ -160,7 +160,7 @@ class Podman:
         its cached images, and made again. Returns what happened."""
         r = self("images", "--quiet", check=False)
         if r.returncode == 0:
-            return "reused"
+            return "ready"
         if "database configuration mismatch" not in r.stderr:
             raise PodmanError(f"podman images: {r.stderr.strip()}")
         overlay = os.path.join(self.root, "overlay")
