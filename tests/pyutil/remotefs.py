@@ -181,14 +181,21 @@ def resident_pages(path_or_fd):
     return _with_fd(path_or_fd, count)
 
 
-def drop_cache(path_or_fd):
+def drop_cache(path_or_fd, settle=0.5):
     """Drops the file's cached pages that no process maps
     (POSIX_FADV_DONTNEED) and returns how many pages stay resident: 0
-    unless some are mapped (see drop_stale for those). path_or_fd as for
-    resident_pages."""
+    unless some are mapped (see drop_stale for those). Pages locked by a
+    read still in flight (the readahead a read started, failing on a freed
+    inode) are skipped too, so it tries again until none is left or settle
+    seconds have passed. path_or_fd as for resident_pages."""
     def drop(fd):
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        return resident_pages(fd)
+        deadline = time.monotonic() + settle
+        while True:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            left = resident_pages(fd)
+            if left == 0 or time.monotonic() >= deadline:
+                return left
+            time.sleep(0.01)
     return _with_fd(path_or_fd, drop)
 
 
@@ -279,31 +286,44 @@ class RemoteFS:
         """Unmounts and waits for remotefs; returns its exit status. Works
         whatever state things are in: fusermount3 -u, else (busy: a
         descriptor or a mapping is still open, or remotefs is gone) a lazy
-        umount -l; then the FUSE connection is aborted if remotefs does not
-        end by itself (a lazily unmounted filesystem is served as long as
-        it is in use), and last SIGKILL. Idempotent."""
+        umount -l; a lazily unmounted filesystem is served as long as it
+        is in use, so if remotefs does not end by itself its FUSE connection
+        is aborted (/sys/fs/fuse/connections, where fusectl is mounted),
+        then it gets SIGTERM, and last SIGKILL. Idempotent."""
         self._join_writers()
         conn = self.connection()
+        lazy = False
         if self.mounted():
             r = subprocess.run(["fusermount3", "-u", self.mount], capture_output=True)
             if r.returncode != 0 or self.mounted():
                 subprocess.run(["umount", "-l", self.mount], capture_output=True)
+                lazy = True
         status = None
         if self.proc is not None:
-            try:
-                status = self.proc.wait(timeout=min(timeout, 5.0))
-            except subprocess.TimeoutExpired:
-                if conn is not None:
+            # An unmount that worked ends remotefs at once; a lazy one only
+            # once the last user lets go. Then: abort the FUSE connection
+            # (where fusectl is mounted), SIGTERM, and last SIGKILL.
+            steps = [min(timeout, 2.0 if lazy else 10.0)]
+            if conn is not None:
+                steps.append(2.0)
+            steps.append(timeout)
+            for i, wait in enumerate(steps):
+                try:
+                    status = self.proc.wait(timeout=wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if i == len(steps) - 1:
+                    self.proc.kill()
+                    status = self.proc.wait()
+                elif conn is not None and i == 0:
                     try:
                         with open(os.path.join(conn, "abort"), "w") as f:
                             f.write("1")
                     except OSError:
                         pass
-                try:
-                    status = self.proc.wait(timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    status = self.proc.wait()
+                else:
+                    self.proc.terminate()
         if self._logf is not None:
             self._logf.close()
             self._logf = None
