@@ -43,10 +43,11 @@ def pattern(size, seed):
 
 @pytest.fixture
 def rfs(tmp_path):
-    """A mounted remotefs with attributes cached 0.5 s; stopped after the
-    test (its exit status 0 is part of the test: a crash or, in the ASan
-    build, a leak fails it)."""
-    with RemoteFS(tmp_path / "backing", tmp_path / "mnt", attr_timeout=0.5) as fs:
+    """A mounted remotefs with attributes cached 0.5 s and a 1 MiB
+    readahead; stopped after the test (its exit status 0 is part of the
+    test: a crash or, in the ASan build, a leak fails it)."""
+    with RemoteFS(tmp_path / "backing", tmp_path / "mnt", attr_timeout=0.5,
+                  read_ahead_kb=1024) as fs:
         yield fs
 
 
@@ -128,6 +129,8 @@ def test_reads_and_maps_the_backing_bytes(rfs):
 
     entry = mount_entry(rfs.mount)
     assert entry["fstype"] == "fuse.remotefs"
+    with open(f"/sys/class/bdi/{entry['dev']}/read_ahead_kb") as f:
+        assert f.read().strip() == "1024"
     assert "allow_other" in entry["options"] and "ro" in entry["options"].split(",")
     sv, bsv = os.statvfs(rfs.mount), os.statvfs(rfs.backing)
     assert (sv.f_bsize, sv.f_blocks) == (bsv.f_bsize, bsv.f_blocks)
