@@ -31,6 +31,7 @@ Dropping pages (what was measured here, kernel 6.18):
 Failures raise RemoteFSError, an AssertionError, with remotefs's log.
 Standard library only (Debian's /usr/bin/python3).
 """
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -39,7 +40,6 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 
@@ -125,14 +125,22 @@ _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 
 
-def _with_fd(path_or_fd, fn):
-    if isinstance(path_or_fd, int):
-        return fn(path_or_fd)
-    fd = os.open(str(path_or_fd), os.O_RDONLY | os.O_CLOEXEC)
+@contextlib.contextmanager
+def _opened(path, flags):
+    fd = os.open(path, flags | os.O_CLOEXEC)
     try:
-        return fn(fd)
+        yield fd
     finally:
         os.close(fd)
+
+
+def _with_fd(path_or_fd, fn):
+    """fn(fd) with path_or_fd itself when it is a descriptor, else with a
+    read-only descriptor of that path, closed after."""
+    if isinstance(path_or_fd, int):
+        return fn(path_or_fd)
+    with _opened(str(path_or_fd), os.O_RDONLY) as fd:
+        return fn(fd)
 
 
 class _CachestatRange(ctypes.Structure):
@@ -383,9 +391,10 @@ class RemoteFS:
         path = self.backing_path(name)
         directory = os.path.dirname(path)
         os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".remote-", dir=directory)
+        tmp = os.path.join(directory, f".{os.path.basename(path)}.remote-{os.getpid()}-"
+                                      f"{threading.get_ident()}")
         try:
-            with os.fdopen(fd, "wb") as f:
+            with open(tmp, "xb") as f:
                 if callable(data_or_writer):
                     data_or_writer(f)
                 else:
@@ -394,17 +403,11 @@ class RemoteFS:
                 os.fchmod(f.fileno(), mode)
                 os.fsync(f.fileno())
             os.rename(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
         finally:
-            os.close(dfd)
+            if os.path.lexists(tmp):     # only when something above failed
+                os.unlink(tmp)
+        with _opened(directory, os.O_RDONLY | os.O_DIRECTORY) as dfd:
+            os.fsync(dfd)
         return os.stat(path).st_ino
 
     def remove(self, name):
