@@ -437,8 +437,9 @@ def test_usage_and_errors(tmp_path):
         (["--attr-timeout", "-1", d, d], 2,
          "remotefs: --attr-timeout wants seconds from 0 to 1e6, not: -1 "
          "(see 'remotefs --help')"),
-        (["--attr-timeout"], 2, "remotefs: missing value of: --attr-timeout "
+        (["--attr-timeout"], 2, "remotefs: option needs a value: --attr-timeout "
          "(see 'remotefs --help')"),
+        (["-o"], 2, "remotefs: option needs a value: -o (see 'remotefs --help')"),
         ([d], 2, "remotefs: missing BACKING or MOUNTPOINT (see 'remotefs --help')"),
         ([d, d, d], 2, "remotefs: too many arguments (see 'remotefs --help')"),
         ([tmp_path / "none", d], 1,

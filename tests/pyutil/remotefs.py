@@ -222,6 +222,11 @@ class RemoteFS:
     faster here); build: the build directory (default $WCACHE_BUILD or
     <repo>/build). remotefs's stderr goes to the file self.log (default: a
     file beside mount).
+
+    Another user reads through the mount (allow_other) what the backing
+    files' modes let it read (replace() writes 0644 by default), once it
+    can reach the mount point: pytest's tmp_path is 0700, so open the
+    parents to it first (conftest's open_to).
     """
 
     def __init__(self, backing, mount, *, attr_timeout=1.0, stale="eio", keep_cache=False,
