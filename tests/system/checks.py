@@ -175,13 +175,18 @@ class Checks:
         pid = int(self.show("MainPID")["MainPID"])
         expect(pid not in (0, self.main_pid), f"MainPID {pid} after systemctl restart")
         self.main_pid = pid
+        self.pins_settled()
+        return pid
+
+    def pins_settled(self):
+        """Waits until every model is ready with its pin applied or refused
+        (pin_error): no lock or unlock is still running."""
         try:
             wait_for("every model ready, its pin applied or refused", lambda: all(
                 m["state"] == "ready" and (m["pin_applied"] == m["pinned"] or m["pin_error"])
                 for m in self.status()["models"]), 60, 0.1)
         except Timeout as e:
             raise Failure(f"{e}; status says {self.status()['models']}")
-        return pid
 
     def refusal_told(self, pid, name, m):
         """The refusal in model NAME's status entry M (pin_error) is also one
@@ -494,6 +499,7 @@ class Checks:
         """pin = metadata of a 64 MiB model (more than a service's default
         8 MiB RLIMIT_MEMLOCK) under the packaged unit: its index and header
         are locked (VmLck of MainPID grows by about that), nothing more."""
+        self.pins_settled()  # pin's unpin may still run
         before = self.locked()
         path = self.write_model("big", **BIG)
         self.models["big"] = f"path = {path}\npin = metadata\n"
