@@ -85,7 +85,7 @@ class Checks:
     ORDER = ["install", "socket_activation", "sandbox", "memlock_limit", "check_status",
              "systemctl_status", "metrics", "residency_warm", "evict", "dropped_by_a_client",
              "pin", "pin_metadata_large", "pin_all_large", "pin_refused_filter",
-             "pin_refused_limit", "python_worker", "reload_good", "reload_bad", "rename_swaps", "in_place_write",
+             "pin_refused_limit", "memory_limit", "python_worker", "reload_good", "reload_bad", "rename_swaps", "in_place_write",
              "warm_restart", "restart_under_load", "held_across_restart", "journal_priorities",
              "analyze_security", "analyze_verify", "stop"]
 
@@ -559,6 +559,43 @@ class Checks:
             del self.models["big"]
             self.write_config(config(self.models))
             self.sh("systemctl", "reload", UNIT)
+
+    def memory_limit(self):
+        """The memory limit in force under the packaged unit: without a
+        limit, the container's RAM figure (or the cgroup limit the
+        container itself runs under); with a drop-in setting MemoryMax=
+        (cgroup v2) and MemoryLimit= (v1) of 512M, status's "memory" says
+        512 MiB from wcached.service's cgroup, and memory_budget = 50% is
+        256 MiB of it. Where the container's systemd has no memory
+        controller to delegate (a hybrid host gives nspawn none), the drop-in
+        sets nothing: skipped, saying so, after checking the figure without
+        it."""
+        mem = self.status()["memory"]
+        expect(mem["limit"] <= mem["ram"] and mem["limit_source"],
+               f"status memory without a limit: {mem}")
+        before = mem
+        pid = self.with_drop_in("memory-max", "[Service]\nMemoryMax=512M\nMemoryLimit=512M\n")
+        try:
+            groups = self.sh("cat", f"/proc/{pid}/cgroup").stdout
+            mem = self.status()["memory"]
+            if mem["limit"] == before["limit"] and mem["limit_kind"] == before["limit_kind"]:
+                raise Skipped(f"MemoryMax=512M set no limit wcached can see (its cgroups: "
+                              f"{' '.join(groups.split())}); without it: "
+                              f"{before['limit'] >> 20} MiB from {before['limit_source']}")
+            expect(mem["limit"] == 512 << 20 and mem["limit_kind"] in ("cgroup_v1", "cgroup_v2")
+                   and "wcached.service" in mem["limit_source"],
+                   f"status memory with MemoryMax=512M: {mem}")
+            self.write_config(config(self.models, daemon="memory_budget = 50%\n"))
+            self.sh("systemctl", "reload", UNIT)
+            mem = self.status()["memory"]
+            expect(mem["budget"] == 256 << 20, f"memory_budget = 50% under 512M: {mem}")
+            text = self.sh("wcachectl", "status").stdout
+            expect(f"memory: 512.0 MiB in force ({mem['limit_source']}), budget 256.0 MiB" in text,
+                   f"wcachectl status:\n{text}")
+        finally:
+            self.write_config(config(self.models))
+            self.drop_in_removed("memory-max")
+        return f"512 MiB from {mem['limit_source']}, budget 256 MiB"
 
     def pin_refused_filter(self):
         """(a) mlock(2) forbidden by a seccomp filter (a drop-in with
