@@ -133,7 +133,14 @@ def daemons(make):
         started.append(d)
         return wait_for_control(d.start())
 
-    yield run
+    try:
+        yield run
+    except BaseException:
+        # A test failed inside running_daemons(): stop them all, and let
+        # its failure be the one reported.
+        for d in started:
+            d.stop()
+        raise
     for d in started:
         code = d.stop()
         assert code == 0, f"wcached exited with {code}:\n{d.read_log()}"
