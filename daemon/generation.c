@@ -24,6 +24,7 @@
 #include "log.h"
 #include "pages.h"
 #include "proto/memfds.h"
+#include "stage.h"
 
 static const char *const state_names[] = {
 	[GEN_NEW] = "new",
@@ -111,6 +112,24 @@ gen_is_live(const struct generation *g)
 	return g->model != NULL && (g->model->current == g || g->model->pending == g);
 }
 
+/* Frees g's origin and removes its staged copy (stage.h), on the work
+ * queue; at shutdown a copy whose files the manager's store keeps for the
+ * next process stays (it removes it when that generation closes). */
+static void
+gen_free_staged(struct registry *r, struct generation *g)
+{
+	for (size_t i = 0; i < g->norigin; i++)
+		free(g->origin[i].path);
+	free(g->origin);
+	g->origin = NULL;
+	g->norigin = 0;
+	if (g->staged.dir != NULL && r->closing && r->fdstore && g->stored_slot != 0)
+		free(g->staged.dir);
+	else
+		stage_remove_later(r->loop, g->staged.dir);
+	g->staged.dir = NULL;
+}
+
 void
 gen_maybe_free(struct registry *r, struct generation *g)
 {
@@ -136,6 +155,7 @@ gen_maybe_free(struct registry *r, struct generation *g)
 		close(g->served_index_fd);
 	gen_close_served(g->served_fds, g->source.nfiles);
 	source_close(&g->source);
+	gen_free_staged(r, g);
 	free(g->warm.jobs);
 	free(g->hold_conns);
 	free(g->model_name);

@@ -125,6 +125,16 @@ struct generation {
 		struct stat st;
 	} *origin;
 	size_t norigin;
+	/* A staged generation's copy (stage.h): its directory under stage_dir
+	 * (NULL when not staged), removed when the generation closes, except
+	 * at shutdown when the manager's store keeps its files for the next
+	 * process (restore.h); what it costs on disk and how long it took. */
+	struct {
+		char *dir;
+		uint64_t bytes;         /* bytes copied (the files and a shard index) */
+		uint64_t disk_bytes;    /* the copy's allocated size */
+		double seconds;         /* the copy's time; 0 for one a restart kept */
+	} staged;
 	int watched;                /* its files' paths were compared with its files
 				       once its model's directories were watched
 				       (watch.c): a rename before that is seen too */
