@@ -403,9 +403,10 @@ reload_finished(struct daemon *d, unsigned failed, void *arg)
 static void
 set_stage_dir(struct daemon *d, const struct config *cfg, uid_t uid, gid_t gid)
 {
+	/* Said at debug only: most hosts stage nothing, and a model that
+	 * must stage says why it cannot in its one line. */
 	if (stage_prepare_dir(cfg->stage_dir, uid, gid) < 0)
-		log_warnx("%s; models that stage (stage = yes, or auto on a network or FUSE "
-			  "filesystem) are refused until it can be", error_get());
+		log_debug("%s; models that stage are refused until it can be", error_get());
 	if (registry_set_stage_dir(&d->reg, cfg->stage_dir) < 0)
 		log_errorx("%s", error_get());
 }
