@@ -44,9 +44,9 @@ def entries(stage_dir):
     return sorted(os.listdir(stage_dir)) if os.path.isdir(stage_dir) else []
 
 
-def stage_daemon(tmp_path, models, stage_dir=None, **kw):
+def stage_daemon(tmp_path, models, stage_dir=None, extra="", **kw):
     stage_dir = stage_dir or str(tmp_path / "staged")
-    return Daemon(tmp_path, models, extra=f"stage_dir = {stage_dir}\n", **kw), stage_dir
+    return Daemon(tmp_path, models, extra=f"stage_dir = {stage_dir}\n{extra}", **kw), stage_dir
 
 
 def replace(path, seed, tmpdir):
@@ -258,3 +258,62 @@ def test_leftovers_of_a_killed_daemon_are_swept_at_start(tmp_path):
         assert fds and all(t.startswith(os.path.join(stage_dir, "m.1") + "/") for t in fds)
     finally:
         assert d.stop() == 0, d.read_log()
+
+
+def test_warm_restart_keeps_the_staged_copies_it_restores(tmp_path):
+    import sys
+    sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
+    from fakemanager import FakeManager
+    from test_warm_restart import finish, ready, start
+    from test_warm_restart import worker as sync_worker
+
+    src = mkmodel(tmp_path / "m.safetensors", seed=1, **LAYERS)
+    old = str(shutil.copy(src, tmp_path / "old-bytes.safetensors"))
+    mgr = FakeManager(str(tmp_path / "notify.sock"))
+    # Generation 1's holder from before the restart never says HOLD: wait
+    # 1 s for it, not 60.
+    d, stage_dir = stage_daemon(tmp_path, {"m": (src, {"stage": "yes"})},
+                                extra="restart_hold_seconds = 1\n")
+    copy1 = os.path.join(stage_dir, "m.1")
+    try:
+        start(d, mgr)
+        wait_until(lambda: ready(d, "m"), what="m ready")
+        mgr.wait_for(lambda m: "wc-1-1-i" in m.store and "wc-desc" in m.store,
+                     what="generation 1 stored")
+        before = sync_worker(d, old, "m")
+        assert d.stop() == 0, d.read_log()
+        # The store holds the copy's descriptors: the copy stays.
+        assert entries(stage_dir) == ["m.1"]
+        start(d, mgr, *mgr.listen_fds())
+        wait_until(lambda: ready(d, "m"), what="m restored")
+        log = d.read_log()
+        assert 'model "m": generation 1 restored from the file descriptor store' in log, log
+        assert f'model "m": generation 1 keeps its staged copy {copy1}' in log, log
+        assert "staged from" not in log and "removed" not in log, log
+        fds = model_fds(d.proc.pid)
+        assert fds and all(t.startswith(copy1 + "/") for t in fds), fds
+        assert entries(stage_dir) == ["m.1"]
+        # Workers from before and after the restart read every byte.
+        assert finish(before)["generation"] == 1
+        assert finish(sync_worker(d, src, "m"))["verified"] > 0
+        # The restored generation is replaced: its copy goes when it closes.
+        replace(src, 2, tmp_path)
+        wait_until(lambda: generation(d) == 2, what="generation 2")
+        d.wait_for_log(r'"m": generation 1 closed')
+        wait_until(lambda: entries(stage_dir) == ["m.2"], what="m.1 removed")
+
+        # The source changes while no daemon runs: not restored, staged anew.
+        assert d.stop() == 0, d.read_log()
+        assert entries(stage_dir) == ["m.2"]
+        st = os.stat(src)
+        os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+        start(d, mgr, *mgr.listen_fds())
+        wait_until(lambda: ready(d, "m") and generation(d) == 3, what="generation 3")
+        log = d.read_log()
+        assert "was replaced or changed since it was staged" in log, log
+        assert "removed 1 staged copy left in" in log, log
+        wait_until(lambda: entries(stage_dir) == ["m.3"], what="only m.3")
+    finally:
+        status_code = d.stop()
+        mgr.close()
+    assert status_code == 0, d.read_log()
