@@ -11,7 +11,7 @@ PREFIX      ?= /usr/local
 DESTDIR     ?=
 
 DEPS = cmake make gcc clang libclang-rt-14-dev pkg-config libuv1-dev libinih-dev \
-       libcmocka-dev libjansson-dev python3 python3-pytest python3-numpy \
+       libcmocka-dev libjansson-dev libfuse3-dev fuse3 python3 python3-pytest python3-numpy \
        python3-torch procps systemd util-linux debhelper dh-python dpkg-dev binutils \
        groff-base man-db clang-tidy cppcheck python3-pip python3-venv python3-yaml \
        systemd-container debootstrap strace valgrind

@@ -406,8 +406,12 @@ warm_done(struct warm_job *job, const struct warm_result *res, void *cookie)
 		gen_mark_modified(r, g, "a file");
 	} else if (g->warm.error < 0) {
 		gen_set_state(g, GEN_FAILED, "warming failed");
-		log_errorx("model \"%s\": warming generation %" PRIu64 " failed: %s",
-			g->model_name, g->number, strerror(-g->warm.error));
+		log_errorx("model \"%s\": warming generation %" PRIu64 " failed: %s%s%s%s",
+			g->model_name, g->number, strerror(-g->warm.error),
+			g->fs.remote ? " reading from " : "", g->fs.remote ? g->fs.name : "",
+			g->fs.remote && (g->warm.error == -EIO || g->warm.error == -ESTALE) ?
+				" (the file may have been replaced or removed on another host; "
+				"stage = yes copies models to local disk first)" : "");
 	} else if (g->state == GEN_WARMING) {
 		/* Cancelled (superseded, unloaded, stopping): serves, but was
 		 * not warmed, so no claim is made. */

@@ -116,6 +116,10 @@ struct generation {
 	 * nobody holds it. 0: not waiting. */
 	uint64_t hold_until_ms;
 	struct fs_info fs;          /* the filesystem of its files (the first remote one) */
+	int storage_noted;          /* watch.c said how its updates are seen */
+	int source_replaced;        /* on a remote filesystem, not staged, and its files
+				       were replaced by another host (watch.c): pages
+				       not in memory may be unreadable */
 	/* A staged generation (stage.h) serves local copies: source.files are
 	 * the copies, origin the files they were copied from (path and stat
 	 * when copied), which polling compares with what the paths name now.

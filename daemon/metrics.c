@@ -201,6 +201,24 @@ v_warm_eta(const struct registry *reg, const struct model_entry *m)
 	return eta;
 }
 
+static double
+v_polls(const struct registry *reg, const struct model_entry *m)
+{
+	return (double)m->polls;
+}
+
+static double
+v_poll_seconds(const struct registry *reg, const struct model_entry *m)
+{
+	return m->poll_seconds;
+}
+
+static double
+v_poll_changes(const struct registry *reg, const struct model_entry *m)
+{
+	return (double)m->poll_changes;
+}
+
 static const struct {
 	const char *name;
 	const char *type;
@@ -241,6 +259,13 @@ static const struct {
 	{ "wcached_model_warm_eta_seconds", "gauge",
 		"Estimated seconds until the newest generation is warm (0: not warming; -1: "
 		"no estimate yet).", v_warm_eta },
+	{ "wcached_model_polls_total", "counter",
+		"Polls of the model's paths (a model on a network or FUSE filesystem, or "
+		"watch = poll).", v_polls },
+	{ "wcached_model_poll_seconds_total", "counter",
+		"Time the polls of the model's paths took (stat of each path).", v_poll_seconds },
+	{ "wcached_model_poll_changes_total", "counter",
+		"Changes polling found in the model's files and acted on.", v_poll_changes },
 };
 
 static const char *const model_states[] = {
@@ -459,6 +484,9 @@ write_generation(FILE *f, const struct model_entry *m, const struct generation *
 	fprintf(f, ",\"attached\":%u,\"bytes\":%" PRIu64 ",\"current\":%s,\"pending\":%s",
 		g->attached, g->bytes, m != NULL && m->current == g ? "true" : "false",
 		m != NULL && m->pending == g ? "true" : "false");
+	json_write_field(f, "filesystem", g->fs.name);
+	fprintf(f, ",\"staged\":%s,\"source_replaced\":%s", g->origin != NULL ? "true" : "false",
+		g->source_replaced ? "true" : "false");
 	/* Restored as held before a restart: how long HOLDs may still come. */
 	if (g->hold_until_ms != 0) {
 		uint64_t now = registry_now_ms(g->registry);
@@ -554,8 +582,10 @@ write_model(FILE *f, const struct registry *reg, const struct model_entry *m,
 	json_write_field(f, "filesystem", g != NULL ? g->fs.name : "");
 	fprintf(f, ",\"remote\":%s", g != NULL && g->fs.remote ? "true" : "false");
 	json_write_field(f, "watch", fs_watch_name(m->watch));
-	fprintf(f, ",\"polled\":%s,\"poll_interval_ms\":%u", registry_polls(m) ? "true" : "false",
-		m->poll_interval_ms);
+	fprintf(f, ",\"polled\":%s,\"poll_interval_ms\":%u,\"polls\":%" PRIu64
+		   ",\"poll_seconds\":%.6f,\"poll_changes\":%" PRIu64,
+		registry_polls(m) ? "true" : "false", m->poll_interval_ms, m->polls, m->poll_seconds,
+		m->poll_changes);
 	json_write_field(f, "stage", fs_stage_name(m->stage));
 	fprintf(f, ",\"derive\":%s", m->derive ? "true" : "false");
 	if (t != NULL) {

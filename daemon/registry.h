@@ -79,6 +79,9 @@ struct model_entry {
 	enum fs_watch watch;
 	unsigned poll_interval_ms;
 	enum fs_stage stage;
+	uint64_t polls;             /* polls of its paths done (watch.h) */
+	double poll_seconds;        /* their time, in all */
+	uint64_t poll_changes;      /* changes polling found and acted on */
 	struct model_entry *next;
 };
 

@@ -21,29 +21,12 @@
 
 #include "generation.h"
 #include "log.h"
-#include "watch.h"
+#include "watch_internal.h"
 
 #define WATCH_MASK                                                                            \
 	(IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_CREATE |  \
 		IN_DELETE | IN_ONLYDIR)
 #define NAME_EVENTS (IN_MOVED_TO | IN_MOVED_FROM | IN_CREATE | IN_DELETE | IN_CLOSE_WRITE)
-
-struct watched_dir {
-	int wd;
-	char *path;
-};
-
-struct watch {
-	struct registry *reg;
-	int fd;
-	uv_poll_t poll;
-	uv_timer_t settle;
-	int handles; /* open libuv handles, for freeing */
-	struct watched_dir *dirs;
-	size_t ndirs;
-	char **dirty; /* model names to reload when things settle */
-	size_t ndirty;
-};
 
 /* The directory path is in, malloc'd: "." for a name without one (the
  * current directory, as inotify_add_watch needs it). */
@@ -104,7 +87,6 @@ model_uses_dir(const struct model_entry *m, const char *dir)
 	return yes || strcmp(m->path, dir) == 0;
 }
 
-static void mark_dirty(struct watch *w, const char *name);
 
 /*
  * Does a path of g now name another file than g opened (renamed over, or
@@ -137,7 +119,7 @@ check_paths_once(struct watch *w, struct model_entry *m, struct generation *g)
 	if (paths_replaced(g)) {
 		log_info("model \"%s\": generation %" PRIu64 ": a file was replaced before "
 			 "its directory was watched", m->name, g->number);
-		mark_dirty(w, m->name);
+		watch_mark_dirty(w, m->name);
 	}
 }
 
@@ -176,6 +158,7 @@ watch_sync(struct watch *w)
 		check_paths_once(w, m, m->current);
 		check_paths_once(w, m, m->pending);
 	}
+	watch_poll_sync(w);
 }
 
 static int
@@ -274,8 +257,8 @@ on_settle(uv_timer_t *t)
 	w->ndirty = 0;
 }
 
-static void
-mark_dirty(struct watch *w, const char *name)
+void
+watch_mark_dirty(struct watch *w, const char *name)
 {
 	char **dirty;
 
@@ -301,7 +284,7 @@ handle_event(struct watch *w, const struct inotify_event *ev)
 		/* Events were lost: look at everything. */
 		watch_check_modified(w);
 		for (struct model_entry *m = w->reg->models; m != NULL; m = m->next)
-			mark_dirty(w, m->name);
+			watch_mark_dirty(w, m->name);
 		return;
 	}
 	for (size_t i = 0; i < w->ndirs; i++)
@@ -315,7 +298,7 @@ handle_event(struct watch *w, const struct inotify_event *ev)
 		check_generation(w->reg, m->current);
 		check_generation(w->reg, m->pending);
 		if (ev->mask & NAME_EVENTS)
-			mark_dirty(w, m->name);
+			watch_mark_dirty(w, m->name);
 	}
 	registry_collect(w->reg);
 }
@@ -360,19 +343,20 @@ watch_start(uv_loop_t *loop, struct registry *r, struct watch **out)
 		return error_set(err, "watch: %s", uv_strerror(err));
 	}
 	uv_timer_init(loop, &w->settle);
-	w->poll.data = w->settle.data = w;
-	w->handles = 2;
+	uv_timer_init(loop, &w->poll_timer);
+	w->loop = loop;
+	w->poll.data = w->settle.data = w->poll_timer.data = w;
+	w->handles = 3;
 	uv_poll_start(&w->poll, UV_READABLE, on_readable);
 	*out = w;
 	return 0;
 }
 
-static void
-on_closed(uv_handle_t *h)
+void
+watch_free_if_idle(struct watch *w)
 {
-	struct watch *w = h->data;
-
-	if (--w->handles > 0)
+	/* A poll still on the work queue frees w when it ends. */
+	if (w->handles > 0 || w->jobs > 0)
 		return;
 	close(w->fd);
 	for (size_t i = 0; i < w->ndirs; i++)
@@ -381,7 +365,17 @@ on_closed(uv_handle_t *h)
 	for (size_t i = 0; i < w->ndirty; i++)
 		free(w->dirty[i]);
 	free(w->dirty);
+	watch_poll_free(w);
 	free(w);
+}
+
+static void
+on_closed(uv_handle_t *h)
+{
+	struct watch *w = h->data;
+
+	w->handles--;
+	watch_free_if_idle(w);
 }
 
 void
@@ -389,8 +383,11 @@ watch_stop(struct watch *w)
 {
 	if (w == NULL)
 		return;
+	w->stopping = 1;
 	uv_poll_stop(&w->poll);
 	uv_timer_stop(&w->settle);
+	uv_timer_stop(&w->poll_timer);
 	uv_close((uv_handle_t *)&w->poll, on_closed);
 	uv_close((uv_handle_t *)&w->settle, on_closed);
+	uv_close((uv_handle_t *)&w->poll_timer, on_closed);
 }

@@ -1,0 +1,62 @@
+/*
+ * watch_internal.h: what the watch module's files share: watch.c (inotify
+ * on the models' directories) and watch_poll.c (polling the paths of models
+ * on remote filesystems, where inotify sees nothing another host does).
+ */
+#ifndef WC_WATCH_INTERNAL_H
+#define WC_WATCH_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "watch.h"
+
+struct watched_dir {
+	int wd;
+	char *path;
+};
+
+/* A model whose paths are polled (watch_poll.c). */
+struct polled {
+	char *name;
+	uint64_t entry_id;     /* the model entry it was made for */
+	uint64_t due_ms;       /* next poll, loop time */
+	int busy;              /* a poll of it runs on the work queue */
+	uint64_t generation;   /* the generation the baseline below is of */
+	uint64_t dir_sig;      /* a directory model's own stat then (0: not yet) */
+	uint64_t last_sig;     /* what the previous poll saw, to tell a file still moving */
+	uint64_t acted_sig;    /* what the last reload was asked for */
+};
+
+struct watch {
+	struct registry *reg;
+	uv_loop_t *loop;
+	int fd;
+	uv_poll_t poll;
+	uv_timer_t settle;
+	uv_timer_t poll_timer; /* runs while some model is polled */
+	int handles; /* open libuv handles, for freeing */
+	int stopping;
+	struct watched_dir *dirs;
+	size_t ndirs;
+	char **dirty; /* model names to reload when things settle */
+	size_t ndirty;
+	struct polled *polled;
+	size_t npolled;
+	unsigned jobs; /* poll jobs on the work queue; the watch is freed at 0 */
+};
+
+/* watch.c: reloads the model name after WATCH_SETTLE_MS of quiet. */
+void watch_mark_dirty(struct watch *w, const char *name);
+
+/* watch.c: frees w once watch_stop() closed its handles and no poll job
+ * is left on the work queue. */
+void watch_free_if_idle(struct watch *w);
+
+/* watch_poll.c: keeps the polled list in step with the models (from
+ * watch_sync), and frees it. */
+void watch_poll_sync(struct watch *w);
+void watch_poll_free(struct watch *w);
+
+#endif

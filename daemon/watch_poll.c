@@ -1,0 +1,397 @@
+/*
+ * watch_poll.c: polling the paths of models whose updates inotify cannot
+ * see (watch.h; README, "Models on shared storage").
+ *
+ * inotify reports what this host's kernel does. On a network or FUSE
+ * filesystem another host may replace a model (write a new file, rename it
+ * over the old one) and nothing here hears of it. A model is polled when
+ * its watch is "poll", or "auto" and its current generation is on such a
+ * filesystem (registry_polls): every poll_interval its path and its files'
+ * paths (for a staged generation, the files it was copied from) are
+ * stat'ed on libuv's work queue, never on the loop (a stat of a remote
+ * file can block for as long as the server takes), and compared with what
+ * the generation opened:
+ *  - a path that names another file, or none: the model was replaced; it
+ *    is reloaded, as an inotify event would have it;
+ *  - the same file with another size or mtime: written in place; the
+ *    generation is marked modified (a staged one is reloaded instead: its
+ *    copies are intact);
+ *  - the model's own path (a directory, a shard index) changed since the
+ *    first poll of this generation: reloaded.
+ * A change is acted on only once two polls in a row saw the same stat of
+ * every path, so a file still being written is left alone until it stops
+ * moving, and only once per state of the paths (a reload that failed, a
+ * half-written file say, is not retried until the paths change again).
+ * One poll per model runs at a time.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "generation.h"
+#include "log.h"
+#include "watch_internal.h"
+
+struct poll_job {
+	uv_work_t work;
+	struct watch *w;
+	char *name;
+	uint64_t entry_id;
+	uint64_t generation;
+	size_t npaths;      /* [0] the model's path, then each file's */
+	char **paths;
+	struct stat *st;
+	int *err;           /* 0 or errno of each stat */
+	double seconds;     /* the stats took */
+};
+
+static uint64_t
+mix(uint64_t h, uint64_t v)
+{
+	h ^= v + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+	return h * 0xFF51AFD7ED558CCDull;
+}
+
+/* A digest of what a stat saw: the file's identity, size and mtime. */
+static uint64_t
+stat_sig(int err, const struct stat *st)
+{
+	uint64_t h = mix(1, (uint64_t)err);
+
+	if (err != 0)
+		return h;
+	h = mix(h, (uint64_t)st->st_dev);
+	h = mix(h, (uint64_t)st->st_ino);
+	h = mix(h, (uint64_t)st->st_size);
+	h = mix(h, (uint64_t)st->st_mtim.tv_sec);
+	return mix(h, (uint64_t)st->st_mtim.tv_nsec);
+}
+
+/* The path and the stat at open of g's file i: its origin when staged. */
+static void
+file_of(const struct generation *g, size_t i, const char **path, const struct stat **st)
+{
+	if (g->origin != NULL) {
+		*path = g->origin[i].path;
+		*st = &g->origin[i].st;
+	} else {
+		*path = g->source.files[i].path;
+		*st = &g->source.files[i].st;
+	}
+}
+
+static size_t
+nfiles(const struct generation *g)
+{
+	return g->origin != NULL ? g->norigin : g->source.nfiles;
+}
+
+static void
+job_free(struct poll_job *j)
+{
+	for (size_t i = 0; j->paths != NULL && i < j->npaths; i++)
+		free(j->paths[i]);
+	free(j->paths);
+	free(j->st);
+	free(j->err);
+	free(j->name);
+	free(j);
+}
+
+/* Work queue thread: stat every path. */
+static void
+poll_work(uv_work_t *work)
+{
+	struct poll_job *j = work->data;
+	struct timespec a, b;
+
+	clock_gettime(CLOCK_MONOTONIC, &a);
+	for (size_t i = 0; i < j->npaths; i++)
+		j->err[i] = stat(j->paths[i], &j->st[i]) == 0 ? 0 : errno;
+	clock_gettime(CLOCK_MONOTONIC, &b);
+	j->seconds = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) / 1e9;
+}
+
+static struct polled *
+find_polled(struct watch *w, const char *name, uint64_t entry_id)
+{
+	for (size_t i = 0; i < w->npolled; i++)
+		if (w->polled[i].entry_id == entry_id && strcmp(w->polled[i].name, name) == 0)
+			return &w->polled[i];
+	return NULL;
+}
+
+/* Every generation of m still open on a remote filesystem and not staged
+ * may have lost the file it maps: say so in status. */
+static void
+mark_sources_replaced(struct registry *r, const struct model_entry *m)
+{
+	for (struct generation *g = r->generations; g != NULL; g = g->next)
+		if (g->model == m && g->origin == NULL && g->fs.remote && !g->source_replaced) {
+			g->source_replaced = 1;
+			log_warnx("model \"%s\": generation %" PRIu64 ": its files on %s were "
+				  "replaced by another host and were not staged: pages of them "
+				  "not in memory here may be unreadable (a worker that touches "
+				  "one gets SIGBUS)", g->model_name, g->number, g->fs.name);
+		}
+}
+
+/* Loop thread: what a poll saw, compared with the generation. */
+static void
+judge(struct watch *w, struct polled *p, struct model_entry *m, struct generation *g,
+	const struct poll_job *j)
+{
+	uint64_t sig = 0, path_sig = stat_sig(j->err[0], &j->st[0]);
+	const char *what = NULL;
+	bool replaced = false, in_place = false;
+
+	for (size_t i = 0; i < j->npaths; i++)
+		sig = mix(sig, stat_sig(j->err[i], &j->st[i]));
+	if (p->generation != g->number) {
+		p->generation = g->number;
+		p->dir_sig = path_sig;
+		p->last_sig = 0;
+	}
+	for (size_t i = 1; i < j->npaths; i++) {
+		const char *path;
+		const struct stat *then;
+
+		file_of(g, i - 1, &path, &then);
+		if (j->err[i] != 0 || j->st[i].st_dev != then->st_dev ||
+			j->st[i].st_ino != then->st_ino) {
+			replaced = true;
+			what = path;
+		} else if (j->st[i].st_size != then->st_size ||
+			   j->st[i].st_mtim.tv_sec != then->st_mtim.tv_sec ||
+			   j->st[i].st_mtim.tv_nsec != then->st_mtim.tv_nsec) {
+			in_place = true;
+			if (what == NULL)
+				what = path;
+		}
+	}
+	if (!replaced && !in_place && path_sig == p->dir_sig) {
+		p->last_sig = sig;
+		return;
+	}
+	if (what == NULL)
+		what = m->path;
+	/* Still moving (a file being written): wait until two polls agree. */
+	if (sig != p->last_sig) {
+		if (p->last_sig != 0)
+			log_debug("model \"%s\": %s is still changing; waiting until it is stable",
+				m->name, what);
+		p->last_sig = sig;
+		return;
+	}
+	if (sig == p->acted_sig)
+		return;
+	p->acted_sig = sig;
+	m->poll_changes++;
+	if (in_place && !replaced && g->origin == NULL && path_sig == p->dir_sig) {
+		log_info("model \"%s\": %s was written in place on %s (seen by polling)", m->name,
+			what, g->fs.name);
+		registry_mark_modified(w->reg, g, what);
+		registry_collect(w->reg);
+		return;
+	}
+	log_info("model \"%s\": %s changed on %s (seen by polling)", m->name, what, g->fs.name);
+	if (replaced)
+		mark_sources_replaced(w->reg, m);
+	watch_mark_dirty(w, m->name);
+}
+
+static void arm(struct watch *w);
+
+/* Loop thread: a poll ended. */
+static void
+poll_after(uv_work_t *work, int status)
+{
+	struct poll_job *j = work->data;
+	struct watch *w = j->w;
+	struct polled *p;
+	struct model_entry *m;
+
+	w->jobs--;
+	if (w->stopping) {
+		job_free(j);
+		watch_free_if_idle(w);
+		return;
+	}
+	if ((p = find_polled(w, j->name, j->entry_id)) != NULL)
+		p->busy = 0;
+	m = registry_find(w->reg, j->name);
+	if (m != NULL && m->entry_id == j->entry_id && status == 0) {
+		m->polls++;
+		m->poll_seconds += j->seconds;
+	}
+	if (p != NULL && status == 0 && m != NULL && m->entry_id == j->entry_id &&
+		m->current != NULL && m->current->number == j->generation && m->pending == NULL &&
+		m->loading == 0)
+		judge(w, p, m, m->current, j);
+	job_free(j);
+	arm(w);
+}
+
+/* Queues a poll of m's paths; 0 or -errno. */
+static int
+start_poll(struct watch *w, struct polled *p, const struct model_entry *m)
+{
+	const struct generation *g = m->current;
+	struct poll_job *j = calloc(1, sizeof(*j));
+	size_t n = 1 + nfiles(g);
+	int r;
+
+	if (j == NULL || (j->name = strdup(m->name)) == NULL ||
+		(j->paths = calloc(n, sizeof(*j->paths))) == NULL ||
+		(j->st = calloc(n, sizeof(*j->st))) == NULL ||
+		(j->err = calloc(n, sizeof(*j->err))) == NULL) {
+		if (j != NULL)
+			job_free(j);
+		return -ENOMEM;
+	}
+	j->npaths = n;
+	if ((j->paths[0] = strdup(m->path)) == NULL) {
+		job_free(j);
+		return -ENOMEM;
+	}
+	for (size_t i = 1; i < n; i++) {
+		const char *path;
+		const struct stat *st;
+
+		file_of(g, i - 1, &path, &st);
+		if ((j->paths[i] = strdup(path)) == NULL) {
+			job_free(j);
+			return -ENOMEM;
+		}
+	}
+	j->w = w;
+	j->entry_id = m->entry_id;
+	j->generation = g->number;
+	j->work.data = j;
+	if ((r = uv_queue_work(w->loop, &j->work, poll_work, poll_after)) < 0) {
+		job_free(j);
+		return r;
+	}
+	w->jobs++;
+	p->busy = 1;
+	return 0;
+}
+
+static void
+on_poll_timer(uv_timer_t *t)
+{
+	struct watch *w = t->data;
+	uint64_t now = uv_now(w->loop);
+
+	for (size_t i = 0; i < w->npolled; i++) {
+		struct polled *p = &w->polled[i];
+		struct model_entry *m = registry_find(w->reg, p->name);
+		int r;
+
+		if (p->busy || now < p->due_ms || m == NULL || m->current == NULL)
+			continue;
+		p->due_ms = now + m->poll_interval_ms;
+		/* A load running now reads the paths itself. */
+		if (m->pending != NULL || m->loading > 0)
+			continue;
+		if ((r = start_poll(w, p, m)) < 0)
+			log_warnx("model \"%s\": cannot poll its files: %s", m->name, strerror(-r));
+	}
+	arm(w);
+}
+
+/* Runs the timer until the next poll that is due, if any. */
+static void
+arm(struct watch *w)
+{
+	uint64_t now = uv_now(w->loop), next = UINT64_MAX;
+
+	if (w->stopping)
+		return;
+	for (size_t i = 0; i < w->npolled; i++)
+		if (!w->polled[i].busy && w->polled[i].due_ms < next)
+			next = w->polled[i].due_ms;
+	if (next == UINT64_MAX) {
+		uv_timer_stop(&w->poll_timer);
+		return;
+	}
+	uv_timer_start(&w->poll_timer, on_poll_timer, next > now ? next - now : 0, 0);
+}
+
+/* Says once per generation how its updates are seen, when that is not
+ * inotify alone on a local filesystem. */
+static void
+note_storage(struct model_entry *m, struct generation *g, int polls)
+{
+	if (g == NULL || g->storage_noted)
+		return;
+	g->storage_noted = 1;
+	if (polls && g->fs.remote)
+		log_info("model \"%s\": generation %" PRIu64 " is on %s, a network or FUSE "
+			 "filesystem: changes made on other hosts are seen by polling its paths "
+			 "every %u.%03u s", m->name, g->number, g->fs.name, m->poll_interval_ms / 1000,
+			m->poll_interval_ms % 1000);
+	else if (polls)
+		log_info("model \"%s\": polling its paths every %u.%03u s (watch = poll)", m->name,
+			m->poll_interval_ms / 1000, m->poll_interval_ms % 1000);
+	else if (g->fs.remote)
+		log_warnx("model \"%s\": generation %" PRIu64 " is on %s, a network or FUSE "
+			  "filesystem, and watch = inotify: changes made on other hosts are not "
+			  "seen (use watch = auto, or reload it by hand)", m->name, g->number,
+			g->fs.name);
+}
+
+void
+watch_poll_sync(struct watch *w)
+{
+	size_t kept = 0;
+	uint64_t now = uv_now(w->loop);
+
+	/* Drop the models no longer polled (a poll still running finds
+	 * nothing when it ends). */
+	for (size_t i = 0; i < w->npolled; i++) {
+		struct polled *p = &w->polled[i];
+		struct model_entry *m = registry_find(w->reg, p->name);
+
+		if (m != NULL && m->entry_id == p->entry_id && strcmp(m->name, p->name) == 0 &&
+			registry_polls(m)) {
+			w->polled[kept++] = *p;
+			continue;
+		}
+		free(p->name);
+	}
+	w->npolled = kept;
+	for (struct model_entry *m = w->reg->models; m != NULL; m = m->next) {
+		struct polled *p, *grown;
+		int polls = registry_polls(m);
+
+		note_storage(m, m->current, polls);
+		if (!polls || find_polled(w, m->name, m->entry_id) != NULL)
+			continue;
+		if ((grown = realloc(w->polled, (w->npolled + 1) * sizeof(*grown))) == NULL)
+			continue;
+		w->polled = grown;
+		p = &w->polled[w->npolled];
+		memset(p, 0, sizeof(*p));
+		if ((p->name = strdup(m->name)) == NULL)
+			continue;
+		p->entry_id = m->entry_id;
+		p->due_ms = now + m->poll_interval_ms;
+		w->npolled++;
+	}
+	arm(w);
+}
+
+void
+watch_poll_free(struct watch *w)
+{
+	for (size_t i = 0; i < w->npolled; i++)
+		free(w->polled[i].name);
+	free(w->polled);
+	w->polled = NULL;
+	w->npolled = 0;
+}
