@@ -88,12 +88,13 @@ io_error(int err, const char *what, const char *path)
 	const char *name = stage_errno_name(err);
 
 	if (err == -ESTALE || err == -EIO)
-		return error_set(err, "%s %s failed: %s (%s): the file may have been replaced "
-				      "or removed on another host, or the server failed", what,
-			path, name, strerror(-err));
+		return error_set(err, "cannot stage it: %s %s failed: %s (%s): the file may have "
+				      "been replaced or removed on another host, or its server failed",
+			what, path, name, strerror(-err));
 	if (name != NULL)
-		return error_set(err, "%s %s failed: %s (%s)", what, path, name, strerror(-err));
-	return error_set(err, "%s %s failed: %s", what, path, strerror(-err));
+		return error_set(err, "cannot stage it: %s %s failed: %s (%s)", what, path, name,
+			strerror(-err));
+	return error_set(err, "cannot stage it: %s %s failed: %s", what, path, strerror(-err));
 }
 
 static double
@@ -202,7 +203,7 @@ copy_fd(const struct stage_request *req, const struct stage_file *f, int out,
 			 * read's (EIO, ESTALE). */
 			return io_error(-errno, "reading", f->src);
 		if (n == 0)
-			return error_set(-ENODATA, "%s changed during the copy: it ended at %jd "
+			return error_set(-ENODATA, "cannot stage it: %s changed during the copy: it ended at %jd "
 				"bytes, not %" PRIu64 "; replace model files with rename(2), "
 				"never in place", f->src, (intmax_t)off, size);
 		/* The copy's pages serve; the source's need not stay. */
@@ -228,16 +229,16 @@ check_unchanged(const struct stage_file *f)
 	if (fstat(f->in, &now) == -1)
 		return io_error(-errno, "checking", f->src);
 	if (now.st_size != f->st.st_size)
-		return error_set(-ESTALE, "%s changed during the copy (%jd bytes, then %jd); "
+		return error_set(-ESTALE, "cannot stage it: %s changed during the copy (%jd bytes, then %jd); "
 			"replace model files with rename(2), never in place", f->src,
 			(intmax_t)f->st.st_size, (intmax_t)now.st_size);
 	if (!same_mtime(&now, &f->st))
-		return error_set(-ESTALE, "%s changed during the copy (its mtime moved); "
+		return error_set(-ESTALE, "cannot stage it: %s changed during the copy (its mtime moved); "
 			"replace model files with rename(2), never in place", f->src);
 	if (stat(f->src, &now) == -1)
-		return error_set(-ESTALE, "%s was removed during the copy", f->src);
+		return error_set(-ESTALE, "cannot stage it: %s was removed during the copy", f->src);
 	if (now.st_dev != f->st.st_dev || now.st_ino != f->st.st_ino)
-		return error_set(-ESTALE, "%s was replaced during the copy; the new file is "
+		return error_set(-ESTALE, "cannot stage it: %s was replaced during the copy; the new file is "
 			"staged by the next load", f->src);
 	return 0;
 }

@@ -317,3 +317,152 @@ def test_warm_restart_keeps_the_staged_copies_it_restores(tmp_path):
         status_code = d.stop()
         mgr.close()
     assert status_code == 0, d.read_log()
+
+
+# ---- on a FUSE filesystem that behaves like NFS (tests/tools/remotefs.c) ----
+
+def remotefs():
+    import sys
+    sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
+    import remotefs as rfs
+    reason = rfs.skip_reason()
+    if reason:
+        pytest.skip(reason)
+    return rfs
+
+
+def model_status(d, name="m"):
+    r = subprocess.run([binary("wcachectl"), "--control", d.control, "status", "--json"],
+                       capture_output=True, text=True, timeout=60)
+    return {m["name"]: m for m in json.loads(r.stdout)["models"]}[name]
+
+
+def test_remote_model_is_staged_and_old_generations_survive_a_remote_replacement(tmp_path):
+    rfs = remotefs()
+    with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt") as fs:
+        mkmodel(fs.backing_path("m.safetensors"), seed=1, **LAYERS)
+        old = str(shutil.copy(fs.backing_path("m.safetensors"), tmp_path / "old.safetensors"))
+        src = fs.path("m.safetensors")
+        d, stage_dir = stage_daemon(tmp_path, {"m": (src, {"poll_interval": "0.2"})})
+        d.start()
+        try:
+            _, line = d.wait_for_log(r'"m": generation 1 staged from fuse to ')
+            copy1 = os.path.join(stage_dir, "m.1")
+            assert f"to {copy1} (" in line, line
+            fds = model_fds(d.proc.pid)
+            assert fds and all(t.startswith(copy1 + "/") for t in fds), fds
+            st = model_status(d)
+            assert st["stage"] == "auto" and st["filesystem"] == "fuse" and st["remote"]
+            assert st["generations"][0]["staged"] is True
+            w = worker(d, "--sync", "--verify", old, "--hold", "m")
+            assert "attached_us" in read_json_line(w)
+            # Another host replaces the model: polling sees it; staged anew.
+            fs.replace("m.safetensors", open(mkmodel(tmp_path / "new.safetensors", seed=2,
+                                                     **LAYERS), "rb").read())
+            wait_until(lambda: generation(d) == 2, what="generation 2", timeout=30)
+            d.wait_for_log(r'"m": generation 2 staged from fuse to ' +
+                           re.escape(os.path.join(stage_dir, "m.2")))
+            # The mount drops every page of the freed file, mapped or not: a
+            # worker mapping it would get SIGBUS. Ours maps the local copy.
+            fs.drop_stale()
+            fs.drop_all()
+            w.stdin.write("go\n")
+            w.stdin.flush()
+            out = read_json_line(w)
+            assert out["generation"] == 1 and out["verified"] == out["bytes"] > 0
+            w.stdin.write("done\n")
+            w.stdin.close()
+            assert w.wait(timeout=60) == 0, w.stderr.read()
+            wait_until(lambda: entries(stage_dir) == ["m.2"], what="m.1 removed")
+            r = subprocess.run([binary("demo_worker"), "--socket", d.socket, "--verify",
+                                str(tmp_path / "new.safetensors"), "m"],
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0 and json.loads(r.stdout)["generation"] == 2, r.stderr
+            # Nothing of what serves was lost with the replaced file.
+            gens = model_status(d)["generations"]
+            assert [g["staged"] and not g["source_replaced"] for g in gens] == [True], gens
+        finally:
+            assert d.stop() == 0, d.read_log()
+
+
+def test_remote_model_with_stage_no_warns_and_old_generations_can_sigbus(tmp_path):
+    """What stage = no means (documented in README, "Models on shared
+    storage"): one warning at load; after a replacement on another host, a
+    worker still mapping the old generation gets SIGBUS once the mount drops
+    its pages; wcached itself survives and serves the new generation."""
+    rfs = remotefs()
+    with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt") as fs:
+        mkmodel(fs.backing_path("m.safetensors"), seed=1, **LAYERS)
+        old = str(shutil.copy(fs.backing_path("m.safetensors"), tmp_path / "old.safetensors"))
+        src = fs.path("m.safetensors")
+        d, stage_dir = stage_daemon(tmp_path, {"m": (src, {"stage": "no",
+                                                           "poll_interval": "0.2"})})
+        d.start()
+        try:
+            _, line = d.wait_for_log(r'"m": generation 1 served from fuse without staging')
+            assert "SIGBUS" in line, line
+            assert entries(stage_dir) == []
+            assert src in model_fds(d.proc.pid)
+            w = worker(d, "--sync", "--verify", old, "m")
+            assert "attached_us" in read_json_line(w)
+            fs.replace("m.safetensors", open(mkmodel(tmp_path / "new.safetensors", seed=2,
+                                                     **LAYERS), "rb").read())
+            wait_until(lambda: generation(d) == 2, what="generation 2", timeout=30)
+            fs.drop_stale()
+            w.stdin.write("go\n")
+            w.stdin.close()
+            assert w.wait(timeout=60) == -signal.SIGBUS, (w.returncode, w.stderr.read())
+            assert d.proc.poll() is None
+            problems_now = problems(d)
+            assert len([p for p in problems_now if "without staging" in p]) == 2  # gen 1, gen 2
+        finally:
+            assert d.stop() == 0, d.read_log()
+
+
+def write_safetensors(path, tensors):
+    """A safetensors file of U8 tensors: {name: bytes}."""
+    header, off = {}, 0
+    for name, data in tensors.items():
+        header[name] = {"dtype": "U8", "shape": [len(data)], "data_offsets": [off, off + len(data)]}
+        off += len(data)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text)
+        for data in tensors.values():
+            f.write(data)
+
+
+def test_remote_read_error_during_staging_fails_the_generation_with_one_line(tmp_path):
+    """Another host removes a shard while wcached copies the one before
+    it: the read of the removed (stale) file fails with EIO, and the
+    generation fails with one line naming it. Nothing is left in stage_dir."""
+    rfs = remotefs()
+    with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt") as fs:
+        write_safetensors(fs.backing_path("s-1.safetensors"), {"a": os.urandom(96 << 20)})
+        write_safetensors(fs.backing_path("s-2.safetensors"), {"b": os.urandom(4 << 20)})
+        with open(fs.backing_path("m.safetensors.index.json"), "w") as f:
+            json.dump({"weight_map": {"a": "s-1.safetensors", "b": "s-2.safetensors"}}, f)
+        d, stage_dir = stage_daemon(tmp_path, {"m": (fs.path(), {"stage": "yes",
+                                                                 "poll_interval": "60"})})
+        # Start without waiting to listen: the copy begins during start-up.
+        d.logf = open(d.log, "w")
+        cmd = [binary("wcached"), "-c", d.conf]
+        if d.user is not None:
+            from conftest import as_user
+            cmd = as_user(*d.user) + cmd
+        d.proc = subprocess.Popen(cmd, stderr=d.logf)
+        try:
+            wait_until(lambda: any(n.startswith(".m.tmp-") for n in entries(stage_dir)),
+                       what="the copy to start", interval=0.001)
+            fs.remove("s-2.safetensors")
+            _, line = d.wait_for_log(r'model "m": cannot stage it')
+            if "s-2.safetensors" not in line:
+                pytest.skip(f"the copy outran the removal: {line}")
+            assert "EIO" in line and "on another host" in line and "not served" in line, line
+            d.wait_listening()
+            assert generation(d) is None
+            assert len([p for p in problems(d) if '"m"' in p]) == 1, problems(d)
+            assert entries(stage_dir) == []
+        finally:
+            assert d.stop() == 0, d.read_log()
