@@ -112,15 +112,36 @@ gen_is_live(const struct generation *g)
 	return g->model != NULL && (g->model->current == g || g->model->pending == g);
 }
 
+void
+gen_source_fs(const struct model_source *src, struct fs_info *out)
+{
+	memset(out, 0, sizeof(*out));
+	for (size_t i = 0; i < src->nfiles; i++) {
+		struct fs_info fs;
+
+		if (fstype_of_fd(src->files[i].fd, &fs) == 0 && (i == 0 || fs.remote) &&
+			!out->remote)
+			*out = fs;
+	}
+	if (src->nfiles == 0)
+		fstype_classify(0, out);
+}
+
+void
+gen_free_origin(struct gen_origin *origin, size_t n)
+{
+	for (size_t i = 0; origin != NULL && i < n; i++)
+		free(origin[i].path);
+	free(origin);
+}
+
 /* Frees g's origin and removes its staged copy (stage.h), on the work
  * queue; at shutdown a copy whose files the manager's store keeps for the
  * next process stays (it removes it when that generation closes). */
 static void
 gen_free_staged(struct registry *r, struct generation *g)
 {
-	for (size_t i = 0; i < g->norigin; i++)
-		free(g->origin[i].path);
-	free(g->origin);
+	gen_free_origin(g->origin, g->norigin);
 	g->origin = NULL;
 	g->norigin = 0;
 	if (g->staged.dir != NULL && r->closing && r->fdstore && g->stored_slot != 0)
@@ -245,17 +266,9 @@ gen_new(struct registry *r, const char *model_name, uint64_t number, struct mode
 	g->index_fd = index_fd;
 	g->index = index;
 	g->index_size = index_size;
-	for (size_t i = 0; i < g->source.nfiles; i++) {
-		struct fs_info fs;
-
+	for (size_t i = 0; i < g->source.nfiles; i++)
 		g->bytes += g->source.files[i].size;
-		/* The filesystem status shows: the first remote one if any. */
-		if (fstype_of_fd(g->source.files[i].fd, &fs) == 0 && (i == 0 || fs.remote) &&
-			!g->fs.remote)
-			g->fs = fs;
-	}
-	if (g->source.nfiles == 0)
-		fstype_classify(0, &g->fs);
+	gen_source_fs(&g->source, &g->fs);
 	g->number = number;
 	return g;
 }

@@ -295,6 +295,14 @@ void gen_residency_checked(struct registry *r, struct generation *g, uint64_t re
  */
 int gen_open_served(const struct model_source *src, int **out);
 
+/* The filesystem of src's files that status shows and staging decides on:
+ * the first remote one if any, else the first file's ("unknown" when
+ * statfs fails; 0x0 for no file). */
+void gen_source_fs(const struct model_source *src, struct fs_info *out);
+
+/* Frees n origins (a staged generation's, or one being made); safe on NULL. */
+void gen_free_origin(struct gen_origin *origin, size_t n);
+
 /* Closes and frees what gen_open_served() opened; safe on NULL. */
 void gen_close_served(int *fds, size_t n);
 

@@ -105,15 +105,7 @@ load_work(uv_work_t *w)
 		snprintf(q->message, sizeof(q->message), "%s", error_get());
 		return;
 	}
-	for (size_t i = 0; i < q->source.nfiles; i++) {
-		struct fs_info fs;
-
-		if (fstype_of_fd(q->source.files[i].fd, &fs) == 0 && (i == 0 || fs.remote) &&
-			!q->fs.remote)
-			q->fs = fs;
-	}
-	if (q->source.nfiles == 0)
-		fstype_classify(0, &q->fs);
+	gen_source_fs(&q->source, &q->fs);
 }
 
 /* Drops what q opened of the model it loaded: its files, served
@@ -187,9 +179,7 @@ load_request_free(struct load_request *q)
 		q->stage.dir = NULL;
 	}
 	stage_request_clear(&q->stage);
-	for (size_t i = 0; i < q->norigin; i++)
-		free(q->origin[i].path);
-	free(q->origin);
+	gen_free_origin(q->origin, q->norigin);
 	free(q->stage_dir);
 	free(q->name);
 	free(q->path);

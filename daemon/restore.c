@@ -410,15 +410,6 @@ take_file(struct restore *s, const char *stage_dir, const char *dir,
 	return 0;
 }
 
-/* Frees the origins take_file() noted (n of them). */
-static void
-free_origin(struct gen_origin *o, size_t n)
-{
-	for (size_t i = 0; o != NULL && i < n; i++)
-		free(o[i].path);
-	free(o);
-}
-
 /*
  * A restored generation k whose files are staged copies (origin[0] noted):
  * it keeps serving them, knows where they came from (for polling and the
@@ -433,7 +424,7 @@ adopt_staged(struct registry *r, struct generation *k, struct gen_origin *origin
 
 	if (n == 0 || origin[0].path == NULL ||
 		stage_dir_of(r->stage_dir, k->source.files[0].path, &dir) <= 0) {
-		free_origin(origin, n);
+		gen_free_origin(origin, n);
 		return;
 	}
 	k->origin = origin;
@@ -503,7 +494,7 @@ adopt(struct restore *s, struct registry *r, const struct fdstore_model *m,
 		adopt_staged(r, k, origin, g->nfiles);
 		origin = NULL;
 	}
-	free_origin(origin, g->nfiles);
+	gen_free_origin(origin, g->nfiles);
 	/* On failure the files taken are closed here, not by close_untaken():
 	 * ask the manager to drop them too. */
 	for (size_t k = 0; err < 0 && k < src.nfiles; k++)
