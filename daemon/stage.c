@@ -85,8 +85,11 @@ human(uint64_t n, char *buf, size_t len)
 static int
 io_error(int err, const char *what, const char *path)
 {
-	const char *name = stage_errno_name(err);
+	const char *name;
 
+	if (err >= 0)
+		err = -EIO; /* an errno of 0: never, but a failure all the same */
+	name = stage_errno_name(err);
 	if (err == -ESTALE || err == -EIO)
 		return error_set(err, "cannot stage it: %s %s failed: %s (%s): the file may have "
 				      "been replaced or removed on another host, or its server failed",
@@ -326,7 +329,7 @@ plan_files(const struct stage_request *req, struct stage_file **out, size_t *n)
 		free(fs);
 		return err;
 	}
-	if (err == 1) {
+	if (index != NULL) {
 		struct stage_file *f = &fs[(*n)++];
 
 		f->src = index;
@@ -425,8 +428,8 @@ stage_copy(struct stage_request *req)
 	size_t n = 0;
 	int dfd = -1, err, made = 0;
 
-	if ((err = plan_files(req, &fs, &n)) < 0)
-		return err;
+	if ((err = plan_files(req, &fs, &n)) < 0 || fs == NULL)
+		return err < 0 ? err : -ENOMEM;
 	for (size_t i = 0; i < n; i++)
 		bytes += (uint64_t)fs[i].st.st_size;
 	req->bytes = bytes;
@@ -451,9 +454,9 @@ stage_copy(struct stage_request *req)
 		err = copy_file(req, &fs[i], dfd, &how, &buf, &disk);
 	for (size_t i = 0; i < n && err == 0; i++)
 		err = check_unchanged(&fs[i]);
-	if (err == 0)
-		err = publish(req, tmp, &dir);
-	if (err == 0) {
+	if (err == 0 && (err = publish(req, tmp, &dir)) == 0 && dir == NULL)
+		err = -ENOMEM;
+	if (err == 0 && dir != NULL) {
 		struct stat st;
 
 		/* A directory model is the directory; else the configured file. */
