@@ -184,23 +184,6 @@ assert_same_file(const char *dir, const char *name, const struct wc_file *src)
 	free(path);
 }
 
-/* Entries of dir, not counting . and .. (-1 when it does not exist). */
-static int
-count_entries(const char *dir)
-{
-	DIR *d = opendir(dir);
-	struct dirent *e;
-	int n = 0;
-
-	if (d == NULL)
-		return -1;
-	while ((e = readdir(d)) != NULL)
-		if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
-			n++;
-	closedir(d);
-	return n;
-}
-
 /* The name of stage_dir's one entry starting with prefix, or NULL. */
 static char *
 entry_starting(const char *dir, const char *prefix)
@@ -244,7 +227,7 @@ test_copy_single(void **state)
 	assert_true(f->req.disk_bytes >= 20 * MiB);
 	assert_true(f->req.seconds >= 0);
 	assert_true(copy_calls >= 3); /* 8 MiB requests */
-	assert_int_equal(count_entries(f->stage_dir), 1);
+	assert_int_equal(tu_count_entries(f->stage_dir), 1);
 	free(model);
 }
 
@@ -266,7 +249,7 @@ test_copy_sharded_directory(void **state)
 	make_request(f, f->src);
 	assert_int_equal(stage_copy(&f->req), 0);
 	assert_string_equal(f->req.path, f->req.dir);
-	assert_int_equal(count_entries(f->req.dir), 3);
+	assert_int_equal(tu_count_entries(f->req.dir), 3);
 	assert_same_file(f->req.dir, "s-1.safetensors", &f->files[0]);
 	assert_same_file(f->req.dir, "s-2.safetensors", &f->files[1]);
 	assert_int_equal(file_open(ipath, &ic), 0);
@@ -280,7 +263,7 @@ test_copy_sharded_directory(void **state)
 	assert_int_equal(stage_copy(&f->req), 0);
 	assert_string_not_equal(f->req.dir, first);
 	assert_non_null(strstr(f->req.dir, "m.3-2"));
-	assert_int_equal(count_entries(f->stage_dir), 2);
+	assert_int_equal(tu_count_entries(f->stage_dir), 2);
 	free(first);
 	free(ipath);
 }
@@ -299,7 +282,7 @@ test_copy_shard_index_path(void **state)
 	assert_int_equal(stage_copy(&f->req), 0);
 	want = path_join(f->req.dir, "x.safetensors.index.json");
 	assert_string_equal(f->req.path, want);
-	assert_int_equal(count_entries(f->req.dir), 2);
+	assert_int_equal(tu_count_entries(f->req.dir), 2);
 	free(want);
 	free(ipath);
 }
@@ -336,7 +319,7 @@ test_temporary_name_until_complete(void **state)
 	assert_int_equal(stage_copy(&f->req), 0);
 	assert_false(seen_final);
 	assert_true(seen_tmp);
-	assert_int_equal(count_entries(f->stage_dir), 1); /* the temporary is gone */
+	assert_int_equal(tu_count_entries(f->stage_dir), 1); /* the temporary is gone */
 	free(model);
 }
 
@@ -373,7 +356,7 @@ test_changed_during_copy(void **state)
 	assert_non_null(strstr(error_get(), "model.safetensors changed during the copy"));
 	assert_non_null(strstr(error_get(), "rename(2)"));
 	assert_null(f->req.dir);
-	assert_int_equal(count_entries(f->stage_dir), 0);
+	assert_int_equal(tu_count_entries(f->stage_dir), 0);
 	free(model);
 }
 
@@ -403,7 +386,7 @@ test_mtime_changed_during_copy(void **state)
 	copy_hook = touch_during_copy;
 	assert_int_equal(stage_copy(&f->req), -ESTALE);
 	assert_non_null(strstr(error_get(), "its mtime moved"));
-	assert_int_equal(count_entries(f->stage_dir), 0);
+	assert_int_equal(tu_count_entries(f->stage_dir), 0);
 	free(model);
 }
 
@@ -435,7 +418,7 @@ test_replaced_during_copy(void **state)
 	copy_hook = replace_during_copy;
 	assert_int_equal(stage_copy(&f->req), -ESTALE);
 	assert_non_null(strstr(error_get(), "was replaced during the copy"));
-	assert_int_equal(count_entries(f->stage_dir), 0);
+	assert_int_equal(tu_count_entries(f->stage_dir), 0);
 	free(model);
 }
 
@@ -464,7 +447,7 @@ test_truncated_during_copy(void **state)
 	copy_hook = truncate_during_copy;
 	assert_true(stage_copy(&f->req) < 0);
 	assert_non_null(strstr(error_get(), "changed during the copy"));
-	assert_int_equal(count_entries(f->stage_dir), 0);
+	assert_int_equal(tu_count_entries(f->stage_dir), 0);
 	free(model);
 }
 
@@ -497,7 +480,7 @@ test_read_errors(void **state)
 		assert_non_null(strstr(error_get(), i == 0 ? "EIO" : "ESTALE"));
 		assert_non_null(strstr(error_get(), "reading"));
 		assert_non_null(strstr(error_get(), model));
-		assert_int_equal(count_entries(f->stage_dir), 0);
+		assert_int_equal(tu_count_entries(f->stage_dir), 0);
 	}
 	free(model);
 }
@@ -519,7 +502,7 @@ test_no_space(void **state)
 	assert_non_null(strstr(error_get(), "66 MiB needed"));
 	assert_non_null(strstr(error_get(), "50 MiB free"));
 	assert_int_equal(copy_calls, 0);
-	assert_int_equal(count_entries(f->stage_dir), 0);
+	assert_int_equal(tu_count_entries(f->stage_dir), 0);
 	free(model);
 }
 
@@ -538,7 +521,7 @@ test_no_space_during_copy(void **state)
 	copy_hook = fail_second;
 	assert_int_equal(stage_copy(&f->req), -ENOSPC);
 	assert_non_null(strstr(error_get(), "no space left"));
-	assert_int_equal(count_entries(f->stage_dir), 0);
+	assert_int_equal(tu_count_entries(f->stage_dir), 0);
 	free(model);
 }
 
@@ -608,7 +591,7 @@ test_cancel(void **state)
 	make_request(f, model);
 	f->cancel = 1;
 	assert_int_equal(stage_copy(&f->req), -ECANCELED);
-	assert_int_equal(count_entries(f->stage_dir), 0);
+	assert_int_equal(tu_count_entries(f->stage_dir), 0);
 	free(model);
 }
 
@@ -651,10 +634,10 @@ test_remove_and_sweep(void **state)
 	keep[0] = path_join(f->stage_dir, "kept.7");
 	assert_int_equal(stage_sweep(f->stage_dir, keep, 1, &removed), 0);
 	assert_int_equal(removed, 3);
-	assert_int_equal(count_entries(f->stage_dir), 6); /* kept.7, 3 others, own, b.5 */
-	assert_int_equal(count_entries(keep[0]), 1);
+	assert_int_equal(tu_count_entries(f->stage_dir), 6); /* kept.7, 3 others, own, b.5 */
+	assert_int_equal(tu_count_entries(keep[0]), 1);
 	assert_int_equal(stage_remove(keep[0]), 0);
-	assert_int_equal(count_entries(keep[0]), -1);
+	assert_int_equal(tu_count_entries(keep[0]), -1);
 	assert_int_equal(stage_remove(keep[0]), 0);
 	free(keep[0]);
 	free(plain);
