@@ -49,7 +49,7 @@ def run(b, tmp, path, stage):
             line = d.wait_for_log(r'generation \d+ staged from ', 600)[1]
             m = re.search(r"staged from (\S+) to (\S+) \(.* in ([0-9.]+) s, (\d+) MB/s\)", line)
             out["from"], copy = m.group(1), m.group(2)
-            out["stage_s"] = float(m.group(3))
+            out["stage_rate"] = int(m.group(4)) * 1e6  # exact; the seconds are rounded
             disk = 0
             for name in os.listdir(copy):
                 disk += os.stat(os.path.join(copy, name)).st_blocks * 512
@@ -76,7 +76,7 @@ def part(b, label, path, size, runs, evict, tmp):
             if mode == "no":
                 warm.append(size / r["warm_s"])
             else:
-                stage.append(size / r["stage_s"])
+                stage.append(r["stage_rate"])
                 stage_warm.append(size / r["warm_s"])
                 disk.append(r["disk"])
     print(f"  {label}: {path} ({fs_type(path)}), {size / 1e9:.2f} GB, {runs} runs each")
