@@ -14,7 +14,8 @@ DEPS = cmake make gcc clang libclang-rt-14-dev pkg-config libuv1-dev libinih-dev
        libcmocka-dev libjansson-dev libfuse3-dev fuse3 python3 python3-pytest python3-numpy \
        python3-torch procps systemd util-linux debhelper dh-python dpkg-dev binutils \
        groff-base man-db clang-tidy cppcheck python3-pip python3-venv python3-yaml \
-       systemd-container debootstrap strace valgrind
+       systemd-container debootstrap strace valgrind podman runc catatonit uidmap \
+       slirp4netns fuse-overlayfs
 
 .PHONY: all deps build layers test test-asan test-release test-system lint fuzz bench demo install deb clean
 
@@ -96,10 +97,16 @@ deb: deps
 
 # The packaged service under a real systemd: tests/system/run.py boots a
 # Debian 12 root (debootstrapped once into $(BUILD)/system) with
-# systemd-nspawn and checks the .deb files there. Needs root; skips, saying
-# why on one line, where no container can boot.
+# systemd-nspawn and checks the .deb files there. Then tests/system/kube.py
+# builds the images of deploy/ (from a root debootstrapped once into
+# $(BUILD)/kube) and runs the manifests of deploy/k8s with podman and runc.
+# Both need root and skip, saying why on one line, where no container can
+# run; both always run, and the target fails if either failed.
 test-system: deb
-	/usr/bin/python3 tests/system/run.py --build $(BUILD) --debs $(BUILD)/deb
+	rc=0; \
+	/usr/bin/python3 tests/system/run.py --build $(BUILD) --debs $(BUILD)/deb || rc=1; \
+	/usr/bin/python3 tests/system/kube.py --build $(BUILD) --debs $(BUILD)/deb || rc=1; \
+	exit $$rc
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(BUILD)-release-gcc $(BUILD)-release-clang

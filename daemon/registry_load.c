@@ -189,9 +189,12 @@ load_request_free(struct load_request *q)
 /*
  * Same files (the same inodes) as generation g? A reload serves new inodes
  * only: files are replaced by rename(2), and an inode written in place is
- * the modified generation's, not a new one. A staged generation compares
- * its origin, and also its size and mtime: its copy is not hurt by a write
- * in place, so a source written since it was copied is staged again.
+ * the modified generation's, not a new one. On a remote filesystem an inode
+ * number says less: another host's server may give a freed number to the
+ * file that replaced it, so there the size and mtime must match too. A
+ * staged generation compares its origin, size and mtime included: its copy
+ * is not hurt by a write in place, so a source written since it was copied
+ * is staged again.
  */
 static int
 same_inodes(const struct generation *g, const struct model_source *s)
@@ -205,9 +208,9 @@ same_inodes(const struct generation *g, const struct model_source *s)
 
 		if (a->st_dev != b->st_dev || a->st_ino != b->st_ino)
 			return 0;
-		if (g->origin != NULL && (a->st_size != b->st_size ||
-						 a->st_mtim.tv_sec != b->st_mtim.tv_sec ||
-						 a->st_mtim.tv_nsec != b->st_mtim.tv_nsec))
+		if ((g->origin != NULL || g->fs.remote) &&
+			(a->st_size != b->st_size || a->st_mtim.tv_sec != b->st_mtim.tv_sec ||
+				a->st_mtim.tv_nsec != b->st_mtim.tv_nsec))
 			return 0;
 	}
 	return 1;

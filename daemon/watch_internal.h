@@ -27,6 +27,7 @@ struct polled {
 	uint64_t dir_sig;      /* a directory model's own stat then (0: not yet) */
 	uint64_t last_sig;     /* what the previous poll saw, to tell a file still moving */
 	uint64_t acted_sig;    /* what the last reload was asked for */
+	int changing;          /* the last poll saw a change not yet acted on */
 };
 
 struct watch {

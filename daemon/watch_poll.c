@@ -14,8 +14,9 @@
  *  - a path that names another file, or none: the model was replaced; it
  *    is reloaded, as an inotify event would have it;
  *  - the same file with another size or mtime: written in place; the
- *    generation is marked modified (a staged one is reloaded instead: its
- *    copies are intact);
+ *    generation is marked modified, and reloaded (the inode number may be
+ *    one the server gave again to the file that replaced it); a staged
+ *    one is only reloaded: its copies are intact;
  *  - the model's own path (a directory, a shard index) changed since the
  *    first poll of this generation: reloaded.
  * A change is acted on only once two polls in a row saw the same stat of
@@ -140,6 +141,13 @@ mark_sources_replaced(struct registry *r, const struct model_entry *m)
 		}
 }
 
+/* How soon a change is looked at again before it is acted on. */
+static uint64_t
+confirm_ms(const struct model_entry *m)
+{
+	return m->poll_interval_ms / 4 > 100 ? m->poll_interval_ms / 4 : 100;
+}
+
 /* Loop thread: what a poll saw, compared with the generation. */
 static void
 judge(struct watch *w, struct polled *p, struct model_entry *m, struct generation *g,
@@ -175,30 +183,40 @@ judge(struct watch *w, struct polled *p, struct model_entry *m, struct generatio
 	}
 	if (!replaced && !in_place && path_sig == p->dir_sig) {
 		p->last_sig = sig;
+		p->changing = 0;
 		return;
 	}
 	if (what == NULL)
 		what = m->path;
-	/* Still moving (a file being written): wait until two polls agree. */
+	/* Still moving (a file being written): wait until two polls agree;
+	 * the second comes sooner than poll_interval. */
 	if (sig != p->last_sig) {
-		if (p->last_sig != 0)
-			log_debug("model \"%s\": %s is still changing; waiting until it is stable",
+		if (p->changing)
+			log_info("model \"%s\": %s is still changing; waiting until it is stable",
 				m->name, what);
 		p->last_sig = sig;
+		p->changing = 1;
+		p->due_ms = uv_now(w->loop) + confirm_ms(m);
 		return;
 	}
+	p->changing = 0;
 	if (sig == p->acted_sig)
 		return;
 	p->acted_sig = sig;
 	m->poll_changes++;
-	if (in_place && !replaced && g->origin == NULL && path_sig == p->dir_sig) {
-		log_info("model \"%s\": %s was written in place on %s (seen by polling)", m->name,
-			what, g->fs.name);
+	if (in_place && !replaced && g->origin == NULL) {
+		bool remote = g->fs.remote; /* g may close in registry_collect */
+
+		log_info("model \"%s\": %s was written in place on %s, or replaced by a file "
+			 "given the same inode number (seen by polling)", m->name, what, g->fs.name);
 		registry_mark_modified(w->reg, g, what);
 		registry_collect(w->reg);
-		return;
+		if (!remote && path_sig == p->dir_sig)
+			return;
+	} else {
+		log_info("model \"%s\": %s changed on %s (seen by polling)", m->name, what,
+			g->fs.name);
 	}
-	log_info("model \"%s\": %s changed on %s (seen by polling)", m->name, what, g->fs.name);
 	if (replaced)
 		mark_sources_replaced(w->reg, m);
 	watch_mark_dirty(w, m->name);
@@ -336,7 +354,7 @@ note_storage(struct model_entry *m, struct generation *g, int polls)
 			 "every %u.%03u s", m->name, g->number, g->fs.name, m->poll_interval_ms / 1000,
 			m->poll_interval_ms % 1000);
 	else if (polls)
-		log_info("model \"%s\": polling its paths every %u.%03u s (watch = poll)", m->name,
+		log_debug("model \"%s\": polling its paths every %u.%03u s (watch = poll)", m->name,
 			m->poll_interval_ms / 1000, m->poll_interval_ms % 1000);
 	else if (g->fs.remote)
 		log_warnx("model \"%s\": generation %" PRIu64 " is on %s, a network or FUSE "

@@ -2,6 +2,7 @@
 control socket (as root or as another user), raw control connections, and
 reading a worker's mapping of a model file through /proc."""
 import atexit
+import contextlib
 import json
 import os
 import shutil
@@ -136,6 +137,11 @@ def daemons(make):
     for d in started:
         code = d.stop()
         assert code == 0, f"wcached exited with {code}:\n{d.read_log()}"
+
+
+# The same as a context manager, for daemons started inside a test:
+# `with running_daemons(make) as start: ...`.
+running_daemons = contextlib.contextmanager(daemons)
 
 
 def quiet_fd_count(d):

@@ -149,3 +149,53 @@ def test_k8s_manifests_parse_and_agree(tmp_path):
     assert env["WCACHE_SOCKET"] == socket_path
     assert worker["metadata"]["namespace"] == ds["metadata"]["namespace"]
     assert ("Namespace", ds["metadata"]["namespace"]) in docs
+
+
+def quantity(text):
+    """A Kubernetes memory quantity in bytes (the binary suffixes)."""
+    m = re.fullmatch(r"(\d+)(Ki|Mi|Gi|Ti)?", str(text))
+    assert m, f"memory quantity {text!r}"
+    return int(m.group(1)) << {None: 0, "Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40}[m.group(2)]
+
+
+def containerfile(name):
+    """deploy/NAME: the image its header's build command tags, its USER and
+    its CMD."""
+    with open(os.path.join(SRC, "deploy", name)) as f:
+        text = f.read()
+    header = "".join(l for l in text.splitlines(True) if l.startswith("#"))
+    tag = re.search(rf"podman build -f deploy/{re.escape(name)}\s+(?:\\\s*#\s*)?-t (\S+)",
+                    header).group(1)
+    user = re.search(r"^USER (\d+):(\d+)$", text, re.M).groups()
+    cmd = json.loads(re.search(r"^CMD (\[.*\])$", text, re.M).group(1))
+    return tag, tuple(int(i) for i in user), cmd
+
+
+def test_k8s_images_and_memory_advice():
+    """The manifests run the images the Containerfiles build, as the users
+    the images declare, and follow the README's memory advice: the daemon
+    is node-critical, requests its warm set and has no memory limit below
+    it."""
+    docs = documents()
+    pod = docs[("DaemonSet", "wcached")]["spec"]["template"]["spec"]
+    daemon = next(c for c in pod["containers"] if c["name"] == "wcached")
+    tag, user, cmd = containerfile("Containerfile")
+    assert daemon["image"] == tag
+    assert all(c["image"] == tag for c in pod.get("initContainers", []))
+    assert (pod["securityContext"]["runAsUser"], pod["securityContext"]["runAsGroup"]) == user
+    assert daemon["command"] == cmd
+    worker = docs[("Pod", "inference-worker")]["spec"]
+    wtag, wuser, _ = containerfile("Containerfile.worker")
+    assert worker["containers"][0]["image"] == wtag
+    assert (worker["securityContext"]["runAsUser"], worker["securityContext"]["runAsGroup"]) \
+        == wuser
+    # Evicted last; the warm set requested, and no limit under it.
+    assert pod["priorityClassName"] == "system-node-critical"
+    resources = daemon["resources"]
+    request = quantity(resources["requests"]["memory"])
+    assert request >= 64 << 20
+    limit = resources.get("limits", {}).get("memory")
+    assert limit is None or quantity(limit) > request
+    with open(os.path.join(K8S, "wcached.yaml")) as f:
+        text = f.read()
+    assert "deploy/Containerfile" in text and "yours to build" not in text

@@ -31,6 +31,7 @@ Dropping pages (what was measured here, kernel 6.18):
 Failures raise RemoteFSError, an AssertionError, with remotefs's log.
 Standard library only (Debian's /usr/bin/python3).
 """
+import contextlib
 import ctypes
 import ctypes.util
 import errno
@@ -39,7 +40,6 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 
@@ -125,14 +125,22 @@ _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 
 
-def _with_fd(path_or_fd, fn):
-    if isinstance(path_or_fd, int):
-        return fn(path_or_fd)
-    fd = os.open(str(path_or_fd), os.O_RDONLY | os.O_CLOEXEC)
+@contextlib.contextmanager
+def _opened(path, flags):
+    fd = os.open(path, flags | os.O_CLOEXEC)
     try:
-        return fn(fd)
+        yield fd
     finally:
         os.close(fd)
+
+
+def _with_fd(path_or_fd, fn):
+    """fn(fd) with path_or_fd itself when it is a descriptor, else with a
+    read-only descriptor of that path, closed after."""
+    if isinstance(path_or_fd, int):
+        return fn(path_or_fd)
+    with _opened(str(path_or_fd), os.O_RDONLY) as fd:
+        return fn(fd)
 
 
 class _CachestatRange(ctypes.Structure):
@@ -181,14 +189,21 @@ def resident_pages(path_or_fd):
     return _with_fd(path_or_fd, count)
 
 
-def drop_cache(path_or_fd):
+def drop_cache(path_or_fd, settle=0.5):
     """Drops the file's cached pages that no process maps
     (POSIX_FADV_DONTNEED) and returns how many pages stay resident: 0
-    unless some are mapped (see drop_stale for those). path_or_fd as for
-    resident_pages."""
+    unless some are mapped (see drop_stale for those). Pages locked by a
+    read still in flight (the readahead a read started, failing on a freed
+    inode) are skipped too, so it tries again until none is left or settle
+    seconds have passed. path_or_fd as for resident_pages."""
     def drop(fd):
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        return resident_pages(fd)
+        deadline = time.monotonic() + settle
+        while True:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            left = resident_pages(fd)
+            if left == 0 or time.monotonic() >= deadline:
+                return left
+            time.sleep(0.01)
     return _with_fd(path_or_fd, drop)
 
 
@@ -200,13 +215,22 @@ class RemoteFS:
     the kernel caches entries and attributes (remotefs --attr-timeout);
     stale: "eio", "estale" or "keep" (--stale); keep_cache: --keep-cache;
     allow_other: let every user in (root's tests' daemons run
-    unprivileged); options: more -o mount options; build: the build
-    directory (default $WCACHE_BUILD or <repo>/build). remotefs's stderr
-    goes to the file self.log (default: a file beside mount).
+    unprivileged); options: more -o mount options; read_ahead_kb: the
+    mount's readahead window, set once mounted (the kernel gives a FUSE
+    mount 128 KiB, so sequential reads go to remotefs 128 KiB at a time;
+    1024 lets them take 1 MiB, FUSE's largest request, and read about 1.5x
+    faster here); build: the build directory (default $WCACHE_BUILD or
+    <repo>/build). remotefs's stderr goes to the file self.log (default: a
+    file beside mount).
+
+    Another user reads through the mount (allow_other) what the backing
+    files' modes let it read (replace() writes 0644 by default), once it
+    can reach the mount point: pytest's tmp_path is 0700, so open the
+    parents to it first (conftest's open_to).
     """
 
     def __init__(self, backing, mount, *, attr_timeout=1.0, stale="eio", keep_cache=False,
-                 allow_other=True, options=(), build=None, log=None):
+                 allow_other=True, options=(), read_ahead_kb=None, build=None, log=None):
         self.backing = os.path.abspath(str(backing))
         self.mount = os.path.abspath(str(mount))
         self.attr_timeout = float(attr_timeout)
@@ -214,6 +238,7 @@ class RemoteFS:
         self.keep_cache = keep_cache
         self.allow_other = allow_other
         self.options = list(options)
+        self.read_ahead_kb = read_ahead_kb
         self.build = build
         self.log = os.path.abspath(str(log)) if log else self.mount.rstrip("/") + ".remotefs.log"
         self.proc = None
@@ -259,6 +284,14 @@ class RemoteFS:
             status = self.stop()
             raise RemoteFSError(f"remotefs exited with {status} before mounting "
                                 f"{self.mount}:\n{self.read_log()}")
+        if self.read_ahead_kb is not None:
+            bdi = f"/sys/class/bdi/{mount_entry(self.mount)['dev']}/read_ahead_kb"
+            try:
+                with open(bdi, "w") as f:
+                    f.write(str(int(self.read_ahead_kb)))
+            except OSError as e:
+                self.stop()
+                raise RemoteFSError(f"{bdi}: {e.strerror}") from None
         return self
 
     def mounted(self):
@@ -279,31 +312,44 @@ class RemoteFS:
         """Unmounts and waits for remotefs; returns its exit status. Works
         whatever state things are in: fusermount3 -u, else (busy: a
         descriptor or a mapping is still open, or remotefs is gone) a lazy
-        umount -l; then the FUSE connection is aborted if remotefs does not
-        end by itself (a lazily unmounted filesystem is served as long as
-        it is in use), and last SIGKILL. Idempotent."""
+        umount -l; a lazily unmounted filesystem is served as long as it
+        is in use, so if remotefs does not end by itself its FUSE connection
+        is aborted (/sys/fs/fuse/connections, where fusectl is mounted),
+        then it gets SIGTERM, and last SIGKILL. Idempotent."""
         self._join_writers()
         conn = self.connection()
+        lazy = False
         if self.mounted():
             r = subprocess.run(["fusermount3", "-u", self.mount], capture_output=True)
             if r.returncode != 0 or self.mounted():
                 subprocess.run(["umount", "-l", self.mount], capture_output=True)
+                lazy = True
         status = None
         if self.proc is not None:
-            try:
-                status = self.proc.wait(timeout=min(timeout, 5.0))
-            except subprocess.TimeoutExpired:
-                if conn is not None:
+            # An unmount that worked ends remotefs at once; a lazy one only
+            # once the last user lets go. Then: abort the FUSE connection
+            # (where fusectl is mounted), SIGTERM, and last SIGKILL.
+            steps = [min(timeout, 2.0 if lazy else 10.0)]
+            if conn is not None:
+                steps.append(2.0)
+            steps.append(timeout)
+            for i, wait in enumerate(steps):
+                try:
+                    status = self.proc.wait(timeout=wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if i == len(steps) - 1:
+                    self.proc.kill()
+                    status = self.proc.wait()
+                elif conn is not None and i == 0:
                     try:
                         with open(os.path.join(conn, "abort"), "w") as f:
                             f.write("1")
                     except OSError:
                         pass
-                try:
-                    status = self.proc.wait(timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    status = self.proc.wait()
+                else:
+                    self.proc.terminate()
         if self._logf is not None:
             self._logf.close()
             self._logf = None
@@ -350,9 +396,10 @@ class RemoteFS:
         path = self.backing_path(name)
         directory = os.path.dirname(path)
         os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".remote-", dir=directory)
+        tmp = os.path.join(directory, f".{os.path.basename(path)}.remote-{os.getpid()}-"
+                                      f"{threading.get_ident()}")
         try:
-            with os.fdopen(fd, "wb") as f:
+            with open(tmp, "xb") as f:
                 if callable(data_or_writer):
                     data_or_writer(f)
                 else:
@@ -361,17 +408,11 @@ class RemoteFS:
                 os.fchmod(f.fileno(), mode)
                 os.fsync(f.fileno())
             os.rename(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
         finally:
-            os.close(dfd)
+            if os.path.lexists(tmp):     # only when something above failed
+                os.unlink(tmp)
+        with _opened(directory, os.O_RDONLY | os.O_DIRECTORY) as dfd:
+            os.fsync(dfd)
         return os.stat(path).st_ino
 
     def remove(self, name):

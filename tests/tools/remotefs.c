@@ -189,7 +189,7 @@ rfs_grow(struct rfs *fs)
 {
 	size_t old = fs->nbuckets;
 	struct rfs_inode **prev = fs->buckets;
-	struct rfs_inode **b = calloc(old * 2, sizeof(*b));
+	struct rfs_inode **b = calloc(old * 2, sizeof(struct rfs_inode *));
 
 	if (b == NULL)
 		return;
@@ -556,7 +556,7 @@ rfs_drop_pages(struct rfs *fs, int all)
 	size_t count = 0, dropped = 0;
 
 	pthread_mutex_lock(&fs->lock);
-	nodes = calloc(fs->count + 1, sizeof(*nodes));
+	nodes = calloc(fs->count + 1, sizeof(struct rfs_inode *));
 	for (size_t i = 0; nodes != NULL && i < fs->nbuckets; i++) {
 		for (struct rfs_inode *n = fs->buckets[i]; n != NULL; n = n->next) {
 			struct stat st;
@@ -818,7 +818,7 @@ main(int argc, char **argv)
 		default:
 			fuse_opt_free_args(&args);
 			if (optopt == 'o' || optopt == 't' || optopt == 's')
-				return usage_error("missing value of", argv[optind - 1]);
+				return usage_error("option needs a value", argv[optind - 1]);
 			return usage_error("unknown option", argv[optind - 1]);
 		}
 	}
@@ -852,7 +852,7 @@ main(int argc, char **argv)
 	}
 	fs.root.nlookup = 2;
 	fs.nbuckets = 1024;
-	if ((fs.buckets = calloc(fs.nbuckets, sizeof(*fs.buckets))) == NULL) {
+	if ((fs.buckets = calloc(fs.nbuckets, sizeof(struct rfs_inode *))) == NULL) {
 		close(fs.root.fd);
 		goto nomem;
 	}

@@ -1,0 +1,237 @@
+"""Models on shared storage (issue 22): wcached serving a model from a
+filesystem that behaves like a remote one, tests/tools/remotefs.c (FUSE; see
+tests/pyutil/remotefs.py), whose BACKING directory stands for "another host":
+a change made there raises no inotify event on the mount, and once a file
+is freed there, reads of its old handle fail (EIO) as NFS's do (ESTALE).
+
+Checked: the filesystem is named in status and metrics; a remote rename
+becomes a new generation within 2 x poll_interval (and never without
+polling: watch = inotify); a remote file written in place (half-written)
+never serves; a local model is not polled unless watch = poll; without
+staging (stage = no) a worker holding the old generation after a remote
+replacement gets SIGBUS on pages the kernel dropped (what the README says,
+and status marks that generation source_replaced). Staging is
+test_stage.py's.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import TEST_USER, Daemon, binary, wait_until
+from ctlutil import ctl, daemons, model_entry, running_daemons
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
+from remotefs import RemoteFS, skip_reason  # noqa: E402
+
+
+@pytest.fixture
+def remote(tmp_path):
+    """A mounted RemoteFS (attr_timeout 0.1 s) at tmp_path/mnt over tmp_path/backing."""
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    (tmp_path / "backing").mkdir()
+    (tmp_path / "mnt").mkdir()
+    os.chmod(tmp_path, 0o755)
+    with RemoteFS(tmp_path / "backing", tmp_path / "mnt", attr_timeout=0.1) as fs:
+        yield fs
+
+
+@pytest.fixture
+def start(tmp_path, remote):
+    """start(models, extra=""): a Daemon (stopped, exit 0, before the mount goes)."""
+    (tmp_path / "d").mkdir()
+    yield from daemons(lambda models, extra="": Daemon(tmp_path / "d", models, extra))
+
+
+def mkmodel(path, seed, **shape):
+    argv = [binary("mkmodel"), "--seed", str(seed)]
+    for key, value in shape.items():
+        argv += [f"--{key}", str(value)]
+    subprocess.run(argv + [str(path)], check=True, stdout=subprocess.DEVNULL)
+    return str(path)
+
+
+def model_bytes(tmp_path, seed, name, **shape):
+    """A model file's bytes (written by mkmodel into tmp_path/name)."""
+    with open(mkmodel(tmp_path / name, seed, **shape), "rb") as f:
+        return f.read()
+
+
+def wait_generation(d, name, number, timeout=30.0):
+    return wait_until(lambda: (lambda m: m is not None and m["generation"] == number and
+                               m["state"] == "ready" and m)(model_entry(d, name)),
+                      timeout=timeout, what=f"{name} generation {number} ready")
+
+
+def remote_model(tmp_path, remote, seed=1, **shape):
+    """m.safetensors written into BACKING (seen through the mount)."""
+    remote.replace("m.safetensors", model_bytes(tmp_path, seed, f"src{seed}.safetensors",
+                                                **shape))
+    remote.wait_visible("m.safetensors")
+    return remote.path("m.safetensors")
+
+
+def test_remote_filesystem_is_named_and_polled(start, tmp_path, remote):
+    path = remote_model(tmp_path, remote)
+    d = start({"m": (path, {"poll_interval": "0.3", "stage": "no"})})
+    m = wait_generation(d, "m", 1)
+    assert m["filesystem"] == "fuse" and m["remote"] is True, m
+    assert m["watch"] == "auto" and m["polled"] is True and m["poll_interval_ms"] == 300
+    assert m["generations"][0]["filesystem"] == "fuse"
+    wait_until(lambda: model_entry(d, "m")["polls"] >= 3, what="3 polls")
+    d.wait_for_log(r'model "m": generation 1 is on fuse, a network or FUSE filesystem: '
+                   r"changes made on other hosts are seen by polling its paths every 0.300 s")
+    metrics = ctl(d, "metrics").stdout
+    assert ('wcached_model_info{model="m",path="%s",pin="metadata",filesystem="fuse",'
+            'remote="true",watch="inotify+poll"} 1' % path) in metrics, metrics
+    assert 'wcached_model_polls_total{model="m"} ' in metrics
+
+
+def test_remote_rename_becomes_a_new_generation_within_two_poll_intervals(start, tmp_path,
+                                                                         remote):
+    interval = 1.0
+    path = remote_model(tmp_path, remote)
+    d = start({"m": (path, {"poll_interval": str(interval), "stage": "no"})})
+    wait_generation(d, "m", 1)
+    for number in (2, 3):
+        data = model_bytes(tmp_path, number, f"src{number}.safetensors")
+        t = time.monotonic()
+        remote.replace("m.safetensors", data)
+        wait_generation(d, "m", number, timeout=10)
+        elapsed = time.monotonic() - t
+        # The kernel's attribute cache (0.1 s here) comes on top.
+        assert elapsed < 2 * interval + remote.attr_timeout, \
+            f"generation {number} after {elapsed:.2f} s"
+        r = subprocess.run([binary("demo_worker"), "--socket", d.socket, "--verify",
+                            str(tmp_path / f"src{number}.safetensors"), "m"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+    assert "changed on fuse (seen by polling)" in d.read_log()
+    assert model_entry(d, "m")["poll_changes"] == 2
+
+
+def test_watch_inotify_does_not_see_remote_changes(start, tmp_path, remote):
+    path = remote_model(tmp_path, remote)
+    d = start({"m": (path, {"watch": "inotify", "stage": "no"})})
+    m = wait_generation(d, "m", 1)
+    assert m["polled"] is False and m["remote"] is True
+    d.wait_for_log(r'model "m": generation 1 is on fuse, a network or FUSE filesystem, and '
+                   r"watch = inotify: changes made on other hosts are not seen")
+    remote.replace("m.safetensors", model_bytes(tmp_path, 2, "src2.safetensors"))
+    remote.wait_visible("m.safetensors")
+    # Nothing tells this host: two seconds later it still serves generation 1...
+    time.sleep(2)
+    assert model_entry(d, "m")["generation"] == 1
+    # ...until asked.
+    assert ctl(d, "reload", "m").returncode == 0
+    wait_generation(d, "m", 2)
+
+
+def test_half_written_remote_file_never_serves(start, tmp_path, remote):
+    path = remote_model(tmp_path, remote, layers=4, hidden=256, ffn=512, vocab=500)
+    d = start({"m": (path, {"poll_interval": "0.2", "stage": "no"})})
+    wait_generation(d, "m", 1)
+    new = model_bytes(tmp_path, 2, "src2.safetensors", layers=4, hidden=256, ffn=512, vocab=500)
+    # Another host writes the new version under the final name, slowly,
+    # instead of renaming a finished file: polls see it grow for 3 s.
+    remote.remove("m.safetensors")
+    writer = remote.write_slowly("m.safetensors", new, seconds=3, chunks=30)
+    served = set()
+    while writer.is_alive():
+        served.add(model_entry(d, "m")["generation"])
+        time.sleep(0.05)
+    writer.join()
+    assert writer.error is None
+    assert served == {1}, f"generations served while the file was written: {served}"
+    wait_generation(d, "m", 2, timeout=10)
+    r = subprocess.run([binary("demo_worker"), "--socket", d.socket, "--verify",
+                        str(tmp_path / "src2.safetensors"), "m"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "is still changing; waiting until it is stable" in d.read_log()
+
+
+def test_local_model_is_polled_only_when_asked(tmp_path):
+    models = tmp_path / "models"
+    models.mkdir()
+    a = mkmodel(models / "a.safetensors", 1)
+    b = mkmodel(models / "b.safetensors", 2)
+    (tmp_path / "d").mkdir()
+    with running_daemons(lambda: Daemon(tmp_path / "d", {
+            "a": a, "b": (b, {"watch": "poll", "poll_interval": "0.1"})})) as start:
+        d = start()
+        wait_generation(d, "a", 1)
+        wait_until(lambda: model_entry(d, "b")["polls"] >= 3, what="b polled")
+        ea, eb = model_entry(d, "a"), model_entry(d, "b")
+        assert ea["remote"] is False and ea["polled"] is False and ea["polls"] == 0
+        assert eb["remote"] is False and eb["polled"] is True and eb["watch"] == "poll"
+        assert ea["filesystem"] == eb["filesystem"] != "fuse"
+
+
+def test_unstaged_old_generation_gets_sigbus_after_a_remote_replacement(start, tmp_path,
+                                                                       remote):
+    """What stage = no risks, as the README says: a worker still mapping the
+    old generation after another host replaced it reads the pages in memory
+    here; a page the kernel dropped reads through the filesystem, which no
+    longer has the file, and the worker gets SIGBUS. Status says so."""
+    path = remote_model(tmp_path, remote)
+    d = start({"m": (path, {"poll_interval": "0.2", "stage": "no"})})
+    wait_generation(d, "m", 1)
+    # Under AddressSanitizer, the signal kills the worker as it would
+    # without it (instead of a report and abort()).
+    env = dict(os.environ, ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") + ":handle_sigbus=0")
+    w = subprocess.Popen([binary("demo_worker"), "--socket", d.socket, "--sync", "--verify",
+                          str(tmp_path / "src1.safetensors"), "m"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert "attached_us" in json.loads(w.stdout.readline())
+        remote.replace("m.safetensors", model_bytes(tmp_path, 2, "src2.safetensors"))
+        m = wait_generation(d, "m", 2)
+        old = [g for g in m["generations"] if g["number"] == 1]
+        assert old and old[0]["source_replaced"] is True and old[0]["staged"] is False, m
+        d.wait_for_log(r'generation 1: its files on fuse were replaced by another host and '
+                       r"were not staged")
+        assert remote.drop_stale() >= 1
+        w.communicate("\n", timeout=60)
+        assert w.returncode == -signal.SIGBUS, f"worker exit {w.returncode}"
+    finally:
+        if w.poll() is None:
+            w.kill()
+            w.wait()
+
+
+def test_poll_cost_is_flat_in_the_number_of_models(tmp_path, remote):
+    """With 1 and with 24 polled models, a remote rename of one of them is
+    seen within 2 x poll_interval, and one poll costs that model the same."""
+    results = []
+    for n in (1, 24):
+        models = {}
+        for i in range(n):
+            name = f"m{i}.safetensors"
+            remote.replace(name, model_bytes(tmp_path, 1, "src1.safetensors"))
+            models[f"m{i}"] = (remote.path(name), {"poll_interval": "0.5", "stage": "no"})
+        remote.wait_visible(f"m{n - 1}.safetensors")
+        (tmp_path / f"d{n}").mkdir()
+        with running_daemons(lambda: Daemon(tmp_path / f"d{n}", models)) as start:
+            d = start()
+            for i in range(n):
+                wait_generation(d, f"m{i}", 1)
+            wait_until(lambda: model_entry(d, "m0")["polls"] >= 4, what="4 polls")
+            t = time.monotonic()
+            remote.replace("m0.safetensors", model_bytes(tmp_path, 2, "src2.safetensors"))
+            # When polling saw it (loading and warming come after).
+            seen, _ = d.wait_for_log(r'model "m0": .* changed on fuse \(seen by polling\)')
+            seen -= t
+            wait_generation(d, "m0", 2, timeout=30)
+            m0 = model_entry(d, "m0")
+            results.append((n, seen, m0["poll_seconds"] / m0["polls"]))
+    for n, seen, per_poll in results:
+        assert seen < 2 * 0.5 + remote.attr_timeout, results
+        assert per_poll < 0.05, results
