@@ -46,7 +46,8 @@
  * pages.h) and, restored after a restart as held, it no longer waits for
  * its holders' HOLDs (hold_until_ms, restore.h). An unloaded model's generations
  * keep their state, with model NULL, until released. Three attributes are
- * not states either: pinned (what pages.c actually locked), populated
+ * not states either: pinned (what pages.c actually locked, and
+ * pin_error: why less), populated
  * (whether every page is mapped into the daemon, resident.h) and resident
  * (the latest measure of its bytes in memory); pages.c writes them
  * (resident also warm_done).
@@ -104,6 +105,11 @@ struct generation {
 	struct page_work *page_queue; /* those operations, in order; the first runs */
 	int pinned;                 /* PIN_* actually applied (pages.c) */
 	int populated;              /* every page is mapped into the daemon (pages.c) */
+	/* The latest lock pages.c was refused: what and why, as its log line
+	 * says it after the model's name (status's pin_error); empty when
+	 * none was, or a later lock of that kind held. */
+	char pin_error[1024];
+	int pin_error_of;           /* PIN_METADATA or PIN_ALL: which lock it was */
 	unsigned stored_slot;       /* its fds went to the manager's store under this
 				       slot's names (restore.h); 0: none */
 	int stored_done;            /* all of them (not only some: a full queue) */

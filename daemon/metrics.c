@@ -555,6 +555,11 @@ write_model(FILE *f, const struct registry *reg, const struct model_entry *m,
 	json_write_field(f, "pinned", pin_mode_name(m->pin));
 	json_write_field(f, "pin_applied",
 		pin_mode_name(g != NULL ? (enum pin_mode)g->pinned : PIN_NONE));
+	/* Why the current generation holds less than asked: a refused mlock. */
+	if (g != NULL && g->pin_error[0] != '\0')
+		json_write_field(f, "pin_error", g->pin_error);
+	else
+		fputs(",\"pin_error\":null", f);
 	fprintf(f, ",\"warm\":%s,\"attached\":%u,\"pending\":%" PRIu64 ",\"loading\":%u",
 		m->warm ? "true" : "false", g != NULL ? g->attached : 0,
 		m->pending != NULL ? m->pending->number : 0, m->loading);

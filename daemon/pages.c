@@ -4,6 +4,7 @@
  * through the hooks it was queued with, never by calling the modules above.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,8 +22,9 @@
 /* What locking a generation's metadata left (lock_metadata). */
 struct metadata_lock {
 	int err;          /* 0, or the first failure */
-	const char *what; /* what it failed on, for the message */
-	size_t bytes;
+	size_t file;      /* it failed on this file's header, */
+	int index;        /* or on the index */
+	struct resident_refusal why; /* the refusal's facts */
 	int locked;       /* the index is locked: pinned = PIN_METADATA */
 };
 
@@ -32,6 +34,7 @@ struct page_work {
 	enum page_op op;
 	int err;                /* the first failure */
 	size_t failed;          /* the file it failed on */
+	struct resident_refusal refused; /* PAGE_PIN: why mlock refused it */
 	uint64_t resident;      /* bytes in memory once the operation ended */
 	enum resident_method how; /* the measure that counted them */
 	uint64_t epoch;         /* g->resident.epoch when it started */
@@ -65,13 +68,33 @@ pages_resident(const struct generation *g, enum resident_method *how)
 	return total;
 }
 
-/* Logs a refused mlock with the advice that fixes it. */
+/*
+ * Loop thread: a lock of kind of (PIN_METADATA, PIN_ALL) of what was
+ * refused. Records it in g (status's pin_error) and logs it, one line that
+ * names the model, what was being locked, the errno and the real cause
+ * with its remedy (resident_refusal_cause).
+ */
 static void
-pin_failed(const char *name, const char *what, size_t bytes, int err)
+pin_failed(struct generation *g, int of, const char *what, const struct resident_refusal *why)
 {
-	log_warnx("model \"%s\": cannot lock %s (%zu bytes) in memory: %s; raise "
-		  "RLIMIT_MEMLOCK (LimitMEMLOCK= in wcached.service, or ulimit -l)",
-		name, what, bytes, strerror(-err));
+	char cause[480];
+
+	resident_refusal_cause(why, cause, sizeof(cause));
+	snprintf(g->pin_error, sizeof(g->pin_error), "cannot lock %s (%" PRIu64 " bytes) in "
+		 "memory: %s", what, why->bytes, cause);
+	g->pin_error_of = of;
+	log_warnx("model \"%s\": %s", g->model_name, g->pin_error);
+}
+
+/* Loop thread: a lock of kind of held, so a refusal of that kind (or, for
+ * PIN_ALL, of any kind) is no longer true. */
+static void
+pin_held(struct generation *g, int of)
+{
+	if (g->pin_error_of <= of) {
+		g->pin_error[0] = '\0';
+		g->pin_error_of = PIN_NONE;
+	}
 }
 
 /*
@@ -84,8 +107,8 @@ lock_metadata(const struct generation *g, const uint64_t *first, struct metadata
 {
 	memset(out, 0, sizeof(*out));
 	if ((out->err = resident_pin_range(g->index, g->index_size)) < 0) {
-		out->what = "the index";
-		out->bytes = g->index_size;
+		out->index = 1;
+		resident_refusal_read(out->err, g->index_size, &out->why);
 		return;
 	}
 	out->locked = 1;
@@ -93,8 +116,8 @@ lock_metadata(const struct generation *g, const uint64_t *first, struct metadata
 		if (first[i] == 0 || g->source.files[i].base == NULL)
 			continue;
 		if ((out->err = resident_pin_range(g->source.files[i].base, (size_t)first[i])) < 0) {
-			out->what = "file headers";
-			out->bytes = (size_t)first[i];
+			out->file = i;
+			resident_refusal_read(out->err, first[i], &out->why);
 			return;
 		}
 	}
@@ -104,8 +127,18 @@ lock_metadata(const struct generation *g, const uint64_t *first, struct metadata
 static void
 metadata_locked(struct generation *g, const struct metadata_lock *l)
 {
-	if (l->err < 0)
-		pin_failed(g->model_name, l->what, l->bytes, l->err);
+	char what[480];
+
+	if (l->err < 0) {
+		if (l->index)
+			snprintf(what, sizeof(what), "its index");
+		else
+			snprintf(what, sizeof(what), "the header of %s",
+				g->source.files[l->file].path);
+		pin_failed(g, PIN_METADATA, what, &l->why);
+	} else {
+		pin_held(g, PIN_METADATA);
+	}
 	if (l->locked)
 		g->pinned = PIN_METADATA;
 }
@@ -239,6 +272,10 @@ page_work_apply(struct page_work *p)
 		check_restored(p);
 		return;
 	}
+	/* Everything, the index too: what is asked is locked again after
+	 * (page_work_after), and pinned says what that lock left. */
+	if (p->op == PAGE_UNPIN && g->index != NULL)
+		resident_unpin_range(g->index, g->index_size);
 	for (size_t i = 0; i < g->source.nfiles; i++) {
 		const struct wc_file *f = &g->source.files[i];
 
@@ -260,6 +297,7 @@ page_work_apply(struct page_work *p)
 		}
 		if ((p->err = resident_pin_range(f->base, (size_t)f->size)) < 0) {
 			p->failed = i;
+			resident_refusal_read(p->err, f->size, &p->refused);
 			for (size_t j = 0; j < i; j++)
 				if (g->source.files[j].base != NULL)
 					resident_unpin_range(g->source.files[j].base,
@@ -352,13 +390,19 @@ page_work_after(uv_work_t *w, int status)
 				populated(g, p);
 		}
 	} else if (p->op == PAGE_PIN) {
-		if (p->err < 0)
-			pin_failed(g->model_name, g->source.files[p->failed].path,
-				(size_t)g->source.files[p->failed].size, p->err);
-		else
+		if (p->err < 0) {
+			pin_failed(g, PIN_ALL, g->source.files[p->failed].path, &p->refused);
+			/* Undoing the files locked before it unlocked their
+			 * headers too. */
+			if (p->failed > 0 && g->model != NULL && g->model->pin != PIN_NONE)
+				pages_pin_metadata(g);
+		} else {
+			pin_held(g, PIN_ALL);
 			g->pinned = PIN_ALL;
+		}
 	} else if (p->op == PAGE_UNPIN) {
 		g->pinned = PIN_NONE;
+		pin_held(g, PIN_ALL); /* nothing is asked beyond what follows */
 		/* munlock of the whole files dropped the headers' lock too */
 		if (g->model != NULL && g->model->pin != PIN_NONE)
 			pages_pin_metadata(g);

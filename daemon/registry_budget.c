@@ -38,13 +38,13 @@ static void
 answer(const struct model_entry *m, struct page_waiter *w)
 {
 	const struct generation *g = m->current;
-	char msg[160];
+	char msg[1200];
 	int status = 0;
 
 	if (g != NULL && m->pin == PIN_ALL && g->pinned != PIN_ALL && g->state != GEN_COLD) {
 		status = -EIO;
-		snprintf(msg, sizeof(msg), "not every page could be locked: the kernel refused "
-			 "mlock (see status and the log)");
+		snprintf(msg, sizeof(msg), "not every page could be locked: %s",
+			g->pin_error[0] != '\0' ? g->pin_error : "the kernel refused mlock (see the log)");
 	} else {
 		snprintf(msg, sizeof(msg), "done");
 	}

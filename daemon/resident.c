@@ -4,9 +4,13 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -219,6 +223,151 @@ int
 resident_unpin_range(const void *base, size_t len)
 {
 	return syscall(SYS_munlock, base, len) == 0 ? 0 : -errno;
+}
+
+#define CAP_IPC_LOCK_BIT 14 /* linux/capability.h's CAP_IPC_LOCK */
+
+/* The value of field name ("VmLck:") in /proc/self/status text, base 10 or
+ * 16; 0 when it is missing. */
+static int
+status_field(const char *text, const char *name, int base, uint64_t *out)
+{
+	size_t len = strlen(name);
+
+	for (const char *line = text; line != NULL && *line != '\0';) {
+		const char *next = strchr(line, '\n');
+
+		if (strncmp(line, name, len) == 0) {
+			char *end;
+
+			errno = 0;
+			*out = strtoull(line + len, &end, base);
+			return errno == 0 && end != line + len;
+		}
+		line = next != NULL ? next + 1 : NULL;
+	}
+	return 0;
+}
+
+void
+resident_refusal_read(int err, uint64_t bytes, struct resident_refusal *out)
+{
+	char text[8192];
+	size_t used = 0;
+	struct rlimit rl;
+	uint64_t v;
+	int fd;
+
+	memset(out, 0, sizeof(*out));
+	out->err = err;
+	out->bytes = bytes;
+	out->seccomp = -1;
+	if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
+		out->limit_known = 1;
+		out->limit = rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : (uint64_t)rl.rlim_cur;
+	}
+	if ((fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC)) < 0)
+		return;
+	while (used < sizeof(text) - 1) {
+		ssize_t n = read(fd, text + used, sizeof(text) - 1 - used);
+
+		if (n <= 0)
+			break;
+		used += (size_t)n;
+	}
+	close(fd);
+	text[used] = '\0';
+	if (status_field(text, "VmLck:", 10, &v) && v <= UINT64_MAX / 1024) {
+		out->locked_known = 1;
+		out->locked = v * 1024; /* in kB */
+	}
+	if (status_field(text, "CapEff:", 16, &v))
+		out->ipc_lock = (int)((v >> CAP_IPC_LOCK_BIT) & 1);
+	if (status_field(text, "Seccomp:", 10, &v) && v <= 2)
+		out->seccomp = (int)v;
+}
+
+/* The name of an errno mlock(2) returns ("EPERM"), or NULL. */
+static const char *
+errno_name(int err)
+{
+	switch (err) {
+	case EPERM:
+		return "EPERM";
+	case ENOMEM:
+		return "ENOMEM";
+	case EAGAIN:
+		return "EAGAIN";
+	case EINVAL:
+		return "EINVAL";
+	default:
+		return NULL;
+	}
+}
+
+/* RLIMIT_MEMLOCK of r in words: "unlimited", "8388608 bytes". */
+static void
+limit_words(const struct resident_refusal *r, char *buf, size_t cap)
+{
+	if (!r->limit_known)
+		snprintf(buf, cap, "unknown");
+	else if (r->limit == UINT64_MAX)
+		snprintf(buf, cap, "unlimited");
+	else
+		snprintf(buf, cap, "%" PRIu64 " bytes", r->limit);
+}
+
+void
+resident_refusal_cause(const struct resident_refusal *r, char *buf, size_t cap)
+{
+	const char *name = errno_name(-r->err);
+	char limit[64];
+	uint64_t need;
+
+	if (cap == 0)
+		return;
+	limit_words(r, limit, sizeof(limit));
+	if (r->err == -EPERM && r->limit_known && r->limit == 0 && !r->ipc_lock) {
+		snprintf(buf, cap, "mlock: EPERM: RLIMIT_MEMLOCK is 0 and wcached lacks "
+			 "CAP_IPC_LOCK; raise LimitMEMLOCK= in wcached.service (or ulimit -l), "
+			 "or use pin = none");
+	} else if (r->err == -EPERM && r->seccomp == 0) {
+		snprintf(buf, cap, "mlock: EPERM although RLIMIT_MEMLOCK is %s and no seccomp "
+			 "filter applies to wcached: a security module refused it; or use "
+			 "pin = none", limit);
+	} else if (r->err == -EPERM) {
+		snprintf(buf, cap, "mlock: EPERM: forbidden by a seccomp filter (the unit's "
+			 "SystemCallFilter=, or a container's: systemd-nspawn allows mlock only "
+			 "with CAP_IPC_LOCK), not by RLIMIT_MEMLOCK (%s); allow @memlock, or use "
+			 "pin = none", limit);
+	} else if (r->err == -ENOMEM && r->limit_known && r->limit != UINT64_MAX &&
+		   !r->ipc_lock && (!r->locked_known || r->locked > r->limit ||
+				    r->bytes > r->limit - r->locked)) {
+		if (__builtin_add_overflow(r->locked, r->bytes, &need))
+			need = UINT64_MAX;
+		if (r->locked_known)
+			snprintf(buf, cap, "mlock: ENOMEM: RLIMIT_MEMLOCK is %s, %" PRIu64
+				 " bytes were locked and %" PRIu64 " more asked; raise "
+				 "LimitMEMLOCK= in wcached.service (or ulimit -l) to at least "
+				 "%" PRIu64 "M, or pin less", limit, r->locked, r->bytes,
+				need / (1u << 20) + (need % (1u << 20) != 0));
+		else
+			snprintf(buf, cap, "mlock: ENOMEM: RLIMIT_MEMLOCK is %s, %" PRIu64
+				 " bytes asked; raise LimitMEMLOCK= in wcached.service (or "
+				 "ulimit -l), or pin less", limit, r->bytes);
+	} else if (r->err == -ENOMEM) {
+		if (r->ipc_lock)
+			snprintf(limit, sizeof(limit), "lifted by CAP_IPC_LOCK");
+		snprintf(buf, cap, "mlock: ENOMEM, not from RLIMIT_MEMLOCK (%s): the kernel "
+			 "could not lock the range (out of memory or of mappings)", limit);
+	} else if (r->err == -EAGAIN) {
+		snprintf(buf, cap, "mlock: EAGAIN: part of the range could not be locked "
+			 "(memory is short); pin again later, or pin less");
+	} else if (name != NULL) {
+		snprintf(buf, cap, "mlock: %s: %s", name, strerror(-r->err));
+	} else {
+		snprintf(buf, cap, "mlock: errno %d: %s", -r->err, strerror(-r->err));
+	}
 }
 
 int

@@ -63,15 +63,49 @@ int resident_cachestat_bytes(int fd, uint64_t offset, uint64_t len, uint64_t *ou
 
 /*
  * mlock(2)s [base, base + len) (the model's pages stay resident until
- * resident_unpin_range or unmap). Returns 0 or -errno: -ENOMEM or -EPERM when
- * RLIMIT_MEMLOCK is too small (the caller logs the advice: raise
- * LimitMEMLOCK= in the unit or `ulimit -l`); a process with CAP_IPC_LOCK
- * (root) is not bound by the limit. Locking a file mapping reads any page
- * not yet resident, so warm first. Like mlock, the range is widened to
- * whole pages (base need not be aligned). Pins do not nest: one unpin
- * undoes any number of pins of a page.
+ * resident_unpin_range or unmap). Returns 0 or -errno: -ENOMEM when
+ * RLIMIT_MEMLOCK is smaller than what would then be locked, -EPERM when a
+ * seccomp filter refuses mlock or the limit is 0 (resident_refusal_read
+ * tells which); a process with CAP_IPC_LOCK (root) is not bound by the
+ * limit. Locking a file mapping reads any page not yet resident, so warm
+ * first. Like mlock, the range is widened to whole pages (base need not be
+ * aligned). Pins do not nest: one unpin undoes any number of pins of a page.
  */
 int resident_pin_range(const void *base, size_t len);
+
+/*
+ * Why mlock(2) refused, as facts read right after the refusal, so that the
+ * message names the real cause: EPERM comes from a seccomp filter (the
+ * unit's SystemCallFilter=, or a container's: systemd-nspawn allows mlock
+ * only to a container with CAP_IPC_LOCK) or from an RLIMIT_MEMLOCK of 0
+ * without CAP_IPC_LOCK; ENOMEM from an RLIMIT_MEMLOCK smaller than what is
+ * locked plus what was asked.
+ */
+struct resident_refusal {
+	int err;            /* the -errno mlock returned */
+	uint64_t bytes;     /* bytes it was asked to lock */
+	int limit_known;    /* getrlimit(RLIMIT_MEMLOCK) answered: */
+	uint64_t limit;     /* its soft limit in bytes; UINT64_MAX: unlimited */
+	int locked_known;   /* /proc/self/status was read: */
+	uint64_t locked;    /* VmLck: bytes this process had locked */
+	int ipc_lock;       /* CAP_IPC_LOCK is effective: the limit does not apply */
+	int seccomp;        /* Seccomp: 0 none, 1 strict, 2 filter; -1 unknown */
+};
+
+/* Fills *out for a lock of bytes that failed with err (-errno): the
+ * limit, the bytes locked, the capability and the seccomp mode. Call it
+ * right after the refusal, on the thread that made it (it reads
+ * /proc/self/status). */
+void resident_refusal_read(int err, uint64_t bytes, struct resident_refusal *out);
+
+/*
+ * Writes the cause of r into buf (cap bytes, always terminated), one
+ * clause that starts with the errno's name and ends with the advice:
+ * "mlock: ENOMEM: RLIMIT_MEMLOCK is 1048576 bytes, 69632 bytes were locked
+ * and 67108864 more asked; raise LimitMEMLOCK= in wcached.service (or
+ * ulimit -l) to at least 65M, or pin less".
+ */
+void resident_refusal_cause(const struct resident_refusal *r, char *buf, size_t cap);
 
 /* munlock(2)s the range. Returns 0 or -errno. */
 int resident_unpin_range(const void *base, size_t len);

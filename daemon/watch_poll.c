@@ -310,9 +310,12 @@ on_poll_timer(uv_timer_t *t)
 		struct model_entry *m = registry_find(w->reg, p->name);
 		int r;
 
-		if (p->busy || now < p->due_ms || m == NULL || m->current == NULL)
+		if (p->busy || now < p->due_ms)
 			continue;
-		p->due_ms = now + m->poll_interval_ms;
+		p->due_ms = now + (m != NULL ? m->poll_interval_ms : 1000);
+		/* Nothing served to compare with: a load (or reload) comes first. */
+		if (m == NULL || m->current == NULL)
+			continue;
 		/* A load running now reads the paths itself. */
 		if (m->pending != NULL || m->loading > 0)
 			continue;

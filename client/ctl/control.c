@@ -302,6 +302,8 @@ read_field(struct jr *j, const struct ctl_field *field, void *dst)
 
 	switch (field->type) {
 	case CTL_STRING:
+		if (jr_peek(j) == JR_NULL) /* absent: stays NULL */
+			return jr_skip(j);
 		return read_string(j, member, NULL);
 	case CTL_U64:
 		if (jr_peek(j) != JR_NUMBER)

@@ -47,6 +47,7 @@ struct model_row {
 	uint64_t generation, bytes, resident, attached;
 	double warm_percent, warm_eta; /* eta 0 when absent (null: no estimate yet) */
 	char *pin_applied;             /* what is locked; NULL from an older daemon */
+	char *pin_error;               /* why less is locked (a refused mlock); NULL: none */
 	struct gen_row *gens;
 	size_t ngens;
 	struct derived_row *derived;
@@ -113,6 +114,7 @@ static const struct ctl_field model_fields[] = {
 	{ "state", CTL_STRING, offsetof(struct model_row, state) },
 	{ "pinned", CTL_STRING, offsetof(struct model_row, pinned) },
 	{ "pin_applied", CTL_STRING, offsetof(struct model_row, pin_applied) },
+	{ "pin_error", CTL_STRING, offsetof(struct model_row, pin_error) },
 	{ "error", CTL_STRING, offsetof(struct model_row, error) },
 	{ "generation", CTL_U64, offsetof(struct model_row, generation) },
 	{ "bytes", CTL_U64, offsetof(struct model_row, bytes) },
@@ -164,6 +166,7 @@ status_free(struct status *s)
 		free(m->state);
 		free(m->pinned);
 		free(m->pin_applied);
+		free(m->pin_error);
 		free(m->error);
 		free(m->path);
 	}
@@ -547,21 +550,26 @@ print_status(struct status *s, char *const *names, size_t nnames)
 		       "released)\n", u->generation, u->state ? u->state : "?", u->attached);
 	}
 	print_derived(s, names, nnames);
-	/* A pin that locked less than asked: still locking, or refused. */
+	/* A pin that locked less than asked: still locking, or refused (and
+	 * then the daemon says why). */
 	for (size_t i = 0; i < s->nmodels; i++) {
 		const struct model_row *m = &s->models[i];
 
 		if (!asked(m->name, names, nnames) || m->pin_applied == NULL || m->generation == 0 ||
-			pin_rank(m->pin_applied) >= pin_rank(m->pinned))
+			(m->pin_error == NULL && pin_rank(m->pin_applied) >= pin_rank(m->pinned)))
 			continue;
 		if (!notes)
 			printf("\npins:\n");
 		notes = true;
 		printf("  ");
 		ctl_print_safe(stdout, m->name ? m->name : "?");
-		printf(": pin = %s asked, %s locked: still locking, or mlock(2) was refused "
-		       "(RLIMIT_MEMLOCK, LimitMEMLOCK= in wcached.service; wcached's log says)\n",
-			m->pinned, m->pin_applied);
+		printf(": pin = %s asked, %s locked: ", m->pinned ? m->pinned : "?", m->pin_applied);
+		if (m->pin_error != NULL)
+			ctl_print_safe(stdout, m->pin_error);
+		else
+			printf("still locking, or mlock(2) was refused (RLIMIT_MEMLOCK, "
+			       "LimitMEMLOCK= in wcached.service; wcached's log says)");
+		putchar('\n');
 	}
 	for (size_t i = 0; i < s->nmodels; i++) {
 		const struct model_row *m = &s->models[i];

@@ -13,6 +13,9 @@
 # 4. Derived weights (issue 20): bench_derived.py, 4 and 8 workers each
 #    transforming a ~560 MiB model (BF16 -> F32, int8 per channel) by
 #    themselves, then through wcache.derived().
+# 5. Shared storage (issue 22): bench_poll.py, the cost of polling a model's
+#    paths (1 file, 163 shards; local and through tests/tools/remotefs, as
+#    root) and a remote rename among 1, 16 and 64 polled models.
 # Models are cached in BUILD/bench-models and reused. Figures and targets
 # are printed with PASS/MISS; a missed target never makes this script fail
 # (only a broken setup does). Takes a few minutes on a 2-core machine.
@@ -61,5 +64,7 @@ PYTHONPATH="$here/../../client/python" WCACHE_LIB="$build/lib/libwcache.so.0" \
 	/usr/bin/python3 "$here/bench_python.py" --build "$build" --dir "$models"
 echo
 /usr/bin/python3 "$here/bench_derived.py" --build "$build" --models "$models"
+echo
+/usr/bin/python3 "$here/bench_poll.py" --build "$build" --models "$models"
 echo
 echo "== bench done in $(( $(date +%s) - start )) s =="

@@ -175,6 +175,26 @@ def test_local_model_is_polled_only_when_asked(tmp_path):
         assert ea["filesystem"] == eb["filesystem"] != "fuse"
 
 
+def test_polled_model_that_failed_to_load_costs_nothing(tmp_path):
+    """A polled model with nothing served (its path missing) waits for its
+    next poll like any other (once a bug: its poll timer fired at once,
+    over and over, and the daemon spun on a core)."""
+    (tmp_path / "d").mkdir()
+    gone = str(tmp_path / "nowhere" / "m.safetensors")
+    with running_daemons(lambda: Daemon(tmp_path / "d", {
+            "m": (gone, {"watch": "poll", "poll_interval": "0.1"})})) as start:
+        d = start()
+        wait_until(lambda: model_entry(d, "m")["state"] == "failed", what="m failed")
+
+        def cpu():
+            with open(f"/proc/{d.proc.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        before = cpu()
+        time.sleep(2)
+        assert cpu() - before < 0.2, "the daemon used a core while idle"
+
+
 def test_unstaged_old_generation_gets_sigbus_after_a_remote_replacement(start, tmp_path,
                                                                        remote):
     """What stage = no risks, as the README says: a worker still mapping the

@@ -10,8 +10,10 @@ model files root-owned 0644 under /srv/models, the daemon as the packaged
 user wcache, and a worker user in group wcache.
 """
 import json
+import math
 import os
 import re
+import resource
 import subprocess
 import time
 
@@ -31,6 +33,10 @@ KILL_9 = "code=killed, status=9/KILL"  # what systemd logs for a kill -9 of Main
 LOAD_WORKERS = 8           # per mode of restart_under_load
 RESTARTS = 5
 HOLD_SECONDS = 3           # restart_hold_seconds for held_across_restart
+# The model the pin checks lock: 4 tensors of 16 MiB, 64 MiB and a page,
+# more than the 8 MiB RLIMIT_MEMLOCK a service gets without LimitMEMLOCK=.
+BIG = {"tensors": 4, "pages_per_tensor": 4096}
+DROP_INS = "/etc/systemd/system/wcached.service.d"
 
 # A worker that attaches a model with the Python package and reads every
 # tensor: prints the generation and the sha256 of the bytes it saw.
@@ -65,15 +71,21 @@ class Failure(Exception):
     pass
 
 
+class Skipped(Exception):
+    """What a check could not do on this runner, and why (after checking
+    what it could)."""
+
+
 def expect(cond, message):
     if not cond:
         raise Failure(message)
 
 
 class Checks:
-    ORDER = ["install", "socket_activation", "sandbox", "check_status", "systemctl_status",
-             "metrics", "residency_warm", "evict", "dropped_by_a_client", "pin",
-             "python_worker", "reload_good", "reload_bad", "rename_swaps", "in_place_write",
+    ORDER = ["install", "socket_activation", "sandbox", "memlock_limit", "check_status",
+             "systemctl_status", "metrics", "residency_warm", "evict", "dropped_by_a_client",
+             "pin", "pin_metadata_large", "pin_all_large", "pin_refused_filter",
+             "pin_refused_limit", "memory_limit", "python_worker", "reload_good", "reload_bad", "rename_swaps", "in_place_write",
              "warm_restart", "restart_under_load", "held_across_restart", "journal_priorities",
              "analyze_security", "analyze_verify", "stop"]
 
@@ -85,6 +97,7 @@ class Checks:
         self.seed = 1
         self.models = {}        # the configuration's models: name -> section body
         self.kills = 0          # kill -9 of MainPID done on purpose
+        self.memlock_max = None  # MainPID's RLIMIT_MEMLOCK (memlock_limit); None: unlimited
 
     # ---- helpers ----
 
@@ -121,13 +134,86 @@ class Checks:
     def journal(self, *args):
         return self.sh("journalctl", "--no-pager", "-b", *args).stdout
 
-    def write_model(self, name, path=None):
+    def write_model(self, name, path=None, **shape):
         """Writes model NAME's file (or PATH, for a replacement written beside
-        it) with a new seed; remembers its digest for NAME."""
+        it) with a new seed (and SHAPE, model.write's); remembers its digest
+        for NAME."""
         path = path or f"{MODELS}/{name}.safetensors"
         self.seed += 1
-        self.digests[name] = model.write(self.c.path(path), self.seed)
+        self.digests[name] = model.write(self.c.path(path), self.seed, **shape)
         return path
+
+    def memlock(self, pid=None):
+        """RLIMIT_MEMLOCK of PID (default MainPID) from /proc/PID/limits:
+        (soft, hard) in bytes, None for unlimited."""
+        text = self.sh("cat", f"/proc/{pid or self.main_pid}/limits").stdout
+        m = re.search(r"^Max locked memory\s+(\S+)\s+(\S+)", text, re.M)
+        expect(m, f"no 'Max locked memory' in /proc/{pid}/limits:\n{text}")
+        return tuple(None if v == "unlimited" else int(v) for v in m.groups())
+
+    def locked(self, pid=None):
+        """VmLck of PID (default MainPID) in bytes."""
+        text = self.sh("cat", f"/proc/{pid or self.main_pid}/status").stdout
+        m = re.search(r"^VmLck:\s+(\d+) kB", text, re.M)
+        expect(m, f"no VmLck in /proc/{pid}/status")
+        return int(m.group(1)) * 1024
+
+    def wait_model(self, name, what, pred, timeout=60):
+        """Waits until PRED(model NAME's status entry) holds; returns the entry."""
+        try:
+            return wait_for(f"model {name}: {what}", lambda: (lambda m: pred(m) and m)(
+                self.model_status(name)), timeout, interval=0.1)
+        except Timeout as e:
+            raise Failure(f"{e}; status says {self.model_status(name)}")
+
+    def restart(self):
+        """systemctl restart (a warm restart); the new MainPID, once every
+        model is ready with its metadata locked again (restored generations
+        lock it after they serve) or refused (pin_error)."""
+        self.sh("systemctl", "reset-failed", UNIT)  # StartLimitBurst=: the test's pace
+        self.sh("systemctl", "restart", UNIT, timeout=120)
+        pid = int(self.show("MainPID")["MainPID"])
+        expect(pid not in (0, self.main_pid), f"MainPID {pid} after systemctl restart")
+        self.main_pid = pid
+        self.pins_settled()
+        return pid
+
+    def pins_settled(self):
+        """Waits until every model is ready with its pin applied or refused
+        (pin_error): no lock or unlock is still running."""
+        try:
+            wait_for("every model ready, its pin applied or refused", lambda: all(
+                m["state"] == "ready" and (m["pin_applied"] == m["pinned"] or m["pin_error"])
+                for m in self.status()["models"]), 60, 0.1)
+        except Timeout as e:
+            raise Failure(f"{e}; status says {self.status()['models']}")
+
+    def refusal_told(self, pid, name, m):
+        """The refusal in model NAME's status entry M (pin_error) is also one
+        warning in PID's journal, naming the model, and in wcachectl
+        status's note on pins."""
+        e = self.journal_entry(pid, f'model "{name}": {m["pin_error"]}')
+        expect(e.get("PRIORITY") == "4", f"the refusal is at priority {e.get('PRIORITY')}")
+        text = self.sh("wcachectl", "status", name, check=False).stdout
+        note = (f"{name}: pin = {m['pinned']} asked, {m['pin_applied']} locked: "
+                f"{m['pin_error']}")
+        expect(note in text, f"wcachectl status does not say {note!r}:\n{text}")
+
+    def with_drop_in(self, name, text):
+        """Installs drop-in NAME.conf of the unit and restarts it; returns
+        the new MainPID. drop_in_removed() undoes it."""
+        os.makedirs(self.c.path(DROP_INS), exist_ok=True)
+        with open(self.c.path(f"{DROP_INS}/{name}.conf"), "w") as f:
+            f.write(text)
+        self.sh("systemctl", "daemon-reload")
+        return self.restart()
+
+    def drop_in_removed(self, name):
+        path = self.c.path(f"{DROP_INS}/{name}.conf")
+        if os.path.exists(path):
+            os.unlink(path)
+        self.sh("systemctl", "daemon-reload")
+        return self.restart()
 
     def write_config(self, text):
         with open(self.c.path("/etc/wcached.conf"), "w") as f:
@@ -324,6 +410,30 @@ class Checks:
                f"SystemCallErrorNumber={p['SystemCallErrorNumber']}, not EPERM (1): a "
                "refused call kills the daemon")
 
+    def memlock_limit(self):
+        """The unit's LimitMEMLOCK=infinity holds for the daemon, as on a
+        host: the container has CAP_SYS_RESOURCE (container.py), so its
+        systemd may raise the limit. A runner without that capability in
+        its bounding set cannot give it: systemd then sets the highest
+        limit it can, the runner's hard limit, and the check says so."""
+        soft, hard = self.memlock()
+        self.memlock_max = soft
+        if "CAP_SYS_RESOURCE" not in self.c.missing:
+            expect(soft is None and hard is None,
+                   f"/proc/{self.main_pid}/limits: Max locked memory {soft} {hard} bytes, not "
+                   "unlimited: the unit's LimitMEMLOCK=infinity does not hold")
+            return "Max locked memory unlimited"
+        runner = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+        runner = None if runner == resource.RLIM_INFINITY else runner
+        expect(soft == hard == runner,
+               f"Max locked memory {soft} {hard} bytes; systemd should set the runner's hard "
+               f"limit {runner}, the highest it can without CAP_SYS_RESOURCE")
+        if runner is None:
+            return "Max locked memory unlimited (the runner's own)"
+        raise Skipped(f"Max locked memory {soft} bytes, this runner's hard limit: it lacks "
+                      "CAP_SYS_RESOURCE, so the container cannot be given it and "
+                      "LimitMEMLOCK=infinity cannot hold")
+
     def check_status(self):
         r = self.sh("wcachectl", "status", check=False)
         expect(r.returncode in (0, 3), f"wcachectl status exited {r.returncode}: {r.stderr}")
@@ -384,6 +494,173 @@ class Checks:
         n = self.residency_agrees("small")
         expect(n == model.file_size(), f"pinned, {n} of {model.file_size()} bytes resident")
         self.sh("wcachectl", "unpin", "small")
+
+    def pin_metadata_large(self):
+        """pin = metadata of a 64 MiB model (more than a service's default
+        8 MiB RLIMIT_MEMLOCK) under the packaged unit: its index and header
+        are locked (VmLck of MainPID grows by about that), nothing more."""
+        self.pins_settled()  # pin's unpin may still run
+        before = self.locked()
+        path = self.write_model("big", **BIG)
+        self.models["big"] = f"path = {path}\npin = metadata\n"
+        self.write_config(config(self.models))
+        self.sh("systemctl", "reload", UNIT)
+        m = self.wait_model("big", "ready with its metadata locked",
+                            lambda m: m["state"] == "ready" and m["pin_applied"] == "metadata")
+        expect(m["pin_error"] is None and m["bytes"] == model.file_size(**BIG),
+               f"model big: {m}")
+        after = self.locked()
+        # One page of header and the index (a page for 4 tensors); a whole
+        # file would be 64 MiB.
+        delta = after - before
+        expect(model.PAGE < delta <= model.PAGE + (64 << 10),
+               f"VmLck of MainPID grew by {delta} bytes ({before} -> {after}) for the metadata "
+               "of model big")
+        return f"VmLck {before} -> {after} bytes (+{delta}: index and header)"
+
+    def pin_all_large(self):
+        """wcachectl pin of the 64 MiB model holds under the packaged unit
+        (LimitMEMLOCK=infinity): pin_applied all, VmLck of MainPID at least
+        the model's size, every page resident; unpin gives it back. Where
+        the runner keeps RLIMIT_MEMLOCK below the model (memlock_limit), the
+        lock is checked to be refused for that reason, and the check skips."""
+        size = model.file_size(**BIG)
+        base = self.locked()
+        try:
+            if self.memlock_max is not None and self.memlock_max < base + size:
+                self.sh("wcachectl", "pin", "big", check=False)
+                m = self.wait_model("big", "its pin = all refused", lambda m: m["pin_error"])
+                want = f"mlock: ENOMEM: RLIMIT_MEMLOCK is {self.memlock_max} bytes"
+                expect(want in m["pin_error"] and m["pin_applied"] == "metadata",
+                       f"model big: pin_error {m['pin_error']!r}, pin_applied "
+                       f"{m['pin_applied']} (wanted {want!r})")
+                self.sh("wcachectl", "unpin", "big", check=False)
+                self.wait_model("big", "unpinned, its error cleared", lambda m: m[
+                    "pin_applied"] == "metadata" and m["pin_error"] is None)
+                raise Skipped(f"pin = all of {size} bytes cannot hold under this runner's "
+                              f"{self.memlock_max}-byte RLIMIT_MEMLOCK; refused as it must be: "
+                              f"{m['pin_error']}")
+            self.sh("wcachectl", "pin", "big")
+            m = self.wait_model("big", "locked whole", lambda m: m["pin_applied"] == "all")
+            expect(m["pin_error"] is None, f"model big: {m}")
+            pinned = self.locked()
+            expect(pinned >= size and pinned - base >= size - model.PAGE,
+                   f"pin = all of {size} bytes: VmLck {base} -> {pinned}")
+            resident = self.residency_agrees("big")
+            expect(resident == size, f"pinned, {resident} of {size} bytes resident")
+            self.sh("wcachectl", "unpin", "big")
+            self.wait_model("big", "unpinned", lambda m: m["pin_applied"] == "metadata")
+            try:
+                wait_for("VmLck back to the metadata's", lambda: self.locked() == base, 30, 0.1)
+            except Timeout as e:
+                raise Failure(f"{e}: VmLck {self.locked()}, was {base} before the pin")
+            return f"VmLck {base} -> {pinned} -> {base} bytes, {resident} resident"
+        finally:
+            del self.models["big"]
+            self.write_config(config(self.models))
+            self.sh("systemctl", "reload", UNIT)
+
+    def memory_limit(self):
+        """The memory limit in force under the packaged unit: without a
+        limit, the container's RAM figure (or the cgroup limit the
+        container itself runs under); with a drop-in setting MemoryMax=
+        (cgroup v2) and MemoryLimit= (v1) of 512M, status's "memory" says
+        512 MiB from wcached.service's cgroup, and memory_budget = 50% is
+        256 MiB of it. Where the container's systemd has no memory
+        controller to delegate (a hybrid host gives nspawn none), the drop-in
+        sets nothing: skipped, saying so, after checking the figure without
+        it."""
+        mem = self.status()["memory"]
+        expect(mem["limit"] <= mem["ram"] and mem["limit_source"],
+               f"status memory without a limit: {mem}")
+        before = mem
+        pid = self.with_drop_in("memory-max", "[Service]\nMemoryMax=512M\nMemoryLimit=512M\n")
+        try:
+            groups = self.sh("cat", f"/proc/{pid}/cgroup").stdout
+            mem = self.status()["memory"]
+            if mem["limit"] == before["limit"] and mem["limit_kind"] == before["limit_kind"]:
+                raise Skipped(f"MemoryMax=512M set no limit wcached can see (its cgroups: "
+                              f"{' '.join(groups.split())}); without it: "
+                              f"{before['limit'] >> 20} MiB from {before['limit_source']}")
+            expect(mem["limit"] == 512 << 20 and mem["limit_kind"] in ("cgroup_v1", "cgroup_v2")
+                   and "wcached.service" in mem["limit_source"],
+                   f"status memory with MemoryMax=512M: {mem}")
+            self.write_config(config(self.models, daemon="memory_budget = 50%\n"))
+            self.sh("systemctl", "reload", UNIT)
+            mem = self.status()["memory"]
+            expect(mem["budget"] == 256 << 20, f"memory_budget = 50% under 512M: {mem}")
+            text = self.sh("wcachectl", "status").stdout
+            expect(f"memory: 512.0 MiB in force ({mem['limit_source']}), budget 256.0 MiB" in text,
+                   f"wcachectl status:\n{text}")
+        finally:
+            self.write_config(config(self.models))
+            self.drop_in_removed("memory-max")
+        return f"512 MiB from {mem['limit_source']}, budget 256 MiB"
+
+    def pin_refused_filter(self):
+        """(a) mlock(2) forbidden by a seccomp filter (a drop-in with
+        SystemCallFilter=~@memlock, refused with EPERM): the metadata lock
+        the restarted daemon makes is refused, and both the journal (one
+        warning) and status (pin_error, wcachectl status) say the filter
+        did it, not RLIMIT_MEMLOCK. Without the drop-in it holds again."""
+        pid = self.with_drop_in("memlock-filter", "[Service]\nSystemCallFilter=~@memlock\n"
+                                "SystemCallErrorNumber=EPERM\n")
+        try:
+            soft = self.memlock()[0]
+            m = self.wait_model("small", "its metadata lock refused", lambda m: m["pin_error"])
+            limit = "unlimited" if soft is None else f"{soft} bytes"
+            rx = (r"cannot lock its index \(\d+ bytes\) in memory: mlock: EPERM: forbidden by "
+                  r"a seccomp filter \(.*\), not by RLIMIT_MEMLOCK \(" + re.escape(limit) +
+                  r"\); allow @memlock, or use pin = none")
+            expect(re.fullmatch(rx, m["pin_error"]) and m["pin_applied"] == "none",
+                   f"model small: pin_error {m['pin_error']!r}, pin_applied {m['pin_applied']}")
+            self.refusal_told(pid, "small", m)
+            expect(self.locked() == 0, f"VmLck {self.locked()} with mlock refused")
+            error = m["pin_error"]
+        finally:
+            self.drop_in_removed("memlock-filter")
+        m = self.model_status("small")
+        expect(m["pin_applied"] == "metadata" and m["pin_error"] is None,
+               f"without the drop-in, model small: {m}")
+        return (f"{error[error.index('mlock: '):error.index(' (the unit')]}, VmLck 0; "
+                "held again without the drop-in")
+
+    def pin_refused_limit(self):
+        """(b) RLIMIT_MEMLOCK too small (a drop-in with LimitMEMLOCK=1M):
+        wcachectl pin of a 3 MiB model is refused with ENOMEM, and the
+        journal and status name the limit, the bytes locked and asked, and
+        the LimitMEMLOCK= that would do. Raised again (prlimit, as the
+        daemon's user), a pin that holds clears the error."""
+        hard = self.memlock()[1]
+        pid = self.with_drop_in("memlock-limit", "[Service]\nLimitMEMLOCK=1M:"
+                                f"{'infinity' if hard is None else hard}\n")
+        size = model.file_size()
+        try:
+            expect(self.memlock(pid) == (1 << 20, hard),
+                   f"with LimitMEMLOCK=1M:{hard}, /proc/{pid}/limits says {self.memlock(pid)}")
+            locked = self.locked()
+            self.sh("wcachectl", "pin", "small", check=False)
+            m = self.wait_model("small", "its pin refused", lambda m: m["pin_error"])
+            want = (f"cannot lock {MODELS}/small.safetensors ({size} bytes) in memory: mlock: "
+                    f"ENOMEM: RLIMIT_MEMLOCK is {1 << 20} bytes, {locked} bytes were locked and "
+                    f"{size} more asked; raise LimitMEMLOCK= in wcached.service (or ulimit -l) "
+                    f"to at least {math.ceil((locked + size) / (1 << 20))}M, or pin less")
+            expect(m["pin_error"] == want and m["pin_applied"] == "metadata",
+                   f"model small: pin_error {m['pin_error']!r} (wanted {want!r}), pin_applied "
+                   f"{m['pin_applied']}")
+            self.refusal_told(pid, "small", m)
+            # The daemon's own user may raise its soft limit up to the hard one.
+            self.sh("prlimit", f"--pid={pid}",
+                    f"--memlock={'unlimited' if hard is None else hard}:", user="wcache")
+            self.sh("wcachectl", "pin", "small")
+            m = self.wait_model("small", "locked whole, the error cleared",
+                                lambda m: m["pin_applied"] == "all" and m["pin_error"] is None)
+            expect(self.locked() >= size, f"pinned, VmLck {self.locked()}")
+            self.sh("wcachectl", "unpin", "small")
+            self.wait_model("small", "unpinned", lambda m: m["pin_applied"] == "metadata")
+        finally:
+            self.drop_in_removed("memlock-limit")
+        return "ENOMEM at 1M, named; cleared by a pin that held"
 
     def python_worker(self):
         """The Python package, as a worker, reads exactly the bytes written."""

@@ -1,6 +1,15 @@
 """container.py: boots a copy of the cached root with systemd-nspawn and
 runs commands inside it with nsenter.
 
+The container is given what a host's PID1 has and nspawn withholds by
+default (HOST_CAPABILITIES): CAP_IPC_LOCK, without which nspawn's own
+seccomp filter refuses mlock(2) to every process inside, and
+CAP_SYS_RESOURCE, without which its systemd cannot raise a unit's
+LimitMEMLOCK= (or any limit) above the runner's hard limit. A capability
+missing from the runner's own bounding set cannot be given (nspawn drops
+it silently): Container.missing names it, and the checks expect what
+systemd can do without it.
+
 The copy (cp -a, reflinked where the file system can) is the run's own:
 the cached root stays pristine. systemd-nspawn runs in the background with
 systemd as the container's PID1; commands enter its namespaces by the host
@@ -13,6 +22,10 @@ import shutil
 import signal
 import subprocess
 import time
+
+# Capability numbers (linux/capability.h) of what a host's PID1 has and
+# systemd-nspawn does not give a container unless told.
+HOST_CAPABILITIES = {"CAP_IPC_LOCK": 14, "CAP_SYS_RESOURCE": 24}
 
 # What a command inside sees: no host variables leak in.
 ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -34,6 +47,17 @@ def wait_for(what, predicate, timeout, interval=0.05):
         if time.monotonic() > deadline:
             raise Timeout(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(interval)
+
+
+def bounding_set():
+    """The capability numbers in this process's bounding set: what it can
+    give the container at most."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("CapBnd:"):
+                mask = int(line.split()[1], 16)
+                return {n for n in range(64) if mask >> n & 1}
+    return set()
 
 
 def _children(pid):
@@ -74,6 +98,10 @@ class Container:
         self.log = log
         self.nspawn = None
         self.pid1 = None
+        have = bounding_set()
+        # HOST_CAPABILITIES the runner has (given) and has not (missing).
+        self.capabilities = [c for c, n in HOST_CAPABILITIES.items() if n in have]
+        self.missing = [c for c in HOST_CAPABILITIES if c not in self.capabilities]
 
     def path(self, inside):
         """The host path of a path inside the container's root."""
@@ -87,11 +115,14 @@ class Container:
     def boot(self, timeout=90):
         cmd = ["systemd-nspawn", "-D", self.dir, "--register=no", "--keep-unit", "-b",
                "--console=passive", "--link-journal=no",
-               f"--machine=wcache-system-{os.getpid()}",  # unique: runs may overlap
-               # nspawn refuses mlock(2) to containers without CAP_IPC_LOCK,
-               # which this host may not grant; allowed, mlock obeys
-               # RLIMIT_MEMLOCK as on a real host.
-               "--system-call-filter=@memlock"]
+               f"--machine=wcache-system-{os.getpid()}"]  # unique: runs may overlap
+        if self.capabilities:
+            cmd.append("--capability=" + ",".join(self.capabilities))
+        if "CAP_IPC_LOCK" in self.missing:
+            # Without it nspawn's filter refuses mlock(2) to everything
+            # inside; let it through, so that mlock obeys RLIMIT_MEMLOCK as
+            # on a host.
+            cmd.append("--system-call-filter=@memlock")
         self.log.write("$ " + " ".join(cmd) + "\n")
         self.log.flush()
         self.nspawn = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self.log,

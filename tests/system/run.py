@@ -13,8 +13,11 @@ runs the checks, keeps the boot's journal in BUILD/system/journal.log,
 and always tears the container down. Skips, on one line starting with "SKIP system tests:",
 only when the container cannot be booted here: not root, no
 systemd-nspawn/debootstrap/nsenter/strace/cc, or the Debian archive
-unreachable. Ends with "N passed, N failed"; exit status 1 when any check
-failed, 0 otherwise (a skip included).
+unreachable. A check that cannot be done on this runner (it lacks what
+the check needs, such as CAP_SYS_RESOURCE) says "skip NAME: why" after
+checking what it can. Ends with "N passed, N failed" (", N skipped" when
+any was); exit status 1 when any check failed, 0 otherwise (a skip
+included).
 """
 import argparse
 import glob
@@ -29,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import rootfs  # noqa: E402
 import syscalls  # noqa: E402
-from checks import UNIT, Checks, Failure  # noqa: E402
+from checks import UNIT, Checks, Failure, Skipped  # noqa: E402
 from container import Container  # noqa: E402
 
 PACKAGES = ("wcached", "libwcache0", "libwcache-dev", "python3-wcache")
@@ -86,7 +89,7 @@ def main():
     print(f"system tests: root {root} ({'debootstrapped' if built else 'cached'}, "
           f"{t_root:.0f} s)", flush=True)
 
-    passed, failed = [], []
+    passed, failed, skipped = [], [], []
     nspawn_log = open(os.path.join(work, "nspawn.log"), "w")
     c = Container(root, work, nspawn_log)
     tracing = None
@@ -113,8 +116,10 @@ def main():
             print(f"FAIL boot: {e}\n--- {nspawn_log.name} (last 20 lines) ---\n{tail}")
         else:
             print(f"system tests: container booted ({state}) in {time.monotonic() - t:.1f} s, "
-                  f"PID1 is host PID {c.pid1}", flush=True)
-            run_checks(c, debs, passed, failed, tracing)
+                  f"PID1 is host PID {c.pid1}, given {', '.join(c.capabilities) or 'nothing'}"
+                  + (f" ({', '.join(c.missing)}: not in this runner's bounding set)"
+                     if c.missing else ""), flush=True)
+            run_checks(c, debs, passed, failed, skipped, tracing)
             tracing.pause()
             check_syscalls(c, tracing.logs, passed, failed)
             with open(os.path.join(work, "journal.log"), "w") as f:
@@ -132,13 +137,13 @@ def main():
         c.close()
         nspawn_log.close()
         print(f"system tests: container removed in {time.monotonic() - t:.1f} s", flush=True)
-    return finish(t0, t_root, passed, failed)
+    return finish(t0, t_root, passed, failed, skipped)
 
 
-def run_checks(c, debs, passed, failed, tracing):
+def run_checks(c, debs, passed, failed, skipped, tracing):
     """Runs Checks.ORDER, each followed by the daemon's invariant, printing
-    a line each and appending its name to PASSED or FAILED. TRACING (the
-    strace of PID1) pauses for the checks in Checks.UNTRACED."""
+    a line each and appending its name to PASSED, FAILED or SKIPPED. TRACING
+    (the strace of PID1) pauses for the checks in Checks.UNTRACED."""
     checks = Checks(c, [os.path.basename(p) for p in debs.values()])
     for name in Checks.ORDER:
         t = time.monotonic()
@@ -147,6 +152,8 @@ def run_checks(c, debs, passed, failed, tracing):
                 tracing.pause()
             try:
                 detail = getattr(checks, name)()
+            except Skipped as e:
+                detail = e
             finally:
                 tracing.resume()
             if name not in Checks.NO_INVARIANT:
@@ -162,6 +169,10 @@ def run_checks(c, debs, passed, failed, tracing):
         except Exception:
             failed.append(name)
             print(f"FAIL {name}: {traceback.format_exc()}", flush=True)
+            continue
+        if isinstance(detail, Skipped):
+            skipped.append(name)
+            print(f"skip {name} ({time.monotonic() - t:.1f} s): {detail}", flush=True)
             continue
         passed.append(name)
         print(f"ok   {name} ({time.monotonic() - t:.1f} s{'; ' + detail if detail else ''})",
@@ -193,9 +204,10 @@ def check_syscalls(c, log_paths, passed, failed):
     print(f"ok   {name} ({len(calls)} distinct calls, all permitted{note})", flush=True)
 
 
-def finish(t0, t_root, passed, failed):
+def finish(t0, t_root, passed, failed, skipped=()):
     print(f"system tests: {time.monotonic() - t0:.0f} s in all ({t_root:.0f} s for the root)")
-    print(f"{len(passed)} passed, {len(failed)} failed")
+    print(f"{len(passed)} passed, {len(failed)} failed"
+          + (f", {len(skipped)} skipped ({', '.join(skipped)})" if skipped else ""))
     return 1 if failed else 0
 
 

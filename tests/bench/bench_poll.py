@@ -1,0 +1,155 @@
+#!/usr/bin/python3
+"""Polling models on shared storage (issue 22): what one poll of a model's
+paths costs wcached, and whether that stays flat as models are added.
+
+A real wcached polls (watch = poll, poll_interval 0.1 s) a one-file model
+and a 163-shard layout (mklayout, as bench_scale.py), on the local
+filesystem and through tests/tools/remotefs (FUSE standing in for NFS; root
+only); its status gives polls and their seconds. Then 1, 16 and 64
+one-file models on remotefs, polled every 0.5 s: a remote rename of one of
+them, and how long until polling saw it, next to the per-poll cost.
+
+    tests/bench/bench_poll.py --build BUILD --models DIR
+
+Targets: a remote rename seen within 2 x poll_interval with 64 models
+polled; the per-model poll cost with 64 models at most 2x that with 1.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
+
+from bench import Bench, fmt_t  # noqa: E402
+from bench_scale import layout  # noqa: E402
+from remotefs import RemoteFS, skip_reason  # noqa: E402
+from wcached import Wcached, wait_until  # noqa: E402
+
+POLL_FAST = "0.1"
+POLL_FLAT = 0.5
+
+
+def status(b, d):
+    r = subprocess.run([b.binary("wcachectl"), "--control", d.control, "--json", "status"],
+                       capture_output=True, text=True)
+    return {m["name"]: m for m in json.loads(r.stdout)["models"]}
+
+
+def per_poll(b, tmp, models, seconds=3.0):
+    """{name: seconds per poll} of models {name: path}, polled every 0.1 s."""
+    d = Wcached(tmp, {n: (p, {"watch": "poll", "poll_interval": POLL_FAST, "stage": "no"})
+                      for n, p in models.items()}, log_level="info",
+                wcached=b.binary("wcached")).start()
+    try:
+        wait_until(lambda: all(m["state"] == "ready" for m in status(b, d).values()),
+                   what="models ready")
+        first = status(b, d)
+        time.sleep(seconds)
+        last = status(b, d)
+        return {n: ((last[n]["poll_seconds"] - first[n]["poll_seconds"]) /
+                    max(1, last[n]["polls"] - first[n]["polls"]), last[n]["polls"] -
+                    first[n]["polls"]) for n in models}
+    finally:
+        d.stop()
+
+
+def cost_part(b, tmp, fs):
+    one = b.model("poll-one", ["--layers", "2", "--hidden", "64", "--ffn", "128",
+                               "--vocab", "100"])
+    shards = layout(b, "163 shards", 90000, 163)
+    rows = [("1 file, local", {"m": one}), ("163 shards, local", {"m": shards})]
+    if fs is not None:
+        remote_one = os.path.join(fs.backing, "one.safetensors")
+        subprocess.run(["cp", one, remote_one], check=True)
+        remote_shards = os.path.join(fs.backing, "shards")
+        subprocess.run(["cp", "-r", os.path.dirname(shards), remote_shards], check=True)
+        rows += [("1 file, remotefs", {"m": fs.path("one.safetensors")}),
+                 ("163 shards, remotefs",
+                  {"m": os.path.join(fs.path("shards"), os.path.basename(shards))})]
+    print("\n  one poll (a stat of the model's path and of each file's, on the work queue)")
+    figures = {}
+    for i, (label, models) in enumerate(rows):
+        d = os.path.join(tmp, f"cost{i}")
+        os.mkdir(d)
+        cost, n = per_poll(b, d, models)["m"]
+        figures[label] = cost
+        print(f"  {label:<22} {fmt_t(cost):>9} per poll ({n} polls)")
+    if fs is not None:
+        print(f"  163 shards / 1 file on remotefs: "
+              f"{figures['163 shards, remotefs'] / figures['1 file, remotefs']:.0f}x")
+    return figures
+
+
+def flat_part(b, tmp, fs):
+    src1, src2 = (b.model(f"poll-seed{s}", ["--seed", str(s), "--layers", "2", "--hidden", "64",
+                                             "--ffn", "128", "--vocab", "100"]) for s in (1, 2))
+    with open(src1, "rb") as f:
+        data1 = f.read()
+    with open(src2, "rb") as f:
+        data2 = f.read()
+    print(f"\n  a remote rename of one model among N polled every {POLL_FLAT} s (remotefs)")
+    results = {}
+    for n in (1, 16, 64):
+        for i in range(n):
+            fs.replace(f"f{i}.safetensors", data1)
+        fs.wait_visible(f"f{n - 1}.safetensors")
+        d = os.path.join(tmp, f"flat{n}")
+        os.mkdir(d)
+        w = Wcached(d, {f"f{i}": (fs.path(f"f{i}.safetensors"),
+                                  {"poll_interval": str(POLL_FLAT), "stage": "no"})
+                        for i in range(n)}, log_level="info", wcached=b.binary("wcached")).start()
+        try:
+            wait_until(lambda: all(m["state"] == "ready" and m["polls"] >= 3
+                                   for m in status(b, w).values()), what="models polled")
+            t = time.monotonic()
+            fs.replace("f0.safetensors", data2)
+            seen, _ = w.wait_for_log(r'model "f0": .* changed on fuse \(seen by polling\)',
+                                     timeout=30)
+            m = status(b, w)
+            cost = sum(x["poll_seconds"] for x in m.values()) / sum(x["polls"] for x in m.values())
+            results[n] = (seen - t, cost)
+            print(f"  {n:>3} models: seen after {fmt_t(seen - t):>9}, {fmt_t(cost):>9} per "
+                  f"model per poll")
+        finally:
+            w.stop()
+    ok_seen = results[64][0] <= 2 * POLL_FLAT + fs.attr_timeout
+    b.target(f"remote rename seen within 2 x poll_interval ({2 * POLL_FLAT:.1f} s + "
+             f"{fs.attr_timeout} s attribute cache), 64 models", fmt_t(results[64][0]), ok_seen)
+    ratio = results[64][1] / results[1][1]
+    b.target("per-model poll cost, 64 models / 1 model <= 2x", f"{ratio:.2f}x", ratio <= 2)
+    return results
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--models", default=None)
+    args = ap.parse_args()
+    b = Bench(args.build, os.path.abspath(args.models or os.path.join(args.build,
+                                                                         "bench-models")))
+    os.makedirs(b.model_dir, exist_ok=True)
+    print("== Polling models on shared storage (watch = poll; remotefs stands in for NFS) ==")
+    with tempfile.TemporaryDirectory(prefix="wcache-bench-poll-") as tmp:
+        os.chmod(tmp, 0o755)
+        reason = skip_reason(b.build)
+        if reason:
+            print(f"  (no remotefs: {reason}; local figures only)")
+            cost_part(b, tmp, None)
+        else:
+            os.mkdir(os.path.join(tmp, "backing"))
+            os.mkdir(os.path.join(tmp, "mnt"))
+            with RemoteFS(os.path.join(tmp, "backing"), os.path.join(tmp, "mnt"),
+                          attr_timeout=0.1, build=b.build) as fs:
+                cost_part(b, tmp, fs)
+                flat_part(b, tmp, fs)
+    for what, figure, verdict in b.targets:
+        print(f"  {verdict}  {what}: {figure}")
+
+
+if __name__ == "__main__":
+    main()
