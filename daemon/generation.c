@@ -24,6 +24,7 @@
 #include "log.h"
 #include "pages.h"
 #include "proto/memfds.h"
+#include "stage.h"
 
 static const char *const state_names[] = {
 	[GEN_NEW] = "new",
@@ -112,6 +113,45 @@ gen_is_live(const struct generation *g)
 }
 
 void
+gen_source_fs(const struct model_source *src, struct fs_info *out)
+{
+	memset(out, 0, sizeof(*out));
+	for (size_t i = 0; i < src->nfiles; i++) {
+		struct fs_info fs;
+
+		if (fstype_of_fd(src->files[i].fd, &fs) == 0 && (i == 0 || fs.remote) &&
+			!out->remote)
+			*out = fs;
+	}
+	if (src->nfiles == 0)
+		fstype_classify(0, out);
+}
+
+void
+gen_free_origin(struct gen_origin *origin, size_t n)
+{
+	for (size_t i = 0; origin != NULL && i < n; i++)
+		free(origin[i].path);
+	free(origin);
+}
+
+/* Frees g's origin and removes its staged copy (stage.h), on the work
+ * queue; at shutdown a copy whose files the manager's store keeps for the
+ * next process stays (it removes it when that generation closes). */
+static void
+gen_free_staged(struct registry *r, struct generation *g)
+{
+	gen_free_origin(g->origin, g->norigin);
+	g->origin = NULL;
+	g->norigin = 0;
+	if (g->staged.dir != NULL && r->closing && r->fdstore && g->stored_slot != 0)
+		free(g->staged.dir);
+	else
+		stage_remove_later(r->loop, g->staged.dir);
+	g->staged.dir = NULL;
+}
+
+void
 gen_maybe_free(struct registry *r, struct generation *g)
 {
 	struct generation **pp;
@@ -136,6 +176,7 @@ gen_maybe_free(struct registry *r, struct generation *g)
 		close(g->served_index_fd);
 	gen_close_served(g->served_fds, g->source.nfiles);
 	source_close(&g->source);
+	gen_free_staged(r, g);
 	free(g->warm.jobs);
 	free(g->hold_conns);
 	free(g->model_name);
@@ -225,17 +266,9 @@ gen_new(struct registry *r, const char *model_name, uint64_t number, struct mode
 	g->index_fd = index_fd;
 	g->index = index;
 	g->index_size = index_size;
-	for (size_t i = 0; i < g->source.nfiles; i++) {
-		struct fs_info fs;
-
+	for (size_t i = 0; i < g->source.nfiles; i++)
 		g->bytes += g->source.files[i].size;
-		/* The filesystem status shows: the first remote one if any. */
-		if (fstype_of_fd(g->source.files[i].fd, &fs) == 0 && (i == 0 || fs.remote) &&
-			!g->fs.remote)
-			g->fs = fs;
-	}
-	if (g->source.nfiles == 0)
-		fstype_classify(0, &g->fs);
+	gen_source_fs(&g->source, &g->fs);
 	g->number = number;
 	return g;
 }

@@ -135,6 +135,16 @@ struct generation {
 		struct stat st;
 	} *origin;
 	size_t norigin;
+	/* A staged generation's copy (stage.h): its directory under stage_dir
+	 * (NULL when not staged), removed when the generation closes, except
+	 * at shutdown when the manager's store keeps its files for the next
+	 * process (restore.h); what it costs on disk and how long it took. */
+	struct {
+		char *dir;
+		uint64_t bytes;         /* bytes copied (the files and a shard index) */
+		uint64_t disk_bytes;    /* the copy's allocated size */
+		double seconds;         /* the copy's time; 0 for one a restart kept */
+	} staged;
 	int watched;                /* its files' paths were compared with its files
 				       once its model's directories were watched
 				       (watch.c): a rename before that is seen too */
@@ -290,6 +300,14 @@ void gen_residency_checked(struct registry *r, struct generation *g, uint64_t re
  * file.
  */
 int gen_open_served(const struct model_source *src, int **out);
+
+/* The filesystem of src's files that status shows and staging decides on:
+ * the first remote one if any, else the first file's ("unknown" when
+ * statfs fails; 0x0 for no file). */
+void gen_source_fs(const struct model_source *src, struct fs_info *out);
+
+/* Frees n origins (a staged generation's, or one being made); safe on NULL. */
+void gen_free_origin(struct gen_origin *origin, size_t n);
 
 /* Closes and frees what gen_open_served() opened; safe on NULL. */
 void gen_close_served(int *fds, size_t n);

@@ -30,6 +30,7 @@
 #include "registry.h"
 #include "restore.h"
 #include "server.h"
+#include "stage.h"
 #include "format/source.h"
 #include "generation.h"
 #include "warm.h"
@@ -395,6 +396,21 @@ reload_finished(struct daemon *d, unsigned failed, void *arg)
 	free(req);
 }
 
+/* Where staged copies go (stage.h): created if missing, given to uid:gid
+ * (as root before dropping privileges; (uid_t)-1 otherwise). A stage_dir
+ * that cannot be made is said once here; each model that must stage is
+ * then refused with the reason. */
+static void
+set_stage_dir(struct daemon *d, const struct config *cfg, uid_t uid, gid_t gid)
+{
+	/* Said at debug only: most hosts stage nothing, and a model that
+	 * must stage says why it cannot in its one line. */
+	if (stage_prepare_dir(cfg->stage_dir, uid, gid) < 0)
+		log_debug("%s; models that stage are refused until it can be", error_get());
+	if (registry_set_stage_dir(&d->reg, cfg->stage_dir) < 0)
+		log_errorx("%s", error_get());
+}
+
 /*
  * Re-reads the configuration and adds, drops or reloads models; done (may
  * be NULL) runs when every load it started has ended. For SIGHUP and for
@@ -425,6 +441,7 @@ reload_config(struct daemon *d, registry_done_fn done, void *arg)
 	log_setlevel(cfg->log_level);
 	d->reg.memory_budget = memory_budget(d, cfg);
 	registry_enforce_budget(&d->reg);
+	set_stage_dir(d, cfg, (uid_t)-1, (gid_t)-1);
 	d->reloads++;
 	b = batch_new(d, reload_finished, req);
 	config_diff(d->cfg, cfg, reload_model, b);
@@ -717,7 +734,12 @@ main(int argc, char **argv)
 		d.created_socket = strdup(d.cfg->socket_path);
 	}
 	listen_fds_unset();
+	/* stage_dir before dropping root, so that it can be given to the user. */
+	if (d.cfg->user != NULL && geteuid() == 0)
+		set_stage_dir(&d, d.cfg, d.cfg->user_uid, d.cfg->user_gid);
 	drop_privileges(&d);
+	if (d.reg.stage_dir == NULL)
+		set_stage_dir(&d, d.cfg, (uid_t)-1, (gid_t)-1);
 
 	uv_timer_init(&d.loop, &d.status_timer);
 	d.status_timer.data = &d;
@@ -743,6 +765,10 @@ main(int argc, char **argv)
 	}
 	if (fdstore)
 		restore_finish(stored, &d.reg);
+	/* What a crashed or stopped wcached left in stage_dir, now that the
+	 * copies restored generations serve are known, and before any
+	 * staging starts (stagings are queued from the loop). */
+	registry_stage_sweep(&d.reg);
 	batch_release(b);
 	uv_run(&d.loop, UV_RUN_DEFAULT);
 

@@ -444,6 +444,8 @@ registry_close(struct registry *r)
 		gen_maybe_free(r, g);
 	}
 	statuspage_close(&r->page);
+	free(r->stage_dir);
+	r->stage_dir = NULL;
 }
 
 void

@@ -108,6 +108,9 @@ struct registry {
 	 * as it is at shutdown. */
 	int fdstore;
 	int restart_hold_ms;            /* restore_adopt_held(): how long HOLDs may come */
+	/* Where staged copies go (stage.h; registry_set_stage_dir), absolute;
+	 * NULL: none, and a model that must stage is refused. */
+	char *stage_dir;
 	unsigned holds_open;            /* generations waiting for HOLDs (restore.h) */
 	/* The owner's hooks: warming progress or end, and a model's current
 	 * generation changing (for client notifications). */
@@ -306,6 +309,17 @@ int registry_find_for(struct registry *r, const char *name, const struct registr
  * next generations are staged. -ENOENT. */
 int registry_set_storage(struct registry *r, const char *name, enum fs_watch watch,
 	unsigned poll_interval_ms, enum fs_stage stage);
+
+/* Sets the directory staged copies go to (the stage_dir key; copied):
+ * for the next stagings; copies made already stay where they are until
+ * their generations close. -ENOMEM. */
+int registry_set_stage_dir(struct registry *r, const char *dir);
+
+/* Removes from stage_dir what earlier processes left there (stage_sweep):
+ * every staged copy no open generation serves. Call once at start, after
+ * the warm restart adopted what it could and before the loop runs (no
+ * staging has started then). Blocking (start-up only). */
+void registry_stage_sweep(struct registry *r);
 
 /* Whether m's paths must be polled for updates: watch = poll, or watch =
  * auto and its current generation is on a remote filesystem (fstype.h). */

@@ -7,6 +7,13 @@
  * and installed: pinned as its model asks, handed to the warm pool, and
  * made current at once (a first generation) or when warm (a replacement).
  * What happens to a generation after that is generation.c's.
+ *
+ * A model that stages (stage.h: stage = yes, or auto on a network or FUSE
+ * filesystem) takes one more trip through the work queue between the two:
+ * once the source is validated, the loop decides (the model's stage key is
+ * set only after registry_load() returns), and the copy is made, checked,
+ * opened and validated as the model, off the loop; the generation then
+ * serves the copy, with its origin (the files it was copied from) noted.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -24,6 +31,7 @@
 #include "pages.h"
 #include "proto/memfds.h"
 #include "registry_internal.h"
+#include "stage.h"
 
 struct load_request {
 	uv_work_t work;
@@ -44,6 +52,15 @@ struct load_request {
 	char message[1024];
 	registry_done_fn done;
 	void *arg;
+	/* Staging (stage.h): the source's filesystem (the first remote one),
+	 * whether the served files are a copy, the copy, and the files it was
+	 * copied from (their path and stat at open) for the generation. */
+	struct fs_info fs;
+	int staged;
+	struct stage_request stage;
+	char *stage_dir;      /* stage.stage_dir, owned */
+	struct gen_origin *origin;
+	size_t norigin;
 };
 
 /* Copies the compiled index into a sealed memfd and maps it read-only. */
@@ -60,32 +77,110 @@ seal_index(struct load_request *q)
 	return 0;
 }
 
-/* Work queue thread: open, validate, compile, seal. */
+/* Opens, validates and compiles the model at path into q (source, served
+ * descriptors, sealed index). Work queue thread. */
+static int
+open_model(struct load_request *q, const char *path)
+{
+	int err;
+
+	if ((err = source_open(path, &q->source)) == 0 &&
+		((err = gen_open_served(&q->source, &q->served_fds)) < 0 ||
+			(err = seal_index(q)) < 0)) {
+		gen_close_served(q->served_fds, q->source.nfiles);
+		q->served_fds = NULL;
+		source_close(&q->source);
+	}
+	return err;
+}
+
+/* Work queue thread: open, validate, compile, seal; and note the source's
+ * filesystem, from which the loop decides whether to stage it. */
 static void
 load_work(uv_work_t *w)
 {
 	struct load_request *q = w->data;
 
-	if ((q->status = source_open(q->path, &q->source)) == 0 &&
-		((q->status = gen_open_served(&q->source, &q->served_fds)) < 0 ||
-			(q->status = seal_index(q)) < 0)) {
-		gen_close_served(q->served_fds, q->source.nfiles);
-		q->served_fds = NULL;
-		source_close(&q->source);
-	}
-	if (q->status < 0)
+	if ((q->status = open_model(q, q->path)) < 0) {
 		snprintf(q->message, sizeof(q->message), "%s", error_get());
+		return;
+	}
+	gen_source_fs(&q->source, &q->fs);
+}
+
+/* Drops what q opened of the model it loaded: its files, served
+ * descriptors and index. */
+static void
+drop_opened(struct load_request *q)
+{
+	if (q->index != NULL)
+		munmap((void *)q->index, q->index_size);
+	q->index = NULL;
+	if (q->index_fd >= 0)
+		close(q->index_fd);
+	q->index_fd = -1;
+	gen_close_served(q->served_fds, q->source.nfiles);
+	q->served_fds = NULL;
+	source_close(&q->source);
+}
+
+/* Notes where q's source files came from (path and stat at open), for the
+ * staged generation's origin. */
+static int
+note_origin(struct load_request *q)
+{
+	size_t n = q->source.nfiles;
+
+	if ((q->origin = calloc(n ? n : 1, sizeof(*q->origin))) == NULL)
+		return error_set(-ENOMEM, "out of memory");
+	for (size_t i = 0; i < n; i++) {
+		if ((q->origin[i].path = strdup(q->source.files[i].path)) == NULL)
+			return error_set(-ENOMEM, "out of memory");
+		q->origin[i].st = q->source.files[i].st;
+		q->norigin = i + 1;
+	}
+	return 0;
+}
+
+/*
+ * Work queue thread, for a model that stages: copies the validated source
+ * to stage_dir (stage_copy checks space, reads and that nothing changed),
+ * then opens and validates the copy as the model; the source is closed.
+ * On failure nothing is left in stage_dir.
+ */
+static void
+stage_work(uv_work_t *w)
+{
+	struct load_request *q = w->data;
+
+	q->stage.files = q->source.files;
+	q->stage.nfiles = q->source.nfiles;
+	if ((q->status = stage_copy(&q->stage)) < 0 || (q->status = note_origin(q)) < 0) {
+		snprintf(q->message, sizeof(q->message), "%s", error_get());
+		return;
+	}
+	drop_opened(q);
+	if ((q->status = open_model(q, q->stage.path)) < 0) {
+		snprintf(q->message, sizeof(q->message), "the staged copy in %s: %s", q->stage.dir,
+			error_get());
+		if (stage_remove(q->stage.dir) < 0)
+			log_warnx("%s", error_get());
+		stage_request_clear(&q->stage);
+	}
 }
 
 static void
 load_request_free(struct load_request *q)
 {
-	if (q->index != NULL)
-		munmap((void *)q->index, q->index_size);
-	if (q->index_fd >= 0)
-		close(q->index_fd);
-	gen_close_served(q->served_fds, q->source.nfiles);
-	source_close(&q->source);
+	drop_opened(q);
+	/* A copy no generation took (superseded, or wcached is stopping). */
+	if (q->stage.dir != NULL) {
+		stage_remove_later(q->r->loop, q->stage.dir);
+		q->stage.dir = NULL;
+	}
+	stage_request_clear(&q->stage);
+	gen_free_origin(q->origin, q->norigin);
+	free(q->stage_dir);
 	free(q->name);
 	free(q->path);
 	free(q);
@@ -96,24 +191,62 @@ load_request_free(struct load_request *q)
  * only: files are replaced by rename(2), and an inode written in place is
  * the modified generation's, not a new one. On a remote filesystem an inode
  * number says less: another host's server may give a freed number to the
- * file that replaced it, so there the size and mtime must match too.
+ * file that replaced it, so there the size and mtime must match too. A
+ * staged generation compares its origin, size and mtime included: its copy
+ * is not hurt by a write in place, so a source written since it was copied
+ * is staged again.
  */
 static int
 same_inodes(const struct generation *g, const struct model_source *s)
 {
-	if (g == NULL || g->source.nfiles != s->nfiles)
+	if (g == NULL || g->source.nfiles != s->nfiles ||
+		(g->origin != NULL && g->norigin != s->nfiles))
 		return 0;
 	for (size_t i = 0; i < s->nfiles; i++) {
-		const struct stat *a = &g->source.files[i].st, *b = &s->files[i].st;
+		const struct stat *a = g->origin != NULL ? &g->origin[i].st : &g->source.files[i].st,
+				  *b = &s->files[i].st;
 
 		if (a->st_dev != b->st_dev || a->st_ino != b->st_ino)
 			return 0;
-		if (g->fs.remote && (a->st_size != b->st_size ||
-					    a->st_mtim.tv_sec != b->st_mtim.tv_sec ||
-					    a->st_mtim.tv_nsec != b->st_mtim.tv_nsec))
+		if ((g->origin != NULL || g->fs.remote) &&
+			(a->st_size != b->st_size || a->st_mtim.tv_sec != b->st_mtim.tv_sec ||
+				a->st_mtim.tv_nsec != b->st_mtim.tv_nsec))
 			return 0;
 	}
 	return 1;
+}
+
+/* Does m's load q copy its files to stage_dir first (stage = yes, or auto
+ * on a remote filesystem)? Loop thread, once the source is validated. */
+static int
+wants_stage(const struct model_entry *m, const struct load_request *q)
+{
+	return !q->staged && (m->stage == FS_STAGE_YES || (m->stage == FS_STAGE_AUTO && q->fs.remote));
+}
+
+/* The info line of a staged generation, or the warning of a remote one
+ * served where it is (stage = no: the operator took the risk). */
+static void
+log_staging(const struct model_entry *m, const struct generation *g, const struct load_request *q)
+{
+	if (q->staged) {
+		double mb = (double)q->stage.bytes / 1e6;
+		double secs = q->stage.seconds;
+		double gib = (double)q->stage.bytes / (1024.0 * 1024.0 * 1024.0);
+
+		if (gib >= 0.1)
+			log_info("model \"%s\": generation %" PRIu64 " staged from %s to %s (%.1f GiB "
+				 "in %.1f s, %.0f MB/s)", m->name, g->number, q->fs.name, g->staged.dir,
+				gib, secs, secs > 0 ? mb / secs : 0.0);
+		else
+			log_info("model \"%s\": generation %" PRIu64 " staged from %s to %s (%.1f MB "
+				 "in %.3f s, %.0f MB/s)", m->name, g->number, q->fs.name, g->staged.dir,
+				mb, secs, secs > 0 ? mb / secs : 0.0);
+	} else if (q->fs.remote && m->stage == FS_STAGE_NO) {
+		log_warnx("model \"%s\": generation %" PRIu64 " served from %s without staging "
+			  "(stage = no): a replacement made on another host can make workers' reads "
+			  "of older generations fail with SIGBUS", m->name, g->number, q->fs.name);
+	}
 }
 
 /* Loop thread: turns a validated load into a generation of its model. */
@@ -133,6 +266,19 @@ install(struct registry *r, struct model_entry *m, struct load_request *q)
 	q->served_fds = NULL;
 	q->index_fd = -1;
 	q->index = NULL;
+	if (q->staged) {
+		/* It serves the copy; its filesystem is the origin's. */
+		g->fs = q->fs;
+		g->origin = q->origin;
+		g->norigin = q->norigin;
+		q->origin = NULL;
+		q->norigin = 0;
+		g->staged.dir = q->stage.dir;
+		q->stage.dir = NULL;
+		g->staged.bytes = q->stage.bytes;
+		g->staged.disk_bytes = q->stage.disk_bytes;
+		g->staged.seconds = q->stage.seconds;
+	}
 	registry_link(r, m, g);
 
 	free(m->path);
@@ -156,6 +302,7 @@ install(struct registry *r, struct model_entry *m, struct load_request *q)
 	log_info("model \"%s\": generation %" PRIu64 " from %s: %zu file%s, %" PRIu64 " bytes",
 		m->name, g->number, m->path, g->source.nfiles, g->source.nfiles == 1 ? "" : "s",
 		g->bytes);
+	log_staging(m, g, q);
 	if (m->warm && r->pool != NULL)
 		gen_start_warming(r, g);
 	else
@@ -177,6 +324,56 @@ install(struct registry *r, struct model_entry *m, struct load_request *q)
 
 static int queue_load(struct registry *r, const char *name, const char *path,
 	enum pin_mode pin, int warm, int reload, registry_done_fn done, void *arg);
+static void load_after(uv_work_t *w, int status);
+
+/* A load that failed (q->status, q->message): counted, logged once, and
+ * kept as the model's error. */
+static void
+load_failed(struct registry *r, struct model_entry *m, struct load_request *q)
+{
+	m->load_errors++;
+	free(m->error);
+	m->error = strdup(q->message);
+	log_errorx("model \"%s\": %s; %s", m->name, q->message,
+		m->current != NULL ? "generation still serving" : "not served");
+	if (q->done != NULL)
+		q->done(q->status, q->message, 0, q->arg);
+	if (r->changed != NULL)
+		r->changed(r);
+}
+
+/*
+ * Sends q, validated, back to the work queue to be staged: 0 (q is the
+ * queue's again, and m still loading), or -errno with q->message.
+ */
+static int
+queue_stage(struct registry *r, struct model_entry *m, struct load_request *q)
+{
+	int err;
+
+	if (r->stage_dir == NULL) {
+		snprintf(q->message, sizeof(q->message), "cannot stage it: no stage_dir");
+		return q->status = -EINVAL;
+	}
+	/* The request's own copy: a reload may change the key meanwhile. */
+	if ((q->stage_dir = strdup(r->stage_dir)) == NULL) {
+		snprintf(q->message, sizeof(q->message), "out of memory");
+		return q->status = -ENOMEM;
+	}
+	q->staged = 1;
+	q->stage.stage_dir = q->stage_dir;
+	q->stage.model = q->name;
+	q->stage.number = m->last_generation + 1;
+	q->stage.model_path = q->path;
+	q->stage.cancel = &r->closing;
+	if ((err = uv_queue_work(r->loop, &q->work, stage_work, load_after)) < 0) {
+		snprintf(q->message, sizeof(q->message), "cannot stage it: %s", uv_strerror(err));
+		return q->status = err;
+	}
+	m->loading++;
+	r->loads_in_flight++;
+	return 0;
+}
 
 static void
 load_after(uv_work_t *w, int status)
@@ -197,15 +394,7 @@ load_after(uv_work_t *w, int status)
 		if (q->done != NULL)
 			q->done(-ECANCELED, "superseded by a newer load or unload", 0, q->arg);
 	} else if (q->status < 0) {
-		m->load_errors++;
-		free(m->error);
-		m->error = strdup(q->message);
-		log_errorx("model \"%s\": %s; %s", m->name, q->message,
-			m->current != NULL ? "generation still serving" : "not served");
-		if (q->done != NULL)
-			q->done(q->status, q->message, 0, q->arg);
-		if (r->changed != NULL)
-			r->changed(r);
+		load_failed(r, m, q);
 	} else if (q->reload && same_inodes(m->pending, &q->source)) {
 		if (q->done != NULL)
 			q->done(0, "already warming as the next generation", m->pending->number,
@@ -222,6 +411,12 @@ load_after(uv_work_t *w, int status)
 			if (q->done != NULL)
 				q->done(0, "unchanged", m->current->number, q->arg);
 		}
+	} else if (wants_stage(m, q)) {
+		/* The model's stage key is known now (it is set after
+		 * registry_load returns): copy, then install the copy. */
+		if (queue_stage(r, m, q) == 0)
+			return;
+		load_failed(r, m, q);
 	} else {
 		install(r, m, q);
 	}
@@ -303,4 +498,42 @@ registry_reload(struct registry *r, const char *name, registry_done_fn done, voi
 		return 0;
 	}
 	return queue_load(r, m->name, m->path, m->pin, m->warm, 1, done, arg);
+}
+
+int
+registry_set_stage_dir(struct registry *r, const char *dir)
+{
+	char *d = strdup(dir);
+
+	if (d == NULL)
+		return error_set(-ENOMEM, "out of memory");
+	/* A staging on the work queue has its own copy (queue_stage). */
+	free(r->stage_dir);
+	r->stage_dir = d;
+	return 0;
+}
+
+void
+registry_stage_sweep(struct registry *r)
+{
+	char **keep;
+	size_t n = 0;
+	unsigned removed = 0;
+
+	if (r->stage_dir == NULL)
+		return;
+	for (const struct generation *g = r->generations; g != NULL; g = g->next)
+		n++;
+	if ((keep = calloc(n ? n : 1, sizeof(*keep))) == NULL)
+		return;
+	n = 0;
+	for (const struct generation *g = r->generations; g != NULL; g = g->next)
+		if (g->staged.dir != NULL)
+			keep[n++] = g->staged.dir;
+	if (stage_sweep(r->stage_dir, keep, n, &removed) < 0)
+		log_warnx("%s", error_get());
+	if (removed > 0)
+		log_info("removed %u staged cop%s left in %s by an earlier wcached", removed,
+			removed == 1 ? "y" : "ies", r->stage_dir);
+	free(keep);
 }

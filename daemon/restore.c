@@ -32,6 +32,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "base/error.h"
@@ -46,6 +47,7 @@
 #include "notify.h"
 #include "restore.h"
 #include "restore_internal.h"
+#include "stage.h"
 
 #define INDEX_SEALS (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
 
@@ -294,19 +296,76 @@ check_index(int fd, const char *fdname, uint64_t size, uint32_t nfiles, struct i
 	return 0;
 }
 
-/* Checks stored file k of g (index mapped at blob) and maps it into *out,
- * which then owns the descriptor. */
+/*
+ * A stored file that is a staged copy (stage.h): 1 with its path under
+ * stage_dir in *copy (malloc'd; the link /proc/self/fd names, without a
+ * " (deleted)" a removal left), 0 when it is not one, -ENOMEM.
+ */
 static int
-take_file(struct restore *s, const char *dir, const struct fdstore_generation *g, uint32_t k,
-	const uint8_t *blob, const struct index_header *h, struct wc_file *out)
+staged_copy_path(const char *stage_dir, int fd, char **copy)
+{
+	static const char deleted[] = " (deleted)";
+	char link[64], buf[PATH_MAX], *dir = NULL;
+	ssize_t n;
+	size_t len;
+	int r;
+
+	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+	if (stage_dir == NULL || (n = readlink(link, buf, sizeof(buf) - 1)) <= 0)
+		return 0;
+	buf[n] = '\0';
+	len = (size_t)n;
+	if (len > sizeof(deleted) - 1 && strcmp(buf + len - (sizeof(deleted) - 1), deleted) == 0)
+		buf[len - (sizeof(deleted) - 1)] = '\0';
+	if ((r = stage_dir_of(stage_dir, buf, &dir)) <= 0)
+		return r;
+	free(dir);
+	if ((*copy = strdup(buf)) == NULL)
+		return error_set(-ENOMEM, "out of memory");
+	return 1;
+}
+
+/*
+ * A staged copy's origin: the configured model's file full that it was
+ * copied from. A current generation serves only while that file is what
+ * was copied: its size and mtime (the copy keeps the source's mtime); the
+ * copy's inode was checked against the description already. Fills *o.
+ */
+static int
+check_origin(const struct fdstore_generation *g, const struct fdstore_file *f, char *full,
+	struct gen_origin *o)
+{
+	struct stat st;
+
+	if (stat(full, &st) == -1) {
+		if (g->role == FDSTORE_CURRENT)
+			return error_set(-EINVAL, "%s, staged from, is gone", full);
+		memset(&st, 0, sizeof(st));
+	} else if (g->role == FDSTORE_CURRENT &&
+		(!S_ISREG(st.st_mode) || (uint64_t)st.st_size != f->size ||
+			restore_mtime_ns(&st) != f->mtime_ns)) {
+		return error_set(-EINVAL, "%s was replaced or changed since it was staged", full);
+	}
+	o->path = full;
+	o->st = st;
+	return 0;
+}
+
+/* Checks stored file k of g (index mapped at blob) and maps it into *out,
+ * which then owns the descriptor. A staged copy's origin goes to *origin
+ * (path NULL when the file is not a staged copy). */
+static int
+take_file(struct restore *s, const char *stage_dir, const char *dir,
+	const struct fdstore_generation *g, uint32_t k, const uint8_t *blob,
+	const struct index_header *h, struct wc_file *out, struct gen_origin *origin)
 {
 	const struct fdstore_file *f = &g->files[k];
 	const char *fname;
-	char *full;
+	char *full, *copy = NULL;
 	struct stat st;
 	uint64_t size;
 	size_t at;
-	int fd = find_fd(s, f->fdname, &at), fl;
+	int fd = find_fd(s, f->fdname, &at), fl, staged;
 
 	if (fd < 0)
 		return error_set(-EINVAL, "file %" PRIu32 " (\"%s\") is not in the store", k, f->fdname);
@@ -324,19 +383,61 @@ take_file(struct restore *s, const char *dir, const struct fdstore_generation *g
 			"not a file name", k, fname);
 	if ((full = path_join(dir, fname)) == NULL)
 		return error_set(-ENOMEM, "file %s: out of memory", fname);
-	/* A held generation's files were replaced: that is why it is old. */
-	if (g->role == FDSTORE_CURRENT && (stat(full, &st) == -1 || !same_file(&st, f))) {
+	if ((staged = staged_copy_path(stage_dir, fd, &copy)) != 0) {
+		if (staged < 0 || check_origin(g, f, full, origin) < 0) {
+			free(copy);
+			free(full);
+			return -EINVAL;
+		}
+		/* The origin keeps full; the file is the copy. */
+		full = copy;
+	} else if (g->role == FDSTORE_CURRENT && (stat(full, &st) == -1 || !same_file(&st, f))) {
+		/* A held generation's files were replaced: that is why it is old. */
 		error_set(-EINVAL, "%s was replaced or changed since it was stored", full);
 		free(full);
 		return -EINVAL;
 	}
 	if (file_from_fd(fd, full, out) < 0) {
 		free(full);
+		if (origin->path != NULL) {
+			free(origin->path);
+			origin->path = NULL;
+		}
 		return -EINVAL;
 	}
 	free(full);
 	s->fds[at].fd = -1;
 	return 0;
+}
+
+/*
+ * A restored generation k whose files are staged copies (origin[0] noted):
+ * it keeps serving them, knows where they came from (for polling and the
+ * next reload), and removes their directory when it closes, as the process
+ * that staged them would have. Takes origin.
+ */
+static void
+adopt_staged(struct registry *r, struct generation *k, struct gen_origin *origin, size_t n)
+{
+	struct statfs sfs;
+	char *dir = NULL;
+
+	if (n == 0 || origin[0].path == NULL ||
+		stage_dir_of(r->stage_dir, k->source.files[0].path, &dir) <= 0) {
+		gen_free_origin(origin, n);
+		return;
+	}
+	k->origin = origin;
+	k->norigin = n;
+	k->staged.dir = dir;
+	k->staged.bytes = k->bytes;
+	for (size_t i = 0; i < k->source.nfiles; i++)
+		k->staged.disk_bytes += (uint64_t)k->source.files[i].st.st_blocks * 512u;
+	/* Its filesystem is the origin's, as when it was staged. */
+	if (statfs(origin[0].path, &sfs) == 0)
+		fstype_classify((unsigned long)sfs.f_type, &k->fs);
+	log_info("model \"%s\": generation %" PRIu64 " keeps its staged copy %s", k->model_name,
+		k->number, dir);
 }
 
 /* Checks every piece of m's stored generation g and serves it: as the
@@ -346,6 +447,7 @@ adopt(struct restore *s, struct registry *r, const struct fdstore_model *m,
 	const struct fdstore_generation *g, const char *path, enum pin_mode pin, int warm)
 {
 	struct model_source src = { .format = FORMAT_SAFETENSORS };
+	struct gen_origin *origin = NULL;
 	struct index_header h;
 	char *dir = NULL;
 	void *map = NULL;
@@ -354,14 +456,21 @@ adopt(struct restore *s, struct registry *r, const struct fdstore_model *m,
 
 	if ((err = check_index(ifd, g->index_fdname, g->index_size, g->nfiles, &h, &map)) < 0)
 		return err;
-	if ((src.files = calloc(g->nfiles, sizeof(*src.files))) == NULL) {
+	if ((src.files = calloc(g->nfiles, sizeof(*src.files))) == NULL ||
+		(origin = calloc(g->nfiles ? g->nfiles : 1, sizeof(*origin))) == NULL) {
+		free(src.files);
 		munmap(map, (size_t)g->index_size);
 		return error_set(-ENOMEM, "out of memory");
 	}
 	if ((err = files_dir(path, &dir)) == 0)
 		for (uint32_t k = 0; k < g->nfiles && err == 0; k++)
-			if ((err = take_file(s, dir, g, k, map, &h, &src.files[k])) == 0)
+			if ((err = take_file(s, r->stage_dir, dir, g, k, map, &h, &src.files[k],
+				     &origin[k])) == 0)
 				src.nfiles = k + 1;
+	/* All copies or none: a mix is not what any process staged. */
+	for (uint32_t k = 1; err == 0 && k < g->nfiles; k++)
+		if ((origin[k].path == NULL) != (origin[0].path == NULL))
+			err = error_set(-EINVAL, "some of its files are staged copies, some not");
 	free(dir);
 	munmap(map, (size_t)g->index_size);
 	if (err == 0 && g->role == FDSTORE_CURRENT)
@@ -382,7 +491,10 @@ adopt(struct restore *s, struct registry *r, const struct fdstore_model *m,
 		/* The manager still has every piece under these names. */
 		k->stored_slot = e->slot;
 		k->stored_done = e->slot == m->slot;
+		adopt_staged(r, k, origin, g->nfiles);
+		origin = NULL;
 	}
+	gen_free_origin(origin, g->nfiles);
 	/* On failure the files taken are closed here, not by close_untaken():
 	 * ask the manager to drop them too. */
 	for (size_t k = 0; err < 0 && k < src.nfiles; k++)

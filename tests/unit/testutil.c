@@ -70,19 +70,27 @@ tu_safetensors(const char *header, size_t data_len, size_t *len)
 }
 
 int
-tu_count_fds(void)
+tu_count_entries(const char *dir)
 {
-	DIR *d = opendir("/proc/self/fd");
+	DIR *d = opendir(dir);
 	struct dirent *e;
 	int n = 0;
 
 	if (d == NULL)
 		return -1;
 	while ((e = readdir(d)) != NULL)
-		if (e->d_name[0] != '.')
+		if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
 			n++;
 	closedir(d);
-	return n - 1; /* the directory's own descriptor */
+	return n;
+}
+
+int
+tu_count_fds(void)
+{
+	int n = tu_count_entries("/proc/self/fd");
+
+	return n < 0 ? n : n - 1; /* the directory's own descriptor */
 }
 
 double

@@ -25,6 +25,9 @@ char *tu_write(const char *dir, const char *name, const void *data, size_t len);
  * Returns a malloc'd buffer of *len bytes. */
 uint8_t *tu_safetensors(const char *header, size_t data_len, size_t *len);
 
+/* Counts the entries of dir but . and ..; -1 when it cannot be read. */
+int tu_count_entries(const char *dir);
+
 /* Counts this process's open descriptors. */
 int tu_count_fds(void);
 

@@ -7,7 +7,6 @@
  * the caller's tensors as a file the library's reader accepts, and refuse
  * tensors it would not.
  */
-#include <dirent.h>
 #include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -53,22 +52,6 @@ slurp(const char *path, size_t *len)
 	fclose(f);
 	*len = (size_t)n;
 	return buf;
-}
-
-/* Number of entries in dir, "." and ".." aside. */
-static int
-count_entries(const char *dir)
-{
-	DIR *d = opendir(dir);
-	struct dirent *e;
-	int n = 0;
-
-	assert_non_null(d);
-	while ((e = readdir(d)) != NULL)
-		if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
-			n++;
-	closedir(d);
-	return n;
 }
 
 static char *
@@ -223,7 +206,7 @@ test_roundtrip(void **state)
 		assert_int_equal(sb.st_mode & 07777, 0644);
 	}
 	/* Only the four files, no temporaries. */
-	assert_int_equal(count_entries(dir), 4);
+	assert_int_equal(tu_count_entries(dir), 4);
 
 	wc_release(m0);
 	wc_release(m1);
@@ -542,7 +525,7 @@ test_big_endian(void **state)
 	assert_int_equal(writer_from_big_endian(in, WRITER_WEIG, weig), -EPROTO);
 	assert_non_null(strstr(wc_errmsg(), "little-endian"));
 	assert_int_equal(access(weig, F_OK), -1);
-	assert_int_equal(count_entries(dir), 4);
+	assert_int_equal(tu_count_entries(dir), 4);
 	assert_int_equal(tu_count_fds(), fds);
 
 	free(big);
@@ -603,7 +586,7 @@ test_reserved_name(void **state)
 	assert_int_equal(writer_safetensors(m, st), -EINVAL);
 	assert_non_null(strstr(wc_errmsg(), st));
 	assert_non_null(strstr(wc_errmsg(), "reserved"));
-	assert_int_equal(count_entries(dir), 1);
+	assert_int_equal(tu_count_entries(dir), 1);
 	wc_release(m);
 	free(img);
 	free(in);
@@ -647,7 +630,7 @@ test_no_partial_output(void **state)
 	assert_int_equal(glen, 3);
 	assert_memory_equal(got, "old", 3);
 	free(got);
-	assert_int_equal(count_entries(dir), 2);
+	assert_int_equal(tu_count_entries(dir), 2);
 
 	/* The same for safetensors. */
 	assert_int_equal(setrlimit(RLIMIT_FSIZE, &small), 0);
@@ -656,7 +639,7 @@ test_no_partial_output(void **state)
 	assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
 	signal(SIGXFSZ, old_handler);
 	assert_int_equal(rc, -EFBIG);
-	assert_int_equal(count_entries(dir), 2);
+	assert_int_equal(tu_count_entries(dir), 2);
 
 	/* A directory that does not exist: nothing is created. */
 	missing = join(dir, "no/such/dir/out.weig");
@@ -669,8 +652,8 @@ test_no_partial_output(void **state)
 	assert_int_equal(mkdir(sub, 0755), 0);
 	assert_true(writer_weig(m, sub) < 0);
 	assert_non_null(strstr(wc_errmsg(), sub));
-	assert_int_equal(count_entries(dir), 3);
-	assert_int_equal(count_entries(sub), 0);
+	assert_int_equal(tu_count_entries(dir), 3);
+	assert_int_equal(tu_count_entries(sub), 0);
 	free(sub);
 	sub = join(dir, "sub/");
 	assert_int_equal(writer_weig(m, sub), -EISDIR);
@@ -693,7 +676,7 @@ test_no_partial_output(void **state)
 	got = slurp(out, &glen);
 	assert_int_equal(glen, 3);
 	free(got);
-	assert_int_equal(count_entries(dir), 4);
+	assert_int_equal(tu_count_entries(dir), 4);
 
 	wc_release(m);
 	assert_int_equal(tu_count_fds(), fds);

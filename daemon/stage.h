@@ -1,0 +1,112 @@
+/*
+ * stage.h: staging, copying a model's files to local disk before they are
+ * served (README, "Models on shared storage"; the stage and stage_dir keys).
+ *
+ * On a network or FUSE filesystem another host may replace a model file,
+ * and this host's reads of the old file's uncached pages then fail (ESTALE,
+ * EIO): a worker touching one through its mapping gets SIGBUS. A staged
+ * generation serves a copy in stage_dir instead, which nobody but wcached
+ * writes and which lives as long as the generation does.
+ *
+ * A copy is stage_dir/<model>.<generation>/ holding each file under its own
+ * name (a model's files are plain names of one directory, as its index
+ * records them): the single file, or a shard index and its shards. It is
+ * written under a temporary name (.<model>.tmp-<pid>-XXXXXX) and renamed into
+ * place only when every byte is copied and every source is still what it
+ * was when it was opened (size, mtime, and the inode its path names): a
+ * partial copy never serves, and one from a crashed daemon is removed at
+ * start (stage_sweep). A copy keeps its source's mtime, so a warm restart
+ * can tell whether the source changed while the daemon was down.
+ *
+ * stage_copy() and stage_remove() block (gigabytes of I/O): call them on a
+ * work queue thread, never on the loop; stage_remove_later() queues the
+ * removal on libuv's work queue from the loop. Nothing here calls another
+ * daemon module but log; errors are -errno with the message in error_get().
+ */
+#ifndef WC_STAGE_H
+#define WC_STAGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#include "base/file.h"
+
+/* Bytes of free space staging a model of bytes requires in stage_dir:
+ * the model's, plus 1% and 64 MiB for the filesystem's own metadata and
+ * whatever else writes there meanwhile. */
+uint64_t stage_space_needed(uint64_t bytes);
+
+/* One staging: what to copy (in), what was made (out). */
+struct stage_request {
+	const char *stage_dir;     /* absolute */
+	const char *model;         /* the model's name (a config name: no '/') */
+	uint64_t number;           /* the generation it becomes, for the name */
+	const char *model_path;    /* the configured path: a file, shard index or directory */
+	const struct wc_file *files; /* the source's files, open, in index order */
+	size_t nfiles;
+	const int *cancel;         /* read atomically: nonzero stops the copy (-ECANCELED) */
+	/* Out, on success (stage_request_clear frees them): */
+	char *dir;                 /* the staged directory, stage_dir/<model>.<number> */
+	char *path;                /* the model's path inside it, for source_open() */
+	uint64_t bytes;            /* bytes copied */
+	uint64_t disk_bytes;       /* bytes the copy occupies on disk (st_blocks) */
+	double seconds;            /* the copy's wall time */
+};
+
+/*
+ * Copies the model's files (req->files, and a sharded model's index found
+ * from model_path) into a new directory under stage_dir: checks the free
+ * space first, creates stage_dir (0700) if missing, copies with
+ * copy_file_range(2) (sendfile(2), then read/write where the kernel
+ * refuses), checks each source against its stat at open, and renames the
+ * copy into place. Work queue thread. 0 with req's outputs, or -errno with a
+ * message saying why in a sentence an operator can act on (no space: needed
+ * and free; stage_dir not writable; a read error such as EIO or ESTALE,
+ * named; a source changed during the copy); nothing is left behind then.
+ */
+int stage_copy(struct stage_request *req);
+
+/* Frees req's outputs (not the copy on disk). */
+void stage_request_clear(struct stage_request *req);
+
+/*
+ * Removes the staged directory dir: its files, then itself. Blocking.
+ * 0, or -errno (the message names what could not be removed); a dir that
+ * does not exist is 0.
+ */
+int stage_remove(const char *dir);
+
+/* stage_remove() of dir on libuv's work queue, logged on failure; takes dir
+ * (malloc'd). Loop thread. Falls back to removing at once when the queue
+ * refuses. */
+void stage_remove_later(uv_loop_t *loop, char *dir);
+
+/*
+ * Creates stage_dir if missing (mode 0700; the parent must exist) and, when
+ * uid is not (uid_t)-1, gives it to uid:gid (as root, before privileges are
+ * dropped). 0, or -errno with the message.
+ */
+int stage_prepare_dir(const char *stage_dir, uid_t uid, gid_t gid);
+
+/*
+ * The staged directory path is in, when path lies in stage_dir: 1 and *dir
+ * (malloc'd, stage_dir/<entry>), else 0. -ENOMEM.
+ */
+int stage_dir_of(const char *stage_dir, const char *path, char **dir);
+
+/*
+ * Removes what earlier processes left in stage_dir: every staged directory
+ * (<model>.<number>, possibly with a suffix) and temporary one not among
+ * keep (nkeep absolute paths) and not this process's own temporary. Only
+ * names of those shapes are touched. Blocking. *removed counts them. 0, or
+ * the first -errno (with the message); it goes on after an error.
+ */
+int stage_sweep(const char *stage_dir, char *const *keep, size_t nkeep, unsigned *removed);
+
+/* "EIO", "ESTALE", "ENOSPC" ...: the symbolic name of a few errnos staging
+ * reports, or NULL. */
+const char *stage_errno_name(int err);
+
+#endif

@@ -1,0 +1,470 @@
+"""Staging (issue 22): with stage = yes (or auto on a network or FUSE
+filesystem) wcached copies each generation's files to stage_dir and serves
+the copy, so workers never map pages another host can take away. Here on
+a local directory (stage = yes), which needs no FUSE: the daemon's model
+descriptors are the copies, workers read every byte, a replacement is
+staged anew, a copy goes when its generation closes, a full stage_dir
+refuses the model with one line, stage = no makes no copy, and what a
+killed daemon left is swept at the next start."""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+
+import pytest
+
+from conftest import TEST_USER, Daemon, binary, mkmodel, parse_user, wait_until
+
+LAYERS = dict(layers=2, hidden=64, ffn=128, vocab=64)
+
+
+def generation(d, name="m"):
+    r = d.attach(name, "--json")
+    return json.loads(r.stdout)["generation"] if r.returncode == 0 else None
+
+
+def fd_targets(pid):
+    """Where the daemon's descriptors point (readlink of /proc/PID/fd/*)."""
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            pass
+    return out
+
+
+def model_fds(pid):
+    return [t for t in fd_targets(pid) if ".safetensors" in t]
+
+
+def entries(stage_dir):
+    return sorted(os.listdir(stage_dir)) if os.path.isdir(stage_dir) else []
+
+
+def stage_daemon(tmp_path, models, stage_dir=None, extra="", **kw):
+    stage_dir = stage_dir or str(tmp_path / "staged")
+    return Daemon(tmp_path, models, extra=f"stage_dir = {stage_dir}\n{extra}", **kw), stage_dir
+
+
+def replace(path, seed, tmpdir):
+    tmp = os.path.join(str(tmpdir), f".new-{seed}.safetensors")
+    mkmodel(tmp, seed=seed, **LAYERS)
+    os.rename(tmp, path)
+
+
+def worker(d, *args):
+    return subprocess.Popen([binary("demo_worker"), "--socket", d.socket, *args],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def read_json_line(p):
+    line = p.stdout.readline()
+    assert line, p.stderr.read()
+    return json.loads(line)
+
+
+def test_stage_yes_serves_the_copy(tmp_path):
+    src = mkmodel(tmp_path / "m.safetensors", seed=1, **LAYERS)
+    d, stage_dir = stage_daemon(tmp_path, {"m": (src, {"stage": "yes"})})
+    d.start()
+    try:
+        _, line = d.wait_for_log(r'generation 1 staged from \S+ to ')
+        copy = os.path.join(stage_dir, "m.1")
+        assert f"to {copy} (" in line and "MB/s)" in line, line
+        assert entries(stage_dir) == ["m.1"]
+        assert os.listdir(copy) == ["m.safetensors"]
+        st = os.stat(stage_dir)
+        assert st.st_mode & 0o777 == 0o700
+        if TEST_USER:
+            assert (st.st_uid, st.st_gid) == parse_user(TEST_USER)
+        # Every model descriptor of the daemon is the copy; none is the source.
+        fds = model_fds(d.proc.pid)
+        assert fds and all(t.startswith(copy + "/") for t in fds), fds
+        assert src not in fds
+        with open(src, "rb") as a, open(os.path.join(copy, "m.safetensors"), "rb") as b:
+            assert a.read() == b.read()
+        assert os.stat(src).st_mtime_ns == os.stat(os.path.join(copy, "m.safetensors")).st_mtime_ns
+        # A worker reads every byte, from the copy.
+        r = subprocess.run([binary("demo_worker"), "--socket", d.socket, "--verify", src, "m"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["verified"] == out["bytes"] > 0
+        status = json.loads(subprocess.run(
+            [binary("wcachectl"), "--control", d.control, "status", "--json"],
+            capture_output=True, text=True, timeout=60).stdout)
+        assert status["models"][0]["stage"] == "yes"
+    finally:
+        assert d.stop() == 0, d.read_log()
+    # Stopped without a manager's store: the copy goes with its generation.
+    assert entries(stage_dir) == []
+
+
+def test_replacement_is_staged_anew_and_the_old_copy_goes_with_its_last_holder(tmp_path):
+    src = mkmodel(tmp_path / "m.safetensors", seed=1, **LAYERS)
+    old = shutil.copy(src, tmp_path / "old-bytes.safetensors")  # what generation 1 holds
+    d, stage_dir = stage_daemon(tmp_path, {"m": (src, {"stage": "yes"})})
+    d.start()
+    try:
+        wait_until(lambda: generation(d) == 1, what="generation 1")
+        w = worker(d, "--sync", "--verify", str(old), "--hold", "m")
+        assert "attached_us" in read_json_line(w)
+        replace(src, 2, tmp_path)
+        wait_until(lambda: generation(d) == 2, what="generation 2")
+        d.wait_for_log(r"generation 2 staged from \S+ to " + re.escape(stage_dir) + "/m.2")
+        assert entries(stage_dir) == ["m.1", "m.2"]
+        # The holder of generation 1 reads every byte of it, from its copy.
+        w.stdin.write("go\n")
+        w.stdin.flush()
+        out = read_json_line(w)
+        assert out["generation"] == 1 and out["verified"] == out["bytes"] > 0
+        assert os.path.isdir(os.path.join(stage_dir, "m.1"))
+        # A new worker gets generation 2, byte for byte the new source.
+        r = subprocess.run([binary("demo_worker"), "--socket", d.socket, "--verify", src, "m"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and json.loads(r.stdout)["generation"] == 2, r.stderr
+        # The last holder lets go: generation 1 closes and its copy goes.
+        w.stdin.write("done\n")
+        w.stdin.close()
+        assert w.wait(timeout=60) == 0, w.stderr.read()
+        d.wait_for_log(r'"m": generation 1 closed')
+        wait_until(lambda: entries(stage_dir) == ["m.2"], what="m.1 removed")
+        fds = model_fds(d.proc.pid)
+        assert fds and all("/m.2/" in t for t in fds), fds
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_sharded_model_is_staged_whole(tmp_path):
+    model_dir = tmp_path / "sharded"
+    subprocess.run([binary("mklayout"), "--tensors", "60", "--shards", "3", str(model_dir)],
+                   check=True, stdout=subprocess.DEVNULL)
+    d, stage_dir = stage_daemon(tmp_path, {"m": (str(model_dir), {"stage": "yes"})})
+    d.start()
+    try:
+        wait_until(lambda: generation(d) == 1, what="generation 1")
+        copy = os.path.join(stage_dir, "m.1")
+        names = sorted(n for n in os.listdir(model_dir))
+        assert sorted(os.listdir(copy)) == names  # the shard index and every shard
+        for n in names:
+            with open(model_dir / n, "rb") as a, open(os.path.join(copy, n), "rb") as b:
+                assert a.read() == b.read(), n
+        fds = model_fds(d.proc.pid)
+        assert len(set(fds)) == 3 and all(t.startswith(copy + "/") for t in fds), fds
+        r = d.attach("m", "--touch")
+        assert r.returncode == 0, r.stderr
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_stage_no_and_auto_on_a_local_filesystem_make_no_copy(tmp_path):
+    a = mkmodel(tmp_path / "a.safetensors", seed=1, **LAYERS)
+    b = mkmodel(tmp_path / "b.safetensors", seed=2, **LAYERS)
+    d, stage_dir = stage_daemon(tmp_path, {"a": (a, {"stage": "no"}), "b": b})
+    d.start()
+    try:
+        wait_until(lambda: generation(d, "a") == 1 and generation(d, "b") == 1,
+                   what="both served")
+        assert entries(stage_dir) == []
+        fds = model_fds(d.proc.pid)
+        assert a in fds and b in fds, fds
+        log = d.read_log()
+        assert "staged" not in log and "without staging" not in log, log
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def problems(d):
+    """The log's error and warning lines."""
+    return [ln for ln in d.read_log().splitlines() if re.match(r"wcached: (error|warning)", ln)]
+
+
+def mount_tmpfs(point, options):
+    os.makedirs(point, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs (needs root)")
+
+
+@needs_root
+def test_no_space_refuses_the_model_with_one_line(tmp_path):
+    small = tmp_path / "small"
+    mount_tmpfs(small, "size=1m,mode=0777")
+    try:
+        src = mkmodel(tmp_path / "m.safetensors", seed=1, **LAYERS)
+        local = mkmodel(tmp_path / "local.safetensors", seed=2, **LAYERS)
+        stage_dir = str(small / "staged")
+        d, _ = stage_daemon(tmp_path, {"m": (src, {"stage": "yes"}), "local": local},
+                            stage_dir=stage_dir)
+        d.start()
+        try:
+            _, line = d.wait_for_log(r'model "m": cannot stage it')
+            assert re.search(r"not enough space: \S+ \S+ needed .* \S+ \S+ free", line), line
+            assert "not served" in line
+            assert generation(d, "m") is None
+            assert generation(d, "local") == 1  # the others are served
+            assert problems(d) == [line]
+            assert entries(stage_dir) == []
+        finally:
+            assert d.stop() == 0, d.read_log()
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
+
+
+@needs_root
+def test_unwritable_stage_dir_refuses_the_model_with_one_line(tmp_path):
+    ro = tmp_path / "ro"
+    mount_tmpfs(ro, "size=1m,ro")
+    try:
+        src = mkmodel(tmp_path / "m.safetensors", seed=1, **LAYERS)
+        d, _ = stage_daemon(tmp_path, {"m": (src, {"stage": "yes"})},
+                            stage_dir=str(ro / "staged"))
+        d.start()
+        try:
+            _, line = d.wait_for_log(r'model "m": cannot stage it')
+            assert "stage_dir" in line and "Read-only file system" in line, line
+            assert problems(d) == [line]
+        finally:
+            assert d.stop() == 0, d.read_log()
+    finally:
+        subprocess.run(["umount", str(ro)], check=False)
+
+
+def test_leftovers_of_a_killed_daemon_are_swept_at_start(tmp_path):
+    src = mkmodel(tmp_path / "m.safetensors", seed=1, **LAYERS)
+    d, stage_dir = stage_daemon(tmp_path, {"m": (src, {"stage": "yes"})})
+    d.start()
+    wait_until(lambda: generation(d) == 1, what="generation 1")
+    d.proc.send_signal(signal.SIGKILL)
+    d.proc.wait()
+    assert entries(stage_dir) == ["m.1"]
+    # A temporary copy of a crashed staging, and something that is not ours.
+    os.mkdir(os.path.join(stage_dir, ".m.tmp-1-abcdef"))
+    os.mkdir(os.path.join(stage_dir, "notes"))
+    d.start()
+    try:
+        d.wait_for_log(r"removed 2 staged copies left in ")
+        wait_until(lambda: generation(d) == 1, what="generation 1 again")
+        assert entries(stage_dir) == ["m.1", "notes"]  # m.1 staged anew
+        fds = model_fds(d.proc.pid)
+        assert fds and all(t.startswith(os.path.join(stage_dir, "m.1") + "/") for t in fds)
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_warm_restart_keeps_the_staged_copies_it_restores(tmp_path):
+    import sys
+    sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
+    from fakemanager import FakeManager
+    from test_warm_restart import finish, ready, start
+    from test_warm_restart import worker as sync_worker
+
+    src = mkmodel(tmp_path / "m.safetensors", seed=1, **LAYERS)
+    old = str(shutil.copy(src, tmp_path / "old-bytes.safetensors"))
+    mgr = FakeManager(str(tmp_path / "notify.sock"))
+    # Generation 1's holder from before the restart never says HOLD: wait
+    # 1 s for it, not 60.
+    d, stage_dir = stage_daemon(tmp_path, {"m": (src, {"stage": "yes"})},
+                                extra="restart_hold_seconds = 1\n")
+    copy1 = os.path.join(stage_dir, "m.1")
+    try:
+        start(d, mgr)
+        wait_until(lambda: ready(d, "m"), what="m ready")
+        mgr.wait_for(lambda m: "wc-1-1-i" in m.store and "wc-desc" in m.store,
+                     what="generation 1 stored")
+        before = sync_worker(d, old, "m")
+        assert d.stop() == 0, d.read_log()
+        # The store holds the copy's descriptors: the copy stays.
+        assert entries(stage_dir) == ["m.1"]
+        start(d, mgr, *mgr.listen_fds())
+        wait_until(lambda: ready(d, "m"), what="m restored")
+        log = d.read_log()
+        assert 'model "m": generation 1 restored from the file descriptor store' in log, log
+        assert f'model "m": generation 1 keeps its staged copy {copy1}' in log, log
+        assert "staged from" not in log and "removed" not in log, log
+        fds = model_fds(d.proc.pid)
+        assert fds and all(t.startswith(copy1 + "/") for t in fds), fds
+        assert entries(stage_dir) == ["m.1"]
+        # Workers from before and after the restart read every byte.
+        assert finish(before)["generation"] == 1
+        assert finish(sync_worker(d, src, "m"))["verified"] > 0
+        # The restored generation is replaced: its copy goes when it closes.
+        replace(src, 2, tmp_path)
+        wait_until(lambda: generation(d) == 2, what="generation 2")
+        d.wait_for_log(r'"m": generation 1 closed')
+        wait_until(lambda: entries(stage_dir) == ["m.2"], what="m.1 removed")
+
+        # The source changes while no daemon runs: not restored, staged anew.
+        assert d.stop() == 0, d.read_log()
+        assert entries(stage_dir) == ["m.2"]
+        st = os.stat(src)
+        os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+        start(d, mgr, *mgr.listen_fds())
+        wait_until(lambda: ready(d, "m") and generation(d) == 3, what="generation 3")
+        log = d.read_log()
+        assert "was replaced or changed since it was staged" in log, log
+        assert "removed 1 staged copy left in" in log, log
+        wait_until(lambda: entries(stage_dir) == ["m.3"], what="only m.3")
+    finally:
+        status_code = d.stop()
+        mgr.close()
+    assert status_code == 0, d.read_log()
+
+
+# ---- on a FUSE filesystem that behaves like NFS (tests/tools/remotefs.c) ----
+
+def remotefs():
+    import sys
+    sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
+    import remotefs as rfs
+    reason = rfs.skip_reason()
+    if reason:
+        pytest.skip(reason)
+    return rfs
+
+
+def model_status(d, name="m"):
+    r = subprocess.run([binary("wcachectl"), "--control", d.control, "status", "--json"],
+                       capture_output=True, text=True, timeout=60)
+    return {m["name"]: m for m in json.loads(r.stdout)["models"]}[name]
+
+
+def test_remote_model_is_staged_and_old_generations_survive_a_remote_replacement(tmp_path):
+    rfs = remotefs()
+    with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt") as fs:
+        mkmodel(fs.backing_path("m.safetensors"), seed=1, **LAYERS)
+        old = str(shutil.copy(fs.backing_path("m.safetensors"), tmp_path / "old.safetensors"))
+        src = fs.path("m.safetensors")
+        d, stage_dir = stage_daemon(tmp_path, {"m": (src, {"poll_interval": "0.2"})})
+        d.start()
+        try:
+            _, line = d.wait_for_log(r'"m": generation 1 staged from fuse to ')
+            copy1 = os.path.join(stage_dir, "m.1")
+            assert f"to {copy1} (" in line, line
+            fds = model_fds(d.proc.pid)
+            assert fds and all(t.startswith(copy1 + "/") for t in fds), fds
+            st = model_status(d)
+            assert st["stage"] == "auto" and st["filesystem"] == "fuse" and st["remote"]
+            assert st["generations"][0]["staged"] is True
+            w = worker(d, "--sync", "--verify", old, "--hold", "m")
+            assert "attached_us" in read_json_line(w)
+            # Another host replaces the model: polling sees it; staged anew.
+            fs.replace("m.safetensors", open(mkmodel(tmp_path / "new.safetensors", seed=2,
+                                                     **LAYERS), "rb").read())
+            wait_until(lambda: generation(d) == 2, what="generation 2", timeout=30)
+            d.wait_for_log(r'"m": generation 2 staged from fuse to ' +
+                           re.escape(os.path.join(stage_dir, "m.2")))
+            # The mount drops every page of the freed file, mapped or not: a
+            # worker mapping it would get SIGBUS. Ours maps the local copy.
+            fs.drop_stale()
+            fs.drop_all()
+            w.stdin.write("go\n")
+            w.stdin.flush()
+            out = read_json_line(w)
+            assert out["generation"] == 1 and out["verified"] == out["bytes"] > 0
+            w.stdin.write("done\n")
+            w.stdin.close()
+            assert w.wait(timeout=60) == 0, w.stderr.read()
+            wait_until(lambda: entries(stage_dir) == ["m.2"], what="m.1 removed")
+            r = subprocess.run([binary("demo_worker"), "--socket", d.socket, "--verify",
+                                str(tmp_path / "new.safetensors"), "m"],
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0 and json.loads(r.stdout)["generation"] == 2, r.stderr
+            # Nothing of what serves was lost with the replaced file.
+            gens = model_status(d)["generations"]
+            assert [g["staged"] and not g["source_replaced"] for g in gens] == [True], gens
+        finally:
+            assert d.stop() == 0, d.read_log()
+
+
+def test_remote_model_with_stage_no_warns_and_old_generations_can_sigbus(tmp_path):
+    """What stage = no means (documented in README, "Models on shared
+    storage"): one warning at load; after a replacement on another host, a
+    worker still mapping the old generation gets SIGBUS once the mount drops
+    its pages; wcached itself survives and serves the new generation."""
+    rfs = remotefs()
+    with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt") as fs:
+        mkmodel(fs.backing_path("m.safetensors"), seed=1, **LAYERS)
+        old = str(shutil.copy(fs.backing_path("m.safetensors"), tmp_path / "old.safetensors"))
+        src = fs.path("m.safetensors")
+        d, stage_dir = stage_daemon(tmp_path, {"m": (src, {"stage": "no",
+                                                           "poll_interval": "0.2"})})
+        d.start()
+        try:
+            _, line = d.wait_for_log(r'"m": generation 1 served from fuse without staging')
+            assert "SIGBUS" in line, line
+            assert entries(stage_dir) == []
+            assert src in model_fds(d.proc.pid)
+            w = worker(d, "--sync", "--verify", old, "m")
+            assert "attached_us" in read_json_line(w)
+            fs.replace("m.safetensors", open(mkmodel(tmp_path / "new.safetensors", seed=2,
+                                                     **LAYERS), "rb").read())
+            wait_until(lambda: generation(d) == 2, what="generation 2", timeout=30)
+            fs.drop_stale()
+            w.stdin.write("go\n")
+            w.stdin.close()
+            rc, err = w.wait(timeout=60), w.stderr.read()
+            # Under ASan its handler reports the signal and exits 1.
+            assert rc == -signal.SIGBUS or (rc == 1 and "AddressSanitizer: BUS" in err), (rc, err)
+            assert d.proc.poll() is None
+            problems_now = problems(d)
+            assert len([p for p in problems_now if "without staging" in p]) == 2  # gen 1, gen 2
+        finally:
+            assert d.stop() == 0, d.read_log()
+
+
+def write_safetensors(path, tensors):
+    """A safetensors file of U8 tensors: {name: bytes}."""
+    header, off = {}, 0
+    for name, data in tensors.items():
+        header[name] = {"dtype": "U8", "shape": [len(data)], "data_offsets": [off, off + len(data)]}
+        off += len(data)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text)
+        for data in tensors.values():
+            f.write(data)
+
+
+def test_remote_read_error_during_staging_fails_the_generation_with_one_line(tmp_path):
+    """Another host removes a shard while wcached copies the one before
+    it: the read of the removed (stale) file fails with EIO, and the
+    generation fails with one line naming it. Nothing is left in stage_dir."""
+    rfs = remotefs()
+    with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt") as fs:
+        write_safetensors(fs.backing_path("s-1.safetensors"), {"a": os.urandom(96 << 20)})
+        write_safetensors(fs.backing_path("s-2.safetensors"), {"b": os.urandom(4 << 20)})
+        with open(fs.backing_path("m.safetensors.index.json"), "w") as f:
+            json.dump({"weight_map": {"a": "s-1.safetensors", "b": "s-2.safetensors"}}, f)
+        d, stage_dir = stage_daemon(tmp_path, {"m": (fs.path(), {"stage": "yes",
+                                                                 "poll_interval": "60"})})
+        # Start without waiting to listen: the copy begins during start-up.
+        d.logf = open(d.log, "w")
+        cmd = [binary("wcached"), "-c", d.conf]
+        if d.user is not None:
+            from conftest import as_user
+            cmd = as_user(*d.user) + cmd
+        d.proc = subprocess.Popen(cmd, stderr=d.logf)
+        try:
+            wait_until(lambda: any(n.startswith(".m.tmp-") for n in entries(stage_dir)),
+                       what="the copy to start", interval=0.001)
+            fs.remove("s-2.safetensors")
+            _, line = d.wait_for_log(r'model "m": cannot stage it')
+            if "s-2.safetensors" not in line:
+                pytest.skip(f"the copy outran the removal: {line}")
+            assert "EIO" in line and "on another host" in line and "not served" in line, line
+            d.wait_listening()
+            assert generation(d) is None
+            assert len([p for p in problems(d) if '"m"' in p]) == 1, problems(d)
+            assert entries(stage_dir) == []
+        finally:
+            assert d.stop() == 0, d.read_log()

@@ -1,0 +1,690 @@
+/*
+ * test_stage.c: unit tests of daemon/stage.c, staging a model's files to a
+ * local directory, on real files in a temporary directory.
+ *
+ * Fault injection with the linker's --wrap: copy_file_range, sendfile and
+ * statvfs forward to the real calls unless a test sets a hook, which can
+ * fail them (EIO, ESTALE, EXDEV, ENOSPC), change the source mid-copy, or
+ * look at the staging directory while the copy is under way.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/sendfile.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "base/error.h"
+#include "base/file.h"
+#include "base/path.h"
+#include "stage.h"
+#include "testutil.h"
+
+#define MiB (1024u * 1024u)
+
+/* ---- fault injection ---------------------------------------------------- */
+
+ssize_t __real_copy_file_range(int in, off_t *in_off, int out, off_t *out_off, size_t len,
+	unsigned flags);
+ssize_t __wrap_copy_file_range(int in, off_t *in_off, int out, off_t *out_off, size_t len,
+	unsigned flags);
+ssize_t __real_sendfile(int out, int in, off_t *off, size_t count);
+ssize_t __wrap_sendfile(int out, int in, off_t *off, size_t count);
+int __real_statvfs(const char *path, struct statvfs *buf);
+int __wrap_statvfs(const char *path, struct statvfs *buf);
+
+static int (*copy_hook)(unsigned call); /* returns an errno to fail with, or 0 */
+static unsigned copy_calls, sendfile_calls;
+static int sendfile_errno;              /* nonzero: sendfile fails with it */
+static uint64_t statvfs_free;           /* nonzero: the free bytes statvfs reports */
+
+ssize_t
+__wrap_copy_file_range(int in, off_t *in_off, int out, off_t *out_off, size_t len,
+	unsigned flags)
+{
+	unsigned call = copy_calls++;
+
+	if (copy_hook != NULL) {
+		int e = copy_hook(call);
+
+		if (e != 0) {
+			errno = e;
+			return -1;
+		}
+	}
+	return __real_copy_file_range(in, in_off, out, out_off, len, flags);
+}
+
+ssize_t
+__wrap_sendfile(int out, int in, off_t *off, size_t count)
+{
+	sendfile_calls++;
+	if (sendfile_errno != 0) {
+		errno = sendfile_errno;
+		return -1;
+	}
+	return __real_sendfile(out, in, off, count);
+}
+
+int
+__wrap_statvfs(const char *path, struct statvfs *buf)
+{
+	int r = __real_statvfs(path, buf);
+
+	if (r == 0 && statvfs_free != 0) {
+		buf->f_frsize = 4096;
+		buf->f_bavail = statvfs_free / 4096;
+	}
+	return r;
+}
+
+/* ---- fixture ------------------------------------------------------------- */
+
+struct fixture {
+	char *tmp;          /* the test's directory */
+	char *src;          /* tmp/src: the model's directory */
+	char *stage_dir;    /* tmp/staged */
+	struct wc_file files[3];
+	size_t nfiles;
+	struct stage_request req;
+	int cancel;
+};
+
+static struct fixture *fx; /* for the hooks */
+
+static int
+setup(void **state)
+{
+	struct fixture *f = calloc(1, sizeof(*f));
+
+	assert_non_null(f);
+	f->tmp = tu_tmpdir();
+	f->src = path_join(f->tmp, "src");
+	f->stage_dir = path_join(f->tmp, "staged");
+	assert_int_equal(mkdir(f->src, 0700), 0);
+	copy_hook = NULL;
+	copy_calls = sendfile_calls = 0;
+	sendfile_errno = 0;
+	statvfs_free = 0;
+	fx = f;
+	*state = f;
+	return 0;
+}
+
+static int
+teardown(void **state)
+{
+	struct fixture *f = *state;
+
+	for (size_t i = 0; i < f->nfiles; i++)
+		file_close(&f->files[i]);
+	stage_request_clear(&f->req);
+	free(f->src);
+	free(f->stage_dir);
+	tu_rmtree(f->tmp);
+	free(f);
+	return 0;
+}
+
+/* A file of len pseudo-random bytes (seeded) at f->src/name, opened as the
+ * next source file. */
+static void
+add_source(struct fixture *f, const char *name, size_t len, unsigned seed)
+{
+	uint8_t *buf = malloc(len ? len : 1);
+	char *path;
+
+	assert_non_null(buf);
+	for (size_t i = 0; i < len; i++) {
+		seed = seed * 1103515245u + 12345u;
+		buf[i] = (uint8_t)(seed >> 16);
+	}
+	path = tu_write(f->src, name, buf, len);
+	free(buf);
+	assert_int_equal(file_open(path, &f->files[f->nfiles]), 0);
+	f->nfiles++;
+	free(path);
+}
+
+/* Fills f->req for the model "m", generation 3, at model_path. */
+static void
+make_request(struct fixture *f, const char *model_path)
+{
+	f->req = (struct stage_request){
+		.stage_dir = f->stage_dir, .model = "m", .number = 3, .model_path = model_path,
+		.files = f->files, .nfiles = f->nfiles, .cancel = &f->cancel,
+	};
+}
+
+/* dir/name has exactly the bytes and mtime of src. */
+static void
+assert_same_file(const char *dir, const char *name, const struct wc_file *src)
+{
+	char *path = path_join(dir, name);
+	struct wc_file c;
+
+	assert_int_equal(file_open(path, &c), 0);
+	assert_int_equal(c.size, src->size);
+	if (c.size > 0)
+		assert_memory_equal(c.base, src->base, c.size);
+	assert_int_equal(c.st.st_mtim.tv_sec, src->st.st_mtim.tv_sec);
+	assert_int_equal(c.st.st_mtim.tv_nsec, src->st.st_mtim.tv_nsec);
+	assert_int_equal(c.st.st_mode & 07777, 0400);
+	file_close(&c);
+	free(path);
+}
+
+/* The name of stage_dir's one entry starting with prefix, or NULL. */
+static char *
+entry_starting(const char *dir, const char *prefix)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	char *found = NULL;
+
+	if (d == NULL)
+		return NULL;
+	while ((e = readdir(d)) != NULL)
+		if (strncmp(e->d_name, prefix, strlen(prefix)) == 0)
+			found = strdup(e->d_name);
+	closedir(d);
+	return found;
+}
+
+/* ---- copying ------------------------------------------------------------- */
+
+/* A single file of several chunks: copied byte for byte with its mtime,
+ * read-only, under stage_dir/m.3, with the model path inside it; the
+ * figures add up. */
+static void
+test_copy_single(void **state)
+{
+	struct fixture *f = *state;
+	char *model, *want;
+
+	add_source(f, "model.safetensors", 20 * MiB + 123, 1);
+	model = path_join(f->src, "model.safetensors");
+	make_request(f, model);
+	assert_int_equal(stage_copy(&f->req), 0);
+	want = path_join(f->stage_dir, "m.3");
+	assert_string_equal(f->req.dir, want);
+	free(want);
+	want = path_join(f->req.dir, "model.safetensors");
+	assert_string_equal(f->req.path, want);
+	free(want);
+	assert_same_file(f->req.dir, "model.safetensors", &f->files[0]);
+	assert_int_equal(f->req.bytes, 20 * MiB + 123);
+	assert_true(f->req.disk_bytes >= 20 * MiB);
+	assert_true(f->req.seconds >= 0);
+	assert_true(copy_calls >= 3); /* 8 MiB requests */
+	assert_int_equal(tu_count_entries(f->stage_dir), 1);
+	free(model);
+}
+
+/* A directory model with a shard index: the index and every shard are
+ * copied, and the model's path in the copy is the directory. A second
+ * staging of the same number gets another name. */
+static void
+test_copy_sharded_directory(void **state)
+{
+	struct fixture *f = *state;
+	static const char index[] = "{\"weight_map\":{\"a\":\"s-1.safetensors\","
+				    "\"b\":\"s-2.safetensors\"}}";
+	char *ipath = tu_write(f->src, "m.safetensors.index.json", index, strlen(index));
+	struct wc_file ic;
+	char *first;
+
+	add_source(f, "s-1.safetensors", 3 * MiB, 2);
+	add_source(f, "s-2.safetensors", 1000, 3);
+	make_request(f, f->src);
+	assert_int_equal(stage_copy(&f->req), 0);
+	assert_string_equal(f->req.path, f->req.dir);
+	assert_int_equal(tu_count_entries(f->req.dir), 3);
+	assert_same_file(f->req.dir, "s-1.safetensors", &f->files[0]);
+	assert_same_file(f->req.dir, "s-2.safetensors", &f->files[1]);
+	assert_int_equal(file_open(ipath, &ic), 0);
+	assert_same_file(f->req.dir, "m.safetensors.index.json", &ic);
+	file_close(&ic);
+	assert_int_equal(f->req.bytes, 3 * MiB + 1000 + strlen(index));
+
+	first = strdup(f->req.dir);
+	stage_request_clear(&f->req);
+	make_request(f, f->src);
+	assert_int_equal(stage_copy(&f->req), 0);
+	assert_string_not_equal(f->req.dir, first);
+	assert_non_null(strstr(f->req.dir, "m.3-2"));
+	assert_int_equal(tu_count_entries(f->stage_dir), 2);
+	free(first);
+	free(ipath);
+}
+
+/* A shard index named as the model's path is copied too. */
+static void
+test_copy_shard_index_path(void **state)
+{
+	struct fixture *f = *state;
+	static const char index[] = "{\"weight_map\":{\"a\":\"s.safetensors\"}}";
+	char *ipath = tu_write(f->src, "x.safetensors.index.json", index, strlen(index));
+	char *want;
+
+	add_source(f, "s.safetensors", 5000, 4);
+	make_request(f, ipath);
+	assert_int_equal(stage_copy(&f->req), 0);
+	want = path_join(f->req.dir, "x.safetensors.index.json");
+	assert_string_equal(f->req.path, want);
+	assert_int_equal(tu_count_entries(f->req.dir), 2);
+	free(want);
+	free(ipath);
+}
+
+/* While the copy runs, only a temporary name exists in stage_dir. */
+static int seen_final, seen_tmp;
+
+static int
+look_during_copy(unsigned call)
+{
+	char *final = path_join(fx->stage_dir, "m.3");
+	char *tmp = entry_starting(fx->stage_dir, ".m.tmp-");
+	struct stat st;
+
+	if (call == 0) {
+		seen_final = stat(final, &st) == 0;
+		seen_tmp = tmp != NULL;
+	}
+	free(final);
+	free(tmp);
+	return 0;
+}
+
+static void
+test_temporary_name_until_complete(void **state)
+{
+	struct fixture *f = *state;
+	char *model;
+
+	add_source(f, "w.weig", 9 * MiB, 5);
+	model = path_join(f->src, "w.weig");
+	make_request(f, model);
+	copy_hook = look_during_copy;
+	assert_int_equal(stage_copy(&f->req), 0);
+	assert_false(seen_final);
+	assert_true(seen_tmp);
+	assert_int_equal(tu_count_entries(f->stage_dir), 1); /* the temporary is gone */
+	free(model);
+}
+
+/* ---- sources that change -------------------------------------------------- */
+
+/* The source written in place during the copy (its size and mtime move):
+ * the staging fails naming the file, and nothing is left. */
+static int
+append_during_copy(unsigned call)
+{
+	if (call == 1) {
+		char *path = path_join(fx->src, "model.safetensors");
+		int fd = open(path, O_WRONLY | O_APPEND);
+
+		assert_true(fd >= 0);
+		assert_int_equal(write(fd, "more", 4), 4);
+		close(fd);
+		free(path);
+	}
+	return 0;
+}
+
+static void
+test_changed_during_copy(void **state)
+{
+	struct fixture *f = *state;
+	char *model;
+
+	add_source(f, "model.safetensors", 17 * MiB, 6);
+	model = path_join(f->src, "model.safetensors");
+	make_request(f, model);
+	copy_hook = append_during_copy;
+	assert_int_equal(stage_copy(&f->req), -ESTALE);
+	assert_non_null(strstr(error_get(), "model.safetensors changed during the copy"));
+	assert_non_null(strstr(error_get(), "rename(2)"));
+	assert_null(f->req.dir);
+	assert_int_equal(tu_count_entries(f->stage_dir), 0);
+	free(model);
+}
+
+/* Only the mtime moves (a write that keeps the size). */
+static int
+touch_during_copy(unsigned call)
+{
+	if (call == 0) {
+		char *path = path_join(fx->src, "model.safetensors");
+		struct timespec t[2] = { { .tv_nsec = UTIME_OMIT }, { .tv_sec = 1000000 } };
+
+		assert_int_equal(utimensat(AT_FDCWD, path, t, 0), 0);
+		free(path);
+	}
+	return 0;
+}
+
+static void
+test_mtime_changed_during_copy(void **state)
+{
+	struct fixture *f = *state;
+	char *model;
+
+	add_source(f, "model.safetensors", 1 * MiB, 7);
+	model = path_join(f->src, "model.safetensors");
+	make_request(f, model);
+	copy_hook = touch_during_copy;
+	assert_int_equal(stage_copy(&f->req), -ESTALE);
+	assert_non_null(strstr(error_get(), "its mtime moved"));
+	assert_int_equal(tu_count_entries(f->stage_dir), 0);
+	free(model);
+}
+
+/* The source renamed over during the copy: the copy is of the old file,
+ * so it does not serve. */
+static int
+replace_during_copy(unsigned call)
+{
+	if (call == 0) {
+		char *path = path_join(fx->src, "model.safetensors");
+		char *other = tu_write(fx->src, "new.safetensors", "x", 1);
+
+		assert_int_equal(rename(other, path), 0);
+		free(other);
+		free(path);
+	}
+	return 0;
+}
+
+static void
+test_replaced_during_copy(void **state)
+{
+	struct fixture *f = *state;
+	char *model;
+
+	add_source(f, "model.safetensors", 1 * MiB, 8);
+	model = path_join(f->src, "model.safetensors");
+	make_request(f, model);
+	copy_hook = replace_during_copy;
+	assert_int_equal(stage_copy(&f->req), -ESTALE);
+	assert_non_null(strstr(error_get(), "was replaced during the copy"));
+	assert_int_equal(tu_count_entries(f->stage_dir), 0);
+	free(model);
+}
+
+/* The source truncated during the copy: it ends early. */
+static int
+truncate_during_copy(unsigned call)
+{
+	if (call == 0) {
+		char *path = path_join(fx->src, "model.safetensors");
+
+		assert_int_equal(truncate(path, 1000), 0);
+		free(path);
+	}
+	return 0;
+}
+
+static void
+test_truncated_during_copy(void **state)
+{
+	struct fixture *f = *state;
+	char *model;
+
+	add_source(f, "model.safetensors", 10 * MiB, 9);
+	model = path_join(f->src, "model.safetensors");
+	make_request(f, model);
+	copy_hook = truncate_during_copy;
+	assert_true(stage_copy(&f->req) < 0);
+	assert_non_null(strstr(error_get(), "changed during the copy"));
+	assert_int_equal(tu_count_entries(f->stage_dir), 0);
+	free(model);
+}
+
+/* ---- errors --------------------------------------------------------------- */
+
+static int fail_errno;
+
+static int
+fail_second(unsigned call)
+{
+	return call == 1 ? fail_errno : 0;
+}
+
+/* EIO and ESTALE reading the source: named as such, nothing left. */
+static void
+test_read_errors(void **state)
+{
+	struct fixture *f = *state;
+	static const int errs[] = { EIO, ESTALE };
+	char *model;
+
+	add_source(f, "model.safetensors", 12 * MiB, 10);
+	model = path_join(f->src, "model.safetensors");
+	for (size_t i = 0; i < 2; i++) {
+		make_request(f, model);
+		fail_errno = errs[i];
+		copy_calls = 0;
+		copy_hook = fail_second;
+		assert_int_equal(stage_copy(&f->req), -errs[i]);
+		assert_non_null(strstr(error_get(), i == 0 ? "EIO" : "ESTALE"));
+		assert_non_null(strstr(error_get(), "reading"));
+		assert_non_null(strstr(error_get(), model));
+		assert_int_equal(tu_count_entries(f->stage_dir), 0);
+	}
+	free(model);
+}
+
+/* Not enough free space: refused before anything is written, saying how
+ * much is needed and how much is free. */
+static void
+test_no_space(void **state)
+{
+	struct fixture *f = *state;
+	char *model;
+
+	add_source(f, "model.safetensors", 2 * MiB, 11);
+	model = path_join(f->src, "model.safetensors");
+	make_request(f, model);
+	statvfs_free = 50 * MiB;
+	assert_int_equal(stage_copy(&f->req), -ENOSPC);
+	assert_non_null(strstr(error_get(), "not enough space"));
+	assert_non_null(strstr(error_get(), "66 MiB needed"));
+	assert_non_null(strstr(error_get(), "50 MiB free"));
+	assert_int_equal(copy_calls, 0);
+	assert_int_equal(tu_count_entries(f->stage_dir), 0);
+	free(model);
+}
+
+/* The disk filling up during the copy (the check passed, someone else
+ * wrote meanwhile). */
+static void
+test_no_space_during_copy(void **state)
+{
+	struct fixture *f = *state;
+	char *model;
+
+	add_source(f, "model.safetensors", 12 * MiB, 12);
+	model = path_join(f->src, "model.safetensors");
+	make_request(f, model);
+	fail_errno = ENOSPC;
+	copy_hook = fail_second;
+	assert_int_equal(stage_copy(&f->req), -ENOSPC);
+	assert_non_null(strstr(error_get(), "no space left"));
+	assert_int_equal(tu_count_entries(f->stage_dir), 0);
+	free(model);
+}
+
+/* stage_dir that cannot be created (its parent is a file). */
+static void
+test_stage_dir_not_writable(void **state)
+{
+	struct fixture *f = *state;
+	char *blocker = tu_write(f->tmp, "file", "x", 1);
+	char *bad = path_join(blocker, "staged");
+	char *model;
+
+	add_source(f, "model.safetensors", 1000, 13);
+	model = path_join(f->src, "model.safetensors");
+	make_request(f, model);
+	f->req.stage_dir = bad;
+	assert_int_equal(stage_copy(&f->req), -ENOTDIR);
+	assert_non_null(strstr(error_get(), "stage_dir"));
+	assert_non_null(strstr(error_get(), "cannot be created"));
+	assert_int_equal(stage_prepare_dir(bad, (uid_t)-1, (gid_t)-1), -ENOTDIR);
+	free(model);
+	free(bad);
+	free(blocker);
+}
+
+/* The kernel refusing copy_file_range (across filesystems) and then
+ * sendfile: the copy falls back and is still exact. */
+static int
+exdev(unsigned call)
+{
+	(void)call;
+	return EXDEV;
+}
+
+static void
+test_fallbacks(void **state)
+{
+	struct fixture *f = *state;
+	char *model;
+
+	add_source(f, "model.safetensors", 9 * MiB + 7, 14);
+	model = path_join(f->src, "model.safetensors");
+	make_request(f, model);
+	copy_hook = exdev;
+	assert_int_equal(stage_copy(&f->req), 0);
+	assert_true(sendfile_calls >= 2);
+	assert_same_file(f->req.dir, "model.safetensors", &f->files[0]);
+	assert_int_equal(stage_remove(f->req.dir), 0);
+	stage_request_clear(&f->req);
+
+	make_request(f, model);
+	sendfile_errno = EINVAL;
+	assert_int_equal(stage_copy(&f->req), 0);
+	assert_same_file(f->req.dir, "model.safetensors", &f->files[0]);
+	free(model);
+}
+
+/* Cancelled (wcached stopping): -ECANCELED, nothing left. */
+static void
+test_cancel(void **state)
+{
+	struct fixture *f = *state;
+	char *model;
+
+	add_source(f, "model.safetensors", 1000, 15);
+	model = path_join(f->src, "model.safetensors");
+	make_request(f, model);
+	f->cancel = 1;
+	assert_int_equal(stage_copy(&f->req), -ECANCELED);
+	assert_int_equal(tu_count_entries(f->stage_dir), 0);
+	free(model);
+}
+
+/* ---- removing ------------------------------------------------------------- */
+
+/* stage_remove removes a copy and tolerates one already gone; the sweep
+ * removes what an earlier process left, keeps what it is told to, this
+ * process's own temporaries, and names it did not make. */
+static void
+test_remove_and_sweep(void **state)
+{
+	struct fixture *f = *state;
+	static const char *const leftovers[] = { "a.1", "a.2-3", ".b.tmp-1-abcdef", "kept.7" };
+	static const char *const others[] = { "notes", "a.x", ".hidden" };
+	char own[64], *keep[1], *plain;
+	unsigned removed = 9;
+
+	assert_int_equal(stage_prepare_dir(f->stage_dir, (uid_t)-1, (gid_t)-1), 0);
+	for (size_t i = 0; i < 4; i++) {
+		char *d = path_join(f->stage_dir, leftovers[i]);
+		char *w;
+
+		assert_int_equal(mkdir(d, 0700), 0);
+		w = tu_write(d, "model.safetensors", "abc", 3);
+		free(w);
+		free(d);
+	}
+	for (size_t i = 0; i < 3; i++) {
+		char *d = path_join(f->stage_dir, others[i]);
+
+		assert_int_equal(mkdir(d, 0700), 0);
+		free(d);
+	}
+	snprintf(own, sizeof(own), ".c.tmp-%ld-xyz", (long)getpid());
+	plain = path_join(f->stage_dir, own);
+	assert_int_equal(mkdir(plain, 0700), 0);
+	free(plain);
+	plain = tu_write(f->stage_dir, "b.5", "file, not a directory", 21);
+
+	keep[0] = path_join(f->stage_dir, "kept.7");
+	assert_int_equal(stage_sweep(f->stage_dir, keep, 1, &removed), 0);
+	assert_int_equal(removed, 3);
+	assert_int_equal(tu_count_entries(f->stage_dir), 6); /* kept.7, 3 others, own, b.5 */
+	assert_int_equal(tu_count_entries(keep[0]), 1);
+	assert_int_equal(stage_remove(keep[0]), 0);
+	assert_int_equal(tu_count_entries(keep[0]), -1);
+	assert_int_equal(stage_remove(keep[0]), 0);
+	free(keep[0]);
+	free(plain);
+}
+
+static void
+test_dir_of(void **state)
+{
+	char *d = NULL;
+
+	(void)state;
+	assert_int_equal(stage_dir_of("/var/cache/s", "/var/cache/s/x.3/m.safetensors", &d), 1);
+	assert_string_equal(d, "/var/cache/s/x.3");
+	free(d);
+	assert_int_equal(stage_dir_of("/var/cache/s/", "/var/cache/s/x.3/m", &d), 1);
+	assert_string_equal(d, "/var/cache/s/x.3");
+	free(d);
+	assert_int_equal(stage_dir_of("/var/cache/s", "/var/cache/sx/x.3/m", &d), 0);
+	assert_int_equal(stage_dir_of("/var/cache/s", "/var/cache/s/m", &d), 0);
+	assert_int_equal(stage_dir_of("/var/cache/s", "/models/m", &d), 0);
+	assert_int_equal(stage_space_needed(100ull << 30), (101ull << 30) + (64ull << 20));
+	assert_int_equal(stage_space_needed(UINT64_MAX), UINT64_MAX);
+	assert_string_equal(stage_errno_name(-ESTALE), "ESTALE");
+	assert_null(stage_errno_name(EAGAIN));
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_copy_single, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_copy_sharded_directory, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_copy_shard_index_path, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_temporary_name_until_complete, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_changed_during_copy, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_mtime_changed_during_copy, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_replaced_during_copy, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_truncated_during_copy, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_read_errors, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_no_space, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_no_space_during_copy, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_stage_dir_not_writable, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_fallbacks, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_cancel, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_remove_and_sweep, setup, teardown),
+		cmocka_unit_test(test_dir_of),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
