@@ -487,6 +487,11 @@ write_generation(FILE *f, const struct model_entry *m, const struct generation *
 	json_write_field(f, "filesystem", g->fs.name);
 	fprintf(f, ",\"staged\":%s,\"source_replaced\":%s", g->origin != NULL ? "true" : "false",
 		g->source_replaced ? "true" : "false");
+	if (g->staged.dir != NULL) {
+		json_write_field(f, "staged_dir", g->staged.dir);
+		fprintf(f, ",\"staged_disk_bytes\":%" PRIu64 ",\"stage_seconds\":%.3f",
+			(uint64_t)g->staged.disk_bytes, g->staged.seconds);
+	}
 	/* Restored as held before a restart: how long HOLDs may still come. */
 	if (g->hold_until_ms != 0) {
 		uint64_t now = registry_now_ms(g->registry);

@@ -98,7 +98,16 @@ paths_replaced(const struct generation *g)
 {
 	struct stat st;
 
-	for (size_t i = 0; i < g->source.nfiles; i++) {
+	/* A staged generation's files are copies: what matters is where they
+	 * came from. */
+	for (size_t i = 0; i < g->norigin; i++) {
+		const struct gen_origin *o = &g->origin[i];
+
+		if (stat(o->path, &st) == -1 || st.st_dev != o->st.st_dev ||
+			st.st_ino != o->st.st_ino)
+			return 1;
+	}
+	for (size_t i = 0; g->origin == NULL && i < g->source.nfiles; i++) {
 		const struct wc_file *f = &g->source.files[i];
 
 		if (stat(f->path, &st) == -1 || st.st_dev != f->st.st_dev ||

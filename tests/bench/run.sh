@@ -15,7 +15,8 @@
 #    themselves, then through wcache.derived().
 # 5. Shared storage (issue 22): bench_poll.py, the cost of polling a model's
 #    paths (1 file, 163 shards; local and through tests/tools/remotefs, as
-#    root) and a remote rename among 1, 16 and 64 polled models.
+#    root) and a remote rename among 1, 16 and 64 polled models;
+#    bench_stage.py, staging a ~2.2 GB model against warming it in place.
 # Models are cached in BUILD/bench-models and reused. Figures and targets
 # are printed with PASS/MISS; a missed target never makes this script fail
 # (only a broken setup does). Takes a few minutes on a 2-core machine.
@@ -66,5 +67,7 @@ echo
 /usr/bin/python3 "$here/bench_derived.py" --build "$build" --models "$models"
 echo
 /usr/bin/python3 "$here/bench_poll.py" --build "$build" --models "$models"
+echo
+/usr/bin/python3 "$here/bench_stage.py" --build "$build"
 echo
 echo "== bench done in $(( $(date +%s) - start )) s =="

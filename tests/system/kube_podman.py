@@ -183,7 +183,9 @@ class Podman:
 def _volume_sources(spec, host_paths, configmaps, confdir):
     """The host path of each of SPEC's volumes: hostPaths through HOST_PATHS
     (a path it does not name is an error: the test never mounts the
-    machine's own), configMaps written as files under CONFDIR."""
+    machine's own), configMaps written as files under CONFDIR, emptyDirs
+    as new directories there, writable by every user (as a kubelet makes
+    them)."""
     sources = {}
     for v in spec.get("volumes", []):
         name = v["name"]
@@ -209,8 +211,14 @@ def _volume_sources(spec, host_paths, configmaps, confdir):
                     f.write(value)
                 os.chmod(os.path.join(src, key), 0o644)
             sources[name] = (src, True)  # a configMap volume is read-only
+        elif "emptyDir" in v:
+            src = os.path.join(confdir, name)
+            os.makedirs(src, exist_ok=True)
+            os.chmod(src, 0o777)
+            sources[name] = (src, False)
         else:
-            raise PodmanError(f"volume {name}: only hostPath and configMap are handled")
+            raise PodmanError(f"volume {name}: only hostPath, configMap and emptyDir are "
+                              "handled")
     return sources
 
 
