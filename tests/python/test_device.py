@@ -59,14 +59,22 @@ def _entries(model, names=None):
 
 # ---- planning ----
 
-def test_plan_contiguous_is_one_run_and_batches_split():
-    entries = [("x", 4096, 100 * 4, 4), ("y", 4096 + 400, 200 * 2, 2), ("z", 4096 + 800, 8, 8)]
-    p = plan(entries, max_batch=300)
-    assert p.runs == [(4096, 0, 808)]
-    assert p.places == {"x": 0, "y": 400, "z": 800}
-    assert p.batches == [(4096, 0, 300), (4396, 300, 300), (4696, 600, 208)]
-    assert p.total == 808 and p.copied == 808
-    assert p.ranges == [(4096, 8192)]
+def test_plan_contiguous_is_one_run_and_batches_split_at_pages():
+    page = _device.PAGE
+    base = 10 * page + 100
+    entries = [("x", base, 1000 * 4, 4), ("y", base + 4000, 2000 * 2, 2),
+               ("z", base + 8000, 8, 8)]
+    p = plan(entries, max_batch=page)
+    assert p.runs == [(base, 0, 8008)]
+    assert p.places == {"x": 0, "y": 4000, "z": 8000}
+    # cut where the source crosses a page: each batch has its own pages
+    assert p.batches[0] == (base, 0, page - 100)
+    assert all((src % page == 0) for src, _, _ in p.batches[1:])
+    assert sum(n for _, _, n in p.batches) == 8008
+    assert p.total == 8008 and p.copied == 8008
+    assert [(lo, hi) for lo, hi, _, _ in p.ranges] == \
+        [(10 * page + k * page, 11 * page + k * page) for k in range(len(p.batches))]
+    assert [(a, b) for _, _, a, b in p.ranges] == [(k, k + 1) for k in range(len(p.batches))]
 
 
 def test_plan_misaligned_tensor_starts_a_padded_run():
@@ -83,6 +91,8 @@ def test_plan_misaligned_tensor_starts_a_padded_run():
     assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
     assert spans[-1][1] <= p.total
     assert len(p.runs) == 3
+    # the runs share a page: one range to register for all three batches
+    assert len(p.ranges) == 1 and p.ranges[0][2:] == (0, 3)
 
 
 def test_plan_aliases_empty_and_gaps():
@@ -93,7 +103,9 @@ def test_plan_aliases_empty_and_gaps():
     assert p.places["empty"] is None
     assert len(p.runs) == 2  # a gap breaks the run
     assert p.places["far"] % _device.RUN_ALIGN == 0
-    assert p.ranges == [(8192, 12288), (1 << 20, (1 << 20) + 4096)]
+    page = _device.PAGE
+    assert [(lo, hi) for lo, hi, _, _ in p.ranges] == [(8192, 8192 + page),
+                                                        (1 << 20, (1 << 20) + page)]
 
 
 def test_plan_rejects_a_size_that_is_not_whole_elements():
@@ -231,31 +243,30 @@ def test_an_error_mid_copy_frees_everything(odd_model, refuse, fail_copy):
     assert backend.calls[-1][0] in ("unregister", "release", "sync")
 
 
-def test_partial_failure_of_registration_unregisters_the_rest(odd_model, monkeypatch):
+def test_refusal_after_some_ranges_stages_the_rest(odd_model, monkeypatch):
     path, raw = odd_model
     model = wcache.open_file(path)
-    entries = _entries(model)
-    # two ranges: split the file's tensors into two far-apart halves by
-    # loading two models' tensors would need two files; instead refuse the
-    # second register call of a plan with two ranges
-    p = plan(entries + [("far", entries[0][1] + (64 << 20), 0, 4)])
-    backend = CpuBackend()
     seen = []
     real = CpuBackend.register
 
-    def second_refused(self, addr, n):
+    def third_refused(self, addr, n):
         seen.append(addr)
-        if len(seen) == 2:
-            raise RegisterRefused("second range refused")
+        if len(seen) == 3:
+            raise RegisterRefused("third range refused")
         return real(self, addr, n)
-    monkeypatch.setattr(CpuBackend, "register", second_refused)
-    two = _device.Plan(p.places, p.runs, p.total, 1 << 20)
-    two.ranges = list(p.ranges) + [(p.ranges[-1][1] + 4096, p.ranges[-1][1] + 8192)]
-    engine = Engine(backend)
-    buf = backend.alloc(two.total)
-    engine.copy_plan(two, buf)
-    assert engine.path == "staging" and "second range refused" in engine.why
-    assert backend.registered == {}
+    monkeypatch.setattr(CpuBackend, "register", third_refused)
+    backend = CpuBackend()
+    out = to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
+                    backend=backend, small=0, max_batch=_device.PAGE, staging_bytes=1000)
+    _check_exact(out, raw)
+    engine, p = _device.last_load
+    assert len(p.ranges) > 3
+    assert engine.path == "register+staging" and "third range refused" in engine.why
+    assert backend.registered == {} and backend.pinned_live == 0
+    # registration overlaps the copies: the second range is registered after
+    # the first range's copies were issued
+    kinds = [c[0] for c in backend.calls if c[0] in ("register", "copy")]
+    assert kinds[0] == "register" and kinds.index("copy") < kinds.index("register", 1)
 
 
 def test_small_loads_and_tensor_mode_copy_tensor_by_tensor(odd_model, monkeypatch):

@@ -19,7 +19,9 @@ asked for) like this:
    registered with the device read-only (``cudaHostRegister`` with
    ``cudaHostRegisterReadOnly | cudaHostRegisterPortable``), so the DMA
    engine reads the shared page cache directly, and each batch is one
-   asynchronous copy on one stream. The ranges are unregistered when the
+   asynchronous copy on one stream. Ranges are registered one by one, each
+   just before its batches are issued, so registering (pinning pages: CPU
+   work) overlaps the copies in flight. They are unregistered when the
    copies have finished (the caller's model keeps the mapping alive).
 3. **Or stage**, when registration is refused (an older driver; a part that
    has no read-only registration): two pinned buffers of
@@ -27,7 +29,8 @@ asked for) like this:
    memcpy releases the GIL) from the mapping into buffer k % 2 once that
    buffer's previous copy has finished, then copied to the device
    asynchronously on stream k % 2, so the CPU fills one buffer while the
-   other is in flight.
+   other is in flight. A refusal after some ranges were registered stages
+   only the batches left ("register+staging").
 
 One log line (logger ``wcache``, once per process for each path and reason)
 says which path ran and why: INFO for the registered path, WARNING for
@@ -98,30 +101,38 @@ class RegisterRefused(Exception):
 class Plan:
     """Where every tensor goes in the device buffer and how to copy it.
 
-    places: {name: (offset in the buffer or None for an empty tensor)};
-    runs: [(source address, buffer offset, bytes)], each copied as one
-    piece of memory; batches: the runs cut into copies of at most max_batch
-    bytes; total: the buffer's size; ranges: the page-aligned, merged
-    [start, end) source ranges to register."""
+    places: {name: offset in the buffer, or None for an empty tensor};
+    runs: [(source address, buffer offset, bytes)], each one piece of
+    memory on both sides; batches: the runs cut where the source address
+    crosses a multiple of max_batch (a multiple of the page size), so each
+    batch's pages are its own; total: the buffer's size; ranges: [(start,
+    end, first batch, end batch)], the page-aligned source ranges to
+    register, one per batch except where two batches share a page (runs
+    that meet inside a page), which are merged."""
 
     def __init__(self, places, runs, total, max_batch):
+        if max_batch % PAGE:
+            max_batch += PAGE - max_batch % PAGE
         self.places = places
         self.runs = runs
         self.total = total
         self.batches = []
         for src, dst, n in runs:
-            for k in range(0, n, max_batch):
-                self.batches.append((src + k, dst + k, min(max_batch, n - k)))
+            done = 0
+            while done < n:
+                cut = (src + done) // max_batch * max_batch + max_batch
+                m = min(n - done, cut - (src + done))
+                self.batches.append((src + done, dst + done, m))
+                done += m
         self.ranges = []
-        for src, _, n in sorted(runs):
+        for k, (src, _, n) in enumerate(self.batches):
             lo = src - src % PAGE
             hi = -(-(src + n) // PAGE) * PAGE
-            if self.ranges and lo <= self.ranges[-1][1]:
-                if hi > self.ranges[-1][1]:
-                    self.ranges[-1][1] = hi
+            if self.ranges and lo < self.ranges[-1][1]:
+                prev = self.ranges[-1]
+                self.ranges[-1] = (prev[0], max(prev[1], hi), prev[2], k + 1)
             else:
-                self.ranges.append([lo, hi])
-        self.ranges = [tuple(r) for r in self.ranges]
+                self.ranges.append((lo, hi, k, k + 1))
 
     @property
     def copied(self):
@@ -216,6 +227,20 @@ def _host_tensor(addr, nbytes):
     return torch.from_numpy(array)
 
 
+def _clear_last_error():
+    """Resets the CUDA runtime's last error after a refused registration,
+    so that torch's next launch check does not report it. torch exposes no
+    cudaGetLastError: the runtime library this process already loaded
+    (found in /proc/self/maps) is called through ctypes. Best effort."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "libcudart.so" in line}
+        for path in paths:
+            ctypes.CDLL(path).cudaGetLastError()
+    except (OSError, AttributeError, IndexError):
+        pass
+
+
 class CudaBackend(Backend):
     """A CUDA device through torch."""
 
@@ -234,11 +259,16 @@ class CudaBackend(Backend):
 
     def register(self, addr, nbytes):
         flags = CUDA_HOST_REGISTER_READ_ONLY | CUDA_HOST_REGISTER_PORTABLE
-        with self.torch.cuda.device(self.device):
-            err = self.cudart.cudaHostRegister(addr, nbytes, flags)
-        code = int(err.value if hasattr(err, "value") else err)
+        try:
+            with self.torch.cuda.device(self.device):
+                err = self.cudart.cudaHostRegister(addr, nbytes, flags)
+            code = int(err.value if hasattr(err, "value") else err)
+        except Exception as e:  # a torch without the binding, a raised CUDA error
+            _clear_last_error()
+            raise RegisterRefused(f"cudaHostRegister: {type(e).__name__}: {e}") from None
         if code == 0:
             return True
+        _clear_last_error()  # a failed runtime call is also "the last error"
         if code == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED:
             return False
         raise RegisterRefused(f"cudaHostRegister(read-only) of {nbytes} bytes: "
@@ -248,7 +278,11 @@ class CudaBackend(Backend):
         self.cudart.cudaHostUnregister(addr)
 
     def stream(self):
-        return self.torch.cuda.Stream(device=self.device)
+        """A side stream that starts after the work queued so far on the
+        current stream (the buffer may be memory that work just freed)."""
+        s = self.torch.cuda.Stream(device=self.device)
+        s.wait_stream(self.torch.cuda.current_stream(self.device))
+        return s
 
     def copy(self, buffer, offset, src_addr, nbytes, stream):
         src = _host_tensor(src_addr, nbytes)
@@ -364,54 +398,61 @@ class Engine:
         self.copies = 0
 
     def copy_plan(self, p, buffer):
-        """Copies every run of plan p into buffer (from backend.alloc),
+        """Copies every batch of plan p into buffer (from backend.alloc),
         synchronously: when it returns, the bytes are on the device and
-        nothing refers to the source any more. On an error, whatever was
-        registered is unregistered and staging buffers are freed."""
+        nothing refers to the source any more. Registered path: range by
+        range, each registered just before its copies are issued, so
+        registering overlaps the copies in flight; a refusal of the first
+        range stages everything, a later one stages the batches left.
+        On an error, whatever was registered is unregistered and staging
+        buffers are freed."""
         self.copies = 0
-        if not p.runs:
+        if not p.batches:
             self.path, self.why = "none", "nothing to copy"
             return
-        registered = []
-        why = None
+        done = 0
+        why = "WCACHE_DEVICE_COPY=staging"
         if self.mode != "staging":
-            try:
-                for lo, hi in p.ranges:
-                    if self.backend.register(lo, hi - lo):
-                        registered.append(lo)
-            except RegisterRefused as e:
-                self._unregister(registered)
-                registered = None
-                if self.mode == "register":
-                    raise
-                why = f"registration refused: {e}"
-        else:
-            registered = None
-            why = "WCACHE_DEVICE_COPY=staging"
-        if registered is not None:
-            try:
+            done, why = self._copy_registered(p, buffer)
+            if done == len(p.batches):
                 self.path = "register"
                 self.why = f"{self.backend.name}: source registered read-only " \
                            f"({len(p.ranges)} range(s))"
-                self._copy_registered(p, buffer)
-            finally:
-                self._unregister(registered)
-        else:
-            self.path, self.why = "staging", why
-            self._copy_staged(p, buffer)
-
-    def _unregister(self, addrs):
-        for addr in addrs:
-            self.backend.unregister(addr)
+                return
+        self.path = "staging" if done == 0 else "register+staging"
+        self.why = why
+        self._copy_staged(p.batches[done:], buffer)
 
     def _copy_registered(self, p, buffer):
-        stream = self.backend.stream()
+        """(batches copied, why it stopped early or None)."""
+        registered, done, why = [], 0, None
+        stream = None
         try:
-            for src, dst, n in p.batches:
-                self.backend.copy(buffer, dst, src, n, stream)
-                self.copies += 1
+            for lo, hi, first, end in p.ranges:
+                try:
+                    if self.backend.register(lo, hi - lo):
+                        registered.append(lo)
+                    if stream is None:
+                        stream = self.backend.stream()
+                except RegisterRefused as e:
+                    if self.mode == "register":
+                        raise
+                    why = f"registration refused: {e}" if first == 0 else \
+                        f"registration refused after {first} of {len(p.batches)} " \
+                        f"batches: {e}"
+                    break
+                for src, dst, n in p.batches[first:end]:
+                    self.backend.copy(buffer, dst, src, n, stream)
+                    self.copies += 1
+                done = end
         finally:
-            self.backend.synchronize(stream)  # the source must outlive every copy
+            try:
+                if stream is not None:
+                    self.backend.synchronize(stream)  # the source must outlive every copy
+            finally:
+                for addr in registered:
+                    self.backend.unregister(addr)
+        return done, why
 
     def _host_copy(self, pool, dst_addr, src_addr, n):
         """memcpy from the mapping into a staging buffer, in parts on the pool."""
@@ -422,8 +463,11 @@ class Engine:
         for f in [pool.submit(ctypes.memmove, dst_addr + k, src_addr + k, m) for k, m in parts]:
             f.result()
 
-    def _copy_staged(self, p, buffer):
-        size = min(self.staging_bytes, max(n for _, _, n in p.runs))
+    def _copy_staged(self, pieces, buffer):
+        """Copies pieces [(source, buffer offset, bytes)] through two pinned
+        buffers and two streams: chunk k goes through buffer k % 2 once that
+        buffer's previous copy (chunk k - 2) has finished."""
+        size = min(self.staging_bytes, max(n for _, _, n in pieces))
         bufs, streams = [], []
         pool = ThreadPoolExecutor(self.threads) if self.threads > 1 and size > HOST_COPY_PART \
             else None
@@ -432,7 +476,7 @@ class Engine:
                 bufs.append(self.backend.pinned(size))
                 streams.append(self.backend.stream())
             k = 0
-            for src, dst, n in p.runs:
+            for src, dst, n in pieces:
                 for done in range(0, n, size):
                     m = min(size, n - done)
                     side = k % 2
@@ -443,12 +487,14 @@ class Engine:
                     self.copies += 1
                     k += 1
         finally:
-            for s in streams:
-                self.backend.synchronize(s)
-            for _, owner in bufs:
-                self.backend.release(owner)
-            if pool is not None:
-                pool.shutdown()
+            try:
+                for s in streams:
+                    self.backend.synchronize(s)
+            finally:
+                for _, owner in bufs:
+                    self.backend.release(owner)
+                if pool is not None:
+                    pool.shutdown()
 
 
 def _itemsize(torch, dtype, cache={}):
