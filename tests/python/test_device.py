@@ -152,19 +152,27 @@ def test_refused_registration_stages_through_two_buffers(odd_model, caplog):
     assert [c[0] for c in backend.calls].count("pinned") == 2
     assert backend.streams == 2
     assert backend.pinned_live == 0
-    chunks = sum(-(-n // 4096) for _, _, n in p.runs)
-    assert engine.copies == chunks > 2
-    # copies alternate between the two streams, and a stream is synchronised
-    # before its buffer is filled again
-    copies = [c for c in backend.calls if c[0] == "copy"]
-    assert [c[1] for c in copies] == [1 + (k % 2) for k in range(len(copies))] or \
-        [c[1] for c in copies] == [2 + (k % 2) * -1 for k in range(len(copies))]
-    seen = 0
-    for c in backend.calls:
-        if c[0] == "copy":
-            seen += 1
-        if c[0] == "sync" and seen < chunks:
-            assert seen >= 2
+    copies = [(i, c) for i, c in enumerate(backend.calls) if c[0] == "copy"]
+    assert engine.copies == len(copies) > 2
+    assert sum(c[3] for _, c in copies) == p.copied
+    # a buffer holds several pieces: consecutive copies from one buffer form
+    # a group of at most 4096 bytes, groups alternate between the streams,
+    # and a stream is synchronised before its buffer is filled again
+    groups = []
+    for i, c in copies:
+        if groups and groups[-1][0] == c[1]:
+            groups[-1][1].append((i, c))
+        else:
+            groups.append((c[1], [(i, c)]))
+    assert len(groups) > 2
+    assert [g[0] for g in groups] == [groups[k % 2][0] for k in range(len(groups))]
+    assert groups[0][0] != groups[1][0]
+    for g in groups:
+        assert sum(c[3] for _, c in g[1]) <= 4096
+    assert any(len(g[1]) > 1 for g in groups), "small pieces share a buffer"
+    for k in range(2, len(groups)):
+        before, after = groups[k - 2][1][-1][0], groups[k][1][0][0]
+        assert ("sync", groups[k][0]) in backend.calls[before:after]
     warnings_ = [r for r in caplog.records if "staging path" in r.getMessage()]
     assert len(warnings_) == 1 and warnings_[0].levelno == logging.WARNING
     # the same reason again: no second line
@@ -181,18 +189,19 @@ def test_staging_without_waiting_would_be_caught(odd_model, monkeypatch):
     a staging buffer before its copy finished would produce wrong bytes."""
     path, raw = odd_model
     model = wcache.open_file(path)
+    import sys
     real = CpuBackend.synchronize
-    calls = {"n": 0}
+    skipped = []
 
-    def lazy(self, stream):  # skip the waits inside the loop, keep the final ones
-        calls["n"] += 1
-        if stream.pending and len(stream.pending) == 1 and calls["n"] < 1000 and \
-                getattr(self, "skip", True):
+    def lazy(self, stream):  # skip the waits before a buffer is refilled only
+        if sys._getframe(1).f_code.co_name == "flush":
+            skipped.append(stream.number)
             return None
         return real(self, stream)
     monkeypatch.setattr(CpuBackend, "synchronize", lazy)
     out = to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
                     backend=CpuBackend(refuse="x"), small=0, staging_bytes=4096, threads=1)
+    assert skipped, "the engine waits before refilling a buffer"
     with pytest.raises(AssertionError):
         _check_exact(out, raw)
 

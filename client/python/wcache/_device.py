@@ -54,6 +54,8 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from ._lib import env_choice
+
 __all__ = ["plan", "Plan", "Engine", "Backend", "CudaBackend", "CpuBackend", "RegisterRefused",
            "copy_mode", "to_device"]
 
@@ -78,10 +80,7 @@ _logged_lock = threading.Lock()
 
 def copy_mode():
     """The path forced by $WCACHE_DEVICE_COPY ("auto" by default)."""
-    mode = os.environ.get("WCACHE_DEVICE_COPY", "auto") or "auto"
-    if mode not in MODES:
-        raise ValueError(f"WCACHE_DEVICE_COPY={mode!r}: use one of {', '.join(MODES)}")
-    return mode
+    return env_choice("WCACHE_DEVICE_COPY", MODES)
 
 
 def _say_once(level, text):
@@ -383,8 +382,7 @@ class Engine:
     ``path`` ("register" or "staging"), ``why`` (the reason for that path)
     and ``copies`` (copy calls issued)."""
 
-    def __init__(self, backend, mode="auto", staging_bytes=STAGING_BYTES, max_batch=MAX_BATCH,
-                 threads=None):
+    def __init__(self, backend, mode="auto", staging_bytes=STAGING_BYTES, threads=None):
         if mode not in ("auto", "register", "staging"):
             raise ValueError(f"mode {mode!r}: use auto, register or staging")
         if staging_bytes <= 0:
@@ -392,7 +390,6 @@ class Engine:
         self.backend = backend
         self.mode = mode
         self.staging_bytes = staging_bytes
-        self.max_batch = max_batch
         self.threads = threads or max(1, min(8, os.cpu_count() or 1))
         self.path = self.why = None
         self.copies = 0
@@ -465,27 +462,42 @@ class Engine:
 
     def _copy_staged(self, pieces, buffer):
         """Copies pieces [(source, buffer offset, bytes)] through two pinned
-        buffers and two streams: chunk k goes through buffer k % 2 once that
-        buffer's previous copy (chunk k - 2) has finished."""
+        buffers and two streams. A staging buffer is filled with as many
+        pieces (or parts of a piece) as fit, then one copy per piece is
+        issued on its stream; before a buffer is filled again, its stream
+        is synchronised (its previous copies have finished)."""
         size = min(self.staging_bytes, max(n for _, _, n in pieces))
-        bufs, streams = [], []
+        bufs, streams, used = [], [], [False, False]
         pool = ThreadPoolExecutor(self.threads) if self.threads > 1 and size > HOST_COPY_PART \
             else None
+        side, fill, queued = 0, 0, []
+
+        def flush():
+            nonlocal side, fill, queued
+            for off, dst, m in queued:
+                self.backend.copy(buffer, dst, bufs[side][0] + off, m, streams[side])
+                self.copies += 1
+            used[side] = True
+            side, fill, queued = 1 - side, 0, []
+            if used[side]:
+                self.backend.synchronize(streams[side])  # buffer free again
+
         try:
             for _ in range(2):
                 bufs.append(self.backend.pinned(size))
                 streams.append(self.backend.stream())
-            k = 0
             for src, dst, n in pieces:
-                for done in range(0, n, size):
-                    m = min(size, n - done)
-                    side = k % 2
-                    if k >= 2:
-                        self.backend.synchronize(streams[side])  # buffer free again
-                    self._host_copy(pool, bufs[side][0], src + done, m)
-                    self.backend.copy(buffer, dst + done, bufs[side][0], m, streams[side])
-                    self.copies += 1
-                    k += 1
+                done = 0
+                while done < n:
+                    if fill == size:
+                        flush()
+                    m = min(size - fill, n - done)
+                    self._host_copy(pool, bufs[side][0] + fill, src + done, m)
+                    queued.append((fill, dst + done, m))
+                    fill += m
+                    done += m
+            if queued:
+                flush()
         finally:
             try:
                 for s in streams:
@@ -532,8 +544,8 @@ def to_device(model, names, device, per_tensor, backend=None, mode=None, small=S
         info = table.info(i)
         dtype = torch_dtype(torch, info.dtype)
         if dtype is None:
-            raise TypeError(f"model {model.name!r}: tensor {name!r} is {info.dtype}, which "
-                            f"torch {torch.__version__} has no dtype for")
+            from ._torch import _no_torch_type
+            raise TypeError(_no_torch_type(model.name, info))
         infos.append((info, dtype))
     total = sum(info.nbytes for info, _ in infos)
     if backend is None or mode == "tensor" or total < small:
