@@ -198,6 +198,10 @@ def cmd_bench(a):
     if device.type == "cuda":
         torch.empty(1, device=device)  # the context, outside the timing
     nbytes = os.path.getsize(a.model)
+    # imports outside the timing (the concurrent loaders time one load)
+    import wcache.torch  # noqa: F401
+    if a.method == "upstream":
+        import safetensors.torch  # noqa: F401
     if a.method == "pinned":
         src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
         src.fill_(1)
@@ -327,8 +331,11 @@ def cmd_llama_make(a):
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
     n = sum(p.numel() for p in model.parameters())
-    model.save_pretrained(a.dir, safe_serialization=True,
-                          max_shard_size="200KB" if a.tiny else "500MB")
+    shard = "200KB" if a.tiny else "500MB"
+    try:
+        model.save_pretrained(a.dir, safe_serialization=True, max_shard_size=shard)
+    except TypeError:  # a transformers without the argument: safetensors is its default
+        model.save_pretrained(a.dir, max_shard_size=shard)
     shards = sorted(f for f in os.listdir(a.dir) if f.endswith(".safetensors"))
     log(f"  {a.dir}: {n / 1e9:.3f} B parameters, {len(shards)} shards")
 
@@ -353,9 +360,19 @@ def cmd_llama_load(a):
     device = "cpu" if a.cpu else "cuda:0"
     if device != "cpu":
         torch.empty(1, device=device)
+    how = "device_map"
     t0 = time.perf_counter()
-    model = transformers.AutoModelForCausalLM.from_pretrained(a.dir, device_map=device,
-                                                              dtype=torch.bfloat16)
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(a.dir, device_map=device,
+                                                                  dtype=torch.bfloat16)
+    except (ImportError, ValueError) as e:
+        if "accelerate" not in str(e):
+            raise
+        # device_map needs accelerate in some versions: load, then move (both modes alike)
+        how = "to(device): device_map needs accelerate"
+        t0 = time.perf_counter()
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            a.dir, dtype=torch.bfloat16).to(device)
     if device != "cpu":
         torch.cuda.synchronize()
     dt = time.perf_counter() - t0
@@ -363,7 +380,7 @@ def cmd_llama_load(a):
     with torch.no_grad():
         logits = model(ids).logits.float().cpu()
     torch.save(logits, a.out)
-    row = {"method": f"transformers_{a.mode}", "seconds": round(dt, 3)}
+    row = {"method": f"transformers_{a.mode}", "seconds": round(dt, 3), "how": how}
     if a.mode == "wcache":
         row["sources"] = ",".join(sorted(set(sources))) or "none"
     emit(a.results, **row)

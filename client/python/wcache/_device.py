@@ -556,7 +556,7 @@ def to_device(model, names, device, per_tensor, backend=None, mode=None, small=S
     engine = Engine(backend, mode=mode, **engine_args)
     buffer = backend.alloc(p.total)
     engine.copy_plan(p, buffer)
-    level = logging.WARNING if engine.path == "staging" and mode == "auto" else logging.INFO
+    level = logging.WARNING if "staging" in engine.path and mode == "auto" else logging.INFO
     _say_once(level, f"wcache: {engine.path} path into {device}: {engine.why}")
     out = {}
     for info, dtype in infos:
