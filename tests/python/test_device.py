@@ -379,3 +379,38 @@ def test_derived_on_device_through_wcached(tmp_path, cpu_device, monkeypatch):
     finally:
         so._shared = None
         assert d.stop() == 0
+
+
+def test_threads_loading_neighbours_do_not_register_a_page_twice(odd_model):
+    """Two threads loading tensors that share a page: registered copies run
+    one at a time, so no page is registered twice (the CPU backend raises
+    if it is) and both get the right bytes."""
+    import threading
+    import time
+    path, raw = odd_model
+    model = wcache.open_file(path)
+
+    class Slow(CpuBackend):  # lets the other thread run between register and unregister
+        def register(self, addr, nbytes):
+            got = super().register(addr, nbytes)
+            time.sleep(0.002)
+            return got
+    backend = Slow()
+    names = model.offset_keys()
+    results, errors = {}, []
+
+    def load(part):
+        try:
+            for _ in range(20):
+                results.update(to_device(model, part, torch.device("cpu"), model.torch,
+                                         backend=backend, small=0))
+        except BaseException as e:  # reported below
+            errors.append(e)
+    threads = [threading.Thread(target=load, args=(names[k::2],)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    _check_exact(results, raw)
+    assert backend.registered == {}

@@ -74,6 +74,7 @@ MODES = ("auto", "register", "staging", "tensor")
 PAGE = mmap.PAGESIZE
 
 last_load = None
+_register_lock = threading.Lock()
 _logged = set()
 _logged_lock = threading.Lock()
 
@@ -410,7 +411,13 @@ class Engine:
         done = 0
         why = "WCACHE_DEVICE_COPY=staging"
         if self.mode != "staging":
-            done, why = self._copy_registered(p, buffer)
+            # One registered copy at a time in this process: two loads whose
+            # page-rounded ranges share a page (neighbouring tensors asked
+            # for by two threads) would otherwise register it twice, and
+            # the first to finish would unregister it under the other's
+            # copies. They share one link anyway.
+            with _register_lock:
+                done, why = self._copy_registered(p, buffer)
             if done == len(p.batches):
                 self.path = "register"
                 self.why = f"{self.backend.name}: source registered read-only " \
