@@ -19,7 +19,8 @@
 #
 # Every step runs under `timeout` (STEP_TIMEOUT seconds, default 240); the
 # whole run is meant to finish in under 8 minutes on one H200.
-# Environment: PYTHON (default python3), STEP_TIMEOUT.
+# Environment: PYTHON (default python3), STEP_TIMEOUT, WCACHE_BUILD (a prebuilt tree, as
+# --build).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -34,7 +35,7 @@ while [ $# -gt 0 ]; do
 	--gib) gib=$2; shift ;;
 	--work) work=$2; shift ;;
 	--keep) keep=1 ;;
-	-h | --help) sed -n '2,22p' "$0"; exit 0 ;;
+	-h | --help) sed -n '2,23p' "$0"; exit 0 ;;
 	*) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
 	esac
 	shift
@@ -60,7 +61,9 @@ step() { # step LABEL COMMAND...: runs COMMAND under the step timeout, timed
 	echo "== $label: $(($(date +%s) - t0)) s" >&2
 }
 
-# wcached and libwcache: the tree passed in, build/, or a fresh cmake build.
+# wcached and libwcache: the tree passed in (--build, else $WCACHE_BUILD), build/, or a
+# fresh cmake build.
+if [ -z "$build" ] && [ -n "${WCACHE_BUILD:-}" ]; then build=$WCACHE_BUILD; fi
 if [ -z "$build" ] && [ -x "$repo/build/bin/wcached" ] && [ -e "$repo/build/lib/libwcache.so.0" ]; then
 	build=$repo/build
 fi
