@@ -61,6 +61,11 @@ step() { # step LABEL COMMAND...: runs COMMAND under the step timeout, timed
 	echo "== $label: $(($(date +%s) - t0)) s" >&2
 }
 
+failed=()
+try_step() { # as step, but a failure is reported at the end and the run goes on
+	step "$@" || failed+=("$1")
+}
+
 # wcached and libwcache: the tree passed in (--build, else $WCACHE_BUILD), build/, or a
 # fresh cmake build.
 if [ -z "$build" ] && [ -n "${WCACHE_BUILD:-}" ]; then build=$WCACHE_BUILD; fi
@@ -108,31 +113,31 @@ step "warm the page cache" "${gb[@]}" warm "$model" "$pt"
 step "start wcached" "${gb[@]}" daemon start --dir "$work/daemon" --files "$model"
 export WCACHE_SOCKET=$work/daemon/wcached.sock
 
-step "pinned anonymous memory" "${gb[@]}" bench --method pinned --model "$model" --results "$results"
+try_step "pinned anonymous memory" "${gb[@]}" bench --method pinned --model "$model" --results "$results"
 if "$py" -c 'import safetensors.torch' 2>/dev/null; then
-	step "safetensors.torch.load_file" "${gb[@]}" bench --method upstream --model "$model" --results "$results"
+	try_step "safetensors.torch.load_file" "${gb[@]}" bench --method upstream --model "$model" --results "$results"
 else
 	echo "== safetensors is not installed: skipped" >&2
 fi
-step "torch.load(mmap=True) then .to()" "${gb[@]}" bench --method torch_load --model "$model" --pt "$pt" --results "$results"
-step "wcache, per-tensor path" "${gb[@]}" bench --method wcache_tensor --model "$model" --results "$results"
-step "wcache, new path" "${gb[@]}" bench --method wcache --model "$model" --results "$results"
-step "wcache, new path, staging forced" "${gb[@]}" bench --method wcache_staging --model "$model" --results "$results"
-step "wcache, 4 processes at once" "${gb[@]}" concurrent --n 4 --model "$model" --dir "$work/daemon" --results "$results"
-bench daemon stop --dir "$work/daemon"
+try_step "torch.load(mmap=True) then .to()" "${gb[@]}" bench --method torch_load --model "$model" --pt "$pt" --results "$results"
+try_step "wcache, per-tensor path" "${gb[@]}" bench --method wcache_tensor --model "$model" --results "$results"
+try_step "wcache, new path" "${gb[@]}" bench --method wcache --model "$model" --results "$results"
+try_step "wcache, new path, staging forced" "${gb[@]}" bench --method wcache_staging --model "$model" --results "$results"
+try_step "wcache, 4 processes at once" "${gb[@]}" concurrent --n 4 --model "$model" --dir "$work/daemon" --results "$results"
+bench daemon stop --dir "$work/daemon" || true
 rm -f "$pt" # page cache for the next part
 
 if "$py" -c 'import transformers' 2>/dev/null; then
 	tiny=()
 	[ "$cpu" = 1 ] && tiny=(--tiny)
-	step "make a Llama model" "${gb[@]}" llama-make --dir "$work/llama" "${tiny[@]}"
+	try_step "make a Llama model" "${gb[@]}" llama-make --dir "$work/llama" "${tiny[@]}"
 	shards=("$work"/llama/*.safetensors)
-	step "warm its shards" "${gb[@]}" warm "${shards[@]}"
-	step "start wcached for its shards" "${gb[@]}" daemon start --dir "$work/llama-daemon" --files "${shards[@]}"
-	step "transformers, plain" "${gb[@]}" llama-load --dir "$work/llama" --mode plain --out "$work/plain.pt" --results "$results"
-	step "transformers, wcache" env WCACHE_SOCKET="$work/llama-daemon/wcached.sock" WCACHE_SAFETENSORS=1 \
+	try_step "warm its shards" "${gb[@]}" warm "${shards[@]}"
+	try_step "start wcached for its shards" "${gb[@]}" daemon start --dir "$work/llama-daemon" --files "${shards[@]}"
+	try_step "transformers, plain" "${gb[@]}" llama-load --dir "$work/llama" --mode plain --out "$work/plain.pt" --results "$results"
+	try_step "transformers, wcache" env WCACHE_SOCKET="$work/llama-daemon/wcached.sock" WCACHE_SAFETENSORS=1 \
 		"$py" "$here/gpubench.py" llama-load --dir "$work/llama" --mode wcache --out "$work/wcache.pt" --results "$results"
-	step "compare logits" "${gb[@]}" llama-compare "$work/plain.pt" "$work/wcache.pt" --results "$results"
+	try_step "compare logits" "${gb[@]}" llama-compare "$work/plain.pt" "$work/wcache.pt" --results "$results"
 else
 	echo "== transformers is not installed: skipped" >&2
 fi
@@ -140,3 +145,7 @@ fi
 echo
 echo "wcache device check, $(date -u +%FT%TZ), $(($(date +%s) - t_start)) s in all"
 bench report --results "$results"
+if [ ${#failed[@]} -gt 0 ]; then
+	printf 'FAILED step: %s\n' "${failed[@]}"
+	exit 1
+fi

@@ -10,7 +10,7 @@ import pytest
 import wcache
 import wcache.torch
 from wcache import _device
-from wcache._device import CpuBackend, Engine, RegisterRefused, plan, to_device
+from wcache._device import CpuBackend, RegisterRefused, plan, to_device
 
 from pyhelpers import write_safetensors
 

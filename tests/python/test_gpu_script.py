@@ -65,3 +65,21 @@ def test_run_sh_cpu_mode(tmp_path):
     # wcached was stopped: no daemon left with our config
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(work) not in ps
+
+
+def test_run_sh_reports_a_failed_step_and_goes_on(tmp_path):
+    """A measurement that fails is named at the end, after the report of
+    the others, and the script exits 1."""
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"#!/bin/sh\ncase \"$*\" in *wcache_staging*) exit 3 ;; esac\n"
+                       f"exec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    env = dict(os.environ, PYTHON=str(wrapper), STEP_TIMEOUT="120")
+    r = subprocess.run([os.path.join(REPO, "tests", "gpu", "run.sh"), "--cpu", "--gib", "0.01",
+                        "--work", str(tmp_path / "work")], env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "FAILED step: wcache, new path, staging forced" in r.stdout
+    assert "wcache, new path, 4 processes together" in r.stdout  # the run went on
+    lines = [x for x in r.stdout.splitlines() if x.startswith("wcache, new path, staging")]
+    assert lines and "skipped" in lines[0]
