@@ -249,8 +249,9 @@ def cmd_concurrent(a):
     tmp = a.results + ".concurrent"
     if os.path.exists(tmp):
         os.unlink(tmp)
-    args = [sys.executable, __file__] + (["--cpu"] if a.cpu else []) + ["bench", "--method", "wcache", "--model", a.model,
-            "--results", tmp, "--reps", "1", "--wait", go, "--tag", "concurrent"]
+    args = [sys.executable, __file__] + (["--cpu"] if a.cpu else []) + [
+        "bench", "--method", "wcache", "--model", a.model, "--results", tmp, "--reps", "1",
+        "--wait", go, "--tag", "concurrent"]
     procs = [subprocess.Popen(args) for _ in range(a.n)]
     deadline = time.monotonic() + 300
     while len([f for f in os.listdir(a.dir) if f.startswith(os.path.basename(go) + ".ready.")]) \
@@ -502,7 +503,8 @@ def main(argv=None):
     a.cpu = a.cpu or os.environ.get("GPUBENCH_CPU") == "1"
     return {"gen": cmd_gen, "warm": cmd_warm, "daemon": cmd_daemon, "bench": cmd_bench,
             "concurrent": cmd_concurrent, "llama-make": cmd_llama_make,
-            "llama-load": cmd_llama_load, "cpu-engine": cmd_cpu_engine, "llama-compare": cmd_llama_compare,
+            "llama-load": cmd_llama_load, "cpu-engine": cmd_cpu_engine,
+            "llama-compare": cmd_llama_compare,
             "report": cmd_report}[a.cmd](a)
 
 
