@@ -239,17 +239,30 @@ def test_already_registered_memory_is_used_and_left_registered(odd_model):
 
 @pytest.mark.parametrize("refuse", [None, "refused"])
 @pytest.mark.parametrize("fail_copy", [1, 3])
-def test_an_error_mid_copy_frees_everything(odd_model, refuse, fail_copy):
-    path, _ = odd_model
+def test_an_error_mid_copy_frees_everything(odd_model, refuse, fail_copy, caplog):
+    path, raw = odd_model
     model = wcache.open_file(path)
+    # A forced path raises the error...
     backend = CpuBackend(refuse=refuse, fail_copy=fail_copy)
     with pytest.raises(RuntimeError, match="injected"):
         to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
-                  backend=backend, small=0, max_batch=4096, staging_bytes=4096)
+                  backend=backend, small=0, max_batch=4096, staging_bytes=4096,
+                  mode="register" if refuse is None else "staging")
     assert backend.registered == {}
     assert backend.pinned_live == 0
     # every stream was synchronised after the failure (no copy left reading the source)
     assert backend.calls[-1][0] in ("unregister", "release", "sync")
+    # ...and "auto" (the default) loads tensor by tensor instead, saying so once.
+    backend = CpuBackend(refuse=refuse, fail_copy=fail_copy)
+    _device._logged.clear()
+    with caplog.at_level(logging.WARNING, logger="wcache"):
+        out = to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
+                        backend=backend, small=0, max_batch=4096, staging_bytes=4096,
+                        mode="auto")
+    _check_exact(out, raw)
+    assert backend.registered == {} and backend.pinned_live == 0
+    assert f"the batched copy into cpu failed (RuntimeError: copy {fail_copy} failed (injected))" \
+        in caplog.text
 
 
 def test_refusal_after_some_ranges_stages_the_rest(odd_model, monkeypatch):

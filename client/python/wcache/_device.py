@@ -561,8 +561,17 @@ def to_device(model, names, device, per_tensor, backend=None, mode=None, small=S
                for info, dtype in infos]
     p = plan(entries, max_batch=engine_args.pop("max_batch", MAX_BATCH))
     engine = Engine(backend, mode=mode, **engine_args)
-    buffer = backend.alloc(p.total)
-    engine.copy_plan(p, buffer)
+    try:
+        buffer = backend.alloc(p.total)
+        engine.copy_plan(p, buffer)
+    except Exception as e:
+        # The engine has freed what it held. Unless a path was forced, a
+        # load that the batched copy could not do is done as before.
+        if mode != "auto":
+            raise
+        _say_once(logging.WARNING, f"wcache: the batched copy into {device} failed "
+                                   f"({type(e).__name__}: {e}); copying tensor by tensor")
+        return {name: per_tensor(name).to(device) for name in names}
     level = logging.WARNING if "staging" in engine.path and mode == "auto" else logging.INFO
     _say_once(level, f"wcache: {engine.path} path into {device}: {engine.why}")
     out = {}
