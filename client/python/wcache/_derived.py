@@ -38,7 +38,8 @@ import warnings
 
 from . import _lib
 from ._lib import DaemonUnavailable, ModelNotFound, WcacheError, check, wc_tensor
-from ._safe_open import _names, open_model
+from ._device import to_device
+from ._safe_open import _names, check_device, open_model
 from ._serialize import DTYPES as _NUMPY_DTYPES
 from .model import Model, _Handle, _framework, connect
 
@@ -239,7 +240,7 @@ def _local(target, key, build, framework, why):
     return {name: t for name, _st, t, _shape, _ptr, _n in entries}
 
 
-def derived(name, key, build, framework="pt", socket=None, timeout=None):
+def derived(name, key, build, framework="pt", socket=None, timeout=None, device="cpu"):
     """The model ``name`` transformed by ``key``, as {tensor name: tensor}.
 
     name: a model wcached serves, or its configured path (or a path to the
@@ -260,10 +261,16 @@ def derived(name, key, build, framework="pt", socket=None, timeout=None):
     timeout also bounds the wait for another worker's build (0: as long as
     it takes).
 
+    device: "cpu" (the default) gives views of the artifact's mapping;
+    another torch device copies the artifact there as ``safe_open``'s
+    get_tensors() does (one device buffer, batched copies from the shared
+    mapping; see wcache/_device.py).
+
     Without wcached (or when it does not serve name) the source is opened
     in this process and build runs here, with a RuntimeWarning once.
     """
     fw = _framework(framework)
+    dev = check_device("pt" if fw == "pt" else "np", device)
     if not callable(build):
         raise TypeError(f"build must be callable, not {type(build).__name__}")
     if not isinstance(key, str):
@@ -274,20 +281,31 @@ def derived(name, key, build, framework="pt", socket=None, timeout=None):
     if not isinstance(target, str):
         target = os.fsdecode(target)
     if not all(_lib.has(f) for f in _FUNCTIONS):
-        return _local(target, key, build, fw, f"libwcache {_lib.library_path()} has no "
-                                              f"wc_derive()")
+        return _moved(_local(target, key, build, fw, f"libwcache {_lib.library_path()} has "
+                                                     f"no wc_derive()"), dev)
     try:
         client = connect(socket, timeout)
     except DaemonUnavailable as e:
-        return _local(target, key, build, fw, str(e))
+        return _moved(_local(target, key, build, fw, str(e)), dev)
     try:
         model = _derive(client, target, key, build, fw)
     except (_Unavailable, DaemonUnavailable, ModelNotFound) as e:
         client.close()
-        return _local(target, key, build, fw, str(e))
+        return _moved(_local(target, key, build, fw, str(e)), dev)
     except BaseException:
         client.close()
         raise
-    state = model.state_dict(fw)
+    if dev is not None:
+        state = to_device(model, model.keys(), dev, model.torch)
+    else:
+        state = model.state_dict(fw)
     model.close()  # the tensors keep the mapping (and the connection) alive
     return state
+
+
+def _moved(state, device):
+    """A locally built result on device (tensor by tensor: it is private
+    memory of this process, not a shared mapping)."""
+    if device is None:
+        return state
+    return {name: t.to(device) for name, t in state.items()}

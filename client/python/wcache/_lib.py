@@ -264,3 +264,12 @@ def check(rc, cls=WcacheError):
     code = -rc
     msg = errmsg() or os.strerror(code)
     raise cls(code, msg)
+
+
+def env_choice(variable, choices):
+    """The value of environment variable variable, one of choices (the
+    first is the default when it is unset or empty); ValueError else."""
+    value = os.environ.get(variable, choices[0]) or choices[0]
+    if value not in choices:
+        raise ValueError(f"{variable}={value!r}: use one of {', '.join(choices)}")
+    return value

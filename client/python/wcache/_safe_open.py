@@ -40,6 +40,7 @@ import threading
 
 from ._lib import (ClosedError, DaemonUnavailable, InvalidArgument, InvalidSlice, ModelNotFound,
                    NoSuchFile, SafetensorError, WcacheError)
+from ._device import to_device
 from .model import connect, open_file
 
 __all__ = ["safe_open", "open_model"]
@@ -272,7 +273,8 @@ class safe_open:
 
     framework: "pt"/"torch"/"pytorch" or "np"/"numpy". device: "cpu" (the
     default) gives views on the mapping; another torch device, as a string
-    or an int, copies each tensor there (as safetensors does). backend:
+    or an int, copies tensors there (get_tensors() all at once, into one
+    device buffer; see wcache/_device.py). backend:
     "mmap" or "pread", accepted for compatibility (tensors are views of the
     mapping either way)."""
 
@@ -345,13 +347,16 @@ class safe_open:
             get_tensor.__doc__ = safe_open.get_tensor.__doc__
             self.get_tensor = get_tensor
             return get_tensor(name)
-        return runs.get(name).to(self._device)
+        return to_device(self._model_open(), [name], self._device, runs.get)[name]
 
     def get_tensors(self):
-        """{name: tensor} of every tensor, in the order of the file."""
-        every = self._bulk().every()
+        """{name: tensor} of every tensor, in the order of the file. On a
+        device: one buffer, tensors as views into it, batched copies (see
+        wcache/_device.py)."""
         if self._device is not None:
-            every = {k: v.to(self._device) for k, v in every.items()}
+            runs = self._bulk()
+            return to_device(self._model_open(), self.offset_keys(), self._device, runs.get)
+        every = self._bulk().every()
         return {k: every[k] for k in self.offset_keys()}
 
     def get_slice(self, name):

@@ -70,10 +70,7 @@ _BIG_ENDIAN = sys.byteorder != "little"
 
 
 def _mode():
-    mode = os.environ.get("WCACHE_TORCH_COW", "auto") or "auto"
-    if mode not in _MODES:
-        raise ValueError(f"WCACHE_TORCH_COW={mode!r}: use one of {', '.join(_MODES)}")
-    return mode
+    return _lib.env_choice("WCACHE_TORCH_COW", _MODES)
 
 
 def _no_torch_type(label, info):

@@ -1,0 +1,585 @@
+"""Copying a model into device memory: one allocation, batched copies, from the mapping.
+
+A GPU worker's load time is the copy into device memory. Copying tensor by
+tensor from a pageable file mapping is slow: the driver stages pageable
+memory through small pinned buffers of its own, one tensor at a time. This
+engine copies a whole set of tensors (a model, a shard, the tensors a caller
+asked for) like this:
+
+1. **Plan** (:func:`plan`): the tensors in the order of their data; a run of
+   tensors that lie back to back in the mapping becomes one *run*, placed
+   in ONE device buffer (a uint8 tensor) at an offset aligned to
+   ``RUN_ALIGN`` bytes. Inside a run a tensor keeps its distance from the
+   run's start, so one copy moves the whole run; a tensor whose place would
+   not be a multiple of its element size (a misaligned source) starts a new
+   run, padded in the device buffer. A tensor contained in the run being
+   built (aliases) is a view of the same bytes. Runs are cut into batches
+   of at most ``MAX_BATCH`` bytes.
+2. **Register** the source: the page-aligned ranges the runs cover are
+   registered with the device read-only (``cudaHostRegister`` with
+   ``cudaHostRegisterReadOnly | cudaHostRegisterPortable``), so the DMA
+   engine reads the shared page cache directly, and each batch is one
+   asynchronous copy on one stream. Ranges are registered one by one, each
+   just before its batches are issued, so registering (pinning pages: CPU
+   work) overlaps the copies in flight. They are unregistered when the
+   copies have finished (the caller's model keeps the mapping alive).
+3. **Or stage**, when registration is refused (an older driver; a part that
+   has no read-only registration): two pinned buffers of
+   ``STAGING_BYTES`` and two streams. Chunk k is copied (by a few threads,
+   memcpy releases the GIL) from the mapping into buffer k % 2 once that
+   buffer's previous copy has finished, then copied to the device
+   asynchronously on stream k % 2, so the CPU fills one buffer while the
+   other is in flight. A refusal after some ranges were registered stages
+   only the batches left ("register+staging").
+
+One log line (logger ``wcache``, once per process for each path and reason)
+says which path ran and why: INFO for the registered path, WARNING for
+staging after a refusal.
+
+The device is a *backend* (:class:`Backend`): :class:`CudaBackend` does the
+CUDA calls through torch (``torch.cuda.cudart()``, streams, ``copy_`` with
+``non_blocking``); :class:`CpuBackend` runs the same engine on the CPU with
+streams whose copies happen only when the stream is synchronised, so tests
+see every batch, every registration, the staging buffers' reuse and the
+error paths without a GPU.
+
+``WCACHE_DEVICE_COPY=auto|register|staging|tensor`` forces a path (for
+benchmarks and tests): "register" raises when registration is refused,
+"staging" never registers, "tensor" is the old per-tensor ``.to(device)``.
+"""
+import ctypes
+import logging
+import mmap
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from ._lib import env_choice
+
+__all__ = ["plan", "Plan", "Engine", "Backend", "CudaBackend", "CpuBackend", "RegisterRefused",
+           "copy_mode", "to_device"]
+
+log = logging.getLogger("wcache")
+
+CUDA_HOST_REGISTER_PORTABLE = 0x01
+CUDA_HOST_REGISTER_READ_ONLY = 0x08
+CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712
+
+RUN_ALIGN = 256               # a run starts at a multiple of this in the device buffer
+MAX_BATCH = 256 << 20         # bytes in one copy of the registered path
+STAGING_BYTES = 64 << 20      # each of the two pinned staging buffers
+HOST_COPY_PART = 8 << 20      # one thread's share of a staging memcpy
+SMALL_COPY = 1 << 20          # below this, to_device copies tensor by tensor
+MODES = ("auto", "register", "staging", "tensor")
+PAGE = mmap.PAGESIZE
+
+last_load = None
+_register_lock = threading.Lock()
+_logged = set()
+_logged_lock = threading.Lock()
+
+
+def copy_mode():
+    """The path forced by $WCACHE_DEVICE_COPY ("auto" by default)."""
+    return env_choice("WCACHE_DEVICE_COPY", MODES)
+
+
+def _say_once(level, text):
+    with _logged_lock:
+        if text in _logged:
+            return
+        _logged.add(text)
+    log.log(level, "%s", text)
+
+
+class RegisterRefused(Exception):
+    """The device refused to register host memory (the reason is the message)."""
+
+
+# -- planning --
+
+class Plan:
+    """Where every tensor goes in the device buffer and how to copy it.
+
+    places: {name: offset in the buffer, or None for an empty tensor};
+    runs: [(source address, buffer offset, bytes)], each one piece of
+    memory on both sides; batches: the runs cut where the source address
+    crosses a multiple of max_batch (a multiple of the page size), so each
+    batch's pages are its own; total: the buffer's size; ranges: [(start,
+    end, first batch, end batch)], the page-aligned source ranges to
+    register, one per batch except where two batches share a page (runs
+    that meet inside a page), which are merged."""
+
+    def __init__(self, places, runs, total, max_batch):
+        if max_batch % PAGE:
+            max_batch += PAGE - max_batch % PAGE
+        self.places = places
+        self.runs = runs
+        self.total = total
+        self.batches = []
+        for src, dst, n in runs:
+            done = 0
+            while done < n:
+                cut = (src + done) // max_batch * max_batch + max_batch
+                m = min(n - done, cut - (src + done))
+                self.batches.append((src + done, dst + done, m))
+                done += m
+        self.ranges = []
+        for k, (src, _, n) in enumerate(self.batches):
+            lo = src - src % PAGE
+            hi = -(-(src + n) // PAGE) * PAGE
+            if self.ranges and lo < self.ranges[-1][1]:
+                prev = self.ranges[-1]
+                self.ranges[-1] = (prev[0], max(prev[1], hi), prev[2], k + 1)
+            else:
+                self.ranges.append((lo, hi, k, k + 1))
+
+    @property
+    def copied(self):
+        """Bytes the copies move (the buffer minus padding)."""
+        return sum(n for _, _, n in self.runs)
+
+
+def plan(entries, align=RUN_ALIGN, max_batch=MAX_BATCH):
+    """The :class:`Plan` for entries, a list of (name, address, nbytes,
+    element size) in any order. Tensors back to back in memory share a run;
+    every tensor's offset in the buffer is a multiple of its element size."""
+    if align <= 0 or max_batch <= 0:
+        raise ValueError("align and max_batch must be positive")
+    places, runs = {}, []
+    run_src = run_dst = run_end = None
+    cursor = 0
+    # by address, the larger first at one address (so aliases fall inside it)
+    for name, addr, n, itemsize in sorted(entries, key=lambda e: (e[1], -e[2], e[0])):
+        if n == 0:
+            places[name] = None
+            continue
+        if n % itemsize:
+            raise ValueError(f"tensor {name!r}: {n} bytes is not a multiple of its element "
+                             f"size {itemsize}")
+        if run_src is not None:
+            dst = run_dst + (addr - run_src)
+            if run_src <= addr and addr + n <= run_end and dst % itemsize == 0:
+                places[name] = dst  # inside the run: the same bytes
+                continue
+            if addr == run_end and dst % itemsize == 0:
+                run_end += n
+                places[name] = dst
+                continue
+            runs.append((run_src, run_dst, run_end - run_src))
+            cursor = run_dst + (run_end - run_src)
+        run_dst = -(-cursor // align) * align
+        run_src, run_end = addr, addr + n
+        places[name] = run_dst
+    if run_src is not None:
+        runs.append((run_src, run_dst, run_end - run_src))
+        cursor = run_dst + (run_end - run_src)
+    return Plan(places, runs, cursor, max_batch)
+
+
+# -- backends --
+
+class Backend:
+    """What the engine needs from a device. Streams are opaque objects;
+    copy() is asynchronous on its stream and may read its source until
+    synchronize(stream) returns."""
+
+    name = "?"
+
+    def alloc(self, nbytes):
+        """A uint8 tensor of nbytes on the device."""
+        raise NotImplementedError
+
+    def register(self, addr, nbytes):
+        """Registers host memory read-only for copies. True: registered
+        (unregister later); False: already registered by someone else
+        (usable, not ours to unregister). RegisterRefused: not usable."""
+        raise NotImplementedError
+
+    def unregister(self, addr):
+        raise NotImplementedError
+
+    def stream(self):
+        raise NotImplementedError
+
+    def copy(self, buffer, offset, src_addr, nbytes, stream):
+        """Starts copying nbytes at host address src_addr to buffer[offset:]."""
+        raise NotImplementedError
+
+    def synchronize(self, stream):
+        """Waits for every copy on stream."""
+        raise NotImplementedError
+
+    def pinned(self, nbytes):
+        """(host address, owner) of a pinned host buffer; release(owner) frees it."""
+        raise NotImplementedError
+
+    def release(self, owner):
+        pass
+
+
+def _host_tensor(addr, nbytes):
+    """A CPU uint8 tensor over host memory [addr, addr + nbytes) (no copy).
+    Only ever read: the memory may be a read-only mapping."""
+    import numpy as np
+    import torch
+    array = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(addr))
+    return torch.from_numpy(array)
+
+
+def _clear_last_error():
+    """Resets the CUDA runtime's last error after a refused registration,
+    so that torch's next launch check does not report it. torch exposes no
+    cudaGetLastError: the runtime library this process already loaded
+    (found in /proc/self/maps) is called through ctypes. Best effort."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "libcudart.so" in line}
+        for path in paths:
+            ctypes.CDLL(path).cudaGetLastError()
+    except (OSError, AttributeError, IndexError):
+        pass
+
+
+class CudaBackend(Backend):
+    """A CUDA device through torch."""
+
+    name = "cuda"
+
+    def __init__(self, device):
+        import torch
+        self.torch = torch
+        self.device = torch.device(device)
+        if self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.cudart = torch.cuda.cudart()
+
+    def alloc(self, nbytes):
+        return self.torch.empty(nbytes, dtype=self.torch.uint8, device=self.device)
+
+    def register(self, addr, nbytes):
+        flags = CUDA_HOST_REGISTER_READ_ONLY | CUDA_HOST_REGISTER_PORTABLE
+        try:
+            with self.torch.cuda.device(self.device):
+                err = self.cudart.cudaHostRegister(addr, nbytes, flags)
+            code = int(err.value if hasattr(err, "value") else err)
+        except Exception as e:  # a torch without the binding, a raised CUDA error
+            _clear_last_error()
+            raise RegisterRefused(f"cudaHostRegister: {type(e).__name__}: {e}") from None
+        if code == 0:
+            return True
+        _clear_last_error()  # a failed runtime call is also "the last error"
+        if code == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED:
+            return False
+        raise RegisterRefused(f"cudaHostRegister(read-only) of {nbytes} bytes: "
+                              f"{self.cudart.cudaGetErrorString(err)} ({code})")
+
+    def unregister(self, addr):
+        self.cudart.cudaHostUnregister(addr)
+
+    def stream(self):
+        """A side stream that starts after the work queued so far on the
+        current stream (the buffer may be memory that work just freed)."""
+        s = self.torch.cuda.Stream(device=self.device)
+        s.wait_stream(self.torch.cuda.current_stream(self.device))
+        return s
+
+    def copy(self, buffer, offset, src_addr, nbytes, stream):
+        src = _host_tensor(src_addr, nbytes)
+        with self.torch.cuda.stream(stream):
+            buffer[offset:offset + nbytes].copy_(src, non_blocking=True)
+
+    def synchronize(self, stream):
+        stream.synchronize()
+
+    def pinned(self, nbytes):
+        t = self.torch.empty(nbytes, dtype=self.torch.uint8, pin_memory=True)
+        return t.data_ptr(), t
+
+
+class _CpuStream:
+    def __init__(self, number):
+        self.number = number
+        self.pending = []
+
+
+class CpuBackend(Backend):
+    """The engine's device on the CPU, for tests: the buffer is a CPU
+    tensor, and a stream's copies run only when it is synchronised (so a
+    staging buffer reused too early shows up as wrong bytes). It records
+    every call in ``calls``. refuse: a reason to refuse registration with;
+    fail_copy: raise on the copy with this number (1-based)."""
+
+    name = "cpu"
+
+    def __init__(self, refuse=None, fail_copy=None, already_registered=False):
+        import torch
+        self.torch = torch
+        self.refuse = refuse
+        self.fail_copy = fail_copy
+        self.already_registered = already_registered
+        self.calls = []
+        self.registered = {}
+        self.pinned_live = 0
+        self.copies = 0
+        self.streams = 0
+
+    def alloc(self, nbytes):
+        self.calls.append(("alloc", nbytes))
+        return self.torch.full((nbytes,), 0xA5, dtype=self.torch.uint8)  # not zeros: padding shows
+
+    def register(self, addr, nbytes):
+        self.calls.append(("register", addr, nbytes))
+        if addr % PAGE or nbytes % PAGE:
+            raise RegisterRefused(f"range {addr:#x}+{nbytes} is not page-aligned")
+        if self.refuse:
+            raise RegisterRefused(self.refuse)
+        if self.already_registered:
+            return False
+        if addr in self.registered:
+            raise AssertionError(f"{addr:#x} registered twice")
+        self.registered[addr] = nbytes
+        return True
+
+    def unregister(self, addr):
+        self.calls.append(("unregister", addr))
+        del self.registered[addr]
+
+    def stream(self):
+        self.streams += 1
+        self.calls.append(("stream", self.streams))
+        return _CpuStream(self.streams)
+
+    def copy(self, buffer, offset, src_addr, nbytes, stream):
+        self.copies += 1
+        self.calls.append(("copy", stream.number, offset, nbytes))
+        if self.fail_copy is not None and self.copies == self.fail_copy:
+            raise RuntimeError(f"copy {self.copies} failed (injected)")
+        if offset < 0 or offset + nbytes > buffer.numel():
+            raise AssertionError(f"copy to [{offset}, {offset + nbytes}) outside the buffer")
+        stream.pending.append((buffer, offset, src_addr, nbytes))
+
+    def synchronize(self, stream):
+        self.calls.append(("sync", stream.number))
+        for buffer, offset, src_addr, nbytes in stream.pending:
+            ctypes.memmove(buffer.data_ptr() + offset, src_addr, nbytes)
+        stream.pending.clear()
+
+    def pinned(self, nbytes):
+        self.pinned_live += 1
+        self.calls.append(("pinned", nbytes))
+        t = self.torch.empty(nbytes, dtype=self.torch.uint8)
+        return t.data_ptr(), t
+
+    def release(self, owner):
+        self.pinned_live -= 1
+        self.calls.append(("release", owner.numel()))
+
+
+# -- the engine --
+
+class Engine:
+    """Copies planned tensors to a backend's device. After load():
+    ``path`` ("register" or "staging"), ``why`` (the reason for that path)
+    and ``copies`` (copy calls issued)."""
+
+    def __init__(self, backend, mode="auto", staging_bytes=STAGING_BYTES, threads=None):
+        if mode not in ("auto", "register", "staging"):
+            raise ValueError(f"mode {mode!r}: use auto, register or staging")
+        if staging_bytes <= 0:
+            raise ValueError("staging_bytes must be positive")
+        self.backend = backend
+        self.mode = mode
+        self.staging_bytes = staging_bytes
+        self.threads = threads or max(1, min(8, os.cpu_count() or 1))
+        self.path = self.why = None
+        self.copies = 0
+
+    def copy_plan(self, p, buffer):
+        """Copies every batch of plan p into buffer (from backend.alloc),
+        synchronously: when it returns, the bytes are on the device and
+        nothing refers to the source any more. Registered path: range by
+        range, each registered just before its copies are issued, so
+        registering overlaps the copies in flight; a refusal of the first
+        range stages everything, a later one stages the batches left.
+        On an error, whatever was registered is unregistered and staging
+        buffers are freed."""
+        self.copies = 0
+        if not p.batches:
+            self.path, self.why = "none", "nothing to copy"
+            return
+        done = 0
+        why = "WCACHE_DEVICE_COPY=staging"
+        if self.mode != "staging":
+            # One registered copy at a time in this process: two loads whose
+            # page-rounded ranges share a page (neighbouring tensors asked
+            # for by two threads) would otherwise register it twice, and
+            # the first to finish would unregister it under the other's
+            # copies. They share one link anyway.
+            with _register_lock:
+                done, why = self._copy_registered(p, buffer)
+            if done == len(p.batches):
+                self.path = "register"
+                self.why = f"{self.backend.name}: source registered read-only " \
+                           f"({len(p.ranges)} range(s))"
+                return
+        self.path = "staging" if done == 0 else "register+staging"
+        self.why = why
+        self._copy_staged(p.batches[done:], buffer)
+
+    def _copy_registered(self, p, buffer):
+        """(batches copied, why it stopped early or None)."""
+        registered, done, why = [], 0, None
+        stream = None
+        try:
+            for lo, hi, first, end in p.ranges:
+                try:
+                    if self.backend.register(lo, hi - lo):
+                        registered.append(lo)
+                    if stream is None:
+                        stream = self.backend.stream()
+                except RegisterRefused as e:
+                    if self.mode == "register":
+                        raise
+                    why = f"registration refused: {e}" if first == 0 else \
+                        f"registration refused after {first} of {len(p.batches)} " \
+                        f"batches: {e}"
+                    break
+                for src, dst, n in p.batches[first:end]:
+                    self.backend.copy(buffer, dst, src, n, stream)
+                    self.copies += 1
+                done = end
+        finally:
+            try:
+                if stream is not None:
+                    self.backend.synchronize(stream)  # the source must outlive every copy
+            finally:
+                for addr in registered:
+                    self.backend.unregister(addr)
+        return done, why
+
+    def _host_copy(self, pool, dst_addr, src_addr, n):
+        """memcpy from the mapping into a staging buffer, in parts on the pool."""
+        if pool is None or n <= HOST_COPY_PART:
+            ctypes.memmove(dst_addr, src_addr, n)
+            return
+        parts = [(k, min(HOST_COPY_PART, n - k)) for k in range(0, n, HOST_COPY_PART)]
+        for f in [pool.submit(ctypes.memmove, dst_addr + k, src_addr + k, m) for k, m in parts]:
+            f.result()
+
+    def _copy_staged(self, pieces, buffer):
+        """Copies pieces [(source, buffer offset, bytes)] through two pinned
+        buffers and two streams. A staging buffer is filled with as many
+        pieces (or parts of a piece) as fit, then one copy per piece is
+        issued on its stream; before a buffer is filled again, its stream
+        is synchronised (its previous copies have finished)."""
+        size = min(self.staging_bytes, max(n for _, _, n in pieces))
+        bufs, streams, used = [], [], [False, False]
+        pool = ThreadPoolExecutor(self.threads) if self.threads > 1 and size > HOST_COPY_PART \
+            else None
+        side, fill, queued = 0, 0, []
+
+        def flush():
+            nonlocal side, fill, queued
+            for off, dst, m in queued:
+                self.backend.copy(buffer, dst, bufs[side][0] + off, m, streams[side])
+                self.copies += 1
+            used[side] = True
+            side, fill, queued = 1 - side, 0, []
+            if used[side]:
+                self.backend.synchronize(streams[side])  # buffer free again
+
+        try:
+            for _ in range(2):
+                bufs.append(self.backend.pinned(size))
+                streams.append(self.backend.stream())
+            for src, dst, n in pieces:
+                done = 0
+                while done < n:
+                    if fill == size:
+                        flush()
+                    m = min(size - fill, n - done)
+                    self._host_copy(pool, bufs[side][0] + fill, src + done, m)
+                    queued.append((fill, dst + done, m))
+                    fill += m
+                    done += m
+            if queued:
+                flush()
+        finally:
+            try:
+                for s in streams:
+                    self.backend.synchronize(s)
+            finally:
+                for _, owner in bufs:
+                    self.backend.release(owner)
+                if pool is not None:
+                    pool.shutdown()
+
+
+def _itemsize(torch, dtype, cache={}):
+    size = cache.get(dtype)
+    if size is None:
+        size = cache[dtype] = torch.empty((), dtype=dtype).element_size()
+    return size
+
+
+def backend_for(device):
+    """The backend for a torch device, or None (copied tensor by tensor)."""
+    return CudaBackend(device) if device.type == "cuda" else None
+
+
+def to_device(model, names, device, per_tensor, backend=None, mode=None, small=SMALL_COPY,
+              **engine_args):
+    """{name: tensor on device} for names of model, in the order of names.
+
+    One buffer on the device, views into it; see the module comment.
+    per_tensor(name) gives the CPU tensor for the old path (mode "tensor",
+    a device without a backend, or less than small bytes in all). The
+    engine and plan of the last load are kept in ``last_load`` (tests)."""
+    global last_load
+    import torch
+    from ._dtypes import torch_dtype
+    mode = copy_mode() if mode is None else mode
+    if backend is None and mode != "tensor":
+        backend = backend_for(device)
+    table = model._tab()
+    infos = []
+    for name in names:
+        i = table.position(name)
+        if i is None:
+            model.info(name)  # raises the model's own KeyError
+        info = table.info(i)
+        dtype = torch_dtype(torch, info.dtype)
+        if dtype is None:
+            from ._torch import _no_torch_type
+            raise TypeError(_no_torch_type(model.name, info))
+        infos.append((info, dtype))
+    total = sum(info.nbytes for info, _ in infos)
+    if backend is None or mode == "tensor" or total < small:
+        return {name: per_tensor(name).to(device) for name in names}
+    entries = [(info.name, info.data, info.nbytes, _itemsize(torch, dtype))
+               for info, dtype in infos]
+    p = plan(entries, max_batch=engine_args.pop("max_batch", MAX_BATCH))
+    engine = Engine(backend, mode=mode, **engine_args)
+    try:
+        buffer = backend.alloc(p.total)
+        engine.copy_plan(p, buffer)
+    except Exception as e:
+        # The engine has freed what it held. Unless a path was forced, a
+        # load that the batched copy could not do is done as before.
+        if mode != "auto":
+            raise
+        _say_once(logging.WARNING, f"wcache: the batched copy into {device} failed "
+                                   f"({type(e).__name__}: {e}); copying tensor by tensor")
+        return {name: per_tensor(name).to(device) for name in names}
+    level = logging.WARNING if "staging" in engine.path and mode == "auto" else logging.INFO
+    _say_once(level, f"wcache: {engine.path} path into {device}: {engine.why}")
+    out = {}
+    for info, dtype in infos:
+        off = p.places[info.name]
+        if off is None:
+            out[info.name] = torch.empty(info.shape, dtype=dtype, device=buffer.device)
+        else:
+            out[info.name] = buffer[off:off + info.nbytes].view(dtype).view(info.shape)
+    last_load = (engine, p)
+    return out

@@ -1,0 +1,512 @@
+"""The steps of tests/gpu/run.sh: make a model, warm it, run wcached, time
+each way into the device in a fresh process, load a Llama model under real
+transformers plainly and through wcache, and report with PASS/MISS.
+
+Every step is a subcommand, so run.sh can bound each with a timeout. Results
+are JSON lines appended to one file; ``report`` reads them. With ``--cpu``
+the same code runs on the CPU (the engine on wcache._device.CpuBackend, the
+"device" is host memory): that checks the script's logic, not speeds.
+"""
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(REPO, "client", "python"))
+sys.path.append(os.path.join(REPO, "tests", "pyutil"))
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+def log(text):
+    print(text, file=sys.stderr, flush=True)
+
+
+def emit(results, **row):
+    with open(results, "a") as f:
+        f.write(json.dumps(row) + "\n")
+    log(f"  {row.get('method')}: " + ", ".join(f"{k}={v}" for k, v in row.items()
+                                               if k != "method"))
+
+
+# ---- the model ----
+
+def layout(total):
+    """[(name, dtype, shape)] of a model of about total bytes: per layer a
+    big BF16 matrix, a smaller one, a norm vector (F32), and every 16th
+    layer a 3-byte I8 tensor that leaves the next tensor misaligned."""
+    big, small = (6144, 4096), (2048, 2048)
+    per_layer = 2 * (big[0] * big[1] + small[0] * small[1]) + 4 * 4096 + 3
+    if total < GIB:  # the CPU mode's small models
+        big, small = (512, 256), (256, 128)
+        per_layer = 2 * (big[0] * big[1] + small[0] * small[1]) + 4 * 4096 + 3
+    out = []
+    for i in range(max(1, total // per_layer)):
+        out.append((f"layers.{i}.big", "BF16", big))
+        if i % 16 == 0:  # now and then a tensor that misaligns the next one
+            out.append((f"layers.{i}.odd", "I8", (3,)))
+        out += [(f"layers.{i}.norm", "F32", (4096,)), (f"layers.{i}.small", "BF16", small)]
+    return out
+
+
+def cmd_gen(a):
+    """Writes model.safetensors (and model.pt for torch.load) in a.dir."""
+    import numpy as np
+    size = {"BF16": 2, "F32": 4, "I8": 1}
+    tensors = layout(int(a.gib * GIB))
+    header, off = {}, 0
+    for name, dtype, shape in tensors:
+        n = size[dtype] * int(np.prod(shape))
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [off, off + n]}
+        off += n
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    # bf16 values of small magnitude (no NaN, so equality checks hold):
+    # a random block, its words masked to 0x3f.. patterns, reused with a
+    # different prefix per tensor
+    rng = np.random.default_rng(1)
+    block = (rng.integers(0, 1 << 16, 32 * MIB, dtype=np.uint16) & 0x3fff).view(np.uint8)
+    path = os.path.join(a.dir, "model.safetensors")
+    with open(path + ".tmp", "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text)
+        for k, (name, dtype, shape) in enumerate(tensors):
+            n = header[name]["data_offsets"][1] - header[name]["data_offsets"][0]
+            done = 0
+            while done < n:
+                m = min(n - done, len(block))
+                piece = block[:m].copy() if done == 0 else block[:m]
+                if done == 0:
+                    piece[:min(m, 4)] = np.frombuffer(k.to_bytes(4, "little"), np.uint8)[:m]
+                f.write(memoryview(piece))
+                done += m
+    os.rename(path + ".tmp", path)
+    log(f"  {path}: {off / GIB:.2f} GiB, {len(tensors)} tensors")
+    if a.pt:
+        import torch
+        import wcache
+        model = wcache.open_file(path)
+        torch.save({k: model.torch(k) for k in model.offset_keys()},
+                   os.path.join(a.dir, "model.pt"))
+        model.close()
+
+
+def cmd_warm(a):
+    """Reads each file once, so it is in the page cache."""
+    for path in a.files:
+        t0, n = time.monotonic(), 0
+        with open(path, "rb", buffering=0) as f:
+            buf = bytearray(16 * MIB)
+            while True:
+                got = f.readinto(buf)
+                if not got:
+                    break
+                n += got
+        log(f"  {path}: {n / GIB:.2f} GiB read in {time.monotonic() - t0:.1f} s")
+
+
+# ---- wcached ----
+
+def cmd_daemon(a):
+    """start: wcached serving every file given (name = its path), its pid
+    in <dir>/wcached.pid; stop: SIGTERM to that pid."""
+    pidfile = os.path.join(a.dir, "wcached.pid")
+    if a.action == "stop":
+        if os.path.exists(pidfile):
+            pid = int(open(pidfile).read())
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            os.unlink(pidfile)
+        return
+    from wcached import Wcached
+    models = {f"m{i}": os.path.realpath(p) for i, p in enumerate(a.files)}
+    d = Wcached(a.dir, models, log_level="info").start(timeout=120)
+    with open(pidfile, "w") as f:
+        f.write(str(d.proc.pid))
+    d.proc = None  # outlives this process; run.sh stops it
+    log(f"  wcached pid {open(pidfile).read()} on {d.socket}, {len(models)} model(s)")
+
+
+# ---- the ways into the device ----
+
+def _sync(torch, device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _cpu_engine():
+    """--cpu: the engine's device is wcache._device.CpuBackend."""
+    from wcache import _device
+    refuse = os.environ.get("GPUBENCH_REFUSE") or None
+    _device.backend_for = lambda device: _device.CpuBackend(refuse=refuse)
+
+
+def _check(torch, path, state, names=3):
+    """The first, a middle and the last tensor equal the file's bytes."""
+    import wcache
+    model = wcache.open_file(path)
+    keys = model.offset_keys()
+    for name in {keys[0], keys[len(keys) // 2], keys[-1]}:
+        want = model.torch(name)
+        got = state[name].to("cpu")
+        if got.dtype != want.dtype or not torch.equal(got.reshape(-1).view(torch.uint8),
+                                                        want.reshape(-1).view(torch.uint8)):
+            raise SystemExit(f"tensor {name!r}: bytes differ from the file")
+    model.close()
+
+
+def _load(method, a, torch, device):
+    """One load by method; returns (state, path the engine took or "")."""
+    target = "cuda:0" if a.cpu else str(device)
+    if method == "upstream":
+        import safetensors.torch
+        return safetensors.torch.load_file(a.model, device=target if not a.cpu else "cpu"), ""
+    if method == "torch_load":
+        try:
+            state = torch.load(a.pt, mmap=True, map_location="cpu")
+        except TypeError:  # torch < 2.1 (the CPU mode's old torch)
+            state = torch.load(a.pt, map_location="cpu")
+        return {k: (v.to(device) if not a.cpu else v.clone()) for k, v in state.items()}, ""
+    import wcache
+    import wcache.torch
+    from wcache import _device
+    if method == "wcache_tensor":
+        os.environ["WCACHE_DEVICE_COPY"] = "tensor"
+        if a.cpu:
+            return {k: v.clone() for k, v in wcache.torch.load_file(a.model).items()}, "tensor"
+        return wcache.torch.load_file(a.model, device=target), "tensor"
+    os.environ["WCACHE_DEVICE_COPY"] = "staging" if method == "wcache_staging" else "auto"
+    _device.last_load = None
+    state = wcache.torch.load_file(a.model, device=target)
+    engine = _device.last_load[0] if _device.last_load else None
+    return state, engine.path if engine else "tensor"
+
+
+def cmd_bench(a):
+    """Times one method (best of a.reps) into the device; a JSON line."""
+    import torch
+    if a.cpu:
+        _cpu_engine()
+    device = torch.device("cpu" if a.cpu else "cuda:0")
+    if device.type == "cuda":
+        torch.empty(1, device=device)  # the context, outside the timing
+    nbytes = os.path.getsize(a.model)
+    # imports outside the timing (the concurrent loaders time one load)
+    import wcache.torch  # noqa: F401
+    if a.method == "upstream":
+        import safetensors.torch  # noqa: F401
+    if a.method == "pinned":
+        src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
+        src.fill_(1)
+        dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        best = None
+        for _ in range(a.reps):
+            t0 = time.perf_counter()
+            dst.copy_(src, non_blocking=True)
+            _sync(torch, device)
+            dt = time.perf_counter() - t0
+            best = dt if best is None or dt < best else best
+        emit(a.results, method="pinned", bytes=nbytes, seconds=round(best, 4),
+             gbps=round(nbytes / best / 1e9, 2))
+        return
+    if a.wait:
+        with open(a.wait + ".ready." + str(os.getpid()), "w"):
+            pass
+        deadline = time.monotonic() + 120
+        while not os.path.exists(a.wait):
+            if time.monotonic() > deadline:
+                raise SystemExit("no go signal in 120 s")
+            time.sleep(0.001)
+    best, path, starts = None, "", []
+    for rep in range(a.reps):
+        t0 = time.perf_counter()
+        wall0 = time.time()
+        state, path = _load(a.method, a, torch, device)
+        _sync(torch, device)
+        dt = time.perf_counter() - t0
+        starts.append((wall0, time.time()))
+        if rep == 0:
+            _check(torch, a.model, state)
+        moved = sum(t.numel() * t.element_size() for t in state.values())
+        del state
+        best = dt if best is None or dt < best else best
+    emit(a.results, method=a.method + (f"@{a.tag}" if a.tag else ""), bytes=moved,
+         seconds=round(best, 4), gbps=round(moved / best / 1e9, 2), path=path,
+         start=starts[0][0], end=starts[0][1])
+
+
+def cmd_concurrent(a):
+    """a.n processes load at once (method new, through wcached); the
+    aggregate is all bytes over first start to last end."""
+    go = os.path.join(a.dir, f"go.{os.getpid()}")
+    tmp = a.results + ".concurrent"
+    if os.path.exists(tmp):
+        os.unlink(tmp)
+    args = [sys.executable, __file__] + (["--cpu"] if a.cpu else []) + [
+        "bench", "--method", "wcache", "--model", a.model, "--results", tmp, "--reps", "1",
+        "--wait", go, "--tag", "concurrent"]
+    procs = [subprocess.Popen(args) for _ in range(a.n)]
+    deadline = time.monotonic() + 300
+    while len([f for f in os.listdir(a.dir) if f.startswith(os.path.basename(go) + ".ready.")]) \
+            < a.n:
+        if any(p.poll() not in (None, 0) for p in procs) or time.monotonic() > deadline:
+            for p in procs:
+                p.kill()
+            raise SystemExit("a concurrent loader failed before starting")
+        time.sleep(0.01)
+    open(go, "w").close()
+    if any(p.wait() != 0 for p in procs):
+        raise SystemExit("a concurrent loader failed")
+    rows = [json.loads(line) for line in open(tmp)]
+    total = sum(r["bytes"] for r in rows)
+    span = max(r["end"] for r in rows) - min(r["start"] for r in rows)
+    emit(a.results, method=f"concurrent{a.n}", bytes=total, seconds=round(span, 4),
+         gbps=round(total / span / 1e9, 2), path=",".join(sorted({r["path"] for r in rows})))
+
+
+def cmd_cpu_engine(a):
+    """The engine's own cost on the CPU backend against one plain memcpy of
+    the same bytes (the buffer faulted in first, best of a.reps): what the
+    planning, batching and double buffering add, without a device."""
+    import ctypes
+    import torch
+    import wcache
+    from wcache import _device
+    model = wcache.open_file(a.model)
+    names = model.offset_keys()
+    entries = []
+    for name in names:
+        info = model.info(name)
+        size = torch.empty((), dtype=_dtype_of(torch, info.dtype)).element_size()
+        entries.append((name, info.data, info.nbytes, size))
+    p = _device.plan(entries)
+    lo = min(e[1] for e in entries if e[2])
+    rows = {}
+    for label, backend, mode in (("plain memcpy", None, None),
+                                 ("engine, registered path", _device.CpuBackend(), "auto"),
+                                 ("engine, staging path", _device.CpuBackend(refuse="cpu"),
+                                  "auto")):
+        buf = torch.zeros(p.total, dtype=torch.uint8)
+        best = None
+        for _ in range(a.reps):
+            t0 = time.perf_counter()
+            if backend is None:
+                ctypes.memmove(buf.data_ptr(), lo, p.copied)
+            else:
+                _device.Engine(backend, mode=mode).copy_plan(p, buf)
+            dt = time.perf_counter() - t0
+            best = dt if best is None or dt < best else best
+        rows[label] = p.copied / best / 1e9
+        print(f"{label:28} {rows[label]:7.2f} GB/s  ({p.copied / 1e6:.0f} MB, "
+              f"{len(p.batches)} batches, {len(names)} tensors)")
+    model.close()
+
+
+def _dtype_of(torch, st_dtype):
+    from wcache._dtypes import torch_dtype
+    return torch_dtype(torch, st_dtype)
+
+
+# ---- transformers ----
+
+def cmd_llama_make(a):
+    """A Llama model with random weights, saved in safetensors shards."""
+    import torch
+    import transformers
+    if a.tiny:
+        cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2,
+                                       vocab_size=512)
+    else:  # about 1.0e9 parameters
+        cfg = transformers.LlamaConfig(hidden_size=2048, intermediate_size=5632,
+                                       num_hidden_layers=20, num_attention_heads=32,
+                                       num_key_value_heads=8, vocab_size=32000,
+                                       tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
+    n = sum(p.numel() for p in model.parameters())
+    shard = "200KB" if a.tiny else "500MB"
+    try:
+        model.save_pretrained(a.dir, safe_serialization=True, max_shard_size=shard)
+    except TypeError:  # a transformers without the argument: safetensors is its default
+        model.save_pretrained(a.dir, max_shard_size=shard)
+    shards = sorted(f for f in os.listdir(a.dir) if f.endswith(".safetensors"))
+    log(f"  {a.dir}: {n / 1e9:.3f} B parameters, {len(shards)} shards")
+
+
+def cmd_llama_load(a):
+    """from_pretrained plainly or through wcache; logits of a fixed input
+    saved to a.out; the load time as a JSON line."""
+    import torch
+    if a.mode == "wcache":
+        import wcache
+        import wcache._safe_open as so
+        wcache.install()
+        sources = []
+        real = so.open_model
+
+        def recording(path):
+            m = real(path)
+            sources.append(m.source)
+            return m
+        so.open_model = recording
+    import transformers
+    device = "cpu" if a.cpu else "cuda:0"
+    if device != "cpu":
+        torch.empty(1, device=device)
+    how = "device_map"
+    t0 = time.perf_counter()
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(a.dir, device_map=device,
+                                                                  dtype=torch.bfloat16)
+    except (ImportError, ValueError) as e:
+        if "accelerate" not in str(e):
+            raise
+        # device_map needs accelerate in some versions: load, then move (both modes alike)
+        how = "to(device): device_map needs accelerate"
+        t0 = time.perf_counter()
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            a.dir, dtype=torch.bfloat16).to(device)
+    if device != "cpu":
+        torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    ids = torch.arange(1, 33, device=device).reshape(1, 32) % model.config.vocab_size
+    with torch.no_grad():
+        logits = model(ids).logits.float().cpu()
+    torch.save(logits, a.out)
+    row = {"method": f"transformers_{a.mode}", "seconds": round(dt, 3), "how": how}
+    if a.mode == "wcache":
+        row["sources"] = ",".join(sorted(set(sources))) or "none"
+    emit(a.results, **row)
+
+
+def cmd_llama_compare(a):
+    import torch
+    x, y = torch.load(a.a), torch.load(a.b)
+    equal = bool(torch.equal(x, y))
+    emit(a.results, method="logits", equal=equal,
+         max_abs_diff=float((x - y).abs().max()) if x.shape == y.shape else None)
+
+
+# ---- the report ----
+
+def targets(rows):
+    """[(label, PASS/MISS/n/a, detail)] from the result rows."""
+    by = {r["method"]: r for r in rows}
+
+    def gbps(m):
+        return by[m]["gbps"] if m in by else None
+    limit, new, up, conc = gbps("pinned"), gbps("wcache"), gbps("upstream"), gbps("concurrent4")
+    out = []
+
+    def judge(label, ok, detail):
+        out.append((label, "n/a" if ok is None else ("PASS" if ok else "MISS"), detail))
+    judge("new path >= 0.8x pinned limit", None if new is None or limit is None
+          else new >= 0.8 * limit, f"{new} vs {limit} GB/s")
+    judge("new path >= 2x upstream safetensors", None if new is None or up is None
+          else new >= 2 * up, f"{new} vs {up} GB/s")
+    judge("4 processes together >= 0.8x limit", None if conc is None or limit is None
+          else conc >= 0.8 * limit, f"{conc} vs {limit} GB/s")
+    lg = by.get("logits")
+    judge("transformers logits equal", None if lg is None else lg["equal"],
+          "" if lg is None else f"max |diff| {lg['max_abs_diff']}")
+    tw = by.get("transformers_wcache")
+    judge("transformers loaded through wcached", None if tw is None
+          else tw.get("sources") == "wcached", "" if tw is None else f"sources {tw['sources']}")
+    return out
+
+
+def cmd_report(a):
+    rows = [json.loads(line) for line in open(a.results)] if os.path.exists(a.results) else []
+    names = {"pinned": "pinned anonymous memory (the limit)",
+             "upstream": "safetensors.torch.load_file(device=)",
+             "torch_load": "torch.load(mmap=True) then .to()",
+             "wcache_tensor": "wcache, old per-tensor path",
+             "wcache": "wcache, new path",
+             "wcache_staging": "wcache, new path, staging forced",
+             "concurrent4": "wcache, new path, 4 processes together"}
+    print(f"{'way into the device':44} {'GB/s':>8} {'seconds':>9}  path")
+    for key, label in names.items():
+        r = next((r for r in rows if r["method"] == key), None)
+        if r is None:
+            print(f"{label:44} {'skipped':>8}")
+        else:
+            print(f"{label:44} {r['gbps']:8.2f} {r['seconds']:9.3f}  {r.get('path', '')}")
+    for key in ("transformers_plain", "transformers_wcache"):
+        r = next((r for r in rows if r["method"] == key), None)
+        print(f"{key:44} load {'skipped' if r is None else str(r['seconds']) + ' s'}")
+    print()
+    misses = 0
+    for label, verdict, detail in targets(rows):
+        print(f"{verdict:5} {label}  ({detail})")
+        misses += verdict == "MISS"
+    if a.cpu:
+        print("(--cpu: host memory stands for the device; the figures check the script, "
+              "not the link)")
+    return 0
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cpu", action="store_true")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("gen")
+    s.add_argument("--dir", required=True)
+    s.add_argument("--gib", type=float, default=8.0)
+    s.add_argument("--pt", action="store_true")
+    s = sub.add_parser("warm")
+    s.add_argument("files", nargs="+")
+    s = sub.add_parser("daemon")
+    s.add_argument("action", choices=("start", "stop"))
+    s.add_argument("--dir", required=True)
+    s.add_argument("--files", nargs="+", default=[])
+    s = sub.add_parser("bench")
+    s.add_argument("--method", required=True, choices=("pinned", "upstream", "torch_load",
+                                                       "wcache_tensor", "wcache",
+                                                       "wcache_staging"))
+    s.add_argument("--model", required=True)
+    s.add_argument("--pt")
+    s.add_argument("--results", required=True)
+    s.add_argument("--reps", type=int, default=2)
+    s.add_argument("--wait")
+    s.add_argument("--tag")
+    s = sub.add_parser("concurrent")
+    s.add_argument("--n", type=int, default=4)
+    s.add_argument("--model", required=True)
+    s.add_argument("--dir", required=True)
+    s.add_argument("--results", required=True)
+    s = sub.add_parser("cpu-engine")
+    s.add_argument("--model", required=True)
+    s.add_argument("--reps", type=int, default=3)
+    s = sub.add_parser("llama-make")
+    s.add_argument("--dir", required=True)
+    s.add_argument("--tiny", action="store_true")
+    s = sub.add_parser("llama-load")
+    s.add_argument("--dir", required=True)
+    s.add_argument("--mode", choices=("plain", "wcache"), required=True)
+    s.add_argument("--out", required=True)
+    s.add_argument("--results", required=True)
+    s = sub.add_parser("llama-compare")
+    s.add_argument("a")
+    s.add_argument("b")
+    s.add_argument("--results", required=True)
+    s = sub.add_parser("report")
+    s.add_argument("--results", required=True)
+    a = p.parse_args(argv)
+    a.cpu = a.cpu or os.environ.get("GPUBENCH_CPU") == "1"
+    return {"gen": cmd_gen, "warm": cmd_warm, "daemon": cmd_daemon, "bench": cmd_bench,
+            "concurrent": cmd_concurrent, "llama-make": cmd_llama_make,
+            "llama-load": cmd_llama_load, "cpu-engine": cmd_cpu_engine,
+            "llama-compare": cmd_llama_compare,
+            "report": cmd_report}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

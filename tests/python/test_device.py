@@ -1,0 +1,429 @@
+"""The device copy engine (wcache/_device.py) on the CPU backend: planning of
+runs, batches and alignment, the registered path, the double-buffered
+staging path, fallback decisions, error paths, and the hooks in safe_open,
+load_file and derived. Byte-exact against the file's own bytes."""
+import logging
+
+import numpy as np
+import pytest
+
+import wcache
+import wcache.torch
+from wcache import _device
+from wcache._device import CpuBackend, RegisterRefused, plan, to_device
+
+from pyhelpers import write_safetensors
+
+torch = pytest.importorskip("torch")
+
+
+def _bytes(n, seed):
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+@pytest.fixture
+def odd_model(tmp_path):
+    """A file whose tensors are not all aligned to their element size: an
+    I8 tensor of 3 bytes before F32 and F64 tensors, a scalar, an empty one."""
+    tensors = [("a.f32", "F32", (4, 8), _bytes(128, 1)),
+               ("b.i8", "I8", (3,), _bytes(3, 2)),
+               ("c.f32", "F32", (5,), _bytes(20, 3)),
+               ("d.f64", "F64", (2, 3), _bytes(48, 4)),
+               ("e.empty", "F32", (0, 4), b""),
+               ("f.scalar", "I64", (), _bytes(8, 5)),
+               ("g.bf16", "BF16", (70, 33), _bytes(70 * 33 * 2, 6)),
+               ("h.big", "F32", (300, 300), _bytes(360000, 7))]
+    path = tmp_path / "odd.safetensors"
+    where = write_safetensors(path, tensors)
+    return str(path), {name: data for name, (_, data) in where.items()}
+
+
+def _check_exact(out, raw):
+    assert set(out) == set(raw)
+    for name, data in raw.items():
+        t = out[name]
+        assert t.numel() * t.element_size() == len(data), name
+        got = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        assert got == data, name
+
+
+def _entries(model, names=None):
+    tab = model._tab()
+    out = []
+    for name in names or model.offset_keys():
+        info = tab.info(tab.position(name))
+        out.append((name, info.data, info.nbytes,
+                    {"F32": 4, "I8": 1, "F64": 8, "I64": 8, "BF16": 2}[info.dtype]))
+    return out
+
+
+# ---- planning ----
+
+def test_plan_contiguous_is_one_run_and_batches_split_at_pages():
+    page = _device.PAGE
+    base = 10 * page + 100
+    entries = [("x", base, 1000 * 4, 4), ("y", base + 4000, 2000 * 2, 2),
+               ("z", base + 8000, 8, 8)]
+    p = plan(entries, max_batch=page)
+    assert p.runs == [(base, 0, 8008)]
+    assert p.places == {"x": 0, "y": 4000, "z": 8000}
+    # cut where the source crosses a page: each batch has its own pages
+    assert p.batches[0] == (base, 0, page - 100)
+    assert all((src % page == 0) for src, _, _ in p.batches[1:])
+    assert sum(n for _, _, n in p.batches) == 8008
+    assert p.total == 8008 and p.copied == 8008
+    assert [(lo, hi) for lo, hi, _, _ in p.ranges] == \
+        [(10 * page + k * page, 11 * page + k * page) for k in range(len(p.batches))]
+    assert [(a, b) for _, _, a, b in p.ranges] == [(k, k + 1) for k in range(len(p.batches))]
+
+
+def test_plan_misaligned_tensor_starts_a_padded_run():
+    # 3 bytes of I8, then an F32 at an address that is 3 past a multiple of 4
+    entries = [("i8", 1000, 3, 1), ("f32", 1003, 20, 4), ("f64", 1023, 16, 8)]
+    p = plan(entries, align=256)
+    assert p.places["i8"] == 0
+    assert p.places["f32"] % 4 == 0 and p.places["f32"] >= 3
+    assert p.places["f64"] % 8 == 0
+    for name, _, n, size in entries:
+        assert p.places[name] % size == 0
+    # no two tensors overlap in the buffer, every tensor is inside it
+    spans = sorted((p.places[name], p.places[name] + n) for name, _, n, _ in entries)
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    assert spans[-1][1] <= p.total
+    assert len(p.runs) == 3
+    # the runs share a page: one range to register for all three batches
+    assert len(p.ranges) == 1 and p.ranges[0][2:] == (0, 3)
+
+
+def test_plan_aliases_empty_and_gaps():
+    entries = [("whole", 8192, 64, 4), ("alias", 8192 + 16, 16, 4), ("empty", 0, 0, 4),
+               ("far", 1 << 20, 32, 4)]
+    p = plan(entries)
+    assert p.places["alias"] == p.places["whole"] + 16
+    assert p.places["empty"] is None
+    assert len(p.runs) == 2  # a gap breaks the run
+    assert p.places["far"] % _device.RUN_ALIGN == 0
+    page = _device.PAGE
+    assert [(lo, hi) for lo, hi, _, _ in p.ranges] == [(8192, 8192 + page),
+                                                        (1 << 20, (1 << 20) + page)]
+
+
+def test_plan_rejects_a_size_that_is_not_whole_elements():
+    with pytest.raises(ValueError, match="element size"):
+        plan([("bad", 0, 6, 4)])
+
+
+# ---- the engine on the CPU backend ----
+
+def test_registered_path_is_byte_exact_and_unregisters(odd_model):
+    path, raw = odd_model
+    model = wcache.open_file(path)
+    backend = CpuBackend()
+    out = to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
+                    backend=backend, mode="auto", small=0, max_batch=4096)
+    _check_exact(out, raw)
+    engine, p = _device.last_load
+    assert engine.path == "register"
+    assert engine.copies == len(p.batches) > len(p.runs)
+    assert [c[0] for c in backend.calls].count("alloc") == 1
+    assert backend.registered == {}, "every range registered is unregistered"
+    registers = [c for c in backend.calls if c[0] == "register"]
+    assert len(registers) == len(p.ranges)
+    # one storage: every tensor is a view of the one buffer
+    ptrs = [t.data_ptr() for t in out.values() if t.numel()]
+    assert max(ptrs) - min(ptrs) < p.total
+    for name, t in out.items():
+        if t.numel():
+            assert (t.storage_offset() * t.element_size()) % t.element_size() == 0
+            assert t.data_ptr() % t.element_size() == 0
+
+
+def test_refused_registration_stages_through_two_buffers(odd_model, caplog):
+    path, raw = odd_model
+    model = wcache.open_file(path)
+    backend = CpuBackend(refuse="read-only registration unsupported (test)")
+    _device._logged.clear()
+    with caplog.at_level(logging.INFO, logger="wcache"):
+        out = to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
+                        backend=backend, mode="auto", small=0, staging_bytes=4096, threads=3)
+    _check_exact(out, raw)
+    engine, p = _device.last_load
+    assert engine.path == "staging" and "unsupported (test)" in engine.why
+    assert [c[0] for c in backend.calls].count("pinned") == 2
+    assert backend.streams == 2
+    assert backend.pinned_live == 0
+    copies = [(i, c) for i, c in enumerate(backend.calls) if c[0] == "copy"]
+    assert engine.copies == len(copies) > 2
+    assert sum(c[3] for _, c in copies) == p.copied
+    # a buffer holds several pieces: consecutive copies from one buffer form
+    # a group of at most 4096 bytes, groups alternate between the streams,
+    # and a stream is synchronised before its buffer is filled again
+    groups = []
+    for i, c in copies:
+        if groups and groups[-1][0] == c[1]:
+            groups[-1][1].append((i, c))
+        else:
+            groups.append((c[1], [(i, c)]))
+    assert len(groups) > 2
+    assert [g[0] for g in groups] == [groups[k % 2][0] for k in range(len(groups))]
+    assert groups[0][0] != groups[1][0]
+    for g in groups:
+        assert sum(c[3] for _, c in g[1]) <= 4096
+    assert any(len(g[1]) > 1 for g in groups), "small pieces share a buffer"
+    for k in range(2, len(groups)):
+        before, after = groups[k - 2][1][-1][0], groups[k][1][0][0]
+        assert ("sync", groups[k][0]) in backend.calls[before:after]
+    warnings_ = [r for r in caplog.records if "staging path" in r.getMessage()]
+    assert len(warnings_) == 1 and warnings_[0].levelno == logging.WARNING
+    # the same reason again: no second line
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="wcache"):
+        to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
+                  backend=CpuBackend(refuse="read-only registration unsupported (test)"),
+                  small=0, staging_bytes=4096)
+    assert not [r for r in caplog.records if "staging path" in r.getMessage()]
+
+
+def test_staging_without_waiting_would_be_caught(odd_model, monkeypatch):
+    """The CPU backend copies only at synchronize(): an engine that refilled
+    a staging buffer before its copy finished would produce wrong bytes."""
+    path, raw = odd_model
+    model = wcache.open_file(path)
+    import sys
+    real = CpuBackend.synchronize
+    skipped = []
+
+    def lazy(self, stream):  # skip the waits before a buffer is refilled only
+        if sys._getframe(1).f_code.co_name == "flush":
+            skipped.append(stream.number)
+            return None
+        return real(self, stream)
+    monkeypatch.setattr(CpuBackend, "synchronize", lazy)
+    out = to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
+                    backend=CpuBackend(refuse="x"), small=0, staging_bytes=4096, threads=1)
+    assert skipped, "the engine waits before refilling a buffer"
+    with pytest.raises(AssertionError):
+        _check_exact(out, raw)
+
+
+def test_register_mode_raises_when_refused(odd_model):
+    path, _ = odd_model
+    model = wcache.open_file(path)
+    backend = CpuBackend(refuse="no")
+    with pytest.raises(RegisterRefused, match="no"):
+        to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
+                  backend=backend, mode="register", small=0)
+    assert backend.registered == {}
+
+
+def test_staging_mode_never_registers(odd_model):
+    path, raw = odd_model
+    model = wcache.open_file(path)
+    backend = CpuBackend()
+    out = to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
+                    backend=backend, mode="staging", small=0)
+    _check_exact(out, raw)
+    assert not [c for c in backend.calls if c[0] == "register"]
+    assert _device.last_load[0].path == "staging"
+
+
+def test_already_registered_memory_is_used_and_left_registered(odd_model):
+    path, raw = odd_model
+    model = wcache.open_file(path)
+    backend = CpuBackend(already_registered=True)
+    _check_exact(to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
+                           backend=backend, small=0), raw)
+    assert _device.last_load[0].path == "register"
+    assert not [c for c in backend.calls if c[0] == "unregister"]
+
+
+@pytest.mark.parametrize("refuse", [None, "refused"])
+@pytest.mark.parametrize("fail_copy", [1, 3])
+def test_an_error_mid_copy_frees_everything(odd_model, refuse, fail_copy, caplog):
+    path, raw = odd_model
+    model = wcache.open_file(path)
+    # A forced path raises the error...
+    backend = CpuBackend(refuse=refuse, fail_copy=fail_copy)
+    with pytest.raises(RuntimeError, match="injected"):
+        to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
+                  backend=backend, small=0, max_batch=4096, staging_bytes=4096,
+                  mode="register" if refuse is None else "staging")
+    assert backend.registered == {}
+    assert backend.pinned_live == 0
+    # every stream was synchronised after the failure (no copy left reading the source)
+    assert backend.calls[-1][0] in ("unregister", "release", "sync")
+    # ...and "auto" (the default) loads tensor by tensor instead, saying so once.
+    backend = CpuBackend(refuse=refuse, fail_copy=fail_copy)
+    _device._logged.clear()
+    with caplog.at_level(logging.WARNING, logger="wcache"):
+        out = to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
+                        backend=backend, small=0, max_batch=4096, staging_bytes=4096,
+                        mode="auto")
+    _check_exact(out, raw)
+    assert backend.registered == {} and backend.pinned_live == 0
+    assert f"the batched copy into cpu failed (RuntimeError: copy {fail_copy} failed (injected))" \
+        in caplog.text
+
+
+def test_refusal_after_some_ranges_stages_the_rest(odd_model, monkeypatch):
+    path, raw = odd_model
+    model = wcache.open_file(path)
+    seen = []
+    real = CpuBackend.register
+
+    def third_refused(self, addr, n):
+        seen.append(addr)
+        if len(seen) == 3:
+            raise RegisterRefused("third range refused")
+        return real(self, addr, n)
+    monkeypatch.setattr(CpuBackend, "register", third_refused)
+    backend = CpuBackend()
+    out = to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
+                    backend=backend, small=0, max_batch=_device.PAGE, staging_bytes=1000)
+    _check_exact(out, raw)
+    engine, p = _device.last_load
+    assert len(p.ranges) > 3
+    assert engine.path == "register+staging" and "third range refused" in engine.why
+    assert backend.registered == {} and backend.pinned_live == 0
+    # registration overlaps the copies: the second range is registered after
+    # the first range's copies were issued
+    kinds = [c[0] for c in backend.calls if c[0] in ("register", "copy")]
+    assert kinds[0] == "register" and kinds.index("copy") < kinds.index("register", 1)
+
+
+def test_small_loads_and_tensor_mode_copy_tensor_by_tensor(odd_model, monkeypatch):
+    path, raw = odd_model
+    model = wcache.open_file(path)
+    backend = CpuBackend()
+    out = to_device(model, ["a.f32", "c.f32"], torch.device("cpu"), model.torch,
+                    backend=backend)  # 148 bytes < SMALL_COPY
+    assert backend.calls == []
+    _check_exact(out, {k: raw[k] for k in ("a.f32", "c.f32")})
+    monkeypatch.setenv("WCACHE_DEVICE_COPY", "tensor")
+    out = to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
+                    backend=backend, small=0)
+    assert backend.calls == []
+    monkeypatch.setenv("WCACHE_DEVICE_COPY", "bogus")
+    with pytest.raises(ValueError, match="WCACHE_DEVICE_COPY"):
+        to_device(model, ["a.f32"], torch.device("cpu"), model.torch, backend=backend)
+
+
+def test_missing_tensor_is_a_key_error(odd_model):
+    path, _ = odd_model
+    model = wcache.open_file(path)
+    with pytest.raises(KeyError):
+        to_device(model, ["nope"], torch.device("cpu"), model.torch, backend=CpuBackend())
+
+
+# ---- the hooks: safe_open, load_file, load_model, derived ----
+
+@pytest.fixture
+def cpu_device(monkeypatch):
+    """device="cuda:0" runs the engine on CpuBackend (refusing nothing), so
+    safe_open's device path is exercised on a machine without a GPU."""
+    made = []
+
+    def backend_for(device):
+        made.append(CpuBackend())
+        return made[-1]
+    monkeypatch.setattr(_device, "backend_for", backend_for)
+    monkeypatch.setattr(_device, "SMALL_COPY", 0)
+    monkeypatch.setattr(_device.to_device, "__defaults__", (None, None, 0))
+    return made
+
+
+def test_safe_open_get_tensors_on_device_uses_one_buffer(odd_model, cpu_device, no_daemon):
+    path, raw = odd_model
+    with wcache.safe_open(path, framework="pt", device="cuda:0") as f:
+        out = f.get_tensors()
+        assert list(out) == f.offset_keys()
+        one = f.get_tensor("g.bf16")
+    _check_exact(out, raw)
+    assert torch.equal(one.view(torch.uint8), out["g.bf16"].view(torch.uint8))
+    assert len(cpu_device) == 2
+    assert [c[0] for c in cpu_device[0].calls].count("alloc") == 1
+    assert cpu_device[0].registered == {}
+
+
+def test_load_file_and_load_model_on_device(odd_model, cpu_device, no_daemon):
+    path, raw = odd_model
+    _check_exact(wcache.torch.load_file(path, device="cuda:0"), raw)
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.h = torch.nn.Module()
+            self.h.register_buffer("big", torch.zeros(300, 300))
+    m = M()
+    wcache.torch.load_model(m, path, strict=False, device="cuda:0")
+    assert m.h.big.numpy().tobytes() == raw["h.big"]
+    assert cpu_device, "load_model went through the engine"
+
+
+def test_derived_device_is_checked(tmp_path, no_daemon):
+    path = tmp_path / "src.safetensors"
+    write_safetensors(path, [("w", "F32", (64, 64), _bytes(64 * 64 * 4, 9))])
+    with pytest.raises(ValueError, match="not supported for framework numpy"):
+        wcache.derived(str(path), "neg-v1", lambda s: s, framework="np", device="cuda:0")
+    with pytest.warns(RuntimeWarning):
+        out = wcache.derived(str(path), "neg-v1", lambda s: {k: -v for k, v in s.items()},
+                             device="cpu")
+    assert out["w"].numpy().tobytes() == \
+        (-wcache.open_file(str(path)).torch("w")).numpy().tobytes()
+
+
+def test_derived_on_device_through_wcached(tmp_path, cpu_device, monkeypatch):
+    import wcache._safe_open as so
+    from pyhelpers import Daemon
+    path = tmp_path / "src.safetensors"
+    write_safetensors(path, [("w", "F32", (512, 512), _bytes(512 * 512 * 4, 10)),
+                             ("v", "F32", (7,), _bytes(28, 11))])
+    d = Daemon(tmp_path, {"src": (str(path), {"derive": "yes"})}).start()
+    monkeypatch.setenv("WCACHE_SOCKET", d.socket)
+    so._shared = None
+    try:
+        src = wcache.open_file(str(path))
+        out = wcache.derived("src", "neg-v1", lambda s: {k: -v for k, v in s.items()},
+                             device="cuda:0")
+        for name in ("w", "v"):  # random bytes hold NaNs: compare bytes
+            assert out[name].numpy().tobytes() == (-src.torch(name)).numpy().tobytes()
+        assert cpu_device and cpu_device[-1].registered == {}
+        assert _device.last_load[0].path == "register"
+    finally:
+        so._shared = None
+        assert d.stop() == 0
+
+
+def test_threads_loading_neighbours_do_not_register_a_page_twice(odd_model):
+    """Two threads loading tensors that share a page: registered copies run
+    one at a time, so no page is registered twice (the CPU backend raises
+    if it is) and both get the right bytes."""
+    import threading
+    import time
+    path, raw = odd_model
+    model = wcache.open_file(path)
+
+    class Slow(CpuBackend):  # lets the other thread run between register and unregister
+        def register(self, addr, nbytes):
+            got = super().register(addr, nbytes)
+            time.sleep(0.002)
+            return got
+    backend = Slow()
+    names = model.offset_keys()
+    results, errors = {}, []
+
+    def load(part):
+        try:
+            for _ in range(20):
+                results.update(to_device(model, part, torch.device("cpu"), model.torch,
+                                         backend=backend, small=0))
+        except BaseException as e:  # reported below
+            errors.append(e)
+    threads = [threading.Thread(target=load, args=(names[k::2],)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    _check_exact(results, raw)
+    assert backend.registered == {}
