@@ -227,11 +227,20 @@ reprint(const struct config *cfg, size_t *len)
 		cfg->max_clients_per_uid);
 	if (cfg->user != NULL)
 		fprintf(f, "user = %s\n", cfg->user);
+	fprintf(f, "restart_hold_seconds = %u\nstage_dir = %s\n", cfg->restart_hold_seconds,
+		cfg->stage_dir);
 	for (size_t i = 0; i < cfg->n_models; i++) {
 		const struct model_config *m = &cfg->models[i];
 
 		fprintf(f, "\n[model %s]\npath = %s\npin = %s\nwarm = %s\n", m->name, m->path,
 			pin_mode_name(m->pin), m->warm ? "yes" : "no");
+		fprintf(f, "derive = %s\nderive_timeout = %u\n", m->derive ? "yes" : "no",
+			m->derive_timeout);
+		if (m->derive_groups != NULL)
+			fprintf(f, "derive_groups = %s\n", m->derive_groups);
+		fprintf(f, "watch = %s\npoll_interval = %u.%03u\nstage = %s\n",
+			fs_watch_name(m->watch), m->poll_interval_ms / 1000, m->poll_interval_ms % 1000,
+			fs_stage_name(m->stage));
 		if (m->allow_users != NULL)
 			fprintf(f, "allow_users = %s\n", m->allow_users);
 		if (m->allow_groups != NULL)
@@ -261,6 +270,8 @@ check_same(const struct config *a, const struct config *b)
 		a->memory_budget_value == b->memory_budget_value);
 	CHECK(a->max_clients == b->max_clients && a->max_clients_per_uid == b->max_clients_per_uid);
 	CHECK(same_str(a->user, b->user));
+	CHECK(a->restart_hold_seconds == b->restart_hold_seconds);
+	CHECK(strcmp(a->stage_dir, b->stage_dir) == 0);
 	CHECK(a->user == NULL || (a->user_uid == b->user_uid && a->user_gid == b->user_gid));
 	CHECK(a->n_models == b->n_models);
 	for (size_t i = 0; i < a->n_models; i++) {
