@@ -268,7 +268,6 @@ gen_new(struct registry *r, const char *model_name, uint64_t number, struct mode
 	g->index_size = index_size;
 	for (size_t i = 0; i < g->source.nfiles; i++)
 		g->bytes += g->source.files[i].size;
-	gen_source_fs(&g->source, &g->fs);
 	g->number = number;
 	return g;
 }

@@ -121,7 +121,10 @@ struct generation {
 	 * until then a generation no longer current stays open even while
 	 * nobody holds it. 0: not waiting. */
 	uint64_t hold_until_ms;
-	struct fs_info fs;          /* the filesystem of its files (the first remote one) */
+	struct fs_info fs;          /* the filesystem of its files (the first remote one;
+				       gen_source_fs), set by whoever made it: the load
+				       pipeline off the loop, the warm restart; empty for a
+				       derived artifact (a memfd) */
 	int storage_noted;          /* watch.c said how its updates are seen */
 	int source_replaced;        /* on a remote filesystem, not staged, and its files
 				       were replaced by another host (watch.c): pages

@@ -266,9 +266,10 @@ install(struct registry *r, struct model_entry *m, struct load_request *q)
 	q->served_fds = NULL;
 	q->index_fd = -1;
 	q->index = NULL;
+	/* The source's filesystem, as load_work found it off the loop (for a
+	 * staged generation: the origin's, not the copy's). */
+	g->fs = q->fs;
 	if (q->staged) {
-		/* It serves the copy; its filesystem is the origin's. */
-		g->fs = q->fs;
 		g->origin = q->origin;
 		g->norigin = q->norigin;
 		q->origin = NULL;

@@ -63,6 +63,7 @@ stored_generation(struct registry *r, const char *name, uint64_t number,
 		return NULL;
 	}
 	g->from_store = 1;
+	gen_source_fs(&g->source, &g->fs);
 	return g;
 }
 
