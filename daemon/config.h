@@ -13,6 +13,8 @@
  *   user = wcache                         ; user (name or uid) to run as
  *   restart_hold_seconds = 60             ; 0..86400: after a warm restart, how long a
  *                                         ; generation workers held waits for their HOLD
+ *   start_wait_seconds = 30               ; 0..86400: how long start-up waits for every
+ *                                         ; model to load before it serves those that did
  *   stage_dir = /var/cache/wcached/staged ; local copies of models on shared storage
  *
  *   [model llama-3-8b]
@@ -65,6 +67,8 @@
 #define CONFIG_MAX_MODELS 4096
 #define CONFIG_DEFAULT_RESTART_HOLD_SECONDS 60
 #define CONFIG_MAX_RESTART_HOLD_SECONDS 86400
+#define CONFIG_DEFAULT_START_WAIT_SECONDS 30
+#define CONFIG_MAX_START_WAIT_SECONDS 86400
 #define CONFIG_DEFAULT_DERIVE_TIMEOUT 600
 #define CONFIG_MAX_DERIVE_TIMEOUT 86400
 #define CONFIG_MODEL_NAME_MAX 128 /* bytes, not counting the NUL */
@@ -134,6 +138,7 @@ struct config {
 	uid_t user_uid;        /* resolved user; valid when user != NULL */
 	gid_t user_gid;        /* that user's primary group from the passwd entry */
 	unsigned restart_hold_seconds; /* 0..86400, default 60 (restore.h) */
+	unsigned start_wait_seconds;   /* 0..86400, default 30: serving waits for loads */
 	char *stage_dir;       /* absolute; where staged copies go (default CONFIG_DEFAULT_STAGE_DIR) */
 
 	/* [model NAME] sections, in file order; names are unique. */

@@ -112,6 +112,18 @@ gen_is_live(const struct generation *g)
 	return g->model != NULL && (g->model->current == g || g->model->pending == g);
 }
 
+uint64_t
+gen_origin_fs(const struct generation *g)
+{
+	dev_t dev = 0;
+
+	if (g->origin != NULL && g->norigin > 0)
+		dev = g->origin[0].st.st_dev;
+	else if (g->origin == NULL && g->source.nfiles > 0)
+		dev = g->source.files[0].st.st_dev;
+	return workq_fs(g->fs.remote, dev);
+}
+
 void
 gen_source_fs(const struct model_source *src, struct fs_info *out)
 {

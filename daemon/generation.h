@@ -309,6 +309,11 @@ int gen_open_served(const struct model_source *src, int **out);
  * statfs fails; 0x0 for no file). */
 void gen_source_fs(const struct model_source *src, struct fs_info *out);
 
+/* What work on g's origin (the files it was opened or staged from: where
+ * its updates come from) touches, for the work queue (workq.h):
+ * WORKQ_LOCAL, or its remote filesystem's key. */
+uint64_t gen_origin_fs(const struct generation *g);
+
 /* Frees n origins (a staged generation's, or one being made); safe on NULL. */
 void gen_free_origin(struct gen_origin *origin, size_t n);
 

@@ -38,6 +38,8 @@
 #include "watch.h"
 
 #define DEFAULT_CONFIG "/etc/wcached.conf"
+/* Threads of the work queue unless UV_THREADPOOL_SIZE says otherwise. */
+#define WORK_THREADS 8
 
 struct daemon {
 	uv_loop_t loop;
@@ -60,6 +62,9 @@ struct daemon {
 	uv_timer_t status_timer;
 	uv_timer_t notify_timer;  /* sends what a manager that did not read missed */
 	uv_timer_t residency_timer; /* warm models that memory pressure shrank again */
+	uv_timer_t stall_timer;     /* remote work that has not returned (workq.h) */
+	uv_timer_t start_timer;     /* start_wait_seconds: serve without the slow loads */
+	struct batch *start_batch;  /* the start-up loads, until they end or time out */
 	uv_timer_t checks_timer;  /* starts the full checks of restored generations */
 	char *created_socket; /* path of the socket file we made, to remove */
 	uint64_t started_ms;
@@ -183,15 +188,55 @@ struct batch {
 	unsigned failed;
 	void (*done)(struct daemon *d, unsigned failed, void *arg);
 	void *arg;
+	int early;  /* done was called before every load ended (start_wait_seconds) */
 };
 
 static void
 batch_step(struct batch *b)
 {
+	struct daemon *d = b->d;
+
 	if (b->pending > 0)
 		return;
-	b->done(b->d, b->failed, b->arg);
+	if (d->start_batch == b) {
+		uv_timer_stop(&d->start_timer);
+		d->start_batch = NULL;
+	}
+	if (!b->early)
+		b->done(d, b->failed, b->arg);
+	else
+		log_info("every configured model's load has ended (%u failed)", b->failed);
 	free(b);
+}
+
+/* start_wait_seconds passed with start-up loads still running (a network
+ * filesystem that hangs, a long staging copy): serve the models that are
+ * ready; the others are served when their loads end. */
+static void
+on_start_wait(uv_timer_t *t)
+{
+	struct daemon *d = t->data;
+	struct batch *b = d->start_batch;
+	char names[256] = "";
+	size_t len = 0;
+
+	if (b == NULL)
+		return;
+	d->start_batch = NULL;
+	b->early = 1;
+	for (const struct model_entry *m = d->reg.models; m != NULL; m = m->next) {
+		int n;
+
+		if (m->loading == 0 || m->current != NULL || len >= sizeof(names))
+			continue;
+		n = snprintf(names + len, sizeof(names) - len, "%s\"%s\"", len ? ", " : "",
+			m->name);
+		len = n < 0 ? sizeof(names) : len + (size_t)n;
+	}
+	log_warnx("%u model%s still loading after %u s (start_wait_seconds): serving the "
+		  "others now; %s%s", b->pending, b->pending == 1 ? " is" : "s are",
+		d->cfg->start_wait_seconds, names, len >= sizeof(names) ? "..." : "");
+	b->done(d, b->failed, b->arg);
 }
 
 static void
@@ -293,6 +338,18 @@ on_residency_timer(uv_timer_t *t)
 	struct daemon *d = t->data;
 
 	registry_check_residency(&d->reg);
+}
+
+/* Work on remote filesystems that has not returned for a while is logged
+ * (workq.h): looked at this often. */
+#define STALL_CHECK_MS 1000
+
+static void
+on_stall_timer(uv_timer_t *t)
+{
+	struct daemon *d = t->data;
+
+	workq_check_stalls(&d->reg.workq);
 }
 
 /* The full checks of the generations a warm restart took back (index
@@ -508,6 +565,8 @@ shutdown_daemon(struct daemon *d)
 	uv_close((uv_handle_t *)&d->status_timer, NULL);
 	uv_close((uv_handle_t *)&d->notify_timer, NULL);
 	uv_close((uv_handle_t *)&d->residency_timer, NULL);
+	uv_close((uv_handle_t *)&d->stall_timer, NULL);
+	uv_close((uv_handle_t *)&d->start_timer, NULL);
 	uv_close((uv_handle_t *)&d->checks_timer, NULL);
 }
 
@@ -671,6 +730,8 @@ main(int argc, char **argv)
 		fatalx("%s", error_get());
 	log_setlevel(debug ? LOG_LEVEL_DEBUG : d.cfg->log_level);
 	signal(SIGPIPE, SIG_IGN);
+	/* A file size limit (RLIMIT_FSIZE) fails a staging copy with EFBIG, not the daemon. */
+	signal(SIGXFSZ, SIG_IGN);
 	if ((notifying = notify_init()) < 0)
 		log_warnx("%s", error_get());
 	/* Under a manager with a file descriptor store: take back what the
@@ -678,6 +739,9 @@ main(int argc, char **argv)
 	if ((fdstore = notifying > 0 && restore_enabled()))
 		stored = restore_take();
 
+	/* Threads of libuv's work queue (loads, staging, page work, polls):
+	 * half of them may wait on remote filesystems (workq.h). */
+	workq_default_pool_size(WORK_THREADS);
 	if ((r = uv_loop_init(&d.loop)) < 0)
 		fatalx("uv_loop_init: %s", uv_strerror(r));
 	wopt.threads = (unsigned)d.cfg->prefetch_threads;
@@ -747,6 +811,11 @@ main(int argc, char **argv)
 	d.residency_timer.data = &d;
 	uv_timer_start(&d.residency_timer, on_residency_timer, RESIDENCY_CHECK_MS,
 		RESIDENCY_CHECK_MS);
+	uv_timer_init(&d.loop, &d.stall_timer);
+	d.stall_timer.data = &d;
+	uv_timer_start(&d.stall_timer, on_stall_timer, STALL_CHECK_MS, STALL_CHECK_MS);
+	uv_timer_init(&d.loop, &d.start_timer);
+	d.start_timer.data = &d;
 	uv_timer_init(&d.loop, &d.notify_timer);
 	d.notify_timer.data = &d;
 	uv_timer_init(&d.loop, &d.checks_timer);
@@ -769,7 +838,9 @@ main(int argc, char **argv)
 	 * copies restored generations serve are known, and before any
 	 * staging starts (stagings are queued from the loop). */
 	registry_stage_sweep(&d.reg);
-	batch_release(b);
+	d.start_batch = b;
+	uv_timer_start(&d.start_timer, on_start_wait, (uint64_t)d.cfg->start_wait_seconds * 1000, 0);
+	batch_release(b); /* may serve at once (nothing to wait for) */
 	uv_run(&d.loop, UV_RUN_DEFAULT);
 
 	/* Every handle is closed; close anything left and drain the loop. */

@@ -345,6 +345,53 @@ write_memory_metrics(FILE *f, const struct registry *reg, const struct memlimit 
 	value(f, (double)reg->memory_budget);
 }
 
+/* The work queue: what runs or waits on remote filesystems (workq.h). */
+static void
+write_workq_metrics(FILE *f, const struct workq *q)
+{
+	static const struct {
+		const char *name, *help;
+		size_t offset;
+	} gauges[] = {
+		{ "wcached_work_queue_threads", "Threads of the work queue (UV_THREADPOOL_SIZE).",
+		  offsetof(struct workq, threads) },
+		{ "wcached_work_queue_remote_limit", "Jobs on remote filesystems that may run at "
+		  "once (the rest of the threads stay for local work).",
+		  offsetof(struct workq, remote_limit) },
+		{ "wcached_work_queue_remote_running", "Jobs running now on remote filesystems.",
+		  offsetof(struct workq, remote_running) },
+		{ "wcached_work_queue_remote_waiting", "Jobs on remote filesystems waiting for a "
+		  "thread.", offsetof(struct workq, remote_waiting) },
+		{ "wcached_work_queue_remote_stalled", "Jobs on remote filesystems running for 10 s "
+		  "or more (a hung server?).", offsetof(struct workq, remote_stalled) },
+	};
+
+	for (size_t i = 0; i < sizeof(gauges) / sizeof(gauges[0]); i++) {
+		unsigned v;
+
+		memcpy(&v, (const char *)q + gauges[i].offset, sizeof(v));
+		family(f, gauges[i].name, "gauge", gauges[i].help);
+		fputs(gauges[i].name, f);
+		value(f, v);
+	}
+	family(f, "wcached_work_queue_remote_stalls_total", "counter",
+		"Jobs on remote filesystems that ran for 10 s or more.");
+	fputs("wcached_work_queue_remote_stalls_total", f);
+	value(f, (double)q->stalls);
+}
+
+/* Status's "work_queue" object. */
+static void
+write_workq_json(FILE *f, const struct workq *q)
+{
+	fprintf(f, ",\"work_queue\":{\"threads\":%u,\"remote_limit\":%u,"
+		   "\"remote_per_filesystem\":%u,\"remote_running\":%u,\"remote_waiting\":%u,"
+		   "\"remote_stalled\":%u,\"remote_stalls\":%" PRIu64
+		   ",\"oldest_remote_seconds\":%.1f}",
+		q->threads, q->remote_limit, q->per_fs_limit, q->remote_running, q->remote_waiting,
+		q->remote_stalled, q->stalls, workq_oldest_seconds(q));
+}
+
 /* Status's "memory" object: the limit in force and what the models need. */
 static void
 write_memory_json(FILE *f, const struct registry *reg, const struct memlimit *mem)
@@ -422,6 +469,7 @@ metrics_write(FILE *f, const struct registry *reg, const struct metrics_daemon *
 		write_derive_metrics(f, reg, d->derive);
 	if (d->mem != NULL)
 		write_memory_metrics(f, reg, d->mem);
+	write_workq_metrics(f, &reg->workq);
 	family(f, "wcached_models", "gauge", "Models served.");
 	fputs("wcached_models", f);
 	value(f, nmodels);
@@ -631,6 +679,7 @@ metrics_status_json(FILE *f, const struct registry *reg, const struct metrics_da
 	}
 	if (d->mem != NULL)
 		write_memory_json(f, reg, d->mem);
+	write_workq_json(f, &reg->workq);
 	fputs(",\"models\":[", f);
 	for (const struct model_entry *m = reg->models; m != NULL; m = m->next) {
 		if (!first)

@@ -29,7 +29,7 @@ struct metadata_lock {
 };
 
 struct page_work {
-	uv_work_t work;
+	struct workq_job job;
 	struct generation *g;
 	enum page_op op;
 	int err;                /* the first failure */
@@ -312,16 +312,16 @@ page_work_apply(struct page_work *p)
  * (gen_resident) that is fresh right after every change a page
  * operation makes (evict, pin, populate once warm). */
 static void
-page_work_run(uv_work_t *w)
+page_work_run(struct workq_job *w)
 {
-	struct page_work *p = w->data;
+	struct page_work *p = w->arg;
 
 	page_work_apply(p);
 	p->how = RESIDENT_CACHESTAT;
 	p->resident = pages_resident(p->g, &p->how);
 }
 
-static void page_work_after(uv_work_t *w, int status);
+static void page_work_after(struct workq_job *w, int status);
 
 /* Loop thread: what mapping every page of g (PAGE_POPULATE) left. */
 static void
@@ -334,16 +334,35 @@ populated(struct generation *g, const struct page_work *p)
 	g->populated = p->err == 0 && g->state != GEN_COLD;
 }
 
+static const char *const op_names[] = {
+	[PAGE_PIN] = "pin", [PAGE_UNPIN] = "unpin", [PAGE_EVICT] = "evict",
+	[PAGE_EVICT_SETTLE] = "evict", [PAGE_POPULATE] = "populate", [PAGE_CHECK] = "check",
+	[PAGE_RESTORE] = "restore check",
+};
+
+/* What page work on g touches: its files' filesystem, remote unless they
+ * are a staged copy. Names the work in what. */
+static uint64_t
+files_fs(const struct generation *g, char *what, size_t len, enum page_op op)
+{
+	snprintf(what, len, "model \"%s\": page work (%s) on generation %" PRIu64 " on %s",
+		g->model_name, op_names[op], g->number, g->fs.name);
+	return workq_fs(g->fs.remote && g->origin == NULL,
+		g->source.nfiles > 0 ? g->source.files[0].st.st_dev : 0);
+}
+
 /* Starts the first queued operation of g; -errno if it cannot. */
 static int
 page_work_start(struct registry *r, struct generation *g)
 {
 	struct page_work *p = g->page_queue;
+	char what[sizeof(p->job.what)];
 	int err;
 
 	p->epoch = g->resident.epoch;
 	p->populate = g->state != GEN_COLD && p->hooks->live(g);
-	if ((err = uv_queue_work(r->loop, &p->work, page_work_run, page_work_after)) < 0) {
+	if ((err = workq_submit(&r->workq, &p->job, files_fs(g, what, sizeof(what), p->op), what,
+		     page_work_run, page_work_after)) < 0) {
 		log_warnx("model \"%s\": %s", g->model_name, uv_strerror(err));
 		g->page_queue = p->next;
 		g->ops_pending--;
@@ -357,9 +376,9 @@ page_work_start(struct registry *r, struct generation *g)
 /* Loop thread: records what the operation left, starts the next one, and
  * reports this one's end through its hooks. */
 static void
-page_work_after(uv_work_t *w, int status)
+page_work_after(struct workq_job *w, int status)
 {
-	struct page_work *p = w->data;
+	struct page_work *p = w->arg;
 	struct generation *g = p->g;
 	struct registry *r = g->registry;
 	const struct pages_hooks *hooks = p->hooks;
@@ -434,7 +453,7 @@ pages_queue(struct registry *r, struct generation *g, enum page_op op,
 	p->op = op;
 	p->hooks = hooks;
 	p->pin_metadata = op == PAGE_RESTORE && g->model != NULL && g->model->pin != PIN_NONE;
-	p->work.data = p;
+	p->job.arg = p;
 	for (tail = &g->page_queue; *tail != NULL; tail = &(*tail)->next)
 		;
 	*tail = p;

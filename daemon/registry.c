@@ -23,6 +23,9 @@
 #include "log.h"
 #include "registry_internal.h"
 
+/* A remote job running this long is logged as stalled (workq.h). */
+#define REMOTE_STALL_MS 10000
+
 /* Publishes the model's current generation to workers and the server. */
 static void
 publish(struct registry *r, struct model_entry *m, uint64_t generation)
@@ -48,28 +51,42 @@ registry_now_ms(const struct registry *r)
 
 /* ---- models ---- */
 
+/* What both initialisations share; the status page is open. */
+static int
+setup(struct registry *r)
+{
+	r->promoted = promoted;
+	r->pages_ended = registry_pages_ended;
+	workq_init(&r->workq, r->loop, REMOTE_STALL_MS);
+	return 0;
+}
+
 int
 registry_init(struct registry *r, uv_loop_t *loop, struct warm_pool *pool)
 {
+	int err;
+
 	memset(r, 0, sizeof(*r));
 	r->loop = loop;
 	r->pool = pool;
-	r->promoted = promoted;
-	r->pages_ended = registry_pages_ended;
-	return statuspage_init(&r->page, 0);
+	if ((err = statuspage_init(&r->page, 0)) < 0)
+		return err;
+	return setup(r);
 }
 
 int
 registry_init_stored(struct registry *r, uv_loop_t *loop, struct warm_pool *pool, int status_fd)
 {
+	int err;
+
 	memset(r, 0, sizeof(*r));
 	r->loop = loop;
 	r->pool = pool;
 	r->fdstore = 1;
-	r->promoted = promoted;
-	r->pages_ended = registry_pages_ended;
-	return status_fd >= 0 ? statuspage_adopt(&r->page, status_fd) :
-				statuspage_init(&r->page, 1);
+	err = status_fd >= 0 ? statuspage_adopt(&r->page, status_fd) : statuspage_init(&r->page, 1);
+	if (err < 0)
+		return err;
+	return setup(r);
 }
 
 struct model_entry *
@@ -247,7 +264,13 @@ registry_servable(struct model_entry *m, struct generation **out, char *msg, siz
 {
 	struct generation *g;
 
-	if ((g = m->current) == NULL) {
+	if ((g = m->current) == NULL && m->loading > 0 && m->error == NULL) {
+		m->error_count++;
+		snprintf(msg, msg_size, "still loading: its first load has not ended "
+				        "(wcachectl status shows it)");
+		return -EAGAIN;
+	}
+	if (g == NULL) {
 		m->error_count++;
 		snprintf(msg, msg_size, "failed to load: %s",
 			m->error != NULL ? m->error : "unknown error");
@@ -324,8 +347,13 @@ registry_polls(const struct model_entry *m)
 {
 	const struct generation *g = m->current != NULL ? m->current : m->pending;
 
-	return m->watch == FS_WATCH_POLL ||
-		(m->watch == FS_WATCH_AUTO && g != NULL && g->fs.remote);
+	if (m->watch == FS_WATCH_POLL)
+		return 1;
+	if (m->watch != FS_WATCH_AUTO)
+		return 0;
+	if (g != NULL)
+		return g->fs.remote;
+	return m->failed_path.known && m->failed_path.fs.remote;
 }
 
 int
@@ -429,6 +457,7 @@ void
 registry_close(struct registry *r)
 {
 	__atomic_store_n(&r->closing, 1, __ATOMIC_RELAXED); /* read by page work too */
+	workq_close(&r->workq); /* what waits on a remote filesystem: cancelled */
 	r->holds_open = 0;
 	r->swapped = NULL;
 	r->changed = NULL;

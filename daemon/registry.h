@@ -36,6 +36,7 @@
 #include "fstype.h"
 #include "pin.h"
 #include "statuspage.h"
+#include "workq.h"
 
 struct generation; /* generation.h */
 struct registry;
@@ -82,6 +83,17 @@ struct model_entry {
 	uint64_t polls;             /* polls of its paths done (watch.h) */
 	double poll_seconds;        /* their time, in all */
 	uint64_t poll_changes;      /* changes polling found and acted on */
+	/* The last load that failed: the filesystem its path is on (statfs of
+	 * the path or its directory; known 0 when neither answered) and what a
+	 * stat of the path saw then (errno 0 or not), so that a model with no
+	 * generation is polled too and loaded again when its path changes. */
+	struct {
+		int known;
+		struct fs_info fs;
+		dev_t dev;
+		int err;
+		struct stat st;
+	} failed_path;
 	struct model_entry *next;
 };
 
@@ -101,6 +113,9 @@ struct registry {
 	uint64_t attach_seq;            /* counts attaches: orders the budget's LRU */
 	unsigned loads_in_flight;
 	int closing;
+	/* The work queue (workq.h): loads, staging, page work and polls;
+	 * what may block on a remote filesystem is held to a share of it. */
+	struct workq workq;
 	/* The status page workers read (statuspage.h). */
 	struct statuspage page;
 	/* The manager's file descriptor store (restore.h): 1 when wcached
@@ -322,7 +337,8 @@ int registry_set_stage_dir(struct registry *r, const char *dir);
 void registry_stage_sweep(struct registry *r);
 
 /* Whether m's paths must be polled for updates: watch = poll, or watch =
- * auto and its current generation is on a remote filesystem (fstype.h). */
+ * auto and its current generation is on a remote filesystem (fstype.h),
+ * or, with no generation, its path was when its last load failed. */
 int registry_polls(const struct model_entry *m);
 
 /* Sets whether name has derived artifacts, who may build them (the gids of

@@ -34,7 +34,7 @@
 #include "stage.h"
 
 struct load_request {
-	uv_work_t work;
+	struct workq_job job;
 	struct registry *r;
 	char *name;
 	char *path;
@@ -57,6 +57,11 @@ struct load_request {
 	 * copied from (their path and stat at open) for the generation. */
 	struct fs_info fs;
 	int staged;
+	/* A load that failed: where its path is (model_entry.failed_path). */
+	int path_known;
+	dev_t path_dev;
+	int path_err;
+	struct stat path_st;
 	struct stage_request stage;
 	char *stage_dir;      /* stage.stage_dir, owned */
 	struct gen_origin *origin;
@@ -94,15 +99,37 @@ open_model(struct load_request *q, const char *path)
 	return err;
 }
 
+/* Work queue thread, after a load failed: the filesystem of its path (or
+ * of the directory it should be in), and what a stat of the path sees, so
+ * that the model is polled for the change that may mend it. */
+static void
+note_failed_path(struct load_request *q)
+{
+	char *dir = NULL;
+	struct stat st;
+	int fd = open(q->path, O_PATH | O_CLOEXEC);
+
+	if (fd < 0 && (dir = path_dir(q->path)) != NULL)
+		fd = open(dir[0] != '\0' ? dir : ".", O_PATH | O_CLOEXEC);
+	free(dir);
+	if (fd >= 0) {
+		q->path_known = fstype_of_fd(fd, &q->fs) == 0 && fstat(fd, &st) == 0;
+		q->path_dev = st.st_dev;
+		close(fd);
+	}
+	q->path_err = stat(q->path, &q->path_st) == 0 ? 0 : errno;
+}
+
 /* Work queue thread: open, validate, compile, seal; and note the source's
  * filesystem, from which the loop decides whether to stage it. */
 static void
-load_work(uv_work_t *w)
+load_work(struct workq_job *w)
 {
-	struct load_request *q = w->data;
+	struct load_request *q = w->arg;
 
 	if ((q->status = open_model(q, q->path)) < 0) {
 		snprintf(q->message, sizeof(q->message), "%s", error_get());
+		note_failed_path(q);
 		return;
 	}
 	gen_source_fs(&q->source, &q->fs);
@@ -149,14 +176,15 @@ note_origin(struct load_request *q)
  * On failure nothing is left in stage_dir.
  */
 static void
-stage_work(uv_work_t *w)
+stage_work(struct workq_job *w)
 {
-	struct load_request *q = w->data;
+	struct load_request *q = w->arg;
 
 	q->stage.files = q->source.files;
 	q->stage.nfiles = q->source.nfiles;
 	if ((q->status = stage_copy(&q->stage)) < 0 || (q->status = note_origin(q)) < 0) {
 		snprintf(q->message, sizeof(q->message), "%s", error_get());
+		note_failed_path(q);
 		return;
 	}
 	drop_opened(q);
@@ -166,6 +194,7 @@ stage_work(uv_work_t *w)
 		if (stage_remove(q->stage.dir) < 0)
 			log_warnx("%s", error_get());
 		stage_request_clear(&q->stage);
+		note_failed_path(q);
 	}
 }
 
@@ -325,7 +354,7 @@ install(struct registry *r, struct model_entry *m, struct load_request *q)
 
 static int queue_load(struct registry *r, const char *name, const char *path,
 	enum pin_mode pin, int warm, int reload, registry_done_fn done, void *arg);
-static void load_after(uv_work_t *w, int status);
+static void load_after(struct workq_job *w, int status);
 
 /* A load that failed (q->status, q->message): counted, logged once, and
  * kept as the model's error. */
@@ -333,6 +362,19 @@ static void
 load_failed(struct registry *r, struct model_entry *m, struct load_request *q)
 {
 	m->load_errors++;
+	if (!q->path_known && q->source.nfiles > 0) {
+		/* Refused on the loop after a validation that worked (staging
+		 * could not start): the source says where it is. */
+		q->path_known = 1;
+		q->path_dev = q->source.files[0].st.st_dev;
+		q->path_err = 0;
+		q->path_st = q->source.files[0].st;
+	}
+	m->failed_path.known = q->path_known;
+	m->failed_path.fs = q->fs;
+	m->failed_path.dev = q->path_dev;
+	m->failed_path.err = q->path_err;
+	m->failed_path.st = q->path_st;
 	free(m->error);
 	m->error = strdup(q->message);
 	log_errorx("model \"%s\": %s; %s", m->name, q->message,
@@ -343,6 +385,30 @@ load_failed(struct registry *r, struct model_entry *m, struct load_request *q)
 		r->changed(r);
 }
 
+/* What staging q's source touches: the remote filesystem it is on. */
+static uint64_t
+source_fs(const struct model_source *src, const struct fs_info *fs)
+{
+	return workq_fs(fs->remote, src->nfiles > 0 ? src->files[0].st.st_dev : 0);
+}
+
+/* What a load of path for m touches, as far as the loop knows without
+ * looking: the filesystem of its current generation's files (their origin,
+ * when staged) if that came from the same path, else WORKQ_UNKNOWN. Names
+ * the load in what. */
+static uint64_t
+model_fs(const struct model_entry *m, const char *path, char *what, size_t len)
+{
+	const struct generation *g = m->current;
+
+	if (g == NULL || strcmp(path, m->path) != 0) {
+		snprintf(what, len, "model \"%s\": a load of %s", m->name, path);
+		return WORKQ_UNKNOWN;
+	}
+	snprintf(what, len, "model \"%s\": a load of %s on %s", m->name, path, g->fs.name);
+	return gen_origin_fs(g);
+}
+
 /*
  * Sends q, validated, back to the work queue to be staged: 0 (q is the
  * queue's again, and m still loading), or -errno with q->message.
@@ -350,6 +416,7 @@ load_failed(struct registry *r, struct model_entry *m, struct load_request *q)
 static int
 queue_stage(struct registry *r, struct model_entry *m, struct load_request *q)
 {
+	char what[sizeof(q->job.what)];
 	int err;
 
 	if (r->stage_dir == NULL) {
@@ -367,7 +434,10 @@ queue_stage(struct registry *r, struct model_entry *m, struct load_request *q)
 	q->stage.number = m->last_generation + 1;
 	q->stage.model_path = q->path;
 	q->stage.cancel = &r->closing;
-	if ((err = uv_queue_work(r->loop, &q->work, stage_work, load_after)) < 0) {
+	snprintf(what, sizeof(what), "model \"%s\": staging %s from %s", q->name, q->path,
+		q->fs.name);
+	if ((err = workq_submit(&r->workq, &q->job, source_fs(&q->source, &q->fs), what,
+		     stage_work, load_after)) < 0) {
 		snprintf(q->message, sizeof(q->message), "cannot stage it: %s", uv_strerror(err));
 		return q->status = err;
 	}
@@ -377,9 +447,9 @@ queue_stage(struct registry *r, struct model_entry *m, struct load_request *q)
 }
 
 static void
-load_after(uv_work_t *w, int status)
+load_after(struct workq_job *w, int status)
 {
-	struct load_request *q = w->data;
+	struct load_request *q = w->arg;
 	struct registry *r = q->r;
 	struct model_entry *m = registry_entry_named(r, q->name);
 
@@ -438,6 +508,7 @@ queue_load(struct registry *r, const char *name, const char *path, enum pin_mode
 {
 	struct model_entry *m = registry_entry_named(r, name);
 	struct load_request *q;
+	char what[sizeof(q->job.what)];
 	int err;
 
 	if (r->closing)
@@ -460,8 +531,9 @@ queue_load(struct registry *r, const char *name, const char *path, enum pin_mode
 	q->arg = arg;
 	q->id = ++r->next_load_id;
 	q->entry_id = m->entry_id;
-	q->work.data = q;
-	if ((err = uv_queue_work(r->loop, &q->work, load_work, load_after)) < 0) {
+	q->job.arg = q;
+	if ((err = workq_submit(&r->workq, &q->job, model_fs(m, path, what, sizeof(what)), what,
+		     load_work, load_after)) < 0) {
 		free(q->name);
 		free(q->path);
 		free(q);

@@ -22,6 +22,7 @@
 #include "generation.h"
 #include "log.h"
 #include "watch_internal.h"
+#include "workq.h"
 
 #define WATCH_MASK                                                                            \
 	(IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_CREATE |  \
@@ -51,28 +52,26 @@ find_dir(struct watch *w, const char *path)
 	return NULL;
 }
 
+/* Notes that inotify watches path as wd (a sync job added it). */
 static void
-add_dir(struct watch *w, const char *path)
+record_dir(struct watch *w, const char *path, int wd)
 {
 	struct watched_dir *d = find_dir(w, path), *dirs;
-	int wd;
+	char *copy;
 
-	if (d != NULL)
-		return;
-	if ((wd = inotify_add_watch(w->fd, path, WATCH_MASK)) == -1) {
-		log_warn("cannot watch %s for model updates", path);
+	if (d != NULL) {
+		d->wd = wd; /* the same, or the directory's new inode */
 		return;
 	}
-	if ((dirs = realloc(w->dirs, (w->ndirs + 1) * sizeof(*dirs))) == NULL) {
+	if ((copy = strdup(path)) == NULL ||
+		(dirs = realloc(w->dirs, (w->ndirs + 1) * sizeof(*dirs))) == NULL) {
+		free(copy);
 		inotify_rm_watch(w->fd, wd);
 		return;
 	}
 	w->dirs = dirs;
 	w->dirs[w->ndirs].wd = wd;
-	if ((w->dirs[w->ndirs].path = strdup(path)) == NULL) {
-		inotify_rm_watch(w->fd, wd);
-		return;
-	}
+	w->dirs[w->ndirs].path = copy;
 	w->ndirs++;
 }
 
@@ -87,68 +86,14 @@ model_uses_dir(const struct model_entry *m, const char *dir)
 	return yes || strcmp(m->path, dir) == 0;
 }
 
-
-/*
- * Does a path of g now name another file than g opened (renamed over, or
- * gone)? A rename between a load's open (or a restore's stat) and the
- * arming of its directory's watch made no event this process saw.
- */
-static int
-paths_replaced(const struct generation *g)
-{
-	struct stat st;
-
-	/* A staged generation's files are copies: what matters is where they
-	 * came from. */
-	for (size_t i = 0; i < g->norigin; i++) {
-		const struct gen_origin *o = &g->origin[i];
-
-		if (stat(o->path, &st) == -1 || st.st_dev != o->st.st_dev ||
-			st.st_ino != o->st.st_ino)
-			return 1;
-	}
-	for (size_t i = 0; g->origin == NULL && i < g->source.nfiles; i++) {
-		const struct wc_file *f = &g->source.files[i];
-
-		if (stat(f->path, &st) == -1 || st.st_dev != f->st.st_dev ||
-			st.st_ino != f->st.st_ino)
-			return 1;
-	}
-	return 0;
-}
-
-/* Once per generation, after its model's directories are watched: reload
- * the model if one of its paths was replaced before that. */
+/* Drops the watches of directories no model uses any more; the others keep
+ * their order. (inotify_rm_watch touches no filesystem.) */
 static void
-check_paths_once(struct watch *w, struct model_entry *m, struct generation *g)
+prune_dirs(struct watch *w)
 {
-	if (g == NULL || g->watched)
-		return;
-	g->watched = 1;
-	if (paths_replaced(g)) {
-		log_info("model \"%s\": generation %" PRIu64 ": a file was replaced before "
-			 "its directory was watched", m->name, g->number);
-		watch_mark_dirty(w, m->name);
-	}
-}
+	size_t kept = 0;
 
-void
-watch_sync(struct watch *w)
-{
-	struct stat st;
-	size_t i, kept = 0;
-
-	for (struct model_entry *m = w->reg->models; m != NULL; m = m->next) {
-		char *d = dir_of(m->path);
-
-		if (d != NULL)
-			add_dir(w, d);
-		free(d);
-		if (stat(m->path, &st) == 0 && S_ISDIR(st.st_mode))
-			add_dir(w, m->path);
-	}
-	/* Drop directories no model uses any more; the others keep their order. */
-	for (i = 0; i < w->ndirs; i++) {
+	for (size_t i = 0; i < w->ndirs; i++) {
 		int used = 0;
 
 		for (struct model_entry *m = w->reg->models; m != NULL && !used; m = m->next)
@@ -161,11 +106,276 @@ watch_sync(struct watch *w)
 		free(w->dirs[i].path);
 	}
 	w->ndirs = kept;
-	/* Every directory is watched from here: compare what was opened
-	 * before with what the paths name now. */
+}
+
+/*
+ * Arming a model's watches touches its filesystem (inotify_add_watch
+ * resolves the directory; the model's path is stat'ed to see whether it is a
+ * directory, and the paths of a generation are compared with the files it
+ * opened), and a remote filesystem may take as long as its server does to
+ * answer: so it is done by a sync job on the work queue (workq.h), never on
+ * the loop. One job per model at a time.
+ */
+struct sync_gen {
+	uint64_t number;
+	size_t n;
+	char **paths;       /* the files it opened (their origin, when staged) */
+	dev_t *dev;
+	ino_t *ino;
+	int replaced;       /* a path now names another file, or none */
+};
+
+struct sync_job {
+	struct workq_job job;
+	struct watch *w;
+	char *name;
+	uint64_t entry_id;
+	char *path;             /* the model's path, */
+	char *dirs[2];          /* its directory, and itself when a directory */
+	int wd[2], err[2];
+	struct sync_gen gens[2];
+	size_t ngens;
+};
+
+/* A model's sync state (w->synced): the path its watches were armed for. */
+struct synced {
+	char *name;
+	uint64_t entry_id;
+	char *path;             /* NULL: never armed */
+	int busy, again;
+};
+
+static void
+sync_job_free(struct sync_job *j)
+{
+	for (size_t k = 0; k < j->ngens; k++) {
+		for (size_t i = 0; j->gens[k].paths != NULL && i < j->gens[k].n; i++)
+			free(j->gens[k].paths[i]);
+		free(j->gens[k].paths);
+		free(j->gens[k].dev);
+		free(j->gens[k].ino);
+	}
+	free(j->dirs[0]);
+	free(j->dirs[1]);
+	free(j->path);
+	free(j->name);
+	free(j);
+}
+
+/* Work queue thread: arm the watches, then compare each generation's paths
+ * with the files it opened: a rename between a load's open (or a restore's
+ * stat) and the arming of its directory's watch made no event this process
+ * saw. */
+static void
+sync_work(struct workq_job *job)
+{
+	struct sync_job *j = job->arg;
+	struct stat st;
+
+	j->wd[0] = inotify_add_watch(j->w->fd, j->dirs[0], WATCH_MASK);
+	j->err[0] = j->wd[0] == -1 ? errno : 0;
+	j->wd[1] = -1;
+	if (stat(j->path, &st) == 0 && S_ISDIR(st.st_mode) &&
+		(j->dirs[1] = strdup(j->path)) != NULL) {
+		j->wd[1] = inotify_add_watch(j->w->fd, j->dirs[1], WATCH_MASK);
+		j->err[1] = j->wd[1] == -1 ? errno : 0;
+	}
+	for (size_t k = 0; k < j->ngens; k++) {
+		struct sync_gen *g = &j->gens[k];
+
+		for (size_t i = 0; i < g->n && !g->replaced; i++)
+			g->replaced = stat(g->paths[i], &st) == -1 || st.st_dev != g->dev[i] ||
+				st.st_ino != g->ino[i];
+	}
+}
+
+static struct synced *
+find_synced(struct watch *w, const char *name, uint64_t entry_id)
+{
+	for (size_t i = 0; i < w->nsynced; i++)
+		if (w->synced[i].entry_id == entry_id && strcmp(w->synced[i].name, name) == 0)
+			return &w->synced[i];
+	return NULL;
+}
+
+/* The generation of m numbered number, if it is still m's current or
+ * pending one. */
+static struct generation *
+live_generation(struct model_entry *m, uint64_t number)
+{
+	if (m->current != NULL && m->current->number == number)
+		return m->current;
+	if (m->pending != NULL && m->pending->number == number)
+		return m->pending;
+	return NULL;
+}
+
+/* Loop thread: what a sync job found. */
+static void
+sync_after(struct workq_job *job, int status)
+{
+	struct sync_job *j = job->arg;
+	struct watch *w = j->w;
+	struct synced *s;
+	struct model_entry *m;
+	int again = 0;
+
+	w->jobs--;
+	if (w->stopping) {
+		sync_job_free(j);
+		watch_free_if_idle(w);
+		return;
+	}
+	if ((s = find_synced(w, j->name, j->entry_id)) != NULL) {
+		s->busy = 0;
+		again = s->again;
+		s->again = 0;
+	}
+	for (int k = 0; k < 2 && status == 0; k++) {
+		if (j->dirs[k] == NULL)
+			continue;
+		if (j->wd[k] >= 0)
+			record_dir(w, j->dirs[k], j->wd[k]);
+		else
+			log_warnx("cannot watch %s for model updates: %s", j->dirs[k],
+				strerror(j->err[k]));
+	}
+	m = registry_find(w->reg, j->name);
+	if (m != NULL && m->entry_id == j->entry_id && status == 0) {
+		if (s != NULL && strcmp(m->path, j->path) == 0) {
+			free(s->path);
+			s->path = j->path;
+			j->path = NULL;
+		}
+		for (size_t k = 0; k < j->ngens; k++) {
+			struct generation *g = live_generation(m, j->gens[k].number);
+
+			if (g == NULL || g->watched)
+				continue;
+			g->watched = 1;
+			if (j->gens[k].replaced) {
+				log_info("model \"%s\": generation %" PRIu64 ": a file was replaced "
+					 "before its directory was watched", m->name, g->number);
+				watch_mark_dirty(w, m->name);
+			}
+		}
+	}
+	sync_job_free(j);
+	prune_dirs(w); /* the model may be gone, and what was armed for it unused */
+	if (again)
+		watch_sync(w);
+}
+
+/* Copies what sync_work compares of g (not yet watched) into j. */
+static int
+sync_add_gen(struct sync_job *j, const struct generation *g)
+{
+	struct sync_gen *s = &j->gens[j->ngens++];
+	size_t n = g->origin != NULL ? g->norigin : g->source.nfiles;
+
+	s->number = g->number;
+	if ((s->paths = calloc(n ? n : 1, sizeof(*s->paths))) == NULL ||
+		(s->dev = calloc(n ? n : 1, sizeof(*s->dev))) == NULL ||
+		(s->ino = calloc(n ? n : 1, sizeof(*s->ino))) == NULL)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		const char *path = g->origin != NULL ? g->origin[i].path : g->source.files[i].path;
+		const struct stat *st = g->origin != NULL ? &g->origin[i].st : &g->source.files[i].st;
+
+		if ((s->paths[i] = strdup(path)) == NULL)
+			return -ENOMEM;
+		s->dev[i] = st->st_dev;
+		s->ino[i] = st->st_ino;
+		s->n = i + 1;
+	}
+	return 0;
+}
+
+static int
+unwatched(const struct generation *g)
+{
+	return g != NULL && !g->watched;
+}
+
+/* Queues a sync job for m; 0 or -errno. */
+static int
+start_sync(struct watch *w, struct synced *s, struct model_entry *m)
+{
+	struct sync_job *j = calloc(1, sizeof(*j));
+	const struct generation *g = m->current != NULL ? m->current : m->pending;
+	char what[sizeof(j->job.what)];
+	int err = -ENOMEM;
+
+	if (j == NULL)
+		return -ENOMEM;
+	j->w = w;
+	j->entry_id = m->entry_id;
+	j->wd[0] = j->wd[1] = -1;
+	if ((j->name = strdup(m->name)) == NULL || (j->path = strdup(m->path)) == NULL ||
+		(j->dirs[0] = dir_of(m->path)) == NULL)
+		goto fail;
+	if (unwatched(m->current) && sync_add_gen(j, m->current) < 0)
+		goto fail;
+	if (unwatched(m->pending) && sync_add_gen(j, m->pending) < 0)
+		goto fail;
+	j->job.arg = j;
+	snprintf(what, sizeof(what), "model \"%s\": arming its watches in %s%s%s", m->name,
+		j->dirs[0], g != NULL ? " on " : "", g != NULL ? g->fs.name : "");
+	if ((err = workq_submit(&w->reg->workq, &j->job, g != NULL ? gen_origin_fs(g) :
+						  WORKQ_UNKNOWN, what, sync_work, sync_after)) < 0)
+		goto fail;
+	w->jobs++;
+	s->busy = 1;
+	return 0;
+fail:
+	sync_job_free(j);
+	return err;
+}
+
+void
+watch_sync(struct watch *w)
+{
+	size_t kept = 0;
+
+	prune_dirs(w);
+	/* Forget the models gone (a job still running finds nothing). */
+	for (size_t i = 0; i < w->nsynced; i++) {
+		struct synced *s = &w->synced[i];
+		struct model_entry *m = registry_find(w->reg, s->name);
+
+		if ((m != NULL && m->entry_id == s->entry_id) || s->busy) {
+			w->synced[kept++] = *s;
+			continue;
+		}
+		free(s->name);
+		free(s->path);
+	}
+	w->nsynced = kept;
 	for (struct model_entry *m = w->reg->models; m != NULL; m = m->next) {
-		check_paths_once(w, m, m->current);
-		check_paths_once(w, m, m->pending);
+		struct synced *s = find_synced(w, m->name, m->entry_id), *grown;
+		int err;
+
+		if (s == NULL) {
+			if ((grown = realloc(w->synced, (w->nsynced + 1) * sizeof(*grown))) == NULL)
+				continue;
+			w->synced = grown;
+			s = &w->synced[w->nsynced];
+			memset(s, 0, sizeof(*s));
+			if ((s->name = strdup(m->name)) == NULL)
+				continue;
+			s->entry_id = m->entry_id;
+			w->nsynced++;
+		}
+		if (s->busy) {
+			s->again = 1;
+			continue;
+		}
+		if (s->path != NULL && strcmp(s->path, m->path) == 0 && !unwatched(m->current) &&
+			!unwatched(m->pending))
+			continue;
+		if ((err = start_sync(w, s, m)) < 0)
+			log_warnx("model \"%s\": cannot watch its files: %s", m->name,
+				strerror(-err));
 	}
 	watch_poll_sync(w);
 }
@@ -200,7 +410,9 @@ check_generation(struct registry *r, struct generation *g)
 {
 	struct stat st;
 
-	if (g == NULL || g->state == GEN_MODIFIED)
+	/* An fstat on a remote filesystem asks its server, which may hang:
+	 * not on the loop. Polling compares those files (watch_poll.c). */
+	if (g == NULL || g->state == GEN_MODIFIED || (g->fs.remote && g->origin == NULL))
 		return;
 	for (size_t i = 0; i < g->source.nfiles; i++) {
 		const struct wc_file *f = &g->source.files[i];
@@ -374,6 +586,11 @@ watch_free_if_idle(struct watch *w)
 	for (size_t i = 0; i < w->ndirty; i++)
 		free(w->dirty[i]);
 	free(w->dirty);
+	for (size_t i = 0; i < w->nsynced; i++) {
+		free(w->synced[i].name);
+		free(w->synced[i].path);
+	}
+	free(w->synced);
 	watch_poll_free(w);
 	free(w);
 }

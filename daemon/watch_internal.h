@@ -12,6 +12,8 @@
 
 #include "watch.h"
 
+struct synced;
+
 struct watched_dir {
 	int wd;
 	char *path;
@@ -45,7 +47,9 @@ struct watch {
 	size_t ndirty;
 	struct polled *polled;
 	size_t npolled;
-	unsigned jobs; /* poll jobs on the work queue; the watch is freed at 0 */
+	struct synced *synced; /* each model's watches (watch.c) */
+	size_t nsynced;
+	unsigned jobs; /* sync and poll jobs on the work queue; the watch is freed at 0 */
 };
 
 /* watch.c: reloads the model name after WATCH_SETTLE_MS of quiet. */

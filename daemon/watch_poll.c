@@ -38,7 +38,7 @@
 #include "watch_internal.h"
 
 struct poll_job {
-	uv_work_t work;
+	struct workq_job job;
 	struct watch *w;
 	char *name;
 	uint64_t entry_id;
@@ -105,9 +105,9 @@ job_free(struct poll_job *j)
 
 /* Work queue thread: stat every path. */
 static void
-poll_work(uv_work_t *work)
+poll_work(struct workq_job *work)
 {
-	struct poll_job *j = work->data;
+	struct poll_job *j = work->arg;
 	struct timespec a, b;
 
 	clock_gettime(CLOCK_MONOTONIC, &a);
@@ -146,6 +146,34 @@ static uint64_t
 confirm_ms(const struct model_entry *m)
 {
 	return m->poll_interval_ms / 4 > 100 ? m->poll_interval_ms / 4 : 100;
+}
+
+/*
+ * A poll saw a change (sig, the stat of every path; what, the path that
+ * moved): 1 when it is to be acted on now, counted in poll_changes. A file
+ * still moving (being written) waits until two polls agree, the second
+ * sooner than poll_interval; a state already acted on is not acted on
+ * again.
+ */
+static int
+settled(struct watch *w, struct polled *p, struct model_entry *m, uint64_t sig,
+	const char *what)
+{
+	if (sig != p->last_sig) {
+		if (p->changing)
+			log_info("model \"%s\": %s is still changing; waiting until it is stable",
+				m->name, what);
+		p->last_sig = sig;
+		p->changing = 1;
+		p->due_ms = uv_now(w->loop) + confirm_ms(m);
+		return 0;
+	}
+	p->changing = 0;
+	if (sig == p->acted_sig)
+		return 0;
+	p->acted_sig = sig;
+	m->poll_changes++;
+	return 1;
 }
 
 /* Loop thread: what a poll saw, compared with the generation. */
@@ -188,22 +216,8 @@ judge(struct watch *w, struct polled *p, struct model_entry *m, struct generatio
 	}
 	if (what == NULL)
 		what = m->path;
-	/* Still moving (a file being written): wait until two polls agree;
-	 * the second comes sooner than poll_interval. */
-	if (sig != p->last_sig) {
-		if (p->changing)
-			log_info("model \"%s\": %s is still changing; waiting until it is stable",
-				m->name, what);
-		p->last_sig = sig;
-		p->changing = 1;
-		p->due_ms = uv_now(w->loop) + confirm_ms(m);
+	if (!settled(w, p, m, sig, what))
 		return;
-	}
-	p->changing = 0;
-	if (sig == p->acted_sig)
-		return;
-	p->acted_sig = sig;
-	m->poll_changes++;
 	if (in_place && !replaced && g->origin == NULL) {
 		bool remote = g->fs.remote; /* g may close in registry_collect */
 
@@ -222,13 +236,38 @@ judge(struct watch *w, struct polled *p, struct model_entry *m, struct generatio
 	watch_mark_dirty(w, m->name);
 }
 
+/* Loop thread: what a poll of a model with no generation saw (its last
+ * load failed): once its path stops matching what it was at that failure,
+ * and two polls agree, the model is loaded again (once per state). */
+static void
+judge_failed(struct watch *w, struct polled *p, struct model_entry *m, const struct poll_job *j)
+{
+	uint64_t sig = stat_sig(j->err[0], &j->st[0]);
+
+	if (p->generation != 0) {
+		p->generation = 0;
+		p->last_sig = 0;
+		p->changing = 0;
+	}
+	if (sig == stat_sig(m->failed_path.err, &m->failed_path.st)) {
+		p->last_sig = sig;
+		p->changing = 0;
+		return;
+	}
+	if (!settled(w, p, m, sig, m->path))
+		return;
+	log_info("model \"%s\": %s changed (seen by polling); loading it again", m->name,
+		m->path);
+	watch_mark_dirty(w, m->name);
+}
+
 static void arm(struct watch *w);
 
 /* Loop thread: a poll ended. */
 static void
-poll_after(uv_work_t *work, int status)
+poll_after(struct workq_job *work, int status)
 {
-	struct poll_job *j = work->data;
+	struct poll_job *j = work->arg;
 	struct watch *w = j->w;
 	struct polled *p;
 	struct model_entry *m;
@@ -247,9 +286,12 @@ poll_after(uv_work_t *work, int status)
 		m->poll_seconds += j->seconds;
 	}
 	if (p != NULL && status == 0 && m != NULL && m->entry_id == j->entry_id &&
-		m->current != NULL && m->current->number == j->generation && m->pending == NULL &&
-		m->loading == 0)
-		judge(w, p, m, m->current, j);
+		m->pending == NULL && m->loading == 0) {
+		if (m->current != NULL && m->current->number == j->generation)
+			judge(w, p, m, m->current, j);
+		else if (m->current == NULL && j->generation == 0)
+			judge_failed(w, p, m, j);
+	}
 	job_free(j);
 	arm(w);
 }
@@ -258,9 +300,13 @@ poll_after(uv_work_t *work, int status)
 static int
 start_poll(struct watch *w, struct polled *p, const struct model_entry *m)
 {
-	const struct generation *g = m->current;
+	const struct generation *g = m->current; /* NULL: the last load failed */
 	struct poll_job *j = calloc(1, sizeof(*j));
-	size_t n = 1 + nfiles(g);
+	size_t n = 1 + (g != NULL ? nfiles(g) : 0);
+	uint64_t fs;
+	char what[sizeof(j->job.what)];
+	const char *path;
+	const struct stat *st;
 	int r;
 
 	if (j == NULL || (j->name = strdup(m->name)) == NULL ||
@@ -277,9 +323,6 @@ start_poll(struct watch *w, struct polled *p, const struct model_entry *m)
 		return -ENOMEM;
 	}
 	for (size_t i = 1; i < n; i++) {
-		const char *path;
-		const struct stat *st;
-
 		file_of(g, i - 1, &path, &st);
 		if ((j->paths[i] = strdup(path)) == NULL) {
 			job_free(j);
@@ -288,9 +331,21 @@ start_poll(struct watch *w, struct polled *p, const struct model_entry *m)
 	}
 	j->w = w;
 	j->entry_id = m->entry_id;
-	j->generation = g->number;
-	j->work.data = j;
-	if ((r = uv_queue_work(w->loop, &j->work, poll_work, poll_after)) < 0) {
+	j->generation = g != NULL ? g->number : 0;
+	j->job.arg = j;
+	if (g != NULL) {
+		fs = gen_origin_fs(g);
+		snprintf(what, sizeof(what), "model \"%s\": a poll of its paths on %s", m->name,
+			g->fs.name);
+	} else if (m->failed_path.known) {
+		fs = workq_fs(m->failed_path.fs.remote, m->failed_path.dev);
+		snprintf(what, sizeof(what), "model \"%s\": a poll of its path on %s", m->name,
+			m->failed_path.fs.name);
+	} else {
+		fs = WORKQ_UNKNOWN;
+		snprintf(what, sizeof(what), "model \"%s\": a poll of its path", m->name);
+	}
+	if ((r = workq_submit(&w->reg->workq, &j->job, fs, what, poll_work, poll_after)) < 0) {
 		job_free(j);
 		return r;
 	}
@@ -313,8 +368,9 @@ on_poll_timer(uv_timer_t *t)
 		if (p->busy || now < p->due_ms)
 			continue;
 		p->due_ms = now + (m != NULL ? m->poll_interval_ms : 1000);
-		/* Nothing served to compare with: a load (or reload) comes first. */
-		if (m == NULL || m->current == NULL)
+		/* Nothing served yet, and no failed load to compare with: a
+		 * load comes first. */
+		if (m == NULL || (m->current == NULL && m->error == NULL))
 			continue;
 		/* A load running now reads the paths itself. */
 		if (m->pending != NULL || m->loading > 0)

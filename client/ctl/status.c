@@ -69,12 +69,19 @@ struct memory_row {
 	int fits;
 };
 
+/* The reply's "work_queue": what waits on remote filesystems. */
+struct workq_row {
+	uint64_t running, waiting, stalled;
+	double oldest;
+};
+
 /* The status reply; strings are malloc'd, NULL when absent. */
 struct status {
 	char *version;
 	uint64_t pid, clients;
 	double uptime;
 	struct memory_row memory;
+	struct workq_row workq;
 	struct model_row *models;
 	size_t nmodels;
 	struct unloaded_row *unloaded;
@@ -137,6 +144,13 @@ static const struct ctl_field memory_fields[] = {
 	{ "models_bytes", CTL_U64, offsetof(struct memory_row, models) },
 	{ "limit_source", CTL_STRING, offsetof(struct memory_row, source) },
 	{ "fits", CTL_BOOL, offsetof(struct memory_row, fits) },
+};
+
+static const struct ctl_field workq_fields[] = {
+	{ "remote_running", CTL_U64, offsetof(struct workq_row, running) },
+	{ "remote_waiting", CTL_U64, offsetof(struct workq_row, waiting) },
+	{ "remote_stalled", CTL_U64, offsetof(struct workq_row, stalled) },
+	{ "oldest_remote_seconds", CTL_DOUBLE, offsetof(struct workq_row, oldest) },
 };
 
 static const struct ctl_field status_fields[] = {
@@ -250,6 +264,8 @@ status_member(struct jr *j, const struct jr_str *key, void *dst)
 		s->memory.present = 1;
 		return ctl_read_object(j, memory_fields, NFIELDS(memory_fields), &s->memory, NULL);
 	}
+	if (jr_str_eq(key, "work_queue", 10) && jr_peek(j) == JR_OBJECT)
+		return ctl_read_object(j, workq_fields, NFIELDS(workq_fields), &s->workq, NULL);
 	return jr_skip(j);
 }
 
@@ -445,6 +461,19 @@ print_memory(const struct memory_row *m)
 		       "their pages (README, \"Memory limits\")\n");
 }
 
+/* A warning while work on a remote filesystem has stalled (a hung server). */
+static void
+print_workq(const struct workq_row *q)
+{
+	char tmp[32];
+
+	if (q->stalled == 0)
+		return;
+	printf("warning: %" PRIu64 " job%s stalled on a remote filesystem for up to %s "
+	       "(%" PRIu64 " more waiting); work on other filesystems goes on\n", q->stalled,
+		q->stalled == 1 ? "" : "s", human_duration(q->oldest, tmp, sizeof(tmp)), q->waiting);
+}
+
 /* Prints the status reply as a table: one row per model asked about, then
  * the other open generations, generations of unloaded models, pins that
  * fall short and errors. */
@@ -463,6 +492,7 @@ print_status(struct status *s, char *const *names, size_t nnames)
 		human_duration(s->uptime, tmp, sizeof(tmp)), s->clients, s->clients == 1 ? "" : "s",
 		s->nmodels, s->nmodels == 1 ? "" : "s");
 	print_memory(&s->memory);
+	print_workq(&s->workq);
 	for (size_t i = 0; i < s->nmodels; i++)
 		any = any || asked(s->models[i].name, names, nnames);
 	for (size_t i = 0; i < s->nunloaded; i++)

@@ -227,8 +227,8 @@ reprint(const struct config *cfg, size_t *len)
 		cfg->max_clients_per_uid);
 	if (cfg->user != NULL)
 		fprintf(f, "user = %s\n", cfg->user);
-	fprintf(f, "restart_hold_seconds = %u\nstage_dir = %s\n", cfg->restart_hold_seconds,
-		cfg->stage_dir);
+	fprintf(f, "restart_hold_seconds = %u\nstart_wait_seconds = %u\nstage_dir = %s\n",
+		cfg->restart_hold_seconds, cfg->start_wait_seconds, cfg->stage_dir);
 	for (size_t i = 0; i < cfg->n_models; i++) {
 		const struct model_config *m = &cfg->models[i];
 
@@ -271,6 +271,7 @@ check_same(const struct config *a, const struct config *b)
 	CHECK(a->max_clients == b->max_clients && a->max_clients_per_uid == b->max_clients_per_uid);
 	CHECK(same_str(a->user, b->user));
 	CHECK(a->restart_hold_seconds == b->restart_hold_seconds);
+	CHECK(a->start_wait_seconds == b->start_wait_seconds);
 	CHECK(strcmp(a->stage_dir, b->stage_dir) == 0);
 	CHECK(a->user == NULL || (a->user_uid == b->user_uid && a->user_gid == b->user_gid));
 	CHECK(a->n_models == b->n_models);

@@ -7,7 +7,10 @@ is freed there, reads of its old handle fail (EIO) as NFS's do (ESTALE).
 Checked: the filesystem is named in status and metrics; a remote rename
 becomes a new generation within 2 x poll_interval (and never without
 polling: watch = inotify); a remote file written in place (half-written)
-never serves; a local model is not polled unless watch = poll; without
+never serves; a local model is not polled unless watch = poll; a model
+whose load failed is polled and loaded once its file appears; a server
+that hangs (remotefs stopped) holds up nothing on local disk, at start
+either; without
 staging (stage = no) a worker holding the old generation after a remote
 replacement gets SIGBUS on pages the kernel dropped (what the README says,
 and status marks that generation source_replaced). Staging is
@@ -15,7 +18,6 @@ test_stage.py's.
 """
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,8 +25,8 @@ import time
 
 import pytest
 
-from conftest import TEST_USER, Daemon, binary, wait_until
-from ctlutil import ctl, daemons, model_entry, running_daemons
+from conftest import Daemon, binary, wait_until
+from ctlutil import ctl, daemons, model_entry, running_daemons, status
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
 from remotefs import RemoteFS, skip_reason  # noqa: E402
@@ -260,3 +262,149 @@ def test_poll_cost_is_flat_in_the_number_of_models(tmp_path, remote):
     for n, seen, per_poll in results:
         assert seen < 2 * 0.5 + remote.attr_timeout, results
         assert per_poll < 0.05, results
+
+
+def test_remote_model_that_failed_to_load_is_loaded_once_its_file_appears(start, tmp_path,
+                                                                          remote):
+    """A model whose first load failed (its file is not there yet) has no
+    generation; it is polled all the same (its directory is on a remote
+    filesystem) and loaded once the file appears and stops moving."""
+    d = start({"m": (remote.path("m.safetensors"), {"poll_interval": "0.2", "stage": "no"})})
+    wait_until(lambda: (model_entry(d, "m") or {}).get("state") == "failed", what="failed")
+    wait_until(lambda: model_entry(d, "m")["polls"] >= 2, what="the failed model polled")
+    data = model_bytes(tmp_path, 5, "src5.safetensors")
+    remote.replace("m.safetensors", data)
+    wait_generation(d, "m", 1, timeout=15)
+    d.wait_for_log(r'model "m": .*m\.safetensors changed \(seen by polling\); loading it again')
+    r = subprocess.run([binary("demo_worker"), "--socket", d.socket, "--verify",
+                        str(tmp_path / "src5.safetensors"), "m"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    # A broken file is tried once, not again and again.
+    before = model_entry(d, "m")["poll_changes"]
+    assert before == 1
+
+
+def test_local_model_with_watch_poll_that_failed_is_loaded_once_its_file_appears(tmp_path):
+    """watch = poll on a model whose directory does not exist yet (so
+    inotify cannot watch it): polling alone finds the file once it is there."""
+    (tmp_path / "d").mkdir()
+    path = tmp_path / "later" / "m.safetensors"
+    with running_daemons(lambda: Daemon(tmp_path / "d", {
+            "m": (str(path), {"watch": "poll", "poll_interval": "0.2"})})) as start:
+        d = start()
+        wait_until(lambda: model_entry(d, "m")["state"] == "failed", what="m failed")
+        wait_until(lambda: model_entry(d, "m")["polls"] >= 2, what="m polled")
+        (tmp_path / "later").mkdir()
+        src = mkmodel(tmp_path / "src.safetensors", 7)
+        os.rename(src, path)
+        wait_generation(d, "m", 1, timeout=15)
+        assert model_entry(d, "m")["poll_changes"] == 1
+
+
+# ---- a server that hangs (remotefs stopped with SIGSTOP) ----
+
+REMOTE_MODELS = 10  # more than the daemon's work queue has threads (8)
+
+
+def ready(d, name, number):
+    m = model_entry(d, name)
+    return m is not None and m["generation"] == number and m["state"] == "ready" and m
+
+
+def verify(d, name, source):
+    r = subprocess.run([binary("demo_worker"), "--socket", d.socket, "--verify", str(source),
+                        name], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_hung_remote_filesystem_holds_up_nothing_else(start, tmp_path, remote):
+    src = mkmodel(tmp_path / "src.safetensors", 1)
+    with open(src, "rb") as f:
+        data = f.read()
+    models = {}
+    for i in range(REMOTE_MODELS):
+        remote.replace(f"r{i}.safetensors", data)
+        remote.wait_visible(f"r{i}.safetensors")
+        models[f"r{i}"] = (remote.path(f"r{i}.safetensors"),
+                           {"poll_interval": "0.2", "stage": "no"})
+    (tmp_path / "local").mkdir()
+    local = mkmodel(tmp_path / "local" / "l.safetensors", 2)
+    models["local"] = local
+    d = start(models)
+    for name in models:
+        wait_until(lambda: ready(d, name, 1), timeout=60, what=f"{name} ready")
+    wait_until(lambda: all(model_entry(d, f"r{i}")["polls"] >= 2 for i in range(REMOTE_MODELS)),
+               timeout=30, what="every remote model polled")
+
+    remote.freeze()
+    try:
+        # Every remote model's next poll hangs; give them time to start.
+        time.sleep(1.5)
+        t0 = time.monotonic()
+        # The local model: attached, replaced and reloaded, its pages worked on.
+        verify(d, "local", local)
+        new = mkmodel(tmp_path / "local" / ".l.tmp", 3)
+        os.rename(new, local)
+        wait_until(lambda: ready(d, "local", 2), timeout=15,
+                   what="the local model's generation 2 while the remote one hangs")
+        verify(d, "local", local)
+        for cmd in (["evict", "local"], ["pin", "local"], ["unpin", "local"]):
+            r = ctl(d, *cmd, timeout=15)
+            assert r.returncode == 0, (cmd, r.stdout, r.stderr)
+        metrics = ctl(d, "metrics", timeout=10).stdout
+        assert "wcached_work_queue_remote_stalled " in metrics, metrics
+        took = time.monotonic() - t0
+        assert took < 30, f"local work took {took:.1f} s while the remote filesystem hung"
+        # Status says what waits and what stalled; the log names the model.
+        wq = wait_until(lambda: (lambda w: w["remote_stalled"] >= 1 and w)(
+            status(d)["work_queue"]), timeout=30, what="a stall reported")
+        assert wq["remote_running"] <= wq["remote_limit"] < wq["threads"], wq
+        assert wq["remote_waiting"] >= 1, wq
+        d.wait_for_log(r'model "r\d+": a poll of its paths on fuse has not returned after '
+                       r'\d+ s: the filesystem may be hung; work elsewhere goes on')
+        out = ctl(d, "status", timeout=10).stdout
+        assert "stalled on a remote filesystem" in out, out
+    finally:
+        remote.thaw()
+    # Back: every remote model is polled again, and still serves.
+    counts = {i: model_entry(d, f"r{i}")["polls"] for i in range(REMOTE_MODELS)}
+    wait_until(lambda: all(model_entry(d, f"r{i}")["polls"] > counts[i] + 1
+                           for i in range(REMOTE_MODELS)), timeout=30,
+               what="every remote model polled again")
+    wait_until(lambda: status(d)["work_queue"]["remote_stalled"] == 0, timeout=15,
+               what="no stall left")
+    d.wait_for_log(r'model "r\d+": a poll of its paths on fuse returned after \d+\.\d s')
+    verify(d, "r0", src)
+
+
+def test_start_serves_others_when_a_remote_filesystem_hangs(start, tmp_path, remote):
+    """wcached starts while the remote filesystem hangs: after
+    start_wait_seconds it serves the local model; an attach of the remote
+    one says it is still loading; once the filesystem is back, it serves."""
+    src = mkmodel(tmp_path / "src.safetensors", 1)
+    with open(src, "rb") as f:
+        remote.replace("r.safetensors", f.read())
+    remote.wait_visible("r.safetensors")
+    rpath = remote.path("r.safetensors")
+    (tmp_path / "local").mkdir()
+    local = mkmodel(tmp_path / "local" / "l.safetensors", 2)
+    remote.freeze()
+    try:
+        t0 = time.monotonic()
+        d = start({"r": (rpath, {"poll_interval": "0.2", "stage": "no"}), "local": local},
+                  "start_wait_seconds = 2\n")
+        wait_until(lambda: ready(d, "local", 1), timeout=20, what="the local model served")
+        verify(d, "local", local)
+        assert time.monotonic() - t0 < 20
+        d.wait_for_log(r'1 model is still loading after 2 s \(start_wait_seconds\): serving '
+                       r'the others now; "r"')
+        r = subprocess.run([binary("wcachectl"), "attach", "r", "--socket", d.socket],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode != 0 and "still loading" in r.stderr, (r.stdout, r.stderr)
+        assert model_entry(d, "r")["state"] == "loading", model_entry(d, "r")
+    finally:
+        remote.thaw()
+    wait_until(lambda: ready(d, "r", 1), timeout=30, what="the remote model served")
+    verify(d, "r", src)
+    d.wait_for_log(r"every configured model's load has ended \(0 failed\)")

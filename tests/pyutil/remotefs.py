@@ -242,6 +242,7 @@ class RemoteFS:
         self.build = build
         self.log = os.path.abspath(str(log)) if log else self.mount.rstrip("/") + ".remotefs.log"
         self.proc = None
+        self.frozen = False
         self._logf = None
         self._writers = []
 
@@ -316,6 +317,8 @@ class RemoteFS:
         is in use, so if remotefs does not end by itself its FUSE connection
         is aborted (/sys/fs/fuse/connections, where fusectl is mounted),
         then it gets SIGTERM, and last SIGKILL. Idempotent."""
+        if self.frozen:
+            self.thaw()
         self._join_writers()
         conn = self.connection()
         lazy = False
@@ -497,6 +500,20 @@ class RemoteFS:
         inode freed in BACKING (SIGUSR1); returns how many inodes it
         dropped. An old mapping's next touch of them gets SIGBUS."""
         return self._signal_and_wait(signal.SIGUSR1, timeout)
+
+    def freeze(self):
+        """Stops remotefs (SIGSTOP): every request to the mount then waits,
+        as on an NFS server that hangs; a stat there blocks until thaw()."""
+        if self.proc is None or self.proc.poll() is not None:
+            raise RemoteFSError("remotefs is not running")
+        self.proc.send_signal(signal.SIGSTOP)
+        self.frozen = True
+
+    def thaw(self):
+        """Lets a frozen remotefs go on (SIGCONT): the waiting requests are served."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+        self.frozen = False
 
     def drop_all(self, timeout=30.0):
         """Has the kernel drop every cached page, mapped or not, of every

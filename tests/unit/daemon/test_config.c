@@ -118,6 +118,7 @@ test_full(void **state)
 			   "max_clients = 2000\n"
 			   "max_clients_per_uid = 100\n"
 			   "restart_hold_seconds = 0\n"
+			   "start_wait_seconds = 5\n"
 			   "user = root\n"
 			   "\n"
 			   "[model llama-3-8b]\n"
@@ -143,6 +144,7 @@ test_full(void **state)
 	assert_int_equal(cfg->max_clients, 2000);
 	assert_int_equal(cfg->max_clients_per_uid, 100);
 	assert_int_equal(cfg->restart_hold_seconds, 0);
+	assert_int_equal(cfg->start_wait_seconds, 5);
 	assert_string_equal(cfg->user, "root");
 	assert_int_equal(cfg->user_uid, 0);
 	assert_int_equal(cfg->user_gid, 0);
@@ -154,7 +156,7 @@ test_full(void **state)
 	assert_string_equal(m->path, "/models/llama-3-8b");
 	assert_int_equal(m->pin, PIN_ALL);
 	assert_false(m->warm);
-	assert_int_equal(m->line, 15);
+	assert_int_equal(m->line, 16);
 	assert_string_equal(m->allow_users, "root, 1234");
 	assert_int_equal(m->n_uids, 2);
 	assert_int_equal(m->uids[0], 0);
@@ -169,7 +171,7 @@ test_full(void **state)
 	assert_string_equal(m->path, "/models/qwen/model.safetensors.index.json");
 	assert_int_equal(m->pin, PIN_NONE);
 	assert_true(m->warm);
-	assert_int_equal(m->line, 22);
+	assert_int_equal(m->line, 23);
 	assert_null(m->allow_users);
 	assert_null(m->allow_groups);
 	assert_int_equal(m->n_uids, 0);
@@ -200,6 +202,7 @@ test_defaults(void **state)
 	assert_int_equal(cfg->max_clients, 1024);
 	assert_int_equal(cfg->max_clients_per_uid, 256);
 	assert_int_equal(cfg->restart_hold_seconds, 60);
+	assert_int_equal(cfg->start_wait_seconds, 30);
 	assert_null(cfg->user);
 	assert_int_equal(cfg->n_models, 0);
 	config_free(cfg);
@@ -574,6 +577,9 @@ test_errors(void **state)
 	check_error(f, "[wcached]\nmax_clients = 0\n", 2, "max_clients: 0 is out of range");
 	check_error(f, "[wcached]\nrestart_hold_seconds = 86401\n", 2,
 		"restart_hold_seconds: 86401 is out of range (0..86400)");
+	check_error(f, "[wcached]\nstart_wait_seconds = -1\n", 2, "not a number");
+	check_error(f, "[wcached]\nstart_wait_seconds = 86401\n", 2,
+		"start_wait_seconds: 86401 is out of range (0..86400)");
 	check_error(f, "[wcached]\nmax_clients_per_uid = 1000001\n", 2, "out of range");
 	check_error(f, "[wcached]\nmax_clients = 10\nmax_clients_per_uid = 20\n", 3,
 		"max_clients_per_uid (20) is larger than max_clients (10)");
