@@ -210,6 +210,8 @@ live_generation(struct model_entry *m, uint64_t number)
 	return NULL;
 }
 
+static void check_generation(struct registry *r, struct generation *g);
+
 /* Loop thread: what a sync job found. */
 static void
 sync_after(struct workq_job *job, int status)
@@ -258,7 +260,10 @@ sync_after(struct workq_job *job, int status)
 					 "before its directory was watched", m->name, g->number);
 				watch_mark_dirty(w, m->name);
 			}
+			/* ... or written in place before: its descriptors say. */
+			check_generation(w->reg, g);
 		}
+		registry_collect(w->reg);
 	}
 	sync_job_free(j);
 	prune_dirs(w); /* the model may be gone, and what was armed for it unused */

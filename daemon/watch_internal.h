@@ -30,6 +30,8 @@ struct polled {
 	uint64_t last_sig;     /* what the previous poll saw, to tell a file still moving */
 	uint64_t acted_sig;    /* what the last reload was asked for */
 	int changing;          /* the last poll saw a change not yet acted on */
+	int failing;           /* errno of the last stat that failed for a reason
+				  other than "no such file" (logged once), or 0 */
 };
 
 struct watch {

@@ -176,6 +176,33 @@ settled(struct watch *w, struct polled *p, struct model_entry *m, uint64_t sig,
 	return 1;
 }
 
+/*
+ * Did a stat of the poll fail for a reason that says nothing about the
+ * file (EIO, ETIMEDOUT on a soft mount, EACCES, ENOMEM...)? Then nothing
+ * is concluded from this poll: only "no such file" (ENOENT, ENOTDIR) means
+ * a path was replaced or removed. Logged once per errno, and once when
+ * polls work again.
+ */
+static int
+unsure(struct polled *p, const struct model_entry *m, const struct poll_job *j)
+{
+	for (size_t i = 0; i < j->npaths; i++) {
+		int e = j->err[i];
+
+		if (e == 0 || e == ENOENT || e == ENOTDIR)
+			continue;
+		if (p->failing != e)
+			log_warnx("model \"%s\": polling %s failed: %s; nothing is concluded "
+				  "until a poll works again", m->name, j->paths[i], strerror(e));
+		p->failing = e;
+		return 1;
+	}
+	if (p->failing != 0)
+		log_info("model \"%s\": polling its paths works again", m->name);
+	p->failing = 0;
+	return 0;
+}
+
 /* Loop thread: what a poll saw, compared with the generation. */
 static void
 judge(struct watch *w, struct polled *p, struct model_entry *m, struct generation *g,
@@ -286,7 +313,7 @@ poll_after(struct workq_job *work, int status)
 		m->poll_seconds += j->seconds;
 	}
 	if (p != NULL && status == 0 && m != NULL && m->entry_id == j->entry_id &&
-		m->pending == NULL && m->loading == 0) {
+		m->pending == NULL && m->loading == 0 && !unsure(p, m, j)) {
 		if (m->current != NULL && m->current->number == j->generation)
 			judge(w, p, m, m->current, j);
 		else if (m->current == NULL && j->generation == 0)
@@ -447,7 +474,13 @@ watch_poll_sync(struct watch *w)
 		int polls = registry_polls(m);
 
 		note_storage(m, m->current, polls);
-		if (!polls || find_polled(w, m->name, m->entry_id) != NULL)
+		if (polls && (p = find_polled(w, m->name, m->entry_id)) != NULL) {
+			/* A reload that shortened poll_interval: not the old wait. */
+			if (!p->busy && p->due_ms > now + m->poll_interval_ms)
+				p->due_ms = now + m->poll_interval_ms;
+			continue;
+		}
+		if (!polls)
 			continue;
 		if ((grown = realloc(w->polled, (w->npolled + 1) * sizeof(*grown))) == NULL)
 			continue;

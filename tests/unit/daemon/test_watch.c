@@ -5,7 +5,9 @@
  * the settle time, as the next generation.
  *
  * Fault injection (-Wl,--wrap in tests/CMakeLists.txt): fstat fails when
- * asked, and a file that cannot be checked is not called modified.
+ * asked, and a file that cannot be checked is not called modified; stat of
+ * one path fails with a chosen errno, and a poll (watch = poll) concludes
+ * nothing from an error that says nothing about the file.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -41,11 +43,36 @@ __wrap_fstat(int fd, struct stat *st)
 	return __real_fstat(fd, st);
 }
 
+static atomic_int stat_errno;   /* a stat of stat_path fails with it (0: no) */
+static const char *stat_path;
+
+int __real_stat(const char *path, struct stat *st);
+int __wrap_stat(const char *path, struct stat *st);
+
+int
+__wrap_stat(const char *path, struct stat *st)
+{
+	int e = atomic_load(&stat_errno);
+
+	if (e != 0 && stat_path != NULL && strcmp(path, stat_path) == 0) {
+		errno = e;
+		return -1;
+	}
+	return __real_stat(path, st);
+}
+
 struct wt {
 	struct du du;
 	struct watch *w;
 	char *path;
 };
+
+static bool
+armed(struct du *d, void *arg)
+{
+	(void)arg;
+	return du_current(d, "m")->watched;
+}
 
 static int
 setup(void **state)
@@ -58,6 +85,7 @@ setup(void **state)
 	assert_int_equal(du_load(&t->du, "m", t->path, PIN_NONE, 0), 0);
 	assert_int_equal(watch_start(&t->du.loop, &t->du.reg, &t->w), 0);
 	watch_sync(t->w);
+	du_run_until(&t->du, armed, NULL); /* the watches are armed off the loop */
 	*state = t;
 	return 0;
 }
@@ -208,6 +236,53 @@ test_renamed_before_watched(void **state)
 	free(d);
 }
 
+static bool
+polled(struct du *d, void *arg)
+{
+	return registry_find(&d->reg, "m")->polls >= *(uint64_t *)arg;
+}
+
+/* EIO (a soft NFS mount timing out, say) says nothing about the file: no
+ * reload, no "replaced"; ENOENT does. */
+static void
+test_poll_error_concludes_nothing(void **state)
+{
+	struct wt *t = *state;
+	struct model_entry *m = registry_find(&t->du.reg, "m");
+	uint64_t n = 4;
+
+	assert_int_equal(registry_set_storage(&t->du.reg, "m", FS_WATCH_POLL, 100,
+				 FS_STAGE_NO), 0);
+	stat_path = t->path;
+	atomic_store(&stat_errno, EIO);
+	watch_sync(t->w);
+	du_run_until(&t->du, polled, &n);
+	assert_int_equal(m->poll_changes, 0);
+	atomic_store(&stat_errno, ENOENT);
+	n = m->polls + 4;
+	du_run_until(&t->du, polled, &n);
+	assert_int_equal(m->poll_changes, 1);
+	atomic_store(&stat_errno, 0);
+	stat_path = NULL;
+}
+
+/* A reload of the configuration that shortens poll_interval: the next poll
+ * comes at the new interval, not after the old one. */
+static void
+test_poll_interval_shortened(void **state)
+{
+	struct wt *t = *state;
+	uint64_t n = 2;
+
+	assert_int_equal(registry_set_storage(&t->du.reg, "m", FS_WATCH_POLL, 3600 * 1000,
+				 FS_STAGE_NO), 0);
+	watch_sync(t->w);
+	assert_int_equal(registry_set_storage(&t->du.reg, "m", FS_WATCH_POLL, 100,
+				 FS_STAGE_NO), 0);
+	watch_sync(t->w);
+	du_run_until(&t->du, polled, &n);
+}
+
 int
 main(void)
 {
@@ -217,6 +292,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_renamed_over, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_mtime_put_back, setup, teardown),
 		cmocka_unit_test(test_renamed_before_watched),
+		cmocka_unit_test_setup_teardown(test_poll_error_concludes_nothing, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_poll_interval_shortened, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
