@@ -1,6 +1,19 @@
 """The steps of tests/gpu/run.sh: make a model, warm it, run wcached, time
 each way into the device in a fresh process, load a Llama model under real
-transformers plainly and through wcache, and report with PASS/MISS.
+transformers plainly, through wcache, and through wcache with
+WCACHE_HOST_REGISTER=1, and report with PASS/MISS.
+
+Where wcache registers a mapping with CUDA (the engine's register path,
+and host registration), the rows also say how much of the model's mapping
+became private memory ("private MiB": Anonymous in /proc/self/smaps, read
+just after the engine's copy, or after a transformers load whose mappings
+are kept until then; their unmapping is then not in the load time). libwcache
+maps model files MAP_PRIVATE, and since Linux 6.2 a long-term read-only pin
+of a private file mapping makes the kernel copy each pinned page ("mm/gup:
+reliable R/O long-term pinning in COW mappings"); whether the NVIDIA
+driver's pin is long-term decides whether registration reads the shared
+page cache (0 MiB) or a private copy of it (the model's size). This is
+measured, not assumed.
 
 Every step is a subcommand, so run.sh can bound each with a timeout. Results
 are JSON lines appended to one file; ``report`` reads them. With ``--cpu``
@@ -148,6 +161,45 @@ def _cpu_engine():
     _device.backend_for = lambda device: _device.CpuBackend(refuse=refuse)
 
 
+def anon_bytes(ranges):
+    """Bytes of private (anonymous) pages in this process's mappings that
+    overlap ranges [(start, end)], from /proc/self/smaps ("Anonymous:" of
+    each such mapping)."""
+    total, hit = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(None, 1)[0]
+            if "-" in head and not head.endswith(":"):
+                a, b = (int(x, 16) for x in head.split("-"))
+                hit = any(a < hi and lo < b for lo, hi in ranges)
+            elif hit and head == "Anonymous:":
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+class _Watch:
+    """What a hook measured (items) and the seconds it spent doing so
+    (spent), which the timings subtract: the measuring is not the load."""
+
+    def __init__(self):
+        self.items = []
+        self.spent = 0.0
+
+
+def _watch_engine(watch):
+    """Records in watch, after each batched copy, the private bytes in the
+    mappings it read."""
+    from wcache import _device
+    real = _device.Engine.copy_plan
+
+    def copy_plan(self, p, buffer):
+        real(self, p, buffer)
+        t0 = time.perf_counter()
+        watch.items.append(anon_bytes([(lo, hi) for lo, hi, _, _ in p.ranges]))
+        watch.spent += time.perf_counter() - t0
+    _device.Engine.copy_plan = copy_plan
+
+
 def _check(torch, path, state, names=3):
     """The first, a middle and the last tensor equal the file's bytes."""
     import wcache
@@ -224,22 +276,29 @@ def cmd_bench(a):
             if time.monotonic() > deadline:
                 raise SystemExit("no go signal in 120 s")
             time.sleep(0.001)
+    watch = _Watch()
+    if a.method.startswith("wcache"):
+        _watch_engine(watch)
     best, path, starts = None, "", []
     for rep in range(a.reps):
         t0 = time.perf_counter()
         wall0 = time.time()
+        spent = watch.spent
         state, path = _load(a.method, a, torch, device)
         _sync(torch, device)
-        dt = time.perf_counter() - t0
+        dt = time.perf_counter() - t0 - (watch.spent - spent)
         starts.append((wall0, time.time()))
         if rep == 0:
             _check(torch, a.model, state)
         moved = sum(t.numel() * t.element_size() for t in state.values())
         del state
         best = dt if best is None or dt < best else best
-    emit(a.results, method=a.method + (f"@{a.tag}" if a.tag else ""), bytes=moved,
-         seconds=round(best, 4), gbps=round(moved / best / 1e9, 2), path=path,
-         start=starts[0][0], end=starts[0][1])
+    row = dict(method=a.method + (f"@{a.tag}" if a.tag else ""), bytes=moved,
+               seconds=round(best, 4), gbps=round(moved / best / 1e9, 2), path=path,
+               start=starts[0][0], end=starts[0][1])
+    if watch.items:
+        row["private_mib"] = round(max(watch.items) / MIB, 1)
+    emit(a.results, **row)
 
 
 def cmd_concurrent(a):
@@ -267,8 +326,12 @@ def cmd_concurrent(a):
     rows = [json.loads(line) for line in open(tmp)]
     total = sum(r["bytes"] for r in rows)
     span = max(r["end"] for r in rows) - min(r["start"] for r in rows)
-    emit(a.results, method=f"concurrent{a.n}", bytes=total, seconds=round(span, 4),
-         gbps=round(total / span / 1e9, 2), path=",".join(sorted({r["path"] for r in rows})))
+    row = dict(method=f"concurrent{a.n}", bytes=total, seconds=round(span, 4),
+               gbps=round(total / span / 1e9, 2), path=",".join(sorted({r["path"] for r in rows})))
+    private = [r["private_mib"] for r in rows if "private_mib" in r]
+    if private:
+        row["private_mib"] = max(private)  # per process
+    emit(a.results, **row)
 
 
 def cmd_cpu_engine(a):
@@ -332,7 +395,7 @@ def cmd_llama_make(a):
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
     n = sum(p.numel() for p in model.parameters())
-    shard = "200KB" if a.tiny else "500MB"
+    shard = "64KB" if a.tiny else "500MB"
     try:
         model.save_pretrained(a.dir, safe_serialization=True, max_shard_size=shard)
     except TypeError:  # a transformers without the argument: safetensors is its default
@@ -341,13 +404,58 @@ def cmd_llama_make(a):
     log(f"  {a.dir}: {n / 1e9:.3f} B parameters, {len(shards)} shards")
 
 
+def _watch_handles(watch):
+    """Keeps in watch, once per safe_open handle, right after its first
+    get_tensor (where WCACHE_HOST_REGISTER=1 registers it): whether it
+    holds a registration, its model's table, and its model's handle, which
+    keeps the mapping (and any private pages pinning made in it) until
+    _handle_figures() has looked, after the timing. At registration, not at
+    close: a loader may leave its handles to the garbage collector."""
+    import threading
+    import weakref
+    import wcache._safe_open as so
+    real = so.safe_open._register_host
+    seen, lock = weakref.WeakSet(), threading.Lock()
+
+    def register(self, runs):
+        real(self, runs)
+        with lock:
+            if self in seen:
+                return
+            seen.add(self)
+            model = self.model
+            watch.items.append((self._host_state == so._HOST_HELD, model._tab(), model._h()))
+    so.safe_open._register_host = register
+
+
+def _handle_figures(watch):
+    """(handles, registered, data bytes, private bytes) of the handles
+    _watch_handles kept; lets their mappings go."""
+    from wcache import _device
+    registered = nbytes = private = 0
+    for held, table, _ in watch.items:
+        ranges = _device.host_ranges(table)
+        registered += held
+        nbytes += sum(hi - lo for lo, hi in ranges)
+        private += anon_bytes(ranges)
+    n = len(watch.items)
+    watch.items.clear()
+    return n, registered, nbytes, private
+
+
 def cmd_llama_load(a):
-    """from_pretrained plainly or through wcache; logits of a fixed input
+    """from_pretrained plainly or through wcache (wcache_hostreg: with
+    WCACHE_HOST_REGISTER=1, which the caller sets); logits of a fixed input
     saved to a.out; the load time as a JSON line."""
     import torch
-    if a.mode == "wcache":
+    watch = _Watch()
+    if a.mode == "wcache_hostreg" and os.environ.get("WCACHE_HOST_REGISTER") != "1":
+        raise SystemExit("llama-load --mode wcache_hostreg: set WCACHE_HOST_REGISTER=1 "
+                         "(run.sh does)")
+    if a.mode != "plain":
         import wcache
         import wcache._safe_open as so
+        from wcache import _device
         wcache.install()
         sources = []
         real = so.open_model
@@ -357,6 +465,9 @@ def cmd_llama_load(a):
             sources.append(m.source)
             return m
         so.open_model = recording
+        _watch_handles(watch)
+        if a.cpu:  # host registration on the engine's CPU backend
+            _device.host_backend = lambda: (_device.CpuBackend(), None)
     import transformers
     device = "cpu" if a.cpu else "cuda:0"
     if device != "cpu":
@@ -382,8 +493,11 @@ def cmd_llama_load(a):
         logits = model(ids).logits.float().cpu()
     torch.save(logits, a.out)
     row = {"method": f"transformers_{a.mode}", "seconds": round(dt, 3), "how": how}
-    if a.mode == "wcache":
+    if a.mode != "plain":
         row["sources"] = ",".join(sorted(set(sources))) or "none"
+        n, registered, nbytes, private = _handle_figures(watch)
+        row.update(registered=registered, handles=n, mib=round(nbytes / MIB, 1),
+                   private_mib=round(private / MIB, 1))
     emit(a.results, **row)
 
 
@@ -391,7 +505,7 @@ def cmd_llama_compare(a):
     import torch
     x, y = torch.load(a.a), torch.load(a.b)
     equal = bool(torch.equal(x, y))
-    emit(a.results, method="logits", equal=equal,
+    emit(a.results, method="logits" + (f"_{a.tag}" if a.tag else ""), equal=equal,
          max_abs_diff=float((x - y).abs().max()) if x.shape == y.shape else None)
 
 
@@ -414,12 +528,41 @@ def targets(rows):
           else new >= 2 * up, f"{new} vs {up} GB/s")
     judge("4 processes together >= 0.8x limit", None if conc is None or limit is None
           else conc >= 0.8 * limit, f"{conc} vs {limit} GB/s")
-    lg = by.get("logits")
-    judge("transformers logits equal", None if lg is None else lg["equal"],
-          "" if lg is None else f"max |diff| {lg['max_abs_diff']}")
+    for suffix, label in (("", "transformers"),
+                          ("_hostreg", "transformers + WCACHE_HOST_REGISTER=1")):
+        lg = by.get("logits" + suffix)
+        judge(f"{label} logits equal", None if lg is None else lg["equal"],
+              "" if lg is None else f"max |diff| {lg['max_abs_diff']}")
     tw = by.get("transformers_wcache")
     judge("transformers loaded through wcached", None if tw is None
           else tw.get("sources") == "wcached", "" if tw is None else f"sources {tw['sources']}")
+    th = by.get("transformers_wcache_hostreg")
+    judge("transformers + WCACHE_HOST_REGISTER=1: every shard registered", None if th is None
+          else th.get("sources") == "wcached" and th["registered"] == th["handles"] > 0,
+          "" if th is None else f"{th['registered']} of {th['handles']} handles, "
+                                f"sources {th['sources']}")
+    # Registration must read the shared page cache, not make this process a
+    # private copy of it (see the module comment): under 1% of what it read.
+    for key, label in (("wcache", "new path"),
+                       ("transformers_wcache_hostreg", "WCACHE_HOST_REGISTER=1")):
+        r = by.get(key)
+        private = None if r is None else r.get("private_mib")
+        size = None if r is None else (r["bytes"] / MIB if "bytes" in r else r.get("mib"))
+        judge(f"{label}: registration left the page cache shared", None if private is None
+              or not size else private < 0.01 * size,
+              "" if private is None else f"{private} MiB private of {size:.1f} MiB")
+    return out
+
+
+def speedups(rows):
+    """[(label, seconds, times faster than the plain transformers load)]."""
+    by = {r["method"]: r for r in rows}
+    plain = by.get("transformers_plain")
+    out = []
+    for key in ("transformers_wcache", "transformers_wcache_hostreg"):
+        r = by.get(key)
+        if r is not None and plain is not None and r["seconds"] > 0:
+            out.append((key, r["seconds"], plain["seconds"] / r["seconds"]))
     return out
 
 
@@ -432,16 +575,32 @@ def cmd_report(a):
              "wcache": "wcache, new path",
              "wcache_staging": "wcache, new path, staging forced",
              "concurrent4": "wcache, new path, 4 processes together"}
-    print(f"{'way into the device':44} {'GB/s':>8} {'seconds':>9}  path")
+    print(f"{'way into the device':44} {'GB/s':>8} {'seconds':>9} {'private MiB':>11}  path")
     for key, label in names.items():
         r = next((r for r in rows if r["method"] == key), None)
         if r is None:
             print(f"{label:44} {'skipped':>8}")
         else:
-            print(f"{label:44} {r['gbps']:8.2f} {r['seconds']:9.3f}  {r.get('path', '')}")
-    for key in ("transformers_plain", "transformers_wcache"):
+            private = r.get("private_mib")
+            print(f"{label:44} {r['gbps']:8.2f} {r['seconds']:9.3f} "
+                  f"{'-' if private is None else private:>11}  {r.get('path', '')}")
+    print()
+    faster = {key: x for key, _, x in speedups(rows)}
+    for key, label in (("transformers_plain", "transformers, plain"),
+                       ("transformers_wcache", "transformers, wcache"),
+                       ("transformers_wcache_hostreg",
+                        "transformers, wcache, WCACHE_HOST_REGISTER=1")):
         r = next((r for r in rows if r["method"] == key), None)
-        print(f"{key:44} load {'skipped' if r is None else str(r['seconds']) + ' s'}")
+        if r is None:
+            print(f"{label:44} load skipped")
+            continue
+        line = f"{label:44} load {r['seconds']:7.3f} s"
+        if key in faster:
+            line += f"  {faster[key]:5.2f}x plain"
+        if "private_mib" in r:
+            line += (f"  ({r['registered']} of {r['handles']} handles registered, "
+                     f"{r['private_mib']} MiB private of {r['mib']} MiB)")
+        print(line)
     print()
     misses = 0
     for label, verdict, detail in targets(rows):
@@ -490,12 +649,13 @@ def main(argv=None):
     s.add_argument("--tiny", action="store_true")
     s = sub.add_parser("llama-load")
     s.add_argument("--dir", required=True)
-    s.add_argument("--mode", choices=("plain", "wcache"), required=True)
+    s.add_argument("--mode", choices=("plain", "wcache", "wcache_hostreg"), required=True)
     s.add_argument("--out", required=True)
     s.add_argument("--results", required=True)
     s = sub.add_parser("llama-compare")
     s.add_argument("a")
     s.add_argument("b")
+    s.add_argument("--tag")
     s.add_argument("--results", required=True)
     s = sub.add_parser("report")
     s.add_argument("--results", required=True)

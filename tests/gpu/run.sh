@@ -10,8 +10,9 @@
 # limit), safetensors.torch.load_file(device=), torch.load(mmap=True) then
 # .to(), wcache's per-tensor path, the new path (and with staging forced),
 # and 4 processes at once through wcached; then loads a ~1B-parameter Llama
-# with transformers plainly and through wcache.install() + wcached and
-# compares the logits. Targets are printed PASS/MISS.
+# with transformers plainly, through wcache.install() + wcached, and the
+# same with WCACHE_HOST_REGISTER=1, and compares the logits and load times.
+# Targets are printed PASS/MISS.
 #
 # --cpu: the same steps on the CPU with small sizes (host memory stands for
 # the device, the copy engine runs on its CPU backend, transformers and
@@ -35,7 +36,7 @@ while [ $# -gt 0 ]; do
 	--gib) gib=$2; shift ;;
 	--work) work=$2; shift ;;
 	--keep) keep=1 ;;
-	-h | --help) sed -n '2,23p' "$0"; exit 0 ;;
+	-h | --help) sed -n '2,24p' "$0"; exit 0 ;;
 	*) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
 	esac
 	shift
@@ -137,7 +138,11 @@ if "$py" -c 'import transformers' 2>/dev/null; then
 	try_step "transformers, plain" "${gb[@]}" llama-load --dir "$work/llama" --mode plain --out "$work/plain.pt" --results "$results"
 	try_step "transformers, wcache" env WCACHE_SOCKET="$work/llama-daemon/wcached.sock" WCACHE_SAFETENSORS=1 \
 		"$py" "$here/gpubench.py" llama-load --dir "$work/llama" --mode wcache --out "$work/wcache.pt" --results "$results"
+	try_step "transformers, wcache, WCACHE_HOST_REGISTER=1" env WCACHE_SOCKET="$work/llama-daemon/wcached.sock" \
+		WCACHE_SAFETENSORS=1 WCACHE_HOST_REGISTER=1 \
+		"$py" "$here/gpubench.py" llama-load --dir "$work/llama" --mode wcache_hostreg --out "$work/hostreg.pt" --results "$results"
 	try_step "compare logits" "${gb[@]}" llama-compare "$work/plain.pt" "$work/wcache.pt" --results "$results"
+	try_step "compare logits, host registration" "${gb[@]}" llama-compare "$work/plain.pt" "$work/hostreg.pt" --tag hostreg --results "$results"
 else
 	echo "== transformers is not installed: skipped" >&2
 fi

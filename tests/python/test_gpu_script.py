@@ -1,9 +1,20 @@
 """tests/gpu/run.sh in its --cpu mode (every step but the CUDA calls, small
 sizes, the copy engine on its CPU backend), and the report's PASS/MISS
-rules."""
+rules.
+
+transformers and safetensors cannot be installed here, so the --cpu run
+gets stand-ins written by this file (standins()): a pure-Python
+safetensors (safe_open, load_file, save_file over the file's bytes) and a
+transformers that saves a small Llama-shaped model in shards and loads it
+the way transformers 5 does (safe_open per shard on the CPU, get_slice,
+[...] and .to(device, dtype) on 4 threads, Parameter, setattr), so that
+run.sh's transformers steps, the three loads, the logits comparisons and
+the report's speed-ups run too.
+"""
 import os
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -19,23 +30,44 @@ def _rows(**gbps):
     return [{"method": m, "gbps": v} for m, v in gbps.items()]
 
 
+def _transformers_rows(equal, sources, registered, private_mib, plain=2.0, hostreg=0.5):
+    return [{"method": "logits", "equal": equal, "max_abs_diff": 0.0 if equal else 0.5},
+            {"method": "logits_hostreg", "equal": equal, "max_abs_diff": 0.0 if equal else 0.5},
+            {"method": "transformers_plain", "seconds": plain},
+            {"method": "transformers_wcache", "seconds": 1.0, "sources": sources,
+             "registered": 0, "handles": 5, "mib": 1900.0, "private_mib": 0.0},
+            {"method": "transformers_wcache_hostreg", "seconds": hostreg, "sources": sources,
+             "registered": registered, "handles": 5, "mib": 1900.0,
+             "private_mib": private_mib}]
+
+
 def test_targets_pass_and_miss():
+    rows = _rows(pinned=50.0, wcache=41.0, upstream=20.0, concurrent4=40.5)
+    rows[1].update(bytes=8 << 30, private_mib=0.0)
     verdicts = dict((label, v) for label, v, _ in gpubench.targets(
-        _rows(pinned=50.0, wcache=41.0, upstream=20.0, concurrent4=40.5) +
-        [{"method": "logits", "equal": True, "max_abs_diff": 0.0},
-         {"method": "transformers_wcache", "seconds": 1.0, "sources": "wcached"}]))
-    assert set(verdicts.values()) == {"PASS"}
+        rows + _transformers_rows(True, "wcached", 5, 0.0)))
+    assert set(verdicts.values()) == {"PASS"} and len(verdicts) == 9
+    rows = _rows(pinned=50.0, wcache=39.0, upstream=20.0, concurrent4=41.0)
+    rows[1].update(bytes=8 << 30, private_mib=8192.0)  # registration copied the page cache
     verdicts = dict((label, v) for label, v, _ in gpubench.targets(
-        _rows(pinned=50.0, wcache=39.0, upstream=20.0, concurrent4=41.0) +
-        [{"method": "logits", "equal": False, "max_abs_diff": 0.5},
-         {"method": "transformers_wcache", "seconds": 1.0, "sources": "file"}]))
+        rows + _transformers_rows(False, "file", 4, 1900.0)))
     assert verdicts["new path >= 0.8x pinned limit"] == "MISS"
     assert verdicts["new path >= 2x upstream safetensors"] == "MISS"
     assert verdicts["4 processes together >= 0.8x limit"] == "PASS"
     assert verdicts["transformers logits equal"] == "MISS"
+    assert verdicts["transformers + WCACHE_HOST_REGISTER=1 logits equal"] == "MISS"
     assert verdicts["transformers loaded through wcached"] == "MISS"
+    assert verdicts["transformers + WCACHE_HOST_REGISTER=1: every shard registered"] == "MISS"
+    assert verdicts["new path: registration left the page cache shared"] == "MISS"
+    assert verdicts["WCACHE_HOST_REGISTER=1: registration left the page cache shared"] == "MISS"
     verdicts = dict((label, v) for label, v, _ in gpubench.targets(_rows(pinned=50.0)))
     assert set(verdicts.values()) == {"n/a"}
+
+
+def test_speedups_over_plain():
+    assert gpubench.speedups(_transformers_rows(True, "wcached", 5, 0.0)) == [
+        ("transformers_wcache", 1.0, 2.0), ("transformers_wcache_hostreg", 0.5, 4.0)]
+    assert gpubench.speedups(_transformers_rows(True, "wcached", 5, 0.0)[3:]) == []
 
 
 def test_layout_leaves_tensors_misaligned():
@@ -44,8 +76,218 @@ def test_layout_leaves_tensors_misaligned():
     assert any(dtype == "I8" and shape == (3,) for _, dtype, shape in tensors)
 
 
+SAFETENSORS = '''
+"""A stand-in for safetensors (tests/python/test_gpu_script.py): reads the
+file's bytes with Python, as upstream's interface."""
+import json
+import struct
+
+import torch as _torch  # the name "torch" becomes the submodule safetensors.torch
+
+DTYPES = {"BF16": _torch.bfloat16, "F16": _torch.float16, "F32": _torch.float32,
+          "F64": _torch.float64, "I64": _torch.int64, "I32": _torch.int32,
+          "I16": _torch.int16, "I8": _torch.int8, "U8": _torch.uint8, "BOOL": _torch.bool}
+
+
+class SafetensorError(Exception):
+    pass
+
+
+class _Slice:
+    def __init__(self, f, name):
+        self.f, self.name = f, name
+
+    def get_shape(self):
+        return list(self.f.header[self.name]["shape"])
+
+    def __getitem__(self, index):
+        return self.f.get_tensor(self.name)[index]
+
+
+class safe_open:
+    def __init__(self, filename, framework="pt", device="cpu", backend="mmap"):
+        with open(filename, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            self.header = json.loads(f.read(n))
+            self.data = f.read()
+        self.meta = self.header.pop("__metadata__", None)
+        self.device = device
+
+    def keys(self):
+        return sorted(self.header)
+
+    def metadata(self):
+        return self.meta
+
+    def get_tensor(self, name):
+        h = self.header[name]
+        a, b = h["data_offsets"]
+        dtype = DTYPES[h["dtype"]]
+        t = _torch.frombuffer(bytearray(self.data[a:b]), dtype=dtype) if b > a else \\
+            _torch.empty(0, dtype=dtype)
+        return t.reshape(h["shape"]).to(self.device)
+
+    def get_slice(self, name):
+        return _Slice(self, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.data = None
+'''
+
+SAFETENSORS_TORCH = '''
+import json
+import struct
+
+import torch
+
+from safetensors import DTYPES, safe_open
+
+
+def load_file(filename, device="cpu"):
+    with safe_open(filename, "pt", device=device) as f:
+        return {k: f.get_tensor(k) for k in f.keys()}
+
+
+def save_file(tensors, filename, metadata=None):
+    names = {v: k for k, v in DTYPES.items()}
+    header, blobs, off = {}, [], 0
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    for name, t in tensors.items():
+        raw = t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(filename, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+'''
+
+TRANSFORMERS = '''
+"""A stand-in for transformers 5 (tests/python/test_gpu_script.py): a small
+Llama-shaped model, save_pretrained in safetensors shards, and
+from_pretrained(device_map=, dtype=) that loads the shards as transformers
+5 does (core_model_loading.py)."""
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+import safetensors.torch
+from safetensors import safe_open  # at import, as modeling_utils does
+
+
+class LlamaConfig:
+    def __init__(self, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+                 tie_word_embeddings=False):
+        self.hidden_size, self.num_hidden_layers = hidden_size, num_hidden_layers
+        self.intermediate_size, self.vocab_size = intermediate_size, vocab_size
+
+
+class _Out:
+    def __init__(self, logits):
+        self.logits = logits
+
+
+class LlamaForCausalLM(torch.nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        h, f = config.hidden_size, config.intermediate_size
+        self.model = torch.nn.Module()
+        self.model.embed_tokens = torch.nn.Embedding(config.vocab_size, h)
+        self.model.layers = torch.nn.ModuleList()
+        for _ in range(config.num_hidden_layers):
+            layer = torch.nn.Module()
+            layer.up = torch.nn.Linear(h, f, bias=False)
+            layer.down = torch.nn.Linear(f, h, bias=False)
+            layer.norm = torch.nn.LayerNorm(h)
+            self.model.layers.append(layer)
+        self.lm_head = torch.nn.Linear(h, config.vocab_size, bias=False)
+
+    def forward(self, ids):
+        x = self.model.embed_tokens(ids)
+        for layer in self.model.layers:
+            x = x + layer.down(torch.relu(layer.up(layer.norm(x))))
+        return _Out(self.lm_head(x))
+
+    def save_pretrained(self, directory, safe_serialization=True, max_shard_size="64KB"):
+        limit = int(max_shard_size[:-2]) * {"KB": 10**3, "MB": 10**6, "GB": 10**9}[
+            max_shard_size[-2:]]
+        shards, size = [{}], 0
+        for name, t in self.state_dict().items():
+            n = t.numel() * t.element_size()
+            if shards[-1] and size + n > limit:
+                shards.append({})
+                size = 0
+            shards[-1][name] = t
+            size += n
+        weight_map = {}
+        for k, shard in enumerate(shards):
+            file = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+            safetensors.torch.save_file(shard, os.path.join(directory, file),
+                                        metadata={"format": "pt"})
+            weight_map.update({name: file for name in shard})
+        with open(os.path.join(directory, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {}, "weight_map": weight_map}, f)
+        with open(os.path.join(directory, "config.json"), "w") as f:
+            json.dump(vars(self.config), f)
+
+
+class AutoModelForCausalLM:
+    @staticmethod
+    def from_pretrained(directory, device_map=None, dtype=None):
+        with open(os.path.join(directory, "config.json")) as f:
+            config = LlamaConfig(**json.load(f))
+        model = LlamaForCausalLM(config)
+        with open(os.path.join(directory, "model.safetensors.index.json")) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+        pointers, slices = [], {}
+        for file in files:  # every handle open until the end
+            fp = safe_open(os.path.join(directory, file), framework="pt", device="cpu")
+            pointers.append(fp)
+            slices.update({k: fp.get_slice(k) for k in fp.keys()})
+
+        def materialize(name):
+            t = slices[name][...]
+            t = t.to(device=device_map, dtype=dtype)
+            return name, torch.nn.Parameter(t, requires_grad=t.is_floating_point())
+        try:
+            with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+                for name, param in pool.map(materialize, list(slices)):
+                    *path, leaf = name.split(".")
+                    module = model
+                    for part in path:
+                        module = getattr(module, part)
+                    setattr(module, leaf, param)
+        finally:
+            for fp in pointers:
+                fp.__exit__(None, None, None)
+        return model
+'''
+
+
+def standins(directory):
+    """Writes the stand-in packages (see the module comment) into directory."""
+    for rel, text in (("safetensors/__init__.py", SAFETENSORS),
+                      ("safetensors/torch.py", SAFETENSORS_TORCH),
+                      ("transformers/__init__.py", TRANSFORMERS)):
+        path = directory / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text).lstrip())
+    return str(directory)
+
+
 def test_run_sh_cpu_mode(tmp_path):
-    env = dict(os.environ, PYTHON=sys.executable, STEP_TIMEOUT="120")
+    env = dict(os.environ, PYTHON=sys.executable, STEP_TIMEOUT="120",
+               PYTHONPATH=standins(tmp_path / "standins"))
     work = tmp_path / "work"
     r = subprocess.run([os.path.join(REPO, "tests", "gpu", "run.sh"), "--cpu", "--gib", "0.02",
                         "--work", str(work)], env=env, capture_output=True, text=True,
@@ -60,7 +302,26 @@ def test_run_sh_cpu_mode(tmp_path):
     assert table["wcache, new path, staging forced"][-1] == "staging"
     assert table["wcache, old per-tensor path"][-1] == "tensor"
     assert table["wcache, new path, 4 processes together"][-1] == "register"
+    assert table["wcache, new path"][-2] == "0.0"  # private MiB: none on the CPU backend
     assert "new path >= 0.8x pinned limit" in r.stdout
+    assert float(table["safetensors.torch.load_file(device=)"][0]) > 0  # the stand-in
+    # transformers (the stand-in): three loads; the two through wcache with
+    # their speed-up over plain and how many shard handles registered
+    plain = table["transformers, plain"]
+    assert plain[0] == "load" and plain[2:] == ["s"] and float(plain[1]) > 0
+    for label, registered in (("transformers, wcache", "0"),
+                              ("transformers, wcache, WCACHE_HOST_REGISTER=1", "4")):
+        row = table[label]
+        assert row[0] == "load" and row[2] == "s" and row[4] == "plain", row
+        assert abs(float(row[3].rstrip("x")) - float(plain[1]) / float(row[1])) < 0.01, row
+        assert row[5:9] == [f"({registered}", "of", "4", "handles"], row  # 4 shards
+    for label in ("transformers logits equal",
+                  "transformers + WCACHE_HOST_REGISTER=1 logits equal",
+                  "transformers loaded through wcached",
+                  "transformers + WCACHE_HOST_REGISTER=1: every shard registered",
+                  "WCACHE_HOST_REGISTER=1: registration left the page cache shared",
+                  "new path: registration left the page cache shared"):
+        assert f"PASS  {label}" in r.stdout, (label, r.stdout)
     assert not work.exists(), "the work directory is removed without --keep"
     # wcached was stopped: no daemon left with our config
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout

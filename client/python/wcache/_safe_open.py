@@ -32,15 +32,22 @@ does not exist and is not served.
 
 Speed: tensors are made run by run (wcache/_table.py), so a state dict of
 200,000 tensors costs about what torch needs to make as many views.
+
+With ``WCACHE_HOST_REGISTER=1`` and CUDA initialised, a handle on the CPU
+registers its mapping with CUDA read-only from its first ``get_tensor``
+(or ``get_slice(...)[...]``) until it is closed or collected, so loaders
+that copy each tensor to the GPU themselves (transformers) copy from
+page-locked memory (see wcache/_device.py, host_register).
 """
 import errno
+import logging
 import os
 import struct
 import threading
 
 from ._lib import (ClosedError, DaemonUnavailable, InvalidArgument, InvalidSlice, ModelNotFound,
                    NoSuchFile, SafetensorError, WcacheError)
-from ._device import to_device
+from ._device import _say_once, host_register, host_register_wanted, to_device
 from .model import connect, open_file
 
 __all__ = ["safe_open", "open_model"]
@@ -126,6 +133,13 @@ def open_model(path_or_name):
             raise SafetensorError(e.errno, e.strerror) from None
         raise
 
+
+# Host registration of a handle (safe_open._host_state): tried on the first
+# get_tensor of a "pt" handle on the CPU, once; close() ends it in any state.
+_HOST_UNTRIED = "untried"   # -> held, none or closed
+_HOST_HELD = "held"         # registered; _host_release lets go -> closed
+_HOST_NONE = "none"         # off, refused or not applicable -> closed
+_HOST_CLOSED = "closed"     # final
 
 FRAMEWORKS = {"pt": "pt", "torch": "pt", "pytorch": "pt", "np": "np", "numpy": "np"}
 BACKENDS = ("mmap", "pread")
@@ -280,6 +294,9 @@ class safe_open:
 
     def __init__(self, filename, framework="pt", device="cpu", *, backend="mmap"):
         self._model = None
+        self._host_lock = threading.Lock()
+        self._host_state = _HOST_UNTRIED
+        self._host_release = None
         self._framework = check_framework(framework)
         self._device = check_device(self._framework, device)
         check_backend(backend)
@@ -337,6 +354,8 @@ class safe_open:
         if runs is None or self._model.closed:
             runs = self._bulk()
         if self._device is None:
+            if self._host_state is _HOST_UNTRIED:
+                self._register_host(runs)
             # From now on get_tensor is this closure: a loader calls it once
             # per tensor, and every layer of Python costs per tensor.
             ready_pop, slow = runs.ready.pop, runs.get
@@ -359,12 +378,39 @@ class safe_open:
         every = self._bulk().every()
         return {k: every[k] for k in self.offset_keys()}
 
+    def _register_host(self, runs):
+        """WCACHE_HOST_REGISTER=1: registers this handle's mapping with CUDA
+        read-only until close() or collection (wcache/_device.py,
+        host_register). Once per handle, whichever thread comes first;
+        the others wait for it, so their copies find the memory
+        registered. Never raises."""
+        with self._host_lock:
+            if self._host_state is not _HOST_UNTRIED:
+                return
+            release = None
+            if self._framework == "pt" and host_register_wanted():
+                if getattr(runs, "u8", None) is None:
+                    _say_once(logging.WARNING,
+                              "wcache: WCACHE_HOST_REGISTER=1: nothing registered: torch "
+                              "tensors are not views of the mapping here (WCACHE_TORCH_COW, "
+                              "or a libwcache without wc_model_cow())")
+                else:
+                    release = host_register(self, self._model)
+            # Untried until now: a thread that came in meanwhile waited on the lock.
+            self._host_release = release
+            self._host_state = _HOST_NONE if release is None else _HOST_HELD
+
     def get_slice(self, name):
         """A lazy handle on tensor name: get_shape(), get_dtype(), and
         indexing (``[:, :2]``) that returns the selected part."""
         return _Slice(self, name)
 
     def close(self):
+        with self._host_lock:
+            release, self._host_release = self._host_release, None
+            self._host_state = _HOST_CLOSED
+        if release is not None:
+            release()  # before the model: the registration keeps the mapping until it is undone
         if self._model is not None:
             self._model.close()
         if self._runs is not None:
