@@ -141,6 +141,82 @@ def test_registered_path_is_byte_exact_and_unregisters(odd_model):
             assert t.data_ptr() % t.element_size() == 0
 
 
+def _maps_perms(addr):
+    """(perms, path) of the /proc/self/maps entry holding addr, or None."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(None, 5)
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            if lo <= addr < hi:
+                return parts[1], parts[5].strip() if len(parts) > 5 else ""
+    return None
+
+
+def test_a_long_term_pin_registers_a_shared_view_not_the_private_mapping(odd_model):
+    """libwcache maps MAP_PRIVATE; a device that pins long-term gets a
+    MAP_SHARED read-only mapping of the same file registered (pinning the
+    private one would make Linux 6.2+ copy it), unmapped afterwards."""
+    path, raw = odd_model
+    model = wcache.open_file(path)
+    tab = model._tab()
+    private = _maps_perms(tab.info(0).data)
+    assert private is not None and private[0][3] == "p", private
+    backend = CpuBackend(pins_long_term=True)
+    seen = []
+    real_register = backend.register
+
+    def register(addr, n):
+        seen.append((addr, n, _maps_perms(addr)))
+        return real_register(addr, n)
+    backend.register = register
+    out = to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
+                    backend=backend, mode="auto", small=0, max_batch=4096)
+    _check_exact(out, raw)
+    engine, p = _device.last_load
+    assert engine.path == "register", engine.why
+    assert seen and len(seen) == len(p.ranges)
+    for addr, n, (perms, where) in seen:
+        assert perms == "r--s", (perms, where)
+        assert os.path.samefile(where, path)
+        assert not any(lo <= addr < hi for lo, hi, _, _ in p.ranges), "not the private mapping"
+    for addr, _, _ in seen:
+        assert _maps_perms(addr) is None or _maps_perms(addr)[0] != "r--s" or \
+            not os.path.samefile(_maps_perms(addr)[1], path), "the view was unmapped"
+    assert backend.registered == {}
+
+
+def test_no_shared_view_stages_and_says_why(odd_model, tmp_path, caplog):
+    """The path now names another file (renamed over): no view of it can be
+    made, so the engine stages (the page cache stays shared) and says why."""
+    path, raw = odd_model
+    model = wcache.open_file(path)
+    write_safetensors(str(tmp_path / "new.safetensors"), [("x", "F32", (1,), _bytes(4, 9))])
+    os.rename(str(tmp_path / "new.safetensors"), path)
+    backend = CpuBackend(pins_long_term=True)
+    with caplog.at_level(logging.INFO, logger="wcache"):
+        out = to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
+                        backend=backend, mode="auto", small=0, max_batch=4096)
+    _check_exact(out, raw)
+    engine, _ = _device.last_load
+    assert engine.path == "staging"
+    assert "no shared view to register" in engine.why and "deleted or renamed over" in \
+        engine.why, engine.why
+    assert not [c for c in backend.calls if c[0] == "register"]
+    with pytest.raises(RegisterRefused, match="renamed over"):
+        to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
+                  backend=CpuBackend(pins_long_term=True), mode="register", small=0)
+
+
+def test_shared_view_of_memory_that_is_no_file_is_unavailable():
+    from wcache._sharedview import Unavailable, shared_view
+    buf = torch.zeros(3 * 4096 * 4, dtype=torch.uint8)
+    lo = -(-buf.data_ptr() // 4096) * 4096
+    with pytest.raises(Unavailable, match="not inside one file mapping"):
+        shared_view(lo, lo + 4096)
+    with pytest.raises(Unavailable, match="not page-aligned"):
+        shared_view(lo + 1, lo + 4096)
+
+
 def test_refused_registration_stages_through_two_buffers(odd_model, caplog):
     path, raw = odd_model
     model = wcache.open_file(path)

@@ -23,8 +23,13 @@ asked for) like this:
    just before its batches are issued, so registering (pinning pages: CPU
    work) overlaps the copies in flight. They are unregistered when the
    copies have finished (the caller's model keeps the mapping alive).
+   What is registered is a MAP_SHARED read-only view of the same file
+   pages (_sharedview.py), never libwcache's own MAP_PRIVATE mapping: the
+   kernel (Linux 6.2+) copies pages of a private mapping that is pinned
+   long-term, which would give every worker its own copy of the model.
 3. **Or stage**, when registration is refused (an older driver; a part that
-   has no read-only registration): two pinned buffers of
+   has no read-only registration) or no shared view can be made (the worker
+   may not open the model's path; it was renamed over): two pinned buffers of
    ``STAGING_BYTES`` and two streams. Chunk k is copied (by a few threads,
    memcpy releases the GIL) from the mapping into buffer k % 2 once that
    buffer's previous copy has finished, then copied to the device
@@ -77,6 +82,7 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 from ._lib import env_choice
+from ._sharedview import Unavailable, shared_view
 
 __all__ = ["plan", "Plan", "Engine", "Backend", "CudaBackend", "CpuBackend", "RegisterRefused",
            "copy_mode", "to_device", "host_register", "host_register_wanted", "host_ranges",
@@ -208,6 +214,10 @@ class Backend:
     synchronize(stream) returns."""
 
     name = "?"
+    # Whether register() pins host memory long-term (cudaHostRegister does):
+    # then the engine registers a shared view of the source, never a private
+    # (copy-on-write) mapping, which the kernel would copy (_sharedview.py).
+    pins_long_term = False
 
     def alloc(self, nbytes):
         """A uint8 tensor of nbytes on the device."""
@@ -273,6 +283,7 @@ class CudaBackend(Backend):
     """A CUDA device through torch."""
 
     name = "cuda"
+    pins_long_term = True
 
     def __init__(self, device):
         import torch
@@ -349,9 +360,11 @@ class CpuBackend(Backend):
 
     name = "cpu"
 
-    def __init__(self, refuse=None, fail_copy=None, already_registered=False):
+    def __init__(self, refuse=None, fail_copy=None, already_registered=False,
+                 pins_long_term=False):
         import torch
         self.torch = torch
+        self.pins_long_term = pins_long_term
         self.refuse = refuse
         self.fail_copy = fail_copy
         self.already_registered = already_registered
@@ -471,23 +484,28 @@ class Engine:
 
     def _copy_registered(self, p, buffer):
         """(batches copied, why it stopped early or None)."""
-        registered, done, why = [], 0, None
+        registered, views, done, why = [], [], 0, None
         stream = None
         try:
             for lo, hi, first, end in p.ranges:
                 try:
-                    if self.backend.register(lo, hi - lo):
-                        registered.append(lo)
+                    view, srcs = self._source(lo, hi, p.batches[first:end])
+                    if view is not None:
+                        views.append(view)
+                    addr = view.addr if view is not None else lo
+                    if self.backend.register(addr, hi - lo):
+                        registered.append(addr)
                     if stream is None:
                         stream = self.backend.stream()
-                except RegisterRefused as e:
+                except (RegisterRefused, Unavailable) as e:
                     if self.mode == "register":
-                        raise
-                    why = f"registration refused: {e}" if first == 0 else \
-                        f"registration refused after {first} of {len(p.batches)} " \
-                        f"batches: {e}"
+                        raise RegisterRefused(str(e)) from None
+                    what = "registration refused" if isinstance(e, RegisterRefused) else \
+                        "no shared view to register"
+                    why = f"{what}: {e}" if first == 0 else \
+                        f"{what} after {first} of {len(p.batches)} batches: {e}"
                     break
-                for src, dst, n in p.batches[first:end]:
+                for src, (_, dst, n) in zip(srcs, p.batches[first:end]):
                     self.backend.copy(buffer, dst, src, n, stream)
                     self.copies += 1
                 done = end
@@ -498,7 +516,23 @@ class Engine:
             finally:
                 for addr in registered:
                     _unregister(self.backend, addr)
+                for view in views:
+                    view.close()
         return done, why
+
+    def _source(self, lo, hi, batches):
+        """(view, source address of each batch) for the range [lo, hi):
+        a SharedView of it when the backend pins long-term (a private
+        mapping would be copied: see _sharedview.py), else (None, the
+        addresses as they are). Unavailable when no view can be made."""
+        if not self.backend.pins_long_term:
+            return None, [src for src, _, _ in batches]
+        view = shared_view(lo, hi)
+        try:
+            return view, [view.translate(src, n) for src, _, n in batches]
+        except Unavailable:
+            view.close()
+            raise
 
     def _host_copy(self, pool, dst_addr, src_addr, n):
         """memcpy from the mapping into a staging buffer, in parts on the pool."""

@@ -64,6 +64,7 @@ import torch
 from . import _lib, _table
 from ._dtypes import carrier_typestr, torch_dtype
 from .model import _ArrayOwner, _view
+from ._sharedview import Unavailable, file_mappings, open_mapped_file
 
 _MODES = ("auto", "c", "remap", "copy")
 _BIG_ENDIAN = sys.byteorder != "little"
@@ -267,18 +268,8 @@ class _PrivateMapping:
 
 def _parse_maps():
     """(starts, entries) of /proc/self/maps file mappings, sorted by start;
-    an entry is (start, end, offset, (major, minor), inode, path)."""
-    entries = []
-    with open("/proc/self/maps", "rb") as f:
-        for line in f:
-            parts = line.rstrip(b"\n").split(None, 5)
-            if len(parts) < 6 or parts[4] == b"0" or not parts[5].startswith(b"/"):
-                continue
-            start, end = (int(x, 16) for x in parts[0].split(b"-"))
-            major, minor = (int(x, 16) for x in parts[3].split(b":"))
-            entries.append((start, end, int(parts[2], 16), (major, minor), int(parts[4]),
-                            parts[5]))
-    entries.sort()
+    an entry is (start, end, offset, (major, minor), inode, path, shared)."""
+    entries = file_mappings()
     return [e[0] for e in entries], entries
 
 
@@ -297,7 +288,7 @@ class _Remapper:
         if i < 0 or not self.entries[i][0] <= info.data < self.entries[i][1]:
             reasons.append(f"tensor {info.name!r} is not in a file mapping")
             return None
-        start, _end, offset, dev, ino, path = self.entries[i]
+        start, _end, offset, dev, ino, path, _shared = self.entries[i]
         with self.lock:
             m = self.files.get((dev, ino))
             if m is None:
@@ -321,16 +312,11 @@ class _Remapper:
     @staticmethod
     def _map(path, dev, ino):
         name = os.fsdecode(path)
-        if path.endswith(b" (deleted)"):
-            return f"{name}: the mapped file was deleted or renamed over"
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
-        except OSError as e:
-            return f"cannot open {name}: {e.strerror}"
+            fd, st = open_mapped_file(path, dev, ino)
+        except Unavailable as e:
+            return str(e)
         try:
-            st = os.fstat(fd)
-            if (os.major(st.st_dev), os.minor(st.st_dev)) != dev or st.st_ino != ino:
-                return f"{name} is no longer the mapped file (renamed over)"
             try:
                 return _PrivateMapping(fd, st.st_size)
             except OSError as e:

@@ -1,0 +1,126 @@
+"""A shared read-only view of the file behind a model's private mapping, for a device to pin.
+
+libwcache maps model files MAP_PRIVATE, so that torch tensors can be
+copy-on-write (see _torch.py). On Linux 6.2 and later a long-term read-only
+pin of a page in a private (copy-on-write) mapping makes the kernel give the
+process its own copy of the page first ("mm/gup: reliable R/O long-term
+pinning in COW mappings"), and cudaHostRegister pins long-term (NVIDIA's
+driver does, on x86): registering the model's own mapping could copy the
+whole model into this worker's memory, the opposite of what wcache is for.
+A MAP_SHARED, PROT_READ mapping of a descriptor opened read-only is not
+copy-on-write (the kernel gives it no VM_MAYWRITE): pinning it pins the page
+cache pages that every worker shares.
+
+So the copy engine (_device.py) registers such a mapping of the same file
+instead: the file behind a range is found in /proc/self/maps, opened
+read-only through its path, checked to be the same inode (device and inode
+number), and mapped shared over the same file offsets. Where that cannot be
+done (the worker may not open the path: a file only the daemon can read; it
+was renamed over; the range is not one file's), :class:`Unavailable` says
+why, and the engine stages through pinned buffers instead, which keeps the
+page cache shared too.
+"""
+import bisect
+import ctypes
+import mmap
+import os
+
+__all__ = ["Unavailable", "SharedView", "shared_view", "file_mappings", "open_mapped_file"]
+
+_PROT_READ = 0x1
+_MAP_SHARED = 0x01
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_long]
+_libc.munmap.restype = ctypes.c_int
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+class Unavailable(Exception):
+    """No shared view can be made of this range (the message says why)."""
+
+
+def file_mappings():
+    """Sorted [(start, end, offset, (major, minor), inode, path, shared)] of
+    this process's file mappings (/proc/self/maps)."""
+    entries = []
+    with open("/proc/self/maps", "rb") as f:
+        for line in f:
+            parts = line.rstrip(b"\n").split(None, 5)
+            if len(parts) < 6 or parts[4] == b"0" or not parts[5].startswith(b"/"):
+                continue
+            start, end = (int(x, 16) for x in parts[0].split(b"-"))
+            major, minor = (int(x, 16) for x in parts[3].split(b":"))
+            entries.append((start, end, int(parts[2], 16), (major, minor), int(parts[4]),
+                            parts[5], parts[1][3:4] == b"s"))
+    entries.sort()
+    return entries
+
+
+class SharedView:
+    """[lo, hi) of a private file mapping, mapped again MAP_SHARED read-only
+    at ``addr``: ``translate(a)`` is where the byte at a is in the view.
+    ``own`` is False when [lo, hi) is already a shared mapping (then the
+    view is the range itself). close() unmaps it (idempotent)."""
+
+    def __init__(self, lo, hi, addr, own):
+        self.lo, self.hi, self.addr, self.own = lo, hi, addr, own
+
+    def translate(self, a, n):
+        if not (self.lo <= a and a + n <= self.hi):
+            raise Unavailable(f"[{a:#x}, {a + n:#x}) is not inside the view "
+                              f"[{self.lo:#x}, {self.hi:#x})")
+        return self.addr + (a - self.lo)
+
+    def close(self):
+        addr, self.addr = self.addr, None
+        if addr is not None and self.own:
+            _libc.munmap(addr, self.hi - self.lo)
+
+
+def shared_view(lo, hi, entries=None):
+    """A SharedView of the page-aligned range [lo, hi), which must lie in
+    one file mapping; Unavailable when it cannot be made."""
+    if lo % mmap.PAGESIZE or hi % mmap.PAGESIZE or hi <= lo:
+        raise Unavailable(f"range [{lo:#x}, {hi:#x}) is not page-aligned")
+    entries = file_mappings() if entries is None else entries
+    i = bisect.bisect_right([e[0] for e in entries], lo) - 1
+    if i < 0 or not (entries[i][0] <= lo and hi <= entries[i][1]):
+        raise Unavailable(f"range [{lo:#x}, {hi:#x}) is not inside one file mapping")
+    start, _end, offset, dev, ino, path, shared = entries[i]
+    if shared:
+        return SharedView(lo, hi, lo, False)
+    fd, st = open_mapped_file(path, dev, ino)
+    try:
+        name = os.fsdecode(path)
+        file_off = offset + (lo - start)
+        if file_off + (hi - lo) > st.st_size + mmap.PAGESIZE - 1:
+            raise Unavailable(f"{name} is shorter than its mapping")
+        addr = _libc.mmap(None, hi - lo, _PROT_READ, _MAP_SHARED, fd, file_off)
+        if addr is None or addr == _MAP_FAILED:
+            e = ctypes.get_errno()
+            raise Unavailable(f"{name}: shared mmap: {os.strerror(e)}")
+        return SharedView(lo, hi, addr, True)
+    finally:
+        os.close(fd)
+
+
+def open_mapped_file(path, dev, ino):
+    """(fd, stat) of the file a /proc/self/maps entry names (path, dev as
+    (major, minor), inode), opened read-only through its path and checked
+    to be that inode; Unavailable saying why not. The caller closes fd."""
+    name = os.fsdecode(path)
+    if path.endswith(b" (deleted)"):
+        raise Unavailable(f"{name}: the mapped file was deleted or renamed over")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as e:
+        raise Unavailable(f"cannot open {name}: {e.strerror}") from None
+    st = os.fstat(fd)
+    if (os.major(st.st_dev), os.minor(st.st_dev)) != dev or st.st_ino != ino:
+        os.close(fd)
+        raise Unavailable(f"{name} is no longer the mapped file (renamed over)")
+    return fd, st
