@@ -64,7 +64,7 @@ import torch
 from . import _lib, _table
 from ._dtypes import carrier_typestr, torch_dtype
 from .model import _ArrayOwner, _view
-from ._sharedview import Unavailable, file_mappings, open_mapped_file
+from ._sharedview import _MAP_FAILED, Unavailable, _libc, file_mappings, open_mapped_file
 
 _MODES = ("auto", "c", "remap", "copy")
 _BIG_ENDIAN = sys.byteorder != "little"
@@ -229,13 +229,6 @@ class _State:
 
 # --- way 2: a private mapping of the same file ---
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                       ctypes.c_int, ctypes.c_long]
-_libc.munmap.restype = ctypes.c_int
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_MAP_FAILED = ctypes.c_void_p(-1).value
 # MAP_NORESERVE differs between architectures; Python's mmap module does not
 # export it. 0 (no flag) where unknown: still correct, only charged.
 _MAP_NORESERVE = {
