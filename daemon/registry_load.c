@@ -106,7 +106,7 @@ static void
 note_failed_path(struct load_request *q)
 {
 	char *dir = NULL;
-	struct stat st;
+	struct stat st = { 0 };
 	int fd = open(q->path, O_PATH | O_CLOEXEC);
 
 	if (fd < 0 && (dir = path_dir(q->path)) != NULL)

@@ -345,15 +345,15 @@ watch_sync(struct watch *w)
 	prune_dirs(w);
 	/* Forget the models gone (a job still running finds nothing). */
 	for (size_t i = 0; i < w->nsynced; i++) {
-		struct synced *s = &w->synced[i];
-		struct model_entry *m = registry_find(w->reg, s->name);
+		struct synced s = w->synced[i];
+		struct model_entry *m = registry_find(w->reg, s.name);
 
-		if ((m != NULL && m->entry_id == s->entry_id) || s->busy) {
-			w->synced[kept++] = *s;
+		if ((m != NULL && m->entry_id == s.entry_id) || s.busy) {
+			w->synced[kept++] = s;
 			continue;
 		}
-		free(s->name);
-		free(s->path);
+		free(s.name);
+		free(s.path);
 	}
 	w->nsynced = kept;
 	for (struct model_entry *m = w->reg->models; m != NULL; m = m->next) {
