@@ -13,10 +13,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -78,6 +80,115 @@ human(uint64_t n, char *buf, size_t len)
 		snprintf(buf, len, "%" PRIu64 " bytes", n);
 	else
 		snprintf(buf, len, v < 10.0 ? "%.1f %s" : "%.0f %s", v, units[u]);
+}
+
+/*
+ * Is the open directory fd (stage_dir, named path) one only owner can
+ * change: owned by owner, not writable by its group or others? Anyone who
+ * can write stage_dir can put there, or swap in under a removal, what
+ * wcached would then remove. 0, or -EPERM (-errno) with the message.
+ */
+static int
+check_stage_dir(int fd, const char *path, uid_t owner)
+{
+	struct stat st;
+
+	if (fstat(fd, &st) == -1)
+		return error_set(-errno, "stage_dir %s: %s", path, strerror(errno));
+	if (!S_ISDIR(st.st_mode))
+		return error_set(-ENOTDIR, "stage_dir %s is not a directory", path);
+	if (st.st_uid != owner)
+		return error_set(-EPERM, "stage_dir %s belongs to uid %u, not to uid %u that wcached "
+			"runs as: give wcached a directory of its own", path, (unsigned)st.st_uid,
+			(unsigned)owner);
+	if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
+		return error_set(-EPERM, "stage_dir %s is writable by %s (mode %04o): another user "
+			"could make wcached remove what it did not make; give wcached a directory of "
+			"its own (chmod go-w)", path, (st.st_mode & S_IWOTH) != 0 ? "all users" :
+			"its group", (unsigned)(st.st_mode & 07777));
+	return 0;
+}
+
+/* Opens stage_dir (a symbolic link the operator made of it is followed)
+ * and checks it (check_stage_dir) into *fd. 0, or -errno with the message;
+ * -ENOENT when it does not exist. */
+static int
+open_stage_dir(const char *stage_dir, int *fd)
+{
+	int d = open(stage_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), err;
+
+	if (d == -1)
+		return error_set(-errno, "stage_dir %s: %s", stage_dir, strerror(errno));
+	if ((err = check_stage_dir(d, stage_dir, geteuid())) < 0) {
+		close(d);
+		return err;
+	}
+	*fd = d;
+	return 0;
+}
+
+/* What remove_copy_at() did. */
+enum removal { REMOVED, GONE, NOT_OURS };
+
+/*
+ * Removes the copy name from the directory pfd (stage_dir, called parent
+ * in messages) when wcached made it: a directory, not a symbolic link, of
+ * wcached's user, holding STAGE_MARKER, a regular file of that user.
+ * Never follows a link: the copy is opened with O_NOFOLLOW and its entries
+ * unlinked relative to it, the marker last, so that a removal cut short
+ * is still wcached's for the next sweep. REMOVED, GONE (nothing there),
+ * NOT_OURS (left alone, *why says how it is not ours), or -errno with the
+ * message.
+ */
+static int
+remove_copy_at(int pfd, const char *parent, const char *name, const char **why)
+{
+	struct dirent *e;
+	struct stat st;
+	uid_t me = geteuid();
+	DIR *d;
+	int dfd, err = 0;
+
+	dfd = openat(pfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (dfd == -1 && errno == ENOENT)
+		return GONE;
+	if (dfd == -1 && (errno == ENOTDIR || errno == ELOOP)) {
+		*why = "not a directory: a file or a symbolic link";
+		return NOT_OURS;
+	}
+	if (dfd == -1)
+		return error_set(-errno, "removing %s/%s: %s", parent, name, strerror(errno));
+	if (fstat(dfd, &st) == -1 || st.st_uid != me) {
+		*why = "a directory of another user";
+		close(dfd);
+		return NOT_OURS;
+	}
+	if (fstatat(dfd, STAGE_MARKER, &st, AT_SYMLINK_NOFOLLOW) == -1 || !S_ISREG(st.st_mode) ||
+		st.st_uid != me) {
+		*why = "no " STAGE_MARKER " of wcached's user in it";
+		close(dfd);
+		return NOT_OURS;
+	}
+	if ((d = fdopendir(dfd)) == NULL) {
+		err = error_set(-errno, "removing %s/%s: %s", parent, name, strerror(errno));
+		close(dfd);
+		return err;
+	}
+	while ((e = readdir(d)) != NULL) {
+		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 ||
+			strcmp(e->d_name, STAGE_MARKER) == 0)
+			continue;
+		if (unlinkat(dirfd(d), e->d_name, 0) == -1 && errno != ENOENT && err == 0)
+			err = error_set(-errno, "removing %s/%s/%s: %s", parent, name, e->d_name,
+				strerror(errno));
+	}
+	if (err == 0 && unlinkat(dirfd(d), STAGE_MARKER, 0) == -1 && errno != ENOENT)
+		err = error_set(-errno, "removing %s/%s/%s: %s", parent, name, STAGE_MARKER,
+			strerror(errno));
+	closedir(d);
+	if (err == 0 && unlinkat(pfd, name, AT_REMOVEDIR) == -1 && errno != ENOENT)
+		err = error_set(-errno, "removing %s/%s: %s", parent, name, strerror(errno));
+	return err < 0 ? err : REMOVED;
 }
 
 /* A message for err (negative) while doing what to path: the errno's name
@@ -361,60 +472,151 @@ plan_free(struct stage_file *fs, size_t n)
 	free(fs);
 }
 
-/* stage_dir exists (made 0700 if missing) and has room for bytes. */
+/* stage_dir exists (made 0700 if missing), is safe (check_stage_dir) and
+ * has room for bytes: 0 and *sfd, the directory open. */
 static int
-check_room(const struct stage_request *req, uint64_t bytes)
+check_room(const struct stage_request *req, uint64_t bytes, int *sfd)
 {
 	struct statvfs vfs;
 	uint64_t avail, need = stage_space_needed(bytes);
 	char a[32], b[32], c[32];
+	int fd = -1, err;
 
 	if (mkdir(req->stage_dir, 0700) == -1 && errno != EEXIST)
 		return error_set(-errno, "cannot stage it: stage_dir %s cannot be created: %s",
 			req->stage_dir, strerror(errno));
-	if (access(req->stage_dir, W_OK | X_OK) == -1)
-		return error_set(-errno, "cannot stage it: stage_dir %s is not writable by "
+	if ((err = open_stage_dir(req->stage_dir, &fd)) < 0) {
+		error_prefix("cannot stage it");
+		return err;
+	}
+	if (access(req->stage_dir, W_OK | X_OK) == -1) {
+		err = error_set(-errno, "cannot stage it: stage_dir %s is not writable by "
 			"wcached: %s", req->stage_dir, strerror(errno));
-	if (statvfs(req->stage_dir, &vfs) == -1)
-		return error_set(-errno, "cannot stage it: statvfs %s: %s", req->stage_dir,
+		close(fd);
+		return err;
+	}
+	if (statvfs(req->stage_dir, &vfs) == -1) {
+		err = error_set(-errno, "cannot stage it: statvfs %s: %s", req->stage_dir,
 			strerror(errno));
+		close(fd);
+		return err;
+	}
 	avail = (uint64_t)vfs.f_bavail * vfs.f_frsize;
 	if (avail < need) {
 		human(need, a, sizeof(a));
 		human(bytes, b, sizeof(b));
 		human(avail, c, sizeof(c));
+		close(fd);
 		return error_set(-ENOSPC, "cannot stage it to %s: not enough space: %s needed "
 			"(%s of files, 1%% and 64 MiB more), %s free", req->stage_dir, a, b, c);
 	}
+	*sfd = fd;
 	return 0;
 }
 
-/* Renames the finished copy tmp to stage_dir/<model>.<number>, or with a
- * suffix -2, -3... when that name is taken; *dir gets the name. */
+/*
+ * Writes STAGE_MARKER into the new copy dfd, first of all: what tells the
+ * sweep and stage_remove() that wcached made it. *marked once it exists
+ * (even if writing its line failed: it is a file of ours all the same).
+ */
 static int
-publish(const struct stage_request *req, const char *tmp, char **dir)
+write_marker(const struct stage_request *req, int dfd, int *marked)
 {
-	char name[PATH_MAX];
+	char line[256];
+	int fd = openat(dfd, STAGE_MARKER, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+		0400), n, err = 0;
+
+	if (fd == -1) {
+		if (errno == ENOSPC || errno == EDQUOT)
+			return no_space(-errno, req, STAGE_MARKER);
+		return error_set(-errno, "cannot stage it to %s: creating %s: %s", req->stage_dir,
+			STAGE_MARKER, strerror(errno));
+	}
+	*marked = 1;
+	n = snprintf(line, sizeof(line), "a copy wcached (pid %ld) staged of model \"%.128s\", "
+		"generation %" PRIu64 "\n", (long)getpid(), req->model, req->number);
+	if ((err = fd_write_all(fd, line, (size_t)n)) < 0)
+		err = error_set(err, "cannot stage it to %s: writing %s: %s", req->stage_dir,
+			STAGE_MARKER, strerror(-err));
+	close(fd);
+	return err;
+}
+
+/* Renames the finished copy tmp (an entry of sfd, stage_dir) to
+ * <model>.<number>, or with a suffix -2, -3... when that name is taken;
+ * *dir gets its path. Never over an existing entry (RENAME_NOREPLACE,
+ * else a rename that refuses a directory that is not empty). */
+static int
+publish(const struct stage_request *req, int sfd, const char *tmp, char **dir)
+{
+	char name[NAME_MAX + 1];
 
 	for (unsigned k = 1; k <= STAGE_MAX_SUFFIX; k++) {
-		int n = k == 1 ? snprintf(name, sizeof(name), "%s/%s.%" PRIu64, req->stage_dir,
-					 req->model, req->number) :
-				 snprintf(name, sizeof(name), "%s/%s.%" PRIu64 "-%u",
-					 req->stage_dir, req->model, req->number, k);
+		int r;
 
-		if (n < 0 || (size_t)n >= sizeof(name))
-			return error_set(-ENAMETOOLONG, "%s: name too long", req->stage_dir);
-		if (rename(tmp, name) == 0) {
-			if ((*dir = strdup(name)) == NULL)
+		if (k == 1)
+			snprintf(name, sizeof(name), "%s.%" PRIu64, req->model, req->number);
+		else
+			snprintf(name, sizeof(name), "%s.%" PRIu64 "-%u", req->model, req->number, k);
+		r = renameat2(sfd, tmp, sfd, name, RENAME_NOREPLACE);
+		if (r == -1 && (errno == EINVAL || errno == ENOSYS))
+			r = renameat(sfd, tmp, sfd, name);
+		if (r == 0) {
+			if ((*dir = path_join(req->stage_dir, name)) == NULL)
 				return error_set(-ENOMEM, "out of memory");
 			return 0;
 		}
 		if (errno != EEXIST && errno != ENOTEMPTY)
-			return error_set(-errno, "cannot stage it: renaming %s to %s: %s", tmp, name,
-				strerror(errno));
+			return error_set(-errno, "cannot stage it: renaming %s/%s to %s: %s",
+				req->stage_dir, tmp, name, strerror(errno));
 	}
 	return error_set(-EEXIST, "cannot stage it: %s/%s.%" PRIu64 " and %u more names are "
 		"taken", req->stage_dir, req->model, req->number, STAGE_MAX_SUFFIX - 1);
+}
+
+/* Removes stage_copy()'s unfinished copy tmp (an entry of sfd): as any
+ * copy once marked, else the empty directory it still is. */
+static void
+discard(const struct stage_request *req, int sfd, const char *tmp, int marked)
+{
+	const char *why = NULL;
+	int r = 0;
+
+	if (marked)
+		r = remove_copy_at(sfd, req->stage_dir, tmp, &why);
+	else if (unlinkat(sfd, tmp, AT_REMOVEDIR) == -1 && errno != ENOENT)
+		r = error_set(-errno, "removing %s/%s: %s", req->stage_dir, tmp, strerror(errno));
+	if (r < 0)
+		log_warnx("staging: %s", error_get());
+	else if (r == NOT_OURS)
+		log_warnx("staging: %s/%s, being staged, is no longer wcached's (%s): left alone",
+			req->stage_dir, tmp, why);
+}
+
+/* The longest path a copy of req's files can have, temporary names
+ * included, fits in PATH_MAX; else -ENAMETOOLONG naming the model. */
+static int
+check_path_lengths(const struct stage_request *req, const struct stage_file *fs, size_t n)
+{
+	/* "/.<model>.tmp-<pid>-XXXXXX/" and the longest entry in it */
+	size_t longest = strlen(STAGE_MARKER), len;
+
+	for (size_t i = 0; i < n; i++)
+		if (strlen(fs[i].name) > longest)
+			longest = strlen(fs[i].name);
+	/* ".<model>.tmp-<pid>-XXXXXX" and "<model>.<number>-<k>" are names */
+	if (strlen(req->model) + sizeof("..tmp--XXXXXX") + 20 > NAME_MAX)
+		return error_set(-ENAMETOOLONG, "cannot stage it: the model name \"%.64s...\" (%zu "
+			"bytes) is too long to name its copy in %s", req->model, strlen(req->model),
+			req->stage_dir);
+	len = strlen(req->stage_dir) + 2 + strlen(req->model) + sizeof(".tmp--XXXXXX") + 20 +
+		longest;
+	if (len >= PATH_MAX)
+		return error_set(-ENAMETOOLONG, "cannot stage it: the paths of its copy in %s would "
+			"be longer than %d bytes (stage_dir %zu bytes, model name \"%s\" %zu, the "
+			"longest file name %zu): configure a shorter stage_dir", req->stage_dir,
+			PATH_MAX - 1, strlen(req->stage_dir), req->model, strlen(req->model), longest);
+	return 0;
 }
 
 int
@@ -423,38 +625,38 @@ stage_copy(struct stage_request *req)
 	struct stage_file *fs = NULL;
 	enum copy_method how = COPY_RANGE;
 	char tmp[PATH_MAX], *buf = NULL, *dir = NULL, *path = NULL;
+	const char *tmpname = NULL;
 	uint64_t bytes = 0, disk = 0;
 	double start = now_seconds();
 	size_t n = 0;
-	int dfd = -1, err, made = 0;
+	int sfd = -1, dfd = -1, err, marked = 0;
 
 	if ((err = plan_files(req, &fs, &n)) < 0 || fs == NULL)
 		return err < 0 ? err : -ENOMEM;
 	for (size_t i = 0; i < n; i++)
 		bytes += (uint64_t)fs[i].st.st_size;
 	req->bytes = bytes;
-	if ((err = check_room(req, bytes)) < 0)
+	if ((err = check_path_lengths(req, fs, n)) < 0 ||
+		(err = check_room(req, bytes, &sfd)) < 0)
 		goto out;
-	if (snprintf(tmp, sizeof(tmp), "%s/.%s.tmp-%ld-XXXXXX", req->stage_dir, req->model,
-		    (long)getpid()) >= (int)sizeof(tmp)) {
-		err = error_set(-ENAMETOOLONG, "%s: name too long", req->stage_dir);
-		goto out;
-	}
+	snprintf(tmp, sizeof(tmp), "%s/.%s.tmp-%ld-XXXXXX", req->stage_dir, req->model,
+		(long)getpid());
 	if (mkdtemp(tmp) == NULL) {
 		err = error_set(-errno, "cannot stage it: stage_dir %s: creating a directory: %s",
 			req->stage_dir, strerror(errno));
 		goto out;
 	}
-	made = 1;
-	if ((dfd = open(tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) == -1) {
+	tmpname = file_basename(tmp);
+	if ((dfd = openat(sfd, tmpname, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) == -1) {
 		err = error_set(-errno, "cannot stage it: %s: %s", tmp, strerror(errno));
 		goto out;
 	}
+	err = write_marker(req, dfd, &marked);
 	for (size_t i = 0; i < n && err == 0; i++)
 		err = copy_file(req, &fs[i], dfd, &how, &buf, &disk);
 	for (size_t i = 0; i < n && err == 0; i++)
 		err = check_unchanged(&fs[i]);
-	if (err == 0 && (err = publish(req, tmp, &dir)) == 0 && dir == NULL)
+	if (err == 0 && (err = publish(req, sfd, tmpname, &dir)) == 0 && dir == NULL)
 		err = -ENOMEM;
 	if (err == 0 && dir != NULL) {
 		struct stat st;
@@ -473,8 +675,10 @@ stage_copy(struct stage_request *req)
 out:
 	if (dfd >= 0)
 		close(dfd);
-	if (err < 0 && made && stage_remove(tmp) < 0)
-		log_warnx("staging: %s", error_get());
+	if (err < 0 && tmpname != NULL && dir == NULL)
+		discard(req, sfd, tmpname, marked);
+	if (sfd >= 0)
+		close(sfd);
 	plan_free(fs, n);
 	free(buf);
 	if (err < 0)
@@ -498,24 +702,23 @@ stage_request_clear(struct stage_request *req)
 int
 stage_remove(const char *dir)
 {
-	struct dirent *e;
-	DIR *d = opendir(dir);
-	int err = 0;
+	char *parent = path_dir(dir);
+	const char *why = NULL;
+	int pfd, r;
 
-	if (d == NULL)
-		return errno == ENOENT ? 0 :
-					 error_set(-errno, "removing %s: %s", dir, strerror(errno));
-	while ((e = readdir(d)) != NULL) {
-		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-			continue;
-		if (unlinkat(dirfd(d), e->d_name, 0) == -1 && errno != ENOENT && err == 0)
-			err = error_set(-errno, "removing %s/%s: %s", dir, e->d_name,
-				strerror(errno));
+	if (parent == NULL)
+		return error_set(-ENOMEM, "out of memory");
+	if ((pfd = open(parent[0] != '\0' ? parent : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) == -1) {
+		r = errno == ENOENT ? 0 : error_set(-errno, "removing %s: %s", dir, strerror(errno));
+		free(parent);
+		return r;
 	}
-	closedir(d);
-	if (rmdir(dir) == -1 && errno != ENOENT && err == 0)
-		err = error_set(-errno, "removing %s: %s", dir, strerror(errno));
-	return err;
+	if ((r = check_stage_dir(pfd, parent, geteuid())) == 0 &&
+		(r = remove_copy_at(pfd, parent, file_basename(dir), &why)) == NOT_OURS)
+		r = error_set(-EPERM, "%s is not a copy wcached made (%s): left alone", dir, why);
+	close(pfd);
+	free(parent);
+	return r < 0 ? r : 0;
 }
 
 struct remove_work {
@@ -572,6 +775,7 @@ stage_prepare_dir(const char *stage_dir, uid_t uid, gid_t gid)
 {
 	char *p = strdup(stage_dir);
 	struct stat st;
+	int fd, made, err;
 
 	if (p == NULL)
 		return error_set(-ENOMEM, "out of memory");
@@ -588,15 +792,28 @@ stage_prepare_dir(const char *stage_dir, uid_t uid, gid_t gid)
 		*s = '/';
 	}
 	free(p);
-	if (mkdir(stage_dir, 0700) == -1 && errno != EEXIST)
+	if (!(made = mkdir(stage_dir, 0700) == 0) && errno != EEXIST)
 		return error_set(-errno, "stage_dir %s cannot be created: %s", stage_dir,
 			strerror(errno));
-	if (lstat(stage_dir, &st) == -1 || !S_ISDIR(st.st_mode))
-		return error_set(-ENOTDIR, "stage_dir %s is not a directory", stage_dir);
-	if (uid != (uid_t)-1 && (st.st_uid != uid || st.st_gid != gid) &&
-		chown(stage_dir, uid, gid) == -1)
-		return error_set(-errno, "stage_dir %s: chown: %s", stage_dir, strerror(errno));
-	return 0;
+	if ((fd = open(stage_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) == -1) {
+		int e = errno;
+
+		if (e == ENOTDIR)
+			return error_set(-ENOTDIR, "stage_dir %s is not a directory", stage_dir);
+		return error_set(-e, "stage_dir %s: %s", stage_dir, strerror(e));
+	}
+	/* Only the directory made here is given away: an existing one of
+	 * someone else's (a shared /var/cache, /tmp, a home) is refused below,
+	 * never taken over. */
+	err = made && uid != (uid_t)-1 && fchown(fd, uid, gid) == -1 ?
+		error_set(-errno, "stage_dir %s: chown: %s", stage_dir, strerror(errno)) : 0;
+	if (err == 0 && !made && uid != (uid_t)-1 && fstat(fd, &st) == 0 && st.st_uid == uid &&
+		st.st_gid != gid && fchown(fd, uid, gid) == -1)
+		err = error_set(-errno, "stage_dir %s: chown: %s", stage_dir, strerror(errno));
+	if (err == 0)
+		err = check_stage_dir(fd, stage_dir, uid != (uid_t)-1 ? uid : geteuid());
+	close(fd);
+	return err;
 }
 
 int
@@ -643,19 +860,58 @@ staged_name(const char *name, bool *own_tmp)
 	return true;
 }
 
+/* The directory a sweep locked (flock) for the life of the process: a
+ * second wcached started with the same stage_dir then leaves the copies
+ * of the first alone. Loop thread (stage_sweep), so unguarded. */
+static int sweep_lock = -1;
+
+/* Locks stage_dir (its open descriptor sfd) for this process: 0, or
+ * -EBUSY when another process holds it. */
+static int
+lock_stage_dir(int sfd, const char *stage_dir)
+{
+	struct stat a, b;
+	int fd;
+
+	if (sweep_lock >= 0 && fstat(sweep_lock, &a) == 0 && fstat(sfd, &b) == 0 &&
+		a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+		return 0;
+	if ((fd = fcntl(sfd, F_DUPFD_CLOEXEC, 0)) == -1)
+		return error_set(-errno, "stage_dir %s: %s", stage_dir, strerror(errno));
+	if (flock(fd, LOCK_EX | LOCK_NB) == -1) {
+		int e = errno;
+
+		close(fd);
+		if (e == EWOULDBLOCK)
+			return error_set(-EBUSY, "stage_dir %s is in use by another running wcached "
+				"(it holds its lock): nothing in it is removed; give each wcached a "
+				"stage_dir of its own", stage_dir);
+		return error_set(-e, "stage_dir %s: flock: %s", stage_dir, strerror(e));
+	}
+	if (sweep_lock >= 0)
+		close(sweep_lock);
+	sweep_lock = fd;
+	return 0;
+}
+
 int
 stage_sweep(const char *stage_dir, char *const *keep, size_t nkeep, unsigned *removed)
 {
 	struct dirent *e;
-	DIR *d = opendir(stage_dir);
-	int err = 0;
+	DIR *d;
+	int sfd = -1, err;
 
 	*removed = 0;
-	if (d == NULL)
-		return errno == ENOENT ? 0 :
-					 error_set(-errno, "stage_dir %s: %s", stage_dir, strerror(errno));
+	if ((err = open_stage_dir(stage_dir, &sfd)) < 0)
+		return err == -ENOENT ? 0 : err;
+	if ((err = lock_stage_dir(sfd, stage_dir)) < 0 || (d = fdopendir(sfd)) == NULL) {
+		if (err == 0)
+			err = error_set(-errno, "stage_dir %s: %s", stage_dir, strerror(errno));
+		close(sfd);
+		return err;
+	}
 	while ((e = readdir(d)) != NULL) {
-		struct stat st;
+		const char *why = NULL;
 		bool own_tmp, kept = false;
 		char *full;
 		int r;
@@ -663,22 +919,22 @@ stage_sweep(const char *stage_dir, char *const *keep, size_t nkeep, unsigned *re
 		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 ||
 			!staged_name(e->d_name, &own_tmp) || own_tmp)
 			continue;
-		if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == -1 ||
-			!S_ISDIR(st.st_mode))
-			continue;
 		if ((full = path_join(stage_dir, e->d_name)) == NULL) {
 			err = error_set(-ENOMEM, "out of memory");
 			break;
 		}
 		for (size_t i = 0; i < nkeep && !kept; i++)
 			kept = strcmp(keep[i], full) == 0;
-		if (!kept) {
-			if ((r = stage_remove(full)) < 0 && err == 0)
-				err = r;
-			else if (r == 0)
-				(*removed)++;
-		}
 		free(full);
+		if (kept)
+			continue;
+		if ((r = remove_copy_at(dirfd(d), stage_dir, e->d_name, &why)) < 0 && err == 0)
+			err = r;
+		else if (r == REMOVED)
+			(*removed)++;
+		else if (r == NOT_OURS)
+			log_warnx("stage_dir %s: %s is not a copy wcached made (%s): left alone",
+				stage_dir, e->d_name, why);
 	}
 	closedir(d);
 	return err;

@@ -18,6 +18,17 @@
  * start (stage_sweep). A copy keeps its source's mtime, so a warm restart
  * can tell whether the source changed while the daemon was down.
  *
+ * wcached removes only what it made. Before anything else goes into a copy
+ * (temporary or not) it gets its marker, STAGE_MARKER, a regular file of
+ * wcached's user; a directory of stage_dir without one (a symbolic link,
+ * another user's, one an operator or another program made, one an older
+ * wcached made) is never emptied, whatever its name: the sweep and
+ * stage_remove() leave it with one line naming it. Removal works through
+ * descriptors, never following a symbolic link inside stage_dir. And a
+ * stage_dir another user may write (not owned by wcached's user, or
+ * writable by its group or others) is refused for staging, sweeping and
+ * removing alike: its entries could be swapped under a removal.
+ *
  * stage_copy() and stage_remove() block (gigabytes of I/O): call them on a
  * work queue thread, never on the loop; stage_remove_later() queues the
  * removal on libuv's work queue from the loop. Nothing here calls another
@@ -32,6 +43,11 @@
 #include <uv.h>
 
 #include "base/file.h"
+
+/* The marker of a copy wcached made (above): a regular file of wcached's
+ * user inside it, written first. Not a name a model file can have: it ends
+ * in none of a model's suffixes. */
+#define STAGE_MARKER ".wcached-copy"
 
 /* Bytes of free space staging a model of bytes requires in stage_dir:
  * the model's, plus 1% and 64 MiB for the filesystem's own metadata and
@@ -72,9 +88,12 @@ int stage_copy(struct stage_request *req);
 void stage_request_clear(struct stage_request *req);
 
 /*
- * Removes the staged directory dir: its files, then itself. Blocking.
- * 0, or -errno (the message names what could not be removed); a dir that
- * does not exist is 0.
+ * Removes the staged directory dir (an entry of stage_dir): its files,
+ * then itself, when it is a copy wcached made (STAGE_MARKER in it, above);
+ * never through a symbolic link. Blocking. 0 (a dir that does not exist
+ * too), -EPERM when dir is not wcached's copy or stage_dir is not safe
+ * (left alone; the message names it and why), or -errno (the message
+ * names what could not be removed).
  */
 int stage_remove(const char *dir);
 
@@ -84,9 +103,12 @@ int stage_remove(const char *dir);
 void stage_remove_later(uv_loop_t *loop, char *dir);
 
 /*
- * Creates stage_dir if missing (mode 0700; the parent must exist) and, when
- * uid is not (uid_t)-1, gives it to uid:gid (as root, before privileges are
- * dropped). 0, or -errno with the message.
+ * Creates stage_dir if missing (mode 0700; as root, its parents 0755) and,
+ * when uid is not (uid_t)-1, gives the directory it created to uid:gid (as
+ * root, before privileges are dropped). An existing stage_dir must already
+ * be the user's that wcached runs as (uid, else the effective uid) and not
+ * writable by its group or others: it is never given away or changed.
+ * 0, or -errno with one line naming the directory and why.
  */
 int stage_prepare_dir(const char *stage_dir, uid_t uid, gid_t gid);
 
@@ -97,11 +119,14 @@ int stage_prepare_dir(const char *stage_dir, uid_t uid, gid_t gid);
 int stage_dir_of(const char *stage_dir, const char *path, char **dir);
 
 /*
- * Removes what earlier processes left in stage_dir: every staged directory
- * (<model>.<number>, possibly with a suffix) and temporary one not among
- * keep (nkeep absolute paths) and not this process's own temporary. Only
- * names of those shapes are touched. Blocking. *removed counts them. 0, or
- * the first -errno (with the message); it goes on after an error.
+ * Removes what earlier processes left in stage_dir: every copy wcached
+ * made (named <model>.<number>, possibly with a suffix, or a temporary
+ * .<model>.tmp-..., with STAGE_MARKER in it) not among keep (nkeep absolute
+ * paths) and not this process's own temporary. Other entries are not
+ * touched; one of those names without the marker gets one warning naming
+ * it. Refuses (-EPERM, nothing removed) a stage_dir another user may write.
+ * Blocking. *removed counts the copies removed. 0, or the first -errno
+ * (with the message); it goes on after an error.
  */
 int stage_sweep(const char *stage_dir, char *const *keep, size_t nkeep, unsigned *removed);
 
