@@ -231,13 +231,29 @@ struct stage_file {
 	const char *name;       /* its name in the copy */
 };
 
-/* No space while writing the copy: says so with the free space now. */
+/* Is err (an errno) stage_dir refusing more bytes of the copy? */
+static bool
+out_of_room(int err)
+{
+	return err == ENOSPC || err == EDQUOT || err == EFBIG;
+}
+
+/*
+ * No room while writing the copy of src (err is -ENOSPC, -EDQUOT or
+ * -EFBIG): says so with the free space now, or, for EFBIG, that the file
+ * is past the process's file size limit (RLIMIT_FSIZE: LimitFSIZE=,
+ * ulimit -f; wcached ignores SIGXFSZ so that this is an error, not its
+ * end) or past the largest file stage_dir's filesystem holds.
+ */
 static int
 no_space(int err, const struct stage_request *req, const char *src)
 {
 	struct statvfs vfs;
 	char need[32], free_now[32];
 
+	if (err == -EFBIG)
+		return error_set(-EFBIG, "cannot stage it: %s is too large for %s (file size limit "
+			"or the filesystem's maximum)", src, req->stage_dir);
 	human(stage_space_needed(req->bytes), need, sizeof(need));
 	if (statvfs(req->stage_dir, &vfs) == 0)
 		human((uint64_t)vfs.f_bavail * vfs.f_frsize, free_now, sizeof(free_now));
@@ -300,7 +316,7 @@ copy_fd(const struct stage_request *req, const struct stage_file *f, int out,
 						w = 0;
 						continue;
 					}
-					if (w == -1 && (errno == ENOSPC || errno == EDQUOT))
+					if (w == -1 && out_of_room(errno))
 						return no_space(-errno, req, f->src);
 					if (w <= 0)
 						return io_error(w == 0 ? -EIO : -errno,
@@ -310,7 +326,7 @@ copy_fd(const struct stage_request *req, const struct stage_file *f, int out,
 		}
 		if (n == -1 && errno == EINTR)
 			continue;
-		if (n == -1 && (errno == ENOSPC || errno == EDQUOT || errno == EFBIG))
+		if (n == -1 && out_of_room(errno))
 			return no_space(-errno, req, f->src);
 		if (n == -1)
 			/* Local writes rarely fail; a failed copy is the remote
@@ -369,20 +385,20 @@ copy_file(const struct stage_request *req, const struct stage_file *f, int dfd,
 
 	out = openat(dfd, f->name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0400);
 	if (out == -1) {
-		if (errno == ENOSPC || errno == EDQUOT)
+		if (out_of_room(errno))
 			return no_space(-errno, req, f->src);
 		return error_set(-errno, "cannot stage it to %s: creating the copy of %s: %s",
 			req->stage_dir, f->src, strerror(errno));
 	}
-	/* Reserve the space first: a full disk fails now, not half way. */
-	if (f->st.st_size > 0 && fallocate(out, 0, 0, f->st.st_size) == -1 &&
-		(errno == ENOSPC || errno == EDQUOT))
+	/* Reserve the space first: a full disk, or a file past the size
+	 * limit, fails now, not half way. */
+	if (f->st.st_size > 0 && fallocate(out, 0, 0, f->st.st_size) == -1 && out_of_room(errno))
 		err = no_space(-errno, req, f->src);
 	if (err == 0)
 		err = copy_fd(req, f, out, how, buf);
 	if (err == 0 && futimens(out, times) == -1)
-		err = error_set(-errno, "setting the mtime of the copy of %s: %s", f->src,
-			strerror(errno));
+		err = error_set(-errno, "cannot stage it: setting the mtime of the copy of %s: %s",
+			f->src, strerror(errno));
 	if (err == 0 && fstat(out, &st) == 0)
 		*disk += (uint64_t)st.st_blocks * 512u;
 	if (close(out) == -1 && err == 0)
@@ -527,7 +543,7 @@ write_marker(const struct stage_request *req, int dfd, int *marked)
 		0400), n, err = 0;
 
 	if (fd == -1) {
-		if (errno == ENOSPC || errno == EDQUOT)
+		if (out_of_room(errno))
 			return no_space(-errno, req, STAGE_MARKER);
 		return error_set(-errno, "cannot stage it to %s: creating %s: %s", req->stage_dir,
 			STAGE_MARKER, strerror(errno));
@@ -612,10 +628,10 @@ check_path_lengths(const struct stage_request *req, const struct stage_file *fs,
 	len = strlen(req->stage_dir) + 2 + strlen(req->model) + sizeof(".tmp--XXXXXX") + 20 +
 		longest;
 	if (len >= PATH_MAX)
-		return error_set(-ENAMETOOLONG, "cannot stage it: the paths of its copy in %s would "
-			"be longer than %d bytes (stage_dir %zu bytes, model name \"%s\" %zu, the "
-			"longest file name %zu): configure a shorter stage_dir", req->stage_dir,
-			PATH_MAX - 1, strlen(req->stage_dir), req->model, strlen(req->model), longest);
+		return error_set(-ENAMETOOLONG, "cannot stage it: the paths of its copy would be "
+			"longer than %d bytes (model name \"%s\" %zu bytes, the longest file name %zu, "
+			"stage_dir %zu): configure a shorter stage_dir than %s", PATH_MAX - 1,
+			req->model, strlen(req->model), longest, strlen(req->stage_dir), req->stage_dir);
 	return 0;
 }
 

@@ -9,6 +9,7 @@ killed daemon left is swept at the next start."""
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -261,6 +262,51 @@ def foreign(stage_dir, names):
 
 def intact(stage_dir, names):
     return all(os.listdir(os.path.join(stage_dir, n)) == ["keep.txt"] for n in names)
+
+
+def test_a_model_past_the_file_size_limit_is_refused_with_one_line(tmp_path):
+    """Under a file size limit (LimitFSIZE=, ulimit -f) smaller than a
+    staged model's file, the kernel refuses the copy (EFBIG) and sends
+    SIGXFSZ, whose default action ends the process: every model would go
+    with it. wcached ignores SIGXFSZ (main.c) and says why in one line
+    (it said "no space left ... (N GiB left)"); the others serve."""
+    from wcached import WcachedError
+    big = mkmodel(tmp_path / "big.safetensors", layers=2, hidden=1024, ffn=2048, vocab=64)
+    small = mkmodel(tmp_path / "small.safetensors", seed=2, **LAYERS)
+    limit = os.path.getsize(big) // 2
+    assert limit > 4 * os.path.getsize(small)
+    d, stage_dir = stage_daemon(tmp_path, {"big": (big, {"stage": "yes"}), "small": small})
+    d.logf = open(d.log, "w")
+    cmd = [binary("wcached"), "-c", d.conf]
+    if d.user is not None:
+        from conftest import as_user
+        cmd = as_user(*d.user) + cmd
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    # subprocess gives the child SIGXFSZ's default action back (Python
+    # ignores it): as under systemd or a shell.
+    d.proc = subprocess.Popen(cmd, stderr=d.logf, preexec_fn=limited)
+    try:
+        try:
+            _, line = d.wait_for_log(r'model "big": cannot stage it')
+        except WcachedError:
+            d.proc.wait()
+        if d.proc.returncode == -signal.SIGXFSZ:
+            # main.c does not ignore SIGXFSZ yet (a change of its own, made
+            # on another branch): remove this once it has landed.
+            pytest.xfail("wcached was killed by SIGXFSZ: main.c does not ignore it yet")
+        assert d.proc.poll() is None, d.read_log()
+        assert line.endswith(f'model "big": cannot stage it: {big} is too large for '
+                             f"{stage_dir} (file size limit or the filesystem's maximum); "
+                             "not served"), line
+        d.wait_listening()
+        assert generation(d, "small") == 1 and generation(d, "big") is None
+        assert problems(d) == [line]
+        assert entries(stage_dir) == []
+    finally:
+        code = d.stop()
+    assert code == 0, d.read_log()
 
 
 def test_leftovers_of_a_killed_daemon_are_swept_at_start(tmp_path):

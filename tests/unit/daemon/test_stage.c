@@ -16,11 +16,19 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <signal.h>
+#include <stddef.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -488,25 +496,38 @@ fail_second(unsigned call)
 	return call == 1 ? fail_errno : 0;
 }
 
-/* EIO and ESTALE reading the source: named as such, nothing left. */
+/* A copy request failing: EIO and ESTALE reading the source, named as
+ * such; the disk filling up during the copy (the check passed, someone
+ * else wrote meanwhile); EFBIG (a filesystem without fallocate reserves
+ * nothing first), said as a file too large, not as no space. Nothing is
+ * left. */
 static void
-test_read_errors(void **state)
+test_copy_errors(void **state)
 {
 	struct fixture *f = *state;
-	static const int errs[] = { EIO, ESTALE };
+	static const struct {
+		int err;
+		const char *says, *also;
+	} cases[] = {
+		{ EIO, "EIO", "reading" },
+		{ ESTALE, "ESTALE", "reading" },
+		{ ENOSPC, "no space left", "while copying" },
+		{ EFBIG, "model.safetensors is too large for ", "(file size limit or" },
+	};
 	char *model;
 
 	add_source(f, "model.safetensors", 12 * MiB, 10);
 	model = path_join(f->src, "model.safetensors");
-	for (size_t i = 0; i < 2; i++) {
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		make_request(f, model);
-		fail_errno = errs[i];
+		fail_errno = cases[i].err;
 		copy_calls = 0;
 		copy_hook = fail_second;
-		assert_int_equal(stage_copy(&f->req), -errs[i]);
-		assert_non_null(strstr(error_get(), i == 0 ? "EIO" : "ESTALE"));
-		assert_non_null(strstr(error_get(), "reading"));
+		assert_int_equal(stage_copy(&f->req), -cases[i].err);
+		assert_non_null(strstr(error_get(), cases[i].says));
+		assert_non_null(strstr(error_get(), cases[i].also));
 		assert_non_null(strstr(error_get(), model));
+		assert_true(cases[i].err == ENOSPC || strstr(error_get(), "no space") == NULL);
 		assert_int_equal(tu_count_entries(f->stage_dir), 0);
 	}
 	free(model);
@@ -533,22 +554,115 @@ test_no_space(void **state)
 	free(model);
 }
 
-/* The disk filling up during the copy (the check passed, someone else
- * wrote meanwhile). */
+/* A file past the process's file size limit (RLIMIT_FSIZE: LimitFSIZE=,
+ * ulimit -f), with SIGXFSZ ignored as wcached ignores it: EFBIG, said as
+ * such (it read "no space left ... (N GiB left)"), nothing left. */
 static void
-test_no_space_during_copy(void **state)
+test_file_size_limit(void **state)
+{
+	struct fixture *f = *state;
+	struct rlimit was, lim;
+	void (*sig)(int) = signal(SIGXFSZ, SIG_IGN);
+	char *model, want[512];
+	int r;
+
+	add_source(f, "model.safetensors", 3 * MiB, 16);
+	model = path_join(f->src, "model.safetensors");
+	make_request(f, model);
+	assert_int_equal(getrlimit(RLIMIT_FSIZE, &was), 0);
+	lim = was;
+	lim.rlim_cur = 1 * MiB;
+	assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+	r = stage_copy(&f->req);
+	assert_int_equal(setrlimit(RLIMIT_FSIZE, &was), 0);
+	signal(SIGXFSZ, sig);
+	assert_int_equal(r, -EFBIG);
+	snprintf(want, sizeof(want), "cannot stage it: %s is too large for %s (file size limit or "
+		"the filesystem's maximum)", model, f->stage_dir);
+	assert_string_equal(error_get(), want);
+	assert_int_equal(tu_count_entries(f->stage_dir), 0);
+	free(model);
+}
+
+/* The copy's mtime cannot be set (utimensat refused by a seccomp filter,
+ * in a child): the line says what failed, in the words of every other
+ * staging failure, and nothing is left. */
+static void
+test_mtime_not_set(void **state)
 {
 	struct fixture *f = *state;
 	char *model;
+	pid_t pid;
+	int status;
 
-	add_source(f, "model.safetensors", 12 * MiB, 12);
+	add_source(f, "model.safetensors", 1000, 18);
 	model = path_join(f->src, "model.safetensors");
 	make_request(f, model);
-	fail_errno = ENOSPC;
-	copy_hook = fail_second;
-	assert_int_equal(stage_copy(&f->req), -ENOSPC);
-	assert_non_null(strstr(error_get(), "no space left"));
-	assert_int_equal(tu_count_entries(f->stage_dir), 0);
+	if ((pid = fork()) == 0) {
+		struct sock_filter code[] = {
+			BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+			BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_utimensat, 0, 1),
+			BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+			BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+		};
+		struct sock_fprog prog = { .len = 4, .filter = code };
+		int r;
+
+		if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+			prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0)
+			_exit(2);
+		r = stage_copy(&f->req);
+		if (r != -EPERM || strstr(error_get(), "cannot stage it: setting the mtime of the "
+					   "copy of ") == NULL || strstr(error_get(), model) == NULL) {
+			fprintf(stderr, "stage_copy: %d: %s\n", r, error_get());
+			_exit(1);
+		}
+		_exit(tu_count_entries(f->stage_dir) == 0 ? 0 : 3);
+	}
+	assert_true(pid > 0);
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFEXITED(status));
+	assert_int_equal(WEXITSTATUS(status), 0);
+	free(model);
+}
+
+/* Names past NAME_MAX or paths past PATH_MAX: refused before anything is
+ * made, naming the model (not "<stage_dir>: name too long"). */
+static void
+test_names_too_long(void **state)
+{
+	struct fixture *f = *state;
+	char name[240], *model, *dir;
+	size_t len;
+
+	add_source(f, "model.safetensors", 1000, 19);
+	model = path_join(f->src, "model.safetensors");
+	make_request(f, model);
+	memset(name, 'n', sizeof(name) - 1);
+	name[sizeof(name) - 1] = '\0';
+	f->req.model = name;
+	assert_int_equal(stage_copy(&f->req), -ENAMETOOLONG);
+	assert_non_null(strstr(error_get(), "cannot stage it: the model name \"nnnn"));
+	assert_non_null(strstr(error_get(), "(239 bytes) is too long to name its copy in"));
+	assert_int_equal(tu_count_entries(f->stage_dir), -1);
+
+	/* A stage_dir whose length leaves no room for the copy's paths. */
+	len = strlen(f->stage_dir);
+	dir = malloc(PATH_MAX);
+	assert_non_null(dir);
+	memcpy(dir, f->stage_dir, len);
+	for (size_t i = len; i < PATH_MAX - 40; i += 100)
+		memcpy(dir + i, "/dddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd"
+			"ddddddddddddddddddddddddddd", i + 100 < PATH_MAX - 40 ? 100 : PATH_MAX - 40 - i);
+	dir[PATH_MAX - 40] = '\0';
+	make_request(f, model);
+	f->req.stage_dir = dir;
+	assert_int_equal(stage_copy(&f->req), -ENAMETOOLONG);
+	assert_non_null(strstr(error_get(), "cannot stage it: the paths of its copy would be "
+					 "longer than 4095 bytes (model name \"m\" 1 bytes, the longest "
+					 "file name 17, stage_dir 4056): configure a shorter stage_dir than"));
+	assert_int_equal(tu_count_entries(f->stage_dir), -1);
+	free(dir);
 	free(model);
 }
 
@@ -873,9 +987,11 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_mtime_changed_during_copy, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_replaced_during_copy, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_truncated_during_copy, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_read_errors, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_copy_errors, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_no_space, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_no_space_during_copy, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_file_size_limit, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_mtime_not_set, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_names_too_long, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stage_dir_not_writable, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_fallbacks, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_cancel, setup, teardown),
