@@ -34,6 +34,7 @@
 #define STAGE_CHUNK (8u << 20)
 #define STAGE_MARGIN (64ull << 20)
 #define STAGE_MAX_SUFFIX 1000
+#define STAGE_MAX_INDEX (64u << 20) /* bytes of a shard index read: the shard reader's limit */
 
 uint64_t
 stage_space_needed(uint64_t bytes)
@@ -264,6 +265,25 @@ no_space(int err, const struct stage_request *req, const char *src)
 		free_now);
 }
 
+void
+stage_cancel(struct stage_request *req)
+{
+	__atomic_store_n(&req->cancelled, 1, __ATOMIC_RELAXED);
+}
+
+/* -ECANCELED with the message when wcached is stopping or req is no
+ * longer wanted (stage_cancel), else 0. */
+static int
+check_cancelled(const struct stage_request *req)
+{
+	if (req->cancel != NULL && __atomic_load_n(req->cancel, __ATOMIC_RELAXED))
+		return error_set(-ECANCELED, "cancelled: wcached is stopping");
+	if (__atomic_load_n(&req->cancelled, __ATOMIC_RELAXED))
+		return error_set(-ECANCELED, "cancelled: the staging is no longer wanted (a newer "
+			"load or an unload of the model)");
+	return 0;
+}
+
 /*
  * Copies size bytes of in to out from offset 0 in STAGE_CHUNK requests,
  * switching *how down to a method the kernel accepts. 0, or -errno with
@@ -275,14 +295,15 @@ copy_fd(const struct stage_request *req, const struct stage_file *f, int out,
 {
 	uint64_t size = (uint64_t)f->st.st_size;
 	off_t off = 0;
+	int err;
 
 	while ((uint64_t)off < size) {
 		size_t want = size - (uint64_t)off < STAGE_CHUNK ? (size_t)(size - (uint64_t)off) :
 								      STAGE_CHUNK;
 		ssize_t n;
 
-		if (req->cancel != NULL && __atomic_load_n(req->cancel, __ATOMIC_RELAXED))
-			return error_set(-ECANCELED, "cancelled: wcached is stopping");
+		if ((err = check_cancelled(req)) < 0)
+			return err;
 		if (*how == COPY_RANGE) {
 			off_t in_off = off, out_off = off;
 
@@ -425,14 +446,66 @@ shard_index_of(const char *model_path, char **path)
 			return error_set(-ENOMEM, "out of memory");
 		return 1;
 	}
-	if ((err = shards_find_model(model_path, &p, &is_index)) < 0)
+	if ((err = shards_find_model(model_path, &p, &is_index)) < 0) {
+		error_prefix("cannot stage it");
 		return err;
+	}
 	if (!is_index) {
 		free(p);
 		return 0;
 	}
 	*path = p;
 	return 1;
+}
+
+static void
+plan_free(struct stage_file *fs, size_t n)
+{
+	for (size_t i = 0; fs != NULL && i < n; i++)
+		if (fs[i].own_in) {
+			if (fs[i].in >= 0)
+				close(fs[i].in);
+			free((char *)fs[i].src);
+		}
+	free(fs);
+}
+
+/*
+ * Does the shard index f (open) name exactly the shards the model was
+ * validated with, req->files, in its order (the order of the index the
+ * reader validated)? It is found and opened again by path here, after the
+ * validation: one replaced since would be copied beside shards it does not
+ * describe, a mix of two versions no operator published. 0, or -ESTALE
+ * with the message.
+ */
+static int
+check_index_names(const struct stage_request *req, const struct stage_file *f)
+{
+	struct shard_map m = { 0 };
+	uint8_t *json = NULL;
+	bool same;
+
+	if (file_read_exact(f->in, f->src, "shard index", 0, (uint64_t)f->st.st_size, 1,
+		    STAGE_MAX_INDEX, &json) < 0 ||
+		shards_parse_index(f->src, (const char *)json, (size_t)f->st.st_size, &m) < 0) {
+		char why[512];
+
+		snprintf(why, sizeof(why), "%s", error_get());
+		free(json);
+		return error_set(-ESTALE, "cannot stage it: the shard index %s changed since the "
+			"model was validated: %s; the new version is staged by the next load", f->src,
+			why);
+	}
+	same = m.nshards == req->nfiles;
+	for (size_t i = 0; same && i < m.nshards; i++)
+		same = strcmp(m.shards[i], file_basename(req->files[i].path)) == 0;
+	shard_map_free(&m);
+	free(json);
+	if (!same)
+		return error_set(-ESTALE, "cannot stage it: the shard index %s was replaced since "
+			"the model was validated (it names other shards than the %zu opened); the new "
+			"version is staged by the next load", f->src, req->nfiles);
+	return 0;
 }
 
 /* Makes the list of files to copy: the source's, and its shard index. */
@@ -471,21 +544,17 @@ plan_files(const struct stage_request *req, struct stage_file **out, size_t *n)
 			free(fs);
 			return err;
 		}
+		err = check_index_names(req, f);
+	} else if (req->nfiles > 1) {
+		err = error_set(-ESTALE, "cannot stage it: %s has no shard index since the model "
+			"was validated; the new version is staged by the next load", req->model_path);
+	}
+	if (err < 0) {
+		plan_free(fs, *n);
+		return err;
 	}
 	*out = fs;
 	return 0;
-}
-
-static void
-plan_free(struct stage_file *fs, size_t n)
-{
-	for (size_t i = 0; fs != NULL && i < n; i++)
-		if (fs[i].own_in) {
-			if (fs[i].in >= 0)
-				close(fs[i].in);
-			free((char *)fs[i].src);
-		}
-	free(fs);
 }
 
 /* stage_dir exists (made 0700 if missing), is safe (check_stage_dir) and
@@ -652,7 +721,7 @@ stage_copy(struct stage_request *req)
 	for (size_t i = 0; i < n; i++)
 		bytes += (uint64_t)fs[i].st.st_size;
 	req->bytes = bytes;
-	if ((err = check_path_lengths(req, fs, n)) < 0 ||
+	if ((err = check_cancelled(req)) < 0 || (err = check_path_lengths(req, fs, n)) < 0 ||
 		(err = check_room(req, bytes, &sfd)) < 0)
 		goto out;
 	snprintf(tmp, sizeof(tmp), "%s/.%s.tmp-%ld-XXXXXX", req->stage_dir, req->model,
@@ -672,6 +741,8 @@ stage_copy(struct stage_request *req)
 		err = copy_file(req, &fs[i], dfd, &how, &buf, &disk);
 	for (size_t i = 0; i < n && err == 0; i++)
 		err = check_unchanged(&fs[i]);
+	if (err == 0)
+		err = check_cancelled(req);
 	if (err == 0 && (err = publish(req, sfd, tmpname, &dir)) == 0 && dir == NULL)
 		err = -ENOMEM;
 	if (err == 0 && dir != NULL) {

@@ -62,7 +62,9 @@ struct stage_request {
 	const char *model_path;    /* the configured path: a file, shard index or directory */
 	const struct wc_file *files; /* the source's files, open, in index order */
 	size_t nfiles;
-	const int *cancel;         /* read atomically: nonzero stops the copy (-ECANCELED) */
+	const int *cancel;         /* read atomically: nonzero stops the copy (-ECANCELED):
+				      wcached is stopping */
+	int cancelled;             /* stage_cancel(): this staging is no longer wanted */
 	/* Out, on success (stage_request_clear frees them): */
 	char *dir;                 /* the staged directory, stage_dir/<model>.<number> */
 	char *path;                /* the model's path inside it, for source_open() */
@@ -73,7 +75,9 @@ struct stage_request {
 
 /*
  * Copies the model's files (req->files, and a sharded model's index found
- * from model_path) into a new directory under stage_dir: checks the free
+ * from model_path, which must name exactly req->files' shards in their
+ * order: an index replaced since the model was validated is refused) into
+ * a new directory under stage_dir: checks the free
  * space first, creates stage_dir (0700) if missing, copies with
  * copy_file_range(2) (sendfile(2), then read/write where the kernel
  * refuses), checks each source against its stat at open, and renames the
@@ -83,6 +87,16 @@ struct stage_request {
  * named; a source changed during the copy); nothing is left behind then.
  */
 int stage_copy(struct stage_request *req);
+
+/*
+ * Stops req's stage_copy() at its next 8 MiB request, or before it starts
+ * (-ECANCELED, nothing left behind): for a staging its model no longer
+ * wants, superseded by a newer load or ended by an unload, which would
+ * otherwise copy gigabytes only to have them removed. Any thread, while
+ * stage_copy(req) runs or before it does (an atomic store; req stays the
+ * caller's and must outlive the copy). The cancel pointer still counts.
+ */
+void stage_cancel(struct stage_request *req);
 
 /* Frees req's outputs (not the copy on disk). */
 void stage_request_clear(struct stage_request *req);

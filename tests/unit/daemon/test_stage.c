@@ -720,7 +720,8 @@ test_fallbacks(void **state)
 	free(model);
 }
 
-/* Cancelled (wcached stopping): -ECANCELED, nothing left. */
+/* Cancelled (wcached stopping) before it starts: -ECANCELED, nothing
+ * made, not even stage_dir. */
 static void
 test_cancel(void **state)
 {
@@ -732,8 +733,104 @@ test_cancel(void **state)
 	make_request(f, model);
 	f->cancel = 1;
 	assert_int_equal(stage_copy(&f->req), -ECANCELED);
+	assert_non_null(strstr(error_get(), "wcached is stopping"));
+	assert_int_equal(tu_count_entries(f->stage_dir), -1);
+	assert_int_equal(copy_calls, 0);
+	free(model);
+}
+
+/* A staging no longer wanted (a newer load of its model, an unload):
+ * stage_cancel() while the copy runs stops it at the next request, with
+ * nothing left; before it starts, nothing is made. */
+static int
+cancel_during_copy(unsigned call)
+{
+	if (call == 1)
+		stage_cancel(&fx->req);
+	return 0;
+}
+
+static void
+test_stage_cancel(void **state)
+{
+	struct fixture *f = *state;
+	char *model;
+
+	add_source(f, "model.safetensors", 40 * MiB, 20);
+	model = path_join(f->src, "model.safetensors");
+	make_request(f, model);
+	copy_hook = cancel_during_copy;
+	assert_int_equal(stage_copy(&f->req), -ECANCELED);
+	assert_non_null(strstr(error_get(), "no longer wanted"));
+	assert_int_equal(copy_calls, 2); /* of 5 */
+	assert_int_equal(tu_count_entries(f->stage_dir), 0);
+	assert_null(f->req.dir);
+
+	make_request(f, model);
+	stage_cancel(&f->req);
+	copy_calls = 0;
+	assert_int_equal(stage_copy(&f->req), -ECANCELED);
+	assert_int_equal(copy_calls, 0);
 	assert_int_equal(tu_count_entries(f->stage_dir), 0);
 	free(model);
+}
+
+/* The shard index is found again by path when the copy starts: one
+ * replaced since the model was validated (another shard list, or none
+ * that parses), or gone, is refused, not copied beside the validated
+ * shards; one that names the same shards is copied. */
+static void
+test_shard_index_replaced_after_validation(void **state)
+{
+	struct fixture *f = *state;
+	static const char same[] = "{\"weight_map\":{\"a\":\"s-1.safetensors\","
+				   "\"b\":\"s-2.safetensors\"},\"metadata\":{}}";
+	static const char *const others[] = {
+		"{\"weight_map\":{\"a\":\"s-1.safetensors\"}}",
+		"{\"weight_map\":{\"b\":\"s-2.safetensors\",\"a\":\"s-1.safetensors\"}}",
+		"{\"weight_map\":{\"a\":\"s-1.safetensors\",\"b\":\"s-3.safetensors\"}}",
+		"{\"weight_map\":",
+	};
+	char *ipath;
+
+	add_source(f, "s-1.safetensors", 1000, 22);
+	add_source(f, "s-2.safetensors", 1000, 23);
+	for (size_t i = 0; i < 4; i++) {
+		char *tmp = tu_write(f->src, "new.json", others[i], strlen(others[i]));
+
+		ipath = path_join(f->src, "m.safetensors.index.json");
+		assert_int_equal(rename(tmp, ipath), 0);
+		free(tmp);
+		make_request(f, f->src);
+		assert_int_equal(stage_copy(&f->req), -ESTALE);
+		assert_non_null(strstr(error_get(), "cannot stage it: the shard index "));
+		assert_non_null(strstr(error_get(), ipath));
+		assert_non_null(strstr(error_get(), i < 3 ? "was replaced since the model was "
+							    "validated (it names other shards than "
+							    "the 2 opened)" :
+							    "changed since the model was validated"));
+		assert_int_equal(tu_count_entries(f->stage_dir), -1); /* nothing made */
+		free(ipath);
+	}
+	ipath = tu_write(f->src, "m.safetensors.index.json", same, strlen(same));
+	make_request(f, f->src);
+	assert_int_equal(stage_copy(&f->req), 0);
+	assert_int_equal(tu_count_entries(f->req.dir), 4);
+	stage_request_clear(&f->req);
+	/* The index gone: the directory holds two shards and no index, or
+	 * one shard alone (a model of one file now). */
+	assert_int_equal(unlink(ipath), 0);
+	make_request(f, f->src);
+	assert_int_equal(stage_copy(&f->req), -EINVAL);
+	assert_non_null(strstr(error_get(), "cannot stage it: "));
+	assert_non_null(strstr(error_get(), "no *.safetensors.index.json"));
+	free(ipath);
+	ipath = path_join(f->src, "s-2.safetensors");
+	assert_int_equal(unlink(ipath), 0);
+	make_request(f, f->src);
+	assert_int_equal(stage_copy(&f->req), -ESTALE);
+	assert_non_null(strstr(error_get(), "has no shard index since the model was validated"));
+	free(ipath);
 }
 
 /* ---- removing ------------------------------------------------------------- */
@@ -995,6 +1092,9 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_stage_dir_not_writable, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_fallbacks, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_cancel, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_stage_cancel, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_shard_index_replaced_after_validation, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(test_remove_and_sweep, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_sweep_leaves_what_it_did_not_make, setup,
 			teardown),
