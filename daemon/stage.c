@@ -8,6 +8,11 @@
  * since 5.19, or a system call filter) with sendfile(2) into the file, and
  * last with pread/pwrite. The source's pages are dropped as they are copied
  * (POSIX_FADV_DONTNEED): the copy's pages are the ones that will serve.
+ *
+ * Removing works on descriptors: stage_dir is opened and checked once
+ * (check_stage_dir), each copy opened below it with O_NOFOLLOW and removed
+ * only with its marker in it (remove_copy_at), whether stage_remove(), the
+ * sweep or a failed staging asks.
  */
 #include <dirent.h>
 #include <errno.h>
