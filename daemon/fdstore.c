@@ -8,7 +8,8 @@
  * decoder runs it on what it parsed, so decode(encode(x)) is x for every
  * x the encoder takes, and nothing the decoder returns breaks a rule.
  * The encoder writes FDSTORE_VERSION only; the decoder also reads version
- * 2, whose models end after their generations (no artifact count).
+ * 3, whose files end after their mtime (no origin), and version 2, whose
+ * models also end after their generations (no artifact count).
  */
 #include "fdstore.h"
 
@@ -36,8 +37,9 @@
 #define MIN_MODEL (MIN_MODEL_V2 + 4u)            /* and the artifact count */
 #define GENERATION_FIXED (8u + 1u + 1u + 2u + 4u + 8u + 4u) /* number .. file count */
 #define MIN_GENERATION (MIN_STRING + GENERATION_FIXED)
-#define FILE_FIXED (4u * 8u)                     /* dev, ino, size, mtime */
-#define MIN_FILE (MIN_STRING + FILE_FIXED)
+#define FILE_FIXED_V3 (4u * 8u)                  /* dev, ino, size, mtime */
+#define MIN_FILE_V3 (MIN_STRING + FILE_FIXED_V3)
+#define MIN_FILE (MIN_FILE_V3 + 2u * 8u)          /* and the origin's dev, ino */
 #define ARTIFACT_FIXED (8u + 8u + 8u + 4u + 4u + 8u) /* source, sizes, uid, pid, build ms */
 #define MIN_ARTIFACT (3u * MIN_STRING + ARTIFACT_FIXED)
 #define STATUS_MIN 16u
@@ -476,6 +478,8 @@ fdstore_encode(const struct fdstore_desc *d, uint8_t **buf, size_t *len)
 				put_le(&o, f->ino, 8);
 				put_le(&o, f->size, 8);
 				put_le(&o, (uint64_t)f->mtime_ns, 8);
+				put_le(&o, f->origin_dev, 8);
+				put_le(&o, f->origin_ino, 8);
 			}
 		}
 		put_le(&o, m->nartifacts, 4);
@@ -578,7 +582,7 @@ get_count(struct in *in, uint32_t max, size_t min, uint32_t *out, const char *wh
 }
 
 static int
-get_file(struct in *in, struct fdstore_file *f, const char *where)
+get_file(struct in *in, struct fdstore_file *f, const char *where, uint64_t version)
 {
 	uint64_t mtime;
 	int r;
@@ -593,11 +597,17 @@ get_file(struct in *in, struct fdstore_file *f, const char *where)
 		return error_set(-EBADMSG, "fdstore: %s: st_size: %" PRIu64 " is past any file's",
 			where, f->size);
 	f->mtime_ns = (int64_t)mtime;
+	if (version < 4)
+		return 0; /* versions 2 and 3: no origin (0, 0) */
+	if ((r = get_le(in, 8, &f->origin_dev, where, "origin st_dev")) < 0 ||
+		(r = get_le(in, 8, &f->origin_ino, where, "origin st_ino")) < 0)
+		return r;
 	return 0;
 }
 
 static int
-get_generation(struct in *in, struct fdstore_generation *g, const char *mwhere, uint32_t gi)
+get_generation(struct in *in, struct fdstore_generation *g, const char *mwhere, uint32_t gi,
+	uint64_t version)
 {
 	char where[1400], fwhere[1500];
 	uint64_t v, reserved;
@@ -621,13 +631,14 @@ get_generation(struct in *in, struct fdstore_generation *g, const char *mwhere, 
 	g->holders = (uint32_t)v;
 	if ((r = get_string(in, FDSTORE_MAX_FDNAME, &g->index_fdname, where, "index fdname")) < 0 ||
 		(r = get_le(in, 8, &g->index_size, where, "index size")) < 0 ||
-		(r = get_count(in, FDSTORE_MAX_FILES, MIN_FILE, &g->nfiles, where, "file count")) < 0)
+		(r = get_count(in, FDSTORE_MAX_FILES, version < 4 ? MIN_FILE_V3 : MIN_FILE, &g->nfiles,
+			 where, "file count")) < 0)
 		return r;
 	if (g->nfiles > 0 && (g->files = calloc(g->nfiles, sizeof(*g->files))) == NULL)
 		return error_set(-ENOMEM, "fdstore: out of memory");
 	for (uint32_t k = 0; k < g->nfiles; k++) {
 		snprintf(fwhere, sizeof(fwhere), "%s: file %" PRIu32, where, k);
-		if ((r = get_file(in, &g->files[k], fwhere)) < 0)
+		if ((r = get_file(in, &g->files[k], fwhere, version)) < 0)
 			return r;
 	}
 	return 0;
@@ -679,7 +690,7 @@ get_model(struct in *in, struct fdstore_model *m, uint32_t i, uint64_t version)
 		(m->generations = calloc(m->ngenerations, sizeof(*m->generations))) == NULL)
 		return error_set(-ENOMEM, "fdstore: out of memory");
 	for (uint32_t g = 0; g < m->ngenerations; g++)
-		if ((r = get_generation(in, &m->generations[g], where, g)) < 0)
+		if ((r = get_generation(in, &m->generations[g], where, g, version)) < 0)
 			return r;
 	if (version < 3)
 		return 0; /* version 2: no artifacts */
@@ -756,7 +767,8 @@ stored_generation_equal(const struct fdstore_generation *a, const struct fdstore
 		const struct fdstore_file *x = &a->files[k], *y = &b->files[k];
 
 		if (strcmp(x->fdname, y->fdname) != 0 || x->dev != y->dev || x->ino != y->ino ||
-			x->size != y->size || x->mtime_ns != y->mtime_ns)
+			x->size != y->size || x->mtime_ns != y->mtime_ns ||
+			x->origin_dev != y->origin_dev || x->origin_ino != y->origin_ino)
 			return 0;
 	}
 	return 1;

@@ -13,10 +13,12 @@
  * page slot, last generation number, generations, derived artifacts),
  * each generation (number, role, pin state applied, holders, the index
  * memfd's FDNAME and size, files), each file (FDNAME, st_dev, st_ino,
- * st_size, st_mtim in ns), each derived artifact (key, source generation,
- * the artifact memfd's and its index memfd's FDNAME and size, the builder's
- * uid and pid, the build time). Strings are a u16 length and that many
- * bytes, no NUL. Version 2, the same without artifacts, is still read.
+ * st_size, st_mtim in ns, and for a staged copy the st_dev and st_ino of
+ * the file it was copied from), each derived artifact (key, source
+ * generation, the artifact memfd's and its index memfd's FDNAME and size,
+ * the builder's uid and pid, the build time). Strings are a u16 length and
+ * that many bytes, no NUL. Versions 3 (files without their origin) and 2
+ * (no artifacts either) are still read.
  *
  * The decoder trusts nothing: every count and length is checked against
  * its minimum and maximum before anything is read or allocated, sizes are
@@ -38,9 +40,11 @@
 #include "proto/wire.h"
 
 #define FDSTORE_MAGIC "WCFDSTOR"          /* 8 bytes, no NUL */
-#define FDSTORE_VERSION 3u                /* 3: models carry their derived artifacts */
+#define FDSTORE_VERSION 4u                /* 4: a staged copy's file names its origin's
+					     st_dev and st_ino; 3: models carry their
+					     derived artifacts */
 #define FDSTORE_VERSION_MIN 2u            /* 2: generations record their holders; read as
-					     a version 3 without artifacts */
+					     a version 4 without artifacts or origins */
 #define FDSTORE_HEADER_SIZE 24u
 #define FDSTORE_MAX_BYTES (16u << 20)     /* the description's memfd */
 #define FDSTORE_MAX_MODELS 4096u
@@ -76,6 +80,12 @@ struct fdstore_file {
 	uint64_t ino;
 	uint64_t size;
 	int64_t mtime_ns; /* st_mtim as nanoseconds since the epoch */
+	/* A staged copy's (stage.h): the st_dev and st_ino of the file it was
+	 * copied from, when it was copied (its size and mtime are the copy's).
+	 * 0 and 0: the file is not a copy, or a version 2 or 3 description,
+	 * which did not record them, described it. */
+	uint64_t origin_dev;
+	uint64_t origin_ino;
 };
 
 struct fdstore_generation {
@@ -182,7 +192,7 @@ int fdstore_encode(const struct fdstore_desc *d, uint8_t **buf, size_t *len);
  * 0, or -EBADMSG (malformed: the message names the field and the offset),
  * -EPROTO (another version) or -ENOMEM; *out is untouched on failure and
  * nothing is leaked. Encoding the result always gives version
- * FDSTORE_VERSION. */
+ * FDSTORE_VERSION (an older one's files with origins 0 and 0). */
 int fdstore_decode(const uint8_t *buf, size_t len, struct fdstore_desc **out);
 
 /* 1 when a and b describe the same things field by field, else 0. */

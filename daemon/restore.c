@@ -325,26 +325,66 @@ staged_copy_path(const char *stage_dir, int fd, char **copy)
 	return 1;
 }
 
+/* A staged copy's origin as f describes it (the file it was copied from,
+ * its size and mtime the copy's): for a held generation whose origin is
+ * gone or was replaced, as the process that staged it knew it. */
+static void
+described_origin(const struct fdstore_file *f, struct stat *st)
+{
+	memset(st, 0, sizeof(*st));
+	st->st_mode = S_IFREG;
+	st->st_dev = (dev_t)f->origin_dev;
+	st->st_ino = (ino_t)f->origin_ino;
+	st->st_size = (off_t)f->size;
+	st->st_mtim.tv_sec = (time_t)(f->mtime_ns / 1000000000);
+	st->st_mtim.tv_nsec = (long)(f->mtime_ns % 1000000000);
+	if (st->st_mtim.tv_nsec < 0) {
+		st->st_mtim.tv_sec--;
+		st->st_mtim.tv_nsec += 1000000000;
+	}
+}
+
 /*
  * A staged copy's origin: the configured model's file full that it was
  * copied from. A current generation serves only while that file is what
- * was copied: its size and mtime (the copy keeps the source's mtime); the
- * copy's inode was checked against the description already. Fills *o.
+ * was copied: the same file (its st_dev and st_ino, as same_file() checks
+ * a file served where it lies: a file renamed over the path while no
+ * wcached ran may have the same size and mtime, rsync -a or cp -p make
+ * one), and its size and mtime (the copy keeps the source's mtime); the
+ * copy's inode was checked against the description already. A
+ * description without the origin's inode (version 3, an older wcached)
+ * cannot tell: the model is staged again, which is always safe. Fills *o.
  */
 static int
 check_origin(const struct fdstore_generation *g, const struct fdstore_file *f, char *full,
 	struct gen_origin *o)
 {
 	struct stat st;
+	int same;
 
 	if (stat(full, &st) == -1) {
 		if (g->role == FDSTORE_CURRENT)
 			return error_set(-EINVAL, "%s, staged from, is gone", full);
-		memset(&st, 0, sizeof(st));
-	} else if (g->role == FDSTORE_CURRENT &&
-		(!S_ISREG(st.st_mode) || (uint64_t)st.st_size != f->size ||
-			restore_mtime_ns(&st) != f->mtime_ns)) {
-		return error_set(-EINVAL, "%s was replaced or changed since it was staged", full);
+		described_origin(f, &st);
+		same = 1;
+	} else {
+		same = (uint64_t)st.st_dev == f->origin_dev && (uint64_t)st.st_ino == f->origin_ino;
+	}
+	if (g->role == FDSTORE_CURRENT) {
+		if (f->origin_dev == 0 && f->origin_ino == 0)
+			return error_set(-EINVAL, "the description of its copy of %s does not say "
+				"which file it was copied from (stored by an older wcached)", full);
+		if (!same)
+			return error_set(-EINVAL, "%s was replaced since it was staged (it is "
+				"another file now)", full);
+		if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != f->size ||
+			restore_mtime_ns(&st) != f->mtime_ns)
+			return error_set(-EINVAL, "%s was replaced or changed since it was staged",
+				full);
+	} else if (!same) {
+		/* A held generation's source was replaced: that is why it is
+		 * held. Its origin stays the file it was copied from. */
+		described_origin(f, &st);
 	}
 	o->path = full;
 	o->st = st;

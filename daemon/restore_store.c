@@ -303,6 +303,12 @@ describe_generation(struct fdstore_generation *dg, const struct model_entry *m,
 		f->ino = (uint64_t)st->st_ino;
 		f->size = (uint64_t)st->st_size;
 		f->mtime_ns = restore_mtime_ns(st);
+		/* A staged copy: which file it was copied from, so that the next
+		 * process restores it only while that file is still there. */
+		if (g->origin != NULL && k < g->norigin) {
+			f->origin_dev = (uint64_t)g->origin[k].st.st_dev;
+			f->origin_ino = (uint64_t)g->origin[k].st.st_ino;
+		}
 	}
 	return 0;
 }

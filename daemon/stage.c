@@ -8,15 +8,22 @@
  * since 5.19, or a system call filter) with sendfile(2) into the file, and
  * last with pread/pwrite. The source's pages are dropped as they are copied
  * (POSIX_FADV_DONTNEED): the copy's pages are the ones that will serve.
+ *
+ * Removing works on descriptors: stage_dir is opened and checked once
+ * (check_stage_dir), each copy opened below it with O_NOFOLLOW and removed
+ * only with its marker in it (remove_copy_at), whether stage_remove(), the
+ * sweep or a failed staging asks.
  */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -32,6 +39,7 @@
 #define STAGE_CHUNK (8u << 20)
 #define STAGE_MARGIN (64ull << 20)
 #define STAGE_MAX_SUFFIX 1000
+#define STAGE_MAX_INDEX (64u << 20) /* bytes of a shard index read: the shard reader's limit */
 
 uint64_t
 stage_space_needed(uint64_t bytes)
@@ -80,6 +88,115 @@ human(uint64_t n, char *buf, size_t len)
 		snprintf(buf, len, v < 10.0 ? "%.1f %s" : "%.0f %s", v, units[u]);
 }
 
+/*
+ * Is the open directory fd (stage_dir, named path) one only owner can
+ * change: owned by owner, not writable by its group or others? Anyone who
+ * can write stage_dir can put there, or swap in under a removal, what
+ * wcached would then remove. 0, or -EPERM (-errno) with the message.
+ */
+static int
+check_stage_dir(int fd, const char *path, uid_t owner)
+{
+	struct stat st;
+
+	if (fstat(fd, &st) == -1)
+		return error_set(-errno, "stage_dir %s: %s", path, strerror(errno));
+	if (!S_ISDIR(st.st_mode))
+		return error_set(-ENOTDIR, "stage_dir %s is not a directory", path);
+	if (st.st_uid != owner)
+		return error_set(-EPERM, "stage_dir %s belongs to uid %u, not to uid %u that wcached "
+			"runs as: give wcached a directory of its own", path, (unsigned)st.st_uid,
+			(unsigned)owner);
+	if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
+		return error_set(-EPERM, "stage_dir %s is writable by %s (mode %04o): another user "
+			"could make wcached remove what it did not make; give wcached a directory of "
+			"its own (chmod go-w)", path, (st.st_mode & S_IWOTH) != 0 ? "all users" :
+			"its group", (unsigned)(st.st_mode & 07777));
+	return 0;
+}
+
+/* Opens stage_dir (a symbolic link the operator made of it is followed)
+ * and checks it (check_stage_dir) into *fd. 0, or -errno with the message;
+ * -ENOENT when it does not exist. */
+static int
+open_stage_dir(const char *stage_dir, int *fd)
+{
+	int d = open(stage_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), err;
+
+	if (d == -1)
+		return error_set(-errno, "stage_dir %s: %s", stage_dir, strerror(errno));
+	if ((err = check_stage_dir(d, stage_dir, geteuid())) < 0) {
+		close(d);
+		return err;
+	}
+	*fd = d;
+	return 0;
+}
+
+/* What remove_copy_at() did. */
+enum removal { REMOVED, GONE, NOT_OURS };
+
+/*
+ * Removes the copy name from the directory pfd (stage_dir, called parent
+ * in messages) when wcached made it: a directory, not a symbolic link, of
+ * wcached's user, holding STAGE_MARKER, a regular file of that user.
+ * Never follows a link: the copy is opened with O_NOFOLLOW and its entries
+ * unlinked relative to it, the marker last, so that a removal cut short
+ * is still wcached's for the next sweep. REMOVED, GONE (nothing there),
+ * NOT_OURS (left alone, *why says how it is not ours), or -errno with the
+ * message.
+ */
+static int
+remove_copy_at(int pfd, const char *parent, const char *name, const char **why)
+{
+	struct dirent *e;
+	struct stat st;
+	uid_t me = geteuid();
+	DIR *d;
+	int dfd, err = 0;
+
+	dfd = openat(pfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (dfd == -1 && errno == ENOENT)
+		return GONE;
+	if (dfd == -1 && (errno == ENOTDIR || errno == ELOOP)) {
+		*why = "not a directory: a file or a symbolic link";
+		return NOT_OURS;
+	}
+	if (dfd == -1)
+		return error_set(-errno, "removing %s/%s: %s", parent, name, strerror(errno));
+	if (fstat(dfd, &st) == -1 || st.st_uid != me) {
+		*why = "a directory of another user";
+		close(dfd);
+		return NOT_OURS;
+	}
+	if (fstatat(dfd, STAGE_MARKER, &st, AT_SYMLINK_NOFOLLOW) == -1 || !S_ISREG(st.st_mode) ||
+		st.st_uid != me) {
+		*why = "no " STAGE_MARKER " of wcached's user in it";
+		close(dfd);
+		return NOT_OURS;
+	}
+	if ((d = fdopendir(dfd)) == NULL) {
+		err = error_set(-errno, "removing %s/%s: %s", parent, name, strerror(errno));
+		close(dfd);
+		return err;
+	}
+	while ((e = readdir(d)) != NULL) {
+		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 ||
+			strcmp(e->d_name, STAGE_MARKER) == 0)
+			continue;
+		if (unlinkat(dirfd(d), e->d_name, 0) == -1 && errno != ENOENT && err == 0)
+			err = error_set(-errno, "removing %s/%s/%s: %s", parent, name, e->d_name,
+				strerror(errno));
+	}
+	if (err == 0 && unlinkat(dirfd(d), STAGE_MARKER, 0) == -1 && errno != ENOENT)
+		err = error_set(-errno, "removing %s/%s/%s: %s", parent, name, STAGE_MARKER,
+			strerror(errno));
+	closedir(d);
+	if (err == 0 && unlinkat(pfd, name, AT_REMOVEDIR) == -1 && errno != ENOENT)
+		err = error_set(-errno, "removing %s/%s: %s", parent, name, strerror(errno));
+	return err < 0 ? err : REMOVED;
+}
+
 /* A message for err (negative) while doing what to path: the errno's name
  * with strerror, so EIO and ESTALE read as such. */
 static int
@@ -120,13 +237,29 @@ struct stage_file {
 	const char *name;       /* its name in the copy */
 };
 
-/* No space while writing the copy: says so with the free space now. */
+/* Is err (an errno) stage_dir refusing more bytes of the copy? */
+static bool
+out_of_room(int err)
+{
+	return err == ENOSPC || err == EDQUOT || err == EFBIG;
+}
+
+/*
+ * No room while writing the copy of src (err is -ENOSPC, -EDQUOT or
+ * -EFBIG): says so with the free space now, or, for EFBIG, that the file
+ * is past the process's file size limit (RLIMIT_FSIZE: LimitFSIZE=,
+ * ulimit -f; wcached ignores SIGXFSZ so that this is an error, not its
+ * end) or past the largest file stage_dir's filesystem holds.
+ */
 static int
 no_space(int err, const struct stage_request *req, const char *src)
 {
 	struct statvfs vfs;
 	char need[32], free_now[32];
 
+	if (err == -EFBIG)
+		return error_set(-EFBIG, "cannot stage it: %s is too large for %s (file size limit "
+			"or the filesystem's maximum)", src, req->stage_dir);
 	human(stage_space_needed(req->bytes), need, sizeof(need));
 	if (statvfs(req->stage_dir, &vfs) == 0)
 		human((uint64_t)vfs.f_bavail * vfs.f_frsize, free_now, sizeof(free_now));
@@ -135,6 +268,25 @@ no_space(int err, const struct stage_request *req, const char *src)
 	return error_set(err, "cannot stage it to %s: %s while copying %s (%s left)",
 		req->stage_dir, err == -EDQUOT ? "disk quota exceeded" : "no space left", src,
 		free_now);
+}
+
+void
+stage_cancel(struct stage_request *req)
+{
+	__atomic_store_n(&req->cancelled, 1, __ATOMIC_RELAXED);
+}
+
+/* -ECANCELED with the message when wcached is stopping or req is no
+ * longer wanted (stage_cancel), else 0. */
+static int
+check_cancelled(const struct stage_request *req)
+{
+	if (req->cancel != NULL && __atomic_load_n(req->cancel, __ATOMIC_RELAXED))
+		return error_set(-ECANCELED, "cancelled: wcached is stopping");
+	if (__atomic_load_n(&req->cancelled, __ATOMIC_RELAXED))
+		return error_set(-ECANCELED, "cancelled: the staging is no longer wanted (a newer "
+			"load or an unload of the model)");
+	return 0;
 }
 
 /*
@@ -148,14 +300,15 @@ copy_fd(const struct stage_request *req, const struct stage_file *f, int out,
 {
 	uint64_t size = (uint64_t)f->st.st_size;
 	off_t off = 0;
+	int err;
 
 	while ((uint64_t)off < size) {
 		size_t want = size - (uint64_t)off < STAGE_CHUNK ? (size_t)(size - (uint64_t)off) :
 								      STAGE_CHUNK;
 		ssize_t n;
 
-		if (req->cancel != NULL && __atomic_load_n(req->cancel, __ATOMIC_RELAXED))
-			return error_set(-ECANCELED, "cancelled: wcached is stopping");
+		if ((err = check_cancelled(req)) < 0)
+			return err;
 		if (*how == COPY_RANGE) {
 			off_t in_off = off, out_off = off;
 
@@ -189,7 +342,7 @@ copy_fd(const struct stage_request *req, const struct stage_file *f, int out,
 						w = 0;
 						continue;
 					}
-					if (w == -1 && (errno == ENOSPC || errno == EDQUOT))
+					if (w == -1 && out_of_room(errno))
 						return no_space(-errno, req, f->src);
 					if (w <= 0)
 						return io_error(w == 0 ? -EIO : -errno,
@@ -199,7 +352,7 @@ copy_fd(const struct stage_request *req, const struct stage_file *f, int out,
 		}
 		if (n == -1 && errno == EINTR)
 			continue;
-		if (n == -1 && (errno == ENOSPC || errno == EDQUOT || errno == EFBIG))
+		if (n == -1 && out_of_room(errno))
 			return no_space(-errno, req, f->src);
 		if (n == -1)
 			/* Local writes rarely fail; a failed copy is the remote
@@ -258,20 +411,20 @@ copy_file(const struct stage_request *req, const struct stage_file *f, int dfd,
 
 	out = openat(dfd, f->name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0400);
 	if (out == -1) {
-		if (errno == ENOSPC || errno == EDQUOT)
+		if (out_of_room(errno))
 			return no_space(-errno, req, f->src);
 		return error_set(-errno, "cannot stage it to %s: creating the copy of %s: %s",
 			req->stage_dir, f->src, strerror(errno));
 	}
-	/* Reserve the space first: a full disk fails now, not half way. */
-	if (f->st.st_size > 0 && fallocate(out, 0, 0, f->st.st_size) == -1 &&
-		(errno == ENOSPC || errno == EDQUOT))
+	/* Reserve the space first: a full disk, or a file past the size
+	 * limit, fails now, not half way. */
+	if (f->st.st_size > 0 && fallocate(out, 0, 0, f->st.st_size) == -1 && out_of_room(errno))
 		err = no_space(-errno, req, f->src);
 	if (err == 0)
 		err = copy_fd(req, f, out, how, buf);
 	if (err == 0 && futimens(out, times) == -1)
-		err = error_set(-errno, "setting the mtime of the copy of %s: %s", f->src,
-			strerror(errno));
+		err = error_set(-errno, "cannot stage it: setting the mtime of the copy of %s: %s",
+			f->src, strerror(errno));
 	if (err == 0 && fstat(out, &st) == 0)
 		*disk += (uint64_t)st.st_blocks * 512u;
 	if (close(out) == -1 && err == 0)
@@ -298,14 +451,66 @@ shard_index_of(const char *model_path, char **path)
 			return error_set(-ENOMEM, "out of memory");
 		return 1;
 	}
-	if ((err = shards_find_model(model_path, &p, &is_index)) < 0)
+	if ((err = shards_find_model(model_path, &p, &is_index)) < 0) {
+		error_prefix("cannot stage it");
 		return err;
+	}
 	if (!is_index) {
 		free(p);
 		return 0;
 	}
 	*path = p;
 	return 1;
+}
+
+static void
+plan_free(struct stage_file *fs, size_t n)
+{
+	for (size_t i = 0; fs != NULL && i < n; i++)
+		if (fs[i].own_in) {
+			if (fs[i].in >= 0)
+				close(fs[i].in);
+			free((char *)fs[i].src);
+		}
+	free(fs);
+}
+
+/*
+ * Does the shard index f (open) name exactly the shards the model was
+ * validated with, req->files, in its order (the order of the index the
+ * reader validated)? It is found and opened again by path here, after the
+ * validation: one replaced since would be copied beside shards it does not
+ * describe, a mix of two versions no operator published. 0, or -ESTALE
+ * with the message.
+ */
+static int
+check_index_names(const struct stage_request *req, const struct stage_file *f)
+{
+	struct shard_map m = { 0 };
+	uint8_t *json = NULL;
+	bool same;
+
+	if (file_read_exact(f->in, f->src, "shard index", 0, (uint64_t)f->st.st_size, 1,
+		    STAGE_MAX_INDEX, &json) < 0 ||
+		shards_parse_index(f->src, (const char *)json, (size_t)f->st.st_size, &m) < 0) {
+		char why[512];
+
+		snprintf(why, sizeof(why), "%s", error_get());
+		free(json);
+		return error_set(-ESTALE, "cannot stage it: the shard index %s changed since the "
+			"model was validated: %s; the new version is staged by the next load", f->src,
+			why);
+	}
+	same = m.nshards == req->nfiles;
+	for (size_t i = 0; same && i < m.nshards; i++)
+		same = strcmp(m.shards[i], file_basename(req->files[i].path)) == 0;
+	shard_map_free(&m);
+	free(json);
+	if (!same)
+		return error_set(-ESTALE, "cannot stage it: the shard index %s was replaced since "
+			"the model was validated (it names other shards than the %zu opened); the new "
+			"version is staged by the next load", f->src, req->nfiles);
+	return 0;
 }
 
 /* Makes the list of files to copy: the source's, and its shard index. */
@@ -344,77 +549,164 @@ plan_files(const struct stage_request *req, struct stage_file **out, size_t *n)
 			free(fs);
 			return err;
 		}
+		err = check_index_names(req, f);
+	} else if (req->nfiles > 1) {
+		err = error_set(-ESTALE, "cannot stage it: %s has no shard index since the model "
+			"was validated; the new version is staged by the next load", req->model_path);
+	}
+	if (err < 0) {
+		plan_free(fs, *n);
+		return err;
 	}
 	*out = fs;
 	return 0;
 }
 
-static void
-plan_free(struct stage_file *fs, size_t n)
-{
-	for (size_t i = 0; fs != NULL && i < n; i++)
-		if (fs[i].own_in) {
-			if (fs[i].in >= 0)
-				close(fs[i].in);
-			free((char *)fs[i].src);
-		}
-	free(fs);
-}
-
-/* stage_dir exists (made 0700 if missing) and has room for bytes. */
+/* stage_dir exists (made 0700 if missing), is safe (check_stage_dir) and
+ * has room for bytes: 0 and *sfd, the directory open. */
 static int
-check_room(const struct stage_request *req, uint64_t bytes)
+check_room(const struct stage_request *req, uint64_t bytes, int *sfd)
 {
 	struct statvfs vfs;
 	uint64_t avail, need = stage_space_needed(bytes);
 	char a[32], b[32], c[32];
+	int fd = -1, err;
 
 	if (mkdir(req->stage_dir, 0700) == -1 && errno != EEXIST)
 		return error_set(-errno, "cannot stage it: stage_dir %s cannot be created: %s",
 			req->stage_dir, strerror(errno));
-	if (access(req->stage_dir, W_OK | X_OK) == -1)
-		return error_set(-errno, "cannot stage it: stage_dir %s is not writable by "
+	if ((err = open_stage_dir(req->stage_dir, &fd)) < 0) {
+		error_prefix("cannot stage it");
+		return err;
+	}
+	if (access(req->stage_dir, W_OK | X_OK) == -1) {
+		err = error_set(-errno, "cannot stage it: stage_dir %s is not writable by "
 			"wcached: %s", req->stage_dir, strerror(errno));
-	if (statvfs(req->stage_dir, &vfs) == -1)
-		return error_set(-errno, "cannot stage it: statvfs %s: %s", req->stage_dir,
+		close(fd);
+		return err;
+	}
+	if (statvfs(req->stage_dir, &vfs) == -1) {
+		err = error_set(-errno, "cannot stage it: statvfs %s: %s", req->stage_dir,
 			strerror(errno));
+		close(fd);
+		return err;
+	}
 	avail = (uint64_t)vfs.f_bavail * vfs.f_frsize;
 	if (avail < need) {
 		human(need, a, sizeof(a));
 		human(bytes, b, sizeof(b));
 		human(avail, c, sizeof(c));
+		close(fd);
 		return error_set(-ENOSPC, "cannot stage it to %s: not enough space: %s needed "
 			"(%s of files, 1%% and 64 MiB more), %s free", req->stage_dir, a, b, c);
 	}
+	*sfd = fd;
 	return 0;
 }
 
-/* Renames the finished copy tmp to stage_dir/<model>.<number>, or with a
- * suffix -2, -3... when that name is taken; *dir gets the name. */
+/*
+ * Writes STAGE_MARKER into the new copy dfd, first of all: what tells the
+ * sweep and stage_remove() that wcached made it. *marked once it exists
+ * (even if writing its line failed: it is a file of ours all the same).
+ */
 static int
-publish(const struct stage_request *req, const char *tmp, char **dir)
+write_marker(const struct stage_request *req, int dfd, int *marked)
 {
-	char name[PATH_MAX];
+	char line[256];
+	int fd = openat(dfd, STAGE_MARKER, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+		0400), n, err = 0;
+
+	if (fd == -1) {
+		if (out_of_room(errno))
+			return no_space(-errno, req, STAGE_MARKER);
+		return error_set(-errno, "cannot stage it to %s: creating %s: %s", req->stage_dir,
+			STAGE_MARKER, strerror(errno));
+	}
+	*marked = 1;
+	n = snprintf(line, sizeof(line), "a copy wcached (pid %ld) staged of model \"%.128s\", "
+		"generation %" PRIu64 "\n", (long)getpid(), req->model, req->number);
+	if ((err = fd_write_all(fd, line, (size_t)n)) < 0)
+		err = error_set(err, "cannot stage it to %s: writing %s: %s", req->stage_dir,
+			STAGE_MARKER, strerror(-err));
+	close(fd);
+	return err;
+}
+
+/* Renames the finished copy tmp (an entry of sfd, stage_dir) to
+ * <model>.<number>, or with a suffix -2, -3... when that name is taken;
+ * *dir gets its path. Never over an existing entry (RENAME_NOREPLACE,
+ * else a rename that refuses a directory that is not empty). */
+static int
+publish(const struct stage_request *req, int sfd, const char *tmp, char **dir)
+{
+	char name[NAME_MAX + 1];
 
 	for (unsigned k = 1; k <= STAGE_MAX_SUFFIX; k++) {
-		int n = k == 1 ? snprintf(name, sizeof(name), "%s/%s.%" PRIu64, req->stage_dir,
-					 req->model, req->number) :
-				 snprintf(name, sizeof(name), "%s/%s.%" PRIu64 "-%u",
-					 req->stage_dir, req->model, req->number, k);
+		int r;
 
-		if (n < 0 || (size_t)n >= sizeof(name))
-			return error_set(-ENAMETOOLONG, "%s: name too long", req->stage_dir);
-		if (rename(tmp, name) == 0) {
-			if ((*dir = strdup(name)) == NULL)
+		if (k == 1)
+			snprintf(name, sizeof(name), "%s.%" PRIu64, req->model, req->number);
+		else
+			snprintf(name, sizeof(name), "%s.%" PRIu64 "-%u", req->model, req->number, k);
+		r = renameat2(sfd, tmp, sfd, name, RENAME_NOREPLACE);
+		if (r == -1 && (errno == EINVAL || errno == ENOSYS))
+			r = renameat(sfd, tmp, sfd, name);
+		if (r == 0) {
+			if ((*dir = path_join(req->stage_dir, name)) == NULL)
 				return error_set(-ENOMEM, "out of memory");
 			return 0;
 		}
 		if (errno != EEXIST && errno != ENOTEMPTY)
-			return error_set(-errno, "cannot stage it: renaming %s to %s: %s", tmp, name,
-				strerror(errno));
+			return error_set(-errno, "cannot stage it: renaming %s/%s to %s: %s",
+				req->stage_dir, tmp, name, strerror(errno));
 	}
 	return error_set(-EEXIST, "cannot stage it: %s/%s.%" PRIu64 " and %u more names are "
 		"taken", req->stage_dir, req->model, req->number, STAGE_MAX_SUFFIX - 1);
+}
+
+/* Removes stage_copy()'s unfinished copy tmp (an entry of sfd): as any
+ * copy once marked, else the empty directory it still is. */
+static void
+discard(const struct stage_request *req, int sfd, const char *tmp, int marked)
+{
+	const char *why = NULL;
+	int r = 0;
+
+	if (marked)
+		r = remove_copy_at(sfd, req->stage_dir, tmp, &why);
+	else if (unlinkat(sfd, tmp, AT_REMOVEDIR) == -1 && errno != ENOENT)
+		r = error_set(-errno, "removing %s/%s: %s", req->stage_dir, tmp, strerror(errno));
+	if (r < 0)
+		log_warnx("staging: %s", error_get());
+	else if (r == NOT_OURS)
+		log_warnx("staging: %s/%s, being staged, is no longer wcached's (%s): left alone",
+			req->stage_dir, tmp, why);
+}
+
+/* The longest path a copy of req's files can have, temporary names
+ * included, fits in PATH_MAX; else -ENAMETOOLONG naming the model. */
+static int
+check_path_lengths(const struct stage_request *req, const struct stage_file *fs, size_t n)
+{
+	/* "/.<model>.tmp-<pid>-XXXXXX/" and the longest entry in it */
+	size_t longest = strlen(STAGE_MARKER), len;
+
+	for (size_t i = 0; i < n; i++)
+		if (strlen(fs[i].name) > longest)
+			longest = strlen(fs[i].name);
+	/* ".<model>.tmp-<pid>-XXXXXX" and "<model>.<number>-<k>" are names */
+	if (strlen(req->model) + sizeof("..tmp--XXXXXX") + 20 > NAME_MAX)
+		return error_set(-ENAMETOOLONG, "cannot stage it: the model name \"%.64s...\" (%zu "
+			"bytes) is too long to name its copy in %s", req->model, strlen(req->model),
+			req->stage_dir);
+	len = strlen(req->stage_dir) + 2 + strlen(req->model) + sizeof(".tmp--XXXXXX") + 20 +
+		longest;
+	if (len >= PATH_MAX)
+		return error_set(-ENAMETOOLONG, "cannot stage it: the paths of its copy would be "
+			"longer than %d bytes (model name \"%s\" %zu bytes, the longest file name %zu, "
+			"stage_dir %zu): configure a shorter stage_dir than %s", PATH_MAX - 1,
+			req->model, strlen(req->model), longest, strlen(req->stage_dir), req->stage_dir);
+	return 0;
 }
 
 int
@@ -423,38 +715,40 @@ stage_copy(struct stage_request *req)
 	struct stage_file *fs = NULL;
 	enum copy_method how = COPY_RANGE;
 	char tmp[PATH_MAX], *buf = NULL, *dir = NULL, *path = NULL;
+	const char *tmpname = NULL;
 	uint64_t bytes = 0, disk = 0;
 	double start = now_seconds();
 	size_t n = 0;
-	int dfd = -1, err, made = 0;
+	int sfd = -1, dfd = -1, err, marked = 0;
 
 	if ((err = plan_files(req, &fs, &n)) < 0 || fs == NULL)
 		return err < 0 ? err : -ENOMEM;
 	for (size_t i = 0; i < n; i++)
 		bytes += (uint64_t)fs[i].st.st_size;
 	req->bytes = bytes;
-	if ((err = check_room(req, bytes)) < 0)
+	if ((err = check_cancelled(req)) < 0 || (err = check_path_lengths(req, fs, n)) < 0 ||
+		(err = check_room(req, bytes, &sfd)) < 0)
 		goto out;
-	if (snprintf(tmp, sizeof(tmp), "%s/.%s.tmp-%ld-XXXXXX", req->stage_dir, req->model,
-		    (long)getpid()) >= (int)sizeof(tmp)) {
-		err = error_set(-ENAMETOOLONG, "%s: name too long", req->stage_dir);
-		goto out;
-	}
+	snprintf(tmp, sizeof(tmp), "%s/.%s.tmp-%ld-XXXXXX", req->stage_dir, req->model,
+		(long)getpid());
 	if (mkdtemp(tmp) == NULL) {
 		err = error_set(-errno, "cannot stage it: stage_dir %s: creating a directory: %s",
 			req->stage_dir, strerror(errno));
 		goto out;
 	}
-	made = 1;
-	if ((dfd = open(tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) == -1) {
+	tmpname = file_basename(tmp);
+	if ((dfd = openat(sfd, tmpname, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) == -1) {
 		err = error_set(-errno, "cannot stage it: %s: %s", tmp, strerror(errno));
 		goto out;
 	}
+	err = write_marker(req, dfd, &marked);
 	for (size_t i = 0; i < n && err == 0; i++)
 		err = copy_file(req, &fs[i], dfd, &how, &buf, &disk);
 	for (size_t i = 0; i < n && err == 0; i++)
 		err = check_unchanged(&fs[i]);
-	if (err == 0 && (err = publish(req, tmp, &dir)) == 0 && dir == NULL)
+	if (err == 0)
+		err = check_cancelled(req);
+	if (err == 0 && (err = publish(req, sfd, tmpname, &dir)) == 0 && dir == NULL)
 		err = -ENOMEM;
 	if (err == 0 && dir != NULL) {
 		struct stat st;
@@ -473,8 +767,10 @@ stage_copy(struct stage_request *req)
 out:
 	if (dfd >= 0)
 		close(dfd);
-	if (err < 0 && made && stage_remove(tmp) < 0)
-		log_warnx("staging: %s", error_get());
+	if (err < 0 && tmpname != NULL && dir == NULL)
+		discard(req, sfd, tmpname, marked);
+	if (sfd >= 0)
+		close(sfd);
 	plan_free(fs, n);
 	free(buf);
 	if (err < 0)
@@ -498,24 +794,23 @@ stage_request_clear(struct stage_request *req)
 int
 stage_remove(const char *dir)
 {
-	struct dirent *e;
-	DIR *d = opendir(dir);
-	int err = 0;
+	char *parent = path_dir(dir);
+	const char *why = NULL;
+	int pfd, r;
 
-	if (d == NULL)
-		return errno == ENOENT ? 0 :
-					 error_set(-errno, "removing %s: %s", dir, strerror(errno));
-	while ((e = readdir(d)) != NULL) {
-		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-			continue;
-		if (unlinkat(dirfd(d), e->d_name, 0) == -1 && errno != ENOENT && err == 0)
-			err = error_set(-errno, "removing %s/%s: %s", dir, e->d_name,
-				strerror(errno));
+	if (parent == NULL)
+		return error_set(-ENOMEM, "out of memory");
+	if ((pfd = open(parent[0] != '\0' ? parent : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) == -1) {
+		r = errno == ENOENT ? 0 : error_set(-errno, "removing %s: %s", dir, strerror(errno));
+		free(parent);
+		return r;
 	}
-	closedir(d);
-	if (rmdir(dir) == -1 && errno != ENOENT && err == 0)
-		err = error_set(-errno, "removing %s: %s", dir, strerror(errno));
-	return err;
+	if ((r = check_stage_dir(pfd, parent, geteuid())) == 0 &&
+		(r = remove_copy_at(pfd, parent, file_basename(dir), &why)) == NOT_OURS)
+		r = error_set(-EPERM, "%s is not a copy wcached made (%s): left alone", dir, why);
+	close(pfd);
+	free(parent);
+	return r < 0 ? r : 0;
 }
 
 struct remove_work {
@@ -572,6 +867,7 @@ stage_prepare_dir(const char *stage_dir, uid_t uid, gid_t gid)
 {
 	char *p = strdup(stage_dir);
 	struct stat st;
+	int fd, made, err;
 
 	if (p == NULL)
 		return error_set(-ENOMEM, "out of memory");
@@ -588,15 +884,28 @@ stage_prepare_dir(const char *stage_dir, uid_t uid, gid_t gid)
 		*s = '/';
 	}
 	free(p);
-	if (mkdir(stage_dir, 0700) == -1 && errno != EEXIST)
+	if (!(made = mkdir(stage_dir, 0700) == 0) && errno != EEXIST)
 		return error_set(-errno, "stage_dir %s cannot be created: %s", stage_dir,
 			strerror(errno));
-	if (lstat(stage_dir, &st) == -1 || !S_ISDIR(st.st_mode))
-		return error_set(-ENOTDIR, "stage_dir %s is not a directory", stage_dir);
-	if (uid != (uid_t)-1 && (st.st_uid != uid || st.st_gid != gid) &&
-		chown(stage_dir, uid, gid) == -1)
-		return error_set(-errno, "stage_dir %s: chown: %s", stage_dir, strerror(errno));
-	return 0;
+	if ((fd = open(stage_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) == -1) {
+		int e = errno;
+
+		if (e == ENOTDIR)
+			return error_set(-ENOTDIR, "stage_dir %s is not a directory", stage_dir);
+		return error_set(-e, "stage_dir %s: %s", stage_dir, strerror(e));
+	}
+	/* Only the directory made here is given away: an existing one of
+	 * someone else's (a shared /var/cache, /tmp, a home) is refused below,
+	 * never taken over. */
+	err = made && uid != (uid_t)-1 && fchown(fd, uid, gid) == -1 ?
+		error_set(-errno, "stage_dir %s: chown: %s", stage_dir, strerror(errno)) : 0;
+	if (err == 0 && !made && uid != (uid_t)-1 && fstat(fd, &st) == 0 && st.st_uid == uid &&
+		st.st_gid != gid && fchown(fd, uid, gid) == -1)
+		err = error_set(-errno, "stage_dir %s: chown: %s", stage_dir, strerror(errno));
+	if (err == 0)
+		err = check_stage_dir(fd, stage_dir, uid != (uid_t)-1 ? uid : geteuid());
+	close(fd);
+	return err;
 }
 
 int
@@ -643,19 +952,58 @@ staged_name(const char *name, bool *own_tmp)
 	return true;
 }
 
+/* The directory a sweep locked (flock) for the life of the process: a
+ * second wcached started with the same stage_dir then leaves the copies
+ * of the first alone. Loop thread (stage_sweep), so unguarded. */
+static int sweep_lock = -1;
+
+/* Locks stage_dir (its open descriptor sfd) for this process: 0, or
+ * -EBUSY when another process holds it. */
+static int
+lock_stage_dir(int sfd, const char *stage_dir)
+{
+	struct stat a, b;
+	int fd;
+
+	if (sweep_lock >= 0 && fstat(sweep_lock, &a) == 0 && fstat(sfd, &b) == 0 &&
+		a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+		return 0;
+	if ((fd = fcntl(sfd, F_DUPFD_CLOEXEC, 0)) == -1)
+		return error_set(-errno, "stage_dir %s: %s", stage_dir, strerror(errno));
+	if (flock(fd, LOCK_EX | LOCK_NB) == -1) {
+		int e = errno;
+
+		close(fd);
+		if (e == EWOULDBLOCK)
+			return error_set(-EBUSY, "stage_dir %s is in use by another running wcached "
+				"(it holds its lock): nothing in it is removed; give each wcached a "
+				"stage_dir of its own", stage_dir);
+		return error_set(-e, "stage_dir %s: flock: %s", stage_dir, strerror(e));
+	}
+	if (sweep_lock >= 0)
+		close(sweep_lock);
+	sweep_lock = fd;
+	return 0;
+}
+
 int
 stage_sweep(const char *stage_dir, char *const *keep, size_t nkeep, unsigned *removed)
 {
 	struct dirent *e;
-	DIR *d = opendir(stage_dir);
-	int err = 0;
+	DIR *d;
+	int sfd = -1, err;
 
 	*removed = 0;
-	if (d == NULL)
-		return errno == ENOENT ? 0 :
-					 error_set(-errno, "stage_dir %s: %s", stage_dir, strerror(errno));
+	if ((err = open_stage_dir(stage_dir, &sfd)) < 0)
+		return err == -ENOENT ? 0 : err;
+	if ((err = lock_stage_dir(sfd, stage_dir)) < 0 || (d = fdopendir(sfd)) == NULL) {
+		if (err == 0)
+			err = error_set(-errno, "stage_dir %s: %s", stage_dir, strerror(errno));
+		close(sfd);
+		return err;
+	}
 	while ((e = readdir(d)) != NULL) {
-		struct stat st;
+		const char *why = NULL;
 		bool own_tmp, kept = false;
 		char *full;
 		int r;
@@ -663,22 +1011,22 @@ stage_sweep(const char *stage_dir, char *const *keep, size_t nkeep, unsigned *re
 		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 ||
 			!staged_name(e->d_name, &own_tmp) || own_tmp)
 			continue;
-		if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == -1 ||
-			!S_ISDIR(st.st_mode))
-			continue;
 		if ((full = path_join(stage_dir, e->d_name)) == NULL) {
 			err = error_set(-ENOMEM, "out of memory");
 			break;
 		}
 		for (size_t i = 0; i < nkeep && !kept; i++)
 			kept = strcmp(keep[i], full) == 0;
-		if (!kept) {
-			if ((r = stage_remove(full)) < 0 && err == 0)
-				err = r;
-			else if (r == 0)
-				(*removed)++;
-		}
 		free(full);
+		if (kept)
+			continue;
+		if ((r = remove_copy_at(dirfd(d), stage_dir, e->d_name, &why)) < 0 && err == 0)
+			err = r;
+		else if (r == REMOVED)
+			(*removed)++;
+		else if (r == NOT_OURS)
+			log_warnx("stage_dir %s: %s is not a copy wcached made (%s): left alone",
+				stage_dir, e->d_name, why);
 	}
 	closedir(d);
 	return err;

@@ -18,6 +18,17 @@
  * start (stage_sweep). A copy keeps its source's mtime, so a warm restart
  * can tell whether the source changed while the daemon was down.
  *
+ * wcached removes only what it made. Before anything else goes into a copy
+ * (temporary or not) it gets its marker, STAGE_MARKER, a regular file of
+ * wcached's user; a directory of stage_dir without one (a symbolic link,
+ * another user's, one an operator or another program made, one an older
+ * wcached made) is never emptied, whatever its name: the sweep and
+ * stage_remove() leave it with one line naming it. Removal works through
+ * descriptors, never following a symbolic link inside stage_dir. And a
+ * stage_dir another user may write (not owned by wcached's user, or
+ * writable by its group or others) is refused for staging, sweeping and
+ * removing alike: its entries could be swapped under a removal.
+ *
  * stage_copy() and stage_remove() block (gigabytes of I/O): call them on a
  * work queue thread, never on the loop; stage_remove_later() queues the
  * removal on libuv's work queue from the loop. Nothing here calls another
@@ -33,6 +44,11 @@
 
 #include "base/file.h"
 
+/* The marker of a copy wcached made (above): a regular file of wcached's
+ * user inside it, written first. Not a name a model file can have: it ends
+ * in none of a model's suffixes. */
+#define STAGE_MARKER ".wcached-copy"
+
 /* Bytes of free space staging a model of bytes requires in stage_dir:
  * the model's, plus 1% and 64 MiB for the filesystem's own metadata and
  * whatever else writes there meanwhile. */
@@ -46,7 +62,9 @@ struct stage_request {
 	const char *model_path;    /* the configured path: a file, shard index or directory */
 	const struct wc_file *files; /* the source's files, open, in index order */
 	size_t nfiles;
-	const int *cancel;         /* read atomically: nonzero stops the copy (-ECANCELED) */
+	const int *cancel;         /* read atomically: nonzero stops the copy (-ECANCELED):
+				      wcached is stopping */
+	int cancelled;             /* stage_cancel(): this staging is no longer wanted */
 	/* Out, on success (stage_request_clear frees them): */
 	char *dir;                 /* the staged directory, stage_dir/<model>.<number> */
 	char *path;                /* the model's path inside it, for source_open() */
@@ -57,7 +75,9 @@ struct stage_request {
 
 /*
  * Copies the model's files (req->files, and a sharded model's index found
- * from model_path) into a new directory under stage_dir: checks the free
+ * from model_path, which must name exactly req->files' shards in their
+ * order: an index replaced since the model was validated is refused) into
+ * a new directory under stage_dir: checks the free
  * space first, creates stage_dir (0700) if missing, copies with
  * copy_file_range(2) (sendfile(2), then read/write where the kernel
  * refuses), checks each source against its stat at open, and renames the
@@ -68,13 +88,26 @@ struct stage_request {
  */
 int stage_copy(struct stage_request *req);
 
+/*
+ * Stops req's stage_copy() at its next 8 MiB request, or before it starts
+ * (-ECANCELED, nothing left behind): for a staging its model no longer
+ * wants, superseded by a newer load or ended by an unload, which would
+ * otherwise copy gigabytes only to have them removed. Any thread, while
+ * stage_copy(req) runs or before it does (an atomic store; req stays the
+ * caller's and must outlive the copy). The cancel pointer still counts.
+ */
+void stage_cancel(struct stage_request *req);
+
 /* Frees req's outputs (not the copy on disk). */
 void stage_request_clear(struct stage_request *req);
 
 /*
- * Removes the staged directory dir: its files, then itself. Blocking.
- * 0, or -errno (the message names what could not be removed); a dir that
- * does not exist is 0.
+ * Removes the staged directory dir (an entry of stage_dir): its files,
+ * then itself, when it is a copy wcached made (STAGE_MARKER in it, above);
+ * never through a symbolic link. Blocking. 0 (a dir that does not exist
+ * too), -EPERM when dir is not wcached's copy or stage_dir is not safe
+ * (left alone; the message names it and why), or -errno (the message
+ * names what could not be removed).
  */
 int stage_remove(const char *dir);
 
@@ -84,9 +117,12 @@ int stage_remove(const char *dir);
 void stage_remove_later(uv_loop_t *loop, char *dir);
 
 /*
- * Creates stage_dir if missing (mode 0700; the parent must exist) and, when
- * uid is not (uid_t)-1, gives it to uid:gid (as root, before privileges are
- * dropped). 0, or -errno with the message.
+ * Creates stage_dir if missing (mode 0700; as root, its parents 0755) and,
+ * when uid is not (uid_t)-1, gives the directory it created to uid:gid (as
+ * root, before privileges are dropped). An existing stage_dir must already
+ * be the user's that wcached runs as (uid, else the effective uid) and not
+ * writable by its group or others: it is never given away or changed.
+ * 0, or -errno with one line naming the directory and why.
  */
 int stage_prepare_dir(const char *stage_dir, uid_t uid, gid_t gid);
 
@@ -97,11 +133,14 @@ int stage_prepare_dir(const char *stage_dir, uid_t uid, gid_t gid);
 int stage_dir_of(const char *stage_dir, const char *path, char **dir);
 
 /*
- * Removes what earlier processes left in stage_dir: every staged directory
- * (<model>.<number>, possibly with a suffix) and temporary one not among
- * keep (nkeep absolute paths) and not this process's own temporary. Only
- * names of those shapes are touched. Blocking. *removed counts them. 0, or
- * the first -errno (with the message); it goes on after an error.
+ * Removes what earlier processes left in stage_dir: every copy wcached
+ * made (named <model>.<number>, possibly with a suffix, or a temporary
+ * .<model>.tmp-..., with STAGE_MARKER in it) not among keep (nkeep absolute
+ * paths) and not this process's own temporary. Other entries are not
+ * touched; one of those names without the marker gets one warning naming
+ * it. Refuses (-EPERM, nothing removed) a stage_dir another user may write.
+ * Blocking. *removed counts the copies removed. 0, or the first -errno
+ * (with the message); it goes on after an error.
  */
 int stage_sweep(const char *stage_dir, char *const *keep, size_t nkeep, unsigned *removed);
 

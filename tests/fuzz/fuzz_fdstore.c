@@ -9,14 +9,16 @@
  *
  * Properties checked, beyond "no crash, no leak, no out-of-bounds access":
  *   - a description the decoder accepts passes fdstore_check(), encodes
- *     back to exactly the input when the input is version 3 (the format
+ *     back to exactly the input when the input is version 4 (the format
  *     has one encoding for each description: no padding, reserved bytes
  *     zero, no leftover bytes), and decoding that again gives an equal
- *     description, derived artifacts included: decode(encode(x)) == x for
- *     every x the decoder can produce;
- *   - a version 2 input (no artifacts) decodes to a description without
- *     artifacts whose encoding is version 3 and exactly 4 bytes (a zero
- *     artifact count) longer per model;
+ *     description, derived artifacts and origins included:
+ *     decode(encode(x)) == x for every x the decoder can produce;
+ *   - a version 3 input (no origins) decodes to a description whose files
+ *     have origins 0 and 0 and whose encoding is version 4 and exactly 16
+ *     bytes longer per file; a version 2 input (no artifacts either), one
+ *     without artifacts and 4 bytes (a zero artifact count) longer per
+ *     model besides;
  *   - a refusal leaves *out untouched and says "fdstore:";
  *   - a name fdstore_name_parse() accepts is printed back to the same
  *     string by fdstore_name_index()/_file()/_artifact()/_artifact_index()
@@ -58,10 +60,21 @@ check_description(const uint8_t *data, size_t size)
 	if (data[8] == FDSTORE_VERSION) {
 		CHECK(len == size && memcmp(buf, data, size) == 0);
 	} else {
-		CHECK(data[8] == 2);
-		CHECK(len == size + 4 * (size_t)d->nmodels);
-		CHECK(memcmp(buf + 12, data + 12, FDSTORE_HEADER_SIZE - 12) == 0);
+		size_t files = 0;
+
+		CHECK(data[8] == 2 || data[8] == 3);
 		for (uint32_t i = 0; i < d->nmodels; i++)
+			for (uint32_t g = 0; g < d->models[i].ngenerations; g++) {
+				const struct fdstore_generation *gen = &d->models[i].generations[g];
+
+				files += gen->nfiles;
+				for (uint32_t k = 0; k < gen->nfiles; k++)
+					CHECK(gen->files[k].origin_dev == 0 &&
+						gen->files[k].origin_ino == 0);
+			}
+		CHECK(len == size + 16 * files + (data[8] == 2 ? 4 * (size_t)d->nmodels : 0));
+		CHECK(memcmp(buf + 12, data + 12, FDSTORE_HEADER_SIZE - 12) == 0);
+		for (uint32_t i = 0; data[8] == 2 && i < d->nmodels; i++)
 			CHECK(d->models[i].nartifacts == 0 && d->models[i].artifacts == NULL);
 	}
 	CHECK(fdstore_decode(buf, len, &again) == 0);

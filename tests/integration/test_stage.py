@@ -9,6 +9,7 @@ killed daemon left is swept at the next start."""
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
@@ -18,6 +19,7 @@ import pytest
 from conftest import TEST_USER, Daemon, binary, mkmodel, parse_user, wait_until
 
 LAYERS = dict(layers=2, hidden=64, ffn=128, vocab=64)
+MARKER = ".wcached-copy"  # stage.h STAGE_MARKER: in every copy wcached makes
 
 
 def generation(d, name="m"):
@@ -76,7 +78,7 @@ def test_stage_yes_serves_the_copy(tmp_path):
         copy = os.path.join(stage_dir, "m.1")
         assert f"to {copy} (" in line and "MB/s)" in line, line
         assert entries(stage_dir) == ["m.1"]
-        assert os.listdir(copy) == ["m.safetensors"]
+        assert entries(copy) == [MARKER, "m.safetensors"]  # the marker: wcached made it
         st = os.stat(stage_dir)
         assert st.st_mode & 0o777 == 0o700
         if TEST_USER:
@@ -149,7 +151,7 @@ def test_sharded_model_is_staged_whole(tmp_path):
         wait_until(lambda: generation(d) == 1, what="generation 1")
         copy = os.path.join(stage_dir, "m.1")
         names = sorted(n for n in os.listdir(model_dir))
-        assert sorted(os.listdir(copy)) == names  # the shard index and every shard
+        assert entries(copy) == sorted(names + [MARKER])  # the shard index and every shard
         for n in names:
             with open(model_dir / n, "rb") as a, open(os.path.join(copy, n), "rb") as b:
                 assert a.read() == b.read(), n
@@ -238,6 +240,75 @@ def test_unwritable_stage_dir_refuses_the_model_with_one_line(tmp_path):
         subprocess.run(["umount", str(ro)], check=False)
 
 
+def own_dir(d, path, mode=0o700):
+    """Makes path a directory of the daemon's user (root's, or
+    $WCACHE_TEST_USER's) with mode."""
+    os.makedirs(path, exist_ok=True)
+    if d.user is not None:
+        os.chown(path, *d.user)
+    os.chmod(path, mode)
+    return str(path)
+
+
+def foreign(stage_dir, names):
+    """Directories named as copies are, each holding a file, that wcached
+    did not make (no marker): what another program keeps in a shared
+    directory."""
+    for n in names:
+        os.makedirs(os.path.join(stage_dir, n))
+        with open(os.path.join(stage_dir, n, "keep.txt"), "w") as f:
+            f.write("not wcached's\n")
+
+
+def intact(stage_dir, names):
+    return all(os.listdir(os.path.join(stage_dir, n)) == ["keep.txt"] for n in names)
+
+
+def test_a_model_past_the_file_size_limit_is_refused_with_one_line(tmp_path):
+    """Under a file size limit (LimitFSIZE=, ulimit -f) smaller than a
+    staged model's file, the kernel refuses the copy (EFBIG) and sends
+    SIGXFSZ, whose default action ends the process: every model would go
+    with it. wcached ignores SIGXFSZ (main.c) and says why in one line
+    (it said "no space left ... (N GiB left)"); the others serve."""
+    from wcached import WcachedError
+    big = mkmodel(tmp_path / "big.safetensors", layers=2, hidden=1024, ffn=2048, vocab=64)
+    small = mkmodel(tmp_path / "small.safetensors", seed=2, **LAYERS)
+    limit = os.path.getsize(big) // 2
+    assert limit > 4 * os.path.getsize(small)
+    d, stage_dir = stage_daemon(tmp_path, {"big": (big, {"stage": "yes"}), "small": small})
+    d.logf = open(d.log, "w")
+    cmd = [binary("wcached"), "-c", d.conf]
+    if d.user is not None:
+        from conftest import as_user
+        cmd = as_user(*d.user) + cmd
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    # subprocess gives the child SIGXFSZ's default action back (Python
+    # ignores it): as under systemd or a shell.
+    d.proc = subprocess.Popen(cmd, stderr=d.logf, preexec_fn=limited)
+    try:
+        try:
+            _, line = d.wait_for_log(r'model "big": cannot stage it')
+        except WcachedError:
+            d.proc.wait()
+        if d.proc.returncode == -signal.SIGXFSZ:
+            # main.c does not ignore SIGXFSZ yet (a change of its own, made
+            # on another branch): remove this once it has landed.
+            pytest.xfail("wcached was killed by SIGXFSZ: main.c does not ignore it yet")
+        assert d.proc.poll() is None, d.read_log()
+        assert line.endswith(f'model "big": cannot stage it: {big} is too large for '
+                             f"{stage_dir} (file size limit or the filesystem's maximum); "
+                             "not served"), line
+        d.wait_listening()
+        assert generation(d, "small") == 1 and generation(d, "big") is None
+        assert problems(d) == [line]
+        assert entries(stage_dir) == []
+    finally:
+        code = d.stop()
+    assert code == 0, d.read_log()
+
+
 def test_leftovers_of_a_killed_daemon_are_swept_at_start(tmp_path):
     src = mkmodel(tmp_path / "m.safetensors", seed=1, **LAYERS)
     d, stage_dir = stage_daemon(tmp_path, {"m": (src, {"stage": "yes"})})
@@ -246,18 +317,103 @@ def test_leftovers_of_a_killed_daemon_are_swept_at_start(tmp_path):
     d.proc.send_signal(signal.SIGKILL)
     d.proc.wait()
     assert entries(stage_dir) == ["m.1"]
-    # A temporary copy of a crashed staging, and something that is not ours.
-    os.mkdir(os.path.join(stage_dir, ".m.tmp-1-abcdef"))
+    # A temporary copy of a crashed staging (marked first of all, as
+    # stage_copy does), and what is not ours: a plain name, and names of
+    # the shape of a copy's without the marker.
+    tmp_copy = os.path.join(stage_dir, ".m.tmp-1-abcdef")
+    os.mkdir(tmp_copy)
+    open(os.path.join(tmp_copy, MARKER), "w").close()
+    if d.user is not None:
+        for p in (tmp_copy, os.path.join(tmp_copy, MARKER)):
+            os.chown(p, *d.user)
     os.mkdir(os.path.join(stage_dir, "notes"))
+    foreign(stage_dir, ["python3.11", "backup.2024-1"])
     d.start()
     try:
         d.wait_for_log(r"removed 2 staged copies left in ")
         wait_until(lambda: generation(d) == 1, what="generation 1 again")
-        assert entries(stage_dir) == ["m.1", "notes"]  # m.1 staged anew
+        # m.1 staged anew; the others untouched, each named once.
+        assert entries(stage_dir) == ["backup.2024-1", "m.1", "notes", "python3.11"]
+        assert intact(stage_dir, ["python3.11", "backup.2024-1"])
+        left = [p for p in problems(d) if "left alone" in p]
+        assert len(left) == 2 and all("is not a copy wcached made" in p for p in left), left
         fds = model_fds(d.proc.pid)
         assert fds and all(t.startswith(os.path.join(stage_dir, "m.1") + "/") for t in fds)
     finally:
         assert d.stop() == 0, d.read_log()
+
+
+def test_a_shared_stage_dir_keeps_what_wcached_did_not_make(tmp_path):
+    """stage_dir pointed at a directory other programs use (reviewer's
+    repro): no model stages, yet the sweep at start ran through it and
+    emptied every directory whose name looked like "<x>.<digits>"."""
+    src = mkmodel(tmp_path / "m.safetensors", seed=1, **LAYERS)
+    d, stage_dir = stage_daemon(tmp_path, {"m": src}, stage_dir=str(tmp_path / "shared"))
+    own_dir(d, stage_dir, 0o755)
+    names = ["python3.11", "backup.2024-1", "x.1", ".y.tmp-1-abcdef"]
+    foreign(stage_dir, names + ["notes"])
+    d.start()
+    try:
+        wait_until(lambda: generation(d) == 1, what="generation 1")
+        assert intact(stage_dir, names + ["notes"])
+        log = d.read_log()
+        assert "removed" not in log, log
+        for n in names:
+            assert f"{stage_dir}: {n} is not a copy wcached made" in log, log
+        assert "notes" not in log
+    finally:
+        assert d.stop() == 0, d.read_log()
+    assert intact(stage_dir, names + ["notes"])
+
+
+def test_a_stage_dir_other_users_may_write_is_refused(tmp_path):
+    """A stage_dir writable by others (or another user's) would let them
+    aim a removal anywhere: not swept, and a model that must stage is
+    refused with one line saying why; a copy in it stays."""
+    src = mkmodel(tmp_path / "m.safetensors", seed=1, **LAYERS)
+    local = mkmodel(tmp_path / "local.safetensors", seed=2, **LAYERS)
+    d, stage_dir = stage_daemon(tmp_path, {"m": (src, {"stage": "yes"}), "local": local},
+                                stage_dir=str(tmp_path / "open"))
+    own_dir(d, stage_dir, 0o1777)
+    leftover = own_dir(d, os.path.join(stage_dir, "m.1"))
+    with open(os.path.join(leftover, MARKER), "w"):
+        pass
+    d.start()
+    try:
+        _, line = d.wait_for_log(r'model "m": cannot stage it')
+        assert f"stage_dir {stage_dir} is writable by all users (mode 1777)" in line, line
+        assert "not served" in line, line
+        assert generation(d, "local") == 1 and generation(d, "m") is None
+        sweep = [p for p in problems(d) if p != line]
+        assert len(sweep) == 1 and f"stage_dir {stage_dir} is writable by all users" in sweep[0]
+        assert entries(stage_dir) == ["m.1"] and entries(leftover) == [MARKER]
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_a_second_wcached_with_the_same_stage_dir_leaves_the_copies_of_the_first(tmp_path):
+    src = mkmodel(tmp_path / "m.safetensors", seed=1, **LAYERS)
+    other = mkmodel(tmp_path / "n.safetensors", seed=2, **LAYERS)
+    d, stage_dir = stage_daemon(tmp_path, {"m": (src, {"stage": "yes"})})
+    (tmp_path / "second").mkdir()
+    d2, _ = stage_daemon(tmp_path / "second", {"n": (other, {"stage": "yes"})},
+                         stage_dir=stage_dir)
+    d.start()
+    try:
+        wait_until(lambda: generation(d) == 1, what="generation 1 of the first")
+        d2.start()
+        try:
+            d2.wait_for_log(r"in use by another running wcached")
+            wait_until(lambda: generation(d2, "n") == 1, what="generation 1 of the second")
+            assert entries(stage_dir) == ["m.1", "n.1"]
+            r = subprocess.run([binary("demo_worker"), "--socket", d.socket, "--verify", src,
+                                "m"], capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+        finally:
+            assert d2.stop() == 0, d2.read_log()
+    finally:
+        assert d.stop() == 0, d.read_log()
+    assert entries(stage_dir) == []
 
 
 def test_warm_restart_keeps_the_staged_copies_it_restores(tmp_path):

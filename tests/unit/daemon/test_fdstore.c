@@ -5,8 +5,9 @@
  *
  * A description with every kind of record (three models, one without
  * generations, one with a current, a held and a pending generation and
- * derived artifacts of two of them) is encoded and decoded back, and a
- * version 2 description (no artifacts) is still read; then each rule is broken on a copy, through
+ * derived artifacts of two of them) is encoded and decoded back, and
+ * version 3 (files without origin) and 2 (no artifacts either) descriptions
+ * are still read; then each rule is broken on a copy, through
  * the encoder (which refuses) and through hand-made bytes (which the
  * decoder refuses), and the message must name the field. Every prefix of
  * a good encoding is refused, and so is every single byte flipped that
@@ -78,6 +79,11 @@ make_generation(struct fdstore_generation *g, uint64_t slot, uint64_t number, ui
 		g->files[k] = (struct fdstore_file){ .fdname = strdup(name), .dev = 0x801,
 			.ino = 1000 + slot * 100 + number * 10 + k, .size = 1ull << 40,
 			.mtime_ns = -5 + (int64_t)k }; /* before the epoch is a time too */
+		/* Current generations are staged copies: they name their origin. */
+		if (role == FDSTORE_CURRENT) {
+			g->files[k].origin_dev = 0x1d00000803ull;
+			g->files[k].origin_ino = (1ull << 40) + slot * 1000 + k;
+		}
 	}
 }
 
@@ -173,56 +179,98 @@ strip_artifacts(struct fdstore_model *m)
 	m->nartifacts = 0;
 }
 
-/* A version 2 description (today's before artifacts) is read as a version
- * 3 one without artifacts: a restart after the upgrade restores every
- * model. With one model and no artifacts, version 3 is version 2 and a
- * zero artifact count at the end. */
+/* Versions 3 (files without their origin) and 2 (no artifacts either)
+ * are read as version 4 with origins 0 and 0: a restart after the upgrade
+ * restores every model (restore.c stages again a copy whose origin it
+ * cannot tell). With one model, one generation of one file and no
+ * artifacts, version 4 is version 3 with the file's 16 origin bytes just
+ * before the last 4 (the artifact count), and version 3 is version 2 and
+ * that count. */
 static void
-test_version_2(void **state)
+test_older_versions(void **state)
 {
 	struct fdstore_desc *d = make_desc(), *back = NULL;
-	uint8_t *buf, *again;
+	struct fdstore_model *m = &d->models[0];
+	struct fdstore_file *f;
+	uint8_t *buf, *old, *again;
 	size_t len, len2;
 
 	(void)state;
 	fdstore_free(NULL);
 	for (uint32_t i = 1; i < d->nmodels; i++) {
-		struct fdstore_model *m = &d->models[i];
+		struct fdstore_model *x = &d->models[i];
 
-		strip_artifacts(m);
-		for (uint32_t g = 0; g < m->ngenerations; g++) {
-			for (uint32_t k = 0; k < m->generations[g].nfiles; k++)
-				free(m->generations[g].files[k].fdname);
-			free(m->generations[g].files);
-			free(m->generations[g].index_fdname);
+		strip_artifacts(x);
+		for (uint32_t g = 0; g < x->ngenerations; g++) {
+			for (uint32_t k = 0; k < x->generations[g].nfiles; k++)
+				free(x->generations[g].files[k].fdname);
+			free(x->generations[g].files);
+			free(x->generations[g].index_fdname);
 		}
-		free(m->generations);
-		free(m->name);
-		free(m->path);
+		free(x->generations);
+		free(x->name);
+		free(x->path);
 	}
 	d->nmodels = 1;
-	strip_artifacts(&d->models[0]);
+	strip_artifacts(m);
+	/* Llama's current generation 5 alone, with its first file. */
+	for (uint32_t g = 1; g < m->ngenerations; g++) {
+		for (uint32_t k = 0; k < m->generations[g].nfiles; k++)
+			free(m->generations[g].files[k].fdname);
+		free(m->generations[g].files);
+		free(m->generations[g].index_fdname);
+	}
+	m->ngenerations = 1;
+	for (uint32_t k = 1; k < m->generations[0].nfiles; k++)
+		free(m->generations[0].files[k].fdname);
+	m->generations[0].nfiles = 1;
+	f = &m->generations[0].files[0];
+	assert_int_equal(f->origin_ino, (1ull << 40) + 1000);
+
 	buf = encode(d, &len);
-	assert_int_equal(buf[8], 3);
+	assert_int_equal(buf[8], 4);
 	assert_memory_equal(buf + len - 4, "\0\0\0\0", 4);
-	buf[8] = 2;
-	if (fdstore_decode(buf, len - 4, &back) != 0)
+	assert_memory_equal(buf + len - 20, "\x03\x08\0\0\x1d\0\0\0\xe8\x03\0\0\0\x01\0\0", 16);
+	/* What an older wcached wrote: version 3, then version 2. */
+	old = malloc(len);
+	memcpy(old, buf, len - 20);
+	memcpy(old + len - 20, buf + len - 4, 4);
+	old[8] = 3;
+	f->origin_dev = f->origin_ino = 0;
+	if (fdstore_decode(old, len - 16, &back) != 0)
+		fail_msg("decode version 3: %s", error_get());
+	assert_true(fdstore_equal(d, back));
+	assert_int_equal(back->models[0].generations[0].files[0].origin_dev, 0);
+	assert_int_equal(back->models[0].generations[0].files[0].origin_ino, 0);
+	/* Encoded again, it is version 4 with origins 0 and 0. */
+	again = encode(back, &len2);
+	assert_int_equal(len2, len);
+	assert_int_equal(again[8], 4);
+	assert_memory_equal(again, buf, len - 20);
+	assert_memory_equal(again + len - 20, "\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0", 20);
+	free(again);
+	fdstore_free(back);
+	back = NULL;
+	/* Version 4 bytes called version 3: the origin's st_dev (0x803)
+	 * is read as the artifact count. */
+	buf[8] = 3;
+	back = (struct fdstore_desc *)&back;
+	assert_error(fdstore_decode(buf, len, &back), -EBADMSG, "artifact count: 2051, more than 64");
+	assert_true(back == (struct fdstore_desc *)&back);
+	back = NULL;
+
+	old[8] = 2;
+	if (fdstore_decode(old, len - 20, &back) != 0)
 		fail_msg("decode version 2: %s", error_get());
 	assert_true(fdstore_equal(d, back));
 	assert_int_equal(back->models[0].nartifacts, 0);
 	assert_null(back->models[0].artifacts);
-	/* Encoded again, it is version 3. */
-	again = encode(back, &len2);
-	buf[8] = 3;
-	assert_int_equal(len2, len);
-	assert_memory_equal(again, buf, len);
-	/* Version 2 bytes with the artifact count: 4 bytes left over. */
-	buf[8] = 2;
 	fdstore_free(back);
+	/* Version 2 bytes with the artifact count: 4 bytes left over. */
 	back = (struct fdstore_desc *)&back;
-	assert_error(fdstore_decode(buf, len, &back), -EBADMSG, "4 bytes left over");
+	assert_error(fdstore_decode(old, len - 16, &back), -EBADMSG, "4 bytes left over");
 	assert_true(back == (struct fdstore_desc *)&back);
-	free(again);
+	free(old);
 	free(buf);
 	fdstore_free(d);
 }
@@ -242,6 +290,10 @@ test_round_trip(void **state)
 	assert_true(fdstore_equal(d, back));
 	assert_string_equal(back->models[1].generations[0].files[249].fdname, "wc-7-2-249");
 	assert_int_equal(back->models[0].generations[0].files[0].mtime_ns, -5);
+	assert_int_equal(back->models[1].generations[0].files[249].origin_dev, 0x1d00000803ull);
+	assert_int_equal(back->models[1].generations[0].files[249].origin_ino,
+		(1ull << 40) + 7249);
+	assert_int_equal(back->models[0].generations[1].files[0].origin_ino, 0); /* held */
 	assert_int_equal(back->models[0].generations[2].role, FDSTORE_PENDING);
 	assert_int_equal(back->models[0].generations[1].holders, 3000009u);
 	assert_string_equal(back->models[0].artifacts[1].key, "q8");
@@ -260,6 +312,12 @@ test_round_trip(void **state)
 	back->models[0].generations[1].files[0].ino++;
 	assert_false(fdstore_equal(d, back));
 	back->models[0].generations[1].files[0].ino--;
+	back->models[0].generations[0].files[2].origin_ino++;
+	assert_false(fdstore_equal(d, back));
+	back->models[0].generations[0].files[2].origin_ino--;
+	back->models[0].generations[0].files[2].origin_dev = 0;
+	assert_false(fdstore_equal(d, back));
+	back->models[0].generations[0].files[2].origin_dev = 0x1d00000803ull;
 	back->models[0].artifacts[2].build_ms++;
 	assert_false(fdstore_equal(d, back));
 	fdstore_free(back);
@@ -455,19 +513,24 @@ test_hostile_bytes(void **state)
 	copy[0] = 'w';
 	bad_bytes(copy, len, -EBADMSG, "header: magic");
 	memcpy(copy, buf, len);
-	put_u32(copy + 8, 4);
-	bad_bytes(copy, len, -EPROTO, "header: version: 4, this wcached reads 2 to 3");
+	put_u32(copy + 8, 5);
+	bad_bytes(copy, len, -EPROTO, "header: version: 5, this wcached reads 2 to 4");
 	/* Version 1 (no holders in its generations) is refused as a whole,
 	 * in one line: a restart after an upgrade loads every model afresh.
 	 * Version 2 is read (test_version_2). */
 	memcpy(copy, buf, len);
 	put_u32(copy + 8, 1);
-	bad_bytes(copy, len, -EPROTO, "header: version: 1, this wcached reads 2 to 3");
-	/* Version 3 bytes read as version 2: the artifact counts are not
-	 * there, so the next model starts early and does not parse. */
-	memcpy(copy, buf, len);
-	put_u32(copy + 8, 2);
-	assert_int_not_equal(fdstore_decode(copy, len, &back), 0);
+	bad_bytes(copy, len, -EPROTO, "header: version: 1, this wcached reads 2 to 4");
+	/* Version 4 bytes read as version 3 or 2: the origins (and the
+	 * artifact counts) are not there, so the next record starts early and
+	 * does not parse. */
+	for (uint32_t v = 2; v <= 3; v++) {
+		memcpy(copy, buf, len);
+		put_u32(copy + 8, v);
+		back = NULL;
+		assert_int_not_equal(fdstore_decode(copy, len, &back), 0);
+		assert_null(back);
+	}
 	memcpy(copy, buf, len);
 	put_u32(copy + 12, FDSTORE_MAX_MODELS + 1);
 	bad_bytes(copy, len, -EBADMSG, "header: model count: 4097, more than 4096");
@@ -645,7 +708,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_round_trip),
-		cmocka_unit_test(test_version_2),
+		cmocka_unit_test(test_older_versions),
 		cmocka_unit_test(test_rules),
 		cmocka_unit_test(test_hostile_bytes),
 		cmocka_unit_test(test_every_byte_counts),

@@ -16,10 +16,19 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <signal.h>
+#include <stddef.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -184,6 +193,20 @@ assert_same_file(const char *dir, const char *name, const struct wc_file *src)
 	free(path);
 }
 
+/* dir holds STAGE_MARKER: a regular file of ours, read-only. */
+static void
+assert_marked(const char *dir)
+{
+	char *marker = path_join(dir, STAGE_MARKER);
+	struct stat st;
+
+	assert_int_equal(lstat(marker, &st), 0);
+	assert_true(S_ISREG(st.st_mode));
+	assert_int_equal(st.st_uid, geteuid());
+	assert_int_equal(st.st_mode & 07777, 0400);
+	free(marker);
+}
+
 /* The name of stage_dir's one entry starting with prefix, or NULL. */
 static char *
 entry_starting(const char *dir, const char *prefix)
@@ -228,6 +251,8 @@ test_copy_single(void **state)
 	assert_true(f->req.seconds >= 0);
 	assert_true(copy_calls >= 3); /* 8 MiB requests */
 	assert_int_equal(tu_count_entries(f->stage_dir), 1);
+	assert_marked(f->req.dir);
+	assert_int_equal(tu_count_entries(f->req.dir), 2); /* the file and the marker */
 	free(model);
 }
 
@@ -249,7 +274,7 @@ test_copy_sharded_directory(void **state)
 	make_request(f, f->src);
 	assert_int_equal(stage_copy(&f->req), 0);
 	assert_string_equal(f->req.path, f->req.dir);
-	assert_int_equal(tu_count_entries(f->req.dir), 3);
+	assert_int_equal(tu_count_entries(f->req.dir), 4); /* and the marker */
 	assert_same_file(f->req.dir, "s-1.safetensors", &f->files[0]);
 	assert_same_file(f->req.dir, "s-2.safetensors", &f->files[1]);
 	assert_int_equal(file_open(ipath, &ic), 0);
@@ -282,13 +307,14 @@ test_copy_shard_index_path(void **state)
 	assert_int_equal(stage_copy(&f->req), 0);
 	want = path_join(f->req.dir, "x.safetensors.index.json");
 	assert_string_equal(f->req.path, want);
-	assert_int_equal(tu_count_entries(f->req.dir), 2);
+	assert_int_equal(tu_count_entries(f->req.dir), 3); /* and the marker */
 	free(want);
 	free(ipath);
 }
 
-/* While the copy runs, only a temporary name exists in stage_dir. */
-static int seen_final, seen_tmp;
+/* While the copy runs, only a temporary name exists in stage_dir, and it
+ * holds the marker before the first byte is copied. */
+static int seen_final, seen_tmp, seen_marker;
 
 static int
 look_during_copy(unsigned call)
@@ -300,6 +326,14 @@ look_during_copy(unsigned call)
 	if (call == 0) {
 		seen_final = stat(final, &st) == 0;
 		seen_tmp = tmp != NULL;
+		if (tmp != NULL) {
+			char *dir = path_join(fx->stage_dir, tmp);
+			char *marker = path_join(dir, STAGE_MARKER);
+
+			seen_marker = lstat(marker, &st) == 0 && S_ISREG(st.st_mode);
+			free(marker);
+			free(dir);
+		}
 	}
 	free(final);
 	free(tmp);
@@ -319,6 +353,7 @@ test_temporary_name_until_complete(void **state)
 	assert_int_equal(stage_copy(&f->req), 0);
 	assert_false(seen_final);
 	assert_true(seen_tmp);
+	assert_true(seen_marker);
 	assert_int_equal(tu_count_entries(f->stage_dir), 1); /* the temporary is gone */
 	free(model);
 }
@@ -461,25 +496,38 @@ fail_second(unsigned call)
 	return call == 1 ? fail_errno : 0;
 }
 
-/* EIO and ESTALE reading the source: named as such, nothing left. */
+/* A copy request failing: EIO and ESTALE reading the source, named as
+ * such; the disk filling up during the copy (the check passed, someone
+ * else wrote meanwhile); EFBIG (a filesystem without fallocate reserves
+ * nothing first), said as a file too large, not as no space. Nothing is
+ * left. */
 static void
-test_read_errors(void **state)
+test_copy_errors(void **state)
 {
 	struct fixture *f = *state;
-	static const int errs[] = { EIO, ESTALE };
+	static const struct {
+		int err;
+		const char *says, *also;
+	} cases[] = {
+		{ EIO, "EIO", "reading" },
+		{ ESTALE, "ESTALE", "reading" },
+		{ ENOSPC, "no space left", "while copying" },
+		{ EFBIG, "model.safetensors is too large for ", "(file size limit or" },
+	};
 	char *model;
 
 	add_source(f, "model.safetensors", 12 * MiB, 10);
 	model = path_join(f->src, "model.safetensors");
-	for (size_t i = 0; i < 2; i++) {
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		make_request(f, model);
-		fail_errno = errs[i];
+		fail_errno = cases[i].err;
 		copy_calls = 0;
 		copy_hook = fail_second;
-		assert_int_equal(stage_copy(&f->req), -errs[i]);
-		assert_non_null(strstr(error_get(), i == 0 ? "EIO" : "ESTALE"));
-		assert_non_null(strstr(error_get(), "reading"));
+		assert_int_equal(stage_copy(&f->req), -cases[i].err);
+		assert_non_null(strstr(error_get(), cases[i].says));
+		assert_non_null(strstr(error_get(), cases[i].also));
 		assert_non_null(strstr(error_get(), model));
+		assert_true(cases[i].err == ENOSPC || strstr(error_get(), "no space") == NULL);
 		assert_int_equal(tu_count_entries(f->stage_dir), 0);
 	}
 	free(model);
@@ -506,22 +554,115 @@ test_no_space(void **state)
 	free(model);
 }
 
-/* The disk filling up during the copy (the check passed, someone else
- * wrote meanwhile). */
+/* A file past the process's file size limit (RLIMIT_FSIZE: LimitFSIZE=,
+ * ulimit -f), with SIGXFSZ ignored as wcached ignores it: EFBIG, said as
+ * such (it read "no space left ... (N GiB left)"), nothing left. */
 static void
-test_no_space_during_copy(void **state)
+test_file_size_limit(void **state)
+{
+	struct fixture *f = *state;
+	struct rlimit was, lim;
+	void (*sig)(int) = signal(SIGXFSZ, SIG_IGN);
+	char *model, want[512];
+	int r;
+
+	add_source(f, "model.safetensors", 3 * MiB, 16);
+	model = path_join(f->src, "model.safetensors");
+	make_request(f, model);
+	assert_int_equal(getrlimit(RLIMIT_FSIZE, &was), 0);
+	lim = was;
+	lim.rlim_cur = 1 * MiB;
+	assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+	r = stage_copy(&f->req);
+	assert_int_equal(setrlimit(RLIMIT_FSIZE, &was), 0);
+	signal(SIGXFSZ, sig);
+	assert_int_equal(r, -EFBIG);
+	snprintf(want, sizeof(want), "cannot stage it: %s is too large for %s (file size limit or "
+		"the filesystem's maximum)", model, f->stage_dir);
+	assert_string_equal(error_get(), want);
+	assert_int_equal(tu_count_entries(f->stage_dir), 0);
+	free(model);
+}
+
+/* The copy's mtime cannot be set (utimensat refused by a seccomp filter,
+ * in a child): the line says what failed, in the words of every other
+ * staging failure, and nothing is left. */
+static void
+test_mtime_not_set(void **state)
 {
 	struct fixture *f = *state;
 	char *model;
+	pid_t pid;
+	int status;
 
-	add_source(f, "model.safetensors", 12 * MiB, 12);
+	add_source(f, "model.safetensors", 1000, 18);
 	model = path_join(f->src, "model.safetensors");
 	make_request(f, model);
-	fail_errno = ENOSPC;
-	copy_hook = fail_second;
-	assert_int_equal(stage_copy(&f->req), -ENOSPC);
-	assert_non_null(strstr(error_get(), "no space left"));
-	assert_int_equal(tu_count_entries(f->stage_dir), 0);
+	if ((pid = fork()) == 0) {
+		struct sock_filter code[] = {
+			BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+			BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_utimensat, 0, 1),
+			BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+			BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+		};
+		struct sock_fprog prog = { .len = 4, .filter = code };
+		int r;
+
+		if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+			prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0)
+			_exit(2);
+		r = stage_copy(&f->req);
+		if (r != -EPERM || strstr(error_get(), "cannot stage it: setting the mtime of the "
+					   "copy of ") == NULL || strstr(error_get(), model) == NULL) {
+			fprintf(stderr, "stage_copy: %d: %s\n", r, error_get());
+			_exit(1);
+		}
+		_exit(tu_count_entries(f->stage_dir) == 0 ? 0 : 3);
+	}
+	assert_true(pid > 0);
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFEXITED(status));
+	assert_int_equal(WEXITSTATUS(status), 0);
+	free(model);
+}
+
+/* Names past NAME_MAX or paths past PATH_MAX: refused before anything is
+ * made, naming the model (not "<stage_dir>: name too long"). */
+static void
+test_names_too_long(void **state)
+{
+	struct fixture *f = *state;
+	char name[240], *model, *dir;
+	size_t len;
+
+	add_source(f, "model.safetensors", 1000, 19);
+	model = path_join(f->src, "model.safetensors");
+	make_request(f, model);
+	memset(name, 'n', sizeof(name) - 1);
+	name[sizeof(name) - 1] = '\0';
+	f->req.model = name;
+	assert_int_equal(stage_copy(&f->req), -ENAMETOOLONG);
+	assert_non_null(strstr(error_get(), "cannot stage it: the model name \"nnnn"));
+	assert_non_null(strstr(error_get(), "(239 bytes) is too long to name its copy in"));
+	assert_int_equal(tu_count_entries(f->stage_dir), -1);
+
+	/* A stage_dir whose length leaves no room for the copy's paths. */
+	len = strlen(f->stage_dir);
+	dir = malloc(PATH_MAX);
+	assert_non_null(dir);
+	memcpy(dir, f->stage_dir, len);
+	for (size_t i = len; i < PATH_MAX - 40; i += 100)
+		memcpy(dir + i, "/dddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd"
+			"ddddddddddddddddddddddddddd", i + 100 < PATH_MAX - 40 ? 100 : PATH_MAX - 40 - i);
+	dir[PATH_MAX - 40] = '\0';
+	make_request(f, model);
+	f->req.stage_dir = dir;
+	assert_int_equal(stage_copy(&f->req), -ENAMETOOLONG);
+	assert_non_null(strstr(error_get(), "cannot stage it: the paths of its copy would be "
+					 "longer than 4095 bytes (model name \"m\" 1 bytes, the longest "
+					 "file name 17, stage_dir 4056): configure a shorter stage_dir than"));
+	assert_int_equal(tu_count_entries(f->stage_dir), -1);
+	free(dir);
 	free(model);
 }
 
@@ -579,7 +720,8 @@ test_fallbacks(void **state)
 	free(model);
 }
 
-/* Cancelled (wcached stopping): -ECANCELED, nothing left. */
+/* Cancelled (wcached stopping) before it starts: -ECANCELED, nothing
+ * made, not even stage_dir. */
 static void
 test_cancel(void **state)
 {
@@ -591,11 +733,142 @@ test_cancel(void **state)
 	make_request(f, model);
 	f->cancel = 1;
 	assert_int_equal(stage_copy(&f->req), -ECANCELED);
+	assert_non_null(strstr(error_get(), "wcached is stopping"));
+	assert_int_equal(tu_count_entries(f->stage_dir), -1);
+	assert_int_equal(copy_calls, 0);
+	free(model);
+}
+
+/* A staging no longer wanted (a newer load of its model, an unload):
+ * stage_cancel() while the copy runs stops it at the next request, with
+ * nothing left; before it starts, nothing is made. */
+static int
+cancel_during_copy(unsigned call)
+{
+	if (call == 1)
+		stage_cancel(&fx->req);
+	return 0;
+}
+
+static void
+test_stage_cancel(void **state)
+{
+	struct fixture *f = *state;
+	char *model;
+
+	add_source(f, "model.safetensors", 40 * MiB, 20);
+	model = path_join(f->src, "model.safetensors");
+	make_request(f, model);
+	copy_hook = cancel_during_copy;
+	assert_int_equal(stage_copy(&f->req), -ECANCELED);
+	assert_non_null(strstr(error_get(), "no longer wanted"));
+	assert_int_equal(copy_calls, 2); /* of 5 */
+	assert_int_equal(tu_count_entries(f->stage_dir), 0);
+	assert_null(f->req.dir);
+
+	make_request(f, model);
+	stage_cancel(&f->req);
+	copy_calls = 0;
+	assert_int_equal(stage_copy(&f->req), -ECANCELED);
+	assert_int_equal(copy_calls, 0);
 	assert_int_equal(tu_count_entries(f->stage_dir), 0);
 	free(model);
 }
 
+/* The shard index is found again by path when the copy starts: one
+ * replaced since the model was validated (another shard list, or none
+ * that parses), or gone, is refused, not copied beside the validated
+ * shards; one that names the same shards is copied. */
+static void
+test_shard_index_replaced_after_validation(void **state)
+{
+	struct fixture *f = *state;
+	static const char same[] = "{\"weight_map\":{\"a\":\"s-1.safetensors\","
+				   "\"b\":\"s-2.safetensors\"},\"metadata\":{}}";
+	static const char *const others[] = {
+		"{\"weight_map\":{\"a\":\"s-1.safetensors\"}}",
+		"{\"weight_map\":{\"b\":\"s-2.safetensors\",\"a\":\"s-1.safetensors\"}}",
+		"{\"weight_map\":{\"a\":\"s-1.safetensors\",\"b\":\"s-3.safetensors\"}}",
+		"{\"weight_map\":",
+	};
+	char *ipath;
+
+	add_source(f, "s-1.safetensors", 1000, 22);
+	add_source(f, "s-2.safetensors", 1000, 23);
+	for (size_t i = 0; i < 4; i++) {
+		char *tmp = tu_write(f->src, "new.json", others[i], strlen(others[i]));
+
+		ipath = path_join(f->src, "m.safetensors.index.json");
+		assert_int_equal(rename(tmp, ipath), 0);
+		free(tmp);
+		make_request(f, f->src);
+		assert_int_equal(stage_copy(&f->req), -ESTALE);
+		assert_non_null(strstr(error_get(), "cannot stage it: the shard index "));
+		assert_non_null(strstr(error_get(), ipath));
+		assert_non_null(strstr(error_get(), i < 3 ? "was replaced since the model was "
+							    "validated (it names other shards than "
+							    "the 2 opened)" :
+							    "changed since the model was validated"));
+		assert_int_equal(tu_count_entries(f->stage_dir), -1); /* nothing made */
+		free(ipath);
+	}
+	ipath = tu_write(f->src, "m.safetensors.index.json", same, strlen(same));
+	make_request(f, f->src);
+	assert_int_equal(stage_copy(&f->req), 0);
+	assert_int_equal(tu_count_entries(f->req.dir), 4);
+	stage_request_clear(&f->req);
+	/* The index gone: the directory holds two shards and no index, or
+	 * one shard alone (a model of one file now). */
+	assert_int_equal(unlink(ipath), 0);
+	make_request(f, f->src);
+	assert_int_equal(stage_copy(&f->req), -EINVAL);
+	assert_non_null(strstr(error_get(), "cannot stage it: "));
+	assert_non_null(strstr(error_get(), "no *.safetensors.index.json"));
+	free(ipath);
+	ipath = path_join(f->src, "s-2.safetensors");
+	assert_int_equal(unlink(ipath), 0);
+	make_request(f, f->src);
+	assert_int_equal(stage_copy(&f->req), -ESTALE);
+	assert_non_null(strstr(error_get(), "has no shard index since the model was validated"));
+	free(ipath);
+}
+
 /* ---- removing ------------------------------------------------------------- */
+
+/* Makes dir (mode 0700) holding a file; with the marker when marked. */
+static void
+make_copy(const char *dir, int marked)
+{
+	char *w;
+
+	assert_int_equal(mkdir(dir, 0700), 0);
+	w = tu_write(dir, "model.safetensors", "abc", 3);
+	free(w);
+	if (marked) {
+		w = tu_write(dir, STAGE_MARKER, "", 0);
+		free(w);
+	}
+}
+
+static void
+make_copy_in(const char *parent, const char *name, int marked)
+{
+	char *d = path_join(parent, name);
+
+	make_copy(d, marked);
+	free(d);
+}
+
+/* Entries in parent/name, -1 when it is gone. */
+static int
+entries_in(const char *parent, const char *name)
+{
+	char *d = path_join(parent, name);
+	int n = tu_count_entries(d);
+
+	free(d);
+	return n;
+}
 
 /* stage_remove removes a copy and tolerates one already gone; the sweep
  * removes what an earlier process left, keeps what it is told to, this
@@ -610,15 +883,8 @@ test_remove_and_sweep(void **state)
 	unsigned removed = 9;
 
 	assert_int_equal(stage_prepare_dir(f->stage_dir, (uid_t)-1, (gid_t)-1), 0);
-	for (size_t i = 0; i < 4; i++) {
-		char *d = path_join(f->stage_dir, leftovers[i]);
-		char *w;
-
-		assert_int_equal(mkdir(d, 0700), 0);
-		w = tu_write(d, "model.safetensors", "abc", 3);
-		free(w);
-		free(d);
-	}
+	for (size_t i = 0; i < 4; i++)
+		make_copy_in(f->stage_dir, leftovers[i], 1);
 	for (size_t i = 0; i < 3; i++) {
 		char *d = path_join(f->stage_dir, others[i]);
 
@@ -626,21 +892,163 @@ test_remove_and_sweep(void **state)
 		free(d);
 	}
 	snprintf(own, sizeof(own), ".c.tmp-%ld-xyz", (long)getpid());
-	plain = path_join(f->stage_dir, own);
-	assert_int_equal(mkdir(plain, 0700), 0);
-	free(plain);
+	make_copy_in(f->stage_dir, own, 1);
 	plain = tu_write(f->stage_dir, "b.5", "file, not a directory", 21);
 
 	keep[0] = path_join(f->stage_dir, "kept.7");
 	assert_int_equal(stage_sweep(f->stage_dir, keep, 1, &removed), 0);
 	assert_int_equal(removed, 3);
 	assert_int_equal(tu_count_entries(f->stage_dir), 6); /* kept.7, 3 others, own, b.5 */
-	assert_int_equal(tu_count_entries(keep[0]), 1);
+	assert_int_equal(tu_count_entries(keep[0]), 2);
+	assert_int_equal(entries_in(f->stage_dir, own), 2);
 	assert_int_equal(stage_remove(keep[0]), 0);
 	assert_int_equal(tu_count_entries(keep[0]), -1);
 	assert_int_equal(stage_remove(keep[0]), 0);
 	free(keep[0]);
 	free(plain);
+}
+
+/* Directories named as copies are but without the marker (another
+ * program's "python3.11", "backup.2024-1", a copy an older wcached made)
+ * are left whole by the sweep and by stage_remove, each named once in
+ * the log; so is a copy whose marker is a symbolic link, and a directory
+ * that a name-shaped symbolic link in stage_dir points to. */
+static void
+test_sweep_leaves_what_it_did_not_make(void **state)
+{
+	struct fixture *f = *state;
+	static const char *const foreign[] = { "python3.11", "backup.2024-1", ".x.tmp-1-abcdef" };
+	char *elsewhere = path_join(f->tmp, "elsewhere"), *link_path, *bad, *marker;
+	unsigned removed = 9;
+
+	assert_int_equal(stage_prepare_dir(f->stage_dir, (uid_t)-1, (gid_t)-1), 0);
+	for (size_t i = 0; i < 3; i++)
+		make_copy_in(f->stage_dir, foreign[i], 0);
+	/* A marked directory outside stage_dir, and a link to it inside. */
+	make_copy(elsewhere, 1);
+	link_path = path_join(f->stage_dir, "link.4");
+	assert_int_equal(symlink(elsewhere, link_path), 0);
+	/* A marker that is a link to a file of ours. */
+	bad = path_join(f->stage_dir, "m.9");
+	assert_int_equal(mkdir(bad, 0700), 0);
+	marker = path_join(bad, STAGE_MARKER);
+	assert_int_equal(symlink(f->src, marker), 0);
+	free(tu_write(bad, "model.safetensors", "abc", 3));
+	make_copy_in(f->stage_dir, "m.1", 1); /* the one that is ours */
+
+	assert_int_equal(stage_sweep(f->stage_dir, NULL, 0, &removed), 0);
+	assert_int_equal(removed, 1);
+	assert_int_equal(entries_in(f->stage_dir, "m.1"), -1);
+	for (size_t i = 0; i < 3; i++)
+		assert_int_equal(entries_in(f->stage_dir, foreign[i]), 1);
+	assert_int_equal(tu_count_entries(elsewhere), 2);
+	assert_int_equal(tu_count_entries(bad), 2);
+	assert_int_equal(tu_count_entries(f->stage_dir), 5);
+
+	/* stage_remove refuses them too, through the link as well. */
+	assert_int_equal(stage_remove(link_path), -EPERM);
+	assert_non_null(strstr(error_get(), "not a copy wcached made"));
+	assert_non_null(strstr(error_get(), "link.4"));
+	assert_int_equal(tu_count_entries(elsewhere), 2);
+	assert_int_equal(stage_remove(bad), -EPERM);
+	assert_int_equal(tu_count_entries(bad), 2);
+	free(link_path);
+	link_path = path_join(f->stage_dir, "python3.11");
+	assert_int_equal(stage_remove(link_path), -EPERM);
+	assert_int_equal(tu_count_entries(link_path), 1);
+	free(link_path);
+	free(marker);
+	free(bad);
+	free(elsewhere);
+}
+
+/* A stage_dir others may write, or another user's, is refused by the
+ * sweep, stage_remove, staging and stage_prepare_dir alike, with one line
+ * naming it and why; nothing in it is removed. */
+static void
+test_unsafe_stage_dir_is_refused(void **state)
+{
+	struct fixture *f = *state;
+	static const mode_t modes[] = { 0777, 01777, 0770 };
+	char *copy, *model;
+	unsigned removed = 9;
+
+	assert_int_equal(stage_prepare_dir(f->stage_dir, (uid_t)-1, (gid_t)-1), 0);
+	make_copy_in(f->stage_dir, "m.1", 1);
+	copy = path_join(f->stage_dir, "m.1");
+	add_source(f, "model.safetensors", 1000, 21);
+	model = path_join(f->src, "model.safetensors");
+	for (size_t i = 0; i < 3; i++) {
+		assert_int_equal(chmod(f->stage_dir, modes[i]), 0);
+		assert_int_equal(stage_sweep(f->stage_dir, NULL, 0, &removed), -EPERM);
+		assert_int_equal(removed, 0);
+		assert_non_null(strstr(error_get(), f->stage_dir));
+		assert_non_null(strstr(error_get(), i < 2 ? "writable by all users" :
+							       "writable by its group"));
+		assert_int_equal(stage_remove(copy), -EPERM);
+		assert_int_equal(stage_prepare_dir(f->stage_dir, (uid_t)-1, (gid_t)-1), -EPERM);
+		make_request(f, model);
+		assert_int_equal(stage_copy(&f->req), -EPERM);
+		assert_non_null(strstr(error_get(), "cannot stage it: stage_dir "));
+		assert_int_equal(tu_count_entries(f->stage_dir), 1);
+		assert_int_equal(tu_count_entries(copy), 2);
+	}
+	assert_int_equal(chmod(f->stage_dir, 0700), 0);
+	if (geteuid() == 0) {
+		/* Another user's: refused, and never given to the user wcached
+		 * runs as; only a directory it made itself is given. */
+		char *made = path_join(f->tmp, "made");
+		struct stat st;
+
+		assert_int_equal(chown(f->stage_dir, 12345, 12345), 0);
+		assert_int_equal(stage_sweep(f->stage_dir, NULL, 0, &removed), -EPERM);
+		assert_non_null(strstr(error_get(), "belongs to uid 12345, not to uid 0"));
+		assert_int_equal(stage_prepare_dir(f->stage_dir, 54321, 54321), -EPERM);
+		assert_non_null(strstr(error_get(), "belongs to uid 12345, not to uid 54321"));
+		assert_int_equal(stat(f->stage_dir, &st), 0);
+		assert_int_equal(st.st_uid, 12345);
+		assert_int_equal(stage_prepare_dir(made, 54321, 54320), 0);
+		assert_int_equal(stat(made, &st), 0);
+		assert_int_equal(st.st_uid, 54321);
+		assert_int_equal(st.st_gid, 54320);
+		assert_int_equal(st.st_mode & 07777, 0700);
+		assert_int_equal(stage_prepare_dir(made, 54321, 54320), 0);
+		assert_int_equal(chown(f->stage_dir, 0, 0), 0);
+		free(made);
+	}
+	assert_int_equal(stage_sweep(f->stage_dir, NULL, 0, &removed), 0);
+	assert_int_equal(removed, 1);
+	free(model);
+	free(copy);
+}
+
+/* Another process holding stage_dir's lock (a second wcached with the
+ * same stage_dir): the sweep removes nothing and says so. */
+static void
+test_sweep_of_a_stage_dir_in_use(void **state)
+{
+	struct fixture *f = *state;
+	unsigned removed = 9;
+	int other;
+
+	assert_int_equal(stage_prepare_dir(f->stage_dir, (uid_t)-1, (gid_t)-1), 0);
+	make_copy_in(f->stage_dir, "m.1", 1);
+	/* A descriptor of its own: flock(2) locks conflict between open
+	 * file descriptions even within one process. */
+	other = open(f->stage_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	assert_true(other >= 0);
+	assert_int_equal(flock(other, LOCK_EX | LOCK_NB), 0);
+	assert_int_equal(stage_sweep(f->stage_dir, NULL, 0, &removed), -EBUSY);
+	assert_non_null(strstr(error_get(), "in use by another running wcached"));
+	assert_int_equal(removed, 0);
+	assert_int_equal(entries_in(f->stage_dir, "m.1"), 2);
+	close(other);
+	assert_int_equal(stage_sweep(f->stage_dir, NULL, 0, &removed), 0);
+	assert_int_equal(removed, 1);
+	/* Ours now: a second sweep of it by this process goes on. */
+	make_copy_in(f->stage_dir, "m.2", 1);
+	assert_int_equal(stage_sweep(f->stage_dir, NULL, 0, &removed), 0);
+	assert_int_equal(removed, 1);
 }
 
 static void
@@ -676,13 +1084,22 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_mtime_changed_during_copy, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_replaced_during_copy, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_truncated_during_copy, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_read_errors, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_copy_errors, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_no_space, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_no_space_during_copy, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_file_size_limit, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_mtime_not_set, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_names_too_long, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stage_dir_not_writable, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_fallbacks, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_cancel, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_stage_cancel, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_shard_index_replaced_after_validation, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(test_remove_and_sweep, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_sweep_leaves_what_it_did_not_make, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_unsafe_stage_dir_is_refused, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_sweep_of_a_stage_dir_in_use, setup, teardown),
 		cmocka_unit_test(test_dir_of),
 	};
 

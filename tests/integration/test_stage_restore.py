@@ -1,0 +1,227 @@
+"""A warm restart and staged copies (README, "Models on shared storage",
+Restarts): a restored generation keeps serving its copy in stage_dir only
+while the file it was copied from is still there, the same file (its
+st_dev and st_ino, which the file descriptor store's description records
+since version 4) with the same size and mtime. A source replaced while no
+wcached ran by a file of the same size and mtime (rsync -a, cp -p, a
+reproducible build's fixed mtime) is staged again; so is a copy an older
+wcached described without its origin."""
+import fcntl
+import os
+import subprocess
+
+from conftest import Daemon, binary, mkmodel, wait_until
+from fakemanager import FakeManager
+from test_stage import MARKER, entries, generation
+from test_warm_restart import finish, ready, start, worker
+
+LAYERS = dict(layers=2, hidden=64, ffn=128, vocab=64)
+
+
+def staged_model(tmp_path, hold=1):
+    """Model m (stage = yes), a fake manager and a daemon (not started):
+    (its path, the manager, the daemon, stage_dir). hold: seconds a
+    restarted daemon waits for the HOLDs of workers from before (they
+    never say it here: 1 s, not 60)."""
+    src = mkmodel(tmp_path / "m.safetensors", seed=1, **LAYERS)
+    d = Daemon(tmp_path, {"m": (src, {"stage": "yes"})},
+               extra=f"stage_dir = {tmp_path}/staged\nrestart_hold_seconds = {hold}\n")
+    return src, FakeManager(str(tmp_path / "notify.sock")), d, str(tmp_path / "staged")
+
+
+def start_stored(d, mgr):
+    """Starts d under mgr and waits until generation 1 of m is in the store."""
+    start(d, mgr)
+    wait_until(lambda: ready(d, "m"), what="m ready")
+    mgr.wait_for(lambda m: "wc-1-1-i" in m.store and "wc-desc" in m.store,
+                 what="generation 1 stored")
+
+
+def verify(d, src):
+    """A worker reads every byte of m and compares it with src."""
+    r = subprocess.run([binary("demo_worker"), "--socket", d.socket, "--verify", src, "m"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, "served bytes are not the source's: " + r.stderr[-300:]
+
+
+def same_size_and_mtime(tmp_path, src, seed):
+    """Renames over src a new file (other bytes) of its size and mtime."""
+    st = os.stat(src)
+    new = mkmodel(tmp_path / "new.safetensors", seed=seed, **LAYERS)
+    assert os.path.getsize(new) == st.st_size
+    os.utime(new, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.rename(new, src)
+
+
+def test_a_source_replaced_by_a_file_of_the_same_size_and_mtime_is_staged_again(tmp_path):
+    src, mgr, d, stage_dir = staged_model(tmp_path)
+    try:
+        start_stored(d, mgr)
+        # Unchanged: the copy is kept, twice (a restored generation is
+        # described again with its origin).
+        for _ in range(2):
+            assert d.stop() == 0, d.read_log()
+            start(d, mgr, *mgr.listen_fds())
+            wait_until(lambda: ready(d, "m"), what="m restored")
+            assert 'generation 1 keeps its staged copy' in d.read_log(), d.read_log()
+            assert entries(stage_dir) == ["m.1"]
+            mgr.wait_for(lambda m: len(m.store.get("wc-desc", [])) == 1,
+                         what="the description stored again")
+        verify(d, src)
+        assert d.stop() == 0, d.read_log()
+
+        same_size_and_mtime(tmp_path, src, 2)
+        start(d, mgr, *mgr.listen_fds())
+        wait_until(lambda: ready(d, "m") and generation(d) == 2, what="m staged again")
+        log = d.read_log()
+        assert f"{src} was replaced since it was staged (it is another file now)" in log, log
+        assert "keeps its staged copy" not in log, log
+        d.wait_for_log(r'"m": generation 2 staged from \S+ to ')
+        verify(d, src)
+        assert "removed 1 staged copy left in" in log, log
+        wait_until(lambda: entries(stage_dir) == ["m.2"], what="only m.2")
+    finally:
+        code = d.stop()
+        mgr.close()
+    assert code == 0, d.read_log()
+
+
+def file_records(desc):
+    """Walks a version 4 description (proto/PROTOCOL.md, "The file
+    descriptor store"): [(generation number, file k, offset of the file's
+    origin st_dev, st_ino)]."""
+    found, p = [], 0
+
+    def take(n):
+        nonlocal p
+        b = desc[p:p + n]
+        assert len(b) == n
+        p += n
+        return b
+
+    def num(n):
+        return int.from_bytes(take(n), "little")
+
+    def string():
+        take(num(2))
+
+    assert take(8) == b"WCFDSTOR" and num(4) == 4
+    models = num(4)
+    take(8)
+    for _ in range(models):
+        string(), string(), take(16)
+        for _ in range(num(4)):
+            number = num(8)
+            take(8)
+            string(), take(8)
+            for k in range(num(4)):
+                string(), take(32)
+                found.append((number, k, p))
+                take(16)
+        for _ in range(num(4)):
+            string(), take(8), string(), take(8), string(), take(8), take(16)
+    assert p == len(desc)
+    return found
+
+
+def to_version_3(desc):
+    """The description as a version 3 wcached wrote it: the same, without
+    each file's origin."""
+    out, last = bytearray(desc[:8] + (3).to_bytes(4, "little")), 12
+    for _, _, at in file_records(desc):
+        out += desc[last:at]
+        last = at + 16
+    return bytes(out + desc[last:])
+
+
+def origins(desc):
+    """{(generation, k): (origin st_dev, st_ino)} of a description."""
+    return {(g, k): (int.from_bytes(desc[at:at + 8], "little"),
+                     int.from_bytes(desc[at + 8:at + 16], "little"))
+            for g, k, at in file_records(desc)}
+
+
+def description_in(store):
+    """The stored description's bytes (the caller holds the manager's lock,
+    as mgr.wait_for's condition does)."""
+    fd = store["wc-desc"][0]
+    return os.pread(fd, os.fstat(fd).st_size, 0)
+
+
+def descriptions_stored(mgr):
+    """How many descriptions the daemons have stored (the lock held)."""
+    return sum(1 for m in mgr.messages if m.get("FDNAME") == "wc-desc" and
+               m.get("FDSTORE") == "1")
+
+
+def test_a_copy_described_by_an_older_wcached_is_staged_again(tmp_path):
+    """Version 3 did not record a copy's origin: whether the source is still
+    the file copied cannot be told, so the model is staged again (safe)."""
+    src, mgr, d, stage_dir = staged_model(tmp_path)
+    try:
+        start_stored(d, mgr)
+        assert d.stop() == 0, d.read_log()
+        with mgr.lock:
+            desc = description_in(mgr.store)
+            assert origins(desc)[(1, 0)] == (os.stat(src).st_dev, os.stat(src).st_ino)
+            old = mgr.store["wc-desc"]
+            fd = os.memfd_create("wcached-fdstore", os.MFD_ALLOW_SEALING)
+            os.write(fd, to_version_3(desc))
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK |
+                        fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+            mgr.store["wc-desc"] = [fd]
+            for f in old:
+                os.close(f)
+        start(d, mgr, *mgr.listen_fds())
+        wait_until(lambda: ready(d, "m") and generation(d) == 2, what="m staged again")
+        log = d.read_log()
+        assert (f"the description of its copy of {src} does not say which file it was "
+                "copied from (stored by an older wcached)") in log, log
+        assert "keeps its staged copy" not in log, log
+        verify(d, src)
+        wait_until(lambda: entries(stage_dir) == ["m.2"], what="only m.2")
+        assert entries(os.path.join(stage_dir, "m.2")) == [MARKER, "m.safetensors"]
+    finally:
+        code = d.stop()
+        mgr.close()
+    assert code == 0, d.read_log()
+
+
+def test_a_held_staged_generation_keeps_its_origin(tmp_path):
+    """A generation held by a worker when wcached stops, its source since
+    replaced: restored as held (its copy serves its holder), and described
+    again with the origin it was copied from, not the file now there."""
+    src, mgr, d, _ = staged_model(tmp_path, hold=60)
+    old_bytes = str(tmp_path / "old-bytes.safetensors")
+    with open(src, "rb") as a, open(old_bytes, "wb") as b:
+        b.write(a.read())
+    first = os.stat(src)
+    try:
+        start(d, mgr)
+        wait_until(lambda: ready(d, "m"), what="m ready")
+        holder = worker(d, old_bytes, "m")
+        tmp = tmp_path / "next.safetensors"
+        mkmodel(tmp, seed=2, **LAYERS)
+        os.rename(tmp, src)
+        wait_until(lambda: generation(d) == 2, what="generation 2")
+        second = os.stat(src)
+        want = {(1, 0): (first.st_dev, first.st_ino), (2, 0): (second.st_dev, second.st_ino)}
+        mgr.wait_for(lambda m: "wc-desc" in m.store and origins(description_in(m.store)) == want,
+                     what="both generations described with their origins")
+        assert d.stop() == 0, d.read_log()
+        with mgr.lock:
+            stored = descriptions_stored(mgr)
+        start(d, mgr, *mgr.listen_fds())
+        wait_until(lambda: ready(d, "m"), what="m restored")
+        log = d.read_log()
+        assert 'generation 1, held by workers before the restart, restored' in log, log
+        assert 'generation 2 keeps its staged copy' in log, log
+        # Described again by this process: the same origins.
+        mgr.wait_for(lambda m: descriptions_stored(m) > stored and
+                     origins(description_in(m.store)) == want,
+                     what="the description stored again, with the same origins")
+        assert finish(holder)["generation"] == 1
+    finally:
+        code = d.stop()
+        mgr.close()
+    assert code == 0, d.read_log()
