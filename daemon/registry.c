@@ -22,6 +22,7 @@
 #include "base/error.h"
 #include "log.h"
 #include "registry_internal.h"
+#include "stage.h"
 
 /* A remote job running this long is logged as stalled (workq.h). */
 #define REMOTE_STALL_MS 10000
@@ -407,6 +408,8 @@ entry_free(struct registry *r, struct model_entry *m)
 		if (g->model == m)
 			g->model = NULL;
 	registry_pages_cancel(m);
+	if (m->staging != NULL)
+		stage_cancel(m->staging); /* its load_after finds no model */
 	free(m->name);
 	free(m->path);
 	free(m->error);

@@ -38,6 +38,8 @@
 #include "statuspage.h"
 #include "workq.h"
 
+struct stage_request;
+
 struct generation; /* generation.h */
 struct registry;
 
@@ -83,6 +85,10 @@ struct model_entry {
 	uint64_t polls;             /* polls of its paths done (watch.h) */
 	double poll_seconds;        /* their time, in all */
 	uint64_t poll_changes;      /* changes polling found and acted on */
+	/* Its staging copy in flight on the work queue (stage.h), NULL if
+	 * none: cancelled when a newer load supersedes it or the model is
+	 * unloaded, rather than copying gigabytes only to remove them. */
+	struct stage_request *staging;
 	/* The last load that failed: the filesystem its path is on (statfs of
 	 * the path or its directory; known 0 when neither answered) and what a
 	 * stat of the path saw then (errno 0 or not), so that a model with no

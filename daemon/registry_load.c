@@ -443,6 +443,7 @@ queue_stage(struct registry *r, struct model_entry *m, struct load_request *q)
 	}
 	m->loading++;
 	r->loads_in_flight++;
+	m->staging = &q->stage;
 	return 0;
 }
 
@@ -458,6 +459,8 @@ load_after(struct workq_job *w, int status)
 		m = NULL; /* the model was unloaded and added again meanwhile */
 	if (m != NULL && m->loading > 0)
 		m->loading--;
+	if (m != NULL && m->staging == &q->stage)
+		m->staging = NULL;
 	if (status == UV_ECANCELED || r->closing) {
 		if (q->done != NULL)
 			q->done(-ECANCELED, "cancelled: wcached is stopping", 0, q->arg);
@@ -542,6 +545,9 @@ queue_load(struct registry *r, const char *name, const char *path, enum pin_mode
 	m->load_id = q->id;
 	m->loading++;
 	r->loads_in_flight++;
+	/* A staging still copying for an older load is superseded. */
+	if (m->staging != NULL)
+		stage_cancel(m->staging);
 	return 0;
 }
 

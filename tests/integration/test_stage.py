@@ -292,10 +292,6 @@ def test_a_model_past_the_file_size_limit_is_refused_with_one_line(tmp_path):
             _, line = d.wait_for_log(r'model "big": cannot stage it')
         except WcachedError:
             d.proc.wait()
-        if d.proc.returncode == -signal.SIGXFSZ:
-            # main.c does not ignore SIGXFSZ yet (a change of its own, made
-            # on another branch): remove this once it has landed.
-            pytest.xfail("wcached was killed by SIGXFSZ: main.c does not ignore it yet")
         assert d.proc.poll() is None, d.read_log()
         assert line.endswith(f'model "big": cannot stage it: {big} is too large for '
                              f"{stage_dir} (file size limit or the filesystem's maximum); "
