@@ -107,17 +107,22 @@ note_failed_path(struct load_request *q)
 {
 	char *dir = NULL;
 	struct stat st = { 0 };
-	int fd = open(q->path, O_PATH | O_CLOEXEC);
+	int fd = open(q->path, O_PATH | O_CLOEXEC), on_path = fd >= 0;
 
-	if (fd < 0 && (dir = path_dir(q->path)) != NULL)
+	/* One lookup of the path: its stat is what a poll compares with. */
+	q->path_err = on_path ? 0 : errno;
+	if (!on_path && (dir = path_dir(q->path)) != NULL)
 		fd = open(dir[0] != '\0' ? dir : ".", O_PATH | O_CLOEXEC);
 	free(dir);
 	if (fd >= 0) {
 		q->path_known = fstype_of_fd(fd, &q->fs) == 0 && fstat(fd, &st) == 0;
 		q->path_dev = st.st_dev;
+		if (on_path && q->path_known)
+			q->path_st = st;
+		else if (on_path && fstat(fd, &q->path_st) == -1)
+			q->path_err = errno;
 		close(fd);
 	}
-	q->path_err = stat(q->path, &q->path_st) == 0 ? 0 : errno;
 }
 
 /* Work queue thread: open, validate, compile, seal; and note the source's
