@@ -431,10 +431,10 @@ def _watch_handles(watch):
 def _handle_figures(watch):
     """(handles, registered, data bytes, private bytes) of the handles
     _watch_handles kept; lets their mappings go."""
-    from wcache import _device
+    from wcache import _hostreg
     registered = nbytes = private = 0
     for held, table, _ in watch.items:
-        ranges = _device.host_ranges(table)
+        ranges = _hostreg.host_ranges(table)
         registered += held
         nbytes += sum(hi - lo for lo, hi in ranges)
         private += anon_bytes(ranges)
@@ -455,7 +455,7 @@ def cmd_llama_load(a):
     if a.mode != "plain":
         import wcache
         import wcache._safe_open as so
-        from wcache import _device
+        from wcache import _device, _hostreg
         wcache.install()
         sources = []
         real = so.open_model
@@ -467,7 +467,7 @@ def cmd_llama_load(a):
         so.open_model = recording
         _watch_handles(watch)
         if a.cpu:  # host registration on the engine's CPU backend
-            _device.host_backend = lambda: (_device.CpuBackend(), None)
+            _hostreg.host_backend = lambda: (_device.CpuBackend(), None)
     import transformers
     device = "cpu" if a.cpu else "cuda:0"
     if device != "cpu":

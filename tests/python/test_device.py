@@ -1,7 +1,9 @@
 """The device copy engine (wcache/_device.py) on the CPU backend: planning of
 runs, batches and alignment, the registered path, the double-buffered
 staging path, fallback decisions, error paths, and the hooks in safe_open,
-load_file and derived. Byte-exact against the file's own bytes."""
+load_file and derived. Byte-exact against the file's own bytes. Also host
+registration of handles on the CPU (wcache/_hostreg.py) in transformers 5's
+way of loading, which shares this file's fixtures."""
 import json
 import logging
 import os
@@ -12,7 +14,7 @@ import pytest
 
 import wcache
 import wcache.torch
-from wcache import _device
+from wcache import _device, _hostreg
 from wcache._device import CpuBackend, RegisterRefused, plan, to_device
 
 from pyhelpers import write_safetensors
@@ -746,7 +748,7 @@ def fake_cuda(monkeypatch):
     _device._logged.clear()
     yield fake
     gc.collect()
-    assert _device.host_registrations() == [], "a handle's registration was never released"
+    assert _hostreg.host_registrations() == [], "a handle's registration was never released"
 
 
 def _mappings():
@@ -913,10 +915,10 @@ def test_host_register_memory_registered_by_someone_else(tmp_path, no_daemon, fa
     but not ours; wcache never unregisters it."""
     path, want = _one_file(tmp_path)
     f = wcache.safe_open(path, framework="pt")
-    lo, hi = _device.host_ranges(f.model._tab())[0]
+    lo, hi = _hostreg.host_ranges(f.model._tab())[0]
     fake_cuda.registered[lo] = hi - lo  # another library registered it first
     assert torch.equal(f.get_tensor("w"), want)
-    assert _device.host_registrations() == [(lo, hi, 1, False)]
+    assert _hostreg.host_registrations() == [(lo, hi, 1, False)]
     f.close()
     assert fake_cuda.count("unregister") == 0 and fake_cuda.registered == {lo: hi - lo}
 
@@ -932,14 +934,14 @@ def test_host_register_counts_holders_of_one_range(tmp_path, no_daemon, fake_cud
         class Owner:
             pass
         owners = [Owner(), Owner()]
-        releases = [_device.host_register(o, model) for o in owners]
+        releases = [_hostreg.host_register(o, model) for o in owners]
         assert all(releases)
         assert fake_cuda.count("register") == 1
-        (lo, hi, holders, ours), = _device.host_registrations()
+        (lo, hi, holders, ours), = _hostreg.host_registrations()
         assert holders == 2 and ours
         releases[order[0]]()
         assert fake_cuda.count("unregister") == 0
-        assert _device.host_registrations() == [(lo, hi, 1, True)]
+        assert _hostreg.host_registrations() == [(lo, hi, 1, True)]
         releases[order[1]]()
         assert fake_cuda.count("unregister") == 1 and fake_cuda.registered == {}
         releases[order[1]]()  # again: nothing
@@ -1085,12 +1087,12 @@ def test_host_register_a_forked_child_leaves_the_parent_s(tmp_path, no_daemon, f
         try:
             f.close()
             code = 0 if fake_cuda.count("unregister") == 0 and \
-                not _device.host_registrations() else 2
+                not _hostreg.host_registrations() else 2
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
-    assert len(_device.host_registrations()) == 1
+    assert len(_hostreg.host_registrations()) == 1
     f.close()
     assert fake_cuda.count("unregister") == 1 and fake_cuda.registered == {}
 
@@ -1104,7 +1106,7 @@ def test_host_register_unregister_error_is_logged_not_raised(tmp_path, no_daemon
             f.get_tensor("w")
     assert "unregistering host memory failed: RuntimeError: cudaHostUnregister: pointer does " \
         "not correspond to a registered memory region (713)" in caplog.text
-    assert _device.host_registrations() == []
+    assert _hostreg.host_registrations() == []
     fake_cuda.registered.clear()
 
 
@@ -1126,9 +1128,9 @@ def test_host_ranges_merge_and_cut_at_mappings():
                (base + 2 * page, 3 * page - 10),       # touching it, into the next mapping
                (base + 7 * page, 0),                   # empty: ignored
                (base + 8 * page + 5, 10)])             # a page apart: a piece of its own
-    assert _device.host_ranges(table, areas) == [
+    assert _hostreg.host_ranges(table, areas) == [
         (base, base + 4 * page), (base + 4 * page, base + 5 * page),
         (base + 8 * page, base + 9 * page), (base + 21 * page, base + 22 * page)]
     with pytest.raises(ValueError, match="not in any mapping"):
-        _device.host_ranges(T([(base + 12 * page, 8)]), areas)
-    assert _device.host_ranges(T([(0, 0)]), areas) == []
+        _hostreg.host_ranges(T([(base + 12 * page, 8)]), areas)
+    assert _hostreg.host_ranges(T([(0, 0)]), areas) == []

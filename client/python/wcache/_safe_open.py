@@ -37,7 +37,7 @@ With ``WCACHE_HOST_REGISTER=1`` and CUDA initialised, a handle on the CPU
 registers its mapping with CUDA read-only from its first ``get_tensor``
 (or ``get_slice(...)[...]``) until it is closed or collected, so loaders
 that copy each tensor to the GPU themselves (transformers) copy from
-page-locked memory (see wcache/_device.py, host_register).
+page-locked memory (see wcache/_hostreg.py).
 """
 import errno
 import logging
@@ -47,7 +47,8 @@ import threading
 
 from ._lib import (ClosedError, DaemonUnavailable, InvalidArgument, InvalidSlice, ModelNotFound,
                    NoSuchFile, SafetensorError, WcacheError)
-from ._device import _say_once, host_register, host_register_wanted, to_device
+from ._device import _say_once, to_device
+from ._hostreg import host_register, host_register_wanted
 from .model import connect, open_file
 
 __all__ = ["safe_open", "open_model"]
@@ -380,7 +381,7 @@ class safe_open:
 
     def _register_host(self, runs):
         """WCACHE_HOST_REGISTER=1: registers this handle's mapping with CUDA
-        read-only until close() or collection (wcache/_device.py,
+        read-only until close() or collection (wcache/_hostreg.py,
         host_register). Once per handle, whichever thread comes first;
         the others wait for it, so their copies find the memory
         registered. Never raises."""
