@@ -5,7 +5,9 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/sysmacros.h>
 #include <sys/vfs.h>
 
 struct known_fs {
@@ -79,6 +81,54 @@ fstype_of_fd(int fd, struct fs_info *out)
 	}
 	fstype_classify((unsigned long)st.f_type, out);
 	return 0;
+}
+
+/* Names mountinfo gives that none of known[] starts: FUSE's own. */
+static const char *const remote_names[] = { "virtiofs", "sshfs", "glusterfs", "pvfs2" };
+
+void
+fstype_classify_name(const char *type, struct fs_info *out)
+{
+	memset(out, 0, sizeof(*out));
+	snprintf(out->name, sizeof(out->name), "%s", type);
+	/* "nfs4" is nfs, "fuse.sshfs" and "fuseblk" fuse, "smb3" smb. */
+	for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
+		if (strncmp(type, known[i].name, strlen(known[i].name)) == 0) {
+			out->magic = known[i].magic;
+			out->remote = known[i].remote;
+			if (out->remote)
+				snprintf(out->name, sizeof(out->name), "%s", known[i].name);
+			return;
+		}
+	for (size_t i = 0; i < sizeof(remote_names) / sizeof(remote_names[0]); i++)
+		if (strcmp(type, remote_names[i]) == 0)
+			out->remote = true;
+}
+
+int
+fstype_of_dev(const char *mountinfo, dev_t dev, struct fs_info *out)
+{
+	FILE *f = fopen(mountinfo, "re");
+	char *line = NULL;
+	size_t cap = 0;
+	int found = -ENOENT;
+
+	if (f == NULL)
+		return -errno;
+	/* id parent major:minor root mountpoint options... - type source ... */
+	while (found < 0 && getline(&line, &cap, f) != -1) {
+		unsigned maj, min;
+		char *sep = strstr(line, " - "), type[64];
+
+		if (sscanf(line, "%*u %*u %u:%u", &maj, &min) != 2 || sep == NULL ||
+			makedev(maj, min) != dev || sscanf(sep + 3, "%63s", type) != 1)
+			continue;
+		fstype_classify_name(type, out);
+		found = 0;
+	}
+	free(line);
+	fclose(f);
+	return found;
 }
 
 static const char *const watch_names[] = {

@@ -16,6 +16,7 @@
 #define WC_FSTYPE_H
 
 #include <stdbool.h>
+#include <sys/types.h>
 
 /* A filesystem as statfs(2) names it. */
 struct fs_info {
@@ -29,6 +30,19 @@ void fstype_classify(unsigned long magic, struct fs_info *out);
 
 /* fstatfs(fd) classified: 0, or -errno (out then says "unknown", local). */
 int fstype_of_fd(int fd, struct fs_info *out);
+
+/* Classifies a filesystem type as mountinfo names it ("nfs4", "ext4",
+ * "fuse.sshfs", "virtiofs"). */
+void fstype_classify_name(const char *type, struct fs_info *out);
+
+/*
+ * The filesystem whose device is dev, as the mount table mountinfo
+ * (/proc/self/mountinfo) lists it: asks no filesystem, so it answers while
+ * a network filesystem's server hangs (statfs would wait for it). 0,
+ * -ENOENT when no mount has that device (btrfs gives its files a device of
+ * their own, not the mount's), or -errno opening mountinfo.
+ */
+int fstype_of_dev(const char *mountinfo, dev_t dev, struct fs_info *out);
 
 /* How a model's files are watched for updates (the "watch" key). */
 enum fs_watch {

@@ -280,6 +280,25 @@ batch_load(struct batch *b, const struct model_config *m)
 	b->pending++;
 }
 
+/* A warm restart's check of a model ended (restore.h): served, or loaded
+ * afresh as configured now. */
+static void
+batch_restore_done(const char *name, enum restore_result result, void *arg)
+{
+	struct batch *b = arg;
+	const struct model_config *m = NULL;
+
+	for (size_t i = 0; result == RESTORE_LOAD && i < b->d->cfg->n_models && m == NULL; i++)
+		if (strcmp(b->d->cfg->models[i].name, name) == 0)
+			m = &b->d->cfg->models[i];
+	if (m != NULL)
+		batch_load(b, m);
+	else if (result != RESTORE_SERVED)
+		b->failed++;
+	b->pending--;
+	batch_step(b);
+}
+
 static struct batch *
 batch_new(struct daemon *d, void (*done)(struct daemon *, unsigned, void *), void *arg)
 {
@@ -694,6 +713,8 @@ main(int argc, char **argv)
 	struct daemon d = { .config_path = DEFAULT_CONFIG, .listen_fd = -1 };
 	struct warm_options wopt = { 0 };
 	struct restore *stored = NULL;
+	char *const *keep;
+	size_t nkeep;
 	int opt, do_check = 0, debug = 0, notifying, fdstore, r;
 
 	while ((opt = getopt_long(argc, argv, "c:dhV", options, NULL)) != -1) {
@@ -827,17 +848,21 @@ main(int argc, char **argv)
 	for (size_t i = 0; i < d.cfg->n_models; i++) {
 		const struct model_config *m = &d.cfg->models[i];
 
-		if (fdstore && restore_model(stored, &d.reg, m->name, m->path, m->pin, m->warm))
+		if (fdstore && restore_model(stored, &d.reg, m->name, m->path, m->pin, m->warm,
+				       batch_restore_done, b)) {
 			set_access(&d, m);
-		else
+			b->pending++;
+		} else {
 			batch_load(b, m);
+		}
 	}
+	/* What a crashed or stopped wcached left in stage_dir but the copies
+	 * a warm restart is checking, before any staging starts (stagings are
+	 * queued from the loop). */
+	restore_copies(stored, &keep, &nkeep);
+	registry_stage_sweep(&d.reg, keep, nkeep);
 	if (fdstore)
-		restore_finish(stored, &d.reg);
-	/* What a crashed or stopped wcached left in stage_dir, now that the
-	 * copies restored generations serve are known, and before any
-	 * staging starts (stagings are queued from the loop). */
-	registry_stage_sweep(&d.reg);
+		restore_started(stored, &d.reg);
 	d.start_batch = b;
 	uv_timer_start(&d.start_timer, on_start_wait, (uint64_t)d.cfg->start_wait_seconds * 1000, 0);
 	batch_release(b); /* may serve at once (nothing to wait for) */

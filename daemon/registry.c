@@ -159,16 +159,32 @@ registry_generation(struct registry *r, const struct model_entry *m, uint64_t nu
 	return NULL;
 }
 
+/* The entry name when it still waits for registry_expect()'s token. */
+static struct model_entry *
+expecting(struct registry *r, const char *name, uint64_t expected)
+{
+	struct model_entry *m = registry_entry_named(r, name);
+
+	return m != NULL && expected != 0 && m->load_id == expected && m->current == NULL &&
+		m->loading > 0 ? m : NULL;
+}
+
 int
 registry_add_served(struct registry *r, const char *name, const char *path, enum pin_mode pin,
-	int warm, struct generation *g)
+	int warm, struct generation *g, uint64_t expected)
 {
 	struct model_entry *m;
 
-	if (registry_entry_named(r, name) != NULL)
+	if (expected != 0) {
+		if ((m = expecting(r, name, expected)) == NULL)
+			return error_set(-ESTALE, "model \"%s\" was unloaded or loaded anew meanwhile",
+				name);
+		m->loading--;
+	} else if (registry_entry_named(r, name) != NULL) {
 		return error_set(-EEXIST, "model \"%s\" is already there", name);
-	if ((m = registry_entry_new(r, name, path, pin, warm)) == NULL)
+	} else if ((m = registry_entry_new(r, name, path, pin, warm)) == NULL) {
 		return error_set(-ENOMEM, "model \"%s\": out of memory", name);
+	}
 	registry_link(r, m, g);
 	/* Current at once (gen_promote without its pin = all: a restored
 	 * generation waits for its full check, as the metadata lock does). */
@@ -178,6 +194,34 @@ registry_add_served(struct registry *r, const char *name, const char *path, enum
 	if (r->changed != NULL)
 		r->changed(r);
 	return 0;
+}
+
+uint64_t
+registry_expect(struct registry *r, const char *name, const char *path, enum pin_mode pin,
+	int warm)
+{
+	struct model_entry *m;
+
+	if (registry_entry_named(r, name) != NULL) {
+		error_set(-EEXIST, "model \"%s\" is already there", name);
+		return 0;
+	}
+	if ((m = registry_entry_new(r, name, path, pin, warm)) == NULL)
+		return 0;
+	m->loading = 1;
+	m->load_id = ++r->next_load_id;
+	return m->load_id;
+}
+
+int
+registry_expect_end(struct registry *r, const char *name, uint64_t expected)
+{
+	struct model_entry *m = expecting(r, name, expected);
+
+	if (m == NULL)
+		return 0;
+	m->loading--;
+	return 1;
 }
 
 void

@@ -192,11 +192,30 @@ struct generation *registry_generation(struct registry *r, const struct model_en
  * Adds the model name (path, pin and warm as configured) served by g, a
  * generation made outside the load pipeline (gen_new; a warm restart's,
  * restore.h): g is linked, made current at once and published, without
- * being loaded or warmed; the memory budget applies. g must be READY. 0,
- * -EEXIST when the model is already there, -ENOMEM (g untouched then).
+ * being loaded or warmed; the memory budget applies. g must be READY.
+ * expected: 0 for a model not there yet, or registry_expect()'s token for
+ * the one it listed. 0, -EEXIST when the model is already there, -ESTALE
+ * when the model expected was unloaded or loaded anew meanwhile, -ENOMEM
+ * (g untouched then).
  */
 int registry_add_served(struct registry *r, const char *name, const char *path,
-	enum pin_mode pin, int warm, struct generation *g);
+	enum pin_mode pin, int warm, struct generation *g, uint64_t expected);
+
+/*
+ * The model name (path, pin and warm as configured), whose generation
+ * comes back later (a warm restart checks it on the work queue first:
+ * restore.h), listed now as loading, so that an attach of it says so and
+ * start_wait_seconds names it. A load or an unload of it meanwhile takes
+ * its place. Returns the token registry_add_served() and
+ * registry_expect_end() take, or 0 with the message (-EEXIST, -ENOMEM).
+ */
+uint64_t registry_expect(struct registry *r, const char *name, const char *path,
+	enum pin_mode pin, int warm);
+
+/* Ends what registry_expect() began without serving: 1 when the model
+ * still waited for it (the caller loads it afresh), 0 when an unload or a
+ * load took its place. */
+int registry_expect_end(struct registry *r, const char *name, uint64_t expected);
 
 /* Adds g (gen_new) as an older generation of m, not current: it stays open
  * while something refers to it (gen_maybe_free). */
@@ -337,10 +356,11 @@ int registry_set_storage(struct registry *r, const char *name, enum fs_watch wat
 int registry_set_stage_dir(struct registry *r, const char *dir);
 
 /* Removes from stage_dir what earlier processes left there (stage_sweep):
- * every staged copy no open generation serves. Call once at start, after
- * the warm restart adopted what it could and before the loop runs (no
- * staging has started then). Blocking (start-up only). */
-void registry_stage_sweep(struct registry *r);
+ * every staged copy no open generation serves and also_keep (nalso directories:
+ * the copies a warm restart is still checking, restore.h) does not name.
+ * Call once at start, before the loop runs (no staging has started then).
+ * Blocking (start-up only). */
+void registry_stage_sweep(struct registry *r, char *const *also_keep, size_t nalso);
 
 /* Whether m's paths must be polled for updates: watch = poll, or watch =
  * auto and its current generation is on a remote filesystem (fstype.h),

@@ -598,10 +598,10 @@ registry_set_stage_dir(struct registry *r, const char *dir)
 }
 
 void
-registry_stage_sweep(struct registry *r)
+registry_stage_sweep(struct registry *r, char *const *also_keep, size_t nalso)
 {
 	char **keep;
-	size_t n = 0;
+	size_t n = nalso;
 	unsigned removed = 0;
 
 	if (r->stage_dir == NULL)
@@ -610,7 +610,8 @@ registry_stage_sweep(struct registry *r)
 		n++;
 	if ((keep = calloc(n ? n : 1, sizeof(*keep))) == NULL)
 		return;
-	n = 0;
+	for (n = 0; n < nalso; n++)
+		keep[n] = also_keep[n];
 	for (const struct generation *g = r->generations; g != NULL; g = g->next)
 		if (g->staged.dir != NULL)
 			keep[n++] = g->staged.dir;

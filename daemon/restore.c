@@ -49,8 +49,6 @@
 #include "restore_internal.h"
 #include "stage.h"
 
-#define INDEX_SEALS (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
-
 struct restore {
 	struct listen_fd *fds; /* the "wc-..." ones; fd -1 once taken */
 	size_t n;
@@ -58,6 +56,10 @@ struct restore {
 	int status_fd;         /* -1 once the registry took it, or none */
 	int status_taken;
 	unsigned char *restored; /* per described model */
+	unsigned jobs;          /* models whose check runs (restore_work) */
+	int started;            /* restore_started() ran: the last check's end finishes */
+	char **copies;          /* staged copies' directories of the generations checked */
+	size_t ncopies;
 };
 
 
@@ -95,7 +97,7 @@ count_named(const struct restore *s, const char *name)
 /* Closes every stored descriptor not taken and asks the manager to drop
  * them (except the description's, replaced by restore_sync()). */
 static void
-close_untaken(struct restore *s)
+close_untaken(struct restore *s, int drop)
 {
 	unsigned closed = 0;
 
@@ -105,7 +107,7 @@ close_untaken(struct restore *s)
 		close(s->fds[i].fd);
 		s->fds[i].fd = -1;
 		closed++;
-		if (strcmp(s->fds[i].name, FDSTORE_NAME_DESC) != 0)
+		if (drop && strcmp(s->fds[i].name, FDSTORE_NAME_DESC) != 0)
 			(void)notify_remove_fds(s->fds[i].name);
 	}
 	if (closed > 0)
@@ -119,6 +121,9 @@ restore_free(struct restore *s)
 	listen_fds_free(s->fds, s->n);
 	fdstore_free(s->desc);
 	free(s->restored);
+	for (size_t i = 0; i < s->ncopies; i++)
+		free(s->copies[i]);
+	free(s->copies);
 	free(s);
 }
 
@@ -228,343 +233,166 @@ restore_slots(struct restore *s, struct registry *r)
 	}
 }
 
-/* The directory the model's files are in, malloc'd in *dir: path itself,
- * or its parent. */
-static int
-files_dir(const char *path, char **dir)
-{
-	struct stat st;
-	char *d;
-
-	if (stat(path, &st) == -1)
-		return error_set(-errno, "%s: %s", path, strerror(errno));
-	d = S_ISDIR(st.st_mode) ? strdup(path) : path_dir(path);
-	if (d == NULL)
-		return error_set(-ENOMEM, "%s: out of memory", path);
-	*dir = d;
-	return 0;
-}
-
-/* st's mtime in nanoseconds since the epoch, as the store describes it;
- * times past the year 2262 (or before 1678) saturate instead of
- * overflowing. */
-int64_t
-restore_mtime_ns(const struct stat *st)
-{
-	int64_t ns;
-
-	if (__builtin_mul_overflow((int64_t)st->st_mtim.tv_sec, (int64_t)1000000000, &ns) ||
-		__builtin_add_overflow(ns, (int64_t)st->st_mtim.tv_nsec, &ns))
-		return st->st_mtim.tv_sec < 0 ? INT64_MIN : INT64_MAX;
-	return ns;
-}
-
-static int
-same_file(const struct stat *st, const struct fdstore_file *f)
-{
-	int64_t mtime = restore_mtime_ns(st);
-
-	return S_ISREG(st->st_mode) && (uint64_t)st->st_dev == f->dev &&
-		(uint64_t)st->st_ino == f->ino && (uint64_t)st->st_size == f->size &&
-		mtime == f->mtime_ns;
-}
-
-/* Checks a stored index memfd fd, called fdname: sealed, of size bytes,
- * a valid index header for nfiles files (O(1): the records are checked
- * later, see above), and maps it into *map. 0 or -EINVAL with the reason. */
-static int
-check_index(int fd, const char *fdname, uint64_t size, uint32_t nfiles, struct index_header *h,
-	void **map)
-{
-	struct stat st;
-	int seals;
-
-	if (fd < 0)
-		return error_set(-EINVAL, "its index memfd \"%s\" is not in the store", fdname);
-	if (fstat(fd, &st) == -1 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != size ||
-		size == 0 || size > SIZE_MAX)
-		return error_set(-EINVAL, "its index memfd is not %" PRIu64 " bytes", size);
-	if ((seals = fcntl(fd, F_GET_SEALS)) == -1 || (seals & INDEX_SEALS) != INDEX_SEALS)
-		return error_set(-EINVAL, "its index memfd is not sealed");
-	*map = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
-	if (*map == MAP_FAILED)
-		return error_set(-errno, "mapping its index: %s", strerror(errno));
-	if (index_open(*map, (size_t)size, h) < 0 || h->file_count != nfiles) {
-		munmap(*map, (size_t)size);
-		return error_set(-EINVAL, "its index is not valid for %" PRIu32 " files", nfiles);
-	}
-	return 0;
-}
+/* One model's stored generations, checked on the work queue
+ * (restore_check.c) and served on the loop (restore_after). */
+struct restore_job {
+	struct workq_job job;
+	struct restore *s;
+	struct registry *r;
+	size_t model;               /* in s->desc->models */
+	char *path;
+	enum pin_mode pin;
+	int warm;
+	char *stage_dir;            /* the registry's at the start, copied */
+	uint64_t expected;          /* registry_expect()'s token */
+	size_t n;                   /* [0] the current generation, then the held ones */
+	struct restore_prepared *gens;
+	restore_done_fn done;
+	void *arg;
+};
 
 /*
- * A stored file that is a staged copy (stage.h): 1 with its path under
- * stage_dir in *copy (malloc'd; the link /proc/self/fd names, without a
- * " (deleted)" a removal left), 0 when it is not one, -ENOMEM.
+ * Takes g's stored descriptors out of s's table into p (the check uses
+ * them off the loop; a name the description gives twice finds the second
+ * copy or none, never the same descriptor twice), and notes p's staged
+ * copy's directory in s->copies. 0 or -ENOMEM.
  */
 static int
-staged_copy_path(const char *stage_dir, int fd, char **copy)
+reserve(struct restore *s, const char *stage_dir, const struct fdstore_generation *g,
+	struct restore_prepared *p)
 {
-	static const char deleted[] = " (deleted)";
-	char link[64], buf[PATH_MAX], *dir = NULL;
-	ssize_t n;
-	size_t len;
-	int r;
+	char *copy = NULL, *dir = NULL;
 
-	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
-	if (stage_dir == NULL || (n = readlink(link, buf, sizeof(buf) - 1)) <= 0)
-		return 0;
-	buf[n] = '\0';
-	len = (size_t)n;
-	if (len > sizeof(deleted) - 1 && strcmp(buf + len - (sizeof(deleted) - 1), deleted) == 0)
-		buf[len - (sizeof(deleted) - 1)] = '\0';
-	if ((r = stage_dir_of(stage_dir, buf, &dir)) <= 0)
-		return r;
-	free(dir);
-	if ((*copy = strdup(buf)) == NULL)
+	p->g = g;
+	p->index_fd = find_fd(s, g->index_fdname, &p->index_at);
+	if (p->index_fd >= 0)
+		s->fds[p->index_at].fd = -1;
+	p->fds = calloc(g->nfiles ? g->nfiles : 1, sizeof(*p->fds));
+	p->at = calloc(g->nfiles ? g->nfiles : 1, sizeof(*p->at));
+	if (p->fds == NULL || p->at == NULL) {
+		free(p->fds);
+		free(p->at);
+		p->fds = NULL;
+		p->at = NULL;
 		return error_set(-ENOMEM, "out of memory");
-	return 1;
-}
-
-/* A staged copy's origin as f describes it (the file it was copied from,
- * its size and mtime the copy's): for a held generation whose origin is
- * gone or was replaced, as the process that staged it knew it. */
-static void
-described_origin(const struct fdstore_file *f, struct stat *st)
-{
-	memset(st, 0, sizeof(*st));
-	st->st_mode = S_IFREG;
-	st->st_dev = (dev_t)f->origin_dev;
-	st->st_ino = (ino_t)f->origin_ino;
-	st->st_size = (off_t)f->size;
-	st->st_mtim.tv_sec = (time_t)(f->mtime_ns / 1000000000);
-	st->st_mtim.tv_nsec = (long)(f->mtime_ns % 1000000000);
-	if (st->st_mtim.tv_nsec < 0) {
-		st->st_mtim.tv_sec--;
-		st->st_mtim.tv_nsec += 1000000000;
 	}
-}
+	for (uint32_t k = 0; k < g->nfiles; k++)
+		if ((p->fds[k] = find_fd(s, g->files[k].fdname, &p->at[k])) >= 0)
+			s->fds[p->at[k]].fd = -1;
+	/* Its staged copy stays in stage_dir while it is checked. */
+	if (g->nfiles > 0 && p->fds[0] >= 0 &&
+		restore_staged_copy(stage_dir, p->fds[0], &copy) > 0 &&
+		stage_dir_of(stage_dir, copy, &dir) > 0) {
+		char **more = realloc(s->copies, (s->ncopies + 1) * sizeof(*more));
 
-/*
- * A staged copy's origin: the configured model's file full that it was
- * copied from. A current generation serves only while that file is what
- * was copied: the same file (its st_dev and st_ino, as same_file() checks
- * a file served where it lies: a file renamed over the path while no
- * wcached ran may have the same size and mtime, rsync -a or cp -p make
- * one), and its size and mtime (the copy keeps the source's mtime); the
- * copy's inode was checked against the description already. A
- * description without the origin's inode (version 3, an older wcached)
- * cannot tell: the model is staged again, which is always safe. Fills *o.
- */
-static int
-check_origin(const struct fdstore_generation *g, const struct fdstore_file *f, char *full,
-	struct gen_origin *o)
-{
-	struct stat st;
-	int same;
-
-	if (stat(full, &st) == -1) {
-		if (g->role == FDSTORE_CURRENT)
-			return error_set(-EINVAL, "%s, staged from, is gone", full);
-		described_origin(f, &st);
-		same = 1;
-	} else {
-		same = (uint64_t)st.st_dev == f->origin_dev && (uint64_t)st.st_ino == f->origin_ino;
+		if (more == NULL) {
+			free(dir);
+			dir = NULL;
+		} else {
+			s->copies = more;
+			s->copies[s->ncopies++] = dir;
+			p->copy_dir = dir;
+		}
 	}
-	if (g->role == FDSTORE_CURRENT) {
-		if (f->origin_dev == 0 && f->origin_ino == 0)
-			return error_set(-EINVAL, "the description of its copy of %s does not say "
-				"which file it was copied from (stored by an older wcached)", full);
-		if (!same)
-			return error_set(-EINVAL, "%s was replaced since it was staged (it is "
-				"another file now)", full);
-		if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != f->size ||
-			restore_mtime_ns(&st) != f->mtime_ns)
-			return error_set(-EINVAL, "%s was replaced or changed since it was staged",
-				full);
-	} else if (!same) {
-		/* A held generation's source was replaced: that is why it is
-		 * held. Its origin stays the file it was copied from. */
-		described_origin(f, &st);
-	}
-	o->path = full;
-	o->st = st;
+	free(copy);
 	return 0;
 }
 
-/* Checks stored file k of g (index mapped at blob) and maps it into *out,
- * which then owns the descriptor. A staged copy's origin goes to *origin
- * (path NULL when the file is not a staged copy). */
-static int
-take_file(struct restore *s, const char *stage_dir, const char *dir,
-	const struct fdstore_generation *g, uint32_t k, const uint8_t *blob,
-	const struct index_header *h, struct wc_file *out, struct gen_origin *origin)
-{
-	const struct fdstore_file *f = &g->files[k];
-	const char *fname;
-	char *full, *copy = NULL;
-	struct stat st;
-	uint64_t size;
-	size_t at;
-	int fd = find_fd(s, f->fdname, &at), fl, staged;
-
-	if (fd < 0)
-		return error_set(-EINVAL, "file %" PRIu32 " (\"%s\") is not in the store", k, f->fdname);
-	if (index_file_at(blob, h, k, &fname, &size) < 0 || size != f->size)
-		return error_set(-EINVAL, "file %" PRIu32 ": the index disagrees with the description", k);
-	if (fstat(fd, &st) == -1 || !same_file(&st, f))
-		return error_set(-EINVAL, "file %s: not the inode, size and mtime described", fname);
-	if ((fl = fcntl(fd, F_GETFL)) == -1 || (fl & O_ACCMODE) != O_RDONLY)
-		return error_set(-EINVAL, "file %s: not open read-only", fname);
-	/* The name comes from the stored index: a plain name in dir, as every
-	 * load compiles it, or the stat below would check another file. */
-	if (fname[0] == '\0' || strchr(fname, '/') != NULL || strcmp(fname, ".") == 0 ||
-		strcmp(fname, "..") == 0)
-		return error_set(-EINVAL, "file %" PRIu32 ": the stored index names it \"%.64s\", "
-			"not a file name", k, fname);
-	if ((full = path_join(dir, fname)) == NULL)
-		return error_set(-ENOMEM, "file %s: out of memory", fname);
-	if ((staged = staged_copy_path(stage_dir, fd, &copy)) != 0) {
-		if (staged < 0 || check_origin(g, f, full, origin) < 0) {
-			free(copy);
-			free(full);
-			return -EINVAL;
-		}
-		/* The origin keeps full; the file is the copy. */
-		full = copy;
-	} else if (g->role == FDSTORE_CURRENT && (stat(full, &st) == -1 || !same_file(&st, f))) {
-		/* A held generation's files were replaced: that is why it is old. */
-		error_set(-EINVAL, "%s was replaced or changed since it was stored", full);
-		free(full);
-		return -EINVAL;
-	}
-	if (file_from_fd(fd, full, out) < 0) {
-		free(full);
-		if (origin->path != NULL) {
-			free(origin->path);
-			origin->path = NULL;
-		}
-		return -EINVAL;
-	}
-	free(full);
-	s->fds[at].fd = -1;
-	return 0;
-}
-
-/*
- * A restored generation k whose files are staged copies (origin[0] noted):
- * it keeps serving them, knows where they came from (for polling and the
- * next reload), and removes their directory when it closes, as the process
- * that staged them would have. Takes origin.
- */
+/* Gives p's stored descriptors that nothing took back to s's table, for
+ * finish() (which closes them and has the manager drop them), and removes
+ * the staged copy of the model name nothing serves. */
 static void
-adopt_staged(struct registry *r, struct generation *k, struct gen_origin *origin, size_t n)
+give_back(struct restore *s, struct registry *r, const char *name, struct restore_prepared *p,
+	int served)
 {
-	struct statfs sfs;
-	char *dir = NULL;
-
-	if (n == 0 || origin[0].path == NULL ||
-		stage_dir_of(r->stage_dir, k->source.files[0].path, &dir) <= 0) {
-		gen_free_origin(origin, n);
+	if (p->g == NULL)
 		return;
-	}
-	k->origin = origin;
-	k->norigin = n;
-	k->staged.dir = dir;
-	k->staged.bytes = k->bytes;
-	for (size_t i = 0; i < k->source.nfiles; i++)
-		k->staged.disk_bytes += (uint64_t)k->source.files[i].st.st_blocks * 512u;
-	/* Its filesystem is the origin's, as when it was staged. */
-	if (statfs(origin[0].path, &sfs) == 0)
-		fstype_classify((unsigned long)sfs.f_type, &k->fs);
-	log_info("model \"%s\": generation %" PRIu64 " keeps its staged copy %s", k->model_name,
-		k->number, dir);
-}
+	if (p->index_fd >= 0)
+		s->fds[p->index_at].fd = p->index_fd;
+	p->index_fd = -1;
+	for (size_t k = 0; p->fds != NULL && k < p->g->nfiles; k++) {
+		int fd = p->fds[k];
 
-/* Checks every piece of m's stored generation g and serves it: as the
- * current one, or (FDSTORE_HELD) as one its holders may HOLD. */
-static int
-adopt(struct restore *s, struct registry *r, const struct fdstore_model *m,
-	const struct fdstore_generation *g, const char *path, enum pin_mode pin, int warm)
-{
-	struct model_source src = { .format = FORMAT_SAFETENSORS };
-	struct gen_origin *origin = NULL;
-	struct index_header h;
-	char *dir = NULL;
-	void *map = NULL;
-	size_t at = 0;
-	int ifd = find_fd(s, g->index_fdname, &at), err;
-
-	if ((err = check_index(ifd, g->index_fdname, g->index_size, g->nfiles, &h, &map)) < 0)
-		return err;
-	if ((src.files = calloc(g->nfiles, sizeof(*src.files))) == NULL ||
-		(origin = calloc(g->nfiles ? g->nfiles : 1, sizeof(*origin))) == NULL) {
-		free(src.files);
-		munmap(map, (size_t)g->index_size);
-		return error_set(-ENOMEM, "out of memory");
-	}
-	if ((err = files_dir(path, &dir)) == 0)
-		for (uint32_t k = 0; k < g->nfiles && err == 0; k++)
-			if ((err = take_file(s, r->stage_dir, dir, g, k, map, &h, &src.files[k],
-				     &origin[k])) == 0)
-				src.nfiles = k + 1;
-	/* All copies or none: a mix is not what any process staged. */
-	for (uint32_t k = 1; err == 0 && k < g->nfiles; k++)
-		if ((origin[k].path == NULL) != (origin[0].path == NULL))
-			err = error_set(-EINVAL, "some of its files are staged copies, some not");
-	free(dir);
-	munmap(map, (size_t)g->index_size);
-	if (err == 0 && g->role == FDSTORE_CURRENT)
-		err = restore_adopt_current(r, m->name, path, pin, warm, g->number, &src, ifd,
-			(size_t)g->index_size);
-	else if (err == 0)
-		err = restore_adopt_held(r, m->name, g->number, &src, ifd, (size_t)g->index_size,
-			g->holders);
-	if (err == 0) {
-		struct model_entry *e = registry_find(r, m->name);
-		struct generation *k = registry_generation(r, e, g->number);
-
-		s->fds[at].fd = -1;
-		/* Its holders before the restart may say so (HOLD), as many of
-		 * them as there were; a held one waits already. */
-		if (g->role == FDSTORE_CURRENT)
-			restore_await_holds(r, k, g->holders);
-		/* The manager still has every piece under these names. */
-		k->stored_slot = e->slot;
-		k->stored_done = e->slot == m->slot;
-		adopt_staged(r, k, origin, g->nfiles);
-		origin = NULL;
-	}
-	gen_free_origin(origin, g->nfiles);
-	/* On failure the files taken are closed here, not by close_untaken():
-	 * ask the manager to drop them too. */
-	for (size_t k = 0; err < 0 && k < src.nfiles; k++)
-		(void)notify_remove_fds(g->files[k].fdname);
-	source_close(&src); /* the files, on failure; zeroed on success */
-	return err;
-}
-
-/* After m's current generation came back: the generations workers held
- * before the restart, each waiting restart_hold_ms for their HOLDs. */
-static void
-adopt_held(struct restore *s, struct registry *r, const struct fdstore_model *m,
-	const char *path)
-{
-	for (uint32_t k = 0; k < m->ngenerations; k++) {
-		const struct fdstore_generation *g = &m->generations[k];
-
-		if (g->role != FDSTORE_HELD)
+		if (served || fd < 0)
 			continue;
-		if (adopt(s, r, m, g, path, PIN_NONE, 0) < 0)
-			log_warnx("model \"%s\": generation %" PRIu64 ", held before the restart, "
-				  "not restored: %s; its holders' mappings stay valid",
-				m->name, g->number, error_get());
-		else
-			log_info("model \"%s\": generation %" PRIu64 ", held by workers before the "
-				 "restart, restored; waiting %.3g s for them to say so (HOLD)",
-				m->name, g->number, r->restart_hold_ms / 1000.0);
+		if (k < p->src.nfiles)
+			p->src.files[k].fd = -1; /* the table's again, not the file's */
+		s->fds[p->at[k]].fd = fd;
 	}
+	if (!served && p->copy_dir != NULL && !r->closing) {
+		char *dir = strdup(p->copy_dir);
+
+		log_info("model \"%s\": generation %" PRIu64 " not restored: removing its staged "
+			 "copy %s", name, p->g->number, p->copy_dir);
+		if (dir != NULL)
+			stage_remove_later(r->loop, dir);
+	}
+	restore_prepared_clear(p);
 }
 
+/* Work queue thread: checks and opens every stored generation of j's
+ * model. */
+static void
+restore_work(struct workq_job *w)
+{
+	struct restore_job *j = w->arg;
+
+	for (size_t i = 0; i < j->n; i++)
+		restore_check_generation(&j->gens[i], j->path, j->stage_dir);
+}
+
+/*
+ * Serves p as generation k of j's model: the current one (held 0), or
+ * one workers held before the restart (restore_adopt_held). Takes what p
+ * holds on success; 0, or -errno with the message.
+ */
+static int
+serve(struct restore_job *j, struct restore_prepared *p, int held)
+{
+	struct registry *r = j->r;
+	const struct fdstore_model *m = &j->s->desc->models[j->model];
+	const struct fdstore_generation *g = p->g;
+	struct restore_served rs = { .name = m->name, .path = j->path, .number = g->number,
+		.src = &p->src, .served = p->served, .fs = &p->fs, .index_fd = p->index_fd,
+		.index_size = (size_t)g->index_size };
+	struct model_entry *e;
+	struct generation *k;
+	int err;
+
+	if (p->err < 0)
+		return error_set(p->err, "%s", p->why);
+	err = held ? restore_adopt_held(r, &rs, g->holders) :
+		     restore_adopt_current(r, &rs, j->pin, j->warm, j->expected);
+	if (err < 0)
+		return err;
+	p->served = NULL;
+	p->index_fd = -1;
+	e = registry_find(r, m->name);
+	k = registry_generation(r, e, g->number);
+	/* Its holders before the restart may say so (HOLD), as many of them
+	 * as there were; a held one waits already. */
+	if (!held)
+		restore_await_holds(r, k, g->holders);
+	/* The manager still has every piece under these names. */
+	k->stored_slot = e->slot;
+	k->stored_done = e->slot == m->slot;
+	if (p->staged_dir != NULL) {
+		/* It keeps serving its copy, knows where it came from (for
+		 * polling and the next reload), and removes the copy when it
+		 * closes, as the process that staged it would have. */
+		k->origin = p->origin;
+		k->norigin = k->source.nfiles;
+		k->staged.dir = p->staged_dir;
+		k->staged.bytes = k->bytes;
+		for (size_t i = 0; i < k->source.nfiles; i++)
+			k->staged.disk_bytes += (uint64_t)k->source.files[i].st.st_blocks * 512u;
+		p->origin = NULL;
+		p->staged_dir = NULL;
+		log_info("model \"%s\": generation %" PRIu64 " keeps its staged copy %s",
+			k->model_name, k->number, k->staged.dir);
+	}
+	return 0;
+}
 /* Checks the stored artifact memfd fd of a: a regular file sealed as a
  * published one is, of exactly the described size. */
 static int
@@ -610,7 +438,7 @@ adopt_artifact(struct restore *s, struct registry *r, const struct fdstore_model
 	if (fdstore_name_parse(a->fdname, &n) < 0 || n.kind != FDSTORE_NAME_KIND_ARTIFACT)
 		return error_set(-EINVAL, "its memfd's name \"%s\" is not an artifact's", a->fdname);
 	if ((err = check_artifact_memfd(afd, a)) < 0 ||
-		(err = check_index(ifd, a->index_fdname, a->index_size, 1, &h, &map)) < 0)
+		(err = restore_check_index(ifd, a->index_fdname, a->index_size, 1, &h, &map)) < 0)
 		return err;
 	/* Its reader again, as PUBLISH does: the same index, byte for byte. */
 	snprintf(label, sizeof(label), "%s derived %s", m->name, a->key);
@@ -662,9 +490,147 @@ adopt_artifacts(struct restore *s, struct registry *r, const struct fdstore_mode
 	}
 }
 
+static void finish(struct restore *s, struct registry *r);
+
+static void
+restore_job_free(struct restore_job *j)
+{
+	free(j->gens);
+	free(j->path);
+	free(j->stage_dir);
+	free(j);
+}
+
+/* Loop thread: serves what j's check passed, or says why not. */
+static void
+restore_after(struct workq_job *w, int status)
+{
+	struct restore_job *j = w->arg;
+	struct restore *s = j->s;
+	struct registry *r = j->r;
+	const struct fdstore_model *m = &s->desc->models[j->model];
+	const struct fdstore_generation *g = j->gens[0].g;
+	enum restore_result result = RESTORE_GONE;
+
+	if (status == UV_ECANCELED || r->closing)
+		result = RESTORE_GONE;
+	else if (serve(j, &j->gens[0], 0) == 0)
+		result = RESTORE_SERVED;
+	else if (registry_expect_end(r, m->name, j->expected)) {
+		log_warnx("model \"%s\": not restored: %s; loading", m->name, error_get());
+		result = RESTORE_LOAD;
+	} else
+		log_info("model \"%s\": not restored: it was unloaded or loaded anew meanwhile",
+			m->name);
+	give_back(s, r, m->name, &j->gens[0], result == RESTORE_SERVED);
+	for (size_t i = 1; i < j->n; i++) {
+		int held = result == RESTORE_SERVED && serve(j, &j->gens[i], 1) == 0;
+
+		if (result == RESTORE_SERVED && held)
+			log_info("model \"%s\": generation %" PRIu64 ", held by workers before the "
+				 "restart, restored; waiting %.3g s for them to say so (HOLD)",
+				m->name, j->gens[i].g->number, r->restart_hold_ms / 1000.0);
+		else if (result == RESTORE_SERVED)
+			log_warnx("model \"%s\": generation %" PRIu64 ", held before the restart, "
+				  "not restored: %s; its holders' mappings stay valid", m->name,
+				j->gens[i].g->number, error_get());
+		give_back(s, r, m->name, &j->gens[i], held);
+	}
+	if (result == RESTORE_SERVED) {
+		const struct model_entry *e = registry_find(r, m->name);
+
+		s->restored[j->model] = 1;
+		adopt_artifacts(s, r, m);
+		log_info("model \"%s\": generation %" PRIu64 " restored from the file descriptor "
+			 "store: %" PRIu32 " file%s, %" PRIu64 " bytes, not read again", m->name,
+			g->number, g->nfiles, g->nfiles == 1 ? "" : "s",
+			e != NULL && e->current != NULL ? e->current->bytes : 0);
+		/* Serving began: its full check starts now, not 100 ms after. */
+		if (restore_state.checks_begun)
+			restore_checks(r);
+	}
+	if (j->done != NULL)
+		j->done(m->name, result, j->arg);
+	restore_job_free(j);
+	if (--s->jobs == 0 && s->started)
+		finish(s, r);
+}
+
+/* What the check of model m's stored files touches, as far as the loop
+ * knows without asking any filesystem: the filesystem whose device the
+ * description gives (a staged copy's origin's), from the mount table.
+ * Names the check in what. */
+static uint64_t
+stored_fs(const struct fdstore_generation *g, char *what, size_t len, const char *name)
+{
+	struct fs_info fs;
+	uint64_t dev;
+
+	if (g->nfiles == 0) {
+		snprintf(what, len, "model \"%s\": a warm restart's check", name);
+		return WORKQ_LOCAL;
+	}
+	dev = g->files[0].origin_dev != 0 ? g->files[0].origin_dev : g->files[0].dev;
+	if (fstype_of_dev("/proc/self/mountinfo", (dev_t)dev, &fs) < 0) {
+		snprintf(what, len, "model \"%s\": a warm restart's check of its files", name);
+		return WORKQ_UNKNOWN;
+	}
+	snprintf(what, len, "model \"%s\": a warm restart's check of its files on %s", name,
+		fs.name);
+	return workq_fs(fs.remote, (dev_t)dev);
+}
+
+/* Queues the check of m's current generation g and of the generations
+ * workers held, and lists the model as loading meanwhile. 0, or -errno
+ * with the message (nothing queued, every descriptor still in s's table). */
+static int
+queue_check(struct restore *s, struct registry *r, size_t model,
+	const struct fdstore_generation *g, const char *path, enum pin_mode pin, int warm,
+	restore_done_fn done, void *arg)
+{
+	const struct fdstore_model *m = &s->desc->models[model];
+	struct restore_job *j = calloc(1, sizeof(*j));
+	char what[sizeof(j->job.what)];
+	uint64_t fs;
+	int err = 0;
+
+	if (j == NULL || (j->gens = calloc(m->ngenerations + 1, sizeof(*j->gens))) == NULL ||
+		(j->path = strdup(path)) == NULL ||
+		(r->stage_dir != NULL && (j->stage_dir = strdup(r->stage_dir)) == NULL)) {
+		if (j != NULL)
+			restore_job_free(j);
+		return error_set(-ENOMEM, "out of memory");
+	}
+	*j = (struct restore_job){ .s = s, .r = r, .model = model, .path = j->path, .pin = pin,
+		.warm = warm, .stage_dir = j->stage_dir, .gens = j->gens, .done = done,
+		.arg = arg };
+	j->job.arg = j;
+	err = reserve(s, j->stage_dir, g, &j->gens[j->n++]);
+	for (uint32_t k = 0; k < m->ngenerations && err == 0; k++)
+		if (m->generations[k].role == FDSTORE_HELD)
+			err = reserve(s, j->stage_dir, &m->generations[k], &j->gens[j->n++]);
+	fs = stored_fs(g, what, sizeof(what), m->name);
+	if (err == 0 && (j->expected = registry_expect(r, m->name, path, pin, warm)) == 0)
+		err = -ENOMEM;
+	if (err == 0 && (err = workq_submit(&r->workq, &j->job, fs, what, restore_work,
+				 restore_after)) < 0) {
+		/* Listed, not loading: the caller's load takes it. */
+		(void)registry_expect_end(r, m->name, j->expected);
+		err = error_set(err, "%s", uv_strerror(err));
+	}
+	if (err < 0) {
+		for (size_t i = 0; i < j->n; i++)
+			give_back(s, r, m->name, &j->gens[i], 0);
+		restore_job_free(j);
+		return err;
+	}
+	s->jobs++;
+	return 0;
+}
+
 int
 restore_model(struct restore *s, struct registry *r, const char *name, const char *path,
-	enum pin_mode pin, int warm)
+	enum pin_mode pin, int warm, restore_done_fn done, void *arg)
 {
 	const struct fdstore_model *m = NULL;
 	const struct fdstore_generation *g = NULL;
@@ -693,40 +659,63 @@ restore_model(struct restore *s, struct registry *r, const char *name, const cha
 	else if (g->pin != (uint8_t)pin)
 		log_info("model \"%s\": not restored: its pin changed (was %s); loading", name,
 			pin_mode_name((enum pin_mode)g->pin));
-	else if (adopt(s, r, m, g, path, pin, warm) < 0)
+	else if (queue_check(s, r, i - 1, g, path, pin, warm, done, arg) < 0)
 		log_warnx("model \"%s\": not restored: %s; loading", name, error_get());
-	else {
-		const struct model_entry *e = registry_find(r, name);
-
-		s->restored[i - 1] = 1;
-		adopt_held(s, r, m, path);
-		adopt_artifacts(s, r, m);
-		log_info("model \"%s\": generation %" PRIu64 " restored from the file descriptor "
-			 "store: %" PRIu32 " file%s, %" PRIu64 " bytes, not read again",
-			name, g->number, g->nfiles, g->nfiles == 1 ? "" : "s",
-			e != NULL && e->current != NULL ? e->current->bytes : 0);
+	else
 		return 1;
-	}
 	return 0;
 }
 
 void
-restore_finish(struct restore *s, struct registry *r)
+restore_copies(const struct restore *s, char *const **dirs, size_t *n)
+{
+	*dirs = s != NULL ? s->copies : NULL;
+	*n = s != NULL ? s->ncopies : 0;
+}
+
+/* Does a model serve in the status slot slot (loaded afresh while other
+ * models' checks ran)? */
+static int
+serves_slot(const struct registry *r, unsigned slot)
+{
+	for (const struct model_entry *m = r->models; m != NULL; m = m->next)
+		if (m->slot == slot && m->current != NULL)
+			return 1;
+	return 0;
+}
+
+/* Every check has ended: closes what nobody took, and frees s. */
+static void
+finish(struct restore *s, struct registry *r)
 {
 	if (s != NULL) {
 		/* A slot whose model is not served again says 0 until it is:
-		 * its holders see stale, as they should. */
-		for (uint32_t i = 0; s->desc != NULL && i < s->desc->nmodels; i++) {
+		 * its holders see stale, as they should. Not when stopping:
+		 * the store keeps everything for the next process. */
+		for (uint32_t i = 0; !r->closing && s->desc != NULL && i < s->desc->nmodels; i++) {
 			uint64_t slot = s->desc->models[i].slot;
 
-			if (!s->restored[i] && s->status_taken && slot > 0 && slot < STATUS_SLOTS)
+			if (!s->restored[i] && s->status_taken && slot > 0 && slot < STATUS_SLOTS &&
+				!serves_slot(r, (unsigned)slot))
 				statuspage_publish(&r->page, (unsigned)slot, 0);
 		}
-		close_untaken(s);
+		close_untaken(s, !r->closing);
 		restore_free(s);
 	}
 	restore_state.restoring = 0;
 	restore_sync(r);
 	/* Every stored model is adopted (or loads afresh): main.c starts
 	 * their full checks (restore_checks) once it serves. */
+}
+
+void
+restore_started(struct restore *s, struct registry *r)
+{
+	if (s == NULL || s->jobs == 0) {
+		finish(s, r);
+		return;
+	}
+	s->started = 1;
+	log_info("warm restart: checking the stored files of %u model%s on the work queue", s->jobs,
+		s->jobs == 1 ? "" : "s");
 }

@@ -22,12 +22,15 @@
  * module: main.c sets the registry's closed hook to restore_forget and
  * calls restore_sync from its changed hook.
  *
- * Everything here runs on the event loop thread (or before it runs).
+ * Everything here runs on the event loop thread (or before it runs), but
+ * the checks of a stored generation's files: they ask its filesystem, and
+ * run on the work queue (restore_check.c).
  */
 #ifndef WC_RESTORE_H
 #define WC_RESTORE_H
 
 #include "format/source.h"
+#include "fstype.h"
 #include "registry.h"
 
 struct fdstore_desc;
@@ -55,41 +58,73 @@ void restore_status_taken(struct restore *s);
  * process had (call after registry_init_stored, before any load). */
 void restore_slots(struct restore *s, struct registry *r);
 
+/* What restore_model() reports: the model serves its stored generation;
+ * it must load afresh (one line logged saying why); or an unload or a
+ * load took its place meanwhile, or wcached is stopping. */
+enum restore_result { RESTORE_SERVED, RESTORE_LOAD, RESTORE_GONE };
+typedef void (*restore_done_fn)(const char *name, enum restore_result result, void *arg);
+
 /*
  * Serves the stored current generation of the configured model name
  * (path, pin, warm as configured) when the description has one for the
- * same path and pin and every piece passes its checks. Returns 1 when the
- * model is served, 0 when it must load afresh (one line logged saying why).
+ * same path and pin and every piece passes its checks. The checks ask the
+ * model's filesystem (restore_check.c), whose server may hang, so they run
+ * on the work queue: the model is listed as loading (registry_expect) and
+ * done(name, result, arg) comes on the loop. Returns 1 then, or 0 when the
+ * model must load afresh now (one line logged saying why; done is not
+ * called).
  */
 int restore_model(struct restore *s, struct registry *r, const char *name, const char *path,
-	enum pin_mode pin, int warm);
+	enum pin_mode pin, int warm, restore_done_fn done, void *arg);
+
+/* The staged copies (directories in stage_dir) of the generations
+ * restore_model() is checking: what registry_stage_sweep() must leave.
+ * Valid until restore_started(). */
+void restore_copies(const struct restore *s, char *const **dirs, size_t *n);
+
+/* Every configured model went through restore_model(): once their checks
+ * end, what nobody took is closed (and dropped from the store), the status
+ * slots of models not restored say 0, and s is freed: at once when no
+ * check is running. Accepts NULL. s is this module's from now. */
+void restore_started(struct restore *s, struct registry *r);
+
+/* A stored generation checked and opened (restore_check.c), to serve. */
+struct restore_served {
+	const char *name;            /* the model */
+	const char *path;            /* as configured */
+	uint64_t number;
+	struct model_source *src;    /* files open and mapped */
+	int *served;                 /* gen_open_served()'s, one per file; NULL: opened here */
+	const struct fs_info *fs;    /* the files' (a staged copy's: its origin's); NULL: asked here */
+	int index_fd;                /* the sealed index */
+	size_t index_size;
+};
 
 /*
- * Serves src (files open and mapped) and the sealed index index_fd as
- * generation number of the model name, current and READY at once, without
- * loading or warming it. Takes src and index_fd on success only. 0, -EEXIST
- * when the model is already there, -ENOMEM. O(files): the caller has
+ * Serves s as generation s->number of the model s->name, current and
+ * READY at once, without loading or warming it; expected: 0, or
+ * registry_expect()'s token for the model. Takes src, served and index_fd
+ * on success only. 0, -EEXIST when the model is already there, -ESTALE
+ * when the model expected is gone, -ENOMEM. O(files): the caller has
  * checked the index's header (index_open) and each file against it; the
  * rest of the index is checked in full on the work queue while the
  * generation serves (restore_checks), and only then are its metadata
  * locked and its pages mapped into wcached.
  */
-int restore_adopt_current(struct registry *r, const char *name, const char *path,
-	enum pin_mode pin, int warm, uint64_t number, struct model_source *src, int index_fd,
-	size_t index_size);
+int restore_adopt_current(struct registry *r, const struct restore_served *s,
+	enum pin_mode pin, int warm, uint64_t expected);
 
 /*
- * Adds src and the sealed index_fd as generation number of the model name,
- * which restore_adopt_current() restored with a newer current generation:
- * one that workers held before the restart, holders of them (1 or more).
- * It is not served to new attaches; it stays open for restart_hold_ms
+ * Adds s as generation s->number of the model s->name, which
+ * restore_adopt_current() restored with a newer current generation: one
+ * that workers held before the restart, holders of them (1 or more). It
+ * is not served to new attaches; it stays open for restart_hold_ms
  * (restore_await_holds: restore_hold() may then take up to holders
- * references), and after that until its last holder releases it. Takes src
- * and index_fd on success only. 0, -EINVAL (no holders, or not older than
- * the current one), -EEXIST, -ENOMEM.
+ * references), and after that until its last holder releases it. Takes
+ * src, served and index_fd on success only. 0, -EINVAL (no holders, or not
+ * older than the current one), -EEXIST, -ENOMEM.
  */
-int restore_adopt_held(struct registry *r, const char *name, uint64_t number,
-	struct model_source *src, int index_fd, size_t index_size, unsigned holders);
+int restore_adopt_held(struct registry *r, const struct restore_served *s, unsigned holders);
 
 /*
  * Opens g's wait for HOLDs after a restart: for restart_hold_ms from now,
@@ -139,9 +174,6 @@ void restore_checks(struct registry *r);
 int restore_hold(struct registry *r, const char *name, uint64_t number,
 	const struct registry_peer *peer, struct generation **out, char *msg, size_t msg_size);
 
-/* Closes what nobody took, zeroes the status slots of models not restored,
- * frees s. Accepts NULL. */
-void restore_finish(struct restore *s, struct registry *r);
 
 /* Hands the manager the status page (once), every current generation and
  * every derived artifact of one not yet stored, and stores a new

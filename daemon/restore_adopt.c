@@ -30,15 +30,18 @@ static void check_done(struct registry *r, struct generation *g,
 static const struct pages_hooks check_hooks = { .live = gen_is_live, .done = check_done };
 
 /* A generation of the model name made of what the store gave back: src
- * (files open and mapped) and the sealed index_fd, mapped here. Takes src
- * on success only; NULL with the message otherwise. Not yet in the
- * registry's list, without a model, in state NEW. */
+ * (files open and mapped) and the sealed index_fd, mapped here; served
+ * (gen_open_served) and fs (its filesystem) as restore_check.c found them,
+ * or NULL to find them here (a memfd's: nothing to wait for). Takes src
+ * and served on success only; NULL with the message otherwise. Not yet in
+ * the registry's list, without a model, in state NEW. */
 static struct generation *
 stored_generation(struct registry *r, const char *name, uint64_t number,
-	struct model_source *src, int index_fd, size_t index_size)
+	struct model_source *src, int *served, const struct fs_info *fs, int index_fd,
+	size_t index_size)
 {
 	struct generation *g;
-	int *served;
+	int opened = served == NULL;
 	void *map;
 
 	map = mmap(NULL, index_size, PROT_READ, MAP_SHARED, index_fd, 0);
@@ -47,7 +50,7 @@ stored_generation(struct registry *r, const char *name, uint64_t number,
 			strerror(errno));
 		return NULL;
 	}
-	if (gen_open_served(src, &served) < 0) {
+	if (opened && gen_open_served(src, &served) < 0) {
 		char why[512];
 
 		snprintf(why, sizeof(why), "%s", error_get());
@@ -57,25 +60,29 @@ stored_generation(struct registry *r, const char *name, uint64_t number,
 	}
 	g = gen_new(r, name, number, src, served, index_fd, map, index_size);
 	if (g == NULL) {
-		gen_close_served(served, src->nfiles);
+		if (opened)
+			gen_close_served(served, src->nfiles);
 		munmap(map, index_size);
 		error_set(-ENOMEM, "model \"%s\": out of memory", name);
 		return NULL;
 	}
 	g->from_store = 1;
-	gen_source_fs(&g->source, &g->fs);
+	if (fs != NULL)
+		g->fs = *fs;
+	else
+		gen_source_fs(&g->source, &g->fs);
 	return g;
 }
 
 int
-restore_adopt_current(struct registry *r, const char *name, const char *path,
-	enum pin_mode pin, int warm, uint64_t number, struct model_source *src, int index_fd,
-	size_t index_size)
+restore_adopt_current(struct registry *r, const struct restore_served *s,
+	enum pin_mode pin, int warm, uint64_t expected)
 {
 	struct generation *g;
 	int err;
 
-	if ((g = stored_generation(r, name, number, src, index_fd, index_size)) == NULL)
+	if ((g = stored_generation(r, s->name, s->number, s->src, s->served, s->fs, s->index_fd,
+		     s->index_size)) == NULL)
 		return -ENOMEM;
 	gen_set_state(g, GEN_READY, "restored from the file descriptor store");
 	/* Nothing here is proportional to the model's size or tensor count:
@@ -84,17 +91,19 @@ restore_adopt_current(struct registry *r, const char *name, const char *path,
 	 * nothing from disk) run on the work queue while it serves, from
 	 * restore_checks(). */
 	g->restore_check = RESTORE_CHECK_WAITING;
-	if ((err = registry_add_served(r, name, path, pin, warm, g)) < 0) {
-		gen_unmake(g, src);
+	if ((err = registry_add_served(r, s->name, s->path, pin, warm, g, expected)) < 0) {
+		g->served_fds = NULL; /* the caller's still */
+		gen_unmake(g, s->src);
 		return err;
 	}
 	return 0;
 }
 
 int
-restore_adopt_held(struct registry *r, const char *name, uint64_t number,
-	struct model_source *src, int index_fd, size_t index_size, unsigned holders)
+restore_adopt_held(struct registry *r, const struct restore_served *s, unsigned holders)
 {
+	const char *name = s->name;
+	uint64_t number = s->number;
 	struct model_entry *m = registry_find(r, name);
 	struct generation *g;
 
@@ -110,7 +119,8 @@ restore_adopt_held(struct registry *r, const char *name, uint64_t number,
 	if (registry_generation(r, m, number) != NULL)
 		return error_set(-EEXIST, "model \"%s\": generation %" PRIu64 " is already there",
 			name, number);
-	if ((g = stored_generation(r, name, number, src, index_fd, index_size)) == NULL)
+	if ((g = stored_generation(r, name, number, s->src, s->served, s->fs, s->index_fd,
+		     s->index_size)) == NULL)
 		return -ENOMEM;
 	gen_set_state(g, GEN_READY, "restored from the file descriptor store, held");
 	/* Not current: only its holders' HOLDs keep it, once this passes. */
@@ -130,7 +140,8 @@ restore_adopt_artifact(struct registry *r, struct model_entry *m,
 
 	if (r->derive_owner == NULL)
 		return error_set(-ENOTSUP, "derived artifacts are not set up");
-	if ((g = stored_generation(r, m->name, a->source, src, index_fd, index_size)) == NULL)
+	if ((g = stored_generation(r, m->name, a->source, src, NULL, NULL, index_fd,
+		     index_size)) == NULL)
 		return -ENOMEM;
 	/* The index lives on in the sealed memfd, as for a published one. */
 	free(g->source.index);
@@ -210,6 +221,7 @@ restore_checks(struct registry *r)
 {
 	struct generation *next = NULL;
 
+	restore_state.checks_begun = 1;
 	if (r->closing)
 		return;
 	for (struct generation *g = r->generations; g != NULL; g = g->next) {

@@ -1,13 +1,18 @@
 /*
  * restore_internal.h: what the warm restart's files share (restore.c takes
- * the store back, restore_store.c keeps it in step). Not for other
+ * the store back, restore_check.c checks a stored generation's files off
+ * the loop, restore_store.c keeps the store in step). Not for other
  * modules: they use restore.h.
  */
 #ifndef WC_RESTORE_INTERNAL_H
 #define WC_RESTORE_INTERNAL_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/stat.h>
+
+#include "format/source.h"
+#include "fstype.h"
 
 struct restore_state {
 	/* Between restore_take() and restore_finish(): nothing is stored, so
@@ -18,13 +23,17 @@ struct restore_state {
 	int desc_in_store;     /* a description is in the store: remove it before the next */
 	uint64_t last_artifact; /* the highest n in a derived artifact's names in the store
 				   (wc-<slot>-d<n>-a): the next one stored takes n + 1 */
+	int checks_begun;      /* restore_checks() ran: a generation adopted later starts its own */
 };
 
 /* restore_store.c: one per process, as the manager's store is. */
 extern struct restore_state restore_state;
 
 struct derive_stored;
+struct fdstore_generation;
+struct gen_origin;
 struct generation;
+struct index_header;
 struct model_entry;
 struct model_source;
 struct registry;
@@ -43,5 +52,50 @@ int restore_adopt_artifact(struct registry *r, struct model_entry *m,
 /* restore.c: st's mtime in nanoseconds, as the description records it;
  * times past the year 2262 (or before 1678) saturate. */
 int64_t restore_mtime_ns(const struct stat *st);
+
+/*
+ * One stored generation of a model, checked on the work queue
+ * (restore_check.c) because the checks ask the files' filesystem, whose
+ * server may hang: the loop resolves the stored descriptors first
+ * (index_fd, fds), the check fills the rest, and the loop then serves it
+ * without asking any filesystem (restore.c).
+ */
+struct restore_prepared {
+	const struct fdstore_generation *g;
+	int index_fd;
+	size_t index_at;          /* its place in the restore's table */
+	int *fds;                 /* per stored file, -1 when not in the store */
+	size_t *at;
+	const char *copy_dir;     /* its staged copy's directory (the restore's), or NULL */
+	/* Filled by restore_check_generation(). */
+	int err;                  /* 0, or -errno with why */
+	char why[512];
+	struct model_source src;  /* its files own the descriptors they took */
+	int *served;              /* gen_open_served() */
+	struct gen_origin *origin; /* per file when staged copies, else NULL */
+	struct fs_info fs;        /* the files' filesystem (a staged copy's: its origin's) */
+	char *staged_dir;         /* the staged copies' directory, or NULL */
+};
+
+/* Checks p's generation (files in path's directory; staged copies are
+ * under stage_dir, may be NULL) and opens it for serving. Work queue
+ * thread: touches nothing but p and the descriptors it names. */
+void restore_check_generation(struct restore_prepared *p, const char *path,
+	const char *stage_dir);
+
+/* Frees what p holds (after a failure, or once served: then src, served,
+ * origin and staged_dir are NULL). Leaves the stored descriptors it names. */
+void restore_prepared_clear(struct restore_prepared *p);
+
+/* Is the stored file fd a staged copy (stage.h)? 1 with its path under
+ * stage_dir in *copy (malloc'd; the link /proc/self/fd names, without a
+ * " (deleted)" a removal left), 0 when not, -ENOMEM. Asks no filesystem. */
+int restore_staged_copy(const char *stage_dir, int fd, char **copy);
+
+/* Checks a stored index memfd fd, called fdname: sealed, of size bytes, a
+ * valid index header for nfiles files, and maps it into *map. 0 or
+ * -EINVAL with the reason. */
+int restore_check_index(int fd, const char *fdname, uint64_t size, uint32_t nfiles,
+	struct index_header *h, void **map);
 
 #endif

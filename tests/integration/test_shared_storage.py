@@ -318,6 +318,14 @@ def verify(d, name, source):
     assert r.returncode == 0, r.stderr
 
 
+def still_loading(d, name):
+    """An attach of name is refused with "still loading", and status says loading."""
+    r = subprocess.run([binary("wcachectl"), "attach", name, "--socket", d.socket],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0 and "still loading" in r.stderr, (r.stdout, r.stderr)
+    assert model_entry(d, name)["state"] == "loading", model_entry(d, name)
+
+
 def test_a_hung_remote_filesystem_holds_up_nothing_else(start, tmp_path, remote):
     src = mkmodel(tmp_path / "src.safetensors", 1)
     with open(src, "rb") as f:
@@ -404,12 +412,77 @@ def test_start_serves_others_when_a_remote_filesystem_hangs(start, tmp_path, rem
         assert time.monotonic() - t0 < 20
         d.wait_for_log(r'1 model is still loading after 2 s \(start_wait_seconds\): serving '
                        r'the others now; "r"')
-        r = subprocess.run([binary("wcachectl"), "attach", "r", "--socket", d.socket],
-                           capture_output=True, text=True, timeout=30)
-        assert r.returncode != 0 and "still loading" in r.stderr, (r.stdout, r.stderr)
-        assert model_entry(d, "r")["state"] == "loading", model_entry(d, "r")
+        still_loading(d, "r")
     finally:
         remote.thaw()
     wait_until(lambda: ready(d, "r", 1), timeout=30, what="the remote model served")
     verify(d, "r", src)
     d.wait_for_log(r"every configured model's load has ended \(0 failed\)")
+
+
+def test_a_warm_restart_serves_others_when_a_remote_filesystem_hangs(tmp_path, remote):
+    """wcached restarts warm (the file descriptor store, test_warm_restart.py)
+    while the remote filesystem hangs: checking the stored remote model asks
+    the server, so it waits on the work queue, not on the event loop; the
+    local model is restored and served at once, the remote one after
+    start_wait_seconds says it is still loading, and is restored (not read
+    again) once the filesystem is back. A model unloaded while its check
+    waits is not served when the check ends, and its pieces leave the
+    store."""
+    from fakemanager import FakeManager
+    from test_warm_restart import start as start_stored
+
+    src = mkmodel(tmp_path / "src.safetensors", 1)
+    with open(src, "rb") as f:
+        data = f.read()
+    for name in ("r", "u"):
+        remote.replace(f"{name}.safetensors", data)
+        remote.wait_visible(f"{name}.safetensors")
+    (tmp_path / "local").mkdir()
+    local = mkmodel(tmp_path / "local" / "l.safetensors", 2)
+    (tmp_path / "d").mkdir()
+    mgr = FakeManager(str(tmp_path / "notify.sock"))
+    polled = {"poll_interval": "0.2", "stage": "no"}
+    d = Daemon(tmp_path / "d", {"r": (remote.path("r.safetensors"), polled), "local": local,
+                                "u": (remote.path("u.safetensors"), polled)},
+               "start_wait_seconds = 2\n")
+    try:
+        start_stored(d, mgr)
+        wait_until(lambda: ready(d, "r", 1) and ready(d, "local", 1) and ready(d, "u", 1),
+                   timeout=30, what="the models ready")
+        mgr.wait_for(lambda m: "wc-desc" in m.store and
+                     sum(k.startswith("wc-") and k.endswith("-i") for k in m.store) == 3,
+                     what="the generations stored")
+        assert d.stop() == 0, d.read_log()
+        remote.freeze()
+        try:
+            t0 = time.monotonic()
+            start_stored(d, mgr, *mgr.listen_fds())
+            wait_until(lambda: ready(d, "local", 1), timeout=20,
+                       what="the local model restored while the remote filesystem hangs")
+            print(f"warm restart while remotefs hung: the local model served "
+                  f"{time.monotonic() - t0:.3f} s after the start")
+            verify(d, "local", local)
+            d.wait_for_log(r'model "local": generation 1 restored from the file descriptor '
+                           r'store')
+            d.wait_for_log(r'2 models are still loading after 2 s \(start_wait_seconds\): '
+                           r'serving the others now; "(r|u)", "(r|u)"')
+            still_loading(d, "r")
+            r = ctl(d, "unload", "u", timeout=15)
+            assert r.returncode == 0, (r.stdout, r.stderr)
+        finally:
+            remote.thaw()
+        wait_until(lambda: ready(d, "r", 1), timeout=30, what="the remote model restored")
+        verify(d, "r", src)
+        d.wait_for_log(r'model "u": not restored: it was unloaded or loaded anew meanwhile')
+        assert model_entry(d, "u") is None
+        # u's slot (3, in configuration order) leaves the store.
+        mgr.wait_for(lambda m: not any(k.startswith("wc-3-") for k in m.store),
+                     what="u's generation dropped from the store")
+        log = d.read_log()
+        assert 'model "r": generation 1 restored from the file descriptor store' in log, log
+        assert 'model "r": generation 1 from ' not in log, log   # not read again
+    finally:
+        code = d.stop()
+        mgr.close()
+    assert code == 0, d.read_log()

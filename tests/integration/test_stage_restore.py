@@ -78,7 +78,7 @@ def test_a_source_replaced_by_a_file_of_the_same_size_and_mtime_is_staged_again(
         assert "keeps its staged copy" not in log, log
         d.wait_for_log(r'"m": generation 2 staged from \S+ to ')
         verify(d, src)
-        assert "removed 1 staged copy left in" in log, log
+        assert 'model "m": generation 1 not restored: removing its staged copy' in log, log
         wait_until(lambda: entries(stage_dir) == ["m.2"], what="only m.2")
     finally:
         code = d.stop()

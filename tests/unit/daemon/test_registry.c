@@ -329,8 +329,8 @@ adopt_held(struct du *t, const char *path, uint64_t number, unsigned holders)
 	assert_int_equal(file_from_fd(fd, path, &src.files[0]), 0);
 	src.nfiles = 1;
 	assert_true((ifd = fcntl(du_current(t, "m")->index_fd, F_DUPFD_CLOEXEC, 0)) >= 0);
-	r = restore_adopt_held(&t->reg, "m", number, &src, ifd, du_current(t, "m")->index_size,
-		holders);
+	r = restore_adopt_held(&t->reg, &(struct restore_served){ .name = "m", .number = number,
+		.src = &src, .index_fd = ifd, .index_size = du_current(t, "m")->index_size }, holders);
 	if (r < 0) { /* nothing taken */
 		assert_int_equal(src.nfiles, 1);
 		source_close(&src);

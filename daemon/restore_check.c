@@ -1,0 +1,329 @@
+/*
+ * restore_check.c: the checks of a stored generation's files at a warm
+ * restart (restore.h), off the loop. Each stored file must be the inode,
+ * size and mtime the description gives, open read-only, named by a plain
+ * name in the index, and still be what the configured path names (a
+ * current generation); a staged copy's origin must still be the file it
+ * was copied from. Those are stat calls on the model's filesystem, and on
+ * a network filesystem whose server hangs they block until it answers: so
+ * they run on the work queue (workq.h), never on the event loop, and a
+ * model on a hung server waits there while every other one serves
+ * (restore.c).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#include "base/error.h"
+#include "base/file.h"
+#include "base/path.h"
+#include "fdstore.h"
+#include "format/index.h"
+#include "generation.h"
+#include "restore_internal.h"
+#include "stage.h"
+
+#define INDEX_SEALS (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+
+/* The directory the model's files are in, malloc'd in *dir: path itself,
+ * or its parent. */
+static int
+files_dir(const char *path, char **dir)
+{
+	struct stat st;
+	char *d;
+
+	if (stat(path, &st) == -1)
+		return error_set(-errno, "%s: %s", path, strerror(errno));
+	d = S_ISDIR(st.st_mode) ? strdup(path) : path_dir(path);
+	if (d == NULL)
+		return error_set(-ENOMEM, "%s: out of memory", path);
+	*dir = d;
+	return 0;
+}
+
+/* st's mtime in nanoseconds since the epoch, as the store describes it;
+ * times past the year 2262 (or before 1678) saturate instead of
+ * overflowing. */
+int64_t
+restore_mtime_ns(const struct stat *st)
+{
+	int64_t ns;
+
+	if (__builtin_mul_overflow((int64_t)st->st_mtim.tv_sec, (int64_t)1000000000, &ns) ||
+		__builtin_add_overflow(ns, (int64_t)st->st_mtim.tv_nsec, &ns))
+		return st->st_mtim.tv_sec < 0 ? INT64_MIN : INT64_MAX;
+	return ns;
+}
+
+static int
+same_file(const struct stat *st, const struct fdstore_file *f)
+{
+	int64_t mtime = restore_mtime_ns(st);
+
+	return S_ISREG(st->st_mode) && (uint64_t)st->st_dev == f->dev &&
+		(uint64_t)st->st_ino == f->ino && (uint64_t)st->st_size == f->size &&
+		mtime == f->mtime_ns;
+}
+
+/* O(1): the records are checked later (restore_checks, index_check.h). */
+int
+restore_check_index(int fd, const char *fdname, uint64_t size, uint32_t nfiles, struct index_header *h,
+	void **map)
+{
+	struct stat st;
+	int seals;
+
+	if (fd < 0)
+		return error_set(-EINVAL, "its index memfd \"%s\" is not in the store", fdname);
+	if (fstat(fd, &st) == -1 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != size ||
+		size == 0 || size > SIZE_MAX)
+		return error_set(-EINVAL, "its index memfd is not %" PRIu64 " bytes", size);
+	if ((seals = fcntl(fd, F_GET_SEALS)) == -1 || (seals & INDEX_SEALS) != INDEX_SEALS)
+		return error_set(-EINVAL, "its index memfd is not sealed");
+	*map = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
+	if (*map == MAP_FAILED)
+		return error_set(-errno, "mapping its index: %s", strerror(errno));
+	if (index_open(*map, (size_t)size, h) < 0 || h->file_count != nfiles) {
+		munmap(*map, (size_t)size);
+		return error_set(-EINVAL, "its index is not valid for %" PRIu32 " files", nfiles);
+	}
+	return 0;
+}
+
+/*
+ * A stored file that is a staged copy (stage.h): 1 with its path under
+ * stage_dir in *copy (malloc'd; the link /proc/self/fd names, without a
+ * " (deleted)" a removal left), 0 when it is not one, -ENOMEM.
+ */
+int
+restore_staged_copy(const char *stage_dir, int fd, char **copy)
+{
+	static const char deleted[] = " (deleted)";
+	char link[64], buf[PATH_MAX], *dir = NULL;
+	ssize_t n;
+	size_t len;
+	int r;
+
+	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+	if (stage_dir == NULL || (n = readlink(link, buf, sizeof(buf) - 1)) <= 0)
+		return 0;
+	buf[n] = '\0';
+	len = (size_t)n;
+	if (len > sizeof(deleted) - 1 && strcmp(buf + len - (sizeof(deleted) - 1), deleted) == 0)
+		buf[len - (sizeof(deleted) - 1)] = '\0';
+	if ((r = stage_dir_of(stage_dir, buf, &dir)) <= 0)
+		return r;
+	free(dir);
+	if ((*copy = strdup(buf)) == NULL)
+		return error_set(-ENOMEM, "out of memory");
+	return 1;
+}
+
+/* A staged copy's origin as f describes it (the file it was copied from,
+ * its size and mtime the copy's): for a held generation whose origin is
+ * gone or was replaced, as the process that staged it knew it. */
+static void
+described_origin(const struct fdstore_file *f, struct stat *st)
+{
+	memset(st, 0, sizeof(*st));
+	st->st_mode = S_IFREG;
+	st->st_dev = (dev_t)f->origin_dev;
+	st->st_ino = (ino_t)f->origin_ino;
+	st->st_size = (off_t)f->size;
+	st->st_mtim.tv_sec = (time_t)(f->mtime_ns / 1000000000);
+	st->st_mtim.tv_nsec = (long)(f->mtime_ns % 1000000000);
+	if (st->st_mtim.tv_nsec < 0) {
+		st->st_mtim.tv_sec--;
+		st->st_mtim.tv_nsec += 1000000000;
+	}
+}
+
+/*
+ * A staged copy's origin: the configured model's file full that it was
+ * copied from. A current generation serves only while that file is what
+ * was copied: the same file (its st_dev and st_ino, as same_file() checks
+ * a file served where it lies: a file renamed over the path while no
+ * wcached ran may have the same size and mtime, rsync -a or cp -p make
+ * one), and its size and mtime (the copy keeps the source's mtime); the
+ * copy's inode was checked against the description already. A
+ * description without the origin's inode (version 3, an older wcached)
+ * cannot tell: the model is staged again, which is always safe. Fills *o.
+ */
+static int
+check_origin(const struct fdstore_generation *g, const struct fdstore_file *f, char *full,
+	struct gen_origin *o)
+{
+	struct stat st;
+	int same;
+
+	if (stat(full, &st) == -1) {
+		if (g->role == FDSTORE_CURRENT)
+			return error_set(-EINVAL, "%s, staged from, is gone", full);
+		described_origin(f, &st);
+		same = 1;
+	} else {
+		same = (uint64_t)st.st_dev == f->origin_dev && (uint64_t)st.st_ino == f->origin_ino;
+	}
+	if (g->role == FDSTORE_CURRENT) {
+		if (f->origin_dev == 0 && f->origin_ino == 0)
+			return error_set(-EINVAL, "the description of its copy of %s does not say "
+				"which file it was copied from (stored by an older wcached)", full);
+		if (!same)
+			return error_set(-EINVAL, "%s was replaced since it was staged (it is "
+				"another file now)", full);
+		if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != f->size ||
+			restore_mtime_ns(&st) != f->mtime_ns)
+			return error_set(-EINVAL, "%s was replaced or changed since it was staged",
+				full);
+	} else if (!same) {
+		/* A held generation's source was replaced: that is why it is
+		 * held. Its origin stays the file it was copied from. */
+		described_origin(f, &st);
+	}
+	o->path = full;
+	o->st = st;
+	return 0;
+}
+
+/* Checks stored file k of p's generation (index mapped at blob; its
+ * files in dir) and maps it into p->src.files[k], which then owns the
+ * descriptor. A staged copy's origin goes to p->origin[k]. */
+static int
+check_file(struct restore_prepared *p, const char *stage_dir, const char *dir, uint32_t k,
+	const uint8_t *blob, const struct index_header *h)
+{
+	const struct fdstore_generation *g = p->g;
+	const struct fdstore_file *f = &g->files[k];
+	struct gen_origin *origin = &p->origin[k];
+	const char *fname;
+	char *full, *copy = NULL;
+	struct stat st;
+	uint64_t size;
+	int fd = p->fds[k], fl, staged;
+
+	if (fd < 0)
+		return error_set(-EINVAL, "file %" PRIu32 " (\"%s\") is not in the store", k, f->fdname);
+	if (index_file_at(blob, h, k, &fname, &size) < 0 || size != f->size)
+		return error_set(-EINVAL, "file %" PRIu32 ": the index disagrees with the description", k);
+	if (fstat(fd, &st) == -1 || !same_file(&st, f))
+		return error_set(-EINVAL, "file %s: not the inode, size and mtime described", fname);
+	if ((fl = fcntl(fd, F_GETFL)) == -1 || (fl & O_ACCMODE) != O_RDONLY)
+		return error_set(-EINVAL, "file %s: not open read-only", fname);
+	/* The name comes from the stored index: a plain name in dir, as every
+	 * load compiles it, or the stat below would check another file. */
+	if (fname[0] == '\0' || strchr(fname, '/') != NULL || strcmp(fname, ".") == 0 ||
+		strcmp(fname, "..") == 0)
+		return error_set(-EINVAL, "file %" PRIu32 ": the stored index names it \"%.64s\", "
+			"not a file name", k, fname);
+	if ((full = path_join(dir, fname)) == NULL)
+		return error_set(-ENOMEM, "file %s: out of memory", fname);
+	if ((staged = restore_staged_copy(stage_dir, fd, &copy)) != 0) {
+		if (staged < 0 || check_origin(g, f, full, origin) < 0) {
+			free(copy);
+			free(full);
+			return -EINVAL;
+		}
+		/* The origin keeps full; the file is the copy. */
+		full = copy;
+	} else if (g->role == FDSTORE_CURRENT && (stat(full, &st) == -1 || !same_file(&st, f))) {
+		/* A held generation's files were replaced: that is why it is old. */
+		error_set(-EINVAL, "%s was replaced or changed since it was stored", full);
+		free(full);
+		return -EINVAL;
+	}
+	if (file_from_fd(fd, full, &p->src.files[k]) < 0) {
+		free(full);
+		free(origin->path);
+		origin->path = NULL;
+		return -EINVAL;
+	}
+	free(full);
+	return 0;
+}
+
+/* The filesystem of p's files and, for staged copies, the copies'
+ * directory: the origin's filesystem, as when it was staged. */
+static int
+note_filesystem(struct restore_prepared *p, const char *stage_dir)
+{
+	struct statfs sfs;
+
+	if (p->origin[0].path == NULL) {
+		gen_source_fs(&p->src, &p->fs);
+		gen_free_origin(p->origin, p->g->nfiles);
+		p->origin = NULL;
+		return 0;
+	}
+	gen_source_fs(&p->src, &p->fs); /* the copy's, when the origin does not say */
+	if (statfs(p->origin[0].path, &sfs) == 0)
+		fstype_classify((unsigned long)sfs.f_type, &p->fs);
+	if (stage_dir_of(stage_dir, p->src.files[0].path, &p->staged_dir) <= 0) {
+		p->staged_dir = NULL;
+		return error_set(-EINVAL, "its staged copy %s is not in stage_dir",
+			p->src.files[0].path);
+	}
+	return 0;
+}
+
+void
+restore_check_generation(struct restore_prepared *p, const char *path, const char *stage_dir)
+{
+	const struct fdstore_generation *g = p->g;
+	struct index_header h;
+	char *dir = NULL;
+	void *map = NULL;
+	int err;
+
+	p->src = (struct model_source){ .format = FORMAT_SAFETENSORS };
+	if ((err = restore_check_index(p->index_fd, g->index_fdname, g->index_size, g->nfiles,
+		     &h, &map)) < 0)
+		goto out;
+	if ((p->src.files = calloc(g->nfiles ? g->nfiles : 1, sizeof(*p->src.files))) == NULL ||
+		(p->origin = calloc(g->nfiles ? g->nfiles : 1, sizeof(*p->origin))) == NULL) {
+		err = error_set(-ENOMEM, "out of memory");
+		goto out;
+	}
+	if ((err = files_dir(path, &dir)) == 0)
+		for (uint32_t k = 0; k < g->nfiles && err == 0; k++)
+			if ((err = check_file(p, stage_dir, dir, k, map, &h)) == 0)
+				p->src.nfiles = k + 1;
+	/* All copies or none: a mix is not what any process staged. */
+	for (uint32_t k = 1; err == 0 && k < g->nfiles; k++)
+		if ((p->origin[k].path == NULL) != (p->origin[0].path == NULL))
+			err = error_set(-EINVAL, "some of its files are staged copies, some not");
+	if (err == 0 && g->nfiles == 0)
+		err = error_set(-EINVAL, "it has no files");
+	if (err == 0 && (err = gen_open_served(&p->src, &p->served)) == 0)
+		err = note_filesystem(p, stage_dir);
+out:
+	free(dir);
+	if (map != NULL)
+		munmap(map, (size_t)g->index_size);
+	if ((p->err = err) < 0)
+		snprintf(p->why, sizeof(p->why), "%s", error_get());
+}
+
+void
+restore_prepared_clear(struct restore_prepared *p)
+{
+	gen_close_served(p->served, p->src.nfiles);
+	p->served = NULL;
+	source_close(&p->src); /* the files taken, on failure; none once served */
+	gen_free_origin(p->origin, p->g != NULL ? p->g->nfiles : 0);
+	p->origin = NULL;
+	free(p->staged_dir);
+	p->staged_dir = NULL;
+	free(p->fds);
+	p->fds = NULL;
+	free(p->at);
+	p->at = NULL;
+}
