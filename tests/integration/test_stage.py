@@ -463,7 +463,7 @@ def test_warm_restart_keeps_the_staged_copies_it_restores(tmp_path):
         wait_until(lambda: ready(d, "m") and generation(d) == 3, what="generation 3")
         log = d.read_log()
         assert "was replaced or changed since it was staged" in log, log
-        assert "removed 1 staged copy left in" in log, log
+        assert 'model "m": generation 2 not restored: removing its staged copy' in log, log
         wait_until(lambda: entries(stage_dir) == ["m.3"], what="only m.3")
     finally:
         status_code = d.stop()
