@@ -64,6 +64,7 @@ struct load_request {
 	struct stat path_st;
 	struct stage_request stage;
 	char *stage_dir;      /* stage.stage_dir, owned */
+	uint64_t stage_queued_ms; /* registry_now_ms() when the copy was queued */
 	struct gen_origin *origin;
 	size_t norigin;
 };
@@ -449,7 +450,31 @@ queue_stage(struct registry *r, struct model_entry *m, struct load_request *q)
 	m->loading++;
 	r->loads_in_flight++;
 	m->staging = &q->stage;
+	q->stage_queued_ms = registry_now_ms(r);
 	return 0;
+}
+
+/*
+ * Loop thread: the one line of a staging its model no longer wants (why:
+ * unloaded, or a newer load superseded it), whose copy is thrown away:
+ * stopped in flight (stage_cancel, queue_load and entry_free), finished
+ * before the cancel reached it (load_request_free removes the copy), or
+ * failed on its own meanwhile.
+ */
+static void
+log_unwanted_staging(const struct load_request *q, const char *why)
+{
+	double secs = (double)(registry_now_ms(q->r) - q->stage_queued_ms) / 1000.0;
+
+	if (q->status == -ECANCELED)
+		log_info("model \"%s\": staging %s stopped after %.1f s: %s", q->name, q->path,
+			secs, why);
+	else if (q->status == 0)
+		log_info("model \"%s\": staging %s finished after %.1f s but is not used: %s; "
+			 "the copy is removed", q->name, q->path, secs, why);
+	else
+		log_info("model \"%s\": staging %s failed after %.1f s (%s), and %s", q->name,
+			q->path, secs, q->message, why);
 }
 
 static void
@@ -470,6 +495,9 @@ load_after(struct workq_job *w, int status)
 		if (q->done != NULL)
 			q->done(-ECANCELED, "cancelled: wcached is stopping", 0, q->arg);
 	} else if (m == NULL || m->load_id != q->id) {
+		if (q->staged)
+			log_unwanted_staging(q, m == NULL ? "the model was unloaded" :
+							  "a newer load superseded it");
 		if (q->done != NULL)
 			q->done(-ECANCELED, "superseded by a newer load or unload", 0, q->arg);
 	} else if (q->status < 0) {

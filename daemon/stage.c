@@ -1,6 +1,7 @@
 /*
- * stage.c: copying a model's files to stage_dir, checking the copy against
- * its sources, and removing copies (see stage.h).
+ * stage.c: copying a model's files to stage_dir and checking the copy
+ * against its sources (see stage.h); preparing stage_dir at start.
+ * Removing copies and the sweep are stage_remove.c's.
  *
  * The copy streams each file in 8 MiB requests, as the warm-up reads: with
  * copy_file_range(2), which the kernel does without a trip through user
@@ -8,13 +9,13 @@
  * since 5.19, or a system call filter) with sendfile(2) into the file, and
  * last with pread/pwrite. The source's pages are dropped as they are copied
  * (POSIX_FADV_DONTNEED): the copy's pages are the ones that will serve.
+ * Before each request the copy checks whether it is still wanted
+ * (stage_cancel, or wcached stopping).
  *
- * Removing works on descriptors: stage_dir is opened and checked once
- * (check_stage_dir), each copy opened below it with O_NOFOLLOW and removed
- * only with its marker in it (remove_copy_at), whether stage_remove(), the
- * sweep or a failed staging asks.
+ * stage_dir is opened only once checked safe (stage_check_dir), and a
+ * staging that fails removes its temporary copy as any copy is removed
+ * (stage_remove_at, stage_remove.c).
  */
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -23,7 +24,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -35,6 +35,7 @@
 #include "format/shards.h"
 #include "log.h"
 #include "stage.h"
+#include "stage_internal.h"
 
 #define STAGE_CHUNK (8u << 20)
 #define STAGE_MARGIN (64ull << 20)
@@ -86,115 +87,6 @@ human(uint64_t n, char *buf, size_t len)
 		snprintf(buf, len, "%" PRIu64 " bytes", n);
 	else
 		snprintf(buf, len, v < 10.0 ? "%.1f %s" : "%.0f %s", v, units[u]);
-}
-
-/*
- * Is the open directory fd (stage_dir, named path) one only owner can
- * change: owned by owner, not writable by its group or others? Anyone who
- * can write stage_dir can put there, or swap in under a removal, what
- * wcached would then remove. 0, or -EPERM (-errno) with the message.
- */
-static int
-check_stage_dir(int fd, const char *path, uid_t owner)
-{
-	struct stat st;
-
-	if (fstat(fd, &st) == -1)
-		return error_set(-errno, "stage_dir %s: %s", path, strerror(errno));
-	if (!S_ISDIR(st.st_mode))
-		return error_set(-ENOTDIR, "stage_dir %s is not a directory", path);
-	if (st.st_uid != owner)
-		return error_set(-EPERM, "stage_dir %s belongs to uid %u, not to uid %u that wcached "
-			"runs as: give wcached a directory of its own", path, (unsigned)st.st_uid,
-			(unsigned)owner);
-	if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
-		return error_set(-EPERM, "stage_dir %s is writable by %s (mode %04o): another user "
-			"could make wcached remove what it did not make; give wcached a directory of "
-			"its own (chmod go-w)", path, (st.st_mode & S_IWOTH) != 0 ? "all users" :
-			"its group", (unsigned)(st.st_mode & 07777));
-	return 0;
-}
-
-/* Opens stage_dir (a symbolic link the operator made of it is followed)
- * and checks it (check_stage_dir) into *fd. 0, or -errno with the message;
- * -ENOENT when it does not exist. */
-static int
-open_stage_dir(const char *stage_dir, int *fd)
-{
-	int d = open(stage_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), err;
-
-	if (d == -1)
-		return error_set(-errno, "stage_dir %s: %s", stage_dir, strerror(errno));
-	if ((err = check_stage_dir(d, stage_dir, geteuid())) < 0) {
-		close(d);
-		return err;
-	}
-	*fd = d;
-	return 0;
-}
-
-/* What remove_copy_at() did. */
-enum removal { REMOVED, GONE, NOT_OURS };
-
-/*
- * Removes the copy name from the directory pfd (stage_dir, called parent
- * in messages) when wcached made it: a directory, not a symbolic link, of
- * wcached's user, holding STAGE_MARKER, a regular file of that user.
- * Never follows a link: the copy is opened with O_NOFOLLOW and its entries
- * unlinked relative to it, the marker last, so that a removal cut short
- * is still wcached's for the next sweep. REMOVED, GONE (nothing there),
- * NOT_OURS (left alone, *why says how it is not ours), or -errno with the
- * message.
- */
-static int
-remove_copy_at(int pfd, const char *parent, const char *name, const char **why)
-{
-	struct dirent *e;
-	struct stat st;
-	uid_t me = geteuid();
-	DIR *d;
-	int dfd, err = 0;
-
-	dfd = openat(pfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (dfd == -1 && errno == ENOENT)
-		return GONE;
-	if (dfd == -1 && (errno == ENOTDIR || errno == ELOOP)) {
-		*why = "not a directory: a file or a symbolic link";
-		return NOT_OURS;
-	}
-	if (dfd == -1)
-		return error_set(-errno, "removing %s/%s: %s", parent, name, strerror(errno));
-	if (fstat(dfd, &st) == -1 || st.st_uid != me) {
-		*why = "a directory of another user";
-		close(dfd);
-		return NOT_OURS;
-	}
-	if (fstatat(dfd, STAGE_MARKER, &st, AT_SYMLINK_NOFOLLOW) == -1 || !S_ISREG(st.st_mode) ||
-		st.st_uid != me) {
-		*why = "no " STAGE_MARKER " of wcached's user in it";
-		close(dfd);
-		return NOT_OURS;
-	}
-	if ((d = fdopendir(dfd)) == NULL) {
-		err = error_set(-errno, "removing %s/%s: %s", parent, name, strerror(errno));
-		close(dfd);
-		return err;
-	}
-	while ((e = readdir(d)) != NULL) {
-		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 ||
-			strcmp(e->d_name, STAGE_MARKER) == 0)
-			continue;
-		if (unlinkat(dirfd(d), e->d_name, 0) == -1 && errno != ENOENT && err == 0)
-			err = error_set(-errno, "removing %s/%s/%s: %s", parent, name, e->d_name,
-				strerror(errno));
-	}
-	if (err == 0 && unlinkat(dirfd(d), STAGE_MARKER, 0) == -1 && errno != ENOENT)
-		err = error_set(-errno, "removing %s/%s/%s: %s", parent, name, STAGE_MARKER,
-			strerror(errno));
-	closedir(d);
-	if (err == 0 && unlinkat(pfd, name, AT_REMOVEDIR) == -1 && errno != ENOENT)
-		err = error_set(-errno, "removing %s/%s: %s", parent, name, strerror(errno));
-	return err < 0 ? err : REMOVED;
 }
 
 /* A message for err (negative) while doing what to path: the errno's name
@@ -562,7 +454,7 @@ plan_files(const struct stage_request *req, struct stage_file **out, size_t *n)
 	return 0;
 }
 
-/* stage_dir exists (made 0700 if missing), is safe (check_stage_dir) and
+/* stage_dir exists (made 0700 if missing), is safe (stage_check_dir) and
  * has room for bytes: 0 and *sfd, the directory open. */
 static int
 check_room(const struct stage_request *req, uint64_t bytes, int *sfd)
@@ -575,7 +467,7 @@ check_room(const struct stage_request *req, uint64_t bytes, int *sfd)
 	if (mkdir(req->stage_dir, 0700) == -1 && errno != EEXIST)
 		return error_set(-errno, "cannot stage it: stage_dir %s cannot be created: %s",
 			req->stage_dir, strerror(errno));
-	if ((err = open_stage_dir(req->stage_dir, &fd)) < 0) {
+	if ((err = stage_open_dir(req->stage_dir, &fd)) < 0) {
 		error_prefix("cannot stage it");
 		return err;
 	}
@@ -673,12 +565,12 @@ discard(const struct stage_request *req, int sfd, const char *tmp, int marked)
 	int r = 0;
 
 	if (marked)
-		r = remove_copy_at(sfd, req->stage_dir, tmp, &why);
+		r = stage_remove_at(sfd, req->stage_dir, tmp, &why);
 	else if (unlinkat(sfd, tmp, AT_REMOVEDIR) == -1 && errno != ENOENT)
 		r = error_set(-errno, "removing %s/%s: %s", req->stage_dir, tmp, strerror(errno));
 	if (r < 0)
 		log_warnx("staging: %s", error_get());
-	else if (r == NOT_OURS)
+	else if (r == STAGE_NOT_OURS)
 		log_warnx("staging: %s/%s, being staged, is no longer wcached's (%s): left alone",
 			req->stage_dir, tmp, why);
 }
@@ -792,77 +684,6 @@ stage_request_clear(struct stage_request *req)
 }
 
 int
-stage_remove(const char *dir)
-{
-	char *parent = path_dir(dir);
-	const char *why = NULL;
-	int pfd, r;
-
-	if (parent == NULL)
-		return error_set(-ENOMEM, "out of memory");
-	if ((pfd = open(parent[0] != '\0' ? parent : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) == -1) {
-		r = errno == ENOENT ? 0 : error_set(-errno, "removing %s: %s", dir, strerror(errno));
-		free(parent);
-		return r;
-	}
-	if ((r = check_stage_dir(pfd, parent, geteuid())) == 0 &&
-		(r = remove_copy_at(pfd, parent, file_basename(dir), &why)) == NOT_OURS)
-		r = error_set(-EPERM, "%s is not a copy wcached made (%s): left alone", dir, why);
-	close(pfd);
-	free(parent);
-	return r < 0 ? r : 0;
-}
-
-struct remove_work {
-	uv_work_t work;
-	char *dir;
-	int err;
-	char message[512];
-};
-
-static void
-remove_run(uv_work_t *w)
-{
-	struct remove_work *rw = w->data;
-
-	if ((rw->err = stage_remove(rw->dir)) < 0)
-		snprintf(rw->message, sizeof(rw->message), "%s", error_get());
-}
-
-static void
-remove_after(uv_work_t *w, int status)
-{
-	struct remove_work *rw = w->data;
-
-	(void)status;
-	if (rw->err < 0)
-		log_warnx("staged copy not removed: %s", rw->message);
-	else
-		log_debug("staged copy %s removed", rw->dir);
-	free(rw->dir);
-	free(rw);
-}
-
-void
-stage_remove_later(uv_loop_t *loop, char *dir)
-{
-	struct remove_work *rw;
-
-	if (dir == NULL)
-		return;
-	if ((rw = calloc(1, sizeof(*rw))) != NULL) {
-		rw->dir = dir;
-		rw->work.data = rw;
-		if (uv_queue_work(loop, &rw->work, remove_run, remove_after) == 0)
-			return;
-		free(rw);
-	}
-	if (stage_remove(dir) < 0)
-		log_warnx("staged copy not removed: %s", error_get());
-	free(dir);
-}
-
-int
 stage_prepare_dir(const char *stage_dir, uid_t uid, gid_t gid)
 {
 	char *p = strdup(stage_dir);
@@ -903,7 +724,7 @@ stage_prepare_dir(const char *stage_dir, uid_t uid, gid_t gid)
 		st.st_gid != gid && fchown(fd, uid, gid) == -1)
 		err = error_set(-errno, "stage_dir %s: chown: %s", stage_dir, strerror(errno));
 	if (err == 0)
-		err = check_stage_dir(fd, stage_dir, uid != (uid_t)-1 ? uid : geteuid());
+		err = stage_check_dir(fd, stage_dir, uid != (uid_t)-1 ? uid : geteuid());
 	close(fd);
 	return err;
 }
@@ -924,110 +745,4 @@ stage_dir_of(const char *stage_dir, const char *path, char **dir)
 	if ((*dir = strndup(path, (size_t)(slash - path))) == NULL)
 		return error_set(-ENOMEM, "out of memory");
 	return 1;
-}
-
-/* Is name one stage_copy() makes: "<model>.<number>" with an optional
- * "-<k>", or a temporary ".<model>.tmp-<pid>-XXXXXX"? *own_tmp: the latter,
- * of this process. */
-static bool
-staged_name(const char *name, bool *own_tmp)
-{
-	const char *dot = strrchr(name, '.'), *tmp = strstr(name, ".tmp-");
-	char pid[32];
-
-	*own_tmp = false;
-	if (name[0] == '.' && tmp != NULL && tmp != name) {
-		snprintf(pid, sizeof(pid), ".tmp-%ld-", (long)getpid());
-		*own_tmp = strncmp(tmp, pid, strlen(pid)) == 0;
-		return true;
-	}
-	if (name[0] == '.' || dot == NULL || dot == name || dot[1] < '0' || dot[1] > '9')
-		return false;
-	for (const char *p = dot + 1; *p != '\0'; p++) {
-		if (*p == '-' && p[1] >= '0' && p[1] <= '9' && p > dot + 1)
-			continue;
-		if (*p < '0' || *p > '9')
-			return false;
-	}
-	return true;
-}
-
-/* The directory a sweep locked (flock) for the life of the process: a
- * second wcached started with the same stage_dir then leaves the copies
- * of the first alone. Loop thread (stage_sweep), so unguarded. */
-static int sweep_lock = -1;
-
-/* Locks stage_dir (its open descriptor sfd) for this process: 0, or
- * -EBUSY when another process holds it. */
-static int
-lock_stage_dir(int sfd, const char *stage_dir)
-{
-	struct stat a, b;
-	int fd;
-
-	if (sweep_lock >= 0 && fstat(sweep_lock, &a) == 0 && fstat(sfd, &b) == 0 &&
-		a.st_dev == b.st_dev && a.st_ino == b.st_ino)
-		return 0;
-	if ((fd = fcntl(sfd, F_DUPFD_CLOEXEC, 0)) == -1)
-		return error_set(-errno, "stage_dir %s: %s", stage_dir, strerror(errno));
-	if (flock(fd, LOCK_EX | LOCK_NB) == -1) {
-		int e = errno;
-
-		close(fd);
-		if (e == EWOULDBLOCK)
-			return error_set(-EBUSY, "stage_dir %s is in use by another running wcached "
-				"(it holds its lock): nothing in it is removed; give each wcached a "
-				"stage_dir of its own", stage_dir);
-		return error_set(-e, "stage_dir %s: flock: %s", stage_dir, strerror(e));
-	}
-	if (sweep_lock >= 0)
-		close(sweep_lock);
-	sweep_lock = fd;
-	return 0;
-}
-
-int
-stage_sweep(const char *stage_dir, char *const *keep, size_t nkeep, unsigned *removed)
-{
-	struct dirent *e;
-	DIR *d;
-	int sfd = -1, err;
-
-	*removed = 0;
-	if ((err = open_stage_dir(stage_dir, &sfd)) < 0)
-		return err == -ENOENT ? 0 : err;
-	if ((err = lock_stage_dir(sfd, stage_dir)) < 0 || (d = fdopendir(sfd)) == NULL) {
-		if (err == 0)
-			err = error_set(-errno, "stage_dir %s: %s", stage_dir, strerror(errno));
-		close(sfd);
-		return err;
-	}
-	while ((e = readdir(d)) != NULL) {
-		const char *why = NULL;
-		bool own_tmp, kept = false;
-		char *full;
-		int r;
-
-		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 ||
-			!staged_name(e->d_name, &own_tmp) || own_tmp)
-			continue;
-		if ((full = path_join(stage_dir, e->d_name)) == NULL) {
-			err = error_set(-ENOMEM, "out of memory");
-			break;
-		}
-		for (size_t i = 0; i < nkeep && !kept; i++)
-			kept = strcmp(keep[i], full) == 0;
-		free(full);
-		if (kept)
-			continue;
-		if ((r = remove_copy_at(dirfd(d), stage_dir, e->d_name, &why)) < 0 && err == 0)
-			err = r;
-		else if (r == REMOVED)
-			(*removed)++;
-		else if (r == NOT_OURS)
-			log_warnx("stage_dir %s: %s is not a copy wcached made (%s): left alone",
-				stage_dir, e->d_name, why);
-	}
-	closedir(d);
-	return err;
 }

@@ -5,8 +5,9 @@ backing directory ("by another host") raise no inotify event on the mount
 and show only once the cached attributes expire, that handles of a freed
 inode fail as on NFS (EIO, ESTALE, or not with --stale=keep), that a
 mapping whose pages were dropped gets SIGBUS on its next touch (the failure
-wcached must spare its workers), and that other users get in with
-allow_other. tests/pyutil/remotefs.py mounts it; everything skips, on one
+wcached must spare its workers), that --read-rate (and throttle() /
+unthrottle() while mounted) makes reads as slow as asked and fast again,
+and that other users get in with allow_other. tests/pyutil/remotefs.py mounts it; everything skips, on one
 line, where it cannot run (not built, no /dev/fuse, not root)."""
 import ctypes
 import hashlib
@@ -19,11 +20,12 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
-from conftest import TEST_USER, as_user, open_to, parse_user
+from conftest import TEST_USER, as_user, open_to, parse_user, wait_until
 
 sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
 from remotefs import (FUSE_SUPER_MAGIC, RemoteFS, binary, drop_cache,  # noqa: E402
@@ -371,6 +373,68 @@ def test_keep_mode_old_mapping_reads_the_old_bytes(tmp_path):
         assert finish_toucher(p) == 0
 
 
+# -- a slow server: the read throttle ------------------------------------
+
+def timed_read(path):
+    """Seconds to read path whole, from the server (its cached pages dropped
+    first), and the bytes read."""
+    assert drop_cache(path) == 0
+    start = time.monotonic()
+    with open(path, "rb") as f:
+        n = len(f.read())
+    return time.monotonic() - start, n
+
+
+def test_read_rate_throttles_reads_and_unthrottle_ends_it(tmp_path):
+    size = 6 * MiB
+    with RemoteFS(tmp_path / "b", tmp_path / "m", attr_timeout=0.5,
+                  read_rate=4 * MiB) as fs:
+        fs.replace("model.bin", pattern(size, 20))
+        fs.wait_visible("model.bin")
+        path = fs.path("model.bin")
+        # --read-rate 4 MiB/s: 6 MiB take 1.5 s, whatever the requests.
+        slow, n = timed_read(path)
+        assert n == size
+        assert slow >= 0.8 * size / (4 * MiB), slow
+        # Unthrottled: the backing's speed (tens of milliseconds here).
+        fs.unthrottle()
+        fast, n = timed_read(path)
+        assert n == size and fast < slow / 3, (fast, slow)
+        # Throttled again while mounted, at another rate.
+        fs.throttle(2 * MiB)
+        slow2, n = timed_read(path)
+        assert n == size and slow2 >= 0.8 * size / (2 * MiB), slow2
+        # Unthrottling lets a read waiting its turn go at once: one that
+        # would take 6 s at 1 MiB/s ends soon after.
+        fs.throttle(1 * MiB)
+        assert drop_cache(path) == 0
+        done, first = {}, threading.Event()
+
+        def read():
+            start = time.monotonic()
+            with open(path, "rb") as f:
+                n = len(f.read(MiB))
+                done["first"] = time.monotonic() - start
+                first.set()
+                done["bytes"] = n + len(f.read())
+            done["seconds"] = time.monotonic() - start
+        reader = threading.Thread(target=read)
+        reader.start()
+        assert first.wait(timeout=30)
+        assert done["first"] >= 0.5, done  # throttled: about 1 s for the first MiB
+        fs.unthrottle()
+        reader.join(timeout=30)
+        assert done["bytes"] == size and done["seconds"] < 4.0, done
+        # A SIGRTMIN without a value (kill(1)) ends the throttle too.
+        fs.throttle(1 * MiB)
+        fs.proc.send_signal(signal.SIGRTMIN)
+        wait_until(lambda: fs.read_log().splitlines()[-1:] == ["remotefs: reads not throttled"],
+                   timeout=30, what="remotefs to say the throttle ended")
+        log = fs.read_log()
+        assert log.count("remotefs: reads throttled to 2097152 bytes/s") == 1, log
+        assert log.count("remotefs: reads throttled to 1048576 bytes/s") == 2, log
+
+
 # -- other users, options, errors, cleanup --------------------------------
 
 def run_as_test_user(*argv):
@@ -425,6 +489,7 @@ def test_usage_and_errors(tmp_path):
     r = remotefs("--help")
     assert r.returncode == 0 and r.stdout.startswith("usage: remotefs")
     assert "--stale=" in r.stdout and "--attr-timeout" in r.stdout
+    assert "--read-rate BYTES" in r.stdout and "SIGRTMIN" in r.stdout
 
     d = tmp_path / "d"
     d.mkdir()
@@ -440,6 +505,16 @@ def test_usage_and_errors(tmp_path):
         (["--attr-timeout"], 2, "remotefs: option needs a value: --attr-timeout "
          "(see 'remotefs --help')"),
         (["-o"], 2, "remotefs: option needs a value: -o (see 'remotefs --help')"),
+        (["--read-rate"], 2, "remotefs: option needs a value: --read-rate "
+         "(see 'remotefs --help')"),
+        (["--read-rate", "fast", d, d], 2, "remotefs: --read-rate wants bytes per second "
+         "(K, M, G: KiB, MiB, GiB), at most 1024G, not: fast (see 'remotefs --help')"),
+        (["--read-rate=1025G", d, d], 2, "remotefs: --read-rate wants bytes per second "
+         "(K, M, G: KiB, MiB, GiB), at most 1024G, not: 1025G (see 'remotefs --help')"),
+        (["--read-rate=-1", d, d], 2, "remotefs: --read-rate wants bytes per second "
+         "(K, M, G: KiB, MiB, GiB), at most 1024G, not: -1 (see 'remotefs --help')"),
+        (["--read-rate=2T", d, d], 2, "remotefs: --read-rate wants bytes per second "
+         "(K, M, G: KiB, MiB, GiB), at most 1024G, not: 2T (see 'remotefs --help')"),
         ([d], 2, "remotefs: missing BACKING or MOUNTPOINT (see 'remotefs --help')"),
         ([d, d, d], 2, "remotefs: too many arguments (see 'remotefs --help')"),
         ([tmp_path / "none", d], 1,

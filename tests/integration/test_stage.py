@@ -5,7 +5,10 @@ a local directory (stage = yes), which needs no FUSE: the daemon's model
 descriptors are the copies, workers read every byte, a replacement is
 staged anew, a copy goes when its generation closes, a full stage_dir
 refuses the model with one line, stage = no makes no copy, and what a
-killed daemon left is swept at the next start."""
+killed daemon left is swept at the next start. On a FUSE filesystem that
+behaves like NFS (tests/tools/remotefs.c): remote replacements, read
+errors, and, with its reads throttled, a copy in flight that stops when
+its model is unloaded or a newer load supersedes it."""
 import json
 import os
 import re
@@ -13,10 +16,12 @@ import resource
 import shutil
 import signal
 import subprocess
+import time
 
 import pytest
 
-from conftest import TEST_USER, Daemon, binary, mkmodel, parse_user, wait_until
+from conftest import (TEST_USER, Daemon, binary, mkmodel, parse_user, settled_fd_count,
+                      wait_until)
 
 LAYERS = dict(layers=2, hidden=64, ffn=128, vocab=64)
 MARKER = ".wcached-copy"  # stage.h STAGE_MARKER: in every copy wcached makes
@@ -621,4 +626,163 @@ def test_remote_read_error_during_staging_fails_the_generation_with_one_line(tmp
             assert len([p for p in problems(d) if '"m"' in p]) == 1, problems(d)
             assert entries(stage_dir) == []
         finally:
+            assert d.stop() == 0, d.read_log()
+
+
+# ---- a staging its model no longer wants stops (stage_cancel) ----------------
+
+MiB = 1 << 20
+SLOW = 8 * MiB            # remotefs --read-rate: bytes/s every read through the mount gets
+BIG = 64 * MiB            # a full staging copy of it takes BIG / SLOW = 8 s
+REQUEST = 8 * MiB         # stage.c's copy request: a cancel is seen before each
+
+
+def copy_in_flight(rfs, stage_dir, model, name, at_least=REQUEST):
+    """Waits until the staging copy of model is under way: its temporary
+    copy (.MODEL.tmp-...) holds at least at_least bytes of name in memory
+    (the copy fallocates the whole file first: its size says nothing, its
+    cached pages are what was written). Returns a descriptor of that file,
+    the test's own: it outlives the copy's removal, so what had been copied
+    can still be counted after."""
+    fd = None
+
+    def opened():
+        nonlocal fd
+        for n in entries(stage_dir):
+            if n.startswith(f".{model}.tmp-"):
+                try:
+                    fd = os.open(os.path.join(stage_dir, n, name), os.O_RDONLY | os.O_CLOEXEC)
+                    return True
+                except FileNotFoundError:
+                    pass
+        return False
+    wait_until(opened, what=f"the staging copy of {model} to start", interval=0.005)
+    wait_until(lambda: copied(rfs, fd) >= at_least, timeout=30,
+               what=f"{at_least} bytes of {model} copied", interval=0.005)
+    return fd
+
+
+def copied(rfs, fd):
+    """Bytes of the copy fd in memory: what the staging wrote of it."""
+    return rfs.resident_pages(fd) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_unloading_a_model_stops_its_staging_copy_in_flight(tmp_path):
+    """A model being staged from a slow remote filesystem is removed from
+    the configuration (SIGHUP) while its copy runs: the copy stops at its
+    next request (stage_cancel, from the registry's unload) instead of
+    copying the rest only to throw it away; its temporary copy goes, the
+    daemon keeps nothing of it, and the other model is served throughout."""
+    rfs = remotefs()
+    with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt", read_rate=SLOW) as fs:
+        write_safetensors(fs.backing_path("big.safetensors"), {"w": os.urandom(BIG)})
+        local = mkmodel(tmp_path / "local.safetensors", seed=2, **LAYERS)
+        d, stage_dir = stage_daemon(tmp_path, {"local": local})
+        d.start()
+        fd = None
+        try:
+            wait_until(lambda: generation(d, "local") == 1, what="local served")
+            fds_before = settled_fd_count(d.proc.pid)
+            d.write_config({"local": local, "big": (fs.path("big.safetensors"),
+                                                    {"stage": "yes", "poll_interval": "60"})},
+                           f"stage_dir = {stage_dir}\n")
+            d.proc.send_signal(signal.SIGHUP)
+            fd = copy_in_flight(rfs, stage_dir, "big", "big.safetensors")
+            d.write_config({"local": local}, f"stage_dir = {stage_dir}\n")
+            hup = time.monotonic()
+            d.proc.send_signal(signal.SIGHUP)
+            when, line = d.wait_for_log(r'model "big": staging \S+ stopped after [0-9.]+ s: '
+                                        r"the model was unloaded", timeout=30)
+            after = float(re.search(r"stopped after ([0-9.]+) s", line).group(1))
+            done = copied(rfs, fd)
+            full = BIG / SLOW
+            print(f"\nunloaded after {REQUEST >> 20}+ MiB were copied: the copy stopped "
+                  f"{when - hup:.2f} s later, {after:.1f} s into a copy that takes {full:.0f} s "
+                  f"whole, with {done / MiB:.0f} of {BIG / MiB:.0f} MiB copied")
+            # Stopped at the request after the unload, not at the end: a
+            # request takes REQUEST / SLOW = 1 s here.
+            assert when - hup < full / 2, (when - hup, line)
+            assert after < 0.75 * full, line
+            assert REQUEST <= done <= BIG // 2, done
+            # Its temporary copy went with it (before the line), nothing
+            # else was made, and the daemon holds nothing of it.
+            assert entries(stage_dir) == []
+            assert not any("big" in t for t in fd_targets(d.proc.pid))
+            assert settled_fd_count(d.proc.pid) == fds_before
+            assert generation(d, "big") is None
+            r = subprocess.run([binary("demo_worker"), "--socket", d.socket, "--verify", local,
+                                "local"], capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0 and json.loads(r.stdout)["generation"] == 1, r.stderr
+            assert problems(d) == [], problems(d)
+        finally:
+            if fd is not None:
+                os.close(fd)
+            assert d.stop() == 0, d.read_log()
+
+
+def test_a_newer_load_stops_the_staging_of_a_replaced_source(tmp_path):
+    """Another host renames a new version over a model while its first
+    staging copies the old one, and wcachectl load asks for the new one:
+    the old staging stops at its next request (stage_cancel, from the newer
+    load) rather than copying the rest of a version nobody wants; the new
+    version is staged and served, byte for byte. (stale = keep: the old
+    file stays readable, so that what stops the copy is the cancel, not a
+    failed read.)"""
+    rfs = remotefs()
+    with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt", read_rate=SLOW, stale="keep",
+                      attr_timeout=0.2) as fs:
+        write_safetensors(fs.backing_path("m.safetensors"), {"w": os.urandom(BIG)})
+        new = str(tmp_path / "new.safetensors")
+        write_safetensors(new, {"w": os.urandom(16 * MiB), "v": os.urandom(MiB)})
+        src = fs.path("m.safetensors")
+        local = mkmodel(tmp_path / "local.safetensors", seed=2, **LAYERS)
+        d, stage_dir = stage_daemon(tmp_path, {"local": local})
+        d.start()
+        fd, load = None, None
+        try:
+            wait_until(lambda: generation(d, "local") == 1, what="local served")
+            d.write_config({"local": local, "m": (src, {"stage": "yes", "poll_interval": "60"})},
+                           f"stage_dir = {stage_dir}\n")
+            d.proc.send_signal(signal.SIGHUP)
+            fd = copy_in_flight(rfs, stage_dir, "m", "m.safetensors")
+            with open(new, "rb") as f:
+                fs.replace("m.safetensors", f.read())
+            fs.wait_visible("m.safetensors")
+            start = time.monotonic()
+            load = subprocess.Popen([binary("wcachectl"), "--control", d.control, "load", "m",
+                                     src], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True)
+            when, line = d.wait_for_log(r'model "m": staging \S+ stopped after [0-9.]+ s: '
+                                        r"a newer load superseded it", timeout=30)
+            done = copied(rfs, fd)
+            print(f"\nthe copy of the old version stopped {when - start:.2f} s after the newer "
+                  f"load, with {done / MiB:.0f} of {BIG / MiB:.0f} MiB copied ({BIG / SLOW:.0f} s "
+                  "whole)")
+            assert when - start < BIG / SLOW / 2, (when - start, line)
+            assert REQUEST <= done <= BIG // 2, done
+            # The new version's own staging need not crawl.
+            fs.unthrottle()
+            out, err = load.communicate(timeout=60)
+            assert load.returncode == 0 and "generation 1" in out, (out, err)
+            d.wait_for_log(r'"m": generation 1 staged from fuse to ' +
+                           re.escape(os.path.join(stage_dir, "m.1")))
+            assert entries(stage_dir) == ["m.1"]
+            with open(new, "rb") as a, open(os.path.join(stage_dir, "m.1", "m.safetensors"),
+                                            "rb") as b:
+                assert a.read() == b.read()
+            r = subprocess.run([binary("demo_worker"), "--socket", d.socket, "--verify", new,
+                                "m"], capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+            out = json.loads(r.stdout)
+            assert out["generation"] == 1 and out["verified"] == out["bytes"] > 16 * MiB, out
+            fds = model_fds(d.proc.pid)
+            assert sorted(set(fds)) == sorted([local, os.path.join(stage_dir, "m.1",
+                                                                   "m.safetensors")]), fds
+            assert problems(d) == [], problems(d)
+        finally:
+            if load is not None and load.poll() is None:
+                load.kill()
+                load.wait()
+            if fd is not None:
+                os.close(fd)
             assert d.stop() == 0, d.read_log()

@@ -28,6 +28,14 @@ Dropping pages (what was measured here, kernel 6.18):
   through remotefs, which fails it, and the process gets SIGBUS whatever
   it touched before. drop_all() (SIGUSR2) does it for every file.
 
+A slow server: RemoteFS(read_rate=BYTES) mounts with every read throttled
+to BYTES per second for the whole mount (remotefs --read-rate), so reading
+N bytes through it takes about N / BYTES seconds, whatever the request
+sizes and however many are in flight; throttle(BYTES) sets the rate while
+mounted and unthrottle() ends it (SIGRTMIN with the rate as its value).
+With it a staging copy of a few MiB takes seconds: long enough to act on
+it while it runs, without sleeps.
+
 Failures raise RemoteFSError, an AssertionError, with remotefs's log.
 Standard library only (Debian's /usr/bin/python3).
 """
@@ -125,6 +133,14 @@ _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 
 
+class _Sigval(ctypes.Union):
+    """union sigval: what sigqueue(3) sends with a signal."""
+    _fields_ = [("sival_int", ctypes.c_int), ("sival_ptr", ctypes.c_void_p)]
+
+
+_libc.sigqueue.argtypes = [ctypes.c_int, ctypes.c_int, _Sigval]
+
+
 @contextlib.contextmanager
 def _opened(path, flags):
     fd = os.open(path, flags | os.O_CLOEXEC)
@@ -219,9 +235,11 @@ class RemoteFS:
     mount's readahead window, set once mounted (the kernel gives a FUSE
     mount 128 KiB, so sequential reads go to remotefs 128 KiB at a time;
     1024 lets them take 1 MiB, FUSE's largest request, and read about 1.5x
-    faster here); build: the build directory (default $WCACHE_BUILD or
-    <repo>/build). remotefs's stderr goes to the file self.log (default: a
-    file beside mount).
+    faster here); read_rate: bytes per second every read is throttled to
+    (remotefs --read-rate; None: not throttled; throttle() and unthrottle()
+    change it while mounted); build: the build directory (default
+    $WCACHE_BUILD or <repo>/build). remotefs's stderr goes to the file
+    self.log (default: a file beside mount).
 
     Another user reads through the mount (allow_other) what the backing
     files' modes let it read (replace() writes 0644 by default), once it
@@ -230,7 +248,8 @@ class RemoteFS:
     """
 
     def __init__(self, backing, mount, *, attr_timeout=1.0, stale="eio", keep_cache=False,
-                 allow_other=True, options=(), read_ahead_kb=None, build=None, log=None):
+                 allow_other=True, options=(), read_ahead_kb=None, read_rate=None, build=None,
+                 log=None):
         self.backing = os.path.abspath(str(backing))
         self.mount = os.path.abspath(str(mount))
         self.attr_timeout = float(attr_timeout)
@@ -239,6 +258,7 @@ class RemoteFS:
         self.allow_other = allow_other
         self.options = list(options)
         self.read_ahead_kb = read_ahead_kb
+        self.read_rate = int(read_rate) if read_rate else None
         self.build = build
         self.log = os.path.abspath(str(log)) if log else self.mount.rstrip("/") + ".remotefs.log"
         self.proc = None
@@ -254,6 +274,8 @@ class RemoteFS:
                f"--stale={self.stale}"]
         if self.keep_cache:
             cmd.append("--keep-cache")
+        if self.read_rate:
+            cmd += ["--read-rate", str(self.read_rate)]
         opts = (["allow_other"] if self.allow_other else []) + self.options
         if opts:
             cmd += ["-o", ",".join(opts)]
@@ -319,6 +341,13 @@ class RemoteFS:
         then it gets SIGTERM, and last SIGKILL. Idempotent."""
         if self.frozen:
             self.thaw()
+        if self.read_rate and self.proc is not None and self.proc.poll() is None:
+            # Reads still waiting their turn go at once: unmounting does not
+            # wait for a slow copy.
+            try:
+                self.unthrottle(timeout=5.0)
+            except (RemoteFSError, OSError):
+                pass
         self._join_writers()
         conn = self.connection()
         lazy = False
@@ -484,22 +513,30 @@ class RemoteFS:
         still resident."""
         return drop_cache(path_or_fd)
 
-    def _signal_and_wait(self, sig, timeout):
+    def _signal_and_wait(self, send, marker, timeout, what):
+        """send() a signal, then waits for one more line of remotefs's log
+        starting with marker (its acknowledgement); returns that line."""
         if self.proc is None or self.proc.poll() is not None:
             raise RemoteFSError("remotefs is not running")
+
+        def lines():
+            return [ln for ln in self.read_log().splitlines() if ln.startswith(marker)]
+        before = len(lines())
+        send()
+        _wait(lambda: len(lines()) > before, timeout, what)
+        return lines()[-1]
+
+    def _drop(self, sig, timeout):
         marker = "remotefs: dropped the cached pages of "
-        before = self.read_log().count(marker)
-        self.proc.send_signal(sig)
-        _wait(lambda: self.read_log().count(marker) > before, timeout,
-              "remotefs to drop the cached pages")
-        line = [ln for ln in self.read_log().splitlines() if ln.startswith(marker)][-1]
+        line = self._signal_and_wait(lambda: self.proc.send_signal(sig), marker, timeout,
+                                     "remotefs to drop the cached pages")
         return int(line[len(marker):].split()[0])
 
     def drop_stale(self, timeout=30.0):
         """Has the kernel drop every cached page, mapped or not, of every
         inode freed in BACKING (SIGUSR1); returns how many inodes it
         dropped. An old mapping's next touch of them gets SIGBUS."""
-        return self._signal_and_wait(signal.SIGUSR1, timeout)
+        return self._drop(signal.SIGUSR1, timeout)
 
     def freeze(self):
         """Stops remotefs (SIGSTOP): every request to the mount then waits,
@@ -518,4 +555,33 @@ class RemoteFS:
     def drop_all(self, timeout=30.0):
         """Has the kernel drop every cached page, mapped or not, of every
         file of the mount (SIGUSR2); returns how many inodes it dropped."""
-        return self._signal_and_wait(signal.SIGUSR2, timeout)
+        return self._drop(signal.SIGUSR2, timeout)
+
+    def throttle(self, bytes_per_second, timeout=30.0):
+        """Throttles every read through the mount to bytes_per_second (1 to
+        2**31 - 1) from now on, as a slow server would (SIGRTMIN with the rate
+        as its value; remotefs --read-rate says how); returns once remotefs
+        says so. Reads already waiting their turn go at once."""
+        rate = int(bytes_per_second)
+        if not 0 < rate < 2**31:
+            raise ValueError(f"throttle: {bytes_per_second} bytes/s is not from 1 to 2**31 - 1")
+        self._set_read_rate(rate, timeout)
+
+    def unthrottle(self, timeout=30.0):
+        """Ends the read throttle: reads go at the backing's speed again,
+        the waiting ones at once; returns once remotefs says so."""
+        self._set_read_rate(0, timeout)
+
+    def _set_read_rate(self, rate, timeout):
+        want = (f"remotefs: reads throttled to {rate} bytes/s" if rate else
+                "remotefs: reads not throttled")
+
+        def send():
+            if _libc.sigqueue(self.proc.pid, signal.SIGRTMIN, _Sigval(sival_int=rate)) != 0:
+                e = ctypes.get_errno()
+                raise OSError(e, f"sigqueue: {os.strerror(e)}")
+        line = self._signal_and_wait(send, "remotefs: reads ", timeout,
+                                     "remotefs to change its read rate")
+        if line != want:
+            raise RemoteFSError(f"remotefs said {line!r}, not {want!r}:\n{self.read_log()}")
+        self.read_rate = rate or None

@@ -5,7 +5,8 @@
  * reproduce what a remote writer does to wcached and its workers (issue 22).
  *
  *   remotefs [-f] [-d] [-o OPT[,OPT...]] [--attr-timeout SECONDS]
- *            [--stale=eio|estale|keep] [--keep-cache] BACKING MOUNTPOINT
+ *            [--stale=eio|estale|keep] [--keep-cache] [--read-rate BYTES]
+ *            BACKING MOUNTPOINT
  *
  * MOUNTPOINT shows the directory BACKING read-only (lookups, getattr,
  * readdir, readlink, open, read, release, statfs). Files are cached in the
@@ -78,6 +79,22 @@
  * Each ends with one line on stderr, "remotefs: dropped the cached pages
  * of N inodes (stale|all)", which tests/pyutil/remotefs.py waits for.
  *
+ * A slow server. --read-rate BYTES (a number, or with K, M or G for KiB,
+ * MiB, GiB) throttles every read to BYTES per second for the whole mount,
+ * as a busy server or a thin link would: a read request waits its turn, in
+ * one queue for all files and threads, until the bytes it asks for are
+ * paid for at that rate after those of the reads before it. So reading N
+ * bytes takes about N / BYTES seconds however the kernel splits them into
+ * requests (128 KiB to 1 MiB) and however many it has in flight, and a
+ * staging copy of a few MiB can be made to take seconds. SIGRTMIN sent
+ * with a value (sigqueue(3); util-linux kill -s RTMIN -q BYTES PID) sets
+ * the rate while mounted, 0 or a SIGRTMIN without a value ends the
+ * throttle; reads waiting then go at once. Each change ends with one line
+ * on stderr, "remotefs: reads throttled to N bytes/s" or "remotefs: reads
+ * not throttled", which tests/pyutil/remotefs.py waits for. The check for
+ * a stale inode (above) comes after the wait, as a slow server answers
+ * with what it has when it gets to the request.
+ *
  * statfs passes the backing filesystem's figures through; its f_type is
  * FUSE's magic (0x65735546) whatever remotefs answers, so statfs(2) and
  * /proc/self/mountinfo ("fuse.remotefs") say "FUSE".
@@ -106,6 +123,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 
 _Static_assert(sizeof(fuse_ino_t) >= sizeof(uintptr_t), "node ids hold pointers");
@@ -140,13 +158,29 @@ struct rfs_dir {
 	off_t offset;
 };
 
+/*
+ * The read throttle (--read-rate, SIGRTMIN; see the header comment), all
+ * under lock. rate: bytes per second, 0 for none. next_ns: when the reads
+ * already let through are paid for (CLOCK_MONOTONIC). epoch: counts the
+ * changes of rate; a change wakes every waiting read (changed), which
+ * then goes at once.
+ */
+struct rfs_throttle {
+	pthread_mutex_t lock;
+	pthread_cond_t changed;	/* on CLOCK_MONOTONIC */
+	uint64_t rate;
+	uint64_t next_ns;
+	uint64_t epoch;
+};
+
 /* The filesystem: options, the session, the node table (lock held for
- * buckets, count and every nlookup), the thread that waits for SIGUSR1 and
- * SIGUSR2 (see rfs_signals). */
+ * buckets, count and every nlookup), the thread that waits for SIGUSR1,
+ * SIGUSR2 and SIGRTMIN (see rfs_signals), the read throttle. */
 struct rfs {
 	double attr_timeout;
 	enum rfs_stale stale;
 	int keep_cache;
+	struct rfs_throttle throttle;
 	struct fuse_session *se;
 	pthread_t signal_thread;
 	atomic_int quit;
@@ -498,8 +532,91 @@ rfs_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		close(fd);
 }
 
-/* Reads from the handle's own descriptor, after checking that the inode
- * it was opened on has not been freed (see the header comment). */
+/* CLOCK_MONOTONIC in nanoseconds: the throttle's clock. */
+static uint64_t
+rfs_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Sets up the throttle, at rate bytes per second (0: none). 0, or an errno. */
+static int
+rfs_throttle_init(struct rfs_throttle *t, uint64_t rate)
+{
+	pthread_condattr_t attr;
+	int err;
+
+	if ((err = pthread_condattr_init(&attr)) != 0)
+		return err;
+	if ((err = pthread_condattr_setclock(&attr, CLOCK_MONOTONIC)) == 0 &&
+		(err = pthread_cond_init(&t->changed, &attr)) == 0 &&
+		(err = pthread_mutex_init(&t->lock, NULL)) != 0)
+		pthread_cond_destroy(&t->changed);
+	pthread_condattr_destroy(&attr);
+	t->rate = rate;
+	t->next_ns = 0;
+	t->epoch = 0;
+	return err;
+}
+
+static void
+rfs_throttle_destroy(struct rfs_throttle *t)
+{
+	pthread_cond_destroy(&t->changed);
+	pthread_mutex_destroy(&t->lock);
+}
+
+/* Waits until a read of size bytes is paid for at the throttle's rate
+ * after the reads before it, or the rate changes; at once without one. */
+static void
+rfs_throttle_wait(struct rfs_throttle *t, size_t size)
+{
+	struct timespec until;
+	uint64_t now, end, epoch;
+
+	pthread_mutex_lock(&t->lock);
+	if (t->rate == 0) {
+		pthread_mutex_unlock(&t->lock);
+		return;
+	}
+	now = rfs_now_ns();
+	if (t->next_ns < now)
+		t->next_ns = now;
+	/* size is a FUSE request's (at most a few MiB): no overflow. */
+	t->next_ns += (uint64_t)size * 1000000000u / t->rate;
+	end = t->next_ns;
+	epoch = t->epoch;
+	until.tv_sec = (time_t)(end / 1000000000u);
+	until.tv_nsec = (long)(end % 1000000000u);
+	while (t->epoch == epoch && rfs_now_ns() < end)
+		if (pthread_cond_timedwait(&t->changed, &t->lock, &until) == ETIMEDOUT)
+			break;
+	pthread_mutex_unlock(&t->lock);
+}
+
+/* Sets the throttle's rate (0: none), lets every waiting read go, and
+ * says so in one line on stderr. */
+static void
+rfs_throttle_set(struct rfs_throttle *t, uint64_t rate)
+{
+	pthread_mutex_lock(&t->lock);
+	t->rate = rate;
+	t->next_ns = 0;
+	t->epoch++;
+	pthread_cond_broadcast(&t->changed);
+	pthread_mutex_unlock(&t->lock);
+	if (rate == 0)
+		fprintf(stderr, "remotefs: reads not throttled\n");
+	else
+		fprintf(stderr, "remotefs: reads throttled to %" PRIu64 " bytes/s\n", rate);
+}
+
+/* Reads from the handle's own descriptor, once the throttle lets it go
+ * (--read-rate), after checking that the inode it was opened on has not
+ * been freed (see the header comment). */
 static void
 rfs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, struct fuse_file_info *fi)
 {
@@ -508,6 +625,7 @@ rfs_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t offset, struct fuse_
 	int fd = (int)fi->fh;
 	struct stat st;
 
+	rfs_throttle_wait(&fs->throttle, size);
 	if (fs->stale != RFS_STALE_KEEP) {
 		if (fstat(fd, &st) == -1) {
 			fuse_reply_err(req, errno);
@@ -585,24 +703,40 @@ rfs_drop_pages(struct rfs *fs, int all)
 		all ? "all" : "stale");
 }
 
-/* The thread that serves SIGUSR1 and SIGUSR2 (blocked in every other
- * thread) until quit is set and it is woken once more. */
+/* The signals rfs_signals serves, blocked in every other thread. */
+static void
+rfs_signal_set(sigset_t *set)
+{
+	sigemptyset(set);
+	sigaddset(set, SIGUSR1);
+	sigaddset(set, SIGUSR2);
+	sigaddset(set, SIGRTMIN);
+}
+
+/* The thread that serves SIGUSR1, SIGUSR2 and SIGRTMIN until quit is set
+ * and it is woken once more. */
 static void *
 rfs_signals(void *arg)
 {
 	struct rfs *fs = arg;
+	siginfo_t info;
 	sigset_t set;
-	int sig;
 
-	sigemptyset(&set);
-	sigaddset(&set, SIGUSR1);
-	sigaddset(&set, SIGUSR2);
+	rfs_signal_set(&set);
 	for (;;) {
-		if (sigwait(&set, &sig) != 0)
+		if (sigwaitinfo(&set, &info) == -1)
 			continue;
 		if (atomic_load(&fs->quit))
 			return NULL;
-		rfs_drop_pages(fs, sig == SIGUSR2);
+		if (info.si_signo != SIGRTMIN)
+			rfs_drop_pages(fs, info.si_signo == SIGUSR2);
+		else if (info.si_code != SI_QUEUE)
+			rfs_throttle_set(&fs->throttle, 0); /* no value: kill(1) */
+		else if (info.si_value.sival_int < 0)
+			fprintf(stderr, "remotefs: SIGRTMIN wants a read rate of 0 or more bytes/s, "
+				"not %d: left as it was\n", info.si_value.sival_int);
+		else
+			rfs_throttle_set(&fs->throttle, (uint64_t)info.si_value.sival_int);
 	}
 }
 
@@ -644,7 +778,8 @@ usage(FILE *out)
 {
 	fprintf(out,
 		"usage: remotefs [-f] [-d] [-o OPT[,OPT...]] [--attr-timeout SECONDS]\n"
-		"                [--stale=eio|estale|keep] [--keep-cache] BACKING MOUNTPOINT\n"
+		"                [--stale=eio|estale|keep] [--keep-cache] [--read-rate BYTES]\n"
+		"                BACKING MOUNTPOINT\n"
 		"\n"
 		"Shows directory BACKING read-only at MOUNTPOINT as a network filesystem\n"
 		"would: changes made in BACKING (\"by another host\") raise no inotify event\n"
@@ -665,12 +800,18 @@ usage(FILE *out)
 		"                         unless keep\n"
 		"  --keep-cache           keep a file's cached pages across opens (default:\n"
 		"                         each open drops them, a strict close-to-open)\n"
+		"  --read-rate BYTES      throttle reads to BYTES per second for the whole\n"
+		"                         mount (K, M, G: KiB, MiB, GiB), as a slow server\n"
+		"                         would (default: not throttled)\n"
 		"  -h, --help             this text\n"
 		"\n"
 		"SIGUSR1 drops the kernel's cached pages of every freed inode, mapped or\n"
 		"not (so an old mapping's next touch gets SIGBUS); SIGUSR2 those of every\n"
 		"file. Each ends with a line \"remotefs: dropped the cached pages of N\n"
-		"inodes\" on stderr.\n");
+		"inodes\" on stderr. SIGRTMIN with a value (sigqueue(3); kill -s RTMIN\n"
+		"-q BYTES PID) sets the read rate, 0 or no value ends the throttle; it\n"
+		"ends with a line \"remotefs: reads throttled to N bytes/s\" or\n"
+		"\"remotefs: reads not throttled\".\n");
 }
 
 /* A usage error: one line naming it, exit status 2. */
@@ -680,6 +821,34 @@ usage_error(const char *what, const char *arg)
 	fprintf(stderr, "remotefs: %s%s%s (see 'remotefs --help')\n", what, arg ? ": " : "",
 		arg ? arg : "");
 	return 2;
+}
+
+/* --read-rate's value: a number of bytes per second, or of KiB, MiB or GiB
+ * with K, M or G after it, at most 1024 GiB. 0 and *rate, or -1. */
+static int
+parse_rate(const char *arg, uint64_t *rate)
+{
+	unsigned long long n;
+	unsigned shift = 0;
+	char *end;
+
+	if (*arg < '0' || *arg > '9')
+		return -1;
+	errno = 0;
+	n = strtoull(arg, &end, 10);
+	if (errno != 0 || end == arg)
+		return -1;
+	if (*end != '\0') {
+		const char *units = "KMG", *u = strchr(units, *end);
+
+		if (u == NULL || end[1] != '\0')
+			return -1;
+		shift = 10u * (unsigned)(u - units + 1);
+	}
+	if (n > (1ull << 40) >> shift)
+		return -1;
+	*rate = (uint64_t)n << shift;
+	return 0;
 }
 
 /* Raises the soft descriptor limit to the hard one: every inode the kernel
@@ -719,11 +888,9 @@ serve(struct rfs *fs, struct fuse_args *args, const char *mountpoint)
 		goto out_signals;
 	}
 	fs->se = se;
-	/* SIGUSR1 and SIGUSR2 go to rfs_signals alone: blocked here before
-	 * any thread starts, so every thread inherits the mask. */
-	sigemptyset(&set);
-	sigaddset(&set, SIGUSR1);
-	sigaddset(&set, SIGUSR2);
+	/* SIGUSR1, SIGUSR2 and SIGRTMIN go to rfs_signals alone: blocked here
+	 * before any thread starts, so every thread inherits the mask. */
+	rfs_signal_set(&set);
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	if (pthread_create(&fs->signal_thread, NULL, rfs_signals, fs) != 0) {
 		fprintf(stderr, "remotefs: cannot start the signal thread\n");
@@ -758,15 +925,17 @@ main(int argc, char **argv)
 		{ "attr-timeout", required_argument, NULL, 't' },
 		{ "stale", required_argument, NULL, 's' },
 		{ "keep-cache", no_argument, NULL, 'k' },
+		{ "read-rate", required_argument, NULL, 'r' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	struct rfs fs = { .attr_timeout = 1.0, .stale = RFS_STALE_EIO };
 	struct fuse_args args = FUSE_ARGS_INIT(0, NULL);
 	const char *backing, *mountpoint;
+	uint64_t read_rate = 0;
 	struct stat st;
 	char *end;
-	int c, status;
+	int c, status, err;
 
 	opterr = 0;
 	if (fuse_opt_add_arg(&args, "remotefs") != 0 ||
@@ -811,13 +980,20 @@ main(int argc, char **argv)
 		case 'k':
 			fs.keep_cache = 1;
 			break;
+		case 'r':
+			if (parse_rate(optarg, &read_rate) != 0) {
+				fuse_opt_free_args(&args);
+				return usage_error("--read-rate wants bytes per second (K, M, G: "
+						   "KiB, MiB, GiB), at most 1024G, not", optarg);
+			}
+			break;
 		case 'h':
 			fuse_opt_free_args(&args);
 			usage(stdout);
 			return 0;
 		default:
 			fuse_opt_free_args(&args);
-			if (optopt == 'o' || optopt == 't' || optopt == 's')
+			if (optopt == 'o' || optopt == 't' || optopt == 's' || optopt == 'r')
 				return usage_error("option needs a value", argv[optind - 1]);
 			return usage_error("unknown option", argv[optind - 1]);
 		}
@@ -856,6 +1032,13 @@ main(int argc, char **argv)
 		close(fs.root.fd);
 		goto nomem;
 	}
+	if ((err = rfs_throttle_init(&fs.throttle, read_rate)) != 0) {
+		fprintf(stderr, "remotefs: cannot set up the read throttle: %s\n", strerror(err));
+		free(fs.buckets);
+		close(fs.root.fd);
+		fuse_opt_free_args(&args);
+		return 1;
+	}
 	pthread_mutex_init(&fs.lock, NULL);
 	raise_nofile();
 
@@ -863,6 +1046,7 @@ main(int argc, char **argv)
 
 	rfs_free_nodes(&fs);
 	pthread_mutex_destroy(&fs.lock);
+	rfs_throttle_destroy(&fs.throttle);
 	close(fs.root.fd);
 	fuse_opt_free_args(&args);
 	return status;

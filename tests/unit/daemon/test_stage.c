@@ -1,6 +1,7 @@
 /*
- * test_stage.c: unit tests of daemon/stage.c, staging a model's files to a
- * local directory, on real files in a temporary directory.
+ * test_stage.c: unit tests of the stage module (daemon/stage.c and
+ * daemon/stage_remove.c), staging a model's files to a local directory and
+ * removing and sweeping the copies, on real files in a temporary directory.
  *
  * Fault injection with the linker's --wrap: copy_file_range, sendfile and
  * statvfs forward to the real calls unless a test sets a hook, which can

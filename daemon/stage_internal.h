@@ -1,0 +1,41 @@
+/*
+ * stage_internal.h: what the stage module's files share: stage.c (copying
+ * a model's files to stage_dir) and stage_remove.c (removing copies and
+ * sweeping stage_dir), which both open stage_dir only once it is checked
+ * safe, and both remove a copy only through stage_remove_at(). Not for
+ * other modules: they use stage.h.
+ */
+#ifndef WC_STAGE_INTERNAL_H
+#define WC_STAGE_INTERNAL_H
+
+#include <sys/types.h>
+
+/*
+ * Is the open directory fd (stage_dir, named path) one only owner can
+ * change: owned by owner, not writable by its group or others? Anyone who
+ * can write stage_dir can put there, or swap in under a removal, what
+ * wcached would then remove. 0, or -EPERM (-errno) with the message.
+ */
+int stage_check_dir(int fd, const char *path, uid_t owner);
+
+/* Opens stage_dir (a symbolic link the operator made of it is followed)
+ * and checks it (stage_check_dir, against the effective uid) into *fd. 0,
+ * or -errno with the message; -ENOENT when it does not exist. */
+int stage_open_dir(const char *stage_dir, int *fd);
+
+/* What stage_remove_at() did. */
+enum stage_removal { STAGE_REMOVED, STAGE_GONE, STAGE_NOT_OURS };
+
+/*
+ * Removes the copy name from the directory pfd (stage_dir, called parent
+ * in messages) when wcached made it: a directory, not a symbolic link, of
+ * wcached's user, holding STAGE_MARKER, a regular file of that user.
+ * Never follows a link: the copy is opened with O_NOFOLLOW and its entries
+ * unlinked relative to it, the marker last, so that a removal cut short
+ * is still wcached's for the next sweep. STAGE_REMOVED, STAGE_GONE
+ * (nothing there), STAGE_NOT_OURS (left alone, *why says how it is not
+ * ours), or -errno with the message.
+ */
+int stage_remove_at(int pfd, const char *parent, const char *name, const char **why);
+
+#endif

@@ -1,0 +1,298 @@
+/*
+ * stage_remove.c: removing staged copies and sweeping stage_dir (see
+ * stage.h): stage_remove(), stage_remove_later() and stage_sweep(), and
+ * stage_remove_at(), through which stage.c's failed staging removes its
+ * temporary copy too.
+ *
+ * Removal is a concern of its own because it is where staging could do
+ * harm: stage_dir may be a directory an operator shares with other
+ * programs, and a removal that followed a symbolic link or trusted a name
+ * would empty what wcached never made. So it works on descriptors:
+ * stage_dir is opened and checked once (stage_check_dir: wcached's, not
+ * writable by its group or others), each copy opened below it with
+ * O_NOFOLLOW and removed only with its marker in it (stage_remove_at),
+ * whether stage_remove(), the sweep or a failed staging asks. The sweep
+ * also holds an flock on stage_dir for the life of the process, so that a
+ * second wcached given the same stage_dir leaves the first one's copies
+ * alone.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/error.h"
+#include "base/path.h"
+#include "log.h"
+#include "stage.h"
+#include "stage_internal.h"
+
+int
+stage_check_dir(int fd, const char *path, uid_t owner)
+{
+	struct stat st;
+
+	if (fstat(fd, &st) == -1)
+		return error_set(-errno, "stage_dir %s: %s", path, strerror(errno));
+	if (!S_ISDIR(st.st_mode))
+		return error_set(-ENOTDIR, "stage_dir %s is not a directory", path);
+	if (st.st_uid != owner)
+		return error_set(-EPERM, "stage_dir %s belongs to uid %u, not to uid %u that wcached "
+			"runs as: give wcached a directory of its own", path, (unsigned)st.st_uid,
+			(unsigned)owner);
+	if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
+		return error_set(-EPERM, "stage_dir %s is writable by %s (mode %04o): another user "
+			"could make wcached remove what it did not make; give wcached a directory of "
+			"its own (chmod go-w)", path, (st.st_mode & S_IWOTH) != 0 ? "all users" :
+			"its group", (unsigned)(st.st_mode & 07777));
+	return 0;
+}
+
+int
+stage_open_dir(const char *stage_dir, int *fd)
+{
+	int d = open(stage_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC), err;
+
+	if (d == -1)
+		return error_set(-errno, "stage_dir %s: %s", stage_dir, strerror(errno));
+	if ((err = stage_check_dir(d, stage_dir, geteuid())) < 0) {
+		close(d);
+		return err;
+	}
+	*fd = d;
+	return 0;
+}
+
+int
+stage_remove_at(int pfd, const char *parent, const char *name, const char **why)
+{
+	struct dirent *e;
+	struct stat st;
+	uid_t me = geteuid();
+	DIR *d;
+	int dfd, err = 0;
+
+	dfd = openat(pfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (dfd == -1 && errno == ENOENT)
+		return STAGE_GONE;
+	if (dfd == -1 && (errno == ENOTDIR || errno == ELOOP)) {
+		*why = "not a directory: a file or a symbolic link";
+		return STAGE_NOT_OURS;
+	}
+	if (dfd == -1)
+		return error_set(-errno, "removing %s/%s: %s", parent, name, strerror(errno));
+	if (fstat(dfd, &st) == -1 || st.st_uid != me) {
+		*why = "a directory of another user";
+		close(dfd);
+		return STAGE_NOT_OURS;
+	}
+	if (fstatat(dfd, STAGE_MARKER, &st, AT_SYMLINK_NOFOLLOW) == -1 || !S_ISREG(st.st_mode) ||
+		st.st_uid != me) {
+		*why = "no " STAGE_MARKER " of wcached's user in it";
+		close(dfd);
+		return STAGE_NOT_OURS;
+	}
+	if ((d = fdopendir(dfd)) == NULL) {
+		err = error_set(-errno, "removing %s/%s: %s", parent, name, strerror(errno));
+		close(dfd);
+		return err;
+	}
+	while ((e = readdir(d)) != NULL) {
+		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 ||
+			strcmp(e->d_name, STAGE_MARKER) == 0)
+			continue;
+		if (unlinkat(dirfd(d), e->d_name, 0) == -1 && errno != ENOENT && err == 0)
+			err = error_set(-errno, "removing %s/%s/%s: %s", parent, name, e->d_name,
+				strerror(errno));
+	}
+	if (err == 0 && unlinkat(dirfd(d), STAGE_MARKER, 0) == -1 && errno != ENOENT)
+		err = error_set(-errno, "removing %s/%s/%s: %s", parent, name, STAGE_MARKER,
+			strerror(errno));
+	closedir(d);
+	if (err == 0 && unlinkat(pfd, name, AT_REMOVEDIR) == -1 && errno != ENOENT)
+		err = error_set(-errno, "removing %s/%s: %s", parent, name, strerror(errno));
+	return err < 0 ? err : STAGE_REMOVED;
+}
+
+int
+stage_remove(const char *dir)
+{
+	char *parent = path_dir(dir);
+	const char *why = NULL;
+	int pfd, r;
+
+	if (parent == NULL)
+		return error_set(-ENOMEM, "out of memory");
+	if ((pfd = open(parent[0] != '\0' ? parent : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) == -1) {
+		r = errno == ENOENT ? 0 : error_set(-errno, "removing %s: %s", dir, strerror(errno));
+		free(parent);
+		return r;
+	}
+	if ((r = stage_check_dir(pfd, parent, geteuid())) == 0 &&
+		(r = stage_remove_at(pfd, parent, file_basename(dir), &why)) == STAGE_NOT_OURS)
+		r = error_set(-EPERM, "%s is not a copy wcached made (%s): left alone", dir, why);
+	close(pfd);
+	free(parent);
+	return r < 0 ? r : 0;
+}
+
+struct remove_work {
+	uv_work_t work;
+	char *dir;
+	int err;
+	char message[512];
+};
+
+static void
+remove_run(uv_work_t *w)
+{
+	struct remove_work *rw = w->data;
+
+	if ((rw->err = stage_remove(rw->dir)) < 0)
+		snprintf(rw->message, sizeof(rw->message), "%s", error_get());
+}
+
+static void
+remove_after(uv_work_t *w, int status)
+{
+	struct remove_work *rw = w->data;
+
+	(void)status;
+	if (rw->err < 0)
+		log_warnx("staged copy not removed: %s", rw->message);
+	else
+		log_debug("staged copy %s removed", rw->dir);
+	free(rw->dir);
+	free(rw);
+}
+
+void
+stage_remove_later(uv_loop_t *loop, char *dir)
+{
+	struct remove_work *rw;
+
+	if (dir == NULL)
+		return;
+	if ((rw = calloc(1, sizeof(*rw))) != NULL) {
+		rw->dir = dir;
+		rw->work.data = rw;
+		if (uv_queue_work(loop, &rw->work, remove_run, remove_after) == 0)
+			return;
+		free(rw);
+	}
+	if (stage_remove(dir) < 0)
+		log_warnx("staged copy not removed: %s", error_get());
+	free(dir);
+}
+
+/* Is name one stage_copy() makes: "<model>.<number>" with an optional
+ * "-<k>", or a temporary ".<model>.tmp-<pid>-XXXXXX"? *own_tmp: the latter,
+ * of this process. */
+static bool
+staged_name(const char *name, bool *own_tmp)
+{
+	const char *dot = strrchr(name, '.'), *tmp = strstr(name, ".tmp-");
+	char pid[32];
+
+	*own_tmp = false;
+	if (name[0] == '.' && tmp != NULL && tmp != name) {
+		snprintf(pid, sizeof(pid), ".tmp-%ld-", (long)getpid());
+		*own_tmp = strncmp(tmp, pid, strlen(pid)) == 0;
+		return true;
+	}
+	if (name[0] == '.' || dot == NULL || dot == name || dot[1] < '0' || dot[1] > '9')
+		return false;
+	for (const char *p = dot + 1; *p != '\0'; p++) {
+		if (*p == '-' && p[1] >= '0' && p[1] <= '9' && p > dot + 1)
+			continue;
+		if (*p < '0' || *p > '9')
+			return false;
+	}
+	return true;
+}
+
+/* The directory a sweep locked (flock) for the life of the process: a
+ * second wcached started with the same stage_dir then leaves the copies
+ * of the first alone. Loop thread (stage_sweep), so unguarded. */
+static int sweep_lock = -1;
+
+/* Locks stage_dir (its open descriptor sfd) for this process: 0, or
+ * -EBUSY when another process holds it. */
+static int
+lock_stage_dir(int sfd, const char *stage_dir)
+{
+	struct stat a, b;
+	int fd;
+
+	if (sweep_lock >= 0 && fstat(sweep_lock, &a) == 0 && fstat(sfd, &b) == 0 &&
+		a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+		return 0;
+	if ((fd = fcntl(sfd, F_DUPFD_CLOEXEC, 0)) == -1)
+		return error_set(-errno, "stage_dir %s: %s", stage_dir, strerror(errno));
+	if (flock(fd, LOCK_EX | LOCK_NB) == -1) {
+		int e = errno;
+
+		close(fd);
+		if (e == EWOULDBLOCK)
+			return error_set(-EBUSY, "stage_dir %s is in use by another running wcached "
+				"(it holds its lock): nothing in it is removed; give each wcached a "
+				"stage_dir of its own", stage_dir);
+		return error_set(-e, "stage_dir %s: flock: %s", stage_dir, strerror(e));
+	}
+	if (sweep_lock >= 0)
+		close(sweep_lock);
+	sweep_lock = fd;
+	return 0;
+}
+
+int
+stage_sweep(const char *stage_dir, char *const *keep, size_t nkeep, unsigned *removed)
+{
+	struct dirent *e;
+	DIR *d;
+	int sfd = -1, err;
+
+	*removed = 0;
+	if ((err = stage_open_dir(stage_dir, &sfd)) < 0)
+		return err == -ENOENT ? 0 : err;
+	if ((err = lock_stage_dir(sfd, stage_dir)) < 0 || (d = fdopendir(sfd)) == NULL) {
+		if (err == 0)
+			err = error_set(-errno, "stage_dir %s: %s", stage_dir, strerror(errno));
+		close(sfd);
+		return err;
+	}
+	while ((e = readdir(d)) != NULL) {
+		const char *why = NULL;
+		bool own_tmp, kept = false;
+		char *full;
+		int r;
+
+		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 ||
+			!staged_name(e->d_name, &own_tmp) || own_tmp)
+			continue;
+		if ((full = path_join(stage_dir, e->d_name)) == NULL) {
+			err = error_set(-ENOMEM, "out of memory");
+			break;
+		}
+		for (size_t i = 0; i < nkeep && !kept; i++)
+			kept = strcmp(keep[i], full) == 0;
+		free(full);
+		if (kept)
+			continue;
+		if ((r = stage_remove_at(dirfd(d), stage_dir, e->d_name, &why)) < 0 && err == 0)
+			err = r;
+		else if (r == STAGE_REMOVED)
+			(*removed)++;
+		else if (r == STAGE_NOT_OURS)
+			log_warnx("stage_dir %s: %s is not a copy wcached made (%s): left alone",
+				stage_dir, e->d_name, why);
+	}
+	closedir(d);
+	return err;
+}
