@@ -62,6 +62,10 @@ struct load_request {
 	dev_t path_dev;
 	int path_err;
 	struct stat path_st;
+	/* What path named just before it was opened (staging's failures
+	 * compare with it: the path may name a newer file by then). */
+	int opened_known;
+	struct stat opened_st;
 	struct stage_request stage;
 	char *stage_dir;      /* stage.stage_dir, owned */
 	uint64_t stage_queued_ms; /* registry_now_ms() when the copy was queued */
@@ -133,12 +137,34 @@ load_work(struct workq_job *w)
 {
 	struct load_request *q = w->arg;
 
+	q->opened_known = stat(q->path, &q->opened_st) == 0;
 	if ((q->status = open_model(q, q->path)) < 0) {
 		snprintf(q->message, sizeof(q->message), "%s", error_get());
 		note_failed_path(q);
 		return;
 	}
 	gen_source_fs(&q->source, &q->fs);
+}
+
+/*
+ * Work queue thread, after a staging failed: where its path is, as it was
+ * when the load opened it (before the copy began), so that a poll sees a
+ * replacement made during the copy (the copy fails "replaced during the
+ * copy") as the change that mends it; what the path names now would look
+ * unchanged, and the model would never load. A load that never stat'ed
+ * its path looks now (note_failed_path).
+ */
+static void
+note_opened_path(struct load_request *q)
+{
+	if (!q->opened_known) {
+		note_failed_path(q);
+		return;
+	}
+	q->path_known = 1;
+	q->path_err = 0;
+	q->path_dev = q->opened_st.st_dev;
+	q->path_st = q->opened_st;
 }
 
 /* Drops what q opened of the model it loaded: its files, served
@@ -190,7 +216,7 @@ stage_work(struct workq_job *w)
 	q->stage.nfiles = q->source.nfiles;
 	if ((q->status = stage_copy(&q->stage)) < 0 || (q->status = note_origin(q)) < 0) {
 		snprintf(q->message, sizeof(q->message), "%s", error_get());
-		note_failed_path(q);
+		note_opened_path(q);
 		return;
 	}
 	drop_opened(q);
@@ -200,7 +226,7 @@ stage_work(struct workq_job *w)
 		if (stage_remove(q->stage.dir) < 0)
 			log_warnx("%s", error_get());
 		stage_request_clear(&q->stage);
-		note_failed_path(q);
+		note_opened_path(q);
 	}
 }
 

@@ -720,6 +720,35 @@ def test_unloading_a_model_stops_its_staging_copy_in_flight(tmp_path):
             assert d.stop() == 0, d.read_log()
 
 
+def overtaken_staging(tmp_path, rfs, fs, poll_interval):
+    """Model m, 64 MiB on fs (throttled to SLOW), added by SIGHUP with
+    stage = yes next to a local model, and replaced in fs's backing
+    directory by a new version (17 MiB, also at tmp_path/new.safetensors)
+    while its first staging copies the old one: (the daemon, stage_dir,
+    m's path, the new version's, the local model's, a descriptor of the
+    copy in flight). The caller stops the daemon and closes the descriptor."""
+    write_safetensors(fs.backing_path("m.safetensors"), {"w": os.urandom(BIG)})
+    new = str(tmp_path / "new.safetensors")
+    write_safetensors(new, {"w": os.urandom(16 * MiB), "v": os.urandom(MiB)})
+    src = fs.path("m.safetensors")
+    local = mkmodel(tmp_path / "local.safetensors", seed=2, **LAYERS)
+    d, stage_dir = stage_daemon(tmp_path, {"local": local})
+    d.start()
+    try:
+        wait_until(lambda: generation(d, "local") == 1, what="local served")
+        d.write_config({"local": local, "m": (src, {"stage": "yes",
+                                                    "poll_interval": poll_interval})},
+                       f"stage_dir = {stage_dir}\n")
+        d.proc.send_signal(signal.SIGHUP)
+        fd = copy_in_flight(rfs, stage_dir, "m", "m.safetensors")
+        with open(new, "rb") as f:
+            fs.replace("m.safetensors", f.read())
+    except BaseException:
+        d.stop()
+        raise
+    return d, stage_dir, src, new, local, fd
+
+
 def test_a_newer_load_stops_the_staging_of_a_replaced_source(tmp_path):
     """Another host renames a new version over a model while its first
     staging copies the old one, and wcachectl load asks for the new one:
@@ -731,22 +760,9 @@ def test_a_newer_load_stops_the_staging_of_a_replaced_source(tmp_path):
     rfs = remotefs()
     with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt", read_rate=SLOW, stale="keep",
                       attr_timeout=0.2) as fs:
-        write_safetensors(fs.backing_path("m.safetensors"), {"w": os.urandom(BIG)})
-        new = str(tmp_path / "new.safetensors")
-        write_safetensors(new, {"w": os.urandom(16 * MiB), "v": os.urandom(MiB)})
-        src = fs.path("m.safetensors")
-        local = mkmodel(tmp_path / "local.safetensors", seed=2, **LAYERS)
-        d, stage_dir = stage_daemon(tmp_path, {"local": local})
-        d.start()
-        fd, load = None, None
+        d, stage_dir, src, new, local, fd = overtaken_staging(tmp_path, rfs, fs, "60")
+        load = None
         try:
-            wait_until(lambda: generation(d, "local") == 1, what="local served")
-            d.write_config({"local": local, "m": (src, {"stage": "yes", "poll_interval": "60"})},
-                           f"stage_dir = {stage_dir}\n")
-            d.proc.send_signal(signal.SIGHUP)
-            fd = copy_in_flight(rfs, stage_dir, "m", "m.safetensors")
-            with open(new, "rb") as f:
-                fs.replace("m.safetensors", f.read())
             fs.wait_visible("m.safetensors")
             start = time.monotonic()
             load = subprocess.Popen([binary("wcachectl"), "--control", d.control, "load", "m",
@@ -783,6 +799,38 @@ def test_a_newer_load_stops_the_staging_of_a_replaced_source(tmp_path):
             if load is not None and load.poll() is None:
                 load.kill()
                 load.wait()
+            if fd is not None:
+                os.close(fd)
+            assert d.stop() == 0, d.read_log()
+
+
+@pytest.mark.parametrize("stale", ["keep", "eio"])
+def test_a_source_replaced_during_its_first_staging_is_served_by_the_next_poll(tmp_path,
+                                                                               stale):
+    """Another host renames a new version over a model while its first
+    staging copies the old one, and nobody asks for a load: the copy fails
+    ("replaced during the copy", or a read fails as NFS's would), and the
+    model's next polls see its path changed since the load opened it, so
+    the new version is loaded, staged and served. (Before, the failure
+    recorded what the path named after the copy, the new file already, the
+    polls saw nothing change, and the model was never served.)"""
+    rfs = remotefs()
+    with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt", read_rate=SLOW, stale=stale,
+                      attr_timeout=0.2) as fs:
+        d, stage_dir, _, new, _, fd = overtaken_staging(tmp_path, rfs, fs, "0.2")
+        try:
+            fs.unthrottle()
+            d.wait_for_log(r'model "m": cannot stage it: .*; not served', timeout=30)
+            start = time.monotonic()
+            wait_until(lambda: generation(d, "m") == 1, timeout=30,
+                       what="the new version served after the failed staging")
+            print(f"\nstale={stale}: the new version served {time.monotonic() - start:.2f} s "
+                  "after the failed staging")
+            r = subprocess.run([binary("demo_worker"), "--socket", d.socket, "--verify", new,
+                                "m"], capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+            assert entries(stage_dir) == ["m.1"]
+        finally:
             if fd is not None:
                 os.close(fd)
             assert d.stop() == 0, d.read_log()
