@@ -510,6 +510,8 @@ gen_start_warming(struct registry *r, struct generation *g)
 		struct warm_request req = {
 			.fd = f->fd, .offset = 0, .length = f->size, .base = f->base,
 			.cookie = g, .done = warm_done, .measure = warm_measure,
+			/* A staged copy is on local disk. */
+			.remote = g->fs.remote && g->origin == NULL,
 		};
 		int err;
 

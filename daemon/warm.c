@@ -86,6 +86,8 @@ struct warm_pool {
 	uint64_t pace;             /* bytes per second per thread, 0 = unlimited */
 	int null_fd;               /* /dev/null, for WARM_SENDFILE; -1 otherwise */
 	bool closing;              /* under mu: threads exit, submit refused */
+	unsigned remote_limit;     /* remote jobs (req.remote) running at once at most */
+	unsigned remote_running;   /* under mu */
 	size_t pending;            /* loop thread: submitted, not yet delivered */
 };
 
@@ -287,8 +289,25 @@ run_job(struct warm_pool *pool, struct warm_job *job, uint8_t *buf)
 	job->res.queued_seconds = ns_to_s(job->submit_ns, job->start_ns);
 }
 
-/* Body of a pool thread: take the oldest queued job, run it, post it to the
- * done list, wake the loop; until the pool closes. */
+/* The oldest queued job a thread may run now (taken off the queue), or
+ * NULL: a remote one only while fewer than remote_limit run (pool->mu
+ * held). */
+static struct warm_job *
+take_runnable(struct warm_pool *pool)
+{
+	for (struct warm_job *j = pool->queue.head; j != NULL; j = j->next)
+		if (!j->req.remote || pool->remote_running < pool->remote_limit) {
+			list_remove(&pool->queue, j);
+			if (j->req.remote)
+				pool->remote_running++;
+			return j;
+		}
+	return NULL;
+}
+
+/* Body of a pool thread: take the oldest queued job it may run
+ * (take_runnable), run it, post it to the done list, wake the loop; until
+ * the pool closes. */
 static void *
 pool_thread(void *argp)
 {
@@ -300,13 +319,12 @@ pool_thread(void *argp)
 	free(arg);
 	pthread_mutex_lock(&pool->mu);
 	for (;;) {
-		struct warm_job *job;
+		struct warm_job *job = NULL;
 
-		while (!pool->closing && pool->queue.head == NULL)
+		while (!pool->closing && (job = take_runnable(pool)) == NULL)
 			pthread_cond_wait(&pool->cv, &pool->mu);
 		if (pool->closing)
 			break;
-		job = list_pop(&pool->queue);
 		job->state = JOB_RUNNING;
 		job->start_ns = now_ns();
 		pool->running[slot] = job;
@@ -316,6 +334,11 @@ pool_thread(void *argp)
 
 		pthread_mutex_lock(&pool->mu);
 		pool->running[slot] = NULL;
+		if (job->req.remote) {
+			/* A remote job that waited may run now. */
+			pool->remote_running--;
+			pthread_cond_broadcast(&pool->cv);
+		}
 		job->state = JOB_FINISHED;
 		list_append(&pool->done, job);
 		pthread_mutex_unlock(&pool->mu);
@@ -427,6 +450,7 @@ apply_options(struct warm_pool *pool, const struct warm_options *opt)
 		o.method != WARM_SENDFILE)
 		return -EINVAL;
 	pool->nthreads = o.threads;
+	pool->remote_limit = o.threads >= 4 ? o.threads / 2 : 1;
 	pool->chunk = (o.chunk_bytes + pg - 1) / pg * pg;
 	pool->method = o.method;
 	pool->pace = o.pace_bytes_per_sec;

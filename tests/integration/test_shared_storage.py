@@ -326,6 +326,18 @@ def still_loading(d, name):
     assert model_entry(d, name)["state"] == "loading", model_entry(d, name)
 
 
+def replace_local(d, tmp_path, local, said):
+    """Renames a new version over the local model; waits for its generation 2
+    (current, so warm when it replaced generation 1) and checks its bytes."""
+    new = mkmodel(tmp_path / "local" / ".l.tmp", 3)
+    t0 = time.monotonic()
+    os.rename(new, local)
+    wait_until(lambda: ready(d, "local", 2), timeout=20,
+               what="the local model's generation 2 while the remote filesystem hangs")
+    print(f"{said} {time.monotonic() - t0:.3f} s after its rename")
+    verify(d, "local", local)
+
+
 def test_a_hung_remote_filesystem_holds_up_nothing_else(start, tmp_path, remote):
     src = mkmodel(tmp_path / "src.safetensors", 1)
     with open(src, "rb") as f:
@@ -352,14 +364,8 @@ def test_a_hung_remote_filesystem_holds_up_nothing_else(start, tmp_path, remote)
         t0 = time.monotonic()
         # The local model: attached, replaced and reloaded, its pages worked on.
         verify(d, "local", local)
-        new = mkmodel(tmp_path / "local" / ".l.tmp", 3)
-        t1 = time.monotonic()
-        os.rename(new, local)
-        wait_until(lambda: ready(d, "local", 2), timeout=15,
-                   what="the local model's generation 2 while the remote one hangs")
-        print(f"while remotefs hung: the local model's replacement served "
-              f"{time.monotonic() - t1:.3f} s after its rename")
-        verify(d, "local", local)
+        replace_local(d, tmp_path, local, "while remotefs hung: the local model's replacement "
+                      "served")
         for cmd in (["evict", "local"], ["pin", "local"], ["unpin", "local"]):
             r = ctl(d, *cmd, timeout=15)
             assert r.returncode == 0, (cmd, r.stdout, r.stderr)
@@ -486,3 +492,44 @@ def test_a_warm_restart_serves_others_when_a_remote_filesystem_hangs(tmp_path, r
         code = d.stop()
         mgr.close()
     assert code == 0, d.read_log()
+
+
+def test_warming_on_a_hung_remote_filesystem_leaves_threads_to_local_models(start, tmp_path,
+                                                                             remote):
+    """Two unstaged remote models warm slowly (remotefs throttled to 4 MiB/s)
+    when the server hangs mid-read: at most half of prefetch_threads (2
+    here: 1) read a remote filesystem, so a local model's replacement still
+    warms on the other thread and becomes current. (Before, both threads
+    sat in reads of the hung server and the replacement stayed warming.)"""
+    from test_stage import write_safetensors
+
+    models = {}
+    for name in ("r1", "r2"):
+        write_safetensors(remote.backing_path(f"{name}.safetensors"),
+                          {"w": os.urandom(32 << 20)})
+        remote.wait_visible(f"{name}.safetensors")
+        models[name] = (remote.path(f"{name}.safetensors"), {"stage": "no", "watch": "inotify"})
+    (tmp_path / "local").mkdir()
+    local = mkmodel(tmp_path / "local" / "l.safetensors", 2)
+    models["local"] = local
+    remote.throttle(4 << 20)
+    d = start(models)
+    wait_until(lambda: ready(d, "local", 1), timeout=30, what="the local model ready")
+    wait_until(lambda: model_entry(d, "r1") and model_entry(d, "r2") and
+               model_entry(d, "r1")["generation"] == 1 and
+               model_entry(d, "r2")["generation"] == 1, timeout=30,
+               what="the remote models served")
+    time.sleep(0.5)  # a remote warm-up reads by now
+    remote.freeze()
+    try:
+        replace_local(d, tmp_path, local, "while a remote warm-up hung: the local replacement "
+                      "was current")
+        states = {n: model_entry(d, n)["generations"][0]["state"] for n in ("r1", "r2")}
+        print(f"the remote generations meanwhile: {states}")
+        assert "warming" in states.values(), states
+    finally:
+        remote.thaw()
+        remote.unthrottle()
+    for name in ("r1", "r2"):
+        wait_until(lambda: model_entry(d, name)["generations"][0]["state"] == "ready",
+                   timeout=60, what=f"{name} warm once the server is back")

@@ -566,6 +566,67 @@ test_cancel(void **state)
 	assert_int_equal(f->seen[2].res.status, 0);
 }
 
+/* ---- remote jobs ------------------------------------------------------- */
+
+/* Submits [0, len) of fd as job number i, reading a remote filesystem. */
+static void
+submit_remote(struct fixture *f, int i, uint64_t len)
+{
+	struct warm_request req = {
+		.fd = f->big_fd, .length = len, .cookie = (void *)(uintptr_t)i,
+		.done = record_done, .remote = 1,
+	};
+
+	assert_int_equal(warm_submit(f->pool, &req, &f->jobs[i - 1]), 0);
+}
+
+/*
+ * A remote server that hangs mid-read holds the threads reading it: so
+ * with 2 threads at most 1 runs remote jobs. Two slow remote jobs (paced
+ * to 4 MiB/s, 16 s each) and then a local one: the local one runs on the
+ * other thread and ends first, while the second remote one still waits
+ * (it never read a byte); once the first remote one ends, the second runs.
+ */
+static void
+test_remote_jobs_leave_threads_to_local_ones(void **state)
+{
+	struct fixture *f = *state;
+
+	make_big(f);
+	new_pool(f, 2, 1 * MiB, 0, 4ull * MiB);
+	submit_remote(f, 1, BIG_SIZE);
+	submit_remote(f, 2, BIG_SIZE);
+	submit(f, 3, f->big_fd, NULL, 0, MiB, false);
+	assert_true(run_until(&f->loop, &f->completed, 1));
+	assert_int_equal(f->seen[2].order, 1);
+	assert_int_equal(f->seen[2].res.status, 0);
+	assert_true(warm_job_bytes(f->jobs[0]) > 0);
+	assert_int_equal(warm_job_bytes(f->jobs[1]), 0);
+	/* The first remote job ends (cancelled): the second one runs. */
+	assert_int_equal(warm_cancel(f->pool, f->jobs[0]), 0);
+	assert_true(run_until(&f->loop, &f->completed, 2));
+	assert_int_equal(f->seen[0].res.status, -ECANCELED);
+	while (warm_job_bytes(f->jobs[1]) == 0)
+		uv_sleep(10);
+	assert_int_equal(warm_cancel(f->pool, f->jobs[1]), 0);
+	assert_true(run_until(&f->loop, &f->completed, 3));
+	assert_int_equal(f->seen[1].res.status, -ECANCELED);
+	assert_true(f->seen[1].res.bytes > 0);
+
+	/* 4 threads: 2 remote jobs run at once, a third waits. */
+	close_pool(f);
+	new_pool(f, 4, 1 * MiB, 0, 4ull * MiB);
+	for (int i = 4; i <= 6; i++)
+		submit_remote(f, i, BIG_SIZE);
+	while (warm_job_bytes(f->jobs[3]) == 0 || warm_job_bytes(f->jobs[4]) == 0)
+		uv_sleep(10);
+	uv_sleep(300);
+	assert_int_equal(warm_job_bytes(f->jobs[5]), 0);
+	for (int i = 4; i <= 6; i++)
+		assert_int_equal(warm_cancel(f->pool, f->jobs[i - 1]), 0);
+	assert_true(run_until(&f->loop, &f->completed, 6));
+}
+
 /* Closing with jobs running and queued delivers every job once, at close,
  * and leaves nothing behind (teardown checks uv_loop_close; ASan leaks). */
 static void
@@ -1247,6 +1308,8 @@ main(int argc, char **argv)
 		cmocka_unit_test_setup_teardown(test_fifo, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_measure, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_cancel, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_remote_jobs_leave_threads_to_local_ones, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(test_close_in_flight, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_close_from_callback, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_read_errors, setup, teardown),
