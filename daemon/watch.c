@@ -52,6 +52,18 @@ find_dir(struct watch *w, const char *path)
 	return NULL;
 }
 
+/* Removes inotify's watch wd unless a watched directory but the one at
+ * index skip has it too (two paths of one directory share a watch).
+ * inotify_rm_watch touches no filesystem. */
+static void
+drop_watch(struct watch *w, int wd, size_t skip)
+{
+	for (size_t i = 0; i < w->ndirs; i++)
+		if (i != skip && w->dirs[i].wd == wd)
+			return;
+	inotify_rm_watch(w->fd, wd);
+}
+
 /* Notes that inotify watches path as wd (a sync job added it). */
 static void
 record_dir(struct watch *w, const char *path, int wd)
@@ -60,7 +72,12 @@ record_dir(struct watch *w, const char *path, int wd)
 	char *copy;
 
 	if (d != NULL) {
-		d->wd = wd; /* the same, or the directory's new inode */
+		/* The directory's new inode (it was replaced): the old one's
+		 * watch would stay as long as that directory does, its events
+		 * unread. */
+		if (d->wd != wd)
+			drop_watch(w, d->wd, (size_t)(d - w->dirs));
+		d->wd = wd;
 		return;
 	}
 	if ((copy = strdup(path)) == NULL ||
@@ -102,8 +119,10 @@ prune_dirs(struct watch *w)
 			w->dirs[kept++] = w->dirs[i];
 			continue;
 		}
-		inotify_rm_watch(w->fd, w->dirs[i].wd);
+		/* Kept entries are before i, the rest from i on. */
+		drop_watch(w, w->dirs[i].wd, i);
 		free(w->dirs[i].path);
+		w->dirs[i].wd = -1;
 	}
 	w->ndirs = kept;
 }

@@ -27,6 +27,7 @@
 #include "daemonutil.h"
 #include "testutil.h"
 #include "watch.h"
+#include "watch_internal.h"
 
 static atomic_int fail_fstat;
 
@@ -172,6 +173,54 @@ test_renamed_over(void **state)
 	free(next);
 }
 
+/* The inotify watches the kernel holds on w's descriptor
+ * (/proc/self/fdinfo lists one "inotify wd:" line each). */
+static int
+kernel_watches(const struct watch *w)
+{
+	char path[64], line[512];
+	int n = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/self/fdinfo/%d", w->fd);
+	assert_non_null(f = fopen(path, "r"));
+	while (fgets(line, sizeof(line), f) != NULL)
+		n += strncmp(line, "inotify wd:", 11) == 0;
+	fclose(f);
+	return n;
+}
+
+static bool
+watches_are(struct du *d, void *arg)
+{
+	const struct wt *t = arg;
+	const struct generation *g = du_current(d, "m");
+
+	return kernel_watches(t->w) == 1 && g->number == 2 && g->watched;
+}
+
+/* The model's directory is replaced by a new one (renamed away, another
+ * made in its place) and the model reloaded: the new directory is watched,
+ * and the old one's watch is removed, not left for as long as that
+ * directory lives. */
+static void
+test_directory_replaced(void **state)
+{
+	struct wt *t = *state;
+	char *old, *next;
+
+	assert_int_equal(kernel_watches(t->w), 1);
+	assert_true(asprintf(&old, "%s.old", t->du.dir) > 0);
+	assert_int_equal(rename(t->du.dir, old), 0);
+	assert_int_equal(mkdir(t->du.dir, 0700), 0);
+	next = du_model(&t->du, "m.safetensors", 2048);
+	assert_int_equal(du_reload(&t->du, "m"), 0);
+	watch_sync(t->w);
+	du_run_until(&t->du, watches_are, t);
+	tu_rmtree(old); /* frees old */
+	free(next);
+}
+
 /* A writer that puts the mtime back after writing in place (utimensat)
  * cannot put the ctime back: the generation is still called modified. */
 static void
@@ -290,6 +339,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_written_in_place, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_check_modified, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_renamed_over, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_directory_replaced, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_mtime_put_back, setup, teardown),
 		cmocka_unit_test(test_renamed_before_watched),
 		cmocka_unit_test_setup_teardown(test_poll_error_concludes_nothing, setup, teardown),
