@@ -254,6 +254,43 @@ test_unload(void **state)
 	free(path);
 }
 
+/* A load (wcachectl load, a configuration reload) of a model that a warm
+ * restart listed as loading (registry_expect) takes its place; when the
+ * restore's check ends, the model is no longer counted as loading, so
+ * that its later reloads run. */
+static void
+test_expect_superseded(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 1024), *next;
+	uint64_t token = registry_expect(&t->reg, "m", path, PIN_NONE, 0);
+
+	assert_true(token != 0);
+	assert_int_equal(registry_find(&t->reg, "m")->loading, 1);
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 0), 0);
+	assert_int_equal(t->generation, 1);
+	/* The check ends: the load took the model's place. */
+	assert_int_equal(registry_expect_end(&t->reg, "m", token), 0);
+	assert_int_equal(registry_find(&t->reg, "m")->loading, 0);
+	assert_int_equal(registry_expect_end(&t->reg, "m", token), 0);
+	assert_int_equal(registry_find(&t->reg, "m")->loading, 0);
+	/* A reload of a file renamed over the path loads it. */
+	next = du_model(t, "next.safetensors", 2048);
+	assert_int_equal(rename(next, path), 0);
+	assert_int_equal(du_reload(t, "m"), 0);
+	assert_int_equal(t->generation, 2);
+	assert_int_equal(registry_find(&t->reg, "m")->current->number, 2);
+	/* Still waiting: the check's end says to load it afresh, once. */
+	token = registry_expect(&t->reg, "e", path, PIN_NONE, 0);
+	assert_true(token != 0);
+	assert_int_equal(registry_expect_end(&t->reg, "e", token), 1);
+	assert_int_equal(registry_find(&t->reg, "e")->loading, 0);
+	assert_int_equal(registry_expect_end(&t->reg, "e", token), 0);
+	assert_int_equal(registry_find(&t->reg, "e")->loading, 0);
+	free(next);
+	free(path);
+}
+
 /* A warm restart's check of a stored index memfd that is sealed and of the
  * described size but not a valid index fails, and unmaps its mapping once:
  * a second munmap on the work queue thread could unmap what another thread
@@ -731,6 +768,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_load_faults, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_reload, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unload, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_expect_superseded, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_restore_check_bad_index, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unload_during_load, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_forget, setup, teardown),
