@@ -159,14 +159,30 @@ registry_generation(struct registry *r, const struct model_entry *m, uint64_t nu
 	return NULL;
 }
 
-/* The entry name when it still waits for registry_expect()'s token. */
+/* Ends registry_expect()'s count in the entry name's loading, once: the
+ * entry while the token counted there, else NULL (ended already, or the
+ * model was unloaded: a later entry of the name never has it). A load that
+ * took the model's place meanwhile counts itself: without this its
+ * loading would stay above 0 for good, and each later reload wait for it
+ * (reload_again). */
 static struct model_entry *
-expecting(struct registry *r, const char *name, uint64_t expected)
+expect_release(struct registry *r, const char *name, uint64_t expected)
 {
 	struct model_entry *m = registry_entry_named(r, name);
 
-	return m != NULL && expected != 0 && m->load_id == expected && m->current == NULL &&
-		m->loading > 0 ? m : NULL;
+	if (m == NULL || expected == 0 || m->expect_id != expected || m->loading == 0)
+		return NULL;
+	m->expect_id = 0;
+	m->loading--;
+	return m;
+}
+
+/* Does m still wait for registry_expect()'s token (no load or served
+ * generation took its place)? */
+static int
+still_expected(const struct model_entry *m, uint64_t expected)
+{
+	return m->load_id == expected && m->current == NULL;
 }
 
 int
@@ -176,10 +192,9 @@ registry_add_served(struct registry *r, const char *name, const char *path, enum
 	struct model_entry *m;
 
 	if (expected != 0) {
-		if ((m = expecting(r, name, expected)) == NULL)
+		if ((m = expect_release(r, name, expected)) == NULL || !still_expected(m, expected))
 			return error_set(-ESTALE, "model \"%s\" was unloaded or loaded anew meanwhile",
 				name);
-		m->loading--;
 	} else if (registry_entry_named(r, name) != NULL) {
 		return error_set(-EEXIST, "model \"%s\" is already there", name);
 	} else if ((m = registry_entry_new(r, name, path, pin, warm)) == NULL) {
@@ -210,18 +225,16 @@ registry_expect(struct registry *r, const char *name, const char *path, enum pin
 		return 0;
 	m->loading = 1;
 	m->load_id = ++r->next_load_id;
+	m->expect_id = m->load_id;
 	return m->load_id;
 }
 
 int
 registry_expect_end(struct registry *r, const char *name, uint64_t expected)
 {
-	struct model_entry *m = expecting(r, name, expected);
+	struct model_entry *m = expect_release(r, name, expected);
 
-	if (m == NULL)
-		return 0;
-	m->loading--;
-	return 1;
+	return m != NULL && still_expected(m, expected);
 }
 
 void

@@ -55,6 +55,8 @@ struct model_entry {
 	uint64_t load_id;           /* newest load request for this model */
 	uint64_t last_generation;   /* last number given out (kept across unload) */
 	unsigned loading;           /* load requests in flight */
+	uint64_t expect_id;         /* registry_expect()'s token while it counts in
+				       loading, else 0 */
 	int reload_again;           /* a reload came while a load ran: run it after */
 	char *error;                /* last load error, NULL if none */
 	uint64_t attach_count;      /* successful attaches */
@@ -194,9 +196,9 @@ struct generation *registry_generation(struct registry *r, const struct model_en
  * restore.h): g is linked, made current at once and published, without
  * being loaded or warmed; the memory budget applies. g must be READY.
  * expected: 0 for a model not there yet, or registry_expect()'s token for
- * the one it listed. 0, -EEXIST when the model is already there, -ESTALE
- * when the model expected was unloaded or loaded anew meanwhile, -ENOMEM
- * (g untouched then).
+ * the one it listed (which this ends, served or not). 0, -EEXIST when the
+ * model is already there, -ESTALE when the model expected was unloaded or
+ * loaded anew meanwhile, -ENOMEM (g untouched then).
  */
 int registry_add_served(struct registry *r, const char *name, const char *path,
 	enum pin_mode pin, int warm, struct generation *g, uint64_t expected);
@@ -212,9 +214,10 @@ int registry_add_served(struct registry *r, const char *name, const char *path,
 uint64_t registry_expect(struct registry *r, const char *name, const char *path,
 	enum pin_mode pin, int warm);
 
-/* Ends what registry_expect() began without serving: 1 when the model
- * still waited for it (the caller loads it afresh), 0 when an unload or a
- * load took its place. */
+/* Ends what registry_expect() began without serving (the model no longer
+ * counts it as a load in flight): 1 when the model still waited for it
+ * (the caller loads it afresh), 0 when an unload or a load took its place
+ * or it ended already. */
 int registry_expect_end(struct registry *r, const char *name, uint64_t expected);
 
 /* Adds g (gen_new) as an older generation of m, not current: it stays open

@@ -183,7 +183,9 @@ int restore_hold(struct registry *r, const char *name, uint64_t number,
 void restore_sync(struct registry *r);
 
 /* At shutdown, before the registry closes: stores what the manager's full
- * queue refused so far, waiting up to 1 s for it to read. */
+ * queue refused so far, waiting up to 1 s for it to read. Nothing while a
+ * warm restart's checks run (restore_started): the store keeps the
+ * previous process's description then. */
 void restore_stopping(struct registry *r);
 
 /*

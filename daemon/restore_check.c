@@ -80,6 +80,7 @@ restore_check_index(int fd, const char *fdname, uint64_t size, uint32_t nfiles, 
 	void **map)
 {
 	struct stat st;
+	void *p;
 	int seals;
 
 	if (fd < 0)
@@ -89,13 +90,16 @@ restore_check_index(int fd, const char *fdname, uint64_t size, uint32_t nfiles, 
 		return error_set(-EINVAL, "its index memfd is not %" PRIu64 " bytes", size);
 	if ((seals = fcntl(fd, F_GET_SEALS)) == -1 || (seals & INDEX_SEALS) != INDEX_SEALS)
 		return error_set(-EINVAL, "its index memfd is not sealed");
-	*map = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
-	if (*map == MAP_FAILED)
+	p = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
 		return error_set(-errno, "mapping its index: %s", strerror(errno));
-	if (index_open(*map, (size_t)size, h) < 0 || h->file_count != nfiles) {
-		munmap(*map, (size_t)size);
+	if (index_open(p, (size_t)size, h) < 0 || h->file_count != nfiles) {
+		munmap(p, (size_t)size);
 		return error_set(-EINVAL, "its index is not valid for %" PRIu32 " files", nfiles);
 	}
+	/* Set on success only: a caller that unmaps *map on its way out must
+	 * not unmap, a second time, a range another thread may map by then. */
+	*map = p;
 	return 0;
 }
 

@@ -93,8 +93,8 @@ void restore_prepared_clear(struct restore_prepared *p);
 int restore_staged_copy(const char *stage_dir, int fd, char **copy);
 
 /* Checks a stored index memfd fd, called fdname: sealed, of size bytes, a
- * valid index header for nfiles files, and maps it into *map. 0 or
- * -EINVAL with the reason. */
+ * valid index header for nfiles files, and maps it into *map (untouched on
+ * failure: nothing stays mapped then). 0 or -EINVAL with the reason. */
 int restore_check_index(int fd, const char *fdname, uint64_t size, uint32_t nfiles,
 	struct index_header *h, void **map);
 

@@ -599,6 +599,14 @@ restore_stopping(struct registry *r)
 {
 	if (!r->fdstore || r->closing)
 		return;
+	/* Checks of stored files still run (restore.c): nothing is stored
+	 * before they end, and the store keeps the previous description and
+	 * every descriptor it names, which the next start takes back. */
+	if (restore_state.restoring) {
+		log_info("warm restart: stopping while the stored files of some models are "
+			 "checked; the file descriptor store keeps what the previous process stored");
+		return;
+	}
 	for (int i = 0; i < 100 && sync_pending(r); i++) {
 		(void)notify_flush_wait(10);
 		restore_sync(r);

@@ -533,3 +533,60 @@ def test_warming_on_a_hung_remote_filesystem_leaves_threads_to_local_models(star
     for name in ("r1", "r2"):
         wait_until(lambda: model_entry(d, name)["generations"][0]["state"] == "ready",
                    timeout=60, what=f"{name} warm once the server is back")
+
+
+def test_a_warm_restart_stopped_while_a_check_waits(tmp_path, remote):
+    """wcached is stopped (SIGTERM) while the check of a stored model on a
+    hung remote filesystem waits on the work queue: the store still holds
+    the previous description then (nothing new is stored until every check
+    has ended), so there is nothing to hand the manager, and the shutdown
+    neither waits a second for it nor says that the manager did not take
+    everything. The next start restores both models from the store."""
+    from fakemanager import FakeManager
+    from test_warm_restart import start as start_stored
+
+    src = mkmodel(tmp_path / "src.safetensors", 1)
+    with open(src, "rb") as f:
+        remote.replace("r.safetensors", f.read())
+    remote.wait_visible("r.safetensors")
+    (tmp_path / "local").mkdir()
+    local = mkmodel(tmp_path / "local" / "l.safetensors", 2)
+    (tmp_path / "d").mkdir()
+    mgr = FakeManager(str(tmp_path / "notify.sock"))
+    d = Daemon(tmp_path / "d", {"r": (remote.path("r.safetensors"), {"stage": "no"}),
+                                "local": local})
+    try:
+        start_stored(d, mgr)
+        wait_until(lambda: ready(d, "r", 1) and ready(d, "local", 1), timeout=30,
+                   what="the models ready")
+        mgr.wait_for(lambda m: "wc-desc" in m.store and
+                     sum(k.startswith("wc-") and k.endswith("-i") for k in m.store) == 2,
+                     what="the generations stored")
+        assert d.stop() == 0, d.read_log()
+        remote.freeze()
+        try:
+            start_stored(d, mgr, *mgr.listen_fds())
+            wait_until(lambda: ready(d, "local", 1), timeout=20, what="the local model restored")
+            d.wait_for_log(r"warm restart: checking the stored files of \d+ model")
+            t0 = time.monotonic()
+            d.proc.send_signal(signal.SIGTERM)
+            d.wait_for_log(r"shutting down")
+        finally:
+            remote.thaw()
+        code = d.proc.wait(timeout=60)
+        stopped = time.monotonic() - t0
+        log = d.read_log()
+        assert code == 0, log
+        assert "did not take everything" not in log, log
+        print(f"stopped {stopped:.3f} s after SIGTERM during the check")
+        start_stored(d, mgr, *mgr.listen_fds())
+        wait_until(lambda: ready(d, "r", 1) and ready(d, "local", 1), timeout=30,
+                   what="both models restored")
+        log = d.read_log()
+        for name in ("r", "local"):
+            assert f'model "{name}": generation 1 restored from the file descriptor store' \
+                in log, log
+    finally:
+        code = d.stop()
+        mgr.close()
+    assert code == 0, d.read_log()

@@ -5,7 +5,8 @@
  *
  * Fault injection (-Wl,--wrap in tests/CMakeLists.txt): mmap, fstat and
  * memfd_create fail with the errno a test asks for, from the n-th call on,
- * so a load fails where the kernel would refuse.
+ * so a load fails where the kernel would refuse; munmap is recorded while a
+ * test asks, so that it can see a range unmapped twice.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -27,10 +28,12 @@
 #include "base/error.h"
 #include "fdstore.h"
 #include "base/file.h"
+#include "base/path.h"
 #include "generation.h"
 #include "proto/memfds.h"
 #include "metrics.h"
 #include "restore.h"
+#include "restore_internal.h"
 #include "testutil.h"
 
 /* ---- fault injection ---- */
@@ -43,6 +46,26 @@ int __real_fstat(int fd, struct stat *st);
 int __wrap_fstat(int fd, struct stat *st);
 int __real_memfd_create(const char *name, unsigned flags);
 int __wrap_memfd_create(const char *name, unsigned flags);
+int __real_munmap(void *addr, size_t len);
+int __wrap_munmap(void *addr, size_t len);
+
+/* The ranges munmap was called with while record_munmap is set. */
+#define MUNMAP_RECORDED 16
+static atomic_bool record_munmap;
+static void *munmapped[MUNMAP_RECORDED];
+static atomic_int n_munmapped;
+
+int
+__wrap_munmap(void *addr, size_t len)
+{
+	if (atomic_load(&record_munmap)) {
+		int n = atomic_fetch_add(&n_munmapped, 1);
+
+		if (n < MUNMAP_RECORDED)
+			munmapped[n] = addr;
+	}
+	return __real_munmap(addr, len);
+}
 
 void *
 __wrap_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
@@ -86,6 +109,8 @@ setup(void **state)
 	atomic_store(&fail_mmap, 0);
 	atomic_store(&fail_fstat, 0);
 	atomic_store(&fail_memfd, 0);
+	atomic_store(&record_munmap, false);
+	atomic_store(&n_munmapped, 0);
 	*state = du_new(false);
 	return 0;
 }
@@ -226,6 +251,79 @@ test_unload(void **state)
 	assert_int_equal(du_load(t, "m", path, PIN_NONE, 0), 0);
 	assert_int_equal(t->generation, 2);
 	assert_int_equal(registry_find(&t->reg, "m")->slot, slot);
+	free(path);
+}
+
+/* A load (wcachectl load, a configuration reload) of a model that a warm
+ * restart listed as loading (registry_expect) takes its place; when the
+ * restore's check ends, the model is no longer counted as loading, so
+ * that its later reloads run. */
+static void
+test_expect_superseded(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 1024), *next;
+	uint64_t token = registry_expect(&t->reg, "m", path, PIN_NONE, 0);
+
+	assert_true(token != 0);
+	assert_int_equal(registry_find(&t->reg, "m")->loading, 1);
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 0), 0);
+	assert_int_equal(t->generation, 1);
+	/* The check ends: the load took the model's place. */
+	assert_int_equal(registry_expect_end(&t->reg, "m", token), 0);
+	assert_int_equal(registry_find(&t->reg, "m")->loading, 0);
+	assert_int_equal(registry_expect_end(&t->reg, "m", token), 0);
+	assert_int_equal(registry_find(&t->reg, "m")->loading, 0);
+	/* A reload of a file renamed over the path loads it. */
+	next = du_model(t, "next.safetensors", 2048);
+	assert_int_equal(rename(next, path), 0);
+	assert_int_equal(du_reload(t, "m"), 0);
+	assert_int_equal(t->generation, 2);
+	assert_int_equal(registry_find(&t->reg, "m")->current->number, 2);
+	/* Still waiting: the check's end says to load it afresh, once. */
+	token = registry_expect(&t->reg, "e", path, PIN_NONE, 0);
+	assert_true(token != 0);
+	assert_int_equal(registry_expect_end(&t->reg, "e", token), 1);
+	assert_int_equal(registry_find(&t->reg, "e")->loading, 0);
+	assert_int_equal(registry_expect_end(&t->reg, "e", token), 0);
+	assert_int_equal(registry_find(&t->reg, "e")->loading, 0);
+	free(next);
+	free(path);
+}
+
+/* A warm restart's check of a stored index memfd that is sealed and of the
+ * described size but not a valid index fails, and unmaps its mapping once:
+ * a second munmap on the work queue thread could unmap what another thread
+ * mapped there meanwhile. */
+static void
+test_restore_check_bad_index(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 1024);
+	struct fdstore_file file = { .fdname = "wc-1-g1-f0" };
+	struct fdstore_generation g = { .number = 1, .role = FDSTORE_CURRENT,
+		.index_fdname = "wc-1-g1-i", .index_size = 4096, .nfiles = 1, .files = &file };
+	struct restore_prepared p = { .g = &g };
+	uint8_t junk[4096];
+	int fd;
+
+	memset(junk, 0x5a, sizeof(junk));
+	assert_true((fd = memfd_sealed("wcache-index", junk, sizeof(junk),
+			     F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL, 0)) >= 0);
+	p.index_fd = fd;
+	assert_non_null(p.fds = calloc(1, sizeof(*p.fds)));
+	assert_non_null(p.at = calloc(1, sizeof(*p.at)));
+	p.fds[0] = -1;
+	atomic_store(&record_munmap, true);
+	restore_check_generation(&p, path, NULL);
+	atomic_store(&record_munmap, false);
+	assert_int_equal(p.err, -EINVAL);
+	assert_non_null(strstr(p.why, "not valid"));
+	for (int i = 0; i < atomic_load(&n_munmapped) && i < MUNMAP_RECORDED; i++)
+		for (int k = i + 1; k < atomic_load(&n_munmapped) && k < MUNMAP_RECORDED; k++)
+			assert_ptr_not_equal(munmapped[i], munmapped[k]);
+	restore_prepared_clear(&p);
+	close(fd);
 	free(path);
 }
 
@@ -670,6 +768,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_load_faults, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_reload, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unload, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_expect_superseded, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_restore_check_bad_index, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unload_during_load, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_forget, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_attach_reply, setup, teardown),
