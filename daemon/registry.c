@@ -193,8 +193,8 @@ registry_add_served(struct registry *r, const char *name, const char *path, enum
 
 	if (expected != 0) {
 		if ((m = expect_release(r, name, expected)) == NULL || !still_expected(m, expected))
-			return error_set(-ESTALE, "model \"%s\" was unloaded or loaded anew meanwhile",
-				name);
+			return error_set(-ESTALE, "model \"%s\" was unloaded or loaded anew "
+				"meanwhile", name);
 	} else if (registry_entry_named(r, name) != NULL) {
 		return error_set(-EEXIST, "model \"%s\" is already there", name);
 	} else if ((m = registry_entry_new(r, name, path, pin, warm)) == NULL) {

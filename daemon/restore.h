@@ -95,7 +95,8 @@ struct restore_served {
 	uint64_t number;
 	struct model_source *src;    /* files open and mapped */
 	int *served;                 /* gen_open_served()'s, one per file; NULL: opened here */
-	const struct fs_info *fs;    /* the files' (a staged copy's: its origin's); NULL: asked here */
+	const struct fs_info *fs;    /* the files' (a staged copy's: its origin's);
+					NULL: asked here */
 	int index_fd;                /* the sealed index */
 	size_t index_size;
 };

@@ -76,8 +76,8 @@ same_file(const struct stat *st, const struct fdstore_file *f)
 
 /* O(1): the records are checked later (restore_checks, index_check.h). */
 int
-restore_check_index(int fd, const char *fdname, uint64_t size, uint32_t nfiles, struct index_header *h,
-	void **map)
+restore_check_index(int fd, const char *fdname, uint64_t size, uint32_t nfiles,
+	struct index_header *h, void **map)
 {
 	struct stat st;
 	void *p;
