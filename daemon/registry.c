@@ -206,6 +206,13 @@ registry_add_served(struct registry *r, const char *name, const char *path, enum
 	m->current = g;
 	publish(r, m, g->number);
 	registry_enforce_budget(r);
+	if (m->reload_again && m->loading == 0 && !r->closing) {
+		/* A reload came while its warm restart's check ran: it may
+		 * have seen the files before they changed. */
+		m->reload_again = 0;
+		if (registry_reload(r, m->name, NULL, NULL) < 0)
+			log_warnx("%s", error_get());
+	}
 	if (r->changed != NULL)
 		r->changed(r);
 	return 0;

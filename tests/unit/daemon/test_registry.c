@@ -291,6 +291,47 @@ test_expect_superseded(void **state)
 	free(path);
 }
 
+static bool
+not_loading(struct du *t, void *name)
+{
+	return registry_find(&t->reg, name)->loading == 0;
+}
+
+/* A reload of a model asked for while a warm restart's check of it runs
+ * (registry_reload sees it loading) runs once the check's generation
+ * serves: the check may have looked at the files before they changed. */
+static void
+test_reload_during_expect(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 1024);
+	struct model_source src = { .format = FORMAT_SAFETENSORS };
+	uint64_t token;
+	int fd, ifd;
+
+	/* "x" is loaded from the same file: its index is m's too. */
+	assert_int_equal(du_load(t, "x", path, PIN_NONE, 0), 0);
+	token = registry_expect(&t->reg, "m", path, PIN_NONE, 0);
+	assert_true(token != 0);
+	assert_int_equal(du_reload(t, "m"), 0); /* "already in progress" */
+	assert_int_equal(registry_find(&t->reg, "m")->reload_again, 1);
+	assert_non_null(src.files = calloc(1, sizeof(*src.files)));
+	assert_true((fd = open(path, O_RDONLY | O_CLOEXEC)) >= 0);
+	assert_int_equal(file_from_fd(fd, path, &src.files[0]), 0);
+	src.nfiles = 1;
+	assert_true((ifd = fcntl(du_current(t, "x")->index_fd, F_DUPFD_CLOEXEC, 0)) >= 0);
+	assert_int_equal(restore_adopt_current(&t->reg, &(struct restore_served){ .name = "m",
+		.path = path, .number = 1, .src = &src, .index_fd = ifd,
+		.index_size = du_current(t, "x")->index_size }, PIN_NONE, 0, token), 0);
+	free(src.files);
+	/* The reload asked for runs now. */
+	assert_int_equal(registry_find(&t->reg, "m")->reload_again, 0);
+	assert_int_equal(registry_find(&t->reg, "m")->loading, 1);
+	du_run_until(t, not_loading, "m");
+	assert_int_equal(du_current(t, "m")->number, 1); /* unchanged */
+	free(path);
+}
+
 /* A warm restart's check of a stored index memfd that is sealed and of the
  * described size but not a valid index fails, and unmaps its mapping once:
  * a second munmap on the work queue thread could unmap what another thread
@@ -769,6 +810,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_reload, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unload, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_expect_superseded, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_reload_during_expect, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_restore_check_bad_index, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unload_during_load, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_forget, setup, teardown),
