@@ -426,6 +426,21 @@ def test_start_serves_others_when_a_remote_filesystem_hangs(start, tmp_path, rem
     d.wait_for_log(r"every configured model's load has ended \(0 failed\)")
 
 
+def stored_and_stopped(d, mgr, names):
+    """Starts d under the fake manager mgr, waits until generation 1 of each
+    model in names is ready and in the store, and stops d: its next start
+    is a warm restart (test_warm_restart.py)."""
+    from test_warm_restart import start as start_stored
+
+    start_stored(d, mgr)
+    wait_until(lambda: all(ready(d, n, 1) for n in names), timeout=30,
+               what="the models ready")
+    mgr.wait_for(lambda m: "wc-desc" in m.store and
+                 sum(k.startswith("wc-") and k.endswith("-i") for k in m.store) == len(names),
+                 what="the generations stored")
+    assert d.stop() == 0, d.read_log()
+
+
 def test_a_warm_restart_serves_others_when_a_remote_filesystem_hangs(tmp_path, remote):
     """wcached restarts warm (the file descriptor store, test_warm_restart.py)
     while the remote filesystem hangs: checking the stored remote model asks
@@ -453,13 +468,7 @@ def test_a_warm_restart_serves_others_when_a_remote_filesystem_hangs(tmp_path, r
                                 "u": (remote.path("u.safetensors"), polled)},
                "start_wait_seconds = 2\n")
     try:
-        start_stored(d, mgr)
-        wait_until(lambda: ready(d, "r", 1) and ready(d, "local", 1) and ready(d, "u", 1),
-                   timeout=30, what="the models ready")
-        mgr.wait_for(lambda m: "wc-desc" in m.store and
-                     sum(k.startswith("wc-") and k.endswith("-i") for k in m.store) == 3,
-                     what="the generations stored")
-        assert d.stop() == 0, d.read_log()
+        stored_and_stopped(d, mgr, ("r", "local", "u"))
         remote.freeze()
         try:
             t0 = time.monotonic()
@@ -556,13 +565,7 @@ def test_a_warm_restart_stopped_while_a_check_waits(tmp_path, remote):
     d = Daemon(tmp_path / "d", {"r": (remote.path("r.safetensors"), {"stage": "no"}),
                                 "local": local})
     try:
-        start_stored(d, mgr)
-        wait_until(lambda: ready(d, "r", 1) and ready(d, "local", 1), timeout=30,
-                   what="the models ready")
-        mgr.wait_for(lambda m: "wc-desc" in m.store and
-                     sum(k.startswith("wc-") and k.endswith("-i") for k in m.store) == 2,
-                     what="the generations stored")
-        assert d.stop() == 0, d.read_log()
+        stored_and_stopped(d, mgr, ("r", "local"))
         remote.freeze()
         try:
             start_stored(d, mgr, *mgr.listen_fds())
