@@ -6,7 +6,8 @@
  * loop: clients attach models, warm threads fill the page cache, signals
  * reload (SIGHUP) or stop (SIGTERM, SIGINT) the daemon. On stop it closes
  * every handle and runs the loop until uv_loop_close() succeeds, so nothing
- * leaks, and removes only the socket files it created.
+ * leaks, and removes only the socket files it created; work its threads
+ * have not ended within STOP_WAIT_MS (a hung network filesystem) is left.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -66,6 +67,7 @@ struct daemon {
 	uv_timer_t start_timer;     /* start_wait_seconds: serve without the slow loads */
 	struct batch *start_batch;  /* the start-up loads, until they end or time out */
 	uv_timer_t checks_timer;  /* starts the full checks of restored generations */
+	uv_timer_t stop_timer;    /* a stop that waited STOP_WAIT_MS for threads */
 	char *created_socket; /* path of the socket file we made, to remove */
 	uint64_t started_ms;
 };
@@ -246,7 +248,9 @@ batch_load_done(int status, const char *message, uint64_t generation, void *arg)
 
 	(void)message;
 	(void)generation;
-	if (status < 0)
+	/* -ECANCELED: an unload or a newer load took its place (or wcached
+	 * stops), which is no failure of it. */
+	if (status < 0 && status != -ECANCELED)
 		b->failed++;
 	b->pending--;
 	batch_step(b);
@@ -281,7 +285,8 @@ batch_load(struct batch *b, const struct model_config *m)
 }
 
 /* A warm restart's check of a model ended (restore.h): served, or loaded
- * afresh as configured now. */
+ * afresh as configured now (a load that may fail). Gone (unloaded, or
+ * loaded anew meanwhile) is no failure, as a superseded load is none. */
 static void
 batch_restore_done(const char *name, enum restore_result result, void *arg)
 {
@@ -293,8 +298,6 @@ batch_restore_done(const char *name, enum restore_result result, void *arg)
 			m = &b->d->cfg->models[i];
 	if (m != NULL)
 		batch_load(b, m);
-	else if (result != RESTORE_SERVED)
-		b->failed++;
 	b->pending--;
 	batch_step(b);
 }
@@ -544,12 +547,80 @@ close_walk(uv_handle_t *h, void *arg)
 		uv_close(h, NULL);
 }
 
+/*
+ * A stop waits this long for the work its threads are doing (loads, polls,
+ * copies, warm-ups: each stops at its next check of the stop). A read of a
+ * network or FUSE filesystem whose server hangs never returns, and would
+ * hold the stop until the service manager killed wcached (TimeoutStopSec:
+ * 90 s, with no wcached for workers to reach meanwhile); so after this
+ * wcached logs what it left and exits without it (stop_abandoned).
+ */
+#define STOP_WAIT_MS 5000
+
+/* What wcached does last, stopped cleanly or not: removes the socket files
+ * it created and lets the manager read STOPPING=1. */
+static void
+remove_sockets(struct daemon *d)
+{
+	if (d->created_socket != NULL) {
+		unlink(d->created_socket);
+		free(d->created_socket);
+		d->created_socket = NULL;
+	}
+	if (d->created_control != NULL) {
+		unlink(d->created_control);
+		free(d->created_control);
+		d->created_control = NULL;
+	}
+	/* STOPPING=1 reaches a manager that is slow, not one that is gone. */
+	if (notify_flush_wait(1000) == 0)
+		log_warnx("the service manager did not read STOPPING=1 within 1 s");
+}
+
+/*
+ * The stop's threads did not all return within STOP_WAIT_MS (what: which).
+ * Everything a next wcached needs is done: the store went to the manager
+ * first, and nothing the threads do is kept (a staging copy left half
+ * written is swept at the next start). Returning to the loop would wait
+ * for them, and so would exit() (libuv joins its threads then): _exit.
+ */
+static void __attribute__((noreturn))
+stop_abandoned(struct daemon *d, const char *what)
+{
+	log_warnx("stopping without waiting longer for %s: not returned after %.1f s (a read of "
+		  "a hung network filesystem never returns)", what, STOP_WAIT_MS / 1000.0);
+	remove_sockets(d);
+	log_info("stopped");
+	fflush(stderr);
+	_exit(0);
+}
+
+/* stop_timer: the loop still waits for work on its threads. */
+static void
+on_stop_overdue(uv_timer_t *t)
+{
+	struct daemon *d = t->data;
+	const struct workq *q = &d->reg.workq;
+	char what[sizeof(q->running->what) + 64];
+
+	if (q->running != NULL)
+		snprintf(what, sizeof(what), "%s (%u remote job%s running)", q->running->what,
+			q->remote_running, q->remote_running == 1 ? "" : "s");
+	else
+		snprintf(what, sizeof(what), "work on local files");
+	stop_abandoned(d, what);
+}
+
 static void
 shutdown_daemon(struct daemon *d)
 {
+	uint64_t begun, spent_ms;
+	int left;
+
 	if (d->stopping)
 		return;
 	d->stopping = 1;
+	begun = uv_hrtime();
 	log_info("shutting down");
 	notify_send("STOPPING=1");
 	/* Everything to the manager first, while every generation a client
@@ -574,7 +645,13 @@ shutdown_daemon(struct daemon *d)
 	d->listen_fd = -1;
 	watch_stop(d->watch);
 	d->watch = NULL;
-	warm_pool_close(d->pool);
+	if ((left = warm_pool_close_within(d->pool, STOP_WAIT_MS)) > 0) {
+		char what[64];
+
+		snprintf(what, sizeof(what), "the warm-up%s of %d file%s", left == 1 ? "" : "s",
+			left, left == 1 ? "" : "s");
+		stop_abandoned(d, what);
+	}
 	d->pool = NULL;
 	d->reg.pool = NULL;
 	registry_close(&d->reg);
@@ -587,6 +664,11 @@ shutdown_daemon(struct daemon *d)
 	uv_close((uv_handle_t *)&d->stall_timer, NULL);
 	uv_close((uv_handle_t *)&d->start_timer, NULL);
 	uv_close((uv_handle_t *)&d->checks_timer, NULL);
+	/* What is left are the threads' jobs, and their after callbacks. */
+	spent_ms = (uv_hrtime() - begun) / 1000000u;
+	uv_timer_start(&d->stop_timer, on_stop_overdue,
+		spent_ms < STOP_WAIT_MS ? STOP_WAIT_MS - spent_ms : 0, 0);
+	uv_unref((uv_handle_t *)&d->stop_timer);
 }
 
 /* control_context.reload_config: `wcachectl reload` without a name. */
@@ -841,6 +923,8 @@ main(int argc, char **argv)
 	d.notify_timer.data = &d;
 	uv_timer_init(&d.loop, &d.checks_timer);
 	d.checks_timer.data = &d;
+	uv_timer_init(&d.loop, &d.stop_timer);
+	d.stop_timer.data = &d;
 	if (notifying)
 		uv_timer_start(&d.notify_timer, on_notify_timer, 200, 200);
 
@@ -873,17 +957,7 @@ main(int argc, char **argv)
 	uv_run(&d.loop, UV_RUN_DEFAULT);
 	if ((r = uv_loop_close(&d.loop)) < 0)
 		log_warnx("uv_loop_close: %s", uv_strerror(r));
-	if (d.created_socket != NULL) {
-		unlink(d.created_socket);
-		free(d.created_socket);
-	}
-	if (d.created_control != NULL) {
-		unlink(d.created_control);
-		free(d.created_control);
-	}
-	/* STOPPING=1 reaches a manager that is slow, not one that is gone. */
-	if (notify_flush_wait(1000) == 0)
-		log_warnx("the service manager did not read STOPPING=1 within 1 s");
+	remove_sockets(&d);
 	notify_close();
 	config_free(d.cfg);
 	log_info("stopped");

@@ -86,6 +86,8 @@ struct warm_pool {
 	uint64_t pace;             /* bytes per second per thread, 0 = unlimited */
 	int null_fd;               /* /dev/null, for WARM_SENDFILE; -1 otherwise */
 	bool closing;              /* under mu: threads exit, submit refused */
+	unsigned joined;           /* loop thread: threads joined by a close so far */
+	bool closed;               /* loop thread: every thread joined, jobs delivered */
 	unsigned remote_limit;     /* remote jobs (req.remote) running at once at most */
 	unsigned remote_running;   /* under mu */
 	size_t pending;            /* loop thread: submitted, not yet delivered */
@@ -396,9 +398,12 @@ on_async(uv_async_t *handle)
 	}
 }
 
-/* Stops and joins the first n threads (pool->closing must be set). */
-static void
-join_threads(struct warm_pool *pool, unsigned n)
+/* Stops the threads and joins the first n; with a deadline (CLOCK_REALTIME,
+ * as pthread_timedjoin_np takes it) it leaves those still running then.
+ * Joined threads move to the front of pool->threads (only joins use it), so
+ * that a later call waits for the others only. The number not joined. */
+static unsigned
+join_threads(struct warm_pool *pool, unsigned n, const struct timespec *deadline)
 {
 	pthread_mutex_lock(&pool->mu);
 	pool->closing = true;
@@ -407,8 +412,17 @@ join_threads(struct warm_pool *pool, unsigned n)
 			atomic_store(&pool->running[i]->cancel, true);
 	pthread_cond_broadcast(&pool->cv);
 	pthread_mutex_unlock(&pool->mu);
-	for (unsigned i = 0; i < n; i++)
-		pthread_join(pool->threads[i], NULL);
+	for (unsigned i = pool->joined; i < n; i++) {
+		pthread_t t = pool->threads[i];
+
+		if (deadline == NULL)
+			pthread_join(t, NULL);
+		else if (pthread_timedjoin_np(t, NULL, deadline) != 0)
+			continue; /* the deadline has passed: the rest are only reaped */
+		pool->threads[i] = pool->threads[pool->joined];
+		pool->threads[pool->joined++] = t;
+	}
+	return n - pool->joined;
 }
 
 /* Frees the pool's memory; the threads are joined, the handle is closed. */
@@ -546,7 +560,7 @@ warm_pool_new(uv_loop_t *loop, const struct warm_options *opt, struct warm_pool 
 	if (err == 0)
 		err = uv_async_init(loop, &pool->async, on_async);
 	if (err != 0) {
-		join_threads(pool, started);
+		(void)join_threads(pool, started, NULL);
 		pool_free(pool);
 		return err;
 	}
@@ -656,14 +670,19 @@ on_async_closed(uv_handle_t *handle)
 	pool_free(handle->data);
 }
 
-void
-warm_pool_close(struct warm_pool *pool)
+/* Closes pool, waiting for its threads until deadline (NULL: for ever). */
+static int
+close_pool(struct warm_pool *pool, const struct timespec *deadline)
 {
-	if (pool == NULL || pool->closing)
-		return;
+	unsigned left;
+
+	if (pool == NULL || pool->closed)
+		return 0;
 	/* After this no thread takes a new job, running jobs stop before their
 	 * next chunk, and once joined no thread touches any fd. */
-	join_threads(pool, pool->nthreads);
+	if ((left = join_threads(pool, pool->nthreads, deadline)) > 0)
+		return (int)left; /* a thread still runs a job: nothing may be freed */
+	pool->closed = true;
 	/* Deliver everything: finished jobs with their status, queued ones as
 	 * cancelled. A callback may cancel another job (it just moves to the
 	 * done list) but can submit nothing (closing is set). */
@@ -682,4 +701,26 @@ warm_pool_close(struct warm_pool *pool)
 		deliver(pool, job);
 	}
 	uv_close((uv_handle_t *)&pool->async, on_async_closed);
+	return 0;
+}
+
+void
+warm_pool_close(struct warm_pool *pool)
+{
+	(void)close_pool(pool, NULL);
+}
+
+int
+warm_pool_close_within(struct warm_pool *pool, unsigned ms)
+{
+	struct timespec deadline;
+
+	clock_gettime(CLOCK_REALTIME, &deadline);
+	deadline.tv_sec += (time_t)(ms / 1000u);
+	deadline.tv_nsec += (long)(ms % 1000u) * 1000000L;
+	if (deadline.tv_nsec >= 1000000000L) {
+		deadline.tv_sec++;
+		deadline.tv_nsec -= 1000000000L;
+	}
+	return close_pool(pool, &deadline);
 }

@@ -29,7 +29,8 @@
  *
  * Shutdown sequence (the pool frees itself; ASan/LSan see no leak):
  *   1. warm_pool_close(pool): cancels every job, wakes and joins the threads
- *      (blocks the loop for at most one chunk read per thread), calls the
+ *      (blocks the loop for one chunk read per thread: for ever if a read
+ *      never returns; warm_pool_close_within bounds it), calls the
  *      done callback of every job not yet delivered (status -ECANCELED, or
  *      the real status if it had already finished), then uv_close()s the
  *      async handle. The pool's memory is freed in the close callback.
@@ -187,5 +188,16 @@ size_t warm_pool_pending(const struct warm_pool *pool);
  * from a done callback that runs during the close is a no-op).
  */
 void warm_pool_close(struct warm_pool *pool);
+
+/*
+ * warm_pool_close, but waiting at most ms for the threads: a read of a
+ * network or FUSE filesystem whose server hangs never returns, and cancel
+ * is seen only between chunks. 0: closed, as warm_pool_close. Else the
+ * number of threads still running: nothing is delivered or freed yet, and
+ * no job is taken any more. Call warm_pool_close or warm_pool_close_within
+ * again to go on waiting; or exit without returning to the loop (wcached
+ * at a stop, main.c).
+ */
+int warm_pool_close_within(struct warm_pool *pool, unsigned ms);
 
 #endif

@@ -491,6 +491,8 @@ def test_a_warm_restart_serves_others_when_a_remote_filesystem_hangs(tmp_path, r
         verify(d, "r", src)
         d.wait_for_log(r'model "u": not restored: it was unloaded or loaded anew meanwhile')
         assert model_entry(d, "u") is None
+        # An unload is no failure of the start-up's loads.
+        d.wait_for_log(r"every configured model's load has ended \(0 failed\)")
         # u's slot (3, in configuration order) leaves the store.
         mgr.wait_for(lambda m: not any(k.startswith("wc-3-") for k in m.store),
                      what="u's generation dropped from the store")
@@ -593,3 +595,67 @@ def test_a_warm_restart_stopped_while_a_check_waits(tmp_path, remote):
         code = d.stop()
         mgr.close()
     assert code == 0, d.read_log()
+
+
+def stopped_without_waiting(d, remote, what):
+    """SIGTERMs d, frozen remote's client: wcached waits 5 s (STOP_WAIT_MS)
+    for its threads, then logs that it stops without waiting for what (a
+    regular expression), removes its socket and says "stopped"; returns
+    the seconds from SIGTERM to "stopped". (Before, it waited for the
+    server, and a service manager killed it after TimeoutStopSec.) The
+    process may outlive that line: a thread in a FUSE request the server
+    had already read waits for its answer, killed or not; a hung NFS
+    server's RPCs are killable."""
+    t0 = time.monotonic()
+    d.proc.send_signal(signal.SIGTERM)
+    try:
+        d.wait_for_log(r"shutting down", timeout=10)
+        d.wait_for_log(r"stopping without waiting longer for " + what + r": not returned "
+                       r"after 5\.0 s \(a read of a hung network filesystem never returns\)",
+                       timeout=20)
+        seen, _ = d.wait_for_log(r"^.*\bstopped$", timeout=10)
+        assert not os.path.exists(d.socket), "the socket file outlived the stop"
+    finally:
+        remote.thaw()
+    assert d.proc.wait(timeout=30) == 0, d.read_log()
+    took = seen - t0
+    assert 4.5 < took < 10, f"stopped {took:.2f} s after SIGTERM"
+    return took
+
+
+def test_a_stop_leaves_polls_of_a_hung_remote_filesystem(start, tmp_path, remote):
+    """SIGTERM while a poll of a frozen server waits: wcached stops 5 s later."""
+    (tmp_path / "local").mkdir()
+    d = start({"r": (remote_model(tmp_path, remote), {"poll_interval": "0.2", "stage": "no"}),
+               "local": mkmodel(tmp_path / "local" / "l.safetensors", 2)})
+    wait_until(lambda: ready(d, "r", 1) and ready(d, "local", 1), timeout=30,
+               what="both models served")
+    polls = model_entry(d, "r")["polls"]
+    wait_until(lambda: model_entry(d, "r")["polls"] >= polls + 2, timeout=30, what="polled")
+    remote.freeze()
+    time.sleep(0.5)  # the next poll waits on the server
+    took = stopped_without_waiting(d, remote, r'model "r": a poll of its paths on fuse '
+                                   r'\(1 remote job running\)')
+    print(f"a stop with a poll hung: stopped {took:.2f} s after SIGTERM")
+
+
+def test_a_stop_leaves_a_warm_up_of_a_hung_remote_filesystem(start, tmp_path, remote):
+    """SIGTERM while an unstaged remote model warms from a frozen server
+    (throttled to 4 MiB/s first, so that the warm-up is mid-file): the warm
+    thread never sees the stop between chunks; wcached stops 5 s later."""
+    from test_stage import write_safetensors
+
+    write_safetensors(remote.backing_path("r.safetensors"), {"w": os.urandom(32 << 20)})
+    remote.wait_visible("r.safetensors")
+    remote.throttle(4 << 20)
+    d = start({"r": (remote.path("r.safetensors"), {"stage": "no", "watch": "inotify"})})
+    wait_until(lambda: (lambda m: m and m["generation"] == 1)(model_entry(d, "r")), timeout=30,
+               what="the remote model served")
+    time.sleep(0.5)  # its warm-up reads by now
+    assert model_entry(d, "r")["generations"][0]["state"] == "warming"
+    remote.freeze()
+    try:
+        took = stopped_without_waiting(d, remote, r"the warm-up of 1 file")
+    finally:
+        remote.unthrottle()
+    print(f"a stop with a warm-up hung: stopped {took:.2f} s after SIGTERM")

@@ -69,12 +69,23 @@ static struct {
 	atomic_int sendfile_eio;    /* fail this many sendfile() calls with EIO */
 	atomic_int preads;     /* pread() calls */
 	atomic_int sendfiles;  /* sendfile() calls */
+	atomic_bool hang;      /* sendfile() and pread() wait while set: a hung server */
 } fault;
+
+/* A read of a filesystem whose server hangs: returns once fault.hang is
+ * cleared. */
+static void
+maybe_hang(void)
+{
+	while (atomic_load(&fault.hang))
+		usleep(1000);
+}
 
 ssize_t
 sendfile(int out, int in, off_t *off, size_t n)
 {
 	atomic_fetch_add(&fault.sendfiles, 1);
+	maybe_hang();
 	if (atomic_load(&fault.sendfile_einval) > 0) {
 		atomic_fetch_sub(&fault.sendfile_einval, 1);
 		errno = EINVAL;
@@ -92,6 +103,7 @@ ssize_t
 pread(int fd, void *buf, size_t n, off_t off)
 {
 	atomic_fetch_add(&fault.preads, 1);
+	maybe_hang();
 	if (atomic_load(&fault.eintr) > 0) {
 		atomic_fetch_sub(&fault.eintr, 1);
 		errno = EINTR;
@@ -673,6 +685,42 @@ done_then_close(struct warm_job *job, const struct warm_result *res, void *cooki
 		close_from_cb = NULL;
 		close_pool(f);
 	}
+}
+
+/*
+ * One of two threads in a read that does not return (its server hangs): a
+ * close within 100 ms gives up after 100 ms and says one thread still runs
+ * (the idle one is joined); no job is delivered, and the pool can still be
+ * closed. Once the read returns, the close ends: the running job is
+ * delivered as cancelled.
+ */
+static double now_s(void);
+
+static void
+test_close_within_hung_read(void **state)
+{
+	struct fixture *f = *state;
+	double t0, waited;
+
+	make_big(f);
+	new_pool(f, 2, 1 * MiB, 0, 0);
+	atomic_store(&fault.hang, true);
+	submit(f, 1, f->big_fd, NULL, 0, BIG_SIZE, false);
+	while (atomic_load(&fault.sendfiles) + atomic_load(&fault.preads) == 0)
+		usleep(1000);
+	t0 = now_s();
+	assert_int_equal(warm_pool_close_within(f->pool, 100), 1);
+	waited = now_s() - t0;
+	assert_true(waited >= 0.09 && waited < 5.0);
+	assert_int_equal(warm_pool_close_within(f->pool, 0), 1);
+	uv_run(&f->loop, UV_RUN_NOWAIT);
+	assert_int_equal(f->completed, 0);
+	atomic_store(&fault.hang, false);
+	assert_int_equal(warm_pool_close_within(f->pool, 10000), 0);
+	f->pool = NULL;
+	assert_int_equal(f->completed, 1);
+	assert_int_equal(f->seen[0].res.status, -ECANCELED);
+	assert_true(f->seen[0].res.bytes < BIG_SIZE);
 }
 
 static void
@@ -1312,6 +1360,7 @@ main(int argc, char **argv)
 			teardown),
 		cmocka_unit_test_setup_teardown(test_close_in_flight, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_close_from_callback, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_close_within_hung_read, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_read_errors, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_sendfile_fallback, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_invalid, setup, teardown),
