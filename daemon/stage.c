@@ -10,7 +10,11 @@
  * last with pread/pwrite. The source's pages are dropped as they are copied
  * (POSIX_FADV_DONTNEED): the copy's pages are the ones that will serve.
  * Before each request the copy checks whether it is still wanted
- * (stage_cancel, or wcached stopping).
+ * (stage_cancel, or wcached stopping) and, about once a second, whether
+ * every source is still the file it copies (check_unchanged): a source
+ * another host replaces ten seconds into a twenty-minute copy stops it
+ * then, not after twenty minutes of reading a version nobody serves. The
+ * check after the copy stays: it is the one that vouches for the copy.
  *
  * stage_dir is opened only once checked safe (stage_check_dir), and a
  * staging that fails removes its temporary copy as any copy is removed
@@ -41,6 +45,10 @@
 #define STAGE_MARGIN (64ull << 20)
 #define STAGE_MAX_SUFFIX 1000
 #define STAGE_MAX_INDEX (64u << 20) /* bytes of a shard index read: the shard reader's limit */
+/* Seconds between two checks of the sources during a copy, at least: each
+ * is an fstat and a stat of every source file, round trips to a remote
+ * server, and a copy request is itself about a second from a slow one. */
+#define STAGE_CHECK_INTERVAL 1.0
 
 uint64_t
 stage_space_needed(uint64_t bytes)
@@ -129,6 +137,16 @@ struct stage_file {
 	const char *name;       /* its name in the copy */
 };
 
+/* One staging's copy, carried from one request to the next. */
+struct copy_run {
+	const struct stage_file *fs; /* every source file of the model, n of them */
+	size_t n;
+	double next_check;    /* now_seconds() from which they are checked again */
+	enum copy_method how; /* the method the kernel has accepted so far */
+	char *buf;            /* COPY_READ's buffer, made once, or NULL */
+	uint64_t disk;        /* bytes the copy occupies on disk so far */
+};
+
 /* Is err (an errno) stage_dir refusing more bytes of the copy? */
 static bool
 out_of_room(int err)
@@ -181,14 +199,40 @@ check_cancelled(const struct stage_request *req)
 	return 0;
 }
 
+static int check_unchanged(const struct stage_file *f);
+
 /*
- * Copies size bytes of in to out from offset 0 in STAGE_CHUNK requests,
- * switching *how down to a method the kernel accepts. 0, or -errno with
- * the message.
+ * Between two requests of the copy: when STAGE_CHECK_INTERVAL has passed
+ * since the last check (the first comes before the first request), checks
+ * that every source file of the model, copied or still to come, is
+ * unchanged. A cancel that came meanwhile wins: a staging nobody wants
+ * any more stops as cancelled, not as failed. 0, or -errno with the
+ * message.
  */
 static int
-copy_fd(const struct stage_request *req, const struct stage_file *f, int out,
-	enum copy_method *how, char **buf)
+check_sources_now_and_then(const struct stage_request *req, struct copy_run *run)
+{
+	double now = now_seconds();
+	int err = 0, cancelled;
+
+	if (now < run->next_check)
+		return 0;
+	run->next_check = now + STAGE_CHECK_INTERVAL;
+	for (size_t i = 0; i < run->n && err == 0; i++)
+		err = check_unchanged(&run->fs[i]);
+	if (err < 0 && (cancelled = check_cancelled(req)) < 0)
+		return cancelled;
+	return err;
+}
+
+/*
+ * Copies size bytes of in to out from offset 0 in STAGE_CHUNK requests,
+ * switching run->how down to a method the kernel accepts, and checking
+ * before each request that the copy is still wanted and now and then
+ * that its sources are unchanged. 0, or -errno with the message.
+ */
+static int
+copy_fd(const struct stage_request *req, struct copy_run *run, const struct stage_file *f, int out)
 {
 	uint64_t size = (uint64_t)f->st.st_size;
 	off_t off = 0;
@@ -199,18 +243,19 @@ copy_fd(const struct stage_request *req, const struct stage_file *f, int out,
 								      STAGE_CHUNK;
 		ssize_t n;
 
-		if ((err = check_cancelled(req)) < 0)
+		if ((err = check_cancelled(req)) < 0 ||
+			(err = check_sources_now_and_then(req, run)) < 0)
 			return err;
-		if (*how == COPY_RANGE) {
+		if (run->how == COPY_RANGE) {
 			off_t in_off = off, out_off = off;
 
 			n = copy_file_range(f->in, &in_off, out, &out_off, want, 0);
 			if (n == -1 && (errno == EXDEV || errno == EINVAL || errno == ENOSYS ||
 						errno == EOPNOTSUPP || errno == EPERM)) {
-				*how = COPY_SENDFILE;
+				run->how = COPY_SENDFILE;
 				continue;
 			}
-		} else if (*how == COPY_SENDFILE) {
+		} else if (run->how == COPY_SENDFILE) {
 			off_t in_off = off;
 
 			if (lseek(out, off, SEEK_SET) == -1)
@@ -218,18 +263,19 @@ copy_fd(const struct stage_request *req, const struct stage_file *f, int out,
 			n = sendfile(out, f->in, &in_off, want);
 			if (n == -1 && (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP ||
 						errno == EPERM)) {
-				*how = COPY_READ;
+				run->how = COPY_READ;
 				continue;
 			}
 		} else {
-			if (*buf == NULL && (*buf = malloc(STAGE_CHUNK)) == NULL)
+			if (run->buf == NULL && (run->buf = malloc(STAGE_CHUNK)) == NULL)
 				return error_set(-ENOMEM, "out of memory");
-			n = pread(f->in, *buf, want, off);
+			n = pread(f->in, run->buf, want, off);
 			if (n == -1 && errno != EINTR)
 				return io_error(-errno, "reading", f->src);
 			if (n > 0) {
 				for (ssize_t done = 0, w; done < n; done += w) {
-					w = pwrite(out, *buf + done, (size_t)(n - done), off + done);
+					w = pwrite(out, run->buf + done, (size_t)(n - done),
+						off + done);
 					if (w == -1 && errno == EINTR) {
 						w = 0;
 						continue;
@@ -292,10 +338,10 @@ check_unchanged(const struct stage_file *f)
 }
 
 /* Copies f into the directory dfd as f->name, keeping its mtime; adds the
- * bytes on disk to *disk. */
+ * bytes on disk to run->disk. */
 static int
-copy_file(const struct stage_request *req, const struct stage_file *f, int dfd,
-	enum copy_method *how, char **buf, uint64_t *disk)
+copy_file(const struct stage_request *req, struct copy_run *run, const struct stage_file *f,
+	int dfd)
 {
 	struct timespec times[2] = { { .tv_nsec = UTIME_OMIT }, f->st.st_mtim };
 	struct stat st;
@@ -313,12 +359,12 @@ copy_file(const struct stage_request *req, const struct stage_file *f, int dfd,
 	if (f->st.st_size > 0 && fallocate(out, 0, 0, f->st.st_size) == -1 && out_of_room(errno))
 		err = no_space(-errno, req, f->src);
 	if (err == 0)
-		err = copy_fd(req, f, out, how, buf);
+		err = copy_fd(req, run, f, out);
 	if (err == 0 && futimens(out, times) == -1)
 		err = error_set(-errno, "cannot stage it: setting the mtime of the copy of %s: %s",
 			f->src, strerror(errno));
 	if (err == 0 && fstat(out, &st) == 0)
-		*disk += (uint64_t)st.st_blocks * 512u;
+		run->disk += (uint64_t)st.st_blocks * 512u;
 	if (close(out) == -1 && err == 0)
 		err = io_error(-errno, "writing the copy of", f->src);
 	return err;
@@ -605,16 +651,18 @@ int
 stage_copy(struct stage_request *req)
 {
 	struct stage_file *fs = NULL;
-	enum copy_method how = COPY_RANGE;
-	char tmp[PATH_MAX], *buf = NULL, *dir = NULL, *path = NULL;
+	struct copy_run run = { .how = COPY_RANGE };
+	char tmp[PATH_MAX], *dir = NULL, *path = NULL;
 	const char *tmpname = NULL;
-	uint64_t bytes = 0, disk = 0;
+	uint64_t bytes = 0;
 	double start = now_seconds();
 	size_t n = 0;
 	int sfd = -1, dfd = -1, err, marked = 0;
 
 	if ((err = plan_files(req, &fs, &n)) < 0 || fs == NULL)
 		return err < 0 ? err : -ENOMEM;
+	run.fs = fs;
+	run.n = n;
 	for (size_t i = 0; i < n; i++)
 		bytes += (uint64_t)fs[i].st.st_size;
 	req->bytes = bytes;
@@ -635,7 +683,7 @@ stage_copy(struct stage_request *req)
 	}
 	err = write_marker(req, dfd, &marked);
 	for (size_t i = 0; i < n && err == 0; i++)
-		err = copy_file(req, &fs[i], dfd, &how, &buf, &disk);
+		err = copy_file(req, &run, &fs[i], dfd);
 	for (size_t i = 0; i < n && err == 0; i++)
 		err = check_unchanged(&fs[i]);
 	if (err == 0)
@@ -664,12 +712,12 @@ out:
 	if (sfd >= 0)
 		close(sfd);
 	plan_free(fs, n);
-	free(buf);
+	free(run.buf);
 	if (err < 0)
 		return err;
 	req->dir = dir;
 	req->path = path;
-	req->disk_bytes = disk;
+	req->disk_bytes = run.disk;
 	req->seconds = now_seconds() - start;
 	return 0;
 }

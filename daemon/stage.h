@@ -80,9 +80,11 @@ struct stage_request {
  * a new directory under stage_dir: checks the free
  * space first, creates stage_dir (0700) if missing, copies with
  * copy_file_range(2) (sendfile(2), then read/write where the kernel
- * refuses), checks each source against its stat at open, and renames the
- * copy into place. Work queue thread. 0 with req's outputs, or -errno with a
- * message saying why in a sentence an operator can act on (no space: needed
+ * refuses), checks each source against its stat at open (about once a
+ * second while it copies, so that one replaced early stops a long copy
+ * early, and again at the end), and renames the copy into place. Work
+ * queue thread. 0 with req's outputs, or -errno with a message saying why
+ * in a sentence an operator can act on (no space: needed
  * and free; stage_dir not writable; a read error such as EIO or ESTALE,
  * named; a source changed during the copy); nothing is left behind then.
  */

@@ -8,7 +8,8 @@ refuses the model with one line, stage = no makes no copy, and what a
 killed daemon left is swept at the next start. On a FUSE filesystem that
 behaves like NFS (tests/tools/remotefs.c): remote replacements, read
 errors, and, with its reads throttled, a copy in flight that stops when
-its model is unloaded or a newer load supersedes it."""
+its model is unloaded, a newer load supersedes it, or its source is
+replaced."""
 import json
 import os
 import re
@@ -720,13 +721,14 @@ def test_unloading_a_model_stops_its_staging_copy_in_flight(tmp_path):
             assert d.stop() == 0, d.read_log()
 
 
-def overtaken_staging(tmp_path, rfs, fs, poll_interval):
+def overtaken_staging(tmp_path, rfs, fs, poll_interval, new_name="m.safetensors"):
     """Model m, 64 MiB on fs (throttled to SLOW), added by SIGHUP with
     stage = yes next to a local model, and replaced in fs's backing
     directory by a new version (17 MiB, also at tmp_path/new.safetensors)
-    while its first staging copies the old one: (the daemon, stage_dir,
-    m's path, the new version's, the local model's, a descriptor of the
-    copy in flight). The caller stops the daemon and closes the descriptor."""
+    while its first staging copies the old one, or given the new version
+    beside it as new_name: (the daemon, stage_dir, m's path, the new
+    version's, the local model's, a descriptor of the copy in flight). The
+    caller stops the daemon and closes the descriptor."""
     write_safetensors(fs.backing_path("m.safetensors"), {"w": os.urandom(BIG)})
     new = str(tmp_path / "new.safetensors")
     write_safetensors(new, {"w": os.urandom(16 * MiB), "v": os.urandom(MiB)})
@@ -742,32 +744,51 @@ def overtaken_staging(tmp_path, rfs, fs, poll_interval):
         d.proc.send_signal(signal.SIGHUP)
         fd = copy_in_flight(rfs, stage_dir, "m", "m.safetensors")
         with open(new, "rb") as f:
-            fs.replace("m.safetensors", f.read())
+            fs.replace(new_name, f.read())
     except BaseException:
         d.stop()
         raise
     return d, stage_dir, src, new, local, fd
 
 
-def test_a_newer_load_stops_the_staging_of_a_replaced_source(tmp_path):
-    """Another host renames a new version over a model while its first
-    staging copies the old one, and wcachectl load asks for the new one:
-    the old staging stops at its next request (stage_cancel, from the newer
-    load) rather than copying the rest of a version nobody wants; the new
-    version is staged and served, byte for byte. (stale = keep: the old
-    file stays readable, so that what stops the copy is the cancel, not a
-    failed read.)"""
+def served_after_the_failed_staging(d, stage_dir, new, start):
+    """The new version of m, after its first staging failed (at start,
+    monotonic): served by the next polls as generation 1, byte for byte,
+    from its copy m.1, the only entry of stage_dir. Prints how long it
+    took (pytest -s)."""
+    wait_until(lambda: generation(d, "m") == 1, timeout=30,
+               what="the new version served after the failed staging")
+    print(f"the new version served {time.monotonic() - start:.2f} s after the failed staging")
+    r = subprocess.run([binary("demo_worker"), "--socket", d.socket, "--verify", new, "m"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["generation"] == 1 and out["verified"] == out["bytes"] > 16 * MiB, out
+    assert entries(stage_dir) == ["m.1"]
+
+
+def test_a_newer_load_stops_the_staging_it_supersedes(tmp_path):
+    """Another host writes a new version of a model beside the old one
+    while its first staging copies the old one, and wcachectl load asks
+    for the new one: the old staging stops at its next request
+    (stage_cancel, from the newer load) rather than copying the rest of a
+    version nobody wants; the new version is staged and served, byte for
+    byte. (The old file stays: one renamed over stops its staging by itself
+    within a second or two, test_a_source_replaced_during_its_staging_stops_
+    the_copy_within_seconds, and which of the two stopped it would be a
+    race.)"""
     rfs = remotefs()
-    with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt", read_rate=SLOW, stale="keep",
+    with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt", read_rate=SLOW,
                       attr_timeout=0.2) as fs:
-        d, stage_dir, src, new, local, fd = overtaken_staging(tmp_path, rfs, fs, "60")
+        d, stage_dir, _, new, local, fd = overtaken_staging(tmp_path, rfs, fs, "60",
+                                                            new_name="m-2.safetensors")
         load = None
         try:
-            fs.wait_visible("m.safetensors")
+            fs.wait_visible("m-2.safetensors")
             start = time.monotonic()
             load = subprocess.Popen([binary("wcachectl"), "--control", d.control, "load", "m",
-                                     src], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True)
+                                     fs.path("m-2.safetensors")], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
             when, line = d.wait_for_log(r'model "m": staging \S+ stopped after [0-9.]+ s: '
                                         r"a newer load superseded it", timeout=30)
             done = copied(rfs, fd)
@@ -783,8 +804,8 @@ def test_a_newer_load_stops_the_staging_of_a_replaced_source(tmp_path):
             d.wait_for_log(r'"m": generation 1 staged from fuse to ' +
                            re.escape(os.path.join(stage_dir, "m.1")))
             assert entries(stage_dir) == ["m.1"]
-            with open(new, "rb") as a, open(os.path.join(stage_dir, "m.1", "m.safetensors"),
-                                            "rb") as b:
+            copy = os.path.join(stage_dir, "m.1", "m-2.safetensors")
+            with open(new, "rb") as a, open(copy, "rb") as b:
                 assert a.read() == b.read()
             r = subprocess.run([binary("demo_worker"), "--socket", d.socket, "--verify", new,
                                 "m"], capture_output=True, text=True, timeout=60)
@@ -792,8 +813,7 @@ def test_a_newer_load_stops_the_staging_of_a_replaced_source(tmp_path):
             out = json.loads(r.stdout)
             assert out["generation"] == 1 and out["verified"] == out["bytes"] > 16 * MiB, out
             fds = model_fds(d.proc.pid)
-            assert sorted(set(fds)) == sorted([local, os.path.join(stage_dir, "m.1",
-                                                                   "m.safetensors")]), fds
+            assert sorted(set(fds)) == sorted([local, copy]), fds
             assert problems(d) == [], problems(d)
         finally:
             if load is not None and load.poll() is None:
@@ -819,17 +839,56 @@ def test_a_source_replaced_during_its_first_staging_is_served_by_the_next_poll(t
                       attr_timeout=0.2) as fs:
         d, stage_dir, _, new, _, fd = overtaken_staging(tmp_path, rfs, fs, "0.2")
         try:
+            # The mount shows the rename before the copy can end: else the
+            # copy's last check of the path could still find the old file
+            # there (as NFS's attribute cache would), and stage it, rightly.
+            fs.wait_visible("m.safetensors")
             fs.unthrottle()
-            d.wait_for_log(r'model "m": cannot stage it: .*; not served', timeout=30)
-            start = time.monotonic()
-            wait_until(lambda: generation(d, "m") == 1, timeout=30,
-                       what="the new version served after the failed staging")
-            print(f"\nstale={stale}: the new version served {time.monotonic() - start:.2f} s "
-                  "after the failed staging")
-            r = subprocess.run([binary("demo_worker"), "--socket", d.socket, "--verify", new,
-                                "m"], capture_output=True, text=True, timeout=60)
-            assert r.returncode == 0, r.stderr
-            assert entries(stage_dir) == ["m.1"]
+            when, _ = d.wait_for_log(r'model "m": cannot stage it: .*; not served', timeout=30)
+            print(f"\nstale={stale}: ", end="")
+            served_after_the_failed_staging(d, stage_dir, new, when)
+        finally:
+            if fd is not None:
+                os.close(fd)
+            assert d.stop() == 0, d.read_log()
+
+
+def test_a_source_replaced_during_its_staging_stops_the_copy_within_seconds(tmp_path):
+    """Another host renames a new version over a model about a second into
+    its first staging, a copy that takes BIG / SLOW = 8 s whole from this
+    slow server, and the old file stays readable (stale = keep): the copy
+    checks its sources about once a second as it goes, so it stops with
+    "replaced during the copy" a second or two after the rename, not at its
+    end (before, only the check after the whole copy saw it: about 7 s
+    later, every byte of the old version read for nothing); its temporary
+    copy goes, and the next poll serves the new version, byte for byte."""
+    rfs = remotefs()
+    with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt", read_rate=SLOW, stale="keep",
+                      attr_timeout=0.2) as fs:
+        d, stage_dir, src, new, _, fd = overtaken_staging(tmp_path, rfs, fs, "0.2")
+        renamed = time.monotonic()
+        try:
+            # The copy in flight, as the test's descriptor names it (its
+            # directory is the temporary copy).
+            tmp_copy = os.path.dirname(os.readlink(f"/proc/self/fd/{fd}"))
+            when, line = d.wait_for_log(r'model "m": cannot stage it: .*; not served', timeout=30)
+            done = copied(rfs, fd)
+            print(f"\nreplaced {REQUEST >> 20}+ MiB into a copy that takes {BIG / SLOW:.0f} s "
+                  f"whole: the copy stopped {when - renamed:.2f} s after the rename, with "
+                  f"{done / MiB:.0f} of {BIG / MiB:.0f} MiB copied")
+            assert line.endswith(f'model "m": cannot stage it: {src} was replaced during the '
+                                 "copy; the new file is staged by the next load; not served"), line
+            # The mount shows the rename within attr_timeout (0.2 s); the
+            # copy checks at the first request boundary a second or more
+            # after its last check: at most 1 s and one request (REQUEST /
+            # SLOW = 1 s) later. 2.2 s, and a little for the rest.
+            assert when - renamed < 2.5, (when - renamed, line)
+            assert done <= BIG // 2, done
+            assert not os.path.exists(tmp_copy), entries(stage_dir)
+            # The new version's own staging need not crawl.
+            fs.unthrottle()
+            served_after_the_failed_staging(d, stage_dir, new, when)
+            assert [p for p in problems(d) if '"m"' in p] == [line], problems(d)
         finally:
             if fd is not None:
                 os.close(fd)

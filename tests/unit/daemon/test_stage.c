@@ -30,6 +30,7 @@
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -427,7 +428,9 @@ test_mtime_changed_during_copy(void **state)
 }
 
 /* The source renamed over during the copy: the copy is of the old file,
- * so it does not serve. */
+ * so it does not serve. A copy this fast checks its sources no more often
+ * than once a second (before its first request, then not again): the
+ * check after the copy is what sees it, after all five requests. */
 static int
 replace_during_copy(unsigned call)
 {
@@ -448,14 +451,113 @@ test_replaced_during_copy(void **state)
 	struct fixture *f = *state;
 	char *model;
 
-	add_source(f, "model.safetensors", 1 * MiB, 8);
+	double start;
+
+	add_source(f, "model.safetensors", 40 * MiB, 8);
 	model = path_join(f->src, "model.safetensors");
 	make_request(f, model);
 	copy_hook = replace_during_copy;
+	start = tu_now();
 	assert_int_equal(stage_copy(&f->req), -ESTALE);
 	assert_non_null(strstr(error_get(), "was replaced during the copy"));
+	if (tu_now() - start < 1.0)
+		assert_int_equal(copy_calls, 5);
 	assert_int_equal(tu_count_entries(f->stage_dir), 0);
 	free(model);
+}
+
+/* A request from a slow server: longer than the second between two checks
+ * of the sources during a copy (stage.c, STAGE_CHECK_INTERVAL). */
+static void
+slow_request(void)
+{
+	struct timespec t = { .tv_sec = 1, .tv_nsec = 100 * 1000 * 1000 };
+
+	while (nanosleep(&t, &t) == -1 && errno == EINTR)
+		;
+}
+
+/* Stages f->req, which fails (-ESTALE, one line saying says) at the
+ * request after the first, where the copy first checks its sources again;
+ * nothing is left. */
+static void
+assert_stopped_after_one_request(struct fixture *f, const char *says)
+{
+	copy_calls = 0;
+	assert_int_equal(stage_copy(&f->req), -ESTALE);
+	assert_non_null(strstr(error_get(), says));
+	assert_null(strchr(error_get(), '\n'));
+	assert_int_equal(copy_calls, 1);
+	assert_int_equal(tu_count_entries(f->stage_dir), 0);
+	assert_null(f->req.dir);
+}
+
+static int
+replace_in_a_slow_request(unsigned call)
+{
+	if (call == 0) {
+		replace_during_copy(call);
+		slow_request();
+	}
+	return 0;
+}
+
+/* The source renamed over early in a long copy from a slow server: the
+ * copy checks its sources about once a second as it goes, so it stops
+ * before its next request instead of copying the rest of the old file
+ * only to refuse it; staged again, the source whose path names another
+ * file by then is refused before its first request. Nothing is left. */
+static void
+test_replaced_early_in_a_long_copy(void **state)
+{
+	struct fixture *f = *state;
+	char *model;
+
+	add_source(f, "model.safetensors", 40 * MiB, 21); /* 5 requests */
+	model = path_join(f->src, "model.safetensors");
+	make_request(f, model);
+	copy_hook = replace_in_a_slow_request;
+	assert_stopped_after_one_request(f, "model.safetensors was replaced during the copy");
+
+	make_request(f, model);
+	copy_calls = 0;
+	assert_int_equal(stage_copy(&f->req), -ESTALE);
+	assert_non_null(strstr(error_get(), "model.safetensors was replaced during the copy"));
+	assert_int_equal(copy_calls, 0);
+	assert_int_equal(tu_count_entries(f->stage_dir), 0);
+	free(model);
+}
+
+/* Every source is checked, not only the one being copied: a shard still
+ * to come, removed early in a long copy of the one before it, stops the
+ * copy at its next request. */
+static int
+remove_shard_in_a_slow_request(unsigned call)
+{
+	if (call == 0) {
+		char *path = path_join(fx->src, "s-2.safetensors");
+
+		assert_int_equal(unlink(path), 0);
+		free(path);
+		slow_request();
+	}
+	return 0;
+}
+
+static void
+test_shard_removed_early_in_a_long_copy(void **state)
+{
+	struct fixture *f = *state;
+	static const char index[] = "{\"weight_map\":{\"a\":\"s-1.safetensors\","
+				    "\"b\":\"s-2.safetensors\"}}";
+	char *ipath = tu_write(f->src, "m.safetensors.index.json", index, strlen(index));
+
+	add_source(f, "s-1.safetensors", 24 * MiB, 22);
+	add_source(f, "s-2.safetensors", 1000, 23);
+	make_request(f, f->src);
+	copy_hook = remove_shard_in_a_slow_request; /* of 5 requests: 3, 1, and the index */
+	assert_stopped_after_one_request(f, "s-2.safetensors was removed during the copy");
+	free(ipath);
 }
 
 /* The source truncated during the copy: it ends early. */
@@ -742,12 +844,25 @@ test_cancel(void **state)
 
 /* A staging no longer wanted (a newer load of its model, an unload):
  * stage_cancel() while the copy runs stops it at the next request, with
- * nothing left; before it starts, nothing is made. */
+ * nothing left; before it starts, nothing is made. Cancelled in a slow
+ * request whose source was replaced meanwhile, it says cancelled: the
+ * newer load is why it stops, not a failure. */
 static int
 cancel_during_copy(unsigned call)
 {
 	if (call == 1)
 		stage_cancel(&fx->req);
+	return 0;
+}
+
+static int
+replace_and_cancel_in_a_slow_request(unsigned call)
+{
+	if (call == 0) {
+		replace_during_copy(call);
+		stage_cancel(&fx->req);
+		slow_request();
+	}
 	return 0;
 }
 
@@ -772,6 +887,14 @@ test_stage_cancel(void **state)
 	copy_calls = 0;
 	assert_int_equal(stage_copy(&f->req), -ECANCELED);
 	assert_int_equal(copy_calls, 0);
+	assert_int_equal(tu_count_entries(f->stage_dir), 0);
+
+	make_request(f, model);
+	copy_calls = 0;
+	copy_hook = replace_and_cancel_in_a_slow_request;
+	assert_int_equal(stage_copy(&f->req), -ECANCELED);
+	assert_non_null(strstr(error_get(), "no longer wanted"));
+	assert_int_equal(copy_calls, 1);
 	assert_int_equal(tu_count_entries(f->stage_dir), 0);
 	free(model);
 }
@@ -1084,6 +1207,9 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_changed_during_copy, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_mtime_changed_during_copy, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_replaced_during_copy, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_replaced_early_in_a_long_copy, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_shard_removed_early_in_a_long_copy, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(test_truncated_during_copy, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_copy_errors, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_no_space, setup, teardown),
