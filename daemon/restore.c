@@ -60,6 +60,10 @@ struct restore {
 	int started;            /* restore_started() ran: the last check's end finishes */
 	char **copies;          /* staged copies' directories of the generations checked */
 	size_t ncopies;
+	/* The mount table, read once for every restore_model() (stored_fs)
+	 * and freed by restore_started(): mounts_read says it was. */
+	struct fs_mounts mounts;
+	int mounts_read;
 };
 
 
@@ -124,6 +128,7 @@ restore_free(struct restore *s)
 	for (size_t i = 0; i < s->ncopies; i++)
 		free(s->copies[i]);
 	free(s->copies);
+	fstype_mounts_free(&s->mounts);
 	free(s);
 }
 
@@ -558,10 +563,11 @@ restore_after(struct workq_job *w, int status)
 
 /* What the check of model m's stored files touches, as far as the loop
  * knows without asking any filesystem: the filesystem whose device the
- * description gives (a staged copy's origin's), from the mount table.
- * Names the check in what. */
+ * description gives (a staged copy's origin's), from the mount table, read
+ * once for all of s's models. Names the check in what. */
 static uint64_t
-stored_fs(const struct fdstore_generation *g, char *what, size_t len, const char *name)
+stored_fs(struct restore *s, const struct fdstore_generation *g, char *what, size_t len,
+	const char *name)
 {
 	struct fs_info fs;
 	uint64_t dev;
@@ -571,7 +577,11 @@ stored_fs(const struct fdstore_generation *g, char *what, size_t len, const char
 		return WORKQ_LOCAL;
 	}
 	dev = g->files[0].origin_dev != 0 ? g->files[0].origin_dev : g->files[0].dev;
-	if (fstype_of_dev("/proc/self/mountinfo", (dev_t)dev, &fs) < 0) {
+	/* Not read (or it failed): read now; a failure is tried again for the
+	 * next model, as each read its own before. */
+	if (!s->mounts_read && fstype_mounts_read("/proc/self/mountinfo", &s->mounts) == 0)
+		s->mounts_read = 1;
+	if (!s->mounts_read || fstype_mounts_find(&s->mounts, (dev_t)dev, &fs) < 0) {
 		snprintf(what, len, "model \"%s\": a warm restart's check of its files", name);
 		return WORKQ_UNKNOWN;
 	}
@@ -609,7 +619,7 @@ queue_check(struct restore *s, struct registry *r, size_t model,
 	for (uint32_t k = 0; k < m->ngenerations && err == 0; k++)
 		if (m->generations[k].role == FDSTORE_HELD)
 			err = reserve(s, j->stage_dir, &m->generations[k], &j->gens[j->n++]);
-	fs = stored_fs(g, what, sizeof(what), m->name);
+	fs = stored_fs(s, g, what, sizeof(what), m->name);
 	if (err == 0 && (j->expected = registry_expect(r, m->name, path, pin, warm)) == 0)
 		err = -ENOMEM;
 	if (err == 0 && (err = workq_submit(&r->workq, &j->job, fs, what, restore_work,
@@ -711,6 +721,11 @@ finish(struct restore *s, struct registry *r)
 void
 restore_started(struct restore *s, struct registry *r)
 {
+	/* No restore_model() comes now: the mount table is not asked again. */
+	if (s != NULL) {
+		fstype_mounts_free(&s->mounts);
+		s->mounts_read = 0;
+	}
 	if (s == NULL || s->jobs == 0) {
 		finish(s, r);
 		return;
