@@ -105,30 +105,101 @@ fstype_classify_name(const char *type, struct fs_info *out)
 			out->remote = true;
 }
 
+struct fs_mount {
+	dev_t dev;
+	struct fs_info fs;
+};
+
+/* One mountinfo line's device and filesystem type (type has 64 bytes):
+ * 0, or -1 when the line does not name both. Fields: id parent
+ * major:minor root mountpoint options... - type source superoptions. */
+static int
+parse_mount(const char *line, dev_t *dev, char *type)
+{
+	unsigned maj, min;
+	const char *sep = strstr(line, " - ");
+
+	if (sscanf(line, "%*u %*u %u:%u", &maj, &min) != 2 || sep == NULL ||
+		sscanf(sep + 3, "%63s", type) != 1)
+		return -1;
+	*dev = makedev(maj, min);
+	return 0;
+}
+
 int
-fstype_of_dev(const char *mountinfo, dev_t dev, struct fs_info *out)
+fstype_mounts_read(const char *mountinfo, struct fs_mounts *out)
 {
 	FILE *f = fopen(mountinfo, "re");
+	struct fs_mounts t = { 0 };
+	size_t cap = 0, linecap = 0;
 	char *line = NULL;
-	size_t cap = 0;
-	int found = -ENOENT;
+	int err = 0;
 
 	if (f == NULL)
 		return -errno;
-	/* id parent major:minor root mountpoint options... - type source ... */
-	while (found < 0 && getline(&line, &cap, f) != -1) {
-		unsigned maj, min;
-		char *sep = strstr(line, " - "), type[64];
+	while (err == 0 && getline(&line, &linecap, f) != -1) {
+		char type[64];
+		dev_t dev;
 
-		if (sscanf(line, "%*u %*u %u:%u", &maj, &min) != 2 || sep == NULL ||
-			makedev(maj, min) != dev || sscanf(sep + 3, "%63s", type) != 1)
+		if (parse_mount(line, &dev, type) < 0)
 			continue;
-		fstype_classify_name(type, out);
-		found = 0;
+		if (t.n == cap) {
+			size_t more = cap ? cap * 2 : 64;
+			struct fs_mount *m = reallocarray(t.mounts, more, sizeof(*m));
+
+			if (m == NULL) {
+				err = -ENOMEM;
+				break;
+			}
+			t.mounts = m;
+			cap = more;
+		}
+		t.mounts[t.n].dev = dev;
+		fstype_classify_name(type, &t.mounts[t.n].fs);
+		t.n++;
 	}
 	free(line);
 	fclose(f);
-	return found;
+	if (err < 0) {
+		fstype_mounts_free(&t);
+		return err;
+	}
+	*out = t;
+	return 0;
+}
+
+int
+fstype_mounts_find(const struct fs_mounts *t, dev_t dev, struct fs_info *out)
+{
+	for (size_t i = 0; i < t->n; i++)
+		if (t->mounts[i].dev == dev) {
+			*out = t->mounts[i].fs;
+			return 0;
+		}
+	return -ENOENT;
+}
+
+void
+fstype_mounts_free(struct fs_mounts *t)
+{
+	if (t == NULL)
+		return;
+	free(t->mounts);
+	t->mounts = NULL;
+	t->n = 0;
+}
+
+int
+fstype_of_dev(const char *mountinfo, dev_t dev, struct fs_info *out)
+{
+	struct fs_mounts t = { 0 };
+	int err = fstype_mounts_read(mountinfo, &t);
+
+	if (err < 0)
+		return err;
+	err = fstype_mounts_find(&t, dev, out);
+	fstype_mounts_free(&t);
+	return err;
 }
 
 static const char *const watch_names[] = {

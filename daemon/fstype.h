@@ -16,6 +16,7 @@
 #define WC_FSTYPE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <sys/types.h>
 
 /* A filesystem as statfs(2) names it. */
@@ -40,9 +41,31 @@ void fstype_classify_name(const char *type, struct fs_info *out);
  * (/proc/self/mountinfo) lists it: asks no filesystem, so it answers while
  * a network filesystem's server hangs (statfs would wait for it). 0,
  * -ENOENT when no mount has that device (btrfs gives its files a device of
- * their own, not the mount's), or -errno opening mountinfo.
+ * their own, not the mount's), or -errno opening mountinfo (-ENOMEM).
+ * Reads the whole table: to ask about many devices, read it once
+ * (fstype_mounts_read) and ask it (fstype_mounts_find).
  */
 int fstype_of_dev(const char *mountinfo, dev_t dev, struct fs_info *out);
+
+/* The mount table as mountinfo lists it, classified: one entry per line
+ * that names a device and a filesystem type, in mountinfo's order. */
+struct fs_mount;
+struct fs_mounts {
+	struct fs_mount *mounts;
+	size_t n;
+};
+
+/* Reads mountinfo into *out, which then owns what it holds (freed by
+ * fstype_mounts_free). 0, or -errno opening it, or -ENOMEM; *out is
+ * untouched on failure. Asks no filesystem, as fstype_of_dev(). */
+int fstype_mounts_read(const char *mountinfo, struct fs_mounts *out);
+
+/* What fstype_of_dev() says of dev for the mountinfo t was read from: the
+ * first mount with that device. 0, or -ENOENT. */
+int fstype_mounts_find(const struct fs_mounts *t, dev_t dev, struct fs_info *out);
+
+/* Frees what t holds and empties it; an empty one (or NULL) is fine. */
+void fstype_mounts_free(struct fs_mounts *t);
 
 /* How a model's files are watched for updates (the "watch" key). */
 enum fs_watch {

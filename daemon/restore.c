@@ -60,6 +60,10 @@ struct restore {
 	int started;            /* restore_started() ran: the last check's end finishes */
 	char **copies;          /* staged copies' directories of the generations checked */
 	size_t ncopies;
+	/* The mount table, read once for every restore_model() (stored_fs)
+	 * and freed by restore_started(): mounts_read says it was. */
+	struct fs_mounts mounts;
+	int mounts_read;
 };
 
 
@@ -124,6 +128,7 @@ restore_free(struct restore *s)
 	for (size_t i = 0; i < s->ncopies; i++)
 		free(s->copies[i]);
 	free(s->copies);
+	fstype_mounts_free(&s->mounts);
 	free(s);
 }
 
@@ -254,14 +259,16 @@ struct restore_job {
 /*
  * Takes g's stored descriptors out of s's table into p (the check uses
  * them off the loop; a name the description gives twice finds the second
- * copy or none, never the same descriptor twice), and notes p's staged
- * copy's directory in s->copies. 0 or -ENOMEM.
+ * copy or none, never the same descriptor twice), notes whether its first
+ * file is a staged copy in p (the check takes that answer instead of
+ * asking again) and that copy's directory in s->copies. 0 or -ENOMEM.
  */
 static int
 reserve(struct restore *s, const char *stage_dir, const struct fdstore_generation *g,
 	struct restore_prepared *p)
 {
-	char *copy = NULL, *dir = NULL;
+	char *dir = NULL;
+	int staged;
 
 	p->g = g;
 	p->index_fd = find_fd(s, g->index_fdname, &p->index_at);
@@ -279,22 +286,28 @@ reserve(struct restore *s, const char *stage_dir, const struct fdstore_generatio
 	for (uint32_t k = 0; k < g->nfiles; k++)
 		if ((p->fds[k] = find_fd(s, g->files[k].fdname, &p->at[k])) >= 0)
 			s->fds[p->at[k]].fd = -1;
+	if (g->nfiles == 0 || p->fds[0] < 0)
+		return 0;
+	/* /proc/self/fd asks no filesystem. A failure (-ENOMEM) leaves the
+	 * question to the check, which fails the generation on it. */
+	staged = restore_staged_copy(stage_dir, p->fds[0], &p->first_copy);
+	if (staged == 0)
+		p->first_staged = RESTORE_FIRST_LOCAL;
+	if (staged <= 0)
+		return 0;
+	p->first_staged = RESTORE_FIRST_STAGED;
 	/* Its staged copy stays in stage_dir while it is checked. */
-	if (g->nfiles > 0 && p->fds[0] >= 0 &&
-		restore_staged_copy(stage_dir, p->fds[0], &copy) > 0 &&
-		stage_dir_of(stage_dir, copy, &dir) > 0) {
+	if (stage_dir_of(stage_dir, p->first_copy, &dir) > 0) {
 		char **more = realloc(s->copies, (s->ncopies + 1) * sizeof(*more));
 
 		if (more == NULL) {
 			free(dir);
-			dir = NULL;
 		} else {
 			s->copies = more;
 			s->copies[s->ncopies++] = dir;
 			p->copy_dir = dir;
 		}
 	}
-	free(copy);
 	return 0;
 }
 
@@ -558,10 +571,11 @@ restore_after(struct workq_job *w, int status)
 
 /* What the check of model m's stored files touches, as far as the loop
  * knows without asking any filesystem: the filesystem whose device the
- * description gives (a staged copy's origin's), from the mount table.
- * Names the check in what. */
+ * description gives (a staged copy's origin's), from the mount table, read
+ * once for all of s's models. Names the check in what. */
 static uint64_t
-stored_fs(const struct fdstore_generation *g, char *what, size_t len, const char *name)
+stored_fs(struct restore *s, const struct fdstore_generation *g, char *what, size_t len,
+	const char *name)
 {
 	struct fs_info fs;
 	uint64_t dev;
@@ -571,7 +585,11 @@ stored_fs(const struct fdstore_generation *g, char *what, size_t len, const char
 		return WORKQ_LOCAL;
 	}
 	dev = g->files[0].origin_dev != 0 ? g->files[0].origin_dev : g->files[0].dev;
-	if (fstype_of_dev("/proc/self/mountinfo", (dev_t)dev, &fs) < 0) {
+	/* Not read (or it failed): read now; a failure is tried again for the
+	 * next model, as each read its own before. */
+	if (!s->mounts_read && fstype_mounts_read("/proc/self/mountinfo", &s->mounts) == 0)
+		s->mounts_read = 1;
+	if (!s->mounts_read || fstype_mounts_find(&s->mounts, (dev_t)dev, &fs) < 0) {
 		snprintf(what, len, "model \"%s\": a warm restart's check of its files", name);
 		return WORKQ_UNKNOWN;
 	}
@@ -609,7 +627,7 @@ queue_check(struct restore *s, struct registry *r, size_t model,
 	for (uint32_t k = 0; k < m->ngenerations && err == 0; k++)
 		if (m->generations[k].role == FDSTORE_HELD)
 			err = reserve(s, j->stage_dir, &m->generations[k], &j->gens[j->n++]);
-	fs = stored_fs(g, what, sizeof(what), m->name);
+	fs = stored_fs(s, g, what, sizeof(what), m->name);
 	if (err == 0 && (j->expected = registry_expect(r, m->name, path, pin, warm)) == 0)
 		err = -ENOMEM;
 	if (err == 0 && (err = workq_submit(&r->workq, &j->job, fs, what, restore_work,
@@ -711,6 +729,11 @@ finish(struct restore *s, struct registry *r)
 void
 restore_started(struct restore *s, struct registry *r)
 {
+	/* No restore_model() comes now: the mount table is not asked again. */
+	if (s != NULL) {
+		fstype_mounts_free(&s->mounts);
+		s->mounts_read = 0;
+	}
 	if (s == NULL || s->jobs == 0) {
 		finish(s, r);
 		return;

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -92,6 +93,72 @@ test_device_in_mountinfo(void **state)
 	assert_true(fstype_of_dev("/nonexistent/mountinfo", makedev(0, 45), &fs) < 0);
 }
 
+/* The mount table read once answers for each device what fstype_of_dev()
+ * answers reading mountinfo again: the first line with the device, a line
+ * without a type skipped, -ENOENT for a device no line names. */
+static void
+test_mount_table(void **state)
+{
+	static const struct {
+		unsigned major, minor;
+		int err;
+		const char *name;
+		bool remote;
+	} cases[] = {
+		{ 259, 2, 0, "ext4", false }, { 0, 45, 0, "nfs", true },
+		{ 0, 48, 0, "tmpfs", false }, /* the first of two */
+		{ 0, 49, 0, "cifs", true },   /* the first with a type */
+		{ 0, 99, -ENOENT, NULL, false },
+	};
+	const char *path = mountinfo(
+		"22 1 259:2 / / rw,relatime shared:1 - ext4 /dev/nvme0n1p2 rw\n"
+		"40 22 0:45 / /mnt/models rw,nosuid shared:20 - nfs4 srv:/export rw,vers=4.2\n"
+		"garbage without fields\n"
+		"43 22 0:48 / /mnt/a rw - tmpfs tmpfs rw\n"
+		"44 22 0:48 / /mnt/b rw - nfs srv:/x rw\n"
+		"45 22 0:49 / /mnt/c rw -\n"
+		"46 22 0:49 / /mnt/d rw - cifs //srv/x rw\n");
+	struct fs_mounts t = { 0 }, untouched = { .n = 7 };
+	struct fs_info fs, once;
+
+	(void)state;
+	assert_int_equal(fstype_mounts_read(path, &t), 0);
+	assert_int_equal(t.n, 5);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		dev_t dev = makedev(cases[i].major, cases[i].minor);
+
+		memset(&fs, 0, sizeof(fs));
+		memset(&once, 0, sizeof(once));
+		assert_int_equal(fstype_mounts_find(&t, dev, &fs), cases[i].err);
+		assert_int_equal(fstype_of_dev(path, dev, &once), cases[i].err);
+		if (cases[i].err < 0)
+			continue;
+		assert_string_equal(fs.name, cases[i].name);
+		assert_int_equal(fs.remote, cases[i].remote);
+		assert_memory_equal(&fs, &once, sizeof(fs));
+	}
+	/* Read once: the table answers when the file is gone. */
+	unlink(path);
+	assert_int_equal(fstype_mounts_find(&t, makedev(0, 45), &fs), 0);
+	assert_string_equal(fs.name, "nfs");
+	fstype_mounts_free(&t);
+	assert_null(t.mounts);
+	assert_int_equal(t.n, 0);
+	assert_int_equal(fstype_mounts_find(&t, makedev(0, 45), &fs), -ENOENT);
+	fstype_mounts_free(&t);
+	fstype_mounts_free(NULL);
+	/* A failed read leaves the table it was given alone. */
+	assert_int_equal(fstype_mounts_read("/nonexistent/mountinfo", &untouched), -ENOENT);
+	assert_int_equal(untouched.n, 7);
+	/* An empty file: an empty table. */
+	path = mountinfo("");
+	assert_int_equal(fstype_mounts_read(path, &t), 0);
+	assert_int_equal(t.n, 0);
+	assert_int_equal(fstype_mounts_find(&t, makedev(259, 2), &fs), -ENOENT);
+	fstype_mounts_free(&t);
+	unlink(path);
+}
+
 /* This process's own root, as the kernel lists it. */
 static void
 test_own_mount_table(void **state)
@@ -112,13 +179,72 @@ test_own_mount_table(void **state)
 	fclose(f);
 }
 
+/* The whole of the file path (malloc'd, a string). */
+static char *
+whole(const char *path)
+{
+	FILE *in = fopen(path, "re"), *out;
+	char buf[4096], *text = NULL;
+	size_t n, len = 0;
+
+	assert_non_null(in);
+	assert_non_null(out = open_memstream(&text, &len));
+	while ((n = fread(buf, 1, sizeof(buf), in)) > 0)
+		assert_int_equal(fwrite(buf, 1, n, out), n);
+	fclose(in);
+	fclose(out);
+	return text;
+}
+
+/* Every device this process's mount table lists, and some it does not:
+ * the table read once says what reading mountinfo for each says. On a
+ * copy, so that a mount made meanwhile changes neither. */
+static void
+test_own_mount_table_once(void **state)
+{
+	struct fs_mounts t = { 0 };
+	struct fs_info fs, each;
+	char *text, *line = NULL;
+	size_t cap = 0, devices = 0;
+	const char *path;
+	FILE *f;
+
+	(void)state;
+	path = mountinfo(text = whole("/proc/self/mountinfo"));
+	assert_int_equal(fstype_mounts_read(path, &t), 0);
+	assert_true(t.n > 0);
+	assert_non_null(f = fopen(path, "re"));
+	while (getline(&line, &cap, f) != -1) {
+		unsigned major, minor;
+
+		assert_int_equal(sscanf(line, "%*u %*u %u:%u", &major, &minor), 2);
+		for (unsigned m = minor; m <= minor + 1; m++) {
+			int err = fstype_of_dev(path, makedev(major, m), &each);
+
+			memset(&fs, 0, sizeof(fs));
+			assert_int_equal(fstype_mounts_find(&t, makedev(major, m), &fs), err);
+			if (err == 0)
+				assert_memory_equal(&fs, &each, sizeof(fs));
+		}
+		devices++;
+	}
+	assert_int_equal(devices, t.n);
+	free(line);
+	fclose(f);
+	unlink(path);
+	free(text);
+	fstype_mounts_free(&t);
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_names),
 		cmocka_unit_test(test_device_in_mountinfo),
+		cmocka_unit_test(test_mount_table),
 		cmocka_unit_test(test_own_mount_table),
+		cmocka_unit_test(test_own_mount_table_once),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
