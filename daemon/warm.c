@@ -6,8 +6,9 @@
  * serving 4 KiB page faults one at a time. Finished jobs go on a done list
  * and one uv_async_t wakes the loop, which delivers each job's done callback
  * exactly once on the loop thread. Cancellation is an atomic flag the thread
- * checks between chunks; pacing waits on the pool's condition variable, so
- * cancel and close interrupt it at once.
+ * checks between chunks; pacing waits on a condition variable of its own
+ * (pace_cv), which cancel and close broadcast, so they interrupt it at once
+ * and a new job's signal on cv always reaches an idle thread.
  *
  * Locking: pool->mu protects the queue, the done list, the running slots,
  * job->state and pool->closing. A job's bytes and cancel flag are atomics.
@@ -72,7 +73,10 @@ struct warm_pool {
 	uv_loop_t *loop;
 	uv_async_t async;
 	pthread_mutex_t mu;
-	pthread_cond_t cv;        /* work queued, a job cancelled, or closing */
+	pthread_cond_t cv;        /* idle threads: work queued, a remote job ended, closing */
+	pthread_cond_t pace_cv;   /* pacing waits: a job cancelled, or closing. Apart from
+				     cv, so that warm_submit's signal wakes an idle
+				     thread, never one that goes back to its pacing wait */
 	struct job_list queue;
 	struct job_list done;
 	struct warm_job **running; /* one slot per thread */
@@ -177,7 +181,7 @@ pace_wait(struct warm_pool *pool, struct warm_job *job, uint64_t bytes)
 
 	pthread_mutex_lock(&pool->mu);
 	while (!atomic_load(&job->cancel) && !pool->closing && now_ns() < due)
-		if (pthread_cond_timedwait(&pool->cv, &pool->mu, &ts) == ETIMEDOUT)
+		if (pthread_cond_timedwait(&pool->pace_cv, &pool->mu, &ts) == ETIMEDOUT)
 			break;
 	pthread_mutex_unlock(&pool->mu);
 }
@@ -411,6 +415,7 @@ join_threads(struct warm_pool *pool, unsigned n, const struct timespec *deadline
 		if (pool->running[i] != NULL)
 			atomic_store(&pool->running[i]->cancel, true);
 	pthread_cond_broadcast(&pool->cv);
+	pthread_cond_broadcast(&pool->pace_cv);
 	pthread_mutex_unlock(&pool->mu);
 	for (unsigned i = pool->joined; i < n; i++) {
 		pthread_t t = pool->threads[i];
@@ -438,6 +443,7 @@ pool_free(struct warm_pool *pool)
 	if (pool->null_fd >= 0)
 		close(pool->null_fd);
 	pthread_cond_destroy(&pool->cv);
+	pthread_cond_destroy(&pool->pace_cv);
 	pthread_mutex_destroy(&pool->mu);
 	free(pool);
 }
@@ -527,6 +533,7 @@ warm_pool_new(uv_loop_t *loop, const struct warm_options *opt, struct warm_pool 
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&pool->cv, &ca);
+	pthread_cond_init(&pool->pace_cv, &ca);
 	pthread_condattr_destroy(&ca);
 
 	/* An array of pointers: sizeof(*pool->running) is one pointer.
@@ -633,7 +640,7 @@ warm_cancel(struct warm_pool *pool, struct warm_job *job)
 		if (atomic_exchange(&job->cancel, true))
 			ret = -EALREADY;
 		else
-			pthread_cond_broadcast(&pool->cv); /* interrupt a pacing wait */
+			pthread_cond_broadcast(&pool->pace_cv); /* interrupt a pacing wait */
 		break;
 	case JOB_FINISHED:
 		ret = -EALREADY;

@@ -116,6 +116,8 @@ pread(int fd, void *buf, size_t n, off_t off)
 	return syscall(SYS_pread64, fd, buf, n, off);
 }
 
+static double now_s(void);
+
 /* ---- fixture ------------------------------------------------------------ */
 
 /* What the callbacks saw for one job. */
@@ -578,6 +580,41 @@ test_cancel(void **state)
 	assert_int_equal(f->seen[2].res.status, 0);
 }
 
+/*
+ * A job submitted while one thread is in a pacing wait and another is idle
+ * runs on the idle one at once. (Both waited on one condition variable, and
+ * warm_submit's signal could wake the pacing thread, which went back to its
+ * wait: the job waited until the paced one ended, a minute here.) Paced to
+ * 1 MiB/s in 64 KiB chunks, so the pacing thread waits again every 62 ms;
+ * 20 small jobs, submitted at varied moments, must each end within 1 s.
+ */
+static void
+test_submit_wakes_an_idle_thread(void **state)
+{
+	struct fixture *f = *state;
+
+	make_big(f);
+	new_pool(f, 2, 64 * 1024, 0, 1ull * MiB);
+	submit(f, 1, f->big_fd, NULL, 0, BIG_SIZE, false);
+	while (warm_job_bytes(f->jobs[0]) == 0)
+		uv_sleep(1);
+	for (int i = 2; i <= 21; i++) {
+		double t0;
+
+		uv_sleep((unsigned)(i * 37 % 70));
+		t0 = now_s();
+		submit(f, i, f->big_fd, NULL, 0, 4096, false);
+		while (f->seen[i - 1].done_calls == 0 && now_s() - t0 < 5.0)
+			uv_run(&f->loop, UV_RUN_NOWAIT);
+		assert_int_equal(f->seen[i - 1].done_calls, 1);
+		assert_int_equal(f->seen[i - 1].res.status, 0);
+		assert_true(now_s() - t0 < 1.0);
+	}
+	assert_int_equal(f->seen[0].done_calls, 0); /* still paced */
+	assert_int_equal(warm_cancel(f->pool, f->jobs[0]), 0);
+	assert_true(run_until(&f->loop, &f->completed, 21));
+}
+
 /* ---- remote jobs ------------------------------------------------------- */
 
 /* Submits [0, len) of fd as job number i, reading a remote filesystem. */
@@ -694,8 +731,6 @@ done_then_close(struct warm_job *job, const struct warm_result *res, void *cooki
  * closed. Once the read returns, the close ends: the running job is
  * delivered as cancelled.
  */
-static double now_s(void);
-
 static void
 test_close_within_hung_read(void **state)
 {
@@ -1361,6 +1396,7 @@ main(int argc, char **argv)
 		cmocka_unit_test_setup_teardown(test_close_in_flight, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_close_from_callback, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_close_within_hung_read, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_submit_wakes_an_idle_thread, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_read_errors, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_sendfile_fallback, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_invalid, setup, teardown),
