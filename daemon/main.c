@@ -664,7 +664,13 @@ shutdown_daemon(struct daemon *d)
 	uv_close((uv_handle_t *)&d->stall_timer, NULL);
 	uv_close((uv_handle_t *)&d->start_timer, NULL);
 	uv_close((uv_handle_t *)&d->checks_timer, NULL);
-	/* What is left are the threads' jobs, and their after callbacks. */
+	/* What is left are the threads' jobs, and their after callbacks. A
+	 * timer counts from the loop's time, which is still when this
+	 * iteration's poll returned (about begun): brought up to now, or the
+	 * time spent above would count twice (the timer fired at
+	 * max(spent, STOP_WAIT_MS - spent), 3 s after SIGTERM for a 3 s
+	 * close of the warm pool). */
+	uv_update_time(&d->loop);
 	spent_ms = (uv_hrtime() - begun) / 1000000u;
 	uv_timer_start(&d->stop_timer, on_stop_overdue,
 		spent_ms < STOP_WAIT_MS ? STOP_WAIT_MS - spent_ms : 0, 0);

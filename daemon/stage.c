@@ -199,7 +199,7 @@ check_cancelled(const struct stage_request *req)
 	return 0;
 }
 
-static int check_unchanged(const struct stage_file *f);
+static int check_unchanged(const struct stage_file *f, bool during);
 
 /*
  * Between two requests of the copy: when STAGE_CHECK_INTERVAL has passed
@@ -219,7 +219,7 @@ check_sources_now_and_then(const struct stage_request *req, struct copy_run *run
 		return 0;
 	run->next_check = now + STAGE_CHECK_INTERVAL;
 	for (size_t i = 0; i < run->n && err == 0; i++)
-		err = check_unchanged(&run->fs[i]);
+		err = check_unchanged(&run->fs[i], true);
 	if (err < 0 && (cancelled = check_cancelled(req)) < 0)
 		return cancelled;
 	return err;
@@ -313,24 +313,40 @@ same_mtime(const struct stat *a, const struct stat *b)
 	return a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
 }
 
-/* Is f's source still the file it was when it was opened: the same size and
- * mtime, and still the inode its path names? 0, or -ESTALE saying how not. */
+/*
+ * Is f's source still the file it was when it was opened: the same size and
+ * mtime, and still the inode its path names? 0, or -ESTALE saying how not.
+ * Only ENOENT or ENOTDIR says the path is gone: a stat failing otherwise
+ * (EIO or ETIMEDOUT from a soft NFS mount, a FUSE server's hiccup, EINTR)
+ * is no answer. During the copy (about once a second, so that one flaky
+ * answer in a long copy is nearly certain) no answer lets the copy go on;
+ * the check after the copy, which vouches for it, fails on it, naming the
+ * error.
+ */
 static int
-check_unchanged(const struct stage_file *f)
+check_unchanged(const struct stage_file *f, bool during)
 {
 	struct stat now;
+	int e;
 
-	if (fstat(f->in, &now) == -1)
-		return io_error(-errno, "checking", f->src);
-	if (now.st_size != f->st.st_size)
+	if (fstat(f->in, &now) == -1) {
+		if (!during)
+			return io_error(-errno, "checking", f->src);
+	} else if (now.st_size != f->st.st_size) {
 		return error_set(-ESTALE, "cannot stage it: %s changed during the copy (%jd bytes, then %jd); "
 			"replace model files with rename(2), never in place", f->src,
 			(intmax_t)f->st.st_size, (intmax_t)now.st_size);
-	if (!same_mtime(&now, &f->st))
+	} else if (!same_mtime(&now, &f->st)) {
 		return error_set(-ESTALE, "cannot stage it: %s changed during the copy (its mtime moved); "
 			"replace model files with rename(2), never in place", f->src);
-	if (stat(f->src, &now) == -1)
-		return error_set(-ESTALE, "cannot stage it: %s was removed during the copy", f->src);
+	}
+	if (stat(f->src, &now) == -1) {
+		e = errno;
+		if (e == ENOENT || e == ENOTDIR)
+			return error_set(-ESTALE, "cannot stage it: %s was removed during the copy",
+				f->src);
+		return during ? 0 : io_error(-e, "checking", f->src);
+	}
 	if (now.st_dev != f->st.st_dev || now.st_ino != f->st.st_ino)
 		return error_set(-ESTALE, "cannot stage it: %s was replaced during the copy; the new file is "
 			"staged by the next load", f->src);
@@ -685,7 +701,7 @@ stage_copy(struct stage_request *req)
 	for (size_t i = 0; i < n && err == 0; i++)
 		err = copy_file(req, &run, &fs[i], dfd);
 	for (size_t i = 0; i < n && err == 0; i++)
-		err = check_unchanged(&fs[i]);
+		err = check_unchanged(&fs[i], false);
 	if (err == 0)
 		err = check_cancelled(req);
 	if (err == 0 && (err = publish(req, sfd, tmpname, &dir)) == 0 && dir == NULL)

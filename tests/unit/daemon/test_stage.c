@@ -53,11 +53,16 @@ ssize_t __real_sendfile(int out, int in, off_t *off, size_t count);
 ssize_t __wrap_sendfile(int out, int in, off_t *off, size_t count);
 int __real_statvfs(const char *path, struct statvfs *buf);
 int __wrap_statvfs(const char *path, struct statvfs *buf);
+int __real_stat(const char *path, struct stat *buf);
+int __wrap_stat(const char *path, struct stat *buf);
 
 static int (*copy_hook)(unsigned call); /* returns an errno to fail with, or 0 */
 static unsigned copy_calls, sendfile_calls;
 static int sendfile_errno;              /* nonzero: sendfile fails with it */
 static uint64_t statvfs_free;           /* nonzero: the free bytes statvfs reports */
+static const char *stat_fail_path;      /* stat() of this path fails with stat_errno */
+static int stat_errno;
+static int stat_failures;               /* ... this many times (-1: every time) */
 
 ssize_t
 __wrap_copy_file_range(int in, off_t *in_off, int out, off_t *out_off, size_t len,
@@ -99,6 +104,18 @@ __wrap_statvfs(const char *path, struct statvfs *buf)
 	return r;
 }
 
+int
+__wrap_stat(const char *path, struct stat *buf)
+{
+	if (stat_fail_path != NULL && stat_failures != 0 && strcmp(path, stat_fail_path) == 0) {
+		if (stat_failures > 0)
+			stat_failures--;
+		errno = stat_errno;
+		return -1;
+	}
+	return __real_stat(path, buf);
+}
+
 /* ---- fixture ------------------------------------------------------------- */
 
 struct fixture {
@@ -127,6 +144,8 @@ setup(void **state)
 	copy_calls = sendfile_calls = 0;
 	sendfile_errno = 0;
 	statvfs_free = 0;
+	stat_fail_path = NULL;
+	stat_errno = stat_failures = 0;
 	fx = f;
 	*state = f;
 	return 0;
@@ -558,6 +577,74 @@ test_shard_removed_early_in_a_long_copy(void **state)
 	copy_hook = remove_shard_in_a_slow_request; /* of 5 requests: 3, 1, and the index */
 	assert_stopped_after_one_request(f, "s-2.safetensors was removed during the copy");
 	free(ipath);
+}
+
+/*
+ * A stat of a source that fails without saying the file is gone (EIO from
+ * a soft NFS mount or a FUSE server that hiccups, EINTR, ETIMEDOUT): the
+ * periodic check during the copy is no proof of anything, so the copy goes
+ * on, and the check after the copy, which vouches for it, passes. A long
+ * copy makes one such stat a second: a single flaky answer must not throw
+ * twenty minutes of copying away as "removed".
+ */
+static char *flaky_path;
+
+static int
+flaky_stat_in_a_slow_request(unsigned call)
+{
+	if (call == 0) {
+		stat_fail_path = flaky_path;
+		stat_errno = EIO;
+		stat_failures = 1;
+		slow_request();
+	}
+	return 0;
+}
+
+static void
+test_flaky_stat_during_a_long_copy(void **state)
+{
+	struct fixture *f = *state;
+
+	add_source(f, "model.safetensors", 40 * MiB, 24); /* 5 requests */
+	flaky_path = path_join(f->src, "model.safetensors");
+	make_request(f, flaky_path);
+	copy_hook = flaky_stat_in_a_slow_request;
+	assert_int_equal(stage_copy(&f->req), 0);
+	assert_int_equal(stat_failures, 0); /* the periodic check did ask */
+	assert_same_file(f->req.dir, "model.safetensors", &f->files[0]);
+	free(flaky_path);
+	flaky_path = NULL;
+}
+
+/* A source whose stat keeps failing (EIO) cannot be vouched for: the copy
+ * fails, and says what failed, not that the file was removed. */
+static int
+failing_stat(unsigned call)
+{
+	if (call == 0) {
+		stat_fail_path = flaky_path;
+		stat_errno = EIO;
+		stat_failures = -1;
+	}
+	return 0;
+}
+
+static void
+test_failing_stat_is_not_a_removal(void **state)
+{
+	struct fixture *f = *state;
+
+	add_source(f, "model.safetensors", 1 * MiB, 25);
+	flaky_path = path_join(f->src, "model.safetensors");
+	make_request(f, flaky_path);
+	copy_hook = failing_stat;
+	assert_int_equal(stage_copy(&f->req), -EIO);
+	assert_null(strstr(error_get(), "removed during the copy"));
+	assert_non_null(strstr(error_get(), "EIO"));
+	assert_int_equal(tu_count_entries(f->stage_dir), 0);
+	free(flaky_path);
+	flaky_path = NULL;
 }
 
 /* The source truncated during the copy: it ends early. */
@@ -1210,6 +1297,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_replaced_early_in_a_long_copy, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_shard_removed_early_in_a_long_copy, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(test_flaky_stat_during_a_long_copy, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_failing_stat_is_not_a_removal, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_truncated_during_copy, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_copy_errors, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_no_space, setup, teardown),
