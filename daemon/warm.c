@@ -402,8 +402,8 @@ on_async(uv_async_t *handle)
 	}
 }
 
-/* Stops the threads and joins the first n; with a deadline (CLOCK_REALTIME,
- * as pthread_timedjoin_np takes it) it leaves those still running then.
+/* Stops the threads and joins the first n; with a deadline (CLOCK_MONOTONIC:
+ * a step of the wall clock moves no stop) it leaves those still running then.
  * Joined threads move to the front of pool->threads (only joins use it), so
  * that a later call waits for the others only. The number not joined. */
 static unsigned
@@ -422,7 +422,7 @@ join_threads(struct warm_pool *pool, unsigned n, const struct timespec *deadline
 
 		if (deadline == NULL)
 			pthread_join(t, NULL);
-		else if (pthread_timedjoin_np(t, NULL, deadline) != 0)
+		else if (pthread_clockjoin_np(t, NULL, CLOCK_MONOTONIC, deadline) != 0)
 			continue; /* the deadline has passed: the rest are only reaped */
 		pool->threads[i] = pool->threads[pool->joined];
 		pool->threads[pool->joined++] = t;
@@ -722,7 +722,7 @@ warm_pool_close_within(struct warm_pool *pool, unsigned ms)
 {
 	struct timespec deadline;
 
-	clock_gettime(CLOCK_REALTIME, &deadline);
+	clock_gettime(CLOCK_MONOTONIC, &deadline);
 	deadline.tv_sec += (time_t)(ms / 1000u);
 	deadline.tv_nsec += (long)(ms % 1000u) * 1000000L;
 	if (deadline.tv_nsec >= 1000000000L) {
