@@ -31,3 +31,20 @@ def no_daemon(tmp_path, monkeypatch):
     so._shared = None
     yield path
     so._shared = None
+
+
+@pytest.fixture
+def cpu_device(monkeypatch):
+    """device="cuda:0" runs the engine on CpuBackend (refusing nothing), so
+    safe_open's device path is exercised on a machine without a GPU."""
+    from wcache import _device
+    from wcache._device import CpuBackend
+    made = []
+
+    def backend_for(device):
+        made.append(CpuBackend())
+        return made[-1]
+    monkeypatch.setattr(_device, "backend_for", backend_for)
+    monkeypatch.setattr(_device, "SMALL_COPY", 0)
+    monkeypatch.setattr(_device.to_device, "__defaults__", (None, None, 0))
+    return made
