@@ -1,7 +1,10 @@
 /*
- * fdstore.c: the names and the description of what wcached keeps in
- * systemd's file descriptor store (see fdstore.h, and proto/PROTOCOL.md,
- * "The file descriptor store").
+ * fdstore.c: the description of what wcached keeps in systemd's file
+ * descriptor store, as bytes (see fdstore.h, and proto/PROTOCOL.md, "The
+ * file descriptor store"): encoding and decoding it, comparing and freeing
+ * a decoded one, and the sealed memfd that carries it across a restart.
+ * The names of the stored descriptors are fdstore_name.c's, the rules a
+ * description obeys fdstore_check.c's.
  *
  * One set of rules for both directions: fdstore_check() says what a
  * description may hold; the encoder refuses what it refuses, and the
@@ -19,15 +22,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/error.h"
 #include "base/path.h"
 #include "proto/le.h"
-#include "proto/wire.h"
-#include "notify.h"
 
 /* The smallest encoding of each record, to bound a count by the bytes
  * left before allocating for it: a string is at least 2 + 1 bytes. */
@@ -42,342 +42,8 @@
 #define MIN_FILE (MIN_FILE_V3 + 2u * 8u)          /* and the origin's dev, ino */
 #define ARTIFACT_FIXED (8u + 8u + 8u + 4u + 4u + 8u) /* source, sizes, uid, pid, build ms */
 #define MIN_ARTIFACT (3u * MIN_STRING + ARTIFACT_FIXED)
-#define STATUS_MIN 16u
-#define STATUS_MAX (1u << 20)
 
 _Static_assert(sizeof(FDSTORE_MAGIC) - 1 == 8, "the magic is 8 bytes");
-_Static_assert(FDSTORE_MAX_FDNAME == NOTIFY_MAX_FDNAME, "one limit for FDNAME=");
-
-/* ---- names ---------------------------------------------------------------- */
-
-static int
-name_result(int n, size_t cap)
-{
-	if (n < 0 || (size_t)n >= cap)
-		return error_set(-ENAMETOOLONG, "fdstore: a %zu-byte buffer is too small for "
-			"a name", cap);
-	return n;
-}
-
-int
-fdstore_name_index(char *buf, size_t cap, uint64_t slot, uint64_t gen)
-{
-	return name_result(snprintf(buf, cap, "wc-%" PRIu64 "-%" PRIu64 "-i", slot, gen), cap);
-}
-
-int
-fdstore_name_file(char *buf, size_t cap, uint64_t slot, uint64_t gen, uint32_t k)
-{
-	return name_result(snprintf(buf, cap, "wc-%" PRIu64 "-%" PRIu64 "-%" PRIu32, slot, gen,
-		k), cap);
-}
-
-int
-fdstore_name_artifact(char *buf, size_t cap, uint64_t slot, uint64_t n)
-{
-	return name_result(snprintf(buf, cap, "wc-%" PRIu64 "-d%" PRIu64 "-a", slot, n), cap);
-}
-
-int
-fdstore_name_artifact_index(char *buf, size_t cap, uint64_t slot, uint64_t n)
-{
-	return name_result(snprintf(buf, cap, "wc-%" PRIu64 "-d%" PRIu64 "-i", slot, n), cap);
-}
-
-/* A decimal number at *p up to the next '-' or the end, without leading
- * zeros or overflow; advances *p past it. */
-static int
-name_number(const char **p, uint64_t max, uint64_t *out)
-{
-	const char *s = *p;
-	uint64_t v = 0;
-
-	if (*s < '0' || *s > '9' || (*s == '0' && s[1] >= '0' && s[1] <= '9'))
-		return -1;
-	for (; *s >= '0' && *s <= '9'; s++) {
-		if (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, (uint64_t)(*s - '0'), &v))
-			return -1;
-	}
-	if (v > max)
-		return -1;
-	*p = s;
-	*out = v;
-	return 0;
-}
-
-int
-fdstore_name_parse(const char *name, struct fdstore_name *out)
-{
-	struct fdstore_name n = { 0 };
-	const char *p = name;
-	uint64_t k;
-
-	if (strcmp(name, FDSTORE_NAME_STATUS) == 0) {
-		out->kind = FDSTORE_NAME_KIND_STATUS;
-		return 0;
-	}
-	if (strcmp(name, FDSTORE_NAME_DESC) == 0) {
-		out->kind = FDSTORE_NAME_KIND_DESC;
-		return 0;
-	}
-	if (strncmp(p, FDSTORE_NAME_PREFIX, strlen(FDSTORE_NAME_PREFIX)) != 0)
-		return error_set(-EINVAL, "fdstore: \"%.64s\": not a name of wcached's", name);
-	p += strlen(FDSTORE_NAME_PREFIX);
-	if (name_number(&p, UINT64_MAX, &n.slot) < 0 || n.slot == 0 || *p++ != '-')
-		return error_set(-EINVAL, "fdstore: \"%.64s\": not wc-<slot>-<generation>-...",
-			name);
-	/* A derived artifact's: wc-<slot>-d<n>-a or -i. */
-	if (*p == 'd') {
-		p++;
-		if (name_number(&p, UINT64_MAX, &n.artifact) < 0 || n.artifact == 0 ||
-			p[0] != '-' || (p[1] != 'a' && p[1] != 'i') || p[2] != '\0')
-			return error_set(-EINVAL, "fdstore: \"%.64s\": not wc-<slot>-d<artifact>-a "
-				"or -i", name);
-		n.kind = p[1] == 'a' ? FDSTORE_NAME_KIND_ARTIFACT : FDSTORE_NAME_KIND_ARTIFACT_INDEX;
-		*out = n;
-		return 0;
-	}
-	if (name_number(&p, UINT64_MAX, &n.generation) < 0 || n.generation == 0 || *p++ != '-')
-		return error_set(-EINVAL, "fdstore: \"%.64s\": not wc-<slot>-<generation>-...",
-			name);
-	if (p[0] == 'i' && p[1] == '\0') {
-		n.kind = FDSTORE_NAME_KIND_INDEX;
-	} else if (name_number(&p, FDSTORE_MAX_FILES - 1, &k) == 0 && *p == '\0') {
-		n.kind = FDSTORE_NAME_KIND_FILE;
-		n.file = (uint32_t)k;
-	} else {
-		return error_set(-EINVAL, "fdstore: \"%.64s\": ends in neither \"i\" nor a file "
-			"number below %u", name, FDSTORE_MAX_FILES);
-	}
-	*out = n;
-	return 0;
-}
-
-/* ---- the rules -------------------------------------------------------------- */
-
-/* Whether a string field is 1 .. max bytes without NUL (and, for fdnames,
- * valid): the message names the field. */
-static int
-check_string(const char *s, size_t max, int fdname, const char *where, const char *field)
-{
-	size_t len;
-
-	if (s == NULL)
-		return error_set(-EINVAL, "fdstore: %s: %s: missing", where, field);
-	len = strnlen(s, max + 1);
-	if (len == 0 || len > max)
-		return error_set(-EINVAL, "fdstore: %s: %s: %zu bytes, not 1 to %zu", where,
-			field, len, max);
-	if (fdname && !notify_fdname_valid(s, len))
-		return error_set(-EINVAL, "fdstore: %s: %s \"%s\": not a valid FDNAME (printable "
-			"ASCII, no ':')", where, field, s);
-	if (fdname && (strcmp(s, FDSTORE_NAME_STATUS) == 0 || strcmp(s, FDSTORE_NAME_DESC) == 0))
-		return error_set(-EINVAL, "fdstore: %s: %s \"%s\": reserved name", where, field, s);
-	return 0;
-}
-
-static int
-compare_strings(const void *a, const void *b)
-{
-	return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-/* Sorts n strings and reports the first one that appears twice. */
-static int
-check_unique(const char **v, size_t n, const char *what)
-{
-	if (n < 2)
-		return 0; /* and v may be NULL: qsort() must not see it */
-	qsort(v, n, sizeof(*v), compare_strings);
-	for (size_t i = 1; i < n; i++)
-		if (strcmp(v[i - 1], v[i]) == 0)
-			return error_set(-EINVAL, "fdstore: %s \"%.255s\" appears twice", what, v[i]);
-	return 0;
-}
-
-static int
-check_generation(const struct fdstore_model *m, uint32_t gi, const char *mwhere, size_t *nfds)
-{
-	const struct fdstore_generation *g = &m->generations[gi];
-	char where[1400], fwhere[1500];
-	int r;
-
-	snprintf(where, sizeof(where), "%s: generation %" PRIu32 " (%" PRIu64 ")", mwhere, gi,
-		g->number);
-	if (g->number == 0 || g->number > m->last_generation)
-		return error_set(-EINVAL, "fdstore: %s: number: not 1 to the last generation %"
-			PRIu64, where, m->last_generation);
-	if (g->role < FDSTORE_CURRENT || g->role > FDSTORE_HELD)
-		return error_set(-EINVAL, "fdstore: %s: role: %u is not current (1), pending (2) "
-			"or held (3)", where, g->role);
-	if (g->pin > FDSTORE_MAX_PIN)
-		return error_set(-EINVAL, "fdstore: %s: pin: %u is not 0 to %u", where, g->pin,
-			(unsigned)FDSTORE_MAX_PIN);
-	if ((r = check_string(g->index_fdname, FDSTORE_MAX_FDNAME, 1, where, "index fdname")) < 0)
-		return r;
-	if (g->index_size == 0 || g->index_size > UINT32_MAX)
-		return error_set(-EINVAL, "fdstore: %s: index size: %" PRIu64 " bytes, not 1 to %"
-			PRIu32, where, g->index_size, UINT32_MAX);
-	if (g->nfiles == 0 || g->nfiles > FDSTORE_MAX_FILES || g->files == NULL)
-		return error_set(-EINVAL, "fdstore: %s: file count: %" PRIu32 ", not 1 to %u",
-			where, g->nfiles, FDSTORE_MAX_FILES);
-	for (uint32_t k = 0; k < g->nfiles; k++) {
-		snprintf(fwhere, sizeof(fwhere), "%s: file %" PRIu32, where, k);
-		if ((r = check_string(g->files[k].fdname, FDSTORE_MAX_FDNAME, 1, fwhere,
-			     "fdname")) < 0)
-			return r;
-	}
-	*nfds += 1 + g->nfiles;
-	return 0;
-}
-
-/* Is name fdname of kind for artifact number *n of slot (*n 0: any, and
- * then set)? */
-static int
-artifact_name(const char *fdname, enum fdstore_name_kind kind, uint64_t slot, uint64_t *n)
-{
-	struct fdstore_name parsed;
-
-	if (fdstore_name_parse(fdname, &parsed) < 0 || parsed.kind != kind ||
-		parsed.slot != slot || (*n != 0 && parsed.artifact != *n))
-		return 0;
-	*n = parsed.artifact;
-	return 1;
-}
-
-static int
-check_artifact(const struct fdstore_model *m, uint32_t ai, const char *mwhere, size_t *nfds)
-{
-	const struct fdstore_artifact *a = &m->artifacts[ai];
-	char where[1400];
-	uint64_t n = 0;
-	int r, described = 0;
-
-	snprintf(where, sizeof(where), "%s: artifact %" PRIu32, mwhere, ai);
-	if ((r = check_string(a->key, FDSTORE_MAX_KEY, 0, where, "key")) < 0)
-		return r;
-	if (!wire_key_valid(a->key, strlen(a->key)))
-		return error_set(-EINVAL, "fdstore: %s: key \"%s\": not a derived artifact key "
-			"([A-Za-z0-9._+-])", where, a->key);
-	snprintf(where, sizeof(where), "%s: artifact %" PRIu32 " (\"%s\" of generation %" PRIu64
-		")", mwhere, ai, a->key, a->source);
-	for (uint32_t g = 0; g < m->ngenerations; g++)
-		described += m->generations[g].number == a->source;
-	if (!described)
-		return error_set(-EINVAL, "fdstore: %s: source: generation %" PRIu64 " is not "
-			"described for the model", where, a->source);
-	for (uint32_t b = 0; b < ai; b++)
-		if (m->artifacts[b].source == a->source && strcmp(m->artifacts[b].key, a->key) == 0)
-			return error_set(-EINVAL, "fdstore: %s: appears twice", where);
-	if ((r = check_string(a->fdname, FDSTORE_MAX_FDNAME, 1, where, "fdname")) < 0 ||
-		(r = check_string(a->index_fdname, FDSTORE_MAX_FDNAME, 1, where,
-			 "index fdname")) < 0)
-		return r;
-	if (!artifact_name(a->fdname, FDSTORE_NAME_KIND_ARTIFACT, m->slot, &n))
-		return error_set(-EINVAL, "fdstore: %s: fdname \"%s\": not wc-%" PRIu64 "-d<n>-a",
-			where, a->fdname, m->slot);
-	if (!artifact_name(a->index_fdname, FDSTORE_NAME_KIND_ARTIFACT_INDEX, m->slot, &n))
-		return error_set(-EINVAL, "fdstore: %s: index fdname \"%s\": not wc-%" PRIu64
-			"-d%" PRIu64 "-i", where, a->index_fdname, m->slot, n);
-	if (a->size == 0 || a->size > INT64_MAX)
-		return error_set(-EINVAL, "fdstore: %s: size: %" PRIu64 " bytes, not 1 to 2^63 - 1",
-			where, a->size);
-	if (a->index_size == 0 || a->index_size > UINT32_MAX)
-		return error_set(-EINVAL, "fdstore: %s: index size: %" PRIu64 " bytes, not 1 to %"
-			PRIu32, where, a->index_size, UINT32_MAX);
-	if (a->builder_pid == 0 || a->builder_pid > INT32_MAX)
-		return error_set(-EINVAL, "fdstore: %s: builder pid: %" PRIu32 " is not 1 to %"
-			PRId32, where, a->builder_pid, INT32_MAX);
-	*nfds += 2;
-	return 0;
-}
-
-int
-fdstore_check(const struct fdstore_desc *d)
-{
-	const char **names = NULL, **fdnames = NULL;
-	size_t nfds = 0, nn = 0;
-	char where[1200];
-	int r = 0;
-
-	if (d->status_size < STATUS_MIN || d->status_size > STATUS_MAX || d->status_size % 8 != 0)
-		return error_set(-EINVAL, "fdstore: status size: %" PRIu64 " bytes, not a multiple "
-			"of 8 from %u to %u", d->status_size, STATUS_MIN, STATUS_MAX);
-	if (d->nmodels > FDSTORE_MAX_MODELS || (d->nmodels > 0 && d->models == NULL))
-		return error_set(-EINVAL, "fdstore: model count: %" PRIu32 ", more than %u",
-			d->nmodels, FDSTORE_MAX_MODELS);
-	for (uint32_t i = 0; i < d->nmodels; i++) {
-		const struct fdstore_model *m = &d->models[i];
-		int current = 0, pending = 0;
-
-		snprintf(where, sizeof(where), "model %" PRIu32 " (\"%.1024s\")", i,
-			m->name != NULL ? m->name : "");
-		if ((r = check_string(m->name, FDSTORE_MAX_MODEL_NAME, 0, where, "name")) < 0 ||
-			(r = check_string(m->path, FDSTORE_MAX_PATH, 0, where, "path")) < 0)
-			return r;
-		if (m->path[0] != '/')
-			return error_set(-EINVAL, "fdstore: %s: path: not absolute", where);
-		if (m->slot == 0 || m->slot >= d->status_size / 8)
-			return error_set(-EINVAL, "fdstore: %s: slot: %" PRIu64 " is not 1 to %" PRIu64,
-				where, m->slot, d->status_size / 8 - 1);
-		for (uint32_t j = 0; j < i; j++)
-			if (d->models[j].slot == m->slot)
-				return error_set(-EINVAL, "fdstore: %s: slot: %" PRIu64 " is model "
-					"%" PRIu32 "'s too", where, m->slot, j);
-		if (m->ngenerations > FDSTORE_MAX_GENERATIONS ||
-			(m->ngenerations > 0 && m->generations == NULL))
-			return error_set(-EINVAL, "fdstore: %s: generation count: %" PRIu32 ", more "
-				"than %u", where, m->ngenerations, FDSTORE_MAX_GENERATIONS);
-		for (uint32_t g = 0; g < m->ngenerations; g++) {
-			if ((r = check_generation(m, g, where, &nfds)) < 0)
-				return r;
-			current += m->generations[g].role == FDSTORE_CURRENT;
-			pending += m->generations[g].role == FDSTORE_PENDING;
-			for (uint32_t h = 0; h < g; h++)
-				if (m->generations[h].number == m->generations[g].number)
-					return error_set(-EINVAL, "fdstore: %s: generation %" PRIu64
-						" appears twice", where, m->generations[g].number);
-		}
-		if (current > 1 || pending > 1)
-			return error_set(-EINVAL, "fdstore: %s: %d current and %d pending "
-				"generations (at most one each)", where, current, pending);
-		if (m->nartifacts > FDSTORE_MAX_ARTIFACTS ||
-			(m->nartifacts > 0 && m->artifacts == NULL))
-			return error_set(-EINVAL, "fdstore: %s: artifact count: %" PRIu32 ", more "
-				"than %u", where, m->nartifacts, FDSTORE_MAX_ARTIFACTS);
-		for (uint32_t a = 0; a < m->nartifacts; a++)
-			if ((r = check_artifact(m, a, where, &nfds)) < 0)
-				return r;
-		if (nfds > FDSTORE_MAX_FDS)
-			return error_set(-EINVAL, "fdstore: %s: more than %u descriptors in all",
-				where, FDSTORE_MAX_FDS);
-	}
-	/* Unique over the description: model names, and every fdname. */
-	if ((names = calloc((size_t)d->nmodels + 1, sizeof(*names))) == NULL ||
-		(fdnames = calloc(nfds + 1, sizeof(*fdnames))) == NULL) {
-		free(names);
-		return error_set(-ENOMEM, "fdstore: out of memory");
-	}
-	for (uint32_t i = 0; i < d->nmodels; i++) {
-		names[i] = d->models[i].name;
-		for (uint32_t g = 0; g < d->models[i].ngenerations; g++) {
-			const struct fdstore_generation *gen = &d->models[i].generations[g];
-
-			fdnames[nn++] = gen->index_fdname;
-			for (uint32_t k = 0; k < gen->nfiles; k++)
-				fdnames[nn++] = gen->files[k].fdname;
-		}
-		for (uint32_t a = 0; a < d->models[i].nartifacts; a++) {
-			fdnames[nn++] = d->models[i].artifacts[a].fdname;
-			fdnames[nn++] = d->models[i].artifacts[a].index_fdname;
-		}
-	}
-	if ((r = check_unique(names, d->nmodels, "model name")) == 0)
-		r = check_unique(fdnames, nn, "fdname");
-	free(names);
-	free(fdnames);
-	return r;
-}
 
 /* ---- encoding ----------------------------------------------------------------- */
 
@@ -631,8 +297,8 @@ get_generation(struct in *in, struct fdstore_generation *g, const char *mwhere, 
 	g->holders = (uint32_t)v;
 	if ((r = get_string(in, FDSTORE_MAX_FDNAME, &g->index_fdname, where, "index fdname")) < 0 ||
 		(r = get_le(in, 8, &g->index_size, where, "index size")) < 0 ||
-		(r = get_count(in, FDSTORE_MAX_FILES, version < 4 ? MIN_FILE_V3 : MIN_FILE, &g->nfiles,
-			 where, "file count")) < 0)
+		(r = get_count(in, FDSTORE_MAX_FILES, version < 4 ? MIN_FILE_V3 : MIN_FILE,
+			 &g->nfiles, where, "file count")) < 0)
 		return r;
 	if (g->nfiles > 0 && (g->files = calloc(g->nfiles, sizeof(*g->files))) == NULL)
 		return error_set(-ENOMEM, "fdstore: out of memory");
@@ -860,7 +526,8 @@ fdstore_memfd_read(int fd, uint8_t **buf, size_t *len)
 	int seals;
 
 	if (fstat(fd, &st) < 0)
-		return error_set(-errno, "fdstore: %s: fstat: %s", FDSTORE_NAME_DESC, strerror(errno));
+		return error_set(-errno, "fdstore: %s: fstat: %s", FDSTORE_NAME_DESC,
+			strerror(errno));
 	seals = fcntl(fd, F_GET_SEALS);
 	if (!S_ISREG(st.st_mode) || seals < 0 || (seals & FDSTORE_SEALS) != FDSTORE_SEALS)
 		return error_set(-EBADMSG, "fdstore: %s: not a sealed memfd", FDSTORE_NAME_DESC);
@@ -879,7 +546,8 @@ fdstore_memfd_read(int fd, uint8_t **buf, size_t *len)
 			int e = n < 0 ? errno : EIO;
 
 			free(p);
-			return error_set(-e, "fdstore: %s: read: %s", FDSTORE_NAME_DESC, strerror(e));
+			return error_set(-e, "fdstore: %s: read: %s", FDSTORE_NAME_DESC,
+				strerror(e));
 		}
 		done += (size_t)n;
 	}

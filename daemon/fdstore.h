@@ -28,6 +28,10 @@
  * generation per model, one artifact per source generation and key, of a
  * generation the model describes). Every error is one line in error_get() naming the
  * field ("fdstore: model 2 (\"llama\"): generation 1: file 0: fdname: ...").
+ *
+ * Three files implement it, one concern each: fdstore_name.c the name
+ * scheme, fdstore_check.c the rules (fdstore_check()), fdstore.c the
+ * encoding, the decoding and the sealed memfd that carries the bytes.
  */
 #ifndef WC_FDSTORE_H
 #define WC_FDSTORE_H

@@ -1,5 +1,5 @@
 /*
- * fuzz_fdstore.c: libFuzzer harness for daemon/fdstore.c, the description
+ * fuzz_fdstore.c: libFuzzer harness for daemon/fdstore*.c, the description
  * of the registry that wcached will keep in systemd's file descriptor
  * store, and the names of the stored descriptors. Both come back from the
  * store on the next start and are untrusted.

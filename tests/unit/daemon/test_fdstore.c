@@ -1,5 +1,5 @@
 /*
- * test_fdstore.c: daemon/fdstore.c, the description of the registry that
+ * test_fdstore.c: daemon/fdstore*.c, the description of the registry that
  * wcached will keep in systemd's file descriptor store, and the names of
  * the stored descriptors.
  *
