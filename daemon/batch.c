@@ -1,0 +1,181 @@
+/*
+ * batch.c: the loads of the configured models, at start and on a config
+ * reload, as one batch that reports once when every load in it has ended:
+ * at start that is when wcached serves (or at start_wait_seconds, when a
+ * load hangs on a network filesystem), on reload when `wcachectl reload`
+ * answers. A warm restart's checks count in the start-up batch as loads.
+ * Also what is applied with each load (a model's access) and the warning
+ * when the models served do not fit under the memory limit.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "base/error.h"
+#include "config.h"
+#include "daemon.h"
+#include "generation.h"
+#include "log.h"
+#include "memlimit.h"
+#include "registry.h"
+#include "restore.h"
+
+/* Warns once loads end when the models served do not fit under the memory
+ * limit in force: the kernel would reclaim what was just warmed. */
+void
+batch_check_fit(struct daemon *d)
+{
+	uint64_t total = 0;
+	unsigned n = 0;
+	char src[400];
+
+	for (const struct model_entry *m = d->reg.models; m != NULL; m = m->next) {
+		if (m->current == NULL)
+			continue;
+		total += m->current->bytes;
+		n++;
+	}
+	if (d->mem.limit == 0 || total <= d->mem.limit)
+		return;
+	log_warnx("the %u model%s served (%" PRIu64 " MiB) do not fit under the memory limit "
+		  "in force (%" PRIu64 " MiB, %s): the kernel will reclaim warm pages and "
+		  "workers will read from disk; %s", n, n == 1 ? "" : "s", total >> 20,
+		d->mem.limit >> 20, memlimit_source(&d->mem, src, sizeof(src)),
+		d->mem.kind == MEMLIMIT_RAM ? "serve fewer models, or set memory_budget to keep "
+					      "the most used ones warm" :
+					      "raise or remove that limit (see README, "
+					      "\"Memory limits\"), or set memory_budget");
+}
+
+static void
+batch_step(struct batch *b)
+{
+	struct daemon *d = b->d;
+
+	if (b->pending > 0)
+		return;
+	if (d->start_batch == b) {
+		uv_timer_stop(&d->start_timer);
+		d->start_batch = NULL;
+	}
+	if (!b->early)
+		b->done(d, b->failed, b->arg);
+	else
+		log_info("every configured model's load has ended (%u failed)", b->failed);
+	free(b);
+}
+
+/* start_wait_seconds passed with start-up loads still running (a network
+ * filesystem that hangs, a long staging copy): serve the models that are
+ * ready; the others are served when their loads end. */
+void
+batch_on_start_wait(uv_timer_t *t)
+{
+	struct daemon *d = t->data;
+	struct batch *b = d->start_batch;
+	char names[256] = "";
+	size_t len = 0;
+
+	if (b == NULL)
+		return;
+	d->start_batch = NULL;
+	b->early = 1;
+	for (const struct model_entry *m = d->reg.models; m != NULL; m = m->next) {
+		int n;
+
+		if (m->loading == 0 || m->current != NULL || len >= sizeof(names))
+			continue;
+		n = snprintf(names + len, sizeof(names) - len, "%s\"%s\"", len ? ", " : "",
+			m->name);
+		len = n < 0 ? sizeof(names) : len + (size_t)n;
+	}
+	log_warnx("%u model%s still loading after %u s (start_wait_seconds): serving the "
+		  "others now; %s%s", b->pending, b->pending == 1 ? " is" : "s are",
+		d->cfg->start_wait_seconds, names, len >= sizeof(names) ? "..." : "");
+	b->done(d, b->failed, b->arg);
+}
+
+static void
+batch_load_done(int status, const char *message, uint64_t generation, void *arg)
+{
+	struct batch *b = arg;
+
+	(void)message;
+	(void)generation;
+	/* -ECANCELED: an unload or a newer load took its place (or wcached
+	 * stops), which is no failure of it. */
+	if (status < 0 && status != -ECANCELED)
+		b->failed++;
+	b->pending--;
+	batch_step(b);
+}
+
+/* Applies who may do what with a model: allow_users and allow_groups
+ * (attach), derive, derive_groups and derive_timeout (build artifacts). */
+void
+batch_set_access(struct daemon *d, const struct model_config *m)
+{
+	int restricted = m->allow_users != NULL || m->allow_groups != NULL;
+
+	if (registry_set_access(&d->reg, m->name, restricted, m->uids, m->n_uids, m->gids,
+		    m->n_gids) < 0 ||
+		registry_set_derive(&d->reg, m->name, m->derive, m->derive_gids, m->n_derive_gids,
+			m->derive_timeout) < 0 ||
+		registry_set_storage(&d->reg, m->name, m->watch, m->poll_interval_ms, m->stage) < 0)
+		log_errorx("%s", error_get());
+}
+
+void
+batch_load(struct batch *b, const struct model_config *m)
+{
+	if (registry_load(&b->d->reg, m->name, m->path, m->pin, m->warm, batch_load_done,
+		    b) < 0) {
+		log_errorx("%s; not served", error_get());
+		b->failed++;
+		return;
+	}
+	batch_set_access(b->d, m);
+	b->pending++;
+}
+
+/* A warm restart's check of a model ended (restore.h): served, or loaded
+ * afresh as configured now (a load that may fail). Gone (unloaded, or
+ * loaded anew meanwhile) is no failure, as a superseded load is none. */
+void
+batch_restore_done(const char *name, enum restore_result result, void *arg)
+{
+	struct batch *b = arg;
+	const struct model_config *m = NULL;
+
+	for (size_t i = 0; result == RESTORE_LOAD && i < b->d->cfg->n_models && m == NULL; i++)
+		if (strcmp(b->d->cfg->models[i].name, name) == 0)
+			m = &b->d->cfg->models[i];
+	if (m != NULL)
+		batch_load(b, m);
+	b->pending--;
+	batch_step(b);
+}
+
+struct batch *
+batch_new(struct daemon *d, void (*done)(struct daemon *, unsigned, void *), void *arg)
+{
+	struct batch *b = calloc(1, sizeof(*b));
+
+	if (b == NULL)
+		fatalx("out of memory");
+	b->d = d;
+	b->done = done;
+	b->arg = arg;
+	b->pending = 1; /* held until every load is queued */
+	return b;
+}
+
+void
+batch_release(struct batch *b)
+{
+	b->pending--;
+	batch_step(b);
+}

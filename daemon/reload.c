@@ -1,0 +1,161 @@
+/*
+ * reload.c: a config reload (SIGHUP, `wcachectl reload`): the new
+ * configuration is compared with the one in force, models are added,
+ * dropped or loaded again in one batch (batch.c), and only what changed is
+ * applied. Also the settings start-up applies the same way: the memory
+ * budget against the limit in force, and stage_dir.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+
+#include "base/error.h"
+#include "config.h"
+#include "daemon.h"
+#include "log.h"
+#include "memlimit.h"
+#include "notify.h"
+#include "registry.h"
+#include "stage.h"
+#include "watch.h"
+
+/*
+ * Reads the memory limit in force (memlimit.h: RAM, or the daemon's cgroup
+ * limit when smaller) into d->mem, logs it when it is new or changed, and
+ * returns cfg's memory budget in bytes (0: none): a percent budget is of
+ * that limit.
+ */
+uint64_t
+reload_memory_budget(struct daemon *d, const struct config *cfg)
+{
+	struct memlimit old = d->mem;
+	uint64_t budget;
+	char src[400];
+
+	memlimit_read("", memlimit_ram(), &d->mem);
+	budget = config_memory_budget(cfg, d->mem.limit);
+	if (d->mem.limit != old.limit || d->mem.kind != old.kind)
+		log_info("memory: %" PRIu64 " MiB in force (%s; RAM %" PRIu64 " MiB)%s",
+			d->mem.limit >> 20, memlimit_source(&d->mem, src, sizeof(src)),
+			d->mem.ram >> 20,
+			d->mem.kind == MEMLIMIT_RAM ? "" :
+				": wcached's cgroup pays for the page cache it warms, so the "
+				"warm set must fit under this limit");
+	if (budget > d->mem.limit && d->mem.kind != MEMLIMIT_RAM)
+		log_warnx("memory_budget (%" PRIu64 " MiB) is above the memory limit in force "
+			  "(%" PRIu64 " MiB, %s): the kernel reclaims warm models before the "
+			  "budget evicts any", budget >> 20, d->mem.limit >> 20,
+			memlimit_source(&d->mem, src, sizeof(src)));
+	return budget;
+}
+
+static void
+reload_model(enum config_change change, const struct model_config *old_model,
+	const struct model_config *new_model, unsigned changes, void *arg)
+{
+	struct batch *b = arg;
+
+	if (change == CONFIG_MODEL_REMOVED) {
+		registry_unload(&b->d->reg, old_model->name);
+		return;
+	}
+	if (change == CONFIG_MODEL_ADDED ||
+		(changes & (CONFIG_CHANGED_PATH | CONFIG_CHANGED_WARM | CONFIG_CHANGED_STAGE))) {
+		batch_load(b, new_model);
+		return;
+	}
+	/* Only who may attach, or what is pinned, changed: no new generation. */
+	if (changes & (CONFIG_CHANGED_ACCESS | CONFIG_CHANGED_DERIVE | CONFIG_CHANGED_WATCH))
+		batch_set_access(b->d, new_model);
+	if ((changes & CONFIG_CHANGED_PIN) &&
+		registry_pin(&b->d->reg, new_model->name, new_model->pin) < 0)
+		log_warnx("%s", error_get());
+}
+
+/* What a config reload reports to its requester when its loads end. */
+struct reload_request {
+	registry_done_fn done;
+	void *arg;
+};
+
+static void
+reload_finished(struct daemon *d, unsigned failed, void *arg)
+{
+	struct reload_request *req = arg;
+	char msg[128];
+
+	d->reloads--;
+	if (d->watch != NULL)
+		watch_sync(d->watch);
+	if (d->reloads == 0 && !d->stopping) {
+		notify_send("READY=1");
+		timers_send_status(d);
+	}
+	snprintf(msg, sizeof(msg), "configuration reloaded%s", failed ? "; some models failed" : "");
+	log_info("%s", msg);
+	batch_check_fit(d);
+	if (req != NULL && req->done != NULL)
+		req->done(failed ? -EIO : 0, failed ? "configuration reloaded; some models failed "
+						      "to load (see status)" :
+						      msg,
+			0, req->arg);
+	free(req);
+}
+
+/* Where staged copies go (stage.h): created if missing, given to uid:gid
+ * (as root before dropping privileges; (uid_t)-1 otherwise). A stage_dir
+ * that cannot be made is said once here; each model that must stage is
+ * then refused with the reason. */
+void
+reload_set_stage_dir(struct daemon *d, const struct config *cfg, uid_t uid, gid_t gid)
+{
+	/* Said at debug only: most hosts stage nothing, and a model that
+	 * must stage says why it cannot in its one line. */
+	if (stage_prepare_dir(cfg->stage_dir, uid, gid) < 0)
+		log_debug("%s; models that stage are refused until it can be", error_get());
+	if (registry_set_stage_dir(&d->reg, cfg->stage_dir) < 0)
+		log_errorx("%s", error_get());
+}
+
+/*
+ * Re-reads the configuration and adds, drops or reloads models; done (may
+ * be NULL) runs when every load it started has ended. For SIGHUP and for
+ * `wcachectl reload`.
+ */
+int
+reload_config(struct daemon *d, registry_done_fn done, void *arg)
+{
+	struct config *cfg;
+	struct reload_request *req;
+	struct batch *b;
+
+	if (config_load(d->config_path, &cfg) < 0) {
+		log_errorx("reload refused: %s", error_get());
+		return -EINVAL;
+	}
+	if ((req = calloc(1, sizeof(*req))) == NULL) {
+		config_free(cfg);
+		return error_set(-ENOMEM, "out of memory");
+	}
+	req->done = done;
+	req->arg = arg;
+	notify_send("RELOADING=1\nSTATUS=reloading %s", d->config_path);
+	log_info("reloading %s", d->config_path);
+	if (strcmp(cfg->socket_path, d->cfg->socket_path) != 0)
+		log_warnx("socket path changed to %s: takes effect after a restart",
+			cfg->socket_path);
+	log_setlevel(cfg->log_level);
+	d->reg.memory_budget = reload_memory_budget(d, cfg);
+	registry_enforce_budget(&d->reg);
+	reload_set_stage_dir(d, cfg, (uid_t)-1, (gid_t)-1);
+	d->reloads++;
+	b = batch_new(d, reload_finished, req);
+	config_diff(d->cfg, cfg, reload_model, b);
+	config_free(d->cfg);
+	d->cfg = cfg;
+	batch_release(b);
+	return 0;
+}
