@@ -52,6 +52,7 @@ struct daemon {
 	struct batch *start_batch;  /* the start-up loads, until they end or time out */
 	uv_timer_t checks_timer;  /* starts the full checks of restored generations */
 	uv_timer_t stop_timer;    /* a stop that waited STOP_WAIT_MS for threads */
+	int stop_unknown_waited;  /* ... and then longer for work on unknown filesystems */
 	char *created_socket; /* path of the socket file we made, to remove */
 	uint64_t started_ms;
 };

@@ -34,6 +34,11 @@
  */
 #define STOP_WAIT_MS 5000
 
+/* A job whose filesystem is not known yet (a model's first load) may be a
+ * long load of a local model as well as one that waits on a hung server:
+ * it is waited for this long in all. */
+#define STOP_UNKNOWN_WAIT_MS 30000
+
 /* What wcached does last, stopped cleanly or not: removes the socket files
  * it created and lets the manager read STOPPING=1. */
 void
@@ -62,33 +67,61 @@ stop_remove_sockets(struct daemon *d)
  * for them, and so would exit() (libuv joins its threads then): _exit.
  */
 static void __attribute__((noreturn))
-stop_abandoned(struct daemon *d, const char *what)
+stop_abandoned(struct daemon *d, const char *what, unsigned waited_ms)
 {
 	log_warnx("stopping without waiting longer for %s: not returned after %.1f s (a read of "
-		  "a hung network filesystem never returns)", what, STOP_WAIT_MS / 1000.0);
+		  "a hung network filesystem never returns)", what, waited_ms / 1000.0);
 	stop_remove_sockets(d);
 	log_info("stopped");
 	fflush(stderr);
 	_exit(0);
 }
 
-/* stop_timer: the loop still waits for work on its threads. Work on
- * local files (a long load, a slow sanitizer build) is waited for, as
- * before: only a remote server is known to hang. */
+/* The oldest job running on a known remote filesystem (known) or on one
+ * not known yet (!known), or NULL. */
+static const struct workq_job *
+oldest_running(const struct workq *q, int known)
+{
+	const struct workq_job *oldest = NULL;
+
+	for (const struct workq_job *j = q->running; j != NULL; j = j->next)
+		if ((j->fs != WORKQ_UNKNOWN) == known &&
+			(oldest == NULL || j->started_ms < oldest->started_ms))
+			oldest = j;
+	return oldest;
+}
+
+/*
+ * stop_timer: the loop still waits for work on its threads. Work on a
+ * remote filesystem is left at once; work whose filesystem is not known
+ * yet once STOP_UNKNOWN_WAIT_MS have passed; work on local files (a long
+ * load, a slow sanitizer build) is waited for, as before: only a remote
+ * server is known to hang.
+ */
 static void
 on_stop_overdue(uv_timer_t *t)
 {
 	struct daemon *d = t->data;
 	const struct workq *q = &d->reg.workq;
-	char what[sizeof(q->running->what) + 64];
+	const struct workq_job *j = oldest_running(q, 1);
+	char what[sizeof(j->what) + 64];
 
-	if (q->running == NULL) {
-		log_info("stopping: still waiting for work on local files");
+	if (j != NULL) {
+		snprintf(what, sizeof(what), "%s (%u remote job%s running)", j->what,
+			q->remote_running, q->remote_running == 1 ? "" : "s");
+		stop_abandoned(d, what, STOP_WAIT_MS);
+	}
+	if ((j = oldest_running(q, 0)) != NULL && !d->stop_unknown_waited) {
+		d->stop_unknown_waited = 1;
+		uv_timer_start(&d->stop_timer, on_stop_overdue,
+			STOP_UNKNOWN_WAIT_MS - STOP_WAIT_MS, 0);
 		return;
 	}
-	snprintf(what, sizeof(what), "%s (%u remote job%s running)", q->running->what,
-		q->remote_running, q->remote_running == 1 ? "" : "s");
-	stop_abandoned(d, what);
+	if (j != NULL) {
+		snprintf(what, sizeof(what), "%s (on a filesystem not known yet)", j->what);
+		stop_abandoned(d, what, STOP_UNKNOWN_WAIT_MS);
+	}
+	log_info("stopping: still waiting for work on local files");
 }
 
 void
@@ -134,7 +167,7 @@ stop_daemon(struct daemon *d)
 
 		snprintf(what, sizeof(what), "the warm-up%s of %d file%s", left == 1 ? "" : "s",
 			left, left == 1 ? "" : "s");
-		stop_abandoned(d, what);
+		stop_abandoned(d, what, STOP_WAIT_MS);
 	}
 	d->pool = NULL;
 	d->reg.pool = NULL;
