@@ -149,8 +149,9 @@ void stop_remove_sockets(struct daemon *d);
 /* stop.c: stops wcached (SIGTERM, SIGINT): the fd store first, then the
  * server, the control socket, the watch, the warm pool and the registry,
  * and every handle of d's, so that main()'s loop ends. Warm-ups, and work
- * on a remote filesystem, that have not ended within STOP_WAIT_MS are left:
- * wcached exits at once with _exit(0). Called again, does nothing. */
+ * on a remote filesystem, that have not ended within STOP_WAIT_MS are left
+ * (first loads after STOP_UNKNOWN_WAIT_MS): wcached exits then with
+ * _exit(0). Called again, does nothing. */
 void stop_daemon(struct daemon *d);
 
 #endif

@@ -4,7 +4,8 @@
  * so that main()'s loop ends and uv_loop_close() succeeds with nothing
  * leaked; only the socket files wcached created are removed. Work its
  * threads have not ended within STOP_WAIT_MS on a remote filesystem (a
- * hung server) is left behind: wcached exits without it.
+ * hung server), or within STOP_UNKNOWN_WAIT_MS on one not known yet, is
+ * left behind: wcached exits without it.
  */
 #include <stdint.h>
 #include <stdio.h>
