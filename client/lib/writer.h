@@ -7,6 +7,8 @@
  * path; on any failure they unlink the temporary file and the output path is
  * untouched. writer_safetensors_fd() writes to the caller's descriptor.
  * Errors follow error.h: a negative errno code and a message naming the file.
+ * What the writer's files share is writer_internal.h; the output file they
+ * all write through is outfile.h.
  */
 #ifndef WC_WRITER_H
 #define WC_WRITER_H
@@ -18,7 +20,7 @@
 #include "format/weig.h"
 #include "lib/wcache.h"
 
-/* ---- writers (writer.c) ---- */
+/* ---- writers (writer_weig.c, writer_safetensors.c, writer_big_endian.c) ---- */
 
 enum writer_format {
 	WRITER_WEIG = 1,
