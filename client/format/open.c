@@ -6,7 +6,7 @@
  * base/file.c), never the mapping, and the file is checked to be unchanged
  * after the parse. open_read_file() does that for one file of an index
  * being built (shards.c calls it for each shard); open_model_file() makes a
- * whole model of one file (source.c, for safetensors and WEIG; lib/writer.c
+ * whole model of one file (source.c, for safetensors and WEIG; lib/writer_big_endian.c
  * for a big-endian WEIG file).
  *
  * Layering: below shards.c and source.c, above the readers (safetensors.c,

@@ -24,7 +24,7 @@
  *
  * Layering: a reader (reader.h) only parses. This file opens nothing and
  * calls nothing above it; source.c lists weig_reader in its table, and
- * lib/writer.c opens a big-endian file through open.c with
+ * lib/writer_big_endian.c opens a big-endian file through open.c with
  * weig_big_endian_reader.
  */
 #include <byteswap.h>

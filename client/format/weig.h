@@ -1,8 +1,8 @@
 /*
  * weig.h: the WEIG layout (proto/FORMAT.md) that the reader (weig.c) and the
- * writer (lib/writer.c) share, and the WEIG readers: the little-endian one
+ * writer (lib/writer_weig.c) share, and the WEIG readers: the little-endian one
  * that source.c lists in its table of formats, and the big-endian one that
- * `wcachectl convert` uses (through lib/writer.c and format/open.h). Like
+ * `wcachectl convert` uses (through lib/writer_big_endian.c and format/open.h). Like
  * every reader (format/reader.h), weig.c only parses: it opens no file.
  */
 #ifndef WC_WEIG_H

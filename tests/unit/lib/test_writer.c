@@ -1,5 +1,5 @@
 /*
- * test_writer.c: the writers (client/lib/writer.c). Round trips safetensors ->
+ * test_writer.c: the writers (client/lib/writer*.c, outfile.c). Round trips safetensors ->
  * WEIG -> safetensors must keep names, dtypes, shapes, metadata and every
  * data byte; big-endian WEIG files must come out little-endian with each
  * element swapped by its dtype's size; and a failed write must leave no
