@@ -259,16 +259,14 @@ struct restore_job {
 /*
  * Takes g's stored descriptors out of s's table into p (the check uses
  * them off the loop; a name the description gives twice finds the second
- * copy or none, never the same descriptor twice), notes whether its first
- * file is a staged copy in p (the check takes that answer instead of
- * asking again) and that copy's directory in s->copies. 0 or -ENOMEM.
+ * copy or none, never the same descriptor twice), and notes p's staged
+ * copy's directory in s->copies. 0 or -ENOMEM.
  */
 static int
 reserve(struct restore *s, const char *stage_dir, const struct fdstore_generation *g,
 	struct restore_prepared *p)
 {
-	char *dir = NULL;
-	int staged;
+	char *copy = NULL, *dir = NULL;
 
 	p->g = g;
 	p->index_fd = find_fd(s, g->index_fdname, &p->index_at);
@@ -286,28 +284,22 @@ reserve(struct restore *s, const char *stage_dir, const struct fdstore_generatio
 	for (uint32_t k = 0; k < g->nfiles; k++)
 		if ((p->fds[k] = find_fd(s, g->files[k].fdname, &p->at[k])) >= 0)
 			s->fds[p->at[k]].fd = -1;
-	if (g->nfiles == 0 || p->fds[0] < 0)
-		return 0;
-	/* /proc/self/fd asks no filesystem. A failure (-ENOMEM) leaves the
-	 * question to the check, which fails the generation on it. */
-	staged = restore_staged_copy(stage_dir, p->fds[0], &p->first_copy);
-	if (staged == 0)
-		p->first_staged = RESTORE_FIRST_LOCAL;
-	if (staged <= 0)
-		return 0;
-	p->first_staged = RESTORE_FIRST_STAGED;
 	/* Its staged copy stays in stage_dir while it is checked. */
-	if (stage_dir_of(stage_dir, p->first_copy, &dir) > 0) {
+	if (g->nfiles > 0 && p->fds[0] >= 0 &&
+		restore_staged_copy(stage_dir, p->fds[0], &copy) > 0 &&
+		stage_dir_of(stage_dir, copy, &dir) > 0) {
 		char **more = realloc(s->copies, (s->ncopies + 1) * sizeof(*more));
 
 		if (more == NULL) {
 			free(dir);
+			dir = NULL;
 		} else {
 			s->copies = more;
 			s->copies[s->ncopies++] = dir;
 			p->copy_dir = dir;
 		}
 	}
+	free(copy);
 	return 0;
 }
 

@@ -132,24 +132,6 @@ restore_staged_copy(const char *stage_dir, int fd, char **copy)
 	return 1;
 }
 
-/* Is p's stored file k a staged copy? restore_staged_copy()'s answer for
- * its descriptor: for the first file, what the loop found before the check
- * (reserve), whose path *copy then takes from p, when it did. */
-static int
-staged_copy(struct restore_prepared *p, const char *stage_dir, uint32_t k, char **copy)
-{
-	enum restore_first first = p->first_staged;
-
-	if (k > 0 || first == RESTORE_FIRST_UNKNOWN)
-		return restore_staged_copy(stage_dir, p->fds[k], copy);
-	p->first_staged = RESTORE_FIRST_UNKNOWN; /* answered once */
-	if (first == RESTORE_FIRST_LOCAL)
-		return 0;
-	*copy = p->first_copy;
-	p->first_copy = NULL;
-	return 1;
-}
-
 /* A staged copy's origin as f describes it (the file it was copied from,
  * its size and mtime the copy's): for a held generation whose origin is
  * gone or was replaced, as the process that staged it knew it. */
@@ -233,14 +215,11 @@ check_file(struct restore_prepared *p, const char *stage_dir, const char *dir, u
 	int fd = p->fds[k], fl, staged;
 
 	if (fd < 0)
-		return error_set(-EINVAL, "file %" PRIu32 " (\"%s\") is not in the store", k,
-			f->fdname);
+		return error_set(-EINVAL, "file %" PRIu32 " (\"%s\") is not in the store", k, f->fdname);
 	if (index_file_at(blob, h, k, &fname, &size) < 0 || size != f->size)
-		return error_set(-EINVAL, "file %" PRIu32 ": the index disagrees with the "
-			"description", k);
+		return error_set(-EINVAL, "file %" PRIu32 ": the index disagrees with the description", k);
 	if (fstat(fd, &st) == -1 || !same_file(&st, f))
-		return error_set(-EINVAL, "file %s: not the inode, size and mtime described",
-			fname);
+		return error_set(-EINVAL, "file %s: not the inode, size and mtime described", fname);
 	if ((fl = fcntl(fd, F_GETFL)) == -1 || (fl & O_ACCMODE) != O_RDONLY)
 		return error_set(-EINVAL, "file %s: not open read-only", fname);
 	/* The name comes from the stored index: a plain name in dir, as every
@@ -251,7 +230,7 @@ check_file(struct restore_prepared *p, const char *stage_dir, const char *dir, u
 			"not a file name", k, fname);
 	if ((full = path_join(dir, fname)) == NULL)
 		return error_set(-ENOMEM, "file %s: out of memory", fname);
-	if ((staged = staged_copy(p, stage_dir, k, &copy)) != 0) {
+	if ((staged = restore_staged_copy(stage_dir, fd, &copy)) != 0) {
 		if (staged < 0 || check_origin(g, f, full, origin) < 0) {
 			free(copy);
 			free(full);
@@ -347,9 +326,6 @@ restore_prepared_clear(struct restore_prepared *p)
 	p->origin = NULL;
 	free(p->staged_dir);
 	p->staged_dir = NULL;
-	free(p->first_copy);
-	p->first_copy = NULL;
-	p->first_staged = RESTORE_FIRST_UNKNOWN;
 	free(p->fds);
 	p->fds = NULL;
 	free(p->at);

@@ -53,14 +53,6 @@ int restore_adopt_artifact(struct registry *r, struct model_entry *m,
  * times past the year 2262 (or before 1678) saturate. */
 int64_t restore_mtime_ns(const struct stat *st);
 
-/* Whether a stored generation's first file is a staged copy, as the loop
- * found out (restore.c's reserve, from /proc/self/fd) before its check. */
-enum restore_first {
-	RESTORE_FIRST_UNKNOWN = 0, /* not asked, or the answer failed: the check asks */
-	RESTORE_FIRST_LOCAL,       /* not a staged copy */
-	RESTORE_FIRST_STAGED,      /* a staged copy under stage_dir: first_copy */
-};
-
 /*
  * One stored generation of a model, checked on the work queue
  * (restore_check.c) because the checks ask the files' filesystem, whose
@@ -75,9 +67,6 @@ struct restore_prepared {
 	int *fds;                 /* per stored file, -1 when not in the store */
 	size_t *at;
 	const char *copy_dir;     /* its staged copy's directory (the restore's), or NULL */
-	enum restore_first first_staged; /* its first file: reserve()'s answer */
-	char *first_copy;         /* RESTORE_FIRST_STAGED: its path (p's until the check
-				     takes it), else NULL */
 	/* Filled by restore_check_generation(). */
 	int err;                  /* 0, or -errno with why */
 	char why[512];
@@ -95,8 +84,7 @@ void restore_check_generation(struct restore_prepared *p, const char *path,
 	const char *stage_dir);
 
 /* Frees what p holds (after a failure, or once served: then src, served,
- * origin, staged_dir and first_copy are NULL). Leaves the stored
- * descriptors it names. */
+ * origin and staged_dir are NULL). Leaves the stored descriptors it names. */
 void restore_prepared_clear(struct restore_prepared *p);
 
 /* Is the stored file fd a staged copy (stage.h)? 1 with its path under

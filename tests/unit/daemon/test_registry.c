@@ -368,113 +368,6 @@ test_restore_check_bad_index(void **state)
 	free(path);
 }
 
-/* A copy of path staged in stage/m.1/ with its mtime, described as
- * fdstore describes one in *f: its path (malloc'd). */
-static char *
-stage_copy(const char *path, const char *stage, struct fdstore_file *f)
-{
-	struct stat origin, st;
-	struct timespec times[2];
-	char *dir, *buf, *copy;
-	int fd;
-
-	assert_int_equal(stat(path, &origin), 0);
-	assert_non_null(buf = malloc((size_t)origin.st_size));
-	assert_true((fd = open(path, O_RDONLY | O_CLOEXEC)) >= 0);
-	assert_int_equal(read(fd, buf, (size_t)origin.st_size), origin.st_size);
-	close(fd);
-	assert_non_null(dir = path_join(stage, "m.1"));
-	assert_int_equal(mkdir(stage, 0700), 0);
-	assert_int_equal(mkdir(dir, 0700), 0);
-	copy = tu_write(dir, "m.safetensors", buf, (size_t)origin.st_size);
-	free(dir);
-	free(buf);
-	times[0] = origin.st_atim;
-	times[1] = origin.st_mtim;
-	assert_int_equal(utimensat(AT_FDCWD, copy, times, 0), 0);
-	assert_int_equal(stat(copy, &st), 0);
-	*f = (struct fdstore_file){ .fdname = f->fdname, .dev = (uint64_t)st.st_dev,
-		.ino = (uint64_t)st.st_ino, .size = (uint64_t)st.st_size,
-		.mtime_ns = restore_mtime_ns(&st), .origin_dev = (uint64_t)origin.st_dev,
-		.origin_ino = (uint64_t)origin.st_ino };
-	return copy;
-}
-
-/*
- * A warm restart's check of a staged copy takes what the loop found out
- * about its first file (reserve, in restore.c) instead of asking
- * /proc/self/fd again: the path handed over, which the link does not
- * give, is the one the generation serves, and "not a copy" is believed
- * (the file is then not what the path names). With nothing handed over
- * the check asks the link itself.
- */
-static void
-test_restore_check_staged_copy(void **state)
-{
-	struct du *t = *state;
-	char *path = du_model(t, "m.safetensors", 1024);
-	char *stage, *copy, *handed;
-	struct fdstore_file file = { .fdname = "wc-1-g1-f0" };
-	struct fdstore_generation g = { .number = 1, .role = FDSTORE_CURRENT,
-		.index_fdname = "wc-1-g1-i", .nfiles = 1, .files = &file };
-	static const enum restore_first answers[] = { RESTORE_FIRST_UNKNOWN,
-		RESTORE_FIRST_STAGED, RESTORE_FIRST_LOCAL };
-
-	/* "x" is loaded from the file copied: its index is the copy's too. */
-	assert_int_equal(du_load(t, "x", path, PIN_NONE, 0), 0);
-	g.index_size = du_current(t, "x")->index_size;
-	assert_non_null(stage = path_join(t->dir, "stage"));
-	copy = stage_copy(path, stage, &file);
-	assert_non_null(handed = path_join(stage, "m.2/m.safetensors"));
-	for (size_t i = 0; i < sizeof(answers) / sizeof(answers[0]); i++) {
-		struct restore_prepared p = { .g = &g, .first_staged = answers[i] };
-		int fd;
-
-		assert_true((p.index_fd = fcntl(du_current(t, "x")->index_fd, F_DUPFD_CLOEXEC,
-				     0)) >= 0);
-		assert_non_null(p.fds = calloc(1, sizeof(*p.fds)));
-		assert_non_null(p.at = calloc(1, sizeof(*p.at)));
-		assert_true((fd = p.fds[0] = open(copy, O_RDONLY | O_CLOEXEC)) >= 0);
-		if (answers[i] == RESTORE_FIRST_STAGED)
-			assert_non_null(p.first_copy = strdup(handed));
-		restore_check_generation(&p, path, stage);
-		assert_null(p.first_copy);
-		if (answers[i] == RESTORE_FIRST_LOCAL) {
-			assert_int_equal(p.err, -EINVAL);
-			assert_non_null(strstr(p.why, "was replaced or changed"));
-			assert_int_equal(p.src.nfiles, 0);
-			close(fd); /* not taken */
-		} else {
-			const char *served = answers[i] == RESTORE_FIRST_STAGED ? handed : copy;
-			size_t dirlen = (size_t)(strrchr(served, '/') - served);
-
-			assert_int_equal(p.err, 0);
-			assert_int_equal(p.src.nfiles, 1);
-			assert_string_equal(p.src.files[0].path, served);
-			assert_non_null(p.staged_dir);
-			assert_int_equal(strlen(p.staged_dir), dirlen);
-			assert_memory_equal(p.staged_dir, served, dirlen);
-			assert_non_null(p.origin);
-			assert_string_equal(p.origin[0].path, path);
-		}
-		restore_prepared_clear(&p); /* closes the file p.src took */
-		close(p.index_fd);
-	}
-	/* Handed over but never checked (a stop came first): freed all the same. */
-	{
-		struct restore_prepared p = { .g = &g, .index_fd = -1,
-			.first_staged = RESTORE_FIRST_STAGED };
-
-		assert_non_null(p.first_copy = strdup(handed));
-		restore_prepared_clear(&p);
-		assert_null(p.first_copy);
-	}
-	free(handed);
-	free(copy);
-	free(stage);
-	free(path);
-}
-
 static void
 test_unload_during_load(void **state)
 {
@@ -919,7 +812,6 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_expect_superseded, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_reload_during_expect, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_restore_check_bad_index, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_restore_check_staged_copy, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unload_during_load, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_forget, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_attach_reply, setup, teardown),
