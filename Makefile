@@ -17,7 +17,8 @@ DEPS = cmake make gcc clang libclang-rt-14-dev pkg-config libuv1-dev libinih-dev
        systemd-container debootstrap strace valgrind podman runc catatonit uidmap \
        slirp4netns fuse-overlayfs
 
-.PHONY: all deps build layers test test-asan test-release test-system lint fuzz bench demo install deb clean
+.PHONY: all deps build layers test test-asan test-release test-system lint fuzz bench demo gpu-carry \
+	install deb clean
 
 all: build
 
@@ -88,6 +89,12 @@ bench: build
 
 demo: build
 	/usr/bin/python3 tests/demo.py --build $(BUILD)
+
+# What tests/gpu/run.sh needs on a GPU host without our build tools or Debian's
+# libraries: the binaries and every shared library they load but glibc, in
+# .gpu-carry/ (README, "The device check").
+gpu-carry: build
+	sh scripts/gpu-carry.sh $(BUILD) .gpu-carry
 
 install: build
 	DESTDIR=$(DESTDIR) cmake --install $(BUILD) --prefix $(PREFIX)

@@ -3,9 +3,10 @@
 #
 #   tests/gpu/run.sh [--cpu] [--build DIR] [--gib N] [--work DIR] [--keep]
 #
-# Builds wcached (cmake, when a compiler and the libraries exist) or uses a
-# prebuilt tree (--build DIR, default build/ when it holds bin/wcached and
-# lib/libwcache.so.0), makes a model of --gib GiB (default 8) in the page
+# Uses a prebuilt tree whose wcached starts here (--build DIR; else build/;
+# else .gpu-carry/, which `make gpu-carry` makes with the shared libraries
+# wcached loads, for a GPU host that lacks them), or builds one (cmake, where
+# a compiler and the libraries exist); makes a model of --gib GiB (default 8) in the page
 # cache, and prints GB/s into cuda:0 for: pinned anonymous memory (the
 # limit), safetensors.torch.load_file(device=), torch.load(mmap=True) then
 # .to(), wcache's per-tensor path, the new path (and with staging forced),
@@ -36,7 +37,7 @@ while [ $# -gt 0 ]; do
 	--gib) gib=$2; shift ;;
 	--work) work=$2; shift ;;
 	--keep) keep=1 ;;
-	-h | --help) sed -n '2,24p' "$0"; exit 0 ;;
+	-h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
 	*) echo "run.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
 	esac
 	shift
@@ -67,24 +68,42 @@ try_step() { # as step, but a failure is reported at the end and the run goes on
 	step "$@" || failed+=("$1")
 }
 
-# wcached and libwcache: the tree passed in (--build, else $WCACHE_BUILD), build/, or a
-# fresh cmake build.
+# wcached and libwcache: the tree passed in (--build, else $WCACHE_BUILD), else build/,
+# else .gpu-carry/ (make gpu-carry: the binaries with the libraries they load, for a host
+# without them), else a fresh cmake build. A tree is used only if its wcached starts
+# here: one whose libraries this host lacks is named with the reason.
+starts() { # starts DIR: DIR has the files, and its wcached and wcachectl start here
+	local b
+	for f in "$1/bin/wcached" "$1/bin/wcachectl" "$1/lib/libwcache.so.0"; do
+		[ -e "$f" ] || { why="$f is missing (build with 'make build', or pass --build)"; return 1; }
+	done
+	for b in wcached wcachectl; do
+		if ! out=$(LD_LIBRARY_PATH="$1/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$1/bin/$b" --version 2>&1); then
+			why="$1/bin/$b does not start here: $(echo "$out" | head -1) (carry what 'make gpu-carry' makes, .gpu-carry/, and pass --build .gpu-carry)"
+			return 1
+		fi
+	done
+}
+why=""
 if [ -z "$build" ] && [ -n "${WCACHE_BUILD:-}" ]; then build=$WCACHE_BUILD; fi
-if [ -z "$build" ] && [ -x "$repo/build/bin/wcached" ] && [ -e "$repo/build/lib/libwcache.so.0" ]; then
-	build=$repo/build
+if [ -n "$build" ]; then
+	starts "$build" || { echo "run.sh: $why" >&2; exit 2; }
+else
+	for dir in "$repo/build" "$repo/.gpu-carry"; do
+		if [ -e "$dir/bin/wcached" ] && starts "$dir"; then build=$dir; break; fi
+	done
 fi
 if [ -z "$build" ]; then
 	if command -v cmake >/dev/null && command -v cc >/dev/null; then
 		build=$repo/build-gpu
-		step "build (cmake)" bash -c "cmake -S '$repo' -B '$build' -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build '$build' -j\$(nproc) >/dev/null"
+		step "build (cmake)" bash -c "cmake -S '$repo' -B '$build' -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build '$build' -j\$(nproc) >/dev/null" ||
+			{ echo "run.sh: cannot build here${why:+; $why}" >&2; exit 2; }
+		starts "$build" || { echo "run.sh: $why" >&2; exit 2; }
 	else
-		echo "run.sh: no prebuilt tree (--build DIR or build/ with bin/wcached) and no cmake/cc to build one" >&2
+		echo "run.sh: no tree to use (--build DIR, .gpu-carry/ or build/) and no cmake/cc to build one${why:+; $why}" >&2
 		exit 2
 	fi
 fi
-for f in "$build/bin/wcached" "$build/lib/libwcache.so.0"; do
-	[ -e "$f" ] || { echo "run.sh: $f is missing (build with 'make build', or pass --build)" >&2; exit 2; }
-done
 export WCACHE_BUILD=$build WCACHE_LIB=$build/lib/libwcache.so.0
 export PYTHONPATH=$repo/client/python${PYTHONPATH:+:$PYTHONPATH}
 export LD_LIBRARY_PATH=$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}

@@ -344,3 +344,60 @@ def test_run_sh_reports_a_failed_step_and_goes_on(tmp_path):
     assert "wcache, new path, 4 processes together" in r.stdout  # the run went on
     lines = [x for x in r.stdout.splitlines() if x.startswith("wcache, new path, staging")]
     assert lines and "skipped" in lines[0]
+
+
+def _unshare_mount():
+    """The command that runs a shell in a private mount namespace here
+    (root: unshare -m; else a user namespace too), or None."""
+    for cmd in (["unshare", "-m"], ["unshare", "-rm"]):
+        if os.geteuid() != 0 and cmd == ["unshare", "-m"]:
+            continue
+        if subprocess.run(cmd + ["true"], capture_output=True).returncode == 0:
+            return cmd
+    return None
+
+
+def test_run_sh_on_a_host_without_our_libraries(tmp_path):
+    """A GPU host has Python and torch but not Debian's libuv and inih.
+    Here they are hidden (/dev/null bound over them in a private mount
+    namespace): build/ then does not start, and run.sh says so and how to
+    mend it; the tree scripts/gpu-carry.sh makes runs the whole --cpu
+    check there."""
+    build = os.environ.get("WCACHE_BUILD") or os.path.join(REPO, "build")
+    wcached = os.path.join(build, "bin", "wcached")
+    if not os.path.exists(wcached):
+        pytest.skip(f"{wcached} is missing: build first")
+    unshare = _unshare_mount()
+    if unshare is None:
+        pytest.skip("no private mount namespace here (unshare -m, unshare -rm)")
+    ldd = subprocess.run(["ldd", wcached], capture_output=True, text=True, check=True).stdout
+    libs = [line.split()[2] for line in ldd.splitlines()
+            if line.split()[0] in ("libuv.so.1", "libinih.so.1") and "=>" in line]
+    assert len(libs) == 2, ldd
+    carry = tmp_path / "carry"
+    made = subprocess.run(["sh", os.path.join(REPO, "scripts", "gpu-carry.sh"), build,
+                           str(carry)], capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stdout + made.stderr
+    manifest = (carry / "MANIFEST").read_text()
+    assert "lib/libuv.so.1 " in manifest and "lib/libinih.so.1 " in manifest, manifest
+    run_sh = os.path.join(REPO, "tests", "gpu", "run.sh")
+    script = "".join(f"mount --bind /dev/null {lib} || exit 97\n" for lib in libs) + (
+        f"{wcached} --version >/dev/null 2>&1 && exit 98\n"
+        f"{run_sh} --cpu --gib 0.01 --build {build} --work {tmp_path}/w1 >{tmp_path}/out1 2>&1\n"
+        f"echo $? >{tmp_path}/rc1\n"
+        f"exec {run_sh} --cpu --gib 0.01 --build {carry} --work {tmp_path}/w2\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("WCACHE_BUILD", "WCACHE_LIB")}
+    env.update(PYTHON=sys.executable, STEP_TIMEOUT="120")
+    r = subprocess.run(unshare + ["bash", "-c", script], env=env, capture_output=True,
+                       text=True, timeout=600)
+    out = r.stdout + r.stderr
+    assert r.returncode not in (97, 98), f"the libraries were not hidden ({r.returncode}): {out}"
+    # build/ does not start without them: exit 2, the library and the mend named
+    assert (tmp_path / "rc1").read_text().strip() == "2"
+    first = (tmp_path / "out1").read_text()
+    assert "does not start here" in first and ".so.1" in first and "make gpu-carry" in first, first
+    # the carried tree runs the whole check
+    assert r.returncode == 0, out
+    assert "FAILED" not in out and "TIMEOUT" not in out, out
+    assert f"build {carry}" in out
+    assert "PASS  new path: registration left the page cache shared" in r.stdout, out

@@ -1,0 +1,96 @@
+#!/bin/sh
+# scripts/gpu-carry.sh: a self-contained copy of what tests/gpu/run.sh needs
+# from a build, for a GPU host that has Python and torch but neither our
+# build tools nor the Debian libraries wcached links (libuv, inih).
+#
+#   scripts/gpu-carry.sh [BUILD [OUT]]     (default: build .gpu-carry)
+#
+# OUT gets bin/wcached, bin/wcachectl and lib/libwcache.so.0 from BUILD, and
+# in lib/ a copy of every shared library they load other than the C
+# library's own (Debian's libuv.so.1 and libinih.so.1), as the loader here
+# resolves them. run.sh puts OUT/lib on LD_LIBRARY_PATH, so
+# `tests/gpu/run.sh --build OUT` runs there with nothing installed but
+# glibc (at least the version MANIFEST names). MANIFEST lists each file,
+# its size, its sha256 and the Debian package it came from. OUT is made
+# under OUT.partial and renamed into place only when complete; the copy is
+# checked by starting `wcached --version` and `wcachectl --version` from it
+# with a clean environment.
+set -eu
+
+build=${1:-build}
+out=${2:-.gpu-carry}
+case "$build" in -h | --help) sed -n '2,17p' "$0"; exit 0 ;; esac
+
+for f in bin/wcached bin/wcachectl lib/libwcache.so.0; do
+	if [ ! -e "$build/$f" ]; then
+		echo "gpu-carry: $build/$f is missing: build first (make build)" >&2
+		exit 1
+	fi
+done
+command -v ldd >/dev/null || { echo "gpu-carry: ldd is missing (libc-bin)" >&2; exit 1; }
+
+tmp=$out.partial
+rm -rf "$tmp"
+mkdir -p "$tmp/bin" "$tmp/lib"
+cp -L "$build/bin/wcached" "$build/bin/wcachectl" "$tmp/bin/"
+cp -L "$build/lib/libwcache.so.0" "$tmp/lib/"
+
+# The libraries each file loads, as "name path" lines, less the C library's
+# own (every host has those, and a copy of them would not match its loader)
+# and less what the build itself makes.
+needed() {
+	ldd "$1" | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }
+		$2 == "=>" && $3 == "not" { print $1, "missing"; }' |
+		grep -Ev '^(libc|libm|libdl|libpthread|librt|libresolv|libutil|ld-linux[^ ]*)\.so' |
+		grep -v '^libwcache\.so' || true
+}
+for f in "$tmp/bin/wcached" "$tmp/bin/wcachectl" "$tmp/lib/libwcache.so.0"; do
+	needed "$f" | while read -r name path; do
+		if [ "$path" = missing ]; then
+			echo "gpu-carry: $f needs $name, which the loader here cannot find" >&2
+			exit 1
+		fi
+		if [ ! -e "$tmp/lib/$name" ]; then
+			cp -L "$path" "$tmp/lib/$name"
+			echo "$name $(readlink -f "$path")" >>"$tmp/sources"
+		fi
+	done
+done
+
+# The newest glibc symbol version any file needs: the host's glibc must be
+# at least that.
+glibc=$(for f in "$tmp"/bin/* "$tmp"/lib/*; do
+	objdump -T "$f" 2>/dev/null | grep -o 'GLIBC_[0-9.]*'
+done | sed 's/GLIBC_//' | sort -uV | tail -1)
+
+{
+	echo "# wcache GPU carry from $build, $(date -u +%FT%TZ), $(uname -m)"
+	echo "# needs glibc >= ${glibc:-unknown}; run: tests/gpu/run.sh --build $out"
+	for f in "$tmp"/bin/* "$tmp"/lib/*; do
+		rel=${f#"$tmp"/}
+		src=$(awk -v n="${rel#lib/}" '$1 == n { print $2 }' "$tmp/sources" 2>/dev/null)
+		if [ -z "$src" ]; then
+			from="built here"
+		else
+			pkg=$(dpkg -S "$src" 2>/dev/null | head -1 | cut -d: -f1 || true)
+			if [ -n "$pkg" ]; then
+				from="$pkg $(dpkg-query -W -f='${Version}' "$pkg" 2>/dev/null) ($src)"
+			else
+				from=$src
+			fi
+		fi
+		echo "$rel $(stat -c %s "$f") $(sha256sum "$f" | cut -d' ' -f1) $from"
+	done
+} >"$tmp/MANIFEST"
+
+# Started from the copy alone: what the GPU host's loader will do.
+for b in wcached wcachectl; do
+	if ! env -i LD_LIBRARY_PATH="$tmp/lib" "$tmp/bin/$b" --version >/dev/null 2>"$tmp/err"; then
+		echo "gpu-carry: $tmp/bin/$b --version failed: $(head -1 "$tmp/err")" >&2
+		exit 1
+	fi
+done
+rm -f "$tmp/err" "$tmp/sources"
+rm -rf "$out"
+mv "$tmp" "$out"
+echo "gpu-carry: $out: $(find "$out" -type f | wc -l) files, $(du -sh "$out" | cut -f1), needs glibc >= ${glibc:-unknown}"
