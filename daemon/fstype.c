@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/vfs.h>
 
@@ -71,16 +72,22 @@ int
 fstype_of_fd(int fd, struct fs_info *out)
 {
 	struct statfs st;
+	struct stat sb;
+	int err;
 
-	if (fstatfs(fd, &st) == -1) {
-		int err = -errno;
-
-		memset(out, 0, sizeof(*out));
-		snprintf(out->name, sizeof(out->name), "unknown");
-		return err;
+	if (fstatfs(fd, &st) == 0) {
+		fstype_classify((unsigned long)st.f_type, out);
+		return 0;
 	}
-	fstype_classify((unsigned long)st.f_type, out);
-	return 0;
+	/* statfs asks the filesystem, and a network one whose server does not
+	 * answer fails it (EIO, ETIMEDOUT on a soft mount): the mount table
+	 * names it without asking, where "failed, so local" would not. */
+	err = -errno;
+	if (fstat(fd, &sb) == 0 && fstype_of_dev("/proc/self/mountinfo", sb.st_dev, out) == 0)
+		return 0;
+	memset(out, 0, sizeof(*out));
+	snprintf(out->name, sizeof(out->name), "unknown");
+	return err;
 }
 
 /* Names mountinfo gives that none of known[] starts: FUSE's own. */

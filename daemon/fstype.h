@@ -29,7 +29,9 @@ struct fs_info {
 /* Classifies statfs's f_type. */
 void fstype_classify(unsigned long magic, struct fs_info *out);
 
-/* fstatfs(fd) classified: 0, or -errno (out then says "unknown", local). */
+/* fstatfs(fd) classified; where fstatfs fails, the mount table's entry for
+ * the device fstat gives (fstype_of_dev). 0, or fstatfs's -errno when both
+ * fail (out then says "unknown", local). */
 int fstype_of_fd(int fd, struct fs_info *out);
 
 /* Classifies a filesystem type as mountinfo names it ("nfs4", "ext4",

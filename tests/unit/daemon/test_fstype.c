@@ -2,9 +2,11 @@
  * test_fstype.c: filesystem kinds (daemon/fstype.h): the names the mount
  * table gives classified as statfs's magic numbers are, and a device
  * looked up in a mountinfo file without asking any filesystem (a warm
- * restart's check on a hung server is queued by it).
+ * restart's check on a hung server is queued by it), and a descriptor's
+ * filesystem found there when statfs fails (fstatfs wrapped: --wrap).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -15,11 +17,28 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
 #include "fstype.h"
+
+/* fstatfs fails with this errno while it is not 0. */
+static int fstatfs_fails;
+
+int __real_fstatfs(int fd, struct statfs *st);
+int __wrap_fstatfs(int fd, struct statfs *st);
+
+int
+__wrap_fstatfs(int fd, struct statfs *st)
+{
+	if (fstatfs_fails != 0) {
+		errno = fstatfs_fails;
+		return -1;
+	}
+	return __real_fstatfs(fd, st);
+}
 
 static void
 test_names(void **state)
@@ -236,6 +255,43 @@ test_own_mount_table_once(void **state)
 	fstype_mounts_free(&t);
 }
 
+/* A network filesystem whose server does not answer fails statfs (EIO on a
+ * soft mount): the file's filesystem is then the mount table's entry for
+ * its device, not "local" because the question failed. A descriptor whose
+ * device no mount has (a pipe) is "unknown", with statfs's error. */
+static void
+test_failed_statfs_asks_the_mount_table(void **state)
+{
+	struct fs_info want, got, listed;
+	struct stat st;
+	int fd = open(".", O_RDONLY | O_DIRECTORY | O_CLOEXEC), pipe_fds[2];
+
+	(void)state;
+	assert_true(fd >= 0);
+	assert_int_equal(fstype_of_fd(fd, &want), 0);
+	assert_int_equal(fstat(fd, &st), 0);
+	fstatfs_fails = EIO;
+	if (fstype_of_dev("/proc/self/mountinfo", st.st_dev, &listed) == 0) {
+		memset(&got, 0x55, sizeof(got));
+		assert_int_equal(fstype_of_fd(fd, &got), 0);
+		assert_string_equal(got.name, listed.name);
+		assert_int_equal(got.remote, want.remote);
+	} else {
+		/* btrfs: a subvolume's device is not its mount's */
+		assert_int_equal(fstype_of_fd(fd, &got), -EIO);
+	}
+	assert_int_equal(pipe(pipe_fds), 0);
+	memset(&got, 0x55, sizeof(got));
+	assert_int_equal(fstype_of_fd(pipe_fds[0], &got), -EIO);
+	assert_string_equal(got.name, "unknown");
+	assert_false(got.remote);
+	fstatfs_fails = 0;
+	assert_int_equal(fstype_of_fd(pipe_fds[0], &got), 0);
+	close(pipe_fds[0]);
+	close(pipe_fds[1]);
+	close(fd);
+}
+
 int
 main(void)
 {
@@ -245,6 +301,7 @@ main(void)
 		cmocka_unit_test(test_mount_table),
 		cmocka_unit_test(test_own_mount_table),
 		cmocka_unit_test(test_own_mount_table_once),
+		cmocka_unit_test(test_failed_statfs_asks_the_mount_table),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
