@@ -264,7 +264,8 @@ same_inodes(const struct generation *g, const struct model_source *s)
 		(g->origin != NULL && g->norigin != s->nfiles))
 		return 0;
 	for (size_t i = 0; i < s->nfiles; i++) {
-		const struct stat *a = g->origin != NULL ? &g->origin[i].st : &g->source.files[i].st,
+		const struct stat *a = g->origin != NULL ?
+				       &g->origin[i].st : &g->source.files[i].st,
 				  *b = &s->files[i].st;
 
 		if (a->st_dev != b->st_dev || a->st_ino != b->st_ino)
@@ -282,7 +283,8 @@ same_inodes(const struct generation *g, const struct model_source *s)
 static int
 wants_stage(const struct model_entry *m, const struct load_request *q)
 {
-	return !q->staged && (m->stage == FS_STAGE_YES || (m->stage == FS_STAGE_AUTO && q->fs.remote));
+	return !q->staged && (m->stage == FS_STAGE_YES ||
+		(m->stage == FS_STAGE_AUTO && q->fs.remote));
 }
 
 /* The info line of a staged generation, or the warning of a remote one
@@ -296,17 +298,18 @@ log_staging(const struct model_entry *m, const struct generation *g, const struc
 		double gib = (double)q->stage.bytes / (1024.0 * 1024.0 * 1024.0);
 
 		if (gib >= 0.1)
-			log_info("model \"%s\": generation %" PRIu64 " staged from %s to %s (%.1f GiB "
-				 "in %.1f s, %.0f MB/s)", m->name, g->number, q->fs.name, g->staged.dir,
-				gib, secs, secs > 0 ? mb / secs : 0.0);
+			log_info("model \"%s\": generation %" PRIu64 " staged from %s to %s "
+				 "(%.1f GiB in %.1f s, %.0f MB/s)", m->name, g->number,
+				q->fs.name, g->staged.dir, gib, secs, secs > 0 ? mb / secs : 0.0);
 		else
-			log_info("model \"%s\": generation %" PRIu64 " staged from %s to %s (%.1f MB "
-				 "in %.3f s, %.0f MB/s)", m->name, g->number, q->fs.name, g->staged.dir,
-				mb, secs, secs > 0 ? mb / secs : 0.0);
+			log_info("model \"%s\": generation %" PRIu64 " staged from %s to %s "
+				 "(%.1f MB in %.3f s, %.0f MB/s)", m->name, g->number,
+				q->fs.name, g->staged.dir, mb, secs, secs > 0 ? mb / secs : 0.0);
 	} else if (q->fs.remote && m->stage == FS_STAGE_NO) {
 		log_warnx("model \"%s\": generation %" PRIu64 " served from %s without staging "
-			  "(stage = no): a replacement made on another host can make workers' reads "
-			  "of older generations fail with SIGBUS", m->name, g->number, q->fs.name);
+			  "(stage = no): a replacement made on another host can make workers' "
+			  "reads of older generations fail with SIGBUS", m->name, g->number,
+			q->fs.name);
 	}
 }
 

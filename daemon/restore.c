@@ -189,7 +189,8 @@ restore_take(void)
 		for (uint32_t a = 0; a < s->desc->models[i].nartifacts; a++) {
 			struct fdstore_name parsed;
 
-			if (fdstore_name_parse(s->desc->models[i].artifacts[a].fdname, &parsed) == 0 &&
+			if (fdstore_name_parse(s->desc->models[i].artifacts[a].fdname,
+					&parsed) == 0 &&
 				parsed.artifact > restore_state.last_artifact)
 				restore_state.last_artifact = parsed.artifact;
 		}
@@ -233,8 +234,8 @@ restore_slots(struct restore *s, struct registry *r)
 		if (m->slot >= STATUS_SLOTS ||
 			statuspage_restore_slot(&r->page, (unsigned)m->slot, m->name,
 				m->last_generation) < 0)
-			log_warnx("warm restart: model \"%s\": status slot %" PRIu64 " not restored: %s",
-				m->name, m->slot, error_get());
+			log_warnx("warm restart: model \"%s\": status slot %" PRIu64
+				" not restored: %s", m->name, m->slot, error_get());
 	}
 }
 
@@ -441,7 +442,8 @@ adopt_artifact(struct restore *s, struct registry *r, const struct fdstore_model
 		return error_set(-ESTALE, "its source generation %" PRIu64 " is not the one "
 			"restored", a->source);
 	if (fdstore_name_parse(a->fdname, &n) < 0 || n.kind != FDSTORE_NAME_KIND_ARTIFACT)
-		return error_set(-EINVAL, "its memfd's name \"%s\" is not an artifact's", a->fdname);
+		return error_set(-EINVAL, "its memfd's name \"%s\" is not an artifact's",
+			a->fdname);
 	if ((err = check_artifact_memfd(afd, a)) < 0 ||
 		(err = restore_check_index(ifd, a->index_fdname, a->index_size, 1, &h, &map)) < 0)
 		return err;
@@ -659,13 +661,14 @@ restore_model(struct restore *s, struct registry *r, const char *name, const cha
 		if (m->generations[k].role == FDSTORE_CURRENT)
 			g = &m->generations[k];
 	if (!s->status_taken)
-		log_info("model \"%s\": not restored: the stored status page was not usable; loading",
-			name);
+		log_info("model \"%s\": not restored: the stored status page was not usable; "
+			"loading", name);
 	else if (strcmp(m->path, path) != 0)
 		log_info("model \"%s\": not restored: its path changed (was %s); loading", name,
 			m->path);
 	else if (g == NULL)
-		log_info("model \"%s\": not restored: no current generation was stored; loading", name);
+		log_info("model \"%s\": not restored: no current generation was stored; loading",
+			name);
 	else if (g->pin != (uint8_t)pin)
 		log_info("model \"%s\": not restored: its pin changed (was %s); loading", name,
 			pin_mode_name((enum pin_mode)g->pin));

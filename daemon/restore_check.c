@@ -215,11 +215,14 @@ check_file(struct restore_prepared *p, const char *stage_dir, const char *dir, u
 	int fd = p->fds[k], fl, staged;
 
 	if (fd < 0)
-		return error_set(-EINVAL, "file %" PRIu32 " (\"%s\") is not in the store", k, f->fdname);
+		return error_set(-EINVAL, "file %" PRIu32 " (\"%s\") is not in the store", k,
+			f->fdname);
 	if (index_file_at(blob, h, k, &fname, &size) < 0 || size != f->size)
-		return error_set(-EINVAL, "file %" PRIu32 ": the index disagrees with the description", k);
+		return error_set(-EINVAL, "file %" PRIu32 ": the index disagrees with the "
+			"description", k);
 	if (fstat(fd, &st) == -1 || !same_file(&st, f))
-		return error_set(-EINVAL, "file %s: not the inode, size and mtime described", fname);
+		return error_set(-EINVAL, "file %s: not the inode, size and mtime described",
+			fname);
 	if ((fl = fcntl(fd, F_GETFL)) == -1 || (fl & O_ACCMODE) != O_RDONLY)
 		return error_set(-EINVAL, "file %s: not open read-only", fname);
 	/* The name comes from the stored index: a plain name in dir, as every

@@ -109,8 +109,8 @@ io_error(int err, const char *what, const char *path)
 	name = stage_errno_name(err);
 	if (err == -ESTALE || err == -EIO)
 		return error_set(err, "cannot stage it: %s %s failed: %s (%s): the file may have "
-				      "been replaced or removed on another host, or its server failed",
-			what, path, name, strerror(-err));
+				      "been replaced or removed on another host, or its server "
+				      "failed", what, path, name, strerror(-err));
 	if (name != NULL)
 		return error_set(err, "cannot stage it: %s %s failed: %s (%s)", what, path, name,
 			strerror(-err));
@@ -297,9 +297,9 @@ copy_fd(const struct stage_request *req, struct copy_run *run, const struct stag
 			 * read's (EIO, ESTALE). */
 			return io_error(-errno, "reading", f->src);
 		if (n == 0)
-			return error_set(-ENODATA, "cannot stage it: %s changed during the copy: it ended at %jd "
-				"bytes, not %" PRIu64 "; replace model files with rename(2), "
-				"never in place", f->src, (intmax_t)off, size);
+			return error_set(-ENODATA, "cannot stage it: %s changed during the copy: "
+				"it ended at %jd bytes, not %" PRIu64 "; replace model files with "
+				"rename(2), never in place", f->src, (intmax_t)off, size);
 		/* The copy's pages serve; the source's need not stay. */
 		(void)posix_fadvise(f->in, off, n, POSIX_FADV_DONTNEED);
 		off += n;
@@ -333,12 +333,13 @@ check_unchanged(const struct stage_file *f, bool during)
 		if (!during)
 			return io_error(-errno, "checking", f->src);
 	} else if (now.st_size != f->st.st_size) {
-		return error_set(-ESTALE, "cannot stage it: %s changed during the copy (%jd bytes, then %jd); "
-			"replace model files with rename(2), never in place", f->src,
-			(intmax_t)f->st.st_size, (intmax_t)now.st_size);
+		return error_set(-ESTALE, "cannot stage it: %s changed during the copy (%jd "
+			"bytes, then %jd); replace model files with rename(2), never in place",
+			f->src, (intmax_t)f->st.st_size, (intmax_t)now.st_size);
 	} else if (!same_mtime(&now, &f->st)) {
-		return error_set(-ESTALE, "cannot stage it: %s changed during the copy (its mtime moved); "
-			"replace model files with rename(2), never in place", f->src);
+		return error_set(-ESTALE, "cannot stage it: %s changed during the copy (its "
+			"mtime moved); replace model files with rename(2), never in place",
+			f->src);
 	}
 	if (stat(f->src, &now) == -1) {
 		e = errno;
@@ -348,8 +349,8 @@ check_unchanged(const struct stage_file *f, bool during)
 		return during ? 0 : io_error(-e, "checking", f->src);
 	}
 	if (now.st_dev != f->st.st_dev || now.st_ino != f->st.st_ino)
-		return error_set(-ESTALE, "cannot stage it: %s was replaced during the copy; the new file is "
-			"staged by the next load", f->src);
+		return error_set(-ESTALE, "cannot stage it: %s was replaced during the copy; "
+			"the new file is staged by the next load", f->src);
 	return 0;
 }
 
@@ -452,8 +453,8 @@ check_index_names(const struct stage_request *req, const struct stage_file *f)
 		snprintf(why, sizeof(why), "%s", error_get());
 		free(json);
 		return error_set(-ESTALE, "cannot stage it: the shard index %s changed since the "
-			"model was validated: %s; the new version is staged by the next load", f->src,
-			why);
+			"model was validated: %s; the new version is staged by the next load",
+			f->src, why);
 	}
 	same = m.nshards == req->nfiles;
 	for (size_t i = 0; same && i < m.nshards; i++)
@@ -462,8 +463,8 @@ check_index_names(const struct stage_request *req, const struct stage_file *f)
 	free(json);
 	if (!same)
 		return error_set(-ESTALE, "cannot stage it: the shard index %s was replaced since "
-			"the model was validated (it names other shards than the %zu opened); the new "
-			"version is staged by the next load", f->src, req->nfiles);
+			"the model was validated (it names other shards than the %zu opened); the "
+			"new version is staged by the next load", f->src, req->nfiles);
 	return 0;
 }
 
@@ -506,7 +507,8 @@ plan_files(const struct stage_request *req, struct stage_file **out, size_t *n)
 		err = check_index_names(req, f);
 	} else if (req->nfiles > 1) {
 		err = error_set(-ESTALE, "cannot stage it: %s has no shard index since the model "
-			"was validated; the new version is staged by the next load", req->model_path);
+			"was validated; the new version is staged by the next load",
+			req->model_path);
 	}
 	if (err < 0) {
 		plan_free(fs, *n);
@@ -601,7 +603,8 @@ publish(const struct stage_request *req, int sfd, const char *tmp, char **dir)
 		if (k == 1)
 			snprintf(name, sizeof(name), "%s.%" PRIu64, req->model, req->number);
 		else
-			snprintf(name, sizeof(name), "%s.%" PRIu64 "-%u", req->model, req->number, k);
+			snprintf(name, sizeof(name), "%s.%" PRIu64 "-%u", req->model, req->number,
+				k);
 		r = renameat2(sfd, tmp, sfd, name, RENAME_NOREPLACE);
 		if (r == -1 && (errno == EINVAL || errno == ENOSYS))
 			r = renameat(sfd, tmp, sfd, name);
@@ -657,9 +660,10 @@ check_path_lengths(const struct stage_request *req, const struct stage_file *fs,
 		longest;
 	if (len >= PATH_MAX)
 		return error_set(-ENAMETOOLONG, "cannot stage it: the paths of its copy would be "
-			"longer than %d bytes (model name \"%s\" %zu bytes, the longest file name %zu, "
-			"stage_dir %zu): configure a shorter stage_dir than %s", PATH_MAX - 1,
-			req->model, strlen(req->model), longest, strlen(req->stage_dir), req->stage_dir);
+			"longer than %d bytes (model name \"%s\" %zu bytes, the longest file name "
+			"%zu, stage_dir %zu): configure a shorter stage_dir than %s", PATH_MAX - 1,
+			req->model, strlen(req->model), longest, strlen(req->stage_dir),
+			req->stage_dir);
 	return 0;
 }
 

@@ -275,8 +275,9 @@ sync_after(struct workq_job *job, int status)
 				continue;
 			g->watched = 1;
 			if (j->gens[k].replaced) {
-				log_info("model \"%s\": generation %" PRIu64 ": a file was replaced "
-					 "before its directory was watched", m->name, g->number);
+				log_info("model \"%s\": generation %" PRIu64 ": a file was "
+					 "replaced before its directory was watched", m->name,
+					g->number);
 				watch_mark_dirty(w, m->name);
 			}
 			/* ... or written in place before: its descriptors say. */
@@ -304,7 +305,8 @@ sync_add_gen(struct sync_job *j, const struct generation *g)
 		return -ENOMEM;
 	for (size_t i = 0; i < n; i++) {
 		const char *path = g->origin != NULL ? g->origin[i].path : g->source.files[i].path;
-		const struct stat *st = g->origin != NULL ? &g->origin[i].st : &g->source.files[i].st;
+		const struct stat *st = g->origin != NULL ? &g->origin[i].st :
+			&g->source.files[i].st;
 
 		if ((s->paths[i] = strdup(path)) == NULL)
 			return -ENOMEM;

@@ -1,8 +1,8 @@
 /*
  * daemonutil.h: helpers for the unit tests of the daemon's state machine
- * (test_registry, test_generation, test_server, test_watch): a libuv loop
- * with a warm pool and a registry, loads that wait for their answer, small
- * real model files, and capturing the log.
+ * (test_registry, test_registry_attach, test_generation, test_server,
+ * test_watch): a libuv loop with a warm pool and a registry, loads that
+ * wait for their answer, small real model files, and capturing the log.
  *
  * Every wait runs the loop until a condition holds, bounded by a deadline
  * (a failed assertion, never a hang): no sleeps.

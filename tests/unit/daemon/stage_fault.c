@@ -1,0 +1,80 @@
+/*
+ * stage_fault.c: fault injection for the tests of the stage module that
+ * copy (test_stage, test_stage_changed), with the linker's --wrap
+ * (tests/CMakeLists.txt): copy_file_range, sendfile, statvfs and stat
+ * forward to the real calls unless a test sets a knob of stage_fixture.h,
+ * which can fail them (EIO, ESTALE, EXDEV, ENOSPC), change the source
+ * mid-copy, or look at the staging directory while the copy is under way.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/sendfile.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/types.h>
+
+#include "stage_fixture.h"
+
+ssize_t __real_copy_file_range(int in, off_t *in_off, int out, off_t *out_off, size_t len,
+	unsigned flags);
+ssize_t __wrap_copy_file_range(int in, off_t *in_off, int out, off_t *out_off, size_t len,
+	unsigned flags);
+ssize_t __real_sendfile(int out, int in, off_t *off, size_t count);
+ssize_t __wrap_sendfile(int out, int in, off_t *off, size_t count);
+int __real_statvfs(const char *path, struct statvfs *buf);
+int __wrap_statvfs(const char *path, struct statvfs *buf);
+int __real_stat(const char *path, struct stat *buf);
+int __wrap_stat(const char *path, struct stat *buf);
+
+ssize_t
+__wrap_copy_file_range(int in, off_t *in_off, int out, off_t *out_off, size_t len,
+	unsigned flags)
+{
+	unsigned call = copy_calls++;
+
+	if (copy_hook != NULL) {
+		int e = copy_hook(call);
+
+		if (e != 0) {
+			errno = e;
+			return -1;
+		}
+	}
+	return __real_copy_file_range(in, in_off, out, out_off, len, flags);
+}
+
+ssize_t
+__wrap_sendfile(int out, int in, off_t *off, size_t count)
+{
+	sendfile_calls++;
+	if (sendfile_errno != 0) {
+		errno = sendfile_errno;
+		return -1;
+	}
+	return __real_sendfile(out, in, off, count);
+}
+
+int
+__wrap_statvfs(const char *path, struct statvfs *buf)
+{
+	int r = __real_statvfs(path, buf);
+
+	if (r == 0 && statvfs_free != 0) {
+		buf->f_frsize = 4096;
+		buf->f_bavail = statvfs_free / 4096;
+	}
+	return r;
+}
+
+int
+__wrap_stat(const char *path, struct stat *buf)
+{
+	if (stat_fail_path != NULL && stat_failures != 0 && strcmp(path, stat_fail_path) == 0) {
+		if (stat_failures > 0)
+			stat_failures--;
+		errno = stat_errno;
+		return -1;
+	}
+	return __real_stat(path, buf);
+}

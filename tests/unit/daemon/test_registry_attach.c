@@ -1,0 +1,431 @@
+/*
+ * test_registry_attach.c: unit tests of daemon/registry.c, attaching: the
+ * reply and the descriptors it hands out, access by uid and group, and
+ * what a restart carries over (restore_*): generations taken over from
+ * the store and held (HOLD), the description for the store within a
+ * descriptor limit, and a status page from the store. On a real libuv
+ * loop and small model files in /tmp; no fault injection.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "daemonutil.h"
+#include "base/error.h"
+#include "fdstore.h"
+#include "base/file.h"
+#include "generation.h"
+#include "proto/memfds.h"
+#include "restore.h"
+#include "restore_internal.h"
+#include "testutil.h"
+
+static int
+setup(void **state)
+{
+	*state = du_new(false);
+	return 0;
+}
+
+#define teardown du_free
+
+static const struct registry_peer root_peer = { .pid = 1, .uid = 0, .gid = 0 };
+
+/* ---- attaching ---- */
+
+static void
+test_attach_reply(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 1024);
+	struct registry_attachment a;
+	struct model_entry *m;
+	char msg[64];
+
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 0), 0);
+	m = registry_find(&t->reg, "m");
+	assert_int_equal(registry_attach(&t->reg, "m", &root_peer, &a, msg, sizeof(msg)), 0);
+	assert_int_equal(a.generation, 1);
+	assert_int_equal(a.file_count, 1);
+	assert_int_equal(a.index_size, a.gen->index_size);
+	assert_int_equal(a.nfds, 3); /* index, the file, the status page */
+	/* The index too goes out as another open file description. */
+	assert_int_equal(a.fds[0], a.gen->served_index_fd);
+	assert_int_not_equal(a.fds[0], a.gen->index_fd);
+	/* The file goes out as another open file description of the same
+	 * inode: a flag a worker sets on it never reaches the daemon's. */
+	assert_int_equal(a.fds[1], a.gen->served_fds[0]);
+	assert_int_not_equal(a.fds[1], a.gen->source.files[0].fd);
+	{
+		struct stat sent, own;
+		int own_flags = fcntl(a.gen->source.files[0].fd, F_GETFL);
+
+		assert_int_equal(fstat(a.fds[1], &sent), 0);
+		assert_int_equal(fstat(a.gen->source.files[0].fd, &own), 0);
+		assert_true(sent.st_dev == own.st_dev && sent.st_ino == own.st_ino);
+		assert_int_equal(fcntl(a.fds[1], F_SETFL, O_APPEND | O_NONBLOCK | O_DIRECT), 0);
+		assert_int_equal(fcntl(a.gen->source.files[0].fd, F_GETFL), own_flags);
+		assert_int_equal(lseek(a.fds[1], 100, SEEK_SET), 100);
+		assert_int_equal(lseek(a.gen->source.files[0].fd, 0, SEEK_CUR), 0);
+	}
+	assert_int_equal(a.fds[2], t->reg.page.ro_fd);
+	assert_int_equal(a.status_slot, m->slot);
+	assert_int_equal(a.gen->attached, 1);
+	assert_int_equal(m->attach_count, 1);
+	registry_release(&t->reg, a.gen);
+	assert_int_equal(du_current(t, "m")->attached, 0);
+	free(path);
+}
+
+/* Generation 1 of "m" comes back as the store would give it (files of
+ * path, an index memfd like the current one's) with holders. */
+static int
+adopt_held(struct du *t, const char *path, uint64_t number, unsigned holders)
+{
+	struct model_source src = { .format = FORMAT_SAFETENSORS };
+	int fd, ifd, r;
+
+	src.files = calloc(1, sizeof(*src.files));
+	assert_non_null(src.files);
+	assert_true((fd = open(path, O_RDONLY | O_CLOEXEC)) >= 0);
+	assert_int_equal(file_from_fd(fd, path, &src.files[0]), 0);
+	src.nfiles = 1;
+	assert_true((ifd = fcntl(du_current(t, "m")->index_fd, F_DUPFD_CLOEXEC, 0)) >= 0);
+	r = restore_adopt_held(&t->reg, &(struct restore_served){ .name = "m", .number = number,
+		.src = &src, .index_fd = ifd, .index_size = du_current(t, "m")->index_size }, holders);
+	if (r < 0) { /* nothing taken */
+		assert_int_equal(src.nfiles, 1);
+		source_close(&src);
+		close(ifd);
+	} else {
+		assert_int_equal(src.nfiles, 0);
+	}
+	free(src.files);
+	return r;
+}
+
+/* A peer on connection conn (HOLD's once-per-connection rule). */
+static struct registry_peer
+conn_peer(uint64_t conn)
+{
+	return (struct registry_peer){ .pid = 1, .uid = 0, .gid = 0, .conn_id = conn };
+}
+
+/* HOLD (restore_hold) and the generations a restart takes over as held
+ * (restore_adopt_held): only a generation taken over from the store may
+ * be held, only while its wait lasts, at most as many times as it had
+ * holders and once per connection; one waits restart_hold_ms with no
+ * holder, then closes unless someone holds it. */
+static void
+test_hold_after_restart(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 1024), *path2;
+	struct registry_peer p1 = conn_peer(1), p2 = conn_peer(2), p3 = conn_peer(3);
+	struct generation *g = NULL, *old, *h;
+	char msg[256];
+
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 0), 0);
+	/* Loaded by this process: a HOLD of it names another generation. */
+	assert_int_equal(restore_hold(&t->reg, "m", 1, &p1, &g, msg, sizeof(msg)), -ENOENT);
+	assert_string_equal(msg, "model \"m\": generation 1 was not taken over from the "
+				 "previous wcached");
+	assert_int_equal(restore_hold(&t->reg, "x", 1, &p1, &g, msg, sizeof(msg)), -ENOENT);
+	assert_string_equal(msg, "not served");
+	path2 = du_model(t, "m2.safetensors", 2048);
+	assert_int_equal(rename(path2, path), 0); /* replaced: generation 2 */
+	assert_int_equal(du_reload(t, "m"), 0);
+	assert_int_equal(du_current(t, "m")->number, 2);
+	assert_int_equal(du_generations(t), 1);
+
+	t->reg.restart_hold_ms = 60000;
+	/* Not older than the current generation, or without holders:
+	 * refused, nothing taken. */
+	assert_int_equal(adopt_held(t, path, 2, 2), -EINVAL);
+	assert_int_equal(adopt_held(t, path, 1, 0), -EINVAL);
+	assert_non_null(strstr(error_get(), "had no holders when it was stored"));
+	assert_int_equal(du_generations(t), 1);
+	/* Two holders when it was stored. */
+	assert_int_equal(adopt_held(t, path, 1, 2), 0);
+	assert_int_equal(du_generations(t), 2);
+	assert_int_equal(t->reg.holds_open, 1);
+	old = registry_generation(&t->reg, registry_find(&t->reg, "m"), 1);
+	assert_non_null(old);
+	assert_int_equal(restore_holders(old), 2);
+	assert_int_equal(restore_hold(&t->reg, "m", 1, &p1, &g, msg, sizeof(msg)), 0);
+	assert_ptr_equal(g, old);
+	assert_int_equal(old->attached, 1);
+	assert_int_equal(old->state, GEN_READY);
+	assert_ptr_not_equal(du_current(t, "m"), old);
+	assert_int_equal(restore_holders(old), 2); /* one attached, one expected */
+	/* Replayed on the same connection: refused, nothing taken. */
+	assert_int_equal(restore_hold(&t->reg, "m", 1, &p1, &h, msg, sizeof(msg)), -EALREADY);
+	assert_string_equal(msg, "model \"m\": generation 1: this connection has said it holds "
+				 "it already");
+	assert_int_equal(old->attached, 1);
+	/* The second holder; a third is one more than there were. */
+	assert_int_equal(restore_hold(&t->reg, "m", 1, &p2, &h, msg, sizeof(msg)), 0);
+	assert_int_equal(old->attached, 2);
+	assert_int_equal(restore_hold(&t->reg, "m", 1, &p3, &h, msg, sizeof(msg)), -EUSERS);
+	assert_string_equal(msg, "model \"m\": generation 1: all 2 of its holders before the "
+				 "restart have said so");
+	assert_int_equal(old->attached, 2);
+	registry_release(&t->reg, h);
+	/* A holder that released is gone: its place is not given again. */
+	assert_int_equal(restore_hold(&t->reg, "m", 1, &p3, &h, msg, sizeof(msg)), -EUSERS);
+	/* The current generation was loaded here: nobody may HOLD it. */
+	assert_int_equal(restore_hold(&t->reg, "m", 2, &p3, &h, msg, sizeof(msg)), -ENOENT);
+	/* The wait ends while it is held: it stays until released, and no
+	 * HOLD is accepted any more. */
+	old->hold_until_ms = 1;
+	uv_update_time(t->reg.loop);
+	restore_expire_holds(&t->reg);
+	assert_int_equal(t->reg.holds_open, 0);
+	assert_int_equal(du_generations(t), 2);
+	assert_int_equal(restore_holders(old), 1);
+	assert_int_equal(restore_hold(&t->reg, "m", 1, &p3, &h, msg, sizeof(msg)), -ENOENT);
+	assert_string_equal(msg, "model \"m\": generation 1: the wait for its holders after the "
+				 "restart has ended (restart_hold_seconds)");
+	registry_release(&t->reg, old);
+	assert_int_equal(du_generations(t), 1);
+	free(path);
+	free(path2);
+}
+
+/* A held generation nobody claims: HOLDs after its deadline (before the
+ * timer noticed) are refused, and it closes when the wait ends. */
+static void
+test_hold_after_deadline(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 1024), *path2;
+	struct registry_peer p1 = conn_peer(1);
+	struct generation *g = NULL;
+	char msg[256];
+
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 0), 0);
+	path2 = du_model(t, "m2.safetensors", 2048);
+	assert_int_equal(rename(path2, path), 0);
+	assert_int_equal(du_reload(t, "m"), 0);
+	t->reg.restart_hold_ms = 0; /* the deadline is now */
+	assert_int_equal(adopt_held(t, path, 1, 5), 0);
+	assert_int_equal(restore_hold(&t->reg, "m", 1, &p1, &g, msg, sizeof(msg)), -ENOENT);
+	assert_non_null(strstr(msg, "the wait for its holders after the restart has ended"));
+	assert_int_equal(du_generations(t), 2);
+	restore_expire_holds(&t->reg);
+	assert_int_equal(du_generations(t), 1);
+	assert_int_equal(t->reg.holds_open, 0);
+	free(path);
+	free(path2);
+}
+
+/* The description for the store within a descriptor limit: held
+ * generations go first (oldest first), current ones stay; when the
+ * current ones alone do not fit, whole models are left out by name. */
+static void
+test_describe_limit(void **state)
+{
+	struct du *t = *state;
+	char *a = du_model(t, "a.safetensors", 1024), *b = du_model(t, "b.safetensors", 1024);
+	struct registry_attachment at[2];
+	struct fdstore_desc *d = NULL;
+	struct generation *g;
+	char left[512], msg[128];
+
+	assert_int_equal(du_load(t, "m", a, PIN_NONE, 0), 0);
+	assert_int_equal(du_load(t, "other", b, PIN_NONE, 0), 0);
+	/* Generations 1 and 2 of m held by attaches, 3 current. */
+	for (int i = 0; i < 2; i++) {
+		char *next = du_model(t, "n.safetensors", (size_t)(2048 + 1024 * i));
+
+		assert_int_equal(registry_attach(&t->reg, "m", &root_peer, &at[i], msg, sizeof(msg)),
+			0);
+		assert_int_equal(rename(next, a), 0);
+		assert_int_equal(du_reload(t, "m"), 0);
+		free(next);
+	}
+	assert_int_equal(du_current(t, "m")->number, 3);
+	/* As if each had gone into the store. */
+	for (g = t->reg.generations; g != NULL; g = g->next) {
+		g->stored_slot = g->model->slot;
+		g->stored_done = 1;
+	}
+	/* No limit to speak of: everything, each with its holders. */
+	assert_int_equal(restore_describe(&t->reg, 100, &d, left, sizeof(left)), 0);
+	assert_string_equal(left, "");
+	assert_int_equal(d->nmodels, 2);
+	assert_int_equal(d->models[0].ngenerations + d->models[1].ngenerations, 4);
+	for (uint32_t i = 0; i < d->nmodels; i++)
+		for (uint32_t k = 0; k < d->models[i].ngenerations; k++)
+			assert_int_equal(d->models[i].generations[k].holders,
+				d->models[i].generations[k].role == FDSTORE_HELD ? 1 : 0);
+	assert_int_equal(fdstore_check(d), 0);
+	fdstore_free(d);
+	/* Room for the two current ones (2 descriptors each) and one held:
+	 * the newest held (2) stays, the oldest (1) goes. */
+	assert_int_equal(restore_describe(&t->reg, 6, &d, left, sizeof(left)), 0);
+	assert_string_equal(left, "held generations left out: \"m\" 1");
+	for (uint32_t i = 0; i < d->nmodels; i++) {
+		const struct fdstore_model *m = &d->models[i];
+
+		assert_int_equal(m->ngenerations, strcmp(m->name, "m") == 0 ? 2 : 1);
+		assert_int_equal(m->generations[0].role, FDSTORE_CURRENT);
+		if (m->ngenerations == 2)
+			assert_int_equal(m->generations[1].number, 2);
+	}
+	fdstore_free(d);
+	/* Room for one current generation: the other model is described
+	 * without generations (its slot and numbers kept), and named. */
+	assert_int_equal(restore_describe(&t->reg, 3, &d, left, sizeof(left)), 0);
+	assert_non_null(strstr(left, "models left out whole: \""));
+	assert_int_equal(d->nmodels, 2);
+	assert_int_equal(d->models[0].ngenerations + d->models[1].ngenerations, 1);
+	assert_int_equal(fdstore_check(d), 0);
+	fdstore_free(d);
+	for (int i = 0; i < 2; i++)
+		registry_release(&t->reg, at[i].gen);
+	free(a);
+	free(b);
+}
+
+/* A status page from the store is reused only when it is what a fresh one
+ * for the store is: size, seals, owner and mode; each mismatch is refused
+ * naming it. */
+static int
+stored_page(mode_t mode, int seals, off_t size)
+{
+	int fd = memfd_create("test-status", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	uint64_t magic = STATUS_MAGIC;
+
+	assert_true(fd >= 0);
+	assert_int_equal(ftruncate(fd, size), 0);
+	assert_int_equal(pwrite(fd, &magic, sizeof(magic), 0), (ssize_t)sizeof(magic));
+	assert_int_equal(fchmod(fd, mode), 0);
+	assert_int_equal(fcntl(fd, F_ADD_SEALS, seals), 0);
+	return fd;
+}
+
+static void
+try_stored_page(struct du *t, int fd, const char *want)
+{
+	struct registry r;
+
+	if (want == NULL) {
+		assert_int_equal(registry_init_stored(&r, t->reg.loop, NULL, fd), 0);
+		assert_int_equal(r.page.fd, fd);
+		registry_close(&r);
+		return;
+	}
+	assert_int_equal(registry_init_stored(&r, t->reg.loop, NULL, fd), -EINVAL);
+	if (strstr(error_get(), want) == NULL)
+		fail_msg("\"%s\" does not say \"%s\"", error_get(), want);
+	assert_int_equal(r.page.fd, -1);
+	close(fd);
+}
+
+static void
+test_stored_status_page(void **state)
+{
+	struct du *t = *state;
+
+	try_stored_page(t, stored_page(0600, STATUS_PAGE_STORED_SEALS, STATUS_PAGE_BYTES), NULL);
+	try_stored_page(t, stored_page(0644, STATUS_PAGE_STORED_SEALS, STATUS_PAGE_BYTES), NULL);
+	try_stored_page(t, stored_page(0666, STATUS_PAGE_STORED_SEALS, STATUS_PAGE_BYTES),
+		"mode 0666 is group- or world-writable");
+	try_stored_page(t, stored_page(0620, STATUS_PAGE_STORED_SEALS, STATUS_PAGE_BYTES),
+		"mode 0620");
+	try_stored_page(t, stored_page(0600, F_SEAL_SHRINK | F_SEAL_GROW, STATUS_PAGE_BYTES),
+		"seals 0x6, not 0x7");
+	try_stored_page(t, stored_page(0600, STATUS_PAGE_STORED_SEALS | F_SEAL_WRITE,
+				  STATUS_PAGE_BYTES), "seals 0xf, not 0x7");
+	try_stored_page(t, stored_page(0600, STATUS_PAGE_STORED_SEALS, STATUS_PAGE_BYTES / 2),
+		"not a 65536-byte file");
+	if (geteuid() == 0) { /* another owner: only root can make one */
+		int fd = memfd_create("test-status", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+		uint64_t magic = STATUS_MAGIC;
+
+		assert_int_equal(ftruncate(fd, STATUS_PAGE_BYTES), 0);
+		assert_int_equal(pwrite(fd, &magic, sizeof(magic), 0), (ssize_t)sizeof(magic));
+		assert_int_equal(fchmod(fd, 0600), 0);
+		assert_int_equal(fchown(fd, 12345, 12345), 0);
+		assert_int_equal(fcntl(fd, F_ADD_SEALS, STATUS_PAGE_STORED_SEALS), 0);
+		try_stored_page(t, fd, "owned by uid 12345");
+	}
+}
+
+static void
+test_access(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 1024);
+	const uid_t uids[] = { 1000 };
+	const gid_t gids[] = { 2000 };
+	const gid_t groups[] = { 5, 2000 };
+	struct registry_attachment a;
+	struct model_entry *m;
+	char msg[128];
+	int logged = 0;
+	struct registry_peer p = { .pid = 9, .uid = 3000, .gid = 3000, .self_uid = 4000,
+		.denied_logged = &logged };
+
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 0), 0);
+	m = registry_find(&t->reg, "m");
+	/* Unrestricted: anyone. */
+	assert_int_equal(registry_attach(&t->reg, "m", &p, &a, msg, sizeof(msg)), 0);
+	registry_release(&t->reg, a.gen);
+	assert_int_equal(registry_set_access(&t->reg, "m", 1, uids, 1, gids, 1), 0);
+	assert_int_equal(registry_set_access(&t->reg, "none", 1, uids, 1, gids, 1), -ENOENT);
+	assert_int_equal(registry_attach(&t->reg, "m", &p, &a, msg, sizeof(msg)), -EACCES);
+	assert_string_equal(msg, "access denied: uid 3000 is not in the model's allow_users or "
+				 "allow_groups");
+	assert_int_equal(registry_attach(&t->reg, "m", &p, &a, msg, sizeof(msg)), -EACCES);
+	assert_int_equal(m->denied_count, 2);
+	assert_int_equal(logged, 2); /* the first was logged */
+	assert_int_equal(m->attach_count, 1);
+	/* By uid, by primary group, by supplementary group, root, self. */
+	p.uid = 1000;
+	assert_int_equal(registry_attach(&t->reg, "m", &p, &a, msg, sizeof(msg)), 0);
+	registry_release(&t->reg, a.gen);
+	p.uid = 3000;
+	p.gid = 2000;
+	assert_int_equal(registry_attach(&t->reg, "m", &p, &a, msg, sizeof(msg)), 0);
+	registry_release(&t->reg, a.gen);
+	p.gid = 3000;
+	p.groups = groups;
+	p.ngroups = 2;
+	assert_int_equal(registry_attach(&t->reg, "m", &p, &a, msg, sizeof(msg)), 0);
+	registry_release(&t->reg, a.gen);
+	p.ngroups = 0;
+	p.uid = 4000;
+	assert_int_equal(registry_attach(&t->reg, "m", &p, &a, msg, sizeof(msg)), 0);
+	registry_release(&t->reg, a.gen);
+	assert_int_equal(registry_attach(&t->reg, "m", &root_peer, &a, msg, sizeof(msg)), 0);
+	registry_release(&t->reg, a.gen);
+	free(path);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_attach_reply, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_access, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_hold_after_restart, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_hold_after_deadline, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_describe_limit, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_stored_status_page, setup, teardown),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
