@@ -14,6 +14,7 @@ import torch
 import wcache
 import wcache.numpy as wnp
 import wcache.torch as wtorch
+from pyhelpers import PYDIR
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -221,8 +222,10 @@ def test_save_and_load_model(tmp_path, no_daemon):
 
 
 def run_standin(code, env_extra, tmp_path):
+    """Runs code in a fresh interpreter that finds the stand-in safetensors
+    and this tree's wcache (whether or not $PYTHONPATH already names it)."""
     env = dict(os.environ, **env_extra)
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "standin"),
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "standin"), PYDIR,
                                          env.get("PYTHONPATH", "")])
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                           text=True, cwd=str(tmp_path))
