@@ -79,6 +79,20 @@ def test_serialize_and_deserialize():
     assert wnp.load(blob)["t"].dtype == np.float32
 
 
+def test_load_maps_every_dtype_this_torch_has(monkeypatch):
+    """wtorch.load takes its torch types from the table Model.torch uses, so
+    a dtype that only a newer torch has (F8_E8M0: float8_e8m0fnu, torch 2.7)
+    loads there; a torch without it (1.13 here) gets the error naming it."""
+    blob = wcache.serialize({"s": {"dtype": "float8_e8m0fnu", "shape": [2],
+                                   "data": b"\x7f\x80"}})
+    monkeypatch.setattr(torch, "float8_e8m0fnu", torch.uint8, raising=False)  # stands in
+    got = wtorch.load(blob)["s"]
+    assert got.dtype == torch.uint8 and got.tolist() == [0x7F, 0x80]
+    monkeypatch.delattr(torch, "float8_e8m0fnu")
+    with pytest.raises(wcache.SafetensorError, match="has no type for F8_E8M0"):
+        wtorch.load(blob)
+
+
 def test_save_file_is_atomic(tmp_path):
     path = tmp_path / "m.safetensors"
     wtorch.save_file({"x": torch.zeros(4)}, path)
