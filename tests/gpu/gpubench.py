@@ -225,10 +225,12 @@ def _load(method, a, torch, device):
         import safetensors.torch
         return safetensors.torch.load_file(a.model, device=target if not a.cpu else "cpu"), ""
     if method == "torch_load":
+        # weights_only=True: torch 2.6's default, said so for older ones (the
+        # file holds tensors only)
         try:
-            state = torch.load(a.pt, mmap=True, map_location="cpu")
+            state = torch.load(a.pt, mmap=True, map_location="cpu", weights_only=True)
         except TypeError:  # torch < 2.1 (the CPU mode's old torch)
-            state = torch.load(a.pt, map_location="cpu")
+            state = torch.load(a.pt, map_location="cpu", weights_only=True)
         return {k: (v.to(device) if not a.cpu else v.clone()) for k, v in state.items()}, ""
     import wcache
     import wcache.torch
@@ -399,13 +401,27 @@ def cmd_llama_make(a):
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
     n = sum(p.numel() for p in model.parameters())
-    shard = "64KB" if a.tiny else "500MB"
-    try:
-        model.save_pretrained(a.dir, safe_serialization=True, max_shard_size=shard)
-    except TypeError:  # a transformers without the argument: safetensors is its default
-        model.save_pretrained(a.dir, max_shard_size=shard)
+    model.save_pretrained(a.dir, **_save_arguments(model.save_pretrained,
+                                                   "64KB" if a.tiny else "500MB"))
     shards = sorted(f for f in os.listdir(a.dir) if f.endswith(".safetensors"))
     log(f"  {a.dir}: {n / 1e9:.3f} B parameters, {len(shards)} shards")
+
+
+def _save_arguments(save_pretrained, shard):
+    """save_pretrained's keyword arguments for safetensors shards of at most
+    shard: safe_serialization=True only where the signature has it.
+    transformers 5 removed it (safetensors is all it writes) and takes
+    **kwargs, which it hands to the hub when pushing: an argument it no
+    longer knows is not an error to catch, it is passed along or ignored."""
+    import inspect
+    arguments = {"max_shard_size": shard}
+    try:
+        parameters = inspect.signature(save_pretrained).parameters
+    except (TypeError, ValueError):  # no signature to read: the default is safetensors
+        parameters = {}
+    if "safe_serialization" in parameters:
+        arguments["safe_serialization"] = True
+    return arguments
 
 
 def _watch_handles(watch):
@@ -507,7 +523,7 @@ def cmd_llama_load(a):
 
 def cmd_llama_compare(a):
     import torch
-    x, y = torch.load(a.a), torch.load(a.b)
+    x, y = torch.load(a.a, weights_only=True), torch.load(a.b, weights_only=True)
     equal = bool(torch.equal(x, y))
     emit(a.results, method="logits" + (f"_{a.tag}" if a.tag else ""), equal=equal,
          max_abs_diff=float((x - y).abs().max()) if x.shape == y.shape else None)

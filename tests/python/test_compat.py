@@ -14,6 +14,7 @@ import torch
 import wcache
 import wcache.numpy as wnp
 import wcache.torch as wtorch
+from pyhelpers import PYDIR
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -76,6 +77,20 @@ def test_serialize_and_deserialize():
     loaded = wtorch.load(blob)
     assert loaded["t"].dtype == torch.float32 and loaded["t"].tolist() == [1.0, 2.0]
     assert wnp.load(blob)["t"].dtype == np.float32
+
+
+def test_load_maps_every_dtype_this_torch_has(monkeypatch):
+    """wtorch.load takes its torch types from the table Model.torch uses, so
+    a dtype that only a newer torch has (F8_E8M0: float8_e8m0fnu, torch 2.7)
+    loads there; a torch without it (1.13 here) gets the error naming it."""
+    blob = wcache.serialize({"s": {"dtype": "float8_e8m0fnu", "shape": [2],
+                                   "data": b"\x7f\x80"}})
+    monkeypatch.setattr(torch, "float8_e8m0fnu", torch.uint8, raising=False)  # stands in
+    got = wtorch.load(blob)["s"]
+    assert got.dtype == torch.uint8 and got.tolist() == [0x7F, 0x80]
+    monkeypatch.delattr(torch, "float8_e8m0fnu")
+    with pytest.raises(wcache.SafetensorError, match="has no type for F8_E8M0"):
+        wtorch.load(blob)
 
 
 def test_save_file_is_atomic(tmp_path):
@@ -221,8 +236,10 @@ def test_save_and_load_model(tmp_path, no_daemon):
 
 
 def run_standin(code, env_extra, tmp_path):
+    """Runs code in a fresh interpreter that finds the stand-in safetensors
+    and this tree's wcache (whether or not $PYTHONPATH already names it)."""
     env = dict(os.environ, **env_extra)
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "standin"),
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "standin"), PYDIR,
                                          env.get("PYTHONPATH", "")])
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                           text=True, cwd=str(tmp_path))

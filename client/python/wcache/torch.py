@@ -24,6 +24,7 @@ from collections import defaultdict
 
 import torch
 
+from ._dtypes import torch_dtype
 from ._lib import SafetensorError
 from ._safe_open import safe_open
 from ._serialize import TensorSpec, deserialize, serialize, serialize_file
@@ -185,21 +186,13 @@ def load_file(filename, device="cpu", *, backend="mmap"):
         return f.get_tensors()
 
 
-_TYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
-          "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
-          "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool, "C64": torch.complex64}
-for _st, _name in (("F8_E4M3", "float8_e4m3fn"), ("F8_E4M3FNUZ", "float8_e4m3fnuz"),
-                   ("F8_E5M2", "float8_e5m2"), ("F8_E5M2FNUZ", "float8_e5m2fnuz"),
-                   ("U64", "uint64"), ("U32", "uint32"), ("U16", "uint16")):
-    if hasattr(torch, _name):
-        _TYPES[_st] = getattr(torch, _name)
-
-
 def load(data):
-    """{name: tensor} of the safetensors bytes data (copies, on the CPU)."""
+    """{name: tensor} of the safetensors bytes data (copies, on the CPU).
+    A dtype maps to a torch type as for Model.torch (wcache/_dtypes.py):
+    whatever this torch has, F8_E8M0 (float8_e8m0fnu, torch 2.7) included."""
     result = {}
     for name, v in deserialize(data):
-        dtype = _TYPES.get(v["dtype"])
+        dtype = torch_dtype(torch, v["dtype"])
         if dtype is None:
             raise SafetensorError(f"tensor {name!r}: torch {torch.__version__} has no type "
                                   f"for {v['dtype']}")
