@@ -73,7 +73,7 @@ struct warm_pool {
 	uv_loop_t *loop;
 	uv_async_t async;
 	pthread_mutex_t mu;
-	pthread_cond_t cv;        /* idle threads: work queued, a remote job ended, closing */
+	pthread_cond_t cv;        /* idle threads: work queued, a job ended, closing */
 	pthread_cond_t pace_cv;   /* pacing waits: a job cancelled, or closing. Apart from
 				     cv, so that warm_submit's signal wakes an idle
 				     thread, never one that goes back to its pacing wait */
@@ -94,6 +94,10 @@ struct warm_pool {
 	bool closed;               /* loop thread: every thread joined, jobs delivered */
 	unsigned remote_limit;     /* remote jobs (req.remote) running at once at most */
 	unsigned remote_running;   /* under mu */
+	unsigned local_limit;      /* other jobs running at once at most: the threads asked
+				      for (nthreads has one more where those are too few
+				      to leave a thread beside remote_limit) */
+	unsigned local_running;    /* under mu */
 	size_t pending;            /* loop thread: submitted, not yet delivered */
 };
 
@@ -296,18 +300,21 @@ run_job(struct warm_pool *pool, struct warm_job *job, uint8_t *buf)
 }
 
 /* The oldest queued job a thread may run now (taken off the queue), or
- * NULL: a remote one only while fewer than remote_limit run (pool->mu
- * held). */
+ * NULL: a remote one only while fewer than remote_limit run, any other
+ * only while fewer than local_limit do (pool->mu held). */
 static struct warm_job *
 take_runnable(struct warm_pool *pool)
 {
-	for (struct warm_job *j = pool->queue.head; j != NULL; j = j->next)
-		if (!j->req.remote || pool->remote_running < pool->remote_limit) {
+	for (struct warm_job *j = pool->queue.head; j != NULL; j = j->next) {
+		unsigned *running = j->req.remote ? &pool->remote_running : &pool->local_running;
+		unsigned limit = j->req.remote ? pool->remote_limit : pool->local_limit;
+
+		if (*running < limit) {
 			list_remove(&pool->queue, j);
-			if (j->req.remote)
-				pool->remote_running++;
+			(*running)++;
 			return j;
 		}
+	}
 	return NULL;
 }
 
@@ -340,11 +347,12 @@ pool_thread(void *argp)
 
 		pthread_mutex_lock(&pool->mu);
 		pool->running[slot] = NULL;
-		if (job->req.remote) {
-			/* A remote job that waited may run now. */
+		if (job->req.remote)
 			pool->remote_running--;
-			pthread_cond_broadcast(&pool->cv);
-		}
+		else
+			pool->local_running--;
+		/* A job its kind's limit held back may run now. */
+		pthread_cond_broadcast(&pool->cv);
 		job->state = JOB_FINISHED;
 		list_append(&pool->done, job);
 		pthread_mutex_unlock(&pool->mu);
@@ -469,8 +477,13 @@ apply_options(struct warm_pool *pool, const struct warm_options *opt)
 	if (o.method != WARM_PREAD && o.method != WARM_FADVISE_PREAD &&
 		o.method != WARM_SENDFILE)
 		return -EINVAL;
-	pool->nthreads = o.threads;
+	/* A server that hangs holds the threads reading it: remote work gets
+	 * half of the threads (1 of fewer than 4), and one more thread joins
+	 * where that would be all of them (o.threads = 1), so that local
+	 * warm-ups always have one. Local work keeps to o.threads. */
 	pool->remote_limit = o.threads >= 4 ? o.threads / 2 : 1;
+	pool->local_limit = o.threads;
+	pool->nthreads = o.threads > pool->remote_limit ? o.threads : pool->remote_limit + 1;
 	pool->chunk = (o.chunk_bytes + pg - 1) / pg * pg;
 	pool->method = o.method;
 	pool->pace = o.pace_bytes_per_sec;

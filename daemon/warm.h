@@ -129,10 +129,11 @@ struct warm_request {
 				    dereferenced */
 	void *cookie;            /* the owner's identity for this job (e.g. a generation) */
 	int remote;              /* reads a network or FUSE filesystem, whose server may
-				    hang mid-read: at most half the pool's threads (one
-				    when it has fewer than 4) run such jobs at once, so
-				    the others keep warming local files; a waiting remote
-				    job lets later local ones pass */
+				    hang mid-read: at most half of options.threads (one
+				    when fewer than 4) run such jobs at once, so the
+				    others keep warming local files (with threads = 1,
+				    the pool has a second thread for them); a waiting
+				    remote job lets later local ones pass */
 	warm_done_cb done;       /* required */
 	warm_progress_cb progress; /* optional */
 	/* Optional: called on the pool thread once the whole range was read

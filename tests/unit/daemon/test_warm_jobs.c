@@ -2,7 +2,8 @@
  * test_warm_jobs.c: unit tests of daemon/warm.c, the page-cache warming
  * pool, its jobs: many jobs each delivered exactly once, one thread taking
  * them in order, cancellation of queued and running jobs, a submit waking
- * an idle thread, remote jobs held to their share of the threads, and
+ * an idle thread, remote jobs held to their share of the threads (and a
+ * second thread for local ones where prefetch_threads is 1), and
  * closing the pool with jobs in flight, from a callback and within a read
  * that hangs; on a real libuv loop and real files in /tmp
  * (warm_fixture.h).
@@ -210,6 +211,42 @@ test_remote_jobs_leave_threads_to_local_ones(void **state)
 	assert_true(run_until(&f->loop, &f->completed, 6));
 }
 
+/*
+ * prefetch_threads = 1: remote work's share would be the only thread, so the
+ * pool has a second one, and local jobs still run one at a time: of two
+ * local jobs (2 MiB each, paced to 4 MiB/s: 0.25 s), the second waits for
+ * the first. Then a slow remote job (a server that hangs) runs, a local
+ * one ends while it does, and a second remote job waits.
+ */
+static void
+test_one_thread_keeps_one_for_local_jobs(void **state)
+{
+	struct fixture *f = *state;
+
+	make_big(f);
+	new_pool(f, 1, 1 * MiB, 0, 4ull * MiB);
+	submit(f, 1, f->big_fd, NULL, 0, 2 * MiB, false);
+	submit(f, 2, f->big_fd, NULL, 0, 2 * MiB, false);
+	assert_true(run_until(&f->loop, &f->completed, 2));
+	assert_int_equal(f->seen[0].res.status, 0);
+	assert_int_equal(f->seen[1].res.status, 0);
+	assert_true(f->seen[1].res.queued_seconds >= 0.2);
+
+	submit_remote(f, 3, BIG_SIZE);
+	while (warm_job_bytes(f->jobs[2]) == 0)
+		uv_sleep(10);
+	submit(f, 4, f->big_fd, NULL, 0, 2 * MiB, false);
+	submit_remote(f, 5, BIG_SIZE);
+	assert_true(run_until(&f->loop, &f->completed, 3));
+	assert_int_equal(f->seen[3].order, 3);
+	assert_int_equal(f->seen[3].res.status, 0);
+	assert_int_equal(f->seen[2].done_calls, 0);
+	assert_int_equal(warm_job_bytes(f->jobs[4]), 0);
+	assert_int_equal(warm_cancel(f->pool, f->jobs[2]), 0);
+	assert_int_equal(warm_cancel(f->pool, f->jobs[4]), 0);
+	assert_true(run_until(&f->loop, &f->completed, 5));
+}
+
 /* Closing with jobs running and queued delivers every job once, at close,
  * and leaves nothing behind (teardown checks uv_loop_close; ASan leaks). */
 static void
@@ -321,6 +358,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_fifo, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_cancel, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_remote_jobs_leave_threads_to_local_ones, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_one_thread_keeps_one_for_local_jobs, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_close_in_flight, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_close_from_callback, setup, teardown),
