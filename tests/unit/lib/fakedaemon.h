@@ -1,6 +1,7 @@
 /*
  * fakedaemon.h: a fake, scriptable, hostile wcached for the client
- * library's tests (test_attach.c).
+ * library's tests (test_attach.c, test_attach_reply.c,
+ * test_attach_connection.c on attach_fixture.c, and test_derive.c).
  *
  * fake_main() runs in a thread: it accepts one connection on listen_fd (or
  * `connections` of them, one after the other, as a daemon that restarts

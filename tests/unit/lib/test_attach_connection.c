@@ -1,0 +1,536 @@
+/*
+ * test_attach_connection.c: libwcache's connection to wcached
+ * (client/lib/attach.c) when the daemon's replies are wrong, when it
+ * refuses the client, and when it restarts, against a fake, hostile
+ * wcached: replies to another request, ERRORs, a daemon that closes,
+ * garbage, truncated and mistyped replies; the refusal of a client over
+ * wcached's limits, however its send, close and the client's receive
+ * interleave; a daemon that restarts between attaches or during one (with
+ * or without HOLD), that is gone for good, or that hangs up and then does
+ * not answer within the client's deadline.
+ *
+ * Each test checks the exact code, a substring of wc_errmsg(), that the
+ * process holds as many descriptors afterwards as before and what the fake
+ * daemon saw: attaches, connections, releases and their handles
+ * (attach_fixture.h).
+ *
+ * Fault injection uses the linker's --wrap (tests/CMakeLists.txt links this
+ * test with -Wl,--wrap=recvmsg and compiles it with -U_FORTIFY_SOURCE):
+ * __wrap_recvmsg lets a test order the client's next receive against the
+ * fake daemon's close, which makes the refusal races deterministic.
+ * __real_recvmsg is weak, so a build without that option still links; the
+ * tests that need it then report SKIPPED.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "attach_fixture.h"
+#include "fakedaemon.h"
+#include "testutil.h"
+#include "lib/wcache.h"
+#include "proto/wire.h"
+
+#define REFUSAL "too many clients connected to wcached (max_clients)"
+
+/* ---- fault injection ---------------------------------------------------- */
+
+ssize_t __real_recvmsg(int fd, struct msghdr *msg, int flags) __attribute__((weak));
+ssize_t __wrap_recvmsg(int fd, struct msghdr *msg, int flags);
+
+/* recvmsg() with two one-shot hooks for the client's thread (the fake
+ * daemon's thread is left alone): wait for the fake's close before
+ * receiving, or tell the fake once something was received. */
+ssize_t
+__wrap_recvmsg(int fd, struct msghdr *msg, int flags)
+{
+	int mine = pthread_equal(pthread_self(), fault.client);
+	ssize_t n;
+	int e;
+
+	if (mine && fault.recv_wait_close) {
+		fault.recv_wait_close = 0;
+		(void)fake_sem_wait(&fault.closed);
+	}
+	n = __real_recvmsg(fd, msg, flags);
+	e = errno;
+	if (mine && fault.recv_post_read) {
+		fault.recv_post_read = 0;
+		sem_post(&fault.read);
+	}
+	errno = e;
+	return n;
+}
+
+/* Skips the test unless it was linked with -Wl,--wrap=recvmsg. */
+#define NEED_WRAP() af_need_wrap(__real_recvmsg != NULL, "-Wl,--wrap=recvmsg")
+
+/* ---- helpers ------------------------------------------------------------ */
+
+/* Sets a raw reply. */
+static void
+fake_raw(struct fixture *f, const void *bytes, size_t len)
+{
+	assert_true(len <= sizeof(f->fake.raw));
+	f->fake.kind = REPLY_RAW;
+	memcpy(f->fake.raw, bytes, len);
+	f->fake.raw_len = len;
+}
+
+/* ---- replies ------------------------------------------------------------ */
+
+/* A reply to another request is malformed; its descriptors are closed and
+ * the connection with them. (An ERROR with seq 0 is a refusal: see
+ * test_refusal_read_before_close.) */
+static void
+test_wrong_seq(void **state)
+{
+	struct fixture *f = *state;
+
+	f->fake.seq_delta = 1;
+	attach_fails_out_of_step(f, -EBADMSG, "answered request 1 with 2");
+	f->fake.seq_delta = (uint32_t)-1;
+	attach_fails_out_of_step(f, -EBADMSG, "answered request 1 with 0");
+	f->fake.kind = REPLY_ERROR;
+	f->fake.err_code = ENOENT;
+	f->fake.err_text = "x";
+	f->fake.seq_delta = 7;
+	attach_fails_out_of_step(f, -EBADMSG, "answered request 1 with 8");
+}
+
+/* ENOENT is worded for the user; the socket path is named. */
+static void
+test_error_enoent(void **state)
+{
+	struct fixture *f = *state;
+	char want[512];
+
+	f->fake.kind = REPLY_ERROR;
+	f->fake.err_code = ENOENT;
+	f->fake.err_text = "no model";
+	f->fake.nfds = 0;
+	snprintf(want, sizeof(want), "model \"" MODEL "\" is not served by wcached at %s",
+		f->sock);
+	attach_fails(f, -ENOENT, want);
+}
+
+/* Any other code comes back negated with the daemon's text; descriptors
+ * that came with the ERROR are closed. */
+static void
+test_error_text_surfaces(void **state)
+{
+	struct fixture *f = *state;
+	char want[512];
+
+	f->fake.kind = REPLY_ERROR;
+	f->fake.err_code = EACCES;
+	f->fake.err_text = MODEL ": uid 1000 may not attach this model";
+	snprintf(want, sizeof(want),
+		"model \"" MODEL "\": " MODEL ": uid 1000 may not attach this model (wcached at %s)",
+		f->sock);
+	attach_fails(f, -EACCES, want); /* with the four descriptors of fake_good() */
+	f->fake.err_code = ESTALE;
+	f->fake.err_text = "model.safetensors was modified in place";
+	f->fake.nfds = 0;
+	attach_fails(f, -ESTALE, "was modified in place");
+}
+
+/* The daemon reads the request and closes the connection, twice: the
+ * client connects again and retries once, not more. */
+static void
+test_daemon_closes(void **state)
+{
+	struct fixture *f = *state;
+
+	f->fake.kind = REPLY_CLOSE;
+	f->fake.connections = 2;
+	attach_fails(f, -ECONNRESET, "closed the connection");
+	assert_int_equal(f->fake.attaches, 2);
+	assert_int_equal(f->fake.accepted, 2);
+}
+
+/* Garbage, truncated and mistyped replies are malformed; their descriptors
+ * are closed. */
+static void
+test_garbage_replies(void **state)
+{
+	struct fixture *f = *state;
+	uint8_t msg[WIRE_MAX_MESSAGE + 1000];
+	ssize_t n;
+
+	memset(msg, 0xa5, sizeof(msg));
+	fake_raw(f, msg, 100);
+	attach_fails_out_of_step(f, -EBADMSG, "sent a malformed reply");
+	fake_raw(f, msg, 15);
+	attach_fails(f, -EMSGSIZE, "sent a malformed reply");
+	fake_raw(f, msg, sizeof(msg)); /* longer than WIRE_MAX_MESSAGE */
+	attach_fails(f, -EMSGSIZE, "receive: ");
+	fake_raw(f, msg, 0); /* an empty packet reads as the end: retried once */
+	f->fake.connections = 2;
+	attach_fails(f, -ECONNRESET, "closed the connection");
+	assert_int_equal(f->fake.accepted, 2);
+	f->fake.connections = 1;
+
+	/* A good ATTACH_OK (seq 1), cut short, with unknown flags, of
+	 * another version. */
+	n = wire_put_attach_ok(msg, sizeof(msg), 1, &f->fake.ok);
+	assert_int_equal(n, 56);
+	fake_raw(f, msg, 40);
+	attach_fails(f, -EBADMSG, "sent a malformed reply");
+	msg[WIRE_HEADER_SIZE + 28] |= 2;
+	fake_raw(f, msg, 56);
+	attach_fails(f, -EBADMSG, "sent a malformed reply");
+	msg[WIRE_HEADER_SIZE + 28] &= (uint8_t)~2;
+	msg[4] = 2;
+	fake_raw(f, msg, 56);
+	attach_fails_out_of_step(f, -EPROTO, "wcached at");
+
+	/* Well-formed messages of the wrong type for a reply. */
+	n = wire_put_release_ok(msg, sizeof(msg), 1);
+	fake_raw(f, msg, (size_t)n);
+	attach_fails(f, -EBADMSG, "unexpected reply from wcached");
+	n = wire_put_attach(msg, sizeof(msg), 1, MODEL, strlen(MODEL));
+	fake_raw(f, msg, (size_t)n);
+	attach_fails(f, -EBADMSG, "unexpected reply from wcached");
+
+	/* An ERROR with code 0 would read as success. */
+	n = wire_put_error(msg, sizeof(msg), 1, EIO, "x");
+	memset(msg + WIRE_HEADER_SIZE, 0, 4);
+	fake_raw(f, msg, (size_t)n);
+	attach_fails(f, -EBADMSG, "sent a malformed reply");
+}
+
+/* ---- refusals ----------------------------------------------------------- */
+
+/* The refusal wcached sends to a client over its limits: ERROR (seq 0),
+ * then close, before reading anything. */
+static void
+script_refusal(struct fixture *f, enum fake_mode mode)
+{
+	f->fake.mode = mode;
+	f->fake.kind = REPLY_ERROR;
+	f->fake.err_code = EUSERS;
+	f->fake.err_text = REFUSAL;
+	f->fake.nfds = 0;
+}
+
+/* The daemon refused and closed before the client sent: the send fails
+ * with EPIPE, and the queued refusal is what the caller sees. */
+static void
+test_refusal_before_request(void **state)
+{
+	struct fixture *f = *state;
+	int before = tu_count_fds();
+
+	script_refusal(f, FAKE_REFUSE_EARLY);
+	fake_start(f);
+	assert_int_equal(wc_connect(f->sock, &f->client), 0);
+	fake_finish(f); /* closed */
+	assert_error(wc_attach(f->client, MODEL, &f->model), -EUSERS, REFUSAL);
+	assert_null(f->model);
+	finish(f, before);
+}
+
+/* The daemon closed with a packet of ours unread: the kernel resets the
+ * connection, and the send reports it. The refusal still surfaces. */
+static void
+test_refusal_reset_on_send(void **state)
+{
+	struct fixture *f = *state;
+	int before = tu_count_fds();
+
+	script_refusal(f, FAKE_REFUSE_UNREAD);
+	fake_start(f);
+	assert_int_equal(wc_connect(f->sock, &f->client), 0);
+	assert_int_equal(send(wc_client_fd(f->client), "x", 1, MSG_NOSIGNAL), 1);
+	fake_finish(f); /* refused and closed with "x" unread */
+	assert_error(wc_attach(f->client, MODEL, &f->model), -EUSERS, REFUSAL);
+	finish(f, before);
+}
+
+/* The request was sent before the daemon refused and closed with it
+ * unread: the receive reports the reset first, then the refusal is read. */
+static void
+test_refusal_reset_on_receive(void **state)
+{
+	struct fixture *f = *state;
+	int before = tu_count_fds();
+
+	NEED_WRAP();
+	script_refusal(f, FAKE_REFUSE_UNREAD);
+	fake_start(f);
+	assert_int_equal(wc_connect(f->sock, &f->client), 0);
+	fault.recv_wait_close = 1;
+	assert_error(wc_attach(f->client, MODEL, &f->model), -EUSERS, REFUSAL);
+	assert_int_equal(fault.recv_wait_close, 0); /* the hook ran */
+	finish(f, before);
+}
+
+/*
+ * The same refusal, with the client's receive between the daemon's send
+ * and its close (wcached's refuse() sends, then closes): no reset yet, and
+ * the ERROR carries seq 0. It is still the refusal, not a reply to another
+ * request.
+ */
+static void
+test_refusal_read_before_close(void **state)
+{
+	struct fixture *f = *state;
+	int before = tu_count_fds();
+
+	NEED_WRAP();
+	script_refusal(f, FAKE_REFUSE_LATE);
+	fake_start(f);
+	assert_int_equal(wc_connect(f->sock, &f->client), 0);
+	fault.recv_post_read = 1;
+	assert_error(wc_attach(f->client, MODEL, &f->model), -EUSERS, REFUSAL);
+	finish(f, before);
+}
+
+/* A reset followed by something other than an ERROR is a closed
+ * connection; the descriptors that came are closed, and the client
+ * connects again to retry (nobody accepts it here: the retry runs out the
+ * deadline). */
+static void
+test_reset_without_refusal(void **state)
+{
+	struct fixture *f = *state;
+	int before = tu_count_fds();
+
+	NEED_WRAP();
+	script_refusal(f, FAKE_REFUSE_UNREAD);
+	f->fake.kind = REPLY_ATTACH_OK;
+	fake_fds(f, 4, f->index_fd, f->file_fd[0], f->file_fd[1], f->status_fd);
+	fake_start(f);
+	assert_int_equal(wc_connect_timeout(f->sock, 200, &f->client), 0);
+	fault.recv_wait_close = 1;
+	assert_error(wc_attach(f->client, MODEL, &f->model), -ETIMEDOUT, "did not answer");
+	assert_null(f->model);
+	finish(f, before);
+	assert_int_equal(f->fake.accepted, 1);
+}
+
+/* ---- restarts -------------------------------------------------------------- */
+
+/*
+ * The daemon restarts between two attaches (the test shuts the fake's
+ * first connection down, as a dying daemon's exit does): the next attach's
+ * send fails, the client connects again and the attach succeeds over the
+ * new connection, whose descriptor wc_client_fd() now returns. The model
+ * attached before still reads; its release sends nothing (its handle
+ * meant nothing to the new daemon); announcements come on the new
+ * connection; the new model's release reaches the new daemon.
+ */
+static void
+test_reconnect_after_restart(void **state)
+{
+	struct fixture *f = *state;
+	uint8_t buf[WIRE_MAX_MESSAGE];
+	wc_model *again = NULL;
+	int before, old_fd, conn;
+	ssize_t n;
+
+	f->fake.connections = 2;
+	before = attach_ok(f);
+	old_fd = wc_client_fd(f->client);
+	conn = __atomic_load_n(&f->fake.conn, __ATOMIC_ACQUIRE);
+	assert_true(conn >= 0);
+	assert_int_equal(shutdown(conn, SHUT_RDWR), 0);
+
+	if (wc_attach(f->client, MODEL, &again) != 0)
+		fail_msg("attach after the restart failed: %s", wc_errmsg());
+	assert_int_not_equal(wc_client_fd(f->client), old_fd);
+	check_tensors(f->model);
+	check_tensors(again);
+	assert_int_equal(f->fake.accepted, 2);
+
+	wc_release(f->model); /* over the old connection: only unmapped */
+	f->model = NULL;
+	check_tensors(again);
+
+	conn = __atomic_load_n(&f->fake.conn, __ATOMIC_ACQUIRE);
+	assert_true(conn >= 0);
+	n = wire_put_changed(buf, sizeof(buf), GENERATION + 1, MODEL, strlen(MODEL));
+	assert_true(n > 0);
+	assert_int_equal(fake_raw_send(conn, buf, (size_t)n, NULL, 0), n);
+	assert_int_equal(wc_client_dispatch(f->client), 1);
+
+	wc_release(again);
+	finish(f, before);
+	assert_int_equal(f->fake.attaches, 2);
+	assert_int_equal(f->fake.releases, 1);
+	assert_int_equal(f->fake.released_handle, HANDLE + 1); /* the new connection's */
+}
+
+/*
+ * A warm restart: the new daemon took the generation over and answers the
+ * client's HOLD (sent right after it connects again, before the attach)
+ * with a handle; the release of the model attached before the restart
+ * then reaches the new daemon with that handle.
+ */
+static void
+test_reconnect_holds(void **state)
+{
+	struct fixture *f = *state;
+	wc_model *again = NULL;
+	int before, conn;
+
+	f->fake.connections = 2;
+	f->fake.hold_handle = 77;
+	before = attach_ok(f);
+	conn = __atomic_load_n(&f->fake.conn, __ATOMIC_ACQUIRE);
+	assert_int_equal(shutdown(conn, SHUT_RDWR), 0);
+	if (wc_attach(f->client, MODEL, &again) != 0)
+		fail_msg("attach after the restart failed: %s", wc_errmsg());
+	assert_int_equal(f->fake.holds, 1);
+	assert_int_equal(f->fake.held_generation, GENERATION);
+	assert_string_equal(f->fake.name, MODEL);
+	wc_release(f->model); /* held again: its RELEASE goes */
+	f->model = NULL;
+	check_tensors(again);
+	wc_release(again);
+	finish(f, before);
+	assert_int_equal(f->fake.attaches, 2);
+	assert_int_equal(f->fake.releases, 2);
+	assert_int_equal(f->fake.released_handle, HANDLE + 1); /* the last: again's */
+}
+
+/*
+ * A daemon that does not know HOLD closes the connection on it: the
+ * client connects once more without it, and the attach goes through; the
+ * model from before the restart is released by unmapping only.
+ */
+static void
+test_reconnect_hold_hang_up(void **state)
+{
+	struct fixture *f = *state;
+	wc_model *again = NULL;
+	int before, conn;
+
+	f->fake.connections = 3;
+	f->fake.hold_handle = -1;
+	before = attach_ok(f);
+	conn = __atomic_load_n(&f->fake.conn, __ATOMIC_ACQUIRE);
+	assert_int_equal(shutdown(conn, SHUT_RDWR), 0);
+	if (wc_attach(f->client, MODEL, &again) != 0)
+		fail_msg("attach after the restart failed: %s", wc_errmsg());
+	assert_int_equal(f->fake.holds, 1);
+	assert_int_equal(f->fake.accepted, 3);
+	wc_release(f->model); /* only unmapped */
+	f->model = NULL;
+	wc_release(again);
+	finish(f, before);
+	assert_int_equal(f->fake.releases, 1);
+	assert_int_equal(f->fake.released_handle, HANDLE + 2); /* the third connection's */
+}
+
+/* The daemon dies holding the request (it read the ATTACH and hung up):
+ * the client sees the end of the stream before a reply, connects again
+ * and sends the request once more. */
+static void
+test_reconnect_when_daemon_dies_holding_request(void **state)
+{
+	struct fixture *f = *state;
+	wc_model *again = NULL;
+	int before;
+
+	f->fake.connections = 2;
+	f->fake.first_close_at = 2;
+	before = attach_ok(f);
+	if (wc_attach(f->client, MODEL, &again) != 0)
+		fail_msg("attach across the restart failed: %s", wc_errmsg());
+	check_tensors(again);
+	assert_int_equal(wc_model_generation(again), GENERATION);
+	wc_release(again);
+	wc_release(f->model);
+	f->model = NULL;
+	finish(f, before);
+	assert_int_equal(f->fake.attaches, 3); /* 1, 2 (dropped), 2 again */
+	assert_int_equal(f->fake.releases, 1);
+	assert_int_equal(f->fake.released_handle, HANDLE + 1);
+}
+
+/* The daemon is gone for good: the reconnect fails and the error says
+ * both what happened and why connecting again failed; a socket path that
+ * is gone is -ECONNREFUSED, not the -ENOENT of a model not served. */
+static void
+test_reconnect_fails_when_daemon_gone(void **state)
+{
+	struct fixture *f = *state;
+	wc_model *again = NULL;
+	int before, conn;
+
+	before = attach_ok(f);
+	conn = __atomic_load_n(&f->fake.conn, __ATOMIC_ACQUIRE);
+	assert_int_equal(shutdown(conn, SHUT_RDWR), 0);
+	fake_finish(f);
+	assert_int_equal(unlink(f->sock), 0); /* nobody at the path any more */
+	assert_error(wc_attach(f->client, MODEL, &again), -ECONNREFUSED,
+		"closed the connection, and connecting again failed: wcached is not running");
+	assert_null(again);
+	check_tensors(f->model);
+	wc_release(f->model);
+	f->model = NULL;
+	finish(f, before);
+}
+
+/* A reconnect keeps to the client's deadline: a daemon that hangs up and
+ * then does not answer on the new connection fails the attach with
+ * -ETIMEDOUT at about the deadline, not after a second one. */
+static void
+test_reconnect_within_deadline(void **state)
+{
+	struct fixture *f = *state;
+	int before = tu_count_fds();
+	wc_model *m = NULL;
+	double t0, waited;
+
+	f->fake.kind = REPLY_CLOSE; /* one connection: the second is never accepted */
+	fake_start(f);
+	assert_int_equal(wc_connect_timeout(f->sock, 300, &f->client), 0);
+	t0 = tu_now();
+	assert_error(wc_attach(f->client, MODEL, &m), -ETIMEDOUT, "did not answer");
+	waited = tu_now() - t0;
+	assert_null(m);
+	assert_true(waited >= 0.2);
+	assert_true(waited < DEADLINE_MS / 1000.0);
+	finish(f, before);
+	assert_int_equal(f->fake.attaches, 1);
+}
+
+int
+main(void)
+{
+#define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
+	const struct CMUnitTest tests[] = {
+		T(test_wrong_seq),
+		T(test_error_enoent),
+		T(test_error_text_surfaces),
+		T(test_daemon_closes),
+		T(test_garbage_replies),
+		T(test_refusal_before_request),
+		T(test_refusal_reset_on_send),
+		T(test_refusal_reset_on_receive),
+		T(test_refusal_read_before_close),
+		T(test_reset_without_refusal),
+		T(test_reconnect_after_restart),
+		T(test_reconnect_holds),
+		T(test_reconnect_hold_hang_up),
+		T(test_reconnect_when_daemon_dies_holding_request),
+		T(test_reconnect_fails_when_daemon_gone),
+		T(test_reconnect_within_deadline),
+	};
+#undef T
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
