@@ -47,9 +47,11 @@ def remote(tmp_path):
 
 @pytest.fixture
 def start(tmp_path, remote):
-    """start(models, extra=""): a Daemon (stopped, exit 0, before the mount goes)."""
+    """start(models, extra="", **options): a Daemon (stopped, exit 0, before the
+    mount goes); options as Daemon's (prefetch_threads=...)."""
     (tmp_path / "d").mkdir()
-    yield from daemons(lambda models, extra="": Daemon(tmp_path / "d", models, extra))
+    yield from daemons(lambda models, extra="", **options: Daemon(tmp_path / "d", models, extra,
+                                                                  **options))
 
 
 def mkmodel(path, seed, **shape):
@@ -505,13 +507,16 @@ def test_a_warm_restart_serves_others_when_a_remote_filesystem_hangs(tmp_path, r
     assert code == 0, d.read_log()
 
 
+@pytest.mark.parametrize("threads", [2, 1])
 def test_warming_on_a_hung_remote_filesystem_leaves_threads_to_local_models(start, tmp_path,
-                                                                             remote):
+                                                                             remote, threads):
     """Two unstaged remote models warm slowly (remotefs throttled to 4 MiB/s)
     when the server hangs mid-read: at most half of prefetch_threads (2
     here: 1) read a remote filesystem, so a local model's replacement still
     warms on the other thread and becomes current. (Before, both threads
-    sat in reads of the hung server and the replacement stayed warming.)"""
+    sat in reads of the hung server and the replacement stayed warming.)
+    With prefetch_threads = 1 the pool has a second thread for that (before,
+    the hung warm-up held the only one)."""
     from test_stage import write_safetensors
 
     models = {}
@@ -524,7 +529,7 @@ def test_warming_on_a_hung_remote_filesystem_leaves_threads_to_local_models(star
     local = mkmodel(tmp_path / "local" / "l.safetensors", 2)
     models["local"] = local
     remote.throttle(4 << 20)
-    d = start(models)
+    d = start(models, prefetch_threads=threads)
     wait_until(lambda: ready(d, "local", 1), timeout=30, what="the local model ready")
     wait_until(lambda: model_entry(d, "r1") and model_entry(d, "r2") and
                model_entry(d, "r1")["generation"] == 1 and
