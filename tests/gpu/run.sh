@@ -73,13 +73,15 @@ try_step() { # as step, but a failure is reported at the end and the run goes on
 # without them), else a fresh cmake build. A tree is used only if its wcached starts
 # here: one whose libraries this host lacks is named with the reason.
 starts() { # starts DIR: DIR has the files, and its wcached and wcachectl start here
-	local b
+	local b f said
 	for f in "$1/bin/wcached" "$1/bin/wcachectl" "$1/lib/libwcache.so.0"; do
 		[ -e "$f" ] || { why="$f is missing (build with 'make build', or pass --build)"; return 1; }
 	done
 	for b in wcached wcachectl; do
-		if ! out=$(LD_LIBRARY_PATH="$1/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" "$1/bin/$b" --version 2>&1); then
-			why="$1/bin/$b does not start here: $(echo "$out" | head -1) (carry what 'make gpu-carry' makes, .gpu-carry/, and pass --build .gpu-carry)"
+		if ! said=$(LD_LIBRARY_PATH="$1/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+			"$1/bin/$b" --version 2>&1); then
+			why="$1/bin/$b does not start here: $(echo "$said" | head -1) (carry what"
+			why+=" 'make gpu-carry' makes, .gpu-carry/, and pass --build .gpu-carry)"
 			return 1
 		fi
 	done
@@ -104,6 +106,7 @@ if [ -z "$build" ]; then
 		exit 2
 	fi
 fi
+build=$(cd "$build" && pwd) # the same paths for every step, whatever its directory
 export WCACHE_BUILD=$build WCACHE_LIB=$build/lib/libwcache.so.0
 export PYTHONPATH=$repo/client/python${PYTHONPATH:+:$PYTHONPATH}
 export LD_LIBRARY_PATH=$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}

@@ -385,7 +385,8 @@ def test_run_sh_on_a_host_without_our_libraries(tmp_path):
         f"{wcached} --version >/dev/null 2>&1 && exit 98\n"
         f"{run_sh} --cpu --gib 0.01 --build {build} --work {tmp_path}/w1 >{tmp_path}/out1 2>&1\n"
         f"echo $? >{tmp_path}/rc1\n"
-        f"exec {run_sh} --cpu --gib 0.01 --build {carry} --work {tmp_path}/w2\n")
+        # relative, as README's device call passes it
+        f"cd {tmp_path} && exec {run_sh} --cpu --gib 0.01 --build carry --work {tmp_path}/w2\n")
     env = {k: v for k, v in os.environ.items() if k not in ("WCACHE_BUILD", "WCACHE_LIB")}
     env.update(PYTHON=sys.executable, STEP_TIMEOUT="120")
     r = subprocess.run(unshare + ["bash", "-c", script], env=env, capture_output=True,
