@@ -4,6 +4,7 @@
 #include "fstype.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,7 +73,9 @@ int
 fstype_of_fd(int fd, struct fs_info *out)
 {
 	struct statfs st;
+	struct statx sx;
 	struct stat sb;
+	dev_t dev;
 	int err;
 
 	if (fstatfs(fd, &st) == 0) {
@@ -81,9 +84,17 @@ fstype_of_fd(int fd, struct fs_info *out)
 	}
 	/* statfs asks the filesystem, and a network one whose server does not
 	 * answer fails it (EIO, ETIMEDOUT on a soft mount): the mount table
-	 * names it without asking, where "failed, so local" would not. */
+	 * names it without asking, where "failed, so local" would not. Its
+	 * device comes from the attributes cached (AT_STATX_DONT_SYNC): fstat
+	 * would ask the same server again once they expired (NFS, FUSE). */
 	err = -errno;
-	if (fstat(fd, &sb) == 0 && fstype_of_dev("/proc/self/mountinfo", sb.st_dev, out) == 0)
+	if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_INO, &sx) == 0)
+		dev = makedev(sx.stx_dev_major, sx.stx_dev_minor);
+	else if (fstat(fd, &sb) == 0)
+		dev = sb.st_dev;
+	else
+		dev = 0;
+	if (dev != 0 && fstype_of_dev("/proc/self/mountinfo", dev, out) == 0)
 		return 0;
 	memset(out, 0, sizeof(*out));
 	snprintf(out->name, sizeof(out->name), "unknown");

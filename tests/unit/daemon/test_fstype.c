@@ -3,7 +3,8 @@
  * table gives classified as statfs's magic numbers are, and a device
  * looked up in a mountinfo file without asking any filesystem (a warm
  * restart's check on a hung server is queued by it), and a descriptor's
- * filesystem found there when statfs fails (fstatfs wrapped: --wrap).
+ * filesystem found there when statfs fails, and fstat with it (fstatfs and
+ * fstat wrapped: --wrap).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -38,6 +39,23 @@ __wrap_fstatfs(int fd, struct statfs *st)
 		return -1;
 	}
 	return __real_fstatfs(fd, st);
+}
+
+/* fstat fails with this errno while it is not 0: a server that does not
+ * answer once the attributes it gave expired (ENOTCONN from FUSE). */
+static int fstat_fails;
+
+int __real_fstat(int fd, struct stat *st);
+int __wrap_fstat(int fd, struct stat *st);
+
+int
+__wrap_fstat(int fd, struct stat *st)
+{
+	if (fstat_fails != 0) {
+		errno = fstat_fails;
+		return -1;
+	}
+	return __real_fstat(fd, st);
 }
 
 static void
@@ -276,6 +294,13 @@ test_failed_statfs_asks_the_mount_table(void **state)
 		assert_int_equal(fstype_of_fd(fd, &got), 0);
 		assert_string_equal(got.name, listed.name);
 		assert_int_equal(got.remote, want.remote);
+		/* The device is what the kernel has cached, not a question to
+		 * the server that fstat would ask again. */
+		fstat_fails = ENOTCONN;
+		memset(&got, 0x55, sizeof(got));
+		assert_int_equal(fstype_of_fd(fd, &got), 0);
+		assert_string_equal(got.name, listed.name);
+		fstat_fails = 0;
 	} else {
 		/* btrfs: a subvolume's device is not its mount's */
 		assert_int_equal(fstype_of_fd(fd, &got), -EIO);
