@@ -131,8 +131,7 @@ test_submit_wakes_an_idle_thread(void **state)
 	make_big(f);
 	new_pool(f, 2, 64 * 1024, 0, 1ull * MiB);
 	submit(f, 1, f->big_fd, NULL, 0, BIG_SIZE, false);
-	while (warm_job_bytes(f->jobs[0]) == 0)
-		uv_sleep(1);
+	wait_reading(f->jobs[0]);
 	for (int i = 2; i <= 21; i++) {
 		double t0;
 
@@ -190,8 +189,7 @@ test_remote_jobs_leave_threads_to_local_ones(void **state)
 	assert_int_equal(warm_cancel(f->pool, f->jobs[0]), 0);
 	assert_true(run_until(&f->loop, &f->completed, 2));
 	assert_int_equal(f->seen[0].res.status, -ECANCELED);
-	while (warm_job_bytes(f->jobs[1]) == 0)
-		uv_sleep(10);
+	wait_reading(f->jobs[1]);
 	assert_int_equal(warm_cancel(f->pool, f->jobs[1]), 0);
 	assert_true(run_until(&f->loop, &f->completed, 3));
 	assert_int_equal(f->seen[1].res.status, -ECANCELED);
@@ -202,8 +200,8 @@ test_remote_jobs_leave_threads_to_local_ones(void **state)
 	new_pool(f, 4, 1 * MiB, 0, 4ull * MiB);
 	for (int i = 4; i <= 6; i++)
 		submit_remote(f, i, BIG_SIZE);
-	while (warm_job_bytes(f->jobs[3]) == 0 || warm_job_bytes(f->jobs[4]) == 0)
-		uv_sleep(10);
+	wait_reading(f->jobs[3]);
+	wait_reading(f->jobs[4]);
 	uv_sleep(300);
 	assert_int_equal(warm_job_bytes(f->jobs[5]), 0);
 	for (int i = 4; i <= 6; i++)
@@ -233,8 +231,7 @@ test_one_thread_keeps_one_for_local_jobs(void **state)
 	assert_true(f->seen[1].res.queued_seconds >= 0.2);
 
 	submit_remote(f, 3, BIG_SIZE);
-	while (warm_job_bytes(f->jobs[2]) == 0)
-		uv_sleep(10);
+	wait_reading(f->jobs[2]);
 	submit(f, 4, f->big_fd, NULL, 0, 2 * MiB, false);
 	submit_remote(f, 5, BIG_SIZE);
 	assert_true(run_until(&f->loop, &f->completed, 3));
@@ -312,8 +309,11 @@ test_close_within_hung_read(void **state)
 	new_pool(f, 2, 1 * MiB, 0, 0);
 	atomic_store(&fault.hang, true);
 	submit(f, 1, f->big_fd, NULL, 0, BIG_SIZE, false);
-	while (atomic_load(&fault.sendfiles) + atomic_load(&fault.preads) == 0)
+	t0 = now_s();
+	while (atomic_load(&fault.sendfiles) + atomic_load(&fault.preads) == 0) {
+		assert_true(now_s() - t0 < 10.0);
 		usleep(1000);
+	}
 	t0 = now_s();
 	assert_int_equal(warm_pool_close_within(f->pool, 100), 1);
 	waited = now_s() - t0;

@@ -200,3 +200,14 @@ now_s(void)
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
+
+void
+wait_reading(struct warm_job *j)
+{
+	double t0 = now_s();
+
+	while (warm_job_bytes(j) == 0) {
+		assert_true(now_s() - t0 < 10.0);
+		uv_sleep(5);
+	}
+}
