@@ -14,12 +14,15 @@
 # its size, its sha256 and the Debian package it came from. OUT is made
 # under OUT.partial and renamed into place only when complete; the copy is
 # checked by starting `wcached --version` and `wcachectl --version` from it
-# with a clean environment.
+# with a clean environment, and by the loader resolving every library but
+# glibc's from OUT/lib.
 set -eu
 
 build=${1:-build}
 out=${2:-.gpu-carry}
-case "$build" in -h | --help) sed -n '2,17p' "$0"; exit 0 ;; esac
+case "$build" in -h | --help) sed -n '2,18p' "$0"; exit 0 ;; esac
+out=${out%/}
+[ -n "$out" ] || { echo "gpu-carry: OUT must not be / or empty" >&2; exit 2; }
 
 for f in bin/wcached bin/wcachectl lib/libwcache.so.0; do
 	if [ ! -e "$build/$f" ]; then
@@ -38,14 +41,17 @@ cp -L "$build/lib/libwcache.so.0" "$tmp/lib/"
 # The libraries each file loads, as "name path" lines, less the C library's
 # own (every host has those, and a copy of them would not match its loader)
 # and less what the build itself makes.
+glibc_own='^(libc|libm|libdl|libpthread|librt|libresolv|libutil|ld-linux[^ ]*)\.so'
 needed() {
-	ldd "$1" | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }
-		$2 == "=>" && $3 == "not" { print $1, "missing"; }' |
-		grep -Ev '^(libc|libm|libdl|libpthread|librt|libresolv|libutil|ld-linux[^ ]*)\.so' |
-		grep -v '^libwcache\.so' || true
+	ldd "$1" >"$tmp/ldd" || { echo "gpu-carry: ldd $1 failed" >&2; exit 1; }
+	awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }
+		$2 == "=>" && $3 == "not" { print $1, "missing"; }' "$tmp/ldd" |
+		grep -Ev "$glibc_own" | grep -v '^libwcache\.so' || true
 }
-for f in "$tmp/bin/wcached" "$tmp/bin/wcachectl" "$tmp/lib/libwcache.so.0"; do
-	needed "$f" | while read -r name path; do
+files="$tmp/bin/wcached $tmp/bin/wcachectl $tmp/lib/libwcache.so.0"
+for f in $files; do
+	needed "$f" >"$tmp/needed"
+	while read -r name path; do
 		if [ "$path" = missing ]; then
 			echo "gpu-carry: $f needs $name, which the loader here cannot find" >&2
 			exit 1
@@ -54,7 +60,7 @@ for f in "$tmp/bin/wcached" "$tmp/bin/wcachectl" "$tmp/lib/libwcache.so.0"; do
 			cp -L "$path" "$tmp/lib/$name"
 			echo "$name $(readlink -f "$path")" >>"$tmp/sources"
 		fi
-	done
+	done <"$tmp/needed"
 done
 
 # The newest glibc symbol version any file needs: the host's glibc must be
@@ -90,7 +96,21 @@ for b in wcached wcachectl; do
 		exit 1
 	fi
 done
-rm -f "$tmp/err" "$tmp/sources"
+# And every library but glibc's found in the copy, not where this host
+# keeps its own (which --version above would not tell apart).
+abs=$(cd "$tmp" && pwd)
+for f in $files; do
+	env -i LD_LIBRARY_PATH="$abs/lib" ldd "$f" >"$tmp/ldd" ||
+		{ echo "gpu-carry: ldd $f failed" >&2; exit 1; }
+	awk '$2 == "=>" { print $1, $3 }' "$tmp/ldd" | grep -Ev "$glibc_own" |
+		while read -r name path; do
+			case "$path" in
+			"$abs/lib/"*) ;;
+			*) echo "gpu-carry: $f loads $name from $path, not from the copy" >&2; exit 1 ;;
+			esac
+		done
+done
+rm -f "$tmp/err" "$tmp/sources" "$tmp/ldd" "$tmp/needed"
 rm -rf "$out"
 mv "$tmp" "$out"
 echo "gpu-carry: $out: $(find "$out" -type f | wc -l) files, $(du -sh "$out" | cut -f1), needs glibc >= ${glibc:-unknown}"

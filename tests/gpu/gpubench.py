@@ -144,7 +144,15 @@ def cmd_daemon(a):
     # gofer files report 9p), the default stage = auto would copy each model
     # to stage_dir first, or fail for want of one.
     models = {f"m{i}": (os.path.realpath(p), {"stage": "no"}) for i, p in enumerate(a.files)}
-    d = Wcached(a.dir, models, log_level="info").start(timeout=120)
+    # The libraries of the tree run.sh chose (a carried libuv, inih) are
+    # wcached's alone: on LD_LIBRARY_PATH for every process they could
+    # stand in for a newer copy that torch or another library loads.
+    env = dict(os.environ)
+    lib = os.path.join(os.environ.get("WCACHE_BUILD", ""), "lib")
+    if os.environ.get("WCACHE_BUILD") and os.path.isdir(lib):
+        env["LD_LIBRARY_PATH"] = lib + (":" + env["LD_LIBRARY_PATH"]
+                                        if env.get("LD_LIBRARY_PATH") else "")
+    d = Wcached(a.dir, models, log_level="info").start(env=env, timeout=120)
     with open(pidfile, "w") as f:
         f.write(str(d.proc.pid))
     d.proc = None  # outlives this process; run.sh stops it

@@ -19,16 +19,19 @@
 # the device, the copy engine runs on its CPU backend, transformers and
 # safetensors are skipped when absent): checks the script, not the link.
 #
-# Every step runs under `timeout` (STEP_TIMEOUT seconds, default 240); the
-# whole run is meant to finish in under 8 minutes on one H200.
-# Environment: PYTHON (default python3), STEP_TIMEOUT, WCACHE_BUILD (a prebuilt tree, as
-# --build).
+# Every step runs under `timeout` (STEP_TIMEOUT seconds, default 240), and
+# no step starts or runs past RUN_BUDGET seconds from the start (default 480,
+# the 8 minutes it is meant to take on one H200): a step that would is
+# SKIPPED or cut, and the report still prints.
+# Environment: PYTHON (default python3), STEP_TIMEOUT, RUN_BUDGET, WCACHE_BUILD
+# (a prebuilt tree, as --build).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 py=${PYTHON:-python3}
 step_timeout=${STEP_TIMEOUT:-240}
+run_budget=${RUN_BUDGET:-480}
 cpu=0 gib=8 build="" work="" keep=0
 while [ $# -gt 0 ]; do
 	case "$1" in
@@ -47,16 +50,25 @@ export GPUBENCH_CPU=$cpu
 
 t_start=$(date +%s)
 step() { # step LABEL COMMAND...: runs COMMAND under the step timeout, timed
-	local label=$1 t0 rc
+	local label=$1 t0 rc limit left
 	shift
 	t0=$(date +%s)
+	# What the whole run has left (RUN_BUDGET), so that a hung step
+	# leaves the time for the report: the device call's own limit
+	# would otherwise kill the run before it printed anything.
+	left=$((t_start + run_budget - t0))
+	if [ $left -lt 15 ]; then
+		echo "== $label: SKIPPED (${left}s left of RUN_BUDGET=${run_budget}s)" >&2
+		return 125
+	fi
+	limit=$((left - 10 < step_timeout ? left - 10 : step_timeout))
 	echo "== $label" >&2
 	set +e
-	timeout --kill-after=10 "$step_timeout" "$@"
+	timeout --kill-after=5 "$limit" "$@"
 	rc=$?
 	set -e
 	if [ $rc -ne 0 ]; then
-		[ $rc -eq 124 ] && echo "== $label: TIMEOUT after ${step_timeout}s" >&2 ||
+		[ $rc -eq 124 ] || [ $rc -eq 137 ] && echo "== $label: TIMEOUT after ${limit}s" >&2 ||
 			echo "== $label: FAILED (exit $rc)" >&2
 		return $rc
 	fi
@@ -109,7 +121,8 @@ fi
 build=$(cd "$build" && pwd) # the same paths for every step, whatever its directory
 export WCACHE_BUILD=$build WCACHE_LIB=$build/lib/libwcache.so.0
 export PYTHONPATH=$repo/client/python${PYTHONPATH:+:$PYTHONPATH}
-export LD_LIBRARY_PATH=$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# Not LD_LIBRARY_PATH: the tree's lib/ is for wcached alone (gpubench's
+# daemon start puts it there); Python loads libwcache by WCACHE_LIB.
 
 if [ -z "$work" ]; then work=$(mktemp -d /tmp/wcache-gpu.XXXXXX); fi
 mkdir -p "$work/model" "$work/daemon" "$work/llama" "$work/llama-daemon"

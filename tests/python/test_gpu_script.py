@@ -12,9 +12,11 @@ run.sh's transformers steps, the three loads, the logits comparisons and
 the report's speed-ups run too.
 """
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -346,6 +348,30 @@ def test_run_sh_reports_a_failed_step_and_goes_on(tmp_path):
     assert lines and "skipped" in lines[0]
 
 
+def test_run_sh_keeps_to_its_budget(tmp_path):
+    """A step that hangs is cut where the run's budget (RUN_BUDGET) would
+    be spent, the steps after it are skipped, and the report still prints:
+    the device call's own limit would otherwise kill the run before it
+    printed anything."""
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"#!/bin/sh\ncase \"$*\" in *'--method pinned'*) exec sleep 1000 ;; esac\n"
+                       f"exec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    env = dict(os.environ, PYTHON=str(wrapper), STEP_TIMEOUT="240", RUN_BUDGET="45")
+    t0 = time.monotonic()
+    r = subprocess.run([os.path.join(REPO, "tests", "gpu", "run.sh"), "--cpu", "--gib", "0.01",
+                        "--work", str(tmp_path / "work")], env=env, capture_output=True,
+                       text=True, timeout=600)
+    took = time.monotonic() - t0
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "== pinned anonymous memory: TIMEOUT after" in r.stderr, out
+    assert "== wcache, new path: SKIPPED" in r.stderr, out
+    assert "wcache device check, " in r.stdout and " s in all" in r.stdout, out  # the report
+    assert "FAILED step: pinned anonymous memory" in r.stdout, out
+    assert took < 45 + 20, (took, out)
+
+
 def _unshare_mount():
     """The command that runs a shell in a private mount namespace here
     (root: unshare -m; else a user namespace too), or None."""
@@ -376,10 +402,16 @@ def test_run_sh_on_a_host_without_our_libraries(tmp_path):
     assert len(libs) == 2, ldd
     carry = tmp_path / "carry"
     made = subprocess.run(["sh", os.path.join(REPO, "scripts", "gpu-carry.sh"), build,
-                           str(carry)], capture_output=True, text=True, timeout=120)
+                           f"{carry}/"], capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stdout + made.stderr
     manifest = (carry / "MANIFEST").read_text()
     assert "lib/libuv.so.1 " in manifest and "lib/libinih.so.1 " in manifest, manifest
+    # Debian's torch links the system's libuv.so.1; a wheel carries its own
+    # in torch/lib. That stands in for it here, for Python alone: run.sh
+    # gives the carried lib/ to wcached only, so torch keeps its own.
+    torch_lib = tmp_path / "torch-lib"
+    torch_lib.mkdir()
+    shutil.copy([lib for lib in libs if lib.endswith("libuv.so.1")][0], torch_lib / "libuv.so.1")
     run_sh = os.path.join(REPO, "tests", "gpu", "run.sh")
     script = "".join(f"mount --bind /dev/null {lib} || exit 97\n" for lib in libs) + (
         f"{wcached} --version >/dev/null 2>&1 && exit 98\n"
@@ -388,7 +420,7 @@ def test_run_sh_on_a_host_without_our_libraries(tmp_path):
         # relative, as README's device call passes it
         f"cd {tmp_path} && exec {run_sh} --cpu --gib 0.01 --build carry --work {tmp_path}/w2\n")
     env = {k: v for k, v in os.environ.items() if k not in ("WCACHE_BUILD", "WCACHE_LIB")}
-    env.update(PYTHON=sys.executable, STEP_TIMEOUT="120")
+    env.update(PYTHON=sys.executable, STEP_TIMEOUT="120", LD_LIBRARY_PATH=str(torch_lib))
     r = subprocess.run(unshare + ["bash", "-c", script], env=env, capture_output=True,
                        text=True, timeout=600)
     out = r.stdout + r.stderr
