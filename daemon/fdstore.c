@@ -2,7 +2,9 @@
  * fdstore.c: the description of what wcached keeps in systemd's file
  * descriptor store, as bytes (see fdstore.h, and proto/PROTOCOL.md, "The
  * file descriptor store"): encoding and decoding it, comparing and freeing
- * a decoded one, and the sealed memfd that carries it across a restart.
+ * a decoded one, carrying a model of one into the next (what a warm
+ * restart's check still holds), and the sealed memfd that carries it
+ * across a restart.
  * The names of the stored descriptors are fdstore_name.c's, the rules a
  * description obeys fdstore_check.c's.
  *
@@ -472,6 +474,31 @@ fdstore_equal(const struct fdstore_desc *a, const struct fdstore_desc *b)
 	return 1;
 }
 
+/* Frees n generations of v (each field may be NULL) and v. */
+static void
+free_generations(struct fdstore_generation *v, uint32_t n)
+{
+	for (uint32_t g = 0; v != NULL && g < n; g++) {
+		for (uint32_t k = 0; v[g].files != NULL && k < v[g].nfiles; k++)
+			free(v[g].files[k].fdname);
+		free(v[g].files);
+		free(v[g].index_fdname);
+	}
+	free(v);
+}
+
+/* Frees n artifacts of v (each field may be NULL) and v. */
+static void
+free_artifacts(struct fdstore_artifact *v, uint32_t n)
+{
+	for (uint32_t a = 0; v != NULL && a < n; a++) {
+		free(v[a].key);
+		free(v[a].fdname);
+		free(v[a].index_fdname);
+	}
+	free(v);
+}
+
 void
 fdstore_free(struct fdstore_desc *d)
 {
@@ -480,26 +507,116 @@ fdstore_free(struct fdstore_desc *d)
 	for (uint32_t i = 0; d->models != NULL && i < d->nmodels; i++) {
 		struct fdstore_model *m = &d->models[i];
 
-		for (uint32_t g = 0; m->generations != NULL && g < m->ngenerations; g++) {
-			struct fdstore_generation *gen = &m->generations[g];
-
-			for (uint32_t k = 0; gen->files != NULL && k < gen->nfiles; k++)
-				free(gen->files[k].fdname);
-			free(gen->files);
-			free(gen->index_fdname);
-		}
-		free(m->generations);
-		for (uint32_t a = 0; m->artifacts != NULL && a < m->nartifacts; a++) {
-			free(m->artifacts[a].key);
-			free(m->artifacts[a].fdname);
-			free(m->artifacts[a].index_fdname);
-		}
-		free(m->artifacts);
+		free_generations(m->generations, m->ngenerations);
+		free_artifacts(m->artifacts, m->nartifacts);
 		free(m->name);
 		free(m->path);
 	}
 	free(d->models);
 	free(d);
+}
+
+/* ---- carrying a model into the next description -------------------------------- */
+
+size_t
+fdstore_model_fds(const struct fdstore_model *m)
+{
+	size_t n = 2 * (size_t)m->nartifacts;
+
+	for (uint32_t g = 0; g < m->ngenerations; g++)
+		n += 1 + (size_t)m->generations[g].nfiles;
+	return n;
+}
+
+int
+fdstore_model_names(const struct fdstore_model *m, const char *name)
+{
+	for (uint32_t g = 0; g < m->ngenerations; g++) {
+		const struct fdstore_generation *gen = &m->generations[g];
+
+		if (strcmp(gen->index_fdname, name) == 0)
+			return 1;
+		for (uint32_t k = 0; k < gen->nfiles; k++)
+			if (strcmp(gen->files[k].fdname, name) == 0)
+				return 1;
+	}
+	for (uint32_t a = 0; a < m->nartifacts; a++)
+		if (strcmp(m->artifacts[a].fdname, name) == 0 ||
+			strcmp(m->artifacts[a].index_fdname, name) == 0)
+			return 1;
+	return 0;
+}
+
+/* *dst becomes a copy of src with strings of its own. -ENOMEM leaves what
+ * it copied for free_generations(). */
+static int
+copy_generation(struct fdstore_generation *dst, const struct fdstore_generation *src)
+{
+	*dst = *src;
+	dst->files = NULL;
+	if ((dst->index_fdname = strdup(src->index_fdname)) == NULL ||
+		(dst->files = calloc(src->nfiles ? src->nfiles : 1, sizeof(*dst->files))) == NULL)
+		return -ENOMEM;
+	for (uint32_t k = 0; k < src->nfiles; k++) {
+		dst->files[k] = src->files[k];
+		if ((dst->files[k].fdname = strdup(src->files[k].fdname)) == NULL)
+			return -ENOMEM;
+	}
+	return 0;
+}
+
+/* The same for an artifact (free_artifacts()). */
+static int
+copy_artifact(struct fdstore_artifact *dst, const struct fdstore_artifact *src)
+{
+	*dst = *src;
+	dst->fdname = dst->index_fdname = NULL;
+	if ((dst->key = strdup(src->key)) == NULL || (dst->fdname = strdup(src->fdname)) == NULL ||
+		(dst->index_fdname = strdup(src->index_fdname)) == NULL)
+		return -ENOMEM;
+	return 0;
+}
+
+int
+fdstore_carry(struct fdstore_model *dm, const struct fdstore_model *prev)
+{
+	struct fdstore_generation *gens = NULL;
+	struct fdstore_artifact *arts = NULL;
+	uint32_t g = 0, a = 0;
+
+	if (strcmp(dm->name, prev->name) != 0 || dm->slot != prev->slot ||
+		dm->ngenerations != 0 || dm->nartifacts != 0)
+		return error_set(-EINVAL, "fdstore: model \"%.64s\" (slot %" PRIu64 "): "
+			"cannot carry model \"%.64s\" (slot %" PRIu64 "): not the same model, or "
+			"described with generations or artifacts of its own", dm->name, dm->slot,
+			prev->name, prev->slot);
+	if ((prev->ngenerations > 0 &&
+		    (gens = calloc(prev->ngenerations, sizeof(*gens))) == NULL) ||
+		(prev->nartifacts > 0 && (arts = calloc(prev->nartifacts, sizeof(*arts))) == NULL))
+		goto nomem;
+	for (; g < prev->ngenerations; g++)
+		if (copy_generation(&gens[g], &prev->generations[g]) < 0) {
+			g++;
+			goto nomem;
+		}
+	for (; a < prev->nartifacts; a++)
+		if (copy_artifact(&arts[a], &prev->artifacts[a]) < 0) {
+			a++;
+			goto nomem;
+		}
+	free(dm->generations);
+	free(dm->artifacts);
+	dm->generations = gens;
+	dm->ngenerations = prev->ngenerations;
+	dm->artifacts = arts;
+	dm->nartifacts = prev->nartifacts;
+	if (prev->last_generation > dm->last_generation)
+		dm->last_generation = prev->last_generation;
+	return 0;
+nomem:
+	free_generations(gens, g);
+	free_artifacts(arts, a);
+	return error_set(-ENOMEM, "fdstore: out of memory");
 }
 
 /* ---- the memfd ----------------------------------------------------------------- */

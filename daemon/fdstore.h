@@ -206,6 +206,24 @@ int fdstore_equal(const struct fdstore_desc *a, const struct fdstore_desc *b);
  * pointer malloc'd). Accepts NULL. */
 void fdstore_free(struct fdstore_desc *d);
 
+/* The descriptors model m names in the store: each generation's index and
+ * files, each artifact's memfd and index. */
+size_t fdstore_model_fds(const struct fdstore_model *m);
+
+/* Does model m name the stored descriptor name? 1 or 0. */
+int fdstore_model_names(const struct fdstore_model *m, const char *name);
+
+/*
+ * Carries prev, a model of an earlier description whose descriptors the
+ * store still holds under its names, into dm, the same model (name and
+ * slot) described without generations or artifacts: dm gets copies of
+ * prev's generations and artifacts, and the higher of the two last
+ * generation numbers. The result obeys fdstore_check() when the rest of
+ * dm's description names none of prev's names. 0, -EINVAL when dm is not
+ * such a model, or -ENOMEM; dm is untouched on failure.
+ */
+int fdstore_carry(struct fdstore_model *dm, const struct fdstore_model *prev);
+
 /* Puts len bytes into a new memfd called "wcached-fdstore", sealed with
  * FDSTORE_SEALS; *fd is then the caller's. 0 or a negative errno naming
  * the step. */

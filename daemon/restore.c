@@ -14,6 +14,15 @@
  * while it serves (index_check.h), and one that fails is withdrawn and its
  * model loaded afresh (restore_adopt.c).
  *
+ * A check may wait for hours on a hung server. Meanwhile the store keeps
+ * in step with everything else (restore_store.c): once every configured
+ * model has gone through restore_model(), what no check holds leaves the
+ * store (restore_started), and every description written afterwards
+ * carries the entry of each model whose check runs from the previous one
+ * (restore_carried), whose descriptors the restore's table and the check
+ * hold, and the manager keeps, under the same names. Each check's end
+ * serves what passed and has the manager drop the rest of its model's.
+ *
  * A restored model's derived artifacts come back too (derive.h): each
  * artifact memfd must be a regular file with every seal a published one
  * has, of the described size, and parse again with its format's reader
@@ -98,25 +107,68 @@ count_named(const struct restore *s, const char *name)
 	return k;
 }
 
-/* Closes every stored descriptor not taken and asks the manager to drop
- * them (except the description's, replaced by restore_sync()). */
+/* Does the entry of a model whose check still runs name name? */
+static int
+carried_name(const char *name)
+{
+	for (size_t i = 0; i < restore_state.ncarried; i++)
+		if (fdstore_model_names(restore_state.carried[i].model, name))
+			return 1;
+	return 0;
+}
+
+/*
+ * Closes the stored descriptors not taken that model only names (with
+ * only NULL: that no model whose check still runs names, which its check
+ * may take yet) and, when drop, asks the manager to drop them (the
+ * description's is replaced by restore_sync()). No name dropped here is
+ * named again: a new generation or artifact takes a number none stored
+ * has, and a name the description gives belongs to one model.
+ */
 static void
-close_untaken(struct restore *s, int drop)
+close_untaken(struct restore *s, const struct fdstore_model *only, int drop)
 {
 	unsigned closed = 0;
 
 	for (size_t i = 0; i < s->n; i++) {
-		if (s->fds[i].fd < 0)
+		const char *name = s->fds[i].name;
+
+		if (s->fds[i].fd < 0 ||
+			(only != NULL ? !fdstore_model_names(only, name) : carried_name(name)))
 			continue;
 		close(s->fds[i].fd);
 		s->fds[i].fd = -1;
 		closed++;
-		if (drop && strcmp(s->fds[i].name, FDSTORE_NAME_DESC) != 0)
-			(void)notify_remove_fds(s->fds[i].name);
+		if (drop && strcmp(name, FDSTORE_NAME_DESC) != 0)
+			(void)notify_remove_fds(name);
 	}
-	if (closed > 0)
+	if (closed > 0 && only != NULL)
+		log_info("model \"%s\": %u stored descriptor%s not used, closed", only->name,
+			closed, closed == 1 ? "" : "s");
+	else if (closed > 0)
 		log_info("warm restart: %u stored descriptor%s not used, closed", closed,
 			closed == 1 ? "" : "s");
+}
+
+/* m's check runs (expected: registry_expect()'s token): descriptions
+ * carry its entry meanwhile (restore_describe). */
+static void
+carry_begin(const struct fdstore_model *m, uint64_t expected)
+{
+	restore_state.carried[restore_state.ncarried++] =
+		(struct restore_carried){ .model = m, .expected = expected };
+}
+
+/* m's check has ended: what it passed is the registry's now, the rest
+ * leaves the store. */
+static void
+carry_end(const struct fdstore_model *m)
+{
+	for (size_t i = 0; i < restore_state.ncarried; i++)
+		if (restore_state.carried[i].model == m) {
+			restore_state.carried[i] = restore_state.carried[--restore_state.ncarried];
+			return;
+		}
 }
 
 static void
@@ -181,7 +233,9 @@ restore_take(void)
 	s->fds[at].fd = -1;
 	if (s->desc == NULL)
 		return s;
-	if ((s->restored = calloc(s->desc->nmodels + 1, 1)) == NULL)
+	if ((s->restored = calloc(s->desc->nmodels + 1, 1)) == NULL ||
+		(restore_state.carried = calloc(s->desc->nmodels + 1,
+			 sizeof(*restore_state.carried))) == NULL)
 		fatalx("out of memory");
 	/* An artifact stored from now on takes a number none of these has,
 	 * taken back or not (a removal may still be on its way). */
@@ -305,8 +359,9 @@ reserve(struct restore *s, const char *stage_dir, const struct fdstore_generatio
 }
 
 /* Gives p's stored descriptors that nothing took back to s's table, for
- * finish() (which closes them and has the manager drop them), and removes
- * the staged copy of the model name nothing serves. */
+ * close_untaken() at the end of the check (which closes them and has the
+ * manager drop them), and removes the staged copy of the model name
+ * nothing serves. */
 static void
 give_back(struct restore *s, struct registry *r, const char *name, struct restore_prepared *p,
 	int served)
@@ -423,7 +478,8 @@ check_artifact_memfd(int fd, const struct fdstore_artifact *a)
 
 /* Checks every piece of artifact a of m (restored) and lists it again
  * (restore_adopt_artifact). The descriptors stay in s->fds until taken:
- * on failure close_untaken() closes them and the manager drops them. */
+ * on failure close_untaken() closes them at the end of m's check and the
+ * manager drops them. */
 static int
 adopt_artifact(struct restore *s, struct registry *r, const struct fdstore_model *m,
 	const struct fdstore_artifact *a)
@@ -519,6 +575,12 @@ restore_after(struct workq_job *w, int status)
 	const struct fdstore_generation *g = j->gens[0].g;
 	enum restore_result result = RESTORE_GONE;
 
+	/* From now on descriptions describe the model as the registry has it,
+	 * once each generation served is whole: the registry hears of it
+	 * (registry_add_served) before serve() gives it its stored names and
+	 * origin, so nothing is stored until then. */
+	carry_end(m);
+	restore_state.restoring = 1;
 	if (status == UV_ECANCELED || r->closing)
 		result = RESTORE_GONE;
 	else if (serve(j, &j->gens[0], 0) == 0)
@@ -556,6 +618,11 @@ restore_after(struct workq_job *w, int status)
 		if (restore_state.checks_begun)
 			restore_checks(r);
 	}
+	/* What it did not take leaves the store (not when stopping: the
+	 * next process may take it). */
+	close_untaken(s, m, !r->closing);
+	restore_state.restoring = 0;
+	restore_sync(r);
 	if (j->done != NULL)
 		j->done(m->name, result, j->arg);
 	restore_job_free(j);
@@ -637,6 +704,7 @@ queue_check(struct restore *s, struct registry *r, size_t model,
 		return err;
 	}
 	s->jobs++;
+	carry_begin(m, j->expected);
 	return 0;
 }
 
@@ -712,9 +780,12 @@ finish(struct restore *s, struct registry *r)
 				!serves_slot(r, (unsigned)slot))
 				statuspage_publish(&r->page, (unsigned)slot, 0);
 		}
-		close_untaken(s, !r->closing);
+		close_untaken(s, NULL, !r->closing);
 		restore_free(s);
 	}
+	free(restore_state.carried);
+	restore_state.carried = NULL;
+	restore_state.ncarried = 0;
 	restore_state.restoring = 0;
 	restore_sync(r);
 	/* Every stored model is adopted (or loads afresh): main.c starts
@@ -736,4 +807,12 @@ restore_started(struct restore *s, struct registry *r)
 	s->started = 1;
 	log_info("warm restart: checking the stored files of %u model%s on the work queue", s->jobs,
 		s->jobs == 1 ? "" : "s");
+	/* What no check holds leaves the store before anything new goes in
+	 * (restore_sync flushes the removals first): a generation stored
+	 * before a crash but never described may have the name the next one
+	 * takes. From now on the store keeps in step with the registry, each
+	 * model whose check runs as the previous process stored it. */
+	close_untaken(s, NULL, 1);
+	restore_state.restoring = 0;
+	restore_sync(r);
 }

@@ -82,10 +82,13 @@ int restore_model(struct restore *s, struct registry *r, const char *name, const
  * Valid until restore_started(). */
 void restore_copies(const struct restore *s, char *const **dirs, size_t *n);
 
-/* Every configured model went through restore_model(): once their checks
- * end, what nobody took is closed (and dropped from the store), the status
- * slots of models not restored say 0, and s is freed: at once when no
- * check is running. Accepts NULL. s is this module's from now. */
+/* Every configured model went through restore_model(): what no check
+ * holds is closed and dropped from the store, and from now on the store
+ * keeps in step with the registry (restore_sync), a model whose check
+ * still runs described as the previous process stored it. Each check's
+ * end closes and drops what it did not take; once all have ended the
+ * status slots of models not restored say 0, and s is freed: at once when
+ * no check is running. Accepts NULL. s is this module's from now. */
 void restore_started(struct restore *s, struct registry *r);
 
 /* A stored generation checked and opened (restore_check.c), to serve. */
@@ -184,9 +187,9 @@ int restore_hold(struct registry *r, const char *name, uint64_t number,
 void restore_sync(struct registry *r);
 
 /* At shutdown, before the registry closes: stores what the manager's full
- * queue refused so far, waiting up to 1 s for it to read. Nothing while a
- * warm restart's checks run (restore_started): the store keeps the
- * previous process's description then. */
+ * queue refused so far, waiting up to 1 s for it to read. A model whose
+ * warm restart check still runs stays described as the previous process
+ * stored it, and the store keeps its descriptors for the next start. */
 void restore_stopping(struct registry *r);
 
 /*
@@ -197,7 +200,11 @@ void restore_stopping(struct registry *r);
  * numbers and loads afresh); then the held generations, newest first, while
  * they fit (from the first that does not, every older one is left out);
  * then the derived artifacts of each described current generation, while
- * they fit (FDSTORE_MAX_ARTIFACTS per model). left_out (cap bytes) says
+ * they fit (FDSTORE_MAX_ARTIFACTS per model). A model without a current
+ * generation whose warm restart check still runs, and that the registry
+ * still expects, is described as the previous description had it
+ * (restore_carried: its generations and artifacts, still in the store),
+ * while it fits, in place of its current generation. left_out (cap bytes) says
  * what was left out, "" when nothing was. 0 and *out (fdstore_free it), or
  * -ENOMEM.
  */

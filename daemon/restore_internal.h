@@ -14,9 +14,28 @@
 #include "format/source.h"
 #include "fstype.h"
 
+struct fdstore_model;
+
+/*
+ * A model whose stored generations a warm restart's check still holds
+ * (restore.c), as the previous description had it. While the registry
+ * still expects it (registry_expect()'s token: no load or unload took its
+ * place), every description written carries that entry (restore_describe),
+ * since the store still holds every descriptor it names: a restart
+ * meanwhile checks the model again as the previous process had it. The
+ * entry's names are its own: a new generation of the model takes a number
+ * after its last one, a new artifact one after every stored artifact's.
+ */
+struct restore_carried {
+	const struct fdstore_model *model; /* the restore's description's */
+	uint64_t expected;                 /* registry_expect()'s token */
+};
+
 struct restore_state {
-	/* Between restore_take() and restore_finish(): nothing is stored, so
-	 * that the untaken entries are removed before new ones go in. */
+	/* Nothing is stored while set: between restore_take() and
+	 * restore_started(), so that the stored descriptors no check took are
+	 * removed before new ones go in; and while restore.c serves what a
+	 * check passed, until each generation has its stored names and origin. */
 	int restoring;
 	int status_stored;     /* the manager has the status page */
 	uint64_t described;    /* describe_hash() of the stored description, 0: none */
@@ -24,6 +43,8 @@ struct restore_state {
 	uint64_t last_artifact; /* the highest n in a derived artifact's names in the store
 				   (wc-<slot>-d<n>-a): the next one stored takes n + 1 */
 	int checks_begun;      /* restore_checks() ran: a generation adopted later starts its own */
+	struct restore_carried *carried; /* the models whose check runs (restore.c's) */
+	size_t ncarried;
 };
 
 /* restore_store.c: one per process, as the manager's store is. */

@@ -4,7 +4,9 @@
  * generation's index and files under its slot's names, the held
  * generations, the derived artifacts of each current generation (derive.h)
  * under names of their own, and a sealed description of it all, replaced
- * whenever it changes; at shutdown what the manager's full queue refused
+ * whenever it changes (a model whose warm restart check still runs is
+ * described as the previous description had it: restore_carried); at
+ * shutdown what the manager's full queue refused
  * so far; and the removal of a closed generation's or artifact's
  * descriptors.
  */
@@ -333,6 +335,21 @@ append(char *buf, size_t cap, const char *fmt, ...)
 	va_end(ap);
 }
 
+/* The previous description's entry of m while a warm restart's check of
+ * m runs and the registry still expects m, else NULL (restore_carried). */
+static const struct fdstore_model *
+carried(const struct model_entry *m)
+{
+	for (size_t i = 0; i < restore_state.ncarried; i++) {
+		const struct restore_carried *c = &restore_state.carried[i];
+
+		if (strcmp(c->model->name, m->name) == 0)
+			return m->current == NULL && m->load_id == c->expected &&
+					m->slot == c->model->slot ? c->model : NULL;
+	}
+	return NULL;
+}
+
 /* The description's model for m (models are described in registry order,
  * those with a slot): its place in d, found by m's entry_id. */
 static struct fdstore_model *
@@ -366,9 +383,11 @@ restore_describe(const struct registry *r, size_t max_fds, struct fdstore_desc *
 			      * NOLINTNEXTLINE(bugprone-sizeof-expression) */
 			     (order = calloc(n, sizeof(*order))) == NULL))
 		goto fail;
-	/* Every model, and its current generation while they fit: a model
-	 * left out whole keeps its slot and numbers, and loads afresh. */
+	/* Every model, and its current generation while they fit (or, while
+	 * its check runs, what the previous description had: restore_carried):
+	 * a model left out whole keeps its slot and numbers, and loads afresh. */
 	for (const struct model_entry *m = r->models; m != NULL; m = m->next) {
+		const struct fdstore_model *prev;
 		struct fdstore_model *dm;
 
 		if (m->slot == 0)
@@ -379,6 +398,16 @@ restore_describe(const struct registry *r, size_t max_fds, struct fdstore_desc *
 			goto fail;
 		dm->slot = m->slot;
 		dm->last_generation = m->last_generation;
+		if (!describe_current(m) && (prev = carried(m)) != NULL) {
+			if (fdstore_model_fds(prev) > max_fds - fds)
+				append(left_out, cap, "%s\"%.64s\"", models_out++ ? ", " : "models "
+					"left out whole: ", m->name);
+			else if (fdstore_carry(dm, prev) < 0)
+				goto fail;
+			else
+				fds += fdstore_model_fds(prev);
+			continue;
+		}
 		if (!describe_current(m))
 			continue;
 		if (generation_fds(m->current) > max_fds - fds) {
@@ -399,6 +428,7 @@ restore_describe(const struct registry *r, size_t max_fds, struct fdstore_desc *
 		struct fdstore_generation *more;
 
 		if (g->model == NULL || !describe_held(g->model, g) ||
+			!describe_current(g->model) ||
 			(dm = described_model(d, order, g->model)) == NULL || dm->ngenerations == 0 ||
 			dm->ngenerations >= FDSTORE_MAX_GENERATIONS)
 			continue;
@@ -504,11 +534,11 @@ describe_hash(const struct registry *r)
 
 	for (const struct model_entry *m = r->models; m != NULL; m = m->next) {
 		const struct generation *g = m->current;
-		uint64_t v[7] = { m->entry_id, m->slot, m->last_generation, g ? g->number : 0,
+		uint64_t v[8] = { m->entry_id, m->slot, m->last_generation, g ? g->number : 0,
 			g ? (uint64_t)g->stored_done : 0, g ? (uint64_t)gen_attachable(g) : 0,
-			g ? restore_holders(g) : 0 };
+			g ? restore_holders(g) : 0, (uint64_t)(carried(m) != NULL) };
 
-		for (int i = 0; i < 7; i++)
+		for (int i = 0; i < 8; i++)
 			h = (h ^ v[i]) * 1099511628211ull;
 	}
 	/* The held generations described with them. */
@@ -599,14 +629,14 @@ restore_stopping(struct registry *r)
 {
 	if (!r->fdstore || r->closing)
 		return;
-	/* Checks of stored files still run (restore.c): nothing is stored
-	 * before they end, and the store keeps the previous description and
-	 * every descriptor it names, which the next start takes back. */
-	if (restore_state.restoring) {
-		log_info("warm restart: stopping while the stored files of some models are "
-			 "checked; the file descriptor store keeps what the previous process stored");
-		return;
-	}
+	/* Checks of stored files still run (restore.c): the descriptions
+	 * carry those models as the previous process stored them, and the
+	 * store keeps every descriptor they name for the next start. */
+	if (restore_state.ncarried > 0)
+		log_info("warm restart: stopping while the stored files of %zu model%s are "
+			 "checked; the file descriptor store keeps them as the previous process "
+			 "stored them", restore_state.ncarried,
+			restore_state.ncarried == 1 ? "" : "s");
 	for (int i = 0; i < 100 && sync_pending(r); i++) {
 		(void)notify_flush_wait(10);
 		restore_sync(r);

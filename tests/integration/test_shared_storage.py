@@ -553,11 +553,11 @@ def test_warming_on_a_hung_remote_filesystem_leaves_threads_to_local_models(star
 
 def test_a_warm_restart_stopped_while_a_check_waits(tmp_path, remote):
     """wcached is stopped (SIGTERM) while the check of a stored model on a
-    hung remote filesystem waits on the work queue: the store still holds
-    the previous description then (nothing new is stored until every check
-    has ended), so there is nothing to hand the manager, and the shutdown
-    neither waits a second for it nor says that the manager did not take
-    everything. The next start restores both models from the store."""
+    hung remote filesystem waits on the work queue: the store is in step
+    already (the description carries the model still checked as the
+    previous process stored it), so the shutdown neither waits a second
+    for the manager nor says that it did not take everything. The next
+    start restores both models from the store."""
     from fakemanager import FakeManager
     from test_warm_restart import start as start_stored
 
@@ -596,6 +596,96 @@ def test_a_warm_restart_stopped_while_a_check_waits(tmp_path, remote):
         for name in ("r", "local"):
             assert f'model "{name}": generation 1 restored from the file descriptor store' \
                 in log, log
+    finally:
+        code = d.stop()
+        mgr.close()
+    assert code == 0, d.read_log()
+
+
+def described_after(mgr, name):
+    """Is name in mgr's store, with a description stored after it? (Call
+    with mgr.cond held.)"""
+    stores = [(i, m["FDNAME"]) for i, m in enumerate(mgr.messages)
+              if m.get("FDSTORE") == "1" and "FDNAME" in m]
+    first = next((i for i, n in stores if n == name), None)
+    return name in mgr.store and first is not None and \
+        any(i > first for i, n in stores if n == "wc-desc")
+
+
+def test_a_warm_restart_keeps_the_store_in_step_while_a_check_hangs(tmp_path, remote):
+    """While the check of a stored remote model waits on a hung server, the
+    file descriptor store keeps up with everything else: the local model,
+    replaced by rename meanwhile, goes into the store with a description
+    that names its generation 2 and carries the remote model's entries from
+    the previous description. So a restart with the server still hung
+    restores the local model's generation 2 warm (before, nothing was
+    stored until every check had ended, and it loaded afresh), the remote
+    model, carried through both restarts, is restored once the server
+    answers, and a last restart restores both: nothing the end of the check
+    dropped from the store was still named."""
+    from fakemanager import FakeManager
+    from test_warm_restart import start as start_stored
+
+    src = mkmodel(tmp_path / "src.safetensors", 1)
+    with open(src, "rb") as f:
+        remote.replace("r.safetensors", f.read())
+    remote.wait_visible("r.safetensors")
+    (tmp_path / "local").mkdir()
+    local = mkmodel(tmp_path / "local" / "l.safetensors", 2)
+    (tmp_path / "d").mkdir()
+    mgr = FakeManager(str(tmp_path / "notify.sock"))
+    d = Daemon(tmp_path / "d", {"r": (remote.path("r.safetensors"), {"stage": "no"}),
+                                "local": local}, "start_wait_seconds = 2\n")
+    try:
+        stored_and_stopped(d, mgr, ("r", "local"))
+        remote.freeze()
+        try:
+            start_stored(d, mgr, *mgr.listen_fds())
+            wait_until(lambda: ready(d, "local", 1), timeout=20, what="the local model restored")
+            d.wait_for_log(r"warm restart: checking the stored files of 2 models")
+            d.wait_for_log(r"1 model is still loading after 2 s")
+            replace_local(d, tmp_path, local, "while a restore check hung: the local model's "
+                          "replacement served")
+            # local has slot 2 (configuration order): its generation 2's index.
+            t0 = time.monotonic()
+            with mgr.cond:
+                stored = mgr.cond.wait_for(lambda: described_after(mgr, "wc-2-2-i"), timeout=10)
+            if stored:
+                print(f"while a restore check hung: the local model's generation 2 and a "
+                      f"description naming it were in the store {time.monotonic() - t0:.3f} s "
+                      f"after it served")
+            assert d.stop() == 0, d.read_log()
+            stopped = d.read_log()
+            t0 = time.monotonic()
+            start_stored(d, mgr, *mgr.listen_fds())
+            wait_until(lambda: ready(d, "local", 2), timeout=20,
+                       what="the local model's generation 2 after the second restart")
+            print(f"second warm restart while remotefs hung: the local model's generation 2 "
+                  f"served {time.monotonic() - t0:.3f} s after the start")
+            log = d.read_log()
+            assert 'model "local": generation 2 restored from the file descriptor store' in log, \
+                log
+            assert 'model "local": generation 2 warm' not in log, log   # not read again
+            verify(d, "local", local)
+            still_loading(d, "r")
+        finally:
+            remote.thaw()
+        wait_until(lambda: ready(d, "r", 1), timeout=30, what="the remote model restored")
+        verify(d, "r", src)
+        log = d.read_log()
+        assert 'model "r": generation 1 restored from the file descriptor store' in log, log
+        assert stored, "the local model's generation 2 was not stored while the check hung"
+        assert "stopping while the stored files of 1 model are checked; the file descriptor " \
+            "store keeps them as the previous process stored them" in stopped, stopped
+        # The store has converged: both come back once more.
+        assert d.stop() == 0, d.read_log()
+        start_stored(d, mgr, *mgr.listen_fds())
+        wait_until(lambda: ready(d, "r", 1) and ready(d, "local", 2), timeout=30,
+                   what="both models restored by the last restart")
+        log = d.read_log()
+        for name, number in (("r", 1), ("local", 2)):
+            assert f'model "{name}": generation {number} restored from the file descriptor ' \
+                f'store' in log, log
     finally:
         code = d.stop()
         mgr.close()

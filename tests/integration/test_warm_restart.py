@@ -38,6 +38,7 @@ def start(d, mgr, fds=(), names=()):
     if fds:
         env.update(LISTEN_FDS=str(len(fds)), LISTEN_FDNAMES=":".join(names))
     d.logf = open(d.log, "w")
+    d.lines, d._log_offset, d._log_tail = [], 0, b""  # a new log: wait_for_log starts over
     cmd = [sys.executable, "-c", WRAPPER, ",".join(map(str, fds)), binary("wcached"),
            "-c", d.conf]
     d.proc = subprocess.Popen(cmd, stderr=d.logf, env=env, pass_fds=list(fds))

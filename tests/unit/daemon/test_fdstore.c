@@ -179,6 +179,21 @@ strip_artifacts(struct fdstore_model *m)
 	m->nartifacts = 0;
 }
 
+/* Frees m's generations: a model described without them. */
+static void
+strip_generations(struct fdstore_model *m)
+{
+	for (uint32_t g = 0; g < m->ngenerations; g++) {
+		for (uint32_t k = 0; k < m->generations[g].nfiles; k++)
+			free(m->generations[g].files[k].fdname);
+		free(m->generations[g].files);
+		free(m->generations[g].index_fdname);
+	}
+	free(m->generations);
+	m->generations = NULL;
+	m->ngenerations = 0;
+}
+
 /* Versions 3 (files without their origin) and 2 (no artifacts either)
  * are read as version 4 with origins 0 and 0: a restart after the upgrade
  * restores every model (restore.c stages again a copy whose origin it
@@ -201,13 +216,7 @@ test_older_versions(void **state)
 		struct fdstore_model *x = &d->models[i];
 
 		strip_artifacts(x);
-		for (uint32_t g = 0; g < x->ngenerations; g++) {
-			for (uint32_t k = 0; k < x->generations[g].nfiles; k++)
-				free(x->generations[g].files[k].fdname);
-			free(x->generations[g].files);
-			free(x->generations[g].index_fdname);
-		}
-		free(x->generations);
+		strip_generations(x);
 		free(x->name);
 		free(x->path);
 	}
@@ -664,6 +673,84 @@ test_names(void **state)
 	assert_false(notify_fdname_valid("caf\xc3\xa9", 5));
 }
 
+/* A model of an earlier description carried into the next one, where it
+ * is described without generations (a warm restart's check still holds
+ * it): the copy is the earlier entry field by field with strings of its
+ * own, keeps the higher last generation, passes the rules and encodes;
+ * its names and descriptors are counted; a model that is not the same
+ * (another slot or name) or has generations of its own is refused and
+ * left as it was. */
+static void
+test_carry(void **state)
+{
+	struct fdstore_desc *prev = make_desc(), *next = make_desc(), *back = NULL;
+	struct fdstore_model *dm = &next->models[0];
+	const struct fdstore_model *pm = &prev->models[0];
+	struct fdstore_desc one = { .status_size = 4096, .nmodels = 1, .models = dm };
+	struct fdstore_desc was = { .status_size = 4096, .nmodels = 1 };
+	uint8_t *buf;
+	size_t len;
+
+	(void)state;
+	/* llama: generations 5 (3 files), 3 (1) and 6 (2), three artifacts. */
+	assert_int_equal(fdstore_model_fds(pm), (1 + 3) + (1 + 1) + (1 + 2) + 2 * 3);
+	assert_int_equal(fdstore_model_fds(&prev->models[2]), 0);
+	assert_true(fdstore_model_names(pm, "wc-1-5-i"));
+	assert_true(fdstore_model_names(pm, "wc-1-5-2"));
+	assert_true(fdstore_model_names(pm, "wc-1-3-0"));
+	assert_true(fdstore_model_names(pm, "wc-1-d9-a"));
+	assert_true(fdstore_model_names(pm, "wc-1-d2-i"));
+	assert_false(fdstore_model_names(pm, "wc-1-5-3"));
+	assert_false(fdstore_model_names(pm, "wc-1-4-i"));
+	assert_false(fdstore_model_names(pm, "wc-7-2-i"));
+	assert_false(fdstore_model_names(pm, FDSTORE_NAME_DESC));
+
+	/* next's llama as a description written during the check has it. */
+	strip_artifacts(dm);
+	strip_generations(dm);
+	dm->last_generation = 4;
+	/* Not the same model: another slot, another name. */
+	assert_error(fdstore_carry(dm, &prev->models[1]), -EINVAL, "cannot carry model \"qwen\"");
+	dm->slot = 2;
+	assert_error(fdstore_carry(dm, pm), -EINVAL, "not the same model");
+	dm->slot = 1;
+	assert_int_equal(dm->ngenerations, 0);
+	assert_int_equal(dm->last_generation, 4);
+
+	assert_int_equal(fdstore_carry(dm, pm), 0);
+	was.models = (struct fdstore_model *)pm;
+	assert_true(fdstore_equal(&one, &was));
+	assert_ptr_not_equal(dm->generations[0].index_fdname, pm->generations[0].index_fdname);
+	assert_ptr_not_equal(dm->generations[0].files[0].fdname,
+		pm->generations[0].files[0].fdname);
+	assert_ptr_not_equal(dm->artifacts[0].key, pm->artifacts[0].key);
+	assert_int_equal(dm->last_generation, 6);
+	assert_int_equal(fdstore_check(next), 0);
+	/* Described with generations now: refused, nothing changed. */
+	assert_error(fdstore_carry(dm, pm), -EINVAL, "described with generations or artifacts");
+	assert_int_equal(dm->ngenerations, 3);
+	/* What goes into the store decodes to the same. */
+	buf = encode(next, &len);
+	assert_int_equal(fdstore_decode(buf, len, &back), 0);
+	assert_true(fdstore_equal(next, back));
+	free(buf);
+	fdstore_free(back);
+	/* The copy outlives the entry it came from. */
+	fdstore_free(prev);
+	assert_int_equal(fdstore_check(next), 0);
+
+	/* A higher last generation of the next description stays. */
+	prev = make_desc();
+	strip_artifacts(&next->models[2]);
+	next->models[2].last_generation = 9;
+	prev->models[2].last_generation = 3;
+	assert_int_equal(fdstore_carry(&next->models[2], &prev->models[2]), 0);
+	assert_int_equal(next->models[2].last_generation, 9);
+	assert_int_equal(next->models[2].ngenerations, 0);
+	fdstore_free(prev);
+	fdstore_free(next);
+}
+
 static void
 test_memfd(void **state)
 {
@@ -713,6 +800,7 @@ main(void)
 		cmocka_unit_test(test_hostile_bytes),
 		cmocka_unit_test(test_every_byte_counts),
 		cmocka_unit_test(test_names),
+		cmocka_unit_test(test_carry),
 		cmocka_unit_test(test_memfd),
 	};
 

@@ -3,7 +3,8 @@
  * reply and the descriptors it hands out, access by uid and group, and
  * what a restart carries over (restore_*): generations taken over from
  * the store and held (HOLD), the description for the store within a
- * descriptor limit, and a status page from the store. On a real libuv
+ * descriptor limit, a model whose check still runs carried into it, and a
+ * status page from the store. On a real libuv
  * loop and small model files in /tmp; no fault injection.
  */
 #include <errno.h>
@@ -299,6 +300,84 @@ test_describe_limit(void **state)
 	free(b);
 }
 
+/* A model whose warm restart check still runs (registry_expect) is
+ * described as the previous description had it (restore_carried): its
+ * generation, names and numbers, counted against the limit like a current
+ * generation; once a load takes its place, or its check ends, it is
+ * described as the registry has it. */
+static void
+test_describe_carried(void **state)
+{
+	struct du *t = *state;
+	char *a = du_model(t, "a.safetensors", 1024), name[64];
+	struct fdstore_generation g = { .number = 3, .role = FDSTORE_CURRENT, .pin = PIN_NONE,
+		.index_size = 4096, .nfiles = 2 };
+	struct fdstore_file files[2] = { { .size = 1 }, { .size = 2 } };
+	struct fdstore_model prev = { .name = "x", .path = "/srv/x", .last_generation = 3,
+		.ngenerations = 1, .generations = &g };
+	struct restore_carried c = { .model = &prev };
+	struct fdstore_desc *d = NULL;
+	struct model_entry *x;
+	char left[512];
+
+	assert_int_equal(du_load(t, "m", a, PIN_NONE, 0), 0);
+	du_current(t, "m")->stored_slot = registry_find(&t->reg, "m")->slot;
+	du_current(t, "m")->stored_done = 1;
+	assert_true((c.expected = registry_expect(&t->reg, "x", "/srv/x", PIN_NONE, 0)) != 0);
+	x = registry_find(&t->reg, "x");
+	prev.slot = x->slot;
+	assert_true(fdstore_name_index(name, sizeof(name), x->slot, 3) > 0);
+	g.index_fdname = strdup(name);
+	for (uint32_t k = 0; k < 2; k++) {
+		assert_true(fdstore_name_file(name, sizeof(name), x->slot, 3, k) > 0);
+		files[k].fdname = strdup(name);
+	}
+	g.files = files;
+	restore_state.carried = &c;
+	restore_state.ncarried = 1;
+
+	assert_int_equal(restore_describe(&t->reg, 100, &d, left, sizeof(left)), 0);
+	assert_string_equal(left, "");
+	assert_int_equal(d->nmodels, 2);
+	for (uint32_t i = 0; i < d->nmodels; i++) {
+		const struct fdstore_model *dm = &d->models[i];
+
+		assert_int_equal(dm->ngenerations, 1);
+		if (strcmp(dm->name, "x") == 0) {
+			assert_int_equal(dm->generations[0].number, 3);
+			assert_int_equal(dm->generations[0].nfiles, 2);
+			assert_string_equal(dm->generations[0].files[1].fdname, files[1].fdname);
+			assert_int_equal(dm->last_generation, 3);
+		}
+	}
+	assert_int_equal(fdstore_check(d), 0);
+	fdstore_free(d);
+	/* Room for 4 descriptors: m's (2) and x's (3) do not both fit. */
+	assert_int_equal(restore_describe(&t->reg, 4, &d, left, sizeof(left)), 0);
+	assert_non_null(strstr(left, "models left out whole: \""));
+	assert_int_equal(d->models[0].ngenerations + d->models[1].ngenerations, 1);
+	fdstore_free(d);
+	/* A load took x's place: described as the registry has it. */
+	x->load_id++;
+	assert_int_equal(restore_describe(&t->reg, 100, &d, left, sizeof(left)), 0);
+	for (uint32_t i = 0; i < d->nmodels; i++)
+		assert_int_equal(d->models[i].ngenerations, strcmp(d->models[i].name, "x") != 0);
+	fdstore_free(d);
+	/* Its check ended: the same. */
+	x->load_id--;
+	restore_state.ncarried = 0;
+	assert_int_equal(restore_describe(&t->reg, 100, &d, left, sizeof(left)), 0);
+	for (uint32_t i = 0; i < d->nmodels; i++)
+		assert_int_equal(d->models[i].ngenerations, strcmp(d->models[i].name, "x") != 0);
+	fdstore_free(d);
+	restore_state.carried = NULL;
+	assert_true(registry_expect_end(&t->reg, "x", c.expected));
+	free(g.index_fdname);
+	for (uint32_t k = 0; k < 2; k++)
+		free(files[k].fdname);
+	free(a);
+}
+
 /* A status page from the store is reused only when it is what a fresh one
  * for the store is: size, seals, owner and mode; each mismatch is refused
  * naming it. */
@@ -424,6 +503,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_hold_after_restart, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_hold_after_deadline, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_describe_limit, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_describe_carried, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stored_status_page, setup, teardown),
 	};
 
