@@ -706,9 +706,11 @@ def test_unloading_a_model_stops_its_staging_copy_in_flight(tmp_path):
             assert after < 0.75 * full, line
             assert REQUEST <= done <= BIG // 2, done
             # Its temporary copy went with it (before the line), nothing
-            # else was made, and the daemon holds nothing of it.
+            # else was made, and the daemon holds nothing of it (its files
+            # are closed in the same callback, just after the line).
             assert entries(stage_dir) == []
-            assert not any("big" in t for t in fd_targets(d.proc.pid))
+            wait_until(lambda: not any("big" in t for t in fd_targets(d.proc.pid)), timeout=5,
+                       what="the daemon to close big's files")
             assert settled_fd_count(d.proc.pid) == fds_before
             assert generation(d, "big") is None
             r = subprocess.run([binary("demo_worker"), "--socket", d.socket, "--verify", local,
