@@ -29,7 +29,9 @@ from conftest import Daemon, binary, wait_until
 from ctlutil import ctl, daemons, model_entry, running_daemons, status
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
+from fakemanager import FakeManager  # noqa: E402
 from remotefs import RemoteFS, skip_reason  # noqa: E402
+from test_stage_restore import description_in  # noqa: E402
 
 
 @pytest.fixture
@@ -452,7 +454,6 @@ def test_a_warm_restart_serves_others_when_a_remote_filesystem_hangs(tmp_path, r
     again) once the filesystem is back. A model unloaded while its check
     waits is not served when the check ends, and its pieces leave the
     store."""
-    from fakemanager import FakeManager
     from test_warm_restart import start as start_stored
 
     src = mkmodel(tmp_path / "src.safetensors", 1)
@@ -558,7 +559,6 @@ def test_a_warm_restart_stopped_while_a_check_waits(tmp_path, remote):
     previous process stored it), so the shutdown neither waits a second
     for the manager nor says that it did not take everything. The next
     start restores both models from the store."""
-    from fakemanager import FakeManager
     from test_warm_restart import start as start_stored
 
     src = mkmodel(tmp_path / "src.safetensors", 1)
@@ -623,7 +623,6 @@ def test_a_warm_restart_keeps_the_store_in_step_while_a_check_hangs(tmp_path, re
     model, carried through both restarts, is restored once the server
     answers, and a last restart restores both: nothing the end of the check
     dropped from the store was still named."""
-    from fakemanager import FakeManager
     from test_warm_restart import start as start_stored
 
     src = mkmodel(tmp_path / "src.safetensors", 1)
@@ -690,6 +689,212 @@ def test_a_warm_restart_keeps_the_store_in_step_while_a_check_hangs(tmp_path, re
         code = d.stop()
         mgr.close()
     assert code == 0, d.read_log()
+
+
+def remote_source(tmp_path, remote):
+    """r.safetensors on remote (mkmodel's seed 1): the path of a local copy
+    of its bytes, to verify against."""
+    src = mkmodel(tmp_path / "src.safetensors", 1)
+    with open(src, "rb") as f:
+        remote.replace("r.safetensors", f.read())
+    remote.wait_visible("r.safetensors")
+    return src
+
+
+def restarted_while_r_hangs(d, mgr, names):
+    """Starts d again with mgr's store (remote frozen by the caller): returns
+    once every model of names but r is ready (generation 1) and
+    start_wait_seconds (2) has said that r's check still waits: the seconds
+    from the start to the local models served."""
+    from test_warm_restart import start as start_stored
+
+    t0 = time.monotonic()
+    start_stored(d, mgr, *mgr.listen_fds())
+    wait_until(lambda: all(ready(d, n, 1) for n in names if n != "r"), timeout=20,
+               what="the local models restored")
+    served = time.monotonic() - t0
+    d.wait_for_log(r"warm restart: checking the stored files of \d+ models")
+    d.wait_for_log(r"1 model is still loading after 2 s")
+    still_loading(d, "r")
+    return served
+
+
+HUNG_EXTRA = "start_wait_seconds = 2\n"
+
+
+@pytest.fixture
+def hung_restart(tmp_path, remote):
+    """hung_restart(models): a Daemon in tmp_path/d over models (the remote
+    one named r, start_wait_seconds = 2) under a FakeManager, generation 1 of
+    each stored (stored_and_stopped), the remote frozen, and d started again
+    with the store while r's check waits (restarted_while_r_hangs): (d, mgr).
+    At teardown the remote is thawed, d must exit 0 and mgr closes."""
+    made = []
+
+    def run(models):
+        (tmp_path / "d").mkdir()
+        mgr = FakeManager(str(tmp_path / "notify.sock"))
+        d = Daemon(tmp_path / "d", models, HUNG_EXTRA)
+        made.append((d, mgr))
+        stored_and_stopped(d, mgr, tuple(models))
+        remote.freeze()
+        restarted_while_r_hangs(d, mgr, tuple(models))
+        return d, mgr
+
+    yield run
+    remote.thaw()
+    for d, mgr in made:
+        code = d.stop()
+        mgr.close()
+        assert code == 0, d.read_log()
+
+
+def r_spec(remote):
+    """The configuration of r, remote_source's model (not staged)."""
+    return remote.path("r.safetensors"), {"stage": "no"}
+
+
+def described(desc, name):
+    """Does description desc (bytes, test_stage_restore.description_in) hold
+    the string name (its u16 length, then its bytes)?"""
+    return len(name).to_bytes(2, "little") + name.encode() in desc
+
+
+def test_a_model_loaded_while_a_check_hangs_is_restored_from_the_store(tmp_path, remote,
+                                                                      hung_restart):
+    """A model loaded at run time (wcachectl load) while the check of the
+    stored remote model r waits on a hung server goes into the store at
+    once, beside r's carried entry. Listed in the configuration too (a
+    runtime load lasts until the next restart), it comes back from the store
+    at a restart with the server still hung (before, nothing was stored until
+    every check had ended, and it loaded afresh), and r is restored once the
+    server answers."""
+    src = remote_source(tmp_path, remote)
+    (tmp_path / "local").mkdir()
+    models = {"r": r_spec(remote), "local": mkmodel(tmp_path / "local" / "l.safetensors", 2)}
+    added = mkmodel(tmp_path / "local" / "x.safetensors", 4)
+    d, mgr = hung_restart(models)
+    r = ctl(d, "load", "x", added)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    t0 = time.monotonic()
+    wait_until(lambda: ready(d, "x", 1), timeout=20, what="x loaded while r's check hung")
+    d.write_config({**models, "x": added}, HUNG_EXTRA)
+    # x takes slot 3, the first free one: its generation 1's index; r has
+    # slot 1.
+    with mgr.cond:
+        stored = mgr.cond.wait_for(lambda: described_after(mgr, "wc-3-1-i") and
+                                   "wc-desc" in mgr.store and
+                                   described(description_in(mgr.store), "wc-1-1-i"), timeout=10)
+    if stored:
+        print(f"while a restore check hung: the model loaded at run time and a description "
+              f"naming it and carrying r were in the store {time.monotonic() - t0:.3f} s after "
+              f"the load was answered")
+    assert d.stop() == 0, d.read_log()
+    served = restarted_while_r_hangs(d, mgr, ("r", "local", "x"))
+    print(f"warm restart while remotefs hung: the model loaded at run time served "
+          f"{served:.3f} s after the start")
+    log = d.read_log()
+    assert 'model "x": generation 1 restored from the file descriptor store' in log, log
+    assert 'model "x": generation 1 warm' not in log, log   # not read again
+    # r's carried entry was checked again beside local's and x's.
+    assert "checking the stored files of 3 models" in log, log
+    verify(d, "x", added)
+    remote.thaw()
+    wait_until(lambda: ready(d, "r", 1), timeout=30, what="the remote model restored")
+    verify(d, "r", src)
+    assert 'model "r": generation 1 restored from the file descriptor store' in d.read_log()
+    assert stored, "the model loaded while the check hung was not stored, or r not carried"
+
+
+def test_an_artifact_published_while_a_check_hangs_is_taken_back(tmp_path, remote,
+                                                                hung_restart):
+    """A worker builds and publishes a derived artifact of the local model
+    while the check of the stored remote model r waits on a hung server: it
+    goes into the store at once, and a restart with the server still hung
+    takes it back (a DERIVE is answered at once with its bytes, nobody
+    builds it again; before, nothing was stored until every check had
+    ended, and the artifact was lost)."""
+    from test_derived import ARTIFACT, ATTACH_OK, artifact_bytes, closing
+    from test_derived_restart import KEY, artifact_names, derive_now, publish
+
+    remote_source(tmp_path, remote)
+    # small first: slot 1, test_derived_restart's artifact names.
+    d, mgr = hung_restart({"small": (mkmodel(tmp_path / "small.safetensors", 2),
+                                     {"derive": "yes"}), "r": r_spec(remote)})
+    publish(d)
+    t0 = time.monotonic()
+    with mgr.cond:
+        stored = mgr.cond.wait_for(lambda: all(n in mgr.store for n in artifact_names(1)) and
+                                   described_after(mgr, artifact_names(1)[1]), timeout=10)
+    if stored:
+        print(f"while a restore check hung: the artifact and a description naming it were in "
+              f"the store {time.monotonic() - t0:.3f} s after its publish was answered")
+    assert d.stop() == 0, d.read_log()
+    restarted_while_r_hangs(d, mgr, ("small", "r"))
+    log = d.read_log()
+    assert f'model "small": derived "{KEY}" of generation 1 taken back from the store' in log, \
+        log
+    r = derive_now(d)
+    assert r["type"] == ATTACH_OK and r["generation"] == 1, r
+    assert artifact_bytes(r) == ARTIFACT
+    closing(r)
+    remote.thaw()
+    wait_until(lambda: ready(d, "r", 1), timeout=30, what="the remote model restored")
+    assert stored, "the artifact published while the check hung was not stored"
+
+
+def test_the_model_unloaded_while_its_check_hangs_leaves_the_store(tmp_path, remote,
+                                                                  hung_restart):
+    """wcachectl unload of the remote model r while its check waits on a
+    hung server is accepted: the next description no longer carries r (the
+    registry no longer expects it; its descriptors stay in the store while
+    the check holds them), the check's end drops them from the store once
+    the server answers, and a restart (r still configured) restores nothing
+    of it: r loads afresh, and every descriptor in the store is one the
+    description names."""
+    from test_warm_restart import start as start_stored
+
+    src = remote_source(tmp_path, remote)
+    (tmp_path / "local").mkdir()
+    rpath = r_spec(remote)[0]
+    d, mgr = hung_restart({"r": r_spec(remote),
+                           "local": mkmodel(tmp_path / "local" / "l.safetensors", 2)})
+    # r has slot 1: its generation 1's index, carried meanwhile.
+    mgr.wait_for(lambda m: "wc-desc" in m.store and
+                 described(description_in(m.store), "wc-1-1-i"), what="r carried")
+    r = ctl(d, "unload", "r", timeout=15)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert model_entry(d, "r") is None
+    mgr.wait_for(lambda m: "wc-desc" in m.store and
+                 not described(description_in(m.store), rpath) and
+                 not described(description_in(m.store), "wc-1-1-i"),
+                 what="a description without r")
+    with mgr.lock:
+        held = sorted(n for n in mgr.store if n.startswith("wc-1-"))
+    print(f"after the unload, while r's check still hung: r's descriptors in the store: {held}")
+    remote.thaw()
+    d.wait_for_log(r'model "r": not restored: it was unloaded or loaded anew meanwhile')
+    mgr.wait_for(lambda m: not any(n.startswith("wc-1-") for n in m.store),
+                 what="r's descriptors dropped once its check ended")
+    assert model_entry(d, "r") is None
+    assert d.stop() == 0, d.read_log()
+    start_stored(d, mgr, *mgr.listen_fds())
+    wait_until(lambda: ready(d, "local", 1) and model_entry(d, "r") is not None and
+               model_entry(d, "r")["state"] == "ready", timeout=30,
+               what="local restored and r loaded afresh")
+    verify(d, "r", src)
+    log = d.read_log()
+    assert 'model "local": generation 1 restored from the file descriptor store' in log, log
+    assert not any('model "r"' in line and "restored" in line for line in log.splitlines()), log
+    assert "stored descriptor" not in log, log   # nothing stale was taken back
+
+    def in_step(m):
+        if "wc-desc" not in m.store:
+            return False
+        desc = description_in(m.store)
+        return described(desc, rpath) and all(
+            described(desc, n) for n in m.store if n not in ("wc-desc", "wc-status"))
+    mgr.wait_for(in_step, what="every stored descriptor described, r's new one included")
 
 
 def stopped_without_waiting(d, remote, what, waits=5):
