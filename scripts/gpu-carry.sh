@@ -48,8 +48,9 @@ needed() {
 		$2 == "=>" && $3 == "not" { print $1, "missing"; }' "$tmp/ldd" |
 		grep -Ev "$glibc_own" | grep -v '^libwcache\.so' || true
 }
-files="$tmp/bin/wcached $tmp/bin/wcachectl $tmp/lib/libwcache.so.0"
-for f in $files; do
+# The files to check, as "$@" (OUT may have spaces in its path).
+set -- "$tmp/bin/wcached" "$tmp/bin/wcachectl" "$tmp/lib/libwcache.so.0"
+for f in "$@"; do
 	needed "$f" >"$tmp/needed"
 	while read -r name path; do
 		if [ "$path" = missing ]; then
@@ -99,10 +100,13 @@ done
 # And every library but glibc's found in the copy, not where this host
 # keeps its own (which --version above would not tell apart).
 abs=$(cd "$tmp" && pwd)
-for f in $files; do
+for f in "$@"; do
 	env -i LD_LIBRARY_PATH="$abs/lib" ldd "$f" >"$tmp/ldd" ||
 		{ echo "gpu-carry: ldd $f failed" >&2; exit 1; }
-	awk '$2 == "=>" { print $1, $3 }' "$tmp/ldd" | grep -Ev "$glibc_own" |
+	# "name path" (the path whole, spaces and all), or "name not-found"
+	sed -n -e 's/^[[:space:]]*\([^ ]*\) => not found$/\1 not-found/p' \
+		-e 's/^[[:space:]]*\([^ ]*\) => \(.*\) (0x[0-9a-f]*)$/\1 \2/p' "$tmp/ldd" |
+		grep -Ev "$glibc_own" |
 		while read -r name path; do
 			case "$path" in
 			"$abs/lib/"*) ;;
