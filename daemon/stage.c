@@ -495,7 +495,10 @@ plan_files(const struct stage_request *req, struct stage_file **out, size_t *n)
 		f->src = index;
 		f->name = file_basename(index);
 		f->own_in = 1;
-		if ((f->in = open(index, O_RDONLY | O_CLOEXEC | O_NOCTTY)) == -1 ||
+		/* O_NONBLOCK: whoever owns the directory may have put a FIFO
+		 * there since the model was validated; opening it must not
+		 * hold this thread (and a stop) until someone writes to it. */
+		if ((f->in = open(index, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK)) == -1 ||
 			fstat(f->in, &f->st) == -1) {
 			err = io_error(-errno, "opening", index);
 			if (f->in >= 0)
@@ -504,7 +507,10 @@ plan_files(const struct stage_request *req, struct stage_file **out, size_t *n)
 			free(fs);
 			return err;
 		}
-		err = check_index_names(req, f);
+		err = S_ISREG(f->st.st_mode) ? check_index_names(req, f) :
+			error_set(-ESTALE, "cannot stage it: the shard index %s changed since "
+				"the model was validated: not a regular file; the new version "
+				"is staged by the next load", index);
 	} else if (req->nfiles > 1) {
 		err = error_set(-ESTALE, "cannot stage it: %s has no shard index since the model "
 			"was validated; the new version is staged by the next load",

@@ -387,6 +387,30 @@ test_shard_index_replaced_after_validation(void **state)
 	free(ipath);
 }
 
+/* The directory's owner puts a FIFO where the shard index was: the copy
+ * is refused at once, not held in open() until someone writes to it (the
+ * thread, and a stop, would wait for ever). alarm(): the old code's hang
+ * fails the test instead of holding ctest. */
+static void
+test_shard_index_replaced_by_a_fifo(void **state)
+{
+	struct fixture *f = *state;
+	char *ipath = path_join(f->src, "m.safetensors.index.json");
+
+	add_source(f, "s-1.safetensors", 1000, 22);
+	add_source(f, "s-2.safetensors", 1000, 23);
+	assert_int_equal(mkfifo(ipath, 0600), 0);
+	make_request(f, f->src);
+	alarm(10);
+	assert_int_equal(stage_copy(&f->req), -ESTALE);
+	alarm(0);
+	assert_non_null(strstr(error_get(), "cannot stage it: the shard index "));
+	assert_non_null(strstr(error_get(), ipath));
+	assert_non_null(strstr(error_get(), "not a regular file"));
+	assert_int_equal(tu_count_entries(f->stage_dir), -1); /* nothing made */
+	free(ipath);
+}
+
 /* ---- copies no longer wanted ---------------------------------------------- */
 
 /* Cancelled (wcached stopping) before it starts: -ECANCELED, nothing
@@ -482,6 +506,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_stage_cancel, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_shard_index_replaced_after_validation, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(test_shard_index_replaced_by_a_fifo, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
