@@ -338,8 +338,10 @@ test_mtime_not_set(void **state)
 			prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0)
 			_exit(2);
 		r = stage_copy(&f->req);
-		if (r != -EPERM || strstr(error_get(), "cannot stage it: setting the mtime of the "
-					   "copy of ") == NULL || strstr(error_get(), model) == NULL) {
+		if (r != -EPERM ||
+			strstr(error_get(), "cannot stage it: setting the mtime of the copy of ") ==
+				NULL ||
+			strstr(error_get(), model) == NULL) {
 			fprintf(stderr, "stage_copy: %d: %s\n", r, error_get());
 			_exit(1);
 		}
@@ -378,15 +380,16 @@ test_names_too_long(void **state)
 	assert_non_null(dir);
 	memcpy(dir, f->stage_dir, len);
 	for (size_t i = len; i < PATH_MAX - 40; i += 100)
-		memcpy(dir + i, "/dddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd"
-			"ddddddddddddddddddddddddddd", i + 100 < PATH_MAX - 40 ? 100 : PATH_MAX - 40 - i);
+		memcpy(dir + i, "/ddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddddd"
+			"dddddddddddddddddddddddddddddddddd",
+			i + 100 < PATH_MAX - 40 ? 100 : PATH_MAX - 40 - i);
 	dir[PATH_MAX - 40] = '\0';
 	make_request(f, model);
 	f->req.stage_dir = dir;
 	assert_int_equal(stage_copy(&f->req), -ENAMETOOLONG);
 	assert_non_null(strstr(error_get(), "cannot stage it: the paths of its copy would be "
-					 "longer than 4095 bytes (model name \"m\" 1 bytes, the longest "
-					 "file name 17, stage_dir 4056): configure a shorter stage_dir than"));
+		"longer than 4095 bytes (model name \"m\" 1 bytes, the longest file name 17, "
+		"stage_dir 4056): configure a shorter stage_dir than"));
 	assert_int_equal(tu_count_entries(f->stage_dir), -1);
 	free(dir);
 	free(model);
@@ -474,7 +477,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_copy_single, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_copy_sharded_directory, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_copy_shard_index_path, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_temporary_name_until_complete, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_temporary_name_until_complete, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(test_copy_errors, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_no_space, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_file_size_limit, setup, teardown),

@@ -359,10 +359,9 @@ test_shard_index_replaced_after_validation(void **state)
 		assert_int_equal(stage_copy(&f->req), -ESTALE);
 		assert_non_null(strstr(error_get(), "cannot stage it: the shard index "));
 		assert_non_null(strstr(error_get(), ipath));
-		assert_non_null(strstr(error_get(), i < 3 ? "was replaced since the model was "
-							    "validated (it names other shards than "
-							    "the 2 opened)" :
-							    "changed since the model was validated"));
+		assert_non_null(strstr(error_get(), i < 3 ?
+			"was replaced since the model was validated (it names other shards "
+			"than the 2 opened)" : "changed since the model was validated"));
 		assert_int_equal(tu_count_entries(f->stage_dir), -1); /* nothing made */
 		free(ipath);
 	}
@@ -494,19 +493,24 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_changed_during_copy, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_mtime_changed_during_copy, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_mtime_changed_during_copy, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(test_replaced_during_copy, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_replaced_early_in_a_long_copy, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_replaced_early_in_a_long_copy, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(test_shard_removed_early_in_a_long_copy, setup,
 			teardown),
-		cmocka_unit_test_setup_teardown(test_flaky_stat_during_a_long_copy, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_failing_stat_is_not_a_removal, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_flaky_stat_during_a_long_copy, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_failing_stat_is_not_a_removal, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(test_truncated_during_copy, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_cancel, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stage_cancel, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_shard_index_replaced_after_validation, setup,
 			teardown),
-		cmocka_unit_test_setup_teardown(test_shard_index_replaced_by_a_fifo, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_shard_index_replaced_by_a_fifo, setup,
+			teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
