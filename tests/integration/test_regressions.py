@@ -414,6 +414,7 @@ def test_pin_of_evicted_model_does_not_stall_attaches(start, big_model):
         wait_until(lambda: locked_bytes(d.proc.pid) >= BIG // 2, timeout=SHORT,
                    what="mlock to start")
         pinned = threading.Event()
+        pinned_at = []
 
         def watch():
             # Answered only after the pin on the old code; meanwhile on the
@@ -421,12 +422,14 @@ def test_pin_of_evicted_model_does_not_stall_attaches(start, big_model):
             wait_until(lambda: next(m for m in watcher.request(b"status")["models"]
                                     if m["name"] == "big")["pin_applied"] == "all",
                        what="the pin to be applied")
+            pinned_at.append(time.monotonic())
             pinned.set()
         t = threading.Thread(target=watch)
         t.start()
         latencies = []
+        first = time.monotonic()
         try:
-            deadline = time.monotonic() + 60
+            deadline = first + 60
             while not latencies or (not pinned.is_set() and time.monotonic() < deadline):
                 s = raw_client(d)  # a connection allows 4096 attaches
                 try:
@@ -440,9 +443,15 @@ def test_pin_of_evicted_model_does_not_stall_attaches(start, big_model):
             t.join()
         reply = c.reply()
         assert reply["ok"] is True, reply
+        # The old code answered the first attach only when the pin ended:
+        # its worst was the rest of the pin. The bound is a third of that
+        # (100 ms at least), so a loaded machine's slow attach is not taken
+        # for a stall.
         worst = max(latencies)
-        assert worst < 0.1, (f"an attach took {1000 * worst:.0f} ms while pin ran "
-                             f"({len(latencies)} attaches)")
+        rest = (pinned_at[0] if pinned_at else time.monotonic()) - first
+        assert worst < max(0.1, rest / 3), (
+            f"an attach took {1000 * worst:.0f} ms while pin ran for {1000 * rest:.0f} ms "
+            f"more ({len(latencies)} attaches)")
         m = model_entry(d, "big")
         assert m["pin_applied"] == "all" and m["resident_bytes"] >= BIG, m
     finally:
