@@ -28,6 +28,10 @@
 	(IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_CREATE |  \
 		IN_DELETE | IN_ONLYDIR)
 #define NAME_EVENTS (IN_MOVED_TO | IN_MOVED_FROM | IN_CREATE | IN_DELETE | IN_CLOSE_WRITE)
+/* Reads of the inotify descriptor per wakeup, as the server's per client: a
+ * flood of events (a neighbour rewriting her files in a loop) must not hold
+ * the loop. The poll is level-triggered: the rest comes at the next turn. */
+#define READS_PER_WAKEUP 16
 
 /* The directory path is in, malloc'd: "." for a name without one (the
  * current directory, as inotify_add_watch needs it). */
@@ -488,38 +492,80 @@ reload_done(int status, const char *message, uint64_t generation, void *arg)
 	(void)arg;
 }
 
+static void on_settle(uv_timer_t *t);
+
+/* Arms the settle timer for the earliest reload due, or stops it. */
+static void
+arm_settle(struct watch *w)
+{
+	uint64_t now = uv_now(w->loop), due = UINT64_MAX;
+
+	if (w->ndirty == 0) {
+		uv_timer_stop(&w->settle);
+		return;
+	}
+	for (size_t i = 0; i < w->ndirty; i++)
+		if (w->dirty[i].due_ms < due)
+			due = w->dirty[i].due_ms;
+	uv_timer_start(&w->settle, on_settle, due > now ? due - now : 0, 0);
+}
+
+/* Reloads the models whose time has come; the others wait on. */
 static void
 on_settle(uv_timer_t *t)
 {
 	struct watch *w = t->data;
+	uint64_t now = uv_now(w->loop);
+	size_t kept = 0;
 
 	for (size_t i = 0; i < w->ndirty; i++) {
-		if (registry_find(w->reg, w->dirty[i]) != NULL) {
-			log_info("model \"%s\": files changed on disk, reloading", w->dirty[i]);
-			if (registry_reload(w->reg, w->dirty[i], reload_done, NULL) < 0)
+		struct dirty_model d = w->dirty[i];
+
+		if (d.due_ms > now) {
+			w->dirty[kept++] = d;
+			continue;
+		}
+		/* Reloading early is safe: a reload serves new inodes only
+		 * (files renamed over, not written in place) and validates
+		 * them, so a file still being written fails it, the generation
+		 * serving stays, and the file's next event asks again. */
+		if (registry_find(w->reg, d.name) != NULL) {
+			log_info("model \"%s\": files changed on disk, reloading", d.name);
+			if (registry_reload(w->reg, d.name, reload_done, NULL) < 0)
 				log_warnx("%s", error_get());
 		}
-		free(w->dirty[i]);
+		free(d.name);
 	}
-	w->ndirty = 0;
+	w->ndirty = kept;
+	arm_settle(w);
 }
 
 void
 watch_mark_dirty(struct watch *w, const char *name)
 {
-	char **dirty;
+	uint64_t now = uv_now(w->loop);
+	struct dirty_model *d = NULL, *grown;
 
-	for (size_t i = 0; i < w->ndirty; i++)
-		if (strcmp(w->dirty[i], name) == 0)
-			goto restart;
-	if ((dirty = realloc(w->dirty, (w->ndirty + 1) * sizeof(*dirty))) == NULL)
-		return;
-	w->dirty = dirty;
-	if ((w->dirty[w->ndirty] = strdup(name)) == NULL)
-		return;
-	w->ndirty++;
-restart:
-	uv_timer_start(&w->settle, on_settle, WATCH_SETTLE_MS, 0);
+	for (size_t i = 0; i < w->ndirty && d == NULL; i++)
+		if (strcmp(w->dirty[i].name, name) == 0)
+			d = &w->dirty[i];
+	if (d == NULL) {
+		if ((grown = realloc(w->dirty, (w->ndirty + 1) * sizeof(*grown))) == NULL)
+			return;
+		w->dirty = grown;
+		d = &w->dirty[w->ndirty];
+		if ((d->name = strdup(name)) == NULL)
+			return;
+		d->first_ms = now;
+		w->ndirty++;
+	}
+	/* Only this model's own events postpone its reload, and only up to
+	 * the maximum: a neighbour writing her files without pause can delay
+	 * neither hers nor anyone else's for longer. */
+	d->due_ms = now + WATCH_SETTLE_MS;
+	if (d->due_ms > d->first_ms + WATCH_SETTLE_MAX_MS)
+		d->due_ms = d->first_ms + WATCH_SETTLE_MAX_MS;
+	arm_settle(w);
 }
 
 static void
@@ -560,7 +606,7 @@ on_readable(uv_poll_t *p, int status, int events)
 	(void)events;
 	if (status < 0)
 		return;
-	while ((n = read(w->fd, buf, sizeof(buf))) > 0) {
+	for (int i = 0; i < READS_PER_WAKEUP && (n = read(w->fd, buf, sizeof(buf))) > 0; i++) {
 		for (char *q = buf; q < buf + n;) {
 			const struct inotify_event *ev = (const struct inotify_event *)q;
 
@@ -610,7 +656,7 @@ watch_free_if_idle(struct watch *w)
 		free(w->dirs[i].path);
 	free(w->dirs);
 	for (size_t i = 0; i < w->ndirty; i++)
-		free(w->dirty[i]);
+		free(w->dirty[i].name);
 	free(w->dirty);
 	for (size_t i = 0; i < w->nsynced; i++) {
 		free(w->synced[i].name);

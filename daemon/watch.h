@@ -5,8 +5,10 @@
  * the path itself when it is a directory). Two kinds of change matter:
  *  - a name of the model appears, by rename(2) or creation (a new file
  *    renamed over the path, a new shard, a directory swapped): the model is
- *    reloaded after a short quiet period, so a burst of renames becomes one
- *    reload, and the new files become generation N+1 when valid and warm;
+ *    reloaded after a short quiet period on its own files, so a burst of
+ *    renames becomes one reload, but never more than WATCH_SETTLE_MAX_MS
+ *    after the first (events on other models delay nothing), and the new
+ *    files become generation N+1 when valid and warm;
  *  - a served file is written in place (size or mtime no longer match what
  *    was opened): that generation is marked modified at once.
  */
@@ -19,8 +21,11 @@
 
 struct watch;
 
-/* Milliseconds of quiet after the last event before reloading. */
+/* Milliseconds of quiet after a model's last event before reloading it. */
 #define WATCH_SETTLE_MS 100
+/* The longest a model's reload waits after its first event, however often
+ * its files change meanwhile. */
+#define WATCH_SETTLE_MAX_MS 1000
 
 /* Starts watching; call watch_sync() whenever models come or go. */
 int watch_start(uv_loop_t *loop, struct registry *r, struct watch **out);

@@ -34,18 +34,30 @@ struct polled {
 				  other than "no such file" (logged once), or 0 */
 };
 
+/*
+ * A model to reload (struct watch's dirty list): when WATCH_SETTLE_MS pass
+ * without an event for it, so a burst becomes one reload, but never later
+ * than WATCH_SETTLE_MAX_MS after its first event, so a file rewritten without
+ * pause is still looked at. Events for other models never move its deadline.
+ */
+struct dirty_model {
+	char *name;
+	uint64_t first_ms;      /* loop time of its first event since its last reload */
+	uint64_t due_ms;        /* loop time its reload is asked for */
+};
+
 struct watch {
 	struct registry *reg;
 	uv_loop_t *loop;
 	int fd;
 	uv_poll_t poll;
-	uv_timer_t settle;
+	uv_timer_t settle;     /* runs until the earliest due_ms of dirty */
 	uv_timer_t poll_timer; /* runs while some model is polled */
 	int handles; /* open libuv handles, for freeing */
 	int stopping;
 	struct watched_dir *dirs;
 	size_t ndirs;
-	char **dirty; /* model names to reload when things settle */
+	struct dirty_model *dirty; /* models to reload, in no order */
 	size_t ndirty;
 	struct polled *polled;
 	size_t npolled;
@@ -54,7 +66,8 @@ struct watch {
 	unsigned jobs; /* sync and poll jobs on the work queue; the watch is freed at 0 */
 };
 
-/* watch.c: reloads the model name after WATCH_SETTLE_MS of quiet. */
+/* watch.c: reloads the model name after WATCH_SETTLE_MS without another call
+ * for it, and at most WATCH_SETTLE_MAX_MS after the first. */
 void watch_mark_dirty(struct watch *w, const char *name);
 
 /* watch.c: frees w once watch_stop() closed its handles and no poll job

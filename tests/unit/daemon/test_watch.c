@@ -2,7 +2,9 @@
  * test_watch.c: unit tests of daemon/watch.c against a real registry on a
  * real libuv loop with real inotify: a model file written in place marks its
  * generation modified; a new file renamed over the path is reloaded, after
- * the settle time, as the next generation.
+ * the settle time, as the next generation; a neighbour rewriting her own
+ * files without pause delays no reload past WATCH_SETTLE_MAX_MS, hers
+ * included; a flood of events is read a bounded amount per loop turn.
  *
  * Fault injection (-Wl,--wrap in tests/CMakeLists.txt): fstat fails when
  * asked, and a file that cannot be checked is not called modified; stat of
@@ -11,6 +13,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -19,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -332,6 +336,177 @@ test_poll_interval_shortened(void **state)
 	du_run_until(&t->du, polled, &n);
 }
 
+/*
+ * The neighbour n (model "n" in a directory of her own) and the fixture's
+ * model m each have a file renamed over their path; then n's file is opened
+ * for writing and closed (an event for n) every 50 ms for 1.5 s. Each
+ * reload must be asked for within WATCH_SETTLE_MAX_MS of its rename (a
+ * loaded machine gets SLACK_MS more), not when n goes quiet: one settle
+ * timer for everyone, restarted by n's every event, held both until then
+ * (1.6 s). n's burst still becomes few reloads, not one per event.
+ */
+#define TOUCH_MS 50
+#define TOUCHES 30
+#define SLACK_MS 250
+
+struct neighbours {
+	struct watch *w;
+	const char *busy_path;  /* n's model file, touched */
+	uv_timer_t touch;
+	int touches;            /* done so far */
+	uint64_t start_ms;      /* loop time before the renames */
+	uint64_t id[2];         /* load_id of m and n before */
+	uint64_t asked_ms[2];   /* loop time their reload was first asked for (0: not yet) */
+};
+
+static void
+on_touch(uv_timer_t *timer)
+{
+	struct neighbours *nb = timer->data;
+	int fd = open(nb->busy_path, O_WRONLY | O_CLOEXEC);
+
+	assert_true(fd >= 0);
+	close(fd); /* IN_CLOSE_WRITE, the file unchanged */
+	if (++nb->touches == TOUCHES)
+		uv_timer_stop(timer);
+}
+
+static bool
+both_reloaded(struct du *d, void *arg)
+{
+	struct neighbours *nb = arg;
+	const char *names[2] = { "m", "n" };
+	bool done = nb->touches == TOUCHES && nb->w->ndirty == 0;
+
+	for (int k = 0; k < 2; k++) {
+		struct model_entry *m = registry_find(&d->reg, names[k]);
+
+		/* on_settle's registry_reload queues a load: a new load_id. */
+		if (nb->asked_ms[k] == 0 && m->load_id != nb->id[k])
+			nb->asked_ms[k] = uv_now(&d->loop);
+		done = done && m->current != NULL && m->current->number == 2 &&
+			m->loading == 0;
+	}
+	return done;
+}
+
+static bool
+both_armed(struct du *d, void *arg)
+{
+	(void)arg;
+	return du_current(d, "m")->watched && du_current(d, "n")->watched;
+}
+
+/* How many times text has "model \"name\": files changed on disk". */
+static int
+reloads_logged(const char *text, const char *name)
+{
+	char what[64];
+	int n = 0;
+
+	snprintf(what, sizeof(what), "model \"%s\": files changed on disk", name);
+	for (const char *p = text; (p = strstr(p, what)) != NULL; p += strlen(what))
+		n++;
+	return n;
+}
+
+static void
+test_busy_neighbour_delays_no_reload(void **state)
+{
+	struct wt *t = *state;
+	/* Not on the stack: should a wait fail, the teardown closes the
+	 * timer in it. */
+	struct neighbours *nb = calloc(1, sizeof(*nb));
+	char *dir, *busy, *busy_next, *next, *log;
+	uint64_t asked[2];
+
+	assert_non_null(nb);
+	nb->w = t->w;
+	assert_true(asprintf(&dir, "%s/n", t->du.dir) > 0);
+	assert_int_equal(mkdir(dir, 0700), 0);
+	busy = du_model(&t->du, "n/n.safetensors", 1024);
+	busy_next = du_model(&t->du, "n/next.safetensors", 2048);
+	next = du_model(&t->du, "next.safetensors", 2048);
+	assert_int_equal(du_load(&t->du, "n", busy, PIN_NONE, 0), 0);
+	watch_sync(t->w);
+	du_run_until(&t->du, both_armed, NULL);
+	nb->busy_path = busy;
+	nb->id[0] = registry_find(&t->du.reg, "m")->load_id;
+	nb->id[1] = registry_find(&t->du.reg, "n")->load_id;
+	assert_int_equal(uv_timer_init(&t->du.loop, &nb->touch), 0);
+	nb->touch.data = nb;
+
+	du_log_start(&t->du);
+	uv_update_time(&t->du.loop);
+	nb->start_ms = uv_now(&t->du.loop);
+	assert_int_equal(rename(busy_next, busy), 0);
+	assert_int_equal(rename(next, t->path), 0);
+	assert_int_equal(uv_timer_start(&nb->touch, on_touch, TOUCH_MS, TOUCH_MS), 0);
+	du_run_until(&t->du, both_reloaded, nb);
+	log = du_log_stop(&t->du);
+	asked[0] = nb->asked_ms[0] - nb->start_ms;
+	asked[1] = nb->asked_ms[1] - nb->start_ms;
+	uv_close((uv_handle_t *)&nb->touch, NULL);
+	uv_run(&t->du.loop, UV_RUN_NOWAIT); /* the close is done before nb goes */
+	free(nb);
+
+	print_message("reload of m asked for after %" PRIu64 " ms, of n after %" PRIu64
+		      " ms; n's reloads: %d\n", asked[0], asked[1], reloads_logged(log, "n"));
+	assert_in_range(asked[0], 0, WATCH_SETTLE_MAX_MS + SLACK_MS);
+	assert_in_range(asked[1], 0, WATCH_SETTLE_MAX_MS + SLACK_MS);
+	/* 30 events in 1.5 s: one reload at the maximum, one after the last. */
+	assert_in_range(reloads_logged(log, "n"), 1, 3);
+	assert_int_equal(reloads_logged(log, "m"), 1);
+	free(log);
+	free(next);
+	free(busy_next);
+	free(busy);
+	free(dir);
+}
+
+/* Bytes of events waiting on w's inotify descriptor. */
+static int
+queued(const struct watch *w)
+{
+	int n = -1;
+
+	assert_int_equal(ioctl(w->fd, FIONREAD, &n), 0);
+	return n;
+}
+
+static bool
+drained(struct du *d, void *arg)
+{
+	(void)d;
+	return queued(arg) == 0;
+}
+
+/* A flood of events (files created in the model's directory, names of 200
+ * characters, 224 bytes an event) is read 16 reads of 16 KiB a loop turn at
+ * most; the rest comes at the next turns. */
+static void
+test_flood_read_in_turns(void **state)
+{
+	struct wt *t = *state;
+	char *path;
+	int fd, before, after;
+
+	for (int i = 0; i < 2000; i++) {
+		assert_true(asprintf(&path, "%s/%0200d", t->du.dir, i) > 0);
+		fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+		assert_true(fd >= 0);
+		close(fd); /* IN_CREATE and IN_CLOSE_WRITE: 448 bytes */
+		free(path);
+	}
+	before = queued(t->w);
+	assert_true(before > 16 * 16384);
+	uv_run(&t->du.loop, UV_RUN_NOWAIT); /* one turn: one wakeup of the poll */
+	after = queued(t->w);
+	print_message("queued before a turn: %d bytes, after: %d\n", before, after);
+	assert_in_range(after, 1, before - 1);
+	du_run_until(&t->du, drained, t->w);
+}
+
 int
 main(void)
 {
@@ -344,6 +519,9 @@ main(void)
 		cmocka_unit_test(test_renamed_before_watched),
 		cmocka_unit_test_setup_teardown(test_poll_error_concludes_nothing, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_poll_interval_shortened, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_busy_neighbour_delays_no_reload, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_flood_read_in_turns, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
