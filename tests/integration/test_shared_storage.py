@@ -552,145 +552,6 @@ def test_warming_on_a_hung_remote_filesystem_leaves_threads_to_local_models(star
                    timeout=60, what=f"{name} warm once the server is back")
 
 
-def test_a_warm_restart_stopped_while_a_check_waits(tmp_path, remote):
-    """wcached is stopped (SIGTERM) while the check of a stored model on a
-    hung remote filesystem waits on the work queue: the store is in step
-    already (the description carries the model still checked as the
-    previous process stored it), so the shutdown neither waits a second
-    for the manager nor says that it did not take everything. The next
-    start restores both models from the store."""
-    from test_warm_restart import start as start_stored
-
-    src = mkmodel(tmp_path / "src.safetensors", 1)
-    with open(src, "rb") as f:
-        remote.replace("r.safetensors", f.read())
-    remote.wait_visible("r.safetensors")
-    (tmp_path / "local").mkdir()
-    local = mkmodel(tmp_path / "local" / "l.safetensors", 2)
-    (tmp_path / "d").mkdir()
-    mgr = FakeManager(str(tmp_path / "notify.sock"))
-    d = Daemon(tmp_path / "d", {"r": (remote.path("r.safetensors"), {"stage": "no"}),
-                                "local": local})
-    try:
-        stored_and_stopped(d, mgr, ("r", "local"))
-        remote.freeze()
-        try:
-            start_stored(d, mgr, *mgr.listen_fds())
-            wait_until(lambda: ready(d, "local", 1), timeout=20, what="the local model restored")
-            d.wait_for_log(r"warm restart: checking the stored files of \d+ model")
-            t0 = time.monotonic()
-            d.proc.send_signal(signal.SIGTERM)
-            d.wait_for_log(r"shutting down")
-        finally:
-            remote.thaw()
-        code = d.proc.wait(timeout=60)
-        stopped = time.monotonic() - t0
-        log = d.read_log()
-        assert code == 0, log
-        assert "did not take everything" not in log, log
-        print(f"stopped {stopped:.3f} s after SIGTERM during the check")
-        start_stored(d, mgr, *mgr.listen_fds())
-        wait_until(lambda: ready(d, "r", 1) and ready(d, "local", 1), timeout=30,
-                   what="both models restored")
-        log = d.read_log()
-        for name in ("r", "local"):
-            assert f'model "{name}": generation 1 restored from the file descriptor store' \
-                in log, log
-    finally:
-        code = d.stop()
-        mgr.close()
-    assert code == 0, d.read_log()
-
-
-def described_after(mgr, name):
-    """Is name in mgr's store, with a description stored after it? (Call
-    with mgr.cond held.)"""
-    stores = [(i, m["FDNAME"]) for i, m in enumerate(mgr.messages)
-              if m.get("FDSTORE") == "1" and "FDNAME" in m]
-    first = next((i for i, n in stores if n == name), None)
-    return name in mgr.store and first is not None and \
-        any(i > first for i, n in stores if n == "wc-desc")
-
-
-def test_a_warm_restart_keeps_the_store_in_step_while_a_check_hangs(tmp_path, remote):
-    """While the check of a stored remote model waits on a hung server, the
-    file descriptor store keeps up with everything else: the local model,
-    replaced by rename meanwhile, goes into the store with a description
-    that names its generation 2 and carries the remote model's entries from
-    the previous description. So a restart with the server still hung
-    restores the local model's generation 2 warm (before, nothing was
-    stored until every check had ended, and it loaded afresh), the remote
-    model, carried through both restarts, is restored once the server
-    answers, and a last restart restores both: nothing the end of the check
-    dropped from the store was still named."""
-    from test_warm_restart import start as start_stored
-
-    src = mkmodel(tmp_path / "src.safetensors", 1)
-    with open(src, "rb") as f:
-        remote.replace("r.safetensors", f.read())
-    remote.wait_visible("r.safetensors")
-    (tmp_path / "local").mkdir()
-    local = mkmodel(tmp_path / "local" / "l.safetensors", 2)
-    (tmp_path / "d").mkdir()
-    mgr = FakeManager(str(tmp_path / "notify.sock"))
-    d = Daemon(tmp_path / "d", {"r": (remote.path("r.safetensors"), {"stage": "no"}),
-                                "local": local}, "start_wait_seconds = 2\n")
-    try:
-        stored_and_stopped(d, mgr, ("r", "local"))
-        remote.freeze()
-        try:
-            start_stored(d, mgr, *mgr.listen_fds())
-            wait_until(lambda: ready(d, "local", 1), timeout=20, what="the local model restored")
-            d.wait_for_log(r"warm restart: checking the stored files of 2 models")
-            d.wait_for_log(r"1 model is still loading after 2 s")
-            replace_local(d, tmp_path, local, "while a restore check hung: the local model's "
-                          "replacement served")
-            # local has slot 2 (configuration order): its generation 2's index.
-            t0 = time.monotonic()
-            with mgr.cond:
-                stored = mgr.cond.wait_for(lambda: described_after(mgr, "wc-2-2-i"), timeout=10)
-            if stored:
-                print(f"while a restore check hung: the local model's generation 2 and a "
-                      f"description naming it were in the store {time.monotonic() - t0:.3f} s "
-                      f"after it served")
-            assert d.stop() == 0, d.read_log()
-            stopped = d.read_log()
-            t0 = time.monotonic()
-            start_stored(d, mgr, *mgr.listen_fds())
-            wait_until(lambda: ready(d, "local", 2), timeout=20,
-                       what="the local model's generation 2 after the second restart")
-            print(f"second warm restart while remotefs hung: the local model's generation 2 "
-                  f"served {time.monotonic() - t0:.3f} s after the start")
-            log = d.read_log()
-            assert 'model "local": generation 2 restored from the file descriptor store' in log, \
-                log
-            assert 'model "local": generation 2 warm' not in log, log   # not read again
-            verify(d, "local", local)
-            still_loading(d, "r")
-        finally:
-            remote.thaw()
-        wait_until(lambda: ready(d, "r", 1), timeout=30, what="the remote model restored")
-        verify(d, "r", src)
-        log = d.read_log()
-        assert 'model "r": generation 1 restored from the file descriptor store' in log, log
-        assert stored, "the local model's generation 2 was not stored while the check hung"
-        assert "stopping while the stored files of 1 model are checked; the file descriptor " \
-            "store keeps them as the previous process stored them" in stopped, stopped
-        # The store has converged: both come back once more.
-        assert d.stop() == 0, d.read_log()
-        start_stored(d, mgr, *mgr.listen_fds())
-        wait_until(lambda: ready(d, "r", 1) and ready(d, "local", 2), timeout=30,
-                   what="both models restored by the last restart")
-        log = d.read_log()
-        for name, number in (("r", 1), ("local", 2)):
-            assert f'model "{name}": generation {number} restored from the file descriptor ' \
-                f'store' in log, log
-    finally:
-        code = d.stop()
-        mgr.close()
-    assert code == 0, d.read_log()
-
-
 def remote_source(tmp_path, remote):
     """r.safetensors on remote (mkmodel's seed 1): the path of a local copy
     of its bytes, to verify against."""
@@ -701,11 +562,13 @@ def remote_source(tmp_path, remote):
     return src
 
 
-def restarted_while_r_hangs(d, mgr, names):
+def restarted_while_r_hangs(d, mgr, names, start_wait=True):
     """Starts d again with mgr's store (remote frozen by the caller): returns
-    once every model of names but r is ready (generation 1) and
-    start_wait_seconds (2) has said that r's check still waits: the seconds
-    from the start to the local models served."""
+    once every model of names but r is ready (generation 1), the check has
+    begun and start_wait_seconds (2) has said that r's check still waits:
+    the seconds from the start to the local models served. start_wait
+    False (start_wait_seconds not configured: 30 s) returns once the check
+    has begun, while the start still waits."""
     from test_warm_restart import start as start_stored
 
     t0 = time.monotonic()
@@ -714,8 +577,9 @@ def restarted_while_r_hangs(d, mgr, names):
                what="the local models restored")
     served = time.monotonic() - t0
     d.wait_for_log(r"warm restart: checking the stored files of \d+ models")
-    d.wait_for_log(r"1 model is still loading after 2 s")
-    still_loading(d, "r")
+    if start_wait:
+        d.wait_for_log(r"1 model is still loading after 2 s")
+        still_loading(d, "r")
     return served
 
 
@@ -724,21 +588,23 @@ HUNG_EXTRA = "start_wait_seconds = 2\n"
 
 @pytest.fixture
 def hung_restart(tmp_path, remote):
-    """hung_restart(models): a Daemon in tmp_path/d over models (the remote
-    one named r, start_wait_seconds = 2) under a FakeManager, generation 1 of
+    """hung_restart(models, start_wait=True): a Daemon in tmp_path/d over
+    models (the remote one named r, start_wait_seconds = 2; not configured,
+    30 s, when start_wait is False) under a FakeManager, generation 1 of
     each stored (stored_and_stopped), the remote frozen, and d started again
-    with the store while r's check waits (restarted_while_r_hangs): (d, mgr).
-    At teardown the remote is thawed, d must exit 0 and mgr closes."""
+    with the store while r's check waits (restarted_while_r_hangs, given
+    start_wait): (d, mgr). At teardown the remote is thawed, d must exit 0
+    and mgr closes."""
     made = []
 
-    def run(models):
+    def run(models, start_wait=True):
         (tmp_path / "d").mkdir()
         mgr = FakeManager(str(tmp_path / "notify.sock"))
-        d = Daemon(tmp_path / "d", models, HUNG_EXTRA)
+        d = Daemon(tmp_path / "d", models, HUNG_EXTRA if start_wait else "")
         made.append((d, mgr))
         stored_and_stopped(d, mgr, tuple(models))
         remote.freeze()
-        restarted_while_r_hangs(d, mgr, tuple(models))
+        restarted_while_r_hangs(d, mgr, tuple(models), start_wait)
         return d, mgr
 
     yield run
@@ -752,6 +618,111 @@ def hung_restart(tmp_path, remote):
 def r_spec(remote):
     """The configuration of r, remote_source's model (not staged)."""
     return remote.path("r.safetensors"), {"stage": "no"}
+
+
+def test_a_warm_restart_stopped_while_a_check_waits(tmp_path, remote, hung_restart):
+    """wcached is stopped (SIGTERM) while the check of a stored model on a
+    hung remote filesystem waits on the work queue (start_wait_seconds, 30
+    s, not over yet): the store is in step already (the description carries
+    the model still checked as the previous process stored it), so the
+    shutdown neither waits a second for the manager nor says that it did
+    not take everything. The next start restores both models from the
+    store."""
+    from test_warm_restart import start as start_stored
+
+    remote_source(tmp_path, remote)
+    (tmp_path / "local").mkdir()
+    d, mgr = hung_restart({"r": r_spec(remote),
+                           "local": mkmodel(tmp_path / "local" / "l.safetensors", 2)},
+                          start_wait=False)
+    t0 = time.monotonic()
+    d.proc.send_signal(signal.SIGTERM)
+    d.wait_for_log(r"shutting down")
+    remote.thaw()
+    code = d.proc.wait(timeout=60)
+    stopped = time.monotonic() - t0
+    log = d.read_log()
+    assert code == 0, log
+    assert "did not take everything" not in log, log
+    print(f"stopped {stopped:.3f} s after SIGTERM during the check")
+    start_stored(d, mgr, *mgr.listen_fds())
+    wait_until(lambda: ready(d, "r", 1) and ready(d, "local", 1), timeout=30,
+               what="both models restored")
+    log = d.read_log()
+    for name in ("r", "local"):
+        assert f'model "{name}": generation 1 restored from the file descriptor store' \
+            in log, log
+
+
+def described_after(mgr, name):
+    """Is name in mgr's store, with a description stored after it? (Call
+    with mgr.cond held.)"""
+    stores = [(i, m["FDNAME"]) for i, m in enumerate(mgr.messages)
+              if m.get("FDSTORE") == "1" and "FDNAME" in m]
+    first = next((i for i, n in stores if n == name), None)
+    return name in mgr.store and first is not None and \
+        any(i > first for i, n in stores if n == "wc-desc")
+
+
+def test_a_warm_restart_keeps_the_store_in_step_while_a_check_hangs(tmp_path, remote,
+                                                                    hung_restart):
+    """While the check of a stored remote model waits on a hung server, the
+    file descriptor store keeps up with everything else: the local model,
+    replaced by rename meanwhile, goes into the store with a description
+    that names its generation 2 and carries the remote model's entries from
+    the previous description. So a restart with the server still hung
+    restores the local model's generation 2 warm (before, nothing was
+    stored until every check had ended, and it loaded afresh), the remote
+    model, carried through both restarts, is restored once the server
+    answers, and a last restart restores both: nothing the end of the check
+    dropped from the store was still named."""
+    from test_warm_restart import start as start_stored
+
+    src = remote_source(tmp_path, remote)
+    (tmp_path / "local").mkdir()
+    local = mkmodel(tmp_path / "local" / "l.safetensors", 2)
+    d, mgr = hung_restart({"r": r_spec(remote), "local": local})
+    d.wait_for_log(r"warm restart: checking the stored files of 2 models")
+    replace_local(d, tmp_path, local, "while a restore check hung: the local model's "
+                  "replacement served")
+    # local has slot 2 (configuration order): its generation 2's index.
+    t0 = time.monotonic()
+    with mgr.cond:
+        stored = mgr.cond.wait_for(lambda: described_after(mgr, "wc-2-2-i"), timeout=10)
+    if stored:
+        print(f"while a restore check hung: the local model's generation 2 and a "
+              f"description naming it were in the store {time.monotonic() - t0:.3f} s "
+              f"after it served")
+    assert d.stop() == 0, d.read_log()
+    stopped = d.read_log()
+    t0 = time.monotonic()
+    start_stored(d, mgr, *mgr.listen_fds())
+    wait_until(lambda: ready(d, "local", 2), timeout=20,
+               what="the local model's generation 2 after the second restart")
+    print(f"second warm restart while remotefs hung: the local model's generation 2 "
+          f"served {time.monotonic() - t0:.3f} s after the start")
+    log = d.read_log()
+    assert 'model "local": generation 2 restored from the file descriptor store' in log, log
+    assert 'model "local": generation 2 warm' not in log, log   # not read again
+    verify(d, "local", local)
+    still_loading(d, "r")
+    remote.thaw()
+    wait_until(lambda: ready(d, "r", 1), timeout=30, what="the remote model restored")
+    verify(d, "r", src)
+    log = d.read_log()
+    assert 'model "r": generation 1 restored from the file descriptor store' in log, log
+    assert stored, "the local model's generation 2 was not stored while the check hung"
+    assert "stopping while the stored files of 1 model are checked; the file descriptor " \
+        "store keeps them as the previous process stored them" in stopped, stopped
+    # The store has converged: both come back once more.
+    assert d.stop() == 0, d.read_log()
+    start_stored(d, mgr, *mgr.listen_fds())
+    wait_until(lambda: ready(d, "r", 1) and ready(d, "local", 2), timeout=30,
+               what="both models restored by the last restart")
+    log = d.read_log()
+    for name, number in (("r", 1), ("local", 2)):
+        assert f'model "{name}": generation {number} restored from the file descriptor ' \
+            f'store' in log, log
 
 
 def described(desc, name):
