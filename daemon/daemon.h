@@ -33,6 +33,7 @@ struct daemon {
 	struct registry reg;
 	struct warm_pool *pool;
 	struct server *server;
+	struct closer *closer;      /* closes what clients chose, off the loop (closer.h) */
 	struct derive_table derive; /* derived artifacts (derive.h) */
 	struct memlimit mem;        /* the memory limit in force, read at start and reload */
 	struct watch *watch;

@@ -14,6 +14,7 @@
 
 #include "base/error.h"
 #include "base/path.h"
+#include "closer.h"
 #include "derive.h"
 #include "format/source.h"
 #include "generation.h"
@@ -546,7 +547,7 @@ make_artifact(struct derive_table *t, struct derive_build *b, int fd, struct der
 	struct stat st;
 
 	if (m == NULL) {
-		close(fd);
+		closer_close(t->closer, b->builder_uid, fd);
 		snprintf(why, why_size, "the model is no longer served");
 		return -ENOENT;
 	}
@@ -558,23 +559,24 @@ make_artifact(struct derive_table *t, struct derive_build *b, int fd, struct der
 	 * model files (issue 18), and workers get reopens of that. */
 	if (r == 0 && (r = fd_reopen_read_only(fd, label)) < 0)
 		snprintf(why, why_size, "%s", error_get());
-	close(fd);
+	closer_close(t->closer, b->builder_uid, fd);
 	if (r < 0)
 		return r;
 	fd = r;
 	if (fstat(fd, &st) == -1 || st.st_size <= 0) {
-		close(fd);
+		closer_close(t->closer, b->builder_uid, fd);
 		snprintf(why, why_size, "the memfd is empty");
 		return -EBADMSG;
 	}
 	if (t->r->memory_budget != 0 && (uint64_t)st.st_size > t->r->memory_budget) {
-		close(fd);
+		/* Perhaps the last reference to gigabytes: freed off the loop. */
+		closer_close(t->closer, b->builder_uid, fd);
 		snprintf(why, why_size, "%" PRIu64 " MiB is more than memory_budget (%" PRIu64
 			 " MiB)", (uint64_t)st.st_size >> 20, t->r->memory_budget >> 20);
 		return -EFBIG;
 	}
 	if ((r = source_open_fd(fd, label, &src)) < 0) {
-		close(fd);
+		closer_close(t->closer, b->builder_uid, fd);
 		snprintf(why, why_size, "%s", error_get());
 		return r == -ENOMEM ? r : -EBADMSG;
 	}
@@ -625,7 +627,7 @@ fail:
 }
 
 int
-derive_publish(struct derive_table *t, void *conn, uint64_t token, int memfd,
+derive_publish(struct derive_table *t, void *conn, uid_t owner, uint64_t token, int memfd,
 	struct derived **out, char *msg, size_t msg_size)
 {
 	struct derive_build *b = NULL;
@@ -635,7 +637,7 @@ derive_publish(struct derive_table *t, void *conn, uint64_t token, int memfd,
 	int err;
 
 	if ((err = build_of_token(t, conn, token, &b, msg, msg_size)) < 0 || b == NULL) {
-		close(memfd);
+		closer_close(t->closer, owner, memfd);
 		return err < 0 ? err : -ESTALE;
 	}
 	if ((err = make_artifact(t, b, memfd, &a, why, sizeof(why))) < 0 || a == NULL) {

@@ -77,6 +77,7 @@ struct derive_table {
 	uv_timer_t timer;          /* the next deadline of a builder or a waiter */
 	struct derive_hooks hooks;
 	struct derive_stats stats;
+	struct closer *closer;     /* closes what builders pass (closer.h); NULL: close() */
 	int closed;
 };
 
@@ -118,15 +119,15 @@ void derive_attach_source(struct derive_table *t, struct derive_build *b,
 uint64_t derive_token(const struct derive_build *b);
 
 /*
- * PUBLISH of token by conn with memfd (always taken: kept on success,
- * closed otherwise). Seals, validates and serves it; answers the waiters
- * (hooks.ready); *out is the artifact for the builder's own attach. On
- * failure -errno with msg: -ESTALE (no such build in progress), -EPERM
+ * PUBLISH of token by conn (of uid owner) with memfd (always taken: kept on
+ * success, otherwise closed in owner's lane of t->closer). Seals, validates
+ * and serves it; answers the waiters (hooks.ready); *out is the artifact
+ * for the builder's own attach. On failure -errno with msg: -ESTALE (no such build in progress), -EPERM
  * (another connection's), and for the build's own failures (-EBUSY,
  * -EBADMSG, -EINVAL, -ENOENT) the build ends for good and the waiters get
  * the error.
  */
-int derive_publish(struct derive_table *t, void *conn, uint64_t token, int memfd,
+int derive_publish(struct derive_table *t, void *conn, uid_t owner, uint64_t token, int memfd,
 	struct derived **out, char *msg, size_t msg_size);
 
 /* ABANDON of token by conn with a reason: the build ends for good. 0, or

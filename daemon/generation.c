@@ -20,6 +20,7 @@
 
 #include "base/error.h"
 #include "base/path.h"
+#include "closer.h"
 #include "generation.h"
 #include "log.h"
 #include "pages.h"
@@ -186,8 +187,7 @@ gen_maybe_free(struct registry *r, struct generation *g)
 		close(g->index_fd);
 	if (g->served_index_fd >= 0)
 		close(g->served_index_fd);
-	gen_close_served(g->served_fds, g->source.nfiles);
-	source_close(&g->source);
+	gen_close_files(r, &g->fs, g->served_fds, &g->source);
 	gen_free_staged(r, g);
 	free(g->warm.jobs);
 	free(g->hold_conns);
@@ -241,8 +241,27 @@ gen_close_served(int *fds, size_t n)
 	if (fds == NULL)
 		return;
 	for (size_t i = 0; i < n; i++)
-		close(fds[i]);
+		if (fds[i] >= 0)
+			close(fds[i]);
 	free(fds);
+}
+
+void
+gen_close_files(struct registry *r, const struct fs_info *fs, int *served,
+	struct model_source *src)
+{
+	if (fs->remote && r->closer != NULL) {
+		for (size_t i = 0; i < src->nfiles; i++) {
+			if (served != NULL) {
+				closer_close(r->closer, CLOSER_DAEMON, served[i]);
+				served[i] = -1;
+			}
+			closer_close(r->closer, CLOSER_DAEMON, src->files[i].fd);
+			src->files[i].fd = -1;
+		}
+	}
+	gen_close_served(served, src->nfiles);
+	source_close(src);
 }
 
 struct generation *

@@ -320,4 +320,14 @@ void gen_free_origin(struct gen_origin *origin, size_t n);
 /* Closes and frees what gen_open_served() opened; safe on NULL. */
 void gen_close_served(int *fds, size_t n);
 
+/*
+ * Closes a model's files: served (gen_open_served's, or NULL) and src's.
+ * Where fs is remote their descriptors close in the daemon's lane of
+ * r->closer (closer.h), never here: FUSE sends a FLUSH on every close (a
+ * FUSE filesystem that implements it, as gcsfuse, s3fs and sshfs do) and a
+ * server that hangs never answers it. Frees served; src is left empty.
+ */
+void gen_close_files(struct registry *r, const struct fs_info *fs, int *served,
+	struct model_source *src);
+
 #endif

@@ -20,6 +20,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "closer.h"
 #include "config.h"
 #include "control.h"
 #include "daemon.h"
@@ -38,6 +39,8 @@
 #define DEFAULT_CONFIG "/etc/wcached.conf"
 /* Threads of the work queue unless UV_THREADPOOL_SIZE says otherwise. */
 #define WORK_THREADS 8
+/* How long the exit waits for descriptors still closing (closer.h). */
+#define CLOSER_STOP_WAIT_MS 1000
 
 static void
 usage(FILE *f)
@@ -201,7 +204,8 @@ static void
 start_serving(struct daemon *d, unsigned failed, void *arg)
 {
 	struct server_options sopt = { .max_clients = d->cfg->max_clients,
-		.max_clients_per_uid = d->cfg->max_clients_per_uid, .derive = &d->derive };
+		.max_clients_per_uid = d->cfg->max_clients_per_uid, .derive = &d->derive,
+		.closer = d->closer };
 
 	(void)arg;
 	if (d->stopping)
@@ -302,6 +306,8 @@ main(int argc, char **argv)
 	workq_default_pool_size(WORK_THREADS);
 	if ((r = uv_loop_init(&d.loop)) < 0)
 		fatalx("uv_loop_init: %s", uv_strerror(r));
+	if (closer_start(&d.closer) < 0)
+		fatalx("closer: out of memory");
 	wopt.threads = (unsigned)d.cfg->prefetch_threads;
 	if ((r = warm_pool_new(&d.loop, &wopt, &d.pool)) < 0)
 		fatalx("cannot start %d prefetch threads: %s", d.cfg->prefetch_threads,
@@ -323,6 +329,7 @@ main(int argc, char **argv)
 		restore_slots(stored, &d.reg);
 	}
 	d.reg.owner = &d;
+	d.reg.closer = d.closer;
 	d.reg.changed = on_registry_changed;
 	d.reg.swapped = on_swapped;
 	d.reg.closed = restore_forget;
@@ -330,6 +337,7 @@ main(int argc, char **argv)
 	d.reg.restart_hold_ms = (int)d.cfg->restart_hold_seconds * 1000;
 	if (derive_init(&d.derive, &d.reg, &server_derive_hooks) < 0)
 		fatalx("derived artifacts: out of memory");
+	d.derive.closer = d.closer;
 	if (watch_start(&d.loop, &d.reg, &d.watch) < 0)
 		fatalx("%s", error_get());
 
@@ -413,6 +421,8 @@ main(int argc, char **argv)
 	uv_run(&d.loop, UV_RUN_DEFAULT);
 	if ((r = uv_loop_close(&d.loop)) < 0)
 		log_warnx("uv_loop_close: %s", uv_strerror(r));
+	/* Every connection's socket is in the closer by now. */
+	closer_stop(d.closer, CLOSER_STOP_WAIT_MS);
 	stop_remove_sockets(&d);
 	notify_close();
 	config_free(d.cfg);

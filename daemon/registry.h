@@ -124,6 +124,9 @@ struct registry {
 	/* The work queue (workq.h): loads, staging, page work and polls;
 	 * what may block on a remote filesystem is held to a share of it. */
 	struct workq workq;
+	/* Closes model files on remote filesystems off the loop (closer.h);
+	 * NULL: close() at once (unit tests). */
+	struct closer *closer;
 	/* The status page workers read (statuspage.h). */
 	struct statuspage page;
 	/* The manager's file descriptor store (restore.h): 1 when wcached

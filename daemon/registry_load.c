@@ -178,9 +178,8 @@ drop_opened(struct load_request *q)
 	if (q->index_fd >= 0)
 		close(q->index_fd);
 	q->index_fd = -1;
-	gen_close_served(q->served_fds, q->source.nfiles);
+	gen_close_files(q->r, &q->fs, q->served_fds, &q->source);
 	q->served_fds = NULL;
-	source_close(&q->source);
 }
 
 /* Notes where q's source files came from (path and stat at open), for the

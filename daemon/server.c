@@ -25,6 +25,7 @@
 #include <linux/sockios.h>
 
 #include "base/error.h"
+#include "closer.h"
 #include "proto/fdpass.h"
 #include "listen.h"
 #include "log.h"
@@ -44,6 +45,14 @@
 /* How often connections held back by the descriptor budget are looked at
  * again (they are also looked at whenever they become readable). */
 #define DEFER_RETRY_MS 50
+/* Descriptors of one uid waiting behind a close that has run for
+ * CLOSING_STUCK_MS (closer.h) past which its new connections are refused
+ * and its connections closed: a client whose descriptors do not close (a
+ * lingering socket, a file on its own hung FUSE server) cannot fill
+ * wcached's descriptor table with them, and a burst of connections that end
+ * at once (closed in a moment) is never taken for that. */
+#define CLOSING_PER_UID_MAX 64
+#define CLOSING_STUCK_MS 1000
 
 static void conn_io(uv_poll_t *handle, int status, int events);
 static void conn_read(struct conn *c);
@@ -285,6 +294,65 @@ conn_release(struct conn *c, struct generation *g)
 		registry_release(c->srv->reg, g);
 }
 
+/*
+ * Closes a client's connection socket: at once when nothing is queued on it,
+ * which is every connection that ends in order; in uid's lane of the closer
+ * otherwise, because whatever is queued is released with the socket, in the
+ * closing thread, and may carry descriptors whose last close blocks. Shut
+ * for reading first, so that nothing more can be queued; then a peek with
+ * SO_PASSCRED tells an empty queue (no message, no credentials) from any
+ * message, even an empty one. A descriptor the peek finds is dropped by the
+ * kernel, but only its extra reference: the queued one still holds it.
+ */
+static void
+close_client_socket(struct closer *cl, uid_t uid, int fd)
+{
+	union {
+		struct cmsghdr align;
+		unsigned char buf[CMSG_SPACE(sizeof(struct ucred))];
+	} control;
+	struct msghdr msg;
+	struct iovec iov;
+	char byte;
+	int one = 1;
+	ssize_t n = -1;
+
+	memset(&msg, 0, sizeof(msg));
+	iov.iov_base = &byte;
+	iov.iov_len = 1;
+	msg.msg_iov = &iov;
+	msg.msg_iovlen = 1;
+	msg.msg_control = control.buf;
+	msg.msg_controllen = sizeof(control.buf);
+	if (shutdown(fd, SHUT_RD) == 0 &&
+		setsockopt(fd, SOL_SOCKET, SO_PASSCRED, &one, sizeof(one)) == 0) {
+		do
+			n = recvmsg(fd, &msg, MSG_PEEK | MSG_DONTWAIT);
+		while (n < 0 && errno == EINTR);
+	}
+	if (n == 0 && msg.msg_controllen == 0 && !(msg.msg_flags & MSG_CTRUNC))
+		close(fd);
+	else
+		closer_close(cl, uid, fd);
+}
+
+/* Closes a descriptor c passed and wcached does not keep, in c's uid's lane
+ * of the closer: never on the loop (closer.h). */
+static void
+conn_drop_fd(int fd, void *arg)
+{
+	struct conn *c = arg;
+
+	closer_close(c->closer, c->uid, fd);
+}
+
+static void
+conn_drop_fds(struct conn *c, const int *fds, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		conn_drop_fd(fds[i], c);
+}
+
 /* Reads and handles messages until the socket is empty, a reply is
  * pending or waited for, or the connection closes. */
 static void
@@ -294,12 +362,21 @@ conn_read(struct conn *c)
 	int fds[1];
 	size_t nfds = 0;
 	struct wire_message msg;
+	unsigned k;
 	ssize_t n;
 	int r;
 
 	for (int i = 0; i < READS_PER_WAKEUP && !c->pending && !c->waiting && !c->closing; i++) {
 		nfds = 0;
-		n = fdp_recv(c->fd, buf, sizeof(buf), fds, 1, &nfds);
+		if ((k = closer_stuck(c->closer, c->uid, CLOSING_STUCK_MS)) >=
+			CLOSING_PER_UID_MAX) {
+			log_warnx("client pid %d uid %u: %u of its descriptors wait to close behind "
+				  "one that does not; closing the connection", (int)c->pid,
+				(unsigned)c->uid, k);
+			conn_close(c);
+			return;
+		}
+		n = fdp_recv_drop(c->fd, buf, sizeof(buf), fds, 1, &nfds, conn_drop_fd, c);
 		if (n == -EAGAIN)
 			return;
 		if (n == 0) {
@@ -321,14 +398,14 @@ conn_read(struct conn *c)
 			return;
 		}
 		if ((r = wire_decode(buf, (size_t)n, &msg)) < 0) {
-			fdp_close_all(fds, nfds);
+			conn_drop_fds(c, fds, nfds);
 			conn_error(c, 0, r, 1, r == -EPROTO ? "protocol version mismatch" :
 							      "malformed message");
 			return;
 		}
 		/* Only a PUBLISH carries a descriptor, and always exactly one. */
 		if ((msg.h.type == WIRE_PUBLISH) != (nfds == 1)) {
-			fdp_close_all(fds, nfds);
+			conn_drop_fds(c, fds, nfds);
 			conn_error(c, msg.h.seq, -EBADMSG, 1, msg.h.type == WIRE_PUBLISH ?
 				"PUBLISH without its memfd" :
 				"sent descriptors, which wcached accepts only with PUBLISH");
@@ -384,7 +461,7 @@ conn_free(uv_handle_t *handle)
 {
 	struct conn *c = handle->data;
 
-	close(c->fd);
+	close_client_socket(c->closer, c->uid, c->fd);
 	free(c->refs);
 	free(c->groups);
 	free(c);
@@ -415,16 +492,20 @@ conn_close(struct conn *c)
 	uv_close((uv_handle_t *)&c->poll, conn_free);
 }
 
-/* Refuses a connection over the limit with an error message. */
+/* Refuses a connection over the limit with an error message, and closes
+ * it in its uid's lane (it may have sent descriptors already). */
 static void
-refuse(int fd, const char *text)
+refuse(struct server *s, int fd, const char *text)
 {
 	uint8_t buf[WIRE_MAX_MESSAGE];
 	ssize_t n = wire_put_error(buf, sizeof(buf), 0, EUSERS, text);
+	struct ucred cred = { .uid = CLOSER_DAEMON };
+	socklen_t len = sizeof(cred);
 
 	if (n > 0)
 		(void)fdp_send(fd, buf, (size_t)n, NULL, 0);
-	close(fd);
+	(void)getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len);
+	close_client_socket(s->closer, cred.uid, fd);
 }
 
 /* Reads the peer's credentials and every supplementary group into c;
@@ -475,7 +556,7 @@ refuse_without_fds(struct server *s)
 	close(s->spare_fd);
 	fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 	if (fd >= 0)
-		refuse(fd, "wcached is out of file descriptors");
+		refuse(s, fd, "wcached is out of file descriptors");
 	s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	return fd >= 0;
 }
@@ -485,6 +566,7 @@ on_accept(uv_poll_t *handle, int status, int events)
 {
 	struct server *s = handle->data;
 	struct conn *c;
+	unsigned k;
 	int fd;
 
 	(void)events;
@@ -509,26 +591,36 @@ on_accept(uv_poll_t *handle, int status, int events)
 		if (s->nconns >= s->max_clients) {
 			log_warnx("refusing a client: %u clients connected (max_clients)",
 				s->nconns);
-			refuse(fd, "too many clients connected to wcached (max_clients)");
+			refuse(s, fd, "too many clients connected to wcached (max_clients)");
 			continue;
 		}
 		if (s->fd_limit > 0 && fd >= s->fd_limit - s->fd_reserve) {
 			log_warnx("refusing a client: descriptor %d is in the reserve of %d "
 				  "(raise LimitNOFILE=)", fd, s->fd_reserve);
-			refuse(fd, "wcached is short of file descriptors");
+			refuse(s, fd, "wcached is short of file descriptors");
 			continue;
 		}
 		if ((c = calloc(1, sizeof(*c))) == NULL) {
-			refuse(fd, "wcached is out of memory");
+			refuse(s, fd, "wcached is out of memory");
 			continue;
 		}
 		c->fd = fd;
 		c->srv = s;
+		c->closer = s->closer;
 		c->id = ++s->next_conn_id;
 		if (read_peer(c) < 0) {
 			log_warnx("refusing a client: %s", error_get());
 			free(c);
-			refuse(fd, "wcached cannot read this client's credentials");
+			refuse(s, fd, "wcached cannot read this client's credentials");
+			continue;
+		}
+		if ((k = closer_stuck(s->closer, c->uid, CLOSING_STUCK_MS)) >=
+			CLOSING_PER_UID_MAX) {
+			log_warnx("refusing a client: uid %u has %u descriptors waiting to close "
+				  "behind one that does not", (unsigned)c->uid, k);
+			free(c->groups);
+			free(c);
+			refuse(s, fd, "too many of this user's descriptors are still closing");
 			continue;
 		}
 		if (conns_of(s, c->uid) >= s->max_clients_per_uid) {
@@ -536,13 +628,13 @@ on_accept(uv_poll_t *handle, int status, int events)
 				  "(max_clients_per_uid)", (unsigned)c->uid, s->max_clients_per_uid);
 			free(c->groups);
 			free(c);
-			refuse(fd, "too many connections from this user (max_clients_per_uid)");
+			refuse(s, fd, "too many connections from this user (max_clients_per_uid)");
 			continue;
 		}
 		if (uv_poll_init(s->loop, &c->poll, fd) < 0) {
 			free(c->groups);
 			free(c);
-			refuse(fd, "wcached cannot watch the connection");
+			refuse(s, fd, "wcached cannot watch the connection");
 			continue;
 		}
 		c->poll.data = c;
@@ -638,6 +730,7 @@ server_start(uv_loop_t *loop, struct registry *reg, int listen_fd,
 	s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	s->max_attaches = opt && opt->max_attaches ? opt->max_attaches : DEFAULT_MAX_ATTACHES;
 	s->derive = opt ? opt->derive : NULL;
+	s->closer = opt ? opt->closer : NULL;
 	fd_budget_init(s);
 	if ((r = uv_poll_init(loop, &s->listen_poll, listen_fd)) < 0) {
 		if (s->spare_fd >= 0)

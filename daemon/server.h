@@ -28,6 +28,9 @@ struct server_options {
 	unsigned max_attaches;         /* live attaches per connection; 0 = 4096 */
 	struct derive_table *derive;   /* derived artifacts (derive.h); set up with
 					  server_derive_hooks */
+	struct closer *closer;         /* closes every descriptor a client chose:
+					  its connection and what it passed
+					  (closer.h); NULL: close() on the loop */
 };
 
 /* The hooks derive_init() needs to answer the server's waiting

@@ -48,6 +48,7 @@ struct conn {
 	int deferred;                  /* the pending reply waits for the descriptor budget */
 	int close_after_send;
 	int closing;
+	struct closer *closer;         /* the server's, for after the server is gone */
 	int throttle_logged;           /* one warning per peer for backpressure */
 	unsigned inflight_fds;         /* sent with replies, not yet known to be received */
 	struct conn *next, **prevp;
@@ -64,6 +65,7 @@ struct server {
 	uint64_t next_handle;
 	uint64_t next_conn_id;
 	struct derive_table *derive;  /* NULL: DERIVE is refused */
+	struct closer *closer;        /* closes what clients chose (closer.h); NULL: close() */
 	int stopping;
 	int fd_limit;      /* RLIMIT_NOFILE at start */
 	int fd_reserve;    /* descriptors a new connection may not take */

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "closer.h"
 #include "derive.h"
 #include "log.h"
 #include "proto/wire.h"
@@ -235,7 +236,7 @@ request_publish(struct conn *c, const struct wire_message *msg, int fd)
 	int r;
 
 	if (wire_get_publish(msg, &token) < 0 || s->derive == NULL) {
-		close(fd);
+		closer_close(s->closer, c->uid, fd);
 		if (s->derive == NULL)
 			conn_error(c, msg->h.seq, -ENOTSUP, 0, "derived artifacts are not served here");
 		else
@@ -243,10 +244,11 @@ request_publish(struct conn *c, const struct wire_message *msg, int fd)
 		return;
 	}
 	if (refs_room(c, msg->h.seq) < 0) {
-		close(fd);
+		closer_close(s->closer, c->uid, fd);
 		return;
 	}
-	if ((r = derive_publish(s->derive, c, token, fd, &a, text, sizeof(text))) < 0 || a == NULL) {
+	r = derive_publish(s->derive, c, c->uid, token, fd, &a, text, sizeof(text));
+	if (r < 0 || a == NULL) {
 		conn_error(c, msg->h.seq, r < 0 ? r : -EIO, 0, "%s", text);
 		return;
 	}

@@ -6,12 +6,13 @@
  * The protocol runs on SOCK_SEQPACKET, so one sendmsg() is one message and
  * the descriptors sent with it arrive with it or not at all. What can still
  * go wrong is on the receiving side: a message longer than the buffer
- * (MSG_TRUNC), more descriptors than the control buffer holds (MSG_CTRUNC:
- * the kernel has closed the ones that did not fit, but installed the others
- * in this process), more descriptors than the caller expects, or control
- * messages of another kind. Every descriptor the kernel installs is owned by
- * fdp_recv() until it hands it to the caller, so on every error path it
- * closes all of them: a hostile peer cannot make us leak descriptors.
+ * (MSG_TRUNC), more descriptors than the caller expects, or control messages
+ * of another kind (the control buffer holds as many descriptors as one
+ * message can carry, so the kernel never drops any itself; a cut one,
+ * MSG_CTRUNC, is an error all the same). Every descriptor the kernel
+ * installs is owned by fdp_recv() until it hands it to the caller, so on
+ * every error path it closes all of them (or hands them to the caller's drop
+ * function): a hostile peer cannot make us leak descriptors.
  *
  * No libuv, no error_set(): only negative errno codes, as the rest of proto/.
  */
@@ -25,11 +26,15 @@
 #include <unistd.h>
 
 /*
- * The receive control buffer: room for WIRE_MAX_FDS descriptors and for a
- * credentials message (a socket with SO_PASSCRED gets one with every
- * message). A peer that sends more than fits gets MSG_CTRUNC, an error.
+ * The receive control buffer: room for as many descriptors as the kernel
+ * lets one message carry (FDP_MAX_FDS) and for a credentials message (a
+ * socket with SO_PASSCRED gets one with every message). So every descriptor
+ * a peer sends is installed, and closed where the caller of fdp_recv_drop()
+ * chooses: one that did not fit would be released by the kernel inside
+ * recvmsg(), in the receiving thread, where its last close may block (a
+ * lingering socket). More than the caller expects is still an error.
  */
-#define FDP_CONTROL_SIZE (CMSG_SPACE(sizeof(int) * WIRE_MAX_FDS) + CMSG_SPACE(sizeof(struct ucred)))
+#define FDP_CONTROL_SIZE (CMSG_SPACE(sizeof(int) * FDP_MAX_FDS) + CMSG_SPACE(sizeof(struct ucred)))
 
 /* The most descriptors one recvmsg() can install with that buffer. */
 #define FDP_RECV_MAX (FDP_CONTROL_SIZE / sizeof(int))
@@ -120,6 +125,26 @@ fdp_sendto(int sock, const void *buf, size_t len, const int *fds, size_t nfds, s
 ssize_t
 fdp_recv(int sock, void *buf, size_t cap, int *fds, size_t maxfds, size_t *nfds)
 {
+	return fdp_recv_drop(sock, buf, cap, fds, maxfds, nfds, NULL, NULL);
+}
+
+/* Hands the n descriptors in fds to drop (close() when drop is NULL). */
+static void
+drop_all(const int *fds, size_t n, fdp_drop_fn drop, void *arg)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (drop != NULL)
+			drop(fds[i], arg);
+		else
+			close(fds[i]); /* Linux: the fd is gone even on EINTR */
+	}
+}
+
+/* fdp_recv(), with the descriptors it does not return handed to drop. */
+ssize_t
+fdp_recv_drop(int sock, void *buf, size_t cap, int *fds, size_t maxfds, size_t *nfds,
+	fdp_drop_fn drop, void *arg)
+{
 	union fdp_control control;
 	int got[FDP_RECV_MAX];
 	size_t ngot = 0;
@@ -159,22 +184,22 @@ fdp_recv(int sock, void *buf, size_t cap, int *fds, size_t maxfds, size_t *nfds)
 	}
 
 	if (msg.msg_flags & MSG_CTRUNC) {
-		fdp_close_all(got, ngot);
+		drop_all(got, ngot, drop, arg);
 		return -EBADMSG;
 	}
 	if (msg.msg_flags & MSG_TRUNC) {
-		fdp_close_all(got, ngot);
+		drop_all(got, ngot, drop, arg);
 		return -EMSGSIZE;
 	}
 	if (ngot > maxfds) {
-		fdp_close_all(got, ngot);
+		drop_all(got, ngot, drop, arg);
 		return -EBADMSG;
 	}
 	if (n == 0) {
 		/* End of stream, or an empty packet (which fdp_send never sends
 		 * and the protocol forbids): either way no descriptor for the
 		 * caller. */
-		fdp_close_all(got, ngot);
+		drop_all(got, ngot, drop, arg);
 		*nfds = 0;
 		return 0;
 	}

@@ -4,7 +4,8 @@
  * Ownership: fdp_send() and fdp_sendto() never take ownership of the
  * descriptors they send; the caller closes its copies. fdp_recv() passes the responsibility for
  * every descriptor it returns to the caller; descriptors it does not return
- * (too many, a truncated message, a cmsg of another kind) it closes.
+ * (too many, a truncated message, an empty packet) it closes, or hands to the
+ * caller's drop function (fdp_recv_drop()).
  */
 #ifndef WC_FDPASS_H
 #define WC_FDPASS_H
@@ -47,6 +48,16 @@ ssize_t fdp_sendto(int sock, const void *buf, size_t len, const int *fds, size_t
  * NULL is allowed.
  */
 ssize_t fdp_recv(int sock, void *buf, size_t cap, int *fds, size_t maxfds, size_t *nfds);
+
+/*
+ * fdp_recv(), except that every descriptor it would close it hands to
+ * drop(fd, arg) instead, which takes it (close() when drop is NULL). A
+ * descriptor the peer chose can take long to close (a lingering socket, a
+ * file on a hung FUSE server): a daemon closes them on another thread.
+ */
+typedef void (*fdp_drop_fn)(int fd, void *arg);
+ssize_t fdp_recv_drop(int sock, void *buf, size_t cap, int *fds, size_t maxfds, size_t *nfds,
+	fdp_drop_fn drop, void *arg);
 
 /* Closes n descriptors and sets them to -1. */
 void fdp_close_all(int *fds, size_t n);

@@ -113,6 +113,122 @@ def test_non_readers_cannot_cut_off_others(unprivileged):
     wait_until(lambda: metric(d, "wcached_fds_in_flight") == 0, what="fds in flight to drop")
 
 
+# A client that passes wcached descriptors whose last close blocks: for each
+# of COUNT connections, a TCP socket to its own listener that never reads,
+# with its send buffer full and SO_LINGER of 60 s, passed with an ATTACH
+# (which carries no descriptor: wcached refuses it and closes what came) and
+# then closed here, so that wcached's close is the last one and lingers. It
+# says "ready" and holds the listener and the unread peers until stdin
+# closes; then the peers go with unread data (a reset), and the lingering
+# ends.
+LINGERER = r"""
+import socket, struct, sys
+HEADER = struct.Struct("<IHHII")
+path, count = sys.argv[1], int(sys.argv[2])
+lst = socket.socket()
+lst.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+lst.bind(("127.0.0.1", 0))
+lst.listen(count)
+held = []
+for k in range(count):
+    t = socket.socket()
+    t.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    t.connect(lst.getsockname())
+    held.append(lst.accept()[0])  # never read
+    t.setblocking(False)
+    try:
+        while True:
+            t.send(b"x" * 65536)
+    except BlockingIOError:
+        pass
+    t.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 60))
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        s.connect(path)
+        s.sendmsg([HEADER.pack(0x31504357, 1, 1, 5, k) + b"small"],
+                   [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", t.fileno()))])
+    except OSError:  # refused: the daemon has had enough of this user
+        pass
+    t.close()  # wcached's copy is the last one
+    held.append(s)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
+def threads_in_close(pid):
+    """Threads of pid blocked in close(2) now (x86-64 syscall 3)."""
+    n = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/syscall") as f:
+                n += f.read().split()[0] == "3"
+        except (OSError, IndexError):
+            pass
+    return n
+
+
+def lingerer(d, count):
+    bad = subprocess.Popen(as_user(BAD_UID, GROUP) + ["/usr/bin/python3", "-c", LINGERER,
+                           d.socket, str(count)], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True)
+    assert bad.stdout.readline().split() == ["ready"]
+    return bad
+
+
+def test_a_descriptor_that_lingers_on_close_stalls_nobody(unprivileged):
+    # Closed on the loop, the passed socket held every client for its 60 s
+    # of linger; closed in the passer's own lane, nobody else waits.
+    d, model = unprivileged
+    bad = lingerer(d, 1)
+    try:
+        wait_until(lambda: threads_in_close(d.proc.pid) >= 1, timeout=30,
+                   what="wcached to be closing the lingering socket")
+        start = time.monotonic()
+        good = good_worker(d, model, 200)
+        took = time.monotonic() - start
+        assert good["attaches"] == 200
+        assert threads_in_close(d.proc.pid) >= 1, "the linger ended early: nothing was tested"
+        assert took < 10, f"200 attaches took {took:.1f} s while a close lingered"
+    finally:
+        bad.stdin.close()
+        bad.wait(timeout=60)
+    wait_until(lambda: threads_in_close(d.proc.pid) == 0, timeout=30,
+               what="the linger to end with the peer's reset")
+    print(f"200 attaches of another user in {took:.2f} s (max {good['max_us']:.0f} us) "
+          f"while a passed socket lingered for 60 s")
+
+
+def test_descriptors_that_never_close_cannot_fill_the_table(unprivileged):
+    # 70 lingering sockets from one user: past 64 of them stuck behind a
+    # close that has run for a second, that user's new connections are
+    # refused (wcached's descriptor table does not fill with them), and
+    # everyone else is served as before.
+    d, model = unprivileged
+    bad = lingerer(d, 70)
+    try:
+        tries = []
+
+        def refused():
+            # The lane counts as stuck once its close has run for a second.
+            r = subprocess.run(as_user(BAD_UID, GROUP) + [binary("demo_worker"), "--socket",
+                               d.socket, "--repeat", "1", "--check", "small"],
+                               capture_output=True, text=True, timeout=60)
+            tries.append(r.stderr)
+            return r.returncode != 0
+        wait_until(refused, timeout=30, interval=0.2, what="the lingering user to be refused")
+        assert "descriptors are still closing" in tries[-1], tries[-1]
+        good = good_worker(d, model, 100)
+        assert good["attaches"] == 100
+        assert f"uid {BAD_UID} has" in d.read_log()
+        assert threads_in_close(d.proc.pid) >= 1, "the linger ended early: nothing was tested"
+    finally:
+        bad.stdin.close()
+        bad.wait(timeout=60)
+    wait_until(lambda: threads_in_close(d.proc.pid) == 0, timeout=60,
+               what="the lingering closes to end with the peers' resets")
+
+
 def test_release_unknown_handle_is_einval(unprivileged):
     d, _ = unprivileged
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)

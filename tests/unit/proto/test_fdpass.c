@@ -326,6 +326,57 @@ test_kernel_max_fds(void **state)
 	assert_int_equal(tu_count_fds(), base);
 }
 
+/* The descriptors fdp_recv_drop() does not return, counted and closed. */
+struct dropped {
+	size_t n;
+	int last;
+};
+
+static void
+count_drop(int fd, void *arg)
+{
+	struct dropped *d = arg;
+
+	d->n++;
+	d->last = fd;
+	close(fd);
+}
+
+/* A hostile peer sends the kernel's maximum to a receiver with SO_PASSCRED:
+ * every one is installed (none released by the kernel inside recvmsg, where
+ * a lingering socket's last close would block the receiver) and handed to
+ * the drop function, none closed by fdp_recv_drop() itself. */
+static void
+test_drop_gets_every_descriptor(void **state)
+{
+	struct pair *p = *state;
+	int sent[KERNEL_SCM_MAX_FD], got[WIRE_MAX_FDS], one = 1;
+	struct dropped d = { 0, -1 };
+	char buf[64];
+	size_t nfds = 0;
+	int base;
+
+	assert_int_equal(setsockopt(p->b, SOL_SOCKET, SO_PASSCRED, &one, sizeof(one)), 0);
+	make_memfds(sent, KERNEL_SCM_MAX_FD);
+	assert_int_equal(raw_send(p->a, "lots", 4, sent, KERNEL_SCM_MAX_FD), 4);
+	assert_int_equal(raw_send(p->a, "ok", 2, sent, 1), 2);
+	fdp_close_all(sent, KERNEL_SCM_MAX_FD);
+	base = tu_count_fds();
+	assert_int_equal(fdp_recv_drop(p->b, buf, sizeof(buf), got, WIRE_MAX_FDS, &nfds,
+				 count_drop, &d), -EBADMSG);
+	assert_false(fault.recv_flags & MSG_CTRUNC);
+	assert_true(fault.recv_saw_creds);
+	assert_int_equal(d.n, KERNEL_SCM_MAX_FD);
+	assert_int_equal(tu_count_fds(), base);
+	/* Returned descriptors are the caller's, not dropped. */
+	d.n = 0;
+	assert_int_equal(fdp_recv_drop(p->b, buf, sizeof(buf), got, 1, &nfds, count_drop, &d),
+		2);
+	assert_int_equal(nfds, 1);
+	assert_int_equal(d.n, 0);
+	close(got[0]);
+}
+
 /* MSG_CTRUNC: the control buffer holds fewer descriptors than were sent.
  * The kernel installs those that fit and closes the rest; fdp_recv() must
  * close the installed ones. The control buffer is shrunk by the recvmsg()
@@ -757,6 +808,7 @@ main(void)
 	        cmocka_unit_test_setup_teardown(test_sequence, setup, teardown),
 	        cmocka_unit_test_setup_teardown(test_truncated_message, setup, teardown),
 	        cmocka_unit_test_setup_teardown(test_too_many_fds, setup, teardown),
+	        cmocka_unit_test_setup_teardown(test_drop_gets_every_descriptor, setup, teardown),
 	        cmocka_unit_test_setup_teardown(test_kernel_max_fds, setup, teardown),
 	        cmocka_unit_test_setup_teardown(test_ctrunc, setup, teardown),
 	        cmocka_unit_test_setup_teardown(test_credentials_ignored, setup, teardown),

@@ -1,0 +1,259 @@
+/*
+ * closer.c: lanes of descriptors to close, each with its own thread while it
+ * has any (see closer.h for why).
+ *
+ * The lanes are a list under one mutex: a lane exists while it has
+ * descriptors queued or being closed, and its thread removes and frees it
+ * when it finds the queue empty. The queue is an array used from head to
+ * count and reset when it empties, so a burst of closes costs one thread
+ * and a few reallocs. Threads are detached: closer_stop() waits for the
+ * count of running ones to reach zero on a condition variable, with a
+ * deadline, rather than joining threads that may never return.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "closer.h"
+#include "log.h"
+
+/* A lane's thread needs almost no stack: it only calls close(). */
+#define LANE_STACK_SIZE (256u * 1024)
+
+struct lane {
+	struct closer *cl;
+	uid_t owner;
+	int *fds;            /* queued: fds[head .. count) */
+	size_t head, count, cap;
+	unsigned pending;    /* queued, plus the one being closed */
+	uint64_t close_started_ms; /* when the close in progress began */
+	struct lane *next;
+};
+
+struct closer {
+	pthread_mutex_t lock;
+	pthread_cond_t drained;  /* a lane's thread has exited */
+	struct lane *lanes;
+	unsigned threads;        /* lanes with a running thread: every lane */
+	unsigned long inline_closes;
+};
+
+int
+closer_start(struct closer **out)
+{
+	struct closer *cl = calloc(1, sizeof(*cl));
+
+	if (cl == NULL)
+		return -ENOMEM;
+	pthread_mutex_init(&cl->lock, NULL);
+	pthread_cond_init(&cl->drained, NULL);
+	*out = cl;
+	return 0;
+}
+
+static uint64_t
+now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* Lane of owner, or NULL; with cl->lock held. */
+static struct lane *
+lane_find(struct closer *cl, uid_t owner)
+{
+	for (struct lane *l = cl->lanes; l != NULL; l = l->next)
+		if (l->owner == owner)
+			return l;
+	return NULL;
+}
+
+/* Closes the lane's descriptors in order until none is left, then removes
+ * the lane and exits. */
+static void *
+lane_run(void *arg)
+{
+	struct lane *l = arg;
+	struct closer *cl = l->cl;
+	struct lane **pp;
+
+	pthread_mutex_lock(&cl->lock);
+	while (l->head < l->count) {
+		int fd = l->fds[l->head++];
+
+		l->close_started_ms = now_ms();
+		pthread_mutex_unlock(&cl->lock);
+		close(fd); /* Linux: the descriptor is gone even on EINTR */
+		pthread_mutex_lock(&cl->lock);
+		l->pending--;
+	}
+	for (pp = &cl->lanes; *pp != l; pp = &(*pp)->next)
+		;
+	*pp = l->next;
+	cl->threads--;
+	pthread_cond_broadcast(&cl->drained);
+	pthread_mutex_unlock(&cl->lock);
+	free(l->fds);
+	free(l);
+	return NULL;
+}
+
+/* Appends fd to l's queue; 0 or -ENOMEM. With cl->lock held. */
+static int
+lane_push(struct lane *l, int fd)
+{
+	if (l->head > 0 && l->head == l->count)
+		l->head = l->count = 0;
+	if (l->count == l->cap) {
+		size_t cap = l->cap ? 2 * l->cap : 16;
+		int *fds = realloc(l->fds, cap * sizeof(*fds));
+
+		if (fds == NULL)
+			return -ENOMEM;
+		l->fds = fds;
+		l->cap = cap;
+	}
+	l->fds[l->count++] = fd;
+	l->pending++;
+	return 0;
+}
+
+/* A new lane for owner holding fd, with its thread started; 0 or -errno
+ * (nothing changed). With cl->lock held. */
+static int
+lane_new(struct closer *cl, uid_t owner, int fd)
+{
+	struct lane *l = calloc(1, sizeof(*l));
+	pthread_attr_t attr;
+	pthread_t thread;
+	int err;
+
+	if (l == NULL)
+		return -ENOMEM;
+	l->cl = cl;
+	l->owner = owner;
+	l->close_started_ms = now_ms();
+	if (lane_push(l, fd) < 0) {
+		free(l);
+		return -ENOMEM;
+	}
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	pthread_attr_setstacksize(&attr, LANE_STACK_SIZE);
+	l->next = cl->lanes;
+	cl->lanes = l;
+	cl->threads++;
+	/* The thread takes the lock before it looks at the lane: the list is
+	 * in order before it runs. */
+	err = pthread_create(&thread, &attr, lane_run, l);
+	pthread_attr_destroy(&attr);
+	if (err != 0) {
+		cl->lanes = l->next;
+		cl->threads--;
+		free(l->fds);
+		free(l);
+		return -err;
+	}
+	return 0;
+}
+
+void
+closer_close(struct closer *cl, uid_t owner, int fd)
+{
+	struct lane *l;
+	int err;
+
+	if (fd < 0)
+		return;
+	if (cl == NULL) {
+		close(fd);
+		return;
+	}
+	pthread_mutex_lock(&cl->lock);
+	l = lane_find(cl, owner);
+	err = l != NULL ? lane_push(l, fd) : lane_new(cl, owner, fd);
+	if (err < 0)
+		cl->inline_closes++;
+	pthread_mutex_unlock(&cl->lock);
+	if (err < 0) {
+		log_warnx("closing descriptor %d of uid %u here: no %s for a closing thread", fd,
+			(unsigned)owner, err == -ENOMEM ? "memory" : "thread");
+		close(fd);
+	}
+}
+
+unsigned
+closer_pending(struct closer *cl, uid_t owner)
+{
+	return closer_stuck(cl, owner, 0);
+}
+
+unsigned
+closer_stuck(struct closer *cl, uid_t owner, unsigned min_ms)
+{
+	struct lane *l;
+	unsigned n = 0;
+
+	if (cl == NULL)
+		return 0;
+	pthread_mutex_lock(&cl->lock);
+	l = lane_find(cl, owner);
+	/* A lane exists only while a close runs or is about to (its thread
+	 * starting: close_started_ms is when the lane was made). */
+	if (l != NULL && (min_ms == 0 || now_ms() - l->close_started_ms >= min_ms))
+		n = l->pending;
+	pthread_mutex_unlock(&cl->lock);
+	return n;
+}
+
+unsigned long
+closer_closed_inline(struct closer *cl)
+{
+	unsigned long n;
+
+	if (cl == NULL)
+		return 0;
+	pthread_mutex_lock(&cl->lock);
+	n = cl->inline_closes;
+	pthread_mutex_unlock(&cl->lock);
+	return n;
+}
+
+void
+closer_stop(struct closer *cl, unsigned wait_ms)
+{
+	struct timespec deadline;
+
+	if (cl == NULL)
+		return;
+	clock_gettime(CLOCK_REALTIME, &deadline);
+	deadline.tv_sec += wait_ms / 1000;
+	deadline.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+	if (deadline.tv_nsec >= 1000000000L) {
+		deadline.tv_sec++;
+		deadline.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&cl->lock);
+	while (cl->threads > 0 &&
+		pthread_cond_timedwait(&cl->drained, &cl->lock, &deadline) != ETIMEDOUT)
+		;
+	if (cl->threads > 0) {
+		for (struct lane *l = cl->lanes; l != NULL; l = l->next)
+			log_warnx("uid %u: %u descriptor%s still closing after %u ms (a FUSE or "
+				  "NFS server that does not answer, or a lingering socket); "
+				  "exiting without waiting", (unsigned)l->owner, l->pending,
+				l->pending == 1 ? "" : "s", wait_ms);
+		pthread_mutex_unlock(&cl->lock);
+		return; /* the threads still use it */
+	}
+	pthread_mutex_unlock(&cl->lock);
+	pthread_cond_destroy(&cl->drained);
+	pthread_mutex_destroy(&cl->lock);
+	free(cl);
+}

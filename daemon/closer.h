@@ -1,0 +1,65 @@
+/*
+ * closer.h: closes descriptors off the event loop, in lanes, so that a
+ * close that blocks holds up nobody but the one who chose the descriptor.
+ *
+ * close() can block for as long as someone else decides. The last close of
+ * a TCP socket with SO_LINGER and unsent data waits for the peer (up to the
+ * linger time); a file on FUSE or NFS is flushed on every close (its server
+ * may never answer); closing a unix socket releases the descriptors still
+ * queued on it the same way, in the closing thread; and the last close of a
+ * large memfd frees all of its memory. A client chooses every one of these
+ * for the descriptors it passes with SCM_RIGHTS, and for its connection's
+ * queue, so wcached closes none of them on its loop: it hands them here.
+ *
+ * Each lane has an owner (the uid of the client the descriptors came from,
+ * or CLOSER_DAEMON for the daemon's own files on remote storage), a queue,
+ * and while the queue is not empty one thread that closes its descriptors in
+ * order and exits when it is empty. A close that hangs holds up its own lane
+ * only; closer_stuck() says how many descriptors wait in a lane behind a
+ * close that does not finish, so the server can stop taking more from that
+ * owner.
+ *
+ * Threads: closer_close() and closer_pending() may be called from any
+ * thread; closer_stop() once, from the thread that started the closer,
+ * after the last closer_close().
+ */
+#ifndef WC_CLOSER_H
+#define WC_CLOSER_H
+
+#include <sys/types.h>
+
+/* The lane of the daemon's own descriptors (a model file on a remote
+ * filesystem); no client has this uid. */
+#define CLOSER_DAEMON ((uid_t)-1)
+
+struct closer;
+
+/* A closer with no lanes yet: 0, or -ENOMEM. */
+int closer_start(struct closer **out);
+
+/* Takes fd (always) and closes it in owner's lane. Accepts a NULL closer
+ * (unit tests of modules that use one): fd is closed at once. Where no
+ * memory or thread is to be had, fd is closed at once on the caller's
+ * thread (counted in closer_closed_inline). */
+void closer_close(struct closer *cl, uid_t owner, int fd);
+
+/* Descriptors of owner queued or being closed now. */
+unsigned closer_pending(struct closer *cl, uid_t owner);
+
+/* The same, but 0 unless the close owner's lane is in has run for min_ms
+ * or more: a lane that is merely busy (a burst of closes of connections
+ * that ended) is not stuck. */
+unsigned closer_stuck(struct closer *cl, uid_t owner, unsigned min_ms);
+
+/* Descriptors closed on the caller's thread for want of memory or a thread. */
+unsigned long closer_closed_inline(struct closer *cl);
+
+/*
+ * Waits up to wait_ms for every lane to empty and frees the closer. Where a
+ * close still hangs after that, says so in the log and returns without
+ * freeing what the hanging threads use (wcached is exiting: the kernel ends
+ * them). Accepts NULL.
+ */
+void closer_stop(struct closer *cl, unsigned wait_ms);
+
+#endif

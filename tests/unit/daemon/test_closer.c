@@ -1,0 +1,165 @@
+/*
+ * test_closer.c: unit tests of daemon/closer.c, the lanes that close
+ * descriptors off the event loop: every descriptor is closed, in order; a
+ * close that blocks (a TCP socket lingering with unsent data to a peer that
+ * does not read) holds up its own lane only, and closer_stuck() sees it; a
+ * NULL closer closes at once.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "closer.h"
+#include "testutil.h"
+
+/* Waits up to ms for the read end of a pipe to see end of file (its
+ * write end closed everywhere); 1 when it did. */
+static int
+eof_within(int rfd, int ms)
+{
+	struct pollfd p = { .fd = rfd, .events = POLLIN };
+	char c;
+
+	return poll(&p, 1, ms) == 1 && read(rfd, &c, 1) == 0;
+}
+
+/* Waits up to ms for owner's lane to be empty. */
+static int
+drained_within(struct closer *cl, uid_t owner, int ms)
+{
+	double end = tu_now() + ms / 1000.0;
+
+	while (closer_pending(cl, owner) > 0) {
+		if (tu_now() > end)
+			return 0;
+		usleep(1000);
+	}
+	return 1;
+}
+
+static void
+test_every_descriptor_is_closed(void **state)
+{
+	struct closer *cl;
+	int p[64][2], base = tu_count_fds();
+
+	(void)state;
+	assert_int_equal(closer_start(&cl), 0);
+	for (int i = 0; i < 64; i++) {
+		assert_int_equal(pipe2(p[i], O_CLOEXEC), 0);
+		closer_close(cl, (uid_t)(i % 3), p[i][1]);
+	}
+	for (int i = 0; i < 64; i++) {
+		assert_true(eof_within(p[i][0], 10000));
+		close(p[i][0]);
+	}
+	for (uid_t u = 0; u < 3; u++)
+		assert_true(drained_within(cl, u, 10000));
+	assert_int_equal(tu_count_fds(), base);
+	assert_int_equal(closer_closed_inline(cl), 0);
+	closer_stop(cl, 1000);
+}
+
+/* A TCP socket whose last close lingers: connected to a listener whose
+ * accepted end (*peer) never reads, its send buffer full, SO_LINGER 30 s. */
+static int
+lingering_socket(int *listener, int *peer)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof(a);
+	struct linger lg = { 1, 30 };
+	int small = 4096, fd;
+	char chunk[65536] = { 0 };
+
+	*listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	assert_true(*listener >= 0);
+	assert_int_equal(setsockopt(*listener, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small)), 0);
+	assert_int_equal(bind(*listener, (struct sockaddr *)&a, sizeof(a)), 0);
+	assert_int_equal(listen(*listener, 1), 0);
+	assert_int_equal(getsockname(*listener, (struct sockaddr *)&a, &len), 0);
+	fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	assert_true(fd >= 0);
+	assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &small, sizeof(small)), 0);
+	assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	*peer = accept4(*listener, NULL, NULL, SOCK_CLOEXEC);
+	assert_true(*peer >= 0);
+	fcntl(fd, F_SETFL, O_NONBLOCK);
+	while (send(fd, chunk, sizeof(chunk), MSG_NOSIGNAL) > 0)
+		;
+	assert_int_equal(errno, EAGAIN);
+	assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0);
+	return fd;
+}
+
+static void
+test_a_lingering_close_holds_its_own_lane_only(void **state)
+{
+	struct closer *cl;
+	int listener, peer, lingering, p[2];
+	double start;
+
+	(void)state;
+	assert_int_equal(closer_start(&cl), 0);
+	lingering = lingering_socket(&listener, &peer);
+	closer_close(cl, 7, lingering);
+	/* The same owner's next descriptor waits behind it ... */
+	assert_int_equal(pipe2(p, O_CLOEXEC), 0);
+	closer_close(cl, 7, p[1]);
+	assert_false(eof_within(p[0], 300));
+	assert_int_equal(closer_pending(cl, 7), 2);
+	assert_int_equal(closer_stuck(cl, 7, 200), 2);
+	assert_int_equal(closer_stuck(cl, 7, 60000), 0);
+	close(p[0]);
+	/* ... another owner's does not. */
+	assert_int_equal(pipe2(p, O_CLOEXEC), 0);
+	start = tu_now();
+	closer_close(cl, 8, p[1]);
+	assert_true(eof_within(p[0], 10000));
+	assert_true(tu_now() - start < 1.0);
+	close(p[0]);
+	assert_true(drained_within(cl, 8, 10000));
+	assert_int_equal(closer_stuck(cl, 8, 0), 0);
+	/* The peer goes with unread data: a reset, and the linger ends. */
+	close(peer);
+	assert_true(drained_within(cl, 7, 10000));
+	close(listener);
+	closer_stop(cl, 1000);
+}
+
+static void
+test_null_closer_closes_at_once(void **state)
+{
+	int p[2];
+
+	(void)state;
+	assert_int_equal(pipe2(p, O_CLOEXEC), 0);
+	closer_close(NULL, 1, p[1]);
+	assert_true(eof_within(p[0], 0));
+	close(p[0]);
+	assert_int_equal(closer_pending(NULL, 1), 0);
+	closer_close(NULL, 1, -1); /* nothing to close */
+	closer_stop(NULL, 0);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_every_descriptor_is_closed),
+		cmocka_unit_test(test_a_lingering_close_holds_its_own_lane_only),
+		cmocka_unit_test(test_null_closer_closes_at_once),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
