@@ -1,76 +1,32 @@
 /*
- * derive.c: derived artifacts, single flight (derive.h).
+ * derive.c: derived artifacts, single flight (derive.h): the table of
+ * artifacts and builds, requests, waits and their deadlines. A PUBLISH is
+ * checked and served by derive_publish.c.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/random.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
-#include "base/error.h"
-#include "base/path.h"
-#include "closer.h"
 #include "derive.h"
+#include "derive_internal.h"
 #include "format/source.h"
 #include "generation.h"
 #include "log.h"
 
 
-struct derived {
-	uint64_t entry_id;       /* the model entry it was built for */
-	char *model_name;
-	uint64_t source;         /* source generation number */
-	char key[WIRE_MAX_KEY + 1];
-	struct generation *gen;  /* file 0: the sealed memfd; kept while listed */
-	uid_t builder_uid;
-	pid_t builder_pid;
-	double build_seconds;
-	uint64_t attach_count;
-	uint64_t last_use;       /* the registry's attach_seq, for the LRU */
-	struct derived *next;
-};
-
-struct derive_waiter {
-	void *conn;
-	uint32_t seq;
-	uint64_t deadline_ms;    /* UINT64_MAX: none */
-	int may_build;
-	pid_t pid;
-	uid_t uid;
-	struct derive_waiter *next;
-};
-
-struct derive_build {
-	uint64_t entry_id;
-	char *model_name;
-	uint64_t source;
-	char key[WIRE_MAX_KEY + 1];
-	struct generation *src;  /* a reference held for the build's life */
-	uint64_t token;
-	void *builder;           /* the builder's connection */
-	pid_t builder_pid;
-	uid_t builder_uid;
-	uint64_t started_ms;     /* this builder's start */
-	uint64_t deadline_ms;
-	uint64_t timeout_ms;
-	struct derive_waiter *waiters; /* oldest first */
-	struct derive_build *next;
-};
-
-static uint64_t
-now_ms(const struct derive_table *t)
+uint64_t
+derive_now_ms(const struct derive_table *t)
 {
 	return registry_now_ms(t->r);
 }
 
 /* The model entry an artifact or build was made for, if still there. */
-static struct model_entry *
-entry_of(struct derive_table *t, const char *name, uint64_t entry_id)
+struct model_entry *
+derive_entry_of(struct derive_table *t, const char *name, uint64_t entry_id)
 {
 	struct model_entry *m = registry_find(t->r, name);
 
@@ -93,15 +49,15 @@ new_token(struct derive_table *t)
 static void on_timer(uv_timer_t *timer);
 
 /* Arms the timer for the earliest deadline of a builder or a waiter. */
-static void
-rearm(struct derive_table *t)
+void
+derive_rearm(struct derive_table *t)
 {
-	uint64_t next = UINT64_MAX, now = now_ms(t);
+	uint64_t next = UINT64_MAX, now = derive_now_ms(t);
 
 	if (t->closed)
 		return;
 	for (struct derive_build *b = t->builds; b != NULL; b = b->next) {
-		if (b->builder != NULL && b->deadline_ms < next)
+		if (b->builder != NULL && b->check == NULL && b->deadline_ms < next)
 			next = b->deadline_ms;
 		for (struct derive_waiter *w = b->waiters; w != NULL; w = w->next)
 			if (w->deadline_ms < next)
@@ -116,8 +72,8 @@ rearm(struct derive_table *t)
 
 /* ---- builds ---- */
 
-static void
-unlink_build(struct derive_table *t, struct derive_build *b)
+void
+derive_unlink_build(struct derive_table *t, struct derive_build *b)
 {
 	for (struct derive_build **pp = &t->builds; *pp != NULL; pp = &(*pp)->next)
 		if (*pp == b) {
@@ -127,21 +83,23 @@ unlink_build(struct derive_table *t, struct derive_build *b)
 }
 
 /* Frees b (already unlinked, no waiters left) and its source reference. */
-static void
-build_free(struct derive_table *t, struct derive_build *b)
+void
+derive_build_free(struct derive_table *t, struct derive_build *b)
 {
+	derive_check_cancel(b->check); /* its result is dropped when it ends */
+	b->check = NULL;
 	registry_release(t->r, b->src);
 	free(b->model_name);
 	free(b);
 }
 
 /* The build ends for good: every waiter gets err with text. */
-static void
-build_fail(struct derive_table *t, struct derive_build *b, int err, const char *text)
+void
+derive_build_fail(struct derive_table *t, struct derive_build *b, int err, const char *text)
 {
 	struct derive_waiter *w = b->waiters, *next;
 
-	unlink_build(t, b);
+	derive_unlink_build(t, b);
 	b->waiters = NULL;
 	t->stats.failures++;
 	log_warnx("%s", text);
@@ -150,8 +108,8 @@ build_fail(struct derive_table *t, struct derive_build *b, int err, const char *
 		t->hooks.fail(w->conn, w->seq, err, text);
 		free(w);
 	}
-	build_free(t, b);
-	rearm(t);
+	derive_build_free(t, b);
+	derive_rearm(t);
 }
 
 /* The builder went away (why): the oldest waiter that may build takes
@@ -178,21 +136,21 @@ builder_lost(struct derive_table *t, struct derive_build *b, const char *why)
 			"model \"%s\": derived \"%s\" of generation %" PRIu64 ": the builder "
 			"(pid %d) %s, and no waiting worker may build it (derive_groups)",
 			b->model_name, b->key, b->source, (int)b->builder_pid, why);
-		build_fail(t, b, -EHOSTDOWN, text);
+		derive_build_fail(t, b, -EHOSTDOWN, text);
 		return;
 	}
 	b->builder = w->conn;
 	b->builder_pid = w->pid;
 	b->builder_uid = w->uid;
 	b->token = new_token(t);
-	b->started_ms = now_ms(t);
+	b->started_ms = derive_now_ms(t);
 	b->deadline_ms = b->started_ms + b->timeout_ms;
 	t->stats.builds++;
 	log_info("model \"%s\": derived \"%s\" of generation %" PRIu64 ": pid %d builds it now",
 		b->model_name, b->key, b->source, (int)w->pid);
 	t->hooks.build(w->conn, w->seq, b);
 	free(w);
-	rearm(t);
+	derive_rearm(t);
 }
 
 /*
@@ -221,7 +179,7 @@ expire_one(struct derive_table *t, uint64_t now)
 			free(w);
 			return 1;
 		}
-		if (b->builder != NULL && b->deadline_ms <= now) {
+		if (b->builder != NULL && b->check == NULL && b->deadline_ms <= now) {
 			char why[96];
 
 			snprintf(why, sizeof(why), "did not publish within derive_timeout (%" PRIu64 " s)",
@@ -237,11 +195,11 @@ static void
 on_timer(uv_timer_t *timer)
 {
 	struct derive_table *t = timer->data;
-	uint64_t now = now_ms(t);
+	uint64_t now = derive_now_ms(t);
 
 	while (expire_one(t, now))
 		;
-	rearm(t);
+	derive_rearm(t);
 }
 
 /* ---- artifacts ---- */
@@ -292,7 +250,7 @@ drop(struct derive_table *t, struct derived *a, const char *why)
 static int
 superseded(struct derive_table *t, const struct derived *a)
 {
-	struct model_entry *m = entry_of(t, a->model_name, a->entry_id);
+	struct model_entry *m = derive_entry_of(t, a->model_name, a->entry_id);
 
 	return m == NULL || m->current == NULL || m->current->number != a->source;
 }
@@ -359,7 +317,7 @@ derive_close(struct derive_table *t)
 			next = w->next;
 			free(w);
 		}
-		build_free(t, b);
+		derive_build_free(t, b);
 	}
 	while (t->artifacts != NULL)
 		drop(t, t->artifacts, "wcached stops");
@@ -414,7 +372,7 @@ derive_request(struct derive_table *t, const struct wire_derive *d,
 		}
 		w->conn = conn;
 		w->seq = seq;
-		w->deadline_ms = now_ms(t) + d->wait_ms;
+		w->deadline_ms = derive_now_ms(t) + d->wait_ms;
 		w->may_build = registry_may_build(m, peer);
 		w->pid = peer->pid;
 		w->uid = peer->uid;
@@ -422,7 +380,7 @@ derive_request(struct derive_table *t, const struct wire_derive *d,
 			;
 		*pp = w;
 		t->stats.waits++;
-		rearm(t);
+		derive_rearm(t);
 		return DERIVE_WAIT;
 	}
 	if (!registry_may_build(m, peer)) {
@@ -446,14 +404,14 @@ derive_request(struct derive_table *t, const struct wire_derive *d,
 	b->builder_uid = peer->uid;
 	b->token = new_token(t);
 	b->timeout_ms = m->derive_timeout_ms;
-	b->started_ms = now_ms(t);
+	b->started_ms = derive_now_ms(t);
 	b->deadline_ms = b->started_ms + b->timeout_ms;
 	b->next = t->builds;
 	t->builds = b;
 	t->stats.builds++;
 	log_info("model \"%s\": derived \"%s\" of generation %" PRIu64 ": pid %d uid %u builds it",
 		m->name, key, g->number, (int)peer->pid, (unsigned)peer->uid);
-	rearm(t);
+	derive_rearm(t);
 	*build = b;
 	return DERIVE_BUILD;
 }
@@ -461,7 +419,7 @@ derive_request(struct derive_table *t, const struct wire_derive *d,
 void
 derive_attach(struct derive_table *t, struct derived *a, struct registry_attachment *out)
 {
-	registry_attach_generation(t->r, entry_of(t, a->model_name, a->entry_id), a->gen, out);
+	registry_attach_generation(t->r, derive_entry_of(t, a->model_name, a->entry_id), a->gen, out);
 	a->attach_count++;
 	a->last_use = ++t->r->attach_seq;
 	t->stats.attaches++;
@@ -471,7 +429,7 @@ void
 derive_attach_source(struct derive_table *t, struct derive_build *b,
 	struct registry_attachment *out)
 {
-	registry_attach_generation(t->r, entry_of(t, b->model_name, b->entry_id), b->src, out);
+	registry_attach_generation(t->r, derive_entry_of(t, b->model_name, b->entry_id), b->src, out);
 }
 
 uint64_t
@@ -481,8 +439,8 @@ derive_token(const struct derive_build *b)
 }
 
 /* The build of token, if conn runs it: 0, or -ESTALE / -EPERM with msg. */
-static int
-build_of_token(struct derive_table *t, void *conn, uint64_t token, struct derive_build **out,
+int
+derive_build_of_token(struct derive_table *t, void *conn, uint64_t token, struct derive_build **out,
 	char *msg, size_t msg_size)
 {
 	for (struct derive_build *b = t->builds; b != NULL; b = b->next) {
@@ -501,172 +459,6 @@ build_of_token(struct derive_table *t, void *conn, uint64_t token, struct derive
 	return -ESTALE;
 }
 
-/* Seals fd for good: 0, or -errno with why. */
-static int
-seal_artifact(int fd, char *why, size_t why_size)
-{
-	int seals = fcntl(fd, F_GET_SEALS);
-
-	if (seals == -1) {
-		snprintf(why, why_size, "the descriptor is not a memfd that can be sealed (%s); "
-			 "make it with memfd_create(MFD_ALLOW_SEALING)", strerror(errno));
-		return -EINVAL;
-	}
-	if ((seals & F_SEAL_SEAL) && (seals & DERIVE_ARTIFACT_SEALS) != DERIVE_ARTIFACT_SEALS) {
-		snprintf(why, why_size, "the memfd is already sealed against sealing (F_SEAL_SEAL) "
-			 "without F_SEAL_WRITE, F_SEAL_SHRINK and F_SEAL_GROW");
-		return -EINVAL;
-	}
-	if ((seals & DERIVE_ARTIFACT_SEALS) != DERIVE_ARTIFACT_SEALS &&
-		fcntl(fd, F_ADD_SEALS, DERIVE_ARTIFACT_SEALS & ~seals) == -1) {
-		int e = errno;
-
-		if (e == EBUSY)
-			snprintf(why, why_size, "the builder still has a writable mapping of the "
-				 "memfd (unmap it before publishing)");
-		else
-			snprintf(why, why_size, "sealing the memfd: %s", strerror(e));
-		return -e;
-	}
-	return 0;
-}
-
-/* Turns the published memfd into b's artifact (taking fd whatever
- * happens): 0 and *out, or -errno with why. */
-static int
-make_artifact(struct derive_table *t, struct derive_build *b, int fd, struct derived **out,
-	char *why, size_t why_size)
-{
-	struct model_source src = { 0 };
-	struct model_entry *m = entry_of(t, b->model_name, b->entry_id);
-	char label[WIRE_MAX_NAME + WIRE_MAX_KEY + 16];
-	int *served = NULL, index_fd = -1, r;
-	const uint8_t *index = NULL;
-	struct generation *g;
-	struct derived *a;
-	struct stat st;
-
-	if (m == NULL) {
-		closer_close(t->closer, b->builder_uid, fd);
-		snprintf(why, why_size, "the model is no longer served");
-		return -ENOENT;
-	}
-	r = seal_artifact(fd, why, why_size);
-	snprintf(label, sizeof(label), "%s derived %s", b->model_name, b->key);
-	/* The received descriptor is the builder's own open file description
-	 * (its offset and status flags are the builder's to change): once
-	 * sealed, the daemon keeps a read-only one of its own, as it does for
-	 * model files (issue 18), and workers get reopens of that. */
-	if (r == 0 && (r = fd_reopen_read_only(fd, label)) < 0)
-		snprintf(why, why_size, "%s", error_get());
-	closer_close(t->closer, b->builder_uid, fd);
-	if (r < 0)
-		return r;
-	fd = r;
-	if (fstat(fd, &st) == -1 || st.st_size <= 0) {
-		closer_close(t->closer, b->builder_uid, fd);
-		snprintf(why, why_size, "the memfd is empty");
-		return -EBADMSG;
-	}
-	if (t->r->memory_budget != 0 && (uint64_t)st.st_size > t->r->memory_budget) {
-		/* Perhaps the last reference to gigabytes: freed off the loop. */
-		closer_close(t->closer, b->builder_uid, fd);
-		snprintf(why, why_size, "%" PRIu64 " MiB is more than memory_budget (%" PRIu64
-			 " MiB)", (uint64_t)st.st_size >> 20, t->r->memory_budget >> 20);
-		return -EFBIG;
-	}
-	if ((r = source_open_fd(fd, label, &src)) < 0) {
-		closer_close(t->closer, b->builder_uid, fd);
-		snprintf(why, why_size, "%s", error_get());
-		return r == -ENOMEM ? r : -EBADMSG;
-	}
-	if ((r = gen_open_served(&src, &served)) < 0 ||
-		(r = gen_seal_index(src.index, src.index_len, &index_fd, &index)) < 0)
-		goto fail;
-	if ((a = calloc(1, sizeof(*a))) == NULL || (a->model_name = strdup(b->model_name)) == NULL ||
-		(g = gen_new(t->r, b->model_name, b->source, &src, served, index_fd, index,
-			 src.index_len)) == NULL) {
-		if (a != NULL)
-			free(a->model_name);
-		free(a);
-		r = error_set(-ENOMEM, "out of memory");
-		goto fail;
-	}
-	/* The index lives on in the sealed memfd. */
-	free(g->source.index);
-	g->source.index = NULL;
-	gen_set_state(g, GEN_READY, "published");
-	g->kept = 1;
-	a->entry_id = b->entry_id;
-	a->source = b->source;
-	memcpy(a->key, b->key, sizeof(a->key));
-	a->gen = g;
-	a->builder_uid = b->builder_uid;
-	a->builder_pid = b->builder_pid;
-	a->build_seconds = (double)(now_ms(t) - b->started_ms) / 1000.0;
-	a->last_use = ++t->r->attach_seq;
-	a->next = t->artifacts;
-	t->artifacts = a;
-	t->r->derived_bytes += g->bytes;
-	t->stats.published++;
-	t->stats.published_bytes += g->bytes;
-	*out = a;
-	/* The warm restart keeps the store in step (restore_sync). */
-	if (t->r->changed != NULL)
-		t->r->changed(t->r);
-	return 0;
-fail:
-	snprintf(why, why_size, "%s", error_get());
-	if (index != NULL)
-		munmap((void *)index, src.index_len);
-	if (index_fd >= 0)
-		close(index_fd);
-	gen_close_served(served, src.nfiles);
-	source_close(&src);
-	return r;
-}
-
-int
-derive_publish(struct derive_table *t, void *conn, uid_t owner, uint64_t token, int memfd,
-	struct derived **out, char *msg, size_t msg_size)
-{
-	struct derive_build *b = NULL;
-	struct derive_waiter *w, *next;
-	struct derived *a = NULL;
-	char why[1024], text[WIRE_MAX_MESSAGE];
-	int err;
-
-	if ((err = build_of_token(t, conn, token, &b, msg, msg_size)) < 0 || b == NULL) {
-		closer_close(t->closer, owner, memfd);
-		return err < 0 ? err : -ESTALE;
-	}
-	if ((err = make_artifact(t, b, memfd, &a, why, sizeof(why))) < 0 || a == NULL) {
-		snprintf(text, sizeof(text), "model \"%s\": derived \"%s\" of generation %" PRIu64
-			 ": the publication by pid %d was refused: %s", b->model_name, b->key,
-			b->source, (int)b->builder_pid, why);
-		snprintf(msg, msg_size, "%s", text);
-		build_fail(t, b, -ECANCELED, text);
-		return err < 0 ? err : -EIO;
-	}
-	log_info("model \"%s\": derived \"%s\" of generation %" PRIu64 " published by pid %d uid "
-		 "%u: %" PRIu64 " bytes (%s), built in %.1f s; %s", a->model_name, a->key, a->source,
-		(int)a->builder_pid, (unsigned)a->builder_uid, a->gen->bytes,
-		source_format_name(a->gen->source.format), a->build_seconds,
-		b->waiters != NULL ? "answering its waiters" : "nobody waited");
-	unlink_build(t, b);
-	w = b->waiters;
-	b->waiters = NULL;
-	for (; w != NULL; w = next) {
-		next = w->next;
-		t->hooks.ready(w->conn, w->seq, a);
-		free(w);
-	}
-	build_free(t, b);
-	rearm(t);
-	*out = a;
-	return 0;
-}
-
 int
 derive_abandon(struct derive_table *t, void *conn, uint64_t token, const char *reason,
 	char *msg, size_t msg_size)
@@ -675,12 +467,12 @@ derive_abandon(struct derive_table *t, void *conn, uint64_t token, const char *r
 	char text[WIRE_MAX_MESSAGE];
 	int err;
 
-	if ((err = build_of_token(t, conn, token, &b, msg, msg_size)) < 0 || b == NULL)
+	if ((err = derive_build_of_token(t, conn, token, &b, msg, msg_size)) < 0 || b == NULL)
 		return err < 0 ? err : -ESTALE;
 	snprintf(text, sizeof(text), "model \"%s\": derived \"%s\" of generation %" PRIu64
 		 ": the build by pid %d failed: %s", b->model_name, b->key, b->source,
 		(int)b->builder_pid, reason[0] != '\0' ? reason : "(no reason given)");
-	build_fail(t, b, -ECANCELED, text);
+	derive_build_fail(t, b, -ECANCELED, text);
 	return 0;
 }
 
@@ -711,10 +503,12 @@ derive_conn_gone(struct derive_table *t, void *conn)
 			b = b->next;
 			continue;
 		}
+		derive_check_cancel(b->check);
+		b->check = NULL;
 		builder_lost(t, b, "disconnected before publishing");
 		b = t->builds;
 	}
-	rearm(t);
+	derive_rearm(t);
 }
 
 void

@@ -26,7 +26,9 @@
  * registry_find_for, registry_attach_generation, registry_release) and
  * generation.c; the server calls it and is told the outcome for its
  * waiting connections through struct derive_hooks.
- * Everything runs on the event loop thread.
+ * Everything runs on the event loop thread but the check of a publication
+ * (seal, read, compile: a 100 MB header takes most of a second), which runs
+ * on the work queue (workq.h) while the build and its builder wait.
  */
 #ifndef WC_DERIVE_H
 #define WC_DERIVE_H
@@ -51,6 +53,8 @@ struct derive_build;
 struct derive_hooks {
 	/* The artifact is published: attach it (derive_attach). */
 	void (*ready)(void *conn, uint32_t seq, struct derived *a);
+	/* The same for its builder, which waited for its PUBLISH to be checked. */
+	void (*published)(void *conn, uint32_t seq, struct derived *a);
 	/* The builder went away and conn is next: it builds now (derive_attach_source,
 	 * then a BUILD with derive_token). */
 	void (*build)(void *conn, uint32_t seq, struct derive_build *b);
@@ -119,16 +123,18 @@ void derive_attach_source(struct derive_table *t, struct derive_build *b,
 uint64_t derive_token(const struct derive_build *b);
 
 /*
- * PUBLISH of token by conn (of uid owner) with memfd (always taken: kept on
- * success, otherwise closed in owner's lane of t->closer). Seals, validates
- * and serves it; answers the waiters (hooks.ready); *out is the artifact
- * for the builder's own attach. On failure -errno with msg: -ESTALE (no such build in progress), -EPERM
- * (another connection's), and for the build's own failures (-EBUSY,
- * -EBADMSG, -EINVAL, -ENOENT) the build ends for good and the waiters get
- * the error.
+ * PUBLISH of token by conn (of uid owner, request seq) with memfd (always
+ * taken: kept on success, otherwise closed in owner's lane of t->closer).
+ * Returns 0 when the memfd is being checked: on the work queue it is sealed,
+ * validated with the readers every model goes through and compiled, and
+ * then conn is answered by a hook: hooks.published (and every waiter by
+ * hooks.ready), or hooks.fail, and then the build has ended for good and
+ * every waiter gets the error too. No deadline runs while it is checked.
+ * Or -errno with msg, answered now: -ESTALE (no such build in progress),
+ * -EPERM (another connection's), -ENOMEM.
  */
-int derive_publish(struct derive_table *t, void *conn, uid_t owner, uint64_t token, int memfd,
-	struct derived **out, char *msg, size_t msg_size);
+int derive_publish(struct derive_table *t, void *conn, uid_t owner, uint32_t seq, uint64_t token,
+	int memfd, char *msg, size_t msg_size);
 
 /* ABANDON of token by conn with a reason: the build ends for good. 0, or
  * -ESTALE / -EPERM as for derive_publish. */

@@ -143,18 +143,36 @@ request_attach(struct conn *c, const struct wire_message *msg)
 
 /* ---- derived artifacts (derive.h) ---- */
 
+/* Attaches artifact a for c, which waited for it, and says what with what. */
+static void
+attach_artifact(struct conn *c, uint32_t seq, struct derived *a, const char *what)
+{
+	struct registry_attachment at;
+
+	c->waiting = 0;
+	/* refs_room() was checked when it began to wait and it has attached
+	 * nothing since; a failure here still answers it. */
+	if (refs_room(c, seq) < 0)
+		return;
+	derive_attach(c->srv->derive, a, &at);
+	send_attachment(c, seq, &at, 0, what);
+}
+
 /* derive.c's hooks: a waiting connection's answer. */
 static void
 derived_ready(void *conn, uint32_t seq, struct derived *a)
 {
-	struct conn *c = conn;
-	struct registry_attachment at;
+	attach_artifact(conn, seq, a, "attached a derived artifact of");
+}
 
-	c->waiting = 0;
-	if (refs_room(c, seq) < 0)
-		return;
-	derive_attach(c->srv->derive, a, &at);
-	send_attachment(c, seq, &at, 0, "attached a derived artifact of");
+/* The builder's own, once its PUBLISH was checked. */
+static void
+derived_published(void *conn, uint32_t seq, struct derived *a)
+{
+	struct conn *c = conn;
+
+	attach_artifact(c, seq, a, "published and attached a derived artifact of");
+	registry_enforce_budget(c->srv->reg);
 }
 
 static void
@@ -183,6 +201,7 @@ derived_fail(void *conn, uint32_t seq, int err, const char *text)
 
 const struct derive_hooks server_derive_hooks = {
 	.ready = derived_ready,
+	.published = derived_published,
 	.build = derived_build,
 	.fail = derived_fail,
 };
@@ -229,8 +248,6 @@ void
 request_publish(struct conn *c, const struct wire_message *msg, int fd)
 {
 	struct server *s = c->srv;
-	struct registry_attachment at;
-	struct derived *a = NULL;
 	char text[WIRE_MAX_MESSAGE];
 	uint64_t token;
 	int r;
@@ -247,14 +264,14 @@ request_publish(struct conn *c, const struct wire_message *msg, int fd)
 		closer_close(s->closer, c->uid, fd);
 		return;
 	}
-	r = derive_publish(s->derive, c, c->uid, token, fd, &a, text, sizeof(text));
-	if (r < 0 || a == NULL) {
-		conn_error(c, msg->h.seq, r < 0 ? r : -EIO, 0, "%s", text);
+	if ((r = derive_publish(s->derive, c, c->uid, msg->h.seq, token, fd, text,
+		     sizeof(text))) < 0) {
+		conn_error(c, msg->h.seq, r, 0, "%s", text);
 		return;
 	}
-	derive_attach(s->derive, a, &at);
-	send_attachment(c, msg->h.seq, &at, 0, "published and attached a derived artifact of");
-	registry_enforce_budget(s->reg);
+	/* Checked on the work queue: derived_published() or derived_fail()
+	 * answers it. */
+	conn_wait(c);
 }
 
 void

@@ -641,3 +641,51 @@ def test_a_build_racing_a_swap_publishes_for_its_own_generation(derived, tmp_pat
     wait_until(lambda: all(x["source_generation"] == 2
                            for x in model_entry(d, "small")["derived"]),
                what="generation 1's artifact dropped with its last holder")
+
+
+def many_tensors(n):
+    """A safetensors artifact of n one-byte tensors: a header of about
+    70 * n bytes for the daemon to read and compile."""
+    return st_bytes({f"t.{i}": ("I8", [1], b"\x01") for i in range(n)}, {"key": "many"})
+
+
+def test_a_publication_with_a_huge_header_stalls_nobody(derived):
+    # Checking a publication (sealing, reading and compiling its index) runs
+    # on the work queue: while a builder's 1 300 000-tensor header (91 MB) is read,
+    # another worker's attaches are answered as before. On the loop, every
+    # attach waited for all of it.
+    d = derived({"derive": "yes"})
+    ready(d, "small")
+    builder, worker = Peer(d), Peer(d)
+    token = build(builder, key="many")["token"]
+    fd = memfd_with(many_tensors(1300000))
+    stop, worst, attaches = [], [0.0], [0]
+
+    def attach_loop():
+        while not stop:
+            start = time.monotonic()
+            worker.send(ATTACH, b"small")
+            rep = worker.reply()
+            assert rep["type"] == ATTACH_OK, rep
+            release(worker, rep)
+            worst[0] = max(worst[0], time.monotonic() - start)
+            attaches[0] += 1
+    import threading
+    t = threading.Thread(target=attach_loop)
+    t.start()
+    try:
+        wait_until(lambda: attaches[0] >= 10, what="the worker's first attaches")
+        start = time.monotonic()
+        builder.publish(token, fd)
+        rep = builder.reply(timeout=120)
+        took = time.monotonic() - start
+    finally:
+        stop.append(1)
+        t.join(timeout=60)
+    os.close(fd)
+    assert rep["type"] == ATTACH_OK, rep
+    closing(rep)
+    print(f"publication checked in {took:.2f} s; worst attach and release of another worker "
+          f"meanwhile {worst[0] * 1000:.1f} ms ({attaches[0]} attaches)")
+    assert took > 0.2, "the check was too quick to tell a stall"
+    assert worst[0] < max(0.05, took / 4), (worst[0], took)

@@ -1,0 +1,79 @@
+/*
+ * derive_internal.h: what derive.c (the table: requests, waits, builds,
+ * artifacts) and derive_publish.c (a PUBLISH checked on the work queue,
+ * then served) share. Not for other modules: they use derive.h.
+ */
+#ifndef WC_DERIVE_INTERNAL_H
+#define WC_DERIVE_INTERNAL_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "derive.h"
+#include "proto/wire.h"
+
+struct derive_check;
+
+struct derived {
+	uint64_t entry_id;       /* the model entry it was built for */
+	char *model_name;
+	uint64_t source;         /* source generation number */
+	char key[WIRE_MAX_KEY + 1];
+	struct generation *gen;  /* file 0: the sealed memfd; kept while listed */
+	uid_t builder_uid;
+	pid_t builder_pid;
+	double build_seconds;
+	uint64_t attach_count;
+	uint64_t last_use;       /* the registry's attach_seq, for the LRU */
+	struct derived *next;
+};
+
+struct derive_waiter {
+	void *conn;
+	uint32_t seq;
+	uint64_t deadline_ms;    /* UINT64_MAX: none */
+	int may_build;
+	pid_t pid;
+	uid_t uid;
+	struct derive_waiter *next;
+};
+
+struct derive_build {
+	uint64_t entry_id;
+	char *model_name;
+	uint64_t source;
+	char key[WIRE_MAX_KEY + 1];
+	struct generation *src;  /* a reference held for the build's life */
+	uint64_t token;
+	void *builder;           /* the builder's connection */
+	pid_t builder_pid;
+	uid_t builder_uid;
+	uint64_t started_ms;     /* this builder's start */
+	uint64_t deadline_ms;
+	uint64_t timeout_ms;
+	struct derive_waiter *waiters; /* oldest first */
+	struct derive_check *check;    /* its publication, while it is checked */
+	struct derive_build *next;
+};
+
+/* derive.c */
+uint64_t derive_now_ms(const struct derive_table *t);
+/* The model entry an artifact or build was made for, if still there. */
+struct model_entry *derive_entry_of(struct derive_table *t, const char *name, uint64_t entry_id);
+/* Arms the timer for the earliest deadline of a builder or a waiter. */
+void derive_rearm(struct derive_table *t);
+void derive_unlink_build(struct derive_table *t, struct derive_build *b);
+/* Frees b (already unlinked, no waiters left), its source reference, and
+ * cancels its check. */
+void derive_build_free(struct derive_table *t, struct derive_build *b);
+/* The build ends for good: every waiter gets err with text. */
+void derive_build_fail(struct derive_table *t, struct derive_build *b, int err, const char *text);
+/* The build of token, if conn runs it: 0, or -ESTALE / -EPERM with msg. */
+int derive_build_of_token(struct derive_table *t, void *conn, uint64_t token,
+	struct derive_build **out, char *msg, size_t msg_size);
+
+/* derive_publish.c: the check's result will be dropped (its build ended
+ * some other way). Accepts NULL. */
+void derive_check_cancel(struct derive_check *c);
+
+#endif

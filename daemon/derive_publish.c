@@ -1,0 +1,305 @@
+/*
+ * derive_publish.c: a PUBLISH of a derived artifact (derive.h): the memfd is
+ * checked on the work queue, then served, and the builder and every waiter
+ * answered; or the build fails for good.
+ *
+ * Checking means sealing the memfd, reopening it read-only, reading its
+ * index with the readers every model goes through and sealing the compiled
+ * index: for a 100 MB safetensors header, most of a second (several under
+ * a sanitizer), which on the event loop every client would wait for. The
+ * build waits instead (derive_build.check: no deadline runs meanwhile), and
+ * so does the builder's connection; a build that ends some other way while
+ * its check runs (the builder gone, wcached stopping) cancels it, and the
+ * result is dropped when the check ends.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/error.h"
+#include "base/path.h"
+#include "closer.h"
+#include "derive_internal.h"
+#include "format/source.h"
+#include "generation.h"
+#include "log.h"
+#include "workq.h"
+
+/*
+ * A publication being checked on the work queue: sealing the memfd, reading
+ * and compiling its index (up to a gigabyte of WEIG tables, a 100 MB
+ * safetensors header: seconds that must not stall the loop). The build
+ * waits for it (build->check, and no deadline runs meanwhile); the builder's
+ * connection waits for its answer. build is NULL once the build ended some
+ * other way (its builder gone, wcached stopping): the result is dropped.
+ */
+struct derive_check {
+	struct workq_job job;
+	struct derive_table *t;
+	struct derive_build *build;
+	void *conn;
+	uint32_t seq;
+	uid_t owner;
+	uint64_t budget;         /* memory_budget when it was queued */
+	char label[WIRE_MAX_NAME + WIRE_MAX_KEY + 16];
+	int fd;                  /* the builder's memfd, then wcached's reopen */
+	/* What the check made: the source, its served descriptors and the
+	 * sealed index; or err with why. */
+	struct model_source src;
+	int *served;
+	int index_fd;
+	const uint8_t *index;
+	int err;
+	char why[1024];
+};
+
+/* Seals fd for good: 0, or -errno with why. */
+static int
+seal_artifact(int fd, char *why, size_t why_size)
+{
+	int seals = fcntl(fd, F_GET_SEALS);
+
+	if (seals == -1) {
+		snprintf(why, why_size, "the descriptor is not a memfd that can be sealed (%s); "
+			 "make it with memfd_create(MFD_ALLOW_SEALING)", strerror(errno));
+		return -EINVAL;
+	}
+	if ((seals & F_SEAL_SEAL) && (seals & DERIVE_ARTIFACT_SEALS) != DERIVE_ARTIFACT_SEALS) {
+		snprintf(why, why_size, "the memfd is already sealed against sealing (F_SEAL_SEAL) "
+			 "without F_SEAL_WRITE, F_SEAL_SHRINK and F_SEAL_GROW");
+		return -EINVAL;
+	}
+	if ((seals & DERIVE_ARTIFACT_SEALS) != DERIVE_ARTIFACT_SEALS &&
+		fcntl(fd, F_ADD_SEALS, DERIVE_ARTIFACT_SEALS & ~seals) == -1) {
+		int e = errno;
+
+		if (e == EBUSY)
+			snprintf(why, why_size, "the builder still has a writable mapping of the "
+				 "memfd (unmap it before publishing)");
+		else
+			snprintf(why, why_size, "sealing the memfd: %s", strerror(e));
+		return -e;
+	}
+	return 0;
+}
+
+
+/* Drops what c made (or holds) and frees it. */
+static void
+check_free(struct derive_check *c)
+{
+	if (c->index != NULL)
+		munmap((void *)c->index, c->src.index_len);
+	if (c->index_fd >= 0)
+		close(c->index_fd);
+	gen_close_served(c->served, c->src.nfiles);
+	source_close(&c->src);
+	/* Perhaps the last reference to gigabytes: freed off the loop. */
+	closer_close(c->t->closer, c->owner, c->fd);
+	free(c);
+}
+
+/* Work queue thread: seals the memfd for good, reopens it read-only (the
+ * received descriptor is the builder's open file description, its offset
+ * and flags the builder's to change: wcached keeps one of its own, as for
+ * model files, issue 18, and workers get reopens of that), validates it
+ * with the readers every model goes through and seals its index. */
+static void
+check_run(struct workq_job *job)
+{
+	struct derive_check *c = job->arg;
+	struct stat st;
+	int fd;
+
+	if ((c->err = seal_artifact(c->fd, c->why, sizeof(c->why))) < 0)
+		return;
+	if ((fd = fd_reopen_read_only(c->fd, c->label)) < 0) {
+		c->err = fd;
+		snprintf(c->why, sizeof(c->why), "%s", error_get());
+		return;
+	}
+	closer_close(c->t->closer, c->owner, c->fd);
+	c->fd = fd;
+	if (fstat(fd, &st) == -1 || st.st_size <= 0) {
+		c->err = -EBADMSG;
+		snprintf(c->why, sizeof(c->why), "the memfd is empty");
+		return;
+	}
+	if (c->budget != 0 && (uint64_t)st.st_size > c->budget) {
+		c->err = -EFBIG;
+		snprintf(c->why, sizeof(c->why), "%" PRIu64 " MiB is more than memory_budget (%"
+			 PRIu64 " MiB)", (uint64_t)st.st_size >> 20, c->budget >> 20);
+		return;
+	}
+	if ((c->err = source_open_fd(fd, c->label, &c->src)) < 0) {
+		snprintf(c->why, sizeof(c->why), "%s", error_get());
+		if (c->err != -ENOMEM)
+			c->err = -EBADMSG;
+		return;
+	}
+	c->fd = -1; /* the source's now */
+	if ((c->err = gen_open_served(&c->src, &c->served)) < 0 ||
+		(c->err = gen_seal_index(c->src.index, c->src.index_len, &c->index_fd,
+			 &c->index)) < 0)
+		snprintf(c->why, sizeof(c->why), "%s", error_get());
+}
+
+/* Makes the artifact of b from what c checked: 0 and *out, or -errno with
+ * c->why. Takes c's source, descriptors and index on success. */
+static int
+make_artifact(struct derive_table *t, struct derive_build *b, struct derive_check *c,
+	struct derived **out)
+{
+	struct derived *a;
+	struct generation *g;
+
+	if (derive_entry_of(t, b->model_name, b->entry_id) == NULL) {
+		snprintf(c->why, sizeof(c->why), "the model is no longer served");
+		return -ENOENT;
+	}
+	if ((a = calloc(1, sizeof(*a))) == NULL || (a->model_name = strdup(b->model_name)) == NULL ||
+		(g = gen_new(t->r, b->model_name, b->source, &c->src, c->served, c->index_fd,
+			 c->index, c->src.index_len)) == NULL) {
+		if (a != NULL)
+			free(a->model_name);
+		free(a);
+		snprintf(c->why, sizeof(c->why), "out of memory");
+		return -ENOMEM;
+	}
+	/* The generation's now. */
+	memset(&c->src, 0, sizeof(c->src));
+	c->served = NULL;
+	c->index_fd = -1;
+	c->index = NULL;
+	/* The index lives on in the sealed memfd. */
+	free(g->source.index);
+	g->source.index = NULL;
+	gen_set_state(g, GEN_READY, "published");
+	g->kept = 1;
+	a->entry_id = b->entry_id;
+	a->source = b->source;
+	memcpy(a->key, b->key, sizeof(a->key));
+	a->gen = g;
+	a->builder_uid = b->builder_uid;
+	a->builder_pid = b->builder_pid;
+	a->build_seconds = (double)(derive_now_ms(t) - b->started_ms) / 1000.0;
+	a->last_use = ++t->r->attach_seq;
+	a->next = t->artifacts;
+	t->artifacts = a;
+	t->r->derived_bytes += g->bytes;
+	t->stats.published++;
+	t->stats.published_bytes += g->bytes;
+	*out = a;
+	/* The warm restart keeps the store in step (restore_sync). */
+	if (t->r->changed != NULL)
+		t->r->changed(t->r);
+	return 0;
+}
+
+/* On the loop: the check of c ended (status UV_ECANCELED: it never ran,
+ * wcached is stopping). Serves the artifact and answers the builder and
+ * every waiter, or fails the build for good. */
+static void
+check_done(struct workq_job *job, int status)
+{
+	struct derive_check *c = job->arg;
+	struct derive_table *t = c->t;
+	struct derive_build *b = c->build;
+	struct derive_waiter *w, *next;
+	struct derived *a = NULL;
+	char text[WIRE_MAX_MESSAGE];
+	int err = c->err;
+	uint32_t seq;
+
+	if (b == NULL) {
+		check_free(c);
+		return;
+	}
+	b->check = NULL;
+	if (status < 0) {
+		err = -ECANCELED;
+		snprintf(c->why, sizeof(c->why), "wcached is stopping");
+	}
+	if (err == 0)
+		err = make_artifact(t, b, c, &a);
+	if (err < 0 || a == NULL) {
+		snprintf(text, sizeof(text), "model \"%s\": derived \"%s\" of generation %" PRIu64
+			 ": the publication by pid %d was refused: %s", b->model_name, b->key,
+			b->source, (int)b->builder_pid, c->why);
+		/* The build ends for good first: the builder's answer may close
+		 * its connection, and then no waiter must take the build over. */
+		derive_build_fail(t, b, -ECANCELED, text);
+		t->hooks.fail(c->conn, c->seq, err < 0 ? err : -EIO, text);
+		check_free(c);
+		return;
+	}
+	seq = c->seq;
+	check_free(c);
+	log_info("model \"%s\": derived \"%s\" of generation %" PRIu64 " published by pid %d uid "
+		 "%u: %" PRIu64 " bytes (%s), built in %.1f s; %s", a->model_name, a->key, a->source,
+		(int)a->builder_pid, (unsigned)a->builder_uid, a->gen->bytes,
+		source_format_name(a->gen->source.format), a->build_seconds,
+		b->waiters != NULL ? "answering its waiters" : "nobody waited");
+	derive_unlink_build(t, b);
+	w = b->waiters;
+	b->waiters = NULL;
+	t->hooks.published(b->builder, seq, a);
+	for (; w != NULL; w = next) {
+		next = w->next;
+		t->hooks.ready(w->conn, w->seq, a);
+		free(w);
+	}
+	derive_build_free(t, b);
+	derive_rearm(t);
+}
+
+int
+derive_publish(struct derive_table *t, void *conn, uid_t owner, uint32_t seq, uint64_t token,
+	int memfd, char *msg, size_t msg_size)
+{
+	struct derive_build *b = NULL;
+	struct derive_check *c;
+	int err;
+
+	if ((err = derive_build_of_token(t, conn, token, &b, msg, msg_size)) < 0 || b == NULL) {
+		closer_close(t->closer, owner, memfd);
+		return err < 0 ? err : -ESTALE;
+	}
+	if ((c = calloc(1, sizeof(*c))) == NULL) {
+		closer_close(t->closer, owner, memfd);
+		snprintf(msg, msg_size, "wcached is out of memory");
+		return -ENOMEM;
+	}
+	c->t = t;
+	c->build = b;
+	c->conn = conn;
+	c->seq = seq;
+	c->owner = owner;
+	c->budget = t->r->memory_budget;
+	c->fd = memfd;
+	c->index_fd = -1;
+	snprintf(c->label, sizeof(c->label), "%s derived %s", b->model_name, b->key);
+	c->job.arg = c;
+	if ((err = workq_submit(&t->r->workq, &c->job, WORKQ_LOCAL, NULL, check_run,
+		     check_done)) < 0) {
+		snprintf(msg, msg_size, "cannot queue the check of the memfd: %s", strerror(-err));
+		check_free(c);
+		return err;
+	}
+	b->check = c;
+	derive_rearm(t); /* no deadline while it is checked */
+	return 0;
+}
+
+void
+derive_check_cancel(struct derive_check *c)
+{
+	if (c != NULL)
+		c->build = NULL;
+}
