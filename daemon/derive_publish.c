@@ -163,7 +163,8 @@ make_artifact(struct derive_table *t, struct derive_build *b, struct derive_chec
 		snprintf(c->why, sizeof(c->why), "the model is no longer served");
 		return -ENOENT;
 	}
-	if ((a = calloc(1, sizeof(*a))) == NULL || (a->model_name = strdup(b->model_name)) == NULL ||
+	if ((a = calloc(1, sizeof(*a))) == NULL ||
+		(a->model_name = strdup(b->model_name)) == NULL ||
 		(g = gen_new(t->r, b->model_name, b->source, &c->src, c->served, c->index_fd,
 			 c->index, c->src.index_len)) == NULL) {
 		if (a != NULL)
@@ -242,8 +243,8 @@ check_done(struct workq_job *job, int status)
 	seq = c->seq;
 	check_free(c);
 	log_info("model \"%s\": derived \"%s\" of generation %" PRIu64 " published by pid %d uid "
-		 "%u: %" PRIu64 " bytes (%s), built in %.1f s; %s", a->model_name, a->key, a->source,
-		(int)a->builder_pid, (unsigned)a->builder_uid, a->gen->bytes,
+		 "%u: %" PRIu64 " bytes (%s), built in %.1f s; %s", a->model_name, a->key,
+		a->source, (int)a->builder_pid, (unsigned)a->builder_uid, a->gen->bytes,
 		source_format_name(a->gen->source.format), a->build_seconds,
 		b->waiters != NULL ? "answering its waiters" : "nobody waited");
 	derive_unlink_build(t, b);
