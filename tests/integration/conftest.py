@@ -45,6 +45,18 @@ def fd_count(pid):
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def threads_in_close(pid):
+    """Threads of pid blocked in close(2) now (x86-64 syscall 3)."""
+    n = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/syscall") as f:
+                n += f.read().split()[0] == "3"
+        except (OSError, IndexError):
+            pass
+    return n
+
+
 def settled_fd_count(pid, timeout=60.0):
     """The daemon's descriptor count once it stops changing (connections
     that just closed are released from the event loop a moment later)."""

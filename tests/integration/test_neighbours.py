@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import Daemon, as_user, binary, mkmodel, wait_until
+from conftest import Daemon, as_user, binary, mkmodel, threads_in_close, wait_until
 from test_daemon import HEADER, message
 
 # Ids no account uses: the daemon's user, a misbehaving user, a good user.
@@ -154,18 +154,6 @@ for k in range(count):
 print("ready", flush=True)
 sys.stdin.read()
 """
-
-
-def threads_in_close(pid):
-    """Threads of pid blocked in close(2) now (x86-64 syscall 3)."""
-    n = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/syscall") as f:
-                n += f.read().split()[0] == "3"
-        except (OSError, IndexError):
-            pass
-    return n
 
 
 def lingerer(d, count):

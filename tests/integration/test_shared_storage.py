@@ -10,7 +10,8 @@ polling: watch = inotify); a remote file written in place (half-written)
 never serves; a local model is not polled unless watch = poll; a model
 whose load failed is polled and loaded once its file appears; a server
 that hangs (remotefs stopped) holds up nothing on local disk, at start
-either; without
+either, nor when a remote model's files close and it hangs in FLUSH
+(remotefs --flush); without
 staging (stage = no) a worker holding the old generation after a remote
 replacement gets SIGBUS on pages the kernel dropped (what the README says,
 and status marks that generation source_replaced). Staging is
@@ -25,7 +26,7 @@ import time
 
 import pytest
 
-from conftest import Daemon, binary, wait_until
+from conftest import Daemon, binary, threads_in_close, wait_until
 from ctlutil import ctl, daemons, model_entry, running_daemons, status
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
@@ -35,15 +36,19 @@ from test_stage_restore import description_in  # noqa: E402
 
 
 @pytest.fixture
-def remote(tmp_path):
-    """A mounted RemoteFS (attr_timeout 0.1 s) at tmp_path/mnt over tmp_path/backing."""
+def remote(request, tmp_path):
+    """A mounted RemoteFS (attr_timeout 0.1 s) at tmp_path/mnt over
+    tmp_path/backing. A test parametrizes it indirectly with a dict of more
+    RemoteFS keywords: @pytest.mark.parametrize("remote", [{"flush": True}],
+    indirect=True)."""
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
     (tmp_path / "backing").mkdir()
     (tmp_path / "mnt").mkdir()
     os.chmod(tmp_path, 0o755)
-    with RemoteFS(tmp_path / "backing", tmp_path / "mnt", attr_timeout=0.1) as fs:
+    with RemoteFS(tmp_path / "backing", tmp_path / "mnt", attr_timeout=0.1,
+                  **getattr(request, "param", {})) as fs:
         yield fs
 
 
@@ -316,9 +321,9 @@ def ready(d, name, number):
     return m is not None and m["generation"] == number and m["state"] == "ready" and m
 
 
-def verify(d, name, source):
+def verify(d, name, source, timeout=60):
     r = subprocess.run([binary("demo_worker"), "--socket", d.socket, "--verify", str(source),
-                        name], capture_output=True, text=True, timeout=60)
+                        name], capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, r.stderr
 
 
@@ -428,6 +433,67 @@ def test_start_serves_others_when_a_remote_filesystem_hangs(start, tmp_path, rem
     wait_until(lambda: ready(d, "r", 1), timeout=30, what="the remote model served")
     verify(d, "r", src)
     d.wait_for_log(r"every configured model's load has ended \(0 failed\)")
+
+
+def answered(seconds, what, run):
+    """run(seconds), a subprocess run with that timeout, and the seconds it
+    took; a timeout fails the test naming what did not answer."""
+    t0 = time.monotonic()
+    try:
+        result = run(seconds)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{what}: no answer within {seconds} s")
+    return result, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("remote", [{"flush": True}], ids=["flush"], indirect=True)
+def test_closing_a_model_on_a_hung_remote_filesystem_stalls_nothing(start, tmp_path, remote):
+    """A FUSE server that implements FLUSH (remotefs --flush; gcsfuse, s3fs
+    and sshfs do) is sent one on every close(2) of a file there, and close
+    waits for the answer. The remote model, attached once and released, is
+    unloaded while the server is frozen: its generation's files close on a
+    closer thread, which stays in close(2) until the server is back, while
+    status answers and a worker attaches the local model. (Before, they
+    closed on the event loop, which then answered nobody until the thaw.)"""
+    src = remote_source(tmp_path, remote)
+    (tmp_path / "local").mkdir()
+    local = mkmodel(tmp_path / "local" / "l.safetensors", 2)
+    # No polls: one hung on the frozen server would keep generation 1 open.
+    d = start({"r": (remote.path("r.safetensors"), {"stage": "no", "watch": "inotify"}),
+               "local": local})
+    wait_until(lambda: ready(d, "r", 1) and ready(d, "local", 1), timeout=30,
+               what="both models served")
+    verify(d, "r", src)   # attached, read and released
+    wait_until(lambda: model_entry(d, "r")["attached"] == 0, timeout=30,
+               what="the remote model released")
+    remote.freeze()
+    unload = None
+    try:
+        # Not waited for: the old code closed the files before it answered.
+        unload = subprocess.Popen([binary("wcachectl"), "--control", d.control, "unload", "r"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        d.wait_for_log(r'model "r": generation 1 closed', timeout=30)
+        wait_until(lambda: threads_in_close(d.proc.pid) >= 1, timeout=10,
+                   what="a thread of wcached blocked closing r's files on the frozen server")
+        r, took = answered(5, "status while a close waits on the frozen server",
+                           lambda t: ctl(d, "--json", "status", timeout=t))
+        assert r.returncode in (0, 3), r.stdout + r.stderr
+        assert [m["name"] for m in json.loads(r.stdout)["models"]] == ["local"], r.stdout
+        print(f"while a close hung: status answered in {took:.3f} s")
+        _, took = answered(10, "an attach of the local model while a close waits on the "
+                           "frozen server", lambda t: verify(d, "local", local, timeout=t))
+        print(f"while a close hung: a worker attached and verified the local model in "
+              f"{took:.3f} s")
+        (out, _), _ = answered(5, "unload r", lambda t: unload.communicate(timeout=t))
+        assert unload.returncode == 0, out
+        assert threads_in_close(d.proc.pid) >= 1, "the close ended early: nothing was tested"
+    finally:
+        remote.thaw()
+        if unload is not None:
+            unload.communicate(timeout=30)
+    wait_until(lambda: threads_in_close(d.proc.pid) == 0, timeout=30,
+               what="the close to end once the server is back")
+    assert d.stop() == 0, d.read_log()
 
 
 def stored_and_stopped(d, mgr, names):

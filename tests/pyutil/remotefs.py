@@ -36,6 +36,11 @@ mounted and unthrottle() ends it (SIGRTMIN with the rate as its value).
 With it a staging copy of a few MiB takes seconds: long enough to act on
 it while it runs, without sleeps.
 
+A server that flushes: RemoteFS(flush=True) (remotefs --flush) opens files
+so that every close(2) of one on the mount sends FUSE's FLUSH and waits for
+the answer, as on gcsfuse, s3fs or sshfs; while frozen (freeze()) every such
+close then blocks until thaw(). By default closes send nothing.
+
 Failures raise RemoteFSError, an AssertionError, with remotefs's log.
 Standard library only (Debian's /usr/bin/python3).
 """
@@ -237,9 +242,10 @@ class RemoteFS:
     1024 lets them take 1 MiB, FUSE's largest request, and read about 1.5x
     faster here); read_rate: bytes per second every read is throttled to
     (remotefs --read-rate; None: not throttled; throttle() and unthrottle()
-    change it while mounted); build: the build directory (default
-    $WCACHE_BUILD or <repo>/build). remotefs's stderr goes to the file
-    self.log (default: a file beside mount).
+    change it while mounted); flush: every close of a file on the mount
+    waits for remotefs's answer to a FLUSH (remotefs --flush); build: the
+    build directory (default $WCACHE_BUILD or <repo>/build). remotefs's
+    stderr goes to the file self.log (default: a file beside mount).
 
     Another user reads through the mount (allow_other) what the backing
     files' modes let it read (replace() writes 0644 by default), once it
@@ -248,8 +254,8 @@ class RemoteFS:
     """
 
     def __init__(self, backing, mount, *, attr_timeout=1.0, stale="eio", keep_cache=False,
-                 allow_other=True, options=(), read_ahead_kb=None, read_rate=None, build=None,
-                 log=None):
+                 allow_other=True, options=(), read_ahead_kb=None, read_rate=None, flush=False,
+                 build=None, log=None):
         self.backing = os.path.abspath(str(backing))
         self.mount = os.path.abspath(str(mount))
         self.attr_timeout = float(attr_timeout)
@@ -259,6 +265,7 @@ class RemoteFS:
         self.options = list(options)
         self.read_ahead_kb = read_ahead_kb
         self.read_rate = int(read_rate) if read_rate else None
+        self.flush = flush
         self.build = build
         self.log = os.path.abspath(str(log)) if log else self.mount.rstrip("/") + ".remotefs.log"
         self.proc = None
@@ -276,6 +283,8 @@ class RemoteFS:
             cmd.append("--keep-cache")
         if self.read_rate:
             cmd += ["--read-rate", str(self.read_rate)]
+        if self.flush:
+            cmd.append("--flush")
         opts = (["allow_other"] if self.allow_other else []) + self.options
         if opts:
             cmd += ["-o", ",".join(opts)]

@@ -6,14 +6,14 @@
  *
  *   remotefs [-f] [-d] [-o OPT[,OPT...]] [--attr-timeout SECONDS]
  *            [--stale=eio|estale|keep] [--keep-cache] [--read-rate BYTES]
- *            BACKING MOUNTPOINT
+ *            [--flush] BACKING MOUNTPOINT
  *
  * MOUNTPOINT shows the directory BACKING read-only (lookups, getattr,
- * readdir, readlink, open, read, release, statfs). Files are cached in the
- * kernel's page cache and can be mapped, as on NFS (no direct_io). The
- * program always runs in the foreground (-f is accepted for the habit)
- * until it is unmounted (fusermount3 -u MOUNTPOINT) or gets SIGTERM, SIGINT
- * or SIGHUP; tests/pyutil/remotefs.py runs it. It mounts with
+ * readdir, readlink, open, read, flush, release, statfs). Files are
+ * cached in the kernel's page cache and can be mapped, as on NFS (no
+ * direct_io). The program always runs in the foreground (-f is accepted
+ * for the habit) until it is unmounted (fusermount3 -u MOUNTPOINT) or gets
+ * SIGTERM, SIGINT or SIGHUP; tests/pyutil/remotefs.py runs it. It mounts with
  * "ro,default_permissions,fsname=remotefs,subtype=remotefs" (mountinfo
  * says fuse.remotefs), plus what -o adds: allow_other lets other users in
  * (the daemon under test runs as an unprivileged user), and the kernel then
@@ -94,6 +94,14 @@
  * not throttled", which tests/pyutil/remotefs.py waits for. The check for
  * a stale inode (above) comes after the wait, as a slow server answers
  * with what it has when it gets to the request.
+ *
+ * FLUSH on close. A FUSE filesystem that implements FLUSH (gcsfuse, s3fs
+ * and sshfs do) is sent one on every close(2) of a file on it, and close
+ * waits for the answer, so a server that hangs hangs every close there.
+ * By default remotefs opens files with FOPEN_NOFLUSH and is sent none;
+ * --flush opens them without it, and answers each FLUSH at once (there is
+ * nothing to write back): stopped (SIGSTOP, RemoteFS.freeze()), it then
+ * holds every close of a file on the mount until it continues.
  *
  * statfs passes the backing filesystem's figures through; its f_type is
  * FUSE's magic (0x65735546) whatever remotefs answers, so statfs(2) and
@@ -180,6 +188,7 @@ struct rfs {
 	double attr_timeout;
 	enum rfs_stale stale;
 	int keep_cache;
+	int flush;	/* open without FOPEN_NOFLUSH: every close sends FLUSH */
 	struct rfs_throttle throttle;
 	struct fuse_session *se;
 	pthread_t signal_thread;
@@ -527,7 +536,7 @@ rfs_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	fi->fh = (uint64_t)fd;
 	fi->keep_cache = fs->keep_cache != 0;
 	fi->direct_io = 0;
-	fi->noflush = 1;
+	fi->noflush = fs->flush == 0;
 	if (fuse_reply_open(req, fi) != 0)
 		close(fd);
 }
@@ -649,6 +658,15 @@ rfs_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	fuse_reply_err(req, 0);
 }
 
+/* FLUSH, sent on every close(2) of a handle opened without noflush
+ * (--flush): nothing is ever written, so there is nothing to write back.
+ * What matters is that close waits for this answer. */
+static void
+rfs_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	fuse_reply_err(req, 0);
+}
+
 static void
 rfs_statfs(fuse_req_t req, fuse_ino_t ino)
 {
@@ -751,6 +769,7 @@ static const struct fuse_lowlevel_ops rfs_ops = {
 	.releasedir = rfs_releasedir,
 	.open = rfs_open,
 	.read = rfs_read,
+	.flush = rfs_flush,
 	.release = rfs_release,
 	.statfs = rfs_statfs,
 };
@@ -779,7 +798,7 @@ usage(FILE *out)
 	fprintf(out,
 		"usage: remotefs [-f] [-d] [-o OPT[,OPT...]] [--attr-timeout SECONDS]\n"
 		"                [--stale=eio|estale|keep] [--keep-cache] [--read-rate BYTES]\n"
-		"                BACKING MOUNTPOINT\n"
+		"                [--flush] BACKING MOUNTPOINT\n"
 		"\n"
 		"Shows directory BACKING read-only at MOUNTPOINT as a network filesystem\n"
 		"would: changes made in BACKING (\"by another host\") raise no inotify event\n"
@@ -803,6 +822,9 @@ usage(FILE *out)
 		"  --read-rate BYTES      throttle reads to BYTES per second for the whole\n"
 		"                         mount (K, M, G: KiB, MiB, GiB), as a slow server\n"
 		"                         would (default: not throttled)\n"
+		"  --flush                have every close(2) of a file on the mount send\n"
+		"                         FLUSH and wait for its answer, as gcsfuse, s3fs\n"
+		"                         and sshfs do (default: files open with noflush)\n"
 		"  -h, --help             this text\n"
 		"\n"
 		"SIGUSR1 drops the kernel's cached pages of every freed inode, mapped or\n"
@@ -926,6 +948,7 @@ main(int argc, char **argv)
 		{ "stale", required_argument, NULL, 's' },
 		{ "keep-cache", no_argument, NULL, 'k' },
 		{ "read-rate", required_argument, NULL, 'r' },
+		{ "flush", no_argument, NULL, 'F' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -979,6 +1002,9 @@ main(int argc, char **argv)
 			break;
 		case 'k':
 			fs.keep_cache = 1;
+			break;
+		case 'F':
+			fs.flush = 1;
 			break;
 		case 'r':
 			if (parse_rate(optarg, &read_rate) != 0) {
