@@ -622,34 +622,67 @@ fail:
 
 /* ---- finding the model in a directory ---- */
 
+/* Names of one kind found in a directory: how many, and the first
+ * NAMES_KEPT of them in strcmp order (what a message lists). A directory
+ * may hold millions of names, and its owner chooses them: only these few
+ * are kept. */
+#define NAMES_KEPT 8
+
+struct names {
+	char *first[NAMES_KEPT];
+	size_t kept, count;
+};
+
+/* Counts name and keeps it when it is among the first NAMES_KEPT; 0 or
+ * -ENOMEM. */
 static int
-compare_strings(const void *a, const void *b)
+names_add(struct names *n, const char *name)
 {
-	return strcmp(*(char *const *)a, *(char *const *)b);
+	size_t at = n->kept;
+	char *copy;
+
+	n->count++;
+	while (at > 0 && strcmp(name, n->first[at - 1]) < 0)
+		at--;
+	if (at == NAMES_KEPT)
+		return 0;
+	if ((copy = strdup(name)) == NULL)
+		return -ENOMEM;
+	if (n->kept == NAMES_KEPT)
+		free(n->first[--n->kept]);
+	memmove(&n->first[at + 1], &n->first[at], (n->kept - at) * sizeof(char *));
+	n->first[at] = copy;
+	n->kept++;
+	return 0;
 }
 
-/* Lists up to a few names, comma-separated, into dst. */
+static void
+names_free(struct names *n)
+{
+	for (size_t i = 0; i < n->kept; i++)
+		free(n->first[i]);
+}
+
+/* Lists the names kept, comma-separated, into dst, and how many there
+ * are in all when not every one is listed. */
 static const char *
-list_names(char *dst, size_t cap, char **names, size_t n)
+list_names(char *dst, size_t cap, const struct names *n)
 {
 	size_t pos = 0;
 
 	dst[0] = '\0';
-	for (size_t i = 0; i < n && pos < cap; i++) {
-		if (i == 8) {
-			snprintf(dst + pos, cap - pos, ", ... (%zu in all)", n);
-			break;
-		}
-		pos += (size_t)snprintf(dst + pos, cap - pos, "%s%s", i ? ", " : "", names[i]);
-	}
+	for (size_t i = 0; i < n->kept && pos < cap; i++)
+		pos += (size_t)snprintf(dst + pos, cap - pos, "%s%s", i ? ", " : "", n->first[i]);
+	if (n->count > n->kept && pos < cap)
+		snprintf(dst + pos, cap - pos, ", ... (%zu in all)", n->count);
 	return dst;
 }
 
 int
 shards_find_model(const char *dir, char **path, bool *is_index)
 {
-	char **idx = NULL, **st = NULL, **p, *found, list[600];
-	size_t nidx = 0, nst = 0, capidx = 0, capst = 0;
+	struct names idx = { 0 }, st = { 0 };
+	char *found, list[600];
 	struct dirent *e;
 	DIR *d;
 	int rc;
@@ -658,41 +691,27 @@ shards_find_model(const char *dir, char **path, bool *is_index)
 		return error_set(-errno, "%s: %s", dir, strerror(errno));
 	errno = 0;
 	while ((e = readdir(d)) != NULL) {
-		char ***arr;
-		size_t *n, *cap;
-
-		if (file_has_suffix(e->d_name, INDEX_SUFFIX)) {
-			arr = &idx, n = &nidx, cap = &capidx;
-		} else if (file_has_suffix(e->d_name, SHARD_SUFFIX)) {
-			arr = &st, n = &nst, cap = &capst;
-		} else {
+		if (file_has_suffix(e->d_name, INDEX_SUFFIX))
+			rc = names_add(&idx, e->d_name);
+		else if (file_has_suffix(e->d_name, SHARD_SUFFIX))
+			rc = names_add(&st, e->d_name);
+		else
 			continue;
-		}
-		if (*n == *cap) {
-			*cap = *cap ? *cap * 2 : 8;
-			if ((p = realloc(*arr, *cap * sizeof(*p))) == NULL)
-				goto nomem;
-			*arr = p;
-		}
-		if (((*arr)[*n] = strdup(e->d_name)) == NULL)
+		if (rc < 0)
 			goto nomem;
-		(*n)++;
+		errno = 0;
 	}
 	if (errno != 0) {
 		rc = error_set(-errno, "%s: %s", dir, strerror(errno));
 		goto out;
 	}
-	if (nidx > 1)
-		qsort(idx, nidx, sizeof(*idx), compare_strings);
-	if (nst > 1)
-		qsort(st, nst, sizeof(*st), compare_strings);
-	if (nidx > 1) {
+	if (idx.count > 1) {
 		rc = error_set(-EINVAL, "%s: %zu shard indexes (%s): open one of them by its path",
-			dir, nidx, list_names(list, sizeof(list), idx, nidx));
+			dir, idx.count, list_names(list, sizeof(list), &idx));
 		goto out;
 	}
-	if (nidx == 0 && nst != 1) {
-		if (nst == 0)
+	if (idx.count == 0 && st.count != 1) {
+		if (st.count == 0)
 			rc = error_set(-ENOENT,
 				"%s: no model found: no *.safetensors.index.json and no "
 				"*.safetensors file", dir);
@@ -700,24 +719,20 @@ shards_find_model(const char *dir, char **path, bool *is_index)
 			rc = error_set(-EINVAL,
 				"%s: %zu *.safetensors files (%s) and no *.safetensors.index.json "
 				"to say how they form a model: open one file by its path", dir,
-				nst, list_names(list, sizeof(list), st, nst));
+				st.count, list_names(list, sizeof(list), &st));
 		goto out;
 	}
-	if ((found = path_join(dir, nidx == 1 ? idx[0] : st[0])) == NULL)
+	if ((found = path_join(dir, idx.count == 1 ? idx.first[0] : st.first[0])) == NULL)
 		goto nomem;
 	*path = found;
-	*is_index = nidx == 1;
+	*is_index = idx.count == 1;
 	rc = 0;
 	goto out;
 nomem:
 	rc = error_set(-ENOMEM, "%s: out of memory", dir);
 out:
 	closedir(d);
-	for (size_t i = 0; i < nidx; i++)
-		free(idx[i]);
-	for (size_t i = 0; i < nst; i++)
-		free(st[i]);
-	free(idx);
-	free(st);
+	names_free(&idx);
+	names_free(&st);
 	return rc;
 }

@@ -111,12 +111,20 @@ uint32_t
 source_magic(const char *path)
 {
 	uint8_t b[4];
-	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+	struct stat st;
 	uint32_t v = 0;
+	int fd;
 
-	if (fd == -1)
+	/* Only a regular file is opened: opening a FIFO or a device has effects
+	 * of its own (a writer waiting on the FIFO goes on, a tape rewinds),
+	 * and path is whatever the model's owner put there. fstat checks again
+	 * what was opened, in case path changed in between. */
+	if (stat(path, &st) == -1 || !S_ISREG(st.st_mode))
 		return 0;
-	if (pread(fd, b, sizeof(b), 0) == (ssize_t)sizeof(b))
+	if ((fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK)) == -1)
+		return 0;
+	if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+		pread(fd, b, sizeof(b), 0) == (ssize_t)sizeof(b))
 		v = get_le32(b);
 	close(fd);
 	return v;

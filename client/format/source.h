@@ -21,7 +21,8 @@
 int source_open(const char *path, struct model_source *out);
 
 /* The first four bytes of path as a little-endian u32 (a format's magic);
- * 0 when the file is shorter or unreadable (the format reader reports why). */
+ * 0 when the file is shorter, unreadable or not a regular file (which is
+ * never opened; the format reader reports why). */
 uint32_t source_magic(const char *path);
 
 /* Opens the one-file model (safetensors, or WEIG by its magic) open as fd,

@@ -551,6 +551,26 @@ test_dir_ambiguous(void **state)
 	}
 }
 
+/* A directory of many candidates (its owner chooses how many): the
+ * message lists the first 8 in order and says how many there are, and
+ * only those 8 names are ever kept. */
+static void
+test_dir_many_files(void **state)
+{
+	struct fixture *f = *state;
+	struct model_source src;
+	char name[32];
+
+	for (int i = 299; i >= 0; i--) {
+		snprintf(name, sizeof(name), "s%03d.safetensors", i);
+		write_text(f->dir, name, "x");
+	}
+	assert_int_equal(source_open(f->dir, &src), -EINVAL);
+	assert_msg("300 *.safetensors files (s000.safetensors, s001.safetensors, s002.safetensors, "
+		   "s003.safetensors, s004.safetensors, s005.safetensors, s006.safetensors, "
+		   "s007.safetensors, ... (300 in all)) and no *.safetensors.index.json");
+}
+
 int
 main(void)
 {
@@ -571,6 +591,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_open_bad_index, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_dir_sharded, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_dir_single, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_dir_many_files, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_dir_ambiguous, setup, teardown),
 	};
 

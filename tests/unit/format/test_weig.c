@@ -8,12 +8,18 @@
  */
 #include <endian.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -858,6 +864,83 @@ test_open(void **state)
 	tu_rmtree(dir);
 }
 
+/* A writer blocked in open() until a reader comes. */
+struct fifo_writer {
+	const char *path;
+	volatile pid_t tid;
+};
+
+static void *
+open_for_writing(void *arg)
+{
+	struct fifo_writer *w = arg;
+	int fd;
+
+	w->tid = gettid();
+	if ((fd = open(w->path, O_WRONLY | O_CLOEXEC)) >= 0)
+		close(fd);
+	return NULL;
+}
+
+/* Is thread tid of this process in openat(2) (x86-64: 257; aarch64: 56)? */
+static int
+in_open(pid_t tid)
+{
+	char path[64], line[64] = "";
+	FILE *f;
+	long nr;
+
+	snprintf(path, sizeof(path), "/proc/self/task/%d/syscall", (int)tid);
+	if ((f = fopen(path, "r")) == NULL)
+		return 0;
+	if (fgets(line, sizeof(line), f) == NULL)
+		line[0] = '\0';
+	fclose(f);
+	nr = strtol(line, NULL, 10);
+#if defined(__x86_64__)
+	return nr == 257;
+#else
+	return nr == 56;
+#endif
+}
+
+/* Detecting the format opens only a regular file: a FIFO put where the
+ * model was is not opened (which would let a writer waiting on it go on). */
+static void
+test_magic_opens_no_fifo(void **state)
+{
+	char *dir = tu_tmpdir(), path[4096];
+	struct fifo_writer w = { path, 0 };
+	double end = tu_now() + 10;
+	pthread_t writer;
+	struct timespec ts;
+	int fd;
+
+	(void)state;
+	snprintf(path, sizeof(path), "%s/model.weig", dir);
+	assert_int_equal(mkfifo(path, 0600), 0);
+	assert_int_equal(pthread_create(&writer, NULL, open_for_writing, &w), 0);
+	while (w.tid == 0 || !in_open(w.tid)) {
+		assert_true(tu_now() < end);
+		usleep(1000);
+	}
+	assert_int_equal(source_magic(path), 0);
+	/* Still blocked: source_magic did not open the FIFO for reading. */
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_nsec += 200 * 1000000L;
+	if (ts.tv_nsec >= 1000000000L) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000L;
+	}
+	assert_int_equal(pthread_timedjoin_np(writer, NULL, &ts), ETIMEDOUT);
+	/* Let it go. */
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	assert_true(fd >= 0);
+	assert_int_equal(pthread_join(writer, NULL), 0);
+	close(fd);
+	tu_rmtree(dir);
+}
+
 int
 main(void)
 {
@@ -898,6 +981,7 @@ main(void)
 		cmocka_unit_test(test_metadata_strings),
 		cmocka_unit_test(test_metadata_order),
 		cmocka_unit_test(test_open),
+		cmocka_unit_test(test_magic_opens_no_fifo),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
