@@ -38,8 +38,11 @@ listen_unix(const char *path, int type, mode_t mode, gid_t group)
 	if (lstat(path, &st) == 0) {
 		if (!S_ISSOCK(st.st_mode))
 			return error_set(-EEXIST, "%s: exists and is not a socket", path);
-		/* A socket file: is a daemon behind it? */
-		if ((probe = socket(AF_UNIX, type | SOCK_CLOEXEC, 0)) == -1)
+		/* A socket file: is a daemon behind it? Asked without blocking:
+		 * a listener whose backlog is full (a wedged daemon, or anyone
+		 * who can connect to it and fills it) would hold a blocking
+		 * connect() and this start with it. */
+		if ((probe = socket(AF_UNIX, type | SOCK_NONBLOCK | SOCK_CLOEXEC, 0)) == -1)
 			return error_set(-errno, "socket: %s", strerror(errno));
 		if (connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
 			close(probe);
@@ -48,6 +51,9 @@ listen_unix(const char *path, int type, mode_t mode, gid_t group)
 		}
 		e = errno;
 		close(probe);
+		if (e == EAGAIN)
+			return error_set(-EADDRINUSE, "%s: another wcached is listening there "
+						       "(and not accepting: its backlog is full)", path);
 		if (e == EPROTOTYPE)
 			return error_set(-EADDRINUSE, "%s: another program listens there with "
 						       "another socket type", path);

@@ -462,6 +462,36 @@ listen_path_modes(void **state)
 	assert_int_equal(control_listen_path(f->path, 0600, (gid_t)-1), -EADDRINUSE);
 	assert_non_null(strstr(error_get(), "another wcached"));
 	assert_int_equal(stat(f->path, &st), 0);
+	/* A live daemon that does not accept, its backlog full: refused at
+	 * once, not held in connect(). */
+	{
+		struct sockaddr_un sa = { .sun_family = AF_UNIX };
+		int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), c[64];
+		size_t n = 0;
+
+		snprintf(other, sizeof(other), "%s/full.sock", f->dir);
+		memcpy(sa.sun_path, other, strlen(other) + 1);
+		assert_int_equal(bind(s, (struct sockaddr *)&sa, sizeof(sa)), 0);
+		assert_int_equal(listen(s, 0), 0);
+		while (n < 64) {
+			c[n] = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+			if (connect(c[n], (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+				assert_int_equal(errno, EAGAIN);
+				close(c[n]);
+				break;
+			}
+			n++;
+		}
+		assert_true(n < 64);
+		alarm(10);
+		assert_int_equal(control_listen_path(other, 0600, (gid_t)-1), -EADDRINUSE);
+		alarm(0);
+		assert_non_null(strstr(error_get(), "backlog is full"));
+		while (n > 0)
+			close(c[--n]);
+		close(s);
+		unlink(other);
+	}
 	/* A regular file is not replaced. */
 	snprintf(other, sizeof(other), "%s/file", f->dir);
 	free(tu_write(f->dir, "file", "x", 1));
