@@ -212,6 +212,20 @@ closer_stuck(struct closer *cl, uid_t owner, unsigned min_ms)
 	return n;
 }
 
+unsigned
+closer_total(struct closer *cl)
+{
+	unsigned n = 0;
+
+	if (cl == NULL)
+		return 0;
+	pthread_mutex_lock(&cl->lock);
+	for (struct lane *l = cl->lanes; l != NULL; l = l->next)
+		n += l->pending;
+	pthread_mutex_unlock(&cl->lock);
+	return n;
+}
+
 unsigned long
 closer_closed_inline(struct closer *cl)
 {

@@ -51,6 +51,9 @@ unsigned closer_pending(struct closer *cl, uid_t owner);
  * that ended) is not stuck. */
 unsigned closer_stuck(struct closer *cl, uid_t owner, unsigned min_ms);
 
+/* Descriptors queued or being closed now, in every lane. */
+unsigned closer_total(struct closer *cl);
+
 /* Descriptors closed on the caller's thread for want of memory or a thread. */
 unsigned long closer_closed_inline(struct closer *cl);
 

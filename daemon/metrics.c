@@ -453,6 +453,16 @@ metrics_write(FILE *f, const struct registry *reg, const struct metrics_daemon *
 		"Replies the kernel refused to send (ETOOMANYREFS, ENOBUFS); retried later.");
 	fputs("wcached_sends_refused_total", f);
 	value(f, (double)d->server.sends_refused);
+	family(f, "wcached_fds_closing", "gauge",
+		"Descriptors clients chose (passed, or left queued on a connection) that close "
+		"off the event loop now; a number that stays up is a close that hangs.");
+	fputs("wcached_fds_closing", f);
+	value(f, d->server.fds_closing);
+	family(f, "wcached_clients_refused_closing_total", "counter",
+		"Connections refused or closed because 64 of their user's descriptors wait behind "
+		"a close that hangs.");
+	fputs("wcached_clients_refused_closing_total", f);
+	value(f, (double)d->server.closing_refused);
 	family(f, "wcached_control_timeouts_total", "counter",
 		"Control connections closed because they did not finish a request in time.");
 	fputs("wcached_control_timeouts_total", f);

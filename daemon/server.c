@@ -373,6 +373,7 @@ conn_read(struct conn *c)
 			log_warnx("client pid %d uid %u: %u of its descriptors wait to close behind "
 				  "one that does not; closing the connection", (int)c->pid,
 				(unsigned)c->uid, k);
+			c->srv->stats.closing_refused++;
 			conn_close(c);
 			return;
 		}
@@ -618,6 +619,7 @@ on_accept(uv_poll_t *handle, int status, int events)
 			CLOSING_PER_UID_MAX) {
 			log_warnx("refusing a client: uid %u has %u descriptors waiting to close "
 				  "behind one that does not", (unsigned)c->uid, k);
+			s->stats.closing_refused++;
 			free(c->groups);
 			free(c);
 			refuse(s, fd, "too many of this user's descriptors are still closing");
@@ -701,6 +703,7 @@ server_get_stats(const struct server *s, struct server_stats *out)
 	out->clients = s->nconns;
 	out->fds_in_flight = s->inflight_total;
 	out->deferred_clients = s->ndeferred;
+	out->fds_closing = closer_total(s->closer);
 }
 
 int

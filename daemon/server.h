@@ -60,6 +60,9 @@ struct server_stats {
 	unsigned deferred_clients;  /* connections whose reply waits for the budget now */
 	uint64_t replies_deferred;  /* times a reply was held back (budget or kernel refusal) */
 	uint64_t sends_refused;     /* sends the kernel refused (ETOOMANYREFS, ENOBUFS) */
+	unsigned fds_closing;       /* descriptors clients chose, closing off the loop now */
+	uint64_t closing_refused;   /* connections refused or closed: their uid's
+				       descriptors wait behind a close that hangs */
 };
 void server_get_stats(const struct server *s, struct server_stats *out);
 

@@ -209,12 +209,15 @@ def test_descriptors_that_never_close_cannot_fill_the_table(unprivileged):
         good = good_worker(d, model, 100)
         assert good["attaches"] == 100
         assert f"uid {BAD_UID} has" in d.read_log()
+        assert metric(d, "wcached_clients_refused_closing_total") >= 1
+        assert metric(d, "wcached_fds_closing") >= 64
         assert threads_in_close(d.proc.pid) >= 1, "the linger ended early: nothing was tested"
     finally:
         bad.stdin.close()
         bad.wait(timeout=60)
     wait_until(lambda: threads_in_close(d.proc.pid) == 0, timeout=60,
                what="the lingering closes to end with the peers' resets")
+    wait_until(lambda: metric(d, "wcached_fds_closing") == 0, what="every close to end")
 
 
 def test_release_unknown_handle_is_einval(unprivileged):
