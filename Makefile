@@ -17,8 +17,8 @@ DEPS = cmake make gcc clang libclang-rt-14-dev pkg-config libuv1-dev libinih-dev
        systemd-container debootstrap strace valgrind podman runc catatonit uidmap \
        slirp4netns fuse-overlayfs
 
-.PHONY: all deps build layers test test-asan test-release test-system lint fuzz bench demo gpu-carry \
-	install deb clean
+.PHONY: all deps build layers columns test test-asan test-release test-system lint fuzz bench demo \
+	gpu-carry install deb clean
 
 all: build
 
@@ -61,9 +61,14 @@ test-release: deps
 layers:
 	@sh scripts/layers.sh
 
+# Every tracked .c and .h line within 100 columns, tabs 8 wide (STYLE.md,
+# "Formatting"; scripts/columns.sh names each longer line).
+columns:
+	@sh scripts/columns.sh
+
 # Static analysis: warnings are errors (.clang-tidy sets WarningsAsErrors).
 SOURCES = client/*/*.c proto/*.c daemon/*.c
-lint: build layers
+lint: build layers columns
 	cppcheck --quiet --enable=warning,portability --std=c11 -D_GNU_SOURCE \
 		-DWCACHE_VERSION='"lint"' -I . -I client -I daemon \
 		--suppress=missingIncludeSystem --inline-suppr --error-exitcode=1 $(SOURCES)

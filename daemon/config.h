@@ -139,7 +139,8 @@ struct config {
 	gid_t user_gid;        /* that user's primary group from the passwd entry */
 	unsigned restart_hold_seconds; /* 0..86400, default 60 (restore.h) */
 	unsigned start_wait_seconds;   /* 0..86400, default 30: serving waits for loads */
-	char *stage_dir;       /* absolute; where staged copies go (default CONFIG_DEFAULT_STAGE_DIR) */
+	/* Absolute; where staged copies go (default CONFIG_DEFAULT_STAGE_DIR). */
+	char *stage_dir;
 
 	/* [model NAME] sections, in file order; names are unique. */
 	struct model_config *models;

@@ -366,7 +366,8 @@ config_resolve_id_list(struct parse_ctx *ctx, const char *prefix, const char *ke
 		config_error(ctx, -ENOMEM, "out of memory");
 		return -ENOMEM;
 	}
-	for (tok = strtok_r(copy, ", \t", &save); tok != NULL; tok = strtok_r(NULL, ", \t", &save)) {
+	for (tok = strtok_r(copy, ", \t", &save); tok != NULL;
+		tok = strtok_r(NULL, ", \t", &save)) {
 		if (n == cap) {
 			size_t ncap = cap != 0 ? cap * 2 : 8;
 			unsigned *nl = reallocarray(list, ncap, sizeof(*list));

@@ -290,8 +290,8 @@ control_split(char *line, size_t len, char **words, int max, char *err, size_t e
 				if (*p == '\\') {
 					if (p + 1 == end || (p[1] != '"' && p[1] != '\\')) {
 						snprintf(err, errlen, "bad escape at byte %zu "
-							"(only \\\" and \\\\ may follow a backslash)",
-							(size_t)(p - line));
+							"(only \\\" and \\\\ may follow a "
+							"backslash)", (size_t)(p - line));
 						return -EINVAL;
 					}
 					p++;
@@ -307,9 +307,9 @@ control_split(char *line, size_t len, char **words, int max, char *err, size_t e
 		} else {
 			while (p < end && *p != ' ' && *p != '\t') {
 				if (*p == '"' || *p == '\\') {
-					snprintf(err, errlen, "'%c' inside a word at byte %zu: quote the "
-						"word (\"...\", with \\\" and \\\\)", *p,
-						(size_t)(p - line));
+					snprintf(err, errlen, "'%c' inside a word at byte %zu: "
+						"quote the word (\"...\", with \\\" and \\\\)",
+						*p, (size_t)(p - line));
 					return -EINVAL;
 				}
 				p++;

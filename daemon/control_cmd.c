@@ -145,8 +145,8 @@ request_done(int status, const char *message, uint64_t generation, void *arg)
 	if (c != NULL) {
 		c->req = NULL;
 		if (status < 0 && q->new_entry != 0)
-			ctl_conn_error(c, "%s: model \"%s\": %s; the model was not added", q->command,
-				q->name, message);
+			ctl_conn_error(c, "%s: model \"%s\": %s; the model was not added",
+				q->command, q->name, message);
 		else if (status < 0 && q->name[0] != '\0')
 			ctl_conn_error(c, "%s: model \"%s\": %s", q->command, q->name, message);
 		else if (status < 0)
@@ -162,8 +162,8 @@ request_done(int status, const char *message, uint64_t generation, void *arg)
 				/* Runtime changes are not written anywhere: say so. */
 				char text[512];
 
-				snprintf(text, sizeof(text), "%s; until wcached restarts (add "
-					 "the model to the configuration file to keep it)", message);
+				snprintf(text, sizeof(text), "%s; until wcached restarts (add the "
+					 "model to the configuration file to keep it)", message);
 				fputs(",\"persistent\":false", r.f);
 				json_write_field(r.f, "message", text);
 			} else {
@@ -338,14 +338,16 @@ pages_done(int status, const char *message, uint64_t generation, void *arg)
 		ctl_conn_close(c);
 	} else {
 		if (strcmp(q->command, "evict") == 0)
-			snprintf(text, sizeof(text), "evicted: %" PRIu64 " of %" PRIu64 " bytes still "
-				 "resident (pages a process maps or locks stay)", resident, bytes);
+			snprintf(text, sizeof(text), "evicted: %" PRIu64 " of %" PRIu64
+				 " bytes still resident (pages a process maps or locks stay)",
+				 resident, bytes);
 		else if (strcmp(q->command, "pin") == 0)
-			snprintf(text, sizeof(text), "pinned: every page is locked in memory (%" PRIu64
-				 " of %" PRIu64 " bytes resident)", resident, bytes);
+			snprintf(text, sizeof(text), "pinned: every page is locked in memory "
+				 "(%" PRIu64 " of %" PRIu64 " bytes resident)", resident, bytes);
 		else
 			snprintf(text, sizeof(text), "unpinned: only the index and headers stay "
-				 "locked (%" PRIu64 " of %" PRIu64 " bytes resident)", resident, bytes);
+				 "locked (%" PRIu64 " of %" PRIu64 " bytes resident)", resident,
+				 bytes);
 		json_write_field(r.f, "model", q->name);
 		fprintf(r.f, ",\"generation\":%" PRIu64 ",\"resident_bytes\":%" PRIu64, generation,
 			resident);
@@ -418,7 +420,8 @@ cmd_help(struct ctl_conn *c, int argc, char **argv)
 		int n = control_cmd_usage(&control_cmds[id], usage, sizeof(usage));
 
 		fputs(id ? ",{\"usage\":" : "{\"usage\":", r.f);
-		json_write_string(r.f, usage, n < (int)sizeof(usage) ? (size_t)n : sizeof(usage) - 1);
+		json_write_string(r.f, usage,
+			n < (int)sizeof(usage) ? (size_t)n : sizeof(usage) - 1);
 		json_write_field(r.f, "summary", control_cmds[id].summary);
 		fputc('}', r.f);
 	}

@@ -5,8 +5,9 @@
  * mappings, the sealed index memfd, and a number that only grows. It is
  * made (gen_new) by a successful load (registry_load.c: loading happens
  * before it exists; the model reads "loading" meanwhile) or by a warm
- * restart (restore.h), and freed once nothing refers to it. Its life is the state below, changed only by gen_set_state(), which
- * refuses a transition the table does not allow and logs each one at debug:
+ * restart (restore.h), and freed once nothing refers to it. Its life is
+ * the state below, changed only by gen_set_state(), which refuses a
+ * transition the table does not allow and logs each one at debug:
  *
  *   model "x": generation N: warming -> ready (warm)
  *

@@ -44,13 +44,14 @@ check_tensors(const uint8_t *blob, const struct index_header *h, const uint64_t 
 			return -EBADMSG;
 		size = file_size[t.file];
 		if (t.offset > size || t.nbytes > size - t.offset)
-			return error_set(-EBADMSG, "index: tensor \"%s\": data [%" PRIu64 ", +%" PRIu64
-						   ") lies outside file %" PRIu32 " (%" PRIu64 " bytes)",
+			return error_set(-EBADMSG,
+				"index: tensor \"%s\": data [%" PRIu64 ", +%" PRIu64 ") lies "
+				"outside file %" PRIu32 " (%" PRIu64 " bytes)",
 				t.name, t.offset, t.nbytes, t.file, size);
 		if (prev != NULL && strcmp(prev, t.name) >= 0)
-			return error_set(-EBADMSG, "index: tensor record %" PRIu64 " (\"%s\") is not "
-						   "after \"%s\": the records are not sorted by name", i,
-				t.name, prev);
+			return error_set(-EBADMSG,
+				"index: tensor record %" PRIu64 " (\"%s\") is not after \"%s\": "
+				"the records are not sorted by name", i, t.name, prev);
 		prev = t.name;
 		if (t.offset < first[t.file])
 			first[t.file] = t.offset;
@@ -70,8 +71,9 @@ check_meta(const uint8_t *blob, const struct index_header *h)
 		if (index_meta_at(blob, h, i, &key, &value) < 0)
 			return -EBADMSG;
 		if (prev != NULL && strcmp(prev, key) >= 0)
-			return error_set(-EBADMSG, "index: metadata record %" PRIu64 " (\"%s\") is not "
-						   "after \"%s\": the keys are not sorted", i, key, prev);
+			return error_set(-EBADMSG,
+				"index: metadata record %" PRIu64 " (\"%s\") is not after \"%s\": "
+				"the keys are not sorted", i, key, prev);
 		prev = key;
 	}
 	return 0;

@@ -72,7 +72,8 @@ listen_unix(const char *path, int type, mode_t mode, gid_t group)
 		close(fd);
 		return error_set(-e, "%s: %s", path, strerror(e));
 	}
-	if (chmod(path, mode) == -1 || (group != (gid_t)-1 && chown(path, (uid_t)-1, group) == -1) ||
+	if (chmod(path, mode) == -1 ||
+		(group != (gid_t)-1 && chown(path, (uid_t)-1, group) == -1) ||
 		listen(fd, SOMAXCONN) == -1) {
 		e = errno;
 		close(fd);
@@ -148,8 +149,8 @@ check_listen_fd(int fd, const char *name, int type)
 	len = sizeof(domain);
 	if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) < 0) {
 		if (errno == ENOTSOCK)
-			return error_set(-EINVAL, "socket activation: fd %d (\"%s\") is not a socket",
-				fd, name);
+			return error_set(-EINVAL,
+				"socket activation: fd %d (\"%s\") is not a socket", fd, name);
 		return error_set(-errno, "socket activation: fd %d (\"%s\"): SO_DOMAIN: %s", fd,
 			name, strerror(errno));
 	}

@@ -88,7 +88,8 @@ check(const char *path)
 		fprintf(stderr, "wcached: warning: %s configures no model: wcached would serve "
 				"nothing; add a [model NAME] section with path = ... (see "
 				"wcached.conf(5))\n", path);
-	printf("%s: %s\n", path, bad ? "errors found" : cfg->n_models == 0 ? "ok, no models" : "ok");
+	printf("%s: %s\n", path,
+		bad ? "errors found" : cfg->n_models == 0 ? "ok, no models" : "ok");
 	config_free(cfg);
 	return bad;
 }
@@ -185,7 +186,8 @@ drop_privileges(struct daemon *d)
 				(unsigned)geteuid());
 		return;
 	}
-	if ((d->created_socket != NULL && chown(d->created_socket, c->user_uid, c->user_gid) == -1) ||
+	if ((d->created_socket != NULL &&
+		chown(d->created_socket, c->user_uid, c->user_gid) == -1) ||
 		(d->created_control != NULL &&
 			chown(d->created_control, c->user_uid, c->user_gid) == -1))
 		fatal("user = %s: chown of the sockets", c->user);

@@ -132,7 +132,8 @@ read_mounts(const char *root, struct hierarchy *v2, struct hierarchy *v1)
 		while (tok != NULL && strcmp(tok, "-") != 0)
 			tok = strtok_r(NULL, " ", &save);
 		if (i < 6 || tok == NULL || (fstype = strtok_r(NULL, " ", &save)) == NULL ||
-			strtok_r(NULL, " ", &save) == NULL || (super = strtok_r(NULL, " ", &save)) == NULL)
+			strtok_r(NULL, " ", &save) == NULL ||
+			(super = strtok_r(NULL, " ", &save)) == NULL)
 			continue;
 		if (strcmp(fstype, "cgroup2") == 0)
 			h = v2;
@@ -261,7 +262,8 @@ memlimit_read(const char *root, uint64_t ram, struct memlimit *out)
 
 			snprintf(dir, sizeof(dir), "%s%s", v1->mountpoint, relative(v1));
 			cgroup_name(name, sizeof(name), v1, relative(v1));
-			consider(out, read_limit(root, dir, "memory.stat", "hierarchical_memory_limit"),
+			consider(out,
+				read_limit(root, dir, "memory.stat", "hierarchical_memory_limit"),
 				MEMLIMIT_CGROUP_V1, name, "hierarchical_memory_limit");
 		}
 	}
@@ -277,7 +279,8 @@ memlimit_read(const char *root, uint64_t ram, struct memlimit *out)
 const char *
 memlimit_kind_name(enum memlimit_kind k)
 {
-	return k == MEMLIMIT_CGROUP_V2 ? "cgroup_v2" : k == MEMLIMIT_CGROUP_V1 ? "cgroup_v1" : "ram";
+	return k == MEMLIMIT_CGROUP_V2 ? "cgroup_v2" :
+		k == MEMLIMIT_CGROUP_V1 ? "cgroup_v1" : "ram";
 }
 
 const char *
@@ -286,8 +289,8 @@ memlimit_source(const struct memlimit *m, char *buf, size_t len)
 	if (m->kind == MEMLIMIT_RAM)
 		snprintf(buf, len, "RAM");
 	else
-		snprintf(buf, len, "cgroup %s %s of %s", m->kind == MEMLIMIT_CGROUP_V2 ? "v2" : "v1",
-			m->file, m->cgroup_path);
+		snprintf(buf, len, "cgroup %s %s of %s",
+			m->kind == MEMLIMIT_CGROUP_V2 ? "v2" : "v1", m->file, m->cgroup_path);
 	return buf;
 }
 

@@ -289,15 +289,17 @@ write_derive_metrics(FILE *f, const struct registry *reg, const struct derive_ta
 		size_t offset;
 	} counters[] = {
 		{ "wcached_derived_builds_total", "Builds of derived artifacts started (each "
-		  "builder, the first and any that took over).", offsetof(struct derive_stats, builds) },
+		  "builder, the first and any that took over).",
+		  offsetof(struct derive_stats, builds) },
 		{ "wcached_derived_published_total", "Derived artifacts published.",
 		  offsetof(struct derive_stats, published) },
 		{ "wcached_derived_published_bytes_total", "Bytes of derived artifacts published.",
 		  offsetof(struct derive_stats, published_bytes) },
 		{ "wcached_derived_waits_total", "Requests that waited for another worker's build.",
 		  offsetof(struct derive_stats, waits) },
-		{ "wcached_derived_failures_total", "Builds that failed for good (abandoned, refused "
-		  "publication, no builder left).", offsetof(struct derive_stats, failures) },
+		{ "wcached_derived_failures_total", "Builds that failed for good (abandoned, "
+		  "refused publication, no builder left).",
+		  offsetof(struct derive_stats, failures) },
 		{ "wcached_derived_builders_lost_total", "Builders that disconnected or exceeded "
 		  "derive_timeout.", offsetof(struct derive_stats, builders_lost) },
 		{ "wcached_derived_attaches_total", "Attaches of derived artifacts.",
@@ -362,8 +364,8 @@ write_workq_metrics(FILE *f, const struct workq *q)
 		  offsetof(struct workq, remote_running) },
 		{ "wcached_work_queue_remote_waiting", "Jobs on remote filesystems waiting for a "
 		  "thread.", offsetof(struct workq, remote_waiting) },
-		{ "wcached_work_queue_remote_stalled", "Jobs on remote filesystems running for 10 s "
-		  "or more (a hung server?).", offsetof(struct workq, remote_stalled) },
+		{ "wcached_work_queue_remote_stalled", "Jobs on remote filesystems running for "
+		  "10 s or more (a hung server?).", offsetof(struct workq, remote_stalled) },
 	};
 
 	for (size_t i = 0; i < sizeof(gauges) / sizeof(gauges[0]); i++) {
@@ -652,8 +654,8 @@ write_model(FILE *f, const struct registry *reg, const struct model_entry *m,
 	json_write_field(f, "watch", fs_watch_name(m->watch));
 	fprintf(f, ",\"polled\":%s,\"poll_interval_ms\":%u,\"polls\":%" PRIu64
 		   ",\"poll_seconds\":%.6f,\"poll_changes\":%" PRIu64,
-		registry_polls(m) ? "true" : "false", m->poll_interval_ms, m->polls, m->poll_seconds,
-		m->poll_changes);
+		registry_polls(m) ? "true" : "false", m->poll_interval_ms, m->polls,
+		m->poll_seconds, m->poll_changes);
 	json_write_field(f, "stage", fs_stage_name(m->stage));
 	fprintf(f, ",\"derive\":%s", m->derive ? "true" : "false");
 	if (t != NULL) {

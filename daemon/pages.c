@@ -115,7 +115,8 @@ lock_metadata(const struct generation *g, const uint64_t *first, struct metadata
 	for (size_t i = 0; first != NULL && i < g->source.nfiles; i++) {
 		if (first[i] == 0 || g->source.files[i].base == NULL)
 			continue;
-		if ((out->err = resident_pin_range(g->source.files[i].base, (size_t)first[i])) < 0) {
+		if ((out->err = resident_pin_range(g->source.files[i].base,
+			(size_t)first[i])) < 0) {
 			out->file = i;
 			resident_refusal_read(out->err, first[i], &out->why);
 			return;
@@ -156,8 +157,8 @@ pages_pin_metadata(struct generation *g)
 		for (size_t i = 0; i < g->source.nfiles; i++)
 			first[i] = g->source.files[i].size;
 		for (uint64_t i = 0; i < h.tensor_count; i++)
-			if (index_tensor_at(g->index, &h, i, &t) == 0 && t.file < g->source.nfiles &&
-				t.offset < first[t.file])
+			if (index_tensor_at(g->index, &h, i, &t) == 0 &&
+				t.file < g->source.nfiles && t.offset < first[t.file])
 				first[t.file] = t.offset;
 	}
 	lock_metadata(g, first, &l);
@@ -196,7 +197,8 @@ check_restored(struct page_work *p)
 {
 	const struct generation *g = p->g;
 	size_t n = g->source.nfiles;
-	uint64_t *size = calloc(n ? n : 1, sizeof(*size)), *first = calloc(n ? n : 1, sizeof(*first));
+	uint64_t *size = calloc(n ? n : 1, sizeof(*size)),
+		*first = calloc(n ? n : 1, sizeof(*first));
 	struct index_header h;
 
 	if (size == NULL || first == NULL) {

@@ -29,7 +29,8 @@ struct registry;   /* registry.h */
 
 enum page_op {
 	PAGE_PIN,          /* mlock every file; -> pinned = PIN_ALL */
-	PAGE_UNPIN,        /* munlock them and the index; -> pinned = PIN_NONE, then the metadata again */
+	PAGE_UNPIN,        /* munlock them and the index; -> pinned = PIN_NONE, then the
+			    * metadata again */
 	PAGE_EVICT,        /* unmap here and drop the page cache; -> populated = 0 */
 	PAGE_EVICT_SETTLE, /* evict, and again once in-flight readahead has landed */
 	PAGE_POPULATE,     /* map every page into the daemon (resident.h), once warm */

@@ -46,8 +46,8 @@ read_groups(int fd, gid_t **out, size_t *n)
 		if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) == 0) {
 			if (len % sizeof(gid_t) != 0 || len > cap * sizeof(gid_t)) {
 				free(groups);
-				return error_set(-EPROTO, "peer credentials: SO_PEERGROUPS returned "
-					"%u bytes", (unsigned)len);
+				return error_set(-EPROTO, "peer credentials: SO_PEERGROUPS "
+					"returned %u bytes", (unsigned)len);
 			}
 			*n = len / sizeof(gid_t);
 			if (*n == 0) {
@@ -66,7 +66,8 @@ read_groups(int fd, gid_t **out, size_t *n)
 		if (len / sizeof(gid_t) > PEER_MAX_GROUPS) {
 			free(groups);
 			return error_set(-E2BIG, "peer credentials: the peer has %zu supplementary "
-				"groups, more than %u", (size_t)len / sizeof(gid_t), PEER_MAX_GROUPS);
+				"groups, more than %u", (size_t)len / sizeof(gid_t),
+				PEER_MAX_GROUPS);
 		}
 		cap = (len + sizeof(gid_t) - 1) / sizeof(gid_t);
 	}

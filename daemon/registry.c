@@ -113,7 +113,8 @@ registry_find(struct registry *r, const char *name)
 }
 
 struct model_entry *
-registry_entry_new(struct registry *r, const char *name, const char *path, enum pin_mode pin, int warm)
+registry_entry_new(struct registry *r, const char *name, const char *path, enum pin_mode pin,
+	int warm)
 {
 	struct model_entry *m;
 

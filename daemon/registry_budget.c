@@ -44,7 +44,8 @@ answer(const struct model_entry *m, struct page_waiter *w)
 	if (g != NULL && m->pin == PIN_ALL && g->pinned != PIN_ALL && g->state != GEN_COLD) {
 		status = -EIO;
 		snprintf(msg, sizeof(msg), "not every page could be locked: %s",
-			g->pin_error[0] != '\0' ? g->pin_error : "the kernel refused mlock (see the log)");
+			g->pin_error[0] != '\0' ? g->pin_error :
+			"the kernel refused mlock (see the log)");
 	} else {
 		snprintf(msg, sizeof(msg), "done");
 	}

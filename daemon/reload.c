@@ -94,7 +94,8 @@ reload_finished(struct daemon *d, unsigned failed, void *arg)
 		notify_send("READY=1");
 		timers_send_status(d);
 	}
-	snprintf(msg, sizeof(msg), "configuration reloaded%s", failed ? "; some models failed" : "");
+	snprintf(msg, sizeof(msg), "configuration reloaded%s",
+		failed ? "; some models failed" : "");
 	log_info("%s", msg);
 	batch_check_fit(d);
 	if (req != NULL && req->done != NULL)

@@ -120,7 +120,8 @@ resident_populate(const struct wc_file *f)
 	for (uint64_t off = 0; f->base != NULL && off < f->size; off += POPULATE_CHUNK) {
 		uint64_t len = f->size - off < POPULATE_CHUNK ? f->size - off : POPULATE_CHUNK;
 
-		if (madvise((void *)(uintptr_t)(f->base + off), (size_t)len, MADV_POPULATE_READ) != 0)
+		if (madvise((void *)(uintptr_t)(f->base + off), (size_t)len,
+			MADV_POPULATE_READ) != 0)
 			return -errno;
 	}
 	return 0;

@@ -59,7 +59,8 @@ int resident_mincore_bytes(const void *base, size_t len, uint64_t *out);
  * -ENOSYS on older kernels (callers fall back to resident_mincore_bytes), else
  * 0 or -errno.
  */
-int resident_cachestat_bytes(int fd, uint64_t offset, uint64_t len, uint64_t *out, uint64_t *evicted);
+int resident_cachestat_bytes(int fd, uint64_t offset, uint64_t len, uint64_t *out,
+	uint64_t *evicted);
 
 /*
  * mlock(2)s [base, base + len) (the model's pages stay resident until

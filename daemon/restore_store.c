@@ -85,7 +85,8 @@ store_generation(struct generation *g, unsigned slot)
 		(err = notify_store_fds(name, &g->index_fd, 1)) <= 0)
 		return err < 0 ? err : -ENOTCONN;
 	for (k = 0; k < g->source.nfiles; k++)
-		if ((err = fdstore_name_file(name, sizeof(name), slot, g->number, (uint32_t)k)) < 0 ||
+		if ((err = fdstore_name_file(name, sizeof(name), slot, g->number,
+			(uint32_t)k)) < 0 ||
 			(err = notify_store_fds(name, &g->source.files[k].fd, 1)) <= 0)
 			return err < 0 ? err : -ENOTCONN;
 	g->stored_done = 1;
@@ -411,13 +412,14 @@ restore_describe(const struct registry *r, size_t max_fds, struct fdstore_desc *
 		if (!describe_current(m))
 			continue;
 		if (generation_fds(m->current) > max_fds - fds) {
-			append(left_out, cap, "%s\"%.64s\"", models_out++ ? ", " : "models left out "
-				"whole: ", m->name);
+			append(left_out, cap, "%s\"%.64s\"",
+				models_out++ ? ", " : "models left out whole: ", m->name);
 			continue;
 		}
 		fds += generation_fds(m->current);
 		if ((dm->generations = calloc(1, sizeof(*dm->generations))) == NULL ||
-			describe_generation(&dm->generations[0], m, m->current, FDSTORE_CURRENT) < 0)
+			describe_generation(&dm->generations[0], m, m->current,
+				FDSTORE_CURRENT) < 0)
 			goto fail;
 		dm->ngenerations = 1;
 	}
@@ -429,17 +431,19 @@ restore_describe(const struct registry *r, size_t max_fds, struct fdstore_desc *
 
 		if (g->model == NULL || !describe_held(g->model, g) ||
 			!describe_current(g->model) ||
-			(dm = described_model(d, order, g->model)) == NULL || dm->ngenerations == 0 ||
-			dm->ngenerations >= FDSTORE_MAX_GENERATIONS)
+			(dm = described_model(d, order, g->model)) == NULL ||
+			dm->ngenerations == 0 || dm->ngenerations >= FDSTORE_MAX_GENERATIONS)
 			continue;
 		if (full || generation_fds(g) > max_fds - fds) {
 			append(left_out, cap, "%s\"%.64s\" %" PRIu64, held_out++ ? ", " :
 				(models_out ? "; held generations left out: " :
-					      "held generations left out: "), g->model->name, g->number);
+					      "held generations left out: "),
+				g->model->name, g->number);
 			full = 1;
 			continue;
 		}
-		if ((more = realloc(dm->generations, (dm->ngenerations + 1) * sizeof(*more))) == NULL)
+		if ((more = realloc(dm->generations,
+			(dm->ngenerations + 1) * sizeof(*more))) == NULL)
 			goto fail;
 		dm->generations = more;
 		memset(&more[dm->ngenerations], 0, sizeof(*more));
@@ -498,7 +502,8 @@ store_description(struct registry *r)
 	if ((err = restore_describe(r, FDSTORE_MAX_FDS, &d, left_out, sizeof(left_out))) < 0)
 		goto out;
 	log_left_out(left_out);
-	if ((err = fdstore_encode(d, &buf, &len)) < 0 || (err = fdstore_memfd_make(buf, len, &fd)) < 0)
+	if ((err = fdstore_encode(d, &buf, &len)) < 0 ||
+		(err = fdstore_memfd_make(buf, len, &fd)) < 0)
 		goto out;
 	/* Removed once: a retry after a refused store must not remove
 	 * again behind a removal still queued. */
@@ -587,8 +592,8 @@ restore_sync(struct registry *r)
 		if (g == NULL || m->slot == 0 || g->stored_done || !gen_attachable(g))
 			continue;
 		if ((err = store_generation(g, m->slot)) < 0) {
-			snprintf(what, sizeof(what), "model \"%.64s\": generation %" PRIu64, m->name,
-				g->number);
+			snprintf(what, sizeof(what), "model \"%.64s\": generation %" PRIu64,
+				m->name, g->number);
 			log_not_stored(err, what);
 			return;
 		}

@@ -43,14 +43,15 @@ stage_check_dir(int fd, const char *path, uid_t owner)
 	if (!S_ISDIR(st.st_mode))
 		return error_set(-ENOTDIR, "stage_dir %s is not a directory", path);
 	if (st.st_uid != owner)
-		return error_set(-EPERM, "stage_dir %s belongs to uid %u, not to uid %u that wcached "
-			"runs as: give wcached a directory of its own", path, (unsigned)st.st_uid,
-			(unsigned)owner);
+		return error_set(-EPERM, "stage_dir %s belongs to uid %u, not to uid %u that "
+			"wcached runs as: give wcached a directory of its own", path,
+			(unsigned)st.st_uid, (unsigned)owner);
 	if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
 		return error_set(-EPERM, "stage_dir %s is writable by %s (mode %04o): another user "
-			"could make wcached remove what it did not make; give wcached a directory of "
-			"its own (chmod go-w)", path, (st.st_mode & S_IWOTH) != 0 ? "all users" :
-			"its group", (unsigned)(st.st_mode & 07777));
+			"could make wcached remove what it did not make; give wcached a "
+			"directory of its own (chmod go-w)", path,
+			(st.st_mode & S_IWOTH) != 0 ? "all users" : "its group",
+			(unsigned)(st.st_mode & 07777));
 	return 0;
 }
 
@@ -129,8 +130,10 @@ stage_remove(const char *dir)
 
 	if (parent == NULL)
 		return error_set(-ENOMEM, "out of memory");
-	if ((pfd = open(parent[0] != '\0' ? parent : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) == -1) {
-		r = errno == ENOENT ? 0 : error_set(-errno, "removing %s: %s", dir, strerror(errno));
+	if ((pfd = open(parent[0] != '\0' ? parent : ".",
+		O_RDONLY | O_DIRECTORY | O_CLOEXEC)) == -1) {
+		r = errno == ENOENT ? 0 :
+			error_set(-errno, "removing %s: %s", dir, strerror(errno));
 		free(parent);
 		return r;
 	}
@@ -240,9 +243,9 @@ lock_stage_dir(int sfd, const char *stage_dir)
 
 		close(fd);
 		if (e == EWOULDBLOCK)
-			return error_set(-EBUSY, "stage_dir %s is in use by another running wcached "
-				"(it holds its lock): nothing in it is removed; give each wcached a "
-				"stage_dir of its own", stage_dir);
+			return error_set(-EBUSY, "stage_dir %s is in use by another running "
+				"wcached (it holds its lock): nothing in it is removed; give each "
+				"wcached a stage_dir of its own", stage_dir);
 		return error_set(-e, "stage_dir %s: flock: %s", stage_dir, strerror(e));
 	}
 	if (sweep_lock >= 0)

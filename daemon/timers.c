@@ -30,7 +30,8 @@ timers_send_status(struct daemon *d)
 	registry_progress(&d->reg, &done, &total, &warming, &models);
 	if (warming > 0) {
 		notify_send("STATUS=warming %u of %u models: %.0f%% (%" PRIu64 " of %" PRIu64
-			    " MiB)", warming, models, total ? 100.0 * (double)done / (double)total : 100.0,
+			    " MiB)", warming, models,
+			total ? 100.0 * (double)done / (double)total : 100.0,
 			done >> 20, total >> 20);
 		if (!uv_is_active((uv_handle_t *)&d->status_timer))
 			uv_timer_again(&d->status_timer);

@@ -249,7 +249,8 @@ judge(struct watch *w, struct polled *p, struct model_entry *m, struct generatio
 		bool remote = g->fs.remote; /* g may close in registry_collect */
 
 		log_info("model \"%s\": %s was written in place on %s, or replaced by a file "
-			 "given the same inode number (seen by polling)", m->name, what, g->fs.name);
+			 "given the same inode number (seen by polling)", m->name, what,
+			g->fs.name);
 		registry_mark_modified(w->reg, g, what);
 		registry_collect(w->reg);
 		if (!remote && path_sig == p->dir_sig)
@@ -437,8 +438,8 @@ note_storage(struct model_entry *m, struct generation *g, int polls)
 	if (polls && g->fs.remote)
 		log_info("model \"%s\": generation %" PRIu64 " is on %s, a network or FUSE "
 			 "filesystem: changes made on other hosts are seen by polling its paths "
-			 "every %u.%03u s", m->name, g->number, g->fs.name, m->poll_interval_ms / 1000,
-			m->poll_interval_ms % 1000);
+			 "every %u.%03u s", m->name, g->number, g->fs.name,
+			m->poll_interval_ms / 1000, m->poll_interval_ms % 1000);
 	else if (polls)
 		log_debug("model \"%s\": polling its paths every %u.%03u s (watch = poll)", m->name,
 			m->poll_interval_ms / 1000, m->poll_interval_ms % 1000);

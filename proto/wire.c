@@ -99,7 +99,8 @@ check_payload(uint16_t type, const uint8_t *p, uint32_t n)
 		if (key_len < 1 || key_len > WIRE_MAX_KEY || n < WIRE_DERIVE_FIXED + key_len + 1 ||
 			n - WIRE_DERIVE_FIXED - key_len > WIRE_MAX_NAME ||
 			!wire_key_valid((const char *)p + WIRE_DERIVE_FIXED, key_len) ||
-			memchr(p + WIRE_DERIVE_FIXED + key_len, 0, n - WIRE_DERIVE_FIXED - key_len) != NULL)
+			memchr(p + WIRE_DERIVE_FIXED + key_len, 0,
+				n - WIRE_DERIVE_FIXED - key_len) != NULL)
 			return -EBADMSG;
 		return 0;
 	case WIRE_ABANDON:

@@ -45,7 +45,8 @@ enum wire_type {
 				 build token; fds as ATTACH_OK */
 	WIRE_CHANGED = 131,   /* daemon, unsolicited (seq 0): u64 generation (0: no longer
 				 served), then the model name, 1..WIRE_MAX_NAME bytes */
-	WIRE_ERROR = 255,     /* daemon: positive errno code 1..4095 (i32), then UTF-8 text (no NUL) */
+	WIRE_ERROR = 255,     /* daemon: positive errno code 1..4095 (i32), then UTF-8
+				 text (no NUL) */
 };
 
 struct wire_header {

@@ -186,7 +186,8 @@ file_check_unchanged(const struct wc_file *f)
 	if (st.st_size != f->st.st_size)
 		return error_set(-ESTALE, "%s: file changed while being read (size %lld, now %lld)",
 			f->path, (long long)f->st.st_size, (long long)st.st_size);
-	if (st.st_mtim.tv_sec != f->st.st_mtim.tv_sec || st.st_mtim.tv_nsec != f->st.st_mtim.tv_nsec)
+	if (st.st_mtim.tv_sec != f->st.st_mtim.tv_sec ||
+		st.st_mtim.tv_nsec != f->st.st_mtim.tv_nsec)
 		return error_set(-ESTALE, "%s: file changed while being read (written in place; "
 			"replace a served file with rename(2))", f->path);
 	return 0;

@@ -184,17 +184,20 @@ scan_string(struct jr *j, struct jr_str *out)
 			if (end - p < 2)
 				return fail(j, (const char *)p, -EINVAL, "unterminated string");
 			switch (p[1]) {
-			case '"': case '\\': case '/': case 'b': case 'f': case 'n': case 'r': case 't':
+			case '"': case '\\': case '/': case 'b': case 'f':
+			case 'n': case 'r': case 't':
 				removed += 1;
 				p += 2;
 				continue;
 			case 'u':
 				break;
 			default:
-				return fail(j, (const char *)p, -EINVAL, "invalid escape in string");
+				return fail(j, (const char *)p, -EINVAL,
+					"invalid escape in string");
 			}
 			if (end - p < 6 || (cp = hex4(p + 2)) < 0)
-				return fail(j, (const char *)p, -EINVAL, "invalid \\u escape in string");
+				return fail(j, (const char *)p, -EINVAL,
+					"invalid \\u escape in string");
 			if (cp >= 0xdc00 && cp <= 0xdfff)
 				return fail(j, (const char *)p, -EINVAL,
 					"lone low surrogate \\u%04x in string", (unsigned)cp);
@@ -202,7 +205,8 @@ scan_string(struct jr *j, struct jr_str *out)
 				if (end - p < 12 || p[6] != '\\' || p[7] != 'u' ||
 					(lo = hex4(p + 8)) < 0xdc00 || lo > 0xdfff)
 					return fail(j, (const char *)p, -EINVAL,
-						"high surrogate \\u%04x not followed by a low surrogate",
+						"high surrogate \\u%04x not followed by a "
+						"low surrogate",
 						(unsigned)cp);
 				removed += 12 - 4;
 				p += 12;
@@ -521,7 +525,8 @@ scan_number(struct jr *j, const char *p)
 		if (p < end && (*p == '+' || *p == '-'))
 			p++;
 		if (p >= end || *p < '0' || *p > '9')
-			return fail(j, start, -EINVAL, "invalid number (no digit in exponent)"), NULL;
+			return fail(j, start, -EINVAL,
+				"invalid number (no digit in exponent)"), NULL;
 		while (p < end && *p >= '0' && *p <= '9')
 			p++;
 	}
@@ -802,7 +807,8 @@ json_quote_str(char *dst, size_t cap, const struct jr_str *s)
 		for (k = n; k > 0 && n - k < 3 && ((unsigned char)buf[k - 1] & 0xc0) == 0x80; k--)
 			;
 		if (k > 0 && (unsigned char)buf[k - 1] >= 0xc0 &&
-			json_utf8_seq((const unsigned char *)buf + k - 1, (const unsigned char *)buf + n) == 0)
+			json_utf8_seq((const unsigned char *)buf + k - 1,
+				(const unsigned char *)buf + n) == 0)
 			n = k - 1;
 	}
 	return quote_impl(dst, cap, buf, n, p < end);

@@ -362,7 +362,8 @@ ctl_parse_reply(const char *line, size_t len, const struct ctl_field *fields, si
 			ctl_error("out of memory");
 		else
 			ctl_error("malformed reply from wcached: %s at byte %zu",
-				jr_errmsg(&j)[0] ? jr_errmsg(&j) : "unexpected value", jr_erroff(&j));
+				jr_errmsg(&j)[0] ? jr_errmsg(&j) : "unexpected value",
+				jr_erroff(&j));
 		return -1;
 	}
 	return 0;
@@ -443,7 +444,8 @@ ctl_usage_error(const char *command, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(last_error, sizeof(last_error), fmt, ap);
 	va_end(ap);
-	fprintf(stderr, "wcachectl%s%s: ", command != NULL ? " " : "", command != NULL ? command : "");
+	fprintf(stderr, "wcachectl%s%s: ", command != NULL ? " " : "",
+		command != NULL ? command : "");
 	ctl_print_safe(stderr, last_error);
 	fprintf(stderr, " (see 'wcachectl %s%s--help')\n", command != NULL ? command : "",
 		command != NULL ? " " : "");
@@ -626,8 +628,9 @@ parse_args(const struct ctl_control_cmd *cmd, int argc, char **argv, struct cont
 
 				a->timeout = strtod(argv[++i], &end);
 				if (*end != '\0' || !(a->timeout > 0 && a->timeout <= 3600))
-					return ctl_usage_error(cmd->wire->name, "--timeout takes seconds "
-						"(0 to 3600), not \"%s\"", argv[i]);
+					return ctl_usage_error(cmd->wire->name,
+						"--timeout takes seconds (0 to 3600), not \"%s\"",
+						argv[i]);
 			} else
 				a->config = argv[++i];
 		} else if (options && strncmp(s, "--config=", 9) == 0) {
@@ -639,7 +642,8 @@ parse_args(const struct ctl_control_cmd *cmd, int argc, char **argv, struct cont
 		} else if (options && s[0] == '-' && s[1] != '\0') {
 			return ctl_usage_error(cmd->wire->name, "unknown option \"%s\"", s);
 		} else if ((int)a->nwords >= cmd->max_args) {
-			return ctl_usage_error(cmd->wire->name, "unexpected argument \"%s\": %s takes %s",
+			return ctl_usage_error(cmd->wire->name,
+				"unexpected argument \"%s\": %s takes %s",
 				s, cmd->wire->name, cmd->args[0] ? cmd->args : "no arguments");
 		} else {
 			a->words[a->nwords++] = argv[i];
@@ -652,7 +656,8 @@ parse_args(const struct ctl_control_cmd *cmd, int argc, char **argv, struct cont
 		return ctl_usage_error(cmd->wire->name, "missing %s", what);
 	}
 	if (a->config != NULL && a->control != NULL)
-		return ctl_usage_error(cmd->wire->name, "give -c CONFIG or --control PATH, not both");
+		return ctl_usage_error(cmd->wire->name,
+			"give -c CONFIG or --control PATH, not both");
 	if (a->timeout > 0 && !a->http)
 		return ctl_usage_error(cmd->wire->name, "--timeout goes with --http");
 	return 0;

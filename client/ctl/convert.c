@@ -151,7 +151,8 @@ refuse_same_file(const char *in, const char *out, struct model_source *src)
 	for (size_t i = 0; i < src->nfiles; i++)
 		if (same_inode(&src->files[i].st, &so))
 			return error_set(-EEXIST, "%s: the output is %s, a file of the input %s: "
-				"write the conversion to another path", out, src->files[i].path, in);
+				"write the conversion to another path", out, src->files[i].path,
+				in);
 	return 0;
 }
 
@@ -340,8 +341,8 @@ ctl_convert(int argc, char **argv)
 		} else if (npaths < 2) {
 			paths[npaths++] = a;
 		} else {
-			return ctl_usage_error("convert", "unexpected argument \"%s\": convert takes "
-				"IN and OUT", a);
+			return ctl_usage_error("convert",
+				"unexpected argument \"%s\": convert takes IN and OUT", a);
 		}
 	}
 	if (npaths < 2)

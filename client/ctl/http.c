@@ -46,7 +46,8 @@ respond(int code, const char *reason, const char *type, const char *extra_header
 		"Cache-Control: no-store\r\nConnection: close\r\n\r\n",
 		code, reason, type, len, extra_header != NULL ? extra_header : "");
 
-	if (n < 0 || (size_t)n >= sizeof(head) || fd_write_all(STDOUT_FILENO, head, (size_t)n) < 0 ||
+	if (n < 0 || (size_t)n >= sizeof(head) ||
+		fd_write_all(STDOUT_FILENO, head, (size_t)n) < 0 ||
 		fd_write_all(STDOUT_FILENO, body, len) < 0) {
 		fprintf(stderr, "wcachectl metrics --http: writing the response: %s\n",
 			strerror(errno));

@@ -125,8 +125,8 @@ ctl_inspect(int argc, char **argv)
 		} else if (path == NULL) {
 			path = argv[i];
 		} else {
-			return ctl_usage_error("inspect", "unexpected argument \"%s\": inspect takes "
-				"one PATH", argv[i]);
+			return ctl_usage_error("inspect",
+				"unexpected argument \"%s\": inspect takes one PATH", argv[i]);
 		}
 	}
 	if (path == NULL)

@@ -436,9 +436,9 @@ print_derived(const struct status *s, char *const *names, size_t nnames)
 			}
 			printf("%s %s, %" PRIu64 " attached, %" PRIu64 " attaches, built in %.1f s "
 			       "by pid %" PRIu64 " uid %" PRIu64 "\n",
-				human_bytes(d->bytes, tmp, sizeof(tmp)), d->format ? d->format : "?",
-				d->attached, d->attaches, d->build_seconds, d->builder_pid,
-				d->builder_uid);
+				human_bytes(d->bytes, tmp, sizeof(tmp)),
+				d->format ? d->format : "?", d->attached, d->attaches,
+				d->build_seconds, d->builder_pid, d->builder_uid);
 		}
 	}
 }
@@ -471,7 +471,8 @@ print_workq(const struct workq_row *q)
 		return;
 	printf("warning: %" PRIu64 " job%s stalled on a remote filesystem for up to %s "
 	       "(%" PRIu64 " more waiting); work on other filesystems goes on\n", q->stalled,
-		q->stalled == 1 ? "" : "s", human_duration(q->oldest, tmp, sizeof(tmp)), q->waiting);
+		q->stalled == 1 ? "" : "s", human_duration(q->oldest, tmp, sizeof(tmp)),
+		q->waiting);
 }
 
 /* Prints the status reply as a table: one row per model asked about, then
@@ -509,8 +510,8 @@ print_status(struct status *s, char *const *names, size_t nnames)
 		if (pass == 1) {
 			putchar('\n');
 			for (int c = 0; c < STATUS_COLUMNS; c++)
-				printf("%-*s%s", c + 1 < STATUS_COLUMNS ? (int)width[c] : 0, head[c],
-					c + 1 < STATUS_COLUMNS ? "  " : "\n");
+				printf("%-*s%s", c + 1 < STATUS_COLUMNS ? (int)width[c] : 0,
+					head[c], c + 1 < STATUS_COLUMNS ? "  " : "\n");
 		}
 		for (size_t i = 0; i < s->nmodels; i++) {
 			const struct model_row *m = &s->models[i];
@@ -559,8 +560,8 @@ print_status(struct status *s, char *const *names, size_t nnames)
 			others = true;
 			printf("  ");
 			ctl_print_safe(stdout, m->name ? m->name : "?");
-			printf(" generation %" PRIu64 ": %s, %" PRIu64 " attached, %s%s\n", g->number,
-				g->state ? g->state : "?", g->attached,
+			printf(" generation %" PRIu64 ": %s, %" PRIu64 " attached, %s%s\n",
+				g->number, g->state ? g->state : "?", g->attached,
 				human_bytes(g->bytes, tmp, sizeof(tmp)),
 				g->pending ? " (pending: becomes current when warm)" :
 					     " (old: closes when released)");
@@ -585,7 +586,8 @@ print_status(struct status *s, char *const *names, size_t nnames)
 	for (size_t i = 0; i < s->nmodels; i++) {
 		const struct model_row *m = &s->models[i];
 
-		if (!asked(m->name, names, nnames) || m->pin_applied == NULL || m->generation == 0 ||
+		if (!asked(m->name, names, nnames) || m->pin_applied == NULL ||
+			m->generation == 0 ||
 			(m->pin_error == NULL && pin_rank(m->pin_applied) >= pin_rank(m->pinned)))
 			continue;
 		if (!notes)
@@ -593,7 +595,8 @@ print_status(struct status *s, char *const *names, size_t nnames)
 		notes = true;
 		printf("  ");
 		ctl_print_safe(stdout, m->name ? m->name : "?");
-		printf(": pin = %s asked, %s locked: ", m->pinned ? m->pinned : "?", m->pin_applied);
+		printf(": pin = %s asked, %s locked: ", m->pinned ? m->pinned : "?",
+			m->pin_applied);
 		if (m->pin_error != NULL)
 			ctl_print_safe(stdout, m->pin_error);
 		else

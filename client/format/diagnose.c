@@ -106,8 +106,8 @@ diagnose_format(const char *name, const uint8_t *file, uint64_t size)
 		if (size >= hdf5_at[i] + sizeof(hdf5) &&
 			memcmp(file + hdf5_at[i], hdf5, sizeof(hdf5)) == 0)
 			return error_set(-EINVAL,
-				"%s: is an HDF5 file (Keras/TensorFlow .h5), not a safetensors file",
-				name);
+				"%s: is an HDF5 file (Keras/TensorFlow .h5), not a safetensors "
+				"file", name);
 	return 0;
 }
 

@@ -22,7 +22,8 @@ const struct dtype_info *
 dtype_by_name(const char *name, size_t len)
 {
 	for (size_t i = 0; i < DTYPE_COUNT; i++)
-		if (strlen(dtype_table[i].name) == len && memcmp(dtype_table[i].name, name, len) == 0)
+		if (strlen(dtype_table[i].name) == len &&
+			memcmp(dtype_table[i].name, name, len) == 0)
 			return &dtype_table[i];
 	return NULL;
 }

@@ -122,7 +122,8 @@ index_builder_reserve(struct index_builder *b, size_t tensors, size_t string_byt
 {
 	/* Two dimensions per tensor is the common case; more grows as usual. */
 	if (grow(&b->tensors, &b->tensors_cap, b->ntensors + tensors, sizeof(*b->tensors)) < 0 ||
-		grow(&b->shapes, &b->shapes_cap, b->shapes_len + 2 * tensors, sizeof(uint64_t)) < 0 ||
+		grow(&b->shapes, &b->shapes_cap, b->shapes_len + 2 * tensors,
+			sizeof(uint64_t)) < 0 ||
 		grow(&b->strings, &b->strings_cap, b->strings_len + string_bytes, 1) < 0)
 		return error_set(-ENOMEM, "index: out of memory");
 	return 0;
@@ -186,7 +187,8 @@ index_add_meta(struct index_builder *b, const char *key, size_t key_len, const c
 			(int)key_len, key);
 	if (grow(&b->meta, &b->meta_cap, b->nmeta + 1, sizeof(p)) < 0)
 		return error_set(-ENOMEM, "index: out of memory");
-	if (add_string(b, key, key_len, &p.key) < 0 || add_string(b, value, value_len, &p.value) < 0)
+	if (add_string(b, key, key_len, &p.key) < 0 ||
+		add_string(b, value, value_len, &p.value) < 0)
 		return -ENOMEM;
 	b->meta[b->nmeta++] = p;
 	return 0;

@@ -338,10 +338,12 @@ read_general(struct st_ctx *c, const struct dtype_info **dtp, uint64_t *shape, u
 			bit = F_OFFSETS;
 		else
 			return error_set(-EINVAL, "%s: tensor %s: unknown field %s", c->name,
-				qn(c), quote(sbuf, sizeof(sbuf), field.raw, field.raw_len, field.escaped));
+				qn(c),
+				quote(sbuf, sizeof(sbuf), field.raw, field.raw_len, field.escaped));
 		if (seen & bit)
 			return error_set(-EINVAL, "%s: tensor %s: duplicate field %s", c->name,
-				qn(c), quote(sbuf, sizeof(sbuf), field.raw, field.raw_len, field.escaped));
+				qn(c),
+				quote(sbuf, sizeof(sbuf), field.raw, field.raw_len, field.escaped));
 		seen |= bit;
 		if (bit == F_DTYPE) {
 			char d[16];
@@ -357,8 +359,9 @@ read_general(struct st_ctx *c, const struct dtype_info **dtp, uint64_t *shape, u
 			if (s.len < sizeof(d) && jr_str_decode(&s, d, sizeof(d)) == 0)
 				dt = lookup_dtype(c, d, s.len);
 			if (dt == NULL)
-				return error_set(-EINVAL, "%s: tensor %s: unknown dtype %s", c->name,
-					qn(c), quote(sbuf, sizeof(sbuf), s.raw, s.raw_len, s.escaped));
+				return error_set(-EINVAL, "%s: tensor %s: unknown dtype %s",
+					c->name, qn(c),
+					quote(sbuf, sizeof(sbuf), s.raw, s.raw_len, s.escaped));
 		} else if (bit == F_SHAPE) {
 			if ((r = read_u64_array(c, "shape", shape, INDEX_MAX_NDIM, ndim)) < 0)
 				return r;
@@ -421,7 +424,8 @@ parse_tensor(struct st_ctx *c, const struct jr_str *key)
 		return error_set(-EINVAL, "%s: tensor %s: %s %s: size overflows 64 bits", c->name,
 			qn(c), dt->name, index_format_shape(sbuf, sizeof(sbuf), shape, ndim));
 	if (offsets[0] > offsets[1])
-		return error_set(-EINVAL, "%s: tensor %s: data_offsets [%llu, %llu]: begin is after end",
+		return error_set(-EINVAL,
+			"%s: tensor %s: data_offsets [%llu, %llu]: begin is after end",
 			c->name, qn(c), (unsigned long long)offsets[0],
 			(unsigned long long)offsets[1]);
 	if (offsets[1] > c->data_len)
@@ -435,7 +439,8 @@ parse_tensor(struct st_ctx *c, const struct jr_str *key)
 			"needs %llu", c->name, qn(c), (unsigned long long)offsets[0],
 			(unsigned long long)offsets[1],
 			(unsigned long long)(offsets[1] - offsets[0]), dt->name,
-			index_format_shape(sbuf, sizeof(sbuf), shape, ndim), (unsigned long long)nbytes);
+			index_format_shape(sbuf, sizeof(sbuf), shape, ndim),
+			(unsigned long long)nbytes);
 	if ((r = index_add_tensor(c->b, name, key->len, dt->code, c->file_no, shape, ndim,
 		     c->data_start + offsets[0], nbytes)) < 0)
 		return r;
@@ -581,7 +586,8 @@ parse_metadata(struct st_ctx *c)
 		if ((t = jr_peek(&c->j)) != JR_STRING || jr_string(&c->j, &value) < 0) {
 			quote(kbuf, sizeof(kbuf), key.raw, key.raw_len, key.escaped);
 			r = t != JR_STRING && t != JR_INVALID ?
-				error_set(-EINVAL, "%s: __metadata__ %s: value is %s, expected a string",
+				error_set(-EINVAL,
+					"%s: __metadata__ %s: value is %s, expected a string",
 					c->name, kbuf, type_name(t)) :
 				header_error(c, "__metadata__ %s", kbuf);
 			goto out;
@@ -647,8 +653,8 @@ check_tiling(struct st_ctx *c)
 					(unsigned long long)e->begin, (unsigned long long)e->end,
 					(unsigned long long)e->begin);
 			return error_set(-EINVAL,
-				"%s: tensor %s: data_offsets [%llu, %llu] leave a gap of %llu bytes "
-				"after previous tensor %s [%llu, %llu]", c->name,
+				"%s: tensor %s: data_offsets [%llu, %llu] leave a gap of %llu "
+				"bytes after previous tensor %s [%llu, %llu]", c->name,
 				quote(q1, sizeof(q1), e->raw, e->raw_len, e->escaped),
 				(unsigned long long)e->begin, (unsigned long long)e->end,
 				(unsigned long long)(e->begin - pos),
@@ -664,8 +670,9 @@ check_tiling(struct st_ctx *c)
 				"%s: no tensors, but %llu bytes of data after the header", c->name,
 				(unsigned long long)c->data_len);
 		return error_set(-EINVAL,
-			"%s: the last tensor %s ends at data offset %llu but the data is %llu bytes: "
-			"%llu bytes at the end of the file belong to no tensor", c->name,
+			"%s: the last tensor %s ends at data offset %llu but the data is "
+			"%llu bytes: %llu bytes at the end of the file belong to no tensor",
+			c->name,
 			quote(q1, sizeof(q1), c->entries[prev].raw, c->entries[prev].raw_len,
 				c->entries[prev].escaped),
 			(unsigned long long)pos, (unsigned long long)c->data_len,
@@ -748,7 +755,8 @@ st_parse_bytes(const char *name, const struct file_bytes *in, uint32_t file_no,
 				"8-byte header length should be", name,
 				json_quote(q, sizeof(q), (const char *)file, 8));
 		}
-		return error_set(-EINVAL, "%s: header length %llu exceeds the maximum of %llu bytes",
+		return error_set(-EINVAL,
+			"%s: header length %llu exceeds the maximum of %llu bytes",
 			name, (unsigned long long)n, ST_MAX_HEADER);
 	}
 	if (n > size - 8)

@@ -245,7 +245,8 @@ read_weight_map(struct map_reader *r, struct jr *j, const char *buf, size_t len)
 		if ((t = jr_peek(j)) != JR_STRING) {
 			if (t == JR_INVALID)
 				return json_fail(r->name, j, buf, len, "weight_map");
-			return error_set(-EINVAL, "%s: weight_map: tensor %s: shard is not a string",
+			return error_set(-EINVAL,
+				"%s: weight_map: tensor %s: shard is not a string",
 				r->name, json_quote_str(q1, sizeof(q1), &key));
 		}
 		if (jr_string(j, &value) < 0)
@@ -253,7 +254,8 @@ read_weight_map(struct map_reader *r, struct jr *j, const char *buf, size_t len)
 		if (key.len == 0 || key.len > INDEX_MAX_NAME || key.has_nul)
 			return error_set(-EINVAL, "%s: weight_map: tensor name %s %s", r->name,
 				json_quote_str(q1, sizeof(q1), &key),
-				key.len == 0 ? "is empty" : key.has_nul ? "contains a NUL character" :
+				key.len == 0 ? "is empty" :
+				key.has_nul ? "contains a NUL character" :
 				"is longer than 4096 bytes");
 		if (value.len > SHARD_MAX_NAME) {
 			why = "is longer than 255 bytes";
@@ -463,7 +465,8 @@ load_index(const struct model_tree *tree, const char *index_path, struct shard_m
 	if ((rc = tree_open_file(tree, file_basename(index_path), index_path, &f)) < 0)
 		return rc;
 	if (f.size > SHARDS_MAX_INDEX)
-		rc = error_set(-EFBIG, "%s: %llu bytes, larger than the %u MiB a shard index may be",
+		rc = error_set(-EFBIG,
+			"%s: %llu bytes, larger than the %u MiB a shard index may be",
 			index_path, (unsigned long long)f.size, SHARDS_MAX_INDEX >> 20);
 	else if ((rc = file_read_exact(f.fd, index_path, "shard index", 0, f.size, 0,
 			  SHARDS_MAX_INDEX, &json)) == 0 &&
@@ -511,8 +514,9 @@ cross_check(const char *index_path, const struct shard_map *m, char *const *path
 			goto out;
 		}
 		if (m->tensor_shard[e] != x.file) {
-			rc = error_set(-EINVAL, "%s: tensor %s is in shard %s but the weight_map of %s "
-				"puts it in %s", paths[x.file],
+			rc = error_set(-EINVAL,
+				"%s: tensor %s is in shard %s but the weight_map of %s puts it "
+				"in %s", paths[x.file],
 				json_quote(q, sizeof(q), x.name, strlen(x.name)), m->shards[x.file],
 				index_path, m->shards[m->tensor_shard[e]]);
 			goto out;
@@ -521,8 +525,9 @@ cross_check(const char *index_path, const struct shard_map *m, char *const *path
 	}
 	for (size_t i = 0; i < m->ntensors; i++)
 		if (!found[i]) {
-			rc = error_set(-EINVAL, "%s: tensor %s is missing: the weight_map of %s puts it "
-				"in this shard", paths[m->tensor_shard[i]],
+			rc = error_set(-EINVAL,
+				"%s: tensor %s is missing: the weight_map of %s puts it in this "
+				"shard", paths[m->tensor_shard[i]],
 				json_quote(q, sizeof(q), m->tensors[i], strlen(m->tensors[i])),
 				index_path);
 			goto out;
@@ -578,8 +583,8 @@ shards_open(const char *index_path, struct model_source *out)
 		}
 		if ((rc = tree_open_file(&tree, m.shards[i], paths[i], &files[i])) < 0) {
 			if (rc == -ENOENT)
-				rc = error_set(rc, "%s: shard %s named by %s does not exist", paths[i],
-					m.shards[i], index_path);
+				rc = error_set(rc, "%s: shard %s named by %s does not exist",
+					paths[i], m.shards[i], index_path);
 			goto fail;
 		}
 		if ((rc = index_add_file(b, m.shards[i], files[i].size, &file_no)) < 0 ||

@@ -237,8 +237,9 @@ tree_open_file(const struct model_tree *t, const char *name, const char *path,
 		else if (errno == EXDEV)
 			fd = explain_escape(t, rel, path);
 		else if (errno == ELOOP)
-			fd = error_set(-ELOOP, "%s: a symlink loop, or a link into /proc, inside the "
-				"model's tree %s", path, t->root);
+			fd = error_set(-ELOOP,
+				"%s: a symlink loop, or a link into /proc, inside the model's "
+				"tree %s", path, t->root);
 		else
 			fd = error_set(-errno, "%s: %s", path, strerror(errno));
 	}

@@ -295,7 +295,8 @@ parse_record(const struct weig_reader *r, uint64_t rec, uint64_t i, const char *
 	if ((rc = read_string(r, what, name_off, INDEX_MAX_NAME, &name, &name_len)) < 0)
 		return rc;
 	if (name_len == 0)
-		return error_set(-EINVAL, "%s: tensor record %" PRIu64 ": name is empty", r->name, i);
+		return error_set(-EINVAL, "%s: tensor record %" PRIu64 ": name is empty",
+			r->name, i);
 	json_quote(q, sizeof(q), name, name_len);
 	if (prev != NULL) {
 		int c = strcmp(prev, name);
@@ -420,8 +421,9 @@ parse_metadata(const struct weig_reader *r, uint64_t table, uint64_t count,
 				return error_set(-EINVAL, "%s: metadata key %s: duplicate key",
 					r->name, q);
 			if (c > 0)
-				return error_set(-EINVAL, "%s: metadata key %s: entries are not sorted"
-					" by key (%s comes before it)", r->name, q, qprev);
+				return error_set(-EINVAL, "%s: metadata key %s: entries are "
+					"not sorted by key (%s comes before it)", r->name, q,
+					qprev);
 		}
 		if ((rc = index_add_meta(b, key, key_len, value, value_len)) < 0)
 			return rc;

@@ -437,8 +437,8 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, int se
 		}
 		/* An ERROR with seq 0 answers no request in particular: the
 		 * daemon refused the connection or could not read a header. */
-		if (msg->h.type != WIRE_CHANGED && (msg->h.seq == seq ||
-							   (msg->h.type == WIRE_ERROR && msg->h.seq == 0)))
+		if (msg->h.type != WIRE_CHANGED &&
+			(msg->h.seq == seq || (msg->h.type == WIRE_ERROR && msg->h.seq == 0)))
 			return n;
 		fdp_close_all(fds, *nfds);
 		if (msg->h.type != WIRE_CHANGED) {
@@ -489,7 +489,8 @@ attach_call(wc_client *c, attach_put_fn put, const void *arg, int grace_ms, uint
 		/* Once: connect again within what is left of the deadline and
 		 * send the request again (the old daemon's attach, if it made
 		 * one, ended with its connection). */
-		left = c->timeout_ms == 0 ? 0 : c->timeout_ms - (int)(attach_elapsed(&start) * 1000);
+		left = c->timeout_ms == 0 ? 0 :
+			c->timeout_ms - (int)(attach_elapsed(&start) * 1000);
 		if (c->timeout_ms > 0 && left <= 0) {
 			n = error_set(-ETIMEDOUT, "%s closed the connection and the deadline of "
 				"%.3g s has passed (the limit is %s or wc_set_timeout())", c->where,
@@ -500,8 +501,8 @@ attach_call(wc_client *c, attach_put_fn put, const void *arg, int grace_ms, uint
 			break;
 		retimed = 1;
 	}
-	if (retimed && c->timeout_ms > 0 && (r = apply_timeout(c->fd, c->timeout_ms, c->path)) < 0 &&
-		n >= 0) {
+	if (retimed && c->timeout_ms > 0 &&
+		(r = apply_timeout(c->fd, c->timeout_ms, c->path)) < 0 && n >= 0) {
 		fdp_close_all(fds, *nfds);
 		*nfds = 0;
 		n = r;

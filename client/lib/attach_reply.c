@@ -152,8 +152,8 @@ map_status(int fd)
 	void *p;
 
 	if (seals == -1 || (seals & STATUS_PAGE_CLIENT_SEALS) != STATUS_PAGE_CLIENT_SEALS ||
-		fstat(fd, &st) == -1 || !S_ISREG(st.st_mode) || st.st_size < STATUS_PAGE_MIN_BYTES ||
-		(uint64_t)st.st_size > STATUS_PAGE_MAX_BYTES)
+		fstat(fd, &st) == -1 || !S_ISREG(st.st_mode) ||
+		st.st_size < STATUS_PAGE_MIN_BYTES || (uint64_t)st.st_size > STATUS_PAGE_MAX_BYTES)
 		return NULL;
 	p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
 	if (p == MAP_FAILED)
@@ -230,7 +230,8 @@ model_from_fds(const char *name, const struct wire_attach_ok *ok, const int *fds
 	void *p;
 
 	if (nfds != want || ok->file_count > WIRE_MAX_FILES || ok->index_size > INDEX_MAX_SIZE)
-		return error_set(-EBADMSG, "model \"%s\": wcached sent %zu descriptors for %u files",
+		return error_set(-EBADMSG,
+			"model \"%s\": wcached sent %zu descriptors for %u files",
 			name, nfds, ok->file_count);
 	if ((r = use_index(fds[0], ok->index_size, name, cache->index, &xi, &fresh)) < 0 ||
 		xi == NULL)

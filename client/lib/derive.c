@@ -121,7 +121,8 @@ wc_derive(wc_client *c, const char *model, const char *key, wc_model **out, wc_b
 			"digits or \"._+-\"", model, key, WIRE_MAX_KEY);
 	if (c->pid != attach_self_pid())
 		return error_set(-ECHILD, "model \"%s\", key \"%s\": this client was connected by "
-			"process %d; call wc_connect() again after fork()", model, key, (int)c->pid);
+			"process %d; call wc_connect() again after fork()", model, key,
+			(int)c->pid);
 	/* Everything the reply may need, first: once the daemon has answered,
 	 * nothing may fail but the reply itself. */
 	a = calloc(1, sizeof(*a));
@@ -272,8 +273,8 @@ check_publishable(const wc_build *b, int fd)
 			"(memfd_create with MFD_ALLOW_SEALING)", b->name, b->key, fd);
 	if ((seals & F_SEAL_SEAL) && (seals & PUBLISH_NEEDED_SEALS) != PUBLISH_NEEDED_SEALS)
 		return error_set(-EINVAL, "model \"%s\", key \"%s\": the memfd cannot be sealed "
-			"against writes (made without MFD_ALLOW_SEALING, or sealed with F_SEAL_SEAL "
-			"before F_SEAL_WRITE)", b->name, b->key);
+			"against writes (made without MFD_ALLOW_SEALING, or sealed with "
+			"F_SEAL_SEAL before F_SEAL_WRITE)", b->name, b->key);
 	return 0;
 }
 

@@ -85,8 +85,8 @@ range_order(const void *a, const void *b)
 /*
  * Unmaps the model's files with as few munmap() calls as there are runs of
  * adjacent mappings: the kernel places consecutive mappings next to each
- * other, so a model of 163 shards usually goes in one call. Every byte of a run is one of the model's mappings, so the call
- * unmaps nothing else.
+ * other, so a model of 163 shards usually goes in one call. Every byte of
+ * a run is one of the model's mappings, so the call unmaps nothing else.
  */
 static void
 unmap_all(wc_model *m)
@@ -105,8 +105,8 @@ unmap_all(wc_model *m)
 	for (uint64_t i = 0; i < m->header.file_count; i++)
 		if (m->maps[i].base != NULL)
 			r[n++] = (struct range){ (uintptr_t)m->maps[i].base,
-				((uintptr_t)m->maps[i].base + (uintptr_t)m->maps[i].size + page - 1) &
-					~(page - 1) };
+				((uintptr_t)m->maps[i].base + (uintptr_t)m->maps[i].size +
+					page - 1) & ~(page - 1) };
 	qsort(r, n, sizeof(*r), range_order);
 	for (size_t i = 0; i < n;) {
 		size_t j = i + 1;
@@ -154,7 +154,8 @@ wc_open_file(const char *path, wc_model **out)
 		maps[i].base = s.files[i].base;
 		maps[i].size = s.files[i].size;
 	}
-	if ((r = model_new(path, s.index, s.index_len, MODEL_INDEX_OWNED, maps, s.nfiles, &m)) < 0) {
+	if ((r = model_new(path, s.index, s.index_len, MODEL_INDEX_OWNED, maps,
+		s.nfiles, &m)) < 0) {
 		free(maps);
 		source_close(&s);
 		return r;

@@ -129,8 +129,8 @@ fresh(const char *sock, const char *model, double pair_seconds, int hold)
 		printf("{\"connect_us\":%.1f,\"attach_us\":%.1f,\"find_us\":%.1f,"
 		       "\"release_us\":%.1f,\"pairs\":%lu,\"pairs_per_s\":%.0f,"
 		       "\"cpu_us_per_pair\":%.2f,\"tensors\":%zu}\n",
-			(t1 - t0) * 1e6, (t2 - t1) * 1e6, t3 * 1e6, t4 * 1e6, pairs, rate, cpu * 1e6,
-			count);
+			(t1 - t0) * 1e6, (t2 - t1) * 1e6, t3 * 1e6, t4 * 1e6, pairs, rate,
+			cpu * 1e6, count);
 	return 0;
 fail:
 	fprintf(stderr, "bench_attach: %s\n", wc_errmsg());

@@ -306,7 +306,8 @@ main(int argc, char **argv)
 		{ "read()", "read", run_read, "open + read the header bytes + close (baseline)" },
 		{ "jansson", "jansson", run_jansson,
 			"json_loadb DOM parse only, no validation (contrast)" },
-		{ "st_parse", "st_parse", run_parse, "validate header, feed index builder (in memory)" },
+		{ "st_parse", "st_parse", run_parse,
+			"validate header, feed index builder (in memory)" },
 		{ "st_parse+index_build", "index_build", run_parse_build,
 			"validate + compile the index" },
 		{ "wc_open_file", "wc_open_file", run_open,
@@ -345,8 +346,8 @@ main(int argc, char **argv)
 	printf("   target: wc_open_file < %.2f us/tensor at 50,000 tensors "
 	       "(the Rust reference takes ~1 us/tensor)\n", target_us);
 	if (getloadavg(load, 3) > 0 && load[0] > 1.5)
-		printf("   note: load average %.1f on this machine: wall times include waiting for a "
-		       "CPU; the cpu column does not\n", load[0]);
+		printf("   note: load average %.1f on this machine: wall times include waiting "
+		       "for a CPU; the cpu column does not\n", load[0]);
 	for (int f = 0; f < nfiles; f++) {
 		struct subject s;
 		double base = 0;
@@ -355,7 +356,8 @@ main(int argc, char **argv)
 			status = 1;
 			continue;
 		}
-		printf("\n%s\n   %zu tensors, header %llu bytes (%.1f bytes/tensor), file %.1f MiB\n",
+		printf("\n%s\n   %zu tensors, header %llu bytes (%.1f bytes/tensor), "
+		       "file %.1f MiB\n",
 			files[f], s.tensors, (unsigned long long)s.header_len,
 			s.tensors ? (double)s.header_len / (double)s.tensors : 0.0,
 			(double)s.size / (1 << 20));
@@ -379,14 +381,15 @@ main(int argc, char **argv)
 			per = s.tensors ? t.best * 1e6 / (double)s.tensors : 0;
 			cpu_per = s.tensors ? t.cpu_best * 1e6 / (double)s.tensors : 0;
 			printf("   %-22s %5d %10.1f %10.1f %10.1f %10.3f %10.2f %8.1f  %s\n",
-				rows[k].name, t.runs, t.best * 1e6, t.median * 1e6, t.cpu_best * 1e6,
-				per, s.header_len ? t.best * 1e9 / (double)s.header_len : 0.0,
+				rows[k].name, t.runs, t.best * 1e6, t.median * 1e6,
+				t.cpu_best * 1e6, per,
+				s.header_len ? t.best * 1e9 / (double)s.header_len : 0.0,
 				base > 0 ? t.best / base : 0.0, rows[k].what);
 			if (rows[k].fn == run_open)
-				printf("   %-22s %s: %.3f us/tensor (cpu %.3f) vs target < %.2f%s\n", "",
-					per < target_us ? "PASS" : "MISS", per, cpu_per, target_us,
-					s.tensors < 50000 ? " (the target is set at 50,000 tensors)" :
-							    "");
+				printf("   %-22s %s: %.3f us/tensor (cpu %.3f) vs target "
+				       "< %.2f%s\n", "", per < target_us ? "PASS" : "MISS",
+					per, cpu_per, target_us, s.tensors < 50000 ?
+					" (the target is set at 50,000 tensors)" : "");
 		}
 		subject_close(&s);
 	}

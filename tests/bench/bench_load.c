@@ -629,7 +629,8 @@ main(int argc, char **argv)
 		r = cmd_cache(argc, argv, 0);
 	if (r == 2)
 		fprintf(stderr,
-			"usage: bench_load run read|open|attach|mmap FILE [--socket PATH --model NAME]\n"
+			"usage: bench_load run read|open|attach|mmap FILE "
+			"[--socket PATH --model NAME]\n"
 			"                  [--repeat N] [--repeat-full M] [--hold] [--no-touch]\n"
 			"       bench_load evict FILE\n"
 			"       bench_load resident FILE\n");

@@ -139,8 +139,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	nfiles = *nf_b % 4;
 	if (mode & MODE_RAW) {
 		if ((len_b = take(&p, &left, 2)) == NULL ||
-			(payload = take(&p, &left, msg_len = le16(len_b) % (WIRE_MAX_MESSAGE + 1))) ==
-				NULL)
+			(payload = take(&p, &left,
+				msg_len = le16(len_b) % (WIRE_MAX_MESSAGE + 1))) == NULL)
 			return 0;
 		memcpy(msg, payload, msg_len);
 	} else {

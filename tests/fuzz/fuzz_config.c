@@ -239,8 +239,8 @@ reprint(const struct config *cfg, size_t *len)
 		if (m->derive_groups != NULL)
 			fprintf(f, "derive_groups = %s\n", m->derive_groups);
 		fprintf(f, "watch = %s\npoll_interval = %u.%03u\nstage = %s\n",
-			fs_watch_name(m->watch), m->poll_interval_ms / 1000, m->poll_interval_ms % 1000,
-			fs_stage_name(m->stage));
+			fs_watch_name(m->watch), m->poll_interval_ms / 1000,
+			m->poll_interval_ms % 1000, fs_stage_name(m->stage));
 		if (m->allow_users != NULL)
 			fprintf(f, "allow_users = %s\n", m->allow_users);
 		if (m->allow_groups != NULL)

@@ -277,7 +277,8 @@ check_request(const uint8_t *p, size_t len)
 		if (i == sizeof(oracle) / sizeof(oracle[0])) {
 			CHECK(n == -EINVAL && strncmp(err, "unknown command ", 16) == 0);
 		} else if (s - 1 < oracle[i].min_args || s - 1 > oracle[i].max_args) {
-			CHECK(n == -EINVAL && strncmp(err, oracle[i].name, strlen(oracle[i].name)) == 0 &&
+			CHECK(n == -EINVAL &&
+				strncmp(err, oracle[i].name, strlen(oracle[i].name)) == 0 &&
 				strncmp(err + strlen(oracle[i].name), ": usage: ", 9) == 0);
 		} else {
 			CHECK(n == s && cmd < CONTROL_CMD_COUNT &&

@@ -243,9 +243,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (v != NULL && r != 0 && memchr(data, '\0', size) != NULL)
 		skip = 1;
 	if (!skip && (v != NULL) != (r == 0)) {
-		fprintf(stderr, "fuzz_json: jr says %d (%s at %zu), jansson says %s (%s at %d)\n", r,
-			jr_errmsg(&j), jr_erroff(&j), v ? "valid" : "invalid", v ? "" : err.text,
-			v ? 0 : err.position);
+		fprintf(stderr, "fuzz_json: jr says %d (%s at %zu), jansson says %s (%s at %d)\n",
+			r, jr_errmsg(&j), jr_erroff(&j), v ? "valid" : "invalid",
+			v ? "" : err.text, v ? 0 : err.position);
 		abort();
 	}
 	if (r == 0)

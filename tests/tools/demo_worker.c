@@ -81,14 +81,15 @@ verify(const wc_model *m, const char *path, uint64_t *checked)
 		const uint8_t *p = t[i].data;
 
 		for (uint64_t done = 0; done < t[i].nbytes;) {
-			size_t want = t[i].nbytes - done < chunk ? (size_t)(t[i].nbytes - done) : chunk;
+			size_t want = t[i].nbytes - done < chunk ?
+				(size_t)(t[i].nbytes - done) : chunk;
 			ssize_t got = read(fd, buf, want);
 
 			if (got <= 0)
 				goto out;
 			if (memcmp(buf, p + done, (size_t)got) != 0) {
-				fprintf(stderr, "demo_worker: tensor \"%s\" differs from %s at byte %" PRIu64 "\n",
-					t[i].name, path, done);
+				fprintf(stderr, "demo_worker: tensor \"%s\" differs from %s at "
+					"byte %" PRIu64 "\n", t[i].name, path, done);
 				goto out;
 			}
 			done += (uint64_t)got;
@@ -134,9 +135,9 @@ check_pattern(const wc_model *m)
 	pattern_fill(want, (size_t)total, strcmp(t[0].dtype, "F32") == 0 ? 4 : 2, &state);
 	for (size_t i = 0, off = 0; i < n; off += t[i].nbytes, i++)
 		if (memcmp(t[i].data, want + off, (size_t)t[i].nbytes) != 0) {
-			fprintf(stderr, "demo_worker: generation %" PRIu64 ": tensor \"%s\" does not "
-					"hold seed %s's bytes\n", wc_model_generation(m), t[i].name,
-				seed_text);
+			fprintf(stderr, "demo_worker: generation %" PRIu64 ": tensor \"%s\" does "
+					"not hold seed %s's bytes\n", wc_model_generation(m),
+				t[i].name, seed_text);
 			goto out;
 		}
 	ok = 0;
@@ -244,8 +245,8 @@ main(int argc, char **argv)
 		else if (argv[i][0] != '-' && name == NULL)
 			name = argv[i];
 		else {
-			fprintf(stderr, "usage: demo_worker [--socket PATH] [--verify FILE] [--touch] "
-					"[--hold] MODEL | --open FILE ...\n");
+			fprintf(stderr, "usage: demo_worker [--socket PATH] [--verify FILE] "
+					"[--touch] [--hold] MODEL | --open FILE ...\n");
 			return 2;
 		}
 	}
@@ -280,9 +281,9 @@ main(int argc, char **argv)
 		if (check) {
 			/* --repeat N --check: the latencies, for the neighbour tests. */
 			qsort(lat, (size_t)repeat, sizeof(*lat), by_double);
-			printf("{\"attaches\":%ld,\"p50_us\":%.1f,\"p99_us\":%.1f,\"max_us\":%.1f}\n",
-				repeat, lat[repeat / 2] * 1e6, lat[repeat * 99 / 100] * 1e6,
-				lat[repeat - 1] * 1e6);
+			printf("{\"attaches\":%ld,\"p50_us\":%.1f,\"p99_us\":%.1f,"
+				"\"max_us\":%.1f}\n", repeat, lat[repeat / 2] * 1e6,
+				lat[repeat * 99 / 100] * 1e6, lat[repeat - 1] * 1e6);
 			free(lat);
 			return 0;
 		}

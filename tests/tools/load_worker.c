@@ -148,22 +148,24 @@ check_bytes(const struct worker *w, const wc_model *m, char *msg, size_t msg_len
 		return -EIO;
 	}
 	for (size_t i = 0; i < count; i++)
-		if (wc_model_tensor(m, i, &t) == 0 && (base == NULL || (const uint8_t *)t.data < base))
+		if (wc_model_tensor(m, i, &t) == 0 &&
+			(base == NULL || (const uint8_t *)t.data < base))
 			base = t.data;
 	for (size_t i = 0; i < count; i++) {
 		size_t off;
 
 		if (wc_model_tensor(m, i, &t) < 0) {
-			snprintf(msg, msg_len, "model \"%s\": tensor %zu: %s", w->name, i, wc_errmsg());
+			snprintf(msg, msg_len, "model \"%s\": tensor %zu: %s", w->name, i,
+				wc_errmsg());
 			return -EIO;
 		}
 		off = (size_t)((const uint8_t *)t.data - base);
 		if (off > w->want_len || t.nbytes > w->want_len - off ||
 			memcmp(t.data, w->want + off, (size_t)t.nbytes) != 0) {
 			snprintf(msg, msg_len, "model \"%s\" generation %" PRIu64 ": tensor \"%s\" "
-					"(%" PRIu64 " bytes at data offset %zu) does not hold seed %" PRIu64
-					"'s bytes", w->name, wc_model_generation(m), t.name, t.nbytes, off,
-				w->seed);
+					"(%" PRIu64 " bytes at data offset %zu) does not "
+					"hold seed %" PRIu64 "'s bytes", w->name,
+				wc_model_generation(m), t.name, t.nbytes, off, w->seed);
 			return -EIO;
 		}
 		total += t.nbytes;
@@ -228,8 +230,9 @@ attach_once(struct worker *w, wc_client **c, uint64_t *gen, uint64_t *wait, char
 			r = check_bytes(w, m, msg, msg_len);
 		*gen = wc_model_generation(m);
 		if (r == 0 && w->generation != 0 && *gen != w->generation) {
-			snprintf(msg, msg_len, "model \"%s\": generation %" PRIu64 ", the first attach "
-					"got %" PRIu64, w->name, *gen, w->generation);
+			snprintf(msg, msg_len, "model \"%s\": generation %" PRIu64 ", the "
+					"first attach got %" PRIu64, w->name, *gen,
+				w->generation);
 			r = -ESTALE;
 		}
 		wc_release(m);
@@ -301,13 +304,13 @@ run_worker(struct worker *w, int stop_fd)
 	for (size_t i = 0; i < w->n; i++) {
 		const struct sample *s = &w->samples[i];
 
-		line(w, "a %d %s %" PRIu64 " %" PRIu64 " %" PRIu64, w->index, w->mode, s->t0, s->dur,
-			s->generation);
+		line(w, "a %d %s %" PRIu64 " %" PRIu64 " %" PRIu64, w->index, w->mode, s->t0,
+			s->dur, s->generation);
 		if (s->code != 0) {
 			failed++;
 			if (printed++ < MAX_FAIL_LINES)
-				line(w, "fail %d %s %" PRIu64 " %" PRIu64 " %d %s", w->index, w->mode,
-					s->t0, s->dur, s->code, s->message);
+				line(w, "fail %d %s %" PRIu64 " %" PRIu64 " %d %s", w->index,
+					w->mode, s->t0, s->dur, s->code, s->message);
 		}
 		free(s->message);
 	}

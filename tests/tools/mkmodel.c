@@ -43,8 +43,8 @@ layer_specs(const struct params *p, struct spec *s, uint64_t layer)
 		layer);
 	s[n].ndim = 1, s[n].shape[0] = p->hidden, n++;
 	for (int i = 0; i < 4; i++) {
-		snprintf(s[n].name, sizeof(s[n].name), "model.layers.%" PRIu64 ".self_attn.%s.weight",
-			layer, attn[i]);
+		snprintf(s[n].name, sizeof(s[n].name),
+			"model.layers.%" PRIu64 ".self_attn.%s.weight", layer, attn[i]);
 		s[n].ndim = 2, s[n].shape[0] = p->hidden, s[n].shape[1] = p->hidden, n++;
 	}
 	snprintf(s[n].name, sizeof(s[n].name),
@@ -173,7 +173,8 @@ main(int argc, char **argv)
 						      2 * p.hidden);
 		uint64_t fixed = p.elem * (2 * p.vocab * p.hidden + p.hidden);
 
-		p.layers = p.min_bytes > fixed ? (p.min_bytes - fixed + per_layer - 1) / per_layer : 1;
+		p.layers = p.min_bytes > fixed ?
+			(p.min_bytes - fixed + per_layer - 1) / per_layer : 1;
 	}
 	if ((specs = all_specs(&p, &count)) == NULL)
 		return 1;

@@ -34,7 +34,8 @@ pattern_fill(uint8_t *buf, size_t len, unsigned elem, uint64_t *state)
 			uint16_t v = (uint16_t)r;
 
 			if (elem == 2) /* BF16 or F16: sign, exponent near 1.0, mantissa */
-				v = (uint16_t)((v & 0x807f) | ((uint16_t)(0x3c + (v >> 13 & 3)) << 7));
+				v = (uint16_t)((v & 0x807f) |
+					((uint16_t)(0x3c + (v >> 13 & 3)) << 7));
 			buf[i++] = (uint8_t)v;
 			if (i < len)
 				buf[i++] = (uint8_t)(v >> 8);

@@ -80,7 +80,8 @@ main(int argc, char **argv)
 		if (strcmp(line, "attach") == 0) {
 			for (size_t i = 0; i < n; i++)
 				if (held[i] != NULL && read_all(held[i]) != sums[i]) {
-					printf("error %d model %zu changed under the worker\n", -EIO, i);
+					printf("error %d model %zu changed under the worker\n",
+						-EIO, i);
 					rc = 1;
 				}
 			if (rc != 0)

@@ -440,7 +440,8 @@ static void
 test_write_string_round_trip(void **state)
 {
 	static const char *const pieces[] = { "a", "\"", "\\", "\n", "\x01", "\x7f", "\xc3\xa9",
-		"\xe2\x82\xac", "\xf0\x9f\x98\x80", "/", " ", "\0", "\xef\xbf\xbf", "\xf4\x8f\xbf\xbf" };
+		"\xe2\x82\xac", "\xf0\x9f\x98\x80", "/", " ", "\0", "\xef\xbf\xbf",
+		"\xf4\x8f\xbf\xbf" };
 	char s[256];
 	uint32_t seed = 12345;
 

@@ -117,8 +117,8 @@ help_lists_every_command(void **state)
 		snprintf(line, sizeof(line), "\n  %-10s %s\n", control_cmds[id].name,
 			control_cmds[id].summary);
 		if ((at = strstr(text, line)) == NULL)
-			fail_msg("wcachectl --help does not list \"%s\":\n%s", control_cmds[id].name,
-				text);
+			fail_msg("wcachectl --help does not list \"%s\":\n%s",
+				control_cmds[id].name, text);
 		assert_true(at > prev && at < others);
 		prev = at;
 	}

@@ -235,7 +235,8 @@ test_syntax_variants(void **state)
 			   "    prefetch_threads = 3\r\n"
 			   "\tlog_level: warn\r\n"
 			   "[ model  a ] ; comment after a header\r\n"
-			   "    path = /a;b   ; ';' without a space before it is part of the value\r\n"
+			   "    path = /a;b   ; ';' without a space before it is part of "
+			   "the value\r\n"
 			   "    warm = off\r\n"
 			   "[model b]\n"
 			   "path=/b\n"
@@ -370,7 +371,8 @@ test_memory_budget(void **state)
 		config_free(cfg);
 	}
 
-	check_error(f, "[wcached]\nmemory_budget = 12X\n", 2, "memory_budget: \"12X\": unknown unit");
+	check_error(f, "[wcached]\nmemory_budget = 12X\n", 2,
+		"memory_budget: \"12X\": unknown unit");
 	check_error(f, "[wcached]\nmemory_budget = 0\n", 2, "greater than 0");
 	check_error(f, "[wcached]\nmemory_budget = 0%\n", 2, "from 1% to 100%");
 	check_error(f, "[wcached]\nmemory_budget = 101%\n", 2, "from 1% to 100%");
@@ -482,8 +484,9 @@ test_shared_storage_keys(void **state)
 		CONFIG_CHANGED_WATCH);
 	config_free(other);
 	other = NULL;
-	assert_int_equal(load_text(f, "c.conf", "[model m]\npath = /m\nstage = no\n"
-					      "watch = inotify\npoll_interval = 3600\n", &other, NULL), 0);
+	assert_int_equal(load_text(f, "c.conf",
+		"[model m]\npath = /m\nstage = no\nwatch = inotify\npoll_interval = 3600\n",
+		&other, NULL), 0);
 	assert_int_equal(other->models[0].stage, FS_STAGE_NO);
 	assert_int_equal(other->models[0].watch, FS_WATCH_INOTIFY);
 	assert_int_equal(other->models[0].poll_interval_ms, 3600000);
@@ -613,7 +616,8 @@ test_errors(void **state)
 		"duplicate key \"socket\" (first on line 2)");
 	check_error(f, "[model a]\npath = /a\nwarm = yes\npath = /b\n", 4,
 		"model \"a\": duplicate key \"path\" (first on line 2)");
-	check_error(f, "[wcached]\n\n[wcached]\n", 3, "duplicate section [wcached] (first on line 1)");
+	check_error(f, "[wcached]\n\n[wcached]\n", 3,
+		"duplicate section [wcached] (first on line 1)");
 	check_error(f, "[wcached]\n[model nopath]\npin = all\n[model b]\npath = /b\n", 2,
 		"model \"nopath\": no path");
 	check_error(f, "[model nopath]\n", 1, "model \"nopath\": no path");
@@ -637,7 +641,8 @@ test_errors(void **state)
 	}
 
 	/* Lines inih cannot parse. */
-	check_error(f, "[wcached]\nsocket = /s\nthis is not a key\n", 3, "expected \"key = value\"");
+	check_error(f, "[wcached]\nsocket = /s\nthis is not a key\n", 3,
+		"expected \"key = value\"");
 	check_error(f, "[wcached\nsocket = /s\n", 1, "section header without closing ']'");
 	check_error(f, "[wcached] socket = /s\n", 1, "unexpected text after section header");
 	check_error(f, "[wcached]\n= value\n", 2, "missing key name");

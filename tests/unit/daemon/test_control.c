@@ -134,10 +134,11 @@ every_command_has_a_handler(void **state)
 
 		assert_non_null(cmd->name);
 		if (ctl_command_handler((enum control_cmd_id)id) == NULL)
-			fail_msg("command \"%s\" has no handler in daemon/control_cmd.c", cmd->name);
+			fail_msg("command \"%s\" has no handler in daemon/control_cmd.c",
+				cmd->name);
 		assert_int_equal(control_cmd_find(cmd->name), id);
-		assert_true(cmd->name[0] != '\0' && strspn(cmd->name, "abcdefghijklmnopqrstuvwxyz") ==
-			strlen(cmd->name));
+		assert_true(cmd->name[0] != '\0' &&
+			strspn(cmd->name, "abcdefghijklmnopqrstuvwxyz") == strlen(cmd->name));
 		assert_true(0 <= cmd->min_args && cmd->min_args <= cmd->max_args);
 		assert_true(cmd->max_args < CONTROL_MAX_WORDS);
 		assert_non_null(cmd->args);
@@ -182,7 +183,8 @@ requests_follow_the_table(void **state)
 
 		for (int n = cmd->min_args; n <= cmd->max_args; n++) {
 			got = CONTROL_CMD_COUNT;
-			assert_int_equal(parse_with_args(cmd->name, n, &got, err, sizeof(err)), n + 1);
+			assert_int_equal(parse_with_args(cmd->name, n, &got, err, sizeof(err)),
+				n + 1);
 			assert_int_equal(got, id);
 		}
 		control_cmd_usage(cmd, usage, sizeof(usage));
@@ -549,7 +551,8 @@ requests_and_errors(void **state)
 	free(r);
 	send_text(c, "\nfoo bar\nload x\nunload nope\nload -x /p\nload x rel\n"
 		      "load x /p pin=most\npin\n");
-	expect_reply(f, c, "{\"ok\":false,\"protocol\":1,\"error\":\"empty request (try \\\"help\\\")\"}");
+	expect_reply(f, c, "{\"ok\":false,\"protocol\":1,\"error\":\"empty request "
+			    "(try \\\"help\\\")\"}");
 	expect_reply(f, c, "{\"ok\":false,\"protocol\":1,\"error\":\"unknown command \\\"foo\\\" "
 			    "(try \\\"help\\\")\"}");
 	expect_reply(f, c, "{\"ok\":false,\"protocol\":1,\"error\":\"load: usage: load NAME PATH "
@@ -578,7 +581,8 @@ requests_and_errors(void **state)
 	send_text(c, "help");
 	shutdown(c->fd, SHUT_WR);
 	r = reply(f, c);
-	assert_non_null(strstr(r, "{\"ok\":true,\"protocol\":1,\"commands\":[{\"usage\":\"status\""));
+	assert_non_null(strstr(r,
+		"{\"ok\":true,\"protocol\":1,\"commands\":[{\"usage\":\"status\""));
 	for (int id = 0; id < CONTROL_CMD_COUNT; id++) {
 		char usage[128], entry[512];
 
@@ -605,13 +609,15 @@ overlong_line(void **state)
 	big[CONTROL_LINE_MAX] = '\n';
 	assert_int_equal(send(c->fd, big, CONTROL_LINE_MAX + 1, 0), CONTROL_LINE_MAX + 1);
 	r = reply(f, c);
-	assert_non_null(strstr(r, "{\"ok\":false,\"protocol\":1,\"error\":\"unknown command \\\"aaaa"));
+	assert_non_null(strstr(r,
+		"{\"ok\":false,\"protocol\":1,\"error\":\"unknown command \\\"aaaa"));
 	free(r);
 	/* One more byte is not, and closes the connection. */
 	big[CONTROL_LINE_MAX] = 'a';
 	big[CONTROL_LINE_MAX + 1] = '\n';
 	assert_int_equal(send(c->fd, big, sizeof(big), 0), (ssize_t)sizeof(big));
-	expect_reply(f, c, "{\"ok\":false,\"protocol\":1,\"error\":\"request longer than 4096 bytes\"}");
+	expect_reply(f, c, "{\"ok\":false,\"protocol\":1,\"error\":\"request longer than "
+			    "4096 bytes\"}");
 	assert_null(reply(f, c));
 	client_close(c);
 }
@@ -629,8 +635,8 @@ reload_completes_at_once(void **state)
 	assert_int_equal(f->reload_calls, 2);
 	f->reload_mode = 1;
 	send_text(c, "reload\n");
-	expect_reply(f, c, "{\"ok\":false,\"protocol\":1,\"error\":\"reload: wcached.conf:3: unknown key "
-			    "\\\"x\\\"\"}");
+	expect_reply(f, c, "{\"ok\":false,\"protocol\":1,\"error\":\"reload: wcached.conf:3: "
+			    "unknown key \\\"x\\\"\"}");
 	client_close(c);
 }
 
@@ -650,8 +656,8 @@ reload_later_keeps_order(void **state)
 	assert_int_equal(errno, EAGAIN);
 	f->kept_done(-EIO, "configuration reloaded; some models failed to load", 0,
 		f->kept_arg);
-	expect_reply(f, c, "{\"ok\":false,\"protocol\":1,\"error\":\"reload: configuration reloaded; some "
-			    "models failed to load\"}");
+	expect_reply(f, c, "{\"ok\":false,\"protocol\":1,\"error\":\"reload: configuration "
+			    "reloaded; some models failed to load\"}");
 	free(reply(f, c)); /* help */
 	client_close(c);
 }

@@ -264,7 +264,8 @@ test_older_versions(void **state)
 	 * is read as the artifact count. */
 	buf[8] = 3;
 	back = (struct fdstore_desc *)&back;
-	assert_error(fdstore_decode(buf, len, &back), -EBADMSG, "artifact count: 2051, more than 64");
+	assert_error(fdstore_decode(buf, len, &back), -EBADMSG,
+		"artifact count: 2051, more than 64");
 	assert_true(back == (struct fdstore_desc *)&back);
 	back = NULL;
 
@@ -371,10 +372,16 @@ static void b_relative(struct fdstore_desc *d) { d->models[2].path[0] = 's'; }
 static void b_gen_past(struct fdstore_desc *d) { d->models[0].last_generation = 5; }
 static void b_gen_zero(struct fdstore_desc *d) { d->models[0].generations[1].number = 0; }
 static void b_gen_dup(struct fdstore_desc *d) { d->models[0].generations[1].number = 5; }
-static void b_two_current(struct fdstore_desc *d) { d->models[0].generations[1].role = FDSTORE_CURRENT; }
+static void b_two_current(struct fdstore_desc *d)
+{
+	d->models[0].generations[1].role = FDSTORE_CURRENT;
+}
 static void b_role(struct fdstore_desc *d) { d->models[0].generations[1].role = 4; }
 static void b_pin(struct fdstore_desc *d) { d->models[0].generations[1].pin = 3; }
-static void b_colon(struct fdstore_desc *d) { d->models[0].generations[0].files[1].fdname[2] = ':'; }
+static void b_colon(struct fdstore_desc *d)
+{
+	d->models[0].generations[0].files[1].fdname[2] = ':';
+}
 static void b_fdname_dup(struct fdstore_desc *d)
 {
 	free(d->models[1].generations[0].files[3].fdname);

@@ -398,7 +398,8 @@ static void
 test_memory_budget_evicts_lru(void **state)
 {
 	struct du *t = *state;
-	char *p1 = du_model(t, "a.safetensors", 64 * 1024), *p2 = du_model(t, "b.safetensors", 64 * 1024);
+	char *p1 = du_model(t, "a.safetensors", 64 * 1024),
+		*p2 = du_model(t, "b.safetensors", 64 * 1024);
 	struct generation *a, *b;
 
 	t->reg.memory_budget = 300 * 1024; /* room for one 256 KiB model */

@@ -101,7 +101,8 @@ test_damage_is_named(void **state)
 		{ 0, 2, 32, SET, 1990, "tensor \"zeta\": data [1990, +24) lies outside file 1" },
 		/* alpha and mid change places, each record valid on its own */
 		{ 0, 0, 0, SWAP_NEXT, 0, "(\"alpha\") is not after \"mid\"" },
-		{ 0, 0, 0, COPY_NEXT, 0, "(\"mid\") is not after \"mid\": the records are not sorted" },
+		{ 0, 0, 0, COPY_NEXT, 0,
+			"(\"mid\") is not after \"mid\": the records are not sorted" },
 		/* a name past the end: index_tensor_at's own check, reported */
 		{ 0, 1, 0, SET, 1u << 20, "tensor record 1 is damaged" },
 		{ 1, 0, 0, SWAP_NEXT, 0, "the keys are not sorted" },
@@ -141,7 +142,8 @@ test_files_must_match(void **state)
 	assert_int_equal(index_check(ix.blob, &ix.h, sizes, 1, NULL), -EBADMSG);
 	assert_non_null(strstr(error_get(), "2 files, the model has 1"));
 	assert_int_equal(index_check(ix.blob, &ix.h, other, 2, NULL), -EBADMSG);
-	assert_non_null(strstr(error_get(), "file 1 (b.safetensors): 2000 bytes, the file has 1999"));
+	assert_non_null(strstr(error_get(),
+		"file 1 (b.safetensors): 2000 bytes, the file has 1999"));
 }
 
 /* Any byte changed anywhere: an error or a pass, never a read outside the

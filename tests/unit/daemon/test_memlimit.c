@@ -160,7 +160,8 @@ test_hybrid_v1_memory(void **state)
 	put(root, "/sys/fs/cgroup/memory/jobs/42/memory.limit_in_bytes", "3221225472\n");
 	/* A cpu controller's files are not memory limits. */
 	put(root, "/sys/fs/cgroup/cpu,cpuacct/memory.limit_in_bytes", "1\n");
-	expect(root, &m, MEMLIMIT_CGROUP_V1, 3 * GiB, "cgroup v1 memory.limit_in_bytes of /jobs/42");
+	expect(root, &m, MEMLIMIT_CGROUP_V1, 3 * GiB,
+		"cgroup v1 memory.limit_in_bytes of /jobs/42");
 	assert_string_equal(memlimit_kind_name(m.kind), "cgroup_v1");
 
 	/* Unlimited all the way up: RAM. */

@@ -104,7 +104,8 @@ adopt_held(struct du *t, const char *path, uint64_t number, unsigned holders)
 	src.nfiles = 1;
 	assert_true((ifd = fcntl(du_current(t, "m")->index_fd, F_DUPFD_CLOEXEC, 0)) >= 0);
 	r = restore_adopt_held(&t->reg, &(struct restore_served){ .name = "m", .number = number,
-		.src = &src, .index_fd = ifd, .index_size = du_current(t, "m")->index_size }, holders);
+		.src = &src, .index_fd = ifd,
+		.index_size = du_current(t, "m")->index_size }, holders);
 	if (r < 0) { /* nothing taken */
 		assert_int_equal(src.nfiles, 1);
 		source_close(&src);
@@ -250,8 +251,8 @@ test_describe_limit(void **state)
 	for (int i = 0; i < 2; i++) {
 		char *next = du_model(t, "n.safetensors", (size_t)(2048 + 1024 * i));
 
-		assert_int_equal(registry_attach(&t->reg, "m", &root_peer, &at[i], msg, sizeof(msg)),
-			0);
+		assert_int_equal(registry_attach(&t->reg, "m", &root_peer, &at[i], msg,
+			sizeof(msg)), 0);
 		assert_int_equal(rename(next, a), 0);
 		assert_int_equal(du_reload(t, "m"), 0);
 		free(next);

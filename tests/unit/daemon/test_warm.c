@@ -481,8 +481,8 @@ bench(const char *path, int runs)
 				resident_mincore_bytes(map, (size_t)st.st_size, &res) != 0)
 				return 1;
 			if (res != 0) {
-				fprintf(stderr, "bench: %s: %llu bytes still cached after eviction; "
-						"cannot measure a cold read here\n",
+				fprintf(stderr, "bench: %s: %llu bytes still cached after "
+						"eviction; cannot measure a cold read here\n",
 					path, (unsigned long long)res);
 				return 1;
 			}
@@ -496,8 +496,8 @@ bench(const char *path, int runs)
 				return 1;
 			}
 			if (res != (uint64_t)st.st_size)
-				printf("bench: %s: only %llu bytes resident afterwards\n", c[i].name,
-					(unsigned long long)res);
+				printf("bench: %s: only %llu bytes resident afterwards\n",
+					c[i].name, (unsigned long long)res);
 			t[i][r] = s;
 		}
 	}

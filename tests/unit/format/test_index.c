@@ -140,8 +140,8 @@ test_sort_matches_strcmp(void **state)
 			continue;
 		}
 		names[i] = strdup(buf);
-		assert_int_equal(index_add_tensor(b, buf, (size_t)n, 4, f0, NULL, 0, (uint64_t)i, 1),
-			0);
+		assert_int_equal(index_add_tensor(b, buf, (size_t)n, 4, f0, NULL, 0,
+			(uint64_t)i, 1), 0);
 	}
 	assert_int_equal(index_build(b, "sort", &blob, &len), 0);
 	assert_int_equal(index_open(blob, len, &h), 0);
@@ -158,8 +158,8 @@ test_sort_matches_strcmp(void **state)
 			assert_string_equal(t.name, names[i]);
 		}
 		/* The same names plus one duplicate: index_build refuses. */
-		assert_int_equal(index_add_tensor(b, names[m / 2], strlen(names[m / 2]), 4, f0, NULL,
-			0, 0, 1), 0);
+		assert_int_equal(index_add_tensor(b, names[m / 2], strlen(names[m / 2]), 4, f0,
+			NULL, 0, 0, 1), 0);
 		free(blob);
 		blob = NULL;
 		assert_int_equal(index_build(b, "sort", &blob, &len), -EINVAL);

@@ -168,8 +168,8 @@ test_valid_scalar_and_empty(void **state)
 {
 	struct index_tensor t;
 
-	assert_int_equal(parse("{\"s\":{\"dtype\":\"F64\",\"shape\":[],\"data_offsets\":[0,8]}}", 8),
-		0);
+	assert_int_equal(parse("{\"s\":{\"dtype\":\"F64\",\"shape\":[],"
+		"\"data_offsets\":[0,8]}}", 8), 0);
 	t = find("s");
 	assert_int_equal(t.ndim, 0);
 	assert_int_equal(t.nbytes, 8);
@@ -196,7 +196,8 @@ test_valid_zero_size_and_order(void **state)
 	assert_int_equal(find("z2").nbytes, 0);
 	assert_int_equal(find("z3").offset, 8 + strlen(h) + 8);
 	/* a file of zero-size tensors only */
-	assert_int_equal(parse("{\"z\":{\"dtype\":\"I8\",\"shape\":[0],\"data_offsets\":[0,0]}}", 0), 0);
+	assert_int_equal(parse("{\"z\":{\"dtype\":\"I8\",\"shape\":[0],"
+		"\"data_offsets\":[0,0]}}", 0), 0);
 }
 
 /* Every dtype of the table, with 8 elements each (so sub-byte types are whole
@@ -239,11 +240,12 @@ test_valid_every_dtype(void **state)
 static void
 test_subbyte_dtypes(void **state)
 {
-	assert_int_equal(parse("{\"a\":{\"dtype\":\"F4\",\"shape\":[2,3],\"data_offsets\":[0,3]}}", 3), 0);
-	assert_int_equal(parse("{\"a\":{\"dtype\":\"F6_E2M3\",\"shape\":[4],\"data_offsets\":[0,3]}}", 3),
-		0);
-	assert_int_equal(parse("{\"a\":{\"dtype\":\"F6_E3M2\",\"shape\":[],\"data_offsets\":[0,1]}}", 1),
-		-EINVAL);
+	assert_int_equal(parse("{\"a\":{\"dtype\":\"F4\",\"shape\":[2,3],"
+		"\"data_offsets\":[0,3]}}", 3), 0);
+	assert_int_equal(parse("{\"a\":{\"dtype\":\"F6_E2M3\",\"shape\":[4],"
+		"\"data_offsets\":[0,3]}}", 3), 0);
+	assert_int_equal(parse("{\"a\":{\"dtype\":\"F6_E3M2\",\"shape\":[],"
+		"\"data_offsets\":[0,1]}}", 1), -EINVAL);
 	assert_msg("F6_E3M2 [] is not a whole number of bytes (6 bits per element)");
 	EXPECT("{\"a\":{\"dtype\":\"F4\",\"shape\":[3],\"data_offsets\":[0,2]}}", 2, -EINVAL,
 		"tensor \"a\": F4 [3] is not a whole number of bytes");
@@ -312,9 +314,10 @@ static void
 test_not_safetensors(void **state)
 {
 	static const char lfs[] = "version https://git-lfs.github.com/spec/v1\n"
-				  "oid sha256:4d7a2148e6f0b4d9f5b3b9f8a1f0e3c2d1b0a9f8e7d6c5b4a3f2e1d0c9b8a7f6\n"
-				  "size 4939212752\n";
-	static const char html[] = "\n  <!DOCTYPE html><html><head><title>404</title></head></html>";
+		"oid sha256:4d7a2148e6f0b4d9f5b3b9f8a1f0e3c2d1b0a9f8e7d6c5b4a3f2e1d0c9b8a7f6\n"
+		"size 4939212752\n";
+	static const char html[] =
+		"\n  <!DOCTYPE html><html><head><title>404</title></head></html>";
 	static const char html2[] = "<HTML><body>Access denied</body></HTML>";
 	static const char text[] = "{\"a\": {\"dtype\": \"F32\"}}";
 	uint8_t big[16] = { 0x01, 0xe1, 0xf5, 0x05, 0, 0, 0, 0 }; /* 100000001 */
@@ -399,7 +402,8 @@ test_entry_shape(void **state)
 		"tensor \"a\": missing data_offsets");
 	EXPECT("{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1],\"extra\":1}}", 1,
 		-EINVAL, "tensor \"a\": unknown field \"extra\"");
-	EXPECT("{\"a\":{\"dtype\":\"U8\",\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1,
+	EXPECT("{\"a\":{\"dtype\":\"U8\",\"dtype\":\"U8\",\"shape\":[1],"
+		"\"data_offsets\":[0,1]}}", 1,
 		-EINVAL, "tensor \"a\": duplicate field \"dtype\"");
 	EXPECT("{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"shape\":[1],\"data_offsets\":[0,1]}}", 1,
 		-EINVAL, "duplicate field \"shape\"");
@@ -459,10 +463,12 @@ test_shape_field(void **state)
 	}
 	assert_msg("tensor \"a\": shape has more than 64 entries");
 	/* element count overflow */
-	EXPECT("{\"a\":{\"dtype\":\"U8\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,1]}}",
-		1, -EINVAL, "tensor \"a\": U8 [4294967296, 4294967296]: size overflows 64 bits");
+	EXPECT("{\"a\":{\"dtype\":\"U8\",\"shape\":[4294967296,4294967296],"
+		"\"data_offsets\":[0,1]}}", 1, -EINVAL,
+		"tensor \"a\": U8 [4294967296, 4294967296]: size overflows 64 bits");
 	EXPECT("{\"a\":{\"dtype\":\"F64\",\"shape\":[4611686018427387904],\"data_offsets\":[0,1]}}",
-		1, -EINVAL, "size overflows 64 bits");	/* The rule does not depend on where a zero dimension is: the product of
+		1, -EINVAL, "size overflows 64 bits");
+	/* The rule does not depend on where a zero dimension is: the product of
 	 * the non-zero dimensions must fit, so both orders are refused. */
 	EXPECT("{\"a\":{\"dtype\":\"U8\",\"shape\":[0,1099511627776,1099511627776],"
 		"\"data_offsets\":[0,0]}}", 0, -EINVAL,
@@ -516,14 +522,15 @@ test_tiling(void **state)
 	       "\"b\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[8,24]}}", 24, -EINVAL,
 		"tensor \"b\": data_offsets [8, 24] overlap previous tensor \"a\" [0, 16]");
 	EXPECT("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, -EINVAL,
-		"tensor \"a\": data_offsets [4, 8] leave a gap of 4 bytes at the start of the data");
+		"tensor \"a\": data_offsets [4, 8] leave a gap of 4 bytes at the start of "
+		"the data");
 	EXPECT("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
 	       "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[6,10]}}", 10, -EINVAL,
 		"tensor \"b\": data_offsets [6, 10] leave a gap of 2 bytes after previous tensor "
 		"\"a\" [0, 4]");
 	EXPECT("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 10, -EINVAL,
-		"the last tensor \"a\" ends at data offset 4 but the data is 10 bytes: 6 bytes at the "
-		"end of the file belong to no tensor");
+		"the last tensor \"a\" ends at data offset 4 but the data is 10 bytes: 6 bytes "
+		"at the end of the file belong to no tensor");
 	EXPECT("{}", 3, -EINVAL, "no tensors, but 3 bytes of data after the header");
 	/* a zero-size tensor inside another one overlaps it */
 	EXPECT("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
@@ -750,8 +757,9 @@ test_many_tensors(void **state)
 				       "with index_build %.3f us/tensor (header %llu bytes, best "
 				       "of %d)\n", st_canonical_fast_path ? "fast path   " :
 					"general path", n,
-					shuffle ? "shuffled" : "in data order", best_parse * 1e6 / n,
-					best * 1e6 / n, (unsigned long long)hlen, runs);
+					shuffle ? "shuffled" : "in data order",
+					best_parse * 1e6 / n, best * 1e6 / n,
+					(unsigned long long)hlen, runs);
 			free(img);
 		}
 	}

@@ -3,9 +3,9 @@
  * (client/format/shards.c).
  *
  * The shard index parser is tested on documents; shards_open() and
- * source_open() of a directory (shards_find_model()) on real files in a temporary directory, checking what
- * reaches the index and that failures name the shard and the tensor and
- * leak no descriptor.
+ * source_open() of a directory (shards_find_model()) on real files in a
+ * temporary directory, checking what reaches the index and that failures
+ * name the shard and the tensor and leak no descriptor.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -59,7 +59,8 @@ assert_msg(const char *want)
 static void
 test_parse_valid(void **state)
 {
-	const char *doc = "{\n  \"metadata\": {\"total_size\": 1234, \"format\": \"pt\", \"x\": [1]},\n"
+	const char *doc = "{\n  \"metadata\": {\"total_size\": 1234, \"format\": \"pt\", "
+			  "\"x\": [1]},\n"
 			  "  \"weight_map\": {\n"
 			  "    \"a\": \"model-00002-of-00002.safetensors\",\n"
 			  "    \"b\": \"model-00001-of-00002.safetensors\",\n"
@@ -107,18 +108,20 @@ test_parse_document_errors(void **state)
 		"weight_map: invalid JSON at line 4, column 1");
 	EXPECT("{\"weight_map\":[]}", -EINVAL, "weight_map is not an object");
 	EXPECT("{\"weight_map\":{}}", -EINVAL, "weight_map is empty");
-	EXPECT("{\"weight_map\":{\"a\":1}}", -EINVAL, "weight_map: tensor \"a\": shard is not a string");
-	EXPECT("{\"weight_map\":{\"a\":\"x.safetensors\"},\"weight_map\":{\"a\":\"x.safetensors\"}}",
+	EXPECT("{\"weight_map\":{\"a\":1}}", -EINVAL,
+		"weight_map: tensor \"a\": shard is not a string");
+	EXPECT("{\"weight_map\":{\"a\":\"x.safetensors\"},"
+	       "\"weight_map\":{\"a\":\"x.safetensors\"}}",
 		-EINVAL, "duplicate weight_map");
-	EXPECT("{\"metadata\":{},\"metadata\":{},\"weight_map\":{\"a\":\"x.safetensors\"}}", -EINVAL,
-		"duplicate metadata");
+	EXPECT("{\"metadata\":{},\"metadata\":{},\"weight_map\":{\"a\":\"x.safetensors\"}}",
+		-EINVAL, "duplicate metadata");
 	EXPECT("{\"metadata\":[],\"weight_map\":{\"a\":\"x.safetensors\"}}", -EINVAL,
 		"metadata is not an object");
 	EXPECT("{\"weight_map\":{\"a\":\"x.safetensors\",\"b\":\"x.safetensors\","
 	       "\"a\":\"y.safetensors\"}}",
 		-EINVAL, "weight_map: tensor \"a\" is listed twice");
-	EXPECT("{\"weight_map\":{\"ab\":\"x.safetensors\",\"a\\u0062\":\"x.safetensors\"}}", -EINVAL,
-		"tensor \"ab\" is listed twice");
+	EXPECT("{\"weight_map\":{\"ab\":\"x.safetensors\",\"a\\u0062\":\"x.safetensors\"}}",
+		-EINVAL, "tensor \"ab\" is listed twice");
 	EXPECT("{\"weight_map\":{\"\":\"x.safetensors\"}}", -EINVAL,
 		"weight_map: tensor name \"\" is empty");
 	EXPECT("{\"weight_map\":{\"a\\u0000\":\"x.safetensors\"}}", -EINVAL,
@@ -131,10 +134,10 @@ test_parse_total_size(void **state)
 {
 	struct shard_map m = { 0 };
 
-	EXPECT("{\"metadata\":{\"total_size\":-1},\"weight_map\":{\"a\":\"x.safetensors\"}}", -EINVAL,
-		"metadata: total_size: -1 is not a non-negative integer");
-	EXPECT("{\"metadata\":{\"total_size\":4.0},\"weight_map\":{\"a\":\"x.safetensors\"}}", -EINVAL,
-		"4.0 is not a non-negative integer");
+	EXPECT("{\"metadata\":{\"total_size\":-1},\"weight_map\":{\"a\":\"x.safetensors\"}}",
+		-EINVAL, "metadata: total_size: -1 is not a non-negative integer");
+	EXPECT("{\"metadata\":{\"total_size\":4.0},\"weight_map\":{\"a\":\"x.safetensors\"}}",
+		-EINVAL, "4.0 is not a non-negative integer");
 	EXPECT("{\"metadata\":{\"total_size\":\"4\"},\"weight_map\":{\"a\":\"x.safetensors\"}}",
 		-EINVAL, "metadata: total_size is not a non-negative integer");
 	EXPECT("{\"metadata\":{\"total_size\":1,\"total_size\":2},"
@@ -159,7 +162,8 @@ test_parse_shard_names(void **state)
 		{ "{\"weight_map\":{\"t\":\"/abs.safetensors\"}}", "contains '/'" },
 		{ "{\"weight_map\":{\"t\":\"x.bin\"}}",
 			"shard name \"x.bin\" does not end in .safetensors" },
-		{ "{\"weight_map\":{\"t\":\"x.safetensors.bak\"}}", "does not end in .safetensors" },
+		{ "{\"weight_map\":{\"t\":\"x.safetensors.bak\"}}",
+			"does not end in .safetensors" },
 		{ "{\"weight_map\":{\"t\":\".safetensors\"}}", "does not end in .safetensors" },
 		{ "{\"weight_map\":{\"t\":\".\"}}", "shard name \".\" is not a file name" },
 		{ "{\"weight_map\":{\"t\":\"..\"}}", "shard name \"..\" is not a file name" },
@@ -190,8 +194,8 @@ test_parse_too_many_shards(void **state)
 
 	p += (size_t)snprintf(doc + p, cap - p, "{\"weight_map\":{");
 	for (int i = 0; i <= INDEX_MAX_FILES; i++)
-		p += (size_t)snprintf(doc + p, cap - p, "%s\"t%d\":\"s%d.safetensors\"", i ? "," : "",
-			i, i);
+		p += (size_t)snprintf(doc + p, cap - p, "%s\"t%d\":\"s%d.safetensors\"",
+			i ? "," : "", i, i);
 	snprintf(doc + p, cap - p, "}}");
 	EXPECT(doc, -E2BIG, "weight_map names more than 250 shards");
 	free(doc);
@@ -585,7 +589,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_open_missing_shard, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_open_wrong_shard, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_open_tensor_not_in_map, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_open_tensor_missing_from_shard, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_open_tensor_missing_from_shard, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(test_open_tensor_in_two_shards, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_open_bad_shard, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_open_bad_index, setup, teardown),

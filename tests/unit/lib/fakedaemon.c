@@ -135,7 +135,8 @@ fake_reply(struct fake *k, int conn, uint32_t seq)
 	ssize_t n = -EINVAL;
 
 	for (int i = 0; i < k->changed_before; i++) {
-		n = wire_put_changed(buf, sizeof(buf), k->changed_generation, k->model, strlen(k->model));
+		n = wire_put_changed(buf, sizeof(buf), k->changed_generation, k->model,
+			strlen(k->model));
 		if (n > 0 && k->changed_echo)
 			memcpy(buf + 12, &seq, 4); /* the header's seq, little-endian host */
 		if (n < 0 || fake_raw_send(conn, buf, (size_t)n, &k->changed_fd,
@@ -285,7 +286,8 @@ fake_serve(struct fake *k, int conn)
 			nfds != (msg.h.type == WIRE_PUBLISH ? 1u : 0u)) {
 			if (n > 0)
 				fdp_close_all(fds, nfds);
-			fake_fail(k, "malformed request (%zd, %zu descriptors)", n, n > 0 ? nfds : 0);
+			fake_fail(k, "malformed request (%zd, %zu descriptors)", n,
+				n > 0 ? nfds : 0);
 			return;
 		}
 		if (msg.h.type == WIRE_PUBLISH && wire_get_publish(&msg, &token) == 0) {

@@ -5,12 +5,13 @@
  *
  * fake_main() runs in a thread: it accepts one connection on listen_fd (or
  * `connections` of them, one after the other, as a daemon that restarts
- * would see its clients come back) and answers as the script in struct fake says (a good ATTACH_OK with the
- * given descriptors, descriptors of the wrong kind or number, wrong seqs,
- * garbage, errors, refusals, silence). It never uses cmocka's assertions
- * (they longjmp, which cannot cross threads): it records its first failure
- * in failure[] for the test to assert empty after joining, and every wait
- * has a deadline, so a broken client fails a test instead of hanging it.
+ * would see its clients come back) and answers as the script in struct
+ * fake says (a good ATTACH_OK with the given descriptors, descriptors of
+ * the wrong kind or number, wrong seqs, garbage, errors, refusals,
+ * silence). It never uses cmocka's assertions (they longjmp, which cannot
+ * cross threads): it records its first failure in failure[] for the test
+ * to assert empty after joining, and every wait has a deadline, so a
+ * broken client fails a test instead of hanging it.
  */
 #ifndef WC_FAKEDAEMON_H
 #define WC_FAKEDAEMON_H

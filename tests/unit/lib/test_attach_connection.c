@@ -136,8 +136,8 @@ test_error_text_surfaces(void **state)
 	f->fake.err_code = EACCES;
 	f->fake.err_text = MODEL ": uid 1000 may not attach this model";
 	snprintf(want, sizeof(want),
-		"model \"" MODEL "\": " MODEL ": uid 1000 may not attach this model (wcached at %s)",
-		f->sock);
+		"model \"" MODEL "\": " MODEL ": uid 1000 may not attach this model "
+		"(wcached at %s)", f->sock);
 	attach_fails(f, -EACCES, want); /* with the four descriptors of fake_good() */
 	f->fake.err_code = ESTALE;
 	f->fake.err_text = "model.safetensors was modified in place";

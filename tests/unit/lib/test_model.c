@@ -33,7 +33,8 @@ setup(void **state)
 	const char *header = "{\"__metadata__\":{\"format\":\"pt\",\"author\":\"x\"},"
 			     "\"b\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[16,32]},"
 			     "\"a\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]},"
-			     "\"\xc3\xa9t\xc3\xa9\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[32,33]}}";
+			     "\"\xc3\xa9t\xc3\xa9\":{\"dtype\":\"U8\",\"shape\":[],"
+			     "\"data_offsets\":[32,33]}}";
 	size_t len;
 	uint8_t *img = tu_safetensors(header, 33, &len);
 

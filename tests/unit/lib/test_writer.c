@@ -248,8 +248,8 @@ test_roundtrip_no_metadata(void **state)
 	assert_int_equal(writer_safetensors(m1, st), 0);
 	a = slurp(st, &alen);
 	assert_null(memmem(a, alen, "__metadata__", 12));
-	assert_memory_equal(a + 8, "{\"w\":{\"dtype\":\"F16\",\"shape\":[5],\"data_offsets\":[0,10]}}",
-		54);
+	assert_memory_equal(a + 8,
+		"{\"w\":{\"dtype\":\"F16\",\"shape\":[5],\"data_offsets\":[0,10]}}", 54);
 	assert_memory_equal(a + alen - 10, img + len - 10, 10);
 	free(a);
 	wc_release(m0);

@@ -416,7 +416,8 @@ test_getter_wrong_type(void **state)
 		n = wire_put_error(buf, sizeof(buf), 1, EIO, "llama");
 		expect_accept(buf, (size_t)n, &m);
 		assert_int_equal(wire_get_changed(&m, &generation, &got, &got_len), -EBADMSG);
-		n = wire_put_attach_ok(buf, sizeof(buf), 1, &(struct wire_attach_ok){.file_count = 1});
+		n = wire_put_attach_ok(buf, sizeof(buf), 1,
+			&(struct wire_attach_ok){.file_count = 1});
 		expect_accept(buf, (size_t)n, &m);
 		assert_int_equal(wire_get_changed(&m, &generation, &got, &got_len), -EBADMSG);
 		n = wire_put_release(buf, sizeof(buf), 1, 5);
