@@ -22,7 +22,7 @@
 #include "log.h"
 
 /* A lane's thread needs almost no stack: it only calls close(). */
-#define LANE_STACK_SIZE (256u * 1024)
+#define LANE_STACK_SIZE ((size_t)256 * 1024)
 
 struct lane {
 	struct closer *cl;

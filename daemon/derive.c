@@ -172,8 +172,8 @@ expire_one(struct derive_table *t, uint64_t now)
 				continue;
 			*pp = w->next;
 			snprintf(text, sizeof(text),
-				"model \"%s\": derived \"%s\" of generation %" PRIu64 ": still being "
-				"built by pid %d after the wait the client asked for",
+				"model \"%s\": derived \"%s\" of generation %" PRIu64
+				": still being built by pid %d after the wait the client asked for",
 				b->model_name, b->key, b->source, (int)b->builder_pid);
 			t->hooks.fail(w->conn, w->seq, -ETIMEDOUT, text);
 			free(w);
@@ -182,7 +182,8 @@ expire_one(struct derive_table *t, uint64_t now)
 		if (b->builder != NULL && b->check == NULL && b->deadline_ms <= now) {
 			char why[96];
 
-			snprintf(why, sizeof(why), "did not publish within derive_timeout (%" PRIu64 " s)",
+			snprintf(why, sizeof(why),
+				"did not publish within derive_timeout (%" PRIu64 " s)",
 				b->timeout_ms / 1000);
 			builder_lost(t, b, why);
 			return 1;
@@ -361,8 +362,9 @@ derive_request(struct derive_table *t, const struct wire_derive *d,
 		struct derive_waiter *w, **pp;
 
 		if (d->wait_ms == 0) {
-			snprintf(msg, msg_size, "model \"%s\": derived \"%s\" of generation %" PRIu64
-				 " is being built by pid %d", m->name, key, g->number,
+			snprintf(msg, msg_size,
+				"model \"%s\": derived \"%s\" of generation %" PRIu64
+				" is being built by pid %d", m->name, key, g->number,
 				(int)b->builder_pid);
 			return -EAGAIN;
 		}
@@ -419,7 +421,8 @@ derive_request(struct derive_table *t, const struct wire_derive *d,
 void
 derive_attach(struct derive_table *t, struct derived *a, struct registry_attachment *out)
 {
-	registry_attach_generation(t->r, derive_entry_of(t, a->model_name, a->entry_id), a->gen, out);
+	registry_attach_generation(t->r, derive_entry_of(t, a->model_name, a->entry_id), a->gen,
+		out);
 	a->attach_count++;
 	a->last_use = ++t->r->attach_seq;
 	t->stats.attaches++;
@@ -429,7 +432,8 @@ void
 derive_attach_source(struct derive_table *t, struct derive_build *b,
 	struct registry_attachment *out)
 {
-	registry_attach_generation(t->r, derive_entry_of(t, b->model_name, b->entry_id), b->src, out);
+	registry_attach_generation(t->r, derive_entry_of(t, b->model_name, b->entry_id), b->src,
+		out);
 }
 
 uint64_t
@@ -447,8 +451,8 @@ derive_build_of_token(struct derive_table *t, void *conn, uint64_t token, struct
 		if (b->token != token || b->builder == NULL)
 			continue;
 		if (b->builder != conn) {
-			snprintf(msg, msg_size, "build token %" PRIx64 " belongs to another connection",
-				token);
+			snprintf(msg, msg_size,
+				"build token %" PRIx64 " belongs to another connection", token);
 			return -EPERM;
 		}
 		*out = b;

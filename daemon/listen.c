@@ -52,8 +52,8 @@ listen_unix(const char *path, int type, mode_t mode, gid_t group)
 		e = errno;
 		close(probe);
 		if (e == EAGAIN)
-			return error_set(-EADDRINUSE, "%s: another wcached is listening there "
-						       "(and not accepting: its backlog is full)", path);
+			return error_set(-EADDRINUSE, "%s: another wcached is listening "
+				"there (and not accepting: its backlog is full)", path);
 		if (e == EPROTOTYPE)
 			return error_set(-EADDRINUSE, "%s: another program listens there with "
 						       "another socket type", path);

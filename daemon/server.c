@@ -370,8 +370,8 @@ conn_read(struct conn *c)
 		nfds = 0;
 		if ((k = closer_stuck(c->closer, c->uid, CLOSING_STUCK_MS)) >=
 			CLOSING_PER_UID_MAX) {
-			log_warnx("client pid %d uid %u: %u of its descriptors wait to close behind "
-				  "one that does not; closing the connection", (int)c->pid,
+			log_warnx("client pid %d uid %u: %u of its descriptors wait to close "
+				  "behind one that does not; closing the connection", (int)c->pid,
 				(unsigned)c->uid, k);
 			c->srv->stats.closing_refused++;
 			conn_close(c);
@@ -385,7 +385,8 @@ conn_read(struct conn *c)
 			return;
 		}
 		if (n == -EBADMSG) {
-			conn_error(c, 0, -EBADMSG, 1, "sent more descriptors than a PUBLISH carries");
+			conn_error(c, 0, -EBADMSG, 1,
+				"sent more descriptors than a PUBLISH carries");
 			return;
 		}
 		if (n == -EMSGSIZE) {
@@ -627,7 +628,8 @@ on_accept(uv_poll_t *handle, int status, int events)
 		}
 		if (conns_of(s, c->uid) >= s->max_clients_per_uid) {
 			log_warnx("refusing a client: uid %u has %u connections "
-				  "(max_clients_per_uid)", (unsigned)c->uid, s->max_clients_per_uid);
+				  "(max_clients_per_uid)", (unsigned)c->uid,
+				s->max_clients_per_uid);
 			free(c->groups);
 			free(c);
 			refuse(s, fd, "too many connections from this user (max_clients_per_uid)");

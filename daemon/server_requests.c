@@ -255,7 +255,8 @@ request_publish(struct conn *c, const struct wire_message *msg, int fd)
 	if (wire_get_publish(msg, &token) < 0 || s->derive == NULL) {
 		closer_close(s->closer, c->uid, fd);
 		if (s->derive == NULL)
-			conn_error(c, msg->h.seq, -ENOTSUP, 0, "derived artifacts are not served here");
+			conn_error(c, msg->h.seq, -ENOTSUP, 0,
+				"derived artifacts are not served here");
 		else
 			conn_error(c, msg->h.seq, -EBADMSG, 1, "malformed PUBLISH");
 		return;

@@ -655,7 +655,8 @@ names_add(struct names *n, const char *name)
 		return -ENOMEM;
 	if (n->kept == NAMES_KEPT)
 		free(n->first[--n->kept]);
-	memmove(&n->first[at + 1], &n->first[at], (n->kept - at) * sizeof(char *));
+	for (size_t i = n->kept; i > at; i--)
+		n->first[i] = n->first[i - 1];
 	n->first[at] = copy;
 	n->kept++;
 	return 0;

@@ -751,8 +751,8 @@ rfs_signals(void *arg)
 		else if (info.si_code != SI_QUEUE)
 			rfs_throttle_set(&fs->throttle, 0); /* no value: kill(1) */
 		else if (info.si_value.sival_int < 0)
-			fprintf(stderr, "remotefs: SIGRTMIN wants a read rate of 0 or more bytes/s, "
-				"not %d: left as it was\n", info.si_value.sival_int);
+			fprintf(stderr, "remotefs: SIGRTMIN wants a read rate of 0 or more "
+				"bytes/s, not %d: left as it was\n", info.si_value.sival_int);
 		else
 			rfs_throttle_set(&fs->throttle, (uint64_t)info.si_value.sival_int);
 	}
@@ -975,17 +975,19 @@ main(int argc, char **argv)
 				goto nomem;
 			break;
 		case 'o':
-			if (fuse_opt_add_arg(&args, "-o") != 0 || fuse_opt_add_arg(&args, optarg) != 0)
+			if (fuse_opt_add_arg(&args, "-o") != 0 ||
+				fuse_opt_add_arg(&args, optarg) != 0)
 				goto nomem;
 			break;
 		case 't':
 			errno = 0;
 			fs.attr_timeout = strtod(optarg, &end);
-			if (errno != 0 || end == optarg || *end != '\0' || !isfinite(fs.attr_timeout) ||
-				fs.attr_timeout < 0 || fs.attr_timeout > 1e6) {
+			if (errno != 0 || end == optarg || *end != '\0' ||
+				!isfinite(fs.attr_timeout) || fs.attr_timeout < 0 ||
+				fs.attr_timeout > 1e6) {
 				fuse_opt_free_args(&args);
-				return usage_error("--attr-timeout wants seconds from 0 to 1e6, not",
-					optarg);
+				return usage_error(
+					"--attr-timeout wants seconds from 0 to 1e6, not", optarg);
 			}
 			break;
 		case 's':
@@ -997,7 +999,8 @@ main(int argc, char **argv)
 				fs.stale = RFS_STALE_KEEP;
 			else {
 				fuse_opt_free_args(&args);
-				return usage_error("--stale wants eio, estale or keep, not", optarg);
+				return usage_error("--stale wants eio, estale or keep, not",
+					optarg);
 			}
 			break;
 		case 'k':
