@@ -221,14 +221,15 @@ send_message(int sock, const void *buf, size_t len, const int *fds, size_t nfds,
 
 /*
  * How many descriptors the receiver's control buffer holds: fdpass.c's room
- * for WIRE_MAX_FDS and credentials, or the shrunk size. With SO_PASSCRED the
- * kernel writes the credentials first and says MSG_CTRUNC when they do not
- * fit (then no descriptor fits: -1 here); the descriptors get the rest.
+ * for FDP_MAX_FDS (the kernel's most) and credentials, or the shrunk size.
+ * With SO_PASSCRED the kernel writes the credentials first and says
+ * MSG_CTRUNC when they do not fit (then no descriptor fits: -1 here); the
+ * descriptors get the rest.
  */
 static long
 control_fits(size_t shrink, int passcred)
 {
-	size_t room = CMSG_SPACE(sizeof(int) * WIRE_MAX_FDS) + CMSG_SPACE(sizeof(struct ucred));
+	size_t room = CMSG_SPACE(sizeof(int) * FDP_MAX_FDS) + CMSG_SPACE(sizeof(struct ucred));
 
 	if (shrink != 0 && shrink < room)
 		room = shrink;
