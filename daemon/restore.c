@@ -388,7 +388,7 @@ give_back(struct restore *s, struct registry *r, const char *name, struct restor
 		if (dir != NULL)
 			stage_remove_later(r->loop, dir);
 	}
-	restore_prepared_clear(p);
+	restore_prepared_clear(r, p);
 }
 
 /* Work queue thread: checks and opens every stored generation of j's

@@ -320,11 +320,12 @@ out:
 }
 
 void
-restore_prepared_clear(struct restore_prepared *p)
+restore_prepared_clear(struct registry *r, struct restore_prepared *p)
 {
-	gen_close_served(p->served, p->src.nfiles);
+	/* The files taken, on failure (none once served); on a remote
+	 * filesystem closed off the loop (gen_close_files). */
+	gen_close_files(r, &p->fs, p->served, &p->src);
 	p->served = NULL;
-	source_close(&p->src); /* the files taken, on failure; none once served */
 	gen_free_origin(p->origin, p->g != NULL ? p->g->nfiles : 0);
 	p->origin = NULL;
 	free(p->staged_dir);

@@ -105,8 +105,9 @@ void restore_check_generation(struct restore_prepared *p, const char *path,
 	const char *stage_dir);
 
 /* Frees what p holds (after a failure, or once served: then src, served,
- * origin and staged_dir are NULL). Leaves the stored descriptors it names. */
-void restore_prepared_clear(struct restore_prepared *p);
+ * origin and staged_dir are NULL). Leaves the stored descriptors it names.
+ * On the loop (r's closer takes the remote files). */
+void restore_prepared_clear(struct registry *r, struct restore_prepared *p);
 
 /* Is the stored file fd a staged copy (stage.h)? 1 with its path under
  * stage_dir in *copy (malloc'd; the link /proc/self/fd names, without a

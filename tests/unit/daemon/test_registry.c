@@ -365,7 +365,7 @@ test_restore_check_bad_index(void **state)
 	for (int i = 0; i < atomic_load(&n_munmapped) && i < MUNMAP_RECORDED; i++)
 		for (int k = i + 1; k < atomic_load(&n_munmapped) && k < MUNMAP_RECORDED; k++)
 			assert_ptr_not_equal(munmapped[i], munmapped[k]);
-	restore_prepared_clear(&p);
+	restore_prepared_clear(&t->reg, &p);
 	close(fd);
 	free(path);
 }
