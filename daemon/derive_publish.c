@@ -89,7 +89,6 @@ seal_artifact(int fd, char *why, size_t why_size)
 	return 0;
 }
 
-
 /* Drops what c made (or holds) and frees it. */
 static void
 check_free(struct derive_check *c)
