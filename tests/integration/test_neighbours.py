@@ -5,6 +5,7 @@ read, a service manager that never reads its notify socket, control
 connections that never finish a line."""
 import json
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -117,10 +118,13 @@ def test_non_readers_cannot_cut_off_others(unprivileged):
 # of COUNT connections, a TCP socket to its own listener that never reads,
 # with its send buffer full and SO_LINGER of 60 s, passed with an ATTACH
 # (which carries no descriptor: wcached refuses it and closes what came) and
-# then closed here, so that wcached's close is the last one and lingers. It
-# says "ready" and holds the listener and the unread peers until stdin
-# closes; then the peers go with unread data (a reset), and the lingering
-# ends.
+# then closed here. It says "ready" and holds the listener and the unread
+# peers until stdin closes; then the peers go with unread data (a reset),
+# and the lingering ends. lingerer() stops wcached meanwhile, so that every
+# socket is still in flight when this client closes its copy: wcached's
+# close is the last one and lingers. (Running, wcached could receive and
+# close a socket first; then this client's close lingered for 60 s and
+# wcached's did not: CI saw it on a busy machine.)
 LINGERER = r"""
 import socket, struct, sys
 HEADER = struct.Struct("<IHHII")
@@ -157,10 +161,14 @@ sys.stdin.read()
 
 
 def lingerer(d, count):
-    bad = subprocess.Popen(as_user(BAD_UID, GROUP) + ["/usr/bin/python3", "-c", LINGERER,
-                           d.socket, str(count)], stdin=subprocess.PIPE,
-                           stdout=subprocess.PIPE, text=True)
-    assert bad.stdout.readline().split() == ["ready"]
+    os.kill(d.proc.pid, signal.SIGSTOP)
+    try:
+        bad = subprocess.Popen(as_user(BAD_UID, GROUP) + ["/usr/bin/python3", "-c", LINGERER,
+                               d.socket, str(count)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True)
+        assert bad.stdout.readline().split() == ["ready"]
+    finally:
+        os.kill(d.proc.pid, signal.SIGCONT)
     return bad
 
 
