@@ -688,4 +688,6 @@ def test_a_publication_with_a_huge_header_stalls_nobody(derived):
     print(f"publication checked in {took:.2f} s; worst attach and release of another worker "
           f"meanwhile {worst[0] * 1000:.1f} ms ({attaches[0]} attaches)")
     assert took > 0.2, "the check was too quick to tell a stall"
-    assert worst[0] < max(0.05, took / 4), (worst[0], took)
+    # The old code's worst was the whole check; a third of it (100 ms at
+    # least) leaves a loaded machine's slow attach room.
+    assert worst[0] < max(0.1, took / 3), (worst[0], took)

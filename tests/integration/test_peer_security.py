@@ -53,7 +53,9 @@ def raw(d):
 def test_hold_replayed_and_forged_after_restart(tmp_path):
     a = mkmodel(tmp_path / "a.safetensors", seed=1)
     mgr = FakeManager(str(tmp_path / "notify.sock"))
-    d = Daemon(tmp_path, {"a": a}, extra="restart_hold_seconds = 3")
+    # 8 s: the restart, the checks here and the worker's HOLD all fit on a
+    # loaded machine under ASan (3 s left little room).
+    d = Daemon(tmp_path, {"a": a}, extra="restart_hold_seconds = 8")
     w = None
     conns = []
     try:

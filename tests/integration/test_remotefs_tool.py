@@ -179,10 +179,10 @@ def test_offsets_past_4_gib(rfs):
 
 def test_remote_rename_shows_late_and_without_inotify(rfs):
     rfs.replace("model.bin", pattern(MiB, 3))
+    cached = time.monotonic()         # the stat below caches the attributes
     old_ino = os.stat(rfs.path("model.bin")).st_ino
     watch = Inotify(rfs.mount, rfs.backing)
     try:
-        cached = time.monotonic()     # the stat above cached the attributes
         new_ino = rfs.replace("model.bin", pattern(2 * MiB, 4))
         assert new_ino != old_ino
         # Within the attribute timeout the mount still shows the old file

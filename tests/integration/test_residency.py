@@ -98,7 +98,8 @@ def test_residency_is_true_and_kept(tmp_path, who):
         # model again within its check interval (5 s).
         page_out(d.proc.pid, model)
         os.posix_fadvise(os.open(model, os.O_RDONLY), 0, 0, os.POSIX_FADV_DONTNEED)
-        assert fincore(model) < size // 2
+        # (Unless the 5 s check came in between and warmed it already.)
+        assert fincore(model) < size // 2 or "warming it again" in d.read_log()
         m = wait_until(lambda: (lambda m: m["rewarms"] >= 1 and m["resident_bytes"] == size
                                 and m)(status_model(d)), timeout=60,
                        what="m warmed again after its pages were taken")

@@ -883,9 +883,11 @@ def test_a_source_replaced_during_its_staging_stops_the_copy_within_seconds(tmp_
             # The mount shows the rename within attr_timeout (0.2 s); the
             # copy checks at the first request boundary a second or more
             # after its last check: at most 1 s and one request (REQUEST /
-            # SLOW = 1 s) later. 2.2 s, and a little for the rest.
-            assert when - renamed < 2.5, (when - renamed, line)
-            assert done <= BIG // 2, done
+            # SLOW = 1 s) later: 2.2 s, and more on a loaded machine, where
+            # a request takes longer than its second (the old code: about
+            # 7 s, and every byte).
+            assert when - renamed < 4.5, (when - renamed, line)
+            assert done <= BIG * 3 // 4, done
             assert not os.path.exists(tmp_copy), entries(stage_dir)
             # The new version's own staging need not crawl.
             fs.unthrottle()

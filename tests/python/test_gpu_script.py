@@ -357,7 +357,10 @@ def test_run_sh_keeps_to_its_budget(tmp_path):
     wrapper.write_text(f"#!/bin/sh\ncase \"$*\" in *'--method pinned'*) exec sleep 1000 ;; esac\n"
                        f"exec {sys.executable} \"$@\"\n")
     wrapper.chmod(0o755)
-    env = dict(os.environ, PYTHON=str(wrapper), STEP_TIMEOUT="240", RUN_BUDGET="45")
+    # 75 s: the steps before the hung one (four starts of Python with torch)
+    # fit in the first 60 even on a loaded machine; run.sh skips a step with
+    # less than 15 s left.
+    env = dict(os.environ, PYTHON=str(wrapper), STEP_TIMEOUT="240", RUN_BUDGET="75")
     t0 = time.monotonic()
     r = subprocess.run([os.path.join(REPO, "tests", "gpu", "run.sh"), "--cpu", "--gib", "0.01",
                         "--work", str(tmp_path / "work")], env=env, capture_output=True,
@@ -369,7 +372,7 @@ def test_run_sh_keeps_to_its_budget(tmp_path):
     assert "== wcache, new path: SKIPPED" in r.stderr, out
     assert "wcache device check, " in r.stdout and " s in all" in r.stdout, out  # the report
     assert "FAILED step: pinned anonymous memory" in r.stdout, out
-    assert took < 45 + 20, (took, out)
+    assert took < 75 + 20, (took, out)
 
 
 def _unshare_mount():

@@ -347,7 +347,7 @@ test_poll_interval_shortened(void **state)
  */
 #define TOUCH_MS 50
 #define TOUCHES 30
-#define SLACK_MS 250
+#define SLACK_MS 500
 
 struct neighbours {
 	struct watch *w;
