@@ -465,6 +465,11 @@ metrics_write(FILE *f, const struct registry *reg, const struct metrics_daemon *
 		"a close that hangs.");
 	fputs("wcached_clients_refused_closing_total", f);
 	value(f, (double)d->server.closing_refused);
+	family(f, "wcached_fds_closed_inline_total", "counter",
+		"Descriptors closed on the event loop for want of memory or a thread to close "
+		"them off it (each could stall every client while it closes).");
+	fputs("wcached_fds_closed_inline_total", f);
+	value(f, (double)d->server.closed_inline);
 	family(f, "wcached_control_timeouts_total", "counter",
 		"Control connections closed because they did not finish a request in time.");
 	fputs("wcached_control_timeouts_total", f);

@@ -706,6 +706,7 @@ server_get_stats(const struct server *s, struct server_stats *out)
 	out->fds_in_flight = s->inflight_total;
 	out->deferred_clients = s->ndeferred;
 	out->fds_closing = closer_total(s->closer);
+	out->closed_inline = closer_closed_inline(s->closer);
 }
 
 int

@@ -63,6 +63,8 @@ struct server_stats {
 	unsigned fds_closing;       /* descriptors clients chose, closing off the loop now */
 	uint64_t closing_refused;   /* connections refused or closed: their uid's
 				       descriptors wait behind a close that hangs */
+	unsigned long closed_inline; /* descriptors closed on the loop: no memory or
+					thread for a closing thread (closer.h) */
 };
 void server_get_stats(const struct server *s, struct server_stats *out);
 
