@@ -79,6 +79,94 @@ def test_serialize_and_deserialize():
     assert wnp.load(blob)["t"].dtype == np.float32
 
 
+# Headers whose JSON parses but whose values are not of upstream's types
+# (serde: shape Vec<usize>, data_offsets (usize, usize), __metadata__
+# HashMap<String, String>): upstream raises SafetensorError for each. The
+# old parser let several through (a shape of floats or negative numbers)
+# or raised TypeError.
+WRONG_TYPES = {
+    "offsets of floats": {"t": {"dtype": "U8", "shape": [16], "data_offsets": [0.0, 16.0]}},
+    "offsets of bools": {"t": {"dtype": "U8", "shape": [1], "data_offsets": [False, True]}},
+    "an offset a string": {"a": {"dtype": "U8", "shape": [8], "data_offsets": [0, 8]},
+                           "b": {"dtype": "U8", "shape": [8], "data_offsets": ["8", 16]}},
+    "three offsets": {"t": {"dtype": "U8", "shape": [16], "data_offsets": [0, 8, 16]}},
+    "a negative offset": {"t": {"dtype": "U8", "shape": [16], "data_offsets": [-16, 0]}},
+    "a shape of floats": {"t": {"dtype": "U8", "shape": [16.0], "data_offsets": [0, 16]}},
+    "a negative shape": {"t": {"dtype": "U8", "shape": [-4, -4], "data_offsets": [0, 16]}},
+    "a shape of bools": {"t": {"dtype": "U8", "shape": [True], "data_offsets": [0, 1]}},
+    "a shape a string": {"t": {"dtype": "U8", "shape": "16", "data_offsets": [0, 16]}},
+    "a shape past usize": {"t": {"dtype": "U8", "shape": [1 << 64], "data_offsets": [0, 16]}},
+    "a dtype a list": {"t": {"dtype": ["U8"], "shape": [16], "data_offsets": [0, 16]}},
+    "a tensor a list": {"t": [1, 2, 3]},
+    "metadata a list": {"__metadata__": [1],
+                        "t": {"dtype": "U8", "shape": [16], "data_offsets": [0, 16]}},
+    "metadata of numbers": {"__metadata__": {"a": 1},
+                            "t": {"dtype": "U8", "shape": [16], "data_offsets": [0, 16]}},
+}
+
+
+@pytest.mark.parametrize("what", sorted(WRONG_TYPES))
+def test_values_of_the_wrong_type_are_safetensor_errors(what):
+    blob = expected_file(json.dumps(WRONG_TYPES[what]), bytes(16))
+    for load in (wcache.deserialize, wtorch.load, wnp.load):
+        with pytest.raises(wcache.SafetensorError, match="InvalidHeaderDeserialization"):
+            load(blob)
+
+
+def test_nesting_too_deep_for_python_is_a_safetensor_error():
+    raw = b'{"a":' + b"[" * 100000 + b"]" * 100000 + b"}"
+    with pytest.raises(wcache.SafetensorError, match="InvalidHeaderDeserialization"):
+        wcache.deserialize(struct.pack("<Q", len(raw)) + raw)
+
+
+def test_mutated_headers_are_safetensor_errors_or_whole_tensors():
+    """The bytes-parser of the Python package, fuzzed: a valid file's header
+    with values swapped for ones of other types, and with bytes changed;
+    every outcome is a SafetensorError or tensors that fit their bytes."""
+    import random
+    rng = random.Random(23)
+    header = {"__metadata__": {"format": "pt"},
+              "a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
+              "b": {"dtype": "U8", "shape": [4], "data_offsets": [16, 20]},
+              "c": {"dtype": "BF16", "shape": [], "data_offsets": [20, 22]}}
+    odd = [-1, 0, 1, 2, 4, 16, 22, 1 << 64, 1.0, 2.5, True, None, "", "2", "F32", [], [2],
+           [2, 2], [0, 16], {}, {"x": "y"}, [[1]]]
+    bits = {"F32": 32, "U8": 8, "BF16": 16, "F64": 64, "BOOL": 8}
+    outcomes = {"error": 0, "tensors": 0}
+    for i in range(4000):
+        h = json.loads(json.dumps(header))
+        for _ in range(rng.randint(1, 3)):
+            name = rng.choice(list(h))
+            if name == "__metadata__" or rng.random() < 0.1:
+                h[name] = rng.choice(odd)
+            else:
+                info = h[name] if isinstance(h[name], dict) else {}
+                key = rng.choice(["dtype", "shape", "data_offsets"])
+                if rng.random() < 0.5 and isinstance(info.get(key), list) and info[key]:
+                    info[key][rng.randrange(len(info[key]))] = rng.choice(odd)
+                else:
+                    info[key] = rng.choice(odd + list(bits))
+                h[name] = info
+        raw = bytearray(json.dumps(h).encode())
+        if i % 3 == 0:
+            for _ in range(rng.randint(1, 4)):
+                raw[rng.randrange(len(raw))] = rng.randrange(256)
+        blob = struct.pack("<Q", len(raw)) + bytes(raw) + bytes(22)
+        try:
+            out = wcache.deserialize(blob)
+        except wcache.SafetensorError:
+            outcomes["error"] += 1
+            continue
+        outcomes["tensors"] += 1
+        for name, t in out:
+            assert all(type(x) is int and x >= 0 for x in t["shape"]), (bytes(raw), t)
+            count = 1
+            for x in t["shape"]:
+                count *= x
+            assert count * bits[t["dtype"]] == 8 * len(t["data"]), (bytes(raw), name, t)
+    assert outcomes["error"] > 1000 and outcomes["tensors"] > 30, outcomes
+
+
 def test_load_maps_every_dtype_this_torch_has(monkeypatch):
     """wtorch.load takes its torch types from the table Model.torch uses, so
     a dtype that only a newer torch has (F8_E8M0: float8_e8m0fnu, torch 2.7)

@@ -49,6 +49,7 @@ from ._lib import (ClosedError, DaemonUnavailable, InvalidArgument, InvalidSlice
                    NoSuchFile, SafetensorError, WcacheError)
 from ._device import _say_once, to_device
 from ._hostreg import host_register, host_register_wanted
+from ._serialize import MAX_HEADER
 from .model import connect, open_file
 
 __all__ = ["safe_open", "open_model"]
@@ -191,7 +192,9 @@ def _header_has_metadata(path):
             if len(raw) != 8:
                 return None
             n = struct.unpack("<Q", raw)[0]
-            if n > os.fstat(f.fileno()).st_size - 8:  # not a safetensors file (a shard index)
+            # Not a safetensors file (a shard index), or not one wcached
+            # served: the file at path may have changed since.
+            if n > min(os.fstat(f.fileno()).st_size - 8, MAX_HEADER):
                 return None
             header = f.read(n)
     except OSError:

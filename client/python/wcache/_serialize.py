@@ -241,6 +241,12 @@ def not_safetensors(data):
     return None
 
 
+def _usize(x):
+    """Whether a JSON value is what serde reads as a usize: an integer (not
+    a bool, not a float) from 0 to 2**64 - 1."""
+    return type(x) is int and 0 <= x < 1 << 64
+
+
 def deserialize(data):
     """[(name, {"shape": [...], "dtype": "F32", "data": bytearray}), ...] of
     a safetensors file's bytes, in file order; SafetensorError when they are
@@ -262,23 +268,33 @@ def deserialize(data):
         raise SafetensorError("Error while deserializing: InvalidHeaderStart")
     try:
         header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise SafetensorError(f"Error while deserializing: InvalidHeaderDeserialization "
                               f"({e})") from None
     if not isinstance(header, dict):
         raise SafetensorError("Error while deserializing: InvalidHeaderDeserialization")
-    header.pop("__metadata__", None)
+    meta = header.pop("__metadata__", None)
+    # Upstream's types (serde): metadata a map of strings, a shape a list of
+    # usize, data_offsets two of them; anything else (a float, a bool, a
+    # negative number, a string) is InvalidHeaderDeserialization.
+    if meta is not None and not (isinstance(meta, dict) and
+                                 all(isinstance(v, str) for v in meta.values())):
+        raise SafetensorError("Error while deserializing: InvalidHeaderDeserialization "
+                              "(__metadata__ is not a map of strings)")
     items = []
     for name, info in header.items():
-        try:
-            st, shape, (begin, end) = info["dtype"], list(info["shape"]), info["data_offsets"]
-        except (KeyError, TypeError, ValueError):
+        st = info.get("dtype") if isinstance(info, dict) else None
+        shape = info.get("shape") if isinstance(info, dict) else None
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        if not (isinstance(st, str) and isinstance(shape, list) and
+                all(_usize(x) for x in shape) and isinstance(offsets, list) and
+                len(offsets) == 2 and all(_usize(x) for x in offsets)):
             raise SafetensorError(f"Error while deserializing: InvalidHeaderDeserialization "
-                                  f"(tensor {name!r})") from None
+                                  f"(tensor {name!r})")
         if st not in ST_BITS:
             raise SafetensorError(f"Error while deserializing: unknown dtype {st!r} of "
                                   f"tensor {name!r}")
-        items.append(((begin, end), name, st, shape))
+        items.append((tuple(offsets), name, st, shape))
     items.sort(key=lambda e: e[0])
     start = 0
     base = 8 + n
