@@ -286,6 +286,22 @@ def test_bad_files_are_safetensor_errors(tmp_path, no_daemon):
         wcache.safe_open(npy, framework="np")
 
 
+def test_save_file_io_errors_are_safetensor_errors(tmp_path):
+    # Upstream (bindings/python/src/lib.rs, serialize_file): "Error while
+    # serializing: I/O error: ..."; wcache raised FileNotFoundError, naming
+    # its temporary file.
+    target = tmp_path / "missing" / "m.safetensors"
+    for save in (lambda: wtorch.save_file({"a": torch.zeros(2)}, target),
+                 lambda: wnp.save_file({"a": np.zeros(2)}, target),
+                 lambda: wcache.serialize_file({"a": {"dtype": "float32", "shape": [1],
+                                                      "data": bytes(4)}}, target)):
+        with pytest.raises(wcache.SafetensorError) as e:
+            save()
+        assert str(e.value) == (f"Error while serializing: I/O error: {target}: No such file "
+                                "or directory (os error 2)"), str(e.value)
+        assert e.value.errno == 2
+
+
 def test_save_rules_for_shared_tensors(tmp_path):
     shared = torch.zeros(4)
     with pytest.raises(RuntimeError, match="share memory"):

@@ -30,6 +30,7 @@ syncs the directory: a reader, or wcached serving the old file, never sees
 a half-written or truncated file, and a failure leaves the old file alone.
 """
 import ctypes
+import errno
 import json
 import os
 import struct
@@ -174,7 +175,7 @@ def write_atomically(filename, chunks):
         except FileExistsError:
             continue
     else:
-        raise FileExistsError(f"{directory}: cannot create a temporary file")
+        raise FileExistsError(errno.EEXIST, f"{directory}: cannot create a temporary file")
     try:
         with os.fdopen(fd, "wb", buffering=0) as f:
             for chunk in chunks:
@@ -205,7 +206,15 @@ def serialize_file(tensor_dict, filename, metadata=None):
     """Writes what :func:`serialize` returns to filename, atomically (see
     the module comment). Returns None."""
     header, buffers = _prepare(tensor_dict, metadata)
-    write_atomically(filename, [header] + [b for b in buffers if len(memoryview(b).cast("B"))])
+    try:
+        write_atomically(filename, [header] + [b for b in buffers
+                                               if len(memoryview(b).cast("B"))])
+    except OSError as e:
+        # Upstream: any I/O error is a SafetensorError ("I/O error: " and
+        # Rust's io::Error); here also naming the file, not the temporary.
+        why = f"{e.strerror} (os error {e.errno})" if e.errno else str(e)
+        raise SafetensorError(e.errno or 0, f"Error while serializing: I/O error: "
+                              f"{os.fspath(filename)}: {why}") from e
 
 
 _CONVERT = "python3 -m wcache.convert IN OUT.safetensors"
