@@ -105,6 +105,31 @@ WRONG_TYPES = {
 }
 
 
+# What wcache's C parser refuses (client/python/README.md, "Stricter
+# validation"), refused by the Python one alike.
+T = '{"dtype":"U8","shape":[16],"data_offsets":[0,16]}'
+STRICTER = {
+    "a tensor twice": '{"t":%s,"t":%s}' % (T, T),
+    "a field twice": '{"t":{"dtype":"U8","dtype":"U8","shape":[16],"data_offsets":[0,16]}}',
+    "a metadata key twice": '{"__metadata__":{"a":"1","a":"2"},"t":%s}' % T,
+    "an unknown field": '{"t":{"dtype":"U8","shape":[16],"data_offsets":[0,16],"x":1}}',
+    "an empty name": '{"":%s}' % T,
+    "a name with NUL": '{"a\\u0000b":%s}' % T,
+}
+
+
+@pytest.mark.parametrize("what", sorted(STRICTER))
+def test_what_the_c_parser_refuses_deserialize_refuses(what, tmp_path, no_daemon):
+    blob = expected_file(STRICTER[what], bytes(16))
+    path = tmp_path / "m.safetensors"
+    path.write_bytes(blob)
+    with pytest.raises(wcache.SafetensorError):
+        wcache.safe_open(path, framework="np")
+    for load in (wcache.deserialize, wtorch.load, wnp.load):
+        with pytest.raises(wcache.SafetensorError, match="InvalidHeaderDeserialization"):
+            load(blob)
+
+
 @pytest.mark.parametrize("what", sorted(WRONG_TYPES))
 def test_values_of_the_wrong_type_are_safetensor_errors(what):
     blob = expected_file(json.dumps(WRONG_TYPES[what]), bytes(16))

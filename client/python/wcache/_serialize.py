@@ -256,6 +256,17 @@ def _usize(x):
     return type(x) is int and 0 <= x < 1 << 64
 
 
+def _unique_keys(pairs):
+    """json.loads' object_pairs_hook: a dict, but a key twice is an error
+    (upstream's serde keeps one of them)."""
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
 def deserialize(data):
     """[(name, {"shape": [...], "dtype": "F32", "data": bytearray}), ...] of
     a safetensors file's bytes, in file order; SafetensorError when they are
@@ -276,7 +287,7 @@ def deserialize(data):
     if not raw.startswith(b"{"):
         raise SafetensorError("Error while deserializing: InvalidHeaderStart")
     try:
-        header = json.loads(raw.decode("utf-8"))
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise SafetensorError(f"Error while deserializing: InvalidHeaderDeserialization "
                               f"({e})") from None
@@ -292,6 +303,15 @@ def deserialize(data):
                               "(__metadata__ is not a map of strings)")
     items = []
     for name, info in header.items():
+        # As strict as wcache's C parser (client/python/README.md).
+        if name == "" or "\0" in name:
+            raise SafetensorError(f"Error while deserializing: InvalidHeaderDeserialization "
+                                  f"(tensor name {name!r})")
+        extra = sorted(info.keys() - {"dtype", "shape", "data_offsets"}) \
+            if isinstance(info, dict) else []
+        if extra:
+            raise SafetensorError(f"Error while deserializing: InvalidHeaderDeserialization "
+                                  f"(tensor {name!r}: unknown field {extra[0]!r})")
         st = info.get("dtype") if isinstance(info, dict) else None
         shape = info.get("shape") if isinstance(info, dict) else None
         offsets = info.get("data_offsets") if isinstance(info, dict) else None
