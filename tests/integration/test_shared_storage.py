@@ -112,9 +112,9 @@ def test_remote_rename_becomes_a_new_generation_within_two_poll_intervals(start,
     path = remote_model(tmp_path, remote)
     d = start({"m": (path, {"poll_interval": str(interval), "stage": "no"})})
     wait_generation(d, "m", 1)
+    polled = re.compile(r'model "m": .* changed on fuse \(seen by polling\)')
     for number in (2, 3):
         data = model_bytes(tmp_path, number, f"src{number}.safetensors")
-        polled = re.compile(r'model "m": .* changed on fuse \(seen by polling\)')
         before = len(polled.findall(d.read_log()))
         t = time.monotonic()
         remote.replace("m.safetensors", data)
