@@ -134,40 +134,63 @@ model_free(wc_model *m)
 	free(m);
 }
 
+/* Makes the model of an opened source: it takes the source's index and
+ * mappings and closes the rest of the source, descriptors included (a
+ * worker does not need them once mapped), whether or not it succeeds. */
+static int
+model_of_source(const char *what, struct model_source *s, wc_model **out)
+{
+	struct model_map *maps;
+	wc_model *m;
+	int r;
+
+	if ((maps = calloc(s->nfiles ? s->nfiles : 1, sizeof(*maps))) == NULL) {
+		source_close(s);
+		return error_set(-ENOMEM, "%s: out of memory", what);
+	}
+	for (size_t i = 0; i < s->nfiles; i++) {
+		maps[i].base = s->files[i].base;
+		maps[i].size = s->files[i].size;
+	}
+	if ((r = model_new(what, s->index, s->index_len, MODEL_INDEX_OWNED, maps, s->nfiles,
+		&m)) < 0) {
+		free(maps);
+		source_close(s);
+		return r;
+	}
+	for (size_t i = 0; i < s->nfiles; i++)
+		s->files[i].base = NULL;
+	s->index = NULL;
+	source_close(s);
+	*out = m;
+	return 0;
+}
+
 int
 wc_open_file(const char *path, wc_model **out)
 {
 	struct model_source s;
-	struct model_map *maps;
-	wc_model *m;
 	int r;
 
 	if (path == NULL || out == NULL)
 		return error_set(-EINVAL, "wc_open_file: no path");
 	if ((r = source_open(path, &s)) < 0)
 		return r;
-	if ((maps = calloc(s.nfiles ? s.nfiles : 1, sizeof(*maps))) == NULL) {
-		source_close(&s);
-		return error_set(-ENOMEM, "%s: out of memory", path);
-	}
-	for (size_t i = 0; i < s.nfiles; i++) {
-		maps[i].base = s.files[i].base;
-		maps[i].size = s.files[i].size;
-	}
-	if ((r = model_new(path, s.index, s.index_len, MODEL_INDEX_OWNED, maps,
-		s.nfiles, &m)) < 0) {
-		free(maps);
-		source_close(&s);
+	return model_of_source(path, &s, out);
+}
+
+int
+wc_open_fd(int fd, const char *label, wc_model **out)
+{
+	struct model_source s;
+	int r;
+
+	if (fd < 0 || label == NULL || out == NULL)
+		return error_set(-EINVAL, "wc_open_fd: no descriptor or no label");
+	if ((r = source_open_fd(fd, label, &s)) < 0)
 		return r;
-	}
-	/* The model now owns the index and the mappings; the source keeps the
-	 * descriptors, which a worker does not need once mapped. */
-	for (size_t i = 0; i < s.nfiles; i++)
-		s.files[i].base = NULL;
-	s.index = NULL;
-	source_close(&s);
-	*out = m;
-	return 0;
+	s.files[0].fd = -1; /* the caller's, before and after */
+	return model_of_source(label, &s, out);
 }
 
 /* An attached model's release is its hook's (attach.c: unmap, then tell the

@@ -50,6 +50,11 @@ typedef struct wc_tensor {
  * WEIG file. Files are opened O_RDONLY | O_CLOEXEC and mapped PROT_READ. */
 WC_EXPORT int wc_open_file(const char *path, wc_model **out);
 
+/* The same for the one safetensors or WEIG file open as fd (by its magic),
+ * read with pread and mapped PROT_READ; label names it in errors. fd stays
+ * the caller's: it may be closed as soon as this returns. */
+WC_EXPORT int wc_open_fd(int fd, const char *label, wc_model **out);
+
 /* Unmaps the model; tells the daemon when the model was attached by this
  * process and its client is still connected. Accepts NULL. */
 WC_EXPORT void wc_release(wc_model *m);

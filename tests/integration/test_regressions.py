@@ -224,14 +224,15 @@ def test_out_of_descriptors_refuses_without_spinning(start, tmp_path):
 def test_sigterm_while_reload_loads(tmp_path):
     small = mkmodel(tmp_path / "small.safetensors", **SMALL)
     # 180,000 tensors: parsing the header takes tens of ms (more under
-    # ASan), so eight of them keep libuv's four work threads busy a while.
+    # ASan), so 24 of them keep libuv's four work threads busy for six
+    # rounds: far longer than the log poll below takes to see the start.
     heavy = mkmodel(tmp_path / "heavy.safetensors", layers=20000, hidden=8, ffn=8, vocab=8)
     d = Daemon(tmp_path, {"small": small}).start()
     reload = None
     try:
         wait_for_control(d)
         models = {"small": small}
-        for i in range(8):
+        for i in range(24):
             path = tmp_path / f"heavy{i}.safetensors"
             os.link(heavy, path)
             models[f"heavy{i}"] = str(path)

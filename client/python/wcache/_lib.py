@@ -53,6 +53,12 @@ class NoSuchFile(ModelNotFound, FileNotFoundError):
     wcache raised before."""
 
 
+# The codes libwcache returns for a file that is not a valid model (as
+# opposed to one that could not be read): safetensors' SafetensorError.
+INVALID_MODEL_ERRNOS = (_errno.EINVAL, _errno.EBADMSG, _errno.ERANGE, _errno.EOVERFLOW,
+                        _errno.E2BIG, _errno.EFBIG)
+
+
 class SafetensorError(WcacheError):
     """What ``safetensors.SafetensorError`` is to safetensors: raised where
     upstream raises it (a file that is not valid safetensors, a missing
@@ -114,6 +120,7 @@ _T = ctypes.POINTER(wc_tensor)
 # name: (restype, argtypes). Every function in client/lib/wcache.h.
 _REQUIRED = {
     "wc_open_file": (ctypes.c_int, [ctypes.c_char_p, _PP]),
+    "wc_open_fd": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p, _PP]),
     "wc_release": (None, [_P]),
     "wc_model_count": (ctypes.c_size_t, [_P]),
     "wc_model_tensor": (ctypes.c_int, [_P, ctypes.c_size_t, _T]),

@@ -45,8 +45,8 @@ import os
 import struct
 import threading
 
-from ._lib import (ClosedError, DaemonUnavailable, InvalidArgument, InvalidSlice, ModelNotFound,
-                   NoSuchFile, SafetensorError, WcacheError)
+from ._lib import (INVALID_MODEL_ERRNOS, ClosedError, DaemonUnavailable, InvalidArgument,
+                   InvalidSlice, ModelNotFound, NoSuchFile, SafetensorError, WcacheError)
 from ._device import _say_once, to_device
 from ._hostreg import host_register, host_register_wanted
 from ._serialize import MAX_HEADER
@@ -130,8 +130,7 @@ def open_model(path_or_name):
             if hasattr(err, "add_note"):
                 err.add_note(err.reason)
             raise err from None
-        if e.errno in (errno.EINVAL, errno.EBADMSG, errno.ERANGE, errno.EOVERFLOW,
-                       errno.E2BIG, errno.EFBIG):
+        if e.errno in INVALID_MODEL_ERRNOS:
             raise SafetensorError(e.errno, e.strerror) from None
         raise
 

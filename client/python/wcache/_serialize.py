@@ -35,7 +35,10 @@ import json
 import os
 import struct
 
-from ._lib import InvalidArgument, InvalidTensorSpec, SafetensorError
+from . import _lib
+from ._lib import INVALID_MODEL_ERRNOS as _INVALID
+from ._lib import (InvalidArgument, InvalidTensorSpec, SafetensorError, WcacheError, check,
+                   wc_tensor)
 
 __all__ = ["TensorSpec", "serialize", "serialize_file", "deserialize", "DTYPES", "ST_BITS"]
 
@@ -60,6 +63,12 @@ DTYPES = {"bool": "BOOL", "int8": "I8", "uint8": "U8", "int16": "I16", "uint16":
           "float8_e8m0fnu": "F8_E8M0", "float4_e2m1fn_x2": "F4", "complex64": "C64"}
 
 MAX_HEADER = 100_000_000  # upstream's MAX_HEADER_SIZE
+_WRITE_CHUNK = 1 << 30     # os.write writes at most 2 GiB - 4 KiB at once
+# What libwcache's parser reads of a file before its header length is known
+# (client/base/file.h FILE_PROBE_LEN): deserialize writes at least that much.
+_PARSER_PROBE = 64 << 10
+# A WEIG file's first four bytes, either byte order (proto/FORMAT.md).
+_WEIG_MAGICS = (b"GIEW", b"WEIG")
 
 
 def _dtype(name):
@@ -217,128 +226,57 @@ def serialize_file(tensor_dict, filename, metadata=None):
                               f"{os.fspath(filename)}: {why}") from e
 
 
-_CONVERT = "python3 -m wcache.convert IN OUT.safetensors"
-_LEGACY_TORCH = bytes.fromhex("80028a0a6cfc9c46f9206aa85019")
-
-
-def not_safetensors(data):
-    """What the bytes are when they are a format often mistaken for
-    safetensors (the checks of client/format/diagnose.c, for bytes that never
-    reach the C library), else None."""
-    head = bytes(data[:64])
-    if len(head) > 8 and head[8:9] == b"{":
-        return None
-    if head.startswith(b"PK\x03\x04"):
-        name = bytes(data[30:30 + int.from_bytes(head[26:28], "little")])
-        if name.endswith(b".pkl"):
-            return ("a PyTorch checkpoint (torch.save zip archive holding a pickle): "
-                    f"convert it with `{_CONVERT}`")
-        if name.endswith(b".npy"):
-            return "a NumPy .npz archive: load it with numpy.load()"
-        return "a zip archive"
-    if head.startswith(_LEGACY_TORCH):
-        return f"a PyTorch checkpoint (legacy torch.save pickle format): convert it with " \
-            f"`{_CONVERT}`"
-    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
-        return f"a Python pickle (protocol {head[1]})"
-    if head.startswith(b"GGUF"):
-        return "a GGUF file (llama.cpp)"
-    if head.startswith(b"\x93NUMPY"):
-        return "a NumPy .npy array: load it with numpy.load()"
-    if any(bytes(data[at:at + 8]) == b"\x89HDF\r\n\x1a\n" for at in (0, 512, 1024, 2048)):
-        return "an HDF5 file (Keras/TensorFlow .h5)"
-    return None
-
-
-def _usize(x):
-    """Whether a JSON value is what serde reads as a usize: an integer (not
-    a bool, not a float) from 0 to 2**64 - 1."""
-    return type(x) is int and 0 <= x < 1 << 64
-
-
-def _unique_keys(pairs):
-    """json.loads' object_pairs_hook: a dict, but a key twice is an error
-    (upstream's serde keeps one of them)."""
-    out = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r}")
-        out[key] = value
-    return out
-
-
 def deserialize(data):
     """[(name, {"shape": [...], "dtype": "F32", "data": bytearray}), ...] of
     a safetensors file's bytes, in file order; SafetensorError when they are
-    not a valid safetensors file."""
+    not a valid safetensors file.
+
+    The header is parsed and checked by libwcache's parser, the fuzzed one
+    every file goes through (wc_open_fd), so bytes and a file holding them
+    are accepted and refused alike, with the same messages. It reads a
+    private memfd as long as the bytes that holds a copy of their header
+    (or, when they are not safetensors, of what the parser reads to say
+    what they are) and holes for the rest: a safetensors parser never reads
+    tensor data, and copying it twice would halve the speed. Each tensor's
+    bytes are then copied from data at the offsets the parser checked; a
+    buffer another process shares can change only the tensor bytes, never
+    what was parsed."""
     view = memoryview(data).cast("B")
-    what = not_safetensors(view)
-    if what is not None:
-        raise SafetensorError(f"Error while deserializing: these bytes are {what}, not "
-                              "safetensors")
-    if view.nbytes < 8:
-        raise SafetensorError("Error while deserializing: HeaderTooSmall")
-    n = struct.unpack("<Q", view[:8])[0]
-    if n > MAX_HEADER:
-        raise SafetensorError("Error while deserializing: HeaderTooLarge")
-    if n > view.nbytes - 8:
-        raise SafetensorError("Error while deserializing: InvalidHeaderLength")
-    raw = bytes(view[8:8 + n])
-    if not raw.startswith(b"{"):
-        raise SafetensorError("Error while deserializing: InvalidHeaderStart")
+    if bytes(view[:4]) in _WEIG_MAGICS:
+        raise SafetensorError(errno.EINVAL, "Error while deserializing: bytes: is a WEIG "
+                              "file, not safetensors (wcache.open_file opens WEIG files)")
+    n = struct.unpack("<Q", view[:8])[0] if view.nbytes >= 8 else 0
+    head = min(view.nbytes, max(_PARSER_PROBE, 8 + n if n <= MAX_HEADER else 0))
+    fd = os.memfd_create("wcache-deserialize", os.MFD_CLOEXEC)
+    lib = _lib.lib()
+    model = ctypes.c_void_p()
     try:
-        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise SafetensorError(f"Error while deserializing: InvalidHeaderDeserialization "
-                              f"({e})") from None
-    if not isinstance(header, dict):
-        raise SafetensorError("Error while deserializing: InvalidHeaderDeserialization")
-    meta = header.pop("__metadata__", None)
-    # Upstream's types (serde): metadata a map of strings, a shape a list of
-    # usize, data_offsets two of them; anything else (a float, a bool, a
-    # negative number, a string) is InvalidHeaderDeserialization.
-    if meta is not None and not (isinstance(meta, dict) and
-                                 all(isinstance(v, str) for v in meta.values())):
-        raise SafetensorError("Error while deserializing: InvalidHeaderDeserialization "
-                              "(__metadata__ is not a map of strings)")
-    items = []
-    for name, info in header.items():
-        # As strict as wcache's C parser (client/python/README.md).
-        if name == "" or "\0" in name:
-            raise SafetensorError(f"Error while deserializing: InvalidHeaderDeserialization "
-                                  f"(tensor name {name!r})")
-        extra = sorted(info.keys() - {"dtype", "shape", "data_offsets"}) \
-            if isinstance(info, dict) else []
-        if extra:
-            raise SafetensorError(f"Error while deserializing: InvalidHeaderDeserialization "
-                                  f"(tensor {name!r}: unknown field {extra[0]!r})")
-        st = info.get("dtype") if isinstance(info, dict) else None
-        shape = info.get("shape") if isinstance(info, dict) else None
-        offsets = info.get("data_offsets") if isinstance(info, dict) else None
-        if not (isinstance(st, str) and isinstance(shape, list) and
-                all(_usize(x) for x in shape) and isinstance(offsets, list) and
-                len(offsets) == 2 and all(_usize(x) for x in offsets)):
-            raise SafetensorError(f"Error while deserializing: InvalidHeaderDeserialization "
-                                  f"(tensor {name!r})")
-        if st not in ST_BITS:
-            raise SafetensorError(f"Error while deserializing: unknown dtype {st!r} of "
-                                  f"tensor {name!r}")
-        items.append((tuple(offsets), name, st, shape))
-    items.sort(key=lambda e: e[0])
-    start = 0
-    base = 8 + n
-    out = []
-    for (begin, end), name, st, shape in items:
-        if begin != start or end < begin:
-            raise SafetensorError(f"Error while deserializing: InvalidOffset({name})")
-        count = 1
-        for x in shape:
-            count *= x
-        if count * ST_BITS[st] != (end - begin) * 8:
-            raise SafetensorError(f"Error while deserializing: TensorInvalidInfo ({name})")
-        start = end
-        out.append((name, {"shape": shape, "dtype": st,
-                           "data": bytearray(view[base + begin:base + end])}))
-    if base + start != view.nbytes:
-        raise SafetensorError("Error while deserializing: MetadataIncompleteBuffer")
-    return out
+        os.ftruncate(fd, view.nbytes)
+        done = 0
+        while done < head:
+            done += os.write(fd, view[done:min(head, done + _WRITE_CHUNK)])
+        check(lib.wc_open_fd(fd, b"bytes", ctypes.byref(model)))
+        parsed_len = struct.unpack("<Q", os.pread(fd, 8, 0))[0]
+    except WcacheError as e:
+        if e.errno in _INVALID:
+            raise SafetensorError(e.errno, f"Error while deserializing: {e.strerror}") \
+                from None
+        raise
+    finally:
+        os.close(fd)
+    try:
+        count = lib.wc_model_count(model)
+        records = (wc_tensor * count)()
+        check(lib.wc_model_tensors(model, 0, records, count))
+        infos = sorted((t.data or 0, t.nbytes, t.name.decode("utf-8", "surrogateescape"),
+                        t.dtype.decode("ascii"), list(t.shape[:t.ndim])) for t in records)
+    finally:
+        lib.wc_release(model)
+    # The tensors tile the data from offset 0 (the parser checked), so the
+    # lowest address of a tensor with bytes is the data's start, 8 + the
+    # header length into the bytes. Sorted by address, then size: file order.
+    base = min((data for data, nbytes, *_ in infos if nbytes), default=0)
+    start = 8 + parsed_len
+    return [(name, {"shape": shape, "dtype": dtype,
+                    "data": bytearray(view[start + data - base:start + data - base + nbytes])})
+            for data, nbytes, name, dtype, shape in infos]

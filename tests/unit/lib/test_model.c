@@ -1,7 +1,7 @@
 /*
- * test_model.c: the wc_model API over wc_open_file: lookups, metadata,
- * errors, lifetime across fork(), and wc_model_cow() writes that stay
- * private to this process.
+ * test_model.c: the wc_model API over wc_open_file and wc_open_fd: lookups,
+ * metadata, errors, lifetime across fork(), and wc_model_cow() writes that
+ * stay private to this process.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -108,6 +108,37 @@ test_errors_name_the_file(void **state)
 	assert_int_equal(wc_open_file(NULL, &m), -EINVAL);
 }
 
+/* wc_open_fd reads the model fd refers to and leaves fd the caller's,
+ * whether it succeeds or not; errors name the label. */
+static void
+test_open_fd_keeps_the_descriptor(void **state)
+{
+	struct fixture *f = *state;
+	wc_model *m = (wc_model *)0x1;
+	wc_tensor t;
+	int fd = open(f->path, O_RDONLY | O_CLOEXEC);
+	int bad = open(f->dir, O_RDONLY | O_CLOEXEC | O_DIRECTORY);
+	char byte;
+
+	assert_true(fd >= 0 && bad >= 0);
+	assert_int_equal(wc_open_fd(bad, "a directory", &m), -EISDIR);
+	assert_ptr_equal(m, (wc_model *)0x1);
+	assert_non_null(strstr(wc_errmsg(), "a directory: "));
+	assert_int_equal(fcntl(bad, F_GETFD), FD_CLOEXEC);
+	assert_int_equal(wc_open_fd(-1, "x", &m), -EINVAL);
+	assert_int_equal(wc_open_fd(fd, NULL, &m), -EINVAL);
+	assert_int_equal(wc_open_fd(fd, "my bytes", &m), 0);
+	assert_int_equal(pread(fd, &byte, 1, 0), 1); /* still open */
+	assert_int_equal(close(fd), 0);
+	assert_int_equal(close(bad), 0);
+	assert_int_equal(wc_model_count(m), 3);
+	assert_int_equal(wc_model_find(m, "b", &t), 0); /* mapped: fd is not needed */
+	assert_int_equal(((const uint8_t *)t.data)[15], 31);
+	assert_int_equal(wc_model_find(m, "c", &t), -ENOENT);
+	assert_non_null(strstr(wc_errmsg(), "my bytes"));
+	wc_release(m);
+}
+
 static void
 test_valid_in_child_after_fork(void **state)
 {
@@ -201,6 +232,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_lookups, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_bulk_matches_one_by_one, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_errors_name_the_file, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_open_fd_keeps_the_descriptor, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_valid_in_child_after_fork, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_cow_writes_stay_private, setup, teardown),
 	};
