@@ -97,9 +97,9 @@ check_free(struct derive_check *c)
 		munmap((void *)c->index, c->src.index_len);
 	if (c->index_fd >= 0)
 		close(c->index_fd);
-	gen_close_served(c->served, c->src.nfiles);
-	source_close(&c->src);
-	/* Perhaps the last reference to gigabytes: freed off the loop. */
+	/* Perhaps the last reference to gigabytes (wcached's reopens, once
+	 * checked, or the received descriptor): freed off the loop. */
+	gen_close_files_in(c->t->r, c->owner, c->served, &c->src);
 	closer_close(c->t->closer, c->owner, c->fd);
 	free(c);
 }
@@ -182,6 +182,8 @@ make_artifact(struct derive_table *t, struct derive_build *b, struct derive_chec
 	g->source.index = NULL;
 	gen_set_state(g, GEN_READY, "published");
 	g->kept = 1;
+	g->artifact = 1;
+	g->builder_uid = b->builder_uid;
 	a->entry_id = b->entry_id;
 	a->source = b->source;
 	memcpy(a->key, b->key, sizeof(a->key));

@@ -187,7 +187,10 @@ gen_maybe_free(struct registry *r, struct generation *g)
 		close(g->index_fd);
 	if (g->served_index_fd >= 0)
 		close(g->served_index_fd);
-	gen_close_files(r, &g->fs, g->served_fds, &g->source);
+	if (g->artifact)
+		gen_close_files_in(r, g->builder_uid, g->served_fds, &g->source);
+	else
+		gen_close_files(r, &g->fs, g->served_fds, &g->source);
 	gen_free_staged(r, g);
 	free(g->warm.jobs);
 	free(g->hold_conns);
@@ -247,18 +250,27 @@ gen_close_served(int *fds, size_t n)
 }
 
 void
+gen_close_files_in(struct registry *r, uid_t owner, int *served, struct model_source *src)
+{
+	for (size_t i = 0; i < src->nfiles; i++) {
+		if (served != NULL) {
+			closer_close(r->closer, owner, served[i]);
+			served[i] = -1;
+		}
+		closer_close(r->closer, owner, src->files[i].fd);
+		src->files[i].fd = -1;
+	}
+	gen_close_served(served, src->nfiles);
+	source_close(src);
+}
+
+void
 gen_close_files(struct registry *r, const struct fs_info *fs, int *served,
 	struct model_source *src)
 {
 	if (fs->remote && r->closer != NULL) {
-		for (size_t i = 0; i < src->nfiles; i++) {
-			if (served != NULL) {
-				closer_close(r->closer, CLOSER_DAEMON, served[i]);
-				served[i] = -1;
-			}
-			closer_close(r->closer, CLOSER_DAEMON, src->files[i].fd);
-			src->files[i].fd = -1;
-		}
+		gen_close_files_in(r, CLOSER_DAEMON, served, src);
+		return;
 	}
 	gen_close_served(served, src->nfiles);
 	source_close(src);

@@ -159,6 +159,10 @@ struct generation {
 				       served it, so its workers may HOLD it */
 	int kept;                   /* a derived artifact listed in derive.c's table:
 				       not freed while listed (derive.h) */
+	int artifact;               /* a derived artifact (a memfd), listed or not: */
+	uid_t builder_uid;          /* its descriptors close in this uid's lane of
+				       r->closer (the last close of a memfd frees all
+				       of its memory, and the builder chose its size) */
 	/* The latest residency measure, taken off the loop at the end of every
 	 * page operation (pages.c) and by the jobs of a clean warm-up
 	 * (warm_done): status and metrics report it instead of walking the
@@ -329,6 +333,12 @@ void gen_close_served(int *fds, size_t n);
  * server that hangs never answers it. Frees served; src is left empty.
  */
 void gen_close_files(struct registry *r, const struct fs_info *fs, int *served,
+	struct model_source *src);
+
+/* The same, but every descriptor closes in owner's lane of r->closer,
+ * wherever the files are: a derived artifact's memfd, whose builder is
+ * owner. */
+void gen_close_files_in(struct registry *r, uid_t owner, int *served,
 	struct model_source *src);
 
 #endif

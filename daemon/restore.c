@@ -46,6 +46,7 @@
 
 #include "base/error.h"
 #include "base/path.h"
+#include "closer.h"
 #include "derive.h"
 #include "fdstore.h"
 #include "generation.h"
@@ -123,10 +124,13 @@ carried_name(const char *name)
  * may take yet) and, when drop, asks the manager to drop them (the
  * description's is replaced by restore_sync()). No name dropped here is
  * named again: a new generation or artifact takes a number none stored
- * has, and a name the description gives belongs to one model.
+ * has, and a name the description gives belongs to one model. They close
+ * in the daemon's lane of r's closer, not here: a model file on remote
+ * storage flushes on close, and an artifact's memfd frees its memory.
  */
 static void
-close_untaken(struct restore *s, const struct fdstore_model *only, int drop)
+close_untaken(struct restore *s, struct registry *r, const struct fdstore_model *only,
+	int drop)
 {
 	unsigned closed = 0;
 
@@ -136,7 +140,7 @@ close_untaken(struct restore *s, const struct fdstore_model *only, int drop)
 		if (s->fds[i].fd < 0 ||
 			(only != NULL ? !fdstore_model_names(only, name) : carried_name(name)))
 			continue;
-		close(s->fds[i].fd);
+		closer_close(r->closer, CLOSER_DAEMON, s->fds[i].fd);
 		s->fds[i].fd = -1;
 		closed++;
 		if (drop && strcmp(name, FDSTORE_NAME_DESC) != 0)
@@ -525,9 +529,10 @@ adopt_artifact(struct restore *s, struct registry *r, const struct fdstore_model
 			.build_seconds = (double)a->build_ms / 1000.0 }, &src, ifd,
 			(size_t)a->index_size, &g);
 	if (err < 0 || g == NULL) {
-		/* Closed here, not by close_untaken(): the manager drops it too. */
+		/* Closed here, not by close_untaken(): the manager drops it too.
+		 * In its builder's lane: this may be the memfd's last close. */
 		(void)notify_remove_fds(a->fdname);
-		source_close(&src);
+		gen_close_files_in(r, (uid_t)a->builder_uid, NULL, &src);
 		return err < 0 ? err : -EINVAL;
 	}
 	s->fds[iat].fd = -1;
@@ -620,7 +625,7 @@ restore_after(struct workq_job *w, int status)
 	}
 	/* What it did not take leaves the store (not when stopping: the
 	 * next process may take it). */
-	close_untaken(s, m, !r->closing);
+	close_untaken(s, r, m, !r->closing);
 	restore_state.restoring = 0;
 	restore_sync(r);
 	if (j->done != NULL)
@@ -780,7 +785,7 @@ finish(struct restore *s, struct registry *r)
 				!serves_slot(r, (unsigned)slot))
 				statuspage_publish(&r->page, (unsigned)slot, 0);
 		}
-		close_untaken(s, NULL, !r->closing);
+		close_untaken(s, r, NULL, !r->closing);
 		restore_free(s);
 	}
 	free(restore_state.carried);
@@ -812,7 +817,7 @@ restore_started(struct restore *s, struct registry *r)
 	 * before a crash but never described may have the name the next one
 	 * takes. From now on the store keeps in step with the registry, each
 	 * model whose check runs as the previous process stored it. */
-	close_untaken(s, NULL, 1);
+	close_untaken(s, r, NULL, 1);
 	restore_state.restoring = 0;
 	restore_sync(r);
 }

@@ -147,6 +147,8 @@ restore_adopt_artifact(struct registry *r, struct model_entry *m,
 	free(g->source.index);
 	g->source.index = NULL;
 	gen_set_state(g, GEN_READY, "derived artifact restored from the file descriptor store");
+	g->artifact = 1;
+	g->builder_uid = a->builder_uid;
 	s.gen = g;
 	if ((err = derive_adopt(r->derive_owner, m, &s)) < 0) {
 		gen_unmake(g, src);

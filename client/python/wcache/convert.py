@@ -33,7 +33,6 @@ to disk, and renamed over the destination, so a reader never sees half a
 file and a failure leaves nothing behind.
 """
 import argparse
-import os
 import sys
 
 from ._dtypes import TORCH_TO_ST
