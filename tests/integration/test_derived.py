@@ -12,7 +12,6 @@ import json
 import mmap
 import os
 import re
-import signal
 import socket
 import struct
 import subprocess
@@ -21,11 +20,11 @@ import time
 
 import pytest
 
-from conftest import binary, mkmodel, settled_fd_count, wait_until
+from conftest import mkmodel, settled_fd_count, wait_until
 from ctlutil import ctl, model_entry, status
 from test_regressions import HEADER, MAGIC, ready
 from test_regressions import start  # noqa: F401 (the fixture, used by name)
-from test_neighbours import metric
+from test_neighbours import lingerer, metric
 
 ATTACH, RELEASE, DERIVE, PUBLISH, ABANDON = 1, 2, 4, 5, 6
 ATTACH_OK, RELEASE_OK, CHANGED, BUILD, ERROR = 129, 130, 131, 133, 255
@@ -617,28 +616,6 @@ def test_unheld_artifacts_go_first_under_the_memory_budget(derived):
     closing(held)
 
 
-def lingering_socket():
-    """(listener, peer, sock): sock a TCP socket whose last close lingers
-    (SO_LINGER 60 s, its send buffer full, peer never reading) until peer
-    closes with unread data (a reset)."""
-    listener = socket.socket()
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
-    sock.connect(listener.getsockname())
-    peer = listener.accept()[0]
-    sock.setblocking(False)
-    try:
-        while True:
-            sock.send(b"x" * 65536)
-    except BlockingIOError:
-        pass
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 60))
-    return listener, peer, sock
-
-
 def test_a_dropped_artifact_closes_in_its_builders_lane(derived, tmp_path):
     # The last close of an artifact's memfd frees all of its memory, as much
     # as its builder chose: it closes in the builder's lane of the closer, as
@@ -653,18 +630,8 @@ def test_a_dropped_artifact_closes_in_its_builders_lane(derived, tmp_path):
     os.rename(mkmodel(tmp_path / "new.safetensors", seed=9), tmp_path / "small.safetensors")
     assert ctl(d, "reload", "small").returncode == 0
     ready(d, "small", generation=2)
-    listener, peer, sock = lingering_socket()
-    # wcached waits while the socket is in flight, so that its close, not
-    # this one, is the last (test_neighbours.py, LINGERER).
-    os.kill(d.proc.pid, signal.SIGSTOP)
+    bad = lingerer(d, 1, user=None)  # this process's uid: the builder's lane
     try:
-        p = Peer(d)
-        p.send(ATTACH, b"small", fds=[sock.fileno()])
-        sock.close()
-    finally:
-        os.kill(d.proc.pid, signal.SIGCONT)
-    try:
-        expect_error(p.reply(), "EBADMSG", "PUBLISH")
         wait_until(lambda: metric(d, "wcached_fds_closing") == 1,
                    what="the passed socket to linger in the builder's lane")
         release(a, held)  # generation 1's artifact goes with its last holder
@@ -672,8 +639,8 @@ def test_a_dropped_artifact_closes_in_its_builders_lane(derived, tmp_path):
         wait_until(lambda: metric(d, "wcached_fds_closing") == 3,
                    what="the artifact's two descriptors to wait behind the linger")
     finally:
-        peer.close()
-        listener.close()
+        bad.stdin.close()
+        bad.wait(timeout=60)
     wait_until(lambda: metric(d, "wcached_fds_closing") == 0, what="every close to end")
     assert metric(d, "wcached_fds_closed_inline_total") == 0
 

@@ -160,12 +160,14 @@ sys.stdin.read()
 """
 
 
-def lingerer(d, count):
+def lingerer(d, count, user=(BAD_UID, GROUP)):
+    """LINGERER with count sockets, run as user (uid, group), or None: as
+    this process's user."""
     os.kill(d.proc.pid, signal.SIGSTOP)
     try:
-        bad = subprocess.Popen(as_user(BAD_UID, GROUP) + ["/usr/bin/python3", "-c", LINGERER,
-                               d.socket, str(count)], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, text=True)
+        bad = subprocess.Popen((as_user(*user) if user else []) + [
+                               "/usr/bin/python3", "-c", LINGERER, d.socket, str(count)],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert bad.stdout.readline().split() == ["ready"]
     finally:
         os.kill(d.proc.pid, signal.SIGCONT)
