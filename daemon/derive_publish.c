@@ -95,10 +95,10 @@ check_free(struct derive_check *c)
 {
 	if (c->index != NULL)
 		munmap((void *)c->index, c->src.index_len);
-	if (c->index_fd >= 0)
-		close(c->index_fd);
 	/* Perhaps the last reference to gigabytes (wcached's reopens, once
-	 * checked, or the received descriptor): freed off the loop. */
+	 * checked, or the received descriptor) and to an index as large as
+	 * the builder's header made it: freed off the loop. */
+	closer_close(c->t->closer, c->owner, c->index_fd);
 	gen_close_files_in(c->t->r, c->owner, c->served, &c->src);
 	closer_close(c->t->closer, c->owner, c->fd);
 	free(c);

@@ -183,14 +183,18 @@ gen_maybe_free(struct registry *r, struct generation *g)
 	log_info("model \"%s\": generation %" PRIu64 " closed", g->model_name, g->number);
 	if (g->index != NULL)
 		munmap((void *)g->index, g->index_size);
-	if (g->index_fd >= 0)
-		close(g->index_fd);
-	if (g->served_index_fd >= 0)
-		close(g->served_index_fd);
-	if (g->artifact)
+	if (g->artifact) {
+		/* Its index too: the builder's header decided its size. */
+		closer_close(r->closer, g->builder_uid, g->index_fd);
+		closer_close(r->closer, g->builder_uid, g->served_index_fd);
 		gen_close_files_in(r, g->builder_uid, g->served_fds, &g->source);
-	else
+	} else {
+		if (g->index_fd >= 0)
+			close(g->index_fd);
+		if (g->served_index_fd >= 0)
+			close(g->served_index_fd);
 		gen_close_files(r, &g->fs, g->served_fds, &g->source);
+	}
 	gen_free_staged(r, g);
 	free(g->warm.jobs);
 	free(g->hold_conns);

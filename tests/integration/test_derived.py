@@ -621,8 +621,8 @@ def test_a_dropped_artifact_closes_in_its_builders_lane(derived, tmp_path):
     # as its builder chose: it closes in the builder's lane of the closer, as
     # everything a client chose does, never on the loop. Seen by holding that
     # lane with a lingering socket the builder passed: the dropped artifact's
-    # descriptors (wcached's own and the one workers get) wait behind it. On
-    # the loop, nothing waited.
+    # descriptors (its memfd's and its index's, wcached's own and the ones
+    # workers get) wait behind it. On the loop, nothing waited.
     d = derived()
     ready(d, "small")
     a = Peer(d)
@@ -636,8 +636,8 @@ def test_a_dropped_artifact_closes_in_its_builders_lane(derived, tmp_path):
                    what="the passed socket to linger in the builder's lane")
         release(a, held)  # generation 1's artifact goes with its last holder
         d.wait_for_log(r'derived "k1" of generation 1 .*(dropped|closed)')
-        wait_until(lambda: metric(d, "wcached_fds_closing") == 3,
-                   what="the artifact's two descriptors to wait behind the linger")
+        wait_until(lambda: metric(d, "wcached_fds_closing") == 5,
+                   what="the artifact's four descriptors to wait behind the linger")
     finally:
         bad.stdin.close()
         bad.wait(timeout=60)
