@@ -256,6 +256,14 @@ gen_close_served(int *fds, size_t n)
 void
 gen_close_files_in(struct registry *r, uid_t owner, int *served, struct model_source *src)
 {
+	/* Unmapped first, here: a mapping holds its file too, and the munmap
+	 * that dropped a memfd's last reference would free its memory on this
+	 * thread. */
+	for (size_t i = 0; i < src->nfiles; i++)
+		if (src->files[i].base != NULL) {
+			munmap((void *)src->files[i].base, (size_t)src->files[i].size);
+			src->files[i].base = NULL;
+		}
 	for (size_t i = 0; i < src->nfiles; i++) {
 		if (served != NULL) {
 			closer_close(r->closer, owner, served[i]);

@@ -84,12 +84,12 @@ WC_EXPORT const char *wc_model_metadata(const wc_model *m, const char *key);
 WC_EXPORT int wc_model_metadata_at(const wc_model *m, size_t i, const char **key,
 	const char **value);
 
-/* The generation wcached served this model as; 0 for wc_open_file(). */
+/* The generation wcached served this model as; 0 for wc_open_file/fd(). */
 WC_EXPORT uint64_t wc_model_generation(const wc_model *m);
 
 /*
  * 1 when wcached now serves a newer generation under this model's name (or
- * no longer serves it), else 0; always 0 for wc_open_file(). Costs no system
+ * no longer serves it), else 0; always 0 for wc_open_file/fd(). Costs no system
  * call: it reads the daemon's status page, which every attached model maps
  * read-only, so it is cheap enough to call on every request. A stale model
  * stays valid and readable; attach again to get the new generation, then

@@ -645,6 +645,42 @@ def test_a_dropped_artifact_closes_in_its_builders_lane(derived, tmp_path):
     assert metric(d, "wcached_fds_closed_inline_total") == 0
 
 
+def test_a_check_its_builder_left_closes_in_the_builders_lane(derived):
+    # A builder publishes and hangs up before the check ends: what the check
+    # opened (the memfd wcached reopened, the reopen workers would get, the
+    # index it compiled) closes in the builder's lane when it ends, as the
+    # memfd it passed does; on the loop, nothing waited. The check has begun
+    # once that memfd waits in the lane, and the rest of the check of 600,000
+    # tensors (0.2 s and more) outlasts the hang-up's handling. (Stopping
+    # wcached meanwhile would end the linger: a signal ends a close's wait.)
+    d = derived()
+    ready(d, "small")
+    builder = Peer(d)
+    token = build(builder, key="many")["token"]
+    fd = memfd_with(many_tensors(600000))
+    bad = lingerer(d, 1, user=None)
+    try:
+        wait_until(lambda: metric(d, "wcached_fds_closing") == 1,
+                   what="the passed socket to linger in the builder's lane")
+        builder.publish(token, fd)
+        os.close(fd)
+        wait_until(lambda: metric(d, "wcached_fds_closing") == 2, interval=0.002,
+                   what="the check to begin (the passed memfd waits in the lane)")
+        builder.close()
+        seen = []
+        try:
+            wait_until(lambda: seen.append(metric(d, "wcached_fds_closing")) or seen[-1] == 5,
+                       timeout=20, what="the passed memfd and the check's three descriptors "
+                       "to wait behind the linger")
+        except Exception:
+            raise AssertionError(f"closing: {sorted(set(seen))}\n{d.read_log()[-3000:]}")
+    finally:
+        bad.stdin.close()
+        bad.wait(timeout=60)
+    wait_until(lambda: metric(d, "wcached_fds_closing") == 0, what="every close to end")
+    assert model_entry(d, "small")["derived"] == []
+
+
 def test_a_build_racing_a_swap_publishes_for_its_own_generation(derived, tmp_path):
     d = derived()
     ready(d, "small")

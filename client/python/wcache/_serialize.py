@@ -228,55 +228,61 @@ def serialize_file(tensor_dict, filename, metadata=None):
 
 def deserialize(data):
     """[(name, {"shape": [...], "dtype": "F32", "data": bytearray}), ...] of
-    a safetensors file's bytes, in file order; SafetensorError when they are
-    not a valid safetensors file.
+    a safetensors file's bytes, in file order (zero-byte tensors at one
+    offset by name); SafetensorError when they are not a valid safetensors
+    file.
 
     The header is parsed and checked by libwcache's parser, the fuzzed one
-    every file goes through (wc_open_fd), so bytes and a file holding them
-    are accepted and refused alike, with the same messages. It reads a
-    private memfd as long as the bytes that holds a copy of their header
-    (or, when they are not safetensors, of what the parser reads to say
-    what they are) and holes for the rest: a safetensors parser never reads
-    tensor data, and copying it twice would halve the speed. Each tensor's
-    bytes are then copied from data at the offsets the parser checked; a
-    buffer another process shares can change only the tensor bytes, never
-    what was parsed."""
+    every file goes through (wc_open_fd), so safetensors bytes and a file
+    holding them are accepted and refused alike, with the same messages. It
+    reads a private memfd as long as the bytes that holds a copy of their
+    header (or, when they are not safetensors, of what the parser reads to
+    say what they are) and holes for the rest: a safetensors parser never
+    reads tensor data, and copying it twice would halve the speed. Each
+    tensor's bytes are then copied from data at the offsets the parser
+    checked; a buffer another process shares can change only the tensor
+    bytes, never what was parsed."""
     view = memoryview(data).cast("B")
-    if bytes(view[:4]) in _WEIG_MAGICS:
-        raise SafetensorError(errno.EINVAL, "Error while deserializing: bytes: is a WEIG "
-                              "file, not safetensors (wcache.open_file opens WEIG files)")
     n = struct.unpack("<Q", view[:8])[0] if view.nbytes >= 8 else 0
     head = min(view.nbytes, max(_PARSER_PROBE, 8 + n if n <= MAX_HEADER else 0))
-    fd = os.memfd_create("wcache-deserialize", os.MFD_CLOEXEC)
     lib = _lib.lib()
     model = ctypes.c_void_p()
     try:
-        os.ftruncate(fd, view.nbytes)
-        done = 0
-        while done < head:
-            done += os.write(fd, view[done:min(head, done + _WRITE_CHUNK)])
-        check(lib.wc_open_fd(fd, b"bytes", ctypes.byref(model)))
-        parsed_len = struct.unpack("<Q", os.pread(fd, 8, 0))[0]
+        fd = os.memfd_create("wcache-deserialize", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, view.nbytes)
+            done = 0
+            while done < head:
+                done += os.write(fd, view[done:min(head, done + _WRITE_CHUNK)])
+            # The parser reads the copy: what it says is about these bytes.
+            copied = os.pread(fd, 8, 0)
+            if copied[:4] in _WEIG_MAGICS:
+                raise SafetensorError(errno.EINVAL, "Error while deserializing: bytes: is a "
+                                      "WEIG file, not safetensors (wcache.open_file opens "
+                                      "WEIG files)")
+            check(lib.wc_open_fd(fd, b"bytes", ctypes.byref(model)))
+        finally:
+            os.close(fd)
+        count = lib.wc_model_count(model)
+        records = (wc_tensor * count)()
+        check(lib.wc_model_tensors(model, 0, records, count))
+        infos = sorted((t.data or 0, t.nbytes, t.name.decode("utf-8", "surrogateescape"),
+                        t.dtype.decode("ascii"), list(t.shape[:t.ndim])) for t in records)
+    except SafetensorError:
+        raise
     except WcacheError as e:
         if e.errno in _INVALID:
             raise SafetensorError(e.errno, f"Error while deserializing: {e.strerror}") \
                 from None
         raise
     finally:
-        os.close(fd)
-    try:
-        count = lib.wc_model_count(model)
-        records = (wc_tensor * count)()
-        check(lib.wc_model_tensors(model, 0, records, count))
-        infos = sorted((t.data or 0, t.nbytes, t.name.decode("utf-8", "surrogateescape"),
-                        t.dtype.decode("ascii"), list(t.shape[:t.ndim])) for t in records)
-    finally:
         lib.wc_release(model)
     # The tensors tile the data from offset 0 (the parser checked), so the
     # lowest address of a tensor with bytes is the data's start, 8 + the
-    # header length into the bytes. Sorted by address, then size: file order.
+    # header length (of the copy the parser read) into the bytes. Sorted by
+    # address, then size, then name: file order.
     base = min((data for data, nbytes, *_ in infos if nbytes), default=0)
-    start = 8 + parsed_len
+    start = 8 + struct.unpack("<Q", copied)[0]
     return [(name, {"shape": shape, "dtype": dtype,
                     "data": bytearray(view[start + data - base:start + data - base + nbytes])})
             for data, nbytes, name, dtype, shape in infos]
