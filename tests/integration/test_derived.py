@@ -8,6 +8,7 @@ The client here speaks the protocol itself (struct, socket, memfd), so it
 can do what libwcache never would: keep a writable mapping, publish twice,
 publish garbage, publish another connection's build.
 """
+import contextlib
 import json
 import mmap
 import os
@@ -616,6 +617,33 @@ def test_unheld_artifacts_go_first_under_the_memory_budget(derived):
     closing(held)
 
 
+@contextlib.contextmanager
+def builders_lane_held(d):
+    """Holds this process's lane of wcached's closer (the builder's, for a
+    build this process makes) with a lingering socket passed to it
+    (test_neighbours.py, LINGERER) until the block ends; then every close
+    ends."""
+    bad = lingerer(d, 1, user=None)
+    try:
+        closing_reaches(d, 1, "the passed socket to linger in the builder's lane")
+        yield
+    finally:
+        bad.stdin.close()
+        bad.wait(timeout=60)
+    closing_reaches(d, 0, "every close to end")
+
+
+def closing_reaches(d, n, what, **kw):
+    """Waits for wcached_fds_closing to be n; the values seen if not."""
+    seen = []
+    try:
+        wait_until(lambda: seen.append(metric(d, "wcached_fds_closing")) or seen[-1] == n,
+                   what=what, **kw)
+    except Exception as e:
+        raise AssertionError(f"{e}; wcached_fds_closing was {sorted(set(seen))}\n"
+                             f"{d.read_log()[-3000:]}") from None
+
+
 def test_a_dropped_artifact_closes_in_its_builders_lane(derived, tmp_path):
     # The last close of an artifact's memfd frees all of its memory, as much
     # as its builder chose: it closes in the builder's lane of the closer, as
@@ -630,18 +658,10 @@ def test_a_dropped_artifact_closes_in_its_builders_lane(derived, tmp_path):
     os.rename(mkmodel(tmp_path / "new.safetensors", seed=9), tmp_path / "small.safetensors")
     assert ctl(d, "reload", "small").returncode == 0
     ready(d, "small", generation=2)
-    bad = lingerer(d, 1, user=None)  # this process's uid: the builder's lane
-    try:
-        wait_until(lambda: metric(d, "wcached_fds_closing") == 1,
-                   what="the passed socket to linger in the builder's lane")
+    with builders_lane_held(d):
         release(a, held)  # generation 1's artifact goes with its last holder
         d.wait_for_log(r'derived "k1" of generation 1 .*(dropped|closed)')
-        wait_until(lambda: metric(d, "wcached_fds_closing") == 5,
-                   what="the artifact's four descriptors to wait behind the linger")
-    finally:
-        bad.stdin.close()
-        bad.wait(timeout=60)
-    wait_until(lambda: metric(d, "wcached_fds_closing") == 0, what="every close to end")
+        closing_reaches(d, 5, "the artifact's four descriptors to wait behind the linger")
     assert metric(d, "wcached_fds_closed_inline_total") == 0
 
 
@@ -658,26 +678,14 @@ def test_a_check_its_builder_left_closes_in_the_builders_lane(derived):
     builder = Peer(d)
     token = build(builder, key="many")["token"]
     fd = memfd_with(many_tensors(600000))
-    bad = lingerer(d, 1, user=None)
-    try:
-        wait_until(lambda: metric(d, "wcached_fds_closing") == 1,
-                   what="the passed socket to linger in the builder's lane")
+    with builders_lane_held(d):
         builder.publish(token, fd)
         os.close(fd)
-        wait_until(lambda: metric(d, "wcached_fds_closing") == 2, interval=0.002,
-                   what="the check to begin (the passed memfd waits in the lane)")
+        closing_reaches(d, 2, "the check to begin (the passed memfd waits in the lane)",
+                        interval=0.002)
         builder.close()
-        seen = []
-        try:
-            wait_until(lambda: seen.append(metric(d, "wcached_fds_closing")) or seen[-1] == 5,
-                       timeout=20, what="the passed memfd and the check's three descriptors "
-                       "to wait behind the linger")
-        except Exception:
-            raise AssertionError(f"closing: {sorted(set(seen))}\n{d.read_log()[-3000:]}")
-    finally:
-        bad.stdin.close()
-        bad.wait(timeout=60)
-    wait_until(lambda: metric(d, "wcached_fds_closing") == 0, what="every close to end")
+        closing_reaches(d, 5, "the passed memfd and the check's three descriptors to wait "
+                        "behind the linger", timeout=20)
     assert model_entry(d, "small")["derived"] == []
 
 
