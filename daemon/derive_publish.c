@@ -215,6 +215,7 @@ check_done(struct workq_job *job, int status)
 	struct derive_build *b = c->build;
 	struct derive_waiter *w, *next;
 	struct derived *a = NULL;
+	struct generation *g;
 	char text[WIRE_MAX_MESSAGE];
 	int err = c->err;
 	uint32_t seq;
@@ -251,6 +252,13 @@ check_done(struct workq_job *job, int status)
 	derive_unlink_build(t, b);
 	w = b->waiters;
 	b->waiters = NULL;
+	/* Held until every answer is out: an answer whose send fails closes
+	 * that connection at once, and its release, or the memory budget when
+	 * the builder could not attach (too many attaches), would drop a while
+	 * waiters still need it. The release drops it if it is superseded and
+	 * nobody else holds it; the budget then counts it as it is. */
+	g = a->gen;
+	gen_ref(t->r, g);
 	t->hooks.published(b->builder, seq, a);
 	for (; w != NULL; w = next) {
 		next = w->next;
@@ -258,6 +266,8 @@ check_done(struct workq_job *job, int status)
 		free(w);
 	}
 	derive_build_free(t, b);
+	derive_release(t, g); /* a may be gone from here on */
+	registry_enforce_budget(t->r);
 	derive_rearm(t);
 }
 

@@ -169,10 +169,7 @@ derived_ready(void *conn, uint32_t seq, struct derived *a)
 static void
 derived_published(void *conn, uint32_t seq, struct derived *a)
 {
-	struct conn *c = conn;
-
-	attach_artifact(c, seq, a, "published and attached a derived artifact of");
-	registry_enforce_budget(c->srv->reg);
+	attach_artifact(conn, seq, a, "published and attached a derived artifact of");
 }
 
 static void

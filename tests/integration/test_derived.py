@@ -617,6 +617,33 @@ def test_unheld_artifacts_go_first_under_the_memory_budget(derived):
     closing(held)
 
 
+def test_an_artifact_whose_builder_hung_up_still_reaches_its_waiters(derived):
+    """The builder stops reading before it publishes, so the daemon's answer to
+    it fails and closes its connection, releasing the builder's attach of the
+    artifact; the memory budget then finds the artifact unheld. The daemon keeps
+    it until every waiter has its answer (it was dropped and freed before them:
+    a use after free, under ASan an abort)."""
+    d = derived(daemon_extra="memory_budget = 1M")
+    ready(d, "small")
+    blob = st_bytes({"w": ("U8", [700 * 1024], bytes(700 * 1024))})
+    keeper, a, b = Peer(d), Peer(d), Peer(d)
+    held = publish_held(keeper, "k1", blob)       # 700 KiB held throughout
+    r = build(a, key="k2")
+    b.derive("small", "k2")
+    waiting(d, 1, key="k2")
+    # Shut for reading only: the daemon sees no hang-up, its send fails (EPIPE).
+    a.s.shutdown(socket.SHUT_RD)
+    fd = memfd_with(blob)
+    a.publish(r["token"], fd)
+    os.close(fd)
+    assert take_artifact(b.reply()) == blob
+    d.wait_for_log(r"client pid \d+ uid \d+: send: Broken pipe; closing the connection")
+    # b holds it: nothing more is dropped (k1 and k2 are both held).
+    keys = {x["key"] for x in model_entry(d, "small")["derived"]}
+    assert keys == {"k1", "k2"}, keys
+    closing(held)
+
+
 @contextlib.contextmanager
 def builders_lane_held(d):
     """Holds this process's lane of wcached's closer (the builder's, for a
