@@ -111,6 +111,36 @@ def test_build_exception_abandons_and_propagates(derive_daemon):
     assert len(calls) == 1
 
 
+
+@pytest.mark.parametrize("kind", ["missing-file", "daemon-down", "not-served"])
+def test_build_raising_daemon_errors_propagates_once(derive_daemon, tmp_path, kind):
+    """An exception build raises propagates once, even the kinds derived()
+    takes from the daemon as "compute locally" (DaemonUnavailable,
+    ModelNotFound, and NoSuchFile from a safe_open inside build): no
+    second run of build here, no "not shared" warning."""
+    calls = []
+
+    def build(src):
+        calls.append(1)
+        if kind == "missing-file":
+            wcache.safe_open(str(tmp_path / "missing.safetensors"), framework="np")
+        elif kind == "daemon-down":
+            wcache.connect(str(tmp_path / "nobody.sock"))
+        raise wcache.ModelNotFound(errno.ENOENT, "tokenizer model not served")
+
+    want = {"missing-file": FileNotFoundError, "daemon-down": wcache.DaemonUnavailable,
+            "not-served": wcache.ModelNotFound}[kind]
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        with pytest.raises(want):
+            wcache.derived("small", f"raise-{kind}-v1", build)
+    assert len(calls) == 1, "build ran again after it raised"
+    assert not [x for x in w if "computed in this process" in str(x.message)]
+    # The build was abandoned: the next call builds through the daemon.
+    again = []
+    wcache.derived("small", f"raise-{kind}-v1", counting(to_f32, again))
+    assert len(again) == 1
+
 @pytest.mark.parametrize("result, kind, words", [
     ([1, 2], TypeError, "not a dict"),
     ({"w": "text"}, TypeError, "'w'"),

@@ -160,9 +160,18 @@ def _build_here(lib, client, target, name, key, build_ptr, build, framework):
     """This process is the builder: runs build on the source, publishes,
     returns the artifact's Model; abandons (with the reason) and raises
     when anything fails. None when the source changed generation (the
-    build was abandoned; derive again)."""
+    build was abandoned; derive again). _Unavailable only when attaching
+    the source failed (daemon down, model no longer served), before build
+    ran; whatever build raises propagates as it is, even a DaemonUnavailable
+    or a ModelNotFound (a safe_open of a missing file inside build): it
+    must not be mistaken for the daemon's answer and run build again."""
     try:
         source = _source(client, name, build_ptr, framework)
+    except (DaemonUnavailable, ModelNotFound) as e:
+        # The attach of the source, not build: build has not run, so it
+        # may run here instead.
+        _abandon(lib, build_ptr, f"{type(e).__name__}: {e}")
+        raise _Unavailable(str(e)) from e
     except BaseException as e:
         _abandon(lib, build_ptr, f"{type(e).__name__}: {e}")
         raise
@@ -200,7 +209,9 @@ def _trim():
 
 def _derive(client, target, key, build, framework):
     """The artifact's Model through wcached; raises _Unavailable when the
-    daemon does not serve target (compute locally)."""
+    daemon is down or does not serve target (compute locally), and only
+    for what wc_derive() or the source's attach said, never for what build
+    raised."""
     lib = _lib.lib()
     ckey = key.encode("utf-8")
     why = None
@@ -222,7 +233,7 @@ def _derive(client, target, key, build, framework):
                 why = _lib.errmsg()
                 break
             if -rc in _lib._DAEMON_DOWN:
-                check(rc, DaemonUnavailable)
+                raise _Unavailable(_lib.errmsg() or os.strerror(-rc))
             check(rc)
         else:
             raise WcacheError(errno.ESTALE, f"model {target!r}, key {key!r}: the model "
@@ -289,7 +300,7 @@ def derived(name, key, build, framework="pt", socket=None, timeout=None, device=
         return _moved(_local(target, key, build, fw, str(e)), dev)
     try:
         model = _derive(client, target, key, build, fw)
-    except (_Unavailable, DaemonUnavailable, ModelNotFound) as e:
+    except _Unavailable as e:
         client.close()
         return _moved(_local(target, key, build, fw, str(e)), dev)
     except BaseException:
