@@ -98,6 +98,21 @@ def test_unknown_model_error(daemon):
     assert "not served" in e.value.reason and e.value.reason in e.value.__notes__
 
 
+def test_nul_in_model_name_or_socket(daemon):
+    """A NUL would cut the name at it ("small\\0junk" attached "small"):
+    ValueError, as Python's open() raises for such a path."""
+    with wcache.connect() as c:
+        for bad in ("small\0junk", b"small\0junk"):
+            with pytest.raises(ValueError, match="null"):
+                c.attach(bad)
+        with c.attach("small") as m:  # the connection is still fine
+            assert len(m) > 0
+    with pytest.raises(ValueError, match="null"):
+        wcache.safe_open("small\0junk", framework="np")
+    with pytest.raises(ValueError, match="null"):
+        wcache.connect(daemon.socket + "\0junk")
+
+
 def test_safe_open_reconnects_after_daemon_restart(tmp_path, model_path, monkeypatch):
     import wcache._safe_open as so
     d = Daemon(tmp_path, {"small": model_path}).start()

@@ -154,6 +154,19 @@ def test_invalid_result_abandons(derive_daemon, result, kind, words):
     assert len(calls) == 1
 
 
+
+def test_nul_in_names(derive_daemon):
+    """C strings end at a NUL: "small\\0junk" would derive "small", and a
+    result key "w\\0x" would be published as "w"."""
+    calls = []
+    with pytest.raises(ValueError, match="null"):
+        wcache.derived("small\0junk", "f32-v1", counting(to_f32, calls))
+    assert not calls
+    with pytest.raises(ValueError, match="NUL"):
+        wcache.derived("small", "nul-v1", lambda src: {"w\0x": np.zeros(2, np.float32)})
+    wcache.derived("small", "nul-v1", counting(to_f32, calls))  # abandoned: builds again
+    assert len(calls) == 1
+
 def test_model_without_derive_refuses(derive_daemon):
     with pytest.raises(wcache.WcacheError) as e:
         wcache.derived("plain", "f32-v1", to_f32)

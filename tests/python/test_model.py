@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import wcache
+from wcache._lib import MissingTensor
 from pyhelpers import PYDIR, file_mappings, write_safetensors
 
 
@@ -238,3 +239,28 @@ def test_open_file_errors(tmp_path):
         wcache.open_file(bad)
     assert "bad.safetensors" in str(e.value)
     assert e.value.errno > 0
+
+
+def test_nul_in_tensor_names_and_paths(f32_model, no_daemon):
+    """C strings end at a NUL: a name or a path holding one must not find
+    or open what comes before it. A tensor name is missing (no file has
+    such a name: the parser refuses it); a path is a ValueError, as
+    Python's open() raises."""
+    path, arrays = f32_model
+    with wcache.open_file(path) as m:  # info() before the table is read: wc_model_find
+        assert "a.weight\0junk" not in m
+        with pytest.raises(KeyError):
+            m.info("a.weight\0junk")
+        with pytest.raises(MissingTensor):
+            m.numpy("a.weight\0junk")
+        assert "a.weight" in m
+    with wcache.safe_open(path, framework="np") as f:
+        with pytest.raises(MissingTensor):
+            f.get_slice("a.weight\0junk")
+        with pytest.raises(MissingTensor):
+            f.get_tensor("a.weight\0junk")
+    for bad in (path + "\0junk", os.fsencode(path) + b"\0junk"):
+        with pytest.raises(ValueError, match="null"):
+            wcache.open_file(bad)
+    with pytest.raises(ValueError, match="null"):
+        wcache.safe_open(path + "\0junk", framework="np")

@@ -109,6 +109,10 @@ def _checked(result):
     for name, value in result.items():
         if not isinstance(name, str):
             raise TypeError(f"build returned a key {name!r} that is not a str")
+        if "\0" in name:
+            # libwcache takes names as C strings: it would publish the part
+            # before the NUL (and no reader accepts a NUL in a name).
+            raise ValueError(f"build returned a key {name!r} with a NUL character")
         try:
             st, t, shape, ptr, nbytes = _st_dtype(value)
         except (TypeError, ValueError) as e:
@@ -291,6 +295,10 @@ def derived(name, key, build, framework="pt", socket=None, timeout=None, device=
     target = os.fspath(name)
     if not isinstance(target, str):
         target = os.fsdecode(target)
+    if "\0" in target:
+        # wc_derive() takes a C string: it would derive the model named by
+        # the part before the NUL. Python's open() raises the same.
+        raise ValueError(f"model name {target!r}: embedded null byte")
     if not all(_lib.has(f) for f in _FUNCTIONS):
         return _moved(_local(target, key, build, fw, f"libwcache {_lib.library_path()} has "
                                                      f"no wc_derive()"), dev)

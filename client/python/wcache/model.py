@@ -62,6 +62,17 @@ class TensorInfo(tuple):
         return f"TensorInfo(name={self.name!r}, dtype={self.dtype!r}, shape={self.shape})"
 
 
+def _c_string(value, what):
+    """value (str or bytes) as bytes for a C string parameter; ValueError,
+    as Python's open() raises, when it holds a NUL, which C would take for
+    its end (and find or open what comes before it)."""
+    if isinstance(value, str):
+        value = value.encode("utf-8", "surrogateescape")
+    if b"\0" in value:
+        raise ValueError(f"{what} {value!r}: embedded null byte")
+    return value
+
+
 def _info(t):
     return TensorInfo(t.name.decode("utf-8", "surrogateescape"), t.dtype.decode("ascii"),
                       tuple(t.shape[:t.ndim]), t.nbytes, t.data or 0)
@@ -239,6 +250,10 @@ class Model:
                 raise MissingTensor(f"model {h.label!r} has no tensor {name!r}")
             info = self._infos[name] = table.info(i)
             return info
+        if "\0" in name:
+            # No file has such a name (the parser refuses it); C would look
+            # up the part before the NUL.
+            raise MissingTensor(f"model {h.label!r} has no tensor {name!r}")
         t = wc_tensor()
         rc = _lib.lib().wc_model_find(h.ptr, name.encode("utf-8", "surrogateescape"),
                                       ctypes.byref(t))
@@ -369,9 +384,7 @@ class Client:
         DaemonUnavailable only when no wcached answers there."""
         if not self._ptr:
             raise ValueError(f"client of wcached at {self.socket} is closed")
-        name = os.fspath(name)
-        if isinstance(name, str):
-            name = name.encode("utf-8", "surrogateescape")
+        name = _c_string(os.fspath(name), "model name")
         out = ctypes.c_void_p()
         rc = _lib.lib().wc_attach(self._ptr, name, ctypes.byref(out))
         if rc == -errno.ENOENT:
@@ -436,7 +449,7 @@ def connect(socket=None, timeout=None):
     lib = _lib.lib()
     path = os.fspath(socket) if socket is not None else None
     out = ctypes.c_void_p()
-    where = os.fsencode(path) if path is not None else None
+    where = _c_string(os.fsencode(path), "socket path") if path is not None else None
     if timeout is None:
         rc = lib.wc_connect(where, ctypes.byref(out))
     else:
@@ -461,7 +474,7 @@ def open_file(path):
     directory holding one of those, or a WEIG file."""
     path = os.fspath(path)
     out = ctypes.c_void_p()
-    check(_lib.lib().wc_open_file(os.fsencode(path), ctypes.byref(out)))
+    check(_lib.lib().wc_open_file(_c_string(os.fsencode(path), "path"), ctypes.byref(out)))
     return Model(_Handle(out.value, path if isinstance(path, str) else os.fsdecode(path)),
                  "file")
 
