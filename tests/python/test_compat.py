@@ -257,6 +257,53 @@ def test_save_file_is_atomic(tmp_path):
     assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask
 
 
+
+@pytest.mark.parametrize("save", ["torch", "numpy", "serialize_file"])
+def test_save_file_keeps_mode_owner_and_symlink(tmp_path, save):
+    """Upstream truncates and writes in place: the file keeps its mode and
+    owner, and a symlink (a Hugging Face snapshot's link into blobs/) stays
+    a link whose target gets the new bytes. The rename must keep them too."""
+    def write(path, value):
+        if save == "torch":
+            wtorch.save_file({"x": torch.full((4,), float(value))}, path)
+        elif save == "numpy":
+            wnp.save_file({"x": np.full(4, value, np.float32)}, path)
+        else:
+            wcache.serialize_file({"x": {"dtype": "float32", "shape": [4],
+                                         "data": np.full(4, value, np.float32).tobytes()}},
+                                  path)
+
+    def value(path):
+        return wnp.load(open(path, "rb").read())["x"][0]
+
+    secret = tmp_path / "secret.safetensors"
+    write(secret, 0)
+    os.chmod(secret, 0o600)
+    if os.geteuid() == 0:
+        os.chown(secret, 4321, 4321)
+    write(secret, 1)
+    st = os.stat(secret)
+    assert (st.st_mode & 0o7777, value(secret)) == (0o600, 1)
+    if os.geteuid() == 0:
+        assert (st.st_uid, st.st_gid) == (4321, 4321)
+
+    blobs, snap = tmp_path / "blobs", tmp_path / "snapshots"
+    blobs.mkdir()
+    snap.mkdir()
+    write(blobs / "abc", 0)
+    os.chmod(blobs / "abc", 0o640)
+    link = snap / "model.safetensors"
+    os.symlink("../blobs/abc", link)
+    write(link, 2)
+    assert os.readlink(link) == "../blobs/abc"
+    assert value(blobs / "abc") == 2 and os.stat(blobs / "abc").st_mode & 0o7777 == 0o640
+    # A link to a file not there yet: the file is made where the link points.
+    dangling = snap / "new.safetensors"
+    os.symlink("../blobs/def", dangling)
+    write(dangling, 3)
+    assert os.path.islink(dangling) and value(blobs / "def") == 3
+    assert sorted(os.listdir(blobs)) == ["abc", "def"] and len(os.listdir(snap)) == 2
+
 def test_safe_open_interface(tmp_path, no_daemon):
     path = tmp_path / "m.safetensors"
     a = torch.arange(50, dtype=torch.float32).reshape(10, 5)

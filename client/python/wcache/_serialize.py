@@ -28,11 +28,16 @@ is determined: none or one entry).
 directory, flushes it to disk (fsync), renames it over the destination and
 syncs the directory: a reader, or wcached serving the old file, never sees
 a half-written or truncated file, and a failure leaves the old file alone.
+What upstream's write in place keeps is kept too: a symlink stays a
+symlink (the file it points at is replaced, as in a Hugging Face cache's
+snapshots/ -> blobs/), and a file replaced keeps its mode and, where this
+user may give it, its owner and group.
 """
 import ctypes
 import errno
 import json
 import os
+import stat
 import struct
 
 from . import _lib
@@ -169,13 +174,41 @@ def serialize(tensor_dict, metadata=None):
     return b"".join([header] + [bytes(b) if not isinstance(b, bytes) else b for b in buffers])
 
 
+def _replaced(path):
+    """The os.stat_result of the regular file path names (its mode and
+    owner go to the file replacing it), or None: nothing there yet (the new
+    file gets 0666 minus the umask, as open(O_CREAT) gives it), or not a
+    regular file."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st if stat.S_ISREG(st.st_mode) else None
+
+
+def _take_over(fd, old):
+    """Gives the temporary file fd the owner, group and mode of the file it
+    replaces (the owner only where this user may: EPERM is no error; the
+    mode after the owner, which a chown may strip of set-id bits)."""
+    st = os.fstat(fd)
+    if (st.st_uid, st.st_gid) != (old.st_uid, old.st_gid):
+        try:
+            os.fchown(fd, old.st_uid, old.st_gid)
+        except PermissionError:
+            pass
+    os.fchmod(fd, stat.S_IMODE(old.st_mode))
+
+
 def write_atomically(filename, chunks):
     """Writes the byte chunks to filename through a temporary file in the
     same directory: written, fsync'ed, renamed over filename, directory
-    synced. The file gets mode 0666 minus the umask, as a new file would."""
-    filename = os.fspath(filename)
-    directory = os.path.dirname(os.path.abspath(filename)) or "."
-    base = os.path.basename(filename)
+    synced. A symlink is followed (os.path.realpath): the file it points at
+    is replaced and the link stays. A replaced file's mode (and owner, where
+    this user may give it) is kept; a new file gets 0666 minus the umask."""
+    target = os.path.realpath(os.fsdecode(os.fspath(filename)))
+    directory = os.path.dirname(target)
+    base = os.path.basename(target)
+    old = _replaced(target)
     for attempt in range(100):
         tmp = os.path.join(directory, f".{base}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
         try:
@@ -187,12 +220,14 @@ def write_atomically(filename, chunks):
         raise FileExistsError(errno.EEXIST, f"{directory}: cannot create a temporary file")
     try:
         with os.fdopen(fd, "wb", buffering=0) as f:
+            if old is not None:
+                _take_over(f.fileno(), old)
             for chunk in chunks:
                 view = memoryview(chunk).cast("B")
                 while view.nbytes:
                     view = view[f.write(view):]
             os.fsync(f.fileno())
-        os.rename(tmp, filename)
+        os.rename(tmp, target)
     except BaseException:
         try:
             os.unlink(tmp)
