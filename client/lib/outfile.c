@@ -10,6 +10,14 @@
  * caller's memory to the file in large writes; a conversion (the byte swap
  * of a big-endian file) happens through the buffer, with the function the
  * caller passes.
+ *
+ * Replacing a file keeps what writing it in place would keep: a symlink
+ * stays a symlink (the file it points at is replaced, as in a Hugging Face
+ * cache's snapshots/ -> blobs/), and the replaced file's mode and, where
+ * the user may give them, its owner and group go to the new file. A new
+ * file gets what open(O_CREAT, 0666) gives: 0666 minus the umask (and a
+ * default ACL), which is why the temporary is made with open(), not
+ * mkostemp() (always 0600, and reading the umask is not thread-safe).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -17,7 +25,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/error.h"
@@ -25,34 +35,152 @@
 
 #define OUTFILE_BUFFER_SIZE (1u << 20) /* multiple of 8: converted chunks fit whole */
 #define OUTFILE_MAX_WRITE (1u << 30)   /* one write(2) at most */
+#define OUTFILE_MAX_LINKS 40           /* symlinks followed, as the kernel's ELOOP */
+#define OUTFILE_TRIES 100              /* temporary names tried */
+
+/*
+ * The path the rename must replace for path, malloc'd in *out: path with
+ * every symlink followed (realpath), so a link stays a link. A link to a
+ * file not there yet (realpath's ENOENT) is followed by hand to where that
+ * file goes; a path that is no link and not there yet (a new file, or a
+ * missing directory that the open will report) is used as it is.
+ */
+static int
+outfile_resolve(const char *path, char **out)
+{
+	char *cur = strdup(path), *next;
+	char link[4096];
+	struct stat sb;
+
+	for (int hops = 0; cur != NULL; hops++) {
+		const char *slash;
+		ssize_t n;
+
+		if ((next = realpath(cur, NULL)) != NULL) {
+			free(cur);
+			*out = next;
+			return 0;
+		}
+		if (lstat(cur, &sb) < 0 || !S_ISLNK(sb.st_mode)) {
+			*out = cur;
+			return 0;
+		}
+		if (hops == OUTFILE_MAX_LINKS) {
+			free(cur);
+			return error_set(-ELOOP, "%s: too many levels of symbolic links", path);
+		}
+		n = readlink(cur, link, sizeof(link));
+		if (n < 0 || (size_t)n == sizeof(link)) {
+			int e = n < 0 ? errno : ENAMETOOLONG;
+
+			free(cur);
+			return error_set(-e, "%s: readlink: %s", path, strerror(e));
+		}
+		slash = strrchr(cur, '/');
+		if (link[0] == '/' || slash == NULL) {
+			if (asprintf(&next, "%.*s", (int)n, link) < 0)
+				next = NULL;
+		} else if (asprintf(&next, "%.*s/%.*s", (int)(slash - cur), cur, (int)n,
+			link) < 0) {
+			next = NULL;
+		}
+		free(cur);
+		cur = next;
+	}
+	return error_set(-ENOMEM, "%s: out of memory", path);
+}
+
+/* Puts a fresh random suffix in place of the six X that end name. */
+static void
+outfile_randomize(char *name)
+{
+	static const char chars[] =
+		"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+	char *x = name + strlen(name) - 6;
+	uint64_t v;
+
+	if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != (ssize_t)sizeof(v)) {
+		struct timespec ts;
+
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		v = (uint64_t)ts.tv_nsec * 2654435761u ^ (uint64_t)getpid() << 32 ^
+			(uint64_t)(uintptr_t)name;
+	}
+	for (int i = 0; i < 6; i++, v /= sizeof(chars) - 1)
+		x[i] = chars[v % (sizeof(chars) - 1)];
+}
+
+/*
+ * Gives the temporary file fd the mode of the regular file target it will
+ * replace, and its owner and group where this user may (EPERM is no error:
+ * then the group alone, which a member of it may give). The owner goes
+ * first: a chown may clear set-id bits that the chmod then restores. A
+ * target not there (or not a regular file) leaves open()'s mode alone.
+ */
+static int
+outfile_take_over(int fd, const char *target)
+{
+	struct stat old, now;
+
+	if (stat(target, &old) < 0 || !S_ISREG(old.st_mode))
+		return 0;
+	if (fstat(fd, &now) < 0)
+		return -errno;
+	if ((now.st_uid != old.st_uid || now.st_gid != old.st_gid) &&
+	    fchown(fd, old.st_uid, old.st_gid) < 0) {
+		if (errno != EPERM)
+			return -errno;
+		if (now.st_gid != old.st_gid && fchown(fd, (uid_t)-1, old.st_gid) < 0 &&
+		    errno != EPERM)
+			return -errno;
+	}
+	if (fchmod(fd, old.st_mode & 07777) < 0)
+		return -errno;
+	return 0;
+}
 
 int
 outfile_begin(const char *path, struct outfile *o)
 {
 	const char *slash = strrchr(path, '/');
 	const char *base = slash != NULL ? slash + 1 : path;
-	int e;
+	int e, rc;
 
 	memset(o, 0, sizeof(*o));
 	o->path = path;
 	o->fd = -1;
 	if (*base == '\0')
 		return error_set(-EISDIR, "%s: output path names a directory", path);
+	if ((rc = outfile_resolve(path, &o->target)) < 0) {
+		o->target = NULL;
+		return rc;
+	}
+	slash = strrchr(o->target, '/');
+	base = slash != NULL ? slash + 1 : o->target;
 	/* Keep the temporary name within NAME_MAX whatever the base's length. */
-	if (asprintf(&o->tmp, "%.*s.%.200s.XXXXXX", (int)(base - path), path, base) < 0) {
+	if (asprintf(&o->tmp, "%.*s.%.200s.XXXXXX", (int)(base - o->target), o->target,
+		base) < 0) {
 		o->tmp = NULL;
+		free(o->target);
+		o->target = NULL;
 		return error_set(-ENOMEM, "%s: out of memory", path);
 	}
-	o->fd = mkostemp(o->tmp, O_CLOEXEC);
+	e = EEXIST;
+	for (int i = 0; i < OUTFILE_TRIES && e == EEXIST; i++) {
+		outfile_randomize(o->tmp);
+		o->fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+		e = o->fd < 0 ? errno : 0;
+	}
 	if (o->fd < 0) {
-		e = errno;
 		free(o->tmp);
+		free(o->target);
 		o->tmp = NULL;
+		o->target = NULL;
 		return error_set(-e, "%s: cannot create a temporary file beside it: %s", path,
 			strerror(e));
 	}
-	if (fchmod(o->fd, 0644) < 0) {
-		e = errno;
+	if ((rc = outfile_take_over(o->fd, o->target)) < 0) {
+		e = -rc;
 		goto fail;
 	}
 	o->buf = malloc(OUTFILE_BUFFER_SIZE);
@@ -65,7 +193,9 @@ fail:
 	close(o->fd);
 	unlink(o->tmp);
 	free(o->tmp);
+	free(o->target);
 	o->tmp = NULL;
+	o->target = NULL;
 	o->fd = -1;
 	return error_set(-e, "%s: %s", path, strerror(e));
 }
@@ -78,9 +208,11 @@ outfile_abort(struct outfile *o)
 	if (o->tmp != NULL)
 		unlink(o->tmp);
 	free(o->tmp);
+	free(o->target);
 	free(o->buf);
 	o->fd = -1;
 	o->tmp = NULL;
+	o->target = NULL;
 	o->buf = NULL;
 }
 
@@ -201,7 +333,7 @@ outfile_put_converted(struct outfile *o, const uint8_t *p, uint64_t n, unsigned 
 int
 outfile_commit(struct outfile *o)
 {
-	const char *slash = strrchr(o->path, '/');
+	const char *slash = strrchr(o->target, '/');
 	char *dir;
 	int rc, dfd;
 
@@ -213,7 +345,7 @@ outfile_commit(struct outfile *o)
 	o->fd = -1;
 	if (rc < 0)
 		return error_set(-errno, "%s: close: %s", o->path, strerror(errno));
-	if (rename(o->tmp, o->path) < 0)
+	if (rename(o->tmp, o->target) < 0)
 		return error_set(-errno, "%s: rename from %s: %s", o->path, o->tmp,
 			strerror(errno));
 	free(o->tmp);
@@ -222,10 +354,10 @@ outfile_commit(struct outfile *o)
 	 * filesystems refuse it) does not make it less so. */
 	if (slash == NULL)
 		dir = strdup(".");
-	else if (slash == o->path)
+	else if (slash == o->target)
 		dir = strdup("/");
 	else
-		dir = strndup(o->path, (size_t)(slash - o->path));
+		dir = strndup(o->target, (size_t)(slash - o->target));
 	if (dir != NULL) {
 		dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 		if (dfd >= 0) {

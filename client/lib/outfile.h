@@ -7,7 +7,9 @@
  * A file named by a path is written under a temporary name in the same
  * directory (so that rename is atomic), fsync'd and renamed over the path
  * by outfile_commit(); outfile_abort() unlinks the temporary file, so the
- * path holds either what it held before or the complete new file. A
+ * path holds either what it held before or the complete new file. A path
+ * that is a symlink stays one: the file it points at is replaced; a file
+ * replaced keeps its mode (and owner, where allowed). A
  * descriptor the caller owns (outfile_begin_fd) has no temporary name and
  * nothing to rename: the caller decides what a complete file is.
  *
@@ -34,6 +36,7 @@
 struct outfile {
 	const char *path; /* the final path (or what the descriptor is), for messages */
 	char *tmp;        /* the temporary path, NULL once renamed or for a descriptor */
+	char *target;     /* what the rename replaces: path, symlinks followed; or NULL */
 	int fd;
 	int borrowed;     /* 1: fd is the caller's; outfile_abort() leaves it open */
 	uint8_t *buf;
@@ -43,9 +46,11 @@ struct outfile {
 
 /*
  * Starts the output file path: creates a temporary file beside it
- * (".NAME.XXXXXX" in path's directory), O_CLOEXEC, mode 0644, and its
- * buffer. o owns the temporary file's descriptor until outfile_commit()
- * closes it or outfile_abort() closes and unlinks it; path must outlive o.
+ * (".NAME.XXXXXX" in its directory; beside the file a symlink points at,
+ * for a link), O_CLOEXEC, with the mode (and owner, where allowed) of the
+ * file it replaces, else open()'s 0666 minus the umask, and its buffer.
+ * o owns the temporary file's descriptor until outfile_commit() closes it
+ * or outfile_abort() closes and unlinks it; path must outlive o.
  * On failure nothing is left behind and outfile_abort() is still safe.
  */
 int outfile_begin(const char *path, struct outfile *o);

@@ -188,14 +188,20 @@ def _replaced(path):
 
 def _take_over(fd, old):
     """Gives the temporary file fd the owner, group and mode of the file it
-    replaces (the owner only where this user may: EPERM is no error; the
-    mode after the owner, which a chown may strip of set-id bits)."""
+    replaces (the owner only where this user may: EPERM is no error, and
+    then the group alone, which a member of it may give; the mode after the
+    owner, which a chown may strip of set-id bits). outfile.c in libwcache
+    does the same for wcachectl convert."""
     st = os.fstat(fd)
     if (st.st_uid, st.st_gid) != (old.st_uid, old.st_gid):
         try:
             os.fchown(fd, old.st_uid, old.st_gid)
         except PermissionError:
-            pass
+            if st.st_gid != old.st_gid:
+                try:
+                    os.fchown(fd, -1, old.st_gid)
+                except PermissionError:
+                    pass
     os.fchmod(fd, stat.S_IMODE(old.st_mode))
 
 

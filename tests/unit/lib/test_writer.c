@@ -198,12 +198,14 @@ test_roundtrip(void **state)
 	assert_int_equal(alen, blen);
 	assert_memory_equal(a, b, alen);
 
-	/* Output files are 0644 (whatever mkostemp made them). */
+	/* A new output file gets 0666 minus the umask, as open(O_CREAT) gives. */
 	{
 		struct stat sb;
+		mode_t mask = umask(022);
 
+		umask(mask);
 		assert_int_equal(stat(weig, &sb), 0);
-		assert_int_equal(sb.st_mode & 07777, 0644);
+		assert_int_equal(sb.st_mode & 07777, 0666 & ~mask);
 	}
 	/* Only the four files, no temporaries. */
 	assert_int_equal(tu_count_entries(dir), 4);
@@ -596,6 +598,98 @@ test_reserved_name(void **state)
 
 /* ---- never a partial output ---- */
 
+/* The data bytes of a one-tensor U8 safetensors file at path. */
+static uint8_t
+first_byte_of_data(const char *path)
+{
+	wc_model *m = NULL;
+	wc_tensor t;
+	uint8_t b;
+
+	assert_int_equal(wc_open_file(path, &m), 0);
+	assert_int_equal(wc_model_tensor(m, 0, &t), 0);
+	b = *(const uint8_t *)t.data;
+	wc_release(m);
+	return b;
+}
+
+/*
+ * Replacing a file keeps what a write in place (upstream's File::create)
+ * keeps: a 0600 file stays 0600 (it became 0644), its owner stays (as
+ * root), and a symlink stays a symlink whose target gets the new bytes
+ * (it was replaced by a regular file), also a link to a file not there yet.
+ */
+static void
+test_replace_keeps_mode_owner_and_symlink(void **state)
+{
+	static const char hdr[] = "{\"w\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}";
+	char *dir = tu_tmpdir(), *in, *secret, *blobs, *snap, *blob, *link, *dangling, *made;
+	wc_model *m = NULL;
+	uint8_t *img;
+	size_t len;
+	struct stat sb;
+	int fds = tu_count_fds();
+
+	(void)state;
+	img = tu_safetensors(hdr, 4, &len);
+	memset(img + len - 4, 7, 4);
+	in = tu_write(dir, "in.safetensors", img, len);
+	assert_int_equal(wc_open_file(in, &m), 0);
+
+	secret = tu_write(dir, "secret.safetensors", "old", 3);
+	assert_int_equal(chmod(secret, 0600), 0);
+	if (geteuid() == 0)
+		assert_int_equal(chown(secret, 4321, 4321), 0);
+	assert_int_equal(writer_safetensors(m, secret), 0);
+	assert_int_equal(stat(secret, &sb), 0);
+	assert_int_equal(sb.st_mode & 07777, 0600);
+	if (geteuid() == 0) {
+		assert_int_equal(sb.st_uid, 4321);
+		assert_int_equal(sb.st_gid, 4321);
+	}
+	assert_int_equal(first_byte_of_data(secret), 7);
+
+	blobs = join(dir, "blobs");
+	snap = join(dir, "snapshots");
+	assert_int_equal(mkdir(blobs, 0755), 0);
+	assert_int_equal(mkdir(snap, 0755), 0);
+	blob = tu_write(blobs, "abc", "old", 3);
+	assert_int_equal(chmod(blob, 0640), 0);
+	link = join(snap, "model.safetensors");
+	assert_int_equal(symlink("../blobs/abc", link), 0);
+	assert_int_equal(writer_safetensors(m, link), 0);
+	assert_int_equal(lstat(link, &sb), 0);
+	assert_true(S_ISLNK(sb.st_mode));
+	assert_int_equal(stat(blob, &sb), 0);
+	assert_int_equal(sb.st_mode & 07777, 0640);
+	assert_int_equal(first_byte_of_data(blob), 7);
+
+	dangling = join(snap, "new.safetensors");
+	made = join(blobs, "def");
+	assert_int_equal(symlink("../blobs/def", dangling), 0);
+	assert_int_equal(writer_weig(m, dangling), 0);
+	assert_int_equal(lstat(dangling, &sb), 0);
+	assert_true(S_ISLNK(sb.st_mode));
+	assert_weig_layout(made);
+	/* No temporary left anywhere. */
+	assert_int_equal(tu_count_entries(blobs), 2);
+	assert_int_equal(tu_count_entries(snap), 2);
+	assert_int_equal(tu_count_entries(dir), 4);
+
+	wc_release(m);
+	assert_int_equal(tu_count_fds(), fds);
+	free(img);
+	free(in);
+	free(secret);
+	free(blobs);
+	free(snap);
+	free(blob);
+	free(link);
+	free(dangling);
+	free(made);
+	tu_rmtree(dir);
+}
+
 static void
 test_no_partial_output(void **state)
 {
@@ -840,6 +934,7 @@ main(void)
 		cmocka_unit_test(test_swap_helpers),
 		cmocka_unit_test(test_reserved_name),
 		cmocka_unit_test(test_no_partial_output),
+		cmocka_unit_test(test_replace_keeps_mode_owner_and_symlink),
 		cmocka_unit_test(test_safetensors_fd),
 		cmocka_unit_test(test_safetensors_fd_refuses),
 	};
