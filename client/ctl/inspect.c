@@ -3,12 +3,18 @@
  * the same readers the daemon uses and lists its tensors, in byte order of
  * names, with the absolute offset of each tensor's data in the file that
  * holds it.
+ *
+ * Everything the model file says (tensor names, metadata, shard file names,
+ * messages that quote them) is hostile: the table prints it through
+ * ctl_print_safe() (control characters as \xNN) and --json through
+ * json_write_string(), so a file cannot send a terminal escape sequence.
  */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "ctl/ctl.h"
+#include "ctl/internal.h"
 #include "format/dtype.h"
 #include "base/error.h"
 #include "base/json.h"
@@ -23,6 +29,34 @@ inspect_usage(FILE *f)
 		   "byte offset of the data in its file. Exits 0 for a valid model, 1 with a\n"
 		   "one-line reason otherwise.\n\n"
 		   "  --json   print one JSON object: format, metadata, tensors\n");
+}
+
+/* Prints s as ctl_print_safe() does, then spaces up to width columns (the
+ * bytes printf's "%-*s" would count). */
+static void
+print_safe_padded(const char *s, int width)
+{
+	int shown = 0;
+
+	ctl_print_safe(stdout, s);
+	for (const unsigned char *p = (const unsigned char *)s; *p != '\0'; p++)
+		shown += *p < 0x20 || *p == 0x7f ? 4 : 1;
+	if (shown < width)
+		printf("%*s", width - shown, "");
+}
+
+/* "wcachectl: [WHAT: ]MESSAGE" on stderr, control characters escaped: a
+ * message may quote a name from the file. */
+static void
+inspect_error(const char *what, const char *message)
+{
+	fputs("wcachectl: ", stderr);
+	if (what != NULL) {
+		ctl_print_safe(stderr, what);
+		fputs(": ", stderr);
+	}
+	ctl_print_safe(stderr, message);
+	fputc('\n', stderr);
 }
 
 static void
@@ -79,7 +113,11 @@ print_table(const struct model_source *s, const struct index_header *h)
 	for (uint64_t i = 0; i < h->meta_count; i++) {
 		if ((r = index_meta_at(s->index, h, i, &key, &value)) < 0)
 			return r;
-		printf("metadata %s = %s\n", key, value);
+		fputs("metadata ", stdout);
+		ctl_print_safe(stdout, key);
+		fputs(" = ", stdout);
+		ctl_print_safe(stdout, value);
+		putchar('\n');
 	}
 	printf("%-48s %-11s %-20s %14s %14s%s\n", "NAME", "DTYPE", "SHAPE", "BYTES", "OFFSET",
 		s->nfiles > 1 ? "  FILE" : "");
@@ -95,9 +133,14 @@ print_table(const struct model_source *s, const struct index_header *h)
 		} else {
 			strcpy(shape, "?");
 		}
-		printf("%-48s %-11s %-20s %14" PRIu64 " %14" PRIu64 "%s%s\n", t.name,
-			dtype_by_code(t.dtype)->name, shape, t.nbytes, t.offset,
-			s->nfiles > 1 ? "  " : "", s->nfiles > 1 ? s->files[t.file].path : "");
+		print_safe_padded(t.name, 48);
+		printf(" %-11s %-20s %14" PRIu64 " %14" PRIu64, dtype_by_code(t.dtype)->name,
+			shape, t.nbytes, t.offset);
+		if (s->nfiles > 1) {
+			fputs("  ", stdout);
+			ctl_print_safe(stdout, s->files[t.file].path);
+		}
+		putchar('\n');
 		total += t.nbytes;
 	}
 	printf("%" PRIu64 " tensors, %" PRIu64 " bytes of data in %zu file%s (%s)\n",
@@ -132,13 +175,13 @@ ctl_inspect(int argc, char **argv)
 	if (path == NULL)
 		return ctl_usage_error("inspect", "missing PATH");
 	if (source_open(path, &s) < 0) {
-		fprintf(stderr, "wcachectl: %s\n", error_get());
+		inspect_error(NULL, error_get());
 		return 1;
 	}
 	if ((r = index_open(s.index, s.index_len, &h)) == 0)
 		r = json ? print_json(&s, &h) : print_table(&s, &h);
 	if (r < 0)
-		fprintf(stderr, "wcachectl: %s: %s\n", path, error_get());
+		inspect_error(path, error_get());
 	source_close(&s);
 	if (fflush(stdout) != 0)
 		r = -1;

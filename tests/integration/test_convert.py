@@ -485,3 +485,48 @@ def test_failures_leave_no_output(ctl, tmp_path):
     no_temporaries(tmp_path)
     assert sorted(os.listdir(tmp_path)) == ["bad.safetensors", "cut.weig", "good.weig",
                                             "out.safetensors", "sub"]
+
+
+# ---- inspect of a hostile file ----
+
+def no_control_bytes(text):
+    """The control characters of text other than newline (ESC, BEL, ...)."""
+    return [c for c in text if (ord(c) < 0x20 and c != "\n") or ord(c) == 0x7f]
+
+
+def test_inspect_escapes_names_from_the_file(ctl, tmp_path):
+    """Tensor names, metadata and shard file names are the file's: printed
+    raw, ESC ] 0 ; ... BEL retitles the terminal and ESC [ 2 J clears it.
+    The table shows them as \\xNN (aligned as before), --json as \\u00NN."""
+    evil = "\x1b]0;owned\x07\x1b[2Jx"
+    path = tmp_path / "esc.safetensors"
+    write_safetensors(path, {evil: ("F32", [1], bytes(4)), "b": ("F32", [1], bytes(4))},
+                      metadata={"note\x1b[5m": "\x1b[31mred\x7f"})
+    r = run(ctl, "inspect", str(path))
+    assert r.returncode == 0, r.stderr
+    assert not no_control_bytes(r.stdout), r.stdout
+    assert "metadata note\\x1b[5m = \\x1b[31mred\\x7f\n" in r.stdout
+    rows = [line for line in r.stdout.splitlines() if line.startswith(("\\x1b]", "b "))]
+    assert rows[0].startswith("\\x1b]0;owned\\x07\\x1b[2Jx ")
+    assert len(rows) == 2 and rows[0].index(" F32") == rows[1].index(" F32") == 48
+    r = run(ctl, "inspect", "--json", str(path))  # JSON escapes below 0x20 (DEL is plain)
+    assert r.returncode == 0 and not no_control_bytes(r.stdout.replace("\x7f", "")), r.stdout
+    assert evil in [t["name"] for t in json.loads(r.stdout)["tensors"]]
+
+    # A shard file name from the index, in the table's FILE column.
+    d = tmp_path / "sharded"
+    d.mkdir()
+    shard = "\x1b[2J.safetensors"
+    write_safetensors(d / shard, {"a": ("F32", [1], bytes(4))})
+    write_safetensors(d / "two.safetensors", {"b": ("F32", [1], bytes(4))})
+    (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"a": shard, "b": "two.safetensors"}}))
+    r = run(ctl, "inspect", str(d))
+    assert r.returncode == 0, r.stderr
+    assert not no_control_bytes(r.stdout) and "\\x1b[2J.safetensors" in r.stdout, r.stdout
+
+    # And in a message that names it (the shard is missing).
+    os.unlink(d / shard)
+    r = run(ctl, "inspect", str(d))
+    assert r.returncode == 1 and r.stderr.startswith("wcachectl: ")
+    assert not no_control_bytes(r.stderr), r.stderr
