@@ -185,6 +185,80 @@ def test_a_long_term_pin_registers_a_shared_view_not_the_private_mapping(odd_mod
     assert backend.registered == {}
 
 
+def test_proc_maps_is_read_once_per_load(odd_model, monkeypatch):
+    """The file behind every range is looked up in one read of
+    /proc/self/maps per load (a parse costs milliseconds: one per range
+    capped the registered path), not one per range; the engine says where
+    its time went."""
+    path, raw = odd_model
+    model = wcache.open_file(path)
+    reads = []
+    real = _device.file_mappings
+
+    def counting():
+        reads.append(1)
+        return real()
+    monkeypatch.setattr(_device, "file_mappings", counting)
+    out = to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
+                    backend=CpuBackend(pins_long_term=True), mode="register", small=0,
+                    max_batch=4096)
+    _check_exact(out, raw)
+    engine, p = _device.last_load
+    assert engine.path == "register" and len(p.ranges) > 3
+    assert len(reads) == 1
+    assert set(engine.seconds) == {"view", "register", "copy", "unregister"}
+    assert all(s >= 0 for s in engine.seconds.values()) and engine.seconds["copy"] > 0
+
+
+def test_a_range_missing_from_the_maps_read_is_looked_up_again(odd_model, monkeypatch):
+    """A range that the one read of /proc/self/maps lacks (a mapping made
+    after it) is looked up in a fresh read, once, not refused."""
+    path, raw = odd_model
+    model = wcache.open_file(path)
+    reads = []
+    real = _device.file_mappings
+    first = {}
+
+    def stale():
+        reads.append(1)
+        entries = real()
+        if len(reads) > 1:
+            return entries
+        # the first read: the model's mapping ends after the first range
+        lo, hi = first["range"]
+        return [e[:1] + (hi,) + e[2:] if e[0] <= lo < e[1] else e for e in entries]
+    monkeypatch.setattr(_device, "file_mappings", stale)
+    p = plan(_entries(model), max_batch=4096)
+    first["range"] = p.ranges[0][:2]
+    out = to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
+                    backend=CpuBackend(pins_long_term=True), mode="register", small=0,
+                    max_batch=4096)
+    _check_exact(out, raw)
+    assert _device.last_load[0].path == "register"
+    assert len(reads) == 2
+
+
+def test_a_fresh_view_already_registered_is_refused(odd_model):
+    """cudaErrorHostMemoryAlreadyRegistered for a view mapped just now is a
+    registration left behind at a reused address: it pins other pages, so
+    the engine stages instead of copying through it (and forced to
+    register, raises)."""
+    path, raw = odd_model
+    model = wcache.open_file(path)
+    backend = CpuBackend(pins_long_term=True, already_registered=True)
+    out = to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
+                    backend=backend, mode="auto", small=0, max_batch=4096)
+    _check_exact(out, raw)
+    engine, _ = _device.last_load
+    assert engine.path == "staging", engine.why
+    assert "stale registration" in engine.why, engine.why
+    assert not [c for c in backend.calls if c[0] == "unregister"]
+    with pytest.raises(RegisterRefused, match="stale registration"):
+        to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
+                  backend=CpuBackend(pins_long_term=True, already_registered=True),
+                  mode="register", small=0)
+
+
 def test_no_shared_view_stages_and_says_why(odd_model, tmp_path, caplog):
     """The path now names another file (renamed over): no view of it can be
     made, so the engine stages (the page cache stays shared) and says why."""

@@ -27,6 +27,8 @@ asked for) like this:
    pages (_sharedview.py), never libwcache's own MAP_PRIVATE mapping: the
    kernel (Linux 6.2+) copies pages of a private mapping that is pinned
    long-term, which would give every worker its own copy of the model.
+   /proc/self/maps is read once per load to find the file behind the
+   ranges (again only if a range is not in it), not once per range.
 3. **Or stage**, when registration is refused (an older driver; a part that
    has no read-only registration) or no shared view can be made (the worker
    may not open the model's path; it was renamed over): two pinned buffers of
@@ -54,15 +56,17 @@ benchmarks and tests): "register" raises when registration is refused,
 
 Host registration of handles on the CPU (``WCACHE_HOST_REGISTER=1``) is in _hostreg.py.
 """
+import contextlib
 import ctypes
 import logging
 import mmap
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ._lib import env_choice
-from ._sharedview import Unavailable, shared_view
+from ._sharedview import NotMapped, Unavailable, file_mappings, shared_view
 
 __all__ = ["plan", "Plan", "Engine", "Backend", "CudaBackend", "CpuBackend", "RegisterRefused",
            "copy_mode", "to_device"]
@@ -288,6 +292,9 @@ class CudaBackend(Backend):
             return True
         _clear_last_error()  # a failed runtime call is also "the last error"
         if code == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED:
+            # Usable for memory registered before by someone else; for a
+            # view mapped just now it is a stale registration at a reused
+            # address, which the engine refuses (Engine._copy_registered).
             return False
         # No size in the reason: one log line per reason, not per range.
         raise RegisterRefused(f"cudaHostRegister(read-only): "
@@ -413,9 +420,13 @@ class CpuBackend(Backend):
 # -- the engine --
 
 class Engine:
-    """Copies planned tensors to a backend's device. After load():
-    ``path`` ("register" or "staging"), ``why`` (the reason for that path)
-    and ``copies`` (copy calls issued)."""
+    """Copies planned tensors to a backend's device. After copy_plan():
+    ``path`` ("register", "staging" or "register+staging"), ``why`` (the
+    reason for that path), ``copies`` (copy calls issued) and ``seconds``
+    ({"view", "register", "copy", "unregister"}: the wall time spent
+    making and unmapping shared views, registering, issuing copies and
+    waiting for them, and unregistering), so that a slow load says where
+    its time went."""
 
     def __init__(self, backend, mode="auto", staging_bytes=STAGING_BYTES, threads=None):
         if mode not in ("auto", "register", "staging"):
@@ -428,6 +439,17 @@ class Engine:
         self.threads = threads or max(1, min(8, os.cpu_count() or 1))
         self.path = self.why = None
         self.copies = 0
+        self.seconds = dict.fromkeys(("view", "register", "copy", "unregister"), 0.0)
+        self._maps = None
+
+    @contextlib.contextmanager
+    def _timed(self, what):
+        """Adds the wall time of the block (raising or not) to seconds[what]."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[what] += time.perf_counter() - t0
 
     def copy_plan(self, p, buffer):
         """Copies every batch of plan p into buffer (from backend.alloc),
@@ -439,6 +461,7 @@ class Engine:
         On an error, whatever was registered is unregistered and staging
         buffers are freed."""
         self.copies = 0
+        self.seconds = dict.fromkeys(self.seconds, 0.0)
         if not p.batches:
             self.path, self.why = "none", "nothing to copy"
             return
@@ -459,21 +482,35 @@ class Engine:
                 return
         self.path = "staging" if done == 0 else "register+staging"
         self.why = why
-        self._copy_staged(p.batches[done:], buffer)
+        with self._timed("copy"):
+            self._copy_staged(p.batches[done:], buffer)
 
     def _copy_registered(self, p, buffer):
         """(batches copied, why it stopped early or None)."""
         registered, views, done, why = [], [], 0, None
         stream = None
+        self._maps = None  # /proc/self/maps, read by the first _source()
         try:
             for lo, hi, first, end in p.ranges:
                 try:
-                    view, srcs = self._source(lo, hi, p.batches[first:end])
+                    with self._timed("view"):
+                        view, srcs = self._source(lo, hi, p.batches[first:end])
                     if view is not None:
                         views.append(view)
                     addr = view.addr if view is not None else lo
-                    if self.backend.register(addr, hi - lo):
+                    with self._timed("register"):
+                        owned = self.backend.register(addr, hi - lo)
+                    if owned:
                         registered.append(addr)
+                    elif view is not None and view.own:
+                        # Registered already, yet mapped just now: a
+                        # registration someone left behind at an address
+                        # the kernel gave this view again. It pins the
+                        # pages of the old mapping, not these: never copy
+                        # through it (cudaErrorHostMemoryAlreadyRegistered).
+                        raise RegisterRefused(
+                            f"{self.backend.name}: a view mapped just now is already registered "
+                            f"(a stale registration at a reused address)")
                     if stream is None:
                         stream = self.backend.stream()
                 except (RegisterRefused, Unavailable) as e:
@@ -484,29 +521,49 @@ class Engine:
                     why = f"{what}: {e}" if first == 0 else \
                         f"{what} after {first} of {len(p.batches)} batches: {e}"
                     break
-                for src, (_, dst, n) in zip(srcs, p.batches[first:end]):
-                    self.backend.copy(buffer, dst, src, n, stream)
-                    self.copies += 1
+                with self._timed("copy"):
+                    for src, (_, dst, n) in zip(srcs, p.batches[first:end]):
+                        self.backend.copy(buffer, dst, src, n, stream)
+                        self.copies += 1
                 done = end
         finally:
+            self._maps = None
             try:
                 if stream is not None:
-                    self.backend.synchronize(stream)  # the source must outlive every copy
+                    with self._timed("copy"):
+                        self.backend.synchronize(stream)  # the source must outlive every copy
             finally:
-                for addr in registered:
-                    _unregister(self.backend, addr)
-                for view in views:
-                    view.close()
+                with self._timed("unregister"):
+                    for addr in registered:
+                        _unregister(self.backend, addr)
+                with self._timed("view"):
+                    for view in views:
+                        view.close()
         return done, why
 
     def _source(self, lo, hi, batches):
         """(view, source address of each batch) for the range [lo, hi):
         a SharedView of it when the backend pins long-term (a private
         mapping would be copied: see _sharedview.py), else (None, the
-        addresses as they are). Unavailable when no view can be made."""
+        addresses as they are). Unavailable when no view can be made.
+
+        The file behind the range is looked up in /proc/self/maps as read
+        for the first range of this copy (self._maps): every range lies in
+        the model's own mapping, which was made before the plan, and the
+        views this loop maps are never looked up, so one read serves all.
+        A range missing from it is looked up again in a fresh read."""
         if not self.backend.pins_long_term:
             return None, [src for src, _, _ in batches]
-        view = shared_view(lo, hi)
+        fresh = self._maps is None
+        if fresh:
+            self._maps = file_mappings()
+        try:
+            view = shared_view(lo, hi, self._maps)
+        except NotMapped:
+            if fresh:
+                raise
+            self._maps = file_mappings()
+            view = shared_view(lo, hi, self._maps)
         try:
             return view, [view.translate(src, n) for src, _, n in batches]
         except Unavailable:

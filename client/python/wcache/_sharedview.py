@@ -25,7 +25,8 @@ import ctypes
 import mmap
 import os
 
-__all__ = ["Unavailable", "SharedView", "shared_view", "file_mappings", "open_mapped_file"]
+__all__ = ["Unavailable", "NotMapped", "SharedView", "shared_view", "file_mappings",
+           "open_mapped_file"]
 
 _PROT_READ = 0x1
 _MAP_SHARED = 0x01
@@ -41,6 +42,11 @@ _MAP_FAILED = ctypes.c_void_p(-1).value
 
 class Unavailable(Exception):
     """No shared view can be made of this range (the message says why)."""
+
+
+class NotMapped(Unavailable):
+    """The range lies in no one file mapping of the list searched (a list
+    read before the mapping was made would say so too: read it again)."""
 
 
 def file_mappings():
@@ -83,13 +89,16 @@ class SharedView:
 
 def shared_view(lo, hi, entries=None):
     """A SharedView of the page-aligned range [lo, hi), which must lie in
-    one file mapping; Unavailable when it cannot be made."""
+    one file mapping of entries (file_mappings(), read now when None: a
+    caller with many ranges reads it once and passes it, since each read
+    parses every line of /proc/self/maps); NotMapped when it lies in none,
+    Unavailable when no view can be made."""
     if lo % mmap.PAGESIZE or hi % mmap.PAGESIZE or hi <= lo:
         raise Unavailable(f"range [{lo:#x}, {hi:#x}) is not page-aligned")
     entries = file_mappings() if entries is None else entries
     i = bisect.bisect_right([e[0] for e in entries], lo) - 1
     if i < 0 or not (entries[i][0] <= lo and hi <= entries[i][1]):
-        raise Unavailable(f"range [{lo:#x}, {hi:#x}) is not inside one file mapping")
+        raise NotMapped(f"range [{lo:#x}, {hi:#x}) is not inside one file mapping")
     start, _end, offset, dev, ino, path, shared = entries[i]
     if shared:
         return SharedView(lo, hi, lo, False)
