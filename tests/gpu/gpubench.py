@@ -48,6 +48,147 @@ def emit(results, **row):
                                                if k != "method"))
 
 
+# ---- the host ----
+
+CUDA_DEV_ATTR_HOST_REGISTER_READ_ONLY_SUPPORTED = 113  # cudaDevAttrHostRegisterReadOnlySupported
+
+
+def read_only_registration(torch):
+    """("yes"/"no", how it was asked) for whether device 0 supports
+    cudaHostRegisterReadOnly, or ("unknown", why): cuda-bindings' runtime
+    first, then torch's cudart binding where it has cudaDeviceGetAttribute,
+    then the libcudart this process loaded, through ctypes."""
+    import ctypes
+    failures = []
+    try:
+        from cuda.bindings import runtime as r
+        err, value = r.cudaDeviceGetAttribute(
+            r.cudaDeviceAttr.cudaDevAttrHostRegisterReadOnlySupported, 0)
+        code = int(getattr(err, "value", err))
+        if code == 0:
+            return ("yes" if value else "no"), "cuda.bindings"
+        failures.append(f"cuda.bindings: error {code}")
+    except Exception as e:
+        failures.append(f"cuda.bindings: {type(e).__name__}")
+    try:
+        get = getattr(torch.cuda.cudart(), "cudaDeviceGetAttribute", None)
+        if get is None:
+            failures.append("torch cudart: no cudaDeviceGetAttribute")
+        else:
+            got = get(CUDA_DEV_ATTR_HOST_REGISTER_READ_ONLY_SUPPORTED, 0)
+            err, value = got if isinstance(got, tuple) else (0, got)
+            code = int(getattr(err, "value", err))
+            if code == 0:
+                return ("yes" if value else "no"), "torch.cuda.cudart()"
+            failures.append(f"torch cudart: error {code}")
+    except Exception as e:
+        failures.append(f"torch cudart: {type(e).__name__}")
+    try:
+        with open("/proc/self/maps") as f:
+            paths = sorted({line.split()[-1] for line in f if "libcudart.so" in line})
+        if not paths:
+            raise OSError("no libcudart loaded")
+        value = ctypes.c_int(-1)
+        err = ctypes.CDLL(paths[0]).cudaDeviceGetAttribute(
+            ctypes.byref(value), CUDA_DEV_ATTR_HOST_REGISTER_READ_ONLY_SUPPORTED, 0)
+        if err == 0:
+            return ("yes" if value.value else "no"), "libcudart via ctypes"
+        failures.append(f"libcudart: error {err}")
+    except Exception as e:
+        failures.append(f"libcudart: {type(e).__name__}")
+    return "unknown", "; ".join(failures)
+
+
+def room_plan(gib, llama_gib, work_free, shm_free, min_gib):
+    """Where the model goes and how big, from the free GiB of the work
+    directory and of /dev/shm (None: unknown): (place, gib, message), place
+    "work" or "shm", gib 0 when no model of min_gib fits. The model and its
+    torch.save copy take about 2.3x gib GiB, the Llama's shards llama_gib."""
+    need = 2.3 * gib + llama_gib
+    if work_free is None:
+        return "work", gib, "the work directory's free space is unknown: going on"
+    if work_free >= need:
+        return "work", gib, ""
+    short = f"the work directory has {work_free:.1f} GiB free of the {need:.1f} GiB needed"
+    if shm_free is not None and shm_free >= need:
+        return "shm", gib, f"{short}: working in /dev/shm ({shm_free:.1f} GiB free) instead"
+    place, free = ("shm", shm_free) if shm_free is not None and shm_free > work_free \
+        else ("work", work_free)
+    smaller = int(max(0.0, free - llama_gib) / 2.3 / min_gib) * min_gib
+    if smaller < min_gib:
+        return place, 0, f"{short}, and /dev/shm too: no model, its measurements are skipped"
+    where = "/dev/shm" if place == "shm" else "the work directory"
+    return place, round(smaller, 6), f"{short}, and /dev/shm too: a {smaller:g} GiB model " \
+        f"instead of {gib:g} GiB, in {where}"
+
+
+def _free_gib(path):
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize / GIB
+
+
+def _available_gib():
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / (1 << 20)
+    except OSError:
+        pass
+    return None
+
+
+def cmd_room(a):
+    """Prints, for run.sh to eval, where to work and the model's size
+    (room_plan): work=DIR gib=N, and a line saying what it changed.
+    /dev/shm holds its files in memory: its room is also bounded by the
+    memory available, less one model for the pinned copy."""
+    import shlex
+    import tempfile
+    shm_free = _free_gib(a.shm) if os.path.isdir(a.shm) and os.access(a.shm, os.W_OK) else None
+    available = _available_gib()
+    if shm_free is not None and available is not None:
+        shm_free = min(shm_free, available - a.gib)
+    work_free = float(os.environ["WORK_FREE_GIB"]) if os.environ.get("WORK_FREE_GIB") \
+        else _free_gib(a.work)  # WORK_FREE_GIB: for the tests, a full disk
+    place, gib, message = room_plan(a.gib, a.llama_gib, work_free, shm_free, a.min_gib)
+    work = a.work
+    if place == "shm":
+        work = tempfile.mkdtemp(prefix="wcache-gpu.", dir=a.shm)
+    if message:
+        log(f"== room: {message}")
+    print(f"work={shlex.quote(work)} gib={gib:g}")
+    return 0
+
+
+def cmd_host_info(a):
+    """The interpreter, torch, the device, and whether it supports
+    read-only host registration (the registered path needs it)."""
+    import torch
+    cuda = False
+    try:
+        cuda = torch.cuda.is_available()
+    except Exception:
+        pass
+    print("python", sys.version.split()[0], "torch", torch.__version__, "cuda",
+          cuda and torch.cuda.get_device_name(0), file=sys.stderr)
+    if cuda:
+        try:
+            torch.empty(1, device="cuda:0")  # a context, so libcudart is loaded and answers
+        except Exception:
+            pass
+    try:
+        answer, how = read_only_registration(torch) if cuda else ("unknown", "no CUDA device")
+    except Exception as e:  # whatever happens, the run goes on
+        answer, how = "unknown", f"{type(e).__name__}: {e}"
+    print(f"read-only host registration (cudaDevAttrHostRegisterReadOnlySupported): "
+          f"{answer} ({how})", file=sys.stderr)
+    return 0
+
+
 # ---- the model ----
 
 def layout(total):
@@ -226,12 +367,23 @@ def _check(torch, path, state, names=3):
     model.close()
 
 
+def _engine_figures(engine):
+    """The engine's why and its seconds registering, copying and
+    unregistering (Engine.seconds), for a result row: one run then says
+    why a path was slow or was not the one hoped for."""
+    row = {"why": engine.why}
+    row.update({f"{k}_s": round(v, 4) for k, v in engine.seconds.items()})
+    return row
+
+
 def _load(method, a, torch, device):
-    """One load by method; returns (state, path the engine took or "")."""
+    """One load by method; returns (state, path the engine took or "",
+    the engine's figures for the row or {})."""
     target = "cuda:0" if a.cpu else str(device)
     if method == "upstream":
         import safetensors.torch
-        return safetensors.torch.load_file(a.model, device=target if not a.cpu else "cpu"), ""
+        return safetensors.torch.load_file(a.model, device=target if not a.cpu else "cpu"), \
+            "", {}
     if method == "torch_load":
         # weights_only=True: torch 2.6's default, said so for older ones (the
         # file holds tensors only)
@@ -239,20 +391,23 @@ def _load(method, a, torch, device):
             state = torch.load(a.pt, mmap=True, map_location="cpu", weights_only=True)
         except TypeError:  # torch < 2.1 (the CPU mode's old torch)
             state = torch.load(a.pt, map_location="cpu", weights_only=True)
-        return {k: (v.to(device) if not a.cpu else v.clone()) for k, v in state.items()}, ""
+        return {k: (v.to(device) if not a.cpu else v.clone()) for k, v in state.items()}, "", {}
     import wcache
     import wcache.torch
     from wcache import _device
     if method == "wcache_tensor":
         os.environ["WCACHE_DEVICE_COPY"] = "tensor"
         if a.cpu:
-            return {k: v.clone() for k, v in wcache.torch.load_file(a.model).items()}, "tensor"
-        return wcache.torch.load_file(a.model, device=target), "tensor"
+            return {k: v.clone() for k, v in wcache.torch.load_file(a.model).items()}, \
+                "tensor", {}
+        return wcache.torch.load_file(a.model, device=target), "tensor", {}
     os.environ["WCACHE_DEVICE_COPY"] = "staging" if method == "wcache_staging" else "auto"
     _device.last_load = None
     state = wcache.torch.load_file(a.model, device=target)
     engine = _device.last_load[0] if _device.last_load else None
-    return state, engine.path if engine else "tensor"
+    if engine is None:
+        return state, "tensor", {}
+    return state, engine.path, _engine_figures(engine)
 
 
 def cmd_bench(a):
@@ -265,9 +420,10 @@ def cmd_bench(a):
         torch.empty(1, device=device)  # the context, outside the timing
     nbytes = os.path.getsize(a.model)
     # imports outside the timing (the concurrent loaders time one load)
-    import wcache.torch  # noqa: F401
+    import importlib
+    importlib.import_module("wcache.torch")
     if a.method == "upstream":
-        import safetensors.torch  # noqa: F401
+        importlib.import_module("safetensors.torch")
     if a.method == "pinned":
         src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
         src.fill_(1)
@@ -293,23 +449,25 @@ def cmd_bench(a):
     watch = _Watch()
     if a.method.startswith("wcache"):
         _watch_engine(watch)
-    best, path, starts = None, "", []
+    best, path, starts, figures = None, "", [], {}
     for rep in range(a.reps):
         t0 = time.perf_counter()
         wall0 = time.time()
         spent = watch.spent
-        state, path = _load(a.method, a, torch, device)
+        state, path, engine = _load(a.method, a, torch, device)
         _sync(torch, device)
-        dt = time.perf_counter() - t0 - (watch.spent - spent)
-        starts.append((wall0, time.time()))
+        measuring = watch.spent - spent  # reading smaps is not the load
+        dt = time.perf_counter() - t0 - measuring
+        starts.append((wall0, time.time() - measuring))
         if rep == 0:
             _check(torch, a.model, state)
         moved = sum(t.numel() * t.element_size() for t in state.values())
         del state
-        best = dt if best is None or dt < best else best
+        if best is None or dt < best:
+            best, figures = dt, engine
     row = dict(method=a.method + (f"@{a.tag}" if a.tag else ""), bytes=moved,
                seconds=round(best, 4), gbps=round(moved / best / 1e9, 2), path=path,
-               start=starts[0][0], end=starts[0][1])
+               start=starts[0][0], end=starts[0][1], **figures)
     if watch.items:
         row["private_mib"] = round(max(watch.items) / MIB, 1)
     emit(a.results, **row)
@@ -332,11 +490,14 @@ def cmd_concurrent(a):
         if any(p.poll() not in (None, 0) for p in procs) or time.monotonic() > deadline:
             for p in procs:
                 p.kill()
+            for p in procs:
+                p.wait()
             raise SystemExit("a concurrent loader failed before starting")
         time.sleep(0.01)
     open(go, "w").close()
-    if any(p.wait() != 0 for p in procs):
-        raise SystemExit("a concurrent loader failed")
+    codes = [p.wait() for p in procs]  # every one, not up to the first that failed
+    if any(codes):
+        raise SystemExit(f"a concurrent loader failed (exit codes {codes})")
     rows = [json.loads(line) for line in open(tmp)]
     total = sum(r["bytes"] for r in rows)
     span = max(r["end"] for r in rows) - min(r["start"] for r in rows)
@@ -345,6 +506,12 @@ def cmd_concurrent(a):
     private = [r["private_mib"] for r in rows if "private_mib" in r]
     if private:
         row["private_mib"] = max(private)  # per process
+    for key in ("view_s", "register_s", "copy_s", "unregister_s"):  # the slowest process's
+        if any(key in r for r in rows):
+            row[key] = max(r.get(key, 0) for r in rows)
+    whys = sorted({r["why"] for r in rows if r.get("why")})
+    if whys:
+        row["why"] = " | ".join(whys)
     emit(a.results, **row)
 
 
@@ -471,6 +638,35 @@ def _handle_figures(watch):
     return n, registered, nbytes, private
 
 
+# What from_pretrained imports on first use (transformers imports lazily):
+# imported before the timing, in every mode alike, so the load times are
+# loads, not imports.
+LOADING_MODULES = ("transformers.modeling_utils", "transformers.models.llama.modeling_llama",
+                   "transformers.core_model_loading", "transformers.integrations.accelerate",
+                   "safetensors", "safetensors.torch", "accelerate")
+
+
+def _import_loading_code(transformers):
+    """Imports the model code from_pretrained would import on its first
+    call (AutoModelForCausalLM, LlamaForCausalLM and LOADING_MODULES, each
+    where this version has it) and logs how long that took."""
+    import importlib
+    t0, done = time.perf_counter(), []
+    for name in ("AutoModelForCausalLM", "LlamaForCausalLM", "LlamaConfig", "AutoConfig"):
+        try:
+            getattr(transformers, name)  # resolves the lazy module behind it
+            done.append(name)
+        except Exception:  # absent in this version: nothing to import
+            pass
+    for name in LOADING_MODULES:
+        try:
+            importlib.import_module(name)
+            done.append(name)
+        except Exception:
+            pass
+    log(f"  imported before the timing ({time.perf_counter() - t0:.2f} s): {', '.join(done)}")
+
+
 def cmd_llama_load(a):
     """from_pretrained plainly or through wcache (wcache_hostreg: with
     WCACHE_HOST_REGISTER=1, which the caller sets); logits of a fixed input
@@ -497,6 +693,7 @@ def cmd_llama_load(a):
         if a.cpu:  # host registration on the engine's CPU backend
             _hostreg.host_backend = lambda: (_device.CpuBackend(), None)
     import transformers
+    _import_loading_code(transformers)
     device = "cpu" if a.cpu else "cuda:0"
     if device != "cpu":
         torch.empty(1, device=device)
@@ -571,15 +768,33 @@ def targets(rows):
                                 f"sources {th['sources']}")
     # Registration must read the shared page cache, not make this process a
     # private copy of it (see the module comment): under 1% of what it read.
+    # Judged only where something was registered (the engine's path says
+    # "register", or handles registered): a staged load pins nothing, and
+    # its 0 MiB would say nothing about registration.
     for key, label in (("wcache", "new path"),
                        ("transformers_wcache_hostreg", "WCACHE_HOST_REGISTER=1")):
         r = by.get(key)
         private = None if r is None else r.get("private_mib")
         size = None if r is None else (r["bytes"] / MIB if "bytes" in r else r.get("mib"))
+        registered = r is not None and ("register" in r.get("path", "")
+                                        or r.get("registered", 0) > 0)
+        if private is not None and not registered:
+            judge(f"{label}: registration left the page cache shared", None,
+                  f"nothing registered (path {r.get('path') or '-'}, "
+                  f"{r.get('registered', 0)} handles registered)")
+            continue
         judge(f"{label}: registration left the page cache shared", None if private is None
               or not size else private < 0.01 * size,
               "" if private is None else f"{private} MiB private of {size:.1f} MiB")
     return out
+
+
+def engine_line(r):
+    """The engine's figures of a row: where its time went and why it took
+    its path ("register 0.012 s, copy 0.310 s, ...; why: ...")."""
+    parts = [f"{k} {r[k + '_s']:.3f} s" for k in ("view", "register", "copy", "unregister")
+             if k + "_s" in r]
+    return ", ".join(parts) + (f"; why: {r['why']}" if r.get("why") else "")
 
 
 def speedups(rows):
@@ -612,6 +827,8 @@ def cmd_report(a):
             private = r.get("private_mib")
             print(f"{label:44} {r['gbps']:8.2f} {r['seconds']:9.3f} "
                   f"{'-' if private is None else private:>11}  {r.get('path', '')}")
+            if "copy_s" in r:
+                print("    " + engine_line(r))
     print()
     faster = {key: x for key, _, x in speedups(rows)}
     for key, label in (("transformers_plain", "transformers, plain"),
@@ -644,6 +861,13 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cpu", action="store_true")
     sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("host-info")
+    s = sub.add_parser("room")
+    s.add_argument("--work", required=True)
+    s.add_argument("--gib", type=float, required=True)
+    s.add_argument("--llama-gib", type=float, default=3.0)
+    s.add_argument("--min-gib", type=float, default=0.25)
+    s.add_argument("--shm", default="/dev/shm")
     s = sub.add_parser("gen")
     s.add_argument("--dir", required=True)
     s.add_argument("--gib", type=float, default=8.0)
@@ -689,7 +913,7 @@ def main(argv=None):
     s.add_argument("--results", required=True)
     a = p.parse_args(argv)
     a.cpu = a.cpu or os.environ.get("GPUBENCH_CPU") == "1"
-    return {"gen": cmd_gen, "warm": cmd_warm, "daemon": cmd_daemon, "bench": cmd_bench,
+    return {"host-info": cmd_host_info, "room": cmd_room, "gen": cmd_gen, "warm": cmd_warm, "daemon": cmd_daemon, "bench": cmd_bench,
             "concurrent": cmd_concurrent, "llama-make": cmd_llama_make,
             "llama-load": cmd_llama_load, "cpu-engine": cmd_cpu_engine,
             "llama-compare": cmd_llama_compare,

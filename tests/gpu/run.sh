@@ -9,28 +9,37 @@
 # a compiler and the libraries exist); makes a model of --gib GiB (default 8) in the page
 # cache, and prints GB/s into cuda:0 for: pinned anonymous memory (the
 # limit), safetensors.torch.load_file(device=), torch.load(mmap=True) then
-# .to(), wcache's per-tensor path, the new path (and with staging forced),
-# and 4 processes at once through wcached; then loads a ~1B-parameter Llama
-# with transformers plainly, through wcache.install() + wcached, and the
-# same with WCACHE_HOST_REGISTER=1, and compares the logits and load times.
-# Targets are printed PASS/MISS.
+# .to(), wcache's per-tensor path, the new path (and with staging forced);
+# then loads a ~1B-parameter Llama with transformers plainly, through
+# wcache.install() + wcached, and the same with WCACHE_HOST_REGISTER=1, and
+# compares the logits and load times; last, 4 processes load the model at
+# once through wcached (the step most likely to hang, so it goes last).
+# Targets are printed PASS/MISS. The header names the host: kernel, driver
+# and PCIe link, whether the device supports read-only host registration,
+# the work directory's filesystem, free memory and disk. Where the work
+# directory lacks room for the model (2.3x --gib GiB, and 3 GiB for the
+# Llama), the check works in /dev/shm, else with a smaller model, and says so.
+# With $OUT set, results.jsonl, the 4 processes' rows and each wcached's
+# log (its last 4 MiB) are copied there before the work directory goes.
 #
 # --cpu: the same steps on the CPU with small sizes (host memory stands for
 # the device, the copy engine runs on its CPU backend, transformers and
 # safetensors are skipped when absent): checks the script, not the link.
 #
-# Every step runs under `timeout` (STEP_TIMEOUT seconds, default 240), and
-# no step starts or runs past RUN_BUDGET seconds from the start (default 480,
-# the 8 minutes it is meant to take on one H200): a step that would is
-# SKIPPED or cut, and the report still prints.
-# Environment: PYTHON (default python3), STEP_TIMEOUT, RUN_BUDGET, WCACHE_BUILD
-# (a prebuilt tree, as --build).
+# Every step runs under `timeout` (STEP_TIMEOUT seconds, default 120; making
+# the two models, MAKE_TIMEOUT, default 240), and no step starts or runs past
+# RUN_BUDGET seconds from the start (default 480, the 8 minutes it is meant
+# to take on one H200): a step that would is SKIPPED or cut, and the report
+# still prints. A failed step (making the model too) is listed at the end.
+# Environment: PYTHON (default python3), STEP_TIMEOUT, MAKE_TIMEOUT,
+# RUN_BUDGET, WCACHE_BUILD (a prebuilt tree, as --build), OUT.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 py=${PYTHON:-python3}
-step_timeout=${STEP_TIMEOUT:-240}
+step_timeout=${STEP_TIMEOUT:-120}
+make_timeout=${MAKE_TIMEOUT:-240} # writing GiBs of model, not a copy into the device
 run_budget=${RUN_BUDGET:-480}
 cpu=0 gib=8 build="" work="" keep=0
 while [ $# -gt 0 ]; do
@@ -49,8 +58,10 @@ if [ "$cpu" = 1 ] && [ "$gib" = 8 ]; then gib=0.0625; fi
 export GPUBENCH_CPU=$cpu
 
 t_start=$(date +%s)
-step() { # step LABEL COMMAND...: runs COMMAND under the step timeout, timed
-	local label=$1 t0 rc limit left
+step() { # step [--limit S] LABEL COMMAND...: runs COMMAND under the step timeout (or S), timed
+	local label t0 rc limit left cap=$step_timeout
+	if [ "$1" = --limit ]; then cap=$2; shift 2; fi
+	label=$1
 	shift
 	t0=$(date +%s)
 	# What the whole run has left (RUN_BUDGET), so that a hung step
@@ -61,7 +72,7 @@ step() { # step LABEL COMMAND...: runs COMMAND under the step timeout, timed
 		echo "== $label: SKIPPED (${left}s left of RUN_BUDGET=${run_budget}s)" >&2
 		return 125
 	fi
-	limit=$((left - 10 < step_timeout ? left - 10 : step_timeout))
+	limit=$((left - 10 < cap ? left - 10 : cap))
 	echo "== $label" >&2
 	set +e
 	timeout --kill-after=5 "$limit" "$@"
@@ -77,7 +88,9 @@ step() { # step LABEL COMMAND...: runs COMMAND under the step timeout, timed
 
 failed=()
 try_step() { # as step, but a failure is reported at the end and the run goes on
-	step "$@" || failed+=("$1")
+	local label=$1
+	if [ "$1" = --limit ]; then label=$3; fi
+	step "$@" || failed+=("$label")
 }
 
 # wcached and libwcache: the tree passed in (--build, else $WCACHE_BUILD), else build/,
@@ -124,49 +137,92 @@ export PYTHONPATH=$repo/client/python${PYTHONPATH:+:$PYTHONPATH}
 # Not LD_LIBRARY_PATH: the tree's lib/ is for wcached alone (gpubench's
 # daemon start puts it there); Python loads libwcache by WCACHE_LIB.
 
-if [ -z "$work" ]; then work=$(mktemp -d /tmp/wcache-gpu.XXXXXX); fi
+gb=("$py" "$here/gpubench.py")
+bench() { "${gb[@]}" "$@"; }
+
+# Where to work, and how big a model: room for it (and its torch.save copy:
+# 2.3x --gib GiB) and the Llama's shards (3 GiB) in the work directory, else
+# in /dev/shm, else a smaller model (gpubench.py room says what it did).
+made_work=0
+if [ -z "$work" ]; then work=$(mktemp -d /tmp/wcache-gpu.XXXXXX); made_work=1; fi
+mkdir -p "$work"
+llama_gib=3 min_gib=0.25
+[ "$cpu" = 1 ] && llama_gib=0.05 min_gib=0.005
+if room=$(bench room --work "$work" --gib "$gib" --llama-gib "$llama_gib" --min-gib "$min_gib"); then
+	old_work=$work
+	eval "$room"
+	if [ "$work" != "$old_work" ] && [ "$made_work" = 1 ]; then rmdir "$old_work" || true; fi
+else
+	echo "== room: could not be judged; going on in $work with $gib GiB" >&2
+fi
 mkdir -p "$work/model" "$work/daemon" "$work/llama" "$work/llama-daemon"
 results=$work/results.jsonl
 : >"$results"
-gb=("$py" "$here/gpubench.py")
-bench() { "${gb[@]}" "$@"; }
+save_results() { # into $OUT, which comes back: at most 4 files, each at most 4 MiB
+	local d
+	[ -n "${OUT:-}" ] && [ -d "$OUT" ] || return 0
+	[ -s "$results" ] && tail -c 4M "$results" >"$OUT/results.jsonl"
+	[ -s "$results.concurrent" ] && tail -c 4M "$results.concurrent" >"$OUT/results-concurrent.jsonl"
+	for d in daemon llama-daemon; do
+		[ -s "$work/$d/wcached.log" ] && tail -c 4M "$work/$d/wcached.log" >"$OUT/wcached-$d.log"
+	done
+	return 0
+}
 cleanup() {
 	bench daemon stop --dir "$work/daemon" 2>/dev/null || true
 	bench daemon stop --dir "$work/llama-daemon" 2>/dev/null || true
+	save_results || echo "run.sh: copying the results to \$OUT failed" >&2
 	if [ "$keep" = 0 ]; then rm -rf "$work"; else echo "kept $work" >&2; fi
 }
 trap cleanup EXIT
 
 echo "wcache device check: $(date -u +%FT%TZ), $(uname -n), mode $([ "$cpu" = 1 ] && echo cpu || echo cuda), model ${gib} GiB, build $build" >&2
-"$py" -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.cuda.is_available() and torch.cuda.get_device_name(0))' >&2
+echo "host: kernel $(uname -r), $(nproc) CPUs, memory $(awk '/^MemTotal:/ { t = $2 } /^MemAvailable:/ { a = $2 } END { printf "%.1f GiB available of %.1f", a / 1048576, t / 1048576 }' /proc/meminfo 2>/dev/null)" >&2
+echo "work directory $work: $(stat -f -c %T "$work" 2>/dev/null || echo unknown), $(df -Pk "$work" 2>/dev/null | awk 'NR == 2 { printf "%.1f GiB free", $4 / 1048576 }')" >&2
+if command -v nvidia-smi >/dev/null 2>&1; then
+	nvidia-smi --query-gpu=driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv 2>&1 |
+		sed 's/^/nvidia-smi: /' >&2 || true
+else
+	echo "nvidia-smi: not here" >&2
+fi
+bench host-info || echo "host-info: failed (going on)" >&2
 if [ "$cpu" = 0 ]; then
 	"$py" -c 'import torch; assert torch.cuda.is_available(), "no CUDA device"'
 fi
 
 model=$work/model/model.safetensors pt=$work/model/model.pt
-step "make the model" "${gb[@]}" gen --dir "$work/model" --gib "$gib" --pt
-step "warm the page cache" "${gb[@]}" warm "$model" "$pt"
-step "start wcached" "${gb[@]}" daemon start --dir "$work/daemon" --files "$model"
-export WCACHE_SOCKET=$work/daemon/wcached.sock
-
-try_step "pinned anonymous memory" "${gb[@]}" bench --method pinned --model "$model" --results "$results"
-if "$py" -c 'import safetensors.torch' 2>/dev/null; then
-	try_step "safetensors.torch.load_file" "${gb[@]}" bench --method upstream --model "$model" --results "$results"
+have_model=0
+if [ "$gib" = 0 ]; then
+	echo "== no room for a model: its measurements are skipped" >&2
+	failed+=("make the model (no room)")
 else
-	echo "== safetensors is not installed: skipped" >&2
+	# not fatal: the Llama part and the report go on without it
+	try_step --limit "$make_timeout" "make the model" "${gb[@]}" gen --dir "$work/model" --gib "$gib" --pt
+	if [ -e "$model" ]; then have_model=1; fi # written under another name, renamed when whole
 fi
-try_step "torch.load(mmap=True) then .to()" "${gb[@]}" bench --method torch_load --model "$model" --pt "$pt" --results "$results"
-try_step "wcache, per-tensor path" "${gb[@]}" bench --method wcache_tensor --model "$model" --results "$results"
-try_step "wcache, new path" "${gb[@]}" bench --method wcache --model "$model" --results "$results"
-try_step "wcache, new path, staging forced" "${gb[@]}" bench --method wcache_staging --model "$model" --results "$results"
-try_step "wcache, 4 processes at once" "${gb[@]}" concurrent --n 4 --model "$model" --dir "$work/daemon" --results "$results"
-bench daemon stop --dir "$work/daemon" || true
-rm -f "$pt" # page cache for the next part
+if [ "$have_model" = 1 ]; then
+	try_step "warm the page cache" "${gb[@]}" warm "$model" "$pt"
+	try_step "start wcached" "${gb[@]}" daemon start --dir "$work/daemon" --files "$model"
+	export WCACHE_SOCKET=$work/daemon/wcached.sock
+	try_step "pinned anonymous memory" "${gb[@]}" bench --method pinned --model "$model" --results "$results"
+	if "$py" -c 'import safetensors.torch' 2>/dev/null; then
+		try_step "safetensors.torch.load_file" "${gb[@]}" bench --method upstream --model "$model" --results "$results"
+	else
+		echo "== safetensors is not installed: skipped" >&2
+	fi
+	try_step "torch.load(mmap=True) then .to()" "${gb[@]}" bench --method torch_load --model "$model" --pt "$pt" --results "$results"
+	try_step "wcache, per-tensor path" "${gb[@]}" bench --method wcache_tensor --model "$model" --results "$results"
+	try_step "wcache, new path" "${gb[@]}" bench --method wcache --model "$model" --results "$results"
+	try_step "wcache, new path, staging forced" "${gb[@]}" bench --method wcache_staging --model "$model" --results "$results"
+	rm -f "$pt" # room in the page cache for the next part
+else
+	echo "== no model: its measurements are skipped" >&2
+fi
 
 if "$py" -c 'import transformers' 2>/dev/null; then
 	tiny=()
 	[ "$cpu" = 1 ] && tiny=(--tiny)
-	try_step "make a Llama model" "${gb[@]}" llama-make --dir "$work/llama" "${tiny[@]}"
+	try_step --limit "$make_timeout" "make a Llama model" "${gb[@]}" llama-make --dir "$work/llama" "${tiny[@]}"
 	shards=("$work"/llama/*.safetensors)
 	try_step "warm its shards" "${gb[@]}" warm "${shards[@]}"
 	try_step "start wcached for its shards" "${gb[@]}" daemon start --dir "$work/llama-daemon" --files "${shards[@]}"
@@ -178,9 +234,18 @@ if "$py" -c 'import transformers' 2>/dev/null; then
 		"$py" "$here/gpubench.py" llama-load --dir "$work/llama" --mode wcache_hostreg --out "$work/hostreg.pt" --results "$results"
 	try_step "compare logits" "${gb[@]}" llama-compare "$work/plain.pt" "$work/wcache.pt" --results "$results"
 	try_step "compare logits, host registration" "${gb[@]}" llama-compare "$work/plain.pt" "$work/hostreg.pt" --tag hostreg --results "$results"
+	bench daemon stop --dir "$work/llama-daemon" || true
 else
 	echo "== transformers is not installed: skipped" >&2
 fi
+
+# Last: 4 processes registering at once is where a driver is likeliest to
+# hang (a cudaHostRegister that never returns); its timeout then costs no
+# other step.
+if [ "$have_model" = 1 ]; then
+	try_step "wcache, 4 processes at once" "${gb[@]}" concurrent --n 4 --model "$model" --dir "$work/daemon" --results "$results"
+fi
+bench daemon stop --dir "$work/daemon" || true
 
 echo
 echo "wcache device check, $(date -u +%FT%TZ), $(($(date +%s) - t_start)) s in all"

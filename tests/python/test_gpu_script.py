@@ -11,6 +11,7 @@ the way transformers 5 does (safe_open per shard on the CPU, get_slice,
 run.sh's transformers steps, the three loads, the logits comparisons and
 the report's speed-ups run too.
 """
+import argparse
 import os
 import shutil
 import subprocess
@@ -45,12 +46,13 @@ def _transformers_rows(equal, sources, registered, private_mib, plain=2.0, hostr
 
 def test_targets_pass_and_miss():
     rows = _rows(pinned=50.0, wcache=41.0, upstream=20.0, concurrent4=40.5)
-    rows[1].update(bytes=8 << 30, private_mib=0.0)
+    rows[1].update(bytes=8 << 30, private_mib=0.0, path="register")
     verdicts = dict((label, v) for label, v, _ in gpubench.targets(
         rows + _transformers_rows(True, "wcached", 5, 0.0)))
     assert set(verdicts.values()) == {"PASS"} and len(verdicts) == 9
     rows = _rows(pinned=50.0, wcache=39.0, upstream=20.0, concurrent4=41.0)
-    rows[1].update(bytes=8 << 30, private_mib=8192.0)  # registration copied the page cache
+    rows[1].update(bytes=8 << 30, private_mib=8192.0,  # registration copied the page cache
+                   path="register+staging")
     verdicts = dict((label, v) for label, v, _ in gpubench.targets(
         rows + _transformers_rows(False, "file", 4, 1900.0)))
     assert verdicts["new path >= 0.8x pinned limit"] == "MISS"
@@ -64,6 +66,62 @@ def test_targets_pass_and_miss():
     assert verdicts["WCACHE_HOST_REGISTER=1: registration left the page cache shared"] == "MISS"
     verdicts = dict((label, v) for label, v, _ in gpubench.targets(_rows(pinned=50.0)))
     assert set(verdicts.values()) == {"n/a"}
+
+
+def test_page_cache_target_needs_a_registration():
+    """0 MiB private says nothing where nothing was registered (the engine
+    staged; no handle registered): n/a, not PASS."""
+    rows = _rows(pinned=50.0, wcache=20.0)
+    rows[1].update(bytes=8 << 30, private_mib=0.0, path="staging")
+    found = {label: (v, detail) for label, v, detail in gpubench.targets(
+        rows + _transformers_rows(True, "wcached", 0, 0.0))}
+    verdict, detail = found["new path: registration left the page cache shared"]
+    assert verdict == "n/a" and "nothing registered (path staging" in detail
+    verdict, detail = found["WCACHE_HOST_REGISTER=1: registration left the page cache shared"]
+    assert verdict == "n/a" and "0 handles registered" in detail
+
+
+def test_room_for_the_model():
+    """The work directory if it has room (2.3x the model, and the Llama's),
+    else /dev/shm, else a smaller model in the larger of the two, else none."""
+    assert gpubench.room_plan(8, 3, 40.0, 60.0, 0.25) == ("work", 8, "")
+    place, gib, why = gpubench.room_plan(8, 3, 10.0, 60.0, 0.25)
+    assert (place, gib) == ("shm", 8) and "working in /dev/shm" in why
+    place, gib, why = gpubench.room_plan(8, 3, 10.0, 5.0, 0.25)
+    assert (place, gib) == ("work", 3.0) and "a 3 GiB model instead of 8 GiB" in why
+    place, gib, why = gpubench.room_plan(8, 3, 5.0, None, 0.25)
+    assert (place, gib) == ("work", 0.75)
+    place, gib, why = gpubench.room_plan(8, 3, 3.2, 1.0, 0.25)
+    assert gib == 0 and "no model" in why
+    assert gpubench.room_plan(8, 3, None, None, 0.25)[:2] == ("work", 8)
+
+
+def test_concurrent_waits_for_every_loader(tmp_path, monkeypatch):
+    """One loader failing does not leave the others running unwaited."""
+    waited = []
+
+    class Loader:
+        def __init__(self, args):
+            self.k = len(waited)
+            waited.append(False)
+            go = args[args.index("--wait") + 1]
+            open(f"{go}.ready.{self.k}", "w").close()
+
+        def poll(self):
+            return None
+
+        def wait(self):
+            waited[self.k] = True
+            return 1 if self.k == 0 else 0
+
+        def kill(self):
+            pass
+    monkeypatch.setattr(gpubench.subprocess, "Popen", Loader)
+    a = argparse.Namespace(
+        n=4, model="m", dir=str(tmp_path), results=str(tmp_path / "r.jsonl"), cpu=True)
+    with pytest.raises(SystemExit, match=r"exit codes \[1, 0, 0, 0\]"):
+        gpubench.cmd_concurrent(a)
+    assert waited == [True] * 4
 
 
 def test_speedups_over_plain():
@@ -288,7 +346,9 @@ def standins(directory):
 
 
 def test_run_sh_cpu_mode(tmp_path):
-    env = dict(os.environ, PYTHON=sys.executable, STEP_TIMEOUT="120",
+    out_dir = tmp_path / "out"  # the device tool's $OUT
+    out_dir.mkdir()
+    env = dict(os.environ, PYTHON=sys.executable, STEP_TIMEOUT="120", OUT=str(out_dir),
                PYTHONPATH=standins(tmp_path / "standins"))
     work = tmp_path / "work"
     r = subprocess.run([os.path.join(REPO, "tests", "gpu", "run.sh"), "--cpu", "--gib", "0.02",
@@ -305,6 +365,17 @@ def test_run_sh_cpu_mode(tmp_path):
     assert table["wcache, old per-tensor path"][-1] == "tensor"
     assert table["wcache, new path, 4 processes together"][-1] == "register"
     assert table["wcache, new path"][-2] == "0.0"  # private MiB: none on the CPU backend
+    # each engine row, then where its time went and why it took its path
+    lines = r.stdout.splitlines()
+    after = lines[lines.index(next(x for x in lines if x.startswith("wcache, new path  "))) + 1]
+    assert after.startswith("    view ") and ", register " in after and ", copy " in after and \
+        ", unregister " in after and "; why: cpu: source registered read-only" in after, after
+    # the header names the host
+    for said in ("host: kernel ", "work directory ", "read-only host registration "
+                 "(cudaDevAttrHostRegisterReadOnlySupported): unknown", "nvidia-smi: "):
+        assert said in r.stderr, (said, r.stderr)
+    # transformers' loading code is imported before the load is timed
+    assert r.stderr.count("imported before the timing") == 3, r.stderr
     assert "new path >= 0.8x pinned limit" in r.stdout
     assert float(table["safetensors.torch.load_file(device=)"][0]) > 0  # the stand-in
     # transformers (the stand-in): three loads; the two through wcache with
@@ -325,6 +396,11 @@ def test_run_sh_cpu_mode(tmp_path):
                   "new path: registration left the page cache shared"):
         assert f"PASS  {label}" in r.stdout, (label, r.stdout)
     assert not work.exists(), "the work directory is removed without --keep"
+    # what comes back from the device call: the rows and wcached's logs
+    got = sorted(os.listdir(out_dir))
+    assert got == ["results-concurrent.jsonl", "results.jsonl", "wcached-daemon.log",
+                   "wcached-llama-daemon.log"], got
+    assert '"method": "concurrent4"' in (out_dir / "results.jsonl").read_text()
     # wcached was stopped: no daemon left with our config
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(work) not in ps
@@ -346,6 +422,32 @@ def test_run_sh_reports_a_failed_step_and_goes_on(tmp_path):
     assert "wcache, new path, 4 processes together" in r.stdout  # the run went on
     lines = [x for x in r.stdout.splitlines() if x.startswith("wcache, new path, staging")]
     assert lines and "skipped" in lines[0]
+
+
+def test_run_sh_goes_on_without_a_model(tmp_path):
+    """A work directory without room moves the check to /dev/shm; a model
+    that cannot be made skips its measurements, not the rest of the run
+    nor the report."""
+    if not os.access("/dev/shm", os.W_OK):
+        pytest.skip("no /dev/shm to move to")
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"#!/bin/sh\ncase \"$*\" in *' gen '*) exit 3 ;; esac\n"
+                       f"exec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    before = set(os.listdir("/dev/shm"))
+    env = dict(os.environ, PYTHON=str(wrapper), STEP_TIMEOUT="120", WORK_FREE_GIB="0.01")
+    env.pop("OUT", None)
+    r = subprocess.run([os.path.join(REPO, "tests", "gpu", "run.sh"), "--cpu", "--gib", "0.01",
+                        "--work", str(tmp_path / "work")], env=env, capture_output=True,
+                       text=True, timeout=600)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "working in /dev/shm" in r.stderr and "work directory /dev/shm/wcache-gpu." in \
+        r.stderr, out
+    assert "== make the model: FAILED (exit 3)" in r.stderr, out
+    assert "== no model: its measurements are skipped" in r.stderr, out
+    assert "wcache device check, " in r.stdout and "FAILED step: make the model" in r.stdout, out
+    assert not [f for f in set(os.listdir("/dev/shm")) - before if f.startswith("wcache-gpu.")]
 
 
 def test_run_sh_keeps_to_its_budget(tmp_path):
