@@ -15,19 +15,29 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "closer.h"
 #include "log.h"
 
-/* A lane's thread needs almost no stack: it only calls close(). */
+/* A lane's thread needs almost no stack: it only calls munmap() and
+ * close(). */
 #define LANE_STACK_SIZE ((size_t)256 * 1024)
+
+/* One thing to let go of: a mapping (base NULL if none), then a descriptor
+ * (-1 if none). */
+struct closing {
+	void *base;
+	size_t size;
+	int fd;
+};
 
 struct lane {
 	struct closer *cl;
 	uid_t owner;
-	int *fds;            /* queued: fds[head .. count) */
+	struct closing *q;   /* queued: q[head .. count) */
 	size_t head, count, cap;
 	unsigned pending;    /* queued, plus the one being closed */
 	uint64_t close_started_ms; /* when the close in progress began */
@@ -74,8 +84,18 @@ lane_find(struct closer *cl, uid_t owner)
 	return NULL;
 }
 
-/* Closes the lane's descriptors in order until none is left, then removes
- * the lane and exits. */
+/* Lets go of what was queued: the mapping, then the descriptor. */
+static void
+let_go(const struct closing *c)
+{
+	if (c->base != NULL)
+		munmap(c->base, c->size);
+	if (c->fd >= 0)
+		close(c->fd); /* Linux: the descriptor is gone even on EINTR */
+}
+
+/* Lets go of the lane's mappings and descriptors in order until none is
+ * left, then removes the lane and exits. */
 static void *
 lane_run(void *arg)
 {
@@ -85,11 +105,11 @@ lane_run(void *arg)
 
 	pthread_mutex_lock(&cl->lock);
 	while (l->head < l->count) {
-		int fd = l->fds[l->head++];
+		struct closing c = l->q[l->head++];
 
 		l->close_started_ms = now_ms();
 		pthread_mutex_unlock(&cl->lock);
-		close(fd); /* Linux: the descriptor is gone even on EINTR */
+		let_go(&c);
 		pthread_mutex_lock(&cl->lock);
 		l->pending--;
 	}
@@ -99,35 +119,35 @@ lane_run(void *arg)
 	cl->threads--;
 	pthread_cond_broadcast(&cl->drained);
 	pthread_mutex_unlock(&cl->lock);
-	free(l->fds);
+	free(l->q);
 	free(l);
 	return NULL;
 }
 
-/* Appends fd to l's queue; 0 or -ENOMEM. With cl->lock held. */
+/* Appends c to l's queue; 0 or -ENOMEM. With cl->lock held. */
 static int
-lane_push(struct lane *l, int fd)
+lane_push(struct lane *l, const struct closing *c)
 {
 	if (l->head > 0 && l->head == l->count)
 		l->head = l->count = 0;
 	if (l->count == l->cap) {
 		size_t cap = l->cap ? 2 * l->cap : 16;
-		int *fds = realloc(l->fds, cap * sizeof(*fds));
+		struct closing *q = realloc(l->q, cap * sizeof(*q));
 
-		if (fds == NULL)
+		if (q == NULL)
 			return -ENOMEM;
-		l->fds = fds;
+		l->q = q;
 		l->cap = cap;
 	}
-	l->fds[l->count++] = fd;
+	l->q[l->count++] = *c;
 	l->pending++;
 	return 0;
 }
 
-/* A new lane for owner holding fd, with its thread started; 0 or -errno
+/* A new lane for owner holding c, with its thread started; 0 or -errno
  * (nothing changed). With cl->lock held. */
 static int
-lane_new(struct closer *cl, uid_t owner, int fd)
+lane_new(struct closer *cl, uid_t owner, const struct closing *c)
 {
 	struct lane *l = calloc(1, sizeof(*l));
 	pthread_attr_t attr;
@@ -139,7 +159,7 @@ lane_new(struct closer *cl, uid_t owner, int fd)
 	l->cl = cl;
 	l->owner = owner;
 	l->close_started_ms = now_ms();
-	if (lane_push(l, fd) < 0) {
+	if (lane_push(l, c) < 0) {
 		free(l);
 		return -ENOMEM;
 	}
@@ -156,7 +176,7 @@ lane_new(struct closer *cl, uid_t owner, int fd)
 	if (err != 0) {
 		cl->lanes = l->next;
 		cl->threads--;
-		free(l->fds);
+		free(l->q);
 		free(l);
 		return -err;
 	}
@@ -166,25 +186,32 @@ lane_new(struct closer *cl, uid_t owner, int fd)
 void
 closer_close(struct closer *cl, uid_t owner, int fd)
 {
+	closer_unmap_close(cl, owner, NULL, 0, fd);
+}
+
+void
+closer_unmap_close(struct closer *cl, uid_t owner, void *base, size_t size, int fd)
+{
+	struct closing c = { base, size, fd };
 	struct lane *l;
 	int err;
 
-	if (fd < 0)
+	if (base == NULL && fd < 0)
 		return;
 	if (cl == NULL) {
-		close(fd);
+		let_go(&c);
 		return;
 	}
 	pthread_mutex_lock(&cl->lock);
 	l = lane_find(cl, owner);
-	err = l != NULL ? lane_push(l, fd) : lane_new(cl, owner, fd);
+	err = l != NULL ? lane_push(l, &c) : lane_new(cl, owner, &c);
 	if (err < 0)
 		cl->inline_closes++;
 	pthread_mutex_unlock(&cl->lock);
 	if (err < 0) {
 		log_warnx("closing descriptor %d of uid %u here: no %s for a closing thread", fd,
 			(unsigned)owner, err == -ENOMEM ? "memory" : "thread");
-		close(fd);
+		let_go(&c);
 	}
 }
 

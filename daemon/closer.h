@@ -7,12 +7,17 @@
  * linger time); a file on FUSE or NFS is flushed on every close (its server
  * may never answer); closing a unix socket releases the descriptors still
  * queued on it the same way, in the closing thread; and the last close of a
- * large memfd frees all of its memory. A client chooses every one of these
+ * large memfd frees all of its memory; so does the last close (or munmap)
+ * of a model file that was renamed over: its pages and its blocks go then,
+ * about a third of a second per GiB. A client chooses every one of these
  * for the descriptors it passes with SCM_RIGHTS, and for its connection's
- * queue, so wcached closes none of them on its loop: it hands them here.
+ * queue, and an operator's update for the model files, so wcached closes
+ * none of them on its loop: it hands them here.
  *
  * Each lane has an owner (the uid of the client the descriptors came from,
- * or CLOSER_DAEMON for the daemon's own files on remote storage), a queue,
+ * CLOSER_DAEMON for the daemon's own files on remote storage, CLOSER_LOCAL
+ * for its files on local storage: those never wait behind a remote
+ * server that does not answer), a queue,
  * and while the queue is not empty one thread that closes its descriptors in
  * order and exits when it is empty. A close that hangs holds up its own lane
  * only; closer_stuck() says how many descriptors wait in a lane behind a
@@ -32,6 +37,10 @@
  * filesystem); no client has this uid. */
 #define CLOSER_DAEMON ((uid_t)-1)
 
+/* The lane of the daemon's own files on local storage. (uid_t)-2 is a
+ * valid uid in principle; a client running as it would share this lane. */
+#define CLOSER_LOCAL ((uid_t)-2)
+
 struct closer;
 
 /* A closer with no lanes yet: 0, or -ENOMEM. */
@@ -42,6 +51,11 @@ int closer_start(struct closer **out);
  * memory or thread is to be had, fd is closed at once on the caller's
  * thread (counted in closer_closed_inline). */
 void closer_close(struct closer *cl, uid_t owner, int fd);
+
+/* Takes the mapping base[0 .. size) (NULL: none) and fd (-1: none), and in
+ * owner's lane unmaps the one, then closes the other; otherwise as
+ * closer_close(). For a file whose last reference may go with either. */
+void closer_unmap_close(struct closer *cl, uid_t owner, void *base, size_t size, int fd);
 
 /* Descriptors of owner queued or being closed now. */
 unsigned closer_pending(struct closer *cl, uid_t owner);

@@ -168,6 +168,7 @@ void
 gen_maybe_free(struct registry *r, struct generation *g)
 {
 	struct generation **pp;
+	uid_t lane;
 
 	if (gen_is_live(g) || g->attached > 0 || g->warm.pending > 0 || g->ops_pending > 0 ||
 		g->hold_until_ms != 0 || g->kept)
@@ -181,20 +182,15 @@ gen_maybe_free(struct registry *r, struct generation *g)
 	if (r->closed != NULL)
 		r->closed(r, g);
 	log_info("model \"%s\": generation %" PRIu64 " closed", g->model_name, g->number);
-	if (g->index != NULL)
-		munmap((void *)g->index, g->index_size);
-	if (g->artifact) {
-		/* Its index too: the builder's header decided its size. */
-		closer_close(r->closer, g->builder_uid, g->index_fd);
-		closer_close(r->closer, g->builder_uid, g->served_index_fd);
+	/* The index too, off the loop: a model's header decided its size (for
+	 * an artifact, the builder's). */
+	lane = g->artifact ? g->builder_uid : CLOSER_LOCAL;
+	closer_unmap_close(r->closer, lane, (void *)g->index, g->index_size, g->index_fd);
+	closer_close(r->closer, lane, g->served_index_fd);
+	if (g->artifact)
 		gen_close_files_in(r, g->builder_uid, g->served_fds, &g->source);
-	} else {
-		if (g->index_fd >= 0)
-			close(g->index_fd);
-		if (g->served_index_fd >= 0)
-			close(g->served_index_fd);
+	else
 		gen_close_files(r, &g->fs, g->served_fds, &g->source);
-	}
 	gen_free_staged(r, g);
 	free(g->warm.jobs);
 	free(g->hold_conns);
@@ -256,21 +252,19 @@ gen_close_served(int *fds, size_t n)
 void
 gen_close_files_in(struct registry *r, uid_t owner, int *served, struct model_source *src)
 {
-	/* Unmapped first, here: a mapping holds its file too, and the munmap
-	 * that dropped a memfd's last reference would free its memory on this
-	 * thread. */
-	for (size_t i = 0; i < src->nfiles; i++)
-		if (src->files[i].base != NULL) {
-			munmap((void *)src->files[i].base, (size_t)src->files[i].size);
-			src->files[i].base = NULL;
-		}
+	/* The mapping goes with the descriptor, in the lane: a mapping holds
+	 * its file too, and the munmap that dropped the last reference would
+	 * free the file's memory on this thread. */
 	for (size_t i = 0; i < src->nfiles; i++) {
+		struct wc_file *f = &src->files[i];
+
 		if (served != NULL) {
 			closer_close(r->closer, owner, served[i]);
 			served[i] = -1;
 		}
-		closer_close(r->closer, owner, src->files[i].fd);
-		src->files[i].fd = -1;
+		closer_unmap_close(r->closer, owner, (void *)f->base, (size_t)f->size, f->fd);
+		f->base = NULL;
+		f->fd = -1;
 	}
 	gen_close_served(served, src->nfiles);
 	source_close(src);
@@ -280,12 +274,7 @@ void
 gen_close_files(struct registry *r, const struct fs_info *fs, int *served,
 	struct model_source *src)
 {
-	if (fs->remote && r->closer != NULL) {
-		gen_close_files_in(r, CLOSER_DAEMON, served, src);
-		return;
-	}
-	gen_close_served(served, src->nfiles);
-	source_close(src);
+	gen_close_files_in(r, fs->remote ? CLOSER_DAEMON : CLOSER_LOCAL, served, src);
 }
 
 struct generation *

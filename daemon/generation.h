@@ -326,18 +326,20 @@ void gen_free_origin(struct gen_origin *origin, size_t n);
 void gen_close_served(int *fds, size_t n);
 
 /*
- * Closes a model's files: served (gen_open_served's, or NULL) and src's.
- * Where fs is remote their descriptors close in the daemon's lane of
- * r->closer (closer.h), never here: FUSE sends a FLUSH on every close (a
- * FUSE filesystem that implements it, as gcsfuse, s3fs and sshfs do) and a
- * server that hangs never answers it. Frees served; src is left empty.
+ * Closes a model's files: served (gen_open_served's, or NULL) and src's,
+ * mappings and descriptors, in a lane of r->closer (closer.h), never here.
+ * Where fs is remote, in the daemon's lane: FUSE sends a FLUSH on every
+ * close (a FUSE filesystem that implements it, as gcsfuse, s3fs and sshfs
+ * do) and a server that hangs never answers it. Where it is local, in the
+ * local lane: the last reference to a file that was renamed over frees its
+ * pages and blocks (a third of a second per GiB), and its munmap alone
+ * walks every page table entry. Frees served; src is left empty.
  */
 void gen_close_files(struct registry *r, const struct fs_info *fs, int *served,
 	struct model_source *src);
 
-/* The same, but every descriptor closes in owner's lane of r->closer,
- * wherever the files are: a derived artifact's memfd, whose builder is
- * owner. */
+/* The same, but in owner's lane of r->closer, wherever the files are: a
+ * derived artifact's memfd, whose builder is owner. */
 void gen_close_files_in(struct registry *r, uid_t owner, int *served,
 	struct model_source *src);
 

@@ -444,7 +444,8 @@ metrics_write(FILE *f, const struct registry *reg, const struct metrics_daemon *
 	fputs("wcached_fds_in_flight", f);
 	value(f, d->server.fds_in_flight);
 	family(f, "wcached_clients_held_back", "gauge",
-		"Clients whose next reply waits because they leave replies unread.");
+		"Clients held back now: their next reply waits because they leave replies "
+		"unread, or they are not read while 64 of their user's descriptors wait to close.");
 	fputs("wcached_clients_held_back", f);
 	value(f, d->server.deferred_clients);
 	family(f, "wcached_replies_held_back_total", "counter",
@@ -456,8 +457,9 @@ metrics_write(FILE *f, const struct registry *reg, const struct metrics_daemon *
 	fputs("wcached_sends_refused_total", f);
 	value(f, (double)d->server.sends_refused);
 	family(f, "wcached_fds_closing", "gauge",
-		"Descriptors clients chose (passed, or left queued on a connection) that close "
-		"off the event loop now; a number that stays up is a close that hangs.");
+		"Descriptors that close off the event loop now: those clients chose (passed, or "
+		"left queued on a connection), and model files and memfds that closed; a number "
+		"that stays up is a close that hangs.");
 	fputs("wcached_fds_closing", f);
 	value(f, d->server.fds_closing);
 	family(f, "wcached_clients_refused_closing_total", "counter",
@@ -465,6 +467,11 @@ metrics_write(FILE *f, const struct registry *reg, const struct metrics_daemon *
 		"a close that hangs.");
 	fputs("wcached_clients_refused_closing_total", f);
 	value(f, (double)d->server.closing_refused);
+	family(f, "wcached_clients_paused_closing_total", "counter",
+		"Times a connection was not read for a while because 64 of its user's "
+		"descriptors were waiting to close (each message may pass 253 more).");
+	fputs("wcached_clients_paused_closing_total", f);
+	value(f, (double)d->server.reads_paused_closing);
 	family(f, "wcached_fds_closed_inline_total", "counter",
 		"Descriptors closed on the event loop for want of memory or a thread to close "
 		"them off it (each could stall every client while it closes).");

@@ -45,12 +45,16 @@
 /* How often connections held back by the descriptor budget are looked at
  * again (they are also looked at whenever they become readable). */
 #define DEFER_RETRY_MS 50
-/* Descriptors of one uid waiting behind a close that has run for
- * CLOSING_STUCK_MS (closer.h) past which its new connections are refused
- * and its connections closed: a client whose descriptors do not close (a
- * lingering socket, a file on its own hung FUSE server) cannot fill
- * wcached's descriptor table with them, and a burst of connections that end
- * at once (closed in a moment) is never taken for that. */
+/* Descriptors of one uid waiting to close (closer.h) past which its
+ * connections are not read: each message may carry up to WIRE_MAX_FDS
+ * descriptors (the kernel installs them all on receipt, and they wait in
+ * its lane), so a client whose descriptors do not close (a lingering
+ * socket, a file on its own hung FUSE server) cannot fill wcached's
+ * descriptor table with them in the moment before its lane counts as
+ * stuck. Once as many wait behind a close that has run for
+ * CLOSING_STUCK_MS, its new connections are refused and its connections
+ * closed; a burst of connections that end at once (closed in a moment)
+ * is never taken for that, and is read again a retry later. */
 #define CLOSING_PER_UID_MAX 64
 #define CLOSING_STUCK_MS 1000
 
@@ -180,17 +184,17 @@ conn_throttled(struct conn *c, const char *why)
 		c->inflight_fds);
 }
 
+/* The one place a connection is held back or let go (enum conn_deferred). */
 static void
-conn_set_deferred(struct conn *c, int deferred)
+conn_set_deferred(struct conn *c, enum conn_deferred deferred)
 {
 	struct server *s = c->srv;
+	int was = c->deferred != DEFER_NONE;
 
-	if (c->deferred == deferred)
-		return;
 	c->deferred = deferred;
-	if (deferred && s->ndeferred++ == 0)
+	if (!was && deferred != DEFER_NONE && s->ndeferred++ == 0)
 		uv_timer_start(&s->retry_timer, on_retry, DEFER_RETRY_MS, DEFER_RETRY_MS);
-	else if (!deferred && --s->ndeferred == 0)
+	else if (was && deferred == DEFER_NONE && --s->ndeferred == 0)
 		uv_timer_stop(&s->retry_timer);
 }
 
@@ -214,7 +218,7 @@ conn_flush(struct conn *c)
 	}
 	n = fdp_send(c->fd, c->out, c->out_len, c->out_fds, c->out_nfds);
 	if (n == -EAGAIN) {
-		conn_set_deferred(c, 0);
+		conn_set_deferred(c, DEFER_NONE);
 		uv_poll_start(&c->poll, UV_WRITABLE | UV_DISCONNECT, conn_io);
 		return;
 	}
@@ -226,7 +230,7 @@ conn_flush(struct conn *c)
 				"the kernel is short of memory for the reply");
 		goto defer;
 	}
-	conn_set_deferred(c, 0);
+	conn_set_deferred(c, DEFER_NONE);
 	c->pending = 0;
 	if (n < 0) {
 		log_warnx("client pid %d uid %u: send: %s; closing the connection", (int)c->pid,
@@ -243,7 +247,7 @@ conn_flush(struct conn *c)
 	uv_poll_start(&c->poll, UV_READABLE | UV_DISCONNECT, conn_io);
 	return;
 defer:
-	conn_set_deferred(c, 1);
+	conn_set_deferred(c, DEFER_REPLY);
 	/* Only a hang-up is of interest until the reply can go. */
 	uv_poll_start(&c->poll, UV_DISCONNECT, conn_io);
 }
@@ -270,11 +274,16 @@ on_retry(uv_timer_t *t)
 
 	for (c = s->conns; c != NULL; c = next) {
 		next = c->next;
-		if (c->deferred && !c->closing) {
+		if (c->deferred == DEFER_NONE || c->closing)
+			continue;
+		if (c->deferred == DEFER_REPLY) {
 			conn_flush(c);
-			if (!c->pending && !c->waiting && !c->closing)
-				conn_read(c);
+		} else {
+			conn_set_deferred(c, DEFER_NONE);
+			uv_poll_start(&c->poll, UV_READABLE | UV_DISCONNECT, conn_io);
 		}
+		if (!c->pending && !c->waiting && !c->closing && c->deferred == DEFER_NONE)
+			conn_read(c);
 	}
 }
 
@@ -370,11 +379,22 @@ conn_read(struct conn *c)
 		nfds = 0;
 		if ((k = closer_stuck(c->closer, c->uid, CLOSING_STUCK_MS)) >=
 			CLOSING_PER_UID_MAX) {
-			log_warnx("client pid %d uid %u: %u of its descriptors wait to close "
-				  "behind one that does not; closing the connection", (int)c->pid,
-				(unsigned)c->uid, k);
+			/* Told why before the socket closes: with a request
+			 * still queued on it, it closes in the stuck lane. */
 			c->srv->stats.closing_refused++;
-			conn_close(c);
+			conn_error(c, 0, -EUSERS, 1, "too many of this user's descriptors are "
+				"still closing (%u wait behind one that does not)", k);
+			return;
+		}
+		if ((k = closer_pending(c->closer, c->uid)) >= CLOSING_PER_UID_MAX) {
+			if (!c->throttle_logged++)
+				log_warnx("client pid %d uid %u: %u of this user's descriptors "
+					  "wait to close; not reading from it until fewer do",
+					(int)c->pid, (unsigned)c->uid, k);
+			c->srv->stats.reads_paused_closing++;
+			conn_set_deferred(c, DEFER_READ);
+			/* Only a hang-up is of interest until then. */
+			uv_poll_start(&c->poll, UV_DISCONNECT, conn_io);
 			return;
 		}
 		n = fdp_recv_drop(c->fd, buf, sizeof(buf), fds, 1, &nfds, conn_drop_fd, c);
@@ -476,7 +496,7 @@ conn_close(struct conn *c)
 	if (c->closing)
 		return;
 	c->closing = 1;
-	conn_set_deferred(c, 0);
+	conn_set_deferred(c, DEFER_NONE);
 	/* The peer's socket, and with it everything unread, goes away with
 	 * the connection (or is no longer ours to account for). */
 	inflight_forget(c);

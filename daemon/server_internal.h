@@ -25,6 +25,13 @@ struct attach_ref {
 	struct generation *gen;
 };
 
+/* What a connection is held back for; the retry timer runs while any is. */
+enum conn_deferred {
+	DEFER_NONE = 0,
+	DEFER_REPLY, /* its pending reply waits for the descriptor budget */
+	DEFER_READ,  /* not read while its uid's descriptors wait to close */
+};
+
 struct conn {
 	uv_poll_t poll;
 	struct server *srv;
@@ -45,7 +52,7 @@ struct conn {
 	int pending;
 	int waiting;                   /* a DERIVE waits for another worker's build: no
 					  request is read until derive.c answers it */
-	int deferred;                  /* the pending reply waits for the descriptor budget */
+	enum conn_deferred deferred;   /* held back, looked at again by the retry timer */
 	int close_after_send;
 	int closing;
 	struct closer *closer;         /* the server's, for after the server is gone */

@@ -5,6 +5,7 @@ read, a service manager that never reads its notify socket, control
 connections that never finish a line."""
 import json
 import os
+import re
 import signal
 import socket
 import struct
@@ -124,11 +125,15 @@ def test_non_readers_cannot_cut_off_others(unprivileged):
 # socket is still in flight when this client closes its copy: wcached's
 # close is the last one and lingers. (Running, wcached could receive and
 # close a socket first; then this client's close lingered for 60 s and
-# wcached's did not: CI saw it on a busy machine.)
+# wcached's did not: CI saw it on a busy machine.) With FLOOD (argv[3]),
+# it then makes FLOOD more connections that each pass 253 copies of
+# /dev/null with an ATTACH, all waiting in its lane behind the lingering
+# close, and says "ready N", N the floods the kernel let it send.
 LINGERER = r"""
-import socket, struct, sys
+import os, resource, socket, struct, sys
 HEADER = struct.Struct("<IHHII")
 path, count = sys.argv[1], int(sys.argv[2])
+flood = int(sys.argv[3]) if len(sys.argv) > 3 else 0
 lst = socket.socket()
 lst.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
 lst.bind(("127.0.0.1", 0))
@@ -155,22 +160,43 @@ for k in range(count):
         pass
     t.close()  # wcached's copy is the last one
     held.append(s)
-print("ready", flush=True)
+sent = 0
+if flood:
+    # Descriptors in flight count against this user's RLIMIT_NOFILE.
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    null = os.open("/dev/null", os.O_RDONLY)
+    fds = struct.pack("253i", *([null] * 253))
+for k in range(flood):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        s.connect(path)
+        s.sendmsg([HEADER.pack(0x31504357, 1, 1, 5, count + k) + b"small"],
+                   [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+        sent += 1
+    except OSError:  # ETOOMANYREFS: this user's quota of them in flight
+        pass
+    held.append(s)
+print("ready", sent, flush=True)
 sys.stdin.read()
 """
 
 
-def lingerer(d, count, user=(BAD_UID, GROUP)):
-    """LINGERER with count sockets, run as user (uid, group), or None: as
-    this process's user."""
+def lingerer(d, count, user=(BAD_UID, GROUP), flood=0):
+    """LINGERER with count sockets (and flood connections passing 253
+    descriptors each), run as user (uid, group), or None: as this process's
+    user. Returns the process and how many floods it sent."""
     os.kill(d.proc.pid, signal.SIGSTOP)
     try:
         bad = subprocess.Popen((as_user(*user) if user else []) + [
-                               "/usr/bin/python3", "-c", LINGERER, d.socket, str(count)],
+                               "/usr/bin/python3", "-c", LINGERER, d.socket, str(count),
+                               str(flood)],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        assert bad.stdout.readline().split() == ["ready"]
+        line = bad.stdout.readline().split()
+        assert line[:1] == ["ready"], line
     finally:
         os.kill(d.proc.pid, signal.SIGCONT)
+    bad.floods = int(line[1])
     return bad
 
 
@@ -219,7 +245,10 @@ def test_descriptors_that_never_close_cannot_fill_the_table(unprivileged):
         assert "descriptors are still closing" in tries[-1], tries[-1]
         good = good_worker(d, model, 100)
         assert good["attaches"] == 100
-        assert f"uid {BAD_UID} has" in d.read_log()
+        # Refused as it connects, or told once its first request waited a
+        # second unread.
+        assert re.search(rf"uid {BAD_UID}( has|: too many of this user's descriptors are "
+                         r"still closing)", d.read_log())
         assert metric(d, "wcached_clients_refused_closing_total") >= 1
         assert metric(d, "wcached_fds_closing") >= 64
         assert threads_in_close(d.proc.pid) >= 1, "the linger ended early: nothing was tested"
@@ -229,6 +258,37 @@ def test_descriptors_that_never_close_cannot_fill_the_table(unprivileged):
     wait_until(lambda: threads_in_close(d.proc.pid) == 0, timeout=60,
                what="the lingering closes to end with the peers' resets")
     wait_until(lambda: metric(d, "wcached_fds_closing") == 0, what="every close to end")
+
+
+def test_a_flood_of_passed_descriptors_cannot_fill_the_table_in_a_second(unprivileged):
+    # One lingering socket, then connections that pass 253 descriptors each,
+    # all sent before wcached reads any: every descriptor a message carries
+    # is installed on receipt and waits in the user's lane behind the
+    # lingering close. Read as they came, a second of them (before the lane
+    # counted as stuck) filled wcached's table of 1024 and every other
+    # client was refused; now the user's connections are not read while 64
+    # of its descriptors wait to close.
+    d, model = unprivileged
+    bad = lingerer(d, 1, flood=6)
+    try:
+        assert bad.floods >= 4, f"the kernel let only {bad.floods} floods through"
+        wait_until(lambda: metric(d, "wcached_fds_closing") >= 254,
+                   what="the first flood to wait in the user's lane")
+        most = 0
+        for _ in range(10):
+            most = max(most, len(os.listdir(f"/proc/{d.proc.pid}/fd")))
+            time.sleep(0.1)
+        assert most < 400, f"wcached held {most} descriptors (RLIMIT_NOFILE 1024)"
+        assert metric(d, "wcached_clients_paused_closing_total") >= 1
+        good = good_worker(d, model, 100)
+        assert good["attaches"] == 100
+        assert threads_in_close(d.proc.pid) >= 1, "the linger ended early: nothing was tested"
+        assert "of this user's descriptors wait to close; not reading from it" in d.read_log()
+    finally:
+        bad.stdin.close()
+        bad.wait(timeout=60)
+    wait_until(lambda: metric(d, "wcached_fds_closing") == 0, timeout=60,
+               what="every close to end")
 
 
 def test_release_unknown_handle_is_einval(unprivileged):

@@ -3,7 +3,8 @@
  * descriptors off the event loop: every descriptor is closed, in order; a
  * close that blocks (a TCP socket lingering with unsent data to a peer that
  * does not read) holds up its own lane only, and closer_stuck() sees it; a
- * NULL closer closes at once.
+ * mapping handed over with its descriptor is unmapped in the lane, in
+ * order, not by the caller; a NULL closer closes at once.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -15,6 +16,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -137,6 +139,51 @@ test_a_lingering_close_holds_its_own_lane_only(void **state)
 	closer_stop(cl, 1000);
 }
 
+/* Whether the page at p is mapped (mincore fails with ENOMEM where not). */
+static int
+mapped(void *p)
+{
+	unsigned char v;
+
+	return mincore(p, 1, &v) == 0;
+}
+
+static void
+test_a_mapping_goes_in_its_lane_in_order(void **state)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	struct closer *cl;
+	int listener, peer, lingering, p[2];
+	void *m;
+
+	(void)state;
+	assert_int_equal(closer_start(&cl), 0);
+	lingering = lingering_socket(&listener, &peer);
+	closer_close(cl, 7, lingering);
+	m = mmap(NULL, (size_t)(4 * page), PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	assert_true(m != MAP_FAILED);
+	assert_int_equal(pipe2(p, O_CLOEXEC), 0);
+	closer_unmap_close(cl, 7, m, (size_t)(4 * page), p[1]);
+	/* Behind the lingering close: neither unmapped nor closed yet. */
+	assert_false(eof_within(p[0], 300));
+	assert_true(mapped(m));
+	assert_int_equal(closer_pending(cl, 7), 2);
+	close(peer);
+	assert_true(eof_within(p[0], 10000));
+	assert_true(drained_within(cl, 7, 10000));
+	assert_false(mapped(m));
+	assert_false(mapped((char *)m + 3 * page));
+	close(p[0]);
+	close(listener);
+	/* A mapping alone, with no descriptor, goes too. */
+	m = mmap(NULL, (size_t)page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	assert_true(m != MAP_FAILED);
+	closer_unmap_close(cl, 9, m, (size_t)page, -1);
+	assert_true(drained_within(cl, 9, 10000));
+	assert_false(mapped(m));
+	closer_stop(cl, 1000);
+}
+
 static void
 test_null_closer_closes_at_once(void **state)
 {
@@ -158,6 +205,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_every_descriptor_is_closed),
 		cmocka_unit_test(test_a_lingering_close_holds_its_own_lane_only),
+		cmocka_unit_test(test_a_mapping_goes_in_its_lane_in_order),
 		cmocka_unit_test(test_null_closer_closes_at_once),
 	};
 
