@@ -38,9 +38,12 @@ struct page_work {
 	uint64_t resident;      /* bytes in memory once the operation ended */
 	enum resident_method how; /* the measure that counted them */
 	uint64_t epoch;         /* g->resident.epoch when it started */
-	/* PAGE_RESTORE: lock the metadata (the model pins), what that left,
-	 * and the index check's outcome with its message. */
+	/* PAGE_RESTORE, PAGE_UNPIN, PAGE_PIN: lock the metadata (the model
+	 * pins it; for PAGE_PIN only when undoing a refused lock unlocked
+	 * it), and what that left (relocked: it ran); PAGE_RESTORE: the
+	 * index check's outcome with its message. */
 	int pin_metadata;
+	int relocked;
 	struct metadata_lock lock;
 	int check_err;
 	char message[512];
@@ -144,16 +147,17 @@ metadata_locked(struct generation *g, const struct metadata_lock *l)
 		g->pinned = PIN_METADATA;
 }
 
-void
-pages_pin_metadata(struct generation *g)
+/* Locks g's index and each file's headers, found from the index (the
+ * index alone when it cannot be read or there is no memory). */
+static void
+lock_headers(const struct generation *g, struct metadata_lock *out)
 {
 	struct index_header h;
 	struct index_tensor t;
-	struct metadata_lock l;
 	uint64_t *first = NULL;
 
 	if (index_open(g->index, g->index_size, &h) == 0 &&
-		(first = calloc(g->source.nfiles, sizeof(*first))) != NULL) {
+		(first = calloc(g->source.nfiles ? g->source.nfiles : 1, sizeof(*first))) != NULL) {
 		for (size_t i = 0; i < g->source.nfiles; i++)
 			first[i] = g->source.files[i].size;
 		for (uint64_t i = 0; i < h.tensor_count; i++)
@@ -161,9 +165,17 @@ pages_pin_metadata(struct generation *g)
 				t.file < g->source.nfiles && t.offset < first[t.file])
 				first[t.file] = t.offset;
 	}
-	lock_metadata(g, first, &l);
-	metadata_locked(g, &l);
+	lock_metadata(g, first, out);
 	free(first);
+}
+
+void
+pages_pin_metadata(struct generation *g)
+{
+	struct metadata_lock l;
+
+	lock_headers(g, &l);
+	metadata_locked(g, &l);
 }
 
 /* Work queue thread: maps every page of file i of g (resident_populate),
@@ -304,8 +316,19 @@ page_work_apply(struct page_work *p)
 				if (g->source.files[j].base != NULL)
 					resident_unpin_range(g->source.files[j].base,
 						(size_t)g->source.files[j].size);
+			/* That unlocked their headers too: locked again here,
+			 * where reading them back may wait on the disk. */
+			if (p->pin_metadata && i > 0) {
+				lock_headers(g, &p->lock);
+				p->relocked = 1;
+			}
 			return;
 		}
+	}
+	/* munlock of the whole files dropped the headers' lock too. */
+	if (p->op == PAGE_UNPIN && p->pin_metadata) {
+		lock_headers(g, &p->lock);
+		p->relocked = 1;
 	}
 }
 
@@ -413,10 +436,8 @@ page_work_after(struct workq_job *w, int status)
 	} else if (p->op == PAGE_PIN) {
 		if (p->err < 0) {
 			pin_failed(g, PIN_ALL, g->source.files[p->failed].path, &p->refused);
-			/* Undoing the files locked before it unlocked their
-			 * headers too. */
-			if (p->failed > 0 && g->model != NULL && g->model->pin != PIN_NONE)
-				pages_pin_metadata(g);
+			if (p->relocked)
+				metadata_locked(g, &p->lock);
 		} else {
 			pin_held(g, PIN_ALL);
 			g->pinned = PIN_ALL;
@@ -424,9 +445,8 @@ page_work_after(struct workq_job *w, int status)
 	} else if (p->op == PAGE_UNPIN) {
 		g->pinned = PIN_NONE;
 		pin_held(g, PIN_ALL); /* nothing is asked beyond what follows */
-		/* munlock of the whole files dropped the headers' lock too */
-		if (g->model != NULL && g->model->pin != PIN_NONE)
-			pages_pin_metadata(g);
+		if (p->relocked)
+			metadata_locked(g, &p->lock);
 	}
 	res.resident = p->resident;
 	res.check_err = p->check_err;
@@ -454,7 +474,8 @@ pages_queue(struct registry *r, struct generation *g, enum page_op op,
 	p->g = g;
 	p->op = op;
 	p->hooks = hooks;
-	p->pin_metadata = op == PAGE_RESTORE && g->model != NULL && g->model->pin != PIN_NONE;
+	p->pin_metadata = (op == PAGE_RESTORE || op == PAGE_UNPIN || op == PAGE_PIN) &&
+		g->model != NULL && g->model->pin != PIN_NONE;
 	p->job.arg = p;
 	for (tail = &g->page_queue; *tail != NULL; tail = &(*tail)->next)
 		;

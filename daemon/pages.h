@@ -29,8 +29,8 @@ struct registry;   /* registry.h */
 
 enum page_op {
 	PAGE_PIN,          /* mlock every file; -> pinned = PIN_ALL */
-	PAGE_UNPIN,        /* munlock them and the index; -> pinned = PIN_NONE, then the
-			    * metadata again */
+	PAGE_UNPIN,        /* munlock them and the index, lock the metadata again when the
+			    * model pins it; -> pinned = PIN_NONE, or PIN_METADATA */
 	PAGE_EVICT,        /* unmap here and drop the page cache; -> populated = 0 */
 	PAGE_EVICT_SETTLE, /* evict, and again once in-flight readahead has landed */
 	PAGE_POPULATE,     /* map every page into the daemon (resident.h), once warm */
@@ -76,9 +76,12 @@ void pages_queue(struct registry *r, struct generation *g, enum page_op op,
 int pages_drop_queued_evictions(struct generation *g);
 
 /* Locks the index and each file's headers (everything before its first
- * tensor's data), which every attach and lookup touches; on the loop (the
- * metadata is small), for a generation this process compiled (a restored
- * one does it in PAGE_RESTORE). -> pinned = PIN_METADATA. */
+ * tensor's data), which every attach and lookup touches; on the loop, for
+ * a generation this process has just compiled (its headers and index were
+ * just read: in memory, so mlock waits on no disk). A restored one does it
+ * in PAGE_RESTORE, and PAGE_UNPIN and a refused PAGE_PIN lock them again
+ * on their work thread (the headers may be evicted by then). ->
+ * pinned = PIN_METADATA. */
 void pages_pin_metadata(struct generation *g);
 
 /* Bytes of g's files in memory, by resident.h's first true method
