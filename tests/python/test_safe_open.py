@@ -82,3 +82,74 @@ def test_pathlike(st_file, no_daemon):
     path, _, _, ids = st_file
     with wcache.safe_open(pathlib.Path(path), framework="np") as f:
         assert np.array_equal(f.get_tensor("ids"), ids)
+
+
+def test_get_tensor_from_many_threads(tmp_path, no_daemon):
+    """Threads asking one handle for the same names at once (upstream's
+    handles are used so) each get a tensor of their own with the right
+    values, every time. The names are one run, so the first call for any
+    of them makes all of them: a thread switch every microsecond lets the
+    others ask while it does (before, one of them got a bare KeyError)."""
+    import sys
+    import threading
+    count, threads = 16, 16
+    path = tmp_path / "runs.safetensors"
+    write_safetensors(path, [(f"layer.{i:03d}.w", "F32", (4, 4),
+                              np.full((4, 4), i, dtype="<f4").tobytes()) for i in range(count)])
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for trial in range(300):
+            f = wcache.safe_open(path, framework="np")
+            names = f.keys()
+            barrier = threading.Barrier(threads)
+            got, errors = [], []
+
+            def worker():
+                barrier.wait()
+                try:
+                    got.extend((n, f.get_tensor(n)) for n in names)
+                except BaseException as e:
+                    errors.append(e)
+            ts = [threading.Thread(target=worker) for _ in range(threads)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            f.close()
+            assert not errors, f"trial {trial}: {errors[:3]!r}"
+            assert len(got) == count * threads
+            assert len({id(t) for _, t in got}) == len(got)  # no tensor handed out twice
+            for n, t in got:
+                assert (np.asarray(t) == int(n[6:9])).all(), n
+    finally:
+        sys.setswitchinterval(interval)
+
+
+@pytest.mark.parametrize("framework", ["np", "pt"])
+def test_get_tensor_while_another_takes_the_run(tmp_path, no_daemon, framework):
+    """The interleaving the thread test above hits now and then, made
+    every time: the moment the first call for a name has made its run,
+    another request takes every tensor of the run that is ready. The first
+    call still returns its own tensor (before, a KeyError)."""
+    path = tmp_path / "runs.safetensors"
+    write_safetensors(path, [(f"layer.{i}.w", "F32", (2,), np.full(2, i, dtype="<f4").tobytes())
+                             for i in range(4)])
+    with wcache.safe_open(path, framework=framework) as f:
+        names, taken = f.keys(), []
+
+        class Racing(dict):
+            def update(self, *args):
+                super().update(*args)
+                for n in names:  # "another thread", between the update and the return
+                    t = self.pop(n, None)
+                    if t is not None:
+                        taken.append((n, t))
+        f._bulk().ready = Racing()
+        first = f.get_tensor(names[0])
+        assert first.tolist() == [0, 0]
+        assert sorted(n for n, _ in taken) == names[1:]
+        for n, t in taken:
+            assert t.tolist() == [int(n[6])] * 2
+        again = [f.get_tensor(n) for n in names]  # each made anew
+        assert [t.tolist() for t in again] == [[i, i] for i in range(4)]

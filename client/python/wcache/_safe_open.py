@@ -306,6 +306,7 @@ class safe_open:
         self._filename = os.fspath(filename)
         self._model = open_model(filename)
         self._runs = None
+        self._runs_lock = threading.Lock()
 
     def _model_open(self):
         model = self._model
@@ -338,16 +339,21 @@ class safe_open:
         return _header_has_metadata(path) if os.path.isfile(path) else None
 
     def _bulk(self):
+        """This handle's one Runs (made on first use, by one thread: the
+        others wait for it, so each tensor is handed out once)."""
         runs = self._runs
         if runs is None:
-            model = self._model_open()
-            if self._framework == "np":
-                from ._table import NumpyRuns
-                runs = NumpyRuns(model)
-            else:
-                from ._torch import TorchRuns
-                runs = TorchRuns(model)
-            self._runs = runs
+            with self._runs_lock:
+                runs = self._runs
+                if runs is None:
+                    model = self._model_open()
+                    if self._framework == "np":
+                        from ._table import NumpyRuns
+                        runs = NumpyRuns(model)
+                    else:
+                        from ._torch import TorchRuns
+                        runs = TorchRuns(model)
+                    self._runs = runs
         return runs
 
     def get_tensor(self, name):
@@ -392,7 +398,7 @@ class safe_open:
                 return
             release = None
             if self._framework == "pt" and host_register_wanted():
-                if getattr(runs, "u8", None) is None:
+                if not getattr(runs, "views", False):
                     _say_once(logging.WARNING,
                               "wcache: WCACHE_HOST_REGISTER=1: nothing registered: torch "
                               "tensors are not views of the mapping here (WCACHE_TORCH_COW, "

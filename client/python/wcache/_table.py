@@ -23,11 +23,28 @@ stride) are made by one strided view over the model's memory and one
 ``unbind`` (torch) or one iteration (numpy): one library call per run, not
 several per tensor, so the cost per tensor is close to what torch itself
 needs to make as many views.
+
+Views are made over *parts* (:meth:`Table.parts`), never over the span
+from the lowest tensor to the highest. The torch tensors of a part share
+one storage, and whatever reads a whole storage (``torch.save``,
+``copy.deepcopy``, ``share_memory_``, pickling for multiprocessing) reads
+all of it. A sharded model's files are separate mappings, and the kernel
+leaves unmapped gaps between them (or another mapping, which may go away):
+a storage over a gap killed the process with SIGSEGV. So memory is cut
+into blocks where a whole page lies between one tensor's bytes and the
+next's: every page of a block holds bytes of some tensor of this model,
+and is mapped, by this model, for as long as its handle lives. A part is
+the tensors of one dtype in one block, from the first one's first byte to
+the last one's end: one storage per dtype, because ``torch.save`` refuses
+a state dict whose tensors view one storage as different types. A run
+never crosses parts.
 """
 import bisect
 import ctypes
 import gc
+import mmap
 import operator
+import threading
 
 import numpy as np
 
@@ -144,6 +161,7 @@ class Table:
         else:
             self.span = None
         self._runs = None
+        self._parts = None
         self._offset_order = None
         self.bulk = None  # set by runs(): whether tensor i may be in a run
 
@@ -177,15 +195,51 @@ class Table:
     def dtype(self, i):
         return self.dtype_names[self.dtype_of[i]]
 
-    def offset_keys(self):
-        """Names ordered by where their data lies (then by size, then name):
-        the order of the file for a single safetensors file."""
+    def _by_offset(self):
+        """Tensor numbers ordered by where their data lies (then by size,
+        then number); made once, for offset_keys() and parts()."""
         if self._offset_order is None:
             end = self.addr + self.nbytes
             self._offset_order = np.lexsort((np.arange(self.count), end, self.addr))
-        order = self._offset_order.tolist()
+        return self._offset_order
+
+    def offset_keys(self):
+        """Names ordered by where their data lies (then by size, then name):
+        the order of the file for a single safetensors file."""
+        order = self._by_offset().tolist()
         return list(operator.itemgetter(*order)(self.names)) if len(order) > 1 else \
             [self.names[i] for i in order]
+
+    def parts(self, page=mmap.PAGESIZE):
+        """(part_of, lo, hi): the tensors' data cut into parts (see the
+        module comment). part_of[i] is tensor i's part (-1 for a tensor
+        without data); part p is [lo[p], hi[p]) (lists of int). Tensors
+        next to each other by address are in one block unless a whole
+        page lies between them: within a file they touch, so a file is one
+        block; two files are one block only where their mappings are
+        adjacent, with no page of anything else between them."""
+        if self._parts is not None:
+            return self._parts
+        part_of = np.full(self.count, -1, dtype=np.int64)
+        has = self._by_offset()
+        has = has[self.nbytes[has] > 0]
+        if not len(has):
+            self._parts = (part_of, [], [])
+            return self._parts
+        start = self.addr[has].astype(np.int64)  # user addresses are below 2**63
+        end = start + self.nbytes[has].astype(np.int64)
+        reach = np.maximum.accumulate(end)  # aliases may overlap
+        new = np.ones(len(start), dtype=bool)
+        new[1:] = start[1:] // page > (reach[:-1] - 1) // page + 1
+        key = (np.cumsum(new) - 1) * len(self.dtype_names) + self.dtype_of[has]
+        # by block and dtype, by address within each (a radix sort for few keys)
+        order = np.argsort(key.astype(np.int16) if key.max() < 1 << 15 else key, kind="stable")
+        key, start, end, has = key[order], start[order], end[order], has[order]
+        new[0], new[1:] = True, key[1:] != key[:-1]
+        heads = np.flatnonzero(new)
+        part_of[has] = np.cumsum(new) - 1
+        self._parts = (part_of, start[heads].tolist(), np.maximum.reduceat(end, heads).tolist())
+        return self._parts
 
     @staticmethod
     def _interleaved(order, group_start, start, rel, bulk, max_period=64):
@@ -232,7 +286,8 @@ class Table:
         the element size of dtype number d, or 0 for a dtype that cannot be
         made in bulk (those tensors, and empty ones, are runs of one).
         order lists tensor numbers run after run; run r is
-        order[run_start[r]:run_start[r + 1]]; run_of[i] is tensor i's run."""
+        order[run_start[r]:run_start[r + 1]]; run_of[i] is tensor i's run.
+        A run lies in one part (:meth:`parts`)."""
         if self._runs is not None:
             return self._runs
         n = self.count
@@ -240,15 +295,19 @@ class Table:
             np.zeros(0, dtype=np.int64)
         lo = self.span[0] if self.span else 0
         rel = (self.addr.astype(np.int64) - lo) if n else np.zeros(0, dtype=np.int64)
+        part_of, part_lo, _ = self.parts()
         # In a run: data, a dtype made in bulk, and aligned to its element
-        # size from the start of the span (safetensors writers align every
+        # size from the start of its part (safetensors writers align every
         # tensor; one that is not is made on its own).
         bulk = (size > 0) & (self.nbytes > 0)
-        bulk &= rel % np.maximum(size, 1) == 0
-        # Tensors that cannot be in a run get a key of their own.
+        if len(part_lo):
+            from_part = rel - (np.asarray(part_lo, dtype=np.int64) - lo)[np.maximum(part_of, 0)]
+            bulk &= from_part % np.maximum(size, 1) == 0
+        # Tensors that cannot be in a run get a key of their own. The part
+        # says the dtype too.
         alone = np.where(bulk, -1, np.arange(n))
         keys = [rel] + [self.dims[:, d] for d in reversed(range(self.dims.shape[1]))] + \
-            [self.ndim, self.dtype_of.astype(np.int64), alone]
+            [self.ndim, part_of, alone]
         order = np.lexsort(keys)
         if n == 0:
             self.bulk = bulk
@@ -285,8 +344,15 @@ class Runs:
     until they are asked for; a second request for the same name makes a
     new view of its own (so every call returns a new object, as upstream's
     ``get_tensor`` does). ``every()`` makes all of them afresh.
-    Subclasses say how to make views: :meth:`base` (a typed 1-D view of
-    the model's memory for dtype number d), :meth:`view_one`,
+
+    Threads: upstream's handles are used from many threads at once, and so
+    are these. Which caller makes run r is decided under a lock (``done``);
+    that caller keeps its own tensor from what it made and puts only the
+    others in ``ready``, from which each is taken once (``dict.pop`` is
+    atomic), so no two calls get the same object and none misses: a name
+    not (or no longer) in ``ready`` whose run is made gets a view of its
+    own. Subclasses say how to make views: :meth:`base` (a 1-D view of
+    part p of the model's memory, typed as dtype number d), :meth:`view_one`,
     :meth:`view_many`, and :meth:`single` (the per-tensor path, for what
     cannot be made in bulk)."""
 
@@ -297,19 +363,24 @@ class Runs:
         self.order, self.run_start, self.run_of = table.runs(itemsize_of)
         self.order_list = self.order.tolist()
         self.start_list = self.run_start.tolist()
-        self.done = bytearray(len(self.start_list) - 1)
+        self.lock = threading.Lock()
+        self.done = bytearray(len(self.start_list) - 1)  # run r made for get(): under lock
         self.ready = {}
-        self.lo = table.span[0] if table.span else 0
+        self.part_of, self.part_lo, self.part_hi = table.parts()
         self.bases = {}
         self.closed = False
 
-    def _typed(self, d):
-        """(typed base view for dtype number d, its element size)."""
+    def _typed(self, i):
+        """(typed base view of tensor i's part, the offset of tensor i in
+        it, in elements)."""
+        t = self.table
+        d = int(t.dtype_of[i])
+        p = int(self.part_of[i])
         size = self.itemsize_of[d]
-        base = self.bases.get(d)
-        if base is None:
-            base = self.bases[d] = self.base(d, size)
-        return base, size
+        base = self.bases.get(p)
+        if base is None:  # one base per part, whichever thread made it first
+            base = self.bases.setdefault(p, self.base(p, d, size))
+        return base, (int(t.addr[i]) - self.part_lo[p]) // size
 
     def _make(self, r):
         a, b = self.start_list[r], self.start_list[r + 1]
@@ -317,13 +388,13 @@ class Runs:
         i = self.order_list[a]
         if not t.bulk[i]:
             return self.single(t.names[i]),
-        base, size = self._typed(int(t.dtype_of[i]))
+        base, offset = self._typed(i)
         shape = t.shape(i)
         strides = contiguous_strides(shape)
-        offset = (int(t.addr[i]) - self.lo) // size
         if b - a == 1:
             return self.view_one(base, shape, strides, offset),
-        step = (int(t.addr[self.order_list[a + 1]]) - int(t.addr[i])) // size
+        step = (int(t.addr[self.order_list[a + 1]]) - int(t.addr[i])) // \
+            self.itemsize_of[int(t.dtype_of[i])]
         if b - a < _GC_PAUSE_MIN or not gc.isenabled():
             return self.view_many(base, b - a, step, shape, strides, offset)
         # Thousands of new tensors at once: without a pause, the cyclic
@@ -351,26 +422,35 @@ class Runs:
         if i is None:
             raise _lib.MissingTensor(f"File does not contain tensor {name}")
         r = int(self.run_of[i])
-        if self.done[r]:
-            return self._make_alone(i)
-        self.done[r] = 1
+        with self.lock:
+            mine = not self.done[r]
+            self.done[r] = 1
+        if not mine:
+            # Made by another call: its tensor for name is in ready until
+            # someone takes it, or already taken. Either way, a view of its own.
+            t = self.ready.pop(name, None)
+            return self._make_alone(i) if t is None else t
         made = self._make(r)
         if len(made) == 1:
             return made[0]
         a, b = self.start_list[r], self.start_list[r + 1]
-        self.ready.update(zip(operator.itemgetter(*self.order_list[a:b])(self.table.names),
-                              made))
-        return self.ready.pop(name)
+        members = self.order_list[a:b]
+        k = members.index(i)
+        names = operator.itemgetter(*members)(self.table.names)
+        # Every tensor of the run but this call's own: the others may be
+        # taken from ready by other threads the moment they are there.
+        self.ready.update(zip(names[:k], made[:k]))
+        self.ready.update(zip(names[k + 1:], made[k + 1:]))
+        return made[k]
 
     def _make_alone(self, i):
         """A new view of tensor i alone."""
         t = self.table
         if not t.bulk[i]:
             return self.single(t.names[i])
-        base, size = self._typed(int(t.dtype_of[i]))
+        base, offset = self._typed(i)
         shape = t.shape(i)
-        return self.view_one(base, shape, contiguous_strides(shape),
-                             (int(t.addr[i]) - self.lo) // size)
+        return self.view_one(base, shape, contiguous_strides(shape), offset)
 
     def every(self):
         """{name: tensor} of every tensor, in byte order of names."""
@@ -404,9 +484,14 @@ class NumpyRuns(Runs):
         itemsize = [np.dtype(ts).itemsize if ts else 0 for ts in self.typestr]
         super().__init__(model, itemsize)
 
-    def base(self, d, size):
+    def base(self, p, d, size):
+        # numpy arrays are never read beyond their own elements (pickle,
+        # np.save and copy take only the view): slices of the one array
+        # over the model's span do.
         region = self.model._raw_region()
-        return region[:len(region) - len(region) % size].view(self.typestr[d])
+        lo = self.table.span[0]
+        part = region[self.part_lo[p] - lo:self.part_hi[p] - lo]
+        return part[:len(part) - len(part) % size].view(self.typestr[d])
 
     @staticmethod
     def view_one(base, shape, strides, offset):

@@ -37,9 +37,13 @@ file (way 2), which keeps the per-tensor cost of ``Model.torch(name)`` to a
 few numpy and torch calls; each such tensor gets its own storage
 (torch.from_numpy of its slice), so saving one tensor saves only its bytes.
 ``safe_open`` goes further (TorchRuns, on way 1): it makes tensors run by
-run as strided views of one torch tensor over the model's span, so they
-share that one storage (see wcache/_table.py and the README's list of
-differences from upstream).
+run as strided views of one torch tensor per *part* of the model's memory
+(its tensors of one dtype in one file, or in files the kernel mapped side
+by side), so the tensors of a part share its storage (see wcache/_table.py
+and the README's list of differences from upstream). No storage covers
+memory between files: ``torch.save`` and ``copy.deepcopy`` read a whole
+storage, and one over the unmapped gap between two files' mappings crashed
+the process.
 
 The environment variable WCACHE_TORCH_COW=auto|c|remap|copy forces one way
 (for tests and benchmarks); "auto" is the default.
@@ -113,27 +117,28 @@ def tensor(model, info):
 
 class TorchRuns(_table.Runs):
     """torch tensors on the model's copy-on-write memory (way 1 of the
-    module comment), made run by run (see wcache/_table.py). Without way 1
-    every tensor takes the per-tensor path of :func:`tensor`."""
+    module comment), made run by run (see wcache/_table.py), each a view of
+    its part's storage. Without way 1 (``views`` False) every tensor takes
+    the per-tensor path of :func:`tensor`."""
 
     def __init__(self, model):
-        h = model._h()
-        names = model._tab().dtype_names
+        self.h = h = model._h()
+        table = model._tab()
         state = model._torch_state
         if state is None:
             state = model._torch_state = _State()
-        region = state.cow_region(model, h) if not _BIG_ENDIAN else None
-        self.u8 = torch.from_numpy(region) if region is not None else None
-        self.tdtype = [torch_dtype(torch, n) for n in names]
+        self.state = state
+        self.views = not _BIG_ENDIAN and state.cow_ready(model, h)
+        self.tdtype = [torch_dtype(torch, n) for n in table.dtype_names]
         itemsize = []
-        for n, t in zip(names, self.tdtype):
+        for n, t in zip(table.dtype_names, self.tdtype):
             carrier = carrier_typestr(n)
-            ok = self.u8 is not None and t is not None and carrier is not None
+            ok = self.views and t is not None and carrier is not None
             itemsize.append(np.dtype(carrier).itemsize if ok else 0)
         super().__init__(model, itemsize)
 
-    def base(self, d, size):
-        u8 = self.u8
+    def base(self, p, d, size):
+        u8 = torch.from_numpy(self.state.cow_part(self.h, self.table, p))
         return u8[:len(u8) - len(u8) % size].view(self.tdtype[d])
 
     @staticmethod
@@ -157,7 +162,8 @@ class _State:
         self.lock = threading.Lock()
         self.mode = _mode()
         self.c_ok = None        # wc_model_cow: not tried / done / unusable
-        self.c_region = None    # writable uint8 array over the model's span
+        self.c_region = None    # writable uint8 array over the model's span (sliced only)
+        self.c_parts = {}       # (start, end) of a part -> writable uint8 array over it
         self.reason = ""        # why way 1 is unusable
         self.remap = None       # _Remapper, built on first use
         self.warned = False
@@ -183,22 +189,31 @@ class _State:
         ro = _view(h, info.data, info.shape, carrier)
         return np.array(ro, copy=True)
 
-    def cow_region(self, model, h):
-        """A writable uint8 array over the model's span of tensor data, on
-        memory made copy-on-write by wc_model_cow(); None when way 1 is not
-        used (WCACHE_TORCH_COW, or the library cannot)."""
+    def cow_ready(self, model, h):
+        """Whether the model's memory is copy-on-write by wc_model_cow()
+        (tried once): False when way 1 is not used (WCACHE_TORCH_COW, the
+        library cannot, or the model has no tensor data)."""
         if self.mode not in ("auto", "c") or model._tab().span is None:
-            return None
+            return False
         if self.c_ok is None:
             with self.lock:
                 if self.c_ok is None:
                     self._cow(h)
-        if not self.c_ok:
-            return None
-        if self.c_region is None:
-            lo, hi = model._span
-            self.c_region = _view(h, lo, (hi - lo,), "|u1", readonly=False)
-        return self.c_region
+        return bool(self.c_ok)
+
+    def cow_part(self, h, table, p):
+        """A writable uint8 array over part p of table (wcache/_table.py,
+        Table.parts), after cow_ready() said yes. One array per part, never
+        one over several: torch.from_numpy of it is a storage of exactly
+        that memory, which this model maps whole, starting at its own
+        address (torch.save tells storages apart by address)."""
+        _, lo, hi = table.parts()
+        key = (lo[p], hi[p])
+        arr = self.c_parts.get(key)
+        if arr is None:
+            arr = _view(h, lo[p], (hi[p] - lo[p],), "|u1", readonly=False)
+            arr = self.c_parts.setdefault(key, arr)
+        return arr
 
     def _via_c(self, model, h, info, carrier, reasons):
         if self.c_ok is None:
