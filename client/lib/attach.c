@@ -245,6 +245,7 @@ wc_connect_timeout(const char *socket_path, int timeout_ms, wc_client **out)
 	c->fd = fd;
 	c->pid = attach_self_pid();
 	c->timeout_ms = timeout_ms;
+	c->refs = 1;
 	pthread_mutex_init(&c->lock, NULL);
 	*out = c;
 	return 0;
@@ -592,6 +593,42 @@ wc_attach(wc_client *c, const char *model, wc_model **out)
 	return 0;
 }
 
+/* Guards each record's client pointer against wc_disconnect() and every
+ * client's refs: taken before a client's own lock, never after. */
+static pthread_mutex_t clients_lock = PTHREAD_MUTEX_INITIALIZER;
+
+struct wc_client *
+attach_client_get(const struct attach_record *a)
+{
+	wc_client *c;
+
+	pthread_mutex_lock(&clients_lock);
+	if ((c = a->client) != NULL)
+		c->refs++;
+	pthread_mutex_unlock(&clients_lock);
+	return c;
+}
+
+void
+attach_client_put(struct wc_client *c)
+{
+	unsigned left;
+
+	if (c == NULL)
+		return;
+	pthread_mutex_lock(&clients_lock);
+	left = --c->refs;
+	pthread_mutex_unlock(&clients_lock);
+	if (left > 0)
+		return;
+	pthread_mutex_destroy(&c->lock);
+	attach_cache_clear(&c->cache);
+	close(c->fd);
+	free(c->path);
+	free(c->where);
+	free(c);
+}
+
 /* Unlinks a from its client's list; the client's lock is held. */
 static void
 unlink_record(struct attach_record *a)
@@ -605,20 +642,24 @@ unlink_record(struct attach_record *a)
 }
 
 /*
- * Unlinks an attached model from its client and returns the daemon's
- * handle to release, or 0 when nothing is to be sent (its client is gone,
- * or it was attached by another process before fork()), and in
- * *connection the client's connection it came over.
+ * Unlinks an attached model from its client (c, which the caller holds a
+ * reference to) and returns the daemon's handle to release, or 0 when
+ * nothing is to be sent (its client was disconnected meanwhile, or it was
+ * attached by another process before fork()), and in *connection the
+ * client's connection it came over.
  */
 static uint64_t
-attach_forget(struct attach_record *a, uint64_t *connection)
+attach_forget(wc_client *c, struct attach_record *a, uint64_t *connection)
 {
-	wc_client *c = a->client;
 	uint64_t handle = 0;
 
 	if (c == NULL)
 		return 0;
 	pthread_mutex_lock(&c->lock);
+	if (a->client != c) { /* wc_disconnect() detached it since */
+		pthread_mutex_unlock(&c->lock);
+		return 0;
+	}
 	unlink_record(a);
 	/* The client keeps the index of the generation it attached last only
 	 * while that generation is current (the daemon keeps it then anyway):
@@ -674,14 +715,15 @@ static void
 attach_release(wc_model *m, void *ctx)
 {
 	struct attach_record *a = ctx;
-	wc_client *c = a->client;
+	wc_client *c = attach_client_get(a);
 	uint64_t handle, connection = 0;
 
 	(void)m; /* a->am.model */
-	handle = attach_forget(a, &connection);
+	handle = attach_forget(c, a, &connection);
 	attach_model_free(&a->am);
 	free(a);
 	attach_send_release(c, handle, connection);
+	attach_client_put(c);
 }
 
 int
@@ -751,6 +793,7 @@ wc_disconnect(wc_client *c)
 {
 	if (c == NULL)
 		return;
+	pthread_mutex_lock(&clients_lock);
 	pthread_mutex_lock(&c->lock);
 	/* The models outlive the client: detach them all at once. */
 	for (struct attach_record *a = c->records, *next; a != NULL; a = next) {
@@ -761,10 +804,7 @@ wc_disconnect(wc_client *c)
 	}
 	c->records = NULL;
 	pthread_mutex_unlock(&c->lock);
-	pthread_mutex_destroy(&c->lock);
-	attach_cache_clear(&c->cache);
-	close(c->fd);
-	free(c->path);
-	free(c->where);
-	free(c);
+	pthread_mutex_unlock(&clients_lock);
+	/* Freed now, or by the last release or build still using it. */
+	attach_client_put(c);
 }

@@ -30,6 +30,8 @@ struct wc_client {
 	char *path;
 	char *where;          /* "wcached at PATH", for messages */
 	pthread_mutex_t lock; /* one request at a time on the socket */
+	unsigned refs;        /* the owner's, and each release or build using it now
+				 (attach_client_get): freed at 0, under attach's own lock */
 	struct attach_record *records; /* models attached through it, still held */
 	struct attach_cache cache;    /* the status page, mapped once; the last index */
 };
@@ -102,5 +104,15 @@ ssize_t attach_exchange(wc_client *c, const uint8_t *req, size_t len, uint32_t s
  * wc_release(). The lock is held.
  */
 void attach_keep(wc_client *c, struct attach_record *a, enum attach_kind kind);
+
+/*
+ * a's client with a reference taken, or NULL when it has none (its client
+ * was disconnected): what lets a release or a build on one thread use the
+ * client while wc_disconnect() runs on another. Once its lock is taken,
+ * the caller checks a->client == c again (a disconnect detaches every
+ * record), and gives the reference back with attach_client_put().
+ */
+struct wc_client *attach_client_get(const struct attach_record *a);
+void attach_client_put(struct wc_client *c);
 
 #endif

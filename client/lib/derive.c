@@ -170,36 +170,54 @@ wc_build_source(const wc_build *b)
 }
 
 /*
- * The client a build may still send on, returned with its lock held: the
- * one that got BUILD, on that same connection, in that process. NULL with
- * the message set (and *err its negative errno) otherwise: the build is
- * lost, or belongs to another process; no lock is held then.
+ * The client a build may still send on, returned with its lock held and a
+ * reference (build_client_done() gives both back): the one that got BUILD,
+ * on that same connection, in that process. NULL with the message set (and
+ * *err its negative errno) otherwise: the build is lost, or belongs to
+ * another process; nothing is held then.
  */
 static wc_client *
 build_client(const wc_build *b, const char *doing, int *err)
 {
-	wc_client *c = b->source->client;
+	wc_client *c = attach_client_get(b->source);
 
+	if (c != NULL) {
+		pthread_mutex_lock(&c->lock);
+		if (b->source->client != c) { /* disconnected since */
+			pthread_mutex_unlock(&c->lock);
+			attach_client_put(c);
+			c = NULL;
+		}
+	}
 	if (c == NULL) {
 		*err = error_set(-ENOTCONN, "model \"%s\", key \"%s\": cannot %s: the client "
 			"was disconnected, which ended the build", b->name, b->key, doing);
 		return NULL;
 	}
-	pthread_mutex_lock(&c->lock);
 	if (c->pid != attach_self_pid() || b->source->pid != c->pid) {
 		pthread_mutex_unlock(&c->lock);
+		attach_client_put(c);
 		*err = error_set(-ECHILD, "model \"%s\", key \"%s\": cannot %s: the build belongs "
 			"to process %d", b->name, b->key, doing, (int)b->source->pid);
 		return NULL;
 	}
 	if (c->connection != b->connection) {
 		pthread_mutex_unlock(&c->lock);
+		attach_client_put(c);
 		*err = error_set(-ECONNRESET, "model \"%s\", key \"%s\": cannot %s: the "
 			"connection that got the build has closed (did wcached restart?), which "
 			"ended the build", b->name, b->key, doing);
 		return NULL;
 	}
 	return c;
+}
+
+/* Gives back what build_client() returned: the lock, then the reference. */
+static void
+build_client_done(wc_client *c)
+{
+	pthread_mutex_unlock(&c->lock);
+	attach_client_put(c);
 }
 
 /* Sends ABANDON and reads its answer; the lock is held. Failures only set
@@ -245,7 +263,7 @@ wc_build_abandon(wc_build *b, const char *reason)
 		return;
 	if ((c = build_client(b, "abandon the build", &err)) != NULL) {
 		(void)abandon_send(c, b, reason != NULL ? reason : "");
-		pthread_mutex_unlock(&c->lock);
+		build_client_done(c);
 	}
 	build_end(b);
 }
@@ -316,7 +334,7 @@ wc_build_publish_fd(wc_build *b, int memfd, wc_model **out)
 		shutdown(c->fd, SHUT_RDWR);
 	if (r == 0)
 		attach_keep(c, a, ATTACH_KIND_DERIVED);
-	pthread_mutex_unlock(&c->lock);
+	build_client_done(c);
 	build_end(b);
 	if (r < 0) {
 		free(a);

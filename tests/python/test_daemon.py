@@ -53,6 +53,48 @@ def test_safe_open_daemon_served_path(daemon, model_path, monkeypatch):
     assert t.shape == (100, 64)       # valid after the with block
 
 
+def test_a_reconnect_leaves_the_old_client_to_threads_still_using_it(daemon, model_path):
+    # safe_open reconnects when an attach finds wcached gone; it closed the
+    # shared client while other threads could be attaching on it (the C
+    # client freed under them). Here one thread forces reconnects while
+    # four open and read the model: none fails, the process does not crash.
+    code = textwrap.dedent(f"""
+        import sys, threading
+        import wcache
+        from wcache import _safe_open
+        errors, stop = [], threading.Event()
+        sys.setswitchinterval(1e-5)
+
+        def reader():
+            try:
+                for _ in range(300):
+                    with wcache.safe_open({"small"!r}, framework="pt") as f:
+                        assert f.model.source == "wcached"
+                        f.get_tensor("lm_head.weight").sum()
+            except Exception as e:
+                errors.append(repr(e))
+
+        def reconnector():
+            # Paced: wcached counts a connection until it sees it close.
+            while not stop.wait(0.002):
+                _safe_open._client(reconnect=True)
+
+        r = threading.Thread(target=reconnector)
+        r.start()
+        ts = [threading.Thread(target=reader) for _ in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        stop.set()
+        r.join()
+        print("errors", errors)
+        sys.exit(1 if errors else 0)
+    """)
+    r = run_python(code, env={"WCACHE_SOCKET": daemon.socket}, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def test_safe_open_plain_path_with_daemon_running(daemon, tmp_path):
     other = mkmodel(tmp_path / "other.safetensors", seed=9)
     with wcache.safe_open(other) as f:

@@ -59,13 +59,14 @@ _shared = None  # (pid, Client)
 
 
 def _client(reconnect=False):
-    """This process's connection to wcached (made on first use)."""
+    """This process's connection to wcached (made on first use). On
+    reconnect the old one is dropped, not closed: another thread may be in
+    an attach on it; it closes once nothing refers to it (each model holds
+    its client)."""
     global _shared
     with _lock:
         if _shared is not None and (reconnect or _shared[0] != os.getpid()
                                     or _shared[1].closed):
-            if _shared[0] == os.getpid():
-                _shared[1].close()
             _shared = None
         if _shared is None:
             _shared = (os.getpid(), connect())
