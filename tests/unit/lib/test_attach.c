@@ -6,9 +6,10 @@
  * are shared between attaches and kept while the generation is current;
  * wc_model_stale() follows the status page; CHANGED announcements are
  * skipped before a reply and counted by wc_client_dispatch(); a model
- * outlives its client; a forked child reads its copy but cannot use its
- * parent's client; bad arguments fail before anything is sent; the
- * deadline of a daemon that never answers (wc_set_timeout(),
+ * outlives its client, and releasing models on one thread while another
+ * disconnects their client is safe; a forked child reads its copy but
+ * cannot use its parent's client; bad arguments fail before anything is
+ * sent; the deadline of a daemon that never answers (wc_set_timeout(),
  * WCACHE_TIMEOUT).
  *
  * Hostile replies are tested elsewhere: what comes with ATTACH_OK
@@ -21,6 +22,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -296,6 +299,99 @@ test_model_valid_after_disconnect(void **state)
 	finish(f, before);
 }
 
+/* The race of wc_release() against wc_disconnect(): rounds of it, each
+ * with RACE_MODELS models released on a second thread. */
+#define RACE_ROUNDS 400
+#define RACE_MODELS 4
+
+struct race {
+	int arrived; /* at the start line (atomic) */
+	wc_model *models[RACE_MODELS];
+};
+
+/* The start line of both threads: each waits there, spinning, until the
+ * other has come. Not pthread_barrier_wait(): the thread that comes last
+ * would run on while the other is still waking up from its futex, and the
+ * disconnect would be over before the first release began. */
+static void
+race_start(struct race *r)
+{
+	__atomic_add_fetch(&r->arrived, 1, __ATOMIC_ACQ_REL);
+	while (__atomic_load_n(&r->arrived, __ATOMIC_ACQUIRE) < 2)
+		sched_yield(); /* a spin, unless the other thread needs this CPU */
+}
+
+/* The second thread: waits for the main one at the start line, then
+ * releases every model, yielding between them so that the disconnect
+ * falls among them, not only before the first or after the last. */
+static void *
+race_release(void *arg)
+{
+	struct race *r = arg;
+
+	race_start(r);
+	for (size_t i = 0; i < RACE_MODELS; i++) {
+		wc_release(r->models[i]);
+		sched_yield();
+	}
+	return NULL;
+}
+
+/* wc_release() of attached models on one thread and wc_disconnect() of
+ * their client on another, started together (race_start()), many times.
+ * A release used to reach its client (its lock, its list, its connection)
+ * after the disconnect had detached the models and freed it: the sanitizers
+ * report that (a use after free, or a store through the record's cleared
+ * list pointer) and an unsanitized build crashes. Each round leaves nothing
+ * behind: every descriptor closed, nothing of the models mapped, the
+ * client's index and status page unmapped. A release that wins the race
+ * tells the daemon (over the one connection, with its handle); one that
+ * loses it sends nothing (the daemon releases everything when the
+ * connection closes): the fake counts anywhere from none to all of them. */
+static void
+test_release_races_disconnect(void **state)
+{
+	struct fixture *f = *state;
+	struct race r;
+	pthread_t thread;
+	int before = tu_count_fds(), released = 0, all = 0, none = 0;
+	double t0 = tu_now();
+
+	for (int round = 0; round < RACE_ROUNDS; round++) {
+		fake_start(f);
+		assert_int_equal(wc_connect(f->sock, &f->client), 0);
+		for (size_t i = 0; i < RACE_MODELS; i++)
+			if (wc_attach(f->client, MODEL, &r.models[i]) != 0) {
+				while (i > 0)
+					wc_release(r.models[--i]);
+				fail_msg("round %d: attach failed: %s", round, wc_errmsg());
+			}
+		assert_maps(f, 1, 2 * RACE_MODELS, 2);
+		r.arrived = 0;
+		assert_int_equal(pthread_create(&thread, NULL, race_release, &r), 0);
+		race_start(&r);
+		wc_disconnect(f->client);
+		f->client = NULL;
+		assert_int_equal(pthread_join(thread, NULL), 0);
+		/* The fake sees the connection end once the last user of the
+		 * client, whichever thread, has let it go. */
+		fake_finish(f);
+		assert_int_equal(tu_count_fds(), before);
+		assert_maps(f, 0, 0, 1);
+		assert_int_equal(f->fake.attaches, RACE_MODELS);
+		assert_in_range(f->fake.releases, 0, RACE_MODELS);
+		if (f->fake.releases > 0) {
+			assert_int_equal(f->fake.released_handle, HANDLE);
+			assert_int_equal(f->fake.released_seq, 0);
+		}
+		released += f->fake.releases;
+		all += f->fake.releases == RACE_MODELS;
+		none += f->fake.releases == 0;
+	}
+	print_message("%d rounds in %.2f s: %d releases sent; all %d sent in %d rounds, "
+		"none in %d\n", RACE_ROUNDS, tu_now() - t0, released, RACE_MODELS, all, none);
+}
+
 /* A forked child cannot use its parent's client (-ECHILD, nothing sent) but
  * can read and release its copy of the model without telling the daemon. */
 static void
@@ -455,6 +551,7 @@ main(void)
 		T(test_changed_before_reply_is_skipped),
 		T(test_dispatch_counts_changed),
 		T(test_model_valid_after_disconnect),
+		T(test_release_races_disconnect),
 		T(test_attach_in_forked_child),
 		T(test_bad_arguments),
 	};
