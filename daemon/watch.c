@@ -568,8 +568,47 @@ watch_mark_dirty(struct watch *w, const char *name)
 	arm_settle(w);
 }
 
+/* The models one read of events touched: each is checked once after the
+ * whole read (check_generation fstats every file of two generations), not
+ * once per event, so that writes to unrelated files in a directory model's
+ * directory cost one check per read, whatever their number. */
+struct touched {
+	struct model_entry **models;
+	size_t n, cap;
+};
+
+/* Checks m's generations for in-place changes. */
 static void
-handle_event(struct watch *w, const struct inotify_event *ev)
+check_model(struct registry *r, struct model_entry *m)
+{
+	check_generation(r, m->current);
+	check_generation(r, m->pending);
+}
+
+/* Adds m to t; where no memory is to be had, checks it now instead. */
+static void
+touch(struct registry *r, struct touched *t, struct model_entry *m)
+{
+	struct model_entry **grown;
+
+	for (size_t i = 0; i < t->n; i++)
+		if (t->models[i] == m)
+			return;
+	if (t->n == t->cap) {
+		size_t cap = t->cap ? 2 * t->cap : 8;
+
+		if ((grown = reallocarray(t->models, cap, sizeof(*grown))) == NULL) {
+			check_model(r, m);
+			return;
+		}
+		t->models = grown;
+		t->cap = cap;
+	}
+	t->models[t->n++] = m;
+}
+
+static void
+handle_event(struct watch *w, const struct inotify_event *ev, struct touched *t)
 {
 	const char *dir = NULL;
 
@@ -588,12 +627,10 @@ handle_event(struct watch *w, const struct inotify_event *ev)
 	for (struct model_entry *m = w->reg->models; m != NULL; m = m->next) {
 		if (!model_uses_dir(m, dir) || !names_model_file(m, dir, ev->name))
 			continue;
-		check_generation(w->reg, m->current);
-		check_generation(w->reg, m->pending);
+		touch(w->reg, t, m);
 		if (ev->mask & NAME_EVENTS)
 			watch_mark_dirty(w, m->name);
 	}
-	registry_collect(w->reg);
 }
 
 static void
@@ -601,6 +638,7 @@ on_readable(uv_poll_t *p, int status, int events)
 {
 	struct watch *w = p->data;
 	char buf[16384] __attribute__((aligned(__alignof__(struct inotify_event))));
+	struct touched t = { 0 };
 	ssize_t n;
 
 	(void)events;
@@ -610,10 +648,15 @@ on_readable(uv_poll_t *p, int status, int events)
 		for (char *q = buf; q < buf + n;) {
 			const struct inotify_event *ev = (const struct inotify_event *)q;
 
-			handle_event(w, ev);
+			handle_event(w, ev, &t);
 			q += sizeof(*ev) + ev->len;
 		}
 	}
+	/* No model goes away while the events are read: the entries stay. */
+	for (size_t i = 0; i < t.n; i++)
+		check_model(w->reg, t.models[i]);
+	free(t.models);
+	registry_collect(w->reg);
 }
 
 int
