@@ -597,7 +597,7 @@ touch(struct registry *r, struct touched *t, struct model_entry *m)
 	if (t->n == t->cap) {
 		size_t cap = t->cap ? 2 * t->cap : 8;
 
-		if ((grown = reallocarray(t->models, cap, sizeof(*grown))) == NULL) {
+		if ((grown = reallocarray(t->models, cap, sizeof(struct model_entry *))) == NULL) {
 			check_model(r, m);
 			return;
 		}
