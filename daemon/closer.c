@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -27,11 +28,13 @@
 #define LANE_STACK_SIZE ((size_t)256 * 1024)
 
 /* One thing to let go of: a mapping (base NULL if none), then a descriptor
- * (-1 if none). */
+ * (-1 if none); chosen: the owner chose it (closer_close), so it counts in
+ * closer_pending() and closer_stuck(). */
 struct closing {
 	void *base;
 	size_t size;
 	int fd;
+	int chosen;
 };
 
 struct lane {
@@ -40,6 +43,7 @@ struct lane {
 	struct closing *q;   /* queued: q[head .. count) */
 	size_t head, count, cap;
 	unsigned pending;    /* queued, plus the one being closed */
+	unsigned chosen;     /* of those, what the owner chose */
 	uint64_t close_started_ms; /* when the close in progress began */
 	struct lane *next;
 };
@@ -72,6 +76,21 @@ now_ms(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* The lane of owner as the log names it ("uid 1000", "wcached's files on
+ * local storage"), in a buffer of the calling thread's. */
+static const char *
+lane_name(uid_t owner)
+{
+	static __thread char buf[32];
+
+	if (owner == CLOSER_DAEMON)
+		return "wcached's files on remote storage";
+	if (owner == CLOSER_LOCAL)
+		return "wcached's files on local storage";
+	snprintf(buf, sizeof(buf), "uid %u", (unsigned)owner);
+	return buf;
 }
 
 /* Lane of owner, or NULL; with cl->lock held. */
@@ -112,6 +131,7 @@ lane_run(void *arg)
 		let_go(&c);
 		pthread_mutex_lock(&cl->lock);
 		l->pending--;
+		l->chosen -= (unsigned)c.chosen;
 	}
 	for (pp = &cl->lanes; *pp != l; pp = &(*pp)->next)
 		;
@@ -141,6 +161,7 @@ lane_push(struct lane *l, const struct closing *c)
 	}
 	l->q[l->count++] = *c;
 	l->pending++;
+	l->chosen += (unsigned)c->chosen;
 	return 0;
 }
 
@@ -183,36 +204,43 @@ lane_new(struct closer *cl, uid_t owner, const struct closing *c)
 	return 0;
 }
 
+/* Queues c in owner's lane (closer_close, closer_unmap_close). */
+static void
+lane_queue(struct closer *cl, uid_t owner, const struct closing *c)
+{
+	struct lane *l;
+	int err;
+
+	if (c->base == NULL && c->fd < 0)
+		return;
+	if (cl == NULL) {
+		let_go(c);
+		return;
+	}
+	pthread_mutex_lock(&cl->lock);
+	l = lane_find(cl, owner);
+	err = l != NULL ? lane_push(l, c) : lane_new(cl, owner, c);
+	if (err < 0)
+		cl->inline_closes++;
+	pthread_mutex_unlock(&cl->lock);
+	if (err < 0) {
+		log_warnx("closing %s of %s here: no %s for a closing thread",
+			c->fd >= 0 ? "a descriptor" : "a mapping", lane_name(owner),
+			err == -ENOMEM ? "memory" : "thread");
+		let_go(c);
+	}
+}
+
 void
 closer_close(struct closer *cl, uid_t owner, int fd)
 {
-	closer_unmap_close(cl, owner, NULL, 0, fd);
+	lane_queue(cl, owner, &(struct closing){ NULL, 0, fd, 1 });
 }
 
 void
 closer_unmap_close(struct closer *cl, uid_t owner, void *base, size_t size, int fd)
 {
-	struct closing c = { base, size, fd };
-	struct lane *l;
-	int err;
-
-	if (base == NULL && fd < 0)
-		return;
-	if (cl == NULL) {
-		let_go(&c);
-		return;
-	}
-	pthread_mutex_lock(&cl->lock);
-	l = lane_find(cl, owner);
-	err = l != NULL ? lane_push(l, &c) : lane_new(cl, owner, &c);
-	if (err < 0)
-		cl->inline_closes++;
-	pthread_mutex_unlock(&cl->lock);
-	if (err < 0) {
-		log_warnx("closing descriptor %d of uid %u here: no %s for a closing thread", fd,
-			(unsigned)owner, err == -ENOMEM ? "memory" : "thread");
-		let_go(&c);
-	}
+	lane_queue(cl, owner, &(struct closing){ base, size, fd, 0 });
 }
 
 unsigned
@@ -234,7 +262,7 @@ closer_stuck(struct closer *cl, uid_t owner, unsigned min_ms)
 	/* A lane exists only while a close runs or is about to (its thread
 	 * starting: close_started_ms is when the lane was made). */
 	if (l != NULL && (min_ms == 0 || now_ms() - l->close_started_ms >= min_ms))
-		n = l->pending;
+		n = l->chosen;
 	pthread_mutex_unlock(&cl->lock);
 	return n;
 }
@@ -286,9 +314,9 @@ closer_stop(struct closer *cl, unsigned wait_ms)
 		;
 	if (cl->threads > 0) {
 		for (struct lane *l = cl->lanes; l != NULL; l = l->next)
-			log_warnx("uid %u: %u descriptor%s still closing after %u ms (a FUSE or "
+			log_warnx("%s: %u descriptor%s still closing after %u ms (a FUSE or "
 				  "NFS server that does not answer, or a lingering socket); "
-				  "exiting without waiting", (unsigned)l->owner, l->pending,
+				  "exiting without waiting", lane_name(l->owner), l->pending,
 				l->pending == 1 ? "" : "s", wait_ms);
 		pthread_mutex_unlock(&cl->lock);
 		return; /* the threads still use it */

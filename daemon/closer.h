@@ -54,10 +54,12 @@ void closer_close(struct closer *cl, uid_t owner, int fd);
 
 /* Takes the mapping base[0 .. size) (NULL: none) and fd (-1: none), and in
  * owner's lane unmaps the one, then closes the other; otherwise as
- * closer_close(). For a file whose last reference may go with either. */
+ * closer_close(), but for the daemon's own: a file, memfd or index whose
+ * last reference may go with either. Not counted in closer_pending() or
+ * closer_stuck(), which bound what the owner chose. */
 void closer_unmap_close(struct closer *cl, uid_t owner, void *base, size_t size, int fd);
 
-/* Descriptors of owner queued or being closed now. */
+/* Descriptors owner chose (closer_close) queued or being closed now. */
 unsigned closer_pending(struct closer *cl, uid_t owner);
 
 /* The same, but 0 unless the close owner's lane is in has run for min_ms
@@ -65,7 +67,7 @@ unsigned closer_pending(struct closer *cl, uid_t owner);
  * that ended) is not stuck. */
 unsigned closer_stuck(struct closer *cl, uid_t owner, unsigned min_ms);
 
-/* Descriptors queued or being closed now, in every lane. */
+/* Descriptors and mappings queued or being closed now, in every lane. */
 unsigned closer_total(struct closer *cl);
 
 /* Descriptors closed on the caller's thread for want of memory or a thread. */

@@ -93,12 +93,11 @@ seal_artifact(int fd, char *why, size_t why_size)
 static void
 check_free(struct derive_check *c)
 {
-	if (c->index != NULL)
-		munmap((void *)c->index, c->src.index_len);
 	/* Perhaps the last reference to gigabytes (wcached's reopens, once
 	 * checked, or the received descriptor) and to an index as large as
-	 * the builder's header made it: freed off the loop. */
-	closer_close(c->t->closer, c->owner, c->index_fd);
+	 * the builder's header made it: freed off the loop, mappings too. */
+	closer_unmap_close(c->t->closer, c->owner, (void *)c->index,
+		c->index != NULL ? c->src.index_len : 0, c->index_fd);
 	gen_close_files_in(c->t->r, c->owner, c->served, &c->src);
 	closer_close(c->t->closer, c->owner, c->fd);
 	free(c);

@@ -186,7 +186,7 @@ gen_maybe_free(struct registry *r, struct generation *g)
 	 * an artifact, the builder's). */
 	lane = g->artifact ? g->builder_uid : CLOSER_LOCAL;
 	closer_unmap_close(r->closer, lane, (void *)g->index, g->index_size, g->index_fd);
-	closer_close(r->closer, lane, g->served_index_fd);
+	closer_unmap_close(r->closer, lane, NULL, 0, g->served_index_fd);
 	if (g->artifact)
 		gen_close_files_in(r, g->builder_uid, g->served_fds, &g->source);
 	else
@@ -259,7 +259,7 @@ gen_close_files_in(struct registry *r, uid_t owner, int *served, struct model_so
 		struct wc_file *f = &src->files[i];
 
 		if (served != NULL) {
-			closer_close(r->closer, owner, served[i]);
+			closer_unmap_close(r->closer, owner, NULL, 0, served[i]);
 			served[i] = -1;
 		}
 		closer_unmap_close(r->closer, owner, (void *)f->base, (size_t)f->size, f->fd);

@@ -468,8 +468,8 @@ metrics_write(FILE *f, const struct registry *reg, const struct metrics_daemon *
 	fputs("wcached_clients_refused_closing_total", f);
 	value(f, (double)d->server.closing_refused);
 	family(f, "wcached_clients_paused_closing_total", "counter",
-		"Times a connection was not read for a while because 64 of its user's "
-		"descriptors were waiting to close (each message may pass 253 more).");
+		"Connections not read for a while because 64 of their user's descriptors were "
+		"waiting to close (each message may pass 253 more).");
 	fputs("wcached_clients_paused_closing_total", f);
 	value(f, (double)d->server.reads_paused_closing);
 	family(f, "wcached_fds_closed_inline_total", "counter",

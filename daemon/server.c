@@ -362,6 +362,27 @@ conn_drop_fds(struct conn *c, const int *fds, size_t n)
 		conn_drop_fd(fds[i], c);
 }
 
+/*
+ * Closes c, whose uid's lane is stuck, telling it why first: one send that
+ * does not wait (a peer that reads nothing is not waited for; with its
+ * request still queued, the socket closes in that stuck lane, so the peer
+ * would otherwise learn nothing).
+ */
+static void
+conn_tell_and_close(struct conn *c, const char *text, unsigned stuck)
+{
+	uint8_t buf[WIRE_MAX_MESSAGE];
+	char why[160];
+	ssize_t n;
+
+	snprintf(why, sizeof(why), "%s (%u wait behind one that does not)", text, stuck);
+	log_warnx("client pid %d uid %u: %s; closing the connection", (int)c->pid,
+		(unsigned)c->uid, why);
+	if ((n = wire_put_error(buf, sizeof(buf), 0, EUSERS, why)) > 0)
+		(void)fdp_send(c->fd, buf, (size_t)n, NULL, 0);
+	conn_close(c);
+}
+
 /* Reads and handles messages until the socket is empty, a reply is
  * pending or waited for, or the connection closes. */
 static void
@@ -379,19 +400,19 @@ conn_read(struct conn *c)
 		nfds = 0;
 		if ((k = closer_stuck(c->closer, c->uid, CLOSING_STUCK_MS)) >=
 			CLOSING_PER_UID_MAX) {
-			/* Told why before the socket closes: with a request
-			 * still queued on it, it closes in the stuck lane. */
 			c->srv->stats.closing_refused++;
-			conn_error(c, 0, -EUSERS, 1, "too many of this user's descriptors are "
-				"still closing (%u wait behind one that does not)", k);
+			conn_tell_and_close(c, "too many of this user's descriptors are still "
+				"closing", k);
 			return;
 		}
 		if ((k = closer_pending(c->closer, c->uid)) >= CLOSING_PER_UID_MAX) {
-			if (!c->throttle_logged++)
+			if (!c->paused_logged) {
+				c->paused_logged = 1;
+				c->srv->stats.reads_paused_closing++;
 				log_warnx("client pid %d uid %u: %u of this user's descriptors "
 					  "wait to close; not reading from it until fewer do",
 					(int)c->pid, (unsigned)c->uid, k);
-			c->srv->stats.reads_paused_closing++;
+			}
 			conn_set_deferred(c, DEFER_READ);
 			/* Only a hang-up is of interest until then. */
 			uv_poll_start(&c->poll, UV_DISCONNECT, conn_io);

@@ -57,14 +57,14 @@ unsigned server_clients(const struct server *s);
 struct server_stats {
 	unsigned clients;           /* connections now */
 	unsigned fds_in_flight;     /* descriptors sent and not known to be received */
-	unsigned deferred_clients;  /* connections whose reply waits for the budget now */
+	unsigned deferred_clients;  /* connections held back now (enum conn_deferred) */
 	uint64_t replies_deferred;  /* times a reply was held back (budget or kernel refusal) */
 	uint64_t sends_refused;     /* sends the kernel refused (ETOOMANYREFS, ENOBUFS) */
 	unsigned fds_closing;       /* descriptors closing off the loop now */
 	uint64_t closing_refused;   /* connections refused or closed: their uid's
 				       descriptors wait behind a close that hangs */
-	uint64_t reads_paused_closing; /* times a connection was not read: 64 of its
-					  uid's descriptors were waiting to close */
+	uint64_t reads_paused_closing; /* connections not read for a while: 64 of
+					  their uid's descriptors were waiting to close */
 	unsigned long closed_inline; /* descriptors closed on the loop: no memory or
 					thread for a closing thread (closer.h) */
 };

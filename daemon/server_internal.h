@@ -57,6 +57,7 @@ struct conn {
 	int closing;
 	struct closer *closer;         /* the server's, for after the server is gone */
 	int throttle_logged;           /* one warning per peer for backpressure */
+	int paused_logged;             /* ... and one (and one count) for DEFER_READ */
 	unsigned inflight_fds;         /* sent with replies, not yet known to be received */
 	struct conn *next, **prevp;
 };

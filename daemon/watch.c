@@ -568,10 +568,11 @@ watch_mark_dirty(struct watch *w, const char *name)
 	arm_settle(w);
 }
 
-/* The models one read of events touched: each is checked once after the
- * whole read (check_generation fstats every file of two generations), not
- * once per event, so that writes to unrelated files in a directory model's
- * directory cost one check per read, whatever their number. */
+/* The models one wakeup's events touched (up to READS_PER_WAKEUP reads):
+ * each is checked once after them (check_generation fstats every file of
+ * two generations), not once per event, so that writes to unrelated files
+ * in a directory model's directory cost one check per wakeup, whatever
+ * their number. */
 struct touched {
 	struct model_entry **models;
 	size_t n, cap;
