@@ -218,6 +218,32 @@ open_connection(const char *path, int ms, int *out)
 	return 0;
 }
 
+/* Guards each record's client pointer against wc_disconnect() and every
+ * client's refs. Held only for a few loads and stores, never while
+ * waiting: taken after a client's own lock where both are (wc_disconnect),
+ * and no client's lock is ever taken under it. fork() waits for it to be
+ * free (clients_atfork), so a child never inherits it held. */
+static pthread_mutex_t clients_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t clients_atfork_once = PTHREAD_ONCE_INIT;
+
+static void
+clients_lock_take(void)
+{
+	pthread_mutex_lock(&clients_lock);
+}
+
+static void
+clients_lock_give(void)
+{
+	pthread_mutex_unlock(&clients_lock);
+}
+
+static void
+clients_atfork(void)
+{
+	(void)pthread_atfork(clients_lock_take, clients_lock_give, clients_lock_give);
+}
+
 int
 wc_connect_timeout(const char *socket_path, int timeout_ms, wc_client **out)
 {
@@ -247,6 +273,7 @@ wc_connect_timeout(const char *socket_path, int timeout_ms, wc_client **out)
 	c->timeout_ms = timeout_ms;
 	c->refs = 1;
 	pthread_mutex_init(&c->lock, NULL);
+	pthread_once(&clients_atfork_once, clients_atfork);
 	*out = c;
 	return 0;
 }
@@ -593,10 +620,6 @@ wc_attach(wc_client *c, const char *model, wc_model **out)
 	return 0;
 }
 
-/* Guards each record's client pointer against wc_disconnect() and every
- * client's refs: taken before a client's own lock, never after. */
-static pthread_mutex_t clients_lock = PTHREAD_MUTEX_INITIALIZER;
-
 struct wc_client *
 attach_client_get(const struct attach_record *a)
 {
@@ -793,8 +816,10 @@ wc_disconnect(wc_client *c)
 {
 	if (c == NULL)
 		return;
-	pthread_mutex_lock(&clients_lock);
+	/* A request in progress on c finishes first; releases on other
+	 * clients never wait for it (clients_lock is not held meanwhile). */
 	pthread_mutex_lock(&c->lock);
+	pthread_mutex_lock(&clients_lock);
 	/* The models outlive the client: detach them all at once. */
 	for (struct attach_record *a = c->records, *next; a != NULL; a = next) {
 		next = a->next;
@@ -803,8 +828,8 @@ wc_disconnect(wc_client *c)
 		a->prevp = NULL;
 	}
 	c->records = NULL;
-	pthread_mutex_unlock(&c->lock);
 	pthread_mutex_unlock(&clients_lock);
+	pthread_mutex_unlock(&c->lock);
 	/* Freed now, or by the last release or build still using it. */
 	attach_client_put(c);
 }

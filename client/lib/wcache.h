@@ -147,10 +147,11 @@ WC_EXPORT int wc_set_timeout(wc_client *c, int timeout_ms);
  * closed. See proto/PROTOCOL.md, "Restarts". */
 WC_EXPORT int wc_attach(wc_client *c, const char *model, wc_model **out);
 
-/* Closes the connection. Models attached through it stay valid; the daemon
- * counts them as released (it still never truncates their files). Their
- * wc_release(), and a build's publish or abandon, may run on other threads
- * at the same time; nothing else may use c then or after. */
+/* Ends the client: its connection closes once a release or a build's
+ * publish or abandon running on another thread at the same time is done
+ * with it (those may; nothing else may use c then or after). Models
+ * attached through it stay valid; the daemon counts them as released (it
+ * still never truncates their files). */
 WC_EXPORT void wc_disconnect(wc_client *c);
 
 /*

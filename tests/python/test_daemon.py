@@ -77,7 +77,7 @@ def test_a_reconnect_leaves_the_old_client_to_threads_still_using_it(daemon, mod
         def reconnector():
             # Paced: wcached counts a connection until it sees it close.
             while not stop.wait(0.002):
-                _safe_open._client(reconnect=True)
+                _safe_open._client(failed=_safe_open._client())
 
         r = threading.Thread(target=reconnector)
         r.start()

@@ -58,14 +58,15 @@ _lock = threading.Lock()
 _shared = None  # (pid, Client)
 
 
-def _client(reconnect=False):
-    """This process's connection to wcached (made on first use). On
-    reconnect the old one is dropped, not closed: another thread may be in
-    an attach on it; it closes once nothing refers to it (each model holds
-    its client)."""
+def _client(failed=None):
+    """This process's connection to wcached (made on first use). failed: a
+    client whose attach found wcached gone; it is replaced unless another
+    thread has replaced it already. A replaced one is dropped, not closed:
+    another thread may be in an attach on it; it closes once nothing refers
+    to it (each model holds its client)."""
     global _shared
     with _lock:
-        if _shared is not None and (reconnect or _shared[0] != os.getpid()
+        if _shared is not None and (_shared[1] is failed or _shared[0] != os.getpid()
                                     or _shared[1].closed):
             _shared = None
         if _shared is None:
@@ -104,7 +105,7 @@ def _attach(target):
                 if attempt == 1:
                     return None, str(e)
                 try:
-                    client = _client(reconnect=True)
+                    client = _client(failed=client)
                 except DaemonUnavailable as e2:
                     return None, str(e2)
     return None, why

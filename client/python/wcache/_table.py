@@ -409,8 +409,9 @@ class Runs:
 
     def close(self):
         """Drops the tensors not handed out; later get() calls raise."""
-        self.closed = True
-        self.ready.clear()
+        with self.lock:
+            self.closed = True
+            self.ready.clear()
 
     def get(self, name):
         t = self.ready.pop(name, None)
@@ -438,9 +439,12 @@ class Runs:
         k = members.index(i)
         names = operator.itemgetter(*members)(self.table.names)
         # Every tensor of the run but this call's own: the others may be
-        # taken from ready by other threads the moment they are there.
-        self.ready.update(zip(names[:k], made[:k]))
-        self.ready.update(zip(names[k + 1:], made[k + 1:]))
+        # taken from ready by other threads the moment they are there. Not
+        # once the handle is closed: close() dropped what was ready.
+        with self.lock:
+            if not self.closed:
+                self.ready.update(zip(names[:k], made[:k]))
+                self.ready.update(zip(names[k + 1:], made[k + 1:]))
         return made[k]
 
     def _make_alone(self, i):
