@@ -6,8 +6,9 @@
  * and written with recvmsg/sendmsg, because libuv cannot pass arbitrary
  * descriptors. A connection has at most one reply pending: while a reply
  * waits for a slow client's buffer to drain, or for room in the budget of
- * descriptors in flight (see struct server in server.c), that client is not
- * read, and no other client waits for it or loses its connection for it.
+ * descriptors in flight (struct server in server_internal.h, and
+ * server_budget.c), that client is not read, and no other client waits for
+ * it or loses its connection for it.
  */
 #ifndef WC_SERVER_H
 #define WC_SERVER_H

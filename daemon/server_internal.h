@@ -118,6 +118,19 @@ void request_derive(struct conn *c, const struct wire_message *msg);
 void request_publish(struct conn *c, const struct wire_message *msg, int fd);
 void request_abandon(struct conn *c, const struct wire_message *msg);
 
+/* server_budget.c: the descriptors replies have in flight, and the budget
+ * that holds back the replies of a client that leaves them unread. */
+/* Counts n more descriptors in flight on c (after a send that carried them). */
+void inflight_add(struct conn *c, unsigned n);
+/* Forgets every descriptor c has in flight (received, or gone with it). */
+void inflight_forget(struct conn *c);
+/* Forgets them once the peer has read everything sent to it (SIOCOUTQ 0). */
+void conn_confirm(struct conn *c);
+/* May c send a reply carrying nfds descriptors now? */
+int fd_budget_allows(struct conn *c, size_t nfds);
+/* Derives the reserve and the budget from s->fd_limit (RLIMIT_NOFILE). */
+void fd_budget_init(struct server *s);
+
 /* A DERIVE waits: c reads nothing until derive.c's hook answers it (which
  * clears c->waiting and sends), and a hang-up still closes it. */
 void conn_wait(struct conn *c);

@@ -1,0 +1,172 @@
+/*
+ * server_budget.c: the client socket's descriptor budget (see
+ * server_internal.h): the descriptors wcached's replies have in flight, per
+ * connection, per uid and in all, confirmed received with SIOCOUTQ, and the
+ * limits derived from RLIMIT_NOFILE that hold back the replies of clients
+ * that leave theirs unread, so that they never use up the kernel's in-flight
+ * quota every other client's replies need.
+ */
+#include <fcntl.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+#include <linux/sockios.h>
+
+#include "log.h"
+#include "server_internal.h"
+#include "uidtally.h"
+#include "proto/wire.h"
+
+/* Descriptors kept free for loading models, the control socket and logs:
+ * a connection that would eat into them is refused. A small RLIMIT_NOFILE
+ * gets a smaller reserve (a quarter of it) rather than no clients at all. */
+#define FD_RESERVE 64
+
+/* Descriptors the connections of uid have in flight (constant time). */
+static unsigned
+inflight_of_uid(const struct server *s, uid_t uid)
+{
+	return uidtally_get(&s->inflight_by_uid, uid);
+}
+
+/* Counts n more descriptors in flight on c: for c, its uid and in all.
+ * fd_budget_allows() reserved the uid's place in the tally beforehand, so
+ * this cannot fail after the send that it follows. */
+void
+inflight_add(struct conn *c, unsigned n)
+{
+	struct server *s = c->srv;
+
+	if (uidtally_add(&s->inflight_by_uid, c->uid, n) < 0)
+		log_warnx("client pid %d uid %u: out of memory counting descriptors in flight",
+			(int)c->pid, (unsigned)c->uid);
+	c->inflight_fds += n;
+	s->inflight_total += n;
+	if (n > 0)
+		s->sent_since_sweep = 1;
+}
+
+/* Forgets every descriptor c has in flight (received, or gone with it). */
+void
+inflight_forget(struct conn *c)
+{
+	struct server *s = c->srv;
+
+	uidtally_sub(&s->inflight_by_uid, c->uid, c->inflight_fds);
+	s->inflight_total -= c->inflight_fds;
+	c->inflight_fds = 0;
+}
+
+/*
+ * Forgets the descriptors of c's earlier replies once the peer has received
+ * them all: SIOCOUTQ on a unix socket counts what the peer has not yet
+ * read, so 0 means every descriptor sent on it left the kernel's in-flight
+ * count.
+ */
+void
+conn_confirm(struct conn *c)
+{
+	int unread;
+
+	if (c->inflight_fds == 0 || ioctl(c->fd, SIOCOUTQ, &unread) != 0 || unread != 0)
+		return;
+	inflight_forget(c);
+}
+
+/*
+ * May c send a reply carrying nfds descriptors now? Never past fd_hard in
+ * all; never past fd_uid_cap for the connections of c's uid together
+ * (unless none of them has anything in flight, so that one reply larger
+ * than the cap can still go); and a connection that leaves replies unread
+ * (pipelining without reading) also only up to fd_conn_cap of its own and
+ * fd_soft in all. A client that reads each reply before its next request,
+ * as libwcache does, has nothing in flight when it asks, so non-readers
+ * never use up the kernel's quota that its replies need. Also makes room
+ * for c's uid in the per-uid tally (no room, no memory: not now).
+ */
+static int
+budget_has_room(struct conn *c, size_t nfds)
+{
+	struct server *s = c->srv;
+	unsigned of_uid;
+
+	if (s->inflight_total + nfds > s->fd_hard)
+		return 0;
+	of_uid = s->inflight_total > 0 ? inflight_of_uid(s, c->uid) : 0;
+	if (of_uid > 0 && of_uid + nfds > s->fd_uid_cap)
+		return 0;
+	if (of_uid == 0 && uidtally_reserve(&s->inflight_by_uid) < 0)
+		return 0;
+	return c->inflight_fds == 0 || (c->inflight_fds + nfds <= s->fd_conn_cap &&
+						s->inflight_total + nfds <= s->fd_soft);
+}
+
+int
+fd_budget_allows(struct conn *c, size_t nfds)
+{
+	struct server *s = c->srv;
+
+	conn_confirm(c);
+	if (budget_has_room(c, nfds))
+		return 1;
+	/* The tallies may still count replies other connections have read
+	 * since: a connection is confirmed only when it sends again, and a
+	 * worker that holds its attach never does. Confirm them all before
+	 * holding c back, at most once per loop tick unless descriptors were
+	 * sent since the last sweep (a retry every DEFER_RETRY_MS otherwise),
+	 * so that no client ever waits on descriptors already received: a
+	 * reply sent and read within one millisecond of the last sweep is
+	 * confirmed too. */
+	if (s->confirmed_at == uv_now(s->loop) + 1 && !s->sent_since_sweep)
+		return 0;
+	s->confirmed_at = uv_now(s->loop) + 1;
+	s->sent_since_sweep = 0;
+	for (struct conn *o = s->conns; o != NULL; o = o->next)
+		conn_confirm(o);
+	return budget_has_room(c, nfds);
+}
+
+/* The highest descriptor number open now: what the daemon already uses. */
+static int
+highest_open_fd(void)
+{
+	int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+
+	if (fd >= 0)
+		close(fd);
+	return fd;
+}
+
+/*
+ * Derives the descriptor reserve and the in-flight budget from
+ * RLIMIT_NOFILE, and warns when the limit cannot serve max_clients. The
+ * kernel's in-flight quota is RLIMIT_NOFILE itself (per sending user), so
+ * the hard cap leaves a quarter of it unused, non-readers together get at
+ * most half, one uid an eighth, one connection at most 256 (and always
+ * enough for two of the largest replies, WIRE_MAX_FDS each).
+ */
+void
+fd_budget_init(struct server *s)
+{
+	unsigned limit = s->fd_limit > 0 ? (unsigned)s->fd_limit : 1u << 20;
+	int room;
+
+	s->fd_reserve = s->fd_limit > 0 && s->fd_limit / 4 < FD_RESERVE ? s->fd_limit / 4 :
+									 FD_RESERVE;
+	s->fd_hard = limit - limit / 4;
+	s->fd_soft = limit / 2;
+	s->fd_uid_cap = limit / 8;
+	s->fd_conn_cap = s->fd_uid_cap < 256 ? s->fd_uid_cap : 256;
+	if (s->fd_conn_cap < 2 * WIRE_MAX_FDS)
+		s->fd_conn_cap = 2 * WIRE_MAX_FDS;
+	if (s->fd_limit <= 0)
+		return;
+	room = s->fd_limit - s->fd_reserve - highest_open_fd();
+	if (room <= 0)
+		log_warnx("RLIMIT_NOFILE is %d: with the %d descriptors wcached keeps in reserve "
+			  "there is room for no client at all; raise LimitNOFILE= (or ulimit -n)",
+			s->fd_limit, s->fd_reserve);
+	else if ((unsigned)room < s->max_clients)
+		log_warnx("RLIMIT_NOFILE is %d: room for about %d clients, fewer than max_clients "
+			  "= %u; raise LimitNOFILE= (or ulimit -n) or lower max_clients",
+			s->fd_limit, room, s->max_clients);
+}
