@@ -45,6 +45,7 @@ struct lane {
 	unsigned pending;    /* queued, plus the one being closed */
 	unsigned chosen;     /* of those, what the owner chose */
 	uint64_t close_started_ms; /* when the close in progress began */
+	int closing_chosen;  /* the close in progress is one the owner chose */
 	struct lane *next;
 };
 
@@ -127,6 +128,7 @@ lane_run(void *arg)
 		struct closing c = l->q[l->head++];
 
 		l->close_started_ms = now_ms();
+		l->closing_chosen = c.chosen;
 		pthread_mutex_unlock(&cl->lock);
 		let_go(&c);
 		pthread_mutex_lock(&cl->lock);
@@ -180,6 +182,7 @@ lane_new(struct closer *cl, uid_t owner, const struct closing *c)
 	l->cl = cl;
 	l->owner = owner;
 	l->close_started_ms = now_ms();
+	l->closing_chosen = c->chosen;
 	if (lane_push(l, c) < 0) {
 		free(l);
 		return -ENOMEM;
@@ -260,8 +263,11 @@ closer_stuck(struct closer *cl, uid_t owner, unsigned min_ms)
 	pthread_mutex_lock(&cl->lock);
 	l = lane_find(cl, owner);
 	/* A lane exists only while a close runs or is about to (its thread
-	 * starting: close_started_ms is when the lane was made). */
-	if (l != NULL && (min_ms == 0 || now_ms() - l->close_started_ms >= min_ms))
+	 * starting: close_started_ms is when the lane was made). A slow close
+	 * of the daemon's own (a large artifact freed) is not the owner's:
+	 * what waits behind it is pending, not stuck. */
+	if (l != NULL && (min_ms == 0 ||
+		(l->closing_chosen && now_ms() - l->close_started_ms >= min_ms)))
 		n = l->chosen;
 	pthread_mutex_unlock(&cl->lock);
 	return n;

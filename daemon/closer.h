@@ -62,9 +62,10 @@ void closer_unmap_close(struct closer *cl, uid_t owner, void *base, size_t size,
 /* Descriptors owner chose (closer_close) queued or being closed now. */
 unsigned closer_pending(struct closer *cl, uid_t owner);
 
-/* The same, but 0 unless the close owner's lane is in has run for min_ms
- * or more: a lane that is merely busy (a burst of closes of connections
- * that ended) is not stuck. */
+/* The same, but 0 unless the close owner's lane is in is one the owner
+ * chose and has run for min_ms or more: a lane that is merely busy (a burst
+ * of closes of connections that ended) or waiting on a close of the
+ * daemon's own (closer_unmap_close) is not stuck. */
 unsigned closer_stuck(struct closer *cl, uid_t owner, unsigned min_ms);
 
 /* Descriptors and mappings queued or being closed now, in every lane. */

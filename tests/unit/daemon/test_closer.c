@@ -4,8 +4,8 @@
  * close that blocks (a TCP socket lingering with unsent data to a peer that
  * does not read) holds up its own lane only, and closer_stuck() sees it; a
  * mapping handed over with its descriptor is unmapped in the lane, in
- * order, not by the caller, and does not count against the lane's owner;
- * a NULL closer closes at once.
+ * order, not by the caller, and does not count against the lane's owner,
+ * nor makes its lane stuck when it is slow; a NULL closer closes at once.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -201,6 +201,43 @@ test_a_mapping_goes_in_its_lane_in_order(void **state)
 	closer_stop(cl, 1000);
 }
 
+/* A slow close of the daemon's own in an owner's lane (a large artifact of
+ * the owner's being freed) does not make the owner's lane stuck: what the
+ * owner chose waits behind it as pending. Once the owner's own close
+ * hangs, the lane is stuck again. */
+static void
+test_the_daemons_slow_close_is_not_the_owners(void **state)
+{
+	struct closer *cl;
+	int listener, peer, lingering, listener2, peer2, lingering2, p[2];
+
+	(void)state;
+	assert_int_equal(closer_start(&cl), 0);
+	lingering = lingering_socket(&listener, &peer);
+	lingering2 = lingering_socket(&listener2, &peer2);
+	closer_unmap_close(cl, 7, NULL, 0, lingering);
+	closer_close(cl, 7, lingering2);
+	assert_int_equal(pipe2(p, O_CLOEXEC), 0);
+	closer_close(cl, 7, p[1]);
+	assert_false(eof_within(p[0], 300));
+	assert_int_equal(closer_pending(cl, 7), 2);
+	assert_int_equal(closer_stuck(cl, 7, 200), 0);
+	/* The daemon's close ends; the owner's own lingering one is next. */
+	close(peer);
+	for (double end = tu_now() + 10; closer_total(cl) > 2 && tu_now() < end;)
+		usleep(1000);
+	assert_int_equal(closer_total(cl), 2);
+	usleep(300 * 1000);
+	assert_int_equal(closer_stuck(cl, 7, 200), 2);
+	close(peer2);
+	assert_true(eof_within(p[0], 10000));
+	assert_true(all_drained_within(cl, 10000));
+	close(p[0]);
+	close(listener);
+	close(listener2);
+	closer_stop(cl, 1000);
+}
+
 static void
 test_null_closer_closes_at_once(void **state)
 {
@@ -223,6 +260,7 @@ main(void)
 		cmocka_unit_test(test_every_descriptor_is_closed),
 		cmocka_unit_test(test_a_lingering_close_holds_its_own_lane_only),
 		cmocka_unit_test(test_a_mapping_goes_in_its_lane_in_order),
+		cmocka_unit_test(test_the_daemons_slow_close_is_not_the_owners),
 		cmocka_unit_test(test_null_closer_closes_at_once),
 	};
 
