@@ -111,11 +111,13 @@ outfile_randomize(char *name)
 }
 
 /*
- * Gives the temporary file fd the mode of the regular file target it will
- * replace, and its owner and group where this user may (EPERM is no error:
- * then the group alone, which a member of it may give). The owner goes
- * first: a chown may clear set-id bits that the chmod then restores. A
- * target not there (or not a regular file) leaves open()'s mode alone.
+ * Gives the temporary file fd the permission bits of the regular file
+ * target it will replace, and its owner and group where this user may
+ * (EPERM is no error: then the group alone, which a member of it may
+ * give). Set-id and sticky bits are not kept: a write in place clears
+ * set-id bits too, and a set-id file of another owner's must not become
+ * one with this writer's bytes. A target not there (or not a regular file)
+ * leaves open()'s mode alone.
  */
 static int
 outfile_take_over(int fd, const char *target)
@@ -134,7 +136,7 @@ outfile_take_over(int fd, const char *target)
 		    errno != EPERM)
 			return -errno;
 	}
-	if (fchmod(fd, old.st_mode & 07777) < 0)
+	if (fchmod(fd, old.st_mode & 0777) < 0)
 		return -errno;
 	return 0;
 }

@@ -286,6 +286,10 @@ def test_save_file_keeps_mode_owner_and_symlink(tmp_path, save):
     assert (st.st_mode & 0o7777, value(secret)) == (0o600, 1)
     if os.geteuid() == 0:
         assert (st.st_uid, st.st_gid) == (4321, 4321)
+    # Set-id bits go, as a write in place would clear them.
+    os.chmod(secret, 0o6750)
+    write(secret, 4)
+    assert (os.stat(secret).st_mode & 0o7777, value(secret)) == (0o750, 4)
 
     blobs, snap = tmp_path / "blobs", tmp_path / "snapshots"
     blobs.mkdir()

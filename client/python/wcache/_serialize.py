@@ -189,9 +189,9 @@ def _replaced(path):
 def _take_over(fd, old):
     """Gives the temporary file fd the owner, group and mode of the file it
     replaces (the owner only where this user may: EPERM is no error, and
-    then the group alone, which a member of it may give; the mode after the
-    owner, which a chown may strip of set-id bits). outfile.c in libwcache
-    does the same for wcachectl convert."""
+    then the group alone, which a member of it may give). Only the
+    permission bits are kept: a write in place clears set-id bits too.
+    outfile.c in libwcache does the same for wcachectl convert."""
     st = os.fstat(fd)
     if (st.st_uid, st.st_gid) != (old.st_uid, old.st_gid):
         try:
@@ -202,7 +202,7 @@ def _take_over(fd, old):
                     os.fchown(fd, -1, old.st_gid)
                 except PermissionError:
                     pass
-    os.fchmod(fd, stat.S_IMODE(old.st_mode))
+    os.fchmod(fd, stat.S_IMODE(old.st_mode) & 0o777)
 
 
 def write_atomically(filename, chunks):

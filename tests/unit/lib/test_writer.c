@@ -648,6 +648,11 @@ test_replace_keeps_mode_owner_and_symlink(void **state)
 		assert_int_equal(sb.st_gid, 4321);
 	}
 	assert_int_equal(first_byte_of_data(secret), 7);
+	/* Set-id bits go, as a write in place would clear them. */
+	assert_int_equal(chmod(secret, 06750), 0);
+	assert_int_equal(writer_safetensors(m, secret), 0);
+	assert_int_equal(stat(secret, &sb), 0);
+	assert_int_equal(sb.st_mode & 07777, 0750);
 
 	blobs = join(dir, "blobs");
 	snap = join(dir, "snapshots");
