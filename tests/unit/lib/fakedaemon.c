@@ -319,6 +319,13 @@ fake_serve(struct fake *k, int conn)
 			k->attaches++;
 			if (first && ++attaches == k->first_close_at)
 				return; /* as a daemon that dies holding the request */
+			if (k->gate != NULL) {
+				sem_post(k->at_gate);
+				if (fake_sem_wait(k->gate) < 0) {
+					fake_fail(k, "the gate did not open within the deadline");
+					return;
+				}
+			}
 			if (fake_reply(k, conn, msg.h.seq))
 				return;
 		} else if (msg.h.type == WIRE_RELEASE &&

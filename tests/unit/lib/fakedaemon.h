@@ -88,6 +88,8 @@ struct fake {
 				     * daemon without HOLD) */
 	sem_t *closed;              /* posted when the fake has closed the connection */
 	sem_t *read;                /* waited for by FAKE_REFUSE_LATE before closing */
+	sem_t *gate, *at_gate;      /* if gate is set, an ATTACH's reply waits for
+				     * it, with at_gate posted on arrival */
 	/* What the fake saw; read after fake_finish(). */
 	int attaches;
 	int releases;

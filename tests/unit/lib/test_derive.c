@@ -536,6 +536,128 @@ test_publish_after_disconnect(void **state)
 	assert_int_equal(f->fake.publishes, 0);
 }
 
+/* The race of a build's end (publish or abandon) on one thread against
+ * wc_disconnect() of its client on another: rounds of it. */
+#define RACE_ROUNDS 24
+
+struct race {
+	struct fixture *f;
+	int publish;       /* publish, else abandon */
+	wc_build *build;
+	wc_model *ended;   /* what a publish that won returned */
+	int result;
+	wc_model *attached; /* what the attach holding the lock returned */
+	int attach_result;
+};
+
+static void *
+race_attach(void *arg)
+{
+	struct race *r = arg;
+
+	r->attach_result = wc_attach(r->f->client, MODEL, &r->attached);
+	return NULL;
+}
+
+static void *
+race_end_build(void *arg)
+{
+	static const uint64_t shape[] = { 1 };
+	static const uint8_t d = 1;
+	struct race *r = arg;
+	wc_tensor t = { "x", "U8", 1, shape, &d, 1 };
+
+	if (r->publish)
+		r->result = wc_build_publish(r->build, &t, 1, NULL, 0, &r->ended);
+	else
+		wc_build_abandon(r->build, "lost the race");
+	return NULL;
+}
+
+static void *
+race_disconnect(void *arg)
+{
+	wc_disconnect(arg);
+	return NULL;
+}
+
+/* A build's publish or abandon and wc_disconnect() of its client, both
+ * waiting for the client's lock while an attach holds it (the fake holds
+ * its reply at a gate), then let go together, many times: either may take
+ * the lock first. The build reaches its client through a reference of its
+ * own: before, it read the pointer, waited on the lock and went on in the
+ * client the disconnect had freed (a use after free the sanitizers report
+ * in most runs of these rounds). Either end wins: a publish returns the
+ * artifact (a model detached from the closed client) or "disconnected";
+ * the fake sees the message or not. Nothing is left behind in any round. */
+static void
+race_rounds(struct fixture *f, int publish)
+{
+	int before = tu_count_fds(), won = 0;
+	struct race r;
+	pthread_t attacher, ender, disconnecter;
+	sem_t gate, at_gate;
+
+	assert_int_equal(sem_init(&gate, 0, 0), 0);
+	assert_int_equal(sem_init(&at_gate, 0, 0), 0);
+	for (int round = 0; round < RACE_ROUNDS; round++) {
+		memset(&r, 0, sizeof(r));
+		r.f = f;
+		r.publish = publish;
+		f->fake.publishes = f->fake.abandons = f->fake.releases = 0;
+		f->fake.gate = NULL;
+		script_derive(f, REPLY_BUILD);
+		start(f, 5000);
+		assert_int_equal(wc_derive(f->client, MODEL, KEY, &f->model, &r.build), 1);
+		/* The next ATTACH gets the artifact, at the gate. */
+		script_derive(f, REPLY_ATTACH_OK);
+		f->fake.at_gate = &at_gate;
+		f->fake.gate = &gate;
+		assert_int_equal(pthread_create(&attacher, NULL, race_attach, &r), 0);
+		assert_int_equal(sem_wait(&at_gate), 0);
+		assert_int_equal(pthread_create(&ender, NULL, race_end_build, &r), 0);
+		assert_int_equal(pthread_create(&disconnecter, NULL, race_disconnect, f->client),
+			0);
+		f->client = NULL;
+		usleep(20 * 1000); /* both wait on the lock by now */
+		assert_int_equal(sem_post(&gate), 0);
+		assert_int_equal(pthread_join(attacher, NULL), 0);
+		assert_int_equal(pthread_join(ender, NULL), 0);
+		assert_int_equal(pthread_join(disconnecter, NULL), 0);
+		assert_int_equal(r.attach_result, 0);
+		check_w(r.attached, "F32", ARTIFACT_SIZE, 5, 2);
+		wc_release(r.attached);
+		if (publish && r.result == 0) {
+			check_w(r.ended, "F32", ARTIFACT_SIZE, 5, 2);
+			wc_release(r.ended);
+		} else if (publish) {
+			assert_error(r.result, -ENOTCONN, "disconnected");
+			assert_null(r.ended);
+		}
+		finish(f, before);
+		assert_int_equal(f->fake.publishes, publish && r.result == 0);
+		assert_in_range(f->fake.abandons, 0, !publish);
+		won += publish ? f->fake.publishes : f->fake.abandons;
+	}
+	f->fake.gate = NULL;
+	sem_destroy(&gate);
+	sem_destroy(&at_gate);
+	print_message("%d rounds: the %s took the lock first in %d\n", RACE_ROUNDS,
+		publish ? "publish" : "abandon", won);
+}
+
+static void
+test_publish_races_disconnect(void **state)
+{
+	race_rounds(*state, 1);
+}
+
+static void
+test_abandon_races_disconnect(void **state)
+{
+	race_rounds(*state, 0);
+}
+
 /* ---- errors ---- */
 
 static void
@@ -753,6 +875,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_publish_fd_not_memfd, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_abandon, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_publish_after_disconnect, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_publish_races_disconnect, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_abandon_races_disconnect, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_bad_arguments, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_build_wrong_fd_count, setup, teardown),
