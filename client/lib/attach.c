@@ -1,52 +1,35 @@
 /*
  * attach.c: attaching models through wcached (wc_connect, wc_attach,
- * wc_disconnect), telling it when they are released, and the deadline of
- * every wait on the daemon.
+ * wc_disconnect) and telling it when they are released; the connection
+ * and each request's round trip are request.c's.
  *
- * One request, one reply: the client sends ATTACH with the model's name on
- * a SOCK_SEQPACKET socket and receives ATTACH_OK with the sealed index memfd
- * and one read-only descriptor per model file; attach_reply.c checks and
- * maps them. A release is one RELEASE with seq 0, which the daemon does not
- * answer: no round trip.
- *
- * Deadlines: the socket's SO_RCVTIMEO and SO_SNDTIMEO, set at connect and
- * by wc_set_timeout(), bound every connect, send and receive without a
- * system call per request. A request that times out closes the connection
- * (its reply could still come and would be taken for the next one's).
- *
- * Restarts: when a request finds the connection dead (the send fails with
- * EPIPE, ECONNRESET or ENOTCONN, or the daemon hangs up before the reply),
- * the client connects once more to the same path, within what is left of
- * the deadline, and sends the request again, once. Each connection has a
- * number; a model remembers the one it was attached on, and its release
- * is sent only on that connection (its handle means nothing on another).
- * See PROTOCOL.md, "Restarts".
+ * An attach is ATTACH with the model's name, answered by ATTACH_OK with
+ * the sealed index memfd and one read-only descriptor per model file;
+ * attach_reply.c checks and maps them. A release is one RELEASE with seq
+ * 0, which the daemon does not answer: no round trip.
  *
  * Each attached model has an attach record here: the attach_model from
  * attach_reply.c (the model and what it shares with the client), its
  * client, connection, handle and the process that attached. The client
  * lists its records; the model's release hook (model.h) is the record's,
  * so wc_release() reaches this file without model.c knowing of clients.
+ * A client is reference-counted: its owner's reference goes with
+ * wc_disconnect(), and a release or a build on another thread holds one
+ * of its own while it uses the client (attach_client_get).
  *
- * derive.c sends its requests (DERIVE, PUBLISH, ABANDON) through the same
- * machinery, which attach.h shares with it: attach_call() (a request with
- * the deadline and the reconnect), attach_exchange() (one without the
- * reconnect) and attach_keep() (a model the client holds). A record says
+ * derive.c sends its requests (DERIVE, PUBLISH, ABANDON) through
+ * request.c too, and keeps what it gets with attach_keep(). A record says
  * what kind of attach it is: a derived artifact is never named in a HOLD.
  *
- * Layering: model.c < attach_reply.c < attach.c < derive.c: this file calls
- * the first two, and neither calls it.
+ * Layering: model.c < attach_reply.c < request.c < attach.c < derive.c:
+ * this file calls the first three, and none of them calls it.
  */
 #include <errno.h>
-#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/time.h>
-#include <sys/un.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "base/error.h"
@@ -55,168 +38,8 @@
 #include "lib/attach.h"
 #include "lib/attach_reply.h"
 #include "lib/model.h"
+#include "lib/request.h"
 #include "proto/wire.h"
-
-#define DEFAULT_TIMEOUT_MS 30000 /* long enough for socket activation to start wcached */
-#define TIMEOUT_ENV "WCACHE_TIMEOUT"
-#define MAX_TIMEOUT_S (INT_MAX / 1000)
-
-/* ---- the process's pid without a system call ---- */
-
-static pid_t self_pid_value;
-static pthread_once_t self_pid_once = PTHREAD_ONCE_INIT;
-
-static void
-self_pid_child(void)
-{
-	__atomic_store_n(&self_pid_value, getpid(), __ATOMIC_RELAXED);
-}
-
-static void
-self_pid_init(void)
-{
-	self_pid_value = getpid();
-	(void)pthread_atfork(NULL, NULL, self_pid_child);
-}
-
-/* getpid(), kept up to date across fork() by an atfork handler, because
- * every attach and release asks (a child must stay silent on its parent's
- * connection) and getpid() is a system call. */
-pid_t
-attach_self_pid(void)
-{
-	pthread_once(&self_pid_once, self_pid_init);
-	return __atomic_load_n(&self_pid_value, __ATOMIC_RELAXED);
-}
-
-/* ---- deadlines ---- */
-
-/* The default deadline: $WCACHE_TIMEOUT seconds (0: forever), else 30 s. */
-static int
-timeout_default(int *ms)
-{
-	const char *v = getenv(TIMEOUT_ENV);
-	double seconds;
-	char *end;
-
-	if (v == NULL || *v == '\0') {
-		*ms = DEFAULT_TIMEOUT_MS;
-		return 0;
-	}
-	errno = 0;
-	seconds = strtod(v, &end);
-	if (end == v || *end != '\0' || errno != 0 || !(seconds >= 0) || seconds > MAX_TIMEOUT_S)
-		return error_set(-EINVAL, "%s=%.64s: not a number of seconds (0 to %d; 0 waits "
-			"forever)", TIMEOUT_ENV, v, MAX_TIMEOUT_S);
-	*ms = (int)(seconds * 1000 + 0.5);
-	if (seconds > 0 && *ms == 0)
-		*ms = 1;
-	return 0;
-}
-
-/* Sets fd's send and receive timeouts (connect uses the send timeout). */
-static int
-apply_timeout(int fd, int ms, const char *path)
-{
-	struct timeval tv = { .tv_sec = ms / 1000, .tv_usec = (suseconds_t)(ms % 1000) * 1000 };
-
-	if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == -1 ||
-		setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) == -1)
-		return error_set(-errno, "%s: setting the timeout: %s", path, strerror(errno));
-	return 0;
-}
-
-/* Seconds since start on the monotonic clock (a vDSO call, not a system call). */
-static double
-attach_elapsed(const struct timespec *start)
-{
-	struct timespec now;
-
-	clock_gettime(CLOCK_MONOTONIC, &now);
-	return (double)(now.tv_sec - start->tv_sec) + (double)(now.tv_nsec - start->tv_nsec) / 1e9;
-}
-
-/* The error of a wait that ran out: names the socket and the time waited,
- * and closes the connection, which is out of step from now on. */
-static int
-timed_out(wc_client *c, const char *what, const struct timespec *start)
-{
-	shutdown(c->fd, SHUT_RDWR);
-	return error_set(-ETIMEDOUT, "%s did not %s within %.3g s (waited %.3g s; the limit is "
-		"%s or wc_set_timeout()); connection closed", c->where, what,
-		c->timeout_ms / 1000.0, attach_elapsed(start), TIMEOUT_ENV);
-}
-
-int
-wc_set_timeout(wc_client *c, int timeout_ms)
-{
-	int r = 0;
-
-	if (c == NULL)
-		return error_set(-EINVAL, "wc_set_timeout: no client");
-	if (timeout_ms < 0 && (r = timeout_default(&timeout_ms)) < 0)
-		return r;
-	pthread_mutex_lock(&c->lock);
-	if ((r = apply_timeout(c->fd, timeout_ms, c->path)) == 0)
-		c->timeout_ms = timeout_ms;
-	pthread_mutex_unlock(&c->lock);
-	return r;
-}
-
-int
-wc_connect(const char *socket_path, wc_client **out)
-{
-	return wc_connect_timeout(socket_path, -1, out);
-}
-
-const char *
-wc_default_socket(void)
-{
-	const char *env = getenv(SOCKET_ENV);
-
-	return env != NULL && env[0] != '\0' ? env : DEFAULT_SOCKET_PATH;
-}
-
-/*
- * Opens a SOCK_SEQPACKET connection to path with the deadline ms for the
- * connect and every later wait; *out gets the descriptor, which passes to
- * the caller. The errors name the path and say whether wcached is running.
- */
-static int
-open_connection(const char *path, int ms, int *out)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	struct timespec start;
-	int fd = -1, r;
-
-	if (strlen(path) >= sizeof(sa.sun_path))
-		return error_set(-ENAMETOOLONG, "%s: socket path longer than %zu bytes", path,
-			sizeof(sa.sun_path) - 1);
-	memcpy(sa.sun_path, path, strlen(path) + 1);
-	if ((fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0)) == -1)
-		return error_set(-errno, "socket: %s", strerror(errno));
-	if ((r = apply_timeout(fd, ms, path)) < 0) {
-		close(fd);
-		return r;
-	}
-	clock_gettime(CLOCK_MONOTONIC, &start);
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == -1) {
-		int e = errno;
-
-		close(fd);
-		if (e == EAGAIN || e == EINPROGRESS)
-			return error_set(-ETIMEDOUT, "wcached at %s did not accept the connection "
-				"within %.3g s (waited %.3g s; the limit is %s or "
-				"wc_connect_timeout())", path, ms / 1000.0,
-				attach_elapsed(&start), TIMEOUT_ENV);
-		if (e == ENOENT || e == ECONNREFUSED)
-			return error_set(-e, "wcached is not running at %s (%s)", path,
-				strerror(e));
-		return error_set(-e, "cannot connect to wcached at %s: %s", path, strerror(e));
-	}
-	*out = fd;
-	return 0;
-}
 
 /* Guards each record's client pointer against wc_disconnect() and every
  * client's refs. Held only for a few loads and stores, never while
@@ -244,6 +67,20 @@ clients_atfork(void)
 	(void)pthread_atfork(clients_lock_take, clients_lock_give, clients_lock_give);
 }
 
+const char *
+wc_default_socket(void)
+{
+	const char *env = getenv(SOCKET_ENV);
+
+	return env != NULL && env[0] != '\0' ? env : DEFAULT_SOCKET_PATH;
+}
+
+int
+wc_connect(const char *socket_path, wc_client **out)
+{
+	return wc_connect_timeout(socket_path, -1, out);
+}
+
 int
 wc_connect_timeout(const char *socket_path, int timeout_ms, wc_client **out)
 {
@@ -252,13 +89,13 @@ wc_connect_timeout(const char *socket_path, int timeout_ms, wc_client **out)
 
 	if (out == NULL)
 		return error_set(-EINVAL, "wc_connect: no output");
-	if (timeout_ms < 0 && (r = timeout_default(&timeout_ms)) < 0)
+	if (timeout_ms < 0 && (r = request_timeout_default(&timeout_ms)) < 0)
 		return r;
 	if (socket_path == NULL)
 		socket_path = wc_default_socket();
 	else if (*socket_path == '\0')
 		socket_path = DEFAULT_SOCKET_PATH;
-	if ((r = open_connection(socket_path, timeout_ms, &fd)) < 0)
+	if ((r = request_open(socket_path, timeout_ms, &fd)) < 0)
 		return r;
 	if ((c = calloc(1, sizeof(*c))) == NULL || (c->path = strdup(socket_path)) == NULL ||
 		asprintf(&c->where, "wcached at %s", socket_path) < 0) {
@@ -269,7 +106,7 @@ wc_connect_timeout(const char *socket_path, int timeout_ms, wc_client **out)
 		return error_set(-ENOMEM, "wc_connect: out of memory");
 	}
 	c->fd = fd;
-	c->pid = attach_self_pid();
+	c->pid = request_self_pid();
 	c->timeout_ms = timeout_ms;
 	c->refs = 1;
 	pthread_mutex_init(&c->lock, NULL);
@@ -278,276 +115,7 @@ wc_connect_timeout(const char *socket_path, int timeout_ms, wc_client **out)
 	return 0;
 }
 
-static ssize_t roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq,
-	int send_fd, int limit_ms, uint8_t *buf, size_t cap, int *fds, size_t maxfds, size_t *nfds,
-	struct wire_message *msg, int *dead);
-
-/*
- * After a reconnect: tells the new daemon, with one HOLD each, which
- * generations this process still maps from earlier connections, and takes
- * the handle it answers, so that the model's release counts there again
- * (PROTOCOL.md, "Restarts"). A refusal (the daemon does not have that
- * generation open) leaves the model as it was: its release only unmaps.
- * Returns 0; 1 when the daemon hung up or answered something else (a
- * daemon that does not know HOLD answers an ERROR of seq 0, "malformed",
- * and closes the connection); or -errno (a timeout) with the message. The
- * HOLDs share the ms milliseconds the reconnect has (0: no limit): those
- * left when they are up are not sent. The lock is held.
- */
-static int
-announce_holds(wc_client *c, int ms)
-{
-	uint8_t req[WIRE_MAX_MESSAGE], buf[WIRE_MAX_MESSAGE];
-	int fds[WIRE_MAX_FDS];
-	struct wire_message msg;
-	uint64_t handle;
-	size_t nfds = 0;
-	struct timespec start;
-	ssize_t n;
-	int dead;
-
-	clock_gettime(CLOCK_MONOTONIC, &start);
-	for (struct attach_record *a = c->records; a != NULL; a = a->next) {
-		const wc_model *m = a->am.model;
-		uint32_t seq;
-
-		if (a->connection == c->connection || m->name == NULL ||
-			a->kind != ATTACH_KIND_GENERATION)
-			continue;
-		if (ms > 0 && attach_elapsed(&start) * 1000 >= ms)
-			return 0;
-		seq = attach_next_seq(c);
-		n = wire_put_hold(req, sizeof(req), seq, m->generation, m->name, strlen(m->name));
-		if (n < 0)
-			continue;
-		n = roundtrip(c, req, (size_t)n, seq, -1, c->timeout_ms, buf, sizeof(buf), fds,
-			WIRE_MAX_FDS, &nfds, &msg, &dead);
-		if (n == -ETIMEDOUT)
-			return (int)n;
-		if (n < 0)
-			return 1;
-		if (nfds > 0 || (msg.h.type != WIRE_HOLD_OK && msg.h.type != WIRE_ERROR)) {
-			fdp_close_all(fds, nfds);
-			shutdown(c->fd, SHUT_RDWR); /* out of step: not an answer to HOLD */
-			return 1;
-		}
-		if (msg.h.type == WIRE_ERROR && msg.h.seq != seq)
-			return 1; /* not a refusal of this HOLD: the connection's end */
-		if (wire_get_hold_ok(&msg, &handle) == 0) {
-			a->am.handle = handle;
-			a->connection = c->connection;
-		}
-	}
-	return 0;
-}
-
-/*
- * Replaces c's dead connection with a new one to the same path (the daemon
- * restarted, or the connection was closed after a timeout), connecting
- * within ms milliseconds (0: no limit); the new socket keeps ms as its
- * deadline until the caller restores c->timeout_ms. What the client kept
- * from the old daemon goes: its status page may not be the new daemon's.
- * Models attached over the old connection keep their own mappings; the new
- * daemon is told which generations they are (announce_holds), and those it
- * has open are theirs again on the new connection; the release of the
- * others sends nothing (their connection number no longer matches).
- * The lock is held. On a failure to connect the old descriptor stays
- * (still dead); after a timeout of the HOLDs the new one does (and the
- * timeout closed it).
- */
-static int
-reconnect(wc_client *c, int ms)
-{
-	char why[256];
-	int fd = -1, r;
-
-	for (int announce = 1;; announce = 0) {
-		if ((r = open_connection(c->path, ms, &fd)) < 0) {
-			snprintf(why, sizeof(why), "%s", error_get());
-			/* A socket path that is gone is a daemon that is not
-			 * running, not a model that is not served (what -ENOENT
-			 * means from wc_attach()). */
-			return error_set(r == -ENOENT ? -ECONNREFUSED : r, "%s closed the "
-				"connection, and connecting again failed: %s", c->where, why);
-		}
-		close(c->fd);
-		c->fd = fd;
-		c->connection++;
-		attach_cache_clear(&c->cache);
-		if (!announce || (r = announce_holds(c, ms)) == 0)
-			return 0;
-		if (r < 0)
-			return r;
-		/* It hung up on HOLD: once more, without (what it accepted
-		 * was on that connection; those releases only unmap). */
-	}
-}
-
-/* The next request's seq: counts from 1 and skips 0, which marks a
- * request that wants no reply. */
-uint32_t
-attach_next_seq(wc_client *c)
-{
-	if (++c->seq == 0)
-		c->seq = 1;
-	return c->seq;
-}
-
-/*
- * Sends one request, with the descriptor send_fd unless it is -1 (it stays
- * the caller's), and receives its reply (matching seq) into buf, with up
- * to maxfds descriptors, which pass to the caller. Replies to other
- * requests (there should be none) are dropped with their descriptors
- * closed. limit_ms (0: none) bounds the wait when announcements keep
- * coming, each of which restarts the socket's own receive timeout.
- */
-static ssize_t
-roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, int send_fd,
-	int limit_ms, uint8_t *buf, size_t cap, int *fds, size_t maxfds, size_t *nfds,
-	struct wire_message *msg, int *dead)
-{
-	struct timespec start;
-	ssize_t n;
-	int r;
-
-	/*
-	 * A daemon that refuses a connection (too many clients) sends one
-	 * ERROR and closes. Our request may then fail to send, and the first
-	 * receive report ECONNRESET before the queued ERROR: read on, so the
-	 * caller sees the daemon's reason rather than a bare reset.
-	 */
-	int reset = 0;
-
-	*dead = 0;
-	clock_gettime(CLOCK_MONOTONIC, &start);
-	if ((n = fdp_send(c->fd, req, req_len, send_fd >= 0 ? &send_fd : NULL,
-		     send_fd >= 0 ? 1 : 0)) < 0) {
-		if (n == -EAGAIN)
-			return timed_out(c, "take the request", &start);
-		if (n != -EPIPE && n != -ECONNRESET && n != -ENOTCONN)
-			return error_set((int)n, "wcached at %s: send: %s", c->path,
-				strerror((int)-n));
-		reset = 1;
-	}
-	for (;;) {
-		n = fdp_recv(c->fd, buf, cap, fds, maxfds, nfds);
-		if (n == -EAGAIN)
-			return timed_out(c, "answer", &start);
-		if (n == -ECONNRESET && !reset) {
-			reset = 1;
-			continue;
-		}
-		if (reset && n >= 0 && wire_decode(buf, (size_t)n, msg) == 0 &&
-			msg->h.type == WIRE_ERROR)
-			return n; /* the refusal, whatever its seq */
-		if (reset && n >= 0) {
-			fdp_close_all(fds, *nfds);
-			n = 0;
-		}
-		/* Hung up before the reply: the daemon exited or restarted. */
-		*dead = n == 0 || n == -ECONNRESET;
-		if (n == 0)
-			return error_set(-ECONNRESET, "wcached at %s closed the connection",
-				c->path);
-		if (n < 0) {
-			shutdown(c->fd, SHUT_RDWR);
-			return error_set((int)n, "wcached at %s: receive: %s", c->path,
-				strerror((int)-n));
-		}
-		if ((r = wire_decode(buf, (size_t)n, msg)) < 0) {
-			fdp_close_all(fds, *nfds);
-			/* Out of step with the daemon: no later reply can be
-			 * trusted on this connection. */
-			shutdown(c->fd, SHUT_RDWR);
-			return error_set(r, "wcached at %s sent a malformed reply%s", c->path,
-				r == -EPROTO ? " (protocol version mismatch: update libwcache or "
-					       "wcached)" : "");
-		}
-		/* An ERROR with seq 0 answers no request in particular: the
-		 * daemon refused the connection or could not read a header. */
-		if (msg->h.type != WIRE_CHANGED &&
-			(msg->h.seq == seq || (msg->h.type == WIRE_ERROR && msg->h.seq == 0)))
-			return n;
-		fdp_close_all(fds, *nfds);
-		if (msg->h.type != WIRE_CHANGED) {
-			shutdown(c->fd, SHUT_RDWR);
-			return error_set(-EBADMSG, "wcached at %s answered request %u with %u",
-				c->path, seq, msg->h.seq);
-		}
-		/* An announcement: drop it; the status page says what changed. */
-		if (limit_ms > 0 && attach_elapsed(&start) * 1000 > limit_ms)
-			return timed_out(c, "answer", &start);
-	}
-}
-
 static void attach_release(wc_model *m, void *ctx);
-
-ssize_t
-attach_call(wc_client *c, attach_put_fn put, const void *arg, int grace_ms, uint8_t *buf,
-	size_t cap, int *fds, size_t *nfds, struct wire_message *msg)
-{
-	uint8_t req[WIRE_MAX_MESSAGE];
-	struct timespec start;
-	ssize_t n;
-	int r, left = c->timeout_ms, retimed = 0;
-
-	*nfds = 0;
-	clock_gettime(CLOCK_MONOTONIC, &start);
-	for (int attempt = 0;; attempt++) {
-		int dead = 0, limit = left;
-		uint32_t seq = attach_next_seq(c);
-
-		/* The daemon answers by itself when left runs out: the receive
-		 * waits a little longer, so that its answer, not ours, says why. */
-		if (c->timeout_ms > 0 && grace_ms > 0) {
-			limit = left > INT_MAX - grace_ms ? INT_MAX : left + grace_ms;
-			if ((n = apply_timeout(c->fd, limit, c->path)) < 0)
-				break;
-			retimed = 1;
-		}
-		if ((n = put(req, sizeof(req), seq, left, arg)) < 0) {
-			n = error_set((int)n, "%s: cannot encode the request: %s", c->where,
-				strerror((int)-n));
-			break;
-		}
-		n = roundtrip(c, req, (size_t)n, seq, -1, limit, buf, cap, fds, WIRE_MAX_FDS, nfds,
-			msg, &dead);
-		if (n >= 0 || !dead || attempt > 0)
-			break;
-		/* Once: connect again within what is left of the deadline and
-		 * send the request again (the old daemon's attach, if it made
-		 * one, ended with its connection). */
-		left = c->timeout_ms == 0 ? 0 :
-			c->timeout_ms - (int)(attach_elapsed(&start) * 1000);
-		if (c->timeout_ms > 0 && left <= 0) {
-			n = error_set(-ETIMEDOUT, "%s closed the connection and the deadline of "
-				"%.3g s has passed (the limit is %s or wc_set_timeout())", c->where,
-				c->timeout_ms / 1000.0, TIMEOUT_ENV);
-			break;
-		}
-		if ((n = reconnect(c, left)) < 0)
-			break;
-		retimed = 1;
-	}
-	if (retimed && c->timeout_ms > 0 &&
-		(r = apply_timeout(c->fd, c->timeout_ms, c->path)) < 0 && n >= 0) {
-		fdp_close_all(fds, *nfds);
-		*nfds = 0;
-		n = r;
-	}
-	return n;
-}
-
-ssize_t
-attach_exchange(wc_client *c, const uint8_t *req, size_t len, uint32_t seq, int send_fd,
-	uint8_t *buf, size_t cap, int *fds, size_t *nfds, struct wire_message *msg)
-{
-	int dead;
-
-	*nfds = 0;
-	return roundtrip(c, req, len, seq, send_fd, c->timeout_ms, buf, cap, fds, WIRE_MAX_FDS,
-		nfds, msg, &dead);
-}
 
 void
 attach_keep(wc_client *c, struct attach_record *a, enum attach_kind kind)
@@ -565,7 +133,7 @@ attach_keep(wc_client *c, struct attach_record *a, enum attach_kind kind)
 	a->am.model->release_ctx = a;
 }
 
-/* ATTACH's encoder for attach_call(): arg is the model's name. */
+/* ATTACH's encoder for request_call(): arg is the model's name. */
 static ssize_t
 put_attach(uint8_t *buf, size_t cap, uint32_t seq, int left_ms, const void *arg)
 {
@@ -586,7 +154,7 @@ wc_attach(wc_client *c, const char *model, wc_model **out)
 
 	if (c == NULL || model == NULL || out == NULL)
 		return error_set(-EINVAL, "wc_attach: no client or model name");
-	if (c->pid != attach_self_pid())
+	if (c->pid != request_self_pid())
 		return error_set(-ECHILD, "model \"%s\": this client was connected by process %d; "
 			"call wc_connect() again after fork()", model, (int)c->pid);
 	len = strlen(model);
@@ -599,7 +167,7 @@ wc_attach(wc_client *c, const char *model, wc_model **out)
 		return error_set(-ENOMEM, "model \"%s\": out of memory", model);
 
 	pthread_mutex_lock(&c->lock);
-	n = attach_call(c, put_attach, model, 0, buf, sizeof(buf), fds, &nfds, &msg);
+	n = request_call(c, put_attach, model, 0, buf, sizeof(buf), fds, &nfds, &msg);
 	if (n < 0) {
 		pthread_mutex_unlock(&c->lock);
 		free(a);
@@ -693,7 +261,7 @@ attach_forget(wc_client *c, struct attach_record *a, uint64_t *connection)
 	}
 	/* Only the process that attached holds the daemon's handle; a child
 	 * after fork() shares the socket and must stay silent on it. */
-	if (a->pid == attach_self_pid() && c->pid == a->pid)
+	if (a->pid == request_self_pid() && c->pid == a->pid)
 		handle = a->am.handle;
 	*connection = a->connection;
 	pthread_mutex_unlock(&c->lock);
@@ -749,67 +317,6 @@ attach_release(wc_model *m, void *ctx)
 	attach_client_put(c);
 }
 
-int
-wc_client_fd(const wc_client *c)
-{
-	return c == NULL ? -1 : c->fd;
-}
-
-/*
- * Reads the announcements waiting on the connection without blocking. A
- * connection the daemon has hung up (it exited or restarted) is replaced
- * by a new one to the same path, so that an event loop polling
- * wc_client_fd() goes on with the new descriptor instead of spinning on a
- * dead one; announcements then resume for the models attached from now on.
- */
-int
-wc_client_dispatch(wc_client *c)
-{
-	uint8_t buf[WIRE_MAX_MESSAGE];
-	int fds[WIRE_MAX_FDS];
-	size_t nfds = 0;
-	struct wire_message msg;
-	ssize_t n;
-	int count = 0, r = 0;
-
-	if (c == NULL)
-		return error_set(-EINVAL, "wc_client_dispatch: no client");
-	pthread_mutex_lock(&c->lock);
-	for (;;) {
-		/* Only announcements can be waiting: replies are read by the
-		 * request that caused them, under the same lock. */
-		n = recv(c->fd, buf, 1, MSG_PEEK | MSG_DONTWAIT);
-		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-			break;
-		if (n > 0)
-			n = fdp_recv(c->fd, buf, sizeof(buf), fds, WIRE_MAX_FDS, &nfds);
-		else if (n < 0)
-			n = -errno;
-		if (n == -EAGAIN)
-			break;
-		if (n == 0 || n == -ECONNRESET) {
-			if (c->pid == attach_self_pid() && (r = reconnect(c, c->timeout_ms)) == 0)
-				r = apply_timeout(c->fd, c->timeout_ms, c->path);
-			else if (r == 0)
-				r = error_set(-ECONNRESET, "%s closed the connection", c->where);
-			break;
-		}
-		if (n < 0) {
-			r = error_set((int)n, "%s: receive: %s", c->where, strerror((int)-n));
-			break;
-		}
-		fdp_close_all(fds, nfds);
-		if (wire_decode(buf, (size_t)n, &msg) == 0 && msg.h.type == WIRE_CHANGED)
-			count++;
-	}
-	if (count > 0) {
-		/* A new generation: the index kept for the next attach is old. */
-		attach_index_unref(c->cache.index);
-		c->cache.index = NULL;
-	}
-	pthread_mutex_unlock(&c->lock);
-	return r < 0 ? r : count;
-}
 
 void
 wc_disconnect(wc_client *c)

@@ -1,13 +1,12 @@
 /*
- * attach.h: what attach.c shares with derive.c, the other module that sends
- * requests on a client's connection: the client and its attach records,
- * one request and its reply under the client's deadline (with the
- * reconnect-once of a dead connection), and keeping a model attached
- * through the client.
+ * attach.h: the client (struct wc_client) and its attach records, which
+ * request.c reads (a reconnect names the records in HOLDs) and derive.c
+ * uses; keeping a model attached through the client; the client's
+ * reference count.
  *
- * Layering: model.c < attach_reply.c < attach.c < derive.c. derive.c calls
- * these; attach.c knows nothing of derived artifacts beyond the kind of a
- * record (a derived artifact is never named in a HOLD).
+ * Layering: model.c < attach_reply.c < request.c < attach.c < derive.c.
+ * attach.c knows nothing of derived artifacts beyond the kind of a record
+ * (a derived artifact is never named in a HOLD).
  */
 #ifndef WC_ATTACH_H
 #define WC_ATTACH_H
@@ -31,7 +30,7 @@ struct wc_client {
 	char *where;          /* "wcached at PATH", for messages */
 	pthread_mutex_t lock; /* one request at a time on the socket */
 	unsigned refs;        /* the owner's, and each release or build using it now
-				 (attach_client_get): freed at 0, under attach's own lock */
+				 (attach_client_get): freed at 0, under attach.c's clients_lock */
 	struct attach_record *records; /* models attached through it, still held */
 	struct attach_cache cache;    /* the status page, mapped once; the last index */
 };
@@ -58,45 +57,6 @@ struct attach_record {
 	struct attach_record *next;   /* in the client's list */
 	struct attach_record **prevp;
 };
-
-/* getpid(), without a system call (kept up to date across fork()). */
-pid_t attach_self_pid(void);
-
-/* The next request's seq (never 0). The lock is held. */
-uint32_t attach_next_seq(wc_client *c);
-
-/*
- * Encodes a request with sequence number seq into buf (cap bytes) and
- * returns its length or a negative errno. left_ms is what is left of the
- * client's deadline when it is sent (0: no deadline).
- */
-typedef ssize_t (*attach_put_fn)(uint8_t *buf, size_t cap, uint32_t seq, int left_ms,
-	const void *arg);
-
-/*
- * Sends one request (put(arg)) and receives its reply into buf, with up to
- * WIRE_MAX_FDS descriptors, which pass to the caller (fds[0 .. *nfds)), as
- * wc_attach() does: CHANGED messages are skipped, the client's deadline
- * bounds the whole call, and a connection found dead is replaced once (the
- * request is encoded again, with what is left of the deadline, and sent
- * again). grace_ms > 0 lets the receive wait that long beyond the deadline,
- * for a request the daemon itself answers when the deadline passes
- * (DERIVE's wait_ms). Returns the reply's length, msg decoded, or a
- * negative errno with the message set and no descriptor left. The lock is
- * held.
- */
-ssize_t attach_call(wc_client *c, attach_put_fn put, const void *arg, int grace_ms,
-	uint8_t *buf, size_t cap, int *fds, size_t *nfds, struct wire_message *msg);
-
-/*
- * One request on the connection as it is, never reconnecting (a build's
- * PUBLISH or ABANDON belongs to the connection that got BUILD): sends
- * req[0 .. len) with the descriptor send_fd (none when -1; it stays the
- * caller's) and receives the reply of seq as attach_call() does. The lock
- * is held.
- */
-ssize_t attach_exchange(wc_client *c, const uint8_t *req, size_t len, uint32_t seq, int send_fd,
-	uint8_t *buf, size_t cap, int *fds, size_t *nfds, struct wire_message *msg);
 
 /*
  * Makes the model of a (filled by attach_reply()) one the client holds:

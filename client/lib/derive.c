@@ -35,6 +35,7 @@
 #include "lib/attach.h"
 #include "lib/attach_reply.h"
 #include "lib/model.h"
+#include "lib/request.h"
 #include "lib/writer.h"
 #include "proto/fdpass.h"
 #include "proto/wire.h"
@@ -119,7 +120,7 @@ wc_derive(wc_client *c, const char *model, const char *key, wc_model **out, wc_b
 	if (!wire_key_valid(key, strlen(key)))
 		return error_set(-EINVAL, "model \"%s\", key \"%.80s\": a key is 1 to %u letters, "
 			"digits or \"._+-\"", model, key, WIRE_MAX_KEY);
-	if (c->pid != attach_self_pid())
+	if (c->pid != request_self_pid())
 		return error_set(-ECHILD, "model \"%s\", key \"%s\": this client was connected by "
 			"process %d; call wc_connect() again after fork()", model, key,
 			(int)c->pid);
@@ -135,7 +136,7 @@ wc_derive(wc_client *c, const char *model, const char *key, wc_model **out, wc_b
 	}
 
 	pthread_mutex_lock(&c->lock);
-	n = attach_call(c, put_derive, &q, DERIVE_GRACE_MS, buf, sizeof(buf), fds, &nfds, &msg);
+	n = request_call(c, put_derive, &q, DERIVE_GRACE_MS, buf, sizeof(buf), fds, &nfds, &msg);
 	r = n < 0 ? (int)n : attach_reply_to(ATTACH_REQUEST_DERIVE, model, key, c->where, buf,
 		(size_t)n, fds, nfds, &c->cache, &unusable, &a->am, &token);
 	if (n >= 0 && unusable)
@@ -194,7 +195,7 @@ build_client(const wc_build *b, const char *doing, int *err)
 			"was disconnected, which ended the build", b->name, b->key, doing);
 		return NULL;
 	}
-	if (c->pid != attach_self_pid() || b->source->pid != c->pid) {
+	if (c->pid != request_self_pid() || b->source->pid != c->pid) {
 		pthread_mutex_unlock(&c->lock);
 		attach_client_put(c);
 		*err = error_set(-ECHILD, "model \"%s\", key \"%s\": cannot %s: the build belongs "
@@ -232,13 +233,13 @@ abandon_send(wc_client *c, const wc_build *b, const char *reason)
 	int32_t code;
 	const char *text;
 	size_t tlen;
-	uint32_t seq = attach_next_seq(c);
+	uint32_t seq = request_next_seq(c);
 	ssize_t n = wire_put_abandon(req, sizeof(req), seq, b->token, reason);
 
 	if (n < 0)
 		return error_set((int)n, "model \"%s\", key \"%s\": cannot encode ABANDON", b->name,
 			b->key);
-	n = attach_exchange(c, req, (size_t)n, seq, -1, buf, sizeof(buf), fds, &nfds, &msg);
+	n = request_exchange(c, req, (size_t)n, seq, -1, buf, sizeof(buf), fds, &nfds, &msg);
 	if (n < 0)
 		return (int)n;
 	if (nfds == 0 && msg.h.type == WIRE_RELEASE_OK && msg.h.length == 0)
@@ -324,9 +325,9 @@ wc_build_publish_fd(wc_build *b, int memfd, wc_model **out)
 		build_end(b); /* nothing to tell: the build is already lost */
 		return r;
 	}
-	seq = attach_next_seq(c);
+	seq = request_next_seq(c);
 	if ((n = wire_put_publish(req, sizeof(req), seq, b->token)) >= 0)
-		n = attach_exchange(c, req, (size_t)n, seq, memfd, buf, sizeof(buf), fds, &nfds,
+		n = request_exchange(c, req, (size_t)n, seq, memfd, buf, sizeof(buf), fds, &nfds,
 			&msg);
 	r = n < 0 ? (int)n : attach_reply_to(ATTACH_REQUEST_PUBLISH, b->name, b->key, c->where,
 		buf, (size_t)n, fds, nfds, &c->cache, &unusable, &a->am, NULL);

@@ -1,6 +1,6 @@
 /*
  * test_attach_connection.c: libwcache's connection to wcached
- * (client/lib/attach.c) when the daemon's replies are wrong, when it
+ * (client/lib/request.c, attach.c) when the daemon's replies are wrong, when it
  * refuses the client, and when it restarts, against a fake, hostile
  * wcached: replies to another request, ERRORs, a daemon that closes,
  * garbage, truncated and mistyped replies; the refusal of a client over

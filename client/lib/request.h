@@ -1,0 +1,69 @@
+/*
+ * request.h: a client's connection to wcached and one request on it
+ * (request.c), for attach.c and derive.c: opening the socket with its
+ * deadline, one request and its reply under the client's deadline (with
+ * the reconnect-once of a dead connection, or without), the sequence
+ * numbers, and the pid every request checks.
+ *
+ * Every function taking a client is called with the client's lock held.
+ */
+#ifndef WC_REQUEST_H
+#define WC_REQUEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "lib/wcache.h"
+#include "proto/wire.h"
+
+/* getpid(), without a system call (kept up to date across fork()). */
+pid_t request_self_pid(void);
+
+/* The default deadline into *ms: $WCACHE_TIMEOUT seconds (0: forever),
+ * else 30 s. 0, or -EINVAL with the message set (a value that is not a
+ * number of seconds). */
+int request_timeout_default(int *ms);
+
+/*
+ * Opens a SOCK_SEQPACKET connection to path with the deadline ms for the
+ * connect and every later wait; *out gets the descriptor, which passes to
+ * the caller. The errors name the path and say whether wcached is running.
+ */
+int request_open(const char *path, int ms, int *out);
+
+/* The next request's seq (never 0). */
+uint32_t request_next_seq(wc_client *c);
+
+/*
+ * Encodes a request with sequence number seq into buf (cap bytes) and
+ * returns its length or a negative errno. left_ms is what is left of the
+ * client's deadline when it is sent (0: no deadline).
+ */
+typedef ssize_t (*request_put_fn)(uint8_t *buf, size_t cap, uint32_t seq, int left_ms,
+	const void *arg);
+
+/*
+ * Sends one request (put(arg)) and receives its reply into buf, with up to
+ * WIRE_MAX_FDS descriptors, which pass to the caller (fds[0 .. *nfds)), as
+ * wc_attach() does: CHANGED messages are skipped, the client's deadline
+ * bounds the whole call, and a connection found dead is replaced once (the
+ * request is encoded again, with what is left of the deadline, and sent
+ * again). grace_ms > 0 lets the receive wait that long beyond the deadline,
+ * for a request the daemon itself answers when the deadline passes
+ * (DERIVE's wait_ms). Returns the reply's length, msg decoded, or a
+ * negative errno with the message set and no descriptor left.
+ */
+ssize_t request_call(wc_client *c, request_put_fn put, const void *arg, int grace_ms,
+	uint8_t *buf, size_t cap, int *fds, size_t *nfds, struct wire_message *msg);
+
+/*
+ * One request on the connection as it is, never reconnecting (a build's
+ * PUBLISH or ABANDON belongs to the connection that got BUILD): sends
+ * req[0 .. len) with the descriptor send_fd (none when -1; it stays the
+ * caller's) and receives the reply of seq as request_call() does.
+ */
+ssize_t request_exchange(wc_client *c, const uint8_t *req, size_t len, uint32_t seq,
+	int send_fd, uint8_t *buf, size_t cap, int *fds, size_t *nfds, struct wire_message *msg);
+
+#endif
