@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/escape.h"
 #include "base/path.h"
 
 /* Longest line written, prefix and newline included; longer messages are
@@ -127,29 +128,25 @@ log_level_name(int level)
 	return names[level];
 }
 
-/* Appends src to buf at *pos, writing control characters (and DEL) as
- * "\xNN" so that the result stays on one line, and stops at limit. */
-static void
+/* Appends src to buf at *pos, escaped (base/escape.h: controls, C1, bidi
+ * overrides, invalid UTF-8) so that the result stays on one line and
+ * cannot drive a terminal that shows the log, up to limit and never in the
+ * middle of an escape or a character. Returns 1 when src did not fit. */
+static int
 append_escaped(char *buf, size_t *pos, size_t limit, const char *src)
 {
-	static const char hex[] = "0123456789abcdef";
+	const unsigned char *p = (const unsigned char *)src, *end = p + strlen(src);
+	char out[ESCAPE_STEP_MAX];
+	size_t len;
 
-	for (; *src != '\0' && *pos < limit; src++) {
-		unsigned char c = (unsigned char)*src;
-
-		if ((c < 0x20 && c != '\t') || c == 0x7f) {
-			if (limit - *pos < 4) {
-				*pos = limit;
-				return;
-			}
-			buf[(*pos)++] = '\\';
-			buf[(*pos)++] = 'x';
-			buf[(*pos)++] = hex[c >> 4];
-			buf[(*pos)++] = hex[c & 0xf];
-		} else {
-			buf[(*pos)++] = (char)c;
-		}
+	while (p < end) {
+		p += escape_step(p, end, out, &len);
+		if (limit - *pos < len)
+			return 1;
+		memcpy(buf + *pos, out, len);
+		*pos += len;
 	}
+	return 0;
 }
 
 /* Appends a plain string without escaping (our own prefixes). */
@@ -172,7 +169,7 @@ log_line(enum log_kind kind, int err, const char *fmt, va_list ap)
 	/* Room for "...\n" at the end of a truncated line. */
 	const size_t limit = LOG_LINE_MAX - 4;
 	size_t pos = 0;
-	int n;
+	int n, cut;
 
 	n = vsnprintf(msg, sizeof(msg), fmt, ap);
 	if (n < 0)
@@ -185,15 +182,15 @@ log_line(enum log_kind kind, int err, const char *fmt, va_list ap)
 		append_raw(line, &pos, limit, ": ");
 		append_raw(line, &pos, limit, kind_tag[kind]);
 	}
-	append_escaped(line, &pos, limit, msg);
-	if (err >= 0) {
+	cut = append_escaped(line, &pos, limit, msg);
+	if (err >= 0 && !cut) {
 		char ebuf[128];
 		const char *es = strerror_r(err, ebuf, sizeof(ebuf));
 
 		append_raw(line, &pos, limit, ": ");
-		append_escaped(line, &pos, limit, es);
+		cut = append_escaped(line, &pos, limit, es);
 	}
-	if (pos >= limit || (size_t)n >= sizeof(msg))
+	if (cut || pos >= limit || (size_t)n >= sizeof(msg))
 		append_raw(line, &pos, sizeof(line) - 1, "...");
 	line[pos++] = '\n';
 	(void)fd_write_all(STDERR_FILENO, line, pos);

@@ -11,7 +11,9 @@
  * info lines carry no tag).
  *
  * Control characters in a message (a newline in a tensor name from a hostile
- * file, say) are written as "\xNN" so one call is always one line.
+ * file, say) are written as "\xNN", and C1 controls, bidirectional overrides
+ * and bytes that are not UTF-8 escaped too (base/escape.h), so one call is
+ * always one line and a terminal showing the log is never driven by it.
  *
  * Only the daemon's top layers log. Library code (client/, proto/) never
  * prints: it returns an error code and leaves the message for error_get().
