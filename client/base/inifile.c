@@ -47,8 +47,7 @@ struct inifile {
 	const struct inifile_handler *h;
 	void *arg;
 	int line;           /* lines read so far: the current line */
-	char *raw;          /* the current line as read (getline() buffer) */
-	size_t raw_cap;
+	char *raw;          /* the current line as read: INIFILE_LINE_MAX bytes and a NUL */
 	char *start;        /* in raw: the line without BOM and surrounding whitespace */
 	bool header;        /* the current line is a header inih has not yet taken */
 	int err;            /* first error (negative), 0 while all is well */
@@ -158,6 +157,44 @@ section_begin(struct inifile *f)
 	return callback_result(f, f->h->section(f, name, f->arg));
 }
 
+/*
+ * Reads the next line into f->raw, newline included, NUL-terminated: its
+ * length, 0 at the end of the file, or -1 after an error (recorded in f).
+ * Never holds more than INIFILE_LINE_MAX bytes, however long the line in
+ * the file (a config of one endless line, /dev/zero): a line too long, a
+ * NUL byte and a read error each end the read with their own message.
+ */
+static ssize_t
+read_line(struct inifile *f)
+{
+	size_t len = 0;
+	int c = 0;
+
+	while (len < INIFILE_LINE_MAX && (c = getc_unlocked(f->fp)) != EOF) {
+		if (c == '\0') {
+			f->line++;
+			inifile_error(f, -EINVAL, "line contains a NUL byte");
+			return -1;
+		}
+		f->raw[len++] = (char)c;
+		if (c == '\n')
+			break;
+	}
+	if (len == INIFILE_LINE_MAX && c != '\n' && (c = getc_unlocked(f->fp)) != EOF) {
+		f->line++;
+		inifile_error(f, -EINVAL, "line too long (more than %d bytes)", INIFILE_LINE_MAX);
+		return -1;
+	}
+	if (ferror(f->fp)) {
+		int code = errno != 0 ? errno : EIO;
+
+		inifile_error_at(f, 0, -code, "read error: %s", strerror(code));
+		return -1;
+	}
+	f->raw[len] = '\0';
+	return (ssize_t)len;
+}
+
 /* inih's reader: the next line of the file in str (num bytes), or NULL at
  * the end of the file or after the first error. */
 static char *
@@ -174,22 +211,11 @@ inifile_reader(char *str, int num, void *stream)
 	if (f->err != 0)
 		return NULL;
 	errno = 0;
-	len = getline(&f->raw, &f->raw_cap, f->fp);
-	if (len < 0) {
-		int code = errno != 0 ? errno : EIO;
-
-		if (ferror(f->fp))
-			inifile_error_at(f, 0, -code, "read error: %s", strerror(code));
+	if ((len = read_line(f)) <= 0)
 		return NULL;
-	}
 	f->line++;
-	if (len > INIFILE_LINE_MAX || len >= num) {
-		inifile_error(f, -EINVAL, "line too long (%zd bytes, max %d)", len,
-			INIFILE_LINE_MAX);
-		return NULL;
-	}
-	if (strlen(f->raw) != (size_t)len) {
-		inifile_error(f, -EINVAL, "line contains a NUL byte");
+	if (len >= num) { /* not with inih's buffer: INIH_BUFFER holds a whole line */
+		inifile_error(f, -EINVAL, "line too long (%zd bytes, max %d)", len, num - 1);
 		return NULL;
 	}
 	memcpy(str, f->raw, (size_t)len + 1);
@@ -234,9 +260,15 @@ inifile_read(const char *path, const struct inifile_handler *h, void *arg)
 	f.path = path;
 	f.h = h;
 	f.arg = arg;
+	if ((f.raw = malloc(INIFILE_LINE_MAX + 1)) == NULL)
+		return error_set(-ENOMEM, "%s: out of memory", path);
 	f.fp = fopen(path, "re");
-	if (f.fp == NULL)
-		return error_set(-errno, "%s: %s", path, strerror(errno));
+	if (f.fp == NULL) {
+		int e = errno;
+
+		free(f.raw);
+		return error_set(-e, "%s: %s", path, strerror(e));
+	}
 
 	inih_configure();
 	r = ini_parse_stream(inifile_reader, &f, inifile_handler, &f);
