@@ -180,7 +180,7 @@ read_line(struct inifile *f)
 		if (c == '\n')
 			break;
 	}
-	if (len == INIFILE_LINE_MAX && c != '\n' && (c = getc_unlocked(f->fp)) != EOF) {
+	if (len == INIFILE_LINE_MAX && c != '\n' && getc_unlocked(f->fp) != EOF) {
 		f->line++;
 		inifile_error(f, -EINVAL, "line too long (more than %d bytes)", INIFILE_LINE_MAX);
 		return -1;
