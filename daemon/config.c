@@ -530,6 +530,7 @@ config_free(struct config *cfg)
 	free(cfg->control_path);
 	free(cfg->control_group);
 	free(cfg->user);
+	free(cfg->user_name);
 	free(cfg->stage_dir);
 	free(cfg);
 }

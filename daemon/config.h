@@ -135,6 +135,7 @@ struct config {
 	unsigned max_clients;         /* 1..CONFIG_MAX_CLIENTS_LIMIT, default 1024 */
 	unsigned max_clients_per_uid; /* 1..max_clients, default min(256, max_clients) */
 	char *user;            /* raw value, or NULL when absent (stay as started) */
+	char *user_name;       /* that user's name in the passwd entry (for a uid too) */
 	uid_t user_uid;        /* resolved user; valid when user != NULL */
 	gid_t user_gid;        /* that user's primary group from the passwd entry */
 	unsigned restart_hold_seconds; /* 0..86400, default 60 (restore.h) */

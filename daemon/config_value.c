@@ -268,7 +268,7 @@ nss_not_found(int e)
  * -errno.
  */
 static int
-nss_lookup(int is_group, const char *name, uid_t id, uid_t *uid, gid_t *gid)
+nss_lookup(int is_group, const char *name, uid_t id, uid_t *uid, gid_t *gid, char **pw_name)
 {
 	size_t size = nss_buffer_size(is_group ? _SC_GETGR_R_SIZE_MAX : _SC_GETPW_R_SIZE_MAX);
 
@@ -291,6 +291,10 @@ nss_lookup(int is_group, const char *name, uid_t id, uid_t *uid, gid_t *gid)
 		} else if (pw_found != NULL) {
 			*uid = pw.pw_uid;
 			*gid = pw.pw_gid;
+			if (pw_name != NULL && (*pw_name = strdup(pw.pw_name)) == NULL) {
+				free(buf);
+				return -ENOMEM;
+			}
 		}
 		free(buf);
 		if (gr_found != NULL || pw_found != NULL)
@@ -335,7 +339,7 @@ config_resolve_id(struct parse_ctx *ctx, const char *prefix, const char *key, co
 		*id = (unsigned)v;
 		return 0;
 	}
-	r = nss_lookup(is_group, token, 0, &uid, &gid);
+	r = nss_lookup(is_group, token, 0, &uid, &gid, NULL);
 	if (r == -ENOENT) {
 		config_error(ctx, -EINVAL, "%s%s: unknown %s \"%s\"", prefix, key,
 			is_group ? "group" : "user", token);
@@ -409,6 +413,7 @@ config_resolve_user(struct parse_ctx *ctx, const char *value)
 {
 	struct config *cfg = ctx->cfg;
 	unsigned long long v;
+	char *name = NULL;
 	int r;
 
 	if (*value == '\0') {
@@ -420,9 +425,9 @@ config_resolve_user(struct parse_ctx *ctx, const char *value)
 			config_error(ctx, -EINVAL, "user: id %s is out of range", value);
 			return -EINVAL;
 		}
-		r = nss_lookup(0, NULL, (uid_t)v, &cfg->user_uid, &cfg->user_gid);
+		r = nss_lookup(0, NULL, (uid_t)v, &cfg->user_uid, &cfg->user_gid, &name);
 	} else {
-		r = nss_lookup(0, value, 0, &cfg->user_uid, &cfg->user_gid);
+		r = nss_lookup(0, value, 0, &cfg->user_uid, &cfg->user_gid, &name);
 	}
 	if (r == -ENOENT) {
 		config_error(ctx, -EINVAL, "user: unknown user \"%s\"", value);
@@ -433,9 +438,12 @@ config_resolve_user(struct parse_ctx *ctx, const char *value)
 		return r;
 	}
 	if ((cfg->user = strdup(value)) == NULL) {
+		free(name);
 		config_error(ctx, -ENOMEM, "out of memory");
 		return -ENOMEM;
 	}
+	free(cfg->user_name);
+	cfg->user_name = name;
 	return 0;
 }
 

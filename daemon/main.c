@@ -180,6 +180,10 @@ drop_privileges(struct daemon *d)
 
 	if (c->user == NULL)
 		return;
+	if (c->user_uid == 0) {
+		log_warnx("user = %s: that is root: wcached keeps running as root", c->user);
+		return;
+	}
 	if (geteuid() != 0) {
 		if (geteuid() != c->user_uid)
 			log_warnx("user = %s: not started as root, staying uid %u", c->user,
@@ -191,7 +195,7 @@ drop_privileges(struct daemon *d)
 		(d->created_control != NULL &&
 			chown(d->created_control, c->user_uid, c->user_gid) == -1))
 		fatal("user = %s: chown of the sockets", c->user);
-	if (initgroups(c->user, c->user_gid) == -1 || setgid(c->user_gid) == -1 ||
+	if (initgroups(c->user_name, c->user_gid) == -1 || setgid(c->user_gid) == -1 ||
 		setuid(c->user_uid) == -1)
 		fatal("user = %s: cannot switch to uid %u gid %u", c->user, (unsigned)c->user_uid,
 			(unsigned)c->user_gid);

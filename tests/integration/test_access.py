@@ -154,3 +154,62 @@ def test_user_drops_privileges(shared_dir):
     finally:
         # Socket files in a root-owned directory: nobody cannot unlink them.
         assert d.stop() == 0, d.read_log()
+
+
+def supplementary_member():
+    """A user of this machine with a supplementary group (not its primary
+    one), as (passwd entry, group entry), or None."""
+    import grp
+    import pwd
+    for g in grp.getgrall():
+        for name in g.gr_mem:
+            try:
+                pw = pwd.getpwnam(name)
+            except KeyError:
+                continue
+            if pw.pw_gid != g.gr_gid and pw.pw_uid != 0:
+                return pw, g
+    return None
+
+
+@root_daemon
+def test_user_as_a_uid_keeps_its_supplementary_groups(shared_dir):
+    """user = UID: initgroups() needs the user's name. Given the digits, it
+    found no such user and left the daemon its primary group alone, and a
+    model readable through a supplementary group failed to load."""
+    from pathlib import Path
+    found = supplementary_member()
+    if found is None:
+        pytest.skip("no user with a supplementary group on this machine")
+    pw, g = found
+    tmp = Path(shared_dir)
+    model = mkmodel(tmp / "m.safetensors")
+    os.chown(model, 0, g.gr_gid)
+    os.chmod(model, 0o640)
+    d = Daemon(tmp, {"small": model}, f"user = {pw.pw_uid}\n").start()
+    try:
+        def groups():
+            with open(f"/proc/{d.proc.pid}/status") as f:
+                return [l.split()[1:] for l in f if l.startswith("Groups:")][0]
+        wait_until(lambda: str(g.gr_gid) in groups(), what=f"wcached in group {g.gr_name}")
+        assert d.attach("small").returncode == 0, d.read_log()
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+@root_daemon
+def test_user_root_keeps_running_as_root(shared_dir):
+    """user = root (or 0): nothing to drop to; the daemon says so and
+    serves, where it used to die ("could regain root after switching")."""
+    from pathlib import Path
+    tmp = Path(shared_dir)
+    model = mkmodel(tmp / "m.safetensors")
+    for user in ("root", "0"):
+        d = Daemon(tmp, {"small": model}, f"user = {user}\n").start()
+        try:
+            assert d.attach("small").returncode == 0, d.read_log()
+            assert f"user = {user}: that is root: wcached keeps running as root" in \
+                d.read_log()
+        finally:
+            assert d.stop() == 0, d.read_log()
+
