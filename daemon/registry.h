@@ -134,7 +134,8 @@ struct registry {
 	 * as it is at shutdown. */
 	int fdstore;
 	int restart_hold_ms;            /* restore_adopt_held(): how long HOLDs may come */
-	/* Where staged copies go (stage.h; registry_set_stage_dir), absolute;
+	/* Where staged copies go (stage.h; registry_set_stage_dir), absolute
+	 * and resolved (no symbolic link in it) when it existed when set;
 	 * NULL: none, and a model that must stage is refused. */
 	char *stage_dir;
 	unsigned holds_open;            /* generations waiting for HOLDs (restore.h) */
@@ -356,9 +357,10 @@ int registry_find_for(struct registry *r, const char *name, const struct registr
 int registry_set_storage(struct registry *r, const char *name, enum fs_watch watch,
 	unsigned poll_interval_ms, enum fs_stage stage);
 
-/* Sets the directory staged copies go to (the stage_dir key; copied):
- * for the next stagings; copies made already stay where they are until
- * their generations close. -ENOMEM. */
+/* Sets the directory staged copies go to (the stage_dir key; copied,
+ * resolved with realpath(3) when it exists): for the next stagings; copies
+ * made already stay where they are until their generations close.
+ * -ENOMEM. */
 int registry_set_stage_dir(struct registry *r, const char *dir);
 
 /* Removes from stage_dir what earlier processes left there (stage_sweep):

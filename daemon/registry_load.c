@@ -640,12 +640,21 @@ registry_reload(struct registry *r, const char *name, registry_done_fn done, voi
 	return queue_load(r, m->name, m->path, m->pin, m->warm, 1, done, arg);
 }
 
+/*
+ * Keeps stage_dir resolved (realpath): the paths it is compared with are
+ * the kernel's, which name no symbolic link (a warm restart finds its
+ * staged copies by what /proc/self/fd says of their descriptors, and the
+ * sweep keeps those), so a stage_dir that is a link the operator made, or
+ * lies under one, must be spelled the kernel's way too or no copy is ever
+ * found in it. One that does not exist yet stays as configured (staging
+ * creates it; the next start resolves it).
+ */
 int
 registry_set_stage_dir(struct registry *r, const char *dir)
 {
-	char *d = strdup(dir);
+	char *d = realpath(dir, NULL);
 
-	if (d == NULL)
+	if (d == NULL && (d = strdup(dir)) == NULL)
 		return error_set(-ENOMEM, "out of memory");
 	/* A staging on the work queue has its own copy (queue_stage). */
 	free(r->stage_dir);

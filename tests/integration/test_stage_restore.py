@@ -5,14 +5,15 @@ st_dev and st_ino, which the file descriptor store's description records
 since version 4) with the same size and mtime. A source replaced while no
 wcached ran by a file of the same size and mtime (rsync -a, cp -p, a
 reproducible build's fixed mtime) is staged again; so is a copy an older
-wcached described without its origin."""
+wcached described without its origin. A stage_dir that is a symbolic
+link keeps its copies across a restart too."""
 import fcntl
 import os
 import subprocess
 
 from conftest import Daemon, binary, mkmodel, wait_until
 from fakemanager import FakeManager
-from test_stage import MARKER, entries, generation
+from test_stage import MARKER, entries, generation, model_fds, own_dir
 from test_warm_restart import finish, ready, start, worker
 
 LAYERS = dict(layers=2, hidden=64, ffn=128, vocab=64)
@@ -221,6 +222,45 @@ def test_a_held_staged_generation_keeps_its_origin(tmp_path):
                      origins(description_in(m.store)) == want,
                      what="the description stored again, with the same origins")
         assert finish(holder)["generation"] == 1
+    finally:
+        code = d.stop()
+        mgr.close()
+    assert code == 0, d.read_log()
+
+
+def test_a_symlinked_stage_dir_keeps_its_copies_across_a_restart(tmp_path):
+    """stage_dir a symbolic link the operator made (stage.h follows it):
+    the restored copy's path, as the kernel names its descriptor, is under
+    the link's target. It was compared with the configured spelling as a
+    string: the copy was not recognised, the sweep removed it ("removed 1
+    staged copy"), the check compared the copy with its origin as if it
+    were the model's own file ("... was replaced or changed since it was
+    stored") and every restart copied the whole model again."""
+    src = mkmodel(tmp_path / "m.safetensors", seed=1, **LAYERS)
+    link = str(tmp_path / "staged")
+    d = Daemon(tmp_path, {"m": (src, {"stage": "yes"})},
+               extra=f"stage_dir = {link}\nrestart_hold_seconds = 1\n")
+    real = own_dir(d, tmp_path / "real")
+    os.symlink(real, link)
+    mgr = FakeManager(str(tmp_path / "notify.sock"))
+    try:
+        start_stored(d, mgr)
+        copy = os.path.join(real, "m.1")
+        first = os.stat(os.path.join(copy, "m.safetensors"))
+        assert d.stop() == 0, d.read_log()
+        assert entries(real) == ["m.1"]
+        start(d, mgr, *mgr.listen_fds())
+        wait_until(lambda: ready(d, "m"), what="m restored")
+        log = d.read_log()
+        assert f'model "m": generation 1 keeps its staged copy {copy}' in log, log
+        assert "staged from" not in log and "removed" not in log, log
+        assert "not restored" not in log, log
+        assert generation(d) == 1 and entries(real) == ["m.1"]
+        again = os.stat(os.path.join(copy, "m.safetensors"))
+        assert (again.st_dev, again.st_ino) == (first.st_dev, first.st_ino)
+        fds = model_fds(d.proc.pid)
+        assert fds and all(t.startswith(copy + "/") for t in fds), fds
+        verify(d, src)
     finally:
         code = d.stop()
         mgr.close()
