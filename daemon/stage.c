@@ -651,13 +651,14 @@ discard(const struct stage_request *req, int sfd, const char *tmp, int marked)
 static int
 check_path_lengths(const struct stage_request *req, const struct stage_file *fs, size_t n)
 {
-	/* "/.<model>.tmp-<pid>-XXXXXX/" and the longest entry in it */
+	/* "/.<model>.tmp-<token>-XXXXXX/" and the longest entry in it */
 	size_t longest = strlen(STAGE_MARKER), len;
 
 	for (size_t i = 0; i < n; i++)
 		if (strlen(fs[i].name) > longest)
 			longest = strlen(fs[i].name);
-	/* ".<model>.tmp-<pid>-XXXXXX" and "<model>.<number>-<k>" are names */
+	/* ".<model>.tmp-<token>-XXXXXX" and "<model>.<number>-<k>" are names
+	 * (20: the token's 16 digits, or the suffix's) */
 	if (strlen(req->model) + sizeof("..tmp--XXXXXX") + 20 > NAME_MAX)
 		return error_set(-ENAMETOOLONG, "cannot stage it: the model name \"%.64s...\" (%zu "
 			"bytes) is too long to name its copy in %s", req->model, strlen(req->model),
@@ -695,8 +696,8 @@ stage_copy(struct stage_request *req)
 	if ((err = check_cancelled(req)) < 0 || (err = check_path_lengths(req, fs, n)) < 0 ||
 		(err = check_room(req, bytes, &sfd)) < 0)
 		goto out;
-	snprintf(tmp, sizeof(tmp), "%s/.%s.tmp-%ld-XXXXXX", req->stage_dir, req->model,
-		(long)getpid());
+	snprintf(tmp, sizeof(tmp), "%s/.%s.tmp-%s-XXXXXX", req->stage_dir, req->model,
+		stage_token());
 	if (mkdtemp(tmp) == NULL) {
 		err = error_set(-errno, "cannot stage it: stage_dir %s: creating a directory: %s",
 			req->stage_dir, strerror(errno));

@@ -11,11 +11,12 @@
  * A copy is stage_dir/<model>.<generation>/ holding each file under its own
  * name (a model's files are plain names of one directory, as its index
  * records them): the single file, or a shard index and its shards. It is
- * written under a temporary name (.<model>.tmp-<pid>-XXXXXX) and renamed into
- * place only when every byte is copied and every source is still what it
- * was when it was opened (size, mtime, and the inode its path names): a
- * partial copy never serves, and one from a crashed daemon is removed at
- * start (stage_sweep). A copy keeps its source's mtime, so a warm restart
+ * written under a temporary name (.<model>.tmp-<token>-XXXXXX, the token a
+ * random number each process draws once, never its pid, which repeats) and
+ * renamed into place only when every byte is copied and every source is
+ * still what it was when it was opened (size, mtime, and the inode its
+ * path names): a partial copy never serves, and one from a crashed daemon
+ * is removed at start (stage_sweep). A copy keeps its source's mtime, so a warm restart
  * can tell whether the source changed while the daemon was down.
  *
  * wcached removes only what it made. Before anything else goes into a copy
@@ -138,9 +139,10 @@ int stage_dir_of(const char *stage_dir, const char *path, char **dir);
  * Removes what earlier processes left in stage_dir: every copy wcached
  * made (named <model>.<number>, possibly with a suffix, or a temporary
  * .<model>.tmp-..., with STAGE_MARKER in it) not among keep (nkeep absolute
- * paths) and not this process's own temporary. Other entries are not
- * touched; one of those names without the marker gets one warning naming
- * it. Refuses (-EPERM, nothing removed) a stage_dir another user may write.
+ * paths) and not this process's own temporary (named with its token; one
+ * named with this process's pid is an earlier process's). Other entries
+ * are not touched; one of those names without the marker gets one warning
+ * naming it. Refuses (-EPERM, nothing removed) a stage_dir another user may write.
  * Blocking. *removed counts the copies removed. 0, or the first -errno
  * (with the message); it goes on after an error.
  */

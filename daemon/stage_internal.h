@@ -23,6 +23,15 @@ int stage_check_dir(int fd, const char *path, uid_t owner);
  * or -errno with the message; -ENOENT when it does not exist. */
 int stage_open_dir(const char *stage_dir, int *fd);
 
+/*
+ * This process's token, 16 hex digits drawn once (random), that names its
+ * temporary copies (.<model>.tmp-<token>-XXXXXX): the sweep leaves those
+ * alone and removes every other one. Not the pid: a pid repeats across
+ * restarts (in a container wcached is often pid 1 every time), and a
+ * crashed staging's copy named with it would never be swept. Any thread.
+ */
+const char *stage_token(void);
+
 /* What stage_remove_at() did. */
 enum stage_removal { STAGE_REMOVED, STAGE_GONE, STAGE_NOT_OURS };
 

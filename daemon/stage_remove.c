@@ -19,12 +19,17 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/error.h"
@@ -194,19 +199,51 @@ stage_remove_later(uv_loop_t *loop, char *dir)
 	free(dir);
 }
 
+/* This process's token (stage_token), made once. */
+static char token[17];
+static pthread_once_t token_once = PTHREAD_ONCE_INIT;
+
+/* Draws the token: 64 random bits; where the kernel has none to give yet
+ * (early in a boot), the clocks and the pid, which a restart does not
+ * repeat all together. */
+static void
+make_token(void)
+{
+	uint64_t t = 0;
+
+	if (getrandom(&t, sizeof(t), GRND_NONBLOCK) != (ssize_t)sizeof(t)) {
+		struct timespec real, mono;
+
+		clock_gettime(CLOCK_REALTIME, &real);
+		clock_gettime(CLOCK_MONOTONIC, &mono);
+		t = (uint64_t)real.tv_sec * 1000000000u + (uint64_t)real.tv_nsec;
+		t ^= ((uint64_t)mono.tv_nsec << 24) ^ ((uint64_t)getpid() << 40);
+	}
+	snprintf(token, sizeof(token), "%016" PRIx64, t);
+}
+
+const char *
+stage_token(void)
+{
+	pthread_once(&token_once, make_token);
+	return token;
+}
+
 /* Is name one stage_copy() makes: "<model>.<number>" with an optional
- * "-<k>", or a temporary ".<model>.tmp-<pid>-XXXXXX"? *own_tmp: the latter,
- * of this process. */
+ * "-<k>", or a temporary ".<model>.tmp-<token>-XXXXXX" (an older wcached's
+ * ".<model>.tmp-<pid>-XXXXXX" too)? *own_tmp: the latter, with this
+ * process's token: a staging of this process may be writing it. */
 static bool
 staged_name(const char *name, bool *own_tmp)
 {
-	const char *dot = strrchr(name, '.'), *tmp = strstr(name, ".tmp-");
-	char pid[32];
+	const char *dot = strrchr(name, '.'), *tmp = strstr(name, ".tmp-"), *own;
+	char mine[32];
 
 	*own_tmp = false;
 	if (name[0] == '.' && tmp != NULL && tmp != name) {
-		snprintf(pid, sizeof(pid), ".tmp-%ld-", (long)getpid());
-		*own_tmp = strncmp(tmp, pid, strlen(pid)) == 0;
+		snprintf(mine, sizeof(mine), ".tmp-%s-", stage_token());
+		own = strstr(name, mine);
+		*own_tmp = own != NULL && strlen(own + strlen(mine)) == 6;
 		return true;
 	}
 	if (name[0] == '.' || dot == NULL || dot == name || dot[1] < '0' || dot[1] > '9')

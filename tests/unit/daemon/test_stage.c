@@ -45,6 +45,7 @@
 #include "base/path.h"
 #include "stage.h"
 #include "stage_fixture.h"
+#include "stage_internal.h"
 #include "testutil.h"
 
 /* dir holds STAGE_MARKER: a regular file of ours, read-only. */
@@ -167,8 +168,10 @@ test_copy_shard_index_path(void **state)
 }
 
 /* While the copy runs, only a temporary name exists in stage_dir, and it
- * holds the marker before the first byte is copied. */
-static int seen_final, seen_tmp, seen_marker;
+ * holds the marker before the first byte is copied. The name carries this
+ * process's token (stage_token), not its pid, which a later process may
+ * have too. */
+static int seen_final, seen_tmp, seen_marker, seen_token;
 
 static int
 look_during_copy(unsigned call)
@@ -180,6 +183,8 @@ look_during_copy(unsigned call)
 	if (call == 0) {
 		seen_final = stat(final, &st) == 0;
 		seen_tmp = tmp != NULL;
+		seen_token = tmp != NULL && strncmp(tmp + strlen(".m.tmp-"), stage_token(),
+			strlen(stage_token())) == 0 && tmp[strlen(".m.tmp-") + 16] == '-';
 		if (tmp != NULL) {
 			char *dir = path_join(fx->stage_dir, tmp);
 			char *marker = path_join(dir, STAGE_MARKER);
@@ -208,6 +213,7 @@ test_temporary_name_until_complete(void **state)
 	assert_false(seen_final);
 	assert_true(seen_tmp);
 	assert_true(seen_marker);
+	assert_true(seen_token);
 	assert_int_equal(tu_count_entries(f->stage_dir), 1); /* the temporary is gone */
 	free(model);
 }

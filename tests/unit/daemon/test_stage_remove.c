@@ -26,6 +26,7 @@
 #include "base/path.h"
 #include "stage.h"
 #include "stage_fixture.h"
+#include "stage_internal.h"
 #include "testutil.h"
 
 /* ---- removing ------------------------------------------------------------- */
@@ -67,14 +68,17 @@ entries_in(const char *parent, const char *name)
 
 /* stage_remove removes a copy and tolerates one already gone; the sweep
  * removes what an earlier process left, keeps what it is told to, this
- * process's own temporaries, and names it did not make. */
+ * process's own temporaries (named with its token), and names it did not
+ * make. A temporary named with this process's pid is an earlier process's
+ * (a pid repeats: in a container wcached is pid 1 at every start), left by
+ * a staging a crash cut short: removed too. */
 static void
 test_remove_and_sweep(void **state)
 {
 	struct fixture *f = *state;
 	static const char *const leftovers[] = { "a.1", "a.2-3", ".b.tmp-1-abcdef", "kept.7" };
 	static const char *const others[] = { "notes", "a.x", ".hidden" };
-	char own[64], *keep[1], *plain;
+	char own[64], same_pid[64], *keep[1], *plain;
 	unsigned removed = 9;
 
 	assert_int_equal(stage_prepare_dir(f->stage_dir, (uid_t)-1, (gid_t)-1), 0);
@@ -86,16 +90,20 @@ test_remove_and_sweep(void **state)
 		assert_int_equal(mkdir(d, 0700), 0);
 		free(d);
 	}
-	snprintf(own, sizeof(own), ".c.tmp-%ld-xyz", (long)getpid());
+	assert_int_equal(strlen(stage_token()), 16);
+	snprintf(own, sizeof(own), ".c.tmp-%s-xyz123", stage_token());
 	make_copy_in(f->stage_dir, own, 1);
+	snprintf(same_pid, sizeof(same_pid), ".c.tmp-%ld-abc123", (long)getpid());
+	make_copy_in(f->stage_dir, same_pid, 1);
 	plain = tu_write(f->stage_dir, "b.5", "file, not a directory", 21);
 
 	keep[0] = path_join(f->stage_dir, "kept.7");
 	assert_int_equal(stage_sweep(f->stage_dir, keep, 1, &removed), 0);
-	assert_int_equal(removed, 3);
+	assert_int_equal(removed, 4);
 	assert_int_equal(tu_count_entries(f->stage_dir), 6); /* kept.7, 3 others, own, b.5 */
 	assert_int_equal(tu_count_entries(keep[0]), 2);
 	assert_int_equal(entries_in(f->stage_dir, own), 2);
+	assert_int_equal(entries_in(f->stage_dir, same_pid), -1);
 	assert_int_equal(stage_remove(keep[0]), 0);
 	assert_int_equal(tu_count_entries(keep[0]), -1);
 	assert_int_equal(stage_remove(keep[0]), 0);
