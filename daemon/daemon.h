@@ -45,6 +45,7 @@ struct daemon {
 	int serving;
 	int stopping;
 	unsigned reloads;     /* config reloads in progress */
+	int debug;            /* -d: log at debug level whatever log_level says */
 	uv_timer_t status_timer;
 	uv_timer_t notify_timer;  /* sends what a manager that did not read missed */
 	uv_timer_t residency_timer; /* warm models that memory pressure shrank again */

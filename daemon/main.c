@@ -296,6 +296,7 @@ main(int argc, char **argv)
 	log_init(LOG_LEVEL_INFO, "wcached");
 	if (config_load(d.config_path, &d.cfg) < 0)
 		fatalx("%s", error_get());
+	d.debug = debug;
 	log_setlevel(debug ? LOG_LEVEL_DEBUG : d.cfg->log_level);
 	signal(SIGPIPE, SIG_IGN);
 	/* A file size limit (RLIMIT_FSIZE) fails a staging copy with EFBIG, not the daemon. */

@@ -121,6 +121,74 @@ reload_set_stage_dir(struct daemon *d, const struct config *cfg, uid_t uid, gid_
 		log_errorx("%s", error_get());
 }
 
+/* Swaps two strings of configurations (the running value stays). */
+static void
+swap_str(char **a, char **b)
+{
+	char *t = *a;
+
+	*a = *b;
+	*b = t;
+}
+
+/* Whether two optional strings differ. */
+static int
+str_differ(const char *a, const char *b)
+{
+	return (a == NULL) != (b == NULL) || (a != NULL && strcmp(a, b) != 0);
+}
+
+/*
+ * The [wcached] keys a running daemon cannot change (its sockets, its user,
+ * its threads, the limits its server started with): for each one the new
+ * configuration changes, one warning naming the key and both values, and
+ * the running value is kept in next, so that d->cfg always says what is
+ * in force (the exit removes the sockets it names).
+ */
+static void
+keep_restart_keys(struct config *running, struct config *next)
+{
+	const char *file = next->file;
+
+	if (strcmp(running->socket_path, next->socket_path) != 0) {
+		log_warnx("%s: socket changed to %s: takes effect after a restart (serving on "
+			  "%s)", file, next->socket_path, running->socket_path);
+		swap_str(&running->socket_path, &next->socket_path);
+	}
+	if (strcmp(running->control_path, next->control_path) != 0) {
+		log_warnx("%s: control changed to %s: takes effect after a restart (control "
+			  "socket %s)", file, next->control_path, running->control_path);
+		swap_str(&running->control_path, &next->control_path);
+	}
+	if (str_differ(running->control_group, next->control_group)) {
+		log_warnx("%s: control_group changed to %s: takes effect after a restart (now "
+			  "%s)", file, next->control_group ? next->control_group : "(none)",
+			running->control_group ? running->control_group : "(none)");
+		swap_str(&running->control_group, &next->control_group);
+		next->control_gid = running->control_gid;
+	}
+	if (str_differ(running->user, next->user)) {
+		log_warnx("%s: user changed to %s: takes effect after a restart (now %s)", file,
+			next->user ? next->user : "(none)",
+			running->user ? running->user : "(none)");
+		swap_str(&running->user, &next->user);
+		swap_str(&running->user_name, &next->user_name);
+		next->user_uid = running->user_uid;
+		next->user_gid = running->user_gid;
+	}
+#define KEEP_NUMBER(key, fmt)                                                              \
+	if (running->key != next->key) {                                                   \
+		log_warnx("%s: " #key " changed to " fmt ": takes effect after a restart " \
+			  "(now " fmt ")", file, next->key, running->key);                \
+		next->key = running->key;                                                 \
+	}
+	KEEP_NUMBER(prefetch_threads, "%d")
+	KEEP_NUMBER(max_clients, "%u")
+	KEEP_NUMBER(max_clients_per_uid, "%u")
+	KEEP_NUMBER(start_wait_seconds, "%u")
+#undef KEEP_NUMBER
+}
+
 /*
  * Re-reads the configuration and adds, drops or reloads models; done (may
  * be NULL) runs when every load it started has ended. For SIGHUP and for
@@ -145,10 +213,9 @@ reload_config(struct daemon *d, registry_done_fn done, void *arg)
 	req->arg = arg;
 	notify_send("RELOADING=1\nSTATUS=reloading %s", d->config_path);
 	log_info("reloading %s", d->config_path);
-	if (strcmp(cfg->socket_path, d->cfg->socket_path) != 0)
-		log_warnx("socket path changed to %s: takes effect after a restart",
-			cfg->socket_path);
-	log_setlevel(cfg->log_level);
+	keep_restart_keys(d->cfg, cfg);
+	log_setlevel(d->debug ? LOG_LEVEL_DEBUG : cfg->log_level);
+	d->reg.restart_hold_ms = (int)cfg->restart_hold_seconds * 1000;
 	d->reg.memory_budget = reload_memory_budget(d, cfg);
 	registry_enforce_budget(&d->reg);
 	reload_set_stage_dir(d, cfg, (uid_t)-1, (gid_t)-1);

@@ -130,6 +130,35 @@ def test_sighup_adds_and_drops_models(tmp_path, model):
         assert d.stop() == 0, d.read_log()
 
 
+def test_reload_keeps_debug_and_the_keys_that_need_a_restart(tmp_path, model):
+    """-d logs at debug level whatever log_level says, a reload included.
+    Keys a running daemon cannot change (its sockets, its limits) are named
+    in a warning with both values and the running value stays in force:
+    the control socket it listens on still answers, and the exit removes
+    it. Before, the reload dropped -d and took the new values in silence
+    (only socket was named)."""
+    d = Daemon(tmp_path, {"small": model}, log_level="warn").start(args=["-d"])
+    running = d.control
+    try:
+        d.control = str(tmp_path / "c2.sock")
+        d.write_config({"small": model}, "max_clients = 7\nrestart_hold_seconds = 5\n")
+        d.control = running
+        d.proc.send_signal(signal.SIGHUP)
+        d.wait_for_log("control changed to")
+        log = d.read_log()
+        assert f"control changed to {tmp_path}/c2.sock: takes effect after a restart " \
+            f"(control socket {running})" in log
+        assert "max_clients changed to 7: takes effect after a restart (now 1024)" in log
+        assert "restart_hold_seconds" not in log  # applies at once
+        r = subprocess.run([binary("wcachectl"), "--control", running, "status"],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        d.wait_for_log("control: uid .* status", timeout=10)
+    finally:
+        assert d.stop() == 0, d.read_log()
+    assert not os.path.exists(running)
+
+
 def test_sigterm_exits_cleanly_and_removes_socket(daemon):
     assert daemon.stop() == 0
     assert not os.path.exists(daemon.socket)

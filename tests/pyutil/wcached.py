@@ -138,12 +138,13 @@ class Wcached:
         with open(self.conf, "w") as f:
             f.write(text)
 
-    def start(self, env=None, timeout=60.0):
-        """Starts wcached (env: its environment, default ours) and returns
-        self once its client socket accepts connections."""
+    def start(self, env=None, timeout=60.0, args=()):
+        """Starts wcached (env: its environment, default ours; args: more
+        options) and returns self once its client socket accepts
+        connections."""
         self.logf = open(self.log, "w")
         self.lines, self._log_offset, self._log_tail = [], 0, b""
-        cmd = [self.wcached or build_binary("wcached"), "-c", self.conf]
+        cmd = [self.wcached or build_binary("wcached"), "-c", self.conf, *args]
         if self.user is not None:
             cmd = as_user(*self.user) + cmd
         nofile, cgroup = self.nofile, self.cgroup
