@@ -9,9 +9,25 @@
  *
  * The socket is non-blocking: a manager that does not read (stalled, or
  * re-executing) must never stop the event loop. A datagram that does not
- * fit is kept: state changes (READY=1, RELOADING=1, STOPPING=1, ...) in
- * order in a small queue, STATUS= lines coalesced into the newest one, and
- * notify_flush() sends them when the manager reads again.
+ * fit is kept, and notify_flush() sends what was kept when the manager
+ * reads again, in this order:
+ *
+ * 1. state changes (RELOADING=1, ...) in order, in a queue of 8; a further
+ *    one is dropped and counted, but for READY=1 and STOPPING=1;
+ * 2. READY=1 and STOPPING=1 that found the queue full: never dropped (a
+ *    manager that never hears READY=1 kills the unit after
+ *    TimeoutStartSec=), each a pending flag sent after the queue; while one
+ *    is pending, a droppable state change is dropped, so none overtakes it;
+ * 3. FDSTOREREMOVE=1 of the file descriptor store, in order, in a list of
+ *    their own, as long as it takes (one per name ever stored, at most): a
+ *    dropped removal leaves a stale descriptor in the manager, counted
+ *    against FileDescriptorStoreMax= and passed to the next process under a
+ *    name that may be reused;
+ * 4. the newest STATUS=-only datagram (each one replaces the one before).
+ *
+ * A store (FDSTORE=1) is never kept, and never goes while anything kept
+ * waits: a name removed and then stored again reaches the manager in that
+ * order.
  */
 #include "notify.h"
 
@@ -37,8 +53,23 @@
 #define NOTIFY_SNDBUF (8 * 1024 * 1024)
 
 /* State changes kept while the manager does not read; a further one is
- * dropped (and counted) only when this many are already waiting. */
+ * dropped (and counted) when this many are already waiting, unless it is
+ * READY=1 or STOPPING=1 (notify_held). */
 #define NOTIFY_QUEUE 8
+
+/* The state changes that are never dropped, as bits of notify_held, in the
+ * order notify_flush() sends them. */
+enum notify_held_state {
+	NOTIFY_HELD_READY = 1u << 0,    /* "READY=1" */
+	NOTIFY_HELD_STOPPING = 1u << 1, /* "STOPPING=1" */
+};
+
+/* A removal from the store that did not fit: its FDNAME= (at most
+ * NOTIFY_MAX_FDNAME bytes), in the order they were asked. */
+struct notify_removal {
+	struct notify_removal *next;
+	char name[];
+};
 
 /* Set by notify_init(), read by notify_send(). */
 static int notify_fd = -1;
@@ -50,6 +81,9 @@ static socklen_t notify_addrlen;
 static pthread_mutex_t notify_lock = PTHREAD_MUTEX_INITIALIZER;
 static char *notify_queue[NOTIFY_QUEUE];
 static unsigned notify_queued;
+static unsigned notify_held;     /* enum notify_held_state bits waiting */
+static struct notify_removal *notify_removals; /* the oldest removal waiting */
+static struct notify_removal **notify_removals_tail = &notify_removals;
 static char *notify_status;      /* newest STATUS=-only datagram not yet sent */
 static uint64_t notify_dropped;  /* datagrams given up on */
 
@@ -130,6 +164,83 @@ notify_sendmsg(const char *buf, size_t len)
 	return n < 0 ? (int)n : 1;
 }
 
+/* The datagram of a removal from the store, in buf (cap bytes, room for
+ * NOTIFY_MAX_FDNAME): its length. */
+static size_t
+removal_text(char *buf, size_t cap, const char *name)
+{
+	int n = snprintf(buf, cap, "FDSTOREREMOVE=1\nFDNAME=%s", name);
+
+	return n < 0 ? 0 : (size_t)n;
+}
+
+/* One try at sending a datagram kept: 1 when it went (the caller forgets
+ * it), 0 when the manager's queue is full (it stays), or -errno when it
+ * failed otherwise (the caller forgets it too: counted as dropped, and the
+ * first such error kept in *err). */
+static int
+send_kept(const char *buf, size_t len, int *err)
+{
+	int r = notify_sendmsg(buf, len);
+
+	if (r == -EAGAIN || r == -EWOULDBLOCK)
+		return 0;
+	if (r < 0) {
+		notify_dropped++;
+		if (*err == 0)
+			*err = r;
+	}
+	return r < 0 ? r : 1;
+}
+
+/*
+ * Sends what waits, in the order of the file comment, until the manager's
+ * queue is full again. A datagram whose send fails otherwise than with a
+ * full queue is dropped, and the rest still go: *err says the first such
+ * error (0: none). 1 when nothing waits any more, 0 when something does.
+ * Call with notify_lock held.
+ */
+static int
+flush_locked(int *err)
+{
+	static const struct {
+		unsigned bit;
+		const char *text;
+	} held[] = { { NOTIFY_HELD_READY, "READY=1" }, { NOTIFY_HELD_STOPPING, "STOPPING=1" } };
+	char text[32 + NOTIFY_MAX_FDNAME];
+
+	*err = 0;
+	while (notify_queued > 0) {
+		if (send_kept(notify_queue[0], strlen(notify_queue[0]), err) == 0)
+			return 0;
+		free(notify_queue[0]);
+		memmove(notify_queue, notify_queue + 1, --notify_queued * sizeof(notify_queue[0]));
+	}
+	for (size_t i = 0; i < sizeof(held) / sizeof(held[0]); i++) {
+		if ((notify_held & held[i].bit) == 0)
+			continue;
+		if (send_kept(held[i].text, strlen(held[i].text), err) == 0)
+			return 0;
+		notify_held &= ~held[i].bit;
+	}
+	while (notify_removals != NULL) {
+		struct notify_removal *first = notify_removals;
+
+		if (send_kept(text, removal_text(text, sizeof(text), first->name), err) == 0)
+			return 0;
+		if ((notify_removals = first->next) == NULL)
+			notify_removals_tail = &notify_removals;
+		free(first);
+	}
+	if (notify_status != NULL) {
+		if (send_kept(notify_status, strlen(notify_status), err) == 0)
+			return 0;
+		free(notify_status);
+		notify_status = NULL;
+	}
+	return 1;
+}
+
 /* Is every line of buf a STATUS= line (so a newer one may replace it)? */
 static int
 status_only(const char *buf)
@@ -146,65 +257,77 @@ status_only(const char *buf)
 	return 1;
 }
 
-/* Sends what waits, oldest state change first and the newest STATUS= last,
- * until the manager's queue is full again. Call with notify_lock held. */
-static int
-flush_locked(void)
+/* The lines of buf that are never dropped (enum notify_held_state bits),
+ * and in *other whether it has lines besides those and STATUS= ones. */
+static unsigned
+held_lines(const char *buf, int *other)
 {
-	int r;
+	unsigned bits = 0;
 
-	while (notify_queued > 0) {
-		if ((r = notify_sendmsg(notify_queue[0], strlen(notify_queue[0]))) == -EAGAIN)
-			return 0;
-		free(notify_queue[0]);
-		memmove(notify_queue, notify_queue + 1, --notify_queued * sizeof(notify_queue[0]));
-		if (r < 0)
-			return r;
+	*other = 0;
+	for (const char *p = buf; *p != '\0';) {
+		const char *nl = strchr(p, '\n');
+		size_t len = nl != NULL ? (size_t)(nl - p) : strlen(p);
+
+		if (len == 7 && strncmp(p, "READY=1", 7) == 0)
+			bits |= NOTIFY_HELD_READY;
+		else if (len == 10 && strncmp(p, "STOPPING=1", 10) == 0)
+			bits |= NOTIFY_HELD_STOPPING;
+		else if (strncmp(p, "STATUS=", 7) != 0)
+			*other = 1;
+		if (nl == NULL)
+			break;
+		p = nl + 1;
 	}
-	if (notify_status != NULL) {
-		if ((r = notify_sendmsg(notify_status, strlen(notify_status))) == -EAGAIN)
-			return 0;
-		free(notify_status);
-		notify_status = NULL;
-		if (r < 0)
-			return r;
-	}
-	return 1;
+	return bits;
 }
 
-/* Keeps a datagram that did not fit (see the file comment). */
+/* Keeps a datagram that did not fit (see the file comment). 2 when kept,
+ * -EAGAIN when dropped, -ENOMEM. */
 static int
 keep_locked(const char *buf)
 {
-	char *copy = strdup(buf);
+	int status = status_only(buf), other;
+	unsigned bits;
+	char *copy;
 
-	if (copy == NULL) {
-		notify_dropped++;
-		return error_set(-ENOMEM, "notify: out of memory");
-	}
-	if (status_only(buf)) {
-		if (notify_status != NULL)
+	if (status || (notify_held == 0 && notify_queued < NOTIFY_QUEUE)) {
+		if ((copy = strdup(buf)) == NULL) {
 			notify_dropped++;
-		free(notify_status);
-		notify_status = copy;
+			return error_set(-ENOMEM, "notify: out of memory");
+		}
+		if (status) {
+			if (notify_status != NULL)
+				notify_dropped++;
+			free(notify_status);
+			notify_status = copy;
+		} else {
+			notify_queue[notify_queued++] = copy;
+		}
 		return 2;
 	}
-	if (notify_queued == NOTIFY_QUEUE) {
-		notify_dropped++;
-		free(copy);
-		return error_set(-EAGAIN, "notify: the service manager does not read; %d state "
-					  "changes wait already, dropped: %s", NOTIFY_QUEUE, buf);
+	/* The queue is full, or a state change held already waits (one
+	 * queued now would go before it). READY=1 and STOPPING=1 wait as
+	 * flags; what else the datagram said is dropped (a STATUS= comes
+	 * again). */
+	if ((bits = held_lines(buf, &other)) != 0) {
+		notify_held |= bits;
+		if (other)
+			notify_dropped++;
+		return 2;
 	}
-	notify_queue[notify_queued++] = copy;
-	return 2;
+	notify_dropped++;
+	return error_set(-EAGAIN, "notify: the service manager does not read; %d state "
+				  "changes wait already, dropped: %s", NOTIFY_QUEUE, buf);
 }
 
+/* Formats and sends one state string, or keeps it (notify.h). */
 int
 notify_send(const char *fmt, ...)
 {
 	char buf[NOTIFY_MAX_MESSAGE + 1];
 	va_list ap;
-	int n, r;
+	int n, r, failed;
 
 	if (notify_fd < 0)
 		return 0;
@@ -218,12 +341,13 @@ notify_send(const char *fmt, ...)
 			n, NOTIFY_MAX_MESSAGE);
 
 	pthread_mutex_lock(&notify_lock);
-	/* What already waits goes first, so state changes keep their order. */
-	if ((r = flush_locked()) == 1)
+	/* What already waits goes first, so state changes keep their order;
+	 * what failed of it was counted and is not this datagram's error. */
+	if (flush_locked(&failed) == 1)
 		r = notify_sendmsg(buf, (size_t)n);
-	else if (r == 0)
+	else
 		r = -EAGAIN;
-	if (r == -EAGAIN)
+	if (r == -EAGAIN || r == -EWOULDBLOCK)
 		r = keep_locked(buf);
 	else if (r < 0)
 		r = error_set(r, "notify: sendmsg to $NOTIFY_SOCKET: %s", strerror(-r));
@@ -231,18 +355,20 @@ notify_send(const char *fmt, ...)
 	return r;
 }
 
+/* Sends what was kept, as far as the manager reads (notify.h). */
 int
 notify_flush(void)
 {
-	int r;
+	int r, failed;
 
 	if (notify_fd < 0)
 		return 1;
 	pthread_mutex_lock(&notify_lock);
-	r = flush_locked();
+	r = flush_locked(&failed);
 	pthread_mutex_unlock(&notify_lock);
-	if (r < 0)
-		return error_set(r, "notify: sendmsg to $NOTIFY_SOCKET: %s", strerror(-r));
+	if (failed < 0)
+		return error_set(failed, "notify: sendmsg to $NOTIFY_SOCKET: %s",
+			strerror(-failed));
 	return r;
 }
 
@@ -274,6 +400,7 @@ notify_dropped_count(void)
 	return n;
 }
 
+/* Closes the socket and forgets what waits (notify.h). */
 void
 notify_close(void)
 {
@@ -281,6 +408,14 @@ notify_close(void)
 	for (unsigned i = 0; i < notify_queued; i++)
 		free(notify_queue[i]);
 	notify_queued = 0;
+	notify_held = 0;
+	while (notify_removals != NULL) {
+		struct notify_removal *next = notify_removals->next;
+
+		free(notify_removals);
+		notify_removals = next;
+	}
+	notify_removals_tail = &notify_removals;
 	free(notify_status);
 	notify_status = NULL;
 	pthread_mutex_unlock(&notify_lock);
@@ -301,6 +436,7 @@ notify_fdname_valid(const char *s, size_t len)
 	return 1;
 }
 
+/* 0 when name is a valid FDNAME=, else -EINVAL with the message. */
 static int
 check_fdname(const char *name)
 {
@@ -310,12 +446,13 @@ check_fdname(const char *name)
 	return 0;
 }
 
+/* Hands fds to the manager's store under name, never kept (notify.h). */
 int
 notify_store_fds(const char *name, const int *fds, size_t n)
 {
 	char text[32 + NOTIFY_MAX_FDNAME];
 	ssize_t sent;
-	int r, len;
+	int r, len, failed;
 
 	if ((r = check_fdname(name)) < 0)
 		return r;
@@ -325,10 +462,15 @@ notify_store_fds(const char *name, const int *fds, size_t n)
 	if (notify_fd < 0)
 		return 0;
 	len = snprintf(text, sizeof(text), "FDSTORE=1\nFDNAME=%s", name);
-	/* notify_fd is non-blocking (notify_init), so a full queue is -EAGAIN. */
+	/* notify_fd is non-blocking (notify_init), so a full queue is -EAGAIN.
+	 * What was kept goes first: a removal of this name kept earlier must
+	 * not reach the manager after this store and remove it. */
 	pthread_mutex_lock(&notify_lock);
-	sent = fdp_sendto(notify_fd, text, (size_t)len, fds, n, NOTIFY_MAX_STORE_FDS,
-		(const struct sockaddr *)&notify_addr, notify_addrlen);
+	if (flush_locked(&failed) == 1)
+		sent = fdp_sendto(notify_fd, text, (size_t)len, fds, n, NOTIFY_MAX_STORE_FDS,
+			(const struct sockaddr *)&notify_addr, notify_addrlen);
+	else
+		sent = -EAGAIN;
 	pthread_mutex_unlock(&notify_lock);
 	r = sent < 0 ? (int)sent : 1;
 	if (r == -EAGAIN || r == -EWOULDBLOCK)
@@ -340,12 +482,42 @@ notify_store_fds(const char *name, const int *fds, size_t n)
 	return 1;
 }
 
+/* Asks the manager to drop what it stores under name: sent now, or kept
+ * in the list of removals, never dropped but for want of memory
+ * (notify.h). */
 int
 notify_remove_fds(const char *name)
 {
-	int r;
+	char text[32 + NOTIFY_MAX_FDNAME];
+	struct notify_removal *kept;
+	size_t len;
+	int r, failed;
 
 	if ((r = check_fdname(name)) < 0)
 		return r;
-	return notify_send("FDSTOREREMOVE=1\nFDNAME=%s", name);
+	if (notify_fd < 0)
+		return 0;
+	len = strlen(name);
+	pthread_mutex_lock(&notify_lock);
+	if (flush_locked(&failed) == 1) {
+		r = notify_sendmsg(text, removal_text(text, sizeof(text), name));
+		if (r != -EAGAIN && r != -EWOULDBLOCK) {
+			pthread_mutex_unlock(&notify_lock);
+			if (r < 0)
+				return error_set(r, "notify: FDSTOREREMOVE=1 FDNAME=%s: sendmsg to "
+					"$NOTIFY_SOCKET: %s", name, strerror(-r));
+			return 1;
+		}
+	}
+	if ((kept = malloc(sizeof(*kept) + len + 1)) == NULL) {
+		notify_dropped++;
+		pthread_mutex_unlock(&notify_lock);
+		return error_set(-ENOMEM, "notify: FDSTOREREMOVE=1 FDNAME=%s: out of memory", name);
+	}
+	kept->next = NULL;
+	memcpy(kept->name, name, len + 1);
+	*notify_removals_tail = kept;
+	notify_removals_tail = &kept->next;
+	pthread_mutex_unlock(&notify_lock);
+	return 2;
 }

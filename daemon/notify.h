@@ -43,28 +43,36 @@ int notify_init(void);
 
 /* Formats the whole state string, e.g. notify_send("READY=1\nSTATUS=serving
  * %zu models", n), and sends it as one datagram with sendmsg(MSG_NOSIGNAL).
- * Never blocks: when the manager's queue is full the datagram is kept (a
- * state change in order, in a queue of 8; a STATUS=-only one replaces the
- * STATUS= kept before it, which counts as dropped) for notify_flush().
+ * Never blocks: when the manager's queue is full, or something kept waits,
+ * the datagram is kept for notify_flush() (notify.c says in what order):
+ * a state change in order, in a queue of 8; a STATUS=-only one replaces the
+ * STATUS= kept before it, which counts as dropped. READY=1 and STOPPING=1
+ * are never dropped: with the queue full they wait as flags, sent after it
+ * (the rest of their datagram is dropped), and until they have gone any
+ * other state change is dropped rather than sent before them.
  * Returns 1 when sent, 2 when kept, 0 when notifications are off
  * (notify_init() returned 0 or was not called), -EMSGSIZE when the string is
  * longer than NOTIFY_MAX_MESSAGE, -EAGAIN when it had to be dropped (8 state
- * changes wait already), or the error of sendmsg() (for example
- * -ECONNREFUSED when the manager is gone). Safe to call from any thread. */
+ * changes wait already, or READY=1 or STOPPING=1 does), -ENOMEM, or the
+ * error of sendmsg() (for example -ECONNREFUSED when the manager is gone).
+ * Safe to call from any thread. */
 int notify_send(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* Sends what notify_send() kept, as far as the manager reads. Returns 1 when
- * nothing waits any more, 0 when something still does (call again later),
- * or a negative errno when a send failed (that datagram is dropped). Never
- * blocks. */
+/* Sends what notify_send() and notify_remove_fds() kept, as far as the
+ * manager reads. Returns 1 when nothing waits any more, 0 when something
+ * still does (call again later), or a negative errno when a send failed
+ * otherwise than with a full queue (that datagram is dropped and counted;
+ * the others were still tried). Never blocks. */
 int notify_flush(void);
 
 /* notify_flush() until nothing waits or timeout_ms passed: for shutdown,
  * so STOPPING=1 reaches a manager that is merely slow. Blocks. */
 int notify_flush_wait(int timeout_ms);
 
-/* Datagrams dropped so far (STATUS= replaced by a newer one, or a state
- * change that found the queue full). */
+/* Datagrams dropped so far (STATUS= replaced by a newer one, a state
+ * change that found the queue full, what a READY=1 or STOPPING=1 kept as
+ * a flag said besides, a kept one whose send failed, or one there was no
+ * memory to keep). */
 uint64_t notify_dropped_count(void);
 
 /* Closes the notification socket and forgets what waits; notify_send()
@@ -95,16 +103,24 @@ int notify_fdname_valid(const char *s, size_t len);
  * could be closed or reused by its owner before it went, so when the
  * manager's queue is full this returns -EAGAIN and the caller decides
  * (log it and try again later, or store nothing: a restart then loads that
- * generation afresh). Returns 1 when sent, 0 when notifications are off,
- * -EINVAL for a bad name or count, -EAGAIN, or the error of sendmsg().
- * Safe to call from any thread.
+ * generation afresh). Whatever was kept (notify_flush) goes first, and
+ * while some of it still waits this is -EAGAIN too: a removal of name
+ * asked before never reaches the manager after the store and removes it.
+ * Returns 1 when sent, 0 when notifications are off, -EINVAL for a bad
+ * name or count, -EAGAIN, or the error of sendmsg(). Safe to call from
+ * any thread.
  */
 int notify_store_fds(const char *name, const int *fds, size_t n);
 
 /* Asks the manager to close every descriptor it stores under name
- * ("FDSTOREREMOVE=1\nFDNAME=name"). A plain state string: when the queue
- * is full it is kept and sent by notify_flush() like any state change.
- * Returns as notify_send(), or -EINVAL for a bad name. */
+ * ("FDSTOREREMOVE=1\nFDNAME=name"). Never dropped for a full queue: when
+ * the manager does not read, or something kept waits, it is kept in a list
+ * of its own, in order and as long as it takes (one per name ever stored,
+ * at most), and notify_flush() sends it (before any later
+ * notify_store_fds()). Returns 1 when sent, 2 when kept, 0 when
+ * notifications are off, -EINVAL for a bad name, -ENOMEM (not kept), or
+ * the error of sendmsg() other than a full queue (not sent). Safe to call
+ * from any thread. */
 int notify_remove_fds(const char *name);
 
 /* The parser of the variable above, a pure function for the fuzzer and the

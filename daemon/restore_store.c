@@ -506,17 +506,19 @@ store_description(struct registry *r)
 		(err = fdstore_memfd_make(buf, len, &fd)) < 0)
 		goto out;
 	/* Removed once: a retry after a refused store must not remove
-	 * again behind a removal still queued. */
-	if (restore_state.desc_in_store)
-		(void)notify_remove_fds(FDSTORE_NAME_DESC);
-	restore_state.desc_in_store = 0;
-	/* A removal still in our queue would go after the store and remove
-	 * the new description: store once it has gone. */
-	if (notify_flush() == 0) {
-		err = error_set(-EAGAIN, "the removal of the previous one waits in the queue");
-		close(fd);
-		goto out;
+	 * again behind a removal still kept. Only a removal sent or kept
+	 * (notify.h: never dropped for a full queue) counts: after one that
+	 * failed the old description is still in the store, and a second one
+	 * beside it would make the next start refuse both. */
+	if (restore_state.desc_in_store) {
+		if ((err = notify_remove_fds(FDSTORE_NAME_DESC)) < 0) {
+			close(fd);
+			goto out;
+		}
+		restore_state.desc_in_store = 0;
 	}
+	/* A removal kept goes first, and the store waits (-EAGAIN) while it
+	 * does: it reaches the manager before the new description. */
 	if ((err = notify_store_fds(FDSTORE_NAME_DESC, &fd, 1)) > 0)
 		restore_state.desc_in_store = 1;
 	close(fd);

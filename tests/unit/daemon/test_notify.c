@@ -593,6 +593,175 @@ test_store_fds(void **state)
 	close(fds[1]);
 }
 
+/* A manager's socket at f->dir/notify.sock, and notifications to it. */
+static int
+manager_socket(struct fixture *f)
+{
+	struct sockaddr_un addr = {.sun_family = AF_UNIX};
+	int fd;
+
+	snprintf(addr.sun_path, sizeof(addr.sun_path), "%s/notify.sock", f->dir);
+	fd = bound_dgram(&addr, sizeof(addr));
+	assert_int_equal(setenv("NOTIFY_SOCKET", addr.sun_path, 1), 0);
+	assert_int_equal(notify_init(), 1);
+	return fd;
+}
+
+/* Reads, without waiting, the datagrams the manager has into text[*n ..
+ * max) (each NUL-terminated, cap bytes), closing any descriptor one
+ * carries. Returns how many it read. */
+static size_t
+drain(int manager, char (*text)[128], size_t *n, size_t max)
+{
+	char buf[NOTIFY_MAX_MESSAGE + 16];
+	int fds[NOTIFY_MAX_STORE_FDS];
+	size_t k = 0, nfds;
+	ssize_t got;
+
+	while ((got = recv_with_fds(manager, buf, sizeof(buf) - 1, fds, NOTIFY_MAX_STORE_FDS,
+			&nfds)) >= 0) {
+		buf[got] = '\0';
+		for (size_t i = 0; i < nfds; i++)
+			close(fds[i]);
+		assert_true(*n < max && (size_t)got < sizeof(text[0]));
+		memcpy(text[(*n)++], buf, (size_t)got + 1);
+		k++;
+	}
+	return k;
+}
+
+/*
+ * A generation of 163 shards closing while the manager does not read: 164
+ * removals (the index and each file). Each is sent or kept, none dropped
+ * (the queue of state changes held 8 before, and the rest were lost: stale
+ * descriptors in the store, names reused); a store waits behind them
+ * (-EAGAIN), and READY=1 after them is kept. Once the manager reads, every
+ * removal arrives, in order, READY=1 too, and then the store goes.
+ */
+static void
+test_notify_removals_never_dropped(void **state)
+{
+	struct fixture *f = *state;
+	static char got[400][128];
+	char name[64], expect[128];
+	size_t n = 0, removal = 0;
+	int manager = manager_socket(f), sent = 0, kept = 0, ready = 0, fd, r = 0, i;
+	uint64_t dropped = notify_dropped_count();
+
+	for (i = 0; i < 164; i++) {
+		snprintf(name, sizeof(name), "wc-1-1-%d", i);
+		r = notify_remove_fds(name);
+		assert_true(r == 1 || r == 2);
+		sent += r == 1;
+		kept += r == 2;
+	}
+	assert_true(kept > 0); /* the manager's queue filled */
+	assert_true(sent + kept == 164);
+	r = notify_send("READY=1");
+	assert_true(r == 2);
+	fd = memfd_create("wctest-desc", MFD_CLOEXEC);
+	assert_true(fd >= 0);
+	assert_int_equal(notify_store_fds("wc-desc", &fd, 1), -EAGAIN);
+	assert_int_equal(notify_flush(), 0); /* still nobody reads */
+
+	/* The manager reads. */
+	for (i = 0; i < 1000 && (r = notify_flush()) != 1; i++)
+		drain(manager, got, &n, sizeof(got) / sizeof(got[0]));
+	assert_int_equal(r, 1);
+	drain(manager, got, &n, sizeof(got) / sizeof(got[0]));
+	assert_int_equal(notify_store_fds("wc-desc", &fd, 1), 1);
+	drain(manager, got, &n, sizeof(got) / sizeof(got[0]));
+	close(fd);
+	for (size_t k = 0; k < n; k++) {
+		if (strcmp(got[k], "READY=1") == 0) {
+			ready++;
+			continue;
+		}
+		if (strcmp(got[k], "FDSTORE=1\nFDNAME=wc-desc") == 0) {
+			assert_int_equal(k, n - 1); /* after every removal */
+			continue;
+		}
+		snprintf(expect, sizeof(expect), "FDSTOREREMOVE=1\nFDNAME=wc-1-1-%zu", removal++);
+		assert_string_equal(got[k], expect);
+	}
+	assert_int_equal(removal, 164);
+	assert_int_equal(ready, 1);
+	assert_string_equal(got[n - 1], "FDSTORE=1\nFDNAME=wc-desc");
+	assert_int_equal(notify_dropped_count(), dropped);
+	close(manager);
+}
+
+/*
+ * READY=1 and STOPPING=1 are never dropped: with 8 state changes kept
+ * already they wait (a manager that never hears READY=1 kills the unit
+ * after TimeoutStartSec=), and a droppable state change after them is
+ * dropped rather than sent before them. Once the manager reads: the 8 in
+ * order, then READY=1, then STOPPING=1.
+ */
+static void
+test_notify_ready_and_stopping_never_dropped(void **state)
+{
+	struct fixture *f = *state;
+	static char got[64][128];
+	char expect[64];
+	size_t n = 0, state_at = 0;
+	int manager = manager_socket(f), r = 0, i, states, queued = 0;
+
+	/* The manager's queue, then ours. */
+	for (states = 0; states < 100 && (r = notify_send("X-STATE=%d", states)) != -EAGAIN;
+		states++)
+		queued += r == 2;
+	assert_int_equal(r, -EAGAIN);
+	assert_int_equal(queued, 8);
+	assert_int_equal(notify_send("READY=1"), 2);
+	assert_int_equal(notify_send("RELOADING=1\nSTATUS=reloading"), -EAGAIN);
+	assert_int_equal(notify_send("STOPPING=1"), 2);
+	assert_int_equal(notify_send("STATUS=stopping"), 2);
+
+	for (i = 0; i < 1000 && (r = notify_flush()) != 1; i++)
+		drain(manager, got, &n, sizeof(got) / sizeof(got[0]));
+	assert_int_equal(r, 1);
+	drain(manager, got, &n, sizeof(got) / sizeof(got[0]));
+	/* X-STATE=0 .. states - 1 in order, READY=1, STOPPING=1, the newest STATUS=. */
+	assert_int_equal(n, (size_t)states + 3);
+	for (state_at = 0; state_at < (size_t)states; state_at++) {
+		snprintf(expect, sizeof(expect), "X-STATE=%zu", state_at);
+		assert_string_equal(got[state_at], expect);
+	}
+	assert_string_equal(got[state_at], "READY=1");
+	assert_string_equal(got[state_at + 1], "STOPPING=1");
+	assert_string_equal(got[state_at + 2], "STATUS=stopping");
+	close(manager);
+}
+
+/* A removal kept, then a store under the same name (the description is
+ * replaced so): the store goes only after the removal, never before it,
+ * or the manager would drop the new description with the old. */
+static void
+test_notify_store_after_removal(void **state)
+{
+	struct fixture *f = *state;
+	static char got[64][128];
+	size_t n = 0;
+	int manager = manager_socket(f), fd, r = 0, i;
+
+	for (i = 0; i < 100 && (r = notify_send("X-STATE=%d", i)) == 1; i++)
+		;
+	assert_int_equal(r, 2); /* the manager's queue is full */
+	assert_int_equal(notify_remove_fds("wc-desc"), 2);
+	fd = memfd_create("wctest-desc", MFD_CLOEXEC);
+	assert_true(fd >= 0);
+	/* The manager reads what it has, not what we kept. */
+	drain(manager, got, &n, sizeof(got) / sizeof(got[0]));
+	assert_int_equal(notify_store_fds("wc-desc", &fd, 1), 1);
+	drain(manager, got, &n, sizeof(got) / sizeof(got[0]));
+	assert_true(n >= 2);
+	assert_string_equal(got[n - 2], "FDSTOREREMOVE=1\nFDNAME=wc-desc");
+	assert_string_equal(got[n - 1], "FDSTORE=1\nFDNAME=wc-desc");
+	close(fd);
+	close(manager);
+}
+
 /* A memfd moved to target without FD_CLOEXEC, as systemd passes back what
  * the store holds. */
 static void
@@ -687,6 +856,11 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_notify_path, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_notify_manager_not_reading, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_notify_removals_never_dropped, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_notify_ready_and_stopping_never_dropped, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_notify_store_after_removal, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_notify_abstract, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_notify_unset, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_notify_invalid, setup, teardown),
