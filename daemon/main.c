@@ -10,13 +10,16 @@
  * left and runs the loop until uv_loop_close() succeeds, so nothing leaks.
  * daemon.h says which file holds what.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <grp.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -25,6 +28,7 @@
 #include "control.h"
 #include "daemon.h"
 #include "base/error.h"
+#include "base/escape.h"
 #include "log.h"
 #include "listen.h"
 #include "notify.h"
@@ -55,6 +59,53 @@ usage(FILE *f)
 		   "  -V, --version      print the version\n");
 }
 
+/* Prints "wcached: PREFIX" and msg on f, msg escaped (base/escape.h): a
+ * message can quote a path or a name a model file chose. */
+static void
+print_message(FILE *f, const char *prefix, const char *msg)
+{
+	fprintf(f, "wcached: %s", prefix);
+	escape_print(f, msg);
+	fputc('\n', f);
+}
+
+/*
+ * --check of a socket path (key = path): what would stop the daemon from
+ * making its socket there: something that is not a socket in its place
+ * (an error: wcached refuses to remove it), or a directory not there (a
+ * warning only: systemd's RuntimeDirectory makes /run/wcached at start).
+ * Returns 1 for an error. Under socket activation systemd's socket is
+ * there already, which is fine.
+ */
+static int
+check_socket_path(const char *key, const char *path)
+{
+	char *dir = strdup(path), *slash;
+	struct stat st;
+	int bad = 0;
+
+	if (dir == NULL)
+		return 1;
+	if (lstat(path, &st) == 0 && !S_ISSOCK(st.st_mode)) {
+		fprintf(stderr, "wcached: %s = %s: exists and is not a socket; wcached will not "
+				"remove it\n", key, path);
+		bad = 1;
+	} else if ((slash = strrchr(dir, '/')) != NULL) {
+		*(slash == dir ? slash + 1 : slash) = '\0';
+		if (stat(dir, &st) < 0)
+			fprintf(stderr, "wcached: warning: %s = %s: %s: %s (systemd's "
+					"RuntimeDirectory= makes it at start)\n", key, path, dir,
+				strerror(errno));
+		else if (!S_ISDIR(st.st_mode)) {
+			fprintf(stderr, "wcached: %s = %s: %s is not a directory\n", key, path,
+				dir);
+			bad = 1;
+		}
+	}
+	free(dir);
+	return bad;
+}
+
 /* --check: validates the config and every model; prints one line each. */
 static int
 check(const char *path)
@@ -64,22 +115,30 @@ check(const char *path)
 	int bad = 0;
 
 	if (config_load(path, &cfg) < 0) {
-		fprintf(stderr, "wcached: %s\n", error_get());
+		print_message(stderr, "", error_get());
 		return 1;
 	}
+	bad |= check_socket_path("socket", cfg->socket_path);
+	bad |= check_socket_path("control", cfg->control_path);
 	for (size_t i = 0; i < cfg->n_models; i++) {
 		const struct model_config *m = &cfg->models[i];
+		char prefix[CONFIG_MODEL_NAME_MAX + 16];
 		struct index_header h;
 
+		snprintf(prefix, sizeof(prefix), "model \"%s\": ", m->name);
 		if (source_open(m->path, &s) < 0) {
-			fprintf(stderr, "wcached: model \"%s\": %s\n", m->name, error_get());
+			print_message(stderr, prefix, error_get());
 			bad = 1;
 			continue;
 		}
-		if (index_open(s.index, s.index_len, &h) == 0)
+		if (index_open(s.index, s.index_len, &h) == 0) {
 			printf("model \"%s\": ok: %" PRIu64 " tensors in %zu file%s (%s)\n",
 				m->name, h.tensor_count, s.nfiles, s.nfiles == 1 ? "" : "s",
 				source_format_name(s.format));
+		} else {
+			print_message(stderr, prefix, error_get());
+			bad = 1;
+		}
 		source_close(&s);
 	}
 	/* Valid, but a daemon that serves nothing is rarely what was meant
@@ -264,6 +323,7 @@ main(int argc, char **argv)
 	size_t nkeep;
 	int opt, do_check = 0, debug = 0, notifying, fdstore, r;
 
+	opterr = 0; /* one line of ours per mistake, not getopt's and the usage */
 	while ((opt = getopt_long(argc, argv, "c:dhV", options, NULL)) != -1) {
 		switch (opt) {
 		case 'c':
@@ -282,12 +342,19 @@ main(int argc, char **argv)
 			printf("wcached %s\n", WCACHE_VERSION);
 			return 0;
 		default:
-			usage(stderr);
+			if (optopt == 'c')
+				fprintf(stderr, "wcached: %s needs a FILE", argv[optind - 1]);
+			else if (optopt != 0)
+				fprintf(stderr, "wcached: unknown option -%c", optopt);
+			else
+				fprintf(stderr, "wcached: unknown option %s", argv[optind - 1]);
+			fprintf(stderr, " (see 'wcached --help')\n");
 			return 2;
 		}
 	}
 	if (optind != argc) {
-		usage(stderr);
+		fprintf(stderr, "wcached: unexpected argument \"%s\" (see 'wcached --help')\n",
+			argv[optind]);
 		return 2;
 	}
 	if (do_check)

@@ -9,6 +9,8 @@ import socket
 import struct
 import subprocess
 
+import pytest
+
 from conftest import (BIN, Daemon, binary, connectable, fd_count, mkmodel, root_daemon,
                       settled_fd_count, wait_until)
 
@@ -115,6 +117,53 @@ def test_check_validates_models(tmp_path, model):
                        text=True, timeout=30)
     assert r.returncode == 1
     assert 'model "trunc"' in r.stderr and "trunc.safetensors" in r.stderr
+
+
+def test_check_escapes_what_a_model_file_chose_and_checks_the_sockets(tmp_path, model):
+    """--check, run by an operator at a terminal, prints the path a sharded
+    model's index names with its escapes made visible, never raw; a socket
+    path with something else in its place (which wcached will not remove)
+    is an error, a missing directory a warning (systemd makes /run/wcached
+    at start). Before, the escapes reached the terminal and both passed."""
+    hostile = tmp_path / "h"
+    hostile.mkdir()
+    shard = "\x1b]0;PWNED\x07\x1b[2J\u009b31mshard.safetensors"
+    (hostile / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": {"t": shard}}))
+    d = Daemon(tmp_path, {"h": str(hostile)})
+    r = subprocess.run([binary("wcached"), "--check", "-c", d.conf], capture_output=True,
+                       timeout=30)
+    assert r.returncode == 1
+    assert b"\x1b" not in r.stderr and b"\x07" not in r.stderr and b"\xc2\x9b" not in r.stderr
+    assert b"\\x1b]0;PWNED\\x07\\x1b[2J\\u009b31mshard.safetensors" in r.stderr, r.stderr
+
+    (tmp_path / "wcached.sock").write_text("not a socket")
+    d = Daemon(tmp_path, {"small": model})
+    d.control = str(tmp_path / "missing" / "control.sock")
+    d.write_config({"small": model})
+    r = subprocess.run([binary("wcached"), "--check", "-c", d.conf], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 1
+    assert f"socket = {tmp_path}/wcached.sock: exists and is not a socket" in r.stderr
+    assert f"warning: control = {tmp_path}/missing/control.sock: {tmp_path}/missing: No such " \
+        "file or directory" in r.stderr
+    os.unlink(tmp_path / "wcached.sock")
+    r = subprocess.run([binary("wcached"), "--check", "-c", d.conf], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("argv,line", [
+    (["foo"], 'unexpected argument "foo"'),
+    (["-x"], "unknown option -x"),
+    (["--bogus"], "unknown option --bogus"),
+    (["-c"], "-c needs a FILE"),
+    (["--config"], "--config needs a FILE"),
+])
+def test_usage_errors_are_one_line(argv, line):
+    r = subprocess.run([binary("wcached"), *argv], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2
+    assert r.stderr == f"wcached: {line} (see 'wcached --help')\n"
 
 
 def test_sighup_adds_and_drops_models(tmp_path, model):
