@@ -162,6 +162,10 @@ config_parse_memory_budget(const char *s, enum config_budget *kind, uint64_t *va
 			return -EINVAL;
 		}
 	}
+	if (*p == '.' || *p == ',') {
+		*why = "whole numbers only (write 1536M, not 1.5G)";
+		return -EINVAL;
+	}
 	while (*p == ' ' || *p == '\t')
 		p++;
 	if (*p == '%') {
@@ -201,7 +205,7 @@ config_parse_memory_budget(const char *s, enum config_budget *kind, uint64_t *va
 	}
 	if (shift != 0) {
 		p++;
-		if (p[0] == 'i' && toupper((unsigned char)p[1]) == 'B')
+		if (toupper((unsigned char)p[0]) == 'I' && toupper((unsigned char)p[1]) == 'B')
 			p += 2;
 		else if (toupper((unsigned char)p[0]) == 'B')
 			p++;

@@ -335,6 +335,8 @@ test_memory_budget(void **state)
 		{"1024", CONFIG_BUDGET_BYTES, 1024, 1024},
 		{"100B", CONFIG_BUDGET_BYTES, 100, 100},
 		{"2KiB", CONFIG_BUDGET_BYTES, 2048, 2048},
+		{"2KIB", CONFIG_BUDGET_BYTES, 2048, 2048},
+		{"2gib", CONFIG_BUDGET_BYTES, 2ull << 30, 2ull << 30},
 		{"3kb", CONFIG_BUDGET_BYTES, 3072, 3072},
 		{"1 T", CONFIG_BUDGET_BYTES, 1ull << 40, 1ull << 40},
 		{"16777215T", CONFIG_BUDGET_BYTES, 16777215ull << 40, 16777215ull << 40},
@@ -381,7 +383,7 @@ test_memory_budget(void **state)
 	check_error(f, "[wcached]\nmemory_budget = 99999999999999999999999\n", 2, "too large");
 	check_error(f, "[wcached]\nmemory_budget = lots\n", 2, "expected a size");
 	check_error(f, "[wcached]\nmemory_budget = -1G\n", 2, "expected a size");
-	check_error(f, "[wcached]\nmemory_budget = 1.5G\n", 2, "unknown unit");
+	check_error(f, "[wcached]\nmemory_budget = 1.5G\n", 2, "whole numbers only");
 }
 
 /* allow_users and allow_groups with names and ids; unknown names fail with
