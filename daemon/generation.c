@@ -428,6 +428,8 @@ log_warm(struct registry *r, struct generation *g)
 /* A warming job of one file ended (loop thread). When it was the last, its
  * outcome moves g out of WARMING (or, evicted meanwhile, out of COLD only
  * when a file failed). */
+static void rewarm(struct registry *r, struct generation *g);
+
 static void
 warm_done(struct warm_job *job, const struct warm_result *res, void *cookie)
 {
@@ -451,6 +453,8 @@ warm_done(struct warm_job *job, const struct warm_result *res, void *cookie)
 		g->warm.cancelled = 1;
 	if (--g->warm.pending == 0 && g->state == GEN_COLD)
 		gen_queue_pages(r, g, PAGE_EVICT_SETTLE); /* evicted while it warmed */
+	else if (g->warm.pending == 0 && g->state == GEN_REWARM)
+		rewarm(r, g); /* ... and attached again since */
 	if (g->warm.pending > 0 || (g->state != GEN_WARMING && g->state != GEN_COLD)) {
 		if (g->warm.pending == 0 && r->pages_ended != NULL)
 			r->pages_ended(r, g);
@@ -633,6 +637,11 @@ gen_ref(struct registry *r, struct generation *g)
 		g->number);
 	if (pages_drop_queued_evictions(g))
 		gen_set_state(g, GEN_REWARM, "attached while an eviction runs");
+	else if (g->warm.pending > 0 && g->model->warm)
+		/* Evicted while it warmed: its cancelled jobs are still
+		 * stopping, and a warm-up now would skip every file they
+		 * hold. Warm once they have stopped (warm_done). */
+		gen_set_state(g, GEN_REWARM, "attached while a cancelled warm-up stops");
 	else if (g->model->warm)
 		gen_start_warming(r, g);
 	else
@@ -654,10 +663,16 @@ gen_unref(struct registry *r, struct generation *g)
 static void
 evict_done(struct registry *r, struct generation *g)
 {
-	if (g->state != GEN_REWARM)
-		return;
-	/* Attached again while this eviction ran: warm now that it is done,
-	 * so it does not drop the fresh pages. */
+	if (g->state == GEN_REWARM)
+		rewarm(r, g);
+}
+
+/* g was attached again while its pages were being dropped (an eviction
+ * ran, or a warm-up an eviction cancelled was stopping): warm it now that
+ * nothing drops the fresh pages or holds its warm jobs. */
+static void
+rewarm(struct registry *r, struct generation *g)
+{
 	if (g->model != NULL && g->model->current == g && g->model->warm)
 		gen_start_warming(r, g);
 	else

@@ -77,7 +77,8 @@ enum gen_state {
 	GEN_WARMING,  /* being read into the page cache */
 	GEN_READY,    /* serves; warm unless the model does not warm */
 	GEN_COLD,     /* evicted from the page cache; an attach warms it again */
-	GEN_REWARM,   /* attached while cold: warms when the running eviction ends */
+	GEN_REWARM,   /* attached while cold: warms when the running eviction, or the
+			 * warm-up an eviction cancelled, has stopped */
 	GEN_MODIFIED, /* a file was changed in place: no new attaches */
 	GEN_FAILED,   /* warming failed (I/O error): no new attaches */
 	GEN_CLOSED,   /* unreferenced, being freed */

@@ -373,6 +373,43 @@ test_attach_during_eviction_rewarms_after(void **state)
 	free(path);
 }
 
+/* Evicted while it warms, then attached before its cancelled jobs have
+ * stopped: it warms again once they have, in full. Before, the attach
+ * started a warm-up that skipped every file (their jobs were still set),
+ * and the generation went ready unwarmed ("warming cancelled"), never to
+ * be warmed by the residency check either. */
+static void
+test_attach_while_cancelled_warmup_stops(void **state)
+{
+	struct du *t = *state;
+	struct generation *g;
+	char *path, *log;
+
+	du_teardown(t);
+	du_setup(t, true, 1 << 20);
+	path = du_model(t, "m.safetensors", 1 << 20); /* 4 MiB at 1 MiB/s */
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 1), 0);
+	g = du_current(t, "m");
+	assert_int_equal(g->state, GEN_WARMING);
+	du_log_start(t);
+	assert_int_equal(registry_evict(&t->reg, "m"), 0);
+	assert_int_equal(g->state, GEN_COLD);
+	assert_true(g->warm.pending > 0);
+	assert_ptr_equal(attach(t, "m"), g);
+	assert_int_equal(g->state, GEN_REWARM);
+	du_wait_state(t, "m", false, GEN_READY);
+	du_settle(t);
+	log = du_log_stop(t);
+	assert_logged(log, "(attached while a cancelled warm-up stops)");
+	assert_logged(log, "warming (after eviction) -> warming (warming)");
+	assert_logged(log, "warming -> ready (warm)");
+	assert_false(g->warm.cancelled);
+	assert_true(g->warm.bytes == g->bytes);
+	registry_release(&t->reg, g);
+	free(log);
+	free(path);
+}
+
 static void
 test_cold_not_warming_model(void **state)
 {
@@ -752,6 +789,8 @@ main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(test_evict_and_attach_cold, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_attach_during_eviction_rewarms_after, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_attach_while_cancelled_warmup_stops, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_cold_not_warming_model, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_memory_budget_evicts_lru, setup, teardown),
