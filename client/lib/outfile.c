@@ -117,14 +117,19 @@ outfile_randomize(char *name)
  * give). Set-id and sticky bits are not kept: a write in place clears
  * set-id bits too, and a set-id file of another owner's must not become
  * one with this writer's bytes. A target not there (or not a regular file)
- * leaves open()'s mode alone.
+ * leaves open()'s mode alone; a directory is -EISDIR, before anything is
+ * written.
  */
 static int
 outfile_take_over(int fd, const char *target)
 {
 	struct stat old, now;
 
-	if (stat(target, &old) < 0 || !S_ISREG(old.st_mode))
+	if (stat(target, &old) < 0)
+		return 0;
+	if (S_ISDIR(old.st_mode))
+		return -EISDIR; /* the rename would fail after the whole write */
+	if (!S_ISREG(old.st_mode))
 		return 0;
 	if (fstat(fd, &now) < 0)
 		return -errno;

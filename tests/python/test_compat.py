@@ -286,6 +286,21 @@ def test_save_file_keeps_mode_owner_and_symlink(tmp_path, save):
     assert (st.st_mode & 0o7777, value(secret)) == (0o600, 1)
     if os.geteuid() == 0:
         assert (st.st_uid, st.st_gid) == (4321, 4321)
+    # A directory in the way: upstream's I/O error, nothing left beside it.
+    (tmp_path / "adir").mkdir()
+    with pytest.raises(wcache.SafetensorError, match="adir: Is a directory"):
+        write(tmp_path / "adir", 5)
+    assert sorted(os.listdir(tmp_path)) == ["adir", "secret.safetensors"]
+    # ... raised before a byte is produced, not at the rename after them all.
+    from wcache import _serialize
+    produced = []
+
+    def chunks():
+        produced.append(1)
+        yield b"x"
+    with pytest.raises(IsADirectoryError):
+        _serialize.write_atomically(tmp_path / "adir", chunks())
+    assert produced == []
     # Set-id bits go, as a write in place would clear them.
     os.chmod(secret, 0o6750)
     write(secret, 4)

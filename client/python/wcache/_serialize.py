@@ -178,11 +178,13 @@ def _replaced(path):
     """The os.stat_result of the regular file path names (its mode and
     owner go to the file replacing it), or None: nothing there yet (the new
     file gets 0666 minus the umask, as open(O_CREAT) gives it), or not a
-    regular file."""
+    regular file. A directory is IsADirectoryError."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
         return None
+    if stat.S_ISDIR(st.st_mode):  # before the write, not at the rename after it
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
     return st if stat.S_ISREG(st.st_mode) else None
 
 

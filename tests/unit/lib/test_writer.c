@@ -648,6 +648,18 @@ test_replace_keeps_mode_owner_and_symlink(void **state)
 		assert_int_equal(sb.st_gid, 4321);
 	}
 	assert_int_equal(first_byte_of_data(secret), 7);
+	/* A directory in the way fails before anything is written. */
+	{
+		char *sub = join(dir, "subdir");
+		int before = tu_count_entries(dir);
+
+		assert_int_equal(mkdir(sub, 0755), 0);
+		assert_int_equal(writer_safetensors(m, sub), -EISDIR);
+		assert_non_null(strstr(error_get(), "subdir: Is a directory"));
+		assert_int_equal(tu_count_entries(dir), before + 1);
+		assert_int_equal(rmdir(sub), 0);
+		free(sub);
+	}
 	/* Set-id bits go, as a write in place would clear them. */
 	assert_int_equal(chmod(secret, 06750), 0);
 	assert_int_equal(writer_safetensors(m, secret), 0);
