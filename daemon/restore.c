@@ -742,13 +742,19 @@ restore_model(struct restore *s, struct registry *r, const char *name, const cha
 	else if (g == NULL)
 		log_info("model \"%s\": not restored: no current generation was stored; loading",
 			name);
-	else if (g->pin != (uint8_t)pin)
-		log_info("model \"%s\": not restored: its pin changed (was %s); loading", name,
-			pin_mode_name((enum pin_mode)g->pin));
 	else if (queue_check(s, r, i - 1, g, path, pin, warm, done, arg) < 0)
 		log_warnx("model \"%s\": not restored: %s; loading", name, error_get());
-	else
+	else {
+		/* The pin is what the model keeps locked, not what it is: the
+		 * generation serves as stored and takes the configured pin (its
+		 * full check locks the metadata unless pin = none; pin = all
+		 * locks every page after it, restore_checks). */
+		if (g->pin != (uint8_t)pin)
+			log_info("model \"%s\": its pin changed (was %s, now %s): restored all the "
+				 "same, then pinned as configured", name,
+				pin_mode_name((enum pin_mode)g->pin), pin_mode_name(pin));
 		return 1;
+	}
 	return 0;
 }
 

@@ -67,7 +67,9 @@ typedef void (*restore_done_fn)(const char *name, enum restore_result result, vo
 /*
  * Serves the stored current generation of the configured model name
  * (path, pin, warm as configured) when the description has one for the
- * same path and pin and every piece passes its checks. The checks ask the
+ * same path and every piece passes its checks; a pin other than the stored
+ * one is no reason to load afresh: the generation serves, then takes the
+ * configured pin (its full check locks what pin says). The checks ask the
  * model's filesystem (restore_check.c), whose server may hang, so they run
  * on the work queue: the model is listed as loading (registry_expect) and
  * done(name, result, arg) comes on the loop. Returns 1 then, or 0 when the

@@ -533,7 +533,11 @@ out:
 }
 
 /* What the description depends on, hashed (FNV-1a), so that progress
- * events do not rewrite it. Never 0. */
+ * events do not rewrite it: everything describe_generation() and
+ * restore_describe() write of a model, its pin and path included (a pin
+ * changed by a reload or wcachectl pin makes no new generation, and a
+ * description that kept the old one would make the next start compare
+ * against it). Never 0. */
 static uint64_t
 describe_hash(const struct registry *r)
 {
@@ -541,12 +545,15 @@ describe_hash(const struct registry *r)
 
 	for (const struct model_entry *m = r->models; m != NULL; m = m->next) {
 		const struct generation *g = m->current;
-		uint64_t v[8] = { m->entry_id, m->slot, m->last_generation, g ? g->number : 0,
+		uint64_t v[9] = { m->entry_id, m->slot, m->last_generation, g ? g->number : 0,
 			g ? (uint64_t)g->stored_done : 0, g ? (uint64_t)gen_attachable(g) : 0,
-			g ? restore_holders(g) : 0, (uint64_t)(carried(m) != NULL) };
+			g ? restore_holders(g) : 0, (uint64_t)(carried(m) != NULL),
+			(uint64_t)m->pin };
 
-		for (int i = 0; i < 8; i++)
+		for (int i = 0; i < 9; i++)
 			h = (h ^ v[i]) * 1099511628211ull;
+		for (const char *p = m->path; p != NULL && *p != '\0'; p++)
+			h = (h ^ (unsigned char)*p) * 1099511628211ull;
 	}
 	/* The held generations described with them. */
 	for (const struct generation *g = r->generations; g != NULL; g = g->next) {

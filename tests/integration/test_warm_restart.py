@@ -6,9 +6,11 @@ LISTEN_PID, as systemd does after `systemctl restart`. The second process
 must serve the same generation without reading the model (no "warm:" line,
 the load log says restored), on the same status page, while a worker that
 attached before the restart still reads correct bytes; a model whose
-configuration changed loads afresh with the next generation number."""
+path changed loads afresh with the next generation number, one whose pin
+changed (by a reload, or while no wcached ran) is restored and takes it."""
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -79,6 +81,15 @@ def finish(p):
 
 def generation(d, name):
     return status(d)[name]["generation"]
+
+
+def start_stored(d, mgr):
+    """Starts d's first process with model "a" and waits until its
+    generation 1 and the description are in mgr's store."""
+    start(d, mgr)
+    wait_until(lambda: ready(d, "a"), what="a ready")
+    mgr.wait_for(lambda m: "wc-desc" in m.store and "wc-1-1-i" in m.store,
+                 what="a's generation and the description stored")
 
 
 def test_warm_restart(tmp_path):
@@ -166,6 +177,52 @@ def test_broken_store_loads_afresh(tmp_path):
         start(d, mgr, *mgr.listen_fds())
         wait_until(lambda: ready(d, "a"), what="a restored")
         assert 'model "a": generation 1 restored' in d.read_log(), d.read_log()
+    finally:
+        status_code = d.stop()
+        mgr.close()
+    assert status_code == 0, d.read_log()
+
+
+def test_a_changed_pin_keeps_the_restart_warm(tmp_path):
+    """A pin changed by a reload makes no new generation, but it reaches the
+    stored description; and a configured pin other than the stored one does
+    not stop a restore: the generation comes back warm (its files not read
+    again), then takes the configured pin. Before, the description kept the
+    old pin and the next start said 'not restored: its pin changed (was
+    metadata); loading'."""
+    a = mkmodel(tmp_path / "a.safetensors", seed=1)
+    mgr = FakeManager(str(tmp_path / "notify.sock"))
+    d = Daemon(tmp_path, {"a": a})
+    try:
+        start_stored(d, mgr)
+        wait_until(lambda: status(d)["a"]["pin_applied"] == "metadata", what="a pinned")
+        # pin = none by a reload: no new generation.
+        d.write_config({"a": (a, {"pin": "none"})})
+        d.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: "configuration reloaded" in d.read_log(), what="the reload")
+        wait_until(lambda: status(d)["a"]["pin_applied"] == "none", what="a unpinned")
+        assert d.stop() == 0, d.read_log()
+        start(d, mgr, *mgr.listen_fds())
+        wait_until(lambda: ready(d, "a"), what="a after the restart")
+        log = d.read_log()
+        assert 'model "a": generation 1 restored from the file descriptor store' in log, log
+        assert 'model "a": generation 1 warm:' not in log, log
+        assert "its pin changed" not in log, log   # the description had the new pin
+        assert status(d)["a"]["pinned"] == "none"
+        # pin = metadata again, while no wcached runs: restored all the same,
+        # then its full check locks the metadata as configured.
+        assert d.stop() == 0, d.read_log()
+        d.write_config({"a": (a, {"pin": "metadata"})})
+        start(d, mgr, *mgr.listen_fds())
+        wait_until(lambda: ready(d, "a"), what="a after the second restart")
+        log = d.read_log()
+        assert 'model "a": generation 1 restored from the file descriptor store' in log, log
+        assert 'model "a": its pin changed (was none, now metadata)' in log, log
+        assert 'model "a": generation 1 warm:' not in log, log
+        wait_until(lambda: status(d)["a"]["pin_applied"] == "metadata",
+                   what="a pinned as configured")
+        assert status(d)["a"]["pinned"] == "metadata"
+        assert generation(d, "a") == 1
     finally:
         status_code = d.stop()
         mgr.close()

@@ -207,11 +207,69 @@ test_description_replaced_after_its_removal(void **state)
 	free(a);
 }
 
+/* The description the manager received last (decoded; fdstore_free it). */
+static struct fdstore_desc *
+last_description(const struct manager *m)
+{
+	struct fdstore_desc *d = NULL;
+	uint8_t *buf = NULL;
+	size_t len = 0;
+
+	for (size_t i = m->n; i-- > 0;)
+		if (m->got[i].store && strcmp(m->got[i].name, FDSTORE_NAME_DESC) == 0) {
+			assert_int_equal(fdstore_memfd_read(m->got[i].fd, &buf, &len), 0);
+			assert_int_equal(fdstore_decode(buf, len, &d), 0);
+			free(buf);
+			return d;
+		}
+	fail_msg("no description received");
+	return NULL;
+}
+
+/*
+ * A pin changed at run time (a reload, wcachectl pin) makes no new
+ * generation, but the description says it: the next start compares the
+ * configured pin with what was stored. Before, the description stayed as
+ * it was (its hash left the pin out) until something else changed.
+ */
+static void
+test_pin_change_stores_the_description(void **state)
+{
+	struct fixture *f = *state;
+	struct du *t = f->t;
+	char *a = du_model(t, "a.safetensors", 1024);
+	struct fdstore_desc *d;
+	size_t from;
+
+	assert_int_equal(du_load(t, "m", a, PIN_METADATA, 0), 0);
+	restore_sync(&t->reg);
+	manager_read(&f->m);
+	d = last_description(&f->m);
+	assert_int_equal(d->nmodels, 1);
+	assert_int_equal(d->models[0].ngenerations, 1);
+	assert_int_equal(d->models[0].generations[0].pin, PIN_METADATA);
+	fdstore_free(d);
+
+	assert_int_equal(registry_pin(&t->reg, "m", PIN_NONE), 0);
+	du_settle(t);
+	from = f->m.n;
+	restore_sync(&t->reg);
+	manager_read(&f->m);
+	assert_int_equal(received(&f->m, from, 0, FDSTORE_NAME_DESC), 1);
+	assert_int_equal(received(&f->m, from, 1, FDSTORE_NAME_DESC), 1);
+	d = last_description(&f->m);
+	assert_int_equal(d->models[0].generations[0].pin, PIN_NONE);
+	fdstore_free(d);
+	free(a);
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_description_replaced_after_its_removal, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_pin_change_stores_the_description, setup,
 			teardown),
 	};
 
