@@ -3,6 +3,9 @@
  * as a worker would, and reports what it got and how long it took. With
  * --touch it also reads every page of every tensor, which shows whether the
  * daemon's warming left the pages resident.
+ *
+ * NAME and the library's messages (which carry the daemon's, quoting a
+ * model's paths) are printed escaped (escape_print(), ctl_error()).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -11,10 +14,12 @@
 #include <unistd.h>
 
 #include "ctl/ctl.h"
+#include "ctl/internal.h"
 #include "proto/defaults.h"
-#include "base/json.h"
+#include "base/escape.h"
 #include "lib/wcache.h"
 
+/* Prints `wcachectl attach --help`. */
 static void
 attach_usage(FILE *f)
 {
@@ -49,6 +54,7 @@ touch_all(const wc_model *m, uint64_t *bytes)
 	return sum;
 }
 
+/* `wcachectl attach` (ctl.h). */
 int
 ctl_attach(int argc, char **argv)
 {
@@ -84,12 +90,12 @@ ctl_attach(int argc, char **argv)
 	if (name == NULL)
 		return ctl_usage_error("attach", "missing NAME");
 	if (wc_connect(socket_path, &c) < 0) {
-		fprintf(stderr, "wcachectl: %s\n", wc_errmsg());
+		ctl_error("%s", wc_errmsg());
 		return 1;
 	}
 	t0 = ctl_monotonic();
 	if (wc_attach(c, name, &m) < 0) {
-		fprintf(stderr, "wcachectl: %s\n", wc_errmsg());
+		ctl_error("%s", wc_errmsg());
 		wc_disconnect(c);
 		return 1;
 	}
@@ -104,7 +110,7 @@ ctl_attach(int argc, char **argv)
 	}
 	if (json) {
 		printf("{\"model\":");
-		json_write_string(stdout, name, strlen(name));
+		ctl_json_string(stdout, name, strlen(name));
 		printf(",\"generation\":%" PRIu64 ",\"tensors\":%zu,\"bytes\":%" PRIu64
 		       ",\"attach_seconds\":%.9f", wc_model_generation(m), wc_model_count(m),
 			bytes, t_attach);
@@ -112,8 +118,10 @@ ctl_attach(int argc, char **argv)
 			printf(",\"touch_seconds\":%.6f,\"checksum\":%" PRIu64, t_touch, sum);
 		printf("}\n");
 	} else {
-		printf("model %s: generation %" PRIu64 ", %zu tensors, %" PRIu64
-		       " bytes, attached in %.1f us\n", name, wc_model_generation(m),
+		printf("model ");
+		escape_print(stdout, name);
+		printf(": generation %" PRIu64 ", %zu tensors, %" PRIu64
+		       " bytes, attached in %.1f us\n", wc_model_generation(m),
 			wc_model_count(m), bytes, t_attach * 1e6);
 		if (touch)
 			printf("touched every page in %.3f s (%.0f MB/s)\n", t_touch,
@@ -121,5 +129,5 @@ ctl_attach(int argc, char **argv)
 	}
 	wc_release(m);
 	wc_disconnect(c);
-	return 0;
+	return 0; /* a failed write to stdout: main() says so (ctl_finish_output()) */
 }

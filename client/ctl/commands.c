@@ -1,5 +1,7 @@
 /*
- * commands.c: wcachectl's commands and the help that lists them.
+ * commands.c: wcachectl's commands, the help that lists them, and what
+ * every command's output goes through: its errors, its JSON, and the check
+ * that standard output was written.
  *
  * Two kinds: the control commands, which are those of wcached's control
  * socket (the table of proto/control_cmds.h gives their names, words and
@@ -10,17 +12,31 @@
  * takes other words than it sends, its own synopsis. A command the table
  * gains runs here at once; its description is all this file needs, and the
  * unit test (tests/unit/ctl/test_commands.c) fails until it is written.
+ *
+ * Every string wcachectl prints for a person that came from a model file,
+ * from wcached or from the command line goes through escape_print()
+ * (base/escape.h): an escape sequence in a model's name, a path or an error
+ * that quotes them is shown as text (\x1b, \u009b), never sent to the
+ * terminal. Errors are escaped once, here, in ctl_error() and
+ * ctl_usage_error(), so their callers pass the text as it came. JSON output
+ * goes through ctl_json_text() or ctl_json_string(), which escape what a
+ * terminal acts on inside JSON strings too.
  */
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ctl/ctl.h"
 #include "ctl/internal.h"
+#include "base/escape.h"
+#include "base/json.h"
 #include "proto/control_cmds.h"
+#include "proto/control_proto.h"
 #include "proto/defaults.h"
 
 /* The commands that do not talk to the control socket. */
@@ -172,6 +188,9 @@ ctl_help(FILE *f)
 		   "      --control PATH   the control socket (default $WCACHE_CONTROL, else\n"
 		   "                       " DEFAULT_CONTROL_PATH ")\n"
 		   "      --json           print wcached's JSON reply instead of a table\n\n"
+		   "options of wcachectl itself (before COMMAND):\n"
+		   "  -h, --help           this help\n"
+		   "      --version        print wcachectl's version\n\n"
 		   "Exit status: 0 on success; 1 when wcached reports an error or cannot be\n"
 		   "reached (the reason is on stderr); 2 for a usage error; status also\n"
 		   "exits 3 when a model is not ready and 4 for a name it does not serve.\n\n"
@@ -199,4 +218,114 @@ ctl_run(int argc, char **argv, const char *config, const char *control, int json
 		return file_commands[k].run(argc, argv);
 	}
 	return ctl_usage_error(NULL, "unknown command \"%s\"", argv[0]);
+}
+
+/* ---- what every command prints ---------------------------------------- */
+
+/* The last message of ctl_error() or ctl_usage_error(), unescaped, for
+ * --json's error object. */
+static char last_error[8192];
+
+/* Prints an error (internal.h). */
+void
+ctl_error(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(last_error, sizeof(last_error), fmt, ap);
+	va_end(ap);
+	fputs("wcachectl: ", stderr);
+	escape_print(stderr, last_error);
+	fputc('\n', stderr);
+}
+
+/* Prints a usage error (ctl.h). */
+int
+ctl_usage_error(const char *command, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(last_error, sizeof(last_error), fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "wcachectl%s%s: ", command != NULL ? " " : "",
+		command != NULL ? command : "");
+	escape_print(stderr, last_error);
+	fprintf(stderr, " (see 'wcachectl %s%s--help')\n", command != NULL ? command : "",
+		command != NULL ? " " : "");
+	return CTL_EXIT_USAGE;
+}
+
+/* Prints --json's error object (internal.h). */
+void
+ctl_json_error(void)
+{
+	printf("{\"ok\":false,\"protocol\":%d,\"error\":", CONTROL_PROTOCOL_VERSION);
+	ctl_json_string(stdout, last_error, strlen(last_error));
+	printf("}\n");
+}
+
+/* Writes JSON text with what a terminal acts on escaped (internal.h). */
+void
+ctl_json_text(FILE *f, const char *text, size_t len)
+{
+	const unsigned char *p = (const unsigned char *)text, *end = p + len, *run = p;
+	char out[ESCAPE_STEP_MAX];
+	size_t n, out_len;
+
+	for (; p < end; p += n) {
+		n = escape_step(p, end, out, &out_len);
+		/* Kept as they are: what escape_step() keeps, and C0 controls,
+		 * which valid JSON holds only as whitespace between tokens. */
+		if (out_len == n || *p < 0x20)
+			continue;
+		fwrite(run, 1, (size_t)(p - run), f);
+		run = p + n;
+		if (out_len == ESCAPE_STEP_MAX) /* "\uNNNN", in JSON's syntax too */
+			fwrite(out, 1, out_len, f);
+		else if (*p == 0x7f)
+			fputs("\\u007f", f);
+		else /* not UTF-8, which the strict reader and json_write_string()
+		      * never let through: the replacement character */
+			fputs("\\ufffd", f);
+	}
+	fwrite(run, 1, (size_t)(p - run), f);
+}
+
+/* Writes a JSON string literal with what a terminal acts on escaped
+ * (internal.h): json_write_string()'s literal, through ctl_json_text(). */
+void
+ctl_json_string(FILE *f, const char *s, size_t len)
+{
+	char *literal = NULL;
+	size_t literal_len = 0;
+	FILE *m = open_memstream(&literal, &literal_len);
+
+	if (m == NULL) { /* still valid JSON, only less careful of terminals */
+		json_write_string(f, s, len);
+		return;
+	}
+	json_write_string(m, s, len);
+	if (fclose(m) == 0)
+		ctl_json_text(f, literal, literal_len);
+	else
+		json_write_string(f, s, len);
+	free(literal);
+}
+
+/* Ends a command: checks that its standard output was written (ctl.h). */
+int
+ctl_finish_output(int status)
+{
+	int e = 0;
+
+	if (fflush(stdout) != 0)
+		e = errno;
+	else if (ferror(stdout))
+		e = EIO; /* an earlier write failed, and its errno is gone */
+	if (e == 0)
+		return status;
+	ctl_error("writing the output: %s", strerror(e));
+	return CTL_EXIT_FAILURE;
 }

@@ -15,8 +15,10 @@
  * JSON object whatever happens: the reply, or ctl_json_error()'s.
  *
  * Replies are parsed with the strict reader of json.h. Strings from the
- * daemon are printed with control characters escaped, so a hostile model
- * file's name cannot drive the terminal.
+ * daemon are printed with escape_print() (base/escape.h), so a hostile
+ * model file's name cannot drive the terminal; the metrics exposition is
+ * escaped so only when standard output is a terminal, and goes as it is to
+ * a scraper or a file.
  *
  * This file finds the socket, makes the request from the options and
  * arguments, talks to the daemon and reads the fields every reply has,
@@ -25,7 +27,6 @@
  */
 #include <errno.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -41,6 +42,7 @@
 #include "ctl/internal.h"
 #include "proto/defaults.h"
 #include "base/error.h"
+#include "base/escape.h"
 #include "base/inifile.h"
 #include "base/json.h"
 
@@ -237,6 +239,7 @@ struct reply {
 	uint64_t generation;
 };
 
+/* Frees the strings of a reply (its struct is the caller's). */
 static void
 reply_free(struct reply *r)
 {
@@ -408,58 +411,6 @@ reply_parse(const char *line, size_t len, struct reply *out)
 	return 0;
 }
 
-/* Writes s with control characters as \xNN, for a terminal. */
-void
-ctl_print_safe(FILE *f, const char *s)
-{
-	for (const unsigned char *p = (const unsigned char *)s; *p != '\0'; p++) {
-		if (*p < 0x20 || *p == 0x7f)
-			fprintf(f, "\\x%02x", *p);
-		else
-			fputc(*p, f);
-	}
-}
-
-/* The last error ctl_error() printed, for --json's error object. */
-static char last_error[1024];
-
-void
-ctl_error(const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(last_error, sizeof(last_error), fmt, ap);
-	va_end(ap);
-	fputs("wcachectl: ", stderr);
-	ctl_print_safe(stderr, last_error);
-	fputc('\n', stderr);
-}
-
-int
-ctl_usage_error(const char *command, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(last_error, sizeof(last_error), fmt, ap);
-	va_end(ap);
-	fprintf(stderr, "wcachectl%s%s: ", command != NULL ? " " : "",
-		command != NULL ? command : "");
-	ctl_print_safe(stderr, last_error);
-	fprintf(stderr, " (see 'wcachectl %s%s--help')\n", command != NULL ? command : "",
-		command != NULL ? " " : "");
-	return CTL_EXIT_USAGE;
-}
-
-void
-ctl_json_error(void)
-{
-	printf("{\"ok\":false,\"protocol\":%d,\"error\":", CONTROL_PROTOCOL_VERSION);
-	json_write_string(stdout, last_error, strlen(last_error));
-	printf("}\n");
-}
-
 /* ---- the commands ------------------------------------------------------- */
 
 /* Appends word to the request, in double quotes when it needs them.
@@ -522,15 +473,52 @@ print_result(const struct ctl_control_cmd *cmd, const struct reply *r, char **ar
 {
 	if (cmd->id == CONTROL_CMD_LOAD || (cmd->id == CONTROL_CMD_RELOAD && r->model)) {
 		printf("model ");
-		ctl_print_safe(stdout, r->model != NULL ? r->model : args[0]);
+		escape_print(stdout, r->model != NULL ? r->model : args[0]);
 		printf(": ");
 	} else if (cmd->wire->min_args == 1 && args[0] != NULL) {
 		printf("model ");
-		ctl_print_safe(stdout, args[0]);
+		escape_print(stdout, args[0]);
 		printf(": ");
 	}
-	ctl_print_safe(stdout, r->message != NULL ? r->message : "ok");
+	escape_print(stdout, r->message != NULL ? r->message : "ok");
 	putchar('\n');
+}
+
+/* --json: the daemon's reply line as it came, but for what a terminal acts
+ * on inside its strings (ctl_json_text()). */
+static void
+print_reply(const char *line, size_t len)
+{
+	ctl_json_text(stdout, line, len);
+	putchar('\n');
+}
+
+/*
+ * The metrics exposition (len bytes, which may hold a NUL): as it is when
+ * standard output is not a terminal, for the scraper or file that reads
+ * it; on a terminal, every control character but the newlines that end its
+ * lines escaped (escape_step()), as the daemon's other strings are.
+ */
+static void
+print_exposition(const char *text, size_t len)
+{
+	const unsigned char *p = (const unsigned char *)text, *end = p + len;
+	char out[ESCAPE_STEP_MAX];
+	size_t n, out_len;
+
+	if (!isatty(STDOUT_FILENO)) {
+		fwrite(text, 1, len, stdout);
+		return;
+	}
+	for (; p < end; p += n) {
+		if (*p == '\n') {
+			putchar('\n');
+			n = 1;
+			continue;
+		}
+		n = escape_step(p, end, out, &out_len);
+		fwrite(out, 1, out_len, stdout);
+	}
 }
 
 /* Resolves the control socket's path: --control; else -c CONFIG's control
@@ -557,6 +545,7 @@ socket_path(const char *config, const char *control)
 	return path;
 }
 
+/* One request and its reply on a new connection (internal.h). */
 char *
 ctl_request(const char *path, const char *request, size_t len, size_t *reply_len)
 {
@@ -628,8 +617,8 @@ parse_args(const struct ctl_control_cmd *cmd, int argc, char **argv, struct cont
 
 				a->timeout = strtod(argv[++i], &end);
 				if (*end != '\0' || !(a->timeout > 0 && a->timeout <= 3600))
-					return ctl_usage_error(cmd->wire->name,
-						"--timeout takes seconds (0 to 3600), not \"%s\"",
+					return ctl_usage_error(cmd->wire->name, "--timeout takes "
+						"seconds, more than 0 and at most 3600, not \"%s\"",
 						argv[i]);
 			} else
 				a->config = argv[++i];
@@ -649,6 +638,10 @@ parse_args(const struct ctl_control_cmd *cmd, int argc, char **argv, struct cont
 			a->words[a->nwords++] = argv[i];
 		}
 	}
+	if ((a->config != NULL && a->config[0] == '\0') ||
+		(a->control != NULL && a->control[0] == '\0'))
+		return ctl_usage_error(cmd->wire->name, "%s needs a path, not an empty one",
+			a->control != NULL && a->control[0] == '\0' ? "--control" : "--config");
 	if ((int)a->nwords < cmd->min_args) {
 		char what[128];
 
@@ -720,26 +713,20 @@ ctl_control(const struct ctl_control_cmd *cmd, int argc, char **argv, const char
 		goto out;
 	status = r.ok ? CTL_EXIT_OK : CTL_EXIT_FAILURE;
 	if (!r.ok) {
-		fprintf(stderr, "wcachectl: ");
-		ctl_print_safe(stderr, r.error);
-		fputc('\n', stderr);
+		ctl_error("%s", r.error);
 		if (a.json)
-			printf("%s\n", reply_line);
+			print_reply(reply_line, reply_len);
 	} else if (cmd->id == CONTROL_CMD_STATUS) {
 		status = ctl_status_show(reply_line, reply_len, a.words, a.nwords, a.json);
 	} else if (a.json) {
-		printf("%s\n", reply_line);
+		print_reply(reply_line, reply_len);
 	} else if (cmd->id == CONTROL_CMD_METRICS) {
 		if (r.text != NULL)
-			fwrite(r.text, 1, r.text_len, stdout);
+			print_exposition(r.text, r.text_len);
 	} else {
 		print_result(cmd, &r, a.words);
 	}
 	reply_free(&r);
-	if (fflush(stdout) != 0 || ferror(stdout)) {
-		ctl_error("writing the output: %s", strerror(errno));
-		status = CTL_EXIT_FAILURE;
-	}
 	free(reply_line);
 	free(path);
 	free(abs);

@@ -15,6 +15,10 @@
  * written, rate and time left, measured by a thread from the process's own
  * write counter (/proc/self/io), so the writers need no hook. A one-line
  * summary goes to standard output at the end.
+ *
+ * The readers' messages quote names and paths from IN (a sharded index
+ * names its shards): they, and OUT, are printed escaped (ctl_error(),
+ * escape_print()).
  */
 #include <byteswap.h>
 #include <errno.h>
@@ -30,7 +34,9 @@
 #include <unistd.h>
 
 #include "ctl/ctl.h"
+#include "ctl/internal.h"
 #include "base/error.h"
+#include "base/escape.h"
 #include "base/file.h"
 #include "format/index.h"
 #include "format/source.h"
@@ -45,6 +51,7 @@ enum convert_input {
 	INPUT_WEIG_BIG_ENDIAN,
 };
 
+/* Prints `wcachectl convert --help`. */
 static void
 convert_usage(FILE *f)
 {
@@ -123,6 +130,7 @@ convert_model(const char *in, const char *out, enum writer_format fmt)
 
 /* ---- refusing to overwrite the input ---------------------------------- */
 
+/* Are a and b the same file? */
 static bool
 same_inode(const struct stat *a, const struct stat *b)
 {
@@ -169,7 +177,7 @@ struct progress {
 	bool done, shown;
 	uint64_t total, base;  /* bytes to write; write counter at the start */
 	double start;
-	const char *out;
+	char *out;             /* OUT, escaped (escape_print()), malloc'd */
 };
 
 /* The process's write counter: bytes it has written with write(2) and the
@@ -229,6 +237,8 @@ progress_line(struct progress *p)
 	p->shown = true;
 }
 
+/* The progress thread: a line every PROGRESS_INTERVAL_NS until done, then
+ * the line cleared. */
 static void *
 progress_main(void *arg)
 {
@@ -252,27 +262,48 @@ progress_main(void *arg)
 	return NULL;
 }
 
+/* OUT as the progress line shows it: escaped, malloc'd; NULL when out of
+ * memory. */
+static char *
+escaped_copy(const char *s)
+{
+	char *copy = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&copy, &len);
+
+	if (f == NULL)
+		return NULL;
+	escape_print(f, s);
+	if (fclose(f) != 0) {
+		free(copy);
+		return NULL;
+	}
+	return copy;
+}
+
 /* Starts the progress thread when standard error is a terminal. Returns
  * whether it runs. */
 static bool
 progress_start(struct progress *p, uint64_t total, const char *out)
 {
 	memset(p, 0, sizeof(*p));
-	if (!isatty(STDERR_FILENO) || bytes_written(&p->base) < 0)
+	if (!isatty(STDERR_FILENO) || bytes_written(&p->base) < 0 ||
+		(p->out = escaped_copy(out)) == NULL)
 		return false;
 	p->total = total;
-	p->out = out;
 	p->start = ctl_monotonic();
 	pthread_mutex_init(&p->lock, NULL);
 	pthread_cond_init(&p->cond, NULL);
 	if (pthread_create(&p->thread, NULL, progress_main, p) != 0) {
 		pthread_cond_destroy(&p->cond);
 		pthread_mutex_destroy(&p->lock);
+		free(p->out);
 		return false;
 	}
 	return true;
 }
 
+/* Stops the progress thread and frees what progress_start() set up. */
 static void
 progress_stop(struct progress *p)
 {
@@ -283,6 +314,7 @@ progress_stop(struct progress *p)
 	pthread_join(p->thread, NULL);
 	pthread_cond_destroy(&p->cond);
 	pthread_mutex_destroy(&p->lock);
+	free(p->out);
 }
 
 /* ---- the command ------------------------------------------------------------- */
@@ -301,12 +333,15 @@ print_summary(const char *out, enum writer_format fmt, const struct model_source
 			h.tensor_count == 1 ? "" : "s");
 	if (stat(out, &st) < 0)
 		st.st_size = 0;
-	printf("wrote %s: %s,%s %s in %.1f s (%.0f MB/s)\n", out,
+	printf("wrote ");
+	escape_print(stdout, out);
+	printf(": %s,%s %s in %.1f s (%.0f MB/s)\n",
 		fmt == WRITER_WEIG ? "WEIG" : "safetensors", tensors,
 		human((uint64_t)st.st_size, size, sizeof(size)), seconds,
 		seconds > 0 ? (double)st.st_size / seconds / 1e6 : 0.0);
 }
 
+/* `wcachectl convert` (ctl.h). */
 int
 ctl_convert(int argc, char **argv)
 {
@@ -348,7 +383,7 @@ ctl_convert(int argc, char **argv)
 	if (npaths < 2)
 		return ctl_usage_error("convert", "missing %s", npaths == 0 ? "IN OUT" : "OUT");
 	if (refuse_same_file(paths[0], paths[1], &src) < 0) {
-		fprintf(stderr, "wcachectl: %s\n", error_get());
+		ctl_error("%s", error_get());
 		source_close(&src);
 		return 1;
 	}
@@ -372,15 +407,11 @@ ctl_convert(int argc, char **argv)
 	if (shown)
 		progress_stop(&progress);
 	if (rc < 0) {
-		fprintf(stderr, "wcachectl: %s\n", error_get());
+		ctl_error("%s", error_get());
 		source_close(&src);
 		return 1;
 	}
 	print_summary(paths[1], fmt, &src, ctl_monotonic() - start);
 	source_close(&src);
-	if (fflush(stdout) != 0) {
-		fprintf(stderr, "wcachectl: writing the output: %s\n", strerror(errno));
-		return 1;
-	}
-	return 0;
+	return 0; /* a failed write to stdout: main() says so (ctl_finish_output()) */
 }

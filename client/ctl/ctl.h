@@ -17,10 +17,15 @@
 #define CTL_EXIT_UNKNOWN 4   /* status: a name asked about is not served */
 
 /* Prints a usage error in one line, "wcachectl COMMAND: MESSAGE (see
- * 'wcachectl COMMAND --help')" (command NULL: the global one), and returns
- * CTL_EXIT_USAGE. */
+ * 'wcachectl COMMAND --help')" (command NULL: the global one), MESSAGE
+ * escaped (escape_print()), and returns CTL_EXIT_USAGE. */
 int ctl_usage_error(const char *command, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
+
+/* Ends every command (main() calls it with the command's exit status):
+ * flushes stdout and, when a write to it failed, prints "wcachectl: writing
+ * the output: REASON" and returns CTL_EXIT_FAILURE; else returns status. */
+int ctl_finish_output(int status);
 
 /* Seconds on the monotonic clock, for durations. */
 double ctl_monotonic(void);

@@ -30,6 +30,7 @@
 
 #include "ctl/ctl.h"
 #include "ctl/internal.h"
+#include "base/escape.h"
 #include "base/json.h"
 #include "base/path.h"
 
@@ -153,8 +154,10 @@ serve_metrics(const char *control_path)
 		rc = jr_finish(&j);
 	free(line);
 	if (rc < 0 || ok != 1 || text == NULL) {
-		fprintf(stderr, "wcachectl metrics --http: wcached's reply: %s\n",
-			rc < 0 ? "malformed" : text != NULL ? text : "no text");
+		/* The daemon's error, escaped: one line of the journal. */
+		fputs("wcachectl metrics --http: wcached's reply: ", stderr);
+		escape_print(stderr, rc < 0 ? "malformed" : text != NULL ? text : "no text");
+		fputc('\n', stderr);
 		respond_text(503, "Service Unavailable", NULL,
 			rc < 0 ? "malformed reply from wcached" :
 			text != NULL ? text : "wcached sent no metrics");
@@ -192,6 +195,7 @@ linger(void)
 	}
 }
 
+/* `wcachectl metrics --http` (internal.h). */
 int
 ctl_http_metrics(const char *control_path, double timeout)
 {

@@ -9,6 +9,7 @@
 
 #include "ctl/internal.h"
 
+/* Whether buf holds a whole request head (internal.h). */
 bool
 ctl_http_head_complete(const char *buf, size_t len)
 {
@@ -30,6 +31,7 @@ visible(const char *s, size_t n)
 	return n > 0;
 }
 
+/* The status a request head gets (internal.h). */
 int
 ctl_http_classify(const char *buf, size_t len)
 {

@@ -6,8 +6,11 @@
  *
  * Everything the model file says (tensor names, metadata, shard file names,
  * messages that quote them) is hostile: the table prints it through
- * ctl_print_safe() (control characters as \xNN) and --json through
- * json_write_string(), so a file cannot send a terminal escape sequence.
+ * escape_print() (C0 controls, DEL and bytes that are not UTF-8 as \xNN, C1
+ * controls and bidirectional overrides as \uNNNN: base/escape.h), errors
+ * through ctl_error(), which does the same, and --json through
+ * ctl_json_string() (JSON escapes), so a file cannot send a terminal escape
+ * sequence.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -17,9 +20,10 @@
 #include "ctl/internal.h"
 #include "format/dtype.h"
 #include "base/error.h"
-#include "base/json.h"
+#include "base/escape.h"
 #include "format/source.h"
 
+/* Prints `wcachectl inspect --help`. */
 static void
 inspect_usage(FILE *f)
 {
@@ -31,34 +35,19 @@ inspect_usage(FILE *f)
 		   "  --json   print one JSON object: format, metadata, tensors\n");
 }
 
-/* Prints s as ctl_print_safe() does, then spaces up to width columns (the
- * bytes printf's "%-*s" would count). */
+/* Prints s escaped (escape_print()), then spaces up to width columns of
+ * the escaped text (escape_width()). */
 static void
-print_safe_padded(const char *s, int width)
+print_safe_padded(const char *s, size_t width)
 {
-	int shown = 0;
+	size_t shown = escape_width(s);
 
-	ctl_print_safe(stdout, s);
-	for (const unsigned char *p = (const unsigned char *)s; *p != '\0'; p++)
-		shown += *p < 0x20 || *p == 0x7f ? 4 : 1;
+	escape_print(stdout, s);
 	if (shown < width)
-		printf("%*s", width - shown, "");
+		printf("%*s", (int)(width - shown), "");
 }
 
-/* "wcachectl: [WHAT: ]MESSAGE" on stderr, control characters escaped: a
- * message may quote a name from the file. */
-static void
-inspect_error(const char *what, const char *message)
-{
-	fputs("wcachectl: ", stderr);
-	if (what != NULL) {
-		ctl_print_safe(stderr, what);
-		fputs(": ", stderr);
-	}
-	ctl_print_safe(stderr, message);
-	fputc('\n', stderr);
-}
-
+/* Writes a tensor's shape, "[2, 3]" (json: "[2,3]"). */
 static void
 print_shape(FILE *f, const struct index_tensor *t, int json)
 {
@@ -68,6 +57,7 @@ print_shape(FILE *f, const struct index_tensor *t, int json)
 	fputc(']', f);
 }
 
+/* --json: one object with the format, the metadata and the tensors. */
 static int
 print_json(const struct model_source *s, const struct index_header *h)
 {
@@ -81,27 +71,28 @@ print_json(const struct model_source *s, const struct index_header *h)
 			return r;
 		if (i > 0)
 			putchar(',');
-		json_write_string(stdout, key, strlen(key));
+		ctl_json_string(stdout, key, strlen(key));
 		putchar(':');
-		json_write_string(stdout, value, strlen(value));
+		ctl_json_string(stdout, value, strlen(value));
 	}
 	printf("},\"tensors\":[");
 	for (uint64_t i = 0; i < h->tensor_count; i++) {
 		if ((r = index_tensor_at(s->index, h, i, &t)) < 0)
 			return r;
 		printf("%s{\"name\":", i ? "," : "");
-		json_write_string(stdout, t.name, strlen(t.name));
+		ctl_json_string(stdout, t.name, strlen(t.name));
 		printf(",\"dtype\":\"%s\",\"shape\":", dtype_by_code(t.dtype)->name);
 		print_shape(stdout, &t, 1);
 		printf(",\"offset\":%" PRIu64 ",\"nbytes\":%" PRIu64 ",\"file\":", t.offset,
 			t.nbytes);
-		json_write_string(stdout, s->files[t.file].path, strlen(s->files[t.file].path));
+		ctl_json_string(stdout, s->files[t.file].path, strlen(s->files[t.file].path));
 		putchar('}');
 	}
 	printf("]}\n");
 	return 0;
 }
 
+/* The metadata, then a table of the tensors and a summary line. */
 static int
 print_table(const struct model_source *s, const struct index_header *h)
 {
@@ -114,9 +105,9 @@ print_table(const struct model_source *s, const struct index_header *h)
 		if ((r = index_meta_at(s->index, h, i, &key, &value)) < 0)
 			return r;
 		fputs("metadata ", stdout);
-		ctl_print_safe(stdout, key);
+		escape_print(stdout, key);
 		fputs(" = ", stdout);
-		ctl_print_safe(stdout, value);
+		escape_print(stdout, value);
 		putchar('\n');
 	}
 	printf("%-48s %-11s %-20s %14s %14s%s\n", "NAME", "DTYPE", "SHAPE", "BYTES", "OFFSET",
@@ -138,7 +129,7 @@ print_table(const struct model_source *s, const struct index_header *h)
 			shape, t.nbytes, t.offset);
 		if (s->nfiles > 1) {
 			fputs("  ", stdout);
-			ctl_print_safe(stdout, s->files[t.file].path);
+			escape_print(stdout, s->files[t.file].path);
 		}
 		putchar('\n');
 		total += t.nbytes;
@@ -149,6 +140,7 @@ print_table(const struct model_source *s, const struct index_header *h)
 	return 0;
 }
 
+/* `wcachectl inspect` (ctl.h). */
 int
 ctl_inspect(int argc, char **argv)
 {
@@ -175,15 +167,14 @@ ctl_inspect(int argc, char **argv)
 	if (path == NULL)
 		return ctl_usage_error("inspect", "missing PATH");
 	if (source_open(path, &s) < 0) {
-		inspect_error(NULL, error_get());
+		ctl_error("%s", error_get());
 		return 1;
 	}
 	if ((r = index_open(s.index, s.index_len, &h)) == 0)
 		r = json ? print_json(&s, &h) : print_table(&s, &h);
 	if (r < 0)
-		inspect_error(path, error_get());
+		ctl_error("%s: %s", path, error_get());
 	source_close(&s);
-	if (fflush(stdout) != 0)
-		r = -1;
+	/* A failed write to stdout: main() says so (ctl_finish_output()). */
 	return r < 0 ? 1 : 0;
 }

@@ -66,19 +66,6 @@ int ctl_read_object(struct jr *j, const struct ctl_field *fields, size_t nfields
 int ctl_parse_reply(const char *line, size_t len, const struct ctl_field *fields,
 	size_t nfields, void *dst, ctl_member_fn *other);
 
-/* Writes s with control characters as \xNN, for a terminal. */
-void ctl_print_safe(FILE *f, const char *s);
-
-/* Prints "wcachectl: MESSAGE" on stderr (control characters escaped) and
- * keeps MESSAGE for ctl_json_error(). Every error of the control commands
- * goes through here. */
-void ctl_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-/* Prints {"ok":false,"protocol":N,"error":LAST} on stdout, LAST being the
- * message of the last ctl_error(): --json's object when the daemon's reply
- * never came. */
-void ctl_json_error(void);
-
 /*
  * Connects to the control socket at path, sends the request line (len
  * bytes, '\n' included) and reads the reply line. Returns it malloc'd and
@@ -127,6 +114,32 @@ int ctl_control_find(const char *name, struct ctl_control_cmd *out);
 /* Prints `wcachectl COMMAND --help` for a control command: usage, its
  * description and the options of the control commands. */
 void ctl_control_usage(FILE *f, const struct ctl_control_cmd *cmd);
+
+/* Prints "wcachectl: MESSAGE" on stderr and keeps MESSAGE for
+ * ctl_json_error(). MESSAGE is escaped here (escape_print()): callers pass
+ * names, paths and messages from a file or the daemon as they came, and
+ * escape nothing themselves. wcachectl's errors go through here or
+ * ctl_usage_error(), but for the journal lines of `metrics --http`
+ * (http.c), which escape what they quote themselves. */
+void ctl_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Prints {"ok":false,"protocol":N,"error":LAST} on stdout, LAST being the
+ * message of the last ctl_error() or ctl_usage_error(): --json's object
+ * when the daemon's reply never came. */
+void ctl_json_error(void);
+
+/*
+ * Writes text (len bytes of valid JSON: a reply the strict reader
+ * accepted, or json_write_string()'s output) to f, the same JSON to a
+ * reader, with what a terminal would act on inside its strings written as
+ * JSON escapes: DEL as \u007f, C1 controls and bidirectional overrides as
+ * \uNNNN (escape.h). JSON escapes C0 controls already.
+ */
+void ctl_json_text(FILE *f, const char *text, size_t len);
+
+/* Writes s[0..len) as a JSON string literal: json_write_string()'s, through
+ * ctl_json_text(). */
+void ctl_json_string(FILE *f, const char *s, size_t len);
 
 /* ---- ctl_http.c ------------------------------------------------------- */
 

@@ -7,6 +7,9 @@
  * (inspect, convert, attach: they take their own options), and those that
  * drive a running wcached through its control socket (ctl_control.c), which
  * the global options -c, --control and --json configure.
+ *
+ * Whatever the command, main() ends by checking that standard output was
+ * written: a full disk or a closed stdout is an error, not a silent exit 0.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +18,7 @@
 
 #include "ctl/ctl.h"
 
+/* Seconds on the monotonic clock (ctl.h). */
 double
 ctl_monotonic(void)
 {
@@ -25,20 +29,25 @@ ctl_monotonic(void)
 }
 
 /* Takes the value of an option written "--opt VALUE", "--opt=VALUE" or
- * "-c VALUE"; NULL (and a message) when it is missing. */
+ * "-c VALUE", a path; NULL (and a message) when it is missing or empty. */
 static const char *
 option_value(int argc, char **argv, int *i, const char *name)
 {
 	size_t n = strlen(name);
+	const char *value = NULL;
 
 	if (strncmp(argv[*i], name, n) == 0 && argv[*i][n] == '=')
-		return argv[*i] + n + 1;
-	if (*i + 1 < argc)
-		return argv[++*i];
-	ctl_usage_error(NULL, "%s needs a value", name);
-	return NULL;
+		value = argv[*i] + n + 1;
+	else if (*i + 1 < argc)
+		value = argv[++*i];
+	if (value == NULL)
+		ctl_usage_error(NULL, "%s needs a value", name);
+	else if (value[0] == '\0')
+		ctl_usage_error(NULL, "%s needs a path, not an empty one", name);
+	return value != NULL && value[0] != '\0' ? value : NULL;
 }
 
+/* Is arg the long option name, alone or as "name=VALUE"? */
 static int
 is_option(const char *arg, const char *name)
 {
@@ -47,8 +56,10 @@ is_option(const char *arg, const char *name)
 	return strncmp(arg, name, n) == 0 && (arg[n] == '\0' || arg[n] == '=');
 }
 
-int
-main(int argc, char **argv)
+/* Parses the global options and runs the command; returns the exit
+ * status. */
+static int
+run(int argc, char **argv)
 {
 	const char *config = NULL, *control = NULL;
 	int json = 0, i;
@@ -77,4 +88,12 @@ main(int argc, char **argv)
 	if (i == argc)
 		return ctl_usage_error(NULL, "missing COMMAND");
 	return ctl_run(argc - i, argv + i, config, control, json);
+}
+
+/* Every command, --help and --version included, ends with the check that
+ * what it wrote to stdout was written (ctl_finish_output()). */
+int
+main(int argc, char **argv)
+{
+	return ctl_finish_output(run(argc, argv));
 }

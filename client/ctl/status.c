@@ -9,12 +9,15 @@
  * fields; it hands a successful status reply to ctl_status_show(), which
  * prints the table (or, with --json, the reply with the answer to "is what
  * was asked about ready?" added) and turns that answer into the exit
- * status. Every string from the daemon is
- * printed with ctl_print_safe(), so a hostile model name cannot drive the
- * terminal.
+ * status. Every string from the daemon (names, states, paths, errors, the
+ * version) is printed with escape_print() and measured with escape_width()
+ * (base/escape.h), so a hostile model name cannot drive the terminal and
+ * the table stays aligned; --json escapes them as JSON (ctl_json_text()).
+ * Numbers from the daemon are checked before they become integers.
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -23,6 +26,7 @@
 
 #include "ctl/ctl.h"
 #include "ctl/internal.h"
+#include "base/escape.h"
 #include "base/json.h"
 
 /* ---- reading the reply -------------------------------------------------- */
@@ -305,12 +309,18 @@ human_bytes(uint64_t b, char *buf, size_t cap)
 	return buf;
 }
 
-/* "3d 4h", "2h 5m", "5m 12s", "12s". */
+/* "3d 4h", "2h 5m", "5m 12s", "12s"; "?" for a number of seconds that no
+ * uint64_t holds (the daemon's, as it sent it: 1e999 reads as infinity). */
 static const char *
 human_duration(double seconds, char *buf, size_t cap)
 {
-	uint64_t s = seconds > 0 ? (uint64_t)seconds : 0;
+	uint64_t s;
 
+	if (isnan(seconds) || seconds >= 0x1p64) {
+		snprintf(buf, cap, "?");
+		return buf;
+	}
+	s = seconds > 0 ? (uint64_t)seconds : 0;
 	if (s >= 86400)
 		snprintf(buf, cap, "%" PRIu64 "d %" PRIu64 "h", s / 86400, s % 86400 / 3600);
 	else if (s >= 3600)
@@ -355,6 +365,7 @@ served(const struct status *s, const char *name)
 	return false;
 }
 
+/* Is the model's current generation ready? */
 static bool
 is_ready(const struct model_row *m)
 {
@@ -362,18 +373,16 @@ is_ready(const struct model_row *m)
 }
 
 /* The STATE cell: the state, with the percent warmed while warming and the
- * time left when the daemon estimates it. The percent is the daemon's
- * warm_percent (bytes its reads pulled in); a daemon without that field
- * gets bytes in the page cache over the size. */
-static void
+ * time left when the daemon estimates it (in buf). The percent is the
+ * daemon's warm_percent (bytes its reads pulled in); a daemon without that
+ * field gets bytes in the page cache over the size. */
+static const char *
 state_cell(const struct model_row *m, char *buf, size_t cap)
 {
 	double percent = m->warm_percent;
 
-	if (m->state == NULL || strcmp(m->state, "warming") != 0) {
-		snprintf(buf, cap, "%s", m->state ? m->state : "?");
-		return;
-	}
+	if (m->state == NULL || strcmp(m->state, "warming") != 0)
+		return m->state ? m->state : "?";
 	if (percent <= 0 && m->bytes > 0)
 		percent = m->resident >= m->bytes ? 100 :
 			(double)m->resident * 100.0 / (double)m->bytes;
@@ -382,6 +391,7 @@ state_cell(const struct model_row *m, char *buf, size_t cap)
 			m->warm_eta < 1 ? 1 : m->warm_eta);
 	else
 		snprintf(buf, cap, "warming %.0f%%", percent);
+	return buf;
 }
 
 /* The PINNED cell: what is locked (pin_applied), which a daemon without
@@ -425,19 +435,19 @@ print_derived(const struct status *s, char *const *names, size_t nnames)
 				printf("\nderived artifacts:\n");
 			first = false;
 			printf("  ");
-			ctl_print_safe(stdout, m->name ? m->name : "?");
+			escape_print(stdout, m->name ? m->name : "?");
 			printf(" ");
-			ctl_print_safe(stdout, d->key ? d->key : "?");
+			escape_print(stdout, d->key ? d->key : "?");
 			printf(" (generation %" PRIu64 "): ", d->source);
 			if (building) {
 				printf("building by pid %" PRIu64 " uid %" PRIu64 ", %" PRIu64
 				       " waiting\n", d->builder_pid, d->builder_uid, d->waiting);
 				continue;
 			}
-			printf("%s %s, %" PRIu64 " attached, %" PRIu64 " attaches, built in %.1f s "
-			       "by pid %" PRIu64 " uid %" PRIu64 "\n",
-				human_bytes(d->bytes, tmp, sizeof(tmp)),
-				d->format ? d->format : "?", d->attached, d->attaches,
+			printf("%s ", human_bytes(d->bytes, tmp, sizeof(tmp)));
+			escape_print(stdout, d->format ? d->format : "?");
+			printf(", %" PRIu64 " attached, %" PRIu64 " attaches, built in %.1f s "
+			       "by pid %" PRIu64 " uid %" PRIu64 "\n", d->attached, d->attaches,
 				d->build_seconds, d->builder_pid, d->builder_uid);
 		}
 	}
@@ -452,8 +462,9 @@ print_memory(const struct memory_row *m)
 
 	if (!m->present)
 		return;
-	printf("memory: %s in force (%s), budget %s, models %s\n",
-		human_bytes(m->limit, limit, sizeof(limit)), m->source != NULL ? m->source : "?",
+	printf("memory: %s in force (", human_bytes(m->limit, limit, sizeof(limit)));
+	escape_print(stdout, m->source != NULL ? m->source : "?");
+	printf("), budget %s, models %s\n",
 		m->budget != 0 ? human_bytes(m->budget, budget, sizeof(budget)) : "none",
 		human_bytes(m->models, models, sizeof(models)));
 	if (!m->fits)
@@ -485,11 +496,13 @@ print_status(struct status *s, char *const *names, size_t nnames)
 		"NAME", "GEN", "STATE", "BYTES", "RESIDENT", "PINNED", "ATTACHED",
 	};
 	size_t width[STATUS_COLUMNS];
-	char cell[STATUS_COLUMNS][64], tmp[32];
+	const char *cell[STATUS_COLUMNS];
+	char gen[24], state[64], bytes[32], resident[32], attached[24], tmp[32];
 	bool others = false, notes = false, errors = false, any = false;
 
-	printf("wcached %s (pid %" PRIu64 "), up %s, %" PRIu64 " client%s, %zu model%s\n",
-		s->version != NULL ? s->version : "?", s->pid,
+	fputs("wcached ", stdout);
+	escape_print(stdout, s->version != NULL ? s->version : "?");
+	printf(" (pid %" PRIu64 "), up %s, %" PRIu64 " client%s, %zu model%s\n", s->pid,
 		human_duration(s->uptime, tmp, sizeof(tmp)), s->clients, s->clients == 1 ? "" : "s",
 		s->nmodels, s->nmodels == 1 ? "" : "s");
 	print_memory(&s->memory);
@@ -504,8 +517,8 @@ print_status(struct status *s, char *const *names, size_t nnames)
 		qsort(s->models, s->nmodels, sizeof(*s->models), by_name);
 	for (int c = 0; c < STATUS_COLUMNS; c++)
 		width[c] = strlen(head[c]);
-	/* Two passes: measure, then print. Names are at most 128 bytes (the
-	 * daemon's rule), wider ones are not truncated, only misaligned. */
+	/* Two passes: measure, then print, each cell escaped and as wide as
+	 * its escaped text (escape_width()). */
 	for (int pass = 0; pass < 2; pass++) {
 		if (pass == 1) {
 			putchar('\n');
@@ -518,28 +531,26 @@ print_status(struct status *s, char *const *names, size_t nnames)
 
 			if (!asked(m->name, names, nnames))
 				continue;
-			snprintf(cell[0], sizeof(cell[0]), "%s", m->name ? m->name : "?");
-			if (m->generation > 0)
-				snprintf(cell[1], sizeof(cell[1]), "%" PRIu64, m->generation);
-			else
-				snprintf(cell[1], sizeof(cell[1]), "-");
-			state_cell(m, cell[2], sizeof(cell[2]));
-			human_bytes(m->bytes, cell[3], sizeof(cell[3]));
-			human_bytes(m->resident, cell[4], sizeof(cell[4]));
-			snprintf(cell[5], sizeof(cell[5]), "%s", pinned_cell(m));
-			snprintf(cell[6], sizeof(cell[6]), "%" PRIu64, m->attached);
+			snprintf(gen, sizeof(gen), "%" PRIu64, m->generation);
+			cell[0] = m->name ? m->name : "?";
+			cell[1] = m->generation > 0 ? gen : "-";
+			cell[2] = state_cell(m, state, sizeof(state));
+			cell[3] = human_bytes(m->bytes, bytes, sizeof(bytes));
+			cell[4] = human_bytes(m->resident, resident, sizeof(resident));
+			cell[5] = pinned_cell(m);
+			snprintf(attached, sizeof(attached), "%" PRIu64, m->attached);
+			cell[6] = attached;
 			for (int c = 0; c < STATUS_COLUMNS; c++) {
+				size_t shown = escape_width(cell[c]);
+
 				if (pass == 0) {
-					if (strlen(cell[c]) > width[c])
-						width[c] = strlen(cell[c]);
+					if (shown > width[c])
+						width[c] = shown;
 					continue;
 				}
-				if (c == 0)
-					ctl_print_safe(stdout, m->name ? m->name : "?");
-				else
-					fputs(cell[c], stdout);
+				escape_print(stdout, cell[c]);
 				if (c + 1 < STATUS_COLUMNS)
-					printf("%*s", (int)(width[c] - strlen(cell[c]) + 2), "");
+					printf("%*s", (int)(width[c] - shown + 2), "");
 			}
 			if (pass == 1)
 				putchar('\n');
@@ -559,9 +570,10 @@ print_status(struct status *s, char *const *names, size_t nnames)
 				printf("\nother open generations:\n");
 			others = true;
 			printf("  ");
-			ctl_print_safe(stdout, m->name ? m->name : "?");
-			printf(" generation %" PRIu64 ": %s, %" PRIu64 " attached, %s%s\n",
-				g->number, g->state ? g->state : "?", g->attached,
+			escape_print(stdout, m->name ? m->name : "?");
+			printf(" generation %" PRIu64 ": ", g->number);
+			escape_print(stdout, g->state ? g->state : "?");
+			printf(", %" PRIu64 " attached, %s%s\n", g->attached,
 				human_bytes(g->bytes, tmp, sizeof(tmp)),
 				g->pending ? " (pending: becomes current when warm)" :
 					     " (old: closes when released)");
@@ -576,9 +588,10 @@ print_status(struct status *s, char *const *names, size_t nnames)
 			printf("\nother open generations:\n");
 		others = true;
 		printf("  ");
-		ctl_print_safe(stdout, u->name ? u->name : "?");
-		printf(" generation %" PRIu64 ": %s, %" PRIu64 " attached (unloaded: closes when "
-		       "released)\n", u->generation, u->state ? u->state : "?", u->attached);
+		escape_print(stdout, u->name ? u->name : "?");
+		printf(" generation %" PRIu64 ": ", u->generation);
+		escape_print(stdout, u->state ? u->state : "?");
+		printf(", %" PRIu64 " attached (unloaded: closes when released)\n", u->attached);
 	}
 	print_derived(s, names, nnames);
 	/* A pin that locked less than asked: still locking, or refused (and
@@ -594,11 +607,14 @@ print_status(struct status *s, char *const *names, size_t nnames)
 			printf("\npins:\n");
 		notes = true;
 		printf("  ");
-		ctl_print_safe(stdout, m->name ? m->name : "?");
-		printf(": pin = %s asked, %s locked: ", m->pinned ? m->pinned : "?",
-			m->pin_applied);
+		escape_print(stdout, m->name ? m->name : "?");
+		printf(": pin = ");
+		escape_print(stdout, m->pinned ? m->pinned : "?");
+		printf(" asked, ");
+		escape_print(stdout, m->pin_applied);
+		printf(" locked: ");
 		if (m->pin_error != NULL)
-			ctl_print_safe(stdout, m->pin_error);
+			escape_print(stdout, m->pin_error);
 		else
 			printf("still locking, or mlock(2) was refused (RLIMIT_MEMLOCK, "
 			       "LimitMEMLOCK= in wcached.service; wcached's log says)");
@@ -613,9 +629,9 @@ print_status(struct status *s, char *const *names, size_t nnames)
 			printf("\nerrors:\n");
 		errors = true;
 		printf("  ");
-		ctl_print_safe(stdout, m->name ? m->name : "?");
+		escape_print(stdout, m->name ? m->name : "?");
 		printf(": ");
-		ctl_print_safe(stdout, m->error);
+		escape_print(stdout, m->error);
 		putchar('\n');
 	}
 }
@@ -634,11 +650,12 @@ write_names(const char *key, char *const *names, size_t n, const struct status *
 		if (!first)
 			putchar(',');
 		first = false;
-		json_write_string(stdout, names[i], strlen(names[i]));
+		ctl_json_string(stdout, names[i], strlen(names[i]));
 	}
 	putchar(']');
 }
 
+/* write_names()'s test for "unknown": a name that is not served. */
 static bool
 unknown_name(const struct status *s, const char *name)
 {
@@ -657,8 +674,8 @@ print_json(const char *line, size_t len, const struct status *s, char *const *na
 
 	while (len > 0 && line[len - 1] != '}')
 		len--;
-	printf("%.*s,\"ready\":%s,\"not_ready\":[", (int)(len > 0 ? len - 1 : 0), line,
-		ready ? "true" : "false");
+	ctl_json_text(stdout, line, len > 0 ? len - 1 : 0);
+	printf(",\"ready\":%s,\"not_ready\":[", ready ? "true" : "false");
 	for (size_t i = 0; i < s->nmodels; i++) {
 		const struct model_row *m = &s->models[i];
 
@@ -667,7 +684,7 @@ print_json(const char *line, size_t len, const struct status *s, char *const *na
 		if (!first)
 			putchar(',');
 		first = false;
-		json_write_string(stdout, m->name, strlen(m->name));
+		ctl_json_string(stdout, m->name, strlen(m->name));
 	}
 	putchar(']');
 	write_names("unknown", names, nnames, s, unknown_name);
@@ -694,9 +711,7 @@ ctl_status_show(const char *line, size_t len, char *const *names, size_t nnames,
 		if (!served(&s, names[i])) {
 			unknown = true;
 			ready = false;
-			fprintf(stderr, "wcachectl: no model \"");
-			ctl_print_safe(stderr, names[i]);
-			fprintf(stderr, "\" is served\n");
+			ctl_error("no model \"%s\" is served", names[i]);
 		}
 	if (json)
 		print_json(line, len, &s, names, nnames, ready);

@@ -100,6 +100,40 @@ class Control:
         self.sock.close()
 
 
+class FakeControl:
+    """A control socket that answers every request with one canned reply:
+    for what wcachectl shows of states a real daemon passes through too
+    quickly to catch (warming), cannot reach as root (a refused mlock), or
+    would never send (a hostile name, 1e999). reply: an object, sent as
+    JSON with non-ASCII characters raw, as wcached writes them; or bytes,
+    sent as they are."""
+
+    def __init__(self, path, reply):
+        import threading
+        if not isinstance(reply, bytes):
+            reply = (json.dumps(reply, ensure_ascii=False) + "\n").encode()
+        self.path = str(path)
+        self.reply = reply
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(self.path)
+        self.sock.listen(8)
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self):
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            with c:
+                c.recv(4096)
+                c.sendall(self.reply)
+
+    def close(self):
+        self.sock.close()
+
+
 def wait_for_control(d):
     """Waits until the daemon answers on its control socket. Daemon.start()
     waits for the client socket, which wcached opens first: until the

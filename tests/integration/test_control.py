@@ -13,8 +13,8 @@ import subprocess
 import pytest
 
 from conftest import BUILD, Daemon, binary, mkmodel, root_daemon, wait_until
-from ctlutil import (Control, as_user, ctl, mapped_bytes, model_entry, quiet_fd_count, shared_dir,
-                     status, wait_for_control)
+from ctlutil import (Control, FakeControl, as_user, ctl, mapped_bytes, model_entry,
+                     quiet_fd_count, shared_dir, status, wait_for_control)
 
 SMALL = dict(layers=2, hidden=64, ffn=128, vocab=100)
 
@@ -283,35 +283,6 @@ def test_status_names_and_exit_codes(daemon):
     assert reply["ok"] is True and reply["ready"] is False and reply["unknown"] == ["nope"]
     reply = json.loads(ctl(daemon, "--json", "status", "small").stdout)
     assert reply["ready"] is True and reply["not_ready"] == [] and reply["unknown"] == []
-
-
-class FakeControl:
-    """A control socket that answers every request with one canned reply:
-    for what wcachectl shows of states a real daemon passes through too
-    quickly to catch (warming) or cannot reach as root (a refused mlock)."""
-
-    def __init__(self, path, reply):
-        import threading
-        self.path = path
-        self.reply = (json.dumps(reply) + "\n").encode()
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(path)
-        self.sock.listen(8)
-        self.thread = threading.Thread(target=self.serve, daemon=True)
-        self.thread.start()
-
-    def serve(self):
-        while True:
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                return
-            with c:
-                c.recv(4096)
-                c.sendall(self.reply)
-
-    def close(self):
-        self.sock.close()
 
 
 def fake_model(name, state, pinned="metadata", applied="metadata", bytes_=1000, resident=1000):
