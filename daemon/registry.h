@@ -39,6 +39,7 @@
 #include "workq.h"
 
 struct stage_request;
+struct registry_sweep;
 
 struct generation; /* generation.h */
 struct registry;
@@ -138,6 +139,9 @@ struct registry {
 	 * and resolved (no symbolic link in it) when it existed when set;
 	 * NULL: none, and a model that must stage is refused. */
 	char *stage_dir;
+	/* registry_stage_sweep()'s sweep while it runs (registry_load.c),
+	 * with the stagings that wait for it; NULL otherwise. */
+	struct registry_sweep *sweep;
 	unsigned holds_open;            /* generations waiting for HOLDs (restore.h) */
 	/* The owner's hooks: warming progress or end, and a model's current
 	 * generation changing (for client notifications). */
@@ -364,10 +368,13 @@ int registry_set_storage(struct registry *r, const char *name, enum fs_watch wat
 int registry_set_stage_dir(struct registry *r, const char *dir);
 
 /* Removes from stage_dir what earlier processes left there (stage_sweep):
- * every staged copy no open generation serves and also_keep (nalso directories:
- * the copies a warm restart is still checking, restore.h) does not name.
- * Call once at start, before the loop runs (no staging has started then).
- * Blocking (start-up only). */
+ * every staged copy no open generation serves and also_keep (nalso
+ * directories, copied: the copies a warm restart is still checking,
+ * restore.h) does not name. Call once at start, before the loop runs. The
+ * removal (possibly whole copies, hundreds of gigabytes) runs on the work
+ * queue and this returns at once: stagings queued before it ends wait for
+ * it (they would need the space it frees, and a copy they made would not
+ * be in its keep list); nothing else does. */
 void registry_stage_sweep(struct registry *r, char *const *also_keep, size_t nalso);
 
 /* Whether m's paths must be polled for updates: watch = poll, or watch =

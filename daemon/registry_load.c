@@ -71,6 +71,29 @@ struct load_request {
 	uint64_t stage_queued_ms; /* registry_now_ms() when the copy was queued */
 	struct gen_origin *origin;
 	size_t norigin;
+	struct load_request *held_next; /* waiting for the start-up sweep (registry_sweep) */
+};
+
+/*
+ * The start-up sweep of stage_dir (registry_stage_sweep), on the work
+ * queue: what earlier processes left there may be whole copies, hundreds
+ * of gigabytes to unlink, and the loop must not wait for that (restored
+ * and local models serve meanwhile). Stagings queued while it runs wait
+ * here until it ends (sweep_after): a copy published while the sweep reads
+ * stage_dir would not be in its keep list, and the space the sweep frees
+ * is the space they need.
+ */
+struct registry_sweep {
+	struct workq_job job;
+	struct registry *r;
+	char *dir;                 /* stage_dir when it started */
+	char **keep;               /* the copies it leaves, owned */
+	size_t nkeep;
+	unsigned removed;
+	int err;
+	char message[1024];
+	struct load_request *held; /* stagings waiting for it, in the order queued */
+	struct load_request **held_tail;
 };
 
 /* Copies the compiled index into a sealed memfd and maps it read-only. */
@@ -443,16 +466,32 @@ model_fs(const struct model_entry *m, const char *path, char *what, size_t len)
 	return gen_origin_fs(g);
 }
 
-/*
- * Sends q, validated, back to the work queue to be staged: 0 (q is the
- * queue's again, and m still loading), or -errno with q->message.
- */
+/* Queues q's copy (stage_work, then load_after) on the work queue: 0, or
+ * -errno with q->message. */
 static int
-queue_stage(struct registry *r, struct model_entry *m, struct load_request *q)
+submit_stage(struct registry *r, struct load_request *q)
 {
 	char what[sizeof(q->job.what)];
 	int err;
 
+	snprintf(what, sizeof(what), "model \"%s\": staging %s from %s", q->name, q->path,
+		q->fs.name);
+	if ((err = workq_submit(&r->workq, &q->job, source_fs(&q->source, &q->fs), what,
+		     stage_work, load_after)) < 0) {
+		snprintf(q->message, sizeof(q->message), "cannot stage it: %s", uv_strerror(err));
+		return q->status = err;
+	}
+	return 0;
+}
+
+/*
+ * Sends q, validated, back to the work queue to be staged, or holds it
+ * until the start-up sweep ends (registry_sweep): 0 (q is the queue's or
+ * the sweep's, and m still loading), or -errno with q->message.
+ */
+static int
+queue_stage(struct registry *r, struct model_entry *m, struct load_request *q)
+{
 	if (r->stage_dir == NULL) {
 		snprintf(q->message, sizeof(q->message), "cannot stage it: no stage_dir");
 		return q->status = -EINVAL;
@@ -468,12 +507,14 @@ queue_stage(struct registry *r, struct model_entry *m, struct load_request *q)
 	q->stage.number = m->last_generation + 1;
 	q->stage.model_path = q->path;
 	q->stage.cancel = &r->closing;
-	snprintf(what, sizeof(what), "model \"%s\": staging %s from %s", q->name, q->path,
-		q->fs.name);
-	if ((err = workq_submit(&r->workq, &q->job, source_fs(&q->source, &q->fs), what,
-		     stage_work, load_after)) < 0) {
-		snprintf(q->message, sizeof(q->message), "cannot stage it: %s", uv_strerror(err));
-		return q->status = err;
+	if (r->sweep != NULL) {
+		log_debug("model \"%s\": its staging waits for the sweep of %s to end", q->name,
+			r->sweep->dir);
+		q->held_next = NULL;
+		*r->sweep->held_tail = q;
+		r->sweep->held_tail = &q->held_next;
+	} else if (submit_stage(r, q) < 0) {
+		return q->status;
 	}
 	m->loading++;
 	r->loads_in_flight++;
@@ -662,28 +703,116 @@ registry_set_stage_dir(struct registry *r, const char *dir)
 	return 0;
 }
 
+/* Frees s (NULL too) and what it owns. */
+static void
+sweep_free(struct registry_sweep *s)
+{
+	if (s == NULL)
+		return;
+	for (size_t i = 0; s->keep != NULL && i < s->nkeep; i++)
+		free(s->keep[i]);
+	free(s->keep);
+	free(s->dir);
+	free(s);
+}
+
+/* Work queue thread: the sweep itself (stage_sweep). */
+static void
+sweep_run(struct workq_job *w)
+{
+	struct registry_sweep *s = w->arg;
+
+	if ((s->err = stage_sweep(s->dir, s->keep, s->nkeep, &s->removed)) < 0)
+		snprintf(s->message, sizeof(s->message), "%s", error_get());
+}
+
+/* Logs what the sweep s did: its error, and the copies it removed. */
+static void
+sweep_report(const struct registry_sweep *s)
+{
+	if (s->err < 0)
+		log_warnx("%s", s->message);
+	if (s->removed > 0)
+		log_info("removed %u staged cop%s left in %s by an earlier wcached", s->removed,
+			s->removed == 1 ? "y" : "ies", s->dir);
+}
+
+/*
+ * Loop thread: the sweep ended (status 0), or never ran (UV_ECANCELED):
+ * the stagings that waited for it go to the work queue now, in the order
+ * they came; when wcached is stopping they end as cancelled, as a staging
+ * the queue cancels does (load_after).
+ */
+static void
+sweep_after(struct workq_job *w, int status)
+{
+	struct registry_sweep *s = w->arg;
+	struct registry *r = s->r;
+	struct load_request *q, *next;
+
+	r->sweep = NULL;
+	if (status == 0)
+		sweep_report(s);
+	for (q = s->held; q != NULL; q = next) {
+		next = q->held_next;
+		q->held_next = NULL;
+		if (status == UV_ECANCELED || r->closing)
+			load_after(&q->job, UV_ECANCELED);
+		else if (submit_stage(r, q) < 0)
+			load_after(&q->job, 0); /* fails q with its message */
+	}
+	sweep_free(s);
+}
+
+/* Copies dirs (n of them) into s's keep list. 0 or -ENOMEM. */
+static int
+sweep_keep(struct registry_sweep *s, char *const *dirs, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (dirs[i] == NULL)
+			continue;
+		if ((s->keep[s->nkeep] = strdup(dirs[i])) == NULL)
+			return -ENOMEM;
+		s->nkeep++;
+	}
+	return 0;
+}
+
 void
 registry_stage_sweep(struct registry *r, char *const *also_keep, size_t nalso)
 {
-	char **keep;
+	struct registry_sweep *s;
+	char what[sizeof(s->job.what)];
 	size_t n = nalso;
-	unsigned removed = 0;
+	int err = 0;
 
-	if (r->stage_dir == NULL)
+	if (r->stage_dir == NULL || r->sweep != NULL)
 		return;
 	for (const struct generation *g = r->generations; g != NULL; g = g->next)
 		n++;
-	if ((keep = calloc(n ? n : 1, sizeof(*keep))) == NULL)
+	if ((s = calloc(1, sizeof(*s))) == NULL ||
+		(s->keep = calloc(n ? n : 1, sizeof(*s->keep))) == NULL ||
+		(s->dir = strdup(r->stage_dir)) == NULL)
+		err = -ENOMEM;
+	if (err == 0)
+		err = sweep_keep(s, also_keep, nalso);
+	for (const struct generation *g = r->generations; g != NULL && err == 0; g = g->next)
+		err = sweep_keep(s, &g->staged.dir, 1);
+	if (err < 0) {
+		log_warnx("stage_dir %s: not swept: out of memory", r->stage_dir);
+		sweep_free(s);
 		return;
-	for (n = 0; n < nalso; n++)
-		keep[n] = also_keep[n];
-	for (const struct generation *g = r->generations; g != NULL; g = g->next)
-		if (g->staged.dir != NULL)
-			keep[n++] = g->staged.dir;
-	if (stage_sweep(r->stage_dir, keep, n, &removed) < 0)
-		log_warnx("%s", error_get());
-	if (removed > 0)
-		log_info("removed %u staged cop%s left in %s by an earlier wcached", removed,
-			removed == 1 ? "y" : "ies", r->stage_dir);
-	free(keep);
+	}
+	s->r = r;
+	s->held_tail = &s->held;
+	s->job.arg = s;
+	snprintf(what, sizeof(what), "the sweep of stage_dir %s", s->dir);
+	if (workq_submit(&r->workq, &s->job, WORKQ_LOCAL, what, sweep_run, sweep_after) < 0) {
+		/* The queue refused it: sweep here, as nothing stages yet. */
+		sweep_run(&s->job);
+		sweep_report(s);
+		sweep_free(s);
+		return;
+	}
+	r->sweep = s;
 }

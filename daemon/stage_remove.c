@@ -259,7 +259,8 @@ staged_name(const char *name, bool *own_tmp)
 
 /* The directory a sweep locked (flock) for the life of the process: a
  * second wcached started with the same stage_dir then leaves the copies
- * of the first alone. Loop thread (stage_sweep), so unguarded. */
+ * of the first alone. One sweep at a time (wcached runs one, at start, on
+ * the work queue: registry_stage_sweep), so unguarded. */
 static int sweep_lock = -1;
 
 /* Locks stage_dir (its open descriptor sfd) for this process: 0, or

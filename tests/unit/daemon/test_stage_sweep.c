@@ -1,0 +1,340 @@
+/*
+ * test_stage_sweep.c: unit tests of the start-up sweep of stage_dir as
+ * the registry runs it (registry_stage_sweep, daemon/registry_load.c),
+ * on a real libuv loop and real files (daemonutil.h): the sweep removes
+ * what an earlier process left on the work queue, never on the loop
+ * thread (a leftover copy may be hundreds of gigabytes: restored and local
+ * models must not wait for its unlink), and a staging queued while it
+ * runs waits for it to end, then copies; one that waits when wcached
+ * stops ends cancelled and copies nothing.
+ *
+ * Fault injection (-Wl,--wrap=unlinkat in tests/CMakeLists.txt): while a
+ * test closes the gate, the removal of a leftover copy's model file waits
+ * there on a pool thread (a slow unlink); one on the loop thread is only
+ * recorded, so that the code before the fix fails the test instead of
+ * hanging it.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "base/path.h"
+#include "daemonutil.h"
+#include "stage.h"
+#include "testutil.h"
+
+/* ---- the gate -------------------------------------------------------------- */
+
+#define LEFTOVER_FILE "leftover.safetensors"
+
+static pthread_t loop_thread;
+static pthread_mutex_t gate_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_cond = PTHREAD_COND_INITIALIZER;
+static bool gate_closed;
+static atomic_int unlinked_on_loop, waiting_at_gate;
+
+int __real_unlinkat(int dirfd, const char *path, int flags);
+int __wrap_unlinkat(int dirfd, const char *path, int flags);
+
+/* unlinkat(2), held at the gate while it is closed when it removes a
+ * leftover copy's model file on a pool thread (at most 20 s: a test that
+ * fails must not hang); on the loop thread it is only counted. */
+int
+__wrap_unlinkat(int dirfd, const char *path, int flags)
+{
+	if (strcmp(path, LEFTOVER_FILE) == 0) {
+		if (pthread_equal(pthread_self(), loop_thread)) {
+			atomic_fetch_add(&unlinked_on_loop, 1);
+		} else {
+			struct timespec until;
+
+			clock_gettime(CLOCK_REALTIME, &until);
+			until.tv_sec += 20;
+			pthread_mutex_lock(&gate_lock);
+			atomic_fetch_add(&waiting_at_gate, 1);
+			pthread_cond_broadcast(&gate_cond); /* wait_at_gate() */
+			while (gate_closed &&
+				pthread_cond_timedwait(&gate_cond, &gate_lock, &until) == 0)
+				;
+			pthread_mutex_unlock(&gate_lock);
+		}
+	}
+	return __real_unlinkat(dirfd, path, flags);
+}
+
+static void
+set_gate(bool closed)
+{
+	pthread_mutex_lock(&gate_lock);
+	gate_closed = closed;
+	pthread_cond_broadcast(&gate_cond);
+	pthread_mutex_unlock(&gate_lock);
+}
+
+/* ---- fixture --------------------------------------------------------------- */
+
+struct sweep_fixture {
+	struct du *t;
+	char *stage_dir;
+	char *leftover;     /* stage_dir/old.4, a copy an earlier process left */
+	int done_calls;
+	int status;
+	char message[512];
+};
+
+static int
+setup(void **state)
+{
+	struct sweep_fixture *f = calloc(1, sizeof(*f));
+	char *w;
+
+	assert_non_null(f);
+	loop_thread = pthread_self();
+	atomic_store(&unlinked_on_loop, 0);
+	atomic_store(&waiting_at_gate, 0);
+	set_gate(false);
+	f->t = du_new(false);
+	f->stage_dir = path_join(f->t->dir, "staged");
+	assert_int_equal(mkdir(f->stage_dir, 0700), 0);
+	f->leftover = path_join(f->stage_dir, "old.4");
+	assert_int_equal(mkdir(f->leftover, 0700), 0);
+	free(tu_write(f->leftover, STAGE_MARKER, "", 0));
+	w = tu_write(f->leftover, LEFTOVER_FILE, "abc", 3);
+	free(w);
+	assert_int_equal(registry_set_stage_dir(&f->t->reg, f->stage_dir), 0);
+	*state = f;
+	return 0;
+}
+
+static int
+teardown(void **state)
+{
+	struct sweep_fixture *f = *state;
+	void *t = f->t;
+
+	set_gate(false);
+	du_free(&t);
+	free(f->leftover);
+	free(f->stage_dir);
+	free(f);
+	return 0;
+}
+
+static void
+on_done(int status, const char *message, uint64_t generation, void *arg)
+{
+	struct sweep_fixture *f = arg;
+
+	(void)generation;
+	f->done_calls++;
+	f->status = status;
+	snprintf(f->message, sizeof(f->message), "%s", message);
+}
+
+/* Loads a small model m that stages (stage = yes), answered to on_done. */
+static void
+load_staged(struct sweep_fixture *f)
+{
+	char *src = du_model(f->t, "m.safetensors", 1024);
+
+	assert_int_equal(registry_load(&f->t->reg, "m", src, PIN_NONE, 0, on_done, f), 0);
+	/* The stage key is set once registry_load returns, as config does. */
+	assert_int_equal(registry_set_storage(&f->t->reg, "m", FS_WATCH_INOTIFY, 0, FS_STAGE_YES),
+		0);
+	free(src);
+}
+
+/* Waits (20 s at most) until the sweep is held at the gate: a pool
+ * thread's, which sends the loop nothing to wake it. */
+static void
+wait_at_gate(void)
+{
+	struct timespec until;
+	int rc = 0;
+
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += 20;
+	pthread_mutex_lock(&gate_lock);
+	while (atomic_load(&waiting_at_gate) == 0 && rc == 0)
+		rc = pthread_cond_timedwait(&gate_cond, &gate_lock, &until);
+	pthread_mutex_unlock(&gate_lock);
+	assert_int_equal(atomic_load(&waiting_at_gate), 1);
+}
+
+static bool
+staging_queued(struct du *t, void *arg)
+{
+	const struct model_entry *m = registry_find(&t->reg, "m");
+
+	(void)arg;
+	return m != NULL && m->staging != NULL;
+}
+
+static bool
+answered(struct du *t, void *arg)
+{
+	(void)t;
+	return ((struct sweep_fixture *)arg)->done_calls > 0;
+}
+
+static bool
+leftover_gone(struct du *t, void *arg)
+{
+	(void)t;
+	return tu_count_entries(((struct sweep_fixture *)arg)->leftover) == -1;
+}
+
+static void
+on_window(uv_timer_t *timer)
+{
+	*(bool *)timer->data = true;
+}
+
+static bool
+window_over(struct du *t, void *arg)
+{
+	(void)t;
+	return *(bool *)arg;
+}
+
+/* Runs the loop for ms milliseconds: for what must not happen meanwhile. */
+static void
+run_for(struct du *t, uint64_t ms)
+{
+	uv_timer_t timer;
+	bool over = false;
+
+	assert_int_equal(uv_timer_init(&t->loop, &timer), 0);
+	timer.data = &over;
+	assert_int_equal(uv_timer_start(&timer, on_window, ms, 0), 0);
+	du_run_until(t, window_over, &over);
+	uv_close((uv_handle_t *)&timer, NULL);
+	uv_run(&t->loop, UV_RUN_NOWAIT);
+}
+
+/* Entries of dir whose name starts with prefix. */
+static int
+entries_starting(const char *dir, const char *prefix)
+{
+	int n = 0;
+	struct dirent *e;
+	DIR *d = opendir(dir);
+
+	assert_non_null(d);
+	while ((e = readdir(d)) != NULL)
+		n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+	closedir(d);
+	return n;
+}
+
+/* ---- tests ----------------------------------------------------------------- */
+
+/*
+ * The sweep removes the leftover copy on a pool thread: registry_stage_sweep
+ * returns while that removal is held at the gate (it unlinked it on the
+ * loop thread before, and every model waited for it). A staging queued
+ * meanwhile waits: nothing is copied into stage_dir until the sweep ends;
+ * then the model is staged and served, the leftover gone, said once.
+ */
+static void
+test_sweep_runs_off_the_loop_and_stagings_wait_for_it(void **state)
+{
+	struct sweep_fixture *f = *state;
+	const struct generation *g;
+	char *log;
+
+	du_log_start(f->t);
+	set_gate(true);
+	registry_stage_sweep(&f->t->reg, NULL, 0);
+	assert_int_equal(atomic_load(&unlinked_on_loop), 0);
+	wait_at_gate();
+	assert_int_equal(tu_count_entries(f->leftover), 2); /* held: nothing removed yet */
+
+	load_staged(f);
+	du_run_until(f->t, staging_queued, NULL);
+	/* Held by the sweep: while the loop runs no copy starts (the gate
+	 * holds the sweep for up to 20 s; 1 s is plenty for a 4 KiB copy that
+	 * did not wait to be staged and served). */
+	run_for(f->t, 1000);
+	assert_int_equal(f->done_calls, 0);
+	assert_int_equal(entries_starting(f->stage_dir, ".m.tmp-"), 0);
+	assert_int_equal(entries_starting(f->stage_dir, "m."), 0);
+
+	set_gate(false);
+	du_run_until(f->t, answered, f);
+	assert_int_equal(f->status, 0);
+	assert_int_equal(tu_count_entries(f->leftover), -1);
+	g = du_current(f->t, "m");
+	assert_non_null(g->staged.dir);
+	assert_int_equal(entries_starting(f->stage_dir, "m.1"), 1);
+	log = du_log_stop(f->t);
+	assert_non_null(strstr(log, "removed 1 staged copy left in "));
+	assert_non_null(strstr(log, "its staging waits for the sweep of "));
+	free(log);
+	assert_int_equal(atomic_load(&unlinked_on_loop), 0);
+}
+
+/* wcached stops while a staging waits for the sweep: once the sweep ends
+ * the staging ends cancelled ("wcached is stopping"), and copies nothing. */
+static void
+test_a_staging_waiting_when_wcached_stops_is_cancelled(void **state)
+{
+	struct sweep_fixture *f = *state;
+
+	set_gate(true);
+	registry_stage_sweep(&f->t->reg, NULL, 0);
+	wait_at_gate();
+	load_staged(f);
+	du_run_until(f->t, staging_queued, NULL);
+	registry_close(&f->t->reg);
+	set_gate(false);
+	du_run_until(f->t, answered, f);
+	assert_int_equal(f->status, -ECANCELED);
+	assert_non_null(strstr(f->message, "wcached is stopping"));
+	assert_int_equal(entries_starting(f->stage_dir, ".m.tmp-"), 0);
+	assert_int_equal(entries_starting(f->stage_dir, "m."), 0);
+	assert_int_equal(tu_count_entries(f->leftover), -1);
+}
+
+/* Without a sweep (none started, or it ended) a staging goes to the work
+ * queue at once, as before. */
+static void
+test_a_staging_after_the_sweep_does_not_wait(void **state)
+{
+	struct sweep_fixture *f = *state;
+
+	registry_stage_sweep(&f->t->reg, NULL, 0);
+	du_run_until(f->t, leftover_gone, f);
+	load_staged(f);
+	du_run_until(f->t, answered, f);
+	assert_int_equal(f->status, 0);
+	assert_non_null(du_current(f->t, "m")->staged.dir);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_sweep_runs_off_the_loop_and_stagings_wait_for_it,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(test_a_staging_waiting_when_wcached_stops_is_cancelled,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(test_a_staging_after_the_sweep_does_not_wait, setup,
+			teardown),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
