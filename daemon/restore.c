@@ -26,10 +26,12 @@
  * A restored model's derived artifacts come back too (derive.h): each
  * artifact memfd must be a regular file with every seal a published one
  * has, of the described size, and parse again with its format's reader
- * (source_open_fd, O(its header)) into an index byte for byte the stored
- * index memfd, itself checked as a generation's is. One that fails is left
- * out with one line naming the model, the key and the reason, its
- * descriptors closed: the next DERIVE builds it again.
+ * (source_open_fd, O(its tensors)) into an index byte for byte the stored
+ * index memfd, itself checked as a generation's is. Those checks run with
+ * the model's on the work queue (restore_work), never on the loop, which
+ * only lists what passed. One that fails is left out with one line naming
+ * the model, the key and the reason, its descriptors closed: the next
+ * DERIVE builds it again.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -297,8 +299,24 @@ restore_slots(struct restore *s, struct registry *r)
 	}
 }
 
-/* One model's stored generations, checked on the work queue
- * (restore_check.c) and served on the loop (restore_after). */
+/* One stored derived artifact of a model, checked on the work queue with
+ * its generations (check_artifact) and listed again on the loop
+ * (adopt_artifact). */
+struct restore_artifact {
+	const struct fdstore_artifact *a; /* the restore's description's */
+	int fd;                           /* its memfd, out of the table; -1 once src has it */
+	size_t at;
+	int index_fd;                     /* its sealed index, out of the table */
+	size_t index_at;
+	/* Filled by check_artifact(). */
+	int err;                          /* 0, or -errno with why */
+	char why[512];
+	struct model_source src;          /* its memfd, opened by its reader */
+};
+
+/* One model's stored generations and derived artifacts, checked on the
+ * work queue (restore_check.c, check_artifact) and served on the loop
+ * (restore_after). */
 struct restore_job {
 	struct workq_job job;
 	struct restore *s;
@@ -311,6 +329,8 @@ struct restore_job {
 	uint64_t expected;          /* registry_expect()'s token */
 	size_t n;                   /* [0] the current generation, then the held ones */
 	struct restore_prepared *gens;
+	size_t nartifacts;          /* the current generation's derived artifacts */
+	struct restore_artifact *artifacts;
 	restore_done_fn done;
 	void *arg;
 };
@@ -395,15 +415,99 @@ give_back(struct restore *s, struct registry *r, const char *name, struct restor
 	restore_prepared_clear(r, p);
 }
 
+/* Takes the stored descriptors of artifact a out of s's table into p,
+ * for its check off the loop (as reserve() does a generation's). */
+static void
+reserve_artifact(struct restore *s, const struct fdstore_artifact *a, struct restore_artifact *p)
+{
+	*p = (struct restore_artifact){ .a = a };
+	if ((p->fd = find_fd(s, a->fdname, &p->at)) >= 0)
+		s->fds[p->at].fd = -1;
+	if ((p->index_fd = find_fd(s, a->index_fdname, &p->index_at)) >= 0)
+		s->fds[p->index_at].fd = -1;
+}
+
+/* Gives p's stored descriptors that nothing took back to s's table, for
+ * close_untaken() at the end of the check (which closes them, and has the
+ * manager drop them unless wcached stops); its memfd leaves its reader's
+ * mappings first. */
+static void
+give_back_artifact(struct restore *s, struct registry *r, struct restore_artifact *p)
+{
+	if (p->a == NULL)
+		return;
+	if (p->src.nfiles > 0 && p->src.files[0].fd >= 0) {
+		p->fd = p->src.files[0].fd;
+		p->src.files[0].fd = -1; /* the table's again, not the reader's */
+	}
+	gen_close_files_in(r, (uid_t)p->a->builder_uid, NULL, &p->src);
+	if (p->fd >= 0)
+		s->fds[p->at].fd = p->fd;
+	if (p->index_fd >= 0)
+		s->fds[p->index_at].fd = p->index_fd;
+	p->fd = -1;
+	p->index_fd = -1;
+}
+
+static int check_artifact_memfd(int fd, const struct fdstore_artifact *a);
+
+/*
+ * Work queue thread: checks every piece of artifact p of the model name,
+ * an artifact of its generation current (the one restored, if it is), as
+ * PUBLISH does: its memfd (check_artifact_memfd), its stored index
+ * (restore_check_index), and its reader again, which must compile the
+ * memfd into that index byte for byte. O(its tensors): never on the loop.
+ * Touches nothing but p and the descriptors it names.
+ */
+static void
+check_artifact(struct restore_artifact *p, const char *name, uint64_t current)
+{
+	const struct fdstore_artifact *a = p->a;
+	char label[FDSTORE_MAX_MODEL_NAME + FDSTORE_MAX_KEY + 16];
+	struct index_header h;
+	void *map = NULL;
+	int err;
+
+	/* An older generation's is not restored (adopt_artifact): not read. */
+	if (a->source != current) {
+		err = error_set(-ESTALE, "its source generation %" PRIu64 " is not the one "
+			"restored", a->source);
+		goto out;
+	}
+	if ((err = check_artifact_memfd(p->fd, a)) < 0 ||
+		(err = restore_check_index(p->index_fd, a->index_fdname, a->index_size, 1, &h,
+			 &map)) < 0)
+		goto out;
+	snprintf(label, sizeof(label), "%s derived %s", name, a->key);
+	if (source_open_fd(p->fd, label, &p->src) < 0) {
+		snprintf(p->why, sizeof(p->why), "%s", error_get());
+		err = error_set(-EBADMSG, "its memfd does not parse: %s", p->why);
+		goto out;
+	}
+	p->fd = -1; /* src's now */
+	if (p->src.nfiles != 1 || p->src.index_len != a->index_size ||
+		memcmp(p->src.index, map, p->src.index_len) != 0)
+		err = error_set(-EBADMSG, "its stored index (%" PRIu64 " bytes) is not the one "
+			"its memfd compiles to (%zu bytes)", a->index_size, p->src.index_len);
+out:
+	if (map != NULL)
+		munmap(map, (size_t)a->index_size);
+	if ((p->err = err) < 0)
+		snprintf(p->why, sizeof(p->why), "%s", error_get());
+}
+
 /* Work queue thread: checks and opens every stored generation of j's
- * model. */
+ * model, and checks its current generation's derived artifacts. */
 static void
 restore_work(struct workq_job *w)
 {
 	struct restore_job *j = w->arg;
+	const char *name = j->s->desc->models[j->model].name;
 
 	for (size_t i = 0; i < j->n; i++)
 		restore_check_generation(&j->gens[i], j->path, j->stage_dir);
+	for (size_t i = 0; i < j->nartifacts; i++)
+		check_artifact(&j->artifacts[i], name, j->gens[0].g->number);
 }
 
 /*
@@ -480,62 +584,49 @@ check_artifact_memfd(int fd, const struct fdstore_artifact *a)
 	return 0;
 }
 
-/* Checks every piece of artifact a of m (restored) and lists it again
- * (restore_adopt_artifact). The descriptors stay in s->fds until taken:
- * on failure close_untaken() closes them at the end of m's check and the
- * manager drops them. */
+/* Lists artifact p of m again (restore_adopt_artifact), once m is restored
+ * and p passed its check on the work queue (check_artifact). On failure its
+ * descriptors not opened go back to s's table (give_back_artifact: closed
+ * at the end of m's check, and dropped by the manager); an opened memfd is
+ * closed here. */
 static int
 adopt_artifact(struct restore *s, struct registry *r, const struct fdstore_model *m,
-	const struct fdstore_artifact *a)
+	struct restore_artifact *p)
 {
-	struct model_source src = { 0 };
+	const struct fdstore_artifact *a = p->a;
 	struct model_entry *e = registry_find(r, m->name);
 	struct generation *g = NULL;
-	struct index_header h;
 	struct fdstore_name n;
-	char label[FDSTORE_MAX_MODEL_NAME + FDSTORE_MAX_KEY + 16];
-	void *map = NULL;
-	size_t aat = 0, iat = 0;
-	int afd = find_fd(s, a->fdname, &aat), ifd = find_fd(s, a->index_fdname, &iat), err;
+	int err;
 
 	if (e == NULL || e->current == NULL || e->current->number != a->source)
-		return error_set(-ESTALE, "its source generation %" PRIu64 " is not the one "
+		err = error_set(-ESTALE, "its source generation %" PRIu64 " is not the one "
 			"restored", a->source);
-	if (fdstore_name_parse(a->fdname, &n) < 0 || n.kind != FDSTORE_NAME_KIND_ARTIFACT)
-		return error_set(-EINVAL, "its memfd's name \"%s\" is not an artifact's",
+	else if (fdstore_name_parse(a->fdname, &n) < 0 || n.kind != FDSTORE_NAME_KIND_ARTIFACT)
+		err = error_set(-EINVAL, "its memfd's name \"%s\" is not an artifact's",
 			a->fdname);
-	if ((err = check_artifact_memfd(afd, a)) < 0 ||
-		(err = restore_check_index(ifd, a->index_fdname, a->index_size, 1, &h, &map)) < 0)
-		return err;
-	/* Its reader again, as PUBLISH does: the same index, byte for byte. */
-	snprintf(label, sizeof(label), "%s derived %s", m->name, a->key);
-	if (source_open_fd(afd, label, &src) < 0) {
-		char why[512];
-
-		snprintf(why, sizeof(why), "%s", error_get());
-		munmap(map, (size_t)a->index_size);
-		return error_set(-EBADMSG, "its memfd does not parse: %s", why);
-	}
-	s->fds[aat].fd = -1; /* src's now */
-	if (src.nfiles != 1 || src.index_len != a->index_size ||
-		memcmp(src.index, map, src.index_len) != 0)
-		err = error_set(-EBADMSG, "its stored index (%" PRIu64 " bytes) is not the one "
-			"its memfd compiles to (%zu bytes)", a->index_size, src.index_len);
-	munmap(map, (size_t)a->index_size);
-	if (err == 0)
+	else if (p->err < 0)
+		err = error_set(p->err, "%s", p->why);
+	else
 		err = restore_adopt_artifact(r, e, &(struct derive_stored){ .key = a->key,
 			.source = a->source, .builder_uid = (uid_t)a->builder_uid,
 			.builder_pid = (pid_t)a->builder_pid,
-			.build_seconds = (double)a->build_ms / 1000.0 }, &src, ifd,
+			.build_seconds = (double)a->build_ms / 1000.0 }, &p->src, p->index_fd,
 			(size_t)a->index_size, &g);
-	if (err < 0 || g == NULL) {
-		/* Closed here, not by close_untaken(): the manager drops it too.
-		 * In its builder's lane: this may be the memfd's last close. */
-		(void)notify_remove_fds(a->fdname);
-		gen_close_files_in(r, (uid_t)a->builder_uid, NULL, &src);
-		return err < 0 ? err : -EINVAL;
+	if (err == 0 && g == NULL)
+		err = error_set(-EINVAL, "it was not listed");
+	if (err < 0) {
+		if (p->src.nfiles > 0) {
+			/* Opened: closed here, not by close_untaken(), and the
+			 * manager drops it too. In its builder's lane: this may
+			 * be the memfd's last close. */
+			(void)notify_remove_fds(a->fdname);
+			gen_close_files_in(r, (uid_t)a->builder_uid, NULL, &p->src);
+		}
+		give_back_artifact(s, r, p);
+		return err;
 	}
-	s->fds[iat].fd = -1;
+	p->index_fd = -1;
 	/* The manager still has both under these names. */
 	g->stored_slot = e->slot;
 	g->stored_artifact = n.artifact;
@@ -543,15 +634,18 @@ adopt_artifact(struct restore *s, struct registry *r, const struct fdstore_model
 	return 0;
 }
 
-/* After m's current generation came back: its derived artifacts. One that
- * does not come back is built again by the next DERIVE of its key. */
+/* After m's current generation came back: its derived artifacts, checked
+ * with it (j->artifacts). One that does not come back is built again by
+ * the next DERIVE of its key. */
 static void
-adopt_artifacts(struct restore *s, struct registry *r, const struct fdstore_model *m)
+adopt_artifacts(struct restore_job *j)
 {
-	for (uint32_t k = 0; k < m->nartifacts; k++) {
-		const struct fdstore_artifact *a = &m->artifacts[k];
+	const struct fdstore_model *m = &j->s->desc->models[j->model];
 
-		if (adopt_artifact(s, r, m, a) < 0)
+	for (size_t k = 0; k < j->nartifacts; k++) {
+		const struct fdstore_artifact *a = j->artifacts[k].a;
+
+		if (adopt_artifact(j->s, j->r, m, &j->artifacts[k]) < 0)
 			log_warnx("model \"%s\": derived \"%s\" of generation %" PRIu64 " not "
 				  "restored: %s; the next DERIVE of it builds it again", m->name,
 				a->key, a->source, error_get());
@@ -563,6 +657,7 @@ static void finish(struct restore *s, struct registry *r);
 static void
 restore_job_free(struct restore_job *j)
 {
+	free(j->artifacts);
 	free(j->gens);
 	free(j->path);
 	free(j->stage_dir);
@@ -610,11 +705,13 @@ restore_after(struct workq_job *w, int status)
 				j->gens[i].g->number, error_get());
 		give_back(s, r, m->name, &j->gens[i], held);
 	}
+	for (size_t i = 0; result != RESTORE_SERVED && i < j->nartifacts; i++)
+		give_back_artifact(s, r, &j->artifacts[i]);
 	if (result == RESTORE_SERVED) {
 		const struct model_entry *e = registry_find(r, m->name);
 
 		s->restored[j->model] = 1;
-		adopt_artifacts(s, r, m);
+		adopt_artifacts(j);
 		log_info("model \"%s\": generation %" PRIu64 " restored from the file descriptor "
 			 "store: %" PRIu32 " file%s, %" PRIu64 " bytes, not read again", m->name,
 			g->number, g->nfiles, g->nfiles == 1 ? "" : "s",
@@ -679,6 +776,7 @@ queue_check(struct restore *s, struct registry *r, size_t model,
 	int err = 0;
 
 	if (j == NULL || (j->gens = calloc(m->ngenerations + 1, sizeof(*j->gens))) == NULL ||
+		(j->artifacts = calloc(m->nartifacts + 1, sizeof(*j->artifacts))) == NULL ||
 		(j->path = strdup(path)) == NULL ||
 		(r->stage_dir != NULL && (j->stage_dir = strdup(r->stage_dir)) == NULL)) {
 		if (j != NULL)
@@ -686,13 +784,16 @@ queue_check(struct restore *s, struct registry *r, size_t model,
 		return error_set(-ENOMEM, "out of memory");
 	}
 	*j = (struct restore_job){ .s = s, .r = r, .model = model, .path = j->path, .pin = pin,
-		.warm = warm, .stage_dir = j->stage_dir, .gens = j->gens, .done = done,
-		.arg = arg };
+		.warm = warm, .stage_dir = j->stage_dir, .gens = j->gens,
+		.artifacts = j->artifacts, .done = done, .arg = arg };
 	j->job.arg = j;
 	err = reserve(s, j->stage_dir, g, &j->gens[j->n++]);
 	for (uint32_t k = 0; k < m->ngenerations && err == 0; k++)
 		if (m->generations[k].role == FDSTORE_HELD)
 			err = reserve(s, j->stage_dir, &m->generations[k], &j->gens[j->n++]);
+	/* Its derived artifacts are checked with it. */
+	for (uint32_t k = 0; k < m->nartifacts && err == 0; k++)
+		reserve_artifact(s, &m->artifacts[k], &j->artifacts[j->nartifacts++]);
 	fs = stored_fs(s, g, what, sizeof(what), m->name);
 	if (err == 0 && (j->expected = registry_expect(r, m->name, path, pin, warm)) == 0)
 		err = -ENOMEM;
@@ -705,6 +806,8 @@ queue_check(struct restore *s, struct registry *r, size_t model,
 	if (err < 0) {
 		for (size_t i = 0; i < j->n; i++)
 			give_back(s, r, m->name, &j->gens[i], 0);
+		for (size_t i = 0; i < j->nartifacts; i++)
+			give_back_artifact(s, r, &j->artifacts[i]);
 		restore_job_free(j);
 		return err;
 	}

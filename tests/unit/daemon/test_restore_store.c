@@ -1,9 +1,10 @@
 /*
  * test_restore_store.c: unit tests of daemon/restore_store.c, keeping the
  * service manager's file descriptor store in step with the registry
- * (restore_sync), against a manager of our own: a datagram socket that
- * this test reads when it chooses, and that it can take away and bring
- * back. On a real libuv loop and small model files in /tmp (daemonutil.h).
+ * (restore_sync), against a manager of our own (storeutil.h): a datagram
+ * socket that this test reads when it chooses, and that it can take away
+ * and bring back. On a real libuv loop and small model files in /tmp
+ * (daemonutil.h).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -26,105 +27,13 @@
 #include "notify.h"
 #include "restore.h"
 #include "restore_internal.h"
+#include "storeutil.h"
 #include "testutil.h"
-
-/* What the manager received, in order. */
-struct received {
-	int store;                        /* FDSTORE=1, else FDSTOREREMOVE=1 */
-	char name[NOTIFY_MAX_FDNAME + 1];
-	int fd;                           /* a store's first descriptor, or -1 */
-};
-
-#define MAX_RECEIVED 256
-
-/* A service manager with a file descriptor store: its socket, where it
- * listens, and what it has received. */
-struct manager {
-	int sock;
-	struct sockaddr_un addr;
-	size_t n;
-	struct received got[MAX_RECEIVED];
-};
 
 struct fixture {
 	struct du *t;
-	struct manager m;
+	struct su_manager m;
 };
-
-/* Binds the manager's socket at its address (again, after manager_gone). */
-static void
-manager_listen(struct manager *m)
-{
-	m->sock = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-	assert_true(m->sock >= 0);
-	assert_int_equal(bind(m->sock, (const struct sockaddr *)&m->addr, sizeof(m->addr)), 0);
-}
-
-/* The manager goes away (as while it re-executes): sends to its address
- * fail until manager_listen. */
-static void
-manager_gone(struct manager *m)
-{
-	close(m->sock);
-	m->sock = -1;
-	assert_int_equal(unlink(m->addr.sun_path), 0);
-}
-
-/* Reads what the manager has, without waiting, into m->got. */
-static void
-manager_read(struct manager *m)
-{
-	char buf[NOTIFY_MAX_MESSAGE + 1];
-	union {
-		struct cmsghdr align;
-		unsigned char buf[CMSG_SPACE(sizeof(int) * NOTIFY_MAX_STORE_FDS)];
-	} control;
-	ssize_t n;
-
-	for (;;) {
-		struct iovec iov = { .iov_base = buf, .iov_len = sizeof(buf) - 1 };
-		struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1,
-			.msg_control = control.buf, .msg_controllen = sizeof(control.buf) };
-		struct received *r;
-		const char *name;
-		int fd = -1;
-
-		if ((n = recvmsg(m->sock, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC)) < 0)
-			break;
-		buf[n] = '\0';
-		for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c)) {
-			size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-
-			for (size_t i = 0; i < k; i++) {
-				int got;
-
-				memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-				if (fd < 0)
-					fd = got;
-				else
-					close(got);
-			}
-		}
-		assert_true(m->n < MAX_RECEIVED);
-		assert_non_null(name = strstr(buf, "FDNAME="));
-		r = &m->got[m->n++];
-		r->store = strncmp(buf, "FDSTORE=1\n", 10) == 0;
-		r->fd = fd;
-		snprintf(r->name, sizeof(r->name), "%s", name + 7);
-	}
-}
-
-/* How many of what the manager received from from on are stores (store 1)
- * or removals (0) of name. */
-static unsigned
-received(const struct manager *m, size_t from, int store, const char *name)
-{
-	unsigned k = 0;
-
-	for (size_t i = from; i < m->n; i++)
-		k += m->got[i].store == store && strcmp(m->got[i].name, name) == 0;
-	return k;
-}
 
 static int
 setup(void **state)
@@ -134,11 +43,7 @@ setup(void **state)
 	assert_non_null(f);
 	f->t = du_new(false);
 	memset(&restore_state, 0, sizeof(restore_state));
-	f->m.addr.sun_family = AF_UNIX;
-	snprintf(f->m.addr.sun_path, sizeof(f->m.addr.sun_path), "%s/notify.sock", f->t->dir);
-	manager_listen(&f->m);
-	assert_int_equal(setenv("NOTIFY_SOCKET", f->m.addr.sun_path, 1), 0);
-	assert_int_equal(notify_init(), 1);
+	su_manager_start(&f->m, f->t->dir);
 	f->t->reg.fdstore = 1;
 	*state = f;
 	return 0;
@@ -150,13 +55,7 @@ teardown(void **state)
 	struct fixture *f = *state;
 	void *t = f->t;
 
-	notify_close();
-	unsetenv("NOTIFY_SOCKET");
-	for (size_t i = 0; i < f->m.n; i++)
-		if (f->m.got[i].fd >= 0)
-			close(f->m.got[i].fd);
-	if (f->m.sock >= 0)
-		close(f->m.sock);
+	su_manager_stop(&f->m);
 	memset(&restore_state, 0, sizeof(restore_state));
 	free(f);
 	return du_free(&t);
@@ -182,26 +81,26 @@ test_description_replaced_after_its_removal(void **state)
 
 	assert_int_equal(du_load(t, "m", a, PIN_METADATA, 0), 0);
 	restore_sync(&t->reg);
-	manager_read(&f->m);
-	assert_int_equal(received(&f->m, 0, 1, FDSTORE_NAME_DESC), 1);
-	assert_int_equal(received(&f->m, 0, 1, FDSTORE_NAME_STATUS), 1);
+	su_manager_read(&f->m);
+	assert_int_equal(su_received(&f->m, 0, 1, FDSTORE_NAME_DESC), 1);
+	assert_int_equal(su_received(&f->m, 0, 1, FDSTORE_NAME_STATUS), 1);
 	assert_true(restore_state.desc_in_store);
 
 	/* The description changes (a holder) while the manager is away. */
-	manager_gone(&f->m);
+	su_manager_gone(&f->m);
 	assert_int_equal(registry_attach(&t->reg, "m", &root_peer, &at, msg, sizeof(msg)), 0);
 	restore_sync(&t->reg);
 	assert_true(restore_state.desc_in_store); /* still the old one's */
 
 	/* It is back: the old description goes, then the new one comes. */
-	manager_listen(&f->m);
+	su_manager_listen(&f->m);
 	from = f->m.n;
 	restore_sync(&t->reg);
-	manager_read(&f->m);
+	su_manager_read(&f->m);
 	assert_int_equal(f->m.n - from, 2);
-	assert_int_equal(received(&f->m, from, 0, FDSTORE_NAME_DESC), 1);
+	assert_int_equal(su_received(&f->m, from, 0, FDSTORE_NAME_DESC), 1);
 	assert_false(f->m.got[from].store);
-	assert_int_equal(received(&f->m, from + 1, 1, FDSTORE_NAME_DESC), 1);
+	assert_int_equal(su_received(&f->m, from + 1, 1, FDSTORE_NAME_DESC), 1);
 	assert_true(restore_state.desc_in_store);
 	registry_release(&t->reg, at.gen);
 	free(a);
@@ -209,7 +108,7 @@ test_description_replaced_after_its_removal(void **state)
 
 /* The description the manager received last (decoded; fdstore_free it). */
 static struct fdstore_desc *
-last_description(const struct manager *m)
+last_description(const struct su_manager *m)
 {
 	struct fdstore_desc *d = NULL;
 	uint8_t *buf = NULL;
@@ -243,7 +142,7 @@ test_pin_change_stores_the_description(void **state)
 
 	assert_int_equal(du_load(t, "m", a, PIN_METADATA, 0), 0);
 	restore_sync(&t->reg);
-	manager_read(&f->m);
+	su_manager_read(&f->m);
 	d = last_description(&f->m);
 	assert_int_equal(d->nmodels, 1);
 	assert_int_equal(d->models[0].ngenerations, 1);
@@ -254,9 +153,9 @@ test_pin_change_stores_the_description(void **state)
 	du_settle(t);
 	from = f->m.n;
 	restore_sync(&t->reg);
-	manager_read(&f->m);
-	assert_int_equal(received(&f->m, from, 0, FDSTORE_NAME_DESC), 1);
-	assert_int_equal(received(&f->m, from, 1, FDSTORE_NAME_DESC), 1);
+	su_manager_read(&f->m);
+	assert_int_equal(su_received(&f->m, from, 0, FDSTORE_NAME_DESC), 1);
+	assert_int_equal(su_received(&f->m, from, 1, FDSTORE_NAME_DESC), 1);
 	d = last_description(&f->m);
 	assert_int_equal(d->models[0].generations[0].pin, PIN_NONE);
 	fdstore_free(d);

@@ -1,0 +1,261 @@
+/*
+ * test_restore.c: unit tests of daemon/restore.c, taking back what a
+ * previous process stored. A first registry (the previous process) loads
+ * a model, lists a derived artifact of it and stores both in a service
+ * manager's store of the test's own (storeutil.h); the manager hands its
+ * store over as systemd does, restore_take() takes it, and a second
+ * registry restores from it (restore_model, restore_started) on its loop.
+ * The artifact's reader, source_open_fd, is wrapped (--wrap) to see which
+ * thread runs it. Real files in /tmp, real memfds, a real libuv loop.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "daemonutil.h"
+#include "base/error.h"
+#include "derive.h"
+#include "fdstore.h"
+#include "format/source.h"
+#include "listen.h"
+#include "restore.h"
+#include "restore_internal.h"
+#include "storeutil.h"
+#include "testutil.h"
+
+/* The thread of the second registry's loop (the test's), and where the
+ * artifact reader ran since the counts were last zeroed. */
+static pthread_t loop_thread;
+static unsigned reader_on_loop, reader_off_loop;
+
+int __real_source_open_fd(int fd, const char *label, struct model_source *out);
+int __wrap_source_open_fd(int fd, const char *label, struct model_source *out);
+
+/* The reader of a one-file model (derived artifacts): counts the calls on
+ * the loop's thread and off it, then reads. */
+int
+__wrap_source_open_fd(int fd, const char *label, struct model_source *out)
+{
+	if (pthread_equal(pthread_self(), loop_thread))
+		__atomic_add_fetch(&reader_on_loop, 1, __ATOMIC_SEQ_CST);
+	else
+		__atomic_add_fetch(&reader_off_loop, 1, __ATOMIC_SEQ_CST);
+	return __real_source_open_fd(fd, label, out);
+}
+
+/* Nobody waits for a build here. */
+static const struct derive_hooks no_hooks;
+
+struct fixture {
+	char *dir;                   /* the model's, for both processes */
+	char *path;                  /* its file */
+	struct su_manager m;
+	struct du t;                 /* the second process's registry */
+	struct derive_table derive;  /* and its derived artifacts */
+	struct restore *s;           /* what it took back */
+	int done;                    /* restore_model's done came */
+	enum restore_result result;
+};
+
+/* Sets t up as wcached does under a manager with a store
+ * (registry_init_stored): status_fd the stored status page, or -1. */
+static void
+stored_setup(struct du *t, int status_fd)
+{
+	memset(t, 0, sizeof(*t));
+	t->log_fd = t->saved_stderr = -1;
+	assert_int_equal(uv_loop_init(&t->loop), 0);
+	assert_int_equal(registry_init_stored(&t->reg, &t->loop, NULL, status_fd), 0);
+	t->dir = tu_tmpdir();
+}
+
+/* A memfd holding the bytes of path, sealed as a published artifact is. */
+static int
+artifact_memfd(const char *path)
+{
+	int in = open(path, O_RDONLY | O_CLOEXEC), fd;
+	char buf[65536];
+	ssize_t n;
+
+	assert_true(in >= 0);
+	fd = memfd_create("test-artifact", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	assert_true(fd >= 0);
+	while ((n = read(in, buf, sizeof(buf))) > 0)
+		assert_int_equal(write(fd, buf, (size_t)n), n);
+	close(in);
+	assert_int_equal(fcntl(fd, F_ADD_SEALS, DERIVE_ARTIFACT_SEALS), 0);
+	return fd;
+}
+
+/*
+ * The previous process: loads f->path as "m", lists a derived artifact
+ * "k" of its generation 1 (the model's own bytes) as a restart would, and
+ * stores everything in f's manager (restore_sync). Then it is gone, and
+ * restore_state is a new process's.
+ */
+static void
+previous_process(struct fixture *f)
+{
+	struct model_source src = { 0 };
+	struct derive_table derive;
+	struct generation *g = NULL;
+	struct du t;
+	const uint8_t *map = NULL;
+	char name[FDSTORE_MAX_FDNAME + 1];
+	size_t len;
+	int ifd = -1;
+
+	stored_setup(&t, -1);
+	assert_int_equal(derive_init(&derive, &t.reg, &no_hooks), 0);
+	assert_int_equal(du_load(&t, "m", f->path, PIN_METADATA, 0), 0);
+	assert_int_equal(source_open_fd(artifact_memfd(f->path), "m derived k", &src), 0);
+	len = src.index_len;
+	assert_int_equal(gen_seal_index(src.index, len, &ifd, &map), 0);
+	munmap((void *)map, len);
+	assert_int_equal(restore_adopt_artifact(&t.reg, registry_find(&t.reg, "m"),
+		&(struct derive_stored){ .key = "k", .source = 1, .builder_uid = getuid(),
+			.builder_pid = getpid() }, &src, ifd, len, &g), 0);
+	restore_sync(&t.reg);
+	su_manager_read(&f->m);
+	assert_int_equal(su_received(&f->m, 0, 1, FDSTORE_NAME_DESC), 1);
+	assert_true(fdstore_name_artifact(name, sizeof(name), 1, 1) > 0);
+	assert_int_equal(su_received(&f->m, 0, 1, name), 1);
+	derive_close(&derive);
+	du_teardown(&t);
+	memset(&restore_state, 0, sizeof(restore_state));
+}
+
+static int
+setup(void **state)
+{
+	struct fixture *f = calloc(1, sizeof(*f));
+	struct du scratch;
+
+	assert_non_null(f);
+	su_hold_low_fds(); /* for the store su_manager_pass() hands over */
+	f->dir = tu_tmpdir();
+	/* The model lives in f->dir, which outlives both processes. */
+	du_setup(&scratch, false, 0);
+	f->path = du_model(&scratch, "a.safetensors", 4096);
+	{
+		char *moved = malloc(strlen(f->dir) + 32);
+
+		assert_non_null(moved);
+		snprintf(moved, strlen(f->dir) + 32, "%s/a.safetensors", f->dir);
+		assert_int_equal(rename(f->path, moved), 0);
+		free(f->path);
+		f->path = moved;
+	}
+	du_teardown(&scratch);
+	su_manager_start(&f->m, f->dir);
+	previous_process(f);
+
+	/* The next process: the store at 3.., taken back, then its registry. */
+	assert_true(su_manager_pass(&f->m) >= 6);
+	assert_non_null(f->s = restore_take());
+	stored_setup(&f->t, restore_status_fd(f->s));
+	restore_status_taken(f->s);
+	f->t.reg.fdstore = 0; /* nothing is stored again here */
+	restore_slots(f->s, &f->t.reg);
+	assert_int_equal(derive_init(&f->derive, &f->t.reg, &no_hooks), 0);
+	loop_thread = pthread_self();
+	reader_on_loop = reader_off_loop = 0;
+	*state = f;
+	return 0;
+}
+
+static int
+teardown(void **state)
+{
+	struct fixture *f = *state;
+
+	derive_close(&f->derive);
+	du_teardown(&f->t);
+	listen_fds_unset();
+	memset(&restore_state, 0, sizeof(restore_state));
+	tu_rmtree(f->dir);
+	free(f->path);
+	free(f);
+	return 0;
+}
+
+/* restore_model()'s done. */
+static void
+restored(const char *name, enum restore_result result, void *arg)
+{
+	struct fixture *f = arg;
+
+	assert_string_equal(name, "m");
+	f->result = result;
+	f->done = 1;
+}
+
+static bool
+is_done(struct du *t, void *arg)
+{
+	(void)t;
+	return ((struct fixture *)arg)->done;
+}
+
+/* derive_stored_each: counts the artifacts of key "k" of generation 1. */
+static void
+count_k(const struct derive_stored *a, void *arg)
+{
+	*(unsigned *)arg += strcmp(a->key, "k") == 0 && a->source == 1;
+}
+
+/*
+ * A restored model's derived artifact is checked with the model, on the
+ * work queue: its reader (O(its tensors)) and the byte-for-byte compare
+ * with its stored index never run on the loop, which only lists what
+ * passed. Before, adopt_artifact ran both on the loop after serving.
+ */
+static void
+test_artifact_checked_off_the_loop(void **state)
+{
+	struct fixture *f = *state;
+	unsigned artifacts = 0;
+	char *log;
+
+	du_log_start(&f->t);
+	assert_int_equal(restore_model(f->s, &f->t.reg, "m", f->path, PIN_METADATA, 0, restored,
+		f), 1);
+	restore_started(f->s, &f->t.reg); /* s is restore.c's from now */
+	du_run_until(&f->t, is_done, f);
+	log = du_log_stop(&f->t);
+	assert_int_equal(f->result, RESTORE_SERVED);
+	assert_non_null(strstr(log, "model \"m\": generation 1 restored from the file descriptor "
+		"store"));
+	assert_non_null(strstr(log, "model \"m\": derived \"k\" of generation 1 taken back from "
+		"the store"));
+	assert_null(strstr(log, "not restored"));
+	derive_stored_each(&f->derive, registry_find(&f->t.reg, "m"), count_k, &artifacts);
+	assert_int_equal(artifacts, 1);
+	assert_int_equal(reader_on_loop, 0);
+	assert_int_equal(reader_off_loop, 1);
+	free(log);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_artifact_checked_off_the_loop, setup, teardown),
+	};
+
+	/* Before libuv's first loop takes 3 and 4 for its signal pipe. */
+	su_hold_low_fds();
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
