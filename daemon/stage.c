@@ -388,9 +388,10 @@ copy_file(const struct stage_request *req, struct copy_run *run, const struct st
 }
 
 /* The shard index of a sharded model, if it has one: 1 and *path
- * (malloc'd), 0 (none), or -errno. */
+ * (malloc'd), 0 (none), or -errno; *is_dir: model_path is a directory
+ * (the one stat of it a staging makes). */
 static int
-shard_index_of(const char *model_path, char **path)
+shard_index_of(const char *model_path, char **path, bool *is_dir)
 {
 	struct stat st;
 	bool is_index = false;
@@ -399,6 +400,7 @@ shard_index_of(const char *model_path, char **path)
 
 	if (stat(model_path, &st) == -1)
 		return io_error(-errno, "looking up", model_path);
+	*is_dir = S_ISDIR(st.st_mode);
 	if (!S_ISDIR(st.st_mode)) {
 		if (!file_has_suffix(model_path, ".json"))
 			return 0;
@@ -468,9 +470,10 @@ check_index_names(const struct stage_request *req, const struct stage_file *f)
 	return 0;
 }
 
-/* Makes the list of files to copy: the source's, and its shard index. */
+/* Makes the list of files to copy: the source's, and its shard index;
+ * *is_dir: the model is a directory (its path in the copy is the copy). */
 static int
-plan_files(const struct stage_request *req, struct stage_file **out, size_t *n)
+plan_files(const struct stage_request *req, struct stage_file **out, size_t *n, bool *is_dir)
 {
 	struct stage_file *fs = calloc(req->nfiles + 1, sizeof(*fs));
 	char *index = NULL;
@@ -485,7 +488,7 @@ plan_files(const struct stage_request *req, struct stage_file **out, size_t *n)
 		fs[i].name = file_basename(req->files[i].path);
 	}
 	*n = req->nfiles;
-	if ((err = shard_index_of(req->model_path, &index)) < 0) {
+	if ((err = shard_index_of(req->model_path, &index, is_dir)) < 0) {
 		free(fs);
 		return err;
 	}
@@ -684,9 +687,10 @@ stage_copy(struct stage_request *req)
 	uint64_t bytes = 0;
 	double start = now_seconds();
 	size_t n = 0;
+	bool is_dir = false;
 	int sfd = -1, dfd = -1, err, marked = 0;
 
-	if ((err = plan_files(req, &fs, &n)) < 0 || fs == NULL)
+	if ((err = plan_files(req, &fs, &n, &is_dir)) < 0 || fs == NULL)
 		return err < 0 ? err : -ENOMEM;
 	run.fs = fs;
 	run.n = n;
@@ -718,12 +722,12 @@ stage_copy(struct stage_request *req)
 	if (err == 0 && (err = publish(req, sfd, tmpname, &dir)) == 0 && dir == NULL)
 		err = -ENOMEM;
 	if (err == 0 && dir != NULL) {
-		struct stat st;
-
-		/* A directory model is the directory; else the configured file. */
-		path = stat(req->model_path, &st) == 0 && S_ISDIR(st.st_mode) ?
-			strdup(dir) :
-			path_join(dir, file_basename(req->model_path));
+		/* A directory model is the directory; else the configured file.
+		 * As plan_files found it: a stat now, after a copy that may
+		 * have taken twenty minutes, may fail (EIO, ETIMEDOUT from a
+		 * remote server) and would name dir/<directory's name>, which
+		 * fails the copy's validation and throws it away. */
+		path = is_dir ? strdup(dir) : path_join(dir, file_basename(req->model_path));
 		if (path == NULL) {
 			err = error_set(-ENOMEM, "out of memory");
 			(void)stage_remove(dir);

@@ -270,6 +270,46 @@ test_flaky_stat_during_a_long_copy(void **state)
 	flaky_path = NULL;
 }
 
+/*
+ * A directory model whose directory no longer answers stat() once the copy
+ * is made (EIO, ETIMEDOUT from a remote server twenty minutes into a
+ * copy): the model is still a directory, as plan_files found it before
+ * the copy, and its path in the copy is the copy itself. It was asked
+ * again after the copy, and a failed stat named dir/<the directory's
+ * name>, which the copy's validation then failed on, throwing it away.
+ */
+static char *dir_path;
+
+static int
+directory_stat_fails(unsigned call)
+{
+	if (call == 0) {
+		stat_fail_path = dir_path;
+		stat_errno = ETIMEDOUT;
+		stat_failures = -1;
+	}
+	return 0;
+}
+
+static void
+test_directory_unstatable_after_the_copy(void **state)
+{
+	struct fixture *f = *state;
+	static const char index[] = "{\"weight_map\":{\"a\":\"s-1.safetensors\"}}";
+	char *ipath = tu_write(f->src, "m.safetensors.index.json", index, strlen(index));
+
+	add_source(f, "s-1.safetensors", 1 * MiB, 26);
+	dir_path = f->src;
+	make_request(f, f->src);
+	copy_hook = directory_stat_fails;
+	assert_int_equal(stage_copy(&f->req), 0);
+	assert_int_equal(stat_failures, -1); /* failing from the first request on */
+	assert_string_equal(f->req.path, f->req.dir);
+	assert_same_file(f->req.dir, "s-1.safetensors", &f->files[0]);
+	dir_path = NULL;
+	free(ipath);
+}
+
 /* A source whose stat keeps failing (EIO) cannot be vouched for: the copy
  * fails, and says what failed, not that the file was removed. */
 static int
@@ -501,6 +541,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_shard_removed_early_in_a_long_copy, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_flaky_stat_during_a_long_copy, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_directory_unstatable_after_the_copy, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_failing_stat_is_not_a_removal, setup,
 			teardown),
