@@ -175,9 +175,9 @@ no_space(int err, const struct stage_request *req, const char *src)
 		human((uint64_t)vfs.f_bavail * vfs.f_frsize, free_now, sizeof(free_now));
 	else
 		snprintf(free_now, sizeof(free_now), "unknown");
-	return error_set(err, "cannot stage it to %s: %s while copying %s (%s left)",
-		req->stage_dir, err == -EDQUOT ? "disk quota exceeded" : "no space left", src,
-		free_now);
+	return error_set(err, "cannot stage it to %s: %s while copying %s (%s needed in all, "
+		"%s left)", req->stage_dir,
+		err == -EDQUOT ? "disk quota exceeded" : "no space left", src, need, free_now);
 }
 
 void

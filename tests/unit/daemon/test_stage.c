@@ -230,9 +230,9 @@ fail_second(unsigned call)
 
 /* A copy request failing: EIO and ESTALE reading the source, named as
  * such; the disk filling up during the copy (the check passed, someone
- * else wrote meanwhile); EFBIG (a filesystem without fallocate reserves
- * nothing first), said as a file too large, not as no space. Nothing is
- * left. */
+ * else wrote meanwhile), with the space the model needs; EFBIG (a
+ * filesystem without fallocate reserves nothing first), said as a file
+ * too large, not as no space. Nothing is left. */
 static void
 test_copy_errors(void **state)
 {
@@ -243,7 +243,7 @@ test_copy_errors(void **state)
 	} cases[] = {
 		{ EIO, "EIO", "reading" },
 		{ ESTALE, "ESTALE", "reading" },
-		{ ENOSPC, "no space left", "while copying" },
+		{ ENOSPC, "no space left while copying", "(76 MiB needed in all, " },
 		{ EFBIG, "model.safetensors is too large for ", "(file size limit or" },
 	};
 	char *model;
