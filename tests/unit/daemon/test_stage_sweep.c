@@ -250,7 +250,7 @@ entries_starting(const char *dir, const char *prefix)
  * then the model is staged and served, the leftover gone, said once.
  */
 static void
-test_sweep_runs_off_the_loop_and_stagings_wait_for_it(void **state)
+test_sweep_off_the_loop_stagings_wait(void **state)
 {
 	struct sweep_fixture *f = *state;
 	const struct generation *g;
@@ -290,7 +290,7 @@ test_sweep_runs_off_the_loop_and_stagings_wait_for_it(void **state)
 /* wcached stops while a staging waits for the sweep: once the sweep ends
  * the staging ends cancelled ("wcached is stopping"), and copies nothing. */
 static void
-test_a_staging_waiting_when_wcached_stops_is_cancelled(void **state)
+test_waiting_staging_cancelled_at_stop(void **state)
 {
 	struct sweep_fixture *f = *state;
 
@@ -328,10 +328,10 @@ int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_sweep_runs_off_the_loop_and_stagings_wait_for_it,
-			setup, teardown),
-		cmocka_unit_test_setup_teardown(test_a_staging_waiting_when_wcached_stops_is_cancelled,
-			setup, teardown),
+		cmocka_unit_test_setup_teardown(test_sweep_off_the_loop_stagings_wait, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_waiting_staging_cancelled_at_stop, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(test_a_staging_after_the_sweep_does_not_wait, setup,
 			teardown),
 	};
