@@ -103,6 +103,27 @@ restore_check_index(int fd, const char *fdname, uint64_t size, uint32_t nfiles,
 	return 0;
 }
 
+/* The path of the open file fd as /proc/self/fd names it (links
+ * resolved), without a " (deleted)" a removal left, into buf (len bytes):
+ * 0, or -1 when it has none. */
+static int
+fd_path(int fd, char *buf, size_t len)
+{
+	static const char deleted[] = " (deleted)";
+	char link[64];
+	ssize_t n;
+	size_t end;
+
+	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+	if ((n = readlink(link, buf, len - 1)) <= 0)
+		return -1;
+	buf[n] = '\0';
+	end = (size_t)n;
+	if (end > sizeof(deleted) - 1 && strcmp(buf + end - (sizeof(deleted) - 1), deleted) == 0)
+		buf[end - (sizeof(deleted) - 1)] = '\0';
+	return 0;
+}
+
 /*
  * A stored file that is a staged copy (stage.h): 1 with its path under
  * stage_dir in *copy (malloc'd; the link /proc/self/fd names, without a
@@ -111,24 +132,40 @@ restore_check_index(int fd, const char *fdname, uint64_t size, uint32_t nfiles,
 int
 restore_staged_copy(const char *stage_dir, int fd, char **copy)
 {
-	static const char deleted[] = " (deleted)";
-	char link[64], buf[PATH_MAX], *dir = NULL;
-	ssize_t n;
-	size_t len;
+	char buf[PATH_MAX], *dir = NULL;
 	int r;
 
-	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
-	if (stage_dir == NULL || (n = readlink(link, buf, sizeof(buf) - 1)) <= 0)
+	if (stage_dir == NULL || fd_path(fd, buf, sizeof(buf)) < 0)
 		return 0;
-	buf[n] = '\0';
-	len = (size_t)n;
-	if (len > sizeof(deleted) - 1 && strcmp(buf + len - (sizeof(deleted) - 1), deleted) == 0)
-		buf[len - (sizeof(deleted) - 1)] = '\0';
 	if ((r = stage_dir_of(stage_dir, buf, &dir)) <= 0)
 		return r;
 	free(dir);
 	if ((*copy = strdup(buf)) == NULL)
 		return error_set(-ENOMEM, "out of memory");
+	return 1;
+}
+
+/*
+ * Is the stored file fd (described by f), which is not under stage_dir, a
+ * staged copy all the same, one the description gives an origin (the file
+ * it was copied from)? Then stage_dir changed since it was staged (a
+ * reload, or the configuration between two runs): the copy is in the
+ * stage_dir of before, which no sweep visits. 1 with the message saying
+ * so (not that the model's file was replaced, as comparing the copy with
+ * it would say), else 0.
+ */
+static int
+staged_elsewhere(const char *stage_dir, int fd, const struct fdstore_file *f)
+{
+	char buf[PATH_MAX], *dir;
+
+	if ((f->origin_dev == 0 && f->origin_ino == 0) || fd_path(fd, buf, sizeof(buf)) < 0 ||
+		(dir = path_dir(buf)) == NULL)
+		return 0;
+	error_set(-EINVAL, "its staged copy %s is not in stage_dir %s (stage_dir changed since "
+		"it was staged): the copy is not used, and no sweep removes %s: remove it by hand",
+		buf, stage_dir != NULL ? stage_dir : "(none)", dir);
+	free(dir);
 	return 1;
 }
 
@@ -241,6 +278,9 @@ check_file(struct restore_prepared *p, const char *stage_dir, const char *dir, u
 		}
 		/* The origin keeps full; the file is the copy. */
 		full = copy;
+	} else if (g->role == FDSTORE_CURRENT && staged_elsewhere(stage_dir, fd, f)) {
+		free(full);
+		return -EINVAL;
 	} else if (g->role == FDSTORE_CURRENT && (stat(full, &st) == -1 || !same_file(&st, f))) {
 		/* A held generation's files were replaced: that is why it is old. */
 		error_set(-EINVAL, "%s was replaced or changed since it was stored", full);

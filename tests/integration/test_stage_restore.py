@@ -265,3 +265,33 @@ def test_a_symlinked_stage_dir_keeps_its_copies_across_a_restart(tmp_path):
         code = d.stop()
         mgr.close()
     assert code == 0, d.read_log()
+
+
+def test_a_copy_in_the_stage_dir_of_before_is_said_to_be_there(tmp_path):
+    """stage_dir changed between two runs: the stored copy is in the old
+    one. The restarted wcached stages the model again into the new one,
+    and says the copy is in another stage_dir (which it does not sweep),
+    not that the model's file "was replaced or changed since it was
+    stored", which comparing the copy with the source said."""
+    src, mgr, d, old_dir = staged_model(tmp_path)
+    new_dir = str(tmp_path / "staged-new")
+    try:
+        start_stored(d, mgr)
+        assert d.stop() == 0, d.read_log()
+        d.write_config({"m": (src, {"stage": "yes"})},
+                       f"stage_dir = {new_dir}\nrestart_hold_seconds = 1\n")
+        start(d, mgr, *mgr.listen_fds())
+        wait_until(lambda: ready(d, "m") and generation(d) == 2, what="m staged again")
+        log = d.read_log()
+        copy = os.path.join(old_dir, "m.1")
+        assert (f"its staged copy {copy}/m.safetensors is not in stage_dir {new_dir} "
+                f"(stage_dir changed since it was staged): the copy is not used, and no "
+                f"sweep removes {copy}: remove it by hand") in log, log
+        assert "replaced or changed since it was stored" not in log, log
+        d.wait_for_log(r'"m": generation 2 staged from \S+ to ')
+        assert entries(new_dir) == ["m.2"] and entries(old_dir) == ["m.1"]
+        verify(d, src)
+    finally:
+        code = d.stop()
+        mgr.close()
+    assert code == 0, d.read_log()
