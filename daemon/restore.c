@@ -795,8 +795,10 @@ queue_check(struct restore *s, struct registry *r, size_t model,
 	for (uint32_t k = 0; k < m->nartifacts && err == 0; k++)
 		reserve_artifact(s, &m->artifacts[k], &j->artifacts[j->nartifacts++]);
 	fs = stored_fs(s, g, what, sizeof(what), m->name);
+	/* registry_expect() says why it refused: the model is there already,
+	 * or there is no memory for it. */
 	if (err == 0 && (j->expected = registry_expect(r, m->name, path, pin, warm)) == 0)
-		err = -ENOMEM;
+		err = registry_find(r, m->name) != NULL ? -EEXIST : -ENOMEM;
 	if (err == 0 && (err = workq_submit(&r->workq, &j->job, fs, what, restore_work,
 				 restore_after)) < 0) {
 		/* Listed, not loading: the caller's load takes it. */
@@ -804,12 +806,16 @@ queue_check(struct restore *s, struct registry *r, size_t model,
 		err = error_set(err, "%s", uv_strerror(err));
 	}
 	if (err < 0) {
+		/* The caller logs why: kept across what giving back may say. */
+		char why[512];
+
+		snprintf(why, sizeof(why), "%s", error_get());
 		for (size_t i = 0; i < j->n; i++)
 			give_back(s, r, m->name, &j->gens[i], 0);
 		for (size_t i = 0; i < j->nartifacts; i++)
 			give_back_artifact(s, r, &j->artifacts[i]);
 		restore_job_free(j);
-		return err;
+		return error_set(err, "%s", why);
 	}
 	s->jobs++;
 	carry_begin(m, j->expected);

@@ -200,7 +200,8 @@ void restore_stopping(struct registry *r);
  * each stored current generation while they fit (a model whose current one
  * does not fit is described without generations, so it keeps its slot and
  * numbers and loads afresh); then the held generations, newest first, while
- * they fit (from the first that does not, every older one is left out);
+ * they fit (from the first that does not, every older one is left out) and
+ * FDSTORE_MAX_GENERATIONS of a model allow (its older ones are left out);
  * then the derived artifacts of each described current generation, while
  * they fit (FDSTORE_MAX_ARTIFACTS per model). A model without a current
  * generation whose warm restart check still runs, and that the registry

@@ -28,10 +28,9 @@
 #include "fdstore.h"
 #include "format/index.h"
 #include "generation.h"
+#include "proto/memfds.h"
 #include "restore_internal.h"
 #include "stage.h"
-
-#define INDEX_SEALS (F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
 
 /* The directory the model's files are in, malloc'd in *dir: path itself,
  * or its parent. */

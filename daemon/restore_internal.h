@@ -45,6 +45,11 @@ struct restore_state {
 	int checks_begun;      /* restore_checks() ran: a generation adopted later starts its own */
 	struct restore_carried *carried; /* the models whose check runs (restore.c's) */
 	size_t ncarried;
+	/* The lines of store errors other than a full queue logged as warnings
+	 * since the store was last in step (hashed): restore_sync() tries again
+	 * every 200 ms, and each is logged once, not every time. */
+	uint64_t logged[32];
+	unsigned nlogged;
 };
 
 /* restore_store.c: one per process, as the manager's store is. */

@@ -30,15 +30,41 @@
 
 struct restore_state restore_state;
 
+/* FNV-1a of s, never 0. */
+static uint64_t
+hash_text(const char *s)
+{
+	uint64_t h = 1469598103934665603ull;
+
+	for (; *s != '\0'; s++)
+		h = (h ^ (unsigned char)*s) * 1099511628211ull;
+	return h | 1;
+}
+
 /* A store the manager's full queue refused is tried again by the next
- * restore_sync() (every 200 ms): logged at debug only. */
+ * restore_sync() (every 200 ms): logged at debug only. Any other error is
+ * a warning once for each different line until the store is in step again
+ * (restore_state.logged), then at debug: it is tried again as often. */
 static void
 log_not_stored(int err, const char *what)
 {
-	if (err == -EAGAIN)
+	char line[768];
+	uint64_t h;
+
+	if (err == -EAGAIN) {
 		log_debug("%s: not stored yet: %s", what, error_get());
-	else
-		log_warnx("%s is not stored (%s); a restart loads it afresh", what, error_get());
+		return;
+	}
+	snprintf(line, sizeof(line), "%s is not stored (%s); a restart loads it afresh", what,
+		error_get());
+	h = hash_text(line);
+	for (unsigned i = 0; i < restore_state.nlogged && i < 32; i++)
+		if (restore_state.logged[i] == h) {
+			log_debug("%s", line);
+			return;
+		}
+	restore_state.logged[restore_state.nlogged++ % 32] = h;
+	log_warnx("%s", line);
 }
 
 /* Asks the manager to drop the index and the nfiles files of generation
@@ -156,7 +182,8 @@ struct artifact_walk {
 	unsigned *out;             /* how many were left out so far */
 	uint64_t hash;             /* describe_hash */
 	int pending;               /* sync_pending: one is not stored yet */
-	int err;                   /* restore_sync, restore_describe: the first error */
+	int err;                   /* restore_describe: the first error; restore_sync: -EAGAIN */
+	int failed;                /* restore_sync: one was not stored for another error */
 };
 
 /* The derive table restore works with (main.c's, through the registry). */
@@ -166,19 +193,26 @@ derive_table_of(const struct registry *r)
 	return r->derive_owner;
 }
 
-/* restore_sync: stores each storable artifact not yet stored. */
+/* restore_sync: stores each storable artifact not yet stored, until the
+ * manager's queue is full (w->err); one refused otherwise is left out
+ * (w->failed) and the others go on. */
 static void
 sync_artifact(const struct derive_stored *a, void *arg)
 {
 	struct artifact_walk *w = arg;
 	char what[256];
+	int err;
 
 	if (w->err < 0 || !artifact_storable(w->m, a) || a->gen->stored_done)
 		return;
-	if ((w->err = store_artifact(a->gen, w->m->slot)) < 0) {
+	if ((err = store_artifact(a->gen, w->m->slot)) < 0) {
 		snprintf(what, sizeof(what), "model \"%.64s\": derived \"%s\" of generation %"
 			PRIu64, w->m->name, a->key, a->source);
-		log_not_stored(w->err, what);
+		log_not_stored(err, what);
+		if (err == -EAGAIN)
+			w->err = err;
+		else
+			w->failed = 1;
 	}
 }
 
@@ -424,7 +458,8 @@ restore_describe(const struct registry *r, size_t max_fds, struct fdstore_desc *
 		dm->ngenerations = 1;
 	}
 	/* Then the held ones, newest first (the registry's list), while they
-	 * fit: from the first that does not, every older one is left out. */
+	 * fit: from the first that does not, every older one is left out; and
+	 * past FDSTORE_MAX_GENERATIONS of one model, its older ones. */
 	for (const struct generation *g = r->generations; g != NULL; g = g->next) {
 		struct fdstore_model *dm;
 		struct fdstore_generation *more;
@@ -432,14 +467,17 @@ restore_describe(const struct registry *r, size_t max_fds, struct fdstore_desc *
 		if (g->model == NULL || !describe_held(g->model, g) ||
 			!describe_current(g->model) ||
 			(dm = described_model(d, order, g->model)) == NULL ||
-			dm->ngenerations == 0 || dm->ngenerations >= FDSTORE_MAX_GENERATIONS)
+			dm->ngenerations == 0)
 			continue;
-		if (full || generation_fds(g) > max_fds - fds) {
+		if (full || dm->ngenerations >= FDSTORE_MAX_GENERATIONS ||
+			generation_fds(g) > max_fds - fds) {
 			append(left_out, cap, "%s\"%.64s\" %" PRIu64, held_out++ ? ", " :
 				(models_out ? "; held generations left out: " :
 					      "held generations left out: "),
 				g->model->name, g->number);
-			full = 1;
+			/* Past the descriptors, every older one; past one model's
+			 * generations, that model's older ones (dm stays full). */
+			full |= dm->ngenerations < FDSTORE_MAX_GENERATIONS;
 			continue;
 		}
 		if ((more = realloc(dm->generations,
@@ -485,8 +523,9 @@ log_left_out(const char *left_out)
 	snprintf(logged, sizeof(logged), "%s", left_out);
 	if (left_out[0] != '\0')
 		log_warnx("warm restart: the description would need more than %u stored "
-			  "descriptors (FileDescriptorStoreMax=); %s: a restart loads them afresh "
-			  "or does not restore them", FDSTORE_MAX_FDS, left_out);
+			  "descriptors (FileDescriptorStoreMax=) or %u generations of a model; %s: "
+			  "a restart loads them afresh or does not restore them", FDSTORE_MAX_FDS,
+			FDSTORE_MAX_GENERATIONS, left_out);
 }
 
 /* Encodes the registry and stores it in place of the previous description. */
@@ -574,18 +613,22 @@ describe_hash(const struct registry *r)
 	return h | 1;
 }
 
+/* Hands the manager what is not in its store yet (restore.h). A full
+ * queue stops the round (everything again later); any other error leaves
+ * out only what it hit: the other generations, the artifacts and the
+ * description still go. */
 void
 restore_sync(struct registry *r)
 {
+	char what[128];
 	uint64_t h;
+	int err, failed = 0;
 
 	if (!r->fdstore || restore_state.restoring || r->closing)
 		return;
 	/* Removals wait in the queue: they go first (see store_description). */
 	if (notify_flush() == 0)
 		return;
-	char what[128];
-	int err;
 
 	if (!restore_state.status_stored) {
 		if ((err = notify_store_fds(FDSTORE_NAME_STATUS, &r->page.fd, 1)) > 0)
@@ -604,7 +647,11 @@ restore_sync(struct registry *r)
 			snprintf(what, sizeof(what), "model \"%.64s\": generation %" PRIu64,
 				m->name, g->number);
 			log_not_stored(err, what);
-			return;
+			/* Described without it (it is not stored_done): a
+			 * restart loads that model afresh, not every model. */
+			if (err == -EAGAIN)
+				return;
+			failed = 1;
 		}
 	}
 	for (struct model_entry *m = r->models; m != NULL; m = m->next) {
@@ -613,9 +660,17 @@ restore_sync(struct registry *r)
 		walk_artifacts(r, m, sync_artifact, &w);
 		if (w.err < 0)
 			return;
+		failed |= w.failed;
 	}
-	if ((h = describe_hash(r)) != restore_state.described && store_description(r) == 0)
-		restore_state.described = h;
+	if ((h = describe_hash(r)) != restore_state.described) {
+		if (store_description(r) == 0)
+			restore_state.described = h;
+		else
+			failed = 1;
+	}
+	/* In step: an error from now on is news again. */
+	if (!failed)
+		restore_state.nlogged = 0;
 }
 
 /* Is anything not yet in the store that restore_sync() would store? */

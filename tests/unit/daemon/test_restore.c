@@ -252,7 +252,8 @@ int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_artifact_checked_off_the_loop, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_artifact_checked_off_the_loop, setup,
+			teardown),
 	};
 
 	/* Before libuv's first loop takes 3 and 4 for its signal pipe. */

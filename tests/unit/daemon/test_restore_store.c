@@ -63,6 +63,33 @@ teardown(void **state)
 
 static const struct registry_peer root_peer = { .pid = 1, .uid = 0, .gid = 0 };
 
+/* FDSTORE=1 of a name that starts so fails as a store error other than a
+ * full queue would ("" : none). */
+static char fail_prefix[32];
+
+ssize_t __real_sendmsg(int fd, const struct msghdr *msg, int flags);
+ssize_t __wrap_sendmsg(int fd, const struct msghdr *msg, int flags);
+
+/* sendmsg, but FDSTORE=1 of the names fail_prefix starts fails with
+ * ETOOMANYREFS (descriptors in flight past the kernel's limit), every
+ * time: a store error that waiting does not cure. */
+ssize_t
+__wrap_sendmsg(int fd, const struct msghdr *msg, int flags)
+{
+	static const char store[] = "FDSTORE=1\nFDNAME=";
+	const char *text = msg->msg_iovlen > 0 ? msg->msg_iov[0].iov_base : "";
+	size_t len = msg->msg_iovlen > 0 ? msg->msg_iov[0].iov_len : 0;
+	size_t want = strlen(fail_prefix);
+
+	if (want > 0 && len >= sizeof(store) - 1 + want &&
+		memcmp(text, store, sizeof(store) - 1) == 0 &&
+		memcmp(text + sizeof(store) - 1, fail_prefix, want) == 0) {
+		errno = ETOOMANYREFS;
+		return -1;
+	}
+	return __real_sendmsg(fd, msg, flags);
+}
+
 /*
  * The description is replaced only after the manager has been asked to
  * drop the one before: a removal that failed (the manager was away) leaves
@@ -125,6 +152,111 @@ last_description(const struct su_manager *m)
 	return NULL;
 }
 
+/* How many times needle occurs in haystack. */
+static unsigned
+occurrences(const char *haystack, const char *needle)
+{
+	unsigned n = 0;
+
+	for (const char *p = haystack; (p = strstr(p, needle)) != NULL; p += strlen(needle))
+		n++;
+	return n;
+}
+
+/*
+ * One model's generation that the manager refuses for good (not a full
+ * queue): the other model's generation and the description still go in
+ * (the refused one described without generations: it alone loads afresh
+ * after a restart), and the warning says so once, not at every
+ * restore_sync() (every 200 ms in wcached). Before, the first refusal
+ * ended the round: nothing after it, the description included, was ever
+ * stored, and the warning came every time.
+ */
+static void
+test_one_refused_generation_stores_the_rest(void **state)
+{
+	struct fixture *f = *state;
+	struct du *t = f->t;
+	char *a = du_model(t, "a.safetensors", 1024), *b = du_model(t, "b.safetensors", 2048);
+	char name[FDSTORE_MAX_FDNAME + 1], *log;
+	struct fdstore_desc *d;
+	unsigned slot_m, slot_n;
+
+	assert_int_equal(du_load(t, "m", a, PIN_METADATA, 0), 0);
+	assert_int_equal(du_load(t, "n", b, PIN_METADATA, 0), 0);
+	slot_m = registry_find(&t->reg, "m")->slot;
+	slot_n = registry_find(&t->reg, "n")->slot;
+	snprintf(fail_prefix, sizeof(fail_prefix), "wc-%u-", slot_n);
+	du_log_start(t);
+	for (int i = 0; i < 5; i++)
+		restore_sync(&t->reg);
+	log = du_log_stop(t);
+	fail_prefix[0] = '\0';
+	su_manager_read(&f->m);
+	assert_true(fdstore_name_index(name, sizeof(name), slot_m, 1) > 0);
+	assert_int_equal(su_received(&f->m, 0, 1, name), 1);
+	assert_int_equal(su_received(&f->m, 0, 1, FDSTORE_NAME_DESC), 1);
+	d = last_description(&f->m);
+	assert_int_equal(d->nmodels, 2);
+	for (uint32_t i = 0; i < d->nmodels; i++)
+		assert_int_equal(d->models[i].ngenerations, strcmp(d->models[i].name, "m") == 0);
+	fdstore_free(d);
+	assert_int_equal(occurrences(log, "warning: model \"n\": generation 1 is not stored ("),
+		1);
+	free(log);
+
+	/* The manager takes it now: stored, and described again. */
+	restore_sync(&t->reg);
+	su_manager_read(&f->m);
+	d = last_description(&f->m);
+	for (uint32_t i = 0; i < d->nmodels; i++)
+		assert_int_equal(d->models[i].ngenerations, 1);
+	fdstore_free(d);
+	free(a);
+	free(b);
+}
+
+/*
+ * Held generations past FDSTORE_MAX_GENERATIONS of one model are left out
+ * of the description, oldest first, and named in what it leaves out (the
+ * warning). Before, they were skipped without a word.
+ */
+static void
+test_held_past_the_limit_are_named(void **state)
+{
+	struct fixture *f = *state;
+	struct du *t = f->t;
+	enum { HELD = FDSTORE_MAX_GENERATIONS + 1 };
+	struct registry_attachment at[HELD];
+	char *a = du_model(t, "a.safetensors", 1024), left[1024], msg[128];
+	struct fdstore_desc *d = NULL;
+
+	assert_int_equal(du_load(t, "m", a, PIN_NONE, 0), 0);
+	/* Generations 1 .. HELD held by attaches, HELD + 1 current. */
+	for (int i = 0; i < HELD; i++) {
+		char *next = du_model(t, "n.safetensors", 2048 + 16 * (size_t)i);
+
+		assert_int_equal(registry_attach(&t->reg, "m", &root_peer, &at[i], msg,
+			sizeof(msg)), 0);
+		assert_int_equal(rename(next, a), 0);
+		assert_int_equal(du_reload(t, "m"), 0);
+		free(next);
+	}
+	assert_int_equal(du_current(t, "m")->number, HELD + 1);
+	for (struct generation *g = t->reg.generations; g != NULL; g = g->next) {
+		g->stored_slot = g->model->slot;
+		g->stored_done = 1;
+	}
+	assert_int_equal(restore_describe(&t->reg, FDSTORE_MAX_FDS, &d, left, sizeof(left)), 0);
+	assert_int_equal(d->models[0].ngenerations, FDSTORE_MAX_GENERATIONS);
+	assert_string_equal(left, "held generations left out: \"m\" 2, \"m\" 1");
+	assert_int_equal(fdstore_check(d), 0);
+	fdstore_free(d);
+	for (int i = 0; i < HELD; i++)
+		registry_release(&t->reg, at[i].gen);
+	free(a);
+}
+
 /*
  * A pin changed at run time (a reload, wcachectl pin) makes no new
  * generation, but the description says it: the next start compares the
@@ -169,6 +301,10 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_description_replaced_after_its_removal, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_pin_change_stores_the_description, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_one_refused_generation_stores_the_rest, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_held_past_the_limit_are_named, setup,
 			teardown),
 	};
 
