@@ -25,6 +25,15 @@
 
 struct batch;
 
+/* A socket file wcached made, removed at exit only while it is still the
+ * one made (a successor may have replaced it already: a force-deleted Pod,
+ * a stale socket taken over). path is NULL when wcached made none. */
+struct made_socket {
+	char *path;
+	dev_t dev;
+	ino_t ino;
+};
+
 /* wcached: one per process, in main()'s frame from start to exit. */
 struct daemon {
 	uv_loop_t loop;
@@ -39,7 +48,7 @@ struct daemon {
 	struct watch *watch;
 	struct control *control;
 	struct control_context control_ctx;
-	char *created_control; /* path of the control socket we made */
+	struct made_socket created_control; /* the control socket we made */
 	uv_signal_t sigterm, sigint, sighup;
 	int listen_fd;        /* client socket until the server takes it */
 	int serving;
@@ -55,7 +64,7 @@ struct daemon {
 	uv_timer_t checks_timer;  /* starts the full checks of restored generations */
 	uv_timer_t stop_timer;    /* a stop that waited STOP_WAIT_MS for threads */
 	int stop_unknown_waited;  /* ... and then longer for work on unknown filesystems */
-	char *created_socket; /* path of the socket file we made, to remove */
+	struct made_socket created_socket;  /* the client socket we made */
 	uint64_t started_ms;
 };
 
@@ -147,6 +156,10 @@ void timers_on_notify(uv_timer_t *t);
  * socket files it created and waits a little for the manager to read
  * STOPPING=1. */
 void stop_remove_sockets(struct daemon *d);
+
+/* Records path as a socket file wcached just made (its device and inode);
+ * out of memory, it is simply not removed at exit. */
+void stop_made_socket(struct made_socket *m, const char *path);
 
 /* stop.c: stops wcached (SIGTERM, SIGINT): the fd store first, then the
  * server, the control socket, the watch, the warm pool and the registry,

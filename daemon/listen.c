@@ -72,9 +72,16 @@ listen_unix(const char *path, int type, mode_t mode, gid_t group)
 		close(fd);
 		return error_set(-e, "%s: %s", path, strerror(e));
 	}
-	if (chmod(path, mode) == -1 ||
-		(group != (gid_t)-1 && chown(path, (uid_t)-1, group) == -1) ||
-		listen(fd, SOMAXCONN) == -1) {
+	if (group != (gid_t)-1 && chown(path, (uid_t)-1, group) == -1) {
+		e = errno;
+		close(fd);
+		unlink(path);
+		return error_set(-e, "%s: cannot give the socket to group %u: %s%s", path,
+			(unsigned)group, strerror(e), e != EPERM ? "" :
+			" (wcached's user is not in that group: add it, or SupplementaryGroups= "
+			"in the unit)");
+	}
+	if (chmod(path, mode) == -1 || listen(fd, SOMAXCONN) == -1) {
 		e = errno;
 		close(fd);
 		unlink(path);

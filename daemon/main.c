@@ -14,6 +14,7 @@
 #include <getopt.h>
 #include <grp.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,6 +70,22 @@ print_message(FILE *f, const char *prefix, const char *msg)
 	fputc('\n', f);
 }
 
+/* Whether this process is in group gid (its effective or a supplementary
+ * group): what a chown of a file it owns to gid needs. */
+static int
+in_group(gid_t gid)
+{
+	gid_t groups[NGROUPS_MAX];
+	int n = getgroups(NGROUPS_MAX, groups);
+
+	if (getegid() == gid)
+		return 1;
+	for (int i = 0; i < n; i++)
+		if (groups[i] == gid)
+			return 1;
+	return 0;
+}
+
 /*
  * --check of a socket path (key = path): what would stop the daemon from
  * making its socket there: something that is not a socket in its place
@@ -120,6 +137,13 @@ check(const char *path)
 	}
 	bad |= check_socket_path("socket", cfg->socket_path);
 	bad |= check_socket_path("control", cfg->control_path);
+	if (cfg->control_group != NULL && geteuid() != 0 && !in_group(cfg->control_gid)) {
+		fprintf(stderr, "wcached: control_group = %s: this user (uid %u) is not in that "
+				"group, so wcached running as it cannot give the control socket "
+				"to it: add it to the group (SupplementaryGroups= in the unit)\n",
+			cfg->control_group, (unsigned)geteuid());
+		bad = 1;
+	}
 	for (size_t i = 0; i < cfg->n_models; i++) {
 		const struct model_config *m = &cfg->models[i];
 		char prefix[CONFIG_MODEL_NAME_MAX + 16];
@@ -210,7 +234,7 @@ start_control(struct daemon *d)
 			has_group ? d->cfg->control_gid : (gid_t)-1);
 		if (fd < 0)
 			fatalx("%s", error_get());
-		d->created_control = strdup(d->cfg->control_path);
+		stop_made_socket(&d->created_control, d->cfg->control_path);
 	}
 	d->control_ctx = (struct control_context){
 		.reg = &d->reg,
@@ -225,6 +249,22 @@ start_control(struct daemon *d)
 	};
 	if (control_start(&d->loop, fd, &d->control_ctx, &d->control) < 0)
 		fatalx("%s", error_get());
+}
+
+/* control_group should be operators only: when it is the group of the
+ * client socket (the group workers join to attach), every worker could
+ * also load any file, unload, evict: said once at start. */
+static void
+warn_shared_group(const struct config *cfg)
+{
+	struct stat st;
+
+	if (cfg->control_group != NULL && stat(cfg->socket_path, &st) == 0 &&
+		st.st_gid == cfg->control_gid)
+		log_warnx("control_group = %s is also the group of the client socket %s: every "
+			  "worker that may attach may also control wcached (load any file it "
+			  "can read, unload, evict); give control_group to operators only",
+			cfg->control_group, cfg->socket_path);
 }
 
 /*
@@ -249,10 +289,12 @@ drop_privileges(struct daemon *d)
 				(unsigned)geteuid());
 		return;
 	}
-	if ((d->created_socket != NULL &&
-		chown(d->created_socket, c->user_uid, c->user_gid) == -1) ||
-		(d->created_control != NULL &&
-			chown(d->created_control, c->user_uid, c->user_gid) == -1))
+	/* The control socket keeps control_group's group, set as it was made. */
+	if ((d->created_socket.path != NULL &&
+		lchown(d->created_socket.path, c->user_uid, c->user_gid) == -1) ||
+		(d->created_control.path != NULL &&
+			lchown(d->created_control.path, c->user_uid,
+				c->control_group != NULL ? (gid_t)-1 : c->user_gid) == -1))
 		fatal("user = %s: chown of the sockets", c->user);
 	if (initgroups(c->user_name, c->user_gid) == -1 || setgid(c->user_gid) == -1 ||
 		setuid(c->user_uid) == -1)
@@ -435,13 +477,14 @@ main(int argc, char **argv)
 	if (r == 0) {
 		if ((d.listen_fd = server_listen_path(d.cfg->socket_path, 0660)) < 0)
 			fatalx("%s", error_get());
-		d.created_socket = strdup(d.cfg->socket_path);
+		stop_made_socket(&d.created_socket, d.cfg->socket_path);
 	}
 	listen_fds_unset();
 	/* stage_dir before dropping root, so that it can be given to the user. */
 	if (d.cfg->user != NULL && geteuid() == 0)
 		reload_set_stage_dir(&d, d.cfg, d.cfg->user_uid, d.cfg->user_gid);
 	drop_privileges(&d);
+	warn_shared_group(d.cfg);
 	if (d.reg.stage_dir == NULL)
 		reload_set_stage_dir(&d, d.cfg, (uid_t)-1, (gid_t)-1);
 

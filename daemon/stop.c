@@ -7,9 +7,12 @@
  * hung server), or within STOP_UNKNOWN_WAIT_MS on one not known yet, is
  * left behind: wcached exits without it.
  */
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -40,21 +43,41 @@
  * it is waited for this long in all. */
 #define STOP_UNKNOWN_WAIT_MS 30000
 
+void
+stop_made_socket(struct made_socket *m, const char *path)
+{
+	struct stat st;
+
+	if (lstat(path, &st) < 0 || (m->path = strdup(path)) == NULL)
+		return;
+	m->dev = st.st_dev;
+	m->ino = st.st_ino;
+}
+
+/* Removes the socket file m names if it is still the one wcached made;
+ * says why when it cannot (a directory the user it became cannot write). */
+static void
+remove_made_socket(struct made_socket *m)
+{
+	struct stat st;
+
+	if (m->path == NULL)
+		return;
+	if (lstat(m->path, &st) == 0 && (st.st_dev != m->dev || st.st_ino != m->ino))
+		log_info("%s: another socket is there now (a successor's); left alone", m->path);
+	else if (unlink(m->path) < 0 && errno != ENOENT)
+		log_warn("%s: cannot remove the socket", m->path);
+	free(m->path);
+	m->path = NULL;
+}
+
 /* What wcached does last, stopped cleanly or not: removes the socket files
  * it created and lets the manager read STOPPING=1. */
 void
 stop_remove_sockets(struct daemon *d)
 {
-	if (d->created_socket != NULL) {
-		unlink(d->created_socket);
-		free(d->created_socket);
-		d->created_socket = NULL;
-	}
-	if (d->created_control != NULL) {
-		unlink(d->created_control);
-		free(d->created_control);
-		d->created_control = NULL;
-	}
+	remove_made_socket(&d->created_socket);
+	remove_made_socket(&d->created_control);
 	/* STOPPING=1 reaches a manager that is slow, not one that is gone. */
 	if (notify_flush_wait(1000) == 0)
 		log_warnx("the service manager did not read STOPPING=1 within 1 s");

@@ -9,6 +9,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import tempfile
 
 import pytest
 
@@ -706,3 +707,81 @@ def test_stale_control_socket_replaced_and_live_one_refused(tmp_path, model):
         assert status(d)["ok"]
     finally:
         assert d.stop() == 0, d.read_log()
+
+
+# ---- the sockets' owners, and who removes them ----------------------------------------
+
+def open_model_dir(model):
+    """A directory anyone may enter and write (sockets of a daemon that is
+    not root), holding a readable copy of model: (directory, copy)."""
+    where = tempfile.mkdtemp(prefix="wcache-group-", dir=shared_dir())
+    os.chmod(where, 0o777)
+    mine = shutil.copy(model, os.path.join(where, "m.safetensors"))
+    os.chmod(mine, 0o644)
+    return where, mine
+
+
+@root_daemon
+def test_user_keeps_the_control_groups_socket_and_a_shared_group_is_named(model):
+    """Started as root with user = and control_group =, the control socket
+    stays in control_group's group (the drop to the user gave it the user's
+    group, locking the operators out). A control_group that is also the
+    client socket's group (every worker's) is named in a warning."""
+    where, mine = open_model_dir(model)
+    for group, shared in (("daemon", False), ("nogroup", True)):
+        d = Daemon(where, {"small": mine}, extra=f"user = nobody\ncontrol_group = {group}\n")
+        wait_for_control(d.start())
+        try:
+            st = os.stat(d.control)
+            assert (st.st_uid, st.st_gid) == (65534, 1 if group == "daemon" else 65534)
+            assert stat.S_IMODE(st.st_mode) == 0o660
+            line = f"control_group = {group} is also the group of the client socket " \
+                f"{d.socket}: every worker that may attach may also control wcached"
+            # Said at start, before the first model is opened.
+            d.wait_for_log("model \"small\": generation")
+            assert (line in d.read_log()) == shared, d.read_log()
+        finally:
+            assert d.stop() == 0, d.read_log()
+
+
+def test_a_control_group_the_daemon_is_not_in_is_one_clear_error(tmp_path, model):
+    """Not root, and not in control_group: the socket cannot be given to the
+    group. --check says so (it said ok) and the start names the group and
+    the remedy (it said 'Operation not permitted')."""
+    user = as_user() if os.geteuid() == 0 else []  # nobody, without groups
+    where, mine = open_model_dir(model)
+    d = Daemon(where, {"small": mine}, extra="control_group = daemon\n")
+    os.chmod(d.conf, 0o644)
+    r = subprocess.run([*user, binary("wcached"), "--check", "-c", d.conf],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert "control_group = daemon: this user (uid " in r.stderr, r.stderr
+    assert "is not in that group" in r.stderr
+    r = subprocess.run([*user, binary("wcached"), "-c", d.conf], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1
+    assert f"{d.control}: cannot give the socket to group 1: Operation not permitted " \
+        "(wcached's user is not in that group" in r.stderr, r.stderr
+
+
+def test_a_successors_socket_is_not_removed(tmp_path, model):
+    """At exit wcached removes the sockets it made only while they are still
+    the ones it made: a successor that took the path over (a force-deleted
+    Pod, a stale socket replaced) keeps its own."""
+    d = Daemon(tmp_path, {"small": model}).start()
+    successor = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        wait_for_control(d)
+        os.unlink(d.control)
+        successor.bind(d.control)
+        successor.listen(1)
+    finally:
+        assert d.stop() == 0, d.read_log()
+    try:
+        assert os.path.exists(d.control)
+        assert stat.S_ISSOCK(os.lstat(d.control).st_mode)
+        assert f"{d.control}: another socket is there now (a successor's); left alone" in \
+            d.read_log()
+        assert not os.path.exists(d.socket)  # its own, removed
+    finally:
+        successor.close()
