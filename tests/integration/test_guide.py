@@ -122,6 +122,7 @@ def test_k8s_manifests_parse_and_agree(tmp_path):
     model = mkmodel(tmp_path / "m.safetensors", **SMALL)
     local = re.sub(r"^path = .*$", f"path = {model}", text, flags=re.M)
     local = local.replace("/run/wcached/", f"{tmp_path}/")
+    local = local.replace("/run/wcached-control/", f"{tmp_path}/")
     (tmp_path / "w.conf").write_text(local)
     r = subprocess.run([binary("wcached"), "--check", "-c", str(tmp_path / "w.conf")],
                        capture_output=True, text=True, timeout=60)
@@ -130,6 +131,12 @@ def test_k8s_manifests_parse_and_agree(tmp_path):
     control_path = re.search(r"^control = (\S+)", text, re.M).group(1)
     assert os.path.dirname(socket_path) == "/run/wcached"
     assert control_path in daemon["readinessProbe"]["exec"]["command"]
+    # The control socket is not where workers reach: only the daemon's Pod
+    # mounts its directory.
+    assert not control_path.startswith("/run/wcached/")
+    control_dir = os.path.dirname(control_path)
+    assert any(m["mountPath"] == control_dir and "emptyDir" in volume(pod, m["name"])
+               for m in daemon["volumeMounts"])
 
     # The programs are where the Debian package puts them.
     installed = open(os.path.join(SRC, "debian", "wcached.install")).read().split()
@@ -143,6 +150,7 @@ def test_k8s_manifests_parse_and_agree(tmp_path):
     wc = wspec["containers"][0]
     mounted = {m["mountPath"]: volume(wspec, m["name"]) for m in wc["volumeMounts"]}
     assert mounted["/run/wcached"]["hostPath"]["path"] == run["hostPath"]["path"]
+    assert all(m["readOnly"] for m in wc["volumeMounts"] if m["mountPath"] == "/run/wcached")
     assert not any("/srv/models" in path for path in mounted)
     assert pod["securityContext"]["runAsGroup"] in wspec["securityContext"]["supplementalGroups"]
     env = {e["name"]: e["value"] for e in wc["env"]}

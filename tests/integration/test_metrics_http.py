@@ -226,3 +226,7 @@ def test_metrics_units_verify(tmp_path):
     assert not problems, r.stdout + r.stderr
     text = open(os.path.join(SRC, "systemd", "wcached-metrics.socket")).read()
     assert "ListenStream=127.0.0.1:9571" in text and "Accept=yes" in text
+    # A loop of connects must not fail the socket for good (the trigger
+    # limit counts refused connections too), and peers are loopback only.
+    assert "TriggerLimitIntervalSec=0" in text
+    assert "IPAddressAllow=localhost" in text and "IPAddressDeny=any" in text

@@ -13,7 +13,8 @@ kube play), only their hostPaths moved to the test's directories. The
 checks:
   daemon_pod       the daemon's Pod starts: its init container, wcached as
                    uid 10001 with no capabilities, a read-only root and the
-                   models read-only; its readiness and liveness probes pass
+                   models read-only, the client socket alone in the node's
+                   /run/wcached; its readiness and liveness probes pass
   worker_manifest  worker.yaml's own command attaches the model, as uid
                    20001 in group 10001
   shared_copy      8 worker containers attach a 256 MiB model and check
@@ -221,6 +222,10 @@ def check_daemon_pod(run):
     if r.returncode == 0:
         raise Failure(f"{ctr} could write into /srv/models")
     sock = os.path.join(run.host_paths["/run/wcached"], "wcached.sock")
+    shared = sorted(os.listdir(run.host_paths["/run/wcached"]))
+    if shared != ["wcached.sock"]:
+        raise Failure(f"the node's /run/wcached, which workers mount, holds {shared}, not "
+                      "the client socket alone (the control socket must not be there)")
     st = os.stat(sock)
     if (st.st_uid, st.st_gid, st.st_mode & 0o777) != (10001, 10001, 0o660):
         raise Failure(f"the client socket is {st.st_uid}:{st.st_gid} "
@@ -231,7 +236,7 @@ def check_daemon_pod(run):
     if r.returncode != 0:
         raise Failure(f"the liveness probe fails (exit {r.returncode}): {r.stdout}{r.stderr}")
     return (f"init container, then ready in {took:.1f} s; uid 10001, CapEff 0, read-only root"
-            " and models, socket 10001:10001 0660, liveness probe passes")
+            " and models, socket 10001:10001 0660 alone in /run/wcached, liveness probe passes")
 
 
 def check_worker_manifest(run):
