@@ -15,10 +15,11 @@
  * restored model's come back, each checked again (its seals, its size, its
  * reader, its index); one that fails is built again on demand.
  *
- * The files: restore.c takes the store back at start-up and checks each
- * piece; restore_adopt.c serves what passed (through the registry's public
- * API), waits for HOLDs and runs the full checks; restore_store.c keeps
- * the store in step with the registry. The registry never calls this
+ * The files: restore.c takes the store back at start-up and keeps the
+ * table of what it gave back; restore_job.c checks each model's pieces
+ * (restore_check.c its files) and serves what passed; restore_adopt.c lists
+ * it (through the registry's public API), waits for HOLDs and runs the full
+ * checks; restore_store.c keeps the store in step with the registry. The registry never calls this
  * module: main.c sets the registry's closed hook to restore_forget and
  * calls restore_sync from its changed hook.
  *

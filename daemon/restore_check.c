@@ -8,7 +8,7 @@
  * a network filesystem whose server hangs they block until it answers: so
  * they run on the work queue (workq.h), never on the event loop, and a
  * model on a hung server waits there while every other one serves
- * (restore.c).
+ * (restore_job.c).
  */
 #include <errno.h>
 #include <fcntl.h>

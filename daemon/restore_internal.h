@@ -1,8 +1,9 @@
 /*
- * restore_internal.h: what the warm restart's files share (restore.c takes
- * the store back, restore_check.c checks a stored generation's files off
- * the loop, restore_store.c keeps the store in step). Not for other
- * modules: they use restore.h.
+ * restore_internal.h: what the warm restart's files share (restore.c keeps
+ * the table of what the store gave back and its life, restore_job.c checks
+ * and serves one model's, restore_check.c checks a stored generation's
+ * files off the loop, restore_adopt.c lists what passed, restore_store.c
+ * keeps the store in step). Not for other modules: they use restore.h.
  */
 #ifndef WC_RESTORE_INTERNAL_H
 #define WC_RESTORE_INTERNAL_H
@@ -34,7 +35,7 @@ struct restore_carried {
 struct restore_state {
 	/* Nothing is stored while set: between restore_take() and
 	 * restore_started(), so that the stored descriptors no check took are
-	 * removed before new ones go in; and while restore.c serves what a
+	 * removed before new ones go in; and while restore_job.c serves what a
 	 * check passed, until each generation has its stored names and origin. */
 	int restoring;
 	int status_stored;     /* the manager has the status page */
@@ -55,6 +56,48 @@ struct restore_state {
 /* restore_store.c: one per process, as the manager's store is. */
 extern struct restore_state restore_state;
 
+struct fdstore_desc;
+struct listen_fd;
+struct registry;
+
+/* What restore_take() took back (restore.c's), which each model's check
+ * (restore_job.c) takes its descriptors from. */
+struct restore {
+	struct listen_fd *fds; /* the "wc-..." ones; fd -1 once taken */
+	size_t n;
+	struct fdstore_desc *desc;
+	int status_fd;         /* -1 once the registry took it, or none */
+	int status_taken;
+	unsigned char *restored; /* per described model */
+	unsigned jobs;          /* models whose check runs (restore_job.c) */
+	int started;            /* restore_started() ran: the last check's end finishes */
+	char **copies;          /* staged copies' directories of the generations checked */
+	size_t ncopies;
+	/* The mount table, read once for every restore_model() (stored_fs)
+	 * and freed by restore_started(): mounts_read says it was. */
+	struct fs_mounts mounts;
+	int mounts_read;
+};
+
+/* restore.c: the stored descriptor called name not taken yet, or -1; *at
+ * (may be NULL) its place in s->fds. */
+int restore_find_fd(const struct restore *s, const char *name, size_t *at);
+
+/* restore.c: closes the stored descriptors not taken that only names (with
+ * only NULL: that no model whose check still runs names) and, when drop,
+ * has the manager drop them. In the daemon's lane of r's closer. */
+void restore_close_untaken(struct restore *s, struct registry *r,
+	const struct fdstore_model *only, int drop);
+
+/* restore.c: m's check runs (expected: registry_expect()'s token), and
+ * descriptions carry its entry meanwhile; or it has ended. */
+void restore_carry_begin(const struct fdstore_model *m, uint64_t expected);
+void restore_carry_end(const struct fdstore_model *m);
+
+/* restore.c: every check has ended (restore_started ran): closes what
+ * nobody took, and frees s. Accepts NULL. */
+void restore_finish(struct restore *s, struct registry *r);
+
 struct derive_stored;
 struct fdstore_generation;
 struct gen_origin;
@@ -65,7 +108,7 @@ struct model_source;
 struct registry;
 
 /* restore_adopt.c: lists a derived artifact of m taken back from the store,
- * whose pieces restore.c checked: src (the artifact memfd, opened and
+ * whose pieces restore_job.c checked: src (the artifact memfd, opened and
  * validated by its reader) and the sealed index_fd, as the artifact
  * a->key of generation a->source (a->gen is ignored), READY
  * (derive_adopt). Takes src and index_fd on success only; 0 and *out (the
@@ -75,7 +118,7 @@ int restore_adopt_artifact(struct registry *r, struct model_entry *m,
 	const struct derive_stored *a, struct model_source *src, int index_fd,
 	size_t index_size, struct generation **out);
 
-/* restore.c: st's mtime in nanoseconds, as the description records it;
+/* restore_check.c: st's mtime in nanoseconds, as the description records it;
  * times past the year 2262 (or before 1678) saturate. */
 int64_t restore_mtime_ns(const struct stat *st);
 
@@ -84,7 +127,7 @@ int64_t restore_mtime_ns(const struct stat *st);
  * (restore_check.c) because the checks ask the files' filesystem, whose
  * server may hang: the loop resolves the stored descriptors first
  * (index_fd, fds), the check fills the rest, and the loop then serves it
- * without asking any filesystem (restore.c).
+ * without asking any filesystem (restore_job.c).
  */
 struct restore_prepared {
 	const struct fdstore_generation *g;

@@ -1,12 +1,13 @@
 /*
- * test_restore.c: unit tests of daemon/restore.c, taking back what a
- * previous process stored. A first registry (the previous process) loads
- * a model, lists a derived artifact of it and stores both in a service
- * manager's store of the test's own (storeutil.h); the manager hands its
- * store over as systemd does, restore_take() takes it, and a second
- * registry restores from it (restore_model, restore_started) on its loop.
- * The artifact's reader, source_open_fd, is wrapped (--wrap) to see which
- * thread runs it. Real files in /tmp, real memfds, a real libuv loop.
+ * test_restore.c: unit tests of daemon/restore.c and restore_job.c, taking
+ * back what a previous process stored. A first registry (the previous
+ * process) loads a model, lists a derived artifact of it and stores both
+ * in a service manager's store of the test's own (storeutil.h); the
+ * manager hands its store over as systemd does, restore_take() takes it,
+ * and a second registry restores from it (restore_model, restore_started)
+ * on its loop. The artifact's reader, source_open_fd, is wrapped (--wrap)
+ * to see which thread runs it. Real files in /tmp, real memfds, a real
+ * libuv loop.
  */
 #include <errno.h>
 #include <fcntl.h>

@@ -1,0 +1,609 @@
+/*
+ * restore_job.c: one model's warm restart (restore.h), from restore_model()
+ * to the end of its check: its stored descriptors taken out of the
+ * restore's table (restore.c), its current generation, the generations
+ * workers held and its derived artifacts checked on the work queue
+ * (restore_work: restore_check.c for the generations, check_artifact for
+ * the artifacts), and on the loop what passed served (restore_adopt.c) and
+ * the rest given back to the table for restore_close_untaken().
+ *
+ * The checks run off the loop because they ask the model's filesystem,
+ * whose server may hang, and because an artifact is parsed again: each
+ * artifact memfd must be a regular file with every seal a published one
+ * has, of the described size, and parse again with its format's reader
+ * (source_open_fd, O(its tensors)) into an index byte for byte the stored
+ * index memfd, itself checked as a generation's is. The loop only lists
+ * what passed. One that fails is left out with one line naming the model,
+ * the key and the reason, its descriptors closed: the next DERIVE builds
+ * it again.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/error.h"
+#include "derive.h"
+#include "fdstore.h"
+#include "format/index.h"
+#include "generation.h"
+#include "listen.h"
+#include "log.h"
+#include "notify.h"
+#include "restore.h"
+#include "restore_internal.h"
+#include "stage.h"
+
+/* One stored derived artifact of a model, checked on the work queue with
+ * its generations (check_artifact) and listed again on the loop
+ * (adopt_artifact). */
+struct restore_artifact {
+	const struct fdstore_artifact *a; /* the restore's description's */
+	int fd;                           /* its memfd, out of the table; -1 once src has it */
+	size_t at;
+	int index_fd;                     /* its sealed index, out of the table */
+	size_t index_at;
+	/* Filled by check_artifact(). */
+	int err;                          /* 0, or -errno with why */
+	char why[512];
+	struct model_source src;          /* its memfd, opened by its reader */
+};
+
+/* One model's stored generations and derived artifacts, checked on the
+ * work queue (restore_check.c, check_artifact) and served on the loop
+ * (restore_after). */
+struct restore_job {
+	struct workq_job job;
+	struct restore *s;
+	struct registry *r;
+	size_t model;               /* in s->desc->models */
+	char *path;
+	enum pin_mode pin;
+	int warm;
+	char *stage_dir;            /* the registry's at the start, copied */
+	uint64_t expected;          /* registry_expect()'s token */
+	size_t n;                   /* [0] the current generation, then the held ones */
+	struct restore_prepared *gens;
+	size_t nartifacts;          /* the current generation's derived artifacts */
+	struct restore_artifact *artifacts;
+	restore_done_fn done;
+	void *arg;
+};
+
+/*
+ * Takes g's stored descriptors out of s's table into p (the check uses
+ * them off the loop; a name the description gives twice finds the second
+ * copy or none, never the same descriptor twice), and notes p's staged
+ * copy's directory in s->copies. 0 or -ENOMEM.
+ */
+static int
+reserve(struct restore *s, const char *stage_dir, const struct fdstore_generation *g,
+	struct restore_prepared *p)
+{
+	char *copy = NULL, *dir = NULL;
+
+	p->g = g;
+	p->index_fd = restore_find_fd(s, g->index_fdname, &p->index_at);
+	if (p->index_fd >= 0)
+		s->fds[p->index_at].fd = -1;
+	p->fds = calloc(g->nfiles ? g->nfiles : 1, sizeof(*p->fds));
+	p->at = calloc(g->nfiles ? g->nfiles : 1, sizeof(*p->at));
+	if (p->fds == NULL || p->at == NULL) {
+		free(p->fds);
+		free(p->at);
+		p->fds = NULL;
+		p->at = NULL;
+		return error_set(-ENOMEM, "out of memory");
+	}
+	for (uint32_t k = 0; k < g->nfiles; k++)
+		if ((p->fds[k] = restore_find_fd(s, g->files[k].fdname, &p->at[k])) >= 0)
+			s->fds[p->at[k]].fd = -1;
+	/* Its staged copy stays in stage_dir while it is checked. */
+	if (g->nfiles > 0 && p->fds[0] >= 0 &&
+		restore_staged_copy(stage_dir, p->fds[0], &copy) > 0 &&
+		stage_dir_of(stage_dir, copy, &dir) > 0) {
+		char **more = realloc(s->copies, (s->ncopies + 1) * sizeof(*more));
+
+		if (more == NULL) {
+			free(dir);
+			dir = NULL;
+		} else {
+			s->copies = more;
+			s->copies[s->ncopies++] = dir;
+			p->copy_dir = dir;
+		}
+	}
+	free(copy);
+	return 0;
+}
+
+/* Gives p's stored descriptors that nothing took back to s's table, for
+ * restore_close_untaken() at the end of the check (which closes them and has the
+ * manager drop them), and removes the staged copy of the model name
+ * nothing serves. */
+static void
+give_back(struct restore *s, struct registry *r, const char *name, struct restore_prepared *p,
+	int served)
+{
+	if (p->g == NULL)
+		return;
+	if (p->index_fd >= 0)
+		s->fds[p->index_at].fd = p->index_fd;
+	p->index_fd = -1;
+	for (size_t k = 0; p->fds != NULL && k < p->g->nfiles; k++) {
+		int fd = p->fds[k];
+
+		if (served || fd < 0)
+			continue;
+		if (k < p->src.nfiles)
+			p->src.files[k].fd = -1; /* the table's again, not the file's */
+		s->fds[p->at[k]].fd = fd;
+	}
+	if (!served && p->copy_dir != NULL && !r->closing) {
+		char *dir = strdup(p->copy_dir);
+
+		log_info("model \"%s\": generation %" PRIu64 " not restored: removing its staged "
+			 "copy %s", name, p->g->number, p->copy_dir);
+		if (dir != NULL)
+			stage_remove_later(r->loop, dir);
+	}
+	restore_prepared_clear(r, p);
+}
+
+/* Takes the stored descriptors of artifact a out of s's table into p,
+ * for its check off the loop (as reserve() does a generation's). */
+static void
+reserve_artifact(struct restore *s, const struct fdstore_artifact *a, struct restore_artifact *p)
+{
+	*p = (struct restore_artifact){ .a = a };
+	if ((p->fd = restore_find_fd(s, a->fdname, &p->at)) >= 0)
+		s->fds[p->at].fd = -1;
+	if ((p->index_fd = restore_find_fd(s, a->index_fdname, &p->index_at)) >= 0)
+		s->fds[p->index_at].fd = -1;
+}
+
+/* Gives p's stored descriptors that nothing took back to s's table, for
+ * restore_close_untaken() at the end of the check (which closes them, and has the
+ * manager drop them unless wcached stops); its memfd leaves its reader's
+ * mappings first. */
+static void
+give_back_artifact(struct restore *s, struct registry *r, struct restore_artifact *p)
+{
+	if (p->a == NULL)
+		return;
+	if (p->src.nfiles > 0 && p->src.files[0].fd >= 0) {
+		p->fd = p->src.files[0].fd;
+		p->src.files[0].fd = -1; /* the table's again, not the reader's */
+	}
+	gen_close_files_in(r, (uid_t)p->a->builder_uid, NULL, &p->src);
+	if (p->fd >= 0)
+		s->fds[p->at].fd = p->fd;
+	if (p->index_fd >= 0)
+		s->fds[p->index_at].fd = p->index_fd;
+	p->fd = -1;
+	p->index_fd = -1;
+}
+
+static int check_artifact_memfd(int fd, const struct fdstore_artifact *a);
+
+/*
+ * Work queue thread: checks every piece of artifact p of the model name,
+ * an artifact of its generation current (the one restored, if it is), as
+ * PUBLISH does: its memfd (check_artifact_memfd), its stored index
+ * (restore_check_index), and its reader again, which must compile the
+ * memfd into that index byte for byte. O(its tensors): never on the loop.
+ * Touches nothing but p and the descriptors it names.
+ */
+static void
+check_artifact(struct restore_artifact *p, const char *name, uint64_t current)
+{
+	const struct fdstore_artifact *a = p->a;
+	char label[FDSTORE_MAX_MODEL_NAME + FDSTORE_MAX_KEY + 16];
+	struct index_header h;
+	void *map = NULL;
+	int err;
+
+	/* An older generation's is not restored (adopt_artifact): not read. */
+	if (a->source != current) {
+		err = error_set(-ESTALE, "its source generation %" PRIu64 " is not the one "
+			"restored", a->source);
+		goto out;
+	}
+	if ((err = check_artifact_memfd(p->fd, a)) < 0 ||
+		(err = restore_check_index(p->index_fd, a->index_fdname, a->index_size, 1, &h,
+			 &map)) < 0)
+		goto out;
+	snprintf(label, sizeof(label), "%s derived %s", name, a->key);
+	if (source_open_fd(p->fd, label, &p->src) < 0) {
+		snprintf(p->why, sizeof(p->why), "%s", error_get());
+		err = error_set(-EBADMSG, "its memfd does not parse: %s", p->why);
+		goto out;
+	}
+	p->fd = -1; /* src's now */
+	if (p->src.nfiles != 1 || p->src.index_len != a->index_size ||
+		memcmp(p->src.index, map, p->src.index_len) != 0)
+		err = error_set(-EBADMSG, "its stored index (%" PRIu64 " bytes) is not the one "
+			"its memfd compiles to (%zu bytes)", a->index_size, p->src.index_len);
+out:
+	if (map != NULL)
+		munmap(map, (size_t)a->index_size);
+	if ((p->err = err) < 0)
+		snprintf(p->why, sizeof(p->why), "%s", error_get());
+}
+
+/* Work queue thread: checks and opens every stored generation of j's
+ * model, and checks its current generation's derived artifacts. */
+static void
+restore_work(struct workq_job *w)
+{
+	struct restore_job *j = w->arg;
+	const char *name = j->s->desc->models[j->model].name;
+
+	for (size_t i = 0; i < j->n; i++)
+		restore_check_generation(&j->gens[i], j->path, j->stage_dir);
+	for (size_t i = 0; i < j->nartifacts; i++)
+		check_artifact(&j->artifacts[i], name, j->gens[0].g->number);
+}
+
+/*
+ * Serves p as generation k of j's model: the current one (held 0), or
+ * one workers held before the restart (restore_adopt_held). Takes what p
+ * holds on success; 0, or -errno with the message.
+ */
+static int
+serve(struct restore_job *j, struct restore_prepared *p, int held)
+{
+	struct registry *r = j->r;
+	const struct fdstore_model *m = &j->s->desc->models[j->model];
+	const struct fdstore_generation *g = p->g;
+	struct restore_served rs = { .name = m->name, .path = j->path, .number = g->number,
+		.src = &p->src, .served = p->served, .fs = &p->fs, .index_fd = p->index_fd,
+		.index_size = (size_t)g->index_size };
+	struct model_entry *e;
+	struct generation *k;
+	int err;
+
+	if (p->err < 0)
+		return error_set(p->err, "%s", p->why);
+	err = held ? restore_adopt_held(r, &rs, g->holders) :
+		     restore_adopt_current(r, &rs, j->pin, j->warm, j->expected);
+	if (err < 0)
+		return err;
+	p->served = NULL;
+	p->index_fd = -1;
+	e = registry_find(r, m->name);
+	k = registry_generation(r, e, g->number);
+	/* Its holders before the restart may say so (HOLD), as many of them
+	 * as there were; a held one waits already. */
+	if (!held)
+		restore_await_holds(r, k, g->holders);
+	/* The manager still has every piece under these names. */
+	k->stored_slot = e->slot;
+	k->stored_done = e->slot == m->slot;
+	if (p->staged_dir != NULL) {
+		/* It keeps serving its copy, knows where it came from (for
+		 * polling and the next reload), and removes the copy when it
+		 * closes, as the process that staged it would have. */
+		k->origin = p->origin;
+		k->norigin = k->source.nfiles;
+		k->staged.dir = p->staged_dir;
+		k->staged.bytes = k->bytes;
+		for (size_t i = 0; i < k->source.nfiles; i++)
+			k->staged.disk_bytes += (uint64_t)k->source.files[i].st.st_blocks * 512u;
+		p->origin = NULL;
+		p->staged_dir = NULL;
+		log_info("model \"%s\": generation %" PRIu64 " keeps its staged copy %s",
+			k->model_name, k->number, k->staged.dir);
+	}
+	return 0;
+}
+/* Checks the stored artifact memfd fd of a: a regular file sealed as a
+ * published one is, of exactly the described size. */
+static int
+check_artifact_memfd(int fd, const struct fdstore_artifact *a)
+{
+	struct stat st;
+	int seals;
+
+	if (fd < 0)
+		return error_set(-EINVAL, "its memfd \"%s\" is not in the store", a->fdname);
+	if (fstat(fd, &st) == -1 || !S_ISREG(st.st_mode))
+		return error_set(-EINVAL, "its memfd is not a regular file");
+	if ((seals = fcntl(fd, F_GET_SEALS)) == -1 ||
+		(seals & DERIVE_ARTIFACT_SEALS) != DERIVE_ARTIFACT_SEALS)
+		return error_set(-EINVAL, "its memfd is not sealed against writing, shrinking, "
+			"growing and unsealing");
+	if ((uint64_t)st.st_size != a->size)
+		return error_set(-EINVAL, "its memfd is %lld bytes, not %" PRIu64,
+			(long long)st.st_size, a->size);
+	return 0;
+}
+
+/* Lists artifact p of m again (restore_adopt_artifact), once m is restored
+ * and p passed its check on the work queue (check_artifact). On failure its
+ * descriptors not opened go back to s's table (give_back_artifact: closed
+ * at the end of m's check, and dropped by the manager); an opened memfd is
+ * closed here. */
+static int
+adopt_artifact(struct restore *s, struct registry *r, const struct fdstore_model *m,
+	struct restore_artifact *p)
+{
+	const struct fdstore_artifact *a = p->a;
+	struct model_entry *e = registry_find(r, m->name);
+	struct generation *g = NULL;
+	struct fdstore_name n;
+	int err;
+
+	if (e == NULL || e->current == NULL || e->current->number != a->source)
+		err = error_set(-ESTALE, "its source generation %" PRIu64 " is not the one "
+			"restored", a->source);
+	else if (fdstore_name_parse(a->fdname, &n) < 0 || n.kind != FDSTORE_NAME_KIND_ARTIFACT)
+		err = error_set(-EINVAL, "its memfd's name \"%s\" is not an artifact's",
+			a->fdname);
+	else if (p->err < 0)
+		err = error_set(p->err, "%s", p->why);
+	else
+		err = restore_adopt_artifact(r, e, &(struct derive_stored){ .key = a->key,
+			.source = a->source, .builder_uid = (uid_t)a->builder_uid,
+			.builder_pid = (pid_t)a->builder_pid,
+			.build_seconds = (double)a->build_ms / 1000.0 }, &p->src, p->index_fd,
+			(size_t)a->index_size, &g);
+	if (err == 0 && g == NULL)
+		err = error_set(-EINVAL, "it was not listed");
+	if (err < 0) {
+		if (p->src.nfiles > 0) {
+			/* Opened: closed here, not by restore_close_untaken(), and the
+			 * manager drops it too. In its builder's lane: this may
+			 * be the memfd's last close. */
+			(void)notify_remove_fds(a->fdname);
+			gen_close_files_in(r, (uid_t)a->builder_uid, NULL, &p->src);
+		}
+		give_back_artifact(s, r, p);
+		return err;
+	}
+	p->index_fd = -1;
+	/* The manager still has both under these names. */
+	g->stored_slot = e->slot;
+	g->stored_artifact = n.artifact;
+	g->stored_done = e->slot == m->slot;
+	return 0;
+}
+
+/* After m's current generation came back: its derived artifacts, checked
+ * with it (j->artifacts). One that does not come back is built again by
+ * the next DERIVE of its key. */
+static void
+adopt_artifacts(struct restore_job *j)
+{
+	const struct fdstore_model *m = &j->s->desc->models[j->model];
+
+	for (size_t k = 0; k < j->nartifacts; k++) {
+		const struct fdstore_artifact *a = j->artifacts[k].a;
+
+		if (adopt_artifact(j->s, j->r, m, &j->artifacts[k]) < 0)
+			log_warnx("model \"%s\": derived \"%s\" of generation %" PRIu64 " not "
+				  "restored: %s; the next DERIVE of it builds it again", m->name,
+				a->key, a->source, error_get());
+	}
+}
+
+/* Frees j (what it held is given back or taken by then). */
+static void
+restore_job_free(struct restore_job *j)
+{
+	free(j->artifacts);
+	free(j->gens);
+	free(j->path);
+	free(j->stage_dir);
+	free(j);
+}
+
+/* Loop thread: serves what j's check passed, or says why not. */
+static void
+restore_after(struct workq_job *w, int status)
+{
+	struct restore_job *j = w->arg;
+	struct restore *s = j->s;
+	struct registry *r = j->r;
+	const struct fdstore_model *m = &s->desc->models[j->model];
+	const struct fdstore_generation *g = j->gens[0].g;
+	enum restore_result result = RESTORE_GONE;
+
+	/* From now on descriptions describe the model as the registry has it,
+	 * once each generation served is whole: the registry hears of it
+	 * (registry_add_served) before serve() gives it its stored names and
+	 * origin, so nothing is stored until then. */
+	restore_carry_end(m);
+	restore_state.restoring = 1;
+	if (status == UV_ECANCELED || r->closing)
+		result = RESTORE_GONE;
+	else if (serve(j, &j->gens[0], 0) == 0)
+		result = RESTORE_SERVED;
+	else if (registry_expect_end(r, m->name, j->expected)) {
+		log_warnx("model \"%s\": not restored: %s; loading", m->name, error_get());
+		result = RESTORE_LOAD;
+	} else
+		log_info("model \"%s\": not restored: it was unloaded or loaded anew meanwhile",
+			m->name);
+	give_back(s, r, m->name, &j->gens[0], result == RESTORE_SERVED);
+	for (size_t i = 1; i < j->n; i++) {
+		int held = result == RESTORE_SERVED && serve(j, &j->gens[i], 1) == 0;
+
+		if (result == RESTORE_SERVED && held)
+			log_info("model \"%s\": generation %" PRIu64 ", held by workers before the "
+				 "restart, restored; waiting %.3g s for them to say so (HOLD)",
+				m->name, j->gens[i].g->number, r->restart_hold_ms / 1000.0);
+		else if (result == RESTORE_SERVED)
+			log_warnx("model \"%s\": generation %" PRIu64 ", held before the restart, "
+				  "not restored: %s; its holders' mappings stay valid", m->name,
+				j->gens[i].g->number, error_get());
+		give_back(s, r, m->name, &j->gens[i], held);
+	}
+	for (size_t i = 0; result != RESTORE_SERVED && i < j->nartifacts; i++)
+		give_back_artifact(s, r, &j->artifacts[i]);
+	if (result == RESTORE_SERVED) {
+		const struct model_entry *e = registry_find(r, m->name);
+
+		s->restored[j->model] = 1;
+		adopt_artifacts(j);
+		log_info("model \"%s\": generation %" PRIu64 " restored from the file descriptor "
+			 "store: %" PRIu32 " file%s, %" PRIu64 " bytes, not read again", m->name,
+			g->number, g->nfiles, g->nfiles == 1 ? "" : "s",
+			e != NULL && e->current != NULL ? e->current->bytes : 0);
+		/* Serving began: its full check starts now, not 100 ms after. */
+		if (restore_state.checks_begun)
+			restore_checks(r);
+	}
+	/* What it did not take leaves the store (not when stopping: the
+	 * next process may take it). */
+	restore_close_untaken(s, r, m, !r->closing);
+	restore_state.restoring = 0;
+	restore_sync(r);
+	if (j->done != NULL)
+		j->done(m->name, result, j->arg);
+	restore_job_free(j);
+	if (--s->jobs == 0 && s->started)
+		restore_finish(s, r);
+}
+
+/* What the check of model m's stored files touches, as far as the loop
+ * knows without asking any filesystem: the filesystem whose device the
+ * description gives (a staged copy's origin's), from the mount table, read
+ * once for all of s's models. Names the check in what. */
+static uint64_t
+stored_fs(struct restore *s, const struct fdstore_generation *g, char *what, size_t len,
+	const char *name)
+{
+	struct fs_info fs;
+	uint64_t dev;
+
+	if (g->nfiles == 0) {
+		snprintf(what, len, "model \"%s\": a warm restart's check", name);
+		return WORKQ_LOCAL;
+	}
+	dev = g->files[0].origin_dev != 0 ? g->files[0].origin_dev : g->files[0].dev;
+	/* Not read (or it failed): read now; a failure is tried again for the
+	 * next model, as each read its own before. */
+	if (!s->mounts_read && fstype_mounts_read("/proc/self/mountinfo", &s->mounts) == 0)
+		s->mounts_read = 1;
+	if (!s->mounts_read || fstype_mounts_find(&s->mounts, (dev_t)dev, &fs) < 0) {
+		snprintf(what, len, "model \"%s\": a warm restart's check of its files", name);
+		return WORKQ_UNKNOWN;
+	}
+	snprintf(what, len, "model \"%s\": a warm restart's check of its files on %s", name,
+		fs.name);
+	return workq_fs(fs.remote, (dev_t)dev);
+}
+
+/* Queues the check of m's current generation g and of the generations
+ * workers held, and lists the model as loading meanwhile. 0, or -errno
+ * with the message (nothing queued, every descriptor still in s's table). */
+static int
+queue_check(struct restore *s, struct registry *r, size_t model,
+	const struct fdstore_generation *g, const char *path, enum pin_mode pin, int warm,
+	restore_done_fn done, void *arg)
+{
+	const struct fdstore_model *m = &s->desc->models[model];
+	struct restore_job *j = calloc(1, sizeof(*j));
+	char what[sizeof(j->job.what)];
+	uint64_t fs;
+	int err = 0;
+
+	if (j == NULL || (j->gens = calloc(m->ngenerations + 1, sizeof(*j->gens))) == NULL ||
+		(j->artifacts = calloc(m->nartifacts + 1, sizeof(*j->artifacts))) == NULL ||
+		(j->path = strdup(path)) == NULL ||
+		(r->stage_dir != NULL && (j->stage_dir = strdup(r->stage_dir)) == NULL)) {
+		if (j != NULL)
+			restore_job_free(j);
+		return error_set(-ENOMEM, "out of memory");
+	}
+	*j = (struct restore_job){ .s = s, .r = r, .model = model, .path = j->path, .pin = pin,
+		.warm = warm, .stage_dir = j->stage_dir, .gens = j->gens,
+		.artifacts = j->artifacts, .done = done, .arg = arg };
+	j->job.arg = j;
+	err = reserve(s, j->stage_dir, g, &j->gens[j->n++]);
+	for (uint32_t k = 0; k < m->ngenerations && err == 0; k++)
+		if (m->generations[k].role == FDSTORE_HELD)
+			err = reserve(s, j->stage_dir, &m->generations[k], &j->gens[j->n++]);
+	/* Its derived artifacts are checked with it. */
+	for (uint32_t k = 0; k < m->nartifacts && err == 0; k++)
+		reserve_artifact(s, &m->artifacts[k], &j->artifacts[j->nartifacts++]);
+	fs = stored_fs(s, g, what, sizeof(what), m->name);
+	/* registry_expect() says why it refused: the model is there already,
+	 * or there is no memory for it. */
+	if (err == 0 && (j->expected = registry_expect(r, m->name, path, pin, warm)) == 0)
+		err = registry_find(r, m->name) != NULL ? -EEXIST : -ENOMEM;
+	if (err == 0 && (err = workq_submit(&r->workq, &j->job, fs, what, restore_work,
+				 restore_after)) < 0) {
+		/* Listed, not loading: the caller's load takes it. */
+		(void)registry_expect_end(r, m->name, j->expected);
+		err = error_set(err, "%s", uv_strerror(err));
+	}
+	if (err < 0) {
+		/* The caller logs why: kept across what giving back may say. */
+		char why[512];
+
+		snprintf(why, sizeof(why), "%s", error_get());
+		for (size_t i = 0; i < j->n; i++)
+			give_back(s, r, m->name, &j->gens[i], 0);
+		for (size_t i = 0; i < j->nartifacts; i++)
+			give_back_artifact(s, r, &j->artifacts[i]);
+		restore_job_free(j);
+		return error_set(err, "%s", why);
+	}
+	s->jobs++;
+	restore_carry_begin(m, j->expected);
+	return 0;
+}
+
+/* Queues the check of a configured model's stored generations, or says
+ * why it loads afresh (restore.h). */
+int
+restore_model(struct restore *s, struct registry *r, const char *name, const char *path,
+	enum pin_mode pin, int warm, restore_done_fn done, void *arg)
+{
+	const struct fdstore_model *m = NULL;
+	const struct fdstore_generation *g = NULL;
+	uint32_t i;
+
+	if (s == NULL || s->desc == NULL)
+		return 0;
+	for (i = 0; i < s->desc->nmodels && m == NULL; i++)
+		if (strcmp(s->desc->models[i].name, name) == 0)
+			m = &s->desc->models[i];
+	if (m == NULL) {
+		log_info("model \"%s\": not in the file descriptor store; loading", name);
+		return 0;
+	}
+	for (uint32_t k = 0; k < m->ngenerations; k++)
+		if (m->generations[k].role == FDSTORE_CURRENT)
+			g = &m->generations[k];
+	if (!s->status_taken)
+		log_info("model \"%s\": not restored: the stored status page was not usable; "
+			"loading", name);
+	else if (strcmp(m->path, path) != 0)
+		log_info("model \"%s\": not restored: its path changed (was %s); loading", name,
+			m->path);
+	else if (g == NULL)
+		log_info("model \"%s\": not restored: no current generation was stored; loading",
+			name);
+	else if (queue_check(s, r, i - 1, g, path, pin, warm, done, arg) < 0)
+		log_warnx("model \"%s\": not restored: %s; loading", name, error_get());
+	else {
+		/* The pin is what the model keeps locked, not what it is: the
+		 * generation serves as stored and takes the configured pin (its
+		 * full check locks the metadata unless pin = none; pin = all
+		 * locks every page after it, restore_checks). */
+		if (g->pin != (uint8_t)pin)
+			log_info("model \"%s\": its pin changed (was %s, now %s): restored all the "
+				 "same, then pinned as configured", name,
+				pin_mode_name((enum pin_mode)g->pin), pin_mode_name(pin));
+		return 1;
+	}
+	return 0;
+}
