@@ -730,8 +730,8 @@ def test_user_keeps_the_control_groups_socket_and_a_shared_group_is_named(model)
     where, mine = open_model_dir(model)
     for group, shared in (("daemon", False), ("nogroup", True)):
         d = Daemon(where, {"small": mine}, extra=f"user = nobody\ncontrol_group = {group}\n")
-        wait_for_control(d.start())
         try:
+            wait_for_control(d.start())
             st = os.stat(d.control)
             assert (st.st_uid, st.st_gid) == (65534, 1 if group == "daemon" else 65534)
             assert stat.S_IMODE(st.st_mode) == 0o660
@@ -768,10 +768,10 @@ def test_a_successors_socket_is_not_removed(tmp_path, model):
     """At exit wcached removes the sockets it made only while they are still
     the ones it made: a successor that took the path over (a force-deleted
     Pod, a stale socket replaced) keeps its own."""
-    d = Daemon(tmp_path, {"small": model}).start()
+    d = Daemon(tmp_path, {"small": model})
     successor = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        wait_for_control(d)
+        wait_for_control(d.start())
         os.unlink(d.control)
         successor.bind(d.control)
         successor.listen(1)
