@@ -126,6 +126,7 @@ notify_parse_address(const char *value, struct sockaddr_un *addr, socklen_t *len
 		"NOTIFY_SOCKET=%s: not a unix socket address (must start with '/' or '@')", value);
 }
 
+/* Opens the socket $NOTIFY_SOCKET names, if any (notify.h). */
 int
 notify_init(void)
 {
@@ -372,6 +373,7 @@ notify_flush(void)
 	return r;
 }
 
+/* notify_flush() until nothing waits or timeout_ms passed (notify.h). */
 int
 notify_flush_wait(int timeout_ms)
 {
@@ -389,6 +391,7 @@ notify_flush_wait(int timeout_ms)
 	return r;
 }
 
+/* Datagrams dropped so far (notify.h). */
 uint64_t
 notify_dropped_count(void)
 {
@@ -425,6 +428,7 @@ notify_close(void)
 	notify_addrlen = 0;
 }
 
+/* Whether s is a name systemd takes as FDNAME= (notify.h). */
 int
 notify_fdname_valid(const char *s, size_t len)
 {
