@@ -1,7 +1,8 @@
 /*
  * stage.c: copying a model's files to stage_dir and checking the copy
- * against its sources (see stage.h); preparing stage_dir at start.
- * Removing copies and the sweep are stage_remove.c's.
+ * against its sources (see stage.h). stage_dir itself (preparing it,
+ * checking it, where a path lies in it), removing copies and the sweep
+ * are stage_dir.c's.
  *
  * The copy streams each file in 8 MiB requests, as the warm-up reads: with
  * copy_file_range(2), which the kernel does without a trip through user
@@ -18,7 +19,7 @@
  *
  * stage_dir is opened only once checked safe (stage_check_dir), and a
  * staging that fails removes its temporary copy as any copy is removed
- * (stage_remove_at, stage_remove.c).
+ * (stage_remove_at, stage_dir.c).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -760,68 +761,4 @@ stage_request_clear(struct stage_request *req)
 	free(req->path);
 	req->dir = NULL;
 	req->path = NULL;
-}
-
-int
-stage_prepare_dir(const char *stage_dir, uid_t uid, gid_t gid)
-{
-	char *p = strdup(stage_dir);
-	struct stat st;
-	int fd, made, err;
-
-	if (p == NULL)
-		return error_set(-ENOMEM, "out of memory");
-	/* The parents (0755, as root only: the user's are the operator's). */
-	for (char *s = p + 1; uid != (uid_t)-1 && (s = strchr(s, '/')) != NULL; s++) {
-		*s = '\0';
-		if (mkdir(p, 0755) == -1 && errno != EEXIST) {
-			int e = errno;
-
-			free(p);
-			return error_set(-e, "stage_dir %s: creating its parent: %s", stage_dir,
-				strerror(e));
-		}
-		*s = '/';
-	}
-	free(p);
-	if (!(made = mkdir(stage_dir, 0700) == 0) && errno != EEXIST)
-		return error_set(-errno, "stage_dir %s cannot be created: %s", stage_dir,
-			strerror(errno));
-	if ((fd = open(stage_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) == -1) {
-		int e = errno;
-
-		if (e == ENOTDIR)
-			return error_set(-ENOTDIR, "stage_dir %s is not a directory", stage_dir);
-		return error_set(-e, "stage_dir %s: %s", stage_dir, strerror(e));
-	}
-	/* Only the directory made here is given away: an existing one of
-	 * someone else's (a shared /var/cache, /tmp, a home) is refused below,
-	 * never taken over. */
-	err = made && uid != (uid_t)-1 && fchown(fd, uid, gid) == -1 ?
-		error_set(-errno, "stage_dir %s: chown: %s", stage_dir, strerror(errno)) : 0;
-	if (err == 0 && !made && uid != (uid_t)-1 && fstat(fd, &st) == 0 && st.st_uid == uid &&
-		st.st_gid != gid && fchown(fd, uid, gid) == -1)
-		err = error_set(-errno, "stage_dir %s: chown: %s", stage_dir, strerror(errno));
-	if (err == 0)
-		err = stage_check_dir(fd, stage_dir, uid != (uid_t)-1 ? uid : geteuid());
-	close(fd);
-	return err;
-}
-
-int
-stage_dir_of(const char *stage_dir, const char *path, char **dir)
-{
-	size_t len = strlen(stage_dir);
-	const char *rest, *slash;
-
-	while (len > 1 && stage_dir[len - 1] == '/')
-		len--;
-	if (strncmp(path, stage_dir, len) != 0 || path[len] != '/')
-		return 0;
-	rest = path + len + 1;
-	if ((slash = strchr(rest, '/')) == NULL || slash == rest)
-		return 0;
-	if ((*dir = strndup(path, (size_t)(slash - path))) == NULL)
-		return error_set(-ENOMEM, "out of memory");
-	return 1;
 }

@@ -1,9 +1,9 @@
 /*
  * stage_internal.h: what the stage module's files share: stage.c (copying
- * a model's files to stage_dir) and stage_remove.c (removing copies and
- * sweeping stage_dir), which both open stage_dir only once it is checked
- * safe, and both remove a copy only through stage_remove_at(). Not for
- * other modules: they use stage.h.
+ * a model's files to stage_dir) and stage_dir.c (stage_dir itself,
+ * removing copies and sweeping it), which both open stage_dir only once
+ * it is checked safe, and both remove a copy only through
+ * stage_remove_at(). Not for other modules: they use stage.h.
  */
 #ifndef WC_STAGE_INTERNAL_H
 #define WC_STAGE_INTERNAL_H

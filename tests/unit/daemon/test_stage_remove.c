@@ -1,5 +1,5 @@
 /*
- * test_stage_remove.c: unit tests of daemon/stage_remove.c, removing and
+ * test_stage_remove.c: unit tests of daemon/stage_dir.c's removing and
  * sweeping staged copies: stage_remove and the sweep remove only
  * directories wcached marked as its own copies, keep what they are told to
  * and what they did not make, refuse a stage_dir others may write or

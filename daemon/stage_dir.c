@@ -1,11 +1,15 @@
 /*
- * stage_remove.c: removing staged copies and sweeping stage_dir (see
- * stage.h): stage_remove(), stage_remove_later() and stage_sweep(), and
- * stage_remove_at(), through which stage.c's failed staging removes its
- * temporary copy too.
+ * stage_dir.c: stage_dir and what lies in it (see stage.h): preparing it
+ * at start (stage_prepare_dir), checking and opening it (stage_check_dir,
+ * stage_open_dir), which copy of it a path lies in (stage_dir_of), the
+ * token of this process's temporary copies (stage_token), removing copies
+ * (stage_remove(), stage_remove_later(), and stage_remove_at(), through
+ * which stage.c's failed staging removes its temporary copy too) and
+ * sweeping what earlier processes left (stage_sweep()). Copying is
+ * stage.c's.
  *
- * Removal is a concern of its own because it is where staging could do
- * harm: stage_dir may be a directory an operator shares with other
+ * Removal is here, apart from the copy, because it is where staging could
+ * do harm: stage_dir may be a directory an operator shares with other
  * programs, and a removal that followed a symbolic link or trusted a name
  * would empty what wcached never made. So it works on descriptors:
  * stage_dir is opened and checked once (stage_check_dir: wcached's, not
@@ -73,6 +77,70 @@ stage_open_dir(const char *stage_dir, int *fd)
 	}
 	*fd = d;
 	return 0;
+}
+
+int
+stage_prepare_dir(const char *stage_dir, uid_t uid, gid_t gid)
+{
+	char *p = strdup(stage_dir);
+	struct stat st;
+	int fd, made, err;
+
+	if (p == NULL)
+		return error_set(-ENOMEM, "out of memory");
+	/* The parents (0755, as root only: the user's are the operator's). */
+	for (char *s = p + 1; uid != (uid_t)-1 && (s = strchr(s, '/')) != NULL; s++) {
+		*s = '\0';
+		if (mkdir(p, 0755) == -1 && errno != EEXIST) {
+			int e = errno;
+
+			free(p);
+			return error_set(-e, "stage_dir %s: creating its parent: %s", stage_dir,
+				strerror(e));
+		}
+		*s = '/';
+	}
+	free(p);
+	if (!(made = mkdir(stage_dir, 0700) == 0) && errno != EEXIST)
+		return error_set(-errno, "stage_dir %s cannot be created: %s", stage_dir,
+			strerror(errno));
+	if ((fd = open(stage_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) == -1) {
+		int e = errno;
+
+		if (e == ENOTDIR)
+			return error_set(-ENOTDIR, "stage_dir %s is not a directory", stage_dir);
+		return error_set(-e, "stage_dir %s: %s", stage_dir, strerror(e));
+	}
+	/* Only the directory made here is given away: an existing one of
+	 * someone else's (a shared /var/cache, /tmp, a home) is refused below,
+	 * never taken over. */
+	err = made && uid != (uid_t)-1 && fchown(fd, uid, gid) == -1 ?
+		error_set(-errno, "stage_dir %s: chown: %s", stage_dir, strerror(errno)) : 0;
+	if (err == 0 && !made && uid != (uid_t)-1 && fstat(fd, &st) == 0 && st.st_uid == uid &&
+		st.st_gid != gid && fchown(fd, uid, gid) == -1)
+		err = error_set(-errno, "stage_dir %s: chown: %s", stage_dir, strerror(errno));
+	if (err == 0)
+		err = stage_check_dir(fd, stage_dir, uid != (uid_t)-1 ? uid : geteuid());
+	close(fd);
+	return err;
+}
+
+int
+stage_dir_of(const char *stage_dir, const char *path, char **dir)
+{
+	size_t len = strlen(stage_dir);
+	const char *rest, *slash;
+
+	while (len > 1 && stage_dir[len - 1] == '/')
+		len--;
+	if (strncmp(path, stage_dir, len) != 0 || path[len] != '/')
+		return 0;
+	rest = path + len + 1;
+	if ((slash = strchr(rest, '/')) == NULL || slash == rest)
+		return 0;
+	if ((*dir = strndup(path, (size_t)(slash - path))) == NULL)
+		return error_set(-ENOMEM, "out of memory");
+	return 1;
 }
 
 int
