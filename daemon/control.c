@@ -55,20 +55,31 @@ struct write_req {
 };
 
 static void conn_process(struct ctl_conn *c);
+static void on_connection(uv_stream_t *listener, int status);
 
 /* ---- lifetimes ---------------------------------------------------------- */
 
 /* Close callback of the listener, the idle handle and the spare: the
- * control is freed when its last handle has closed. */
+ * control is freed when its last handle has closed. A connection that
+ * arrived while the spare was closing is taken now (see enum spare_state):
+ * libuv watches the listener again only once it is. */
 static void
 control_handle_closed(uv_handle_t *h)
 {
 	struct control *ctl = h->data;
+	bool waited = false;
 
-	if (h == (uv_handle_t *)&ctl->spare)
-		ctl->spare_busy = false;
-	if (--ctl->handles == 0)
+	if (h == (uv_handle_t *)&ctl->spare) {
+		waited = ctl->spare_state == SPARE_CLOSING_WAITED;
+		ctl->spare_state = SPARE_FREE;
+	}
+	if (--ctl->handles == 0) {
 		free(ctl);
+		return;
+	}
+	/* Stopping: closing the listener closed the waiting connection too. */
+	if (waited && !ctl->stopping)
+		on_connection((uv_stream_t *)&ctl->listener, 0);
 }
 
 /* Close callback of a connection: the only place it is freed. */
@@ -553,14 +564,23 @@ may_control(struct ctl_conn *c, const struct control_context *ctx)
 	return ok;
 }
 
-/* Out of memory for a connection: accepts it into the spare handle and
- * closes it, so the listener keeps accepting. */
+/*
+ * Out of memory for a connection: accepts it into the spare handle and
+ * closes it, so the listener keeps accepting. A connection must be taken
+ * with uv_accept() whatever happens: until it is, libuv does not watch the
+ * listener. So one that finds the spare still closing is left where libuv
+ * holds it, and taken when the spare has closed (control_handle_closed).
+ */
 static void
 drop_connection(struct control *ctl)
 {
-	if (ctl->spare_busy || uv_pipe_init(ctl->loop, &ctl->spare, 0) < 0)
+	if (ctl->spare_state != SPARE_FREE) {
+		ctl->spare_state = SPARE_CLOSING_WAITED;
 		return;
-	ctl->spare_busy = true;
+	}
+	/* uv_pipe_init cannot fail on Unix. */
+	(void)uv_pipe_init(ctl->loop, &ctl->spare, 0);
+	ctl->spare_state = SPARE_CLOSING;
 	ctl->handles++;
 	ctl->spare.data = ctl;
 	(void)uv_accept((uv_stream_t *)&ctl->listener, (uv_stream_t *)&ctl->spare);

@@ -54,6 +54,23 @@ struct ctl_conn {
 	char buf[CONTROL_READ_CAP + 1];
 };
 
+/*
+ * The spare handle, which accepts and drops a connection that arrives when
+ * there is no memory for it. libuv stops watching the listener until the
+ * connection it has accepted is taken with uv_accept(), so every arrival
+ * must be taken: one that finds the spare still closing waits for it.
+ *
+ *   SPARE_FREE -> SPARE_CLOSING             a connection accepted into it and closed
+ *   SPARE_CLOSING -> SPARE_CLOSING_WAITED   another arrived meanwhile (libuv holds it)
+ *   SPARE_CLOSING -> SPARE_FREE             closed
+ *   SPARE_CLOSING_WAITED -> SPARE_FREE      closed; the waiting one is taken at once
+ */
+enum spare_state {
+	SPARE_FREE,
+	SPARE_CLOSING,
+	SPARE_CLOSING_WAITED,
+};
+
 /* The control socket: the listener and its connections. */
 struct control {
 	uv_loop_t *loop;
@@ -61,7 +78,7 @@ struct control {
 	uv_idle_t idle;          /* resumes connections after a completed request */
 	uv_timer_t sweep;        /* closes connections idle past CONTROL_IDLE_TIMEOUT_MS */
 	uv_pipe_t spare;         /* accepts and drops a connection when out of memory */
-	bool spare_busy;
+	enum spare_state spare_state;
 	unsigned handles;        /* open handles; the struct is freed at 0 */
 	struct control_context *ctx;
 	uint64_t started_ms;

@@ -13,12 +13,15 @@
  * control context is a fake that completes at once, fails, or keeps its
  * done callback for the test to call later: after the client has gone, or
  * after control_stop(), which is where lifetimes go wrong (ASan watches).
+ * calloc is wrapped (--wrap=calloc) to refuse a connection its memory:
+ * every connection must still be taken, or the socket goes dead.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -40,6 +43,23 @@
 #include "testutil.h"
 
 #define DEADLINE_MS 10000
+
+void *__real_calloc(size_t n, size_t size);
+void *__wrap_calloc(size_t n, size_t size);
+
+/* While set, calloc fails for a control connection (struct ctl_conn). */
+static bool fail_conn_calloc;
+
+/* calloc, failing for a control connection while fail_conn_calloc is set. */
+void *
+__wrap_calloc(size_t n, size_t size)
+{
+	if (fail_conn_calloc && n == 1 && size == sizeof(struct ctl_conn)) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	return __real_calloc(n, size);
+}
 
 /* ---- control_split --------------------------------------------------------- */
 
@@ -410,6 +430,18 @@ expect_reply(struct fixture *f, struct client *c, const char *want)
 	free(got);
 }
 
+/* Asserts that the next reply holds part. */
+static void
+expect_reply_has(struct fixture *f, struct client *c, const char *part)
+{
+	char *got = reply(f, c);
+
+	assert_non_null(got);
+	if (strstr(got, part) == NULL)
+		fail_msg("reply \"%s\" does not hold \"%s\"", got, part);
+	free(got);
+}
+
 /* Control connections open, from a status request on a new connection
  * (which counts itself). */
 static int
@@ -697,6 +729,31 @@ reload_done_after_stop(void **state)
 	client_close(c);
 }
 
+/*
+ * Connections that arrive with no memory for them are accepted and closed,
+ * all of them, and the socket goes on. Two in one go: the second found the
+ * spare handle (which drops the first) still closing, was left unaccepted,
+ * and libuv, which watches the listener again only once the connection it
+ * holds is accepted, never did: the control socket was dead for good.
+ */
+static void
+connections_without_memory_are_dropped(void **state)
+{
+	struct fixture *f = *state;
+	struct client *a = client(f), *b = client(f), *c;
+
+	fail_conn_calloc = true;
+	assert_null(reply(f, a));
+	assert_null(reply(f, b));
+	fail_conn_calloc = false;
+	client_close(a);
+	client_close(b);
+	c = client(f);
+	send_text(c, "status\n");
+	expect_reply_has(f, c, "{\"ok\":true,");
+	client_close(c);
+}
+
 static void
 many_pipelined_requests(void **state)
 {
@@ -749,6 +806,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(reload_done_after_client_left, setup, teardown),
 		cmocka_unit_test_setup_teardown(reload_done_after_stop, setup, teardown),
 		cmocka_unit_test_setup_teardown(many_pipelined_requests, setup, teardown),
+		cmocka_unit_test_setup_teardown(connections_without_memory_are_dropped, setup,
+			teardown),
 	};
 
 	uv_loop_t warmup;
