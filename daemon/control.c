@@ -22,12 +22,21 @@
  * than inside the registry's callback, so no command runs nested inside
  * another's completion.
  *
+ * A client that hangs up while its request is in flight (wcachectl killed by
+ * a timeout) is not seen by a read, since the connection is not read then:
+ * the sweep, and each new connection before the limits are counted, poll
+ * such connections and close those whose client has closed its socket (the
+ * request goes on, its reply is dropped; lines it sent after the request
+ * are dropped too, as the failed write of that reply always did). A client
+ * that only half-closed (shutdown(SHUT_WR)) still waits for its reply.
+ *
  * This file is the transport: the socket, the connections, line framing,
  * the peer's credentials and the replies. What each command does is in
  * control_cmd.c, which gets every request line from ctl_handle_line(); the
  * two share control_internal.h.
  */
 #include <errno.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -456,10 +465,52 @@ ctl_conn_resume(struct ctl_conn *c)
 /* ---- limits ------------------------------------------------------------- */
 
 /*
- * Once a second: a connection with no request in flight that has been
- * silent, or has left its replies unread, for CONTROL_IDLE_TIMEOUT_MS is
- * closed (with an error line when it can still take one), so connections
- * that never finish a line cannot lock operators out.
+ * Whether the client of c, a connection with a request in flight (and so
+ * not read), has gone: its socket closed, which poll() reports as POLLHUP
+ * whatever is asked for (with POLLERR when it left data of ours unread).
+ * A client that only half-closed (shutdown(SHUT_WR): POLLIN|POLLRDHUP)
+ * still waits for its reply.
+ */
+static bool
+conn_departed(const struct ctl_conn *c)
+{
+	struct pollfd p = { .fd = -1 };
+
+	if (uv_fileno((const uv_handle_t *)&c->pipe, &p.fd) < 0)
+		return false;
+	return poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR)) != 0;
+}
+
+/*
+ * Closes each connection whose client has gone while its request is in
+ * flight: the request goes on and its reply is dropped (ctl_conn_close
+ * detaches it), and the connection no longer holds one of its uid's
+ * places. Without this a uid whose clients were killed waiting for slow
+ * loads was locked out, status included, until the loads ended.
+ */
+static void
+close_departed(struct control *ctl)
+{
+	struct ctl_conn *next;
+
+	for (struct ctl_conn *c = ctl->conns; c != NULL; c = next) {
+		next = c->next;
+		if (c->closing || c->req == NULL || !conn_departed(c))
+			continue;
+		log_info("control: uid %u pid %d left before the reply to its %s; the %s goes "
+			 "on, its reply is dropped", (unsigned)c->uid, (int)c->pid, c->req->command,
+			c->req->command);
+		ctl_conn_close(c);
+	}
+}
+
+/*
+ * Once a second: closes the connections whose client has gone while their
+ * request is in flight; and a connection with no request in flight that
+ * has been silent, or has left its replies unread, for
+ * CONTROL_IDLE_TIMEOUT_MS is closed (with an error line when it can still
+ * take one), so connections that never finish a line cannot lock operators
+ * out.
  */
 static void
 on_sweep(uv_timer_t *t)
@@ -468,6 +519,7 @@ on_sweep(uv_timer_t *t)
 	uint64_t now = uv_now(ctl->loop);
 	struct ctl_conn *next;
 
+	close_departed(ctl);
 	for (struct ctl_conn *c = ctl->conns; c != NULL; c = next) {
 		next = c->next;
 		if (c->closing || c->req != NULL || now - c->active_ms < CONTROL_IDLE_TIMEOUT_MS)
@@ -511,8 +563,8 @@ conns_of(struct control *ctl, uid_t uid, const struct ctl_conn *except,
  * Keeps the connections of uid (of everyone, for uid -1) under max when c
  * joins them: the one idle the longest with no request in flight is closed
  * to make room, so that connections that never finish a line cannot lock
- * an operator out; only when all are busy is c refused. Returns whether c
- * may go on.
+ * an operator out; only when all are busy (ctl_request_room keeps one
+ * idle) is c refused. Returns whether c may go on.
  */
 static bool
 make_room(struct control *ctl, struct ctl_conn *c, uid_t uid, unsigned max)
@@ -537,6 +589,43 @@ make_room(struct control *ctl, struct ctl_conn *c, uid_t uid, unsigned max)
 		uid != (uid_t)-1 ? " from this uid" : "");
 	conn_end(idlest);
 	return true;
+}
+
+/* Requests in flight on the connections of uid (of everyone, for uid -1)
+ * whose client is still there, c's aside. */
+static unsigned
+requests_of(struct control *ctl, uid_t uid, const struct ctl_conn *except)
+{
+	unsigned n = 0;
+
+	for (struct ctl_conn *c = ctl->conns; c != NULL; c = c->next)
+		if (c != except && !c->closing && c->req != NULL &&
+			(uid == (uid_t)-1 || c->uid == uid) && !conn_departed(c))
+			n++;
+	return n;
+}
+
+/* Whether an asynchronous request may start on c (control_internal.h). It
+ * counts, and closes nothing: the connections whose client has gone are
+ * left for the sweep, so the idle callback that may have called it closes
+ * no connection but its own. */
+bool
+ctl_request_room(struct ctl_conn *c, const char *command)
+{
+	struct control *ctl = c->ctl;
+	unsigned mine = requests_of(ctl, c->uid, c), all = requests_of(ctl, (uid_t)-1, c);
+	bool uid_full = mine >= CONTROL_MAX_PER_UID - 1;
+
+	if (!uid_full && all < CONTROL_MAX_CONNECTIONS - 1)
+		return true;
+	ctl->refused++;
+	log_warnx("control: uid %u pid %d: %s refused: %u requests in flight%s", (unsigned)c->uid,
+		(int)c->pid, command, uid_full ? mine : all, uid_full ? " of that uid" : "");
+	ctl_conn_error(c, "%s: too many requests in flight%s (at most %u, so that status always "
+			  "gets in); try again when one has finished", command,
+		uid_full ? " from this uid" : "",
+		uid_full ? CONTROL_MAX_PER_UID - 1 : CONTROL_MAX_CONNECTIONS - 1);
+	return false;
 }
 
 /* ---- accepting ---------------------------------------------------------- */
@@ -632,6 +721,8 @@ on_connection(uv_stream_t *listener, int status)
 		return;
 	}
 	c->active_ms = uv_now(ctl->loop);
+	/* Connections whose client has gone hold no place: count without them. */
+	close_departed(ctl);
 	if (!make_room(ctl, c, c->uid, CONTROL_MAX_PER_UID) ||
 		!make_room(ctl, c, (uid_t)-1, CONTROL_MAX_CONNECTIONS))
 		return;

@@ -13,6 +13,8 @@
  * leave a struct ctl_request on the connection, and request_done() replies
  * when the registry calls it (or drops the reply when the connection has
  * closed meanwhile), then lets control.c read the connection's next line.
+ * ctl_handle_line() lets those five start only while control.c's
+ * ctl_request_room() says a place stays free for status.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -447,6 +449,17 @@ static ctl_handler *const handlers[] = {
 _Static_assert(sizeof(handlers) / sizeof(handlers[0]) == CONTROL_CMD_COUNT,
 	"one handler per command of proto/control_cmds.h");
 
+/* The commands whose handler leaves a request for the registry to complete
+ * (struct ctl_request): each is let run only while ctl_request_room() says
+ * there is room, checked before it changes anything. */
+static const bool completed_later[CONTROL_CMD_COUNT] = {
+	[CONTROL_CMD_LOAD] = true,
+	[CONTROL_CMD_RELOAD] = true,
+	[CONTROL_CMD_PIN] = true,
+	[CONTROL_CMD_UNPIN] = true,
+	[CONTROL_CMD_EVICT] = true,
+};
+
 /* The handler of a command id (control_internal.h). */
 ctl_handler *
 ctl_command_handler(enum control_cmd_id id)
@@ -505,5 +518,7 @@ ctl_handle_line(struct ctl_conn *c, char *line, size_t len)
 		ctl_conn_error(c, "%s", err);
 		return;
 	}
+	if (completed_later[id] && !ctl_request_room(c, words[0]))
+		return;
 	handlers[id](c, n, words);
 }

@@ -122,6 +122,16 @@ void ctl_conn_ok(struct ctl_conn *c, const char *message);
  * next buffered line handled from the idle callback. */
 void ctl_conn_resume(struct ctl_conn *c);
 
+/*
+ * Before a command the registry completes later (load, reload, pin, unpin,
+ * evict) runs on c: whether it may. At most CONTROL_MAX_PER_UID - 1 of a
+ * uid's connections and CONTROL_MAX_CONNECTIONS - 1 of all have a request
+ * in flight, so that a new connection always finds an idle one to push out
+ * and status gets in. When it may not, replies with the error and counts
+ * the refusal. Closes nothing but (when out of memory) c.
+ */
+bool ctl_request_room(struct ctl_conn *c, const char *command);
+
 /* ---- control_cmd.c ---------------------------------------------------- */
 
 /* Handles one request line (len bytes without its '\n'; line has room for

@@ -2,7 +2,8 @@
 an unprivileged user without capabilities, as wcached.service runs it (root
 would hide the limits that bite): clients that pipeline ATTACH and never
 read, a service manager that never reads its notify socket, control
-connections that never finish a line."""
+connections that never finish a line, control clients killed while their
+loads wait on a slow remote filesystem."""
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import time
 import pytest
 
 from conftest import Daemon, as_user, binary, mkmodel, threads_in_close, wait_until
+from remotefs import RemoteFS, skip_reason  # tests/pyutil, on the path conftest set
 from test_daemon import HEADER, message
 
 # Ids no account uses: the daemon's user, a misbehaving user, a good user.
@@ -355,6 +357,64 @@ def test_control_connections_per_uid_are_capped(unprivileged):
     finally:
         for s in held:
             s.close()
+
+
+def test_loads_whose_clients_were_killed_do_not_lock_out_status(tmp_path):
+    """The reviewer's reproducer: 17 `timeout 1 wcachectl load` of a model
+    on a FUSE mount that reads 2000 bytes a second, then `wcachectl status`.
+    Before, each connection whose client was killed kept its place while the
+    load went on (its socket was not read, so the hang-up was never seen):
+    status got "too many control connections from this uid (16), all busy"
+    until the loads ended (minutes here; never, on a hung server: in
+    Kubernetes the liveness probe fails and the daemon is restarted). Now
+    they are closed when the client goes, the loads go on, and status
+    answers at once."""
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    model = mkmodel(tmp_path / "small.safetensors")
+    with open(model, "rb") as f:
+        data = f.read()
+    with RemoteFS(tmp_path / "backing", tmp_path / "mnt", attr_timeout=0.1,
+                  read_rate=2000) as fs:
+        fs.replace("tiny.safetensors", data)
+        fs.wait_visible("tiny.safetensors")
+        (tmp_path / "d").mkdir()
+        d = Daemon(tmp_path / "d", {"small": model}, user=(DAEMON_UID, GROUP), nofile=1024)
+        d.start()
+        try:
+            loads = [subprocess.Popen(["timeout", "1", binary("wcachectl"), "--control",
+                                       d.control, "load", f"slow{i}",
+                                       fs.path("tiny.safetensors")],
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True) for i in range(17)]
+            said = [p.communicate(timeout=30)[0] for p in loads]
+            # timeout(1) ended each one still waiting for its load (124).
+            assert sum(p.returncode == 124 for p in loads) >= 15, said
+            t0 = time.monotonic()
+            r = subprocess.run([binary("wcachectl"), "--control", d.control, "--json",
+                                "status"], capture_output=True, text=True, timeout=30)
+            took = time.monotonic() - t0
+            assert r.returncode in (0, 3), r.stdout + r.stderr
+            assert took < 5, f"status took {took:.1f} s"
+            # The loads go on without their clients.
+            loading = [m for m in json.loads(r.stdout)["models"]
+                       if m["name"].startswith("slow") and m["state"] == "loading"]
+            assert len(loading) >= 15, r.stdout
+            d.wait_for_log(r"control: uid 0 pid \d+ left before the reply to its load; "
+                           r"the load goes on, its reply is dropped")
+            assert control(d, "status")["control_clients"] == 1
+            # Their completions find no connection, and free the request.
+            fs.unthrottle()
+            names = {m["name"] for m in loading}
+            wait_until(lambda: all(m["state"] == "ready" for m in control(d, "status")["models"]
+                                   if m["name"] in names), timeout=60,
+                       what="the loads whose clients left ready")
+        finally:
+            if fs.read_rate:
+                fs.unthrottle()
+            status = d.stop()
+        assert status == 0, d.read_log()
 
 
 def test_manager_that_never_reads_does_not_stall(tmp_path):

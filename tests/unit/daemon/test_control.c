@@ -13,8 +13,10 @@
  * control context is a fake that completes at once, fails, or keeps its
  * done callback for the test to call later: after the client has gone, or
  * after control_stop(), which is where lifetimes go wrong (ASan watches).
- * calloc is wrapped (--wrap=calloc) to refuse a connection its memory:
- * every connection must still be taken, or the socket goes dead.
+ * Kept requests also fill a uid's places: clients that hang up while theirs
+ * is in flight must give their place back, and one place always stays for
+ * status. calloc is wrapped (--wrap=calloc) to refuse a connection its
+ * memory: every connection must still be taken, or the socket goes dead.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -43,6 +45,7 @@
 #include "testutil.h"
 
 #define DEADLINE_MS 10000
+#define KEPT_MAX 64
 
 void *__real_calloc(size_t n, size_t size);
 void *__wrap_calloc(size_t n, size_t size);
@@ -268,6 +271,8 @@ struct fixture {
 	int reload_calls;
 	registry_done_fn kept_done;
 	void *kept_arg;
+	registry_done_fn kept_dones[KEPT_MAX]; /* every kept one, by call */
+	void *kept_args[KEPT_MAX];
 	int fds_before;
 };
 
@@ -286,6 +291,9 @@ fake_reload(void *arg, registry_done_fn done, void *done_arg)
 	default:
 		f->kept_done = done;
 		f->kept_arg = done_arg;
+		assert_true(f->reload_calls <= KEPT_MAX);
+		f->kept_dones[f->reload_calls - 1] = done;
+		f->kept_args[f->reload_calls - 1] = done_arg;
 		return 0;
 	}
 }
@@ -729,6 +737,116 @@ reload_done_after_stop(void **state)
 	client_close(c);
 }
 
+/* run_until's condition: the fake has seen want_calls reloads. */
+static int want_calls;
+
+static int
+reloads_reached(struct fixture *f)
+{
+	return f->reload_calls >= want_calls;
+}
+
+/* n clients of this uid, each with a reload in flight (kept by the fake). */
+static void
+reloads_in_flight(struct fixture *f, struct client **c, int n)
+{
+	int before = f->reload_calls;
+
+	f->reload_mode = 2;
+	for (int i = 0; i < n; i++) {
+		c[i] = client(f);
+		send_text(c[i], "reload\n");
+	}
+	want_calls = before + n;
+	run_until(f, reloads_reached);
+}
+
+/*
+ * Clients that hang up while their request is in flight (wcachectl killed
+ * by a timeout during a slow load) give their places back: 15 such, then 15
+ * more reloads all start, and status gets in. Before, they held their
+ * places until the requests ended, and the uid was locked out ("too many
+ * control connections from this uid (16), all busy"). Their requests still
+ * complete, their replies dropped (ASan: nothing used after it was freed,
+ * nothing leaks). A half-closed client keeps its connection and gets its
+ * reply; one that hung up with another request behind the first is closed
+ * too (the failed write of the first reply closed it before).
+ */
+static void
+departed_clients_give_their_places_back(void **state)
+{
+	struct fixture *f = *state;
+	struct client *gone[CONTROL_MAX_PER_UID - 1], *live[CONTROL_MAX_PER_UID - 1];
+	struct client *half, *queued;
+	int n = CONTROL_MAX_PER_UID - 1, half_at = 2 * n, queued_at = half_at + 1;
+
+	reloads_in_flight(f, gone, n);
+	for (int i = 0; i < n; i++)
+		client_close(gone[i]);
+	reloads_in_flight(f, live, n);
+	assert_int_equal(f->reload_calls, 2 * n);
+	assert_int_equal(control_clients(f), n + 1);
+	/* The first ones' replies go nowhere. */
+	for (int i = 0; i < n; i++)
+		f->kept_dones[i](0, "configuration reloaded", 0, f->kept_args[i]);
+	for (int i = 0; i < n; i++) {
+		f->kept_dones[n + i](0, "configuration reloaded", 0, f->kept_args[n + i]);
+		expect_reply(f, live[i], "{\"ok\":true,\"protocol\":1,\"message\":"
+				    "\"configuration reloaded\"}");
+		client_close(live[i]);
+	}
+	/* Half-closed: still waits for its reply, so the next connection's
+	 * count keeps it. Hung up with a request behind the one in flight:
+	 * closed. */
+	reloads_in_flight(f, &half, 1);
+	shutdown(half->fd, SHUT_WR);
+	queued = client(f);
+	send_text(queued, "reload\nreload\n");
+	want_calls = f->reload_calls + 1;
+	run_until(f, reloads_reached);
+	client_close(queued);
+	assert_int_equal(control_clients(f), 2); /* half and the status itself */
+	f->kept_dones[queued_at](0, "configuration reloaded", 0, f->kept_args[queued_at]);
+	uv_run(&f->loop, UV_RUN_NOWAIT);
+	assert_int_equal(f->reload_calls, queued_at + 1); /* its second reload never ran */
+	f->kept_dones[half_at](0, "configuration reloaded", 0, f->kept_args[half_at]);
+	expect_reply_has(f, half, "configuration reloaded");
+	assert_null(reply(f, half));
+	client_close(half);
+}
+
+/*
+ * At most CONTROL_MAX_PER_UID - 1 requests of a uid are in flight: one more
+ * is refused with an error (its connection stays), so that a new
+ * connection always finds an idle one to push out, and status gets in
+ * while the uid's loads wait. Before, the 16th waited too and the 17th
+ * connection was refused.
+ */
+static void
+one_place_stays_for_status(void **state)
+{
+	struct fixture *f = *state;
+	struct client *busy[CONTROL_MAX_PER_UID - 1], *extra, *probe;
+	int n = CONTROL_MAX_PER_UID - 1;
+
+	reloads_in_flight(f, busy, n);
+	extra = client(f);
+	send_text(extra, "reload\n");
+	expect_reply_has(f, extra, "{\"ok\":false,\"protocol\":1,\"error\":\"reload: too many "
+			 "requests in flight from this uid (at most 15");
+	assert_int_equal(f->reload_calls, n);
+	probe = client(f);
+	send_text(probe, "status\n");
+	expect_reply_has(f, probe, "{\"ok\":true,");
+	client_close(probe);
+	client_close(extra);
+	for (int i = 0; i < n; i++) {
+		f->kept_dones[i](0, "configuration reloaded", 0, f->kept_args[i]);
+		free(reply(f, busy[i]));
+		client_close(busy[i]);
+	}
+}
+
 /*
  * Connections that arrive with no memory for them are accepted and closed,
  * all of them, and the socket goes on. Two in one go: the second found the
@@ -806,6 +924,9 @@ main(void)
 		cmocka_unit_test_setup_teardown(reload_done_after_client_left, setup, teardown),
 		cmocka_unit_test_setup_teardown(reload_done_after_stop, setup, teardown),
 		cmocka_unit_test_setup_teardown(many_pipelined_requests, setup, teardown),
+		cmocka_unit_test_setup_teardown(departed_clients_give_their_places_back, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(one_place_stays_for_status, setup, teardown),
 		cmocka_unit_test_setup_teardown(connections_without_memory_are_dropped, setup,
 			teardown),
 	};
