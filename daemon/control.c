@@ -36,6 +36,7 @@
  * two share control_internal.h.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -573,8 +574,10 @@ make_room(struct control *ctl, struct ctl_conn *c, uid_t uid, unsigned max)
 
 	if (conns_of(ctl, uid, c, &idlest) < max)
 		return true;
-	ctl->refused++;
+	/* ctl_request_room keeps one of them without a request in flight, so
+	 * this is a last resort. */
 	if (idlest == NULL) {
+		ctl->refused++;
 		log_warnx("control: refused uid %u pid %d: %u control connections%s busy",
 			(unsigned)c->uid, (int)c->pid, max, uid != (uid_t)-1 ? " of that uid" : "");
 		ctl_conn_error(c, "too many control connections%s (%u), all busy",
@@ -582,6 +585,7 @@ make_room(struct control *ctl, struct ctl_conn *c, uid_t uid, unsigned max)
 		conn_end(c);
 		return false;
 	}
+	ctl->evicted++;
 	log_warnx("control: %u control connections%s open: closing the one of uid %u pid %d, "
 		  "idle the longest", max, uid != (uid_t)-1 ? " of one uid" : "",
 		(unsigned)idlest->uid, (int)idlest->pid);
@@ -628,6 +632,18 @@ ctl_request_room(struct ctl_conn *c, const char *command)
 	return false;
 }
 
+/* Connections served, for status and metrics (control_internal.h). */
+unsigned
+ctl_clients(const struct control *ctl)
+{
+	unsigned n = 0;
+
+	for (const struct ctl_conn *c = ctl->conns; c != NULL; c = c->next)
+		if (!c->closing && !c->ending)
+			n++;
+	return n;
+}
+
 /* ---- accepting ---------------------------------------------------------- */
 
 /* Reads the peer's credentials (peercred.h: every supplementary group);
@@ -651,6 +667,69 @@ may_control(struct ctl_conn *c, const struct control_context *ctx)
 		(ctx->has_group && peer_in_group(&cred, ctx->group));
 	peer_cred_free(&cred);
 	return ok;
+}
+
+/*
+ * Whether to log the refusal of a uid that may not control wcached: once
+ * per uid per CTL_REFUSAL_WARN_MS, for CTL_REFUSAL_UIDS uids at a time, so
+ * that a loop of refused connections cannot flood the log (the metric
+ * counts every one). *unlogged: the refusals of this uid, and of uids
+ * there was no room for, not logged since the last warning.
+ */
+static bool
+refusal_logged(struct control *ctl, uid_t uid, uint64_t *unlogged)
+{
+	uint64_t now = uv_now(ctl->loop);
+	struct ctl_refusal *r = NULL;
+
+	for (unsigned i = 0; i < ctl->nrefusals && r == NULL; i++)
+		if (ctl->refusals[i].uid == uid)
+			r = &ctl->refusals[i];
+	if (r != NULL && now - r->warned_ms < CTL_REFUSAL_WARN_MS) {
+		r->unlogged++;
+		return false;
+	}
+	if (r == NULL && ctl->nrefusals < CTL_REFUSAL_UIDS)
+		r = &ctl->refusals[ctl->nrefusals++];
+	for (unsigned i = 0; i < ctl->nrefusals && r == NULL; i++)
+		if (now - ctl->refusals[i].warned_ms >= CTL_REFUSAL_WARN_MS)
+			r = &ctl->refusals[i]; /* another uid's, quiet for a minute */
+	if (r == NULL) {
+		ctl->refusals_unlogged++;
+		return false;
+	}
+	if (r->uid != uid) {
+		ctl->refusals_unlogged += r->unlogged;
+		*r = (struct ctl_refusal){ .uid = uid };
+	}
+	*unlogged = r->unlogged + ctl->refusals_unlogged;
+	r->unlogged = ctl->refusals_unlogged = 0;
+	r->warned_ms = now;
+	return true;
+}
+
+/* Refuses c, whose uid may not control wcached: an error reply, then
+ * closed; counted, and logged at most once a minute per uid. */
+static void
+refuse_permission(struct control *ctl, struct ctl_conn *c)
+{
+	const char *group = ctl->ctx->has_group ? " and members of control_group" : "";
+	uint64_t unlogged = 0;
+
+	ctl->refused++;
+	if (refusal_logged(ctl, c->uid, &unlogged)) {
+		char more[96] = "";
+
+		if (unlogged > 0)
+			snprintf(more, sizeof(more), " (%" PRIu64 " more refusals not logged since "
+				 "the last warning)", unlogged);
+		log_warnx("control: refused uid %d pid %d: only root, uid %u%s may control "
+			  "wcached%s", (int)c->uid, (int)c->pid, (unsigned)ctl->ctx->daemon_uid,
+			group, more);
+	}
+	ctl_conn_error(c, "permission denied: uid %d may not control wcached (root, uid %u%s may)",
+		(int)c->uid, (unsigned)ctl->ctx->daemon_uid, group);
+	conn_end(c);
 }
 
 /*
@@ -711,13 +790,7 @@ on_connection(uv_stream_t *listener, int status)
 		return;
 	}
 	if (!may_control(c, ctl->ctx)) {
-		log_warnx("control: refused uid %d pid %d: only root, uid %u%s may control "
-			  "wcached", (int)c->uid, (int)c->pid, (unsigned)ctl->ctx->daemon_uid,
-			ctl->ctx->has_group ? " and members of control_group" : "");
-		ctl_conn_error(c, "permission denied: uid %d may not control wcached (root, "
-				  "uid %u%s may)", (int)c->uid, (unsigned)ctl->ctx->daemon_uid,
-			ctl->ctx->has_group ? " and members of control_group" : "");
-		conn_end(c);
+		refuse_permission(ctl, c);
 		return;
 	}
 	c->active_ms = uv_now(ctl->loop);

@@ -26,18 +26,20 @@
  * Who may control: the peer's credentials are read at accept (SO_PEERCRED,
  * and SO_PEERGROUPS for supplementary groups). Root, the daemon's own uid
  * and, when control_group is configured, members of that group (primary or
- * supplementary) are served; anyone else gets one error line and is closed.
+ * supplementary) are served; anyone else gets one error line and is closed
+ * (counted in wcached_control_refused_total; logged once a minute per uid).
  *
  * Limits, so that wcachectl always gets in: at most CONTROL_MAX_PER_UID
  * connections of one uid and CONTROL_MAX_CONNECTIONS in all. A connection
  * over either pushes out the one of them idle the longest (an error line,
- * then closed). At most one fewer of them may have a request in flight
- * (load, reload, pin, unpin, evict): one more such request gets an error
- * reply, so an idle one is always there to push out, and status, metrics
- * and help, which are answered at once, always get in. A connection whose
- * client has gone (closed its socket, not only shut down its writing)
- * while its request is in flight is closed within a second, or at the next
- * connection: the request goes on, its reply is dropped.
+ * then closed; wcached_control_evicted_total). At most one fewer of them
+ * may have a request in flight (load, reload, pin, unpin, evict): one more
+ * such request gets an error reply (wcached_control_refused_total), so an
+ * idle one is always there to push out, and status, metrics and help, which
+ * are answered at once, always get in. A connection whose client has gone
+ * (closed its socket, not only shut down its writing) while its request is
+ * in flight is closed within a second, or at the next connection: the
+ * request goes on, its reply is dropped.
  *
  * Everything here runs on the event loop thread. The process must ignore
  * SIGPIPE: libuv writes replies with write(2), and a client that has gone

@@ -52,10 +52,11 @@ daemon_figures(const struct control *ctl)
 
 	struct metrics_daemon d = {
 		.clients = ctl->ctx->server != NULL ? server_clients(ctl->ctx->server) : 0,
-		.control_clients = ctl->nconns,
+		.control_clients = ctl_clients(ctl),
 		.uptime_seconds = now > ctl->started_ms ?
 			(double)(now - ctl->started_ms) / 1000.0 : 0.0,
 		.control_timeouts = ctl->timeouts,
+		.control_evicted = ctl->evicted,
 		.control_refused = ctl->refused,
 		.notify_dropped = notify_dropped_count(),
 		.derive = ctl->ctx->derive,

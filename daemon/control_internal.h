@@ -71,6 +71,17 @@ enum spare_state {
 	SPARE_CLOSING_WAITED,
 };
 
+#define CTL_REFUSAL_UIDS 8        /* uids whose refusals' warnings are rate-limited */
+#define CTL_REFUSAL_WARN_MS 60000 /* one warning per uid in this long */
+
+/* When the permission refusals of one uid were last logged, and how many
+ * have not been since. */
+struct ctl_refusal {
+	uid_t uid;
+	uint64_t warned_ms;
+	uint64_t unlogged;
+};
+
 /* The control socket: the listener and its connections. */
 struct control {
 	uv_loop_t *loop;
@@ -83,10 +94,14 @@ struct control {
 	struct control_context *ctx;
 	uint64_t started_ms;
 	struct ctl_conn *conns;
-	unsigned nconns;
+	unsigned nconns;         /* in the list: ending ones too */
 	bool stopping;
 	uint64_t timeouts;       /* connections closed by the sweep */
-	uint64_t refused;        /* connections refused or evicted for the limits */
+	uint64_t evicted;        /* idle connections closed to make room for a new one */
+	uint64_t refused;        /* connections and requests refused (see control.h) */
+	struct ctl_refusal refusals[CTL_REFUSAL_UIDS];
+	unsigned nrefusals;      /* refusals[] in use */
+	uint64_t refusals_unlogged; /* of uids refusals[] had no room for */
 };
 
 /* A reply under construction in a memory stream. */
@@ -131,6 +146,10 @@ void ctl_conn_resume(struct ctl_conn *c);
  * the refusal. Closes nothing but (when out of memory) c.
  */
 bool ctl_request_room(struct ctl_conn *c, const char *command);
+
+/* Control connections open and served: not those refused, pushed out or
+ * finishing their last replies. For status and metrics. */
+unsigned ctl_clients(const struct control *ctl);
 
 /* ---- control_cmd.c ---------------------------------------------------- */
 

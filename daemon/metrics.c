@@ -481,8 +481,14 @@ metrics_write(FILE *f, const struct registry *reg, const struct metrics_daemon *
 		"Control connections closed because they did not finish a request in time.");
 	fputs("wcached_control_timeouts_total", f);
 	value(f, (double)d->control_timeouts);
+	family(f, "wcached_control_evicted_total", "counter",
+		"Idle control connections closed to make room for a new one (16 per uid, 64 in "
+		"all).");
+	fputs("wcached_control_evicted_total", f);
+	value(f, (double)d->control_evicted);
 	family(f, "wcached_control_refused_total", "counter",
-		"Control connections refused (too many at once, or from one user).");
+		"Control connections refused (uid not allowed to control wcached, or every "
+		"connection busy) and requests refused (too many in flight).");
 	fputs("wcached_control_refused_total", f);
 	value(f, (double)d->control_refused);
 	family(f, "wcached_notify_dropped_total", "counter",
@@ -526,8 +532,9 @@ metrics_write(FILE *f, const struct registry *reg, const struct metrics_daemon *
 		metrics_label_value(f, m->path != NULL ? m->path : "");
 		fputs("\",pin=\"", f);
 		metrics_label_value(f, pin_mode_name(m->pin));
-		fprintf(f, "\",filesystem=\"%s\",remote=\"%s\",watch=\"%s\"} 1\n",
-			m->current != NULL ? m->current->fs.name : "",
+		fputs("\",filesystem=\"", f);
+		metrics_label_value(f, m->current != NULL ? m->current->fs.name : "");
+		fprintf(f, "\",remote=\"%s\",watch=\"%s\"} 1\n",
 			m->current != NULL && m->current->fs.remote ? "true" : "false",
 			registry_polls(m) ? "inotify+poll" : "inotify");
 	}

@@ -25,7 +25,9 @@ struct metrics_daemon {
 	double uptime_seconds;
 	struct server_stats server; /* backpressure of the client socket */
 	uint64_t control_timeouts;  /* control connections closed for idling */
-	uint64_t control_refused;   /* control connections refused (limits) */
+	uint64_t control_evicted;   /* idle control connections closed to make room */
+	uint64_t control_refused;   /* control connections (permission, limits) and
+	                             * requests (too many in flight) refused */
 	uint64_t notify_dropped;    /* STATUS= notifications dropped (manager not reading) */
 	const struct derive_table *derive; /* derived artifacts; NULL: none */
 	const struct memlimit *mem;        /* the memory limit in force; NULL: unknown */

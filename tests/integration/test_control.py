@@ -647,8 +647,33 @@ def test_socket_mode_keeps_others_out(tmp_path, model):
     assert not os.path.exists(d.control)
 
 
+def control_metric(d, name):
+    """The value of the metric name (a family without labels)."""
+    text = ctl(d, "metrics").stdout
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in metrics:\n{text}")
+
+
+# Connects COUNT times to the control socket PATH and prints each reply.
+REFUSED_LOOP = r"""
+import socket, sys
+for _ in range(int(sys.argv[2])):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(sys.argv[1])
+    s.settimeout(10)
+    print(s.makefile().readline().strip())
+    s.close()
+"""
+
+
 @root_daemon
 def test_peercred_refuses_others(tmp_path, model):
+    """Someone who may connect but not control gets an error reply, each
+    time counted in wcached_control_refused_total (not in ..._evicted_total),
+    and one warning a minute: a loop of refused connections cannot flood
+    the log (before, one warning per connection)."""
     d = start_shared(tmp_path, model)
     try:
         os.chmod(d.control, 0o666)  # only SO_PEERCRED stands in the way now
@@ -657,7 +682,16 @@ def test_peercred_refuses_others(tmp_path, model):
         assert "permission denied: uid 65534 may not control wcached" in r.stderr
         r = ctl(d, "unload", "small", user=as_user())
         assert r.returncode == 1
-        assert d.read_log().count("control: refused uid 65534") == 2
+        r = subprocess.run(as_user() + ["/usr/bin/python3", "-c", REFUSED_LOOP, d.control,
+                                        "50"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        replies = r.stdout.splitlines()
+        assert len(replies) == 50 and all("permission denied: uid 65534" in x
+                                          for x in replies), r.stdout
+        assert control_metric(d, "wcached_control_refused_total") == 52
+        assert control_metric(d, "wcached_control_evicted_total") == 0
+        assert d.read_log().count("control: refused uid 65534") == 1, d.read_log()
+        assert status(d)["control_clients"] == 1
         serving(d)
         assert model_entry(d, "small") is not None
     finally:
