@@ -24,6 +24,7 @@
 #include "restore.h"
 
 struct batch;
+struct reload_read;
 
 /* A socket file wcached made, removed at exit only while it is still the
  * one made (a successor may have replaced it already: a force-deleted Pod,
@@ -55,6 +56,7 @@ struct daemon {
 	int stopping;
 	unsigned reloads;     /* config reloads in progress */
 	int debug;            /* -d: log at debug level whatever log_level says */
+	struct reload_read *reload_reads; /* config reads asked for, the first running */
 	uv_timer_t status_timer;
 	uv_timer_t notify_timer;  /* sends what a manager that did not read missed */
 	uv_timer_t residency_timer; /* warm models that memory pressure shrank again */

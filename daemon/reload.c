@@ -21,6 +21,7 @@
 #include "registry.h"
 #include "stage.h"
 #include "watch.h"
+#include "workq.h"
 
 /*
  * Reads the memory limit in force (memlimit.h: RAM, or the daemon's cgroup
@@ -190,24 +191,50 @@ keep_restart_keys(struct config *running, struct config *next)
 }
 
 /*
- * Re-reads the configuration and adds, drops or reloads models; done (may
- * be NULL) runs when every load it started has ended. For SIGHUP and for
- * `wcachectl reload`.
+ * A reload's read of the configuration, on the work queue: config_load()
+ * asks NSS for every user and group the file names, which may wait on a
+ * directory service (LDAP, sssd), and the event loop must not. Reads run
+ * one at a time, in the order asked (d->reload_reads), so that a later
+ * reload never applies an earlier read.
  */
-int
-reload_config(struct daemon *d, registry_done_fn done, void *arg)
+struct reload_read {
+	struct workq_job job;
+	struct daemon *d;
+	struct config *cfg;       /* what was read; NULL when it failed */
+	char message[1024];       /* why it failed */
+	registry_done_fn done;    /* may be NULL (SIGHUP) */
+	void *arg;
+	struct reload_read *next; /* waiting behind this one */
+};
+
+/* Pool thread: reads the configuration. */
+static void
+read_run(struct workq_job *job)
 {
-	struct config *cfg;
+	struct reload_read *rr = job->arg;
+
+	if (config_load(rr->d->config_path, &rr->cfg) < 0) {
+		rr->cfg = NULL;
+		snprintf(rr->message, sizeof(rr->message), "%s", error_get());
+	}
+}
+
+static void read_next(struct daemon *d);
+
+/* Applies cfg, read by a reload: the new models and settings, in one batch
+ * whose end calls done. */
+static void
+apply(struct daemon *d, struct config *cfg, registry_done_fn done, void *arg)
+{
 	struct reload_request *req;
 	struct batch *b;
 
-	if (config_load(d->config_path, &cfg) < 0) {
-		log_errorx("reload refused: %s", error_get());
-		return -EINVAL;
-	}
 	if ((req = calloc(1, sizeof(*req))) == NULL) {
 		config_free(cfg);
-		return error_set(-ENOMEM, "out of memory");
+		log_errorx("reload of %s: out of memory", d->config_path);
+		if (done != NULL)
+			done(-ENOMEM, "out of memory", 0, arg);
+		return;
 	}
 	req->done = done;
 	req->arg = arg;
@@ -225,5 +252,72 @@ reload_config(struct daemon *d, registry_done_fn done, void *arg)
 	config_free(d->cfg);
 	d->cfg = cfg;
 	batch_release(b);
+}
+
+/* Loop thread: a read ended; applies it (not once wcached is stopping),
+ * or says why it was refused, then starts the next read. */
+static void
+read_after(struct workq_job *job, int status)
+{
+	struct reload_read *rr = job->arg;
+	struct daemon *d = rr->d;
+
+	d->reload_reads = rr->next;
+	if (status == UV_ECANCELED || d->stopping) {
+		config_free(rr->cfg);
+		if (rr->done != NULL)
+			rr->done(-ECANCELED, "wcached is stopping", 0, rr->arg);
+	} else if (rr->cfg == NULL) {
+		log_errorx("reload refused: %s", rr->message);
+		if (d->reloads == 0) {
+			notify_send("READY=1");
+			timers_send_status(d);
+		}
+		if (rr->done != NULL)
+			rr->done(-EINVAL, rr->message, 0, rr->arg);
+	} else {
+		apply(d, rr->cfg, rr->done, rr->arg);
+	}
+	free(rr);
+	read_next(d);
+}
+
+/* Starts the first waiting read, if any (one runs at a time). */
+static void
+read_next(struct daemon *d)
+{
+	struct reload_read *rr = d->reload_reads;
+
+	if (rr == NULL || rr->job.q != NULL)
+		return;
+	if (workq_submit(&d->reg.workq, &rr->job, WORKQ_LOCAL, NULL, read_run, read_after) < 0) {
+		/* No job to be had: read here, as before there was one. */
+		rr->job.q = &d->reg.workq; /* running, for read_next */
+		read_run(&rr->job);
+		read_after(&rr->job, 0);
+	}
+}
+
+/*
+ * Re-reads the configuration (on the work queue) and adds, drops or
+ * reloads models; done (may be NULL) runs when every load it started has
+ * ended, or with the reason the configuration was refused. For SIGHUP and
+ * for `wcachectl reload`. 0, or -ENOMEM.
+ */
+int
+reload_config(struct daemon *d, registry_done_fn done, void *arg)
+{
+	struct reload_read *rr = calloc(1, sizeof(*rr)), **tail;
+
+	if (rr == NULL)
+		return error_set(-ENOMEM, "reload: out of memory");
+	rr->d = d;
+	rr->done = done;
+	rr->arg = arg;
+	rr->job.arg = rr;
+	for (tail = &d->reload_reads; *tail != NULL; tail = &(*tail)->next)
+		;
+	*tail = rr;
+	read_next(d);
 	return 0;
 }

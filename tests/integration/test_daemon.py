@@ -208,6 +208,32 @@ def test_reload_keeps_debug_and_the_keys_that_need_a_restart(tmp_path, model):
     assert not os.path.exists(running)
 
 
+def test_a_reload_reads_the_config_off_the_event_loop(tmp_path, model):
+    """A reload reads the configuration on the work queue: config_load asks
+    NSS for users and groups, which may wait on LDAP or sssd. Here the file
+    is a FIFO nobody writes yet: while the reload waits on it, attaches and
+    the control socket are answered (before, the whole daemon waited), and
+    once written the new configuration applies."""
+    other = mkmodel(tmp_path / "other.safetensors", seed=7)
+    d = Daemon(tmp_path, {"small": model}).start()
+    try:
+        text = open(d.conf).read()
+        os.unlink(d.conf)
+        os.mkfifo(d.conf)
+        d.proc.send_signal(signal.SIGHUP)
+        assert d.attach("small").returncode == 0
+        r = subprocess.run([binary("wcachectl"), "--control", d.control, "status"],
+                           capture_output=True, text=True, timeout=10)
+        assert r.returncode == 0, r.stderr
+        with open(d.conf, "w") as f:  # the reload's read takes it now
+            f.write(text + f"[model other]\npath = {other}\n")
+        wait_until(lambda: d.attach("other").returncode == 0, what="model added by SIGHUP")
+    finally:
+        if os.path.exists(d.conf) and not os.path.isfile(d.conf):
+            os.unlink(d.conf)
+        assert d.stop() == 0, d.read_log()
+
+
 def test_sigterm_exits_cleanly_and_removes_socket(daemon):
     assert daemon.stop() == 0
     assert not os.path.exists(daemon.socket)
