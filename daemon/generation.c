@@ -654,8 +654,8 @@ gen_unref(struct registry *r, struct generation *g)
 {
 	/* Evicted pages a worker still mapped stayed resident; when the last
 	 * holder of a cold generation lets go, drop them. */
-	if (--g->attached == 0 && g->state == GEN_COLD && gen_is_live(g))
-		gen_queue_pages(r, g, PAGE_EVICT);
+	if (--g->attached == 0 && g->state == GEN_COLD && gen_is_live(g) && g->warm.pending == 0)
+		gen_queue_pages(r, g, PAGE_EVICT); /* (a warm-up stopping evicts as it ends) */
 	gen_maybe_free(r, g);
 }
 
@@ -668,15 +668,18 @@ evict_done(struct registry *r, struct generation *g)
 }
 
 /* g was attached again while its pages were being dropped (an eviction
- * ran, or a warm-up an eviction cancelled was stopping): warm it now that
- * nothing drops the fresh pages or holds its warm jobs. */
+ * ran, or a warm-up an eviction cancelled was stopping, or both): called
+ * as each of those ends, it warms g once neither is left, so that nothing
+ * drops the fresh pages or holds its warm jobs. */
 static void
 rewarm(struct registry *r, struct generation *g)
 {
+	if (g->warm.pending > 0 || pages_evicting(g))
+		return; /* the other one's end calls again */
 	if (g->model != NULL && g->model->current == g && g->model->warm)
 		gen_start_warming(r, g);
 	else
-		gen_set_state(g, GEN_READY, "eviction ended");
+		gen_set_state(g, GEN_READY, "attached again");
 }
 
 void

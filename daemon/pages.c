@@ -486,6 +486,15 @@ pages_queue(struct registry *r, struct generation *g, enum page_op op,
 }
 
 int
+pages_evicting(const struct generation *g)
+{
+	for (const struct page_work *p = g->page_queue; p != NULL; p = p->next)
+		if (p->op == PAGE_EVICT || p->op == PAGE_EVICT_SETTLE)
+			return 1;
+	return 0;
+}
+
+int
 pages_drop_queued_evictions(struct generation *g)
 {
 	if (g->page_queue == NULL)

@@ -75,6 +75,9 @@ void pages_queue(struct registry *r, struct generation *g, enum page_op op,
  * eviction is the one running. */
 int pages_drop_queued_evictions(struct generation *g);
 
+/* Whether an eviction of g runs or waits in its queue. */
+int pages_evicting(const struct generation *g);
+
 /* Locks the index and each file's headers (everything before its first
  * tensor's data), which every attach and lookup touches; on the loop, for
  * a generation this process has just compiled (its headers and index were

@@ -410,6 +410,42 @@ test_attach_while_cancelled_warmup_stops(void **state)
 	free(path);
 }
 
+/* The same, with a release between the eviction and the attach: the last
+ * holder going queued an eviction while the cancelled jobs still stopped,
+ * and the attach then waited on whichever ended first: warming while the
+ * eviction still dropped the pages, or a warm-up that skipped every file.
+ * It warms once both have ended. */
+static void
+test_release_attach_while_warmup_stops(void **state)
+{
+	struct du *t = *state;
+	struct generation *g;
+	char *path, *log;
+
+	du_teardown(t);
+	du_setup(t, true, 1 << 20);
+	path = du_model(t, "m.safetensors", 1 << 20); /* 4 MiB at 1 MiB/s */
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 1), 0);
+	g = attach(t, "m");
+	assert_int_equal(g->state, GEN_WARMING);
+	du_log_start(t);
+	assert_int_equal(registry_evict(&t->reg, "m"), 0);
+	assert_true(g->warm.pending > 0);
+	registry_release(&t->reg, g);
+	assert_ptr_equal(attach(t, "m"), g);
+	assert_int_equal(g->state, GEN_REWARM);
+	du_wait_state(t, "m", false, GEN_READY);
+	du_settle(t);
+	log = du_log_stop(t);
+	assert_logged(log, "warming -> ready (warm)");
+	assert_false(g->warm.cancelled);
+	assert_true(g->warm.bytes == g->bytes);
+	assert_true(g->populated);
+	registry_release(&t->reg, g);
+	free(log);
+	free(path);
+}
+
 static void
 test_cold_not_warming_model(void **state)
 {
@@ -791,6 +827,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_attach_during_eviction_rewarms_after, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_attach_while_cancelled_warmup_stops, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_release_attach_while_warmup_stops, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_cold_not_warming_model, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_memory_budget_evicts_lru, setup, teardown),
