@@ -785,6 +785,7 @@ def test_a_control_group_the_daemon_is_not_in_is_one_clear_error(tmp_path, model
     user = as_user() if os.geteuid() == 0 else []  # nobody, without groups
     where, mine = open_model_dir(model)
     d = Daemon(where, {"small": mine}, extra="control_group = daemon\n")
+    os.chmod(where, 0o777)  # Daemon gave it to $WCACHE_TEST_USER, if set
     os.chmod(d.conf, 0o644)
     r = subprocess.run([*user, binary("wcached"), "--check", "-c", d.conf],
                        capture_output=True, text=True, timeout=60)
