@@ -91,7 +91,7 @@ reload_finished(struct daemon *d, unsigned failed, void *arg)
 	d->reloads--;
 	if (d->watch != NULL)
 		watch_sync(d->watch);
-	if (d->reloads == 0 && !d->stopping) {
+	if (d->reloads == 0 && !d->stopping && d->serving) {
 		notify_send("READY=1");
 		timers_send_status(d);
 	}
@@ -264,12 +264,23 @@ read_after(struct workq_job *job, int status)
 
 	d->reload_reads = rr->next;
 	if (status == UV_ECANCELED || d->stopping) {
+		/* None applies now, and none waiting starts. */
 		config_free(rr->cfg);
-		if (rr->done != NULL)
-			rr->done(-ECANCELED, "wcached is stopping", 0, rr->arg);
-	} else if (rr->cfg == NULL) {
+		rr->next = d->reload_reads;
+		d->reload_reads = NULL;
+		while (rr != NULL) {
+			struct reload_read *next = rr->next;
+
+			if (rr->done != NULL)
+				rr->done(-ECANCELED, "wcached is stopping", 0, rr->arg);
+			free(rr);
+			rr = next;
+		}
+		return;
+	}
+	if (rr->cfg == NULL) {
 		log_errorx("reload refused: %s", rr->message);
-		if (d->reloads == 0) {
+		if (d->reloads == 0 && d->serving) {
 			notify_send("READY=1");
 			timers_send_status(d);
 		}
@@ -287,10 +298,16 @@ static void
 read_next(struct daemon *d)
 {
 	struct reload_read *rr = d->reload_reads;
+	char what[192];
 
 	if (rr == NULL || rr->job.q != NULL)
 		return;
-	if (workq_submit(&d->reg.workq, &rr->job, WORKQ_LOCAL, NULL, read_run, read_after) < 0) {
+	/* Not local work: NSS may ask a server that hangs. As such it is
+	 * logged when it stalls, and a stop does not wait for it for ever. */
+	snprintf(what, sizeof(what), "the reload's read of %s (users and groups from NSS)",
+		d->config_path);
+	if (workq_submit(&d->reg.workq, &rr->job, WORKQ_UNKNOWN, what, read_run,
+		    read_after) < 0) {
 		/* No job to be had: read here, as before there was one. */
 		rr->job.q = &d->reg.workq; /* running, for read_next */
 		read_run(&rr->job);

@@ -234,6 +234,42 @@ def test_a_reload_reads_the_config_off_the_event_loop(tmp_path, model):
         assert d.stop() == 0, d.read_log()
 
 
+def test_a_stop_drops_the_reloads_that_wait(tmp_path, model):
+    """Reloads whose reads wait behind one that hangs are dropped by a stop,
+    not read one after the other: here the first read waits on a FIFO, two
+    `wcachectl reload` wait behind it, then SIGTERM; once the FIFO is
+    written the daemon exits at once, and neither waiting reload is read
+    (nobody writes the FIFO again)."""
+    import time
+    d = Daemon(tmp_path, {"small": model}).start()
+    text = open(d.conf).read()
+    os.unlink(d.conf)
+    os.mkfifo(d.conf)
+    waiting = []
+    try:
+        d.proc.send_signal(signal.SIGHUP)
+        for _ in range(2):
+            waiting.append(subprocess.Popen([binary("wcachectl"), "--control", d.control,
+                                             "reload"], stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE, text=True))
+        wait_until(lambda: d.read_log().count("control: uid 0: reload") >= 2,
+                   what="both reloads asked")
+        d.proc.send_signal(signal.SIGTERM)
+        with open(d.conf, "w") as f:
+            f.write(text)
+        start = time.monotonic()
+        assert d.proc.wait(timeout=20) == 0, d.read_log()
+        assert time.monotonic() - start < 10
+        for p in waiting:
+            assert p.wait(timeout=20) != 0
+    finally:
+        for p in waiting:
+            if p.poll() is None:
+                p.kill()
+        os.unlink(d.conf)
+        d.stop()
+
+
 def test_sigterm_exits_cleanly_and_removes_socket(daemon):
     assert daemon.stop() == 0
     assert not os.path.exists(daemon.socket)
