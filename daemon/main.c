@@ -137,13 +137,16 @@ check(const char *path)
 	}
 	bad |= check_socket_path("socket", cfg->socket_path);
 	bad |= check_socket_path("control", cfg->control_path);
-	if (cfg->control_group != NULL && geteuid() != 0 && !in_group(cfg->control_gid)) {
-		fprintf(stderr, "wcached: control_group = %s: this user (uid %u) is not in that "
-				"group, so wcached running as it cannot give the control socket "
-				"to it: add it to the group (SupplementaryGroups= in the unit)\n",
+	/* Run as the daemon's user (sudo -u wcache wcached --check), this is
+	 * what its start meets; run by someone else, it may not be: a warning.
+	 * A daemon started as root (user =) gives the socket away as root. */
+	if (cfg->control_group != NULL && cfg->user == NULL && geteuid() != 0 &&
+		!in_group(cfg->control_gid))
+		fprintf(stderr, "wcached: warning: control_group = %s: this user (uid %u) is not "
+				"in that group: wcached running as it could not give the control "
+				"socket to it (add the user to the group: SupplementaryGroups= in "
+				"the unit)\n",
 			cfg->control_group, (unsigned)geteuid());
-		bad = 1;
-	}
 	for (size_t i = 0; i < cfg->n_models; i++) {
 		const struct model_config *m = &cfg->models[i];
 		char prefix[CONFIG_MODEL_NAME_MAX + 16];
@@ -384,12 +387,15 @@ main(int argc, char **argv)
 			printf("wcached %s\n", WCACHE_VERSION);
 			return 0;
 		default:
-			if (optopt == 'c')
+			/* A long option given a value it does not take sets optopt
+			 * too (--debug=1): name what was written. */
+			if (strncmp(argv[optind - 1], "--", 2) == 0 && optopt != 'c')
+				fprintf(stderr, "wcached: %s: unknown option, or one that takes "
+						"no value", argv[optind - 1]);
+			else if (optopt == 'c')
 				fprintf(stderr, "wcached: %s needs a FILE", argv[optind - 1]);
-			else if (optopt != 0)
-				fprintf(stderr, "wcached: unknown option -%c", optopt);
 			else
-				fprintf(stderr, "wcached: unknown option %s", argv[optind - 1]);
+				fprintf(stderr, "wcached: unknown option -%c", optopt);
 			fprintf(stderr, " (see 'wcached --help')\n");
 			return 2;
 		}

@@ -780,8 +780,9 @@ def test_user_keeps_the_control_groups_socket_and_a_shared_group_is_named(model)
 
 def test_a_control_group_the_daemon_is_not_in_is_one_clear_error(tmp_path, model):
     """Not root, and not in control_group: the socket cannot be given to the
-    group. --check says so (it said ok) and the start names the group and
-    the remedy (it said 'Operation not permitted')."""
+    group. --check warns (it said nothing: the user running it may not be
+    the daemon's) and the start names the group and the remedy (it said
+    'Operation not permitted')."""
     user = as_user() if os.geteuid() == 0 else []  # nobody, without groups
     where, mine = open_model_dir(model)
     d = Daemon(where, {"small": mine}, extra="control_group = daemon\n")
@@ -789,8 +790,8 @@ def test_a_control_group_the_daemon_is_not_in_is_one_clear_error(tmp_path, model
     os.chmod(d.conf, 0o644)
     r = subprocess.run([*user, binary("wcached"), "--check", "-c", d.conf],
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode == 1
-    assert "control_group = daemon: this user (uid " in r.stderr, r.stderr
+    assert r.returncode == 0  # a warning: the daemon's own user may be in it
+    assert "warning: control_group = daemon: this user (uid " in r.stderr, r.stderr
     assert "is not in that group" in r.stderr
     r = subprocess.run([*user, binary("wcached"), "-c", d.conf], capture_output=True,
                        text=True, timeout=60)

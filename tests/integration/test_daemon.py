@@ -156,7 +156,8 @@ def test_check_escapes_what_a_model_file_chose_and_checks_the_sockets(tmp_path, 
 @pytest.mark.parametrize("argv,line", [
     (["foo"], 'unexpected argument "foo"'),
     (["-x"], "unknown option -x"),
-    (["--bogus"], "unknown option --bogus"),
+    (["--bogus"], "--bogus: unknown option, or one that takes no value"),
+    (["--debug=1"], "--debug=1: unknown option, or one that takes no value"),
     (["-c"], "-c needs a FILE"),
     (["--config"], "--config needs a FILE"),
 ])
