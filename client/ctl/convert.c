@@ -231,7 +231,9 @@ progress_line(struct progress *p)
 		snprintf(left, sizeof(left), ", syncing to disk");
 	else if (rate > 0)
 		snprintf(left, sizeof(left), ", %.0f s left", (double)(p->total - done) / rate);
-	fprintf(stderr, "\rwcachectl: writing %s: %s of %s (%.0f%%), %.0f MB/s%s\033[K", p->out,
+	fputs("\rwcachectl: writing ", stderr);
+	escape_print(stderr, p->out);
+	fprintf(stderr, ": %s of %s (%.0f%%), %.0f MB/s%s\033[K",
 		human(done, a, sizeof(a)), human(p->total, b, sizeof(b)),
 		p->total > 0 ? (double)done * 100.0 / (double)p->total : 100.0, rate / 1e6, left);
 	p->shown = true;
