@@ -106,14 +106,58 @@ read_request(char *buf, size_t cap, size_t *len, double deadline)
 	}
 }
 
+/* Reads the metrics reply (internal.h). */
+int
+ctl_http_read_reply(const char *line, size_t len, int *ok, char **text, size_t *text_len)
+{
+	char *t = NULL;
+	size_t t_len = 0;
+	struct jr j;
+	struct jr_str key;
+	int is_ok = -1, rc;
+
+	/* {"ok":true,...,"text":"..."}: only ok, error and text matter. */
+	jr_init(&j, line, len);
+	rc = jr_object_begin(&j);
+	while (rc >= 0 && (rc = jr_object_next(&j, &key)) == 1) {
+		struct jr_str v;
+
+		if (jr_str_eq(&key, "ok", 2)) {
+			is_ok = jr_peek(&j) == JR_TRUE;
+			rc = jr_skip(&j);
+		} else if ((jr_str_eq(&key, "text", 4) || jr_str_eq(&key, "error", 5)) &&
+			jr_peek(&j) == JR_STRING && t == NULL) {
+			if ((rc = jr_string(&j, &v)) < 0)
+				break;
+			if ((t = malloc(v.len + 1)) == NULL) {
+				rc = -ENOMEM;
+				break;
+			}
+			if ((rc = jr_str_decode(&v, t, v.len + 1)) < 0)
+				break;
+			t_len = v.len;
+		} else {
+			rc = jr_skip(&j);
+		}
+	}
+	if (rc >= 0)
+		rc = jr_finish(&j);
+	if (rc < 0) {
+		free(t);
+		return rc;
+	}
+	*ok = is_ok;
+	*text = t;
+	*text_len = t_len;
+	return 0;
+}
+
 /* Asks the control socket for the metrics and answers with them. */
 static int
 serve_metrics(const char *control_path)
 {
 	char req[] = "metrics\n", *line, *text = NULL;
 	size_t len = 0, text_len = 0;
-	struct jr j;
-	struct jr_str key;
 	int ok = -1, rc;
 
 	if (control_path == NULL) {
@@ -126,32 +170,7 @@ serve_metrics(const char *control_path)
 			"wcached cannot be reached through its control socket (see the journal)");
 		return 1;
 	}
-	/* {"ok":true,...,"text":"..."}: only ok, error and text matter. */
-	jr_init(&j, line, len);
-	rc = jr_object_begin(&j);
-	while (rc >= 0 && (rc = jr_object_next(&j, &key)) == 1) {
-		struct jr_str v;
-
-		if (jr_str_eq(&key, "ok", 2)) {
-			ok = jr_peek(&j) == JR_TRUE;
-			rc = jr_skip(&j);
-		} else if ((jr_str_eq(&key, "text", 4) || jr_str_eq(&key, "error", 5)) &&
-			jr_peek(&j) == JR_STRING && text == NULL) {
-			if ((rc = jr_string(&j, &v)) < 0)
-				break;
-			if ((text = malloc(v.len + 1)) == NULL) {
-				rc = -ENOMEM;
-				break;
-			}
-			if ((rc = jr_str_decode(&v, text, v.len + 1)) < 0)
-				break;
-			text_len = v.len;
-		} else {
-			rc = jr_skip(&j);
-		}
-	}
-	if (rc >= 0)
-		rc = jr_finish(&j);
+	rc = ctl_http_read_reply(line, len, &ok, &text, &text_len);
 	free(line);
 	if (rc < 0 || ok != 1 || text == NULL) {
 		/* The daemon's error, escaped: one line of the journal. */

@@ -155,6 +155,16 @@ void ctl_json_string(FILE *f, const char *s, size_t len);
  */
 int ctl_http_metrics(const char *control_path, double timeout);
 
+/*
+ * Reads the reply line (len bytes) to "metrics" as the endpoint does:
+ * *ok is 1 when "ok" is true, 0 when it is anything else, -1 when absent;
+ * *text is a malloc'd copy of the first string "text" or "error" (NUL-
+ * terminated, its length without the NUL in *text_len; it may hold a NUL),
+ * or NULL. Returns 0, or a negative errno-style code for a reply that is
+ * not one JSON object (out-parameters untouched).
+ */
+int ctl_http_read_reply(const char *line, size_t len, int *ok, char **text, size_t *text_len);
+
 /* ---- ctl_http_parse.c ------------------------------------------------- */
 
 /* Does buf[0..len) hold a whole request head (up to its empty line)? */
