@@ -256,6 +256,9 @@ def test_a_stop_drops_the_reloads_that_wait(tmp_path, model):
         wait_until(lambda: d.read_log().count("control: uid 0: reload") >= 2,
                    what="both reloads asked")
         d.proc.send_signal(signal.SIGTERM)
+        # The stop first: a read that ended before it would be applied, and
+        # the next one read, as it should.
+        d.wait_for_log("shutting down")
         with open(d.conf, "w") as f:
             f.write(text)
         start = time.monotonic()
