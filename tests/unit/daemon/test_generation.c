@@ -96,6 +96,22 @@ attach(struct du *t, const char *name)
 	return a.gen;
 }
 
+/* Starts over with a slow pool (1 MiB/s) and loads a warming model of 4 MiB
+ * as "m", its warm-up still running; *path receives its file. */
+static struct generation *
+load_warming(struct du *t, char **path)
+{
+	struct generation *g;
+
+	du_teardown(t);
+	du_setup(t, true, 1 << 20);
+	*path = du_model(t, "m.safetensors", 1 << 20); /* 4 MiB at 1 MiB/s */
+	assert_int_equal(du_load(t, "m", *path, PIN_NONE, 1), 0);
+	g = du_current(t, "m");
+	assert_int_equal(g->state, GEN_WARMING);
+	return g;
+}
+
 /* Loads a warm model of floats floats as "m" and waits until it is ready
  * and nothing runs on it; *path receives its file. */
 static struct generation *
@@ -297,12 +313,8 @@ test_unload_while_held_cancels_warming(void **state)
 	char *path, *log;
 
 	/* A slow pool: the warm-up is still running when the model goes. */
-	du_teardown(t);
-	du_setup(t, true, 1 << 20);
-	path = du_model(t, "m.safetensors", 1 << 20); /* 4 MiB at 1 MiB/s */
-	assert_int_equal(du_load(t, "m", path, PIN_NONE, 1), 0);
-	g = attach(t, "m");
-	assert_int_equal(g->state, GEN_WARMING);
+	g = load_warming(t, &path);
+	assert_ptr_equal(attach(t, "m"), g);
 	du_log_start(t);
 	assert_int_equal(registry_unload(&t->reg, "m"), 0);
 	assert_null(g->model);
@@ -385,12 +397,7 @@ test_attach_while_cancelled_warmup_stops(void **state)
 	struct generation *g;
 	char *path, *log;
 
-	du_teardown(t);
-	du_setup(t, true, 1 << 20);
-	path = du_model(t, "m.safetensors", 1 << 20); /* 4 MiB at 1 MiB/s */
-	assert_int_equal(du_load(t, "m", path, PIN_NONE, 1), 0);
-	g = du_current(t, "m");
-	assert_int_equal(g->state, GEN_WARMING);
+	g = load_warming(t, &path);
 	du_log_start(t);
 	assert_int_equal(registry_evict(&t->reg, "m"), 0);
 	assert_int_equal(g->state, GEN_COLD);
@@ -422,12 +429,8 @@ test_release_attach_while_warmup_stops(void **state)
 	struct generation *g;
 	char *path, *log;
 
-	du_teardown(t);
-	du_setup(t, true, 1 << 20);
-	path = du_model(t, "m.safetensors", 1 << 20); /* 4 MiB at 1 MiB/s */
-	assert_int_equal(du_load(t, "m", path, PIN_NONE, 1), 0);
-	g = attach(t, "m");
-	assert_int_equal(g->state, GEN_WARMING);
+	g = load_warming(t, &path);
+	assert_ptr_equal(attach(t, "m"), g);
 	du_log_start(t);
 	assert_int_equal(registry_evict(&t->reg, "m"), 0);
 	assert_true(g->warm.pending > 0);
