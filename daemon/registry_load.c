@@ -722,7 +722,7 @@ sweep_run(struct workq_job *w)
 {
 	struct registry_sweep *s = w->arg;
 
-	if ((s->err = stage_sweep(s->dir, s->keep, s->nkeep, &s->removed)) < 0)
+	if ((s->err = stage_sweep(s->dir, s->keep, s->nkeep, &s->r->closing, &s->removed)) < 0)
 		snprintf(s->message, sizeof(s->message), "%s", error_get());
 }
 
@@ -730,7 +730,9 @@ sweep_run(struct workq_job *w)
 static void
 sweep_report(const struct registry_sweep *s)
 {
-	if (s->err < 0)
+	if (s->err == -ECANCELED)
+		log_info("%s", s->message);
+	else if (s->err < 0)
 		log_warnx("%s", s->message);
 	if (s->removed > 0)
 		log_info("removed %u staged cop%s left in %s by an earlier wcached", s->removed,

@@ -144,9 +144,14 @@ int stage_dir_of(const char *stage_dir, const char *path, char **dir);
  * are not touched; one of those names without the marker gets one warning
  * naming it. Refuses (-EPERM, nothing removed) a stage_dir another user may write.
  * Blocking. *removed counts the copies removed. 0, or the first -errno
- * (with the message); it goes on after an error.
+ * (with the message); it goes on after an error. Before each copy it reads
+ * *stop (atomically; stop may be NULL): once set (wcached stops) it
+ * removes no more and returns -ECANCELED with a message saying so, so that
+ * a stop does not wait for every leftover's unlink (the next start's
+ * sweep removes the rest).
  */
-int stage_sweep(const char *stage_dir, char *const *keep, size_t nkeep, unsigned *removed);
+int stage_sweep(const char *stage_dir, char *const *keep, size_t nkeep, const int *stop,
+	unsigned *removed);
 
 /* "EIO", "ESTALE", "ENOSPC" ...: the symbolic name of a few errnos staging
  * reports, or NULL. */

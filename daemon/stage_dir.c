@@ -361,7 +361,8 @@ lock_stage_dir(int sfd, const char *stage_dir)
 }
 
 int
-stage_sweep(const char *stage_dir, char *const *keep, size_t nkeep, unsigned *removed)
+stage_sweep(const char *stage_dir, char *const *keep, size_t nkeep, const int *stop,
+	unsigned *removed)
 {
 	struct dirent *e;
 	DIR *d;
@@ -394,6 +395,12 @@ stage_sweep(const char *stage_dir, char *const *keep, size_t nkeep, unsigned *re
 		free(full);
 		if (kept)
 			continue;
+		if (stop != NULL && __atomic_load_n(stop, __ATOMIC_RELAXED)) {
+			err = error_set(-ECANCELED, "the sweep of stage_dir %s stopped as wcached "
+				"stops, after %u cop%s: the next start removes what is left",
+				stage_dir, *removed, *removed == 1 ? "y" : "ies");
+			break;
+		}
 		if ((r = stage_remove_at(dirfd(d), stage_dir, e->d_name, &why)) < 0 && err == 0)
 			err = r;
 		else if (r == STAGE_REMOVED)

@@ -98,7 +98,7 @@ test_remove_and_sweep(void **state)
 	plain = tu_write(f->stage_dir, "b.5", "file, not a directory", 21);
 
 	keep[0] = path_join(f->stage_dir, "kept.7");
-	assert_int_equal(stage_sweep(f->stage_dir, keep, 1, &removed), 0);
+	assert_int_equal(stage_sweep(f->stage_dir, keep, 1, NULL, &removed), 0);
 	assert_int_equal(removed, 4);
 	assert_int_equal(tu_count_entries(f->stage_dir), 6); /* kept.7, 3 others, own, b.5 */
 	assert_int_equal(tu_count_entries(keep[0]), 2);
@@ -139,7 +139,7 @@ test_sweep_leaves_what_it_did_not_make(void **state)
 	free(tu_write(bad, "model.safetensors", "abc", 3));
 	make_copy_in(f->stage_dir, "m.1", 1); /* the one that is ours */
 
-	assert_int_equal(stage_sweep(f->stage_dir, NULL, 0, &removed), 0);
+	assert_int_equal(stage_sweep(f->stage_dir, NULL, 0, NULL, &removed), 0);
 	assert_int_equal(removed, 1);
 	assert_int_equal(entries_in(f->stage_dir, "m.1"), -1);
 	for (size_t i = 0; i < 3; i++)
@@ -183,7 +183,7 @@ test_unsafe_stage_dir_is_refused(void **state)
 	model = path_join(f->src, "model.safetensors");
 	for (size_t i = 0; i < 3; i++) {
 		assert_int_equal(chmod(f->stage_dir, modes[i]), 0);
-		assert_int_equal(stage_sweep(f->stage_dir, NULL, 0, &removed), -EPERM);
+		assert_int_equal(stage_sweep(f->stage_dir, NULL, 0, NULL, &removed), -EPERM);
 		assert_int_equal(removed, 0);
 		assert_non_null(strstr(error_get(), f->stage_dir));
 		assert_non_null(strstr(error_get(), i < 2 ? "writable by all users" :
@@ -204,7 +204,7 @@ test_unsafe_stage_dir_is_refused(void **state)
 		struct stat st;
 
 		assert_int_equal(chown(f->stage_dir, 12345, 12345), 0);
-		assert_int_equal(stage_sweep(f->stage_dir, NULL, 0, &removed), -EPERM);
+		assert_int_equal(stage_sweep(f->stage_dir, NULL, 0, NULL, &removed), -EPERM);
 		assert_non_null(strstr(error_get(), "belongs to uid 12345, not to uid 0"));
 		assert_int_equal(stage_prepare_dir(f->stage_dir, 54321, 54321), -EPERM);
 		assert_non_null(strstr(error_get(), "belongs to uid 12345, not to uid 54321"));
@@ -219,7 +219,7 @@ test_unsafe_stage_dir_is_refused(void **state)
 		assert_int_equal(chown(f->stage_dir, 0, 0), 0);
 		free(made);
 	}
-	assert_int_equal(stage_sweep(f->stage_dir, NULL, 0, &removed), 0);
+	assert_int_equal(stage_sweep(f->stage_dir, NULL, 0, NULL, &removed), 0);
 	assert_int_equal(removed, 1);
 	free(model);
 	free(copy);
@@ -241,16 +241,16 @@ test_sweep_of_a_stage_dir_in_use(void **state)
 	other = open(f->stage_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	assert_true(other >= 0);
 	assert_int_equal(flock(other, LOCK_EX | LOCK_NB), 0);
-	assert_int_equal(stage_sweep(f->stage_dir, NULL, 0, &removed), -EBUSY);
+	assert_int_equal(stage_sweep(f->stage_dir, NULL, 0, NULL, &removed), -EBUSY);
 	assert_non_null(strstr(error_get(), "in use by another running wcached"));
 	assert_int_equal(removed, 0);
 	assert_int_equal(entries_in(f->stage_dir, "m.1"), 2);
 	close(other);
-	assert_int_equal(stage_sweep(f->stage_dir, NULL, 0, &removed), 0);
+	assert_int_equal(stage_sweep(f->stage_dir, NULL, 0, NULL, &removed), 0);
 	assert_int_equal(removed, 1);
 	/* Ours now: a second sweep of it by this process goes on. */
 	make_copy_in(f->stage_dir, "m.2", 1);
-	assert_int_equal(stage_sweep(f->stage_dir, NULL, 0, &removed), 0);
+	assert_int_equal(stage_sweep(f->stage_dir, NULL, 0, NULL, &removed), 0);
 	assert_int_equal(removed, 1);
 }
 

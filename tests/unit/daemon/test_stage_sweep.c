@@ -309,6 +309,51 @@ test_waiting_staging_cancelled_at_stop(void **state)
 	assert_int_equal(tu_count_entries(f->leftover), -1);
 }
 
+/* Whether the sweep has ended (sweep_after ran). */
+static bool
+sweep_ended(struct du *t, void *arg)
+{
+	(void)arg;
+	return t->reg.sweep == NULL;
+}
+
+/*
+ * wcached stops while the sweep removes the first of three leftovers (each
+ * one's unlink would wait at the gate): the sweep removes that one and no
+ * more, and says the next start removes the rest; before, a stop waited
+ * for every leftover's unlink (hundreds of gigabytes each, maybe).
+ */
+static void
+test_a_stop_ends_the_sweep_at_the_next_copy(void **state)
+{
+	struct sweep_fixture *f = *state;
+	char *log;
+
+	for (int i = 5; i <= 6; i++) {
+		char name[16], *d;
+
+		snprintf(name, sizeof(name), "old.%d", i);
+		d = path_join(f->stage_dir, name);
+		assert_int_equal(mkdir(d, 0700), 0);
+		free(tu_write(d, STAGE_MARKER, "", 0));
+		free(tu_write(d, LEFTOVER_FILE, "abc", 3));
+		free(d);
+	}
+	du_log_start(f->t);
+	set_gate(true);
+	registry_stage_sweep(&f->t->reg, NULL, 0);
+	wait_at_gate();
+	registry_close(&f->t->reg);
+	set_gate(false);
+	du_run_until(f->t, sweep_ended, NULL);
+	assert_int_equal(entries_starting(f->stage_dir, "old."), 2);
+	log = du_log_stop(f->t);
+	assert_non_null(strstr(log, "stopped as wcached stops, after 1 copy: the next start "
+				    "removes what is left"));
+	assert_non_null(strstr(log, "removed 1 staged copy left in "));
+	free(log);
+}
+
 /* Without a sweep (none started, or it ended) a staging goes to the work
  * queue at once, as before. */
 static void
@@ -333,6 +378,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_waiting_staging_cancelled_at_stop, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_a_staging_after_the_sweep_does_not_wait, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_a_stop_ends_the_sweep_at_the_next_copy, setup,
 			teardown),
 	};
 
