@@ -255,6 +255,10 @@ memlimit_read(const char *root, uint64_t ram, struct memlimit *out)
 		read_cgroups(root, v2, v1);
 		read_mounts(root, v2, v1);
 		walk(root, v2, "memory.max", MEMLIMIT_CGROUP_V2, out);
+		/* Above memory.high the kernel reclaims the cgroup's pages and
+		 * throttles it: for a page cache, a limit as hard as max
+		 * (systemd's MemoryHigh=, Kubernetes' MemoryQoS). */
+		walk(root, v2, "memory.high", MEMLIMIT_CGROUP_V2, out);
 		walk(root, v1, "memory.limit_in_bytes", MEMLIMIT_CGROUP_V1, out);
 		/* v1 counts ancestors this mount may not show. */
 		if (v1->found && v1->mountpoint[0] != '\0') {

@@ -8,8 +8,10 @@
  * limit) caps the warm set, whatever the machine's RAM. Percent budgets
  * (memory_budget = 80%) are of this figure.
  *
- * The limit is the smallest of: cgroup v2 `memory.max` of the daemon's
- * cgroup and of each ancestor visible in the mount; cgroup v1
+ * The limit is the smallest of: cgroup v2 `memory.max` and `memory.high`
+ * (above which the kernel reclaims the cgroup's page cache and throttles
+ * it) of the daemon's cgroup and of each ancestor visible in the mount,
+ * memory.max named first where they are equal; cgroup v1
  * `memory.limit_in_bytes` of the same, and the v1 `memory.stat`
  * `hierarchical_memory_limit` (which includes ancestors a container cannot
  * see). The cgroups are found as the kernel lists them: /proc/self/cgroup
@@ -27,7 +29,7 @@
 
 enum memlimit_kind {
 	MEMLIMIT_RAM,       /* no cgroup limit below the RAM */
-	MEMLIMIT_CGROUP_V2, /* memory.max */
+	MEMLIMIT_CGROUP_V2, /* memory.max or memory.high */
 	MEMLIMIT_CGROUP_V1, /* memory.limit_in_bytes or hierarchical_memory_limit */
 };
 
@@ -37,7 +39,7 @@ struct memlimit {
 	uint64_t limit;           /* min(ram, cgroup): what percent budgets are of */
 	enum memlimit_kind kind;  /* where limit came from */
 	char cgroup_path[256];    /* the cgroup whose limit it is ("/system.slice/x") */
-	char file[40];            /* and its file ("memory.max") */
+	char file[40];            /* and its file ("memory.max", "memory.high") */
 };
 
 /*

@@ -129,6 +129,35 @@ test_v2_unlimited_and_above_ram(void **state)
 	tu_rmtree(root);
 }
 
+/* memory.high (systemd's MemoryHigh=, Kubernetes' MemoryQoS) limits the
+ * page cache as memory.max does: the kernel reclaims and throttles above
+ * it. The smaller of the two, on any level, is in force; max is named
+ * where they are equal. */
+static void
+test_v2_memory_high(void **state)
+{
+	char *root = tree("0::/kubepods.slice/pod1/ctr\n", MOUNT_ROOT MOUNT_V2);
+	struct memlimit m;
+
+	(void)state;
+	put(root, "/sys/fs/cgroup/kubepods.slice/pod1/ctr/memory.max", "4294967296\n");
+	put(root, "/sys/fs/cgroup/kubepods.slice/pod1/ctr/memory.high", "3865470976\n");
+	expect(root, &m, MEMLIMIT_CGROUP_V2, 3865470976u,
+		"cgroup v2 memory.high of /kubepods.slice/pod1/ctr");
+
+	/* An ancestor's smaller high wins; "max" is no limit. */
+	put(root, "/sys/fs/cgroup/kubepods.slice/pod1/ctr/memory.high", "max\n");
+	put(root, "/sys/fs/cgroup/kubepods.slice/memory.high", "2147483648\n");
+	expect(root, &m, MEMLIMIT_CGROUP_V2, 2 * GiB,
+		"cgroup v2 memory.high of /kubepods.slice");
+
+	/* Equal to a max: the max is named. */
+	put(root, "/sys/fs/cgroup/kubepods.slice/pod1/ctr/memory.max", "2147483648\n");
+	expect(root, &m, MEMLIMIT_CGROUP_V2, 2 * GiB,
+		"cgroup v2 memory.max of /kubepods.slice/pod1/ctr");
+	tu_rmtree(root);
+}
+
 /* A container with its own cgroup namespace: it is "/", its mount's top. */
 static void
 test_v2_cgroup_namespace(void **state)
@@ -281,6 +310,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_v2_parent_limit),
 		cmocka_unit_test(test_v2_unlimited_and_above_ram),
+		cmocka_unit_test(test_v2_memory_high),
 		cmocka_unit_test(test_v2_cgroup_namespace),
 		cmocka_unit_test(test_hybrid_v1_memory),
 		cmocka_unit_test(test_v1_container_subtree),
