@@ -468,6 +468,35 @@ def test_save_and_load_model(tmp_path, no_daemon):
     assert missing == {"weight", "bias"} and unexpected == ["a.weight"]
 
 
+def test_save_and_load_model_whose_parameters_are_wcache_views(tmp_path, no_daemon):
+    """Parameters set from load_file's tensors are views of one storage per
+    dtype and file (wcache's difference from upstream, whose tensors each
+    have their own): save_model and load_model must treat them as upstream
+    treats its own tensors, not refuse them as 'None is covering the entire
+    storage'."""
+    path = tmp_path / "two.safetensors"
+    wtorch.save_file({"a.weight": torch.randn(4, 4), "b.weight": torch.randn(4, 4)}, path)
+    model = torch.nn.Sequential()
+    model.add_module("a", torch.nn.Linear(4, 4, bias=False))
+    model.add_module("b", torch.nn.Linear(4, 4, bias=False))
+    state = wtorch.load_file(path)
+    assert wtorch.storage_ptr(state["a.weight"]) == wtorch.storage_ptr(state["b.weight"])
+    model.a.weight = torch.nn.Parameter(state["a.weight"])
+    model.b.weight = torch.nn.Parameter(state["b.weight"])
+    out = tmp_path / "saved.safetensors"
+    wtorch.save_model(model, out)
+    again = wtorch.load_file(out)
+    assert torch.equal(again["a.weight"], state["a.weight"])
+    assert torch.equal(again["b.weight"], state["b.weight"])
+    assert wtorch.load_model(model, out) == (set(), [])
+    # a tensor of the caller's own that covers part of its storage is still
+    # refused, as upstream refuses it
+    lone = torch.nn.Linear(2, 2, bias=False)
+    lone.weight = torch.nn.Parameter(torch.zeros(8)[:4].view(2, 2))
+    with pytest.raises(RuntimeError, match="None is covering the entire storage"):
+        wtorch.save_model(lone, tmp_path / "lone.safetensors")
+
+
 def run_standin(code, env_extra, tmp_path):
     """Runs code in a fresh interpreter that finds the stand-in safetensors
     and this tree's wcache (whether or not $PYTHONPATH already names it)."""

@@ -61,6 +61,7 @@ import platform
 import sys
 import threading
 import warnings
+import weakref
 
 import numpy as np
 import torch
@@ -153,6 +154,21 @@ class TorchRuns(_table.Runs):
         return self.model.torch(name)
 
 
+# (address, bytes) of every part storage TorchRuns made (cow_part arrays),
+# for as long as a storage over it lives (a torch storage made by
+# from_numpy holds its array): wcache.torch's shared-tensor rules take a
+# tensor that is a view of one for a complete tensor, since upstream's
+# tensor would have had a storage of its own (see is_part_view).
+_part_arrays = weakref.WeakValueDictionary()
+
+
+def is_part_view(ptr, nbytes):
+    """Whether a storage at ptr of nbytes is one TorchRuns made over a part
+    of a model's mapping (its tensors share it only because wcache made
+    them views of one storage, see wcache/_table.py)."""
+    return ptr != 0 and _part_arrays.get((ptr, nbytes)) is not None
+
+
 class _State:
     """Per-model choices and writable memory for torch tensors. Lives on the
     Model (not on the handle: arrays here reference the handle, and a cycle
@@ -213,6 +229,7 @@ class _State:
         if arr is None:
             arr = _view(h, lo[p], (hi[p] - lo[p],), "|u1", readonly=False)
             arr = self.c_parts.setdefault(key, arr)
+            _part_arrays[(lo[p], hi[p] - lo[p])] = arr
         return arr
 
     def _via_c(self, model, h, info, carrier, reasons):

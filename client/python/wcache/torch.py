@@ -24,6 +24,7 @@ from collections import defaultdict
 
 import torch
 
+from . import _torch
 from ._dtypes import torch_dtype
 from ._lib import SafetensorError
 from ._safe_open import safe_open
@@ -90,9 +91,14 @@ def _find_shared_tensors(state_dict):
 
 
 def _is_complete(tensor):
-    """Whether tensor covers its whole storage."""
-    return tensor.data_ptr() == storage_ptr(tensor) and \
-        tensor.nelement() * tensor.element_size() == storage_size(tensor)
+    """Whether tensor covers its whole storage, or is one of the tensors
+    wcache made as views of one storage per part of a model's mapping
+    (wcache/_table.py): upstream gives each of those a storage of its own,
+    so a model holding them saves and loads as it would with upstream's."""
+    ptr, size = storage_ptr(tensor), storage_size(tensor)
+    if tensor.data_ptr() == ptr and tensor.nelement() * tensor.element_size() == size:
+        return True
+    return _torch.is_part_view(ptr, size)
 
 
 def _remove_duplicate_names(state_dict, *, preferred_names=None, discard_names=None):
