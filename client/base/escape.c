@@ -93,3 +93,23 @@ escape_width(const char *s)
 	}
 	return width;
 }
+
+char *
+escape_string(char *dst, size_t cap, const char *s, size_t len)
+{
+	const unsigned char *p = (const unsigned char *)s, *end = p + len;
+	char out[ESCAPE_STEP_MAX];
+	size_t pos = 0, n;
+
+	while (p < end) {
+		size_t step = escape_step(p, end, out, &n);
+
+		if (n >= cap - pos) /* no room for it and the NUL */
+			break;
+		memcpy(dst + pos, out, n);
+		pos += n;
+		p += step;
+	}
+	dst[pos] = '\0';
+	return dst;
+}

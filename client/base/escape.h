@@ -12,6 +12,16 @@
  * (U+202A to U+202E, U+2066 to U+2069) as \uNNNN; every byte that is not
  * part of valid UTF-8 as \xNN. Everything else, printable ASCII and other
  * UTF-8 characters, is written as it is.
+ *
+ * A backslash is written as it is, not as "\\": so the text "\x1b" and a
+ * real ESC print alike. That is on purpose: escaped text is printable ASCII
+ * and characters kept as they are, so escaping it again changes nothing
+ * (escape_string(escape_string(s)) is escape_string(s)), and the layers
+ * that each escape what they show (every wc_errmsg() message, error.c; the
+ * daemon's log line; wcachectl's output) show a message once, not with its
+ * backslashes doubled at each layer. What escaping is for, a terminal that
+ * only shows text and a log line that stays one line, holds either way;
+ * the exact bytes are in the --json outputs.
  */
 #ifndef WC_ESCAPE_H
 #define WC_ESCAPE_H
@@ -38,5 +48,13 @@ void escape_print(FILE *f, const char *s);
 /* The number of terminal columns escape_print() of s takes, counting one
  * per character (wide characters are not told apart). */
 size_t escape_width(const char *s);
+
+/*
+ * Writes s[0 .. len), escaped, into dst (cap bytes, cap >= 1) as a C string
+ * and returns dst. What does not fit is left out at the end, cut between
+ * two pieces (never inside an escape or a character). error.c escapes
+ * every wc_errmsg() message with it.
+ */
+char *escape_string(char *dst, size_t cap, const char *s, size_t len);
 
 #endif

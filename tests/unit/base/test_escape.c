@@ -5,6 +5,7 @@
  * locale acts on), bidirectional overrides and bytes that are not UTF-8
  * are escaped; the width counts an escape by its text.
  */
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,6 +16,7 @@
 
 #include <cmocka.h>
 
+#include "base/error.h"
 #include "base/escape.h"
 
 /* escape_print() of s, in a buffer the caller frees. */
@@ -98,6 +100,93 @@ test_width(void **state)
 	assert_int_equal(escape_width("\xff"), 4);
 }
 
+/* escape_string() is escape_print() into a buffer, cut between pieces. */
+static void
+test_string(void **state)
+{
+	static const char *const in[] = { "model.safetensors", "a\\b", "\x1b]0;x\x07",
+		"x\xc2\x9b" "31m", "a\xe2\x80\xae" "b", "caf\xc3\xa9", "\xff\xfe", "" };
+	char buf[64];
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(in) / sizeof(in[0]); i++) {
+		char *want = printed(in[i]);
+
+		assert_string_equal(escape_string(buf, sizeof(buf), in[i], strlen(in[i])), want);
+		free(want);
+	}
+	/* Never cut inside an escape or a character. */
+	assert_string_equal(escape_string(buf, 6, "ab\x1b" "c", 4), "ab");
+	assert_string_equal(escape_string(buf, 7, "ab\x1b" "c", 4), "ab\\x1b");
+	assert_string_equal(escape_string(buf, 5, "abc\xc3\xa9", 5), "abc");
+	assert_string_equal(escape_string(buf, 1, "abc", 3), "");
+	/* A NUL inside the length is escaped too. */
+	assert_string_equal(escape_string(buf, sizeof(buf), "a\0b", 3), "a\\x00b");
+}
+
+/*
+ * Escaped text escapes to itself: what error.c escaped, the daemon's log
+ * and wcachectl show the same (which is why a backslash is not escaped:
+ * "\\\\" would double at every layer).
+ */
+static void
+test_escaping_twice_changes_nothing(void **state)
+{
+	static const char *const in[] = { "\x1b]0;PWNED\x07\x1b[2J", "a\\x1b\\u009b\\",
+		"\xc2\x9b\xe2\x80\xae\xe2\x81\xa6", "\xc0\xaf\xed\xa0\x80\xff",
+		"caf\xc3\xa9 \x7f" };
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(in) / sizeof(in[0]); i++) {
+		char *once = printed(in[i]), *twice = printed(once);
+
+		assert_string_equal(twice, once);
+		free(once);
+		free(twice);
+	}
+	check("a\\b\\\\c", "a\\b\\\\c");
+}
+
+/*
+ * Every wc_errmsg() message is escaped as it is set: a name a file chose
+ * (a shard, a tensor, a path) reaches a worker's log as text, whichever
+ * producer quoted it, and so does a prefix (a model's name).
+ */
+static void
+test_error_messages_are_escaped(void **state)
+{
+	char big[3000];
+
+	(void)state;
+	assert_int_equal(error_set(-EINVAL, "%s: shard %s is missing", "/m/\x1b[2Jx",
+		"\xc2\x9b" "31m\xe2\x80\xae.safetensors"), -EINVAL);
+	assert_string_equal(error_get(),
+		"/m/\\x1b[2Jx: shard \\u009b31m\\u202e.safetensors is missing");
+	error_prefix("model\n\x1b[31m");
+	assert_string_equal(error_get(),
+		"model\\x0a\\x1b[31m: /m/\\x1b[2Jx: shard \\u009b31m\\u202e.safetensors "
+		"is missing");
+	/* The message itself as an argument (an earlier message quoted). */
+	error_set(0, "outer: %s", error_get());
+	assert_non_null(strstr(error_get(), "outer: model\\x0a\\x1b[31m: /m/"));
+	/* Cut to the buffer, never inside an escape or a character. */
+	memset(big, '\x1b', sizeof(big) - 1);
+	big[sizeof(big) - 1] = '\0';
+	error_set(0, "%s", big);
+	assert_int_equal(strlen(error_get()) % 4, 0);
+	assert_null(strchr(error_get(), '\x1b'));
+	memset(big, 0, sizeof(big));
+	for (size_t i = 0; i + 2 < sizeof(big) - 1; i += 2)
+		memcpy(big + i, "\xc3\xa9", 2);
+	error_set(0, "%s", "x");
+	error_prefix(big);
+	assert_int_equal(strlen(error_get()), 1023);
+	error_set(0, "%s", big);
+	error_prefix("pq"); /* the message cut at an odd byte: inside a character */
+	assert_true(((unsigned char)error_get()[strlen(error_get()) - 1] & 0xc0) == 0x80);
+	assert_true(((unsigned char)error_get()[strlen(error_get()) - 2] & 0xe0) == 0xc0);
+}
+
 int
 main(void)
 {
@@ -107,6 +196,9 @@ main(void)
 		cmocka_unit_test(test_invalid_utf8_is_escaped_byte_by_byte),
 		cmocka_unit_test(test_other_utf8_passes),
 		cmocka_unit_test(test_width),
+		cmocka_unit_test(test_string),
+		cmocka_unit_test(test_escaping_twice_changes_nothing),
+		cmocka_unit_test(test_error_messages_are_escaped),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -378,6 +378,59 @@ test_open_missing_shard(void **state)
 	free(p);
 }
 
+/* What no message may hold: the bytes a terminal acts on (ESC, BEL, C1 CSI
+ * as UTF-8, a bidirectional override). */
+static void
+assert_no_controls(const char *msg)
+{
+	static const char *const raw[] = { "\x1b", "\x07", "\xc2\x9b", "\xe2\x80\xae" };
+
+	for (size_t i = 0; i < sizeof(raw) / sizeof(raw[0]); i++)
+		if (strstr(msg, raw[i]) != NULL)
+			fail_msg("message \"%s\" holds a raw control", msg);
+}
+
+/* A hostile index names shards whose names are escape sequences: the
+ * messages that quote them (a missing shard, a tensor in the wrong shard)
+ * show them escaped (base/escape.h), never raw, in wc_errmsg(). */
+#define EVIL "\x1b]0;PWNED\x07\x1b[2J\xc2\x9b" "31m\xe2\x80\xaeshard.safetensors"
+/* EVIL as a JSON string's text (a JSON string holds no raw C0 control) */
+#define EVIL_JSON "\\u001b]0;PWNED\\u0007\\u001b[2J\\u009b31m\\u202eshard.safetensors"
+#define EVIL_SHOWN "\\x1b]0;PWNED\\x07\\x1b[2J\\u009b31m\\u202eshard.safetensors"
+
+static void
+test_open_hostile_shard_names(void **state)
+{
+	struct fixture *f = *state;
+	struct model_source src;
+	char *p = path_of(f->dir, INDEX_NAME);
+
+	/* Missing. */
+	write_shard(f->dir, S1, "a", NULL);
+	write_text(f->dir, INDEX_NAME,
+		"{\"weight_map\":{\"a\":\"" S1 "\",\"b\":\"" EVIL_JSON "\"}}");
+	assert_int_equal(shards_open(p, &src), -ENOENT);
+	assert_no_controls(error_get());
+	assert_msg(EVIL_SHOWN ": shard " EVIL_SHOWN " named by ");
+
+	/* Present, but the map puts its tensor elsewhere. */
+	write_shard(f->dir, EVIL, "b,c", NULL);
+	write_text(f->dir, INDEX_NAME, "{\"weight_map\":{\"a\":\"" S1 "\",\"b\":\"" EVIL_JSON "\","
+		"\"c\":\"" S1 "\"}}");
+	assert_int_equal(shards_open(p, &src), -EINVAL);
+	assert_no_controls(error_get());
+	assert_msg("tensor \"c\" is in shard " EVIL_SHOWN " but the weight_map of ");
+
+	/* A tensor name in a shard's header, quoted by the reader. */
+	write_shard(f->dir, EVIL, "b,x\\u001b[2J\\u009b", NULL);
+	write_text(f->dir, INDEX_NAME,
+		"{\"weight_map\":{\"a\":\"" S1 "\",\"b\":\"" EVIL_JSON "\"}}");
+	assert_int_equal(shards_open(p, &src), -EINVAL);
+	assert_no_controls(error_get());
+	assert_msg("is not in the weight_map of ");
+	free(p);
+}
+
 static void
 test_open_wrong_shard(void **state)
 {
@@ -588,6 +641,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_open_relative, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_open_missing_shard, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_open_wrong_shard, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_open_hostile_shard_names, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_open_tensor_not_in_map, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_open_tensor_missing_from_shard, setup,
 			teardown),
