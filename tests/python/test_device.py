@@ -483,6 +483,28 @@ def test_safe_open_get_tensors_on_device_uses_one_buffer(odd_model, cpu_device, 
     assert cpu_device[0].registered == {}
 
 
+def test_get_slice_on_device_copies_and_holds_only_the_slice(odd_model, cpu_device, no_daemon):
+    """get_slice(name)[...] on a device handle (tensor-parallel loaders take
+    one rank's rows or columns this way): the slice alone is copied, and the
+    result holds device memory for the slice, not for the whole tensor."""
+    path, raw = odd_model
+    whole = torch.frombuffer(bytearray(raw["h.big"]), dtype=torch.float32).reshape(300, 300)
+    with wcache.safe_open(path, framework="pt", device="cuda:0") as f:
+        for index in ((slice(0, 2),), (slice(None), slice(10, 20)), (5,), (Ellipsis, 7),
+                      (slice(3, 3),)):
+            part = f.get_slice("h.big")[index]
+            want = whole[index]
+            assert part.shape == want.shape, index
+            assert part.contiguous().numpy().tobytes() == want.contiguous().numpy().tobytes()
+            assert part.storage().nbytes() == want.numel() * 4, index
+        scalar = f.get_slice("f.scalar")[...]
+        assert scalar.shape == () and scalar.reshape(1).numpy().tobytes() == \
+            raw["f.scalar"]
+    copies = [c for b in cpu_device for c in b.calls if c[0] == "copy"]
+    # the bytes of each selection, never the 360,000 of the whole tensor
+    assert [c[3] for c in copies] == [2 * 300 * 4, 300 * 10 * 4, 300 * 4, 300 * 4, 8]
+
+
 def test_load_file_and_load_model_on_device(odd_model, cpu_device, no_daemon):
     path, raw = odd_model
     _check_exact(wcache.torch.load_file(path, device="cuda:0"), raw)

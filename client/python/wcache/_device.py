@@ -69,7 +69,7 @@ from ._lib import env_choice
 from ._sharedview import NotMapped, Unavailable, file_mappings, shared_view
 
 __all__ = ["plan", "Plan", "Engine", "Backend", "CudaBackend", "CpuBackend", "RegisterRefused",
-           "copy_mode", "to_device"]
+           "copy_mode", "to_device", "tensor_to_device"]
 
 log = logging.getLogger("wcache")
 
@@ -649,6 +649,30 @@ def _itemsize(torch, dtype, cache={}):
 def backend_for(device):
     """The backend for a torch device, or None (copied tensor by tensor)."""
     return CudaBackend(device) if device.type == "cuda" else None
+
+
+def tensor_to_device(tensor, device, mode=None):
+    """A CPU tensor (what get_slice selected) copied to device as a tensor
+    of its own, holding device memory for its bytes alone: a selection that
+    is not contiguous is packed on the CPU first (upstream makes the slice
+    there too), then one allocation and one copy on the device's backend;
+    .to(device) where there is none (or WCACHE_DEVICE_COPY=tensor)."""
+    import torch
+    mode = copy_mode() if mode is None else mode
+    backend = backend_for(device) if mode != "tensor" else None
+    if backend is None:
+        return tensor.to(device)
+    t = tensor.contiguous()
+    nbytes = t.numel() * t.element_size()
+    buffer = backend.alloc(nbytes)
+    if nbytes == 0:
+        return torch.empty(t.shape, dtype=t.dtype, device=buffer.device)
+    stream = backend.stream()
+    try:
+        backend.copy(buffer, 0, t.data_ptr(), nbytes, stream)
+    finally:
+        backend.synchronize(stream)  # t must outlive the copy
+    return buffer.view(t.dtype).view(t.shape)
 
 
 def to_device(model, names, device, per_tensor, backend=None, mode=None, small=SMALL_COPY,

@@ -47,7 +47,7 @@ import threading
 
 from ._lib import (INVALID_MODEL_ERRNOS, ClosedError, DaemonUnavailable, InvalidArgument,
                    InvalidSlice, ModelNotFound, NoSuchFile, SafetensorError, WcacheError)
-from ._device import _say_once, to_device
+from ._device import _say_once, tensor_to_device, to_device
 from ._hostreg import host_register, host_register_wanted
 from ._serialize import MAX_HEADER
 from .model import connect, open_file
@@ -277,11 +277,18 @@ class _Slice:
 
     def __getitem__(self, index):
         index = self._check(index)
+        owner = self._owner
         try:
-            return self._owner.get_tensor(self._name)[index]
+            if owner._device is None:
+                return owner.get_tensor(self._name)[index]
+            # On a device: the part selected, copied alone (upstream's
+            # size), never the whole tensor copied and then sliced, which
+            # would keep the whole tensor's device memory for the slice.
+            part = owner._bulk().get(self._name)[index]
         except IndexError as e:
             raise InvalidSlice(f"Error during slicing with shape {list(self._info.shape)}: "
                                f"{e}") from None
+        return tensor_to_device(part, owner._device)
 
     def __repr__(self):
         return f"<wcache slice {self._name!r} {self._info.dtype} {list(self._info.shape)}>"
