@@ -603,6 +603,46 @@ def test_safe_open_handle(tmp_path, no_daemon):
         assert g.get_tensor("a").dtype == np.int16
 
 
+def test_safe_open_handle_metadata_and_no_descriptor_leaked(tmp_path, no_daemon):
+    """metadata() of a handle on a file object: {} for an empty
+    __metadata__ and None for none, as for a path, though the descriptor
+    behind /proc/self/fd/N is closed (the memfd) or closed by the caller,
+    and N may name another file since. A file object whose read fails
+    leaves no descriptor behind."""
+    import io
+    empty = wtorch.save({"a": torch.zeros(2)}, metadata={})
+    none = wtorch.save({"a": torch.zeros(2)})
+    for data, want in ((empty, {}), (none, None)):
+        with wcache._safe_open_handle(io.BytesIO(data), framework="pt") as g:
+            with open(__file__, "rb"):  # may take the memfd's number
+                assert g.metadata() == want
+        path = tmp_path / "m.safetensors"
+        path.write_bytes(data)
+        with open(path, "rb") as f:
+            g = wcache._safe_open_handle(f, framework="pt")
+        assert g.metadata() == want
+        g.close()
+
+    class FailingRead(io.RawIOBase):
+        def readable(self):
+            return True
+
+        def fileno(self):
+            raise io.UnsupportedOperation("no descriptor")
+
+        def seek(self, pos, whence=0):
+            return 0
+
+        def read(self, n=-1):
+            raise OSError(5, "read failed (test)")
+
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        with pytest.raises(OSError, match="read failed"):
+            wcache._safe_open_handle(FailingRead(), framework="pt")
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
 def test_load_of_a_pickle_names_it(tmp_path):
     import io
     buf = io.BytesIO()

@@ -211,6 +211,9 @@ def _header_has_metadata(path):
     return None
 
 
+_UNKNOWN = object()
+
+
 def _slice_text(index):
     def one(x):
         if isinstance(x, slice):
@@ -313,6 +316,7 @@ class safe_open:
         self._device = check_device(self._framework, device)
         check_backend(backend)
         self._filename = os.fspath(filename)
+        self._empty_metadata = _UNKNOWN  # metadata() of a file without entries: {} or None
         self._model = open_model(filename)
         self._runs = None
         self._runs_lock = threading.Lock()
@@ -342,6 +346,8 @@ class safe_open:
         meta = self._model_open().metadata()
         if meta:
             return meta
+        if self._empty_metadata is not _UNKNOWN:
+            return None if self._empty_metadata is None else {}
         path = self._filename
         if isinstance(path, bytes):
             path = os.fsdecode(path)
@@ -450,25 +456,30 @@ class _safe_open_handle(safe_open):
     """upstream's _safe_open_handle: safe_open of an open file object (a
     local file, an fsspec file). A file with a descriptor is opened through
     /proc/self/fd (and attached through wcached when it serves that file);
-    any other file object is read into a memfd first."""
+    any other file object is read into a memfd first. That path names the
+    descriptor only while it is open (the memfd's is closed on return, the
+    caller may close theirs), so what metadata() reads from the file is
+    read here, at open."""
 
     def __init__(self, f, framework="pt", device="cpu", *, backend="mmap"):
         fd = None
         try:
-            fileno = f.fileno()
-        except (AttributeError, OSError, ValueError):
-            fileno = None
-            f.seek(0)
-            fd = os.memfd_create("wcache-handle", os.MFD_CLOEXEC)
-            with os.fdopen(os.dup(fd), "wb") as out:
-                while True:
-                    chunk = f.read(16 << 20)
-                    if not chunk:
-                        break
-                    out.write(chunk)
-            fileno = fd
-        try:
-            super().__init__(f"/proc/self/fd/{fileno}", framework, device, backend=backend)
+            try:
+                fileno = f.fileno()
+            except (AttributeError, OSError, ValueError):
+                f.seek(0)
+                fd = os.memfd_create("wcache-handle", os.MFD_CLOEXEC)
+                with os.fdopen(os.dup(fd), "wb") as out:
+                    while True:
+                        chunk = f.read(16 << 20)
+                        if not chunk:
+                            break
+                        out.write(chunk)
+                fileno = fd
+            path = f"/proc/self/fd/{fileno}"
+            super().__init__(path, framework, device, backend=backend)
+            if not self._model.metadata():
+                self._empty_metadata = _header_has_metadata(path)
         finally:
             if fd is not None:
                 os.close(fd)  # the model keeps its own mapping
