@@ -17,6 +17,14 @@
  * wc_disconnect(), and a release or a build on another thread holds one
  * of its own while it uses the client (attach_client_get).
  *
+ * fork(): a child inherits its parent's clients with their locks as they
+ * were, held by whichever parent thread was in a request; that thread is
+ * not in the child, so a client of another process (c->pid, the process
+ * that connected it) is never locked in the child. The child sends nothing
+ * on it and reads nothing from it (the connection is the parent's); its
+ * releases only unmap, and its list of records changes under clients_lock
+ * instead (attach_forget, wc_disconnect), which fork() never copies held.
+ *
  * derive.c sends its requests (DERIVE, PUBLISH, ABANDON) through
  * request.c too, and keeps what it gets with attach_keep(). A record says
  * what kind of attach it is: a derived artifact is never named in a HOLD.
@@ -212,7 +220,9 @@ attach_client_put(struct wc_client *c)
 	pthread_mutex_unlock(&clients_lock);
 	if (left > 0)
 		return;
-	pthread_mutex_destroy(&c->lock);
+	/* A parent's client's lock may have been copied held by fork(). */
+	if (c->pid == request_self_pid())
+		pthread_mutex_destroy(&c->lock);
 	attach_cache_clear(&c->cache);
 	close(c->fd);
 	free(c->path);
@@ -246,6 +256,15 @@ attach_forget(wc_client *c, struct attach_record *a, uint64_t *connection)
 
 	if (c == NULL)
 		return 0;
+	if (c->pid != request_self_pid()) {
+		/* A client of the parent (see the top of this file): its
+		 * lock may be held for good; nothing is to be sent. */
+		pthread_mutex_lock(&clients_lock);
+		if (a->client == c)
+			unlink_record(a);
+		pthread_mutex_unlock(&clients_lock);
+		return 0;
+	}
 	pthread_mutex_lock(&c->lock);
 	if (a->client != c) { /* wc_disconnect() detached it since */
 		pthread_mutex_unlock(&c->lock);
@@ -321,11 +340,16 @@ attach_release(wc_model *m, void *ctx)
 void
 wc_disconnect(wc_client *c)
 {
+	int own;
+
 	if (c == NULL)
 		return;
 	/* A request in progress on c finishes first; releases on other
-	 * clients never wait for it (clients_lock is not held meanwhile). */
-	pthread_mutex_lock(&c->lock);
+	 * clients never wait for it (clients_lock is not held meanwhile).
+	 * A client of the parent is not locked (see the top of this file). */
+	own = c->pid == request_self_pid();
+	if (own)
+		pthread_mutex_lock(&c->lock);
 	pthread_mutex_lock(&clients_lock);
 	/* The models outlive the client: detach them all at once. */
 	for (struct attach_record *a = c->records, *next; a != NULL; a = next) {
@@ -336,7 +360,8 @@ wc_disconnect(wc_client *c)
 	}
 	c->records = NULL;
 	pthread_mutex_unlock(&clients_lock);
-	pthread_mutex_unlock(&c->lock);
+	if (own)
+		pthread_mutex_unlock(&c->lock);
 	/* Freed now, or by the last release or build still using it. */
 	attach_client_put(c);
 }

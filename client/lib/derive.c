@@ -182,6 +182,14 @@ build_client(const wc_build *b, const char *doing, int *err)
 {
 	wc_client *c = attach_client_get(b->source);
 
+	/* In a child after fork(), the client is its parent's: not locked,
+	 * whose lock fork() may have copied held (attach.c). */
+	if (c != NULL && (c->pid != request_self_pid() || b->source->pid != c->pid)) {
+		attach_client_put(c);
+		*err = error_set(-ECHILD, "model \"%s\", key \"%s\": cannot %s: the build belongs "
+			"to process %d", b->name, b->key, doing, (int)b->source->pid);
+		return NULL;
+	}
 	if (c != NULL) {
 		pthread_mutex_lock(&c->lock);
 		if (b->source->client != c) { /* disconnected since */
@@ -193,13 +201,6 @@ build_client(const wc_build *b, const char *doing, int *err)
 	if (c == NULL) {
 		*err = error_set(-ENOTCONN, "model \"%s\", key \"%s\": cannot %s: the client "
 			"was disconnected, which ended the build", b->name, b->key, doing);
-		return NULL;
-	}
-	if (c->pid != request_self_pid() || b->source->pid != c->pid) {
-		pthread_mutex_unlock(&c->lock);
-		attach_client_put(c);
-		*err = error_set(-ECHILD, "model \"%s\", key \"%s\": cannot %s: the build belongs "
-			"to process %d", b->name, b->key, doing, (int)b->source->pid);
 		return NULL;
 	}
 	if (c->connection != b->connection) {

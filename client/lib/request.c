@@ -79,6 +79,15 @@ request_self_pid(void)
 	return __atomic_load_n(&self_pid_value, __ATOMIC_RELAXED);
 }
 
+/* The error of a call on a client that a parent process connected: the
+ * connection and the client's lock are the parent's (attach.c, fork()). */
+static int
+not_our_client(const wc_client *c, const char *call)
+{
+	return error_set(-ECHILD, "%s: this client was connected by process %d; call "
+		"wc_connect() again after fork()", call, (int)c->pid);
+}
+
 /* ---- deadlines ---- */
 
 int
@@ -143,6 +152,10 @@ wc_set_timeout(wc_client *c, int timeout_ms)
 
 	if (c == NULL)
 		return error_set(-EINVAL, "wc_set_timeout: no client");
+	/* Not on the parent's connection (its copies share the timeouts),
+	 * nor under its lock, which fork() may have copied held. */
+	if (c->pid != request_self_pid())
+		return not_our_client(c, "wc_set_timeout");
 	if (timeout_ms < 0 && (r = request_timeout_default(&timeout_ms)) < 0)
 		return r;
 	pthread_mutex_lock(&c->lock);
@@ -488,6 +501,10 @@ wc_client_dispatch(wc_client *c)
 
 	if (c == NULL)
 		return error_set(-EINVAL, "wc_client_dispatch: no client");
+	/* What waits on the parent's connection is the parent's (a reply
+	 * with its descriptors, an announcement). */
+	if (c->pid != request_self_pid())
+		return not_our_client(c, "wc_client_dispatch");
 	pthread_mutex_lock(&c->lock);
 	for (;;) {
 		/* Only announcements can be waiting: replies are read by the

@@ -15,6 +15,10 @@
  * until wc_release(). A model stays valid after wc_disconnect() of the client
  * that attached it, and in the child after fork() (mappings are inherited;
  * only the process that attached a model tells the daemon it released it).
+ * A client belongs to the process that connected it: in a child, calls
+ * that would use its connection (wc_attach(), wc_derive(), wc_set_timeout(),
+ * wc_client_dispatch(), ending a build) fail with -ECHILD; wc_release() and
+ * wc_disconnect() only free the child's copies. Connect again in the child.
  */
 #ifndef WCACHE_H
 #define WCACHE_H

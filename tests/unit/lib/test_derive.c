@@ -26,6 +26,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -581,6 +582,24 @@ race_disconnect(void *arg)
 	return NULL;
 }
 
+/* Connects, gets a BUILD (r->build), then starts an attach in *attacher
+ * whose reply the fake holds at gate: when this returns, that attach holds
+ * the client's lock until gate is posted. */
+static void
+build_then_hold_lock(struct fixture *f, struct race *r, sem_t *gate, sem_t *at_gate,
+	pthread_t *attacher)
+{
+	script_derive(f, REPLY_BUILD);
+	start(f, 5000);
+	assert_int_equal(wc_derive(f->client, MODEL, KEY, &f->model, &r->build), 1);
+	/* The next ATTACH gets the artifact, at the gate. */
+	script_derive(f, REPLY_ATTACH_OK);
+	f->fake.at_gate = at_gate;
+	f->fake.gate = gate;
+	assert_int_equal(pthread_create(attacher, NULL, race_attach, r), 0);
+	assert_int_equal(sem_wait(at_gate), 0);
+}
+
 /* A build's publish or abandon and wc_disconnect() of its client, both
  * waiting for the client's lock while an attach holds it (the fake holds
  * its reply at a gate), then let go together, many times: either may take
@@ -606,15 +625,7 @@ race_rounds(struct fixture *f, int publish)
 		r.publish = publish;
 		f->fake.publishes = f->fake.abandons = f->fake.releases = 0;
 		f->fake.gate = NULL;
-		script_derive(f, REPLY_BUILD);
-		start(f, 5000);
-		assert_int_equal(wc_derive(f->client, MODEL, KEY, &f->model, &r.build), 1);
-		/* The next ATTACH gets the artifact, at the gate. */
-		script_derive(f, REPLY_ATTACH_OK);
-		f->fake.at_gate = &at_gate;
-		f->fake.gate = &gate;
-		assert_int_equal(pthread_create(&attacher, NULL, race_attach, &r), 0);
-		assert_int_equal(sem_wait(&at_gate), 0);
+		build_then_hold_lock(f, &r, &gate, &at_gate, &attacher);
 		assert_int_equal(pthread_create(&ender, NULL, race_end_build, &r), 0);
 		assert_int_equal(pthread_create(&disconnecter, NULL, race_disconnect, f->client),
 			0);
@@ -644,6 +655,69 @@ race_rounds(struct fixture *f, int publish)
 	sem_destroy(&at_gate);
 	print_message("%d rounds: the %s took the lock first in %d\n", RACE_ROUNDS,
 		publish ? "publish" : "abandon", won);
+}
+
+/*
+ * fork() while another thread holds the client's lock (an attach waiting
+ * for its reply at the fake's gate): the child's copy of that lock stays
+ * held by a thread the child does not have. What the child does with its
+ * parent's client must neither wait for that lock (it would wait forever:
+ * before, releasing the build's source, abandoning the build and
+ * wc_disconnect() did) nor touch the parent's connection (before,
+ * wc_client_dispatch() read it, which could take the parent's reply, and
+ * wc_set_timeout() changed its timeouts, which a socket's copies share):
+ * wc_set_timeout() and wc_client_dispatch() are -ECHILD, the abandon sends
+ * nothing, and the releases only unmap.
+ */
+static void
+test_child_after_fork_with_the_lock_held(void **state)
+{
+	struct fixture *f = *state;
+	int before = tu_count_fds(), status;
+	struct race r = { .f = f };
+	pthread_t attacher;
+	sem_t gate, at_gate;
+	pid_t pid;
+
+	assert_int_equal(sem_init(&gate, 0, 0), 0);
+	assert_int_equal(sem_init(&at_gate, 0, 0), 0);
+	build_then_hold_lock(f, &r, &gate, &at_gate, &attacher);
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		int code = 0;
+
+		alarm(10); /* a wait on the lock ends here, killed by SIGALRM */
+		if (wc_set_timeout(f->client, 1000) != -ECHILD)
+			code = 1;
+		else if (strstr(wc_errmsg(), "after fork()") == NULL)
+			code = 2;
+		else if (wc_client_dispatch(f->client) != -ECHILD)
+			code = 3;
+		wc_build_abandon(r.build, "in the child");
+		wc_disconnect(f->client);
+		_exit(code);
+	}
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_int_equal(sem_post(&gate), 0);
+	assert_int_equal(pthread_join(attacher, NULL), 0);
+	if (WIFSIGNALED(status))
+		fail_msg("the child was killed by signal %d (a wait on the lock)",
+			WTERMSIG(status));
+	assert_true(WIFEXITED(status));
+	assert_int_equal(WEXITSTATUS(status), 0);
+	/* The parent's client and connection are as they were. */
+	assert_int_equal(r.attach_result, 0);
+	check_w(r.attached, "F32", ARTIFACT_SIZE, 5, 2);
+	wc_release(r.attached);
+	assert_int_equal(f->fake.abandons, 0);
+	wc_build_abandon(r.build, "in the parent");
+	f->fake.gate = NULL;
+	finish(f, before);
+	assert_int_equal(f->fake.abandons, 1);
+	assert_string_equal(f->fake.reason, "in the parent");
+	sem_destroy(&gate);
+	sem_destroy(&at_gate);
 }
 
 static void
@@ -886,6 +960,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_build_to_attach, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_build_to_publish, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_no_hold_for_artifacts, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_child_after_fork_with_the_lock_held, setup,
+			teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
