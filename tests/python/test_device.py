@@ -337,6 +337,43 @@ def test_refused_registration_stages_through_two_buffers(odd_model, caplog):
     assert not [r for r in caplog.records if "staging path" in r.getMessage()]
 
 
+def test_one_log_line_per_path_and_reason_whatever_the_load_size(odd_model, monkeypatch,
+                                                                  caplog):
+    """Loads of different sizes (the shards of one model) register
+    different numbers of ranges, and a refusal may come after a different
+    number of batches: the engine's why says so, the log line does not, so
+    it is written once per process for each path and reason."""
+    path, raw = odd_model
+    model = wcache.open_file(path)
+    names = model.offset_keys()
+    _device._logged.clear()
+    with caplog.at_level(logging.INFO, logger="wcache"):
+        for some in (names, names[:3], names[-2:]):
+            to_device(model, some, torch.device("cpu"), model.torch, backend=CpuBackend(),
+                      small=0, max_batch=_device.PAGE)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and lines[0].startswith("wcache: register path into cpu: "), lines
+    assert "range(s)" in _device.last_load[0].why
+    seen = []
+    real = CpuBackend.register
+
+    def refuse_later(self, addr, n):
+        seen.append(addr)
+        if len(seen) in (2, 5, 9):
+            raise RegisterRefused("refused part way (test)")
+        return real(self, addr, n)
+    monkeypatch.setattr(CpuBackend, "register", refuse_later)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="wcache"):
+        for _ in range(3):
+            to_device(model, names, torch.device("cpu"), model.torch, backend=CpuBackend(),
+                      small=0, max_batch=_device.PAGE, staging_bytes=4096)
+            assert _device.last_load[0].path == "register+staging"
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == ["wcache: register+staging path into cpu: registration refused: "
+                     "refused part way (test)"], lines
+
+
 def test_staging_without_waiting_would_be_caught(odd_model, monkeypatch):
     """The CPU backend copies only at synchronize(): an engine that refilled
     a staging buffer before its copy finished would produce wrong bytes."""

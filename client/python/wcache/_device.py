@@ -422,7 +422,10 @@ class CpuBackend(Backend):
 class Engine:
     """Copies planned tensors to a backend's device. After copy_plan():
     ``path`` ("register", "staging" or "register+staging"), ``why`` (the
-    reason for that path), ``copies`` (copy calls issued) and ``seconds``
+    reason for that path, with this load's counts), ``reason`` (the same
+    without counts: what the log line says, once per process for each
+    path and reason, however many loads of different sizes follow),
+    ``copies`` (copy calls issued) and ``seconds``
     ({"view", "register", "copy", "unregister"}: the wall time spent
     making and unmapping shared views, registering, issuing copies and
     waiting for them, and unregistering), so that a slow load says where
@@ -437,7 +440,7 @@ class Engine:
         self.mode = mode
         self.staging_bytes = staging_bytes
         self.threads = threads or max(1, min(8, os.cpu_count() or 1))
-        self.path = self.why = None
+        self.path = self.why = self.reason = None
         self.copies = 0
         self.seconds = dict.fromkeys(("view", "register", "copy", "unregister"), 0.0)
         self._maps = None
@@ -464,9 +467,10 @@ class Engine:
         self.seconds = dict.fromkeys(self.seconds, 0.0)
         if not p.batches:
             self.path, self.why = "none", "nothing to copy"
+            self.reason = self.why
             return
         done = 0
-        why = "WCACHE_DEVICE_COPY=staging"
+        why = reason = "WCACHE_DEVICE_COPY=staging"
         if self.mode != "staging":
             # One registered copy at a time in this process: two loads whose
             # page-rounded ranges share a page (neighbouring tensors asked
@@ -474,20 +478,21 @@ class Engine:
             # the first to finish would unregister it under the other's
             # copies. They share one link anyway.
             with _register_lock:
-                done, why = self._copy_registered(p, buffer)
+                done, why, reason = self._copy_registered(p, buffer)
             if done == len(p.batches):
                 self.path = "register"
-                self.why = f"{self.backend.name}: source registered read-only " \
-                           f"({len(p.ranges)} range(s))"
+                self.reason = f"{self.backend.name}: source registered read-only"
+                self.why = f"{self.reason} ({len(p.ranges)} range(s))"
                 return
         self.path = "staging" if done == 0 else "register+staging"
-        self.why = why
+        self.why, self.reason = why, reason
         with self._timed("copy"):
             self._copy_staged(p.batches[done:], buffer)
 
     def _copy_registered(self, p, buffer):
-        """(batches copied, why it stopped early or None)."""
-        registered, views, done, why = [], [], 0, None
+        """(batches copied, why it stopped early or None, the same without
+        counts or None)."""
+        registered, views, done, why, reason = [], [], 0, None, None
         stream = None
         self._maps = None  # /proc/self/maps, read by the first _source()
         try:
@@ -518,7 +523,8 @@ class Engine:
                         raise RegisterRefused(str(e)) from None
                     what = "registration refused" if isinstance(e, RegisterRefused) else \
                         "no shared view to register"
-                    why = f"{what}: {e}" if first == 0 else \
+                    reason = f"{what}: {e}"
+                    why = reason if first == 0 else \
                         f"{what} after {first} of {len(p.batches)} batches: {e}"
                     break
                 with self._timed("copy"):
@@ -539,7 +545,7 @@ class Engine:
                 with self._timed("view"):
                     for view in views:
                         view.close()
-        return done, why
+        return done, why, reason
 
     def _source(self, lo, hi, batches):
         """(view, source address of each batch) for the range [lo, hi):
@@ -720,7 +726,7 @@ def to_device(model, names, device, per_tensor, backend=None, mode=None, small=S
                                    f"({type(e).__name__}: {e}); copying tensor by tensor")
         return {name: per_tensor(name).to(device) for name in names}
     level = logging.WARNING if "staging" in engine.path and mode == "auto" else logging.INFO
-    _say_once(level, f"wcache: {engine.path} path into {device}: {engine.why}")
+    _say_once(level, f"wcache: {engine.path} path into {device}: {engine.reason}")
     out = {}
     for info, dtype in infos:
         off = p.places[info.name]
