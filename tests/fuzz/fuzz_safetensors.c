@@ -28,6 +28,7 @@
 
 #include "base/error.h"
 #include "fuzz_bytes.h"
+#include "fuzz_message.h"
 #include "format/index.h"
 #include "format/safetensors.h"
 
@@ -72,6 +73,7 @@ parse_one(const uint8_t *data, size_t size, uint8_t **out, size_t *out_len)
 		CHECK(rc == -EINVAL || rc == -ENOMEM);
 		CHECK(strncmp(msg, NAME ": ", strlen(NAME) + 2) == 0);
 		CHECK(strchr(msg, '\n') == NULL);
+		CHECK(fuzz_message_harmless(msg));
 		goto out;
 	}
 	CHECK(size >= 8);

@@ -48,6 +48,7 @@
 #include "format/shards.h"
 #include "format/source.h"
 #include "fuzz_check.h"
+#include "fuzz_message.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -278,6 +279,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			src.nfiles == untouched.nfiles && src.index == untouched.index &&
 			src.index_len == untouched.index_len);
 		CHECK(strncmp(msg, dir, strlen(dir)) == 0 && msg[strlen(dir)] != '\0');
+		CHECK(fuzz_message_harmless(msg));
 	} else if (flags & FLAG_NO_INDEX) {
 		/* Only source_open() of the directory gets here: one shard. */
 		CHECK(flags & FLAG_OPEN_DIR);
