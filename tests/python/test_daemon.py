@@ -108,6 +108,58 @@ def test_safe_open_without_daemon(no_daemon, model_path):
         assert "lm_head.weight" in f.keys()
 
 
+def test_only_a_daemon_that_is_not_running_means_fall_back(tmp_path, monkeypatch, model_path):
+    """safe_open and derived map the file themselves only when no wcached
+    runs at the socket (DaemonUnavailable). A socket that does not accept
+    within the deadline (a hung daemon; here a full backlog), or that is
+    not wcached's kind, is an error to see, as the same failures of an
+    attach are: falling back silently would hide it."""
+    import socket
+    import wcache._safe_open as so
+    hung = str(tmp_path / "hung.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(hung)
+    listener.listen(0)
+    queued = []
+    while True:  # fill the backlog: the next connect is not accepted
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        c.setblocking(False)
+        try:
+            c.connect(hung)
+        except BlockingIOError:
+            c.close()
+            break
+        queued.append(c)
+    stream = str(tmp_path / "stream.sock")
+    other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    other.bind(stream)
+    other.listen(8)
+    try:
+        for path, code in ((hung, "ETIMEDOUT"), (stream, "EPROTOTYPE")):
+            with pytest.raises(wcache.WcacheError) as e:
+                wcache.connect(path, timeout=0.2)
+            assert not isinstance(e.value, wcache.DaemonUnavailable), e.value
+            assert e.value.errno == getattr(__import__("errno"), code) and path in str(e.value)
+            monkeypatch.setenv("WCACHE_SOCKET", path)
+            monkeypatch.setenv("WCACHE_TIMEOUT", "0.2")
+            so._shared = None
+            with pytest.raises(wcache.WcacheError) as e:
+                wcache.safe_open(model_path)
+            assert not isinstance(e.value, wcache.DaemonUnavailable) and path in str(e.value)
+            with pytest.raises(wcache.WcacheError):
+                wcache.derived(model_path, "k-v1", lambda src: src)
+        monkeypatch.setenv("WCACHE_SOCKET", str(tmp_path / "nobody.sock"))
+        so._shared = None
+        with wcache.safe_open(model_path) as f:
+            assert f.model.source == "file"
+    finally:
+        so._shared = None
+        for c in queued:
+            c.close()
+        listener.close()
+        other.close()
+
+
 def test_missing_daemon_error(no_daemon):
     with pytest.raises(wcache.DaemonUnavailable) as e:
         wcache.connect()

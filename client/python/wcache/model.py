@@ -438,7 +438,10 @@ def default_socket():
 
 def connect(socket=None, timeout=None):
     """Connects to wcached (socket None: $WCACHE_SOCKET, else
-    /run/wcached/wcached.sock). Raises DaemonUnavailable when it cannot.
+    /run/wcached/wcached.sock). Raises DaemonUnavailable when no wcached
+    runs there (no socket, connection refused), WcacheError for any other
+    failure (permission denied, not accepted within the deadline, a socket
+    of another kind at the path).
 
     timeout: the client's deadline in seconds for the connect and every
     later wait on the daemon (an attach, a release), 0 for none; past it a
@@ -464,7 +467,11 @@ def connect(socket=None, timeout=None):
             ms = 1
         rc = lib.wc_connect_timeout(where, min(ms, 2**31 - 1), ctypes.byref(out))
     if rc < 0:
-        check(rc, DaemonUnavailable)
+        # Only "nobody listens there" is DaemonUnavailable, which safe_open
+        # and derived take for "map the file here instead"; a socket this
+        # user may not use, a daemon that does not accept within the
+        # deadline, or something else at the path is an error to see.
+        check(rc, DaemonUnavailable if -rc in _lib._DAEMON_DOWN else _lib.WcacheError)
     return Client(out.value, path if path is not None else default_socket())
 
 
