@@ -578,6 +578,23 @@ def test_upstream_messages_and_helpers(tmp_path, no_daemon):
     assert wtorch.storage_size(b[::4]) == 64 and wtorch.storage_ptr(b[4:]) == b.data_ptr()
 
 
+def test_numpy_zero_dimensional_arrays_keep_their_shape(tmp_path, no_daemon):
+    """A 0-d array is written with shape [] (upstream writes arr.shape), not
+    [1], which np.ascontiguousarray makes of it."""
+    scalar = np.array(3.0, dtype=np.float32)
+    want = expected_file('{"s":{"dtype":"F32","shape":[],"data_offsets":[0,4]}}',
+                         struct.pack("<f", 3.0))
+    assert wnp.save({"s": scalar}) == want
+    path = tmp_path / "s.safetensors"
+    wnp.save_file({"s": scalar}, path)
+    assert path.read_bytes() == want
+    assert wnp.load(want)["s"].shape == () and wnp.load_file(path)["s"].shape == ()
+    # a 0-d view that is not contiguous in the usual sense keeps its shape too
+    assert wnp.save({"s": np.arange(4.0, dtype=np.float32)[::2][1, ...]}) == \
+        expected_file('{"s":{"dtype":"F32","shape":[],"data_offsets":[0,4]}}',
+                      struct.pack("<f", 2.0))
+
+
 def test_safe_open_handle(tmp_path, no_daemon):
     path = tmp_path / "m.safetensors"
     wnp.save_file({"a": np.arange(4, dtype=np.int16)}, path)

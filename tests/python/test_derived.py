@@ -259,6 +259,16 @@ def test_fallback_numpy(no_daemon, tmp_path):
         assert (out[k] == -src.numpy(k)).all()
 
 
+def test_fallback_numpy_keeps_zero_dimensional_shapes(no_daemon, tmp_path):
+    path = mkmodel(tmp_path / "f32.safetensors", dtype="F32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = wcache.derived(path, "scale-v1",
+                             lambda s: {"scale": np.array(0.5, dtype=np.float32)},
+                             framework="np")
+    assert out["scale"].shape == () and out["scale"] == np.float32(0.5)
+
+
 def test_fallback_build_errors_propagate(no_daemon, model_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -88,7 +88,7 @@ def _st_dtype(value):
             t.nelement() * t.element_size()
     import numpy as np
     if isinstance(value, np.ndarray):
-        a = np.ascontiguousarray(value)
+        a = np.ascontiguousarray(value).reshape(value.shape)  # 0-d stays 0-d
         if a.dtype.byteorder == ">" or (a.dtype.byteorder == "=" and sys.byteorder == "big"):
             a = a.byteswap().view(a.dtype.newbyteorder("<"))
         st = _NUMPY_DTYPES.get(a.dtype.name)

@@ -27,7 +27,7 @@ def _specs(tensor_dict, keep):
         if not isinstance(v, np.ndarray):
             raise ValueError(f"Key `{k}` is invalid, expected np.ndarray but received "
                              f"{type(v)}")
-        a = np.ascontiguousarray(v)
+        a = np.ascontiguousarray(v).reshape(v.shape)  # ascontiguousarray makes 0-d 1-d
         if a.dtype.byteorder == ">" or (a.dtype.byteorder == "=" and sys.byteorder == "big"):
             a = a.byteswap().view(a.dtype.newbyteorder("<"))
         keep.append(a)
