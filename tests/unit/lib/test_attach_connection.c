@@ -143,6 +143,12 @@ test_error_text_surfaces(void **state)
 	f->fake.err_text = "model.safetensors was modified in place";
 	f->fake.nfds = 0;
 	attach_fails(f, -ESTALE, "was modified in place");
+	/* The daemon's text quotes what a model file chose (a shard's name):
+	 * wc_errmsg() holds it escaped, which a worker may log as it is. */
+	f->fake.err_code = EINVAL;
+	f->fake.err_text = "/m/\x1b]0;PWNED\x07\xc2\x9b" "2J.safetensors: damaged\nforged";
+	attach_fails(f, -EINVAL, "/m/\\x1b]0;PWNED\\x07\\u009b2J.safetensors: damaged\\x0aforged");
+	assert_null(strchr(wc_errmsg(), '\x1b'));
 }
 
 /* The daemon reads the request and closes the connection, twice: the
