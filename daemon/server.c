@@ -51,6 +51,10 @@
  * is never taken for that, and is read again a retry later. */
 #define CLOSING_PER_UID_MAX 64
 #define CLOSING_STUCK_MS 1000
+/* How long the listening socket is not watched when wcached is out of
+ * descriptors and has no spare to refuse the waiting client with: watched,
+ * it stays readable while that client waits, and the loop would spin. */
+#define ACCEPT_PAUSE_MS 100
 
 static void conn_io(uv_poll_t *handle, int status, int events);
 static void conn_read(struct conn *c);
@@ -484,6 +488,8 @@ refuse_without_fds(struct server *s)
 {
 	int fd;
 
+	/* The spare is lost when the refused connection's close had to wait
+	 * in its uid's lane (closer.h) and took the number it freed. */
 	if (s->spare_fd < 0)
 		return 0;
 	close(s->spare_fd);
@@ -492,6 +498,43 @@ refuse_without_fds(struct server *s)
 		refuse(s, fd, "wcached is out of file descriptors");
 	s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	return fd >= 0;
+}
+
+static void on_accept(uv_poll_t *handle, int status, int events);
+
+/* Watches the listening socket again after a pause, with a spare again if
+ * a descriptor is free for it. */
+static void
+on_accept_resume(uv_timer_t *t)
+{
+	struct server *s = t->data;
+
+	if (s->stopping)
+		return;
+	if (s->spare_fd < 0)
+		s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	uv_poll_start(&s->listen_poll, UV_READABLE, on_accept);
+}
+
+/*
+ * Out of descriptors with no spare to refuse the waiting client with: it
+ * stays in the backlog, and the listening socket stays readable, so it is
+ * not watched for ACCEPT_PAUSE_MS (level-triggered, every turn of the loop
+ * would find it readable and fail accept4 again, at 100% CPU). Said once
+ * until a client is accepted again.
+ */
+static void
+accept_pause(struct server *s)
+{
+	if (!s->accept_paused_logged) {
+		s->accept_paused_logged = 1;
+		log_warnx("out of file descriptors, with none spare to refuse clients with: "
+			  "they wait in the backlog; trying again every %d ms (raise "
+			  "LimitNOFILE=)", ACCEPT_PAUSE_MS);
+	}
+	s->stats.accept_pauses++;
+	uv_poll_stop(&s->listen_poll);
+	uv_timer_start(&s->accept_timer, on_accept_resume, ACCEPT_PAUSE_MS, 0);
 }
 
 static void
@@ -511,8 +554,10 @@ on_accept(uv_poll_t *handle, int status, int events)
 			if (errno == EINTR || errno == ECONNABORTED)
 				continue;
 			if (errno == EMFILE || errno == ENFILE) {
-				if (!refuse_without_fds(s))
+				if (!refuse_without_fds(s)) {
+					accept_pause(s);
 					return;
+				}
 				log_warnx("out of file descriptors: refused a client (raise "
 					  "LimitNOFILE=)");
 				continue;
@@ -521,6 +566,7 @@ on_accept(uv_poll_t *handle, int status, int events)
 				log_warn("accept");
 			return;
 		}
+		s->accept_paused_logged = 0;
 		if (s->nconns >= s->max_clients) {
 			log_warnx("refusing a client: %u clients connected (max_clients)",
 				s->nconns);
@@ -631,6 +677,8 @@ server_start(uv_loop_t *loop, struct registry *reg, int listen_fd,
 	}
 	uv_timer_init(loop, &s->retry_timer);
 	s->retry_timer.data = s;
+	uv_timer_init(loop, &s->accept_timer);
+	s->accept_timer.data = s;
 	s->listen_poll.data = s;
 	uv_poll_start(&s->listen_poll, UV_READABLE, on_accept);
 	*out = s;
@@ -662,16 +710,19 @@ server_announce(struct server *s, const struct model_entry *m, uint64_t generati
 	}
 }
 
+/* Close callback of the listener, then of both timers: the last frees s. */
 static void
 server_free(uv_handle_t *handle)
 {
 	struct server *s = handle->data;
 
-	if (!uv_is_closing((uv_handle_t *)&s->retry_timer)) {
+	if (handle == (uv_handle_t *)&s->listen_poll) {
+		s->timers_open = 2;
 		uv_close((uv_handle_t *)&s->retry_timer, server_free);
+		uv_close((uv_handle_t *)&s->accept_timer, server_free);
 		return;
 	}
-	if (handle != (uv_handle_t *)&s->retry_timer)
+	if (--s->timers_open > 0)
 		return;
 	close(s->listen_fd);
 	if (s->spare_fd >= 0)
@@ -689,6 +740,7 @@ server_stop(struct server *s)
 	while (s->conns != NULL)
 		conn_close(s->conns);
 	uv_poll_stop(&s->listen_poll);
+	uv_timer_stop(&s->accept_timer);
 	uv_close((uv_handle_t *)&s->listen_poll, server_free);
 }
 

@@ -78,6 +78,9 @@ struct server {
 	int fd_limit;      /* RLIMIT_NOFILE at start */
 	int fd_reserve;    /* descriptors a new connection may not take */
 	int spare_fd;      /* closed to accept-and-refuse when out of fds */
+	uv_timer_t accept_timer; /* the listener's pause when out of fds and spare */
+	int accept_paused_logged;
+	int timers_open;   /* while stopping: timers whose close has not called back */
 	uid_t self_uid;
 	/*
 	 * Descriptors in flight. The kernel counts every descriptor sent with

@@ -1,0 +1,126 @@
+"""A worker, or a builder of derived weights, attacking wcached's client
+socket, against the real daemon:
+
+  - out of descriptors, the connection wcached accepts with its spare
+    descriptor to refuse politely closes in its uid's lane of the closer
+    when it has a request queued, and a lane that waits behind a close that
+    hangs keeps its number: the spare could not be opened again, and from
+    then on every connection waiting in the backlog made the event loop
+    spin in accept4 -> EMFILE (100% CPU) for as long as the table stayed
+    full, with no spare ever made again.
+
+Each asserts what the old code got wrong, so it fails there."""
+import os
+import signal
+import socket
+import struct
+import time
+
+import pytest
+
+from conftest import mkmodel, settled_fd_count, threads_in_close, wait_until
+from remotefs import RemoteFS, skip_reason  # tests/pyutil, on the path conftest set
+from test_regressions import (ATTACH, ATTACH_OK, ERROR, SHORT, SMALL, attach_raw, cpu_seconds,
+                              message, nofile, raw_client, ready, receive, set_nofile)
+from test_regressions import start  # noqa: F401 (the fixture, used by name)
+
+
+def reply_or_refusal(s):
+    """The reply on s, which wcached may have refused: a refusal sent and
+    closed with the request unread resets the connection (once)."""
+    try:
+        return receive(s)
+    except ConnectionResetError:
+        return receive(s)
+
+
+def stopped(d):
+    """A context in which d's event loop does not run (SIGSTOP ... SIGCONT),
+    so that what a client sends is queued before wcached accepts it."""
+    class Stopped:
+        def __enter__(self):
+            os.kill(d.proc.pid, signal.SIGSTOP)
+
+        def __exit__(self, *exc):
+            os.kill(d.proc.pid, signal.SIGCONT)
+    return Stopped()
+
+
+def test_out_of_descriptors_with_the_spare_lost_does_not_spin(start, tmp_path):
+    if skip_reason():
+        pytest.skip(skip_reason())
+    d = start({"small": mkmodel(tmp_path / "small.safetensors", **SMALL)})
+    fillers, pid = [], d.proc.pid
+    original = nofile(pid)[0]
+    ready(d, "small")
+    # A client the daemon holds a descriptor for: closing it frees one.
+    held = raw_client(d)
+    assert attach_raw(held, "small")[0] == ATTACH_OK
+    with RemoteFS(tmp_path / "backing", tmp_path / "mnt", flush=True) as fs:
+        fs.replace("f", b"x")
+        fs.wait_visible("f")
+        hung = os.open(fs.path("f"), os.O_RDONLY | os.O_CLOEXEC)
+        passer = raw_client(d)
+        fillers.append(passer)
+        try:
+            # This user's lane of the closer waits behind a close that
+            # hangs (a FLUSH its server never answers; a SIGSTOP of wcached
+            # does not end it): a connection refused with its request
+            # queued closes in that lane, and its descriptor stays taken.
+            # Nothing of this process may close a file there meanwhile.
+            with stopped(d):
+                passer.sendmsg([message(ATTACH, b"small")],
+                               [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", hung))])
+                os.close(hung)
+                fs.freeze()
+            wait_until(lambda: threads_in_close(pid) >= 1, timeout=30,
+                       what="wcached to be closing the file on the hung server")
+            settled_fd_count(pid)
+            fds = [int(x) for x in os.listdir(f"/proc/{pid}/fd")]
+            limit = max(fds) + 1
+            set_nofile(pid, limit)
+            for _ in range(limit - len(fds) + 1):
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                s.settimeout(SHORT)
+                fillers.append(s)
+                with stopped(d):  # the request is queued when wcached accepts
+                    s.connect(d.socket)
+                    s.send(message(ATTACH, b"small"))
+                mtype, payload = reply_or_refusal(s)
+                if mtype == ERROR:
+                    break
+                assert mtype == ATTACH_OK
+            else:
+                raise AssertionError("no client was refused at the descriptor limit")
+            assert b"out of file descriptors" in payload, payload
+            assert threads_in_close(pid) >= 1, "the close ended early: nothing was tested"
+            # The refused connection waits in the stuck lane: no spare now.
+            # A client waiting in the backlog made the old loop spin.
+            waiter = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            waiter.settimeout(SHORT)
+            waiter.connect(d.socket)
+            fillers.append(waiter)
+            time.sleep(0.2)
+            before = cpu_seconds(pid)
+            time.sleep(1.0)
+            used = cpu_seconds(pid) - before
+            assert used < 0.2, f"wcached used {used:.2f} s of CPU in 1 s with a client waiting"
+            log = d.read_log()
+            assert log.count("with none spare to refuse clients with") == 1, log
+            # Once a descriptor is free, the waiting client is answered.
+            held.close()
+            try:
+                waiter.send(message(ATTACH, b"small"))
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            assert reply_or_refusal(waiter)[0] in (ERROR, ATTACH_OK)
+        finally:
+            fs.thaw()
+            held.close()
+            for s in fillers:
+                s.close()
+            if d.proc.poll() is None:
+                set_nofile(pid, original)
+        wait_until(lambda: threads_in_close(pid) == 0, timeout=60,
+                   what="the hung close to end")
+
