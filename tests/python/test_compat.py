@@ -3,6 +3,7 @@ file bytes computed here from the format (not by wcache), exception types,
 dtypes, shapes, metadata, shared-tensor rules, and wcache.install()."""
 import json
 import os
+import stat
 import struct
 import subprocess
 import sys
@@ -256,6 +257,30 @@ def test_save_file_is_atomic(tmp_path):
     os.umask(umask)
     assert os.stat(path).st_mode & 0o777 == 0o666 & ~umask
 
+
+
+def test_save_file_writes_into_what_is_not_a_file(tmp_path):
+    """Upstream opens the path and writes: into /dev/null, a FIFO, a
+    terminal. Renaming a temporary file over such a node would replace it
+    (as root: /dev/null becomes a regular file) or fail where this user may
+    not write the directory. A FIFO here stands for them all (tests must
+    not touch /dev/null)."""
+    import threading
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+
+    def read():
+        with open(fifo, "rb") as f:
+            got.append(f.read())
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    tensors = {"x": torch.arange(6.0)}
+    wtorch.save_file(tensors, fifo)
+    reader.join(10)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode), "the FIFO was replaced by a file"
+    assert got == [wtorch.save(tensors)]
+    assert sorted(os.listdir(tmp_path)) == ["pipe"]
 
 
 @pytest.mark.parametrize("save", ["torch", "numpy", "serialize_file"])

@@ -175,17 +175,24 @@ def serialize(tensor_dict, metadata=None):
 
 
 def _replaced(path):
-    """The os.stat_result of the regular file path names (its mode and
+    """The os.stat_result of what path names (a regular file's mode and
     owner go to the file replacing it), or None: nothing there yet (the new
-    file gets 0666 minus the umask, as open(O_CREAT) gives it), or not a
-    regular file. A directory is IsADirectoryError."""
+    file gets 0666 minus the umask, as open(O_CREAT) gives it). A directory
+    is IsADirectoryError."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
         return None
     if stat.S_ISDIR(st.st_mode):  # before the write, not at the rename after it
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
-    return st if stat.S_ISREG(st.st_mode) else None
+    return st
+
+
+def _write_all(f, chunks):
+    for chunk in chunks:
+        view = memoryview(chunk).cast("B")
+        while view.nbytes:
+            view = view[f.write(view):]
 
 
 def _take_over(fd, old):
@@ -212,8 +219,17 @@ def write_atomically(filename, chunks):
     same directory: written, fsync'ed, renamed over filename, directory
     synced. A symlink is followed (os.path.realpath): the file it points at
     is replaced and the link stays. A replaced file's mode (and owner, where
-    this user may give it) is kept; a new file gets 0666 minus the umask."""
-    target = os.path.realpath(os.fsdecode(os.fspath(filename)))
+    this user may give it) is kept; a new file gets 0666 minus the umask.
+    What is not a file (/dev/null, a FIFO, a terminal) is written to, as
+    upstream writes: renaming a file over it would replace the device node
+    (as root) or fail (a directory this user may not write)."""
+    name = os.fsdecode(os.fspath(filename))
+    old = _replaced(name)  # through /dev/stdout's /proc link too, which realpath cannot
+    if old is not None and not stat.S_ISREG(old.st_mode):
+        with open(name, "wb", buffering=0) as f:
+            _write_all(f, chunks)
+        return
+    target = os.path.realpath(name)
     directory = os.path.dirname(target)
     base = os.path.basename(target)
     old = _replaced(target)
@@ -230,10 +246,7 @@ def write_atomically(filename, chunks):
         with os.fdopen(fd, "wb", buffering=0) as f:
             if old is not None:
                 _take_over(f.fileno(), old)
-            for chunk in chunks:
-                view = memoryview(chunk).cast("B")
-                while view.nbytes:
-                    view = view[f.write(view):]
+            _write_all(f, chunks)
             os.fsync(f.fileno())
         os.rename(tmp, target)
     except BaseException:
