@@ -289,6 +289,43 @@ drop_unheld(struct registry *r, uint64_t want)
 	return dropped;
 }
 
+/*
+ * Makes room for one more build of m (DERIVE_MAX_PER_MODEL): 0 when there
+ * is room, if need be after dropping m's artifact nobody holds that was
+ * used least recently; -ENOSPC with msg when every one is held or being
+ * built.
+ */
+static int
+make_room(struct derive_table *t, const struct model_entry *m, char *msg, size_t msg_size)
+{
+	struct derived *lru = NULL;
+	unsigned n = 0;
+
+	for (struct derived *a = t->artifacts; a != NULL; a = a->next) {
+		if (a->entry_id != m->entry_id)
+			continue;
+		n++;
+		if (a->gen->attached == 0 && (lru == NULL || a->last_use < lru->last_use))
+			lru = a;
+	}
+	for (const struct derive_build *b = t->builds; b != NULL; b = b->next)
+		n += b->entry_id == m->entry_id;
+	if (n < DERIVE_MAX_PER_MODEL)
+		return 0;
+	if (lru != NULL) {
+		char why[160];
+
+		snprintf(why, sizeof(why), "a new build needs its place: %u artifacts and builds "
+			 "is the most a model may have, and nobody held this one", n);
+		drop(t, lru, why);
+		return 0;
+	}
+	snprintf(msg, msg_size, "model \"%s\": %u derived artifacts and builds already, every "
+		 "one held or being built (at most %u per model)", m->name, n,
+		DERIVE_MAX_PER_MODEL);
+	return -ENOSPC;
+}
+
 /* ---- requests ---- */
 
 int
@@ -391,6 +428,8 @@ derive_request(struct derive_table *t, const struct wire_derive *d,
 			g->number, (unsigned)peer->uid);
 		return -EACCES;
 	}
+	if ((err = make_room(t, m, msg, msg_size)) < 0)
+		return err;
 	if ((b = calloc(1, sizeof(*b))) == NULL || (b->model_name = strdup(m->name)) == NULL) {
 		free(b);
 		snprintf(msg, msg_size, "out of memory");

@@ -48,6 +48,15 @@ struct derive_build;
  * missing); a warm restart takes back only a memfd that has them all. */
 #define DERIVE_ARTIFACT_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL)
 
+/* Artifacts (of any source generation) and builds in progress one model
+ * may have at once. Each artifact keeps descriptors open in wcached (its
+ * memfd and its sealed index) while its source generation is current, so
+ * without a bound one builder publishing under key after key would fill
+ * wcached's descriptor table. A build past it first drops the model's
+ * artifact nobody holds that was used least recently; with none, it is
+ * refused (ENOSPC). */
+#define DERIVE_MAX_PER_MODEL 64u
+
 /* How the outcome reaches a waiting connection (the server's). Each is
  * called once per waiter, which is no longer waiting when it is called. */
 struct derive_hooks {

@@ -7,7 +7,12 @@ socket, against the real daemon:
     hangs keeps its number: the spare could not be opened again, and from
     then on every connection waiting in the backlog made the event loop
     spin in accept4 -> EMFILE (100% CPU) for as long as the table stayed
-    full, with no spare ever made again.
+    full, with no spare ever made again;
+  - a builder in derive_groups that publishes artifact after artifact under
+    new keys: each one kept four descriptors in wcached (its memfd and its
+    sealed index, each twice) while its source generation was current, and nothing
+    bounded how many, so one builder could fill wcached's descriptor table
+    and lock every other worker out.
 
 Each asserts what the old code got wrong, so it fails there."""
 import os
@@ -23,6 +28,13 @@ from remotefs import RemoteFS, skip_reason  # tests/pyutil, on the path conftest
 from test_regressions import (ATTACH, ATTACH_OK, ERROR, SHORT, SMALL, attach_raw, cpu_seconds,
                               message, nofile, raw_client, ready, receive, set_nofile)
 from test_regressions import start  # noqa: F401 (the fixture, used by name)
+from test_derived import ARTIFACT, RELEASE, RELEASE_OK, Peer, build, closing, memfd_with
+from test_derived import derived  # noqa: F401 (the fixture, used by name)
+from ctlutil import model_entry
+
+# daemon/derive.h: artifacts and builds one model may have at once.
+MAX_PER_MODEL = 64
+ENOSPC = 28
 
 
 def reply_or_refusal(s):
@@ -124,3 +136,45 @@ def test_out_of_descriptors_with_the_spare_lost_does_not_spin(start, tmp_path):
         wait_until(lambda: threads_in_close(pid) == 0, timeout=60,
                    what="the hung close to end")
 
+
+def test_a_builder_cannot_fill_the_table_with_artifacts(derived):
+    d = derived()
+    ready(d, "small")
+    pid = d.proc.pid
+    builder = Peer(d)
+    keys = [f"k{n}" for n in range(100)]
+    at_most = None
+    for n, key in enumerate(keys):
+        if n == MAX_PER_MODEL:
+            at_most = settled_fd_count(pid)
+        token = build(builder, key=key)["token"]
+        fd = memfd_with(ARTIFACT)
+        builder.publish(token, fd)
+        os.close(fd)
+        r = closing(builder.reply())
+        assert r["type"] == ATTACH_OK, r
+        builder.send(RELEASE, struct.pack("<Q", r["handle"]))
+        assert builder.reply()["type"] == RELEASE_OK
+    # Each artifact kept its memfd and its index open in wcached (four
+    # descriptors), and nothing bounded how many: past the most a model may
+    # have, the oldest nobody holds makes room.
+    grown = settled_fd_count(pid) - at_most
+    assert grown <= 4, f"{grown} more descriptors after {len(keys) - MAX_PER_MODEL} more artifacts"
+    assert "a new build needs its place" in d.read_log()
+    kept = [x["key"] for x in model_entry(d, "small")["derived"]]
+    assert len(kept) == MAX_PER_MODEL and kept[0] not in keys[:100 - MAX_PER_MODEL], kept
+    # Every one held: a new key is refused, and says why.
+    holder = Peer(d)
+    for key in kept:
+        holder.derive("small", key)
+        assert closing(holder.reply())["type"] == ATTACH_OK
+    builder.derive("small", "one-more")
+    r = closing(builder.reply())
+    assert r["type"] == ERROR and r["code"] == ENOSPC, r
+    assert "every one held or being built" in r["text"], r["text"]
+    # Other workers are served as before.
+    worker = Peer(d)
+    worker.send(ATTACH, b"small")
+    assert closing(worker.reply())["type"] == ATTACH_OK
+    for p in (builder, holder, worker):
+        p.close()
