@@ -398,6 +398,16 @@ derive_request(struct derive_table *t, const struct wire_derive *d,
 	if ((b = find_build(t, m->entry_id, g->number, key)) != NULL) {
 		struct derive_waiter *w, **pp;
 
+		/* Waiting for its own build, it would read nothing more, its
+		 * PUBLISH included, until derive_timeout: it and every waiter
+		 * of the key would wait out those minutes for nothing. */
+		if (b->builder == conn) {
+			snprintf(msg, msg_size,
+				"model \"%s\": derived \"%s\" of generation %" PRIu64
+				" is being built by this connection: PUBLISH or ABANDON it with "
+				"its token", m->name, key, g->number);
+			return -EDEADLK;
+		}
 		if (d->wait_ms == 0) {
 			snprintf(msg, msg_size,
 				"model \"%s\": derived \"%s\" of generation %" PRIu64

@@ -28,13 +28,14 @@ from remotefs import RemoteFS, skip_reason  # tests/pyutil, on the path conftest
 from test_regressions import (ATTACH, ATTACH_OK, ERROR, SHORT, SMALL, attach_raw, cpu_seconds,
                               message, nofile, raw_client, ready, receive, set_nofile)
 from test_regressions import start  # noqa: F401 (the fixture, used by name)
-from test_derived import ARTIFACT, RELEASE, RELEASE_OK, Peer, build, closing, memfd_with
+from test_derived import (ARTIFACT, RELEASE, RELEASE_OK, Peer, build, closing, memfd_with,
+                          take_artifact, waiting)
 from test_derived import derived  # noqa: F401 (the fixture, used by name)
 from ctlutil import model_entry
 
 # daemon/derive.h: artifacts and builds one model may have at once.
 MAX_PER_MODEL = 64
-ENOSPC = 28
+ENOSPC, EDEADLK = 28, 35
 
 
 def reply_or_refusal(s):
@@ -178,3 +179,27 @@ def test_a_builder_cannot_fill_the_table_with_artifacts(derived):
     assert closing(worker.reply())["type"] == ATTACH_OK
     for p in (builder, holder, worker):
         p.close()
+
+
+def test_a_builder_that_asks_for_its_own_build_is_told_at_once(derived):
+    # It used to wait for itself: reading nothing more (its PUBLISH
+    # included), it and every other waiter of the key waited out
+    # derive_timeout.
+    d = derived()
+    ready(d, "small")
+    builder, other = Peer(d), Peer(d)
+    token = build(builder)["token"]
+    builder.derive("small", "f32-v1")
+    r = closing(builder.reply(timeout=SHORT))
+    assert r["type"] == ERROR and r["code"] == EDEADLK, r
+    assert "being built by this connection" in r["text"], r["text"]
+    # Still its build: it publishes, and a waiter gets the artifact.
+    other.derive("small", "f32-v1")
+    waiting(d, 1)
+    fd = memfd_with(ARTIFACT)
+    builder.publish(token, fd)
+    os.close(fd)
+    assert closing(builder.reply())["type"] == ATTACH_OK
+    assert take_artifact(other.reply()) == ARTIFACT
+    builder.close()
+    other.close()
