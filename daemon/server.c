@@ -277,6 +277,24 @@ conn_tell_and_close(struct conn *c, const char *text, unsigned stuck)
 	conn_close(c);
 }
 
+/*
+ * Is wcached out of descriptors now? Asked when a message's descriptors
+ * were cut off (fdp_recv: -EBADMSG): its control buffer holds all that one
+ * message can carry, so the kernel cuts them only when it cannot install
+ * one (MSG_CTRUNC), and then not the client but wcached is at fault.
+ */
+static int
+out_of_fds(int fd)
+{
+	int probe = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+
+	if (probe >= 0) {
+		close(probe);
+		return 0;
+	}
+	return errno == EMFILE || errno == ENFILE;
+}
+
 /* Reads and handles messages until the socket is empty, a reply is
  * pending or waited for, or the connection closes. */
 static void
@@ -317,6 +335,11 @@ conn_read(struct conn *c)
 			return;
 		if (n == 0) {
 			conn_close(c);
+			return;
+		}
+		if (n == -EBADMSG && out_of_fds(c->fd)) {
+			conn_error(c, 0, -EMFILE, 1, "wcached is out of file descriptors: those "
+				"sent with a message were lost (raise LimitNOFILE=); try again");
 			return;
 		}
 		if (n == -EBADMSG) {

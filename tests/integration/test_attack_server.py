@@ -35,7 +35,7 @@ from ctlutil import model_entry
 
 # daemon/derive.h: artifacts and builds one model may have at once.
 MAX_PER_MODEL = 64
-ENOSPC, EDEADLK = 28, 35
+EMFILE, ENOSPC, EDEADLK = 24, 28, 35
 
 
 def reply_or_refusal(s):
@@ -203,3 +203,30 @@ def test_a_builder_that_asks_for_its_own_build_is_told_at_once(derived):
     assert take_artifact(other.reply()) == ARTIFACT
     builder.close()
     other.close()
+
+
+def test_a_publication_cut_for_want_of_descriptors_is_not_blamed_on_its_builder(derived):
+    # With wcached's table full the kernel cannot install the memfd: it
+    # cuts it off (MSG_CTRUNC), and wcached told the builder that it "sent
+    # more descriptors than a PUBLISH carries" (EBADMSG, malformed).
+    d = derived()
+    ready(d, "small")
+    pid = d.proc.pid
+    builder = Peer(d)
+    token = build(builder)["token"]
+    original = nofile(pid)[0]
+    settled_fd_count(pid)
+    taken = {int(x) for x in os.listdir(f"/proc/{pid}/fd")}
+    lowest_free = min(set(range(max(taken) + 2)) - taken)
+    fd = memfd_with(ARTIFACT)
+    try:
+        set_nofile(pid, lowest_free)
+        builder.publish(token, fd)
+        r = closing(builder.reply(timeout=SHORT))
+    finally:
+        os.close(fd)
+        set_nofile(pid, original)
+    assert r["type"] == ERROR and r["code"] == EMFILE, r
+    assert "wcached is out of file descriptors" in r["text"], r["text"]
+    assert "sent more descriptors" not in d.read_log()
+    builder.close()
