@@ -266,6 +266,34 @@ FORK_WORKERS = textwrap.dedent("""
 """)
 
 
+def test_fork_while_another_thread_connects(no_daemon, model_path):
+    """A thread of the parent inside safe_open's connect (it holds the
+    module's lock for up to the client's deadline) when another forks: the
+    child's first safe_open must not wait for a lock no thread of it will
+    ever let go."""
+    import wcache._safe_open as so
+    with so._lock:  # what that thread holds at the fork
+        pid = os.fork()
+        if pid == 0:
+            code = 2
+            try:
+                with wcache.safe_open(model_path) as f:
+                    code = 0 if f.keys() else 3
+            finally:
+                os._exit(code)
+    deadline = time.monotonic() + 30
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the child hung on the lock a parent thread held at fork")
+        time.sleep(0.05)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
 def test_four_forked_workers_share_one_attach(daemon):
     import json
     r = run_python(FORK_WORKERS)

@@ -58,6 +58,19 @@ _lock = threading.Lock()
 _shared = None  # (pid, Client)
 
 
+def _after_fork_in_child():
+    """A child gets its own lock: another thread of the parent may have held
+    it at fork (inside _client(), connecting, for up to the client's
+    deadline), and no thread of the child would ever let it go."""
+    global _lock, _shared
+    _lock = threading.Lock()
+    _shared = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _client(failed=None):
     """This process's connection to wcached (made on first use). failed: a
     client whose attach found wcached gone; it is replaced unless another
