@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from conftest import mkmodel, settled_fd_count, threads_in_close, wait_until
+from conftest import TEST_USER, mkmodel, settled_fd_count, threads_in_close, wait_until
 from remotefs import RemoteFS, skip_reason  # tests/pyutil, on the path conftest set
 from test_regressions import (ATTACH, ATTACH_OK, ERROR, SHORT, SMALL, attach_raw, cpu_seconds,
                               message, nofile, raw_client, ready, receive, set_nofile)
@@ -36,6 +36,11 @@ from ctlutil import model_entry
 # daemon/derive.h: artifacts and builds one model may have at once.
 MAX_PER_MODEL = 64
 EMFILE, ENOSPC, EDEADLK = 24, 28, 35
+
+# prlimit of a daemon running as another user ($WCACHE_TEST_USER) is refused
+# where the tests lack CAP_SYS_RESOURCE over it.
+lowers_nofile = pytest.mark.skipif(TEST_USER is not None,
+                                   reason="lowers wcached's RLIMIT_NOFILE with prlimit")
 
 
 def reply_or_refusal(s):
@@ -59,6 +64,7 @@ def stopped(d):
     return Stopped()
 
 
+@lowers_nofile
 def test_out_of_descriptors_with_the_spare_lost_does_not_spin(start, tmp_path):
     if skip_reason():
         pytest.skip(skip_reason())
@@ -205,6 +211,7 @@ def test_a_builder_that_asks_for_its_own_build_is_told_at_once(derived):
     other.close()
 
 
+@lowers_nofile
 def test_a_publication_cut_for_want_of_descriptors_is_not_blamed_on_its_builder(derived):
     # With wcached's table full the kernel cannot install the memfd: it
     # cuts it off (MSG_CTRUNC), and wcached told the builder that it "sent
