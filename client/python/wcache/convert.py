@@ -33,6 +33,8 @@ to disk, and renamed over the destination, so a reader never sees half a
 file and a failure leaves nothing behind.
 """
 import argparse
+import os
+import struct
 import sys
 
 from ._dtypes import TORCH_TO_ST
@@ -140,6 +142,22 @@ def _last_line(e):
     return lines[-1] if lines else repr(e)
 
 
+def _is_safetensors(src):
+    """Whether src starts as a safetensors file does (a plausible header
+    length, then a JSON object): torch's unpickler would call it pickled
+    objects to trust."""
+    try:
+        with open(src, "rb") as f:
+            head = f.read(9)
+            size = os.fstat(f.fileno()).st_size
+    except OSError:
+        return False
+    if len(head) < 9:
+        return False
+    n = struct.unpack("<Q", head[:8])[0]
+    return head[8:9] == b"{" and 2 <= n <= size - 8
+
+
 def convert(src, dst, trust_pickle=False, log=None):
     """Converts the checkpoint src to the safetensors file dst. Returns the
     tensor dict that was written. log(msg) receives notes (skipped entries,
@@ -147,17 +165,28 @@ def convert(src, dst, trust_pickle=False, log=None):
     import pickle
     import torch
     log = log or (lambda msg: None)
+    if _is_safetensors(src):
+        raise ConvertError(f"{src}: not a PyTorch checkpoint: it is a safetensors file "
+                           f"already (nothing to convert)")
     try:
-        obj = torch.load(src, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        if not trust_pickle:
-            raise ConvertError(
-                f"{src}: torch.load(weights_only=True) refused it: it holds pickled objects "
-                f"that torch's restricted unpickler does not allow (a whole nn.Module, for "
-                f"instance; torch 1.13 also refuses plain floats). If you trust this file, pass "
-                f"--trust-pickle to unpickle it (that runs code named in the file). "
-                f"torch said: {_last_line(e)}") from None
-        obj = torch.load(src, map_location="cpu", weights_only=False)
+        try:
+            obj = torch.load(src, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as e:
+            if not trust_pickle:
+                raise ConvertError(
+                    f"{src}: torch.load(weights_only=True) refused it: it holds pickled "
+                    f"objects that torch's restricted unpickler does not allow (a whole "
+                    f"nn.Module, for instance; torch 1.13 also refuses plain floats). If you "
+                    f"trust this file, pass --trust-pickle to unpickle it (that runs code named "
+                    f"in the file). torch said: {_last_line(e)}") from None
+            obj = torch.load(src, map_location="cpu", weights_only=False)
+    except (ConvertError, OSError):
+        raise
+    except Exception as e:
+        # Not a checkpoint at all (text, a truncated file, safetensors): torch's
+        # unpickler fails with whatever it met first (KeyError, EOFError, ...).
+        raise ConvertError(f"{src}: not a PyTorch checkpoint torch.load can read "
+                           f"({type(e).__name__}: {_last_line(e)})") from None
     tensors, skipped = collect_tensors(obj)
     if skipped:
         log(f"left out {len(skipped)} entries that are not tensors: "
