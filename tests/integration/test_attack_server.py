@@ -15,6 +15,7 @@ socket, against the real daemon:
     and lock every other worker out.
 
 Each asserts what the old code got wrong, so it fails there."""
+import fcntl
 import os
 import signal
 import socket
@@ -237,3 +238,77 @@ def test_a_publication_cut_for_want_of_descriptors_is_not_blamed_on_its_builder(
     assert "wcached is out of file descriptors" in r["text"], r["text"]
     assert "sent more descriptors" not in d.read_log()
     builder.close()
+
+
+def hostile_fd(kind, tmp_path):
+    """A descriptor of kind that a builder might pass as its 'memfd'."""
+    if kind == "fifo":
+        os.mkfifo(tmp_path / "fifo")
+        return os.open(tmp_path / "fifo", os.O_RDWR)  # opening it read-only would block
+    if kind == "socket":
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        b.close()
+        return a.detach()
+    if kind == "device":
+        return os.open("/dev/zero", os.O_RDWR)
+    if kind == "o_path":
+        fd = memfd_with(ARTIFACT)
+        try:
+            return os.open(f"/proc/self/fd/{fd}", os.O_PATH)
+        finally:
+            os.close(fd)
+    if kind == "unsealable":
+        fd = os.memfd_create("artifact", os.MFD_CLOEXEC)
+        os.write(fd, ARTIFACT)
+        return fd
+    if kind == "sealed_open":  # sealed against sealing, but writable
+        fd = memfd_with(ARTIFACT)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SEAL)
+        return fd
+    if kind == "empty":
+        return memfd_with(b"")
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind, code, words", [
+    ("fifo", "EINVAL", "not a memfd"),
+    ("socket", "EINVAL", "not a memfd"),
+    ("device", "EINVAL", "not a memfd"),
+    ("o_path", "EINVAL", "not a memfd"),
+    ("unsealable", "EINVAL", "sealed against sealing"),
+    ("sealed_open", "EINVAL", "sealed against sealing"),
+    ("empty", "EBADMSG", "empty"),
+])
+def test_a_publication_that_is_no_sealable_memfd_is_refused_at_once(derived, tmp_path, kind,
+                                                                     code, words):
+    # Nothing of it is opened, read or waited on: a FIFO opened read-only
+    # would hold a work queue thread until a writer came.
+    d = derived()
+    ready(d, "small")
+    builder, waiter = Peer(d), Peer(d)
+    token = build(builder)["token"]
+    waiter.derive("small", "f32-v1")
+    waiting(d, 1)
+    fd = hostile_fd(kind, tmp_path)
+    builder.publish(token, fd)
+    os.close(fd)
+    r = closing(builder.reply(timeout=SHORT))
+    assert r["type"] == ERROR and r["code"] == {"EINVAL": 22, "EBADMSG": 74}[code], r
+    assert words in r["text"], r["text"]
+    # The waiter is told why, and the next build starts afresh.
+    r = closing(waiter.reply(timeout=SHORT))
+    assert r["type"] == ERROR and words in r["text"], r
+    token = build(waiter)["token"]
+    fd = memfd_with(ARTIFACT)
+    waiter.publish(token, fd)
+    r = closing(waiter.reply())
+    assert r["type"] == ATTACH_OK, r
+    # Sealed for good: the builder can neither write nor resize what it
+    # published.
+    for change in (lambda: os.write(fd, b"y"), lambda: os.ftruncate(fd, 0),
+                   lambda: os.ftruncate(fd, 1 << 20)):
+        with pytest.raises(PermissionError):
+            change()
+    os.close(fd)
+    builder.close()
+    waiter.close()
