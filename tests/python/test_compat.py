@@ -456,6 +456,28 @@ def test_save_file_io_errors_are_safetensor_errors(tmp_path):
         assert e.value.errno == 2
 
 
+def test_slice_errors_after_an_ellipsis_name_the_right_dimension(tmp_path, no_daemon):
+    """[..., 7] of a [2, 3, 4] tensor: the dimension out of bounds is #2, as
+    the message says for the same index written out ([:, :, 7]); torch, left
+    to check it, counted from the Ellipsis ("dimension 1")."""
+    path = tmp_path / "e.safetensors"
+    wtorch.save_file({"t": torch.arange(24.0).reshape(2, 3, 4)}, path)
+    with wcache.safe_open(path, framework="pt") as f:
+        s = f.get_slice("t")
+        for index, message in (
+                ((Ellipsis, 7), "Error during slicing [..., 7] with shape [2, 3, 4]: index 7 "
+                 "out of bounds for tensor dimension #2 of size 4"),
+                ((0, Ellipsis, slice(None, 9)), "Error during slicing [0, ..., :9] with shape "
+                 "[2, 3, 4]: index 8 out of bounds for tensor dimension #2 of size 4"),
+                ((Ellipsis, 5, 0), "Error during slicing [..., 5, 0] with shape [2, 3, 4]: "
+                 "index 5 out of bounds for tensor dimension #1 of size 3")):
+            with pytest.raises(wcache.SafetensorError) as e:
+                s[index]
+            assert str(e.value) == message
+        assert torch.equal(s[..., 3], torch.arange(24.0).reshape(2, 3, 4)[..., 3])
+        assert torch.equal(s[1, ...], torch.arange(24.0).reshape(2, 3, 4)[1])
+
+
 def test_save_rules_for_shared_tensors(tmp_path):
     shared = torch.zeros(4)
     with pytest.raises(RuntimeError, match="share memory"):

@@ -266,27 +266,34 @@ class _Slice:
             raise InvalidSlice(f"Error during slicing {_slice_text(items)} with shape "
                                f"{list(shape)}: too many indices ({len(dims)}) for a tensor "
                                f"of {len(shape)} dimensions")
-        if any(x is Ellipsis for x in items):
-            return index  # positions are relative to the Ellipsis: torch checks them
+        text = _slice_text(items)
+        ellipses = [k for k, x in enumerate(items) if x is Ellipsis]
+        if ellipses:
+            if len(ellipses) > 1 or any(x is None for x in items):
+                return index  # torch says what is wrong with these
+            # Checked at the dimensions the Ellipsis stands for (torch would
+            # name a dimension counted from it: "dimension 1" for [..., 7]).
+            k = ellipses[0]
+            items = items[:k] + (slice(None),) * (len(shape) - len(dims)) + items[k + 1:]
         for axis, (x, size) in enumerate(zip(items, shape)):
             if isinstance(x, bool) or not isinstance(x, (int, slice, list)):
                 if hasattr(x, "__index__"):
                     x = x.__index__()
                 else:
-                    raise InvalidSlice(f"Error during slicing {_slice_text(items)}: "
+                    raise InvalidSlice(f"Error during slicing {text}: "
                                        f"{type(x).__name__} is not a valid index")
             if isinstance(x, int):
                 if x < 0 and x + size < 0:
                     raise InvalidSlice(f"Invalid index {x} for dimension {axis} of size {size}")
                 if x >= size:
                     raise InvalidSlice(
-                        f"Error during slicing {_slice_text(items)} with shape {list(shape)}: "
+                        f"Error during slicing {text} with shape {list(shape)}: "
                         f"index {x} out of bounds for tensor dimension #{axis} of size {size}")
             elif isinstance(x, slice):
                 for bound, shown in ((x.stop, lambda v: v - 1), (x.start, lambda v: v)):
                     if isinstance(bound, int) and bound > size:
                         raise InvalidSlice(
-                            f"Error during slicing {_slice_text(items)} with shape "
+                            f"Error during slicing {text} with shape "
                             f"{list(shape)}: index {shown(bound)} out of bounds for tensor "
                             f"dimension #{axis} of size {size}")
         return index
