@@ -403,7 +403,19 @@ conn_io(uv_poll_t *handle, int status, int events)
 {
 	struct conn *c = handle->data;
 
-	if (status < 0 || (events & UV_DISCONNECT)) {
+	if (status < 0) {
+		conn_close(c);
+		return;
+	}
+	/* The peer shut its end for writing, or closed it: the requests it
+	 * sent before are answered as far as their replies can go at once
+	 * (a reply already queued stays readable after the close), then the
+	 * connection ends. Closed at once, a client that half-closes after
+	 * its last request (shutdown(SHUT_WR)) lost its answers. */
+	if (events & UV_DISCONNECT) {
+		if ((events & UV_READABLE) && !c->pending && !c->waiting &&
+			c->deferred == DEFER_NONE)
+			conn_read(c);
 		conn_close(c);
 		return;
 	}

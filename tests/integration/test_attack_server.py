@@ -312,3 +312,20 @@ def test_a_publication_that_is_no_sealable_memfd_is_refused_at_once(derived, tmp
     os.close(fd)
     builder.close()
     waiter.close()
+
+
+def test_a_client_that_half_closes_still_gets_its_replies(start, tmp_path):
+    # shutdown(SHUT_WR) after the last request says "no more requests", not
+    # "gone": the requests already sent are answered, then the connection
+    # ends. wcached closed it at once (EPOLLRDHUP) with them unread.
+    d = start({"small": mkmodel(tmp_path / "small.safetensors", **SMALL)})
+    ready(d, "small")
+    s = raw_client(d)
+    with stopped(d):  # all of it is there when wcached looks
+        s.send(message(ATTACH, b"small", seq=1))
+        s.send(message(ATTACH, b"nonesuch", seq=2))
+        s.shutdown(socket.SHUT_WR)
+    assert reply_or_refusal(s)[0] == ATTACH_OK
+    assert reply_or_refusal(s)[0] == ERROR
+    assert s.recv(16) == b""
+    s.close()
