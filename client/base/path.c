@@ -76,6 +76,10 @@ fd_reopen_read_only(int fd, const char *what)
 
 	if (fstat(fd, &was) == -1)
 		return error_set(-errno, "%s: fstat: %s", what, strerror(errno));
+	/* The type first (an inode keeps its type): opening a FIFO waits for
+	 * a writer, and opening a device can act on it. */
+	if (!S_ISREG(was.st_mode))
+		return error_set(-EINVAL, "%s: not a regular file", what);
 	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
 	if ((nfd = open(proc, O_RDONLY | O_CLOEXEC | O_NOCTTY)) == -1)
 		return error_set(-errno, "%s: reopening read-only: %s", what, strerror(errno));

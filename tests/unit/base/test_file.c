@@ -10,6 +10,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -19,6 +20,7 @@
 
 #include "base/error.h"
 #include "base/file.h"
+#include "base/path.h"
 #include "testutil.h"
 
 struct fixture {
@@ -203,6 +205,46 @@ test_read_bytes_max_head(void **state)
 	free(path);
 }
 
+/*
+ * fd_reopen_read_only() reopens a regular file, and looks at the type
+ * before it opens anything: an open(2) of a FIFO's /proc/self/fd path
+ * waits for a writer (before, it waited forever, and the check after the
+ * open never ran) and opening a device can act on it.
+ */
+static void
+test_reopen_only_regular_files(void **state)
+{
+	struct fixture *f = *state;
+	char *fifo = NULL;
+	int fd, again, before = tu_count_fds();
+	struct stat st, st2;
+
+	fd = open(f->path, O_RDWR | O_CLOEXEC);
+	assert_true(fd >= 0);
+	again = fd_reopen_read_only(fd, "m.bin");
+	assert_true(again >= 0);
+	assert_int_equal(fcntl(again, F_GETFL) & O_ACCMODE, O_RDONLY);
+	assert_int_equal(fstat(fd, &st), 0);
+	assert_int_equal(fstat(again, &st2), 0);
+	assert_true(st.st_ino == st2.st_ino && st.st_dev == st2.st_dev);
+	close(again);
+	close(fd);
+
+	assert_true(asprintf(&fifo, "%s/fifo", f->dir) > 0);
+	assert_int_equal(mkfifo(fifo, 0600), 0);
+	fd = open(fifo, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+	assert_true(fd >= 0);
+	alarm(10); /* a wait for a writer ends the test here */
+	assert_int_equal(fd_reopen_read_only(fd, "the fifo"), -EINVAL);
+	alarm(0);
+	if (strstr(error_get(), "the fifo: not a regular file") == NULL)
+		fail_msg("message \"%s\"", error_get());
+	close(fd);
+	unlink(fifo);
+	free(fifo);
+	assert_int_equal(tu_count_fds(), before);
+}
+
 int
 main(void)
 {
@@ -214,6 +256,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_read_bytes_file_shrinks, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_check_unchanged, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_read_bytes_max_head, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_reopen_only_regular_files, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
