@@ -614,6 +614,15 @@ def test_upstream_messages_and_helpers(tmp_path, no_daemon):
         wcache.safe_open("notafile", framework="pt")
     assert str(e.value) == "No such file or directory: notafile"  # upstream's words
     assert "not running" in e.value.reason  # and why wcached did not serve it
+    # a dangling symlink (a snapshot link whose blob is gone) does not exist
+    # either, for upstream as for os.path.exists
+    link = tmp_path / "link.safetensors"
+    os.symlink(tmp_path / "gone.safetensors", link)
+    with pytest.raises(FileNotFoundError) as e:
+        wcache.safe_open(link, framework="pt")
+    assert str(e.value) == f"No such file or directory: {link}"
+    with pytest.raises(FileNotFoundError):
+        wtorch.load_file(link)
     # 0.7 raised SafetensorError for an incomplete dict, 0.8 TypeError for any dict
     with pytest.raises(wcache.SafetensorError):
         wcache.serialize({"test": {"dtype": "float32", "shape": [1]}})

@@ -138,8 +138,11 @@ def open_model(path_or_name):
     try:
         return open_file(target)
     except WcacheError as e:
-        if e.errno == errno.ENOENT and not os.path.lexists(target):
-            # upstream's message exactly; why wcached did not serve it in a note
+        if e.errno == errno.ENOENT and not os.path.exists(target):
+            # upstream's message exactly (upstream checks that the path exists,
+            # through symlinks: a dangling one, a Hugging Face snapshot link
+            # whose blob was removed, is this too); why wcached did not serve
+            # it in a note
             err = NoSuchFile(errno.ENOENT, f"No such file or directory: {target}", target)
             err.reason = f"wcached does not serve {target!r}: {why}"
             if hasattr(err, "add_note"):
