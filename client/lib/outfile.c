@@ -18,6 +18,11 @@
  * file gets what open(O_CREAT, 0666) gives: 0666 minus the umask (and a
  * default ACL), which is why the temporary is made with open(), not
  * mkostemp() (always 0600, and reading the umask is not thread-safe).
+ *
+ * A path that is not a regular file (a FIFO, /dev/null, a terminal,
+ * /dev/stdout) is written into as it is, as a shell's redirection would,
+ * with nothing to rename: renaming a file over it would replace it (and
+ * root may create files in /dev, so /dev/null would become one).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -146,9 +151,29 @@ outfile_take_over(int fd, const char *target)
 	return 0;
 }
 
+/*
+ * Opens target, which stat() found to be neither a regular file nor a
+ * directory, to write into it (outfile_begin()). A FIFO's open waits for a
+ * reader, as a shell's redirection does. 0 or a negative errno with the
+ * message.
+ */
+static int
+outfile_open_special(struct outfile *o)
+{
+	struct stat st;
+
+	if ((o->fd = open(o->target, O_WRONLY | O_CLOEXEC | O_NOCTTY)) < 0)
+		return error_set(-errno, "%s: %s", o->path, strerror(errno));
+	/* What was opened is what stat() saw: not a file to write in place. */
+	if (fstat(o->fd, &st) < 0 || S_ISREG(st.st_mode) || S_ISDIR(st.st_mode))
+		return error_set(-ESTALE, "%s: changed while it was opened", o->path);
+	return 0;
+}
+
 int
 outfile_begin(const char *path, struct outfile *o)
 {
+	struct stat st;
 	const char *slash = strrchr(path, '/');
 	const char *base = slash != NULL ? slash + 1 : path;
 	int e, rc;
@@ -160,6 +185,14 @@ outfile_begin(const char *path, struct outfile *o)
 		return error_set(-EISDIR, "%s: output path names a directory", path);
 	if ((rc = outfile_resolve(path, &o->target)) < 0) {
 		o->target = NULL;
+		return rc;
+	}
+	if (stat(o->target, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+		if ((rc = outfile_open_special(o)) == 0 &&
+			(o->buf = malloc(OUTFILE_BUFFER_SIZE)) == NULL)
+			rc = error_set(-ENOMEM, "%s: out of memory", path);
+		if (rc < 0)
+			outfile_abort(o);
 		return rc;
 	}
 	slash = strrchr(o->target, '/');
@@ -346,6 +379,13 @@ outfile_commit(struct outfile *o)
 
 	if ((rc = outfile_flush(o)) < 0)
 		return rc;
+	if (o->tmp == NULL) { /* written into a FIFO or a device: nothing to rename */
+		rc = close(o->fd);
+		o->fd = -1;
+		if (rc < 0)
+			return error_set(-errno, "%s: close: %s", o->path, strerror(errno));
+		return 0;
+	}
 	if (fsync(o->fd) < 0)
 		return error_set(-errno, "%s: fsync: %s", o->path, strerror(errno));
 	rc = close(o->fd);

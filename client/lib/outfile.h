@@ -11,7 +11,9 @@
  * that is a symlink stays one: the file it points at is replaced; a file
  * replaced keeps its mode (and owner, where allowed). A
  * descriptor the caller owns (outfile_begin_fd) has no temporary name and
- * nothing to rename: the caller decides what a complete file is.
+ * nothing to rename: the caller decides what a complete file is. Nor has a
+ * path that is not a regular file (a FIFO, /dev/null, a terminal): it is
+ * written into, not replaced.
  *
  * Small writes gather in a 1 MiB buffer; blocks of a megabyte or more go
  * from the caller's memory to the file in write(2)s of up to 1 GiB, so no
@@ -35,7 +37,8 @@
  */
 struct outfile {
 	const char *path; /* the final path (or what the descriptor is), for messages */
-	char *tmp;        /* the temporary path, NULL once renamed or for a descriptor */
+	char *tmp;        /* the temporary path; NULL once renamed, for a descriptor, or for a
+			   * path that is not a regular file (written into) */
 	char *target;     /* what the rename replaces: path, symlinks followed; or NULL */
 	int fd;
 	int borrowed;     /* 1: fd is the caller's; outfile_abort() leaves it open */
@@ -50,7 +53,10 @@ struct outfile {
  * for a link), O_CLOEXEC, with the mode (and owner, where allowed) of the
  * file it replaces, else open()'s 0666 minus the umask, and its buffer.
  * o owns the temporary file's descriptor until outfile_commit() closes it
- * or outfile_abort() closes and unlinks it; path must outlive o.
+ * or outfile_abort() closes and unlinks it; path must outlive o. A path
+ * that is a FIFO or a device (after symlinks) is opened for writing instead
+ * (a FIFO's open waits for a reader, as a shell's redirection does), and
+ * outfile_commit() only flushes and closes it.
  * On failure nothing is left behind and outfile_abort() is still safe.
  */
 int outfile_begin(const char *path, struct outfile *o);

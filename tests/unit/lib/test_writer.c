@@ -940,6 +940,66 @@ test_safetensors_fd_refuses(void **state)
 	tu_rmtree(dir);
 }
 
+/*
+ * An output path that is a FIFO (or a device: /dev/null, a terminal) is
+ * written into, as a shell's redirection would: before, a temporary file
+ * beside it was renamed over it, which replaced the FIFO with a regular
+ * file (and, as root, /dev/null with one: devtmpfs lets root create files).
+ * The bytes that go through are those of a converted regular file.
+ */
+static void
+test_output_that_is_not_a_regular_file(void **state)
+{
+	static const char hdr[] =
+		"{\"w\":{\"dtype\":\"F16\",\"shape\":[5],\"data_offsets\":[0,10]}}";
+	char *dir = tu_tmpdir(), *in, *fifo, *file, *link;
+	uint8_t *img, *want, got[4096];
+	size_t len, wlen, glen = 0;
+	wc_model *m = NULL;
+	struct stat st;
+	ssize_t n;
+	int rd;
+
+	(void)state;
+	img = tu_safetensors(hdr, 10, &len);
+	in = tu_write(dir, "in.safetensors", img, len);
+	fifo = join(dir, "out.fifo");
+	file = join(dir, "out.safetensors");
+	link = join(dir, "link.safetensors");
+	assert_int_equal(wc_open_file(in, &m), 0);
+	assert_int_equal(writer_safetensors(m, file), 0);
+	want = slurp(file, &wlen);
+	assert_true(wlen < sizeof(got)); /* fits the pipe: the writer never waits */
+
+	assert_int_equal(mkfifo(fifo, 0600), 0);
+	assert_int_equal(symlink("out.fifo", link), 0);
+	for (int i = 0; i < 2; i++) {
+		/* A reader first, so that the writer's open does not wait. */
+		rd = open(fifo, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+		assert_true(rd >= 0);
+		assert_int_equal(writer_safetensors(m, i == 0 ? fifo : link), 0);
+		glen = 0;
+		while ((n = read(rd, got + glen, sizeof(got) - glen)) > 0)
+			glen += (size_t)n;
+		close(rd);
+		assert_int_equal(lstat(fifo, &st), 0);
+		assert_true(S_ISFIFO(st.st_mode));
+		assert_int_equal(glen, wlen);
+		assert_memory_equal(got, want, wlen);
+	}
+	assert_int_equal(lstat(link, &st), 0);
+	assert_true(S_ISLNK(st.st_mode));
+
+	wc_release(m);
+	free(want);
+	free(img);
+	free(in);
+	free(fifo);
+	free(file);
+	free(link);
+	tu_rmtree(dir);
+}
+
 int
 main(void)
 {
@@ -954,6 +1014,7 @@ main(void)
 		cmocka_unit_test(test_replace_keeps_mode_owner_and_symlink),
 		cmocka_unit_test(test_safetensors_fd),
 		cmocka_unit_test(test_safetensors_fd_refuses),
+		cmocka_unit_test(test_output_that_is_not_a_regular_file),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
