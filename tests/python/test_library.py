@@ -63,9 +63,37 @@ def test_nothing_found_lists_what_was_tried(tmp_path):
         assert out == "" or "libwcache" in out
         return
     assert "$WCACHE_LIB (not set)" in out
-    assert "build tree: no build/lib/libwcache.so.0" in out
-    assert os.path.join(str(tmp_path / "pkg"), "wcache") in out
+    assert "build tree: none (" + os.path.join(str(tmp_path / "pkg"), "wcache") in out
     assert "libwcache.so.0 (dynamic loader)" in out
+
+
+def test_an_installed_package_does_not_search_its_ancestors(tmp_path):
+    """A package outside a checkout's client/python (site-packages, say)
+    never loads a build/lib/libwcache.so.0 that one of its ancestors holds:
+    anyone who can make such a directory (/tmp/build, /build in an image)
+    would run code in every worker. Here the planted library is a real
+    libwcache, so the only thing that tells is which path is loaded."""
+    lib = wcache.library_path()
+    site = tmp_path / "venv" / "lib" / "python3" / "site-packages"
+    shutil.copytree(os.path.join(PYDIR, "wcache"), site / "wcache",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for d in (tmp_path, tmp_path / "venv"):
+        (d / "build" / "lib").mkdir(parents=True)
+        os.symlink(os.path.realpath(lib), d / "build" / "lib" / "libwcache.so.0")
+    r = run_python(
+        f"import sys; sys.path.insert(0, {str(site)!r})\n"
+        "import wcache\n"
+        "assert wcache.__file__.startswith(sys.path[0]), wcache.__file__\n"
+        "import ctypes.util; ctypes.util.find_library = lambda name: None\n"
+        "try:\n"
+        "    print('loaded', wcache.library_path())\n"
+        "except wcache.LibraryNotFound as e:\n"
+        "    print(e)\n",
+        env={"WCACHE_LIB": None, "PYTHONPATH": None, "LD_LIBRARY_PATH": None})
+    assert r.returncode == 0, r.stderr
+    assert str(tmp_path) not in r.stdout.replace(str(site), ""), r.stdout
+    if "cannot find libwcache" in r.stdout:
+        assert "build tree: none (" in r.stdout, r.stdout
 
 
 def test_found_in_the_build_tree(tmp_path):

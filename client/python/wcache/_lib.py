@@ -162,17 +162,27 @@ _lib = None
 _lib_path = None
 
 
+def _checkout():
+    """The wcache checkout this package is part of (the directory whose
+    client/python/wcache it is), or None for a package installed elsewhere.
+    Only a checkout's own build/ is searched: walking up from an installed
+    package would load whatever build/lib/libwcache.so.0 an ancestor holds
+    (/build, /tmp/build, ... in a container image, or one another user
+    made), not a library of ours."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    python = os.path.dirname(here)
+    client = os.path.dirname(python)
+    if os.path.basename(python) == "python" and os.path.basename(client) == "client":
+        return os.path.dirname(client)
+    return None
+
+
 def _candidates():
     """Yields (path, where) pairs in lookup order, after $WCACHE_LIB."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    d = here
-    while True:
+    repo = _checkout()
+    if repo is not None:
         for leaf in ("libwcache.so.0", "libwcache.so"):
-            yield os.path.join(d, "build", "lib", leaf), "build tree"
-        parent = os.path.dirname(d)
-        if parent == d:
-            break
-        d = parent
+            yield os.path.join(repo, "build", "lib", leaf), "build tree"
     found = ctypes.util.find_library("wcache")
     if found:
         yield found, "find_library"
@@ -228,7 +238,10 @@ def _load():
     here = os.path.dirname(os.path.abspath(__file__))
     if missing_build:
         tried.insert(0, f"  build tree: no build/lib/libwcache.so.0 or build/lib/libwcache.so "
-                        f"in {here} or any directory above it")
+                        f"in {_checkout()}, the checkout {here} is in")
+    elif _checkout() is None:
+        tried.insert(0, f"  build tree: none ({here} is not in a checkout's client/python/, "
+                        f"and no other directory is searched)")
     raise LibraryNotFound(
         "cannot find libwcache. Set WCACHE_LIB to the path of libwcache.so.0, build the "
         "tree (make), or install the library. Tried, in order:\n  $WCACHE_LIB (not set)\n"
