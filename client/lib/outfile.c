@@ -152,8 +152,8 @@ outfile_take_over(int fd, const char *target)
 }
 
 /*
- * Opens target, which stat() found to be neither a regular file nor a
- * directory, to write into it (outfile_begin()). A FIFO's open waits for a
+ * Opens target (the path as given), which stat() found to be neither a
+ * regular file nor a directory, to write into it (outfile_begin()). A FIFO's open waits for a
  * reader, as a shell's redirection does. 0 or a negative errno with the
  * message.
  */
@@ -183,16 +183,20 @@ outfile_begin(const char *path, struct outfile *o)
 	o->fd = -1;
 	if (*base == '\0')
 		return error_set(-EISDIR, "%s: output path names a directory", path);
-	if ((rc = outfile_resolve(path, &o->target)) < 0) {
-		o->target = NULL;
-		return rc;
-	}
-	if (stat(o->target, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+	/* stat() follows every link, /proc/self/fd/N's to a pipe too (which
+	 * outfile_resolve(), reading links as paths, cannot). */
+	if (stat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+		if ((o->target = strdup(path)) == NULL)
+			return error_set(-ENOMEM, "%s: out of memory", path);
 		if ((rc = outfile_open_special(o)) == 0 &&
 			(o->buf = malloc(OUTFILE_BUFFER_SIZE)) == NULL)
 			rc = error_set(-ENOMEM, "%s: out of memory", path);
 		if (rc < 0)
 			outfile_abort(o);
+		return rc;
+	}
+	if ((rc = outfile_resolve(path, &o->target)) < 0) {
+		o->target = NULL;
 		return rc;
 	}
 	slash = strrchr(o->target, '/');

@@ -990,6 +990,23 @@ test_output_that_is_not_a_regular_file(void **state)
 	assert_int_equal(lstat(link, &st), 0);
 	assert_true(S_ISLNK(st.st_mode));
 
+	/* A pipe by its /proc/self/fd link, as /dev/stdout is one. */
+	{
+		char proc[64];
+		int p[2];
+
+		assert_int_equal(pipe2(p, O_CLOEXEC | O_NONBLOCK), 0);
+		snprintf(proc, sizeof(proc), "/proc/self/fd/%d", p[1]);
+		assert_int_equal(writer_safetensors(m, proc), 0);
+		close(p[1]);
+		glen = 0;
+		while ((n = read(p[0], got + glen, sizeof(got) - glen)) > 0)
+			glen += (size_t)n;
+		close(p[0]);
+		assert_int_equal(glen, wlen);
+		assert_memory_equal(got, want, wlen);
+	}
+
 	wc_release(m);
 	free(want);
 	free(img);
