@@ -520,6 +520,38 @@ def test_safe_open_get_tensors_on_device_uses_one_buffer(odd_model, cpu_device, 
     assert cpu_device[0].registered == {}
 
 
+def test_save_model_of_parameters_loaded_onto_a_device(tmp_path, cpu_device, no_daemon):
+    """A device load's tensors are views of one buffer: a model whose
+    parameters are those tensors saves and loads with save_model and
+    load_model (not 'None is covering the entire storage'), for as long as
+    the buffer lives, the buffer tensor itself gone; a caller's own part of
+    a storage is still refused, as upstream refuses it."""
+    path = tmp_path / "two.safetensors"
+    wcache.torch.save_file({"a.weight": torch.randn(4, 4), "b.weight": torch.randn(4, 4)},
+                           path)
+    state = wcache.torch.load_file(path, device="cuda:0")
+    assert len(cpu_device) == 1, "the device path ran"
+    assert wcache.torch.storage_ptr(state["a.weight"]) == \
+        wcache.torch.storage_ptr(state["b.weight"])
+    model = torch.nn.Sequential()
+    model.add_module("a", torch.nn.Linear(4, 4, bias=False))
+    model.add_module("b", torch.nn.Linear(4, 4, bias=False))
+    model.a.weight = torch.nn.Parameter(state["a.weight"])
+    model.b.weight = torch.nn.Parameter(state["b.weight"])
+    want = {k: v.clone() for k, v in state.items()}
+    del state
+    out = tmp_path / "saved.safetensors"
+    wcache.torch.save_model(model, out)
+    again = wcache.torch.load_file(out)
+    assert torch.equal(again["a.weight"], want["a.weight"])
+    assert torch.equal(again["b.weight"], want["b.weight"])
+    assert wcache.torch.load_model(model, out) == (set(), [])
+    lone = torch.nn.Linear(2, 2, bias=False)
+    lone.weight = torch.nn.Parameter(torch.zeros(8)[:4].view(2, 2))
+    with pytest.raises(RuntimeError, match="None is covering the entire storage"):
+        wcache.torch.save_model(lone, tmp_path / "lone.safetensors")
+
+
 def test_get_slice_on_device_copies_and_holds_only_the_slice(odd_model, cpu_device, no_daemon):
     """get_slice(name)[...] on a device handle (tensor-parallel loaders take
     one rank's rows or columns this way): the slice alone is copied, and the

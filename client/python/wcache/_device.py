@@ -725,6 +725,10 @@ def to_device(model, names, device, per_tensor, backend=None, mode=None, small=S
         _say_once(logging.WARNING, f"wcache: the batched copy into {device} failed "
                                    f"({type(e).__name__}: {e}); copying tensor by tensor")
         return {name: per_tensor(name).to(device) for name in names}
+    # Its tensors share one storage only because this load made them views
+    # of one buffer: wcache.torch's save_model takes each for a whole tensor.
+    from ._torch import note_device_buffer
+    note_device_buffer(buffer)
     level = logging.WARNING if "staging" in engine.path and mode == "auto" else logging.INFO
     _say_once(level, f"wcache: {engine.path} path into {device}: {engine.reason}")
     out = {}

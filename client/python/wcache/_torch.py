@@ -162,11 +162,40 @@ class TorchRuns(_table.Runs):
 _part_arrays = weakref.WeakValueDictionary()
 
 
+# The same for the one buffer a device load copies a model's tensors into
+# (wcache/_device.py): (address, bytes) -> a weak reference to its storage,
+# which every tensor viewing it (a Parameter made from one too) keeps alive,
+# while the buffer tensor itself may be gone; dead ones are dropped as new
+# ones come.
+_device_storages = {}
+_device_storages_lock = threading.Lock()
+
+
+def note_device_buffer(buffer):
+    """Records buffer, a device allocation whose views to_device returned
+    as a model's tensors, for is_part_view."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+    storage = buffer.untyped_storage() if hasattr(buffer, "untyped_storage") else \
+        buffer.storage().untyped()
+    ref = StorageWeakRef(storage)
+    with _device_storages_lock:
+        for key in [k for k, r in _device_storages.items() if r.expired()]:
+            del _device_storages[key]
+        _device_storages[(storage.data_ptr(), storage.nbytes())] = ref
+
+
 def is_part_view(ptr, nbytes):
     """Whether a storage at ptr of nbytes is one TorchRuns made over a part
-    of a model's mapping (its tensors share it only because wcache made
-    them views of one storage, see wcache/_table.py)."""
-    return ptr != 0 and _part_arrays.get((ptr, nbytes)) is not None
+    of a model's mapping, or one a device load copied a model into (its
+    tensors share it only because wcache made them views of one storage,
+    see wcache/_table.py and wcache/_device.py)."""
+    if ptr == 0:
+        return False
+    if _part_arrays.get((ptr, nbytes)) is not None:
+        return True
+    with _device_storages_lock:
+        ref = _device_storages.get((ptr, nbytes))
+        return ref is not None and not ref.expired()
 
 
 class _State:
