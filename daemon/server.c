@@ -516,23 +516,27 @@ conns_of(const struct server *s, uid_t uid)
  * Out of descriptors: accept with the spare one to refuse the client
  * politely instead of leaving it in the backlog, then take it back.
  * Returns 1 when a client was refused, 0 when none was waiting (accept4
- * reports EMFILE before it looks at the queue) or there is no spare.
+ * reports EMFILE before it looks at the queue), -1 when one may be waiting
+ * but cannot be refused: there is no spare (it is lost when the refused
+ * connection's close had to wait in its uid's lane, closer.h, and kept the
+ * number it freed), or the spare's number went to another thread first.
  */
 static int
 refuse_without_fds(struct server *s)
 {
-	int fd;
+	int fd, e;
 
-	/* The spare is lost when the refused connection's close had to wait
-	 * in its uid's lane (closer.h) and took the number it freed. */
 	if (s->spare_fd < 0)
-		return 0;
+		return -1;
 	close(s->spare_fd);
 	fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+	e = errno;
 	if (fd >= 0)
 		refuse(s, fd, "wcached is out of file descriptors");
 	s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-	return fd >= 0;
+	if (fd >= 0)
+		return 1;
+	return e == EMFILE || e == ENFILE ? -1 : 0;
 }
 
 static void on_accept(uv_poll_t *handle, int status, int events);
@@ -589,10 +593,12 @@ on_accept(uv_poll_t *handle, int status, int events)
 			if (errno == EINTR || errno == ECONNABORTED)
 				continue;
 			if (errno == EMFILE || errno == ENFILE) {
-				if (!refuse_without_fds(s)) {
+				int r = refuse_without_fds(s);
+
+				if (r < 0)
 					accept_pause(s);
+				if (r <= 0)
 					return;
-				}
 				log_warnx("out of file descriptors: refused a client (raise "
 					  "LimitNOFILE=)");
 				continue;

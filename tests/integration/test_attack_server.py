@@ -53,12 +53,25 @@ def reply_or_refusal(s):
         return receive(s)
 
 
+def threads_stopped(pid, main_only=False):
+    """Have pid's threads (or its main one, wcached's event loop) stopped?
+    SIGSTOP is delivered, not waited for."""
+    tids = [pid] if main_only else os.listdir(f"/proc/{pid}/task")
+    for tid in tids:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] not in "tT":
+                return False
+    return True
+
+
 def stopped(d):
     """A context in which d's event loop does not run (SIGSTOP ... SIGCONT),
     so that what a client sends is queued before wcached accepts it."""
     class Stopped:
         def __enter__(self):
             os.kill(d.proc.pid, signal.SIGSTOP)
+            wait_until(lambda: threads_stopped(d.proc.pid, main_only=True), timeout=SHORT,
+                       interval=0.001, what="wcached to stop")
 
         def __exit__(self, *exc):
             os.kill(d.proc.pid, signal.SIGCONT)
@@ -93,29 +106,41 @@ def test_out_of_descriptors_with_the_spare_lost_does_not_spin(start, tmp_path):
                                [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", hung))])
                 os.close(hung)
                 fs.freeze()
+                wait_until(lambda: threads_stopped(fs.proc.pid), timeout=SHORT,
+                           interval=0.001, what="remotefs to stop")
             wait_until(lambda: threads_in_close(pid) >= 1, timeout=30,
                        what="wcached to be closing the file on the hung server")
             settled_fd_count(pid)
             fds = [int(x) for x in os.listdir(f"/proc/{pid}/fd")]
             limit = max(fds) + 1
             set_nofile(pid, limit)
-            for _ in range(limit - len(fds) + 1):
-                s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-                s.settimeout(SHORT)
+            for _ in range(limit - len(fds)):  # the numbers still free
+                s = raw_client(d)
                 fillers.append(s)
-                with stopped(d):  # the request is queued when wcached accepts
-                    s.connect(d.socket)
-                    s.send(message(ATTACH, b"small"))
-                mtype, payload = reply_or_refusal(s)
-                if mtype == ERROR:
-                    break
-                assert mtype == ATTACH_OK
-            else:
-                raise AssertionError("no client was refused at the descriptor limit")
-            assert b"out of file descriptors" in payload, payload
+                assert attach_raw(s, "small")[0] == ATTACH_OK
+            # One more is refused with the spare, which comes back (the
+            # connection had nothing queued: closed at once); nobody else
+            # waits, so the listener is watched as before.
+            s = raw_client(d)
+            fillers.append(s)
+            mtype, payload = reply_or_refusal(s)
+            assert mtype == ERROR and b"out of file descriptors" in payload, payload
+            held.send(message(RELEASE, struct.pack("<Q", 0), seq=9))
+            assert receive(held)[0] == ERROR  # the loop has gone on since
+            assert "none spare" not in d.read_log()
+            # Refused with its request queued, it waits in the stuck lane
+            # with the spare's number.
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            s.settimeout(SHORT)
+            fillers.append(s)
+            with stopped(d):
+                s.connect(d.socket)
+                s.send(message(ATTACH, b"small"))
+            mtype, payload = reply_or_refusal(s)
+            assert mtype == ERROR and b"out of file descriptors" in payload, payload
             assert threads_in_close(pid) >= 1, "the close ended early: nothing was tested"
-            # The refused connection waits in the stuck lane: no spare now.
-            # A client waiting in the backlog made the old loop spin.
+            # No spare now: a client waiting in the backlog made the old
+            # loop spin.
             waiter = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             waiter.settimeout(SHORT)
             waiter.connect(d.socket)
