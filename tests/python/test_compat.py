@@ -544,6 +544,32 @@ def test_save_and_load_model_whose_parameters_are_wcache_views(tmp_path, no_daem
         wtorch.save_model(lone, tmp_path / "lone.safetensors")
 
 
+def test_save_model_keeps_a_wcache_tensor_over_a_partial_view_of_it(tmp_path, no_daemon):
+    """A model holding a tensor from load_file and a Parameter that views
+    part of it: upstream keeps the whole tensor (the only one covering its
+    storage) and records the view as its alias. The view must not be kept
+    in its place because it too lies in wcache's part storage: the whole
+    tensor's other rows would be lost from the file."""
+    path = tmp_path / "w.safetensors"
+    w = torch.arange(16, dtype=torch.float32).view(4, 4)
+    wtorch.save_file({"w": w}, path)
+    state = wtorch.load_file(path)
+    model = torch.nn.Module()
+    model.b = torch.nn.Parameter(state["w"])
+    model.a = torch.nn.Parameter(state["w"][:2])  # sorts first
+    out = tmp_path / "saved.safetensors"
+    wtorch.save_model(model, out)
+    again = wtorch.load_file(out)
+    assert list(again) == ["b"] and torch.equal(again["b"], w)
+    # two partial views of it, neither covering what they share: refused,
+    # as upstream refuses them
+    halves = torch.nn.Module()
+    halves.a = torch.nn.Parameter(state["w"][:3])
+    halves.b = torch.nn.Parameter(state["w"][1:])
+    with pytest.raises(RuntimeError, match="None is covering the entire storage"):
+        wtorch.save_model(halves, tmp_path / "halves.safetensors")
+
+
 def run_standin(code, env_extra, tmp_path):
     """Runs code in a fresh interpreter that finds the stand-in safetensors
     and this tree's wcache (whether or not $PYTHONPATH already names it)."""

@@ -90,15 +90,25 @@ def _find_shared_tensors(state_dict):
     return groups
 
 
-def _is_complete(tensor):
+def _is_complete(tensor, span=None):
     """Whether tensor covers its whole storage, or is one of the tensors
     wcache made as views of one storage per part of a model's mapping
     (wcache/_table.py): upstream gives each of those a storage of its own,
-    so a model holding them saves and loads as it would with upstream's."""
+    so a model holding them saves and loads as it would with upstream's.
+    span: the (start, end) byte range of the tensors overlapping tensor (its
+    group in _find_shared_tensors); in a part storage only a tensor that
+    covers all of it counts, as only the whole tensor covers upstream's own
+    storage: a caller's partial view of one (a Parameter made from w[:2])
+    is never kept in place of w itself."""
     ptr, size = storage_ptr(tensor), storage_size(tensor)
-    if tensor.data_ptr() == ptr and tensor.nelement() * tensor.element_size() == size:
+    nbytes = tensor.nelement() * tensor.element_size()
+    if tensor.data_ptr() == ptr and nbytes == size:
         return True
-    return _torch.is_part_view(ptr, size)
+    if not _torch.is_part_view(ptr, size):
+        return False
+    if span is None:
+        return True
+    return (tensor.data_ptr(), tensor.data_ptr() + nbytes) == span
 
 
 def _remove_duplicate_names(state_dict, *, preferred_names=None, discard_names=None):
@@ -108,7 +118,9 @@ def _remove_duplicate_names(state_dict, *, preferred_names=None, discard_names=N
     discard_names = set(discard_names or ())
     to_remove = defaultdict(list)
     for shared in _find_shared_tensors(state_dict):
-        complete = {n for n in shared if _is_complete(state_dict[n])}
+        span = (min(state_dict[n].data_ptr() for n in shared),
+                max(_end_ptr(state_dict[n]) for n in shared))
+        complete = {n for n in shared if _is_complete(state_dict[n], span)}
         if not complete:
             raise RuntimeError(
                 "Error while trying to find names to remove to save state dict, but found no "
