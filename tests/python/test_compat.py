@@ -283,6 +283,24 @@ def test_save_file_writes_into_what_is_not_a_file(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["pipe"]
 
 
+def test_save_file_into_a_node_replaced_by_a_file_meanwhile(tmp_path, monkeypatch):
+    """A path that was a FIFO or a device when looked at, and is a regular
+    file by the time it is opened, is not truncated and written in place
+    (the write is no longer atomic then): refused with ESTALE, as
+    client/lib/outfile.c refuses it. The look is made to see a FIFO."""
+    import errno
+    from wcache import _serialize
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(b"precious")
+    monkeypatch.setattr(_serialize, "_replaced", lambda name: os.stat(fifo))
+    with pytest.raises(OSError) as e:
+        wtorch.save_file({"x": torch.arange(6.0)}, path)
+    assert e.value.errno == errno.ESTALE
+    assert path.read_bytes() == b"precious"
+
+
 @pytest.mark.parametrize("save", ["torch", "numpy", "serialize_file"])
 def test_save_file_keeps_mode_owner_and_symlink(tmp_path, save):
     """Upstream truncates and writes in place: the file keeps its mode and

@@ -195,6 +195,21 @@ def _write_all(f, chunks):
             view = view[f.write(view):]
 
 
+def _write_into(name, chunks):
+    """Writes chunks into name, which stat() found to be neither a regular
+    file nor a directory (a FIFO, a device), as client/lib/outfile.c does:
+    opened without O_CREAT or O_TRUNC and with O_NOCTTY (a terminal never
+    becomes this process's controlling one), then checked to be still no
+    regular file, so that a file put there since the stat() is neither
+    truncated nor written in place (ESTALE)."""
+    fd = os.open(name, os.O_WRONLY | os.O_CLOEXEC | os.O_NOCTTY)
+    with os.fdopen(fd, "wb", buffering=0) as f:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+            raise OSError(errno.ESTALE, f"{name}: changed while it was opened")
+        _write_all(f, chunks)
+
+
 def _take_over(fd, old):
     """Gives the temporary file fd the owner, group and mode of the file it
     replaces (the owner only where this user may: EPERM is no error, and
@@ -226,8 +241,7 @@ def write_atomically(filename, chunks):
     name = os.fsdecode(os.fspath(filename))
     old = _replaced(name)  # through /dev/stdout's /proc link too, which realpath cannot
     if old is not None and not stat.S_ISREG(old.st_mode):
-        with open(name, "wb", buffering=0) as f:
-            _write_all(f, chunks)
+        _write_into(name, chunks)
         return
     target = os.path.realpath(name)
     directory = os.path.dirname(target)
