@@ -91,6 +91,11 @@ struct derive_table {
 	struct derive_hooks hooks;
 	struct derive_stats stats;
 	struct closer *closer;     /* closes what builders pass (closer.h); NULL: close() */
+	/* Publication checks (derive_publish.c): those on the work queue, at
+	 * most DERIVE_CHECKS_AT_ONCE and one per builder uid, and those that
+	 * wait for a place, first come first served. */
+	struct derive_check *checks_running, *checks_waiting;
+	unsigned nchecks_running;
 	int closed;
 };
 
@@ -139,6 +144,11 @@ uint64_t derive_token(const struct derive_build *b);
  * then conn is answered by a hook: hooks.published (and every waiter by
  * hooks.ready), or hooks.fail, and then the build has ended for good and
  * every waiter gets the error too. No deadline runs while it is checked.
+ * A check holds memory of the order of the artifact's header (a 100 MB
+ * safetensors header: a few hundred MB while it is parsed): at most
+ * DERIVE_CHECKS_AT_ONCE run at once, one per builder uid, so that one user
+ * publishing from many connections cannot multiply that; the others wait
+ * their turn (logged), in order.
  * Or -errno with msg, answered now: -ESTALE (no such build in progress),
  * -EPERM (another connection's), -ENOMEM.
  */

@@ -73,7 +73,8 @@ int derive_build_of_token(struct derive_table *t, void *conn, uint64_t token,
 	struct derive_build **out, char *msg, size_t msg_size);
 
 /* derive_publish.c: the check's result will be dropped (its build ended
- * some other way). Accepts NULL. */
+ * some other way); one still waiting for its place is freed at once.
+ * Accepts NULL. */
 void derive_check_cancel(struct derive_check *c);
 
 #endif

@@ -39,8 +39,13 @@
  * connection waits for its answer. build is NULL once the build ended some
  * other way (its builder gone, wcached stopping): the result is dropped.
  */
+/* Publication checks on the work queue at once (derive.h). */
+#define DERIVE_CHECKS_AT_ONCE 2
+
 struct derive_check {
 	struct workq_job job;
+	struct derive_check *next; /* in t->checks_running or t->checks_waiting */
+	int waiting;             /* in t->checks_waiting: not queued yet */
 	struct derive_table *t;
 	struct derive_build *build;
 	void *conn;
@@ -207,9 +212,8 @@ make_artifact(struct derive_table *t, struct derive_build *b, struct derive_chec
  * wcached is stopping). Serves the artifact and answers the builder and
  * every waiter, or fails the build for good. */
 static void
-check_done(struct workq_job *job, int status)
+check_finish(struct derive_check *c, int status)
 {
-	struct derive_check *c = job->arg;
 	struct derive_table *t = c->t;
 	struct derive_build *b = c->build;
 	struct derive_waiter *w, *next;
@@ -270,6 +274,82 @@ check_done(struct workq_job *job, int status)
 	derive_rearm(t);
 }
 
+/* Unlinks c from the list at *head; whether it was there. */
+static int
+check_unlink(struct derive_check **head, const struct derive_check *c)
+{
+	for (struct derive_check **pp = head; *pp != NULL; pp = &(*pp)->next)
+		if (*pp == c) {
+			*pp = c->next;
+			return 1;
+		}
+	return 0;
+}
+
+/* Whether a check of a builder of uid owner may go to the work queue now
+ * (derive.h: DERIVE_CHECKS_AT_ONCE, one per uid). */
+static int
+check_may_start(const struct derive_table *t, uid_t owner)
+{
+	if (t->nchecks_running >= DERIVE_CHECKS_AT_ONCE)
+		return 0;
+	for (const struct derive_check *r = t->checks_running; r != NULL; r = r->next)
+		if (r->owner == owner)
+			return 0;
+	return 1;
+}
+
+static void check_done(struct workq_job *job, int status);
+
+/* Queues c's check on the work queue: 0, or -errno (nothing queued). */
+static int
+check_start(struct derive_table *t, struct derive_check *c)
+{
+	int err = workq_submit(&t->r->workq, &c->job, WORKQ_LOCAL, NULL, check_run, check_done);
+
+	if (err < 0)
+		return err;
+	c->waiting = 0;
+	c->next = t->checks_running;
+	t->checks_running = c;
+	t->nchecks_running++;
+	return 0;
+}
+
+/* Starts the first waiting checks that may start, in order. A check that
+ * cannot be queued ends as one wcached stops for (check_finish), which may
+ * cancel others: the walk starts again from the first each time. */
+static void
+check_pump(struct derive_table *t)
+{
+	struct derive_check *c;
+
+	for (c = t->checks_waiting; c != NULL;) {
+		if (!check_may_start(t, c->owner)) {
+			c = c->next;
+			continue;
+		}
+		check_unlink(&t->checks_waiting, c);
+		c->waiting = 0;
+		if (check_start(t, c) < 0)
+			check_finish(c, UV_ECANCELED);
+		c = t->checks_waiting;
+	}
+}
+
+/* On the loop: c's job ended; its place goes to the next that waits. */
+static void
+check_done(struct workq_job *job, int status)
+{
+	struct derive_check *c = job->arg;
+	struct derive_table *t = c->t;
+
+	if (check_unlink(&t->checks_running, c))
+		t->nchecks_running--;
+	check_finish(c, status);
+	check_pump(t);
+}
+
 int
 derive_publish(struct derive_table *t, void *conn, uid_t owner, uint32_t seq, uint64_t token,
 	int memfd, char *msg, size_t msg_size)
@@ -297,8 +377,22 @@ derive_publish(struct derive_table *t, void *conn, uid_t owner, uint32_t seq, ui
 	c->index_fd = -1;
 	snprintf(c->label, sizeof(c->label), "%s derived %s", b->model_name, b->key);
 	c->job.arg = c;
-	if ((err = workq_submit(&t->r->workq, &c->job, WORKQ_LOCAL, NULL, check_run,
-		     check_done)) < 0) {
+	if (!check_may_start(t, owner)) {
+		/* Its turn comes when a check ends (check_done). */
+		log_info("model \"%s\": derived \"%s\": the check of its publication by pid %d "
+			 "uid %u waits for %s", b->model_name, b->key, (int)b->builder_pid,
+			(unsigned)owner, t->nchecks_running >= DERIVE_CHECKS_AT_ONCE ?
+			"a place (two are checked at once)" : "another of the same user's to end");
+		c->waiting = 1;
+		c->next = NULL;
+		{
+			struct derive_check **tail = &t->checks_waiting;
+
+			while (*tail != NULL)
+				tail = &(*tail)->next;
+			*tail = c;
+		}
+	} else if ((err = check_start(t, c)) < 0) {
 		snprintf(msg, msg_size, "cannot queue the check of the memfd: %s", strerror(-err));
 		check_free(c);
 		return err;
@@ -311,6 +405,13 @@ derive_publish(struct derive_table *t, void *conn, uid_t owner, uint32_t seq, ui
 void
 derive_check_cancel(struct derive_check *c)
 {
-	if (c != NULL)
-		c->build = NULL;
+	if (c == NULL)
+		return;
+	if (c->waiting) {
+		/* Never queued: nothing runs that needs it. */
+		check_unlink(&c->t->checks_waiting, c);
+		check_free(c);
+		return;
+	}
+	c->build = NULL;
 }

@@ -30,7 +30,7 @@ from test_regressions import (ATTACH, ATTACH_OK, ERROR, SHORT, SMALL, attach_raw
                               message, nofile, raw_client, ready, receive, set_nofile)
 from test_regressions import start  # noqa: F401 (the fixture, used by name)
 from test_derived import (ARTIFACT, RELEASE, RELEASE_OK, Peer, build, closing, memfd_with,
-                          take_artifact, waiting)
+                          st_bytes, take_artifact, waiting)
 from test_derived import derived  # noqa: F401 (the fixture, used by name)
 from ctlutil import model_entry
 
@@ -76,6 +76,42 @@ def stopped(d):
         def __exit__(self, *exc):
             os.kill(d.proc.pid, signal.SIGCONT)
     return Stopped()
+
+
+def test_one_users_publication_checks_run_one_at_a_time(derived):
+    """Checking a publication holds memory of the order of its header (a
+    few hundred MB for a 100 MB one): one user publishing from several
+    connections at once had every check parse at once. Its checks now run
+    one after another (the others wait, and say so), and all publish."""
+    d = derived()
+    ready(d, "small")
+    # a 12 MB header: 200,000 one-byte tensors (tenths of a second to check)
+    big = st_bytes({f"t{i:06d}": ("I8", [1], b"\x01") for i in range(200000)})
+    builders = [Peer(d) for _ in range(3)]
+    tokens = [build(p, key=f"big{i}")["token"] for i, p in enumerate(builders)]
+    fds = [memfd_with(big) for _ in builders]
+    for p, token, fd in zip(builders, tokens, fds):
+        p.publish(token, fd)
+    for fd in fds:
+        os.close(fd)
+    # One more, whose builder leaves while its publication waits: the
+    # waiting check is dropped (under ASan: freed, its memfd closed).
+    leaver = Peer(d)
+    token = build(leaver, key="left")["token"]
+    fd = memfd_with(big)
+    leaver.publish(token, fd)
+    os.close(fd)
+    d.wait_for_log(r'derived "left": the check of its publication .* waits for ')
+    leaver.close()
+    for p in builders:
+        r = closing(p.reply(timeout=120))
+        assert r["type"] == ATTACH_OK, r
+    log = d.read_log()
+    assert log.count("waits for another of the same user's to end") == 3, log
+    keys = [x["key"] for x in model_entry(d, "small")["derived"]]
+    assert "big2" in keys and "left" not in keys, keys
+    for p in builders:
+        p.close()
 
 
 @lowers_nofile
