@@ -477,6 +477,11 @@ metrics_write(FILE *f, const struct registry *reg, const struct metrics_daemon *
 		"them off it (each could stall every client while it closes).");
 	fputs("wcached_fds_closed_inline_total", f);
 	value(f, (double)d->server.closed_inline);
+	family(f, "wcached_accept_pauses_total", "counter",
+		"Times the client socket was left unwatched for 100 ms: wcached was out of "
+		"descriptors with none spare to refuse a waiting client with.");
+	fputs("wcached_accept_pauses_total", f);
+	value(f, (double)d->server.accept_pauses);
 	family(f, "wcached_control_timeouts_total", "counter",
 		"Control connections closed because they did not finish a request in time.");
 	fputs("wcached_control_timeouts_total", f);

@@ -33,6 +33,7 @@ from test_derived import (ARTIFACT, RELEASE, RELEASE_OK, Peer, build, closing, m
                           st_bytes, take_artifact, waiting)
 from test_derived import derived  # noqa: F401 (the fixture, used by name)
 from ctlutil import model_entry
+from test_neighbours import metric
 
 # daemon/derive.h: artifacts and builds one model may have at once.
 MAX_PER_MODEL = 64
@@ -204,6 +205,7 @@ def test_out_of_descriptors_with_the_spare_lost_does_not_spin(start, tmp_path):
                 set_nofile(pid, original)
         wait_until(lambda: threads_in_close(pid) == 0, timeout=60,
                    what="the hung close to end")
+    assert metric(d, "wcached_accept_pauses_total") >= 1
 
 
 def test_a_builder_cannot_fill_the_table_with_artifacts(derived):

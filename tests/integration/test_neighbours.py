@@ -217,6 +217,7 @@ def test_a_descriptor_that_lingers_on_close_stalls_nobody(unprivileged):
         assert threads_in_close(d.proc.pid) >= 1, "the linger ended early: nothing was tested"
         assert took < 10, f"200 attaches took {took:.1f} s while a close lingered"
         assert metric(d, "wcached_fds_closed_inline_total") == 0
+        assert metric(d, "wcached_accept_pauses_total") == 0
     finally:
         bad.stdin.close()
         bad.wait(timeout=60)
