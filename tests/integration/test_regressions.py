@@ -28,7 +28,7 @@ import time
 
 import pytest
 
-from conftest import Daemon, binary, fd_count, mkmodel, settled_fd_count, wait_until
+from conftest import TEST_USER, Daemon, binary, fd_count, mkmodel, settled_fd_count, wait_until
 from ctlutil import Control, ctl, daemons, model_entry, wait_for_control
 
 SMALL = dict(layers=2, hidden=64, ffn=128, vocab=100)
@@ -166,6 +166,9 @@ def set_nofile(pid, soft):
 
 # ---- P1: out of descriptors -------------------------------------------------------------
 
+@pytest.mark.skipif(TEST_USER is not None,
+                    reason="lowers wcached's RLIMIT_NOFILE with prlimit, which another "
+                           "user's process refuses")
 def test_out_of_descriptors_refuses_without_spinning(start, tmp_path):
     model = mkmodel(tmp_path / "small.safetensors", **SMALL)
     d = start({"small": model})
