@@ -289,41 +289,69 @@ drop_unheld(struct registry *r, uint64_t want)
 	return dropped;
 }
 
-/*
- * Makes room for one more build of m (DERIVE_MAX_PER_MODEL): 0 when there
- * is room, if need be after dropping m's artifact nobody holds that was
- * used least recently; -ENOSPC with msg when every one is held or being
- * built.
- */
-static int
-make_room(struct derive_table *t, const struct model_entry *m, char *msg, size_t msg_size)
+/* m's artifacts and builds (of builder uid only, when one is true), in
+ * *n, and the artifact of them nobody holds that was used least recently
+ * (NULL: none). */
+static struct derived *
+count_places(const struct derive_table *t, const struct model_entry *m, int one, uid_t uid,
+	unsigned *n)
 {
 	struct derived *lru = NULL;
-	unsigned n = 0;
 
+	*n = 0;
 	for (struct derived *a = t->artifacts; a != NULL; a = a->next) {
-		if (a->entry_id != m->entry_id)
+		if (a->entry_id != m->entry_id || (one && a->builder_uid != uid))
 			continue;
-		n++;
+		(*n)++;
 		if (a->gen->attached == 0 && (lru == NULL || a->last_use < lru->last_use))
 			lru = a;
 	}
 	for (const struct derive_build *b = t->builds; b != NULL; b = b->next)
-		n += b->entry_id == m->entry_id;
-	if (n < DERIVE_MAX_PER_MODEL)
-		return 0;
-	if (lru != NULL) {
-		char why[160];
+		*n += b->entry_id == m->entry_id && (!one || b->builder_uid == uid);
+	return lru;
+}
 
-		snprintf(why, sizeof(why), "a new build needs its place: %u artifacts and builds "
-			 "is the most a model may have, and nobody held this one", n);
+/*
+ * Makes room for one more build of m by uid: first among uid's own
+ * (DERIVE_MAX_PER_BUILDER), then among the model's (DERIVE_MAX_PER_MODEL),
+ * each time if need be by dropping the artifact nobody holds that was used
+ * least recently. 0 when there is room; -ENOSPC with msg when every one is
+ * held or being built.
+ */
+static int
+make_room(struct derive_table *t, const struct model_entry *m, uid_t uid, char *msg,
+	size_t msg_size)
+{
+	for (int one = 1; one >= 0; one--) {
+		unsigned n, most = one ? DERIVE_MAX_PER_BUILDER : DERIVE_MAX_PER_MODEL;
+		struct derived *lru = count_places(t, m, one, uid, &n);
+		char why[200];
+
+		if (n < most)
+			continue;
+		if (lru == NULL && one) {
+			snprintf(msg, msg_size, "model \"%s\": uid %u has %u derived artifacts and "
+				 "builds of it already, every one held or being built (at most %u "
+				 "per builder user)", m->name, (unsigned)uid, n, most);
+			return -ENOSPC;
+		}
+		if (lru == NULL) {
+			snprintf(msg, msg_size, "model \"%s\": %u derived artifacts and builds "
+				 "already, every one held or being built (at most %u per model)",
+				m->name, n, most);
+			return -ENOSPC;
+		}
+		if (one)
+			snprintf(why, sizeof(why), "a new build of uid %u needs its place: %u "
+				 "artifacts and builds is the most one builder user may have, and "
+				 "nobody held this one", (unsigned)uid, n);
+		else
+			snprintf(why, sizeof(why), "a new build needs its place: %u artifacts and "
+				 "builds is the most a model may have, and nobody held this one",
+				n);
 		drop(t, lru, why);
-		return 0;
 	}
-	snprintf(msg, msg_size, "model \"%s\": %u derived artifacts and builds already, every "
-		 "one held or being built (at most %u per model)", m->name, n,
-		DERIVE_MAX_PER_MODEL);
-	return -ENOSPC;
+	return 0;
 }
 
 /* ---- requests ---- */
@@ -438,7 +466,7 @@ derive_request(struct derive_table *t, const struct wire_derive *d,
 			g->number, (unsigned)peer->uid);
 		return -EACCES;
 	}
-	if ((err = make_room(t, m, msg, msg_size)) < 0)
+	if ((err = make_room(t, m, peer->uid, msg, msg_size)) < 0)
 		return err;
 	if ((b = calloc(1, sizeof(*b))) == NULL || (b->model_name = strdup(m->name)) == NULL) {
 		free(b);

@@ -57,6 +57,13 @@ struct derive_build;
  * refused (ENOSPC). */
 #define DERIVE_MAX_PER_MODEL 64u
 
+/* Of those, what one builder uid may have: its artifacts (held or not) and
+ * its builds in progress. A builder past it first drops its own artifact of
+ * the model nobody holds that was used least recently; with none it is
+ * refused (ENOSPC), and other builders keep their places: one user cannot
+ * take every place of a model (by building, or by holding what it built). */
+#define DERIVE_MAX_PER_BUILDER 16u
+
 /* How the outcome reaches a waiting connection (the server's). Each is
  * called once per waiter, which is no longer waiting when it is called. */
 struct derive_hooks {

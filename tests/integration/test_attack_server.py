@@ -30,13 +30,14 @@ from test_regressions import (ATTACH, ATTACH_OK, ERROR, SHORT, SMALL, attach_raw
                               message, nofile, raw_client, ready, receive, set_nofile)
 from test_regressions import start  # noqa: F401 (the fixture, used by name)
 from test_derived import (ARTIFACT, RELEASE, RELEASE_OK, Peer, build, closing, memfd_with,
-                          st_bytes, take_artifact, waiting)
+                          run_as, st_bytes, take_artifact, waiting)
 from test_derived import derived  # noqa: F401 (the fixture, used by name)
 from ctlutil import model_entry
 from test_neighbours import metric
 
-# daemon/derive.h: artifacts and builds one model may have at once.
-MAX_PER_MODEL = 64
+# daemon/derive.h: artifacts and builds one model, and one builder user of
+# it, may have at once.
+MAX_PER_MODEL, MAX_PER_BUILDER = 64, 16
 EMFILE, ENOSPC, EDEADLK = 24, 28, 35
 
 # prlimit of a daemon running as another user ($WCACHE_TEST_USER) is refused
@@ -216,7 +217,7 @@ def test_a_builder_cannot_fill_the_table_with_artifacts(derived):
     keys = [f"k{n}" for n in range(100)]
     at_most = None
     for n, key in enumerate(keys):
-        if n == MAX_PER_MODEL:
+        if n == MAX_PER_BUILDER:
             at_most = settled_fd_count(pid)
         token = build(builder, key=key)["token"]
         fd = memfd_with(ARTIFACT)
@@ -227,14 +228,14 @@ def test_a_builder_cannot_fill_the_table_with_artifacts(derived):
         builder.send(RELEASE, struct.pack("<Q", r["handle"]))
         assert builder.reply()["type"] == RELEASE_OK
     # Each artifact kept its memfd and its index open in wcached (four
-    # descriptors), and nothing bounded how many: past the most a model may
-    # have, the oldest nobody holds makes room.
+    # descriptors), and nothing bounded how many: past the most one builder
+    # may have, its oldest that nobody holds makes room.
     grown = settled_fd_count(pid) - at_most
-    assert grown <= 4, f"{grown} more descriptors after {len(keys) - MAX_PER_MODEL} more artifacts"
-    assert "a new build needs its place" in d.read_log()
+    assert grown <= 4, f"{grown} more descriptors after {len(keys) - MAX_PER_BUILDER} more artifacts"
+    assert "a new build of uid 0 needs its place" in d.read_log()
     kept = [x["key"] for x in model_entry(d, "small")["derived"]]
-    assert len(kept) == MAX_PER_MODEL and kept[0] not in keys[:100 - MAX_PER_MODEL], kept
-    # Every one held: a new key is refused, and says why.
+    assert sorted(kept) == sorted(keys[-MAX_PER_BUILDER:]), kept
+    # Every one held: a new key of this builder is refused, and says why.
     holder = Peer(d)
     for key in kept:
         holder.derive("small", key)
@@ -242,12 +243,93 @@ def test_a_builder_cannot_fill_the_table_with_artifacts(derived):
     builder.derive("small", "one-more")
     r = closing(builder.reply())
     assert r["type"] == ERROR and r["code"] == ENOSPC, r
-    assert "every one held or being built" in r["text"], r["text"]
+    assert "every one held or being built (at most 16 per builder user)" in r["text"], r["text"]
     # Other workers are served as before.
     worker = Peer(d)
     worker.send(ATTACH, b"small")
     assert closing(worker.reply())["type"] == ATTACH_OK
     for p in (builder, holder, worker):
+        p.close()
+
+
+# Builds and publishes the keys argv[2:] of model "small" (a tiny artifact
+# each), as whoever runs it; prints "ok" or what went wrong.
+BUILDER = r"""
+import json, os, socket, struct, sys
+H = struct.Struct("<IHHII")
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.settimeout(30)
+s.connect(sys.argv[1])
+head = json.dumps({"w": {"dtype": "I8", "shape": [4], "data_offsets": [0, 4]}}).encode()
+head += b" " * (-len(head) % 8)
+art = struct.pack("<Q", len(head)) + head + b"\x01\x02\x03\x04"
+seq = 0
+def ask(mtype, payload, fds=()):
+    global seq
+    seq += 1
+    m = H.pack(0x31504357, 1, mtype, len(payload), seq) + payload
+    s.sendmsg([m], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", *fds))] if fds else [])
+    data, anc, _, _ = s.recvmsg(8192, socket.CMSG_SPACE(4 * 256))
+    for _, _, c in anc:
+        for (fd,) in struct.iter_unpack("i", c[:len(c) // 4 * 4]):
+            os.close(fd)
+    mtype = H.unpack_from(data)[2]
+    return mtype, data[16:]
+for key in sys.argv[2:]:
+    k = key.encode()
+    mtype, p = ask(4, struct.pack("<II", 30000, len(k)) + k + b"small")
+    if mtype != 133:
+        sys.exit(f"DERIVE {key}: {mtype} {p[4:]!r}")
+    fd = os.memfd_create("a", os.MFD_ALLOW_SEALING)
+    os.write(fd, art)
+    mtype, p = ask(5, p[40:48], [fd])
+    os.close(fd)
+    if mtype != 129:
+        sys.exit(f"PUBLISH {key}: {mtype} {p[4:]!r}")
+print("ok")
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run builders as other users")
+def test_builders_together_are_bounded_per_model_and_each_keeps_its_places(derived):
+    """One builder user may have 16 artifacts and builds of a model (held or
+    not), the model 64 in all: a user holding every one it built leaves the
+    others their places; when four users fill the model and every artifact
+    is held, a new key is refused (ENOSPC, per model) for everyone."""
+    d = derived({"derive_groups": "64200"})  # root builds too: always allowed
+    ready(d, "small")
+    users = [(64311 + i, 64311 + i, (64200,)) for i in range(3)]
+    for i, user in enumerate(users):
+        out = run_as(user, BUILDER, d, [f"u{i}-{n}" for n in range(MAX_PER_BUILDER)])
+        assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr
+    # root builds its 16 and holds them: its 17th is refused for it alone
+    mine = Peer(d)
+    for n in range(MAX_PER_BUILDER):
+        token = build(mine, key=f"r-{n}")["token"]
+        fd = memfd_with(ARTIFACT)
+        mine.publish(token, fd)
+        os.close(fd)
+        assert closing(mine.reply())["type"] == ATTACH_OK
+    keys = [x["key"] for x in model_entry(d, "small")["derived"]]
+    assert len(keys) == MAX_PER_MODEL, keys
+    mine.derive("small", "r-more")
+    r = closing(mine.reply())
+    assert r["type"] == ERROR and r["code"] == ENOSPC, r
+    assert "at most 16 per builder user" in r["text"], r["text"]
+    # A fifth user: the model is full, but the others' artifacts are not
+    # held: the least recently used makes room.
+    out = run_as((64320, 64320, (64200,)), BUILDER, d, ["fifth-0"])
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr
+    assert "a new build needs its place" in d.read_log()
+    # Every one held: the model refuses a new key for everyone.
+    holder = Peer(d)
+    for key in [x["key"] for x in model_entry(d, "small")["derived"]]:
+        if not key.startswith("r-"):
+            holder.derive("small", key)
+            assert closing(holder.reply())["type"] == ATTACH_OK
+    out = run_as((64321, 64321, (64200,)), BUILDER, d, ["sixth-0"])
+    assert out.returncode != 0 and "at most 64 per model" in out.stderr, out.stdout + out.stderr
+    for p in (mine, holder):
         p.close()
 
 

@@ -466,11 +466,12 @@ def let_in(d):
     os.chmod(d.socket, 0o666)
 
 
-def run_as(user, code, d):
-    """Runs code (Python) as user (uid, gid, groups) with the socket in argv[1]."""
+def run_as(user, code, d, args=()):
+    """Runs code (Python) as user (uid, gid, groups) with the socket in argv[1]
+    and args after it."""
     from wcached import as_user
     let_in(d)
-    return subprocess.run(as_user(*user) + [sys.executable, "-c", code, d.socket],
+    return subprocess.run(as_user(*user) + [sys.executable, "-c", code, d.socket, *args],
                           capture_output=True, text=True, timeout=60)
 
 
