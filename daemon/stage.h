@@ -146,7 +146,8 @@ int stage_dir_of(const char *stage_dir, const char *path, char **dir);
  * Blocking. *removed counts the copies removed. 0, or the first -errno
  * (with the message); it goes on after an error. Before each copy it reads
  * *stop (atomically; stop may be NULL): once set (wcached stops) it
- * removes no more and returns -ECANCELED with a message saying so, so that
+ * removes no more and returns -ECANCELED with a message saying so (unless
+ * a removal failed before: that failure is returned), so that
  * a stop does not wait for every leftover's unlink (the next start's
  * sweep removes the rest).
  */

@@ -396,9 +396,12 @@ stage_sweep(const char *stage_dir, char *const *keep, size_t nkeep, const int *s
 		if (kept)
 			continue;
 		if (stop != NULL && __atomic_load_n(stop, __ATOMIC_RELAXED)) {
-			err = error_set(-ECANCELED, "the sweep of stage_dir %s stopped as wcached "
-				"stops, after %u cop%s: the next start removes what is left",
-				stage_dir, *removed, *removed == 1 ? "y" : "ies");
+			/* An earlier failure stays the one returned. */
+			if (err == 0)
+				err = error_set(-ECANCELED, "the sweep of stage_dir %s stopped "
+					"as wcached stops, after %u cop%s: the next start removes "
+					"what is left", stage_dir, *removed,
+					*removed == 1 ? "y" : "ies");
 			break;
 		}
 		if ((r = stage_remove_at(dirfd(d), stage_dir, e->d_name, &why)) < 0 && err == 0)

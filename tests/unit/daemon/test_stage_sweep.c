@@ -52,9 +52,19 @@ int __wrap_unlinkat(int dirfd, const char *path, int flags);
 /* unlinkat(2), held at the gate while it is closed when it removes a
  * leftover copy's model file on a pool thread (at most 20 s: a test that
  * fails must not hang); on the loop thread it is only counted. */
+/* When set, the next removal of a leftover's model file fails (EIO) and
+ * marks this registry as stopping, as a stop that comes meanwhile would. */
+static struct registry *fail_then_stop;
+
 int
 __wrap_unlinkat(int dirfd, const char *path, int flags)
 {
+	if (fail_then_stop != NULL && strcmp(path, LEFTOVER_FILE) == 0) {
+		__atomic_store_n(&fail_then_stop->closing, 1, __ATOMIC_RELAXED);
+		fail_then_stop = NULL;
+		errno = EIO;
+		return -1;
+	}
 	if (strcmp(path, LEFTOVER_FILE) == 0) {
 		if (pthread_equal(pthread_self(), loop_thread)) {
 			atomic_fetch_add(&unlinked_on_loop, 1);
@@ -126,6 +136,7 @@ teardown(void **state)
 	void *t = f->t;
 
 	set_gate(false);
+	fail_then_stop = NULL;
 	du_free(&t);
 	free(f->leftover);
 	free(f->stage_dir);
@@ -354,6 +365,36 @@ test_a_stop_ends_the_sweep_at_the_next_copy(void **state)
 	free(log);
 }
 
+/* A removal fails, then wcached stops: the failure is what the sweep
+ * returns and warns about, not the stop (which hid it). */
+static void
+test_a_failure_before_a_stop_is_the_one_reported(void **state)
+{
+	struct sweep_fixture *f = *state;
+	char *log;
+
+	for (int i = 5; i <= 6; i++) {
+		char name[16], *d;
+
+		snprintf(name, sizeof(name), "old.%d", i);
+		d = path_join(f->stage_dir, name);
+		assert_int_equal(mkdir(d, 0700), 0);
+		free(tu_write(d, STAGE_MARKER, "", 0));
+		free(tu_write(d, LEFTOVER_FILE, "abc", 3));
+		free(d);
+	}
+	du_log_start(f->t);
+	fail_then_stop = &f->t->reg;
+	registry_stage_sweep(&f->t->reg, NULL, 0);
+	du_run_until(f->t, sweep_ended, NULL);
+	assert_null(fail_then_stop);
+	log = du_log_stop(f->t);
+	assert_non_null(strstr(log, LEFTOVER_FILE ": Input/output error"));
+	assert_null(strstr(log, "stopped as wcached stops"));
+	free(log);
+	assert_int_equal(entries_starting(f->stage_dir, "old."), 3);
+}
+
 /* Without a sweep (none started, or it ended) a staging goes to the work
  * queue at once, as before. */
 static void
@@ -381,6 +422,8 @@ main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(test_a_stop_ends_the_sweep_at_the_next_copy, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(test_a_failure_before_a_stop_is_the_one_reported,
+			setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
