@@ -21,7 +21,8 @@
  * daemon's log line; wcachectl's output) show a message once, not with its
  * backslashes doubled at each layer. What escaping is for, a terminal that
  * only shows text and a log line that stays one line, holds either way;
- * the exact bytes are in the --json outputs.
+ * the exact bytes of names are in the --json outputs (messages are
+ * escaped where they are made).
  */
 #ifndef WC_ESCAPE_H
 #define WC_ESCAPE_H

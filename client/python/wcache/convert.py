@@ -30,7 +30,9 @@ keeps every name.) The aliases are listed on stderr.
 
 The output is written to a temporary file in the same directory, flushed
 to disk, and renamed over the destination, so a reader never sees half a
-file and a failure leaves nothing behind.
+file and a failure leaves nothing behind; an output that exists and is not
+a regular file (a FIFO, /dev/stdout, /dev/null) is written into instead,
+as a shell redirection would.
 """
 import argparse
 import os
