@@ -11,6 +11,10 @@
  * (the same inode, by any path), is refused before anything is opened for
  * writing.
  *
+ * A signal that ends the conversion (SIGINT, SIGTERM, SIGHUP, SIGQUIT, or a
+ * SIGBUS when an input file shrinks under its mapping) removes the
+ * temporary file before the process ends by it: writer_remove_temporaries().
+ *
  * A long conversion shows its progress on a terminal (standard error): bytes
  * written, rate and time left, measured by a thread from the process's own
  * write counter (/proc/self/io), so the writers need no hook. A one-line
@@ -25,6 +29,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -162,6 +167,49 @@ refuse_same_file(const char *in, const char *out, struct model_source *src)
 				"write the conversion to another path", out, src->files[i].path,
 				in);
 	return 0;
+}
+
+/* ---- interruption ------------------------------------------------------------ */
+
+/* The signals that end a conversion and whose handler removes its temporary
+ * file first. */
+static const int convert_signals[] = { SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGBUS };
+
+/*
+ * Removes the temporary file, then ends the process by the same signal
+ * (SA_RESETHAND restored the default action; the signal is blocked in the
+ * handler, so it is delivered when the handler returns, and a SIGBUS from a
+ * fault is raised again by the faulting access). Async-signal-safe.
+ */
+static void
+convert_on_signal(int sig)
+{
+	static const char shrank[] = "wcachectl: convert: an input file shrank while it was "
+		"read (SIGBUS); the output was not written\n";
+	int saved = errno;
+
+	writer_remove_temporaries();
+	if (sig == SIGBUS)
+		(void)!write(STDERR_FILENO, shrank, sizeof(shrank) - 1);
+	(void)raise(sig);
+	errno = saved;
+}
+
+/* Installs convert_on_signal() for convert_signals, except where a signal
+ * is ignored (as nohup and a shell's background jobs ignore some): the
+ * conversion must not end where it would not have. */
+static void
+convert_catch_signals(void)
+{
+	struct sigaction sa, old;
+
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = convert_on_signal;
+	sa.sa_flags = SA_RESETHAND;
+	sigemptyset(&sa.sa_mask);
+	for (size_t i = 0; i < sizeof(convert_signals) / sizeof(convert_signals[0]); i++)
+		if (sigaction(convert_signals[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN)
+			(void)sigaction(convert_signals[i], &sa, NULL);
 }
 
 /* ---- progress -------------------------------------------------------------- */
@@ -400,6 +448,7 @@ ctl_convert(int argc, char **argv)
 		if (stat(paths[0], &st) == 0)
 			total = (uint64_t)st.st_size;
 	}
+	convert_catch_signals();
 	start = ctl_monotonic();
 	shown = progress_start(&progress, total, paths[1]);
 	if (in == INPUT_WEIG_BIG_ENDIAN)

@@ -92,15 +92,85 @@ print_json(const struct model_source *s, const struct index_header *h)
 	return 0;
 }
 
-/* The metadata, then a table of the tensors and a summary line. */
+/* The widths of the table's columns: at least the usual ones, wider where a
+ * name, shape or number is (the escaped text counted as it shows). */
+struct inspect_widths {
+	size_t name, shape, bytes, offset;
+};
+
+/* A tensor's shape as the table shows it, "[2, 3]", in buf (a shape of
+ * INDEX_MAX_NDIM dimensions whose non-zero ones multiply to 64 bits at
+ * most is far shorter than INSPECT_SHAPE_MAX). */
+#define INSPECT_SHAPE_MAX 2048
+
+static void
+shape_text(const struct index_tensor *t, char *buf, size_t cap)
+{
+	FILE *mf = fmemopen(buf, cap, "w");
+
+	if (mf == NULL) {
+		snprintf(buf, cap, "?");
+		return;
+	}
+	print_shape(mf, t, 0);
+	fclose(mf);
+}
+
+/* The number of decimal digits of v. */
+static size_t
+digits(uint64_t v)
+{
+	size_t n = 1;
+
+	while (v >= 10) {
+		v /= 10;
+		n++;
+	}
+	return n;
+}
+
+/* A first pass over the tensors: the widths every row fits in. */
+static int
+table_widths(const struct model_source *s, const struct index_header *h,
+	struct inspect_widths *w)
+{
+	struct index_tensor t;
+	char shape[INSPECT_SHAPE_MAX];
+	int r;
+
+	*w = (struct inspect_widths){ .name = 48, .shape = 20, .bytes = 14, .offset = 14 };
+	for (uint64_t i = 0; i < h->tensor_count; i++) {
+		size_t n;
+
+		if ((r = index_tensor_at(s->index, h, i, &t)) < 0)
+			return r;
+		shape_text(&t, shape, sizeof(shape));
+		if ((n = escape_width(t.name)) > w->name)
+			w->name = n;
+		if ((n = strlen(shape)) > w->shape)
+			w->shape = n;
+		if ((n = digits(t.nbytes)) > w->bytes)
+			w->bytes = n;
+		if ((n = digits(t.offset)) > w->offset)
+			w->offset = n;
+	}
+	return 0;
+}
+
+/* The metadata, then a table of the tensors and a summary line. Every
+ * column is as wide as its widest entry, so a long name or shape does not
+ * push the rest of its row out of line. */
 static int
 print_table(const struct model_source *s, const struct index_header *h)
 {
 	struct index_tensor t;
+	struct inspect_widths w;
 	uint64_t total = 0;
 	const char *key, *value;
 	int r;
 
+	if ((r = table_widths(s, h, &w)) < 0)
+		return r;
 	for (uint64_t i = 0; i < h->meta_count; i++) {
 		if ((r = index_meta_at(s->index, h, i, &key, &value)) < 0)
 			return r;
@@ -110,23 +180,18 @@ print_table(const struct model_source *s, const struct index_header *h)
 		escape_print(stdout, value);
 		putchar('\n');
 	}
-	printf("%-48s %-11s %-20s %14s %14s%s\n", "NAME", "DTYPE", "SHAPE", "BYTES", "OFFSET",
+	printf("%-*s %-11s %-*s %*s %*s%s\n", (int)w.name, "NAME", "DTYPE", (int)w.shape,
+		"SHAPE", (int)w.bytes, "BYTES", (int)w.offset, "OFFSET",
 		s->nfiles > 1 ? "  FILE" : "");
 	for (uint64_t i = 0; i < h->tensor_count; i++) {
+		char shape[INSPECT_SHAPE_MAX];
+
 		if ((r = index_tensor_at(s->index, h, i, &t)) < 0)
 			return r;
-		char shape[256];
-		FILE *mf = fmemopen(shape, sizeof(shape), "w");
-
-		if (mf != NULL) {
-			print_shape(mf, &t, 0);
-			fclose(mf);
-		} else {
-			strcpy(shape, "?");
-		}
-		print_safe_padded(t.name, 48);
-		printf(" %-11s %-20s %14" PRIu64 " %14" PRIu64, dtype_by_code(t.dtype)->name,
-			shape, t.nbytes, t.offset);
+		shape_text(&t, shape, sizeof(shape));
+		print_safe_padded(t.name, w.name);
+		printf(" %-11s %-*s %*" PRIu64 " %*" PRIu64, dtype_by_code(t.dtype)->name,
+			(int)w.shape, shape, (int)w.bytes, t.nbytes, (int)w.offset, t.offset);
 		if (s->nfiles > 1) {
 			fputs("  ", stdout);
 			escape_print(stdout, s->files[t.file].path);
@@ -134,9 +199,9 @@ print_table(const struct model_source *s, const struct index_header *h)
 		putchar('\n');
 		total += t.nbytes;
 	}
-	printf("%" PRIu64 " tensors, %" PRIu64 " bytes of data in %zu file%s (%s)\n",
-		h->tensor_count, total, s->nfiles, s->nfiles == 1 ? "" : "s",
-		source_format_name(s->format));
+	printf("%" PRIu64 " tensor%s, %" PRIu64 " bytes of data in %zu file%s (%s)\n",
+		h->tensor_count, h->tensor_count == 1 ? "" : "s", total, s->nfiles,
+		s->nfiles == 1 ? "" : "s", source_format_name(s->format));
 	return 0;
 }
 
@@ -147,15 +212,18 @@ ctl_inspect(int argc, char **argv)
 	struct model_source s;
 	struct index_header h;
 	const char *path = NULL;
-	int json = 0, r;
+	int json = 0, options = 1, r;
 
 	for (int i = 1; i < argc; i++) {
-		if (strcmp(argv[i], "--json") == 0) {
+		if (options && strcmp(argv[i], "--") == 0) {
+			options = 0; /* as convert: a PATH that starts with '-' follows */
+		} else if (options && strcmp(argv[i], "--json") == 0) {
 			json = 1;
-		} else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+		} else if (options && (strcmp(argv[i], "--help") == 0 ||
+			strcmp(argv[i], "-h") == 0)) {
 			inspect_usage(stdout);
 			return 0;
-		} else if (argv[i][0] == '-' && argv[i][1] != '\0') {
+		} else if (options && argv[i][0] == '-' && argv[i][1] != '\0') {
 			return ctl_usage_error("inspect", "unknown option \"%s\"", argv[i]);
 		} else if (path == NULL) {
 			path = argv[i];

@@ -27,6 +27,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +43,63 @@
 #define OUTFILE_MAX_WRITE (1u << 30)   /* one write(2) at most */
 #define OUTFILE_MAX_LINKS 40           /* symlinks followed, as the kernel's ELOOP */
 #define OUTFILE_TRIES 100              /* temporary names tried */
+#define OUTFILE_LIVE_SLOTS 8           /* temporaries outfile_remove_temporaries() knows */
+
+/*
+ * The temporary files now being written, for outfile_remove_temporaries()
+ * in a signal handler, which may neither lock nor follow a pointer that
+ * another thread frees: fixed buffers, each with a state taken and
+ * changed atomically. LIVE_FREE: the slot is unused; LIVE_FILLING: a
+ * thread is copying a name into it; LIVE_NAMED: the name is a temporary
+ * file to unlink. A slot is named only after the file was created (an
+ * O_EXCL failure names another's file) and freed only after the file is
+ * renamed or unlinked (a signal in between unlinks a name already gone).
+ */
+enum { LIVE_FREE, LIVE_FILLING, LIVE_NAMED };
+static int outfile_live_state[OUTFILE_LIVE_SLOTS];
+static char outfile_live_path[OUTFILE_LIVE_SLOTS][PATH_MAX];
+
+/* Names o's temporary file in a free slot (o->live is 1 + its number), if
+ * one is free and the name fits; else o->live stays 0 and the file is not
+ * known. */
+static void
+outfile_live_add(struct outfile *o)
+{
+	size_t len = strlen(o->tmp);
+
+	o->live = 0;
+	if (len >= PATH_MAX)
+		return;
+	for (int i = 0; i < OUTFILE_LIVE_SLOTS; i++) {
+		int expected = LIVE_FREE;
+
+		if (__atomic_compare_exchange_n(&outfile_live_state[i], &expected, LIVE_FILLING,
+			0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+			memcpy(outfile_live_path[i], o->tmp, len + 1);
+			__atomic_store_n(&outfile_live_state[i], LIVE_NAMED, __ATOMIC_RELEASE);
+			o->live = i + 1;
+			return;
+		}
+	}
+}
+
+/* Frees o's slot: its temporary file is renamed or unlinked. */
+static void
+outfile_live_remove(struct outfile *o)
+{
+	if (o->live <= 0 || o->live > OUTFILE_LIVE_SLOTS)
+		return;
+	__atomic_store_n(&outfile_live_state[o->live - 1], LIVE_FREE, __ATOMIC_RELEASE);
+	o->live = 0;
+}
+
+void
+outfile_remove_temporaries(void)
+{
+	for (int i = 0; i < OUTFILE_LIVE_SLOTS; i++)
+		if (__atomic_load_n(&outfile_live_state[i], __ATOMIC_ACQUIRE) == LIVE_NAMED)
+			(void)unlink(outfile_live_path[i]);
+}
 
 /*
  * The path the rename must replace for path, malloc'd in *out: path with
@@ -223,6 +281,7 @@ outfile_begin(const char *path, struct outfile *o)
 		return error_set(-e, "%s: cannot create a temporary file beside it: %s", path,
 			strerror(e));
 	}
+	outfile_live_add(o);
 	if ((rc = outfile_take_over(o->fd, o->target)) < 0) {
 		e = -rc;
 		goto fail;
@@ -236,6 +295,7 @@ outfile_begin(const char *path, struct outfile *o)
 fail:
 	close(o->fd);
 	unlink(o->tmp);
+	outfile_live_remove(o);
 	free(o->tmp);
 	free(o->target);
 	o->tmp = NULL;
@@ -251,6 +311,7 @@ outfile_abort(struct outfile *o)
 		close(o->fd);
 	if (o->tmp != NULL)
 		unlink(o->tmp);
+	outfile_live_remove(o);
 	free(o->tmp);
 	free(o->target);
 	free(o->buf);
@@ -283,6 +344,11 @@ outfile_write_all(const struct outfile *o, const uint8_t *p, uint64_t n)
 		if (w < 0) {
 			if (errno == EINTR)
 				continue;
+			/* The caller's memory, not the output: a mapped input file that
+			 * shrank under its mapping. */
+			if (errno == EFAULT)
+				return error_set(-EIO, "%s: write: the data to write could not be "
+					"read (an input file shrank while it was read?)", o->path);
 			return error_set(-errno, "%s: write: %s", o->path, strerror(errno));
 		}
 		if (w == 0)
@@ -399,6 +465,7 @@ outfile_commit(struct outfile *o)
 	if (rename(o->tmp, o->target) < 0)
 		return error_set(-errno, "%s: rename from %s: %s", o->path, o->tmp,
 			strerror(errno));
+	outfile_live_remove(o);
 	free(o->tmp);
 	o->tmp = NULL;
 	/* Best effort: the file is complete; a failing directory fsync (some

@@ -42,6 +42,7 @@ struct outfile {
 	char *target;     /* what the rename replaces: path, symlinks followed; or NULL */
 	int fd;
 	int borrowed;     /* 1: fd is the caller's; outfile_abort() leaves it open */
+	int live;         /* 1 + the slot naming tmp to outfile_remove_temporaries(); 0: none */
 	uint8_t *buf;
 	size_t used;
 	uint64_t pos;     /* bytes written so far, buffered ones included */
@@ -102,5 +103,17 @@ int outfile_commit(struct outfile *o);
 /* Closes and unlinks the temporary file; safe after outfile_commit() and on
  * a zeroed or failed outfile. Leaves a borrowed descriptor open. */
 void outfile_abort(struct outfile *o);
+
+/*
+ * Unlinks the temporary file of every outfile of this process that is
+ * between outfile_begin() and its commit or abort, for a signal handler
+ * that then ends the process (SIGINT, SIGTERM, a SIGBUS from an input that
+ * shrank): async-signal-safe, it only reads fixed buffers and calls
+ * unlink(2). Up to eight files at once are known (OUTFILE_LIVE_SLOTS; more
+ * may be written, but are not removed here); a temporary path longer than PATH_MAX
+ * cannot be, nor one created relative to a working directory changed
+ * since.
+ */
+void outfile_remove_temporaries(void);
 
 #endif

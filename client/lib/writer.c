@@ -272,3 +272,11 @@ wt_write_data(struct outfile *o, const struct wt_model *wm, int aligned)
 	}
 	return 0;
 }
+
+/* ---- interruption ---- */
+
+void
+writer_remove_temporaries(void)
+{
+	outfile_remove_temporaries();
+}

@@ -61,6 +61,14 @@ int writer_safetensors_fd(const wc_tensor *tensors, size_t n, const char *const 
  */
 int writer_from_big_endian(const char *in_path, enum writer_format fmt, const char *out_path);
 
+/*
+ * Unlinks the temporary files of the writes to a path now in progress in
+ * this process (outfile_remove_temporaries()), so that a signal handler
+ * that is about to end the process (wcachectl convert's, on SIGINT or
+ * SIGTERM) leaves no temporary file beside the output. Async-signal-safe.
+ */
+void writer_remove_temporaries(void);
+
 /* Byte-swaps n bytes from src into dst, elements of elem_size bytes (1, 2,
  * 4 or 8; 1 copies). n must be a multiple of elem_size; src and dst may be
  * the same buffer. Exposed for the tests. */

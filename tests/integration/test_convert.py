@@ -9,8 +9,10 @@ is checked against the specs and not only against itself.
 
 import json
 import os
+import signal
 import struct
 import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -530,3 +532,133 @@ def test_inspect_escapes_names_from_the_file(ctl, tmp_path):
     r = run(ctl, "inspect", str(d))
     assert r.returncode == 1 and r.stderr.startswith("wcachectl: ")
     assert not no_control_bytes(r.stderr), r.stderr
+
+
+# ---- interruption: a signal mid-write leaves no temporary file ----
+
+def write_sparse_safetensors(path, sizes):
+    """A safetensors file of U8 tensors t0000, t0001, ... of the given sizes
+    whose data is a hole: gigabytes to convert that take no disk to hold."""
+    header, cur = {}, 0
+    for i, n in enumerate(sizes):
+        header[f"t{i:04d}"] = {"dtype": "U8", "shape": [n], "data_offsets": [cur, cur + n]}
+        cur += n
+    h = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h)
+        f.truncate(8 + len(h) + cur)
+
+
+def start_conversion_and_wait_for_its_temporary(ctl, src, out):
+    """Starts `convert src out` and returns it once its temporary file beside
+    out exists (the write is under way), or fails after a deadline."""
+    p = subprocess.Popen([ctl, "convert", str(src), str(out)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while not [n for n in os.listdir(out.parent) if n.startswith("." + out.name + ".")]:
+        if p.poll() is not None or time.monotonic() > deadline:
+            p.kill()
+            out_, err = p.communicate()
+            pytest.fail(f"no temporary file appeared (rc {p.returncode}): {err!r}")
+    return p
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_mid_write_leaves_no_temporary_file(ctl, tmp_path, sig):
+    """A conversion that ends by SIGINT (Ctrl-C), SIGTERM or SIGHUP removes its
+    temporary .OUT.XXXXXX, keeps the old OUT, and still dies by the signal.
+    Before, the temporary file (up to the model's size) stayed behind."""
+    src = tmp_path / "in" / "big.safetensors"
+    src.parent.mkdir()
+    # 2 GiB in tensors of 64 MiB: large writes, each soon over (a signal
+    # waits for the write(2) it arrives in)
+    write_sparse_safetensors(src, [64 << 20] * 32)
+    out = tmp_path / "out" / "big.weig"
+    out.parent.mkdir()
+    out.write_bytes(b"old")
+    p = start_conversion_and_wait_for_its_temporary(ctl, src, out)
+    p.send_signal(sig)
+    p.communicate(timeout=60)
+    assert p.returncode == -sig
+    assert sorted(os.listdir(out.parent)) == ["big.weig"]
+    assert out.read_bytes() == b"old"
+
+
+def test_an_input_that_shrinks_mid_write_leaves_no_temporary_file(ctl, tmp_path):
+    """Small tensors are copied through the output buffer from IN's mapping:
+    IN truncated under it is a SIGBUS. The temporary file is removed and the
+    message says why; before, the process died with the temporary left."""
+    src = tmp_path / "in" / "small.safetensors"
+    src.parent.mkdir()
+    write_sparse_safetensors(src, [(1 << 20) - 64] * 4096)  # 4 GiB in tensors under 1 MiB
+    out = tmp_path / "out" / "small.weig"
+    out.parent.mkdir()
+    p = start_conversion_and_wait_for_its_temporary(ctl, src, out)
+    os.truncate(src, 4096)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == -signal.SIGBUS, err
+    assert b"shrank" in err
+    assert os.listdir(out.parent) == []
+
+
+def test_an_input_that_shrinks_under_a_large_write_is_named(ctl, tmp_path):
+    """A tensor of a megabyte or more goes to write(2) straight from IN's
+    mapping: IN truncated under it makes write fail with EFAULT, which was
+    reported as 'write: Bad address'. Now the message says the data could
+    not be read, and no temporary file stays."""
+    src = tmp_path / "in" / "big.safetensors"
+    src.parent.mkdir()
+    write_sparse_safetensors(src, [1 << 32])
+    out = tmp_path / "out" / "big.weig"
+    out.parent.mkdir()
+    p = start_conversion_and_wait_for_its_temporary(ctl, src, out)
+    os.truncate(src, 4096)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 1, err
+    assert b"could not be read" in err and b"Bad address" not in err
+    assert os.listdir(out.parent) == []
+
+
+# ---- inspect: a table that stays aligned ----
+
+def test_inspect_columns_fit_long_names_and_shapes(ctl, tmp_path):
+    """Names at the 4096-byte limit and shapes of 64 dimensions widen their
+    columns instead of pushing the rest of the row out of line: each column
+    starts where its heading does on every row. Before, the columns were
+    48 and 20 wide whatever the rows held."""
+    long_name = "n" * 4096
+    tensors = {
+        long_name: ("U8", [2], b"ab"),
+        "short": ("F32", [1] * 63 + [2], bytes(8)),
+        "z": ("I16", [3, 1], bytes(6)),
+    }
+    write_safetensors(tmp_path / "m.safetensors", tensors)
+    r = run(ctl, "inspect", str(tmp_path / "m.safetensors"))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    head, rows, summary = lines[0], lines[1:4], lines[4]
+    assert summary.startswith("3 tensors, 16 bytes of data in 1 file")
+    for column in ("DTYPE", "SHAPE", "BYTES", "OFFSET"):
+        at = head.index(column)
+        for row in rows:
+            assert row[at - 1] == " ", (column, row[:80], row[at - 1:at + 20])
+    dtype_at, shape_at = head.index("DTYPE"), head.index("SHAPE")
+    assert [row[dtype_at:].split()[0] for row in rows] == ["U8", "F32", "I16"]
+    assert [row[shape_at:].split("]")[0] + "]" for row in rows] == \
+        ["[2]", "[" + "1, " * 63 + "2]", "[3, 1]"]
+    # BYTES and OFFSET are right-aligned: each ends where its heading does.
+    for column in ("BYTES", "OFFSET"):
+        end = head.index(column) + len(column)
+        assert all(row[end - 1].isdigit() and (end == len(row) or row[end] == " ")
+                   for row in rows), column
+    assert r.stdout.count(long_name) == 1
+
+
+def test_inspect_takes_a_path_that_starts_with_a_dash_after_double_dash(ctl, tmp_path):
+    """`wcachectl inspect -- -m.safetensors` as `convert -- IN OUT` does;
+    before, '--' was an unknown option."""
+    write_safetensors(tmp_path / "-m.safetensors", {"a": ("U8", [1], b"x")})
+    r = subprocess.run([ctl, "inspect", "--", "-m.safetensors"], capture_output=True,
+                       text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1].startswith("1 tensor, 1 bytes of data")
