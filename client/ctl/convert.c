@@ -7,7 +7,9 @@
  *
  * IN is validated completely by the same readers wcached uses before a byte
  * is written; OUT is written to a temporary file and renamed, so it is either
- * the whole new file or untouched. An OUT that is IN, or one of IN's files
+ * the whole new file or untouched. A file of IN written in place while its
+ * data is copied fails the conversion (inputs_unchanged()), as it fails a
+ * load. An OUT that is IN, or one of IN's files
  * (the same inode, by any path), is refused before anything is opened for
  * writing.
  *
@@ -119,16 +121,36 @@ default_format(enum convert_input in, const char *out)
 	return WRITER_WEIG;
 }
 
-/* Opens IN with the library's readers and writes it in format fmt. */
+/*
+ * The writer's check before the commit (writer_check_fn): no file of IN
+ * (src, opened before the conversion) changed size or modification time
+ * while its data was copied; a file written in place meanwhile would give
+ * OUT a mix of old and new bytes that no reader could tell from a model.
+ */
 static int
-convert_model(const char *in, const char *out, enum writer_format fmt)
+inputs_unchanged(void *ctx)
+{
+	const struct model_source *src = ctx;
+	int rc;
+
+	for (size_t i = 0; i < src->nfiles; i++)
+		if ((rc = file_check_unchanged(&src->files[i])) < 0)
+			return rc;
+	return 0;
+}
+
+/* Opens IN with the library's readers and writes it in format fmt; src
+ * (IN as opened before, or zeroed) is checked to be unchanged at the end. */
+static int
+convert_model(const char *in, const char *out, enum writer_format fmt,
+	const struct model_source *src)
 {
 	wc_model *m = NULL;
 	int rc;
 
 	if ((rc = wc_open_file(in, &m)) < 0)
 		return rc;
-	rc = fmt == WRITER_WEIG ? writer_weig(m, out) : writer_safetensors(m, out);
+	rc = writer_model_checked(m, fmt, out, inputs_unchanged, (void *)src);
 	wc_release(m);
 	return rc;
 }
@@ -454,7 +476,7 @@ ctl_convert(int argc, char **argv)
 	if (in == INPUT_WEIG_BIG_ENDIAN)
 		rc = writer_from_big_endian(paths[0], fmt, paths[1]);
 	else
-		rc = convert_model(paths[0], paths[1], fmt);
+		rc = convert_model(paths[0], paths[1], fmt, &src);
 	if (shown)
 		progress_stop(&progress);
 	if (rc < 0) {

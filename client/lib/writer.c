@@ -12,7 +12,8 @@
  * into memory the caller keeps (a model's read-only mappings, or the
  * caller's own tensors): gathering copies no data, and the writers copy it
  * to the file in large writes, byte-swapped through the output buffer when
- * a big-endian file is converted. Sorting here, once, gives every format
+ * a big-endian file is converted; a caller's check (writer_model_checked())
+ * runs once all the data is written, before the commit. Sorting here, once, gives every format
  * the same order and finds duplicate names, which the writer does not
  * trust its callers to have ruled out.
  */
@@ -270,7 +271,30 @@ wt_write_data(struct outfile *o, const struct wt_model *wm, int aligned)
 			writer_swap_elements)) < 0)
 			return rc;
 	}
+	/* Every byte of data has been read: what the inputs hold now no longer
+	 * matters, what they held while it was read does. */
+	if (wm->check != NULL && (rc = wm->check(wm->check_ctx)) < 0)
+		return rc;
 	return 0;
+}
+
+int
+writer_model_checked(const wc_model *m, enum writer_format fmt, const char *out_path,
+	writer_check_fn *check, void *ctx)
+{
+	struct wt_model wm;
+	int rc;
+
+	if (fmt != WRITER_WEIG && fmt != WRITER_SAFETENSORS)
+		return error_set(-EINVAL, "%s: unknown output format %d", out_path, (int)fmt);
+	if ((rc = wt_from_model(m, out_path, &wm)) < 0)
+		return rc;
+	wm.check = check;
+	wm.check_ctx = ctx;
+	rc = fmt == WRITER_WEIG ? wt_write_weig(&wm, out_path) :
+		wt_write_safetensors(&wm, out_path);
+	wt_free(&wm);
+	return rc;
 }
 
 /* ---- interruption ---- */

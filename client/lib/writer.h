@@ -41,6 +41,22 @@ int writer_weig(const wc_model *m, const char *out_path);
 int writer_safetensors(const wc_model *m, const char *out_path);
 
 /*
+ * A check the writer makes once it has read and written every tensor's
+ * data, before the output replaces its path: 0, or a negative errno code
+ * with the message set (error.h), which fails the write and leaves the path
+ * as it was. wcachectl convert's checks that no input file changed while
+ * its data was copied.
+ */
+typedef int writer_check_fn(void *ctx);
+
+/*
+ * As writer_weig() (fmt WRITER_WEIG) or writer_safetensors(), calling
+ * check(ctx) after the data and before the commit; check may be NULL.
+ */
+int writer_model_checked(const wc_model *m, enum writer_format fmt, const char *out_path,
+	writer_check_fn *check, void *ctx);
+
+/*
  * Writes the caller's tensors, and nmeta metadata pairs (metadata[2i] the
  * key, metadata[2i + 1] the value), as a standard safetensors file (as
  * writer_safetensors() lays it out) to fd from its current offset, for a

@@ -16,6 +16,7 @@
 #include "base/file.h"
 #include "lib/outfile.h"
 #include "lib/wcache.h"
+#include "lib/writer.h"
 
 struct dtype_info;
 
@@ -50,6 +51,8 @@ struct wt_model {
 	struct wt_meta *meta;
 	size_t nmeta;
 	int swap; /* 1: the data is big-endian, swap each element */
+	writer_check_fn *check; /* or NULL: called by wt_write_data() after the data */
+	void *check_ctx;
 };
 
 /* writer.c: frees what a wt_model owns; safe on a zeroed one. */
@@ -79,7 +82,7 @@ int wt_from_index(const uint8_t *blob, size_t len, const struct wc_file *f,
 
 /* writer.c: appends each tensor's data at its offset (zero padding
  * between, when aligned), swapped when wm->swap says the data is
- * big-endian. */
+ * big-endian; then calls wm->check, whose failure fails the write. */
 int wt_write_data(struct outfile *o, const struct wt_model *wm, int aligned);
 
 /* writer_weig.c: writes wm as WEIG to out_path, atomically. */

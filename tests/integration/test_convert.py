@@ -662,3 +662,29 @@ def test_inspect_takes_a_path_that_starts_with_a_dash_after_double_dash(ctl, tmp
                        text=True, timeout=60, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-1].startswith("1 tensor, 1 bytes of data")
+
+
+def test_an_input_written_in_place_mid_conversion_fails_it(ctl, tmp_path):
+    """IN written in place (same size) while its data is copied: OUT would
+    be a mix of old and new bytes that every reader accepts. The conversion
+    fails with 'changed while being read', OUT keeps what it held and no
+    temporary file stays; before, it succeeded."""
+    src = tmp_path / "in" / "big.safetensors"
+    src.parent.mkdir()
+    write_sparse_safetensors(src, [64 << 20] * 8)
+    size = src.stat().st_size
+    out = tmp_path / "out" / "big.weig"
+    out.parent.mkdir()
+    out.write_bytes(b"old")
+    p = start_conversion_and_wait_for_its_temporary(ctl, src, out)
+    fd = os.open(src, os.O_WRONLY)
+    try:
+        os.pwrite(fd, b"new bytes", size - 4096)
+    finally:
+        os.close(fd)
+    _, err = p.communicate(timeout=60)
+    assert src.stat().st_size == size
+    assert p.returncode == 1, err
+    assert b"big.safetensors: file changed while being read" in err, err
+    assert sorted(os.listdir(out.parent)) == ["big.weig"]
+    assert out.read_bytes() == b"old"

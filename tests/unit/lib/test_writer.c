@@ -1017,6 +1017,95 @@ test_output_that_is_not_a_regular_file(void **state)
 	tu_rmtree(dir);
 }
 
+/* What test_check_before_commit's check saw and does. */
+struct check_probe {
+	const char *dir;
+	int calls;
+	int entries;        /* in dir when the check ran: the temporary file is there */
+	int after_removal;  /* in dir after writer_remove_temporaries() */
+	int remove, fail;
+};
+
+/* A writer_check_fn: counts, looks at the directory, may remove the
+ * temporary as a signal handler would, and may fail. */
+static int
+probe_check(void *ctx)
+{
+	struct check_probe *p = ctx;
+
+	p->calls++;
+	p->entries = tu_count_entries(p->dir);
+	if (p->remove) {
+		writer_remove_temporaries();
+		p->after_removal = tu_count_entries(p->dir);
+	}
+	return p->fail ? error_set(-ESTALE, "probe: input changed") : 0;
+}
+
+/*
+ * writer_model_checked() calls its check once, after the data and before
+ * the commit: a failing check leaves OUT as it was and no temporary file;
+ * writer_remove_temporaries() (what convert's signal handler calls) finds
+ * the temporary of a write in progress, also after many writes have come
+ * and gone (their slots are freed), and a finished write leaves it nothing.
+ */
+static void
+test_check_before_commit(void **state)
+{
+	char *dir = tu_tmpdir(), *in, *out;
+	static const char hdr[] =
+		"{\"w\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[0,3]}}";
+	struct check_probe p = { .dir = dir };
+	wc_model *m = NULL;
+	uint8_t *img, *got;
+	size_t len, glen;
+
+	(void)state;
+	img = tu_safetensors(hdr, 3, &len);
+	in = tu_write(dir, "in.safetensors", img, len);
+	out = tu_write(dir, "out.weig", "old", 3);
+	assert_int_equal(wc_open_file(in, &m), 0);
+
+	/* A failing check: OUT untouched, no temporary. */
+	p.fail = 1;
+	assert_int_equal(writer_model_checked(m, WRITER_WEIG, out, probe_check, &p), -ESTALE);
+	assert_int_equal(p.calls, 1);
+	assert_int_equal(p.entries, 3); /* in, out and the temporary */
+	assert_non_null(strstr(wc_errmsg(), "input changed"));
+	got = slurp(out, &glen);
+	assert_int_equal(glen, 3);
+	assert_memory_equal(got, "old", 3);
+	free(got);
+	assert_int_equal(tu_count_entries(dir), 2);
+
+	/* A passing one: both formats are written. */
+	p.fail = 0;
+	assert_int_equal(writer_model_checked(m, WRITER_SAFETENSORS, out, probe_check, &p), 0);
+	assert_int_equal(writer_model_checked(m, WRITER_WEIG, out, probe_check, &p), 0);
+	assert_int_equal(p.calls, 3);
+	assert_int_equal(writer_model_checked(m, (enum writer_format)7, out, NULL, NULL),
+		-EINVAL);
+
+	/* Twenty writes free their slots; then a write in progress is found. */
+	for (int i = 0; i < 20; i++)
+		assert_int_equal(writer_weig(m, out), 0);
+	writer_remove_temporaries(); /* nothing in progress: nothing removed */
+	assert_int_equal(tu_count_entries(dir), 2);
+	p.remove = 1;
+	p.fail = 1;
+	assert_int_equal(writer_model_checked(m, WRITER_WEIG, out, probe_check, &p), -ESTALE);
+	assert_int_equal(p.entries, 3);
+	assert_int_equal(p.after_removal, 2);
+	assert_int_equal(tu_count_entries(dir), 2);
+	wc_release(m);
+	assert_int_equal(wc_open_file(out, &m), 0); /* the last complete write */
+	wc_release(m);
+	free(img);
+	free(in);
+	free(out);
+	tu_rmtree(dir);
+}
+
 int
 main(void)
 {
@@ -1032,6 +1121,7 @@ main(void)
 		cmocka_unit_test(test_safetensors_fd),
 		cmocka_unit_test(test_safetensors_fd_refuses),
 		cmocka_unit_test(test_output_that_is_not_a_regular_file),
+		cmocka_unit_test(test_check_before_commit),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
