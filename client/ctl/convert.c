@@ -27,6 +27,7 @@
  * escape_print()).
  */
 #include <byteswap.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -165,10 +166,43 @@ same_inode(const struct stat *a, const struct stat *b)
 }
 
 /*
+ * The shard index of a directory IN is no file of the opened model
+ * (src->files holds the shards), but replacing it destroys IN as surely:
+ * fails (-EEXIST, message set) when so, the file out (stat so) is any
+ * *.safetensors.index.json that the directory in holds, by any path.
+ */
+static int
+refuse_shard_index(const char *in, const char *out, const struct stat *so)
+{
+	static const char suffix[] = ".safetensors.index.json";
+	const size_t suffix_len = sizeof(suffix) - 1;
+	struct dirent *e;
+	struct stat st;
+	DIR *d;
+	int rc = 0;
+
+	if (stat(in, &st) < 0 || !S_ISDIR(st.st_mode) || (d = opendir(in)) == NULL)
+		return 0;
+	while (rc == 0 && (e = readdir(d)) != NULL) {
+		size_t len = strlen(e->d_name);
+
+		if (len < suffix_len || strcmp(e->d_name + len - suffix_len, suffix) != 0)
+			continue;
+		if (fstatat(dirfd(d), e->d_name, &st, 0) == 0 && same_inode(&st, so))
+			rc = error_set(-EEXIST, "%s: the output is %s/%s, the shard index of the "
+				"input %s: write the conversion to another path", out, in,
+				e->d_name, in);
+	}
+	closedir(d);
+	return rc;
+}
+
+/*
  * Fails (-EEXIST, message set) when out names in itself or one of the files
  * of the model at in (a shard of a sharded model, the file a directory
- * holds), by any path: a symlink, a hard link, "./x" for "x". Fills *src
- * with the opened input when it opens (for the summary), else zeroes it.
+ * holds, a directory's shard index), by any path: a symlink, a hard link,
+ * "./x" for "x". Fills *src with the opened input when it opens (for the
+ * summary), else zeroes it.
  */
 static int
 refuse_same_file(const char *in, const char *out, struct model_source *src)
@@ -188,7 +222,7 @@ refuse_same_file(const char *in, const char *out, struct model_source *src)
 			return error_set(-EEXIST, "%s: the output is %s, a file of the input %s: "
 				"write the conversion to another path", out, src->files[i].path,
 				in);
-	return 0;
+	return refuse_shard_index(in, out, &so);
 }
 
 /* ---- interruption ------------------------------------------------------------ */

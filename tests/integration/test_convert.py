@@ -688,3 +688,28 @@ def test_an_input_written_in_place_mid_conversion_fails_it(ctl, tmp_path):
     assert b"big.safetensors: file changed while being read" in err, err
     assert sorted(os.listdir(out.parent)) == ["big.weig"]
     assert out.read_bytes() == b"old"
+
+
+def test_the_shard_index_of_a_directory_input_is_not_overwritten(ctl, tmp_path):
+    """`convert DIR DIR/model.safetensors.index.json` (or a link to it) replaced
+    the sharded input's index with the WEIG file it wrote: IN destroyed,
+    exit 0. The index is one of IN's files too: refused, untouched."""
+    d = tmp_path / "sharded"
+    d.mkdir()
+    write_safetensors(d / "a.safetensors", {"x": ("U8", [1], b"a")})
+    write_safetensors(d / "b.safetensors", {"y": ("U8", [1], b"b")})
+    index = d / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": {"x": "a.safetensors",
+                                                                "y": "b.safetensors"}}))
+    before = index.read_bytes()
+    os.symlink(index, tmp_path / "link.json")
+    for out in (index, tmp_path / "link.json"):
+        for args in ([], ["--to", "weig"]):
+            r = run(ctl, "convert", *args, str(d), str(out))
+            assert r.returncode == 1, r.stdout
+            assert "shard index of the input" in r.stderr, r.stderr
+            assert index.read_bytes() == before
+    no_temporaries(d)
+    assert inspect(ctl, d)["tensors"][1]["name"] == "y"
+    convert(ctl, str(d), str(d / "model.weig"))  # beside it is fine
+    assert inspect(ctl, d / "model.weig")["tensors"][0]["name"] == "x"
