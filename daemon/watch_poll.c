@@ -13,10 +13,10 @@
  * the generation opened:
  *  - a path that names another file, or none: the model was replaced; it
  *    is reloaded, as an inotify event would have it;
- *  - the same file with another size or mtime: written in place; the
- *    generation is marked modified, and reloaded (the inode number may be
- *    one the server gave again to the file that replaced it); a staged
- *    one is only reloaded: its copies are intact;
+ *  - the same file with another size, mtime or ctime (watch.c's rule):
+ *    written in place; the generation is marked modified, and reloaded
+ *    (the inode number may be one the server gave again to the file that
+ *    replaced it); a staged one is only reloaded: its copies are intact;
  *  - the model's own path (a directory, a shard index) changed since the
  *    first poll of this generation: reloaded.
  * A change is acted on only once two polls in a row saw the same stat of
@@ -57,7 +57,8 @@ mix(uint64_t h, uint64_t v)
 	return h * 0xFF51AFD7ED558CCDull;
 }
 
-/* A digest of what a stat saw: the file's identity, size and mtime. */
+/* A digest of what a stat saw: the file's identity, size, mtime and ctime
+ * (a writer can put the mtime back, never the ctime). */
 static uint64_t
 stat_sig(int err, const struct stat *st)
 {
@@ -69,7 +70,26 @@ stat_sig(int err, const struct stat *st)
 	h = mix(h, (uint64_t)st->st_ino);
 	h = mix(h, (uint64_t)st->st_size);
 	h = mix(h, (uint64_t)st->st_mtim.tv_sec);
-	return mix(h, (uint64_t)st->st_mtim.tv_nsec);
+	h = mix(h, (uint64_t)st->st_mtim.tv_nsec);
+	h = mix(h, (uint64_t)st->st_ctim.tv_sec);
+	return mix(h, (uint64_t)st->st_ctim.tv_nsec);
+}
+
+/*
+ * Was the file whose stat at open was then written in place, as now (the
+ * same inode) shows? As watch.c's check after an inotify event: its size
+ * or mtime moved, or its ctime moved while its link count did not. An
+ * owner who rewrote it keeping its size and put its mtime back with
+ * utimensat(2) still moved its ctime.
+ */
+static bool
+written_in_place(const struct stat *then, const struct stat *now)
+{
+	return now->st_size != then->st_size || now->st_mtim.tv_sec != then->st_mtim.tv_sec ||
+		now->st_mtim.tv_nsec != then->st_mtim.tv_nsec ||
+		(now->st_nlink == then->st_nlink &&
+			(now->st_ctim.tv_sec != then->st_ctim.tv_sec ||
+				now->st_ctim.tv_nsec != then->st_ctim.tv_nsec));
 }
 
 /* The path and the stat at open of g's file i: its origin when staged. */
@@ -228,9 +248,7 @@ judge(struct watch *w, struct polled *p, struct model_entry *m, struct generatio
 			j->st[i].st_ino != then->st_ino) {
 			replaced = true;
 			what = path;
-		} else if (j->st[i].st_size != then->st_size ||
-			   j->st[i].st_mtim.tv_sec != then->st_mtim.tv_sec ||
-			   j->st[i].st_mtim.tv_nsec != then->st_mtim.tv_nsec) {
+		} else if (written_in_place(then, &j->st[i])) {
 			in_place = true;
 			if (what == NULL)
 				what = path;
