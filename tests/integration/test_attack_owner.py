@@ -33,3 +33,36 @@ def test_remote_write_in_place_with_its_mtime_put_back_is_seen(start, tmp_path, 
     wait_until(lambda: model_entry(d, "m")["generations"][0]["state"] == "modified",
                timeout=15, what="generation 1 marked modified")
     d.wait_for_log(r'model "m": .*m\.safetensors was written in place', timeout=10)
+
+
+def test_a_source_rewritten_during_its_staging_with_its_mtime_put_back_is_not_served(tmp_path):
+    """A model on a slow remote server, staged (stage = yes): while its
+    first copy runs, the owner rewrites the source's first bytes of tensor
+    data in place, at the same size, and puts its mtime back. The copy's
+    checks compared size and mtime only, so the copy (the old version's
+    end, the new version's start: a mix no one published) was served; the
+    ctime, which no writer can put back, now fails the staging."""
+    import test_stage as ts
+    rfs = ts.remotefs()
+    with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt", read_rate=ts.SLOW,
+                      attr_timeout=0.2) as fs:
+        backing = fs.backing_path("m.safetensors")
+        ts.write_safetensors(backing, {"w": os.urandom(ts.BIG)})
+        d, stage_dir = ts.stage_daemon(tmp_path, {"m": (fs.path("m.safetensors"),
+                                                        {"stage": "yes", "watch": "inotify"})})
+        d.start(timeout=120)
+        fd = None
+        try:
+            fd = ts.copy_in_flight(rfs, stage_dir, "m", "m.safetensors")
+            before = os.stat(backing)
+            with open(backing, "r+b") as f:
+                f.seek(before.st_size - ts.BIG)  # the tensor's first bytes
+                f.write(b"\xa5" * 4096)
+            os.utime(backing, ns=(before.st_atime_ns, before.st_mtime_ns))
+            assert os.stat(backing).st_mtime_ns == before.st_mtime_ns
+            _, line = d.wait_for_log(r'model "m": cannot stage it: .*; not served', timeout=60)
+            assert "changed during the copy (its ctime moved" in line, line
+        finally:
+            if fd is not None:
+                os.close(fd)
+            assert d.stop() == 0, d.read_log()
