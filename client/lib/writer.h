@@ -73,7 +73,9 @@ int writer_safetensors_fd(const wc_tensor *tensors, size_t n, const char *const 
  * Reads the big-endian WEIG file in_path, validates it completely and writes
  * it to out_path in format fmt, little-endian: every element is byte-swapped
  * according to its dtype's size (2, 4 or 8 bytes; C64 as two 4-byte floats;
- * 1-byte and sub-byte types unchanged).
+ * 1-byte and sub-byte types unchanged). An in_path written in place while
+ * its data is copied (size or mtime changed) fails the write, out_path as
+ * it was.
  */
 int writer_from_big_endian(const char *in_path, enum writer_format fmt, const char *out_path);
 

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/file.h"
 #include "format/dtype.h"
 #include "format/open.h"
 #include "format/source.h"
@@ -84,6 +85,14 @@ writer_swap_size(uint32_t dtype)
 
 /* ---- converting a big-endian file ---- */
 
+/* The writer's check before the commit (writer_check_fn): the input file
+ * ctx is as it was opened, so OUT is not a mix of its old and new bytes. */
+static int
+input_unchanged(void *ctx)
+{
+	return file_check_unchanged(ctx);
+}
+
 int
 writer_from_big_endian(const char *in_path, enum writer_format fmt, const char *out_path)
 {
@@ -95,6 +104,8 @@ writer_from_big_endian(const char *in_path, enum writer_format fmt, const char *
 		return rc;
 	if ((rc = wt_from_index(s.index, s.index_len, &s.files[0], &wm)) < 0)
 		goto out;
+	wm.check = input_unchanged;
+	wm.check_ctx = &s.files[0];
 	if (fmt == WRITER_WEIG)
 		rc = wt_write_weig(&wm, out_path);
 	else if (fmt == WRITER_SAFETENSORS)

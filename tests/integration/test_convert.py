@@ -690,6 +690,33 @@ def test_an_input_written_in_place_mid_conversion_fails_it(ctl, tmp_path):
     assert out.read_bytes() == b"old"
 
 
+def test_a_big_endian_input_written_in_place_mid_conversion_fails_it(ctl, tmp_path):
+    """As above for a big-endian WEIG input, which is converted on a path of
+    its own (byte-swapped): it too fails with 'changed while being read',
+    OUT as it was; before, it succeeded with a mix of old and new bytes."""
+    src = tmp_path / "in" / "be.weig"
+    src.parent.mkdir()
+    zeros = bytes(64 << 20)
+    write_weig(src, {f"t{i}": ("F32", [16 << 20], zeros) for i in range(8)},
+               big_endian=True)
+    size = src.stat().st_size
+    out = tmp_path / "out" / "le.weig"
+    out.parent.mkdir()
+    out.write_bytes(b"old")
+    p = start_conversion_and_wait_for_its_temporary(ctl, src, out)
+    fd = os.open(src, os.O_WRONLY)
+    try:
+        os.pwrite(fd, b"new bytes", size - 4096)
+    finally:
+        os.close(fd)
+    _, err = p.communicate(timeout=60)
+    assert src.stat().st_size == size
+    assert p.returncode == 1, err
+    assert b"be.weig: file changed while being read" in err, err
+    assert sorted(os.listdir(out.parent)) == ["le.weig"]
+    assert out.read_bytes() == b"old"
+
+
 def test_the_shard_index_of_a_directory_input_is_not_overwritten(ctl, tmp_path):
     """`convert DIR DIR/model.safetensors.index.json` (or a link to it) replaced
     the sharded input's index with the WEIG file it wrote: IN destroyed,
