@@ -605,6 +605,12 @@ static void evict_done(struct registry *r, struct generation *g);
 static void
 pages_done(struct registry *r, struct generation *g, const struct pages_result *res)
 {
+	if (res->written != NULL && g->state != GEN_MODIFIED) {
+		/* A write inotify did not hear (pages.c, check_written). */
+		gen_mark_modified(r, g, res->written);
+		if (r->changed != NULL)
+			r->changed(r);
+	}
 	if (res->op == PAGE_CHECK && !res->cancelled)
 		gen_residency_checked(r, g, res->resident);
 	if (res->op == PAGE_EVICT || res->op == PAGE_EVICT_SETTLE)

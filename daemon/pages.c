@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -48,6 +49,8 @@ struct page_work {
 	int check_err;
 	char message[512];
 	int stopped;            /* the daemon began to stop: not every page mapped */
+	int written;            /* PAGE_CHECK: file `changed` was written in place */
+	size_t changed;
 	int populate;           /* PAGE_RESTORE: map every page (not when it went cold
 				   before the check started: evicted, by the budget or
 				   by hand, or no longer served) */
@@ -261,8 +264,53 @@ unmap_pages(const struct wc_file *f)
 	}
 }
 
-/* Work queue thread: does the operation itself (PAGE_CHECK has nothing to
- * do but measure, which page_work_run does after every operation). */
+/*
+ * Was the file whose fstat at open was then written in place, as now (an
+ * fstat of its descriptor) shows? watch.c's rule: its size or mtime moved,
+ * or its ctime moved while its link count did not.
+ */
+static int
+written_since(const struct stat *then, const struct stat *now)
+{
+	return now->st_size != then->st_size || now->st_mtim.tv_sec != then->st_mtim.tv_sec ||
+		now->st_mtim.tv_nsec != then->st_mtim.tv_nsec ||
+		(now->st_nlink == then->st_nlink &&
+			(now->st_ctim.tv_sec != then->st_ctim.tv_sec ||
+				now->st_ctim.tv_nsec != then->st_ctim.tv_nsec));
+}
+
+/*
+ * Work queue thread, PAGE_CHECK: compares each file's fstat with the one at
+ * open. inotify (watch.c) hears of writes only in the directories it
+ * watches, the model's path's and its own; a file a symlink inside the
+ * model leads to elsewhere in its tree (a hub snapshot's ../../blobs/) is
+ * written in another, unheard. The periodic residency check sees it. Not
+ * for files served from a remote filesystem: an fstat there asks its
+ * server, which may hang, and would hold up this generation's page work
+ * (polling compares those files, watch_poll.c).
+ */
+static void
+check_written(struct page_work *p)
+{
+	const struct generation *g = p->g;
+	struct stat now;
+
+	if (g->fs.remote && g->origin == NULL)
+		return;
+	for (size_t i = 0; i < g->source.nfiles; i++) {
+		const struct wc_file *f = &g->source.files[i];
+
+		if (fstat(f->fd, &now) == 0 && written_since(&f->st, &now)) {
+			p->written = 1;
+			p->changed = i;
+			return;
+		}
+	}
+}
+
+/* Work queue thread: does the operation itself (PAGE_CHECK compares the
+ * files' fstat, check_written, and measures, which page_work_run does after
+ * every operation). */
 static void
 page_work_apply(struct page_work *p)
 {
@@ -280,8 +328,10 @@ page_work_apply(struct page_work *p)
 		nanosleep(&pause, NULL);
 	}
 
-	if (p->op == PAGE_CHECK)
+	if (p->op == PAGE_CHECK) {
+		check_written(p);
 		return;
+	}
 	if (p->op == PAGE_RESTORE) {
 		check_restored(p);
 		return;
@@ -450,6 +500,8 @@ page_work_after(struct workq_job *w, int status)
 	}
 	res.resident = p->resident;
 	res.check_err = p->check_err;
+	if (status == 0 && p->written)
+		res.written = g->source.files[p->changed].path;
 	snprintf(message, sizeof(message), "%s", p->message);
 	res.message = message;
 	free(p);

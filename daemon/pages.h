@@ -47,6 +47,8 @@ struct pages_result {
 	uint64_t resident;    /* bytes of g in memory once it ended */
 	int check_err;        /* PAGE_RESTORE: 0, or why the index check failed */
 	const char *message;  /* PAGE_RESTORE: that failure's message */
+	const char *written;  /* PAGE_CHECK: a file written in place since it was
+				 opened (its path, g's), or NULL */
 };
 
 /* What the module that queues an operation is told, on the loop thread. */

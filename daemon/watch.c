@@ -427,8 +427,8 @@ same_time(const struct timespec *a, const struct timespec *b)
  * the ctime alone: they count as changes in place (README, "Updating a
  * model": replace files by rename, do not change them).
  */
-static int
-changed_in_place(const struct stat *then, const struct stat *now)
+int
+watch_changed_in_place(const struct stat *then, const struct stat *now)
 {
 	return now->st_size != then->st_size || !same_time(&now->st_mtim, &then->st_mtim) ||
 		(now->st_nlink == then->st_nlink && !same_time(&now->st_ctim, &then->st_ctim));
@@ -449,7 +449,7 @@ check_generation(struct registry *r, struct generation *g)
 
 		if (fstat(f->fd, &st) == -1)
 			continue;
-		if (changed_in_place(&f->st, &st)) {
+		if (watch_changed_in_place(&f->st, &st)) {
 			registry_mark_modified(r, g, f->path);
 			return;
 		}

@@ -75,23 +75,6 @@ stat_sig(int err, const struct stat *st)
 	return mix(h, (uint64_t)st->st_ctim.tv_nsec);
 }
 
-/*
- * Was the file whose stat at open was then written in place, as now (the
- * same inode) shows? As watch.c's check after an inotify event: its size
- * or mtime moved, or its ctime moved while its link count did not. An
- * owner who rewrote it keeping its size and put its mtime back with
- * utimensat(2) still moved its ctime.
- */
-static bool
-written_in_place(const struct stat *then, const struct stat *now)
-{
-	return now->st_size != then->st_size || now->st_mtim.tv_sec != then->st_mtim.tv_sec ||
-		now->st_mtim.tv_nsec != then->st_mtim.tv_nsec ||
-		(now->st_nlink == then->st_nlink &&
-			(now->st_ctim.tv_sec != then->st_ctim.tv_sec ||
-				now->st_ctim.tv_nsec != then->st_ctim.tv_nsec));
-}
-
 /* The path and the stat at open of g's file i: its origin when staged. */
 static void
 file_of(const struct generation *g, size_t i, const char **path, const struct stat **st)
@@ -248,7 +231,7 @@ judge(struct watch *w, struct polled *p, struct model_entry *m, struct generatio
 			j->st[i].st_ino != then->st_ino) {
 			replaced = true;
 			what = path;
-		} else if (written_in_place(then, &j->st[i])) {
+		} else if (watch_changed_in_place(then, &j->st[i])) {
 			in_place = true;
 			if (what == NULL)
 				what = path;

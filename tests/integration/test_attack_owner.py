@@ -7,13 +7,23 @@ wcached must tell its workers when she changes it any other way):
     utimensat: the poll compared size and mtime only, so the generation
     stayed ready and new workers were handed bytes other than those that
     were validated, unwarned. inotify's check (watch.c) already compared
-    the ctime, which no writer can put back; the poll now does too.
+    the ctime, which no writer can put back; the poll now does too;
+  - the same write during the first staging copy of a remote model: the
+    copy's checks compared size and mtime only, and a copy mixing two
+    versions was served; the ctime now fails the staging;
+  - a hub snapshot's blob (snapshots/REV/x -> ../../blobs/H) written in
+    place, same size: inotify watches the snapshot's directory, where the
+    blob's writes make no event, so the generation stayed ready forever;
+    the residency check (every 5 s, off the loop) now compares each
+    file's fstat as well.
 
 Each asserts what the old code got wrong, so it fails there."""
 import os
 
-from conftest import wait_until
+from conftest import mkmodel, wait_until
 from ctlutil import model_entry
+from test_regressions import ready
+from test_regressions import start as local_start  # noqa: F401 (the fixture, used by name)
 from test_shared_storage import remote, remote_model, start, wait_generation  # noqa: F401
 
 
@@ -66,3 +76,26 @@ def test_a_source_rewritten_during_its_staging_with_its_mtime_put_back_is_not_se
             if fd is not None:
                 os.close(fd)
             assert d.stop() == 0, d.read_log()
+
+
+def test_a_hub_blob_written_in_place_is_seen(local_start, tmp_path):
+    """A hub snapshot's file is a symlink to ../../blobs/: inotify watched
+    the snapshot's directory, where the blob's writes make no event, and
+    nothing else looked, so the owner rewrote the blob in place (keeping
+    its size) and the generation stayed ready, handing new workers bytes
+    other than those validated, unwarned. The residency check, every 5 s
+    off the loop, now compares each file's fstat too."""
+    repo = tmp_path / "models--org--name"
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "snapshots" / "rev1").mkdir(parents=True)
+    blob = mkmodel(repo / "blobs" / "0123abcd", layers=2, hidden=64, ffn=128, vocab=100)
+    os.symlink("../../blobs/0123abcd", repo / "snapshots" / "rev1" / "model.safetensors")
+    d = local_start({"m": str(repo / "snapshots" / "rev1")})
+    ready(d, "m")
+    size = os.stat(blob).st_size
+    with open(blob, "r+b") as f:  # the last bytes of tensor data, same size
+        f.seek(size - 64)
+        f.write(b"\xa5" * 64)
+    wait_until(lambda: model_entry(d, "m")["generations"][0]["state"] == "modified",
+               timeout=20, what="generation 1 marked modified")
+    d.wait_for_log(r'model "m": .* of generation 1 was modified in place', timeout=10)
