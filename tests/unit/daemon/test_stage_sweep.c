@@ -105,11 +105,24 @@ struct sweep_fixture {
 	char message[512];
 };
 
+/* stage_dir/name, a copy an earlier process left (its marker and a model
+ * file, LEFTOVER_FILE, whose removal the gate can hold); its path. */
+static char *
+make_leftover(const char *stage_dir, const char *name)
+{
+	char *d = path_join(stage_dir, name);
+
+	assert_non_null(d);
+	assert_int_equal(mkdir(d, 0700), 0);
+	free(tu_write(d, STAGE_MARKER, "", 0));
+	free(tu_write(d, LEFTOVER_FILE, "abc", 3));
+	return d;
+}
+
 static int
 setup(void **state)
 {
 	struct sweep_fixture *f = calloc(1, sizeof(*f));
-	char *w;
 
 	assert_non_null(f);
 	loop_thread = pthread_self();
@@ -119,11 +132,7 @@ setup(void **state)
 	f->t = du_new(false);
 	f->stage_dir = path_join(f->t->dir, "staged");
 	assert_int_equal(mkdir(f->stage_dir, 0700), 0);
-	f->leftover = path_join(f->stage_dir, "old.4");
-	assert_int_equal(mkdir(f->leftover, 0700), 0);
-	free(tu_write(f->leftover, STAGE_MARKER, "", 0));
-	w = tu_write(f->leftover, LEFTOVER_FILE, "abc", 3);
-	free(w);
+	f->leftover = make_leftover(f->stage_dir, "old.4");
 	assert_int_equal(registry_set_stage_dir(&f->t->reg, f->stage_dir), 0);
 	*state = f;
 	return 0;
@@ -340,16 +349,8 @@ test_a_stop_ends_the_sweep_at_the_next_copy(void **state)
 	struct sweep_fixture *f = *state;
 	char *log;
 
-	for (int i = 5; i <= 6; i++) {
-		char name[16], *d;
-
-		snprintf(name, sizeof(name), "old.%d", i);
-		d = path_join(f->stage_dir, name);
-		assert_int_equal(mkdir(d, 0700), 0);
-		free(tu_write(d, STAGE_MARKER, "", 0));
-		free(tu_write(d, LEFTOVER_FILE, "abc", 3));
-		free(d);
-	}
+	free(make_leftover(f->stage_dir, "old.5"));
+	free(make_leftover(f->stage_dir, "old.6"));
 	du_log_start(f->t);
 	set_gate(true);
 	registry_stage_sweep(&f->t->reg, NULL, 0);
@@ -373,16 +374,8 @@ test_a_failure_before_a_stop_is_the_one_reported(void **state)
 	struct sweep_fixture *f = *state;
 	char *log;
 
-	for (int i = 5; i <= 6; i++) {
-		char name[16], *d;
-
-		snprintf(name, sizeof(name), "old.%d", i);
-		d = path_join(f->stage_dir, name);
-		assert_int_equal(mkdir(d, 0700), 0);
-		free(tu_write(d, STAGE_MARKER, "", 0));
-		free(tu_write(d, LEFTOVER_FILE, "abc", 3));
-		free(d);
-	}
+	free(make_leftover(f->stage_dir, "old.5"));
+	free(make_leftover(f->stage_dir, "old.6"));
 	du_log_start(f->t);
 	fail_then_stop = &f->t->reg;
 	registry_stage_sweep(&f->t->reg, NULL, 0);
