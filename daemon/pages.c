@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "base/file.h"
 #include "format/index.h"
 #include "generation.h"
 #include "index_check.h"
@@ -265,21 +266,6 @@ unmap_pages(const struct wc_file *f)
 }
 
 /*
- * Was the file whose fstat at open was then written in place, as now (an
- * fstat of its descriptor) shows? watch.c's rule: its size or mtime moved,
- * or its ctime moved while its link count did not.
- */
-static int
-written_since(const struct stat *then, const struct stat *now)
-{
-	return now->st_size != then->st_size || now->st_mtim.tv_sec != then->st_mtim.tv_sec ||
-		now->st_mtim.tv_nsec != then->st_mtim.tv_nsec ||
-		(now->st_nlink == then->st_nlink &&
-			(now->st_ctim.tv_sec != then->st_ctim.tv_sec ||
-				now->st_ctim.tv_nsec != then->st_ctim.tv_nsec));
-}
-
-/*
  * Work queue thread, PAGE_CHECK: compares each file's fstat with the one at
  * open. inotify (watch.c) hears of writes only in the directories it
  * watches, the model's path's and its own; a file a symlink inside the
@@ -300,7 +286,7 @@ check_written(struct page_work *p)
 	for (size_t i = 0; i < g->source.nfiles; i++) {
 		const struct wc_file *f = &g->source.files[i];
 
-		if (fstat(f->fd, &now) == 0 && written_since(&f->st, &now)) {
+		if (fstat(f->fd, &now) == 0 && file_written_in_place(&f->st, &now)) {
 			p->written = 1;
 			p->changed = i;
 			return;

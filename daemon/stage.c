@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "base/file.h"
 #include "base/path.h"
 #include "format/shards.h"
 #include "log.h"
@@ -314,20 +315,10 @@ same_mtime(const struct stat *a, const struct stat *b)
 	return a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
 }
 
-/* Did now's ctime move from then's while its link count stayed (watch.c's
- * rule: a writer can put the mtime back with utimensat, never the ctime; a
- * link added or removed moves it too, and is no write)? */
-static bool
-ctime_moved(const struct stat *then, const struct stat *now)
-{
-	return now->st_nlink == then->st_nlink &&
-		(now->st_ctim.tv_sec != then->st_ctim.tv_sec ||
-			now->st_ctim.tv_nsec != then->st_ctim.tv_nsec);
-}
-
 /*
  * Is f's source still the file it was when it was opened: the same size,
- * mtime and ctime (ctime_moved), and still the inode its path names? 0, or -ESTALE saying how not.
+ * mtime and ctime (file_ctime_moved, base/file.h), and still the inode its
+ * path names? 0, or -ESTALE saying how not.
  * Only ENOENT or ENOTDIR says the path is gone: a stat failing otherwise
  * (EIO or ETIMEDOUT from a soft NFS mount, a FUSE server's hiccup, EINTR)
  * is no answer. During the copy (about once a second, so that one flaky
@@ -352,7 +343,7 @@ check_unchanged(const struct stage_file *f, bool during)
 		return error_set(-ESTALE, "cannot stage it: %s changed during the copy (its "
 			"mtime moved); replace model files with rename(2), never in place",
 			f->src);
-	} else if (ctime_moved(&f->st, &now)) {
+	} else if (file_ctime_moved(&f->st, &now)) {
 		return error_set(-ESTALE, "cannot stage it: %s changed during the copy (its "
 			"ctime moved: written in place, its mtime put back); replace model files "
 			"with rename(2), never in place", f->src);

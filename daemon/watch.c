@@ -410,30 +410,6 @@ watch_sync(struct watch *w)
 	watch_poll_sync(w);
 }
 
-static int
-same_time(const struct timespec *a, const struct timespec *b)
-{
-	return a->tv_sec == b->tv_sec && a->tv_nsec == b->tv_nsec;
-}
-
-/*
- * Was the file whose fstat at open was then written in place, as now shows?
- * Its size or mtime moved; or its ctime moved while its link count did not.
- * A writer can put the mtime back (utimensat) but never the ctime, which
- * every write and every utimensat sets to the present. A rename over the
- * model's path changes the replaced inode's ctime too, but also drops its
- * link count: that is a replacement, seen by the directory watch, not a
- * change in place. chmod, chown and a rename of the file itself also move
- * the ctime alone: they count as changes in place (README, "Updating a
- * model": replace files by rename, do not change them).
- */
-int
-watch_changed_in_place(const struct stat *then, const struct stat *now)
-{
-	return now->st_size != then->st_size || !same_time(&now->st_mtim, &then->st_mtim) ||
-		(now->st_nlink == then->st_nlink && !same_time(&now->st_ctim, &then->st_ctim));
-}
-
 /* Compares each file of g with its fstat at open; marks g modified. */
 static void
 check_generation(struct registry *r, struct generation *g)
@@ -449,7 +425,7 @@ check_generation(struct registry *r, struct generation *g)
 
 		if (fstat(f->fd, &st) == -1)
 			continue;
-		if (watch_changed_in_place(&f->st, &st)) {
+		if (file_written_in_place(&f->st, &st)) {
 			registry_mark_modified(r, g, f->path);
 			return;
 		}

@@ -36,12 +36,6 @@ void watch_sync(struct watch *w);
 /* Checks every served file against fstat now (also done on each event). */
 void watch_check_modified(struct watch *w);
 
-/* Was the file whose stat at open was then written in place, as now (the
- * same inode) shows? Its size or mtime moved, or its ctime moved while its
- * link count did not (watch.c says why). The polls use it too. */
-struct stat;
-int watch_changed_in_place(const struct stat *then, const struct stat *now);
-
 /* Stops; memory is freed from libuv close callbacks. Accepts NULL. */
 void watch_stop(struct watch *w);
 

@@ -33,6 +33,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "base/file.h"
 #include "generation.h"
 #include "log.h"
 #include "watch_internal.h"
@@ -231,7 +232,7 @@ judge(struct watch *w, struct polled *p, struct model_entry *m, struct generatio
 			j->st[i].st_ino != then->st_ino) {
 			replaced = true;
 			what = path;
-		} else if (watch_changed_in_place(then, &j->st[i])) {
+		} else if (file_written_in_place(then, &j->st[i])) {
 			in_place = true;
 			if (what == NULL)
 				what = path;

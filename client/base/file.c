@@ -193,6 +193,26 @@ file_check_unchanged(const struct wc_file *f)
 	return 0;
 }
 
+/* Whether two times are the same to the nanosecond. */
+static bool
+same_time(const struct timespec *a, const struct timespec *b)
+{
+	return a->tv_sec == b->tv_sec && a->tv_nsec == b->tv_nsec;
+}
+
+bool
+file_ctime_moved(const struct stat *then, const struct stat *now)
+{
+	return now->st_nlink == then->st_nlink && !same_time(&now->st_ctim, &then->st_ctim);
+}
+
+bool
+file_written_in_place(const struct stat *then, const struct stat *now)
+{
+	return now->st_size != then->st_size || !same_time(&now->st_mtim, &then->st_mtim) ||
+		file_ctime_moved(then, now);
+}
+
 void
 file_close(struct wc_file *f)
 {

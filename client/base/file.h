@@ -91,6 +91,21 @@ void file_bytes_free(struct file_bytes *b);
  */
 int file_check_unchanged(const struct wc_file *f);
 
+/*
+ * Did the ctime of a file move from then's to now's while its link count
+ * stayed? A writer can put the mtime back (utimensat(2)) but never the
+ * ctime, which every write and every utimensat sets to the present; a link
+ * added or removed (a rename over the file's path drops one) moves it too,
+ * and is no write. chmod, chown and a rename of the file itself move it
+ * alone, and count (README, "Updating a model": replace files by rename,
+ * do not change them).
+ */
+bool file_ctime_moved(const struct stat *then, const struct stat *now);
+
+/* Was the file whose stat at open was then written in place, as now (the
+ * same inode's) shows: its size or mtime moved, or file_ctime_moved? */
+bool file_written_in_place(const struct stat *then, const struct stat *now);
+
 /* The last component of path, as a model's index records its files. */
 const char *file_basename(const char *path);
 
