@@ -392,6 +392,9 @@ escaped_copy(const char *s)
 static bool
 progress_start(struct progress *p, uint64_t total, const char *out)
 {
+	sigset_t all, old;
+	bool started;
+
 	memset(p, 0, sizeof(*p));
 	if (!isatty(STDERR_FILENO) || bytes_written(&p->base) < 0 ||
 		(p->out = escaped_copy(out)) == NULL)
@@ -400,7 +403,14 @@ progress_start(struct progress *p, uint64_t total, const char *out)
 	p->start = ctl_monotonic();
 	pthread_mutex_init(&p->lock, NULL);
 	pthread_cond_init(&p->cond, NULL);
-	if (pthread_create(&p->thread, NULL, progress_main, p) != 0) {
+	/* The thread blocks every signal: a kill or a Ctrl-C goes to the main
+	 * thread, which blocks them while a temporary file has no slot yet
+	 * (outfile.c), so the handler never runs here in that moment. */
+	sigfillset(&all);
+	(void)pthread_sigmask(SIG_BLOCK, &all, &old);
+	started = pthread_create(&p->thread, NULL, progress_main, p) == 0;
+	(void)pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (!started) {
 		pthread_cond_destroy(&p->cond);
 		pthread_mutex_destroy(&p->lock);
 		free(p->out);

@@ -28,6 +28,8 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,7 +54,8 @@
  * changed atomically. LIVE_FREE: the slot is unused; LIVE_FILLING: a
  * thread is copying a name into it; LIVE_NAMED: the name is a temporary
  * file to unlink. A slot is named only after the file was created (an
- * O_EXCL failure names another's file) and freed only after the file is
+ * O_EXCL failure names another's file), with signals blocked from the
+ * creation on (outfile_block_signals()), and freed only after the file is
  * renamed or unlinked (a signal in between unlinks a name already gone).
  */
 enum { LIVE_FREE, LIVE_FILLING, LIVE_NAMED };
@@ -91,6 +94,25 @@ outfile_live_remove(struct outfile *o)
 		return;
 	__atomic_store_n(&outfile_live_state[o->live - 1], LIVE_FREE, __ATOMIC_RELEASE);
 	o->live = 0;
+}
+
+/*
+ * Blocks in this thread, until the caller restores *old, the signals that
+ * arrive from outside (a terminal's Ctrl-C, a kill): between the creation of
+ * a temporary file and its slot, a handler that removes the temporaries and
+ * ends the process would leave the file behind. The signals a fault raises
+ * stay open (blocked, they would kill at once).
+ */
+static void
+outfile_block_signals(sigset_t *old)
+{
+	static const int faults[] = { SIGBUS, SIGFPE, SIGILL, SIGSEGV, SIGTRAP, SIGSYS };
+	sigset_t all;
+
+	sigfillset(&all);
+	for (size_t i = 0; i < sizeof(faults) / sizeof(faults[0]); i++)
+		sigdelset(&all, faults[i]);
+	(void)pthread_sigmask(SIG_BLOCK, &all, old);
 }
 
 void
@@ -234,6 +256,7 @@ outfile_begin(const char *path, struct outfile *o)
 	struct stat st;
 	const char *slash = strrchr(path, '/');
 	const char *base = slash != NULL ? slash + 1 : path;
+	sigset_t mask;
 	int e, rc;
 
 	memset(o, 0, sizeof(*o));
@@ -268,11 +291,15 @@ outfile_begin(const char *path, struct outfile *o)
 		return error_set(-ENOMEM, "%s: out of memory", path);
 	}
 	e = EEXIST;
+	outfile_block_signals(&mask);
 	for (int i = 0; i < OUTFILE_TRIES && e == EEXIST; i++) {
 		outfile_randomize(o->tmp);
 		o->fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
 		e = o->fd < 0 ? errno : 0;
 	}
+	if (o->fd >= 0)
+		outfile_live_add(o);
+	(void)pthread_sigmask(SIG_SETMASK, &mask, NULL);
 	if (o->fd < 0) {
 		free(o->tmp);
 		free(o->target);
@@ -281,7 +308,6 @@ outfile_begin(const char *path, struct outfile *o)
 		return error_set(-e, "%s: cannot create a temporary file beside it: %s", path,
 			strerror(e));
 	}
-	outfile_live_add(o);
 	if ((rc = outfile_take_over(o->fd, o->target)) < 0) {
 		e = -rc;
 		goto fail;

@@ -22,9 +22,9 @@ def ctl(d, *args, user=None, env=None, timeout=120):
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def status(d):
+def status(d, timeout=120):
     """The daemon's status reply as a dict (asserts success)."""
-    r = ctl(d, "--json", "status")
+    r = ctl(d, "--json", "status", timeout=timeout)
     # 3: some model is not ready (loading, warming, failed...); still a reply.
     assert r.returncode in (0, 3), r.stderr
     reply = json.loads(r.stdout)
