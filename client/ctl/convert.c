@@ -49,6 +49,7 @@
 #include "format/index.h"
 #include "format/source.h"
 #include "format/weig.h"
+#include "lib/model.h"
 #include "lib/wcache.h"
 #include "lib/writer.h"
 
@@ -140,8 +141,10 @@ inputs_unchanged(void *ctx)
 	return 0;
 }
 
-/* Opens IN with the library's readers and writes it in format fmt; src
- * (IN as opened before, or zeroed) is checked to be unchanged at the end. */
+/* Writes src (IN, opened and validated by the library's readers) in format
+ * fmt, its files checked to be unchanged at the end: those read from, not
+ * a second opening of IN's path, which a rename meanwhile would make
+ * other files. */
 static int
 convert_model(const char *in, const char *out, enum writer_format fmt,
 	const struct model_source *src)
@@ -149,7 +152,7 @@ convert_model(const char *in, const char *out, enum writer_format fmt,
 	wc_model *m = NULL;
 	int rc;
 
-	if ((rc = wc_open_file(in, &m)) < 0)
+	if ((rc = model_view_source(in, src, &m)) < 0)
 		return rc;
 	rc = writer_model_checked(m, fmt, out, inputs_unchanged, (void *)src);
 	wc_release(m);
@@ -201,17 +204,14 @@ refuse_shard_index(const char *in, const char *out, const struct stat *so)
  * Fails (-EEXIST, message set) when out names in itself or one of the files
  * of the model at in (a shard of a sharded model, the file a directory
  * holds, a directory's shard index), by any path: a symlink, a hard link,
- * "./x" for "x". Fills *src with the opened input when it opens (for the
- * summary), else zeroes it.
+ * "./x" for "x". src is the input as opened, or zeroed where it did not
+ * open.
  */
 static int
-refuse_same_file(const char *in, const char *out, struct model_source *src)
+refuse_same_file(const char *in, const char *out, const struct model_source *src)
 {
 	struct stat so, si;
 
-	memset(src, 0, sizeof(*src));
-	if (source_open(in, src) < 0)
-		memset(src, 0, sizeof(*src)); /* the conversion says why */
 	if (stat(out, &so) < 0)
 		return 0; /* OUT does not exist yet (or cannot be seen): not IN */
 	if (stat(in, &si) == 0 && same_inode(&si, &so))
@@ -466,6 +466,7 @@ ctl_convert(int argc, char **argv)
 	enum convert_input in;
 	struct model_source src;
 	struct progress progress;
+	char *why = NULL;
 	uint64_t total = 0;
 	double start;
 	bool shown;
@@ -498,12 +499,25 @@ ctl_convert(int argc, char **argv)
 	}
 	if (npaths < 2)
 		return ctl_usage_error("convert", "missing %s", npaths == 0 ? "IN OUT" : "OUT");
+	/* IN is opened once: refuse_same_file() compares its files with OUT,
+	 * the conversion reads them, and they are checked after it. */
+	if ((rc = source_open(paths[0], &src)) < 0) {
+		memset(&src, 0, sizeof(src));
+		why = strdup(error_get());
+	}
 	if (refuse_same_file(paths[0], paths[1], &src) < 0) {
 		ctl_error("%s", error_get());
 		source_close(&src);
+		free(why);
 		return 1;
 	}
 	in = classify_input(paths[0]);
+	if (rc < 0 && in != INPUT_WEIG_BIG_ENDIAN) { /* that one is swapped, not read */
+		ctl_error("%s", why != NULL ? why : strerror(-rc));
+		free(why);
+		return 1;
+	}
+	free(why);
 	if (fmt == 0)
 		fmt = default_format(in, paths[1]);
 	for (size_t i = 0; i < src.nfiles; i++)

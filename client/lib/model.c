@@ -134,27 +134,36 @@ model_free(wc_model *m)
 	free(m);
 }
 
+/* Makes a model over an opened source's index and mappings, taking
+ * neither (the caller gives them or keeps them); owner is what the model
+ * will do with the index. */
+static int
+model_over_source(const char *what, const struct model_source *s,
+	enum model_index_owner owner, wc_model **out)
+{
+	struct model_map *maps;
+	int r;
+
+	if ((maps = calloc(s->nfiles ? s->nfiles : 1, sizeof(*maps))) == NULL)
+		return error_set(-ENOMEM, "%s: out of memory", what);
+	for (size_t i = 0; i < s->nfiles; i++) {
+		maps[i].base = s->files[i].base;
+		maps[i].size = s->files[i].size;
+	}
+	if ((r = model_new(what, s->index, s->index_len, owner, maps, s->nfiles, out)) < 0)
+		free(maps);
+	return r;
+}
+
 /* Makes the model of an opened source: it takes the source's index and
  * mappings and closes the rest of the source, descriptors included (a
  * worker does not need them once mapped), whether or not it succeeds. */
 static int
 model_of_source(const char *what, struct model_source *s, wc_model **out)
 {
-	struct model_map *maps;
-	wc_model *m;
 	int r;
 
-	if ((maps = calloc(s->nfiles ? s->nfiles : 1, sizeof(*maps))) == NULL) {
-		source_close(s);
-		return error_set(-ENOMEM, "%s: out of memory", what);
-	}
-	for (size_t i = 0; i < s->nfiles; i++) {
-		maps[i].base = s->files[i].base;
-		maps[i].size = s->files[i].size;
-	}
-	if ((r = model_new(what, s->index, s->index_len, MODEL_INDEX_OWNED, maps, s->nfiles,
-		&m)) < 0) {
-		free(maps);
+	if ((r = model_over_source(what, s, MODEL_INDEX_OWNED, out)) < 0) {
 		source_close(s);
 		return r;
 	}
@@ -162,7 +171,27 @@ model_of_source(const char *what, struct model_source *s, wc_model **out)
 		s->files[i].base = NULL;
 	s->index = NULL;
 	source_close(s);
-	*out = m;
+	return 0;
+}
+
+/* A view's release: the mappings and the index are the source's. */
+static void
+view_release(wc_model *m, void *ctx)
+{
+	(void)ctx;
+	for (uint64_t i = 0; i < m->header.file_count; i++)
+		m->maps[i].base = NULL;
+	model_free(m);
+}
+
+int
+model_view_source(const char *what, const struct model_source *s, wc_model **out)
+{
+	int r;
+
+	if ((r = model_over_source(what, s, MODEL_INDEX_BORROWED, out)) < 0)
+		return r;
+	(*out)->release = view_release;
 	return 0;
 }
 

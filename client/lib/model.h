@@ -68,4 +68,15 @@ int model_new(const char *what, const uint8_t *index, size_t index_len,
  * NULL is fine. */
 void model_free(wc_model *m);
 
+struct model_source;
+
+/*
+ * Makes a model that reads the opened source s (format/source.h) without
+ * taking anything from it: s stays open and must outlive the model, which
+ * wc_release() frees. For a caller that needs the files it read from as
+ * opened (wcachectl convert checks them after the copy): wc_open_file()
+ * would open them a second time, perhaps other files by then.
+ */
+int model_view_source(const char *what, const struct model_source *s, wc_model **out);
+
 #endif

@@ -1,7 +1,7 @@
 /*
- * test_model.c: the wc_model API over wc_open_file and wc_open_fd: lookups,
- * metadata, errors, lifetime across fork(), and wc_model_cow() writes that
- * stay private to this process.
+ * test_model.c: the wc_model API over wc_open_file, wc_open_fd and
+ * model_view_source: lookups, metadata, errors, lifetime across fork(), and
+ * wc_model_cow() writes that stay private to this process.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -18,6 +18,9 @@
 #include <cmocka.h>
 
 #include "testutil.h"
+#include "base/file.h"
+#include "format/source.h"
+#include "lib/model.h"
 #include "lib/wcache.h"
 
 struct fixture {
@@ -91,6 +94,38 @@ test_lookups(void **state)
 	assert_int_equal(wc_model_metadata_at(m, 2, &k, &v), -ERANGE);
 	wc_release(m);
 	wc_release(NULL);
+}
+
+/* model_view_source() reads the files as the source opened them, though
+ * another file was renamed over the path since (wc_open_file() would read
+ * that one), and its release leaves the source open and mapped. */
+static void
+test_view_reads_the_source_as_opened(void **state)
+{
+	struct fixture *f = *state;
+	struct model_source src;
+	wc_model *m;
+	wc_tensor t;
+	const char *header = "{\"a\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[0,3]}}";
+	size_t len;
+	uint8_t *img = tu_safetensors(header, 3, &len);
+	char *other = tu_write(f->dir, "other.safetensors", img, len);
+
+	free(img);
+	assert_int_equal(source_open(f->path, &src), 0);
+	assert_int_equal(rename(other, f->path), 0);
+	assert_int_equal(model_view_source("view", &src, &m), 0);
+	assert_int_equal(wc_model_count(m), 3);
+	assert_int_equal(wc_model_find(m, "b", &t), 0);
+	assert_int_equal(((const uint8_t *)t.data)[15], 31);
+	wc_release(m);
+	assert_int_equal(src.files[0].base[src.files[0].size - 1], 32); /* still mapped */
+	assert_int_equal(file_check_unchanged(&src.files[0]), 0);
+	source_close(&src);
+	assert_int_equal(wc_open_file(f->path, &m), 0); /* the path's file now */
+	assert_int_equal(wc_model_count(m), 1);
+	wc_release(m);
+	free(other);
 }
 
 static void
@@ -231,6 +266,8 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_lookups, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_bulk_matches_one_by_one, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_view_reads_the_source_as_opened, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(test_errors_name_the_file, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_open_fd_keeps_the_descriptor, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_valid_in_child_after_fork, setup, teardown),
