@@ -279,9 +279,9 @@ conn_tell_and_close(struct conn *c, const char *text, unsigned stuck)
 
 /*
  * Is wcached out of descriptors now? Asked when a message's descriptors
- * were cut off (fdp_recv: -EBADMSG): its control buffer holds all that one
- * message can carry, so the kernel cuts them only when it cannot install
- * one (MSG_CTRUNC), and then not the client but wcached is at fault.
+ * were cut off (fdp_recv: -EMFILE, MSG_CTRUNC): the kernel could not install
+ * one, for want of room or because a security module refused it; either
+ * way not the client but wcached is at fault.
  */
 static int
 out_of_fds(int fd)
@@ -337,9 +337,13 @@ conn_read(struct conn *c)
 			conn_close(c);
 			return;
 		}
-		if (n == -EBADMSG && out_of_fds(c->fd)) {
-			conn_error(c, 0, -EMFILE, 1, "wcached is out of file descriptors: those "
-				"sent with a message were lost (raise LimitNOFILE=); try again");
+		if (n == -EMFILE) {
+			conn_error(c, 0, -EMFILE, 1, out_of_fds(c->fd) ?
+				"wcached is out of file descriptors: those sent with a message "
+				"were lost (raise LimitNOFILE=); try again" :
+				"the kernel did not hand wcached the descriptors sent with a "
+				"message (a security module refused one, or the table was "
+				"full a moment ago); try again");
 			return;
 		}
 		if (n == -EBADMSG) {

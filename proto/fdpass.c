@@ -7,9 +7,11 @@
  * the descriptors sent with it arrive with it or not at all. What can still
  * go wrong is on the receiving side: a message longer than the buffer
  * (MSG_TRUNC), more descriptors than the caller expects, or control messages
- * of another kind (the control buffer holds as many descriptors as one
- * message can carry, so the kernel never drops any itself; a cut one,
- * MSG_CTRUNC, is an error all the same). Every descriptor the kernel
+ * of another kind. The control buffer holds as many descriptors as one
+ * message can carry, so when the kernel cuts them off (MSG_CTRUNC) it is
+ * the receiver that could not take them: its descriptor table is full, or
+ * a security module refused one. That is not the sender's fault and has its
+ * own code, -EMFILE. Every descriptor the kernel
  * installs is owned by fdp_recv() until it hands it to the caller, so on
  * every error path it closes all of them (or hands them to the caller's drop
  * function): a hostile peer cannot make us leak descriptors.
@@ -116,8 +118,9 @@ fdp_sendto(int sock, const void *buf, size_t len, const int *fds, size_t nfds, s
  * (SCM_CREDENTIALS, ...) is skipped. On success the caller owns the *nfds
  * descriptors written to fds. Returns the message length; 0 at end of stream
  * (any descriptors that came with an empty packet are closed); or -errno:
- * -EAGAIN, -EMSGSIZE when the message was longer than cap, -EBADMSG when
- * descriptors were cut off or more than maxfds arrived, -EINVAL for bad
+ * -EAGAIN, -EMSGSIZE when the message was longer than cap, -EMFILE when
+ * descriptors were cut off, -EBADMSG when more than maxfds arrived, -EINVAL
+ * for bad
  * arguments, or the error of recvmsg (EINTR is retried). On error no
  * descriptor is returned, every one received is closed, and fds and *nfds
  * are untouched.
@@ -185,7 +188,7 @@ fdp_recv_drop(int sock, void *buf, size_t cap, int *fds, size_t maxfds, size_t *
 
 	if (msg.msg_flags & MSG_CTRUNC) {
 		drop_all(got, ngot, drop, arg);
-		return -EBADMSG;
+		return -EMFILE;
 	}
 	if (msg.msg_flags & MSG_TRUNC) {
 		drop_all(got, ngot, drop, arg);

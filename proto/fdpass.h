@@ -41,8 +41,9 @@ ssize_t fdp_sendto(int sock, const void *buf, size_t len, const int *fds, size_t
  * Receives one message into buf (cap bytes) and up to maxfds descriptors
  * (MSG_CMSG_CLOEXEC). Returns the message length, 0 at end of stream, or a
  * negative errno: -EAGAIN, -EMSGSIZE when the message was longer than cap
- * (MSG_TRUNC), -EBADMSG when descriptors were cut (MSG_CTRUNC) or more than
- * maxfds arrived, or another recvmsg error. On any error no descriptor is
+ * (MSG_TRUNC), -EMFILE when descriptors were cut off (MSG_CTRUNC: this
+ * process could not take them), -EBADMSG when more than maxfds arrived, or
+ * another recvmsg error. On any error no descriptor is
  * returned (all received ones were closed) and the outputs are untouched.
  * An empty packet reads as 0 with its descriptors closed. maxfds 0 with fds
  * NULL is allowed.

@@ -34,10 +34,9 @@
  *     sent, each the very file sent (same st_dev and st_ino), close-on-exec;
  *     a success never drops a descriptor, and returns no more than maxfds;
  *   - the outcome is the one the rules predict (too long: -EMSGSIZE; more
- *     descriptors than maxfds, than the control buffer or than the process
- *     may open: -EBADMSG; empty:
- *     0; otherwise the message) and a second message is received whole
- *     after it.
+ *     descriptors than the control buffer holds or than the process may
+ *     open: -EMFILE; else more than maxfds: -EBADMSG; empty: 0; otherwise
+ *     the message) and a second message is received whole after it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -321,9 +320,11 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			CHECK(got[i] == -7);
 		if (r == -EMSGSIZE) {
 			CHECK(len > cap);
+		} else if (r == -EMFILE) {
+			CHECK((long)nsent > fits || fits < 0 || nsent > room);
 		} else {
 			CHECK(r == -EBADMSG);
-			CHECK(nsent > maxfds || (long)nsent > fits || fits < 0 || nsent > room);
+			CHECK(nsent > maxfds && (long)nsent <= fits && nsent <= room);
 		}
 	} else if (r == 0) {
 		CHECK(len == 0 && ngot == 0);
