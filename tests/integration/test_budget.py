@@ -559,8 +559,10 @@ def test_attach_while_eviction_queued_stays_warm(start, tmp_path):
     # The held-back eviction has run now (it was queued behind the lock).
     # Expected: m ends up warm, as status says. Observed: "ready" (it was
     # re-warmed at once, before the eviction ran), its pages gone for good.
+    # (wait_until's own deadline: m is read back from a disk other tests
+    # may keep busy, and the deadline is no bound on that.)
     wait_until(lambda: (lambda m: m["state"] == "ready" and is_warm(m))(model_entry(d, "m")),
-               timeout=10, what="m ready and resident")
+               what="m ready and resident")
 
 
 def test_evict_while_warming_leaves_nothing_resident(start, tmp_path):

@@ -18,7 +18,7 @@ import urllib.request
 import pytest
 
 from conftest import binary, wait_until
-from ctlutil import wait_for_control
+from ctlutil import ctl, wait_for_control
 
 SRC = os.environ.get("WCACHE_SRCDIR") or os.path.join(os.path.dirname(__file__), "..", "..")
 ACTIVATE = shutil.which("systemd-socket-activate")
@@ -29,7 +29,12 @@ EXPOSITION = "text/plain; version=0.0.4; charset=utf-8"
 
 @pytest.fixture
 def daemon(daemon):
-    return wait_for_control(daemon)
+    """conftest's daemon once "small" is ready: the control socket answers
+    while the configured models still load (metrics would say 0 bytes) and
+    warm (state "warming")."""
+    wait_for_control(daemon)
+    wait_until(lambda: ctl(daemon, "status").returncode == 0, what="small ready")
+    return daemon
 
 
 def respond(d, request, *extra, control=None):

@@ -169,7 +169,10 @@ def test_worker_in_300_groups(tmp_path):
         assert r.returncode == 0, r.stderr + d.read_log()
         r = subprocess.run([*user, binary("wcachectl"), "--control", d.control, "status"],
                            capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0, r.stderr + d.read_log()
+        # Answered: exit 3 only says m still warms (the attach does not wait
+        # for that); the table has m's row.
+        assert r.returncode in (0, 3), r.stderr + d.read_log()
+        assert any(line.split()[:1] == ["m"] for line in r.stdout.splitlines()), r.stdout
         # Without that group: refused by both.
         other = as_user(65534, 65534, GROUPS[:-1])
         r = subprocess.run([*other, binary("wcachectl"), "attach", "m", "--socket",

@@ -36,6 +36,21 @@ def fincore(path):
     return min(int(r.stdout.split()[0]), os.path.getsize(path))
 
 
+def mapped_bytes(pid, path):
+    """How much of path process pid has mapped in (the Rss of its mappings
+    of path, /proc/PID/smaps; an mlock()ed header splits one mapping in
+    two)."""
+    total, ours = 0, False
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            fields = line.split()
+            if not fields[0].endswith(":"):     # a mapping's first line
+                ours = len(fields) > 5 and line.rstrip("\n").endswith(" " + path)
+            elif ours and fields[0] == "Rss:":
+                total += int(fields[1]) * 1024
+    return total
+
+
 class IoVec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 
@@ -85,7 +100,10 @@ def test_residency_is_true_and_kept(tmp_path, who):
         assert fincore(model) == size
 
         # A client drops the pages of the file it was given: nothing goes,
-        # because wcached maps every page of a warm model.
+        # because wcached maps every page of a warm model. It maps them once
+        # the model is ready (off the loop, after the figure above): wait.
+        wait_until(lambda: mapped_bytes(d.proc.pid, model) >= size,
+                   what="wcached to map every page of m")
         r = subprocess.run(as_user(BAD_UID, GROUP) + ["/usr/bin/python3", "-c",
                            "import os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); "
                            "os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)", model],
