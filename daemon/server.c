@@ -277,24 +277,6 @@ conn_tell_and_close(struct conn *c, const char *text, unsigned stuck)
 	conn_close(c);
 }
 
-/*
- * Is wcached out of descriptors now? Asked when a message's descriptors
- * were cut off (fdp_recv: -EMFILE, MSG_CTRUNC): the kernel could not install
- * one, for want of room or because a security module refused it; either
- * way not the client but wcached is at fault.
- */
-static int
-out_of_fds(int fd)
-{
-	int probe = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-
-	if (probe >= 0) {
-		close(probe);
-		return 0;
-	}
-	return errno == EMFILE || errno == ENFILE;
-}
-
 /* Reads and handles messages until the socket is empty, a reply is
  * pending or waited for, or the connection closes. */
 static void
@@ -338,12 +320,10 @@ conn_read(struct conn *c)
 			return;
 		}
 		if (n == -EMFILE) {
-			conn_error(c, 0, -EMFILE, 1, out_of_fds(c->fd) ?
-				"wcached is out of file descriptors: those sent with a message "
-				"were lost (raise LimitNOFILE=); try again" :
-				"the kernel did not hand wcached the descriptors sent with a "
-				"message (a security module refused one, or the table was "
-				"full a moment ago); try again");
+			/* Not the client's fault: wcached could not take them. */
+			conn_error(c, 0, -EMFILE, 1, "wcached is out of file descriptors: "
+				"those sent with a message were lost (raise LimitNOFILE=); "
+				"try again");
 			return;
 		}
 		if (n == -EBADMSG) {

@@ -378,6 +378,12 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, int se
 		if (n == 0)
 			return error_set(-ECONNRESET, "wcached at %s closed the connection",
 				c->path);
+		if (n == -EMFILE) { /* the reply's descriptors were cut off */
+			shutdown(c->fd, SHUT_RDWR);
+			return error_set((int)n, "wcached at %s: this process is out of "
+				"file descriptors: those the reply carried were lost (raise "
+				"its RLIMIT_NOFILE, ulimit -n, or close some)", c->path);
+		}
 		if (n < 0) {
 			shutdown(c->fd, SHUT_RDWR);
 			return error_set((int)n, "wcached at %s: receive: %s", c->path,

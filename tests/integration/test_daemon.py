@@ -4,6 +4,7 @@ in a temporary directory and drives it with the real client library
 (demo_worker, wcachectl) or raw sockets."""
 import json
 import os
+import resource
 import signal
 import socket
 import struct
@@ -358,6 +359,35 @@ def test_client_disconnects_mid_request(daemon):
         s = raw_client(daemon)
         s.send(message(1, b"small"))
         s.close()
+    assert_serving(daemon)
+
+
+def test_a_worker_out_of_descriptors_is_told_so(daemon):
+    """A worker whose RLIMIT_NOFILE leaves no room for the attach reply's
+    descriptors (the kernel cuts them off: MSG_CTRUNC) is told that it is out
+    of file descriptors and what to raise; before, "receive: Bad message".
+    The daemon releases what it attached for it and serves the next worker
+    with no descriptor left behind."""
+    assert daemon.attach("small").returncode == 0
+    before = settled_fd_count(daemon.proc.pid)
+
+    def attach_with(limit):
+        def lower():
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+        return subprocess.run([binary("demo_worker"), "--socket", daemon.socket, "small"],
+                              capture_output=True, text=True, timeout=60, preexec_fn=lower)
+    # From too few to start (the dynamic loader's own EMFILE) to enough.
+    tried = {limit: attach_with(limit) for limit in range(3, 17)}
+    told = [n for n, r in tried.items()
+            if r.returncode == 1 and "this process is out of file descriptors: those the "
+            "reply carried were lost (raise its RLIMIT_NOFILE" in r.stderr]
+    assert told, {n: r.stderr for n, r in tried.items()}
+    for n, r in tried.items():
+        assert r.returncode == 0 or n in told or "Error 24" in r.stderr or \
+            "Too many open files" in r.stderr, (n, r.stderr)
+        assert "Bad message" not in r.stderr, (n, r.stderr)
+    assert tried[16].returncode == 0, tried[16].stderr
+    assert settled_fd_count(daemon.proc.pid) == before
     assert_serving(daemon)
 
 

@@ -297,6 +297,7 @@ main(int argc, char **argv)
 		}
 	} else if (wc_connect(sock, &c) < 0 || wc_attach(c, name, &m) < 0) {
 		fprintf(stderr, "demo_worker: %s\n", wc_errmsg());
+		wc_disconnect(c); /* NULL when the connect failed */
 		return 1;
 	}
 	t_attach = now() - t0;
