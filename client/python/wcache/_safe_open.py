@@ -460,9 +460,10 @@ class safe_open:
             release()  # before the model: the registration keeps the mapping until it is undone
         if self._model is not None:
             self._model.close()
-        if self._runs is not None:
-            self._runs.close()  # a get_tensor bound before close raises too
-        self._runs = None
+        # Taken before it is used: another thread may close at the same time.
+        runs, self._runs = self._runs, None
+        if runs is not None:
+            runs.close()  # a get_tensor bound before close raises too
         self.__dict__.pop("get_tensor", None)
 
     def __enter__(self):
