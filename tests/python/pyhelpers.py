@@ -101,3 +101,52 @@ def run_python(code, env=None, timeout=120):
                 e[k] = v
     return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def other_thread_before(code, k, first, other, opcodes=False, join=0.5):
+    """Runs first() in this thread under a trace that runs other() whole, in
+    another thread, just before the k-th line (or, with opcodes, the k-th
+    bytecode) that this thread executes in code (a function's __code__), so
+    a race between the two is made, not hoped for. The other thread is
+    joined with a timeout, since it may wait on a lock first holds; it is
+    joined fully at the end. Returns (what first raised, what other raised,
+    whether other ran: False once k is past the last event of first's run,
+    when every interleaving has been tried)."""
+    import threading
+    errors, other_errors, started, count = [], [], [], 0
+
+    def run_other():
+        try:
+            other()
+        except BaseException as e:
+            other_errors.append(e)
+
+    def each(frame, event, arg):
+        nonlocal count
+        if event == ("opcode" if opcodes else "line"):
+            if count == k:
+                t = threading.Thread(target=run_other)
+                t.start()
+                t.join(join)
+                started.append(t)
+            count += 1
+        return each
+
+    def calls(frame, event, arg):
+        if frame.f_code is not code:
+            return None
+        if opcodes:
+            frame.f_trace_opcodes = True
+            frame.f_trace_lines = False
+        return each
+
+    sys.settrace(calls)
+    try:
+        first()
+    except BaseException as e:
+        errors.append(e)
+    finally:
+        sys.settrace(None)
+    for t in started:
+        t.join()
+    return errors, other_errors, bool(started)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import wcache
-from pyhelpers import write_safetensors
+from pyhelpers import other_thread_before, write_safetensors
 
 
 @pytest.fixture
@@ -124,6 +124,39 @@ def test_close_from_two_threads_at_once(st_file, no_daemon):
             f.get_tensor("ids")
         if not other:
             break  # k is past close()'s last line: every interleaving was tried
+        k += 1
+    assert k > 5
+
+
+def _closed_error(e):
+    return isinstance(e, ValueError) and "closed" in str(e)
+
+
+def test_first_get_tensor_while_another_thread_closes(st_file, no_daemon):
+    """A handle closed by one thread while another's first get_tensor makes
+    its runs (_bulk) is closed once close() has returned: get_tensor raises
+    ValueError "closed". Another thread's whole close() runs before each
+    line of _bulk in turn (a line trace). Before, runs made after close()
+    had taken the handle's were kept: the closed torch handle went on
+    handing out tensors, and kept the mapping alive (fails at line 9)."""
+    path, _, _, _ = st_file
+    k = 0
+    while True:
+        f = wcache.safe_open(path, framework="pt")
+        errors, other_errors, ran = other_thread_before(
+            wcache.safe_open._bulk.__code__, k, lambda: f.get_tensor("w"), f.close)
+        assert not other_errors, f"close() before line {k} of _bulk: {other_errors!r}"
+        assert all(_closed_error(e) for e in errors), \
+            f"get_tensor with close() before line {k} of _bulk: {errors!r}"
+        if not ran:
+            break  # k is past _bulk's last line: every interleaving was tried
+        try:
+            f.get_tensor("ids")
+        except ValueError as e:
+            assert "closed" in str(e)
+        else:
+            pytest.fail(f"close() ran before line {k} of _bulk, and the closed handle still "
+                        f"hands out tensors")
         k += 1
     assert k > 5
 

@@ -461,7 +461,10 @@ class safe_open:
         if self._model is not None:
             self._model.close()
         # Taken before it is used: another thread may close at the same time.
-        runs, self._runs = self._runs, None
+        # Under the lock: runs another thread's _bulk is making are kept
+        # first, then taken here (else kept after, on a closed handle).
+        with self._runs_lock:
+            runs, self._runs = self._runs, None
         if runs is not None:
             runs.close()  # a get_tensor bound before close raises too
         self.__dict__.pop("get_tensor", None)
