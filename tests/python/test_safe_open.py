@@ -161,6 +161,31 @@ def test_first_get_tensor_while_another_thread_closes(st_file, no_daemon):
     assert k > 5
 
 
+def test_numpy_get_tensor_while_another_thread_closes(st_file, no_daemon):
+    """get_tensor of a numpy handle that another thread closes while it
+    makes the view of the model's memory raises ValueError "closed" or
+    returns the tensor: another thread's close() runs before each line of
+    Model._raw_region in turn. Before, _raw_region read the model's region
+    again after close() had cleared it, and get_tensor raised TypeError
+    ('NoneType' object is not subscriptable)."""
+    from wcache.model import Model
+    path, _, w, _ = st_file
+    k = 0
+    while True:
+        f = wcache.safe_open(path, framework="np")
+        got = []
+        errors, other_errors, ran = other_thread_before(
+            Model._raw_region.__code__, k, lambda: got.append(f.get_tensor("w")), f.close)
+        assert not other_errors, f"close() before line {k} of _raw_region: {other_errors!r}"
+        assert all(_closed_error(e) for e in errors), \
+            f"get_tensor with close() before line {k} of _raw_region: {errors!r}"
+        assert all(np.array_equal(t, w) for t in got)
+        if not ran:
+            break
+        k += 1
+    assert k > 2
+
+
 def test_pathlike(st_file, no_daemon):
     import pathlib
     path, _, _, ids = st_file

@@ -230,10 +230,11 @@ class Model:
 
     def _raw_region(self):
         """The read-only uint8 array over the span of all tensor data."""
-        if self._region is None:
+        region = self._region  # read once: close() in another thread clears it
+        if region is None:
             lo, hi = self._tab().span
-            self._region = _view(self._h(), lo, (hi - lo,), "|u1")
-        return self._region
+            region = self._region = _view(self._h(), lo, (hi - lo,), "|u1")
+        return region
 
     def info(self, name):
         """The :class:`TensorInfo` of tensor name; KeyError if there is none."""
