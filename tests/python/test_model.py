@@ -12,7 +12,7 @@ import torch
 
 import wcache
 from wcache._lib import MissingTensor
-from pyhelpers import PYDIR, file_mappings, write_safetensors
+from pyhelpers import PYDIR, file_mappings, other_thread_before, write_safetensors
 
 
 @pytest.fixture
@@ -147,6 +147,41 @@ def test_torch_writes_never_reach_the_file(f32_model, mode):
                        env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
     assert r.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("mode", ["auto", "remap"])
+def test_first_torch_from_two_threads_at_once(f32_model, monkeypatch, mode):
+    """Two threads taking their first torch tensor of one model at once get
+    views of the same copy-on-write memory, so a write through either is in
+    what later torch(name) calls return (as the module comment of
+    wcache/_torch.py promises). Another thread's whole torch(name) runs
+    before each line of wcache._torch.tensor in turn (a line trace).
+    Before, each thread made the model's torch state: with a private
+    mapping of the file (way 2: WCACHE_TORCH_COW=remap, or a model wcached
+    maps shared), the loser's tensor was on a mapping of its own, and its
+    writes were lost (remap fails at line 5)."""
+    from wcache import _torch
+    monkeypatch.setenv("WCACHE_TORCH_COW", mode)
+    path, arrays = f32_model
+    k = 0
+    while True:
+        model = wcache.open_file(path)
+        got = []
+        errors, other_errors, ran = other_thread_before(
+            _torch.tensor.__code__, k, lambda: got.append(model.torch("a.weight")),
+            lambda: got.append(model.torch("a.weight")))
+        assert not errors and not other_errors, (k, errors, other_errors)
+        for j, t in enumerate(got):
+            t[0, j] = 100 + j
+        later = model.torch("a.weight")
+        for j in range(len(got)):
+            assert later[0, j].item() == 100 + j, \
+                f"torch() in another thread before line {k} of tensor(): a write lost"
+        model.close()
+        if not ran:
+            break
+        k += 1
+    assert k > 5
 
 
 def test_torch_is_zero_copy_and_shares_page_cache(f32_model):

@@ -107,13 +107,23 @@ def tensor(model, info):
                         "host is not; torch tensors cannot be zero-copy views here")
     if info.nbytes == 0:
         return torch.empty(info.shape, dtype=tdtype)
-    state = model._torch_state
-    if state is None:
-        state = model._torch_state = _State()
+    state = _state_of(model)
     t = torch.from_numpy(state.writable(model, h, info, carrier))
     if t.dtype != tdtype:
         t = t.view(tdtype)
     return t
+
+
+def _state_of(model):
+    """model's _State, made by one thread on first use: the others wait for
+    it, so every tensor of the model is on the same writable memory."""
+    state = model._torch_state
+    if state is None:
+        with model._lock:
+            state = model._torch_state
+            if state is None:
+                state = model._torch_state = _State()
+    return state
 
 
 class TorchRuns(_table.Runs):
@@ -125,10 +135,7 @@ class TorchRuns(_table.Runs):
     def __init__(self, model):
         self.h = h = model._h()
         table = model._tab()
-        state = model._torch_state
-        if state is None:
-            state = model._torch_state = _State()
-        self.state = state
+        self.state = state = _state_of(model)
         self.views = not _BIG_ENDIAN and state.cow_ready(model, h)
         self.tdtype = [torch_dtype(torch, n) for n in table.dtype_names]
         itemsize = []
