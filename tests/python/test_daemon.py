@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import wcache
-from pyhelpers import Daemon, mkmodel, run_python
+from pyhelpers import Daemon, mkmodel, other_thread_before, run_python
 
 
 def checksums(model):
@@ -31,6 +31,36 @@ def test_connect_attach(daemon, model_path):
             assert m.raw(k).tobytes() == local.raw(k).tobytes()
             assert torch.equal(m.torch(k), local.torch(k))
     m.close()
+
+
+@pytest.mark.parametrize("opcodes", [False, True])
+def test_attach_while_another_thread_closes_the_client(daemon, opcodes):
+    """An attach on a client that another thread closes meanwhile returns
+    the model (valid: models outlive their client) or raises ValueError
+    "closed", never a library error, and the client is never used after
+    wc_disconnect(): another thread's close() runs before each line (then
+    each bytecode) of Client.attach in turn. Before, an attach that had
+    checked the client open passed the cleared pointer to wc_attach(),
+    which failed with EINVAL "no client or model name" (line 1)."""
+    k = 0
+    while True:
+        c = wcache.connect(daemon.socket)
+        got = []
+        errors, other_errors, ran = other_thread_before(
+            wcache.Client.attach.__code__, k, lambda: got.append(c.attach("small")), c.close,
+            opcodes=opcodes)
+        assert not other_errors, f"close() before event {k} of attach: {other_errors!r}"
+        assert all(isinstance(e, ValueError) and "closed" in str(e) for e in errors), \
+            f"attach with close() before event {k}: {errors!r}"
+        assert c.closed == ran
+        for m in got:
+            assert m.keys() and m.raw(m.keys()[0]) is not None
+            m.close()
+        c.close()
+        if not ran:
+            break
+        k += 1
+    assert k > 3
 
 
 def test_attach_by_configured_path(daemon, model_path):

@@ -365,16 +365,59 @@ def _framework(framework):
                      f"\"np\" (numpy)")
 
 
+# Guards every Client's pointer, closing flag and count of calls in progress
+# (Client._use). Held for a few loads and stores only, never while calling
+# the library, and nothing in it allocates what a garbage collection could
+# run a Client's __del__ for. fork() waits for it to be free, so a child
+# never inherits it held.
+_clients_lock = threading.Lock()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_clients_lock.acquire, after_in_parent=_clients_lock.release,
+                        after_in_child=_clients_lock.release)
+
+
 class Client:
-    """A connection to wcached's client socket. Use :func:`connect`."""
+    """A connection to wcached's client socket. Use :func:`connect`.
+
+    Threads: any number may attach at once (libwcache takes turns). close()
+    in one thread while another attaches is allowed: the attach returns its
+    model or raises ValueError, and the connection is closed when the last
+    call using it returns (wc_disconnect() must not run while a call can
+    still reach the C client)."""
 
     def __init__(self, ptr, socket):
         self._ptr = ptr
+        self._closing = False  # close() was called
+        self._users = 0        # calls using _ptr now (in process _users_pid)
+        self._users_pid = os.getpid()
         self.socket = socket
 
     @property
     def closed(self):
-        return not self._ptr
+        return not self._ptr or self._closing
+
+    def _use(self):
+        """The C client for one call, which must end with _done(); ValueError
+        once close() was called."""
+        with _clients_lock:
+            ptr = None if self._closing else self._ptr
+            if ptr:
+                if self._users_pid != os.getpid():  # calls of a parent's threads
+                    self._users, self._users_pid = 0, os.getpid()
+                self._users += 1
+        if not ptr:
+            raise ValueError(f"client of wcached at {self.socket} is closed")
+        return ptr
+
+    def _done(self):
+        """Ends a call _use() began; the last one after close() disconnects."""
+        ptr = None
+        with _clients_lock:
+            self._users -= 1
+            if self._closing and self._users == 0:
+                ptr, self._ptr = self._ptr, None
+        if ptr:
+            _lib.lib().wc_disconnect(ptr)
 
     def attach(self, name):
         """Attaches the model wcached serves as name (a configured name or the
@@ -383,11 +426,13 @@ class Client:
         After wcached restarted, the first attach reconnects to the same
         socket by itself (once, within the deadline) and retries; it raises
         DaemonUnavailable only when no wcached answers there."""
-        if not self._ptr:
-            raise ValueError(f"client of wcached at {self.socket} is closed")
-        name = _c_string(os.fspath(name), "model name")
-        out = ctypes.c_void_p()
-        rc = _lib.lib().wc_attach(self._ptr, name, ctypes.byref(out))
+        ptr = self._use()
+        try:
+            name = _c_string(os.fspath(name), "model name")
+            out = ctypes.c_void_p()
+            rc = _lib.lib().wc_attach(ptr, name, ctypes.byref(out))
+        finally:
+            self._done()
         if rc == -errno.ENOENT:
             check(rc, ModelNotFound)
         if -rc in _lib._DAEMON_DOWN:
@@ -399,7 +444,7 @@ class Client:
     def set_timeout(self, timeout):
         """Changes this client's deadline (seconds, 0 for none), as
         connect(timeout=) sets it. Needs wc_set_timeout() in libwcache."""
-        if not self._ptr:
+        if self.closed:
             raise ValueError(f"client of wcached at {self.socket} is closed")
         if not _lib.has("wc_set_timeout"):
             raise _lib.WcacheError(errno.ENOTSUP, f"libwcache {_lib.library_path()} has no "
@@ -407,11 +452,23 @@ class Client:
         if timeout < 0:
             raise ValueError(f"timeout={timeout!r}: seconds, 0 for none")
         ms = max(int(round(timeout * 1000)), 1 if timeout > 0 else 0)
-        check(_lib.lib().wc_set_timeout(self._ptr, min(ms, 2**31 - 1)))
+        ptr = self._use()
+        try:
+            rc = _lib.lib().wc_set_timeout(ptr, min(ms, 2**31 - 1))
+        finally:
+            self._done()
+        check(rc)
 
     def close(self):
-        """Disconnects. Models attached through this client stay valid."""
-        ptr, self._ptr = self._ptr, None
+        """Disconnects (once no call of another thread uses the connection).
+        Models attached through this client stay valid."""
+        ptr = None
+        with _clients_lock:
+            if self._users_pid != os.getpid():
+                self._users, self._users_pid = 0, os.getpid()
+            self._closing = True
+            if self._users == 0:
+                ptr, self._ptr = self._ptr, None
         if ptr:
             _lib.lib().wc_disconnect(ptr)
 
