@@ -4,8 +4,10 @@ import os
 import re
 import shutil
 
+import pytest
+
 import wcache
-from pyhelpers import PYDIR, REPO, run_python
+from pyhelpers import PYDIR, REPO, other_thread_before, run_python
 
 
 def test_wcache_lib_pointing_nowhere(tmp_path):
@@ -158,3 +160,35 @@ def test_default_socket_is_libwcaches():
                    env={"WCACHE_SOCKET": "/tmp/x/wcached.sock"})
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["/tmp/x/wcached.sock", "/elsewhere/w.sock"]
+
+
+@pytest.mark.parametrize("where", ["WCACHE_LIB", "build tree"])
+def test_library_path_while_another_thread_loads_the_library(monkeypatch, where):
+    """library_path() in a thread while another loads the library (the
+    first use of it in the process) is the path, never None: another
+    thread's library_path() runs before each bytecode of _load in turn.
+    Before, _load stored the library before its path, and a library_path()
+    between the two stores found the library loaded and returned None
+    (fails at bytecode 29 with WCACHE_LIB, 70 from the build tree)."""
+    from wcache import _lib
+    _lib.lib()
+    monkeypatch.setattr(_lib, "_lib", None)
+    monkeypatch.setattr(_lib, "_lib_path", None)
+    if where == "build tree":
+        monkeypatch.delenv("WCACHE_LIB", raising=False)
+    path = _lib.library_path()
+    k = 0
+    while True:
+        monkeypatch.setattr(_lib, "_lib", None)
+        monkeypatch.setattr(_lib, "_lib_path", None)
+        got = []
+        errors, other_errors, ran = other_thread_before(
+            _lib._load.__code__, k, _lib.lib, lambda: got.append(_lib.library_path()),
+            opcodes=True, join=0.05)
+        assert not errors and not other_errors, (k, errors, other_errors)
+        assert got == ([path] if ran else []), f"library_path() before bytecode {k} of _load"
+        assert _lib.lib()._name == path
+        if not ran:
+            break
+        k += 1
+    assert k > 10

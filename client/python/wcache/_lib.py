@@ -216,7 +216,9 @@ def _load():
                 "(WCACHE_LIB names the library file to load; unset it to search the "
                 "build tree and the system library path)") from None
         _declare(cdll, env)
-        _lib, _lib_path = cdll, env
+        # The path first: a thread that finds _lib set reads it without the lock.
+        _lib_path = env
+        _lib = cdll
         return
     seen = set()
     missing_build = 0
@@ -233,7 +235,8 @@ def _load():
             tried.append(f"  {path} ({where}): {e}")
             continue
         _declare(cdll, path)
-        _lib, _lib_path = cdll, getattr(cdll, "_name", path)
+        _lib_path = getattr(cdll, "_name", path)
+        _lib = cdll
         return
     here = os.path.dirname(os.path.abspath(__file__))
     if missing_build:
