@@ -170,11 +170,14 @@ make_artifact(struct derive_table *t, struct derive_build *b, struct derive_chec
 		(a->model_name = strdup(b->model_name)) == NULL ||
 		(g = gen_new(t->r, b->model_name, b->source, &c->src, c->served, c->index_fd,
 			 c->index, c->src.index_len)) == NULL) {
+		int e = a != NULL && a->model_name != NULL ? errno : ENOMEM;
+
+		/* gen_new's reason (the index memfd not reopened, EMFILE) too. */
+		snprintf(c->why, sizeof(c->why), "%s", e == ENOMEM ? "out of memory" : error_get());
 		if (a != NULL)
 			free(a->model_name);
 		free(a);
-		snprintf(c->why, sizeof(c->why), "out of memory");
-		return -ENOMEM;
+		return -e;
 	}
 	/* The generation's now. */
 	memset(&c->src, 0, sizeof(c->src));

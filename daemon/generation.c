@@ -285,10 +285,18 @@ gen_new(struct registry *r, const char *model_name, uint64_t number, struct mode
 	struct stat st;
 	int served_index = -1;
 
-	/* Workers get their own open file description of the index too. */
-	if (fstat(index_fd, &st) == -1 ||
-		(served_index = reopen_served(index_fd, &st, "the index memfd")) < 0) {
+	/* Workers get their own open file description of the index too (a
+	 * full descriptor table refuses it: the reason goes to the caller). */
+	if (fstat(index_fd, &st) == -1) {
+		int e = errno;
+
 		free(g);
+		errno = -error_set(-e, "the index memfd: fstat: %s", strerror(e));
+		return NULL;
+	}
+	if ((served_index = reopen_served(index_fd, &st, "the index memfd")) < 0) {
+		free(g);
+		errno = -served_index;
 		return NULL;
 	}
 	if (g == NULL || (g->model_name = strdup(model_name)) == NULL ||
@@ -300,6 +308,7 @@ gen_new(struct registry *r, const char *model_name, uint64_t number, struct mode
 			free(g->model_name);
 		free(g);
 		close(served_index);
+		errno = -error_set(-ENOMEM, "out of memory");
 		return NULL;
 	}
 	g->registry = r;

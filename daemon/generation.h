@@ -276,7 +276,8 @@ uint64_t gen_resident(const struct generation *g, const char **method, int64_t *
  * without a model: registry_add_* link it) made of src (files open and
  * mapped), the served descriptors (gen_open_served), the sealed index_fd
  * and its read-only mapping index. Takes all of them on success only; NULL
- * when out of memory.
+ * with errno and the reason in error_get() when out of memory or when the
+ * index memfd cannot be reopened for workers (EMFILE: the table is full).
  */
 struct generation *gen_new(struct registry *r, const char *model_name, uint64_t number,
 	struct model_source *src, int *served_fds, int index_fd, const uint8_t *index,

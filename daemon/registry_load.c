@@ -335,6 +335,8 @@ log_staging(const struct model_entry *m, const struct generation *g, const struc
 	}
 }
 
+static void load_failed(struct registry *r, struct model_entry *m, struct load_request *q);
+
 /* Loop thread: turns a validated load into a generation of its model. */
 static void
 install(struct registry *r, struct model_entry *m, struct load_request *q)
@@ -345,8 +347,11 @@ install(struct registry *r, struct model_entry *m, struct load_request *q)
 	g = gen_new(r, m->name, m->last_generation + 1, &q->source, q->served_fds, q->index_fd,
 		q->index, q->index_size);
 	if (g == NULL) {
-		if (q->done != NULL)
-			q->done(-ENOMEM, "out of memory", 0, q->arg);
+		/* A failed load like any other: logged, kept as the model's
+		 * error, and answered with its reason. */
+		q->status = -errno;
+		snprintf(q->message, sizeof(q->message), "%s", error_get());
+		load_failed(r, m, q);
 		return;
 	}
 	q->served_fds = NULL;

@@ -60,10 +60,14 @@ stored_generation(struct registry *r, const char *name, uint64_t number,
 	}
 	g = gen_new(r, name, number, src, served, index_fd, map, index_size);
 	if (g == NULL) {
+		char why[512];
+		int e = errno;
+
+		snprintf(why, sizeof(why), "%s", error_get());
 		if (opened)
 			gen_close_served(served, src->nfiles);
 		munmap(map, index_size);
-		error_set(-ENOMEM, "model \"%s\": out of memory", name);
+		error_set(-e, "model \"%s\": %s", name, why);
 		return NULL;
 	}
 	g->from_store = 1;

@@ -8,7 +8,10 @@
  * Fault injection (-Wl,--wrap in tests/CMakeLists.txt): mmap, fstat and
  * memfd_create fail with the errno a test asks for, from the n-th call on,
  * so a load fails where the kernel would refuse; munmap is recorded while a
- * test asks, so that it can see a range unmapped twice.
+ * test asks, so that it can see a range unmapped twice; open fails with
+ * the errno a test asks for when it reopens an index memfd through
+ * /proc/self/fd (the descriptor workers get), as wcached out of file
+ * descriptors would.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -41,6 +44,7 @@
 /* ---- fault injection ---- */
 
 static atomic_int fail_mmap, fail_fstat, fail_memfd; /* errno to fail with, 0: none */
+static atomic_int fail_index_reopen; /* errno to fail with, 0: none */
 
 void *__real_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off);
 void *__wrap_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off);
@@ -50,6 +54,34 @@ int __real_memfd_create(const char *name, unsigned flags);
 int __wrap_memfd_create(const char *name, unsigned flags);
 int __real_munmap(void *addr, size_t len);
 int __wrap_munmap(void *addr, size_t len);
+int __real_open(const char *path, int flags, ...);
+int __wrap_open(const char *path, int flags, ...);
+
+int
+__wrap_open(const char *path, int flags, ...)
+{
+	int e = atomic_load(&fail_index_reopen);
+	mode_t mode = 0;
+	char link[128];
+	ssize_t n;
+
+	if (flags & O_CREAT) {
+		va_list ap;
+
+		va_start(ap, flags);
+		mode = (mode_t)va_arg(ap, unsigned);
+		va_end(ap);
+	}
+	if (e != 0 && strncmp(path, "/proc/self/fd/", 14) == 0 &&
+		(n = readlink(path, link, sizeof(link) - 1)) > 0) {
+		link[n] = '\0';
+		if (strstr(link, "memfd:wcache-index") != NULL) {
+			errno = e;
+			return -1;
+		}
+	}
+	return __real_open(path, flags, mode);
+}
 
 /* The ranges munmap was called with while record_munmap is set. */
 #define MUNMAP_RECORDED 16
@@ -111,6 +143,7 @@ setup(void **state)
 	atomic_store(&fail_mmap, 0);
 	atomic_store(&fail_fstat, 0);
 	atomic_store(&fail_memfd, 0);
+	atomic_store(&fail_index_reopen, 0);
 	atomic_store(&record_munmap, false);
 	atomic_store(&n_munmapped, 0);
 	*state = du_new(false);
@@ -195,6 +228,41 @@ test_load_faults(void **state)
 	assert_int_equal(du_current(t, "a")->number, 1);
 	assert_non_null(registry_find(&t->reg, "a")->error);
 	assert_string_equal(metrics_model_state(registry_find(&t->reg, "a")), "ready");
+	free(path);
+}
+
+/* The index memfd reopened for workers (gen_new) fails, as it does with the
+ * descriptor table full: the load fails with that reason, logged once with
+ * the model's name and kept as its error (an attach says it), not as an
+ * unnamed "out of memory" that left the model failed without a reason. */
+static void
+test_load_index_reopen_fails(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 1024), *log, msg[256];
+	struct registry_attachment a;
+	int fds = tu_count_fds();
+
+	atomic_store(&fail_index_reopen, EMFILE);
+	du_log_start(t);
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 1), -EMFILE);
+	log = du_log_stop(t);
+	atomic_store(&fail_index_reopen, 0);
+	assert_non_null(strstr(t->message, "index"));
+	assert_non_null(strstr(t->message, strerror(EMFILE)));
+	assert_non_null(strstr(log, "model \"m\": "));
+	assert_non_null(strstr(log, strerror(EMFILE)));
+	assert_string_equal(metrics_model_state(registry_find(&t->reg, "m")), "failed");
+	assert_int_equal(registry_find(&t->reg, "m")->load_errors, 1);
+	assert_int_equal(registry_attach(&t->reg, "m", &root_peer, &a, msg, sizeof(msg)), -EIO);
+	assert_non_null(strstr(msg, strerror(EMFILE)));
+	assert_int_equal(du_generations(t), 0);
+	du_settle(t);
+	assert_int_equal(tu_count_fds(), fds);
+	/* The fault passed: the model loads. */
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 1), 0);
+	assert_null(registry_find(&t->reg, "m")->error);
+	free(log);
 	free(path);
 }
 
@@ -436,6 +504,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_load_and_status_page, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_load_missing_file, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_load_faults, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_load_index_reopen_fails, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_reload, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unload, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_expect_superseded, setup, teardown),
