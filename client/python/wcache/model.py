@@ -367,10 +367,10 @@ def _framework(framework):
 
 # Guards every Client's pointer, closing flag and count of calls in progress
 # (Client._use). Held for a few loads and stores only, never while calling
-# the library, and nothing in it allocates what a garbage collection could
-# run a Client's __del__ for. fork() waits for it to be free, so a child
-# never inherits it held.
-_clients_lock = threading.Lock()
+# the library. Reentrant: a garbage collection that runs while it is held
+# may run another Client's __del__ (close()) in the same thread. fork()
+# waits for it to be free, so a child never inherits it held.
+_clients_lock = threading.RLock()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_clients_lock.acquire, after_in_parent=_clients_lock.release,
                         after_in_child=_clients_lock.release)
