@@ -209,7 +209,13 @@ reopen_served(int fd, const struct stat *st, const char *path)
 	if ((nfd = fd_reopen_read_only(fd, path)) < 0)
 		return nfd;
 	/* The same inode as fd, and fd still the file that was loaded. */
-	if (fstat(nfd, &now) == -1 || now.st_dev != st->st_dev || now.st_ino != st->st_ino) {
+	if (fstat(nfd, &now) == -1) {
+		int e = errno;
+
+		close(nfd);
+		return error_set(-e, "%s: fstat: %s", path, strerror(e));
+	}
+	if (now.st_dev != st->st_dev || now.st_ino != st->st_ino) {
 		close(nfd);
 		return error_set(-ESTALE, "%s: the descriptor workers get is not the file "
 			"that was loaded", path);

@@ -83,8 +83,13 @@ fd_reopen_read_only(int fd, const char *what)
 	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
 	if ((nfd = open(proc, O_RDONLY | O_CLOEXEC | O_NOCTTY)) == -1)
 		return error_set(-errno, "%s: reopening read-only: %s", what, strerror(errno));
-	if (fstat(nfd, &now) == -1 || now.st_dev != was.st_dev || now.st_ino != was.st_ino ||
-		!S_ISREG(now.st_mode)) {
+	if (fstat(nfd, &now) == -1) {
+		int e = errno;
+
+		close(nfd);
+		return error_set(-e, "%s: fstat: %s", what, strerror(e));
+	}
+	if (now.st_dev != was.st_dev || now.st_ino != was.st_ino || !S_ISREG(now.st_mode)) {
 		close(nfd);
 		return error_set(-ESTALE, "%s: the reopened descriptor is not the same file", what);
 	}

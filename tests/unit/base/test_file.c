@@ -3,6 +3,9 @@
  * file_read_exact() and file_read_bytes() read private copies with pread,
  * and a file that is shorter than asked, shrinks or changes while it is
  * read fails with a message that names it, never a signal.
+ *
+ * fstat is wrapped (-Wl,--wrap=fstat): a test can make its n-th call from
+ * now fail with an errno, as a network filesystem's getattr can.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -22,6 +25,23 @@
 #include "base/file.h"
 #include "base/path.h"
 #include "testutil.h"
+
+/* ---- fault injection ---- */
+
+static int fstat_fail_at, fstat_errno; /* the call (1: the next) to fail, 0: none */
+
+int __real_fstat(int fd, struct stat *st);
+int __wrap_fstat(int fd, struct stat *st);
+
+int
+__wrap_fstat(int fd, struct stat *st)
+{
+	if (fstat_fail_at > 0 && --fstat_fail_at == 0) {
+		errno = fstat_errno;
+		return -1;
+	}
+	return __real_fstat(fd, st);
+}
 
 struct fixture {
 	char *dir;
@@ -245,6 +265,29 @@ test_reopen_only_regular_files(void **state)
 	assert_int_equal(tu_count_fds(), before);
 }
 
+/*
+ * An fstat of the reopened descriptor that fails is reported with its
+ * reason, not as "not the same file" (which sends an operator looking for
+ * a replaced file that is not there), and the descriptor is closed.
+ */
+static void
+test_reopen_fstat_fails(void **state)
+{
+	struct fixture *f = *state;
+	int fd, before = tu_count_fds();
+
+	fd = open(f->path, O_RDONLY | O_CLOEXEC);
+	assert_true(fd >= 0);
+	fstat_errno = EIO;
+	fstat_fail_at = 2; /* the first is of fd, the second of the new one */
+	assert_int_equal(fd_reopen_read_only(fd, "m.bin"), -EIO);
+	fstat_fail_at = 0;
+	if (strcmp(error_get(), "m.bin: fstat: Input/output error") != 0)
+		fail_msg("message \"%s\"", error_get());
+	close(fd);
+	assert_int_equal(tu_count_fds(), before);
+}
+
 int
 main(void)
 {
@@ -257,6 +300,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_check_unchanged, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_read_bytes_max_head, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_reopen_only_regular_files, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_reopen_fstat_fails, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
