@@ -580,7 +580,10 @@ load_after(struct workq_job *w, int status)
 		if (q->done != NULL)
 			q->done(0, "already warming as the next generation", m->pending->number,
 				q->arg);
-	} else if (q->reload && same_inodes(m->current, &q->source)) {
+	} else if (q->reload && same_inodes(m->current, &q->source) &&
+		m->current->state != GEN_FAILED) {
+		/* (A generation that failed while warming serves nothing: its
+		 * files are loaded again, a new generation, below.) */
 		if (q->done != NULL && m->current->state == GEN_MODIFIED)
 			q->done(-ESTALE, "its files were modified in place; replace them with "
 					 "rename(2) and reload again", 0, q->arg);

@@ -240,6 +240,33 @@ test_warm_failed(void **state)
 	free(path);
 }
 
+/* A reload of a model whose generation failed while warming (a transient
+ * EIO) loads its files again, though they are the same inodes: the failed
+ * generation serves nothing, so "unchanged" would leave the model refusing
+ * every attach until its files were replaced or wcached restarted. */
+static void
+test_reload_after_warm_failed(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 64 * 1024);
+	struct registry_attachment a;
+	char msg[256];
+
+	atomic_store(&fail_reads, 1);
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 1), 0);
+	du_wait_state(t, "m", false, GEN_FAILED);
+	atomic_store(&fail_reads, 0);
+	assert_int_equal(du_reload(t, "m"), 0);
+	assert_string_not_equal(t->message, "unchanged");
+	du_wait_state(t, "m", false, GEN_READY);
+	assert_int_equal(du_current(t, "m")->number, 2);
+	assert_int_equal(registry_attach(&t->reg, "m", &root_peer, &a, msg, sizeof(msg)), 0);
+	registry_release(&t->reg, a.gen);
+	du_settle(t);
+	assert_int_equal(du_generations(t), 1); /* the failed one closed */
+	free(path);
+}
+
 static void
 test_failed_replacement_never_current(void **state)
 {
@@ -821,6 +848,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_load_without_warming, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_load_warm, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_warm_failed, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_reload_after_warm_failed, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_failed_replacement_never_current, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_promote, setup, teardown),
