@@ -40,6 +40,7 @@
 #include "warm.h"
 #include "derive.h"
 #include "watch.h"
+#include "workq.h"
 
 #define DEFAULT_CONFIG "/etc/wcached.conf"
 /* Threads of the work queue unless UV_THREADPOOL_SIZE says otherwise. */
@@ -428,12 +429,14 @@ main(int argc, char **argv)
 	workq_default_pool_size(WORK_THREADS);
 	if ((r = uv_loop_init(&d.loop)) < 0)
 		fatalx("uv_loop_init: %s", uv_strerror(r));
+	if (workq_start_pool(&d.loop) < 0)
+		fatalx("%s", error_get());
 	if (closer_start(&d.closer) < 0)
 		fatalx("closer: out of memory");
 	wopt.threads = (unsigned)d.cfg->prefetch_threads;
 	if ((r = warm_pool_new(&d.loop, &wopt, &d.pool)) < 0)
-		fatalx("cannot start %d prefetch threads: %s", d.cfg->prefetch_threads,
-			strerror(-r));
+		fatalx("cannot start %d prefetch threads: %s%s", d.cfg->prefetch_threads,
+			strerror(-r), workq_thread_hint(r));
 	if (!fdstore && registry_init(&d.reg, &d.loop, d.pool) < 0)
 		fatalx("%s", error_get());
 	if (fdstore) {

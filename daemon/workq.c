@@ -4,10 +4,15 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include "base/error.h"
 #include "log.h"
 #include "workq.h"
 
@@ -41,6 +46,114 @@ workq_default_pool_size(unsigned threads)
 		return;
 	snprintf(buf, sizeof(buf), "%u", threads);
 	setenv("UV_THREADPOOL_SIZE", buf, 0);
+}
+
+const char *
+workq_thread_hint(int err)
+{
+	return err == -EAGAIN ? " (a limit on tasks: the user's RLIMIT_NPROC, the unit's "
+		"TasksMax=, the container's pids limit)" : "";
+}
+
+/* Threads of the probe: each notes its id, then waits to be let go. */
+struct probe {
+	pthread_mutex_t lock;
+	pthread_cond_t go;
+	int released;
+	pid_t *tids;
+};
+
+struct probe_thread {
+	struct probe *p;
+	unsigned i;
+};
+
+static void *
+probe_run(void *arg)
+{
+	struct probe_thread *t = arg;
+	struct probe *p = t->p;
+
+	pthread_mutex_lock(&p->lock);
+	p->tids[t->i] = gettid();
+	while (!p->released)
+		pthread_cond_wait(&p->go, &p->lock);
+	pthread_mutex_unlock(&p->lock);
+	return NULL;
+}
+
+/* A joined thread still counts against the limits until the kernel has
+ * reaped it, which it does just before its /proc/self/task entry goes: waits
+ * for that (microseconds; 1 s at most), so libuv's threads find the room the
+ * probe's left. */
+static void
+wait_reaped(pid_t tid)
+{
+	char path[64];
+	struct stat st;
+
+	snprintf(path, sizeof(path), "/proc/self/task/%d", (int)tid);
+	for (int i = 0; i < 1000 && stat(path, &st) == 0; i++)
+		usleep(1000);
+}
+
+static void
+first_run(uv_work_t *req)
+{
+	(void)req;
+}
+
+static void
+first_after(uv_work_t *req, int status)
+{
+	(void)req;
+	(void)status;
+}
+
+int
+workq_start_pool(uv_loop_t *loop)
+{
+	static uv_work_t first;
+	unsigned n = workq_pool_size(), started = 0;
+	struct probe p = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, NULL };
+	struct probe_thread *args = calloc(n, sizeof(*args));
+	pthread_t *threads = calloc(n, sizeof(*threads));
+	sigset_t all, old;
+	int err = 0;
+
+	p.tids = calloc(n, sizeof(*p.tids));
+	if (args == NULL || threads == NULL || p.tids == NULL) {
+		free(args);
+		free(threads);
+		free(p.tids);
+		return error_set(-ENOMEM, "cannot start %u work threads: out of memory", n);
+	}
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	for (; started < n; started++) {
+		args[started] = (struct probe_thread){ &p, started };
+		if ((err = -pthread_create(&threads[started], NULL, probe_run,
+			     &args[started])) != 0)
+			break;
+	}
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	pthread_mutex_lock(&p.lock);
+	p.released = 1;
+	pthread_cond_broadcast(&p.go);
+	pthread_mutex_unlock(&p.lock);
+	for (unsigned i = 0; i < started; i++)
+		pthread_join(threads[i], NULL);
+	for (unsigned i = 0; i < started; i++)
+		wait_reaped(p.tids[i]);
+	free(args);
+	free(threads);
+	free(p.tids);
+	if (err != 0)
+		return error_set(err, "cannot start %u work threads: %s%s", n, strerror(-err),
+			workq_thread_hint(err));
+	if ((err = uv_queue_work(loop, &first, first_run, first_after)) < 0)
+		return error_set(err, "cannot start %u work threads: %s", n, uv_strerror(err));
+	return 0;
 }
 
 uint64_t

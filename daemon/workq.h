@@ -70,6 +70,19 @@ unsigned workq_pool_size(void);
  * Before anything is queued (libuv reads it once). */
 void workq_default_pool_size(unsigned threads);
 
+/* Starts libuv's pool of workq_pool_size() threads now, at start, rather
+ * than at the first job: libuv aborts the process without a word when one of
+ * them cannot be created (EAGAIN under a tasks limit: RLIMIT_NPROC, a
+ * unit's TasksMax=, a container's pids limit). So the threads are first
+ * created and ended here; only when all could be does libuv create its own.
+ * 0, or -errno with error_get() saying so ("cannot start 8 work threads:
+ * ..."). Once, before anything is queued on loop. */
+int workq_start_pool(uv_loop_t *loop);
+
+/* The words after "cannot start N ... threads: <strerror(-err)>" that say
+ * what may be in the way: a tasks limit for -EAGAIN, else "". */
+const char *workq_thread_hint(int err);
+
 /* Initialises q on loop with the process's pool size. */
 void workq_init(struct workq *q, uv_loop_t *loop, uint64_t stall_ms);
 

@@ -77,11 +77,11 @@ class Daemon(Wcached):
     is set, with wcachectl attach at hand."""
 
     def __init__(self, tmp, models, extra="", prefetch_threads=2, user=None, nofile=None,
-                 cgroup=None, log_level="debug"):
+                 nproc=None, cgroup=None, log_level="debug"):
         # user: (uid, gid) to run as, unprivileged; default WCACHE_TEST_USER.
         user = user if user is not None else (parse_user(TEST_USER) if TEST_USER else None)
         super().__init__(tmp, models, extra, prefetch_threads=prefetch_threads, user=user,
-                         nofile=nofile, cgroup=cgroup, log_level=log_level)
+                         nofile=nofile, nproc=nproc, cgroup=cgroup, log_level=log_level)
 
     def attach(self, name, *extra):
         return subprocess.run([binary("wcachectl"), "attach", name, "--socket", self.socket,

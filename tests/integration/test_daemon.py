@@ -391,6 +391,35 @@ def test_a_worker_out_of_descriptors_is_told_so(daemon):
     assert_serving(daemon)
 
 
+# A uid no other test runs as: RLIMIT_NPROC counts all of its user's tasks.
+NPROC_USER = (64117, 64117)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs wcached as a user of its own (needs root)")
+@pytest.mark.parametrize("nproc,which", [(5, "8 work"), (9, "2 prefetch")])
+def test_a_tasks_limit_at_start_is_an_error_not_an_abort(tmp_path, model, nproc, which):
+    """Under a tasks limit too low for its threads (RLIMIT_NPROC here; a
+    unit's TasksMax= and a container's pids limit alike) wcached exits 1 with
+    one line naming the threads, the reason and the limits in question.
+    Before, with room for the prefetch threads but not for libuv's 8 work
+    threads (nproc 5), libuv aborted it at its first job: SIGABRT and not a
+    word in the log. With room for everything (1 + 8 + 2) it serves."""
+    d = Daemon(tmp_path, {"small": model}, user=NPROC_USER, nproc=nproc)
+    with pytest.raises(AssertionError, match="exited with 1"):
+        d.start()
+    d.stop()
+    # Under ASan, LeakSanitizer's own thread may fail after it at exit.
+    assert (f"wcached: fatal: cannot start {which} threads: Resource temporarily "
+            "unavailable (a limit on tasks: the user's RLIMIT_NPROC, the unit's "
+            "TasksMax=, the container's pids limit)") in d.read_log().splitlines(), d.read_log()
+
+    d = Daemon(tmp_path, {"small": model}, user=NPROC_USER, nproc=11).start()
+    try:
+        assert_serving(d)
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
 def test_release_unknown_handle(daemon):
     s = raw_client(daemon)
     s.send(message(2, struct.pack("<Q", 12345)))

@@ -98,18 +98,20 @@ class Wcached:
     models maps a model name to its path, or to (path, {key: value, ...})
     for the model's other keys (pin, warm, ...); extra is text for the
     [wcached] section. user (uid, gid) runs the daemon unprivileged (the
-    directory is opened to it); nofile sets its RLIMIT_NOFILE; cgroup is a
+    directory is opened to it); nofile sets its RLIMIT_NOFILE, nproc its
+    RLIMIT_NPROC (tasks of its user, threads included); cgroup is a
     cgroup directory (v1 or v2) it starts in; wcached is the program to run
     (default: the build's). The log is the file self.log;
     wait_for_log() waits for a line in it and tells when it first saw it.
     """
 
     def __init__(self, directory, models, extra="", *, prefetch_threads=2, log_level="debug",
-                 user=None, nofile=None, wcached=None, cgroup=None):
+                 user=None, nofile=None, nproc=None, wcached=None, cgroup=None):
         self.dir = directory
         self.cgroup = cgroup
         self.user = user
         self.nofile = nofile
+        self.nproc = nproc
         self.wcached = wcached
         if self.user is not None:
             open_to(directory, *self.user)
@@ -147,15 +149,17 @@ class Wcached:
         cmd = [self.wcached or build_binary("wcached"), "-c", self.conf, *args]
         if self.user is not None:
             cmd = as_user(*self.user) + cmd
-        nofile, cgroup = self.nofile, self.cgroup
+        nofile, nproc, cgroup = self.nofile, self.nproc, self.cgroup
 
         def before_exec():
             if nofile is not None:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+            if nproc is not None:
+                resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
             if cgroup is not None:
                 with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
                     f.write("0")
-        prepare = before_exec if nofile is not None or cgroup is not None else None
+        prepare = before_exec if (nofile, nproc, cgroup) != (None, None, None) else None
         self.started = time.monotonic()
         self.proc = subprocess.Popen(cmd, stderr=self.logf, env=env, preexec_fn=prepare)
         self.wait_listening(timeout)
