@@ -45,13 +45,26 @@ def fd_count(pid):
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def threads_in_close(pid):
-    """Threads of pid blocked in close(2) now (x86-64 syscall 3)."""
+# The kernel function a close(2) on FUSE waits in for its server's answer.
+FUSE_WAIT = "request_wait_answer"
+
+
+def threads_in_close(pid, waiting_in=None):
+    """Threads of pid blocked in close(2) now (x86-64 syscall 3); with
+    waiting_in, only those sleeping in that kernel function (their wchan):
+    FUSE_WAIT for a close that waits on a FUSE server, not one that happens
+    to be in a quick close of something else."""
     n = 0
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{tid}/syscall") as f:
-                n += f.read().split()[0] == "3"
+                if f.read().split()[0] != "3":
+                    continue
+            if waiting_in is not None:
+                with open(f"/proc/{pid}/task/{tid}/wchan") as f:
+                    if f.read().strip() != waiting_in:
+                        continue
+            n += 1
         except (OSError, IndexError):
             pass
     return n

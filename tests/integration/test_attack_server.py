@@ -24,7 +24,8 @@ import time
 
 import pytest
 
-from conftest import TEST_USER, mkmodel, settled_fd_count, threads_in_close, wait_until
+from conftest import (FUSE_WAIT, TEST_USER, mkmodel, settled_fd_count, threads_in_close,
+                      wait_until)
 from remotefs import RemoteFS, skip_reason  # tests/pyutil, on the path conftest set
 from test_regressions import (ATTACH, ATTACH_OK, ERROR, SHORT, SMALL, attach_raw, cpu_seconds,
                               message, nofile, raw_client, ready, receive, set_nofile)
@@ -146,7 +147,7 @@ def test_out_of_descriptors_with_the_spare_lost_does_not_spin(start, tmp_path):
                 fs.freeze()
                 wait_until(lambda: threads_stopped(fs.proc.pid), timeout=SHORT,
                            interval=0.001, what="remotefs to stop")
-            wait_until(lambda: threads_in_close(pid) >= 1, timeout=30,
+            wait_until(lambda: threads_in_close(pid, FUSE_WAIT) >= 1, timeout=30,
                        what="wcached to be closing the file on the hung server")
             settled_fd_count(pid)
             fds = [int(x) for x in os.listdir(f"/proc/{pid}/fd")]
@@ -176,7 +177,8 @@ def test_out_of_descriptors_with_the_spare_lost_does_not_spin(start, tmp_path):
                 s.send(message(ATTACH, b"small"))
             mtype, payload = reply_or_refusal(s)
             assert mtype == ERROR and b"out of file descriptors" in payload, payload
-            assert threads_in_close(pid) >= 1, "the close ended early: nothing was tested"
+            assert threads_in_close(pid, FUSE_WAIT) >= 1, \
+                "the close ended early: nothing was tested"
             # No spare now: a client waiting in the backlog made the old
             # loop spin.
             waiter = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)

@@ -27,7 +27,7 @@ import time
 
 import pytest
 
-from conftest import Daemon, binary, threads_in_close, wait_until
+from conftest import FUSE_WAIT, Daemon, binary, threads_in_close, wait_until
 from ctlutil import ctl, daemons, model_entry, running_daemons, status
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
@@ -481,7 +481,7 @@ def test_closing_a_model_on_a_hung_remote_filesystem_stalls_nothing(start, tmp_p
         unload = subprocess.Popen([binary("wcachectl"), "--control", d.control, "unload", "r"],
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         d.wait_for_log(r'model "r": generation 1 closed', timeout=30)
-        wait_until(lambda: threads_in_close(d.proc.pid) >= 1, timeout=10,
+        wait_until(lambda: threads_in_close(d.proc.pid, FUSE_WAIT) >= 1, timeout=10,
                    what="a thread of wcached blocked closing r's files on the frozen server")
         r, took = answered(5, "status while a close waits on the frozen server",
                            lambda t: ctl(d, "--json", "status", timeout=t))
@@ -494,7 +494,8 @@ def test_closing_a_model_on_a_hung_remote_filesystem_stalls_nothing(start, tmp_p
               f"{took:.3f} s")
         (out, _), _ = answered(5, "unload r", lambda t: unload.communicate(timeout=t))
         assert unload.returncode == 0, out
-        assert threads_in_close(d.proc.pid) >= 1, "the close ended early: nothing was tested"
+        assert threads_in_close(d.proc.pid, FUSE_WAIT) >= 1, \
+            "the close ended early: nothing was tested"
     finally:
         remote.thaw()
         if unload is not None:
