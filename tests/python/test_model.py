@@ -184,6 +184,69 @@ def test_first_torch_from_two_threads_at_once(f32_model, monkeypatch, mode):
     assert k > 5
 
 
+# What a Model keeps between calls; close() drops all of it.
+_KEPT = ("_table", "_names", "_span", "_region", "_torch_state")
+
+
+def _calls_that_keep_state():
+    """(name, call on a model, the function of it that stores state on the
+    model): each call a test races with close()."""
+    from wcache import _torch
+    from wcache.model import Model
+    return {
+        "keys": (lambda m: m.keys(), Model._tab),
+        "info": (lambda m: m.info("a.weight"), Model.info),
+        "numpy": (lambda m: (m.keys(), m.numpy("a.weight"))[1], Model._slice),
+        "raw_region": (lambda m: m._raw_region(), Model._raw_region),
+        "torch": (lambda m: m.torch("a.weight"), _torch._state_of),
+        "torch_c_region": (lambda m: (m.keys(), m.torch("a.weight"))[1], _torch._State._via_c),
+    }
+
+
+@pytest.mark.parametrize("call", ["keys", "info", "numpy", "raw_region", "torch",
+                                  "torch_c_region"])
+def test_a_model_closed_mid_call_keeps_nothing(f32_model, call):
+    """A call on a model that another thread closes meanwhile raises
+    ValueError "closed" or returns its result, and once close() and the
+    call have returned (and the result is dropped) the closed model holds
+    nothing: no table, region, infos or torch state, and no mapping of the
+    file is left while the closed Model object lives. Another thread's
+    close() runs before each bytecode of the function that stores that
+    state in turn. Before, a call that had made its table (Model._tab), its
+    region (_slice, _raw_region), a TensorInfo (info) or its torch state
+    (wcache._torch._state_of) stored it after close() had cleared the
+    model, so the closed model kept the table, or kept the mapping (and,
+    attached, the daemon's model) alive through the region or the torch
+    state's writable view; and close() left _span behind."""
+    path, arrays = f32_model
+    fn, code = _calls_that_keep_state()[call]
+    k = 0
+    while True:
+        model = wcache.open_file(path)
+        got = []
+        errors, other_errors, ran = other_thread_before(
+            code.__code__, k, lambda: got.append(fn(model)), model.close, opcodes=True)
+        assert not other_errors, (k, other_errors)
+        assert all(isinstance(e, ValueError) and "closed" in str(e) for e in errors), \
+            f"{call} with close() before bytecode {k} of {code.__qualname__}: {errors!r}"
+        if call in ("numpy", "torch", "torch_c_region") and got:
+            assert np.array_equal(np.asarray(got[0]), arrays["a.weight"])
+        model.close()  # once k is past the call's last bytecode, close() ran after it
+        del got, errors
+        gc.collect()
+        left = [a for a in _KEPT if getattr(model, a) is not None]
+        assert not left and not model._infos, \
+            f"{call} with close() before bytecode {k} of {code.__qualname__}: the closed " \
+            f"model keeps {left or 'infos'}"
+        assert file_mappings(path) == 0, \
+            f"{call} with close() before bytecode {k} of {code.__qualname__}: the closed " \
+            f"model keeps the mapping"
+        if not ran:
+            break
+        k += 1
+    assert k > 10
+
+
 def test_torch_is_zero_copy_and_shares_page_cache(f32_model):
     """The torch tensor's memory is a file mapping (shared page cache), not
     anonymous memory: its address lies in a mapping of the model's inode."""

@@ -116,10 +116,13 @@ def tensor(model, info):
 
 def _state_of(model):
     """model's _State, made by one thread on first use: the others wait for
-    it, so every tensor of the model is on the same writable memory."""
+    it, so every tensor of the model is on the same writable memory.
+    ValueError once the model is closed (checked under the lock close()
+    takes: a state kept on a closed model would keep its mapping)."""
     state = model._torch_state
     if state is None:
         with model._lock:
+            model._h()
             state = model._torch_state
             if state is None:
                 state = model._torch_state = _State()
@@ -276,11 +279,15 @@ class _State:
         if not self.c_ok:
             reasons.append(self.reason)
             return None
-        if self.c_region is None and model._span is not None and model._names is not None:
-            lo, hi = model._span
-            self.c_region = _view(h, lo, (hi - lo,), "|u1", readonly=False)
-        if self.c_region is not None:
-            return model._slice(info, carrier, writable_region=self.c_region)
+        region = self.c_region
+        span = model._span  # read once: close() in another thread clears it
+        if region is None and span is not None:
+            lo, hi = span
+            region = self.c_region = _view(h, lo, (hi - lo,), "|u1", readonly=False)
+        if region is not None:
+            arr = model._slice(info, carrier, writable_region=region)
+            if arr is not None:  # None: the model was closed meanwhile
+                return arr
         return _view(h, info.data, info.shape, carrier, readonly=False)
 
     def _cow(self, h):

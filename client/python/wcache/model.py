@@ -172,12 +172,21 @@ class Model:
 
     def close(self):
         """Closes this object. Arrays and tensors made from it stay valid;
-        the mapping goes when the last of them does."""
-        if self._handle is not None:
+        the mapping goes when the last of them does.
+
+        Under the model's lock, which every call that keeps state on the
+        model (_tab, _keep_region, wcache._torch._state_of) stores it under
+        after checking the model is open: a call that another thread's
+        close() overtakes returns what it made without keeping it, so a
+        closed model holds nothing that keeps the mapping alive."""
+        with self._lock:
+            if self._handle is None:
+                return
             self._handle = None
             self._infos = {}
             self._names = None
             self._table = None
+            self._span = None
             self._region = None
             self._torch_state = None
 
@@ -200,11 +209,11 @@ class Model:
         table = self._table
         if table is None:
             with self._lock:
-                if self._table is None:
-                    self._table = Table(h)
-                    self._span = self._table.span
-                    self._names = self._table.names
                 table = self._table
+                if table is None:
+                    table = Table(h)
+                    if self._handle is h:  # else closed meanwhile: keep nothing
+                        self._table, self._span, self._names = table, table.span, table.names
         return table
 
     def _all(self):
@@ -216,14 +225,15 @@ class Model:
         table of all tensors has not been read. The big array spans every
         tensor of the model (and whatever lies between files); it is never
         handed out, only slices of it that cover one tensor each."""
-        if self._span is None or self._names is None or not info.nbytes:
+        span = self._span  # read once: close() in another thread clears it
+        if span is None or not info.nbytes:
             return None
-        lo, hi = self._span
+        lo, hi = span
         region = writable_region
         if region is None:
             region = self._region
             if region is None:
-                region = self._region = _view(self._h(), lo, (hi - lo,), "|u1")
+                region = self._keep_region(_view(self._h(), lo, (hi - lo,), "|u1"))
         off = info.data - lo
         return region[off:off + info.nbytes].view(typestr).reshape(
             info.shape if shape is None else shape)
@@ -233,13 +243,27 @@ class Model:
         region = self._region  # read once: close() in another thread clears it
         if region is None:
             lo, hi = self._tab().span
-            region = self._region = _view(self._h(), lo, (hi - lo,), "|u1")
+            region = self._keep_region(_view(self._h(), lo, (hi - lo,), "|u1"))
         return region
+
+    def _keep_region(self, region):
+        """The model's region: region, now kept, unless another thread kept
+        one first (then that one) or closed the model (then region, kept
+        nowhere: it holds the handle, and so the mapping)."""
+        with self._lock:
+            if self._handle is None:
+                return region
+            if self._region is None:
+                self._region = region
+            return self._region
 
     def info(self, name):
         """The :class:`TensorInfo` of tensor name; KeyError if there is none."""
+        # The dict before the handle: close() clears the handle first, then
+        # replaces the dict, so a call close() overtakes fills the old one.
+        infos = self._infos
         h = self._h()
-        info = self._infos.get(name)
+        info = infos.get(name)
         if info is not None:
             return info
         if not isinstance(name, str):
@@ -249,7 +273,7 @@ class Model:
             i = table.position(name)
             if i is None:
                 raise MissingTensor(f"model {h.label!r} has no tensor {name!r}")
-            info = self._infos[name] = table.info(i)
+            info = infos[name] = table.info(i)
             return info
         if "\0" in name:
             # No file has such a name (the parser refuses it); C would look
@@ -261,8 +285,7 @@ class Model:
         if rc == -errno.ENOENT:
             raise MissingTensor(f"model {h.label!r} has no tensor {name!r}")
         check(rc)
-        info = _info(t)
-        self._infos[name] = info
+        info = infos[name] = _info(t)
         return info
 
     def keys(self):
