@@ -21,6 +21,8 @@ checks:
                    every byte; the Pss of the model's mappings in them and
                    in wcached adds up to one copy (within 10%)
   confined         every container and its conmon are in the test's cgroup
+  pids_limit       the daemon's image under --pids-limit 6 exits 1 naming its
+                   threads and the limit (not an abort); under 11 it serves
   daemon_replaced  while the 8 workers attach, check a tensor and release
                    in a loop, the daemon's Pod is stopped and started again
                    (a rolling update): no byte differs, every worker
@@ -293,6 +295,44 @@ def check_shared_copy(run, spec):
     return detail
 
 
+def check_pids_limit(run):
+    """The daemon's image under a container pids limit too low for its
+    threads (podman run --pids-limit 6; a kubelet's podPidsLimit alike):
+    wcached exits 1 with one line naming the threads and the limits in
+    question (before: libuv aborted it, SIGABRT, not a word). With room for
+    them (1 + 8 work + 2 prefetch: --pids-limit 11) the same start serves."""
+    tag = next(c["image"] for c in run.daemonset["spec"]["template"]["spec"]["containers"]
+               if c["name"] == "wcached")
+    conf = os.path.join(run.work, "pids-limit.conf")
+    with open(conf, "w") as f:
+        f.write("[wcached]\nsocket = /tmp/wcached.sock\ncontrol = /tmp/control.sock\n"
+                "prefetch_threads = 2\n")
+    os.chmod(conf, 0o644)
+    argv = ["--network", "none", "--cgroup-parent", run.podman.cgroup.parent, "--volume",
+            f"{conf}:/etc/pids-limit.conf:ro"]
+    cmd = [tag, "/usr/sbin/wcached", "-c", "/etc/pids-limit.conf"]
+    want = ("wcached: fatal: cannot start 8 work threads: Resource temporarily unavailable (a "
+            "limit on tasks: the user's RLIMIT_NPROC, the unit's TasksMax=, the container's "
+            "pids limit)")
+    r = run.podman("run", "--rm", "--pids-limit", "6", *argv, *cmd, check=False, timeout=60)
+    if r.returncode != 1 or want not in r.stderr.splitlines():
+        raise Failure(f"under --pids-limit 6 wcached exited with {r.returncode} (wanted 1 and "
+                      f"{want!r}): {r.stderr.strip()[-400:]}")
+    name = f"pids-limit-{NODE}"
+    run.podman("run", "--detach", "--name", name, "--pids-limit", "11", *argv, *cmd)
+    try:
+        def serving():
+            if "serving on /tmp/wcached.sock" in run.logs(name):
+                return True
+            if not run.podman.inspect(name)["State"]["Running"]:
+                raise Failure(f"under --pids-limit 11 wcached exited: {run.logs(name)[-400:]}")
+            return False
+        wait_for("wcached to serve under --pids-limit 11", serving, 30, interval=0.1)
+    finally:
+        run.podman("rm", "--force", "--time", "0", name, check=False)
+    return "--pids-limit 6: exit 1, the threads and the limit named; --pids-limit 11: serving"
+
+
 def check_confined(run):
     """Each container's processes in the test's cgroup in every hierarchy;
     conmon in the test's where podman moves it (the controllers) and
@@ -454,6 +494,7 @@ def main():
                             ("worker_manifest", lambda: check_worker_manifest(run)),
                             ("shared_copy", lambda: check_shared_copy(run, spec)),
                             ("confined", lambda: check_confined(run)),
+                            ("pids_limit", lambda: check_pids_limit(run)),
                             ("daemon_replaced", lambda: check_daemon_replaced(run))):
             t = time.monotonic()
             try:
