@@ -15,7 +15,7 @@ import torch
 import wcache
 import wcache.numpy as wnp
 import wcache.torch as wtorch
-from pyhelpers import PYDIR
+from pyhelpers import PYDIR, other_thread_before
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -638,6 +638,65 @@ print(safetensors.torch.load_file({str(path)!r})["w"].tolist())
     assert r.returncode == 0 and "[1.0, 1.0]" in r.stdout, r.stderr
     r = run_standin(code, {"WCACHE_SAFETENSORS": ""}, tmp_path)
     assert r.returncode != 0 and "upstream load_file called" in r.stderr
+
+
+@pytest.fixture
+def standin_unpatched(monkeypatch):
+    """The stand-in safetensors package (tests/python/standin), imported
+    and not patched: (its upstream objects wcache.install() replaces, by
+    (module, attribute)). Afterwards uninstalled, its hook removed and the
+    package forgotten."""
+    import importlib
+    from wcache import _install
+    monkeypatch.syspath_prepend(os.path.join(HERE, "standin"))
+    saved = {k: sys.modules.pop(k) for k in list(sys.modules)
+             if k == "safetensors" or k.startswith("safetensors.")}
+    importlib.import_module("safetensors.torch")
+    upstream = {(m, a): getattr(sys.modules[m], a)
+                for m, attrs in [("safetensors", ["safe_open"]),
+                                 ("safetensors.torch", ["safe_open", "load_file", "load_model"])]
+                for a in attrs}
+    try:
+        yield upstream
+    finally:
+        wcache.uninstall()
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _install._Hook)]
+        for k in [k for k in sys.modules if k == "safetensors" or k.startswith("safetensors.")]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+
+
+@pytest.mark.parametrize("other", ["install", "uninstall"])
+def test_patching_on_import_while_another_thread_installs_or_uninstalls(
+        standin_unpatched, monkeypatch, other):
+    """The import hook's patching (install_from_environment with
+    WCACHE_SAFETENSORS=1 and safetensors imported: what the .pth runs) with
+    another thread's whole install() or uninstall() before each line of
+    _install._patch in turn: whatever order they took, one uninstall()
+    afterwards puts every upstream object back. Before, the hook patched
+    without the lock install() and uninstall() hold: an install() between
+    its check of _saved and its read of the attribute made it save
+    wcache's safe_open as upstream's (which uninstall() then put back), and
+    an uninstall() between its save and its setattr left safetensors
+    patched with nothing saved (install fails at line 4, uninstall at 5)."""
+    from wcache import _install
+    upstream = standin_unpatched
+    monkeypatch.setenv(_install.ENV, "1")
+    k = 0
+    while True:
+        errors, other_errors, ran = other_thread_before(
+            _install._patch.__code__, k, _install.install_from_environment,
+            getattr(wcache, other))
+        assert not errors and not other_errors, (k, errors, other_errors)
+        wcache.uninstall()
+        for (module, attr), obj in upstream.items():
+            assert getattr(sys.modules[module], attr) is obj, \
+                f"{other}() before line {k} of _patch: {module}.{attr} is not upstream's " \
+                f"after uninstall()"
+        if not ran:
+            break
+        k += 1
+    assert k > 5
 
 
 def test_connect_timeout(daemon):

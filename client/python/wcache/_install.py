@@ -34,12 +34,21 @@ from . import _lib
 __all__ = ["install", "uninstall", "ENV"]
 
 ENV = "WCACHE_SAFETENSORS"
+# Guards _saved, the patched modules' attributes and the hook's place in
+# sys.meta_path: install(), uninstall() and the hook's patching each change
+# them as one step. Never held while importing: an import under it could
+# wait for a module another thread is importing through the hook, whose
+# patching waits for the lock.
 _lock = threading.Lock()
 _saved = {}  # (module name, attribute) -> upstream's object
 
 
 def _patch(module_name, attrs):
+    """Puts attrs on module_name, saving upstream's objects the first time.
+    The caller holds _lock."""
     module = sys.modules[module_name]
+    if module_name == "safetensors":
+        _adopt_error_class(getattr(module, "SafetensorError", None))
     for attr, value in attrs.items():
         key = (module_name, attr)
         if key not in _saved and hasattr(module, attr):
@@ -58,30 +67,45 @@ def _adopt_error_class(upstream):
         pass
 
 
-def _patch_top(module_name="safetensors"):
+def _top_attrs():
     from ._safe_open import safe_open
-    _adopt_error_class(getattr(sys.modules[module_name], "SafetensorError", None))
-    _patch(module_name, {"safe_open": safe_open})
+    return {"safe_open": safe_open}
 
 
-def _patch_torch(module_name="safetensors.torch"):
+def _torch_attrs():
     from . import torch as wtorch
     from ._safe_open import safe_open
-    _patch(module_name, {"safe_open": safe_open, "load_file": wtorch.load_file,
-                         "load_model": wtorch.load_model})
+    return {"safe_open": safe_open, "load_file": wtorch.load_file,
+            "load_model": wtorch.load_model}
+
+
+# module -> what install() puts on it (imported when called)
+_ATTRS = {"safetensors": _top_attrs, "safetensors.torch": _torch_attrs}
+
+
+def _patch_if_hooked(module_name):
+    """The hook's patching of module_name, once imported: skipped when
+    uninstall() has removed the hook meanwhile."""
+    attrs = _ATTRS[module_name]()
+    with _lock:
+        if any(isinstance(f, _Hook) for f in sys.meta_path):
+            _patch(module_name, attrs)
 
 
 def install():
     """Patches the installed safetensors package (see the module comment).
     Raises ModuleNotFoundError when there is none. Idempotent."""
+    importlib.import_module("safetensors")
+    names = ["safetensors"]
+    try:
+        importlib.import_module("safetensors.torch")
+        names.append("safetensors.torch")
+    except ImportError:  # no torch: the top-level safe_open is patched
+        pass
+    attrs = [(name, _ATTRS[name]()) for name in names]
     with _lock:
-        importlib.import_module("safetensors")
-        _patch_top()
-        try:
-            importlib.import_module("safetensors.torch")
-        except ImportError:  # no torch: the top-level safe_open is patched
-            return
-        _patch_torch()
+        for name, what in attrs:
+            _patch(name, what)
 
 
 def uninstall():
@@ -117,11 +141,8 @@ class _PatchingLoader:
 class _Hook:
     """Patches safetensors and safetensors.torch when they are imported (a
     meta path finder by its find_spec method)."""
-    targets = {"safetensors": _patch_top, "safetensors.torch": _patch_torch}
-
     def find_spec(self, name, path=None, target=None):
-        patch = self.targets.get(name)
-        if patch is None:
+        if name not in _ATTRS:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -129,7 +150,7 @@ class _Hook:
             spec = finder.find_spec(name, path, target)
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _PatchingLoader(spec.loader, patch)
+                    spec.loader = _PatchingLoader(spec.loader, _patch_if_hooked)
                 return spec
         return None
 
@@ -143,7 +164,7 @@ def install_from_environment():
     with _lock:
         if not any(isinstance(f, _Hook) for f in sys.meta_path):
             sys.meta_path.insert(0, _Hook())
-    for name, patch in _Hook.targets.items():
+    for name in _ATTRS:
         if name in sys.modules:
-            patch(name)
+            _patch_if_hooked(name)
     return True
