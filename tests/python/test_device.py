@@ -656,3 +656,44 @@ def test_threads_loading_neighbours_do_not_register_a_page_twice(odd_model):
     assert not errors, errors
     _check_exact(results, raw)
     assert backend.registered == {}
+
+
+def test_a_model_closed_while_its_copy_is_in_flight(odd_model):
+    """to_device keeps the model's mapping until its copies are done, even
+    when another thread closes the model meanwhile and per_tensor (here a
+    function that holds nothing of the model) keeps nothing alive:
+    another thread's close() runs before each line of Engine.copy_plan in
+    turn, and every load is byte-exact. In a child process: before, close()
+    dropped the last reference to the handle, the file was unmapped, and
+    the CPU backend's copies (run when the stream is synchronised) read
+    unmapped memory (SIGSEGV at line 0)."""
+    from pyhelpers import run_python
+    path, _ = odd_model
+    code = f"""
+import sys
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+import torch, wcache
+from pyhelpers import other_thread_before
+from wcache._device import CpuBackend, Engine, to_device
+ref = wcache.open_file({path!r})  # a handle of its own: the expected bytes
+k = 0
+while True:
+    model = wcache.open_file({path!r})
+    names = model.offset_keys()
+    got = []
+    load = lambda: got.append(to_device(model, names, torch.device("cpu"), lambda name: None,
+                                        backend=CpuBackend(), small=0, max_batch=4096))
+    errors, other_errors, ran = other_thread_before(Engine.copy_plan.__code__, k, load,
+                                                    model.close)
+    assert not errors and not other_errors, (k, errors, other_errors)
+    for name, t in got[0].items():
+        b = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        assert b == ref.raw(name).tobytes(), (k, name)
+    if not ran:
+        break
+    k += 1
+assert k > 5
+print("ok", k)
+"""
+    r = run_python(code)
+    assert r.returncode == 0 and r.stdout.startswith("ok"), (r.returncode, r.stderr[-2000:])

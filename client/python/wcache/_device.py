@@ -695,6 +695,10 @@ def to_device(model, names, device, per_tensor, backend=None, mode=None, small=S
     mode = copy_mode() if mode is None else mode
     if backend is None and mode != "tensor":
         backend = backend_for(device)
+    # The mapping the copies read must outlive them: this load holds the
+    # model's handle itself (another thread may close the model, and
+    # per_tensor need not hold the handle).
+    handle = model._h()
     table = model._tab()
     infos = []
     for name in names:
@@ -725,6 +729,8 @@ def to_device(model, names, device, per_tensor, backend=None, mode=None, small=S
         _say_once(logging.WARNING, f"wcache: the batched copy into {device} failed "
                                    f"({type(e).__name__}: {e}); copying tensor by tensor")
         return {name: per_tensor(name).to(device) for name in names}
+    finally:
+        del handle  # the copies are done (or were never issued)
     # Its tensors share one storage only because this load made them views
     # of one buffer: wcache.torch's save_model takes each for a whole tensor.
     from ._torch import note_device_buffer
