@@ -167,6 +167,26 @@ wc_set_timeout(wc_client *c, int timeout_ms)
 
 
 /*
+ * connect(2), again when a signal interrupts it: with SO_SNDTIMEO set, a
+ * connect that waits for room in the daemon's backlog is never restarted
+ * (signal(7)), whatever SA_RESTART says, so a worker with a signal handler
+ * (a timer, SIGCHLD) would fail its connect for a signal it did not mind.
+ * An interrupted AF_UNIX connect leaves the socket unconnected, so it can
+ * simply be tried again, within what is left of ms (0: no limit); -1 with
+ * errno EINTR when that is up.
+ */
+static int
+connect_retrying(int fd, const struct sockaddr_un *sa, int ms, const struct timespec *start)
+{
+	for (;;) {
+		if (connect(fd, (const struct sockaddr *)sa, sizeof(*sa)) == 0)
+			return 0;
+		if (errno != EINTR || (ms > 0 && request_elapsed(start) * 1000 >= ms))
+			return -1;
+	}
+}
+
+/*
  * Opens a SOCK_SEQPACKET connection to path with the deadline ms for the
  * connect and every later wait; *out gets the descriptor, which passes to
  * the caller. The errors name the path and say whether wcached is running.
@@ -189,11 +209,11 @@ request_open(const char *path, int ms, int *out)
 		return r;
 	}
 	clock_gettime(CLOCK_MONOTONIC, &start);
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == -1) {
+	if (connect_retrying(fd, &sa, ms, &start) == -1) {
 		int e = errno;
 
 		close(fd);
-		if (e == EAGAIN || e == EINPROGRESS)
+		if (e == EAGAIN || e == EINPROGRESS || e == EINTR)
 			return error_set(-ETIMEDOUT, "wcached at %s did not accept the connection "
 				"within %.3g s (waited %.3g s; the limit is %s or "
 				"wc_connect_timeout())", path, ms / 1000.0,

@@ -75,6 +75,22 @@ __wrap_recvmsg(int fd, struct msghdr *msg, int flags)
 /* Skips the test unless it was linked with -Wl,--wrap=recvmsg. */
 #define NEED_WRAP() af_need_wrap(__real_recvmsg != NULL, "-Wl,--wrap=recvmsg")
 
+int __real_connect(int fd, const struct sockaddr *sa, socklen_t len) __attribute__((weak));
+int __wrap_connect(int fd, const struct sockaddr *sa, socklen_t len);
+
+/* connect() failing with EINTR, as a signal makes it (a socket with
+ * SO_SNDTIMEO is never restarted), fault.connect_eintr times first. */
+int
+__wrap_connect(int fd, const struct sockaddr *sa, socklen_t len)
+{
+	if (fault.connect_eintr > 0) {
+		fault.connect_eintr--;
+		errno = EINTR;
+		return -1;
+	}
+	return __real_connect(fd, sa, len);
+}
+
 /* ---- helpers ------------------------------------------------------------ */
 
 /* Sets a raw reply. */
@@ -514,6 +530,26 @@ test_reconnect_within_deadline(void **state)
 	assert_int_equal(f->fake.attaches, 1);
 }
 
+/* A signal that interrupts the connect is no reason to fail it: the
+ * connect is tried again and the attach works (found by an strace fault
+ * sweep of the worker: connect:error=EINTR failed wc_connect() with
+ * "Interrupted system call"). */
+static void
+test_connect_interrupted(void **state)
+{
+	struct fixture *f = *state;
+	int before;
+
+	af_need_wrap(__real_connect != NULL, "-Wl,--wrap=connect");
+	fault.connect_eintr = 2;
+	before = attach_ok(f);
+	assert_int_equal(fault.connect_eintr, 0);
+	check_tensors(f->model);
+	wc_release(f->model);
+	f->model = NULL;
+	finish(f, before);
+}
+
 int
 main(void)
 {
@@ -535,6 +571,7 @@ main(void)
 		T(test_reconnect_when_daemon_dies_holding_request),
 		T(test_reconnect_fails_when_daemon_gone),
 		T(test_reconnect_within_deadline),
+		T(test_connect_interrupted),
 	};
 #undef T
 
