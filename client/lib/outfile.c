@@ -292,7 +292,9 @@ outfile_begin(const char *path, struct outfile *o)
 	}
 	e = EEXIST;
 	outfile_block_signals(&mask);
-	for (int i = 0; i < OUTFILE_TRIES && e == EEXIST; i++) {
+	/* EINTR (a signal during an open on a network or FUSE file system):
+	 * nothing was created under that name; another is tried. */
+	for (int i = 0; i < OUTFILE_TRIES && (e == EEXIST || e == EINTR); i++) {
 		outfile_randomize(o->tmp);
 		o->fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
 		e = o->fd < 0 ? errno : 0;
@@ -466,6 +468,21 @@ outfile_put_converted(struct outfile *o, const uint8_t *p, uint64_t n, unsigned 
 	return 0;
 }
 
+/*
+ * Closes o's descriptor: 0 or -errno. EINTR is no error: Linux has closed
+ * the descriptor by then (it must not be closed again), and what was
+ * written has reached the file (fsync, or a FIFO's reader); a close that
+ * reports a write error (EIO, ENOSPC on NFS) fails the commit.
+ */
+static int
+outfile_close(struct outfile *o)
+{
+	int rc = close(o->fd);
+
+	o->fd = -1;
+	return rc < 0 && errno != EINTR ? -errno : 0;
+}
+
 int
 outfile_commit(struct outfile *o)
 {
@@ -476,19 +493,22 @@ outfile_commit(struct outfile *o)
 	if ((rc = outfile_flush(o)) < 0)
 		return rc;
 	if (o->tmp == NULL) { /* written into a FIFO or a device: nothing to rename */
-		rc = close(o->fd);
-		o->fd = -1;
+		rc = outfile_close(o);
 		if (rc < 0)
-			return error_set(-errno, "%s: close: %s", o->path, strerror(errno));
+			return error_set(rc, "%s: close: %s", o->path, strerror(-rc));
 		return 0;
 	}
-	if (fsync(o->fd) < 0)
-		return error_set(-errno, "%s: fsync: %s", o->path, strerror(errno));
-	rc = close(o->fd);
-	o->fd = -1;
+	/* A signal interrupts fsync and rename on a network or FUSE file
+	 * system (no SA_RESTART there): they are tried again, as write is. */
+	while ((rc = fsync(o->fd)) < 0 && errno == EINTR)
+		;
 	if (rc < 0)
-		return error_set(-errno, "%s: close: %s", o->path, strerror(errno));
-	if (rename(o->tmp, o->target) < 0)
+		return error_set(-errno, "%s: fsync: %s", o->path, strerror(errno));
+	if ((rc = outfile_close(o)) < 0)
+		return error_set(rc, "%s: close: %s", o->path, strerror(-rc));
+	while ((rc = rename(o->tmp, o->target)) < 0 && errno == EINTR)
+		;
+	if (rc < 0)
 		return error_set(-errno, "%s: rename from %s: %s", o->path, o->tmp,
 			strerror(errno));
 	outfile_live_remove(o);
