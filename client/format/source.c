@@ -40,29 +40,32 @@
 struct source_entry {
 	enum source_format format;
 	const char *name;                      /* for messages and `inspect --json` */
-	bool (*detect)(const char *path);      /* true: path is in this format */
+	/* true: path, whose first four bytes are magic (source_read_magic()),
+	 * is in this format */
+	bool (*detect)(const char *path, uint32_t magic);
 	const struct format_reader *reader;    /* a one-file format's reader */
 	int (*open_sharded)(const char *path, struct model_source *out);
 };
 
 static bool
-detect_shard_index(const char *path)
+detect_shard_index(const char *path, uint32_t magic)
 {
+	(void)magic;
 	return file_has_suffix(path, ".json");
 }
 
 static bool
-detect_weig(const char *path)
+detect_weig(const char *path, uint32_t magic)
 {
-	uint32_t magic = source_magic(path);
-
+	(void)path;
 	return magic == WEIG_MAGIC || magic == bswap_32(WEIG_MAGIC);
 }
 
 static bool
-detect_any(const char *path)
+detect_any(const char *path, uint32_t magic)
 {
 	(void)path;
+	(void)magic;
 	return true;
 }
 
@@ -99,35 +102,67 @@ source_open_fd(int fd, const char *label, struct model_source *out)
 {
 	uint8_t b[4];
 	uint32_t magic = 0;
+	ssize_t n;
 
-	if (pread(fd, b, sizeof(b), 0) == (ssize_t)sizeof(b))
+	while ((n = pread(fd, b, sizeof(b), 0)) < 0 && errno == EINTR)
+		;
+	if (n == (ssize_t)sizeof(b))
 		magic = get_le32(b);
 	if (magic == WEIG_MAGIC || magic == bswap_32(WEIG_MAGIC))
 		return open_model_fd(fd, label, FORMAT_WEIG, &weig_reader, out);
 	return open_model_fd(fd, label, FORMAT_SAFETENSORS, &st_reader, out);
 }
 
-uint32_t
-source_magic(const char *path)
+int
+source_read_magic(const char *path, uint32_t *magic)
 {
 	uint8_t b[4];
 	struct stat st;
-	uint32_t v = 0;
-	int fd;
+	ssize_t n;
+	int fd, e;
 
+	*magic = 0;
 	/* Only a regular file is opened: opening a FIFO or a device has effects
 	 * of its own (a writer waiting on the FIFO goes on, a tape rewinds),
 	 * and path is whatever the model's owner put there. fstat checks again
-	 * what was opened, in case path changed in between. */
+	 * what was opened, in case path changed in between. Not there, or not
+	 * a regular file: no magic, and the reader says why. */
 	if (stat(path, &st) == -1 || !S_ISREG(st.st_mode))
 		return 0;
-	if ((fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK)) == -1)
+	while ((fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK)) == -1 &&
+		errno == EINTR)
+		;
+	if (fd == -1) {
+		if (errno == ENOENT)
+			return 0; /* gone since the stat */
+		return error_set(-errno, "%s: %s", path, strerror(errno));
+	}
+	if (fstat(fd, &st) == -1) {
+		e = errno;
+		close(fd);
+		return error_set(-e, "%s: fstat: %s", path, strerror(e));
+	}
+	if (!S_ISREG(st.st_mode)) {
+		close(fd);
 		return 0;
-	if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
-		pread(fd, b, sizeof(b), 0) == (ssize_t)sizeof(b))
-		v = get_le32(b);
+	}
+	while ((n = pread(fd, b, sizeof(b), 0)) < 0 && errno == EINTR)
+		;
+	e = errno;
 	close(fd);
-	return v;
+	if (n < 0)
+		return error_set(-e, "%s: reading the start of the file: %s", path, strerror(e));
+	if (n == (ssize_t)sizeof(b))
+		*magic = get_le32(b);
+	return 0;
+}
+
+uint32_t
+source_magic(const char *path)
+{
+	uint32_t magic;
+
+	return source_read_magic(path, &magic) == 0 ? magic : 0;
 }
 
 /* Opens the model a directory holds: its shard index, else its one
@@ -151,13 +186,19 @@ int
 source_open(const char *path, struct model_source *out)
 {
 	struct stat st;
+	uint32_t magic;
+	int r;
 
 	if (stat(path, &st) == -1)
 		return error_set(-errno, "%s: %s", path, strerror(errno));
 	if (S_ISDIR(st.st_mode))
 		return source_open_dir(path, out);
+	/* A magic that cannot be read is that error, not a file of another
+	 * format that its reader would then misread. */
+	if ((r = source_read_magic(path, &magic)) < 0)
+		return r;
 	for (size_t i = 0; i < SOURCE_NFORMATS; i++)
-		if (source_formats[i].detect(path))
+		if (source_formats[i].detect(path, magic))
 			return source_open_as(&source_formats[i], path, out);
 	return error_set(-EINVAL, "%s: not a model file", path); /* not reached: detect_any */
 }

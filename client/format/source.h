@@ -20,9 +20,13 @@
 /* Opens path (file, shard index, directory or WEIG) and fills *out. */
 int source_open(const char *path, struct model_source *out);
 
-/* The first four bytes of path as a little-endian u32 (a format's magic);
- * 0 when the file is shorter, unreadable or not a regular file (which is
- * never opened; the format reader reports why). */
+/* The first four bytes of path as a little-endian u32 (a format's magic)
+ * in *magic: 0 when the file is shorter, not there or not a regular file
+ * (which is never opened; the format reader reports why). 0, or -errno
+ * with the message when it cannot be opened or read (EINTR is retried). */
+int source_read_magic(const char *path, uint32_t *magic);
+
+/* source_read_magic()'s magic, 0 when it fails. */
 uint32_t source_magic(const char *path);
 
 /* Opens the one-file model (safetensors, or WEIG by its magic) open as fd,

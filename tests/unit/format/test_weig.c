@@ -864,6 +864,62 @@ test_open(void **state)
 	tu_rmtree(dir);
 }
 
+/* pread() failing with pread_errno, pread_fail times from now on: linked
+ * with -Wl,--wrap=pread (tests/CMakeLists.txt); __real_pread is weak, so a
+ * build without the option still links and the test reports SKIPPED. */
+static int pread_fail, pread_errno;
+
+ssize_t __real_pread(int fd, void *buf, size_t n, off_t off) __attribute__((weak));
+ssize_t __wrap_pread(int fd, void *buf, size_t n, off_t off);
+
+ssize_t
+__wrap_pread(int fd, void *buf, size_t n, off_t off)
+{
+	if (pread_fail > 0) {
+		pread_fail--;
+		errno = pread_errno;
+		return -1;
+	}
+	return __real_pread(fd, buf, n, off);
+}
+
+/*
+ * The read of the magic that decides the format is retried on EINTR, and
+ * any other failure of it is the error: before, the WEIG file was then read
+ * as safetensors, whose reader reported a header length of billions of
+ * bytes (found by an strace fault sweep of wcachectl convert: pread64,
+ * openat and newfstatat faults on a WEIG input).
+ */
+static void
+test_open_magic_read_fails(void **state)
+{
+	struct model_source s;
+	char *dir = tu_tmpdir(), *path;
+	int fds = tu_count_fds();
+	BASE(im);
+
+	(void)state;
+	if (__real_pread == NULL)
+		skip();
+	path = tu_write(dir, "m.weig", im.buf, im.len);
+	pread_errno = EINTR;
+	pread_fail = 1;
+	if (source_open(path, &s) != 0)
+		fail_msg("source_open: %s", error_get());
+	assert_int_equal(pread_fail, 0);
+	assert_int_equal(s.format, FORMAT_WEIG);
+	source_close(&s);
+	pread_errno = EIO;
+	pread_fail = 1;
+	assert_int_equal(source_open(path, &s), -EIO);
+	assert_non_null(strstr(error_get(), path));
+	assert_non_null(strstr(error_get(), strerror(EIO)));
+	assert_int_equal(tu_count_fds(), fds);
+	free(path);
+	free(im.buf);
+	tu_rmtree(dir);
+}
+
 /* A writer blocked in open() until a reader comes. */
 struct fifo_writer {
 	const char *path;
@@ -946,6 +1002,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_valid),
+		cmocka_unit_test(test_open_magic_read_fails),
 		cmocka_unit_test(test_valid_empty),
 		cmocka_unit_test(test_valid_edge),
 		cmocka_unit_test(test_bad_magic),
