@@ -94,7 +94,12 @@ use_index(int fd, uint64_t want, const char *what, const struct attach_index *ca
 		*fresh = 0;
 		return 0;
 	}
+	/* EINVAL: not a file that can be sealed. Any other failure is the
+	 * error, not a claim about the descriptor (whose -EBADMSG would
+	 * also drop a connection to a wcached that did nothing wrong). */
 	seals = fcntl(fd, F_GET_SEALS);
+	if (seals == -1 && errno != EINVAL)
+		return error_set(-errno, "%s: index: fcntl: %s", what, strerror(errno));
 	if (seals == -1 || (seals & INDEX_SEALS) != INDEX_SEALS)
 		return error_set(-EBADMSG, "%s: index is not sealed", what);
 	if (want < INDEX_HEADER_SIZE)
@@ -253,6 +258,7 @@ model_from_fds(const char *name, const struct wire_attach_ok *ok, const int *fds
 		uint32_t i = mapped;
 		const char *fname;
 		struct stat st;
+		int flags;
 
 		if (fstat(fds[1 + i], &st) == -1) {
 			r = error_set(-errno, "model \"%s\": %s: fstat: %s", name,
@@ -271,7 +277,11 @@ model_from_fds(const char *name, const struct wire_attach_ok *ok, const int *fds
 		}
 		/* wcached passes model files read-only; anything else is not
 		 * from wcached. */
-		if ((fcntl(fds[1 + i], F_GETFL) & O_ACCMODE) != O_RDONLY) {
+		if ((flags = fcntl(fds[1 + i], F_GETFL)) == -1) {
+			r = error_set(-errno, "%s: %s: fcntl: %s", name, fname, strerror(errno));
+			goto fail;
+		}
+		if ((flags & O_ACCMODE) != O_RDONLY) {
 			r = error_set(-EBADMSG, "%s: %s: received a writable descriptor", name,
 				fname);
 			goto fail;

@@ -21,8 +21,9 @@
  *
  * The knobs of the fault injection live here, so that setup() can reset
  * them; each wrapper lives in the one test linked with its --wrap option
- * (tests/CMakeLists.txt): __wrap_mmap in test_attach_reply.c,
- * __wrap_recvmsg and __wrap_connect in test_attach_connection.c.
+ * (tests/CMakeLists.txt): __wrap_mmap and __wrap_fcntl in
+ * test_attach_reply.c, __wrap_recvmsg and __wrap_connect in
+ * test_attach_connection.c.
  */
 #ifndef WC_ATTACH_FIXTURE_H
 #define WC_ATTACH_FIXTURE_H
@@ -46,13 +47,16 @@
 #define KERNEL_SCM_MAX_FD FAKE_SCM_MAX_FD
 
 /* What the wrappers do (mmap_ knobs: __wrap_mmap, recv_ knobs:
- * __wrap_recvmsg, connect_: __wrap_connect), and the semaphores through which the fake daemon and
- * the client's receive wait for each other; setup() clears them. */
+ * __wrap_recvmsg, connect_: __wrap_connect, fcntl_: __wrap_fcntl), and
+ * the semaphores through which the fake daemon and the client's receive
+ * wait for each other; setup() clears them. */
 struct af_fault {
 	int mmap_fail_at;    /* > 0: fail the Nth file-backed mmap() from now on */
 	int mmap_calls;      /* file-backed mmap() calls while armed */
 	int mmap_failed;     /* the number of the call that was failed, 0 if none */
 	int connect_eintr;   /* > 0: so many connect() calls from now on fail with EINTR */
+	int fcntl_cmd;       /* != 0: the next fcntl() with this command fails, ... */
+	int fcntl_errno;     /* ... with this errno */
 	pthread_t client;    /* the thread whose recvmsg() the hooks below apply to */
 	int recv_wait_close; /* before its next recvmsg(): wait until the fake closed */
 	int recv_post_read;  /* after its next recvmsg(): post fault.read */

@@ -65,6 +65,28 @@ __wrap_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 /* Skips the test unless it was linked with -Wl,--wrap=mmap. */
 #define NEED_WRAP() af_need_wrap(__real_mmap != NULL, "-Wl,--wrap=mmap")
 
+int __real_fcntl(int fd, int cmd, ...) __attribute__((weak));
+int __wrap_fcntl(int fd, int cmd, ...);
+
+/* fcntl() failing once with fault.fcntl_errno for the command
+ * fault.fcntl_cmd; the argument, if any, passed on as glibc does. */
+int
+__wrap_fcntl(int fd, int cmd, ...)
+{
+	va_list ap;
+	void *arg;
+
+	va_start(ap, cmd);
+	arg = va_arg(ap, void *);
+	va_end(ap);
+	if (fault.fcntl_cmd != 0 && cmd == fault.fcntl_cmd) {
+		fault.fcntl_cmd = 0;
+		errno = fault.fcntl_errno;
+		return -1;
+	}
+	return __real_fcntl(fd, cmd, arg);
+}
+
 /* ---- helpers ------------------------------------------------------------ */
 
 /* The same, kept for teardown to close. */
@@ -553,6 +575,49 @@ test_mmap_fails_on_index(void **state)
 	attach_with_mmap_failing(*state, 1, MODEL ": mmap: ");
 }
 
+/*
+ * An fcntl() that fails on a received descriptor (F_GET_SEALS on the index,
+ * F_GETFL on a model file) fails the attach with its own error, and the
+ * connection stays: the next attach on it works. Before, the failure was
+ * reported as "index is not sealed" or "received a writable descriptor"
+ * (-EBADMSG, which also dropped the connection as one to something that is
+ * not wcached); found by an strace fault sweep of demo_worker
+ * (fcntl:error=EIO).
+ */
+static void
+attach_with_fcntl_failing(struct fixture *f, int cmd, const char *want)
+{
+	int before = tu_count_fds();
+	wc_model *m = NULL;
+
+	af_need_wrap(__real_fcntl != NULL, "-Wl,--wrap=fcntl");
+	fake_start(f);
+	assert_int_equal(wc_connect(f->sock, &f->client), 0);
+	fault.fcntl_cmd = cmd;
+	fault.fcntl_errno = EIO;
+	assert_error(wc_attach(f->client, MODEL, &m), -EIO, want);
+	assert_null(m);
+	assert_int_equal(fault.fcntl_cmd, 0);
+	assert_int_equal(wc_attach(f->client, MODEL, &f->model), 0);
+	check_tensors(f->model);
+	wc_release(f->model);
+	f->model = NULL;
+	finish(f, before);
+	assert_int_equal(f->fake.accepted, 1);
+}
+
+static void
+test_fcntl_fails_on_index(void **state)
+{
+	attach_with_fcntl_failing(*state, F_GET_SEALS, MODEL ": index: fcntl: ");
+}
+
+static void
+test_fcntl_fails_on_file(void **state)
+{
+	attach_with_fcntl_failing(*state, F_GETFL, MODEL ": a.bin: fcntl: ");
+}
+
 /* The status page fails to map: the attach works without it. */
 static void
 test_mmap_fails_on_status_page(void **state)
@@ -604,6 +669,8 @@ main(void)
 		T(test_mmap_fails_on_first_file),
 		T(test_mmap_fails_on_index),
 		T(test_mmap_fails_on_status_page),
+		T(test_fcntl_fails_on_index),
+		T(test_fcntl_fails_on_file),
 	};
 #undef T
 
