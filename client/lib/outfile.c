@@ -203,31 +203,35 @@ outfile_randomize(char *name)
  * set-id bits too, and a set-id file of another owner's must not become
  * one with this writer's bytes. A target not there (or not a regular file)
  * leaves open()'s mode alone; a directory is -EISDIR, before anything is
- * written.
+ * written. 0, or -errno with the message, which names path (the output as
+ * given) and the call that failed.
  */
 static int
-outfile_take_over(int fd, const char *target)
+outfile_take_over(int fd, const char *target, const char *path)
 {
+	static const char why[] = "giving the new file the owner and mode of the one it replaces";
 	struct stat old, now;
 
 	if (stat(target, &old) < 0)
 		return 0;
-	if (S_ISDIR(old.st_mode))
-		return -EISDIR; /* the rename would fail after the whole write */
+	if (S_ISDIR(old.st_mode)) /* the rename would fail after the whole write */
+		return error_set(-EISDIR, "%s: %s", path, strerror(EISDIR));
 	if (!S_ISREG(old.st_mode))
 		return 0;
 	if (fstat(fd, &now) < 0)
-		return -errno;
+		return error_set(-errno, "%s: %s: fstat: %s", path, why, strerror(errno));
 	if ((now.st_uid != old.st_uid || now.st_gid != old.st_gid) &&
 	    fchown(fd, old.st_uid, old.st_gid) < 0) {
 		if (errno != EPERM)
-			return -errno;
+			return error_set(-errno, "%s: %s: fchown: %s", path, why,
+				strerror(errno));
 		if (now.st_gid != old.st_gid && fchown(fd, (uid_t)-1, old.st_gid) < 0 &&
 		    errno != EPERM)
-			return -errno;
+			return error_set(-errno, "%s: %s: fchown: %s", path, why,
+				strerror(errno));
 	}
 	if (fchmod(fd, old.st_mode & 0777) < 0)
-		return -errno;
+		return error_set(-errno, "%s: %s: fchmod: %s", path, why, strerror(errno));
 	return 0;
 }
 
@@ -310,17 +314,11 @@ outfile_begin(const char *path, struct outfile *o)
 		return error_set(-e, "%s: cannot create a temporary file beside it: %s", path,
 			strerror(e));
 	}
-	if ((rc = outfile_take_over(o->fd, o->target)) < 0) {
-		e = -rc;
-		goto fail;
-	}
-	o->buf = malloc(OUTFILE_BUFFER_SIZE);
-	if (o->buf == NULL) {
-		e = ENOMEM;
-		goto fail;
-	}
-	return 0;
-fail:
+	if ((rc = outfile_take_over(o->fd, o->target, path)) == 0 &&
+		(o->buf = malloc(OUTFILE_BUFFER_SIZE)) == NULL)
+		rc = error_set(-ENOMEM, "%s: out of memory", path);
+	if (rc == 0)
+		return 0;
 	close(o->fd);
 	unlink(o->tmp);
 	outfile_live_remove(o);
@@ -329,7 +327,7 @@ fail:
 	o->tmp = NULL;
 	o->target = NULL;
 	o->fd = -1;
-	return error_set(-e, "%s: %s", path, strerror(e));
+	return rc;
 }
 
 void
