@@ -77,13 +77,19 @@ convert_usage(FILE *f)
 }
 
 /* Tells WEIG (by its magic, in either byte order) from everything else; the
- * readers explain what is wrong with an unreadable IN. */
+ * readers explain what is wrong with an unreadable IN. src is IN as opened,
+ * NULL when it did not open: an opened IN's format is the one its readers
+ * found, not what a second read of its magic says (one that failed once
+ * would take a WEIG file for safetensors, and pick the wrong default
+ * target). */
 static enum convert_input
-classify_input(const char *path)
+classify_input(const char *path, const struct model_source *src)
 {
 	struct stat st;
 	uint32_t magic;
 
+	if (src != NULL)
+		return src->format == FORMAT_WEIG ? INPUT_WEIG : INPUT_SAFETENSORS;
 	if (stat(path, &st) == -1 || !S_ISREG(st.st_mode))
 		return INPUT_SAFETENSORS;
 	magic = source_magic(path);
@@ -511,7 +517,7 @@ ctl_convert(int argc, char **argv)
 		free(why);
 		return 1;
 	}
-	in = classify_input(paths[0]);
+	in = classify_input(paths[0], rc == 0 ? &src : NULL);
 	if (rc < 0 && in != INPUT_WEIG_BIG_ENDIAN) { /* that one is swapped, not read */
 		ctl_error("%s", why != NULL ? why : strerror(-rc));
 		free(why);
