@@ -127,7 +127,12 @@ source_read_magic(const char *path, uint32_t *magic)
 	 * and path is whatever the model's owner put there. fstat checks again
 	 * what was opened, in case path changed in between. Not there, or not
 	 * a regular file: no magic, and the reader says why. */
-	if (stat(path, &st) == -1 || !S_ISREG(st.st_mode))
+	if (stat(path, &st) == -1) {
+		if (errno == ENOENT)
+			return 0;
+		return error_set(-errno, "%s: %s", path, strerror(errno));
+	}
+	if (!S_ISREG(st.st_mode))
 		return 0;
 	while ((fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK)) == -1 &&
 		errno == EINTR)

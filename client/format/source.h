@@ -23,7 +23,8 @@ int source_open(const char *path, struct model_source *out);
 /* The first four bytes of path as a little-endian u32 (a format's magic)
  * in *magic: 0 when the file is shorter, not there or not a regular file
  * (which is never opened; the format reader reports why). 0, or -errno
- * with the message when it cannot be opened or read (EINTR is retried). */
+ * with the message when it cannot be looked at, opened or read (EINTR is
+ * retried). */
 int source_read_magic(const char *path, uint32_t *magic);
 
 /* source_read_magic()'s magic, 0 when it fails. */

@@ -868,6 +868,20 @@ test_open(void **state)
  * with -Wl,--wrap=pread (tests/CMakeLists.txt); __real_pread is weak, so a
  * build without the option still links and the test reports SKIPPED. */
 static int pread_fail, pread_errno;
+static int stat_fail_at; /* > 0: the stat() call of that number from now fails with EIO */
+
+int __real_stat(const char *path, struct stat *st) __attribute__((weak));
+int __wrap_stat(const char *path, struct stat *st);
+
+int
+__wrap_stat(const char *path, struct stat *st)
+{
+	if (stat_fail_at > 0 && --stat_fail_at == 0) {
+		errno = EIO;
+		return -1;
+	}
+	return __real_stat(path, st);
+}
 
 ssize_t __real_pread(int fd, void *buf, size_t n, off_t off) __attribute__((weak));
 ssize_t __wrap_pread(int fd, void *buf, size_t n, off_t off);
@@ -914,6 +928,13 @@ test_open_magic_read_fails(void **state)
 	assert_int_equal(source_open(path, &s), -EIO);
 	assert_non_null(strstr(error_get(), path));
 	assert_non_null(strstr(error_get(), strerror(EIO)));
+	/* The stat before the magic is read (source_open's own is the first). */
+	if (__real_stat != NULL) {
+		stat_fail_at = 2;
+		assert_int_equal(source_open(path, &s), -EIO);
+		assert_int_equal(stat_fail_at, 0);
+		assert_non_null(strstr(error_get(), strerror(EIO)));
+	}
 	assert_int_equal(tu_count_fds(), fds);
 	free(path);
 	free(im.buf);
