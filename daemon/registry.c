@@ -431,6 +431,25 @@ registry_may_build(const struct model_entry *m, const struct registry_peer *peer
 	return m->derive && access_allows(&m->builders, &who);
 }
 
+int
+registry_failed(const struct model_entry *m, char *why, size_t why_size)
+{
+	const struct generation *g = m->current;
+
+	if (m->loading > 0 || m->pending != NULL)
+		return 0; /* a load or a replacement in flight may mend it */
+	if (g == NULL) {
+		snprintf(why, why_size, "its load failed: %s",
+			m->error != NULL ? m->error : "unknown error");
+		return 1;
+	}
+	if (g->state != GEN_FAILED)
+		return 0;
+	snprintf(why, why_size, "generation %" PRIu64 " failed while warming%s%s", g->number,
+		g->warm.error < 0 ? ": " : "", g->warm.error < 0 ? strerror(-g->warm.error) : "");
+	return 1;
+}
+
 void
 registry_release(struct registry *r, struct generation *g)
 {

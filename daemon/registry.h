@@ -406,6 +406,18 @@ void registry_attach_generation(struct registry *r, const struct model_entry *m,
 int registry_servable(struct model_entry *m, struct generation **out, char *msg,
 	size_t msg_size);
 
+/*
+ * Whether m is failed and nothing is mending it: its last load failed and
+ * no generation serves, or its current generation failed while warming
+ * (GEN_FAILED: a transient EIO), with no load of it in flight and no
+ * replacement warming. Such a model refuses every attach until it is
+ * loaded again (`wcachectl reload NAME`, or a config reload: reload.c).
+ * Returns 1 with the reason in why (for a log line), else 0 (why
+ * untouched). A model that serves, or was modified in place, is not
+ * failed.
+ */
+int registry_failed(const struct model_entry *m, char *why, size_t why_size);
+
 /* Drops a reference registry_attach() or restore_hold() took. */
 void registry_release(struct registry *r, struct generation *g);
 

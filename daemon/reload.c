@@ -2,8 +2,9 @@
  * reload.c: a config reload (SIGHUP, `wcachectl reload`): the new
  * configuration is compared with the one in force, models are added,
  * dropped or loaded again in one batch (batch.c), and only what changed is
- * applied. Also the settings start-up applies the same way: the memory
- * budget against the limit in force, and stage_dir.
+ * applied, but for failed models, which are loaded again whatever changed.
+ * Also the settings start-up applies the same way: the memory budget
+ * against the limit in force, and stage_dir.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -74,6 +75,38 @@ reload_model(enum config_change change, const struct model_config *old_model,
 	if ((changes & CONFIG_CHANGED_PIN) &&
 		registry_pin(&b->d->reg, new_model->name, new_model->pin) < 0)
 		log_warnx("%s", error_get());
+}
+
+/*
+ * After the configuration's changes are queued: each configured model that
+ * is failed (registry_failed: its load failed and nothing serves, or its
+ * current generation failed while warming) and that no load mends already
+ * (one the new configuration asked for included) is loaded again as it is
+ * served (its path, pin and warm, which a `wcachectl load` may have set),
+ * in the reload's batch, as `wcachectl reload NAME` would: a reload is
+ * what README tells an operator to run once the cause is fixed, and a
+ * retry that fails again fails the reload as a new model's load does. A
+ * model that serves is left alone: no new generation for it.
+ */
+static void
+retry_failed(struct batch *b, const struct config *cfg)
+{
+	for (size_t i = 0; i < cfg->n_models; i++) {
+		const struct model_config *mc = &cfg->models[i];
+		const struct model_entry *m = registry_find(&b->d->reg, mc->name);
+		struct model_config again;
+		char why[1200];
+
+		if (m == NULL || strcmp(m->name, mc->name) != 0 ||
+			!registry_failed(m, why, sizeof(why)))
+			continue;
+		log_info("model \"%s\": %s; the reload loads it again", m->name, why);
+		again = *mc;
+		again.path = m->path;
+		again.pin = m->pin;
+		again.warm = m->warm != 0;
+		batch_load(b, &again);
+	}
 }
 
 /* What a config reload reports to its requester when its loads end. */
@@ -249,6 +282,7 @@ apply(struct daemon *d, struct config *cfg, registry_done_fn done, void *arg)
 	d->reloads++;
 	b = batch_new(d, reload_finished, req);
 	config_diff(d->cfg, cfg, reload_model, b);
+	retry_failed(b, cfg);
 	config_free(d->cfg);
 	d->cfg = cfg;
 	batch_release(b);

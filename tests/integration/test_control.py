@@ -6,6 +6,7 @@ lines, and the metrics text checked by promtool when it is installed."""
 import json
 import os
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -455,6 +456,107 @@ def test_reload_model_and_config(daemon, tmp_path, model):
     assert r.returncode == 1
     assert daemon.conf in r.stderr
     serving(daemon, "other")
+
+
+def state(d, name):
+    m = model_entry(d, name)
+    return m["state"] if m else None
+
+
+def test_a_config_reload_loads_failed_models_again(tmp_path, model):
+    """A reload of the configuration (SIGHUP, `wcachectl reload`, `systemctl
+    reload wcached`) loads again each configured model that is failed,
+    though its configuration did not change: here "small" failed to stage,
+    its stage_dir being a file, not a directory.
+    A retry that fails again fails the reload (exit 1, "some models
+    failed"), one that works serves the model, and a model that serves
+    ("other") gets no new generation from any of them. One line per model
+    loaded again. Before, a reload left a failed model as it was and
+    answered "configuration reloaded" (exit 0): README's advice for a
+    failed model, fix the cause and reload, did nothing (only `wcachectl
+    reload NAME` retried it)."""
+    other = mkmodel(tmp_path / "other.safetensors", seed=2, **SMALL)
+    base = tmp_path / "var"
+    base.mkdir()
+    blocker = base / "staged"
+    blocker.write_text("a file where stage_dir should be\n")
+    d = Daemon(tmp_path, {"small": (model, {"stage": "yes"}), "other": other},
+               extra=f"stage_dir = {blocker}\n")
+    if d.user is not None:
+        os.chown(base, *d.user)
+    wait_for_control(d.start())
+    try:
+        wait_until(lambda: state(d, "small") == "failed", what="small failed")
+        assert "stage_dir" in model_entry(d, "small")["error"]
+        ready(d, "other")
+        retried = 'model "small": its load failed: .*; the reload loads it again'
+        # The cause is still there: the retry fails, and so does the reload.
+        r = ctl(d, "reload")
+        assert r.returncode == 1, (r.stdout, r.stderr)
+        assert "some models failed" in r.stderr
+        d.wait_for_log(retried)
+        assert state(d, "small") == "failed"
+        # Fixed: the reload serves it.
+        blocker.unlink()
+        r = ctl(d, "reload")
+        assert r.returncode == 0, (r.stdout, r.stderr, d.read_log())
+        ready(d, "small")
+        serving(d, "small")
+        # Nothing is failed now: a reload loads nothing again.
+        r = ctl(d, "reload")
+        assert r.returncode == 0, r.stderr
+        log = d.read_log()
+        assert log.count("the reload loads it again") == 2, log
+        assert model_gen(d, "small") == 1 and model_gen(d, "other") == 1
+        assert 'model "other": generation 2' not in log
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def tracer(pid):
+    """The pid tracing pid (TracerPid in /proc/PID/status), 0 if none."""
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("TracerPid:"))
+
+
+def test_a_config_reload_loads_a_model_whose_warming_failed_again(tmp_path, model):
+    """A generation whose warming failed (sendfile(2) fails with EIO,
+    injected by strace) serves nothing: a reload of the configuration loads
+    the model again. While reads still fail the new generation fails too
+    (the reply comes once it is loaded, before it warms: status says how
+    its warming ended); once they work, the next reload's generation
+    serves. Before, a reload answered "configuration reloaded" and left
+    generation 1 current, every attach failing with "generation 1 failed
+    while warming" until wcached restarted."""
+    strace = shutil.which("strace")
+    if strace is None or subprocess.run([strace, "-qq", "-o", "/dev/null", "true"]).returncode:
+        pytest.skip("needs strace, and ptrace allowed, to make a read fail")
+    # -D: strace runs beside wcached, which is the daemon's process itself;
+    # killing strace (-I1: it may be killed) detaches it: reads work again.
+    wrapper = tmp_path / "wcached-eio"
+    wrapper.write_text(f"#!/bin/sh\nexec {strace} -I1 -D -f -qq -o /dev/null -e trace=sendfile "
+                       f"-e inject=sendfile:error=EIO {binary('wcached')} \"$@\"\n")
+    wrapper.chmod(0o755)
+    d = Daemon(tmp_path, {"small": model})
+    d.wcached = str(wrapper)
+    wait_for_control(d.start())
+    try:
+        wait_until(lambda: state(d, "small") == "failed", what="small failed while warming")
+        assert "generation 1 failed while warming" in d.attach("small").stderr
+        assert ctl(d, "reload").returncode == 0
+        d.wait_for_log('model "small": generation 1 failed while warming: Input/output error; '
+                       'the reload loads it again')
+        d.wait_for_log("warming generation 2 failed: Input/output error")
+        wait_until(lambda: model_entry(d, "small")["error"] ==
+                   "the new generation failed while warming", what="generation 2 dropped")
+        # Reads work again.
+        os.kill(tracer(d.proc.pid), signal.SIGTERM)
+        wait_until(lambda: tracer(d.proc.pid) == 0, what="strace detached")
+        assert ctl(d, "reload").returncode == 0
+        ready(d, "small", generation=3)
+        serving(d, "small")
+    finally:
+        assert d.stop() == 0, d.read_log()
 
 
 def model_gen(d, name):

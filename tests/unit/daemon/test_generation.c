@@ -267,6 +267,47 @@ test_reload_after_warm_failed(void **state)
 	free(path);
 }
 
+/* registry_failed(), which says what a config reload loads again
+ * (reload.c): a model whose current generation failed while warming, until
+ * a load of it warms a replacement; a model whose load failed with nothing
+ * serving; never a model that serves, nor one modified in place. */
+static void
+test_registry_failed(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", (size_t)64 * 1024);
+	struct model_entry *m;
+	char why[256] = "";
+
+	atomic_store(&fail_reads, 1);
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 1), 0);
+	du_wait_state(t, "m", false, GEN_FAILED);
+	atomic_store(&fail_reads, 0);
+	m = registry_find(&t->reg, "m");
+	assert_int_equal(registry_failed(m, why, sizeof(why)), 1);
+	assert_string_equal(why, "generation 1 failed while warming: Input/output error");
+	/* Loaded again: its replacement warms (or is current already). */
+	assert_int_equal(du_reload(t, "m"), 0);
+	assert_true(m->pending != NULL || m->current->number == 2);
+	why[0] = '\0';
+	assert_int_equal(registry_failed(m, why, sizeof(why)), 0);
+	assert_string_equal(why, "");
+	du_wait_state(t, "m", false, GEN_READY);
+	du_settle(t);
+	assert_int_equal(du_current(t, "m")->number, 2);
+	assert_int_equal(registry_failed(m, why, sizeof(why)), 0);
+	registry_mark_modified(&t->reg, m->current, "m.safetensors");
+	assert_int_equal(registry_failed(m, why, sizeof(why)), 0);
+	/* A load that failed, nothing serving. */
+	assert_int_equal(du_load(t, "x", "/nonexistent/x.safetensors", PIN_NONE, 1), -ENOENT);
+	m = registry_find(&t->reg, "x");
+	assert_non_null(m);
+	assert_int_equal(registry_failed(m, why, sizeof(why)), 1);
+	assert_true(strncmp(why, "its load failed: ", 17) == 0);
+	assert_non_null(strstr(why, "/nonexistent/x.safetensors"));
+	free(path);
+}
+
 static void
 test_failed_replacement_never_current(void **state)
 {
@@ -849,6 +890,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_load_warm, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_warm_failed, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_reload_after_warm_failed, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_registry_failed, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_failed_replacement_never_current, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_promote, setup, teardown),
