@@ -399,8 +399,10 @@ install(struct registry *r, struct model_entry *m, struct load_request *q)
 		gen_start_warming(r, g);
 	else
 		gen_set_state(g, GEN_READY, m->warm ? "no warm pool" : "the model does not warm");
-	if (m->current == NULL || g->state == GEN_READY) {
-		/* A first generation serves at once, warm or not. */
+	if (m->current == NULL || m->current->state == GEN_FAILED || g->state == GEN_READY) {
+		/* A first generation serves at once, warm or not; so does the
+		 * replacement of one that failed while warming, which serves
+		 * nothing meanwhile. */
 		m->pending = g;
 		gen_promote(r, m, g);
 	} else {

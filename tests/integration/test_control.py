@@ -522,10 +522,10 @@ def tracer(pid):
 def test_a_config_reload_loads_a_model_whose_warming_failed_again(tmp_path, model):
     """A generation whose warming failed (sendfile(2) fails with EIO,
     injected by strace) serves nothing: a reload of the configuration loads
-    the model again. While reads still fail the new generation fails too
-    (the reply comes once it is loaded, before it warms: status says how
-    its warming ended); once they work, the next reload's generation
-    serves. Before, a reload answered "configuration reloaded" and left
+    the model again. While reads still fail the new generation, current at
+    once since the failed one serves nothing, fails too (the reply comes once
+    it is loaded, before it warms: status says how its warming ended); once
+    they work, the next reload's generation serves. Before, a reload answered "configuration reloaded" and left
     generation 1 current, every attach failing with "generation 1 failed
     while warming" until wcached restarted."""
     strace = shutil.which("strace")
@@ -547,8 +547,10 @@ def test_a_config_reload_loads_a_model_whose_warming_failed_again(tmp_path, mode
         d.wait_for_log('model "small": generation 1 failed while warming: Input/output error; '
                        'the reload loads it again')
         d.wait_for_log("warming generation 2 failed: Input/output error")
-        wait_until(lambda: model_entry(d, "small")["error"] ==
-                   "the new generation failed while warming", what="generation 2 dropped")
+        # Generation 2 served at once (generation 1 served nothing), and failed.
+        wait_until(lambda: state(d, "small") == "failed" and model_gen(d, "small") == 2,
+                   what="generation 2 current and failed")
+        assert "generation 2 failed while warming" in d.attach("small").stderr
         # Reads work again.
         os.kill(tracer(d.proc.pid), signal.SIGTERM)
         wait_until(lambda: tracer(d.proc.pid) == 0, what="strace detached")

@@ -267,6 +267,38 @@ test_reload_after_warm_failed(void **state)
 	free(path);
 }
 
+/* The replacement of a generation that failed while warming serves at
+ * once, while it warms, as a first generation does: the failed one serves
+ * nothing. Before, it became current only once warm, so attaches kept
+ * failing ('generation 1 failed while warming') for the whole warm-up of a
+ * model loaded again after a transient EIO. */
+static void
+test_reload_after_warm_failed_serves_at_once(void **state)
+{
+	struct du *t = *state;
+	struct generation *g;
+	char *path;
+
+	du_teardown(t);
+	du_setup(t, true, 1 << 20); /* 1 MiB/s: the second warm-up takes 4 s */
+	path = du_model(t, "m.safetensors", 1 << 20);
+	atomic_store(&fail_reads, 1);
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 1), 0);
+	du_wait_state(t, "m", false, GEN_FAILED);
+	atomic_store(&fail_reads, 0);
+	assert_int_equal(du_reload(t, "m"), 0);
+	g = du_current(t, "m");
+	assert_int_equal(g->number, 2);
+	assert_int_equal(g->state, GEN_WARMING);
+	assert_null(registry_find(&t->reg, "m")->pending);
+	assert_ptr_equal(attach(t, "m"), g);
+	registry_release(&t->reg, g);
+	assert_int_equal(registry_unload(&t->reg, "m"), 0);
+	du_settle(t);
+	assert_int_equal(du_generations(t), 0);
+	free(path);
+}
+
 /* registry_failed(), which says what a config reload loads again
  * (reload.c): a model whose current generation failed while warming, until
  * a load of it warms a replacement; a model whose load failed with nothing
@@ -890,6 +922,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_load_warm, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_warm_failed, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_reload_after_warm_failed, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_reload_after_warm_failed_serves_at_once, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(test_registry_failed, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_failed_replacement_never_current, setup,
 			teardown),
