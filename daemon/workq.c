@@ -55,17 +55,18 @@ workq_thread_hint(int err)
 		"TasksMax=, the container's pids limit)" : "";
 }
 
-/* Threads of the probe: each notes its id, then waits to be let go. */
+/* The probe: its threads, each of which notes its id, then waits to be let
+ * go. */
 struct probe {
 	pthread_mutex_t lock;
 	pthread_cond_t go;
 	int released;
-	pid_t *tids;
 };
 
 struct probe_thread {
 	struct probe *p;
-	unsigned i;
+	pthread_t thread;
+	pid_t tid;
 };
 
 static void *
@@ -75,7 +76,7 @@ probe_run(void *arg)
 	struct probe *p = t->p;
 
 	pthread_mutex_lock(&p->lock);
-	p->tids[t->i] = gettid();
+	t->tid = gettid();
 	while (!p->released)
 		pthread_cond_wait(&p->go, &p->lock);
 	pthread_mutex_unlock(&p->lock);
@@ -115,25 +116,18 @@ workq_start_pool(uv_loop_t *loop)
 {
 	static uv_work_t first;
 	unsigned n = workq_pool_size(), started = 0;
-	struct probe p = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, NULL };
-	struct probe_thread *args = calloc(n, sizeof(*args));
-	pthread_t *threads = calloc(n, sizeof(*threads));
+	struct probe p = { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0 };
+	struct probe_thread *t = calloc(n, sizeof(*t));
 	sigset_t all, old;
 	int err = 0;
 
-	p.tids = calloc(n, sizeof(*p.tids));
-	if (args == NULL || threads == NULL || p.tids == NULL) {
-		free(args);
-		free(threads);
-		free(p.tids);
+	if (t == NULL)
 		return error_set(-ENOMEM, "cannot start %u work threads: out of memory", n);
-	}
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
 	for (; started < n; started++) {
-		args[started] = (struct probe_thread){ &p, started };
-		if ((err = -pthread_create(&threads[started], NULL, probe_run,
-			     &args[started])) != 0)
+		t[started].p = &p;
+		if ((err = -pthread_create(&t[started].thread, NULL, probe_run, &t[started])) != 0)
 			break;
 	}
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
@@ -142,12 +136,10 @@ workq_start_pool(uv_loop_t *loop)
 	pthread_cond_broadcast(&p.go);
 	pthread_mutex_unlock(&p.lock);
 	for (unsigned i = 0; i < started; i++)
-		pthread_join(threads[i], NULL);
+		pthread_join(t[i].thread, NULL);
 	for (unsigned i = 0; i < started; i++)
-		wait_reaped(p.tids[i]);
-	free(args);
-	free(threads);
-	free(p.tids);
+		wait_reaped(t[i].tid);
+	free(t);
 	if (err != 0)
 		return error_set(err, "cannot start %u work threads: %s%s", n, strerror(-err),
 			workq_thread_hint(err));
