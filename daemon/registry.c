@@ -443,8 +443,13 @@ registry_failed(const struct model_entry *m, char *why, size_t why_size)
 			m->error != NULL ? m->error : "unknown error");
 		return 1;
 	}
-	if (g->state != GEN_FAILED)
+	if (g->state == GEN_MODIFIED || (g->state != GEN_FAILED && m->error == NULL))
 		return 0;
+	if (g->state != GEN_FAILED) {
+		snprintf(why, why_size, "its replacement failed (generation %" PRIu64
+					" still serving): %s", g->number, m->error);
+		return 1;
+	}
 	snprintf(why, why_size, "generation %" PRIu64 " failed while warming%s%s", g->number,
 		g->warm.error < 0 ? ": " : "", g->warm.error < 0 ? strerror(-g->warm.error) : "");
 	return 1;

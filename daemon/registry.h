@@ -409,12 +409,13 @@ int registry_servable(struct model_entry *m, struct generation **out, char *msg,
 /*
  * Whether m is failed and nothing is mending it: its last load failed and
  * no generation serves, or its current generation failed while warming
- * (GEN_FAILED: a transient EIO), with no load of it in flight and no
- * replacement warming. Such a model refuses every attach until it is
- * loaded again (`wcachectl reload NAME`, or a config reload: reload.c).
- * Returns 1 with the reason in why (for a log line), else 0 (why
- * untouched). A model that serves, or was modified in place, is not
- * failed.
+ * (GEN_FAILED: a transient EIO), or its last replacement failed (m->error)
+ * while an older generation still serves, with no load of it in flight and
+ * no replacement warming. The first two refuse every attach, the third
+ * serves old weights, until it is loaded again (`wcachectl reload NAME`, or
+ * a config reload: reload.c). Returns 1 with the reason in why (for a log
+ * line), else 0 (why untouched). A model modified in place is not failed:
+ * loading the same files again cannot mend it (a rename(2) must).
  */
 int registry_failed(const struct model_entry *m, char *why, size_t why_size);
 

@@ -79,14 +79,16 @@ reload_model(enum config_change change, const struct model_config *old_model,
 
 /*
  * After the configuration's changes are queued: each configured model that
- * is failed (registry_failed: its load failed and nothing serves, or its
- * current generation failed while warming) and that no load mends already
+ * is failed (registry_failed: its load failed and nothing serves, its
+ * current generation failed while warming, or its last replacement failed
+ * while an older generation serves) and that no load mends already
  * (one the new configuration asked for included) is loaded again as it is
  * served (its path, pin and warm, which a `wcachectl load` may have set),
  * in the reload's batch, as `wcachectl reload NAME` would: a reload is
  * what README tells an operator to run once the cause is fixed, and a
  * retry that fails again fails the reload as a new model's load does. A
- * model that serves is left alone: no new generation for it.
+ * model that serves its configured files is left alone: no new generation
+ * for it.
  */
 static void
 retry_failed(struct batch *b, const struct config *cfg)

@@ -561,6 +561,56 @@ def test_a_config_reload_loads_a_model_whose_warming_failed_again(tmp_path, mode
         assert d.stop() == 0, d.read_log()
 
 
+def test_a_config_reload_loads_a_model_whose_replacement_failed_again(tmp_path, model):
+    """A replacement (a new file renamed over the model's path) whose load
+    fails for a transient cause (every openat(2) of wcached fails with EIO,
+    injected by a strace attached for the while) leaves generation 1
+    serving the old weights, the error in status. Nothing on disk changes
+    after that, so no watch would ever load it again: a reload of the
+    configuration does, once the cause is gone, and generation 2 serves the
+    new file. Before, a config reload left a serving model alone, old
+    weights and all, until its files changed again or `wcachectl reload
+    NAME`."""
+    strace = shutil.which("strace")
+    if strace is None or subprocess.run([strace, "-qq", "-o", "/dev/null", "true"]).returncode:
+        pytest.skip("needs strace, and ptrace allowed, to make an open fail")
+    d = Daemon(tmp_path, {"small": model})
+    wait_for_control(d.start())
+    tracer_proc = None
+    try:
+        ready(d, "small")
+        pid = d.proc.pid
+        tracer_proc = subprocess.Popen([strace, "-f", "-qq", "-o", "/dev/null", "-p", str(pid),
+                                        "-e", "trace=openat", "-e", "inject=openat:error=EIO"])
+        tasks = os.listdir(f"/proc/{pid}/task")
+        wait_until(lambda: all(tracer(f"{pid}/task/{t}") for t in tasks), what="strace attached")
+        new = mkmodel(tmp_path / "new.safetensors", seed=2, **SMALL)
+        os.rename(new, model)
+        d.wait_for_log('model "small": .*Input/output error; generation still serving')
+        m = model_entry(d, "small")
+        assert m["generation"] == 1 and "Input/output error" in m["error"], m
+        serving(d, "small")
+        tracer_proc.terminate()
+        tracer_proc.wait(timeout=30)
+        wait_until(lambda: tracer(pid) == 0, what="strace detached")
+        r = ctl(d, "reload")
+        assert r.returncode == 0, (r.stdout, r.stderr, d.read_log())
+        d.wait_for_log('model "small": its replacement failed [(]generation 1 still serving[)]: '
+                       '.*Input/output error; the reload loads it again')
+        ready(d, "small", generation=2)
+        assert "error" not in model_entry(d, "small")
+        serving(d, "small")
+        # Nothing is failed now: a reload loads nothing again.
+        assert ctl(d, "reload").returncode == 0
+        assert d.read_log().count("the reload loads it again") == 1
+        assert model_gen(d, "small") == 2
+    finally:
+        if tracer_proc is not None and tracer_proc.poll() is None:
+            tracer_proc.kill()
+            tracer_proc.wait()
+        assert d.stop() == 0, d.read_log()
+
+
 def model_gen(d, name):
     m = model_entry(d, name)
     return m["generation"] if m else 0

@@ -302,7 +302,8 @@ test_reload_after_warm_failed_serves_at_once(void **state)
 /* registry_failed(), which says what a config reload loads again
  * (reload.c): a model whose current generation failed while warming, until
  * a load of it warms a replacement; a model whose load failed with nothing
- * serving; never a model that serves, nor one modified in place. */
+ * serving; never a model that serves its files, nor one modified in place
+ * (a failed replacement: test_failed_replacement_never_current). */
 static void
 test_registry_failed(void **state)
 {
@@ -346,6 +347,7 @@ test_failed_replacement_never_current(void **state)
 	struct du *t = *state;
 	char *p1 = du_model(t, "a.safetensors", 1024), *p2 = du_model(t, "b.safetensors", 1024);
 	struct model_entry *m;
+	char why[256];
 
 	assert_int_equal(du_load(t, "m", p1, PIN_NONE, 1), 0);
 	du_wait_state(t, "m", false, GEN_READY);
@@ -360,6 +362,17 @@ test_failed_replacement_never_current(void **state)
 	assert_int_equal(m->current->number, 1);
 	assert_string_equal(m->error, "the new generation failed while warming");
 	assert_int_equal(du_generations(t), 1); /* generation 2 closed */
+	/* Old weights serve: a config reload loads it again (registry_failed). */
+	assert_int_equal(registry_failed(m, why, sizeof(why)), 1);
+	assert_string_equal(why, "its replacement failed (generation 1 still serving): "
+				 "the new generation failed while warming");
+	assert_int_equal(du_reload(t, "m"), 0);
+	assert_int_equal(registry_failed(m, why, sizeof(why)), 0);
+	du_wait_state(t, "m", false, GEN_READY);
+	du_settle(t);
+	assert_int_equal(du_current(t, "m")->number, 3);
+	assert_null(m->error);
+	assert_int_equal(registry_failed(m, why, sizeof(why)), 0);
 	free(p1);
 	free(p2);
 }
