@@ -506,7 +506,14 @@ on_settle(uv_timer_t *t)
 		 * them, so a file still being written fails it, the generation
 		 * serving stays, and the file's next event asks again. */
 		if (registry_find(w->reg, d.name) != NULL) {
-			log_info("model \"%s\": files changed on disk, reloading", d.name);
+			/* After lost events most models did not change: a
+			 * reload that finds the same files is quiet. */
+			if (d.lost)
+				log_debug("model \"%s\": checking its files (inotify lost "
+					  "events)", d.name);
+			else
+				log_info("model \"%s\": files changed on disk, reloading",
+					d.name);
 			if (registry_reload(w->reg, d.name, reload_done, NULL) < 0)
 				log_warnx("%s", error_get());
 		}
@@ -516,8 +523,9 @@ on_settle(uv_timer_t *t)
 	arm_settle(w);
 }
 
-void
-watch_mark_dirty(struct watch *w, const char *name)
+/* watch_mark_dirty, lost: only because events were lost (an overflow). */
+static void
+mark_dirty(struct watch *w, const char *name, bool lost)
 {
 	uint64_t now = uv_now(w->loop);
 	struct dirty_model *d = NULL, *grown;
@@ -533,7 +541,10 @@ watch_mark_dirty(struct watch *w, const char *name)
 		if ((d->name = strdup(name)) == NULL)
 			return;
 		d->first_ms = now;
+		d->lost = lost;
 		w->ndirty++;
+	} else if (!lost) {
+		d->lost = false;
 	}
 	/* Only this model's own events postpone its reload, and only up to
 	 * the maximum: a neighbour writing her files without pause can delay
@@ -542,6 +553,33 @@ watch_mark_dirty(struct watch *w, const char *name)
 	if (d->due_ms > d->first_ms + WATCH_SETTLE_MAX_MS)
 		d->due_ms = d->first_ms + WATCH_SETTLE_MAX_MS;
 	arm_settle(w);
+}
+
+void
+watch_mark_dirty(struct watch *w, const char *name)
+{
+	mark_dirty(w, name, false);
+}
+
+/* One line for the first overflow, then at most one a minute with how
+ * many there were: a neighbour flooding a model's directory must not flood
+ * the journal too. */
+#define OVERFLOW_LOG_MS 60000
+
+static void
+log_overflow(struct watch *w)
+{
+	uint64_t now = uv_now(w->loop);
+
+	w->overflows++;
+	if (w->overflows_logged > 0 && now - w->overflow_log_ms < OVERFLOW_LOG_MS)
+		return;
+	log_warnx("inotify lost events (its queue overflowed %" PRIu64 " time%s%s; "
+		  "fs.inotify.max_queued_events): checking every model's files",
+		w->overflows - w->overflows_logged, w->overflows - w->overflows_logged == 1 ? "" : "s",
+		w->overflows_logged > 0 ? " since the last line" : "");
+	w->overflows_logged = w->overflows;
+	w->overflow_log_ms = now;
 }
 
 /* The models one wakeup's events touched (up to READS_PER_WAKEUP reads):
@@ -591,9 +629,10 @@ handle_event(struct watch *w, const struct inotify_event *ev, struct touched *t)
 
 	if (ev->mask & IN_Q_OVERFLOW) {
 		/* Events were lost: look at everything. */
+		log_overflow(w);
 		watch_check_modified(w);
 		for (struct model_entry *m = w->reg->models; m != NULL; m = m->next)
-			watch_mark_dirty(w, m->name);
+			mark_dirty(w, m->name, true);
 		return;
 	}
 	for (size_t i = 0; i < w->ndirs; i++)

@@ -6,6 +6,7 @@
 #ifndef WC_WATCH_INTERNAL_H
 #define WC_WATCH_INTERNAL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <uv.h>
@@ -44,6 +45,7 @@ struct dirty_model {
 	char *name;
 	uint64_t first_ms;      /* loop time of its first event since its last reload */
 	uint64_t due_ms;        /* loop time its reload is asked for */
+	bool lost;              /* marked only because inotify lost events */
 };
 
 struct watch {
@@ -64,6 +66,9 @@ struct watch {
 	struct synced *synced; /* each model's watches (watch.c) */
 	size_t nsynced;
 	unsigned jobs; /* sync and poll jobs on the work queue; the watch is freed at 0 */
+	uint64_t overflows;        /* inotify queue overflows (events lost) */
+	uint64_t overflow_log_ms;  /* loop time of the last line about them */
+	uint64_t overflows_logged; /* overflows that line counted */
 };
 
 /* watch.c: reloads the model name after WATCH_SETTLE_MS without another call

@@ -507,6 +507,82 @@ test_flood_read_in_turns(void **state)
 	du_run_until(&t->du, drained, t->w);
 }
 
+/* Files created and closed in w's model directory, two events each,
+ * enough for more than the kernel queues (fs.inotify.max_queued_events):
+ * the queue overflows. Returns how many were made. */
+static long
+overflow_queue(struct wt *t, const char *prefix)
+{
+	FILE *f = fopen("/proc/sys/fs/inotify/max_queued_events", "r");
+	long max = 0, n;
+	char *path;
+	int fd;
+
+	assert_non_null(f);
+	assert_int_equal(fscanf(f, "%ld", &max), 1);
+	fclose(f);
+	n = max / 2 + 100;
+	for (long i = 0; i < n; i++) {
+		assert_true(asprintf(&path, "%s/%s%ld", t->du.dir, prefix, i) > 0);
+		fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+		assert_true(fd >= 0);
+		close(fd);
+		free(path);
+	}
+	return n;
+}
+
+static bool
+settled(struct du *d, void *arg)
+{
+	const struct watch *w = arg;
+	struct model_entry *m = registry_find(&d->reg, "m");
+
+	return queued(w) == 0 && w->ndirty == 0 && m->loading == 0;
+}
+
+static int
+count(const char *text, const char *what)
+{
+	int n = 0;
+
+	for (const char *p = text; (p = strstr(p, what)) != NULL; p += strlen(what))
+		n++;
+	return n;
+}
+
+/* Lost events (an inotify queue overflow) make every model be looked at,
+ * in one warning line, not one "files changed on disk" line per model: a
+ * second overflow within the minute adds no line, and a real change after
+ * them is logged as one. Before, each overflow logged nothing about itself
+ * and "files changed on disk, reloading" for every model. */
+static void
+test_overflow_one_line(void **state)
+{
+	struct wt *t = *state;
+	char *log, *next = du_model(&t->du, "next.safetensors", 2048);
+	uint64_t two = 2;
+
+	du_log_start(&t->du);
+	print_message("%ld files made\n", overflow_queue(t, "a"));
+	du_run_until(&t->du, settled, t->w);
+	assert_int_equal(t->w->overflows, 1);
+	(void)overflow_queue(t, "b");
+	du_run_until(&t->du, settled, t->w);
+	assert_int_equal(t->w->overflows, 2);
+	assert_int_equal(du_current(&t->du, "m")->number, 1); /* nothing changed */
+	assert_int_equal(rename(next, t->path), 0);
+	du_run_until(&t->du, current_is, &two);
+	log = du_log_stop(&t->du);
+	assert_int_equal(count(log, "inotify lost events (its queue overflowed 1 time; "
+				    "fs.inotify.max_queued_events): checking every model's files"), 1);
+	assert_int_equal(count(log, "inotify lost events (its queue"), 1);
+	assert_int_equal(count(log, "model \"m\": checking its files (inotify lost events)"), 2);
+	assert_int_equal(count(log, "model \"m\": files changed on disk, reloading"), 1);
+	free(log);
+	free(next);
+}
+
 int
 main(void)
 {
@@ -522,6 +598,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_busy_neighbour_delays_no_reload, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_flood_read_in_turns, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_overflow_one_line, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
