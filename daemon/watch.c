@@ -569,15 +569,15 @@ watch_mark_dirty(struct watch *w, const char *name)
 static void
 log_overflow(struct watch *w)
 {
-	uint64_t now = uv_now(w->loop);
+	uint64_t now = uv_now(w->loop), n;
 
 	w->overflows++;
 	if (w->overflows_logged > 0 && now - w->overflow_log_ms < OVERFLOW_LOG_MS)
 		return;
+	n = w->overflows - w->overflows_logged;
 	log_warnx("inotify lost events (its queue overflowed %" PRIu64 " time%s%s; "
 		  "fs.inotify.max_queued_events): checking every model's files",
-		w->overflows - w->overflows_logged, w->overflows - w->overflows_logged == 1 ? "" : "s",
-		w->overflows_logged > 0 ? " since the last line" : "");
+		n, n == 1 ? "" : "s", w->overflows_logged > 0 ? " since the last line" : "");
 	w->overflows_logged = w->overflows;
 	w->overflow_log_ms = now;
 }
