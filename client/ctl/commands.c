@@ -122,10 +122,11 @@ static const struct {
 		"--json, the daemon's reply holds the text in \"text\".\n\n"
 		"With --http: answers one HTTP/1.1 request read from standard input on\n"
 		"standard output, as an inetd-style service (wcached-metrics@.service of\n"
-		"wcached-metrics.socket runs it): GET /metrics gets the exposition, any\n"
-		"other path 404, any other method 405, a malformed or oversized request\n"
-		"400, a request not complete within SECONDS (default 10) 408, and 503\n"
-		"when wcached cannot be reached.\n" },
+		"wcached-metrics.socket runs it): GET /metrics gets the exposition (the\n"
+		"target also as http://HOST:PORT/metrics), HEAD /metrics its head alone,\n"
+		"any other path 404, any other method 405, a malformed or oversized\n"
+		"request 400, a request not complete within SECONDS (default 10) 408,\n"
+		"and 503 when wcached cannot be reached or does not send the metrics.\n" },
 };
 
 /* Finds a control command as wcachectl takes it (internal.h). */

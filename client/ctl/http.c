@@ -8,8 +8,9 @@
  * control socket for "metrics" and answers:
  *
  *   GET /metrics (a query string is ignored)    200, the text exposition
+ *   HEAD /metrics                               200, the same head, no body
  *   another path                                404
- *   another method                              405, Allow: GET
+ *   another method                              405, Allow: GET, HEAD
  *   a malformed request, or one over CTL_HTTP_REQUEST_MAX bytes   400
  *   no complete request within the timeout      408
  *   wcached unreachable or failing              503, the reason as text
@@ -36,7 +37,10 @@
 
 #define EXPOSITION_TYPE "text/plain; version=0.0.4; charset=utf-8"
 
-/* Sends a whole response: status line, headers, body. */
+/* Whether the request is HEAD: responses carry their head alone. */
+static bool head_only;
+
+/* Sends a whole response: status line, headers, body (not to HEAD). */
 static int
 respond(int code, const char *reason, const char *type, const char *extra_header,
 	const char *body, size_t len)
@@ -49,7 +53,7 @@ respond(int code, const char *reason, const char *type, const char *extra_header
 
 	if (n < 0 || (size_t)n >= sizeof(head) ||
 		fd_write_all(STDOUT_FILENO, head, (size_t)n) < 0 ||
-		fd_write_all(STDOUT_FILENO, body, len) < 0) {
+		(!head_only && fd_write_all(STDOUT_FILENO, body, len) < 0)) {
 		fprintf(stderr, "wcachectl metrics --http: writing the response: %s\n",
 			strerror(errno));
 		return -1;
@@ -103,6 +107,8 @@ read_request(char *buf, size_t cap, size_t *len, double deadline)
 		*len = n;
 		if (ctl_http_head_complete(buf, n))
 			return 1;
+		if (n == cap)
+			return -2; /* not a 408 for a client that stops there */
 	}
 }
 
@@ -110,11 +116,12 @@ read_request(char *buf, size_t cap, size_t *len, double deadline)
 int
 ctl_http_read_reply(const char *line, size_t len, int *ok, char **text, size_t *text_len)
 {
-	char *t = NULL;
-	size_t t_len = 0;
+	/* [0]: the first "text", [1]: the first "error" */
+	char *t[2] = { NULL, NULL };
+	size_t t_len[2] = { 0, 0 };
 	struct jr j;
 	struct jr_str key;
-	int is_ok = -1, rc;
+	int is_ok = -1, rc, k;
 
 	/* {"ok":true,...,"text":"..."}: only ok, error and text matter. */
 	jr_init(&j, line, len);
@@ -122,33 +129,36 @@ ctl_http_read_reply(const char *line, size_t len, int *ok, char **text, size_t *
 	while (rc >= 0 && (rc = jr_object_next(&j, &key)) == 1) {
 		struct jr_str v;
 
+		k = jr_str_eq(&key, "text", 4) ? 0 : jr_str_eq(&key, "error", 5) ? 1 : -1;
 		if (jr_str_eq(&key, "ok", 2)) {
 			is_ok = jr_peek(&j) == JR_TRUE;
 			rc = jr_skip(&j);
-		} else if ((jr_str_eq(&key, "text", 4) || jr_str_eq(&key, "error", 5)) &&
-			jr_peek(&j) == JR_STRING && t == NULL) {
+		} else if (k >= 0 && jr_peek(&j) == JR_STRING && t[k] == NULL) {
 			if ((rc = jr_string(&j, &v)) < 0)
 				break;
-			if ((t = malloc(v.len + 1)) == NULL) {
+			if ((t[k] = malloc(v.len + 1)) == NULL) {
 				rc = -ENOMEM;
 				break;
 			}
-			if ((rc = jr_str_decode(&v, t, v.len + 1)) < 0)
+			if ((rc = jr_str_decode(&v, t[k], v.len + 1)) < 0)
 				break;
-			t_len = v.len;
+			t_len[k] = v.len;
 		} else {
 			rc = jr_skip(&j);
 		}
 	}
 	if (rc >= 0)
 		rc = jr_finish(&j);
+	/* Metrics only from a reply that says ok; its error otherwise. */
+	k = is_ok == 1 ? 0 : 1;
+	free(t[1 - k]);
 	if (rc < 0) {
-		free(t);
+		free(t[k]);
 		return rc;
 	}
 	*ok = is_ok;
-	*text = t;
-	*text_len = t_len;
+	*text = t[k];
+	*text_len = t_len[k];
 	return 0;
 }
 
@@ -238,7 +248,7 @@ ctl_http_metrics(const char *control_path, double timeout)
 			"incomplete request");
 		goto out;
 	}
-	switch (ctl_http_classify(buf, len)) {
+	switch (ctl_http_classify(buf, len, &head_only)) {
 	case 200:
 		status = serve_metrics(control_path);
 		break;
@@ -246,7 +256,8 @@ ctl_http_metrics(const char *control_path, double timeout)
 		respond_text(404, "Not Found", NULL, "not found: only /metrics is served");
 		break;
 	case 405:
-		respond_text(405, "Method Not Allowed", "Allow: GET\r\n", "only GET is served");
+		respond_text(405, "Method Not Allowed", "Allow: GET, HEAD\r\n",
+			"only GET and HEAD are served");
 		break;
 	default:
 		respond_text(400, "Bad Request", NULL, "malformed request line");

@@ -31,9 +31,46 @@ visible(const char *s, size_t n)
 	return n > 0;
 }
 
+/* Does s[0..n) start with the ASCII text prefix, in any case? */
+static bool
+starts_nocase(const char *s, size_t n, const char *prefix)
+{
+	size_t k = strlen(prefix);
+
+	if (n < k)
+		return false;
+	for (size_t i = 0; i < k; i++) {
+		char c = s[i] >= 'A' && s[i] <= 'Z' ? (char)(s[i] - 'A' + 'a') : s[i];
+
+		if (c != prefix[i])
+			return false;
+	}
+	return true;
+}
+
+/* Is target[0..n) /metrics, with or without a query string: in origin form
+ * ("/metrics?x") or absolute form ("http://host:port/metrics", which a
+ * server must accept, RFC 9112 3.2.2; the authority is not checked: the
+ * socket decides who is asked)? */
+static bool
+is_metrics(const char *target, size_t n)
+{
+	size_t skip = starts_nocase(target, n, "http://") ? 7 :
+		starts_nocase(target, n, "https://") ? 8 : 0;
+
+	if (skip > 0) {
+		/* The authority runs to the path, the query, or the end. */
+		while (skip < n && target[skip] != '/' && target[skip] != '?')
+			skip++;
+		target += skip;
+		n -= skip;
+	}
+	return n >= 8 && memcmp(target, "/metrics", 8) == 0 && (n == 8 || target[8] == '?');
+}
+
 /* The status a request head gets (internal.h). */
 int
-ctl_http_classify(const char *buf, size_t len)
+ctl_http_classify(const char *buf, size_t len, bool *head)
 {
 	const char *nl = memchr(buf, '\n', len), *sp1, *sp2, *target, *version;
 	size_t line_len, method_len, target_len;
@@ -56,10 +93,10 @@ ctl_http_classify(const char *buf, size_t len)
 		(size_t)(buf + line_len - version) != 8 || memcmp(version, "HTTP/1.", 7) != 0 ||
 		(version[7] != '0' && version[7] != '1'))
 		return 400;
-	if (method_len != 3 || memcmp(buf, "GET", 3) != 0)
+	*head = method_len == 4 && memcmp(buf, "HEAD", 4) == 0;
+	if (!*head && (method_len != 3 || memcmp(buf, "GET", 3) != 0))
 		return 405;
-	if (!(target_len >= 8 && memcmp(target, "/metrics", 8) == 0 &&
-		(target_len == 8 || target[8] == '?')))
+	if (!is_metrics(target, target_len))
 		return 404;
 	return 200;
 }

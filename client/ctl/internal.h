@@ -158,10 +158,11 @@ int ctl_http_metrics(const char *control_path, double timeout);
 /*
  * Reads the reply line (len bytes) to "metrics" as the endpoint does:
  * *ok is 1 when "ok" is true, 0 when it is anything else, -1 when absent;
- * *text is a malloc'd copy of the first string "text" or "error" (NUL-
- * terminated, its length without the NUL in *text_len; it may hold a NUL),
- * or NULL. Returns 0, or a negative errno-style code for a reply that is
- * not one JSON object (out-parameters untouched).
+ * *text is a malloc'd copy of the first string "text" when *ok is 1, else
+ * of the first string "error" (NUL-terminated, its length without the NUL
+ * in *text_len; it may hold a NUL), or NULL. Returns 0, or a negative
+ * errno-style code for a reply that is not one JSON object (out-parameters
+ * untouched).
  */
 int ctl_http_read_reply(const char *line, size_t len, int *ok, char **text, size_t *text_len);
 
@@ -171,9 +172,11 @@ int ctl_http_read_reply(const char *line, size_t len, int *ok, char **text, size
 bool ctl_http_head_complete(const char *buf, size_t len);
 
 /* The status a request head (len bytes, as ctl_http_head_complete() found
- * it) gets: 200 for GET /metrics (a query string is ignored) in HTTP/1.0 or
- * 1.1, 404 for another target, 405 for another method, 400 when the request
- * line is malformed. Reads nothing outside buf[0..len). */
-int ctl_http_classify(const char *buf, size_t len);
+ * it) gets: 200 for GET or HEAD of /metrics (a query string is ignored; the
+ * target in origin form or absolute form, http://HOST/metrics) in HTTP/1.0
+ * or 1.1, 404 for another target, 405 for another method, 400 when the
+ * request line is malformed. *head: whether the method is HEAD (set unless
+ * 400). Reads nothing outside buf[0..len). */
+int ctl_http_classify(const char *buf, size_t len, bool *head);
 
 #endif /* WC_CTL_INTERNAL_H */

@@ -18,7 +18,7 @@ import urllib.request
 import pytest
 
 from conftest import binary, wait_until
-from ctlutil import ctl, wait_for_control
+from ctlutil import FakeControl, ctl, wait_for_control
 
 SRC = os.environ.get("WCACHE_SRCDIR") or os.path.join(os.path.dirname(__file__), "..", "..")
 ACTIVATE = shutil.which("systemd-socket-activate")
@@ -64,13 +64,42 @@ def test_get_metrics(daemon, model):
     assert "# TYPE wcached_model_bytes gauge" in text and text.endswith("\n")
     # A query string, HTTP/1.0 and bare LF line ends are fine.
     assert respond(daemon, b"GET /metrics?x=1 HTTP/1.0\n\n")[0] == 200
+    # The absolute form, which a server must accept (RFC 9112 3.2.2; a
+    # client talking to a proxy sends it). Before: 404.
+    for target in (b"http://localhost:9571/metrics", b"HTTP://h/metrics?x=1",
+                   b"https://[::1]:9571/metrics", b"http:///metrics"):
+        code, _, body, rc = respond(daemon, b"GET " + target + b" HTTP/1.1\r\n\r\n")
+        assert code == 200 and rc == 0 and b"wcached_model_bytes" in body, target
+    for target in (b"http://h/", b"http://h", b"http://h?/metrics", b"http://h/x/metrics",
+                   b"ftp://h/metrics"):
+        assert respond(daemon, b"GET " + target + b" HTTP/1.1\r\n\r\n")[0] == 404, target
+
+
+def test_head_metrics(daemon):
+    """HEAD gets GET's head, Content-Length included, and no body (RFC 9110
+    9.3.2: every general-purpose server supports GET and HEAD). Before:
+    405."""
+    r = subprocess.run([binary("wcachectl"), "--control", daemon.control, "metrics", "--http"],
+                       input=b"HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
+                       capture_output=True, timeout=60)
+    head, sep, body = r.stdout.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = dict(l.split(": ", 1) for l in lines[1:])
+    assert r.returncode == 0 and lines[0] == "HTTP/1.1 200 OK" and sep and body == b""
+    assert headers["Content-Type"] == EXPOSITION
+    got = respond(daemon, b"GET /metrics HTTP/1.1\r\n\r\n")[2]
+    # The metrics move between the two requests (uptime): about the same size.
+    assert abs(int(headers["Content-Length"]) - len(got)) < 64, (headers, len(got))
+    r = subprocess.run([binary("wcachectl"), "--control", daemon.control, "metrics", "--http"],
+                       input=b"HEAD / HTTP/1.1\r\n\r\n", capture_output=True, timeout=60)
+    assert r.stdout.startswith(b"HTTP/1.1 404 ") and r.stdout.endswith(b"\r\n\r\n")
 
 
 def test_everything_else_is_refused(daemon):
     cases = ((b"GET / HTTP/1.1\r\n\r\n", 404), (b"GET /metricsx HTTP/1.1\r\n\r\n", 404),
              (b"GET /status HTTP/1.1\r\n\r\n", 404),
              (b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 405),
-             (b"HEAD /metrics HTTP/1.1\r\n\r\n", 405),
+             (b"PUT /metrics HTTP/1.1\r\n\r\n", 405), (b"get /metrics HTTP/1.1\r\n\r\n", 405),
              (b"GET /metrics\r\n\r\n", 400), (b"GET /metrics HTTP/2.0\r\n\r\n", 400),
              (b"GET  /metrics HTTP/1.1\r\n\r\n", 400), (b"\x16\x03\x01\x02\x00\r\n\r\n", 400),
              (b"GET /metrics HTTP/1.1\r\nHost: x\r\n", 400),            # ends mid-head
@@ -80,7 +109,7 @@ def test_everything_else_is_refused(daemon):
         assert code == expected, (request[:40], code)
         assert rc == 1 and b"wcached_" not in body
         if expected == 405:
-            assert headers["Allow"] == "GET"
+            assert headers["Allow"] == "GET, HEAD"
     # A connection that sends nothing gets nothing.
     assert respond(daemon, b"") == (None, {}, b"", 1)
 
@@ -96,12 +125,47 @@ def test_deadline_and_daemon_down(daemon, tmp_path):
     w.stdin.close()
     w.wait(timeout=30)
     assert out.startswith(b"HTTP/1.1 408 ") and time.monotonic() - start < 10
+    # A head that reaches the 8 KiB cap, then stops: 400 at once (the cap
+    # is reached), not 408 at the deadline as before.
+    w = subprocess.Popen([binary("wcachectl"), "--control", daemon.control, "metrics", "--http",
+                          "--timeout", "20"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    w.stdin.write(b"GET /metrics HTTP/1.1\r\nX: " + b"a" * (8192 - 26))
+    w.stdin.flush()
+    start = time.monotonic()
+    out = w.stdout.read()
+    w.stdin.close()
+    w.wait(timeout=30)
+    assert out.startswith(b"HTTP/1.1 400 ") and b"request header too large" in out, out
+    assert time.monotonic() - start < 10
     code, _, body, rc = respond(daemon, b"GET /metrics HTTP/1.1\r\n\r\n",
                                 control=str(tmp_path / "none.sock"))
     assert code == 503 and rc == 1 and b"cannot be reached" in body
     r = subprocess.run([binary("wcachectl"), "metrics", "--timeout", "1"], capture_output=True,
                        text=True)
     assert r.returncode == 2 and "--timeout goes with --http" in r.stderr
+
+
+def test_only_an_ok_reply_is_served(tmp_path):
+    """The metrics come from a reply's "text" only when it says "ok":true;
+    otherwise its "error" is the 503's reason, whichever key comes first.
+    Before, the first of "text" and "error" was taken: {"ok":true,"error":
+    ...,"text":...} served the error as the metrics, with 200."""
+    cases = ((b'{"ok":true,"error":"not this","text":"m 1\\n"}\n', 200, b"m 1\n"),
+             (b'{"text":"m 2\\n","ok":true}\n', 200, b"m 2\n"),
+             (b'{"ok":false,"text":"m 3\\n","error":"broken"}\n', 503, b"broken\n"),
+             (b'{"ok":true,"error":"no text"}\n', 503, b"wcached sent no metrics\n"),
+             (b'{"text":"m 4\\n"}\n', 503, b"wcached sent no metrics\n"))
+    for i, (reply, expected, body) in enumerate(cases):
+        fake = FakeControl(tmp_path / f"c{i}.sock", reply)
+        try:
+            r = subprocess.run([binary("wcachectl"), "--control", fake.path, "metrics",
+                                "--http"], input=b"GET /metrics HTTP/1.1\r\n\r\n",
+                               capture_output=True, timeout=60)
+        finally:
+            fake.close()
+        head, _, got = r.stdout.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 %d " % expected) and got == body, (reply, r.stdout)
+        assert r.returncode == (0 if expected == 200 else 1)
 
 
 def free_port():
