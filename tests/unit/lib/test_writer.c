@@ -28,6 +28,7 @@
 #include "base/error.h"
 #include "format/index.h"
 #include "format/source.h"
+#include "format/weig.h"
 #include "testutil.h"
 #include "lib/wcache.h"
 #include "lib/writer.h"
@@ -423,7 +424,7 @@ make_weig(const struct be_tensor *t, size_t n, const char *const *meta, size_t n
 	assert_true(n <= 16 && nmeta <= 8);
 	for (size_t i = 0; i < n; i++) {
 		shape_off[i] = off;
-		off += 8 * t[i].ndim;
+		off += 8 * (uint64_t)t[i].ndim;
 	}
 	for (size_t i = 0; i < n; i++) {
 		name_off[i] = off;
@@ -466,7 +467,7 @@ make_weig(const struct be_tensor *t, size_t n, const char *const *meta, size_t n
 		PUT64(r + 32, data_off[i]);
 		PUT64(r + 40, t[i].nbytes);
 		for (uint32_t d = 0; d < t[i].ndim; d++)
-			PUT64(shape_off[i] + 8 * d, t[i].shape[d]);
+			PUT64(shape_off[i] + 8 * (uint64_t)d, t[i].shape[d]);
 		memcpy(buf + name_off[i], t[i].name, strlen(t[i].name) + 1);
 		memcpy(buf + data_off[i], t[i].data, t[i].nbytes);
 	}
@@ -476,7 +477,8 @@ make_weig(const struct be_tensor *t, size_t n, const char *const *meta, size_t n
 		memcpy(buf + key_off[i], meta[2 * i], strlen(meta[2 * i]) + 1);
 		memcpy(buf + value_off[i], meta[2 * i + 1], strlen(meta[2 * i + 1]) + 1);
 	}
-	memcpy(buf + size - 16, "WEIGTAIL", 8);
+	/* The trailer: the magic's 8 bytes (no NUL), then the file's size. */
+	memcpy(buf + size - WEIG_TRAILER_SIZE, WEIG_TRAILER_MAGIC, sizeof(uint64_t));
 	PUT64(size - 8, size);
 #undef PUT64
 #undef PUT32
