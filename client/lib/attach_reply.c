@@ -82,7 +82,7 @@ use_index(int fd, uint64_t want, const char *what, const struct attach_index *ca
 	void *p;
 
 	if (fstat(fd, &st) == -1)
-		return error_set(-errno, "%s: fstat: %s", what, strerror(errno));
+		return error_set(-errno, "%s: index: fstat: %s", what, strerror(errno));
 	if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != want)
 		return error_set(-EBADMSG, "%s: received descriptor is not a %llu-byte file",
 			what, (unsigned long long)want);
@@ -112,7 +112,7 @@ use_index(int fd, uint64_t want, const char *what, const struct attach_index *ca
 	 * release is proportional to the tensor count. */
 	if ((p = mmap(NULL, (size_t)want, PROT_READ, MAP_SHARED, fd, 0)) == MAP_FAILED) {
 		free(x);
-		return error_set(-errno, "%s: mmap: %s", what, strerror(errno));
+		return error_set(-errno, "%s: index: mmap: %s", what, strerror(errno));
 	}
 	x->base = p;
 	x->len = (size_t)want;

@@ -21,7 +21,7 @@
  *
  * The knobs of the fault injection live here, so that setup() can reset
  * them; each wrapper lives in the one test linked with its --wrap option
- * (tests/CMakeLists.txt): __wrap_mmap and __wrap_fcntl in
+ * (tests/CMakeLists.txt): __wrap_mmap, __wrap_fcntl and __wrap_fstat in
  * test_attach_reply.c, __wrap_recvmsg and __wrap_connect in
  * test_attach_connection.c.
  */
@@ -32,6 +32,7 @@
 #include <semaphore.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "fakedaemon.h"
 #include "lib/wcache.h"
@@ -47,7 +48,8 @@
 #define KERNEL_SCM_MAX_FD FAKE_SCM_MAX_FD
 
 /* What the wrappers do (mmap_ knobs: __wrap_mmap, recv_ knobs:
- * __wrap_recvmsg, connect_: __wrap_connect, fcntl_: __wrap_fcntl), and
+ * __wrap_recvmsg, connect_: __wrap_connect, fcntl_: __wrap_fcntl,
+ * fstat_: __wrap_fstat), and
  * the semaphores through which the fake daemon and the client's receive
  * wait for each other; setup() clears them. */
 struct af_fault {
@@ -57,6 +59,8 @@ struct af_fault {
 	int connect_eintr;   /* > 0: so many connect() calls from now on fail with EINTR */
 	int fcntl_cmd;       /* != 0: the next fcntl() with this command fails, ... */
 	int fcntl_errno;     /* ... with this errno */
+	ino_t fstat_ino;     /* != 0: the client thread's next fstat() of this inode fails, */
+	int fstat_errno;     /* ... with this errno */
 	pthread_t client;    /* the thread whose recvmsg() the hooks below apply to */
 	int recv_wait_close; /* before its next recvmsg(): wait until the fake closed */
 	int recv_post_read;  /* after its next recvmsg(): post fault.read */

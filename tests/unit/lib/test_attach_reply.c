@@ -12,13 +12,15 @@
  * model file or a bad status page (attach_fixture.h).
  *
  * Fault injection uses the linker's --wrap (tests/CMakeLists.txt links this
- * test with -Wl,--wrap=mmap and compiles it with -U_FORTIFY_SOURCE):
- * __wrap_mmap fails the Nth file-backed mmap() while a test has armed it.
- * __real_mmap is weak, so a build without that option still links; the
- * tests that need it then report SKIPPED.
+ * test with -Wl,--wrap=mmap,--wrap=fcntl,--wrap=fstat and compiles it with
+ * -U_FORTIFY_SOURCE): __wrap_mmap fails the Nth file-backed mmap() while a
+ * test has armed it, __wrap_fcntl one command, __wrap_fstat the client's
+ * fstat() of one inode. The __real_ symbols are weak, so a build without
+ * those options still links; the tests that need them then report SKIPPED.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -85,6 +87,26 @@ __wrap_fcntl(int fd, int cmd, ...)
 		return -1;
 	}
 	return __real_fcntl(fd, cmd, arg);
+}
+
+int __real_fstat(int fd, struct stat *st) __attribute__((weak));
+int __wrap_fstat(int fd, struct stat *st);
+
+/* fstat() failing once with fault.fstat_errno in the client's thread for a
+ * descriptor of the inode fault.fstat_ino (the fake daemon's own calls and
+ * other files go through). */
+int
+__wrap_fstat(int fd, struct stat *st)
+{
+	struct stat seen;
+
+	if (fault.fstat_ino != 0 && pthread_equal(pthread_self(), fault.client) &&
+		__real_fstat(fd, &seen) == 0 && seen.st_ino == fault.fstat_ino) {
+		fault.fstat_ino = 0;
+		errno = fault.fstat_errno;
+		return -1;
+	}
+	return __real_fstat(fd, st);
 }
 
 /* ---- helpers ------------------------------------------------------------ */
@@ -568,36 +590,37 @@ test_mmap_fails_on_first_file(void **state)
 	attach_with_mmap_failing(*state, 2, MODEL ": a.bin: mmap: ");
 }
 
+/* The index fails to map: the message says it was the index. */
 static void
 test_mmap_fails_on_index(void **state)
 {
 	NEED_WRAP();
-	attach_with_mmap_failing(*state, 1, MODEL ": mmap: ");
+	attach_with_mmap_failing(*state, 1, MODEL ": index: mmap: ");
 }
 
 /*
- * An fcntl() that fails on a received descriptor (F_GET_SEALS on the index,
- * F_GETFL on a model file) fails the attach with its own error, and the
- * connection stays: the next attach on it works. Before, the failure was
- * reported as "index is not sealed" or "received a writable descriptor"
- * (-EBADMSG, which also dropped the connection as one to something that is
- * not wcached); found by an strace fault sweep of demo_worker
- * (fcntl:error=EIO).
+ * Attaches with one system call failing with EIO on a received descriptor:
+ * fcntl() with the command fcntl_cmd (unless 0), or the fstat() of the
+ * inode fstat_ino (unless 0). The attach fails with the call's own error,
+ * whose message holds want, and the connection stays: the next attach on
+ * it works.
  */
 static void
-attach_with_fcntl_failing(struct fixture *f, int cmd, const char *want)
+attach_with_call_failing(struct fixture *f, int fcntl_cmd, ino_t fstat_ino, const char *want)
 {
 	int before = tu_count_fds();
 	wc_model *m = NULL;
 
-	af_need_wrap(__real_fcntl != NULL, "-Wl,--wrap=fcntl");
 	fake_start(f);
 	assert_int_equal(wc_connect(f->sock, &f->client), 0);
-	fault.fcntl_cmd = cmd;
+	fault.fcntl_cmd = fcntl_cmd;
 	fault.fcntl_errno = EIO;
+	fault.fstat_ino = fstat_ino;
+	fault.fstat_errno = EIO;
 	assert_error(wc_attach(f->client, MODEL, &m), -EIO, want);
 	assert_null(m);
 	assert_int_equal(fault.fcntl_cmd, 0);
+	assert_true(fault.fstat_ino == 0);
 	assert_int_equal(wc_attach(f->client, MODEL, &f->model), 0);
 	check_tensors(f->model);
 	wc_release(f->model);
@@ -606,16 +629,40 @@ attach_with_fcntl_failing(struct fixture *f, int cmd, const char *want)
 	assert_int_equal(f->fake.accepted, 1);
 }
 
+/*
+ * An fcntl() that fails on a received descriptor (F_GET_SEALS on the index,
+ * F_GETFL on a model file) fails the attach with its own error, and the
+ * connection stays. Before, the failure was reported as "index is not
+ * sealed" or "received a writable descriptor" (-EBADMSG, which also
+ * dropped the connection as one to something that is not wcached); found
+ * by an strace fault sweep of demo_worker (fcntl:error=EIO).
+ */
 static void
 test_fcntl_fails_on_index(void **state)
 {
-	attach_with_fcntl_failing(*state, F_GET_SEALS, MODEL ": index: fcntl: ");
+	af_need_wrap(__real_fcntl != NULL, "-Wl,--wrap=fcntl");
+	attach_with_call_failing(*state, F_GET_SEALS, 0, MODEL ": index: fcntl: ");
 }
 
 static void
 test_fcntl_fails_on_file(void **state)
 {
-	attach_with_fcntl_failing(*state, F_GETFL, MODEL ": a.bin: fcntl: ");
+	af_need_wrap(__real_fcntl != NULL, "-Wl,--wrap=fcntl");
+	attach_with_call_failing(*state, F_GETFL, 0, MODEL ": a.bin: fcntl: ");
+}
+
+/* An fstat() of the index descriptor that fails is the index's error, and
+ * says so, as fcntl's does (before: "llama: fstat: Input/output error",
+ * which named no descriptor where the model files' errors name theirs). */
+static void
+test_fstat_fails_on_index(void **state)
+{
+	struct fixture *f = *state;
+	struct stat st;
+
+	af_need_wrap(__real_fstat != NULL, "-Wl,--wrap=fstat");
+	assert_int_equal(fstat(f->index_fd, &st), 0);
+	attach_with_call_failing(f, 0, st.st_ino, MODEL ": index: fstat: Input/output error");
 }
 
 /* The status page fails to map: the attach works without it. */
@@ -670,6 +717,7 @@ main(void)
 		T(test_mmap_fails_on_index),
 		T(test_mmap_fails_on_status_page),
 		T(test_fcntl_fails_on_index),
+		T(test_fstat_fails_on_index),
 		T(test_fcntl_fails_on_file),
 	};
 #undef T
