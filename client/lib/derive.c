@@ -1,6 +1,7 @@
 /*
  * derive.c: derived artifacts (wc_derive, wc_build_publish,
- * wc_build_publish_fd, wc_build_abandon; PROTOCOL.md, "Derived artifacts").
+ * wc_build_publish_each, wc_build_publish_fd, wc_build_abandon; PROTOCOL.md,
+ * "Derived artifacts").
  *
  * A worker asks wcached for a model transformed by a key. The reply is the
  * artifact (an attach like any other, of one file), or BUILD: this process
@@ -10,8 +11,9 @@
  * workers' DERIVEs wait in the daemon, each up to its wait_ms.
  *
  * A wc_build lives from BUILD to the end of the build, which is always
- * wc_build_publish(), wc_build_publish_fd() or wc_build_abandon(): each of
- * them ends it (frees it and releases the source) whatever happens. A
+ * wc_build_publish(), wc_build_publish_each(), wc_build_publish_fd() or
+ * wc_build_abandon(): each of them ends it (frees it and releases the
+ * source) whatever happens. A
  * publication that fails here, before PUBLISH is sent (a tensor the writer
  * refuses, a descriptor that is not a memfd), abandons the build with the
  * reason, so that the waiters learn it at once rather than at the
@@ -350,16 +352,27 @@ int
 wc_build_publish(wc_build *b, const wc_tensor *tensors, size_t n, const char *const *metadata,
 	size_t nmeta, wc_model **out)
 {
+	if (b == NULL)
+		return error_set(-EINVAL, "wc_build_publish: no build");
+	return wc_build_publish_each(b, tensors, n, metadata, nmeta, NULL, NULL, out);
+}
+
+int
+wc_build_publish_each(wc_build *b, const wc_tensor *tensors, size_t n,
+	const char *const *metadata, size_t nmeta, wc_written_fn *written, void *arg,
+	wc_model **out)
+{
 	char what[WIRE_MAX_NAME + WIRE_MAX_KEY + 48];
 	int fd, r;
 
 	if (b == NULL)
-		return error_set(-EINVAL, "wc_build_publish: no build");
+		return error_set(-EINVAL, "wc_build_publish_each: no build");
 	snprintf(what, sizeof(what), "model \"%s\", key \"%s\": artifact", b->name, b->key);
 	if ((fd = memfd_create("wcache-artifact", MFD_CLOEXEC | MFD_ALLOW_SEALING)) < 0)
 		return abandon_after(b, error_set(-errno, "%s: memfd_create: %s", what,
 			strerror(errno)));
-	if ((r = writer_safetensors_fd(tensors, n, metadata, nmeta, fd, what)) < 0) {
+	if ((r = writer_safetensors_fd_each(tensors, n, metadata, nmeta, fd, what, written,
+		arg)) < 0) {
 		close(fd);
 		return abandon_after(b, r);
 	}

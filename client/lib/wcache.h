@@ -171,14 +171,14 @@ WC_EXPORT void wc_disconnect(wc_client *c);
  * it with wc_release(). Returns 1 when this process is the builder: *build
  * is set, the source generation is wc_build_source(*build), and the caller
  * computes the artifact and ends the build with wc_build_publish(),
- * wc_build_publish_fd() or wc_build_abandon(), on this client, before the
- * model's derive_timeout. Returns a negative errno otherwise, with
- * wc_errmsg() naming the model, the key and why: -EACCES (no artifact yet
- * and this process may not build it), -EPERM (the model has no derived
- * artifacts), -ETIMEDOUT (another worker's build took longer than the
- * deadline), -ECANCELED (that build was abandoned or its artifact
- * refused), -EHOSTDOWN (its builder went away), -ENOENT, -EAGAIN as
- * wc_attach().
+ * wc_build_publish_each(), wc_build_publish_fd() or wc_build_abandon(), on
+ * this client, before the model's derive_timeout. Returns a negative
+ * errno otherwise, with wc_errmsg() naming the model, the key and why:
+ * -EACCES (no artifact yet and this process may not build it), -EPERM (the
+ * model has no derived artifacts), -ETIMEDOUT (another worker's build took
+ * longer than the deadline), -ECANCELED (that build was abandoned or its
+ * artifact refused), -EHOSTDOWN (its builder went away), -ENOENT, -EAGAIN
+ * as wc_attach().
  *
  * While another worker builds, the call waits for it up to the client's
  * deadline (wc_connect_timeout(), wc_set_timeout(); 0 waits as long as the
@@ -205,6 +205,24 @@ WC_EXPORT const wc_model *wc_build_source(const wc_build *b);
  */
 WC_EXPORT int wc_build_publish(wc_build *b, const wc_tensor *tensors, size_t n,
 	const char *const *metadata, size_t nmeta, wc_model **out);
+
+/* What wc_build_publish_each() calls once tensors[index]'s data is read. */
+typedef void wc_written_fn(size_t index, void *arg);
+
+/*
+ * As wc_build_publish(), and calls written(index, arg) as soon as
+ * tensors[index]'s data has been written into the artifact (in name order,
+ * each tensor once, on the calling thread, before the artifact is sent):
+ * from then on the caller may free or reuse that tensor's memory. A builder
+ * that frees each tensor there never holds its whole result and the whole
+ * artifact at once: its peak memory is the artifact's size plus one tensor,
+ * not twice the artifact's, and the artifact's pages can reuse the ones
+ * just freed. written must not call into libwcache. A write that fails
+ * leaves the tensors after it uncalled (they were not read).
+ */
+WC_EXPORT int wc_build_publish_each(wc_build *b, const wc_tensor *tensors, size_t n,
+	const char *const *metadata, size_t nmeta, wc_written_fn *written, void *arg,
+	wc_model **out);
 
 /*
  * Publishes a memfd the caller filled with a whole safetensors or WEIG file

@@ -175,6 +175,7 @@ wt_from_tensors(const wc_tensor *tensors, size_t n, const char *const *metadata,
 		t->shape = ten->shape;
 		t->data = ten->data;
 		t->nbytes = ten->nbytes;
+		t->index = i;
 	}
 	wm->n = n;
 	for (size_t i = 0; i < nmeta && rc == 0; i++) {
@@ -270,6 +271,9 @@ wt_write_data(struct outfile *o, const struct wt_model *wm, int aligned)
 		if ((rc = outfile_put_converted(o, t->data, t->nbytes, esize,
 			writer_swap_elements)) < 0)
 			return rc;
+		/* Written, or copied into the buffer: the caller may free it. */
+		if (wm->written != NULL)
+			wm->written(t->index, wm->written_arg);
 	}
 	/* Every byte of data has been read: what the inputs hold now no longer
 	 * matters, what they held while it was read does. */

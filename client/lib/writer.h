@@ -69,6 +69,13 @@ int writer_model_checked(const wc_model *m, enum writer_format fmt, const char *
 int writer_safetensors_fd(const wc_tensor *tensors, size_t n, const char *const *metadata,
 	size_t nmeta, int fd, const char *what);
 
+/* As writer_safetensors_fd(), calling written(i, arg) (when not NULL) as
+ * soon as tensors[i]'s data has been read, in the order the file holds
+ * them (by name), each once; never for a tensor not yet read, so a failed
+ * write leaves some uncalled. */
+int writer_safetensors_fd_each(const wc_tensor *tensors, size_t n, const char *const *metadata,
+	size_t nmeta, int fd, const char *what, wc_written_fn *written, void *arg);
+
 /*
  * Reads the big-endian WEIG file in_path, validates it completely and writes
  * it to out_path in format fmt, little-endian: every element is byte-swapped

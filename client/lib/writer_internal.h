@@ -32,6 +32,7 @@ struct wt_tensor {
 	uint64_t out_offset;   /* WEIG: absolute; safetensors: from the data start */
 	uint64_t name_offset;  /* WEIG only */
 	uint64_t shape_offset; /* WEIG only */
+	size_t index;          /* the caller's index (wt_from_tensors) */
 };
 
 /* One metadata entry to write; strings are NUL-terminated. */
@@ -53,6 +54,10 @@ struct wt_model {
 	int swap; /* 1: the data is big-endian, swap each element */
 	writer_check_fn *check; /* or NULL: called by wt_write_data() after the data */
 	void *check_ctx;
+	/* or NULL: called by wt_write_data() once each tensor's data is read,
+	 * with its index (wc_build_publish_each) */
+	wc_written_fn *written;
+	void *written_arg;
 };
 
 /* writer.c: frees what a wt_model owns; safe on a zeroed one. */

@@ -159,6 +159,13 @@ int
 writer_safetensors_fd(const wc_tensor *tensors, size_t n, const char *const *metadata,
 	size_t nmeta, int fd, const char *what)
 {
+	return writer_safetensors_fd_each(tensors, n, metadata, nmeta, fd, what, NULL, NULL);
+}
+
+int
+writer_safetensors_fd_each(const wc_tensor *tensors, size_t n, const char *const *metadata,
+	size_t nmeta, int fd, const char *what, wc_written_fn *written, void *arg)
+{
 	struct wt_model wm;
 	struct outfile o;
 	char *header = NULL;
@@ -167,6 +174,8 @@ writer_safetensors_fd(const wc_tensor *tensors, size_t n, const char *const *met
 
 	if ((rc = wt_from_tensors(tensors, n, metadata, nmeta, what, &wm)) < 0)
 		return rc;
+	wm.written = written;
+	wm.written_arg = arg;
 	if ((rc = prepare_header(&wm, what, &header, &header_len)) == 0 &&
 		(rc = outfile_begin_fd(fd, what, &o)) == 0) {
 		if ((rc = put_file(&o, &wm, header, header_len)) == 0)

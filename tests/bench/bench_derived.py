@@ -19,6 +19,15 @@ artifact. Targets (issue 20), printed PASS or MISS:
   - every worker but the builder ready within 3 x (plain attach + tensors)
     once the artifact exists;
   - the builder <= 1.2 x computing alone.
+And, before the workers (as root, in a v1 memory cgroup of its own), one
+builder alone: the most memory charged to it while it builds and
+publishes, with each built tensor freed as soon as it is written
+(wc_build_publish_each) and with all of them kept until the artifact is
+written (as before it), against one worker computing alone, for the F32
+transform (int8's transient F32 temporaries make its peak vary by
+hundreds of MiB from run to run); target: publishing adds at most 0.25 x
+the artifact to computing alone's peak.
+`--workers ""` measures that alone.
 """
 import argparse
 import json
@@ -61,6 +70,12 @@ def worker(mode, kind, name, key):
     through once, as serving would), then holds it until stdin closes."""
     import torch  # imported before the clock starts, as a server would
     import wcache
+    if os.environ.get("WCACHE_BENCH_PUBLISH") == "whole":
+        # The publication before wc_build_publish_each: every built tensor
+        # kept until the whole artifact is written.
+        import wcache._lib as wl
+        has = wl.has
+        wl.has = lambda name: name != "wc_build_publish_each" and has(name)
     # Every worker is up before any starts: a pre-fork server's workers
     # are, and one's imports would otherwise slow another's transform.
     print("up", flush=True)
@@ -145,6 +160,58 @@ def run(n, mode, kind, name, key, env, stagger=0.0):
     return results, pss
 
 
+def memory_cgroup():
+    """(directory to make children in, usage file, peak file) of this
+    process's memory cgroup (v1, or v2 with memory.peak), or None."""
+    if os.geteuid() != 0:
+        return None
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            if "memory" in controllers.split(","):
+                d = "/sys/fs/cgroup/memory" + path
+                if os.path.exists(os.path.join(d, "memory.max_usage_in_bytes")):
+                    return d, "memory.usage_in_bytes", "memory.max_usage_in_bytes"
+    return None
+
+
+def builder_peak(mode, kind, publish, env, where):
+    """One worker alone (mode "self": computing alone; "derived": the
+    builder), moved into a memory cgroup of its own once its imports are
+    done: the most memory charged to it beyond what it held then (its
+    built tensors and temporaries, the artifact's memfd), in bytes, and
+    its result line."""
+    base, usage_file, peak_file = where
+    cg = os.path.join(base, f"wcache-bench-peak-{os.getpid()}")
+    os.mkdir(cg)
+    p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", mode,
+                          kind, "m", f"peak-{kind}-{publish}-{time.time()}"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                         env=dict(env, WCACHE_BENCH_PUBLISH=publish))
+    try:
+        if p.stdout.readline() != "up\n":
+            raise RuntimeError(f"builder failed: exit {p.wait()}")
+        with open(os.path.join(cg, "cgroup.procs"), "w") as f:
+            f.write(str(p.pid))
+        with open(os.path.join(cg, peak_file), "w") as f:
+            f.write("0")  # v1: the peak starts again from the usage now
+        with open(os.path.join(cg, usage_file)) as f:
+            start = int(f.read())
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        result = json.loads(p.stdout.readline())
+        with open(os.path.join(cg, peak_file)) as f:
+            peak = int(f.read()) - start
+        p.stdin.close()
+        p.wait(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        os.rmdir(cg)
+    return peak, result
+
+
 def verdict(ok):
     return "PASS" if ok else "MISS"
 
@@ -176,6 +243,9 @@ def main():
                     wcached=build_binary("wcached", build)).start()
         env["WCACHE_SOCKET"] = d.socket
         try:
+            # Warm first: a page a worker faults in itself is charged to its
+            # memory cgroup (the peaks below), and read at disk speed.
+            d.wait_for_log(r'model "m": generation 1 warm: ', timeout=600)
             plain, _ = run(1, "none", "f32", "m", "-", env)
             plain_s = plain[0]["seconds"]
             print(f"plain attach of the source + making its tensors: {plain_s * 1e3:.1f} ms")
@@ -184,7 +254,31 @@ def main():
                 alone_s, art = alone[0]["seconds"], alone[0]["bytes"]
                 print(f"\n-- {kind}: one worker computing alone {alone_s:.2f} s, artifact "
                       f"{art / MiB:,.0f} MiB --")
-                for n in [int(x) for x in args.workers.split(",")]:
+                where = memory_cgroup()
+                if kind != "f32":
+                    # int8's own F32 temporaries (hundreds of MiB, transient)
+                    # make its peak vary by +-600 MiB from run to run.
+                    pass
+                elif where is None:
+                    print("  builder's peak memory: not measured (needs root and a v1 memory "
+                          "cgroup)")
+                else:
+                    ps, _ = builder_peak("self", kind, "each", env, where)
+                    pe, re_ = builder_peak("derived", kind, "each", env, where)
+                    pw, rw = builder_peak("derived", kind, "whole", env, where)
+                    print(f"  peak memory charged beyond the imports: computing alone (its "
+                          f"result and temporaries) {ps / MiB:,.0f} MiB; one builder alone "
+                          f"{pe / MiB:,.0f} MiB, {re_['seconds']:.2f} s with each built tensor "
+                          f"freed once written, {pw / MiB:,.0f} MiB, {rw['seconds']:.2f} s with "
+                          f"all kept until the artifact is written (before)")
+                    print(f"    publishing added {(pe - ps) / MiB:,.0f} MiB to computing alone's "
+                          f"peak ({(pe - ps) / art:.2f}x the artifact; before "
+                          f"{(pw - ps) / MiB:,.0f} MiB, {(pw - ps) / art:.2f}x) (target <= 0.25x) "
+                          f"{verdict(pe - ps <= 0.25 * art)}")
+                for n in [int(x) for x in args.workers.split(",") if x]:
+                    if n < 2:
+                        print(f"  {n} workers: nothing to share (at least 2)")
+                        continue
                     # The interpreters alone (torch and wcache imported, no weights).
                     _, interp = run(n, "idle", kind, "m", "-", env)
                     own, own_pss = run(n, "self", kind, "m", "-", env)

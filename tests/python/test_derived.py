@@ -69,6 +69,55 @@ def test_first_call_builds_then_attaches(derive_daemon, model_path):
         assert torch.equal(again[name], want)
 
 
+def _publishing():
+    """Whether wcache's _publish is on this thread's stack."""
+    import sys
+    f = sys._getframe()
+    while f is not None:
+        if f.f_code.co_name == "_publish" and f.f_globals.get("__name__") == "wcache._derived":
+            return True
+        f = f.f_back
+    return False
+
+
+def test_built_tensors_are_freed_while_publishing(derive_daemon, model_path):
+    """Each tensor build returned is dropped as soon as libwcache has
+    written it into the artifact (wc_build_publish_each), while publishing
+    goes on: the builder never holds its whole result and the whole
+    artifact at once. Before, every tensor lived until the publication
+    had ended (died after _publish returned). The artifact is unchanged."""
+    import weakref
+    deaths = []
+
+    def build(src):
+        out = {k: v.float() for k, v in src.items()}
+        for k, t in out.items():
+            weakref.finalize(t, lambda k=k: deaths.append((k, _publishing())))
+        return out
+    art = wcache.derived("small", "f32-freed-v1", build)
+    source = wcache.open_file(model_path)
+    assert sorted(k for k, _ in deaths) == sorted(source.keys())
+    assert all(during for _, during in deaths), [d for d in deaths if not d[1]]
+    # In the order the artifact holds them: by name.
+    assert [k for k, _ in deaths] == sorted(source.keys(), key=lambda k: k.encode())
+    for k in source.keys():
+        assert torch_equal(art[k], source.torch(k).float())
+    # A caller that keeps build's result keeps its tensors: nothing breaks.
+    kept = {}
+
+    def build_kept(src):
+        kept.update({k: v.float() for k, v in src.items()})
+        return kept
+    art2 = wcache.derived("small", "f32-kept-v1", build_kept)
+    for k in source.keys():
+        assert torch_equal(art2[k], kept[k])
+
+
+def torch_equal(a, b):
+    import torch
+    return torch.equal(a, b)
+
+
 def test_numpy_framework(derive_daemon, tmp_path):
     src = wcache.open_file(derive_daemon.f32_path)
     out = wcache.derived("wide", "np-neg-v1", lambda s: {k: -v for k, v in s.items()},

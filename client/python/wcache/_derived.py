@@ -78,7 +78,9 @@ def _st_dtype(value):
         st = TORCH_TO_ST.get(str(value.dtype))
         if st is None:
             raise ValueError(f"dtype {value.dtype} has no safetensors spelling")
-        t = value.detach()
+        # The same object when nothing changes (it is dropped as soon as it
+        # is written: _publish).
+        t = value.detach() if value.requires_grad else value
         if t.device.type != "cpu":
             t = t.to("cpu")
         t = t.contiguous()
@@ -121,22 +123,57 @@ def _checked(result):
     return out
 
 
+# wc_written_fn: void (*)(size_t index, void *arg)
+_WRITTEN = ctypes.CFUNCTYPE(None, ctypes.c_size_t, ctypes.c_void_p)
+_TRIM_EVERY = 64 << 20  # bytes freed between two malloc_trim()s while publishing
+
+
 def _publish(lib, build, entries, framework):
-    """Sends entries as the artifact (wc_build_publish ends the build);
-    returns the artifact's wc_model pointer."""
+    """Sends entries as the artifact (wc_build_publish_each, or
+    wc_build_publish, ends the build); returns the artifact's wc_model
+    pointer. entries is emptied as it goes: each tensor is dropped as soon
+    as libwcache has written it into the artifact, so that (unless the
+    caller keeps build's result) the builder never holds the whole result
+    and the whole artifact at once, and the artifact's pages reuse the ones
+    just freed."""
     n = len(entries)
     arr = (wc_tensor * max(n, 1))()
     keep = []  # names and shapes must outlive the call; the tensors are in entries
-    for i, (name, st, _t, shape, ptr, nbytes) in enumerate(entries):
+    for i, entry in enumerate(entries):
+        name, st, shape, ptr, nbytes = entry[0], entry[1], entry[3], entry[4], entry[5]
         cname = name.encode("utf-8", "surrogateescape")
         cshape = (ctypes.c_uint64 * max(len(shape), 1))(*shape)
         keep.append((cname, cshape))
         arr[i].name, arr[i].dtype = cname, st.encode("ascii")
         arr[i].ndim, arr[i].shape = len(shape), ctypes.cast(cshape, ctypes.POINTER(ctypes.c_uint64))
         arr[i].data, arr[i].nbytes = ptr or None, nbytes
+    entry = None  # the loop's last tensor: nothing but entries may hold one
     meta = (ctypes.c_char_p * 2)(b"format", framework.encode("ascii"))
     out = ctypes.c_void_p()
-    check(lib.wc_build_publish(build, arr, n, meta, 1, ctypes.byref(out)))
+    if not _lib.has("wc_build_publish_each"):
+        check(lib.wc_build_publish(build, arr, n, meta, 1, ctypes.byref(out)))
+        entries.clear()
+        return out.value
+    freed = 0
+
+    def written(index, _arg):
+        # Never raises (ctypes would only print it): the tensor's data has
+        # been read, the entry's reference goes.
+        nonlocal freed
+        try:
+            freed += entries[index][5]
+            entries[index] = None
+            if freed >= _TRIM_EVERY:
+                freed = 0
+                _trim()
+        except BaseException:
+            pass
+    callback = _WRITTEN(written)
+    try:
+        check(lib.wc_build_publish_each(build, arr, n, meta, 1, callback, None,
+                                        ctypes.byref(out)))
+    finally:
+        entries.clear()
     del keep
     return out.value
 

@@ -154,6 +154,10 @@ _OPTIONAL = {
     "wc_build_publish": (ctypes.c_int, [_P, _T, ctypes.c_size_t,
                                         ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t, _PP]),
     "wc_build_publish_fd": (ctypes.c_int, [_P, ctypes.c_int, _PP]),
+    # Publishing that hands each tensor back once written (wcache/_derived.py).
+    "wc_build_publish_each": (ctypes.c_int, [_P, _T, ctypes.c_size_t,
+                                             ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t,
+                                             ctypes.c_void_p, ctypes.c_void_p, _PP]),
     "wc_build_abandon": (None, [_P, ctypes.c_char_p]),
 }
 

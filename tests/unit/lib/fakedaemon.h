@@ -57,7 +57,7 @@ struct fake_publish {
 	size_t raw_len;
 };
 
-#define FAKE_PUBLISHED_MAX (1u << 20) /* bytes of a published memfd the fake keeps */
+#define FAKE_PUBLISHED_MAX (4u << 20) /* bytes of a published memfd the fake keeps */
 
 struct fake {
 	/* The script, set before fake_start(). */

@@ -397,6 +397,83 @@ test_build_and_publish(void **state)
 	assert_int_equal(f->fake.abandons, 0);
 }
 
+/* What wc_build_publish_each()'s callback saw: the indices in call order;
+ * it overwrites each tensor's data, as a caller freeing it would. */
+struct written_log {
+	size_t order[4];
+	size_t n;
+	void *data[4];
+	size_t nbytes[4];
+};
+
+static void
+on_written(size_t index, void *arg)
+{
+	struct written_log *w = arg;
+
+	assert_true(index < 4 && w->n < 4);
+	w->order[w->n++] = index;
+	memset(w->data[index], 0xee, w->nbytes[index]);
+}
+
+/* wc_build_publish_each(): each tensor is handed back once, in name order,
+ * as soon as it is written: its memory reused from then on changes nothing
+ * the waiters get (one big enough to go around the writer's buffer). */
+static void
+test_publish_each(void **state)
+{
+	struct fixture *f = *state;
+	int before = tu_count_fds();
+	wc_build *b = NULL;
+	static const uint64_t shape_big[] = { 1 << 19 }, shape_s[] = { 4 };
+	size_t big_bytes = (size_t)(1 << 19) * sizeof(float);
+	float *big = malloc(big_bytes), *big_copy = malloc(big_bytes);
+	float s1[4] = { 1, 2, 3, 4 }, s2[4] = { 5, 6, 7, 8 };
+	const float s1_copy[4] = { 1, 2, 3, 4 }, s2_copy[4] = { 5, 6, 7, 8 };
+	struct written_log w = { .data = { s2, big, s1 },
+		.nbytes = { sizeof(s2), big_bytes, sizeof(s1) } };
+	wc_tensor t[3], u;
+	wc_model *art;
+	char *path;
+
+	assert_non_null(big);
+	assert_non_null(big_copy);
+	for (size_t i = 0; i < (size_t)1 << 19; i++)
+		big[i] = (float)i;
+	memcpy(big_copy, big, big_bytes);
+	t[0] = (wc_tensor){ "z", "F32", 1, shape_s, s2, sizeof(s2) };
+	t[1] = (wc_tensor){ "m.big", "F32", 1, shape_big, big, big_bytes };
+	t[2] = (wc_tensor){ "a", "F32", 1, shape_s, s1, sizeof(s1) };
+	script_derive(f, REPLY_BUILD);
+	start(f, 5000);
+	assert_int_equal(wc_derive(f->client, MODEL, KEY, &f->model, &b), 1);
+	assert_int_equal(wc_build_publish_each(b, t, 3, NULL, 0, on_written, &w, &f->model), 0);
+	/* Name order: a, m.big, z. */
+	assert_int_equal(w.n, 3);
+	assert_int_equal(w.order[0], 2);
+	assert_int_equal(w.order[1], 1);
+	assert_int_equal(w.order[2], 0);
+	assert_int_equal(f->fake.publishes, 1);
+	assert_true(f->fake.published_len < FAKE_PUBLISHED_MAX);
+	path = tu_write(f->dir, "published.safetensors", f->fake.published,
+		f->fake.published_len);
+	assert_int_equal(wc_open_file(path, &art), 0);
+	assert_int_equal(wc_model_find(art, "a", &u), 0);
+	assert_memory_equal(u.data, s1_copy, sizeof(s1_copy));
+	assert_int_equal(wc_model_find(art, "z", &u), 0);
+	assert_memory_equal(u.data, s2_copy, sizeof(s2_copy));
+	assert_int_equal(wc_model_find(art, "m.big", &u), 0);
+	assert_int_equal(u.nbytes, big_bytes);
+	assert_memory_equal(u.data, big_copy, big_bytes);
+	wc_release(art);
+	free(path);
+	wc_release(f->model);
+	f->model = NULL;
+	finish(f, before);
+	free(big);
+	free(big_copy);
+}
+
 /* wc_build_publish_fd(): the caller's memfd goes as it is and stays open. */
 static void
 test_publish_fd(void **state)
@@ -943,6 +1020,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_wait_forever, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_changed_before_reply, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_build_and_publish, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_publish_each, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_publish_fd, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_publish_refused, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_publish_bad_tensor_abandons, setup, teardown),
