@@ -1,10 +1,13 @@
 """wcache.safe_open has the interface of safetensors.safe_open."""
+import gc
+import weakref
+
 import numpy as np
 import pytest
 import torch
 
 import wcache
-from pyhelpers import other_thread_before, write_safetensors
+from pyhelpers import file_mappings, other_thread_before, write_safetensors
 
 
 @pytest.fixture
@@ -262,3 +265,82 @@ def test_get_tensor_while_another_takes_the_run(tmp_path, no_daemon, framework):
             assert t.tolist() == [int(n[6])] * 2
         again = [f.get_tensor(n) for n in names]  # each made anew
         assert [t.tolist() for t in again] == [[i, i] for i in range(4)]
+
+
+def _runs_file(tmp_path):
+    """A file of two parts: four F32 tensors in one run, and an I32 one."""
+    path = tmp_path / "runs.safetensors"
+    write_safetensors(path, [(f"layer.{i}.w", "F32", (2,), np.full(2, i, dtype="<f4").tobytes())
+                             for i in range(4)] +
+                      [("ids", "I32", (3,), np.array([5, 6, 7], dtype="<i4").tobytes())])
+    return str(path)
+
+
+@pytest.mark.parametrize("framework,cow", [("np", None), ("pt", "auto"), ("pt", "remap")])
+def test_a_closed_handle_keeps_no_mapping(tmp_path, no_daemon, monkeypatch, framework, cow):
+    """Once a handle is closed, a loader that still holds its get_tensor
+    (the closure the first call binds) keeps nothing mapped but what the
+    tensors it was handed hold: those still read right, and once they go,
+    the model's handle is collected and no mapping of the file is left.
+    Later calls of the closure raise upstream's SafetensorError "File is
+    closed". Before, the closure held the handle's Runs, whose typed base
+    views (and, for torch, the model's handle and torch state, with its
+    writable arrays or private mapping of the file) kept the whole model
+    mapped for as long as the closure lived."""
+    if cow:
+        monkeypatch.setenv("WCACHE_TORCH_COW", cow)
+    path = _runs_file(tmp_path)
+    f = wcache.safe_open(path, framework=framework)
+    first = f.get_tensor("layer.0.w")  # makes the run: layer.1-3 wait in ready
+    get = f.get_tensor  # the closure a loader holds from now on
+    handle = weakref.ref(f.model._handle)
+    kept = [first, get("layer.2.w"), get("ids")]
+    f.close()
+    with pytest.raises(wcache.SafetensorError, match="^File is closed$") as e:
+        get("layer.3.w")
+    assert isinstance(e.value, ValueError)
+    with pytest.raises(wcache.SafetensorError, match="^File is closed$"):
+        get("ids")  # a part whose base was made
+    assert [np.asarray(t).tolist() for t in kept] == [[0, 0], [2, 2], [5, 6, 7]]
+    assert file_mappings(path) > 0  # the tensors handed out keep their memory
+    del kept, first, e
+    gc.collect()
+    assert handle() is None, "the closed handle's get_tensor keeps the model's handle"
+    assert file_mappings(path) == 0, "the closed handle's get_tensor keeps the file mapped"
+    with pytest.raises(wcache.SafetensorError, match="^File is closed$"):
+        get("layer.1.w")
+
+
+@pytest.mark.parametrize("framework", ["np", "pt"])
+def test_a_get_tensor_racing_close_keeps_no_mapping(tmp_path, no_daemon, framework):
+    """A get_tensor that makes a part's base view while another thread
+    closes the handle returns its tensor or raises ValueError "closed", and
+    once both have returned (and the tensor is dropped) the closed handle's
+    get_tensor, still held, keeps no mapping: a base made after close()
+    is not kept. Another thread's close() runs before each bytecode of
+    Runs._typed in turn."""
+    from wcache._table import Runs
+    path = _runs_file(tmp_path)
+    k = 0
+    while True:
+        f = wcache.safe_open(path, framework=framework)
+        f.get_tensor("ids")  # binds the closure; the F32 part has no base yet
+        get, got = f.get_tensor, []
+        errors, other_errors, ran = other_thread_before(
+            Runs._typed.__code__, k, lambda: got.append(get("layer.1.w")), f.close,
+            opcodes=True)
+        assert not other_errors, (k, other_errors)
+        assert all(_closed_error(e) for e in errors), \
+            f"get_tensor with close() before bytecode {k} of Runs._typed: {errors!r}"
+        assert all(np.asarray(t).tolist() == [1, 1] for t in got)
+        f.close()  # once k is past _typed's last bytecode, close() ran after it
+        del got, errors
+        gc.collect()
+        assert file_mappings(path) == 0, \
+            f"close() before bytecode {k} of Runs._typed: the closed handle keeps the mapping"
+        with pytest.raises(ValueError, match="closed"):
+            get("layer.2.w")
+        if not ran:
+            break
+        k += 1
+    assert k > 20

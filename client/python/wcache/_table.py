@@ -367,19 +367,26 @@ class Runs:
         self.done = bytearray(len(self.start_list) - 1)  # run r made for get(): under lock
         self.ready = {}
         self.part_of, self.part_lo, self.part_hi = table.parts()
-        self.bases = {}
+        self.bases = {}  # part -> its typed base view (it keeps the mapping); None once closed
         self.closed = False
 
     def _typed(self, i):
         """(typed base view of tensor i's part, the offset of tensor i in
-        it, in elements)."""
+        it, in elements). A base made while another thread closes is
+        returned without being kept: a closed Runs keeps no view."""
         t = self.table
         d = int(t.dtype_of[i])
         p = int(self.part_of[i])
         size = self.itemsize_of[d]
-        base = self.bases.get(p)
+        bases = self.bases  # read once: close() sets it to None
+        if bases is None:
+            raise _lib.ClosedError("File is closed")
+        base = bases.get(p)
         if base is None:  # one base per part, whichever thread made it first
-            base = self.bases.setdefault(p, self.base(p, d, size))
+            base = self.base(p, d, size)
+            with self.lock:
+                if self.bases is not None:
+                    base = self.bases.setdefault(p, base)
         return base, (int(t.addr[i]) - self.part_lo[p]) // size
 
     def _make(self, r):
@@ -408,10 +415,20 @@ class Runs:
             gc.enable()
 
     def close(self):
-        """Drops the tensors not handed out; later get() calls raise."""
+        """Drops the tensors not handed out and every view of the model's
+        memory kept to make more (subclasses drop theirs in :meth:`_drop`),
+        so that a loader still holding get() (safe_open's get_tensor
+        closure) keeps no mapping: only the tensors handed out do. Later
+        get() calls raise ClosedError, as upstream's closed handle does."""
         with self.lock:
             self.closed = True
             self.ready.clear()
+            self.bases = None
+            self._drop()
+
+    def _drop(self):
+        """Drops what a subclass keeps that holds the model's memory
+        (called by close(), under the lock)."""
 
     def get(self, name):
         t = self.ready.pop(name, None)

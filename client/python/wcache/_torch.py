@@ -148,8 +148,16 @@ class TorchRuns(_table.Runs):
             itemsize.append(np.dtype(carrier).itemsize if ok else 0)
         super().__init__(model, itemsize)
 
+    def _drop(self):
+        # The handle and the torch state (its writable arrays over the
+        # model's memory) keep the mapping.
+        self.h = self.state = None
+
     def base(self, p, d, size):
-        u8 = torch.from_numpy(self.state.cow_part(self.h, self.table, p))
+        h, state = self.h, self.state  # read once: close() drops them
+        if h is None or state is None:
+            raise _lib.ClosedError("File is closed")
+        u8 = torch.from_numpy(state.cow_part(h, self.table, p))
         return u8[:len(u8) - len(u8) % size].view(self.tdtype[d])
 
     @staticmethod
