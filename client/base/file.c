@@ -13,6 +13,10 @@
  * the bytes under them (or truncate them away: SIGBUS). They read private
  * copies made with pread (file_read_exact, file_read_bytes), and a file that
  * shrinks or changes while it is read fails its load with a message.
+ *
+ * Opens and fstats of model files go through file_openat and file_fstat,
+ * which try again after EINTR (a signal during a call on a FUSE or NFS
+ * mount), as the preads already do.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -25,12 +29,32 @@
 #include "base/file.h"
 
 int
+file_openat(int dir, const char *path, int flags)
+{
+	int fd;
+
+	while ((fd = openat(dir, path, flags)) == -1 && errno == EINTR)
+		;
+	return fd;
+}
+
+int
+file_fstat(int fd, struct stat *st)
+{
+	int r;
+
+	while ((r = fstat(fd, st)) == -1 && errno == EINTR)
+		;
+	return r;
+}
+
+int
 file_from_fd(int fd, const char *path, struct wc_file *out)
 {
 	struct wc_file f = { .fd = fd };
 	void *base;
 
-	if (fstat(fd, &f.st) == -1)
+	if (file_fstat(fd, &f.st) == -1)
 		return error_set(-errno, "%s: fstat: %s", path, strerror(errno));
 	if (S_ISDIR(f.st.st_mode))
 		return error_set(-EISDIR, "%s: is a directory", path);
@@ -63,7 +87,7 @@ file_open(const char *path, struct wc_file *out)
 
 	/* O_NONBLOCK: a FIFO or device named as a model must fail the type
 	 * check below, not block here (it means nothing for regular files). */
-	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+	fd = file_openat(AT_FDCWD, path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
 	if (fd == -1)
 		return error_set(-errno, "%s: %s", path, strerror(errno));
 	if ((r = file_from_fd(fd, path, out)) < 0)
@@ -181,7 +205,7 @@ file_check_unchanged(const struct wc_file *f)
 {
 	struct stat st;
 
-	if (fstat(f->fd, &st) == -1)
+	if (file_fstat(f->fd, &st) == -1)
 		return error_set(-errno, "%s: fstat: %s", f->path, strerror(errno));
 	if (st.st_size != f->st.st_size)
 		return error_set(-ESTALE, "%s: file changed while being read (size %lld, now %lld)",

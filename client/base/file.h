@@ -32,6 +32,15 @@ int file_open(const char *path, struct wc_file *out);
 int file_from_fd(int fd, const char *path, struct wc_file *out);
 
 /*
+ * openat(2) with flags that create nothing (no O_CREAT, O_TMPFILE) and
+ * fstat(2), tried again while a signal interrupts them: on a FUSE or NFS
+ * mount a call waiting on the server fails with EINTR instead of being
+ * restarted. Otherwise the call's result and errno. dir may be AT_FDCWD.
+ */
+int file_openat(int dir, const char *path, int flags);
+int file_fstat(int fd, struct stat *st);
+
+/*
  * Reads exactly [off, off + len) of fd into a new malloc'd buffer (*out,
  * len bytes; the caller frees it), so a parser works on bytes nobody else
  * can change. len must lie in [min_len, max_len]; what names the bytes for

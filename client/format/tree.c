@@ -7,6 +7,10 @@
  * at any depth of a chain of links. We call it through syscall(2) (glibc 2.36
  * has no wrapper). On EXDEV we look for the link to blame, so the message
  * names it, its target (readlink) and the tree.
+ *
+ * A signal that interrupts an open or an fstat (EINTR, which a FUSE or NFS
+ * mount returns while it waits on its server) is no reason to fail a load:
+ * each is tried again (file_openat, file_fstat, and the openat2 loop).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -84,6 +88,7 @@ tree_open(const char *model_dir, struct model_tree *out)
 	struct model_tree t = { .fd = -1 };
 	struct statfs fs;
 	char *canon;
+	int r;
 
 	if ((canon = realpath(d, NULL)) == NULL)
 		return error_set(-errno, "%s: %s", d, strerror(errno));
@@ -92,14 +97,16 @@ tree_open(const char *model_dir, struct model_tree *out)
 		return error_set(-ENOMEM, "%s: out of memory", d);
 	}
 	free(canon);
-	if ((t.fd = open(t.root, O_PATH | O_DIRECTORY | O_CLOEXEC)) == -1) {
+	if ((t.fd = file_openat(AT_FDCWD, t.root, O_PATH | O_DIRECTORY | O_CLOEXEC)) == -1) {
 		int e = errno;
 
 		error_set(-e, "%s: the model's tree %s: %s", d, t.root, strerror(e));
 		tree_close(&t);
 		return -e;
 	}
-	t.proc = fstatfs(t.fd, &fs) == 0 && fs.f_type == PROC_SUPER_MAGIC;
+	while ((r = fstatfs(t.fd, &fs)) == -1 && errno == EINTR)
+		;
+	t.proc = r == 0 && fs.f_type == PROC_SUPER_MAGIC;
 	*out = t;
 	return 0;
 }
@@ -202,7 +209,7 @@ open_fallback(const struct model_tree *t, const char *rel, const char *path)
 		free(real);
 		return explain_escape(t, rel, path);
 	}
-	fd = open(real, TREE_OPEN_FLAGS | O_NOFOLLOW);
+	fd = file_openat(AT_FDCWD, real, TREE_OPEN_FLAGS | O_NOFOLLOW);
 	free(real);
 	if (fd == -1)
 		return error_set(-errno, "%s: %s", path, strerror(errno));
@@ -225,11 +232,11 @@ tree_open_file(const struct model_tree *t, const char *name, const char *path,
 		return error_set(-ENOMEM, "%s: out of memory", path);
 	errno = ENOSYS;
 	if (t->proc) /* the caller's own descriptor, /proc/self/fd/N: no tree */
-		fd = openat(t->fd, rel, TREE_OPEN_FLAGS);
-	else
+		fd = file_openat(t->fd, rel, TREE_OPEN_FLAGS);
+	else /* EINTR: a signal during an open on a FUSE or NFS mount */
 		while (!tree_force_fallback &&
 			(fd = syscall(SYS_openat2, t->fd, rel, &how, sizeof(how))) == -1 &&
-			errno == EAGAIN && ++tries < TREE_EAGAIN_TRIES)
+			(errno == EINTR || (errno == EAGAIN && ++tries < TREE_EAGAIN_TRIES)))
 			;
 	if (fd == -1) {
 		if (errno == ENOSYS && !t->proc)

@@ -5,7 +5,10 @@
  * read fails with a message that names it, never a signal.
  *
  * fstat is wrapped (-Wl,--wrap=fstat): a test can make its n-th call from
- * now fail with an errno, as a network filesystem's getattr can.
+ * now fail with an errno, as a network filesystem's getattr can; openat
+ * (-Wl,--wrap=openat) can fail with EINTR, as a signal makes it on a FUSE
+ * or NFS mount. __real_openat is weak, so a build without that option
+ * still links; the test that needs it then reports SKIPPED.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -41,6 +44,26 @@ __wrap_fstat(int fd, struct stat *st)
 		return -1;
 	}
 	return __real_fstat(fd, st);
+}
+
+static int openat_eintr; /* > 0: so many openat() calls from now on fail with EINTR */
+
+int __real_openat(int dir, const char *path, int flags, ...) __attribute__((weak));
+int __wrap_openat(int dir, const char *path, int flags, ...);
+
+/* openat() as file.c calls it: never with O_CREAT or O_TMPFILE, so without
+ * the mode argument. */
+int
+__wrap_openat(int dir, const char *path, int flags, ...)
+{
+	if ((flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE)
+		fail_msg("openat(%s) with O_CREAT: the wrapper passes no mode on", path);
+	if (openat_eintr > 0) {
+		openat_eintr--;
+		errno = EINTR;
+		return -1;
+	}
+	return __real_openat(dir, path, flags);
 }
 
 struct fixture {
@@ -288,6 +311,46 @@ test_reopen_fstat_fails(void **state)
 	assert_int_equal(tu_count_fds(), before);
 }
 
+/*
+ * A signal that interrupts the open or an fstat of a model file (EINTR, as
+ * a FUSE or NFS mount returns it while it waits on its server) does not
+ * fail it: each call is tried again. Before, file_open() failed with
+ * "m.bin: Interrupted system call" (the open) or "m.bin: fstat:
+ * Interrupted system call", and so did file_check_unchanged().
+ */
+static void
+test_interrupted(void **state)
+{
+	struct fixture *f = *state;
+	struct wc_file w;
+	int before = tu_count_fds();
+
+	if (__real_openat == NULL)
+		skip();
+	openat_eintr = 2;
+	assert_int_equal(file_open(f->path, &w), 0);
+	assert_int_equal(openat_eintr, 0);
+	assert_int_equal(w.size, sizeof(f->data));
+	file_close(&w);
+	fstat_errno = EINTR;
+	fstat_fail_at = 1;
+	assert_int_equal(file_open(f->path, &w), 0);
+	assert_int_equal(fstat_fail_at, 0);
+	assert_memory_equal(w.base, f->data, sizeof(f->data));
+	fstat_fail_at = 1;
+	assert_int_equal(file_check_unchanged(&w), 0);
+	assert_int_equal(fstat_fail_at, 0);
+	file_close(&w);
+	/* Any other error still fails, naming the file. */
+	fstat_errno = EIO;
+	fstat_fail_at = 1;
+	assert_int_equal(file_open(f->path, &w), -EIO);
+	fstat_fail_at = 0;
+	if (strstr(error_get(), "m.bin: fstat: Input/output error") == NULL)
+		fail_msg("message \"%s\"", error_get());
+	assert_int_equal(tu_count_fds(), before);
+}
+
 int
 main(void)
 {
@@ -301,6 +364,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_read_bytes_max_head, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_reopen_only_regular_files, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_reopen_fstat_fails, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_interrupted, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

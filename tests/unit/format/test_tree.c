@@ -7,18 +7,27 @@
  * another model's directory, absolute links and chains that end outside are
  * refused with a message that names the link, its target and the tree. Every
  * case runs twice: with openat2 and with the fallback for kernels without it.
+ *
+ * openat, fstat, fstatfs and syscall (openat2) are wrapped
+ * (-Wl,--wrap=...): while a test sets interrupting, each of them fails once
+ * with EINTR, as a signal makes it on a FUSE or NFS mount, and goes through
+ * when it is tried again. The __real_ symbols are weak, so a build without
+ * those options still links; the test that needs them then reports SKIPPED.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -27,6 +36,84 @@
 #include "base/file.h"
 #include "format/tree.h"
 #include "testutil.h"
+
+/* ---- fault injection ---- */
+
+static int interrupting;  /* each wrapped call fails once with EINTR */
+static int interruptions; /* how many calls were interrupted */
+
+int __real_openat(int dir, const char *path, int flags, ...) __attribute__((weak));
+int __real_fstat(int fd, struct stat *st) __attribute__((weak));
+int __real_fstatfs(int fd, struct statfs *st) __attribute__((weak));
+long __real_syscall(long number, ...) __attribute__((weak));
+int __wrap_openat(int dir, const char *path, int flags, ...);
+int __wrap_fstat(int fd, struct stat *st);
+int __wrap_fstatfs(int fd, struct statfs *st);
+long __wrap_syscall(long number, ...);
+
+/* Whether this call fails with EINTR: while interrupting is set, unless
+ * the last call of the same function did (*tried_again), so that every call
+ * fails once and its retry goes through. */
+static bool
+interrupt(bool *tried_again)
+{
+	if (!interrupting || *tried_again) {
+		*tried_again = false;
+		return false;
+	}
+	*tried_again = true;
+	interruptions++;
+	errno = EINTR;
+	return true;
+}
+
+/* openat() as tree.c calls it: never with O_CREAT or O_TMPFILE, so
+ * without the mode argument. */
+int
+__wrap_openat(int dir, const char *path, int flags, ...)
+{
+	static bool again;
+
+	if ((flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE)
+		fail_msg("openat(%s) with O_CREAT: the wrapper passes no mode on", path);
+	return interrupt(&again) ? -1 : __real_openat(dir, path, flags);
+}
+
+int
+__wrap_fstat(int fd, struct stat *st)
+{
+	static bool again;
+
+	return interrupt(&again) ? -1 : __real_fstat(fd, st);
+}
+
+int
+__wrap_fstatfs(int fd, struct statfs *st)
+{
+	static bool again;
+
+	return interrupt(&again) ? -1 : __real_fstatfs(fd, st);
+}
+
+/* syscall() as tree.c calls it, for openat2 and its four arguments (the
+ * only system call these tests reach through it). */
+long
+__wrap_syscall(long number, ...)
+{
+	static bool again;
+	long arg[4];
+	va_list ap;
+
+	if (number != SYS_openat2)
+		fail_msg("syscall(%ld): only openat2 is wrapped", number);
+	va_start(ap, number);
+	for (int i = 0; i < 4; i++)
+		arg[i] = va_arg(ap, long);
+	va_end(ap);
+	if (interrupt(&again))
+		return -1;
+	return __real_syscall(number, arg[0], arg[1], arg[2], arg[3]);
+}
 
 struct fixture {
 	char *dir;  /* as tu_tmpdir() made it */
@@ -80,6 +167,7 @@ teardown(void **state)
 	struct fixture *f = *state;
 
 	tree_force_fallback = 0;
+	interrupting = 0;
 	free(f->real);
 	tu_rmtree(f->dir);
 	free(f);
@@ -274,6 +362,44 @@ test_tree_open(void **state)
 	assert_int_equal(tree_open(p, &t), -ENOENT);
 }
 
+/*
+ * A signal that interrupts an openat, openat2, fstat or fstatfs on the way
+ * (EINTR, as a FUSE or NFS mount returns it while it waits on its server)
+ * does not fail the open of a model file: each call is tried again. Before,
+ * the open failed with "Interrupted system call", and an interrupted
+ * fstatfs of a /proc/self/fd tree took it for a model's tree, whose magic
+ * link openat2 refused ("a symlink loop, or a link into /proc").
+ */
+static void
+test_interrupted(void **state)
+{
+	struct fixture *f = *state;
+	char p[PATH_MAX];
+	struct wc_file w;
+	int fd, before = tu_count_fds();
+
+	if (__real_openat == NULL || __real_fstat == NULL || __real_fstatfs == NULL ||
+		__real_syscall == NULL)
+		skip();
+	link_at(f, "models/a/x.safetensors", "sub/deep.safetensors");
+	snprintf(p, sizeof(p), "%s/models/a/real.safetensors", f->dir);
+	assert_true((fd = open(p, O_RDONLY | O_CLOEXEC)) >= 0);
+	interrupting = 1;
+	interruptions = 0;
+	assert_int_equal(open_model(f, "models/a/real.safetensors", 'A'), 0);
+	assert_true(interruptions >= 3); /* the tree, the file, its fstat */
+	assert_int_equal(open_model(f, "models/a/x.safetensors", 'D'), 0);
+	snprintf(p, sizeof(p), "/proc/self/fd/%d", fd);
+	interruptions = 0;
+	assert_int_equal(tree_open_model_file(p, &w), 0);
+	assert_true(interruptions >= 4); /* and the fstatfs */
+	interrupting = 0;
+	assert_int_equal(w.base[0], 'A');
+	file_close(&w);
+	close(fd);
+	assert_int_equal(tu_count_fds(), before);
+}
+
 int
 main(void)
 {
@@ -288,6 +414,7 @@ main(void)
 		BOTH(test_hub_snapshot),
 		BOTH(test_tree_open),
 		BOTH(test_proc_self_fd),
+		BOTH(test_interrupted),
 #undef BOTH
 	};
 
