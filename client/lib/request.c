@@ -12,8 +12,11 @@
  *
  * Deadlines: the socket's SO_RCVTIMEO and SO_SNDTIMEO, set at connect and
  * by wc_set_timeout(), bound every connect, send and receive without a
- * system call per request. A request that times out closes the connection
- * (its reply could still come and would be taken for the next one's).
+ * system call per request. A receive that says EAGAIN before the deadline
+ * (a descriptor the caller's event loop made non-blocking) waits with
+ * poll(2) for what is left: only a deadline that has passed is a timeout.
+ * A request that times out closes the connection (its reply could still
+ * come and would be taken for the next one's).
  *
  * Restarts: when a request finds the connection dead (the send fails with
  * EPIPE, ECONNRESET or ENOTCONN, or the daemon hangs up before the reply),
@@ -30,6 +33,7 @@
  */
 #include <errno.h>
 #include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,6 +136,47 @@ request_elapsed(const struct timespec *start)
 
 	clock_gettime(CLOCK_MONOTONIC, &now);
 	return (double)(now.tv_sec - start->tv_sec) + (double)(now.tv_nsec - start->tv_nsec) / 1e9;
+}
+
+/* The milliseconds left, rounded up, of a wait of ms (0: no limit) that
+ * began at start: 0 once they are up, -1 (poll's "no limit") for none. */
+static int
+request_left_ms(int ms, const struct timespec *start)
+{
+	double left;
+	int whole;
+
+	if (ms <= 0)
+		return -1;
+	left = ms - request_elapsed(start) * 1000;
+	if (left <= 0)
+		return 0;
+	whole = (int)left;
+	return whole < left ? whole + 1 : whole;
+}
+
+/*
+ * After a receive that said EAGAIN: waits until fd is readable (or hung up)
+ * within what is left of limit_ms from start (0: no limit). The socket's
+ * SO_RCVTIMEO is not the only source of EAGAIN: the caller's event loop
+ * may have made wc_client_fd() non-blocking (libuv's uv_poll_init does),
+ * and then every receive that comes before the reply says EAGAIN at once.
+ * Returns 1 when it is readable, 0 when the deadline has passed, or -errno.
+ */
+static int
+wait_readable(int fd, int limit_ms, const struct timespec *start)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	int left, r;
+
+	for (;;) {
+		if ((left = request_left_ms(limit_ms, start)) == 0)
+			return 0;
+		if ((r = poll(&p, 1, left)) > 0)
+			return 1;
+		if (r < 0 && errno != EINTR)
+			return -errno;
+	}
 }
 
 /* The error of a wait that ran out: names the socket and the time waited,
@@ -253,7 +298,7 @@ announce_holds(wc_client *c, int ms)
 	size_t nfds = 0;
 	struct timespec start;
 	ssize_t n;
-	int dead;
+	int dead, left;
 
 	clock_gettime(CLOCK_MONOTONIC, &start);
 	for (struct attach_record *a = c->records; a != NULL; a = a->next) {
@@ -263,14 +308,16 @@ announce_holds(wc_client *c, int ms)
 		if (a->connection == c->connection || m->name == NULL ||
 			a->kind != ATTACH_KIND_GENERATION)
 			continue;
-		if (ms > 0 && request_elapsed(&start) * 1000 >= ms)
+		if ((left = request_left_ms(ms, &start)) == 0)
 			return 0;
 		seq = request_next_seq(c);
 		n = wire_put_hold(req, sizeof(req), seq, m->generation, m->name, strlen(m->name));
 		if (n < 0)
 			continue;
-		n = roundtrip(c, req, (size_t)n, seq, -1, c->timeout_ms, buf, sizeof(buf), fds,
-			WIRE_MAX_FDS, &nfds, &msg, &dead);
+		/* Within what is left of ms (-1: no limit); the socket's
+		 * timeouts are ms. */
+		n = roundtrip(c, req, (size_t)n, seq, -1, left < 0 ? 0 : left, buf, sizeof(buf),
+			fds, WIRE_MAX_FDS, &nfds, &msg, &dead);
 		if (n == -ETIMEDOUT)
 			return (int)n;
 		if (n < 0)
@@ -347,8 +394,11 @@ request_next_seq(wc_client *c)
  * the caller's), and receives its reply (matching seq) into buf, with up
  * to maxfds descriptors, which pass to the caller. Replies to other
  * requests (there should be none) are dropped with their descriptors
- * closed. limit_ms (0: none) bounds the wait when announcements keep
- * coming, each of which restarts the socket's own receive timeout.
+ * closed. limit_ms (0: none) is the deadline of the whole wait, counted
+ * from before the send: a receive that fails with EAGAIN before it waits
+ * for what is left (wait_readable), and it bounds the wait when
+ * announcements keep coming, each of which restarts the socket's own
+ * receive timeout.
  */
 static ssize_t
 roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, int send_fd,
@@ -380,8 +430,17 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, int se
 	}
 	for (;;) {
 		n = fdp_recv(c->fd, buf, cap, fds, maxfds, nfds);
-		if (n == -EAGAIN)
-			return timed_out(c, "answer", &start);
+		if (n == -EAGAIN) {
+			/* A timeout only once limit_ms has passed: an EAGAIN
+			 * before it waits for what is left. */
+			if ((r = wait_readable(c->fd, limit_ms, &start)) > 0)
+				continue;
+			if (r == 0)
+				return timed_out(c, "answer", &start);
+			shutdown(c->fd, SHUT_RDWR);
+			return error_set(r, "wcached at %s: waiting for the answer: poll: %s",
+				c->path, strerror(-r));
+		}
 		if (n == -ECONNRESET && !reset) {
 			reset = 1;
 			continue;

@@ -279,6 +279,16 @@ finish(struct fixture *f, int fds_before)
 	assert_maps(f, 0, 0, 1);
 }
 
+/* Checks the tensors of f->model, releases it and finish()es. */
+void
+release_and_finish(struct fixture *f, int fds_before)
+{
+	check_tensors(f->model);
+	wc_release(f->model);
+	f->model = NULL;
+	finish(f, fds_before);
+}
+
 /* Connects to the fake running the current script and attaches MODEL,
  * expecting code and a message holding want, with nothing left behind. */
 void

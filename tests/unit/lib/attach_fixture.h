@@ -64,6 +64,7 @@ struct af_fault {
 	pthread_t client;    /* the thread whose recvmsg() the hooks below apply to */
 	int recv_wait_close; /* before its next recvmsg(): wait until the fake closed */
 	int recv_post_read;  /* after its next recvmsg(): post fault.read */
+	int recv_eagain;     /* > 0: so many of its recvmsg() from now on fail with EAGAIN */
 	sem_t closed;        /* posted by the fake daemon when it has closed */
 	sem_t read;          /* posted by the client's hooked recvmsg() */
 };
@@ -143,6 +144,10 @@ int attach_ok(struct fixture *f);
 
 /* Checks every tensor of m against the files' bytes. */
 void check_tensors(const wc_model *m);
+
+/* Checks the tensors of f->model, releases it and finish()es: the end of a
+ * test whose attach worked. */
+void release_and_finish(struct fixture *f, int fds_before);
 
 /* Sets slot of the fake's status page to value, as wcached would. */
 void set_slot(struct fixture *f, uint64_t slot, uint64_t value);

@@ -7,7 +7,8 @@
  * wcached's limits, however its send, close and the client's receive
  * interleave; a daemon that restarts between attaches or during one (with
  * or without HOLD), that is gone for good, or that hangs up and then does
- * not answer within the client's deadline.
+ * not answer within the client's deadline; a receive that says EAGAIN
+ * before the deadline (a descriptor made non-blocking).
  *
  * Each test checks the exact code, a substring of wc_errmsg(), that the
  * process holds as many descriptors afterwards as before and what the fake
@@ -17,11 +18,13 @@
  * Fault injection uses the linker's --wrap (tests/CMakeLists.txt links this
  * test with -Wl,--wrap=recvmsg and compiles it with -U_FORTIFY_SOURCE):
  * __wrap_recvmsg lets a test order the client's next receive against the
- * fake daemon's close, which makes the refusal races deterministic.
+ * fake daemon's close, which makes the refusal races deterministic, or
+ * make it fail with EAGAIN before the deadline.
  * __real_recvmsg is weak, so a build without that option still links; the
  * tests that need it then report SKIPPED.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <setjmp.h>
@@ -43,14 +46,18 @@
 
 #define REFUSAL "too many clients connected to wcached (max_clients)"
 
+/* How much later than its deadline a wait may end on a loaded machine. */
+#define SLACK_S 0.25
+
 /* ---- fault injection ---------------------------------------------------- */
 
 ssize_t __real_recvmsg(int fd, struct msghdr *msg, int flags) __attribute__((weak));
 ssize_t __wrap_recvmsg(int fd, struct msghdr *msg, int flags);
 
-/* recvmsg() with two one-shot hooks for the client's thread (the fake
- * daemon's thread is left alone): wait for the fake's close before
- * receiving, or tell the fake once something was received. */
+/* recvmsg() with three hooks for the client's thread (the fake daemon's
+ * thread is left alone): fail with EAGAIN at once, receiving nothing (as a
+ * non-blocking descriptor does before the reply), wait for the fake's
+ * close before receiving, or tell the fake once something was received. */
 ssize_t
 __wrap_recvmsg(int fd, struct msghdr *msg, int flags)
 {
@@ -58,6 +65,11 @@ __wrap_recvmsg(int fd, struct msghdr *msg, int flags)
 	ssize_t n;
 	int e;
 
+	if (mine && fault.recv_eagain > 0) {
+		fault.recv_eagain--;
+		errno = EAGAIN;
+		return -1;
+	}
 	if (mine && fault.recv_wait_close) {
 		fault.recv_wait_close = 0;
 		(void)fake_sem_wait(&fault.closed);
@@ -530,6 +542,55 @@ test_reconnect_within_deadline(void **state)
 	assert_int_equal(f->fake.attaches, 1);
 }
 
+/*
+ * A receive that fails with EAGAIN before the deadline is no timeout: the
+ * client waits for the rest of it and the attach works. Before, the first
+ * EAGAIN was reported as "did not answer within 30 s (waited 3.72e-06 s;
+ * ...); connection closed".
+ */
+static void
+test_eagain_before_deadline(void **state)
+{
+	struct fixture *f = *state;
+	int before;
+
+	NEED_WRAP();
+	fault.recv_eagain = 2;
+	before = attach_ok(f);
+	assert_int_equal(fault.recv_eagain, 0);
+	release_and_finish(f, before);
+	assert_int_equal(f->fake.accepted, 1);
+}
+
+/*
+ * A descriptor made non-blocking (libuv's uv_poll_init() does that to the
+ * wc_client_fd() it watches) keeps the client's deadline: a daemon that
+ * never answers fails the attach with -ETIMEDOUT at the deadline, not at
+ * once (before: after about 0 s, "waited 0 s") and not later.
+ */
+static void
+test_nonblocking_descriptor_keeps_deadline(void **state)
+{
+	struct fixture *f = *state;
+	int fd, before = tu_count_fds();
+	wc_model *m = NULL;
+	double t0, waited;
+
+	f->fake.mode = FAKE_SILENT;
+	fake_start(f);
+	assert_int_equal(wc_connect_timeout(f->sock, 300, &f->client), 0);
+	fd = wc_client_fd(f->client);
+	assert_int_equal(fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK), 0);
+	t0 = tu_now();
+	assert_error(wc_attach(f->client, MODEL, &m), -ETIMEDOUT, "did not answer within 0.3 s");
+	waited = tu_now() - t0;
+	assert_null(m);
+	if (waited < 0.29 || waited > 0.3 + SLACK_S)
+		fail_msg("waited %.3f s for a deadline of 0.3 s", waited);
+	finish(f, before);
+	assert_int_equal(f->fake.attaches, 1);
+}
+
 /* A signal that interrupts the connect is no reason to fail it: the
  * connect is tried again and the attach works (found by an strace fault
  * sweep of the worker: connect:error=EINTR failed wc_connect() with
@@ -544,10 +605,7 @@ test_connect_interrupted(void **state)
 	fault.connect_eintr = 2;
 	before = attach_ok(f);
 	assert_int_equal(fault.connect_eintr, 0);
-	check_tensors(f->model);
-	wc_release(f->model);
-	f->model = NULL;
-	finish(f, before);
+	release_and_finish(f, before);
 }
 
 int
@@ -572,6 +630,8 @@ main(void)
 		T(test_reconnect_fails_when_daemon_gone),
 		T(test_reconnect_within_deadline),
 		T(test_connect_interrupted),
+		T(test_eagain_before_deadline),
+		T(test_nonblocking_descriptor_keeps_deadline),
 	};
 #undef T
 

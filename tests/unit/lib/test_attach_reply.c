@@ -622,10 +622,7 @@ attach_with_call_failing(struct fixture *f, int fcntl_cmd, ino_t fstat_ino, cons
 	assert_int_equal(fault.fcntl_cmd, 0);
 	assert_true(fault.fstat_ino == 0);
 	assert_int_equal(wc_attach(f->client, MODEL, &f->model), 0);
-	check_tensors(f->model);
-	wc_release(f->model);
-	f->model = NULL;
-	finish(f, before);
+	release_and_finish(f, before);
 	assert_int_equal(f->fake.accepted, 1);
 }
 
