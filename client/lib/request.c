@@ -116,14 +116,21 @@ request_timeout_default(int *ms)
 	return 0;
 }
 
+/* Sets fd's timeout opt (SO_RCVTIMEO or SO_SNDTIMEO) to ms (0: none);
+ * 0, or -1 with errno. */
+static int
+set_timeout(int fd, int opt, int ms)
+{
+	struct timeval tv = { .tv_sec = ms / 1000, .tv_usec = (suseconds_t)(ms % 1000) * 1000 };
+
+	return setsockopt(fd, SOL_SOCKET, opt, &tv, sizeof(tv));
+}
+
 /* Sets fd's send and receive timeouts (connect uses the send timeout). */
 static int
 apply_timeout(int fd, int ms, const char *path)
 {
-	struct timeval tv = { .tv_sec = ms / 1000, .tv_usec = (suseconds_t)(ms % 1000) * 1000 };
-
-	if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == -1 ||
-		setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) == -1)
+	if (set_timeout(fd, SO_RCVTIMEO, ms) == -1 || set_timeout(fd, SO_SNDTIMEO, ms) == -1)
 		return error_set(-errno, "%s: setting the timeout: %s", path, strerror(errno));
 	return 0;
 }
@@ -217,18 +224,24 @@ wc_set_timeout(wc_client *c, int timeout_ms)
  * (signal(7)), whatever SA_RESTART says, so a worker with a signal handler
  * (a timer, SIGCHLD) would fail its connect for a signal it did not mind.
  * An interrupted AF_UNIX connect leaves the socket unconnected, so it can
- * simply be tried again, within what is left of ms (0: no limit); -1 with
- * errno EINTR when that is up.
+ * simply be tried again, within what is left of ms (0: no limit), and
+ * each try waits only what is left: fd's SO_SNDTIMEO, ms when called, is
+ * shrunk to it (and set back to ms once connected). -1 with errno EINTR
+ * when that is up.
  */
 static int
 connect_retrying(int fd, const struct sockaddr_un *sa, int ms, const struct timespec *start)
 {
-	for (;;) {
-		if (connect(fd, (const struct sockaddr *)sa, sizeof(*sa)) == 0)
-			return 0;
-		if (errno != EINTR || (ms > 0 && request_elapsed(start) * 1000 >= ms))
+	int left, shrunk = 0;
+
+	while (connect(fd, (const struct sockaddr *)sa, sizeof(*sa)) == -1) {
+		if (errno != EINTR || (left = request_left_ms(ms, start)) == 0)
 			return -1;
+		if (left > 0 && set_timeout(fd, SO_SNDTIMEO, left) == -1)
+			return -1;
+		shrunk = left > 0;
 	}
+	return shrunk ? set_timeout(fd, SO_SNDTIMEO, ms) : 0;
 }
 
 /*
@@ -285,22 +298,22 @@ static ssize_t roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint3
  * Returns 0; 1 when the daemon hung up or answered something else (a
  * daemon that does not know HOLD answers an ERROR of seq 0, "malformed",
  * and closes the connection); or -errno (a timeout) with the message. The
- * HOLDs share the ms milliseconds the reconnect has (0: no limit): those
- * left when they are up are not sent. The lock is held.
+ * HOLDs share what is left of the ms milliseconds the reconnect has had
+ * since start (0: no limit): each waits only that long (the socket's
+ * timeouts are set to it), and those left when they are up are not sent.
+ * The lock is held.
  */
 static int
-announce_holds(wc_client *c, int ms)
+announce_holds(wc_client *c, int ms, const struct timespec *start)
 {
 	uint8_t req[WIRE_MAX_MESSAGE], buf[WIRE_MAX_MESSAGE];
 	int fds[WIRE_MAX_FDS];
 	struct wire_message msg;
 	uint64_t handle;
 	size_t nfds = 0;
-	struct timespec start;
 	ssize_t n;
-	int dead, left;
+	int dead, left, r;
 
-	clock_gettime(CLOCK_MONOTONIC, &start);
 	for (struct attach_record *a = c->records; a != NULL; a = a->next) {
 		const wc_model *m = a->am.model;
 		uint32_t seq;
@@ -308,14 +321,16 @@ announce_holds(wc_client *c, int ms)
 		if (a->connection == c->connection || m->name == NULL ||
 			a->kind != ATTACH_KIND_GENERATION)
 			continue;
-		if ((left = request_left_ms(ms, &start)) == 0)
+		if ((left = request_left_ms(ms, start)) == 0)
 			return 0;
 		seq = request_next_seq(c);
 		n = wire_put_hold(req, sizeof(req), seq, m->generation, m->name, strlen(m->name));
 		if (n < 0)
 			continue;
-		/* Within what is left of ms (-1: no limit); the socket's
-		 * timeouts are ms. */
+		/* Within what is left of ms (-1: no limit), the socket's
+		 * timeouts too. */
+		if (left > 0 && (r = apply_timeout(c->fd, left, c->path)) < 0)
+			return r;
 		n = roundtrip(c, req, (size_t)n, seq, -1, left < 0 ? 0 : left, buf, sizeof(buf),
 			fds, WIRE_MAX_FDS, &nfds, &msg, &dead);
 		if (n == -ETIMEDOUT)
@@ -337,11 +352,22 @@ announce_holds(wc_client *c, int ms)
 	return 0;
 }
 
+/* The error of a request whose connection the daemon closed when the
+ * deadline had passed, or passed while the client connected again. */
+static int
+closed_too_late(const wc_client *c)
+{
+	return error_set(-ETIMEDOUT, "%s closed the connection and the deadline of %.3g s has "
+		"passed (the limit is %s or wc_set_timeout())", c->where, c->timeout_ms / 1000.0,
+		TIMEOUT_ENV);
+}
+
 /*
  * Replaces c's dead connection with a new one to the same path (the daemon
  * restarted, or the connection was closed after a timeout), connecting
- * within ms milliseconds (0: no limit); the new socket keeps ms as its
- * deadline until the caller restores c->timeout_ms. What the client kept
+ * and announcing the HOLDs within ms milliseconds (0: no limit); the new
+ * socket keeps timeouts of at most ms until the caller sets them again (to
+ * what is left of its deadline, or c->timeout_ms). What the client kept
  * from the old daemon goes: its status page may not be the new daemon's.
  * Models attached over the old connection keep their own mappings; the new
  * daemon is told which generations they are (announce_holds), and those it
@@ -355,10 +381,15 @@ static int
 reconnect(wc_client *c, int ms)
 {
 	char why[256];
-	int fd = -1, r;
+	struct timespec start;
+	int fd = -1, r, left;
 
+	clock_gettime(CLOCK_MONOTONIC, &start);
 	for (int announce = 1;; announce = 0) {
-		if ((r = request_open(c->path, ms, &fd)) < 0) {
+		/* Each step within what the ones before left of ms. */
+		if ((left = request_left_ms(ms, &start)) == 0)
+			return closed_too_late(c);
+		if ((r = request_open(c->path, left < 0 ? 0 : left, &fd)) < 0) {
 			snprintf(why, sizeof(why), "%s", error_get());
 			/* A socket path that is gone is a daemon that is not
 			 * running, not a model that is not served (what -ENOENT
@@ -370,7 +401,7 @@ reconnect(wc_client *c, int ms)
 		c->fd = fd;
 		c->connection++;
 		attach_cache_clear(&c->cache);
-		if (!announce || (r = announce_holds(c, ms)) == 0)
+		if (!announce || (r = announce_holds(c, ms, &start)) == 0)
 			return 0;
 		if (r < 0)
 			return r;
@@ -511,8 +542,11 @@ request_call(wc_client *c, request_put_fn put, const void *arg, int grace_ms, ui
 
 		/* The daemon answers by itself when left runs out: the receive
 		 * waits a little longer, so that its answer, not ours, says why. */
-		if (c->timeout_ms > 0 && grace_ms > 0) {
+		if (c->timeout_ms > 0 && grace_ms > 0)
 			limit = left > INT_MAX - grace_ms ? INT_MAX : left + grace_ms;
+		/* After a reconnect, the new socket's timeouts become what is
+		 * left too. */
+		if (c->timeout_ms > 0 && (grace_ms > 0 || attempt > 0)) {
 			if ((n = apply_timeout(c->fd, limit, c->path)) < 0)
 				break;
 			retimed = 1;
@@ -528,18 +562,20 @@ request_call(wc_client *c, request_put_fn put, const void *arg, int grace_ms, ui
 			break;
 		/* Once: connect again within what is left of the deadline and
 		 * send the request again (the old daemon's attach, if it made
-		 * one, ended with its connection). */
-		left = c->timeout_ms == 0 ? 0 :
-			c->timeout_ms - (int)(request_elapsed(&start) * 1000);
-		if (c->timeout_ms > 0 && left <= 0) {
-			n = error_set(-ETIMEDOUT, "%s closed the connection and the deadline of "
-				"%.3g s has passed (the limit is %s or wc_set_timeout())", c->where,
-				c->timeout_ms / 1000.0, TIMEOUT_ENV);
+		 * one, ended with its connection), within what is left after
+		 * that. */
+		if ((left = request_left_ms(c->timeout_ms, &start)) == 0) {
+			n = closed_too_late(c);
 			break;
 		}
-		if ((n = reconnect(c, left)) < 0)
+		if ((n = reconnect(c, left < 0 ? 0 : left)) < 0)
 			break;
 		retimed = 1;
+		if ((left = request_left_ms(c->timeout_ms, &start)) == 0) {
+			n = closed_too_late(c);
+			break;
+		}
+		left = left < 0 ? 0 : left;
 	}
 	if (retimed && c->timeout_ms > 0 &&
 		(r = apply_timeout(c->fd, c->timeout_ms, c->path)) < 0 && n >= 0) {

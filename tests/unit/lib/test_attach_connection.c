@@ -28,12 +28,15 @@
 #include <pthread.h>
 #include <semaphore.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -46,8 +49,13 @@
 
 #define REFUSAL "too many clients connected to wcached (max_clients)"
 
-/* How much later than its deadline a wait may end on a loaded machine. */
-#define SLACK_S 0.25
+/* The deadline of the tests of deadlines, a signal that comes before it,
+ * and how much later than the deadline a wait may end on a loaded machine
+ * (less than the deadline less the signal's time: what a second whole
+ * deadline after the signal would add). */
+#define DEADLINE_TEST_MS 400
+#define ALARM_MS 300
+#define SLACK_S 0.15
 
 /* ---- fault injection ---------------------------------------------------- */
 
@@ -101,6 +109,86 @@ __wrap_connect(int fd, const struct sockaddr *sa, socklen_t len)
 		return -1;
 	}
 	return __real_connect(fd, sa, len);
+}
+
+/*
+ * A timer's signal, as a worker's own timer or SIGCHLD would come: SIGALRM
+ * with a handler and without SA_RESTART (a connect with SO_SNDTIMEO is
+ * never restarted anyway). The handler counts, and accepts one connection
+ * on alarm_listen_fd when that is set, making room in a full backlog.
+ */
+static volatile sig_atomic_t alarms, alarm_listen_fd = -1, alarm_accepted = -1;
+
+static void
+on_alarm(int sig)
+{
+	int e = errno;
+
+	(void)sig;
+	alarms++;
+	if (alarm_listen_fd >= 0)
+		alarm_accepted = accept4(alarm_listen_fd, NULL, NULL, SOCK_CLOEXEC);
+	errno = e;
+}
+
+/* Sends SIGALRM to this process after ms; *old gets the handler before. */
+static void
+alarm_after(int ms, struct sigaction *old)
+{
+	struct sigaction sa = { .sa_handler = on_alarm };
+	struct itimerval it = { .it_value = { .tv_sec = ms / 1000,
+		.tv_usec = (suseconds_t)(ms % 1000) * 1000 } };
+
+	alarms = 0;
+	assert_int_equal(sigaction(SIGALRM, &sa, old), 0);
+	assert_int_equal(setitimer(ITIMER_REAL, &it, NULL), 0);
+}
+
+/* Stops the timer and puts old back. */
+static void
+alarm_off(const struct sigaction *old)
+{
+	struct itimerval it = { 0 };
+
+	assert_int_equal(setitimer(ITIMER_REAL, &it, NULL), 0);
+	assert_int_equal(sigaction(SIGALRM, old, NULL), 0);
+	alarm_listen_fd = -1;
+}
+
+/* Connects to the socket at path without blocking until its backlog is
+ * full: the descriptors go to fds (at most max); returns their number. */
+static size_t
+fill_backlog(const char *path, int *fds, size_t max)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	size_t n = 0;
+
+	assert_true(strlen(path) < sizeof(sa.sun_path));
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	while (n < max) {
+		int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+
+		assert_true(fd >= 0);
+		if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == -1) {
+			assert_int_equal(errno, EAGAIN); /* full */
+			close(fd);
+			return n;
+		}
+		fds[n++] = fd;
+	}
+	fail_msg("%s: the backlog took %zu connections", path, max);
+	return n;
+}
+
+/* Asserts that a wait that began at t0 with a deadline of
+ * DEADLINE_TEST_MS ended at it, or at most SLACK_S later. */
+static void
+assert_waited_deadline(double t0)
+{
+	double waited = tu_now() - t0, deadline = DEADLINE_TEST_MS / 1000.0;
+
+	if (waited < deadline - 0.01 || waited > deadline + SLACK_S)
+		fail_msg("waited %.3f s for a deadline of %.3f s", waited, deadline);
 }
 
 /* ---- helpers ------------------------------------------------------------ */
@@ -574,19 +662,17 @@ test_nonblocking_descriptor_keeps_deadline(void **state)
 	struct fixture *f = *state;
 	int fd, before = tu_count_fds();
 	wc_model *m = NULL;
-	double t0, waited;
+	double t0;
 
 	f->fake.mode = FAKE_SILENT;
 	fake_start(f);
-	assert_int_equal(wc_connect_timeout(f->sock, 300, &f->client), 0);
+	assert_int_equal(wc_connect_timeout(f->sock, DEADLINE_TEST_MS, &f->client), 0);
 	fd = wc_client_fd(f->client);
 	assert_int_equal(fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK), 0);
 	t0 = tu_now();
-	assert_error(wc_attach(f->client, MODEL, &m), -ETIMEDOUT, "did not answer within 0.3 s");
-	waited = tu_now() - t0;
+	assert_error(wc_attach(f->client, MODEL, &m), -ETIMEDOUT, "did not answer within 0.4 s");
+	assert_waited_deadline(t0);
 	assert_null(m);
-	if (waited < 0.29 || waited > 0.3 + SLACK_S)
-		fail_msg("waited %.3f s for a deadline of 0.3 s", waited);
 	finish(f, before);
 	assert_int_equal(f->fake.attaches, 1);
 }
@@ -606,6 +692,103 @@ test_connect_interrupted(void **state)
 	before = attach_ok(f);
 	assert_int_equal(fault.connect_eintr, 0);
 	release_and_finish(f, before);
+}
+
+/*
+ * A connect that a signal interrupts is tried again with what is left of
+ * the deadline, not all of it: wcached's backlog is full, the signal comes
+ * after 0.3 s of a 0.4 s deadline, and wc_connect_timeout() fails at 0.4 s.
+ * Before, the second try waited the whole 0.4 s again (0.7 s in all: each
+ * signal could add up to a deadline).
+ */
+static void
+test_connect_interrupted_keeps_deadline(void **state)
+{
+	struct fixture *f = *state;
+	char path[512];
+	int lfd, fds[64], before = tu_count_fds();
+	size_t n;
+	wc_client *c = NULL;
+	struct sigaction old;
+	double t0;
+
+	snprintf(path, sizeof(path), "%s/full.sock", f->dir);
+	assert_true((lfd = fake_listen(path)) >= 0);
+	assert_int_equal(listen(lfd, 0), 0); /* the smallest backlog */
+	n = fill_backlog(path, fds, 64);
+	alarm_after(ALARM_MS, &old);
+	t0 = tu_now();
+	assert_error(wc_connect_timeout(path, DEADLINE_TEST_MS, &c), -ETIMEDOUT,
+		"did not accept the connection within 0.4 s");
+	assert_waited_deadline(t0);
+	alarm_off(&old);
+	assert_int_equal(alarms, 1);
+	assert_null(c);
+	for (size_t i = 0; i < n; i++)
+		close(fds[i]);
+	close(lfd);
+	assert_int_equal(tu_count_fds(), before);
+}
+
+/*
+ * A request whose connection the daemon closes is sent again over a new
+ * connection within what is left of the deadline, whatever the connect
+ * and the HOLDs took of it: the daemon hangs up at once, the new connect
+ * waits for room in a full backlog until a signal at 0.3 s makes some
+ * (accepting one), and nobody answers on the new connection. The attach
+ * fails at the 0.4 s deadline. Before, the HOLD (holding is set: a model
+ * from the old connection is still attached) or the request waited the
+ * whole of what had been left before the connect (0.7 s in all).
+ */
+static void
+reconnect_interrupted(struct fixture *f, int holding)
+{
+	int fds[64], before;
+	size_t n;
+	wc_model *m = NULL;
+	struct sigaction old;
+	double t0;
+
+	f->fake.first_close_at = 2; /* and never accepts again */
+	before = attach_ok(f);
+	assert_int_equal(wc_set_timeout(f->client, DEADLINE_TEST_MS), 0);
+	if (!holding) {
+		wc_release(f->model);
+		f->model = NULL;
+	}
+	n = fill_backlog(f->sock, fds, 64);
+	alarm_listen_fd = f->fake.listen_fd;
+	alarm_accepted = -1;
+	alarm_after(ALARM_MS, &old);
+	t0 = tu_now();
+	assert_error(wc_attach(f->client, MODEL, &m), -ETIMEDOUT, "did not answer within 0.4 s");
+	assert_waited_deadline(t0);
+	alarm_off(&old);
+	assert_null(m);
+	assert_int_equal(alarms, 1);
+	assert_true(alarm_accepted >= 0);
+	close(alarm_accepted);
+	for (size_t i = 0; i < n; i++)
+		close(fds[i]);
+	if (holding) {
+		wc_release(f->model);
+		f->model = NULL;
+	}
+	finish(f, before);
+	assert_int_equal(f->fake.attaches, 2);
+	assert_int_equal(f->fake.holds, 0); /* the new connection was never accepted */
+}
+
+static void
+test_reconnect_interrupted_keeps_deadline(void **state)
+{
+	reconnect_interrupted(*state, 0);
+}
+
+static void
+test_reconnect_holds_keep_deadline(void **state)
+{
+	reconnect_interrupted(*state, 1);
 }
 
 int
@@ -632,6 +815,9 @@ main(void)
 		T(test_connect_interrupted),
 		T(test_eagain_before_deadline),
 		T(test_nonblocking_descriptor_keeps_deadline),
+		T(test_connect_interrupted_keeps_deadline),
+		T(test_reconnect_interrupted_keeps_deadline),
+		T(test_reconnect_holds_keep_deadline),
 	};
 #undef T
 
