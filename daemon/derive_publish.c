@@ -129,7 +129,14 @@ check_run(struct workq_job *job)
 	}
 	closer_close(c->t->closer, c->owner, c->fd);
 	c->fd = fd;
-	if (fstat(fd, &st) == -1 || st.st_size <= 0) {
+	/* A failed fstat is its own reason, not an empty artifact the builder
+	 * would look for in its own code. */
+	if (fstat(fd, &st) == -1) {
+		c->err = -errno;
+		snprintf(c->why, sizeof(c->why), "the memfd: fstat: %s", strerror(-c->err));
+		return;
+	}
+	if (st.st_size <= 0) {
 		c->err = -EBADMSG;
 		snprintf(c->why, sizeof(c->why), "the memfd is empty");
 		return;

@@ -793,3 +793,48 @@ def test_a_publication_with_a_huge_header_stalls_nobody(derived):
     # The old code's worst was the whole check; a third of it (100 ms at
     # least) leaves a loaded machine's slow attach room.
     assert worst[0] < max(0.1, took / 3), (worst[0], took)
+
+
+def test_a_failed_fstat_of_a_publication_is_named_not_called_empty(derived):
+    """fstat(2) of each descriptor a publication's check makes fails once in
+    turn with EIO (strace's fault injection, attached for each publication):
+    a refusal names the I/O error. Found by a syscall fault sweep of wcached:
+    the check's fstat of its read-only reopen, failing, was answered "the
+    memfd is empty", which sends a builder looking for a bug in its own
+    code."""
+    import shutil
+    from test_control import tracer
+    strace = shutil.which("strace")
+    if strace is None or subprocess.run([strace, "-qq", "-o", "/dev/null", "true"]).returncode:
+        pytest.skip("needs strace, and ptrace allowed, to make an fstat fail")
+    d = derived()
+    ready(d, "small")
+    pid = d.proc.pid
+    refused = []
+    for n in range(1, 6):
+        a = Peer(d)
+        token = build(a, key=f"k{n}-v1")["token"]
+        # The counters start at the attach: the n-th fstat of each thread.
+        tracer_proc = subprocess.Popen([strace, "-f", "-qq", "-o", "/dev/null", "-p", str(pid),
+                                        "-e", "trace=fstat,newfstatat",
+                                        "-e", f"inject=fstat,newfstatat:error=EIO:when={n}"])
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+            wait_until(lambda: all(tracer(f"{pid}/task/{t}") for t in tasks),
+                       what="strace attached")
+            fd = memfd_with(ARTIFACT)
+            a.publish(token, fd)
+            os.close(fd)
+            r = closing(a.reply())
+        finally:
+            tracer_proc.terminate()
+            tracer_proc.wait(timeout=30)
+            wait_until(lambda: tracer(pid) == 0, what="strace detached")
+        if r["type"] == ERROR:
+            assert "Input/output error" in r["text"] and "empty" not in r["text"], r["text"]
+            refused.append(n)
+        a.close()
+    assert refused, "no fstat of a publication failed"
+    # The daemon still serves the model and builds its keys.
+    r = build(Peer(d), key="after-v1")
+    assert r["generation"] == 1
