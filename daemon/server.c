@@ -678,8 +678,10 @@ server_start(uv_loop_t *loop, struct registry *reg, int listen_fd,
 	s->loop = loop;
 	s->reg = reg;
 	s->listen_fd = listen_fd;
-	/* A socket passed by systemd may be blocking; accept4 must not block. */
-	if (fcntl(listen_fd, F_SETFL, fcntl(listen_fd, F_GETFL) | O_NONBLOCK) == -1) {
+	/* A socket passed by systemd may be blocking; accept4 must not block.
+	 * F_GETFL's failure is its own: -1 | O_NONBLOCK would set every flag. */
+	if ((r = fcntl(listen_fd, F_GETFL)) == -1 ||
+		fcntl(listen_fd, F_SETFL, r | O_NONBLOCK) == -1) {
 		free(s);
 		return error_set(-errno, "client socket: fcntl: %s", strerror(errno));
 	}

@@ -22,6 +22,7 @@
 
 #include <cmocka.h>
 
+#include "base/error.h"
 #include "daemonutil.h"
 #include "proto/fdpass.h"
 #include "server.h"
@@ -367,6 +368,63 @@ test_inflight_per_uid(void **state)
 	free(path);
 }
 
+int __real_fcntl(int fd, int cmd, ...) __attribute__((weak));
+int __wrap_fcntl(int fd, int cmd, ...);
+
+/* The command __wrap_fcntl fails once, with fcntl_errno; 0: none. */
+static int fcntl_cmd, fcntl_errno;
+
+/* fcntl() failing once with fcntl_errno for the command fcntl_cmd; the
+ * argument, if any, passed on as glibc does. */
+int
+__wrap_fcntl(int fd, int cmd, ...)
+{
+	va_list ap;
+	void *arg;
+
+	va_start(ap, cmd);
+	arg = va_arg(ap, void *);
+	va_end(ap);
+	if (fcntl_cmd != 0 && cmd == fcntl_cmd) {
+		fcntl_cmd = 0;
+		errno = fcntl_errno;
+		return -1;
+	}
+	return __real_fcntl(fd, cmd, arg);
+}
+
+/* F_GETFL of the client socket fails (found by a syscall fault sweep of
+ * wcached): the start fails with that reason, and the socket keeps its
+ * flags. Before, F_SETFL was given -1 | O_NONBLOCK, every flag: refused
+ * with EINVAL, which the error named instead. */
+static void
+test_start_getfl_fails(void **state)
+{
+	struct du du;
+	struct server *srv = NULL;
+	char *sock;
+	int fd, before;
+
+	(void)state;
+	if (__real_fcntl == NULL)
+		skip(); /* built without -Wl,--wrap=fcntl */
+	du_setup(&du, false, 0);
+	assert_true(asprintf(&sock, "%s/s", du.dir) > 0);
+	fd = server_listen_path(sock, 0600);
+	assert_true(fd >= 0);
+	before = fcntl(fd, F_GETFL);
+	assert_true(before != -1);
+	fcntl_cmd = F_GETFL;
+	fcntl_errno = ENOMEM;
+	assert_int_equal(server_start(&du.loop, &du.reg, fd, NULL, &srv), -ENOMEM);
+	assert_null(srv);
+	assert_non_null(strstr(error_get(), strerror(ENOMEM)));
+	assert_int_equal(fcntl(fd, F_GETFL), before);
+	close(fd);
+	du_teardown(&du);
+	free(sock);
+}
+
 int
 main(void)
 {
@@ -377,6 +435,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_announce, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_inflight_per_uid, setup_low_nofile,
 			teardown_low_nofile),
+		cmocka_unit_test(test_start_getfl_fails),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
