@@ -824,9 +824,13 @@ control_start(uv_loop_t *loop, int listen_fd, struct control_context *ctx,
 		return error_set(r, "control socket: %s", strerror(-r));
 	}
 	len = sizeof(listening);
-	if (type != SOCK_STREAM ||
-		getsockopt(listen_fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == -1 ||
-		!listening) {
+	if (type == SOCK_STREAM &&
+		getsockopt(listen_fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == -1) {
+		r = -errno;
+		close(listen_fd);
+		return error_set(r, "control socket: %s", strerror(-r));
+	}
+	if (type != SOCK_STREAM || !listening) {
 		close(listen_fd);
 		return error_set(-EPROTOTYPE, "control socket: not a listening stream socket");
 	}

@@ -64,6 +64,24 @@ __wrap_calloc(size_t n, size_t size)
 	return __real_calloc(n, size);
 }
 
+int __real_getsockopt(int fd, int level, int name, void *value, socklen_t *len);
+int __wrap_getsockopt(int fd, int level, int name, void *value, socklen_t *len);
+
+/* The option __wrap_getsockopt fails once, with ENOMEM; 0: none. */
+static int fail_sockopt;
+
+/* getsockopt, failing once for the option fail_sockopt. */
+int
+__wrap_getsockopt(int fd, int level, int name, void *value, socklen_t *len)
+{
+	if (fail_sockopt != 0 && level == SOL_SOCKET && name == fail_sockopt) {
+		fail_sockopt = 0;
+		errno = ENOMEM;
+		return -1;
+	}
+	return __real_getsockopt(fd, level, name, value, len);
+}
+
 /* ---- control_split --------------------------------------------------------- */
 
 /* Splits text (copied, so the test's literal stays intact) and checks the
@@ -576,6 +594,29 @@ start_refuses_non_listening(void **state)
 	assert_int_equal(tu_count_fds(), before);
 }
 
+/* SO_ACCEPTCONN cannot be read (found by a syscall fault sweep of wcached):
+ * the start fails with that reason, where it said "not a listening stream
+ * socket" of a listening one. */
+static void
+start_names_a_failed_getsockopt(void **state)
+{
+	struct fixture *f = *state;
+	struct control *c = NULL;
+	char *path;
+	int fd, before;
+
+	assert_true(asprintf(&path, "%s/c2", f->dir) > 0);
+	fd = control_listen_path(path, 0600, (gid_t)-1);
+	free(path);
+	assert_true(fd >= 0);
+	before = tu_count_fds();
+	fail_sockopt = SO_ACCEPTCONN;
+	assert_int_equal(control_start(&f->loop, fd, &f->ctx, &c), -ENOMEM);
+	assert_null(c);
+	assert_string_equal(error_get(), "control socket: Cannot allocate memory");
+	assert_int_equal(tu_count_fds(), before - 1);
+}
+
 static void
 requests_and_errors(void **state)
 {
@@ -917,6 +958,7 @@ main(void)
 		cmocka_unit_test(label_escaping),
 		cmocka_unit_test_setup_teardown(listen_path_modes, setup, teardown),
 		cmocka_unit_test_setup_teardown(start_refuses_non_listening, setup, teardown),
+		cmocka_unit_test_setup_teardown(start_names_a_failed_getsockopt, setup, teardown),
 		cmocka_unit_test_setup_teardown(requests_and_errors, setup, teardown),
 		cmocka_unit_test_setup_teardown(overlong_line, setup, teardown),
 		cmocka_unit_test_setup_teardown(reload_completes_at_once, setup, teardown),
