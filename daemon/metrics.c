@@ -479,7 +479,8 @@ metrics_write(FILE *f, const struct registry *reg, const struct metrics_daemon *
 	value(f, (double)d->server.closed_inline);
 	family(f, "wcached_accept_pauses_total", "counter",
 		"Times the client socket was left unwatched for 100 ms: wcached was out of "
-		"descriptors with none spare to refuse a waiting client with.");
+		"descriptors with none spare to refuse a waiting client with, or accept(2) "
+		"failed otherwise (ENOMEM, ENOBUFS).");
 	fputs("wcached_accept_pauses_total", f);
 	value(f, (double)d->server.accept_pauses);
 	family(f, "wcached_control_timeouts_total", "counter",

@@ -543,17 +543,22 @@ on_accept_resume(uv_timer_t *t)
  * Out of descriptors with no spare to refuse the waiting client with: it
  * stays in the backlog, and the listening socket stays readable, so it is
  * not watched for ACCEPT_PAUSE_MS (level-triggered, every turn of the loop
- * would find it readable and fail accept4 again, at 100% CPU). Said once
- * until a client is accepted again.
+ * would find it readable and fail accept4 again, at 100% CPU). So too when
+ * accept4 fails otherwise (err: ENOMEM, ENOBUFS under memory pressure).
+ * Said once until a client is accepted again.
  */
 static void
-accept_pause(struct server *s)
+accept_pause(struct server *s, int err)
 {
 	if (!s->accept_paused_logged) {
 		s->accept_paused_logged = 1;
-		log_warnx("out of file descriptors, with none spare to refuse clients with: "
-			  "they wait in the backlog; trying again every %d ms (raise "
-			  "LimitNOFILE=)", ACCEPT_PAUSE_MS);
+		if (err == EMFILE || err == ENFILE)
+			log_warnx("out of file descriptors, with none spare to refuse clients "
+				  "with: they wait in the backlog; trying again every %d ms "
+				  "(raise LimitNOFILE=)", ACCEPT_PAUSE_MS);
+		else
+			log_warnx("accept: %s: clients wait in the backlog; trying again every "
+				  "%d ms", strerror(err), ACCEPT_PAUSE_MS);
 	}
 	s->stats.accept_pauses++;
 	uv_poll_stop(&s->listen_poll);
@@ -580,15 +585,15 @@ on_accept(uv_poll_t *handle, int status, int events)
 				int r = refuse_without_fds(s);
 
 				if (r < 0)
-					accept_pause(s);
+					accept_pause(s, EMFILE);
 				if (r <= 0)
 					return;
 				log_warnx("out of file descriptors: refused a client (raise "
 					  "LimitNOFILE=)");
 				continue;
 			}
-			if (errno != EAGAIN)
-				log_warn("accept");
+			if (errno != EAGAIN && errno != EWOULDBLOCK)
+				accept_pause(s, errno);
 			return;
 		}
 		s->accept_paused_logged = 0;

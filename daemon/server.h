@@ -67,7 +67,8 @@ struct server_stats {
 	uint64_t reads_paused_closing; /* connections not read for a while: 64 of
 					  their uid's descriptors were waiting to close */
 	uint64_t accept_pauses;     /* times the listener was left for a while: out of
-				       descriptors, and none spare to refuse a client with */
+				       descriptors, and none spare to refuse a client with,
+				       or accept4 failing otherwise (ENOMEM, ENOBUFS) */
 	unsigned long closed_inline; /* descriptors closed on the loop: no memory or
 					thread for a closing thread (closer.h) */
 };

@@ -425,6 +425,88 @@ test_start_getfl_fails(void **state)
 	free(sock);
 }
 
+int __real_accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags)
+	__attribute__((weak));
+int __wrap_accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags);
+
+/* While accept_errno is set, accept4 fails with it; the calls, counted. */
+static int accept_errno;
+static unsigned accept_calls;
+
+int
+__wrap_accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags)
+{
+	accept_calls++;
+	if (accept_errno != 0) {
+		errno = accept_errno;
+		return -1;
+	}
+	return __real_accept4(fd, addr, len, flags);
+}
+
+/* True once the timer given as arg has fired. */
+static bool
+fired(struct du *d, void *arg)
+{
+	(void)d;
+	return *(int *)((uv_timer_t *)arg)->data != 0;
+}
+
+static void
+on_fired(uv_timer_t *timer)
+{
+	*(int *)timer->data = 1;
+}
+
+/* accept4 failing for a while with ENOMEM (found by a syscall fault sweep
+ * of wcached): the waiting client is tried again every 100 ms, with one
+ * warning, and attaches once accept4 works again. Before, the listening
+ * socket stayed watched: accept4 was called on every turn of the loop, at
+ * 100% CPU, with a line each time. */
+static void
+test_accept_enomem_pauses(void **state)
+{
+	struct st *t = *state;
+	char *path = du_model(&t->du, "m.safetensors", 256);
+	uint8_t buf[WIRE_MAX_MESSAGE];
+	struct wire_message m;
+	struct server_stats stats;
+	int fds[WIRE_MAX_FDS], done = 0;
+	size_t nfds;
+	uv_timer_t timer;
+	char *log;
+
+	if (__real_accept4 == NULL)
+		skip(); /* built without -Wl,--wrap=accept4 */
+	assert_int_equal(du_load(&t->du, "m", path, PIN_NONE, 0), 0);
+	/* A new client waits in the backlog: 300 ms of failures. */
+	accept_errno = ENOMEM;
+	accept_calls = 0;
+	close(t->client);
+	t->client = connect_client(t);
+	du_log_start(&t->du);
+	uv_timer_init(&t->du.loop, &timer);
+	timer.data = &done;
+	uv_timer_start(&timer, on_fired, 300, 0);
+	du_run_until(&t->du, fired, &timer);
+	uv_close((uv_handle_t *)&timer, NULL);
+	log = du_log_stop(&t->du);
+	assert_true(accept_calls >= 1);
+	assert_true(accept_calls <= 6);
+	assert_non_null(strstr(log, "accept: Cannot allocate memory: clients wait in the "
+				    "backlog; trying again every 100 ms"));
+	assert_null(strstr(strstr(log, "accept: ") + 1, "accept: "));
+	free(log);
+	server_get_stats(t->srv, &stats);
+	assert_true(stats.accept_pauses >= 1);
+	/* accept4 works again: the client is taken and served. */
+	accept_errno = 0;
+	m = send_attach(t, "m", buf, fds, &nfds);
+	assert_int_equal(m.h.type, WIRE_ATTACH_OK);
+	fdp_close_all(fds, nfds);
+	free(path);
+}
+
 int
 main(void)
 {
@@ -436,6 +518,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_inflight_per_uid, setup_low_nofile,
 			teardown_low_nofile),
 		cmocka_unit_test(test_start_getfl_fails),
+		cmocka_unit_test_setup_teardown(test_accept_enomem_pauses, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
