@@ -74,9 +74,26 @@ fdp_send(int sock, const void *buf, size_t len, const int *fds, size_t nfds)
  * SEQPACKET receiver could not tell from end of stream), or -errno from
  * sendmsg (-EAGAIN when a non-blocking socket is full); EINTR is retried.
  */
+static ssize_t send_message(int sock, const void *buf, size_t len, const int *fds, size_t nfds,
+	size_t maxfds, const struct sockaddr *to, socklen_t tolen, int restart);
+
 ssize_t
 fdp_sendto(int sock, const void *buf, size_t len, const int *fds, size_t nfds, size_t maxfds,
 	const struct sockaddr *to, socklen_t tolen)
+{
+	return send_message(sock, buf, len, fds, nfds, maxfds, to, tolen, 1);
+}
+
+ssize_t
+fdp_send_intr(int sock, const void *buf, size_t len, const int *fds, size_t nfds)
+{
+	return send_message(sock, buf, len, fds, nfds, WIRE_MAX_FDS, NULL, 0, 0);
+}
+
+/* fdp_sendto(); restart: whether sendmsg is tried again on EINTR. */
+static ssize_t
+send_message(int sock, const void *buf, size_t len, const int *fds, size_t nfds, size_t maxfds,
+	const struct sockaddr *to, socklen_t tolen, int restart)
 {
 	union fdp_send_control control;
 	struct iovec iov;
@@ -107,7 +124,7 @@ fdp_sendto(int sock, const void *buf, size_t len, const int *fds, size_t nfds, s
 	}
 	do
 		n = sendmsg(sock, &msg, MSG_NOSIGNAL);
-	while (n < 0 && errno == EINTR);
+	while (n < 0 && errno == EINTR && restart);
 	return n < 0 ? -errno : n;
 }
 
@@ -143,10 +160,27 @@ drop_all(const int *fds, size_t n, fdp_drop_fn drop, void *arg)
 	}
 }
 
+static ssize_t recv_message(int sock, void *buf, size_t cap, int *fds, size_t maxfds,
+	size_t *nfds, fdp_drop_fn drop, void *arg, int restart);
+
 /* fdp_recv(), with the descriptors it does not return handed to drop. */
 ssize_t
 fdp_recv_drop(int sock, void *buf, size_t cap, int *fds, size_t maxfds, size_t *nfds,
 	fdp_drop_fn drop, void *arg)
+{
+	return recv_message(sock, buf, cap, fds, maxfds, nfds, drop, arg, 1);
+}
+
+ssize_t
+fdp_recv_intr(int sock, void *buf, size_t cap, int *fds, size_t maxfds, size_t *nfds)
+{
+	return recv_message(sock, buf, cap, fds, maxfds, nfds, NULL, NULL, 0);
+}
+
+/* fdp_recv_drop(); restart: whether recvmsg is tried again on EINTR. */
+static ssize_t
+recv_message(int sock, void *buf, size_t cap, int *fds, size_t maxfds, size_t *nfds,
+	fdp_drop_fn drop, void *arg, int restart)
 {
 	union fdp_control control;
 	int got[FDP_RECV_MAX];
@@ -167,7 +201,7 @@ fdp_recv_drop(int sock, void *buf, size_t cap, int *fds, size_t maxfds, size_t *
 	msg.msg_controllen = sizeof(control.buf);
 	do
 		n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-	while (n < 0 && errno == EINTR);
+	while (n < 0 && errno == EINTR && restart);
 	if (n < 0)
 		return -errno;
 

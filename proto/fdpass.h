@@ -60,6 +60,17 @@ typedef void (*fdp_drop_fn)(int fd, void *arg);
 ssize_t fdp_recv_drop(int sock, void *buf, size_t cap, int *fds, size_t maxfds, size_t *nfds,
 	fdp_drop_fn drop, void *arg);
 
+/*
+ * fdp_send() and fdp_recv(), except that a sendmsg or recvmsg that a signal
+ * interrupts returns -EINTR instead of starting again: for a blocking
+ * socket with a timeout (SO_SNDTIMEO, SO_RCVTIMEO), which each restart
+ * would start over, so that a signal coming more often than the timeout
+ * (a worker's interval timer) would make the wait endless. The caller
+ * waits for what is left of its own deadline and calls again.
+ */
+ssize_t fdp_send_intr(int sock, const void *buf, size_t len, const int *fds, size_t nfds);
+ssize_t fdp_recv_intr(int sock, void *buf, size_t cap, int *fds, size_t maxfds, size_t *nfds);
+
 /* Closes n descriptors and sets them to -1. */
 void fdp_close_all(int *fds, size_t n);
 

@@ -163,17 +163,21 @@ request_left_ms(int ms, const struct timespec *start)
 }
 
 /*
- * After a receive that said EAGAIN: waits until fd is readable (or hung up)
- * within what is left of limit_ms from start (0: no limit). The socket's
- * SO_RCVTIMEO is not the only source of EAGAIN: the caller's event loop
- * may have made wc_client_fd() non-blocking (libuv's uv_poll_init does),
- * and then every receive that comes before the reply says EAGAIN at once.
- * Returns 1 when it is readable, 0 when the deadline has passed, or -errno.
+ * After a send or receive that said EAGAIN or EINTR: waits until fd is
+ * ready for events (POLLIN, POLLOUT; or hung up) within what is left of
+ * limit_ms from start (0: no limit). The socket's SO_RCVTIMEO is not the
+ * only source of EAGAIN: the caller's event loop may have made
+ * wc_client_fd() non-blocking (libuv's uv_poll_init does), and then every
+ * receive that comes before the reply says EAGAIN at once. And a signal
+ * interrupts a send or receive with a timeout (it is never restarted,
+ * signal(7)); starting it again would start its timeout over, so a timer
+ * firing more often than the deadline would make the wait endless.
+ * Returns 1 when it is ready, 0 when the deadline has passed, or -errno.
  */
 static int
-wait_readable(int fd, int limit_ms, const struct timespec *start)
+wait_for(int fd, short events, int limit_ms, const struct timespec *start)
 {
-	struct pollfd p = { .fd = fd, .events = POLLIN };
+	struct pollfd p = { .fd = fd, .events = events };
 	int left, r;
 
 	for (;;) {
@@ -426,10 +430,10 @@ request_next_seq(wc_client *c)
  * to maxfds descriptors, which pass to the caller. Replies to other
  * requests (there should be none) are dropped with their descriptors
  * closed. limit_ms (0: none) is the deadline of the whole wait, counted
- * from before the send: a receive that fails with EAGAIN before it waits
- * for what is left (wait_readable), and it bounds the wait when
- * announcements keep coming, each of which restarts the socket's own
- * receive timeout.
+ * from before the send: a send or receive that fails with EAGAIN, or that
+ * a signal interrupts, before it waits for what is left (wait_for), and it
+ * bounds the wait when announcements keep coming, each of which restarts
+ * the socket's own receive timeout.
  */
 static ssize_t
 roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, int send_fd,
@@ -450,21 +454,28 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, int se
 
 	*dead = 0;
 	clock_gettime(CLOCK_MONOTONIC, &start);
-	if ((n = fdp_send(c->fd, req, req_len, send_fd >= 0 ? &send_fd : NULL,
-		     send_fd >= 0 ? 1 : 0)) < 0) {
-		if (n == -EAGAIN)
+	while ((n = fdp_send_intr(c->fd, req, req_len, send_fd >= 0 ? &send_fd : NULL,
+			send_fd >= 0 ? 1 : 0)) == -EAGAIN || n == -EINTR) {
+		if ((r = wait_for(c->fd, POLLOUT, limit_ms, &start)) == 0)
 			return timed_out(c, "take the request", &start);
+		if (r < 0) {
+			shutdown(c->fd, SHUT_RDWR);
+			return error_set(r, "wcached at %s: waiting to send: poll: %s", c->path,
+				strerror(-r));
+		}
+	}
+	if (n < 0) {
 		if (n != -EPIPE && n != -ECONNRESET && n != -ENOTCONN)
 			return error_set((int)n, "wcached at %s: send: %s", c->path,
 				strerror((int)-n));
 		reset = 1;
 	}
 	for (;;) {
-		n = fdp_recv(c->fd, buf, cap, fds, maxfds, nfds);
-		if (n == -EAGAIN) {
+		n = fdp_recv_intr(c->fd, buf, cap, fds, maxfds, nfds);
+		if (n == -EAGAIN || n == -EINTR) {
 			/* A timeout only once limit_ms has passed: an EAGAIN
-			 * before it waits for what is left. */
-			if ((r = wait_readable(c->fd, limit_ms, &start)) > 0)
+			 * or a signal before it waits for what is left. */
+			if ((r = wait_for(c->fd, POLLIN, limit_ms, &start)) > 0)
 				continue;
 			if (r == 0)
 				return timed_out(c, "answer", &start);

@@ -65,6 +65,8 @@ struct af_fault {
 	int recv_wait_close; /* before its next recvmsg(): wait until the fake closed */
 	int recv_post_read;  /* after its next recvmsg(): post fault.read */
 	int recv_eagain;     /* > 0: so many of its recvmsg() from now on fail with EAGAIN */
+	int send_errno;      /* != 0: its next send_count sendmsg() fail with this errno */
+	int send_count;
 	sem_t closed;        /* posted by the fake daemon when it has closed */
 	sem_t read;          /* posted by the client's hooked recvmsg() */
 };

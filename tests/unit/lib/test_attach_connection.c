@@ -92,6 +92,23 @@ __wrap_recvmsg(int fd, struct msghdr *msg, int flags)
 	return n;
 }
 
+ssize_t __real_sendmsg(int fd, const struct msghdr *msg, int flags) __attribute__((weak));
+ssize_t __wrap_sendmsg(int fd, const struct msghdr *msg, int flags);
+
+/* sendmsg() of the client's thread failing fault.send_count times with
+ * fault.send_errno (EAGAIN as a non-blocking descriptor whose buffer is
+ * full, EINTR as a signal makes a send with SO_SNDTIMEO), sending nothing. */
+ssize_t
+__wrap_sendmsg(int fd, const struct msghdr *msg, int flags)
+{
+	if (pthread_equal(pthread_self(), fault.client) && fault.send_count > 0) {
+		fault.send_count--;
+		errno = fault.send_errno;
+		return -1;
+	}
+	return __real_sendmsg(fd, msg, flags);
+}
+
 /* Skips the test unless it was linked with -Wl,--wrap=recvmsg. */
 #define NEED_WRAP() af_need_wrap(__real_recvmsg != NULL, "-Wl,--wrap=recvmsg")
 
@@ -117,7 +134,7 @@ __wrap_connect(int fd, const struct sockaddr *sa, socklen_t len)
  * never restarted anyway). The handler counts, and accepts one connection
  * on alarm_listen_fd when that is set, making room in a full backlog.
  */
-static volatile sig_atomic_t alarms, alarm_listen_fd = -1, alarm_accepted = -1;
+static volatile sig_atomic_t alarms, alarm_listen_fd = -1, alarm_accepted = -1, alarm_max;
 
 static void
 on_alarm(int sig)
@@ -128,7 +145,27 @@ on_alarm(int sig)
 	alarms++;
 	if (alarm_listen_fd >= 0)
 		alarm_accepted = accept4(alarm_listen_fd, NULL, NULL, SOCK_CLOEXEC);
+	if (alarm_max > 0 && alarms >= alarm_max) {
+		/* An interval timer's last signal (alarm_every). */
+		struct itimerval off = { 0 };
+
+		setitimer(ITIMER_REAL, &off, NULL);
+	}
 	errno = e;
+}
+
+/* Sends SIGALRM every ms, max times; *old gets the handler before. */
+static void
+alarm_every(int ms, int max, struct sigaction *old)
+{
+	struct sigaction sa = { .sa_handler = on_alarm };
+	struct timeval every = { .tv_sec = ms / 1000, .tv_usec = (suseconds_t)(ms % 1000) * 1000 };
+	struct itimerval it = { .it_interval = every, .it_value = every };
+
+	alarms = 0;
+	alarm_max = max;
+	assert_int_equal(sigaction(SIGALRM, &sa, old), 0);
+	assert_int_equal(setitimer(ITIMER_REAL, &it, NULL), 0);
 }
 
 /* Sends SIGALRM to this process after ms; *old gets the handler before. */
@@ -153,6 +190,7 @@ alarm_off(const struct sigaction *old)
 	assert_int_equal(setitimer(ITIMER_REAL, &it, NULL), 0);
 	assert_int_equal(sigaction(SIGALRM, old, NULL), 0);
 	alarm_listen_fd = -1;
+	alarm_max = 0;
 }
 
 /* Connects to the socket at path without blocking until its backlog is
@@ -677,6 +715,75 @@ test_nonblocking_descriptor_keeps_deadline(void **state)
 	assert_int_equal(f->fake.attaches, 1);
 }
 
+/*
+ * A worker's interval timer (SIGALRM every 20 ms, no SA_RESTART) while a
+ * daemon never answers: the attach fails at the 0.4 s deadline. A receive
+ * with SO_RCVTIMEO that a signal interrupts is never restarted by the
+ * kernel; fdp_recv() started it again, with its whole timeout, so a timer
+ * firing more often than the deadline made the wait endless (before: the
+ * timer stops itself after 100 signals, 2 s, and the attach failed 0.4 s
+ * after that).
+ */
+static void
+test_interval_timer_keeps_deadline(void **state)
+{
+	struct fixture *f = *state;
+	int before = tu_count_fds();
+	wc_model *m = NULL;
+	struct sigaction old;
+	double t0;
+
+	f->fake.mode = FAKE_SILENT;
+	fake_start(f);
+	assert_int_equal(wc_connect_timeout(f->sock, DEADLINE_TEST_MS, &f->client), 0);
+	alarm_every(20, 100, &old);
+	t0 = tu_now();
+	assert_error(wc_attach(f->client, MODEL, &m), -ETIMEDOUT, "did not answer within 0.4 s");
+	assert_waited_deadline(t0);
+	alarm_off(&old);
+	assert_true(alarms >= 10);
+	assert_null(m);
+	finish(f, before);
+	assert_int_equal(f->fake.attaches, 1);
+}
+
+/*
+ * A send that fails with EAGAIN (a descriptor made non-blocking whose
+ * buffer is full) or that a signal interrupts, before the deadline, waits
+ * until the socket takes it and the attach works. Before, EAGAIN failed it
+ * at once as a timeout ("did not take the request within 30 s (waited
+ * 0 s)").
+ */
+static void
+send_fails_once(struct fixture *f, int err)
+{
+	int before = tu_count_fds();
+
+	af_need_wrap(__real_sendmsg != NULL, "-Wl,--wrap=sendmsg");
+	fake_start(f);
+	assert_int_equal(wc_connect(f->sock, &f->client), 0);
+	fault.client = pthread_self();
+	fault.send_errno = err;
+	fault.send_count = 2;
+	if (wc_attach(f->client, MODEL, &f->model) != 0)
+		fail_msg("attach failed: %s", wc_errmsg());
+	assert_int_equal(fault.send_count, 0);
+	fault.send_errno = 0;
+	release_and_finish(f, before);
+}
+
+static void
+test_send_eagain_before_deadline(void **state)
+{
+	send_fails_once(*state, EAGAIN);
+}
+
+static void
+test_send_interrupted(void **state)
+{
+	send_fails_once(*state, EINTR);
+}
+
 /* A signal that interrupts the connect is no reason to fail it: the
  * connect is tried again and the attach works (found by an strace fault
  * sweep of the worker: connect:error=EINTR failed wc_connect() with
@@ -815,6 +922,9 @@ main(void)
 		T(test_connect_interrupted),
 		T(test_eagain_before_deadline),
 		T(test_nonblocking_descriptor_keeps_deadline),
+		T(test_interval_timer_keeps_deadline),
+		T(test_send_eagain_before_deadline),
+		T(test_send_interrupted),
 		T(test_connect_interrupted_keeps_deadline),
 		T(test_reconnect_interrupted_keeps_deadline),
 		T(test_reconnect_holds_keep_deadline),

@@ -594,6 +594,37 @@ test_eintr_retried(void **state)
 	close(got);
 }
 
+/* fdp_send_intr() and fdp_recv_intr() return -EINTR at once, sending and
+ * receiving nothing (a socket with a timeout: the caller waits for what is
+ * left of its own deadline); the message goes on the next call. */
+static void
+test_eintr_returned_by_intr(void **state)
+{
+	struct pair *p = *state;
+	char buf[16];
+	int sent, got = -1;
+	size_t nfds = 0;
+
+	make_memfds(&sent, 1);
+	fault.send_fail = 1;
+	fault.send_errno = EINTR;
+	assert_int_equal(fdp_send_intr(p->a, "intr", 4, &sent, 1), -EINTR);
+	assert_int_equal(fault.send_calls, 1);
+	assert_int_equal(fdp_send_intr(p->a, "intr", 4, &sent, 1), 4);
+
+	fault.recv_fail = 1;
+	fault.recv_errno = EINTR;
+	assert_int_equal(fdp_recv_intr(p->b, buf, sizeof(buf), &got, 1, &nfds), -EINTR);
+	assert_int_equal(fault.recv_calls, 1);
+	assert_int_equal(nfds, 0);
+	assert_int_equal(got, -1);
+	assert_int_equal(fdp_recv_intr(p->b, buf, sizeof(buf), &got, 1, &nfds), 4);
+	assert_int_equal(nfds, 1);
+	assert_same_files(&sent, &got, 1);
+	close(sent);
+	close(got);
+}
+
 /* Other errors come back as -errno, with outputs untouched. */
 static void
 test_errors_returned(void **state)
@@ -819,6 +850,7 @@ main(void)
 	        cmocka_unit_test_setup_teardown(test_epipe, setup, teardown),
 	        cmocka_unit_test_setup_teardown(test_invalid, setup, teardown),
 	        cmocka_unit_test_setup_teardown(test_eintr_retried, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_eintr_returned_by_intr, setup, teardown),
 	        cmocka_unit_test_setup_teardown(test_errors_returned, setup, teardown),
 	        cmocka_unit_test_setup_teardown(test_sendto_address, setup, teardown),
 	        cmocka_unit_test_setup_teardown(test_sendto_connected, setup, teardown),
