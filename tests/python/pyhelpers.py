@@ -9,9 +9,11 @@ deadlines, never bare sleeps.
 """
 import json
 import os
+import platform
 import struct
 import subprocess
 import sys
+import time
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.append(os.path.join(REPO, "tests", "pyutil"))
@@ -103,13 +105,69 @@ def run_python(code, env=None, timeout=120):
                           text=True, timeout=timeout)
 
 
+# futex(2)'s number, where a thread waiting for a lock or a condition
+# sleeps (see _blocked_state); None elsewhere: then only the thread's CPU
+# time and its frame say it waits.
+_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
+
+
+def _blocked_state(t):
+    """What says whether thread t is making progress, or None when it is
+    not waiting in futex(2): (its Python frame and instruction, its CPU
+    time in ns from /proc/self/task/TID/schedstat). A thread that waits for
+    a lock, a condition or the import lock sleeps in futex with the same
+    state; a running one, one waiting for the GIL that it is then given,
+    or one in another system call (a socket, a pipe, sleep) changes it or
+    is not in futex."""
+    frame = sys._current_frames().get(t.ident)
+    if frame is None:
+        return None
+    where = (id(frame), frame.f_lasti)
+    del frame  # never keep another thread's frame: it holds that thread's locals
+    task = f"/proc/self/task/{t.native_id}/"
+    try:
+        with open(task + "syscall") as f:
+            call = f.read().split(None, 1)[0]
+        with open(task + "schedstat") as f:
+            cpu = f.read().split(None, 1)[0]
+    except (OSError, IndexError):
+        return None  # the thread has ended (or no such file: never "blocked")
+    if _FUTEX is not None and call != str(_FUTEX):
+        return None
+    return where, cpu
+
+
+def wait_done_or_blocked(t, limit, settle=0.01):
+    """Joins thread t until it has ended or is blocked, at most limit
+    seconds. Blocked: for settle seconds (polled about every millisecond),
+    t has waited in futex(2), its Python frame on the same instruction and
+    its CPU time unchanged: it waits for something another thread holds (a
+    lock the caller holds while paused in a trace), and joining longer
+    cannot change what it has done. Returns "done", "blocked" or "limit"."""
+    deadline = time.monotonic() + limit
+    last, since = None, None
+    while True:
+        t.join(0.001)
+        if not t.is_alive():
+            return "done"
+        now = time.monotonic()
+        if now >= deadline:
+            return "limit"
+        state = _blocked_state(t)
+        if state is None or state != last:
+            last, since = state, now
+        elif now - since >= settle:
+            return "blocked"
+
+
 def other_thread_before(code, k, first, other, opcodes=False, join=0.5):
     """Runs first() in this thread under a trace that runs other() whole, in
     another thread, just before the k-th line (or, with opcodes, the k-th
     bytecode) that this thread executes in code (a function's __code__), so
     a race between the two is made, not hoped for. The other thread is
-    joined with a timeout, since it may wait on a lock first holds; it is
-    joined fully at the end. Returns (what first raised, what other raised,
+    joined until it ends or is blocked (wait_done_or_blocked), since it may
+    wait on a lock first holds, at most join seconds; it is joined fully at
+    the end. Returns (what first raised, what other raised,
     whether other ran: False once k is past the last event of first's run,
     when every interleaving has been tried)."""
     import threading
@@ -127,7 +185,7 @@ def other_thread_before(code, k, first, other, opcodes=False, join=0.5):
             if count == k:
                 t = threading.Thread(target=run_other)
                 t.start()
-                t.join(join)
+                wait_done_or_blocked(t, join)
                 started.append(t)
             count += 1
         return each

@@ -1,0 +1,77 @@
+"""The tests' own helper that makes thread interleavings
+(pyhelpers.other_thread_before) waits for the other thread only as long as
+it must: until it ends, or is blocked on something the paused thread holds.
+If the detector stops seeing a blocked thread (no /proc/self/task/TID/syscall
+or schedstat), every interleaving test slows down to the upper bound again:
+this says so."""
+import threading
+import time
+
+from pyhelpers import other_thread_before, wait_done_or_blocked
+
+
+def _timed(t, limit):
+    start = time.monotonic()
+    how = wait_done_or_blocked(t, limit)
+    return how, time.monotonic() - start
+
+
+def test_a_thread_blocked_on_a_lock_is_seen_at_once():
+    """A thread waiting for a lock, or for an event (a condition), is
+    blocked after some milliseconds, well before the limit."""
+    lock, event = threading.Lock(), threading.Event()
+
+    def take():
+        with lock:
+            pass
+    for what, target in (("lock", take), ("event", event.wait)):
+        with lock:
+            t = threading.Thread(target=target)
+            t.start()
+            how, took = _timed(t, 5.0)
+            assert how == "blocked" and took < 2.0, (what, how, took)
+        if what == "event":
+            event.set()
+        t.join()
+
+
+def test_a_thread_that_works_or_sleeps_is_not_blocked():
+    """A thread that runs Python, or waits in another system call than
+    futex (a sleep: a socket, a pipe, a child would be the same), is waited
+    for until it ends or the limit passes."""
+    stop = time.monotonic() + 0.3
+    busy = threading.Thread(target=lambda: [None for _ in iter(lambda: time.monotonic() < stop,
+                                                               False)])
+    sleeper = threading.Thread(target=time.sleep, args=(0.3,))
+    for t in (busy, sleeper):
+        t.start()
+        how, took = _timed(t, 5.0)
+        assert how == "done" and took >= 0.2, (how, took)
+    t = threading.Thread(target=time.sleep, args=(0.5,))
+    t.start()
+    assert _timed(t, 0.1)[0] == "limit"
+    t.join()
+
+
+def test_other_thread_before_does_not_wait_for_a_blocked_thread():
+    """other() blocked on a lock first() holds at the traced line: first()
+    goes on after a few milliseconds, not after the 0.5 s bound, and
+    other() runs once first() releases the lock."""
+    lock = threading.Lock()
+    order = []
+
+    def first():
+        with lock:
+            order.append("first")  # the traced lines: other() runs before each
+            order.append("first")
+
+    def other():
+        with lock:
+            order.append("other")
+    start = time.monotonic()
+    for k in range(3):
+        errors, other_errors, ran = other_thread_before(first.__code__, k, first, other, join=5.0)
+        assert not errors and not other_errors and ran
+    assert time.monotonic() - start < 5.0
+    assert order[:3] == ["other", "first", "first"]  # k=0: before the with, it ran whole
+    assert order[3:] == ["first", "first", "other"] * 2  # then blocked until first was done
