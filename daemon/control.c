@@ -1,9 +1,15 @@
 /*
  * control.c: the control socket (see control.h for the protocol).
  *
- * The listening socket and each connection are libuv pipes: the control
- * protocol is a plain byte stream and passes no descriptors, so libuv's
- * stream code (reads, queued writes, shutdown) does the work. A connection
+ * Each connection is a libuv pipe: the control protocol is a plain byte
+ * stream and passes no descriptors, so libuv's stream code (reads, queued
+ * writes, shutdown) does the work. The listening socket is watched with a
+ * uv_poll_t and accepted here, not with uv_listen(): libuv's own accept
+ * loop tries again at once, without returning to the loop, while accept(2)
+ * fails (ENOMEM, ENOBUFS; EMFILE once its spare descriptor is gone), which
+ * spun at 100% CPU with a line per try and never handled SIGTERM. Here a
+ * failed accept pauses the listener for CTL_ACCEPT_PAUSE_MS, as the client
+ * socket's does (server.c), with one warning. A connection
  * reads into a fixed buffer of one maximal line and handles one request at
  * a time: while a request waits for the registry (load, reload), the
  * connection is not read, so the lines behind it keep their order and a
@@ -65,31 +71,18 @@ struct write_req {
 };
 
 static void conn_process(struct ctl_conn *c);
-static void on_connection(uv_stream_t *listener, int status);
 
 /* ---- lifetimes ---------------------------------------------------------- */
 
-/* Close callback of the listener, the idle handle and the spare: the
- * control is freed when its last handle has closed. A connection that
- * arrived while the spare was closing is taken now (see enum spare_state):
- * libuv watches the listener again only once it is. */
+/* Close callback of the listener and the timers: the control is freed
+ * when its last handle has closed. */
 static void
 control_handle_closed(uv_handle_t *h)
 {
 	struct control *ctl = h->data;
-	bool waited = false;
 
-	if (h == (uv_handle_t *)&ctl->spare) {
-		waited = ctl->spare_state == SPARE_CLOSING_WAITED;
-		ctl->spare_state = SPARE_FREE;
-	}
-	if (--ctl->handles == 0) {
+	if (--ctl->handles == 0)
 		free(ctl);
-		return;
-	}
-	/* Stopping: closing the listener closed the waiting connection too. */
-	if (waited && !ctl->stopping)
-		on_connection((uv_stream_t *)&ctl->listener, 0);
 }
 
 /* Close callback of a connection: the only place it is freed. */
@@ -732,45 +725,17 @@ refuse_permission(struct control *ctl, struct ctl_conn *c)
 	conn_end(c);
 }
 
-/*
- * Out of memory for a connection: accepts it into the spare handle and
- * closes it, so the listener keeps accepting. A connection must be taken
- * with uv_accept() whatever happens: until it is, libuv does not watch the
- * listener. So one that finds the spare still closing is left where libuv
- * holds it, and taken when the spare has closed (control_handle_closed).
- */
+/* A client connected (fd, accepted): checks who it is and how many are
+ * connected, then reads its requests. */
 static void
-drop_connection(struct control *ctl)
+take_connection(struct control *ctl, int fd)
 {
-	if (ctl->spare_state != SPARE_FREE) {
-		ctl->spare_state = SPARE_CLOSING_WAITED;
-		return;
-	}
-	/* uv_pipe_init cannot fail on Unix. */
-	(void)uv_pipe_init(ctl->loop, &ctl->spare, 0);
-	ctl->spare_state = SPARE_CLOSING;
-	ctl->handles++;
-	ctl->spare.data = ctl;
-	(void)uv_accept((uv_stream_t *)&ctl->listener, (uv_stream_t *)&ctl->spare);
-	uv_close((uv_handle_t *)&ctl->spare, control_handle_closed);
-}
-
-/* A client connected: checks who it is and how many are connected, then
- * reads its requests. */
-static void
-on_connection(uv_stream_t *listener, int status)
-{
-	struct control *ctl = listener->data;
 	struct ctl_conn *c;
 	int r;
 
-	if (status < 0) {
-		log_warnx("control: accept: %s", uv_strerror(status));
-		return;
-	}
 	if ((c = calloc(1, sizeof(*c))) == NULL) {
 		log_warnx("control: out of memory; dropping a connection");
-		drop_connection(ctl);
+		close(fd);
 		return;
 	}
 	c->ctl = ctl;
@@ -784,8 +749,10 @@ on_connection(uv_stream_t *listener, int status)
 	c->prevp = &ctl->conns;
 	ctl->conns = c;
 	ctl->nconns++;
-	if ((r = uv_accept(listener, (uv_stream_t *)&c->pipe)) < 0) {
+	if ((r = uv_pipe_open(&c->pipe, fd)) < 0) {
+		/* Not taken: the descriptor is still ours. */
 		log_warnx("control: accept: %s", uv_strerror(r));
+		close(fd);
 		ctl_conn_close(c);
 		return;
 	}
@@ -800,6 +767,64 @@ on_connection(uv_stream_t *listener, int status)
 		!make_room(ctl, c, (uid_t)-1, CONTROL_MAX_CONNECTIONS))
 		return;
 	conn_process(c);
+}
+
+static void on_listener(uv_poll_t *p, int status, int events);
+
+/* The pause after a failed accept is over: watch the listener again. */
+static void
+on_accept_resume(uv_timer_t *t)
+{
+	struct control *ctl = t->data;
+
+	if (!ctl->stopping)
+		(void)uv_poll_start(&ctl->listener, UV_READABLE, on_listener);
+}
+
+/* accept(2) failed with err for another reason than an empty backlog: the
+ * connections wait in the backlog while the listener is not watched for
+ * CTL_ACCEPT_PAUSE_MS; one warning until an accept works again. */
+static void
+accept_pause(struct control *ctl, int err)
+{
+	bool fds = err == EMFILE || err == ENFILE;
+
+	if (!ctl->accept_paused)
+		log_warnx("control: accept: %s: connections wait in the backlog; trying again "
+			  "every %d ms%s", strerror(err), CTL_ACCEPT_PAUSE_MS,
+			fds ? " (out of descriptors: raise LimitNOFILE=)" : "");
+	ctl->accept_paused = true;
+	uv_poll_stop(&ctl->listener);
+	uv_timer_start(&ctl->resume, on_accept_resume, CTL_ACCEPT_PAUSE_MS, 0);
+}
+
+/* The listener is readable: takes the connections waiting, a few per
+ * wakeup (the loop comes back for the rest). */
+static void
+on_listener(uv_poll_t *p, int status, int events)
+{
+	struct control *ctl = p->data;
+	int fd;
+
+	(void)events;
+	if (status < 0) {
+		accept_pause(ctl, -status);
+		return;
+	}
+	for (int i = 0; i < CTL_ACCEPTS_PER_WAKEUP && !ctl->stopping; i++) {
+		if ((fd = accept4(ctl->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC)) < 0) {
+			if (errno == EINTR || errno == ECONNABORTED)
+				continue;
+			if (errno != EAGAIN && errno != EWOULDBLOCK)
+				accept_pause(ctl, errno);
+			return;
+		}
+		if (ctl->accept_paused) {
+			log_info("control: accepting connections again");
+			ctl->accept_paused = false;
+		}
+		take_connection(ctl, fd);
+	}
 }
 
 /* ---- the public functions ------------------------------------------------ */
@@ -840,21 +865,23 @@ control_start(uv_loop_t *loop, int listen_fd, struct control_context *ctx,
 	}
 	ctl->loop = loop;
 	ctl->ctx = ctx;
+	ctl->listen_fd = listen_fd;
 	ctl->started_ms = ctx->started_ms != 0 ? ctx->started_ms : uv_now(loop);
-	uv_pipe_init(loop, &ctl->listener, 0);
 	uv_idle_init(loop, &ctl->idle);
 	uv_timer_init(loop, &ctl->sweep);
-	ctl->listener.data = ctl->idle.data = ctl->sweep.data = ctl;
+	uv_timer_init(loop, &ctl->resume);
+	ctl->listener.data = ctl->idle.data = ctl->sweep.data = ctl->resume.data = ctl;
 	ctl->handles = 3;
-	if ((r = uv_pipe_open(&ctl->listener, listen_fd)) < 0 ||
-		(r = uv_listen((uv_stream_t *)&ctl->listener, SOMAXCONN, on_connection)) < 0) {
-		/* uv_pipe_open took the fd only when it succeeded. */
-		if (uv_fileno((uv_handle_t *)&ctl->listener, &(int){ 0 }) < 0)
-			close(listen_fd);
+	/* uv_poll_init makes it non-blocking, as accept4 needs. */
+	if ((r = uv_poll_init(loop, &ctl->listener, listen_fd)) < 0 ||
+		(ctl->handles++, r = uv_poll_start(&ctl->listener, UV_READABLE, on_listener)) < 0) {
 		ctl->stopping = true;
-		uv_close((uv_handle_t *)&ctl->listener, control_handle_closed);
+		if (ctl->handles == 4)
+			uv_close((uv_handle_t *)&ctl->listener, control_handle_closed);
 		uv_close((uv_handle_t *)&ctl->idle, control_handle_closed);
 		uv_close((uv_handle_t *)&ctl->sweep, control_handle_closed);
+		uv_close((uv_handle_t *)&ctl->resume, control_handle_closed);
+		close(listen_fd);
 		return error_set(r, "control socket: %s", uv_strerror(r));
 	}
 	uv_timer_start(&ctl->sweep, on_sweep, 1000, 1000);
@@ -871,6 +898,9 @@ control_stop(struct control *ctl)
 	while (ctl->conns != NULL)
 		ctl_conn_close(ctl->conns);
 	uv_close((uv_handle_t *)&ctl->listener, control_handle_closed);
+	close(ctl->listen_fd); /* the poll handle watches it no longer */
+	ctl->listen_fd = -1;
 	uv_close((uv_handle_t *)&ctl->idle, control_handle_closed);
 	uv_close((uv_handle_t *)&ctl->sweep, control_handle_closed);
+	uv_close((uv_handle_t *)&ctl->resume, control_handle_closed);
 }

@@ -54,22 +54,12 @@ struct ctl_conn {
 	char buf[CONTROL_READ_CAP + 1];
 };
 
-/*
- * The spare handle, which accepts and drops a connection that arrives when
- * there is no memory for it. libuv stops watching the listener until the
- * connection it has accepted is taken with uv_accept(), so every arrival
- * must be taken: one that finds the spare still closing waits for it.
- *
- *   SPARE_FREE -> SPARE_CLOSING             a connection accepted into it and closed
- *   SPARE_CLOSING -> SPARE_CLOSING_WAITED   another arrived meanwhile (libuv holds it)
- *   SPARE_CLOSING -> SPARE_FREE             closed
- *   SPARE_CLOSING_WAITED -> SPARE_FREE      closed; the waiting one is taken at once
- */
-enum spare_state {
-	SPARE_FREE,
-	SPARE_CLOSING,
-	SPARE_CLOSING_WAITED,
-};
+/* How long the listener is not watched after accept(2) failed for another
+ * reason than an empty backlog (EMFILE, ENFILE, ENOMEM, ENOBUFS): watched
+ * at once, the level-triggered listener would find the same connection
+ * waiting and fail again, on every turn of the loop. */
+#define CTL_ACCEPT_PAUSE_MS 100
+#define CTL_ACCEPTS_PER_WAKEUP 16 /* accepts per wakeup, as the server's */
 
 #define CTL_REFUSAL_UIDS 8        /* uids whose refusals' warnings are rate-limited */
 #define CTL_REFUSAL_WARN_MS 60000 /* one warning per uid in this long */
@@ -85,11 +75,12 @@ struct ctl_refusal {
 /* The control socket: the listener and its connections. */
 struct control {
 	uv_loop_t *loop;
-	uv_pipe_t listener;
+	int listen_fd;           /* the listening socket, ours */
+	uv_poll_t listener;      /* watches listen_fd; accept(2) is ours too */
 	uv_idle_t idle;          /* resumes connections after a completed request */
 	uv_timer_t sweep;        /* closes connections idle past CONTROL_IDLE_TIMEOUT_MS */
-	uv_pipe_t spare;         /* accepts and drops a connection when out of memory */
-	enum spare_state spare_state;
+	uv_timer_t resume;       /* watches the listener again after a failed accept */
+	bool accept_paused;      /* a failed accept was logged; cleared by the next one */
 	unsigned handles;        /* open handles; the struct is freed at 0 */
 	struct control_context *ctx;
 	uint64_t started_ms;

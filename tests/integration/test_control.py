@@ -11,6 +11,7 @@ import socket
 import stat
 import subprocess
 import tempfile
+import time
 
 import pytest
 
@@ -609,6 +610,48 @@ def test_a_config_reload_loads_a_model_whose_replacement_failed_again(tmp_path, 
             tracer_proc.kill()
             tracer_proc.wait()
         assert d.stop() == 0, d.read_log()
+
+
+def test_control_accept_failing_pauses(tmp_path, model):
+    """accept(2) of the control socket failing for as long as it lasts
+    (ENOMEM, injected by an attached strace into every accept4 of wcached):
+    the listener pauses 100 ms at a time with one warning, the loop goes on
+    (a stop is handled), and once accepts work again a waiting request is
+    answered. Before, libuv's own accept loop tried again at once without
+    returning to the loop: 100% CPU, a warning per try (thousands a second),
+    and SIGTERM never handled."""
+    strace = shutil.which("strace")
+    if strace is None or subprocess.run([strace, "-qq", "-o", "/dev/null", "true"]).returncode:
+        pytest.skip("needs strace, and ptrace allowed, to make accept4 fail")
+    d = Daemon(tmp_path, {"small": model})
+    wait_for_control(d.start())
+    tracer_proc = None
+    try:
+        ready(d, "small")
+        pid = d.proc.pid
+        tracer_proc = subprocess.Popen([strace, "-f", "-qq", "-o", "/dev/null", "-p", str(pid),
+                                        "-e", "trace=accept4", "-e", "inject=accept4:error=ENOMEM"])
+        tasks = os.listdir(f"/proc/{pid}/task")
+        wait_until(lambda: all(tracer(f"{pid}/task/{t}") for t in tasks), what="strace attached")
+        waiting = subprocess.Popen([binary("wcachectl"), "--control", d.control, "status"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        d.wait_for_log(r"control: accept: Cannot allocate memory: connections wait in the "
+                       r"backlog; trying again every 100 ms")
+        time.sleep(1.0)
+        lines = d.read_log().count("control: accept:")
+        assert lines == 1, d.read_log()[-2000:]
+        assert waiting.poll() is None  # in the backlog
+        tracer_proc.terminate()
+        tracer_proc.wait(timeout=30)
+        wait_until(lambda: tracer(pid) == 0, what="strace detached")
+        out, err = waiting.communicate(timeout=30)
+        assert waiting.returncode in (0, 3), (out, err)
+        d.wait_for_log("control: accepting connections again")
+    finally:
+        if tracer_proc is not None and tracer_proc.poll() is None:
+            tracer_proc.kill()
+            tracer_proc.wait()
+        assert d.stop() == 0, d.read_log()[-3000:]
 
 
 def model_gen(d, name):
