@@ -3,6 +3,7 @@ command's happy path and errors, swaps by `load`, `unload` while a worker
 holds the model, pin and evict, who may connect (file mode, SO_PEERCRED,
 control_group with primary and supplementary groups), hostile request
 lines, and the metrics text checked by promtool when it is installed."""
+import contextlib
 import json
 import os
 import shutil
@@ -520,6 +521,30 @@ def tracer(pid):
         return next(int(line.split()[1]) for line in f if line.startswith("TracerPid:"))
 
 
+@contextlib.contextmanager
+def injected(pid, call, error):
+    """Every call of the system call `call` by the running process pid (all
+    its threads) fails with error while the block runs: a strace attached
+    for the while (skips where strace or ptrace is missing), detached at
+    the end."""
+    strace = shutil.which("strace")
+    if strace is None or subprocess.run([strace, "-qq", "-o", "/dev/null", "true"]).returncode:
+        pytest.skip(f"needs strace, and ptrace allowed, to make {call} fail")
+    proc = subprocess.Popen([strace, "-f", "-qq", "-o", "/dev/null", "-p", str(pid),
+                             "-e", f"trace={call}", "-e", f"inject={call}:error={error}"])
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        wait_until(lambda: all(tracer(f"{pid}/task/{t}") for t in tasks), what="strace attached")
+        yield
+        proc.terminate()
+        proc.wait(timeout=30)
+        wait_until(lambda: tracer(pid) == 0, what="strace detached")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_a_config_reload_loads_a_model_whose_warming_failed_again(tmp_path, model):
     """A generation whose warming failed (sendfile(2) fails with EIO,
     injected by strace) serves nothing: a reload of the configuration loads
@@ -572,28 +597,17 @@ def test_a_config_reload_loads_a_model_whose_replacement_failed_again(tmp_path, 
     new file. Before, a config reload left a serving model alone, old
     weights and all, until its files changed again or `wcachectl reload
     NAME`."""
-    strace = shutil.which("strace")
-    if strace is None or subprocess.run([strace, "-qq", "-o", "/dev/null", "true"]).returncode:
-        pytest.skip("needs strace, and ptrace allowed, to make an open fail")
     d = Daemon(tmp_path, {"small": model})
     wait_for_control(d.start())
-    tracer_proc = None
     try:
         ready(d, "small")
-        pid = d.proc.pid
-        tracer_proc = subprocess.Popen([strace, "-f", "-qq", "-o", "/dev/null", "-p", str(pid),
-                                        "-e", "trace=openat", "-e", "inject=openat:error=EIO"])
-        tasks = os.listdir(f"/proc/{pid}/task")
-        wait_until(lambda: all(tracer(f"{pid}/task/{t}") for t in tasks), what="strace attached")
-        new = mkmodel(tmp_path / "new.safetensors", seed=2, **SMALL)
-        os.rename(new, model)
-        d.wait_for_log('model "small": .*Input/output error; generation still serving')
-        m = model_entry(d, "small")
-        assert m["generation"] == 1 and "Input/output error" in m["error"], m
-        serving(d, "small")
-        tracer_proc.terminate()
-        tracer_proc.wait(timeout=30)
-        wait_until(lambda: tracer(pid) == 0, what="strace detached")
+        with injected(d.proc.pid, "openat", "EIO"):
+            new = mkmodel(tmp_path / "new.safetensors", seed=2, **SMALL)
+            os.rename(new, model)
+            d.wait_for_log('model "small": .*Input/output error; generation still serving')
+            m = model_entry(d, "small")
+            assert m["generation"] == 1 and "Input/output error" in m["error"], m
+            serving(d, "small")
         r = ctl(d, "reload")
         assert r.returncode == 0, (r.stdout, r.stderr, d.read_log())
         d.wait_for_log('model "small": its replacement failed [(]generation 1 still serving[)]: '
@@ -606,9 +620,6 @@ def test_a_config_reload_loads_a_model_whose_replacement_failed_again(tmp_path, 
         assert d.read_log().count("the reload loads it again") == 1
         assert model_gen(d, "small") == 2
     finally:
-        if tracer_proc is not None and tracer_proc.poll() is None:
-            tracer_proc.kill()
-            tracer_proc.wait()
         assert d.stop() == 0, d.read_log()
 
 
@@ -620,37 +631,23 @@ def test_control_accept_failing_pauses(tmp_path, model):
     answered. Before, libuv's own accept loop tried again at once without
     returning to the loop: 100% CPU, a warning per try (thousands a second),
     and SIGTERM never handled."""
-    strace = shutil.which("strace")
-    if strace is None or subprocess.run([strace, "-qq", "-o", "/dev/null", "true"]).returncode:
-        pytest.skip("needs strace, and ptrace allowed, to make accept4 fail")
     d = Daemon(tmp_path, {"small": model})
     wait_for_control(d.start())
-    tracer_proc = None
     try:
         ready(d, "small")
-        pid = d.proc.pid
-        tracer_proc = subprocess.Popen([strace, "-f", "-qq", "-o", "/dev/null", "-p", str(pid),
-                                        "-e", "trace=accept4", "-e", "inject=accept4:error=ENOMEM"])
-        tasks = os.listdir(f"/proc/{pid}/task")
-        wait_until(lambda: all(tracer(f"{pid}/task/{t}") for t in tasks), what="strace attached")
-        waiting = subprocess.Popen([binary("wcachectl"), "--control", d.control, "status"],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        d.wait_for_log(r"control: accept: Cannot allocate memory: connections wait in the "
-                       r"backlog; trying again every 100 ms")
-        time.sleep(1.0)
-        lines = d.read_log().count("control: accept:")
-        assert lines == 1, d.read_log()[-2000:]
-        assert waiting.poll() is None  # in the backlog
-        tracer_proc.terminate()
-        tracer_proc.wait(timeout=30)
-        wait_until(lambda: tracer(pid) == 0, what="strace detached")
+        with injected(d.proc.pid, "accept4", "ENOMEM"):
+            waiting = subprocess.Popen([binary("wcachectl"), "--control", d.control, "status"],
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            d.wait_for_log(r"control: accept: Cannot allocate memory: connections wait in the "
+                           r"backlog; trying again every 100 ms")
+            time.sleep(1.0)
+            lines = d.read_log().count("control: accept:")
+            assert lines == 1, d.read_log()[-2000:]
+            assert waiting.poll() is None  # in the backlog
         out, err = waiting.communicate(timeout=30)
         assert waiting.returncode in (0, 3), (out, err)
         d.wait_for_log("control: accepting connections again")
     finally:
-        if tracer_proc is not None and tracer_proc.poll() is None:
-            tracer_proc.kill()
-            tracer_proc.wait()
         assert d.stop() == 0, d.read_log()[-3000:]
 
 
