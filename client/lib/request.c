@@ -12,9 +12,11 @@
  *
  * Deadlines: the socket's SO_RCVTIMEO and SO_SNDTIMEO, set at connect and
  * by wc_set_timeout(), bound every connect, send and receive without a
- * system call per request. A receive that says EAGAIN before the deadline
- * (a descriptor the caller's event loop made non-blocking) waits with
- * poll(2) for what is left: only a deadline that has passed is a timeout.
+ * system call per request. A send or receive that says EAGAIN before the
+ * deadline (a descriptor the caller's event loop made non-blocking), or
+ * that a signal interrupts (never restarted with a timeout, and restarting
+ * would start the timeout over), waits with poll(2) for what is left: only
+ * a deadline that has passed is a timeout.
  * A request that times out closes the connection (its reply could still
  * come and would be taken for the next one's).
  *
