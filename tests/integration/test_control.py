@@ -521,6 +521,18 @@ def tracer(pid):
         return next(int(line.split()[1]) for line in f if line.startswith("TracerPid:"))
 
 
+def all_traced(pid):
+    """Whether every thread pid has is traced; one that ends meanwhile does
+    not count (the daemon starts and ends threads of its own)."""
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            if tracer(f"{pid}/task/{t}") == 0:
+                return False
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return True
+
+
 @contextlib.contextmanager
 def injected(pid, call, error):
     """Every call of the system call `call` by the running process pid (all
@@ -533,8 +545,7 @@ def injected(pid, call, error):
     proc = subprocess.Popen([strace, "-f", "-qq", "-o", "/dev/null", "-p", str(pid),
                              "-e", f"trace={call}", "-e", f"inject={call}:error={error}"])
     try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-        wait_until(lambda: all(tracer(f"{pid}/task/{t}") for t in tasks), what="strace attached")
+        wait_until(lambda: all_traced(pid), what="strace attached")
         yield
         proc.terminate()
         proc.wait(timeout=30)

@@ -803,7 +803,7 @@ def test_a_failed_fstat_of_a_publication_is_named_not_called_empty(derived):
     memfd is empty", which sends a builder looking for a bug in its own
     code."""
     import shutil
-    from test_control import tracer
+    from test_control import all_traced, tracer
     strace = shutil.which("strace")
     if strace is None or subprocess.run([strace, "-qq", "-o", "/dev/null", "true"]).returncode:
         pytest.skip("needs strace, and ptrace allowed, to make an fstat fail")
@@ -819,9 +819,7 @@ def test_a_failed_fstat_of_a_publication_is_named_not_called_empty(derived):
                                         "-e", "trace=fstat,newfstatat",
                                         "-e", f"inject=fstat,newfstatat:error=EIO:when={n}"])
         try:
-            tasks = os.listdir(f"/proc/{pid}/task")
-            wait_until(lambda: all(tracer(f"{pid}/task/{t}") for t in tasks),
-                       what="strace attached")
+            wait_until(lambda: all_traced(pid), what="strace attached")
             fd = memfd_with(ARTIFACT)
             a.publish(token, fd)
             os.close(fd)
