@@ -178,6 +178,9 @@ test_remote_jobs_leave_threads_to_local_ones(void **state)
 	make_big(f);
 	new_pool(f, 2, 1 * MiB, 0, 4ull * MiB);
 	submit_remote(f, 1, BIG_SIZE);
+	/* Reading before the others come (under load the local job could
+	 * otherwise end before the first remote one had read a byte). */
+	wait_reading(f->jobs[0]);
 	submit_remote(f, 2, BIG_SIZE);
 	submit(f, 3, f->big_fd, NULL, 0, MiB, false);
 	assert_true(run_until(&f->loop, &f->completed, 1));
