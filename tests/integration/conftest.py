@@ -45,13 +45,17 @@ def fd_count(pid):
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-# The kernel function a close(2) on FUSE waits in for its server's answer.
-FUSE_WAIT = "request_wait_answer"
+# The kernel functions a close(2) on FUSE waits in for its server (its
+# wchan): for the answer (request_wait_answer, or what it is inlined into:
+# __fuse_request_send, fuse_simple_request), or for a request slot while
+# the connection is blocked, the server answering nothing (fuse_get_req).
+FUSE_WAIT = ("request_wait_answer", "__fuse_request_send", "fuse_simple_request",
+             "fuse_get_req")
 
 
 def threads_in_close(pid, waiting_in=None):
     """Threads of pid blocked in close(2) now (x86-64 syscall 3); with
-    waiting_in, only those sleeping in that kernel function (their wchan):
+    waiting_in, only those sleeping in one of those kernel functions (their wchan):
     FUSE_WAIT for a close that waits on a FUSE server, not one that happens
     to be in a quick close of something else."""
     n = 0
@@ -62,7 +66,7 @@ def threads_in_close(pid, waiting_in=None):
                     continue
             if waiting_in is not None:
                 with open(f"/proc/{pid}/task/{tid}/wchan") as f:
-                    if f.read().strip() != waiting_in:
+                    if f.read().strip() not in waiting_in:
                         continue
             n += 1
         except (OSError, IndexError):
