@@ -649,6 +649,30 @@ handle_event(struct watch *w, const struct inotify_event *ev, struct touched *t)
 	}
 }
 
+/*
+ * The inotify descriptor failed otherwise than for want of events (a read
+ * error but EAGAIN and EINTR, or the poll's own): events are lost from now
+ * on, and the level-triggered poll would find it readable and fail again
+ * on every turn of the loop. So it is not watched any more, and, as when
+ * inotify cannot watch a remote filesystem's changes, every model's paths
+ * are polled from now on (watch_poll.c, every poll_interval); and, as
+ * after an overflow, every model is checked now for the changes whose
+ * events were lost. One line says so. The descriptor stays open until the
+ * watch is freed: sync jobs may still add watches to it.
+ */
+static void
+inotify_failed(struct watch *w, const char *call, const char *reason)
+{
+	log_warnx("inotify descriptor %d: %s: %s: model updates are seen by polling every "
+		  "model's paths from now on (every poll_interval)", w->fd, call, reason);
+	w->inotify_failed = true;
+	uv_poll_stop(&w->poll);
+	watch_check_modified(w);
+	for (struct model_entry *m = w->reg->models; m != NULL; m = m->next)
+		mark_dirty(w, m->name, true);
+	watch_poll_sync(w);
+}
+
 static void
 on_readable(uv_poll_t *p, int status, int events)
 {
@@ -658,9 +682,20 @@ on_readable(uv_poll_t *p, int status, int events)
 	ssize_t n;
 
 	(void)events;
-	if (status < 0)
+	if (status < 0) {
+		inotify_failed(w, "poll", uv_strerror(status));
 		return;
-	for (int i = 0; i < READS_PER_WAKEUP && (n = read(w->fd, buf, sizeof(buf))) > 0; i++) {
+	}
+	for (int i = 0; i < READS_PER_WAKEUP; i++) {
+		if ((n = read(w->fd, buf, sizeof(buf))) <= 0) {
+			/* No event now (EAGAIN), or a signal: the poll comes
+			 * back. inotify never ends: 0 is as wrong as an error. */
+			if (n == 0)
+				inotify_failed(w, "read", "end of file");
+			else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+				inotify_failed(w, "read", strerror(errno));
+			break;
+		}
 		for (char *q = buf; q < buf + n;) {
 			const struct inotify_event *ev = (const struct inotify_event *)q;
 

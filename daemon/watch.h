@@ -11,6 +11,9 @@
  *    files become generation N+1 when valid and warm;
  *  - a served file is written in place (size or mtime no longer match what
  *    was opened): that generation is marked modified at once.
+ * Should reading the inotify descriptor fail for good (an error but EAGAIN
+ * and EINTR), it is not read again: one warning, and every model's paths
+ * are polled from then on instead (watch_poll.c).
  */
 #ifndef WC_WATCH_H
 #define WC_WATCH_H

@@ -6,7 +6,8 @@
  * filesystem another host may replace a model (write a new file, rename it
  * over the old one) and nothing here hears of it. A model is polled when
  * its watch is "poll", or "auto" and its current generation is on such a
- * filesystem (registry_polls): every poll_interval its path and its files'
+ * filesystem (registry_polls), or whatever its watch once the inotify
+ * descriptor failed for good (watch.c): every poll_interval its path and its files'
  * paths (for a staged generation, the files it was copied from) are
  * stat'ed on libuv's work queue, never on the loop (a stat of a remote
  * file can block for as long as the server takes), and compared with what
@@ -443,13 +444,22 @@ note_storage(struct model_entry *m, struct generation *g, int polls)
 			 "every %u.%03u s", m->name, g->number, g->fs.name,
 			m->poll_interval_ms / 1000, m->poll_interval_ms % 1000);
 	else if (polls)
-		log_debug("model \"%s\": polling its paths every %u.%03u s (watch = poll)", m->name,
-			m->poll_interval_ms / 1000, m->poll_interval_ms % 1000);
+		log_debug("model \"%s\": polling its paths every %u.%03u s (%s)", m->name,
+			m->poll_interval_ms / 1000, m->poll_interval_ms % 1000,
+			m->watch == FS_WATCH_POLL ? "watch = poll" : "inotify failed");
 	else if (g->fs.remote)
 		log_warnx("model \"%s\": generation %" PRIu64 " is on %s, a network or FUSE "
 			  "filesystem, and watch = inotify: changes made on other hosts are not "
 			  "seen (use watch = auto, or reload it by hand)", m->name, g->number,
 			g->fs.name);
+}
+
+/* Are m's paths polled? As its watch says (registry_polls), or all of
+ * them once inotify failed for good (watch.c): it hears nothing now. */
+static int
+polls(const struct watch *w, const struct model_entry *m)
+{
+	return w->inotify_failed || registry_polls(m);
 }
 
 void
@@ -465,7 +475,7 @@ watch_poll_sync(struct watch *w)
 		struct model_entry *m = registry_find(w->reg, p->name);
 
 		if (m != NULL && m->entry_id == p->entry_id && strcmp(m->name, p->name) == 0 &&
-			registry_polls(m)) {
+			polls(w, m)) {
 			w->polled[kept++] = *p;
 			continue;
 		}
@@ -474,16 +484,16 @@ watch_poll_sync(struct watch *w)
 	w->npolled = kept;
 	for (struct model_entry *m = w->reg->models; m != NULL; m = m->next) {
 		struct polled *p, *grown;
-		int polls = registry_polls(m);
+		int polled = polls(w, m);
 
-		note_storage(m, m->current, polls);
-		if (polls && (p = find_polled(w, m->name, m->entry_id)) != NULL) {
+		note_storage(m, m->current, polled);
+		if (polled && (p = find_polled(w, m->name, m->entry_id)) != NULL) {
 			/* A reload that shortened poll_interval: not the old wait. */
 			if (!p->busy && p->due_ms > now + m->poll_interval_ms)
 				p->due_ms = now + m->poll_interval_ms;
 			continue;
 		}
-		if (!polls)
+		if (!polled)
 			continue;
 		if ((grown = realloc(w->polled, (w->npolled + 1) * sizeof(*grown))) == NULL)
 			continue;
