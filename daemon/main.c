@@ -435,8 +435,7 @@ main(int argc, char **argv)
 		fatalx("closer: out of memory");
 	wopt.threads = (unsigned)d.cfg->prefetch_threads;
 	if ((r = warm_pool_new(&d.loop, &wopt, &d.pool)) < 0)
-		fatalx("cannot start %d prefetch threads: %s%s", d.cfg->prefetch_threads,
-			strerror(-r), workq_thread_hint(r));
+		fatalx("%s%s", error_get(), workq_thread_hint(r));
 	if (!fdstore && registry_init(&d.reg, &d.loop, d.pool) < 0)
 		fatalx("%s", error_get());
 	if (fdstore) {

@@ -43,6 +43,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/error.h"
+
 #define WARM_DEFAULT_METHOD WARM_SENDFILE
 
 /* Where a job is; only changes under pool->mu. */
@@ -528,18 +530,21 @@ warm_pool_new(uv_loop_t *loop, const struct warm_options *opt, struct warm_pool 
 	struct warm_pool *pool;
 	pthread_condattr_t ca;
 	unsigned started = 0;
+	unsigned threads = opt != NULL && opt->threads != 0 ? opt->threads : WARM_DEFAULT_THREADS;
 	int err;
 
 	if (loop == NULL || out == NULL)
-		return -EINVAL;
+		return error_set(-EINVAL, "prefetch threads: no loop");
 	pool = calloc(1, sizeof(*pool));
 	if (pool == NULL)
-		return -ENOMEM;
+		return error_set(-ENOMEM, "cannot start %u prefetch threads: out of memory",
+			threads);
 	pool->null_fd = -1;
 	err = apply_options(pool, opt);
 	if (err != 0) {
 		free(pool);
-		return err;
+		return error_set(err, "cannot start %u prefetch threads: threads, chunk or "
+				      "method out of range", threads);
 	}
 	pool->loop = loop;
 	pthread_mutex_init(&pool->mu, NULL);
@@ -556,29 +561,35 @@ warm_pool_new(uv_loop_t *loop, const struct warm_options *opt, struct warm_pool 
 	pool->buffers = calloc(pool->nthreads, sizeof(*pool->buffers));
 	if (pool->running == NULL || pool->threads == NULL || pool->buffers == NULL) {
 		pool_free(pool);
-		return -ENOMEM;
+		return error_set(-ENOMEM, "cannot start %u prefetch threads: out of memory",
+			threads);
 	}
 	if (pool->method == WARM_SENDFILE) {
 		pool->null_fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
 		if (pool->null_fd < 0) {
 			err = -errno;
 			pool_free(pool);
-			return err;
+			return error_set(err, "cannot open /dev/null, where the prefetch threads "
+					      "sendfile(2) what they read: %s", strerror(-err));
 		}
 	}
 	for (unsigned i = 0; i < pool->nthreads; i++) {
 		pool->buffers[i] = aligned_alloc(page_size(), pool->chunk);
 		if (pool->buffers[i] == NULL) {
 			pool_free(pool);
-			return -ENOMEM;
+			return error_set(-ENOMEM, "cannot start %u prefetch threads: out of "
+					      "memory", threads);
 		}
 	}
 	/* The threads touch the async handle only once a job exists, and jobs
 	 * exist only after this function returns; so the handle is initialised
 	 * last, and a failure before it needs no loop iteration to clean up. */
 	err = start_threads(pool, &started);
-	if (err == 0)
-		err = uv_async_init(loop, &pool->async, on_async);
+	if (err != 0)
+		error_format("cannot start %u prefetch threads: %s", threads, strerror(-err));
+	else if ((err = uv_async_init(loop, &pool->async, on_async)) != 0)
+		error_format("cannot start %u prefetch threads: uv_async_init: %s", threads,
+			uv_strerror(err));
 	if (err != 0) {
 		(void)join_threads(pool, started, NULL);
 		pool_free(pool);

@@ -147,8 +147,10 @@ struct warm_request {
 /*
  * Creates a pool on loop with opt (NULL for defaults): initialises its
  * uv_async_t and starts its threads. On failure (-EINVAL for bad options,
- * -ENOMEM, -EAGAIN from pthread_create, a libuv error from uv_async_init)
- * nothing is left behind and *out is untouched.
+ * -ENOMEM, -EAGAIN from pthread_create, the errno of opening /dev/null for
+ * WARM_SENDFILE, a libuv error from uv_async_init) nothing is left behind,
+ * *out is untouched, and error_get() says what failed (naming /dev/null
+ * when that is it).
  */
 int warm_pool_new(uv_loop_t *loop, const struct warm_options *opt, struct warm_pool **out);
 

@@ -13,7 +13,8 @@
  * assertion is skipped with a printed reason and the rest still runs.
  *
  * Fault injection: warm_fault.c stands in for pread() and sendfile(), to
- * fail them with EINTR, EIO or (sendfile) EINVAL and count their calls.
+ * fail them with EINTR, EIO or (sendfile) EINVAL and count their calls;
+ * open() is wrapped (--wrap) to refuse /dev/null.
  *
  * Benchmark mode: `test_warm --bench FILE [RUNS]` compares, on a cold cache
  * each time, the pool's methods with `cat FILE > /dev/null` (see bench()).
@@ -40,9 +41,33 @@
 #include <cmocka.h>
 #include <uv.h>
 
+#include "base/error.h"
 #include "resident.h"
 #include "warm.h"
 #include "warm_fixture.h"
+
+/* open() of /dev/null fails with this errno (0: no); warm.c's open() only
+ * is wrapped (-Wl,--wrap=open in tests/CMakeLists.txt). */
+static int devnull_errno;
+
+int __real_open(const char *path, int flags, ...);
+int __wrap_open(const char *path, int flags, ...);
+
+int
+__wrap_open(const char *path, int flags, ...)
+{
+	va_list ap;
+	int mode; /* passed only with O_CREAT and O_TMPFILE, as an int */
+
+	va_start(ap, flags);
+	mode = flags & (O_CREAT | O_TMPFILE) ? va_arg(ap, int) : 0;
+	va_end(ap);
+	if (devnull_errno != 0 && strcmp(path, "/dev/null") == 0) {
+		errno = devnull_errno;
+		return -1;
+	}
+	return __real_open(path, flags, (mode_t)mode);
+}
 
 /* ---- warming a cold file ------------------------------------------------ */
 
@@ -297,6 +322,35 @@ test_sendfile_fallback(void **state)
 	close(pipefd[1]);
 }
 
+/* /dev/null cannot be opened (a container or a unit without it, or an
+ * LSM that refuses it): the pool is not made, with that errno, and the
+ * message names /dev/null and the reason. Before, it left no message and
+ * wcached said "cannot start 2 prefetch threads: Permission denied", which
+ * sends one looking at thread limits. */
+static void
+test_devnull_fails(void **state)
+{
+	struct fixture *f = *state;
+	struct warm_options o = { .threads = 2, .method = WARM_SENDFILE };
+	struct warm_pool *p = NULL;
+	int r;
+
+	error_format("%s", "");
+	devnull_errno = EACCES;
+	r = warm_pool_new(&f->loop, &o, &p);
+	devnull_errno = 0;
+	assert_int_equal(r, -EACCES);
+	assert_null(p);
+	assert_string_equal(error_get(), "cannot open /dev/null, where the prefetch threads "
+					 "sendfile(2) what they read: Permission denied");
+	/* pread needs no /dev/null. */
+	devnull_errno = EACCES;
+	o.method = WARM_PREAD;
+	r = warm_pool_new(&f->loop, &o, &f->pool);
+	devnull_errno = 0;
+	assert_int_equal(r, 0);
+}
+
 static void
 test_invalid(void **state)
 {
@@ -524,6 +578,7 @@ main(int argc, char **argv)
 		cmocka_unit_test_setup_teardown(test_measure, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_read_errors, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_sendfile_fallback, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_devnull_fails, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_invalid, setup, teardown),
 	};
 
