@@ -891,6 +891,6 @@ def test_interleaved_layers_are_few_runs(tmp_path, no_daemon):
     wtorch.save_file(tensors, path)
     with wcache.safe_open(path, framework="pt") as f:
         runs = f._bulk()
-        assert len(runs.done) <= 4 + 1 + 2  # k, o, q, v; up; embed and lm_head alone
+        assert len(runs.plan.done) <= 4 + 1 + 2  # k, o, q, v; up; embed and lm_head alone
         for k in f.keys():
             assert torch.equal(f.get_tensor(k), tensors[k]), k

@@ -311,35 +311,101 @@ def test_a_closed_handle_keeps_no_mapping(tmp_path, no_daemon, monkeypatch, fram
         get("layer.1.w")
 
 
+def _many_file(tmp_path, count):
+    """count F32 tensors of two shapes, alternating (two runs), and an I32
+    one: a model whose table (names, shapes, runs) takes megabytes."""
+    path = tmp_path / "many.safetensors"
+    tensors = [(f"layer.{i:06d}.w", "F32", (1 + i % 2,), np.full(1 + i % 2, i, "<f4").tobytes())
+               for i in range(count)]
+    write_safetensors(path, tensors + [("ids", "I32", (3,), np.arange(3, dtype="<i4").tobytes())])
+    return str(path)
+
+
 @pytest.mark.parametrize("framework", ["np", "pt"])
-def test_a_get_tensor_racing_close_keeps_no_mapping(tmp_path, no_daemon, framework):
-    """A get_tensor that makes a part's base view while another thread
-    closes the handle returns its tensor or raises ValueError "closed", and
-    once both have returned (and the tensor is dropped) the closed handle's
-    get_tensor, still held, keeps no mapping: a base made after close()
-    is not kept. Another thread's close() runs before each line of
-    Runs._typed in turn."""
+def test_a_closed_handle_keeps_no_table(tmp_path, no_daemon, framework):
+    """Once a handle of a model of 20,000 tensors is closed, a loader that
+    still holds its get_tensor (the closure the first call binds) keeps
+    nothing of the model's table: the Table is collected, and what the
+    handle, its model and the closure still hold (tracemalloc) is a few
+    KiB, not the megabytes the open handle held (names, shapes, runs, and
+    the tensors of the run the first call made);
+    the closure raises upstream's SafetensorError "File is closed", as
+    upstream's closed handle does (it drops its whole state). Before, the
+    closure held the handle's Runs, and through it the table."""
+    import tracemalloc
+    path = _many_file(tmp_path, 20_000)
+    for attempt in range(2):  # the first one imports and caches what a handle uses once
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            f = wcache.safe_open(path, framework=framework)
+            t = f.get_tensor("layer.000001.w")
+            get = f.get_tensor
+            assert np.asarray(get("ids")).tolist() == [0, 1, 2]
+            table = weakref.ref(f.model._tab())
+            opened = tracemalloc.get_traced_memory()[0] - before
+            f.close()
+            assert np.asarray(t).tolist() == [1, 1]  # the tensor handed out still reads
+            del t
+            gc.collect()
+            kept = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+    assert table() is None, "the closed handle's get_tensor keeps the model's table"
+    assert opened > 2 << 20, f"the open handle holds {opened} bytes: the test's model is too small"
+    assert kept < 64 << 10, f"the closed handle and its get_tensor keep {kept} bytes"
+    with pytest.raises(wcache.SafetensorError, match="^File is closed$"):
+        get("layer.000003.w")
+    with pytest.raises(wcache.SafetensorError, match="^File is closed$"):
+        get("nonexistent")
+    assert f.get_tensor is not get
+    with pytest.raises(wcache.SafetensorError, match="^File is closed$"):
+        f.get_tensor("ids")
+
+
+@pytest.mark.parametrize("framework", ["np", "pt"])
+@pytest.mark.parametrize("traced,least", [("_typed", 8), ("get", 4), ("_make", 4), ("every", 4)])
+def test_a_get_tensor_racing_close_keeps_no_mapping(tmp_path, no_daemon, framework, traced,
+                                                    least):
+    """A get_tensor (or get_tensors) that makes a run, or a part's base
+    view, while another thread closes the handle returns its tensors or
+    raises ValueError "closed", and once both have returned (and the
+    tensors are dropped) the closed handle's get_tensor, still held, keeps
+    no mapping and no table: a base made after close() is not kept, and
+    every call works on the plan (table and runs) it read once. Another
+    thread's close() runs before each line of Runs._typed, Runs.get,
+    Runs._make and Runs.every in turn."""
     from wcache._table import Runs
     path = _runs_file(tmp_path)
+    code = getattr(Runs, traced).__code__
     k = 0
     while True:
         f = wcache.safe_open(path, framework=framework)
         f.get_tensor("ids")  # binds the closure; the F32 part has no base yet
         get, got = f.get_tensor, []
-        errors, other_errors, ran = other_thread_before(
-            Runs._typed.__code__, k, lambda: got.append(get("layer.1.w")), f.close)
+        table = weakref.ref(f.model._tab())
+        if traced == "every":
+            first = lambda: got.extend(f._runs.every().items())  # noqa: E731
+        else:
+            first = lambda: got.append(("layer.1.w", get("layer.1.w")))  # noqa: E731
+        errors, other_errors, ran = other_thread_before(code, k, first, f.close)
         assert not other_errors, (k, other_errors)
         assert all(_closed_error(e) for e in errors), \
-            f"get_tensor with close() before line {k} of Runs._typed: {errors!r}"
-        assert all(np.asarray(t).tolist() == [1, 1] for t in got)
-        f.close()  # once k is past _typed's last line, close() ran after it
-        del got, errors
-        gc.collect()
+            f"get_tensor with close() before line {k} of Runs.{traced}: {errors!r}"
+        wrong = [n for n, t in got
+                 if np.asarray(t).tolist() != ([5, 6, 7] if n == "ids" else [int(n[6])] * 2)]
+        assert not wrong, f"close() before line {k} of Runs.{traced}: wrong values of {wrong}"
+        f.close()  # once k is past the last line, close() ran after it
+        del got, errors, first
+        if table() is not None or file_mappings(path):
+            gc.collect()  # only then: it takes 60 ms or more with torch loaded
         assert file_mappings(path) == 0, \
-            f"close() before line {k} of Runs._typed: the closed handle keeps the mapping"
+            f"close() before line {k} of Runs.{traced}: the closed handle keeps the mapping"
+        assert table() is None, \
+            f"close() before line {k} of Runs.{traced}: the closed handle keeps the table"
         with pytest.raises(ValueError, match="closed"):
             get("layer.2.w")
         if not ran:
             break
         k += 1
-    assert k > 8
+    assert k > least

@@ -336,6 +336,24 @@ class Table:
         return self._runs
 
 
+class _Plan:
+    """What a :class:`Runs` makes tensors from: the model's table and the
+    runs and parts cut from it. Its size grows with the tensor count (names,
+    shapes, addresses and the run lists: tens of MB for 200,000 tensors), so
+    a closed Runs drops it whole (see :meth:`Runs.close`)."""
+
+    __slots__ = ("table", "order_list", "start_list", "run_of", "done",
+                 "part_of", "part_lo", "part_hi")
+
+    def __init__(self, table, itemsize_of):
+        order, run_start, self.run_of = table.runs(itemsize_of)
+        self.table = table
+        self.order_list = order.tolist()
+        self.start_list = run_start.tolist()
+        self.done = bytearray(len(self.start_list) - 1)  # run r made for get(): under lock
+        self.part_of, self.part_lo, self.part_hi = table.parts()
+
+
 class Runs:
     """Makes the tensors of one model run by run, for ``safe_open``.
 
@@ -351,56 +369,59 @@ class Runs:
     others in ``ready``, from which each is taken once (``dict.pop`` is
     atomic), so no two calls get the same object and none misses: a name
     not (or no longer) in ``ready`` whose run is made gets a view of its
-    own. Subclasses say how to make views: :meth:`base` (a 1-D view of
-    part p of the model's memory, typed as dtype number d), :meth:`view_one`,
+    own. Every call reads ``plan`` once and works on what it read, so a
+    close() in another thread (which sets it to None) makes the call
+    return its tensor or raise ClosedError, never fail otherwise.
+    Subclasses say how to make views: :meth:`base` (a 1-D view of part p
+    of the model's memory, typed as dtype number d), :meth:`view_one`,
     :meth:`view_many`, and :meth:`single` (the per-tensor path, for what
     cannot be made in bulk)."""
 
     def __init__(self, model, itemsize_of):
         self.model = model
-        self.table = table = model._tab()
         self.itemsize_of = itemsize_of
-        self.order, self.run_start, self.run_of = table.runs(itemsize_of)
-        self.order_list = self.order.tolist()
-        self.start_list = self.run_start.tolist()
+        self.plan = _Plan(model._tab(), itemsize_of)  # None once closed
         self.lock = threading.Lock()
-        self.done = bytearray(len(self.start_list) - 1)  # run r made for get(): under lock
         self.ready = {}
-        self.part_of, self.part_lo, self.part_hi = table.parts()
         self.bases = {}  # part -> its typed base view (it keeps the mapping); None once closed
-        self.closed = False
 
-    def _typed(self, i):
+    def _plan(self):
+        plan = self.plan  # read once: close() sets it to None
+        if plan is None:
+            raise _lib.ClosedError("File is closed")
+        return plan
+
+    def _typed(self, plan, i):
         """(typed base view of tensor i's part, the offset of tensor i in
         it, in elements). A base made while another thread closes is
         returned without being kept: a closed Runs keeps no view."""
-        t = self.table
+        t = plan.table
         d = int(t.dtype_of[i])
-        p = int(self.part_of[i])
+        p = int(plan.part_of[i])
         size = self.itemsize_of[d]
         bases = self.bases  # read once: close() sets it to None
         if bases is None:
             raise _lib.ClosedError("File is closed")
         base = bases.get(p)
         if base is None:  # one base per part, whichever thread made it first
-            base = self.base(p, d, size)
+            base = self.base(plan, p, d, size)
             with self.lock:
                 if self.bases is not None:
                     base = self.bases.setdefault(p, base)
-        return base, (int(t.addr[i]) - self.part_lo[p]) // size
+        return base, (int(t.addr[i]) - plan.part_lo[p]) // size
 
-    def _make(self, r):
-        a, b = self.start_list[r], self.start_list[r + 1]
-        t = self.table
-        i = self.order_list[a]
+    def _make(self, plan, r):
+        a, b = plan.start_list[r], plan.start_list[r + 1]
+        t = plan.table
+        i = plan.order_list[a]
         if not t.bulk[i]:
             return self.single(t.names[i]),
-        base, offset = self._typed(i)
+        base, offset = self._typed(plan, i)
         shape = t.shape(i)
         strides = contiguous_strides(shape)
         if b - a == 1:
             return self.view_one(base, shape, strides, offset),
-        step = (int(t.addr[self.order_list[a + 1]]) - int(t.addr[i])) // \
+        step = (int(t.addr[plan.order_list[a + 1]]) - int(t.addr[i])) // \
             self.itemsize_of[int(t.dtype_of[i])]
         if b - a < _GC_PAUSE_MIN or not gc.isenabled():
             return self.view_many(base, b - a, step, shape, strides, offset)
@@ -415,13 +436,15 @@ class Runs:
             gc.enable()
 
     def close(self):
-        """Drops the tensors not handed out and every view of the model's
-        memory kept to make more (subclasses drop theirs in :meth:`_drop`),
-        so that a loader still holding get() (safe_open's get_tensor
-        closure) keeps no mapping: only the tensors handed out do. Later
-        get() calls raise ClosedError, as upstream's closed handle does."""
+        """Drops the tensors not handed out, every view of the model's
+        memory kept to make more (subclasses drop theirs in :meth:`_drop`)
+        and the plan (the model's table and runs), so that a loader still
+        holding get() (safe_open's get_tensor closure) keeps neither the
+        mapping nor the table: only the tensors handed out hold memory.
+        Later get() calls raise ClosedError, as upstream's closed handle
+        does (it drops its whole state on close too)."""
         with self.lock:
-            self.closed = True
+            self.plan = None
             self.ready.clear()
             self.bases = None
             self._drop()
@@ -434,55 +457,55 @@ class Runs:
         t = self.ready.pop(name, None)
         if t is not None:
             return t
-        if self.closed:
-            raise _lib.ClosedError("File is closed")
-        i = self.table.position(name) if isinstance(name, str) else None
+        plan = self._plan()
+        i = plan.table.position(name) if isinstance(name, str) else None
         if i is None:
             raise _lib.MissingTensor(f"File does not contain tensor {name}")
-        r = int(self.run_of[i])
+        r = int(plan.run_of[i])
         with self.lock:
-            mine = not self.done[r]
-            self.done[r] = 1
+            mine = not plan.done[r]
+            plan.done[r] = 1
         if not mine:
             # Made by another call: its tensor for name is in ready until
             # someone takes it, or already taken. Either way, a view of its own.
             t = self.ready.pop(name, None)
-            return self._make_alone(i) if t is None else t
-        made = self._make(r)
+            return self._make_alone(plan, i) if t is None else t
+        made = self._make(plan, r)
         if len(made) == 1:
             return made[0]
-        a, b = self.start_list[r], self.start_list[r + 1]
-        members = self.order_list[a:b]
+        a, b = plan.start_list[r], plan.start_list[r + 1]
+        members = plan.order_list[a:b]
         k = members.index(i)
-        names = operator.itemgetter(*members)(self.table.names)
+        names = operator.itemgetter(*members)(plan.table.names)
         # Every tensor of the run but this call's own: the others may be
         # taken from ready by other threads the moment they are there. Not
         # once the handle is closed: close() dropped what was ready.
         with self.lock:
-            if not self.closed:
+            if self.plan is not None:
                 self.ready.update(zip(names[:k], made[:k]))
                 self.ready.update(zip(names[k + 1:], made[k + 1:]))
         return made[k]
 
-    def _make_alone(self, i):
+    def _make_alone(self, plan, i):
         """A new view of tensor i alone."""
-        t = self.table
+        t = plan.table
         if not t.bulk[i]:
             return self.single(t.names[i])
-        base, offset = self._typed(i)
+        base, offset = self._typed(plan, i)
         shape = t.shape(i)
         return self.view_one(base, shape, contiguous_strides(shape), offset)
 
     def every(self):
         """{name: tensor} of every tensor, in byte order of names."""
+        plan = self._plan()
         made = []
-        for r in range(len(self.done)):
-            made.extend(self._make(r))
-        names = self.table.names
+        for r in range(len(plan.done)):
+            made.extend(self._make(plan, r))
+        names = plan.table.names
         if len(made) > 1:
-            by_run = operator.itemgetter(*self.order_list)(names)
+            by_run = operator.itemgetter(*plan.order_list)(names)
         else:
-            by_run = [names[i] for i in self.order_list]
+            by_run = [names[i] for i in plan.order_list]
         return dict(zip(by_run, made))
 
 
@@ -505,13 +528,13 @@ class NumpyRuns(Runs):
         itemsize = [np.dtype(ts).itemsize if ts else 0 for ts in self.typestr]
         super().__init__(model, itemsize)
 
-    def base(self, p, d, size):
+    def base(self, plan, p, d, size):
         # numpy arrays are never read beyond their own elements (pickle,
         # np.save and copy take only the view): slices of the one array
         # over the model's span do.
         region = self.model._raw_region()
-        lo = self.table.span[0]
-        part = region[self.part_lo[p] - lo:self.part_hi[p] - lo]
+        lo = plan.table.span[0]
+        part = region[plan.part_lo[p] - lo:plan.part_hi[p] - lo]
         return part[:len(part) - len(part) % size].view(self.typestr[d])
 
     @staticmethod

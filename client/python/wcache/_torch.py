@@ -153,11 +153,11 @@ class TorchRuns(_table.Runs):
         # model's memory) keep the mapping.
         self.h = self.state = None
 
-    def base(self, p, d, size):
+    def base(self, plan, p, d, size):
         h, state = self.h, self.state  # read once: close() drops them
         if h is None or state is None:
             raise _lib.ClosedError("File is closed")
-        u8 = torch.from_numpy(state.cow_part(h, self.table, p))
+        u8 = torch.from_numpy(state.cow_part(h, plan.table, p))
         return u8[:len(u8) - len(u8) % size].view(self.tdtype[d])
 
     @staticmethod
