@@ -9,7 +9,8 @@
  * fails (ENOMEM, ENOBUFS; EMFILE once its spare descriptor is gone), which
  * spun at 100% CPU with a line per try and never handled SIGTERM. Here a
  * failed accept pauses the listener for CTL_ACCEPT_PAUSE_MS, as the client
- * socket's does (server.c), with one warning. A connection
+ * socket's does (server.c), with one warning; each pause is counted
+ * (wcached_control_accept_pauses_total). A connection
  * reads into a fixed buffer of one maximal line and handles one request at
  * a time: while a request waits for the registry (load, reload), the
  * connection is not read, so the lines behind it keep their order and a
@@ -794,6 +795,7 @@ accept_pause(struct control *ctl, int err)
 			  "every %d ms%s", strerror(err), CTL_ACCEPT_PAUSE_MS,
 			fds ? " (out of descriptors: raise LimitNOFILE=)" : "");
 	ctl->accept_paused = true;
+	ctl->accept_pauses++;
 	uv_poll_stop(&ctl->listener);
 	uv_timer_start(&ctl->resume, on_accept_resume, CTL_ACCEPT_PAUSE_MS, 0);
 }

@@ -58,6 +58,7 @@ daemon_figures(const struct control *ctl)
 		.control_timeouts = ctl->timeouts,
 		.control_evicted = ctl->evicted,
 		.control_refused = ctl->refused,
+		.control_accept_pauses = ctl->accept_pauses,
 		.notify_dropped = notify_dropped_count(),
 		.derive = ctl->ctx->derive,
 		.mem = ctl->ctx->mem,

@@ -90,6 +90,7 @@ struct control {
 	uint64_t timeouts;       /* connections closed by the sweep */
 	uint64_t evicted;        /* idle connections closed to make room for a new one */
 	uint64_t refused;        /* connections and requests refused (see control.h) */
+	uint64_t accept_pauses;  /* times the listener was left for CTL_ACCEPT_PAUSE_MS */
 	struct ctl_refusal refusals[CTL_REFUSAL_UIDS];
 	unsigned nrefusals;      /* refusals[] in use */
 	uint64_t refusals_unlogged; /* of uids refusals[] had no room for */

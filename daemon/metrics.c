@@ -497,6 +497,11 @@ metrics_write(FILE *f, const struct registry *reg, const struct metrics_daemon *
 		"connection busy) and requests refused (too many in flight).");
 	fputs("wcached_control_refused_total", f);
 	value(f, (double)d->control_refused);
+	family(f, "wcached_control_accept_pauses_total", "counter",
+		"Times the control socket was left unwatched for 100 ms: accept(2) failed (out of "
+		"descriptors, ENOMEM, ENOBUFS) and connections waited in the backlog.");
+	fputs("wcached_control_accept_pauses_total", f);
+	value(f, (double)d->control_accept_pauses);
 	family(f, "wcached_notify_dropped_total", "counter",
 		"STATUS= notifications to the service manager dropped because it was not reading.");
 	fputs("wcached_notify_dropped_total", f);

@@ -28,6 +28,8 @@ struct metrics_daemon {
 	uint64_t control_evicted;   /* idle control connections closed to make room */
 	uint64_t control_refused;   /* control connections (permission, limits) and
 	                             * requests (too many in flight) refused */
+	uint64_t control_accept_pauses; /* times the control socket was left unwatched
+	                                 * after a failed accept */
 	uint64_t notify_dropped;    /* STATUS= notifications dropped (manager not reading) */
 	const struct derive_table *derive; /* derived artifacts; NULL: none */
 	const struct memlimit *mem;        /* the memory limit in force; NULL: unknown */

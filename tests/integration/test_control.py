@@ -641,11 +641,15 @@ def test_control_accept_failing_pauses(tmp_path, model):
     (a stop is handled), and once accepts work again a waiting request is
     answered. Before, libuv's own accept loop tried again at once without
     returning to the loop: 100% CPU, a warning per try (thousands a second),
-    and SIGTERM never handled."""
+    and SIGTERM never handled. Each pause is counted in
+    wcached_control_accept_pauses_total (a second of failures, about ten;
+    before, no metric counted them), apart from the client socket's
+    wcached_accept_pauses_total (no client waited there)."""
     d = Daemon(tmp_path, {"small": model})
     wait_for_control(d.start())
     try:
         ready(d, "small")
+        assert control_metric(d, "wcached_control_accept_pauses_total") == 0
         with injected(d.proc.pid, "accept4", "ENOMEM"):
             waiting = subprocess.Popen([binary("wcachectl"), "--control", d.control, "status"],
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -658,6 +662,8 @@ def test_control_accept_failing_pauses(tmp_path, model):
         out, err = waiting.communicate(timeout=30)
         assert waiting.returncode in (0, 3), (out, err)
         d.wait_for_log("control: accepting connections again")
+        assert 2 <= control_metric(d, "wcached_control_accept_pauses_total") <= 40
+        assert control_metric(d, "wcached_accept_pauses_total") == 0
     finally:
         assert d.stop() == 0, d.read_log()[-3000:]
 
