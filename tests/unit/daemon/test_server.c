@@ -24,6 +24,7 @@
 
 #include "base/error.h"
 #include "daemonutil.h"
+#include "fcntl_fault.h"
 #include "proto/fdpass.h"
 #include "server.h"
 #include "testutil.h"
@@ -368,31 +369,6 @@ test_inflight_per_uid(void **state)
 	free(path);
 }
 
-int __real_fcntl(int fd, int cmd, ...) __attribute__((weak));
-int __wrap_fcntl(int fd, int cmd, ...);
-
-/* The command __wrap_fcntl fails once, with fcntl_errno; 0: none. */
-static int fcntl_cmd, fcntl_errno;
-
-/* fcntl() failing once with fcntl_errno for the command fcntl_cmd; the
- * argument, if any, passed on as glibc does. */
-int
-__wrap_fcntl(int fd, int cmd, ...)
-{
-	va_list ap;
-	void *arg;
-
-	va_start(ap, cmd);
-	arg = va_arg(ap, void *);
-	va_end(ap);
-	if (fcntl_cmd != 0 && cmd == fcntl_cmd) {
-		fcntl_cmd = 0;
-		errno = fcntl_errno;
-		return -1;
-	}
-	return __real_fcntl(fd, cmd, arg);
-}
-
 /* F_GETFL of the client socket fails (found by a syscall fault sweep of
  * wcached): the start fails with that reason, and the socket keeps its
  * flags. Before, F_SETFL was given -1 | O_NONBLOCK, every flag: refused
@@ -406,7 +382,7 @@ test_start_getfl_fails(void **state)
 	int fd, before;
 
 	(void)state;
-	if (__real_fcntl == NULL)
+	if (!fcntl_fault_wrapped())
 		skip(); /* built without -Wl,--wrap=fcntl */
 	du_setup(&du, false, 0);
 	assert_true(asprintf(&sock, "%s/s", du.dir) > 0);
@@ -414,8 +390,7 @@ test_start_getfl_fails(void **state)
 	assert_true(fd >= 0);
 	before = fcntl(fd, F_GETFL);
 	assert_true(before != -1);
-	fcntl_cmd = F_GETFL;
-	fcntl_errno = ENOMEM;
+	fcntl_fault = (struct fcntl_fault){ .cmd = F_GETFL, .err = ENOMEM };
 	assert_int_equal(server_start(&du.loop, &du.reg, fd, NULL, &srv), -ENOMEM);
 	assert_null(srv);
 	assert_non_null(strstr(error_get(), strerror(ENOMEM)));

@@ -21,9 +21,10 @@
  *
  * The knobs of the fault injection live here, so that setup() can reset
  * them; each wrapper lives in the one test linked with its --wrap option
- * (tests/CMakeLists.txt): __wrap_mmap, __wrap_fcntl and __wrap_fstat in
+ * (tests/CMakeLists.txt): __wrap_mmap and __wrap_fstat in
  * test_attach_reply.c, __wrap_recvmsg and __wrap_connect in
- * test_attach_connection.c.
+ * test_attach_connection.c. test_attach_reply's __wrap_fcntl is the one
+ * test_server uses too, tests/unit/fcntl_fault.c, with its knob.
  */
 #ifndef WC_ATTACH_FIXTURE_H
 #define WC_ATTACH_FIXTURE_H
@@ -48,8 +49,8 @@
 #define KERNEL_SCM_MAX_FD FAKE_SCM_MAX_FD
 
 /* What the wrappers do (mmap_ knobs: __wrap_mmap, recv_ knobs:
- * __wrap_recvmsg, connect_: __wrap_connect, fcntl_: __wrap_fcntl,
- * fstat_: __wrap_fstat), and
+ * __wrap_recvmsg, connect_: __wrap_connect, fstat_: __wrap_fstat; fcntl's
+ * are fcntl_fault.h's), and
  * the semaphores through which the fake daemon and the client's receive
  * wait for each other; setup() clears them. */
 struct af_fault {
@@ -57,8 +58,6 @@ struct af_fault {
 	int mmap_calls;      /* file-backed mmap() calls while armed */
 	int mmap_failed;     /* the number of the call that was failed, 0 if none */
 	int connect_eintr;   /* > 0: so many connect() calls from now on fail with EINTR */
-	int fcntl_cmd;       /* != 0: the next fcntl() with this command fails, ... */
-	int fcntl_errno;     /* ... with this errno */
 	ino_t fstat_ino;     /* != 0: the client thread's next fstat() of this inode fails, */
 	int fstat_errno;     /* ... with this errno */
 	pthread_t client;    /* the thread whose recvmsg() the hooks below apply to */

@@ -14,8 +14,8 @@
  * Fault injection uses the linker's --wrap (tests/CMakeLists.txt links this
  * test with -Wl,--wrap=mmap,--wrap=fcntl,--wrap=fstat and compiles it with
  * -U_FORTIFY_SOURCE): __wrap_mmap fails the Nth file-backed mmap() while a
- * test has armed it, __wrap_fcntl one command, __wrap_fstat the client's
- * fstat() of one inode. The __real_ symbols are weak, so a build without
+ * test has armed it, __wrap_fcntl (fcntl_fault.c) one command, __wrap_fstat
+ * the client's fstat() of one inode. The __real_ symbols are weak, so a build without
  * those options still links; the tests that need them then report SKIPPED.
  */
 #include <errno.h>
@@ -36,6 +36,7 @@
 #include <cmocka.h>
 
 #include "attach_fixture.h"
+#include "fcntl_fault.h"
 #include "format/index.h"
 #include "proto/memfds.h"
 #include "testutil.h"
@@ -66,28 +67,6 @@ __wrap_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 
 /* Skips the test unless it was linked with -Wl,--wrap=mmap. */
 #define NEED_WRAP() af_need_wrap(__real_mmap != NULL, "-Wl,--wrap=mmap")
-
-int __real_fcntl(int fd, int cmd, ...) __attribute__((weak));
-int __wrap_fcntl(int fd, int cmd, ...);
-
-/* fcntl() failing once with fault.fcntl_errno for the command
- * fault.fcntl_cmd; the argument, if any, passed on as glibc does. */
-int
-__wrap_fcntl(int fd, int cmd, ...)
-{
-	va_list ap;
-	void *arg;
-
-	va_start(ap, cmd);
-	arg = va_arg(ap, void *);
-	va_end(ap);
-	if (fault.fcntl_cmd != 0 && cmd == fault.fcntl_cmd) {
-		fault.fcntl_cmd = 0;
-		errno = fault.fcntl_errno;
-		return -1;
-	}
-	return __real_fcntl(fd, cmd, arg);
-}
 
 int __real_fstat(int fd, struct stat *st) __attribute__((weak));
 int __wrap_fstat(int fd, struct stat *st);
@@ -608,18 +587,19 @@ test_mmap_fails_on_index(void **state)
 static void
 attach_with_call_failing(struct fixture *f, int fcntl_cmd, ino_t fstat_ino, const char *want)
 {
-	int before = tu_count_fds();
+	int before = tu_count_fds(), armed;
 	wc_model *m = NULL;
 
 	fake_start(f);
 	assert_int_equal(wc_connect(f->sock, &f->client), 0);
-	fault.fcntl_cmd = fcntl_cmd;
-	fault.fcntl_errno = EIO;
+	fcntl_fault = (struct fcntl_fault){ .cmd = fcntl_cmd, .err = EIO };
 	fault.fstat_ino = fstat_ino;
 	fault.fstat_errno = EIO;
 	assert_error(wc_attach(f->client, MODEL, &m), -EIO, want);
+	armed = fcntl_fault.cmd;
+	fcntl_fault.cmd = 0; /* not left for the next test, should this one fail */
 	assert_null(m);
-	assert_int_equal(fault.fcntl_cmd, 0);
+	assert_int_equal(armed, 0);
 	assert_true(fault.fstat_ino == 0);
 	assert_int_equal(wc_attach(f->client, MODEL, &f->model), 0);
 	release_and_finish(f, before);
@@ -637,14 +617,14 @@ attach_with_call_failing(struct fixture *f, int fcntl_cmd, ino_t fstat_ino, cons
 static void
 test_fcntl_fails_on_index(void **state)
 {
-	af_need_wrap(__real_fcntl != NULL, "-Wl,--wrap=fcntl");
+	af_need_wrap(fcntl_fault_wrapped(), "-Wl,--wrap=fcntl");
 	attach_with_call_failing(*state, F_GET_SEALS, 0, MODEL ": index: fcntl: ");
 }
 
 static void
 test_fcntl_fails_on_file(void **state)
 {
-	af_need_wrap(__real_fcntl != NULL, "-Wl,--wrap=fcntl");
+	af_need_wrap(fcntl_fault_wrapped(), "-Wl,--wrap=fcntl");
 	attach_with_call_failing(*state, F_GETFL, 0, MODEL ": a.bin: fcntl: ");
 }
 
