@@ -233,7 +233,8 @@ def test_a_model_closed_mid_call_keeps_nothing(f32_model, call):
             assert np.array_equal(np.asarray(got[0]), arrays["a.weight"])
         model.close()  # once k is past the call's last bytecode, close() ran after it
         del got, errors
-        gc.collect()
+        if file_mappings(path):
+            gc.collect()  # only then: it takes 60 ms or more with torch loaded
         left = [a for a in _KEPT if getattr(model, a) is not None]
         assert not left and not model._infos, \
             f"{call} with close() before bytecode {k} of {code.__qualname__}: the closed " \
