@@ -84,8 +84,9 @@ def read_only_registration(torch):
     except Exception as e:
         failures.append(f"torch cudart: {type(e).__name__}")
     try:
-        with open("/proc/self/maps") as f:
-            paths = sorted({line.split()[-1] for line in f if "libcudart.so" in line})
+        # libcudart.so.N, or libcudart-HASH.so.N where a torch wheel bundles it
+        from wcache._device import cudart_libraries
+        paths = cudart_libraries()
         if not paths:
             raise OSError("no libcudart loaded")
         value = ctypes.c_int(-1)
@@ -705,8 +706,11 @@ def cmd_llama_load(a):
     except (ImportError, ValueError) as e:
         if "accelerate" not in str(e):
             raise
-        # device_map needs accelerate in some versions: load, then move (both modes alike)
-        how = "to(device): device_map needs accelerate"
+        # device_map needs accelerate (transformers 4.x and 5.x raise ValueError
+        # naming it): load on the CPU, then move (every mode alike). The
+        # handles are closed when from_pretrained returns, so with
+        # WCACHE_HOST_REGISTER=1 the copies of .to() read unregistered memory.
+        how = "on the CPU, then .to(device): device_map needs accelerate"
         t0 = time.perf_counter()
         model = transformers.AutoModelForCausalLM.from_pretrained(
             a.dir, dtype=torch.bfloat16).to(device)
@@ -845,6 +849,8 @@ def cmd_report(a):
         if "private_mib" in r:
             line += (f"  ({r['registered']} of {r['handles']} handles registered, "
                      f"{r['private_mib']} MiB private of {r['mib']} MiB)")
+        if r.get("how", "device_map") != "device_map":
+            line += f"  [{r['how']}]"  # not what device_map= measures: said on the line
         print(line)
     print()
     misses = 0

@@ -697,3 +697,116 @@ print("ok", k)
 """
     r = run_python(code)
     assert r.returncode == 0 and r.stdout.startswith("ok"), (r.returncode, r.stderr[-2000:])
+
+
+# ---- the CUDA backend's error handling (a fake cudart) ----
+
+def test_cudart_libraries_finds_every_runtime_loaded(tmp_path):
+    """pip's libcudart.so.13, a torch wheel's bundled libcudart-HASH.so.12
+    (which "libcudart.so" does not match) and a deleted file (named without
+    the suffix, which dlopen finds among the loaded libraries), each once;
+    nothing else."""
+    maps = tmp_path / "maps"
+    lines = [
+        "7f0000000000-7f0000001000 r--p 00000000 08:01 11 /venv/nvidia/cu13/lib/libcudart.so.13",
+        "7f0000001000-7f0000002000 r-xp 00001000 08:01 11 /venv/nvidia/cu13/lib/libcudart.so.13",
+        "7f0000003000-7f0000004000 r--p 00000000 08:01 12 /venv/torch/lib/libcudart-d0da41ae.so.12",
+        "7f0000005000-7f0000006000 r--p 00000000 08:01 13 /opt/cuda/lib64/libcudart.so.12.4 "
+        "(deleted)",
+        "7f0000007000-7f0000008000 r--p 00000000 08:01 14 /venv/nvidia/cudnn/lib/libcudnn.so.9",
+        "7f0000009000-7f000000a000 r--p 00000000 08:01 15 /data/libcudart notes.txt",
+        "7f000000b000-7f000000c000 rw-p 00000000 00:00 0 ",
+        "7ffd00000000-7ffd00001000 rw-p 00000000 00:00 0 [stack]",
+    ]
+    maps.write_text("\n".join(lines) + "\n")
+    assert _device.cudart_libraries(str(maps)) == [
+        "/venv/nvidia/cu13/lib/libcudart.so.13", "/venv/torch/lib/libcudart-d0da41ae.so.12",
+        "/opt/cuda/lib64/libcudart.so.12.4"]
+    assert all(isinstance(p, str) for p in _device.cudart_libraries())  # this process's
+
+
+class _Cudart:
+    """torch.cuda.cudart() as CudaBackend uses it: each call returns what
+    torch's binding does (a pybind enum of cudaError_t: .value, int())."""
+
+    class Error:
+        def __init__(self, code):
+            self.value = code
+
+        def __int__(self):
+            return self.value
+
+    def __init__(self, register=0, unregister=0, raises=None):
+        self.codes = {"register": register, "unregister": unregister}
+        self.raises = raises
+        self.calls = []
+
+    def cudaHostRegister(self, ptr, size, flags):
+        self.calls.append(("register", ptr, size, flags))
+        if self.raises:
+            raise self.raises
+        return self.Error(self.codes["register"])
+
+    def cudaHostUnregister(self, ptr):
+        self.calls.append(("unregister", ptr))
+        return self.Error(self.codes["unregister"])
+
+    def cudaGetErrorString(self, err):
+        return {801: "operation not supported", 712: "already mapped",
+                713: "not registered", 1: "invalid argument"}.get(int(err), "?")
+
+
+@pytest.fixture
+def fake_cudart(monkeypatch):
+    """(install, drained): install(cudart) makes CudaBackend("cuda:0") use
+    it; drained lists, per cudaGetLastError call, the runtime it went to
+    (two are loaded, as where pip's and a toolkit's are both mapped)."""
+    import contextlib
+    drained = []
+
+    class Runtime:
+        def __init__(self, path):
+            self.path = path
+
+        def cudaGetLastError(self):
+            drained.append(self.path)
+            return 0
+    monkeypatch.setattr(_device, "cudart_libraries", lambda: ["/a/libcudart.so.13",
+                                                              "/b/libcudart-1234abcd.so.12"])
+    monkeypatch.setattr(_device.ctypes, "CDLL", Runtime)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+
+    def install(cudart):
+        monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+        return _device.CudaBackend("cuda:0")
+    return install, drained
+
+
+def test_a_refused_registration_leaves_no_cuda_error_pending(fake_cudart):
+    """torch's binding returns the code and leaves the error pending in the
+    runtime (C10_CUDA_ERROR_HANDLED): a refusal, a range someone else
+    registered (712) and a failed unregistration each drain it in every
+    runtime loaded; a success calls nothing more."""
+    install, drained = fake_cudart
+    flags = _device.CUDA_HOST_REGISTER_READ_ONLY | _device.CUDA_HOST_REGISTER_PORTABLE
+    cudart = _Cudart()
+    backend = install(cudart)
+    assert backend.register(1 << 20, 1 << 16) is True
+    backend.unregister(1 << 20)
+    assert cudart.calls == [("register", 1 << 20, 1 << 16, flags), ("unregister", 1 << 20)]
+    assert drained == []
+    backend = install(_Cudart(register=801))
+    with pytest.raises(RegisterRefused, match=r"read-only\): operation not supported \(801\)"):
+        backend.register(1 << 20, 1 << 16)
+    assert drained == ["/a/libcudart.so.13", "/b/libcudart-1234abcd.so.12"]
+    drained.clear()
+    assert install(_Cudart(register=712)).register(1 << 20, 1 << 16) is False
+    assert len(drained) == 2
+    drained.clear()
+    with pytest.raises(RuntimeError, match=r"cudaHostUnregister: not registered \(713\)"):
+        install(_Cudart(unregister=713)).unregister(1 << 20)
+    assert len(drained) == 2
+    drained.clear()
+    with pytest.raises(RegisterRefused, match="cudaHostRegister: TypeError: no binding"):
+        install(_Cudart(raises=TypeError("no binding"))).register(1 << 20, 1 << 16)
+    assert len(drained) == 2

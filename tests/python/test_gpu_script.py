@@ -130,6 +130,28 @@ def test_speedups_over_plain():
     assert gpubench.speedups(_transformers_rows(True, "wcached", 5, 0.0)[3:]) == []
 
 
+def test_report_says_how_transformers_loaded(tmp_path, capsys):
+    """Without accelerate, from_pretrained(device_map=) is refused and the
+    loads run on the CPU, then .to(device): each transformers line says so
+    (the load time is then not device_map's, and WCACHE_HOST_REGISTER=1's
+    registrations are gone before the copies); with device_map nothing."""
+    import json
+    how = "on the CPU, then .to(device): device_map needs accelerate"
+    for said, want in ((how, f"  [{how}]"), ("device_map", "")):
+        rows = _transformers_rows(True, "wcached", 5, 0.0)
+        for r in rows:
+            if r["method"].startswith("transformers_"):
+                r["how"] = said
+        results = tmp_path / f"results-{len(want)}.jsonl"
+        results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        gpubench.cmd_report(argparse.Namespace(results=str(results), cpu=False))
+        lines = [x for x in capsys.readouterr().out.splitlines()
+                 if x.startswith("transformers, ") and " load " in x]
+        assert len(lines) == 3, lines
+        for line in lines:
+            assert line.endswith(want) and line.count("[") == (1 if want else 0), line
+
+
 def test_layout_leaves_tensors_misaligned():
     tensors = gpubench.layout(8 << 20)
     assert len(tensors) >= 8
@@ -454,15 +476,19 @@ def test_run_sh_keeps_to_its_budget(tmp_path):
     """A step that hangs is cut where the run's budget (RUN_BUDGET) would
     be spent, the steps after it are skipped, and the report still prints:
     the device call's own limit would otherwise kill the run before it
-    printed anything."""
+    printed anything. The hung step is the first one run.sh times (making
+    the model), so that the budget, which the test waits out, need only
+    cover one start of Python with torch before it (host-info)."""
     wrapper = tmp_path / "python"
-    wrapper.write_text(f"#!/bin/sh\ncase \"$*\" in *'--method pinned'*) exec sleep 1000 ;; esac\n"
+    wrapper.write_text(f"#!/bin/sh\ncase \"$*\" in *' gen '*) exec sleep 1000 ;; esac\n"
                        f"exec {sys.executable} \"$@\"\n")
     wrapper.chmod(0o755)
-    # 75 s: the steps before the hung one (four starts of Python with torch)
-    # fit in the first 60 even on a loaded machine; run.sh skips a step with
-    # less than 15 s left.
-    env = dict(os.environ, PYTHON=str(wrapper), STEP_TIMEOUT="240", RUN_BUDGET="75")
+    # 40 s: host-info (one start of Python with torch) fits in the first 25
+    # even on a loaded machine (run.sh skips a step with less than 15 s
+    # left); the stand-in transformers gives the steps after the hung one.
+    budget = 40
+    env = dict(os.environ, PYTHON=str(wrapper), STEP_TIMEOUT="240", MAKE_TIMEOUT="240",
+               RUN_BUDGET=str(budget), PYTHONPATH=standins(tmp_path / "standins"))
     t0 = time.monotonic()
     r = subprocess.run([os.path.join(REPO, "tests", "gpu", "run.sh"), "--cpu", "--gib", "0.01",
                         "--work", str(tmp_path / "work")], env=env, capture_output=True,
@@ -470,11 +496,13 @@ def test_run_sh_keeps_to_its_budget(tmp_path):
     took = time.monotonic() - t0
     out = r.stdout + r.stderr
     assert r.returncode == 1, out
-    assert "== pinned anonymous memory: TIMEOUT after" in r.stderr, out
-    assert "== wcache, new path: SKIPPED" in r.stderr, out
+    assert "== make the model: TIMEOUT after" in r.stderr, out
+    assert "== make a Llama model: SKIPPED" in r.stderr, out
+    assert "== transformers, plain: SKIPPED" in r.stderr, out
     assert "wcache device check, " in r.stdout and " s in all" in r.stdout, out  # the report
-    assert "FAILED step: pinned anonymous memory" in r.stdout, out
-    assert took < 75 + 20, (took, out)
+    assert "FAILED step: make the model" in r.stdout, out
+    assert "FAILED step: transformers, plain" in r.stdout, out
+    assert took < budget + 20, (took, out)
 
 
 def _unshare_mount():

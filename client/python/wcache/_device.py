@@ -69,7 +69,7 @@ from ._lib import env_choice
 from ._sharedview import NotMapped, Unavailable, file_mappings, shared_view
 
 __all__ = ["plan", "Plan", "Engine", "Backend", "CudaBackend", "CpuBackend", "RegisterRefused",
-           "copy_mode", "to_device", "tensor_to_device"]
+           "copy_mode", "to_device", "tensor_to_device", "cudart_libraries"]
 
 log = logging.getLogger("wcache")
 
@@ -248,18 +248,46 @@ def _host_tensor(addr, nbytes):
     return torch.from_numpy(array)
 
 
+def cudart_libraries(maps="/proc/self/maps"):
+    """The paths of the CUDA runtime libraries this process has loaded, in
+    the order /proc/self/maps lists them, each once: libcudart.so.N (pip's
+    nvidia-cuda-runtime, a CUDA toolkit) and libcudart-HASH.so.N (a torch
+    wheel that bundles its own, renamed), without the " (deleted)" that
+    marks a file removed since it was loaded (dlopen of the name finds the
+    library already loaded, not the file)."""
+    paths = []
+    with open(maps, "rb") as f:
+        for line in f:
+            parts = line.rstrip(b"\n").split(None, 5)
+            if len(parts) < 6 or not parts[5].startswith(b"/"):
+                continue
+            path = parts[5]
+            if path.endswith(b" (deleted)"):
+                path = path[:-len(b" (deleted)")]
+            base = path.rsplit(b"/", 1)[-1]
+            if base.startswith(b"libcudart") and b".so" in base and path not in paths:
+                paths.append(path)
+    return [os.fsdecode(p) for p in paths]
+
+
 def _clear_last_error():
-    """Resets the CUDA runtime's last error after a refused registration,
-    so that torch's next launch check does not report it. torch exposes no
-    cudaGetLastError: the runtime library this process already loaded
-    (found in /proc/self/maps) is called through ctypes. Best effort."""
+    """Resets the CUDA runtime's last error after a failed call (a refused
+    registration): torch's binding returns the code and leaves the error
+    pending on this thread (C10_CUDA_ERROR_HANDLED), and the next kernel
+    launch check in this thread (C10_CUDA_KERNEL_LAUNCH_CHECK calls
+    cudaGetLastError) would raise it against an unrelated call. torch
+    exposes no cudaGetLastError, so every runtime this process loaded
+    (cudart_libraries(); the last error is per runtime instance and per
+    thread) is called through ctypes, in this thread. Best effort."""
     try:
-        with open("/proc/self/maps") as f:
-            paths = {line.split()[-1] for line in f if "libcudart.so" in line}
-        for path in paths:
+        paths = cudart_libraries()
+    except OSError:
+        return
+    for path in paths:
+        try:
             ctypes.CDLL(path).cudaGetLastError()
-    except (OSError, AttributeError, IndexError):
-        pass
+        except (OSError, AttributeError):
+            pass
 
 
 class CudaBackend(Backend):
@@ -319,6 +347,12 @@ class CudaBackend(Backend):
         return s
 
     def copy(self, buffer, offset, src_addr, nbytes, stream):
+        """One cudaMemcpyAsync on stream: torch's copy_ with non_blocking
+        issues it for any CPU source without asking whether it is pinned
+        (aten/src/ATen/native/cuda/Copy.cu; only a graph capture checks
+        is_pinned()), and the driver makes it a DMA that returns at once
+        when the source is registered or pinned (the registered view, a
+        staging buffer), a staged copy when it is pageable."""
         src = _host_tensor(src_addr, nbytes)
         with self.torch.cuda.stream(stream):
             buffer[offset:offset + nbytes].copy_(src, non_blocking=True)
