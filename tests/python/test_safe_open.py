@@ -85,47 +85,22 @@ def test_close_from_two_threads_at_once(st_file, no_daemon):
     finally in another) both return, and the handle is closed: for each
     line of close() in turn, another thread's whole close() runs just
     before that line (a line trace makes the interleaving, so every one is
-    tried, every run). Before, the one in the middle of close() could find
+    tried, every run; other_thread_before, which sees the other thread
+    blocked on a lock this one holds within about 10 ms). Before, the one
+    in the middle of close() could find
     the attribute it had just checked cleared (AttributeError on None)."""
-    import sys
-    import threading
     path, _, _, _ = st_file
-    code = wcache.safe_open.close.__code__
     k = 0
     while True:
         f = wcache.safe_open(path, framework="np")
         f.get_tensors()  # the handle's runs exist: close() has them to close
-        errors, other, line = [], [], 0
-
-        def close_other():
-            try:
-                f.close()
-            except BaseException as e:
-                errors.append(e)
-
-        def each_line(frame, event, arg):
-            nonlocal line
-            if event == "line":
-                if line == k:
-                    t = threading.Thread(target=close_other)
-                    t.start()
-                    t.join(0.5)  # it may wait on a lock this thread holds
-                    other.append(t)
-                line += 1
-            return each_line
-        sys.settrace(lambda frame, event, arg: each_line if frame.f_code is code else None)
-        try:
-            f.close()
-        except BaseException as e:
-            errors.append(e)
-        finally:
-            sys.settrace(None)
-        for t in other:
-            t.join()
-        assert not errors, f"the other close() before line {k} of close(): {errors!r}"
+        errors, other_errors, ran = other_thread_before(
+            wcache.safe_open.close.__code__, k, f.close, f.close)
+        assert not errors and not other_errors, \
+            f"the other close() before line {k} of close(): {errors + other_errors!r}"
         with pytest.raises(ValueError, match="closed"):
             f.get_tensor("ids")
-        if not other:
+        if not ran:
             break  # k is past close()'s last line: every interleaving was tried
         k += 1
     assert k > 5
