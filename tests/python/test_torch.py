@@ -157,25 +157,35 @@ def test_convert_failure_leaves_nothing(tmp_path):
     assert out.read_bytes() == b"old"
 
 
-def test_convert_names_a_file_that_is_no_checkpoint(tmp_path):
+def test_convert_names_a_file_that_is_no_checkpoint(tmp_path, capsys):
     """Text, an empty or truncated file, a safetensors file: one line that
-    names the file and the reason, not a traceback from torch's unpickler."""
+    names the file and the reason, not a traceback from torch's unpickler.
+    The first through the command (a fresh python3 -m wcache.convert), the
+    others through the same main() in this process, where an exception
+    would fail the test as a traceback would (each fresh python imports
+    torch: a second or more)."""
     import wcache.torch as wcache_torch
+    from wcache.convert import main
     good = tmp_path / "good.pt"
     torch.save({"w": torch.zeros(4)}, good)
     cases = {"notes.txt": b"hello\n", "empty.pt": b"",
              "cut.pt": good.read_bytes()[:40],
              "model.safetensors": wcache_torch.save({"w": torch.zeros(2)})}
+    out = tmp_path / "out.safetensors"
     for name, data in cases.items():
         src = tmp_path / name
         src.write_bytes(data)
-        r = subprocess.run([sys.executable, "-m", "wcache.convert", str(src),
-                            str(tmp_path / "out.safetensors")], capture_output=True, text=True,
-                           env=dict(os.environ, PYTHONPATH=PYDIR), timeout=120)
-        assert r.returncode == 1, (name, r.stderr)
-        assert "Traceback" not in r.stderr, (name, r.stderr)
-        assert str(src) in r.stderr and "not a PyTorch checkpoint" in r.stderr, (name, r.stderr)
-        assert not (tmp_path / "out.safetensors").exists()
+        if name == "notes.txt":
+            r = subprocess.run([sys.executable, "-m", "wcache.convert", str(src), str(out)],
+                               capture_output=True, text=True,
+                               env=dict(os.environ, PYTHONPATH=PYDIR), timeout=120)
+            status, err = r.returncode, r.stderr
+        else:
+            status, err = main([str(src), str(out)]), capsys.readouterr().err
+        assert status == 1, (name, err)
+        assert "Traceback" not in err, (name, err)
+        assert str(src) in err and "not a PyTorch checkpoint" in err, (name, err)
+        assert not out.exists()
 
 
 def test_state_dict_into_module(tmp_path, no_daemon):
