@@ -810,3 +810,49 @@ def test_a_refused_registration_leaves_no_cuda_error_pending(fake_cudart):
     with pytest.raises(RegisterRefused, match="cudaHostRegister: TypeError: no binding"):
         install(_Cudart(raises=TypeError("no binding"))).register(1 << 20, 1 << 16)
     assert len(drained) == 2
+
+
+def test_a_file_stat_names_differently_gets_its_view(odd_model, monkeypatch):
+    """fstat(2) can name the mapped file by another device than
+    /proc/self/maps does (overlayfs before Linux 6.8, e.g. a container's
+    /tmp; btrfs subvolumes): the view's own line in /proc/self/maps then
+    decides. The same file is registered; where that line names another
+    file, the view is unmapped and the load staged, saying why."""
+    from wcache import _sharedview
+    path, raw = odd_model
+    model = wcache.open_file(path)
+    real_fstat = os.fstat
+
+    def fstat(fd):
+        st = real_fstat(fd)
+        if os.readlink(f"/proc/self/fd/{fd}") != os.path.realpath(path):
+            return st
+        fields = list(st[:10])
+        fields[2] = os.makedev(os.major(st.st_dev) + 100, os.minor(st.st_dev))  # st_dev
+        return os.stat_result(fields)
+    monkeypatch.setattr(_sharedview.os, "fstat", fstat)
+    backend = CpuBackend(pins_long_term=True)
+    seen = []
+    real_register = backend.register
+
+    def register(addr, n):
+        seen.append(_maps_perms(addr))
+        return real_register(addr, n)
+    backend.register = register
+    out = to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
+                    backend=backend, mode="register", small=0, max_batch=4096)
+    _check_exact(out, raw)
+    assert _device.last_load[0].path == "register"
+    assert seen and all(perms == "r--s" and os.path.samefile(where, path)
+                        for perms, where in seen), seen
+    monkeypatch.setattr(_sharedview, "mapped_identity", lambda addr: ((0, 0), 0))
+    out = to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
+                    backend=CpuBackend(pins_long_term=True), mode="auto", small=0,
+                    max_batch=4096)
+    _check_exact(out, raw)
+    engine = _device.last_load[0]
+    assert engine.path == "staging" and "no longer the mapped file" in engine.why, engine.why
+    with open("/proc/self/maps") as f:
+        views = [line for line in f if " r--s " in line and line.rstrip().endswith(
+            os.path.realpath(path))]
+    assert views == [], "a refused view is unmapped"

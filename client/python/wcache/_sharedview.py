@@ -14,7 +14,13 @@ cache pages that every worker shares.
 So the copy engine (_device.py) registers such a mapping of the same file
 instead: the file behind a range is found in /proc/self/maps, opened
 read-only through its path, checked to be the same inode (device and inode
-number), and mapped shared over the same file offsets. Where that cannot be
+number), and mapped shared over the same file offsets. /proc/self/maps and
+fstat(2) can name one file differently: overlayfs before Linux 6.8 shows
+the underlying (upper or lower) inode in maps and the overlay's st_dev in
+stat (a container's /tmp), btrfs the superblock's device in maps and the
+subvolume's in stat. Where fstat disagrees, the view's own line in
+/proc/self/maps decides: the kernel names both mappings the same way, and
+the same (device, inode) there is the same file. Where that cannot be
 done (the worker may not open the path: a file only the daemon can read; it
 was renamed over; the range is not one file's), :class:`Unavailable` says
 why, and the engine stages through pinned buffers instead, which keeps the
@@ -26,7 +32,7 @@ import mmap
 import os
 
 __all__ = ["Unavailable", "NotMapped", "SharedView", "shared_view", "file_mappings",
-           "open_mapped_file"]
+           "open_mapped_file", "mapped_identity"]
 
 _PROT_READ = 0x1
 _MAP_SHARED = 0x01
@@ -102,7 +108,7 @@ def shared_view(lo, hi, entries=None):
     start, _end, offset, dev, ino, path, shared = entries[i]
     if shared:
         return SharedView(lo, hi, lo, False)
-    fd, st = open_mapped_file(path, dev, ino)
+    fd, st, same = _open_mapped(path, dev, ino)
     try:
         name = os.fsdecode(path)
         file_off = offset + (lo - start)
@@ -112,15 +118,32 @@ def shared_view(lo, hi, entries=None):
         if addr is None or addr == _MAP_FAILED:
             e = ctypes.get_errno()
             raise Unavailable(f"{name}: shared mmap: {os.strerror(e)}")
-        return SharedView(lo, hi, addr, True)
+        view = SharedView(lo, hi, addr, True)
+        if not same and mapped_identity(addr) != (dev, ino):
+            view.close()
+            raise Unavailable(f"{name} is no longer the mapped file (renamed over)")
+        return view
     finally:
         os.close(fd)
 
 
-def open_mapped_file(path, dev, ino):
-    """(fd, stat) of the file a /proc/self/maps entry names (path, dev as
-    (major, minor), inode), opened read-only through its path and checked
-    to be that inode; Unavailable saying why not. The caller closes fd."""
+def mapped_identity(addr):
+    """((major, minor), inode) of the file mapping at addr as
+    /proc/self/maps names it (read now), or None where none is."""
+    entries = file_mappings()
+    i = bisect.bisect_right([e[0] for e in entries], addr) - 1
+    if i < 0 or not entries[i][0] <= addr < entries[i][1]:
+        return None
+    return entries[i][3], entries[i][4]
+
+
+def _open_mapped(path, dev, ino):
+    """(fd, stat, same) of the file a /proc/self/maps entry names (path,
+    dev as (major, minor), inode), opened read-only through its path; same:
+    whether fstat names it (dev, ino) too (see the module comment for where
+    it does not though it is the same file). Unavailable where the entry
+    says the file was deleted or renamed over, or the path cannot be
+    opened. The caller closes fd."""
     name = os.fsdecode(path)
     if path.endswith(b" (deleted)"):
         raise Unavailable(f"{name}: the mapped file was deleted or renamed over")
@@ -129,7 +152,18 @@ def open_mapped_file(path, dev, ino):
     except OSError as e:
         raise Unavailable(f"cannot open {name}: {e.strerror}") from None
     st = os.fstat(fd)
-    if (os.major(st.st_dev), os.minor(st.st_dev)) != dev or st.st_ino != ino:
+    return fd, st, (os.major(st.st_dev), os.minor(st.st_dev)) == dev and st.st_ino == ino
+
+
+def open_mapped_file(path, dev, ino):
+    """(fd, stat) of the file a /proc/self/maps entry names (path, dev as
+    (major, minor), inode), opened read-only through its path and checked
+    by fstat to be that inode; Unavailable saying why not. The caller
+    closes fd. Stricter than shared_view, which maps the file before it
+    decides (see the module comment): on overlayfs before Linux 6.8 and on
+    btrfs this refuses the very file."""
+    fd, st, same = _open_mapped(path, dev, ino)
+    if not same:
         os.close(fd)
-        raise Unavailable(f"{name} is no longer the mapped file (renamed over)")
+        raise Unavailable(f"{os.fsdecode(path)} is no longer the mapped file (renamed over)")
     return fd, st
