@@ -106,47 +106,82 @@ def test_mapping_released_without_views(f32_model):
     assert file_mappings(path) == 0
 
 
+# Writes through torch tensors of argv[1] in each mode of argv[2:], each in
+# a child forked for it (a fresh process with torch already imported, which
+# takes a second or more in a new interpreter): "MODE STATUS" per mode,
+# STATUS the child's exit status (0: every check passed; -11: SIGSEGV).
 TORCH_WRITES = textwrap.dedent("""
-    import os, sys, torch, numpy as np, wcache
-    path = sys.argv[1]
-    before = open(path, "rb").read()
-    for table in (False, True):
-        m = wcache.open_file(path)
-        if table:
-            m.keys()               # views become slices of one array
-        t = m.torch("a.weight")
-        orig = t.clone()
-        t.add_(1)                  # in-place ops
-        t[0, 0] = 100
-        t.copy_(t * 2)
-        torch.nn.init.zeros_(m.torch("b.bias"))
-        torch.add(t, 1, out=t)
-        assert open(path, "rb").read() == before, "the file changed"
-        other = wcache.open_file(path)  # another mapping of the file sees no change
-        assert torch.equal(other.torch("a.weight"), orig)
-        assert np.array_equal(other.numpy("a.weight"), orig.numpy())
-        c = orig.clone(); c.add_(1)    # clone is independent
-        assert torch.equal(other.torch("a.weight"), orig)
-    print("ok", flush=True)
+    import os, sys, traceback, warnings, torch, numpy as np, wcache
+
+    def writes(path):
+        before = open(path, "rb").read()
+        for table in (False, True):
+            m = wcache.open_file(path)
+            if table:
+                m.keys()               # views become slices of one array
+            t = m.torch("a.weight")
+            orig = t.clone()
+            t.add_(1)                  # in-place ops
+            t[0, 0] = 100
+            t.copy_(t * 2)
+            torch.nn.init.zeros_(m.torch("b.bias"))
+            torch.add(t, 1, out=t)
+            assert open(path, "rb").read() == before, "the file changed"
+            other = wcache.open_file(path)  # another mapping of the file sees no change
+            assert torch.equal(other.torch("a.weight"), orig)
+            assert np.array_equal(other.numpy("a.weight"), orig.numpy())
+            c = orig.clone(); c.add_(1)    # clone is independent
+            assert torch.equal(other.torch("a.weight"), orig)
+
+    for mode in sys.argv[2:]:
+        pid = os.fork()
+        if pid == 0:
+            status = 1
+            try:
+                os.environ["WCACHE_TORCH_COW"] = mode
+                warnings.simplefilter("ignore" if mode == "copy" else "error", RuntimeWarning)
+                writes(sys.argv[1])
+                status = 0
+            except BaseException:
+                print(f"{mode}:", file=sys.stderr)
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(status)
+        print(mode, os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
 """)
+_TORCH_MODES = ["auto", "remap", "copy", "c"]
 
 
-@pytest.mark.parametrize("mode", ["auto", "remap", "copy", "c"])
-def test_torch_writes_never_reach_the_file(f32_model, mode):
+@pytest.fixture(scope="module")
+def torch_writes(tmp_path_factory):
+    """({mode: exit status}, stderr) of TORCH_WRITES over every mode, run
+    once for the module's tests (they only read the model)."""
+    path = tmp_path_factory.mktemp("writes") / "f32.safetensors"
+    write_safetensors(path, [("b.bias", "I64", (3,), np.array([1, -2, 3], "<i8").tobytes()),
+                             ("a.weight", "F32", (3, 4), np.arange(12, dtype="<f4").tobytes())],
+                      metadata={"format": "pt", "note": "héllo"})  # f32_model's file
+    env = dict(os.environ, PYTHONPATH=PYDIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("WCACHE_TORCH_COW", None)
+    r = subprocess.run([sys.executable, "-c", TORCH_WRITES, str(path)] + _TORCH_MODES,
+                       env=env, capture_output=True, text=True, timeout=300)
+    status = dict(line.split() for line in r.stdout.splitlines())
+    return {m: int(status[m]) if m in status else r.returncode for m in _TORCH_MODES}, \
+        f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+
+
+@pytest.mark.parametrize("mode", _TORCH_MODES)
+def test_torch_writes_never_reach_the_file(torch_writes, mode):
     """torch has no read-only tensors: writes must neither crash the process
     (the mapping is PROT_READ) nor reach the file or other mappings. Run in
-    a subprocess so a regression shows as a failure, not a dead pytest."""
+    a process of its own (forked for each mode from one interpreter that
+    imported torch), so a regression shows as a failure, not a dead pytest."""
     import wcache._lib as L
     if mode == "c" and getattr(L.lib(), "wc_model_cow", None) is None:
         pytest.skip("libwcache has no wc_model_cow()")
-    path, _ = f32_model
-    env = dict(os.environ, WCACHE_TORCH_COW=mode,
-               PYTHONPATH=PYDIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, "-W", "error::RuntimeWarning" if mode != "copy"
-                        else "ignore", "-c", TORCH_WRITES, path],
-                       env=env, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
-    assert r.stdout.strip() == "ok"
+    status, output = torch_writes
+    assert status[mode] == 0, f"{mode}: exit status {status[mode]}\n{output}"
 
 
 @pytest.mark.parametrize("mode", ["auto", "remap"])
