@@ -165,6 +165,34 @@ def cmd_room(a):
     return 0
 
 
+PACKAGES = (("numpy", "numpy"), ("safetensors", "safetensors"),
+            ("transformers", "transformers"), ("accelerate", "accelerate"),
+            ("cuda-bindings", "cuda.bindings"))
+
+
+def package_versions(packages=PACKAGES):
+    """"name version, ..." of the packages the check's steps depend on
+    (from their metadata; a package without any, as Debian's may be, is
+    "importable" or "absent"), nothing imported: without accelerate,
+    transformers refuses device_map= and the loads run on the CPU, then
+    .to(device)."""
+    import importlib.util
+    from importlib import metadata
+    out = []
+    for name, module in packages:
+        try:
+            out.append(f"{name} {metadata.version(name)}")
+            continue
+        except metadata.PackageNotFoundError:
+            pass
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        out.append(f"{name} {'importable' if found else 'absent'}")
+    return ", ".join(out)
+
+
 def cmd_host_info(a):
     """The interpreter, torch, the device, and whether it supports
     read-only host registration (the registered path needs it)."""
@@ -174,8 +202,10 @@ def cmd_host_info(a):
         cuda = torch.cuda.is_available()
     except Exception:
         pass
-    print("python", sys.version.split()[0], "torch", torch.__version__, "cuda",
-          cuda and torch.cuda.get_device_name(0), file=sys.stderr)
+    print("python", sys.version.split()[0], "torch", torch.__version__, "(CUDA runtime",
+          f"{torch.version.cuda})", "cuda", cuda and torch.cuda.get_device_name(0),
+          file=sys.stderr)
+    print("packages:", package_versions(), file=sys.stderr)
     if cuda:
         try:
             torch.empty(1, device="cuda:0")  # a context, so libcudart is loaded and answers

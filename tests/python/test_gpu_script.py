@@ -152,6 +152,15 @@ def test_report_says_how_transformers_loaded(tmp_path, capsys):
             assert line.endswith(want) and line.count("[") == (1 if want else 0), line
 
 
+def test_package_versions_say_what_is_there():
+    """The header names each package's version, or says a package without
+    metadata (Debian's, or wcache from the tree) is importable, or absent."""
+    got = gpubench.package_versions((("pytest", "pytest"), ("no-such-dist-x", "wcache"),
+                                     ("no-such-dist-y", "no_such_module_y")))
+    assert got == f"pytest {pytest.__version__}, no-such-dist-x importable, " \
+        f"no-such-dist-y absent", got
+
+
 def test_layout_leaves_tensors_misaligned():
     tensors = gpubench.layout(8 << 20)
     assert len(tensors) >= 8
@@ -393,7 +402,8 @@ def test_run_sh_cpu_mode(tmp_path):
     assert after.startswith("    view ") and ", register " in after and ", copy " in after and \
         ", unregister " in after and "; why: cpu: source registered read-only" in after, after
     # the header names the host
-    for said in ("host: kernel ", "work directory ", "read-only host registration "
+    for said in ("host: kernel ", "work directory ", "packages: numpy ", "accelerate ",
+                 "read-only host registration "
                  "(cudaDevAttrHostRegisterReadOnlySupported): unknown", "nvidia-smi: "):
         assert said in r.stderr, (said, r.stderr)
     # transformers' loading code is imported before the load is timed
