@@ -208,3 +208,50 @@ def other_thread_before(code, k, first, other, opcodes=False, join=0.5):
     for t in started:
         t.join()
     return errors, other_errors, bool(started)
+
+
+# The end of run_forked's script: fork_each runs check(*args) of each case
+# in a child of its own and says how each ended on lines of its own.
+_FORK_EACH = '''
+def fork_each(check, cases):
+    import os, sys, traceback
+    for name, args in cases:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            status = 1
+            try:
+                result = check(*args)
+                print(f"fork_each: {name} result {result}", flush=True)
+                status = 0
+            except BaseException:
+                print(f"{name}:", file=sys.stderr)
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(status)
+        status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        print(f"fork_each: {name} exit {status}", flush=True)
+'''
+
+
+def run_forked(script, cases, env=None, timeout=300):
+    """Runs script in one fresh python (as run_python), where it imports
+    what the cases need and defines check(*args), then check(*args) for
+    each (name, args) of cases in a child forked for it: each case in a
+    process of its own (a crash is that case's exit status, -11 for
+    SIGSEGV), without each paying for a new interpreter and its imports
+    (torch: a second or more). Returns ({name: (exit status, str of what
+    check returned, or None)}, the script's output); a case that never
+    ran is missing."""
+    r = run_python(script + _FORK_EACH + f"\nfork_each(check, {list(cases)!r})\n", env=env,
+                   timeout=timeout)
+    results = {}
+    for line in r.stdout.splitlines():
+        if line.startswith("fork_each: "):
+            name, what, value = line[len("fork_each: "):].split(" ", 2)
+            status, result = results.get(name, (None, None))
+            results[name] = (int(value), result) if what == "exit" else (status, value)
+    return results, f"exit status {r.returncode}\n{r.stdout}\n{r.stderr}"

@@ -2,8 +2,6 @@
 writes that must fail (numpy) or stay private (torch)."""
 import gc
 import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -12,7 +10,7 @@ import torch
 
 import wcache
 from wcache._lib import MissingTensor
-from pyhelpers import PYDIR, file_mappings, other_thread_before, write_safetensors
+from pyhelpers import file_mappings, other_thread_before, run_forked, write_safetensors
 
 
 @pytest.fixture
@@ -106,14 +104,14 @@ def test_mapping_released_without_views(f32_model):
     assert file_mappings(path) == 0
 
 
-# Writes through torch tensors of argv[1] in each mode of argv[2:], each in
-# a child forked for it (a fresh process with torch already imported, which
-# takes a second or more in a new interpreter): "MODE STATUS" per mode,
-# STATUS the child's exit status (0: every check passed; -11: SIGSEGV).
+# check(path, mode) writes through torch tensors of the model at path with
+# WCACHE_TORCH_COW=mode (a RuntimeWarning an error, but in copy mode).
 TORCH_WRITES = textwrap.dedent("""
-    import os, sys, traceback, warnings, torch, numpy as np, wcache
+    import os, warnings, torch, numpy as np, wcache
 
-    def writes(path):
+    def check(path, mode):
+        os.environ["WCACHE_TORCH_COW"] = mode
+        warnings.simplefilter("ignore" if mode == "copy" else "error", RuntimeWarning)
         before = open(path, "rb").read()
         for table in (False, True):
             m = wcache.open_file(path)
@@ -132,56 +130,34 @@ TORCH_WRITES = textwrap.dedent("""
             assert np.array_equal(other.numpy("a.weight"), orig.numpy())
             c = orig.clone(); c.add_(1)    # clone is independent
             assert torch.equal(other.torch("a.weight"), orig)
-
-    for mode in sys.argv[2:]:
-        pid = os.fork()
-        if pid == 0:
-            status = 1
-            try:
-                os.environ["WCACHE_TORCH_COW"] = mode
-                warnings.simplefilter("ignore" if mode == "copy" else "error", RuntimeWarning)
-                writes(sys.argv[1])
-                status = 0
-            except BaseException:
-                print(f"{mode}:", file=sys.stderr)
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(status)
-        print(mode, os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
 """)
 _TORCH_MODES = ["auto", "remap", "copy", "c"]
 
 
 @pytest.fixture(scope="module")
 def torch_writes(tmp_path_factory):
-    """({mode: exit status}, stderr) of TORCH_WRITES over every mode, run
+    """run_forked's results and output of TORCH_WRITES in every mode, run
     once for the module's tests (they only read the model)."""
-    path = tmp_path_factory.mktemp("writes") / "f32.safetensors"
+    path = str(tmp_path_factory.mktemp("writes") / "f32.safetensors")
     write_safetensors(path, [("b.bias", "I64", (3,), np.array([1, -2, 3], "<i8").tobytes()),
                              ("a.weight", "F32", (3, 4), np.arange(12, dtype="<f4").tobytes())],
                       metadata={"format": "pt", "note": "héllo"})  # f32_model's file
-    env = dict(os.environ, PYTHONPATH=PYDIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.pop("WCACHE_TORCH_COW", None)
-    r = subprocess.run([sys.executable, "-c", TORCH_WRITES, str(path)] + _TORCH_MODES,
-                       env=env, capture_output=True, text=True, timeout=300)
-    status = dict(line.split() for line in r.stdout.splitlines())
-    return {m: int(status[m]) if m in status else r.returncode for m in _TORCH_MODES}, \
-        f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    return run_forked(TORCH_WRITES, [(mode, (path, mode)) for mode in _TORCH_MODES],
+                      env={"WCACHE_TORCH_COW": None})
 
 
 @pytest.mark.parametrize("mode", _TORCH_MODES)
 def test_torch_writes_never_reach_the_file(torch_writes, mode):
     """torch has no read-only tensors: writes must neither crash the process
     (the mapping is PROT_READ) nor reach the file or other mappings. Run in
-    a process of its own (forked for each mode from one interpreter that
-    imported torch), so a regression shows as a failure, not a dead pytest."""
+    a process of its own (pyhelpers.run_forked), so a regression shows as a
+    failure, not a dead pytest."""
     import wcache._lib as L
     if mode == "c" and getattr(L.lib(), "wc_model_cow", None) is None:
         pytest.skip("libwcache has no wc_model_cow()")
-    status, output = torch_writes
-    assert status[mode] == 0, f"{mode}: exit status {status[mode]}\n{output}"
+    results, output = torch_writes
+    status = results.get(mode, (None, None))[0]
+    assert status == 0, f"{mode}: exit status {status}\n{output}"
 
 
 @pytest.mark.parametrize("mode", ["auto", "remap"])
