@@ -2,24 +2,19 @@
 only: torch.save, copy.deepcopy and share_memory_ read a tensor's whole
 storage, and one storage over a sharded model's files took in the unmapped
 gaps the kernel leaves between their mappings (SIGSEGV). Each check runs in
-a fresh interpreter, so a crash fails the test instead of killing pytest.
+a process of its own, so a crash fails the test instead of killing pytest
+(pyhelpers.run_forked: one interpreter imports torch, a child is forked for
+each check).
 
 The models are written byte by byte here (pyhelpers.write_safetensors) and
 the expected values are numpy arrays of the files' bytes: what upstream's
 safetensors gives."""
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-import wcache
-from pyhelpers import write_safetensors
-
-# The package under test (the interpreters started here import the same one).
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(wcache.__file__)))
+from pyhelpers import run_forked, write_safetensors
 
 _BIG = 1 << 20  # float32 elements: each shard holds 4 MiB, so the kernel aligns its mapping
 
@@ -68,16 +63,14 @@ def single_model(directory):
     return str(path), _write(path, tensors)
 
 
-# Runs in a fresh interpreter: argv[1] the model, argv[2] the expected
-# layout (JSON). Prints OK when every check passed.
+# check(model, expected layout JSON, WCACHE_TORCH_COW) runs every check on
+# the model and returns how many storages its state dict's tensors view.
 _CHECK = r'''
-import copy, io, json, sys
+import copy, io, json, os
 import numpy as np
 import torch
 import wcache
 from wcache.torch import load_file
-
-target, expect = sys.argv[1], json.load(open(sys.argv[2]))
 
 def expected(name):
     path, off, dtype, shape = expect[name]
@@ -124,7 +117,7 @@ def round_trip(obj):
     buf.seek(0)
     return torch.load(buf)
 
-def check(sd, how):
+def check_state_dict(sd, how):
     assert sorted(sd) == sorted(expect), how
     for name, t in sd.items():
         same(t, name)
@@ -137,56 +130,79 @@ def check(sd, how):
         same(t, name)
     return storages_mapped(sd)
 
-count = check(load_file(target), "load_file")
-with wcache.safe_open(target, framework="pt") as f:
-    names = f.keys()
-    check({n: f.get_tensor(n) for n in names}, "get_tensor")
-    check(f.get_tensors(), "get_tensors")
-    # Copy-on-write: a tensor written here saves what was written; the
-    # file and a new handle keep the original.
-    w = f.get_tensor(names[1])
-    w.add_(1)
-    same(round_trip(w), names[1], plus=1)
-    same(copy.deepcopy(w), names[1], plus=1)
-    m = f.get_tensor(names[-1])
-    m.share_memory_()  # moves its whole storage to shared memory
-    same(m, names[-1])
-with wcache.safe_open(target, framework="pt") as f:
-    same(f.get_tensor(names[1]), names[1])
-print("OK", count)
+def check(target, layout, mode):
+    global expect
+    os.environ["WCACHE_TORCH_COW"] = mode
+    with open(layout) as f:
+        expect = json.load(f)
+    count = check_state_dict(load_file(target), "load_file")
+    with wcache.safe_open(target, framework="pt") as f:
+        names = f.keys()
+        check_state_dict({n: f.get_tensor(n) for n in names}, "get_tensor")
+        check_state_dict(f.get_tensors(), "get_tensors")
+        # Copy-on-write: a tensor written here saves what was written; the
+        # file and a new handle keep the original.
+        w = f.get_tensor(names[1])
+        w.add_(1)
+        same(round_trip(w), names[1], plus=1)
+        same(copy.deepcopy(w), names[1], plus=1)
+        m = f.get_tensor(names[-1])
+        m.share_memory_()  # moves its whole storage to shared memory
+        same(m, names[-1])
+    with wcache.safe_open(target, framework="pt") as f:
+        same(f.get_tensor(names[1]), names[1])
+    return count
 '''
+_MODES = ["auto", "remap", "copy"]
 
 
-def _run_check(tmp_path, target, expect, mode):
-    layout = tmp_path / "expect.json"
-    layout.write_text(json.dumps(expect))
-    env = dict(os.environ, WCACHE_TORCH_COW=mode,
-               PYTHONPATH=_PACKAGE_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, "-c", _CHECK, target, str(layout)], env=env,
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0 and p.stdout.startswith("OK"), \
-        f"exit status {p.returncode} (-11 is SIGSEGV)\n{p.stdout}\n{p.stderr}"
-    return int(p.stdout.split()[1])
+@pytest.fixture(scope="module")
+def checked(tmp_path_factory):
+    """_CHECK over the 4-shard model in every mode and over the single file
+    in "auto", run once for the module's tests (the checks write only to
+    private copy-on-write memory: the files stay as written). Returns
+    (run_forked's results, its output, {check: its model's tensor count})."""
+    top = tmp_path_factory.mktemp("storage")
+    (top / "sharded").mkdir()
+    (top / "single").mkdir()
+    sharded = sharded_model(top / "sharded")
+    models = {f"sharded-{mode}": sharded + (mode,) for mode in _MODES}
+    models["single"] = single_model(top / "single") + ("auto",)
+    cases = []
+    for name, (target, expect, mode) in models.items():
+        layout = top / f"{name}.json"
+        layout.write_text(json.dumps(expect))
+        cases.append((name, (target, str(layout), mode)))
+    results, output = run_forked(_CHECK, cases, env={"WCACHE_SOCKET": str(top / "nobody.sock"),
+                                                     "WCACHE_TORCH_COW": None})
+    return results, output, {name: len(m[1]) for name, m in models.items()}
 
 
-@pytest.mark.parametrize("mode", ["auto", "remap", "copy"])
-def test_sharded_model_save_and_deepcopy(tmp_path, no_daemon, mode):
+def _storages(checked, name):
+    """How many storages check name counted; fails unless it passed."""
+    results, output, _ = checked
+    status, count = results.get(name, (None, None))
+    assert status == 0, f"{name}: exit status {status} (-11 is SIGSEGV)\n{output}"
+    return int(count)
+
+
+@pytest.mark.parametrize("mode", _MODES)
+def test_sharded_model_save_and_deepcopy(checked, mode):
     """A 4-shard model through load_file and safe_open: torch.save of one
     tensor and of the state dict, copy.deepcopy and share_memory_ work and
     give the file's values, in every WCACHE_TORCH_COW mode; the views of
     "auto" share no storage across the shards' mappings."""
-    target, expect = sharded_model(tmp_path)
-    storages = _run_check(tmp_path, target, expect, mode)
+    storages = _storages(checked, f"sharded-{mode}")
     if mode == "auto":
         assert storages >= 4  # at least one per dtype; storages_mapped: none spans a gap
 
 
-def test_single_file_save_and_deepcopy(tmp_path, no_daemon):
+def test_single_file_save_and_deepcopy(checked):
     """The same checks on one file (4 dtypes; half its tensors off their
     element alignment, so each has a storage of its own)."""
-    target, expect = single_model(tmp_path)
-    storages = _run_check(tmp_path, target, expect, "auto")
-    assert 4 <= storages < len(expect)  # a storage per dtype, shared by the aligned tensors
+    storages = _storages(checked, "single")
+    # a storage per dtype, shared by the aligned tensors
+    assert 4 <= storages < checked[2]["single"]
 
 
 def test_parts_cut_at_page_gaps_and_dtypes():
