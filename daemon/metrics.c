@@ -416,6 +416,17 @@ write_memory_json(FILE *f, const struct registry *reg, const struct memlimit *me
 		reg->derived_bytes, mem->limit == 0 || models <= mem->limit ? "true" : "false");
 }
 
+/* The watch label of wcached_model_info: how m's updates are seen now.
+ * "inotify", "inotify+poll" when its paths are polled too, and "poll" once
+ * the inotify descriptor failed for good (watch.c): then polling is all. */
+static const char *
+watch_label(const struct registry *reg, const struct model_entry *m)
+{
+	if (reg->inotify_failed)
+		return "poll";
+	return registry_polls(reg, m) ? "inotify+poll" : "inotify";
+}
+
 void
 metrics_write(FILE *f, const struct registry *reg, const struct metrics_daemon *d)
 {
@@ -547,7 +558,7 @@ metrics_write(FILE *f, const struct registry *reg, const struct metrics_daemon *
 		metrics_label_value(f, m->current != NULL ? m->current->fs.name : "");
 		fprintf(f, "\",remote=\"%s\",watch=\"%s\"} 1\n",
 			m->current != NULL && m->current->fs.remote ? "true" : "false",
-			registry_polls(m) ? "inotify+poll" : "inotify");
+			watch_label(reg, m));
 	}
 	family(f, "wcached_model_state", "gauge",
 		"1 for the model's state (as in wcachectl status), 0 for the others.");
@@ -684,7 +695,7 @@ write_model(FILE *f, const struct registry *reg, const struct model_entry *m,
 	json_write_field(f, "watch", fs_watch_name(m->watch));
 	fprintf(f, ",\"polled\":%s,\"poll_interval_ms\":%u,\"polls\":%" PRIu64
 		   ",\"poll_seconds\":%.6f,\"poll_changes\":%" PRIu64,
-		registry_polls(m) ? "true" : "false", m->poll_interval_ms, m->polls,
+		registry_polls(reg, m) ? "true" : "false", m->poll_interval_ms, m->polls,
 		m->poll_seconds, m->poll_changes);
 	json_write_field(f, "stage", fs_stage_name(m->stage));
 	fprintf(f, ",\"derive\":%s", m->derive ? "true" : "false");

@@ -409,11 +409,11 @@ registry_set_storage(struct registry *r, const char *name, enum fs_watch watch,
 }
 
 int
-registry_polls(const struct model_entry *m)
+registry_polls(const struct registry *r, const struct model_entry *m)
 {
 	const struct generation *g = m->current != NULL ? m->current : m->pending;
 
-	if (m->watch == FS_WATCH_POLL)
+	if (r->inotify_failed || m->watch == FS_WATCH_POLL)
 		return 1;
 	if (m->watch != FS_WATCH_AUTO)
 		return 0;

@@ -143,6 +143,10 @@ struct registry {
 	 * with the stagings that wait for it; NULL otherwise. */
 	struct registry_sweep *sweep;
 	unsigned holds_open;            /* generations waiting for HOLDs (restore.h) */
+	/* The watch's inotify descriptor failed for good (watch.c): no event
+	 * is heard any more, and every model's paths are polled instead
+	 * (registry_polls), as status and metrics then say. */
+	int inotify_failed;
 	/* The owner's hooks: warming progress or end, and a model's current
 	 * generation changing (for client notifications). */
 	void (*changed)(struct registry *);
@@ -377,10 +381,11 @@ int registry_set_stage_dir(struct registry *r, const char *dir);
  * be in its keep list); nothing else does. */
 void registry_stage_sweep(struct registry *r, char *const *also_keep, size_t nalso);
 
-/* Whether m's paths must be polled for updates: watch = poll, or watch =
- * auto and its current generation is on a remote filesystem (fstype.h),
- * or, with no generation, its path was when its last load failed. */
-int registry_polls(const struct model_entry *m);
+/* Whether m's paths must be polled for updates: inotify failed for good
+ * (r->inotify_failed), watch = poll, or watch = auto and its current
+ * generation is on a remote filesystem (fstype.h), or, with no generation,
+ * its path was when its last load failed. */
+int registry_polls(const struct registry *r, const struct model_entry *m);
 
 /* Sets whether name has derived artifacts, who may build them (the gids of
  * derive_groups; root and wcached's own user always may) and the builders'

@@ -665,7 +665,7 @@ inotify_failed(struct watch *w, const char *call, const char *reason)
 {
 	log_warnx("inotify descriptor %d: %s: %s: model updates are seen by polling every "
 		  "model's paths from now on (every poll_interval)", w->fd, call, reason);
-	w->inotify_failed = true;
+	w->reg->inotify_failed = 1;
 	uv_poll_stop(&w->poll);
 	watch_check_modified(w);
 	for (struct model_entry *m = w->reg->models; m != NULL; m = m->next)

@@ -69,8 +69,6 @@ struct watch {
 	uint64_t overflows;        /* inotify queue overflows (events lost) */
 	uint64_t overflow_log_ms;  /* loop time of the last line about them */
 	uint64_t overflows_logged; /* overflows that line counted */
-	bool inotify_failed;       /* its descriptor failed for good: not read any
-				      more, every model polled instead (watch.c) */
 };
 
 /* watch.c: reloads the model name after WATCH_SETTLE_MS without another call
@@ -82,8 +80,8 @@ void watch_mark_dirty(struct watch *w, const char *name);
 void watch_free_if_idle(struct watch *w);
 
 /* watch_poll.c: keeps the polled list in step with the models (from
- * watch_sync), and frees it. Every model is polled once inotify_failed is
- * set, whatever its watch says. */
+ * watch_sync), and frees it. Every model is polled once
+ * reg->inotify_failed is set, whatever its watch says. */
 void watch_poll_sync(struct watch *w);
 void watch_poll_free(struct watch *w);
 

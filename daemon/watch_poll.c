@@ -6,12 +6,12 @@
  * filesystem another host may replace a model (write a new file, rename it
  * over the old one) and nothing here hears of it. A model is polled when
  * its watch is "poll", or "auto" and its current generation is on such a
- * filesystem (registry_polls), or whatever its watch once the inotify
- * descriptor failed for good (watch.c): every poll_interval its path and its files'
- * paths (for a staged generation, the files it was copied from) are
- * stat'ed on libuv's work queue, never on the loop (a stat of a remote
- * file can block for as long as the server takes), and compared with what
- * the generation opened:
+ * filesystem, or whatever its watch once the inotify descriptor failed
+ * for good (watch.c sets reg->inotify_failed; registry_polls says which):
+ * every poll_interval its path and its files' paths (for a staged
+ * generation, the files it was copied from) are stat'ed on libuv's work
+ * queue, never on the loop (a stat of a remote file can block for as long
+ * as the server takes), and compared with what the generation opened:
  *  - a path that names another file, or none: the model was replaced; it
  *    is reloaded, as an inotify event would have it;
  *  - the same file with another size, mtime or ctime (watch.c's rule):
@@ -454,14 +454,6 @@ note_storage(struct model_entry *m, struct generation *g, int polls)
 			g->fs.name);
 }
 
-/* Are m's paths polled? As its watch says (registry_polls), or all of
- * them once inotify failed for good (watch.c): it hears nothing now. */
-static int
-polls(const struct watch *w, const struct model_entry *m)
-{
-	return w->inotify_failed || registry_polls(m);
-}
-
 void
 watch_poll_sync(struct watch *w)
 {
@@ -475,7 +467,7 @@ watch_poll_sync(struct watch *w)
 		struct model_entry *m = registry_find(w->reg, p->name);
 
 		if (m != NULL && m->entry_id == p->entry_id && strcmp(m->name, p->name) == 0 &&
-			polls(w, m)) {
+			registry_polls(w->reg, m)) {
 			w->polled[kept++] = *p;
 			continue;
 		}
@@ -484,7 +476,7 @@ watch_poll_sync(struct watch *w)
 	w->npolled = kept;
 	for (struct model_entry *m = w->reg->models; m != NULL; m = m->next) {
 		struct polled *p, *grown;
-		int polled = polls(w, m);
+		int polled = registry_polls(w->reg, m);
 
 		note_storage(m, m->current, polled);
 		if (polled && (p = find_polled(w, m->name, m->entry_id)) != NULL) {

@@ -30,6 +30,7 @@
 #include <cmocka.h>
 
 #include "daemonutil.h"
+#include "metrics.h"
 #include "testutil.h"
 #include "watch.h"
 #include "watch_internal.h"
@@ -660,6 +661,37 @@ reloaded_and_polled(struct du *d, void *arg)
 	return w->ndirty == 0 && m->loading == 0 && m->polls >= 1;
 }
 
+/* What wcached would answer about d's models now: the "metrics" text, or
+ * the members of the "status" reply (metrics.h). The caller frees it. */
+static char *
+reported(struct du *d, bool status)
+{
+	struct metrics_daemon figures = { 0 };
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&text, &len);
+
+	assert_non_null(f);
+	if (status)
+		metrics_status_json(f, &d->reg, &figures);
+	else
+		metrics_write(f, &d->reg, &figures);
+	assert_int_equal(fclose(f), 0);
+	assert_non_null(text);
+	return text;
+}
+
+/* Whether what d reports (reported()) has want in it. */
+static bool
+reports(struct du *d, bool status, const char *want)
+{
+	char *text = reported(d, status);
+	bool found = strstr(text, want) != NULL;
+
+	free(text);
+	return found;
+}
+
 /*
  * Reading the inotify descriptor fails for good (EIO here; strace's
  * fault injection or a kernel bug in the field): one warning naming the
@@ -668,7 +700,9 @@ reloaded_and_polled(struct du *d, void *arg)
  * a file renamed over its path is seen by polling (poll_interval 100 ms)
  * and becomes generation 2. Before, on_readable ignored the error: the
  * level-triggered poll called it again on every turn of the loop (a read
- * per turn at 100% CPU), and the rename was never seen.
+ * per turn at 100% CPU), and the rename was never seen. Metrics and status
+ * say so: wcached_model_info's watch label goes from "inotify" to "poll"
+ * and status's "polled" from false to true (both stayed as before).
  */
 static void
 test_read_error_polls_instead(void **state)
@@ -680,6 +714,8 @@ test_read_error_polls_instead(void **state)
 
 	assert_int_equal(registry_set_storage(&t->du.reg, "m", FS_WATCH_AUTO, 100,
 				 FS_STAGE_NO), 0);
+	assert_true(reports(&t->du, false, ",watch=\"inotify\"} 1\n"));
+	assert_true(reports(&t->du, true, "\"polled\":false"));
 	du_log_start(&t->du);
 	atomic_store(&read_fails, -1);
 	atomic_store(&read_errno, EIO);
@@ -696,6 +732,8 @@ test_read_error_polls_instead(void **state)
 	/* Every model is checked for the events lost (a quiet reload), and
 	 * polled: the rename comes after both. */
 	du_run_until(&t->du, reloaded_and_polled, t->w);
+	assert_true(reports(&t->du, false, ",watch=\"poll\"} 1\n"));
+	assert_true(reports(&t->du, true, "\"polled\":true"));
 	assert_int_equal(rename(next, t->path), 0);
 	du_run_until(&t->du, current_is, &two);
 	log = du_log_stop(&t->du);
