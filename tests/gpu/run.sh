@@ -30,7 +30,9 @@
 # the two models, MAKE_TIMEOUT, default 240), and no step starts or runs past
 # RUN_BUDGET seconds from the start (default 480, the 8 minutes it is meant
 # to take on one H200): a step that would is SKIPPED or cut, and the report
-# still prints. A failed step (making the model too) is listed at the end.
+# still prints. A step whose process outlives its SIGKILL (stuck in the
+# kernel) is ABANDONED, left running, 8 s after its limit. A failed step
+# (making the model too) is listed at the end.
 # Environment: PYTHON (default python3), STEP_TIMEOUT, MAKE_TIMEOUT,
 # RUN_BUDGET, WCACHE_BUILD (a prebuilt tree, as --build), OUT.
 set -euo pipefail
@@ -59,7 +61,7 @@ export GPUBENCH_CPU=$cpu
 
 t_start=$(date +%s)
 step() { # step [--limit S] LABEL COMMAND...: runs COMMAND under the step timeout (or S), timed
-	local label t0 rc limit left cap=$step_timeout
+	local label t0 rc limit left pid cap=$step_timeout
 	if [ "$1" = --limit ]; then cap=$2; shift 2; fi
 	label=$1
 	shift
@@ -74,8 +76,25 @@ step() { # step [--limit S] LABEL COMMAND...: runs COMMAND under the step timeou
 	fi
 	limit=$((left - 10 < cap ? left - 10 : cap))
 	echo "== $label" >&2
+	# In the background, watched: after killing its command, timeout
+	# waits for it, and a process the kernel cannot kill (a driver call
+	# that never returns, in D state) would hold timeout, and the run,
+	# past every limit. 8 s after the limit (timeout's KILL comes at 5)
+	# the step is left behind, within the 10 s kept for the report.
 	set +e
-	timeout --kill-after=5 "$limit" "$@"
+	timeout --kill-after=5 "$limit" "$@" &
+	pid=$!
+	while kill -0 "$pid" 2>/dev/null; do
+		if [ $(($(date +%s) - t0)) -ge $((limit + 8)) ]; then
+			kill -KILL "$pid" 2>/dev/null
+			wait "$pid" 2>/dev/null
+			set -e
+			echo "== $label: ABANDONED after $((limit + 8))s: killed, a process of it did not end (left running)" >&2
+			return 137
+		fi
+		sleep 0.2
+	done
+	wait "$pid"
 	rc=$?
 	set -e
 	if [ $rc -ne 0 ]; then

@@ -522,6 +522,37 @@ def test_run_sh_keeps_to_its_budget(tmp_path):
     assert took < budget + 20, (took, out)
 
 
+def test_run_sh_leaves_a_step_that_cannot_be_killed(tmp_path):
+    """timeout waits for its command after killing it, so a process stuck in
+    the kernel (a driver call that never returns) would hold the run past
+    every limit. Stood in for by a timeout that ignores everything: run.sh
+    leaves the step behind 8 s after its limit, kills timeout, goes on and
+    reports."""
+    real = shutil.which("timeout")
+    assert real
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "timeout"
+    fake.write_text(f"#!/bin/sh\ncase \"$*\" in *' gen '*)\n"
+                    f"\ttrap '' TERM INT HUP\n\twhile :; do sleep 1; done ;;\nesac\n"
+                    f"exec {real} \"$@\"\n")
+    fake.chmod(0o755)
+    env = dict(os.environ, PYTHON=sys.executable, MAKE_TIMEOUT="2",
+               PATH=f"{bin_dir}:{os.environ['PATH']}")
+    t0 = time.monotonic()
+    r = subprocess.run([os.path.join(REPO, "tests", "gpu", "run.sh"), "--cpu", "--gib", "0.01",
+                        "--work", str(tmp_path / "work")], env=env, capture_output=True,
+                       text=True, timeout=120)
+    took = time.monotonic() - t0
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "== make the model: ABANDONED after 10s: killed, a process of it did not end" in \
+        r.stderr, out
+    assert "== no model: its measurements are skipped" in r.stderr, out
+    assert "wcache device check, " in r.stdout and "FAILED step: make the model" in r.stdout, out
+    assert took < 40, (took, out)
+
+
 def _unshare_mount():
     """The command that runs a shell in a private mount namespace here
     (root: unshare -m; else a user namespace too), or None."""
