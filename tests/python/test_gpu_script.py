@@ -438,6 +438,16 @@ def test_run_sh_cpu_mode(tmp_path):
     assert str(work) not in ps
 
 
+def _run_small(tmp_path, env, timeout=600):
+    """(result, its stdout and stderr, seconds) of run.sh --cpu with a
+    0.01 GiB model in tmp_path/work, under env."""
+    t0 = time.monotonic()
+    r = subprocess.run([os.path.join(REPO, "tests", "gpu", "run.sh"), "--cpu", "--gib", "0.01",
+                        "--work", str(tmp_path / "work")], env=env, capture_output=True,
+                       text=True, timeout=timeout)
+    return r, r.stdout + r.stderr, time.monotonic() - t0
+
+
 def test_run_sh_reports_a_failed_step_and_goes_on(tmp_path):
     """A measurement that fails is named at the end, after the report of
     the others, and the script exits 1. (Three measurements before it
@@ -450,10 +460,8 @@ def test_run_sh_reports_a_failed_step_and_goes_on(tmp_path):
                        f"exec {sys.executable} \"$@\"\n")
     wrapper.chmod(0o755)
     env = dict(os.environ, PYTHON=str(wrapper), STEP_TIMEOUT="120")
-    r = subprocess.run([os.path.join(REPO, "tests", "gpu", "run.sh"), "--cpu", "--gib", "0.01",
-                        "--work", str(tmp_path / "work")], env=env, capture_output=True,
-                       text=True, timeout=600)
-    assert r.returncode == 1, r.stdout + r.stderr
+    r, out, _ = _run_small(tmp_path, env)
+    assert r.returncode == 1, out
     assert "FAILED step: wcache, new path, staging forced" in r.stdout
     assert "FAILED step: wcache, 4" not in r.stdout
     lines = {x[:44].strip(): x[44:].split() for x in r.stdout.splitlines() if len(x) > 44}
@@ -474,10 +482,7 @@ def test_run_sh_goes_on_without_a_model(tmp_path):
     before = set(os.listdir("/dev/shm"))
     env = dict(os.environ, PYTHON=str(wrapper), STEP_TIMEOUT="120", WORK_FREE_GIB="0.01")
     env.pop("OUT", None)
-    r = subprocess.run([os.path.join(REPO, "tests", "gpu", "run.sh"), "--cpu", "--gib", "0.01",
-                        "--work", str(tmp_path / "work")], env=env, capture_output=True,
-                       text=True, timeout=600)
-    out = r.stdout + r.stderr
+    r, out, _ = _run_small(tmp_path, env)
     assert r.returncode == 1, out
     assert "working in /dev/shm" in r.stderr and "work directory /dev/shm/wcache-gpu." in \
         r.stderr, out
@@ -506,12 +511,7 @@ def test_run_sh_keeps_to_its_budget(tmp_path):
     budget = 25
     env = dict(os.environ, PYTHON=str(wrapper), STEP_TIMEOUT="240", MAKE_TIMEOUT="240",
                RUN_BUDGET=str(budget), PYTHONPATH=standins(tmp_path / "standins"))
-    t0 = time.monotonic()
-    r = subprocess.run([os.path.join(REPO, "tests", "gpu", "run.sh"), "--cpu", "--gib", "0.01",
-                        "--work", str(tmp_path / "work")], env=env, capture_output=True,
-                       text=True, timeout=600)
-    took = time.monotonic() - t0
-    out = r.stdout + r.stderr
+    r, out, took = _run_small(tmp_path, env)
     assert r.returncode == 1, out
     assert "== make the model: TIMEOUT after" in r.stderr, out
     assert "== make a Llama model: SKIPPED" in r.stderr, out
@@ -539,12 +539,7 @@ def test_run_sh_leaves_a_step_that_cannot_be_killed(tmp_path):
     fake.chmod(0o755)
     env = dict(os.environ, PYTHON=sys.executable, MAKE_TIMEOUT="2",
                PATH=f"{bin_dir}:{os.environ['PATH']}")
-    t0 = time.monotonic()
-    r = subprocess.run([os.path.join(REPO, "tests", "gpu", "run.sh"), "--cpu", "--gib", "0.01",
-                        "--work", str(tmp_path / "work")], env=env, capture_output=True,
-                       text=True, timeout=120)
-    took = time.monotonic() - t0
-    out = r.stdout + r.stderr
+    r, out, took = _run_small(tmp_path, env, timeout=120)
     assert r.returncode == 1, out
     assert "== make the model: ABANDONED after 10s: killed, a process of it did not end" in \
         r.stderr, out
