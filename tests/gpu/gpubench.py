@@ -698,6 +698,26 @@ def _import_loading_code(transformers):
     log(f"  imported before the timing ({time.perf_counter() - t0:.2f} s): {', '.join(done)}")
 
 
+class _DeferredCloses:
+    """While it is in place, wcache's safe_open.__exit__ (what transformers
+    calls to close its handles) only records the handle; run() puts
+    __exit__ back and closes them all."""
+
+    def __init__(self):
+        import wcache._safe_open as so
+        self.cls, self.real, self.handles = so.safe_open, so.safe_open.__exit__, []
+
+        def later(handle, *exc):
+            self.handles.append(handle)
+        self.cls.__exit__ = later
+
+    def run(self):
+        self.cls.__exit__ = self.real
+        handles, self.handles = self.handles, []
+        for handle in handles:
+            handle.close()
+
+
 def cmd_llama_load(a):
     """from_pretrained plainly or through wcache (wcache_hostreg: with
     WCACHE_HOST_REGISTER=1, which the caller sets); logits of a fixed input
@@ -737,13 +757,26 @@ def cmd_llama_load(a):
         if "accelerate" not in str(e):
             raise
         # device_map needs accelerate (transformers 4.x and 5.x raise ValueError
-        # naming it): load on the CPU, then move (every mode alike). The
-        # handles are closed when from_pretrained returns, so with
-        # WCACHE_HOST_REGISTER=1 the copies of .to() read unregistered memory.
+        # naming it): load on the CPU, then move (every mode alike).
         how = "on the CPU, then .to(device): device_map needs accelerate"
+        closes = None
+        if a.mode == "wcache_hostreg":
+            # transformers closes its handles before from_pretrained returns,
+            # which would undo their registrations before .to() copies: the
+            # closes wait until after the copies (inside the timing), as
+            # they would with device_map=, whose copies come before them.
+            closes = _DeferredCloses()
+            how += "; handles closed after .to(), as with device_map="
         t0 = time.perf_counter()
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            a.dir, dtype=torch.bfloat16).to(device)
+        try:
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                a.dir, dtype=torch.bfloat16).to(device)
+            if device != "cpu":
+                torch.cuda.synchronize()
+        finally:
+            if closes is not None:
+                held = len(_hostreg.host_registrations())
+                closes.run()
     if device != "cpu":
         torch.cuda.synchronize()
     dt = time.perf_counter() - t0
@@ -757,6 +790,8 @@ def cmd_llama_load(a):
         n, registered, nbytes, private = _handle_figures(watch)
         row.update(registered=registered, handles=n, mib=round(nbytes / MIB, 1),
                    private_mib=round(private / MIB, 1))
+        if closes is not None:
+            row["held_at_copy"] = held  # ranges registered while .to() copied
     emit(a.results, **row)
 
 
@@ -879,6 +914,8 @@ def cmd_report(a):
         if "private_mib" in r:
             line += (f"  ({r['registered']} of {r['handles']} handles registered, "
                      f"{r['private_mib']} MiB private of {r['mib']} MiB)")
+        if "held_at_copy" in r:
+            line += f"  ({r['held_at_copy']} ranges registered during .to())"
         if r.get("how", "device_map") != "device_map":
             line += f"  [{r['how']}]"  # not what device_map= measures: said on the line
         print(line)

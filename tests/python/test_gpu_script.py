@@ -161,6 +161,37 @@ def test_package_versions_say_what_is_there():
         f"no-such-dist-y absent", got
 
 
+def test_llama_load_without_accelerate(tmp_path):
+    """transformers without accelerate refuses device_map=: the load runs on
+    the CPU, then .to(device), and says so; with WCACHE_HOST_REGISTER=1 the
+    handles' closes (which undo their registrations) wait until .to() has
+    copied, as they would with device_map=, so the copies read registered
+    memory (on the engine's CPU backend here)."""
+    import json
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [standins(tmp_path / "standins"), os.path.join(REPO, "client", "python")]),
+        STANDIN_NO_ACCELERATE="1", WCACHE_SAFETENSORS="1", WCACHE_HOST_REGISTER="1")
+    env.pop("WCACHE_SOCKET", None)
+    bench = [sys.executable, os.path.join(REPO, "tests", "gpu", "gpubench.py"), "--cpu"]
+    llama, results = tmp_path / "llama", tmp_path / "results.jsonl"
+    llama.mkdir()
+    subprocess.run(bench + ["llama-make", "--dir", str(llama), "--tiny"], env=env, check=True,
+                   capture_output=True, timeout=120)
+    for mode in ("plain", "wcache_hostreg"):
+        r = subprocess.run(bench + ["llama-load", "--dir", str(llama), "--mode", mode, "--out",
+                                    str(tmp_path / f"{mode}.pt"), "--results", str(results)],
+                           env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+    plain, hostreg = [json.loads(line) for line in results.read_text().splitlines()]
+    assert plain["how"] == "on the CPU, then .to(device): device_map needs accelerate", plain
+    assert hostreg["how"] == plain["how"] + "; handles closed after .to(), as with device_map="
+    assert hostreg["registered"] == hostreg["handles"] == 4, hostreg  # 4 shards
+    assert hostreg["held_at_copy"] >= 4, hostreg  # every shard's ranges, until after .to()
+    import torch
+    assert torch.equal(torch.load(str(tmp_path / "plain.pt")),
+                       torch.load(str(tmp_path / "wcache_hostreg.pt")))
+
+
 def test_layout_leaves_tensors_misaligned():
     tensors = gpubench.layout(8 << 20)
     assert len(tensors) >= 8
@@ -335,6 +366,10 @@ class LlamaForCausalLM(torch.nn.Module):
 class AutoModelForCausalLM:
     @staticmethod
     def from_pretrained(directory, device_map=None, dtype=None):
+        if device_map is not None and os.environ.get("STANDIN_NO_ACCELERATE") == "1":
+            raise ValueError("Using a `device_map`, `tp_plan`, `torch.device` context manager "
+                             "or setting `torch.set_default_device(device)` requires "
+                             "`accelerate`. You can install it with `pip install accelerate`")
         with open(os.path.join(directory, "config.json")) as f:
             config = LlamaConfig(**json.load(f))
         model = LlamaForCausalLM(config)
