@@ -14,6 +14,7 @@ import struct
 import subprocess
 import sys
 import time
+import traceback
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.append(os.path.join(REPO, "tests", "pyutil"))
@@ -169,7 +170,12 @@ def other_thread_before(code, k, first, other, opcodes=False, join=0.5):
     wait on a lock first holds, at most join seconds; it is joined fully at
     the end. Returns (what first raised, what other raised,
     whether other ran: False once k is past the last event of first's run,
-    when every interleaving has been tried)."""
+    when every interleaving has been tried). The exceptions' frames are
+    cleared of their locals (traceback.clear_frames; their tracebacks
+    still name each line): through the frame that called first(), which
+    holds the list of errors, each would be in a reference cycle keeping
+    every object those calls used (a model's table, a mapping) alive until
+    the cyclic collector ran."""
     import threading
     errors, other_errors, started, count = [], [], [], 0
 
@@ -177,6 +183,7 @@ def other_thread_before(code, k, first, other, opcodes=False, join=0.5):
         try:
             other()
         except BaseException as e:
+            traceback.clear_frames(e.__traceback__)
             other_errors.append(e)
 
     def each(frame, event, arg):
@@ -202,6 +209,7 @@ def other_thread_before(code, k, first, other, opcodes=False, join=0.5):
     try:
         first()
     except BaseException as e:
+        traceback.clear_frames(e.__traceback__)
         errors.append(e)
     finally:
         sys.settrace(None)
