@@ -8,7 +8,6 @@ file each build function appends to, so a test can tell which process
 built, across processes.
 """
 import errno
-import os
 import textwrap
 import warnings
 
@@ -225,31 +224,48 @@ def test_model_without_derive_refuses(derive_daemon):
 
 def test_one_build_across_processes(derive_daemon, tmp_path):
     """Four processes ask at once: exactly one builds, all get the same
-    bytes."""
+    bytes. They are forked, one after the other, by one python that has
+    imported torch and wcache (and not connected): four new interpreters
+    each took a second or more to import torch."""
     log = tmp_path / "builds.log"
     code = textwrap.dedent(f"""
-        import os, hashlib, wcache
+        import os, hashlib, traceback, torch, wcache
         def build(src):
             with open({str(log)!r}, "a") as f:
                 f.write(f"{{os.getpid()}}\\n")
             return {{k: v.float() * 3 for k, v in src.items()}}
-        out = wcache.derived("small", "x3-v1", build, timeout=120)
-        h = hashlib.sha256()
-        for k in sorted(out):
-            h.update(k.encode()); h.update(out[k].numpy().tobytes())
-        print(h.hexdigest())
+        def ask():
+            out = wcache.derived("small", "x3-v1", build, timeout=120)
+            h = hashlib.sha256()
+            for k in sorted(out):
+                h.update(k.encode()); h.update(out[k].numpy().tobytes())
+            return h.hexdigest()
+        children = []
+        for _ in range(4):
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                status = 1
+                try:
+                    os.write(w, ask().encode())
+                    status = 0
+                except BaseException:
+                    traceback.print_exc()
+                finally:
+                    os._exit(status)
+            os.close(w)
+            children.append((pid, r))
+        for pid, r in children:
+            with os.fdopen(r) as f:
+                digest = f.read()
+            status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            print(status, digest or "-", flush=True)
     """)
-    import subprocess
-    import sys
-    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(wcache.__file__), ".."))
-    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
-    outs = []
-    for p in procs:
-        out, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err
-        outs.append(out.strip())
-    assert len(set(outs)) == 1, outs
+    r = run_python(code, timeout=300)
+    assert r.returncode == 0, r.stderr
+    outs = [line.split() for line in r.stdout.splitlines()]
+    assert len(outs) == 4 and all(status == "0" for status, _ in outs), r.stdout + r.stderr
+    assert len({digest for _, digest in outs}) == 1, outs
     assert len(log.read_text().split()) == 1, log.read_text()
 
 
