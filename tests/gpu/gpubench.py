@@ -748,7 +748,7 @@ def cmd_llama_load(a):
     device = "cpu" if a.cpu else "cuda:0"
     if device != "cpu":
         torch.empty(1, device=device)
-    how = "device_map"
+    how, closes = "device_map", None
     t0 = time.perf_counter()
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(a.dir, device_map=device,
@@ -759,7 +759,6 @@ def cmd_llama_load(a):
         # device_map needs accelerate (transformers 4.x and 5.x raise ValueError
         # naming it): load on the CPU, then move (every mode alike).
         how = "on the CPU, then .to(device): device_map needs accelerate"
-        closes = None
         if a.mode == "wcache_hostreg":
             # transformers closes its handles before from_pretrained returns,
             # which would undo their registrations before .to() copies: the
