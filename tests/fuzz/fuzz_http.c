@@ -99,6 +99,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	/* Bytes after the first line do not change the verdict. */
 	if (nl != NULL && (longer = malloc(size + 5)) != NULL) {
 		memcpy(longer, buf, size);
+		/* A header line after the request's bytes, no NUL.
+		 * NOLINTNEXTLINE(bugprone-not-null-terminated-result) */
 		memcpy(longer + size, "X: y\n", 5);
 		CHECK(ctl_http_classify(longer, size + 5, &head2) == verdict);
 		CHECK(verdict == 400 || head2 == head);

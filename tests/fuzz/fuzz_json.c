@@ -61,9 +61,14 @@ has_duplicate_keys(const struct jr *at)
 
 	CHECK(jr_object_begin(&j) == 0);
 	while (jr_object_next(&j, &k) == 1) {
-		keys = realloc(keys, (n + 1) * sizeof(*keys));
-		lens = realloc(lens, (n + 1) * sizeof(*lens));
-		CHECK(keys != NULL && lens != NULL);
+		char **more_keys = realloc(keys, (n + 1) * sizeof(*keys));
+		size_t *more_lens;
+
+		CHECK(more_keys != NULL);
+		keys = more_keys;
+		more_lens = realloc(lens, (n + 1) * sizeof(*lens));
+		CHECK(more_lens != NULL);
+		lens = more_lens;
 		keys[n] = decode(&k);
 		lens[n] = k.len;
 		for (size_t i = 0; i < n && !dup; i++)

@@ -105,7 +105,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 		memcpy(copy, &magic, 4);
 		memcpy(copy + 32, &n, 8);
-		memcpy(copy + size - 16, WEIG_TRAILER_MAGIC, 8);
+		/* The magic's 8 bytes (no NUL), as weig.h says. */
+		memcpy(copy + size - 16, WEIG_TRAILER_MAGIC, sizeof(uint64_t));
 		memcpy(copy + size - 8, &n, 8);
 		parse_one(copy, size, be);
 	}

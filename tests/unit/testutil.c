@@ -62,6 +62,8 @@ tu_safetensors(const char *header, size_t data_len, size_t *len)
 		abort();
 	for (int i = 0; i < 8; i++)
 		buf[i] = (uint8_t)(n >> (8 * i));
+	/* The header's bytes, without its NUL: the data follows.
+	 * NOLINTNEXTLINE(bugprone-not-null-terminated-result) */
 	memcpy(buf + 8, header, hlen);
 	for (size_t i = 0; i < data_len; i++)
 		buf[8 + hlen + i] = (uint8_t)(i & 0xff);

@@ -11,6 +11,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Sizes in bytes, of type size_t, so that a product such as 4 * MiB is
+ * computed in size_t (clang-tidy's bugprone-implicit-widening-of-
+ * multiplication-result), never in int or unsigned. */
+#define KiB ((size_t)1024)
+#define MiB ((size_t)1024 * 1024)
+
 /* Creates a fresh temporary directory; returns its malloc'd path. */
 char *tu_tmpdir(void);
 

@@ -70,9 +70,12 @@ every_command_is_described(void **state)
 		assert_int_equal(ctl_control_find(wire->name, &cmd), 0);
 		assert_int_equal(cmd.id, id);
 		assert_ptr_equal(cmd.wire, wire);
-		if (cmd.help == NULL)
+		if (cmd.help == NULL) {
 			fail_msg("wcachectl has no description of \"%s\" (client/ctl/commands.c)",
 				wire->name);
+			return; /* not reached (fail_msg ends the test), but the analyzer
+				   does not know that: no strstr(text, NULL) below */
+		}
 		if (cmd.filter) {
 			assert_int_equal(cmd.min_args, 0);
 		} else {

@@ -18,8 +18,7 @@
 
 #include "base/file.h"
 #include "stage.h"
-
-#define MiB (1024u * 1024u)
+#include "testutil.h"
 
 /* What stage_fault.c's wrappers do; each forwards to the real call unless
  * a knob says otherwise. */

@@ -662,6 +662,8 @@ test_errors(void **state)
 
 		assert_non_null(line);
 		memset(line, 'x', 70000);
+		/* The line's first bytes; 'x' follow, and the newline below.
+		 * NOLINTNEXTLINE(bugprone-not-null-terminated-result) */
 		memcpy(line, "[wcached]\nsocket = /", 20);
 		memcpy(line + 65535 + 10, "\n", 2); /* line 2: 65536 bytes, newline included */
 		assert_int_equal(load_text(f, "l64k.conf", line, &cfg, NULL), -EINVAL);

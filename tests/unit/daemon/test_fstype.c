@@ -136,6 +136,8 @@ test_device_in_mountinfo(void **state)
 static void
 test_mount_table(void **state)
 {
+	/* In the order a case reads, not the one that packs best.
+	 * NOLINTNEXTLINE(clang-analyzer-optin.performance.Padding) */
 	static const struct {
 		unsigned major, minor;
 		int err;

@@ -188,7 +188,7 @@ static void
 test_load_warm(void **state)
 {
 	struct du *t = *state;
-	char *path = du_model(t, "m.safetensors", 256 * 1024), *log;
+	char *path = du_model(t, "m.safetensors", (size_t)256 * 1024), *log;
 	struct generation *g;
 
 	du_log_start(t);
@@ -213,7 +213,7 @@ static void
 test_warm_failed(void **state)
 {
 	struct du *t = *state;
-	char *path = du_model(t, "m.safetensors", 64 * 1024), *log;
+	char *path = du_model(t, "m.safetensors", (size_t)64 * 1024), *log;
 	struct registry_attachment a;
 	struct generation *g;
 	char msg[256];
@@ -248,7 +248,7 @@ static void
 test_reload_after_warm_failed(void **state)
 {
 	struct du *t = *state;
-	char *path = du_model(t, "m.safetensors", 64 * 1024);
+	char *path = du_model(t, "m.safetensors", (size_t)64 * 1024);
 	struct registry_attachment a;
 	char msg[256];
 
@@ -394,7 +394,7 @@ test_promote(void **state)
 	char *log;
 
 	assert_int_equal(du_load(t, "m", p1, PIN_NONE, 1), 0);
-	g1 = du_wait_state(t, "m", false, GEN_READY);
+	du_wait_state(t, "m", false, GEN_READY);
 	g1 = attach(t, "m"); /* held: stays open after the swap */
 	du_log_start(t);
 	assert_int_equal(du_load(t, "m", p2, PIN_NONE, 1), 0);
@@ -453,7 +453,7 @@ test_evict_and_attach_cold(void **state)
 {
 	struct du *t = *state;
 	char *path, *log;
-	struct generation *g = load_ready(t, 64 * 1024, PIN_NONE, &path);
+	struct generation *g = load_ready(t, (size_t)64 * 1024, PIN_NONE, &path);
 
 	du_log_start(t);
 	assert_int_equal(registry_evict(&t->reg, "m"), 0);
@@ -480,7 +480,7 @@ test_attach_during_eviction_rewarms_after(void **state)
 {
 	struct du *t = *state;
 	char *path, *log;
-	struct generation *g = load_ready(t, 64 * 1024, PIN_NONE, &path);
+	struct generation *g = load_ready(t, (size_t)64 * 1024, PIN_NONE, &path);
 
 	du_log_start(t);
 	assert_int_equal(registry_evict(&t->reg, "m"), 0);
@@ -587,11 +587,11 @@ static void
 test_memory_budget_evicts_lru(void **state)
 {
 	struct du *t = *state;
-	char *p1 = du_model(t, "a.safetensors", 64 * 1024),
-		*p2 = du_model(t, "b.safetensors", 64 * 1024);
+	char *p1 = du_model(t, "a.safetensors", (size_t)64 * 1024),
+		*p2 = du_model(t, "b.safetensors", (size_t)64 * 1024);
 	struct generation *a, *b;
 
-	t->reg.memory_budget = 300 * 1024; /* room for one 256 KiB model */
+	t->reg.memory_budget = (uint64_t)300 * 1024; /* room for one 256 KiB model */
 	assert_int_equal(du_load(t, "a", p1, PIN_NONE, 1), 0);
 	a = du_wait_state(t, "a", false, GEN_READY);
 	assert_int_equal(du_load(t, "b", p2, PIN_NONE, 1), 0);
@@ -610,7 +610,7 @@ test_pin_unpin(void **state)
 {
 	struct du *t = *state;
 	char *path;
-	struct generation *g = load_ready(t, 64 * 1024, PIN_METADATA, &path);
+	struct generation *g = load_ready(t, (size_t)64 * 1024, PIN_METADATA, &path);
 
 	assert_int_equal(registry_pin(&t->reg, "m", PIN_ALL), 0);
 	du_settle(t);
@@ -666,7 +666,7 @@ test_pages_wait(void **state)
 {
 	struct du *t = *state;
 	char *path;
-	struct generation *g = load_ready(t, 64 * 1024, PIN_METADATA, &path);
+	struct generation *g = load_ready(t, (size_t)64 * 1024, PIN_METADATA, &path);
 	struct pages_answer a = { .g = g }, b = { .g = g }, idle = { .g = g };
 
 	du_settle(t);
@@ -889,7 +889,7 @@ static void
 test_populate_fails(void **state)
 {
 	struct du *t = *state;
-	char *path = du_model(t, "m.safetensors", 64 * 1024), *log;
+	char *path = du_model(t, "m.safetensors", (size_t)64 * 1024), *log;
 	struct generation *g;
 
 	atomic_store(&fail_populate, 1);

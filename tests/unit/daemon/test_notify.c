@@ -50,8 +50,11 @@ setup(void **state)
 		f->saved_fd[i] = -1;
 		if (fcntl(3 + i, F_GETFD) >= 0) {
 			f->saved_fd[i] = fcntl(3 + i, F_DUPFD_CLOEXEC, 10);
-			if (f->saved_fd[i] < 0)
+			if (f->saved_fd[i] < 0) {
+				tu_rmtree(f->dir);
+				free(f);
 				return -1;
+			}
 			close(3 + i);
 		}
 	}

@@ -249,7 +249,7 @@ test_describe_limit(void **state)
 	assert_int_equal(du_load(t, "other", b, PIN_NONE, 0), 0);
 	/* Generations 1 and 2 of m held by attaches, 3 current. */
 	for (int i = 0; i < 2; i++) {
-		char *next = du_model(t, "n.safetensors", (size_t)(2048 + 1024 * i));
+		char *next = du_model(t, "n.safetensors", 2048 + 1024 * (size_t)i);
 
 		assert_int_equal(registry_attach(&t->reg, "m", &root_peer, &at[i], msg,
 			sizeof(msg)), 0);

@@ -181,7 +181,7 @@ child_refusal_causes(void)
 	err = resident_pin_range(p, len);
 	if (err != -EPERM ||
 		!cause_says(err, len, &r, "mlock: EPERM: RLIMIT_MEMLOCK is 0", "CAP_IPC_LOCK",
-			"LimitMEMLOCK=", NULL) ||
+			"LimitMEMLOCK=", (const char *)NULL) ||
 		!r.limit_known || r.limit != 0 || r.ipc_lock || !r.locked_known || r.locked != 0)
 		return CHILD_FAIL;
 	if (set_memlock(4096, 4096) != 0 || resident_pin_range(p, 4096) != 0)
@@ -191,7 +191,8 @@ child_refusal_causes(void)
 	if (err != -ENOMEM ||
 		!cause_says(err, len - 4096, &r, "mlock: ENOMEM: RLIMIT_MEMLOCK is 4096 bytes",
 			"4096 bytes were locked and 1044480 more asked",
-			"LimitMEMLOCK= in wcached.service (or ulimit -l) to at least 1M", NULL) ||
+			"LimitMEMLOCK= in wcached.service (or ulimit -l) to at least 1M",
+			(const char *)NULL) ||
 		r.locked != 4096)
 		return CHILD_FAIL;
 	return CHILD_OK;
@@ -221,7 +222,7 @@ child_seccomp_refuses(void)
 	err = resident_pin_range(p, 65536);
 	if (err != -EPERM ||
 		!cause_says(err, 65536, &r, "mlock: EPERM: forbidden by a seccomp filter",
-			"not by RLIMIT_MEMLOCK (1048576 bytes)", "@memlock", NULL) ||
+			"not by RLIMIT_MEMLOCK (1048576 bytes)", "@memlock", (const char *)NULL) ||
 		r.seccomp != 2)
 		return CHILD_FAIL;
 	return CHILD_OK;
@@ -282,7 +283,7 @@ static void
 test_pin(void **state)
 {
 	struct fixture *f = *state;
-	size_t len = 64 * 1024;
+	size_t len = 64 * KiB;
 	uint8_t *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	uint64_t n;
 	struct rlimit rl;

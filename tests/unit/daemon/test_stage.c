@@ -73,8 +73,10 @@ entry_starting(const char *dir, const char *prefix)
 	if (d == NULL)
 		return NULL;
 	while ((e = readdir(d)) != NULL)
-		if (strncmp(e->d_name, prefix, strlen(prefix)) == 0)
+		if (strncmp(e->d_name, prefix, strlen(prefix)) == 0) {
+			free(found); /* the last one found, as before, but no leak */
 			found = strdup(e->d_name);
+		}
 	closedir(d);
 	return found;
 }

@@ -143,7 +143,7 @@ test_replaced_during_copy(void **state)
 static void
 slow_request(void)
 {
-	struct timespec t = { .tv_sec = 1, .tv_nsec = 100 * 1000 * 1000 };
+	struct timespec t = { .tv_sec = 1, .tv_nsec = 100L * 1000 * 1000 };
 
 	while (nanosleep(&t, &t) == -1 && errno == EINTR)
 		;

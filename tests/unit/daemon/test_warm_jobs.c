@@ -36,7 +36,7 @@ test_many_jobs(void **state)
 	enum { N = 64 };
 
 	make_big(f);
-	new_pool(f, 2, 256 * 1024, 0, 0);
+	new_pool(f, 2, 256 * KiB, 0, 0);
 	for (int i = 1; i <= N; i++)
 		submit(f, i, f->big_fd, NULL, (uint64_t)(i - 1) * MiB, MiB, i % 2 == 0);
 	assert_int_equal(warm_pool_pending(f->pool), N);
@@ -129,7 +129,7 @@ test_submit_wakes_an_idle_thread(void **state)
 	struct fixture *f = *state;
 
 	make_big(f);
-	new_pool(f, 2, 64 * 1024, 0, 1ull * MiB);
+	new_pool(f, 2, 64 * KiB, 0, 1ull * MiB);
 	submit(f, 1, f->big_fd, NULL, 0, BIG_SIZE, false);
 	wait_reading(f->jobs[0]);
 	for (int i = 2; i <= 21; i++) {

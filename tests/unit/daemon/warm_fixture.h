@@ -23,10 +23,10 @@
 
 #include <uv.h>
 
+#include "testutil.h"
 #include "warm.h"
 
-#define MiB (1024u * 1024u)
-#define BIG_SIZE (64u * MiB)
+#define BIG_SIZE (64 * MiB)
 
 /* What warm_fault.c's pread() and sendfile() do. Pool threads call them
  * concurrently, hence the atomics. Tests that inject a fault use a

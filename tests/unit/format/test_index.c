@@ -339,7 +339,7 @@ test_damaged_records(void **state)
 static void
 test_dtype_sizes(void **state)
 {
-	uint64_t shape[2] = { 3, 5 }, el, nb;
+	uint64_t shape[2] = { 3, 5 }, el = 0, nb = 0;
 	const struct dtype_info *f4 = dtype_by_name("F4", 2), *f6 = dtype_by_name("F6_E2M3", 7);
 	uint64_t big[2] = { UINT64_MAX / 2, 3 };
 

@@ -7,6 +7,7 @@
  * what reaches the index: names, dtypes, shapes, absolute offsets, metadata.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -219,11 +220,11 @@ test_valid_every_dtype(void **state)
 
 		assert_non_null(d);
 		p += (size_t)sprintf(h + p, "%s\"t%02d\":{\"dtype\":\"%s\",\"shape\":[2,4],"
-			"\"data_offsets\":[%llu,%llu]}", i ? "," : "", i, names[i],
-			(unsigned long long)off, (unsigned long long)(off + n));
+			"\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", i ? "," : "", i, names[i],
+			off, off + n);
 		off += n;
 	}
-	p += (size_t)sprintf(h + p, "}");
+	sprintf(h + p, "}");
 	assert_int_equal(parse(h, off), 0);
 	assert_int_equal(last_h.tensor_count, DTYPE_COUNT);
 	for (int i = 0; i < DTYPE_COUNT; i++) {

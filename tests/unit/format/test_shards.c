@@ -8,6 +8,7 @@
  * name the shard and the tensor and leak no descriptor.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -179,7 +180,7 @@ test_parse_shard_names(void **state)
 		char doc[400], name[300];
 
 		memset(name, 'n', 256 - 12);
-		strcpy(name + 256 - 12, ".safetensors");
+		memcpy(name + 256 - 12, ".safetensors", sizeof(".safetensors"));
 		snprintf(doc, sizeof(doc), "{\"weight_map\":{\"t\":\"%s\"}}", name);
 		EXPECT(doc, -EINVAL, "is longer than 255 bytes");
 	}
@@ -189,7 +190,7 @@ test_parse_shard_names(void **state)
 static void
 test_parse_too_many_shards(void **state)
 {
-	size_t cap = 64 * (INDEX_MAX_FILES + 2), p = 0;
+	size_t cap = (size_t)64 * (INDEX_MAX_FILES + 2), p = 0;
 	char *doc = malloc(cap);
 
 	p += (size_t)snprintf(doc + p, cap - p, "{\"weight_map\":{");
@@ -250,9 +251,8 @@ write_shard(const char *dir, const char *name, const char *tensors, const char *
 		p += (size_t)snprintf(h + p, sizeof(h) - p, "\"__metadata__\":%s", meta);
 	for (t = strtok_r(list, ",", &save); t != NULL; t = strtok_r(NULL, ",", &save)) {
 		p += (size_t)snprintf(h + p, sizeof(h) - p,
-			"%s\"%s\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[%llu,%llu]}",
-			(p > 1) ? "," : "", t, (unsigned long long)off,
-			(unsigned long long)(off + 8));
+			"%s\"%s\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[%" PRIu64
+			",%" PRIu64 "]}", (p > 1) ? "," : "", t, off, off + 8);
 		off += 8;
 	}
 	snprintf(h + p, sizeof(h) - p, "}");

@@ -128,7 +128,7 @@ build(struct img *im, const struct tw_tensor *t, size_t n, const char *const *me
 	off += nmeta * WEIG_META_ENTRY_SIZE;
 	for (size_t i = 0; i < n; i++) {
 		im->shape_off[i] = off;
-		off += 8 * t[i].ndim;
+		off += (uint64_t)8 * t[i].ndim;
 	}
 	for (size_t i = 0; i < n; i++) {
 		im->name_off[i] = off;
@@ -168,7 +168,7 @@ build(struct img *im, const struct tw_tensor *t, size_t n, const char *const *me
 		rec64(im, i, R_DATA, im->data_off[i]);
 		rec64(im, i, R_SIZE, t[i].nbytes);
 		for (uint32_t d = 0; d < t[i].ndim; d++)
-			st64(im, im->shape_off[i] + 8 * d, t[i].shape[d]);
+			st64(im, im->shape_off[i] + (uint64_t)8 * d, t[i].shape[d]);
 		memcpy(im->buf + im->name_off[i], t[i].name, strlen(t[i].name) + 1);
 		for (uint64_t k = 0; k < t[i].nbytes; k++)
 			im->buf[im->data_off[i] + k] = (uint8_t)(i * 31 + k);
@@ -228,7 +228,9 @@ expect_fail(struct img *im, int code, const char *what)
 	im->buf = NULL;
 }
 
-/* A broken image of the base layout (helper for one-line tests). */
+/* A broken image of the base layout (helper for one-line tests). im is
+ * the name of the variable it declares, which parentheses cannot wrap.
+ * NOLINTNEXTLINE(bugprone-macro-parentheses) */
 #define BASE(im) struct img im; build_base(&im, 0)
 
 /* ---- valid files ---- */
