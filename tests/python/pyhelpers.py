@@ -87,13 +87,53 @@ def file_mappings(path):
     return n
 
 
+def mapping_at(addr):
+    """(perms, path) of the /proc/self/maps entry holding addr, or None."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(None, 5)
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            if lo <= addr < hi:
+                return parts[1], parts[5].strip() if len(parts) > 5 else ""
+    return None
+
+
+def fstat_names_by_another_device(monkeypatch, path):
+    """Makes os.fstat of a descriptor of path say another st_dev (the inode
+    and the rest kept), as overlayfs before Linux 6.8 and btrfs subvolumes
+    do next to /proc/self/maps, until monkeypatch undoes it."""
+    real_fstat = os.fstat
+
+    def fstat(fd):
+        st = real_fstat(fd)
+        if os.readlink(f"/proc/self/fd/{fd}") != os.path.realpath(path):
+            return st
+        fields = list(st[:10])
+        fields[2] = os.makedev(os.major(st.st_dev) + 100, os.minor(st.st_dev))  # st_dev
+        return os.stat_result(fields)
+    monkeypatch.setattr(os, "fstat", fstat)
+
+
+def cow_tensor(model, name, path):
+    """model.torch(name), which must come without a RuntimeWarning as a view
+    of a private writable (copy-on-write) mapping of the file at path."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        t = model.torch(name)
+    perms, where = mapping_at(t.data_ptr())
+    assert perms == "rw-p" and os.path.samefile(where, path), (perms, where)
+    return t
+
+
 class Daemon(Wcached):
     """A wcached with its config, sockets and log in one directory
     (tests/pyutil/wcached.py's Wcached, under the name the tests use)."""
 
 
-def run_python(code, env=None, timeout=120):
-    """Runs code in a fresh /usr/bin/python3 with this tree's package."""
+def run_python(code, env=None, timeout=120, wrap=()):
+    """Runs code in a fresh /usr/bin/python3 with this tree's package (the
+    command wrap runs it, given its argv as arguments, where wrap is given)."""
     e = dict(os.environ)
     e["PYTHONPATH"] = PYDIR + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
     if env:
@@ -102,7 +142,7 @@ def run_python(code, env=None, timeout=120):
                 e.pop(k, None)
             else:
                 e[k] = v
-    return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True,
+    return subprocess.run([*wrap, sys.executable, "-c", code], env=e, capture_output=True,
                           text=True, timeout=timeout)
 
 

@@ -15,7 +15,7 @@ import wcache.torch
 from wcache import _device
 from wcache._device import CpuBackend, RegisterRefused, plan, to_device
 
-from pyhelpers import write_safetensors
+from pyhelpers import fstat_names_by_another_device, mapping_at, write_safetensors
 
 torch = pytest.importorskip("torch")
 
@@ -141,17 +141,6 @@ def test_registered_path_is_byte_exact_and_unregisters(odd_model):
             assert t.data_ptr() % t.element_size() == 0
 
 
-def _maps_perms(addr):
-    """(perms, path) of the /proc/self/maps entry holding addr, or None."""
-    with open("/proc/self/maps") as f:
-        for line in f:
-            parts = line.split(None, 5)
-            lo, hi = (int(x, 16) for x in parts[0].split("-"))
-            if lo <= addr < hi:
-                return parts[1], parts[5].strip() if len(parts) > 5 else ""
-    return None
-
-
 def test_a_long_term_pin_registers_a_shared_view_not_the_private_mapping(odd_model):
     """libwcache maps MAP_PRIVATE; a device that pins long-term gets a
     MAP_SHARED read-only mapping of the same file registered (pinning the
@@ -159,14 +148,14 @@ def test_a_long_term_pin_registers_a_shared_view_not_the_private_mapping(odd_mod
     path, raw = odd_model
     model = wcache.open_file(path)
     tab = model._tab()
-    private = _maps_perms(tab.info(0).data)
+    private = mapping_at(tab.info(0).data)
     assert private is not None and private[0][3] == "p", private
     backend = CpuBackend(pins_long_term=True)
     seen = []
     real_register = backend.register
 
     def register(addr, n):
-        seen.append((addr, n, _maps_perms(addr)))
+        seen.append((addr, n, mapping_at(addr)))
         return real_register(addr, n)
     backend.register = register
     out = to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
@@ -180,8 +169,8 @@ def test_a_long_term_pin_registers_a_shared_view_not_the_private_mapping(odd_mod
         assert os.path.samefile(where, path)
         assert not any(lo <= addr < hi for lo, hi, _, _ in p.ranges), "not the private mapping"
     for addr, _, _ in seen:
-        assert _maps_perms(addr) is None or _maps_perms(addr)[0] != "r--s" or \
-            not os.path.samefile(_maps_perms(addr)[1], path), "the view was unmapped"
+        assert mapping_at(addr) is None or mapping_at(addr)[0] != "r--s" or \
+            not os.path.samefile(mapping_at(addr)[1], path), "the view was unmapped"
     assert backend.registered == {}
 
 
@@ -821,22 +810,13 @@ def test_a_file_stat_names_differently_gets_its_view(odd_model, monkeypatch):
     from wcache import _sharedview
     path, raw = odd_model
     model = wcache.open_file(path)
-    real_fstat = os.fstat
-
-    def fstat(fd):
-        st = real_fstat(fd)
-        if os.readlink(f"/proc/self/fd/{fd}") != os.path.realpath(path):
-            return st
-        fields = list(st[:10])
-        fields[2] = os.makedev(os.major(st.st_dev) + 100, os.minor(st.st_dev))  # st_dev
-        return os.stat_result(fields)
-    monkeypatch.setattr(_sharedview.os, "fstat", fstat)
+    fstat_names_by_another_device(monkeypatch, path)
     backend = CpuBackend(pins_long_term=True)
     seen = []
     real_register = backend.register
 
     def register(addr, n):
-        seen.append(_maps_perms(addr))
+        seen.append(mapping_at(addr))
         return real_register(addr, n)
     backend.register = register
     out = to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,

@@ -2,6 +2,7 @@
 writes that must fail (numpy) or stay private (torch)."""
 import gc
 import os
+import subprocess
 import textwrap
 
 import numpy as np
@@ -10,7 +11,8 @@ import torch
 
 import wcache
 from wcache._lib import MissingTensor
-from pyhelpers import file_mappings, other_thread_before, run_forked, write_safetensors
+from pyhelpers import (PYDIR, cow_tensor, file_mappings, fstat_names_by_another_device,
+                       other_thread_before, run_forked, run_python, write_safetensors)
 
 
 @pytest.fixture
@@ -320,6 +322,164 @@ def test_torch_from_renamed_over_file_still_right(tmp_path):
         with _nowarn_unless_copy():
             t = m.torch("w")
         assert torch.equal(t, torch.from_numpy(old))
+
+
+
+def test_torch_remap_of_a_file_stat_names_differently(f32_model, monkeypatch):
+    """fstat(2) can name the mapped file by another device than
+    /proc/self/maps does (overlayfs before Linux 6.8, e.g. a container's
+    /tmp; btrfs subvolumes): the remap (way 2) then asks the new mapping's
+    own line in /proc/self/maps, as the device engine's shared view does.
+    The same file gives copy-on-write views of it, without a warning; where
+    that line names another file, the mapping is unmapped and torch()
+    copies, saying why. Before, the remap refused the very file as
+    "renamed over" and torch() copied."""
+    from wcache import _sharedview
+    path, arrays = f32_model
+    before = open(path, "rb").read()
+    fstat_names_by_another_device(monkeypatch, path)
+    monkeypatch.setenv("WCACHE_TORCH_COW", "remap")
+
+    def writable_mappings():
+        with open("/proc/self/maps") as f:
+            return [line for line in f if " rw-p " in line
+                    and line.rstrip().endswith(os.path.realpath(path))]
+    with monkeypatch.context() as other_file:
+        other_file.setattr(_sharedview, "mapped_identity", lambda addr: ((0, 0), 0))
+        with wcache.open_file(path) as m:
+            with pytest.warns(RuntimeWarning, match="private copies.*no longer the mapped file"):
+                t = m.torch("a.weight")
+            assert torch.equal(t, torch.from_numpy(arrays["a.weight"]))
+            assert writable_mappings() == [], "the refused mapping is unmapped"
+    with wcache.open_file(path) as m:
+        t = cow_tensor(m, "a.weight", path)
+        t.add_(1)
+        assert torch.equal(m.torch("a.weight"), torch.from_numpy(arrays["a.weight"] + 1))
+    assert open(path, "rb").read() == before
+
+
+# The remap and the device engine's shared view of a model in argv[1], a
+# new directory on a filesystem (argv[2]: btrfs, a subvolume; overlay, the
+# merged directory) where fstat and /proc/self/maps may name a file by two
+# devices (test_remap_on_a_real_filesystem). Exit status 77: they name it
+# alike here (overlayfs since Linux 6.8).
+REAL_FS_REMAP = textwrap.dedent("""
+    import json, os, subprocess, sys, warnings, numpy as np, torch, wcache
+    from wcache import _sharedview
+    from pyhelpers import cow_tensor, mapping_at, write_safetensors
+
+    os.environ["WCACHE_TORCH_COW"] = "remap"
+    sub, fs = sys.argv[1:3]
+    if fs == "btrfs":
+        # two shards with one inode number: the subvolume's first file, and
+        # the first of a subvolume nested in it, which maps names by the
+        # same device
+        x, y = np.zeros(256, "<f4"), np.ones(256, "<f4")
+        write_safetensors(os.path.join(sub, "a.safetensors"), [("x", "F32", (256,), x.tobytes())])
+        subprocess.run(["btrfs", "-q", "subvolume", "create", os.path.join(sub, "s2")], check=True)
+        write_safetensors(os.path.join(sub, "s2", "b.safetensors"),
+                          [("y", "F32", (256,), y.tobytes())])
+        os.symlink("s2/b.safetensors", os.path.join(sub, "b.safetensors"))
+        assert os.stat(os.path.join(sub, "a.safetensors")).st_ino == \\
+            os.stat(os.path.join(sub, "b.safetensors")).st_ino
+        with open(os.path.join(sub, "model.safetensors.index.json"), "w") as f:
+            json.dump({"weight_map": {"x": "a.safetensors", "y": "b.safetensors"}}, f)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            sharded = wcache.open_file(os.path.join(sub, "model.safetensors.index.json"))
+            assert torch.equal(sharded.torch("x"), torch.from_numpy(x))
+            assert torch.equal(sharded.torch("y"), torch.from_numpy(y)), "y is x's bytes"
+
+    path = os.path.join(sub, "m.safetensors")
+    w = np.arange(4096, dtype="<f4")
+    write_safetensors(path, [("w", "F32", (4096,), w.tobytes())])
+    m = wcache.open_file(path)
+    data = m._tab().info(0).data
+    entry = [e for e in _sharedview.file_mappings() if e[0] <= data < e[1]][0]
+    st = os.stat(path)
+    if entry[3:5] == ((os.major(st.st_dev), os.minor(st.st_dev)), st.st_ino):
+        print("fstat and /proc/self/maps name the file alike:", entry[3:5])
+        sys.exit(77)
+    t = cow_tensor(m, "w", path)
+    t.add_(1)
+    assert torch.equal(m.torch("w"), torch.from_numpy(w + 1))
+    view = _sharedview.shared_view(entry[0], entry[1])
+    assert view.own and mapping_at(view.addr)[0] == "r--s", mapping_at(view.addr)
+    view.close()
+
+    other = wcache.open_file(path)
+    new = os.path.join(sub, "new.safetensors")
+    write_safetensors(new, [("w", "F32", (4096,), (w + 10).tobytes())])
+    subprocess.run(["mount", "--bind", new, path], check=True)  # path names another file
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        t = other.torch("w")
+    assert [str(x.message) for x in seen if "no longer the mapped file" in str(x.message)], \
+        [str(x.message) for x in seen]
+    assert torch.equal(t, torch.from_numpy(w))
+    try:
+        _sharedview.shared_view(entry[0], entry[1])
+        raise AssertionError("a shared view of another file")
+    except _sharedview.Unavailable as e:
+        assert "no longer the mapped file" in str(e), e
+    subprocess.run(["umount", path], check=True)
+""")
+
+# Runs "$@" DIR FS in a mount namespace of its own, DIR a new directory on
+# a filesystem of type $2 made in $1: btrfs (a subvolume on the image $1/img)
+# or overlay (the merged directory); exit status 77 where none can be made.
+_MOUNT_SETUP = """
+d=$1; fs=$2; shift 2
+mount --make-rprivate / || exit 77
+mkdir "$d/mnt" || exit 1
+if [ "$fs" = btrfs ]; then
+    mkfs.btrfs -q "$d/img" >/dev/null 2>&1 || exit 77
+    mount -o loop "$d/img" "$d/mnt" || exit 77
+    btrfs -q subvolume create "$d/mnt/sub" >/dev/null || exit 1
+    dir=$d/mnt/sub
+else
+    mkdir "$d/lower" "$d/upper" "$d/work" || exit 1
+    mount -t overlay overlay -o "lowerdir=$d/lower,upperdir=$d/upper,workdir=$d/work" \\
+        "$d/mnt" || exit 77
+    dir=$d/mnt
+fi
+"$@" "$dir" "$fs"
+rc=$?
+umount "$d/mnt"
+exit $rc
+"""
+
+
+@pytest.mark.parametrize("fs", ["btrfs", "overlay"])
+def test_remap_on_a_real_filesystem(tmp_path, fs):
+    """fstat names a file in a btrfs subvolume by the subvolume's device
+    and /proc/self/maps by the superblock's (any Linux), and one in an
+    overlayfs by the overlay's device and the upper or lower file's (before
+    Linux 6.8): the remap and the device engine's shared view both make
+    their mapping of the very file, and refuse the file a bind mount puts
+    at its path. On btrfs the remap also tells apart two shards of one
+    model that maps names alike (one in a nested subvolume, with the same
+    inode number). Needs root (mount(8) in a mount namespace of its own);
+    btrfs also a loop device and btrfs-progs. Skips without them, and where
+    fstat and maps name the file alike (overlayfs since 6.8)."""
+    import shutil
+    if os.geteuid() != 0:
+        pytest.skip("mounting a filesystem needs root")
+    tools = ("unshare", "mkfs.btrfs", "btrfs") if fs == "btrfs" else ("unshare",)
+    missing = [c for c in tools if shutil.which(c) is None]
+    if missing:
+        pytest.skip(f"no {', '.join(missing)}")
+    if subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("no mount namespace of our own (unshare -m)")
+    if fs == "btrfs":
+        with open(tmp_path / "img", "wb") as f:
+            f.truncate(128 << 20)  # sparse; mkfs.btrfs wants 114 MiB
+    here = os.path.dirname(os.path.abspath(__file__))
+    r = run_python(REAL_FS_REMAP, env={"PYTHONPATH": f"{PYDIR}{os.pathsep}{here}"},
+                   wrap=("unshare", "-m", "sh", "-c", _MOUNT_SETUP, "sh", str(tmp_path), fs))
+    if r.returncode == 77:
+        pytest.skip(f"no {fs} where fstat and maps disagree here: {r.stdout}{r.stderr}")
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 class _nowarn_unless_copy:

@@ -13,12 +13,13 @@ cache pages that every worker shares.
 
 So the copy engine (_device.py) registers such a mapping of the same file
 instead: the file behind a range is found in /proc/self/maps, opened
-read-only through its path, checked to be the same inode (device and inode
-number), and mapped shared over the same file offsets. /proc/self/maps and
+read-only through its path, mapped shared over the same file offsets, and
+checked to be the same inode (device and inode number) by map_mapped_file,
+which _torch.py's copy-on-write remap uses too. /proc/self/maps and
 fstat(2) can name one file differently: overlayfs before Linux 6.8 shows
 the underlying (upper or lower) inode in maps and the overlay's st_dev in
 stat (a container's /tmp), btrfs the superblock's device in maps and the
-subvolume's in stat. Where fstat disagrees, the view's own line in
+subvolume's in stat. Where fstat disagrees, the new mapping's own line in
 /proc/self/maps decides: the kernel names both mappings the same way, and
 the same (device, inode) there is the same file. Where that cannot be
 done (the worker may not open the path: a file only the daemon can read; it
@@ -32,7 +33,7 @@ import mmap
 import os
 
 __all__ = ["Unavailable", "NotMapped", "SharedView", "shared_view", "file_mappings",
-           "open_mapped_file", "mapped_identity"]
+           "map_mapped_file", "mapped_identity"]
 
 _PROT_READ = 0x1
 _MAP_SHARED = 0x01
@@ -108,23 +109,14 @@ def shared_view(lo, hi, entries=None):
     start, _end, offset, dev, ino, path, shared = entries[i]
     if shared:
         return SharedView(lo, hi, lo, False)
-    fd, st, same = _open_mapped(path, dev, ino)
-    try:
-        name = os.fsdecode(path)
+
+    def span(st):
         file_off = offset + (lo - start)
         if file_off + (hi - lo) > st.st_size + mmap.PAGESIZE - 1:
-            raise Unavailable(f"{name} is shorter than its mapping")
-        addr = _libc.mmap(None, hi - lo, _PROT_READ, _MAP_SHARED, fd, file_off)
-        if addr is None or addr == _MAP_FAILED:
-            e = ctypes.get_errno()
-            raise Unavailable(f"{name}: shared mmap: {os.strerror(e)}")
-        view = SharedView(lo, hi, addr, True)
-        if not same and mapped_identity(addr) != (dev, ino):
-            view.close()
-            raise Unavailable(f"{name} is no longer the mapped file (renamed over)")
-        return view
-    finally:
-        os.close(fd)
+            raise Unavailable(f"{os.fsdecode(path)} is shorter than its mapping")
+        return file_off, hi - lo
+    addr, _ = map_mapped_file(path, dev, ino, span, _PROT_READ, _MAP_SHARED)
+    return SharedView(lo, hi, addr, True)
 
 
 def mapped_identity(addr):
@@ -137,13 +129,17 @@ def mapped_identity(addr):
     return entries[i][3], entries[i][4]
 
 
-def _open_mapped(path, dev, ino):
-    """(fd, stat, same) of the file a /proc/self/maps entry names (path,
-    dev as (major, minor), inode), opened read-only through its path; same:
-    whether fstat names it (dev, ino) too (see the module comment for where
-    it does not though it is the same file). Unavailable where the entry
-    says the file was deleted or renamed over, or the path cannot be
-    opened. The caller closes fd."""
+def map_mapped_file(path, dev, ino, span, prot, flags):
+    """(addr, length) of a new mapping (mmap(2) with prot and flags) of the
+    file a /proc/self/maps entry names (path, dev as (major, minor),
+    inode), opened read-only through its path; span(stat) gives the file
+    offset and length to map, or raises Unavailable. It is checked to be
+    that file: by fstat, or where fstat names it by another device or inode
+    (overlayfs before Linux 6.8, btrfs: see the module comment), by the new
+    mapping's own line in /proc/self/maps. Unavailable where the entry says
+    the file was deleted or renamed over, the path cannot be opened, span
+    refuses, mmap fails, or the path names another file; then nothing stays
+    mapped. The caller unmaps addr."""
     name = os.fsdecode(path)
     if path.endswith(b" (deleted)"):
         raise Unavailable(f"{name}: the mapped file was deleted or renamed over")
@@ -151,19 +147,18 @@ def _open_mapped(path, dev, ino):
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as e:
         raise Unavailable(f"cannot open {name}: {e.strerror}") from None
-    st = os.fstat(fd)
-    return fd, st, (os.major(st.st_dev), os.minor(st.st_dev)) == dev and st.st_ino == ino
-
-
-def open_mapped_file(path, dev, ino):
-    """(fd, stat) of the file a /proc/self/maps entry names (path, dev as
-    (major, minor), inode), opened read-only through its path and checked
-    by fstat to be that inode; Unavailable saying why not. The caller
-    closes fd. Stricter than shared_view, which maps the file before it
-    decides (see the module comment): on overlayfs before Linux 6.8 and on
-    btrfs this refuses the very file."""
-    fd, st, same = _open_mapped(path, dev, ino)
-    if not same:
+    try:
+        st = os.fstat(fd)
+        same = (os.major(st.st_dev), os.minor(st.st_dev)) == dev and st.st_ino == ino
+        file_off, length = span(st)
+        addr = _libc.mmap(None, length, prot, flags, fd, file_off)
+        if addr is None or addr == _MAP_FAILED:
+            e = ctypes.get_errno()
+            kind = "shared" if flags & _MAP_SHARED else "private"
+            raise Unavailable(f"{name}: {kind} mmap: {os.strerror(e)}")
+    finally:
         os.close(fd)
-        raise Unavailable(f"{os.fsdecode(path)} is no longer the mapped file (renamed over)")
-    return fd, st
+    if not same and mapped_identity(addr) != (dev, ino):
+        _libc.munmap(addr, length)
+        raise Unavailable(f"{name} is no longer the mapped file (renamed over)")
+    return addr, length

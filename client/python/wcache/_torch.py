@@ -25,8 +25,11 @@ Three ways to get such memory, tried in this order:
    (one mprotect per file); tensors are views of the library's own mapping.
 2. A private mapping of the same file made here: the file backing the
    tensor's read-only mapping is found in /proc/self/maps, opened read-only
-   through its path, checked to be the same inode (device and inode number),
-   and mapped MAP_PRIVATE | MAP_NORESERVE, PROT_READ | PROT_WRITE. It fails
+   through its path, mapped MAP_PRIVATE | MAP_NORESERVE, PROT_READ |
+   PROT_WRITE, and checked to be the same inode (device and inode number)
+   as _sharedview.py checks the device engine's shared view (fstat, or the
+   new mapping's own /proc/self/maps line where fstat names the file by
+   another device: overlayfs before Linux 6.8, btrfs subvolumes). It fails
    when this process cannot open the path (a daemon-served file it has no
    read permission for) or the path now names another file (renamed over).
 3. A private copy of the tensor (not zero-copy), with a RuntimeWarning once
@@ -54,7 +57,6 @@ charged against the overcommit limit in the default overcommit modes (0 and
 very large model writable can fail with ENOMEM; then way 3 is used.
 """
 import bisect
-import ctypes
 import mmap
 import os
 import platform
@@ -69,7 +71,7 @@ import torch
 from . import _lib, _table
 from ._dtypes import carrier_typestr, torch_dtype
 from .model import _ArrayOwner, _view
-from ._sharedview import _MAP_FAILED, Unavailable, _libc, file_mappings, open_mapped_file
+from ._sharedview import Unavailable, _libc, file_mappings, map_mapped_file
 
 _MODES = ("auto", "c", "remap", "copy")
 _BIG_ENDIAN = sys.byteorder != "little"
@@ -322,19 +324,13 @@ _MAP_NORESERVE = {
 
 
 class _PrivateMapping:
-    """A MAP_PRIVATE, writable mapping of a whole file; unmapped when the
-    last array over it is gone (arrays hold it through _ArrayOwner)."""
+    """A MAP_PRIVATE, writable mapping of a whole file (made by
+    map_mapped_file; this owns it from then on); unmapped when the last
+    array over it is gone (arrays hold it through _ArrayOwner)."""
     __slots__ = ("addr", "size", "__weakref__")
 
-    def __init__(self, fd, size):
-        self.addr = None
-        self.size = size
-        addr = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE,
-                          mmap.MAP_PRIVATE | _MAP_NORESERVE, fd, 0)
-        if addr is None or addr == _MAP_FAILED:
-            e = ctypes.get_errno()
-            raise OSError(e, os.strerror(e))
-        self.addr = addr
+    def __init__(self, addr, size):
+        self.addr, self.size = addr, size
 
     def __del__(self):
         addr, self.addr = self.addr, None
@@ -356,7 +352,11 @@ class _Remapper:
     def __init__(self):
         self.lock = threading.Lock()
         self.starts, self.entries = _parse_maps()
-        self.files = {}  # (dev, ino) -> _PrivateMapping, or a reason string
+        # (dev, ino, path) as /proc/self/maps names a file -> _PrivateMapping,
+        # or a reason string. Not (dev, ino) alone: maps names a btrfs file by
+        # the superblock's device, and two subvolumes' files can share an inode
+        # number (a shard symlinked into a subvolume nested in the model's)
+        self.files = {}
         self.arrays = {}  # id(mapping) -> writable uint8 array over all of it
 
     def array(self, info, carrier, reasons):
@@ -366,9 +366,9 @@ class _Remapper:
             return None
         start, _end, offset, dev, ino, path, _shared = self.entries[i]
         with self.lock:
-            m = self.files.get((dev, ino))
+            m = self.files.get((dev, ino, path))
             if m is None:
-                m = self.files[(dev, ino)] = self._map(path, dev, ino)
+                m = self.files[(dev, ino, path)] = self._map(path, dev, ino)
         if isinstance(m, str):
             reasons.append(m)
             return None
@@ -387,15 +387,12 @@ class _Remapper:
 
     @staticmethod
     def _map(path, dev, ino):
-        name = os.fsdecode(path)
+        """A _PrivateMapping of the whole file a /proc/self/maps entry
+        names, or a string saying why none can be made."""
         try:
-            fd, st = open_mapped_file(path, dev, ino)
+            addr, size = map_mapped_file(path, dev, ino, lambda st: (0, st.st_size),
+                                         mmap.PROT_READ | mmap.PROT_WRITE,
+                                         mmap.MAP_PRIVATE | _MAP_NORESERVE)
         except Unavailable as e:
             return str(e)
-        try:
-            try:
-                return _PrivateMapping(fd, st.st_size)
-            except OSError as e:
-                return f"{name}: private mmap: {e.strerror}"
-        finally:
-            os.close(fd)
+        return _PrivateMapping(addr, size)
