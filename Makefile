@@ -15,7 +15,7 @@ DEPS = cmake make gcc clang libclang-rt-14-dev pkg-config libuv1-dev libinih-dev
        python3-torch procps systemd util-linux debhelper dh-python dpkg-dev binutils \
        groff-base man-db clang-tidy cppcheck python3-pip python3-venv python3-yaml \
        systemd-container debootstrap strace valgrind podman runc catatonit uidmap \
-       slirp4netns fuse-overlayfs
+       slirp4netns fuse-overlayfs btrfs-progs python3-fsspec
 
 .PHONY: all deps build layers columns test test-asan test-release test-system lint fuzz bench demo \
 	gpu-carry install deb clean
@@ -70,6 +70,8 @@ columns:
 # The unit tests and the fuzz harnesses are checked as the code is. The
 # harnesses build only with clang (WCACHE_FUZZ=ON), so $(BUILD)'s compilation
 # database has no command for them: clang-tidy gets their flags after --.
+# clang-tidy runs on $(JOBS) files at once (xargs: its status is 123 if any
+# run found something).
 SOURCES = client/*/*.c proto/*.c daemon/*.c
 TEST_SOURCES = tests/unit/*.c tests/unit/*/*.c
 FUZZ_SOURCES = tests/fuzz/*.c
@@ -79,11 +81,11 @@ lint: build layers columns
 		--suppress=missingIncludeSystem --inline-suppr --error-exitcode=1 \
 		$(SOURCES) $(TEST_SOURCES) $(FUZZ_SOURCES)
 	cmake -S . -B $(BUILD) -DCMAKE_EXPORT_COMPILE_COMMANDS=ON >/dev/null
-	clang-tidy -p $(BUILD) --quiet $(SOURCES) $(TEST_SOURCES) 2>&1 | \
-		grep -v "warnings generated" ; exit $${PIPESTATUS[0]}
-	clang-tidy --quiet $(FUZZ_SOURCES) -- -std=c11 -D_GNU_SOURCE \
-		-DWCACHE_VERSION='"lint"' -I . -I client -I daemon 2>&1 | \
-		grep -v "warnings generated" ; exit $${PIPESTATUS[0]}
+	ls $(SOURCES) $(TEST_SOURCES) | xargs -P $(JOBS) -n 8 clang-tidy -p $(BUILD) --quiet \
+		2>&1 | grep -v "warnings generated" ; exit $${PIPESTATUS[1]}
+	ls $(FUZZ_SOURCES) | xargs -P $(JOBS) -n 8 sh -c 'clang-tidy --quiet "$$@" -- \
+		-std=c11 -D_GNU_SOURCE -DWCACHE_VERSION="\"lint\"" -I . -I client -I daemon' \
+		clang-tidy 2>&1 | grep -v "warnings generated" ; exit $${PIPESTATUS[1]}
 
 test-asan: deps
 	CC=clang cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DWCACHE_SANITIZE=ON \
