@@ -61,7 +61,7 @@ export GPUBENCH_CPU=$cpu
 
 t_start=$(date +%s)
 step() { # step [--limit S] LABEL COMMAND...: runs COMMAND under the step timeout (or S), timed
-	local label t0 rc limit left pid cap=$step_timeout
+	local label t0 rc limit left pid logs tails cap=$step_timeout
 	if [ "$1" = --limit ]; then cap=$2; shift 2; fi
 	label=$1
 	shift
@@ -81,13 +81,25 @@ step() { # step [--limit S] LABEL COMMAND...: runs COMMAND under the step timeou
 	# that never returns, in D state) would hold timeout, and the run,
 	# past every limit. 8 s after the limit (timeout's KILL comes at 5)
 	# the step is left behind, within the 10 s kept for the report.
+	# Its output goes to files that tail copies to ours until timeout
+	# ends: a process left behind holds those files, not our stdout and
+	# stderr, so a reader of ours (run.sh ... | tee) still sees them end.
 	set +e
-	timeout --kill-after=5 "$limit" "$@" &
+	logs=$(mktemp -d "${TMPDIR:-/tmp}/wcache-step.XXXXXX") || return 1
+	: >"$logs/out"
+	: >"$logs/err" # there before tail opens them, whichever starts first
+	timeout --kill-after=5 "$limit" "$@" >"$logs/out" 2>"$logs/err" &
 	pid=$!
+	tail -s 0.1 -n +1 --pid="$pid" -f "$logs/out" &
+	tails=$!
+	tail -s 0.1 -n +1 --pid="$pid" -f "$logs/err" >&2 &
+	tails="$tails $!"
 	while kill -0 "$pid" 2>/dev/null; do
 		if [ $(($(date +%s) - t0)) -ge $((limit + 8)) ]; then
 			kill -KILL "$pid" 2>/dev/null
 			wait "$pid" 2>/dev/null
+			wait $tails
+			rm -rf "$logs"
 			set -e
 			echo "== $label: ABANDONED after $((limit + 8))s: killed, a process of it did not end (left running)" >&2
 			return 137
@@ -96,6 +108,8 @@ step() { # step [--limit S] LABEL COMMAND...: runs COMMAND under the step timeou
 	done
 	wait "$pid"
 	rc=$?
+	wait $tails # they end once pid has, having copied the rest
+	rm -rf "$logs"
 	set -e
 	if [ $rc -ne 0 ]; then
 		[ $rc -eq 124 ] || [ $rc -eq 137 ] && echo "== $label: TIMEOUT after ${limit}s" >&2 ||

@@ -560,21 +560,33 @@ def test_run_sh_keeps_to_its_budget(tmp_path):
 def test_run_sh_leaves_a_step_that_cannot_be_killed(tmp_path):
     """timeout waits for its command after killing it, so a process stuck in
     the kernel (a driver call that never returns) would hold the run past
-    every limit. Stood in for by a timeout that ignores everything: run.sh
-    leaves the step behind 8 s after its limit, kills timeout, goes on and
-    reports."""
+    every limit. Stood in for by a timeout that ignores everything, and a
+    process of the step that outlives it (sleep 90, as the stuck process
+    would) with the step's stdout and stderr: run.sh leaves the step
+    behind 8 s after its limit, kills timeout, goes on and reports, and
+    its own stdout and stderr end with it (a reader of them, this test as
+    `run.sh | tee` on the device, is not held by what was left behind)."""
     real = shutil.which("timeout")
     assert real
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "timeout"
+    stuck = tmp_path / "stuck.pid"
     fake.write_text(f"#!/bin/sh\ncase \"$*\" in *' gen '*)\n"
+                    f"\tsleep 90 & echo $! >{stuck}\n"
                     f"\ttrap '' TERM INT HUP\n\twhile :; do sleep 1; done ;;\nesac\n"
                     f"exec {real} \"$@\"\n")
     fake.chmod(0o755)
     env = dict(os.environ, PYTHON=sys.executable, MAKE_TIMEOUT="2",
                PATH=f"{bin_dir}:{os.environ['PATH']}")
-    r, out, took = _run_small(tmp_path, env, timeout=120)
+    try:
+        r, out, took = _run_small(tmp_path, env, timeout=120)
+    finally:
+        if stuck.exists():
+            try:
+                os.kill(int(stuck.read_text()), 9)
+            except (ValueError, ProcessLookupError):
+                pass
     assert r.returncode == 1, out
     assert "== make the model: ABANDONED after 10s: killed, a process of it did not end" in \
         r.stderr, out
