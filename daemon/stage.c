@@ -646,7 +646,7 @@ discard(const struct stage_request *req, int sfd, const char *tmp, int marked)
 	int r = 0;
 
 	if (marked)
-		r = stage_remove_at(sfd, req->stage_dir, tmp, &why);
+		r = stage_remove_at(sfd, req->stage_dir, tmp, NULL, &why);
 	else if (unlinkat(sfd, tmp, AT_REMOVEDIR) == -1 && errno != ENOENT)
 		r = error_set(-errno, "removing %s/%s: %s", req->stage_dir, tmp, strerror(errno));
 	if (r < 0)

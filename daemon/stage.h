@@ -144,12 +144,13 @@ int stage_dir_of(const char *stage_dir, const char *path, char **dir);
  * are not touched; one of those names without the marker gets one warning
  * naming it. Refuses (-EPERM, nothing removed) a stage_dir another user may write.
  * Blocking. *removed counts the copies removed. 0, or the first -errno
- * (with the message); it goes on after an error. Before each copy it reads
- * *stop (atomically; stop may be NULL): once set (wcached stops) it
- * removes no more and returns -ECANCELED with a message saying so (unless
- * a removal failed before: that failure is returned), so that
- * a stop does not wait for every leftover's unlink (the next start's
- * sweep removes the rest).
+ * (with the message); it goes on after an error. Before each copy, and
+ * before each file of a copy, it reads *stop (atomically; stop may be
+ * NULL): once set (wcached stops) it removes no more and returns
+ * -ECANCELED with a message saying so (unless a removal failed before:
+ * that failure is returned), so that a stop does not wait for every
+ * leftover's unlink, nor for every shard of one copy (the next start's
+ * sweep removes the rest: a copy cut short keeps its marker).
  */
 int stage_sweep(const char *stage_dir, char *const *keep, size_t nkeep, const int *stop,
 	unsigned *removed);

@@ -143,8 +143,16 @@ stage_dir_of(const char *stage_dir, const char *path, char **dir)
 	return 1;
 }
 
+/* Whether *stop (stop may be NULL) says to remove no more. */
+static bool
+stopped(const int *stop)
+{
+	return stop != NULL && __atomic_load_n(stop, __ATOMIC_RELAXED);
+}
+
 int
-stage_remove_at(int pfd, const char *parent, const char *name, const char **why)
+stage_remove_at(int pfd, const char *parent, const char *name, const int *stop,
+	const char **why)
 {
 	struct dirent *e;
 	struct stat st;
@@ -181,6 +189,11 @@ stage_remove_at(int pfd, const char *parent, const char *name, const char **why)
 		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 ||
 			strcmp(e->d_name, STAGE_MARKER) == 0)
 			continue;
+		if (stopped(stop)) {
+			/* An earlier failure stays the one returned. */
+			closedir(d);
+			return err < 0 ? err : -ECANCELED;
+		}
 		if (unlinkat(dirfd(d), e->d_name, 0) == -1 && errno != ENOENT && err == 0)
 			err = error_set(-errno, "removing %s/%s/%s: %s", parent, name, e->d_name,
 				strerror(errno));
@@ -211,7 +224,8 @@ stage_remove(const char *dir)
 		return r;
 	}
 	if ((r = stage_check_dir(pfd, parent, geteuid())) == 0 &&
-		(r = stage_remove_at(pfd, parent, file_basename(dir), &why)) == STAGE_NOT_OURS)
+		(r = stage_remove_at(pfd, parent, file_basename(dir), NULL, &why)) ==
+		STAGE_NOT_OURS)
 		r = error_set(-EPERM, "%s is not a copy wcached made (%s): left alone", dir, why);
 	close(pfd);
 	free(parent);
@@ -395,8 +409,14 @@ stage_sweep(const char *stage_dir, char *const *keep, size_t nkeep, const int *s
 		free(full);
 		if (kept)
 			continue;
-		if (stop != NULL && __atomic_load_n(stop, __ATOMIC_RELAXED)) {
-			/* An earlier failure stays the one returned. */
+		if (!stopped(stop))
+			r = stage_remove_at(dirfd(d), stage_dir, e->d_name, stop, &why);
+		else
+			r = -ECANCELED;
+		if (r == -ECANCELED) {
+			/* Before this copy or within it (its marker stays, so the
+			 * next sweep finds it). An earlier failure stays the one
+			 * returned. */
 			if (err == 0)
 				err = error_set(-ECANCELED, "the sweep of stage_dir %s stopped "
 					"as wcached stops, after %u cop%s: the next start removes "
@@ -404,7 +424,7 @@ stage_sweep(const char *stage_dir, char *const *keep, size_t nkeep, const int *s
 					*removed == 1 ? "y" : "ies");
 			break;
 		}
-		if ((r = stage_remove_at(dirfd(d), stage_dir, e->d_name, &why)) < 0 && err == 0)
+		if (r < 0 && err == 0)
 			err = r;
 		else if (r == STAGE_REMOVED)
 			(*removed)++;

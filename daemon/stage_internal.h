@@ -41,10 +41,16 @@ enum stage_removal { STAGE_REMOVED, STAGE_GONE, STAGE_NOT_OURS };
  * wcached's user, holding STAGE_MARKER, a regular file of that user.
  * Never follows a link: the copy is opened with O_NOFOLLOW and its entries
  * unlinked relative to it, the marker last, so that a removal cut short
- * is still wcached's for the next sweep. STAGE_REMOVED, STAGE_GONE
- * (nothing there), STAGE_NOT_OURS (left alone, *why says how it is not
- * ours), or -errno with the message.
+ * is still wcached's for the next sweep. Before each entry but the
+ * marker it reads *stop (atomically; stop may be NULL): once set it
+ * removes no more and returns -ECANCELED, no message set, the marker and
+ * what is left still there (a copy of 163 shards on a slow disk must not
+ * hold a stop for every unlink; a copy whose files are all gone is
+ * finished). STAGE_REMOVED, STAGE_GONE (nothing there),
+ * STAGE_NOT_OURS (left alone, *why says how it is not ours), or -errno
+ * with the message.
  */
-int stage_remove_at(int pfd, const char *parent, const char *name, const char **why);
+int stage_remove_at(int pfd, const char *parent, const char *name, const int *stop,
+	const char **why);
 
 #endif

@@ -6,13 +6,14 @@
  * thread (a leftover copy may be hundreds of gigabytes: restored and local
  * models must not wait for its unlink), and a staging queued while it
  * runs waits for it to end, then copies; one that waits when wcached
- * stops ends cancelled and copies nothing.
+ * stops ends cancelled and copies nothing; a stop ends the sweep between
+ * two copies, or two files of one copy.
  *
  * Fault injection (-Wl,--wrap=unlinkat in tests/CMakeLists.txt): while a
- * test closes the gate, the removal of a leftover copy's model file waits
- * there on a pool thread (a slow unlink); one on the loop thread is only
- * recorded, so that the code before the fix fails the test instead of
- * hanging it.
+ * test closes the gate, the removal of a leftover copy's model file (or
+ * of the first file of a copy, gate_first_file) waits there on a pool
+ * thread (a slow unlink); one on the loop thread is only recorded, so that
+ * the code before the fix fails the test instead of hanging it.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -45,6 +46,10 @@ static pthread_mutex_t gate_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t gate_cond = PTHREAD_COND_INITIALIZER;
 static bool gate_closed;
 static atomic_int unlinked_on_loop, waiting_at_gate;
+/* When set, the gate holds the first file of a copy removed on a pool
+ * thread, whatever its name (the marker aside), not LEFTOVER_FILE: the
+ * one readdir gives first. */
+static atomic_bool gate_first_file;
 
 int __real_unlinkat(int dirfd, const char *path, int flags);
 int __wrap_unlinkat(int dirfd, const char *path, int flags);
@@ -65,7 +70,9 @@ __wrap_unlinkat(int dirfd, const char *path, int flags)
 		errno = EIO;
 		return -1;
 	}
-	if (strcmp(path, LEFTOVER_FILE) == 0) {
+	if (strcmp(path, LEFTOVER_FILE) == 0 ||
+		(flags == 0 && strcmp(path, STAGE_MARKER) != 0 &&
+			atomic_exchange(&gate_first_file, false))) {
 		if (pthread_equal(pthread_self(), loop_thread)) {
 			atomic_fetch_add(&unlinked_on_loop, 1);
 		} else {
@@ -128,6 +135,7 @@ setup(void **state)
 	loop_thread = pthread_self();
 	atomic_store(&unlinked_on_loop, 0);
 	atomic_store(&waiting_at_gate, 0);
+	atomic_store(&gate_first_file, false);
 	set_gate(false);
 	f->t = du_new(false);
 	f->stage_dir = path_join(f->t->dir, "staged");
@@ -337,6 +345,19 @@ sweep_ended(struct du *t, void *arg)
 	return t->reg.sweep == NULL;
 }
 
+/* Starts the sweep, stops wcached while its first removal waits at the
+ * gate, then lets it go on and waits for the sweep to end. */
+static void
+stop_at_the_gate(struct sweep_fixture *f)
+{
+	set_gate(true);
+	registry_stage_sweep(&f->t->reg, NULL, 0);
+	wait_at_gate();
+	registry_close(&f->t->reg);
+	set_gate(false);
+	du_run_until(f->t, sweep_ended, NULL);
+}
+
 /*
  * wcached stops while the sweep removes the first of three leftovers (each
  * one's unlink would wait at the gate): the sweep removes that one and no
@@ -352,18 +373,52 @@ test_a_stop_ends_the_sweep_at_the_next_copy(void **state)
 	free(make_leftover(f->stage_dir, "old.5"));
 	free(make_leftover(f->stage_dir, "old.6"));
 	du_log_start(f->t);
-	set_gate(true);
-	registry_stage_sweep(&f->t->reg, NULL, 0);
-	wait_at_gate();
-	registry_close(&f->t->reg);
-	set_gate(false);
-	du_run_until(f->t, sweep_ended, NULL);
+	stop_at_the_gate(f);
 	assert_int_equal(entries_starting(f->stage_dir, "old."), 2);
 	log = du_log_stop(f->t);
 	assert_non_null(strstr(log, "stopped as wcached stops, after 1 copy: the next start "
 				    "removes what is left"));
 	assert_non_null(strstr(log, "removed 1 staged copy left in "));
 	free(log);
+}
+
+/*
+ * wcached stops while the sweep removes the first file of the only
+ * leftover, a copy of four files (a sharded model's, say): the sweep
+ * removes no other file of it, and the copy keeps its marker, so the next
+ * start's sweep removes the rest; before, a stop waited for the unlink of
+ * every file of the copy it had begun (163 shards on a slow disk: seconds
+ * each).
+ */
+static void
+test_a_stop_ends_the_sweep_within_a_copy(void **state)
+{
+	struct sweep_fixture *f = *state;
+	unsigned removed = 0;
+	struct stat st;
+	char *marker, *log;
+
+	free(tu_write(f->leftover, "model-00001-of-00003.safetensors", "abc", 3));
+	free(tu_write(f->leftover, "model-00002-of-00003.safetensors", "abc", 3));
+	free(tu_write(f->leftover, "model.safetensors.index.json", "{}", 2));
+	du_log_start(f->t);
+	atomic_store(&gate_first_file, true);
+	stop_at_the_gate(f);
+	/* The copy is still there, marked, with the three files its removal
+	 * had not reached. */
+	marker = path_join(f->leftover, STAGE_MARKER);
+	assert_non_null(marker);
+	assert_int_equal(stat(marker, &st), 0);
+	free(marker);
+	assert_int_equal(tu_count_entries(f->leftover), 4);
+	log = du_log_stop(f->t);
+	assert_non_null(strstr(log, "stopped as wcached stops, after 0 copies: the next start "
+				    "removes what is left"));
+	free(log);
+	/* The next sweep finds it wcached's and removes it. */
+	assert_int_equal(stage_sweep(f->stage_dir, NULL, 0, NULL, &removed), 0);
+	assert_int_equal(removed, 1);
+	assert_int_equal(tu_count_entries(f->leftover), -1);
 }
 
 /* A removal fails, then wcached stops: the failure is what the sweep
@@ -417,6 +472,8 @@ main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(test_a_failure_before_a_stop_is_the_one_reported,
 			setup, teardown),
+		cmocka_unit_test_setup_teardown(test_a_stop_ends_the_sweep_within_a_copy, setup,
+			teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
