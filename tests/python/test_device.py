@@ -4,6 +4,7 @@ staging path, fallback decisions, error paths, and the hooks in safe_open,
 load_file and derived. Byte-exact against the file's own bytes. Host
 registration of CPU handles (wcache/_hostreg.py) is tested in
 test_hostreg.py; the cpu_device fixture is in conftest.py."""
+import errno
 import logging
 import os
 
@@ -836,3 +837,28 @@ def test_a_file_stat_names_differently_gets_its_view(odd_model, monkeypatch):
         views = [line for line in f if " r--s " in line and line.rstrip().endswith(
             os.path.realpath(path))]
     assert views == [], "a refused view is unmapped"
+
+
+def test_view_whose_maps_line_cannot_be_read_stages(odd_model, monkeypatch):
+    """Where fstat names the file by another device and /proc/self/maps
+    cannot be read to check the new view (EMFILE, ENOMEM), the engine
+    stages, saying why, and the view is unmapped: the OSError neither
+    escapes the load nor leaves the mapping behind."""
+    from wcache import _sharedview
+    path, raw = odd_model
+    model = wcache.open_file(path)
+    fstat_names_by_another_device(monkeypatch, path)
+
+    def unreadable(addr):
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+    monkeypatch.setattr(_sharedview, "mapped_identity", unreadable)
+    out = to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
+                    backend=CpuBackend(pins_long_term=True), mode="auto", small=0,
+                    max_batch=4096)
+    _check_exact(out, raw)
+    engine = _device.last_load[0]
+    assert engine.path == "staging" and "cannot read /proc/self/maps" in engine.why, engine.why
+    with open("/proc/self/maps") as f:
+        views = [line for line in f if " r--s " in line and line.rstrip().endswith(
+            os.path.realpath(path))]
+    assert views == [], "a view that could not be checked is unmapped"

@@ -138,8 +138,9 @@ def map_mapped_file(path, dev, ino, span, prot, flags):
     (overlayfs before Linux 6.8, btrfs: see the module comment), by the new
     mapping's own line in /proc/self/maps. Unavailable where the entry says
     the file was deleted or renamed over, the path cannot be opened, span
-    refuses, mmap fails, or the path names another file; then nothing stays
-    mapped. The caller unmaps addr."""
+    refuses, mmap fails, the path names another file, or /proc/self/maps
+    cannot be read to check it; then nothing stays mapped. The caller
+    unmaps addr."""
     name = os.fsdecode(path)
     if path.endswith(b" (deleted)"):
         raise Unavailable(f"{name}: the mapped file was deleted or renamed over")
@@ -158,7 +159,13 @@ def map_mapped_file(path, dev, ino, span, prot, flags):
             raise Unavailable(f"{name}: {kind} mmap: {os.strerror(e)}")
     finally:
         os.close(fd)
-    if not same and mapped_identity(addr) != (dev, ino):
-        _libc.munmap(addr, length)
-        raise Unavailable(f"{name} is no longer the mapped file (renamed over)")
+    if not same:
+        try:
+            identity = mapped_identity(addr)
+        except OSError as e:  # /proc/self/maps unreadable (EMFILE, ENOMEM): not mapped here
+            _libc.munmap(addr, length)
+            raise Unavailable(f"{name}: cannot read /proc/self/maps: {e.strerror}") from None
+        if identity != (dev, ino):
+            _libc.munmap(addr, length)
+            raise Unavailable(f"{name} is no longer the mapped file (renamed over)")
     return addr, length
