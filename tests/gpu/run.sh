@@ -61,7 +61,7 @@ export GPUBENCH_CPU=$cpu
 
 t_start=$(date +%s)
 step() { # step [--limit S] LABEL COMMAND...: runs COMMAND under the step timeout (or S), timed
-	local label t0 rc limit left pid logs tails cap=$step_timeout
+	local label t0 rc limit left pid logs tails=() cap=$step_timeout
 	if [ "$1" = --limit ]; then cap=$2; shift 2; fi
 	label=$1
 	shift
@@ -91,14 +91,14 @@ step() { # step [--limit S] LABEL COMMAND...: runs COMMAND under the step timeou
 	timeout --kill-after=5 "$limit" "$@" >"$logs/out" 2>"$logs/err" &
 	pid=$!
 	tail -s 0.1 -n +1 --pid="$pid" -f "$logs/out" &
-	tails=$!
+	tails+=($!)
 	tail -s 0.1 -n +1 --pid="$pid" -f "$logs/err" >&2 &
-	tails="$tails $!"
+	tails+=($!)
 	while kill -0 "$pid" 2>/dev/null; do
 		if [ $(($(date +%s) - t0)) -ge $((limit + 8)) ]; then
 			kill -KILL "$pid" 2>/dev/null
 			wait "$pid" 2>/dev/null
-			wait $tails
+			wait "${tails[@]}"
 			rm -rf "$logs"
 			set -e
 			echo "== $label: ABANDONED after $((limit + 8))s: killed, a process of it did not end (left running)" >&2
@@ -108,7 +108,7 @@ step() { # step [--limit S] LABEL COMMAND...: runs COMMAND under the step timeou
 	done
 	wait "$pid"
 	rc=$?
-	wait $tails # they end once pid has, having copied the rest
+	wait "${tails[@]}" # they end once pid has, having copied the rest
 	rm -rf "$logs"
 	set -e
 	if [ $rc -ne 0 ]; then
