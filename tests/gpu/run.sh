@@ -84,10 +84,10 @@ step() { # step [--limit S] LABEL COMMAND...: runs COMMAND under the step timeou
 	# Its output goes to files that tail copies to ours until timeout
 	# ends: a process left behind holds those files, not our stdout and
 	# stderr, so a reader of ours (run.sh ... | tee) still sees them end.
-	set +e
 	logs=$(mktemp -d "${TMPDIR:-/tmp}/wcache-step.XXXXXX") || return 1
 	: >"$logs/out"
 	: >"$logs/err" # there before tail opens them, whichever starts first
+	set +e
 	timeout --kill-after=5 "$limit" "$@" >"$logs/out" 2>"$logs/err" &
 	pid=$!
 	tail -s 0.1 -n +1 --pid="$pid" -f "$logs/out" &
