@@ -123,7 +123,9 @@ void reload_set_stage_dir(struct daemon *d, const struct config *cfg, uid_t uid,
 
 /* reload.c: re-reads the configuration and adds, drops or reloads models;
  * done (may be NULL) runs with arg when every load it started has ended.
- * 0, or a negative errno-style code when nothing was reloaded. */
+ * A reload asked while another waits behind the read running shares that
+ * one's read and answer. 0, or a negative errno-style code when nothing
+ * was reloaded. */
 int reload_config(struct daemon *d, registry_done_fn done, void *arg);
 
 /* How often warm models are checked for pages memory pressure took. */

@@ -111,10 +111,31 @@ retry_failed(struct batch *b, const struct config *cfg)
 	}
 }
 
-/* What a config reload reports to its requester when its loads end. */
-struct reload_request {
+/* One requester of a config reload (`wcachectl reload`), answered when
+ * its reload ends; several share a read that had not started when they
+ * asked (reload_config). */
+struct reload_waiter {
 	registry_done_fn done;
 	void *arg;
+	struct reload_waiter *next; /* in the order asked */
+};
+
+/* Answers every waiter of the list w, in order, and frees them. */
+static void
+answer_waiters(struct reload_waiter *w, int status, const char *message)
+{
+	while (w != NULL) {
+		struct reload_waiter *next = w->next;
+
+		w->done(status, message, 0, w->arg);
+		free(w);
+		w = next;
+	}
+}
+
+/* What a config reload reports to its requesters when its loads end. */
+struct reload_request {
+	struct reload_waiter *waiters;
 };
 
 static void
@@ -134,11 +155,10 @@ reload_finished(struct daemon *d, unsigned failed, void *arg)
 		failed ? "; some models failed" : "");
 	log_info("%s", msg);
 	batch_check_fit(d);
-	if (req != NULL && req->done != NULL)
-		req->done(failed ? -EIO : 0, failed ? "configuration reloaded; some models failed "
-						      "to load (see status)" :
-						      msg,
-			0, req->arg);
+	if (req != NULL)
+		answer_waiters(req->waiters, failed ? -EIO : 0,
+			failed ? "configuration reloaded; some models failed to load (see status)" :
+				 msg);
 	free(req);
 }
 
@@ -230,15 +250,21 @@ keep_restart_keys(struct config *running, struct config *next)
  * asks NSS for every user and group the file names, which may wait on a
  * directory service (LDAP, sssd), and the event loop must not. Reads run
  * one at a time, in the order asked (d->reload_reads), so that a later
- * reload never applies an earlier read.
+ * reload never applies an earlier read. A reload asked while a read waits
+ * its turn joins that read (it has not looked at the file yet, so it
+ * reads what the later one would): at most two reads are ever asked for,
+ * the one running and the one waiting, however many reloads pile up while
+ * a read hangs (a script's `timeout 1 wcachectl reload` in a loop, each
+ * client gone before its reply: before, each one's read and apply ran in
+ * turn once the read came back).
  */
 struct reload_read {
 	struct workq_job job;
 	struct daemon *d;
 	struct config *cfg;       /* what was read; NULL when it failed */
 	char message[1024];       /* why it failed */
-	registry_done_fn done;    /* may be NULL (SIGHUP) */
-	void *arg;
+	struct reload_waiter *waiters; /* to answer; none for SIGHUP */
+	struct reload_waiter **waiters_tail;
 	struct reload_read *next; /* waiting behind this one */
 };
 
@@ -257,9 +283,9 @@ read_run(struct workq_job *job)
 static void read_next(struct daemon *d);
 
 /* Applies cfg, read by a reload: the new models and settings, in one batch
- * whose end calls done. */
+ * whose end answers waiters (owned from here). */
 static void
-apply(struct daemon *d, struct config *cfg, registry_done_fn done, void *arg)
+apply(struct daemon *d, struct config *cfg, struct reload_waiter *waiters)
 {
 	struct reload_request *req;
 	struct batch *b;
@@ -267,12 +293,10 @@ apply(struct daemon *d, struct config *cfg, registry_done_fn done, void *arg)
 	if ((req = calloc(1, sizeof(*req))) == NULL) {
 		config_free(cfg);
 		log_errorx("reload of %s: out of memory", d->config_path);
-		if (done != NULL)
-			done(-ENOMEM, "out of memory", 0, arg);
+		answer_waiters(waiters, -ENOMEM, "out of memory");
 		return;
 	}
-	req->done = done;
-	req->arg = arg;
+	req->waiters = waiters;
 	notify_send("RELOADING=1\nSTATUS=reloading %s", d->config_path);
 	log_info("reloading %s", d->config_path);
 	keep_restart_keys(d->cfg, cfg);
@@ -307,8 +331,7 @@ read_after(struct workq_job *job, int status)
 		while (rr != NULL) {
 			struct reload_read *next = rr->next;
 
-			if (rr->done != NULL)
-				rr->done(-ECANCELED, "wcached is stopping", 0, rr->arg);
+			answer_waiters(rr->waiters, -ECANCELED, "wcached is stopping");
 			free(rr);
 			rr = next;
 		}
@@ -320,10 +343,9 @@ read_after(struct workq_job *job, int status)
 			notify_send("READY=1");
 			timers_send_status(d);
 		}
-		if (rr->done != NULL)
-			rr->done(-EINVAL, rr->message, 0, rr->arg);
+		answer_waiters(rr->waiters, -EINVAL, rr->message);
 	} else {
-		apply(d, rr->cfg, rr->done, rr->arg);
+		apply(d, rr->cfg, rr->waiters);
 	}
 	free(rr);
 	read_next(d);
@@ -360,16 +382,38 @@ read_next(struct daemon *d)
 int
 reload_config(struct daemon *d, registry_done_fn done, void *arg)
 {
-	struct reload_read *rr = calloc(1, sizeof(*rr)), **tail;
+	struct reload_waiter *w = NULL;
+	struct reload_read *rr, **tail;
 
-	if (rr == NULL)
+	if (done != NULL && (w = calloc(1, sizeof(*w))) == NULL)
 		return error_set(-ENOMEM, "reload: out of memory");
-	rr->d = d;
-	rr->done = done;
-	rr->arg = arg;
-	rr->job.arg = rr;
-	for (tail = &d->reload_reads; *tail != NULL; tail = &(*tail)->next)
+	if (w != NULL) {
+		w->done = done;
+		w->arg = arg;
+	}
+	for (tail = &d->reload_reads; *tail != NULL && (*tail)->next != NULL;
+		tail = &(*tail)->next)
 		;
+	/* The last read asked for, when it waits behind the one running, has
+	 * not read the file yet: this reload joins it. */
+	if (*tail != NULL && *tail != d->reload_reads && (*tail)->job.q == NULL) {
+		log_debug("reload of %s: joins the read waiting for its turn", d->config_path);
+		if (w != NULL) {
+			*(*tail)->waiters_tail = w;
+			(*tail)->waiters_tail = &w->next;
+		}
+		return 0;
+	}
+	if ((rr = calloc(1, sizeof(*rr))) == NULL) {
+		free(w);
+		return error_set(-ENOMEM, "reload: out of memory");
+	}
+	rr->d = d;
+	rr->waiters = w;
+	rr->waiters_tail = w != NULL ? &w->next : &rr->waiters;
+	rr->job.arg = rr;
+	if (*tail != NULL)
+		tail = &(*tail)->next;
 	*tail = rr;
 	read_next(d);
 	return 0;

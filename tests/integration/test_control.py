@@ -6,6 +6,7 @@ lines, and the metrics text checked by promtool when it is installed."""
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -19,6 +20,7 @@ import pytest
 from conftest import BUILD, Daemon, binary, mkmodel, root_daemon, wait_until
 from ctlutil import (Control, FakeControl, as_user, ctl, mapped_bytes, model_entry,
                      quiet_fd_count, shared_dir, status, wait_for_control)
+from remotefs import RemoteFS, skip_reason  # tests/pyutil, on the path conftest set
 
 SMALL = dict(layers=2, hidden=64, ffn=128, vocab=100)
 
@@ -458,6 +460,62 @@ def test_reload_model_and_config(daemon, tmp_path, model):
     assert r.returncode == 1
     assert daemon.conf in r.stderr
     serving(daemon, "other")
+
+
+def test_config_reloads_asked_while_one_waits_share_its_read(tmp_path, model):
+    """While the configuration's read hangs (its file on a network
+    filesystem whose server stopped answering; a directory service that
+    NSS waits on does the same), reloads asked meanwhile, by clients that
+    wait or by a script's `timeout 1 wcachectl reload` whose clients are
+    gone, join the one read waiting its turn: once the server answers, two
+    reads are applied, the one that hung and one more, and each waiting
+    client is answered. Before, each reload's read and apply ran in turn
+    (10 departed reloads: 10 applies), however many had piled up."""
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    with RemoteFS(tmp_path / "backing", tmp_path / "mnt", attr_timeout=0.1) as fs:
+        (tmp_path / "d").mkdir()
+        d = Daemon(tmp_path / "d", {"small": model})
+        fs.replace("wcached.conf", open(d.conf, "rb").read())
+        fs.wait_visible("wcached.conf")
+        d.conf = fs.path("wcached.conf")
+        d.start()
+        waiting = []
+        try:
+            wait_for_control(d)
+            fs.freeze()
+            argv = [binary("wcachectl"), "--control", d.control, "reload"]
+            waiting.append(subprocess.Popen(argv, stdout=subprocess.PIPE,
+                                            stderr=subprocess.STDOUT, text=True))
+            d.wait_for_log(r"control: uid \d+: reload$")
+            for _ in range(3):
+                r = subprocess.run(["timeout", "1", *argv], capture_output=True, text=True,
+                                   timeout=60)
+                assert r.returncode == 124, r.stdout + r.stderr  # still waiting
+            waiting.append(subprocess.Popen(argv, stdout=subprocess.PIPE,
+                                            stderr=subprocess.STDOUT, text=True))
+            asked = re.compile(r"control: uid \d+: reload$", re.M)
+            wait_until(lambda: len(asked.findall(d.read_log())) == 5,
+                       what="the fifth reload to be asked")
+            assert d.read_log().count("reloading ") == 0
+            fs.thaw()
+            for p in waiting:
+                out, _ = p.communicate(timeout=60)
+                assert p.returncode == 0, out
+                assert "configuration reloaded" in out
+            log = d.read_log()
+            assert log.count("reloading ") == 2, log
+            assert log.count("joins the read waiting for its turn") == 3
+            assert log.count("left before the reply to its reload") == 3
+            assert status(d)["models"][0]["state"] == "ready"
+        finally:
+            fs.thaw()
+            for p in waiting:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            assert d.stop() == 0, d.read_log()
 
 
 def state(d, name):
