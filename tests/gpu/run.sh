@@ -94,10 +94,16 @@ step() { # step [--limit S] LABEL COMMAND...: runs COMMAND under the step timeou
 	tails+=($!)
 	tail -s 0.1 -n +1 --pid="$pid" -f "$logs/err" >&2 &
 	tails+=($!)
+	# A background step gets no SIGINT from the terminal, and timeout
+	# runs it in a process group of its own: interrupted, we end it (timeout
+	# passes the signal on to its group), then exit through cleanup.
+	trap 'kill -TERM "$pid" 2>/dev/null; exit 130' INT
+	trap 'kill -TERM "$pid" 2>/dev/null; exit 143' TERM
 	while kill -0 "$pid" 2>/dev/null; do
 		if [ $(($(date +%s) - t0)) -ge $((limit + 8)) ]; then
 			kill -KILL "$pid" 2>/dev/null
 			wait "$pid" 2>/dev/null
+			trap - INT TERM
 			wait "${tails[@]}"
 			rm -rf "$logs"
 			set -e
@@ -108,6 +114,7 @@ step() { # step [--limit S] LABEL COMMAND...: runs COMMAND under the step timeou
 	done
 	wait "$pid"
 	rc=$?
+	trap - INT TERM
 	wait "${tails[@]}" # they end once pid has, having copied the rest
 	rm -rf "$logs"
 	set -e

@@ -14,6 +14,7 @@ the report's speed-ups run too.
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -593,6 +594,62 @@ def test_run_sh_leaves_a_step_that_cannot_be_killed(tmp_path):
     assert "== no model: its measurements are skipped" in r.stderr, out
     assert "wcache device check, " in r.stdout and "FAILED step: make the model" in r.stdout, out
     assert took < 40, (took, out)
+
+
+def test_run_sh_interrupted_ends_its_step(tmp_path):
+    """A step runs in the background (so that one the kernel cannot kill
+    does not hold the run), where the terminal's SIGINT does not reach it
+    and timeout gives it a process group of its own: run.sh interrupted
+    (SIGTERM, SIGINT) ends the step it is running before it exits, where
+    it left it running after its work directory was removed."""
+    real = shutil.which("timeout")
+    assert real
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    step_pid = tmp_path / "step.pid"
+    (bin_dir / "timeout").write_text(f"#!/bin/sh\ncase \"$*\" in *' gen '*)\n"
+                                     f"\techo $$ >{step_pid}; exec sleep 120 ;;\nesac\n"
+                                     f"exec {real} \"$@\"\n")
+    (bin_dir / "timeout").chmod(0o755)
+    env = dict(os.environ, PYTHON=sys.executable, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        step_pid.unlink(missing_ok=True)
+        with open(tmp_path / "err", "w+") as err:
+            p = subprocess.Popen([os.path.join(REPO, "tests", "gpu", "run.sh"), "--cpu",
+                                  "--gib", "0.01", "--work", str(tmp_path / "work")],
+                                 env=env, stdout=subprocess.DEVNULL, stderr=err)
+            try:
+                deadline = time.monotonic() + 120
+                while not step_pid.exists() or not step_pid.read_text().strip():
+                    assert p.poll() is None and time.monotonic() < deadline, \
+                        (tmp_path / "err").read_text()
+                    time.sleep(0.1)
+                pid = int(step_pid.read_text())
+                p.send_signal(sig)
+                assert p.wait(timeout=30) in (130, 143, -sig), (tmp_path / "err").read_text()
+                gone = time.monotonic() + 10
+                while _alive(pid) and time.monotonic() < gone:
+                    time.sleep(0.1)
+                assert not _alive(pid), f"{sig.name}: the step ({pid}) is still running"
+            finally:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+                if step_pid.exists() and step_pid.read_text().strip():
+                    try:
+                        os.kill(int(step_pid.read_text()), signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+        assert not (tmp_path / "work").exists()  # cleanup ran
+
+
+def _alive(pid):
+    """Whether pid is a process that has not ended (a zombie has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def _unshare_mount():
