@@ -40,6 +40,7 @@
 
 struct stage_request;
 struct registry_sweep;
+struct load_request; /* registry_load.c's */
 
 struct generation; /* generation.h */
 struct registry;
@@ -56,6 +57,9 @@ struct model_entry {
 	uint64_t load_id;           /* newest load request for this model */
 	uint64_t last_generation;   /* last number given out (kept across unload) */
 	unsigned loading;           /* load requests in flight */
+	/* The newest of them, until it ends: withdrawn from the work queue
+	 * when a newer load supersedes it before it has started. */
+	struct load_request *queued_load;
 	uint64_t expect_id;         /* registry_expect()'s token while it counts in
 				       loading, else 0 */
 	int reload_again;           /* a reload came while a load ran: run it after */
@@ -248,7 +252,8 @@ void registry_withdraw(struct registry *r, struct model_entry *m, const char *wh
  * Loads path as the next generation of the model name (adding the model if
  * it is new) on the work queue; done (may be NULL) runs on the loop when the
  * generation is validated and installed, or the load failed. Returns 0 when
- * queued, or -errno.
+ * queued, or -errno. An older load of name still waiting for its turn on the
+ * work queue is superseded: its done runs (-ECANCELED) before this returns.
  */
 int registry_load(struct registry *r, const char *name, const char *path, enum pin_mode pin,
 	int warm, registry_done_fn done, void *arg);

@@ -565,6 +565,8 @@ load_after(struct workq_job *w, int status)
 		m = NULL; /* the model was unloaded and added again meanwhile */
 	if (m != NULL && m->loading > 0)
 		m->loading--;
+	if (m != NULL && m->queued_load == q)
+		m->queued_load = NULL;
 	if (m != NULL && m->staging == &q->stage)
 		m->staging = NULL;
 	if (status == UV_ECANCELED || r->closing) {
@@ -616,13 +618,37 @@ load_after(struct workq_job *w, int status)
 	load_request_free(q);
 }
 
+/*
+ * A newer load of m was queued while q, older, still waits for its turn on
+ * the work queue (a remote filesystem's share is busy: a server that
+ * hangs): q is superseded, so it is taken back and answered now rather
+ * than opening and validating files once the server answers only to be
+ * discarded. Clients that gave up (`timeout 1 wcachectl load ...` in a
+ * loop) otherwise left one such load each, run in turn. A load already
+ * running ends as before.
+ */
+static void
+withdraw_superseded(struct registry *r, struct model_entry *m, struct load_request *q)
+{
+	if (q == NULL || !workq_withdraw(&r->workq, &q->job))
+		return;
+	log_debug("model \"%s\": a load of %s, still waiting for its turn, is superseded by a "
+		  "newer load: withdrawn", q->name, q->path);
+	r->loads_in_flight--;
+	if (m->loading > 0)
+		m->loading--;
+	if (q->done != NULL)
+		q->done(-ECANCELED, "superseded by a newer load or unload", 0, q->arg);
+	load_request_free(q);
+}
+
 /* Queues a load of path for the model name (entry created if new). */
 static int
 queue_load(struct registry *r, const char *name, const char *path, enum pin_mode pin, int warm,
 	int reload, registry_done_fn done, void *arg)
 {
 	struct model_entry *m = registry_entry_named(r, name);
-	struct load_request *q;
+	struct load_request *q, *older;
 	char what[sizeof(q->job.what)];
 	int err;
 
@@ -657,9 +683,13 @@ queue_load(struct registry *r, const char *name, const char *path, enum pin_mode
 	m->load_id = q->id;
 	m->loading++;
 	r->loads_in_flight++;
+	older = m->queued_load;
+	m->queued_load = q;
 	/* A staging still copying for an older load is superseded. */
 	if (m->staging != NULL)
 		stage_cancel(m->staging);
+	/* Last: the older load's answer may change the registry. */
+	withdraw_superseded(r, m, older);
 	return 0;
 }
 

@@ -331,6 +331,19 @@ workq_submit(struct workq *q, struct workq_job *job, uint64_t fs, const char *wh
 	return 0;
 }
 
+int
+workq_withdraw(struct workq *q, struct workq_job *job)
+{
+	for (struct workq_job *j = q->waiting; j != NULL; j = j->next) {
+		if (j != job)
+			continue;
+		unlink_job(&q->waiting, &q->waiting_tail, j);
+		q->remote_waiting--;
+		return 1;
+	}
+	return 0;
+}
+
 void
 workq_close(struct workq *q)
 {

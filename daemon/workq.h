@@ -99,6 +99,12 @@ uint64_t workq_fs(int remote, dev_t dev);
 int workq_submit(struct workq *q, struct workq_job *job, uint64_t fs, const char *what,
 	workq_run_fn run, workq_after_fn after);
 
+/* Takes job back when it still waits for its turn here (a remote or
+ * unknown job the limits hold): 1, and its run and after never run (the
+ * job is the caller's again); 0 when it has started, or was never held (a
+ * local job goes to libuv at once): its after runs as usual. */
+int workq_withdraw(struct workq *q, struct workq_job *job);
+
 /* wcached is stopping: every job still waiting gets after(UV_ECANCELED)
  * now; jobs submitted later go to libuv at once, held to nothing. Running
  * ones end as they will. */

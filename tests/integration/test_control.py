@@ -462,6 +462,17 @@ def test_reload_model_and_config(daemon, tmp_path, model):
     serving(daemon, "other")
 
 
+def end_after_a_hang(fs, d, clients):
+    """A test's end, passed or failed: the server answers again, the
+    clients still waiting are killed, and wcached stops cleanly."""
+    fs.thaw()
+    for p in clients:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert d.stop() == 0, d.read_log()
+
+
 def test_config_reloads_asked_while_one_waits_share_its_read(tmp_path, model):
     """While the configuration's read hangs (its file on a network
     filesystem whose server stopped answering; a directory service that
@@ -510,12 +521,56 @@ def test_config_reloads_asked_while_one_waits_share_its_read(tmp_path, model):
             assert log.count("left before the reply to its reload") == 3
             assert status(d)["models"][0]["state"] == "ready"
         finally:
+            end_after_a_hang(fs, d, waiting)
+
+
+def test_a_load_superseded_before_it_starts_is_answered_at_once(tmp_path, model):
+    """On a remote filesystem whose server hangs, two loads of a model run
+    (the filesystem's share of the work queue) and the next ones wait their
+    turn. A load that waits and that a newer load of the same model
+    supersedes is taken back and answered at once ("superseded"), while the
+    server still hangs; before, it stayed queued, then opened and validated
+    the files once the server answered, only to be discarded: a loop of
+    `timeout 1 wcachectl load` (each client gone, its place given back)
+    left one such load each, run in turn (10 departed loads: 10 loads)."""
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    data = open(model, "rb").read()
+    with RemoteFS(tmp_path / "backing", tmp_path / "mnt", attr_timeout=0.1) as fs:
+        fs.replace("x.safetensors", data)
+        fs.wait_visible("x.safetensors")
+        path = fs.path("x.safetensors")
+        (tmp_path / "d").mkdir()
+        d = Daemon(tmp_path / "d", {"x": (path, {"watch": "inotify", "stage": "no"})})
+        d.start()
+        loads = []
+        try:
+            wait_for_control(d)
+            ready(d, "x")
+            fs.freeze()
+            asked = re.compile(r'control: uid \d+: load "x"', re.M)
+            for k in range(4):
+                loads.append(subprocess.Popen(
+                    [binary("wcachectl"), "--control", d.control, "load", "x", path],
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+                wait_until(lambda: len(asked.findall(d.read_log())) == k + 1,
+                           what=f"load {k + 1} to be asked")
+            # The third waited its turn (two run, hung); the fourth took
+            # its place: the third is answered while the server hangs.
+            wait_until(lambda: loads[2].poll() is not None, timeout=10,
+                       what="the waiting load superseded by a newer one to be answered")
+            out = loads[2].communicate()[0]
+            assert loads[2].returncode == 1, out
+            assert "superseded by a newer load" in out
+            assert all(p.poll() is None for p in (loads[0], loads[1], loads[3]))
             fs.thaw()
-            for p in waiting:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-            assert d.stop() == 0, d.read_log()
+            outs = [p.communicate(timeout=60)[0] for p in (loads[0], loads[1], loads[3])]
+            assert loads[3].returncode == 0, outs[2]
+            assert all("superseded" in o for o in outs[:2]), outs
+            assert status(d)["models"][0]["state"] == "ready"
+        finally:
+            end_after_a_hang(fs, d, loads)
 
 
 def state(d, name):

@@ -193,6 +193,20 @@ test_stalls_are_counted_once_and_cleared(void **state)
 	assert_int_equal(uv_loop_close(&loop), 0);
 }
 
+/* A queue on loop with four jobs on FS_A that hang: two run, two wait. */
+static void
+two_run_two_wait(uv_loop_t *loop, struct workq *q, struct job j[4])
+{
+	assert_int_equal(uv_loop_init(loop), 0);
+	workq_init(q, loop, 60000);
+	for (int i = 0; i < 4; i++) {
+		job_init(&j[i], 1);
+		assert_int_equal(workq_submit(q, &j[i].w, FS_A, "remote", run, after), 0);
+	}
+	assert_int_equal(q->remote_running, 2);
+	assert_int_equal(q->remote_waiting, 2);
+}
+
 static void
 test_close_cancels_what_waits(void **state)
 {
@@ -201,13 +215,7 @@ test_close_cancels_what_waits(void **state)
 	struct job j[4], late;
 
 	(void)state;
-	assert_int_equal(uv_loop_init(&loop), 0);
-	workq_init(&q, &loop, 60000);
-	for (int i = 0; i < 4; i++) {
-		job_init(&j[i], 1);
-		assert_int_equal(workq_submit(&q, &j[i].w, FS_A, "remote", run, after), 0);
-	}
-	assert_int_equal(q.remote_waiting, 2);
+	two_run_two_wait(&loop, &q, j);
 	workq_close(&q);
 	/* The waiting ones: cancelled at once, never run. */
 	assert_int_equal(j[2].after_called, 1);
@@ -225,6 +233,42 @@ test_close_cancels_what_waits(void **state)
 	run_until(&loop, &j[0].after_called);
 	run_until(&loop, &j[1].after_called);
 	assert_int_equal(j[0].after_status, 0);
+	assert_int_equal(uv_loop_close(&loop), 0);
+}
+
+/* A job that waits its turn is taken back, never run and never reported;
+ * one that runs, or a local one, is not (its after runs as usual); the
+ * next waiting one still starts when a running one ends. */
+static void
+test_withdraw_takes_back_only_what_waits(void **state)
+{
+	uv_loop_t loop;
+	struct workq q;
+	struct job j[4], local;
+
+	(void)state;
+	two_run_two_wait(&loop, &q, j);
+	assert_int_equal(workq_withdraw(&q, &j[2].w), 1);
+	assert_int_equal(q.remote_waiting, 1);
+	assert_int_equal(workq_withdraw(&q, &j[2].w), 0); /* not twice */
+	assert_int_equal(workq_withdraw(&q, &j[0].w), 0); /* running */
+	job_init(&local, 1);
+	assert_int_equal(workq_submit(&q, &local.w, WORKQ_LOCAL, NULL, run, after), 0);
+	assert_int_equal(workq_withdraw(&q, &local.w), 0);
+	sem_post(&local.gate);
+	run_until(&loop, &local.after_called);
+	/* FS_A answers its first job: the fourth starts, not the withdrawn one. */
+	sem_post(&j[0].gate);
+	run_until(&loop, &j[0].after_called);
+	assert_true(j[3].w.started_ms != 0);
+	assert_int_equal(q.remote_waiting, 0);
+	sem_post(&j[1].gate);
+	sem_post(&j[3].gate);
+	run_until(&loop, &j[1].after_called);
+	run_until(&loop, &j[3].after_called);
+	assert_false(j[2].ran);
+	assert_int_equal(j[2].after_called, 0);
+	assert_int_equal(q.remote_running, 0);
 	assert_int_equal(uv_loop_close(&loop), 0);
 }
 
@@ -274,6 +318,7 @@ main(void)
 		cmocka_unit_test(test_unknown_filesystems_share_the_remote_limit),
 		cmocka_unit_test(test_stalls_are_counted_once_and_cleared),
 		cmocka_unit_test(test_close_cancels_what_waits),
+		cmocka_unit_test(test_withdraw_takes_back_only_what_waits),
 		cmocka_unit_test(test_pool_size_as_libuv_reads_it),
 	};
 
