@@ -74,6 +74,21 @@ def threads_in_close(pid, waiting_in=None):
     return n
 
 
+def still_closing(pid, waiting_in=None, timeout=10.0):
+    """Whether a thread of pid is blocked in close(2) as threads_in_close
+    counts, now or within timeout: one snapshot can miss a close that goes
+    on, its thread woken for a moment (a SIGSTOP of wcached wakes a FUSE
+    wait, which then sleeps again) and still on the run queue of a loaded
+    machine (its syscall file then says "running", its wchan 0). A close
+    that ended does not come back."""
+    deadline = time.monotonic() + timeout
+    while threads_in_close(pid, waiting_in) < 1:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def settled_fd_count(pid, timeout=60.0):
     """The daemon's descriptor count once it stops changing (connections
     that just closed are released from the event loop a moment later)."""

@@ -24,8 +24,8 @@ import time
 
 import pytest
 
-from conftest import (FUSE_WAIT, TEST_USER, mkmodel, settled_fd_count, threads_in_close,
-                      wait_until)
+from conftest import (FUSE_WAIT, TEST_USER, mkmodel, settled_fd_count, still_closing,
+                      threads_in_close, wait_until)
 from remotefs import RemoteFS, skip_reason  # tests/pyutil, on the path conftest set
 from test_regressions import (ATTACH, ATTACH_OK, ERROR, SHORT, SMALL, attach_raw, cpu_seconds,
                               message, nofile, raw_client, ready, receive, set_nofile)
@@ -177,7 +177,7 @@ def test_out_of_descriptors_with_the_spare_lost_does_not_spin(start, tmp_path):
                 s.send(message(ATTACH, b"small"))
             mtype, payload = reply_or_refusal(s)
             assert mtype == ERROR and b"out of file descriptors" in payload, payload
-            assert threads_in_close(pid, FUSE_WAIT) >= 1, \
+            assert still_closing(pid, FUSE_WAIT), \
                 "the close ended early: nothing was tested"
             # No spare now: a client waiting in the backlog made the old
             # loop spin.

@@ -27,7 +27,8 @@ import time
 
 import pytest
 
-from conftest import FUSE_WAIT, Daemon, binary, threads_in_close, wait_until
+from conftest import (FUSE_WAIT, Daemon, binary, still_closing, threads_in_close,
+                      wait_until)
 from ctlutil import ctl, daemons, model_entry, running_daemons, status
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
@@ -494,7 +495,7 @@ def test_closing_a_model_on_a_hung_remote_filesystem_stalls_nothing(start, tmp_p
               f"{took:.3f} s")
         (out, _), _ = answered(5, "unload r", lambda t: unload.communicate(timeout=t))
         assert unload.returncode == 0, out
-        assert threads_in_close(d.proc.pid, FUSE_WAIT) >= 1, \
+        assert still_closing(d.proc.pid, FUSE_WAIT), \
             "the close ended early: nothing was tested"
     finally:
         remote.thaw()
