@@ -253,7 +253,8 @@ void registry_withdraw(struct registry *r, struct model_entry *m, const char *wh
  * it is new) on the work queue; done (may be NULL) runs on the loop when the
  * generation is validated and installed, or the load failed. Returns 0 when
  * queued, or -errno. An older load of name still waiting for its turn on the
- * work queue is superseded: its done runs (-ECANCELED) before this returns.
+ * work queue is superseded without opening anything: its done runs
+ * (-ECANCELED) on the loop soon after, never from this call.
  */
 int registry_load(struct registry *r, const char *name, const char *path, enum pin_mode pin,
 	int warm, registry_done_fn done, void *arg);

@@ -618,28 +618,39 @@ load_after(struct workq_job *w, int status)
 	load_request_free(q);
 }
 
+/* The run of a withdrawn load (withdraw_superseded): nothing to open. */
+static void
+skip_work(struct workq_job *w)
+{
+	(void)w;
+}
+
 /*
  * A newer load of m was queued while q, older, still waits for its turn on
  * the work queue (a remote filesystem's share is busy: a server that
- * hangs): q is superseded, so it is taken back and answered now rather
- * than opening and validating files once the server answers only to be
- * discarded. Clients that gave up (`timeout 1 wcachectl load ...` in a
- * loop) otherwise left one such load each, run in turn. A load already
- * running ends as before.
+ * hangs): q is superseded, so it is taken back and handed to libuv with
+ * nothing to run, rather than opening and validating files once the server
+ * answers only to be discarded. Clients that gave up (`timeout 1 wcachectl
+ * load ...` in a loop) otherwise left one such load each, run in turn. Its
+ * answer comes from load_after on the loop, as any superseded load's does,
+ * and so never from within registry_load (its callers rely on that: a
+ * done may answer a client or end a batch). A load already running ends
+ * as before.
  */
 static void
-withdraw_superseded(struct registry *r, struct model_entry *m, struct load_request *q)
+withdraw_superseded(struct registry *r, struct load_request *q)
 {
+	int err;
+
 	if (q == NULL || !workq_withdraw(&r->workq, &q->job))
 		return;
 	log_debug("model \"%s\": a load of %s, still waiting for its turn, is superseded by a "
 		  "newer load: withdrawn", q->name, q->path);
-	r->loads_in_flight--;
-	if (m->loading > 0)
-		m->loading--;
-	if (q->done != NULL)
-		q->done(-ECANCELED, "superseded by a newer load or unload", 0, q->arg);
-	load_request_free(q);
+	if ((err = workq_submit(&r->workq, &q->job, WORKQ_LOCAL, q->job.what, skip_work,
+		     load_after)) < 0) {
+		log_warnx("%s: cannot queue it: %s", q->job.what, uv_strerror(err));
+		load_after(&q->job, err); /* answered superseded: load_id is the newer one's */
+	}
 }
 
 /* Queues a load of path for the model name (entry created if new). */
@@ -689,7 +700,7 @@ queue_load(struct registry *r, const char *name, const char *path, enum pin_mode
 	if (m->staging != NULL)
 		stage_cancel(m->staging);
 	/* Last: the older load's answer may change the registry. */
-	withdraw_superseded(r, m, older);
+	withdraw_superseded(r, older);
 	return 0;
 }
 
