@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -40,6 +41,7 @@
 #include "restore.h"
 #include "restore_internal.h"
 #include "testutil.h"
+#include "workq.h"
 
 /* ---- fault injection ---- */
 
@@ -497,6 +499,109 @@ test_progress_and_close_with_load_in_flight(void **state)
 	free(path);
 }
 
+/* A job that holds the work queue's share of remote and unknown
+ * filesystems (where a first load goes) until the test writes to its pipe,
+ * or 10 s have passed (a failing test must not hang at its teardown). */
+struct blocker {
+	struct workq_job job;
+	int pipe[2];
+	bool ended;
+};
+
+static void
+blocker_run(struct workq_job *w)
+{
+	struct blocker *b = w->arg;
+	struct pollfd p = { .fd = b->pipe[0], .events = POLLIN };
+
+	while (poll(&p, 1, 10000) < 0 && errno == EINTR)
+		;
+}
+
+static void
+blocker_after(struct workq_job *w, int status)
+{
+	(void)status;
+	((struct blocker *)w->arg)->ended = true;
+}
+
+static bool
+blocker_ended(struct du *t, void *b)
+{
+	(void)t;
+	return ((struct blocker *)b)->ended;
+}
+
+struct answer {
+	int calls;
+	int status;
+	char message[256];
+};
+
+static void
+answer_done(int status, const char *message, uint64_t generation, void *arg)
+{
+	struct answer *a = arg;
+
+	(void)generation;
+	a->calls++;
+	a->status = status;
+	snprintf(a->message, sizeof(a->message), "%s", message != NULL ? message : "");
+}
+
+static bool
+answered(struct du *t, void *a)
+{
+	(void)t;
+	return ((struct answer *)a)->calls > 0;
+}
+
+/* A load still waiting for its turn on the work queue that a newer load of
+ * the model supersedes is withdrawn without opening anything, and answered
+ * "superseded" on the loop, never from within the newer registry_load:
+ * its callers rely on that (a control request still being set up, a batch
+ * in the middle of its loads). */
+static void
+test_superseded_waiting_load_answered_on_the_loop(void **state)
+{
+	struct du *t = *state;
+	char *a = du_model(t, "a.safetensors", 1024), *b = du_model(t, "b.safetensors", 2048);
+	/* On the heap: a failed assertion leaves this function, not the job
+	 * and the answers the loop still owes (the teardown runs them). */
+	struct {
+		struct blocker blk;
+		struct answer first, second;
+	} *c = calloc(1, sizeof(*c));
+
+	assert_non_null(c);
+	t->reg.workq.remote_limit = 1; /* one such job at a time: the blocker */
+	assert_int_equal(pipe2(c->blk.pipe, O_CLOEXEC), 0);
+	c->blk.job.arg = &c->blk;
+	assert_int_equal(workq_submit(&t->reg.workq, &c->blk.job, WORKQ_UNKNOWN, "blocker",
+				 blocker_run, blocker_after), 0);
+	assert_int_equal(registry_load(&t->reg, "m", a, PIN_NONE, 0, answer_done, &c->first), 0);
+	assert_int_equal(t->reg.workq.remote_waiting, 1);
+	assert_int_equal(registry_load(&t->reg, "m", b, PIN_NONE, 0, answer_done, &c->second),
+		0);
+	assert_int_equal(c->first.calls, 0);
+	du_run_until(t, answered, &c->first);
+	assert_int_equal(c->first.status, -ECANCELED);
+	assert_non_null(strstr(c->first.message, "superseded"));
+	assert_int_equal(c->second.calls, 0); /* waits behind the blocker */
+	assert_int_equal(t->reg.workq.remote_waiting, 1);
+	assert_int_equal(write(c->blk.pipe[1], "x", 1), 1);
+	du_run_until(t, answered, &c->second);
+	assert_int_equal(c->second.status, 0);
+	assert_int_equal(c->first.calls, 1);
+	assert_int_equal(du_current(t, "m")->number, 1);
+	du_run_until(t, blocker_ended, &c->blk);
+	close(c->blk.pipe[0]);
+	close(c->blk.pipe[1]);
+	free(c);
+	free(a);
+	free(b);
+}
+
 int
 main(void)
 {
@@ -514,6 +619,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_forget, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_progress_and_close_with_load_in_flight, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(test_superseded_waiting_load_answered_on_the_loop,
+			setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
