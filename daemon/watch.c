@@ -622,17 +622,25 @@ touch(struct registry *r, struct touched *t, struct model_entry *m)
 	t->models[t->n++] = m;
 }
 
+/* Events were lost (a queue overflow, a failed inotify descriptor): every
+ * served generation is checked for changes in place, and every model is
+ * reloaded quietly (unchanged files make no new generation). */
+static void
+check_everything(struct watch *w)
+{
+	watch_check_modified(w);
+	for (struct model_entry *m = w->reg->models; m != NULL; m = m->next)
+		mark_dirty(w, m->name, true);
+}
+
 static void
 handle_event(struct watch *w, const struct inotify_event *ev, struct touched *t)
 {
 	const char *dir = NULL;
 
 	if (ev->mask & IN_Q_OVERFLOW) {
-		/* Events were lost: look at everything. */
 		log_overflow(w);
-		watch_check_modified(w);
-		for (struct model_entry *m = w->reg->models; m != NULL; m = m->next)
-			mark_dirty(w, m->name, true);
+		check_everything(w);
 		return;
 	}
 	for (size_t i = 0; i < w->ndirs; i++)
@@ -667,9 +675,7 @@ inotify_failed(struct watch *w, const char *call, const char *reason)
 		  "model's paths from now on (every poll_interval)", w->fd, call, reason);
 	w->reg->inotify_failed = 1;
 	uv_poll_stop(&w->poll);
-	watch_check_modified(w);
-	for (struct model_entry *m = w->reg->models; m != NULL; m = m->next)
-		mark_dirty(w, m->name, true);
+	check_everything(w);
 	watch_poll_sync(w);
 }
 
