@@ -85,12 +85,13 @@ def read_only_registration(torch):
         failures.append(f"torch cudart: {type(e).__name__}")
     try:
         # libcudart.so.N, or libcudart-HASH.so.N where a torch wheel bundles it
-        from wcache._device import cudart_libraries
-        paths = cudart_libraries()
-        if not paths:
+        # (the loaded copy, never the file loaded again: cudart_runtimes)
+        from wcache._device import cudart_runtimes
+        runtimes, _ = cudart_runtimes()
+        if not runtimes:
             raise OSError("no libcudart loaded")
         value = ctypes.c_int(-1)
-        err = ctypes.CDLL(paths[0]).cudaDeviceGetAttribute(
+        err = runtimes[0][1].cudaDeviceGetAttribute(
             ctypes.byref(value), CUDA_DEV_ATTR_HOST_REGISTER_READ_ONLY_SUPPORTED, 0)
         if err == 0:
             return ("yes" if value.value else "no"), "libcudart via ctypes"

@@ -7,6 +7,8 @@ test_hostreg.py; the cpu_device fixture is in conftest.py."""
 import errno
 import logging
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -16,7 +18,7 @@ import wcache.torch
 from wcache import _device
 from wcache._device import CpuBackend, RegisterRefused, plan, to_device
 
-from pyhelpers import fstat_names_by_another_device, mapping_at, write_safetensors
+from pyhelpers import PYDIR, fstat_names_by_another_device, mapping_at, write_safetensors
 
 torch = pytest.importorskip("torch")
 
@@ -693,8 +695,9 @@ print("ok", k)
 
 def test_cudart_libraries_finds_every_runtime_loaded(tmp_path):
     """pip's libcudart.so.13, a torch wheel's bundled libcudart-HASH.so.12
-    (which "libcudart.so" does not match) and a deleted file (named without
-    the suffix, which dlopen finds among the loaded libraries), each once;
+    (which "libcudart.so" does not match) and a file deleted or replaced
+    since it was loaded (named as maps names it: the file at that path now
+    is not what is loaded), each once with its first mapping's address;
     nothing else."""
     maps = tmp_path / "maps"
     lines = [
@@ -710,9 +713,80 @@ def test_cudart_libraries_finds_every_runtime_loaded(tmp_path):
     ]
     maps.write_text("\n".join(lines) + "\n")
     assert _device.cudart_libraries(str(maps)) == [
-        "/venv/nvidia/cu13/lib/libcudart.so.13", "/venv/torch/lib/libcudart-d0da41ae.so.12",
-        "/opt/cuda/lib64/libcudart.so.12.4"]
-    assert all(isinstance(p, str) for p in _device.cudart_libraries())  # this process's
+        ("/venv/nvidia/cu13/lib/libcudart.so.13", 0x7f0000000000),
+        ("/venv/torch/lib/libcudart-d0da41ae.so.12", 0x7f0000003000),
+        ("/opt/cuda/lib64/libcudart.so.12.4 (deleted)", 0x7f0000005000)]
+    assert all(isinstance(p, str) for p, _ in _device.cudart_libraries())  # this process's
+
+
+# A stand-in for a CUDA runtime: its last error is its own static state,
+# and COPY says which build of the file is loaded.
+_FAKE_CUDART = r"""
+static int pending;
+int cudaSetError(int e) { pending = e; return 0; }
+int cudaGetLastError(void) { int e = pending; pending = 0; return e; }
+int copyId(void) { return COPY; }
+"""
+
+# argv[1]: a directory with libcudart.so.99 (a link to libcudart.so.99.1,
+# copy 1, whose soname is libcudart.so.99) and new.so (copy 2). Loads copy
+# 1 through the link as a DT_NEEDED would find it, leaves an error pending
+# in it, renames copy 2 over its file (a package upgrade), and clears the
+# last error as a refused registration does; then, where a file named
+# libcudart.so.98 is mapped without the dynamic linker, again.
+_REPLACED_CUDART = """
+import ctypes, logging, mmap, os, sys
+from wcache import _device
+d = sys.argv[1]
+logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stdout)
+lib = ctypes.CDLL(os.path.join(d, "libcudart.so.99"))
+assert lib.copyId() == 1
+lib.cudaSetError(801)
+os.rename(os.path.join(d, "new.so"), os.path.join(d, "libcudart.so.99.1"))
+_device._clear_last_error()
+inodes = {line.split()[4] for line in open("/proc/self/maps") if "libcudart.so.99" in line}
+print("copies", len(inodes), "pending", lib.cudaGetLastError())
+runtimes, unreachable = _device.cudart_runtimes()
+print("reached", [(os.path.basename(p), r.copyId()) for p, r in runtimes], unreachable)
+with open(os.path.join(d, "libcudart.so.98"), "w+b") as f:
+    f.truncate(4096)
+    m = mmap.mmap(f.fileno(), 4096, prot=mmap.PROT_READ)
+lib.cudaSetError(801)
+_device._clear_last_error()
+_device._clear_last_error()
+print("pending", lib.cudaGetLastError())
+"""
+
+
+def test_a_replaced_cuda_runtime_is_cleared_in_the_copy_loaded(tmp_path):
+    """A runtime whose file was replaced on disk since it was loaded (maps
+    says " (deleted)"): its pending error is cleared in the copy that is
+    loaded, and the new file is never loaded as a second copy (dlopen of
+    the path would, and clear that copy's error instead). A libcudart
+    mapped without the dynamic linker cannot be reached: it is skipped
+    with one WARNING naming it and why, and the others are still cleared.
+    A real shared object, built here (cc)."""
+    import shutil
+    cc = shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler (cc) to build a stand-in runtime")
+    (tmp_path / "rt.c").write_text(_FAKE_CUDART)
+    for copy, out in ((1, "libcudart.so.99.1"), (2, "new.so")):
+        subprocess.run([cc, "-shared", "-fPIC", f"-DCOPY={copy}", "-Wl,-soname,libcudart.so.99",
+                        "-o", str(tmp_path / out), str(tmp_path / "rt.c")], check=True)
+    os.symlink("libcudart.so.99.1", tmp_path / "libcudart.so.99")
+    r = subprocess.run([sys.executable, "-c", _REPLACED_CUDART, str(tmp_path)],
+                       env=dict(os.environ, PYTHONPATH=PYDIR), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "copies 1 pending 0", lines  # cleared in the loaded copy, no second one
+    assert lines[1] == "reached [('libcudart.so.99.1 (deleted)', 1)] []", lines
+    warned = [x for x in lines[2:] if x.startswith("wcache: a CUDA error may stay pending in ")]
+    assert warned == [f"wcache: a CUDA error may stay pending in {tmp_path}/libcudart.so.98: "
+                      f"cannot reach the loaded copy: the dynamic linker loaded no object there "
+                      f"(dladdr)"], lines  # once, however many refusals
+    assert lines[-1] == "pending 0", lines
 
 
 class _Cudart:
@@ -761,9 +835,8 @@ def fake_cudart(monkeypatch):
         def cudaGetLastError(self):
             drained.append(self.path)
             return 0
-    monkeypatch.setattr(_device, "cudart_libraries", lambda: ["/a/libcudart.so.13",
-                                                              "/b/libcudart-1234abcd.so.12"])
-    monkeypatch.setattr(_device.ctypes, "CDLL", Runtime)
+    monkeypatch.setattr(_device, "cudart_runtimes", lambda: (
+        [(p, Runtime(p)) for p in ("/a/libcudart.so.13", "/b/libcudart-1234abcd.so.12")], []))
     monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
 
     def install(cudart):

@@ -69,7 +69,8 @@ from ._lib import env_choice
 from ._sharedview import NotMapped, Unavailable, file_mappings, shared_view
 
 __all__ = ["plan", "Plan", "Engine", "Backend", "CudaBackend", "CpuBackend", "RegisterRefused",
-           "copy_mode", "to_device", "tensor_to_device", "cudart_libraries"]
+           "copy_mode", "to_device", "tensor_to_device", "cudart_libraries",
+           "cudart_runtimes"]
 
 log = logging.getLogger("wcache")
 
@@ -249,25 +250,92 @@ def _host_tensor(addr, nbytes):
 
 
 def cudart_libraries(maps="/proc/self/maps"):
-    """The paths of the CUDA runtime libraries this process has loaded, in
-    the order /proc/self/maps lists them, each once: libcudart.so.N (pip's
-    nvidia-cuda-runtime, a CUDA toolkit) and libcudart-HASH.so.N (a torch
-    wheel that bundles its own, renamed), without the " (deleted)" that
-    marks a file removed since it was loaded (dlopen of the name finds the
-    library already loaded, not the file)."""
-    paths = []
+    """[(path, address)] of the CUDA runtime libraries this process has
+    loaded, in the order /proc/self/maps lists them, each file once:
+    libcudart.so.N (pip's nvidia-cuda-runtime, a CUDA toolkit) and
+    libcudart-HASH.so.N (a torch wheel that bundles its own, renamed). path
+    is as maps names it, " (deleted)" included where the file was removed
+    or replaced since it was loaded; address is the start of its first
+    mapping, by which cudart_runtimes() finds the loaded copy."""
+    found, seen = [], set()
     with open(maps, "rb") as f:
         for line in f:
             parts = line.rstrip(b"\n").split(None, 5)
             if len(parts) < 6 or not parts[5].startswith(b"/"):
                 continue
             path = parts[5]
-            if path.endswith(b" (deleted)"):
-                path = path[:-len(b" (deleted)")]
-            base = path.rsplit(b"/", 1)[-1]
-            if base.startswith(b"libcudart") and b".so" in base and path not in paths:
-                paths.append(path)
-    return [os.fsdecode(p) for p in paths]
+            name = path[:-len(b" (deleted)")] if path.endswith(b" (deleted)") else path
+            base = name.rsplit(b"/", 1)[-1]
+            key = (parts[3], parts[4], path)  # device, inode: a replaced file is another copy
+            if base.startswith(b"libcudart") and b".so" in base and key not in seen:
+                seen.add(key)
+                found.append((os.fsdecode(path), int(parts[0].split(b"-")[0], 16)))
+    return found
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def _loaded_object(addr):
+    """(name, base) of the shared object the dynamic linker loaded at addr
+    (dladdr(3): the name it was loaded under, its load address), or None;
+    OSError where the C library has no dladdr."""
+    dladdr = getattr(ctypes.CDLL(None), "dladdr", None)
+    if dladdr is None:
+        raise OSError("the C library has no dladdr")
+    dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+    info = _DlInfo()
+    if not dladdr(addr, ctypes.byref(info)) or not info.dli_fname:
+        return None
+    return info.dli_fname, info.dli_fbase
+
+
+def cudart_runtimes(maps="/proc/self/maps"):
+    """(runtimes, unreachable): [(path, ctypes.CDLL)] of every CUDA runtime
+    this process has loaded (cudart_libraries()), each the very copy that
+    is loaded; [(path, reason)] of those that cannot be reached so.
+
+    A copy is reached by the name the dynamic linker loaded it under
+    (dladdr of its mapping), opened with RTLD_NOLOAD, which returns an
+    object already loaded and never loads a file: glibc matches that name
+    against each loaded object's before it opens anything. The path in
+    /proc/self/maps would not do where the file was replaced on disk since
+    it was loaded (a package upgrade while a worker runs): dlopen of the
+    path finds a new inode there and loads it as a second copy, whose
+    functions act on that copy's state. The handle's cudaGetLastError is
+    checked to lie in the object found at the mapping."""
+    runtimes, unreachable, bases = [], [], set()
+    for path, addr in cudart_libraries(maps):
+        try:
+            found = _loaded_object(addr)
+        except OSError as e:
+            unreachable.append((path, str(e)))
+            continue
+        if found is None:
+            unreachable.append((path, "the dynamic linker loaded no object there (dladdr)"))
+            continue
+        name, base = found
+        if base in bases:
+            continue
+        try:
+            lib = ctypes.CDLL(os.fsdecode(name), mode=os.RTLD_NOLOAD)
+            fn = ctypes.cast(lib.cudaGetLastError, ctypes.c_void_p).value
+        except OSError as e:
+            unreachable.append((path, f"not found loaded by its name {os.fsdecode(name)} "
+                                      f"(RTLD_NOLOAD: {e})"))
+            continue
+        except AttributeError:
+            unreachable.append((path, "it has no cudaGetLastError"))
+            continue
+        at = _loaded_object(fn)
+        if at is None or at[1] != base:
+            unreachable.append((path, f"its name {os.fsdecode(name)} finds another loaded copy"))
+            continue
+        bases.add(base)
+        runtimes.append((path, lib))
+    return runtimes, unreachable
 
 
 def _clear_last_error():
@@ -277,17 +345,22 @@ def _clear_last_error():
     launch check in this thread (C10_CUDA_KERNEL_LAUNCH_CHECK calls
     cudaGetLastError) would raise it against an unrelated call. torch
     exposes no cudaGetLastError, so every runtime this process loaded
-    (cudart_libraries(); the last error is per runtime instance and per
-    thread) is called through ctypes, in this thread. Best effort."""
+    (cudart_runtimes(); the last error is per runtime instance and per
+    thread) is called through ctypes, in this thread: the loaded copy,
+    never a file loaded again. A runtime that cannot be reached so is left
+    alone, with one WARNING per path and reason. Best effort."""
     try:
-        paths = cudart_libraries()
+        runtimes, unreachable = cudart_runtimes()
     except OSError:
         return
-    for path in paths:
+    for path, lib in runtimes:
         try:
-            ctypes.CDLL(path).cudaGetLastError()
+            lib.cudaGetLastError()
         except (OSError, AttributeError):
             pass
+    for path, why in unreachable:
+        _say_once(logging.WARNING, f"wcache: a CUDA error may stay pending in {path}: "
+                                   f"cannot reach the loaded copy: {why}")
 
 
 class CudaBackend(Backend):
