@@ -141,14 +141,18 @@ request_done(int status, const char *message, uint64_t generation, void *arg)
 	struct ctl_request *q = arg;
 	struct ctl_conn *c = q->conn;
 	struct ctl_reply r;
-
 	/* A runtime load of a new name that failed leaves nothing behind: no
-	 * model in status and metrics that was never served. */
-	if (status < 0 && q->new_entry != 0 && registry_forget(q->reg, q->name, q->new_entry) == 0)
+	 * model in status and metrics that was never served. Said only when
+	 * this removed it: an unload may have (its message says so), or a
+	 * newer load now owns the entry. */
+	bool forgotten = status < 0 && q->new_entry != 0 &&
+		registry_forget(q->reg, q->name, q->new_entry) == 0;
+
+	if (forgotten)
 		log_info("model \"%s\": not added, its load failed", q->name);
 	if (c != NULL) {
 		c->req = NULL;
-		if (status < 0 && q->new_entry != 0)
+		if (forgotten)
 			ctl_conn_error(c, "%s: model \"%s\": %s; the model was not added",
 				q->command, q->name, message);
 		else if (status < 0 && q->name[0] != '\0')

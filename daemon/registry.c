@@ -497,6 +497,9 @@ entry_free(struct registry *r, struct model_entry *m)
 		if (g->model == m)
 			g->model = NULL;
 	registry_pages_cancel(m);
+	/* Its entry is gone before the load's turn comes: only its answer is
+	 * left to give (while stopping, workq_close has answered it). */
+	registry_withdraw_waiting_load(r, m, "unloaded before its load began");
 	if (m->staging != NULL)
 		stage_cancel(m->staging); /* its load_after finds no model */
 	free(m->name);

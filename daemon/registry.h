@@ -272,7 +272,11 @@ int registry_reload(struct registry *r, const char *name, registry_done_fn done,
 int registry_set_access(struct registry *r, const char *name, int restricted, const uid_t *uids,
 	size_t n_uids, const gid_t *gids, size_t n_gids);
 
-/* Stops serving name; its generations close when released. -ENOENT. */
+/* Stops serving name; its generations close when released. A load of it
+ * still waiting for its turn on the work queue is withdrawn: its done runs
+ * (-ECANCELED, "unloaded before its load began") on the loop soon after,
+ * never from this call; one already running is answered "superseded" when
+ * it ends. -ENOENT. */
 int registry_unload(struct registry *r, const char *name);
 
 /*

@@ -32,4 +32,9 @@ void registry_pages_ended(struct registry *r, struct generation *g);
  * -ECANCELED (m is being unloaded). */
 void registry_pages_cancel(struct model_entry *m);
 
+/* registry_load.c: withdraws m's load from the work queue if it still
+ * waits for its turn there, why its answer (-ECANCELED, on the loop soon
+ * after, never from this call); a load that started ends as it will. */
+void registry_withdraw_waiting_load(struct registry *r, struct model_entry *m, const char *why);
+
 #endif

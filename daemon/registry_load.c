@@ -72,6 +72,7 @@ struct load_request {
 	struct gen_origin *origin;
 	size_t norigin;
 	struct load_request *held_next; /* waiting for the start-up sweep (registry_sweep) */
+	const char *withdrawn; /* its answer when an unload withdrew it (withdraw_waiting) */
 };
 
 /*
@@ -577,7 +578,8 @@ load_after(struct workq_job *w, int status)
 			log_unwanted_staging(q, m == NULL ? "the model was unloaded" :
 							  "a newer load superseded it");
 		if (q->done != NULL)
-			q->done(-ECANCELED, "superseded by a newer load or unload", 0, q->arg);
+			q->done(-ECANCELED, q->withdrawn != NULL ? q->withdrawn :
+				"superseded by a newer load or unload", 0, q->arg);
 	} else if (q->status < 0) {
 		load_failed(r, m, q);
 	} else if (q->reload && same_inodes(m->pending, &q->source)) {
@@ -618,7 +620,7 @@ load_after(struct workq_job *w, int status)
 	load_request_free(q);
 }
 
-/* The run of a withdrawn load (withdraw_superseded): nothing to open. */
+/* The run of a withdrawn load (withdraw_waiting): nothing to open. */
 static void
 skip_work(struct workq_job *w)
 {
@@ -626,31 +628,39 @@ skip_work(struct workq_job *w)
 }
 
 /*
- * A newer load of m was queued while q, older, still waits for its turn on
- * the work queue (a remote filesystem's share is busy: a server that
- * hangs): q is superseded, so it is taken back and handed to libuv with
- * nothing to run, rather than opening and validating files once the server
- * answers only to be discarded. Clients that gave up (`timeout 1 wcachectl
- * load ...` in a loop) otherwise left one such load each, run in turn. Its
- * answer comes from load_after on the loop, as any superseded load's does,
- * and so never from within registry_load (its callers rely on that: a
- * done may answer a client or end a batch). A load already running ends
- * as before.
+ * q, a load still waiting for its turn on the work queue (a remote
+ * filesystem's share is busy: a server that hangs), is no longer wanted:
+ * a newer load of its model superseded it (why NULL), or the model was
+ * unloaded (why: the answer). It is taken back and handed to libuv with nothing to run,
+ * rather than opening and validating files once the server answers only
+ * to be discarded. Clients that gave up (`timeout 1 wcachectl load ...` in
+ * a loop) otherwise left one such load each, run in turn. Its answer comes
+ * from load_after on the loop, as any superseded load's does, and so never
+ * from within registry_load or registry_unload (their callers rely on
+ * that: a done may answer a client or end a batch). A load already
+ * running ends as before.
  */
 static void
-withdraw_superseded(struct registry *r, struct load_request *q)
+withdraw_waiting(struct registry *r, struct load_request *q, const char *why)
 {
 	int err;
 
 	if (q == NULL || !workq_withdraw(&r->workq, &q->job))
 		return;
-	log_debug("model \"%s\": a load of %s, still waiting for its turn, is superseded by a "
-		  "newer load: withdrawn", q->name, q->path);
+	q->withdrawn = why;
+	log_debug("model \"%s\": a load of %s, still waiting for its turn, is withdrawn: %s",
+		q->name, q->path, why != NULL ? why : "superseded by a newer load");
 	if ((err = workq_submit(&r->workq, &q->job, WORKQ_LOCAL, q->job.what, skip_work,
 		     load_after)) < 0) {
 		log_warnx("%s: cannot queue it: %s", q->job.what, uv_strerror(err));
-		load_after(&q->job, err); /* answered superseded: load_id is the newer one's */
+		load_after(&q->job, err); /* answered as withdrawn: load_id is not its own */
 	}
+}
+
+void
+registry_withdraw_waiting_load(struct registry *r, struct model_entry *m, const char *why)
+{
+	withdraw_waiting(r, m->queued_load, why);
 }
 
 /* Queues a load of path for the model name (entry created if new). */
@@ -700,7 +710,7 @@ queue_load(struct registry *r, const char *name, const char *path, enum pin_mode
 	if (m->staging != NULL)
 		stage_cancel(m->staging);
 	/* Last: the older load's answer may change the registry. */
-	withdraw_superseded(r, older);
+	withdraw_waiting(r, older, NULL);
 	return 0;
 }
 

@@ -524,15 +524,12 @@ def test_config_reloads_asked_while_one_waits_share_its_read(tmp_path, model):
             end_after_a_hang(fs, d, waiting)
 
 
-def test_a_load_superseded_before_it_starts_is_answered_at_once(tmp_path, model):
-    """On a remote filesystem whose server hangs, two loads of a model run
-    (the filesystem's share of the work queue) and the next ones wait their
-    turn. A load that waits and that a newer load of the same model
-    supersedes is taken back and answered at once ("superseded"), while the
-    server still hangs; before, it stayed queued, then opened and validated
-    the files once the server answered, only to be discarded: a loop of
-    `timeout 1 wcachectl load` (each client gone, its place given back)
-    left one such load each, run in turn (10 departed loads: 10 loads)."""
+@contextlib.contextmanager
+def loads_on_a_hung_server(tmp_path, model, n):
+    """wcached serving x from a RemoteFS mount whose server then hangs, and
+    n `wcachectl load x` asked of it in turn: two run, hung (the
+    filesystem's share of the work queue), the next ones wait their turn.
+    Yields (d, loads, fs); ends with end_after_a_hang, passed or failed."""
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
@@ -550,27 +547,58 @@ def test_a_load_superseded_before_it_starts_is_answered_at_once(tmp_path, model)
             ready(d, "x")
             fs.freeze()
             asked = re.compile(r'control: uid \d+: load "x"', re.M)
-            for k in range(4):
+            for k in range(n):
                 loads.append(subprocess.Popen(
                     [binary("wcachectl"), "--control", d.control, "load", "x", path],
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
                 wait_until(lambda: len(asked.findall(d.read_log())) == k + 1,
                            what=f"load {k + 1} to be asked")
-            # The third waited its turn (two run, hung); the fourth took
-            # its place: the third is answered while the server hangs.
-            wait_until(lambda: loads[2].poll() is not None, timeout=10,
-                       what="the waiting load superseded by a newer one to be answered")
-            out = loads[2].communicate()[0]
-            assert loads[2].returncode == 1, out
-            assert "superseded by a newer load" in out
-            assert all(p.poll() is None for p in (loads[0], loads[1], loads[3]))
-            fs.thaw()
-            outs = [p.communicate(timeout=60)[0] for p in (loads[0], loads[1], loads[3])]
-            assert loads[3].returncode == 0, outs[2]
-            assert all("superseded" in o for o in outs[:2]), outs
-            assert status(d)["models"][0]["state"] == "ready"
+            yield d, loads, fs
         finally:
             end_after_a_hang(fs, d, loads)
+
+
+def test_a_load_superseded_before_it_starts_is_answered_at_once(tmp_path, model):
+    """On a remote filesystem whose server hangs, two loads of a model run
+    (the filesystem's share of the work queue) and the next ones wait their
+    turn. A load that waits and that a newer load of the same model
+    supersedes is taken back and answered at once ("superseded"), while the
+    server still hangs; before, it stayed queued, then opened and validated
+    the files once the server answered, only to be discarded: a loop of
+    `timeout 1 wcachectl load` (each client gone, its place given back)
+    left one such load each, run in turn (10 departed loads: 10 loads)."""
+    with loads_on_a_hung_server(tmp_path, model, 4) as (d, loads, fs):
+        # The third waited its turn (two run, hung); the fourth took
+        # its place: the third is answered while the server hangs.
+        wait_until(lambda: loads[2].poll() is not None, timeout=10,
+                   what="the waiting load superseded by a newer one to be answered")
+        out = loads[2].communicate()[0]
+        assert loads[2].returncode == 1, out
+        assert "superseded by a newer load" in out
+        assert all(p.poll() is None for p in (loads[0], loads[1], loads[3]))
+        fs.thaw()
+        outs = [p.communicate(timeout=60)[0] for p in (loads[0], loads[1], loads[3])]
+        assert loads[3].returncode == 0, outs[2]
+        assert all("superseded" in o for o in outs[:2]), outs
+        assert status(d)["models"][0]["state"] == "ready"
+
+
+def test_a_load_unloaded_before_it_starts_is_answered_at_once(tmp_path, model):
+    """As above, but the model is unloaded while a load waits its turn on
+    the hung server (an unload, or a configuration reload that drops the
+    model): the waiting load is taken back and answered at once, saying
+    why; before, it waited for the server, opened and validated the files,
+    and was answered "superseded" only then."""
+    with loads_on_a_hung_server(tmp_path, model, 3) as (d, loads, _):
+        # Two run, hung; the third waits its turn.
+        unload = ctl(d, "unload", "x")
+        assert unload.returncode == 0, unload.stdout + unload.stderr
+        wait_until(lambda: loads[2].poll() is not None, timeout=10,
+                   what="the waiting load of the unloaded model to be answered")
+        out = loads[2].communicate()[0]
+        assert loads[2].returncode == 1, out
+        assert 'load: model "x": unloaded before its load began' in out, out
+        assert loads[0].poll() is None and loads[1].poll() is None
 
 
 def state(d, name):

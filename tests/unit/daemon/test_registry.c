@@ -556,6 +556,21 @@ answered(struct du *t, void *a)
 	return ((struct answer *)a)->calls > 0;
 }
 
+/* Holds the work queue's share of remote and unknown filesystems with b
+ * (remote_limit 1: one such job at a time), then queues a load of path as
+ * the model "m", answered into a, that waits its turn behind b. */
+static void
+load_behind_blocker(struct du *t, struct blocker *b, const char *path, struct answer *a)
+{
+	t->reg.workq.remote_limit = 1;
+	assert_int_equal(pipe2(b->pipe, O_CLOEXEC), 0);
+	b->job.arg = b;
+	assert_int_equal(workq_submit(&t->reg.workq, &b->job, WORKQ_UNKNOWN, "blocker",
+				 blocker_run, blocker_after), 0);
+	assert_int_equal(registry_load(&t->reg, "m", path, PIN_NONE, 0, answer_done, a), 0);
+	assert_int_equal(t->reg.workq.remote_waiting, 1);
+}
+
 /* A load still waiting for its turn on the work queue that a newer load of
  * the model supersedes is withdrawn without opening anything, and answered
  * "superseded" on the loop, never from within the newer registry_load:
@@ -574,13 +589,7 @@ test_superseded_waiting_load_answered_on_the_loop(void **state)
 	} *c = calloc(1, sizeof(*c));
 
 	assert_non_null(c);
-	t->reg.workq.remote_limit = 1; /* one such job at a time: the blocker */
-	assert_int_equal(pipe2(c->blk.pipe, O_CLOEXEC), 0);
-	c->blk.job.arg = &c->blk;
-	assert_int_equal(workq_submit(&t->reg.workq, &c->blk.job, WORKQ_UNKNOWN, "blocker",
-				 blocker_run, blocker_after), 0);
-	assert_int_equal(registry_load(&t->reg, "m", a, PIN_NONE, 0, answer_done, &c->first), 0);
-	assert_int_equal(t->reg.workq.remote_waiting, 1);
+	load_behind_blocker(t, &c->blk, a, &c->first);
 	assert_int_equal(registry_load(&t->reg, "m", b, PIN_NONE, 0, answer_done, &c->second),
 		0);
 	assert_int_equal(c->first.calls, 0);
@@ -602,6 +611,42 @@ test_superseded_waiting_load_answered_on_the_loop(void **state)
 	free(b);
 }
 
+/* A load still waiting for its turn on the work queue when its model is
+ * unloaded (wcachectl unload, or a configuration reload that drops the
+ * model) is withdrawn without opening anything and answered on the loop,
+ * never from within registry_unload, saying why. Before, it waited for the
+ * queue, then opened and validated the files only to be discarded. */
+static void
+test_unloaded_waiting_load_answered_on_the_loop(void **state)
+{
+	struct du *t = *state;
+	char *a = du_model(t, "a.safetensors", 1024);
+	/* On the heap, as in the test above. */
+	struct {
+		struct blocker blk;
+		struct answer first;
+	} *c = calloc(1, sizeof(*c));
+
+	assert_non_null(c);
+	load_behind_blocker(t, &c->blk, a, &c->first);
+	assert_int_equal(registry_unload(&t->reg, "m"), 0);
+	assert_int_equal(c->first.calls, 0);
+	du_run_until(t, answered, &c->first);
+	assert_string_equal(c->first.message, "unloaded before its load began");
+	assert_int_equal(c->first.status, -ECANCELED);
+	assert_false(c->blk.ended); /* answered while the queue is still held */
+	assert_int_equal(t->reg.workq.remote_waiting, 0);
+	assert_int_equal(t->reg.loads_in_flight, 0);
+	assert_null(registry_find(&t->reg, "m"));
+	assert_int_equal(write(c->blk.pipe[1], "x", 1), 1);
+	du_run_until(t, blocker_ended, &c->blk);
+	assert_int_equal(c->first.calls, 1);
+	close(c->blk.pipe[0]);
+	close(c->blk.pipe[1]);
+	free(c);
+	free(a);
+}
+
 int
 main(void)
 {
@@ -620,6 +665,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_progress_and_close_with_load_in_flight, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_superseded_waiting_load_answered_on_the_loop,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(test_unloaded_waiting_load_answered_on_the_loop,
 			setup, teardown),
 	};
 
