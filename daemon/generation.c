@@ -148,19 +148,29 @@ gen_free_origin(struct gen_origin *origin, size_t n)
 	free(origin);
 }
 
-/* Frees g's origin and removes its staged copy (stage.h), on the work
+/*
+ * Frees g's origin and removes its staged copy (stage.h), on the work
  * queue; at shutdown a copy whose files the manager's store keeps for the
- * next process stays (it removes it when that generation closes). */
+ * next process stays (it removes it when that generation closes). A copy
+ * of a generation that closed while serving is removed until wcached
+ * stops: a stop ends that removal at its next file, and the next start's
+ * sweep removes the rest (a stop must not wait for every unlink of a
+ * slow stage_dir). The copies the stop itself closes are removed whole,
+ * as before: a stop without a store leaves no copy behind.
+ */
 static void
 gen_free_staged(struct registry *r, struct generation *g)
 {
+	int closing = __atomic_load_n(&r->closing, __ATOMIC_RELAXED);
+
 	gen_free_origin(g->origin, g->norigin);
 	g->origin = NULL;
 	g->norigin = 0;
-	if (g->staged.dir != NULL && r->closing && r->fdstore && g->stored_slot != 0)
+	if (g->staged.dir != NULL && closing && r->fdstore && g->stored_slot != 0)
 		free(g->staged.dir);
 	else
-		stage_remove_later(r->loop, g->staged.dir);
+		stage_remove_later_until_stop(r->loop, g->staged.dir,
+			closing ? NULL : &r->closing);
 	g->staged.dir = NULL;
 }
 

@@ -120,6 +120,17 @@ int stage_remove(const char *dir);
 void stage_remove_later(uv_loop_t *loop, char *dir);
 
 /*
+ * stage_remove_later() that reads *stop (atomically; stop may be NULL,
+ * and must outlive the removal) before each file of the copy, as the sweep
+ * does: once set (wcached stops) it removes no more and logs one line
+ * saying the next start removes what is left (the copy keeps its marker,
+ * so the next start's sweep does). libuv's loop waits for its work queue
+ * before it ends: a removal of 163 shards on a slow stage_dir would
+ * otherwise hold a stop for every unlink.
+ */
+void stage_remove_later_until_stop(uv_loop_t *loop, char *dir, const int *stop);
+
+/*
  * Creates stage_dir if missing (mode 0700; as root, its parents 0755) and,
  * when uid is not (uid_t)-1, gives the directory it created to uid:gid (as
  * root, before privileges are dropped). An existing stage_dir must already

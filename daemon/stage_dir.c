@@ -3,7 +3,8 @@
  * at start (stage_prepare_dir), checking and opening it (stage_check_dir,
  * stage_open_dir), which copy of it a path lies in (stage_dir_of), the
  * token of this process's temporary copies (stage_token), removing copies
- * (stage_remove(), stage_remove_later(), and stage_remove_at(), through
+ * (stage_remove(), stage_remove_later() and stage_remove_later_until_stop()
+ * on libuv's work queue, and stage_remove_at(), through
  * which stage.c's failed staging removes its temporary copy too) and
  * sweeping what earlier processes left (stage_sweep()). Copying is
  * stage.c's.
@@ -207,8 +208,10 @@ stage_remove_at(int pfd, const char *parent, const char *name, const int *stop,
 	return err < 0 ? err : STAGE_REMOVED;
 }
 
-int
-stage_remove(const char *dir)
+/* stage_remove(), reading *stop (stop may be NULL) before each file of the
+ * copy as stage_remove_at() does: -ECANCELED, no message, when it stopped. */
+static int
+remove_dir(const char *dir, const int *stop)
 {
 	char *parent = path_dir(dir);
 	const char *why = NULL;
@@ -224,7 +227,7 @@ stage_remove(const char *dir)
 		return r;
 	}
 	if ((r = stage_check_dir(pfd, parent, geteuid())) == 0 &&
-		(r = stage_remove_at(pfd, parent, file_basename(dir), NULL, &why)) ==
+		(r = stage_remove_at(pfd, parent, file_basename(dir), stop, &why)) ==
 		STAGE_NOT_OURS)
 		r = error_set(-EPERM, "%s is not a copy wcached made (%s): left alone", dir, why);
 	close(pfd);
@@ -232,19 +235,39 @@ stage_remove(const char *dir)
 	return r < 0 ? r : 0;
 }
 
+int
+stage_remove(const char *dir)
+{
+	return remove_dir(dir, NULL);
+}
+
 struct remove_work {
 	uv_work_t work;
 	char *dir;
+	const int *stop;
 	int err;
 	char message[512];
 };
+
+/* Logs how rw's removal ended: removed (debug), stopped, or failed. */
+static void
+remove_report(const struct remove_work *rw)
+{
+	if (rw->err == -ECANCELED)
+		log_info("staged copy %s: its removal stopped as wcached stops: the next "
+			 "start removes what is left", rw->dir);
+	else if (rw->err < 0)
+		log_warnx("staged copy not removed: %s", rw->message);
+	else
+		log_debug("staged copy %s removed", rw->dir);
+}
 
 static void
 remove_run(uv_work_t *w)
 {
 	struct remove_work *rw = w->data;
 
-	if ((rw->err = stage_remove(rw->dir)) < 0)
+	if ((rw->err = remove_dir(rw->dir, rw->stop)) < 0)
 		snprintf(rw->message, sizeof(rw->message), "%s", error_get());
 }
 
@@ -254,31 +277,36 @@ remove_after(uv_work_t *w, int status)
 	struct remove_work *rw = w->data;
 
 	(void)status;
-	if (rw->err < 0)
-		log_warnx("staged copy not removed: %s", rw->message);
-	else
-		log_debug("staged copy %s removed", rw->dir);
+	remove_report(rw);
 	free(rw->dir);
 	free(rw);
 }
 
 void
-stage_remove_later(uv_loop_t *loop, char *dir)
+stage_remove_later_until_stop(uv_loop_t *loop, char *dir, const int *stop)
 {
-	struct remove_work *rw;
+	struct remove_work *rw, now = { .dir = dir, .stop = stop };
 
 	if (dir == NULL)
 		return;
 	if ((rw = calloc(1, sizeof(*rw))) != NULL) {
-		rw->dir = dir;
+		*rw = now;
 		rw->work.data = rw;
 		if (uv_queue_work(loop, &rw->work, remove_run, remove_after) == 0)
 			return;
 		free(rw);
 	}
-	if (stage_remove(dir) < 0)
-		log_warnx("staged copy not removed: %s", error_get());
+	/* No memory to queue it, or the queue refused it: at once, here. */
+	now.work.data = &now;
+	remove_run(&now.work);
+	remove_report(&now);
 	free(dir);
+}
+
+void
+stage_remove_later(uv_loop_t *loop, char *dir)
+{
+	stage_remove_later_until_stop(loop, dir, NULL);
 }
 
 /* This process's token (stage_token), made once. */

@@ -7,7 +7,8 @@
  * models must not wait for its unlink), and a staging queued while it
  * runs waits for it to end, then copies; one that waits when wcached
  * stops ends cancelled and copies nothing; a stop ends the sweep between
- * two copies, or two files of one copy.
+ * two copies, or two files of one copy, and so the removal of the copy of a
+ * generation that closed while serving.
  *
  * Fault injection (-Wl,--wrap=unlinkat in tests/CMakeLists.txt): while a
  * test closes the gate, the removal of a leftover copy's model file (or
@@ -383,6 +384,32 @@ test_a_stop_ends_the_sweep_at_the_next_copy(void **state)
 }
 
 /*
+ * A stop cut short the removal of copy: it is still there, marked, with
+ * entries entries (the marker included), and the log (captured since
+ * du_log_start) says said; the next start's sweep finds it wcached's and
+ * removes it, swept copies in all.
+ */
+static void
+cut_short_then_swept(struct sweep_fixture *f, const char *copy, int entries, const char *said,
+	unsigned swept)
+{
+	unsigned removed = 0;
+	struct stat st;
+	char *marker = path_join(copy, STAGE_MARKER), *log;
+
+	assert_non_null(marker);
+	assert_int_equal(stat(marker, &st), 0);
+	free(marker);
+	assert_int_equal(tu_count_entries(copy), entries);
+	log = du_log_stop(f->t);
+	assert_non_null(strstr(log, said));
+	free(log);
+	assert_int_equal(stage_sweep(f->stage_dir, NULL, 0, NULL, &removed), 0);
+	assert_int_equal(removed, swept);
+	assert_int_equal(tu_count_entries(copy), -1);
+}
+
+/*
  * wcached stops while the sweep removes the first file of the only
  * leftover, a copy of four files (a sharded model's, say): the sweep
  * removes no other file of it, and the copy keeps its marker, so the next
@@ -394,9 +421,6 @@ static void
 test_a_stop_ends_the_sweep_within_a_copy(void **state)
 {
 	struct sweep_fixture *f = *state;
-	unsigned removed = 0;
-	struct stat st;
-	char *marker, *log;
 
 	free(tu_write(f->leftover, "model-00001-of-00003.safetensors", "abc", 3));
 	free(tu_write(f->leftover, "model-00002-of-00003.safetensors", "abc", 3));
@@ -404,21 +428,51 @@ test_a_stop_ends_the_sweep_within_a_copy(void **state)
 	du_log_start(f->t);
 	atomic_store(&gate_first_file, true);
 	stop_at_the_gate(f);
-	/* The copy is still there, marked, with the three files its removal
-	 * had not reached. */
-	marker = path_join(f->leftover, STAGE_MARKER);
-	assert_non_null(marker);
-	assert_int_equal(stat(marker, &st), 0);
-	free(marker);
-	assert_int_equal(tu_count_entries(f->leftover), 4);
-	log = du_log_stop(f->t);
-	assert_non_null(strstr(log, "stopped as wcached stops, after 0 copies: the next start "
-				    "removes what is left"));
-	free(log);
-	/* The next sweep finds it wcached's and removes it. */
-	assert_int_equal(stage_sweep(f->stage_dir, NULL, 0, NULL, &removed), 0);
-	assert_int_equal(removed, 1);
-	assert_int_equal(tu_count_entries(f->leftover), -1);
+	/* The marker and the three files its removal had not reached. */
+	cut_short_then_swept(f, f->leftover, 4, "stopped as wcached stops, after 0 copies: "
+		"the next start removes what is left", 1);
+}
+
+/*
+ * m's generation closes while it serves (m unloaded) and its staged copy,
+ * five files, is removed; wcached stops while the first file's unlink
+ * waits at the gate (a slow stage_dir). The removal removes no other
+ * file: the copy keeps its marker and the three files it had not reached,
+ * it says so once, and the next start's sweep removes the rest. Before,
+ * the stop waited for the unlink of every file of the copy (libuv's loop
+ * ends only once its work queue has).
+ */
+static void
+test_a_stop_ends_the_removal_of_a_closed_generations_copy(void **state)
+{
+	struct sweep_fixture *f = *state;
+	char *copy;
+
+	load_staged(f);
+	du_run_until(f->t, answered, f);
+	assert_int_equal(f->status, 0);
+	copy = strdup(du_current(f->t, "m")->staged.dir);
+	assert_non_null(copy);
+	free(tu_write(copy, "extra-1.safetensors", "abc", 3));
+	free(tu_write(copy, "extra-2.safetensors", "abc", 3));
+	free(tu_write(copy, "extra-3.safetensors", "abc", 3));
+	assert_int_equal(tu_count_entries(copy), 5);
+	du_log_start(f->t);
+	atomic_store(&gate_first_file, true);
+	set_gate(true);
+	assert_int_equal(registry_unload(&f->t->reg, "m"), 0);
+	wait_at_gate();
+	registry_close(&f->t->reg);
+	set_gate(false);
+	/* Closed, the registry holds no handle: the loop ends once the work
+	 * queue has (as in du_teardown), the removal included. */
+	while (uv_run(&f->t->loop, UV_RUN_DEFAULT) != 0)
+		;
+	/* The marker and the three files it had not reached; the sweep
+	 * removes it with the fixture's leftover. */
+	cut_short_then_swept(f, copy, 4, "its removal stopped as wcached stops: the next "
+		"start removes what is left", 2);
+	free(copy);
 }
 
 /* A removal fails, then wcached stops: the failure is what the sweep
@@ -474,6 +528,8 @@ main(void)
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(test_a_stop_ends_the_sweep_within_a_copy, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_a_stop_ends_the_removal_of_a_closed_generations_copy, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
