@@ -440,10 +440,13 @@ join_threads(struct warm_pool *pool, unsigned n, const struct timespec *deadline
 	return n - pool->joined;
 }
 
-/* Frees the pool's memory; the threads are joined, the handle is closed. */
+/* Frees the pool's memory (NULL: nothing); the threads are joined, the
+ * handle is closed. */
 static void
 pool_free(struct warm_pool *pool)
 {
+	if (pool == NULL)
+		return;
 	if (pool->buffers != NULL)
 		for (unsigned i = 0; i < pool->nthreads; i++)
 			free(pool->buffers[i]);
@@ -456,6 +459,16 @@ pool_free(struct warm_pool *pool)
 	pthread_cond_destroy(&pool->pace_cv);
 	pthread_mutex_destroy(&pool->mu);
 	free(pool);
+}
+
+/* warm_pool_new() could not allocate what threads prefetch threads need:
+ * frees pool (pool_free, NULL too) and returns -ENOMEM with the one message
+ * every such failure gives. */
+static int
+pool_out_of_memory(struct warm_pool *pool, unsigned threads)
+{
+	pool_free(pool);
+	return error_set(-ENOMEM, "cannot start %u prefetch threads: out of memory", threads);
 }
 
 /* Checks opt and fills the pool's settings; -EINVAL on a bad value. */
@@ -537,8 +550,7 @@ warm_pool_new(uv_loop_t *loop, const struct warm_options *opt, struct warm_pool 
 		return error_set(-EINVAL, "prefetch threads: no loop");
 	pool = calloc(1, sizeof(*pool));
 	if (pool == NULL)
-		return error_set(-ENOMEM, "cannot start %u prefetch threads: out of memory",
-			threads);
+		return pool_out_of_memory(NULL, threads);
 	pool->null_fd = -1;
 	err = apply_options(pool, opt);
 	if (err != 0) {
@@ -559,11 +571,8 @@ warm_pool_new(uv_loop_t *loop, const struct warm_options *opt, struct warm_pool 
 	pool->running = calloc(pool->nthreads, sizeof(*pool->running));
 	pool->threads = calloc(pool->nthreads, sizeof(*pool->threads));
 	pool->buffers = calloc(pool->nthreads, sizeof(*pool->buffers));
-	if (pool->running == NULL || pool->threads == NULL || pool->buffers == NULL) {
-		pool_free(pool);
-		return error_set(-ENOMEM, "cannot start %u prefetch threads: out of memory",
-			threads);
-	}
+	if (pool->running == NULL || pool->threads == NULL || pool->buffers == NULL)
+		return pool_out_of_memory(pool, threads);
 	if (pool->method == WARM_SENDFILE) {
 		pool->null_fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
 		if (pool->null_fd < 0) {
@@ -575,11 +584,8 @@ warm_pool_new(uv_loop_t *loop, const struct warm_options *opt, struct warm_pool 
 	}
 	for (unsigned i = 0; i < pool->nthreads; i++) {
 		pool->buffers[i] = aligned_alloc(page_size(), pool->chunk);
-		if (pool->buffers[i] == NULL) {
-			pool_free(pool);
-			return error_set(-ENOMEM, "cannot start %u prefetch threads: out of "
-					      "memory", threads);
-		}
+		if (pool->buffers[i] == NULL)
+			return pool_out_of_memory(pool, threads);
 	}
 	/* The threads touch the async handle only once a job exists, and jobs
 	 * exist only after this function returns; so the handle is initialised
