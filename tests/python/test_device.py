@@ -903,6 +903,40 @@ def test_a_file_stat_names_differently_gets_its_view(odd_model, monkeypatch):
     _stages_leaving_no_view(model, path, raw, "no longer the mapped file")
 
 
+def test_a_file_stat_names_differently_is_checked_once_per_copy(odd_model, monkeypatch):
+    """Where fstat names the file by another device, a view's own line in
+    /proc/self/maps is read to check it: for the file's first view in a
+    copy, not for every view (each read parses every line of maps; a
+    model has one view per 256 MiB). The other views are mapped through
+    the descriptor that was checked, so they are the same file. The next
+    copy opens and checks the file again."""
+    from wcache import _sharedview
+    path, raw = odd_model
+    model = wcache.open_file(path)
+    fstat_names_by_another_device(monkeypatch, path)
+    checks, opens = [], []
+    real_identity, real_open = _sharedview.mapped_identity, os.open
+
+    def identity(addr):
+        checks.append(addr)
+        return real_identity(addr)
+
+    def counting_open(name, *args, **kwargs):
+        if os.fsdecode(name) == os.path.realpath(path):
+            opens.append(name)
+        return real_open(name, *args, **kwargs)
+    monkeypatch.setattr(_sharedview, "mapped_identity", identity)
+    monkeypatch.setattr(_sharedview.os, "open", counting_open)
+    for copy in (1, 2):
+        out = to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
+                        backend=CpuBackend(pins_long_term=True), mode="register", small=0,
+                        max_batch=4096)
+        _check_exact(out, raw)
+        engine, p = _device.last_load
+        assert engine.path == "register" and len(p.ranges) > 10, (engine.why, p.ranges)
+        assert (len(checks), len(opens)) == (copy, copy), (copy, len(p.ranges), checks, opens)
+
+
 def _stages_leaving_no_view(model, path, raw, why):
     """Loads model onto the CPU backend in auto mode: the engine stages,
     its reason says why, and no shared view of path is left mapped."""

@@ -28,7 +28,8 @@ asked for) like this:
    kernel (Linux 6.2+) copies pages of a private mapping that is pinned
    long-term, which would give every worker its own copy of the model.
    /proc/self/maps is read once per load to find the file behind the
-   ranges (again only if a range is not in it), not once per range.
+   ranges (again only if a range is not in it), not once per range, and
+   each file is opened and checked once per load, not once per range.
 3. **Or stage**, when registration is refused (an older driver; a part that
    has no read-only registration) or no shared view can be made (the worker
    may not open the model's path; it was renamed over): two pinned buffers of
@@ -66,7 +67,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ._lib import env_choice
-from ._sharedview import NotMapped, Unavailable, file_mappings, shared_view
+from ._sharedview import NotMapped, OpenFile, Unavailable, file_mappings, shared_view
 
 __all__ = ["plan", "Plan", "Engine", "Backend", "CudaBackend", "CpuBackend", "RegisterRefused",
            "copy_mode", "to_device", "tensor_to_device", "cudart_libraries",
@@ -550,7 +551,7 @@ class Engine:
         self.path = self.why = self.reason = None
         self.copies = 0
         self.seconds = dict.fromkeys(("view", "register", "copy", "unregister"), 0.0)
-        self._maps = None
+        self._maps = self._opened = None
 
     @contextlib.contextmanager
     def _timed(self, what):
@@ -602,6 +603,7 @@ class Engine:
         registered, views, done, why, reason = [], [], 0, None, None
         stream = None
         self._maps = None  # /proc/self/maps, read by the first _source()
+        self._opened = OpenFile()  # the file of the last view, opened and checked once
         try:
             for lo, hi, first, end in p.ranges:
                 try:
@@ -641,6 +643,7 @@ class Engine:
                 done = end
         finally:
             self._maps = None
+            self._opened.close()
             try:
                 if stream is not None:
                     with self._timed("copy"):
@@ -664,19 +667,23 @@ class Engine:
         for the first range of this copy (self._maps): every range lies in
         the model's own mapping, which was made before the plan, and the
         views this loop maps are never looked up, so one read serves all.
-        A range missing from it is looked up again in a fresh read."""
+        A range missing from it is looked up again in a fresh read. The
+        file behind consecutive ranges is opened and checked once
+        (self._opened: where fstat names it by another device than maps
+        does, the check reads maps again: once per file mapping, not per
+        view)."""
         if not self.backend.pins_long_term:
             return None, [src for src, _, _ in batches]
         fresh = self._maps is None
         if fresh:
             self._maps = file_mappings()
         try:
-            view = shared_view(lo, hi, self._maps)
+            view = shared_view(lo, hi, self._maps, self._opened)
         except NotMapped:
             if fresh:
                 raise
             self._maps = file_mappings()
-            view = shared_view(lo, hi, self._maps)
+            view = shared_view(lo, hi, self._maps, self._opened)
         try:
             return view, [view.translate(src, n) for src, _, n in batches]
         except Unavailable:

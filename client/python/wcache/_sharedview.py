@@ -14,8 +14,10 @@ cache pages that every worker shares.
 So the copy engine (_device.py) registers such a mapping of the same file
 instead: the file behind a range is found in /proc/self/maps, opened
 read-only through its path, mapped shared over the same file offsets, and
-checked to be the same inode (device and inode number) by map_mapped_file,
-which _torch.py's copy-on-write remap uses too. /proc/self/maps and
+checked to be the same inode (device and inode number) by MappedFile,
+which _torch.py's copy-on-write remap uses too (map_mapped_file); the
+engine's views of one file in one copy share one MappedFile (OpenFile), so
+the file is opened and checked once per copy, not once per view. /proc/self/maps and
 fstat(2) can name one file differently: overlayfs before Linux 6.8 shows
 the underlying (upper or lower) inode in maps and the overlay's st_dev in
 stat (a container's /tmp), btrfs the superblock's device in maps and the
@@ -33,7 +35,7 @@ import mmap
 import os
 
 __all__ = ["Unavailable", "NotMapped", "SharedView", "shared_view", "file_mappings",
-           "map_mapped_file", "mapped_identity"]
+           "map_mapped_file", "mapped_identity", "MappedFile", "OpenFile"]
 
 _PROT_READ = 0x1
 _MAP_SHARED = 0x01
@@ -94,12 +96,13 @@ class SharedView:
             _libc.munmap(addr, self.hi - self.lo)
 
 
-def shared_view(lo, hi, entries=None):
+def shared_view(lo, hi, entries=None, opened=None):
     """A SharedView of the page-aligned range [lo, hi), which must lie in
     one file mapping of entries (file_mappings(), read now when None: a
     caller with many ranges reads it once and passes it, since each read
     parses every line of /proc/self/maps); NotMapped when it lies in none,
-    Unavailable when no view can be made."""
+    Unavailable when no view can be made. opened, an OpenFile, keeps the
+    file open and checked for the caller's next view of it."""
     if lo % mmap.PAGESIZE or hi % mmap.PAGESIZE or hi <= lo:
         raise Unavailable(f"range [{lo:#x}, {hi:#x}) is not page-aligned")
     entries = file_mappings() if entries is None else entries
@@ -115,7 +118,10 @@ def shared_view(lo, hi, entries=None):
         if file_off + (hi - lo) > st.st_size + mmap.PAGESIZE - 1:
             raise Unavailable(f"{os.fsdecode(path)} is shorter than its mapping")
         return file_off, hi - lo
-    addr, _ = map_mapped_file(path, dev, ino, span, _PROT_READ, _MAP_SHARED)
+    if opened is None:
+        addr, _ = map_mapped_file(path, dev, ino, span, _PROT_READ, _MAP_SHARED)
+    else:
+        addr, _ = opened.file(entries[i]).map(span, _PROT_READ, _MAP_SHARED)
     return SharedView(lo, hi, addr, True)
 
 
@@ -129,43 +135,110 @@ def mapped_identity(addr):
     return entries[i][3], entries[i][4]
 
 
+class MappedFile:
+    """The file a /proc/self/maps entry names (path, dev as (major, minor),
+    inode), opened read-only through its path, to be mapped again by map().
+    Unavailable where the entry says the file was deleted or renamed over,
+    or the path cannot be opened.
+
+    Whether it is that file is checked once: by fstat at the open, or
+    where fstat names it by another device or inode (overlayfs before Linux
+    6.8, btrfs: see the module comment), by the first mapping's own line in
+    /proc/self/maps. Every later mapping is made through the same
+    descriptor, so it maps the same file and needs no check: a caller that
+    maps many ranges of one file reads maps once, not once per range.
+    close() closes the descriptor (idempotent); mappings made stay."""
+
+    def __init__(self, path, dev, ino):
+        self.name = os.fsdecode(path)
+        self.dev, self.ino = dev, ino
+        if path.endswith(b" (deleted)"):
+            raise Unavailable(f"{self.name}: the mapped file was deleted or renamed over")
+        try:
+            self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
+        except OSError as e:
+            raise Unavailable(f"cannot open {self.name}: {e.strerror}") from None
+        try:
+            st = os.fstat(self.fd)
+        except OSError as e:
+            self.close()
+            raise Unavailable(f"cannot stat {self.name}: {e.strerror}") from None
+        self.checked = (os.major(st.st_dev), os.minor(st.st_dev)) == dev and st.st_ino == ino
+
+    def map(self, span, prot, flags):
+        """(addr, length) of a new mapping (mmap(2) with prot and flags) of
+        the file; span(stat) gives the file offset and length to map, or
+        raises Unavailable. Unavailable where span refuses, mmap fails, the
+        file is not the one the entry names, or /proc/self/maps cannot be
+        read to check it; then nothing stays mapped. The caller unmaps addr."""
+        if self.fd is None:
+            raise Unavailable(f"{self.name}: closed")
+        file_off, length = span(os.fstat(self.fd))
+        addr = _libc.mmap(None, length, prot, flags, self.fd, file_off)
+        if addr is None or addr == _MAP_FAILED:
+            e = ctypes.get_errno()
+            kind = "shared" if flags & _MAP_SHARED else "private"
+            raise Unavailable(f"{self.name}: {kind} mmap: {os.strerror(e)}")
+        if not self.checked:
+            try:
+                identity = mapped_identity(addr)
+            except OSError as e:  # /proc/self/maps unreadable (EMFILE, ENOMEM): not mapped here
+                _libc.munmap(addr, length)
+                raise Unavailable(f"{self.name}: cannot read /proc/self/maps: "
+                                  f"{e.strerror}") from None
+            if identity != (self.dev, self.ino):
+                _libc.munmap(addr, length)
+                raise Unavailable(f"{self.name} is no longer the mapped file (renamed over)")
+            self.checked = True
+        return addr, length
+
+    def close(self):
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
+
+
+class OpenFile:
+    """The MappedFile of the last file mapping a caller's shared views were
+    made of (one at a time: a copy's ranges come in address order, so one
+    mapping's ranges follow each other), so that the file is opened and
+    checked once per mapping and copy, not once per view. Keyed by the
+    whole /proc/self/maps entry, the mapping itself: two mappings that maps
+    names alike (btrfs subvolumes' files with one inode number, at one path
+    through a bind mount) are each checked. Held by the caller for one copy,
+    while the mappings its ranges lie in cannot change. close() closes it
+    (idempotent)."""
+
+    def __init__(self):
+        self.entry = self.opened = None
+
+    def file(self, entry):
+        """The MappedFile of entry, a file_mappings() entry: the one held,
+        or opened now; Unavailable as MappedFile."""
+        if self.entry != entry:
+            self.close()
+            _start, _end, _offset, dev, ino, path, _shared = entry
+            self.opened = MappedFile(path, dev, ino)
+            self.entry = entry
+        return self.opened
+
+    def close(self):
+        opened, self.opened, self.entry = self.opened, None, None
+        if opened is not None:
+            opened.close()
+
+
 def map_mapped_file(path, dev, ino, span, prot, flags):
     """(addr, length) of a new mapping (mmap(2) with prot and flags) of the
     file a /proc/self/maps entry names (path, dev as (major, minor),
     inode), opened read-only through its path; span(stat) gives the file
     offset and length to map, or raises Unavailable. It is checked to be
-    that file: by fstat, or where fstat names it by another device or inode
-    (overlayfs before Linux 6.8, btrfs: see the module comment), by the new
-    mapping's own line in /proc/self/maps. Unavailable where the entry says
-    the file was deleted or renamed over, the path cannot be opened, span
-    refuses, mmap fails, the path names another file, or /proc/self/maps
-    cannot be read to check it; then nothing stays mapped. The caller
-    unmaps addr."""
-    name = os.fsdecode(path)
-    if path.endswith(b" (deleted)"):
-        raise Unavailable(f"{name}: the mapped file was deleted or renamed over")
+    that file (MappedFile). Unavailable where the entry says the file was
+    deleted or renamed over, the path cannot be opened, span refuses, mmap
+    fails, the path names another file, or /proc/self/maps cannot be read
+    to check it; then nothing stays mapped. The caller unmaps addr."""
+    opened = MappedFile(path, dev, ino)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
-    except OSError as e:
-        raise Unavailable(f"cannot open {name}: {e.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        same = (os.major(st.st_dev), os.minor(st.st_dev)) == dev and st.st_ino == ino
-        file_off, length = span(st)
-        addr = _libc.mmap(None, length, prot, flags, fd, file_off)
-        if addr is None or addr == _MAP_FAILED:
-            e = ctypes.get_errno()
-            kind = "shared" if flags & _MAP_SHARED else "private"
-            raise Unavailable(f"{name}: {kind} mmap: {os.strerror(e)}")
+        return opened.map(span, prot, flags)
     finally:
-        os.close(fd)
-    if not same:
-        try:
-            identity = mapped_identity(addr)
-        except OSError as e:  # /proc/self/maps unreadable (EMFILE, ENOMEM): not mapped here
-            _libc.munmap(addr, length)
-            raise Unavailable(f"{name}: cannot read /proc/self/maps: {e.strerror}") from None
-        if identity != (dev, ino):
-            _libc.munmap(addr, length)
-            raise Unavailable(f"{name} is no longer the mapped file (renamed over)")
-    return addr, length
+        opened.close()
