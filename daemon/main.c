@@ -37,6 +37,7 @@
 #include "restore.h"
 #include "server.h"
 #include "format/source.h"
+#include "generation.h"
 #include "warm.h"
 #include "derive.h"
 #include "watch.h"
@@ -310,6 +311,37 @@ drop_privileges(struct daemon *d)
 	log_info("running as user %s (uid %u)", c->user, (unsigned)c->user_uid);
 }
 
+/*
+ * The start-up line. failed counts the configured models whose load failed
+ * (the batch's count). A load is answered once the model is loaded, before
+ * it warms, so by now a model's warm-up may have failed (status says
+ * failed, attaches are refused) or may still run: both are counted as they
+ * stand at this moment, so that the line never calls a model good that
+ * status calls failed. A warm-up that fails later says so in its own line
+ * (generation.c: 'model "x": warming generation N failed: ...').
+ */
+static void
+log_serving(const struct daemon *d, unsigned failed)
+{
+	unsigned warm_failed = 0, warming = 0;
+	char more[80] = "";
+	size_t len;
+
+	for (const struct model_entry *m = d->reg.models; m != NULL; m = m->next) {
+		if (m->current != NULL && m->current->state == GEN_FAILED)
+			warm_failed++;
+		else if (m->current != NULL && gen_is_warming(m->current))
+			warming++;
+	}
+	if (warm_failed > 0)
+		snprintf(more, sizeof(more), ", %u failed while warming", warm_failed);
+	len = strlen(more);
+	if (warming > 0)
+		snprintf(more + len, sizeof(more) - len, ", %u still warming", warming);
+	log_info("serving on %s (%u model%s failed to load%s)", d->cfg->socket_path, failed,
+		failed == 1 ? "" : "s", more);
+}
+
 /* The configured models have been loaded (or failed): serve. */
 static void
 start_serving(struct daemon *d, unsigned failed, void *arg)
@@ -329,8 +361,7 @@ start_serving(struct daemon *d, unsigned failed, void *arg)
 	watch_sync(d->watch);
 	uv_timer_start(&d->status_timer, timers_on_status, 1000, 1000);
 	uv_timer_start(&d->checks_timer, timers_on_checks, RESTORE_CHECKS_DELAY_MS, 0);
-	log_info("serving on %s (%u model%s failed to load)", d->cfg->socket_path, failed,
-		failed == 1 ? "" : "s");
+	log_serving(d, failed);
 	batch_check_fit(d);
 	notify_send("READY=1");
 	timers_send_status(d);
