@@ -499,21 +499,52 @@ page_work_after(struct workq_job *w, int status)
 	hooks->done(r, g, &res);
 }
 
+/*
+ * The last operation queued on g, when it has not started (the first one
+ * has) and would do what op asks: the same operation, reported the same
+ * way, on the same pages, from what g is when it starts. A restore check
+ * and the evict that a warm-up's readahead settles are never asked twice.
+ */
+static struct page_work *
+same_waiting(struct generation *g, enum page_op op, const struct pages_hooks *hooks)
+{
+	struct page_work *last = g->page_queue;
+
+	if (op != PAGE_PIN && op != PAGE_UNPIN && op != PAGE_EVICT && op != PAGE_CHECK &&
+		op != PAGE_POPULATE)
+		return NULL;
+	while (last != NULL && last->next != NULL)
+		last = last->next;
+	if (last == NULL || last == g->page_queue || last->op != op || last->hooks != hooks)
+		return NULL;
+	return last;
+}
+
 void
 pages_queue(struct registry *r, struct generation *g, enum page_op op,
 	const struct pages_hooks *hooks)
 {
-	struct page_work *p = calloc(1, sizeof(*p)), **tail;
+	struct page_work *p, **tail;
+	int pin_metadata = (op == PAGE_RESTORE || op == PAGE_UNPIN || op == PAGE_PIN) &&
+		g->model != NULL && g->model->pin != PIN_NONE;
 
-	if (p == NULL) {
+	/* Asked again before its turn came (`timeout 1 wcachectl pin x` in a
+	 * loop, evicts piling up behind a pin reading a slow mount): the one
+	 * waiting does it, as the model is now. Each ran in turn before, a pin
+	 * walking every page of a locked model again; whoever waits for the
+	 * model's page work (registry_pages_wait) is answered as before. */
+	if ((p = same_waiting(g, op, hooks)) != NULL) {
+		p->pin_metadata = pin_metadata;
+		return;
+	}
+	if ((p = calloc(1, sizeof(*p))) == NULL) {
 		log_warnx("model \"%s\": out of memory", g->model_name);
 		return;
 	}
 	p->g = g;
 	p->op = op;
 	p->hooks = hooks;
-	p->pin_metadata = (op == PAGE_RESTORE || op == PAGE_UNPIN || op == PAGE_PIN) &&
-		g->model != NULL && g->model->pin != PIN_NONE;
+	p->pin_metadata = pin_metadata;
 	p->job.arg = p;
 	for (tail = &g->page_queue; *tail != NULL; tail = &(*tail)->next)
 		;

@@ -68,7 +68,9 @@ struct pages_hooks {
  * warm-up ended while it ran: that one's figure is newer (warm_done). */
 
 /* Queues op on g's pages behind any queued or running one; hooks (static,
- * not copied) report its end. */
+ * not copied) report its end. A pin, unpin, evict, check or populate asked
+ * while the same one (same hooks) is the last queued and has not started
+ * is that one: no second operation, no second report. */
 void pages_queue(struct registry *r, struct generation *g, enum page_op op,
 	const struct pages_hooks *hooks);
 

@@ -647,6 +647,46 @@ test_unloaded_waiting_load_answered_on_the_loop(void **state)
 	free(a);
 }
 
+/* A page operation asked again while the same one still waits its turn
+ * behind the running one (a pin reading a slow mount; departed `timeout 1
+ * wcachectl pin x` or `evict x` in a loop) is that operation: before, each
+ * ran in turn, a pin of a model already locked walking all its pages
+ * again. Every waiter is still answered once the model's page work ends. */
+static void
+test_page_operation_asked_again_runs_once(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", (size_t)64 * 1024);
+	struct generation *g;
+	/* On the heap, as in the tests above. */
+	struct answer *a = calloc(2, sizeof(*a));
+
+	assert_non_null(a);
+	assert_int_equal(du_load(t, "m", path, PIN_METADATA, 0), 0);
+	du_settle(t);
+	g = du_current(t, "m");
+	/* The loop does not run until du_settle: the first pin runs (or has
+	 * run, unreported) meanwhile, the rest wait their turn. */
+	for (int i = 0; i < 10; i++)
+		assert_int_equal(registry_pin(&t->reg, "m", PIN_ALL), 0);
+	assert_int_equal(registry_pages_wait(&t->reg, "m", answer_done, &a[0]), 0);
+	assert_int_equal(registry_pin(&t->reg, "m", PIN_METADATA), 0);
+	for (int i = 0; i < 10; i++)
+		assert_int_equal(registry_evict(&t->reg, "m"), 0);
+	assert_int_equal(registry_pages_wait(&t->reg, "m", answer_done, &a[1]), 0);
+	/* The running pin, one more, the unpin, one evict (before: 21). */
+	assert_int_equal(g->ops_pending, 4);
+	du_settle(t);
+	assert_int_equal(a[0].calls, 1);
+	assert_int_equal(a[0].status, 0);
+	assert_int_equal(a[1].calls, 1);
+	assert_int_equal(a[1].status, 0);
+	assert_int_equal(g->state, GEN_COLD);
+	assert_int_equal(g->pinned, PIN_METADATA);
+	free(a);
+	free(path);
+}
+
 int
 main(void)
 {
@@ -667,6 +707,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_superseded_waiting_load_answered_on_the_loop,
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unloaded_waiting_load_answered_on_the_loop,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(test_page_operation_asked_again_runs_once,
 			setup, teardown),
 	};
 
