@@ -692,7 +692,10 @@ write_model(FILE *f, const struct registry *reg, const struct model_entry *m,
 	fputc(']', f);
 	json_write_field(f, "filesystem", g != NULL ? g->fs.name : "");
 	fprintf(f, ",\"remote\":%s", g != NULL && g->fs.remote ? "true" : "false");
-	json_write_field(f, "watch", fs_watch_name(m->watch));
+	/* What is done: the configured watch, or poll once the inotify
+	 * descriptor failed for good, whatever was configured (watch_label). */
+	json_write_field(f, "watch",
+		fs_watch_name(reg->inotify_failed ? FS_WATCH_POLL : m->watch));
 	fprintf(f, ",\"polled\":%s,\"poll_interval_ms\":%u,\"polls\":%" PRIu64
 		   ",\"poll_seconds\":%.6f,\"poll_changes\":%" PRIu64,
 		registry_polls(reg, m) ? "true" : "false", m->poll_interval_ms, m->polls,

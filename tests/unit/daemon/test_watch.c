@@ -701,8 +701,10 @@ reports(struct du *d, bool status, const char *want)
  * and becomes generation 2. Before, on_readable ignored the error: the
  * level-triggered poll called it again on every turn of the loop (a read
  * per turn at 100% CPU), and the rename was never seen. Metrics and status
- * say so: wcached_model_info's watch label goes from "inotify" to "poll"
- * and status's "polled" from false to true (both stayed as before).
+ * say so: wcached_model_info's watch label goes from "inotify" to "poll",
+ * status's "polled" from false to true (both stayed as before), and its
+ * "watch" from the configured "auto" to "poll": what is done, as the
+ * label says (before, it stayed "auto").
  */
 static void
 test_read_error_polls_instead(void **state)
@@ -716,6 +718,7 @@ test_read_error_polls_instead(void **state)
 				 FS_STAGE_NO), 0);
 	assert_true(reports(&t->du, false, ",watch=\"inotify\"} 1\n"));
 	assert_true(reports(&t->du, true, "\"polled\":false"));
+	assert_true(reports(&t->du, true, "\"watch\":\"auto\""));
 	du_log_start(&t->du);
 	atomic_store(&read_fails, -1);
 	atomic_store(&read_errno, EIO);
@@ -734,6 +737,7 @@ test_read_error_polls_instead(void **state)
 	du_run_until(&t->du, reloaded_and_polled, t->w);
 	assert_true(reports(&t->du, false, ",watch=\"poll\"} 1\n"));
 	assert_true(reports(&t->du, true, "\"polled\":true"));
+	assert_true(reports(&t->du, true, "\"watch\":\"poll\""));
 	assert_int_equal(rename(next, t->path), 0);
 	du_run_until(&t->du, current_is, &two);
 	log = du_log_stop(&t->du);
