@@ -59,6 +59,7 @@ daemon_figures(const struct control *ctl)
 		.control_evicted = ctl->evicted,
 		.control_refused = ctl->refused,
 		.control_accept_pauses = ctl->accept_pauses,
+		.control_accept_pause_ms = CTL_ACCEPT_PAUSE_MS,
 		.notify_dropped = notify_dropped_count(),
 		.derive = ctl->ctx->derive,
 		.mem = ctl->ctx->mem,

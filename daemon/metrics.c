@@ -60,6 +60,15 @@ family(FILE *f, const char *name, const char *type, const char *help)
 	fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/* The family of a counter of accept pauses: its help names the pause its
+ * socket's owner uses (ms), so that the text cannot drift from it. */
+static void
+pauses_family(FILE *f, const char *name, const char *socket, unsigned ms, const char *why)
+{
+	fprintf(f, "# HELP %s Times %s was left unwatched for %u ms: %s\n# TYPE %s counter\n",
+		name, socket, ms, why, name);
+}
+
 /* Writes a double the way Prometheus parses it; integers stay exact. */
 static void
 value(FILE *f, double v)
@@ -488,10 +497,9 @@ metrics_write(FILE *f, const struct registry *reg, const struct metrics_daemon *
 		"them off it (each could stall every client while it closes).");
 	fputs("wcached_fds_closed_inline_total", f);
 	value(f, (double)d->server.closed_inline);
-	family(f, "wcached_accept_pauses_total", "counter",
-		"Times the client socket was left unwatched for 100 ms: wcached was out of "
-		"descriptors with none spare to refuse a waiting client with, or accept(2) "
-		"failed otherwise (ENOMEM, ENOBUFS).");
+	pauses_family(f, "wcached_accept_pauses_total", "the client socket",
+		SERVER_ACCEPT_PAUSE_MS, "wcached was out of descriptors with none spare to refuse "
+		"a waiting client with, or accept(2) failed otherwise (ENOMEM, ENOBUFS).");
 	fputs("wcached_accept_pauses_total", f);
 	value(f, (double)d->server.accept_pauses);
 	family(f, "wcached_control_timeouts_total", "counter",
@@ -508,9 +516,9 @@ metrics_write(FILE *f, const struct registry *reg, const struct metrics_daemon *
 		"connection busy) and requests refused (too many in flight).");
 	fputs("wcached_control_refused_total", f);
 	value(f, (double)d->control_refused);
-	family(f, "wcached_control_accept_pauses_total", "counter",
-		"Times the control socket was left unwatched for 100 ms: accept(2) failed (out of "
-		"descriptors, ENOMEM, ENOBUFS) and connections waited in the backlog.");
+	pauses_family(f, "wcached_control_accept_pauses_total", "the control socket",
+		d->control_accept_pause_ms, "accept(2) failed (out of descriptors, ENOMEM, "
+		"ENOBUFS) and connections waited in the backlog.");
 	fputs("wcached_control_accept_pauses_total", f);
 	value(f, (double)d->control_accept_pauses);
 	family(f, "wcached_notify_dropped_total", "counter",

@@ -29,7 +29,8 @@ struct metrics_daemon {
 	uint64_t control_refused;   /* control connections (permission, limits) and
 	                             * requests (too many in flight) refused */
 	uint64_t control_accept_pauses; /* times the control socket was left unwatched
-	                                 * after a failed accept */
+	                                 * after a failed accept, */
+	unsigned control_accept_pause_ms; /* for this long (CTL_ACCEPT_PAUSE_MS) */
 	uint64_t notify_dropped;    /* STATUS= notifications dropped (manager not reading) */
 	const struct derive_table *derive; /* derived artifacts; NULL: none */
 	const struct memlimit *mem;        /* the memory limit in force; NULL: unknown */

@@ -51,10 +51,6 @@
  * is never taken for that, and is read again a retry later. */
 #define CLOSING_PER_UID_MAX 64
 #define CLOSING_STUCK_MS 1000
-/* How long the listening socket is not watched when wcached is out of
- * descriptors and has no spare to refuse the waiting client with: watched,
- * it stays readable while that client waits, and the loop would spin. */
-#define ACCEPT_PAUSE_MS 100
 
 static void conn_io(uv_poll_t *handle, int status, int events);
 static void conn_read(struct conn *c);
@@ -542,7 +538,7 @@ on_accept_resume(uv_timer_t *t)
 /*
  * Out of descriptors with no spare to refuse the waiting client with: it
  * stays in the backlog, and the listening socket stays readable, so it is
- * not watched for ACCEPT_PAUSE_MS (level-triggered, every turn of the loop
+ * not watched for SERVER_ACCEPT_PAUSE_MS (level-triggered, every turn of the loop
  * would find it readable and fail accept4 again, at 100% CPU). So too when
  * accept4 fails otherwise (err: ENOMEM, ENOBUFS under memory pressure).
  * Said once until a client is accepted again.
@@ -555,14 +551,14 @@ accept_pause(struct server *s, int err)
 		if (err == EMFILE || err == ENFILE)
 			log_warnx("out of file descriptors, with none spare to refuse clients "
 				  "with: they wait in the backlog; trying again every %d ms "
-				  "(raise LimitNOFILE=)", ACCEPT_PAUSE_MS);
+				  "(raise LimitNOFILE=)", SERVER_ACCEPT_PAUSE_MS);
 		else
 			log_warnx("accept: %s: clients wait in the backlog; trying again every "
-				  "%d ms", strerror(err), ACCEPT_PAUSE_MS);
+				  "%d ms", strerror(err), SERVER_ACCEPT_PAUSE_MS);
 	}
 	s->stats.accept_pauses++;
 	uv_poll_stop(&s->listen_poll);
-	uv_timer_start(&s->accept_timer, on_accept_resume, ACCEPT_PAUSE_MS, 0);
+	uv_timer_start(&s->accept_timer, on_accept_resume, SERVER_ACCEPT_PAUSE_MS, 0);
 }
 
 static void

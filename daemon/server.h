@@ -54,6 +54,12 @@ void server_announce(struct server *s, const struct model_entry *m, uint64_t gen
 /* Connected clients right now. */
 unsigned server_clients(const struct server *s);
 
+/* How long the listening socket is not watched when wcached is out of
+ * descriptors and has no spare to refuse the waiting client with: watched,
+ * it stays readable while that client waits, and the loop would spin.
+ * Here, not in server.c, for the help text of wcached_accept_pauses_total. */
+#define SERVER_ACCEPT_PAUSE_MS 100
+
 /* What the backpressure and descriptor budget did, for status and metrics. */
 struct server_stats {
 	unsigned clients;           /* connections now */

@@ -625,7 +625,7 @@ requests_and_errors(void **state)
 {
 	struct fixture *f = *state;
 	struct client *c = client(f);
-	char *r;
+	char *r, want[160];
 
 	send_text(c, "status\n");
 	r = reply(f, c);
@@ -660,6 +660,13 @@ requests_and_errors(void **state)
 	r = reply(f, c);
 	assert_non_null(strstr(r, "\"text\":\"# HELP wcached_build_info "));
 	assert_non_null(strstr(r, "# TYPE wcached_model_swaps_total counter\\n"));
+	/* The accept pauses' help texts name the pauses in force. */
+	snprintf(want, sizeof(want), "# HELP wcached_accept_pauses_total Times the client socket "
+		 "was left unwatched for %d ms: ", SERVER_ACCEPT_PAUSE_MS);
+	assert_non_null(strstr(r, want));
+	snprintf(want, sizeof(want), "# HELP wcached_control_accept_pauses_total Times the control "
+		 "socket was left unwatched for %d ms: ", CTL_ACCEPT_PAUSE_MS);
+	assert_non_null(strstr(r, want));
 	free(r);
 	/* A line at EOF without '\n' is a request; then the daemon closes. */
 	send_text(c, "help");
