@@ -9,7 +9,10 @@ transformers that saves a small Llama-shaped model in shards and loads it
 the way transformers 5 does (safe_open per shard on the CPU, get_slice,
 [...] and .to(device, dtype) on 4 threads, Parameter, setattr), so that
 run.sh's transformers steps, the three loads, the logits comparisons and
-the report's speed-ups run too.
+the report's speed-ups run too. Those stand-ins come first on PYTHONPATH,
+ahead of a transformers this host may have; the tests that are not about
+the transformers steps hide it instead (without_transformers), so that
+their time limits hold whether or not it is installed.
 """
 import argparse
 import os
@@ -412,6 +415,23 @@ def standins(directory):
     return str(directory)
 
 
+def without_transformers(directory, env):
+    """env with a transformers package first on PYTHONPATH that cannot be
+    imported, so that run.sh skips its transformers steps ("transformers
+    is not installed: skipped") whether or not this host has transformers.
+    For the tests that are not about those steps: on a host that has it
+    they would run (eight more steps, four of them importing the real
+    package), and these tests' time limits assume they do not."""
+    hidden = directory / "transformers"
+    hidden.mkdir(parents=True, exist_ok=True)
+    (hidden / "__init__.py").write_text(
+        'raise ImportError("transformers is hidden by tests/python/test_gpu_script.py")\n')
+    env = dict(env)
+    env["PYTHONPATH"] = os.pathsep.join([str(directory)] + (
+        [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
+
+
 def test_run_sh_cpu_mode(tmp_path):
     out_dir = tmp_path / "out"  # the device tool's $OUT
     out_dir.mkdir()
@@ -495,9 +515,11 @@ def test_run_sh_reports_a_failed_step_and_goes_on(tmp_path):
                        f"*'--method wcache_tensor '*) exit 0 ;;\nesac\n"
                        f"exec {sys.executable} \"$@\"\n")
     wrapper.chmod(0o755)
-    env = dict(os.environ, PYTHON=str(wrapper), STEP_TIMEOUT="120")
+    env = without_transformers(tmp_path / "hide", dict(os.environ, PYTHON=str(wrapper),
+                                                       STEP_TIMEOUT="120"))
     r, out, _ = _run_small(tmp_path, env)
     assert r.returncode == 1, out
+    assert "== transformers is not installed: skipped" in r.stderr, out
     assert "FAILED step: wcache, new path, staging forced" in r.stdout
     assert "FAILED step: wcache, 4" not in r.stdout
     lines = {x[:44].strip(): x[44:].split() for x in r.stdout.splitlines() if len(x) > 44}
@@ -516,10 +538,12 @@ def test_run_sh_goes_on_without_a_model(tmp_path):
                        f"exec {sys.executable} \"$@\"\n")
     wrapper.chmod(0o755)
     before = set(os.listdir("/dev/shm"))
-    env = dict(os.environ, PYTHON=str(wrapper), STEP_TIMEOUT="120", WORK_FREE_GIB="0.01")
+    env = without_transformers(tmp_path / "hide", dict(
+        os.environ, PYTHON=str(wrapper), STEP_TIMEOUT="120", WORK_FREE_GIB="0.01"))
     env.pop("OUT", None)
     r, out, _ = _run_small(tmp_path, env)
     assert r.returncode == 1, out
+    assert "== transformers is not installed: skipped" in r.stderr, out
     assert "working in /dev/shm" in r.stderr and "work directory /dev/shm/wcache-gpu." in \
         r.stderr, out
     assert "== make the model: FAILED (exit 3)" in r.stderr, out
@@ -578,8 +602,9 @@ def test_run_sh_leaves_a_step_that_cannot_be_killed(tmp_path):
                     f"\ttrap '' TERM INT HUP\n\twhile :; do sleep 1; done ;;\nesac\n"
                     f"exec {real} \"$@\"\n")
     fake.chmod(0o755)
-    env = dict(os.environ, PYTHON=sys.executable, MAKE_TIMEOUT="2",
-               PATH=f"{bin_dir}:{os.environ['PATH']}")
+    env = without_transformers(tmp_path / "hide", dict(
+        os.environ, PYTHON=sys.executable, MAKE_TIMEOUT="2",
+        PATH=f"{bin_dir}:{os.environ['PATH']}"))
     try:
         r, out, took = _run_small(tmp_path, env, timeout=120)
     finally:
@@ -592,6 +617,7 @@ def test_run_sh_leaves_a_step_that_cannot_be_killed(tmp_path):
     assert "== make the model: ABANDONED after 10s: killed, a process of it did not end" in \
         r.stderr, out
     assert "== no model: its measurements are skipped" in r.stderr, out
+    assert "== transformers is not installed: skipped" in r.stderr, out
     assert "wcache device check, " in r.stdout and "FAILED step: make the model" in r.stdout, out
     assert took < 40, (took, out)
 
@@ -701,6 +727,7 @@ def test_run_sh_on_a_host_without_our_libraries(tmp_path):
         f"cd {tmp_path} && exec {run_sh} --cpu --gib 0.01 --build carry --work {tmp_path}/w2\n")
     env = {k: v for k, v in os.environ.items() if k not in ("WCACHE_BUILD", "WCACHE_LIB")}
     env.update(PYTHON=sys.executable, STEP_TIMEOUT="120", LD_LIBRARY_PATH=str(torch_lib))
+    env = without_transformers(tmp_path / "hide", env)  # two whole runs within 600 s
     r = subprocess.run(unshare + ["bash", "-c", script], env=env, capture_output=True,
                        text=True, timeout=600)
     out = r.stdout + r.stderr
@@ -713,4 +740,5 @@ def test_run_sh_on_a_host_without_our_libraries(tmp_path):
     assert r.returncode == 0, out
     assert "FAILED" not in out and "TIMEOUT" not in out, out
     assert f"build {carry}" in out
+    assert "== transformers is not installed: skipped" in r.stderr, out
     assert "PASS  new path: registration left the page cache shared" in r.stdout, out
