@@ -966,3 +966,20 @@ def test_view_whose_maps_line_cannot_be_read_stages(odd_model, monkeypatch):
         raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
     monkeypatch.setattr(_sharedview, "mapped_identity", unreadable)
     _stages_leaving_no_view(model, path, raw, "cannot read /proc/self/maps")
+
+
+def test_view_whose_file_cannot_be_stat_stages(odd_model, monkeypatch):
+    """fstat of the file opened for a view failing (EIO) is no shared view
+    to register: the engine stages, saying why, where the OSError made the
+    batched load fail and copy tensor by tensor."""
+    path, raw = odd_model
+    model = wcache.open_file(path)
+    real_fstat = os.fstat
+
+    def fstat(fd):
+        if os.readlink(f"/proc/self/fd/{fd}") == os.path.realpath(path):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real_fstat(fd)
+    monkeypatch.setattr(os, "fstat", fstat)
+    _stages_leaving_no_view(model, path, raw, f"cannot stat {os.path.realpath(path)}: "
+                                              f"{os.strerror(errno.EIO)}")

@@ -141,7 +141,7 @@ class MappedFile:
     Unavailable where the entry says the file was deleted or renamed over,
     or the path cannot be opened.
 
-    Whether it is that file is checked once: by fstat at the open, or
+    Whether it is that file is checked once: by fstat at the first map(), or
     where fstat names it by another device or inode (overlayfs before Linux
     6.8, btrfs: see the module comment), by the first mapping's own line in
     /proc/self/maps. Every later mapping is made through the same
@@ -158,12 +158,7 @@ class MappedFile:
             self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
         except OSError as e:
             raise Unavailable(f"cannot open {self.name}: {e.strerror}") from None
-        try:
-            st = os.fstat(self.fd)
-        except OSError as e:
-            self.close()
-            raise Unavailable(f"cannot stat {self.name}: {e.strerror}") from None
-        self.checked = (os.major(st.st_dev), os.minor(st.st_dev)) == dev and st.st_ino == ino
+        self.checked = None  # by the first fstat, else by a mapping's line in maps
 
     def map(self, span, prot, flags):
         """(addr, length) of a new mapping (mmap(2) with prot and flags) of
@@ -173,7 +168,14 @@ class MappedFile:
         read to check it; then nothing stays mapped. The caller unmaps addr."""
         if self.fd is None:
             raise Unavailable(f"{self.name}: closed")
-        file_off, length = span(os.fstat(self.fd))
+        try:
+            st = os.fstat(self.fd)
+        except OSError as e:
+            raise Unavailable(f"cannot stat {self.name}: {e.strerror}") from None
+        if self.checked is None:
+            self.checked = (os.major(st.st_dev), os.minor(st.st_dev)) == self.dev and \
+                st.st_ino == self.ino
+        file_off, length = span(st)
         addr = _libc.mmap(None, length, prot, flags, self.fd, file_off)
         if addr is None or addr == _MAP_FAILED:
             e = ctypes.get_errno()
