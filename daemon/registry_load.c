@@ -228,12 +228,16 @@ note_origin(struct load_request *q)
  * Work queue thread, for a model that stages: copies the validated source
  * to stage_dir (stage_copy checks space, reads and that nothing changed),
  * then opens and validates the copy as the model; the source is closed.
- * On failure nothing is left in stage_dir.
+ * On failure nothing is left in stage_dir, unless wcached stops while the
+ * copy that failed its validation is removed: the stop ends that removal
+ * at its next file (the next start's sweep removes the rest), as it ends
+ * the removal of a closed generation's copy (gen_free_staged).
  */
 static void
 stage_work(struct workq_job *w)
 {
 	struct load_request *q = w->arg;
+	int err;
 
 	q->stage.files = q->source.files;
 	q->stage.nfiles = q->source.nfiles;
@@ -246,7 +250,9 @@ stage_work(struct workq_job *w)
 	if ((q->status = open_model(q, q->stage.path)) < 0) {
 		snprintf(q->message, sizeof(q->message), "the staged copy in %s: %s", q->stage.dir,
 			error_get());
-		if (stage_remove(q->stage.dir) < 0)
+		if ((err = stage_remove_until_stop(q->stage.dir, &q->r->closing)) == -ECANCELED)
+			log_info("%s", error_get());
+		else if (err < 0)
 			log_warnx("%s", error_get());
 		stage_request_clear(&q->stage);
 		note_opened_path(q);

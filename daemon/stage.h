@@ -32,7 +32,9 @@
  *
  * stage_copy() and stage_remove() block (gigabytes of I/O): call them on a
  * work queue thread, never on the loop; stage_remove_later() queues the
- * removal on libuv's work queue from the loop. Nothing here calls another
+ * removal on libuv's work queue from the loop. A removal that a stop may
+ * cut short (stage_remove_until_stop(), stage_remove_later_until_stop())
+ * leaves the rest, marked, to the next start's sweep. Nothing here calls another
  * daemon module but log; errors are -errno with the message in error_get().
  */
 #ifndef WC_STAGE_H
@@ -114,19 +116,28 @@ void stage_request_clear(struct stage_request *req);
  */
 int stage_remove(const char *dir);
 
+/*
+ * stage_remove() that reads *stop (atomically; stop may be NULL) before
+ * each file of the copy, as the sweep does: once set (wcached stops) it
+ * removes no more and returns -ECANCELED with a message saying the next
+ * start removes what is left (the copy keeps its marker, so the next
+ * start's sweep does). Blocking, for a work queue thread that removes a
+ * copy itself: libuv's loop waits for its work queue before it ends, and a
+ * removal of 163 shards on a slow stage_dir would otherwise hold a stop for
+ * every unlink.
+ */
+int stage_remove_until_stop(const char *dir, const int *stop);
+
 /* stage_remove() of dir on libuv's work queue, logged on failure; takes dir
  * (malloc'd). Loop thread. Falls back to removing at once when the queue
  * refuses. */
 void stage_remove_later(uv_loop_t *loop, char *dir);
 
 /*
- * stage_remove_later() that reads *stop (atomically; stop may be NULL,
- * and must outlive the removal) before each file of the copy, as the sweep
- * does: once set (wcached stops) it removes no more and logs one line
- * saying the next start removes what is left (the copy keeps its marker,
- * so the next start's sweep does). libuv's loop waits for its work queue
- * before it ends: a removal of 163 shards on a slow stage_dir would
- * otherwise hold a stop for every unlink.
+ * stage_remove_later() as stage_remove_until_stop(): *stop (stop may be
+ * NULL, and must outlive the removal) is read before each file of the
+ * copy; once set (wcached stops) it removes no more and logs one line
+ * saying the next start removes what is left.
  */
 void stage_remove_later_until_stop(uv_loop_t *loop, char *dir, const int *stop);
 

@@ -3,8 +3,9 @@
  * at start (stage_prepare_dir), checking and opening it (stage_check_dir,
  * stage_open_dir), which copy of it a path lies in (stage_dir_of), the
  * token of this process's temporary copies (stage_token), removing copies
- * (stage_remove(), stage_remove_later() and stage_remove_later_until_stop()
- * on libuv's work queue, and stage_remove_at(), through
+ * (stage_remove() and stage_remove_until_stop() on the caller's thread,
+ * stage_remove_later() and stage_remove_later_until_stop() on libuv's work
+ * queue, and stage_remove_at(), through
  * which stage.c's failed staging removes its temporary copy too) and
  * sweeping what earlier processes left (stage_sweep()). Copying is
  * stage.c's.
@@ -208,10 +209,8 @@ stage_remove_at(int pfd, const char *parent, const char *name, const int *stop,
 	return err < 0 ? err : STAGE_REMOVED;
 }
 
-/* stage_remove(), reading *stop (stop may be NULL) before each file of the
- * copy as stage_remove_at() does: -ECANCELED, no message, when it stopped. */
-static int
-remove_dir(const char *dir, const int *stop)
+int
+stage_remove_until_stop(const char *dir, const int *stop)
 {
 	char *parent = path_dir(dir);
 	const char *why = NULL;
@@ -230,6 +229,9 @@ remove_dir(const char *dir, const int *stop)
 		(r = stage_remove_at(pfd, parent, file_basename(dir), stop, &why)) ==
 		STAGE_NOT_OURS)
 		r = error_set(-EPERM, "%s is not a copy wcached made (%s): left alone", dir, why);
+	else if (r == -ECANCELED)
+		r = error_set(-ECANCELED, "staged copy %s: its removal stopped as wcached stops: "
+			"the next start removes what is left", dir);
 	close(pfd);
 	free(parent);
 	return r < 0 ? r : 0;
@@ -238,7 +240,7 @@ remove_dir(const char *dir, const int *stop)
 int
 stage_remove(const char *dir)
 {
-	return remove_dir(dir, NULL);
+	return stage_remove_until_stop(dir, NULL);
 }
 
 struct remove_work {
@@ -254,8 +256,7 @@ static void
 remove_report(const struct remove_work *rw)
 {
 	if (rw->err == -ECANCELED)
-		log_info("staged copy %s: its removal stopped as wcached stops: the next "
-			 "start removes what is left", rw->dir);
+		log_info("%s", rw->message);
 	else if (rw->err < 0)
 		log_warnx("staged copy not removed: %s", rw->message);
 	else
@@ -267,7 +268,7 @@ remove_run(uv_work_t *w)
 {
 	struct remove_work *rw = w->data;
 
-	if ((rw->err = remove_dir(rw->dir, rw->stop)) < 0)
+	if ((rw->err = stage_remove_until_stop(rw->dir, rw->stop)) < 0)
 		snprintf(rw->message, sizeof(rw->message), "%s", error_get());
 }
 

@@ -8,13 +8,17 @@
  * runs waits for it to end, then copies; one that waits when wcached
  * stops ends cancelled and copies nothing; a stop ends the sweep between
  * two copies, or two files of one copy, and so the removal of the copy of a
- * generation that closed while serving.
+ * generation that closed while serving, and of a copy that failed its
+ * validation.
  *
- * Fault injection (-Wl,--wrap=unlinkat in tests/CMakeLists.txt): while a
- * test closes the gate, the removal of a leftover copy's model file (or
- * of the first file of a copy, gate_first_file) waits there on a pool
- * thread (a slow unlink); one on the loop thread is only recorded, so that
- * the code before the fix fails the test instead of hanging it.
+ * Fault injection (-Wl,--wrap=unlinkat,--wrap=memfd_create in
+ * tests/CMakeLists.txt): while a test closes the gate, the removal of a
+ * leftover copy's model file (or of the first file of a copy,
+ * gate_first_file) waits there on a pool thread (a slow unlink); one on
+ * the loop thread is only recorded, so that the code before the fix fails
+ * the test instead of hanging it. stop_at_next_file stops wcached during
+ * the unlink of a copy's file. A staging's sealing of its copy's index
+ * (memfd_create on a pool thread) can wait at the gate or fail.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -54,43 +58,83 @@ static atomic_bool gate_first_file;
 
 int __real_unlinkat(int dirfd, const char *path, int flags);
 int __wrap_unlinkat(int dirfd, const char *path, int flags);
+int __real_memfd_create(const char *name, unsigned flags);
+int __wrap_memfd_create(const char *name, unsigned flags);
 
-/* unlinkat(2), held at the gate while it is closed when it removes a
- * leftover copy's model file on a pool thread (at most 20 s: a test that
- * fails must not hang); on the loop thread it is only counted. */
 /* When set, the next removal of a leftover's model file fails (EIO) and
  * marks this registry as stopping, as a stop that comes meanwhile would. */
 static struct registry *fail_then_stop;
+/* When set, the next removal of a file of a copy (the marker aside) marks
+ * this registry as stopping as it unlinks it: a stop during that unlink. */
+static struct registry *stop_at_next_file;
+/* memfd_create on a pool thread (an index sealed off the loop: a load's,
+ * then its staged copy's), counted from 1: the memfd_hold_at-th waits at
+ * the gate while it is closed, the memfd_fail_at-th fails (EMFILE). 0:
+ * none. */
+static atomic_int memfd_on_pool, memfd_hold_at, memfd_fail_at;
 
+/* Waits at the gate while it is closed (at most 20 s: a test that fails
+ * must not hang), saying so to wait_at_gate(). Pool threads only. */
+static void
+hold_at_gate(void)
+{
+	struct timespec until;
+
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += 20;
+	pthread_mutex_lock(&gate_lock);
+	atomic_fetch_add(&waiting_at_gate, 1);
+	pthread_cond_broadcast(&gate_cond); /* wait_at_gate() */
+	while (gate_closed && pthread_cond_timedwait(&gate_cond, &gate_lock, &until) == 0)
+		;
+	pthread_mutex_unlock(&gate_lock);
+}
+
+/* unlinkat(2), held at the gate while it is closed when it removes a
+ * leftover copy's model file on a pool thread; on the loop thread it is
+ * only counted. */
 int
 __wrap_unlinkat(int dirfd, const char *path, int flags)
 {
+	struct registry *stop;
+
 	if (fail_then_stop != NULL && strcmp(path, LEFTOVER_FILE) == 0) {
 		__atomic_store_n(&fail_then_stop->closing, 1, __ATOMIC_RELAXED);
 		fail_then_stop = NULL;
 		errno = EIO;
 		return -1;
 	}
+	if (flags == 0 && strcmp(path, STAGE_MARKER) != 0 &&
+		(stop = __atomic_exchange_n(&stop_at_next_file, NULL, __ATOMIC_SEQ_CST)) != NULL)
+		__atomic_store_n(&stop->closing, 1, __ATOMIC_RELAXED);
 	if (strcmp(path, LEFTOVER_FILE) == 0 ||
 		(flags == 0 && strcmp(path, STAGE_MARKER) != 0 &&
 			atomic_exchange(&gate_first_file, false))) {
-		if (pthread_equal(pthread_self(), loop_thread)) {
+		if (pthread_equal(pthread_self(), loop_thread))
 			atomic_fetch_add(&unlinked_on_loop, 1);
-		} else {
-			struct timespec until;
-
-			clock_gettime(CLOCK_REALTIME, &until);
-			until.tv_sec += 20;
-			pthread_mutex_lock(&gate_lock);
-			atomic_fetch_add(&waiting_at_gate, 1);
-			pthread_cond_broadcast(&gate_cond); /* wait_at_gate() */
-			while (gate_closed &&
-				pthread_cond_timedwait(&gate_cond, &gate_lock, &until) == 0)
-				;
-			pthread_mutex_unlock(&gate_lock);
-		}
+		else
+			hold_at_gate();
 	}
 	return __real_unlinkat(dirfd, path, flags);
+}
+
+/* memfd_create(2), held at the gate or failed (EMFILE: out of
+ * descriptors) as memfd_hold_at and memfd_fail_at ask. */
+int
+__wrap_memfd_create(const char *name, unsigned flags)
+{
+	int n;
+
+	if (pthread_equal(pthread_self(), loop_thread))
+		return __real_memfd_create(name, flags);
+	n = atomic_fetch_add(&memfd_on_pool, 1) + 1;
+	if (n == atomic_load(&memfd_hold_at))
+		hold_at_gate();
+	if (n == atomic_load(&memfd_fail_at)) {
+		errno = EMFILE;
+		return -1;
+	}
+	return __real_memfd_create(name, flags);
 }
 
 static void
@@ -137,6 +181,10 @@ setup(void **state)
 	atomic_store(&unlinked_on_loop, 0);
 	atomic_store(&waiting_at_gate, 0);
 	atomic_store(&gate_first_file, false);
+	atomic_store(&memfd_on_pool, 0);
+	atomic_store(&memfd_hold_at, 0);
+	atomic_store(&memfd_fail_at, 0);
+	stop_at_next_file = NULL;
 	set_gate(false);
 	f->t = du_new(false);
 	f->stage_dir = path_join(f->t->dir, "staged");
@@ -155,6 +203,7 @@ teardown(void **state)
 
 	set_gate(false);
 	fail_then_stop = NULL;
+	stop_at_next_file = NULL;
 	du_free(&t);
 	free(f->leftover);
 	free(f->stage_dir);
@@ -475,6 +524,106 @@ test_a_stop_ends_the_removal_of_a_closed_generations_copy(void **state)
 	free(copy);
 }
 
+/*
+ * A sharded model of three files (a shard index, two shards) in
+ * t->dir/sharded, loaded as m to stage (stage = yes), answered to
+ * on_done: its copy has three files to remove besides its marker.
+ */
+static void
+load_staged_sharded(struct sweep_fixture *f)
+{
+	static const char index[] = "{\"weight_map\":{\"a\":\"s-1.safetensors\","
+				    "\"b\":\"s-2.safetensors\"}}";
+	static const char *const names[] = { "a", "b" };
+	char *dir = path_join(f->t->dir, "sharded"), header[128];
+	uint8_t *buf;
+	size_t len;
+
+	assert_non_null(dir);
+	assert_int_equal(mkdir(dir, 0700), 0);
+	free(tu_write(dir, "m.safetensors.index.json", index, strlen(index)));
+	for (int i = 0; i < 2; i++) {
+		char name[32];
+
+		snprintf(header, sizeof(header),
+			"{\"%s\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}",
+			names[i]);
+		snprintf(name, sizeof(name), "s-%d.safetensors", i + 1);
+		buf = tu_safetensors(header, 16, &len);
+		free(tu_write(dir, name, buf, len));
+		free(buf);
+	}
+	assert_int_equal(registry_load(&f->t->reg, "m", dir, PIN_NONE, 0, on_done, f), 0);
+	assert_int_equal(registry_set_storage(&f->t->reg, "m", FS_WATCH_INOTIFY, 0, FS_STAGE_YES),
+		0);
+	free(dir);
+}
+
+/* Whether stop_at_next_file has stopped wcached (in a removal on a pool
+ * thread, whose end wakes the loop). */
+static bool
+stopped_at_a_file(struct du *t, void *arg)
+{
+	(void)t;
+	(void)arg;
+	return __atomic_load_n(&stop_at_next_file, __ATOMIC_SEQ_CST) == NULL;
+}
+
+/* Runs the loop to its end once the registry is closed (as in
+ * du_teardown): libuv's loop ends only once its work queue has, the
+ * removals on it included. */
+static void
+close_and_drain(struct du *t)
+{
+	registry_close(&t->reg);
+	while (uv_run(&t->loop, UV_RUN_DEFAULT) != 0)
+		;
+}
+
+/*
+ * The end of the tests below: m's staging is answered as wcached stops
+ * (-ECANCELED), stop_at_next_file stopped it within the removal of m's
+ * copy, m.1: once the loop has ended (the removal too), the copy keeps
+ * its marker and the two files the removal had not reached, the log says
+ * so, and the next start's sweep removes it with the fixture's leftover.
+ */
+static void
+stopped_within_the_copy(struct sweep_fixture *f)
+{
+	char *copy = path_join(f->stage_dir, "m.1");
+
+	assert_non_null(copy);
+	du_run_until(f->t, answered, f);
+	assert_int_equal(f->status, -ECANCELED);
+	du_run_until(f->t, stopped_at_a_file, NULL);
+	close_and_drain(f->t);
+	cut_short_then_swept(f, copy, 3, "m.1: its removal stopped as wcached stops: the next "
+		"start removes what is left", 2);
+	free(copy);
+}
+
+/*
+ * m's copy (a sharded model's: three files and the marker) is staged, but
+ * the copy's validation fails (its index memfd cannot be made: out of
+ * descriptors), so the staging removes the copy itself, on the work
+ * queue; wcached stops while it unlinks the first file. The removal
+ * removes no other file: the copy keeps its marker and the two files it
+ * had not reached, it says so once, and the next start's sweep removes
+ * the rest. Before, the stop waited for the unlink of every file of the
+ * copy (stage_remove read no stop).
+ */
+static void
+test_a_stop_ends_the_removal_of_a_copy_that_failed_validation(void **state)
+{
+	struct sweep_fixture *f = *state;
+
+	atomic_store(&memfd_fail_at, 2); /* the source's index is the first */
+	stop_at_next_file = &f->t->reg;
+	du_log_start(f->t);
+	load_staged_sharded(f);
+	stopped_within_the_copy(f);
+}
+
 /* A removal fails, then wcached stops: the failure is what the sweep
  * returns and warns about, not the stop (which hid it). */
 static void
@@ -530,6 +679,9 @@ main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(
 			test_a_stop_ends_the_removal_of_a_closed_generations_copy, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_a_stop_ends_the_removal_of_a_copy_that_failed_validation, setup,
+			teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
