@@ -259,13 +259,25 @@ stage_work(struct workq_job *w)
 	}
 }
 
+/*
+ * Frees q and what it holds. A staged copy no generation took (its model
+ * unloaded, a newer load superseded it, or wcached is stopping) is removed
+ * on the work queue as a closed generation's is (gen_free_staged): when
+ * wcached is not stopping, a stop that comes during the removal ends it at
+ * its next file, and the next start's sweep removes the rest (the copy
+ * keeps its marker; no generation keeps it from the sweep). A copy the
+ * stop itself frees is removed whole: no fd store keeps it, and a stop
+ * leaves no copy of its own behind.
+ */
 static void
 load_request_free(struct load_request *q)
 {
+	int closing = __atomic_load_n(&q->r->closing, __ATOMIC_RELAXED);
+
 	drop_opened(q);
-	/* A copy no generation took (superseded, or wcached is stopping). */
 	if (q->stage.dir != NULL) {
-		stage_remove_later(q->r->loop, q->stage.dir);
+		stage_remove_later_until_stop(q->r->loop, q->stage.dir,
+			closing ? NULL : &q->r->closing);
 		q->stage.dir = NULL;
 	}
 	stage_request_clear(&q->stage);

@@ -8,8 +8,8 @@
  * runs waits for it to end, then copies; one that waits when wcached
  * stops ends cancelled and copies nothing; a stop ends the sweep between
  * two copies, or two files of one copy, and so the removal of the copy of a
- * generation that closed while serving, and of a copy that failed its
- * validation.
+ * generation that closed while serving, of a copy that failed its
+ * validation, and of a copy no generation took (its model unloaded).
  *
  * Fault injection (-Wl,--wrap=unlinkat,--wrap=memfd_create in
  * tests/CMakeLists.txt): while a test closes the gate, the removal of a
@@ -624,6 +624,37 @@ test_a_stop_ends_the_removal_of_a_copy_that_failed_validation(void **state)
 	stopped_within_the_copy(f);
 }
 
+/*
+ * m's copy (three files and the marker) is staged, then m is unloaded
+ * before the staging is answered (held while it seals the copy's index):
+ * no generation takes the copy, and it is removed on the work queue;
+ * wcached stops while the first file is unlinked. The removal removes no
+ * other file: the copy keeps its marker and the two files it had not
+ * reached, it says so once, and the next start's sweep removes the rest.
+ * Before, the stop waited for the unlink of every file of the copy
+ * (load_request_free read no stop).
+ */
+static void
+test_a_stop_ends_the_removal_of_a_copy_no_generation_took(void **state)
+{
+	struct sweep_fixture *f = *state;
+	char *copy = path_join(f->stage_dir, "m.1");
+
+	assert_non_null(copy);
+	set_gate(true);
+	atomic_store(&memfd_hold_at, 2); /* the copy's index, once copied */
+	load_staged_sharded(f);
+	du_run_until(f->t, staging_queued, NULL);
+	wait_at_gate();
+	assert_int_equal(tu_count_entries(copy), 4);
+	assert_int_equal(registry_unload(&f->t->reg, "m"), 0);
+	du_log_start(f->t);
+	stop_at_next_file = &f->t->reg;
+	set_gate(false);
+	stopped_within_the_copy(f);
+	free(copy);
+}
+
 /* A removal fails, then wcached stops: the failure is what the sweep
  * returns and warns about, not the stop (which hid it). */
 static void
@@ -682,6 +713,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(
 			test_a_stop_ends_the_removal_of_a_copy_that_failed_validation, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_a_stop_ends_the_removal_of_a_copy_no_generation_took, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
