@@ -697,6 +697,11 @@ stage_copy(struct stage_request *req)
 	bool is_dir = false;
 	int sfd = -1, dfd = -1, err, marked = 0;
 
+	/* A staging no longer wanted looks at nothing: plan_files stats the
+	 * model's path and opens its shard index, round trips a hung server
+	 * holds on one of its filesystem's places on the work queue. */
+	if ((err = check_cancelled(req)) < 0)
+		return err;
 	if ((err = plan_files(req, &fs, &n, &is_dir)) < 0 || fs == NULL)
 		return err < 0 ? err : -ENOMEM;
 	run.fs = fs;

@@ -95,7 +95,9 @@ int stage_copy(struct stage_request *req);
 
 /*
  * Stops req's stage_copy() at its next 8 MiB request, or before it starts
- * (-ECANCELED, nothing left behind): for a staging its model no longer
+ * (-ECANCELED, nothing left behind, nothing of the source looked at: a
+ * staging cancelled while it waited on the work queue makes no round trip
+ * to a server that may hang): for a staging its model no longer
  * wants, superseded by a newer load or ended by an unload, which would
  * otherwise copy gigabytes only to have them removed. Any thread, while
  * stage_copy(req) runs or before it does (an atomic store; req stays the

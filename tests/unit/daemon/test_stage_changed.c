@@ -5,7 +5,8 @@
  * the model was validated, are refused with nothing left, while a stat
  * that fails once (a flaky network filesystem) is not taken for a
  * removal; and copies no longer wanted (wcached stopping, a newer load)
- * stop. On real files in a temporary directory (stage_fixture.h).
+ * stop, or never start (not even a stat of the source). On real files in
+ * a temporary directory (stage_fixture.h).
  *
  * Fault injection with the linker's --wrap (stage_fault.c): a hook on
  * copy_file_range changes the source mid-copy or makes a request slow,
@@ -473,7 +474,11 @@ test_cancel(void **state)
 
 /* A staging no longer wanted (a newer load of its model, an unload):
  * stage_cancel() while the copy runs stops it at the next request, with
- * nothing left; before it starts, nothing is made. Cancelled in a slow
+ * nothing left; before it starts, nothing is made, and nothing of the
+ * source looked at: on a server that hangs, the stat of the model's path
+ * would hold one of its filesystem's places on the work queue for a copy
+ * nobody wants (here that stat fails, EIO, if it is made: before, the
+ * staging failed so instead of ending cancelled). Cancelled in a slow
  * request whose source was replaced meanwhile, it says cancelled: the
  * newer load is why it stops, not a failure. */
 static int
@@ -514,7 +519,12 @@ test_stage_cancel(void **state)
 	make_request(f, model);
 	stage_cancel(&f->req);
 	copy_calls = 0;
+	stat_fail_path = model;
+	stat_errno = EIO;
+	stat_failures = 1;
 	assert_int_equal(stage_copy(&f->req), -ECANCELED);
+	assert_int_equal(stat_failures, 1); /* no stat of the path */
+	stat_fail_path = NULL;
 	assert_int_equal(copy_calls, 0);
 	assert_int_equal(tu_count_entries(f->stage_dir), 0);
 
