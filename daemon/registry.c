@@ -2,8 +2,9 @@
  * registry.c: the models wcached serves (see registry.h): the model table,
  * adding a model with a generation made elsewhere, attaching (access is
  * access.h's, the generation's state generation.h's), unloading and
- * shutdown. Loading is registry_load.c's; the memory budget, pins,
- * evictions and residency checks are registry_budget.c's; the status page
+ * shutdown. Loading is registry_load.c's; stage_dir and its start-up
+ * sweep are registry_sweep.c's; the memory budget, pins, evictions and
+ * residency checks are registry_budget.c's; the status page
  * is statuspage.c's. The registry calls generation.c, pages (through it),
  * statuspage.c and access.c below it, and reaches its owner (main.c) and
  * the warm restart only through the hooks in struct registry.

@@ -143,7 +143,7 @@ struct registry {
 	 * and resolved (no symbolic link in it) when it existed when set;
 	 * NULL: none, and a model that must stage is refused. */
 	char *stage_dir;
-	/* registry_stage_sweep()'s sweep while it runs (registry_load.c),
+	/* registry_stage_sweep()'s sweep while it runs (registry_sweep.c),
 	 * with the stagings that wait for it; NULL otherwise. */
 	struct registry_sweep *sweep;
 	unsigned holds_open;            /* generations waiting for HOLDs (restore.h) */

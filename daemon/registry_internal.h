@@ -1,7 +1,8 @@
 /*
  * registry_internal.h: what the registry's files share: registry.c (the
- * model table, attaching, unloading), registry_load.c (the load pipeline)
- * and registry_budget.c (the memory budget, pins, evictions, residency
+ * model table, attaching, unloading), registry_load.c (the load pipeline),
+ * registry_sweep.c (stage_dir and its start-up sweep) and
+ * registry_budget.c (the memory budget, pins, evictions, residency
  * checks). Not for other modules: they use registry.h, and generation.h
  * where they read a generation.
  */
@@ -36,5 +37,18 @@ void registry_pages_cancel(struct model_entry *m);
  * waits for its turn there, why its answer (-ECANCELED, on the loop soon
  * after, never from this call); a load that started ends as it will. */
 void registry_withdraw_waiting_load(struct registry *r, struct model_entry *m, const char *why);
+
+/* registry_load.c: the stagings held for the start-up sweep (held, linked
+ * through their own link, in the order they came) go on once it ends: to
+ * the work queue, or answered as cancelled when cancelled is set (the
+ * sweep never ran) or wcached is stopping. Loop thread. */
+void registry_stage_held(struct registry *r, struct load_request *held, int cancelled);
+
+/* registry_sweep.c: while the start-up sweep runs, holds the staging q
+ * until it ends (q_next: q's own link, which the list goes through):
+ * returns the stage_dir it sweeps; NULL when no sweep runs (q not
+ * held). Loop thread. */
+const char *registry_sweep_hold(struct registry *r, struct load_request *q,
+	struct load_request **q_next);
 
 #endif

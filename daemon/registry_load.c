@@ -14,6 +14,8 @@
  * set only after registry_load() returns), and the copy is made, checked,
  * opened and validated as the model, off the loop; the generation then
  * serves the copy, with its origin (the files it was copied from) noted.
+ * A staging queued while the start-up sweep of stage_dir runs waits for it
+ * (registry_sweep.c).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -71,30 +73,8 @@ struct load_request {
 	uint64_t stage_queued_ms; /* registry_now_ms() when the copy was queued */
 	struct gen_origin *origin;
 	size_t norigin;
-	struct load_request *held_next; /* waiting for the start-up sweep (registry_sweep) */
+	struct load_request *held_next; /* waiting for the start-up sweep (registry_sweep.c) */
 	const char *withdrawn; /* its answer when an unload withdrew it (withdraw_waiting) */
-};
-
-/*
- * The start-up sweep of stage_dir (registry_stage_sweep), on the work
- * queue: what earlier processes left there may be whole copies, hundreds
- * of gigabytes to unlink, and the loop must not wait for that (restored
- * and local models serve meanwhile). Stagings queued while it runs wait
- * here until it ends (sweep_after): a copy published while the sweep reads
- * stage_dir would not be in its keep list, and the space the sweep frees
- * is the space they need.
- */
-struct registry_sweep {
-	struct workq_job job;
-	struct registry *r;
-	char *dir;                 /* stage_dir when it started */
-	char **keep;               /* the copies it leaves, owned */
-	size_t nkeep;
-	unsigned removed;
-	int err;
-	char message[1024];
-	struct load_request *held; /* stagings waiting for it, in the order queued */
-	struct load_request **held_tail;
 };
 
 /* Copies the compiled index into a sealed memfd and maps it read-only. */
@@ -512,12 +492,15 @@ submit_stage(struct registry *r, struct load_request *q)
 
 /*
  * Sends q, validated, back to the work queue to be staged, or holds it
- * until the start-up sweep ends (registry_sweep): 0 (q is the queue's or
- * the sweep's, and m still loading), or -errno with q->message.
+ * until the start-up sweep ends (registry_sweep_hold, registry_sweep.c):
+ * 0 (q is the queue's or the sweep's, and m still loading), or -errno with
+ * q->message.
  */
 static int
 queue_stage(struct registry *r, struct model_entry *m, struct load_request *q)
 {
+	const char *swept;
+
 	if (r->stage_dir == NULL) {
 		snprintf(q->message, sizeof(q->message), "cannot stage it: no stage_dir");
 		return q->status = -EINVAL;
@@ -533,15 +516,11 @@ queue_stage(struct registry *r, struct model_entry *m, struct load_request *q)
 	q->stage.number = m->last_generation + 1;
 	q->stage.model_path = q->path;
 	q->stage.cancel = &r->closing;
-	if (r->sweep != NULL) {
+	if ((swept = registry_sweep_hold(r, q, &q->held_next)) != NULL)
 		log_debug("model \"%s\": its staging waits for the sweep of %s to end", q->name,
-			r->sweep->dir);
-		q->held_next = NULL;
-		*r->sweep->held_tail = q;
-		r->sweep->held_tail = &q->held_next;
-	} else if (submit_stage(r, q) < 0) {
+			swept);
+	else if (submit_stage(r, q) < 0)
 		return q->status;
-	}
 	m->loading++;
 	r->loads_in_flight++;
 	m->staging = &q->stage;
@@ -761,139 +740,23 @@ registry_reload(struct registry *r, const char *name, registry_done_fn done, voi
 }
 
 /*
- * Keeps stage_dir resolved (realpath): the paths it is compared with are
- * the kernel's, which name no symbolic link (a warm restart finds its
- * staged copies by what /proc/self/fd says of their descriptors, and the
- * sweep keeps those), so a stage_dir that is a link the operator made, or
- * lies under one, must be spelled the kernel's way too or no copy is ever
- * found in it. One that does not exist yet stays as configured (staging
- * creates it; the next start resolves it).
- */
-int
-registry_set_stage_dir(struct registry *r, const char *dir)
-{
-	char *d = realpath(dir, NULL);
-
-	if (d == NULL && (d = strdup(dir)) == NULL)
-		return error_set(-ENOMEM, "out of memory");
-	/* A staging on the work queue has its own copy (queue_stage). */
-	free(r->stage_dir);
-	r->stage_dir = d;
-	return 0;
-}
-
-/* Frees s (NULL too) and what it owns. */
-static void
-sweep_free(struct registry_sweep *s)
-{
-	if (s == NULL)
-		return;
-	for (size_t i = 0; s->keep != NULL && i < s->nkeep; i++)
-		free(s->keep[i]);
-	free(s->keep);
-	free(s->dir);
-	free(s);
-}
-
-/* Work queue thread: the sweep itself (stage_sweep). */
-static void
-sweep_run(struct workq_job *w)
-{
-	struct registry_sweep *s = w->arg;
-
-	if ((s->err = stage_sweep(s->dir, s->keep, s->nkeep, &s->r->closing, &s->removed)) < 0)
-		snprintf(s->message, sizeof(s->message), "%s", error_get());
-}
-
-/* Logs what the sweep s did: its error, and the copies it removed. */
-static void
-sweep_report(const struct registry_sweep *s)
-{
-	if (s->err == -ECANCELED)
-		log_info("%s", s->message);
-	else if (s->err < 0)
-		log_warnx("%s", s->message);
-	if (s->removed > 0)
-		log_info("removed %u staged cop%s left in %s by an earlier wcached", s->removed,
-			s->removed == 1 ? "y" : "ies", s->dir);
-}
-
-/*
- * Loop thread: the sweep ended (status 0), or never ran (UV_ECANCELED):
- * the stagings that waited for it go to the work queue now, in the order
- * they came; when wcached is stopping they end as cancelled, as a staging
+ * Loop thread: the start-up sweep ended (registry_sweep.c), or never ran:
+ * the stagings held for it (held, linked through held_next, in the order
+ * they came) go to the work queue now; when cancelled (wcached is
+ * stopping, or the sweep never ran) they end as cancelled, as a staging
  * the queue cancels does (load_after).
  */
-static void
-sweep_after(struct workq_job *w, int status)
+void
+registry_stage_held(struct registry *r, struct load_request *held, int cancelled)
 {
-	struct registry_sweep *s = w->arg;
-	struct registry *r = s->r;
 	struct load_request *q, *next;
 
-	r->sweep = NULL;
-	if (status == 0)
-		sweep_report(s);
-	for (q = s->held; q != NULL; q = next) {
+	for (q = held; q != NULL; q = next) {
 		next = q->held_next;
 		q->held_next = NULL;
-		if (status == UV_ECANCELED || r->closing)
+		if (cancelled || r->closing)
 			load_after(&q->job, UV_ECANCELED);
 		else if (submit_stage(r, q) < 0)
 			load_after(&q->job, 0); /* fails q with its message */
 	}
-	sweep_free(s);
-}
-
-/* Copies dirs (n of them) into s's keep list. 0 or -ENOMEM. */
-static int
-sweep_keep(struct registry_sweep *s, char *const *dirs, size_t n)
-{
-	for (size_t i = 0; i < n; i++) {
-		if (dirs[i] == NULL)
-			continue;
-		if ((s->keep[s->nkeep] = strdup(dirs[i])) == NULL)
-			return -ENOMEM;
-		s->nkeep++;
-	}
-	return 0;
-}
-
-void
-registry_stage_sweep(struct registry *r, char *const *also_keep, size_t nalso)
-{
-	struct registry_sweep *s;
-	char what[sizeof(s->job.what)];
-	size_t n = nalso;
-	int err = 0;
-
-	if (r->stage_dir == NULL || r->sweep != NULL)
-		return;
-	for (const struct generation *g = r->generations; g != NULL; g = g->next)
-		n++;
-	if ((s = calloc(1, sizeof(*s))) == NULL ||
-		(s->keep = calloc(n ? n : 1, sizeof(*s->keep))) == NULL ||
-		(s->dir = strdup(r->stage_dir)) == NULL)
-		err = -ENOMEM;
-	if (err == 0)
-		err = sweep_keep(s, also_keep, nalso);
-	for (const struct generation *g = r->generations; g != NULL && err == 0; g = g->next)
-		err = sweep_keep(s, &g->staged.dir, 1);
-	if (err < 0) {
-		log_warnx("stage_dir %s: not swept: out of memory", r->stage_dir);
-		sweep_free(s);
-		return;
-	}
-	s->r = r;
-	s->held_tail = &s->held;
-	s->job.arg = s;
-	snprintf(what, sizeof(what), "the sweep of stage_dir %s", s->dir);
-	if (workq_submit(&r->workq, &s->job, WORKQ_LOCAL, what, sweep_run, sweep_after) < 0) {
-		/* The queue refused it: sweep here, as nothing stages yet. */
-		sweep_run(&s->job);
-		sweep_report(s);
-		sweep_free(s);
-		return;
-	}
-	r->sweep = s;
 }

@@ -1,6 +1,6 @@
 /*
  * test_stage_sweep.c: unit tests of the start-up sweep of stage_dir as
- * the registry runs it (registry_stage_sweep, daemon/registry_load.c),
+ * the registry runs it (registry_stage_sweep, daemon/registry_sweep.c),
  * on a real libuv loop and real files (daemonutil.h): the sweep removes
  * what an earlier process left on the work queue, never on the loop
  * thread (a leftover copy may be hundreds of gigabytes: restored and local
