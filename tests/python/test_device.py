@@ -983,3 +983,41 @@ def test_view_whose_file_cannot_be_stat_stages(odd_model, monkeypatch):
     monkeypatch.setattr(os, "fstat", fstat)
     _stages_leaving_no_view(model, path, raw, f"cannot stat {os.path.realpath(path)}: "
                                               f"{os.strerror(errno.EIO)}")
+
+
+def test_a_failing_close_of_the_model_still_ends_the_copy(odd_model, monkeypatch):
+    """close(2) of the descriptor the shared views were mapped through
+    failing (a FUSE flush error; Linux releases the descriptor anyway)
+    neither escapes the load nor skips what must follow a copy: the stream
+    is synchronised, every range unregistered, every view unmapped. Closed
+    first, its error once skipped all three, leaving host memory
+    registered and copies in flight into a buffer the fallback dropped."""
+    path, raw = odd_model
+    model = wcache.open_file(path)
+    real_close = os.close
+    failed = []
+
+    def close(fd):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            target = None
+        real_close(fd)
+        if target == os.path.realpath(path):
+            failed.append(fd)
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+    monkeypatch.setattr(os, "close", close)
+    backend = CpuBackend(pins_long_term=True)
+    out = to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
+                    backend=backend, mode="register", small=0, max_batch=4096)
+    monkeypatch.setattr(os, "close", real_close)
+    _check_exact(out, raw)
+    engine, p = _device.last_load
+    assert failed, "the model's descriptor was closed (and failed)"
+    assert engine.path == "register" and len(p.ranges) > 1, engine.why
+    assert any(c[0] == "sync" for c in backend.calls), backend.calls
+    assert backend.registered == {}, "every range unregistered"
+    with open("/proc/self/maps") as f:
+        views = [line for line in f if " r--s " in line and line.rstrip().endswith(
+            os.path.realpath(path))]
+    assert views == [], "every view unmapped"

@@ -643,7 +643,6 @@ class Engine:
                 done = end
         finally:
             self._maps = None
-            self._opened.close()
             try:
                 if stream is not None:
                     with self._timed("copy"):
@@ -655,6 +654,9 @@ class Engine:
                 with self._timed("view"):
                     for view in views:
                         view.close()
+                    # Last: its views are closed, and nothing before it may
+                    # be skipped by what its close says.
+                    self._opened.close()
         return done, why, reason
 
     def _source(self, lo, hi, batches):

@@ -197,7 +197,13 @@ class MappedFile:
     def close(self):
         fd, self.fd = self.fd, None
         if fd is not None:
-            os.close(fd)
+            try:
+                os.close(fd)
+            except OSError:
+                # Linux releases the descriptor whatever close(2) returns
+                # (a FUSE flush error, EINTR), and nothing was written
+                # through it: there is nothing to retry or report.
+                pass
 
 
 class OpenFile:
