@@ -730,6 +730,10 @@ metrics_status_json(FILE *f, const struct registry *reg, const struct metrics_da
 	json_write_field(f, "version", WCACHE_VERSION);
 	fprintf(f, ",\"pid\":%d,\"uptime_seconds\":%.3f,\"clients\":%u,\"control_clients\":%u",
 		(int)getpid(), d->uptime_seconds, d->clients, d->control_clients);
+	/* Whether inotify still watches: once its descriptor failed for good,
+	 * every model is polled and shows "watch":"poll", which a configured
+	 * `watch = poll` (inotify and polling) shows too. */
+	json_write_field(f, "inotify", reg->inotify_failed ? "failed" : "ok");
 	if (d->derive != NULL) {
 		const struct derive_stats *s = &d->derive->stats;
 

@@ -500,10 +500,11 @@ page_work_after(struct workq_job *w, int status)
 }
 
 /*
- * The last operation queued on g, when it has not started (the first one
- * has) and would do what op asks: the same operation, reported the same
- * way, on the same pages, from what g is when it starts. A restore check
- * and the evict that a warm-up's readahead settles are never asked twice.
+ * The last operation queued on g, when it is not the first (that one was
+ * handed to the work queue and may have started) and would do what op
+ * asks: the same operation, reported the same way, on the same pages,
+ * from what g is when it starts. A restore check and the evict that a
+ * warm-up's readahead settles are never asked twice.
  */
 static struct page_work *
 same_waiting(struct generation *g, enum page_op op, const struct pages_hooks *hooks)

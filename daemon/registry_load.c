@@ -649,8 +649,12 @@ withdraw_waiting(struct registry *r, struct load_request *q, const char *why)
 		q->name, q->path, why != NULL ? why : "superseded by a newer load");
 	if ((err = workq_submit(&r->workq, &q->job, WORKQ_LOCAL, q->job.what, skip_work,
 		     load_after)) < 0) {
+		/* Not reached in practice: a local job goes straight to
+		 * uv_queue_work, which refuses only a NULL callback. Were it
+		 * refused, it is answered here, within the caller, as withdrawn
+		 * (load_id is not its own, or its entry is gone). */
 		log_warnx("%s: cannot queue it: %s", q->job.what, uv_strerror(err));
-		load_after(&q->job, err); /* answered as withdrawn: load_id is not its own */
+		load_after(&q->job, err);
 	}
 }
 

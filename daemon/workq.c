@@ -317,7 +317,10 @@ workq_submit(struct workq *q, struct workq_job *job, uint64_t fs, const char *wh
 	job->started_ms = 0;
 	job->stalled = 0;
 	job->prev = job->next = NULL;
-	snprintf(job->what, sizeof(job->what), "%s", what != NULL ? what : "work");
+	/* A job submitted again keeps its name: what may be job->what itself,
+	 * and snprintf from a buffer into itself is undefined. */
+	if (what != job->what)
+		snprintf(job->what, sizeof(job->what), "%s", what != NULL ? what : "work");
 	if (!remote(job))
 		return start(q, job);
 	job->prev = q->waiting_tail;

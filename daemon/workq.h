@@ -95,7 +95,8 @@ uint64_t workq_fs(int remote, dev_t dev);
 
 /* Queues run (on a pool thread) then after (on the loop) for job, which
  * touches fs; what names it in the stall log (copied; may be NULL for
- * local jobs). 0, or -errno (after never runs). */
+ * local jobs, or job->what itself: a job submitted again keeps its name).
+ * 0, or -errno (after never runs). */
 int workq_submit(struct workq *q, struct workq_job *job, uint64_t fs, const char *what,
 	workq_run_fn run, workq_after_fn after);
 

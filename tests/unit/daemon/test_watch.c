@@ -704,7 +704,8 @@ reports(struct du *d, bool status, const char *want)
  * say so: wcached_model_info's watch label goes from "inotify" to "poll",
  * status's "polled" from false to true (both stayed as before), and its
  * "watch" from the configured "auto" to "poll": what is done, as the
- * label says (before, it stayed "auto").
+ * label says (before, it stayed "auto"), and its "inotify" from "ok" to
+ * "failed" (a configured `watch = poll` shows "poll" too).
  */
 static void
 test_read_error_polls_instead(void **state)
@@ -719,6 +720,7 @@ test_read_error_polls_instead(void **state)
 	assert_true(reports(&t->du, false, ",watch=\"inotify\"} 1\n"));
 	assert_true(reports(&t->du, true, "\"polled\":false"));
 	assert_true(reports(&t->du, true, "\"watch\":\"auto\""));
+	assert_true(reports(&t->du, true, "\"inotify\":\"ok\""));
 	du_log_start(&t->du);
 	atomic_store(&read_fails, -1);
 	atomic_store(&read_errno, EIO);
@@ -738,6 +740,7 @@ test_read_error_polls_instead(void **state)
 	assert_true(reports(&t->du, false, ",watch=\"poll\"} 1\n"));
 	assert_true(reports(&t->du, true, "\"polled\":true"));
 	assert_true(reports(&t->du, true, "\"watch\":\"poll\""));
+	assert_true(reports(&t->du, true, "\"inotify\":\"failed\""));
 	assert_int_equal(rename(next, t->path), 0);
 	du_run_until(&t->du, current_is, &two);
 	log = du_log_stop(&t->du);
