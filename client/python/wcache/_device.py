@@ -274,6 +274,14 @@ def cudart_libraries(maps="/proc/self/maps"):
     return found
 
 
+# (path, address) of a loaded runtime -> (its CDLL, load base). Each
+# RTLD_NOLOAD open takes a reference the handle never gives back (ctypes
+# has no dlclose): one per runtime, kept, rather than one per refused
+# registration. That reference keeps the copy loaded, so its maps path and
+# address go on naming it.
+_runtime_handles = {}
+
+
 class _DlInfo(ctypes.Structure):
     _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
                 ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
@@ -309,6 +317,12 @@ def cudart_runtimes(maps="/proc/self/maps"):
     checked to lie in the object found at the mapping."""
     runtimes, unreachable, bases = [], [], set()
     for path, addr in cudart_libraries(maps):
+        known = _runtime_handles.get((path, addr))
+        if known is not None:  # its reference keeps it loaded at addr
+            if known[1] not in bases:
+                bases.add(known[1])
+                runtimes.append((path, known[0]))
+            continue
         try:
             found = _loaded_object(addr)
         except OSError as e:
@@ -336,6 +350,7 @@ def cudart_runtimes(maps="/proc/self/maps"):
             continue
         bases.add(base)
         runtimes.append((path, lib))
+        _runtime_handles[(path, addr)] = (lib, base)
     return runtimes, unreachable
 
 
