@@ -19,7 +19,8 @@
  *
  * stage_dir is opened only once checked safe (stage_check_dir), and a
  * staging that fails removes its temporary copy as any copy is removed
- * (stage_remove_at, stage_dir.c).
+ * (stage_remove_at, stage_dir.c): a stop ends that removal at its next
+ * file, and the next start's sweep removes the rest (discard).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -637,8 +638,18 @@ publish(const struct stage_request *req, int sfd, const char *tmp, char **dir)
 		"taken", req->stage_dir, req->model, req->number, STAGE_MAX_SUFFIX - 1);
 }
 
-/* Removes stage_copy()'s unfinished copy tmp (an entry of sfd): as any
- * copy once marked, else the empty directory it still is. */
+/*
+ * Removes stage_copy()'s unfinished copy tmp (an entry of sfd): as any
+ * copy once marked, else the empty directory it still is. A stop
+ * (req->cancel) ends that removal at its next file, as it ends the
+ * removal of any other copy (stage_remove_until_stop): a stop that
+ * cancels a long staging must not wait for the unlink of every shard
+ * copied (libuv's loop ends only once its work queue has). The copy keeps
+ * its marker, and its name carries this process's token, so that to the
+ * next start it is another process's temporary, which its sweep removes.
+ * A staging cancelled while wcached runs on (stage_cancel: an unload, a
+ * newer load) is removed whole, unless a stop comes during the removal.
+ */
 static void
 discard(const struct stage_request *req, int sfd, const char *tmp, int marked)
 {
@@ -646,10 +657,13 @@ discard(const struct stage_request *req, int sfd, const char *tmp, int marked)
 	int r = 0;
 
 	if (marked)
-		r = stage_remove_at(sfd, req->stage_dir, tmp, NULL, &why);
+		r = stage_remove_at(sfd, req->stage_dir, tmp, req->cancel, &why);
 	else if (unlinkat(sfd, tmp, AT_REMOVEDIR) == -1 && errno != ENOENT)
 		r = error_set(-errno, "removing %s/%s: %s", req->stage_dir, tmp, strerror(errno));
-	if (r < 0)
+	if (r == -ECANCELED)
+		log_info("staging: unfinished copy %s/%s: its removal stopped as wcached stops: "
+			 "the next start removes what is left", req->stage_dir, tmp);
+	else if (r < 0)
 		log_warnx("staging: %s", error_get());
 	else if (r == STAGE_NOT_OURS)
 		log_warnx("staging: %s/%s, being staged, is no longer wcached's (%s): left alone",

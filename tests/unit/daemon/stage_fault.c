@@ -4,7 +4,8 @@
  * (tests/CMakeLists.txt): copy_file_range, sendfile, statvfs and stat
  * forward to the real calls unless a test sets a knob of stage_fixture.h,
  * which can fail them (EIO, ESTALE, EXDEV, ENOSPC), change the source
- * mid-copy, or look at the staging directory while the copy is under way.
+ * mid-copy, or look at the staging directory while the copy is under way;
+ * unlinkat tells unlink_hook what it removes (a stop during a removal).
  */
 #include <errno.h>
 #include <stdint.h>
@@ -26,6 +27,8 @@ int __real_statvfs(const char *path, struct statvfs *buf);
 int __wrap_statvfs(const char *path, struct statvfs *buf);
 int __real_stat(const char *path, struct stat *buf);
 int __wrap_stat(const char *path, struct stat *buf);
+int __real_unlinkat(int dirfd, const char *path, int flags);
+int __wrap_unlinkat(int dirfd, const char *path, int flags);
 
 ssize_t
 __wrap_copy_file_range(int in, off_t *in_off, int out, off_t *out_off, size_t len,
@@ -77,4 +80,12 @@ __wrap_stat(const char *path, struct stat *buf)
 		return -1;
 	}
 	return __real_stat(path, buf);
+}
+
+int
+__wrap_unlinkat(int dirfd, const char *path, int flags)
+{
+	if (unlink_hook != NULL)
+		unlink_hook(path);
+	return __real_unlinkat(dirfd, path, flags);
 }

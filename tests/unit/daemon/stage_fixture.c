@@ -24,6 +24,7 @@ uint64_t statvfs_free;           /* nonzero: the free bytes statvfs reports */
 const char *stat_fail_path;      /* stat() of this path fails with stat_errno */
 int stat_errno;
 int stat_failures;               /* ... this many times (-1: every time) */
+void (*unlink_hook)(const char *name);
 
 struct fixture *fx;
 
@@ -43,6 +44,7 @@ setup(void **state)
 	statvfs_free = 0;
 	stat_fail_path = NULL;
 	stat_errno = stat_failures = 0;
+	unlink_hook = NULL;
 	fx = f;
 	*state = f;
 	return 0;
@@ -53,6 +55,7 @@ teardown(void **state)
 {
 	struct fixture *f = *state;
 
+	unlink_hook = NULL; /* tu_rmtree removes what is left */
 	for (size_t i = 0; i < f->nfiles; i++)
 		file_close(&f->files[i]);
 	stage_request_clear(&f->req);

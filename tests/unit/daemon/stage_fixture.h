@@ -7,8 +7,8 @@
  *
  * The knobs of the fault injection live here, so that setup() can reset
  * them; stage_fault.c, linked (with the linker's --wrap) only into the
- * tests that copy, wraps copy_file_range, sendfile, statvfs and stat and
- * obeys them.
+ * tests that copy, wraps copy_file_range, sendfile, statvfs, stat and
+ * unlinkat and obeys them.
  */
 #ifndef WC_STAGE_FIXTURE_H
 #define WC_STAGE_FIXTURE_H
@@ -29,6 +29,9 @@ extern uint64_t statvfs_free;           /* nonzero: the free bytes statvfs repor
 extern const char *stat_fail_path;      /* stat() of this path fails with stat_errno */
 extern int stat_errno;
 extern int stat_failures;               /* ... this many times (-1: every time) */
+/* Called with each name unlinkat() removes (an entry of a copy, or a copy
+ * itself), before it does: a stop that comes during a removal. */
+extern void (*unlink_hook)(const char *name);
 
 struct fixture {
 	char *tmp;          /* the test's directory */

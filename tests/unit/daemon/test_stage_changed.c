@@ -5,13 +5,17 @@
  * the model was validated, are refused with nothing left, while a stat
  * that fails once (a flaky network filesystem) is not taken for a
  * removal; and copies no longer wanted (wcached stopping, a newer load)
- * stop, or never start (not even a stat of the source). On real files in
- * a temporary directory (stage_fixture.h).
+ * stop, or never start (not even a stat of the source), and a stop ends
+ * the removal of their unfinished copy at its next file, leaving the rest
+ * to the next start's sweep. On real files in a temporary directory
+ * (stage_fixture.h).
  *
  * Fault injection with the linker's --wrap (stage_fault.c): a hook on
- * copy_file_range changes the source mid-copy or makes a request slow,
- * and stat can be made to fail for one path.
+ * copy_file_range changes the source mid-copy, makes a request slow or
+ * stops wcached, stat can be made to fail for one path, and a hook on
+ * unlinkat stops wcached during the removal of an unfinished copy.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
@@ -31,6 +35,7 @@
 #include "base/path.h"
 #include "stage.h"
 #include "stage_fixture.h"
+#include "stage_internal.h"
 #include "testutil.h"
 
 /* ---- sources that change -------------------------------------------------- */
@@ -538,6 +543,153 @@ test_stage_cancel(void **state)
 	free(model);
 }
 
+/*
+ * A sharded model (a shard index, three shards), its sources in f->src,
+ * staged as m: the index is copied last, so a copy cut short holds
+ * shards only.
+ */
+static char *
+sharded_source(struct fixture *f)
+{
+	static const char index[] = "{\"weight_map\":{\"a\":\"s-1.safetensors\","
+				    "\"b\":\"s-2.safetensors\",\"c\":\"s-3.safetensors\"}}";
+	char *ipath = tu_write(f->src, "m.safetensors.index.json", index, strlen(index));
+
+	add_source(f, "s-1.safetensors", 1000, 31);
+	add_source(f, "s-2.safetensors", 1000, 32);
+	add_source(f, "s-3.safetensors", 1000, 33);
+	make_request(f, f->src);
+	return ipath;
+}
+
+/*
+ * stage_dir's one entry, the staging's unfinished copy, named with this
+ * process's token (malloc'd); it holds its marker.
+ */
+static char *
+unfinished_copy(const struct fixture *f)
+{
+	char prefix[64], *copy = NULL, *marker;
+	struct dirent *e;
+	struct stat st;
+	DIR *d = opendir(f->stage_dir);
+
+	assert_non_null(d);
+	snprintf(prefix, sizeof(prefix), ".m.tmp-%s-", stage_token());
+	while ((e = readdir(d)) != NULL)
+		if (strncmp(e->d_name, prefix, strlen(prefix)) == 0)
+			copy = path_join(f->stage_dir, e->d_name);
+	closedir(d);
+	assert_non_null(copy);
+	assert_int_equal(tu_count_entries(f->stage_dir), 1);
+	marker = path_join(copy, STAGE_MARKER);
+	assert_int_equal(lstat(marker, &st), 0);
+	free(marker);
+	return copy;
+}
+
+/*
+ * The next start's sweep removes copy, as its process sees it: another
+ * process's temporary (its token is not this one's; test_stage_remove
+ * shows the sweep removes those, and leaves its own process's, as this
+ * process's sweep does here).
+ */
+static void
+next_start_removes(const struct fixture *f, char *copy)
+{
+	char *other;
+	unsigned removed = 1;
+
+	assert_int_equal(stage_sweep(f->stage_dir, NULL, 0, NULL, &removed), 0);
+	assert_int_equal(removed, 0); /* this process's: a staging may write it */
+	other = path_join(f->stage_dir, ".m.tmp-0123456789abcdef-AbCdEf");
+	assert_non_null(other);
+	assert_int_equal(rename(copy, other), 0);
+	assert_int_equal(stage_sweep(f->stage_dir, NULL, 0, NULL, &removed), 0);
+	assert_int_equal(removed, 1);
+	assert_int_equal(tu_count_entries(f->stage_dir), 0);
+	free(other);
+	free(copy);
+}
+
+/* wcached stops during the second shard's request. */
+static int
+stop_during_copy(unsigned call)
+{
+	if (call == 1)
+		fx->cancel = 1;
+	return 0;
+}
+
+/*
+ * wcached stops while a sharded model is staged: the copy stops (as
+ * test_cancel's), and so does the removal of its unfinished copy, before
+ * its first file (a stop must not wait for the unlink of every shard
+ * copied: libuv's loop ends only once its work queue has, and 163 shards
+ * on a slow disk take seconds). The copy keeps its marker and what was
+ * copied; the next start's sweep removes it. The staging still says it
+ * was cancelled as wcached stops. Before, the copy was removed whole.
+ */
+static void
+test_a_stop_leaves_the_unfinished_copy_to_the_next_start(void **state)
+{
+	struct fixture *f = *state;
+	char *ipath = sharded_source(f), *copy;
+
+	copy_hook = stop_during_copy;
+	assert_int_equal(stage_copy(&f->req), -ECANCELED);
+	assert_non_null(strstr(error_get(), "cancelled: wcached is stopping"));
+	assert_int_equal(copy_calls, 2);
+	assert_null(f->req.dir);
+	copy = unfinished_copy(f);
+	/* The marker, the two shards copied and the third, made but not
+	 * copied: the stop comes before its first request. */
+	assert_int_equal(tu_count_entries(copy), 4);
+	assert_same_file(copy, "s-1.safetensors", &f->files[0]);
+	assert_same_file(copy, "s-2.safetensors", &f->files[1]);
+	next_start_removes(f, copy);
+	free(ipath);
+}
+
+/* wcached stops as the first file of a copy is unlinked. */
+static void
+stop_at_the_first_unlink(const char *name)
+{
+	if (strcmp(name, STAGE_MARKER) != 0) {
+		fx->cancel = 1;
+		unlink_hook = NULL;
+	}
+}
+
+/*
+ * A staging its model no longer wants (an unload, a newer load) while
+ * wcached runs on: its unfinished copy is removed whole (test_stage_cancel
+ * shows it), but a stop that comes during that removal ends it at the
+ * next file, as it ends the removal of any copy: the copy keeps its
+ * marker and the files not reached, and the next start's sweep removes
+ * it. Before, the stop waited for every unlink.
+ */
+static void
+test_a_stop_ends_the_removal_of_a_cancelled_copy(void **state)
+{
+	struct fixture *f = *state;
+	char *ipath = sharded_source(f), *copy;
+
+	copy_hook = cancel_during_copy; /* in the second shard's request */
+	unlink_hook = stop_at_the_first_unlink;
+	assert_int_equal(stage_copy(&f->req), -ECANCELED);
+	assert_non_null(strstr(error_get(), "no longer wanted"));
+	assert_int_equal(copy_calls, 2);
+	assert_null(unlink_hook); /* the removal began */
+	copy = unfinished_copy(f);
+	/* The marker and three shards (the third made, not copied: the
+	 * cancel comes before its first request), but the first file the
+	 * removal unlinked. */
+	assert_int_equal(tu_count_entries(copy), 3);
+	next_start_removes(f, copy);
+	free(ipath);
+}
+
 int
 main(void)
 {
@@ -559,6 +711,10 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_truncated_during_copy, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_cancel, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stage_cancel, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_a_stop_leaves_the_unfinished_copy_to_the_next_start, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_a_stop_ends_the_removal_of_a_cancelled_copy,
+			setup, teardown),
 		cmocka_unit_test_setup_teardown(test_shard_index_replaced_after_validation, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_shard_index_replaced_by_a_fifo, setup,
