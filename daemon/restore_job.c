@@ -122,10 +122,19 @@ reserve(struct restore *s, const char *stage_dir, const struct fdstore_generatio
 	return 0;
 }
 
-/* Gives p's stored descriptors that nothing took back to s's table, for
+/*
+ * Gives p's stored descriptors that nothing took back to s's table, for
  * restore_close_untaken() at the end of the check (which closes them and has the
  * manager drop them), and removes the staged copy of the model name
- * nothing serves. */
+ * nothing serves. A stop ends that removal at its next file, as it ends
+ * the removal of a closed generation's copy (gen_free_staged): the copy
+ * keeps its marker, and the next start's sweep removes the rest. No start
+ * serves it again: this check's end has the manager drop its descriptors
+ * (restore_close_untaken) and describes the model without it
+ * (restore_sync) before the loop reads the stop; and a start that got
+ * them back all the same would check them again, serving them (through
+ * its descriptors, never the copy's paths) or removing the copy as here.
+ */
 static void
 give_back(struct restore *s, struct registry *r, const char *name, struct restore_prepared *p,
 	int served)
@@ -150,7 +159,7 @@ give_back(struct restore *s, struct registry *r, const char *name, struct restor
 		log_info("model \"%s\": generation %" PRIu64 " not restored: removing its staged "
 			 "copy %s", name, p->g->number, p->copy_dir);
 		if (dir != NULL)
-			stage_remove_later(r->loop, dir);
+			stage_remove_later_until_stop(r->loop, dir, &r->closing);
 	}
 	restore_prepared_clear(r, p);
 }

@@ -6,8 +6,9 @@
  * manager hands its store over as systemd does, restore_take() takes it,
  * and a second registry restores from it (restore_model, restore_started)
  * on its loop. The artifact's reader, source_open_fd, is wrapped (--wrap)
- * to see which thread runs it. Real files in /tmp, real memfds, a real
- * libuv loop.
+ * to see which thread runs it; unlinkat, to stop wcached while the staged
+ * copy of a generation not restored is removed. Real files in /tmp, real
+ * memfds, a real libuv loop.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -27,12 +28,14 @@
 
 #include "daemonutil.h"
 #include "base/error.h"
+#include "base/path.h"
 #include "derive.h"
 #include "fdstore.h"
 #include "format/source.h"
 #include "listen.h"
 #include "restore.h"
 #include "restore_internal.h"
+#include "stage.h"
 #include "storeutil.h"
 #include "testutil.h"
 
@@ -56,12 +59,32 @@ __wrap_source_open_fd(int fd, const char *label, struct model_source *out)
 	return __real_source_open_fd(fd, label, out);
 }
 
+int __real_unlinkat(int dirfd, const char *path, int flags);
+int __wrap_unlinkat(int dirfd, const char *path, int flags);
+
+/* When set, the next removal of a file of a staged copy (the marker
+ * aside) marks this registry as stopping as it unlinks it: a stop during
+ * that unlink. */
+static struct registry *stop_at_next_file;
+
+int
+__wrap_unlinkat(int dirfd, const char *path, int flags)
+{
+	struct registry *stop;
+
+	if (flags == 0 && strcmp(path, STAGE_MARKER) != 0 &&
+		(stop = __atomic_exchange_n(&stop_at_next_file, NULL, __ATOMIC_SEQ_CST)) != NULL)
+		__atomic_store_n(&stop->closing, 1, __ATOMIC_RELAXED);
+	return __real_unlinkat(dirfd, path, flags);
+}
+
 /* Nobody waits for a build here. */
 static const struct derive_hooks no_hooks;
 
 struct fixture {
 	char *dir;                   /* the model's, for both processes */
 	char *path;                  /* its file */
+	char *stage_dir;             /* dir/staged, for a model that stages, else NULL */
 	struct su_manager m;
 	struct du t;                 /* the second process's registry */
 	struct derive_table derive;  /* and its derived artifacts */
@@ -138,33 +161,77 @@ previous_process(struct fixture *f)
 	memset(&restore_state, 0, sizeof(restore_state));
 }
 
-static int
-setup(void **state)
+/* The previous process's load of a model that stages (stage = yes). */
+static void
+staged_load_done(int status, const char *message, uint64_t generation, void *arg)
+{
+	(void)message;
+	(void)generation;
+	*(int *)arg = status == 0 ? 1 : -1;
+}
+
+static bool
+staged_loaded(struct du *t, void *arg)
+{
+	(void)t;
+	return *(int *)arg != 0;
+}
+
+/*
+ * The previous process, staging: loads f->path as "m" staged to
+ * f->stage_dir (its copy m.1), stores it in f's manager (restore_sync)
+ * and stops, which leaves the copy the store keeps.
+ */
+static void
+previous_process_staged(struct fixture *f)
+{
+	struct du t;
+	int loaded = 0;
+
+	stored_setup(&t, -1);
+	assert_int_equal(registry_set_stage_dir(&t.reg, f->stage_dir), 0);
+	assert_int_equal(registry_load(&t.reg, "m", f->path, PIN_NONE, 0, staged_load_done,
+		&loaded), 0);
+	/* The stage key is set once registry_load returns, as config does. */
+	assert_int_equal(registry_set_storage(&t.reg, "m", FS_WATCH_INOTIFY, 0, FS_STAGE_YES), 0);
+	du_run_until(&t, staged_loaded, &loaded);
+	assert_int_equal(loaded, 1);
+	restore_sync(&t.reg);
+	su_manager_read(&f->m);
+	assert_int_equal(su_received(&f->m, 0, 1, FDSTORE_NAME_DESC), 1);
+	du_teardown(&t);
+	memset(&restore_state, 0, sizeof(restore_state));
+}
+
+/* f->dir and the model f->path in it, which outlive both processes. */
+static struct fixture *
+new_fixture(void)
 {
 	struct fixture *f = calloc(1, sizeof(*f));
 	struct du scratch;
+	char *moved;
 
 	assert_non_null(f);
 	su_hold_low_fds(); /* for the store su_manager_pass() hands over */
 	f->dir = tu_tmpdir();
-	/* The model lives in f->dir, which outlives both processes. */
 	du_setup(&scratch, false, 0);
 	f->path = du_model(&scratch, "a.safetensors", 4096);
-	{
-		char *moved = malloc(strlen(f->dir) + 32);
-
-		assert_non_null(moved);
-		snprintf(moved, strlen(f->dir) + 32, "%s/a.safetensors", f->dir);
-		assert_int_equal(rename(f->path, moved), 0);
-		free(f->path);
-		f->path = moved;
-	}
+	moved = path_join(f->dir, "a.safetensors");
+	assert_non_null(moved);
+	assert_int_equal(rename(f->path, moved), 0);
+	free(f->path);
+	f->path = moved;
 	du_teardown(&scratch);
 	su_manager_start(&f->m, f->dir);
-	previous_process(f);
+	return f;
+}
 
-	/* The next process: the store at 3.., taken back, then its registry. */
-	assert_true(su_manager_pass(&f->m) >= 6);
+/* The next process: the store (at least stored descriptors) at 3..,
+ * taken back, then its registry. */
+static int
+next_process(struct fixture *f, size_t stored, void **state)
+{
+	assert_true(su_manager_pass(&f->m) >= stored);
 	assert_non_null(f->s = restore_take());
 	stored_setup(&f->t, restore_status_fd(f->s));
 	restore_status_taken(f->s);
@@ -173,8 +240,31 @@ setup(void **state)
 	assert_int_equal(derive_init(&f->derive, &f->t.reg, &no_hooks), 0);
 	loop_thread = pthread_self();
 	reader_on_loop = reader_off_loop = 0;
+	stop_at_next_file = NULL;
 	*state = f;
 	return 0;
+}
+
+static int
+setup(void **state)
+{
+	struct fixture *f = new_fixture();
+
+	previous_process(f);
+	return next_process(f, 6, state);
+}
+
+/* The previous process staged m; the next one has stage_dir too. */
+static int
+setup_staged(void **state)
+{
+	struct fixture *f = new_fixture();
+
+	f->stage_dir = path_join(f->dir, "staged");
+	assert_non_null(f->stage_dir);
+	previous_process_staged(f);
+	next_process(f, 3, state); /* the description, the copy's file, its index */
+	return registry_set_stage_dir(&f->t.reg, f->stage_dir);
 }
 
 static int
@@ -186,7 +276,9 @@ teardown(void **state)
 	du_teardown(&f->t);
 	listen_fds_unset();
 	memset(&restore_state, 0, sizeof(restore_state));
+	stop_at_next_file = NULL;
 	tu_rmtree(f->dir);
+	free(f->stage_dir);
 	free(f->path);
 	free(f);
 	return 0;
@@ -249,12 +341,77 @@ test_artifact_checked_off_the_loop(void **state)
 	free(log);
 }
 
+/* Whether wcached is stopping: here only stop_at_next_file stops it, in
+ * a removal on a pool thread, whose end wakes the loop. */
+static bool
+stopping(struct du *t, void *arg)
+{
+	(void)arg;
+	return __atomic_load_n(&t->reg.closing, __ATOMIC_SEQ_CST) != 0;
+}
+
+/*
+ * m's staged generation 1 is not restored (its source changed while no
+ * wcached ran), so the check's end removes its staged copy, m.1 (four
+ * files and the marker here); wcached stops while the first file is
+ * unlinked. The removal removes no other file, as the removal of a closed
+ * generation's copy does: the copy keeps its marker and the three files it
+ * had not reached, it says so, and the next start's sweep removes the
+ * rest (nothing keeps it: the check's end had the manager drop its
+ * descriptors). Before, the stop waited for every unlink of the copy.
+ */
+static void
+test_a_stop_ends_the_removal_of_a_copy_not_restored(void **state)
+{
+	struct fixture *f = *state;
+	struct timespec later[2] = { { .tv_nsec = UTIME_OMIT }, { .tv_sec = 1000000 } };
+	char *copy = path_join(f->stage_dir, "m.1"), *marker = path_join(copy, STAGE_MARKER), *log;
+	unsigned removed = 0;
+	struct stat st;
+
+	assert_non_null(marker);
+	free(tu_write(copy, "extra-1.safetensors", "abc", 3));
+	free(tu_write(copy, "extra-2.safetensors", "abc", 3));
+	free(tu_write(copy, "extra-3.safetensors", "abc", 3));
+	assert_int_equal(tu_count_entries(copy), 5);
+	assert_int_equal(utimensat(AT_FDCWD, f->path, later, 0), 0);
+	du_log_start(&f->t);
+	stop_at_next_file = &f->t.reg;
+	assert_int_equal(restore_model(f->s, &f->t.reg, "m", f->path, PIN_NONE, 0, restored,
+		f), 1);
+	restore_started(f->s, &f->t.reg); /* s is restore.c's from now */
+	du_run_until(&f->t, is_done, f);
+	assert_int_equal(f->result, RESTORE_LOAD);
+	du_run_until(&f->t, stopping, NULL);
+	/* libuv's loop ends only once its work queue has, the removal
+	 * included. */
+	registry_close(&f->t.reg);
+	while (uv_run(&f->t.loop, UV_RUN_DEFAULT) != 0)
+		;
+	log = du_log_stop(&f->t);
+	assert_non_null(strstr(log, "model \"m\": generation 1 not restored: removing its "
+		"staged copy"));
+	/* The marker and the three files the removal had not reached. */
+	assert_int_equal(stat(marker, &st), 0);
+	assert_int_equal(tu_count_entries(copy), 4);
+	assert_non_null(strstr(log, "m.1: its removal stopped as wcached stops: the next start "
+		"removes what is left"));
+	free(log);
+	assert_int_equal(stage_sweep(f->stage_dir, NULL, 0, NULL, &removed), 0);
+	assert_int_equal(removed, 1);
+	assert_int_equal(tu_count_entries(copy), -1);
+	free(marker);
+	free(copy);
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_artifact_checked_off_the_loop, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(test_a_stop_ends_the_removal_of_a_copy_not_restored,
+			setup_staged, teardown),
 	};
 
 	/* Before libuv's first loop takes 3 and 4 for its signal pipe. */
