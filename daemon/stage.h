@@ -66,7 +66,8 @@ struct stage_request {
 	const struct wc_file *files; /* the source's files, open, in index order */
 	size_t nfiles;
 	const int *cancel;         /* read atomically: nonzero stops the copy (-ECANCELED):
-				      wcached is stopping */
+				      wcached is stopping; it stops the removal
+				      of the unfinished copy too */
 	int cancelled;             /* stage_cancel(): this staging is no longer wanted */
 	/* Out, on success (stage_request_clear frees them): */
 	char *dir;                 /* the staged directory, stage_dir/<model>.<number> */
@@ -89,7 +90,9 @@ struct stage_request {
  * queue thread. 0 with req's outputs, or -errno with a message saying why
  * in a sentence an operator can act on (no space: needed
  * and free; stage_dir not writable; a read error such as EIO or ESTALE,
- * named; a source changed during the copy); nothing is left behind then.
+ * named; a source changed during the copy); nothing is left behind then,
+ * unless wcached stops while the unfinished copy is removed: what is left
+ * of it, marked, is the next start's sweep's.
  */
 int stage_copy(struct stage_request *req);
 
