@@ -654,7 +654,12 @@ static void
 discard(const struct stage_request *req, int sfd, const char *tmp, int marked)
 {
 	const char *why = NULL;
+	char failure[ERROR_MAX];
 	int r = 0;
+
+	/* The staging's own failure is what its caller reports: a removal
+	 * that fails too is logged here, and must not take its place. */
+	snprintf(failure, sizeof(failure), "%s", error_get());
 
 	if (marked)
 		r = stage_remove_at(sfd, req->stage_dir, tmp, req->cancel, &why);
@@ -668,6 +673,7 @@ discard(const struct stage_request *req, int sfd, const char *tmp, int marked)
 	else if (r == STAGE_NOT_OURS)
 		log_warnx("staging: %s/%s, being staged, is no longer wcached's (%s): left alone",
 			req->stage_dir, tmp, why);
+	error_format("%s", failure);
 }
 
 /* The longest path a copy of req's files can have, temporary names

@@ -21,8 +21,6 @@
 #include "base/error.h"
 #include "base/escape.h"
 
-#define ERROR_MAX 1024
-
 static _Thread_local char error_message[ERROR_MAX];
 
 void

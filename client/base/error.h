@@ -8,6 +8,10 @@
 #ifndef WC_ERROR_H
 #define WC_ERROR_H
 
+/* The longest message kept, its NUL included: a copy of error_get() in a
+ * buffer this size is the whole message. */
+#define ERROR_MAX 1024
+
 /* Formats the message for the calling thread (never allocates). */
 void error_format(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

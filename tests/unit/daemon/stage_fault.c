@@ -5,7 +5,8 @@
  * forward to the real calls unless a test sets a knob of stage_fixture.h,
  * which can fail them (EIO, ESTALE, EXDEV, ENOSPC), change the source
  * mid-copy, or look at the staging directory while the copy is under way;
- * unlinkat tells unlink_hook what it removes (a stop during a removal).
+ * unlinkat tells unlink_hook what it removes (a stop during a removal), and
+ * fails with the errno it returns.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -85,7 +86,11 @@ __wrap_stat(const char *path, struct stat *buf)
 int
 __wrap_unlinkat(int dirfd, const char *path, int flags)
 {
-	if (unlink_hook != NULL)
-		unlink_hook(path);
+	int e = unlink_hook != NULL ? unlink_hook(path) : 0;
+
+	if (e != 0) {
+		errno = e;
+		return -1;
+	}
 	return __real_unlinkat(dirfd, path, flags);
 }

@@ -24,7 +24,7 @@ uint64_t statvfs_free;           /* nonzero: the free bytes statvfs reports */
 const char *stat_fail_path;      /* stat() of this path fails with stat_errno */
 int stat_errno;
 int stat_failures;               /* ... this many times (-1: every time) */
-void (*unlink_hook)(const char *name);
+int (*unlink_hook)(const char *name);
 
 struct fixture *fx;
 

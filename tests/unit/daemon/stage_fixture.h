@@ -30,8 +30,9 @@ extern const char *stat_fail_path;      /* stat() of this path fails with stat_e
 extern int stat_errno;
 extern int stat_failures;               /* ... this many times (-1: every time) */
 /* Called with each name unlinkat() removes (an entry of a copy, or a copy
- * itself), before it does: a stop that comes during a removal. */
-extern void (*unlink_hook)(const char *name);
+ * itself), before it does: a stop that comes during a removal. Returns an
+ * errno for unlinkat to fail with, or 0. */
+extern int (*unlink_hook)(const char *name);
 
 struct fixture {
 	char *tmp;          /* the test's directory */

@@ -267,6 +267,44 @@ test_copy_errors(void **state)
 	free(model);
 }
 
+/* The first file of an unfinished copy cannot be unlinked (EACCES). */
+static int
+refuse_the_first_unlink(const char *name)
+{
+	if (strcmp(name, STAGE_MARKER) == 0)
+		return 0;
+	unlink_hook = NULL;
+	return EACCES;
+}
+
+/*
+ * A copy that fails (EIO reading the source) and whose unfinished copy
+ * then cannot be removed: the staging still says why it failed, naming
+ * the read error (the removal's failure is logged apart). Before, the
+ * removal's message ("removing ...: Permission denied") took the place of
+ * the read error's, so the load was said to fail for the wrong reason.
+ */
+static void
+test_a_failed_removal_keeps_the_copy_error(void **state)
+{
+	struct fixture *f = *state;
+	char *model;
+
+	add_source(f, "model.safetensors", 12 * MiB, 10);
+	model = path_join(f->src, "model.safetensors");
+	make_request(f, model);
+	fail_errno = EIO;
+	copy_hook = fail_second;
+	unlink_hook = refuse_the_first_unlink;
+	assert_int_equal(stage_copy(&f->req), -EIO);
+	assert_null(unlink_hook); /* the removal was tried, and failed */
+	assert_non_null(strstr(error_get(), "EIO"));
+	assert_non_null(strstr(error_get(), "reading"));
+	assert_non_null(strstr(error_get(), model));
+	assert_null(strstr(error_get(), "Permission denied"));
+	free(model);
+}
+
 /* Not enough free space: refused before anything is written, saying how
  * much is needed and how much is free. */
 static void
@@ -488,6 +526,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_temporary_name_until_complete, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_copy_errors, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_a_failed_removal_keeps_the_copy_error, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(test_no_space, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_file_size_limit, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_mtime_not_set, setup, teardown),

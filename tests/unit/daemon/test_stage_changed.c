@@ -652,13 +652,14 @@ test_a_stop_leaves_the_unfinished_copy_to_the_next_start(void **state)
 }
 
 /* wcached stops as the first file of a copy is unlinked. */
-static void
+static int
 stop_at_the_first_unlink(const char *name)
 {
 	if (strcmp(name, STAGE_MARKER) != 0) {
 		fx->cancel = 1;
 		unlink_hook = NULL;
 	}
+	return 0;
 }
 
 /*
