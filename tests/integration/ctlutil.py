@@ -114,6 +114,7 @@ class FakeControl:
             reply = (json.dumps(reply, ensure_ascii=False) + "\n").encode()
         self.path = str(path)
         self.reply = reply
+        self.closing = False
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(self.path)
         self.sock.listen(8)
@@ -127,10 +128,26 @@ class FakeControl:
             except OSError:
                 return
             with c:
+                if self.closing:
+                    return
                 c.recv(4096)
                 c.sendall(self.reply)
 
     def close(self):
+        """Ends the serving thread, then closes the socket. Closed under a
+        thread still in accept(), the descriptor's number could be a later
+        test's FakeControl's by the time that thread called accept() again
+        (on a loaded host): it answered that test's wcachectl with this
+        reply (seen once in CI: test_every_command_reports_a_full_disk got
+        test_a_daemons_error_is_escaped's error)."""
+        self.closing = True
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as wake:
+                wake.connect(self.path)
+        except OSError:
+            pass
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive(), f"{self.path}: its serving thread did not end"
         self.sock.close()
 
 
