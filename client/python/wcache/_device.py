@@ -274,11 +274,12 @@ def cudart_libraries(maps="/proc/self/maps"):
     return found
 
 
-# (path, address) of a loaded runtime -> (its CDLL, load base). Each
-# RTLD_NOLOAD open takes a reference the handle never gives back (ctypes
-# has no dlclose): one per runtime, kept, rather than one per refused
-# registration. That reference keeps the copy loaded, so its maps path and
-# address go on naming it.
+# The address of a loaded runtime's first mapping -> (its CDLL, load base).
+# Each RTLD_NOLOAD open takes a reference the handle never gives back
+# (ctypes has no dlclose): one per runtime, kept, rather than one per
+# refused registration. That reference keeps the copy loaded, so nothing
+# else is mapped at its address; its maps path is no key, since it gains
+# " (deleted)" when the file is replaced (the case this exists for).
 _runtime_handles = {}
 
 
@@ -317,7 +318,7 @@ def cudart_runtimes(maps="/proc/self/maps"):
     checked to lie in the object found at the mapping."""
     runtimes, unreachable, bases = [], [], set()
     for path, addr in cudart_libraries(maps):
-        known = _runtime_handles.get((path, addr))
+        known = _runtime_handles.get(addr)
         if known is not None:  # its reference keeps it loaded at addr
             if known[1] not in bases:
                 bases.add(known[1])
@@ -350,7 +351,7 @@ def cudart_runtimes(maps="/proc/self/maps"):
             continue
         bases.add(base)
         runtimes.append((path, lib))
-        _runtime_handles[(path, addr)] = (lib, base)
+        _runtime_handles[addr] = (lib, base)
     return runtimes, unreachable
 
 
