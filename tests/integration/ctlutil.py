@@ -130,8 +130,12 @@ class FakeControl:
             with c:
                 if self.closing:
                     return
-                c.recv(4096)
-                c.sendall(self.reply)
+                c.settimeout(10)  # a client that never sends ends no test
+                try:
+                    c.recv(4096)
+                    c.sendall(self.reply)
+                except OSError:
+                    pass
 
     def close(self):
         """Ends the serving thread, then closes the socket. Closed under a
@@ -139,11 +143,12 @@ class FakeControl:
         test's FakeControl's by the time that thread called accept() again
         (on a loaded host): it answered that test's wcachectl with this
         reply (seen once in CI: test_every_command_reports_a_full_disk got
-        test_a_daemons_error_is_escaped's error)."""
+        test_a_daemons_error_is_escaped's error). shutdown(2) of the
+        listening socket makes a waiting accept() fail at once (EINVAL on
+        Linux), with no connection that could block or find the path gone."""
         self.closing = True
         try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as wake:
-                wake.connect(self.path)
+            self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         self.thread.join(timeout=30)
