@@ -155,8 +155,9 @@ gen_free_origin(struct gen_origin *origin, size_t n)
  * of a generation that closed while serving is removed until wcached
  * stops: a stop ends that removal at its next file, and the next start's
  * sweep removes the rest (a stop must not wait for every unlink of a
- * slow stage_dir). The copies the stop itself closes are removed whole,
- * as before: a stop without a store leaves no copy behind.
+ * slow stage_dir). The copies of the generations the stop itself closes
+ * are removed whole, as before: a stop without a store leaves no copy of
+ * a model it served behind.
  */
 static void
 gen_free_staged(struct registry *r, struct generation *g)
@@ -169,8 +170,8 @@ gen_free_staged(struct registry *r, struct generation *g)
 	if (g->staged.dir != NULL && closing && r->fdstore && g->stored_slot != 0)
 		free(g->staged.dir);
 	else
-		stage_remove_later_until_stop(r->loop, g->staged.dir,
-			closing ? NULL : &r->closing);
+		stage_remove_later(r->loop, g->staged.dir, closing ? NULL : &r->closing,
+			r->stage_dir);
 	g->staged.dir = NULL;
 }
 

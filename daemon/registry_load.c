@@ -242,22 +242,20 @@ stage_work(struct workq_job *w)
 /*
  * Frees q and what it holds. A staged copy no generation took (its model
  * unloaded, a newer load superseded it, or wcached is stopping) is removed
- * on the work queue as a closed generation's is (gen_free_staged): when
- * wcached is not stopping, a stop that comes during the removal ends it at
- * its next file, and the next start's sweep removes the rest (the copy
- * keeps its marker; no generation keeps it from the sweep). A copy the
- * stop itself frees is removed whole: no fd store keeps it, and a stop
- * leaves no copy of its own behind.
+ * on the work queue: a stop ends that removal at its next file, and the
+ * next start's sweep removes the rest (the copy keeps its marker; no
+ * generation keeps it from the sweep). So does a copy the stop itself
+ * frees (a staging that ended as wcached stops): like a staging the stop
+ * cuts short, it is left to the next start rather than holding the stop
+ * for every unlink. Only the copies of the generations that served, which
+ * the stop closes, are removed whole (gen_free_staged).
  */
 static void
 load_request_free(struct load_request *q)
 {
-	int closing = __atomic_load_n(&q->r->closing, __ATOMIC_RELAXED);
-
 	drop_opened(q);
 	if (q->stage.dir != NULL) {
-		stage_remove_later_until_stop(q->r->loop, q->stage.dir,
-			closing ? NULL : &q->r->closing);
+		stage_remove_later(q->r->loop, q->stage.dir, &q->r->closing, q->r->stage_dir);
 		q->stage.dir = NULL;
 	}
 	stage_request_clear(&q->stage);

@@ -159,7 +159,7 @@ give_back(struct restore *s, struct registry *r, const char *name, struct restor
 		log_info("model \"%s\": generation %" PRIu64 " not restored: removing its staged "
 			 "copy %s", name, p->g->number, p->copy_dir);
 		if (dir != NULL)
-			stage_remove_later_until_stop(r->loop, dir, &r->closing);
+			stage_remove_later(r->loop, dir, &r->closing, r->stage_dir);
 	}
 	restore_prepared_clear(r, p);
 }

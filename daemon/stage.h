@@ -33,8 +33,8 @@
  * stage_copy() and stage_remove() block (gigabytes of I/O): call them on a
  * work queue thread, never on the loop; stage_remove_later() queues the
  * removal on libuv's work queue from the loop. A removal that a stop may
- * cut short (stage_remove_until_stop(), stage_remove_later_until_stop())
- * leaves the rest, marked, to the next start's sweep. Nothing here calls another
+ * cut short (stage_remove_until_stop(), stage_remove_later()) leaves the
+ * rest, marked, to the next start's sweep. Nothing here calls another
  * daemon module but log; errors are -errno with the message in error_get().
  */
 #ifndef WC_STAGE_H
@@ -133,18 +133,17 @@ int stage_remove(const char *dir);
  */
 int stage_remove_until_stop(const char *dir, const int *stop);
 
-/* stage_remove() of dir on libuv's work queue, logged on failure; takes dir
- * (malloc'd). Loop thread. Falls back to removing at once when the queue
- * refuses. */
-void stage_remove_later(uv_loop_t *loop, char *dir);
-
 /*
- * stage_remove_later() as stage_remove_until_stop(): *stop (stop may be
- * NULL, and must outlive the removal) is read before each file of the
- * copy; once set (wcached stops) it removes no more and logs one line
- * saying the next start removes what is left.
+ * stage_remove_until_stop() of dir on libuv's work queue, logged; takes dir
+ * (malloc'd). Loop thread. Falls back to removing at once when the queue
+ * refuses. *stop (stop may be NULL, and must outlive the removal) is read
+ * before each file of the copy; once set (wcached stops) it removes no
+ * more and logs one line saying the next start removes what is left. That
+ * start sweeps swept, the stage_dir configured now: a copy that is not
+ * directly in it (stage_dir changed since it was made) is removed whole
+ * whatever stop says, since no sweep would visit what a stop left of it.
  */
-void stage_remove_later_until_stop(uv_loop_t *loop, char *dir, const int *stop);
+void stage_remove_later(uv_loop_t *loop, char *dir, const int *stop, const char *swept);
 
 /*
  * Creates stage_dir if missing (mode 0700; as root, its parents 0755) and,

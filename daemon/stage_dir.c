@@ -4,9 +4,8 @@
  * stage_open_dir), which copy of it a path lies in (stage_dir_of), the
  * token of this process's temporary copies (stage_token), removing copies
  * (stage_remove() and stage_remove_until_stop() on the caller's thread,
- * stage_remove_later() and stage_remove_later_until_stop() on libuv's work
- * queue, and stage_remove_at(), through
- * which stage.c's failed staging removes its temporary copy too) and
+ * stage_remove_later() on libuv's work queue, and stage_remove_at(),
+ * through which stage.c's failed staging removes its temporary copy too) and
  * sweeping what earlier processes left (stage_sweep()). Copying is
  * stage.c's.
  *
@@ -283,13 +282,27 @@ remove_after(uv_work_t *w, int status)
 	free(rw);
 }
 
+/* Whether the copy dir lies directly in stage_dir (both resolved paths,
+ * as registry_set_stage_dir and the copies made from it are). */
+static bool
+directly_in(const char *stage_dir, const char *dir)
+{
+	char *parent = path_dir(dir);
+	bool in = parent != NULL && stage_dir != NULL && strcmp(parent, stage_dir) == 0;
+
+	free(parent);
+	return in;
+}
+
 void
-stage_remove_later_until_stop(uv_loop_t *loop, char *dir, const int *stop)
+stage_remove_later(uv_loop_t *loop, char *dir, const int *stop, const char *swept)
 {
 	struct remove_work *rw, now = { .dir = dir, .stop = stop };
 
 	if (dir == NULL)
 		return;
+	if (stop != NULL && !directly_in(swept, dir))
+		now.stop = NULL;
 	if ((rw = calloc(1, sizeof(*rw))) != NULL) {
 		*rw = now;
 		rw->work.data = rw;
@@ -302,12 +315,6 @@ stage_remove_later_until_stop(uv_loop_t *loop, char *dir, const int *stop)
 	remove_run(&now.work);
 	remove_report(&now);
 	free(dir);
-}
-
-void
-stage_remove_later(uv_loop_t *loop, char *dir)
-{
-	stage_remove_later_until_stop(loop, dir, NULL);
 }
 
 /* This process's token (stage_token), made once. */

@@ -482,6 +482,43 @@ test_a_stop_ends_the_sweep_within_a_copy(void **state)
 		"the next start removes what is left", 1);
 }
 
+/* m loaded and staged (load_staged), and three more files written into
+ * its copy (five entries with its marker and model): the copy's path. */
+static char *
+staged_copy_of_m(struct sweep_fixture *f)
+{
+	char *copy;
+
+	load_staged(f);
+	du_run_until(f->t, answered, f);
+	assert_int_equal(f->status, 0);
+	copy = strdup(du_current(f->t, "m")->staged.dir);
+	assert_non_null(copy);
+	free(tu_write(copy, "extra-1.safetensors", "abc", 3));
+	free(tu_write(copy, "extra-2.safetensors", "abc", 3));
+	free(tu_write(copy, "extra-3.safetensors", "abc", 3));
+	assert_int_equal(tu_count_entries(copy), 5);
+	return copy;
+}
+
+/* Logging (du_log_start), m is unloaded and wcached stops while the
+ * removal of its copy holds at its first file; then the loop runs out:
+ * closed, the registry holds no handle, so it ends once the work queue
+ * has (as in du_teardown), the removal included. */
+static void
+unload_stopping_at_the_first_file(struct sweep_fixture *f)
+{
+	du_log_start(f->t);
+	atomic_store(&gate_first_file, true);
+	set_gate(true);
+	assert_int_equal(registry_unload(&f->t->reg, "m"), 0);
+	wait_at_gate();
+	registry_close(&f->t->reg);
+	set_gate(false);
+	while (uv_run(&f->t->loop, UV_RUN_DEFAULT) != 0)
+		;
+}
+
 /*
  * m's generation closes while it serves (m unloaded) and its staged copy,
  * five files, is removed; wcached stops while the first file's unlink
@@ -497,30 +534,39 @@ test_a_stop_ends_the_removal_of_a_closed_generations_copy(void **state)
 	struct sweep_fixture *f = *state;
 	char *copy;
 
-	load_staged(f);
-	du_run_until(f->t, answered, f);
-	assert_int_equal(f->status, 0);
-	copy = strdup(du_current(f->t, "m")->staged.dir);
-	assert_non_null(copy);
-	free(tu_write(copy, "extra-1.safetensors", "abc", 3));
-	free(tu_write(copy, "extra-2.safetensors", "abc", 3));
-	free(tu_write(copy, "extra-3.safetensors", "abc", 3));
-	assert_int_equal(tu_count_entries(copy), 5);
-	du_log_start(f->t);
-	atomic_store(&gate_first_file, true);
-	set_gate(true);
-	assert_int_equal(registry_unload(&f->t->reg, "m"), 0);
-	wait_at_gate();
-	registry_close(&f->t->reg);
-	set_gate(false);
-	/* Closed, the registry holds no handle: the loop ends once the work
-	 * queue has (as in du_teardown), the removal included. */
-	while (uv_run(&f->t->loop, UV_RUN_DEFAULT) != 0)
-		;
+	copy = staged_copy_of_m(f);
+	unload_stopping_at_the_first_file(f);
 	/* The marker and the three files it had not reached; the sweep
 	 * removes it with the fixture's leftover. */
 	cut_short_then_swept(f, copy, 4, "its removal stopped as wcached stops: the next "
 		"start removes what is left", 2);
+	free(copy);
+}
+
+/*
+ * stage_dir changed (a configuration reload) since m's copy was made: a
+ * stop during that copy's removal does not end it, since the next start
+ * sweeps only the stage_dir configured now and would never remove what the
+ * stop left in the old one. The copy is removed whole, as before the stop
+ * could cut removals short.
+ */
+static void
+test_a_copy_outside_the_configured_stage_dir_is_removed_whole(void **state)
+{
+	struct sweep_fixture *f = *state;
+	char *copy, *other, *log;
+
+	copy = staged_copy_of_m(f);
+	other = path_join(f->t->dir, "other-stage");
+	assert_non_null(other);
+	assert_int_equal(mkdir(other, 0700), 0);
+	assert_int_equal(registry_set_stage_dir(&f->t->reg, other), 0);
+	unload_stopping_at_the_first_file(f);
+	log = du_log_stop(f->t);
+	assert_int_equal(tu_count_entries(copy), -1);
+	assert_null(strstr(log, "its removal stopped"));
+	free(log);
+	free(other);
 	free(copy);
 }
 
@@ -710,6 +756,9 @@ main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(
 			test_a_stop_ends_the_removal_of_a_closed_generations_copy, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_a_copy_outside_the_configured_stage_dir_is_removed_whole, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(
 			test_a_stop_ends_the_removal_of_a_copy_that_failed_validation, setup,
 			teardown),
