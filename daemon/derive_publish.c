@@ -61,7 +61,7 @@ struct derive_check {
 	int index_fd;
 	const uint8_t *index;
 	int err;
-	char why[1024];
+	char why[ERROR_MAX];
 };
 
 /* Seals fd for good: 0, or -errno with why. */

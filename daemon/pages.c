@@ -48,7 +48,7 @@ struct page_work {
 	int relocked;
 	struct metadata_lock lock;
 	int check_err;
-	char message[512];
+	char message[ERROR_MAX];
 	int stopped;            /* the daemon began to stop: not every page mapped */
 	int written;            /* PAGE_CHECK: file `changed` was written in place */
 	size_t changed;

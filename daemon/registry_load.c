@@ -51,7 +51,7 @@ struct load_request {
 	const uint8_t *index;
 	size_t index_size;
 	int status;
-	char message[1024];
+	char message[ERROR_MAX];
 	registry_done_fn done;
 	void *arg;
 	/* Staging (stage.h): the source's filesystem (the first remote one),

@@ -34,7 +34,7 @@ struct registry_sweep {
 	size_t nkeep;
 	unsigned removed;
 	int err;
-	char message[1024];
+	char message[ERROR_MAX];
 	struct load_request *held; /* stagings waiting for it, in the order queued */
 	struct load_request **held_tail;
 };

@@ -262,7 +262,7 @@ struct reload_read {
 	struct workq_job job;
 	struct daemon *d;
 	struct config *cfg;       /* what was read; NULL when it failed */
-	char message[1024];       /* why it failed */
+	char message[ERROR_MAX];       /* why it failed */
 	struct reload_waiter *waiters; /* to answer; none for SIGHUP */
 	struct reload_waiter **waiters_tail;
 	struct reload_read *next; /* waiting behind this one */

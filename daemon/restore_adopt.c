@@ -51,7 +51,7 @@ stored_generation(struct registry *r, const char *name, uint64_t number,
 		return NULL;
 	}
 	if (opened && gen_open_served(src, &served) < 0) {
-		char why[512];
+		char why[ERROR_MAX];
 
 		snprintf(why, sizeof(why), "%s", error_get());
 		munmap(map, index_size);
@@ -60,7 +60,7 @@ stored_generation(struct registry *r, const char *name, uint64_t number,
 	}
 	g = gen_new(r, name, number, src, served, index_fd, map, index_size);
 	if (g == NULL) {
-		char why[512];
+		char why[ERROR_MAX];
 		int e = errno;
 
 		snprintf(why, sizeof(why), "%s", error_get());

@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <sys/stat.h>
 
+#include "base/error.h"
 #include "format/source.h"
 #include "fstype.h"
 
@@ -138,7 +139,7 @@ struct restore_prepared {
 	const char *copy_dir;     /* its staged copy's directory (the restore's), or NULL */
 	/* Filled by restore_check_generation(). */
 	int err;                  /* 0, or -errno with why */
-	char why[512];
+	char why[ERROR_MAX];
 	struct model_source src;  /* its files own the descriptors they took */
 	int *served;              /* gen_open_served() */
 	struct gen_origin *origin; /* per file when staged copies, else NULL */

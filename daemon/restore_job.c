@@ -50,7 +50,7 @@ struct restore_artifact {
 	size_t index_at;
 	/* Filled by check_artifact(). */
 	int err;                          /* 0, or -errno with why */
-	char why[512];
+	char why[ERROR_MAX];
 	struct model_source src;          /* its memfd, opened by its reader */
 };
 
@@ -555,7 +555,7 @@ queue_check(struct restore *s, struct registry *r, size_t model,
 	}
 	if (err < 0) {
 		/* The caller logs why: kept across what giving back may say. */
-		char why[512];
+		char why[ERROR_MAX];
 
 		snprintf(why, sizeof(why), "%s", error_get());
 		for (size_t i = 0; i < j->n; i++)

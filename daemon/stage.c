@@ -458,7 +458,7 @@ check_index_names(const struct stage_request *req, const struct stage_file *f)
 	if (file_read_exact(f->in, f->src, "shard index", 0, (uint64_t)f->st.st_size, 1,
 		    STAGE_MAX_INDEX, &json) < 0 ||
 		shards_parse_index(f->src, (const char *)json, (size_t)f->st.st_size, &m) < 0) {
-		char why[512];
+		char why[ERROR_MAX];
 
 		snprintf(why, sizeof(why), "%s", error_get());
 		free(json);
@@ -761,8 +761,10 @@ stage_copy(struct stage_request *req)
 		 * fails the copy's validation and throws it away. */
 		path = is_dir ? strdup(dir) : path_join(dir, file_basename(req->model_path));
 		if (path == NULL) {
+			/* Removed before the message is set, which the removal's
+			 * own would replace; a stop ends it as any removal. */
+			(void)stage_remove_until_stop(dir, req->cancel);
 			err = error_set(-ENOMEM, "out of memory");
-			(void)stage_remove(dir);
 			free(dir);
 			dir = NULL;
 		}

@@ -247,7 +247,7 @@ struct remove_work {
 	char *dir;
 	const int *stop;
 	int err;
-	char message[512];
+	char message[ERROR_MAX];
 };
 
 /* Logs how rw's removal ended: removed (debug), stopped, or failed. */
