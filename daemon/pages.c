@@ -5,6 +5,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -501,22 +502,28 @@ page_work_after(struct workq_job *w, int status)
 
 /*
  * The last operation queued on g, when it is not the first (that one was
- * handed to the work queue and may have started) and would do what op
- * asks: the same operation, reported the same way, on the same pages,
- * from what g is when it starts. A restore check and the evict that a
- * warm-up's readahead settles are never asked twice.
+ * handed to the work queue and may have started) and op may take its
+ * place, reported the same way (same hooks): the same operation, on the
+ * same pages, from what g is when it starts; or a pin where an unpin
+ * waits, or the reverse: the model's pin mode was set when each was asked,
+ * and only the newest is what the pages must end as (an unpin then a pin
+ * of pages the running pin locked would unlock every page only to lock it
+ * again). A restore check and the evict that a warm-up's readahead
+ * settles are never asked twice.
  */
 static struct page_work *
 same_waiting(struct generation *g, enum page_op op, const struct pages_hooks *hooks)
 {
 	struct page_work *last = g->page_queue;
+	bool pins = op == PAGE_PIN || op == PAGE_UNPIN;
 
-	if (op != PAGE_PIN && op != PAGE_UNPIN && op != PAGE_EVICT && op != PAGE_CHECK &&
-		op != PAGE_POPULATE)
+	if (!pins && op != PAGE_EVICT && op != PAGE_CHECK && op != PAGE_POPULATE)
 		return NULL;
 	while (last != NULL && last->next != NULL)
 		last = last->next;
-	if (last == NULL || last == g->page_queue || last->op != op || last->hooks != hooks)
+	if (last == NULL || last == g->page_queue || last->hooks != hooks)
+		return NULL;
+	if (last->op != op && !(pins && (last->op == PAGE_PIN || last->op == PAGE_UNPIN)))
 		return NULL;
 	return last;
 }
@@ -530,11 +537,13 @@ pages_queue(struct registry *r, struct generation *g, enum page_op op,
 		g->model != NULL && g->model->pin != PIN_NONE;
 
 	/* Asked again before its turn came (`timeout 1 wcachectl pin x` in a
-	 * loop, evicts piling up behind a pin reading a slow mount): the one
-	 * waiting does it, as the model is now. Each ran in turn before, a pin
-	 * walking every page of a locked model again; whoever waits for the
-	 * model's page work (registry_pages_wait) is answered as before. */
+	 * loop, evicts piling up behind a pin reading a slow mount, pins and
+	 * unpins in turn): the one waiting does it, as the model is now. Each
+	 * ran in turn before, a pin walking every page of a locked model
+	 * again; whoever waits for the model's page work (registry_pages_wait)
+	 * is answered as before. */
 	if ((p = same_waiting(g, op, hooks)) != NULL) {
+		p->op = op;
 		p->pin_metadata = pin_metadata;
 		return;
 	}

@@ -647,6 +647,17 @@ test_unloaded_waiting_load_answered_on_the_loop(void **state)
 	free(a);
 }
 
+/* m, a 64 KiB model (*path, malloc'd), loaded with pin = metadata and
+ * settled: its current generation. */
+static struct generation *
+settled_model(struct du *t, char **path)
+{
+	*path = du_model(t, "m.safetensors", (size_t)64 * 1024);
+	assert_int_equal(du_load(t, "m", *path, PIN_METADATA, 0), 0);
+	du_settle(t);
+	return du_current(t, "m");
+}
+
 /* A page operation asked again while the same one still waits its turn
  * behind the running one (a pin reading a slow mount; departed `timeout 1
  * wcachectl pin x` or `evict x` in a loop) is that operation: before, each
@@ -656,15 +667,12 @@ static void
 test_page_operation_asked_again_runs_once(void **state)
 {
 	struct du *t = *state;
-	char *path = du_model(t, "m.safetensors", (size_t)64 * 1024);
-	struct generation *g;
+	char *path;
+	struct generation *g = settled_model(t, &path);
 	/* On the heap, as in the tests above. */
 	struct answer *a = calloc(2, sizeof(*a));
 
 	assert_non_null(a);
-	assert_int_equal(du_load(t, "m", path, PIN_METADATA, 0), 0);
-	du_settle(t);
-	g = du_current(t, "m");
 	/* The loop does not run until du_settle: the first pin runs (or has
 	 * run, unreported) meanwhile, the rest wait their turn. */
 	for (int i = 0; i < 10; i++)
@@ -674,14 +682,57 @@ test_page_operation_asked_again_runs_once(void **state)
 	for (int i = 0; i < 10; i++)
 		assert_int_equal(registry_evict(&t->reg, "m"), 0);
 	assert_int_equal(registry_pages_wait(&t->reg, "m", answer_done, &a[1]), 0);
-	/* The running pin, one more, the unpin, one evict (before: 21). */
-	assert_int_equal(g->ops_pending, 4);
+	/* The running pin, one more that the unpin took over (the pins and
+	 * unpins in turn below), one evict (before: 21). */
+	assert_int_equal(g->ops_pending, 3);
 	du_settle(t);
 	assert_int_equal(a[0].calls, 1);
 	assert_int_equal(a[0].status, 0);
 	assert_int_equal(a[1].calls, 1);
 	assert_int_equal(a[1].status, 0);
 	assert_int_equal(g->state, GEN_COLD);
+	assert_int_equal(g->pinned, PIN_METADATA);
+	free(a);
+	free(path);
+}
+
+/*
+ * Pins and unpins asked in turn while the first still runs (departed
+ * `timeout 1 wcachectl pin x` and `unpin x` in a loop): the one waiting
+ * becomes the newest of them, since the model's pin mode was set when each
+ * was asked and the pages need only end as the last says. Before, each
+ * queued one more pass over every page (an unpin then a pin of a locked
+ * 100 GiB model: two, about 7 s each), without bound.
+ */
+static void
+test_pins_and_unpins_in_turn_run_as_the_last(void **state)
+{
+	struct du *t = *state;
+	char *path;
+	struct generation *g = settled_model(t, &path);
+	struct answer *a = calloc(1, sizeof(*a));
+
+	assert_non_null(a);
+	for (int i = 0; i < 10; i++) {
+		assert_int_equal(registry_pin(&t->reg, "m", PIN_ALL), 0);
+		assert_int_equal(registry_pin(&t->reg, "m", PIN_METADATA), 0);
+	}
+	assert_int_equal(registry_pin(&t->reg, "m", PIN_ALL), 0);
+	assert_int_equal(registry_pages_wait(&t->reg, "m", answer_done, &a[0]), 0);
+	/* The running pin and one waiting (before: 21). */
+	assert_int_equal(g->ops_pending, 2);
+	du_settle(t);
+	assert_int_equal(a[0].calls, 1);
+	assert_int_equal(a[0].status, 0);
+	assert_int_equal(g->pinned, PIN_ALL);
+	/* The reverse: ends unpinned, the metadata still locked. */
+	for (int i = 0; i < 10; i++) {
+		assert_int_equal(registry_pin(&t->reg, "m", PIN_METADATA), 0);
+		assert_int_equal(registry_pin(&t->reg, "m", PIN_ALL), 0);
+	}
+	assert_int_equal(registry_pin(&t->reg, "m", PIN_METADATA), 0);
+	assert_int_equal(g->ops_pending, 2);
+	du_settle(t);
 	assert_int_equal(g->pinned, PIN_METADATA);
 	free(a);
 	free(path);
@@ -707,6 +758,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_superseded_waiting_load_answered_on_the_loop,
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unloaded_waiting_load_answered_on_the_loop,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(test_pins_and_unpins_in_turn_run_as_the_last,
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(test_page_operation_asked_again_runs_once,
 			setup, teardown),
