@@ -441,7 +441,11 @@ progress_stop(struct progress *p)
 
 /* ---- the command ------------------------------------------------------------- */
 
-/* "wrote OUT: weig, 291 tensors, 1.5 GiB in 6.8 s (236 MB/s)" */
+/*
+ * "wrote OUT: WEIG, 291 tensors, 1.5 GiB in 6.8 s (236 MB/s)" on stdout; on
+ * stderr, and without the size it cannot know, for an OUT written into (a
+ * FIFO or a device: /dev/stdout piped on is the model's stream itself).
+ */
 static void
 print_summary(const char *out, enum writer_format fmt, const struct model_source *src,
 	double seconds)
@@ -449,16 +453,26 @@ print_summary(const char *out, enum writer_format fmt, const struct model_source
 	struct index_header h;
 	struct stat st;
 	char size[32], tensors[48] = "";
+	const char *kind = fmt == WRITER_WEIG ? "WEIG" : "safetensors";
 
 	if (src->index != NULL && index_open(src->index, src->index_len, &h) == 0)
 		snprintf(tensors, sizeof(tensors), " %" PRIu64 " tensor%s,", h.tensor_count,
 			h.tensor_count == 1 ? "" : "s");
-	if (stat(out, &st) < 0)
+	if (stat(out, &st) < 0) {
+		st.st_mode = S_IFREG;
 		st.st_size = 0;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		tensors[strcspn(tensors, ",")] = '\0';
+		fputs("wrote ", stderr);
+		escape_print(stderr, out);
+		fprintf(stderr, ": %s%s%s in %.1f s\n", kind, tensors[0] != '\0' ? "," : "",
+			tensors, seconds);
+		return;
+	}
 	printf("wrote ");
 	escape_print(stdout, out);
-	printf(": %s,%s %s in %.1f s (%.0f MB/s)\n",
-		fmt == WRITER_WEIG ? "WEIG" : "safetensors", tensors,
+	printf(": %s,%s %s in %.1f s (%.0f MB/s)\n", kind, tensors,
 		human((uint64_t)st.st_size, size, sizeof(size)), seconds,
 		seconds > 0 ? (double)st.st_size / seconds / 1e6 : 0.0);
 }

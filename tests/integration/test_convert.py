@@ -496,6 +496,26 @@ def test_summary_line(ctl, tmp_path):
     assert " in " in r.stdout and "MB/s" in r.stdout
 
 
+def test_summary_of_a_stream_goes_to_stderr(ctl, tmp_path):
+    # OUT=/dev/stdout piped on is the model's stream itself: the summary
+    # there would end the file with bytes that belong to no tensor.
+    src = tmp_path / "m.safetensors"
+    write_safetensors(src, {"w": ("F32", [2], struct.pack("<2f", 1, 2))})
+    convert(ctl, str(src), str(tmp_path / "file.weig"))
+    for to in ("weig", "safetensors"):
+        r = subprocess.run([ctl, "convert", "--to", to, str(src), "/dev/stdout"],
+                           capture_output=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert r.stderr.decode() == f"wrote /dev/stdout: {'WEIG' if to == 'weig' else to}, " \
+            f"1 tensor in {r.stderr.decode().split(' in ')[1]}"
+        piped = tmp_path / f"piped.{to}"
+        piped.write_bytes(r.stdout)
+        if to == "weig":
+            assert r.stdout == (tmp_path / "file.weig").read_bytes()
+        info = inspect(ctl, piped)
+        assert [t["name"] for t in info["tensors"]] == ["w"], info
+
+
 def test_failures_leave_no_output(ctl, tmp_path):
     # Missing input.
     r = run(ctl, "convert", str(tmp_path / "missing.safetensors"), str(tmp_path / "out.weig"))
