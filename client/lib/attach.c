@@ -157,6 +157,7 @@ wc_attach(wc_client *c, const char *model, wc_model **out)
 	size_t nfds = 0, len;
 	struct wire_message msg;
 	struct attach_record *a;
+	struct attach_grant grant;
 	ssize_t n;
 	int r, unusable;
 
@@ -181,11 +182,15 @@ wc_attach(wc_client *c, const char *model, wc_model **out)
 		free(a);
 		return (int)n;
 	}
-	r = attach_reply(model, c->where, buf, (size_t)n, fds, nfds, &c->cache, &unusable,
-		&a->am);
+	r = attach_reply_grant(ATTACH_REQUEST_ATTACH, model, NULL, c->where, buf, (size_t)n, fds,
+		nfds, &c->cache, &unusable, &a->am, &grant);
 	if (unusable)
 		shutdown(c->fd, SHUT_RDWR); /* a reply we cannot use: not wcached */
 	if (r < 0) {
+		/* The daemon attached what could not be mapped here: it would
+		 * count that attach for as long as the connection stays. */
+		if (grant.granted)
+			request_send_release(c, grant.handle);
 		pthread_mutex_unlock(&c->lock);
 		free(a);
 		return r;
@@ -288,12 +293,9 @@ attach_forget(wc_client *c, struct attach_record *a, uint64_t *connection)
 }
 
 /*
- * Tells the daemon with a RELEASE of seq 0, which it does not answer, so a
- * release costs one send and no wait for the daemon. A send that fails
- * (the daemon is gone, or wedged past the deadline) loses nothing the
- * worker needs: the daemon releases every attach of a connection when it
- * closes. Sent only when c is still on the connection the model was
- * attached over. A model attached over a connection that has since been
+ * Tells the daemon (request_send_release(): one send, no wait for the
+ * daemon), only when c is still on the connection the model was attached
+ * over. A model attached over a connection that has since been
  * replaced (the daemon restarted): its handle meant nothing to the new
  * daemon, and the old one released it when the connection closed. Checked
  * here, under the lock, because another thread may reconnect between
@@ -302,15 +304,11 @@ attach_forget(wc_client *c, struct attach_record *a, uint64_t *connection)
 static void
 attach_send_release(wc_client *c, uint64_t handle, uint64_t connection)
 {
-	uint8_t req[64];
-	ssize_t n;
-
 	if (c == NULL || handle == 0)
 		return;
 	pthread_mutex_lock(&c->lock);
-	n = c->connection == connection ? wire_put_release(req, sizeof(req), 0, handle) : -1;
-	if (n >= 0)
-		(void)fdp_send(c->fd, req, (size_t)n, NULL, 0);
+	if (c->connection == connection)
+		request_send_release(c, handle);
 	pthread_mutex_unlock(&c->lock);
 }
 

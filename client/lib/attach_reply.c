@@ -321,9 +321,10 @@ fail:
 }
 
 int
-attach_reply_to(enum attach_request req, const char *name, const char *key, const char *where,
-	const uint8_t *buf, size_t len, int *fds, size_t nfds, struct attach_cache *cache,
-	int *unusable, struct attach_model *out, uint64_t *token)
+attach_reply_grant(enum attach_request req, const char *name, const char *key,
+	const char *where, const uint8_t *buf, size_t len, int *fds, size_t nfds,
+	struct attach_cache *cache, int *unusable, struct attach_model *out,
+	struct attach_grant *grant)
 {
 	struct wire_message msg;
 	struct wire_attach_ok ok;
@@ -334,6 +335,7 @@ attach_reply_to(enum attach_request req, const char *name, const char *key, cons
 	int r, is_build;
 
 	*unusable = 1;
+	memset(grant, 0, sizeof(*grant));
 	if (key == NULL || req == ATTACH_REQUEST_ATTACH) {
 		snprintf(what, sizeof(what), "model \"%s\"", name);
 		snprintf(model, sizeof(model), "%s", name);
@@ -378,15 +380,32 @@ attach_reply_to(enum attach_request req, const char *name, const char *key, cons
 	if (r < 0 || a.model == NULL) {
 		r = r < 0 ? r : -EIO;
 		*unusable = r == -EBADMSG; /* not a reply from wcached */
-		return r;
+	} else {
+		*unusable = 0;
 	}
-	*unusable = 0;
+	if (!*unusable)
+		*grant = (struct attach_grant){ .granted = 1, .build = is_build,
+			.handle = ok.handle, .token = build_token };
+	if (r < 0)
+		return r;
 	a.model->generation = ok.generation;
 	a.handle = ok.handle;
 	*out = a;
-	if (is_build)
-		*token = build_token;
 	return is_build;
+}
+
+int
+attach_reply_to(enum attach_request req, const char *name, const char *key, const char *where,
+	const uint8_t *buf, size_t len, int *fds, size_t nfds, struct attach_cache *cache,
+	int *unusable, struct attach_model *out, uint64_t *token)
+{
+	struct attach_grant grant;
+	int r = attach_reply_grant(req, name, key, where, buf, len, fds, nfds, cache, unusable,
+		out, &grant);
+
+	if (r == 1 && token != NULL)
+		*token = grant.token;
+	return r;
 }
 
 int

@@ -94,6 +94,22 @@ enum attach_request {
 };
 
 /*
+ * What a reply granted: set whenever it was a valid ATTACH_OK or BUILD on a
+ * connection that stays usable, whether or not a model could then be made
+ * of it. A mapping this process cannot make (mmap's ENOMEM under
+ * RLIMIT_AS, out of memory, a failing fcntl) fails the call, but the
+ * daemon has made the attach (handle), and for a BUILD has made this
+ * process the builder (token): the caller, which keeps the connection,
+ * abandons the build and releases the attach.
+ */
+struct attach_grant {
+	int granted;     /* 0: nothing to undo (the other fields are 0) */
+	int build;       /* a BUILD: token names the build */
+	uint64_t handle; /* the attach the daemon counts, for RELEASE */
+	uint64_t token;
+};
+
+/*
  * attach_reply() for the reply to req. key (NULL for ATTACH) names the
  * derived artifact in messages and in the model's name ("NAME [KEY]").
  * Returns 0 when *out is the model or artifact asked for; 1 for a BUILD
@@ -105,6 +121,13 @@ enum attach_request {
 int attach_reply_to(enum attach_request req, const char *name, const char *key, const char *where,
 	const uint8_t *buf, size_t len, int *fds, size_t nfds, struct attach_cache *cache,
 	int *unusable, struct attach_model *out, uint64_t *token);
+
+/* attach_reply_to(), saying in *grant what the reply granted (above); the
+ * token of a BUILD is grant->token. */
+int attach_reply_grant(enum attach_request req, const char *name, const char *key,
+	const char *where, const uint8_t *buf, size_t len, int *fds, size_t nfds,
+	struct attach_cache *cache, int *unusable, struct attach_model *out,
+	struct attach_grant *grant);
 
 /* Frees the model (model_free(): its files are unmapped first), then drops
  * its index and status page references; zeroes a; safe on a zeroed one. */

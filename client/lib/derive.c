@@ -17,7 +17,9 @@
  * publication that fails here, before PUBLISH is sent (a tensor the writer
  * refuses, a descriptor that is not a memfd), abandons the build with the
  * reason, so that the waiters learn it at once rather than at the
- * daemon's derive_timeout.
+ * daemon's derive_timeout. So is a BUILD whose source cannot be mapped
+ * here, which the caller never sees as a build (undo_grant()): the
+ * attach it made is released, as an artifact's that cannot be mapped.
  *
  * Layering: the top of libwcache's request path (model.c < attach_reply.c
  * < attach.c < derive.c): requests go through attach.h, replies through
@@ -99,6 +101,69 @@ build_end(wc_build *b)
 	build_free(b);
 }
 
+/* Sends ABANDON of the build token of name and key, and reads its answer;
+ * the lock is held. Failures only set the message: the build ends anyway. */
+static int
+abandon_send(wc_client *c, uint64_t token, const char *name, const char *key,
+	const char *reason)
+{
+	uint8_t req[WIRE_MAX_MESSAGE], buf[WIRE_MAX_MESSAGE];
+	int fds[WIRE_MAX_FDS];
+	size_t nfds = 0;
+	struct wire_message msg;
+	int32_t code;
+	const char *text;
+	size_t tlen;
+	uint32_t seq = request_next_seq(c);
+	ssize_t n = wire_put_abandon(req, sizeof(req), seq, token, reason);
+
+	if (n < 0)
+		return error_set((int)n, "model \"%s\", key \"%s\": cannot encode ABANDON", name,
+			key);
+	n = request_exchange(c, req, (size_t)n, seq, -1, buf, sizeof(buf), fds, &nfds, &msg);
+	if (n < 0)
+		return (int)n;
+	if (nfds == 0 && msg.h.type == WIRE_RELEASE_OK && msg.h.length == 0)
+		return 0;
+	if (nfds == 0 && msg.h.type == WIRE_ERROR &&
+		wire_get_error(&msg, &code, &text, &tlen) == 0)
+		return error_set(-code, "model \"%s\", key \"%s\": abandoning the build: %.*s (%s)",
+			name, key, (int)tlen, text, c->where);
+	fdp_close_all(fds, nfds);
+	shutdown(c->fd, SHUT_RDWR); /* not an answer to ABANDON: out of step */
+	return error_set(-EBADMSG, "model \"%s\", key \"%s\": unexpected reply to ABANDON from "
+		"%s", name, key, c->where);
+}
+
+/*
+ * Undoes what a reply granted when no model could be made of it (a
+ * mapping that failed here: attach_reply.h, struct attach_grant), on the
+ * connection it came over, which stays: a BUILD is abandoned first, with
+ * the failure (wc_errmsg()'s message) in the reason, so that the
+ * workers waiting for the key learn it now rather than at the daemon's
+ * derive_timeout; then the attach is released, which the daemon would
+ * otherwise count until the connection closes. The failure's message
+ * stays wc_errmsg()'s. The lock is held.
+ */
+static void
+undo_grant(wc_client *c, const struct attach_grant *grant, const char *name, const char *key)
+{
+	char why[ERROR_MAX];
+
+	snprintf(why, sizeof(why), "%s", error_get());
+	if (grant->build) {
+		char reason[WIRE_MAX_REASON + 1];
+
+		/* Cut at the wire's limit, as any reason. */
+		if (snprintf(reason, sizeof(reason), "the builder could not map the source: %s",
+			why) < 0)
+			reason[0] = '\0';
+		(void)abandon_send(c, grant->token, name, key, reason);
+	}
+	request_send_release(c, grant->handle);
+	error_format("%s", why);
+}
+
 int
 wc_derive(wc_client *c, const char *model, const char *key, wc_model **out, wc_build **build)
 {
@@ -108,8 +173,8 @@ wc_derive(wc_client *c, const char *model, const char *key, wc_model **out, wc_b
 	size_t nfds = 0, len;
 	struct wire_message msg;
 	struct attach_record *a;
+	struct attach_grant grant = { 0 };
 	wc_build *b;
-	uint64_t token = 0;
 	ssize_t n;
 	int r, unusable;
 
@@ -139,11 +204,13 @@ wc_derive(wc_client *c, const char *model, const char *key, wc_model **out, wc_b
 
 	pthread_mutex_lock(&c->lock);
 	n = request_call(c, put_derive, &q, DERIVE_GRACE_MS, buf, sizeof(buf), fds, &nfds, &msg);
-	r = n < 0 ? (int)n : attach_reply_to(ATTACH_REQUEST_DERIVE, model, key, c->where, buf,
-		(size_t)n, fds, nfds, &c->cache, &unusable, &a->am, &token);
+	r = n < 0 ? (int)n : attach_reply_grant(ATTACH_REQUEST_DERIVE, model, key, c->where, buf,
+		(size_t)n, fds, nfds, &c->cache, &unusable, &a->am, &grant);
 	if (n >= 0 && unusable)
 		shutdown(c->fd, SHUT_RDWR); /* a reply we cannot use: not wcached */
 	if (r < 0) {
+		if (grant.granted)
+			undo_grant(c, &grant, model, key);
 		pthread_mutex_unlock(&c->lock);
 		free(a);
 		build_free(b);
@@ -160,7 +227,7 @@ wc_derive(wc_client *c, const char *model, const char *key, wc_model **out, wc_b
 	attach_keep(c, a, ATTACH_KIND_GENERATION);
 	b->source = a;
 	b->connection = c->connection;
-	b->token = token;
+	b->token = grant.token;
 	pthread_mutex_unlock(&c->lock);
 	*build = b;
 	return 1;
@@ -224,38 +291,6 @@ build_client_done(wc_client *c)
 	attach_client_put(c);
 }
 
-/* Sends ABANDON and reads its answer; the lock is held. Failures only set
- * the message: the build ends anyway. */
-static int
-abandon_send(wc_client *c, const wc_build *b, const char *reason)
-{
-	uint8_t req[WIRE_MAX_MESSAGE], buf[WIRE_MAX_MESSAGE];
-	int fds[WIRE_MAX_FDS];
-	size_t nfds = 0;
-	struct wire_message msg;
-	int32_t code;
-	const char *text;
-	size_t tlen;
-	uint32_t seq = request_next_seq(c);
-	ssize_t n = wire_put_abandon(req, sizeof(req), seq, b->token, reason);
-
-	if (n < 0)
-		return error_set((int)n, "model \"%s\", key \"%s\": cannot encode ABANDON", b->name,
-			b->key);
-	n = request_exchange(c, req, (size_t)n, seq, -1, buf, sizeof(buf), fds, &nfds, &msg);
-	if (n < 0)
-		return (int)n;
-	if (nfds == 0 && msg.h.type == WIRE_RELEASE_OK && msg.h.length == 0)
-		return 0;
-	if (nfds == 0 && msg.h.type == WIRE_ERROR &&
-		wire_get_error(&msg, &code, &text, &tlen) == 0)
-		return error_set(-code, "model \"%s\", key \"%s\": abandoning the build: %.*s (%s)",
-			b->name, b->key, (int)tlen, text, c->where);
-	fdp_close_all(fds, nfds);
-	shutdown(c->fd, SHUT_RDWR); /* not an answer to ABANDON: out of step */
-	return error_set(-EBADMSG, "model \"%s\", key \"%s\": unexpected reply to ABANDON from "
-		"%s", b->name, b->key, c->where);
-}
 
 void
 wc_build_abandon(wc_build *b, const char *reason)
@@ -266,7 +301,7 @@ wc_build_abandon(wc_build *b, const char *reason)
 	if (b == NULL)
 		return;
 	if ((c = build_client(b, "abandon the build", &err)) != NULL) {
-		(void)abandon_send(c, b, reason != NULL ? reason : "");
+		(void)abandon_send(c, b->token, b->name, b->key, reason != NULL ? reason : "");
 		build_client_done(c);
 	}
 	build_end(b);
@@ -308,6 +343,7 @@ wc_build_publish_fd(wc_build *b, int memfd, wc_model **out)
 	size_t nfds = 0;
 	struct wire_message msg;
 	struct attach_record *a;
+	struct attach_grant grant = { 0 };
 	wc_client *c = NULL;
 	uint32_t seq;
 	ssize_t n;
@@ -332,10 +368,12 @@ wc_build_publish_fd(wc_build *b, int memfd, wc_model **out)
 	if ((n = wire_put_publish(req, sizeof(req), seq, b->token)) >= 0)
 		n = request_exchange(c, req, (size_t)n, seq, memfd, buf, sizeof(buf), fds, &nfds,
 			&msg);
-	r = n < 0 ? (int)n : attach_reply_to(ATTACH_REQUEST_PUBLISH, b->name, b->key, c->where,
-		buf, (size_t)n, fds, nfds, &c->cache, &unusable, &a->am, NULL);
+	r = n < 0 ? (int)n : attach_reply_grant(ATTACH_REQUEST_PUBLISH, b->name, b->key,
+		c->where, buf, (size_t)n, fds, nfds, &c->cache, &unusable, &a->am, &grant);
 	if (n >= 0 && unusable)
 		shutdown(c->fd, SHUT_RDWR);
+	if (r < 0 && grant.granted)
+		undo_grant(c, &grant, b->name, b->key);
 	if (r == 0)
 		attach_keep(c, a, ATTACH_KIND_DERIVED);
 	build_client_done(c);

@@ -416,6 +416,16 @@ reconnect(wc_client *c, int ms)
 	}
 }
 
+void
+request_send_release(wc_client *c, uint64_t handle)
+{
+	uint8_t req[WIRE_HEADER_SIZE + 8];
+	ssize_t n = wire_put_release(req, sizeof(req), 0, handle);
+
+	if (n >= 0)
+		(void)fdp_send(c->fd, req, (size_t)n, NULL, 0);
+}
+
 /* The next request's seq: counts from 1 and skips 0, which marks a
  * request that wants no reply. */
 uint32_t

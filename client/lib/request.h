@@ -32,6 +32,15 @@ int request_timeout_default(int *ms);
  */
 int request_open(const char *path, int ms, int *out);
 
+/*
+ * Sends RELEASE of handle with seq 0, which the daemon does not answer, on
+ * the connection as it is: a release costs one send and no wait for the
+ * daemon. A send that fails (the daemon is gone, or wedged past the
+ * deadline) loses nothing the worker needs: the daemon releases every
+ * attach of a connection when it closes.
+ */
+void request_send_release(wc_client *c, uint64_t handle);
+
 /* The next request's seq (never 0). */
 uint32_t request_next_seq(wc_client *c);
 

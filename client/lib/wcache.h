@@ -148,7 +148,10 @@ WC_EXPORT int wc_set_timeout(wc_client *c, int timeout_ms);
  * reconnect by hand. Models attached before keep working (their mappings
  * do not depend on the connection); their wc_release() only unmaps, since
  * the daemon that handed them out released them when the connection
- * closed. See proto/PROTOCOL.md, "Restarts". */
+ * closed. See proto/PROTOCOL.md, "Restarts".
+ *
+ * A model the daemon attached but this process cannot map (-ENOMEM, for
+ * one) is released at once: the daemon does not count it. */
 WC_EXPORT int wc_attach(wc_client *c, const char *model, wc_model **out);
 
 /* Ends the client: its connection closes once a release or a build's
@@ -183,6 +186,12 @@ WC_EXPORT void wc_disconnect(wc_client *c);
  * While another worker builds, the call waits for it up to the client's
  * deadline (wc_connect_timeout(), wc_set_timeout(); 0 waits as long as the
  * build takes). A dead connection is replaced once, as in wc_attach().
+ *
+ * When wcached makes this process the builder but the source cannot be
+ * mapped here (-ENOMEM under RLIMIT_AS, for one), the call abandons the
+ * build at once, the failure in its reason (the workers waiting for the
+ * key get -ECANCELED with it), releases the source and returns the
+ * failure; as wc_attach(), an artifact that cannot be mapped is released.
  */
 WC_EXPORT int wc_derive(wc_client *c, const char *model, const char *key, wc_model **out,
 	wc_build **build);

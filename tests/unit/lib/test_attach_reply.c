@@ -541,7 +541,9 @@ test_status_page_not_usable(void **state)
 /* ---- mmap failures ------------------------------------------------------ */
 
 /* Attaches with the Nth file-backed mmap() failing: index, a.bin, b.bin,
- * status page in that order. */
+ * status page in that order. The daemon's attach is released (before, it
+ * stayed counted until the connection closed, and after 4096 of them the
+ * daemon refused every attach on the connection). */
 static void
 attach_with_mmap_failing(struct fixture *f, int nth, const char *want)
 {
@@ -551,6 +553,11 @@ attach_with_mmap_failing(struct fixture *f, int nth, const char *want)
 	attach_fails(f, -ENOMEM, want);
 	fault.mmap_fail_at = 0;
 	assert_int_equal(fault.mmap_failed, nth);
+	/* The daemon made the attach: the client, which keeps the connection,
+	 * releases it (else it stays counted until the connection closes). */
+	assert_int_equal(f->fake.releases, 1);
+	assert_int_equal(f->fake.released_handle, HANDLE);
+	assert_int_equal(f->fake.released_seq, 0);
 }
 
 /* The second file fails to map: the first file and the index are
@@ -582,7 +589,7 @@ test_mmap_fails_on_index(void **state)
  * fcntl() with the command fcntl_cmd (unless 0), or the fstat() of the
  * inode fstat_ino (unless 0). The attach fails with the call's own error,
  * whose message holds want, and the connection stays: the next attach on
- * it works.
+ * it works. Both attaches are released.
  */
 static void
 attach_with_call_failing(struct fixture *f, int fcntl_cmd, ino_t fstat_ino, const char *want)
@@ -604,6 +611,9 @@ attach_with_call_failing(struct fixture *f, int fcntl_cmd, ino_t fstat_ino, cons
 	assert_int_equal(wc_attach(f->client, MODEL, &f->model), 0);
 	release_and_finish(f, before);
 	assert_int_equal(f->fake.accepted, 1);
+	/* The failed attach was released too, not only the good one. */
+	assert_int_equal(f->fake.attaches, 2);
+	assert_int_equal(f->fake.releases, 2);
 }
 
 /*

@@ -65,6 +65,39 @@ struct fixture {
 	wc_model *model;
 };
 
+/* ---- fault injection ---- */
+
+void *__real_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+	__attribute__((weak));
+void *__wrap_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off);
+
+/* > 0: the Nth file-backed mmap() from now on fails with ENOMEM (counted in
+ * mmap_calls; anonymous mappings, made by anything, are not counted). */
+static int mmap_fail_at, mmap_calls;
+
+void *
+__wrap_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+	if (mmap_fail_at > 0 && fd >= 0 && !(flags & MAP_ANONYMOUS) &&
+		++mmap_calls == mmap_fail_at) {
+		mmap_fail_at = 0;
+		errno = ENOMEM;
+		return MAP_FAILED;
+	}
+	return __real_mmap(addr, len, prot, flags, fd, off);
+}
+
+/* Arms __wrap_mmap to fail the nth file-backed mmap() from now on; skips
+ * the test in a build not linked with -Wl,--wrap=mmap. */
+static void
+fail_mmap(int nth)
+{
+	if (__real_mmap == NULL)
+		skip();
+	mmap_calls = 0;
+	mmap_fail_at = nth;
+}
+
 /* An index of one file called file, size bytes, with tensor "w" of dtype
  * [4, 8] at 0. */
 static void
@@ -591,6 +624,81 @@ test_abandon(void **state)
 	wc_build_abandon(NULL, "nothing"); /* NULL-safe */
 }
 
+/*
+ * The client cannot map the source a BUILD passed it (mmap fails with
+ * ENOMEM: RLIMIT_AS, vm.max_map_count): the daemon has made this process
+ * the builder and counts an attach of the source, and the caller gets no
+ * wc_build to end them with. The client abandons the build at once, with
+ * the failure in the reason (the workers waiting for the key learn it now,
+ * not at derive_timeout), and releases the source's attach; the
+ * connection stays: the next DERIVE works on it. Before, it sent neither:
+ * the build stayed this process's until it disconnected.
+ */
+static void
+test_build_source_unmappable_abandons(void **state)
+{
+	struct fixture *f = *state;
+	int before = tu_count_fds();
+	wc_build *b = NULL;
+	wc_model *m = NULL;
+
+	script_derive(f, REPLY_BUILD);
+	start(f, 5000);
+	fail_mmap(2); /* the index, then src.bin */
+	assert_error(wc_derive(f->client, MODEL, KEY, &m, &b), -ENOMEM,
+		MODEL ": src.bin: mmap: ");
+	assert_null(b);
+	assert_null(m);
+	assert_int_equal(mmap_fail_at, 0);
+	script_derive(f, REPLY_ATTACH_OK);
+	assert_int_equal(wc_derive(f->client, MODEL, KEY, &f->model, &b), 0);
+	wc_release(f->model);
+	f->model = NULL;
+	finish(f, before);
+	assert_int_equal(f->fake.derives, 2);
+	assert_int_equal(f->fake.abandons, 1);
+	assert_int_equal(f->fake.abandoned_token, TOKEN);
+	if (strstr(f->fake.reason, "could not map the source: " MODEL ": src.bin: mmap: ") ==
+		NULL)
+		fail_msg("reason \"%s\"", f->fake.reason);
+	/* The source, then the artifact. */
+	assert_int_equal(f->fake.releases, 2);
+	assert_int_equal(f->fake.released_seq, 0);
+}
+
+/* An artifact that cannot be mapped (DERIVE's ATTACH_OK, then PUBLISH's):
+ * its attach is released; the connection stays. Before, the daemon counted
+ * it until the connection closed. */
+static void
+test_artifact_unmappable_released(void **state)
+{
+	struct fixture *f = *state;
+	int before = tu_count_fds(), memfd;
+	wc_build *b = NULL;
+	wc_model *m = NULL;
+
+	start(f, 5000);
+	fail_mmap(2); /* the artifact's index, then the artifact */
+	assert_error(wc_derive(f->client, MODEL, KEY, &m, &b), -ENOMEM,
+		MODEL " [" KEY "]: artifact: mmap: ");
+	assert_int_equal(f->fake.derives, 1);
+	/* A BUILD, then the PUBLISH's ATTACH_OK that cannot be mapped. */
+	script_derive(f, REPLY_BUILD);
+	assert_int_equal(wc_derive(f->client, MODEL, KEY, &m, &b), 1);
+	memfd = memfd_create("wctest-artifact", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	assert_true(memfd >= 0);
+	fail_mmap(2);
+	assert_error(wc_build_publish_fd(b, memfd, &m), -ENOMEM,
+		MODEL " [" KEY "]: artifact: mmap: ");
+	close(memfd);
+	assert_null(m);
+	finish(f, before);
+	assert_int_equal(f->fake.publishes, 1);
+	assert_int_equal(f->fake.abandons, 0);
+	/* The artifact of DERIVE, the artifact of PUBLISH, the source. */
+	assert_int_equal(f->fake.releases, 3);
+}
+
 /* After wc_disconnect() the build cannot be published: an error, no crash,
  * nothing left. */
 static void
@@ -1026,6 +1134,10 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_publish_bad_tensor_abandons, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_publish_fd_not_memfd, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_abandon, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_build_source_unmappable_abandons, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_artifact_unmappable_released, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(test_publish_after_disconnect, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_publish_races_disconnect, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_abandon_races_disconnect, setup, teardown),
