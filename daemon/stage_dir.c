@@ -43,6 +43,9 @@
 #include "stage.h"
 #include "stage_internal.h"
 
+/* Passes over a copy's entries before its removal gives up (empty_copy). */
+#define STAGE_EMPTY_PASSES 3
+
 int
 stage_check_dir(int fd, const char *path, uid_t owner)
 {
@@ -151,11 +154,49 @@ stopped(const int *stop)
 	return stop != NULL && __atomic_load_n(stop, __ATOMIC_RELAXED);
 }
 
+/*
+ * Unlinks every entry of the copy d (parent/name) but its marker, reading it
+ * again until a pass finds nothing more (an entry unlinked during readdir
+ * may hide another from that pass): 0 once the marker alone is left,
+ * -ECANCELED when *stop is set first, or -errno with the message (an entry
+ * or the directory itself could not be read or removed). The marker goes
+ * only after a 0: a copy still holding files keeps it, so the next sweep
+ * knows it for wcached's and removes the rest.
+ */
+static int
+empty_copy(DIR *d, const char *parent, const char *name, const int *stop)
+{
+	struct dirent *e;
+	int err = 0;
+
+	for (int pass = 0; pass < STAGE_EMPTY_PASSES; pass++) {
+		bool found = false;
+
+		rewinddir(d);
+		for (errno = 0; (e = readdir(d)) != NULL; errno = 0) {
+			if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 ||
+				strcmp(e->d_name, STAGE_MARKER) == 0)
+				continue;
+			found = true;
+			if (stopped(stop)) /* an earlier failure stays the one returned */
+				return err < 0 ? err : -ECANCELED;
+			if (unlinkat(dirfd(d), e->d_name, 0) == -1 && errno != ENOENT && err == 0)
+				err = error_set(-errno, "removing %s/%s/%s: %s", parent, name,
+					e->d_name, strerror(errno));
+		}
+		if (errno != 0 && err == 0)
+			err = error_set(-errno, "reading %s/%s: %s", parent, name, strerror(errno));
+		if (err < 0 || !found)
+			return err;
+	}
+	return error_set(-ENOTEMPTY, "removing %s/%s: still not empty after %d passes",
+		parent, name, STAGE_EMPTY_PASSES);
+}
+
 int
 stage_remove_at(int pfd, const char *parent, const char *name, const int *stop,
 	const char **why)
 {
-	struct dirent *e;
 	struct stat st;
 	uid_t me = geteuid();
 	DIR *d;
@@ -186,18 +227,9 @@ stage_remove_at(int pfd, const char *parent, const char *name, const int *stop,
 		close(dfd);
 		return err;
 	}
-	while ((e = readdir(d)) != NULL) {
-		if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0 ||
-			strcmp(e->d_name, STAGE_MARKER) == 0)
-			continue;
-		if (stopped(stop)) {
-			/* An earlier failure stays the one returned. */
-			closedir(d);
-			return err < 0 ? err : -ECANCELED;
-		}
-		if (unlinkat(dirfd(d), e->d_name, 0) == -1 && errno != ENOENT && err == 0)
-			err = error_set(-errno, "removing %s/%s/%s: %s", parent, name, e->d_name,
-				strerror(errno));
+	if ((err = empty_copy(d, parent, name, stop)) == -ECANCELED) {
+		closedir(d);
+		return err;
 	}
 	if (err == 0 && unlinkat(dirfd(d), STAGE_MARKER, 0) == -1 && errno != ENOENT)
 		err = error_set(-errno, "removing %s/%s/%s: %s", parent, name, STAGE_MARKER,
@@ -427,7 +459,7 @@ stage_sweep(const char *stage_dir, char *const *keep, size_t nkeep, const int *s
 		close(sfd);
 		return err;
 	}
-	while ((e = readdir(d)) != NULL) {
+	for (errno = 0; (e = readdir(d)) != NULL; errno = 0) {
 		const char *why = NULL;
 		bool own_tmp, kept = false;
 		char *full;
@@ -468,6 +500,10 @@ stage_sweep(const char *stage_dir, char *const *keep, size_t nkeep, const int *s
 			log_warnx("stage_dir %s: %s is not a copy wcached made (%s): left alone",
 				stage_dir, e->d_name, why);
 	}
+	/* A read that failed ends the sweep early: say so (errno is 0 after
+	 * the last entry, and a break above left e set). */
+	if (e == NULL && errno != 0 && err == 0)
+		err = error_set(-errno, "reading stage_dir %s: %s", stage_dir, strerror(errno));
 	closedir(d);
 	return err;
 }

@@ -4,9 +4,11 @@
  * directories wcached marked as its own copies, keep what they are told to
  * and what they did not make, refuse a stage_dir others may write or
  * another user owns (and so do staging and stage_prepare_dir), and leave a
- * stage_dir another running wcached holds. On real files in a temporary
- * directory (stage_fixture.h); no fault injection.
+ * stage_dir another running wcached holds, and keep a copy's marker when
+ * its directory cannot be read to the end. On real files in a temporary
+ * directory (stage_fixture.h); readdir is wrapped to fail.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <setjmp.h>
@@ -28,6 +30,28 @@
 #include "stage_fixture.h"
 #include "stage_internal.h"
 #include "testutil.h"
+
+/* ---- fault injection -------------------------------------------------------- */
+
+/* readdir wrapped: with readdir_left >= 0, that many calls go through and
+ * the next fails with EIO (a disk error, or ENOMEM, in getdents). */
+static int readdir_left = -1;
+
+struct dirent *__real_readdir(DIR *d);
+struct dirent *__wrap_readdir(DIR *d);
+
+struct dirent *
+__wrap_readdir(DIR *d)
+{
+	if (readdir_left == 0) {
+		readdir_left = -1;
+		errno = EIO;
+		return NULL;
+	}
+	if (readdir_left > 0)
+		readdir_left--;
+	return __real_readdir(d);
+}
 
 /* ---- removing ------------------------------------------------------------- */
 
@@ -254,6 +278,47 @@ test_sweep_of_a_stage_dir_in_use(void **state)
 	assert_int_equal(removed, 1);
 }
 
+/* A copy whose directory cannot be read to the end keeps its marker and
+ * what was not removed, and says why: the next removal or sweep knows it
+ * for wcached's and removes it whole. (Before, the marker went, rmdir
+ * failed "Directory not empty", and every later sweep left it alone as
+ * not wcached's: its disk space never came back.) A sweep whose read of
+ * stage_dir fails says so too. */
+static void
+test_a_copy_not_read_to_the_end_keeps_its_marker(void **state)
+{
+	struct fixture *f = *state;
+	char *copy = path_join(f->stage_dir, "m.4");
+	unsigned removed = 9;
+
+	assert_int_equal(stage_prepare_dir(f->stage_dir, (uid_t)-1, (gid_t)-1), 0);
+	make_copy(copy, 1);
+	for (int i = 0; i < 4; i++) {
+		char name[16], *w;
+
+		snprintf(name, sizeof(name), "shard-%d", i);
+		w = tu_write(copy, name, "x", 1);
+		free(w);
+	}
+	readdir_left = 3; /* ".", "..", one entry: at most one file goes */
+	assert_int_equal(stage_remove(copy), -EIO);
+	assert_non_null(strstr(error_get(), "reading "));
+	assert_non_null(strstr(error_get(), "m.4: Input/output error"));
+	assert_true(tu_count_entries(copy) >= 5); /* the marker and 4 of 6 files at least */
+	assert_int_equal(stage_remove(copy), 0);
+	assert_int_equal(tu_count_entries(copy), -1);
+
+	make_copy(copy, 1);
+	readdir_left = 0;
+	assert_int_equal(stage_sweep(f->stage_dir, NULL, 0, NULL, &removed), -EIO);
+	assert_non_null(strstr(error_get(), "reading stage_dir "));
+	assert_int_equal(removed, 0);
+	assert_int_equal(tu_count_entries(copy), 2);
+	assert_int_equal(stage_sweep(f->stage_dir, NULL, 0, NULL, &removed), 0);
+	assert_int_equal(removed, 1);
+	free(copy);
+}
+
 int
 main(void)
 {
@@ -263,6 +328,8 @@ main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(test_unsafe_stage_dir_is_refused, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_sweep_of_a_stage_dir_in_use, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_a_copy_not_read_to_the_end_keeps_its_marker,
+			setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
