@@ -32,6 +32,7 @@
 #include <string.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
@@ -40,6 +41,7 @@
 #include "base/file.h"
 #include "base/path.h"
 #include "format/shards.h"
+#include "fstype.h"
 #include "log.h"
 #include "stage.h"
 #include "stage_internal.h"
@@ -101,23 +103,46 @@ human(uint64_t n, char *buf, size_t len)
 }
 
 /* A message for err (negative) while doing what to path: the errno's name
- * with strerror, so EIO and ESTALE read as such. */
+ * with strerror, so EIO and ESTALE read as such; then more, if not "". */
 static int
-io_error(int err, const char *what, const char *path)
+io_error_more(int err, const char *what, const char *path, const char *more)
 {
 	const char *name;
 
 	if (err >= 0)
 		err = -EIO; /* an errno of 0: never, but a failure all the same */
 	name = stage_errno_name(err);
-	if (err == -ESTALE || err == -EIO)
-		return error_set(err, "cannot stage it: %s %s failed: %s (%s): the file may have "
-				      "been replaced or removed on another host, or its server "
-				      "failed", what, path, name, strerror(-err));
 	if (name != NULL)
-		return error_set(err, "cannot stage it: %s %s failed: %s (%s)", what, path, name,
-			strerror(-err));
-	return error_set(err, "cannot stage it: %s %s failed: %s", what, path, strerror(-err));
+		return error_set(err, "cannot stage it: %s %s failed: %s (%s)%s", what, path, name,
+			strerror(-err), more);
+	return error_set(err, "cannot stage it: %s %s failed: %s%s", what, path, strerror(-err),
+		more);
+}
+
+static int
+io_error(int err, const char *what, const char *path)
+{
+	return io_error_more(err, what, path, "");
+}
+
+/* io_error() for the source path (open as fd, or -1): where it lies on a
+ * network filesystem, an EIO or ESTALE is most often another host's doing
+ * (the file replaced or removed there, or its server failing), and the
+ * message says so; on a local one it is this host's disk, and it does not. */
+static int
+source_error(int err, const char *what, const char *path, int fd)
+{
+	struct fs_info fs = { .remote = false };
+	struct statfs sfs;
+
+	if (err == -EIO || err == -ESTALE) {
+		if (fd >= 0)
+			(void)fstype_of_fd(fd, &fs);
+		else if (statfs(path, &sfs) == 0)
+			fstype_classify((unsigned long)sfs.f_type, &fs);
+	}
+	return io_error_more(err, what, path, fs.remote ? ": the file may have been replaced "
+		"or removed on another host, or its server failed" : "");
 }
 
 static double
@@ -274,7 +299,7 @@ copy_fd(const struct stage_request *req, struct copy_run *run, const struct stag
 				return error_set(-ENOMEM, "out of memory");
 			n = pread(f->in, run->buf, want, off);
 			if (n == -1 && errno != EINTR)
-				return io_error(-errno, "reading", f->src);
+				return source_error(-errno, "reading", f->src, f->in);
 			if (n > 0) {
 				for (ssize_t done = 0, w; done < n; done += w) {
 					w = pwrite(out, run->buf + done, (size_t)(n - done),
@@ -296,9 +321,9 @@ copy_fd(const struct stage_request *req, struct copy_run *run, const struct stag
 		if (n == -1 && out_of_room(errno))
 			return no_space(-errno, req, f->src);
 		if (n == -1)
-			/* Local writes rarely fail; a failed copy is the remote
-			 * read's (EIO, ESTALE). */
-			return io_error(-errno, "reading", f->src);
+			/* Either side's: copy_file_range and sendfile do not say
+			 * which (a remote read's EIO or ESTALE, a local disk's). */
+			return source_error(-errno, "copying", f->src, f->in);
 		if (n == 0)
 			return error_set(-ENODATA, "cannot stage it: %s changed during the copy: "
 				"it ended at %jd bytes, not %" PRIu64 "; replace model files with "
@@ -335,7 +360,7 @@ check_unchanged(const struct stage_file *f, bool during)
 
 	if (fstat(f->in, &now) == -1) {
 		if (!during)
-			return io_error(-errno, "checking", f->src);
+			return source_error(-errno, "checking", f->src, f->in);
 	} else if (now.st_size != f->st.st_size) {
 		return error_set(-ESTALE, "cannot stage it: %s changed during the copy (%jd "
 			"bytes, then %jd); replace model files with rename(2), never in place",
@@ -354,7 +379,7 @@ check_unchanged(const struct stage_file *f, bool during)
 		if (e == ENOENT || e == ENOTDIR)
 			return error_set(-ESTALE, "cannot stage it: %s was removed during the copy",
 				f->src);
-		return during ? 0 : io_error(-e, "checking", f->src);
+		return during ? 0 : source_error(-e, "checking", f->src, f->in);
 	}
 	if (now.st_dev != f->st.st_dev || now.st_ino != f->st.st_ino)
 		return error_set(-ESTALE, "cannot stage it: %s was replaced during the copy; "
@@ -407,7 +432,7 @@ shard_index_of(const char *model_path, char **path, bool *is_dir)
 	int err;
 
 	if (stat(model_path, &st) == -1)
-		return io_error(-errno, "looking up", model_path);
+		return source_error(-errno, "looking up", model_path, -1);
 	*is_dir = S_ISDIR(st.st_mode);
 	if (!S_ISDIR(st.st_mode)) {
 		if (!file_has_suffix(model_path, ".json"))
@@ -511,7 +536,7 @@ plan_files(const struct stage_request *req, struct stage_file **out, size_t *n, 
 		 * hold this thread (and a stop) until someone writes to it. */
 		if ((f->in = open(index, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK)) == -1 ||
 			fstat(f->in, &f->st) == -1) {
-			err = io_error(-errno, "opening", index);
+			err = source_error(-errno, "opening", index, f->in);
 			if (f->in >= 0)
 				close(f->in);
 			free(index);

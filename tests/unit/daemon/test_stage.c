@@ -230,9 +230,11 @@ fail_second(unsigned call)
 	return call == 1 ? fail_errno : 0;
 }
 
-/* A copy request failing: EIO and ESTALE reading the source, named as
- * such; the disk filling up during the copy (the check passed, someone
- * else wrote meanwhile), with the space the model needs; EFBIG (a
+/* A copy request failing: EIO and ESTALE copying the source, named as
+ * such (a local source's: not blamed on another host, as on a network
+ * filesystem; test_stage.py has that); the disk filling up during the
+ * copy (the check passed, someone else wrote meanwhile), with the space
+ * the model needs; EFBIG (a
  * filesystem without fallocate reserves nothing first), said as a file
  * too large, not as no space. Nothing is left. */
 static void
@@ -243,8 +245,8 @@ test_copy_errors(void **state)
 		int err;
 		const char *says, *also;
 	} cases[] = {
-		{ EIO, "EIO", "reading" },
-		{ ESTALE, "ESTALE", "reading" },
+		{ EIO, "EIO", "copying" },
+		{ ESTALE, "ESTALE", "copying" },
 		{ ENOSPC, "no space left while copying", "(76 MiB needed in all, " },
 		{ EFBIG, "model.safetensors is too large for ", "(file size limit or" },
 	};
@@ -262,6 +264,7 @@ test_copy_errors(void **state)
 		assert_non_null(strstr(error_get(), cases[i].also));
 		assert_non_null(strstr(error_get(), model));
 		assert_true(cases[i].err == ENOSPC || strstr(error_get(), "no space") == NULL);
+		assert_null(strstr(error_get(), "another host"));
 		assert_int_equal(tu_count_entries(f->stage_dir), 0);
 	}
 	free(model);
@@ -299,7 +302,7 @@ test_a_failed_removal_keeps_the_copy_error(void **state)
 	assert_int_equal(stage_copy(&f->req), -EIO);
 	assert_null(unlink_hook); /* the removal was tried, and failed */
 	assert_non_null(strstr(error_get(), "EIO"));
-	assert_non_null(strstr(error_get(), "reading"));
+	assert_non_null(strstr(error_get(), "copying"));
 	assert_non_null(strstr(error_get(), model));
 	assert_null(strstr(error_get(), "Permission denied"));
 	free(model);
