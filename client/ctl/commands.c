@@ -125,7 +125,7 @@ static const struct {
 		"wcached-metrics.socket runs it): GET /metrics gets the exposition (the\n"
 		"target also as http://HOST:PORT/metrics), HEAD /metrics its head alone,\n"
 		"any other path 404, any other method 405, a malformed or oversized\n"
-		"request 400, a request not complete within SECONDS (default 10) 408,\n"
+		"request 400, a request not complete within SECONDS (default 3) 408,\n"
 		"and 503 when wcached cannot be reached or does not send the metrics.\n" },
 };
 

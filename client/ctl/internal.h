@@ -143,7 +143,9 @@ void ctl_json_string(FILE *f, const char *s, size_t len);
 
 /* ---- ctl_http.c ------------------------------------------------------- */
 
-#define CTL_HTTP_TIMEOUT 10.0   /* seconds for the whole request */
+/* Seconds for the whole request: a scraper sends it as it connects; an
+ * idle connection holds one of the socket unit's places until then. */
+#define CTL_HTTP_TIMEOUT 3.0
 #define CTL_HTTP_REQUEST_MAX 8192 /* bytes of request line and headers */
 
 /*
