@@ -36,6 +36,14 @@
 #include "proto/wire.h"
 
 #define READS_PER_WAKEUP 16
+/* Connections accepted per wakeup of the listener, which is level-triggered:
+ * the loop comes back for the rest after it has served the others. Without
+ * a limit, one process that loops on connect() and close() kept the backlog
+ * from ever emptying, and the loop never got back to anyone else (a release
+ * took 3.7 s; every connection accepted meanwhile counted until its hang-up
+ * was handled, so after max_clients everyone was refused). The control
+ * socket takes as many (CTL_ACCEPTS_PER_WAKEUP). */
+#define ACCEPTS_PER_WAKEUP 16
 /* How often connections held back by the descriptor budget are looked at
  * again (they are also looked at whenever they become readable). */
 #define DEFER_RETRY_MS 50
@@ -561,6 +569,11 @@ accept_pause(struct server *s, int err)
 	uv_timer_start(&s->accept_timer, on_accept_resume, SERVER_ACCEPT_PAUSE_MS, 0);
 }
 
+/*
+ * The listener is readable: takes the connections waiting, at most
+ * ACCEPTS_PER_WAKEUP of them (the loop comes back for the rest), and
+ * refuses those over a limit with an ERROR.
+ */
 static void
 on_accept(uv_poll_t *handle, int status, int events)
 {
@@ -572,7 +585,7 @@ on_accept(uv_poll_t *handle, int status, int events)
 	(void)events;
 	if (status < 0)
 		return;
-	for (;;) {
+	for (int i = 0; i < ACCEPTS_PER_WAKEUP && !s->stopping; i++) {
 		fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 		if (fd == -1) {
 			if (errno == EINTR || errno == ECONNABORTED)

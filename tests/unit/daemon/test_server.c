@@ -311,6 +311,14 @@ connect_client(struct st *t)
 	return fd;
 }
 
+/* True once every client that connected (setup's and 40 more) is taken. */
+static bool
+all_accepted(struct du *d, void *arg)
+{
+	(void)d;
+	return server_clients(((struct st *)arg)->srv) == 41;
+}
+
 /*
  * Connections of one uid that leave their replies unread share the uid's
  * budget of descriptors in flight: the replies that fit go, the others
@@ -482,6 +490,34 @@ test_accept_enomem_pauses(void **state)
 	free(path);
 }
 
+/*
+ * A connect flood does not hold the loop: one wakeup of the listener
+ * accepts at most 16 connections and returns to the loop, which comes back
+ * for the rest. Before, on_accept() took every connection waiting, until
+ * the backlog was empty: one process looping on connect() and close() kept
+ * it from ever emptying, and no other client was served (a release took
+ * 3.7 s while such a flood ran).
+ */
+static void
+test_accepts_per_wakeup(void **state)
+{
+	struct st *t = *state;
+	int clients[40];
+
+	/* 40 more wait in the backlog, besides setup's. */
+	for (size_t i = 0; i < 40; i++)
+		clients[i] = connect_client(t);
+	assert_int_equal(server_clients(t->srv), 0);
+	uv_run(&t->du.loop, UV_RUN_NOWAIT);
+	assert_int_equal(server_clients(t->srv), 16);
+	uv_run(&t->du.loop, UV_RUN_NOWAIT);
+	assert_int_equal(server_clients(t->srv), 32);
+	du_run_until(&t->du, all_accepted, t);
+	assert_int_equal(server_clients(t->srv), 41);
+	for (size_t i = 0; i < 40; i++)
+		close(clients[i]);
+}
+
 int
 main(void)
 {
@@ -494,6 +530,7 @@ main(void)
 			teardown_low_nofile),
 		cmocka_unit_test(test_start_getfl_fails),
 		cmocka_unit_test_setup_teardown(test_accept_enomem_pauses, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_accepts_per_wakeup, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
