@@ -15,7 +15,7 @@ import pytest
 
 import wcache
 import wcache.torch
-from wcache import _device
+from wcache import _device, _sharedview
 from wcache._device import CpuBackend, RegisterRefused, plan, to_device
 
 from pyhelpers import PYDIR, fstat_names_by_another_device, mapping_at, write_safetensors
@@ -180,17 +180,18 @@ def test_a_long_term_pin_registers_a_shared_view_not_the_private_mapping(odd_mod
 def test_proc_maps_is_read_once_per_load(odd_model, monkeypatch):
     """The file behind every range is looked up in one read of
     /proc/self/maps per load (a parse costs milliseconds: one per range
-    capped the registered path), not one per range; the engine says where
-    its time went."""
+    capped the registered path), not one per range (and later loads of the
+    model read none: test_a_get_tensor_loop_reads_maps_once...); the engine
+    says where its time went."""
     path, raw = odd_model
     model = wcache.open_file(path)
     reads = []
-    real = _device.file_mappings
+    real = _sharedview.file_mappings
 
     def counting():
         reads.append(1)
         return real()
-    monkeypatch.setattr(_device, "file_mappings", counting)
+    monkeypatch.setattr(_sharedview, "file_mappings", counting)
     out = to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
                     backend=CpuBackend(pins_long_term=True), mode="register", small=0,
                     max_batch=4096)
@@ -208,7 +209,7 @@ def test_a_range_missing_from_the_maps_read_is_looked_up_again(odd_model, monkey
     path, raw = odd_model
     model = wcache.open_file(path)
     reads = []
-    real = _device.file_mappings
+    real = _sharedview.file_mappings
     first = {}
 
     def stale():
@@ -219,7 +220,7 @@ def test_a_range_missing_from_the_maps_read_is_looked_up_again(odd_model, monkey
         # the first read: the model's mapping ends after the first range
         lo, hi = first["range"]
         return [e[:1] + (hi,) + e[2:] if e[0] <= lo < e[1] else e for e in entries]
-    monkeypatch.setattr(_device, "file_mappings", stale)
+    monkeypatch.setattr(_sharedview, "file_mappings", stale)
     p = plan(_entries(model), max_batch=4096)
     first["range"] = p.ranges[0][:2]
     out = to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
@@ -251,8 +252,47 @@ def test_a_fresh_view_already_registered_is_refused(odd_model):
                   mode="register", small=0)
 
 
-def test_no_shared_view_stages_and_says_why(odd_model, tmp_path, caplog):
-    """The path now names another file (renamed over): no view of it can be
+def _recording_backend():
+    """(a CpuBackend that pins long-term, [(perms, path) of the mapping at
+    each address it is asked to register])."""
+    backend = CpuBackend(pins_long_term=True)
+    seen = []
+    real_register = backend.register
+
+    def register(addr, n):
+        seen.append(mapping_at(addr))
+        return real_register(addr, n)
+    backend.register = register
+    return backend, seen
+
+
+@pytest.fixture
+def no_map_files(monkeypatch):
+    """Opening /proc/self/map_files/* fails with EPERM, as it does for a
+    process without CAP_CHECKPOINT_RESTORE or CAP_SYS_ADMIN (most workers)."""
+    real_open = os.open
+
+    def refusing(name, *args, **kwargs):
+        if os.fsdecode(name).startswith("/proc/self/map_files/"):
+            raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+        return real_open(name, *args, **kwargs)
+    monkeypatch.setattr(os, "open", refusing)
+
+
+def _map_files_opens():
+    """Whether this process may open /proc/self/map_files/* (root with
+    CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE)."""
+    entry = _sharedview.file_mappings()[0]
+    try:
+        os.close(os.open(f"/proc/self/map_files/{entry[0]:x}-{entry[1]:x}", os.O_RDONLY))
+    except OSError:
+        return False
+    return True
+
+
+def test_no_shared_view_stages_and_says_why(odd_model, tmp_path, caplog, no_map_files):
+    """The path now names another file (renamed over) and the old one
+    cannot be opened through /proc/self/map_files: no view of it can be
     made, so the engine stages (the page cache stays shared) and says why."""
     path, raw = odd_model
     model = wcache.open_file(path)
@@ -266,11 +306,30 @@ def test_no_shared_view_stages_and_says_why(odd_model, tmp_path, caplog):
     engine, _ = _device.last_load
     assert engine.path == "staging"
     assert "no shared view to register" in engine.why and "deleted or renamed over" in \
-        engine.why, engine.why
+        engine.why and "needs CAP_CHECKPOINT_RESTORE or CAP_SYS_ADMIN" in engine.why, engine.why
     assert not [c for c in backend.calls if c[0] == "register"]
     with pytest.raises(RegisterRefused, match="renamed over"):
         to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
                   backend=CpuBackend(pins_long_term=True), mode="register", small=0)
+
+
+@pytest.mark.skipif(not _map_files_opens(), reason="/proc/self/map_files needs "
+                    "CAP_CHECKPOINT_RESTORE or CAP_SYS_ADMIN")
+def test_a_renamed_over_file_is_viewed_through_map_files(odd_model, tmp_path):
+    """A file renamed over (maps: "PATH (deleted)") is still the inode the
+    model maps: a process that may open /proc/self/map_files gets its
+    shared view through it, and registers that (no staging)."""
+    path, raw = odd_model
+    model = wcache.open_file(path)
+    write_safetensors(str(tmp_path / "new.safetensors"), [("x", "F32", (1,), _bytes(4, 9))])
+    os.rename(str(tmp_path / "new.safetensors"), path)
+    backend, seen = _recording_backend()
+    out = to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
+                    backend=backend, mode="register", small=0, max_batch=4096)
+    _check_exact(out, raw)
+    assert _device.last_load[0].path == "register"
+    assert seen and all(m == ("r--s", f"{os.path.realpath(path)} (deleted)") for m in seen), seen
+    assert backend.registered == {}
 
 
 def test_shared_view_of_memory_that_is_no_file_is_unavailable():
@@ -512,6 +571,68 @@ def test_safe_open_get_tensors_on_device_uses_one_buffer(odd_model, cpu_device, 
     assert cpu_device[0].registered == {}
 
 
+@pytest.fixture
+def pinning_device(cpu_device):
+    """As cpu_device, with backends that pin long-term as CUDA's does, so
+    the engine registers shared views of the file."""
+    for made in cpu_device:
+        made.pins_long_term = True
+    real = _device.backend_for
+
+    def backend_for(device):
+        backend = real(device)
+        backend.pins_long_term = True
+        return backend
+    _device.backend_for = backend_for
+    yield cpu_device
+    _device.backend_for = real
+
+
+def _shared_views(path):
+    """The shared (r--s) mappings of path in /proc/self/maps."""
+    with open("/proc/self/maps") as f:
+        return [line for line in f if " r--s " in line and line.rstrip().endswith(path)]
+
+
+def test_a_get_tensor_loop_reads_maps_once_and_keeps_one_descriptor(tmp_path, pinning_device,
+                                                                    no_daemon, monkeypatch):
+    """for k in f.keys(): f.get_tensor(k) on a device is one copy per
+    tensor. The model's line in /proc/self/maps is read and its file
+    opened and checked at the first, and kept for the others (before: a
+    read of maps, an open and an fstat per tensor; 4 ms a read at 1,700
+    lines of maps, 22 ms at 4,700); the one descriptor is closed when the
+    handle closes, and no view stays mapped."""
+    path = str(tmp_path / "many.safetensors")
+    raw = {f"t{k:02}": _bytes(64 << 10, 20 + k) for k in range(24)}
+    write_safetensors(path, [(name, "F32", (128, 128), data) for name, data in raw.items()])
+    real_path = os.path.realpath(path)
+    reads, opens = [], []
+    real_maps, real_open = _sharedview.file_mappings, os.open
+
+    def counting_maps():
+        reads.append(1)
+        return real_maps()
+
+    def counting_open(name, *args, **kwargs):
+        if os.fsdecode(name) == real_path:
+            opens.append(name)
+        return real_open(name, *args, **kwargs)
+    monkeypatch.setattr(_sharedview, "file_mappings", counting_maps)
+    monkeypatch.setattr(os, "open", counting_open)
+    fds = len(os.listdir("/proc/self/fd"))
+    out = {}
+    with wcache.safe_open(path, framework="pt", device="cuda:0") as f:
+        for k in f.keys():
+            out[k] = f.get_tensor(k)
+            assert _device.last_load[0].path == "register", _device.last_load[0].why
+        assert (len(reads), len(opens)) == (1, 1), (len(reads), len(opens))
+        assert len(os.listdir("/proc/self/fd")) == fds + 1
+    _check_exact(out, raw)
+    assert len(os.listdir("/proc/self/fd")) == fds, "the descriptor closed with the handle"
+    assert _shared_views(real_path) == []
+    assert len(pinning_device) == 24 and all(b.registered == {} for b in pinning_device)
+
+
 def test_save_model_of_parameters_loaded_onto_a_device(tmp_path, cpu_device, no_daemon):
     """A device load's tensors are views of one buffer: a model whose
     parameters are those tensors saves and loads with save_model and
@@ -593,7 +714,13 @@ def test_derived_device_is_checked(tmp_path, no_daemon):
         (-wcache.open_file(str(path)).torch("w")).numpy().tobytes()
 
 
-def test_derived_on_device_through_wcached(tmp_path, cpu_device, monkeypatch):
+def _derive_through_wcached(tmp_path, monkeypatch, build_first=True):
+    """wcache.derived(..., device="cuda:0") of a source served by a real
+    wcached with derive = yes, its result checked byte for byte; with
+    build_first, built first on the CPU, so the device call attaches the
+    artifact (a sealed memfd, "/memfd:wcache-artifact (deleted)" in
+    /proc/self/maps). [(perms, path) of the mapping at each address the
+    backend was asked to register]."""
     import wcache._safe_open as so
     from pyhelpers import Daemon
     path = tmp_path / "src.safetensors"
@@ -602,17 +729,63 @@ def test_derived_on_device_through_wcached(tmp_path, cpu_device, monkeypatch):
     d = Daemon(tmp_path, {"src": (str(path), {"derive": "yes"})}).start()
     monkeypatch.setenv("WCACHE_SOCKET", d.socket)
     so._shared = None
+    seen = []
+    real_register = CpuBackend.register
+
+    def register(self, addr, n):
+        seen.append(mapping_at(addr))
+        return real_register(self, addr, n)
     try:
         src = wcache.open_file(str(path))
-        out = wcache.derived("src", "neg-v1", lambda s: {k: -v for k, v in s.items()},
-                             device="cuda:0")
-        for name in ("w", "v"):  # random bytes hold NaNs: compare bytes
-            assert out[name].numpy().tobytes() == (-src.torch(name)).numpy().tobytes()
-        assert cpu_device and cpu_device[-1].registered == {}
-        assert _device.last_load[0].path == "register"
+        negate = lambda s: {k: -v for k, v in s.items()}  # noqa: E731
+        if build_first:
+            wcache.derived("src", "neg-v1", negate)
+        monkeypatch.setattr(CpuBackend, "register", register)
+        out = wcache.derived("src", "neg-v1", negate, device="cuda:0")
+        want = {name: (-src.torch(name)).numpy().tobytes() for name in ("w", "v")}
     finally:
         so._shared = None
         assert d.stop() == 0
+    for name in ("w", "v"):  # random bytes hold NaNs: compare bytes
+        assert out[name].numpy().tobytes() == want[name], name
+    return seen
+
+
+def test_derived_on_device_through_wcached(tmp_path, cpu_device, monkeypatch):
+    _derive_through_wcached(tmp_path, monkeypatch, build_first=False)
+    assert cpu_device and cpu_device[-1].registered == {}
+    assert _device.last_load[0].path == "register"
+
+
+@pytest.mark.skipif(not _map_files_opens(), reason="/proc/self/map_files needs "
+                    "CAP_CHECKPOINT_RESTORE or CAP_SYS_ADMIN")
+def test_derived_on_device_registers_a_shared_view_of_the_memfd(tmp_path, pinning_device,
+                                                                monkeypatch):
+    """A derived artifact is a sealed memfd with no path: a process that
+    may open /proc/self/map_files registers a shared view of it (the copy
+    takes the registered path). Before, every derived call on a device
+    staged, blaming a rename."""
+    seen = _derive_through_wcached(tmp_path, monkeypatch)
+    engine = _device.last_load[0]
+    assert engine.path == "register", engine.why
+    assert seen and all(m == ("r--s", "/memfd:wcache-artifact (deleted)") for m in seen), seen
+    assert pinning_device[-1].registered == {}
+
+
+def test_derived_on_device_without_map_files_stages_naming_the_memfd(tmp_path, pinning_device,
+                                                                     no_map_files, monkeypatch,
+                                                                     caplog):
+    """Where /proc/self/map_files is refused (most workers), the derived
+    call stages, and its reason names the memfd and what it lacks, not a
+    rename (before: "the mapped file was deleted or renamed over")."""
+    with caplog.at_level(logging.INFO, logger="wcache"):
+        seen = _derive_through_wcached(tmp_path, monkeypatch)
+    engine = _device.last_load[0]
+    assert engine.path == "staging" and seen == [], (engine.path, seen)
+    assert "/memfd:wcache-artifact (deleted): a memfd (a derived artifact is one), which has " \
+        "no path to open, and opening it through /proc/self/map_files needs " \
+        "CAP_CHECKPOINT_RESTORE or CAP_SYS_ADMIN" in engine.why, engine.why
+    assert "renamed" not in engine.why
 
 
 def test_threads_loading_neighbours_do_not_register_a_page_twice(odd_model):
@@ -736,7 +909,7 @@ int copyId(void) { return COPY; }
 # libcudart.so.98 is mapped without the dynamic linker, again.
 _REPLACED_CUDART = """
 import ctypes, logging, mmap, os, sys
-from wcache import _device
+from wcache import _device, _sharedview
 d = sys.argv[1]
 logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stdout)
 lib = ctypes.CDLL(os.path.join(d, "libcudart.so.99"))
@@ -907,14 +1080,7 @@ def test_a_file_stat_names_differently_gets_its_view(odd_model, monkeypatch):
     path, raw = odd_model
     model = wcache.open_file(path)
     fstat_names_by_another_device(monkeypatch, path)
-    backend = CpuBackend(pins_long_term=True)
-    seen = []
-    real_register = backend.register
-
-    def register(addr, n):
-        seen.append(mapping_at(addr))
-        return real_register(addr, n)
-    backend.register = register
+    backend, seen = _recording_backend()
     out = to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
                     backend=backend, mode="register", small=0, max_batch=4096)
     _check_exact(out, raw)
@@ -922,16 +1088,19 @@ def test_a_file_stat_names_differently_gets_its_view(odd_model, monkeypatch):
     assert seen and all(perms == "r--s" and os.path.samefile(where, path)
                         for perms, where in seen), seen
     monkeypatch.setattr(_sharedview, "mapped_identity", lambda addr: ((0, 0), 0))
-    _stages_leaving_no_view(model, path, raw, "no longer the mapped file")
+    # A model attached anew: its file is opened and checked anew.
+    _stages_leaving_no_view(wcache.open_file(path), path, raw, "no longer the mapped file")
 
 
 def test_a_file_stat_names_differently_is_checked_once_per_copy(odd_model, monkeypatch):
     """Where fstat names the file by another device, a view's own line in
-    /proc/self/maps is read to check it: for the file's first view in a
-    copy, not for every view (each read parses every line of maps; a
-    model has one view per 256 MiB). The other views are mapped through
-    the descriptor that was checked, so they are the same file. The next
-    copy opens and checks the file again."""
+    /proc/self/maps is read to check it: for the mapping's first view, not
+    for every view (each read parses every line of maps; a model has one
+    view per 256 MiB) nor for every copy of the model (a get_tensor loop
+    is one copy per tensor). The other views are mapped through the
+    descriptor that was checked, so they are the same file. Another
+    mapping of the file (the model opened again) is opened and checked
+    again."""
     from wcache import _sharedview
     path, raw = odd_model
     model = wcache.open_file(path)
@@ -949,14 +1118,16 @@ def test_a_file_stat_names_differently_is_checked_once_per_copy(odd_model, monke
         return real_open(name, *args, **kwargs)
     monkeypatch.setattr(_sharedview, "mapped_identity", identity)
     monkeypatch.setattr(_sharedview.os, "open", counting_open)
-    for copy in (1, 2):
-        out = to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
+    again = wcache.open_file(path)
+    for copy, (m, mappings) in enumerate([(model, 1), (model, 1), (again, 2)]):
+        out = to_device(m, m.offset_keys(), torch.device("cpu"), m.torch,
                         backend=CpuBackend(pins_long_term=True), mode="register", small=0,
                         max_batch=4096)
         _check_exact(out, raw)
         engine, p = _device.last_load
         assert engine.path == "register" and len(p.ranges) > 10, (engine.why, p.ranges)
-        assert (len(checks), len(opens)) == (copy, copy), (copy, len(p.ranges), checks, opens)
+        assert (len(checks), len(opens)) == (mappings, mappings), \
+            (copy, len(p.ranges), checks, opens)
 
 
 def _stages_leaving_no_view(model, path, raw, why):
@@ -1013,7 +1184,9 @@ def test_a_failing_close_of_the_model_still_ends_the_copy(odd_model, monkeypatch
     neither escapes the load nor skips what must follow a copy: the stream
     is synchronised, every range unregistered, every view unmapped. Closed
     first, its error once skipped all three, leaving host memory
-    registered and copies in flight into a buffer the fallback dropped."""
+    registered and copies in flight into a buffer the fallback dropped.
+    An engine given no MappingFiles closes its own at the end of the copy;
+    to_device's is closed when the model's handle goes, quietly too."""
     path, raw = odd_model
     model = wcache.open_file(path)
     real_close = os.close
@@ -1030,11 +1203,14 @@ def test_a_failing_close_of_the_model_still_ends_the_copy(odd_model, monkeypatch
             raise OSError(errno.EIO, os.strerror(errno.EIO))
     monkeypatch.setattr(os, "close", close)
     backend = CpuBackend(pins_long_term=True)
-    out = to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
-                    backend=backend, mode="register", small=0, max_batch=4096)
+    p = plan(_entries(model), max_batch=4096)
+    buffer = backend.alloc(p.total)
+    engine = _device.Engine(backend, mode="register")
+    engine.copy_plan(p, buffer)
     monkeypatch.setattr(os, "close", real_close)
-    _check_exact(out, raw)
-    engine, p = _device.last_load
+    out = {name: buffer[off:off + len(raw[name])] for name, off in p.places.items()
+           if off is not None}
+    _check_exact(out, {name: raw[name] for name in out})
     assert failed, "the model's descriptor was closed (and failed)"
     assert engine.path == "register" and len(p.ranges) > 1, engine.why
     assert any(c[0] == "sync" for c in backend.calls), backend.calls
@@ -1043,3 +1219,14 @@ def test_a_failing_close_of_the_model_still_ends_the_copy(odd_model, monkeypatch
         views = [line for line in f if " r--s " in line and line.rstrip().endswith(
             os.path.realpath(path))]
     assert views == [], "every view unmapped"
+    failed.clear()
+    out = to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
+                    backend=CpuBackend(pins_long_term=True), mode="register", small=0,
+                    max_batch=4096)
+    _check_exact(out, raw)
+    assert not failed, "kept for the next copy of the model"
+    monkeypatch.setattr(os, "close", close)
+    model.close()
+    del model
+    monkeypatch.setattr(os, "close", real_close)
+    assert failed, "closed with the model's handle (and failed, quietly)"

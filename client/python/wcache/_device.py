@@ -27,14 +27,18 @@ asked for) like this:
    pages (_sharedview.py), never libwcache's own MAP_PRIVATE mapping: the
    kernel (Linux 6.2+) copies pages of a private mapping that is pinned
    long-term, which would give every worker its own copy of the model.
-   /proc/self/maps is read once per load to find the file behind the
-   ranges (again only if a range is not in it), not once per range, and
-   each file is opened and checked once per load, not once per range.
+   The file behind the ranges is found in /proc/self/maps, opened and
+   checked once per model mapping (_sharedview.MappingFiles, one per model
+   handle, kept until the handle goes), not once per range or per load: a
+   loop of get_tensor(name) on a device, one load per tensor, reads maps
+   once (each read parses every line: milliseconds).
 3. **Or stage**, when registration is refused (an older driver; a part that
    has no read-only registration) or no shared view can be made (the worker
-   may not open the model's path; it was renamed over): two pinned buffers of
-   ``STAGING_BYTES`` and two streams. Chunk k is copied (by a few threads,
-   memcpy releases the GIL) from the mapping into buffer k % 2 once that
+   may not open the model's path; it was renamed over, or is a derived
+   artifact's memfd, and the worker may not open /proc/self/map_files):
+   two pinned buffers of ``STAGING_BYTES`` and two streams. Chunk k is
+   copied (by a few threads, memcpy releases the GIL) from the mapping
+   into buffer k % 2 once that
    buffer's previous copy has finished, then copied to the device
    asynchronously on stream k % 2, so the CPU fills one buffer while the
    other is in flight. A refusal after some ranges were registered stages
@@ -64,10 +68,11 @@ import mmap
 import os
 import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 from ._lib import env_choice
-from ._sharedview import NotMapped, OpenFile, Unavailable, file_mappings, shared_view
+from ._sharedview import MappingFiles, Unavailable
 
 __all__ = ["plan", "Plan", "Engine", "Backend", "CudaBackend", "CpuBackend", "RegisterRefused",
            "copy_mode", "to_device", "tensor_to_device", "cudart_libraries",
@@ -89,6 +94,12 @@ PAGE = mmap.PAGESIZE
 
 last_load = None
 _register_lock = threading.Lock()
+# The MappingFiles of each model mapping copied from with a backend that
+# pins long-term, by the model's handle (model.py's _Handle, which owns
+# the mapping): its owner is this table, its lifetime the handle's (its
+# descriptors are closed when the handle goes, with the mapping, by a
+# weakref.finalize). Used under _register_lock.
+_mapping_files = weakref.WeakKeyDictionary()
 _logged = set()
 _logged_lock = threading.Lock()
 
@@ -567,7 +578,6 @@ class Engine:
         self.path = self.why = self.reason = None
         self.copies = 0
         self.seconds = dict.fromkeys(("view", "register", "copy", "unregister"), 0.0)
-        self._maps = self._opened = None
 
     @contextlib.contextmanager
     def _timed(self, what):
@@ -578,7 +588,7 @@ class Engine:
         finally:
             self.seconds[what] += time.perf_counter() - t0
 
-    def copy_plan(self, p, buffer):
+    def copy_plan(self, p, buffer, files=None):
         """Copies every batch of plan p into buffer (from backend.alloc),
         synchronously: when it returns, the bytes are on the device and
         nothing refers to the source any more. Registered path: range by
@@ -586,7 +596,9 @@ class Engine:
         registering overlaps the copies in flight; a refusal of the first
         range stages everything, a later one stages the batches left.
         On an error, whatever was registered is unregistered and staging
-        buffers are freed."""
+        buffers are freed. files: the MappingFiles of the mapping the
+        plan's sources lie in, which the caller keeps (and closes) for
+        later copies of it; None: one for this copy alone."""
         self.copies = 0
         self.seconds = dict.fromkeys(self.seconds, 0.0)
         if not p.batches:
@@ -602,7 +614,7 @@ class Engine:
             # the first to finish would unregister it under the other's
             # copies. They share one link anyway.
             with _register_lock:
-                done, why, reason = self._copy_registered(p, buffer)
+                done, why, reason = self._copy_registered(p, buffer, files)
             if done == len(p.batches):
                 self.path = "register"
                 self.reason = f"{self.backend.name}: source registered read-only"
@@ -613,18 +625,19 @@ class Engine:
         with self._timed("copy"):
             self._copy_staged(p.batches[done:], buffer)
 
-    def _copy_registered(self, p, buffer):
+    def _copy_registered(self, p, buffer, files):
         """(batches copied, why it stopped early or None, the same without
         counts or None)."""
         registered, views, done, why, reason = [], [], 0, None, None
         stream = None
-        self._maps = None  # /proc/self/maps, read by the first _source()
-        self._opened = OpenFile()  # the file of the last view, opened and checked once
+        own_files = None
+        if files is None and self.backend.pins_long_term:
+            files = own_files = MappingFiles()
         try:
             for lo, hi, first, end in p.ranges:
                 try:
                     with self._timed("view"):
-                        view, srcs = self._source(lo, hi, p.batches[first:end])
+                        view, srcs = self._source(files, lo, hi, p.batches[first:end])
                     if view is not None:
                         views.append(view)
                     addr = view.addr if view is not None else lo
@@ -658,7 +671,6 @@ class Engine:
                         self.copies += 1
                 done = end
         finally:
-            self._maps = None
             try:
                 if stream is not None:
                     with self._timed("copy"):
@@ -672,36 +684,27 @@ class Engine:
                         view.close()
                     # Last: its views are closed, and nothing before it may
                     # be skipped by what its close says.
-                    self._opened.close()
+                    if own_files is not None:
+                        own_files.close()
         return done, why, reason
 
-    def _source(self, lo, hi, batches):
+    def _source(self, files, lo, hi, batches):
         """(view, source address of each batch) for the range [lo, hi):
-        a SharedView of it when the backend pins long-term (a private
-        mapping would be copied: see _sharedview.py), else (None, the
-        addresses as they are). Unavailable when no view can be made.
+        a SharedView of it made through files (a MappingFiles) when the
+        backend pins long-term (a private mapping would be copied: see
+        _sharedview.py), else (None, the addresses as they are).
+        Unavailable when no view can be made.
 
-        The file behind the range is looked up in /proc/self/maps as read
-        for the first range of this copy (self._maps): every range lies in
-        the model's own mapping, which was made before the plan, and the
-        views this loop maps are never looked up, so one read serves all.
-        A range missing from it is looked up again in a fresh read. The
-        file behind consecutive ranges is opened and checked once
-        (self._opened: where fstat names it by another device than maps
-        does, the check reads maps again: once per file mapping, not per
-        view)."""
+        files looks the range up in /proc/self/maps as it read it for an
+        earlier range (every range lies in the model's own mapping, which
+        was made before the plan, and the views mapped here are never
+        looked up, so one read serves every range of every copy of it),
+        and opens and checks the file once (where fstat names it by
+        another device than maps does, the check reads maps again: once
+        per file mapping, not per view)."""
         if not self.backend.pins_long_term:
             return None, [src for src, _, _ in batches]
-        fresh = self._maps is None
-        if fresh:
-            self._maps = file_mappings()
-        try:
-            view = shared_view(lo, hi, self._maps, self._opened)
-        except NotMapped:
-            if fresh:
-                raise
-            self._maps = file_mappings()
-            view = shared_view(lo, hi, self._maps, self._opened)
+        view = files.view(lo, hi)
         try:
             return view, [view.translate(src, n) for src, _, n in batches]
         except Unavailable:
@@ -784,6 +787,19 @@ def _itemsize(torch, dtype, cache={}):
     return size
 
 
+def mapping_files(handle, span):
+    """The MappingFiles of the mapping behind handle (a model's _Handle),
+    span (lo, hi) the addresses of its tensor data: made at the first copy
+    from it, kept until the handle goes, then its descriptors closed."""
+    with _register_lock:
+        files = _mapping_files.get(handle)
+        if files is None:
+            lo, hi = span if span is not None else (None, None)
+            files = _mapping_files[handle] = MappingFiles(lo, hi)
+            weakref.finalize(handle, files.close).atexit = False
+    return files
+
+
 def backend_for(device):
     """The backend for a torch device, or None (copied tensor by tensor)."""
     return CudaBackend(device) if device.type == "cuda" else None
@@ -850,9 +866,11 @@ def to_device(model, names, device, per_tensor, backend=None, mode=None, small=S
                for info, dtype in infos]
     p = plan(entries, max_batch=engine_args.pop("max_batch", MAX_BATCH))
     engine = Engine(backend, mode=mode, **engine_args)
+    files = mapping_files(handle, table.span) if backend.pins_long_term and mode != "staging" \
+        else None
     try:
         buffer = backend.alloc(p.total)
-        engine.copy_plan(p, buffer)
+        engine.copy_plan(p, buffer, files)
     except Exception as e:
         # The engine has freed what it held. Unless a path was forced, a
         # load that the batched copy could not do is done as before.

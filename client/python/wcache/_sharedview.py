@@ -16,26 +16,37 @@ instead: the file behind a range is found in /proc/self/maps, opened
 read-only through its path, mapped shared over the same file offsets, and
 checked to be the same inode (device and inode number) by MappedFile,
 which _torch.py's copy-on-write remap uses too (map_mapped_file); the
-engine's views of one file in one copy share one MappedFile (OpenFile), so
-the file is opened and checked once per copy, not once per view. /proc/self/maps and
+engine's views of one mapping share one MappedFile (MappingFiles), so the
+file is opened and checked once per mapping, not once per view. /proc/self/maps and
 fstat(2) can name one file differently: overlayfs before Linux 6.8 shows
 the underlying (upper or lower) inode in maps and the overlay's st_dev in
 stat (a container's /tmp), btrfs the superblock's device in maps and the
 subvolume's in stat. Where fstat disagrees, the new mapping's own line in
 /proc/self/maps decides: the kernel names both mappings the same way, and
-the same (device, inode) there is the same file. Where that cannot be
-done (the worker may not open the path: a file only the daemon can read; it
-was renamed over; the range is not one file's), :class:`Unavailable` says
-why, and the engine stages through pinned buffers instead, which keeps the
-page cache shared too.
+the same (device, inode) there is the same file. A mapping whose file has
+no path any more (maps says " (deleted)": a file renamed over or removed,
+or a memfd, which is what a derived artifact is: "/memfd:wcache-artifact
+(deleted)") is opened through /proc/self/map_files instead, which opens the
+mapped inode itself; Linux lets only a process with CAP_CHECKPOINT_RESTORE
+or CAP_SYS_ADMIN do that. Where no view can be made (the worker may not
+open the path: a file only the daemon can read; it was renamed over, or is
+a memfd, without those capabilities; the range is not one file's),
+:class:`Unavailable` says why, and the engine stages through pinned buffers
+instead, which keeps the page cache shared too.
+
+The engine keeps one :class:`MappingFiles` per model mapping (_device.py),
+so a model loaded tensor by tensor (safe_open's get_tensor on a device)
+reads /proc/self/maps and opens and checks its file once, not once per
+tensor.
 """
 import bisect
 import ctypes
+import errno
 import mmap
 import os
 
 __all__ = ["Unavailable", "NotMapped", "SharedView", "shared_view", "file_mappings",
-           "map_mapped_file", "mapped_identity", "MappedFile", "OpenFile"]
+           "map_mapped_file", "mapped_identity", "MappedFile", "MappingFiles"]
 
 _PROT_READ = 0x1
 _MAP_SHARED = 0x01
@@ -47,6 +58,7 @@ _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_
 _libc.munmap.restype = ctypes.c_int
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _MAP_FAILED = ctypes.c_void_p(-1).value
+_DELETED = b" (deleted)"
 
 
 class Unavailable(Exception):
@@ -101,8 +113,8 @@ def shared_view(lo, hi, entries=None, opened=None):
     one file mapping of entries (file_mappings(), read now when None: a
     caller with many ranges reads it once and passes it, since each read
     parses every line of /proc/self/maps); NotMapped when it lies in none,
-    Unavailable when no view can be made. opened, an OpenFile, keeps the
-    file open and checked for the caller's next view of it."""
+    Unavailable when no view can be made. opened, a MappingFiles, keeps
+    the file open and checked for the caller's next view of it."""
     if lo % mmap.PAGESIZE or hi % mmap.PAGESIZE or hi <= lo:
         raise Unavailable(f"range [{lo:#x}, {hi:#x}) is not page-aligned")
     entries = file_mappings() if entries is None else entries
@@ -119,7 +131,8 @@ def shared_view(lo, hi, entries=None, opened=None):
             raise Unavailable(f"{os.fsdecode(path)} is shorter than its mapping")
         return file_off, hi - lo
     if opened is None:
-        addr, _ = map_mapped_file(path, dev, ino, span, _PROT_READ, _MAP_SHARED)
+        addr, _ = map_mapped_file(path, dev, ino, span, _PROT_READ, _MAP_SHARED,
+                                  at=(start, _end))
     else:
         addr, _ = opened.file(entries[i]).map(span, _PROT_READ, _MAP_SHARED)
     return SharedView(lo, hi, addr, True)
@@ -135,11 +148,29 @@ def mapped_identity(addr):
     return entries[i][3], entries[i][4]
 
 
+def _deleted_reason(name, path, error):
+    """Why no view can be made of a mapping whose file has no path (maps
+    names it "PATH (deleted)"), /proc/self/map_files having refused with
+    error (an OSError)."""
+    if path.startswith(b"/memfd:"):
+        what = f"{name}: a memfd (a derived artifact is one), which has no path to open"
+    else:
+        what = f"{name}: the mapped file was deleted or renamed over"
+    if error.errno == errno.EPERM:
+        how = "opening it through /proc/self/map_files needs CAP_CHECKPOINT_RESTORE or " \
+              "CAP_SYS_ADMIN"
+    else:
+        how = f"/proc/self/map_files: {error.strerror}"
+    return f"{what}, and {how}"
+
+
 class MappedFile:
     """The file a /proc/self/maps entry names (path, dev as (major, minor),
     inode), opened read-only through its path, to be mapped again by map().
-    Unavailable where the entry says the file was deleted or renamed over,
-    or the path cannot be opened.
+    Where the entry says the file has no path (" (deleted)": renamed over,
+    removed, a memfd) and at, the entry's (start, end), is given, the
+    mapped inode is opened through /proc/self/map_files/START-END instead.
+    Unavailable where neither can be opened.
 
     Whether it is that file is checked once: by fstat at the first map(), or
     where fstat names it by another device or inode (overlayfs before Linux
@@ -149,15 +180,24 @@ class MappedFile:
     maps many ranges of one file reads maps once, not once per range.
     close() closes the descriptor (idempotent); mappings made stay."""
 
-    def __init__(self, path, dev, ino):
+    def __init__(self, path, dev, ino, at=None):
         self.name = os.fsdecode(path)
         self.dev, self.ino = dev, ino
-        if path.endswith(b" (deleted)"):
-            raise Unavailable(f"{self.name}: the mapped file was deleted or renamed over")
-        try:
-            self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
-        except OSError as e:
-            raise Unavailable(f"cannot open {self.name}: {e.strerror}") from None
+        self.fd = None
+        self.wrong = None  # why the descriptor is not the mapped file, once seen
+        flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY
+        if path.endswith(_DELETED):
+            if at is None:
+                raise Unavailable(f"{self.name}: the mapped file was deleted or renamed over")
+            try:
+                self.fd = os.open(f"/proc/self/map_files/{at[0]:x}-{at[1]:x}", flags)
+            except OSError as e:
+                raise Unavailable(_deleted_reason(self.name, path, e)) from None
+        else:
+            try:
+                self.fd = os.open(path, flags)
+            except OSError as e:
+                raise Unavailable(f"cannot open {self.name}: {e.strerror}") from None
         self.checked = None  # by the first fstat, else by a mapping's line in maps
 
     def map(self, span, prot, flags):
@@ -168,6 +208,8 @@ class MappedFile:
         read to check it; then nothing stays mapped. The caller unmaps addr."""
         if self.fd is None:
             raise Unavailable(f"{self.name}: closed")
+        if self.wrong is not None:
+            raise Unavailable(self.wrong)
         try:
             st = os.fstat(self.fd)
         except OSError as e:
@@ -190,7 +232,9 @@ class MappedFile:
                                   f"{e.strerror}") from None
             if identity != (self.dev, self.ino):
                 _libc.munmap(addr, length)
-                raise Unavailable(f"{self.name} is no longer the mapped file (renamed over)")
+                # What a descriptor is never changes: say so at once next time.
+                self.wrong = f"{self.name} is no longer the mapped file (renamed over)"
+                raise Unavailable(self.wrong)
             self.checked = True
         return addr, length
 
@@ -206,46 +250,83 @@ class MappedFile:
                 pass
 
 
-class OpenFile:
-    """The MappedFile of the last file mapping a caller's shared views were
-    made of (one at a time: a copy's ranges come in address order, so one
-    mapping's ranges follow each other), so that the file is opened and
-    checked once per mapping and copy, not once per view. Keyed by the
-    whole /proc/self/maps entry, the mapping itself: two mappings that maps
-    names alike (btrfs subvolumes' files with one inode number, at one path
-    through a bind mount) are each checked. Held by the caller for one copy,
-    while the mappings its ranges lie in cannot change. close() closes it
-    (idempotent)."""
+class MappingFiles:
+    """The files behind one model's mapping, opened and checked once for
+    every shared view made of it while it is mapped: the lines of
+    /proc/self/maps that overlap [lo, hi) (the model's tensor data; all
+    lines when None), read at the first view, and one MappedFile per line,
+    opened at its first view. A model loaded tensor by tensor (safe_open's
+    get_tensor on a device: one copy per tensor) then reads maps and opens
+    its file once, not once per tensor: a read parses every line of maps
+    (4 ms at 1,700 lines, 22 ms at 4,700, as a CUDA process has).
 
-    def __init__(self):
-        self.entry = self.opened = None
+    The lines read stay true while the model is mapped, and its owner keeps
+    this no longer than that (the copy engine: one per model handle, closed
+    when the handle goes; or one per copy): the kernel may split a line
+    since (every address in it still has its file offset), never give its
+    addresses to another file while it is mapped. A range no line read
+    covers is looked up in a fresh read. Keyed by the whole line, the
+    mapping itself: two mappings that maps names alike (btrfs subvolumes'
+    files with one inode number, at one path through a bind mount) are
+    each checked. One thread at a time (the engine's registration lock).
+    close() closes every descriptor (idempotent); views made stay."""
+
+    def __init__(self, lo=None, hi=None):
+        self.lo, self.hi = lo, hi
+        self.entries = None
+        self.files = {}
+        self.reads = 0  # reads of /proc/self/maps (tests)
+
+    def _read(self):
+        entries = file_mappings()
+        if self.lo is not None:
+            entries = [e for e in entries if e[0] < self.hi and self.lo < e[1]]
+        self.entries = entries
+        self.reads += 1
+
+    def view(self, lo, hi):
+        """A SharedView of the page-aligned range [lo, hi) (shared_view),
+        looked up in the lines read before, else (the first view, or a
+        range they lack) in a fresh read."""
+        fresh = self.entries is None
+        if fresh:
+            self._read()
+        try:
+            return shared_view(lo, hi, self.entries, self)
+        except NotMapped:
+            if fresh:
+                raise
+            self._read()
+            return shared_view(lo, hi, self.entries, self)
 
     def file(self, entry):
-        """The MappedFile of entry, a file_mappings() entry: the one held,
-        or opened now; Unavailable as MappedFile."""
-        if self.entry != entry:
-            self.close()
-            _start, _end, _offset, dev, ino, path, _shared = entry
-            self.opened = MappedFile(path, dev, ino)
-            self.entry = entry
-        return self.opened
+        """The MappedFile of entry, a file_mappings() line: the one held,
+        or opened now; Unavailable as MappedFile (not kept: a file the
+        worker may not open now is tried again at the next view)."""
+        opened = self.files.get(entry)
+        if opened is None:
+            start, end, _offset, dev, ino, path, _shared = entry
+            opened = self.files[entry] = MappedFile(path, dev, ino, at=(start, end))
+        return opened
 
     def close(self):
-        opened, self.opened, self.entry = self.opened, None, None
-        if opened is not None:
+        files, self.files, self.entries = self.files, {}, None
+        for opened in files.values():
             opened.close()
 
 
-def map_mapped_file(path, dev, ino, span, prot, flags):
+def map_mapped_file(path, dev, ino, span, prot, flags, at=None):
     """(addr, length) of a new mapping (mmap(2) with prot and flags) of the
     file a /proc/self/maps entry names (path, dev as (major, minor),
-    inode), opened read-only through its path; span(stat) gives the file
-    offset and length to map, or raises Unavailable. It is checked to be
-    that file (MappedFile). Unavailable where the entry says the file was
-    deleted or renamed over, the path cannot be opened, span refuses, mmap
-    fails, the path names another file, or /proc/self/maps cannot be read
-    to check it; then nothing stays mapped. The caller unmaps addr."""
-    opened = MappedFile(path, dev, ino)
+    inode), opened read-only through its path (or, with at, the entry's
+    (start, end), through /proc/self/map_files where it has no path: see
+    MappedFile); span(stat) gives the file offset and length to map, or
+    raises Unavailable. It is checked to be that file (MappedFile).
+    Unavailable where the entry says the file was deleted or renamed over
+    and it cannot be opened so, the path cannot be opened, span refuses,
+    mmap fails, the path names another file, or /proc/self/maps cannot be
+    read to check it; then nothing stays mapped. The caller unmaps addr."""
+    opened = MappedFile(path, dev, ino, at)
     try:
         return opened.map(span, prot, flags)
     finally:
