@@ -474,13 +474,18 @@ def test_save_file_io_errors_are_safetensor_errors(tmp_path):
         assert e.value.errno == 2
 
 
-def test_slice_errors_after_an_ellipsis_name_the_right_dimension(tmp_path, no_daemon):
-    """[..., 7] of a [2, 3, 4] tensor: the dimension out of bounds is #2, as
-    the message says for the same index written out ([:, :, 7]); torch, left
-    to check it, counted from the Ellipsis ("dimension 1")."""
+@pytest.mark.parametrize("framework,backend", [("np", "mmap"), ("pt", "pread")])
+def test_slice_errors_after_an_ellipsis_name_the_right_dimension(tmp_path, no_daemon,
+                                                                 framework, backend):
+    """[..., 7] of a [2, 3, 4] tensor, where upstream's own slicer checks
+    the index ("np", and "pt" with backend="pread"; upstream's slicer has no
+    Ellipsis, wcache's checks take it): the dimension out of bounds is #2,
+    as the message says for the same index written out ([:, :, 7]); torch,
+    left to check it, counted from the Ellipsis ("dimension 1")."""
     path = tmp_path / "e.safetensors"
-    wtorch.save_file({"t": torch.arange(24.0).reshape(2, 3, 4)}, path)
-    with wcache.safe_open(path, framework="pt") as f:
+    whole = torch.arange(24.0).reshape(2, 3, 4)
+    wtorch.save_file({"t": whole}, path)
+    with wcache.safe_open(path, framework=framework, backend=backend) as f:
         s = f.get_slice("t")
         for index, message in (
                 ((Ellipsis, 7), "Error during slicing [..., 7] with shape [2, 3, 4]: index 7 "
@@ -492,8 +497,37 @@ def test_slice_errors_after_an_ellipsis_name_the_right_dimension(tmp_path, no_da
             with pytest.raises(wcache.SafetensorError) as e:
                 s[index]
             assert str(e.value) == message
-        assert torch.equal(s[..., 3], torch.arange(24.0).reshape(2, 3, 4)[..., 3])
-        assert torch.equal(s[1, ...], torch.arange(24.0).reshape(2, 3, 4)[1])
+        want = whole if framework == "pt" else whole.numpy()
+        assert (s[..., 3] == want[..., 3]).all() and s[..., 3].shape == want[..., 3].shape
+        assert (s[1, ...] == want[1]).all() and s[1, ...].shape == want[1].shape
+
+
+def test_pt_slices_index_as_torch_does(tmp_path, no_daemon):
+    """framework="pt" with the default backend: upstream (bindings/python/
+    src/lib.rs, PySafeSlice.__getitem__, Storage::Torch) hands the index to
+    torch's __getitem__ on the whole tensor, so slice bounds past the end
+    are clamped (tensor-parallel loaders rely on it for the last shard:
+    TGI's get_partial_sharded takes [rank * block:(rank + 1) * block]),
+    lists, tensors and booleans index as in torch, and a bad index raises
+    torch's IndexError with torch's message. Before, wcache made its
+    slicer's checks ("np"'s) here too and raised for all of these."""
+    path = tmp_path / "s.safetensors"
+    a = torch.arange(50.0).reshape(10, 5)
+    wtorch.save_file({"a": a}, path)
+    with wcache.safe_open(path, framework="pt") as f:
+        s = f.get_slice("a")
+        for index in (slice(8, 12), slice(None, 20), (slice(None), slice(None, 20)),
+                      slice(12, 16), [0, 1], (slice(None), [0, 4]), torch.tensor([3, 1]),
+                      True, (Ellipsis, 1), None, slice(-20, 3), (2, slice(3, 99))):
+            got, want = s[index], a[index]
+            assert got.shape == want.shape and torch.equal(got, want), index
+        for index in ((Ellipsis, 7), 10, (0, 0, 0), (slice(None), -6)):
+            with pytest.raises(IndexError) as e:
+                a[index]
+            with pytest.raises(IndexError) as got:
+                s[index]
+            assert isinstance(got.value, wcache.SafetensorError)
+            assert str(got.value) == str(e.value), index
 
 
 def test_save_rules_for_shared_tensors(tmp_path):

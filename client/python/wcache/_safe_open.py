@@ -24,10 +24,11 @@ file order), ``get_slice`` (``get_shape``, ``get_dtype``, indexing),
 the context manager; framework "pt"/"torch"/"pytorch" or "np"/"numpy";
 device a string or an int (a CUDA index, as torch reads it); ``backend``
 "mmap" or "pread" (both mean the same here: tensors are views of the
-mapping). Errors are :class:`wcache.SafetensorError` where upstream raises
-it, each also the exception type wcache raised before (KeyError for a
-missing tensor, ValueError for a closed handle or a bad argument,
-IndexError for a bad slice index), and FileNotFoundError for a path that
+mapping; only get_slice's checks differ, as upstream's do). Errors are
+:class:`wcache.SafetensorError` where upstream raises it, each also the
+exception type wcache raised before (KeyError for a missing tensor,
+ValueError for a closed handle or a bad argument, IndexError for a bad
+slice index), and FileNotFoundError for a path that
 does not exist and is not served.
 
 Speed: tensors are made run by run (wcache/_table.py), so a state dict of
@@ -241,14 +242,21 @@ def _slice_text(index):
 
 class _Slice:
     """What get_slice() returns: shape and dtype without touching data, and
-    indexing checked as upstream checks it, that returns a view (zero-copy)
-    of the selected part. Steps in slices and negative bounds work as in
-    Python (upstream has neither)."""
+    indexing that returns a view (zero-copy) of the selected part, checked
+    as upstream checks it. Upstream has two ways: for "np", and for "pt"
+    with backend="pread", its own slicer, which refuses bounds past the end
+    and lists (:meth:`_check` makes its checks, with its messages); for
+    "pt" with the default backend, torch's own ``__getitem__`` on the whole
+    tensor, which clamps slice bounds and takes lists and tensors, and
+    whose errors are torch's (kept here, as an :class:`InvalidSlice` with
+    torch's message, when an IndexError). Steps in slices and negative
+    bounds work as in Python (upstream's slicer has neither)."""
 
     def __init__(self, owner, name):
         self._owner = owner
         self._name = name
         self._info = owner._model_open().info(name)
+        self._strict = owner._framework == "np" or owner._backend == "pread"
 
     def get_shape(self):
         return list(self._info.shape)
@@ -302,7 +310,8 @@ class _Slice:
         return index
 
     def __getitem__(self, index):
-        index = self._check(index)
+        if self._strict:
+            index = self._check(index)
         owner = self._owner
         try:
             if owner._device is None:
@@ -312,6 +321,8 @@ class _Slice:
             # would keep the whole tensor's device memory for the slice.
             part = owner._bulk().get(self._name)[index]
         except IndexError as e:
+            if not self._strict:
+                raise InvalidSlice(str(e)) from None  # torch's, as upstream raises it
             raise InvalidSlice(f"Error during slicing with shape {list(self._info.shape)}: "
                                f"{e}") from None
         return tensor_to_device(part, owner._device)
@@ -328,7 +339,8 @@ class safe_open:
     or an int, copies tensors there (get_tensors() all at once, into one
     device buffer; see wcache/_device.py). backend:
     "mmap" or "pread", accepted for compatibility (tensors are views of the
-    mapping either way)."""
+    mapping either way; "pread" checks get_slice's indexing as "np" does,
+    as upstream's does)."""
 
     def __init__(self, filename, framework="pt", device="cpu", *, backend="mmap"):
         self._model = None
@@ -337,7 +349,7 @@ class safe_open:
         self._host_release = None
         self._framework = check_framework(framework)
         self._device = check_device(self._framework, device)
-        check_backend(backend)
+        self._backend = check_backend(backend)
         self._filename = os.fspath(filename)
         self._empty_metadata = _UNKNOWN  # metadata() of a file without entries: {} or None
         self._model = open_model(filename)
