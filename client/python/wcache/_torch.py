@@ -119,7 +119,7 @@ def tensor(model, info):
 def _state_of(model):
     """model's _State, made by one thread on first use: the others wait for
     it, so every tensor of the model is on the same writable memory.
-    ValueError once the model is closed (checked under the lock close()
+    ClosedError once the model is closed (checked under the lock close()
     takes: a state kept on a closed model would keep its mapping)."""
     state = model._torch_state
     if state is None:

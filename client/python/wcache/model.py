@@ -165,9 +165,13 @@ class Model:
         return bool(_lib.lib().wc_model_stale(self._h().ptr))
 
     def _h(self):
+        """The handle; ClosedError (a ValueError, and upstream's
+        SafetensorError) once closed: safe_open's calls that another
+        thread's close() overtakes reach here, and must raise what a closed
+        handle raises."""
         h = self._handle
         if h is None:
-            raise ValueError(f"model {self._label!r} is closed")
+            raise _lib.ClosedError(f"model {self._label!r} is closed")
         return h
 
     def close(self):
