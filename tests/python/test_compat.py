@@ -530,6 +530,22 @@ def test_pt_slices_index_as_torch_does(tmp_path, no_daemon):
             assert str(got.value) == str(e.value), index
 
 
+@pytest.mark.parametrize("framework", ["pt", "np"])
+def test_get_slice_of_a_missing_tensor(tmp_path, no_daemon, framework):
+    """Upstream's get_slice of a name the file does not have raises
+    SafetensorError "File does not contain tensor NAME" (lib.rs, get_slice),
+    the text get_tensor gives; wcache's said "model PATH has no tensor
+    'NAME'"."""
+    path = tmp_path / "m.safetensors"
+    wtorch.save_file({"a": torch.zeros(2)}, path)
+    with wcache.safe_open(path, framework=framework) as f:
+        for get in (f.get_slice, f.get_tensor):
+            with pytest.raises(wcache.SafetensorError) as e:
+                get("nope")
+            assert str(e.value) == "File does not contain tensor nope"
+            assert isinstance(e.value, KeyError)  # what wcache raised before
+
+
 def test_save_rules_for_shared_tensors(tmp_path):
     shared = torch.zeros(4)
     with pytest.raises(RuntimeError, match="share memory"):

@@ -47,7 +47,8 @@ import struct
 import threading
 
 from ._lib import (INVALID_MODEL_ERRNOS, ClosedError, DaemonUnavailable, InvalidArgument,
-                   InvalidSlice, ModelNotFound, NoSuchFile, SafetensorError, WcacheError)
+                   InvalidSlice, MissingTensor, ModelNotFound, NoSuchFile, SafetensorError,
+                   WcacheError)
 from ._device import _say_once, tensor_to_device, to_device
 from ._hostreg import host_register, host_register_wanted
 from ._serialize import MAX_HEADER
@@ -255,7 +256,10 @@ class _Slice:
     def __init__(self, owner, name):
         self._owner = owner
         self._name = name
-        self._info = owner._model_open().info(name)
+        try:
+            self._info = owner._model_open().info(name)
+        except MissingTensor:
+            raise MissingTensor(f"File does not contain tensor {name}") from None  # upstream's
         self._strict = owner._framework == "np" or owner._backend == "pread"
 
     def get_shape(self):
