@@ -546,6 +546,23 @@ def test_get_slice_of_a_missing_tensor(tmp_path, no_daemon, framework):
             assert isinstance(e.value, KeyError)  # what wcache raised before
 
 
+def test_numpy_slice_of_every_dimension_is_a_0d_array(tmp_path, no_daemon):
+    """Upstream's np slicer makes every result with frombuffer(...).reshape(
+    new shape) (lib.rs, slice_bytes_to_tensor), so an index that takes
+    every dimension ([0, 1], or [()] of a 0-d tensor) gives a 0-d ndarray;
+    wcache gave numpy's scalar (numpy.float32), a copy without flags or
+    base."""
+    path = tmp_path / "m.safetensors"
+    a = np.arange(50, dtype=np.float32).reshape(10, 5)
+    wnp.save_file({"a": a, "s": np.array(2.5, dtype=np.float32)}, path)
+    with wcache.safe_open(path, framework="np") as f:
+        for name, index, want in (("a", (0, 1), 1.0), ("a", (9, -1), 49.0), ("s", (), 2.5)):
+            x = f.get_slice(name)[index]
+            assert type(x) is np.ndarray and x.shape == () and x.dtype == np.float32, index
+            assert x == want and x.base is not None and not x.flags.writeable
+        assert f.get_slice("a")[3].shape == (5,) and f.get_slice("a")[3][2] == 17.0
+
+
 def test_save_rules_for_shared_tensors(tmp_path):
     shared = torch.zeros(4)
     with pytest.raises(RuntimeError, match="share memory"):

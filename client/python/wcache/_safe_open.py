@@ -317,6 +317,13 @@ class _Slice:
         if self._strict:
             index = self._check(index)
         owner = self._owner
+        if owner._framework == "np":
+            # Every dimension indexed ([0, 1], or [()] of a 0-d tensor):
+            # numpy gives a scalar, a copy; upstream a 0-d ndarray, and with
+            # an Ellipsis numpy gives that, a view as every other result.
+            items = index if isinstance(index, tuple) else (index,)
+            if not any(x is Ellipsis for x in items):
+                index = items + (Ellipsis,)
         try:
             if owner._device is None:
                 return owner.get_tensor(self._name)[index]
