@@ -1,6 +1,7 @@
 """Upstream safetensors' documented behaviour, asserted against wcache:
 file bytes computed here from the format (not by wcache), exception types,
 dtypes, shapes, metadata, shared-tensor rules, and wcache.install()."""
+import gc
 import json
 import os
 import stat
@@ -15,7 +16,7 @@ import torch
 import wcache
 import wcache.numpy as wnp
 import wcache.torch as wtorch
-from pyhelpers import PYDIR, other_thread_before
+from pyhelpers import PYDIR, file_mappings, other_thread_before
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -561,6 +562,35 @@ def test_numpy_slice_of_every_dimension_is_a_0d_array(tmp_path, no_daemon):
             assert type(x) is np.ndarray and x.shape == () and x.dtype == np.float32, index
             assert x == want and x.base is not None and not x.flags.writeable
         assert f.get_slice("a")[3].shape == (5,) and f.get_slice("a")[3][2] == 17.0
+
+
+@pytest.mark.parametrize("framework", ["pt", "np"])
+@pytest.mark.parametrize("first", [False, True])
+def test_a_slice_outlives_its_handle(tmp_path, no_daemon, framework, first):
+    """Upstream's get_slice() object holds the file's storage itself (lib.rs:
+    PySafeSlice.storage, an Arc cloned from the handle's), and the handle's
+    __exit__ drops only its own, so a slice taken in a with block indexes
+    after it (first: after a get_tensor and a slice in the block, else the
+    first tensor made at all). wcache's indexed through the handle and
+    raised "File is closed". The mapping goes with the slice."""
+    path = tmp_path / "m.safetensors"
+    a = torch.arange(50.0).reshape(10, 5)
+    wtorch.save_file({"a": a, "b": torch.ones(3)}, path)
+    want = a if framework == "pt" else a.numpy()
+    with wcache.safe_open(path, framework=framework) as f:
+        s = f.get_slice("a")
+        if first:
+            assert (f.get_tensor("b") == 1).all() and (s[1] == want[1]).all()
+    assert s.get_shape() == [10, 5] and s.get_dtype() == "F32"
+    for index in (slice(None, 1), (slice(2, 4), 3), (Ellipsis, slice(1, None, 2))):
+        got = s[index]
+        assert type(got) is type(want) and got.shape == want[index].shape
+        assert (got == want[index]).all(), index
+    with pytest.raises(wcache.SafetensorError, match="^File is closed$"):
+        f.get_tensor("a")  # the handle itself stays closed
+    del got, s
+    gc.collect()
+    assert file_mappings(path) == 0, "the mapping outlives the slice"
 
 
 def test_save_rules_for_shared_tensors(tmp_path):

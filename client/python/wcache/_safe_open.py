@@ -52,7 +52,7 @@ from ._lib import (INVALID_MODEL_ERRNOS, ClosedError, DaemonUnavailable, Invalid
 from ._device import _say_once, tensor_to_device, to_device
 from ._hostreg import host_register, host_register_wanted
 from ._serialize import MAX_HEADER
-from .model import connect, open_file
+from .model import Model, connect, open_file
 
 __all__ = ["safe_open", "open_model"]
 
@@ -256,11 +256,18 @@ class _Slice:
     def __init__(self, owner, name):
         self._owner = owner
         self._name = name
+        model = owner._model_open()
         try:
-            self._info = owner._model_open().info(name)
+            self._info = model.info(name)
         except MissingTensor:
             raise MissingTensor(f"File does not contain tensor {name}") from None  # upstream's
         self._strict = owner._framework == "np" or owner._backend == "pread"
+        # The mapping, for indexing after the handle is closed: upstream's
+        # slice holds the storage (an Arc), and its handle's close drops
+        # only the handle's own reference. A model's _Handle keeps the
+        # mapping while anything holds it (wcache/model.py).
+        self._keep = (model._h(), model.source)
+        self._own = None  # a Model of the slice's own over that handle, made after close
 
     def get_shape(self):
         return list(self._info.shape)
@@ -325,18 +332,36 @@ class _Slice:
             if not any(x is Ellipsis for x in items):
                 index = items + (Ellipsis,)
         try:
-            if owner._device is None:
-                return owner.get_tensor(self._name)[index]
-            # On a device: the part selected, copied alone (upstream's
-            # size), never the whole tensor copied and then sliced, which
-            # would keep the whole tensor's device memory for the slice.
-            part = owner._bulk().get(self._name)[index]
+            try:
+                if owner._device is None:
+                    whole = owner.get_tensor(self._name)
+                else:
+                    # On a device: the part selected, copied alone
+                    # (upstream's size), never the whole tensor copied and
+                    # then sliced, which would keep the whole tensor's
+                    # device memory for the slice.
+                    whole = owner._bulk().get(self._name)
+            except ClosedError:
+                whole = self._whole_after_close()
+            part = whole[index]
         except IndexError as e:
             if not self._strict:
                 raise InvalidSlice(str(e)) from None  # torch's, as upstream raises it
             raise InvalidSlice(f"Error during slicing with shape {list(self._info.shape)}: "
                                f"{e}") from None
-        return tensor_to_device(part, owner._device)
+        return part if owner._device is None else tensor_to_device(part, owner._device)
+
+    def _whole_after_close(self):
+        """The whole tensor, on the CPU, once the handle is closed: a view
+        made by a Model of this slice's own over the handle it keeps (one
+        per slice, made on first use), on the same memory as the handle's
+        tensors (torch: the same copy-on-write pages)."""
+        model = self._own
+        if model is None:
+            model = self._own = Model(*self._keep)
+        if self._owner._framework == "np":
+            return model.numpy(self._name)
+        return model.torch(self._name)
 
     def __repr__(self):
         return f"<wcache slice {self._name!r} {self._info.dtype} {list(self._info.shape)}>"
