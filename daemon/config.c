@@ -36,6 +36,7 @@ static const char *const wcached_keys[WK_COUNT] = {
 	[WK_RESTART_HOLD_SECONDS] = "restart_hold_seconds",
 	[WK_START_WAIT_SECONDS] = "start_wait_seconds",
 	[WK_STAGE_DIR] = "stage_dir",
+	[WK_UNREAD_REPLY_SECONDS] = "unread_reply_seconds",
 };
 
 static const char *const model_keys[MK_COUNT] = {
@@ -290,6 +291,11 @@ wcached_key(struct parse_ctx *ctx, const char *key, const char *value)
 			    &v) == 0)
 			cfg->start_wait_seconds = (unsigned)v;
 		break;
+	case WK_UNREAD_REPLY_SECONDS:
+		if (config_parse_int_key(ctx, "", key, value, 1, CONFIG_MAX_UNREAD_REPLY_SECONDS,
+			    &v) == 0)
+			cfg->unread_reply_seconds = (unsigned)v;
+		break;
 	case WK_STAGE_DIR:
 		free(cfg->stage_dir);
 		cfg->stage_dir = NULL;
@@ -480,6 +486,7 @@ config_load(const char *path, struct config **out)
 	cfg->max_clients_per_uid = CONFIG_DEFAULT_MAX_CLIENTS_PER_UID;
 	cfg->restart_hold_seconds = CONFIG_DEFAULT_RESTART_HOLD_SECONDS;
 	cfg->start_wait_seconds = CONFIG_DEFAULT_START_WAIT_SECONDS;
+	cfg->unread_reply_seconds = CONFIG_DEFAULT_UNREAD_REPLY_SECONDS;
 	cfg->file = strdup(path);
 	cfg->socket_path = strdup(DEFAULT_SOCKET_PATH);
 	cfg->control_path = strdup(DEFAULT_CONTROL_PATH);

@@ -15,6 +15,8 @@
  *                                         ; generation workers held waits for their HOLD
  *   start_wait_seconds = 30               ; 0..86400: how long start-up waits for every
  *                                         ; model to load before it serves those that did
+ *   unread_reply_seconds = 60             ; 1..86400: a client connection that leaves its
+ *                                         ; replies unread this long, one held back, closes
  *   stage_dir = /var/cache/wcached/staged ; local copies of models on shared storage
  *
  *   [model llama-3-8b]
@@ -69,6 +71,8 @@
 #define CONFIG_MAX_RESTART_HOLD_SECONDS 86400
 #define CONFIG_DEFAULT_START_WAIT_SECONDS 30
 #define CONFIG_MAX_START_WAIT_SECONDS 86400
+#define CONFIG_DEFAULT_UNREAD_REPLY_SECONDS 60
+#define CONFIG_MAX_UNREAD_REPLY_SECONDS 86400
 #define CONFIG_DEFAULT_DERIVE_TIMEOUT 600
 #define CONFIG_MAX_DERIVE_TIMEOUT 86400
 #define CONFIG_MODEL_NAME_MAX 128 /* bytes, not counting the NUL */
@@ -140,6 +144,8 @@ struct config {
 	gid_t user_gid;        /* that user's primary group from the passwd entry */
 	unsigned restart_hold_seconds; /* 0..86400, default 60 (restore.h) */
 	unsigned start_wait_seconds;   /* 0..86400, default 30: serving waits for loads */
+	unsigned unread_reply_seconds; /* 1..86400, default 60: a client connection whose
+					  replies stay unread this long, one held back, is closed */
 	/* Absolute; where staged copies go (default CONFIG_DEFAULT_STAGE_DIR). */
 	char *stage_dir;
 

@@ -348,7 +348,7 @@ start_serving(struct daemon *d, unsigned failed, void *arg)
 {
 	struct server_options sopt = { .max_clients = d->cfg->max_clients,
 		.max_clients_per_uid = d->cfg->max_clients_per_uid, .derive = &d->derive,
-		.closer = d->closer };
+		.closer = d->closer, .unread_reply_ms = d->cfg->unread_reply_seconds * 1000u };
 
 	(void)arg;
 	if (d->stopping)

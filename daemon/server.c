@@ -117,6 +117,7 @@ conn_flush(struct conn *c)
 	n = fdp_send(c->fd, c->out, c->out_len, c->out_fds, c->out_nfds);
 	if (n == -EAGAIN) {
 		conn_set_deferred(c, DEFER_NONE);
+		conn_hold(c);
 		uv_poll_start(&c->poll, UV_WRITABLE | UV_DISCONNECT, conn_io);
 		return;
 	}
@@ -129,6 +130,7 @@ conn_flush(struct conn *c)
 		goto defer;
 	}
 	conn_set_deferred(c, DEFER_NONE);
+	conn_unhold(c);
 	c->pending = 0;
 	if (n < 0) {
 		log_warnx("client pid %d uid %u: send: %s; closing the connection", (int)c->pid,
@@ -138,14 +140,11 @@ conn_flush(struct conn *c)
 	}
 	inflight_add(c, (unsigned)c->out_nfds);
 	c->out_nfds = 0;
-	if (c->close_after_send) {
-		conn_close(c);
-		return;
-	}
 	uv_poll_start(&c->poll, UV_READABLE | UV_DISCONNECT, conn_io);
 	return;
 defer:
 	conn_set_deferred(c, DEFER_REPLY);
+	conn_hold(c);
 	/* Only a hang-up is of interest until the reply can go. */
 	uv_poll_start(&c->poll, UV_DISCONNECT, conn_io);
 }
@@ -435,6 +434,7 @@ conn_close(struct conn *c)
 		return;
 	c->closing = 1;
 	conn_set_deferred(c, DEFER_NONE);
+	conn_unhold(c);
 	/* The peer's socket, and with it everything unread, goes away with
 	 * the connection (or is no longer ours to account for). */
 	inflight_forget(c);
@@ -709,6 +709,8 @@ server_start(uv_loop_t *loop, struct registry *reg, int listen_fd,
 	s->max_attaches = opt && opt->max_attaches ? opt->max_attaches : DEFAULT_MAX_ATTACHES;
 	s->derive = opt ? opt->derive : NULL;
 	s->closer = opt ? opt->closer : NULL;
+	s->unread_reply_ms = opt && opt->unread_reply_ms ? opt->unread_reply_ms :
+							   DEFAULT_UNREAD_REPLY_MS;
 	fd_budget_init(s);
 	if ((r = uv_poll_init(loop, &s->listen_poll, listen_fd)) < 0) {
 		if (s->spare_fd >= 0)
@@ -720,6 +722,8 @@ server_start(uv_loop_t *loop, struct registry *reg, int listen_fd,
 	s->retry_timer.data = s;
 	uv_timer_init(loop, &s->accept_timer);
 	s->accept_timer.data = s;
+	uv_timer_init(loop, &s->unread_timer);
+	s->unread_timer.data = s;
 	s->listen_poll.data = s;
 	uv_poll_start(&s->listen_poll, UV_READABLE, on_accept);
 	*out = s;
@@ -751,16 +755,18 @@ server_announce(struct server *s, const struct model_entry *m, uint64_t generati
 	}
 }
 
-/* Close callback of the listener, then of both timers: the last frees s. */
+/* Close callback of the listener, then of the three timers: the last
+ * frees s. */
 static void
 server_free(uv_handle_t *handle)
 {
 	struct server *s = handle->data;
 
 	if (handle == (uv_handle_t *)&s->listen_poll) {
-		s->timers_open = 2;
+		s->timers_open = 3;
 		uv_close((uv_handle_t *)&s->retry_timer, server_free);
 		uv_close((uv_handle_t *)&s->accept_timer, server_free);
+		uv_close((uv_handle_t *)&s->unread_timer, server_free);
 		return;
 	}
 	if (--s->timers_open > 0)

@@ -32,6 +32,9 @@ struct server_options {
 	struct closer *closer;         /* closes every descriptor a client chose:
 					  its connection and what it passed
 					  (closer.h); NULL: close() on the loop */
+	unsigned unread_reply_ms;      /* a connection whose replies stay unread this
+					  long, one held back, is closed; 0 = 60 s
+					  (unread_reply_seconds) */
 };
 
 /* The hooks derive_init() needs to answer the server's waiting
@@ -77,6 +80,8 @@ struct server_stats {
 				       or accept4 failing otherwise (ENOMEM, ENOBUFS) */
 	unsigned long closed_inline; /* descriptors closed on the loop: no memory or
 					thread for a closing thread (closer.h) */
+	uint64_t unread_closed;     /* connections closed: their replies stayed unread
+				       for unread_reply_ms with one held back */
 };
 void server_get_stats(const struct server *s, struct server_stats *out);
 

@@ -4,7 +4,8 @@
  * connection, per uid and in all, confirmed received with SIOCOUTQ, and the
  * limits derived from RLIMIT_NOFILE that hold back the replies of clients
  * that leave theirs unread, so that they never use up the kernel's in-flight
- * quota every other client's replies need.
+ * quota every other client's replies need; and the time limit on a reply
+ * held back while the client reads nothing (unread_reply_ms).
  */
 #include <fcntl.h>
 #include <sys/ioctl.h>
@@ -123,6 +124,87 @@ fd_budget_allows(struct conn *c, size_t nfds)
 	for (struct conn *o = s->conns; o != NULL; o = o->next)
 		conn_confirm(o);
 	return budget_has_room(c, nfds);
+}
+
+/* Bytes of what c was sent that its peer has not read (SIOCOUTQ); 0 when
+ * the kernel does not say. */
+static int
+conn_unread_bytes(const struct conn *c)
+{
+	int unread;
+
+	return ioctl(c->fd, SIOCOUTQ, &unread) == 0 ? unread : 0;
+}
+
+/*
+ * Looks at every connection with a reply held back: one whose peer has
+ * read nothing of what it was sent for unread_reply_ms is closed. One that
+ * read something, or everything (its reply waits for descriptors other
+ * clients have in flight: not its doing), starts its time again.
+ */
+static void
+on_unread(uv_timer_t *t)
+{
+	struct server *s = t->data;
+	uint64_t now = uv_now(s->loop) + 1;
+	struct conn *c, *next;
+	int unread;
+
+	for (c = s->conns; c != NULL; c = next) {
+		next = c->next;
+		if (c->held_ms == 0 || c->closing)
+			continue;
+		if ((unread = conn_unread_bytes(c)) == 0 || unread < c->held_unread) {
+			c->held_ms = now;
+			c->held_unread = unread;
+			continue;
+		}
+		if (now - c->held_ms < s->unread_reply_ms)
+			continue;
+		s->stats.unread_closed++;
+		log_warnx("client pid %d uid %u: %d bytes of the replies it was sent unread for "
+			  "%u s, and the next one held back; closing the connection "
+			  "(unread_reply_seconds)", (int)c->pid, (unsigned)c->uid, unread,
+			s->unread_reply_ms / 1000);
+		conn_close(c);
+	}
+}
+
+/*
+ * A reply of c is held back: while it is, wcached reads nothing more from
+ * c, so a hang-up is the only way it ends, and a client can make sure none
+ * ever comes: it queues a message passing its own end of the socket and
+ * exits (the unread message keeps that end open, in wcached's receive
+ * queue, where the kernel's garbage collector does not look). Its
+ * attaches, its place under max_clients and the old generations it holds
+ * then stay until wcached stops. So a connection whose peer reads nothing
+ * for unread_reply_ms is closed (on_unread).
+ */
+void
+conn_hold(struct conn *c)
+{
+	struct server *s = c->srv;
+	uint64_t every = s->unread_reply_ms < 2000 ? s->unread_reply_ms / 2 : 1000;
+
+	if (c->held_ms != 0)
+		return;
+	c->held_ms = uv_now(s->loop) + 1;
+	c->held_unread = conn_unread_bytes(c);
+	if (s->nheld++ == 0)
+		uv_timer_start(&s->unread_timer, on_unread, every, every);
+}
+
+/* c's reply went, or c closes. */
+void
+conn_unhold(struct conn *c)
+{
+	struct server *s = c->srv;
+
+	if (c->held_ms == 0)
+		return;
+	c->held_ms = 0;
+	if (--s->nheld == 0)
+		uv_timer_stop(&s->unread_timer);
 }
 
 /* The highest descriptor number open now: what the daemon already uses. */

@@ -19,6 +19,7 @@
 #define DEFAULT_MAX_CLIENTS 1024
 #define DEFAULT_MAX_CLIENTS_PER_UID 256
 #define DEFAULT_MAX_ATTACHES 4096
+#define DEFAULT_UNREAD_REPLY_MS 60000
 
 struct attach_ref {
 	uint64_t handle;
@@ -53,12 +54,16 @@ struct conn {
 	int waiting;                   /* a DERIVE waits for another worker's build: no
 					  request is read until derive.c answers it */
 	enum conn_deferred deferred;   /* held back, looked at again by the retry timer */
-	int close_after_send;
 	int closing;
 	struct closer *closer;         /* the server's, for after the server is gone */
 	int throttle_logged;           /* one warning per peer for backpressure */
 	int paused_logged;             /* ... and one (and one count) for DEFER_READ */
 	unsigned inflight_fds;         /* sent with replies, not yet known to be received */
+	/* A reply held back (EAGAIN, or the descriptor budget): since when no
+	 * reply it was sent has been read (loop time), and how many bytes of
+	 * them were unread then (SIOCOUTQ); held_ms 0: none is held back. */
+	uint64_t held_ms;
+	int held_unread;
 	struct conn *next, **prevp;
 };
 
@@ -100,6 +105,9 @@ struct server {
 	int sent_since_sweep;  /* descriptors were sent since that sweep */
 	unsigned ndeferred;
 	uv_timer_t retry_timer;
+	unsigned nheld;          /* connections with a reply held back (held_ms != 0) */
+	unsigned unread_reply_ms; /* closed when their replies stay unread this long */
+	uv_timer_t unread_timer; /* looks at them while nheld > 0 */
 	struct server_stats stats;
 };
 
@@ -108,7 +116,9 @@ struct server {
 void conn_send(struct conn *c, const uint8_t *buf, size_t len, const int *fds, size_t nfds);
 void conn_close(struct conn *c);
 
-/* Replies with an error; fatal ones close the connection once sent. */
+/* Replies with an error. A fatal one is sent only if the socket takes it at
+ * once, and the connection is closed: a peer that sent a malformed message
+ * and reads nothing is not waited for. */
 void conn_error(struct conn *c, uint32_t seq, int code, int fatal, const char *fmt, ...)
 	__attribute__((format(printf, 5, 6)));
 
@@ -129,6 +139,10 @@ void inflight_add(struct conn *c, unsigned n);
 void inflight_forget(struct conn *c);
 /* Forgets them once the peer has read everything sent to it (SIOCOUTQ 0). */
 void conn_confirm(struct conn *c);
+/* A reply of c is held back (conn_hold), or no longer (conn_unhold): one
+ * whose peer reads nothing for unread_reply_ms is closed. */
+void conn_hold(struct conn *c);
+void conn_unhold(struct conn *c);
 /* May c send a reply carrying nfds descriptors now? */
 int fd_budget_allows(struct conn *c, size_t nfds);
 /* Derives the reserve and the budget from s->fd_limit (RLIMIT_NOFILE). */

@@ -14,11 +14,17 @@
 #include <string.h>
 
 #include "closer.h"
+#include "config.h"
 #include "derive.h"
 #include "log.h"
+#include "proto/fdpass.h"
 #include "proto/wire.h"
 #include "restore.h"
 #include "server_internal.h"
+
+/* The longest a DERIVE waits for another worker's build, whatever its
+ * wait_ms: the longest derive_timeout a builder may have (PROTOCOL.md). */
+#define DERIVE_WAIT_MAX_MS (CONFIG_MAX_DERIVE_TIMEOUT * 1000u)
 
 void
 conn_error(struct conn *c, uint32_t seq, int code, int fatal, const char *fmt, ...)
@@ -31,13 +37,18 @@ conn_error(struct conn *c, uint32_t seq, int code, int fatal, const char *fmt, .
 	va_start(ap, fmt);
 	vsnprintf(text, sizeof(text), fmt, ap);
 	va_end(ap);
+	/* The wire carries positive errno values. */
+	n = wire_put_error(buf, sizeof(buf), seq, -code, text);
 	if (fatal) {
 		log_warnx("client pid %d uid %u: %s; closing the connection", (int)c->pid,
 			(unsigned)c->uid, text);
-		c->close_after_send = 1;
+		/* No reply is pending (the connection was being read). */
+		if (n > 0)
+			(void)fdp_send(c->fd, buf, (size_t)n, NULL, 0);
+		conn_close(c);
+		return;
 	}
-	/* The wire carries positive errno values. */
-	if ((n = wire_put_error(buf, sizeof(buf), seq, -code, text)) < 0) {
+	if (n < 0) {
 		conn_close(c);
 		return;
 	}
@@ -225,6 +236,10 @@ request_derive(struct conn *c, const struct wire_message *msg)
 	}
 	if (refs_room(c, msg->h.seq) < 0)
 		return;
+	/* A waiting connection is not read: its wait ends within the longest
+	 * derive_timeout, so that it is read again (PROTOCOL.md, DERIVE). */
+	if (d.wait_ms > DERIVE_WAIT_MAX_MS)
+		d.wait_ms = DERIVE_WAIT_MAX_MS;
 	r = derive_request(s->derive, &d, &peer, c, msg->h.seq, &a, &b, text, sizeof(text));
 	if (r < 0) {
 		conn_error(c, msg->h.seq, r, 0, "%s", text);

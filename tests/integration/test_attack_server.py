@@ -8,6 +8,11 @@ socket, against the real daemon:
     then on every connection waiting in the backlog made the event loop
     spin in accept4 -> EMFILE (100% CPU) for as long as the table stayed
     full, with no spare ever made again;
+  - a client that pipelines requests, reads none of the replies, queues a
+    message passing its own end of the connection behind them and exits:
+    wcached read nothing more while a reply was held back, so no hang-up
+    ever came, and the connection kept its attaches and its places under
+    max_clients and max_clients_per_uid until wcached stopped;
   - a builder in derive_groups that publishes artifact after artifact under
     new keys: each one kept four descriptors in wcached (its memfd and its
     sealed index, each twice) while its source generation was current, and nothing
@@ -33,7 +38,7 @@ from test_regressions import start  # noqa: F401 (the fixture, used by name)
 from test_derived import (ARTIFACT, RELEASE, RELEASE_OK, Peer, build, closing, memfd_with,
                           run_as, st_bytes, take_artifact, waiting)
 from test_derived import derived  # noqa: F401 (the fixture, used by name)
-from ctlutil import model_entry
+from ctlutil import model_entry, status
 from test_neighbours import metric
 
 # daemon/derive.h: artifacts and builds one model, and one builder user of
@@ -475,4 +480,69 @@ def test_a_client_that_half_closes_still_gets_its_replies(start, tmp_path):
     assert reply_or_refusal(s)[0] == ATTACH_OK
     assert reply_or_refusal(s)[0] == ERROR
     assert s.recv(16) == b""
+    s.close()
+
+
+def pipeline_attaches(d, s, count):
+    """Queues up to count ATTACH "small" on s while wcached is stopped, so
+    that none is read before all are there; returns how many went."""
+    s.setblocking(False)
+    sent = 0
+    with stopped(d):
+        try:
+            for i in range(count):
+                s.send(message(ATTACH, b"small", seq=i + 1))
+                sent += 1
+        except BlockingIOError:
+            pass
+    s.setblocking(True)
+    return sent
+
+
+def test_a_connection_does_not_outlive_its_process(start, tmp_path):
+    # 150 ATTACHes, then a RELEASE passing the connection's own socket, then
+    # the client closes its copy: the one left is in flight, in wcached's
+    # receive queue behind the requests. Their replies' descriptors pass the
+    # uid's budget (RLIMIT_NOFILE 1024: 128 in flight), so a reply is held
+    # back and wcached reads no further: the hang-up never came, and the
+    # connection held its 40-odd attaches until wcached stopped. Now it is
+    # closed once its replies have stayed unread for unread_reply_seconds.
+    d = start({"small": mkmodel(tmp_path / "small.safetensors", **SMALL)},
+              extra="unread_reply_seconds = 1", nofile=1024)
+    ready(d, "small")
+    s = raw_client(d)
+    s.setblocking(False)
+    with stopped(d):
+        for i in range(150):
+            s.send(message(ATTACH, b"small", seq=i + 1))
+        s.sendmsg([message(RELEASE, struct.pack("<Q", 1), seq=151)],
+                  [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", s.fileno()))])
+        s.close()
+    wait_until(lambda: model_entry(d, "small")["attached"] > 0, what="the attaches")
+    wait_until(lambda: status(d)["clients"] == 0 and model_entry(d, "small")["attached"] == 0,
+               timeout=SHORT, what="the orphaned connection to close")
+    d.wait_for_log(r"client pid \d+ uid \d+: \d+ bytes of the replies it was sent unread for "
+                   r"1 s, and the next one held back; closing the connection")
+
+
+def test_a_client_that_reads_slowly_is_not_closed(start, tmp_path):
+    # The same pipeline, read one reply every 0.25 s for three times
+    # unread_reply_seconds, then to the end: each reply read starts the time
+    # again, so every request is answered and the connection stays.
+    d = start({"small": mkmodel(tmp_path / "small.safetensors", **SMALL)},
+              extra="unread_reply_seconds = 1", nofile=1024)
+    ready(d, "small")
+    s = raw_client(d)
+    sent = pipeline_attaches(d, s, 150)
+    assert sent == 150
+    replies = []
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        replies.append(receive(s)[0])
+        time.sleep(0.25)
+    while len(replies) < sent:
+        replies.append(receive(s)[0])
+    assert replies == [ATTACH_OK] * sent
+    assert status(d)["clients"] == 1
+    assert "unread_reply_seconds" not in d.read_log()
     s.close()

@@ -119,6 +119,7 @@ test_full(void **state)
 			   "max_clients_per_uid = 100\n"
 			   "restart_hold_seconds = 0\n"
 			   "start_wait_seconds = 5\n"
+			   "unread_reply_seconds = 7\n"
 			   "user = root\n"
 			   "\n"
 			   "[model llama-3-8b]\n"
@@ -145,6 +146,7 @@ test_full(void **state)
 	assert_int_equal(cfg->max_clients_per_uid, 100);
 	assert_int_equal(cfg->restart_hold_seconds, 0);
 	assert_int_equal(cfg->start_wait_seconds, 5);
+	assert_int_equal(cfg->unread_reply_seconds, 7);
 	assert_string_equal(cfg->user, "root");
 	assert_int_equal(cfg->user_uid, 0);
 	assert_int_equal(cfg->user_gid, 0);
@@ -156,7 +158,7 @@ test_full(void **state)
 	assert_string_equal(m->path, "/models/llama-3-8b");
 	assert_int_equal(m->pin, PIN_ALL);
 	assert_false(m->warm);
-	assert_int_equal(m->line, 16);
+	assert_int_equal(m->line, 17);
 	assert_string_equal(m->allow_users, "root, 1234");
 	assert_int_equal(m->n_uids, 2);
 	assert_int_equal(m->uids[0], 0);
@@ -171,7 +173,7 @@ test_full(void **state)
 	assert_string_equal(m->path, "/models/qwen/model.safetensors.index.json");
 	assert_int_equal(m->pin, PIN_NONE);
 	assert_true(m->warm);
-	assert_int_equal(m->line, 23);
+	assert_int_equal(m->line, 24);
 	assert_null(m->allow_users);
 	assert_null(m->allow_groups);
 	assert_int_equal(m->n_uids, 0);
@@ -203,6 +205,7 @@ test_defaults(void **state)
 	assert_int_equal(cfg->max_clients_per_uid, 256);
 	assert_int_equal(cfg->restart_hold_seconds, 60);
 	assert_int_equal(cfg->start_wait_seconds, 30);
+	assert_int_equal(cfg->unread_reply_seconds, 60);
 	assert_null(cfg->user);
 	assert_int_equal(cfg->n_models, 0);
 	config_free(cfg);
@@ -583,6 +586,8 @@ test_errors(void **state)
 	check_error(f, "[wcached]\nrestart_hold_seconds = 86401\n", 2,
 		"restart_hold_seconds: 86401 is out of range (0..86400)");
 	check_error(f, "[wcached]\nstart_wait_seconds = -1\n", 2, "not a number");
+	check_error(f, "[wcached]\nunread_reply_seconds = 0\n", 2,
+		"unread_reply_seconds: 0 is out of range (1..86400)");
 	check_error(f, "[wcached]\nstart_wait_seconds = 86401\n", 2,
 		"start_wait_seconds: 86401 is out of range (0..86400)");
 	check_error(f, "[wcached]\nmax_clients_per_uid = 1000001\n", 2, "out of range");
