@@ -1,9 +1,11 @@
 """Upstream safetensors' documented behaviour, asserted against wcache:
 file bytes computed here from the format (not by wcache), exception types,
 dtypes, shapes, metadata, shared-tensor rules, and wcache.install()."""
+import errno
 import gc
 import json
 import os
+import shutil
 import stat
 import struct
 import subprocess
@@ -16,7 +18,7 @@ import torch
 import wcache
 import wcache.numpy as wnp
 import wcache.torch as wtorch
-from pyhelpers import PYDIR, file_mappings, other_thread_before
+from pyhelpers import PYDIR, file_mappings, other_thread_before, run_python
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -591,6 +593,55 @@ def test_a_slice_outlives_its_handle(tmp_path, no_daemon, framework, first):
     del got, s
     gc.collect()
     assert file_mappings(path) == 0, "the mapping outlives the slice"
+
+
+def test_a_file_that_cannot_be_opened_is_file_not_found(tmp_path, no_daemon):
+    """Upstream raises FileNotFoundError for every failure to open the file
+    (lib.rs, Open::new: File::open(...).map_err(PyFileNotFoundError)), not
+    only for a missing one, so code written for it catches these with
+    `except FileNotFoundError`; wcache raised a plain WcacheError. Now
+    wcache.CannotOpenFile, a FileNotFoundError and a WcacheError with the
+    failure's own errno and message. A file that opens but is not a model
+    stays a SafetensorError, not a FileNotFoundError."""
+    model = tmp_path / "m.safetensors"
+    wtorch.save_file({"a": torch.zeros(2)}, model)
+    loop = tmp_path / "loop.safetensors"
+    os.symlink(loop, loop)
+    for path, code in ((model / "x", errno.ENOTDIR), (loop, errno.ELOOP),
+                       (tmp_path / ("n" * 300), errno.ENAMETOOLONG)):
+        with pytest.raises(FileNotFoundError) as e:
+            wcache.safe_open(path, framework="pt")
+        assert isinstance(e.value, wcache.CannotOpenFile), path
+        assert isinstance(e.value, wcache.WcacheError) and e.value.errno == code, path
+        assert str(path) in str(e.value) and os.strerror(code) in str(e.value), str(e.value)
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x10" + bytes(7) + b"{}")
+    with pytest.raises(wcache.SafetensorError) as e:
+        wcache.safe_open(bad, framework="pt")
+    assert not isinstance(e.value, FileNotFoundError)
+    # Permission denied: as an unprivileged user (root opens anything).
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    secret = shared / "secret.safetensors"
+    wtorch.save_file({"a": torch.zeros(2)}, secret)
+    secret.chmod(0o600 if os.geteuid() == 0 else 0)
+    code = ("import wcache\n"
+            "try:\n"
+            f"    wcache.safe_open({str(secret)!r}, framework='np')\n"
+            "except FileNotFoundError as e:\n"
+            "    print(type(e).__name__, e.errno, isinstance(e, wcache.WcacheError), e)\n")
+    if os.geteuid() != 0:
+        r = run_python(code)
+    elif not shutil.which("setpriv"):
+        pytest.skip("no setpriv to run as an unprivileged user for permission denied")
+    else:
+        for d in [shared, *shared.parents]:  # nobody needs to reach the file
+            if d.stat().st_mode & 0o001 == 0:
+                d.chmod(d.stat().st_mode | 0o001)
+        r = run_python(code, wrap=("setpriv", "--reuid=65534", "--regid=65534",
+                                   "--clear-groups"))
+    assert r.stdout == f"CannotOpenFile {errno.EACCES} True {secret}: Permission denied\n", \
+        r.stdout + r.stderr
 
 
 def test_save_rules_for_shared_tensors(tmp_path):

@@ -26,8 +26,8 @@ wcache/_torch.py). Arrays and tensors keep the model mapped after
 Pure Python over libwcache with ctypes; see wcache/_lib.py for how the
 library is found ($WCACHE_LIB, the build tree, the system library path).
 """
-from ._lib import (DaemonUnavailable, LibraryNotFound, ModelNotFound, NoSuchFile,
-                   SafetensorError, WcacheError, library_path)
+from ._lib import (CannotOpenFile, DaemonUnavailable, LibraryNotFound, ModelNotFound,
+                   NoSuchFile, SafetensorError, WcacheError, library_path)
 from ._safe_open import _safe_open_handle, open_model, safe_open
 from ._serialize import TensorSpec, deserialize, serialize, serialize_file
 from ._derived import derived
@@ -39,6 +39,6 @@ __version__ = "0.1.0"
 __all__ = [
     "Client", "Model", "TensorInfo", "connect", "open_file", "open_model", "safe_open",
     "default_socket", "library_path", "WcacheError", "DaemonUnavailable", "ModelNotFound",
-    "LibraryNotFound", "NoSuchFile", "SafetensorError", "TensorSpec", "serialize",
+    "LibraryNotFound", "NoSuchFile", "CannotOpenFile", "SafetensorError", "TensorSpec", "serialize",
     "serialize_file", "deserialize", "install", "uninstall", "derived",
 ]

@@ -53,6 +53,14 @@ class NoSuchFile(ModelNotFound, FileNotFoundError):
     wcache raised before."""
 
 
+class CannotOpenFile(WcacheError, FileNotFoundError):
+    """safe_open of a path that exists, or may, but cannot be opened
+    (permission denied, a component that is not a directory, a symlink
+    loop, a name too long): a FileNotFoundError, as upstream raises for
+    every failure to open the file (bindings/python/src/lib.rs,
+    Open::new), with this failure's errno and message."""
+
+
 # The codes libwcache returns for a file that is not a valid model (as
 # opposed to one that could not be read): safetensors' SafetensorError.
 INVALID_MODEL_ERRNOS = (_errno.EINVAL, _errno.EBADMSG, _errno.ERANGE, _errno.EOVERFLOW,

@@ -43,12 +43,13 @@ page-locked memory (see wcache/_hostreg.py).
 import errno
 import logging
 import os
+import stat
 import struct
 import threading
 
-from ._lib import (INVALID_MODEL_ERRNOS, ClosedError, DaemonUnavailable, InvalidArgument,
-                   InvalidSlice, MissingTensor, ModelNotFound, NoSuchFile, SafetensorError,
-                   WcacheError)
+from ._lib import (INVALID_MODEL_ERRNOS, CannotOpenFile, ClosedError, DaemonUnavailable,
+                   InvalidArgument, InvalidSlice, MissingTensor, ModelNotFound, NoSuchFile,
+                   SafetensorError, WcacheError)
 from ._device import _say_once, tensor_to_device, to_device
 from ._hostreg import host_register, host_register_wanted
 from ._serialize import MAX_HEADER
@@ -126,10 +127,28 @@ def _attach(target):
     return None, why
 
 
+def _unopenable(path):
+    """Whether path itself cannot be opened for reading, as upstream's
+    File::open finds: stat fails (search permission on a directory on the
+    way, a component that is not a directory, a loop, a name too long), or
+    opening the regular file or directory it is fails (its own permission).
+    Nothing else is opened: opening a FIFO or a device has effects of its
+    own; O_NONBLOCK, so that no open waits."""
+    try:
+        st = os.stat(path)
+        if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+            os.close(os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK))
+    except OSError:
+        return True
+    return False
+
+
 def open_model(path_or_name):
     """The Model safe_open uses: attached through wcached when it serves
     path_or_name, else mapped in-process from the file. Raises
-    FileNotFoundError (:class:`wcache.NoSuchFile`) when neither, and
+    FileNotFoundError when neither (:class:`wcache.NoSuchFile`), or when
+    the file cannot be opened (:class:`wcache.CannotOpenFile`, as upstream
+    raises FileNotFoundError for any failure to open it), and
     :class:`wcache.SafetensorError` for a file that is not a valid model."""
     target = os.fspath(path_or_name)
     if not isinstance(target, str):
@@ -150,6 +169,8 @@ def open_model(path_or_name):
             if hasattr(err, "add_note"):
                 err.add_note(err.reason)
             raise err from None
+        if _unopenable(target):
+            raise CannotOpenFile(e.errno, e.strerror, target) from None
         if e.errno in INVALID_MODEL_ERRNOS:
             raise SafetensorError(e.errno, e.strerror) from None
         raise
