@@ -405,18 +405,19 @@ def test_one_log_line_per_path_and_reason_whatever_the_load_size(odd_model, monk
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and lines[0].startswith("wcache: register path into cpu: "), lines
     assert "range(s)" in _device.last_load[0].why
-    seen = []
+    ranges = plan(_entries(model), max_batch=_device.PAGE).ranges
+    refused = [None]
     real = CpuBackend.register
 
     def refuse_later(self, addr, n):
-        seen.append(addr)
-        if len(seen) in (2, 5, 9):
+        if addr == refused[0]:
             raise RegisterRefused("refused part way (test)")
         return real(self, addr, n)
     monkeypatch.setattr(CpuBackend, "register", refuse_later)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="wcache"):
-        for _ in range(3):
+        for k in (1, 2, 3):  # the load's second, third, fourth range
+            refused[0] = ranges[k][0]
             to_device(model, names, torch.device("cpu"), model.torch, backend=CpuBackend(),
                       small=0, max_batch=_device.PAGE, staging_bytes=4096)
             assert _device.last_load[0].path == "register+staging"
@@ -506,30 +507,100 @@ def test_an_error_mid_copy_frees_everything(odd_model, refuse, fail_copy, caplog
         in caplog.text
 
 
+def _copies_follow_their_registration(backend, p):
+    """Checks backend.calls (a CpuBackend that does not pin long-term, so
+    a range is registered at its own address, and that records
+    ("registered", addr) when a registration returns): every copy of the
+    registered path is issued after its range's registration returned, and
+    every range is unregistered after the last synchronisation of a copy
+    stream. The registered ranges' indices, in the order they returned."""
+    first_batch = {dst: k for k, (_, dst, _) in enumerate(p.batches)}
+    range_of = {k: r for r, (_, _, first, end) in enumerate(p.ranges) for k in range(first, end)}
+    returned = {}
+    for at, call in enumerate(backend.calls):
+        if call[0] == "registered":
+            returned[call[1]] = at
+        elif call[0] == "copy" and call[1] == 1 and call[2] in first_batch:
+            lo = p.ranges[range_of[first_batch[call[2]]]][0]
+            assert lo in returned and returned[lo] < at, (call, lo, returned)
+    syncs = [at for at, c in enumerate(backend.calls) if c[0] == "sync" and c[1] == 1]
+    unregisters = [at for at, c in enumerate(backend.calls) if c[0] == "unregister"]
+    assert not unregisters or (syncs and max(syncs) < min(unregisters)), backend.calls
+    starts = [lo for lo, _, _, _ in p.ranges]
+    return [starts.index(lo) for lo in sorted(returned, key=returned.get)]
+
+
+class _RecordingBackend(CpuBackend):
+    """A CpuBackend that records ("registered", addr) when a registration
+    returns, and whose first meet registrations (by call) wait for each
+    other: they return only if they run at once (BrokenBarrierError
+    after 10 s otherwise)."""
+
+    def __init__(self, meet=1, **kwargs):
+        import threading
+        super().__init__(**kwargs)
+        self.lock = threading.Lock()
+        self.calls_made = 0
+        self.meet = meet
+        self.barrier = threading.Barrier(meet, timeout=10) if meet > 1 else None
+
+    def register(self, addr, nbytes):
+        with self.lock:
+            self.calls_made += 1
+            waits = self.calls_made <= self.meet
+        got = super().register(addr, nbytes)
+        if waits and self.barrier is not None:
+            self.barrier.wait()
+        self.calls.append(("registered", addr))
+        return got
+
+
 def test_refusal_after_some_ranges_stages_the_rest(odd_model, monkeypatch):
+    """A refusal of the third range stages its batches and the rest;
+    ranges registered ahead of it (on the engine's threads) are waited for
+    and unregistered too."""
     path, raw = odd_model
     model = wcache.open_file(path)
-    seen = []
-    real = CpuBackend.register
+    third = plan(_entries(model), max_batch=_device.PAGE).ranges[2][0]
+    real = _RecordingBackend.register
 
     def third_refused(self, addr, n):
-        seen.append(addr)
-        if len(seen) == 3:
+        if addr == third:
+            self.calls.append(("register", addr, n))
             raise RegisterRefused("third range refused")
         return real(self, addr, n)
-    monkeypatch.setattr(CpuBackend, "register", third_refused)
-    backend = CpuBackend()
+    monkeypatch.setattr(_RecordingBackend, "register", third_refused)
+    backend = _RecordingBackend()
     out = to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
                     backend=backend, small=0, max_batch=_device.PAGE, staging_bytes=1000)
     _check_exact(out, raw)
     engine, p = _device.last_load
     assert len(p.ranges) > 3
     assert engine.path == "register+staging" and "third range refused" in engine.why
+    assert f"after {p.ranges[2][2]} of {len(p.batches)} batches" in engine.why, engine.why
     assert backend.registered == {} and backend.pinned_live == 0
-    # registration overlaps the copies: the second range is registered after
-    # the first range's copies were issued
-    kinds = [c[0] for c in backend.calls if c[0] in ("register", "copy")]
-    assert kinds[0] == "register" and kinds.index("copy") < kinds.index("register", 1)
+    assert 0 in _copies_follow_their_registration(backend, p)
+
+
+def test_ranges_are_registered_ahead_of_their_copies_on_threads(odd_model):
+    """Registering pins pages (CPU work, ~0.1 s/GB, slower than the link):
+    the engine registers REGISTER_AHEAD ranges at once on threads, ahead of
+    their copies, so they overlap each other and the copies in flight.
+    Here the first two registrations return only if they run at once
+    (before: one at a time, the first waited 10 s and the load raised
+    BrokenBarrierError). Each range's copies are still issued only after
+    its own registration returned, and unregistered after the stream's
+    last synchronisation; every byte is exact."""
+    path, raw = odd_model
+    model = wcache.open_file(path)
+    backend = _RecordingBackend(meet=2)
+    out = to_device(model, model.offset_keys(), torch.device("cpu"), model.torch,
+                    backend=backend, mode="register", small=0, max_batch=_device.PAGE)
+    _check_exact(out, raw)
+    engine, p = _device.last_load
+    assert engine.path == "register" and len(p.ranges) > _device.REGISTER_AHEAD, engine.why
+    assert sorted(_copies_follow_their_registration(backend, p)) == list(range(len(p.ranges)))
+    assert backend.registered == {}
 
 
 def test_small_loads_and_tensor_mode_copy_tensor_by_tensor(odd_model, monkeypatch):

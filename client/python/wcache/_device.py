@@ -19,9 +19,11 @@ asked for) like this:
    registered with the device read-only (``cudaHostRegister`` with
    ``cudaHostRegisterReadOnly | cudaHostRegisterPortable``), so the DMA
    engine reads the shared page cache directly, and each batch is one
-   asynchronous copy on one stream. Ranges are registered one by one, each
-   just before its batches are issued, so registering (pinning pages: CPU
-   work) overlaps the copies in flight. They are unregistered when the
+   asynchronous copy on one stream. Ranges are registered ahead of their
+   copies, ``REGISTER_AHEAD`` at once on as many threads, so registering
+   (pinning pages: CPU work, slower than the link) overlaps the copies in
+   flight and other ranges' registration; a range's copies are issued once
+   its own registration has returned. They are unregistered when the
    copies have finished (the caller's model keeps the mapping alive).
    What is registered is a MAP_SHARED read-only view of the same file
    pages (_sharedview.py), never libwcache's own MAP_PRIVATE mapping: the
@@ -61,6 +63,7 @@ benchmarks and tests): "register" raises when registration is refused,
 
 Host registration of handles on the CPU (``WCACHE_HOST_REGISTER=1``) is in _hostreg.py.
 """
+import collections
 import contextlib
 import ctypes
 import logging
@@ -69,7 +72,7 @@ import os
 import threading
 import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from ._lib import env_choice
 from ._sharedview import MappingFiles, Unavailable
@@ -89,6 +92,7 @@ MAX_BATCH = 256 << 20         # bytes in one copy of the registered path
 STAGING_BYTES = 64 << 20      # each of the two pinned staging buffers
 HOST_COPY_PART = 8 << 20      # one thread's share of a staging memcpy
 SMALL_COPY = 1 << 20          # below this, to_device copies tensor by tensor
+REGISTER_AHEAD = 4            # ranges registered at once, on threads, ahead of their copies
 MODES = ("auto", "register", "staging", "tensor")
 PAGE = mmap.PAGESIZE
 
@@ -222,7 +226,9 @@ class Backend:
     def register(self, addr, nbytes):
         """Registers host memory read-only for copies. True: registered
         (unregister later); False: already registered by someone else
-        (usable, not ours to unregister). RegisterRefused: not usable."""
+        (usable, not ours to unregister). RegisterRefused: not usable.
+        Called from any thread, several at once for disjoint ranges (the
+        engine registers ahead of its copies on a few threads)."""
         raise NotImplementedError
 
     def unregister(self, addr):
@@ -591,9 +597,9 @@ class Engine:
     def copy_plan(self, p, buffer, files=None):
         """Copies every batch of plan p into buffer (from backend.alloc),
         synchronously: when it returns, the bytes are on the device and
-        nothing refers to the source any more. Registered path: range by
-        range, each registered just before its copies are issued, so
-        registering overlaps the copies in flight; a refusal of the first
+        nothing refers to the source any more. Registered path: ranges
+        registered ahead of their copies on a few threads (_copy_registered),
+        so registering overlaps the copies in flight; a refusal of the first
         range stages everything, a later one stages the batches left.
         On an error, whatever was registered is unregistered and staging
         buffers are freed. files: the MappingFiles of the mapping the
@@ -627,22 +633,68 @@ class Engine:
 
     def _copy_registered(self, p, buffer, files):
         """(batches copied, why it stopped early or None, the same without
-        counts or None)."""
+        counts or None).
+
+        Ranges are registered ahead of their copies, up to REGISTER_AHEAD
+        at once on as many threads (registering pins pages: CPU work,
+        slower than the link, and torch's binding lets go of the GIL), in
+        address order: the main thread makes each range's view, starts its
+        registration, and issues a range's copies only once its own
+        registration has returned. Whatever stops the loop (a refusal, no
+        view, an error), registrations still running are waited for before
+        anything is unregistered or unmapped, and those that succeeded are
+        unregistered with the others."""
         registered, views, done, why, reason = [], [], 0, None, None
         stream = None
         own_files = None
         if files is None and self.backend.pins_long_term:
             files = own_files = MappingFiles()
-        try:
-            for lo, hi, first, end in p.ranges:
+        depth = max(1, min(REGISTER_AHEAD, len(p.ranges)))
+        pool = ThreadPoolExecutor(depth, thread_name_prefix="wcache-register") if depth > 1 \
+            else None
+        ranges = iter(p.ranges)
+        # (range, view or None, address registered, batch sources, Future
+        # of backend.register, or the Unavailable that no view made)
+        ahead = collections.deque()
+
+        def start_next():
+            """Makes the next range's view and starts registering it; False
+            when no range is left or none of them may start (no view)."""
+            if ahead and isinstance(ahead[-1][4], Exception):
+                return False  # after a range without a view nothing starts
+            r = next(ranges, None)
+            if r is None:
+                return False
+            lo, hi, first, end = r
+            try:
+                with self._timed("view"):
+                    view, srcs = self._source(files, lo, hi, p.batches[first:end])
+            except Unavailable as e:
+                ahead.append((r, None, None, None, e))
+                return False
+            if view is not None:
+                views.append(view)
+            addr = view.addr if view is not None else lo
+            if pool is not None:
+                registering = pool.submit(self.backend.register, addr, hi - lo)
+            else:
+                registering = Future()
                 try:
-                    with self._timed("view"):
-                        view, srcs = self._source(files, lo, hi, p.batches[first:end])
-                    if view is not None:
-                        views.append(view)
-                    addr = view.addr if view is not None else lo
+                    registering.set_result(self.backend.register(addr, hi - lo))
+                except Exception as e:
+                    registering.set_exception(e)
+            ahead.append((r, view, addr, srcs, registering))
+            return True
+        try:
+            while len(ahead) < depth and start_next():
+                pass
+            while ahead:
+                (lo, hi, first, end), view, addr, srcs, registering = ahead.popleft()
+                try:
+                    if isinstance(registering, Exception):
+                        raise registering  # no view of this range
                     with self._timed("register"):
-                        owned = self.backend.register(addr, hi - lo)
+                        owned = registering.result()
                     if owned:
                         registered.append(addr)
                     elif view is not None and view.own:
@@ -670,8 +722,21 @@ class Engine:
                         self.backend.copy(buffer, dst, src, n, stream)
                         self.copies += 1
                 done = end
+                while len(ahead) < depth and start_next():
+                    pass
         finally:
             try:
+                # Registrations still running end first: what they
+                # register is unregistered below, and their views must
+                # outlive them.
+                with self._timed("register"):
+                    for _, _, addr, _, registering in ahead:
+                        if isinstance(registering, Future) and \
+                                registering.exception() is None and registering.result():
+                            registered.append(addr)
+                    ahead.clear()
+                    if pool is not None:
+                        pool.shutdown()
                 if stream is not None:
                     with self._timed("copy"):
                         self.backend.synchronize(stream)  # the source must outlive every copy
