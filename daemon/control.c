@@ -43,7 +43,6 @@
  * two share control_internal.h.
  */
 #include <errno.h>
-#include <inttypes.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -60,6 +59,7 @@
 #include "listen.h"
 #include "base/error.h"
 #include "base/json.h"
+#include "lograte.h"
 #include "log.h"
 #include "peercred.h"
 
@@ -663,45 +663,6 @@ may_control(struct ctl_conn *c, const struct control_context *ctx)
 	return ok;
 }
 
-/*
- * Whether to log the refusal of a uid that may not control wcached: once
- * per uid per CTL_REFUSAL_WARN_MS, for CTL_REFUSAL_UIDS uids at a time, so
- * that a loop of refused connections cannot flood the log (the metric
- * counts every one). *unlogged: the refusals of this uid, and of uids
- * there was no room for, not logged since the last warning.
- */
-static bool
-refusal_logged(struct control *ctl, uid_t uid, uint64_t *unlogged)
-{
-	uint64_t now = uv_now(ctl->loop);
-	struct ctl_refusal *r = NULL;
-
-	for (unsigned i = 0; i < ctl->nrefusals && r == NULL; i++)
-		if (ctl->refusals[i].uid == uid)
-			r = &ctl->refusals[i];
-	if (r != NULL && now - r->warned_ms < CTL_REFUSAL_WARN_MS) {
-		r->unlogged++;
-		return false;
-	}
-	if (r == NULL && ctl->nrefusals < CTL_REFUSAL_UIDS)
-		r = &ctl->refusals[ctl->nrefusals++];
-	for (unsigned i = 0; i < ctl->nrefusals && r == NULL; i++)
-		if (now - ctl->refusals[i].warned_ms >= CTL_REFUSAL_WARN_MS)
-			r = &ctl->refusals[i]; /* another uid's, quiet for a minute */
-	if (r == NULL) {
-		ctl->refusals_unlogged++;
-		return false;
-	}
-	if (r->uid != uid) {
-		ctl->refusals_unlogged += r->unlogged;
-		*r = (struct ctl_refusal){ .uid = uid };
-	}
-	*unlogged = r->unlogged + ctl->refusals_unlogged;
-	r->unlogged = ctl->refusals_unlogged = 0;
-	r->warned_ms = now;
-	return true;
-}
-
 /* Refuses c, whose uid may not control wcached: an error reply, then
  * closed; counted, and logged at most once a minute per uid. */
 static void
@@ -711,12 +672,12 @@ refuse_permission(struct control *ctl, struct ctl_conn *c)
 	uint64_t unlogged = 0;
 
 	ctl->refused++;
-	if (refusal_logged(ctl, c->uid, &unlogged)) {
-		char more[96] = "";
+	/* At most once a minute per uid: a loop of refused connections cannot
+	 * flood the log (the metric counts every one). */
+	if (lograte_allow(&ctl->refusals, c->uid, uv_now(ctl->loop), &unlogged)) {
+		char more[96];
 
-		if (unlogged > 0)
-			snprintf(more, sizeof(more), " (%" PRIu64 " more refusals not logged since "
-				 "the last warning)", unlogged);
+		lograte_more(more, sizeof(more), unlogged, "refusals");
 		log_warnx("control: refused uid %d pid %d: only root, uid %u%s may control "
 			  "wcached%s", (int)c->uid, (int)c->pid, (unsigned)ctl->ctx->daemon_uid,
 			group, more);

@@ -18,6 +18,7 @@
 
 #include "config.h"
 #include "control.h"
+#include "lograte.h"
 #include "proto/control_cmds.h"
 #include "proto/control_proto.h"
 
@@ -61,16 +62,6 @@ struct ctl_conn {
 #define CTL_ACCEPT_PAUSE_MS 100
 #define CTL_ACCEPTS_PER_WAKEUP 16 /* accepts per wakeup, as the server's */
 
-#define CTL_REFUSAL_UIDS 8        /* uids whose refusals' warnings are rate-limited */
-#define CTL_REFUSAL_WARN_MS 60000 /* one warning per uid in this long */
-
-/* When the permission refusals of one uid were last logged, and how many
- * have not been since. */
-struct ctl_refusal {
-	uid_t uid;
-	uint64_t warned_ms;
-	uint64_t unlogged;
-};
 
 /* The control socket: the listener and its connections. */
 struct control {
@@ -91,9 +82,7 @@ struct control {
 	uint64_t evicted;        /* idle connections closed to make room for a new one */
 	uint64_t refused;        /* connections and requests refused (see control.h) */
 	uint64_t accept_pauses;  /* times the listener was left for CTL_ACCEPT_PAUSE_MS */
-	struct ctl_refusal refusals[CTL_REFUSAL_UIDS];
-	unsigned nrefusals;      /* refusals[] in use */
-	uint64_t refusals_unlogged; /* of uids refusals[] had no room for */
+	struct lograte refusals; /* logs the refusal of a uid once a minute */
 };
 
 /* A reply under construction in a memory stream. */

@@ -70,6 +70,17 @@ server_clients(const struct server *s)
 	return s->nconns;
 }
 
+int
+server_may_warn(struct server *s, uid_t uid, char *more, size_t size)
+{
+	uint64_t unlogged = 0;
+
+	if (!lograte_allow(&s->warnings, uid, uv_now(s->loop), &unlogged))
+		return 0;
+	lograte_more(more, size, unlogged, "warnings");
+	return 1;
+}
+
 /* Warns once per connection that its replies are held back, and why. */
 static void
 conn_throttled(struct conn *c, const char *why)
@@ -452,19 +463,33 @@ conn_close(struct conn *c)
 	uv_close((uv_handle_t *)&c->poll, conn_free);
 }
 
-/* Refuses a connection over the limit with an error message, and closes
- * it in its uid's lane (it may have sent descriptors already). */
-static void
-refuse(struct server *s, int fd, const char *text)
+/*
+ * Refuses a connection over a limit with an error message (text), and
+ * closes it in its uid's lane (it may have sent descriptors already). The
+ * warning, fmt and what follows, names its uid and pid and is logged at
+ * most once a minute per uid (server_may_warn): a loop of refused
+ * connections must not flood the log.
+ */
+static void __attribute__((format(printf, 4, 5)))
+refuse(struct server *s, int fd, const char *text, const char *fmt, ...)
 {
 	uint8_t buf[WIRE_MAX_MESSAGE];
 	ssize_t n = wire_put_error(buf, sizeof(buf), 0, EUSERS, text);
-	struct ucred cred = { .uid = CLOSER_DAEMON };
+	struct ucred cred = { .pid = 0, .uid = CLOSER_DAEMON };
 	socklen_t len = sizeof(cred);
+	char why[256], more[96];
+	va_list ap;
 
 	if (n > 0)
 		(void)fdp_send(fd, buf, (size_t)n, NULL, 0);
 	(void)getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len);
+	if (server_may_warn(s, cred.uid, more, sizeof(more))) {
+		va_start(ap, fmt);
+		vsnprintf(why, sizeof(why), fmt, ap);
+		va_end(ap);
+		log_warnx("refusing a client (uid %u pid %d): %s%s", (unsigned)cred.uid,
+			(int)cred.pid, why, more);
+	}
 	close_client_socket(s->closer, cred.uid, fd);
 }
 
@@ -520,7 +545,8 @@ refuse_without_fds(struct server *s)
 	fd = accept4(s->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 	e = errno;
 	if (fd >= 0)
-		refuse(s, fd, "wcached is out of file descriptors");
+		refuse(s, fd, "wcached is out of file descriptors",
+			"out of file descriptors (raise LimitNOFILE=)");
 	s->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	if (fd >= 0)
 		return 1;
@@ -597,8 +623,6 @@ on_accept(uv_poll_t *handle, int status, int events)
 					accept_pause(s, EMFILE);
 				if (r <= 0)
 					return;
-				log_warnx("out of file descriptors: refused a client (raise "
-					  "LimitNOFILE=)");
 				continue;
 			}
 			if (errno != EAGAIN && errno != EWOULDBLOCK)
@@ -607,19 +631,18 @@ on_accept(uv_poll_t *handle, int status, int events)
 		}
 		s->accept_paused_logged = 0;
 		if (s->nconns >= s->max_clients) {
-			log_warnx("refusing a client: %u clients connected (max_clients)",
-				s->nconns);
-			refuse(s, fd, "too many clients connected to wcached (max_clients)");
+			refuse(s, fd, "too many clients connected to wcached (max_clients)",
+				"%u clients connected (max_clients)", s->nconns);
 			continue;
 		}
 		if (s->fd_limit > 0 && fd >= s->fd_limit - s->fd_reserve) {
-			log_warnx("refusing a client: descriptor %d is in the reserve of %d "
-				  "(raise LimitNOFILE=)", fd, s->fd_reserve);
-			refuse(s, fd, "wcached is short of file descriptors");
+			refuse(s, fd, "wcached is short of file descriptors",
+				"descriptor %d is in the reserve of %d (raise LimitNOFILE=)", fd,
+				s->fd_reserve);
 			continue;
 		}
 		if ((c = calloc(1, sizeof(*c))) == NULL) {
-			refuse(s, fd, "wcached is out of memory");
+			refuse(s, fd, "wcached is out of memory", "out of memory");
 			continue;
 		}
 		c->fd = fd;
@@ -627,34 +650,33 @@ on_accept(uv_poll_t *handle, int status, int events)
 		c->closer = s->closer;
 		c->id = ++s->next_conn_id;
 		if (read_peer(c) < 0) {
-			log_warnx("refusing a client: %s", error_get());
 			free(c);
-			refuse(s, fd, "wcached cannot read this client's credentials");
+			refuse(s, fd, "wcached cannot read this client's credentials", "%s",
+				error_get());
 			continue;
 		}
 		if ((k = closer_stuck(s->closer, c->uid, CLOSING_STUCK_MS)) >=
 			CLOSING_PER_UID_MAX) {
-			log_warnx("refusing a client: uid %u has %u descriptors waiting to close "
-				  "behind one that does not", (unsigned)c->uid, k);
 			s->stats.closing_refused++;
 			free(c->groups);
 			free(c);
-			refuse(s, fd, "too many of this user's descriptors are still closing");
+			refuse(s, fd, "too many of this user's descriptors are still closing",
+				"%u of this user's descriptors wait to close behind one that does "
+				"not", k);
 			continue;
 		}
 		if (conns_of(s, c->uid) >= s->max_clients_per_uid) {
-			log_warnx("refusing a client: uid %u has %u connections "
-				  "(max_clients_per_uid)", (unsigned)c->uid,
-				s->max_clients_per_uid);
 			free(c->groups);
 			free(c);
-			refuse(s, fd, "too many connections from this user (max_clients_per_uid)");
+			refuse(s, fd, "too many connections from this user (max_clients_per_uid)",
+				"the user has %u connections (max_clients_per_uid)",
+				s->max_clients_per_uid);
 			continue;
 		}
 		if (uv_poll_init(s->loop, &c->poll, fd) < 0) {
 			free(c->groups);
 			free(c);
-			refuse(s, fd, "wcached cannot watch the connection");
+			refuse(s, fd, "wcached cannot watch the connection", "uv_poll_init failed");
 			continue;
 		}
 		c->poll.data = c;

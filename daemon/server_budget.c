@@ -148,6 +148,7 @@ on_unread(uv_timer_t *t)
 	struct server *s = t->data;
 	uint64_t now = uv_now(s->loop) + 1;
 	struct conn *c, *next;
+	char more[96];
 	int unread;
 
 	for (c = s->conns; c != NULL; c = next) {
@@ -162,10 +163,11 @@ on_unread(uv_timer_t *t)
 		if (now - c->held_ms < s->unread_reply_ms)
 			continue;
 		s->stats.unread_closed++;
-		log_warnx("client pid %d uid %u: %d bytes of the replies it was sent unread for "
-			  "%u s, and the next one held back; closing the connection "
-			  "(unread_reply_seconds)", (int)c->pid, (unsigned)c->uid, unread,
-			s->unread_reply_ms / 1000);
+		if (server_may_warn(s, c->uid, more, sizeof(more)))
+			log_warnx("client pid %d uid %u: %d bytes of the replies it was sent "
+				  "unread for %u s, and the next one held back; closing the "
+				  "connection (unread_reply_seconds)%s", (int)c->pid,
+				(unsigned)c->uid, unread, s->unread_reply_ms / 1000, more);
 		conn_close(c);
 	}
 }

@@ -11,6 +11,7 @@
 #include <uv.h>
 
 #include "generation.h"
+#include "lograte.h"
 #include "proto/wire.h"
 #include "registry.h"
 #include "server.h"
@@ -108,8 +109,18 @@ struct server {
 	unsigned nheld;          /* connections with a reply held back (held_ms != 0) */
 	unsigned unread_reply_ms; /* closed when their replies stay unread this long */
 	uv_timer_t unread_timer; /* looks at them while nheld > 0 */
+	struct lograte warnings; /* what peers cause is logged once a minute per uid */
 	struct server_stats stats;
 };
+
+/*
+ * Whether a warning about a peer of uid may be logged now: what a peer can
+ * cause as often as it likes (a refused connection, a malformed message) is
+ * logged at most once a minute per uid (lograte.h), so that one user cannot
+ * flood the log. When it may, more (size bytes) says how many were not
+ * logged since, for the end of the line.
+ */
+int server_may_warn(struct server *s, uid_t uid, char *more, size_t size);
 
 /* server.c: queues one reply (at most one is pending: the connection stops
  * reading until it is sent) and closes a connection. */

@@ -40,8 +40,11 @@ conn_error(struct conn *c, uint32_t seq, int code, int fatal, const char *fmt, .
 	/* The wire carries positive errno values. */
 	n = wire_put_error(buf, sizeof(buf), seq, -code, text);
 	if (fatal) {
-		log_warnx("client pid %d uid %u: %s; closing the connection", (int)c->pid,
-			(unsigned)c->uid, text);
+		char more[96];
+
+		if (server_may_warn(c->srv, c->uid, more, sizeof(more)))
+			log_warnx("client pid %d uid %u: %s; closing the connection%s", (int)c->pid,
+				(unsigned)c->uid, text, more);
 		/* No reply is pending (the connection was being read). */
 		if (n > 0)
 			(void)fdp_send(c->fd, buf, (size_t)n, NULL, 0);

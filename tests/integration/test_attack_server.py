@@ -546,3 +546,36 @@ def test_a_client_that_reads_slowly_is_not_closed(start, tmp_path):
     assert status(d)["clients"] == 1
     assert "unread_reply_seconds" not in d.read_log()
     s.close()
+
+
+def test_a_user_cannot_flood_the_log(start, tmp_path):
+    # Every malformed message and every refused connection wrote a warning:
+    # one user sending garbage in a loop wrote 24,193 lines a second, and
+    # journald's default rate limit then drops every line of wcached, real
+    # load errors included. Now what a peer causes is logged at most once a
+    # minute per uid.
+    d = start({"small": mkmodel(tmp_path / "small.safetensors", **SMALL)},
+              extra="max_clients_per_uid = 2")
+    ready(d, "small")
+    for i in range(40):
+        s = raw_client(d)
+        s.send(b"garbage, not a message" * 2)
+        assert receive(s)[0] == ERROR
+        s.close()
+    held = [raw_client(d), raw_client(d)]
+    for s in held:  # both taken
+        assert attach_raw(s, "small")[0] == ATTACH_OK
+    for i in range(40):
+        s = raw_client(d)
+        assert reply_or_refusal(s)[0] == ERROR
+        s.close()
+    for s in held:
+        s.close()
+    wait_until(lambda: status(d)["clients"] == 0, what="the connections to end")
+    # Still served; the log has one line of the 80.
+    s = raw_client(d)
+    assert attach_raw(s, "small")[0] == ATTACH_OK
+    s.close()
+    log = d.read_log()
+    assert log.count("malformed message; closing the connection") + \
+        log.count("refusing a client") == 1, log

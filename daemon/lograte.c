@@ -1,0 +1,52 @@
+/*
+ * lograte.c: at most one warning per uid per minute (lograte.h). A table of
+ * LOGRATE_UIDS uids, searched in order: small, because it only has to hold
+ * the uids that misbehave at once, and a uid it has no room for is counted
+ * in the next line logged rather than logged.
+ */
+#include "lograte.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+
+bool
+lograte_allow(struct lograte *lr, uid_t uid, uint64_t now_ms, uint64_t *unlogged)
+{
+	struct lograte_uid *r = NULL;
+
+	for (unsigned i = 0; i < lr->nuids && r == NULL; i++)
+		if (lr->uids[i].uid == uid)
+			r = &lr->uids[i];
+	if (r != NULL && now_ms - r->warned_ms < LOGRATE_WARN_MS) {
+		r->unlogged++;
+		return false;
+	}
+	if (r == NULL && lr->nuids < LOGRATE_UIDS)
+		r = &lr->uids[lr->nuids++];
+	for (unsigned i = 0; i < lr->nuids && r == NULL; i++)
+		if (now_ms - lr->uids[i].warned_ms >= LOGRATE_WARN_MS)
+			r = &lr->uids[i]; /* another uid's, quiet for a minute */
+	if (r == NULL) {
+		lr->unlogged++;
+		return false;
+	}
+	if (r->uid != uid) {
+		lr->unlogged += r->unlogged;
+		*r = (struct lograte_uid){ .uid = uid };
+	}
+	*unlogged = r->unlogged + lr->unlogged;
+	r->unlogged = lr->unlogged = 0;
+	r->warned_ms = now_ms;
+	return true;
+}
+
+const char *
+lograte_more(char *buf, size_t size, uint64_t unlogged, const char *what)
+{
+	if (size > 0)
+		buf[0] = '\0';
+	if (unlogged > 0)
+		snprintf(buf, size, " (%" PRIu64 " more %s not logged since the last warning)",
+			unlogged, what);
+	return buf;
+}
