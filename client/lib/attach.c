@@ -6,7 +6,10 @@
  * An attach is ATTACH with the model's name, answered by ATTACH_OK with
  * the sealed index memfd and one read-only descriptor per model file;
  * attach_reply.c checks and maps them. A release is one RELEASE with seq
- * 0, which the daemon does not answer: no round trip.
+ * 0, which the daemon does not answer: no round trip. A release never
+ * waits for the client's lock, which a request holds for its whole round
+ * trip: it unmaps the model and queues its record, and whoever holds the
+ * lock sends the RELEASE when it gives it back (request_unlock()).
  *
  * Each attached model has an attach record here: the attach_model from
  * attach_reply.c (the model and what it shares with the client), its
@@ -23,7 +26,8 @@
  * that connected it) is never locked in the child. The child sends nothing
  * on it and reads nothing from it (the connection is the parent's); its
  * releases only unmap, and its list of records changes under clients_lock
- * instead (attach_forget, wc_disconnect), which fork() never copies held.
+ * instead (attach_release, wc_disconnect), which fork() never copies held;
+ * nor does it take a parent's client's released_lock.
  *
  * derive.c sends its requests (DERIVE, PUBLISH, ABANDON) through
  * request.c too, and keeps what it gets with attach_keep(). A record says
@@ -118,6 +122,7 @@ wc_connect_timeout(const char *socket_path, int timeout_ms, wc_client **out)
 	c->timeout_ms = timeout_ms;
 	c->refs = 1;
 	pthread_mutex_init(&c->lock, NULL);
+	pthread_mutex_init(&c->released_lock, NULL);
 	pthread_once(&clients_atfork_once, clients_atfork);
 	*out = c;
 	return 0;
@@ -178,7 +183,7 @@ wc_attach(wc_client *c, const char *model, wc_model **out)
 	pthread_mutex_lock(&c->lock);
 	n = request_call(c, put_attach, model, 0, buf, sizeof(buf), fds, &nfds, &msg);
 	if (n < 0) {
-		pthread_mutex_unlock(&c->lock);
+		request_unlock(c);
 		free(a);
 		return (int)n;
 	}
@@ -191,12 +196,12 @@ wc_attach(wc_client *c, const char *model, wc_model **out)
 		 * count that attach for as long as the connection stays. */
 		if (grant.granted)
 			request_send_release(c, grant.handle);
-		pthread_mutex_unlock(&c->lock);
+		request_unlock(c);
 		free(a);
 		return r;
 	}
 	attach_keep(c, a, ATTACH_KIND_GENERATION);
-	pthread_mutex_unlock(&c->lock);
+	request_unlock(c);
 	*out = a->am.model;
 	return 0;
 }
@@ -225,9 +230,19 @@ attach_client_put(struct wc_client *c)
 	pthread_mutex_unlock(&clients_lock);
 	if (left > 0)
 		return;
-	/* A parent's client's lock may have been copied held by fork(). */
-	if (c->pid == request_self_pid())
+	/* A parent's client's locks may have been copied held by fork(). */
+	if (c->pid == request_self_pid()) {
 		pthread_mutex_destroy(&c->lock);
+		pthread_mutex_destroy(&c->released_lock);
+	}
+	/* Released records are told by the last holder of the lock, which
+	 * holds a reference meanwhile: none is left here, except a parent's
+	 * copies in a child. */
+	for (struct attach_record *a = c->released, *next; a != NULL; a = next) {
+		next = a->released_next;
+		attach_model_free(&a->am);
+		free(a);
+	}
 	attach_cache_clear(&c->cache);
 	close(c->fd);
 	free(c->path);
@@ -235,105 +250,58 @@ attach_client_put(struct wc_client *c)
 	free(c);
 }
 
-/* Unlinks a from its client's list; the client's lock is held. */
-static void
-unlink_record(struct attach_record *a)
-{
-	*a->prevp = a->next;
-	if (a->next != NULL)
-		a->next->prevp = a->prevp;
-	a->client = NULL;
-	a->next = NULL;
-	a->prevp = NULL;
-}
-
-/*
- * Unlinks an attached model from its client (c, which the caller holds a
- * reference to) and returns the daemon's handle to release, or 0 when
- * nothing is to be sent (its client was disconnected meanwhile, or it was
- * attached by another process before fork()), and in *connection the
- * client's connection it came over.
- */
-static uint64_t
-attach_forget(wc_client *c, struct attach_record *a, uint64_t *connection)
-{
-	uint64_t handle = 0;
-
-	if (c == NULL)
-		return 0;
-	if (c->pid != request_self_pid()) {
-		/* A client of the parent (see the top of this file): its
-		 * lock may be held for good; nothing is to be sent. */
-		pthread_mutex_lock(&clients_lock);
-		if (a->client == c)
-			unlink_record(a);
-		pthread_mutex_unlock(&clients_lock);
-		return 0;
-	}
-	pthread_mutex_lock(&c->lock);
-	if (a->client != c) { /* wc_disconnect() detached it since */
-		pthread_mutex_unlock(&c->lock);
-		return 0;
-	}
-	unlink_record(a);
-	/* The client keeps the index of the generation it attached last only
-	 * while that generation is current (the daemon keeps it then anyway):
-	 * a stale one goes with its last model. */
-	if (c->cache.index == a->am.index && wc_model_stale(a->am.model)) {
-		attach_index_unref(c->cache.index);
-		c->cache.index = NULL;
-	}
-	/* Only the process that attached holds the daemon's handle; a child
-	 * after fork() shares the socket and must stay silent on it. */
-	if (a->pid == request_self_pid() && c->pid == a->pid)
-		handle = a->am.handle;
-	*connection = a->connection;
-	pthread_mutex_unlock(&c->lock);
-	return handle;
-}
-
-/*
- * Tells the daemon (request_send_release(): one send, no wait for the
- * daemon), only when c is still on the connection the model was attached
- * over. A model attached over a connection that has since been
- * replaced (the daemon restarted): its handle meant nothing to the new
- * daemon, and the old one released it when the connection closed. Checked
- * here, under the lock, because another thread may reconnect between
- * attach_forget() and this.
- */
-static void
-attach_send_release(wc_client *c, uint64_t handle, uint64_t connection)
-{
-	if (c == NULL || handle == 0)
-		return;
-	pthread_mutex_lock(&c->lock);
-	if (c->connection == connection)
-		request_send_release(c, handle);
-	pthread_mutex_unlock(&c->lock);
-}
-
 /*
  * The release hook of an attached model (model.h), which wc_release()
- * calls: unlinks the record from its client, unmaps the model and drops
- * its shared mappings, then tells the daemon. Unmapping first means the
- * daemon never acts on a release (an eviction of a cold model, say) while
- * this process still maps the pages.
+ * calls: unmaps the model and drops its shared mappings at once, then
+ * leaves the record for the thread that holds the client's lock to tell
+ * the daemon (request_unlock()), which is this thread when the lock is
+ * free: a release never waits for another thread's request, a DERIVE
+ * waiting for another worker's build say (the daemon reads no request of
+ * the connection before it has answered that one anyway). Unmapping
+ * first means the daemon never acts on a release (an eviction of a cold
+ * model, say) while this process still maps the pages.
  */
 static void
 attach_release(wc_model *m, void *ctx)
 {
 	struct attach_record *a = ctx;
 	wc_client *c = attach_client_get(a);
-	uint64_t handle, connection = 0;
+	struct attach_status *status = a->am.status;
+	int stale;
 
-	(void)m; /* a->am.model */
-	handle = attach_forget(c, a, &connection);
-	attach_model_free(&a->am);
-	free(a);
-	attach_send_release(c, handle, connection);
+	if (c == NULL || c->pid != request_self_pid()) {
+		/* Its client was disconnected, or is a parent's (see the top
+		 * of this file), whose locks may be held for good: nothing is
+		 * to be sent. */
+		if (c != NULL) {
+			pthread_mutex_lock(&clients_lock);
+			if (a->client == c)
+				request_unlink_record(a);
+			pthread_mutex_unlock(&clients_lock);
+		}
+		attach_model_free(&a->am);
+		free(a);
+		attach_client_put(c);
+		return;
+	}
+	stale = wc_model_stale(m);
+	/* From here on a reconnect's HOLDs pass the record by. */
+	pthread_mutex_lock(&c->released_lock);
+	a->released = 1;
+	pthread_mutex_unlock(&c->released_lock);
+	model_free(m);
+	attach_status_unref(status);
+	pthread_mutex_lock(&c->released_lock);
+	a->am.model = NULL;
+	a->am.status = NULL;
+	a->stale = stale;
+	a->released_next = c->released;
+	c->released = a;
+	pthread_mutex_unlock(&c->released_lock);
+	if (pthread_mutex_trylock(&c->lock) == 0)
+		request_unlock(c);
 	attach_client_put(c);
 }
-
 
 void
 wc_disconnect(wc_client *c)
@@ -359,7 +327,7 @@ wc_disconnect(wc_client *c)
 	c->records = NULL;
 	pthread_mutex_unlock(&clients_lock);
 	if (own)
-		pthread_mutex_unlock(&c->lock);
+		request_unlock(c);
 	/* Freed now, or by the last release or build still using it. */
 	attach_client_put(c);
 }

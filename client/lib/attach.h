@@ -28,11 +28,19 @@ struct wc_client {
 	int timeout_ms;       /* 0: wait forever */
 	char *path;
 	char *where;          /* "wcached at PATH", for messages */
-	pthread_mutex_t lock; /* one request at a time on the socket */
+	pthread_mutex_t lock; /* one request at a time on the socket; guards the rest,
+				 released excepted; given back with request_unlock() */
 	unsigned refs;        /* the owner's, and each release or build using it now
 				 (attach_client_get): freed at 0, under attach.c's clients_lock */
 	struct attach_record *records; /* models attached through it, still held */
 	struct attach_cache cache;    /* the status page, mapped once; the last index */
+	/* Models released without the lock (attach.c, attach_release), whose
+	 * records wait for the thread that holds it to tell the daemon
+	 * (request_unlock). released_lock guards released and each record's
+	 * released flag; it is held for a few loads and stores, never while
+	 * waiting, and taken under lock where both are. */
+	pthread_mutex_t released_lock;
+	struct attach_record *released;
 };
 
 /* What an attach holds on the daemon's side, which decides whether a
@@ -56,6 +64,13 @@ struct attach_record {
 	pid_t pid;                    /* the process that attached */
 	struct attach_record *next;   /* in the client's list */
 	struct attach_record **prevp;
+	/* Its release (attach.c): released is set, under the client's
+	 * released_lock, before the model is freed (from then on only am.index
+	 * and am.handle are left); stale is what wc_model_stale() said then;
+	 * released_next links the client's released list. */
+	int released;
+	int stale;
+	struct attach_record *released_next;
 };
 
 /*

@@ -211,14 +211,14 @@ wc_derive(wc_client *c, const char *model, const char *key, wc_model **out, wc_b
 	if (r < 0) {
 		if (grant.granted)
 			undo_grant(c, &grant, model, key);
-		pthread_mutex_unlock(&c->lock);
+		request_unlock(c);
 		free(a);
 		build_free(b);
 		return r;
 	}
 	if (r == 0) {
 		attach_keep(c, a, ATTACH_KIND_DERIVED);
-		pthread_mutex_unlock(&c->lock);
+		request_unlock(c);
 		build_free(b);
 		*out = a->am.model;
 		return 0;
@@ -228,7 +228,7 @@ wc_derive(wc_client *c, const char *model, const char *key, wc_model **out, wc_b
 	b->source = a;
 	b->connection = c->connection;
 	b->token = grant.token;
-	pthread_mutex_unlock(&c->lock);
+	request_unlock(c);
 	*build = b;
 	return 1;
 }
@@ -262,7 +262,7 @@ build_client(const wc_build *b, const char *doing, int *err)
 	if (c != NULL) {
 		pthread_mutex_lock(&c->lock);
 		if (b->source->client != c) { /* disconnected since */
-			pthread_mutex_unlock(&c->lock);
+			request_unlock(c);
 			attach_client_put(c);
 			c = NULL;
 		}
@@ -273,7 +273,7 @@ build_client(const wc_build *b, const char *doing, int *err)
 		return NULL;
 	}
 	if (c->connection != b->connection) {
-		pthread_mutex_unlock(&c->lock);
+		request_unlock(c);
 		attach_client_put(c);
 		*err = error_set(-ECONNRESET, "model \"%s\", key \"%s\": cannot %s: the "
 			"connection that got the build has closed (did wcached restart?), which "
@@ -287,7 +287,7 @@ build_client(const wc_build *b, const char *doing, int *err)
 static void
 build_client_done(wc_client *c)
 {
-	pthread_mutex_unlock(&c->lock);
+	request_unlock(c);
 	attach_client_put(c);
 }
 

@@ -8,7 +8,9 @@
  * a SOCK_SEQPACKET socket, its reply comes back with its descriptors,
  * which pass to the caller; announcements (CHANGED) met on the way are
  * dropped. A release is one RELEASE with seq 0, which the daemon does not
- * answer: no round trip (attach.c).
+ * answer: no round trip; a release made while another thread holds the
+ * client's lock is sent by that thread when it gives the lock back
+ * (attach.c, request_unlock()).
  *
  * Deadlines: the socket's SO_RCVTIMEO and SO_SNDTIMEO, set at connect and
  * by wc_set_timeout(), bound every connect, send and receive without a
@@ -219,7 +221,7 @@ wc_set_timeout(wc_client *c, int timeout_ms)
 	pthread_mutex_lock(&c->lock);
 	if ((r = apply_timeout(c->fd, timeout_ms, c->path)) == 0)
 		c->timeout_ms = timeout_ms;
-	pthread_mutex_unlock(&c->lock);
+	request_unlock(c);
 	return r;
 }
 
@@ -320,17 +322,31 @@ announce_holds(wc_client *c, int ms, const struct timespec *start)
 	ssize_t n;
 	int dead, left, r;
 
+	/* No record is added or unlinked meanwhile: both take the lock. */
 	for (struct attach_record *a = c->records; a != NULL; a = a->next) {
-		const wc_model *m = a->am.model;
+		char name[WIRE_MAX_NAME + 1];
+		uint64_t generation = 0;
+		size_t len = 0;
 		uint32_t seq;
 
-		if (a->connection == c->connection || m->name == NULL ||
-			a->kind != ATTACH_KIND_GENERATION)
+		if (a->connection == c->connection || a->kind != ATTACH_KIND_GENERATION)
+			continue;
+		/* A model released on another thread may be freed at any time
+		 * once its record says so; its release is this thread's to
+		 * tell (request_unlock), and the old daemon released it. */
+		pthread_mutex_lock(&c->released_lock);
+		if (!a->released && a->am.model->name != NULL &&
+			(len = strlen(a->am.model->name)) <= WIRE_MAX_NAME) {
+			memcpy(name, a->am.model->name, len);
+			generation = a->am.model->generation;
+		}
+		pthread_mutex_unlock(&c->released_lock);
+		if (len == 0 || len > WIRE_MAX_NAME)
 			continue;
 		if ((left = request_left_ms(ms, start)) == 0)
 			return 0;
 		seq = request_next_seq(c);
-		n = wire_put_hold(req, sizeof(req), seq, m->generation, m->name, strlen(m->name));
+		n = wire_put_hold(req, sizeof(req), seq, generation, name, len);
 		if (n < 0)
 			continue;
 		/* Within what is left of ms (-1: no limit), the socket's
@@ -424,6 +440,75 @@ request_send_release(wc_client *c, uint64_t handle)
 
 	if (n >= 0)
 		(void)fdp_send(c->fd, req, (size_t)n, NULL, 0);
+}
+
+void
+request_unlink_record(struct attach_record *a)
+{
+	*a->prevp = a->next;
+	if (a->next != NULL)
+		a->next->prevp = a->prevp;
+	a->client = NULL;
+	a->next = NULL;
+	a->prevp = NULL;
+}
+
+/*
+ * Tells the daemon of the models released on other threads whose records
+ * are list (attach.c queued them on c->released; their models are gone):
+ * each record still the client's is unlinked, the client's index dropped
+ * when it was that stale model's (the client keeps the last index only
+ * while its generation is current), and RELEASE sent when the record came
+ * over this connection, in this process (a connection replaced since: the
+ * old daemon released it when the connection closed, and the handle means
+ * nothing to the new one, unless a HOLD made it this connection's). A
+ * record that wc_disconnect() detached only goes. The lock is held.
+ */
+static void
+tell_released(wc_client *c, struct attach_record *list)
+{
+	for (struct attach_record *a = list, *next; a != NULL; a = next) {
+		next = a->released_next;
+		if (a->client == c) {
+			request_unlink_record(a);
+			if (a->stale && c->cache.index == a->am.index) {
+				attach_index_unref(c->cache.index);
+				c->cache.index = NULL;
+			}
+			if (a->pid == c->pid && a->connection == c->connection)
+				request_send_release(c, a->am.handle);
+		}
+		attach_model_free(&a->am);
+		free(a);
+	}
+}
+
+/*
+ * Why no release is lost: a release queues its record under
+ * released_lock, then tries the lock. This gives the lock back only under
+ * released_lock, having found the queue empty: a record queued before
+ * that is found and told; one queued after it finds the lock given back
+ * (its try succeeds, and it tells the queue itself) or taken by a thread
+ * that will give it back the same way. Nor is c touched once the lock is
+ * given back but for released_lock, which wc_disconnect() takes before
+ * the client can go.
+ */
+void
+request_unlock(wc_client *c)
+{
+	struct attach_record *list;
+
+	for (;;) {
+		pthread_mutex_lock(&c->released_lock);
+		list = c->released;
+		c->released = NULL;
+		if (list == NULL)
+			break;
+		pthread_mutex_unlock(&c->released_lock);
+		tell_released(c, list);
+	}
+	pthread_mutex_unlock(&c->lock);
+	pthread_mutex_unlock(&c->released_lock);
 }
 
 /* The next request's seq: counts from 1 and skips 0, which marks a
@@ -649,7 +734,12 @@ wc_client_dispatch(wc_client *c)
 	 * with its descriptors, an announcement). */
 	if (c->pid != request_self_pid())
 		return not_our_client(c, "wc_client_dispatch");
-	pthread_mutex_lock(&c->lock);
+	/* Another thread's request reads the connection: it drops the
+	 * announcements it meets (the status page says what changed), and
+	 * replaces the connection if it is dead. Waiting for it could take
+	 * as long as a DERIVE waits for another worker's build. */
+	if (pthread_mutex_trylock(&c->lock) != 0)
+		return 0;
 	for (;;) {
 		/* Only announcements can be waiting: replies are read by the
 		 * request that caused them, under the same lock. */
@@ -682,6 +772,6 @@ wc_client_dispatch(wc_client *c)
 		attach_index_unref(c->cache.index);
 		c->cache.index = NULL;
 	}
-	pthread_mutex_unlock(&c->lock);
+	request_unlock(c);
 	return r < 0 ? r : count;
 }

@@ -5,7 +5,8 @@
  * the reconnect-once of a dead connection, or without), the sequence
  * numbers, and the pid every request checks.
  *
- * Every function taking a client is called with the client's lock held.
+ * Every function taking a client is called with the client's lock held,
+ * and request_unlock() gives it back.
  */
 #ifndef WC_REQUEST_H
 #define WC_REQUEST_H
@@ -16,6 +17,8 @@
 
 #include "lib/wcache.h"
 #include "proto/wire.h"
+
+struct attach_record;
 
 /* getpid(), without a system call (kept up to date across fork()). */
 pid_t request_self_pid(void);
@@ -40,6 +43,22 @@ int request_open(const char *path, int ms, int *out);
  * attach of a connection when it closes.
  */
 void request_send_release(wc_client *c, uint64_t handle);
+
+/*
+ * Gives the client's lock back, after telling the daemon of the models
+ * released meanwhile on other threads (c->released, attach.c): each
+ * record is unlinked from the client, its RELEASE sent when it came over
+ * this connection (or was held on it after a reconnect), and freed. A
+ * release that finds the lock held leaves its record for the holder, and
+ * takes the lock itself when it is free: so every one is told, by one
+ * thread or the other, and none waits for another thread's request.
+ */
+void request_unlock(wc_client *c);
+
+/* Unlinks a from its client's list of records (clearing its client); the
+ * client's lock is held (in a child after fork(), attach.c's
+ * clients_lock). */
+void request_unlink_record(struct attach_record *a);
 
 /* The next request's seq (never 0). */
 uint32_t request_next_seq(wc_client *c);

@@ -60,7 +60,11 @@ WC_EXPORT int wc_open_file(const char *path, wc_model **out);
 WC_EXPORT int wc_open_fd(int fd, const char *label, wc_model **out);
 
 /* Unmaps the model; tells the daemon when the model was attached by this
- * process and its client is still connected. Accepts NULL. */
+ * process and its client is still connected. Accepts NULL. Never waits for
+ * another thread's request on that client (a wc_attach(), a wc_derive()
+ * waiting for another worker's build): the model is unmapped at once, and
+ * that request's thread tells the daemon when it is done (the daemon reads
+ * no other request of the connection before answering it). */
 WC_EXPORT void wc_release(wc_model *m);
 
 /* Number of tensors. */
@@ -265,7 +269,9 @@ WC_EXPORT int wc_client_fd(const wc_client *c);
  * (0 if none), or a negative errno when the connection failed. When wcached
  * has hung up (it exited or restarted), connects again to the same path
  * (bounded by the client's deadline) and returns the count so far; the
- * error is returned only when that connect fails. */
+ * error is returned only when that connect fails. While another thread's
+ * request on c is in progress, returns 0 at once: that request reads the
+ * connection, drops the announcements it meets and replaces a dead one. */
 WC_EXPORT int wc_client_dispatch(wc_client *c);
 
 #ifdef __cplusplus

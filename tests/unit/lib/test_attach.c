@@ -24,6 +24,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
+#include <semaphore.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -33,6 +34,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -392,6 +394,187 @@ test_release_races_disconnect(void **state)
 		"none in %d\n", RACE_ROUNDS, tu_now() - t0, released, RACE_MODELS, all, none);
 }
 
+/* ---- releases while another thread's request waits ---------------------- */
+
+/* How long a release or a dispatch may take while another thread's
+ * request waits at the fake's gate: they wait for nobody's reply. */
+#define NO_WAIT_S 2
+
+struct waiter {
+	struct fixture *f;
+	wc_model *model;  /* attached by attach_at_gate() */
+	int result;
+	wc_model *release; /* released by release_and_dispatch() */
+	int dispatched;
+	double took;
+	sem_t done;
+};
+
+/* An attach on its own thread, whose reply the fake holds at the gate. */
+static void *
+attach_at_gate(void *arg)
+{
+	struct waiter *w = arg;
+
+	w->result = wc_attach(w->f->client, MODEL, &w->model);
+	return NULL;
+}
+
+/* A release, then a dispatch, on their own thread: posts done when both
+ * have returned, with the time they took. */
+static void *
+release_and_dispatch(void *arg)
+{
+	struct waiter *w = arg;
+	double t0 = tu_now();
+
+	wc_release(w->release);
+	w->dispatched = wc_client_dispatch(w->f->client);
+	w->took = tu_now() - t0;
+	sem_post(&w->done);
+	return NULL;
+}
+
+/*
+ * Starts an attach that the fake holds at its gate (another thread's
+ * request, waiting as a DERIVE waits for another worker's build), then
+ * releases model and dispatches on a third thread, and waits NO_WAIT_S
+ * for them. Returns whether they were done by then, the gate still shut;
+ * then opens the gate and joins both threads (w->model is the attach's).
+ */
+static int
+release_while_request_waits(struct fixture *f, struct waiter *w, wc_model *model,
+	void (*while_waiting)(struct fixture *f))
+{
+	sem_t gate, at_gate;
+	pthread_t attacher, releaser;
+	struct timespec ts;
+	int done;
+
+	assert_int_equal(sem_init(&gate, 0, 0), 0);
+	assert_int_equal(sem_init(&at_gate, 0, 0), 0);
+	assert_int_equal(sem_init(&w->done, 0, 0), 0);
+	w->f = f;
+	w->release = model;
+	f->fake.at_gate = &at_gate;
+	f->fake.gate = &gate;
+	assert_int_equal(pthread_create(&attacher, NULL, attach_at_gate, w), 0);
+	assert_int_equal(fake_sem_wait(&at_gate), 0);
+	assert_int_equal(pthread_create(&releaser, NULL, release_and_dispatch, w), 0);
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += NO_WAIT_S;
+	while ((done = sem_timedwait(&w->done, &ts)) == -1 && errno == EINTR)
+		;
+	if (done == 0 && while_waiting != NULL)
+		while_waiting(f);
+	assert_int_equal(sem_post(&gate), 0);
+	assert_int_equal(pthread_join(attacher, NULL), 0);
+	assert_int_equal(pthread_join(releaser, NULL), 0);
+	f->fake.gate = NULL;
+	sem_destroy(&gate);
+	sem_destroy(&at_gate);
+	sem_destroy(&w->done);
+	return done == 0;
+}
+
+/* While the attach waits: the released model is unmapped already; the
+ * client keeps the index (current) and its status page. */
+static void
+released_model_unmapped(struct fixture *f)
+{
+	assert_maps(f, 1, 0, 2);
+}
+
+/*
+ * wc_release() and wc_client_dispatch() while another thread's request on
+ * the same client waits for its reply: both return at once (the header
+ * promises a release one send and no wait; dispatch reads nothing a
+ * request is waiting for), the model unmapped, and the RELEASE reaches the
+ * daemon once the request is done (the daemon reads no request of the
+ * connection before it has answered the one in progress anyway). Before,
+ * both waited for the client's lock, which the request held for its whole
+ * round trip: a wc_derive waiting for another worker's build stalled the
+ * release for as long as the build took.
+ */
+static void
+test_release_while_request_waits(void **state)
+{
+	struct fixture *f = *state;
+	struct waiter w = { 0 };
+	int before = attach_ok(f), done;
+
+	done = release_while_request_waits(f, &w, f->model, released_model_unmapped);
+	f->model = w.model;
+	if (!done)
+		fail_msg("wc_release and wc_client_dispatch took %.2f s, the whole wait of "
+			"the other thread's attach", w.took);
+	print_message("release and dispatch took %.6f s\n", w.took);
+	assert_int_equal(w.result, 0);
+	assert_int_equal(w.dispatched, 0);
+	check_tensors(f->model);
+	release_and_finish(f, before);
+	assert_int_equal(f->fake.attaches, 2);
+	assert_int_equal(f->fake.releases, 2);
+	assert_int_equal(f->fake.released_handle, HANDLE);
+	assert_int_equal(f->fake.released_seq, 0);
+}
+
+/*
+ * A release while another thread's request finds the connection dead,
+ * reconnects and sends its HOLDs: the release is neither lost nor sent on
+ * the wrong connection. The daemon closes the connection on the second
+ * attach; the client connects again, and the reply to the attach sent
+ * again waits at the gate while the first model is released. When the new
+ * daemon took that model's generation over (HOLD_OK, handle 99), its
+ * RELEASE names 99 on the new connection; when it refused the HOLD, the
+ * release sends nothing (the old daemon released it when the connection
+ * closed, and its handle means nothing to the new one).
+ */
+static void
+release_during_reconnect(struct fixture *f, int64_t hold_handle, int releases)
+{
+	struct waiter w = { 0 };
+	int before, done;
+
+	f->fake.connections = 2;
+	f->fake.first_close_at = 2;
+	f->fake.hold_handle = hold_handle;
+	before = attach_ok(f);
+	done = release_while_request_waits(f, &w, f->model, NULL);
+	f->model = NULL;
+	assert_int_equal(w.result, 0);
+	/* Disconnected with the second model attached: its release is the
+	 * connection's end, not a RELEASE. */
+	wc_disconnect(f->client);
+	f->client = NULL;
+	check_tensors(w.model);
+	wc_release(w.model);
+	finish(f, before);
+	if (!done)
+		fail_msg("wc_release took %.2f s, the whole wait of the other thread's attach",
+			w.took);
+	assert_int_equal(f->fake.accepted, 2);
+	assert_int_equal(f->fake.holds, 1);
+	assert_int_equal(f->fake.held_generation, GENERATION);
+	assert_int_equal(f->fake.releases, releases);
+	if (releases > 0) {
+		assert_int_equal(f->fake.released_handle, (uint64_t)hold_handle);
+		assert_int_equal(f->fake.released_seq, 0);
+	}
+}
+
+static void
+test_release_during_reconnect_held(void **state)
+{
+	release_during_reconnect(*state, 99, 1);
+}
+
+static void
+test_release_during_reconnect_not_held(void **state)
+{
+	release_during_reconnect(*state, 0, 0);
+}
+
 /* A forked child cannot use its parent's client (-ECHILD, nothing sent) but
  * can read and release its copy of the model without telling the daemon. */
 static void
@@ -552,6 +735,9 @@ main(void)
 		T(test_dispatch_counts_changed),
 		T(test_model_valid_after_disconnect),
 		T(test_release_races_disconnect),
+		T(test_release_while_request_waits),
+		T(test_release_during_reconnect_held),
+		T(test_release_during_reconnect_not_held),
 		T(test_attach_in_forked_child),
 		T(test_bad_arguments),
 	};
