@@ -1,5 +1,7 @@
 """wcache.safe_open has the interface of safetensors.safe_open."""
 import gc
+import os
+import time
 import weakref
 
 import numpy as np
@@ -390,3 +392,63 @@ def test_a_get_tensor_racing_close_keeps_no_mapping(tmp_path, no_daemon, framewo
             break
         k += 1
     assert k > least
+
+
+def _held_at_fork(f, which):
+    """The lock of handle f (or of what it uses) that case which holds at
+    the fork, and what the child then does with f; each is a lock some
+    thread of a loader holds while it builds what the handle needs."""
+    import wcache._lib as lib
+    import wcache._torch as wt
+    if which == "runs":  # safe_open._runs_lock: the first get_tensor makes the runs
+        return f._runs_lock, lambda: f.get_tensor("w")
+    if which == "host":  # safe_open._host_lock: the first get_tensor registers the mapping
+        return f._host_lock, lambda: f.get_tensor("w")
+    if which == "model":  # Model._lock: the first get_tensor reads the table
+        return f.model._lock, lambda: f.get_tensor("w")
+    if which == "torch state":  # _State.lock: the first get_tensor makes the memory writable
+        return wt._state_of(f.model).lock, lambda: f.get_tensor("w")
+    if which == "run":  # Runs.lock: a get_tensor that makes a run of its own
+        f.get_tensor("w")
+        return f._runs.lock, lambda: f.get_tensor("ids")
+    if which == "library":  # _lib._lock: the first call that loads libwcache
+        def load():
+            lib._lib = None
+            lib.lib()
+        return lib._lock, load
+    raise AssertionError(which)
+
+
+@pytest.mark.parametrize("which", ["runs", "host", "model", "torch state", "run", "library"])
+def test_fork_while_another_thread_holds_a_lock_of_the_handle(st_file, no_daemon, which):
+    """A thread of the parent inside a handle's first get_tensor (building
+    its table, runs or torch state: 0.35 s for 200,000 tensors) when
+    another forks: the child's get_tensor must not wait for a lock no
+    thread of it will ever let go (os.register_at_fork makes every such
+    lock anew in the child, _lib.fork_safe). Before, only safe_open's
+    module lock was made anew, and the child hung on the others."""
+    path, _, w, ids = st_file
+    f = wcache.safe_open(path, framework="pt")
+    lock, use = _held_at_fork(f, which)
+    with lock:  # what that thread holds at the fork
+        pid = os.fork()
+        if pid == 0:
+            code = 2
+            try:
+                use()
+                code = 0 if torch.equal(f.get_tensor("ids"), torch.from_numpy(ids)) else 3
+            finally:
+                os._exit(code)
+    deadline = time.monotonic() + 20
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail(f"the child hung on the {which} lock a parent thread held at fork")
+        time.sleep(0.05)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    assert torch.equal(f.get_tensor("w"), torch.from_numpy(w))  # the parent's lock is its own
+    f.close()

@@ -22,6 +22,7 @@ import ctypes.util
 import errno as _errno
 import os
 import threading
+import weakref
 
 __all__ = [
     "WcacheError", "DaemonUnavailable", "ModelNotFound", "LibraryNotFound", "SafetensorError",
@@ -172,6 +173,35 @@ _OPTIONAL = {
 _lock = threading.Lock()
 _lib = None
 _lib_path = None
+
+# The objects whose locks a child of fork() makes anew (see fork_safe).
+_fork_safe = weakref.WeakSet()
+
+
+def fork_safe(obj):
+    """Has a child of fork() give obj new locks: one for each attribute
+    its class names in ``_FORK_LOCKS``. Another thread of the parent may
+    hold one at the fork (building a model's table, a handle's runs, its
+    torch state: 0.35 s for 200,000 tensors), and no thread of the child
+    would ever let it go: the child's first call that needs it would wait
+    forever. What those locks guard is stored whole under them, or is
+    still None, which the child then makes itself. Returns obj."""
+    _fork_safe.add(obj)
+    return obj
+
+
+def _after_fork_in_child():
+    """New locks in a child: this module's (another thread may have been
+    loading the library at the fork) and every fork_safe object's."""
+    global _lock
+    _lock = threading.Lock()
+    for obj in list(_fork_safe):
+        for name in type(obj)._FORK_LOCKS:
+            setattr(obj, name, threading.Lock())
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _checkout():

@@ -49,7 +49,7 @@ import threading
 
 from ._lib import (INVALID_MODEL_ERRNOS, CannotOpenFile, ClosedError, DaemonUnavailable,
                    InvalidArgument, InvalidSlice, MissingTensor, ModelNotFound, NoSuchFile,
-                   SafetensorError, WcacheError)
+                   SafetensorError, WcacheError, fork_safe)
 from ._device import _say_once, tensor_to_device, to_device
 from ._hostreg import host_register, host_register_wanted
 from ._serialize import MAX_HEADER
@@ -399,6 +399,8 @@ class safe_open:
     mapping either way; "pread" checks get_slice's indexing as "np" does,
     as upstream's does)."""
 
+    _FORK_LOCKS = ("_host_lock", "_runs_lock")  # made anew in a child of fork() (fork_safe)
+
     def __init__(self, filename, framework="pt", device="cpu", *, backend="mmap"):
         self._model = None
         self._host_lock = threading.Lock()
@@ -412,6 +414,7 @@ class safe_open:
         self._model = open_model(filename)
         self._runs = None
         self._runs_lock = threading.Lock()
+        fork_safe(self)
 
     def _model_open(self):
         model = self._model

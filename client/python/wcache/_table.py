@@ -377,11 +377,14 @@ class Runs:
     :meth:`view_many`, and :meth:`single` (the per-tensor path, for what
     cannot be made in bulk)."""
 
+    _FORK_LOCKS = ("lock",)  # made anew in a child of fork() (_lib.fork_safe)
+
     def __init__(self, model, itemsize_of):
         self.model = model
         self.itemsize_of = itemsize_of
         self.plan = _Plan(model._tab(), itemsize_of)  # None once closed
         self.lock = threading.Lock()
+        _lib.fork_safe(self)
         self.ready = {}
         self.bases = {}  # part -> its typed base view (it keeps the mapping); None once closed
 

@@ -191,6 +191,16 @@ _device_storages = {}
 _device_storages_lock = threading.Lock()
 
 
+def _after_fork_in_child():
+    """A child's own lock: another thread may have held it at the fork."""
+    global _device_storages_lock
+    _device_storages_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def note_device_buffer(buffer):
     """Records buffer, a device allocation whose views to_device returned
     as a model's tensors, for is_part_view."""
@@ -223,8 +233,11 @@ class _State:
     Model (not on the handle: arrays here reference the handle, and a cycle
     would delay wc_release() to the garbage collector)."""
 
+    _FORK_LOCKS = ("lock",)  # made anew in a child of fork() (_lib.fork_safe)
+
     def __init__(self):
         self.lock = threading.Lock()
+        _lib.fork_safe(self)
         self.mode = _mode()
         self.c_ok = None        # wc_model_cow: not tried / done / unusable
         self.c_region = None    # writable uint8 array over the model's span (sliced only)
@@ -349,8 +362,11 @@ class _Remapper:
     """Finds the file behind a tensor's read-only mapping and maps it again,
     privately and writable (one mapping per file, made on first use)."""
 
+    _FORK_LOCKS = ("lock",)  # made anew in a child of fork() (_lib.fork_safe)
+
     def __init__(self):
         self.lock = threading.Lock()
+        _lib.fork_safe(self)
         self.starts, self.entries = _parse_maps()
         # (dev, ino, path) as /proc/self/maps names a file -> _PrivateMapping,
         # or a reason string. Not (dev, ino) alone: maps names a btrfs file by

@@ -122,6 +122,8 @@ class Model:
     ``len()`` and ``in`` work on names.
     """
 
+    _FORK_LOCKS = ("_lock",)  # made anew in a child of fork() (_lib.fork_safe)
+
     def __init__(self, handle, source):
         self._handle = handle
         self._source = source
@@ -133,6 +135,7 @@ class Model:
         self._torch_state = None  # see _torch.py
         self._lock = threading.Lock()
         self._label = handle.label
+        _lib.fork_safe(self)
 
     # -- identity and state --
 
