@@ -4,6 +4,7 @@
 # build tools nor the Debian libraries wcached links (libuv, inih).
 #
 #   scripts/gpu-carry.sh [BUILD [OUT]]     (default: build .gpu-carry)
+#   scripts/gpu-carry.sh --sources         (the digest of this tree's C sources)
 #
 # OUT gets bin/wcached, bin/wcachectl and lib/libwcache.so.0 from BUILD, and
 # in lib/ a copy of every shared library they load other than the C
@@ -11,16 +12,33 @@
 # resolves them. run.sh puts OUT/lib on LD_LIBRARY_PATH, so
 # `tests/gpu/run.sh --build OUT` runs there with nothing installed but
 # glibc (at least the version MANIFEST names). MANIFEST lists each file,
-# its size, its sha256 and the Debian package it came from. OUT is made
-# under OUT.partial and renamed into place only when complete; the copy is
+# its size, its sha256 and the Debian package it came from, and the commit
+# (git describe --always --dirty) and digest of the C sources (--sources
+# prints it) it was made from, which run.sh's header compares with the
+# tree it runs in. OUT is made under OUT.partial and renamed into place
+# only when complete; the copy is
 # checked by starting `wcached --version` and `wcachectl --version` from it
 # with a clean environment, and by the loader resolving every library but
 # glibc's from OUT/lib.
 set -eu
 
+# A digest of the C sources a build is made from (what CMake compiles and
+# how), the same here and on the GPU host, where the tree comes without git:
+# MANIFEST records it, and run.sh compares it with the tree it runs in.
+sources() {
+	root=$(cd "$(dirname "$0")/.." && pwd)
+	(cd "$root" && find CMakeLists.txt cmake proto daemon client/CMakeLists.txt client/base \
+		client/ctl client/format client/lib -type f \( -name '*.c' -o -name '*.h' -o \
+		-name CMakeLists.txt -o -name '*.cmake' -o -name '*.in' \) -print0 |
+		LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
+}
+
 build=${1:-build}
 out=${2:-.gpu-carry}
-case "$build" in -h | --help) sed -n '2,18p' "$0"; exit 0 ;; esac
+case "$build" in
+-h | --help) sed -n '2,22p' "$0"; exit 0 ;;
+--sources) sources; exit 0 ;;
+esac
 out=${out%/}
 [ -n "$out" ] || { echo "gpu-carry: OUT must not be / or empty" >&2; exit 2; }
 
@@ -73,6 +91,9 @@ done | sed 's/GLIBC_//' | sort -uV | tail -1)
 {
 	echo "# wcache GPU carry from $build, $(date -u +%FT%TZ), $(uname -m)"
 	echo "# needs glibc >= ${glibc:-unknown}; run: tests/gpu/run.sh --build $out"
+	commit=$(git -C "$(dirname "$0")/.." describe --always --dirty 2>/dev/null) || commit=unknown
+	echo "# commit $commit"
+	echo "# sources $(sources)"
 	for f in "$tmp"/bin/* "$tmp"/lib/*; do
 		rel=${f#"$tmp"/}
 		src=$(awk -v n="${rel#lib/}" '$1 == n { print $2 }' "$tmp/sources" 2>/dev/null)

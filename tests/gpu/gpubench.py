@@ -1,13 +1,18 @@
 """The steps of tests/gpu/run.sh: make a model, warm it, run wcached, time
 each way into the device in a fresh process, load a Llama model under real
-transformers plainly, through wcache, and through wcache with
-WCACHE_HOST_REGISTER=1, and report with PASS/MISS.
+transformers plainly, through wcache by WCACHE_SAFETENSORS=1 (the import
+hook of the package's wcache-safetensors.pth, which --site runs), and
+through wcache.install() with WCACHE_HOST_REGISTER=1, and report with
+PASS/MISS. Making the model and the steps that do not measure wcache need
+no libwcache.
 
 Where wcache registers a mapping with CUDA (the engine's register path,
-and host registration), the rows also say how much of the model's mapping
-became private memory ("private MiB": Anonymous in /proc/self/smaps, read
-just after the engine's copy, or after a transformers load whose mappings
-are kept until then; their unmapping is then not in the load time). libwcache
+and host registration), the rows also say how much of what was registered
+became private memory ("private MiB": for the engine, the registered
+ranges' pages that /proc/self/pagemap shows as this process's own, read
+just after each range is registered; for host registration, Anonymous in
+/proc/self/smaps of the handles' mappings, kept until after a transformers
+load; their unmapping is then not in the load time). libwcache
 maps model files MAP_PRIVATE, and since Linux 6.2 a long-term read-only pin
 of a private file mapping makes the kernel copy each pinned page ("mm/gup:
 reliable R/O long-term pinning in COW mappings"); whether the NVIDIA
@@ -224,16 +229,19 @@ def cmd_host_info(a):
 # ---- the model ----
 
 def layout(total):
-    """[(name, dtype, shape)] of a model of about total bytes: per layer a
-    big BF16 matrix, a smaller one, a norm vector (F32), and every 16th
-    layer a 3-byte I8 tensor that leaves the next tensor misaligned."""
+    """[(name, dtype, shape)] of a model of at least total bytes of tensor
+    data (issue 23 asks for at least 8 GiB): per layer a big BF16 matrix, a
+    smaller one, a norm vector (F32), and every 16th layer a 3-byte I8
+    tensor that leaves the next tensor misaligned. The layer count is
+    rounded up, and counts the layers without the I8 tensor, so the sum
+    never falls short (it fell 14 MB short of 8 GiB when it was rounded
+    down)."""
     big, small = (6144, 4096), (2048, 2048)
-    per_layer = 2 * (big[0] * big[1] + small[0] * small[1]) + 4 * 4096 + 3
     if total < GIB:  # the CPU mode's small models
         big, small = (512, 256), (256, 128)
-        per_layer = 2 * (big[0] * big[1] + small[0] * small[1]) + 4 * 4096 + 3
+    per_layer = 2 * (big[0] * big[1] + small[0] * small[1]) + 4 * 4096
     out = []
-    for i in range(max(1, total // per_layer)):
+    for i in range(max(1, -(-total // per_layer))):
         out.append((f"layers.{i}.big", "BF16", big))
         if i % 16 == 0:  # now and then a tensor that misaligns the next one
             out.append((f"layers.{i}.odd", "I8", (3,)))
@@ -241,14 +249,52 @@ def layout(total):
     return out
 
 
+DTYPE_SIZE = {"BF16": 2, "F32": 4, "I8": 1}
+
+
+def tensor_bytes(dtype, shape):
+    n = DTYPE_SIZE[dtype]
+    for d in shape:
+        n *= d
+    return n
+
+
+def layout_bytes(tensors):
+    """The bytes of tensor data in a layout()."""
+    return sum(tensor_bytes(dtype, shape) for _, dtype, shape in tensors)
+
+
+def read_header(path):
+    """(header dict, offset of the data) of a safetensors file, read with
+    Python alone: the steps that need no libwcache (making model.pt,
+    checking upstream's and torch.load's tensors) run where it cannot load."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    return header, 8 + n
+
+
+def read_tensor(torch, f, base, entry):
+    """A tensor of its own (not a view of a mapping) with the bytes of one
+    header entry, read from the open file f whose data starts at base."""
+    dtype = {"BF16": torch.bfloat16, "F32": torch.float32, "I8": torch.int8}[entry["dtype"]]
+    a, b = entry["data_offsets"]
+    t = torch.empty(entry["shape"], dtype=dtype)
+    raw = t.reshape(-1).view(torch.uint8)
+    f.seek(base + a)
+    if f.readinto(memoryview(raw.numpy())) != b - a:
+        raise SystemExit(f"{f.name}: short read")
+    return t
+
+
 def cmd_gen(a):
     """Writes model.safetensors (and model.pt for torch.load) in a.dir."""
     import numpy as np
-    size = {"BF16": 2, "F32": 4, "I8": 1}
     tensors = layout(int(a.gib * GIB))
     header, off = {}, 0
     for name, dtype, shape in tensors:
-        n = size[dtype] * int(np.prod(shape))
+        n = tensor_bytes(dtype, shape)
         header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [off, off + n]}
         off += n
     text = json.dumps(header).encode()
@@ -273,13 +319,12 @@ def cmd_gen(a):
                 done += m
     os.rename(path + ".tmp", path)
     log(f"  {path}: {off / GIB:.2f} GiB, {len(tensors)} tensors")
-    if a.pt:
+    if a.pt:  # read with Python, not libwcache: torch.load's row needs no wcache
         import torch
-        import wcache
-        model = wcache.open_file(path)
-        torch.save({k: model.torch(k) for k in model.offset_keys()},
-                   os.path.join(a.dir, "model.pt"))
-        model.close()
+        header, base = read_header(path)
+        with open(path, "rb", buffering=0) as f:
+            state = {name: read_tensor(torch, f, base, header[name]) for name, _, _ in tensors}
+        torch.save(state, os.path.join(a.dir, "model.pt"))
 
 
 def cmd_warm(a):
@@ -340,10 +385,48 @@ def _sync(torch, device):
 
 
 def _cpu_engine():
-    """--cpu: the engine's device is wcache._device.CpuBackend."""
+    """--cpu: the engine's device is wcache._device.CpuBackend.
+    GPUBENCH_REFUSE: a reason it refuses registration with.
+    GPUBENCH_SHARED_VIEWS=1: it pins long-term, as CUDA does, so the engine
+    registers shared views of the file, not the model's private mapping.
+    GPUBENCH_COW=1: each registration does what Linux 6.2+ does at a
+    long-term pin of a private file mapping: every page of the range is
+    copied into the process (made writable, each byte written back, made
+    read-only again); a shared view cannot be, and stays the page cache.
+    So the tests can show that the page-cache target fails when
+    registration copies."""
     from wcache import _device
     refuse = os.environ.get("GPUBENCH_REFUSE") or None
-    _device.backend_for = lambda device: _device.CpuBackend(refuse=refuse)
+    long_term = os.environ.get("GPUBENCH_SHARED_VIEWS") == "1"
+    _device.backend_for = lambda device: _device.CpuBackend(refuse=refuse,
+                                                            pins_long_term=long_term)
+    if os.environ.get("GPUBENCH_COW") == "1":
+        real = _device.CpuBackend.register
+
+        def register(self, addr, nbytes):
+            owned = real(self, addr, nbytes)
+            _unshare(addr, nbytes)
+            return owned
+        _device.CpuBackend.register = register
+
+
+def _unshare(addr, nbytes):
+    """Copies [addr, addr + nbytes) into private pages where the mapping
+    allows it (a private mapping): one byte of each page written back as it
+    is (a write fault copies the page); a shared mapping of a read-only
+    file refuses PROT_WRITE (EACCES) and is left as it is."""
+    import ctypes
+    import numpy as np
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    read, write = 1, 2  # PROT_READ, PROT_WRITE
+    if libc.mprotect(addr, nbytes, read | write) != 0:
+        return
+    try:
+        pages = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(addr))[::PAGE]
+        pages[:] = pages.copy()
+    finally:
+        libc.mprotect(addr, nbytes, read)
 
 
 def anon_bytes(ranges):
@@ -371,32 +454,74 @@ class _Watch:
         self.spent = 0.0
 
 
-def _watch_engine(watch):
-    """Records in watch, after each batched copy, the private bytes in the
-    mappings it read."""
-    from wcache import _device
-    real = _device.Engine.copy_plan
+PAGE = 4096
 
-    def copy_plan(self, p, buffer):
-        real(self, p, buffer)
-        t0 = time.perf_counter()
-        watch.items.append(anon_bytes([(lo, hi) for lo, hi, _, _ in p.ranges]))
-        watch.spent += time.perf_counter() - t0
-    _device.Engine.copy_plan = copy_plan
+
+def private_pages(lo, hi, pagemap="/proc/self/pagemap"):
+    """(pages present, pages that are this process's own) of [lo, hi), from
+    /proc/self/pagemap: a page present and not "file-page or shared-anon"
+    (bit 61) is an anonymous page of this process alone, which in a file
+    mapping means a private copy of the file's page (copy-on-write). A page
+    of the page cache, as a shared view or an untouched private mapping
+    holds, is present and bit 61 is set. The flags are readable without
+    privilege (only the frame numbers are hidden)."""
+    import numpy as np
+    first, n = lo // PAGE, (hi - lo + PAGE - 1) // PAGE
+    with open(pagemap, "rb", buffering=0) as f:
+        f.seek(first * 8)
+        raw = f.read(n * 8)
+    entries = np.frombuffer(raw, dtype=np.uint64)
+    present = (entries >> np.uint64(63)) & np.uint64(1)
+    shared = (entries >> np.uint64(61)) & np.uint64(1)
+    return int(present.sum()), int((present & (shared ^ np.uint64(1))).sum())
+
+
+def _watch_registrations(watch):
+    """Records in watch, for every range a backend registers, while it is
+    registered (after cudaHostRegister returned, before its copies): the
+    bytes registered, how many of them are present and how many are this
+    process's private copies (private_pages). That is what "registration
+    left the page cache shared" asks of the memory registered itself,
+    whichever mapping the engine registers (on CUDA a shared view, which
+    the engine unmaps after the copy, so that reading the model's own
+    mapping afterwards, as this did before, could never see a copy)."""
+    from wcache import _device
+    for cls in (_device.CudaBackend, _device.CpuBackend):
+        real = cls.register
+
+        def register(self, addr, nbytes, real=real):
+            owned = real(self, addr, nbytes)
+            t0 = time.perf_counter()
+            present, private = private_pages(addr, addr + nbytes)
+            watch.items.append((nbytes, present * PAGE, private * PAGE))
+            watch.spent += time.perf_counter() - t0
+            return owned
+        cls.register = register
+
+
+def _registration_figures(items):
+    """The row's figures from _watch_registrations' items: MiB registered,
+    present and private (the copy-on-write the target judges)."""
+    if not items:
+        return {}
+    return {"registered_mib": round(sum(i[0] for i in items) / MIB, 1),
+            "present_mib": round(sum(i[1] for i in items) / MIB, 1),
+            "private_mib": round(sum(i[2] for i in items) / MIB, 1)}
 
 
 def _check(torch, path, state, names=3):
-    """The first, a middle and the last tensor equal the file's bytes."""
-    import wcache
-    model = wcache.open_file(path)
-    keys = model.offset_keys()
-    for name in {keys[0], keys[len(keys) // 2], keys[-1]}:
-        want = model.torch(name)
-        got = state[name].to("cpu")
-        if got.dtype != want.dtype or not torch.equal(got.reshape(-1).view(torch.uint8),
-                                                        want.reshape(-1).view(torch.uint8)):
-            raise SystemExit(f"tensor {name!r}: bytes differ from the file")
-    model.close()
+    """The first, a middle and the last tensor (in the file's order) equal
+    the file's bytes, read with Python (no libwcache: upstream's and
+    torch.load's rows are checked where it cannot load)."""
+    header, base = read_header(path)
+    keys = sorted(header, key=lambda k: header[k]["data_offsets"][0])
+    with open(path, "rb", buffering=0) as f:
+        for name in {keys[0], keys[len(keys) // 2], keys[-1]}:
+            want = read_tensor(torch, f, base, header[name])
+            got = state[name].to("cpu")
+            if got.dtype != want.dtype or not torch.equal(got.reshape(-1).view(torch.uint8),
+                                                            want.reshape(-1).view(torch.uint8)):
+                raise SystemExit(f"tensor {name!r}: bytes differ from the file")
 
 
 def _engine_figures(engine):
@@ -453,7 +578,8 @@ def cmd_bench(a):
     nbytes = os.path.getsize(a.model)
     # imports outside the timing (the concurrent loaders time one load)
     import importlib
-    importlib.import_module("wcache.torch")
+    if a.method.startswith("wcache"):  # the others run where libwcache cannot load
+        importlib.import_module("wcache.torch")
     if a.method == "upstream":
         importlib.import_module("safetensors.torch")
     if a.method == "pinned":
@@ -480,12 +606,13 @@ def cmd_bench(a):
             time.sleep(0.001)
     watch = _Watch()
     if a.method.startswith("wcache"):
-        _watch_engine(watch)
-    best, path, starts, figures = None, "", [], {}
+        _watch_registrations(watch)
+    best, path, starts, figures, private = None, "", [], {}, None
     for rep in range(a.reps):
         t0 = time.perf_counter()
         wall0 = time.time()
         spent = watch.spent
+        watch.items.clear()  # this load's registrations
         state, path, engine = _load(a.method, a, torch, device)
         _sync(torch, device)
         measuring = watch.spent - spent  # reading smaps is not the load
@@ -495,13 +622,15 @@ def cmd_bench(a):
             _check(torch, a.model, state)
         moved = sum(t.numel() * t.element_size() for t in state.values())
         del state
+        registrations = _registration_figures(watch.items)
         if best is None or dt < best:
-            best, figures = dt, engine
+            best, figures = dt, dict(engine, **registrations)
+        if private is None or registrations.get("private_mib", 0) > private.get("private_mib", 0):
+            private = registrations  # the most any load copied
     row = dict(method=a.method + (f"@{a.tag}" if a.tag else ""), bytes=moved,
                seconds=round(best, 4), gbps=round(moved / best / 1e9, 2), path=path,
                start=starts[0][0], end=starts[0][1], **figures)
-    if watch.items:
-        row["private_mib"] = round(max(watch.items) / MIB, 1)
+    row.update(private or {})
     emit(a.results, **row)
 
 
@@ -535,9 +664,9 @@ def cmd_concurrent(a):
     span = max(r["end"] for r in rows) - min(r["start"] for r in rows)
     row = dict(method=f"concurrent{a.n}", bytes=total, seconds=round(span, 4),
                gbps=round(total / span / 1e9, 2), path=",".join(sorted({r["path"] for r in rows})))
-    private = [r["private_mib"] for r in rows if "private_mib" in r]
-    if private:
-        row["private_mib"] = max(private)  # per process
+    for key in ("registered_mib", "present_mib", "private_mib"):  # per process, the most
+        if any(key in r for r in rows):
+            row[key] = max(r.get(key, 0) for r in rows)
     for key in ("view_s", "register_s", "copy_s", "unregister_s"):  # the slowest process's
         if any(key in r for r in rows):
             row[key] = max(r.get(key, 0) for r in rows)
@@ -732,7 +861,14 @@ def cmd_llama_load(a):
         import wcache
         import wcache._safe_open as so
         from wcache import _device, _hostreg
-        wcache.install()
+        if a.mode == "wcache":
+            # Through WCACHE_SAFETENSORS=1 alone: the import hook that
+            # wcache-safetensors.pth registered at start-up (main's --site)
+            # patches safetensors when transformers imports it.
+            hook = _pth_hook_state()
+        else:
+            wcache.install()
+            hook = "wcache.install()"
         sources = []
         real = so.open_model
 
@@ -786,6 +922,7 @@ def cmd_llama_load(a):
     torch.save(logits, a.out)
     row = {"method": f"transformers_{a.mode}", "seconds": round(dt, 3), "how": how}
     if a.mode != "plain":
+        row["hook"] = hook
         row["sources"] = ",".join(sorted(set(sources))) or "none"
         n, registered, nbytes, private = _handle_figures(watch)
         row.update(registered=registered, handles=n, mib=round(nbytes / MIB, 1),
@@ -793,6 +930,37 @@ def cmd_llama_load(a):
         if closes is not None:
             row["held_at_copy"] = held  # ranges registered while .to() copied
     emit(a.results, **row)
+
+
+PTH = "wcache-safetensors.pth"
+
+
+def add_site(directory):
+    """Processes directory as Python does site-packages at start-up
+    (site.addsitedir: its .pth files run), before anything has imported
+    safetensors: with wcache-safetensors.pth there (what the python3-wcache
+    package installs in dist-packages), WCACHE_SAFETENSORS=1 acts as on a
+    host where the package is installed. Raises SystemExit when the .pth is
+    missing or safetensors was imported first (the hook would then have
+    nothing to catch)."""
+    import site
+    if not os.path.exists(os.path.join(directory, PTH)):
+        raise SystemExit(f"--site {directory}: no {PTH} there")
+    if "safetensors" in sys.modules:
+        raise SystemExit(f"--site {directory}: safetensors was imported before the .pth ran")
+    site.addsitedir(directory)
+
+
+def _pth_hook_state():
+    """How safetensors will be patched in this process: the .pth's import
+    hook, or a SystemExit saying why it is not there (the variable unset or
+    not 1, no --site, or the .pth not run)."""
+    from wcache import _install
+    if not any(isinstance(f, _install._Hook) for f in sys.meta_path):
+        raise SystemExit(f"llama-load --mode wcache: no import hook from {PTH} in this "
+                         f"process (WCACHE_SAFETENSORS={os.environ.get('WCACHE_SAFETENSORS')!r}; "
+                         f"run.sh passes --site with the .pth and sets it to 1)")
+    return f"WCACHE_SAFETENSORS=1 ({PTH})"
 
 
 def cmd_llama_compare(a):
@@ -840,12 +1008,15 @@ def targets(rows):
     # Judged only where something was registered (the engine's path says
     # "register", or handles registered): a staged load pins nothing, and
     # its 0 MiB would say nothing about registration.
+    # The engine's rows measure the ranges it registered, while registered
+    # (registered_mib, private_mib: _watch_registrations); the
+    # WCACHE_HOST_REGISTER=1 row the registered handles' mappings (mib).
     for key, label in (("wcache", "new path"),
                        ("transformers_wcache_hostreg", "WCACHE_HOST_REGISTER=1")):
         r = by.get(key)
         private = None if r is None else r.get("private_mib")
-        size = None if r is None else (r["bytes"] / MIB if "bytes" in r else r.get("mib"))
-        registered = r is not None and ("register" in r.get("path", "")
+        size = None if r is None else r.get("registered_mib", r.get("mib"))
+        registered = r is not None and (r.get("registered_mib", 0) > 0
                                         or r.get("registered", 0) > 0)
         if private is not None and not registered:
             judge(f"{label}: registration left the page cache shared", None,
@@ -854,7 +1025,7 @@ def targets(rows):
             continue
         judge(f"{label}: registration left the page cache shared", None if private is None
               or not size else private < 0.01 * size,
-              "" if private is None else f"{private} MiB private of {size:.1f} MiB")
+              "" if private is None else f"{private} MiB private of {size:.1f} MiB registered")
     return out
 
 
@@ -863,6 +1034,9 @@ def engine_line(r):
     its path ("register 0.012 s, copy 0.310 s, ...; why: ...")."""
     parts = [f"{k} {r[k + '_s']:.3f} s" for k in ("view", "register", "copy", "unregister")
              if k + "_s" in r]
+    if "registered_mib" in r:  # the registered ranges, read while registered
+        parts.append(f"registered {r['registered_mib']} MiB: {r.get('present_mib')} present, "
+                     f"{r.get('private_mib')} private")
     return ", ".join(parts) + (f"; why: {r['why']}" if r.get("why") else "")
 
 
@@ -919,6 +1093,8 @@ def cmd_report(a):
         if r.get("how", "device_map") != "device_map":
             line += f"  [{r['how']}]"  # not what device_map= measures: said on the line
         print(line)
+        if "hook" in r:
+            print(f"    safetensors patched by {r['hook']}")
     print()
     misses = 0
     for label, verdict, detail in targets(rows):
@@ -933,6 +1109,7 @@ def cmd_report(a):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cpu", action="store_true")
+    p.add_argument("--site", help="a directory processed as site-packages first (add_site)")
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("host-info")
     s = sub.add_parser("room")
@@ -986,6 +1163,8 @@ def main(argv=None):
     s.add_argument("--results", required=True)
     a = p.parse_args(argv)
     a.cpu = a.cpu or os.environ.get("GPUBENCH_CPU") == "1"
+    if a.site:
+        add_site(a.site)
     return {"host-info": cmd_host_info, "room": cmd_room, "gen": cmd_gen, "warm": cmd_warm, "daemon": cmd_daemon, "bench": cmd_bench,
             "concurrent": cmd_concurrent, "llama-make": cmd_llama_make,
             "llama-load": cmd_llama_load, "cpu-engine": cmd_cpu_engine,

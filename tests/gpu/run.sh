@@ -6,17 +6,25 @@
 # Uses a prebuilt tree whose wcached starts here (--build DIR; else build/;
 # else .gpu-carry/, which `make gpu-carry` makes with the shared libraries
 # wcached loads, for a GPU host that lacks them), or builds one (cmake, where
-# a compiler and the libraries exist); makes a model of --gib GiB (default 8) in the page
+# a compiler and the libraries exist); without one, the steps that need no
+# wcache still run and the others are failed steps naming the reason. Makes
+# a model of at least --gib GiB (default 8) in the page
 # cache, and prints GB/s into cuda:0 for: pinned anonymous memory (the
 # limit), safetensors.torch.load_file(device=), torch.load(mmap=True) then
 # .to(), wcache's per-tensor path, the new path (and with staging forced);
 # then loads a ~1B-parameter Llama with transformers plainly, through
-# wcache.install() + wcached, and the same with WCACHE_HOST_REGISTER=1, and
+# WCACHE_SAFETENSORS=1 (the package's wcache-safetensors.pth, in a directory
+# processed as site-packages are) + wcached, and through wcache.install() +
+# wcached with WCACHE_HOST_REGISTER=1, and
 # compares the logits and load times; last, 4 processes load the model at
 # once through wcached (the step most likely to hang, so it goes last).
 # Targets are printed PASS/MISS. The header names the host: kernel, driver
 # and PCIe link, whether the device supports read-only host registration,
-# the work directory's filesystem, free memory and disk. Where the work
+# the work directory's filesystem, free memory and disk, and the commit and
+# C sources a carried tree was made from (MANIFEST) against this tree's,
+# with a WARNING where they differ. nvidia-smi (20 s), the CUDA check and
+# host-info (60 s each) have limits too: a driver that stalls there costs
+# the run its measurements, not its report. Where the work
 # directory lacks room for the model (2.3x --gib GiB, and 3 GiB for the
 # Llama), the check works in /dev/shm, else with a smaller model, and says so.
 # With $OUT set, results.jsonl, the 4 processes' rows and each wcached's
@@ -136,7 +144,8 @@ try_step() { # as step, but a failure is reported at the end and the run goes on
 # wcached and libwcache: the tree passed in (--build, else $WCACHE_BUILD), else build/,
 # else .gpu-carry/ (make gpu-carry: the binaries with the libraries they load, for a host
 # without them), else a fresh cmake build. A tree is used only if its wcached starts
-# here: one whose libraries this host lacks is named with the reason.
+# here. Without one (the host's glibc older than the carry needs, say), the steps that
+# need no wcache still run, and the others are failed steps naming the reason.
 starts() { # starts DIR: DIR has the files, and its wcached and wcachectl start here
 	local b f said
 	for f in "$1/bin/wcached" "$1/bin/wcachectl" "$1/lib/libwcache.so.0"; do
@@ -144,38 +153,68 @@ starts() { # starts DIR: DIR has the files, and its wcached and wcachectl start 
 	done
 	for b in wcached wcachectl; do
 		if ! said=$(LD_LIBRARY_PATH="$1/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-			"$1/bin/$b" --version 2>&1); then
+			timeout -k 2 10 "$1/bin/$b" --version 2>&1); then
 			why="$1/bin/$b does not start here: $(echo "$said" | head -1) (carry what"
 			why+=" 'make gpu-carry' makes, .gpu-carry/, and pass --build .gpu-carry)"
 			return 1
 		fi
 	done
 }
-why=""
+why="" have_wcache=1
 if [ -z "$build" ] && [ -n "${WCACHE_BUILD:-}" ]; then build=$WCACHE_BUILD; fi
 if [ -n "$build" ]; then
-	starts "$build" || { echo "run.sh: $why" >&2; exit 2; }
+	starts "$build" || have_wcache=0
 else
 	for dir in "$repo/build" "$repo/.gpu-carry"; do
 		if [ -e "$dir/bin/wcached" ] && starts "$dir"; then build=$dir; break; fi
 	done
-fi
-if [ -z "$build" ]; then
-	if command -v cmake >/dev/null && command -v cc >/dev/null; then
-		build=$repo/build-gpu
-		step "build (cmake)" bash -c "cmake -S '$repo' -B '$build' -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build '$build' -j\$(nproc) >/dev/null" ||
-			{ echo "run.sh: cannot build here${why:+; $why}" >&2; exit 2; }
-		starts "$build" || { echo "run.sh: $why" >&2; exit 2; }
-	else
-		echo "run.sh: no tree to use (--build DIR, .gpu-carry/ or build/) and no cmake/cc to build one${why:+; $why}" >&2
-		exit 2
+	if [ -z "$build" ]; then
+		if command -v cmake >/dev/null && command -v cc >/dev/null; then
+			build=$repo/build-gpu
+			if ! step "build (cmake)" bash -c "cmake -S '$repo' -B '$build' -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build '$build' -j\$(nproc) >/dev/null"; then
+				why="cannot build here${why:+; $why}"
+				have_wcache=0
+			elif ! starts "$build"; then
+				have_wcache=0
+			fi
+		else
+			why="no tree to use (--build DIR, .gpu-carry/ or build/) and no cmake/cc to build one${why:+; $why}"
+			have_wcache=0 build=""
+		fi
 	fi
 fi
-build=$(cd "$build" && pwd) # the same paths for every step, whatever its directory
-export WCACHE_BUILD=$build WCACHE_LIB=$build/lib/libwcache.so.0
+if [ -n "$build" ] && [ -d "$build" ]; then
+	build=$(cd "$build" && pwd) # the same paths for every step, whatever its directory
+	export WCACHE_BUILD=$build WCACHE_LIB=$build/lib/libwcache.so.0
+fi
 export PYTHONPATH=$repo/client/python${PYTHONPATH:+:$PYTHONPATH}
 # Not LD_LIBRARY_PATH: the tree's lib/ is for wcached alone (gpubench's
 # daemon start puts it there); Python loads libwcache by WCACHE_LIB.
+if [ "$have_wcache" = 0 ]; then
+	echo "run.sh: no wcache here: $why; the steps that need wcache fail, the others run" >&2
+fi
+wcache_step() { # as try_step, for a step that needs wcache: failed at once without it
+	local label=$1
+	if [ "$1" = --limit ]; then label=$3; fi
+	if [ "$have_wcache" = 0 ]; then
+		echo "== $label: FAILED (needs wcache, which does not start here)" >&2
+		failed+=("$label (needs wcache)")
+		return 0
+	fi
+	try_step "$@"
+}
+
+importable() { # importable MODULE: false only where Python says it cannot import it
+	# Within 60 s and what the budget leaves; out of time (a stalled
+	# import, no time left) it says true, and the steps that need the
+	# module say what became of them (TIMEOUT, SKIPPED).
+	local rc left=$((t_start + run_budget - $(date +%s) - 10))
+	[ $left -le 60 ] || left=60
+	[ $left -ge 1 ] || return 0
+	timeout -k 2 "$left" "$py" -c "import $1" >/dev/null 2>&1 && return 0
+	rc=$?
+	[ $rc -eq 124 ] || [ $rc -eq 137 ] || return $rc
+}
 
 gb=("$py" "$here/gpubench.py")
 bench() { "${gb[@]}" "$@"; }
@@ -188,7 +227,7 @@ if [ -z "$work" ]; then work=$(mktemp -d /tmp/wcache-gpu.XXXXXX); made_work=1; f
 mkdir -p "$work"
 llama_gib=3 min_gib=0.25
 [ "$cpu" = 1 ] && llama_gib=0.05 min_gib=0.005
-if room=$(bench room --work "$work" --gib "$gib" --llama-gib "$llama_gib" --min-gib "$min_gib"); then
+if room=$(timeout -k 5 60 "${gb[@]}" room --work "$work" --gib "$gib" --llama-gib "$llama_gib" --min-gib "$min_gib"); then
 	old_work=$work
 	eval "$room"
 	if [ "$work" != "$old_work" ] && [ "$made_work" = 1 ]; then rmdir "$old_work" || true; fi
@@ -216,23 +255,50 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "wcache device check: $(date -u +%FT%TZ), $(uname -n), mode $([ "$cpu" = 1 ] && echo cpu || echo cuda), model ${gib} GiB, build $build" >&2
+echo "wcache device check: $(date -u +%FT%TZ), $(uname -n), mode $([ "$cpu" = 1 ] && echo cpu || echo cuda), model ${gib} GiB, build ${build:-none}" >&2
 echo "host: kernel $(uname -r), $(nproc) CPUs, memory $(awk '/^MemTotal:/ { t = $2 } /^MemAvailable:/ { a = $2 } END { printf "%.1f GiB available of %.1f", a / 1048576, t / 1048576 }' /proc/meminfo 2>/dev/null)" >&2
 echo "work directory $work: $(stat -f -c %T "$work" 2>/dev/null || echo unknown), $(df -Pk "$work" 2>/dev/null | awk 'NR == 2 { printf "%.1f GiB free", $4 / 1048576 }')" >&2
+# What the tree was built from (a carry's MANIFEST says), against this tree:
+# a carry made from other sources may not match the Python that loads it.
+tree_commit=$(git -C "$repo" describe --always --dirty 2>/dev/null) || tree_commit="unknown (no git here)"
+tree_sources=$(sh "$repo/scripts/gpu-carry.sh" --sources 2>/dev/null) || tree_sources=unknown
+if [ -n "$build" ] && [ -f "$build/MANIFEST" ]; then
+	built_commit=$(sed -n 's/^# commit //p' "$build/MANIFEST")
+	built_sources=$(sed -n 's/^# sources //p' "$build/MANIFEST")
+	echo "commit: carry ${built_commit:-unknown}, tree $tree_commit; C sources: carry ${built_sources:-unknown}, tree $tree_sources" >&2
+	if [ -n "$built_commit" ] && [ "$tree_commit" = "${tree_commit#unknown}" ] &&
+		[ "$built_commit" != "$tree_commit" ]; then
+		echo "WARNING: $build was made at commit $built_commit, this tree is $tree_commit" >&2
+	fi
+	if [ -n "$built_sources" ] && [ "$built_sources" != "$tree_sources" ]; then
+		echo "WARNING: $build was made from other C sources than this tree's: make gpu-carry again" >&2
+	fi
+else
+	echo "commit: tree $tree_commit" >&2
+fi
+# The first calls into the driver (NVML, a CUDA context) are where a fresh
+# machine is likeliest to stall: each has a limit, so the report still prints.
 if command -v nvidia-smi >/dev/null 2>&1; then
-	nvidia-smi --query-gpu=driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv 2>&1 |
-		sed 's/^/nvidia-smi: /' >&2 || true
+	{ timeout -k 5 20 nvidia-smi --query-gpu=driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv 2>&1 ||
+		echo "failed or timed out (exit $?)"; } | sed 's/^/nvidia-smi: /' >&2
 else
 	echo "nvidia-smi: not here" >&2
 fi
-bench host-info || echo "host-info: failed (going on)" >&2
+have_cuda=1
 if [ "$cpu" = 0 ]; then
-	"$py" -c 'import torch; assert torch.cuda.is_available(), "no CUDA device"'
+	if ! step --limit 60 "CUDA device" "$py" -c 'import torch; assert torch.cuda.is_available(), "no CUDA device"'; then
+		failed+=("CUDA device")
+		have_cuda=0
+		echo "== no CUDA device: every measurement is skipped" >&2
+	fi
 fi
+try_step --limit 60 "host info" "${gb[@]}" host-info
 
 model=$work/model/model.safetensors pt=$work/model/model.pt
 have_model=0
-if [ "$gib" = 0 ]; then
+if [ "$have_cuda" = 0 ]; then
+	:
+elif [ "$gib" = 0 ]; then
 	echo "== no room for a model: its measurements are skipped" >&2
 	failed+=("make the model (no room)")
 else
@@ -242,38 +308,48 @@ else
 fi
 if [ "$have_model" = 1 ]; then
 	try_step "warm the page cache" "${gb[@]}" warm "$model" "$pt"
-	try_step "start wcached" "${gb[@]}" daemon start --dir "$work/daemon" --files "$model"
+	wcache_step "start wcached" "${gb[@]}" daemon start --dir "$work/daemon" --files "$model"
 	export WCACHE_SOCKET=$work/daemon/wcached.sock
 	try_step "pinned anonymous memory" "${gb[@]}" bench --method pinned --model "$model" --results "$results"
-	if "$py" -c 'import safetensors.torch' 2>/dev/null; then
+	if importable safetensors.torch; then
 		try_step "safetensors.torch.load_file" "${gb[@]}" bench --method upstream --model "$model" --results "$results"
 	else
 		echo "== safetensors is not installed: skipped" >&2
 	fi
 	try_step "torch.load(mmap=True) then .to()" "${gb[@]}" bench --method torch_load --model "$model" --pt "$pt" --results "$results"
-	try_step "wcache, per-tensor path" "${gb[@]}" bench --method wcache_tensor --model "$model" --results "$results"
-	try_step "wcache, new path" "${gb[@]}" bench --method wcache --model "$model" --results "$results"
-	try_step "wcache, new path, staging forced" "${gb[@]}" bench --method wcache_staging --model "$model" --results "$results"
+	wcache_step "wcache, per-tensor path" "${gb[@]}" bench --method wcache_tensor --model "$model" --results "$results"
+	wcache_step "wcache, new path" "${gb[@]}" bench --method wcache --model "$model" --results "$results"
+	wcache_step "wcache, new path, staging forced" "${gb[@]}" bench --method wcache_staging --model "$model" --results "$results"
 	rm -f "$pt" # room in the page cache for the next part
-else
+elif [ "$have_cuda" = 1 ]; then
 	echo "== no model: its measurements are skipped" >&2
 fi
 
-if "$py" -c 'import transformers' 2>/dev/null; then
+# WCACHE_SAFETENSORS=1 acts through wcache-safetensors.pth, which the
+# python3-wcache package installs in dist-packages; a GPU host has no such
+# package, so the load through it gets a directory with the tree's .pth that
+# gpubench.py adds as site-packages are (--site: site.addsitedir) before
+# anything imports safetensors. The WCACHE_HOST_REGISTER=1 load goes through
+# wcache.install() instead, so both ways in are run under transformers.
+mkdir -p "$work/site"
+cp "$repo/client/python/wcache-safetensors.pth" "$work/site/"
+if [ "$have_cuda" = 0 ]; then
+	:
+elif importable transformers; then
 	tiny=()
 	[ "$cpu" = 1 ] && tiny=(--tiny)
 	try_step --limit "$make_timeout" "make a Llama model" "${gb[@]}" llama-make --dir "$work/llama" "${tiny[@]}"
 	shards=("$work"/llama/*.safetensors)
 	try_step "warm its shards" "${gb[@]}" warm "${shards[@]}"
-	try_step "start wcached for its shards" "${gb[@]}" daemon start --dir "$work/llama-daemon" --files "${shards[@]}"
+	wcache_step "start wcached for its shards" "${gb[@]}" daemon start --dir "$work/llama-daemon" --files "${shards[@]}"
 	try_step "transformers, plain" "${gb[@]}" llama-load --dir "$work/llama" --mode plain --out "$work/plain.pt" --results "$results"
-	try_step "transformers, wcache" env WCACHE_SOCKET="$work/llama-daemon/wcached.sock" WCACHE_SAFETENSORS=1 \
-		"$py" "$here/gpubench.py" llama-load --dir "$work/llama" --mode wcache --out "$work/wcache.pt" --results "$results"
-	try_step "transformers, wcache, WCACHE_HOST_REGISTER=1" env WCACHE_SOCKET="$work/llama-daemon/wcached.sock" \
-		WCACHE_SAFETENSORS=1 WCACHE_HOST_REGISTER=1 \
+	wcache_step "transformers, wcache" env WCACHE_SOCKET="$work/llama-daemon/wcached.sock" WCACHE_SAFETENSORS=1 \
+		"$py" "$here/gpubench.py" --site "$work/site" llama-load --dir "$work/llama" --mode wcache --out "$work/wcache.pt" --results "$results"
+	wcache_step "transformers, wcache, WCACHE_HOST_REGISTER=1" env -u WCACHE_SAFETENSORS \
+		WCACHE_SOCKET="$work/llama-daemon/wcached.sock" WCACHE_HOST_REGISTER=1 \
 		"$py" "$here/gpubench.py" llama-load --dir "$work/llama" --mode wcache_hostreg --out "$work/hostreg.pt" --results "$results"
-	try_step "compare logits" "${gb[@]}" llama-compare "$work/plain.pt" "$work/wcache.pt" --results "$results"
-	try_step "compare logits, host registration" "${gb[@]}" llama-compare "$work/plain.pt" "$work/hostreg.pt" --tag hostreg --results "$results"
+	wcache_step "compare logits" "${gb[@]}" llama-compare "$work/plain.pt" "$work/wcache.pt" --results "$results"
+	wcache_step "compare logits, host registration" "${gb[@]}" llama-compare "$work/plain.pt" "$work/hostreg.pt" --tag hostreg --results "$results"
 	bench daemon stop --dir "$work/llama-daemon" || true
 else
 	echo "== transformers is not installed: skipped" >&2
@@ -283,7 +359,7 @@ fi
 # hang (a cudaHostRegister that never returns); its timeout then costs no
 # other step.
 if [ "$have_model" = 1 ]; then
-	try_step "wcache, 4 processes at once" "${gb[@]}" concurrent --n 4 --model "$model" --dir "$work/daemon" --results "$results"
+	wcache_step "wcache, 4 processes at once" "${gb[@]}" concurrent --n 4 --model "$model" --dir "$work/daemon" --results "$results"
 fi
 bench daemon stop --dir "$work/daemon" || true
 
@@ -292,5 +368,6 @@ echo "wcache device check, $(date -u +%FT%TZ), $(($(date +%s) - t_start)) s in a
 bench report --results "$results"
 if [ ${#failed[@]} -gt 0 ]; then
 	printf 'FAILED step: %s\n' "${failed[@]}"
+	[ "$have_wcache" = 1 ] || echo "(no wcache: $why)"
 	exit 1
 fi

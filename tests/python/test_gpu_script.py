@@ -50,13 +50,13 @@ def _transformers_rows(equal, sources, registered, private_mib, plain=2.0, hostr
 
 def test_targets_pass_and_miss():
     rows = _rows(pinned=50.0, wcache=41.0, upstream=20.0, concurrent4=40.5)
-    rows[1].update(bytes=8 << 30, private_mib=0.0, path="register")
+    rows[1].update(bytes=8 << 30, registered_mib=8192.0, private_mib=0.0, path="register")
     verdicts = dict((label, v) for label, v, _ in gpubench.targets(
         rows + _transformers_rows(True, "wcached", 5, 0.0)))
     assert set(verdicts.values()) == {"PASS"} and len(verdicts) == 9
     rows = _rows(pinned=50.0, wcache=39.0, upstream=20.0, concurrent4=41.0)
-    rows[1].update(bytes=8 << 30, private_mib=8192.0,  # registration copied the page cache
-                   path="register+staging")
+    rows[1].update(bytes=8 << 30, registered_mib=4096.0,  # registration copied the page cache
+                   private_mib=4096.0, path="register+staging")
     verdicts = dict((label, v) for label, v, _ in gpubench.targets(
         rows + _transformers_rows(False, "file", 4, 1900.0)))
     assert verdicts["new path >= 0.8x pinned limit"] == "MISS"
@@ -200,6 +200,20 @@ def test_layout_leaves_tensors_misaligned():
     tensors = gpubench.layout(8 << 20)
     assert len(tensors) >= 8
     assert any(dtype == "I8" and shape == (3,) for _, dtype, shape in tensors)
+
+
+def test_layout_is_at_least_the_size_asked():
+    """Issue 23 asks for a model of at least 8 GiB: the default layout holds
+    at least that much tensor data (it held 8,575,549,470 bytes, 14 MB
+    short, when the layer count was rounded down), and not a layer more
+    than it needs; the same for the CPU mode's sizes."""
+    for total in (8 << 30, 1 << 30, int(0.0625 * (1 << 30)), int(0.01 * (1 << 30))):
+        tensors = gpubench.layout(total)
+        got = gpubench.layout_bytes(tensors)
+        layer = gpubench.layout_bytes([t for t in tensors if t[0].startswith("layers.1.")])
+        odd = 3 * sum(dtype == "I8" for _, dtype, _ in tensors)
+        assert total <= got < total + layer + odd, (total, got)
+    assert gpubench.layout_bytes(gpubench.layout(8 << 30)) >= 8 << 30
 
 
 SAFETENSORS = '''
@@ -476,6 +490,14 @@ def test_run_sh_cpu_mode(tmp_path):
         assert row[0] == "load" and row[2] == "s" and row[4] == "plain", row
         assert abs(float(row[3].rstrip("x")) - float(plain[1]) / float(row[1])) < 0.01, row
         assert row[5:9] == [f"({registered}", "of", "4", "handles"], row  # 4 shards
+    # WCACHE_SAFETENSORS=1 through the package's .pth (gpubench --site), the
+    # other load through wcache.install()
+    lines = r.stdout.splitlines()
+    at = lines.index(next(x for x in lines if x.startswith("transformers, wcache  ")))
+    assert lines[at + 1] == "    safetensors patched by WCACHE_SAFETENSORS=1 " \
+        "(wcache-safetensors.pth)", lines[at:at + 2]
+    at = lines.index(next(x for x in lines if x.startswith("transformers, wcache, WCACHE_HOST")))
+    assert lines[at + 1] == "    safetensors patched by wcache.install()", lines[at:at + 2]
     for label in ("transformers logits equal",
                   "transformers + WCACHE_HOST_REGISTER=1 logits equal",
                   "transformers loaded through wcached",
@@ -556,10 +578,9 @@ def test_run_sh_keeps_to_its_budget(tmp_path):
     """A step that hangs is cut where the run's budget (RUN_BUDGET) would
     be spent, the steps after it are skipped, and the report still prints:
     the device call's own limit would otherwise kill the run before it
-    printed anything. The hung step is the first one run.sh times (making
-    the model), and host-info (untimed) is skipped, so that the budget,
-    which the test waits out, need only cover a start of Python without
-    torch (room) before it."""
+    printed anything. The hung step is making the model, and host-info
+    is skipped, so that the budget, which the test waits out, need only
+    cover a start of Python without torch (room) before it."""
     wrapper = tmp_path / "python"
     wrapper.write_text(f"#!/bin/sh\ncase \"$*\" in *' gen '*) exec sleep 1000 ;;\n"
                        f"*' host-info'*) exit 0 ;;\nesac\n"
@@ -712,6 +733,11 @@ def test_run_sh_on_a_host_without_our_libraries(tmp_path):
     assert made.returncode == 0, made.stdout + made.stderr
     manifest = (carry / "MANIFEST").read_text()
     assert "lib/libuv.so.1 " in manifest and "lib/libinih.so.1 " in manifest, manifest
+    # what it was made from: the commit and the digest of the C sources,
+    # which run.sh's header compares with the tree's
+    sources = subprocess.run(["sh", os.path.join(REPO, "scripts", "gpu-carry.sh"), "--sources"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    assert f"\n# sources {sources}\n" in manifest and "\n# commit " in manifest, manifest
     # Debian's torch links the system's libuv.so.1; a wheel carries its own
     # in torch/lib. That stands in for it here, for Python alone: run.sh
     # gives the carried lib/ to wcached only, so torch keeps its own.
@@ -732,13 +758,235 @@ def test_run_sh_on_a_host_without_our_libraries(tmp_path):
                        text=True, timeout=600)
     out = r.stdout + r.stderr
     assert r.returncode not in (97, 98), f"the libraries were not hidden ({r.returncode}): {out}"
-    # build/ does not start without them: exit 2, the library and the mend named
-    assert (tmp_path / "rc1").read_text().strip() == "2"
+    # build/ does not start without them: the library and the mend named,
+    # the steps that need wcache failed, the others run (exit 1)
+    assert (tmp_path / "rc1").read_text().strip() == "1"
     first = (tmp_path / "out1").read_text()
     assert "does not start here" in first and ".so.1" in first and "make gpu-carry" in first, first
+    assert "FAILED step: wcache, new path (needs wcache)" in first, first
+    assert "pinned anonymous memory (the limit)" in first and "TIMEOUT" not in first, first
     # the carried tree runs the whole check
     assert r.returncode == 0, out
     assert "FAILED" not in out and "TIMEOUT" not in out, out
     assert f"build {carry}" in out
+    assert f"C sources: carry {sources}, tree {sources}" in out and "WARNING" not in out, out
     assert "== transformers is not installed: skipped" in r.stderr, out
     assert "PASS  new path: registration left the page cache shared" in r.stdout, out
+
+
+def test_run_sh_reports_past_a_hung_driver(tmp_path):
+    """The first calls into the driver (nvidia-smi, host-info's CUDA
+    context) are where a fresh machine is likeliest to stall: each has a
+    limit, so the run goes on and the report prints within RUN_BUDGET.
+    Here nvidia-smi and host-info hang (a stand-in nvidia-smi on PATH, a
+    stand-in interpreter); before, the run hung with them, no report."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nexec sleep 1000\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"#!/bin/sh\ncase \"$*\" in *' host-info'*) exec sleep 1000 ;; esac\n"
+                       f"exec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    budget = 40  # nvidia-smi's 20 s, then host-info cut 10 s before the end
+    env = without_transformers(tmp_path / "hide", dict(
+        os.environ, PYTHON=str(wrapper), RUN_BUDGET=str(budget),
+        PATH=f"{bin_dir}:{os.environ['PATH']}"))
+    r, out, took = _run_small(tmp_path, env, timeout=budget + 60)
+    assert r.returncode == 1, out
+    assert "nvidia-smi: failed or timed out (exit 124)" in r.stderr, out
+    assert "== host info: TIMEOUT after" in r.stderr, out
+    assert "wcache device check, " in r.stdout and "FAILED step: host info" in r.stdout, out
+    assert took < budget + 20, (took, out)
+
+
+def test_run_sh_without_a_cuda_device(tmp_path):
+    """Without --cpu on a host where torch sees no CUDA device, the check
+    says so as a failed step, skips every measurement and still prints
+    the report (it exited at the assertion before, with no report)."""
+    env = without_transformers(tmp_path / "hide", dict(os.environ, PYTHON=sys.executable))
+    env.pop("GPUBENCH_CPU", None)
+    t0 = time.monotonic()
+    r = subprocess.run([os.path.join(REPO, "tests", "gpu", "run.sh"), "--gib", "0.01",
+                        "--work", str(tmp_path / "work")], env=env, capture_output=True,
+                       text=True, timeout=300)
+    out = r.stdout + r.stderr
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this host has a CUDA device")
+    assert r.returncode == 1, out
+    assert "== CUDA device: FAILED (exit 1)" in r.stderr, out
+    assert "== no CUDA device: every measurement is skipped" in r.stderr, out
+    assert "== host info: " in r.stderr and "== make the model" not in r.stderr, out
+    assert "wcache device check, " in r.stdout and "FAILED step: CUDA device" in r.stdout, out
+    assert time.monotonic() - t0 < 120, out
+
+
+def test_run_sh_without_a_wcache_that_starts(tmp_path):
+    """A carried tree whose wcached does not start on the host (its glibc
+    older than the carry needs: a stand-in that fails as the loader does,
+    and a libwcache.so.0 that cannot load) no longer stops the run: the
+    steps that need no wcache (pinned memory, upstream safetensors,
+    torch.load, transformers plainly) run and are reported; the others are
+    failed steps, and the reason is said. Its MANIFEST names other C
+    sources than this tree's: the header warns."""
+    carry = tmp_path / "carry"
+    (carry / "bin").mkdir(parents=True)
+    (carry / "lib").mkdir()
+    for b in ("wcached", "wcachectl"):
+        (carry / "bin" / b).write_text(
+            f"#!/bin/sh\necho \"{carry}/bin/{b}: /lib/x86_64-linux-gnu/libc.so.6: version "
+            f"\\`GLIBC_2.34' not found (required by {carry}/bin/{b})\" >&2\nexit 1\n")
+        (carry / "bin" / b).chmod(0o755)
+    (carry / "lib" / "libwcache.so.0").write_bytes(b"not a library\n")
+    (carry / "MANIFEST").write_text("# commit 0000000\n# sources 0000000000000000\n")
+    env = dict(os.environ, PYTHON=sys.executable, STEP_TIMEOUT="120",
+               PYTHONPATH=standins(tmp_path / "standins"))
+    env.pop("WCACHE_BUILD", None)
+    r = subprocess.run([os.path.join(REPO, "tests", "gpu", "run.sh"), "--cpu", "--gib", "0.01",
+                        "--build", str(carry), "--work", str(tmp_path / "work")], env=env,
+                       capture_output=True, text=True, timeout=600)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "TIMEOUT" not in out and "ABANDONED" not in out, out
+    assert "run.sh: no wcache here: " in r.stderr and "GLIBC_2.34' not found" in r.stderr, out
+    assert "WARNING: " in r.stderr and "other C sources than this tree's" in r.stderr, out
+    table = {line[:44].strip(): line[44:].split() for line in r.stdout.splitlines()
+             if len(line) > 44}
+    for label in ("pinned anonymous memory (the limit)", "safetensors.torch.load_file(device=)",
+                  "torch.load(mmap=True) then .to()"):
+        assert float(table[label][0]) > 0, (label, out)
+    assert table["wcache, new path"] == ["skipped"], out
+    assert table["transformers, plain"][0] == "load", out
+    failed = [x[len("FAILED step: "):] for x in r.stdout.splitlines()
+              if x.startswith("FAILED step: ")]
+    assert failed == [f"{label} (needs wcache)" for label in (
+        "start wcached", "wcache, per-tensor path", "wcache, new path",
+        "wcache, new path, staging forced", "start wcached for its shards",
+        "transformers, wcache", "transformers, wcache, WCACHE_HOST_REGISTER=1", "compare logits",
+        "compare logits, host registration", "wcache, 4 processes at once")], out
+    assert "(no wcache: " in r.stdout and "does not start here" in r.stdout, out
+
+
+def test_private_pages_tell_the_page_cache_from_a_copy(tmp_path):
+    """private_pages: a shared mapping's pages and an untouched private
+    mapping's are the page cache; the pages of a private mapping written
+    to (copied on write, as a long-term pin makes the kernel do) are the
+    process's own."""
+    import mmap
+    import numpy as np
+    path = tmp_path / "f"
+    path.write_bytes(os.urandom(64 * 4096))
+    with open(path, "rb") as f:
+        shared = mmap.mmap(f.fileno(), 0, mmap.MAP_SHARED, mmap.PROT_READ)
+        private = mmap.mmap(f.fileno(), 0, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
+    a, b = np.frombuffer(shared, dtype=np.uint8), np.frombuffer(private, dtype=np.uint8)
+    a.sum(), b.sum()  # every page present
+    n = 64 * 4096
+    assert gpubench.private_pages(a.ctypes.data, a.ctypes.data + n) == (64, 0)
+    assert gpubench.private_pages(b.ctypes.data, b.ctypes.data + n) == (64, 0)
+    b[:16 * 4096] = a[:16 * 4096]  # written: copied on write
+    assert gpubench.private_pages(b.ctypes.data, b.ctypes.data + n) == (64, 16)
+    assert gpubench.private_pages(a.ctypes.data, a.ctypes.data + n) == (64, 0)
+    del a, b
+    shared.close()
+    private.close()
+
+
+def _bench_row(tmp_path, model, env, driver=None):
+    """The JSON row of one `gpubench.py --cpu bench --method wcache` under
+    env (driver: Python run first, in the same process)."""
+    import json
+    results = tmp_path / f"r{len(list(tmp_path.glob('r*.jsonl')))}.jsonl"
+    gb = os.path.join(REPO, "tests", "gpu", "gpubench.py")
+    args = ["--cpu", "bench", "--method", "wcache", "--model", str(model), "--reps", "1",
+            "--results", str(results)]
+    cmd = [sys.executable, gb] + args if driver is None else [
+        sys.executable, "-c", f"import runpy, sys; sys.argv = {[gb] + args!r}; {driver}; "
+        f"runpy.run_path({gb!r}, run_name='__main__')"]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return json.loads(results.read_text())
+
+
+def test_page_cache_target_fails_when_registration_copies(tmp_path):
+    """The new path's "registration left the page cache shared" reads the
+    ranges registered, while registered, so it can fail. GPUBENCH_COW=1
+    makes the CPU backend's registration copy each page where the mapping
+    allows it, as Linux 6.2+ does at a long-term pin of a private mapping:
+    - the model's private mapping registered (what --cpu registers): every
+      page copied, MISS;
+    - shared views registered, as on CUDA (GPUBENCH_SHARED_VIEWS=1): they
+      cannot be copied on write, PASS;
+    - views made private (a regression of _sharedview): copied, MISS. The
+      check before this one read the model's own mapping after the copy,
+      which the engine does not register on CUDA: it passed here."""
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    gb = [sys.executable, os.path.join(REPO, "tests", "gpu", "gpubench.py")]
+    subprocess.run(gb + ["gen", "--dir", str(model_dir), "--gib", "0.01"], check=True,
+                   capture_output=True, timeout=120)
+    model = model_dir / "model.safetensors"
+    env = dict(os.environ, GPUBENCH_COW="1")
+    env.pop("WCACHE_SOCKET", None)
+
+    def verdict(row):
+        row = dict(row, method="wcache")
+        return {label: v for label, v, _ in gpubench.targets([row])}[
+            "new path: registration left the page cache shared"]
+    row = _bench_row(tmp_path, model, env)
+    assert row["path"] == "register" and row["registered_mib"] > 9, row
+    assert row["private_mib"] == row["registered_mib"], row
+    assert verdict(row) == "MISS"
+    env["GPUBENCH_SHARED_VIEWS"] = "1"
+    row = _bench_row(tmp_path, model, env)
+    assert row["path"] == "register" and row["registered_mib"] > 9, row
+    assert row["private_mib"] == 0, row
+    assert verdict(row) == "PASS"
+    row = _bench_row(tmp_path, model, env, driver="import wcache._sharedview as v; "
+                                                  "v._MAP_SHARED = 0x02")  # MAP_PRIVATE
+    assert row["path"] == "register" and row["private_mib"] == row["registered_mib"] > 9, row
+    assert verdict(row) == "MISS"
+
+
+def test_llama_load_through_the_pth(tmp_path):
+    """The WCACHE_SAFETENSORS=1 load goes through the import hook of the
+    package's wcache-safetensors.pth (gpubench --site: a directory with it,
+    processed as site-packages are), not through wcache.install(): without
+    the .pth, or without the variable, the load refuses to run (before,
+    gpubench called wcache.install() itself and the variable did nothing);
+    with both, the stand-in transformers' `from safetensors import
+    safe_open` gets wcache's, and the logits equal the plain load's."""
+    import json
+    site = tmp_path / "site"
+    site.mkdir()
+    shutil.copy(os.path.join(REPO, "client", "python", "wcache-safetensors.pth"), site)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [standins(tmp_path / "standins"), os.path.join(REPO, "client", "python")]))
+    for name in ("WCACHE_SOCKET", "WCACHE_SAFETENSORS", "WCACHE_HOST_REGISTER"):
+        env.pop(name, None)
+    bench = [sys.executable, os.path.join(REPO, "tests", "gpu", "gpubench.py"), "--cpu"]
+    llama, results = tmp_path / "llama", tmp_path / "results.jsonl"
+    llama.mkdir()
+    subprocess.run(bench + ["llama-make", "--dir", str(llama), "--tiny"], env=env, check=True,
+                   capture_output=True, timeout=120)
+
+    def load(mode, site_args, **more):
+        return subprocess.run(bench + site_args + [
+            "llama-load", "--dir", str(llama), "--mode", mode, "--out",
+            str(tmp_path / f"{mode}.pt"), "--results", str(results)],
+            env=dict(env, **more), capture_output=True, text=True, timeout=120)
+    r = load("plain", [])
+    assert r.returncode == 0, r.stdout + r.stderr
+    for site_args, more in (([], {"WCACHE_SAFETENSORS": "1"}), (["--site", str(site)], {})):
+        r = load("wcache", site_args, **more)
+        assert r.returncode != 0 and "no import hook from wcache-safetensors.pth" in r.stderr, \
+            r.stdout + r.stderr
+    r = load("wcache", ["--site", str(site)], WCACHE_SAFETENSORS="1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    plain, row = [json.loads(line) for line in results.read_text().splitlines()]
+    assert row["hook"] == "WCACHE_SAFETENSORS=1 (wcache-safetensors.pth)", row
+    assert row["sources"] != "none" and row["handles"] == 4, row  # wcache opened every shard
+    import torch
+    assert torch.equal(torch.load(str(tmp_path / "plain.pt")),
+                       torch.load(str(tmp_path / "wcache.pt")))
