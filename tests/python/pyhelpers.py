@@ -42,6 +42,22 @@ def wait_until(cond, timeout=30.0, what="condition"):
     return _wait_until(cond, timeout, what)
 
 
+def wait_child(pid, timeout=30.0):
+    """The wait status of child pid once it has exited, or None when it
+    has not within timeout seconds (it is then killed and reaped: a child
+    that hangs fails its test, not the run)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        if time.monotonic() > deadline:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            return None
+        time.sleep(0.05)
+
+
 def write_safetensors(path, tensors, metadata=None):
     """Writes a safetensors file. tensors: list of (name, dtype, shape, data
     bytes), stored in that order. Returns {name: (offset in file, bytes)}."""

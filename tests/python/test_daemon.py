@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import wcache
-from pyhelpers import Daemon, mkmodel, other_thread_before, run_python
+from pyhelpers import Daemon, mkmodel, other_thread_before, run_python, wait_child
 
 
 def checksums(model):
@@ -311,16 +311,8 @@ def test_fork_while_another_thread_connects(no_daemon, model_path):
                     code = 0 if f.keys() else 3
             finally:
                 os._exit(code)
-    deadline = time.monotonic() + 30
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            pytest.fail("the child hung on the lock a parent thread held at fork")
-        time.sleep(0.05)
+    status = wait_child(pid, 30)
+    assert status is not None, "the child hung on the lock a parent thread held at fork"
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
 

@@ -1,7 +1,6 @@
 """wcache.safe_open has the interface of safetensors.safe_open."""
 import gc
 import os
-import time
 import weakref
 
 import numpy as np
@@ -9,7 +8,7 @@ import pytest
 import torch
 
 import wcache
-from pyhelpers import file_mappings, other_thread_before, write_safetensors
+from pyhelpers import file_mappings, other_thread_before, wait_child, write_safetensors
 
 
 @pytest.fixture
@@ -439,16 +438,8 @@ def test_fork_while_another_thread_holds_a_lock_of_the_handle(st_file, no_daemon
                 code = 0 if torch.equal(f.get_tensor("ids"), torch.from_numpy(ids)) else 3
             finally:
                 os._exit(code)
-    deadline = time.monotonic() + 20
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            pytest.fail(f"the child hung on the {which} lock a parent thread held at fork")
-        time.sleep(0.05)
+    status = wait_child(pid, 20)
+    assert status is not None, f"the child hung on the {which} lock a parent thread held at fork"
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
     assert torch.equal(f.get_tensor("w"), torch.from_numpy(w))  # the parent's lock is its own
     f.close()
