@@ -49,6 +49,10 @@ struct model_entry {
 	char *name;
 	char *path;
 	enum pin_mode pin;
+	/* registry_pin()'s count: a load in flight installs its own pin
+	 * only when no pin or unpin came since it was queued (the newer
+	 * word wins, whichever it is). */
+	uint64_t pin_seq;
 	int warm;
 	unsigned slot;              /* in the status page */
 	struct generation *current; /* NULL until a load succeeds */

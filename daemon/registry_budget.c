@@ -141,6 +141,7 @@ registry_pin(struct registry *r, const char *name, enum pin_mode pin)
 	if (m == NULL)
 		return error_set(-ENOENT, "model \"%s\" is not loaded", name);
 	m->pin = pin;
+	m->pin_seq++; /* a load in flight keeps this pin (install) */
 	if (m->current == NULL)
 		return 0;
 	/* Locking reads what is not resident: it runs off the loop, and a

@@ -41,6 +41,7 @@ struct load_request {
 	char *name;
 	char *path;
 	enum pin_mode pin;
+	uint64_t pin_seq;     /* the model's pin_seq when queued */
 	int warm;
 	int reload;           /* discard when the files are unchanged */
 	uint64_t id;
@@ -373,7 +374,12 @@ install(struct registry *r, struct model_entry *m, struct load_request *q)
 	free(m->path);
 	m->path = q->path;
 	q->path = NULL;
-	m->pin = q->pin;
+	/* The pin the load was asked with, unless a pin or unpin came since
+	 * (registry_pin): that is newer, and stays. Either way g's pages get
+	 * m->pin: its metadata here, every page when it becomes current
+	 * (gen_promote) or, current already, when warm (warm_done). */
+	if (m->pin_seq == q->pin_seq)
+		m->pin = q->pin;
 	m->warm = q->warm;
 	free(m->error);
 	m->error = NULL;
@@ -685,6 +691,7 @@ queue_load(struct registry *r, const char *name, const char *path, enum pin_mode
 	}
 	q->r = r;
 	q->pin = pin;
+	q->pin_seq = m->pin_seq;
 	q->warm = warm;
 	q->reload = reload;
 	q->index_fd = -1;

@@ -738,6 +738,79 @@ test_pins_and_unpins_in_turn_run_as_the_last(void **state)
 	free(path);
 }
 
+/* Runs the loop until the model "m" has no load in flight and its page
+ * work is done: its current generation. */
+static struct generation *
+loaded(struct du *t)
+{
+	du_run_until(t, not_loading, (void *)"m");
+	du_settle(t);
+	return du_current(t, "m");
+}
+
+/* Renames a new model file (64 KiB) over path: the next load of path is a
+ * new generation. */
+static void
+replace_model(struct du *t, const char *path)
+{
+	char *next = du_model(t, "next.safetensors", (size_t)64 * 1024);
+
+	assert_int_equal(rename(next, path), 0);
+	free(next);
+}
+
+/*
+ * A pin or unpin asked while a load of the model is in flight (a watch's
+ * reload after a rename, `wcachectl reload NAME`, a config reload that
+ * changes only pin) is the newer word: the load installs its generation
+ * with the pin asked meanwhile, not the one the model had when the load was
+ * queued, and the new generation's pages end as that pin says. Before, the
+ * load wrote its older pin back: `wcachectl pin m` during a reload left
+ * generation 2 with pin = metadata, a config reload's pin = all was lost
+ * for good (later reloads saw no change), and an unpin came back as
+ * pin = all. A load asked after the pin still sets its own.
+ */
+static void
+test_a_pin_asked_during_a_load_outlives_it(void **state)
+{
+	struct du *t = *state;
+	char *path;
+	struct generation *g = settled_model(t, &path);
+	struct model_entry *m = registry_find(&t->reg, "m");
+
+	assert_int_equal(g->pinned, PIN_METADATA);
+	/* Pinned while the reload of a replacement is in flight (its answer
+	 * comes from the loop, which has not run yet). */
+	replace_model(t, path);
+	assert_int_equal(registry_reload(&t->reg, "m", NULL, NULL), 0);
+	assert_int_equal(m->loading, 1);
+	assert_int_equal(registry_pin(&t->reg, "m", PIN_ALL), 0);
+	g = loaded(t);
+	assert_int_equal(g->number, 2);
+	assert_int_equal(m->pin, PIN_ALL);
+	assert_int_equal(g->pinned, PIN_ALL);
+	/* Pinned and settled, then unpinned while the next one loads: it comes
+	 * up unpinned. */
+	assert_int_equal(registry_pin(&t->reg, "m", PIN_ALL), 0);
+	du_settle(t);
+	replace_model(t, path);
+	assert_int_equal(registry_reload(&t->reg, "m", NULL, NULL), 0);
+	assert_int_equal(registry_pin(&t->reg, "m", PIN_METADATA), 0);
+	g = loaded(t);
+	assert_int_equal(g->number, 3);
+	assert_int_equal(m->pin, PIN_METADATA);
+	assert_int_equal(g->pinned, PIN_METADATA);
+	/* A load asked after the pin sets its own. */
+	assert_int_equal(registry_pin(&t->reg, "m", PIN_ALL), 0);
+	replace_model(t, path);
+	assert_int_equal(du_load(t, "m", path, PIN_METADATA, 0), 0);
+	g = loaded(t);
+	assert_int_equal(g->number, 4);
+	assert_int_equal(m->pin, PIN_METADATA);
+	assert_int_equal(g->pinned, PIN_METADATA);
+	free(path);
+}
+
 int
 main(void)
 {
@@ -762,6 +835,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_pins_and_unpins_in_turn_run_as_the_last,
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(test_page_operation_asked_again_runs_once,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(test_a_pin_asked_during_a_load_outlives_it,
 			setup, teardown),
 	};
 
