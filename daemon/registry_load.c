@@ -423,11 +423,47 @@ static int queue_load(struct registry *r, const char *name, const char *path,
 	enum pin_mode pin, int warm, int reload, registry_done_fn done, void *arg);
 static void load_after(struct workq_job *w, int status);
 
+/*
+ * What still serves m after one of its loads failed, for the line that
+ * says so: its current generation when attachable; otherwise nothing, and
+ * why (its current generation was modified in place, or failed while
+ * warming, and refuses every attach), and the replacement that will serve
+ * once warm, if one warms. Into buf of len bytes.
+ */
+static const char *
+still_served(const struct model_entry *m, char *buf, size_t len)
+{
+	const struct generation *g = m->current;
+	char next[80] = "";
+
+	if (g != NULL && gen_attachable(g)) {
+		snprintf(buf, len, "generation %" PRIu64 " still serving", g->number);
+		return buf;
+	}
+	if (m->pending != NULL)
+		snprintf(next, sizeof(next), " until generation %" PRIu64 " is warm",
+			m->pending->number);
+	if (g == NULL)
+		snprintf(buf, len, "not served%s", next);
+	else if (g->state == GEN_MODIFIED)
+		snprintf(buf, len, "not served%s: generation %" PRIu64 " was modified in place",
+			next, g->number);
+	else if (g->state == GEN_FAILED)
+		snprintf(buf, len, "not served%s: generation %" PRIu64 " failed while warming",
+			next, g->number);
+	else
+		snprintf(buf, len, "not served%s: generation %" PRIu64 " is %s", next, g->number,
+			gen_state_name(g->state));
+	return buf;
+}
+
 /* A load that failed (q->status, q->message): counted, logged once, and
  * kept as the model's error. */
 static void
 load_failed(struct registry *r, struct model_entry *m, struct load_request *q)
 {
+	char served[160];
+
 	m->load_errors++;
 	if (!q->path_known && q->source.nfiles > 0) {
 		/* Refused on the loop after a validation that worked (staging
@@ -445,7 +481,7 @@ load_failed(struct registry *r, struct model_entry *m, struct load_request *q)
 	free(m->error);
 	m->error = strdup(q->message);
 	log_errorx("model \"%s\": %s; %s", m->name, q->message,
-		m->current != NULL ? "generation still serving" : "not served");
+		still_served(m, served, sizeof(served)));
 	if (q->done != NULL)
 		q->done(q->status, q->message, 0, q->arg);
 	if (r->changed != NULL)

@@ -756,7 +756,7 @@ def test_a_config_reload_loads_a_model_whose_replacement_failed_again(tmp_path, 
         with injected(d.proc.pid, "openat", "EIO"):
             new = mkmodel(tmp_path / "new.safetensors", seed=2, **SMALL)
             os.rename(new, model)
-            d.wait_for_log('model "small": .*Input/output error; generation still serving')
+            d.wait_for_log('model "small": .*Input/output error; generation 1 still serving')
             m = model_entry(d, "small")
             assert m["generation"] == 1 and "Input/output error" in m["error"], m
             serving(d, "small")

@@ -811,6 +811,52 @@ test_a_pin_asked_during_a_load_outlives_it(void **state)
 	free(path);
 }
 
+/* Renames a file that is not a model (text) over path and reloads the
+ * model "m", which fails: what that logged. */
+static char *
+failed_reload_log(struct du *t, const char *path, const char *text)
+{
+	char *bad = tu_write(t->dir, "bad.safetensors", text, strlen(text)), *log;
+
+	assert_int_equal(rename(bad, path), 0);
+	free(bad);
+	du_log_start(t);
+	assert_true(du_reload(t, "m") < 0);
+	log = du_log_stop(t);
+	return log;
+}
+
+/*
+ * A load that fails says what still serves its model, as attaches find it:
+ * the current generation while it is attachable, and "not served" with the
+ * reason when it refuses every attach (modified in place here). Before,
+ * any current generation read "generation still serving", a modified one
+ * included, whose every attach was refused.
+ */
+static void
+test_a_failed_load_says_what_still_serves(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 1024), *log, msg[256];
+	struct registry_attachment a;
+
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 0), 0);
+	/* Not a model renamed over it: generation 1 serves on. */
+	log = failed_reload_log(t, path, "not a model");
+	assert_non_null(strstr(log, "; generation 1 still serving\n"));
+	free(log);
+	/* Generation 1 modified in place refuses every attach: a failed load
+	 * says nothing serves, and why. */
+	registry_mark_modified(&t->reg, du_current(t, "m"), path);
+	assert_int_equal(registry_attach(&t->reg, "m", &root_peer, &a, msg, sizeof(msg)),
+		-ESTALE);
+	log = failed_reload_log(t, path, "not a model either");
+	assert_non_null(strstr(log, "; not served: generation 1 was modified in place\n"));
+	assert_null(strstr(log, "still serving"));
+	free(log);
+	free(path);
+}
+
 int
 main(void)
 {
@@ -837,6 +883,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_page_operation_asked_again_runs_once,
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(test_a_pin_asked_during_a_load_outlives_it,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(test_a_failed_load_says_what_still_serves,
 			setup, teardown),
 	};
 
