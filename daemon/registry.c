@@ -410,6 +410,12 @@ registry_set_storage(struct registry *r, const char *name, enum fs_watch watch,
 }
 
 int
+registry_stages(const struct model_entry *m, const struct fs_info *fs)
+{
+	return m->stage == FS_STAGE_YES || (m->stage == FS_STAGE_AUTO && fs->remote);
+}
+
+int
 registry_polls(const struct registry *r, const struct model_entry *m)
 {
 	const struct generation *g = m->current != NULL ? m->current : m->pending;

@@ -395,6 +395,10 @@ int registry_set_stage_dir(struct registry *r, const char *dir);
  * be in its keep list); nothing else does. */
 void registry_stage_sweep(struct registry *r, char *const *also_keep, size_t nalso);
 
+/* Whether m serves staged copies of files on the filesystem fs (a
+ * generation's origin's): stage = yes, or auto and fs is remote. */
+int registry_stages(const struct model_entry *m, const struct fs_info *fs);
+
 /* Whether m's paths must be polled for updates: inotify failed for good
  * (r->inotify_failed), watch = poll, or watch = auto and its current
  * generation is on a remote filesystem (fstype.h), or, with no generation,

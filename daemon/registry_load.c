@@ -303,8 +303,22 @@ same_inodes(const struct generation *g, const struct model_source *s)
 static int
 wants_stage(const struct model_entry *m, const struct load_request *q)
 {
-	return !q->staged && (m->stage == FS_STAGE_YES ||
-		(m->stage == FS_STAGE_AUTO && q->fs.remote));
+	return !q->staged && registry_stages(m, &q->fs);
+}
+
+/*
+ * Does generation g serve what a reload q of its files would make now:
+ * the same files (same_inodes), staged or not as m's stage key says for
+ * their filesystem? A generation a warm restart kept from before its stage
+ * key changed, or one staged under stage = auto on a filesystem that no
+ * longer reads as remote, is not: a reload of it stages the files (or
+ * serves them where they are) rather than answering "unchanged".
+ */
+static int
+same_files(const struct model_entry *m, const struct generation *g,
+	const struct load_request *q)
+{
+	return same_inodes(g, &q->source) && (g->origin != NULL) == registry_stages(m, &q->fs);
 }
 
 /* The info line of a staged generation, or the warning of a remote one
@@ -619,11 +633,11 @@ load_after(struct workq_job *w, int status)
 				"superseded by a newer load or unload", 0, q->arg);
 	} else if (q->status < 0) {
 		load_failed(r, m, q);
-	} else if (q->reload && same_inodes(m->pending, &q->source)) {
+	} else if (q->reload && same_files(m, m->pending, q)) {
 		if (q->done != NULL)
 			q->done(0, "already warming as the next generation", m->pending->number,
 				q->arg);
-	} else if (q->reload && same_inodes(m->current, &q->source) &&
+	} else if (q->reload && same_files(m, m->current, q) &&
 		m->current->state != GEN_FAILED) {
 		/* (A generation that failed while warming serves nothing: its
 		 * files are loaded again, a new generation, below.) */

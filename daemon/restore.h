@@ -70,9 +70,13 @@ typedef void (*restore_done_fn)(const char *name, enum restore_result result, vo
  * (path, pin, warm as configured) when the description has one for the
  * same path and every piece passes its checks; a pin other than the stored
  * one is no reason to load afresh: the generation serves, then takes the
- * configured pin (its full check locks what pin says). The checks ask the
- * model's filesystem (restore_check.c), whose server may hang, so they run
- * on the work queue: the model is listed as loading (registry_expect) and
+ * configured pin (its full check locks what pin says). A stage key its
+ * staging contradicts is (a copy with stage = no now, or the source's own
+ * files with stage = yes now; registry_stages): it loads afresh, as
+ * configured (the model's stage key, set once this returns, is read when
+ * the check ends). The checks ask the model's filesystem (restore_check.c),
+ * whose server may hang, so they run on the work queue: the model is
+ * listed as loading (registry_expect) and
  * done(name, result, arg) comes on the loop. Returns 1 then, or 0 when the
  * model must load afresh now (one line logged saying why; done is not
  * called).

@@ -260,6 +260,36 @@ restore_work(struct workq_job *w)
 }
 
 /*
+ * Is p, the model's stored current generation, staged (or not) as its
+ * stage key says now for its files' filesystem (the origin's, when a
+ * copy; registry_stages)? The key is the model's by the end of the check
+ * (set once restore_model() returns, as after registry_load()). A copy
+ * kept when stage = no now, or files served where they are when stage =
+ * yes now (stage = auto: on a remote filesystem), are not what the
+ * configuration asks: the model loads afresh, and the copy is removed
+ * (give_back). Before, such a generation was restored all the same and
+ * stayed so: a reload found its files unchanged. 0, or -EINVAL with why.
+ */
+static int
+staged_as_configured(struct registry *r, const char *name, const struct restore_prepared *p)
+{
+	const struct model_entry *e = registry_find(r, name);
+	int staged = p->staged_dir != NULL;
+	char key[96];
+
+	if (e == NULL || staged == registry_stages(e, &p->fs))
+		return 0;
+	if (e->stage == FS_STAGE_AUTO)
+		snprintf(key, sizeof(key), "stage = auto %s from %s, a %s filesystem",
+			staged ? "does not stage" : "stages", p->fs.name,
+			p->fs.remote ? "remote" : "local");
+	else
+		snprintf(key, sizeof(key), "stage = %s now", fs_stage_name(e->stage));
+	return error_set(-EINVAL, "generation %" PRIu64 " is %sa staged copy, and %s",
+		p->g->number, staged ? "" : "not ", key);
+}
+
+/*
  * Serves p as generation k of j's model: the current one (held 0), or
  * one workers held before the restart (restore_adopt_held). Takes what p
  * holds on success; 0, or -errno with the message.
@@ -279,6 +309,8 @@ serve(struct restore_job *j, struct restore_prepared *p, int held)
 
 	if (p->err < 0)
 		return error_set(p->err, "%s", p->why);
+	if (!held && (err = staged_as_configured(r, m->name, p)) < 0)
+		return err;
 	err = held ? restore_adopt_held(r, &rs, g->holders) :
 		     restore_adopt_current(r, &rs, j->pin, j->warm, j->expected);
 	if (err < 0)

@@ -8,6 +8,7 @@ reproducible build's fixed mtime) is staged again; so is a copy an older
 wcached described without its origin. A stage_dir that is a symbolic
 link keeps its copies across a restart too."""
 import fcntl
+import json
 import os
 import subprocess
 
@@ -290,6 +291,63 @@ def test_a_copy_in_the_stage_dir_of_before_is_said_to_be_there(tmp_path):
         assert "replaced or changed since it was stored" not in log, log
         d.wait_for_log(r'"m": generation 2 staged from \S+ to ')
         assert entries(new_dir) == ["m.2"] and entries(old_dir) == ["m.1"]
+        verify(d, src)
+    finally:
+        code = d.stop()
+        mgr.close()
+    assert code == 0, d.read_log()
+
+
+def test_a_stage_key_changed_across_a_restart_is_applied(tmp_path):
+    """stage = yes set while no wcached ran (as under systemd: edit, then
+    restart): the stored generation, served from the source's own files, is
+    not restored but loaded afresh, which stages it, as status and the
+    daemon's descriptors show; the reverse (stage = no) serves the source
+    again and removes the copy. Before, the stored generation was restored
+    as it was: status said "stage": "yes" with "staged": false, and neither
+    a SIGHUP nor `wcachectl reload m` ("unchanged") staged it until its
+    file was replaced."""
+    src = mkmodel(tmp_path / "m.safetensors", seed=1, **LAYERS)
+    stage_dir = str(tmp_path / "staged")
+    extra = f"stage_dir = {stage_dir}\nrestart_hold_seconds = 1\n"
+    d = Daemon(tmp_path, {"m": (src, {"stage": "no"})}, extra=extra)
+    mgr = FakeManager(str(tmp_path / "notify.sock"))
+
+    def staged():
+        r = subprocess.run([binary("wcachectl"), "--control", d.control, "--json", "status"],
+                           capture_output=True, text=True, timeout=60)
+        m = {m["name"]: m for m in json.loads(r.stdout)["models"]}["m"]
+        return m["stage"], [g["staged"] for g in m["generations"] if g["current"]]
+
+    try:
+        start_stored(d, mgr)
+        assert staged() == ("no", [False])
+        assert d.stop() == 0, d.read_log()
+
+        d.write_config({"m": (src, {"stage": "yes"})}, extra)
+        start(d, mgr, *mgr.listen_fds())
+        wait_until(lambda: ready(d, "m") and generation(d) == 2, what="m staged afresh")
+        log = d.read_log()
+        assert ('model "m": not restored: generation 1 is not a staged copy, and stage = yes '
+                'now; loading') in log, log
+        assert staged() == ("yes", [True])
+        wait_until(lambda: model_fds(d.proc.pid) and all(
+            t.startswith(stage_dir + "/m.2/") for t in model_fds(d.proc.pid)),
+            what="only the copy open")
+        verify(d, src)
+        mgr.wait_for(lambda m: "wc-1-2-i" in m.store and "wc-desc" in m.store,
+                     what="generation 2 stored")
+        assert d.stop() == 0, d.read_log()
+
+        d.write_config({"m": (src, {"stage": "no"})}, extra)
+        start(d, mgr, *mgr.listen_fds())
+        wait_until(lambda: ready(d, "m") and generation(d) == 3, what="m loaded afresh")
+        log = d.read_log()
+        assert ('model "m": not restored: generation 2 is a staged copy, and stage = no now; '
+                'loading') in log, log
+        assert staged() == ("no", [False])
+        wait_until(lambda: set(model_fds(d.proc.pid)) == {src}, what="only the source open")
+        wait_until(lambda: entries(stage_dir) == [], what="the copy m.2 removed")
         verify(d, src)
     finally:
         code = d.stop()

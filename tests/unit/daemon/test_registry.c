@@ -857,6 +857,51 @@ test_a_failed_load_says_what_still_serves(void **state)
 	free(path);
 }
 
+/*
+ * A reload of files that did not change still makes a generation when the
+ * current one is staged, or not, against the model's stage key now (a warm
+ * restart kept it from before the key changed): the files are staged, or
+ * served where they are, as a load of them would be. Before, the reload
+ * answered "unchanged", and a model with stage = yes kept serving its
+ * source's files until they were replaced.
+ */
+static void
+test_a_reload_stages_as_the_stage_key_says_now(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 1024), *stage_dir = path_join(t->dir, "staged");
+	struct generation *g;
+
+	assert_non_null(stage_dir);
+	assert_int_equal(registry_set_stage_dir(&t->reg, stage_dir), 0);
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 0), 0);
+	assert_null(du_current(t, "m")->origin); /* stage = auto, a local file */
+	assert_int_equal(registry_set_storage(&t->reg, "m", FS_WATCH_INOTIFY, 0, FS_STAGE_YES),
+		0);
+	assert_int_equal(du_reload(t, "m"), 0);
+	g = du_current(t, "m");
+	assert_int_equal(g->number, 2);
+	assert_non_null(g->origin);
+	assert_non_null(g->staged.dir);
+	assert_int_equal(strncmp(g->source.files[0].path, stage_dir, strlen(stage_dir)), 0);
+	/* Staged as stage = yes says: unchanged. */
+	assert_int_equal(du_reload(t, "m"), 0);
+	assert_string_equal(t->message, "unchanged");
+	/* The reverse: stage = no serves the source's own files again. */
+	assert_int_equal(registry_set_storage(&t->reg, "m", FS_WATCH_INOTIFY, 0, FS_STAGE_NO),
+		0);
+	assert_int_equal(du_reload(t, "m"), 0);
+	g = du_current(t, "m");
+	assert_int_equal(g->number, 3);
+	assert_null(g->origin);
+	assert_null(g->staged.dir);
+	assert_string_equal(g->source.files[0].path, path);
+	assert_int_equal(du_reload(t, "m"), 0);
+	assert_string_equal(t->message, "unchanged");
+	free(stage_dir);
+	free(path);
+}
+
 int
 main(void)
 {
@@ -885,6 +930,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_a_pin_asked_during_a_load_outlives_it,
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(test_a_failed_load_says_what_still_serves,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(test_a_reload_stages_as_the_stage_key_says_now,
 			setup, teardown),
 	};
 
