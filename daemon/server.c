@@ -61,7 +61,7 @@
 #define CLOSING_STUCK_MS 1000
 
 static void conn_io(uv_poll_t *handle, int status, int events);
-static void conn_read(struct conn *c);
+static int conn_read(struct conn *c);
 static void on_retry(uv_timer_t *t);
 
 unsigned
@@ -292,8 +292,10 @@ conn_tell_and_close(struct conn *c, const char *text, unsigned stuck)
 }
 
 /* Reads and handles messages until the socket is empty, a reply is
- * pending or waited for, or the connection closes. */
-static void
+ * pending or waited for, or the connection closes, READS_PER_WAKEUP at most
+ * (the loop comes back for more). Returns 1 when it stopped at that limit
+ * with the connection still to be read, else 0. */
+static int
 conn_read(struct conn *c)
 {
 	uint8_t buf[WIRE_MAX_MESSAGE];
@@ -311,7 +313,7 @@ conn_read(struct conn *c)
 			c->srv->stats.closing_refused++;
 			conn_tell_and_close(c, "too many of this user's descriptors are still "
 				"closing", k);
-			return;
+			return 0;
 		}
 		if ((k = closer_pending(c->closer, c->uid)) >= CLOSING_PER_UID_MAX) {
 			if (!c->paused_logged) {
@@ -324,42 +326,42 @@ conn_read(struct conn *c)
 			conn_set_deferred(c, DEFER_READ);
 			/* Only a hang-up is of interest until then. */
 			uv_poll_start(&c->poll, UV_DISCONNECT, conn_io);
-			return;
+			return 0;
 		}
 		n = fdp_recv_drop(c->fd, buf, sizeof(buf), fds, 1, &nfds, conn_drop_fd, c);
 		if (n == -EAGAIN)
-			return;
+			return 0;
 		if (n == 0) {
 			conn_close(c);
-			return;
+			return 0;
 		}
 		if (n == -EMFILE) {
 			/* Not the client's fault: wcached could not take them. */
 			conn_error(c, 0, -EMFILE, 1, "wcached is out of file descriptors: "
 				"those sent with a message were lost (raise LimitNOFILE=); "
 				"try again");
-			return;
+			return 0;
 		}
 		if (n == -EBADMSG) {
 			conn_error(c, 0, -EBADMSG, 1,
 				"sent more descriptors than a PUBLISH carries");
-			return;
+			return 0;
 		}
 		if (n == -EMSGSIZE) {
 			conn_error(c, 0, -EMSGSIZE, 1, "message longer than %u bytes",
 				WIRE_MAX_MESSAGE);
-			return;
+			return 0;
 		}
 		if (n < 0) {
 			log_debug("client pid %d: receive: %s", (int)c->pid, strerror((int)-n));
 			conn_close(c);
-			return;
+			return 0;
 		}
 		if ((r = wire_decode(buf, (size_t)n, &msg)) < 0) {
 			conn_drop_fds(c, fds, nfds);
 			conn_error(c, 0, r, 1, r == -EPROTO ? "protocol version mismatch" :
 							      "malformed message");
-			return;
+			return 0;
 		}
 		/* Only a PUBLISH carries a descriptor, and always exactly one. */
 		if ((msg.h.type == WIRE_PUBLISH) != (nfds == 1)) {
@@ -367,7 +369,7 @@ conn_read(struct conn *c)
 			conn_error(c, msg.h.seq, -EBADMSG, 1, msg.h.type == WIRE_PUBLISH ?
 				"PUBLISH without its memfd" :
 				"sent descriptors, which wcached accepts only with PUBLISH");
-			return;
+			return 0;
 		}
 		switch (msg.h.type) {
 		case WIRE_ATTACH:
@@ -394,6 +396,7 @@ conn_read(struct conn *c)
 			break;
 		}
 	}
+	return !c->pending && !c->waiting && !c->closing;
 }
 
 static void
@@ -409,11 +412,14 @@ conn_io(uv_poll_t *handle, int status, int events)
 	 * sent before are answered as far as their replies can go at once
 	 * (a reply already queued stays readable after the close), then the
 	 * connection ends. Closed at once, a client that half-closes after
-	 * its last request (shutdown(SHUT_WR)) lost its answers. */
+	 * its last request (shutdown(SHUT_WR)) lost its answers; closed after
+	 * one round of reads, it lost those past the 16th. So while requests
+	 * remain, the loop comes back for them (the hang-up stays reported);
+	 * the end of the stream closes it (conn_read). */
 	if (events & UV_DISCONNECT) {
 		if ((events & UV_READABLE) && !c->pending && !c->waiting &&
-			c->deferred == DEFER_NONE)
-			conn_read(c);
+			c->deferred == DEFER_NONE && conn_read(c))
+			return;
 		conn_close(c);
 		return;
 	}

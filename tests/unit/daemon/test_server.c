@@ -518,6 +518,56 @@ test_accepts_per_wakeup(void **state)
 		close(clients[i]);
 }
 
+/* True once the server has no connection left (no_clients), or one. */
+static bool
+no_clients(struct du *d, void *arg)
+{
+	(void)d;
+	return server_clients(arg) == 0;
+}
+
+static bool
+one_client(struct du *d, void *arg)
+{
+	(void)d;
+	return server_clients(arg) == 1;
+}
+
+/*
+ * A client that shuts down its writing side after 30 pipelined requests
+ * gets all 30 replies, then the end of the stream (PROTOCOL.md,
+ * Transport). Before, the hang-up closed the connection after one round of
+ * reads (16): 16 replies, then ECONNRESET for the requests left unread.
+ */
+static void
+test_half_close_answers_every_request(void **state)
+{
+	struct st *t = *state;
+	uint8_t req[WIRE_MAX_MESSAGE], buf[WIRE_MAX_MESSAGE];
+	struct wire_message m;
+	int fds[WIRE_MAX_FDS];
+	size_t nfds;
+	ssize_t n;
+
+	du_run_until(&t->du, one_client, t->srv);
+	for (uint32_t seq = 1; seq <= 30; seq++) {
+		n = wire_put_release(req, sizeof(req), seq, 777);
+		assert_true(n > 0);
+		assert_int_equal(send(t->client, req, (size_t)n, 0), n);
+	}
+	assert_int_equal(shutdown(t->client, SHUT_WR), 0);
+	du_run_until(&t->du, no_clients, t->srv);
+	for (uint32_t seq = 1; seq <= 30; seq++) {
+		n = fdp_recv(t->client, buf, sizeof(buf), fds, WIRE_MAX_FDS, &nfds);
+		if (n <= 0)
+			fail_msg("reply %u of 30: %zd (%s)", seq, n, n < 0 ? strerror((int)-n) : "end");
+		assert_int_equal(wire_decode(buf, (size_t)n, &m), 0);
+		assert_int_equal(m.h.seq, seq);
+		assert_error(&m, EINVAL, "no attach with handle 777");
+	}
+	assert_int_equal(fdp_recv(t->client, buf, sizeof(buf), fds, WIRE_MAX_FDS, &nfds), 0);
+}
+
 int
 main(void)
 {
@@ -531,6 +581,8 @@ main(void)
 		cmocka_unit_test(test_start_getfl_fails),
 		cmocka_unit_test_setup_teardown(test_accept_enomem_pauses, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_accepts_per_wakeup, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_half_close_answers_every_request, setup,
+			teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
