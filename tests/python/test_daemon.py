@@ -222,6 +222,35 @@ def test_unknown_model_error(daemon):
     assert "not served" in e.value.reason and e.value.reason in e.value.__notes__
 
 
+def test_a_served_file_that_is_not_valid_is_a_safetensor_error(tmp_path, monkeypatch):
+    """A path wcached serves but could not load (not valid safetensors)
+    raises SafetensorError from safe_open, as upstream does for that file
+    and as wcache does when it maps the file itself, keeping the daemon's
+    errno (EIO) and message ("failed to load: ..."); before, a plain
+    WcacheError that `except SafetensorError` missed."""
+    import errno
+    import struct
+    import wcache._safe_open as so
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(struct.pack("<Q", 16) + b"{" * 15)
+    d = Daemon(tmp_path, {"bad": str(bad)}).start()
+    monkeypatch.setenv("WCACHE_SOCKET", d.socket)
+    so._shared = None
+    try:
+        for target in (str(bad), "bad"):
+            with pytest.raises(wcache.SafetensorError) as e:
+                wcache.safe_open(target, framework="np")
+            assert e.value.errno == errno.EIO, e.value
+            assert "failed to load" in str(e.value) and "bad" in str(e.value), e.value
+        monkeypatch.setenv("WCACHE_SOCKET", str(tmp_path / "nobody-listens"))
+        so._shared = None
+        with pytest.raises(wcache.SafetensorError):
+            wcache.safe_open(str(bad), framework="np")
+    finally:
+        so._shared = None
+        d.stop()
+
+
 def test_nul_in_model_name_or_socket(daemon):
     """A NUL would cut the name at it ("small\\0junk" attached "small"):
     ValueError, as Python's open() raises for such a path."""

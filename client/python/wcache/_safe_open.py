@@ -124,6 +124,13 @@ def _attach(target):
                     client = _client(failed=client)
                 except DaemonUnavailable as e2:
                     return None, str(e2)
+            except WcacheError as e:
+                if e.errno == errno.EIO and type(e) is WcacheError:
+                    # Served, but its load or warm-up failed ("failed to
+                    # load: ..."): most often a file that is not a valid
+                    # model, for which upstream raises SafetensorError.
+                    raise SafetensorError(e.errno, e.strerror) from None
+                raise
     return None, why
 
 
