@@ -291,6 +291,33 @@ conn_tell_and_close(struct conn *c, const char *text, unsigned stuck)
 	conn_close(c);
 }
 
+/*
+ * Answers a message that wire_decode_why() refused (code, why; n bytes),
+ * and closes the connection: the ERROR says which check failed, and echoes
+ * the request's seq when its header could be read (PROTOCOL.md,
+ * Malformed messages).
+ */
+static void
+conn_malformed(struct conn *c, int code, const struct wire_refusal *why, size_t n)
+{
+	uint32_t seq = why->has_header ? why->h.seq : 0;
+	const char *type = why->has_header ? wire_type_name(why->h.type) : NULL;
+
+	if (code == -EPROTO)
+		conn_error(c, seq, code, 1, "protocol version mismatch: client speaks %u, daemon "
+			"speaks %u", why->h.version, WIRE_VERSION);
+	else if (type != NULL && why->h.length != n - WIRE_HEADER_SIZE)
+		conn_error(c, seq, code, 1, "malformed %s: %s (%u; the payload has %zu bytes)",
+			type, why->reason, why->h.length, n - WIRE_HEADER_SIZE);
+	else if (type != NULL)
+		conn_error(c, seq, code, 1, "malformed %s: %s", type, why->reason);
+	else if (why->has_header)
+		conn_error(c, seq, code, 1, "malformed message: %s %u", why->reason,
+			why->h.type);
+	else
+		conn_error(c, seq, code, 1, "malformed message: %s", why->reason);
+}
+
 /* Reads and handles messages until the socket is empty, a reply is
  * pending or waited for, or the connection closes, READS_PER_WAKEUP at most
  * (the loop comes back for more). Returns 1 when it stopped at that limit
@@ -302,6 +329,7 @@ conn_read(struct conn *c)
 	int fds[1];
 	size_t nfds = 0;
 	struct wire_message msg;
+	struct wire_refusal why;
 	unsigned k;
 	ssize_t n;
 	int r;
@@ -357,10 +385,9 @@ conn_read(struct conn *c)
 			conn_close(c);
 			return 0;
 		}
-		if ((r = wire_decode(buf, (size_t)n, &msg)) < 0) {
+		if ((r = wire_decode_why(buf, (size_t)n, &msg, &why)) < 0) {
 			conn_drop_fds(c, fds, nfds);
-			conn_error(c, 0, r, 1, r == -EPROTO ? "protocol version mismatch" :
-							      "malformed message");
+			conn_malformed(c, r, &why, (size_t)n);
 			return 0;
 		}
 		/* Only a PUBLISH carries a descriptor, and always exactly one. */

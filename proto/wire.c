@@ -66,13 +66,27 @@ attach_ok_valid(const uint8_t *p)
 	return get_le32(p + 24) <= WIRE_MAX_FILES && (get_le32(p + 28) & ~WIRE_ATTACH_STATUS) == 0;
 }
 
+/* The checks of a name of n bytes at p (ATTACH, HOLD, CHANGED, DERIVE):
+ * NULL when it is well formed, else which one failed. */
+static const char *
+name_invalid(const uint8_t *p, uint32_t n)
+{
+	if (n < 1)
+		return "no model name";
+	if (n > WIRE_MAX_NAME)
+		return "model name longer than 1024 bytes";
+	if (memchr(p, 0, n) != NULL)
+		return "model name holds a NUL byte";
+	return NULL;
+}
+
 /*
  * Checks that a payload of n bytes has the layout its type requires. The
  * message's total size is already known to be within WIRE_MAX_MESSAGE.
- * Returns 0, or -EBADMSG for an unknown type or a payload of the wrong size
- * or content.
+ * Returns NULL, or for an unknown type or a payload of the wrong size or
+ * content which check failed (static text, for the peer's ERROR).
  */
-static int
+static const char *
 check_payload(uint16_t type, const uint8_t *p, uint32_t n)
 {
 	int32_t code;
@@ -80,52 +94,89 @@ check_payload(uint16_t type, const uint8_t *p, uint32_t n)
 
 	switch (type) {
 	case WIRE_ATTACH:
-		if (n < 1 || n > WIRE_MAX_NAME || memchr(p, 0, n) != NULL)
-			return -EBADMSG;
-		return 0;
+		return name_invalid(p, n);
 	case WIRE_RELEASE:
 	case WIRE_HOLD_OK:
 	case WIRE_PUBLISH:
-		return n == WIRE_RELEASE_SIZE ? 0 : -EBADMSG;
+		return n == WIRE_RELEASE_SIZE ? NULL : "payload is not 8 bytes";
 	case WIRE_ATTACH_OK:
-		return n == WIRE_ATTACH_OK_SIZE && attach_ok_valid(p) ? 0 : -EBADMSG;
+		if (n != WIRE_ATTACH_OK_SIZE)
+			return "payload is not 40 bytes";
+		return attach_ok_valid(p) ? NULL : "unknown flags, or more than 250 files";
 	case WIRE_BUILD:
-		return n == WIRE_BUILD_SIZE && attach_ok_valid(p) ? 0 : -EBADMSG;
+		if (n != WIRE_BUILD_SIZE)
+			return "payload is not 48 bytes";
+		return attach_ok_valid(p) ? NULL : "unknown flags, or more than 250 files";
 	case WIRE_DERIVE:
 		if (n < WIRE_DERIVE_FIXED + 2)
-			return -EBADMSG;
+			return "shorter than wait_ms, key_len, a key and a name";
 		key_len = get_le32(p + 4);
 		/* key_len <= WIRE_MAX_KEY first: the sum below cannot wrap. */
-		if (key_len < 1 || key_len > WIRE_MAX_KEY || n < WIRE_DERIVE_FIXED + key_len + 1 ||
-			n - WIRE_DERIVE_FIXED - key_len > WIRE_MAX_NAME ||
-			!wire_key_valid((const char *)p + WIRE_DERIVE_FIXED, key_len) ||
-			memchr(p + WIRE_DERIVE_FIXED + key_len, 0,
-				n - WIRE_DERIVE_FIXED - key_len) != NULL)
-			return -EBADMSG;
-		return 0;
+		if (key_len < 1 || key_len > WIRE_MAX_KEY)
+			return "key_len is not 1..64";
+		if (n < WIRE_DERIVE_FIXED + key_len + 1)
+			return "no model name after the key";
+		if (!wire_key_valid((const char *)p + WIRE_DERIVE_FIXED, key_len))
+			return "the key holds a byte other than letters, digits and ._+-";
+		return name_invalid(p + WIRE_DERIVE_FIXED + key_len,
+			n - WIRE_DERIVE_FIXED - key_len);
 	case WIRE_ABANDON:
-		if (n < 8 || n > 8 + WIRE_MAX_REASON || memchr(p + 8, 0, n - 8) != NULL)
-			return -EBADMSG;
-		return 0;
+		if (n < 8)
+			return "shorter than its 8-byte token";
+		if (n > 8 + WIRE_MAX_REASON)
+			return "reason longer than 1024 bytes";
+		return memchr(p + 8, 0, n - 8) != NULL ? "reason holds a NUL byte" : NULL;
 	case WIRE_CHANGED:
 	case WIRE_HOLD:
-		if (n < 9 || n > 8 + WIRE_MAX_NAME || memchr(p + 8, 0, n - 8) != NULL)
-			return -EBADMSG;
-		return 0;
+		if (n < 8)
+			return "shorter than its 8-byte generation";
+		return name_invalid(p + 8, n - 8);
 	case WIRE_RELEASE_OK:
-		return n == 0 ? 0 : -EBADMSG;
+		return n == 0 ? NULL : "payload is not empty";
 	case WIRE_ERROR:
-		if (n < WIRE_ERROR_MIN || memchr(p + 4, 0, n - 4) != NULL)
-			return -EBADMSG;
+		if (n < WIRE_ERROR_MIN)
+			return "shorter than its 4-byte code";
+		if (memchr(p + 4, 0, n - 4) != NULL)
+			return "text holds a NUL byte";
 		/* A code of 0 or below would read as success to a client that
 		 * returns -code; refuse it here, once, for every receiver. */
 		code = (int32_t)get_le32(p);
 		if (code < 1 || code > WIRE_ERROR_CODE_MAX)
-			return -EBADMSG;
-		return 0;
+			return "code is not 1..4095";
+		return NULL;
 	default:
-		return -EBADMSG;
+		return "unknown message type";
 	}
+}
+
+const char *
+wire_type_name(uint16_t type)
+{
+	switch (type) {
+	case WIRE_ATTACH: return "ATTACH";
+	case WIRE_RELEASE: return "RELEASE";
+	case WIRE_HOLD: return "HOLD";
+	case WIRE_DERIVE: return "DERIVE";
+	case WIRE_PUBLISH: return "PUBLISH";
+	case WIRE_ABANDON: return "ABANDON";
+	case WIRE_ATTACH_OK: return "ATTACH_OK";
+	case WIRE_RELEASE_OK: return "RELEASE_OK";
+	case WIRE_HOLD_OK: return "HOLD_OK";
+	case WIRE_BUILD: return "BUILD";
+	case WIRE_CHANGED: return "CHANGED";
+	case WIRE_ERROR: return "ERROR";
+	default: return NULL;
+	}
+}
+
+/* Records in why (when not NULL) which check refused the message; returns
+ * code. */
+static int
+refused(struct wire_refusal *why, int code, const char *reason)
+{
+	if (why != NULL)
+		why->reason = reason;
+	return code;
 }
 
 /*
@@ -139,54 +190,54 @@ check_payload(uint16_t type, const uint8_t *p, uint32_t n)
  *   unknown type                              -EBADMSG
  *   length field != len - 16                  -EBADMSG
  *   payload does not fit the type's layout    -EBADMSG
- * *out is untouched on failure.
+ * *out is untouched on failure; why (optional) says which check failed and,
+ * from the version check on, holds the header as the peer sent it.
  */
 int
-wire_decode(const uint8_t *buf, size_t len, struct wire_message *out)
+wire_decode_why(const uint8_t *buf, size_t len, struct wire_message *out,
+	struct wire_refusal *why)
 {
 	struct wire_header h;
-	int rc;
+	const char *reason;
 
+	if (why != NULL)
+		*why = (struct wire_refusal){ .reason = NULL };
 	if (buf == NULL || out == NULL)
-		return -EINVAL;
-	if (len < WIRE_HEADER_SIZE || len > WIRE_MAX_MESSAGE)
-		return -EMSGSIZE;
+		return refused(why, -EINVAL, "no message");
+	if (len < WIRE_HEADER_SIZE)
+		return refused(why, -EMSGSIZE, "shorter than the 16-byte header");
+	if (len > WIRE_MAX_MESSAGE)
+		return refused(why, -EMSGSIZE, "longer than 4096 bytes");
 	h.magic = get_le32(buf);
 	h.version = get_le16(buf + 4);
 	h.type = get_le16(buf + 6);
 	h.length = get_le32(buf + 8);
 	h.seq = get_le32(buf + 12);
 	if (h.magic != WIRE_MAGIC)
-		return -EBADMSG;
-	if (h.version != WIRE_VERSION)
-		return -EPROTO;
-	switch (h.type) {
-	case WIRE_ATTACH:
-	case WIRE_RELEASE:
-	case WIRE_ATTACH_OK:
-	case WIRE_RELEASE_OK:
-	case WIRE_ERROR:
-	case WIRE_CHANGED:
-	case WIRE_HOLD:
-	case WIRE_HOLD_OK:
-	case WIRE_DERIVE:
-	case WIRE_PUBLISH:
-	case WIRE_ABANDON:
-	case WIRE_BUILD:
-		break;
-	default:
-		return -EBADMSG;
+		return refused(why, -EBADMSG, "not a wcache message (wrong magic)");
+	if (why != NULL) {
+		why->has_header = 1;
+		why->h = h;
 	}
+	if (h.version != WIRE_VERSION)
+		return refused(why, -EPROTO, "protocol version mismatch");
+	if (wire_type_name(h.type) == NULL)
+		return refused(why, -EBADMSG, "unknown message type");
 	if (h.length != len - WIRE_HEADER_SIZE)
-		return -EBADMSG;
-	if (h.type == WIRE_CHANGED && h.seq != 0)
-		return -EBADMSG; /* announcements answer no request */
-	rc = check_payload(h.type, buf + WIRE_HEADER_SIZE, h.length);
-	if (rc < 0)
-		return rc;
+		return refused(why, -EBADMSG, "the length field is not the size of the payload");
+	if (h.type == WIRE_CHANGED && h.seq != 0) /* announcements answer no request */
+		return refused(why, -EBADMSG, "CHANGED with a seq other than 0");
+	if ((reason = check_payload(h.type, buf + WIRE_HEADER_SIZE, h.length)) != NULL)
+		return refused(why, -EBADMSG, reason);
 	out->h = h;
 	out->payload = buf + WIRE_HEADER_SIZE;
 	return 0;
+}
+
+int
+wire_decode(const uint8_t *buf, size_t len, struct wire_message *out)
+{
+	return wire_decode_why(buf, len, out, NULL);
 }
 
 /*
@@ -203,7 +254,7 @@ check_message(const struct wire_message *m, uint16_t type)
 		return -EINVAL;
 	if (m->h.type != type || m->h.length > WIRE_MAX_PAYLOAD)
 		return -EBADMSG;
-	return check_payload(type, m->payload, m->h.length);
+	return check_payload(type, m->payload, m->h.length) == NULL ? 0 : -EBADMSG;
 }
 
 /* The model name of an ATTACH: name_len bytes at *name, not NUL-terminated,

@@ -99,6 +99,23 @@ struct wire_message {
  * for anything else. */
 int wire_decode(const uint8_t *buf, size_t len, struct wire_message *out);
 
+/* Why wire_decode_why() refused a message. */
+struct wire_refusal {
+	int has_header;          /* the magic was right: h is the header as sent (its
+				    seq is what an ERROR about it echoes) */
+	struct wire_header h;
+	const char *reason;      /* which check failed: static text, e.g. "protocol
+				    version mismatch", "model name holds a NUL byte" */
+};
+
+/* wire_decode(), and on failure, when why is not NULL, which check refused
+ * the message and the header the peer sent (as far as it could be read). */
+int wire_decode_why(const uint8_t *buf, size_t len, struct wire_message *out,
+	struct wire_refusal *why);
+
+/* The name of a message type ("ATTACH"), NULL for an unknown type. */
+const char *wire_type_name(uint16_t type);
+
 /* Decoders of payloads; each requires its exact size and returns -EBADMSG
  * when m is not of that type. */
 int wire_get_attach(const struct wire_message *m, const char **name, size_t *name_len);

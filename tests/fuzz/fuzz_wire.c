@@ -267,12 +267,21 @@ check_encoders(const uint8_t *data, size_t size)
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	struct wire_message m;
+	struct wire_message m, m2;
+	struct wire_refusal why;
 	int rc;
 
 	rc = wire_decode(data, size, &m);
 	if (size < WIRE_HEADER_SIZE || size > WIRE_MAX_MESSAGE)
 		CHECK(rc == -EMSGSIZE);
+	/* wire_decode_why() decides the same and, refusing, says why; the
+	 * header it reports is the one in the message. */
+	CHECK(wire_decode_why(data, size, &m2, &why) == rc);
+	if (rc < 0) {
+		CHECK(why.reason != NULL && why.reason[0] != '\0');
+		CHECK(!why.has_header || (size >= WIRE_HEADER_SIZE && why.h.magic == WIRE_MAGIC));
+		CHECK(rc != -EPROTO || (why.has_header && why.h.version != WIRE_VERSION));
+	}
 	if (rc == 0) {
 		CHECK(m.payload == data + WIRE_HEADER_SIZE);
 		CHECK(m.h.length == size - WIRE_HEADER_SIZE);

@@ -577,5 +577,6 @@ def test_a_user_cannot_flood_the_log(start, tmp_path):
     assert attach_raw(s, "small")[0] == ATTACH_OK
     s.close()
     log = d.read_log()
-    assert log.count("malformed message; closing the connection") + \
+    assert log.count("malformed message: not a wcache message (wrong magic); closing the "
+                     "connection") + \
         log.count("refusing a client") == 1, log

@@ -560,12 +560,71 @@ test_half_close_answers_every_request(void **state)
 	for (uint32_t seq = 1; seq <= 30; seq++) {
 		n = fdp_recv(t->client, buf, sizeof(buf), fds, WIRE_MAX_FDS, &nfds);
 		if (n <= 0)
-			fail_msg("reply %u of 30: %zd (%s)", seq, n, n < 0 ? strerror((int)-n) : "end");
+			fail_msg("reply %u of 30: %zd (%s)", seq, n,
+				n < 0 ? strerror((int)-n) : "end");
 		assert_int_equal(wire_decode(buf, (size_t)n, &m), 0);
 		assert_int_equal(m.h.seq, seq);
 		assert_error(&m, EINVAL, "no attach with handle 777");
 	}
 	assert_int_equal(fdp_recv(t->client, buf, sizeof(buf), fds, WIRE_MAX_FDS, &nfds), 0);
+}
+
+/* Sends raw bytes on a new connection; returns the ERROR it gets back. */
+static struct wire_message
+malformed(struct st *t, const uint8_t *msg, size_t len, uint8_t *buf)
+{
+	int fds[WIRE_MAX_FDS];
+	size_t nfds;
+	int old = t->client;
+	struct wire_message m;
+
+	t->client = connect_client(t);
+	m = exchange(t, msg, len, buf, fds, &nfds);
+	assert_int_equal(nfds, 0);
+	close(t->client);
+	t->client = old;
+	return m;
+}
+
+/*
+ * An ERROR about a malformed request carries the request's seq when its
+ * header could be read, and says which check failed (PROTOCOL.md,
+ * Malformed messages). Before, every one had seq 0 and said "malformed
+ * message" or "protocol version mismatch".
+ */
+static void
+test_malformed_says_why(void **state)
+{
+	struct st *t = *state;
+	uint8_t req[64], buf[WIRE_MAX_MESSAGE];
+	struct wire_message m;
+	ssize_t n;
+
+	n = wire_put_release(req, sizeof(req), 42, 5);
+	assert_true(n > 0);
+	req[4] = 2; /* version 2 */
+	m = malformed(t, req, (size_t)n, buf);
+	assert_int_equal(m.h.seq, 42);
+	assert_error(&m, EPROTO, "protocol version mismatch: client speaks 2, daemon speaks 1");
+	req[4] = 1;
+	m = malformed(t, req, (size_t)n - 1, buf);
+	assert_int_equal(m.h.seq, 42);
+	assert_error(&m, EBADMSG, "malformed RELEASE: the length field is not the size of the "
+		"payload (8; the payload has 7 bytes)");
+	n = wire_put_attach(req, sizeof(req), 43, "a-b", 3);
+	assert_true(n > 0);
+	req[17] = 0;
+	m = malformed(t, req, (size_t)n, buf);
+	assert_int_equal(m.h.seq, 43);
+	assert_error(&m, EBADMSG, "malformed ATTACH: model name holds a NUL byte");
+	req[6] = 77; /* type 77 */
+	m = malformed(t, req, (size_t)n, buf);
+	assert_int_equal(m.h.seq, 43);
+	assert_error(&m, EBADMSG, "malformed message: unknown message type 77");
+	memset(req, 'x', 20);
+	m = malformed(t, req, 20, buf);
+	assert_int_equal(m.h.seq, 0);
+	assert_error(&m, EBADMSG, "malformed message: not a wcache message (wrong magic)");
 }
 
 int
@@ -583,6 +642,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_accepts_per_wakeup, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_half_close_answers_every_request, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(test_malformed_says_why, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

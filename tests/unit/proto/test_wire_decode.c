@@ -8,7 +8,9 @@
  * packet; the exact payload layout of ATTACH, RELEASE, ATTACH_OK (the one
  * flag bit, file_count bounded by WIRE_MAX_FILES), RELEASE_OK, ERROR and
  * CHANGED; and the getters, which refuse a message of another type or one
- * that lies about its payload and leave their outputs alone.
+ * that lies about its payload and leave their outputs alone. Then what
+ * wire_decode_why() says of a refusal: which check failed, and the header
+ * (its seq) once the magic was right.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -459,6 +461,70 @@ test_getter_wrong_type(void **state)
 	assert_int_equal(wire_get_release(NULL, &handle), -EINVAL);
 }
 
+/* Asserts wire_decode_why() refuses buf[0..len) with code and reason, and
+ * reports the header's seq (has_header) or none. */
+static void
+expect_why(const uint8_t *buf, size_t len, int code, const char *reason, int has_header,
+	uint32_t seq)
+{
+	struct wire_message m = { 0 };
+	struct wire_refusal why;
+
+	assert_int_equal(wire_decode_why(buf, len, &m, &why), code);
+	assert_null(m.payload);
+	assert_string_equal(why.reason, reason);
+	assert_int_equal(why.has_header, has_header);
+	if (has_header)
+		assert_int_equal(why.h.seq, seq);
+}
+
+/* Which check refused a message, and the seq to echo, in the order the
+ * checks run: before the magic nothing of the header is trusted. */
+static void
+test_refusal_reasons(void **state)
+{
+	uint8_t buf[64] = { 0 }, handle[8] = { 1 }, nul[3] = { 'a', 0, 'b' };
+	uint8_t derive[16] = { 0 };
+	struct wire_message m;
+	struct wire_refusal why;
+	size_t len;
+
+	(void)state;
+	expect_why(buf, 15, -EMSGSIZE, "shorter than the 16-byte header", 0, 0);
+	len = raw(buf, 0x12345678, 1, WIRE_RELEASE, 8, 42, handle, 8);
+	expect_why(buf, len, -EBADMSG, "not a wcache message (wrong magic)", 0, 0);
+	len = raw(buf, WIRE_MAGIC, 2, WIRE_RELEASE, 8, 42, handle, 8);
+	expect_why(buf, len, -EPROTO, "protocol version mismatch", 1, 42);
+	assert_int_equal(wire_decode_why(buf, len, &m, &why), -EPROTO);
+	assert_int_equal(why.h.version, 2);
+	len = raw(buf, WIRE_MAGIC, 1, 77, 8, 42, handle, 8);
+	expect_why(buf, len, -EBADMSG, "unknown message type", 1, 42);
+	len = raw(buf, WIRE_MAGIC, 1, WIRE_RELEASE, 5, 42, handle, 8);
+	expect_why(buf, len, -EBADMSG, "the length field is not the size of the payload", 1, 42);
+	len = raw(buf, WIRE_MAGIC, 1, WIRE_RELEASE, 7, 42, handle, 7);
+	expect_why(buf, len, -EBADMSG, "payload is not 8 bytes", 1, 42);
+	len = raw(buf, WIRE_MAGIC, 1, WIRE_ATTACH, 3, 42, nul, 3);
+	expect_why(buf, len, -EBADMSG, "model name holds a NUL byte", 1, 42);
+	len = raw(buf, WIRE_MAGIC, 1, WIRE_CHANGED, 9, 42, "12345678x", 9);
+	expect_why(buf, len, -EBADMSG, "CHANGED with a seq other than 0", 1, 42);
+	put32(derive + 4, 65);
+	len = raw(buf, WIRE_MAGIC, 1, WIRE_DERIVE, 16, 42, derive, 16);
+	expect_why(buf, len, -EBADMSG, "key_len is not 1..64", 1, 42);
+	put32(derive + 4, 2);
+	derive[8] = 'k';
+	derive[9] = '/'; /* not a key character */
+	memset(derive + 10, 'n', 6);
+	len = raw(buf, WIRE_MAGIC, 1, WIRE_DERIVE, 16, 42, derive, 16);
+	expect_why(buf, len, -EBADMSG, "the key holds a byte other than letters, digits and ._+-",
+		1, 42);
+	/* Accepted: nothing to say. */
+	len = good(buf, WIRE_RELEASE, handle, 8);
+	assert_int_equal(wire_decode_why(buf, len, &m, &why), 0);
+	assert_null(why.reason);
+	assert_string_equal(wire_type_name(WIRE_HOLD), "HOLD");
+	assert_null(wire_type_name(77));
+}
+
 int
 main(void)
 {
@@ -473,6 +539,7 @@ main(void)
 		cmocka_unit_test(test_reject_error),
 		cmocka_unit_test(test_reject_changed),
 		cmocka_unit_test(test_getter_wrong_type),
+		cmocka_unit_test(test_refusal_reasons),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
