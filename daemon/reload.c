@@ -242,6 +242,7 @@ keep_restart_keys(struct config *running, struct config *next)
 	KEEP_NUMBER(max_clients, "%u")
 	KEEP_NUMBER(max_clients_per_uid, "%u")
 	KEEP_NUMBER(start_wait_seconds, "%u")
+	KEEP_NUMBER(unread_reply_seconds, "%u")
 #undef KEEP_NUMBER
 }
 

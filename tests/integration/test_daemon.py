@@ -193,7 +193,8 @@ def test_reload_keeps_debug_and_the_keys_that_need_a_restart(tmp_path, model):
     running = d.control
     try:
         d.control = str(tmp_path / "c2.sock")
-        d.write_config({"small": model}, "max_clients = 7\nrestart_hold_seconds = 5\n")
+        d.write_config({"small": model}, "max_clients = 7\nrestart_hold_seconds = 5\n"
+                       "unread_reply_seconds = 9\n")
         d.control = running
         d.proc.send_signal(signal.SIGHUP)
         # The reload's last line: every warning it gives is in the log by
@@ -203,6 +204,7 @@ def test_reload_keeps_debug_and_the_keys_that_need_a_restart(tmp_path, model):
         assert f"control changed to {tmp_path}/c2.sock: takes effect after a restart " \
             f"(control socket {running})" in log
         assert "max_clients changed to 7: takes effect after a restart (now 1024)" in log
+        assert "unread_reply_seconds changed to 9: takes effect after a restart (now 60)" in log
         assert "restart_hold_seconds" not in log  # applies at once
         # answered on the running socket (exit 3 only says "small" still warms)
         assert [m["name"] for m in ctlutil.status(d)["models"]] == ["small"]
