@@ -487,6 +487,11 @@ metrics_write(FILE *f, const struct registry *reg, const struct metrics_daemon *
 		"a close that hangs.");
 	fputs("wcached_clients_refused_closing_total", f);
 	value(f, (double)d->server.closing_refused);
+	family(f, "wcached_clients_closed_unread_total", "counter",
+		"Connections closed because their replies stayed unread for unread_reply_seconds "
+		"while the next one was held back.");
+	fputs("wcached_clients_closed_unread_total", f);
+	value(f, (double)d->server.unread_closed);
 	family(f, "wcached_clients_paused_closing_total", "counter",
 		"Connections not read for a while because 64 of their user's descriptors were "
 		"waiting to close (each message may pass 253 more).");

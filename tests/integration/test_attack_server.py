@@ -523,6 +523,7 @@ def test_a_connection_does_not_outlive_its_process(start, tmp_path):
                timeout=SHORT, what="the orphaned connection to close")
     d.wait_for_log(r"client pid \d+ uid \d+: \d+ bytes of the replies it was sent unread for "
                    r"1 s, and the next one held back; closing the connection")
+    assert metric(d, "wcached_clients_closed_unread_total") == 1
 
 
 def test_a_client_that_reads_slowly_is_not_closed(start, tmp_path):
