@@ -297,10 +297,14 @@ registry_find_for(struct registry *r, const char *name, const struct registry_pe
 	}
 	if (!access_allows(&m->access, &who)) {
 		m->denied_count++;
-		if (peer->denied_logged == NULL || !(*peer->denied_logged)++)
+		char more[96] = "";
+
+		if ((peer->denied_logged == NULL || !(*peer->denied_logged)++) &&
+			(peer->may_warn == NULL ||
+				peer->may_warn(peer->warn_arg, peer->uid, more, sizeof(more))))
 			log_warnx("client pid %d uid %u gid %u: attach of model \"%s\" refused by "
-				  "allow_users/allow_groups", (int)peer->pid, (unsigned)peer->uid,
-				(unsigned)peer->gid, m->name);
+				  "allow_users/allow_groups%s", (int)peer->pid, (unsigned)peer->uid,
+				(unsigned)peer->gid, m->name, more);
 		snprintf(msg, msg_size,
 			"access denied: uid %u is not in the model's allow_users or allow_groups",
 			(unsigned)peer->uid);

@@ -335,6 +335,12 @@ struct registry_peer {
 	uid_t self_uid;
 	int *denied_logged;
 	uint64_t conn_id;        /* the connection asking, for HOLD's once-only rule */
+	/* Whether a warning about this peer may be logged now (a limit per
+	 * uid: one that loops on refused attaches must not flood the log);
+	 * more gets what the line adds ("" or how many were not logged).
+	 * NULL: always. */
+	int (*may_warn)(void *arg, uid_t uid, char *more, size_t size);
+	void *warn_arg;
 };
 
 /* What an attach gives the client (the ATTACH_OK reply). */

@@ -58,6 +58,13 @@ conn_error(struct conn *c, uint32_t seq, int code, int fatal, const char *fmt, .
 	conn_send(c, buf, (size_t)n, NULL, 0);
 }
 
+/* registry_peer's may_warn: the server's limit of warnings per uid. */
+static int
+peer_may_warn(void *arg, uid_t uid, char *more, size_t size)
+{
+	return server_may_warn(arg, uid, more, size);
+}
+
 /* Who c's peer is, for the registry's access checks. */
 static struct registry_peer
 conn_peer(struct conn *c)
@@ -65,7 +72,7 @@ conn_peer(struct conn *c)
 	return (struct registry_peer){
 		.pid = c->pid, .uid = c->uid, .gid = c->gid, .groups = c->groups,
 		.ngroups = (int)c->ngroups, .self_uid = c->srv->self_uid, .conn_id = c->id,
-		.denied_logged = &c->denied_logged,
+		.denied_logged = &c->denied_logged, .may_warn = peer_may_warn, .warn_arg = c->srv,
 	};
 }
 
