@@ -112,10 +112,11 @@ derive_build_fail(struct derive_table *t, struct derive_build *b, int err, const
 	derive_rearm(t);
 }
 
-/* The builder went away (why): the oldest waiter that may build takes
- * over, else the build fails for every waiter. */
-static void
-builder_lost(struct derive_table *t, struct derive_build *b, const char *why)
+/* The builder went away (why), or its publication was refused after it
+ * had gone: the oldest waiter that may build takes over, else the build
+ * fails for every waiter (EHOSTDOWN, why in the text). */
+void
+derive_builder_lost(struct derive_table *t, struct derive_build *b, const char *why)
 {
 	struct derive_waiter **pp, *w = NULL;
 	char text[WIRE_MAX_MESSAGE];
@@ -185,7 +186,7 @@ expire_one(struct derive_table *t, uint64_t now)
 			snprintf(why, sizeof(why),
 				"did not publish within derive_timeout (%" PRIu64 " s)",
 				b->timeout_ms / 1000);
-			builder_lost(t, b, why);
+			derive_builder_lost(t, b, why);
 			return 1;
 		}
 	}
@@ -577,16 +578,30 @@ derive_conn_gone(struct derive_table *t, void *conn)
 			}
 		}
 	}
-	/* Then its builds, one at a time: builder_lost() calls a hook, which
-	 * may close another connection and change the list (as expire_one). */
+	/* Then its builds, one at a time: derive_builder_lost() calls a hook,
+	 * which may close another connection and change the list (as
+	 * expire_one). */
 	for (b = t->builds; b != NULL;) {
 		if (b->builder != conn) {
 			b = b->next;
 			continue;
 		}
-		derive_check_cancel(b->check);
-		b->check = NULL;
-		builder_lost(t, b, "disconnected before publishing");
+		if (b->check != NULL) {
+			/* Its PUBLISH came first: a builder that publishes and
+			 * exits (or closes, or shuts its end for writing, at once)
+			 * has built it. The check owns what it needs (the memfd,
+			 * the builder's uid for its closes), not conn, which is
+			 * freed after this: it goes on, and check_finish answers
+			 * the waiters, or hands the build on if it is refused. */
+			b->builder = NULL;
+			log_info("model \"%s\": derived \"%s\" of generation %" PRIu64 ": the "
+				 "builder (pid %d uid %u) disconnected after publishing; its "
+				 "publication is still checked, for the waiters", b->model_name,
+				b->key, b->source, (int)b->builder_pid, (unsigned)b->builder_uid);
+			b = b->next;
+			continue;
+		}
+		derive_builder_lost(t, b, "disconnected before publishing");
 		b = t->builds;
 	}
 	derive_rearm(t);

@@ -10,8 +10,10 @@
  * waiting for it, oldest first. Single flight: at most one build of a key
  * runs at a time. When a builder publishes, the memfd is sealed, validated
  * with the readers every model goes through and compiled; then every
- * waiter is answered. When it goes away (hang-up, derive_timeout) the
- * oldest waiter that may build takes over; when it fails for good
+ * waiter is answered. When it goes away (hang-up before its PUBLISH,
+ * derive_timeout) the oldest waiter that may build takes over; a hang-up
+ * after its PUBLISH leaves the check running for the waiters. When it
+ * fails for good
  * (ABANDON, a refused publication, the model unloaded) every waiter gets
  * the error.
  *
@@ -151,6 +153,10 @@ uint64_t derive_token(const struct derive_build *b);
  * then conn is answered by a hook: hooks.published (and every waiter by
  * hooks.ready), or hooks.fail, and then the build has ended for good and
  * every waiter gets the error too. No deadline runs while it is checked.
+ * If conn goes away meanwhile (derive_conn_gone), the check goes on without
+ * it (the memfd and what the check makes are the check's): the waiters get
+ * the artifact; refused, the build goes to the oldest waiter that may build,
+ * or every waiter gets EHOSTDOWN, with the reason.
  * A check holds memory of the order of the artifact's header (a 100 MB
  * safetensors header: a few hundred MB while it is parsed): at most
  * DERIVE_CHECKS_AT_ONCE run at once, one per builder uid, so that one user
@@ -168,7 +174,8 @@ int derive_abandon(struct derive_table *t, void *conn, uint64_t token, const cha
 	char *msg, size_t msg_size);
 
 /* conn closed: it waits no more, and the builds it ran go to the next
- * waiter that may build. */
+ * waiter that may build; one whose PUBLISH it sent is checked still, and
+ * the check answers the waiters (derive_publish). */
 void derive_conn_gone(struct derive_table *t, void *conn);
 
 /* Releases a reference a client held on g (any generation: derive's or a

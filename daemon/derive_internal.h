@@ -45,7 +45,8 @@ struct derive_build {
 	char key[WIRE_MAX_KEY + 1];
 	struct generation *src;  /* a reference held for the build's life */
 	uint64_t token;
-	void *builder;           /* the builder's connection */
+	void *builder;           /* the builder's connection; NULL once it went
+				  * away after its PUBLISH, while that is checked */
 	pid_t builder_pid;
 	uid_t builder_uid;
 	uint64_t started_ms;     /* this builder's start */
@@ -68,6 +69,10 @@ void derive_unlink_build(struct derive_table *t, struct derive_build *b);
 void derive_build_free(struct derive_table *t, struct derive_build *b);
 /* The build ends for good: every waiter gets err with text. */
 void derive_build_fail(struct derive_table *t, struct derive_build *b, int err, const char *text);
+/* The builder went away (why, after "the builder (pid P uid U) "), or its
+ * publication was refused after it had gone: the oldest waiter that may
+ * build takes over, else every waiter gets EHOSTDOWN with why. */
+void derive_builder_lost(struct derive_table *t, struct derive_build *b, const char *why);
 /* The build of token, if conn runs it: 0, or -ESTALE / -EPERM with msg. */
 int derive_build_of_token(struct derive_table *t, void *conn, uint64_t token,
 	struct derive_build **out, char *msg, size_t msg_size);

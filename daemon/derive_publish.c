@@ -8,8 +8,11 @@
  * index: for a 100 MB safetensors header, most of a second (several under
  * a sanitizer), which on the event loop every client would wait for. The
  * build waits instead (derive_build.check: no deadline runs meanwhile), and
- * so does the builder's connection; a build that ends some other way while
- * its check runs (the builder gone, wcached stopping) cancels it, and the
+ * so does the builder's connection. A builder that goes away meanwhile (it
+ * published and exited) does not end the build: the check owns the memfd and
+ * what it makes, and answers the waiters when it ends (a refusal then hands
+ * the build on, as a builder gone before publishing does). A build that ends
+ * some other way while its check runs (wcached stopping) cancels it, and the
  * result is dropped when the check ends.
  */
 #include <errno.h>
@@ -36,8 +39,10 @@
  * and compiling its index (up to a gigabyte of WEIG tables, a 100 MB
  * safetensors header: seconds that must not stall the loop). The build
  * waits for it (build->check, and no deadline runs meanwhile); the builder's
- * connection waits for its answer. build is NULL once the build ended some
- * other way (its builder gone, wcached stopping): the result is dropped.
+ * connection (build->builder, NULL once it went away) waits for its answer.
+ * Nothing here belongs to that connection: the memfd is the check's, and
+ * its closes go to the builder uid's lane (owner). build is NULL once the
+ * build ended some other way (wcached stopping): the result is dropped.
  */
 /* Publication checks on the work queue at once (derive.h). */
 #define DERIVE_CHECKS_AT_ONCE 2
@@ -48,8 +53,7 @@ struct derive_check {
 	int waiting;             /* in t->checks_waiting: not queued yet */
 	struct derive_table *t;
 	struct derive_build *build;
-	void *conn;
-	uint32_t seq;
+	uint32_t seq;            /* the PUBLISH's, for the builder's answer */
 	uid_t owner;
 	uint64_t budget;         /* memory_budget when it was queued */
 	char label[WIRE_MAX_NAME + WIRE_MAX_KEY + 16];
@@ -218,9 +222,32 @@ make_artifact(struct derive_table *t, struct derive_build *b, struct derive_chec
 	return 0;
 }
 
+/* The publication of b, whose builder has gone, was refused (why): unless
+ * no builder could mend that (the model is no longer served, wcached
+ * stops), the build goes on with the oldest waiter that may build, as when
+ * a builder goes away before publishing, and the waiters learn the reason. */
+static void
+refused_after_builder_left(struct derive_table *t, struct derive_build *b, int status,
+	const char *why)
+{
+	char text[WIRE_MAX_MESSAGE];
+
+	if (status >= 0 && derive_entry_of(t, b->model_name, b->entry_id) != NULL) {
+		snprintf(text, sizeof(text), "disconnected after publishing, and its publication "
+			 "was refused: %s", why);
+		derive_builder_lost(t, b, text);
+		return;
+	}
+	snprintf(text, sizeof(text), "model \"%s\": derived \"%s\" of generation %" PRIu64
+		 ": the publication by pid %d (which has disconnected) was refused: %s",
+		b->model_name, b->key, b->source, (int)b->builder_pid, why);
+	derive_build_fail(t, b, -ECANCELED, text);
+}
+
 /* On the loop: the check of c ended (status UV_ECANCELED: it never ran,
- * wcached is stopping). Serves the artifact and answers the builder and
- * every waiter, or fails the build for good. */
+ * wcached is stopping). Serves the artifact and answers the builder (if
+ * still there) and every waiter, or fails the build for good (or, its
+ * builder gone, hands it on). */
 static void
 check_finish(struct derive_check *c, int status)
 {
@@ -232,18 +259,25 @@ check_finish(struct derive_check *c, int status)
 	char text[WIRE_MAX_MESSAGE];
 	int err = c->err;
 	uint32_t seq;
+	void *builder;
 
 	if (b == NULL) {
 		check_free(c);
 		return;
 	}
 	b->check = NULL;
+	builder = b->builder; /* NULL: it went away after its PUBLISH */
 	if (status < 0) {
 		err = -ECANCELED;
 		snprintf(c->why, sizeof(c->why), "wcached is stopping");
 	}
 	if (err == 0)
 		err = make_artifact(t, b, c, &a);
+	if ((err < 0 || a == NULL) && builder == NULL) {
+		refused_after_builder_left(t, b, status, c->why);
+		check_free(c);
+		return;
+	}
 	if (err < 0 || a == NULL) {
 		snprintf(text, sizeof(text), "model \"%s\": derived \"%s\" of generation %" PRIu64
 			 ": the publication by pid %d was refused: %s", b->model_name, b->key,
@@ -251,15 +285,16 @@ check_finish(struct derive_check *c, int status)
 		/* The build ends for good first: the builder's answer may close
 		 * its connection, and then no waiter must take the build over. */
 		derive_build_fail(t, b, -ECANCELED, text);
-		t->hooks.fail(c->conn, c->seq, err < 0 ? err : -EIO, text);
+		t->hooks.fail(builder, c->seq, err < 0 ? err : -EIO, text);
 		check_free(c);
 		return;
 	}
 	seq = c->seq;
 	check_free(c);
 	log_info("model \"%s\": derived \"%s\" of generation %" PRIu64 " published by pid %d uid "
-		 "%u: %" PRIu64 " bytes (%s), built in %.1f s; %s", a->model_name, a->key,
-		a->source, (int)a->builder_pid, (unsigned)a->builder_uid, a->gen->bytes,
+		 "%u%s: %" PRIu64 " bytes (%s), built in %.1f s; %s", a->model_name, a->key,
+		a->source, (int)a->builder_pid, (unsigned)a->builder_uid,
+		builder == NULL ? " (which has disconnected)" : "", a->gen->bytes,
 		source_format_name(a->gen->source.format), a->build_seconds,
 		b->waiters != NULL ? "answering its waiters" : "nobody waited");
 	derive_unlink_build(t, b);
@@ -272,7 +307,8 @@ check_finish(struct derive_check *c, int status)
 	 * nobody else holds it; the budget then counts it as it is. */
 	g = a->gen;
 	gen_ref(t->r, g);
-	t->hooks.published(b->builder, seq, a);
+	if (builder != NULL)
+		t->hooks.published(builder, seq, a);
 	for (; w != NULL; w = next) {
 		next = w->next;
 		t->hooks.ready(w->conn, w->seq, a);
@@ -379,7 +415,6 @@ derive_publish(struct derive_table *t, void *conn, uid_t owner, uint32_t seq, ui
 	}
 	c->t = t;
 	c->build = b;
-	c->conn = conn;
 	c->seq = seq;
 	c->owner = owner;
 	c->budget = t->r->memory_budget;

@@ -314,7 +314,60 @@ def test_publish_twice_another_token_or_another_connections_build(derived):
     assert {x["key"] for x in model_entry(d, "small")["derived"]} == {"f32-v1", "int8-v1"}
 
 
-def test_a_builder_that_exits_half_way_hands_the_build_to_the_next_waiter(derived):
+def hang_up(peer, how):
+    """Ends peer's side: "close" closes it, "shut_wr" shuts it for writing."""
+    if how == "close":
+        peer.close()
+    else:
+        peer.s.shutdown(socket.SHUT_WR)
+
+
+def publish_and_hang_up(d, peer, token, data, how):
+    """peer sends PUBLISH of data and at once hangs up (hang_up), while
+    wcached's event loop is stopped: it finds both in one wakeup, the
+    PUBLISH read first and the hang-up right after it, as it does for a
+    builder that publishes and exits."""
+    from test_attack_server import stopped
+    fd = memfd_with(data)
+    with stopped(d):
+        peer.publish(token, fd)
+        os.close(fd)
+        hang_up(peer, how)
+
+
+@pytest.mark.parametrize("how", ["close", "shut_wr"])
+def test_a_builder_that_publishes_and_hangs_up_at_once_has_published(derived, how):
+    # A builder that publishes and exits is the usual one. Its PUBLISH and its
+    # hang-up, read together, cancelled the check: the waiter was handed the
+    # build to do again (BUILD), and the log said the builder "disconnected
+    # before publishing". The check now goes on without the connection.
+    d = derived()
+    ready(d, "small")
+    a, b, c = Peer(d), Peer(d), Peer(d)
+    r = build(a)
+    b.derive("small", "f32-v1")
+    waiting(d, 1)
+    publish_and_hang_up(d, a, r["token"], ARTIFACT, how)
+    assert take_artifact(b.reply()) == ARTIFACT
+    c.derive("small", "f32-v1", wait_ms=0)
+    assert take_artifact(c.reply()) == ARTIFACT
+    d.wait_for_log(r"builder \(pid \d+ uid \d+\) disconnected after publishing; its "
+                   r"publication is still checked")
+    d.wait_for_log(r'derived "f32-v1" of generation 1 published by pid \d+ uid \d+ '
+                   r"\(which has disconnected\)")
+    assert "disconnected before publishing" not in d.read_log()
+    st = status(d)["derive"]
+    assert st["published"] == 1 and st["builders_lost"] == 0 and st["builds"] == 1, st
+    (art,) = model_entry(d, "small")["derived"]
+    assert art["state"] == "ready" and art["attached"] == 2 and art["builder_pid"] == os.getpid()
+
+
+@pytest.mark.parametrize("how", ["before", "refused"])
+def test_a_builder_that_exits_half_way_hands_the_build_to_the_next_waiter(derived, how):
+    # The builder dies before it publishes; or it publishes what is refused
+    # and hangs up at once: refused once its builder has gone, nobody is left
+    # to mend it, and the build goes on in the same way, with the true reason
+    # in the log.
     d = derived()
     ready(d, "small")
     a, b, c = Peer(d), Peer(d), Peer(d)
@@ -323,7 +376,10 @@ def test_a_builder_that_exits_half_way_hands_the_build_to_the_next_waiter(derive
     waiting(d, 1)
     c.derive("small", "f32-v1")
     waiting(d, 2)
-    a.close()  # the builder dies
+    if how == "before":
+        a.close()  # the builder dies
+    else:
+        publish_and_hang_up(d, a, first["token"], b"", "close")
     r = closing(b.reply())
     assert r["type"] == BUILD and r["token"] != first["token"]
     fd = memfd_with(ARTIFACT)
@@ -332,7 +388,12 @@ def test_a_builder_that_exits_half_way_hands_the_build_to_the_next_waiter(derive
     assert take_artifact(b.reply()) == ARTIFACT
     assert take_artifact(c.reply()) == ARTIFACT
     assert status(d)["derive"]["builders_lost"] == 1
-    d.wait_for_log(r"builder \(pid \d+ uid \d+\) disconnected before publishing")
+    if how == "before":
+        d.wait_for_log(r"builder \(pid \d+ uid \d+\) disconnected before publishing")
+    else:
+        d.wait_for_log(r"builder \(pid \d+ uid \d+\) disconnected after publishing, and its "
+                       r"publication was refused: the memfd is empty")
+        assert "disconnected before publishing" not in d.read_log()
 
 
 def test_a_builder_that_never_publishes_loses_the_build_at_derive_timeout(derived):
@@ -531,6 +592,27 @@ def test_when_no_waiter_may_build_they_are_told_why(derived):
     assert "no waiting worker may build" in text
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another user")
+def test_a_refused_publication_whose_builder_hung_up_tells_waiters_why(derived):
+    # The same, when no waiter may build: every waiter gets EHOSTDOWN, and
+    # the text says what became of the publication (not "before publishing").
+    d = derived({"derive_groups": "64200"})
+    ready(d, "small")
+    a = Peer(d)
+    r = build(a)
+    let_in(d)
+    proc = subprocess.Popen(
+        __import__("wcached").as_user(64301, 64301) + [sys.executable, "-c", CLIENT, d.socket],
+        stdout=subprocess.PIPE, text=True)
+    waiting(d, 1)
+    publish_and_hang_up(d, a, r["token"], b"", "close")
+    out, _ = proc.communicate(timeout=60)
+    mtype, code, text = out.split(" ", 2)
+    assert (int(mtype), int(code)) == (ERROR, ERRNO["EHOSTDOWN"]), out
+    assert "disconnected after publishing, and its publication was refused: the memfd is " \
+        "empty, and no waiting worker may build" in text, text
+
+
 def test_a_swap_builds_anew_and_the_old_artifact_lives_while_held(derived, tmp_path):
     d = derived()
     ready(d, "small")
@@ -694,17 +776,24 @@ def test_a_dropped_artifact_closes_in_its_builders_lane(derived, tmp_path):
 
 
 def test_a_check_its_builder_left_closes_in_the_builders_lane(derived):
-    # A builder publishes and hangs up before the check ends: what the check
-    # opened (the memfd wcached reopened, the reopen workers would get, the
-    # index it compiled) closes in the builder's lane when it ends, as the
-    # memfd it passed does; on the loop, nothing waited. The check has begun
-    # once that memfd waits in the lane, and the rest of the check of 600,000
-    # tensors (0.2 s and more) outlasts the hang-up's handling. (Stopping
-    # wcached meanwhile would end the linger: a signal ends a close's wait.)
+    # A builder publishes and hangs up before the check ends; the check goes
+    # on without it, and its publication is refused (the model was unloaded
+    # first): what the check opened (the memfd wcached reopened, the reopen
+    # workers would get, the index it compiled) closes in the builder's lane
+    # when it ends, as the memfd it passed does; on the loop, nothing waited.
+    # The check has begun once that memfd waits in the lane, and the rest of
+    # the check of 600,000 tensors (0.2 s and more) outlasts the hang-up's
+    # handling. (Stopping wcached meanwhile would end the linger: a signal
+    # ends a close's wait.)
     d = derived()
     ready(d, "small")
     builder = Peer(d)
     token = build(builder, key="many")["token"]
+    assert ctl(d, "unload", "small").returncode == 0
+    # Read, the unload's CHANGED is not left on the builder's socket, which
+    # would reset wcached's end: a reset socket closes in the lane too.
+    data = builder.s.recv(8192)
+    assert HEADER.unpack_from(data)[2] == CHANGED, data
     fd = memfd_with(many_tensors(600000))
     with builders_lane_held(d):
         builder.publish(token, fd)
@@ -714,7 +803,8 @@ def test_a_check_its_builder_left_closes_in_the_builders_lane(derived):
         builder.close()
         closing_reaches(d, 5, "the passed memfd and the check's three descriptors to wait "
                         "behind the linger", timeout=20)
-    assert model_entry(d, "small")["derived"] == []
+    d.wait_for_log(r"the publication by pid \d+ \(which has disconnected\) was refused: the "
+                   r"model is no longer served")
 
 
 def test_a_build_racing_a_swap_publishes_for_its_own_generation(derived, tmp_path):
@@ -749,6 +839,27 @@ def many_tensors(n):
     """A safetensors artifact of n one-byte tensors: a header of about
     70 * n bytes for the daemon to read and compile."""
     return st_bytes({f"t.{i}": ("I8", [1], b"\x01") for i in range(n)}, {"key": "many"})
+
+
+def test_wcached_stops_cleanly_with_checks_whose_builders_left(derived):
+    # Two publications of one user, their builders gone at once: one is
+    # checked on the work queue, the other waits its turn. Stopping then
+    # drops both, with what they hold (under ASan: no leak, no report).
+    d = derived()
+    ready(d, "small")
+    big = many_tensors(200000)
+    peers = [Peer(d) for _ in range(2)]
+    tokens = [build(p, key=f"k{i}")["token"] for i, p in enumerate(peers)]
+    for p, token in zip(peers, tokens):
+        fd = memfd_with(big)
+        p.publish(token, fd)
+        os.close(fd)
+    d.wait_for_log(r'derived "k1": the check of its publication .* waits for ')
+    for p in peers:
+        p.close()
+    d.wait_for_log(r'derived "k1" of generation 1: the builder \(pid \d+ uid \d+\) '
+                   r"disconnected after publishing")
+    assert d.stop() == 0, d.read_log()
 
 
 def test_a_publication_with_a_huge_header_stalls_nobody(derived):
