@@ -19,7 +19,9 @@
  *
  * The replies to DERIVE and PUBLISH are made into models here too
  * (attach_reply_to()): an artifact's ATTACH_OK is a model of one file,
- * named "NAME [KEY]", and a BUILD is the source's ATTACH_OK with a token.
+ * named "NAME [KEY]", which keeps that file's descriptor (wc_model_fd():
+ * a memfd has no path to map it through again), and a BUILD is the
+ * source's ATTACH_OK with a token.
  *
  * Layering: model.c < attach_reply.c < attach.c. A model made here borrows
  * its index from the attach_index mapping; the attach_model that holds
@@ -219,10 +221,17 @@ file_name(const uint8_t *index, const struct index_header *h, uint32_t i)
 	return index_file_at(index, h, i, &name, &size) == 0 ? name : "(damaged file name)";
 }
 
-/* Builds a model from ATTACH_OK's descriptors: fds[0] is the index. */
+/*
+ * Builds a model from ATTACH_OK's descriptors: fds[0] is the index. With
+ * keep_fd (a derived artifact: one memfd, no path), the model takes the
+ * file's descriptor on success (fds[1] set to -1) for wc_model_fd(): the
+ * O_RDONLY descriptor of the memfd wcached sealed against writes, shrinking
+ * and growing, received close-on-exec (fdp_recv). A model file has a path
+ * to open instead, and keeps none.
+ */
 static int
-model_from_fds(const char *name, const struct wire_attach_ok *ok, const int *fds, size_t nfds,
-	struct attach_cache *cache, struct attach_model *out)
+model_from_fds(const char *name, const struct wire_attach_ok *ok, int *fds, size_t nfds,
+	int keep_fd, struct attach_cache *cache, struct attach_model *out)
 {
 	struct index_header h;
 	struct model_map *maps = NULL;
@@ -301,6 +310,10 @@ model_from_fds(const char *name, const struct wire_attach_ok *ok, const int *fds
 	if ((r = model_new(name, index, isize, MODEL_INDEX_BORROWED, maps, h.file_count,
 		     &out->model)) < 0)
 		goto fail;
+	if (keep_fd && h.file_count == 1) {
+		out->model->file_fd = fds[1];
+		fds[1] = -1;
+	}
 	out->index = xi;
 	if (fresh) {
 		/* The new generation's index is the one to keep. */
@@ -375,7 +388,8 @@ attach_reply_grant(enum attach_request req, const char *name, const char *key,
 		return error_set(-EBADMSG, "%s: %s sent an artifact of %u files, not 1", what,
 			where, ok.file_count);
 	}
-	r = model_from_fds(is_build ? name : model, &ok, fds, nfds, cache, &a);
+	r = model_from_fds(is_build ? name : model, &ok, fds, nfds,
+		!is_build && req != ATTACH_REQUEST_ATTACH, cache, &a);
 	close_received(fds, nfds);
 	if (r < 0 || a.model == NULL) {
 		r = r < 0 ? r : -EIO;

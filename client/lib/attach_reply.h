@@ -116,7 +116,9 @@ struct attach_grant {
  * (only to DERIVE): *out is the source generation (named name) and *token
  * the build's token; or a negative errno as attach_reply(). Any other
  * reply, and an artifact of more than one file, is malformed (-EBADMSG,
- * *unusable set). Closes every descriptor, on every path.
+ * *unusable set). Closes every descriptor, on every path, but the one an
+ * artifact's model takes when it is made (its file's, for wc_model_fd();
+ * model_free() closes it).
  */
 int attach_reply_to(enum attach_request req, const char *name, const char *key, const char *where,
 	const uint8_t *buf, size_t len, int *fds, size_t nfds, struct attach_cache *cache,

@@ -65,6 +65,7 @@ model_new(const char *what, const uint8_t *index, size_t index_len,
 	m->index_owner = owner;
 	m->header = h;
 	m->maps = maps;
+	m->file_fd = -1;
 	*out = m;
 	return 0;
 }
@@ -127,6 +128,8 @@ model_free(wc_model *m)
 	if (m == NULL)
 		return;
 	unmap_all(m);
+	if (m->file_fd >= 0)
+		close(m->file_fd); /* Linux: the descriptor is gone even on EINTR */
 	if (m->index_owner == MODEL_INDEX_OWNED)
 		free((void *)m->index);
 	free(m->maps);
@@ -360,6 +363,23 @@ uint64_t
 wc_model_generation(const wc_model *m)
 {
 	return m == NULL ? 0 : m->generation;
+}
+
+/* The descriptor is the model's own (model.h, file_fd): lent, never
+ * given; every model but a derived artifact keeps none, so an ordinary
+ * model costs no descriptor while it is mapped. */
+int
+wc_model_fd(const wc_model *m, size_t file)
+{
+	if (m == NULL)
+		return error_set(-EINVAL, "wc_model_fd: no model");
+	if (file >= m->header.file_count)
+		return error_set(-ERANGE, "%s: file %zu of %llu", m->name, file,
+			(unsigned long long)m->header.file_count);
+	if (file != 0 || m->file_fd < 0)
+		return error_set(-ENOENT, "%s: file %zu: no descriptor kept (only a derived "
+			"artifact's is; open the file by its path)", m->name, file);
+	return m->file_fd;
 }
 
 int

@@ -2,7 +2,8 @@
  * model.h: what a wc_model is inside the library.
  *
  * A model is an index and one read-only mapping per file. It owns the
- * mappings, and the index when wc_open_file() compiled it. It knows nothing
+ * mappings, the index when wc_open_file() compiled it, and a derived
+ * artifact's memfd descriptor (wc_model_fd()). It knows nothing
  * of clients, connections or the daemon: a model attached through wcached
  * (attach.c) carries a release hook, which wc_release() calls instead of
  * model_free(), and which tells the daemon and drops what the model shared
@@ -53,19 +54,25 @@ struct wc_model {
 				       * outlives the model (the hook drops it) */
 	model_release_fn release;
 	void *release_ctx;
+	/* A descriptor of file 0 kept for wc_model_fd(), or -1: a derived
+	 * artifact's memfd, which has no path another mapping could be made
+	 * through (attach_reply.c keeps the O_RDONLY, close-on-exec descriptor
+	 * wcached sent). The model owns it: model_free() closes it. */
+	int file_fd;
 };
 
 /*
  * Makes a model of an index and its file mappings, taking ownership of
  * the mappings, and of the index when owner is MODEL_INDEX_OWNED, on
  * success only. maps has one entry per file of the index, in order, each as
- * large as the index says. what names the model in messages.
+ * large as the index says. what names the model in messages. The model
+ * keeps no descriptor (file_fd -1) until its maker gives it one.
  */
 int model_new(const char *what, const uint8_t *index, size_t index_len,
 	enum model_index_owner owner, struct model_map *maps, size_t nmaps, wc_model **out);
 
-/* Unmaps the files and frees what model_new() took; calls no release hook.
- * NULL is fine. */
+/* Unmaps the files, closes file_fd and frees what model_new() took; calls
+ * no release hook. NULL is fine. */
 void model_free(wc_model *m);
 
 struct model_source;

@@ -116,6 +116,25 @@ WC_EXPORT int wc_model_stale(const wc_model *m);
  * -ENOTSUP when the files are mapped shared. */
 WC_EXPORT int wc_model_cow(wc_model *m);
 
+/*
+ * A descriptor of file `file` of the model, for mapping it again (a
+ * MAP_SHARED, PROT_READ view that a GPU driver may pin without the kernel
+ * copying the pages of a private mapping): the derived artifact's memfd,
+ * which has no path to open. Kept only by an artifact (from wc_derive(),
+ * wc_build_publish*()): O_RDONLY, close-on-exec, of the memfd wcached
+ * sealed against writes, shrinking and growing. Any other model keeps
+ * none (-ENOENT): open its files by their paths. -ERANGE when file is out
+ * of range, -EINVAL for no model.
+ *
+ * Borrowed: valid until wc_release(m), which closes it; do not close it
+ * (dup it to keep it longer). A child of fork() inherits it with the model,
+ * and the child's wc_release() closes the child's copy only. A process
+ * that closes descriptors it did not open (closefrom(), close_range())
+ * must not release an artifact it held then: its wc_release() would close
+ * whatever descriptor has that number by then.
+ */
+WC_EXPORT int wc_model_fd(const wc_model *m, size_t file);
+
 /* Message for the last failure in the calling thread ("" if none). */
 WC_EXPORT const char *wc_errmsg(void);
 

@@ -83,6 +83,10 @@ test_good_reply(void **state)
 	/* Read-only; the index shared, the files private (wc_model_cow()). */
 	assert_map_perms("memfd:wctest-index", "r--s");
 	assert_map_perms(f->file_path[1], "r--p");
+	/* A model's files have paths: it keeps no descriptor of them. */
+	assert_int_equal(wc_model_fd(f->model, 0), -ENOENT);
+	assert_int_equal(wc_model_fd(f->model, 1), -ENOENT);
+	assert_int_equal(wc_model_fd(f->model, 2), -ERANGE);
 
 	/* A second attach on the same connection is a second model, which
 	 * shares the client's one mapping of the status page and, the same

@@ -25,6 +25,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1120,6 +1121,139 @@ test_no_hold_for_artifacts(void **state)
 	assert_int_equal(f->fake.releases, 1);
 }
 
+/* ---- the artifact's descriptor (wc_model_fd) ---- */
+
+/* Asserts that fd is an open descriptor of the file the fake sent as the
+ * artifact (daemon_fd), read-only and close-on-exec. */
+static void
+assert_artifact_fd(int fd, int daemon_fd)
+{
+	struct stat got, want;
+	int flags;
+
+	assert_true(fd >= 0);
+	assert_int_equal(fstat(fd, &got), 0);
+	assert_int_equal(fstat(daemon_fd, &want), 0);
+	assert_true(got.st_dev == want.st_dev && got.st_ino == want.st_ino);
+	assert_true((flags = fcntl(fd, F_GETFL)) != -1);
+	assert_int_equal(flags & O_ACCMODE, O_RDONLY);
+	assert_true((flags = fcntl(fd, F_GETFD)) != -1);
+	assert_true(flags & FD_CLOEXEC);
+}
+
+/* An artifact keeps its file's descriptor while it lives, one descriptor,
+ * lent to the caller, closed by wc_release(); past its one file -ERANGE. */
+static void
+test_artifact_fd(void **state)
+{
+	struct fixture *f = *state;
+	int before = tu_count_fds(), held, fd;
+	wc_build *b = NULL;
+
+	start(f, 5000);
+	assert_int_equal(wc_model_fd(NULL, 0), -EINVAL);
+	assert_int_equal(wc_derive(f->client, MODEL, KEY, &f->model, &b), 0);
+	fd = wc_model_fd(f->model, 0);
+	assert_artifact_fd(fd, f->artifact_fd);
+	/* The same descriptor each time, not a new one per call. */
+	held = tu_count_fds();
+	assert_int_equal(wc_model_fd(f->model, 0), fd);
+	assert_int_equal(tu_count_fds(), held);
+	assert_error(wc_model_fd(f->model, 1), -ERANGE, "file 1 of 1");
+	/* The model's descriptor is the only one it holds (beside the
+	 * client's connection, which stays). */
+	wc_release(f->model);
+	f->model = NULL;
+	assert_int_equal(tu_count_fds(), held - 1);
+	assert_int_equal(fcntl(fd, F_GETFD), -1);
+	assert_int_equal(errno, EBADF);
+	finish(f, before);
+	assert_int_equal(f->fake.releases, 1);
+}
+
+/* What a builder publishes is an artifact too, and keeps its descriptor;
+ * the source it built from is a model of files with paths, and keeps none
+ * (an ordinary model costs no descriptor), nor does a model of
+ * wc_open_file(). */
+static void
+test_only_artifacts_keep_a_fd(void **state)
+{
+	struct fixture *f = *state;
+	int before = tu_count_fds(), connected, fd;
+	static const uint64_t shape_w[] = { 4, 8 };
+	float w[32] = { 0 };
+	wc_tensor t = { "w", "F32", 2, shape_w, w, sizeof(w) };
+	wc_model *file = NULL, *got = NULL;
+	wc_build *b = NULL;
+	char *path;
+
+	script_derive(f, REPLY_BUILD);
+	start(f, 5000);
+	assert_int_equal(wc_derive(f->client, MODEL, KEY, &got, &b), 1);
+	/* The client's socket and the fake's end of it: the source's file
+	 * descriptor was closed once mapped. */
+	connected = before + 2;
+	assert_int_equal(tu_count_fds(), connected);
+	assert_error(wc_model_fd(wc_build_source(b), 0), -ENOENT, "no descriptor kept");
+	assert_int_equal(wc_build_publish(b, &t, 1, NULL, 0, &f->model), 0);
+	fd = wc_model_fd(f->model, 0);
+	assert_artifact_fd(fd, f->artifact_fd);
+	assert_int_equal(tu_count_fds(), connected + 1);
+	wc_release(f->model);
+	f->model = NULL;
+	assert_int_equal(tu_count_fds(), connected);
+
+	path = tu_write(f->dir, "plain.safetensors", f->fake.published, f->fake.published_len);
+	assert_int_equal(wc_open_file(path, &file), 0);
+	assert_int_equal(tu_count_fds(), connected);
+	assert_error(wc_model_fd(file, 0), -ENOENT, "no descriptor kept");
+	wc_release(file);
+	free(path);
+	finish(f, before);
+}
+
+/* A child of fork() inherits the descriptor with the artifact; its
+ * wc_release() closes the child's copy, not the parent's. */
+static void
+test_artifact_fd_in_forked_child(void **state)
+{
+	struct fixture *f = *state;
+	int before = tu_count_fds(), fd, status;
+	wc_build *b = NULL;
+	pid_t pid;
+
+	start(f, 5000);
+	assert_int_equal(wc_derive(f->client, MODEL, KEY, &f->model, &b), 0);
+	fd = wc_model_fd(f->model, 0);
+	assert_true(fd >= 0);
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		int code = 0;
+
+		alarm(10);
+		if (wc_model_fd(f->model, 0) != fd)
+			code = 1;
+		else if (fcntl(fd, F_GETFD) == -1)
+			code = 2;
+		wc_release(f->model);
+		if (code == 0 && (fcntl(fd, F_GETFD) != -1 || errno != EBADF))
+			code = 3;
+		_exit(code);
+	}
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFEXITED(status));
+	assert_int_equal(WEXITSTATUS(status), 0);
+	assert_artifact_fd(wc_model_fd(f->model, 0), f->artifact_fd);
+	check_w(f->model, "F32", ARTIFACT_SIZE, 5, 2);
+	wc_release(f->model);
+	f->model = NULL;
+	assert_int_equal(fcntl(fd, F_GETFD), -1);
+	finish(f, before);
+	/* Only the parent told the daemon. */
+	assert_int_equal(f->fake.releases, 1);
+}
+
 int
 main(void)
 {
@@ -1152,6 +1286,9 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_no_hold_for_artifacts, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_child_after_fork_with_the_lock_held, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(test_artifact_fd, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_only_artifacts_keep_a_fd, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_artifact_fd_in_forked_child, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
