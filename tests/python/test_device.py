@@ -4,6 +4,7 @@ staging path, fallback decisions, error paths, and the hooks in safe_open,
 load_file and derived. Byte-exact against the file's own bytes. Host
 registration of CPU handles (wcache/_hostreg.py) is tested in
 test_hostreg.py; the cpu_device fixture is in conftest.py."""
+import ctypes
 import errno
 import logging
 import os
@@ -330,6 +331,74 @@ def test_a_renamed_over_file_is_viewed_through_map_files(odd_model, tmp_path):
     assert _device.last_load[0].path == "register"
     assert seen and all(m == ("r--s", f"{os.path.realpath(path)} (deleted)") for m in seen), seen
     assert backend.registered == {}
+
+
+def _fd_count():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _fd_targets():
+    """[(descriptor, what it is)] of this process (/proc/self/fd)."""
+    out = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            out.append((int(name), os.readlink(f"/proc/self/fd/{name}")))
+        except FileNotFoundError:  # listdir's own, closed since
+            pass
+    return out
+
+
+def test_a_memfd_is_viewed_through_the_models_descriptor(no_map_files):
+    """A memfd mapped privately ("/memfd:wcache-artifact (deleted)", as a
+    derived artifact is) has no path, and map_files is refused: its view is
+    mapped through a duplicate of the descriptor the model lends of it, the
+    one whose fstat names the inode maps names (not another memfd's). The
+    duplicate is the view's own (the model may close its descriptor), and
+    goes with close(). Where the model lends none of that inode, the reason
+    says so."""
+    from wcache._sharedview import _PROT_READ, MappingFiles, Unavailable, _libc
+    page = _device.PAGE
+    data = _bytes(3 * page, 12)
+    fd = os.memfd_create("wcache-artifact", os.MFD_CLOEXEC)
+    other = os.memfd_create("wcache-artifact", os.MFD_CLOEXEC)
+    os.write(fd, data)
+    os.write(other, bytes(3 * page))
+    addr = _libc.mmap(None, 3 * page, _PROT_READ, 0x02, fd, 0)  # MAP_PRIVATE
+    assert addr not in (None, ctypes.c_void_p(-1).value)
+    try:
+        assert mapping_at(addr) == ("r--p", "/memfd:wcache-artifact (deleted)")
+        before = _fd_count()
+        files = MappingFiles(addr, addr + 3 * page, lambda: [other, fd])
+        view = files.view(addr + page, addr + 3 * page)
+        assert mapping_at(view.addr) == ("r--s", "/memfd:wcache-artifact (deleted)")
+        assert ctypes.string_at(view.addr, 2 * page) == data[page:]
+        (opened,) = files.files.values()
+        assert opened.kept and opened.fd not in (fd, other)
+        assert _fd_count() == before + 1
+        os.close(fd)  # the model's own goes: the view's duplicate stays
+        fd = None
+        again = files.view(addr, addr + page)
+        assert ctypes.string_at(again.addr, page) == data[:page]
+        for v in (view, again):
+            v.close()
+        files.close()
+        assert _fd_count() == before - 1
+        for lends, why in (([other], "none of the model's descriptors is this file"),
+                           ([], "the model keeps none"),
+                           (None, "this libwcache has no wc_model_fd")):
+            files = MappingFiles(addr, addr + 3 * page, lambda: lends)
+            with pytest.raises(Unavailable) as e:
+                files.view(addr, addr + page)
+            assert str(e.value) == "/memfd:wcache-artifact (deleted): a memfd (a derived " \
+                f"artifact is one), which has no path to open, libwcache keeps no " \
+                f"descriptor of it ({why}), and opening it through /proc/self/map_files " \
+                f"needs CAP_CHECKPOINT_RESTORE or CAP_SYS_ADMIN"
+            files.close()
+    finally:
+        _libc.munmap(addr, 3 * page)
+        for d in (fd, other):
+            if d is not None:
+                os.close(d)
 
 
 def test_shared_view_of_memory_that_is_no_file_is_unavailable():
@@ -843,18 +912,50 @@ def test_derived_on_device_registers_a_shared_view_of_the_memfd(tmp_path, pinnin
     assert pinning_device[-1].registered == {}
 
 
-def test_derived_on_device_without_map_files_stages_naming_the_memfd(tmp_path, pinning_device,
-                                                                     no_map_files, monkeypatch,
-                                                                     caplog):
-    """Where /proc/self/map_files is refused (most workers), the derived
-    call stages, and its reason names the memfd and what it lacks, not a
-    rename (before: "the mapped file was deleted or renamed over")."""
+def test_derived_on_device_without_map_files_registers_through_the_kept_descriptor(
+        tmp_path, pinning_device, no_map_files, monkeypatch):
+    """Where /proc/self/map_files is refused (most workers: it needs
+    CAP_CHECKPOINT_RESTORE or CAP_SYS_ADMIN), the derived call still takes
+    the registered path: the view of the artifact's memfd is mapped through
+    the descriptor libwcache keeps of it (wc_model_fd). Before, it staged
+    ("... which has no path to open, and opening it through
+    /proc/self/map_files needs ..."). Nothing of it stays open afterwards:
+    not the view's duplicate, nor (the artifact released) libwcache's."""
+    opened = []
+    real_init = _sharedview.MappedFile.__init__
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        opened.append((self.name, self.kept))
+    monkeypatch.setattr(_sharedview.MappedFile, "__init__", init)
+    seen = _derive_through_wcached(tmp_path, monkeypatch)
+    engine = _device.last_load[0]
+    assert engine.path == "register", engine.why
+    assert seen and all(m == ("r--s", "/memfd:wcache-artifact (deleted)") for m in seen), seen
+    assert opened == [("/memfd:wcache-artifact (deleted)", True)], opened
+    assert pinning_device[-1].registered == {}
+    import gc
+    gc.collect()
+    assert [n for n, target in _fd_targets() if target.startswith("/memfd:wcache-artifact")] \
+        == []
+
+
+def test_derived_on_device_with_an_older_libwcache_and_no_map_files_stages_naming_the_memfd(
+        tmp_path, pinning_device, no_map_files, monkeypatch, caplog):
+    """Under a libwcache that keeps no descriptor of an artifact (no
+    wc_model_fd) and without /proc/self/map_files, the derived call
+    stages, and its reason names the memfd and what it lacks, not a rename
+    (before f6613dd: "the mapped file was deleted or renamed over")."""
+    real_has = wcache._lib.has
+    monkeypatch.setattr(wcache._lib, "has", lambda name: name != "wc_model_fd" and
+                        real_has(name))
     with caplog.at_level(logging.INFO, logger="wcache"):
         seen = _derive_through_wcached(tmp_path, monkeypatch)
     engine = _device.last_load[0]
     assert engine.path == "staging" and seen == [], (engine.path, seen)
     assert "/memfd:wcache-artifact (deleted): a memfd (a derived artifact is one), which has " \
-        "no path to open, and opening it through /proc/self/map_files needs " \
+        "no path to open, libwcache keeps no descriptor of it (this libwcache has no " \
+        "wc_model_fd), and opening it through /proc/self/map_files needs " \
         "CAP_CHECKPOINT_RESTORE or CAP_SYS_ADMIN" in engine.why, engine.why
     assert "renamed" not in engine.why
 

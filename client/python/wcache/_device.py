@@ -33,11 +33,15 @@ asked for) like this:
    checked once per model mapping (_sharedview.MappingFiles, one per model
    handle, kept until the handle goes), not once per range or per load: a
    loop of get_tensor(name) on a device, one load per tensor, reads maps
-   once (each read parses every line: milliseconds).
+   once (each read parses every line: milliseconds). A derived artifact is
+   a memfd with no path: its view is mapped through the descriptor
+   libwcache keeps of it (wc_model_fd, model_descriptors), so any worker
+   registers it.
 3. **Or stage**, when registration is refused (an older driver; a part that
    has no read-only registration) or no shared view can be made (the worker
-   may not open the model's path; it was renamed over, or is a derived
-   artifact's memfd, and the worker may not open /proc/self/map_files):
+   may not open the model's path; it was renamed over, and the worker may
+   not open /proc/self/map_files; a derived artifact's memfd under a
+   libwcache that keeps no descriptor of it, without map_files either):
    two pinned buffers of ``STAGING_BYTES`` and two streams. Chunk k is
    copied (by a few threads, memcpy releases the GIL) from the mapping
    into buffer k % 2 once that
@@ -66,6 +70,7 @@ Host registration of handles on the CPU (``WCACHE_HOST_REGISTER=1``) is in _host
 import collections
 import contextlib
 import ctypes
+import errno
 import logging
 import mmap
 import os
@@ -74,6 +79,7 @@ import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from . import _lib
 from ._lib import env_choice
 from ._sharedview import MappingFiles, Unavailable
 
@@ -852,15 +858,47 @@ def _itemsize(torch, dtype, cache={}):
     return size
 
 
+def model_descriptors(handle):
+    """A callable for MappingFiles: the descriptors the model of handle (a
+    _Handle) lends of its files (wc_model_fd: a derived artifact's memfd;
+    a model of files with paths keeps none), [] once the handle has gone,
+    or None where libwcache has no wc_model_fd. Borrowed: valid while the
+    handle lives, so whoever keeps one dups it (MappedFile does) while
+    holding the handle (to_device does, for its copies). Holds the handle
+    weakly: MappingFiles lives as long as the handle, in a table keyed by
+    it."""
+    ref = weakref.ref(handle)
+
+    def descriptors():
+        h = ref()
+        if h is None or not h.ptr:
+            return []
+        if not _lib.has("wc_model_fd"):
+            return None
+        fd_of = _lib.lib().wc_model_fd
+        fds = []
+        file = 0
+        while True:
+            fd = fd_of(h.ptr, file)
+            if fd >= 0:
+                fds.append(fd)
+            elif fd != -errno.ENOENT:  # -ERANGE: past the last file
+                return fds
+            file += 1
+    return descriptors
+
+
 def mapping_files(handle, span):
     """The MappingFiles of the mapping behind handle (a model's _Handle),
     span (lo, hi) the addresses of its tensor data: made at the first copy
-    from it, kept until the handle goes, then its descriptors closed."""
+    from it, kept until the handle goes, then its descriptors closed. A
+    file with no path (a derived artifact's memfd) is mapped through the
+    model's own descriptor of it (model_descriptors)."""
     with _register_lock:
         files = _mapping_files.get(handle)
         if files is None:
             lo, hi = span if span is not None else (None, None)
-            files = _mapping_files[handle] = MappingFiles(lo, hi)
+            files = _mapping_files[handle] = MappingFiles(lo, hi, model_descriptors(handle))
             weakref.finalize(handle, files.close).atexit = False
     return files
 

@@ -157,6 +157,9 @@ _OPTIONAL = {
     "wc_set_timeout": (ctypes.c_int, [_P, ctypes.c_int]),
     # Every tensor record in one call (wcache/_table.py).
     "wc_model_tensors": (ctypes.c_int, [_P, ctypes.c_size_t, _T, ctypes.c_size_t]),
+    # A derived artifact's memfd descriptor, lent (wcache/_device.py maps
+    # its shared view through it: a memfd has no path to open).
+    "wc_model_fd": (ctypes.c_int, [_P, ctypes.c_size_t]),
     # Derived artifacts (wcache/_derived.py).
     "wc_derive": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_char_p, _PP, _PP]),
     "wc_build_source": (_P, [_P]),

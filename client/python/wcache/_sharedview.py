@@ -26,13 +26,19 @@ subvolume's in stat. Where fstat disagrees, the new mapping's own line in
 the same (device, inode) there is the same file. A mapping whose file has
 no path any more (maps says " (deleted)": a file renamed over or removed,
 or a memfd, which is what a derived artifact is: "/memfd:wcache-artifact
-(deleted)") is opened through /proc/self/map_files instead, which opens the
-mapped inode itself; Linux lets only a process with CAP_CHECKPOINT_RESTORE
-or CAP_SYS_ADMIN do that. Where no view can be made (the worker may not
-open the path: a file only the daemon can read; it was renamed over, or is
-a memfd, without those capabilities; the range is not one file's),
-:class:`Unavailable` says why, and the engine stages through pinned buffers
-instead, which keeps the page cache shared too.
+(deleted)") is mapped through a descriptor the model keeps of it where it
+keeps one: libwcache keeps a derived artifact's (wc_model_fd(): the
+read-only descriptor of the sealed memfd wcached sent), which any worker
+may use; the engine maps a duplicate of it, checked by fstat to be the
+(device, inode) maps names. Otherwise it is opened through
+/proc/self/map_files, which opens the mapped inode itself; Linux lets only
+a process with CAP_CHECKPOINT_RESTORE or CAP_SYS_ADMIN do that. Where no
+view can be made (the worker may not open the path: a file only the daemon
+can read; it was renamed over without those capabilities, or is a memfd
+the model keeps no descriptor of (a libwcache without wc_model_fd); the
+range is not one file's), :class:`Unavailable` says why, and the engine
+stages through pinned buffers instead, which keeps the page cache shared
+too.
 
 The engine keeps one :class:`MappingFiles` per model mapping (_device.py),
 so a model loaded tensor by tensor (safe_open's get_tensor on a device)
@@ -148,12 +154,15 @@ def mapped_identity(addr):
     return entries[i][3], entries[i][4]
 
 
-def _deleted_reason(name, path, error):
+def _deleted_reason(name, path, error, kept):
     """Why no view can be made of a mapping whose file has no path (maps
     names it "PATH (deleted)"), /proc/self/map_files having refused with
-    error (an OSError)."""
+    error (an OSError); kept is None, or why the model kept no descriptor
+    of it."""
     if path.startswith(b"/memfd:"):
         what = f"{name}: a memfd (a derived artifact is one), which has no path to open"
+        if kept is not None:
+            what += f", libwcache keeps no descriptor of it ({kept})"
     else:
         what = f"{name}: the mapped file was deleted or renamed over"
     if error.errno == errno.EPERM:
@@ -168,9 +177,12 @@ class MappedFile:
     """The file a /proc/self/maps entry names (path, dev as (major, minor),
     inode), opened read-only through its path, to be mapped again by map().
     Where the entry says the file has no path (" (deleted)": renamed over,
-    removed, a memfd) and at, the entry's (start, end), is given, the
-    mapped inode is opened through /proc/self/map_files/START-END instead.
-    Unavailable where neither can be opened.
+    removed, a memfd), it is a duplicate of the model's own descriptor of
+    that inode where descriptors (a callable: the descriptors the model
+    lends, see _device.model_descriptors) gives one whose fstat names the
+    entry's (dev, inode), else, where at, the entry's (start, end), is
+    given, the mapped inode opened through /proc/self/map_files/START-END.
+    Unavailable where none of them can be had.
 
     Whether it is that file is checked once: by fstat at the first map(), or
     where fstat names it by another device or inode (overlayfs before Linux
@@ -180,25 +192,55 @@ class MappedFile:
     maps many ranges of one file reads maps once, not once per range.
     close() closes the descriptor (idempotent); mappings made stay."""
 
-    def __init__(self, path, dev, ino, at=None):
+    def __init__(self, path, dev, ino, at=None, descriptors=None):
         self.name = os.fsdecode(path)
         self.dev, self.ino = dev, ino
         self.fd = None
         self.wrong = None  # why the descriptor is not the mapped file, once seen
+        self.kept = False  # a duplicate of the model's own descriptor (tests)
         flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY
         if path.endswith(_DELETED):
+            kept = None
+            if descriptors is not None:
+                self.fd, kept = self._kept(descriptors)
+                if self.fd is not None:
+                    self.kept = True
+                    self.checked = None
+                    return
             if at is None:
                 raise Unavailable(f"{self.name}: the mapped file was deleted or renamed over")
             try:
                 self.fd = os.open(f"/proc/self/map_files/{at[0]:x}-{at[1]:x}", flags)
             except OSError as e:
-                raise Unavailable(_deleted_reason(self.name, path, e)) from None
+                raise Unavailable(_deleted_reason(self.name, path, e, kept)) from None
         else:
             try:
                 self.fd = os.open(path, flags)
             except OSError as e:
                 raise Unavailable(f"cannot open {self.name}: {e.strerror}") from None
         self.checked = None  # by the first fstat, else by a mapping's line in maps
+
+    def _kept(self, descriptors):
+        """(a duplicate of the descriptor descriptors() lends of this
+        entry's (dev, inode), or None; why there is none, or None). The
+        duplicate (close-on-exec) is this object's, so the model may close
+        its own whenever it goes."""
+        fds = descriptors()
+        if fds is None:
+            return None, "this libwcache has no wc_model_fd"
+        for fd in fds:
+            try:
+                st = os.fstat(fd)
+            except OSError:
+                continue
+            if (os.major(st.st_dev), os.minor(st.st_dev)) == self.dev and \
+                    st.st_ino == self.ino:
+                try:
+                    return os.dup(fd), None
+                except OSError as e:
+                    return None, f"dup: {e.strerror}"
+        return None, "none of the model's descriptors is this file" if fds else \
+            "the model keeps none"
 
     def map(self, span, prot, flags):
         """(addr, length) of a new mapping (mmap(2) with prot and flags) of
@@ -269,10 +311,13 @@ class MappingFiles:
     mapping itself: two mappings that maps names alike (btrfs subvolumes'
     files with one inode number, at one path through a bind mount) are
     each checked. One thread at a time (the engine's registration lock).
+    descriptors: where a line names a file with no path, what MappedFile
+    asks for the model's own descriptors (None: the model lends none).
     close() closes every descriptor (idempotent); views made stay."""
 
-    def __init__(self, lo=None, hi=None):
+    def __init__(self, lo=None, hi=None, descriptors=None):
         self.lo, self.hi = lo, hi
+        self.descriptors = descriptors
         self.entries = None
         self.files = {}
         self.reads = 0  # reads of /proc/self/maps (tests)
@@ -306,7 +351,8 @@ class MappingFiles:
         opened = self.files.get(entry)
         if opened is None:
             start, end, _offset, dev, ino, path, _shared = entry
-            opened = self.files[entry] = MappedFile(path, dev, ino, at=(start, end))
+            opened = self.files[entry] = MappedFile(path, dev, ino, at=(start, end),
+                                                    descriptors=self.descriptors)
         return opened
 
     def close(self):
