@@ -144,8 +144,17 @@ conn_flush(struct conn *c)
 	conn_unhold(c);
 	c->pending = 0;
 	if (n < 0) {
-		log_warnx("client pid %d uid %u: send: %s; closing the connection", (int)c->pid,
-			(unsigned)c->uid, strerror((int)-n));
+		char more[96];
+
+		/* The peer left before its reply (EPIPE, ECONNRESET): its own
+		 * doing, said at debug level; anything else at most once a
+		 * minute per uid, since a client can cause it at will. */
+		if (n == -EPIPE || n == -ECONNRESET)
+			log_debug("client pid %d uid %u: left before its reply (%s); closing the "
+				  "connection", (int)c->pid, (unsigned)c->uid, strerror((int)-n));
+		else if (server_may_warn(s, c->uid, more, sizeof(more)))
+			log_warnx("client pid %d uid %u: send: %s; closing the connection%s",
+				(int)c->pid, (unsigned)c->uid, strerror((int)-n), more);
 		conn_close(c);
 		return;
 	}
