@@ -222,30 +222,42 @@ def test_unknown_model_error(daemon):
     assert "not served" in e.value.reason and e.value.reason in e.value.__notes__
 
 
-def test_a_served_file_that_is_not_valid_is_a_safetensor_error(tmp_path, monkeypatch):
-    """A path wcached serves but could not load (not valid safetensors)
-    raises SafetensorError from safe_open, as upstream does for that file
-    and as wcache does when it maps the file itself, keeping the daemon's
-    errno (EIO) and message ("failed to load: ..."); before, a plain
-    WcacheError that `except SafetensorError` missed."""
+def test_a_served_file_that_failed_to_load_raises_as_upstream(tmp_path, monkeypatch, caplog):
+    """A path wcached serves but could not load raises what upstream raises
+    for that file (the daemon answers EIO "failed to load: REASON" whatever
+    the reason, so the path is opened in this process to find out, with one
+    WARNING): SafetensorError for one that is not valid safetensors,
+    FileNotFoundError for one that is gone, and a file mended since is
+    mapped. A served name that failed is a SafetensorError with the
+    daemon's errno and message. Before, a plain WcacheError that
+    `except SafetensorError` and `except FileNotFoundError` missed."""
     import errno
+    import logging
     import struct
+    import wcache._device as dev
     import wcache._safe_open as so
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(struct.pack("<Q", 16) + b"{" * 15)
-    d = Daemon(tmp_path, {"bad": str(bad)}).start()
+    gone = tmp_path / "gone.safetensors"
+    d = Daemon(tmp_path, {"bad": str(bad), "gone": str(gone)}).start()
     monkeypatch.setenv("WCACHE_SOCKET", d.socket)
     so._shared = None
+    dev._logged.clear()
     try:
-        for target in (str(bad), "bad"):
+        with caplog.at_level(logging.WARNING, logger="wcache"):
             with pytest.raises(wcache.SafetensorError) as e:
-                wcache.safe_open(target, framework="np")
+                wcache.safe_open(str(bad), framework="np")
+            assert not isinstance(e.value, FileNotFoundError)
+            assert "wcached could not serve" in caplog.text and "failed to load" in caplog.text
+            with pytest.raises(wcache.SafetensorError) as e:
+                wcache.safe_open("bad", framework="np")
             assert e.value.errno == errno.EIO, e.value
             assert "failed to load" in str(e.value) and "bad" in str(e.value), e.value
-        monkeypatch.setenv("WCACHE_SOCKET", str(tmp_path / "nobody-listens"))
-        so._shared = None
-        with pytest.raises(wcache.SafetensorError):
-            wcache.safe_open(str(bad), framework="np")
+            with pytest.raises(FileNotFoundError):
+                wcache.safe_open(str(gone), framework="np")
+            mkmodel(gone)  # there now: mapped here, unshared, as upstream would
+            with wcache.safe_open(str(gone), framework="np") as f:
+                assert f.keys() and f.model.source != "wcached"
     finally:
         so._shared = None
         d.stop()

@@ -125,12 +125,18 @@ def _attach(target):
                 except DaemonUnavailable as e2:
                     return None, str(e2)
             except WcacheError as e:
-                if e.errno == errno.EIO and type(e) is WcacheError:
-                    # Served, but its load or warm-up failed ("failed to
-                    # load: ..."): most often a file that is not a valid
-                    # model, for which upstream raises SafetensorError.
-                    raise SafetensorError(e.errno, e.strerror) from None
-                raise
+                if e.errno != errno.EIO or type(e) is not WcacheError:
+                    raise
+                # Served, but its load or warm-up failed ("failed to
+                # load: REASON", whatever the reason: missing, unreadable,
+                # not a valid model). A path is opened here instead, which
+                # says what upstream would (NoSuchFile, SafetensorError) or
+                # maps it, unshared; a served name has no file to try.
+                if os.sep in target or os.path.exists(target):
+                    _say_once(logging.WARNING, f"wcache: wcached could not serve {target}: "
+                              f"{e}; opening it in this process")
+                    return None, str(e)
+                raise SafetensorError(e.errno, e.strerror) from None
     return None, why
 
 
