@@ -441,10 +441,22 @@ progress_stop(struct progress *p)
 
 /* ---- the command ------------------------------------------------------------- */
 
+/* Whether st is the file standard output writes to (/dev/stdout after a
+ * shell's '>' or '>>': written into, as outfile.c does). */
+static bool
+out_is_stdout(const struct stat *st)
+{
+	struct stat so;
+
+	return fstat(STDOUT_FILENO, &so) == 0 && so.st_dev == st->st_dev &&
+		so.st_ino == st->st_ino;
+}
+
 /*
  * "wrote OUT: WEIG, 291 tensors, 1.5 GiB in 6.8 s (236 MB/s)" on stdout; on
  * stderr, and without the size it cannot know, for an OUT written into (a
- * FIFO or a device: /dev/stdout piped on is the model's stream itself).
+ * FIFO or a device, or stdout's own file: /dev/stdout piped on or redirected
+ * is the model's stream itself).
  */
 static void
 print_summary(const char *out, enum writer_format fmt, const struct model_source *src,
@@ -462,7 +474,7 @@ print_summary(const char *out, enum writer_format fmt, const struct model_source
 		st.st_mode = S_IFREG;
 		st.st_size = 0;
 	}
-	if (!S_ISREG(st.st_mode)) {
+	if (!S_ISREG(st.st_mode) || out_is_stdout(&st)) {
 		tensors[strcspn(tensors, ",")] = '\0';
 		fputs("wrote ", stderr);
 		escape_print(stderr, out);

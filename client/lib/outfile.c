@@ -22,7 +22,12 @@
  * A path that is not a regular file (a FIFO, /dev/null, a terminal,
  * /dev/stdout) is written into as it is, as a shell's redirection would,
  * with nothing to rename: renaming a file over it would replace it (and
- * root may create files in /dev, so /dev/null would become one).
+ * root may create files in /dev, so /dev/null would become one). So is
+ * this process's standard output named by a path (/dev/stdout,
+ * /proc/self/fd/1) when a shell redirected it to a regular file: through
+ * that descriptor, its offset and O_APPEND kept ('>>' appends); renamed
+ * over, the file the shell opened would be replaced, what '>>' appended
+ * to lost.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -235,6 +240,16 @@ outfile_take_over(int fd, const char *target, const char *path)
 	return 0;
 }
 
+/* Whether st is the file this process's standard output writes to. */
+static int
+is_stdout(const struct stat *st)
+{
+	struct stat out;
+
+	return fstat(STDOUT_FILENO, &out) == 0 && out.st_dev == st->st_dev &&
+		out.st_ino == st->st_ino;
+}
+
 /*
  * Opens target (the path as given), which stat() found to be neither a
  * regular file nor a directory, to write into it (outfile_begin()). A FIFO's open waits for a
@@ -270,11 +285,17 @@ outfile_begin(const char *path, struct outfile *o)
 		return error_set(-EISDIR, "%s: output path names a directory", path);
 	/* stat() follows every link, /proc/self/fd/N's to a pipe too (which
 	 * outfile_resolve(), reading links as paths, cannot). */
-	if (stat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) {
+	if (stat(path, &st) == 0 && ((!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) ||
+		(S_ISREG(st.st_mode) && is_stdout(&st)))) {
 		if ((o->target = strdup(path)) == NULL)
 			return error_set(-ENOMEM, "%s: out of memory", path);
-		if ((rc = outfile_open_special(o)) == 0 &&
-			(o->buf = malloc(OUTFILE_BUFFER_SIZE)) == NULL)
+		if (!S_ISREG(st.st_mode))
+			rc = outfile_open_special(o);
+		else if ((o->fd = fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 0)) < 0)
+			rc = error_set(-errno, "%s: %s", path, strerror(errno));
+		else
+			rc = 0;
+		if (rc == 0 && (o->buf = malloc(OUTFILE_BUFFER_SIZE)) == NULL)
 			rc = error_set(-ENOMEM, "%s: out of memory", path);
 		if (rc < 0)
 			outfile_abort(o);
@@ -490,7 +511,7 @@ outfile_commit(struct outfile *o)
 
 	if ((rc = outfile_flush(o)) < 0)
 		return rc;
-	if (o->tmp == NULL) { /* written into a FIFO or a device: nothing to rename */
+	if (o->tmp == NULL) { /* written into a FIFO, a device or stdout: nothing to rename */
 		rc = outfile_close(o);
 		if (rc < 0)
 			return error_set(rc, "%s: close: %s", o->path, strerror(-rc));

@@ -57,7 +57,9 @@ struct outfile {
  * or outfile_abort() closes and unlinks it; path must outlive o. A path
  * that is a FIFO or a device (after symlinks) is opened for writing instead
  * (a FIFO's open waits for a reader, as a shell's redirection does), and
- * outfile_commit() only flushes and closes it.
+ * outfile_commit() only flushes and closes it; so is a path naming the
+ * regular file standard output writes to (/dev/stdout after '>' or '>>'),
+ * written through a duplicate of descriptor 1 (its offset and O_APPEND).
  * On failure nothing is left behind and outfile_abort() is still safe.
  */
 int outfile_begin(const char *path, struct outfile *o);

@@ -514,6 +514,17 @@ def test_summary_of_a_stream_goes_to_stderr(ctl, tmp_path):
             assert r.stdout == (tmp_path / "file.weig").read_bytes()
         info = inspect(ctl, piped)
         assert [t["name"] for t in info["tensors"]] == ["w"], info
+    # Standard output redirected to a regular file, '>>': appended to through
+    # the shell's descriptor. Before, a file was renamed over it (what '>>'
+    # appended to was lost) and the summary went into the replaced inode.
+    log = tmp_path / "build.log"
+    log.write_bytes(b"important\n")
+    with open(log, "ab") as out:
+        r = subprocess.run([ctl, "convert", "--to", "weig", str(src), "/dev/stdout"],
+                           stdout=out, stderr=subprocess.PIPE, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.decode().startswith("wrote /dev/stdout: WEIG, 1 tensor in "), r.stderr
+    assert log.read_bytes() == b"important\n" + (tmp_path / "file.weig").read_bytes()
 
 
 def test_failures_leave_no_output(ctl, tmp_path):
