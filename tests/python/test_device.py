@@ -333,6 +333,43 @@ def test_a_renamed_over_file_is_viewed_through_map_files(odd_model, tmp_path):
     assert backend.registered == {}
 
 
+def test_a_file_renamed_over_after_maps_was_read_is_looked_up_again(tmp_path):
+    """Two files mapped; a view of the first reads /proc/self/maps (both
+    lines), then the second is renamed over (a hot swap of one shard while
+    another is copied): its line read before names its path, which opens
+    the new file. The lines are read again and the mapped inode is viewed
+    as a file renamed over is (here through /proc/self/map_files), and its
+    bytes are the old file's. Before, that file was "no longer the mapped
+    file" for the handle's life: every copy from it staged."""
+    import mmap
+    from wcache._sharedview import MappingFiles
+    page = mmap.PAGESIZE
+    maps = []
+    for i, name in enumerate(("a", "b")):
+        with open(tmp_path / name, "wb") as f:
+            f.write(_bytes(2 * page, 20 + i))
+        with open(tmp_path / name, "rb") as f:
+            maps.append(mmap.mmap(f.fileno(), 2 * page, access=mmap.ACCESS_COPY))
+    addrs = [ctypes.addressof(ctypes.c_char.from_buffer(m)) for m in maps]
+    files = MappingFiles()
+    views = []
+    try:
+        views.append(files.view(addrs[0], addrs[0] + 2 * page))
+        with open(tmp_path / "new", "wb") as f:
+            f.write(_bytes(2 * page, 99))
+        os.rename(tmp_path / "new", tmp_path / "b")
+        views.append(files.view(addrs[1], addrs[1] + 2 * page))
+        assert files.reads == 2
+        got = ctypes.string_at(views[1].addr, 2 * page)
+        assert got == _bytes(2 * page, 21)
+    finally:
+        for v in views:
+            v.close()
+        files.close()
+        for m in maps:
+            m.close()
+
+
 def _fd_count():
     return len(os.listdir("/proc/self/fd"))
 

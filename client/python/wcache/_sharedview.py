@@ -343,6 +343,24 @@ class MappingFiles:
                 raise
             self._read()
             return shared_view(lo, hi, self.entries, self)
+        except Unavailable:
+            # A file renamed over since the lines were read (a hot swap
+            # of one shard while another was copied): its line named its
+            # path, which opens the new file now. Read again: the line
+            # says "(deleted)" now, and the mapped inode is looked for as
+            # such (the model's descriptor, /proc/self/map_files).
+            if fresh or not self._drop_wrong():
+                raise
+            self._read()
+            return shared_view(lo, hi, self.entries, self)
+
+    def _drop_wrong(self):
+        """Closes and forgets the files found not to be their line's (a
+        path renamed over since maps was read); True when there was one."""
+        wrong = [e for e, f in self.files.items() if f.wrong is not None]
+        for e in wrong:
+            self.files.pop(e).close()
+        return bool(wrong)
 
     def file(self, entry):
         """The MappedFile of entry, a file_mappings() line: the one held,
