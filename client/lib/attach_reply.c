@@ -18,7 +18,7 @@
  * (see attach.c), so attaching it again maps no index at all.
  *
  * The replies to DERIVE and PUBLISH are made into models here too
- * (attach_reply_to()): an artifact's ATTACH_OK is a model of one file,
+ * (attach_reply_grant()): an artifact's ATTACH_OK is a model of one file,
  * named "NAME [KEY]", which keeps that file's descriptor (wc_model_fd():
  * a memfd has no path to map it through again), and a BUILD is the
  * source's ATTACH_OK with a token.
@@ -409,25 +409,13 @@ attach_reply_grant(enum attach_request req, const char *name, const char *key,
 }
 
 int
-attach_reply_to(enum attach_request req, const char *name, const char *key, const char *where,
-	const uint8_t *buf, size_t len, int *fds, size_t nfds, struct attach_cache *cache,
-	int *unusable, struct attach_model *out, uint64_t *token)
-{
-	struct attach_grant grant;
-	int r = attach_reply_grant(req, name, key, where, buf, len, fds, nfds, cache, unusable,
-		out, &grant);
-
-	if (r == 1 && token != NULL)
-		*token = grant.token;
-	return r;
-}
-
-int
 attach_reply(const char *name, const char *where, const uint8_t *buf, size_t len, int *fds,
 	size_t nfds, struct attach_cache *cache, int *unusable, struct attach_model *out)
 {
-	return attach_reply_to(ATTACH_REQUEST_ATTACH, name, NULL, where, buf, len, fds, nfds,
-		cache, unusable, out, NULL);
+	struct attach_grant grant;
+
+	return attach_reply_grant(ATTACH_REQUEST_ATTACH, name, NULL, where, buf, len, fds, nfds,
+		cache, unusable, out, &grant);
 }
 
 void

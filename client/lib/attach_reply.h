@@ -110,22 +110,16 @@ struct attach_grant {
 };
 
 /*
- * attach_reply() for the reply to req. key (NULL for ATTACH) names the
- * derived artifact in messages and in the model's name ("NAME [KEY]").
- * Returns 0 when *out is the model or artifact asked for; 1 for a BUILD
- * (only to DERIVE): *out is the source generation (named name) and *token
- * the build's token; or a negative errno as attach_reply(). Any other
- * reply, and an artifact of more than one file, is malformed (-EBADMSG,
- * *unusable set). Closes every descriptor, on every path, but the one an
- * artifact's model takes when it is made (its file's, for wc_model_fd();
- * model_free() closes it).
+ * attach_reply() for the reply to req, saying in *grant what the reply
+ * granted (above). key (NULL for ATTACH) names the derived artifact in
+ * messages and in the model's name ("NAME [KEY]"). Returns 0 when *out is
+ * the model or artifact asked for; 1 for a BUILD (only to DERIVE): *out is
+ * the source generation (named name) and grant->token the build's token;
+ * or a negative errno as attach_reply(). Any other reply, and an artifact
+ * of more than one file, is malformed (-EBADMSG, *unusable set). Closes
+ * every descriptor, on every path, but the one an artifact's model takes
+ * when it is made (its file's, for wc_model_fd(); model_free() closes it).
  */
-int attach_reply_to(enum attach_request req, const char *name, const char *key, const char *where,
-	const uint8_t *buf, size_t len, int *fds, size_t nfds, struct attach_cache *cache,
-	int *unusable, struct attach_model *out, uint64_t *token);
-
-/* attach_reply_to(), saying in *grant what the reply granted (above); the
- * token of a BUILD is grant->token. */
 int attach_reply_grant(enum attach_request req, const char *name, const char *key,
 	const char *where, const uint8_t *buf, size_t len, int *fds, size_t nfds,
 	struct attach_cache *cache, int *unusable, struct attach_model *out,

@@ -23,7 +23,7 @@
  *
  * Layering: the top of libwcache's request path (model.c < attach_reply.c
  * < attach.c < derive.c): requests go through attach.h, replies through
- * attach_reply_to(), the artifact's bytes through the writer.
+ * attach_reply_grant(), the artifact's bytes through the writer.
  */
 #include <errno.h>
 #include <fcntl.h>

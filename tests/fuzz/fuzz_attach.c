@@ -14,7 +14,7 @@
  *                index_size and file_count to what is sent; bit 2: send a
  *                status page; bit 3: seal the index; bit 4: pass file 0
  *                writable; bit 5: the index descriptor is a pipe; bit 6:
- *                the reply answers DERIVE (attach_reply_to: an artifact's
+ *                the reply answers DERIVE (attach_reply_grant: an artifact's
  *                ATTACH_OK, or BUILD); bit 7: built as BUILD (48 bytes:
  *                the ATTACH_OK payload and a token), answering DERIVE
  *   u8  nfiles   model files sent (mod 4)
@@ -128,7 +128,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	unsigned mode, nfiles;
 	struct attach_cache cache = { NULL, NULL };
 	struct attach_model am = { NULL, 0, NULL, NULL };
-	uint64_t token = 0;
+	struct attach_grant grant;
 	int unusable;
 
 	if ((mode_b = take(&p, &left, 1)) == NULL || (nf_b = take(&p, &left, 1)) == NULL ||
@@ -197,8 +197,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		}
 
 	if ((mode & (MODE_DERIVE | MODE_BUILD)) ?
-		attach_reply_to(ATTACH_REQUEST_DERIVE, "fuzz", "key-v1", "the fuzzer", msg, msg_len,
-			fds, nfds, &cache, &unusable, &am, &token) >= 0 :
+		attach_reply_grant(ATTACH_REQUEST_DERIVE, "fuzz", "key-v1", "the fuzzer", msg,
+			msg_len, fds, nfds, &cache, &unusable, &am, &grant) >= 0 :
 		attach_reply("fuzz", "the fuzzer", msg, msg_len, fds, nfds, &cache, &unusable,
 			&am) == 0) {
 		use_model(am.model);
