@@ -50,6 +50,7 @@
 #include "format/source.h"
 #include "format/weig.h"
 #include "lib/model.h"
+#include "lib/outfile.h"
 #include "lib/wcache.h"
 #include "lib/writer.h"
 
@@ -441,17 +442,6 @@ progress_stop(struct progress *p)
 
 /* ---- the command ------------------------------------------------------------- */
 
-/* Whether st is the file standard output writes to (/dev/stdout after a
- * shell's '>' or '>>': written into, as outfile.c does). */
-static bool
-out_is_stdout(const struct stat *st)
-{
-	struct stat so;
-
-	return fstat(STDOUT_FILENO, &so) == 0 && so.st_dev == st->st_dev &&
-		so.st_ino == st->st_ino;
-}
-
 /*
  * "wrote OUT: WEIG, 291 tensors, 1.5 GiB in 6.8 s (236 MB/s)" on stdout; on
  * stderr, and without the size it cannot know, for an OUT written into (a
@@ -474,7 +464,7 @@ print_summary(const char *out, enum writer_format fmt, const struct model_source
 		st.st_mode = S_IFREG;
 		st.st_size = 0;
 	}
-	if (!S_ISREG(st.st_mode) || out_is_stdout(&st)) {
+	if (!S_ISREG(st.st_mode) || outfile_is_stdout(&st)) {
 		tensors[strcspn(tensors, ",")] = '\0';
 		fputs("wrote ", stderr);
 		escape_print(stderr, out);

@@ -240,9 +240,8 @@ outfile_take_over(int fd, const char *target, const char *path)
 	return 0;
 }
 
-/* Whether st is the file this process's standard output writes to. */
-static int
-is_stdout(const struct stat *st)
+int
+outfile_is_stdout(const struct stat *st)
 {
 	struct stat out;
 
@@ -286,7 +285,7 @@ outfile_begin(const char *path, struct outfile *o)
 	/* stat() follows every link, /proc/self/fd/N's to a pipe too (which
 	 * outfile_resolve(), reading links as paths, cannot). */
 	if (stat(path, &st) == 0 && ((!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) ||
-		(S_ISREG(st.st_mode) && is_stdout(&st)))) {
+		(S_ISREG(st.st_mode) && outfile_is_stdout(&st)))) {
 		if ((o->target = strdup(path)) == NULL)
 			return error_set(-ENOMEM, "%s: out of memory", path);
 		if (!S_ISREG(st.st_mode))

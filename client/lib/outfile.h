@@ -29,6 +29,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 
 /*
  * An output file being written under a temporary name, or a descriptor
@@ -63,6 +64,11 @@ struct outfile {
  * On failure nothing is left behind and outfile_abort() is still safe.
  */
 int outfile_begin(const char *path, struct outfile *o);
+
+/* Whether st (stat(2) of a path) is the file this process's standard
+ * output writes to: outfile_begin() writes such a path into, through
+ * descriptor 1, and a caller's own messages go to stderr then. */
+int outfile_is_stdout(const struct stat *st);
 
 /*
  * Starts writing to the caller's descriptor fd, at its current offset; what
