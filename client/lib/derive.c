@@ -291,7 +291,6 @@ build_client_done(wc_client *c)
 	attach_client_put(c);
 }
 
-
 void
 wc_build_abandon(wc_build *b, const char *reason)
 {
