@@ -42,6 +42,12 @@ _Static_assert(WIRE_HEADER_SIZE + WIRE_DERIVE_FIXED + WIRE_MAX_KEY + WIRE_MAX_NA
 	WIRE_MAX_MESSAGE, "a DERIVE with the longest key and name fits in one message");
 _Static_assert(WIRE_HEADER_SIZE + 8 + WIRE_MAX_REASON <= WIRE_MAX_MESSAGE,
 	"an ABANDON with the longest reason fits in one message");
+/* The refusal texts below are static (an ERROR's reason points at them), so
+ * they spell the limits out: these keep the texts and the limits in step. */
+_Static_assert(WIRE_MAX_MESSAGE == 4096 && WIRE_MAX_NAME == 1024 && WIRE_MAX_REASON == 1024 &&
+	WIRE_MAX_KEY == 64 && WIRE_MAX_FILES == 250, "the refusal texts spell these limits");
+_Static_assert(WIRE_RELEASE_SIZE == 8 && WIRE_ATTACH_OK_SIZE == 40 && WIRE_BUILD_SIZE == 48,
+	"the refusal texts spell these payload sizes");
 
 int
 wire_key_valid(const char *key, size_t len)
