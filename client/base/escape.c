@@ -4,7 +4,9 @@
  * project, so that what is "valid UTF-8" here is what the JSON reader and
  * the WEIG reader accept.
  */
+#include <locale.h>
 #include <string.h>
+#include <wchar.h>
 
 #include "base/escape.h"
 #include "base/json.h"
@@ -76,21 +78,52 @@ escape_print(FILE *f, const char *s)
 	}
 }
 
+/* The columns code point cp takes on a terminal, by wcwidth() in C.UTF-8
+ * (*utf8: made at the first call, freed by the caller); 1 where that locale
+ * cannot be had or the character is not printable there. Thread-safe: the
+ * locale is this thread's only for the call (uselocale()). */
+static size_t
+char_width(unsigned cp, locale_t *utf8)
+{
+	locale_t was;
+	int w;
+
+	if (*utf8 == (locale_t)0 &&
+	    (*utf8 = newlocale(LC_CTYPE_MASK, "C.UTF-8", (locale_t)0)) == (locale_t)0)
+		return 1;
+	was = uselocale(*utf8);
+	w = wcwidth((wchar_t)cp);
+	uselocale(was);
+	return w < 0 ? 1 : (size_t)w;
+}
+
 size_t
 escape_width(const char *s)
 {
 	const unsigned char *p = (const unsigned char *)s, *end = p + strlen(s);
 	char out[ESCAPE_STEP_MAX];
 	size_t len, width = 0;
+	locale_t utf8 = (locale_t)0;
 
 	while (p < end) {
 		size_t n = escape_step(p, end, out, &len);
 
 		/* An escape (never as long as what it stands for) is as wide
-		 * as its text; a character, one column. */
-		width += len != n ? len : 1;
+		 * as its text; an ASCII character one column, another what
+		 * wcwidth() says in C.UTF-8, whatever the caller's locale: the
+		 * text is UTF-8 (checked), and a terminal shows a CJK character
+		 * in two columns. One column where C.UTF-8 is missing or does
+		 * not know the character. */
+		if (len != n)
+			width += len;
+		else if (n == 1)
+			width += 1;
+		else
+			width += char_width(code_point(p, n), &utf8);
 		p += n;
 	}
+	if (utf8 != (locale_t)0)
+		freelocale(utf8);
 	return width;
 }
 

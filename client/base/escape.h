@@ -46,8 +46,10 @@ size_t escape_step(const unsigned char *p, const unsigned char *end, char out[ES
 /* Writes s (a C string), escaped, to f. */
 void escape_print(FILE *f, const char *s);
 
-/* The number of terminal columns escape_print() of s takes, counting one
- * per character (wide characters are not told apart). */
+/* The number of terminal columns escape_print() of s takes: an escape as
+ * wide as its text, a character as wide as wcwidth() says in C.UTF-8 (two
+ * for a CJK ideograph, none for a combining mark), one where C.UTF-8 is
+ * missing. */
 size_t escape_width(const char *s);
 
 /*

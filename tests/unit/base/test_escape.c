@@ -98,6 +98,11 @@ test_width(void **state)
 	assert_int_equal(escape_width("\xc2\x9b"), 6);     /* \u009b */
 	assert_int_equal(escape_width("a\xe2\x80\xae"), 7);
 	assert_int_equal(escape_width("\xff"), 4);
+	/* Wide and zero-width characters, as a terminal shows them: the
+	 * table lines up under CJK tensor names. */
+	assert_int_equal(escape_width("\xe4\xb8\xad\xe6\x96\x87"), 4); /* two CJK ideographs */
+	assert_int_equal(escape_width("e\xcc\x81"), 1);             /* e + combining acute */
+	assert_int_equal(escape_width("\xf0\x9f\x98\x80x"), 3);       /* an emoji, then x */
 }
 
 /* escape_string() is escape_print() into a buffer, cut between pieces. */
