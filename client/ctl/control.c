@@ -34,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -122,6 +123,36 @@ control_from_config(const char *path, char **out)
 
 /* ---- talking to the daemon ---------------------------------------------- */
 
+/*
+ * Says that path is wcached's client socket, not its control socket, and
+ * which control socket to use: the one beside it (where its daemon keeps
+ * it, as the default layout does: control.sock in the client socket's
+ * directory) when a socket is there, else the compiled-in default, with
+ * -c CONFIG for a daemon whose config names another.
+ */
+static void
+client_socket_hint(const char *path)
+{
+	const char *slash = strrchr(path, '/');
+	const char *base = strrchr(DEFAULT_CONTROL_PATH, '/') + 1;
+	char *beside = NULL;
+	struct stat st;
+
+	if (asprintf(&beside, "%.*s%s", slash != NULL ? (int)(slash - path + 1) : 0,
+		     path, base) < 0)
+		beside = NULL;
+	if (beside != NULL && strcmp(beside, path) != 0 && stat(beside, &st) == 0 &&
+	    S_ISSOCK(st.st_mode))
+		ctl_error("%s looks like wcached's client socket, not its control socket; use "
+			  "--control %s (the control socket beside it) or -c CONFIG", path,
+			  beside);
+	else
+		ctl_error("%s looks like wcached's client socket, not its control socket; give "
+			  "--control with the `control` path of wcached's config (default "
+			  DEFAULT_CONTROL_PATH "), or -c CONFIG", path);
+	free(beside);
+}
+
 /* Connects to the control socket; prints why not and returns -1. */
 static int
 control_connect(const char *path)
@@ -145,8 +176,7 @@ control_connect(const char *path)
 	close(fd);
 	if (e == EPROTOTYPE)
 		/* A SOCK_SEQPACKET socket: wcached's client socket, most likely. */
-		ctl_error("%s looks like wcached's client socket, not its control socket; use "
-			  "--control " DEFAULT_CONTROL_PATH " (or -c CONFIG)", path);
+		client_socket_hint(path);
 	else if (e == ENOENT || e == ECONNREFUSED)
 		ctl_error("wcached is not running: no control socket at %s (%s)",
 			path, strerror(e));

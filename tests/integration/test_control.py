@@ -365,13 +365,25 @@ def test_every_reply_has_the_protocol_version(daemon):
         c.close()
 
 
-def test_client_socket_as_control_gives_a_hint(daemon):
-    r = ctl(daemon, "status")
+def test_client_socket_as_control_gives_a_hint(daemon, tmp_path):
+    """The hint names the control socket beside the client socket, the one
+    that daemon uses, where there is one; else the config's `control` key
+    and the compiled-in default."""
     r = subprocess.run([binary("wcachectl"), "--control", daemon.socket, "status"],
                        capture_output=True, text=True)
     assert r.returncode == 1
     assert "client socket, not its control socket" in r.stderr, r.stderr
-    assert "--control /run/wcached/control.sock" in r.stderr
+    assert f"--control {daemon.control} (the control socket beside it)" in r.stderr, r.stderr
+    assert len(r.stderr.splitlines()) == 1
+    # The client socket linked elsewhere, with no control socket beside it.
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    os.symlink(daemon.socket, alone / "client.sock")
+    r = subprocess.run([binary("wcachectl"), "--control", str(alone / "client.sock"), "status"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1
+    assert "client socket, not its control socket" in r.stderr, r.stderr
+    assert "`control` path of wcached's config (default /run/wcached/control.sock)" in r.stderr
     assert len(r.stderr.splitlines()) == 1
 
 
