@@ -296,8 +296,16 @@ check_file(struct restore_prepared *p, const char *stage_dir, const char *dir, u
 	return 0;
 }
 
-/* The filesystem of p's files and, for staged copies, the copies'
- * directory: the origin's filesystem, as when it was staged. */
+/*
+ * The filesystem of p's files and, for staged copies, the copies'
+ * directory: the origin's filesystem, as when it was staged, by statfs or
+ * else the mount table's entry for the origin's device. Where neither
+ * tells (a FUSE server failing statfs), p->fs_unknown: the copy is kept
+ * as the previous process staged it, and the origin is taken as remote
+ * (polled where watch = auto), the choice that misses no change; the
+ * copy's own filesystem would have said local and, under stage = auto,
+ * thrown the copy away.
+ */
 static int
 note_filesystem(struct restore_prepared *p, const char *stage_dir)
 {
@@ -309,9 +317,13 @@ note_filesystem(struct restore_prepared *p, const char *stage_dir)
 		p->origin = NULL;
 		return 0;
 	}
-	gen_source_fs(&p->src, &p->fs); /* the copy's, when the origin does not say */
-	if (statfs(p->origin[0].path, &sfs) == 0)
+	if (statfs(p->origin[0].path, &sfs) == 0) {
 		fstype_classify((unsigned long)sfs.f_type, &p->fs);
+	} else if (fstype_of_dev("/proc/self/mountinfo", p->origin[0].st.st_dev, &p->fs) < 0) {
+		p->fs = (struct fs_info){ .remote = true };
+		snprintf(p->fs.name, sizeof(p->fs.name), "unknown");
+		p->fs_unknown = true;
+	}
 	if (stage_dir_of(stage_dir, p->src.files[0].path, &p->staged_dir) <= 0) {
 		p->staged_dir = NULL;
 		return error_set(-EINVAL, "its staged copy %s is not in stage_dir",

@@ -144,6 +144,7 @@ struct restore_prepared {
 	int *served;              /* gen_open_served() */
 	struct gen_origin *origin; /* per file when staged copies, else NULL */
 	struct fs_info fs;        /* the files' filesystem (a staged copy's: its origin's) */
+	bool fs_unknown;          /* a staged copy's origin's filesystem could not be told */
 	char *staged_dir;         /* the staged copies' directory, or NULL */
 };
 

@@ -279,6 +279,8 @@ staged_as_configured(struct registry *r, const char *name, const struct restore_
 
 	if (e == NULL || staged == registry_stages(e, &p->fs))
 		return 0;
+	if (p->fs_unknown && staged && e->stage == FS_STAGE_AUTO)
+		return 0; /* kept as the previous process staged it (note_filesystem) */
 	if (e->stage == FS_STAGE_AUTO)
 		snprintf(key, sizeof(key), "stage = auto %s from %s, a %s filesystem",
 			staged ? "does not stage" : "stages", p->fs.name,
@@ -338,8 +340,9 @@ serve(struct restore_job *j, struct restore_prepared *p, int held)
 			k->staged.disk_bytes += (uint64_t)k->source.files[i].st.st_blocks * 512u;
 		p->origin = NULL;
 		p->staged_dir = NULL;
-		log_info("model \"%s\": generation %" PRIu64 " keeps its staged copy %s",
-			k->model_name, k->number, k->staged.dir);
+		log_info("model \"%s\": generation %" PRIu64 " keeps its staged copy %s%s",
+			k->model_name, k->number, k->staged.dir, p->fs_unknown ?
+			" (its source's filesystem could not be told: taken as remote)" : "");
 	}
 	return 0;
 }

@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -76,6 +77,34 @@ __wrap_unlinkat(int dirfd, const char *path, int flags)
 		(stop = __atomic_exchange_n(&stop_at_next_file, NULL, __ATOMIC_SEQ_CST)) != NULL)
 		__atomic_store_n(&stop->closing, 1, __ATOMIC_RELAXED);
 	return __real_unlinkat(dirfd, path, flags);
+}
+
+int __real_statfs(const char *path, struct statfs *buf);
+int __wrap_statfs(const char *path, struct statfs *buf);
+int __real_fstype_of_dev(const char *mountinfo, dev_t dev, struct fs_info *out);
+int __wrap_fstype_of_dev(const char *mountinfo, dev_t dev, struct fs_info *out);
+
+/* When set, statfs and fstype_of_dev fail with EIO: no filesystem type can
+ * be had for anything (a FUSE server that fails statfs, and no mount
+ * table). */
+static int fs_unknowable;
+
+int
+__wrap_statfs(const char *path, struct statfs *buf)
+{
+	if (__atomic_load_n(&fs_unknowable, __ATOMIC_SEQ_CST)) {
+		errno = EIO;
+		return -1;
+	}
+	return __real_statfs(path, buf);
+}
+
+int
+__wrap_fstype_of_dev(const char *mountinfo, dev_t dev, struct fs_info *out)
+{
+	if (__atomic_load_n(&fs_unknowable, __ATOMIC_SEQ_CST))
+		return -EIO;
+	return __real_fstype_of_dev(mountinfo, dev, out);
 }
 
 /* Nobody waits for a build here. */
@@ -473,6 +502,30 @@ test_stage_auto_on_a_local_filesystem_loads_a_staged_generation_afresh(void **st
 	free(log);
 }
 
+/*
+ * stage = auto, and the origin's filesystem cannot be told at the restart
+ * (statfs fails, the mount table does not say): the copy is kept as the
+ * previous process staged it, its origin taken as remote. Before, the
+ * copy's own (local) filesystem decided, and the copy was thrown away.
+ */
+static void
+test_stage_auto_keeps_a_copy_whose_source_filesystem_is_unknown(void **state)
+{
+	struct fixture *f = *state;
+	char *log;
+
+	__atomic_store_n(&fs_unknowable, 1, __ATOMIC_SEQ_CST);
+	log = restore_with_stage(f, FS_STAGE_AUTO);
+	__atomic_store_n(&fs_unknowable, 0, __ATOMIC_SEQ_CST);
+	assert_int_equal(f->result, RESTORE_SERVED);
+	assert_non_null(strstr(log, "model \"m\": generation 1 keeps its staged copy "));
+	assert_non_null(strstr(log, " (its source's filesystem could not be told: taken as "
+		"remote)"));
+	assert_non_null(du_current(&f->t, "m")->staged.dir);
+	assert_true(du_current(&f->t, "m")->fs.remote);
+	free(log);
+}
+
 static void
 test_stage_yes_keeps_a_staged_generation(void **state)
 {
@@ -498,6 +551,9 @@ main(void)
 			setup_staged, teardown),
 		cmocka_unit_test_setup_teardown(
 			test_stage_auto_on_a_local_filesystem_loads_a_staged_generation_afresh,
+			setup_staged, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_stage_auto_keeps_a_copy_whose_source_filesystem_is_unknown,
 			setup_staged, teardown),
 		cmocka_unit_test_setup_teardown(test_stage_yes_keeps_a_staged_generation,
 			setup_staged, teardown),
