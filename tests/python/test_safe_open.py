@@ -443,3 +443,72 @@ def test_fork_while_another_thread_holds_a_lock_of_the_handle(st_file, no_daemon
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
     assert torch.equal(f.get_tensor("w"), torch.from_numpy(w))  # the parent's lock is its own
     f.close()
+
+
+def _module_lock(which, path):
+    """(the module, the name of its lock) of case which, and the call of
+    the package's code that takes that lock, which the child then makes;
+    each lock is one a thread of the parent may hold at any time."""
+    import logging
+    import warnings
+    from wcache import _derived, _device, _install, _safe_open
+    import wcache._torch as wt
+    if which == "install":  # install(), uninstall() and the import hook's patching
+        return _install, "_lock", _install.uninstall
+    if which == "derived":  # derived()'s warning that it computes locally
+
+        def warn():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                _derived._warn_once("target", "key", "fork test")
+        return _derived, "_warned_lock", warn
+    if which == "device copy":  # a load's registered copy (here on CpuBackend)
+        return _device, "_register_lock", \
+            lambda: wcache.safe_open(path, framework="pt", device="cuda:0").get_tensor("w")
+    if which == "device log":  # a device load's messages, each logged once
+        return _device, "_logged_lock", lambda: _device._say_once(logging.DEBUG, "fork test")
+    if which == "torch buffers":  # whether a storage is one wcache made
+        return wt, "_device_storages_lock", lambda: wt.is_part_view(1, 1)
+    if which == "connect":  # safe_open's connection to wcached, while it connects
+        return _safe_open, "_lock", lambda: wcache.safe_open(path, framework="pt").get_tensor("w")
+    raise AssertionError(which)
+
+
+@pytest.mark.parametrize("which", ["install", "derived", "device copy", "device log",
+                                   "torch buffers", "connect"])
+def test_fork_while_another_thread_holds_a_module_lock(st_file, no_daemon, cpu_device, which):
+    """Another thread of the parent holds one of the package's module
+    locks (_lib.fork_safe_module) when this one forks: the child's first
+    call that takes it must not wait for a lock no thread of the child
+    will ever let go. Before, only _safe_open's and _torch's were made
+    anew, each by its own hook, and the child hung on the others."""
+    import threading
+    import traceback
+    path = st_file[0]
+    module, name, use = _module_lock(which, path)
+    taken, done = threading.Event(), threading.Event()
+
+    def hold():
+        with getattr(module, name):
+            taken.set()
+            done.wait(60)
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert taken.wait(10), "the holding thread never took the lock"
+        pid = os.fork()
+        if pid == 0:
+            code = 2
+            try:
+                use()
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        status = wait_child(pid, 10)
+    finally:
+        done.set()
+        holder.join()
+    assert status is not None, f"the child hung on {module.__name__}.{name}, held at fork"
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status

@@ -51,6 +51,7 @@ _KEY = re.compile(r"[A-Za-z0-9._+-]{1,64}\Z")  # wire_key_valid() in proto/wire.
 
 _warned = set()
 _warned_lock = threading.Lock()
+_lib.fork_safe_module(globals(), "_warned_lock")  # a child of fork() makes it anew
 
 
 class _Unavailable(Exception):

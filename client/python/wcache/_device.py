@@ -112,6 +112,8 @@ _register_lock = threading.Lock()
 _mapping_files = weakref.WeakKeyDictionary()
 _logged = set()
 _logged_lock = threading.Lock()
+# A child of fork() makes both locks anew: another thread may be copying or logging.
+_lib.fork_safe_module(globals(), "_register_lock", "_logged_lock")
 
 
 def copy_mode():

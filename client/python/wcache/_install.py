@@ -41,6 +41,7 @@ ENV = "WCACHE_SAFETENSORS"
 # patching waits for the lock.
 _lock = threading.Lock()
 _saved = {}  # (module name, attribute) -> upstream's object
+_lib.fork_safe_module(globals(), "_lock")  # a child of fork() makes it anew
 
 
 def _patch(module_name, attrs):

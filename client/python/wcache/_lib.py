@@ -173,12 +173,15 @@ _OPTIONAL = {
     "wc_build_abandon": (None, [_P, ctypes.c_char_p]),
 }
 
-_lock = threading.Lock()
+_lock = threading.Lock()  # made anew in a child of fork() (fork_safe_module, below)
 _lib = None
 _lib_path = None
 
 # The objects whose locks a child of fork() makes anew (see fork_safe).
 _fork_safe = weakref.WeakSet()
+# The same for modules: (a module's globals(), names) (see fork_safe_module).
+_fork_safe_modules = []
+_LockType = type(_lock)
 
 
 def fork_safe(obj):
@@ -193,16 +196,32 @@ def fork_safe(obj):
     return obj
 
 
+def fork_safe_module(module_globals, *names):
+    """fork_safe for a module's own locks: has a child of fork() make anew
+    each threading.Lock that module_globals (the module's globals()) holds
+    under one of names, for the same reason (a thread of the parent may be
+    loading the library, connecting to wcached or patching safetensors
+    under one at the fork). The module must name such a lock through its
+    global at each use (``with _lock:``), never keep the lock object
+    itself. TypeError, at import, for a name that is not a Lock: a
+    reentrant one would come back as a plain one."""
+    for name in names:
+        if type(module_globals.get(name)) is not _LockType:
+            raise TypeError(f"fork_safe_module: {name!r} is not a threading.Lock")
+    _fork_safe_modules.append((module_globals, names))
+
+
 def _after_fork_in_child():
-    """New locks in a child: this module's (another thread may have been
-    loading the library at the fork) and every fork_safe object's."""
-    global _lock
-    _lock = threading.Lock()
+    """New locks in a child: every fork_safe module's and object's."""
+    for module_globals, names in _fork_safe_modules:
+        for name in names:
+            module_globals[name] = threading.Lock()
     for obj in list(_fork_safe):
         for name in type(obj)._FORK_LOCKS:
             setattr(obj, name, threading.Lock())
 
 
+fork_safe_module(globals(), "_lock")  # another thread may be loading the library at the fork
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 

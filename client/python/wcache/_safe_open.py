@@ -49,7 +49,7 @@ import threading
 
 from ._lib import (INVALID_MODEL_ERRNOS, CannotOpenFile, ClosedError, DaemonUnavailable,
                    InvalidArgument, InvalidSlice, MissingTensor, ModelNotFound, NoSuchFile,
-                   SafetensorError, WcacheError, fork_safe)
+                   SafetensorError, WcacheError, fork_safe, fork_safe_module)
 from ._device import _say_once, tensor_to_device, to_device
 from ._hostreg import host_register, host_register_wanted
 from ._serialize import MAX_HEADER
@@ -59,14 +59,15 @@ __all__ = ["safe_open", "open_model"]
 
 _lock = threading.Lock()
 _shared = None  # (pid, Client)
+# A child of fork() gets its own lock: another thread of the parent may
+# hold it at the fork (inside _client(), connecting, for up to the
+# client's deadline), and no thread of the child would ever let it go.
+fork_safe_module(globals(), "_lock")
 
 
 def _after_fork_in_child():
-    """A child gets its own lock: another thread of the parent may have held
-    it at fork (inside _client(), connecting, for up to the client's
-    deadline), and no thread of the child would ever let it go."""
-    global _lock, _shared
-    _lock = threading.Lock()
+    """A child makes its own connection: the parent's is the parent's."""
+    global _shared
     _shared = None
 
 

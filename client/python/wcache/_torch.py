@@ -189,16 +189,7 @@ _part_arrays = weakref.WeakValueDictionary()
 # ones come.
 _device_storages = {}
 _device_storages_lock = threading.Lock()
-
-
-def _after_fork_in_child():
-    """A child's own lock: another thread may have held it at the fork."""
-    global _device_storages_lock
-    _device_storages_lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+_lib.fork_safe_module(globals(), "_device_storages_lock")  # a child of fork() makes it anew
 
 
 def note_device_buffer(buffer):
