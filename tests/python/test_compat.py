@@ -786,6 +786,17 @@ print(safetensors.torch.load_file({str(path)!r})["w"].tolist())
     assert r.returncode == 0 and "[1.0, 1.0]" in r.stdout, r.stderr
     r = run_standin(code, {"WCACHE_SAFETENSORS": ""}, tmp_path)
     assert r.returncode != 0 and "upstream load_file called" in r.stderr
+    # Switched off (0, no): the .pth imports nothing, so an interpreter
+    # start costs no import of wcache and numpy (before, any non-empty
+    # value imported the package, about 200 ms, and patched nothing).
+    off = f"""
+import site, sys
+site.addsitedir({str(site)!r})
+print(sorted(m for m in ("wcache", "numpy") if m in sys.modules))
+"""
+    for value in ("0", "no", "off"):
+        r = run_standin(off, {"WCACHE_SAFETENSORS": value}, tmp_path)
+        assert r.returncode == 0 and r.stdout.strip() == "[]", (value, r.stdout, r.stderr)
 
 
 @pytest.fixture

@@ -21,8 +21,9 @@ python3-wcache package installs ``wcache-safetensors.pth`` in
 dist-packages, which Python runs at start-up; when WCACHE_SAFETENSORS is
 set to 1 (or yes, true, on) it registers an import hook that patches
 ``safetensors`` and ``safetensors.torch`` as soon as something imports
-them, so torch is not imported before the program wants it. Unset, the
-hook costs one environment lookup.
+them, so torch is not imported before the program wants it. Unset, or
+set to anything else (0, no), the .pth costs one environment lookup and
+imports nothing.
 """
 import importlib
 import os
