@@ -19,9 +19,20 @@
 #    bench_stage.py, staging a ~2.2 GB model against warming it in place.
 # Models are cached in BUILD/bench-models and reused. Figures and targets
 # are printed with PASS/MISS; a missed target never makes this script fail
-# (only a broken setup does). Takes a few minutes on a 2-core machine.
+# (only a broken setup does). Takes about 4 minutes on a 2-core machine,
+# plus about 25 for the derived-weights part (README, "Performance").
 set -eu
 
+case ${1:-} in
+-h | --help)
+	sed -n '2,/^set -eu/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+	exit 0
+	;;
+-*)
+	echo "run.sh: unknown option $1 (usage: run.sh [BUILD], default build)" >&2
+	exit 2
+	;;
+esac
 build=${1:-build}
 here=$(cd "$(dirname "$0")" && pwd)
 bin=$build/bin
