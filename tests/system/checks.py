@@ -355,6 +355,13 @@ class Checks:
         self.sh("dpkg", "-i", *names, timeout=300)
         self.sh("rm", "-f", "/usr/sbin/policy-rc.d")
         self.sh("getent", "passwd", "wcache")
+        # The metrics endpoint (TCP, naming every model) is the operator's
+        # choice: installed, not enabled (debian/rules).
+        state = self.sh("systemctl", "is-enabled", "wcached-metrics.socket",
+                        check=False).stdout.strip()
+        expect(state == "disabled", f"wcached-metrics.socket is {state!r} after install")
+        state = self.sh("systemctl", "is-enabled", "wcached.socket", check=False).stdout.strip()
+        expect(state == "enabled", f"wcached.socket is {state!r} after install")
         self.sh("useradd", "--create-home", "--groups", "wcache", WORKER)
         self.sh("useradd", "--create-home", OUTSIDER)
         self.sh("install", "-d", "-m", "0755", "-o", "root", "-g", "root", MODELS,
