@@ -23,8 +23,9 @@
 #include "registry.h"
 #include "restore.h"
 
-/* Warns once loads end when the models served do not fit under the memory
- * limit in force: the kernel would reclaim what was just warmed. */
+/* Warns once loads end when what the models served keep warm (all of them,
+ * or what memory_budget keeps) does not fit under the memory limit in
+ * force: the kernel would reclaim what was just warmed. */
 void
 batch_check_fit(struct daemon *d)
 {
@@ -38,12 +39,14 @@ batch_check_fit(struct daemon *d)
 		total += m->current->bytes;
 		n++;
 	}
-	if (d->mem.limit == 0 || total <= d->mem.limit)
+	if (memlimit_fits(&d->mem, total, d->reg.memory_budget))
 		return;
+	/* A budget set above the limit has its own warning (reload.c). */
 	log_warnx("the %u model%s served (%" PRIu64 " MiB) do not fit under the memory limit "
 		  "in force (%" PRIu64 " MiB, %s): the kernel will reclaim warm pages and "
 		  "workers will read from disk; %s", n, n == 1 ? "" : "s", total >> 20,
 		d->mem.limit >> 20, memlimit_source(&d->mem, src, sizeof(src)),
+		d->reg.memory_budget != 0 ? "set memory_budget below that limit" :
 		d->mem.kind == MEMLIMIT_RAM ? "serve fewer models, or set memory_budget to keep "
 					      "the most used ones warm" :
 					      "raise or remove that limit (see README, "

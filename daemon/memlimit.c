@@ -287,6 +287,14 @@ memlimit_kind_name(enum memlimit_kind k)
 		k == MEMLIMIT_CGROUP_V1 ? "cgroup_v1" : "ram";
 }
 
+int
+memlimit_fits(const struct memlimit *m, uint64_t models, uint64_t budget)
+{
+	uint64_t warm = budget != 0 && budget < models ? budget : models;
+
+	return m->limit == 0 || warm <= m->limit;
+}
+
 const char *
 memlimit_source(const struct memlimit *m, char *buf, size_t len)
 {

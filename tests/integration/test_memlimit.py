@@ -170,6 +170,27 @@ def test_models_that_do_not_fit_are_named_at_start(start, tmp_path, cgroup):
     assert len(re.findall("do not fit", d.read_log())) == 1
 
 
+def test_a_budget_under_the_limit_fits(start, tmp_path, cgroup):
+    """The README's advice followed: models of more than the limit, and a
+    memory_budget below it, which keeps one warm. No "do not fit" warning
+    (the log, status's "fits" and its warning line): the budget decides what
+    stays warm. Before, the warning fired and advised setting the budget
+    that was set."""
+    version, directory, path, limit_file, set_limit = cgroup
+    set_limit(128 * MiB)
+    models = {"a": make(tmp_path, "a", 1, 48 * MiB), "b": make(tmp_path, "b", 2, 48 * MiB),
+              "c": make(tmp_path, "c", 3, 48 * MiB)}
+    d = start(models, "memory_budget = 56M\n")
+    wait_until(lambda: all(m["state"] in ("ready", "cold") for m in status(d)["models"]),
+               what="the models to load")
+    mem = status(d)["memory"]
+    assert mem["models_bytes"] > 128 * MiB and mem["budget"] == 56 * MiB, mem
+    assert mem["fits"] is True, mem
+    out = ctl(d, "status").stdout
+    assert "do not fit" not in out, out
+    assert "do not fit" not in d.read_log()
+
+
 def test_budget_above_the_limit_is_named(start, tmp_path, cgroup):
     version, directory, path, limit_file, set_limit = cgroup
     set_limit(128 * MiB)
