@@ -20,6 +20,14 @@ driver's pin is long-term decides whether registration reads the shared
 page cache (0 MiB) or a private copy of it (the model's size). This is
 measured, not assumed.
 
+Two rows are informational, with no target: a get_tensor loop
+(``{k: f.get_tensor(k) for k in f.keys()}`` of a safe_open on the device,
+wcache's and upstream's: how loaders that ask tensor by tensor load), and
+registration (``register-threads``: 8 ranges of the model's mapping
+registered as the engine registers them, on 1 thread, then on 4, which
+settles whether the driver pins in parallel; the engine registers
+REGISTER_AHEAD ranges at once on as many threads).
+
 Every step is a subcommand, so run.sh can bound each with a timeout. Results
 are JSON lines appended to one file; ``report`` reads them. With ``--cpu``
 the same code runs on the CPU (the engine on wcache._device.CpuBackend, the
@@ -387,6 +395,7 @@ def _sync(torch, device):
 def _cpu_engine():
     """--cpu: the engine's device is wcache._device.CpuBackend.
     GPUBENCH_REFUSE: a reason it refuses registration with.
+    GPUBENCH_PIN_DELAY, GPUBENCH_PIN_SERIAL: see below.
     GPUBENCH_SHARED_VIEWS=1: it pins long-term, as CUDA does, so the engine
     registers shared views of the file, not the model's private mapping.
     GPUBENCH_COW=1: each registration does what Linux 6.2+ does at a
@@ -400,6 +409,32 @@ def _cpu_engine():
     long_term = os.environ.get("GPUBENCH_SHARED_VIEWS") == "1"
     _device.backend_for = lambda device: _device.CpuBackend(refuse=refuse,
                                                             pins_long_term=long_term)
+    # "cuda:0" is no device torch can .to() here: the tensors to_device
+    # would copy plainly (under SMALL_COPY in all: a get_tensor loop's
+    # small ones) go through the engine too, as tests/python/conftest.py's
+    # cpu_device has them.
+    defaults = _device.to_device.__defaults__
+    if defaults[-1] != _device.SMALL_COPY:
+        raise SystemExit("gpubench: to_device's last default is no longer small=SMALL_COPY")
+    _device.to_device.__defaults__ = defaults[:-1] + (0,)
+    # A registration that takes time (GPUBENCH_PIN_DELAY seconds each, the
+    # GIL let go as torch's binding does), one at a time where
+    # GPUBENCH_PIN_SERIAL=1 (a driver that serialises pinning): so the
+    # tests can show register-threads telling parallel from serial.
+    delay = float(os.environ.get("GPUBENCH_PIN_DELAY") or 0)
+    if delay > 0:
+        import threading
+        serial = threading.Lock() if os.environ.get("GPUBENCH_PIN_SERIAL") == "1" else None
+        slow = _device.CpuBackend.register
+
+        def register_slowly(self, addr, nbytes):
+            if serial is None:
+                time.sleep(delay)
+            else:
+                with serial:
+                    time.sleep(delay)
+            return slow(self, addr, nbytes)
+        _device.CpuBackend.register = register_slowly
     if os.environ.get("GPUBENCH_COW") == "1":
         real = _device.CpuBackend.register
 
@@ -533,6 +568,37 @@ def _engine_figures(engine):
     return row
 
 
+def _engines_copying(engines):
+    """Records in engines every _device.Engine that copies from now on
+    (its copy_plan called); returns what puts copy_plan back."""
+    from wcache import _device
+    real = _device.Engine.copy_plan
+
+    def copy_plan(self, *args, **kwargs):
+        engines.append(self)
+        return real(self, *args, **kwargs)
+    _device.Engine.copy_plan = copy_plan
+
+    def restore():
+        _device.Engine.copy_plan = real
+    return restore
+
+
+def _get_tensor_figures(engines, tensors):
+    """(path, figures) of a get_tensor loop of tensors tensors, engines the
+    Engines that copied (one per tensor through the engine; the others
+    were copied plainly by .to(), to_device's path under SMALL_COPY): the
+    paths taken ("tensor" among them for those), how many tensors went
+    through the engine, their seconds summed by kind, and their reasons."""
+    paths = {e.path for e in engines} | ({"tensor"} if len(engines) < tensors else set())
+    figures = {"engine_tensors": len(engines)}
+    if engines:
+        figures.update({f"{k}_s": round(sum(e.seconds[k] for e in engines), 4)
+                        for k in engines[0].seconds})
+        figures["why"] = " | ".join(sorted({e.reason for e in engines if e.reason}))
+    return ",".join(sorted(paths)), figures
+
+
 def _load(method, a, torch, device):
     """One load by method; returns (state, path the engine took or "",
     the engine's figures for the row or {})."""
@@ -541,6 +607,10 @@ def _load(method, a, torch, device):
         import safetensors.torch
         return safetensors.torch.load_file(a.model, device=target if not a.cpu else "cpu"), \
             "", {}
+    if method == "upstream_get_tensor":  # as loaders that ask tensor by tensor do
+        from safetensors import safe_open
+        with safe_open(a.model, framework="pt", device=target if not a.cpu else "cpu") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}, "", {}
     if method == "torch_load":
         # weights_only=True: torch 2.6's default, said so for older ones (the
         # file holds tensors only)
@@ -559,6 +629,17 @@ def _load(method, a, torch, device):
                 "tensor", {}
         return wcache.torch.load_file(a.model, device=target), "tensor", {}
     os.environ["WCACHE_DEVICE_COPY"] = "staging" if method == "wcache_staging" else "auto"
+    if method == "wcache_get_tensor":
+        # one to_device per tensor: the engine for each (on the CPU: all),
+        # .to() for those under SMALL_COPY
+        engines = []
+        restore = _engines_copying(engines)
+        try:
+            with wcache.safe_open(a.model, framework="pt", device=target) as f:
+                state = {k: f.get_tensor(k) for k in f.keys()}
+        finally:
+            restore()
+        return (state,) + _get_tensor_figures(engines, len(state))
     _device.last_load = None
     state = wcache.torch.load_file(a.model, device=target)
     engine = _device.last_load[0] if _device.last_load else None
@@ -582,6 +663,8 @@ def cmd_bench(a):
         importlib.import_module("wcache.torch")
     if a.method == "upstream":
         importlib.import_module("safetensors.torch")
+    if a.method == "upstream_get_tensor":
+        importlib.import_module("safetensors")
     if a.method == "pinned":
         src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
         src.fill_(1)
@@ -621,6 +704,7 @@ def cmd_bench(a):
         if rep == 0:
             _check(torch, a.model, state)
         moved = sum(t.numel() * t.element_size() for t in state.values())
+        tensors = len(state)
         del state
         registrations = _registration_figures(watch.items)
         if best is None or dt < best:
@@ -630,6 +714,8 @@ def cmd_bench(a):
     row = dict(method=a.method + (f"@{a.tag}" if a.tag else ""), bytes=moved,
                seconds=round(best, 4), gbps=round(moved / best / 1e9, 2), path=path,
                start=starts[0][0], end=starts[0][1], **figures)
+    if a.method.endswith("_get_tensor"):
+        row.update(tensors=tensors, ms_per_tensor=round(best * 1000 / tensors, 4))
     row.update(private or {})
     emit(a.results, **row)
 
@@ -711,6 +797,144 @@ def cmd_cpu_engine(a):
         rows[label] = p.copied / best / 1e9
         print(f"{label:28} {rows[label]:7.2f} GB/s  ({p.copied / 1e6:.0f} MB, "
               f"{len(p.batches)} batches, {len(names)} tensors)")
+    model.close()
+
+
+# ---- registration: does the driver pin in parallel? ----
+
+def register_ranges(lo, hi, count=8, size=256 * MIB):
+    """count page-aligned ranges [(start, end)] of size bytes, back to back
+    from the first page boundary at or after lo, inside [lo, hi) (the
+    model's tensor data): where that holds less, each an equal share of
+    it in whole pages. SystemExit when not a page each is left."""
+    first = -(-lo // PAGE) * PAGE
+    size = min(size, max(0, hi - first) // count // PAGE * PAGE)
+    if size <= 0:
+        raise SystemExit(f"register-threads: the model's data ({hi - lo} bytes) holds "
+                         f"no {count} whole pages")
+    return [(first + k * size, first + (k + 1) * size) for k in range(count)]
+
+
+def register_pass(backend, files, ranges, threads):
+    """Registers every range of ranges as the engine does (backend.register;
+    a shared view of it made through files, a MappingFiles, where the
+    backend pins long-term, else the range itself), split among threads
+    threads started together (thread k takes ranges k, k + threads, ...),
+    then unregisters each from this thread. Returns a dict: seconds (from
+    the threads' start to the last one's end), unregister_s, threads_used
+    (the threads a registration returned on), and refused (the reason)
+    where a registration was refused (RegisterRefused: the ranges
+    registered before are unregistered). Making and unmapping the views is
+    outside the times. Any other error is raised, after the cleanup."""
+    import threading
+    from wcache._device import RegisterRefused
+    views, owned, errors, idents = [], [], [], set()
+    lock = threading.Lock()
+    out = {}
+    try:
+        addrs = []
+        for lo, hi in ranges:
+            if backend.pins_long_term:
+                views.append(files.view(lo, hi))
+                addrs.append((views[-1].addr, hi - lo))
+            else:
+                addrs.append((lo, hi - lo))
+        gate = threading.Barrier(threads + 1, timeout=60)
+
+        def work(share):
+            gate.wait()
+            for addr, n in share:
+                try:
+                    mine = backend.register(addr, n)
+                except Exception as e:
+                    with lock:
+                        errors.append(e)
+                    return
+                with lock:
+                    idents.add(threading.get_ident())
+                    if mine:
+                        owned.append(addr)
+                    else:  # a view mapped just now: a stale registration (the engine's rule)
+                        errors.append(RegisterRefused(
+                            f"{backend.name}: a view mapped just now is already registered"))
+                        return
+        workers = [threading.Thread(target=work, args=(addrs[k::threads],))
+                   for k in range(threads)]
+        for w in workers:
+            w.start()
+        gate.wait()
+        t0 = time.perf_counter()
+        for w in workers:
+            w.join()
+        out["seconds"] = time.perf_counter() - t0
+        out["threads_used"] = len(idents)
+    finally:
+        t0 = time.perf_counter()
+        try:
+            for addr in owned:
+                backend.unregister(addr)
+        finally:
+            out["unregister_s"] = time.perf_counter() - t0
+            for view in views:
+                view.close()
+    other = [e for e in errors if not isinstance(e, RegisterRefused)]
+    if other:
+        raise other[0]
+    if errors:
+        out["refused"] = str(errors[0])
+    return out
+
+
+def cmd_register_threads(a):
+    """Registers a.count ranges of a.mib MiB of the model's mapping
+    (register_ranges) on 1 thread, then on a.threads, a.reps times each
+    in turn (fresh views each time, so no pass finds pages a former one
+    faulted in), unregistering after each pass; one JSON line with the
+    best seconds of each, their ratio (a.threads when the driver pins in
+    parallel, 1 when it serialises) and GB/s pinned."""
+    import torch
+    import wcache
+    from wcache import _device
+    if a.cpu:
+        _cpu_engine()
+    device = torch.device("cpu" if a.cpu else "cuda:0")
+    if device.type == "cuda":
+        torch.empty(1, device=device)  # the context, outside the timing
+    backend = _device.backend_for(torch.device("cuda:0"))
+    model = wcache.open_file(a.model)
+    table = model._tab()
+    ranges = register_ranges(*table.span, count=a.count, size=a.mib * MIB)
+    files = _device.mapping_files(model._h(), table.span) if backend.pins_long_term else None
+    nbytes = sum(hi - lo for lo, hi in ranges)
+    from wcache._sharedview import Unavailable
+    row = {"method": "register_threads", "backend": backend.name, "ranges": len(ranges),
+           "range_mib": round((ranges[0][1] - ranges[0][0]) / MIB, 2), "bytes": nbytes,
+           "threads": a.threads, "views": bool(backend.pins_long_term)}
+    best = {}
+    for _ in range(a.reps):
+        for threads in (1, a.threads):
+            try:
+                got = register_pass(backend, files, ranges, threads)
+            except Unavailable as e:  # where the engine would stage
+                got = {"refused": f"no shared view to register: {e}"}
+            if "refused" in got:
+                row["refused"] = got["refused"]
+                emit(a.results, **row)
+                return
+            b = best.get(threads)
+            if b is None or got["seconds"] < b["seconds"]:
+                best[threads] = got
+    if getattr(backend, "registered", None):  # the CPU backend's registry: all undone
+        raise SystemExit(f"register-threads: {len(backend.registered)} ranges left registered")
+    one, many = best[1], best[a.threads]
+    row.update(seconds_1=round(one["seconds"], 6), seconds_n=round(many["seconds"], 6),
+               unregister_s_1=round(one["unregister_s"], 6),
+               unregister_s_n=round(many["unregister_s"], 6),
+               gbps_1=round(nbytes / one["seconds"] / 1e9, 2),
+               gbps_n=round(nbytes / many["seconds"] / 1e9, 2),
+               ratio=round(one["seconds"] / many["seconds"], 2),
+               threads_used=many["threads_used"])
+    emit(a.results, **row)
     model.close()
 
 
@@ -1040,6 +1264,25 @@ def engine_line(r):
     return ", ".join(parts) + (f"; why: {r['why']}" if r.get("why") else "")
 
 
+def registration_line(r):
+    """The report's lines for the register_threads row (None: skipped): the
+    seconds registering on 1 thread and on N, and how many times faster N
+    were (N when the driver pins in parallel, 1 when it serialises), then
+    what was registered, GB/s pinned, and the seconds unregistering."""
+    if r is None:
+        return f"{'registration, 1 thread vs 4':44} {'skipped':>8}"
+    label = f"registration, 1 thread vs {r['threads']}"
+    what = f"    {r['ranges']} x {r['range_mib']:g} MiB of the model's mapping" + \
+        (" (shared views, as the engine registers)" if r["views"] else "")
+    if "refused" in r:
+        return f"{label:44} refused: {r['refused']}\n{what} (informational, no target)"
+    return (f"{label:44} {r['seconds_1']:.3f} s vs {r['seconds_n']:.3f} s: {r['ratio']:.2f}x "
+            f"({r['threads']}x if the driver pins in parallel, 1x if it serialises)\n"
+            f"{what}; {r['gbps_1']} vs {r['gbps_n']} GB/s pinned; unregistering "
+            f"{r['unregister_s_1']:.3f} s vs {r['unregister_s_n']:.3f} s "
+            f"(informational, no target)")
+
+
 def speedups(rows):
     """[(label, seconds, times faster than the plain transformers load)]."""
     by = {r["method"]: r for r in rows}
@@ -1060,7 +1303,10 @@ def cmd_report(a):
              "wcache_tensor": "wcache, old per-tensor path",
              "wcache": "wcache, new path",
              "wcache_staging": "wcache, new path, staging forced",
-             "concurrent4": "wcache, new path, 4 processes together"}
+             "concurrent4": "wcache, new path, 4 processes together",
+             # informational (no target): loaders that ask tensor by tensor
+             "upstream_get_tensor": "get_tensor loop, safetensors safe_open",
+             "wcache_get_tensor": "get_tensor loop, wcache.safe_open"}
     print(f"{'way into the device':44} {'GB/s':>8} {'seconds':>9} {'private MiB':>11}  path")
     for key, label in names.items():
         r = next((r for r in rows if r["method"] == key), None)
@@ -1070,8 +1316,15 @@ def cmd_report(a):
             private = r.get("private_mib")
             print(f"{label:44} {r['gbps']:8.2f} {r['seconds']:9.3f} "
                   f"{'-' if private is None else private:>11}  {r.get('path', '')}")
+            if "tensors" in r:
+                line = f"    {r['tensors']} tensors, {r['ms_per_tensor']:.3f} ms per tensor"
+                if "engine_tensors" in r:
+                    line += f", {r['engine_tensors']} of them through the engine"
+                print(line + " (informational, no target)")
             if "copy_s" in r:
                 print("    " + engine_line(r))
+    print()
+    print(registration_line(next((r for r in rows if r["method"] == "register_threads"), None)))
     print()
     faster = {key: x for key, _, x in speedups(rows)}
     for key, label in (("transformers_plain", "transformers, plain"),
@@ -1131,7 +1384,8 @@ def main(argv=None):
     s = sub.add_parser("bench")
     s.add_argument("--method", required=True, choices=("pinned", "upstream", "torch_load",
                                                        "wcache_tensor", "wcache",
-                                                       "wcache_staging"))
+                                                       "wcache_staging", "upstream_get_tensor",
+                                                       "wcache_get_tensor"))
     s.add_argument("--model", required=True)
     s.add_argument("--pt")
     s.add_argument("--results", required=True)
@@ -1143,6 +1397,13 @@ def main(argv=None):
     s.add_argument("--model", required=True)
     s.add_argument("--dir", required=True)
     s.add_argument("--results", required=True)
+    s = sub.add_parser("register-threads")
+    s.add_argument("--model", required=True)
+    s.add_argument("--results", required=True)
+    s.add_argument("--count", type=int, default=8)
+    s.add_argument("--mib", type=int, default=256)
+    s.add_argument("--threads", type=int, default=4)
+    s.add_argument("--reps", type=int, default=2)
     s = sub.add_parser("cpu-engine")
     s.add_argument("--model", required=True)
     s.add_argument("--reps", type=int, default=3)
@@ -1168,6 +1429,7 @@ def main(argv=None):
     return {"host-info": cmd_host_info, "room": cmd_room, "gen": cmd_gen, "warm": cmd_warm, "daemon": cmd_daemon, "bench": cmd_bench,
             "concurrent": cmd_concurrent, "llama-make": cmd_llama_make,
             "llama-load": cmd_llama_load, "cpu-engine": cmd_cpu_engine,
+            "register-threads": cmd_register_threads,
             "llama-compare": cmd_llama_compare,
             "report": cmd_report}[a.cmd](a)
 

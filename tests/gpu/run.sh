@@ -17,7 +17,11 @@
 # processed as site-packages are) + wcached, and through wcache.install() +
 # wcached with WCACHE_HOST_REGISTER=1, and
 # compares the logits and load times; last, 4 processes load the model at
-# once through wcached (the step most likely to hang, so it goes last).
+# once through wcached (the step most likely to hang, so it goes last
+# among the targets). After every target, informational rows: a get_tensor
+# loop of safe_open on the device (upstream's and wcache's: GB/s and ms
+# per tensor), and registration of 8 x 256 MiB of the model's mapping on
+# 1 thread against 4 (does the driver pin in parallel?).
 # Targets are printed PASS/MISS. The header names the host: kernel, driver
 # and PCIe link, whether the device supports read-only host registration,
 # the work directory's filesystem, free memory and disk, and the commit and
@@ -355,11 +359,40 @@ else
 	echo "== transformers is not installed: skipped" >&2
 fi
 
-# Last: 4 processes registering at once is where a driver is likeliest to
-# hang (a cudaHostRegister that never returns); its timeout then costs no
-# other step.
+# Last of the targets: 4 processes registering at once is where a driver
+# is likeliest to hang (a cudaHostRegister that never returns); its
+# timeout then costs no other target's step, only the informational rows
+# after it.
 if [ "$have_model" = 1 ]; then
 	wcache_step "wcache, 4 processes at once" "${gb[@]}" concurrent --n 4 --model "$model" --dir "$work/daemon" --results "$results"
+	# The informational rows (no target) come after every target, so that
+	# however long they take (60 s each at most, ~50 s in all at the
+	# expected speeds) no target's step is skipped for them. At those
+	# speeds the steps before them add up to ~4.5 min (an estimate: no
+	# device has run this yet), ~5.5 with them: within RUN_BUDGET's 480 s,
+	# which, where the device is slower, cuts them, not the report.
+	#
+	# {k: f.get_tensor(k) for k in f.keys()} of safe_open(device="cuda:0"),
+	# as loaders that ask tensor by tensor load; upstream's, then wcache's
+	# (one engine copy per tensor over 1 MiB), from the page cache still
+	# warm (128 GiB of memory hold the model and the Llama's shards).
+	# Each costs a start of Python with torch and CUDA (~10 s) and two
+	# loops of the model (8 GiB at 3-20 GB/s: 1-6 s each) and the check:
+	# ~15-25 s at the expected speeds.
+	if importable safetensors; then
+		try_step --limit 60 "get_tensor loop, safetensors" "${gb[@]}" bench --method upstream_get_tensor --model "$model" --results "$results"
+	else
+		echo "== safetensors is not installed: its get_tensor loop is skipped" >&2
+	fi
+	wcache_step --limit 60 "get_tensor loop, wcache" "${gb[@]}" bench --method wcache_get_tensor --model "$model" --results "$results"
+	# Last, as registering is where a driver may hang: 8 x 256 MiB of
+	# the model's mapping registered as the engine registers it (shared
+	# views, read-only), on 1 thread, then on 4 (the engine's
+	# REGISTER_AHEAD), twice each: does the driver pin in parallel? At
+	# ~0.1 s per GB pinned, 2 GiB is ~0.2 s a pass, 1 s for the four,
+	# after a start of Python with torch and CUDA (~10 s): ~12 s at the
+	# expected speeds. 60 s at most.
+	wcache_step --limit 60 "registration, 1 thread vs 4" "${gb[@]}" register-threads --model "$model" --results "$results"
 fi
 bench daemon stop --dir "$work/daemon" || true
 

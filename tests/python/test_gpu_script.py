@@ -449,8 +449,10 @@ def without_transformers(directory, env):
 def test_run_sh_cpu_mode(tmp_path):
     out_dir = tmp_path / "out"  # the device tool's $OUT
     out_dir.mkdir()
+    # GPUBENCH_PIN_DELAY: each registration on the CPU backend takes 5 ms,
+    # the GIL let go, so that the registration row has times to compare
     env = dict(os.environ, PYTHON=sys.executable, STEP_TIMEOUT="120", OUT=str(out_dir),
-               PYTHONPATH=standins(tmp_path / "standins"))
+               PYTHONPATH=standins(tmp_path / "standins"), GPUBENCH_PIN_DELAY="0.005")
     work = tmp_path / "work"
     r = subprocess.run([os.path.join(REPO, "tests", "gpu", "run.sh"), "--cpu", "--gib", "0.02",
                         "--work", str(work)], env=env, capture_output=True, text=True,
@@ -505,6 +507,7 @@ def test_run_sh_cpu_mode(tmp_path):
                   "WCACHE_HOST_REGISTER=1: registration left the page cache shared",
                   "new path: registration left the page cache shared"):
         assert f"PASS  {label}" in r.stdout, (label, r.stdout)
+    _check_informational_rows(r.stdout, out_dir / "results.jsonl", 0.02)
     assert not work.exists(), "the work directory is removed without --keep"
     # what comes back from the device call: the rows and wcached's logs
     got = sorted(os.listdir(out_dir))
@@ -514,6 +517,97 @@ def test_run_sh_cpu_mode(tmp_path):
     # wcached was stopped: no daemon left with our config
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(work) not in ps
+
+
+def _check_informational_rows(stdout, results, gib):
+    """The informational rows of a --cpu run with a gib GiB model and the
+    stand-in safetensors: both get_tensor loops, every tensor once (all
+    through the engine on the CPU), their ms per tensor their seconds over
+    the tensors; registration of 8 ranges on 1 thread and on 4 threads,
+    each registering, 4 at once faster (GPUBENCH_PIN_DELAY: a registration
+    that takes time), every range unregistered; and no PASS/MISS for them."""
+    import json
+    n = len(gpubench.layout(int(gib * (1 << 30))))
+    lines = stdout.splitlines()
+    rows = {r["method"]: r for r in map(json.loads, results.read_text().splitlines())}
+    for key, label in (("upstream_get_tensor", "get_tensor loop, safetensors safe_open"),
+                       ("wcache_get_tensor", "get_tensor loop, wcache.safe_open")):
+        at = lines.index(next(x for x in lines if x.startswith(label + "  ")))
+        gbps, seconds, private, *path = lines[at][44:].split()
+        row = rows[key]
+        assert float(gbps) == row["gbps"] > 0 and float(seconds) > 0, lines[at]
+        assert row["tensors"] == n and row["bytes"] == gpubench.layout_bytes(
+            gpubench.layout(int(gib * (1 << 30)))), row
+        assert abs(row["ms_per_tensor"] - row["seconds"] * 1000 / n) < 1e-3, row
+        said = f"    {n} tensors, {row['ms_per_tensor']:.3f} ms per tensor"
+        if key == "wcache_get_tensor":
+            assert path == ["register"] and private == "0.0", lines[at]
+            assert row["engine_tensors"] == n, row  # SMALL_COPY 0 on the CPU: each one
+            said += f", {n} of them through the engine"
+            assert lines[at + 2].startswith("    view ") and \
+                "; why: cpu: source registered read-only" in lines[at + 2], lines[at + 2]
+        assert lines[at + 1] == said + " (informational, no target)", lines[at + 1]
+    row = rows["register_threads"]
+    assert (row["ranges"], row["threads"], row["threads_used"], row["views"]) == \
+        (8, 4, 4, False), row
+    assert row["bytes"] % (8 * gpubench.PAGE) == 0 and \
+        abs(row["bytes"] / 8 / (1 << 20) - row["range_mib"]) < 0.01, row
+    assert row["seconds_1"] >= 8 * 0.005 and row["seconds_n"] >= 2 * 0.005, row
+    assert abs(row["ratio"] - row["seconds_1"] / row["seconds_n"]) < 0.01 and \
+        row["ratio"] > 2, row
+    at = lines.index(next(x for x in lines if x.startswith("registration, 1 thread vs 4  ")))
+    assert f"{row['seconds_1']:.3f} s vs {row['seconds_n']:.3f} s: {row['ratio']:.2f}x " \
+        f"(4x if the driver pins in parallel" in lines[at], lines[at]
+    assert lines[at + 1].startswith(f"    8 x {row['range_mib']:g} MiB of the model's mapping;")
+    verdicts = [x for x in lines if x[:5].strip() in ("PASS", "MISS", "n/a")]
+    assert len(verdicts) == 9, verdicts  # the issue's targets, none more
+
+
+def test_register_threads_tells_parallel_from_serial(tmp_path):
+    """register-threads on the CPU backend with a registration that takes
+    100 ms (GPUBENCH_PIN_DELAY): 4 threads about 4x faster than 1 where
+    registrations run at once, about 1x where the "driver" takes one at a
+    time (GPUBENCH_PIN_SERIAL=1); with shared views (as on CUDA) too; a
+    refusal is a row that says so, not a failed step. Each pass leaves
+    nothing registered (the command checks the CPU backend's registry).
+    And a get_tensor loop registering shared views, one per tensor."""
+    import json
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    gb = [sys.executable, os.path.join(REPO, "tests", "gpu", "gpubench.py")]
+    subprocess.run(gb + ["gen", "--dir", str(model_dir), "--gib", "0.01"], check=True,
+                   capture_output=True, timeout=120)
+    model = str(model_dir / "model.safetensors")
+    base = dict(os.environ)
+    for name in ("WCACHE_SOCKET", "GPUBENCH_PIN_DELAY", "GPUBENCH_PIN_SERIAL",
+                 "GPUBENCH_SHARED_VIEWS", "GPUBENCH_REFUSE"):
+        base.pop(name, None)
+
+    def row(args, **env):
+        results = tmp_path / "r.jsonl"
+        results.unlink(missing_ok=True)
+        r = subprocess.run(gb + ["--cpu"] + args + ["--model", model, "--results",
+                                                    str(results)],
+                           env=dict(base, **env), capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return json.loads(results.read_text())
+    parallel = row(["register-threads"], GPUBENCH_PIN_DELAY="0.1")
+    assert parallel["threads_used"] == 4 and parallel["views"] is False, parallel
+    assert parallel["seconds_1"] >= 0.8 and parallel["ratio"] > 2.5, parallel
+    serial = row(["register-threads"], GPUBENCH_PIN_DELAY="0.1", GPUBENCH_PIN_SERIAL="1")
+    assert serial["threads_used"] == 4 and serial["seconds_n"] >= 0.8, serial
+    assert serial["ratio"] < 1.5, serial
+    views = row(["register-threads", "--reps", "1"], GPUBENCH_PIN_DELAY="0.1",
+                GPUBENCH_SHARED_VIEWS="1")
+    assert views["views"] is True and views["ratio"] > 2.5, views
+    refused = row(["register-threads"], GPUBENCH_REFUSE="no read-only registration here")
+    assert refused["refused"] == "no read-only registration here", refused
+    assert "seconds_1" not in refused and "ratio" not in refused, refused
+    loop = row(["bench", "--method", "wcache_get_tensor", "--reps", "1"],
+               GPUBENCH_SHARED_VIEWS="1")
+    n = len(gpubench.layout(int(0.01 * (1 << 30))))
+    assert loop["path"] == "register" and loop["tensors"] == loop["engine_tensors"] == n, loop
+    assert loop["private_mib"] == 0 and loop["registered_mib"] > 9, loop
 
 
 def _run_small(tmp_path, env, timeout=600):
@@ -534,7 +628,8 @@ def test_run_sh_reports_a_failed_step_and_goes_on(tmp_path):
     wrapper = tmp_path / "python"
     wrapper.write_text(f"#!/bin/sh\ncase \"$*\" in *wcache_staging*) exit 3 ;;\n"
                        f"*'--method pinned '*|*'--method torch_load '*|"
-                       f"*'--method wcache_tensor '*) exit 0 ;;\nesac\n"
+                       f"*'--method wcache_tensor '*|*'--method wcache_get_tensor '*|"
+                       f"*' register-threads '*) exit 0 ;;\nesac\n"
                        f"exec {sys.executable} \"$@\"\n")
     wrapper.chmod(0o755)
     env = without_transformers(tmp_path / "hide", dict(os.environ, PYTHON=str(wrapper),
@@ -854,7 +949,7 @@ def test_run_sh_without_a_wcache_that_starts(tmp_path):
     table = {line[:44].strip(): line[44:].split() for line in r.stdout.splitlines()
              if len(line) > 44}
     for label in ("pinned anonymous memory (the limit)", "safetensors.torch.load_file(device=)",
-                  "torch.load(mmap=True) then .to()"):
+                  "torch.load(mmap=True) then .to()", "get_tensor loop, safetensors safe_open"):
         assert float(table[label][0]) > 0, (label, out)
     assert table["wcache, new path"] == ["skipped"], out
     assert table["transformers, plain"][0] == "load", out
@@ -864,7 +959,8 @@ def test_run_sh_without_a_wcache_that_starts(tmp_path):
         "start wcached", "wcache, per-tensor path", "wcache, new path",
         "wcache, new path, staging forced", "start wcached for its shards",
         "transformers, wcache", "transformers, wcache, WCACHE_HOST_REGISTER=1", "compare logits",
-        "compare logits, host registration", "wcache, 4 processes at once")], out
+        "compare logits, host registration", "wcache, 4 processes at once",
+        "get_tensor loop, wcache", "registration, 1 thread vs 4")], out
     assert "(no wcache: " in r.stdout and "does not start here" in r.stdout, out
 
 
