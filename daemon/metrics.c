@@ -422,7 +422,8 @@ write_memory_json(FILE *f, const struct registry *reg, const struct memlimit *me
 		fputs(",\"cgroup_limit\":null", f);
 	fprintf(f, ",\"budget\":%" PRIu64 ",\"models_bytes\":%" PRIu64
 		   ",\"derived_bytes\":%" PRIu64 ",\"fits\":%s}", reg->memory_budget, models,
-		reg->derived_bytes, memlimit_fits(mem, models, reg->memory_budget) ? "true" : "false");
+		reg->derived_bytes,
+		memlimit_fits(mem, models, reg->memory_budget) ? "true" : "false");
 }
 
 /* The watch label of wcached_model_info: how m's updates are seen now.
