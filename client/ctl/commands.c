@@ -198,6 +198,15 @@ ctl_help(FILE *f)
 		   "'wcachectl COMMAND --help' describes a command.\n");
 }
 
+/* A usage error's exit status; with --json, after the error object. */
+static int
+json_usage(int json, int status)
+{
+	if (json)
+		ctl_json_error();
+	return status;
+}
+
 /* Runs the command argv[0] (ctl.h). */
 int
 ctl_run(int argc, char **argv, const char *config, const char *control, int json)
@@ -213,12 +222,18 @@ ctl_run(int argc, char **argv, const char *config, const char *control, int json
 	for (size_t k = 0; k < NFILE_COMMANDS; k++) {
 		if (strcmp(argv[0], file_commands[k].name) != 0)
 			continue;
-		if (config != NULL || control != NULL || json)
-			return ctl_usage_error(file_commands[k].name, "-c, --control and --json go "
-				"with the control commands, not %s", file_commands[k].name);
+		if (config != NULL || control != NULL)
+			return json_usage(json, ctl_usage_error(file_commands[k].name, "-c and "
+				"--control go with the control commands, not %s",
+				file_commands[k].name));
+		if (json)
+			return json_usage(json, ctl_usage_error(file_commands[k].name, "--json "
+				"goes after the command here, as one of %s's own options "
+				"(wcachectl %s ... --json), where it has one",
+				file_commands[k].name, file_commands[k].name));
 		return file_commands[k].run(argc, argv);
 	}
-	return ctl_usage_error(NULL, "unknown command \"%s\"", argv[0]);
+	return json_usage(json, ctl_usage_error(NULL, "unknown command \"%s\"", argv[0]));
 }
 
 /* ---- what every command prints ---------------------------------------- */

@@ -727,7 +727,17 @@ ctl_control(const struct ctl_control_cmd *cmd, int argc, char **argv, const char
 	if (cmd->id == CONTROL_CMD_LOAD) {
 		/* parse_args() required the table's two words; said again for
 		 * the analyser, which cannot see the table. */
-		if (a.nwords < 2 || (abs = absolute_path(a.words[1])) == NULL)
+		if (a.nwords < 2)
+			goto out;
+		/* An empty word (an unset variable: load llama "$NEWPATH")
+		 * would be the current directory, and swap the model to it. */
+		if (a.words[1][0] == '\0') {
+			status = ctl_usage_error(cmd->wire->name, "PATH is empty");
+			if (a.json)
+				ctl_json_error();
+			goto out;
+		}
+		if ((abs = absolute_path(a.words[1])) == NULL)
 			goto out;
 		a.words[1] = abs;
 	}

@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "ctl/ctl.h"
+#include "ctl/internal.h"
 
 /* Seconds on the monotonic clock (ctl.h). */
 double
@@ -56,13 +57,38 @@ is_option(const char *arg, const char *name)
 	return strncmp(arg, name, n) == 0 && (arg[n] == '\0' || arg[n] == '=');
 }
 
+/* Whether --json is among the global options (before COMMAND), wherever:
+ * a usage error found before it is read still owes stdout its one JSON
+ * object. */
+static int
+json_asked(int argc, char **argv)
+{
+	for (int i = 1; i < argc && argv[i][0] == '-'; i++) {
+		if (strcmp(argv[i], "--json") == 0)
+			return 1;
+		if (strcmp(argv[i], "-c") == 0 || strcmp(argv[i], "--config") == 0 ||
+		    strcmp(argv[i], "--control") == 0)
+			i++; /* its value, whatever it looks like */
+	}
+	return 0;
+}
+
+/* A usage error's exit status; with --json, after the error object. */
+static int
+usage(int json, int status)
+{
+	if (json)
+		ctl_json_error();
+	return status;
+}
+
 /* Parses the global options and runs the command; returns the exit
  * status. */
 static int
 run(int argc, char **argv)
 {
 	const char *config = NULL, *control = NULL;
-	int json = 0, i;
+	int json = json_asked(argc, argv), i;
 
 	for (i = 1; i < argc && argv[i][0] == '-'; i++) {
 		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -73,20 +99,19 @@ run(int argc, char **argv)
 			return 0;
 		} else if (strcmp(argv[i], "-c") == 0 || is_option(argv[i], "--config")) {
 			if ((config = option_value(argc, argv, &i, "--config")) == NULL)
-				return 2;
+				return usage(json, 2);
 		} else if (is_option(argv[i], "--control")) {
 			if ((control = option_value(argc, argv, &i, "--control")) == NULL)
-				return 2;
-		} else if (strcmp(argv[i], "--json") == 0) {
-			json = 1;
-		} else {
-			return ctl_usage_error(NULL, "unknown option \"%s\"", argv[i]);
+				return usage(json, 2);
+		} else if (strcmp(argv[i], "--json") != 0) {
+			return usage(json, ctl_usage_error(NULL, "unknown option \"%s\"", argv[i]));
 		}
 	}
 	if (config != NULL && control != NULL)
-		return ctl_usage_error(NULL, "give -c CONFIG or --control PATH, not both");
+		return usage(json, ctl_usage_error(NULL,
+			"give -c CONFIG or --control PATH, not both"));
 	if (i == argc)
-		return ctl_usage_error(NULL, "missing COMMAND");
+		return usage(json, ctl_usage_error(NULL, "missing COMMAND"));
 	return ctl_run(argc - i, argv + i, config, control, json);
 }
 

@@ -348,7 +348,12 @@ def test_json_is_one_object_whatever_happens(tmp_path, daemon):
     for args in (["--control", missing, "--json", "status"],
                  ["--control", missing, "status", "--json"],
                  ["--control", daemon.control, "--json", "unload", "nope"],
-                 ["--control", missing, "--json", "load", "x"]):
+                 ["--control", missing, "--json", "load", "x"],
+                 # Usage errors found before the command is known (before,
+                 # nothing on stdout), and --json before a file command.
+                 ["--json", "bogus"], ["--json"], ["--json", "--bogus", "status"],
+                 ["--bogus", "--json", "status"], ["--json", "-c"],
+                 ["--json", "attach", "small"], ["--json", "load", "x", ""]):
         r = subprocess.run([binary("wcachectl"), *args], capture_output=True, text=True)
         assert r.returncode in (1, 2), (args, r.returncode)
         reply = json.loads(r.stdout)
@@ -412,6 +417,11 @@ def test_load_argument_errors(daemon):
         r = ctl(daemon, *args)
         assert r.returncode == 1, args
         assert text in r.stderr, (args, r.stderr)
+    # An empty PATH (an unset variable: load small "$NEWPATH") is a usage
+    # error; before, it loaded the current directory over the model.
+    r = ctl(daemon, "load", "small", "")
+    assert r.returncode == 2 and "load: PATH is empty" in r.stderr, r.stderr
+    assert status(daemon)["models"][0]["generation"] == 1
 
 
 def test_unload_while_attached(daemon, tmp_path, model):
@@ -472,6 +482,51 @@ def test_reload_model_and_config(daemon, tmp_path, model):
     assert r.returncode == 1
     assert daemon.conf in r.stderr
     serving(daemon, "other")
+
+
+def test_a_config_reload_serves_an_unloaded_model_whose_section_changed(tmp_path, model):
+    """A configured model unloaded at run time (`wcachectl unload`) stays
+    unloaded until a restart or a reload that changes its section
+    (`wcachectl unload --help`): whatever key changed, the reload serves it
+    as configured, as a start would, with one line saying so; an unloaded
+    model whose section did not change stays unloaded, with one line too.
+    Before, only a change of path, warm or stage brought it back: with pin
+    or allow_users changed it stayed unloaded, the log said `error: model
+    "a" is not loaded` without context, and the reload answered ok (review
+    rev112 #2)."""
+    models = {name: mkmodel(tmp_path / f"{name}.safetensors", seed=seed, **SMALL)
+              for seed, name in enumerate("abcd", 11)}
+    d = Daemon(tmp_path, models)
+    wait_for_control(d.start())
+    try:
+        for name in models:
+            ready(d, name)
+            r = ctl(d, "unload", name)
+            assert r.returncode == 0, r.stderr
+        assert status(d)["models"] == []
+        d.write_config({"a": (models["a"], {"pin": "all", "allow_users": "0"}),
+                        "b": (models["b"], {"warm": "no"}),
+                        "c": (models["c"], {"derive": "yes"}),
+                        "d": models["d"]})
+        r = ctl(d, "reload")
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        # Generation numbers go on growing across an unload (PROTOCOL.md).
+        a = ready(d, "a", generation=2)
+        assert a["pinned"] == "all", a
+        b = wait_until(lambda: model_entry(d, "b"), what="b served")
+        assert b["generation"] == 2 and b["state"] in ("ready", "cold"), b
+        ready(d, "c", generation=2)
+        assert model_entry(d, "d") is None  # its section did not change
+        log = d.read_log()
+        assert ('model "a": unloaded at run time; its section changed (pin, '
+                'allow_users/allow_groups): the reload serves it again as configured') in log
+        assert 'model "b": unloaded at run time; its section changed (warm)' in log
+        assert 'model "c": unloaded at run time; its section changed (derive)' in log
+        assert ('model "d": unloaded at run time and its section did not change: the '
+                'reload leaves it unloaded') in log
+        assert "error:" not in log and "is not loaded" not in log, log
+    finally:
+        assert d.stop() == 0, d.read_log()
 
 
 def end_after_a_hang(fs, d, clients):
