@@ -256,6 +256,8 @@ inifile_read(const char *path, const struct inifile_handler *h, void *arg)
 	struct inifile f;
 	int r;
 
+	if (path[0] == '\0') /* fopen() would say only "No such file or directory" */
+		return error_set(-ENOENT, "\"\": an empty path names no file");
 	memset(&f, 0, sizeof(f));
 	f.path = path;
 	f.h = h;

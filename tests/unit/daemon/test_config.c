@@ -705,6 +705,11 @@ test_file_errors(void **state)
 	free(path);
 	assert_ptr_equal(cfg, (struct config *)(uintptr_t)0x1);
 
+	/* An empty path (wcached -c '') is named as such; fopen("") said
+	 * only ": No such file or directory". */
+	assert_int_equal(config_load("", &cfg), -ENOENT);
+	assert_string_equal(error_get(), "\"\": an empty path names no file");
+
 	/* An endless line is refused after 64 KiB, not read into memory
 	 * whole (a getline() of /dev/zero ran until memory ran out). */
 	assert_int_equal(config_load("/dev/zero", &cfg), -EINVAL);
