@@ -2,8 +2,10 @@
  * restore_internal.h: what the warm restart's files share (restore.c keeps
  * the table of what the store gave back and its life, restore_job.c checks
  * and serves one model's, restore_check.c checks a stored generation's
- * files off the loop, restore_adopt.c lists what passed, restore_store.c
- * keeps the store in step). Not for other modules: they use restore.h.
+ * files off the loop, restore_layout.c whether a sharded or directory
+ * model's path lists them still, restore_adopt.c lists what passed,
+ * restore_store.c keeps the store in step). Not for other modules: they
+ * use restore.h.
  */
 #ifndef WC_RESTORE_INTERNAL_H
 #define WC_RESTORE_INTERNAL_H
@@ -153,6 +155,16 @@ struct restore_prepared {
  * thread: touches nothing but p and the descriptors it names. */
 void restore_check_generation(struct restore_prepared *p, const char *path,
 	const char *stage_dir);
+
+/*
+ * restore_layout.c: does the model's configured path (a shard index or a
+ * directory) still list, as a load would, the files of p's generation, in
+ * its order? A path of one file: yes (restore_check_generation compares
+ * it). 0, or -ESTALE (another -errno when the stored index or path cannot
+ * be looked at) with the reason: what lists other files, and which. Work
+ * queue thread: reads the index, asks the model's filesystem.
+ */
+int restore_check_layout(const struct restore_prepared *p, const char *path);
 
 /* Frees what p holds (after a failure, or once served: then src, served,
  * origin and staged_dir are NULL). Leaves the stored descriptors it names.

@@ -3,9 +3,11 @@
  * to the end of its check: its stored descriptors taken out of the
  * restore's table (restore.c), its current generation, the generations
  * workers held and its derived artifacts checked on the work queue
- * (restore_work: restore_check.c for the generations, check_artifact for
- * the artifacts), and on the loop what passed served (restore_adopt.c) and
- * the rest given back to the table for restore_close_untaken().
+ * (restore_work: restore_check.c for the generations, restore_layout.c
+ * for whether the model's path lists the current one's files still,
+ * check_artifact for the artifacts), and on the loop what passed served
+ * (restore_adopt.c) and the rest given back to the table for
+ * restore_close_untaken().
  *
  * The checks run off the loop because they ask the model's filesystem,
  * whose server may hang, and because an artifact is parsed again: each
@@ -252,9 +254,15 @@ restore_work(struct workq_job *w)
 {
 	struct restore_job *j = w->arg;
 	const char *name = j->s->desc->models[j->model].name;
+	struct restore_prepared *cur = &j->gens[0];
 
 	for (size_t i = 0; i < j->n; i++)
 		restore_check_generation(&j->gens[i], j->path, j->stage_dir);
+	/* The current one serves only if the model's path lists its files
+	 * still: a shard index renamed over while no wcached ran leaves every
+	 * stored shard as it was. */
+	if (cur->err == 0 && (cur->err = restore_check_layout(cur, j->path)) < 0)
+		snprintf(cur->why, sizeof(cur->why), "%s", error_get());
 	for (size_t i = 0; i < j->nartifacts; i++)
 		check_artifact(&j->artifacts[i], name, j->gens[0].g->number);
 }

@@ -42,7 +42,8 @@ report "a lower daemon module calls a higher one" "$(
 	calls "generation.c" "registry_|derive_|restore_|$above"
 	calls "registry.c registry_load.c registry_sweep.c registry_budget.c" "derive_|restore_|$above"
 	calls "derive.c" "restore_|$above"
-	calls "restore.c restore_adopt.c restore_check.c restore_job.c restore_store.c" \
+	calls "restore.c restore_adopt.c restore_check.c restore_job.c restore_layout.c
+		restore_store.c" \
 		"$above"
 	calls "server.c server_requests.c server_budget.c watch.c watch_poll.c metrics.c" "ctl_|control_")"
 exit $bad

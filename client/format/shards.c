@@ -478,6 +478,25 @@ load_index(const struct model_tree *tree, const char *index_path, struct shard_m
 	return rc;
 }
 
+int
+shards_read_index(const char *index_path, struct shard_map *out)
+{
+	struct model_tree tree = { .fd = -1 };
+	struct shard_map m = { 0 };
+	char *dir;
+	int rc;
+
+	if ((dir = path_dir(index_path)) == NULL)
+		return error_set(-ENOMEM, "%s: out of memory", index_path);
+	if ((rc = tree_open(dir, &tree)) == 0 && (rc = load_index(&tree, index_path, &m)) == 0)
+		*out = m;
+	else
+		shard_map_free(&m); /* empty on failure; said for the analyser */
+	tree_close(&tree);
+	free(dir);
+	return rc;
+}
+
 /*
  * Checks the shards against the weight_map in both directions, using the
  * built index (whose tensor names are unique) and the map.

@@ -33,6 +33,15 @@ struct shard_map {
 int shards_parse_index(const char *name, const char *json, size_t len, struct shard_map *out);
 void shard_map_free(struct shard_map *m);
 
+/*
+ * Reads and parses the shard index file index_path as shards_open() does
+ * (inside the model's tree, at most 64 MiB), without opening a shard:
+ * out->shards are the files a load of it opens, in its order (file k of
+ * the model is shards[k]). 0, or -errno with the message; *out is set on
+ * success only (shard_map_free() it).
+ */
+int shards_read_index(const char *index_path, struct shard_map *out);
+
 /* Opens a shard index file and every shard it names, cross-checks them. */
 int shards_open(const char *index_path, struct model_source *out);
 

@@ -323,3 +323,156 @@ def test_index_file_name_not_a_plain_name_is_refused(tmp_path):
         status_code = d.stop()
         mgr.close()
     assert status_code == 0, d.read_log()
+
+
+def write_shards(tmp_path, shard_dir, v):
+    """Writes version v of a model of two shards into shard_dir the README's
+    way ("Updating a model safely"): the shards under names of their own
+    (model-vV-0000K-of-00002.safetensors), then the shard index renamed over
+    model.safetensors.index.json last, the older shards left in place."""
+    import struct
+    full = mkmodel(tmp_path / f"full{v}.safetensors", seed=v, layers=2, hidden=32, ffn=64,
+                   vocab=16)
+    data = open(full, "rb").read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    meta = header.pop("__metadata__")
+    body = data[8 + n:]
+    names = sorted(header, key=lambda k: header[k]["data_offsets"][0])
+    weight_map = {}
+    for i, part in enumerate([names[:len(names) // 2], names[len(names) // 2:]]):
+        out, off, blob = {"__metadata__": meta}, 0, b""
+        for k in part:
+            a, b = header[k]["data_offsets"]
+            out[k] = dict(header[k], data_offsets=[off, off + b - a])
+            blob += body[a:b]
+            off += b - a
+        h = json.dumps(out).encode()
+        h += b" " * (-len(h) % 8)
+        fname = f"model-v{v}-0000{i + 1}-of-00002.safetensors"
+        with open(shard_dir / fname, "wb") as f:
+            f.write(struct.pack("<Q", len(h)) + h + blob)
+        weight_map.update((k, fname) for k in part)
+    tmp = shard_dir / ".index.tmp"
+    tmp.write_text(json.dumps({"metadata": {"total_size": len(body)}, "weight_map": weight_map}))
+    os.rename(tmp, shard_dir / "model.safetensors.index.json")
+
+
+def start_stored_model(d, mgr, name="m"):
+    """start_stored() for the one model name of d's configuration."""
+    start(d, mgr)
+    wait_until(lambda: ready(d, name), what=f"{name} ready")
+    mgr.wait_for(lambda m: "wc-desc" in m.store and "wc-1-1-i" in m.store,
+                 what=f"{name}'s generation and the description stored")
+
+
+def test_sharded_model_updated_while_down_loads_afresh(tmp_path):
+    """A sharded model updated the README's way while no wcached ran (new
+    shards under new names, the new index renamed over the old one last):
+    every stored shard is still there and unchanged, but the index lists
+    the new ones, so the restart loads the model afresh (generation 2), as
+    a running wcached would have. Before, restore_check.c stat'ed only the
+    stored shards and restored generation 1, which served the old shards
+    for good."""
+    shard_dir = tmp_path / "shards"
+    shard_dir.mkdir()
+    index = shard_dir / "model.safetensors.index.json"
+    write_shards(tmp_path, shard_dir, 1)
+    mgr = FakeManager(str(tmp_path / "notify.sock"))
+    d = Daemon(tmp_path, {"m": str(index)})
+    try:
+        start_stored_model(d, mgr)
+        assert d.stop() == 0, d.read_log()
+        write_shards(tmp_path, shard_dir, 2)
+        start(d, mgr, *mgr.listen_fds())
+        wait_until(lambda: ready(d, "m") and generation(d, "m") == 2,
+                   what="generation 2 of m after the restart")
+        log = d.read_log()
+        assert (f'model "m": not restored: its shard index {index} now lists other files '
+                '(file 1 of 2 is model-v2-00001-of-00002.safetensors; '
+                'model-v1-00001-of-00002.safetensors was stored); loading') in log, log
+        assert 'model "m": generation 1 restored' not in log, log
+        r = d.attach("m", "--touch", "--json")
+        assert r.returncode == 0 and json.loads(r.stdout)["generation"] == 2, r.stdout
+    finally:
+        status_code = d.stop()
+        mgr.close()
+    assert status_code == 0, d.read_log()
+
+
+def test_restored_sharded_model_sees_a_later_index_rename(tmp_path):
+    """A sharded model restored as stored (nothing changed while no wcached
+    ran) is watched as a loaded one is: its shard index renamed over later
+    makes generation 2."""
+    shard_dir = tmp_path / "shards"
+    shard_dir.mkdir()
+    write_shards(tmp_path, shard_dir, 1)
+    mgr = FakeManager(str(tmp_path / "notify.sock"))
+    d = Daemon(tmp_path, {"m": str(shard_dir / "model.safetensors.index.json")})
+    try:
+        start_stored_model(d, mgr)
+        assert d.stop() == 0, d.read_log()
+        start(d, mgr, *mgr.listen_fds())
+        wait_until(lambda: ready(d, "m"), what="m after the restart")
+        assert 'model "m": generation 1 restored from the file descriptor store' \
+            in d.read_log(), d.read_log()
+        write_shards(tmp_path, shard_dir, 2)
+        wait_until(lambda: generation(d, "m") == 2, what="generation 2 of the restored model")
+        r = d.attach("m", "--touch", "--json")
+        assert r.returncode == 0 and json.loads(r.stdout)["generation"] == 2, r.stdout
+    finally:
+        status_code = d.stop()
+        mgr.close()
+    assert status_code == 0, d.read_log()
+
+
+def test_directory_model_changed_while_down_loads_afresh(tmp_path):
+    """A model configured as a directory, of one file when stored: the
+    directory that gained a shard index while no wcached ran loads afresh
+    from the index (generation 2); one that gained a second .safetensors
+    (no index) is not restored either, and its load says why it fails.
+    Before, both restored generation 1: its one file was unchanged."""
+    model_dir = tmp_path / "dir"
+    model_dir.mkdir()
+    mkmodel(model_dir / "a.safetensors", seed=1)
+    mgr = FakeManager(str(tmp_path / "notify.sock"))
+    d = Daemon(tmp_path, {"m": str(model_dir)})
+    try:
+        start_stored_model(d, mgr)
+        assert d.stop() == 0, d.read_log()
+        write_shards(tmp_path, model_dir, 2)
+        start(d, mgr, *mgr.listen_fds())
+        wait_until(lambda: ready(d, "m") and generation(d, "m") == 2,
+                   what="generation 2 of m, from its new shard index")
+        log = d.read_log()
+        assert (f'model "m": not restored: its directory {model_dir} holds the shard index '
+                'model.safetensors.index.json, which now lists other files (2 files; 1 was '
+                'stored); loading') in log, log
+        mgr.wait_for(lambda m: "wc-1-2-i" in m.store, what="generation 2 stored")
+        assert d.stop() == 0, d.read_log()
+        # Back to one file (its shards gone: restore_check.c says so), then
+        # a second one beside it: no model to load.
+        for f in model_dir.iterdir():
+            if f.name != "a.safetensors":
+                f.unlink()
+        start(d, mgr, *mgr.listen_fds())
+        wait_until(lambda: ready(d, "m") and generation(d, "m") == 3,
+                   what="generation 3 of m, its one file again")
+        assert 'model "m": not restored: ' in d.read_log(), d.read_log()
+        mgr.wait_for(lambda m: "wc-1-3-i" in m.store, what="generation 3 stored")
+        assert d.stop() == 0, d.read_log()
+        mkmodel(model_dir / "b.safetensors", seed=2)
+        start(d, mgr, *mgr.listen_fds())
+        wait_until(lambda: 'model "m": not restored: ' in d.read_log(),
+                   what="m's check at the restart")
+        log = d.read_log()
+        assert (f'model "m": not restored: its directory changed since it was stored: '
+                f'{model_dir}: 2 *.safetensors files (a.safetensors, b.safetensors) and no '
+                '*.safetensors.index.json') in log, log
+        assert 'model "m": generation 3 restored' not in log, log
+        wait_until(lambda: status(d).get("m", {}).get("state") not in ("loading", "ready"),
+                   what="m's load failing")
+    finally:
+        status_code = d.stop()
+        mgr.close()
+    assert status_code == 0, d.read_log()

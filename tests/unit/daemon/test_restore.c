@@ -1,7 +1,8 @@
 /*
- * test_restore.c: unit tests of daemon/restore.c and restore_job.c, taking
- * back what a previous process stored. A first registry (the previous
- * process) loads a model, lists a derived artifact of it and stores both
+ * test_restore.c: unit tests of daemon/restore.c, restore_job.c and
+ * restore_layout.c, taking back what a previous process stored. A first
+ * registry (the previous process) loads a model (a file, or a directory
+ * that holds it), lists a derived artifact of it and stores both
  * in a service manager's store of the test's own (storeutil.h); the
  * manager hands its store over as systemd does, restore_take() takes it,
  * and a second registry restores from it (restore_model, restore_started)
@@ -112,7 +113,8 @@ static const struct derive_hooks no_hooks;
 
 struct fixture {
 	char *dir;                   /* the model's, for both processes */
-	char *path;                  /* its file */
+	char *path;                  /* its file, or the directory that holds it */
+	char *file;                  /* its file */
 	char *stage_dir;             /* dir/staged, for a model that stages, else NULL */
 	struct su_manager m;
 	struct du t;                 /* the second process's registry */
@@ -173,7 +175,7 @@ previous_process(struct fixture *f)
 	stored_setup(&t, -1);
 	assert_int_equal(derive_init(&derive, &t.reg, &no_hooks), 0);
 	assert_int_equal(du_load(&t, "m", f->path, PIN_METADATA, 0), 0);
-	assert_int_equal(source_open_fd(artifact_memfd(f->path), "m derived k", &src), 0);
+	assert_int_equal(source_open_fd(artifact_memfd(f->file), "m derived k", &src), 0);
 	len = src.index_len;
 	assert_int_equal(gen_seal_index(src.index, len, &ifd, &map), 0);
 	munmap((void *)map, len);
@@ -250,6 +252,8 @@ new_fixture(void)
 	assert_int_equal(rename(f->path, moved), 0);
 	free(f->path);
 	f->path = moved;
+	f->file = strdup(moved);
+	assert_non_null(f->file);
 	du_teardown(&scratch);
 	su_manager_start(&f->m, f->dir);
 	return f;
@@ -283,6 +287,26 @@ setup(void **state)
 	return next_process(f, 6, state);
 }
 
+/* m is the directory f->dir/model, which holds the file a.safetensors. */
+static int
+setup_dir(void **state)
+{
+	struct fixture *f = new_fixture();
+	char *dir = path_join(f->dir, "model"), *moved;
+
+	assert_non_null(dir);
+	assert_int_equal(mkdir(dir, 0700), 0);
+	moved = path_join(dir, "a.safetensors");
+	assert_non_null(moved);
+	assert_int_equal(rename(f->file, moved), 0);
+	free(f->file);
+	free(f->path);
+	f->file = moved;
+	f->path = dir;
+	previous_process(f);
+	return next_process(f, 6, state);
+}
+
 /* The previous process staged m; the next one has stage_dir too. */
 static int
 setup_staged(void **state)
@@ -309,6 +333,7 @@ teardown(void **state)
 	tu_rmtree(f->dir);
 	free(f->stage_dir);
 	free(f->path);
+	free(f->file);
 	free(f);
 	return 0;
 }
@@ -539,6 +564,73 @@ test_stage_yes_keeps_a_staged_generation(void **state)
 	free(log);
 }
 
+/* Restores the model m, whose check ends with the restore's result: its
+ * log. */
+static char *
+restore_logged(struct fixture *f)
+{
+	du_log_start(&f->t);
+	assert_int_equal(restore_model(f->s, &f->t.reg, "m", f->path, PIN_METADATA, 0, restored,
+		f), 1);
+	restore_started(f->s, &f->t.reg); /* s is restore.c's from now */
+	du_run_until(&f->t, is_done, f);
+	return du_log_stop(&f->t);
+}
+
+/* A directory model as it was stored is restored (the one file its
+ * directory holds is the one stored). */
+static void
+test_directory_model_unchanged_is_restored(void **state)
+{
+	struct fixture *f = *state;
+	char *log = restore_logged(f);
+
+	assert_int_equal(f->result, RESTORE_SERVED);
+	assert_null(strstr(log, "not restored"));
+	free(log);
+}
+
+/*
+ * The directory of a model stored as its one file gained a shard index
+ * while no wcached ran: a load would open the files the index lists, so
+ * generation 1 is not restored, and the log says which file differs.
+ * Before, restore_check.c stat'ed a.safetensors, unchanged, and restored
+ * it.
+ */
+static void
+test_directory_that_gained_a_shard_index_loads_afresh(void **state)
+{
+	static const char index[] = "{\"weight_map\": {\"x\": \"b.safetensors\"}}";
+	struct fixture *f = *state;
+	char *log, want[512];
+
+	free(tu_write(f->path, "model.safetensors.index.json", index, sizeof(index) - 1));
+	log = restore_logged(f);
+	assert_int_equal(f->result, RESTORE_LOAD);
+	snprintf(want, sizeof(want), "model \"m\": not restored: its directory %s holds the "
+		"shard index model.safetensors.index.json, which now lists other files (file 1 of "
+		"1 is b.safetensors; a.safetensors was stored); loading", f->path);
+	assert_non_null(strstr(log, want));
+	free(log);
+}
+
+/* ... or a second .safetensors, and no index: no model a load could open
+ * (shards_find_model says why); not restored either. */
+static void
+test_directory_that_gained_a_second_file_loads_afresh(void **state)
+{
+	struct fixture *f = *state;
+	char *log, want[512];
+
+	free(tu_write(f->path, "b.safetensors", "abc", 3));
+	log = restore_logged(f);
+	assert_int_equal(f->result, RESTORE_LOAD);
+	snprintf(want, sizeof(want), "model \"m\": not restored: its directory changed since it "
+		"was stored: %s: 2 *.safetensors files (a.safetensors, b.safetensors)", f->path);
+	assert_non_null(strstr(log, want));
+	free(log);
+}
+
 int
 main(void)
 {
@@ -547,6 +639,12 @@ main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(
 			test_stage_yes_now_loads_an_unstaged_generation_afresh, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_directory_model_unchanged_is_restored,
+			setup_dir, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_directory_that_gained_a_shard_index_loads_afresh, setup_dir, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_directory_that_gained_a_second_file_loads_afresh, setup_dir, teardown),
 		cmocka_unit_test_setup_teardown(test_stage_no_now_loads_a_staged_generation_afresh,
 			setup_staged, teardown),
 		cmocka_unit_test_setup_teardown(

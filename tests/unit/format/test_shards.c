@@ -343,6 +343,43 @@ test_open_valid(void **state)
 	/* total_size 999 is wrong, and that is fine (advisory) */
 }
 
+/*
+ * shards_read_index() lists the files a load of the index opens, in its
+ * order, without opening one (a shard removed does not matter), and reads
+ * the index as a load does: a symlinked index that leaves the model's
+ * tree is refused.
+ */
+static void
+test_read_index(void **state)
+{
+	struct fixture *f = *state;
+	struct shard_map m = { 0 };
+	char *p, *s2, *outside, *link;
+
+	write_model(f->dir);
+	s2 = path_of(f->dir, S2);
+	assert_int_equal(unlink(s2), 0);
+	p = path_of(f->dir, INDEX_NAME);
+	assert_int_equal(shards_read_index(p, &m), 0);
+	assert_int_equal(m.nshards, 3);
+	assert_string_equal(m.shards[0], S1);
+	assert_string_equal(m.shards[1], S2);
+	assert_string_equal(m.shards[2], S3);
+	shard_map_free(&m);
+	/* The index a link to a file outside the tree: refused, *out untouched. */
+	outside = tu_tmpdir();
+	write_model(outside);
+	link = path_of(outside, INDEX_NAME);
+	assert_int_equal(unlink(p), 0);
+	assert_int_equal(symlink(link, p), 0);
+	assert_true(shards_read_index(p, &m) < 0);
+	assert_null(m.shards);
+	tu_rmtree(outside);
+	free(link);
+	free(p);
+	free(s2);
+}
+
 /* An index named by a relative path with no directory part. */
 static void
 test_open_relative(void **state)
@@ -648,6 +685,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_open_tensor_in_two_shards, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_open_bad_shard, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_open_bad_index, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_read_index, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_dir_sharded, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_dir_single, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_dir_many_files, setup, teardown),
