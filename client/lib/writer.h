@@ -36,7 +36,9 @@ int writer_weig(const wc_model *m, const char *out_path);
 /*
  * Writes m as a standard safetensors file: a JSON header (with __metadata__
  * when m has metadata) padded with spaces to a multiple of 8 bytes, then the
- * tensors' data back to back, in byte order of names.
+ * tensors' data back to back in upstream's order (by dtype, widest first,
+ * then by name in byte order), which starts every tensor at a multiple of
+ * its element size.
  */
 int writer_safetensors(const wc_model *m, const char *out_path);
 

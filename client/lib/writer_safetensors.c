@@ -2,8 +2,14 @@
  * writer_safetensors.c: writes a gathered model (writer_internal.h) as a
  * standard safetensors file: an 8-byte little-endian header length, a JSON
  * header with __metadata__ when there is metadata, padded with spaces to a
- * multiple of 8 bytes, then the tensors' data back to back in byte order of
- * names.
+ * multiple of 8 bytes, then the tensors' data back to back in upstream's
+ * order: by dtype, widest first in the order of upstream's Dtype enum
+ * (safetensors/src/tensor.rs prepare(): "sorting by descending dtype
+ * alignment, then by name"), then by name in byte order. The data starts at
+ * a multiple of 8 and each dtype's tensors fill whole elements, so every
+ * tensor starts at a multiple of its element size, and the file is the one
+ * upstream's save_file (and our Python writer, _serialize.py) writes for the
+ * same tensors and metadata.
  *
  * The header is built in memory (open_memstream) and held to the limit the
  * reader enforces (ST_MAX_HEADER, format/safetensors.h), so that we never
@@ -28,6 +34,50 @@
 #include "lib/writer.h"
 #include "lib/writer_internal.h"
 #include "proto/le.h"
+
+/*
+ * The dtypes in the order of upstream's Dtype enum (safetensors/src/tensor.rs,
+ * "in increasing alignment order"); its writer lays tensors out in the
+ * reverse of this order. _serialize.py's _ORDER is the same list.
+ */
+static const char *const upstream_order[DTYPE_COUNT] = {
+	"BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0",
+	"F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "C64",
+	"F64", "I64", "U64",
+};
+
+/*
+ * Puts wm's tensors, which wt_sort() left in byte order of names, in
+ * upstream's order: the tensors of each dtype, widest dtype first, each
+ * group keeping the name order (a stable partition, one pass per dtype).
+ */
+static int
+order_like_upstream(struct wt_model *wm, const char *what)
+{
+	struct wt_tensor *sorted;
+	size_t k = 0;
+
+	if (wm->n < 2)
+		return 0;
+	if ((sorted = calloc(wm->n, sizeof(*sorted))) == NULL)
+		return error_set(-ENOMEM, "%s: out of memory for %zu tensors", what, wm->n);
+	for (size_t r = DTYPE_COUNT; r-- > 0;) {
+		const struct dtype_info *type = dtype_by_name(upstream_order[r],
+			strlen(upstream_order[r]));
+
+		for (size_t i = 0; i < wm->n; i++)
+			if (type != NULL && wm->t[i].type->code == type->code)
+				sorted[k++] = wm->t[i];
+	}
+	if (k != wm->n) { /* a dtype missing from upstream_order: a bug here */
+		free(sorted);
+		return error_set(-EINVAL, "%s: a dtype has no place in the safetensors order",
+			what);
+	}
+	free(wm->t);
+	wm->t = sorted;
+	return 0;
+}
 
 /*
  * Builds the safetensors JSON header of wm (with __metadata__ when there is
@@ -90,12 +140,14 @@ build_header(struct wt_model *wm, const char *out_path, char **out, size_t *out_
 }
 
 /* Checks that wm can be a safetensors file (no reserved name, offsets
- * within 64 bits) and builds its header; what names the output. */
+ * within 64 bits), puts its tensors in upstream's order and builds its
+ * header; what names the output. */
 static int
 prepare_header(struct wt_model *wm, const char *what, char **header, size_t *header_len)
 {
 	uint64_t total = 0;
 	char q[160];
+	int rc;
 
 	for (size_t i = 0; i < wm->n; i++) {
 		if (strcmp(wm->t[i].name, "__metadata__") == 0)
@@ -106,6 +158,8 @@ prepare_header(struct wt_model *wm, const char *what, char **header, size_t *hea
 			return error_set(-EOVERFLOW, "%s: model too large for 64-bit offsets",
 				what);
 	}
+	if ((rc = order_like_upstream(wm, what)) < 0)
+		return rc;
 	return build_header(wm, what, header, header_len);
 }
 

@@ -31,6 +31,11 @@ DTYPES = {
     "C64": (21, "c8", 64),
 }
 CODE_TO_DTYPE = {v[0]: k for k, v in DTYPES.items()}
+# Upstream's Dtype enum in its order (safetensors/src/tensor.rs); its writer, prepare(),
+# lays tensors out by dtype in the reverse of this order, then by name.
+UPSTREAM_ORDER = ["BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3",
+                  "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16", "U16", "F16", "BF16", "I32",
+                  "U32", "F32", "C64", "F64", "I64", "U64"]
 
 
 # ---- fixtures and helpers ----
@@ -216,6 +221,25 @@ def sample_model(rng):
     return tensors, metadata
 
 
+def upstream_order(header):
+    """The names of a safetensors header's tensors in the order upstream's writer lays
+    them out: by dtype in descending order of its Dtype enum, then by name in byte order
+    (Python's sort is stable, reverse=True too)."""
+    names = sorted(header, key=lambda s: s.encode())
+    names.sort(key=lambda n: UPSTREAM_ORDER.index(header[n]["dtype"]), reverse=True)
+    return names
+
+
+def assert_elements_aligned(header, hlen):
+    """Every tensor of whole-byte elements starts, in the data and in the file, at a
+    multiple of its element size (the data starts at 8 + hlen, a multiple of 8)."""
+    assert (8 + hlen) % 8 == 0
+    for name, t in header.items():
+        bits = DTYPES[t["dtype"]][2]
+        if bits % 8 == 0:
+            assert t["data_offsets"][0] % (bits // 8) == 0, (name, t)
+
+
 # ---- round trips ----
 
 def test_safetensors_weig_safetensors(ctl, tmp_path):
@@ -243,13 +267,15 @@ def test_safetensors_weig_safetensors(ctl, tmp_path):
     assert set(st) == set(tensors)
     for name, (dtype, shape, data) in tensors.items():
         assert st[name] == (dtype, tuple(shape), data), name
-    # Data back to back in byte order of names.
+    # Data back to back in upstream's order: by dtype, widest first, then by name.
     header = json.loads(raw[8:8 + hlen])
     del header["__metadata__"]
-    starts = [header[n]["data_offsets"] for n in sorted(header, key=lambda s: s.encode())]
+    assert list(header) == upstream_order(header)
+    starts = [header[n]["data_offsets"] for n in upstream_order(header)]
     assert starts[0][0] == 0
     assert all(a[1] == b[0] for a, b in zip(starts, starts[1:]))
     assert len(raw) == 8 + hlen + starts[-1][1]
+    assert_elements_aligned(header, hlen)
 
     # inspect agrees on all three files.
     a, b, c = inspect(ctl, src), inspect(ctl, weig), inspect(ctl, back)
@@ -258,6 +284,78 @@ def test_safetensors_weig_safetensors(ctl, tmp_path):
     assert_same_inspect(b, c)
     assert all(t["offset"] % 64 == 0 for t in b["tensors"])
     no_temporaries(tmp_path)
+
+
+def test_safetensors_output_keeps_elements_aligned(ctl, tmp_path):
+    """An F32 after a 3-byte U8 in name order (review rev113 #3): upstream's order puts
+    the F32 first, at offset 0, from a safetensors input and from a WEIG one."""
+    src = tmp_path / "in.safetensors"
+    write_safetensors(src, {"b": ("F32", [2], b"\0\0\x80\x3f" * 2), "a": ("U8", [3], b"xyz")})
+    convert(ctl, str(src), str(tmp_path / "out.safetensors"))
+    convert(ctl, str(src), str(tmp_path / "mid.weig"))
+    convert(ctl, str(tmp_path / "mid.weig"), str(tmp_path / "back.safetensors"))
+    for out in ("out.safetensors", "back.safetensors"):
+        hlen, _, st, raw = read_safetensors(tmp_path / out)
+        header = json.loads(raw[8:8 + hlen])
+        assert list(header) == ["b", "a"]
+        assert header["b"]["data_offsets"] == [0, 8]
+        assert header["a"]["data_offsets"] == [8, 11]
+        assert st["b"][2] == b"\0\0\x80\x3f" * 2 and st["a"][2] == b"xyz"
+        info = inspect(ctl, tmp_path / out)
+        assert all(t["offset"] % 4 == 0 for t in info["tensors"] if t["dtype"] == "F32")
+
+
+def test_c_and_python_writers_write_the_same_bytes(ctl, tmp_path):
+    """wcachectl convert's safetensors output is, byte for byte, what the Python writer
+    (wcache._serialize.serialize, which follows upstream's save_file) writes for the same
+    tensors and metadata: every dtype, a scalar, an empty tensor, names and metadata that
+    need escaping."""
+    build = os.environ["WCACHE_BUILD"]
+    src_dir = os.environ.get("WCACHE_SRCDIR") or os.path.join(os.path.dirname(__file__),
+                                                               "..", "..")
+    lib = os.path.join(build, "lib", "libwcache.so")
+    assert os.path.exists(lib), lib
+    rng = np.random.default_rng(7)
+    tensors, metadata = sample_model(rng)
+    metadata["ctl\x01\x1f\x7f"] = "\u2028\r\b\f"
+    src = tmp_path / "in.safetensors"
+    write_safetensors(src, tensors, metadata)
+    convert(ctl, str(src), str(tmp_path / "c.safetensors"))
+    convert(ctl, str(src), str(tmp_path / "c.weig"))
+    convert(ctl, str(tmp_path / "c.weig"), str(tmp_path / "c2.safetensors"))
+    script = (
+        "import json, sys\n"
+        "from wcache._serialize import serialize, DTYPES\n"
+        "spec = json.load(open(sys.argv[1]))\n"
+        "names = {v: k for k, v in DTYPES.items()}\n"
+        "t = {n: {'dtype': names[d], 'shape': s, 'data': bytes.fromhex(h)}\n"
+        "     for n, (d, s, h) in spec['tensors'].items()}\n"
+        "open(sys.argv[2], 'wb').write(serialize(t, spec['metadata']))\n")
+    # Sub-byte dtypes stay out of this comparison: F6_E2M3 and F6_E3M2 have no torch or
+    # numpy name, and serialize takes F4's shape as its storage shape (two values a byte).
+    spec_tensors = {n: v for n, v in tensors.items() if DTYPES[v[0]][2] % 8 == 0}
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"metadata": metadata, "tensors": {
+        name: [dtype, shape, raw.hex()] for name, (dtype, shape, raw) in spec_tensors.items()}}))
+    src2 = tmp_path / "in2.safetensors"
+    write_safetensors(src2, spec_tensors, metadata)
+    convert(ctl, str(src2), str(tmp_path / "c3.safetensors"))
+    env = dict(os.environ, WCACHE_LIB=lib,
+               PYTHONPATH=os.path.join(src_dir, "client", "python"))
+    r = subprocess.run(["/usr/bin/python3", "-c", script, str(spec),
+                        str(tmp_path / "py.safetensors")],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    py = (tmp_path / "py.safetensors").read_bytes()
+    assert (tmp_path / "c3.safetensors").read_bytes() == py
+    # Every dtype, F6 included: from a safetensors input and from a WEIG one, the same.
+    c = (tmp_path / "c.safetensors").read_bytes()
+    assert (tmp_path / "c2.safetensors").read_bytes() == c
+    hlen = struct.unpack_from("<Q", c, 0)[0]
+    header = json.loads(c[8:8 + hlen])
+    del header["__metadata__"]
+    assert list(header) == upstream_order(header)
+    assert_elements_aligned(header, hlen)
 
 
 def test_weig_to_weig_is_stable(ctl, tmp_path):
