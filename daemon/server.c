@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <inttypes.h>
@@ -93,6 +94,19 @@ conn_throttled(struct conn *c, const char *why)
 		c->inflight_fds);
 }
 
+/* Runs the retry timer while any connection is held back or waits
+ * half-closed for the answer to its PUBLISH (on_retry looks at both). */
+static void
+retry_timer_update(struct server *s)
+{
+	int active = uv_is_active((uv_handle_t *)&s->retry_timer);
+
+	if (s->ndeferred + s->nhalf_closed > 0 && !active)
+		uv_timer_start(&s->retry_timer, on_retry, DEFER_RETRY_MS, DEFER_RETRY_MS);
+	else if (s->ndeferred + s->nhalf_closed == 0 && active)
+		uv_timer_stop(&s->retry_timer);
+}
+
 /* The one place a connection is held back or let go (enum conn_deferred). */
 static void
 conn_set_deferred(struct conn *c, enum conn_deferred deferred)
@@ -101,10 +115,40 @@ conn_set_deferred(struct conn *c, enum conn_deferred deferred)
 	int was = c->deferred != DEFER_NONE;
 
 	c->deferred = deferred;
-	if (!was && deferred != DEFER_NONE && s->ndeferred++ == 0)
-		uv_timer_start(&s->retry_timer, on_retry, DEFER_RETRY_MS, DEFER_RETRY_MS);
-	else if (was && deferred == DEFER_NONE && --s->ndeferred == 0)
-		uv_timer_stop(&s->retry_timer);
+	if (!was && deferred != DEFER_NONE)
+		s->ndeferred++;
+	else if (was && deferred == DEFER_NONE)
+		s->ndeferred--;
+	retry_timer_update(s);
+}
+
+/* The one place a connection's wait changes (enum conn_waiting). */
+static void
+conn_set_waiting(struct conn *c, enum conn_waiting waiting)
+{
+	struct server *s = c->srv;
+	int was = c->waiting == WAIT_CHECK_HALF_CLOSED;
+
+	c->waiting = waiting;
+	if (!was && waiting == WAIT_CHECK_HALF_CLOSED)
+		s->nhalf_closed++;
+	else if (was && waiting != WAIT_CHECK_HALF_CLOSED)
+		s->nhalf_closed--;
+	retry_timer_update(s);
+}
+
+/*
+ * Whether c's peer has gone: its socket closed, which poll() reports as
+ * POLLHUP whatever is asked for (with POLLERR when it left data of ours
+ * unread). A peer that only shut its end for writing (POLLIN|POLLRDHUP)
+ * still reads what it is sent. (control.c asks the same of its clients.)
+ */
+static int
+conn_departed(const struct conn *c)
+{
+	struct pollfd p = { .fd = c->fd };
+
+	return poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR)) != 0;
 }
 
 /*
@@ -191,6 +235,15 @@ on_retry(uv_timer_t *t)
 
 	for (c = s->conns; c != NULL; c = next) {
 		next = c->next;
+		/* A half-closed builder whose PUBLISH is checked is not
+		 * watched: it is closed here once it has gone for good (it
+		 * exited), as the hang-up would have closed it (conn_io). */
+		if (c->waiting == WAIT_CHECK_HALF_CLOSED && !c->closing && conn_departed(c)) {
+			log_debug("client pid %d uid %u: left while its PUBLISH is checked; "
+				  "closing the connection", (int)c->pid, (unsigned)c->uid);
+			conn_close(c);
+			continue;
+		}
 		if (c->deferred == DEFER_NONE || c->closing)
 			continue;
 		if (c->deferred == DEFER_REPLY) {
@@ -205,10 +258,16 @@ on_retry(uv_timer_t *t)
 }
 
 void
-conn_wait(struct conn *c)
+conn_wait(struct conn *c, enum conn_waiting what)
 {
-	c->waiting = 1;
+	conn_set_waiting(c, what);
 	uv_poll_start(&c->poll, UV_DISCONNECT, conn_io);
+}
+
+void
+conn_wait_end(struct conn *c)
+{
+	conn_set_waiting(c, WAIT_NONE);
 }
 
 void
@@ -451,11 +510,30 @@ conn_io(uv_poll_t *handle, int status, int events)
 	 * its last request (shutdown(SHUT_WR)) lost its answers; closed after
 	 * one round of reads, it lost those past the 16th. So while requests
 	 * remain, the loop comes back for them (the hang-up stays reported);
-	 * the end of the stream closes it (conn_read). */
+	 * the end of the stream closes it (conn_read).
+	 *
+	 * A PUBLISH waits for its check: a builder that shut its end for
+	 * writing after it still reads, and gets the answer when the check
+	 * ends. Until then c is not watched (the half-close, level-triggered,
+	 * would be reported on every turn of the loop), and the retry timer
+	 * closes it if its peer leaves for good meanwhile (on_retry); the
+	 * answer's send watches it again, and the end of the stream or a
+	 * reply that cannot go at once closes it, as for any half-closed
+	 * client. A peer that closed its socket is closed at once: the check
+	 * goes on without it (derive_conn_gone). A DERIVE that waits is
+	 * closed too, as PROTOCOL.md says: its wait may last minutes. */
 	if (events & UV_DISCONNECT) {
 		if ((events & UV_READABLE) && !c->pending && !c->waiting &&
 			c->deferred == DEFER_NONE && conn_read(c))
 			return;
+		if (c->waiting == WAIT_CHECK && !c->closing && !conn_departed(c)) {
+			log_debug("client pid %d uid %u: shut its end for writing while its "
+				  "PUBLISH is checked; it gets its answer, then the connection "
+				  "closes", (int)c->pid, (unsigned)c->uid);
+			conn_set_waiting(c, WAIT_CHECK_HALF_CLOSED);
+			uv_poll_stop(&c->poll);
+			return;
+		}
 		conn_close(c);
 		return;
 	}
@@ -487,6 +565,7 @@ conn_close(struct conn *c)
 		return;
 	c->closing = 1;
 	conn_set_deferred(c, DEFER_NONE);
+	conn_set_waiting(c, WAIT_NONE);
 	conn_unhold(c);
 	/* The peer's socket, and with it everything unread, goes away with
 	 * the connection (or is no longer ours to account for). */

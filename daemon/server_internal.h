@@ -34,6 +34,27 @@ enum conn_deferred {
 	DEFER_READ,  /* not read while its uid's descriptors wait to close */
 };
 
+/*
+ * What a connection's request waits for; derive.c's hooks answer it. It is
+ * not read meanwhile, and a hang-up closes it (derive_conn_gone: a DERIVE
+ * waits no more, a build goes to the next waiter, a check goes on without
+ * its builder), save one: a peer that only shut its end for writing while
+ * its PUBLISH is checked still reads, and gets its answer (conn_io). Only
+ * conn_set_waiting() changes it: WAIT_NONE -> WAIT_BUILD or WAIT_CHECK
+ * (conn_wait), WAIT_CHECK -> WAIT_CHECK_HALF_CLOSED (the half-close), any
+ * -> WAIT_NONE (the answer, conn_wait_end; or the close).
+ */
+enum conn_waiting {
+	WAIT_NONE = 0,
+	WAIT_BUILD,             /* a DERIVE waits for another worker's build */
+	WAIT_CHECK,             /* a PUBLISH waits for its check (derive_publish.c) */
+	WAIT_CHECK_HALF_CLOSED, /* ... and the peer has shut its end for writing
+				 * since: not watched (the hang-up stays reported
+				 * while it is), the retry timer looks for the
+				 * peer's departure (on_retry); closed once its
+				 * answer is read (or cannot go at once) */
+};
+
 struct conn {
 	uv_poll_t poll;
 	struct server *srv;
@@ -52,8 +73,8 @@ struct conn {
 	int out_fds[WIRE_MAX_FDS];     /* borrowed from a held generation */
 	size_t out_nfds;
 	int pending;
-	int waiting;                   /* a DERIVE waits for another worker's build: no
-					  request is read until derive.c answers it */
+	enum conn_waiting waiting;     /* a DERIVE or a PUBLISH waits: no request is read
+					  until derive.c answers it */
 	enum conn_deferred deferred;   /* held back, looked at again by the retry timer */
 	int closing;
 	struct closer *closer;         /* the server's, for after the server is gone */
@@ -105,7 +126,8 @@ struct server {
 	uint64_t confirmed_at; /* uv_now() + 1 of the last sweep of conn_confirm, 0: never */
 	int sent_since_sweep;  /* descriptors were sent since that sweep */
 	unsigned ndeferred;
-	uv_timer_t retry_timer;
+	unsigned nhalf_closed;   /* connections in WAIT_CHECK_HALF_CLOSED */
+	uv_timer_t retry_timer;  /* runs while ndeferred or nhalf_closed is not 0 */
 	unsigned nheld;          /* connections with a reply held back (held_ms != 0) */
 	unsigned unread_reply_ms; /* closed when their replies stay unread this long */
 	uv_timer_t unread_timer; /* looks at them while nheld > 0 */
@@ -159,9 +181,12 @@ int fd_budget_allows(struct conn *c, size_t nfds);
 /* Derives the reserve and the budget from s->fd_limit (RLIMIT_NOFILE). */
 void fd_budget_init(struct server *s);
 
-/* A DERIVE waits: c reads nothing until derive.c's hook answers it (which
- * clears c->waiting and sends), and a hang-up still closes it. */
-void conn_wait(struct conn *c);
+/* A DERIVE (what: WAIT_BUILD) or a PUBLISH (WAIT_CHECK) waits: c reads
+ * nothing until derive.c's hook answers it, which calls conn_wait_end()
+ * and then sends. A hang-up closes it, save a half-close while a PUBLISH
+ * is checked (enum conn_waiting). */
+void conn_wait(struct conn *c, enum conn_waiting what);
+void conn_wait_end(struct conn *c);
 
 /* Drops a reference the connection held (through derive.c, which knows
  * when an artifact goes with its last holder). */

@@ -170,7 +170,7 @@ attach_artifact(struct conn *c, uint32_t seq, struct derived *a, const char *wha
 {
 	struct registry_attachment at;
 
-	c->waiting = 0;
+	conn_wait_end(c);
 	/* refs_room() was checked when it began to wait and it has attached
 	 * nothing since; a failure here still answers it. */
 	if (refs_room(c, seq) < 0)
@@ -199,7 +199,7 @@ derived_build(void *conn, uint32_t seq, struct derive_build *b)
 	struct conn *c = conn;
 	struct registry_attachment at;
 
-	c->waiting = 0;
+	conn_wait_end(c);
 	/* refs_room() was checked when it began to wait and it has attached
 	 * nothing since; a failure here still answers it. */
 	if (refs_room(c, seq) < 0)
@@ -213,7 +213,7 @@ derived_fail(void *conn, uint32_t seq, int err, const char *text)
 {
 	struct conn *c = conn;
 
-	c->waiting = 0;
+	conn_wait_end(c);
 	conn_error(c, seq, err, 0, "%s", text);
 }
 
@@ -262,7 +262,7 @@ request_derive(struct conn *c, const struct wire_message *msg)
 			"builds a derived artifact from");
 	} else {
 		/* DERIVE_WAIT: only a hang-up is of interest until derive.c answers. */
-		conn_wait(c);
+		conn_wait(c, WAIT_BUILD);
 	}
 }
 
@@ -293,8 +293,8 @@ request_publish(struct conn *c, const struct wire_message *msg, int fd)
 		return;
 	}
 	/* Checked on the work queue: derived_published() or derived_fail()
-	 * answers it. */
-	conn_wait(c);
+	 * answers it, even once its peer has shut its end for writing. */
+	conn_wait(c, WAIT_CHECK);
 }
 
 void

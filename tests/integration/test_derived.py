@@ -340,7 +340,9 @@ def test_a_builder_that_publishes_and_hangs_up_at_once_has_published(derived, ho
     # A builder that publishes and exits is the usual one. Its PUBLISH and its
     # hang-up, read together, cancelled the check: the waiter was handed the
     # build to do again (BUILD), and the log said the builder "disconnected
-    # before publishing". The check now goes on without the connection.
+    # before publishing". The check now goes on without the connection. One
+    # that only shut its end for writing still reads: it gets its own reply
+    # (it lost it, closed as if gone), then the end of the stream.
     d = derived()
     ready(d, "small")
     a, b, c = Peer(d), Peer(d), Peer(d)
@@ -348,18 +350,82 @@ def test_a_builder_that_publishes_and_hangs_up_at_once_has_published(derived, ho
     b.derive("small", "f32-v1")
     waiting(d, 1)
     publish_and_hang_up(d, a, r["token"], ARTIFACT, how)
+    if how == "shut_wr":
+        try:
+            mine = a.reply()
+        except (EOFError, ConnectionResetError) as e:
+            raise AssertionError(f"the half-closed builder lost its reply: {e!r}") from None
+        assert take_artifact(mine) == ARTIFACT
+        assert a.s.recv(16) == b""  # then wcached closes the connection
+        a.close()
     assert take_artifact(b.reply()) == ARTIFACT
     c.derive("small", "f32-v1", wait_ms=0)
     assert take_artifact(c.reply()) == ARTIFACT
-    d.wait_for_log(r"builder \(pid \d+ uid \d+\) disconnected after publishing; its "
-                   r"publication is still checked")
-    d.wait_for_log(r'derived "f32-v1" of generation 1 published by pid \d+ uid \d+ '
-                   r"\(which has disconnected\)")
+    if how == "close":
+        d.wait_for_log(r"builder \(pid \d+ uid \d+\) disconnected after publishing; its "
+                       r"publication is still checked")
+        d.wait_for_log(r'derived "f32-v1" of generation 1 published by pid \d+ uid \d+ '
+                       r"\(which has disconnected\)")
+    else:
+        d.wait_for_log(r"client pid \d+ uid \d+: shut its end for writing while its PUBLISH "
+                       r"is checked; it gets its answer")
+        d.wait_for_log(r'derived "f32-v1" of generation 1 published by pid \d+ uid \d+: ')
+        assert "disconnected after publishing" not in d.read_log()
     assert "disconnected before publishing" not in d.read_log()
     st = status(d)["derive"]
     assert st["published"] == 1 and st["builders_lost"] == 0 and st["builds"] == 1, st
     (art,) = model_entry(d, "small")["derived"]
     assert art["state"] == "ready" and art["attached"] == 2 and art["builder_pid"] == os.getpid()
+
+
+@pytest.mark.parametrize("then", ["reads", "exits"])
+def test_a_builder_that_shuts_its_end_for_writing_while_its_check_waits(derived, then):
+    # The half-close comes in a wakeup of its own, while the PUBLISH waits
+    # for its check (behind another of the same user's, of 600,000 tensors):
+    # the builder still gets its reply, then the end of the stream. If it
+    # exits meanwhile, wcached sees it go (it does not watch a half-closed
+    # connection, whose hang-up would be reported on every turn of the loop)
+    # and the check goes on without it, as for a builder that closed.
+    d = derived()
+    ready(d, "small")
+    x, a, b = Peer(d), Peer(d), Peer(d)
+    rx = build(x, key="many")
+    r = build(a)
+    b.derive("small", "f32-v1")
+    waiting(d, 1)
+    big = memfd_with(many_tensors(600000))
+    x.publish(rx["token"], big)
+    os.close(big)
+    fd = memfd_with(ARTIFACT)
+    a.publish(r["token"], fd)
+    os.close(fd)
+    d.wait_for_log(r'derived "f32-v1": the check of its publication .* waits for another '
+                   r"of the same user's to end")
+    a.s.shutdown(socket.SHUT_WR)
+    if then == "reads":
+        try:
+            mine = a.reply(timeout=120)
+        except (EOFError, ConnectionResetError) as e:
+            raise AssertionError(f"the half-closed builder lost its reply: {e!r}") from None
+        assert take_artifact(mine) == ARTIFACT
+        assert a.s.recv(16) == b""
+        a.close()
+        d.wait_for_log(r"client pid \d+ uid \d+: shut its end for writing while its "
+                       r"PUBLISH is checked")
+    else:
+        d.wait_for_log(r"client pid \d+ uid \d+: shut its end for writing while its "
+                       r"PUBLISH is checked")
+        a.close()
+        d.wait_for_log(r"client pid \d+ uid \d+: left while its PUBLISH is checked; closing")
+        d.wait_for_log(r'derived "f32-v1" of generation 1: the builder \(pid \d+ uid \d+\) '
+                       r"disconnected after publishing; its publication is still checked")
+    assert take_artifact(b.reply(timeout=120)) == ARTIFACT
+    assert closing(x.reply(timeout=120))["type"] == ATTACH_OK
+    gone = r" \(which has disconnected\)" if then == "exits" else ":"
+    d.wait_for_log(r'derived "f32-v1" of generation 1 published by pid \d+ uid \d+' + gone)
+    st = status(d)["derive"]
+    assert st["published"] == 2 and st["builders_lost"] == 0, st
+    assert metric(d, "wcached_clients_held_back") == 0  # not counted as held back
 
 
 @pytest.mark.parametrize("how", ["before", "refused"])
