@@ -44,6 +44,21 @@ new_token(struct derive_table *t)
 	return ((v << 20) ^ ++t->next_token) | 1;
 }
 
+/*
+ * Names b's builder for the texts a waiter gets: "pid P", or, once it went
+ * away after its PUBLISH, "pid P (which has disconnected)". b->builder is
+ * NULL only then: derive_conn_gone() clears it while b->check runs (the
+ * check goes on without it); anywhere else a new builder takes it at once,
+ * or the build ends.
+ */
+static const char *
+builder_named(const struct derive_build *b, char *buf, size_t size)
+{
+	snprintf(buf, size, "pid %d%s", (int)b->builder_pid,
+		b->builder == NULL ? " (which has disconnected)" : "");
+	return buf;
+}
+
 /* ---- deadlines ---- */
 
 static void on_timer(uv_timer_t *timer);
@@ -163,7 +178,7 @@ derive_builder_lost(struct derive_table *t, struct derive_build *b, const char *
 static int
 expire_one(struct derive_table *t, uint64_t now)
 {
-	char text[WIRE_MAX_MESSAGE];
+	char text[WIRE_MAX_MESSAGE], who[64];
 
 	for (struct derive_build *b = t->builds; b != NULL; b = b->next) {
 		for (struct derive_waiter **pp = &b->waiters; *pp != NULL; pp = &(*pp)->next) {
@@ -172,10 +187,20 @@ expire_one(struct derive_table *t, uint64_t now)
 			if (w->deadline_ms > now)
 				continue;
 			*pp = w->next;
-			snprintf(text, sizeof(text),
-				"model \"%s\": derived \"%s\" of generation %" PRIu64
-				": still being built by pid %d after the wait the client asked for",
-				b->model_name, b->key, b->source, (int)b->builder_pid);
+			/* Built, its publication perhaps checked still: the
+			 * builder may have gone meanwhile. */
+			if (b->check != NULL)
+				snprintf(text, sizeof(text),
+					"model \"%s\": derived \"%s\" of generation %" PRIu64
+					": its publication by %s was still being checked after "
+					"the wait the client asked for", b->model_name, b->key,
+					b->source, builder_named(b, who, sizeof(who)));
+			else
+				snprintf(text, sizeof(text),
+					"model \"%s\": derived \"%s\" of generation %" PRIu64
+					": still being built by %s after the wait the client "
+					"asked for", b->model_name, b->key, b->source,
+					builder_named(b, who, sizeof(who)));
 			t->hooks.fail(w->conn, w->seq, -ETIMEDOUT, text);
 			free(w);
 			return 1;
@@ -398,7 +423,7 @@ derive_request(struct derive_table *t, const struct wire_derive *d,
 	const struct registry_peer *peer, void *conn, uint32_t seq, struct derived **artifact,
 	struct derive_build **build, char *msg, size_t msg_size)
 {
-	char name[WIRE_MAX_NAME + 1], key[WIRE_MAX_KEY + 1];
+	char name[WIRE_MAX_NAME + 1], key[WIRE_MAX_KEY + 1], who[64];
 	struct model_entry *m = NULL;
 	struct generation *g = NULL;
 	struct derive_build *b;
@@ -437,11 +462,20 @@ derive_request(struct derive_table *t, const struct wire_derive *d,
 				"its token", m->name, key, g->number);
 			return -EDEADLK;
 		}
+		/* Its builder may have published and gone (the check goes
+		 * on): the text says so rather than name a builder at work. */
+		if (d->wait_ms == 0 && b->check != NULL) {
+			snprintf(msg, msg_size,
+				"model \"%s\": derived \"%s\" of generation %" PRIu64
+				": its publication by %s is being checked", m->name, key,
+				g->number, builder_named(b, who, sizeof(who)));
+			return -EAGAIN;
+		}
 		if (d->wait_ms == 0) {
 			snprintf(msg, msg_size,
 				"model \"%s\": derived \"%s\" of generation %" PRIu64
-				" is being built by pid %d", m->name, key, g->number,
-				(int)b->builder_pid);
+				" is being built by %s", m->name, key, g->number,
+				builder_named(b, who, sizeof(who)));
 			return -EAGAIN;
 		}
 		if ((w = calloc(1, sizeof(*w))) == NULL) {
@@ -588,11 +622,13 @@ derive_conn_gone(struct derive_table *t, void *conn)
 		}
 		if (b->check != NULL) {
 			/* Its PUBLISH came first: a builder that publishes and
-			 * exits (or closes, or shuts its end for writing, at once)
-			 * has built it. The check owns what it needs (the memfd,
-			 * the builder's uid for its closes), not conn, which is
-			 * freed after this: it goes on, and check_finish answers
-			 * the waiters, or hands the build on if it is refused. */
+			 * exits (or closes, at once) has built it. (One that only
+			 * shuts its end for writing is still there: the server
+			 * keeps it for its answer.) The check owns what it needs
+			 * (the memfd, the builder's uid for its closes), not conn,
+			 * which is freed after this: it goes on, and check_finish
+			 * answers the waiters, or hands the build on if it is
+			 * refused. */
 			b->builder = NULL;
 			log_info("model \"%s\": derived \"%s\" of generation %" PRIu64 ": the "
 				 "builder (pid %d uid %u) disconnected after publishing; its "

@@ -378,6 +378,42 @@ def test_a_builder_that_publishes_and_hangs_up_at_once_has_published(derived, ho
     assert art["state"] == "ready" and art["attached"] == 2 and art["builder_pid"] == os.getpid()
 
 
+@pytest.mark.parametrize("how", ["close", "shut_wr"])
+def test_while_a_publication_is_checked_waiters_are_told_so(derived, how):
+    # A builder publishes and hangs up at once, as in the test above; while
+    # its publication is checked (600,000 tensors: tenths of a second), a
+    # worker that will not wait was told the key "is being built by pid P",
+    # and one whose wait ends "still being built by pid P", P a builder that
+    # had published and perhaps gone. They are told the publication is being
+    # checked, and whether its builder has disconnected.
+    d = derived()
+    ready(d, "small")
+    a, c, e = Peer(d), Peer(d), Peer(d)
+    r = build(a, key="many")
+    fd = memfd_with(many_tensors(600000))
+    from test_attack_server import stopped
+    with stopped(d):  # read in this order, in one wakeup
+        a.publish(r["token"], fd)
+        os.close(fd)
+        hang_up(a, how)
+        c.derive("small", "many", wait_ms=0)
+        e.derive("small", "many", wait_ms=1)
+    gone = " (which has disconnected)" if how == "close" else ""
+    text = expect_error(c.reply(), "EAGAIN")
+    assert text == (f'model "small": derived "many" of generation 1: its publication by pid '
+                    f"{os.getpid()}{gone} is being checked"), text
+    text = expect_error(e.reply(), "ETIMEDOUT")
+    assert text == (f'model "small": derived "many" of generation 1: its publication by pid '
+                    f"{os.getpid()}{gone} was still being checked after the wait the client "
+                    "asked for"), text
+    if how == "shut_wr":
+        r = closing(a.reply(timeout=120))
+        assert r["type"] == ATTACH_OK, r
+    d.wait_for_log(r'derived "many" of generation 1 published by pid \d+')
+    c.derive("small", "many", wait_ms=0)
+    assert closing(c.reply())["type"] == ATTACH_OK
+
+
 @pytest.mark.parametrize("then", ["reads", "exits"])
 def test_a_builder_that_shuts_its_end_for_writing_while_its_check_waits(derived, then):
     # The half-close comes in a wakeup of its own, while the PUBLISH waits
