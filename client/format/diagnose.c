@@ -15,7 +15,8 @@
  *   offset 0, 512, 1024 or 2048, where the HDF5 spec allows a user block).
  * Only magic bytes are read, from the start of the file (the private copy
  * the safetensors reader made), bounds-checked,
- * and only when byte 8 does not open a JSON object (a safetensors header).
+ * and only when the bytes after the header length, past JSON whitespace,
+ * do not open a JSON object (a safetensors header).
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -43,6 +44,27 @@ ends_with(const uint8_t *s, size_t n, const char *suffix)
 	size_t m = strlen(suffix);
 
 	return n >= m && memcmp(s + n - m, suffix, m) == 0;
+}
+
+/*
+ * True if the bytes after the 8-byte header length open a JSON object: '{'
+ * after any JSON whitespace (space, tab, CR, LF), within the header the
+ * length announces and the size bytes we have.
+ */
+static bool
+opens_json_object(const uint8_t *file, uint64_t size)
+{
+	uint64_t header_len = 0, end, i = 8;
+
+	if (size <= 8)
+		return false;
+	for (int k = 7; k >= 0; k--)
+		header_len = header_len << 8 | file[k];
+	end = header_len < size - 8 ? 8 + header_len : size;
+	while (i < end && (file[i] == ' ' || file[i] == '\t' || file[i] == '\r' ||
+		file[i] == '\n'))
+		i++;
+	return i < end && file[i] == '{';
 }
 
 /* Names what a zip archive holds from its first local file header. */
@@ -79,8 +101,10 @@ diagnose_format(const char *name, const uint8_t *file, uint64_t size)
 
 	/* A file whose header length is followed by a JSON object is left to
 	 * the safetensors reader, whatever its first bytes happen to be (a
-	 * 640-byte header starts with 0x80 0x02, as a pickle does). */
-	if (size > 8 && file[8] == '{')
+	 * 640-byte header starts with 0x80 0x02, as a pickle does). The
+	 * header may start with JSON whitespace, as upstream and our reader
+	 * accept. */
+	if (opens_json_object(file, size))
 		return 0;
 	if (starts_with(file, size, "PK\x03\x04", 4))
 		return diagnose_zip(name, file, size);

@@ -75,6 +75,30 @@ test_leaves_safetensors_alone(void **state)
 	assert_int_equal(diagnose_format("x", (const uint8_t *)"PK", 2), 0);
 }
 
+/*
+ * A header may start with JSON whitespace (upstream and our reader accept
+ * it): a 640, 896, 1152 or 1408-byte header that does (its length 0x80 0x02
+ * to 0x80 0x05, a pickle's start) is safetensors, and so is a header of
+ * 67,324,752 bytes (its length "PK\3\4") after whitespace (review rev113 #9).
+ */
+static void
+test_whitespace_before_the_header(void **state)
+{
+	uint8_t st[32] = { 0x80, 0x02, 0, 0, 0, 0, 0, 0, ' ', '\t', '\r', '\n', '{', '}' };
+	static const uint8_t zip[] = { 'P', 'K', 3, 4, 0, 0, 0, 0, '\n', '{', '}' };
+
+	(void)state;
+	for (uint8_t v = 2; v <= 5; v++) {
+		st[1] = v;
+		assert_int_equal(diagnose_format("x", st, sizeof(st)), 0);
+	}
+	assert_int_equal(diagnose_format("x", zip, sizeof(zip)), 0);
+	/* Whitespace and then no object: still the pickle. */
+	st[1] = 0x02;
+	st[12] = 'x';
+	expect(st, sizeof(st), "Python pickle (protocol 2)");
+}
+
 int
 main(void)
 {
@@ -82,6 +106,7 @@ main(void)
 		cmocka_unit_test(test_pytorch_zip_and_legacy),
 		cmocka_unit_test(test_other_formats),
 		cmocka_unit_test(test_leaves_safetensors_alone),
+		cmocka_unit_test(test_whitespace_before_the_header),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
