@@ -11,6 +11,8 @@
  * - a pickle (0x80, protocol 2 to 5): the legacy torch.save() format when
  *   it starts with the pickled magic number torch writes first, else a
  *   Python pickle;
+ * - a WEIG file ("GIEW", or "WEIG" big-endian), which reaches the
+ *   safetensors reader only as a directory's file or a shard;
  * - GGUF ("GGUF"), NumPy .npy ("\x93NUMPY"), HDF5 (its 8-byte signature at
  *   offset 0, 512, 1024 or 2048, where the HDF5 spec allows a user block).
  * Only magic bytes are read, from the start of the file (the private copy
@@ -118,6 +120,16 @@ diagnose_format(const char *name, const uint8_t *file, uint64_t size)
 			"%s: is a Python pickle (protocol %u), not a safetensors file; if it holds "
 			"a PyTorch state dict, convert it with `" DIAGNOSE_CONVERTER
 			" %s OUT.safetensors`", name, (unsigned)file[1], name);
+	/* A WEIG file (proto/FORMAT.md: "GIEW", or "WEIG" written big-endian)
+	 * is recognised by its magic when it is named, whatever its name; the
+	 * safetensors reader gets one only as the .safetensors file of a
+	 * directory or as a shard, which must be safetensors. */
+	if (starts_with(file, size, "GIEW", 4) || starts_with(file, size, "WEIG", 4))
+		return error_set(-EINVAL,
+			"%s: is a WEIG file, not a safetensors file: a shard or the "
+			".safetensors file of a directory must be safetensors; name the WEIG "
+			"file itself as the model (or convert it: wcachectl convert %s "
+			"OUT.safetensors)", name, name);
 	if (starts_with(file, size, "GGUF", 4))
 		return error_set(-EINVAL,
 			"%s: is a GGUF file (llama.cpp), not a safetensors file; wcache serves "

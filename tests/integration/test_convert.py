@@ -642,6 +642,32 @@ def test_a_header_that_starts_with_whitespace_is_not_a_pickle(ctl, tmp_path):
         convert(ctl, str(path), str(tmp_path / f"ws{n}.weig"))
 
 
+def test_a_weig_file_where_safetensors_must_be_is_named(ctl, tmp_path):
+    """A WEIG file as a directory's .safetensors file or as a shard is named as WEIG, not
+    read as a safetensors header length ("header length 5759125831 exceeds the maximum",
+    review rev113 #10); named by its own path it is read as WEIG, whatever its name."""
+    src = tmp_path / "src.safetensors"
+    write_safetensors(src, {"w": ("F32", [2], struct.pack("<2f", 1, 2))})
+    wdir = tmp_path / "wdir"
+    wdir.mkdir()
+    convert(ctl, "--to", "weig", str(src), str(wdir / "model.safetensors"))
+    assert inspect(ctl, wdir / "model.safetensors")["format"] == "weig"
+    r = run(ctl, "inspect", str(wdir))
+    assert r.returncode == 1
+    assert "model.safetensors: is a WEIG file, not a safetensors file" in r.stderr, r.stderr
+    assert "exceeds" not in r.stderr
+    sdir = tmp_path / "sdir"
+    sdir.mkdir()
+    convert(ctl, "--to", "weig", str(src), str(sdir / "a.safetensors"))
+    (sdir / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": {"w": "a.safetensors"}}))
+    for path in (sdir, sdir / "model.safetensors.index.json"):
+        r = run(ctl, "convert", str(path), str(tmp_path / "out.weig"))
+        assert r.returncode == 1
+        assert "a.safetensors: is a WEIG file, not a safetensors file" in r.stderr, r.stderr
+        assert not (tmp_path / "out.weig").exists()
+
+
 def test_failures_leave_no_output(ctl, tmp_path):
     # Missing input.
     r = run(ctl, "convert", str(tmp_path / "missing.safetensors"), str(tmp_path / "out.weig"))

@@ -58,6 +58,10 @@ test_other_formats(void **state)
 	npz[26] = 60; /* the entry name runs past the end: just a zip */
 	expect(npz, sizeof(npz), "is a zip archive");
 	expect("GGUF\x03\x00\x00\x00\x00\x00", 10, "GGUF");
+	/* WEIG, either byte order: a directory's file or a shard (review rev113
+	 * #10; the header length was "5759125831 exceeds the maximum"). */
+	expect("GIEW\x01\x00\x00\x00\x00\x00", 10, "is a WEIG file, not a safetensors");
+	expect("WEIG\x00\x00\x00\x01\x00\x00", 10, "is a WEIG file, not a safetensors");
 	expect("\x93NUMPY\x01\x00v\x00", 10, "NumPy .npy");
 	memcpy(h5 + 512, sig, sizeof(sig));
 	expect(h5, sizeof(h5), "HDF5");
