@@ -290,8 +290,14 @@ read_weight_map(struct map_reader *r, struct jr *j, const char *buf, size_t len)
 	return 0;
 }
 
-/* Reads the metadata object: total_size, if present, is a non-negative
- * integer; other fields may hold anything. */
+/*
+ * Reads the metadata object. Every field may hold anything, total_size too:
+ * it is advisory, nothing here uses it, and transformers, which reads only
+ * the weight_map, loads a model whose total_size is a float, null or a
+ * string; such a field must not make the model unloadable. A total_size
+ * that is a non-negative integer is recorded (the first one); any other is
+ * skipped.
+ */
 static int
 read_metadata(const char *name, struct jr *j, const char *buf, size_t len,
 	struct shard_map *m)
@@ -311,16 +317,17 @@ read_metadata(const char *name, struct jr *j, const char *buf, size_t len,
 				return json_fail(name, j, buf, len, "metadata");
 			continue;
 		}
-		if (m->has_total_size)
-			return error_set(-EINVAL, "%s: metadata: duplicate total_size", name);
-		if ((t = jr_peek(j)) != JR_NUMBER)
-			return t == JR_INVALID ? json_fail(name, j, buf, len, "metadata") :
-				error_set(-EINVAL,
-					"%s: metadata: total_size is not a non-negative integer",
-					name);
-		if (jr_u64(j, &m->total_size) < 0)
-			return json_fail(name, j, buf, len, "metadata: total_size");
-		m->has_total_size = 1;
+		if (!m->has_total_size && jr_peek(j) == JR_NUMBER) {
+			struct jr before = *j; /* jr_u64 refuses 4.0 or -1 as an error */
+
+			if (jr_u64(j, &m->total_size) == 0) {
+				m->has_total_size = 1;
+				continue;
+			}
+			*j = before;
+		}
+		if (jr_skip(j) < 0)
+			return json_fail(name, j, buf, len, "metadata");
 	}
 	if (rc < 0)
 		return json_fail(name, j, buf, len, "metadata");

@@ -417,6 +417,23 @@ def test_sharded_to_weig(ctl, tmp_path):
     assert_same_inspect(inspect(ctl, d), inspect(ctl, single))
 
 
+def test_an_advisory_total_size_of_any_type_does_not_veto_the_model(ctl, tmp_path):
+    """total_size is advisory and transformers reads only the weight_map: an index whose
+    total_size is a float, null, a string or negative is loaded and converted (review
+    rev113 #11: "total_size: 8.0 is not a non-negative integer")."""
+    d = tmp_path / "model"
+    d.mkdir()
+    write_safetensors(d / "a.safetensors", {"w": ("F32", [2], struct.pack("<2f", 1, 2))})
+    for value in ("8.0", "null", '"12"', "-8", "1e3", '{"bytes": 8}'):
+        (d / "model.safetensors.index.json").write_text(
+            '{"metadata":{"total_size":%s},"weight_map":{"w":"a.safetensors"}}' % value)
+        info = inspect(ctl, d)
+        assert [t["name"] for t in info["tensors"]] == ["w"], value
+        out = tmp_path / "out.weig"
+        convert(ctl, str(d / "model.safetensors.index.json"), str(out))
+        assert list(read_weig(out)[2]) == ["w"]
+
+
 # ---- big-endian ----
 
 def big_endian_model():
