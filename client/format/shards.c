@@ -146,9 +146,11 @@ bad_shard_name(const char *s, size_t len, bool has_nul)
 		return "is not a file name";
 	if (len > SHARD_MAX_NAME)
 		return "is longer than 255 bytes";
-	if (len <= strlen(SHARD_SUFFIX) ||
+	if (len < strlen(SHARD_SUFFIX) ||
 		memcmp(s + len - strlen(SHARD_SUFFIX), SHARD_SUFFIX, strlen(SHARD_SUFFIX)) != 0)
 		return "does not end in .safetensors";
+	if (len == strlen(SHARD_SUFFIX))
+		return "has no name before .safetensors";
 	return NULL;
 }
 
