@@ -235,8 +235,10 @@ refuse_same_file(const char *in, const char *out, const struct model_source *src
 /* ---- interruption ------------------------------------------------------------ */
 
 /* The signals that end a conversion and whose handler removes its temporary
- * file first. */
-static const int convert_signals[] = { SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGBUS };
+ * file first. SIGXFSZ is a write past the file size limit (ulimit -f): by
+ * its default action it ended the process with the temporary file, as large
+ * as the limit, left behind. */
+static const int convert_signals[] = { SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGBUS, SIGXFSZ };
 
 /*
  * Removes the temporary file, then ends the process by the same signal
@@ -249,11 +251,15 @@ convert_on_signal(int sig)
 {
 	static const char shrank[] = "wcachectl: convert: an input file shrank while it was "
 		"read (SIGBUS); the output was not written\n";
+	static const char too_large[] = "wcachectl: convert: the output reached the file "
+		"size limit (ulimit -f, SIGXFSZ); the output was not written\n";
 	int saved = errno;
 
 	writer_remove_temporaries();
 	if (sig == SIGBUS)
 		(void)!write(STDERR_FILENO, shrank, sizeof(shrank) - 1);
+	else if (sig == SIGXFSZ)
+		(void)!write(STDERR_FILENO, too_large, sizeof(too_large) - 1);
 	(void)raise(sig);
 	errno = saved;
 }

@@ -9,6 +9,7 @@ is checked against the specs and not only against itself.
 
 import json
 import os
+import resource
 import shutil
 import signal
 import struct
@@ -816,6 +817,39 @@ def test_a_signal_mid_write_leaves_no_temporary_file(ctl, tmp_path, sig):
     p.send_signal(sig)
     p.communicate(timeout=60)
     assert p.returncode == -sig
+    assert sorted(os.listdir(out.parent)) == ["big.weig"]
+    assert out.read_bytes() == b"old"
+
+
+def test_a_file_size_limit_mid_write_leaves_no_temporary_file(ctl, tmp_path):
+    """A write past the file size limit (ulimit -f) raises SIGXFSZ, whose default action
+    ended the conversion with its temporary file, as large as the limit, left behind
+    (review rev113 #4). Now the temporary file is removed, the old OUT kept, the reason
+    said, and the process still ends by SIGXFSZ; with SIGXFSZ ignored, the write fails
+    with EFBIG and the writer's error path cleans up."""
+    src = tmp_path / "in" / "big.safetensors"
+    src.parent.mkdir()
+    write_sparse_safetensors(src, [4 << 20] * 4)
+    out = tmp_path / "out" / "big.weig"
+    out.parent.mkdir()
+    out.write_bytes(b"old")
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2 << 20, 2 << 20))
+
+    # restore_signals (the default) gives the child SIGXFSZ's default action,
+    # which Python itself ignores.
+    r = subprocess.run([ctl, "convert", str(src), str(out)], capture_output=True, text=True,
+                       timeout=120, preexec_fn=limit, cwd=tmp_path)
+    assert r.returncode == -signal.SIGXFSZ, r.stderr
+    assert "file size limit" in r.stderr, r.stderr
+    assert sorted(os.listdir(out.parent)) == ["big.weig"]
+    assert out.read_bytes() == b"old"
+    r = subprocess.run([ctl, "convert", str(src), str(out)], capture_output=True, text=True,
+                       timeout=120, preexec_fn=limit, cwd=tmp_path, restore_signals=False)
+    assert r.returncode == 1, r.stderr
+    assert "File too large" in r.stderr, r.stderr
     assert sorted(os.listdir(out.parent)) == ["big.weig"]
     assert out.read_bytes() == b"old"
 
