@@ -133,7 +133,12 @@ registry_entry_new(struct registry *r, const char *name, const char *path, enum 
 	m->derive_timeout_ms = 600000; /* derive_timeout's default, 600 s */
 	m->poll_interval_ms = 2000;    /* poll_interval's default, 2 s */
 	m->entry_id = ++r->next_load_id;
-	m->slot = statuspage_slot_for(&r->page, name);
+	if (statuspage_slot_for(&r->page, name, &m->slot) < 0) {
+		free(m->path);
+		free(m->name);
+		free(m);
+		return NULL;
+	}
 	m->last_generation = statuspage_last_generation(&r->page, m->slot);
 	m->last_attach = ++r->attach_seq;
 	m->next = r->models;
@@ -513,6 +518,11 @@ entry_free(struct registry *r, struct model_entry *m)
 	registry_withdraw_waiting_load(r, m, "unloaded before its load began");
 	if (m->staging != NULL)
 		stage_cancel(m->staging); /* its load_after finds no model */
+	/* A name that never served (a failed load of a new name) gives its
+	 * status slot back: each would otherwise keep one for the process's
+	 * life, and 8191 failed `wcachectl load`s used the page up. */
+	if (m->last_generation == 0)
+		statuspage_release_slot(&r->page, m->slot);
 	free(m->name);
 	free(m->path);
 	free(m->error);

@@ -130,27 +130,53 @@ statuspage_adopt(struct statuspage *p, int fd)
 	return 0;
 }
 
-/* The slot of name: the one it had before, or a new one. 0 when full (the
- * model is served, only its stale checks never fire). */
-unsigned
-statuspage_slot_for(struct statuspage *p, const char *name)
+int
+statuspage_slot_for(struct statuspage *p, const char *name, unsigned *slot)
 {
 	struct status_slot *slots;
+	unsigned given_back = 0;
+	char *n;
 
-	for (unsigned i = 1; i < p->nslots; i++)
-		if (strcmp(p->slots[i].name, name) == 0)
-			return i;
+	for (unsigned i = 1; i < p->nslots; i++) {
+		if (p->slots[i].free) {
+			given_back = given_back != 0 ? given_back : i;
+		} else if (strcmp(p->slots[i].name, name) == 0) {
+			*slot = i;
+			return 0;
+		}
+	}
+	if ((n = strdup(name)) == NULL)
+		return error_set(-ENOMEM, "model \"%s\": out of memory", name);
+	if (given_back != 0) {
+		free(p->slots[given_back].name);
+		p->slots[given_back] = (struct status_slot){ .name = n };
+		*slot = given_back;
+		return 0;
+	}
 	if (p->nslots == 0)
 		p->nslots = 1; /* slot 0 holds the magic */
-	if (p->nslots >= STATUS_SLOTS)
-		return 0;
-	if ((slots = realloc(p->slots, (p->nslots + 1) * sizeof(*slots))) == NULL)
-		return 0;
+	if (p->nslots >= STATUS_SLOTS) {
+		free(n);
+		return error_set(-ENOSPC, "model \"%s\": the status page has no slot left: "
+			"each of %u model names served since wcached started keeps one (a "
+			"restart frees those no longer configured)", name, STATUS_SLOTS - 1);
+	}
+	if ((slots = realloc(p->slots, (p->nslots + 1) * sizeof(*slots))) == NULL) {
+		free(n);
+		return error_set(-ENOMEM, "model \"%s\": out of memory", name);
+	}
 	p->slots = slots;
-	slots[p->nslots].last_generation = 0;
-	if ((slots[p->nslots].name = strdup(name)) == NULL)
-		return 0;
-	return p->nslots++;
+	slots[p->nslots] = (struct status_slot){ .name = n };
+	*slot = p->nslots++;
+	return 0;
+}
+
+void
+statuspage_release_slot(struct statuspage *p, unsigned slot)
+{
+	if (slot == 0 || slot >= p->nslots || p->slots[slot].last_generation != 0)
+		return;
+	p->slots[slot].free = true;
 }
 
 int
@@ -160,7 +186,8 @@ statuspage_restore_slot(struct statuspage *p, unsigned slot, const char *name,
 	struct status_slot *slots;
 	char *n;
 
-	if (slot == 0 || slot >= STATUS_SLOTS || (slot < p->nslots && p->slots[slot].name[0] != 0))
+	if (slot == 0 || slot >= STATUS_SLOTS ||
+	    (slot < p->nslots && !p->slots[slot].free && p->slots[slot].name[0] != 0))
 		return error_set(-EINVAL, "status slot %u of model \"%s\": taken or out of range",
 			slot, name);
 	if (slot >= p->nslots) {
@@ -171,7 +198,7 @@ statuspage_restore_slot(struct statuspage *p, unsigned slot, const char *name,
 		p->slots = slots;
 		for (unsigned i = first; i <= slot; i++) {
 			/* A gap: a slot nobody owns yet, named "" (no model is). */
-			slots[i].last_generation = 0;
+			slots[i] = (struct status_slot){ .last_generation = 0 };
 			if ((slots[i].name = strdup("")) == NULL) {
 				p->nslots = i;
 				return error_set(-ENOMEM, "status slots: out of memory");
@@ -182,8 +209,7 @@ statuspage_restore_slot(struct statuspage *p, unsigned slot, const char *name,
 	if ((n = strdup(name)) == NULL)
 		return error_set(-ENOMEM, "status slots: out of memory");
 	free(p->slots[slot].name);
-	p->slots[slot].name = n;
-	p->slots[slot].last_generation = last_generation;
+	p->slots[slot] = (struct status_slot){ .name = n, .last_generation = last_generation };
 	return 0;
 }
 

@@ -6,7 +6,9 @@
  *
  * A slot belongs to a model name for the life of the process (and, through
  * the manager's store, across restarts), so that a model unloaded and
- * loaded again finds its slot and its generation numbers keep growing.
+ * loaded again finds its slot and its generation numbers keep growing;
+ * only a name that never served a generation (a load of a new name that
+ * failed) gives its slot back, for the next new name.
  *
  * The registry owns one (struct registry's page); it calls nothing above.
  * Everything here runs on the event loop thread, or before it runs.
@@ -14,6 +16,7 @@
 #ifndef WC_STATUSPAGE_H
 #define WC_STATUSPAGE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 struct statuspage {
@@ -24,6 +27,7 @@ struct statuspage {
 	struct status_slot {
 		char *name;               /* owns the slot forever ("" in a gap) */
 		uint64_t last_generation; /* so numbers grow across unload and load */
+		bool free;                /* given back (statuspage_release_slot) */
 	} *slots;
 	unsigned nslots;
 };
@@ -46,9 +50,15 @@ int statuspage_init(struct statuspage *p, int stored);
  */
 int statuspage_adopt(struct statuspage *p, int fd);
 
-/* The slot of name: the one it had before, or a new one. 0 when full (the
- * model is served, only its stale checks never fire). */
-unsigned statuspage_slot_for(struct statuspage *p, const char *name);
+/* The slot of name: the one it had before, or a given-back one, or a new
+ * one, in *slot. 0, or -ENOSPC when all STATUS_SLOTS - 1 are taken (each
+ * by a name served since the start: a restart frees those no longer
+ * configured), -ENOMEM; the message says which. */
+int statuspage_slot_for(struct statuspage *p, const char *name, unsigned *slot);
+
+/* Gives slot back when its name never had a generation (last_generation
+ * 0): no worker can hold a number of it. Nothing otherwise. */
+void statuspage_release_slot(struct statuspage *p, unsigned slot);
 
 /* Gives slot (1 .. STATUS_SLOTS - 1) to name with last_generation, as the
  * previous process had it; before any model is added. 0, -EINVAL, -ENOMEM. */
