@@ -37,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -112,13 +113,24 @@ parse_format(const char *s)
 	return 0;
 }
 
-/* The default target: OUT's extension, else the format IN is not in. */
+/* True if name ends in suffix, in any case (OUT.WEIG as OUT.weig, as --to
+ * takes WEIG for weig). */
+static bool
+has_suffix_any_case(const char *name, const char *suffix)
+{
+	size_t n = strlen(name), m = strlen(suffix);
+
+	return n >= m && strcasecmp(name + n - m, suffix) == 0;
+}
+
+/* The default target: OUT's extension (in any case), else the format IN is
+ * not in. */
 static enum writer_format
 default_format(enum convert_input in, const char *out)
 {
-	if (file_has_suffix(out, ".weig"))
+	if (has_suffix_any_case(out, ".weig"))
 		return WRITER_WEIG;
-	if (file_has_suffix(out, ".safetensors"))
+	if (has_suffix_any_case(out, ".safetensors"))
 		return WRITER_SAFETENSORS;
 	switch (in) {
 	case INPUT_WEIG:

@@ -516,6 +516,12 @@ def test_default_and_explicit_target(ctl, tmp_path):
     assert inspect(ctl, tmp_path / "e.weig")["format"] == "safetensors"
     convert(ctl, str(src), "--to", "safetensors", str(tmp_path / "f"))  # options anywhere
     assert inspect(ctl, tmp_path / "f")["format"] == "safetensors"
+    # The extension in any case, as --to takes WEIG (review rev113 #12: UP.WEIG got
+    # safetensors, UP.SAFETENSORS WEIG).
+    convert(ctl, str(tmp_path / "c.weig"), str(tmp_path / "UP.WEIG"))
+    assert magic_of(tmp_path / "UP.WEIG") == weig_magic
+    convert(ctl, str(src), str(tmp_path / "UP.SafeTensors"))
+    assert inspect(ctl, tmp_path / "UP.SafeTensors")["format"] == "safetensors"
 
 
 def test_every_read_of_a_weig_input_failing_once(ctl, tmp_path):
