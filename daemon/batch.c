@@ -128,7 +128,8 @@ batch_set_access(struct daemon *d, const struct model_config *m)
 		registry_set_derive(&d->reg, m->name, m->derive, m->derive_gids, m->n_derive_gids,
 			m->derive_timeout) < 0 ||
 		registry_set_storage(&d->reg, m->name, m->watch, m->poll_interval_ms, m->stage) < 0)
-		log_errorx("%s", error_get());
+		log_errorx("%s; its allow_users, allow_groups, derive, watch and stage not applied",
+			error_get());
 }
 
 void

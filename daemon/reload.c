@@ -54,6 +54,56 @@ reload_memory_budget(struct daemon *d, const struct config *cfg)
 	return budget;
 }
 
+/* Whether the registry serves the model called name (registry_find also
+ * answers to a configured path). */
+static int
+served(struct daemon *d, const char *name)
+{
+	const struct model_entry *m = registry_find(&d->reg, name);
+
+	return m != NULL && strcmp(m->name, name) == 0;
+}
+
+/* Names the keys that changes (CONFIG_CHANGED_* bits) says differ, in buf,
+ * for a log line: "pin, allow_users/allow_groups". */
+static void
+changed_keys(unsigned changes, char *buf, size_t size)
+{
+	static const struct {
+		unsigned bit;
+		const char *keys;
+	} names[] = {
+		{ CONFIG_CHANGED_PATH, "path" },
+		{ CONFIG_CHANGED_PIN, "pin" },
+		{ CONFIG_CHANGED_WARM, "warm" },
+		{ CONFIG_CHANGED_ACCESS, "allow_users/allow_groups" },
+		{ CONFIG_CHANGED_DERIVE, "derive" },
+		{ CONFIG_CHANGED_WATCH, "watch/poll_interval" },
+		{ CONFIG_CHANGED_STAGE, "stage" },
+	};
+	size_t len = 0;
+
+	buf[0] = '\0';
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]) && len < size; i++) {
+		int n;
+
+		if (!(changes & names[i].bit))
+			continue;
+		n = snprintf(buf + len, size - len, "%s%s", len ? ", " : "", names[i].keys);
+		len = n < 0 ? size : len + (size_t)n;
+	}
+}
+
+/*
+ * Applies one model's change (config_diff). A configured model the
+ * registry does not serve was unloaded at run time (`wcachectl unload`):
+ * that lasts until a restart or a reload that changes its section
+ * (`wcachectl unload --help`). When the section changed, whatever the key,
+ * the reload serves it as configured, as a start would, with one line
+ * saying so; before, only a change of path, warm or stage brought it back,
+ * and a change of pin or of the access lists left it unloaded with an
+ * error naming no cause, while the reload answered ok.
+ */
 static void
 reload_model(enum config_change change, const struct model_config *old_model,
 	const struct model_config *new_model, unsigned changes, void *arg)
@@ -62,6 +112,15 @@ reload_model(enum config_change change, const struct model_config *old_model,
 
 	if (change == CONFIG_MODEL_REMOVED) {
 		registry_unload(&b->d->reg, old_model->name);
+		return;
+	}
+	if (change == CONFIG_MODEL_CHANGED && !served(b->d, new_model->name)) {
+		char keys[160];
+
+		changed_keys(changes, keys, sizeof(keys));
+		log_info("model \"%s\": unloaded at run time; its section changed (%s): the "
+			 "reload serves it again as configured", new_model->name, keys);
+		batch_load(b, new_model);
 		return;
 	}
 	if (change == CONFIG_MODEL_ADDED ||
@@ -74,7 +133,27 @@ reload_model(enum config_change change, const struct model_config *old_model,
 		batch_set_access(b->d, new_model);
 	if ((changes & CONFIG_CHANGED_PIN) &&
 		registry_pin(&b->d->reg, new_model->name, new_model->pin) < 0)
-		log_warnx("%s", error_get());
+		log_warnx("%s; the reload's pin not applied", error_get());
+}
+
+/*
+ * Before the configuration's changes are queued: one line for each model
+ * unloaded at run time whose section did not change, which the reload
+ * leaves unloaded (reload_model), so that the log says why a configured
+ * model is not served.
+ */
+static void
+note_kept_unloaded(struct daemon *d, const struct config *cfg)
+{
+	for (size_t i = 0; i < cfg->n_models; i++) {
+		const struct model_config *mc = &cfg->models[i];
+		const struct model_config *was = config_model_find(d->cfg, mc->name);
+
+		if (was != NULL && config_model_changes(was, mc) == 0 && !served(d, mc->name))
+			log_info("model \"%s\": unloaded at run time and its section did not "
+				 "change: the reload leaves it unloaded (a restart, or a change "
+				 "to its section, serves it again)", mc->name);
+	}
 }
 
 /*
@@ -308,6 +387,7 @@ apply(struct daemon *d, struct config *cfg, struct reload_waiter *waiters)
 	reload_set_stage_dir(d, cfg, (uid_t)-1, (gid_t)-1);
 	d->reloads++;
 	b = batch_new(d, reload_finished, req);
+	note_kept_unloaded(d, cfg);
 	config_diff(d->cfg, cfg, reload_model, b);
 	retry_failed(b, cfg);
 	config_free(d->cfg);
