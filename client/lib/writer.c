@@ -159,7 +159,16 @@ wt_from_tensors(const wc_tensor *tensors, size_t n, const char *const *metadata,
 		t->name_len = strlen(ten->name);
 		json_quote(q, sizeof(q), t->name, t->name_len);
 		t->type = dtype_by_name(ten->dtype, strlen(ten->dtype));
-		if (t->type == NULL)
+		/* The names the reader refuses (safetensors.c): refused here,
+		 * before a byte is written rather than after the whole file. */
+		if (t->name_len == 0)
+			rc = error_set(-EINVAL, "%s: tensor %zu has an empty name", what, i);
+		else if (t->name_len > INDEX_MAX_NAME)
+			rc = error_set(-EINVAL, "%s: tensor %s: name of %zu bytes is longer "
+				"than %d", what, q, t->name_len, INDEX_MAX_NAME);
+		else if (!json_utf8_valid(t->name, t->name_len))
+			rc = error_set(-EINVAL, "%s: tensor %s: name is not valid UTF-8", what, q);
+		else if (t->type == NULL)
 			rc = error_set(-EINVAL, "%s: tensor %s: unknown dtype \"%.32s\"", what, q,
 				ten->dtype);
 		else if (ten->ndim > INDEX_MAX_NDIM || (ten->ndim > 0 && ten->shape == NULL))
@@ -190,6 +199,11 @@ wt_from_tensors(const wc_tensor *tensors, size_t n, const char *const *metadata,
 		}
 		e->key_len = strlen(e->key);
 		e->value_len = strlen(e->value);
+		if (!json_utf8_valid(e->key, e->key_len) ||
+			!json_utf8_valid(e->value, e->value_len))
+			rc = error_set(-EINVAL, "%s: metadata key %s: the key or its value is "
+				"not valid UTF-8", what,
+				json_quote(q, sizeof(q), e->key, e->key_len));
 	}
 	wm->nmeta = nmeta;
 	if (rc == 0)

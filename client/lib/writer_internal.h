@@ -69,9 +69,11 @@ int wt_from_model(const wc_model *m, const char *out_path, struct wt_model *wm);
 /*
  * writer.c: gathers a caller's tensors and metadata pairs (metadata[2i] the
  * key, metadata[2i + 1] the value) for writing, checking what a reader would
- * refuse: a missing name or dtype, an unknown dtype, too many dimensions,
- * a byte count that is not the shape's, data missing for a non-empty
- * tensor. The arrays point at the caller's strings and data.
+ * refuse: a missing, empty, too long (over INDEX_MAX_NAME bytes) or not
+ * UTF-8 name, a missing or unknown dtype, too many dimensions, a byte count
+ * that is not the shape's, data missing for a non-empty tensor, metadata
+ * that is not UTF-8 (duplicates: wt_sort). The arrays point at the caller's
+ * strings and data.
  */
 int wt_from_tensors(const wc_tensor *tensors, size_t n, const char *const *metadata, size_t nmeta,
 	const char *what, struct wt_model *wm);

@@ -1061,6 +1061,39 @@ test_safetensors_fd_refuses(void **state)
 	assert_non_null(strstr(wc_errmsg(), "reserved"));
 	assert_int_equal(writer_safetensors_fd(t, 1, meta_null, 1, fd, "out"), -EINVAL);
 	assert_non_null(strstr(wc_errmsg(), "metadata pair 0"));
+	/* Names the reader refuses, refused before anything is written (review
+	 * rev113 #14: the whole artifact was built, then its publication
+	 * refused): empty, over 4096 bytes, not UTF-8; and metadata that is not
+	 * UTF-8. A name of exactly 4096 bytes is fine. */
+	{
+		char *long_name = malloc(4098);
+		const char *meta_bad[] = { "k", "v\xff" };
+
+		assert_non_null(long_name);
+		memset(long_name, 'n', 4097);
+		long_name[4097] = '\0';
+		t[0] = (wc_tensor){ "", "F32", 2, shape, d, 16 };
+		assert_int_equal(writer_safetensors_fd(t, 1, NULL, 0, fd, "out"), -EINVAL);
+		assert_non_null(strstr(wc_errmsg(), "out: tensor 0 has an empty name"));
+		t[0].name = long_name;
+		assert_int_equal(writer_safetensors_fd(t, 1, NULL, 0, fd, "out"), -EINVAL);
+		assert_non_null(strstr(wc_errmsg(), "name of 4097 bytes is longer than 4096"));
+		t[0].name = "w\xc3";
+		assert_int_equal(writer_safetensors_fd(t, 1, NULL, 0, fd, "out"), -EINVAL);
+		assert_non_null(strstr(wc_errmsg(), "name is not valid UTF-8"));
+		t[0].name = "w";
+		assert_int_equal(writer_safetensors_fd(t, 1, meta_bad, 1, fd, "out"), -EINVAL);
+		assert_non_null(strstr(wc_errmsg(), "metadata key \"k\": the key or its value"));
+		assert_int_equal(fstat(fd, &st), 0);
+		assert_int_equal(st.st_size, 0);
+		long_name[4096] = '\0';
+		t[0].name = long_name;
+		assert_int_equal(writer_safetensors_fd(t, 1, NULL, 0, fd, "out"), 0);
+		assert_int_equal(ftruncate(fd, 0), 0);
+		assert_int_equal(lseek(fd, 0, SEEK_SET), 0);
+		free(long_name);
+		t[0] = (wc_tensor){ "w", "F32", 2, shape, d, 16 };
+	}
 	assert_int_equal(fstat(fd, &st), 0);
 	assert_int_equal(st.st_size, 0); /* nothing was written */
 
