@@ -16,9 +16,11 @@
 #include "base/error.h"
 #include "config.h"
 #include "daemon.h"
+#include "generation.h"
 #include "log.h"
 #include "memlimit.h"
 #include "notify.h"
+#include "pages.h"
 #include "registry.h"
 #include "stage.h"
 #include "watch.h"
@@ -362,6 +364,100 @@ read_run(struct workq_job *job)
 
 static void read_next(struct daemon *d);
 
+/* A model whose current generation warms again (rewarm_what_fits). */
+struct rewarm_candidate {
+	struct model_entry *m;
+	uint64_t last_attach;
+};
+
+/* Most recently attached first; the registry's order among equals. */
+static int
+by_recent_attach(const void *a, const void *b)
+{
+	const struct rewarm_candidate *x = a, *y = b;
+
+	return x->last_attach > y->last_attach ? -1 : x->last_attach < y->last_attach ? 1 : 0;
+}
+
+/*
+ * Warms g, m's current generation, cold since an eviction, again as an
+ * attach of it would (gen_ref), without counting as an attach: after the
+ * eviction still running or queued on it, or once a warm-up it cancelled
+ * has stopped (REWARM), else now; a model that does not warm (warm = no)
+ * is simply served again (READY), as a start serves it.
+ */
+static void
+warm_again(struct registry *r, struct model_entry *m, struct generation *g)
+{
+	if (pages_drop_queued_evictions(g))
+		gen_set_state(g, GEN_REWARM, "memory_budget raised while an eviction runs");
+	else if (g->warm.pending > 0 && m->warm)
+		gen_set_state(g, GEN_REWARM,
+			"memory_budget raised while a cancelled warm-up stops");
+	else if (m->warm)
+		gen_start_warming(r, g);
+	else
+		gen_set_state(g, GEN_READY, "memory_budget raised");
+}
+
+/*
+ * The reload raised memory_budget, or removed it (was: the budget before,
+ * 0 for none): what the old budget evicted stayed cold until a worker
+ * attached it, while a start with the new configuration serves it warm
+ * (and `wcachectl status`, a health check, exits 3 for a cold model). So
+ * each model whose current generation is cold (evicted, by the budget or
+ * `wcachectl evict`) and not being loaded again warms again when
+ * it fits under the new budget beside what is warm or warming already,
+ * most recently attached first: the ones an eviction would keep. One line
+ * each. Models this reload loads again warm their new generation instead.
+ */
+static void
+rewarm_what_fits(struct daemon *d, uint64_t was)
+{
+	struct registry *r = &d->reg;
+	uint64_t budget = r->memory_budget, total = r->derived_bytes;
+	struct rewarm_candidate *c;
+	size_t n = 0, cap = 0;
+
+	if (budget != 0 && (was == 0 || budget <= was))
+		return; /* not raised */
+	for (struct model_entry *m = r->models; m != NULL; m = m->next) {
+		if (m->current != NULL && gen_holds_memory(m->current))
+			total += m->current->bytes;
+		if (m->pending != NULL)
+			total += m->pending->bytes;
+		if (m->current != NULL && m->current->state == GEN_COLD && m->pending == NULL &&
+			m->loading == 0)
+			cap++;
+	}
+	if (cap == 0)
+		return;
+	if ((c = calloc(cap, sizeof(*c))) == NULL) {
+		log_warnx("memory_budget raised: out of memory; cold models warm when attached");
+		return;
+	}
+	for (struct model_entry *m = r->models; m != NULL && n < cap; m = m->next)
+		if (m->current != NULL && m->current->state == GEN_COLD && m->pending == NULL &&
+			m->loading == 0)
+			c[n++] = (struct rewarm_candidate){ m, m->last_attach };
+	qsort(c, n, sizeof(*c), by_recent_attach);
+	for (size_t i = 0; i < n; i++) {
+		struct generation *g = c[i].m->current;
+		char now[64] = "removed";
+
+		if (budget != 0 && (g->bytes > budget || total > budget - g->bytes))
+			continue;
+		total += g->bytes;
+		if (budget != 0)
+			snprintf(now, sizeof(now), "raised to %" PRIu64 " MiB", budget >> 20);
+		log_info("model \"%s\": memory_budget %s (was %" PRIu64 " MiB): warming generation "
+			 "%" PRIu64 " again, which the old budget left cold", c[i].m->name, now,
+			was >> 20, g->number);
+		warm_again(r, c[i].m, g);
+	}
+	free(c);
+}
+
 /* Applies cfg, read by a reload: the new models and settings, in one batch
  * whose end answers waiters (owned from here). */
 static void
@@ -369,6 +465,7 @@ apply(struct daemon *d, struct config *cfg, struct reload_waiter *waiters)
 {
 	struct reload_request *req;
 	struct batch *b;
+	uint64_t was_budget = d->reg.memory_budget;
 
 	if ((req = calloc(1, sizeof(*req))) == NULL) {
 		config_free(cfg);
@@ -390,6 +487,7 @@ apply(struct daemon *d, struct config *cfg, struct reload_waiter *waiters)
 	note_kept_unloaded(d, cfg);
 	config_diff(d->cfg, cfg, reload_model, b);
 	retry_failed(b, cfg);
+	rewarm_what_fits(d, was_budget);
 	config_free(d->cfg);
 	d->cfg = cfg;
 	batch_release(b);

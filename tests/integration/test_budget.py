@@ -387,6 +387,43 @@ def test_reload_lowering_budget_evicts(start, tmp_path):
                what="one model evicted for the new budget")
 
 
+def test_reload_raising_or_removing_budget_warms_what_fits(start, tmp_path):
+    """A reload that raises memory_budget warms again, at once, the cold
+    models that now fit, and one that removes it warms them all, as a start
+    with that configuration would: before, they stayed cold until a worker
+    attached them, and `wcachectl status` (a health check) exited 3 after a
+    `systemctl reload` that raised the budget (review rev112 #4)."""
+    models = three(tmp_path)
+    d = start(models, budget="20M")  # one of the three fits
+    es = settled(d, ["a", "b", "c"])
+    assert len(by_state(es, "ready")) == 1, es
+    cold = by_state(es, "cold")
+    for name in cold:
+        wait_cold(d, name)
+    d.write_config(models, f"memory_budget = {BUDGET}\n")  # two fit
+    r = ctl(d, "reload")
+    assert r.returncode == 0, r.stderr
+    es = wait_until(lambda: (lambda es: len(by_state(es, "ready")) == 2 and es)(
+        settled(d, ["a", "b", "c"])), what="a second model warm for the raised budget")
+    (left,) = by_state(es, "cold")
+    (warmed,) = set(cold) - {left}
+    wait_ready_warm(d, warmed)
+    assert (f'model "{warmed}": memory_budget raised to 40 MiB (was 20 MiB): warming '
+            "generation 1 again, which the old budget left cold") in d.read_log()
+    assert f'model "{left}": memory_budget raised' not in d.read_log()
+    assert ctl(d, "status").returncode == 3  # one is still cold
+
+    d.write_config(models)  # no budget: every model warm, as at a start
+    r = ctl(d, "reload")
+    assert r.returncode == 0, r.stderr
+    for name in "abc":
+        wait_ready_warm(d, name)
+    assert (f'model "{left}": memory_budget removed (was 40 MiB): warming generation 1 '
+            "again") in d.read_log()
+    r = ctl(d, "status")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def test_pin_cold_model_enforces_budget(start, tmp_path):
     """Pinning a cold model warms it, so it enforces the budget (once a bug:
     three models stayed warm in a budget for two)."""
