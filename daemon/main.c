@@ -11,6 +11,7 @@
  * daemon.h says which file holds what.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <grp.h>
 #include <inttypes.h>
@@ -21,6 +22,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -91,64 +93,146 @@ in_group(gid_t gid)
 /*
  * --check of a socket path (key = path): what would stop the daemon from
  * making its socket there: something that is not a socket in its place
- * (an error: wcached refuses to remove it), or a directory not there (a
- * warning only: systemd's RuntimeDirectory makes /run/wcached at start).
- * Returns 1 for an error. Under socket activation systemd's socket is
- * there already, which is fine.
+ * (an error: wcached refuses to remove it), a directory this user (whom
+ * wcached runs as when --check runs as its user, and root when `user =`
+ * makes root create the sockets) cannot write and search (an error: the
+ * start dies with EACCES; a warning when a socket is there already, which
+ * systemd's socket activation may pass, though a stale one could not be
+ * replaced), or a directory not there (a warning only: systemd's
+ * RuntimeDirectory makes /run/wcached at start). Returns 1 for an error.
  */
 static int
 check_socket_path(const char *key, const char *path)
 {
 	char *dir = strdup(path), *slash;
 	struct stat st;
-	int bad = 0;
+	int bad = 0, exists;
 
 	if (dir == NULL)
 		return 1;
-	if (lstat(path, &st) == 0 && !S_ISSOCK(st.st_mode)) {
+	exists = lstat(path, &st) == 0;
+	if (exists && !S_ISSOCK(st.st_mode)) {
 		fprintf(stderr, "wcached: %s = %s: exists and is not a socket; wcached will not "
 				"remove it\n", key, path);
 		bad = 1;
 	} else if ((slash = strrchr(dir, '/')) != NULL) {
 		*(slash == dir ? slash + 1 : slash) = '\0';
-		if (stat(dir, &st) < 0)
+		if (stat(dir, &st) < 0) {
 			fprintf(stderr, "wcached: warning: %s = %s: %s: %s (systemd's "
 					"RuntimeDirectory= makes it at start)\n", key, path, dir,
 				strerror(errno));
-		else if (!S_ISDIR(st.st_mode)) {
+		} else if (!S_ISDIR(st.st_mode)) {
 			fprintf(stderr, "wcached: %s = %s: %s is not a directory\n", key, path,
 				dir);
 			bad = 1;
+		} else if (faccessat(AT_FDCWD, dir, W_OK | X_OK, AT_EACCESS) == -1) {
+			int e = errno;
+
+			fprintf(stderr, "wcached: %s%s = %s: uid %u cannot %s in %s: %s (%s)\n",
+				exists ? "warning: " : "", key, path, (unsigned)geteuid(),
+				exists ? "replace the socket" : "make the socket", dir, strerror(e),
+				exists ? "fine when systemd passes the socket (socket activation), "
+					 "not when wcached must make it again" :
+					 "give the directory to wcached's user, or use systemd's "
+					 "RuntimeDirectory=");
+			bad = !exists;
 		}
 	}
 	free(dir);
 	return bad;
 }
 
-/* --check: validates the config and every model; prints one line each. */
+/*
+ * --check of control_group: run as the daemon's user (not root), a group
+ * it is not in is what its start meets: the control socket cannot be given
+ * to that group (an error; it was a warning, and the start then died). As
+ * root, wcached makes the socket as root and may give it to any group.
+ */
 static int
-check(const char *path)
+check_control_group(const struct config *cfg)
 {
-	struct config *cfg;
+	if (cfg->control_group == NULL || geteuid() == 0 || in_group(cfg->control_gid))
+		return 0;
+	fprintf(stderr, "wcached: control_group = %s: this user (uid %u) is not in that group: "
+			"wcached running as it cannot give the control socket to it (add the "
+			"user to the group: SupplementaryGroups= in the unit)\n",
+		cfg->control_group, (unsigned)geteuid());
+	return 1;
+}
+
+/*
+ * --check of stage_dir, when a model must stage (stage = yes): what
+ * stage_prepare_dir (stage.h) will meet. An existing stage_dir must be a
+ * directory of owner (wcached's user), not writable by its group or
+ * others, and one it can write; a missing one must be creatable: its
+ * parent must exist and be writable (as root with `user =`, wcached makes
+ * the missing parents too: the nearest one that exists must be writable).
+ * Nothing is created here. Returns 1 for an error.
+ */
+static int
+check_stage_dir(const struct config *cfg, uid_t owner, int makes_parents)
+{
+	const char *dir = cfg->stage_dir;
+	const char *model = NULL, *why = NULL;
+	char *up, *slash;
+	struct stat st;
+	int err;
+
+	for (size_t i = 0; i < cfg->n_models && model == NULL; i++)
+		if (cfg->models[i].stage == FS_STAGE_YES)
+			model = cfg->models[i].name;
+	if (model == NULL)
+		return 0;
+	if (stat(dir, &st) == 0) {
+		if (!S_ISDIR(st.st_mode))
+			why = "is not a directory";
+		else if (st.st_uid != owner)
+			why = "does not belong to wcached's user";
+		else if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
+			why = "is writable by its group or others (chmod go-w)";
+		else if ((st.st_mode & (S_IWUSR | S_IXUSR)) != (S_IWUSR | S_IXUSR))
+			why = "is not writable by its owner";
+		if (why != NULL)
+			fprintf(stderr, "wcached: stage_dir = %s %s (uid %u, mode %04o; wcached "
+					"runs as uid %u), and model \"%s\" has stage = yes\n", dir,
+				why, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777),
+				(unsigned)owner, model);
+		return why != NULL;
+	}
+	if (errno != ENOENT) {
+		fprintf(stderr, "wcached: stage_dir = %s: %s, and model \"%s\" has stage = yes\n",
+			dir, strerror(errno), model);
+		return 1;
+	}
+	/* Missing: the directory that would hold it (as root with user =, the
+	 * nearest one that exists: wcached makes the others). */
+	if ((up = strdup(dir)) == NULL)
+		return 1;
+	for (size_t n = strlen(up); n > 1 && up[n - 1] == '/';)
+		up[--n] = '\0';
+	while ((slash = strrchr(up, '/')) != NULL) {
+		*(slash == up ? slash + 1 : slash) = '\0';
+		if (stat(up, &st) == 0 || errno != ENOENT || !makes_parents || slash == up)
+			break;
+	}
+	err = stat(up, &st) == -1 ? errno : !S_ISDIR(st.st_mode) ? ENOTDIR :
+		faccessat(AT_FDCWD, up, W_OK | X_OK, AT_EACCESS) == -1 ? errno : 0;
+	if (err != 0)
+		fprintf(stderr, "wcached: stage_dir = %s cannot be created: %s: %s (uid %u), and "
+				"model \"%s\" has stage = yes\n", dir, up, strerror(err),
+			(unsigned)geteuid(), model);
+	free(up);
+	return err != 0;
+}
+
+/* --check of every model: opened and validated as this process can;
+ * one line each. Returns 1 when one is not valid. */
+static int
+check_models(const struct config *cfg)
+{
 	struct model_source s;
 	int bad = 0;
 
-	if (config_load(path, &cfg) < 0) {
-		print_message(stderr, "", error_get());
-		return 1;
-	}
-	bad |= check_socket_path("socket", cfg->socket_path);
-	bad |= check_socket_path("control", cfg->control_path);
-	/* Run as the daemon's user (sudo -u wcache wcached --check), this is
-	 * what its start meets; run by someone else, it may not be: a warning.
-	 * A daemon started as root (user =) gives the socket away as root. */
-	if (cfg->control_group != NULL && cfg->user == NULL && geteuid() != 0 &&
-		!in_group(cfg->control_gid))
-		fprintf(stderr, "wcached: warning: control_group = %s: this user (uid %u) is not "
-				"in that group: wcached running as it could not give the control "
-				"socket to it (add the user to the group: SupplementaryGroups= in "
-				"the unit)\n",
-			cfg->control_group, (unsigned)geteuid());
 	for (size_t i = 0; i < cfg->n_models; i++) {
 		const struct model_config *m = &cfg->models[i];
 		char prefix[CONFIG_MODEL_NAME_MAX + 16];
@@ -170,6 +254,85 @@ check(const char *path)
 		}
 		source_close(&s);
 	}
+	return bad;
+}
+
+/*
+ * --check run as root of a configuration with `user = NAME`: wcached opens
+ * its models only after becoming that user (drop_privileges), so they are
+ * checked in a child that becomes it the same way (its groups, gid, uid):
+ * a model only root may read fails here as it fails the daemon. Returns 1
+ * when one is not valid or the child could not become the user.
+ */
+static int
+check_models_as_user(const struct config *cfg)
+{
+	pid_t pid;
+	int st;
+
+	printf("models checked as user %s (uid %u, gid %u), as wcached opens them\n",
+		cfg->user_name, (unsigned)cfg->user_uid, (unsigned)cfg->user_gid);
+	fflush(stdout);
+	fflush(stderr);
+	if ((pid = fork()) == -1) {
+		fprintf(stderr, "wcached: fork: %s\n", strerror(errno));
+		return 1;
+	}
+	if (pid == 0) {
+		int bad;
+
+		if (initgroups(cfg->user_name, cfg->user_gid) == -1 ||
+			setgid(cfg->user_gid) == -1 || setuid(cfg->user_uid) == -1) {
+			fprintf(stderr, "wcached: user = %s: cannot switch to uid %u gid %u: %s\n",
+				cfg->user, (unsigned)cfg->user_uid, (unsigned)cfg->user_gid,
+				strerror(errno));
+			_exit(1);
+		}
+		bad = check_models(cfg);
+		fflush(stdout);
+		fflush(stderr);
+		_exit(bad);
+	}
+	while (waitpid(pid, &st, 0) == -1)
+		if (errno != EINTR) {
+			fprintf(stderr, "wcached: waitpid: %s\n", strerror(errno));
+			return 1;
+		}
+	return !WIFEXITED(st) || WEXITSTATUS(st) != 0;
+}
+
+/*
+ * --check: validates the config and every model; prints one line each.
+ * What it can check depends on who runs it: as the daemon's user (sudo -u
+ * wcache wcached --check, as wcached(8) advises) everything is checked with
+ * that user's rights; as root with `user = NAME`, the sockets and stage_dir
+ * as root (wcached makes them as root) and the models as that user; as root
+ * without `user =`, everything as root, which a wcached started as another
+ * user (systemd's User=) may not have: one line says so.
+ */
+static int
+check(const char *path)
+{
+	struct config *cfg;
+	int bad = 0, root = geteuid() == 0, as_user;
+
+	if (config_load(path, &cfg) < 0) {
+		print_message(stderr, "", error_get());
+		return 1;
+	}
+	as_user = root && cfg->user != NULL && cfg->user_uid != 0;
+	bad |= check_socket_path("socket", cfg->socket_path);
+	bad |= check_socket_path("control", cfg->control_path);
+	bad |= check_control_group(cfg);
+	bad |= check_stage_dir(cfg, as_user ? cfg->user_uid : geteuid(), as_user);
+	bad |= as_user ? check_models_as_user(cfg) : check_models(cfg);
+	if (root && !as_user)
+		fprintf(stderr, "wcached: note: checked as root, and %s: a wcached started as "
+				"another user (systemd's User=) may not read every model, nor "
+				"write the socket directories or stage_dir; run --check as that "
+				"user (sudo -u wcache wcached --check -c FILE) to check with its "
+				"rights\n", cfg->user != NULL ? "user = is root" :
+				"the configuration sets no user =");
 	/* Valid, but a daemon that serves nothing is rarely what was meant
 	 * (the packaged configuration starts that way): a warning, not an error. */
 	if (cfg->n_models == 0)

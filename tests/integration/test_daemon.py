@@ -4,11 +4,14 @@ in a temporary directory and drives it with the real client library
 (demo_worker, wcachectl) or raw sockets."""
 import json
 import os
+import pwd
 import resource
+import shutil
 import signal
 import socket
 import struct
 import subprocess
+import tempfile
 
 import pytest
 
@@ -153,6 +156,118 @@ def test_check_escapes_what_a_model_file_chose_and_checks_the_sockets(tmp_path, 
     r = subprocess.run([binary("wcached"), "--check", "-c", d.conf], capture_output=True,
                        text=True, timeout=30)
     assert r.returncode == 0, r.stderr
+
+
+def check(conf, user=()):
+    """wcached --check -c conf, run as user (an argv prefix) if given."""
+    return subprocess.run([*user, binary("wcached"), "--check", "-c", str(conf)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_check_finds_a_stage_dir_wcached_cannot_use(tmp_path, model):
+    """With a model that stages (stage = yes), --check checks stage_dir as
+    the start will prepare it: one that cannot be created, or one another
+    user may write, is an error; a missing one whose parent wcached may
+    write is fine, and --check creates nothing. Before, --check said ok and
+    the daemon refused the model (review rev112 #8)."""
+    def conf(stage_dir, stage="yes"):
+        path = tmp_path / "st.conf"
+        path.write_text(f"[wcached]\nsocket = {tmp_path}/w.sock\ncontrol = {tmp_path}/c.sock\n"
+                        f"stage_dir = {stage_dir}\n[model a]\npath = {model}\nstage = {stage}\n")
+        return path
+
+    r = check(conf("/proc/nope/staged"))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "stage_dir = /proc/nope/staged cannot be created: /proc/nope: No such file or " \
+        'directory' in r.stderr and 'model "a" has stage = yes' in r.stderr, r.stderr
+    assert check(conf("/proc/nope/staged", stage="no")).returncode == 0
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    r = check(conf(shared))
+    assert r.returncode == 1 and f"stage_dir = {shared} is writable by its group or others" \
+        in r.stderr, r.stderr
+    r = check(conf(tmp_path / "staged"))
+    assert r.returncode == 0, r.stderr
+    assert not os.path.exists(tmp_path / "staged")
+
+
+def shared_copy(model, mode=0o644):
+    """A directory anyone may enter and write, holding a copy of model with
+    mode: (directory, copy)."""
+    where = tempfile.mkdtemp(prefix="wcache-check-", dir=ctlutil.shared_dir())
+    os.chmod(where, 0o777)
+    mine = os.path.join(where, "m.safetensors")
+    with open(model, "rb") as src, open(mine, "wb") as dst:
+        dst.write(src.read())
+    os.chmod(mine, mode)
+    return where, mine
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switches to nobody")
+def test_check_as_the_daemons_user_refuses_what_its_start_would(tmp_path, model):
+    """Run as the daemon's user, as wcached(8) advises, --check fails (exit
+    1) where the start would: a socket directory the user cannot write, a
+    control_group the user is not in. Before, the first passed unseen and
+    the second was a warning; both exited 0 and the start then died (review
+    rev114 #7)."""
+    nobody = pwd.getpwnam("nobody").pw_uid
+    where, mine = shared_copy(model)
+    locked = os.path.join(where, "locked")
+    os.mkdir(locked, 0o755)  # root's
+    conf = os.path.join(where, "w.conf")
+
+    def write(control, extra=""):
+        with open(conf, "w") as f:
+            f.write(f"[wcached]\nsocket = {where}/w.sock\ncontrol = {control}\n{extra}"
+                    f"[model m]\npath = {mine}\n")
+        os.chmod(conf, 0o644)
+
+    write(f"{locked}/c.sock")
+    r = check(conf, ctlutil.as_user())
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"control = {locked}/c.sock: uid {nobody} cannot make the socket in {locked}: " \
+        "Permission denied" in r.stderr, r.stderr
+    r = subprocess.run([*ctlutil.as_user(), binary("wcached"), "-c", conf], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1 and "Permission denied" in r.stderr, r.stderr  # what it foresaw
+    write(f"{where}/c.sock")
+    r = check(conf, ctlutil.as_user())
+    assert r.returncode == 0, r.stdout + r.stderr
+    write(f"{where}/c.sock", "control_group = root\n")
+    r = check(conf, ctlutil.as_user())
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"wcached: control_group = root: this user (uid {nobody}) is not in that group" \
+        in r.stderr, r.stderr
+    # As root, wcached makes the socket as root and may give it to any group.
+    assert check(conf).returncode == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="checks as root")
+def test_check_as_root_opens_the_models_as_user(tmp_path, model):
+    """Run as root on a configuration with `user = NAME` (started as root,
+    wcached opens its models as that user), --check opens the models as
+    that user too, saying so: a model only root may read fails. Without
+    `user =`, it checks as root and says that a daemon run as another user
+    may meet what root did not. Before, it said ok and the daemon then
+    refused the model with EACCES (review rev112 #8)."""
+    nobody = pwd.getpwnam("nobody").pw_uid
+    where, private = shared_copy(model, 0o600)
+    public = shutil.copy(private, os.path.join(where, "pub.safetensors"))
+    os.chmod(public, 0o644)
+    conf = tmp_path / "u.conf"
+    head = f"[wcached]\nsocket = {where}/w.sock\ncontrol = {where}/c.sock\n"
+    models = f"[model p]\npath = {private}\n[model q]\npath = {public}\n"
+    conf.write_text(head + "user = nobody\n" + models)
+    r = check(conf)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"models checked as user nobody (uid {nobody}," in r.stdout, r.stdout
+    assert f'model "p": {private}: Permission denied' in r.stderr, r.stderr
+    assert 'model "q": ok' in r.stdout and "note: checked as root" not in r.stderr
+    conf.write_text(head + models)
+    r = check(conf)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "note: checked as root, and the configuration sets no user =" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("argv,line", [
