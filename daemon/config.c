@@ -18,10 +18,12 @@
 #include "log.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static const char *const wcached_keys[WK_COUNT] = {
 	[WK_SOCKET] = "socket",
@@ -441,6 +443,52 @@ key_cb(struct inifile *ini, const char *name, const char *value, void *arg)
 
 /* ---- load, free, compare --------------------------------------------- */
 
+/* path in out, spelled plainly: repeated slashes and "." components dropped
+ * ("/run//x.sock" and "/run/./x.sock" are "/run/x.sock"). ".." is left as
+ * it is: through a symbolic link it may not lead where it seems to. */
+static void
+path_plain(const char *path, char *out, size_t size)
+{
+	size_t len = 0;
+
+	while (*path != '\0' && len + 1 < size) {
+		if (path[0] == '/' && (path[1] == '/' ||
+			(path[1] == '.' && (path[2] == '/' || path[2] == '\0')))) {
+			path += path[1] == '/' ? 1 : 2;
+			continue;
+		}
+		out[len++] = *path++;
+	}
+	out[len] = '\0';
+}
+
+/*
+ * Whether socket paths a and b (absolute) name the same socket in two
+ * spellings: the same plain spelling (path_plain), or the same last name in
+ * one directory reached two ways (a symbolic link, ".."), when both
+ * directories exist. wcached would make its control socket, then find it
+ * where the client socket goes and die blaming another program.
+ */
+static int
+same_socket(const char *a, const char *b)
+{
+	char pa[PATH_MAX], pb[PATH_MAX];
+	char *sa, *sb;
+	struct stat da, db;
+
+	path_plain(a, pa, sizeof(pa));
+	path_plain(b, pb, sizeof(pb));
+	if (strcmp(pa, pb) == 0)
+		return 1;
+	if ((sa = strrchr(pa, '/')) == NULL || (sb = strrchr(pb, '/')) == NULL ||
+		strcmp(sa + 1, sb + 1) != 0)
+		return 0;
+	*(sa == pa ? sa + 1 : sa) = '\0';
+	*(sb == pb ? sb + 1 : sb) = '\0';
+	return stat(pa, &da) == 0 && stat(pb, &db) == 0 && da.st_dev == db.st_dev &&
+	       da.st_ino == db.st_ino;
+}
+
 /* inifile's end callback: the checks that need the whole file. */
 static int
 end_cb(struct inifile *ini, void *arg)
@@ -459,11 +507,18 @@ end_cb(struct inifile *ini, void *arg)
 		else
 			cfg->max_clients_per_uid = cfg->max_clients;
 	}
-	if (strcmp(cfg->socket_path, cfg->control_path) == 0) {
+	if (same_socket(cfg->socket_path, cfg->control_path)) {
 		int a = ctx->wcached_key_line[WK_SOCKET], b = ctx->wcached_key_line[WK_CONTROL];
 
-		config_error_at(ctx, a > b ? a : b, -EINVAL,
-			"socket and control are the same path \"%s\"", cfg->socket_path);
+		if (strcmp(cfg->socket_path, cfg->control_path) == 0)
+			config_error_at(ctx, a > b ? a : b, -EINVAL,
+				"socket and control are the same path \"%s\"", cfg->socket_path);
+		else
+			config_error_at(ctx, a > b ? a : b, -EINVAL,
+				"socket \"%s\" and control \"%s\" name the same socket (one "
+				"path, spelled two ways): give the control socket a path of its "
+				"own",
+				cfg->socket_path, cfg->control_path);
 	}
 	return ctx->err;
 }

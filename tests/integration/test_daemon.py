@@ -164,6 +164,29 @@ def check(conf, user=()):
                           capture_output=True, text=True, timeout=60)
 
 
+def test_socket_and_control_in_two_spellings_are_refused(tmp_path):
+    """socket and control naming one socket in two spellings ("/x.sock" and
+    "//x.sock", or through a symbolic link to the directory) are refused by
+    --check and by the start, as the same spelling is. Before, --check said
+    ok and the daemon made its control socket, then died saying another
+    program listened where the client socket goes, leaving that socket
+    behind (review rev112 #6)."""
+    os.symlink(tmp_path, tmp_path / "link")
+    for other in (f"{tmp_path}//x.sock", f"{tmp_path}/./x.sock", f"{tmp_path}/link/x.sock"):
+        conf = tmp_path / "w.conf"
+        conf.write_text(f"[wcached]\nsocket = {tmp_path}/x.sock\ncontrol = {other}\n")
+        line = f'{conf}:3: socket "{tmp_path}/x.sock" and control "{other}" name the same socket'
+        r = check(conf)
+        assert r.returncode == 1 and line in r.stderr, (other, r.stdout, r.stderr)
+        r = subprocess.run([binary("wcached"), "-c", str(conf)], capture_output=True,
+                           text=True, timeout=30)
+        assert r.returncode == 1 and line in r.stderr, (other, r.stderr)
+        assert not os.path.exists(tmp_path / "x.sock")
+    conf.write_text(f"[wcached]\nsocket = {tmp_path}/x.sock\ncontrol = {tmp_path}//y.sock\n")
+    r = check(conf)
+    assert r.returncode == 0, r.stderr
+
+
 def test_check_finds_a_stage_dir_wcached_cannot_use(tmp_path, model):
     """With a model that stages (stage = yes), --check checks stage_dir as
     the start will prepare it: one that cannot be created, or one another

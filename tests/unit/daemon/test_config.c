@@ -601,6 +601,11 @@ test_errors(void **state)
 	check_error(f, "[wcached]\nsocket = \n", 2, "socket: empty value");
 	check_error(f, "[wcached]\ncontrol = /run/x.sock\nsocket = /run/x.sock\n", 3,
 		"socket and control are the same path");
+	/* The same socket in another spelling (review rev112 #6). */
+	check_error(f, "[wcached]\ncontrol = /run/x.sock\nsocket = //run/./x.sock\n", 3,
+		"socket \"//run/./x.sock\" and control \"/run/x.sock\" name the same socket");
+	check_error(f, "[wcached]\ncontrol = /./x.sock\nsocket = /x.sock\n", 3,
+		"name the same socket");
 	/* sun_path holds 107 bytes and a NUL: 107 fits, 108 does not. */
 	memset(name129, 'x', 106);
 	name129[106] = '\0';
