@@ -174,7 +174,15 @@ explain_escape(const struct model_tree *t, const char *rel, const char *path)
 	else
 		snprintf(full, sizeof(full), "%s", path);
 	n = strlen(t->root);
-	if (target[0] == '/' && real != NULL && strncmp(real, t->root, n) == 0 && real[n] == '/')
+	if (strncmp(target, "/proc/self/fd/", 14) == 0 && strcmp(sub, rel) == 0)
+		/* /dev/stdin: not followed (inside a model's tree such a link
+		 * would open the reader's own descriptors, the daemon's too),
+		 * but the descriptor has a spelling that works. */
+		error_set(-EXDEV, "%s: symlink to %s: a link into /proc is not followed inside "
+			"the model's tree %s; name the open file itself: /dev/fd/%s or %s",
+			full, target, t->root, target + 14, target);
+	else if (target[0] == '/' && real != NULL && strncmp(real, t->root, n) == 0 &&
+		real[n] == '/')
 		error_set(-EXDEV, "%s: symlink to %s: absolute links are not allowed inside the "
 			"model's tree %s (make it relative)", full, target, t->root);
 	else if (real != NULL && is_link_to_link(full, target))

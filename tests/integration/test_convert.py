@@ -692,6 +692,32 @@ def test_a_weig_file_where_safetensors_must_be_is_named(ctl, tmp_path):
         assert not (tmp_path / "out.weig").exists()
 
 
+def test_standard_input_by_its_descriptor_path(ctl, tmp_path):
+    """/dev/fd/0 and /proc/self/fd/0 name the open file on standard input and work;
+    /dev/stdin is a link inside /dev into /proc, which the tree rule does not follow
+    (proto/FORMAT.md), and its refusal names the spelling that works (review rev113
+    #15: it said only that the link leaves the tree /dev)."""
+    src = tmp_path / "in.safetensors"
+    write_safetensors(src, {"w": ("F32", [2], struct.pack("<2f", 1, 2))})
+    for path in ("/dev/fd/0", "/proc/self/fd/0"):
+        with open(src, "rb") as stdin:
+            r = subprocess.run([ctl, "inspect", "--json", path], stdin=stdin,
+                               capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert [t["name"] for t in json.loads(r.stdout)["tensors"]] == ["w"]
+    with open(src, "rb") as stdin:
+        r = subprocess.run([ctl, "convert", "/dev/fd/0", str(tmp_path / "o.weig")],
+                           stdin=stdin, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    with open(src, "rb") as stdin:
+        r = subprocess.run([ctl, "inspect", "/dev/stdin"], stdin=stdin,
+                           capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    assert "/dev/stdin: symlink to /proc/self/fd/0: a link into /proc is not followed" \
+        in r.stderr, r.stderr
+    assert "name the open file itself: /dev/fd/0 or /proc/self/fd/0" in r.stderr
+
+
 def test_failures_leave_no_output(ctl, tmp_path):
     # Missing input.
     r = run(ctl, "convert", str(tmp_path / "missing.safetensors"), str(tmp_path / "out.weig"))
