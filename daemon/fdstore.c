@@ -13,8 +13,10 @@
  * decoder runs it on what it parsed, so decode(encode(x)) is x for every
  * x the encoder takes, and nothing the decoder returns breaks a rule.
  * The encoder writes FDSTORE_VERSION only; the decoder also reads version
- * 3, whose files end after their mtime (no origin), and version 2, whose
- * models also end after their generations (no artifact count).
+ * 4, whose files end after their origin (no ctime, no nlink: read as 0,
+ * which says "not recorded"), version 3, whose files end after their mtime
+ * (no origin), and version 2, whose models also end after their
+ * generations (no artifact count).
  */
 #include "fdstore.h"
 
@@ -41,7 +43,8 @@
 #define MIN_GENERATION (MIN_STRING + GENERATION_FIXED)
 #define FILE_FIXED_V3 (4u * 8u)                  /* dev, ino, size, mtime */
 #define MIN_FILE_V3 (MIN_STRING + FILE_FIXED_V3)
-#define MIN_FILE (MIN_FILE_V3 + 2u * 8u)          /* and the origin's dev, ino */
+#define MIN_FILE_V4 (MIN_FILE_V3 + 2u * 8u)       /* and the origin's dev, ino */
+#define MIN_FILE (MIN_FILE_V4 + 3u * 8u)          /* and ctime, nlink, the origin's ctime */
 #define ARTIFACT_FIXED (8u + 8u + 8u + 4u + 4u + 8u) /* source, sizes, uid, pid, build ms */
 #define MIN_ARTIFACT (3u * MIN_STRING + ARTIFACT_FIXED)
 
@@ -148,6 +151,9 @@ fdstore_encode(const struct fdstore_desc *d, uint8_t **buf, size_t *len)
 				put_le(&o, (uint64_t)f->mtime_ns, 8);
 				put_le(&o, f->origin_dev, 8);
 				put_le(&o, f->origin_ino, 8);
+				put_le(&o, (uint64_t)f->ctime_ns, 8);
+				put_le(&o, f->nlink, 8);
+				put_le(&o, (uint64_t)f->origin_ctime_ns, 8);
 			}
 		}
 		put_le(&o, m->nartifacts, 4);
@@ -252,7 +258,7 @@ get_count(struct in *in, uint32_t max, size_t min, uint32_t *out, const char *wh
 static int
 get_file(struct in *in, struct fdstore_file *f, const char *where, uint64_t version)
 {
-	uint64_t mtime;
+	uint64_t mtime, ctime, origin_ctime;
 	int r;
 
 	if ((r = get_string(in, FDSTORE_MAX_FDNAME, &f->fdname, where, "fdname")) < 0 ||
@@ -270,6 +276,14 @@ get_file(struct in *in, struct fdstore_file *f, const char *where, uint64_t vers
 	if ((r = get_le(in, 8, &f->origin_dev, where, "origin st_dev")) < 0 ||
 		(r = get_le(in, 8, &f->origin_ino, where, "origin st_ino")) < 0)
 		return r;
+	if (version < 5)
+		return 0; /* version 4: no ctimes, nlink 0 (not recorded) */
+	if ((r = get_le(in, 8, &ctime, where, "st_ctim")) < 0 ||
+		(r = get_le(in, 8, &f->nlink, where, "st_nlink")) < 0 ||
+		(r = get_le(in, 8, &origin_ctime, where, "origin st_ctim")) < 0)
+		return r;
+	f->ctime_ns = (int64_t)ctime;
+	f->origin_ctime_ns = (int64_t)origin_ctime;
 	return 0;
 }
 
@@ -299,8 +313,9 @@ get_generation(struct in *in, struct fdstore_generation *g, const char *mwhere, 
 	g->holders = (uint32_t)v;
 	if ((r = get_string(in, FDSTORE_MAX_FDNAME, &g->index_fdname, where, "index fdname")) < 0 ||
 		(r = get_le(in, 8, &g->index_size, where, "index size")) < 0 ||
-		(r = get_count(in, FDSTORE_MAX_FILES, version < 4 ? MIN_FILE_V3 : MIN_FILE,
-			 &g->nfiles, where, "file count")) < 0)
+		(r = get_count(in, FDSTORE_MAX_FILES, version < 4 ? MIN_FILE_V3 :
+			 version < 5 ? MIN_FILE_V4 : MIN_FILE, &g->nfiles, where,
+			 "file count")) < 0)
 		return r;
 	if (g->nfiles > 0 && (g->files = calloc(g->nfiles, sizeof(*g->files))) == NULL)
 		return error_set(-ENOMEM, "fdstore: out of memory");
@@ -423,6 +438,19 @@ fail:
 	return r;
 }
 
+/* ---- times, comparing and freeing ---------------------------------------------- */
+
+int64_t
+fdstore_time_ns(const struct timespec *t)
+{
+	int64_t ns;
+
+	if (__builtin_mul_overflow((int64_t)t->tv_sec, (int64_t)1000000000, &ns) ||
+		__builtin_add_overflow(ns, (int64_t)t->tv_nsec, &ns))
+		return t->tv_sec < 0 ? INT64_MIN : INT64_MAX;
+	return ns;
+}
+
 static int
 stored_generation_equal(const struct fdstore_generation *a, const struct fdstore_generation *b)
 {
@@ -436,7 +464,9 @@ stored_generation_equal(const struct fdstore_generation *a, const struct fdstore
 
 		if (strcmp(x->fdname, y->fdname) != 0 || x->dev != y->dev || x->ino != y->ino ||
 			x->size != y->size || x->mtime_ns != y->mtime_ns ||
-			x->origin_dev != y->origin_dev || x->origin_ino != y->origin_ino)
+			x->origin_dev != y->origin_dev || x->origin_ino != y->origin_ino ||
+			x->ctime_ns != y->ctime_ns || x->nlink != y->nlink ||
+			x->origin_ctime_ns != y->origin_ctime_ns)
 			return 0;
 	}
 	return 1;

@@ -13,11 +13,12 @@
  * page slot, last generation number, generations, derived artifacts),
  * each generation (number, role, pin state applied, holders, the index
  * memfd's FDNAME and size, files), each file (FDNAME, st_dev, st_ino,
- * st_size, st_mtim in ns, and for a staged copy the st_dev and st_ino of
- * the file it was copied from), each derived artifact (key, source
- * generation, the artifact memfd's and its index memfd's FDNAME and size,
- * the builder's uid and pid, the build time). Strings are a u16 length and
- * that many bytes, no NUL. Versions 3 (files without their origin) and 2
+ * st_size, st_mtim in ns, for a staged copy the st_dev and st_ino of the
+ * file it was copied from, then st_ctim in ns, st_nlink and the origin's
+ * st_ctim), each derived artifact (key, source generation, the artifact
+ * memfd's and its index memfd's FDNAME and size, the builder's uid and
+ * pid, the build time). Strings are a u16 length and that many bytes, no
+ * NUL. Versions 4 (files without their ctime), 3 (nor their origin) and 2
  * (no artifacts either) are still read.
  *
  * The decoder trusts nothing: every count and length is checked against
@@ -39,16 +40,20 @@
 #include <fcntl.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "pin.h"
 #include "proto/wire.h"
 
 #define FDSTORE_MAGIC "WCFDSTOR"          /* 8 bytes, no NUL */
-#define FDSTORE_VERSION 4u                /* 4: a staged copy's file names its origin's
+#define FDSTORE_VERSION 5u                /* 5: files record their st_ctim and st_nlink,
+					     and a staged copy its origin's st_ctim;
+					     4: a staged copy's file names its origin's
 					     st_dev and st_ino; 3: models carry their
 					     derived artifacts */
 #define FDSTORE_VERSION_MIN 2u            /* 2: generations record their holders; read as
-					     a version 4 without artifacts or origins */
+					     a version 5 without artifacts, origins or
+					     ctimes */
 #define FDSTORE_HEADER_SIZE 24u
 #define FDSTORE_MAX_BYTES (16u << 20)     /* the description's memfd */
 #define FDSTORE_MAX_MODELS 4096u
@@ -90,6 +95,16 @@ struct fdstore_file {
 	 * which did not record them, described it. */
 	uint64_t origin_dev;
 	uint64_t origin_ino;
+	/* Version 5: st_ctim (ns since the epoch) and st_nlink when opened, and
+	 * a staged copy's origin's st_ctim when it was copied (0 for a file
+	 * that is not a copy). A writer can put the mtime back (utimensat),
+	 * never the ctime: a restarted daemon compares it as a running one
+	 * does (file_ctime_moved, base/file.h). nlink 0: the ctimes are not
+	 * recorded (a version 2 to 4 description described the file, or a
+	 * model carried from one), and they are 0. */
+	int64_t ctime_ns;
+	uint64_t nlink;
+	int64_t origin_ctime_ns;
 };
 
 struct fdstore_generation {
@@ -196,8 +211,14 @@ int fdstore_encode(const struct fdstore_desc *d, uint8_t **buf, size_t *len);
  * 0, or -EBADMSG (malformed: the message names the field and the offset),
  * -EPROTO (another version) or -ENOMEM; *out is untouched on failure and
  * nothing is leaked. Encoding the result always gives version
- * FDSTORE_VERSION (an older one's files with origins 0 and 0). */
+ * FDSTORE_VERSION (an older one's files with origins 0 and 0 before
+ * version 4, and ctimes and nlink 0 before version 5). */
 int fdstore_decode(const uint8_t *buf, size_t len, struct fdstore_desc **out);
+
+/* A time as the description records it: nanoseconds since the epoch;
+ * times past the year 2262 (or before 1678) saturate instead of
+ * overflowing. */
+int64_t fdstore_time_ns(const struct timespec *t);
 
 /* 1 when a and b describe the same things field by field, else 0. */
 int fdstore_equal(const struct fdstore_desc *a, const struct fdstore_desc *b);

@@ -273,9 +273,11 @@ load_request_free(struct load_request *q)
  * the modified generation's, not a new one. On a remote filesystem an inode
  * number says less: another host's server may give a freed number to the
  * file that replaced it, so there the size and mtime must match too. A
- * staged generation compares its origin, size and mtime included: its copy
- * is not hurt by a write in place, so a source written since it was copied
- * is staged again.
+ * staged generation compares its origin, size, mtime and ctime included:
+ * its copy is not hurt by a write in place, so a source written since it
+ * was copied is staged again, even one whose writer kept its size and put
+ * its mtime back (cp -p over it writes it in place; rm then cp -p may get
+ * the freed inode number back): the ctime moves either way.
  */
 static int
 same_inodes(const struct generation *g, const struct model_source *s)
@@ -293,6 +295,9 @@ same_inodes(const struct generation *g, const struct model_source *s)
 		if ((g->origin != NULL || g->fs.remote) &&
 			(a->st_size != b->st_size || a->st_mtim.tv_sec != b->st_mtim.tv_sec ||
 				a->st_mtim.tv_nsec != b->st_mtim.tv_nsec))
+			return 0;
+		if (g->origin != NULL && (a->st_ctim.tv_sec != b->st_ctim.tv_sec ||
+					  a->st_ctim.tv_nsec != b->st_ctim.tv_nsec))
 			return 0;
 	}
 	return 1;

@@ -1,14 +1,14 @@
 /*
  * restore_check.c: the checks of a stored generation's files at a warm
  * restart (restore.h), off the loop. Each stored file must be the inode,
- * size and mtime the description gives, open read-only, named by a plain
- * name in the index, and still be what the configured path names (a
+ * size, mtime and ctime the description gives, open read-only, named by a
+ * plain name in the index, and still be what the configured path names (a
  * current generation); a staged copy's origin must still be the file it
- * was copied from. Those are stat calls on the model's filesystem, and on
- * a network filesystem whose server hangs they block until it answers: so
- * they run on the work queue (workq.h), never on the event loop, and a
- * model on a hung server waits there while every other one serves
- * (restore_job.c).
+ * was copied from, unchanged (its ctime too). Those are stat calls on the
+ * model's filesystem, and on a network filesystem whose server hangs they
+ * block until it answers: so they run on the work queue (workq.h), never
+ * on the event loop, and a model on a hung server waits there while every
+ * other one serves (restore_job.c).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -55,22 +55,32 @@ files_dir(const char *path, char **dir)
 int64_t
 restore_mtime_ns(const struct stat *st)
 {
-	int64_t ns;
-
-	if (__builtin_mul_overflow((int64_t)st->st_mtim.tv_sec, (int64_t)1000000000, &ns) ||
-		__builtin_add_overflow(ns, (int64_t)st->st_mtim.tv_nsec, &ns))
-		return st->st_mtim.tv_sec < 0 ? INT64_MIN : INT64_MAX;
-	return ns;
+	return fdstore_time_ns(&st->st_mtim);
 }
 
-static int
-same_file(const struct stat *st, const struct fdstore_file *f)
+/*
+ * How st, a stat of a stored file now, differs from what f describes: NULL
+ * when it is that file unchanged. The inode, size and mtime first; then
+ * the ctime, as a running wcached compares it (file_ctime_moved,
+ * base/file.h): a writer can put the mtime back with utimensat, never the
+ * ctime, so a ctime that moved while the link count stayed is a change
+ * (a rename over the file's path drops a link: a held generation's file
+ * replaced so is no write). A description that records no ctime (nlink 0:
+ * version 4 and before) cannot tell; check_file says so for a current
+ * generation.
+ */
+static const char *
+file_changed(const struct stat *st, const struct fdstore_file *f)
 {
-	int64_t mtime = restore_mtime_ns(st);
-
-	return S_ISREG(st->st_mode) && (uint64_t)st->st_dev == f->dev &&
-		(uint64_t)st->st_ino == f->ino && (uint64_t)st->st_size == f->size &&
-		mtime == f->mtime_ns;
+	if (!S_ISREG(st->st_mode) || (uint64_t)st->st_dev != f->dev ||
+		(uint64_t)st->st_ino != f->ino || (uint64_t)st->st_size != f->size ||
+		restore_mtime_ns(st) != f->mtime_ns)
+		return "not the inode, size and mtime described";
+	if (f->nlink != 0 && (uint64_t)st->st_nlink == f->nlink &&
+		fdstore_time_ns(&st->st_ctim) != f->ctime_ns)
+		return "written in place since it was stored (its ctime moved, its mtime was "
+		       "put back)";
+	return NULL;
 }
 
 /* O(1): the records are checked later (restore_checks, index_check.h). */
@@ -168,9 +178,22 @@ staged_elsewhere(const char *stage_dir, int fd, const struct fdstore_file *f)
 	return 1;
 }
 
+/* ns nanoseconds since the epoch as a timespec. */
+static void
+ns_to_timespec(int64_t ns, struct timespec *t)
+{
+	t->tv_sec = (time_t)(ns / 1000000000);
+	t->tv_nsec = (long)(ns % 1000000000);
+	if (t->tv_nsec < 0) {
+		t->tv_sec--;
+		t->tv_nsec += 1000000000;
+	}
+}
+
 /* A staged copy's origin as f describes it (the file it was copied from,
- * its size and mtime the copy's): for a held generation whose origin is
- * gone or was replaced, as the process that staged it knew it. */
+ * its size and mtime the copy's, its ctime when recorded): for a held
+ * generation whose origin is gone or was replaced, as the process that
+ * staged it knew it. */
 static void
 described_origin(const struct fdstore_file *f, struct stat *st)
 {
@@ -179,24 +202,25 @@ described_origin(const struct fdstore_file *f, struct stat *st)
 	st->st_dev = (dev_t)f->origin_dev;
 	st->st_ino = (ino_t)f->origin_ino;
 	st->st_size = (off_t)f->size;
-	st->st_mtim.tv_sec = (time_t)(f->mtime_ns / 1000000000);
-	st->st_mtim.tv_nsec = (long)(f->mtime_ns % 1000000000);
-	if (st->st_mtim.tv_nsec < 0) {
-		st->st_mtim.tv_sec--;
-		st->st_mtim.tv_nsec += 1000000000;
-	}
+	ns_to_timespec(f->mtime_ns, &st->st_mtim);
+	if (f->nlink != 0)
+		ns_to_timespec(f->origin_ctime_ns, &st->st_ctim);
 }
 
 /*
  * A staged copy's origin: the configured model's file full that it was
  * copied from. A current generation serves only while that file is what
- * was copied: the same file (its st_dev and st_ino, as same_file() checks
- * a file served where it lies: a file renamed over the path while no
- * wcached ran may have the same size and mtime, rsync -a or cp -p make
- * one), and its size and mtime (the copy keeps the source's mtime); the
- * copy's inode was checked against the description already. A
- * description without the origin's inode (version 3, an older wcached)
- * cannot tell: the model is staged again, which is always safe. Fills *o.
+ * was copied: the same file (its st_dev and st_ino, as file_changed()
+ * checks a file served where it lies: a file renamed over the path while
+ * no wcached ran may have the same size and mtime, rsync -a or cp -p make
+ * one), its size and mtime (the copy keeps the source's mtime), and its
+ * ctime: cp -p over the source writes it in place (the same inode), and
+ * rm then cp -p may get the freed inode number back (ext4 does), both with
+ * the old size and mtime, but either moves the ctime. The copy's inode was
+ * checked against the description already. A description without the
+ * origin's inode (version 3, an older wcached) cannot tell: the model is
+ * staged again, which is always safe (one without its ctime, version 4,
+ * likewise: check_file). Fills *o.
  */
 static int
 check_origin(const struct fdstore_generation *g, const struct fdstore_file *f, char *full,
@@ -224,6 +248,9 @@ check_origin(const struct fdstore_generation *g, const struct fdstore_file *f, c
 			restore_mtime_ns(&st) != f->mtime_ns)
 			return error_set(-EINVAL, "%s was replaced or changed since it was staged",
 				full);
+		if (f->nlink != 0 && fdstore_time_ns(&st.st_ctim) != f->origin_ctime_ns)
+			return error_set(-EINVAL, "%s was written or replaced since it was staged "
+				"(its ctime moved; its size and mtime are the copy's)", full);
 	} else if (!same) {
 		/* A held generation's source was replaced: that is why it is
 		 * held. Its origin stays the file it was copied from. */
@@ -244,7 +271,7 @@ check_file(struct restore_prepared *p, const char *stage_dir, const char *dir, u
 	const struct fdstore_generation *g = p->g;
 	const struct fdstore_file *f = &g->files[k];
 	struct gen_origin *origin = &p->origin[k];
-	const char *fname;
+	const char *fname, *changed;
 	char *full, *copy = NULL;
 	struct stat st;
 	uint64_t size;
@@ -256,9 +283,10 @@ check_file(struct restore_prepared *p, const char *stage_dir, const char *dir, u
 	if (index_file_at(blob, h, k, &fname, &size) < 0 || size != f->size)
 		return error_set(-EINVAL, "file %" PRIu32 ": the index disagrees with the "
 			"description", k);
-	if (fstat(fd, &st) == -1 || !same_file(&st, f))
-		return error_set(-EINVAL, "file %s: not the inode, size and mtime described",
-			fname);
+	if (fstat(fd, &st) == -1)
+		return error_set(-errno, "file %s: fstat: %s", fname, strerror(errno));
+	if ((changed = file_changed(&st, f)) != NULL)
+		return error_set(-EINVAL, "file %s: %s", fname, changed);
 	if ((fl = fcntl(fd, F_GETFL)) == -1 || (fl & O_ACCMODE) != O_RDONLY)
 		return error_set(-EINVAL, "file %s: not open read-only", fname);
 	/* The name comes from the stored index: a plain name in dir, as every
@@ -280,20 +308,40 @@ check_file(struct restore_prepared *p, const char *stage_dir, const char *dir, u
 	} else if (g->role == FDSTORE_CURRENT && staged_elsewhere(stage_dir, fd, f)) {
 		free(full);
 		return -EINVAL;
-	} else if (g->role == FDSTORE_CURRENT && (stat(full, &st) == -1 || !same_file(&st, f))) {
+	} else if (g->role == FDSTORE_CURRENT &&
+		(stat(full, &st) == -1 || file_changed(&st, f) != NULL)) {
 		/* A held generation's files were replaced: that is why it is old. */
 		error_set(-EINVAL, "%s was replaced or changed since it was stored", full);
 		free(full);
 		return -EINVAL;
 	}
-	if (file_from_fd(fd, full, &p->src.files[k]) < 0) {
-		free(full);
-		free(origin->path);
-		origin->path = NULL;
-		return -EINVAL;
+	/* An older wcached's description (version 4 and before) records no
+	 * ctime: a write in place whose writer put the mtime back while no
+	 * wcached ran cannot be told, so the model loads afresh, once, the
+	 * safe choice (as for a copy without its origin, check_origin); its
+	 * held generations go with it, as whenever the current one fails. A
+	 * held generation's own files are compared as recorded. */
+	if (g->role == FDSTORE_CURRENT && f->nlink == 0)
+		error_set(-EINVAL, "file %s: its description does not record its ctime (stored "
+			"by an older wcached), so a write in place while no wcached ran cannot be "
+			"told", fname);
+	else if (file_from_fd(fd, full, &p->src.files[k]) == 0) {
+		/* The stat the generation keeps, which later checks compare
+		 * with (watch.c), is the one compared here: a write between
+		 * the fstat above and this one is not taken as the baseline. */
+		if ((changed = file_changed(&p->src.files[k].st, f)) == NULL) {
+			free(full);
+			return 0;
+		}
+		error_set(-EINVAL, "file %s: %s", fname, changed);
+		p->src.files[k].fd = -1; /* still p->fds[k]'s */
+		file_close(&p->src.files[k]);
+		memset(&p->src.files[k], 0, sizeof(p->src.files[k]));
 	}
 	free(full);
-	return 0;
+	free(origin->path);
+	origin->path = NULL;
+	return -EINVAL;
 }
 
 /*

@@ -340,11 +340,19 @@ describe_generation(struct fdstore_generation *dg, const struct model_entry *m,
 		f->ino = (uint64_t)st->st_ino;
 		f->size = (uint64_t)st->st_size;
 		f->mtime_ns = restore_mtime_ns(st);
+		/* The ctime too: a write in place whose writer put the mtime
+		 * back moves it. nlink 0 would say "not recorded". */
+		f->nlink = (uint64_t)st->st_nlink;
+		if (f->nlink != 0)
+			f->ctime_ns = fdstore_time_ns(&st->st_ctim);
 		/* A staged copy: which file it was copied from, so that the next
-		 * process restores it only while that file is still there. */
+		 * process restores it only while that file is still there,
+		 * unchanged (its ctime). */
 		if (g->origin != NULL && k < g->norigin) {
 			f->origin_dev = (uint64_t)g->origin[k].st.st_dev;
 			f->origin_ino = (uint64_t)g->origin[k].st.st_ino;
+			if (f->nlink != 0)
+				f->origin_ctime_ns = fdstore_time_ns(&g->origin[k].st.st_ctim);
 		}
 	}
 	return 0;

@@ -148,6 +148,38 @@ def test_replacement_is_staged_anew_and_the_old_copy_goes_with_its_last_holder(t
         assert d.stop() == 0, d.read_log()
 
 
+@pytest.mark.parametrize("how", ["cp -p over it", "rm, then cp -p"])
+def test_a_source_rewritten_with_its_size_and_mtime_is_staged_again(tmp_path, how):
+    """The source of a staged model replaced by cp -p, of the same size and
+    mtime, while wcached runs: over it (written in place, the same inode),
+    or after rm (on ext4 a new file at the freed inode number, as nothing
+    holds the source open). The reload it wakes compared the origin's
+    inode, size and mtime only, said nothing changed, and kept serving the
+    old copy (rev110 defect 3); its ctime moved, so it is staged again."""
+    src = mkmodel(tmp_path / "m.safetensors", seed=1, **LAYERS)
+    d, stage_dir = stage_daemon(tmp_path, {"m": (src, {"stage": "yes"})})
+    d.start()
+    try:
+        wait_until(lambda: generation(d) == 1, what="generation 1")
+        st = os.stat(src)
+        new = mkmodel(tmp_path / "new.safetensors", seed=2, **LAYERS)
+        assert os.path.getsize(new) == st.st_size
+        os.utime(new, ns=(st.st_atime_ns, st.st_mtime_ns))
+        if how.startswith("rm"):
+            os.unlink(src)
+        subprocess.run(["cp", "-p", new, src], check=True)
+        now = os.stat(src)
+        assert (now.st_size, now.st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+        wait_until(lambda: generation(d) == 2, what="generation 2 staged from the new source")
+        d.wait_for_log(r"generation 2 staged from \S+ to " + re.escape(stage_dir) + "/m.2")
+        r = subprocess.run([binary("demo_worker"), "--socket", d.socket, "--verify", src, "m"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and json.loads(r.stdout)["generation"] == 2, r.stderr
+        wait_until(lambda: entries(stage_dir) == ["m.2"], what="m.1 removed")
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
 def test_sharded_model_is_staged_whole(tmp_path):
     model_dir = tmp_path / "sharded"
     subprocess.run([binary("mklayout"), "--tensors", "60", "--shards", "3", str(model_dir)],

@@ -2,15 +2,20 @@
 Restarts): a restored generation keeps serving its copy in stage_dir only
 while the file it was copied from is still there, the same file (its
 st_dev and st_ino, which the file descriptor store's description records
-since version 4) with the same size and mtime. A source replaced while no
-wcached ran by a file of the same size and mtime (rsync -a, cp -p, a
-reproducible build's fixed mtime) is staged again; so is a copy an older
-wcached described without its origin. A stage_dir that is a symbolic
-link keeps its copies across a restart too."""
+since version 4) with the same size, mtime and ctime (recorded since
+version 5). A source replaced while no wcached ran by a file of the same
+size and mtime (rsync -a, cp -p, a reproducible build's fixed mtime) is
+staged again, whether it is another inode (a rename), the same one (cp -p
+over it writes in place) or a new file at the freed inode number (rm then
+cp -p, which ext4 gives back); so is a copy an older wcached described
+without its origin or its ctime. A stage_dir that is a symbolic link keeps
+its copies across a restart too."""
 import fcntl
 import json
 import os
 import subprocess
+
+import pytest
 
 from conftest import Daemon, binary, mkmodel, wait_until
 from fakemanager import FakeManager
@@ -89,9 +94,10 @@ def test_a_source_replaced_by_a_file_of_the_same_size_and_mtime_is_staged_again(
 
 
 def file_records(desc):
-    """Walks a version 4 description (proto/PROTOCOL.md, "The file
+    """Walks a version 5 description (proto/PROTOCOL.md, "The file
     descriptor store"): [(generation number, file k, offset of the file's
-    origin st_dev, st_ino)]."""
+    origin st_dev, st_ino, which st_ctim, st_nlink and the origin's st_ctim
+    follow)]."""
     found, p = [], 0
 
     def take(n):
@@ -107,7 +113,7 @@ def file_records(desc):
     def string():
         take(num(2))
 
-    assert take(8) == b"WCFDSTOR" and num(4) == 4
+    assert take(8) == b"WCFDSTOR" and num(4) == 5
     models = num(4)
     take(8)
     for _ in range(models):
@@ -119,27 +125,53 @@ def file_records(desc):
             for k in range(num(4)):
                 string(), take(32)
                 found.append((number, k, p))
-                take(16)
+                take(16 + 24)
         for _ in range(num(4)):
             string(), take(8), string(), take(8), string(), take(8), take(16)
     assert p == len(desc)
     return found
 
 
-def to_version_3(desc):
-    """The description as a version 3 wcached wrote it: the same, without
-    each file's origin."""
-    out, last = bytearray(desc[:8] + (3).to_bytes(4, "little")), 12
+def older_version(desc, version):
+    """The description as a version 4 wcached wrote it (the same, without
+    each file's ctimes and nlink) or a version 3 one (without its origin
+    either)."""
+    out, last = bytearray(desc[:8] + version.to_bytes(4, "little")), 12
     for _, _, at in file_records(desc):
-        out += desc[last:at]
-        last = at + 16
+        out += desc[last:at + (16 if version == 4 else 0)]
+        last = at + 16 + 24
     return bytes(out + desc[last:])
+
+
+def to_version_3(desc):
+    return older_version(desc, 3)
+
+
+def replace_description(mgr, desc):
+    """Puts desc in mgr's store as the sealed wc-desc memfd, in place of
+    the one there (the caller holds mgr.lock)."""
+    old = mgr.store["wc-desc"]
+    fd = os.memfd_create("wcached-fdstore", os.MFD_ALLOW_SEALING)
+    os.write(fd, desc)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK |
+                fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+    mgr.store["wc-desc"] = [fd]
+    for f in old:
+        os.close(f)
 
 
 def origins(desc):
     """{(generation, k): (origin st_dev, st_ino)} of a description."""
     return {(g, k): (int.from_bytes(desc[at:at + 8], "little"),
                      int.from_bytes(desc[at + 8:at + 16], "little"))
+            for g, k, at in file_records(desc)}
+
+
+def ctimes(desc):
+    """{(generation, k): (st_ctim, st_nlink, origin st_ctim)} of a
+    description, times in ns."""
+    return {(g, k): tuple(int.from_bytes(desc[at + 16 + 8 * i:at + 24 + 8 * i], "little",
+                                         signed=i != 1) for i in range(3))
             for g, k, at in file_records(desc)}
 
 
@@ -166,14 +198,7 @@ def test_a_copy_described_by_an_older_wcached_is_staged_again(tmp_path):
         with mgr.lock:
             desc = description_in(mgr.store)
             assert origins(desc)[(1, 0)] == (os.stat(src).st_dev, os.stat(src).st_ino)
-            old = mgr.store["wc-desc"]
-            fd = os.memfd_create("wcached-fdstore", os.MFD_ALLOW_SEALING)
-            os.write(fd, to_version_3(desc))
-            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SHRINK |
-                        fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
-            mgr.store["wc-desc"] = [fd]
-            for f in old:
-                os.close(f)
+            replace_description(mgr, to_version_3(desc))
         start(d, mgr, *mgr.listen_fds())
         wait_until(lambda: ready(d, "m") and generation(d) == 2, what="m staged again")
         log = d.read_log()
@@ -183,6 +208,88 @@ def test_a_copy_described_by_an_older_wcached_is_staged_again(tmp_path):
         verify(d, src)
         wait_until(lambda: entries(stage_dir) == ["m.2"], what="only m.2")
         assert entries(os.path.join(stage_dir, "m.2")) == [MARKER, "m.safetensors"]
+    finally:
+        code = d.stop()
+        mgr.close()
+    assert code == 0, d.read_log()
+
+
+@pytest.mark.parametrize("stage", ["yes", "no"])
+def test_a_generation_described_without_ctimes_loads_afresh(tmp_path, stage):
+    """Version 4 did not record the files' ctime (nor a copy's origin's):
+    a write in place whose writer put the mtime back while no wcached ran
+    cannot be told, so the current generation loads afresh, once, staged or
+    not; the next restart is warm again. Version 5 records each file's
+    st_ctim and st_nlink, and a copy's origin's st_ctim."""
+    src, mgr, d, stage_dir = staged_model(tmp_path)
+    d.write_config({"m": (src, {"stage": stage})},
+                   f"stage_dir = {stage_dir}\nrestart_hold_seconds = 1\n")
+    try:
+        start_stored(d, mgr)
+        assert d.stop() == 0, d.read_log()
+        with mgr.lock:
+            desc = description_in(mgr.store)
+            st = os.stat(src)
+            ctime, nlink, origin_ctime = ctimes(desc)[(1, 0)]
+            if stage == "yes":
+                assert origin_ctime == st.st_ctime_ns and nlink == 1
+            else:
+                assert (ctime, nlink, origin_ctime) == (st.st_ctime_ns, st.st_nlink, 0)
+            replace_description(mgr, older_version(desc, 4))
+        start(d, mgr, *mgr.listen_fds())
+        wait_until(lambda: ready(d, "m") and generation(d) == 2, what="m loaded afresh")
+        log = d.read_log()
+        assert ('model "m": not restored: file m.safetensors: its description does not '
+                'record its ctime (stored by an older wcached), so a write in place while '
+                'no wcached ran cannot be told; loading') in log, log
+        verify(d, src)
+        mgr.wait_for(lambda m: "wc-1-2-i" in m.store and "wc-desc" in m.store and
+                     (2, 0) in ctimes(description_in(m.store)), what="generation 2 stored")
+        assert d.stop() == 0, d.read_log()
+        start(d, mgr, *mgr.listen_fds())
+        wait_until(lambda: ready(d, "m"), what="m restored")
+        assert 'model "m": generation 2 restored from the file descriptor store' in \
+            d.read_log(), d.read_log()
+    finally:
+        code = d.stop()
+        mgr.close()
+    assert code == 0, d.read_log()
+
+
+@pytest.mark.parametrize("how", ["cp -p over it", "rm, then cp -p"])
+def test_a_source_rewritten_with_its_size_and_mtime_while_down_is_staged_again(tmp_path,
+                                                                                 how):
+    """cp -p NEW SRC over a staged source writes it in place (the same
+    inode); rm SRC then cp -p NEW SRC gets a new file, on ext4 at the
+    freed inode number (nothing holds the source open). Both keep the size
+    and mtime: only the ctime tells. The restart kept the old copy and
+    served its bytes for the new source (rev110 defect 3)."""
+    src, mgr, d, stage_dir = staged_model(tmp_path)
+    try:
+        start_stored(d, mgr)
+        assert d.stop() == 0, d.read_log()
+        st = os.stat(src)
+        new = mkmodel(tmp_path / "new.safetensors", seed=2, **LAYERS)
+        assert os.path.getsize(new) == st.st_size
+        os.utime(new, ns=(st.st_atime_ns, st.st_mtime_ns))
+        if how.startswith("rm"):
+            os.unlink(src)
+        subprocess.run(["cp", "-p", new, src], check=True)
+        now = os.stat(src)
+        assert (now.st_size, now.st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+        assert now.st_ctime_ns != st.st_ctime_ns
+        start(d, mgr, *mgr.listen_fds())
+        wait_until(lambda: ready(d, "m") and generation(d) == 2, what="m staged again")
+        log = d.read_log()
+        if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+            assert (f"{src} was written or replaced since it was staged (its ctime moved; "
+                    "its size and mtime are the copy's)") in log, log
+        else:
+            assert f"{src} was replaced since it was staged (it is another file now)" in log, log
+        assert "keeps its staged copy" not in log, log
+        d.wait_for_log(r'"m": generation 2 staged from \S+ to ')
+        verify(d, src)
+        wait_until(lambda: entries(stage_dir) == ["m.2"], what="only m.2")
     finally:
         code = d.stop()
         mgr.close()

@@ -183,6 +183,61 @@ def test_broken_store_loads_afresh(tmp_path):
     assert status_code == 0, d.read_log()
 
 
+def write_in_place_keeping_mtime(path):
+    """Writes the last 64 bytes of path in place (a tensor's bytes, the
+    size kept) and puts its mtime back (utimensat); only its ctime moves."""
+    st = os.stat(path)
+    with open(path, "r+b") as f:
+        f.seek(st.st_size - 64)
+        f.write(bytes(255 - b for b in open(path, "rb").read()[-64:]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    now = os.stat(path)
+    assert (now.st_size, now.st_mtime_ns, now.st_ino) == (st.st_size, st.st_mtime_ns, st.st_ino)
+    assert now.st_ctime_ns != st.st_ctime_ns
+
+
+def test_a_file_written_in_place_with_its_mtime_put_back_while_down_loads_afresh(tmp_path):
+    """README, "Updating a model safely": a write in place is told by the
+    ctime too, which a writer cannot put back. While no wcached ran, the
+    restart compared the inode, size and mtime only, restored the stored
+    generation and took the written file's stat as its baseline, so it was
+    never marked modified (rev110 defect 2). The description records the
+    ctime (version 5): the model loads afresh as the next generation. A
+    restore that passed keeps the compared stat as its baseline: the same
+    write while it runs marks it modified."""
+    a = mkmodel(tmp_path / "a.safetensors", seed=1)
+    mgr = FakeManager(str(tmp_path / "notify.sock"))
+    d = Daemon(tmp_path, {"a": a})
+    try:
+        start_stored(d, mgr)
+        assert d.stop() == 0, d.read_log()
+        write_in_place_keeping_mtime(a)
+        start(d, mgr, *mgr.listen_fds())
+        wait_until(lambda: ready(d, "a") and generation(d, "a") == 2,
+                   what="a loaded afresh as generation 2")
+        log = d.read_log()
+        assert ('model "a": not restored: file a.safetensors: written in place since it was '
+                'stored (its ctime moved, its mtime was put back); loading') in log, log
+        assert "generation 1 restored" not in log, log
+        assert finish(worker(d, a, "a"))["generation"] == 2
+        # Generation 2 is stored; unchanged, it is restored, then the same
+        # write while this process runs is seen against the restored stat.
+        mgr.wait_for(lambda m: "wc-1-2-i" in m.store and "wc-desc" in m.store,
+                     what="generation 2 stored")
+        assert d.stop() == 0, d.read_log()
+        start(d, mgr, *mgr.listen_fds())
+        wait_until(lambda: ready(d, "a"), what="a restored")
+        assert 'model "a": generation 2 restored from the file descriptor store' in \
+            d.read_log(), d.read_log()
+        write_in_place_keeping_mtime(a)
+        wait_until(lambda: status(d)["a"].get("state") == "modified",
+                   what="generation 2 marked modified")
+    finally:
+        status_code = d.stop()
+        mgr.close()
+    assert status_code == 0, d.read_log()
+
+
 def test_a_changed_pin_keeps_the_restart_warm(tmp_path):
     """A pin changed by a reload makes no new generation, but it reaches the
     stored description; and a configured pin other than the stored one does

@@ -6,10 +6,11 @@
  * A description with every kind of record (three models, one without
  * generations, one with a current, a held and a pending generation and
  * derived artifacts of two of them) is encoded and decoded back, and
- * version 3 (files without origin) and 2 (no artifacts either) descriptions
- * are still read; then each rule is broken on a copy, through
- * the encoder (which refuses) and through hand-made bytes (which the
- * decoder refuses), and the message must name the field. Every prefix of
+ * version 4 (files without their ctime and nlink), 3 (nor their origin)
+ * and 2 (no artifacts either) descriptions are still read; then each rule
+ * is broken on a copy, through the encoder (which refuses) and through
+ * hand-made bytes (which the decoder refuses), and the message must name
+ * the field. Every prefix of
  * a good encoding is refused, and so is every single byte flipped that
  * the format does not allow (checked against the round trip). The sealed
  * memfd comes back only when sealed.
@@ -78,11 +79,13 @@ make_generation(struct fdstore_generation *g, uint64_t slot, uint64_t number, ui
 		assert_true(fdstore_name_file(name, sizeof(name), slot, number, k) > 0);
 		g->files[k] = (struct fdstore_file){ .fdname = strdup(name), .dev = 0x801,
 			.ino = 1000 + slot * 100 + number * 10 + k, .size = 1ull << 40,
-			.mtime_ns = -5 + (int64_t)k }; /* before the epoch is a time too */
+			.mtime_ns = -5 + (int64_t)k, /* before the epoch is a time too */
+			.ctime_ns = 1764892800123456789 + (int64_t)k, .nlink = 1 + k };
 		/* Current generations are staged copies: they name their origin. */
 		if (role == FDSTORE_CURRENT) {
 			g->files[k].origin_dev = 0x1d00000803ull;
 			g->files[k].origin_ino = (1ull << 40) + slot * 1000 + k;
+			g->files[k].origin_ctime_ns = 1764806400000000007 + (int64_t)k;
 		}
 	}
 }
@@ -194,13 +197,15 @@ strip_generations(struct fdstore_model *m)
 	m->ngenerations = 0;
 }
 
-/* Versions 3 (files without their origin) and 2 (no artifacts either)
- * are read as version 4 with origins 0 and 0: a restart after the upgrade
- * restores every model (restore.c stages again a copy whose origin it
- * cannot tell). With one model, one generation of one file and no
- * artifacts, version 4 is version 3 with the file's 16 origin bytes just
- * before the last 4 (the artifact count), and version 3 is version 2 and
- * that count. */
+/* Versions 4 (files without their ctimes and nlink), 3 (nor their origin)
+ * and 2 (no artifacts either) are read as version 5 with nlink and ctimes
+ * 0 (not recorded) and, before 4, origins 0 and 0: a restart after the
+ * upgrade reads the description (restore_check.c loads afresh a current
+ * generation whose ctime, or a copy whose origin, it cannot tell). With one
+ * model, one generation of one file and no artifacts, version 5 is version
+ * 4 with the file's 24 bytes of ctime, nlink and origin ctime just before
+ * the last 4 (the artifact count), version 4 is version 3 with the 16
+ * origin bytes there, and version 3 is version 2 and that count. */
 static void
 test_older_versions(void **state)
 {
@@ -237,48 +242,89 @@ test_older_versions(void **state)
 	assert_int_equal(f->origin_ino, (1ull << 40) + 1000);
 
 	buf = encode(d, &len);
-	assert_int_equal(buf[8], 4);
+	assert_int_equal(buf[8], 5);
 	assert_memory_equal(buf + len - 4, "\0\0\0\0", 4);
-	assert_memory_equal(buf + len - 20, "\x03\x08\0\0\x1d\0\0\0\xe8\x03\0\0\0\x01\0\0", 16);
-	/* What an older wcached wrote: version 3, then version 2. */
+	/* ctime 1764892800123456789, nlink 1, origin ctime 1764806400000000007 */
+	assert_memory_equal(buf + len - 28, "\x15\xcd\x00\xa2\xa6\x28\x7e\x18"
+		"\x01\0\0\0\0\0\0\0" "\x07\x00\x56\x09\x12\xda\x7d\x18", 24);
+	assert_memory_equal(buf + len - 44, "\x03\x08\0\0\x1d\0\0\0\xe8\x03\0\0\0\x01\0\0", 16);
+	/* What an older wcached wrote: version 4, without the ctimes and
+	 * nlink, read with them 0 (not recorded). */
 	old = malloc(len);
-	memcpy(old, buf, len - 20);
-	memcpy(old + len - 20, buf + len - 4, 4);
+	memcpy(old, buf, len - 28);
+	memcpy(old + len - 28, buf + len - 4, 4);
+	old[8] = 4;
+	f->ctime_ns = f->origin_ctime_ns = 0;
+	f->nlink = 0;
+	if (fdstore_decode(old, len - 24, &back) != 0)
+		fail_msg("decode version 4: %s", error_get());
+	assert_true(fdstore_equal(d, back));
+	assert_int_equal(back->models[0].generations[0].files[0].nlink, 0);
+	assert_int_equal(back->models[0].generations[0].files[0].ctime_ns, 0);
+	assert_int_equal(back->models[0].generations[0].files[0].origin_ctime_ns, 0);
+	assert_int_equal(back->models[0].generations[0].files[0].origin_ino, (1ull << 40) + 1000);
+	/* Encoded again, it is version 5 with nlink and ctimes 0. */
+	again = encode(back, &len2);
+	assert_int_equal(len2, len);
+	assert_int_equal(again[8], 5);
+	assert_memory_equal(again, buf, len - 28);
+	assert_memory_equal(again + len - 28, "\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0"
+		"\0\0\0\0", 28);
+	free(again);
+	fdstore_free(back);
+	back = NULL;
+	/* Version 5 bytes called version 4: the ctime's low bytes are read
+	 * as the artifact count. */
+	buf[8] = 4;
+	back = (struct fdstore_desc *)&back;
+	assert_error(fdstore_decode(buf, len, &back), -EBADMSG, "artifact count: ");
+	assert_true(back == (struct fdstore_desc *)&back);
+	back = NULL;
+	buf[8] = 5;
+
+	/* Version 3: without the origin either. */
+	memcpy(old, buf, len - 44);
+	memcpy(old + len - 44, buf + len - 4, 4);
 	old[8] = 3;
 	f->origin_dev = f->origin_ino = 0;
-	if (fdstore_decode(old, len - 16, &back) != 0)
+	if (fdstore_decode(old, len - 40, &back) != 0)
 		fail_msg("decode version 3: %s", error_get());
 	assert_true(fdstore_equal(d, back));
 	assert_int_equal(back->models[0].generations[0].files[0].origin_dev, 0);
 	assert_int_equal(back->models[0].generations[0].files[0].origin_ino, 0);
-	/* Encoded again, it is version 4 with origins 0 and 0. */
+	/* Encoded again, it is version 5 with origins, nlink and ctimes 0. */
 	again = encode(back, &len2);
 	assert_int_equal(len2, len);
-	assert_int_equal(again[8], 4);
-	assert_memory_equal(again, buf, len - 20);
-	assert_memory_equal(again + len - 20, "\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0", 20);
+	assert_int_equal(again[8], 5);
+	assert_memory_equal(again, buf, len - 44);
+	for (size_t i = len - 44; i < len; i++)
+		assert_int_equal(again[i], 0);
 	free(again);
 	fdstore_free(back);
 	back = NULL;
 	/* Version 4 bytes called version 3: the origin's st_dev (0x803)
 	 * is read as the artifact count. */
-	buf[8] = 3;
+	memcpy(old, buf, len - 28);
+	memcpy(old + len - 28, buf + len - 4, 4);
+	old[8] = 3;
 	back = (struct fdstore_desc *)&back;
-	assert_error(fdstore_decode(buf, len, &back), -EBADMSG,
+	assert_error(fdstore_decode(old, len - 24, &back), -EBADMSG,
 		"artifact count: 2051, more than 64");
 	assert_true(back == (struct fdstore_desc *)&back);
 	back = NULL;
 
+	memcpy(old, buf, len - 44);
 	old[8] = 2;
-	if (fdstore_decode(old, len - 20, &back) != 0)
+	if (fdstore_decode(old, len - 44, &back) != 0)
 		fail_msg("decode version 2: %s", error_get());
 	assert_true(fdstore_equal(d, back));
 	assert_int_equal(back->models[0].nartifacts, 0);
 	assert_null(back->models[0].artifacts);
 	fdstore_free(back);
 	/* Version 2 bytes with the artifact count: 4 bytes left over. */
+	memcpy(old + len - 44, buf + len - 4, 4);
 	back = (struct fdstore_desc *)&back;
-	assert_error(fdstore_decode(old, len - 16, &back), -EBADMSG, "4 bytes left over");
+	assert_error(fdstore_decode(old, len - 40, &back), -EBADMSG, "4 bytes left over");
 	assert_true(back == (struct fdstore_desc *)&back);
 	free(old);
 	free(buf);
@@ -300,6 +346,11 @@ test_round_trip(void **state)
 	assert_true(fdstore_equal(d, back));
 	assert_string_equal(back->models[1].generations[0].files[249].fdname, "wc-7-2-249");
 	assert_int_equal(back->models[0].generations[0].files[0].mtime_ns, -5);
+	assert_int_equal(back->models[0].generations[0].files[2].ctime_ns, 1764892800123456791);
+	assert_int_equal(back->models[0].generations[0].files[2].nlink, 3);
+	assert_int_equal(back->models[1].generations[0].files[249].origin_ctime_ns,
+		1764806400000000256);
+	assert_int_equal(back->models[0].generations[1].files[0].origin_ctime_ns, 0); /* held */
 	assert_int_equal(back->models[1].generations[0].files[249].origin_dev, 0x1d00000803ull);
 	assert_int_equal(back->models[1].generations[0].files[249].origin_ino,
 		(1ull << 40) + 7249);
@@ -328,6 +379,16 @@ test_round_trip(void **state)
 	back->models[0].generations[0].files[2].origin_dev = 0;
 	assert_false(fdstore_equal(d, back));
 	back->models[0].generations[0].files[2].origin_dev = 0x1d00000803ull;
+	back->models[0].generations[1].files[0].ctime_ns++;
+	assert_false(fdstore_equal(d, back));
+	back->models[0].generations[1].files[0].ctime_ns--;
+	back->models[0].generations[1].files[0].nlink = 0;
+	assert_false(fdstore_equal(d, back));
+	back->models[0].generations[1].files[0].nlink = 1;
+	back->models[0].generations[0].files[2].origin_ctime_ns++;
+	assert_false(fdstore_equal(d, back));
+	back->models[0].generations[0].files[2].origin_ctime_ns--;
+	assert_true(fdstore_equal(d, back));
 	back->models[0].artifacts[2].build_ms++;
 	assert_false(fdstore_equal(d, back));
 	fdstore_free(back);
@@ -530,18 +591,18 @@ test_hostile_bytes(void **state)
 	copy[0] = 'w';
 	bad_bytes(copy, len, -EBADMSG, "header: magic");
 	memcpy(copy, buf, len);
-	put_u32(copy + 8, 5);
-	bad_bytes(copy, len, -EPROTO, "header: version: 5, this wcached reads 2 to 4");
+	put_u32(copy + 8, 6);
+	bad_bytes(copy, len, -EPROTO, "header: version: 6, this wcached reads 2 to 5");
 	/* Version 1 (no holders in its generations) is refused as a whole,
 	 * in one line: a restart after an upgrade loads every model afresh.
 	 * Version 2 is read (test_version_2). */
 	memcpy(copy, buf, len);
 	put_u32(copy + 8, 1);
-	bad_bytes(copy, len, -EPROTO, "header: version: 1, this wcached reads 2 to 4");
-	/* Version 4 bytes read as version 3 or 2: the origins (and the
-	 * artifact counts) are not there, so the next record starts early and
-	 * does not parse. */
-	for (uint32_t v = 2; v <= 3; v++) {
+	bad_bytes(copy, len, -EPROTO, "header: version: 1, this wcached reads 2 to 5");
+	/* Version 5 bytes read as version 4, 3 or 2: the ctimes (the origins,
+	 * the artifact counts) are not there, so the next record starts early
+	 * and does not parse. */
+	for (uint32_t v = 2; v <= 4; v++) {
 		memcpy(copy, buf, len);
 		put_u32(copy + 8, v);
 		back = NULL;
