@@ -49,13 +49,38 @@
 #include "restore.h"
 #include "restore_internal.h"
 
-/* Is there a store to use (restore.h)? */
+/* How many descriptors the manager's store takes (restore.h): $FDSTORE is
+ * read as a limit only when it is all decimal digits. */
+size_t
+restore_store_max(void)
+{
+	const char *max = getenv("FDSTORE");
+	unsigned long long n = 0;
+
+	if (max == NULL || max[0] == '\0' || strspn(max, "0123456789") != strlen(max))
+		return FDSTORE_MAX_FDS;
+	for (const char *p = max; *p != '\0' && n <= FDSTORE_MAX_FDS; p++)
+		n = n * 10 + (unsigned long long)(*p - '0');
+	return n < FDSTORE_MAX_FDS ? (size_t)n : FDSTORE_MAX_FDS;
+}
+
+/* Is there a store to use (restore.h)? One that cannot hold the status
+ * page and the description is none: nothing would come back. */
 int
 restore_enabled(void)
 {
-	const char *ns = getenv("NOTIFY_SOCKET"), *max = getenv("FDSTORE");
+	const char *ns = getenv("NOTIFY_SOCKET");
+	size_t max;
 
-	return ns != NULL && ns[0] != 0 && (max == NULL || strcmp(max, "0") != 0);
+	if (ns == NULL || ns[0] == 0 || (max = restore_store_max()) == 0)
+		return 0;
+	if (max < 2) {
+		log_warnx("warm restart: the file descriptor store takes %zu descriptor "
+			  "($FDSTORE, FileDescriptorStoreMax=), not the 2 a description needs at "
+			  "least; nothing is stored, and a restart loads every model afresh", max);
+		return 0;
+	}
+	return 1;
 }
 
 /* The stored descriptor called name, or -1; *at its place in s->fds. */

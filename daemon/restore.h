@@ -38,9 +38,16 @@ struct fdstore_desc;
 struct generation;
 struct restore;
 
-/* Is there a store to use: $NOTIFY_SOCKET set, and $FDSTORE (systemd 254
- * and later set it to FileDescriptorStoreMax=) unset or not 0? */
+/* Is there a store to use: $NOTIFY_SOCKET set, and room in it for the
+ * status page and the description at least (restore_store_max)? */
 int restore_enabled(void);
+
+/* How many descriptors the manager's store takes: FDSTORE_MAX_FDS (the
+ * unit's FileDescriptorStoreMax=), or $FDSTORE when that is a smaller
+ * number (systemd 254 and later set it to FileDescriptorStoreMax=, which a
+ * drop-in may have lowered; 0: no store). The manager refuses, without a
+ * reply, every descriptor past it. */
+size_t restore_store_max(void);
 
 /*
  * Takes the descriptors named "wc-..." from $LISTEN_FDS/$LISTEN_FDNAMES
@@ -186,11 +193,14 @@ int restore_hold(struct registry *r, const char *name, uint64_t number,
 	const struct registry_peer *peer, struct generation **out, char *msg, size_t msg_size);
 
 
-/* Hands the manager the status page (once), every current generation and
- * every derived artifact of one not yet stored, and stores a new
- * description in place of the old one. A no-op unless r->fdstore. Call
- * whenever a generation becomes current, an artifact is published or
- * dropped, or a model is added or removed. */
+/* Hands the manager the status page (once), and what of the current
+ * generations, the held ones and the derived artifacts fits within the
+ * store's limit (restore_store_max; planned as restore_describe plans the
+ * description) not yet stored, after having it drop what no longer fits or
+ * serves; one warning names what was left out, once for each change. Then
+ * stores a new description in place of the old one. A no-op unless
+ * r->fdstore. Call whenever a generation becomes current, an artifact is
+ * published or dropped, or a model is added or removed. */
 void restore_sync(struct registry *r);
 
 /* At shutdown, before the registry closes: stores what the manager's full
@@ -200,21 +210,23 @@ void restore_sync(struct registry *r);
 void restore_stopping(struct registry *r);
 
 /*
- * The description of r for the store, within max_fds descriptors
- * (FDSTORE_MAX_FDS; a parameter for the tests): every model with a slot;
- * each stored current generation while they fit (a model whose current one
- * does not fit is described without generations, so it keeps its slot and
- * numbers and loads afresh); then the held generations, newest first, while
- * they fit (from the first that does not, every older one is left out) and
- * FDSTORE_MAX_GENERATIONS of a model allow (its older ones are left out);
- * then the derived artifacts of each described current generation, while
- * they fit (FDSTORE_MAX_ARTIFACTS per model). A model without a current
- * generation whose warm restart check still runs, and that the registry
- * still expects, is described as the previous description had it
- * (restore_carried: its generations and artifacts, still in the store),
- * while it fits, in place of its current generation. left_out (cap bytes) says
- * what was left out, "" when nothing was. 0 and *out (fdstore_free it), or
- * -ENOMEM.
+ * The description of r for the store, its generations and artifacts within
+ * max_fds descriptors (restore_sync gives the store's limit less the status
+ * page and the description; a parameter for the tests), planned as
+ * restore_sync() stores them: every model with a slot; a model without a
+ * current generation whose warm restart check still runs, and that the
+ * registry still expects, as the previous description had it
+ * (restore_carried: its generations and artifacts, still in the store, are
+ * counted first, whatever else fits); each storable current generation
+ * while they fit (a model whose current one does not fit is described
+ * without generations, so it keeps its slot and numbers and loads afresh);
+ * then the held generations, newest first, while they fit (from the first
+ * that does not, every older one is left out) and FDSTORE_MAX_GENERATIONS
+ * of a model allow (its older ones are left out); then the derived
+ * artifacts of each current generation taken, while they fit
+ * (FDSTORE_MAX_ARTIFACTS per model). Of what fits, only what is in the
+ * store whole is described. left_out (cap bytes) says what was left out,
+ * "" when nothing was. 0 and *out (fdstore_free it), or -ENOMEM.
  */
 int restore_describe(const struct registry *r, size_t max_fds, struct fdstore_desc **out,
 	char *left_out, size_t cap);

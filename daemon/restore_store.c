@@ -8,7 +8,9 @@
  * described as the previous description had it: restore_carried); at
  * shutdown what the manager's full queue refused
  * so far; and the removal of a closed generation's or artifact's
- * descriptors.
+ * descriptors. What fits within the store's limit (restore_store_max) is
+ * planned once (store_plan) for the stores and the description alike, and
+ * what the plan leaves out leaves the store.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -29,6 +31,10 @@
 #include "restore_internal.h"
 
 struct restore_state restore_state;
+
+/* The store's own descriptors beside the models': the status page and the
+ * description (FDSTORE_NAME_STATUS, FDSTORE_NAME_DESC). */
+#define STORE_OWN_FDS 2u
 
 /* FNV-1a of s, never 0. */
 static uint64_t
@@ -151,39 +157,142 @@ describe_held(const struct model_entry *m, const struct generation *g)
 		restore_holders(g) > 0;
 }
 
-/* Is m's current generation in the store, whole, and attachable? */
+/* Can m's current generation go to the store: m has a status slot and
+ * the generation serves? Whether it fits is store_plan()'s to say. */
 static int
-describe_current(const struct model_entry *m)
+current_storable(const struct model_entry *m)
 {
-	const struct generation *g = m->current;
-
-	return m->slot != 0 && g != NULL && g->stored_done && g->stored_slot == m->slot &&
-		gen_attachable(g);
+	return m->slot != 0 && m->current != NULL && gen_attachable(m->current);
 }
 
-/* The derived artifacts of m that go to the store (derive_stored_each):
- * those of its current generation, while that one is described, that
- * serve (an artifact of an older generation is dropped once nobody holds
- * it: a restarted daemon would only drop it). */
+/* Is g, a generation or an artifact of m, in the store whole under m's
+ * slot? */
+static int
+stored_whole(const struct model_entry *m, const struct generation *g)
+{
+	return g->stored_done && g->stored_slot == m->slot;
+}
+
+/* The derived artifacts of m that may go to the store (derive_stored_each):
+ * those of its current generation, while that one may, that serve, with
+ * their builder known (an artifact of an older generation is dropped once
+ * nobody holds it: a restarted daemon would only drop it). */
 static int
 artifact_storable(const struct model_entry *m, const struct derive_stored *a)
 {
-	return describe_current(m) && a->source == m->current->number &&
-		gen_attachable(a->gen) && a->gen->source.nfiles == 1;
+	return current_storable(m) && a->gen != NULL && a->source == m->current->number &&
+		gen_attachable(a->gen) && a->gen->source.nfiles == 1 && a->builder_pid > 0;
+}
+
+/* One model of a store_plan, those with a slot in registry order. */
+struct plan_model {
+	const struct model_entry *m;
+	const struct fdstore_model *carried; /* its restore_carried entry, or NULL */
+	unsigned ngenerations;               /* taken: current and held */
+	unsigned nartifacts;                 /* taken */
+};
+
+/*
+ * What of the registry the store holds within its limit, decided in one
+ * place (store_plan) for both sides: restore_sync() stores only what the
+ * plan takes and has the manager drop what it leaves out, and the
+ * description (restore_describe) names only what it takes. The manager
+ * refuses, without a word, any descriptor past FileDescriptorStoreMax=:
+ * with one count for both, the store never needs one more than that, and
+ * left_out names exactly what is not stored.
+ */
+struct store_plan {
+	size_t room;                   /* descriptors for the models (store_room) */
+	size_t used;                   /* taken so far */
+	struct plan_model *models;
+	size_t nmodels;
+	const struct generation **in;  /* what is taken (generations, artifacts), sorted */
+	size_t nin, capin;
+	char *left_out;                /* what is not, "" when nothing */
+	size_t cap;
+	unsigned models_out, held_out, artifacts_out;
+	int err;                       /* -ENOMEM */
+};
+
+/* Is there room in p for n more descriptors? */
+static int
+plan_fits(const struct store_plan *p, size_t n)
+{
+	return p->used <= p->room && n <= p->room - p->used;
+}
+
+/* Takes g, of n descriptors, into p (store_plan sorts p->in at the end). */
+static int
+plan_take(struct store_plan *p, const struct generation *g, size_t n)
+{
+	if (p->nin == p->capin) {
+		size_t cap = p->capin ? 2 * p->capin : 64;
+		/* An array of pointers: sizeof(*more) is one pointer.
+		 * NOLINTNEXTLINE(bugprone-sizeof-expression) */
+		const struct generation **more = realloc(p->in, cap * sizeof(*more));
+
+		if (more == NULL)
+			return p->err = -ENOMEM;
+		p->in = more;
+		p->capin = cap;
+	}
+	p->in[p->nin++] = g;
+	p->used += n;
+	return 0;
+}
+
+/* Orders generations by address, for plan_has(). */
+static int
+compare_generations(const void *a, const void *b)
+{
+	uintptr_t x = (uintptr_t)*(const struct generation *const *)a;
+	uintptr_t y = (uintptr_t)*(const struct generation *const *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* Did p take g (a generation or an artifact's)? */
+static int
+plan_has(const struct store_plan *p, const struct generation *g)
+{
+	if (g == NULL || p->nin == 0)
+		return 0;
+	/* One pointer each. NOLINTNEXTLINE(bugprone-sizeof-expression) */
+	return bsearch(&g, p->in, p->nin, sizeof(*p->in), compare_generations) != NULL;
+}
+
+/* m's place in p, or NULL (no slot). */
+static struct plan_model *
+plan_model_of(const struct store_plan *p, const struct model_entry *m)
+{
+	for (size_t i = 0; i < p->nmodels; i++)
+		if (p->models[i].m == m)
+			return &p->models[i];
+	return NULL;
+}
+
+/* Frees what p holds (not p). */
+static void
+plan_free(struct store_plan *p)
+{
+	free(p->models);
+	free(p->in);
+	p->models = NULL;
+	p->in = NULL;
 }
 
 /* What the artifact walks below need, and what they found. */
 struct artifact_walk {
 	const struct model_entry *m;
-	struct fdstore_model *dm;  /* restore_describe: where they go */
-	size_t *fds, max_fds;      /* restore_describe: descriptors used so far, the limit */
-	char *left_out;            /* restore_describe: what did not fit */
-	size_t cap;
-	unsigned *out;             /* how many were left out so far */
-	uint64_t hash;             /* describe_hash */
-	int pending;               /* sync_pending: one is not stored yet */
-	int err;                   /* restore_describe: the first error; restore_sync: -EAGAIN */
-	int failed;                /* restore_sync: one was not stored for another error */
+	struct store_plan *build;       /* store_plan: the plan it makes */
+	struct plan_model *pm;          /* store_plan: m's place in it */
+	const struct store_plan *plan;  /* the others: the plan made */
+	struct registry *r;             /* drop_unplanned */
+	struct fdstore_model *dm;       /* describe_planned: where they go */
+	uint64_t hash;                  /* describe_hash */
+	int pending;                    /* sync_pending: one is not stored yet */
+	int err;                        /* describe_planned: -ENOMEM; restore_sync: -EAGAIN */
+	int failed;                     /* restore_sync: one was not stored for another error */
 };
 
 /* The derive table restore works with (main.c's, through the registry). */
@@ -193,8 +302,32 @@ derive_table_of(const struct registry *r)
 	return r->derive_owner;
 }
 
-/* restore_sync: stores each storable artifact not yet stored, until the
- * manager's queue is full (w->err); one refused otherwise is left out
+/* Appends printf-style text to buf of cap bytes (cut at the end). */
+static void
+append(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* store_plan: takes each storable artifact of m while it fits. */
+static void
+plan_artifact(const struct derive_stored *a, void *arg)
+{
+	struct artifact_walk *w = arg;
+	struct store_plan *p = w->build;
+
+	if (p->err < 0 || !artifact_storable(w->m, a))
+		return;
+	if (w->pm->nartifacts >= FDSTORE_MAX_ARTIFACTS || !plan_fits(p, 2)) {
+		append(p->left_out, p->cap, "%s\"%.64s\" \"%s\"", p->artifacts_out++ ? ", " :
+			(p->left_out[0] != '\0' ? "; derived artifacts left out: " :
+						  "derived artifacts left out: "),
+			w->m->name, a->key);
+		return;
+	}
+	if (plan_take(p, a->gen, 2) == 0)
+		w->pm->nartifacts++;
+}
+
+/* restore_sync: stores each artifact the plan takes not yet stored, until
+ * the manager's queue is full (w->err); one refused otherwise is left out
  * (w->failed) and the others go on. */
 static void
 sync_artifact(const struct derive_stored *a, void *arg)
@@ -203,7 +336,7 @@ sync_artifact(const struct derive_stored *a, void *arg)
 	char what[256];
 	int err;
 
-	if (w->err < 0 || !artifact_storable(w->m, a) || a->gen->stored_done)
+	if (w->err < 0 || !plan_has(w->plan, a->gen) || a->gen->stored_done)
 		return;
 	if ((err = store_artifact(a->gen, w->m->slot)) < 0) {
 		snprintf(what, sizeof(what), "model \"%.64s\": derived \"%s\" of generation %"
@@ -214,6 +347,17 @@ sync_artifact(const struct derive_stored *a, void *arg)
 		else
 			w->failed = 1;
 	}
+}
+
+/* drop_unplanned: has the manager drop an artifact in the store that the
+ * plan leaves out. */
+static void
+drop_artifact(const struct derive_stored *a, void *arg)
+{
+	struct artifact_walk *w = arg;
+
+	if (a->gen != NULL && a->gen->stored_slot != 0 && !plan_has(w->plan, a->gen))
+		restore_forget(w->r, a->gen);
 }
 
 /* Fills da from artifact a of m, stored under m's slot. */
@@ -240,11 +384,7 @@ describe_artifact(struct fdstore_artifact *da, const struct model_entry *m,
 	return 0;
 }
 
-/* Appends printf-style text to buf of cap bytes (cut at the end). */
-static void
-append(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-/* restore_describe: each storable artifact in the store, while it fits. */
+/* describe_planned: each artifact the plan takes, once in the store. */
 static void
 describe_artifact_cb(const struct derive_stored *a, void *arg)
 {
@@ -253,28 +393,17 @@ describe_artifact_cb(const struct derive_stored *a, void *arg)
 	struct fdstore_artifact *more;
 	const struct generation *g = a->gen;
 
-	if (w->err < 0 || !artifact_storable(w->m, a) || !g->stored_done ||
-		g->stored_slot != w->m->slot || g->stored_artifact == 0 ||
-		a->builder_pid <= 0)
+	if (w->err < 0 || !plan_has(w->plan, g) || !stored_whole(w->m, g) ||
+		g->stored_artifact == 0)
 		return;
-	if (dm->nartifacts >= FDSTORE_MAX_ARTIFACTS || 2 > w->max_fds - *w->fds) {
-		append(w->left_out, w->cap, "%s\"%.64s\" \"%s\"", (*w->out)++ ? ", " :
-			(w->left_out[0] != '\0' ? "; derived artifacts left out: " :
-						    "derived artifacts left out: "),
-			w->m->name, a->key);
-		return;
-	}
 	if ((more = realloc(dm->artifacts, (dm->nartifacts + 1) * sizeof(*more))) == NULL) {
 		w->err = -ENOMEM;
 		return;
 	}
 	dm->artifacts = more;
 	memset(&more[dm->nartifacts], 0, sizeof(*more));
-	if (describe_artifact(&more[dm->nartifacts++], w->m, a) < 0) {
+	if (describe_artifact(&more[dm->nartifacts++], w->m, a) < 0)
 		w->err = -ENOMEM;
-		return;
-	}
-	*w->fds += 2;
 }
 
 /* describe_hash: what of each artifact the description depends on. */
@@ -282,22 +411,25 @@ static void
 hash_artifact(const struct derive_stored *a, void *arg)
 {
 	struct artifact_walk *w = arg;
-	uint64_t v[4] = { w->m->entry_id, a->gen->stored_artifact, a->source,
-		(uint64_t)a->gen->stored_done };
+	uint64_t v[4];
 
 	if (!artifact_storable(w->m, a))
 		return;
+	v[0] = w->m->entry_id;
+	v[1] = a->gen->stored_artifact;
+	v[2] = a->source;
+	v[3] = (uint64_t)a->gen->stored_done;
 	for (int i = 0; i < 4; i++)
 		w->hash = (w->hash ^ v[i]) * 1099511628211ull;
 }
 
-/* sync_pending: is a storable artifact not yet stored? */
+/* sync_pending: does the plan take an artifact not yet stored? */
 static void
 pending_artifact(const struct derive_stored *a, void *arg)
 {
 	struct artifact_walk *w = arg;
 
-	if (artifact_storable(w->m, a) && !a->gen->stored_done)
+	if (plan_has(w->plan, a->gen) && !a->gen->stored_done)
 		w->pending = 1;
 }
 
@@ -393,101 +525,148 @@ carried(const struct model_entry *m)
 	return NULL;
 }
 
-/* The description's model for m (models are described in registry order,
- * those with a slot): its place in d, found by m's entry_id. */
-static struct fdstore_model *
-described_model(struct fdstore_desc *d, const struct model_entry *const *order,
-	const struct model_entry *m)
+/*
+ * Plans what of r goes to the store within room descriptors (struct
+ * store_plan; plan_free it, also after a failure): first what the models
+ * whose warm restart check still runs hold there already (restore_carried:
+ * the store keeps it, taken or not, so it counts whatever else fits); then
+ * each storable current generation in registry order while they fit (a
+ * model whose generation does not is left out whole: it keeps its slot and
+ * numbers, and loads afresh); then the held generations, newest first,
+ * while they fit (from the first that does not, every older one is left
+ * out) and FDSTORE_MAX_GENERATIONS of a model allow (its older ones are
+ * left out); then the derived artifacts of each current generation taken,
+ * while they fit and FDSTORE_MAX_ARTIFACTS allow. left_out (cap bytes)
+ * says what was left out. 0, or -ENOMEM.
+ */
+static int
+store_plan(const struct registry *r, size_t room, struct store_plan *p, char *left_out,
+	size_t cap)
 {
-	for (uint32_t i = 0; i < d->nmodels; i++)
-		if (order[i] == m)
-			return &d->models[i];
-	return NULL;
-}
+	size_t n = 0;
+	int full = 0;
 
-int
-restore_describe(const struct registry *r, size_t max_fds, struct fdstore_desc **out,
-	char *left_out, size_t cap)
-{
-	struct fdstore_desc *d = calloc(1, sizeof(*d));
-	const struct model_entry **order = NULL;
-	size_t fds = 0, n = 0;
-	unsigned models_out = 0, held_out = 0, artifacts_out = 0;
-	int full = 0, err = -ENOMEM;
-
+	memset(p, 0, sizeof(*p));
+	p->room = room;
+	p->left_out = left_out;
+	p->cap = cap;
 	left_out[0] = '\0';
-	if (d == NULL)
-		goto fail;
-	d->status_size = STATUS_PAGE_BYTES;
 	for (const struct model_entry *m = r->models; m != NULL; m = m->next)
 		n += m->slot != 0;
-	if (n > 0 && ((d->models = calloc(n, sizeof(*d->models))) == NULL ||
-			     /* An array of pointers: sizeof(*order) is one pointer.
-			      * NOLINTNEXTLINE(bugprone-sizeof-expression) */
-			     (order = calloc(n, sizeof(*order))) == NULL))
-		goto fail;
-	/* Every model, and its current generation while they fit (or, while
-	 * its check runs, what the previous description had: restore_carried):
-	 * a model left out whole keeps its slot and numbers, and loads afresh. */
+	if (n > 0 && (p->models = calloc(n, sizeof(*p->models))) == NULL)
+		return -ENOMEM;
 	for (const struct model_entry *m = r->models; m != NULL; m = m->next) {
-		const struct fdstore_model *prev;
-		struct fdstore_model *dm;
+		struct plan_model *pm;
 
 		if (m->slot == 0)
 			continue;
-		order[d->nmodels] = m;
-		dm = &d->models[d->nmodels++];
+		pm = &p->models[p->nmodels++];
+		pm->m = m;
+		if ((pm->carried = carried(m)) != NULL)
+			p->used += fdstore_model_fds(pm->carried);
+	}
+	for (size_t i = 0; i < p->nmodels; i++) {
+		struct plan_model *pm = &p->models[i];
+		const struct model_entry *m = pm->m;
+
+		if (pm->carried != NULL || !current_storable(m))
+			continue;
+		if (!plan_fits(p, generation_fds(m->current))) {
+			append(left_out, cap, "%s\"%.64s\"",
+				p->models_out++ ? ", " : "models left out whole: ", m->name);
+			continue;
+		}
+		if (plan_take(p, m->current, generation_fds(m->current)) < 0)
+			return p->err;
+		pm->ngenerations = 1;
+	}
+	for (const struct generation *g = r->generations; g != NULL; g = g->next) {
+		struct plan_model *pm;
+
+		if (g->model == NULL || !describe_held(g->model, g) ||
+			(pm = plan_model_of(p, g->model)) == NULL || pm->ngenerations == 0)
+			continue;
+		if (full || pm->ngenerations >= FDSTORE_MAX_GENERATIONS ||
+			!plan_fits(p, generation_fds(g))) {
+			append(left_out, cap, "%s\"%.64s\" %" PRIu64, p->held_out++ ? ", " :
+				(p->models_out ? "; held generations left out: " :
+						 "held generations left out: "),
+				g->model->name, g->number);
+			/* Past the descriptors, every older one; past one model's
+			 * generations, that model's older ones (pm stays full). */
+			full |= pm->ngenerations < FDSTORE_MAX_GENERATIONS;
+			continue;
+		}
+		if (plan_take(p, g, generation_fds(g)) < 0)
+			return p->err;
+		pm->ngenerations++;
+	}
+	for (size_t i = 0; i < p->nmodels; i++) {
+		struct artifact_walk w = { .build = p, .pm = &p->models[i] };
+
+		if (p->models[i].ngenerations == 0)
+			continue;
+		walk_artifacts(r, p->models[i].m, plan_artifact, &w);
+		if (p->err < 0)
+			return p->err;
+	}
+	if (p->nin > 1)
+		/* NOLINTNEXTLINE(bugprone-sizeof-expression): one pointer each */
+		qsort(p->in, p->nin, sizeof(*p->in), compare_generations);
+	return 0;
+}
+
+/*
+ * The description of what p takes that the manager has whole (a current
+ * generation whose store failed is described without it: that model loads
+ * afresh): every model with a slot, a carried one as the previous
+ * description had it. 0 and *out, or -ENOMEM.
+ */
+static int
+describe_planned(const struct registry *r, const struct store_plan *p, struct fdstore_desc **out)
+{
+	struct fdstore_desc *d = calloc(1, sizeof(*d));
+
+	if (d == NULL)
+		return -ENOMEM;
+	d->status_size = STATUS_PAGE_BYTES;
+	if (p->nmodels > 0 && (d->models = calloc(p->nmodels, sizeof(*d->models))) == NULL)
+		goto fail;
+	for (size_t i = 0; i < p->nmodels; i++) {
+		const struct model_entry *m = p->models[i].m;
+		struct fdstore_model *dm = &d->models[d->nmodels++];
+
 		if ((dm->name = strdup(m->name)) == NULL || (dm->path = strdup(m->path)) == NULL)
 			goto fail;
 		dm->slot = m->slot;
 		dm->last_generation = m->last_generation;
-		if (!describe_current(m) && (prev = carried(m)) != NULL) {
-			if (fdstore_model_fds(prev) > max_fds - fds)
-				append(left_out, cap, "%s\"%.64s\"", models_out++ ? ", " : "models "
-					"left out whole: ", m->name);
-			else if (fdstore_carry(dm, prev) < 0)
+		if (p->models[i].carried != NULL) {
+			if (fdstore_carry(dm, p->models[i].carried) < 0)
 				goto fail;
-			else
-				fds += fdstore_model_fds(prev);
 			continue;
 		}
-		if (!describe_current(m))
+		if (!plan_has(p, m->current) || !stored_whole(m, m->current))
 			continue;
-		if (generation_fds(m->current) > max_fds - fds) {
-			append(left_out, cap, "%s\"%.64s\"",
-				models_out++ ? ", " : "models left out whole: ", m->name);
-			continue;
-		}
-		fds += generation_fds(m->current);
 		if ((dm->generations = calloc(1, sizeof(*dm->generations))) == NULL ||
 			describe_generation(&dm->generations[0], m, m->current,
 				FDSTORE_CURRENT) < 0)
 			goto fail;
 		dm->ngenerations = 1;
 	}
-	/* Then the held ones, newest first (the registry's list), while they
-	 * fit: from the first that does not, every older one is left out; and
-	 * past FDSTORE_MAX_GENERATIONS of one model, its older ones. */
+	/* The held ones the plan takes, of the models described with their
+	 * current generation, newest first. */
 	for (const struct generation *g = r->generations; g != NULL; g = g->next) {
+		const struct plan_model *pm;
 		struct fdstore_model *dm;
 		struct fdstore_generation *more;
 
-		if (g->model == NULL || !describe_held(g->model, g) ||
-			!describe_current(g->model) ||
-			(dm = described_model(d, order, g->model)) == NULL ||
-			dm->ngenerations == 0)
+		if (g->model == NULL || g == g->model->current || !plan_has(p, g) ||
+			!stored_whole(g->model, g) || (pm = plan_model_of(p, g->model)) == NULL ||
+			pm->carried != NULL)
 			continue;
-		if (full || dm->ngenerations >= FDSTORE_MAX_GENERATIONS ||
-			generation_fds(g) > max_fds - fds) {
-			append(left_out, cap, "%s\"%.64s\" %" PRIu64, held_out++ ? ", " :
-				(models_out ? "; held generations left out: " :
-					      "held generations left out: "),
-				g->model->name, g->number);
-			/* Past the descriptors, every older one; past one model's
-			 * generations, that model's older ones (dm stays full). */
-			full |= dm->ngenerations < FDSTORE_MAX_GENERATIONS;
+		dm = &d->models[pm - p->models];
+		if (dm->ngenerations == 0)
 			continue;
-		}
 		if ((more = realloc(dm->generations,
 			(dm->ngenerations + 1) * sizeof(*more))) == NULL)
 			goto fail;
@@ -495,32 +674,49 @@ restore_describe(const struct registry *r, size_t max_fds, struct fdstore_desc *
 		memset(&more[dm->ngenerations], 0, sizeof(*more));
 		if (describe_generation(&more[dm->ngenerations++], g->model, g, FDSTORE_HELD) < 0)
 			goto fail;
-		fds += generation_fds(g);
 	}
-	/* Then the derived artifacts of the current generations described,
-	 * while they fit: the first to be rebuilt when they do not. */
-	for (uint32_t i = 0; i < d->nmodels; i++) {
-		struct artifact_walk w = { .dm = &d->models[i], .fds = &fds, .max_fds = max_fds,
-			.left_out = left_out, .cap = cap, .out = &artifacts_out };
+	for (size_t i = 0; i < p->nmodels; i++) {
+		struct artifact_walk w = { .plan = p, .dm = &d->models[i] };
 
-		if (d->models[i].ngenerations == 0)
+		if (d->models[i].ngenerations == 0 || p->models[i].carried != NULL)
 			continue;
-		walk_artifacts(r, order[i], describe_artifact_cb, &w);
+		walk_artifacts(r, p->models[i].m, describe_artifact_cb, &w);
 		if (w.err < 0)
 			goto fail;
 	}
-	free(order);
 	*out = d;
 	return 0;
 fail:
-	free(order);
 	fdstore_free(d);
-	return error_set(err, "out of memory");
+	return -ENOMEM;
 }
 
-/* Logs what the description leaves out to stay within the store's limit,
- * once for each different report (store_description runs again every
- * 200 ms while the manager's queue is full). */
+int
+restore_describe(const struct registry *r, size_t max_fds, struct fdstore_desc **out,
+	char *left_out, size_t cap)
+{
+	struct store_plan p;
+	int err;
+
+	if ((err = store_plan(r, max_fds, &p, left_out, cap)) == 0)
+		err = describe_planned(r, &p, out);
+	plan_free(&p);
+	return err < 0 ? error_set(err, "out of memory") : 0;
+}
+
+/* The descriptors the store keeps for the models: its limit
+ * (restore_store_max) less the status page and the description. */
+static size_t
+store_room(void)
+{
+	size_t max = restore_store_max();
+
+	return max > STORE_OWN_FDS ? max - STORE_OWN_FDS : 0;
+}
+
+/* Logs what the plan leaves out to stay within the store's limit, once
+ * for each different report (restore_sync runs again every 200 ms while
+ * the manager's queue is full). */
 static void
 log_left_out(const char *left_out)
 {
@@ -530,26 +726,24 @@ log_left_out(const char *left_out)
 		return;
 	snprintf(logged, sizeof(logged), "%s", left_out);
 	if (left_out[0] != '\0')
-		log_warnx("warm restart: the description would need more than %u stored "
-			  "descriptors (FileDescriptorStoreMax=) or %u generations of a model; %s: "
-			  "a restart loads them afresh or does not restore them", FDSTORE_MAX_FDS,
-			FDSTORE_MAX_GENERATIONS, left_out);
+		log_warnx("warm restart: the file descriptor store holds at most %zu "
+			  "descriptors (FileDescriptorStoreMax=), the status page and the "
+			  "description among them, and a model at most %u generations; not "
+			  "stored: %s; a restart loads them afresh or does not restore them",
+			restore_store_max(), FDSTORE_MAX_GENERATIONS, left_out);
 }
 
-/* Encodes the registry and stores it in place of the previous description. */
+/* Encodes what p takes and stores it in place of the previous description. */
 static int
-store_description(struct registry *r)
+store_description(struct registry *r, const struct store_plan *p)
 {
 	struct fdstore_desc *d = NULL;
 	uint8_t *buf = NULL;
 	size_t len = 0;
-	char left_out[1024];
 	int fd = -1, err;
 
-	if ((err = restore_describe(r, FDSTORE_MAX_FDS, &d, left_out, sizeof(left_out))) < 0)
-		goto out;
-	log_left_out(left_out);
-	if ((err = fdstore_encode(d, &buf, &len)) < 0 ||
+	if ((err = describe_planned(r, p, &d)) < 0 ||
+		(err = fdstore_encode(d, &buf, &len)) < 0 ||
 		(err = fdstore_memfd_make(buf, len, &fd)) < 0)
 		goto out;
 	/* Removed once: a retry after a refused store must not remove
@@ -621,14 +815,35 @@ describe_hash(const struct registry *r)
 	return h | 1;
 }
 
-/* Hands the manager what is not in its store yet (restore.h). A full
- * queue stops the round (everything again later); any other error leaves
- * out only what it hit: the other generations, the artifacts and the
- * description still go. */
+/*
+ * Has the manager drop every generation and artifact in its store that p
+ * leaves out (restore_forget; a name dropped is stored again if it fits
+ * later): a current generation that no longer fits, a held one left out,
+ * one that no longer serves. Nothing would describe them, and each would
+ * count against FileDescriptorStoreMax= all the same.
+ */
+static void
+drop_unplanned(struct registry *r, const struct store_plan *p)
+{
+	for (struct generation *g = r->generations; g != NULL; g = g->next)
+		if (g->stored_slot != 0 && !plan_has(p, g))
+			restore_forget(r, g);
+	for (const struct model_entry *m = r->models; m != NULL; m = m->next) {
+		struct artifact_walk w = { .plan = p, .r = r };
+
+		walk_artifacts(r, m, drop_artifact, &w);
+	}
+}
+
+/* Hands the manager what the plan takes that is not in its store yet,
+ * after dropping what it leaves out (restore.h). A full queue stops the
+ * round (everything again later); any other error leaves out only what it
+ * hit: the other generations, the artifacts and the description still go. */
 void
 restore_sync(struct registry *r)
 {
-	char what[128];
+	struct store_plan p;
+	char what[128], left_out[1024];
 	uint64_t h;
 	int err, failed = 0;
 
@@ -646,10 +861,19 @@ restore_sync(struct registry *r)
 			return; /* the generations need it: all of them again later */
 		}
 	}
+	if (store_plan(r, store_room(), &p, left_out, sizeof(left_out)) < 0) {
+		error_set(-ENOMEM, "out of memory");
+		log_not_stored(-ENOMEM, "warm restart: the registry's description");
+		goto out;
+	}
+	log_left_out(left_out);
+	/* Removals reach the manager before the stores that follow (notify.h),
+	 * so that the store never holds more than its limit. */
+	drop_unplanned(r, &p);
 	for (struct model_entry *m = r->models; m != NULL; m = m->next) {
 		struct generation *g = m->current;
 
-		if (g == NULL || m->slot == 0 || g->stored_done || !gen_attachable(g))
+		if (!plan_has(&p, g) || g->stored_done)
 			continue;
 		if ((err = store_generation(g, m->slot)) < 0) {
 			snprintf(what, sizeof(what), "model \"%.64s\": generation %" PRIu64,
@@ -658,20 +882,20 @@ restore_sync(struct registry *r)
 			/* Described without it (it is not stored_done): a
 			 * restart loads that model afresh, not every model. */
 			if (err == -EAGAIN)
-				return;
+				goto out;
 			failed = 1;
 		}
 	}
 	for (struct model_entry *m = r->models; m != NULL; m = m->next) {
-		struct artifact_walk w = { 0 };
+		struct artifact_walk w = { .plan = &p };
 
 		walk_artifacts(r, m, sync_artifact, &w);
 		if (w.err < 0)
-			return;
+			goto out;
 		failed |= w.failed;
 	}
 	if ((h = describe_hash(r)) != restore_state.described) {
-		if (store_description(r) == 0)
+		if (store_description(r, &p) == 0)
 			restore_state.described = h;
 		else
 			failed = 1;
@@ -679,26 +903,34 @@ restore_sync(struct registry *r)
 	/* In step: an error from now on is news again. */
 	if (!failed)
 		restore_state.nlogged = 0;
+out:
+	plan_free(&p);
 }
 
 /* Is anything not yet in the store that restore_sync() would store? */
 static int
 sync_pending(const struct registry *r)
 {
+	struct store_plan p;
+	char left_out[1024];
+	int pending = 0;
+
 	if (!restore_state.status_stored || describe_hash(r) != restore_state.described)
 		return 1;
-	for (const struct model_entry *m = r->models; m != NULL; m = m->next)
-		if (m->current != NULL && m->slot != 0 && !m->current->stored_done &&
-			gen_attachable(m->current))
-			return 1;
-	for (const struct model_entry *m = r->models; m != NULL; m = m->next) {
-		struct artifact_walk w = { 0 };
+	if (store_plan(r, store_room(), &p, left_out, sizeof(left_out)) < 0) {
+		plan_free(&p);
+		return 1;
+	}
+	for (const struct model_entry *m = r->models; m != NULL && !pending; m = m->next)
+		pending = plan_has(&p, m->current) && !m->current->stored_done;
+	for (const struct model_entry *m = r->models; m != NULL && !pending; m = m->next) {
+		struct artifact_walk w = { .plan = &p };
 
 		walk_artifacts(r, m, pending_artifact, &w);
-		if (w.pending)
-			return 1;
+		pending = w.pending;
 	}
-	return 0;
+	plan_free(&p);
+	return pending;
 }
 
 void

@@ -10,9 +10,12 @@ path changed loads afresh with the next generation number, one whose pin
 changed (by a reload, or while no wcached ran) is restored and takes it."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+
+import pytest
 
 from conftest import Daemon, binary, mkmodel, wait_until, connectable
 
@@ -35,7 +38,9 @@ os.execv(sys.argv[2], sys.argv[2:])
 
 
 def start(d, mgr, fds=(), names=()):
-    env = dict(os.environ, NOTIFY_SOCKET=mgr.path)
+    env = dict(os.environ)
+    env.pop("FDSTORE", None)
+    env.update(mgr.env())   # $NOTIFY_SOCKET, and $FDSTORE for a manager with a limit
     env.pop("LISTEN_PID", None)
     if fds:
         env.update(LISTEN_FDS=str(len(fds)), LISTEN_FDNAMES=":".join(names))
@@ -146,6 +151,121 @@ def test_warm_restart(tmp_path):
                      [f"wc-{slot_a}-{ga}-i", f"wc-2-{gb + 1}-i", "wc-3-2-i"],
                      what="the new generations of b and c stored")
         assert mgr.status_slot(2) == gb + 1
+    finally:
+        status_code = d.stop()
+        mgr.close()
+    assert status_code == 0, d.read_log()
+
+
+def left_out_whole(d, limit):
+    """The models the latest store-limit warning names as left out whole
+    ([] before any)."""
+    lines = [x for x in d.read_log().splitlines()
+             if f"warm restart: the file descriptor store holds at most {limit} descriptors" in x]
+    m = re.search(r'models left out whole: ((?:"[^"]+"(?:, )?)+)', lines[-1] if lines else "")
+    return re.findall(r'"([^"]+)"', m.group(1)) if m else []
+
+
+def restarts_as_described(d, mgr, names, left):
+    """Starts d (stopped) again on mgr's store and checks that each model
+    named in left loads afresh (generation 2, nothing of it stored) and
+    every other one in names is restored (generation 1), and that nothing
+    described was missing from the store."""
+    start(d, mgr, *mgr.listen_fds())
+    wait_until(lambda: all(ready(d, x) for x in names), what="the models ready again")
+    log = d.read_log()
+    for x in names:
+        if x in left:
+            assert f'model "{x}": not restored: no current generation was stored; loading' \
+                in log, log
+            assert generation(d, x) == 2
+        else:
+            assert f'model "{x}": generation 1 restored from the file descriptor store' \
+                in log, log
+            assert generation(d, x) == 1
+    assert "is not in the store" not in log, log
+
+
+@pytest.mark.parametrize("n", [4, 5])
+def test_store_limit_from_fdstore(tmp_path, n):
+    """Under a unit whose FileDescriptorStoreMax= is 8 ($FDSTORE=8, a
+    manager that refuses every descriptor past 8 without a reply, as
+    systemd does), n one-file models (2 descriptors each): the status page
+    and the description take 2, so 3 generations are stored, and the
+    warning names the n - 3 models left out whole, which are not stored at
+    all. Nothing is refused; after a restart the 3 described come back and
+    the others load afresh. Before, $FDSTORE was read as on or off, the
+    limit was 16384 and left out wc-status and wc-desc, and every
+    generation was stored: the manager refused the last ones, models
+    described as stored lost their warm restart without a word (with 4: no
+    warning at all, one model loaded afresh; with 5: the warning named a
+    model whose generation took store space, and only 2 came back)."""
+    names = "abcde"[:n]
+    models = {x: mkmodel(tmp_path / f"{x}.safetensors", seed=i + 1)
+              for i, x in enumerate(names)}
+    mgr = FakeManager(str(tmp_path / "notify.sock"), max_fds=8)
+    d = Daemon(tmp_path, models)
+    try:
+        start(d, mgr)
+        wait_until(lambda: all(ready(d, x) for x in names), what="the models ready")
+        mgr.wait_for(lambda m: "wc-desc" in m.store and "wc-status" in m.store and
+                     sum(k.endswith("-i") for k in m.store) == 3,
+                     what="three generations and the description stored")
+        assert d.stop() == 0, d.read_log()   # everything sent: nothing was refused
+        assert mgr.refused == [], mgr.refused
+        assert mgr.fds() == 8
+        left = left_out_whole(d, 8)
+        assert len(left) == n - 3 and set(left) <= set(names), d.read_log()
+        for x in left:   # slots go in configuration order, from 1
+            assert not any(k.startswith(f"wc-{names.index(x) + 1}-") for k in mgr.store), \
+                sorted(mgr.store)
+        restarts_as_described(d, mgr, names, left)
+        assert d.stop() == 0, d.read_log()
+        assert mgr.refused == [], mgr.refused
+    finally:
+        status_code = d.stop()
+        mgr.close()
+    assert status_code == 0, d.read_log()
+
+
+def test_generation_no_longer_fitting_leaves_the_store(tmp_path):
+    """With FileDescriptorStoreMax=8, 3 one-file models fill the store
+    (status page, description, 3 x 2). A fourth added by a reload takes the
+    place of one of them (the registry's order decides which): the warning
+    names that one, its descriptors are removed from the store
+    (FDSTOREREMOVE), the new one is stored, and nothing is refused; a
+    restart restores the 3 described. Before, the new generation was
+    stored past the limit and refused without a word."""
+    names = "abc"
+    models = {x: mkmodel(tmp_path / f"{x}.safetensors", seed=i + 1)
+              for i, x in enumerate(names)}
+    mgr = FakeManager(str(tmp_path / "notify.sock"), max_fds=8)
+    d = Daemon(tmp_path, models)
+    try:
+        start(d, mgr)
+        wait_until(lambda: all(ready(d, x) for x in names), what="the models ready")
+        mgr.wait_for(lambda m: "wc-desc" in m.store and
+                     sum(k.endswith("-i") for k in m.store) == 3,
+                     what="the three generations stored")
+        assert "left out" not in d.read_log(), d.read_log()
+        models["d"] = mkmodel(tmp_path / "d.safetensors", seed=4)
+        d.write_config(models)
+        d.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: ready(d, "d"), what="d ready")
+        assert d.stop() == 0, d.read_log()   # everything sent: nothing was refused
+        assert mgr.refused == [], mgr.refused
+        assert mgr.fds() == 8
+        left = left_out_whole(d, 8)
+        assert len(left) == 1 and left[0] in names, d.read_log()
+        slot = names.index(left[0]) + 1
+        assert "wc-4-1-i" in mgr.store and \
+            not any(k.startswith(f"wc-{slot}-") for k in mgr.store), sorted(mgr.store)
+        with mgr.lock:
+            assert any(m.get("FDSTOREREMOVE") == "1" and m.get("FDNAME") == f"wc-{slot}-1-i"
+                       for m in mgr.messages), mgr.messages
+        restarts_as_described(d, mgr, names + "d", left)
+        assert d.stop() == 0, d.read_log()
+        assert mgr.refused == [], mgr.refused
     finally:
         status_code = d.stop()
         mgr.close()

@@ -4,7 +4,10 @@ test_restart_held.py, tests/bench/bench_restart.py): it listens on a
 datagram socket given as $NOTIFY_SOCKET, keeps what wcached stores with
 FDSTORE=1 (one copy of the same open file, as systemd), drops what
 FDSTOREREMOVE=1 names, and hands the store to the next process
-(listen_fds()). Import it with
+(listen_fds()). Given max_fds, it is a unit with FileDescriptorStoreMax=
+max_fds: the tests give wcached $FDSTORE=max_fds, as systemd 254 and later
+do, and the manager refuses (closes, without a reply, as systemd does) every
+descriptor past max_fds, and lists its name in refused. Import it with
 
     sys.path.append(<tests>/pyutil); from fakemanager import FakeManager
 """
@@ -18,8 +21,10 @@ import threading
 class FakeManager:
     """A file descriptor store on a datagram socket, like systemd's."""
 
-    def __init__(self, path):
+    def __init__(self, path, max_fds=None):
         self.path = path
+        self.max_fds = max_fds   # None: no limit (and no $FDSTORE)
+        self.refused = []        # the names of descriptors refused past max_fds
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.bind(path)
         self.sock.settimeout(0.05)
@@ -54,6 +59,10 @@ class FakeManager:
                         st = os.fstat(fd)
                         if any((h.st_dev, h.st_ino) == (st.st_dev, st.st_ino) for h in have):
                             os.close(fd)
+                        elif self.max_fds is not None and \
+                                sum(map(len, self.store.values())) >= self.max_fds:
+                            self.refused.append(name)
+                            os.close(fd)
                         else:
                             self.store.setdefault(name, []).append(fd)
                     fds = []
@@ -68,6 +77,19 @@ class FakeManager:
         with self.cond:
             assert self.cond.wait_for(lambda: cond(self), timeout=60), \
                 f"timed out waiting for {what}: {sorted(self.store)}"
+
+    def env(self):
+        """What wcached's environment gets from this manager: $NOTIFY_SOCKET,
+        and $FDSTORE when it has a limit."""
+        env = {"NOTIFY_SOCKET": self.path}
+        if self.max_fds is not None:
+            env["FDSTORE"] = str(self.max_fds)
+        return env
+
+    def fds(self):
+        """How many descriptors the store holds."""
+        with self.lock:
+            return sum(map(len, self.store.values()))
 
     def count(self, key, value="1"):
         with self.lock:

@@ -294,6 +294,172 @@ test_pin_change_stores_the_description(void **state)
 	free(a);
 }
 
+/*
+ * The store's limit: FDSTORE_MAX_FDS (the unit's FileDescriptorStoreMax=),
+ * or $FDSTORE when it is a smaller number (systemd 254 and later set it to
+ * FileDescriptorStoreMax=, which a drop-in may have lowered); anything but
+ * digits is no number. A store of fewer than 2 (the status page and the
+ * description) is none. Before, $FDSTORE was read as on ("0": off) only.
+ */
+static void
+test_store_max_reads_fdstore(void **state)
+{
+	static const struct {
+		const char *value;
+		size_t max;
+	} cases[] = {
+		{ "8", 8 }, { "0", 0 }, { "16383", 16383 }, { "16384", FDSTORE_MAX_FDS },
+		{ "99999999999999999999999", FDSTORE_MAX_FDS },
+		{ "", FDSTORE_MAX_FDS }, { "8x", FDSTORE_MAX_FDS },
+		{ "-1", FDSTORE_MAX_FDS }, { " 8", FDSTORE_MAX_FDS },
+	};
+
+	(void)state;
+	assert_int_equal(unsetenv("FDSTORE"), 0);
+	assert_int_equal(restore_store_max(), FDSTORE_MAX_FDS);
+	assert_true(restore_enabled()); /* $NOTIFY_SOCKET: the fixture's manager */
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		assert_int_equal(setenv("FDSTORE", cases[i].value, 1), 0);
+		assert_int_equal(restore_store_max(), cases[i].max);
+	}
+	assert_int_equal(setenv("FDSTORE", "0", 1), 0);
+	assert_false(restore_enabled());
+	assert_int_equal(setenv("FDSTORE", "1", 1), 0);
+	assert_false(restore_enabled());
+	assert_int_equal(setenv("FDSTORE", "2", 1), 0);
+	assert_true(restore_enabled());
+	assert_int_equal(unsetenv("FDSTORE"), 0);
+}
+
+/* The most descriptors the manager held at once from message from on, as
+ * systemd counts them (one per name here: each store is of one), given
+ * held before it; each name's store counted once until its removal. */
+static size_t
+most_held(const struct su_manager *m, size_t from, size_t held)
+{
+	size_t most = held;
+
+	for (size_t i = from; i < m->n; i++) {
+		int had = 0;
+
+		for (size_t k = 0; k < i; k++)
+			if (strcmp(m->got[k].name, m->got[i].name) == 0)
+				had = m->got[k].store;
+		if (m->got[i].store && !had)
+			held++;
+		else if (!m->got[i].store && had)
+			held--;
+		if (held > most)
+			most = held;
+	}
+	return most;
+}
+
+/* The generations the description d gives model name (-1: not described). */
+static int
+described_generations(const struct fdstore_desc *d, const char *name)
+{
+	for (uint32_t i = 0; i < d->nmodels; i++)
+		if (strcmp(d->models[i].name, name) == 0)
+			return (int)d->models[i].ngenerations;
+	return -1;
+}
+
+/*
+ * Under FileDescriptorStoreMax=6 ($FDSTORE=6), of one-file models (2
+ * descriptors a generation): the status page and the description count
+ * too, so 2 generations fit. What the description leaves out is not stored,
+ * and what was stored and no longer fits is removed first: a held
+ * generation once a new model comes, then the oldest model's current one
+ * once a third comes. At no point does the manager hold more than 6, and
+ * the warning names exactly what is left out. Before, the limit was
+ * FDSTORE_MAX_FDS whatever $FDSTORE said, left out wc-status and wc-desc,
+ * and every current generation was stored (a held one left out stayed):
+ * the manager would have refused the last ones without a reply.
+ */
+static void
+test_store_within_fdstore(void **state)
+{
+	struct fixture *f = *state;
+	struct du *t = f->t;
+	char *a = du_model(t, "a.safetensors", 1024), *b = du_model(t, "b.safetensors", 2048);
+	char *c = du_model(t, "c.safetensors", 3072), *next = du_model(t, "n.safetensors", 4096);
+	char name[FDSTORE_MAX_FDNAME + 1], msg[128], *log;
+	struct registry_attachment at;
+	struct fdstore_desc *d;
+	unsigned slot_m;
+	size_t from;
+
+	assert_int_equal(setenv("FDSTORE", "6", 1), 0);
+	assert_int_equal(du_load(t, "m", a, PIN_NONE, 0), 0);
+	slot_m = registry_find(&t->reg, "m")->slot;
+	restore_sync(&t->reg);
+	/* Generation 1 of m held, 2 current: 2 + 2 + 2 = 6, all stored. */
+	assert_int_equal(registry_attach(&t->reg, "m", &root_peer, &at, msg, sizeof(msg)), 0);
+	assert_int_equal(rename(next, a), 0);
+	assert_int_equal(du_reload(t, "m"), 0);
+	restore_sync(&t->reg);
+	su_manager_read(&f->m);
+	d = last_description(&f->m);
+	assert_int_equal(described_generations(d, "m"), 2);
+	fdstore_free(d);
+	assert_int_equal(most_held(&f->m, 0, 0), 6);
+
+	/* n comes: m's held generation 1 leaves the store, first. */
+	assert_int_equal(du_load(t, "n", b, PIN_NONE, 0), 0);
+	from = f->m.n;
+	du_log_start(t);
+	restore_sync(&t->reg);
+	log = du_log_stop(t);
+	su_manager_read(&f->m);
+	assert_true(fdstore_name_index(name, sizeof(name), slot_m, 1) > 0);
+	assert_int_equal(su_received(&f->m, from, 0, name), 1);
+	assert_true(fdstore_name_file(name, sizeof(name), slot_m, 1, 0) > 0);
+	assert_int_equal(su_received(&f->m, from, 0, name), 1);
+	assert_non_null(strstr(log, "warning: warm restart: the file descriptor store holds at "
+				    "most 6 descriptors (FileDescriptorStoreMax=), the status page "
+				    "and the description among them, and a model at most 64 "
+				    "generations; not stored: held generations left out: \"m\" 1; "
+				    "a restart loads them afresh"));
+	free(log);
+	d = last_description(&f->m);
+	assert_int_equal(described_generations(d, "m"), 1);
+	assert_int_equal(described_generations(d, "n"), 1);
+	fdstore_free(d);
+	assert_int_equal(most_held(&f->m, 0, 0), 6);
+
+	/* o comes (the newest model first): m's current generation leaves. */
+	assert_int_equal(du_load(t, "o", c, PIN_NONE, 0), 0);
+	from = f->m.n;
+	du_log_start(t);
+	restore_sync(&t->reg);
+	log = du_log_stop(t);
+	su_manager_read(&f->m);
+	assert_true(fdstore_name_index(name, sizeof(name), slot_m, 2) > 0);
+	assert_int_equal(su_received(&f->m, from, 0, name), 1);
+	assert_non_null(strstr(log, "not stored: models left out whole: \"m\"; a restart"));
+	free(log);
+	d = last_description(&f->m);
+	assert_int_equal(d->nmodels, 3);
+	assert_int_equal(described_generations(d, "m"), 0);
+	assert_int_equal(described_generations(d, "n"), 1);
+	assert_int_equal(described_generations(d, "o"), 1);
+	fdstore_free(d);
+	assert_int_equal(most_held(&f->m, 0, 0), 6);
+
+	/* Nothing left to store: a sync stores nothing more. */
+	from = f->m.n;
+	restore_sync(&t->reg);
+	su_manager_read(&f->m);
+	assert_int_equal(f->m.n, from);
+	assert_int_equal(unsetenv("FDSTORE"), 0);
+	registry_release(&t->reg, at.gen);
+	free(a);
+	free(b);
+	free(c);
+	free(next);
+}
+
 int
 main(void)
 {
@@ -306,6 +472,8 @@ main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(test_held_past_the_limit_are_named, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(test_store_max_reads_fdstore, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_store_within_fdstore, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
