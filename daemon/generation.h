@@ -140,6 +140,17 @@ struct generation {
 		struct stat st;
 	} *origin;
 	size_t norigin;
+	/* What the model's path (its file, shard index or directory) was
+	 * just before the load that made it opened it (stat, following
+	 * symlinks): polling's baseline for that path (watch_poll.c), so that
+	 * an index renamed between the load and the first poll, or while this
+	 * generation warmed before it became current, is a change. known 0:
+	 * not known (a warm restart's or a derived artifact's); the first
+	 * poll is the baseline then. */
+	struct {
+		int known;
+		struct stat st;
+	} opened_path;
 	/* A staged generation's copy (stage.h): its directory under stage_dir
 	 * (NULL when not staged), removed when the generation closes, except
 	 * at shutdown when the manager's store keeps its files for the next

@@ -43,8 +43,9 @@ struct page_work {
 	uint64_t epoch;         /* g->resident.epoch when it started */
 	/* PAGE_RESTORE, PAGE_UNPIN, PAGE_PIN: lock the metadata (the model
 	 * pins it; for PAGE_PIN only when undoing a refused lock unlocked
-	 * it), and what that left (relocked: it ran); PAGE_RESTORE: the
-	 * index check's outcome with its message. */
+	 * it), and what that left (relocked: it ran); PAGE_PIN_METADATA:
+	 * what its lock left; PAGE_RESTORE: the index check's outcome with
+	 * its message. */
 	int pin_metadata;
 	int relocked;
 	struct metadata_lock lock;
@@ -106,9 +107,13 @@ pin_held(struct generation *g, int of)
 }
 
 /*
- * Locks g's index, then each file up to first[i] (its first tensor's data;
- * none when first is NULL). Touches the mappings only, so it may run on a
- * work queue thread; metadata_locked() records the outcome on the loop.
+ * Work queue thread: locks g's index, then each file up to first[i] (its
+ * first tensor's data; none when first is NULL). mlock reads in any page
+ * not in memory, through the daemon's mapping: for a file served where it
+ * lies on a network or FUSE filesystem that waits on its server (a FUSE
+ * mount without keep_cache drops a file's cache at each open; NFS may drop
+ * it at an attribute change), for as long as the server takes, so never on
+ * the loop. metadata_locked() records the outcome on the loop.
  */
 static void
 lock_metadata(const struct generation *g, const uint64_t *first, struct metadata_lock *out)
@@ -172,15 +177,6 @@ lock_headers(const struct generation *g, struct metadata_lock *out)
 	}
 	lock_metadata(g, first, out);
 	free(first);
-}
-
-void
-pages_pin_metadata(struct generation *g)
-{
-	struct metadata_lock l;
-
-	lock_headers(g, &l);
-	metadata_locked(g, &l);
 }
 
 /* Work queue thread: maps every page of file i of g (resident_populate),
@@ -323,6 +319,10 @@ page_work_apply(struct page_work *p)
 		check_restored(p);
 		return;
 	}
+	if (p->op == PAGE_PIN_METADATA) {
+		lock_headers(g, &p->lock);
+		return;
+	}
 	/* Everything, the index too: what is asked is locked again after
 	 * (page_work_after), and pinned says what that lock left. */
 	if (p->op == PAGE_UNPIN && g->index != NULL)
@@ -399,7 +399,7 @@ populated(struct generation *g, const struct page_work *p)
 static const char *const op_names[] = {
 	[PAGE_PIN] = "pin", [PAGE_UNPIN] = "unpin", [PAGE_EVICT] = "evict",
 	[PAGE_EVICT_SETTLE] = "evict", [PAGE_POPULATE] = "populate", [PAGE_CHECK] = "check",
-	[PAGE_RESTORE] = "restore check",
+	[PAGE_RESTORE] = "restore check", [PAGE_PIN_METADATA] = "metadata lock",
 };
 
 /* What page work on g touches: its files' filesystem, remote unless they
@@ -479,6 +479,8 @@ page_work_after(struct workq_job *w, int status)
 			pin_held(g, PIN_ALL);
 			g->pinned = PIN_ALL;
 		}
+	} else if (p->op == PAGE_PIN_METADATA) {
+		metadata_locked(g, &p->lock);
 	} else if (p->op == PAGE_UNPIN) {
 		g->pinned = PIN_NONE;
 		pin_held(g, PIN_ALL); /* nothing is asked beyond what follows */

@@ -38,6 +38,14 @@ enum page_op {
 	PAGE_RESTORE,      /* a generation a warm restart took back: check its index in
 			    * full (index_check.h), lock the metadata when its model pins,
 			    * map every page; the done hook decides */
+	PAGE_PIN_METADATA, /* lock the index and each file's headers (all before its
+			    * first tensor's data), which every attach and lookup
+			    * touches: a generation this process has just compiled,
+			    * whose model pins; -> pinned = PIN_METADATA once locked,
+			    * not before. Off the loop: a header not in memory is read
+			    * (from a remote server, for a model served where it lies).
+			    * A restored generation locks in PAGE_RESTORE; PAGE_UNPIN
+			    * and a refused PAGE_PIN lock them again. */
 };
 
 /* How an operation ended, for its done hook (valid during the call). */
@@ -81,15 +89,6 @@ int pages_drop_queued_evictions(struct generation *g);
 
 /* Whether an eviction of g runs or waits in its queue. */
 int pages_evicting(const struct generation *g);
-
-/* Locks the index and each file's headers (everything before its first
- * tensor's data), which every attach and lookup touches; on the loop, for
- * a generation this process has just compiled (its headers and index were
- * just read: in memory, so mlock waits on no disk). A restored one does it
- * in PAGE_RESTORE, and PAGE_UNPIN and a refused PAGE_PIN lock them again
- * on their work thread (the headers may be evicted by then). ->
- * pinned = PIN_METADATA. */
-void pages_pin_metadata(struct generation *g);
 
 /* Bytes of g's files in memory, by resident.h's first true method
  * (*how may be NULL); a file no method can measure counts as 0. */

@@ -377,6 +377,8 @@ install(struct registry *r, struct model_entry *m, struct load_request *q)
 	/* The source's filesystem, as load_work found it off the loop (for a
 	 * staged generation: the origin's, not the copy's). */
 	g->fs = q->fs;
+	g->opened_path.known = q->opened_known;
+	g->opened_path.st = q->opened_st;
 	if (q->staged) {
 		g->origin = q->origin;
 		g->norigin = q->norigin;
@@ -395,15 +397,17 @@ install(struct registry *r, struct model_entry *m, struct load_request *q)
 	q->path = NULL;
 	/* The pin the load was asked with, unless a pin or unpin came since
 	 * (registry_pin): that is newer, and stays. Either way g's pages get
-	 * m->pin: its metadata here, every page when it becomes current
-	 * (gen_promote) or, current already, when warm (warm_done). */
+	 * m->pin: its metadata locked now, off the loop (a header not in
+	 * memory is read, from a remote server when served where it lies),
+	 * every page when it becomes current (gen_promote) or, current
+	 * already, when warm (warm_done). */
 	if (m->pin_seq == q->pin_seq)
 		m->pin = q->pin;
 	m->warm = q->warm;
 	free(m->error);
 	m->error = NULL;
 	if (m->pin != PIN_NONE)
-		pages_pin_metadata(g);
+		gen_queue_pages(r, g, PAGE_PIN_METADATA);
 
 	if (m->pending != NULL) {
 		/* A newer replacement supersedes one still warming. */

@@ -27,10 +27,11 @@ struct polled {
 	uint64_t due_ms;       /* next poll, loop time */
 	int busy;              /* a poll of it runs on the work queue */
 	uint64_t generation;   /* the generation the baseline below is of */
-	uint64_t dir_sig;      /* a directory model's own stat then (0: not yet) */
+	uint64_t dir_sig;      /* the model's own path's stat at its load (0: not yet) */
 	uint64_t last_sig;     /* what the previous poll saw, to tell a file still moving */
 	uint64_t acted_sig;    /* what the last reload was asked for */
 	int changing;          /* the last poll saw a change not yet acted on */
+	int said_changing;     /* "is still changing" was logged for that change */
 	int failing;           /* errno of the last stat that failed for a reason
 				  other than "no such file" (logged once), or 0 */
 };

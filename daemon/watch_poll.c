@@ -19,11 +19,13 @@
  *    (the inode number may be one the server gave again to the file that
  *    replaced it); a staged one is only reloaded: its copies are intact;
  *  - the model's own path (a directory, a shard index) changed since the
- *    first poll of this generation: reloaded.
+ *    load of this generation opened it (since its first poll when that is
+ *    not known: a warm restart's): reloaded.
  * A change is acted on only once two polls in a row saw the same stat of
  * every path, so a file still being written is left alone until it stops
- * moving, and only once per state of the paths (a reload that failed, a
- * half-written file say, is not retried until the paths change again).
+ * moving (said once per change, not at each poll), and only once per state
+ * of the paths (a reload that failed, a half-written file say, is not
+ * retried until the paths change again).
  * One poll per model runs at a time.
  */
 #include <errno.h>
@@ -158,22 +160,26 @@ confirm_ms(const struct model_entry *m)
  * moved): 1 when it is to be acted on now, counted in poll_changes. A file
  * still moving (being written) waits until two polls agree, the second
  * sooner than poll_interval; a state already acted on is not acted on
- * again.
+ * again. That it is still moving is said once, not at every confirming
+ * poll (a write of minutes said it twice a second).
  */
 static int
 settled(struct watch *w, struct polled *p, struct model_entry *m, uint64_t sig,
 	const char *what)
 {
 	if (sig != p->last_sig) {
-		if (p->changing)
+		if (p->changing && !p->said_changing) {
 			log_info("model \"%s\": %s is still changing; waiting until it is stable",
 				m->name, what);
+			p->said_changing = 1;
+		}
 		p->last_sig = sig;
 		p->changing = 1;
 		p->due_ms = uv_now(w->loop) + confirm_ms(m);
 		return 0;
 	}
 	p->changing = 0;
+	p->said_changing = 0;
 	if (sig == p->acted_sig)
 		return 0;
 	p->acted_sig = sig;
@@ -220,9 +226,19 @@ judge(struct watch *w, struct polled *p, struct model_entry *m, struct generatio
 	for (size_t i = 0; i < j->npaths; i++)
 		sig = mix(sig, stat_sig(j->err[i], &j->st[i]));
 	if (p->generation != g->number) {
+		/* The model's own path is compared with what the load that made
+		 * g opened: a shard index renamed over it since (another host
+		 * publishing shards under new names, then the index) shows in
+		 * that path alone, and this first poll may come poll_interval
+		 * after the load, or after g warmed as the pending generation
+		 * (polls wait meanwhile). Taking this poll as the baseline
+		 * missed such an update for good. A generation whose load is not
+		 * known (a warm restart's) takes this poll. */
 		p->generation = g->number;
-		p->dir_sig = path_sig;
+		p->dir_sig = g->opened_path.known ? stat_sig(0, &g->opened_path.st) : path_sig;
 		p->last_sig = 0;
+		p->changing = 0;
+		p->said_changing = 0;
 	}
 	for (size_t i = 1; i < j->npaths; i++) {
 		const char *path;
@@ -242,6 +258,7 @@ judge(struct watch *w, struct polled *p, struct model_entry *m, struct generatio
 	if (!replaced && !in_place && path_sig == p->dir_sig) {
 		p->last_sig = sig;
 		p->changing = 0;
+		p->said_changing = 0;
 		return;
 	}
 	if (what == NULL)
@@ -279,10 +296,12 @@ judge_failed(struct watch *w, struct polled *p, struct model_entry *m, const str
 		p->generation = 0;
 		p->last_sig = 0;
 		p->changing = 0;
+		p->said_changing = 0;
 	}
 	if (sig == stat_sig(m->failed_path.err, &m->failed_path.st)) {
 		p->last_sig = sig;
 		p->changing = 0;
+		p->said_changing = 0;
 		return;
 	}
 	if (!settled(w, p, m, sig, m->path))

@@ -7,7 +7,10 @@ is freed there, reads of its old handle fail (EIO) as NFS's do (ESTALE).
 Checked: the filesystem is named in status and metrics; a remote rename
 becomes a new generation within 2 x poll_interval (and never without
 polling: watch = inotify); a remote file written in place (half-written)
-never serves; a local model is not polled unless watch = poll; a model
+never serves, and "is still changing" is said once per change; a shard
+index renamed before the first poll is seen (the baseline is the load's
+stat); a slow server's header reads for pin = metadata hold up no attach
+of a local model; a local model is not polled unless watch = poll; a model
 whose load failed is polled and loaded once its file appears; a server
 that hangs (remotefs stopped) holds up nothing on local disk, at start
 either, nor when a remote model's files close and it hangs in FLUSH
@@ -134,6 +137,74 @@ def test_remote_rename_becomes_a_new_generation_within_two_poll_intervals(start,
         assert r.returncode == 0, r.stderr
     assert "changed on fuse (seen by polling)" in d.read_log()
     assert model_entry(d, "m")["poll_changes"] == 2
+
+
+def publish_shards(directory, version, size=4096):
+    """Another host publishes version of a sharded model in directory (a
+    BACKING path): two shards under new names, then
+    model.safetensors.index.json renamed over the old index last, as
+    README recommends. Returns the index's path."""
+    from test_stage import write_safetensors
+
+    shards = {}
+    for i, tensor in enumerate(("a", "b")):
+        name = f"model-v{version}-{i + 1:05d}-of-00002.safetensors"
+        write_safetensors(os.path.join(directory, name),
+                          {tensor: bytes([version]) * size})
+        shards[tensor] = name
+    tmp = os.path.join(directory, ".index.tmp")
+    with open(tmp, "w") as f:
+        json.dump({"weight_map": shards}, f)
+    index = os.path.join(directory, "model.safetensors.index.json")
+    os.rename(tmp, index)
+    return index
+
+
+@pytest.mark.parametrize("kind,stage", [("index", "no"), ("index", "auto"),
+                                        ("directory", "no")])
+def test_an_index_renamed_soon_after_a_load_is_seen(start, tmp_path, remote, kind, stage):
+    """A sharded model (its path the index, or the directory) whose index
+    another host renames 0.3 s after generation 1 is ready, before the
+    first poll (poll_interval 2 s): the poll compares the model's path with
+    what the load opened, so generation 2 follows. Before, the first poll
+    was the baseline: it saw the new index already, and the update was
+    never seen (generation 1 served on, poll_changes 0)."""
+    directory = remote.backing_path("llama")
+    os.mkdir(directory)
+    publish_shards(directory, 1)
+    remote.wait_visible("llama/model.safetensors.index.json")
+    path = remote.path("llama" if kind == "directory" else
+                       "llama/model.safetensors.index.json")
+    d = start({"m": (path, {"poll_interval": "2", "stage": stage})},
+              f"stage_dir = {tmp_path / 'staged'}\n")
+    wait_generation(d, "m", 1)
+    time.sleep(0.3)
+    publish_shards(directory, 2)
+    m = wait_generation(d, "m", 2, timeout=20)
+    assert m["poll_changes"] == 1, m
+    r = d.attach("m", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["generation"] == 2, (r.stdout, r.stderr)
+
+
+def test_a_slow_write_is_said_to_be_changing_once(start, tmp_path, remote):
+    """Another host writes the model in place for about 5 s: every
+    confirming poll (poll_interval / 4) sees it move, and the log says
+    "is still changing" once for that change, not at each of them (before:
+    7 lines here, about two a second for as long as a write lasts). A
+    writer that pauses longer than a confirming poll makes its write two
+    changes, each acted on (poll_changes): at most one line each."""
+    path = remote_model(tmp_path, remote)
+    d = start({"m": (path, {"poll_interval": "2", "stage": "no"})})
+    wait_generation(d, "m", 1)
+    data = model_bytes(tmp_path, 2, "src2.safetensors")
+    writer = remote.write_slowly("m.safetensors", data, seconds=5, chunks=100)
+    writer.join()
+    assert writer.error is None
+    m = wait_until(lambda: (lambda m: m["generation"] >= 2 and m["state"] == "ready" and m)(
+        model_entry(d, "m")), timeout=20, what="the written file served")
+    verify(d, "m", tmp_path / "src2.safetensors")
+    lines = [line for line in d.read_log().splitlines() if "is still changing" in line]
+    assert 1 <= len(lines) <= m["poll_changes"], (m["poll_changes"], lines)
 
 
 def test_watch_inotify_does_not_see_remote_changes(start, tmp_path, remote):
@@ -442,6 +513,51 @@ def test_start_serves_others_when_a_remote_filesystem_hangs(start, tmp_path, rem
     wait_until(lambda: ready(d, "r", 1), timeout=30, what="the remote model served")
     verify(d, "r", src)
     d.wait_for_log(r"every configured model's load has ended \(0 failed\)")
+
+
+def test_a_slow_remote_header_lock_holds_up_no_attach(start, tmp_path, remote):
+    """A sharded model served where it lies on a slow server (stage = no,
+    pin = metadata, the default; reads throttled to 4000 bytes/s) is
+    replaced by another host: its new generation's headers are locked
+    (mlock reads them through the mount) on the work queue, so attaches of
+    a LOCAL model stay fast meanwhile (under 1 s each), and status says the
+    metadata is locked only once it is. Before, the lock ran on the event
+    loop: every request waited for the server's reads (25 s)."""
+    directory = remote.backing_path("llama")
+    os.mkdir(directory)
+    publish_shards(directory, 1)
+    remote.wait_visible("llama/model.safetensors.index.json")
+    (tmp_path / "local").mkdir()
+    local = mkmodel(tmp_path / "local" / "l.safetensors", 2)
+    d = start({"r": (remote.path("llama/model.safetensors.index.json"),
+                     {"poll_interval": "0.5", "stage": "no"}), "local": local})
+    wait_generation(d, "r", 1)
+    wait_generation(d, "local", 1)
+    wait_until(lambda: model_entry(d, "r")["polls"] >= 2, what="r polled")
+    remote.throttle(4000)
+    try:
+        publish_shards(directory, 2)
+        t0 = time.monotonic()
+        slowest = {"attach": 0.0, "status": 0.0}
+        while True:
+            t = time.monotonic()
+            r = d.attach("local")
+            slowest["attach"] = max(slowest["attach"], time.monotonic() - t)
+            assert r.returncode == 0, r.stderr
+            t = time.monotonic()
+            m = model_entry(d, "r")
+            slowest["status"] = max(slowest["status"], time.monotonic() - t)
+            if m["generation"] == 2 and m["pin_applied"] == "metadata":
+                break
+            assert time.monotonic() - t0 < 120, f"generation 2 of r never locked: {m}"
+            time.sleep(0.1)
+        took = time.monotonic() - t0
+    finally:
+        remote.unthrottle()
+    print(f"r's generation 2 current and locked {took:.1f} s after its index was renamed; "
+          f"the slowest attach of the local model and status meanwhile: {slowest}")
+    assert took > 3, f"the reads were not slow ({took:.1f} s): nothing was tested"
+    assert max(slowest.values()) < 1.0, slowest
 
 
 def answered(seconds, what, run):

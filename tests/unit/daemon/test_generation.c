@@ -176,11 +176,64 @@ test_load_without_warming(void **state)
 	assert_int_equal(du_load(t, "m", path, PIN_METADATA, 0), 0);
 	log = du_log_stop(t);
 	assert_logged(log, "model \"m\": generation 1: new -> ready (the model does not warm)");
+	du_settle(t); /* the metadata lock runs on the work queue */
 	g = du_current(t, "m");
 	assert_int_equal(g->state, GEN_READY);
 	assert_int_equal(g->pinned, PIN_METADATA);
 	assert_string_equal(metrics_model_state(g->model), "ready");
 	free(log);
+	free(path);
+}
+
+/* What a load's answer found, as install() gave it. */
+struct at_answer {
+	struct du *t;
+	int calls;
+	int pinned;            /* the new generation's pinned then */
+	unsigned ops_pending;  /* its page operations then: the lock */
+};
+
+static void
+note_at_answer(int status, const char *message, uint64_t generation, void *arg)
+{
+	struct at_answer *a = arg;
+	const struct generation *g = du_current(a->t, "m");
+
+	(void)message;
+	(void)generation;
+	assert_int_equal(status, 0);
+	a->calls++;
+	a->pinned = g->pinned;
+	a->ops_pending = g->ops_pending;
+}
+
+/*
+ * A new generation's metadata (index and headers) is locked as page work
+ * on the work queue, never on the loop: for a model served where it lies
+ * on a network or FUSE filesystem the lock reads the headers from the
+ * server, and the loop waited for it (rev111 D0: attaches of other models
+ * for 25 s). pinned says PIN_METADATA only once the lock has ended.
+ */
+static void
+test_metadata_locked_off_the_loop(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 1024);
+	struct at_answer a = { .t = t };
+	struct generation *g;
+
+	assert_int_equal(registry_load(&t->reg, "m", path, PIN_METADATA, 0, note_at_answer, &a),
+		0);
+	while (a.calls == 0)
+		uv_run(&t->loop, UV_RUN_ONCE);
+	/* Answered from install(): the lock is queued, not yet reported. */
+	assert_int_equal(a.pinned, PIN_NONE);
+	assert_int_equal(a.ops_pending, 1);
+	du_settle(t);
+	g = du_current(t, "m");
+	assert_int_equal(g->pinned, PIN_METADATA);
+	assert_int_equal(g->ops_pending, 0);
+	assert_string_equal(g->pin_error, "");
 	free(path);
 }
 
@@ -932,6 +985,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_transition_table),
 		cmocka_unit_test_setup_teardown(test_load_without_warming, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_metadata_locked_off_the_loop, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_load_warm, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_warm_failed, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_reload_after_warm_failed, setup, teardown),
