@@ -725,7 +725,8 @@ derive_each(const struct derive_table *t, const char *model_name,
 			waiting++;
 		fn(&(struct derive_info){ .key = b->key, .source = b->source, .waiting = waiting,
 			   .builder_uid = b->builder_uid, .builder_pid = b->builder_pid,
-			   .building = 1 },
+			   .building = 1, .checking = b->check != NULL,
+			   .builder_gone = b->builder == NULL },
 			arg);
 	}
 }

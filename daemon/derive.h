@@ -199,6 +199,8 @@ struct derive_info {
 	pid_t builder_pid;
 	const char *format;   /* "safetensors" or "weig" */
 	int building;         /* 1: a build in progress (bytes etc. are 0) */
+	int checking;         /* a build whose publication is being checked */
+	int builder_gone;     /* a build whose builder disconnected (after its PUBLISH) */
 	unsigned waiting;     /* a build's waiters */
 };
 void derive_each(const struct derive_table *t, const char *model_name,

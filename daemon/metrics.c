@@ -634,11 +634,12 @@ write_derived(const struct derive_info *i, void *arg)
 	j->first = false;
 	fputs("{\"key\":", f);
 	json_write_string(f, i->key, strlen(i->key));
-	json_write_field(f, "state", i->building ? "building" : "ready");
+	json_write_field(f, "state", i->checking ? "checking" : i->building ? "building" : "ready");
 	fprintf(f, ",\"source_generation\":%" PRIu64 ",\"builder_uid\":%u,\"builder_pid\":%d",
 		i->source, (unsigned)i->builder_uid, (int)i->builder_pid);
 	if (i->building) {
-		fprintf(f, ",\"waiting\":%u}", i->waiting);
+		fprintf(f, ",\"builder_connected\":%s,\"waiting\":%u}",
+			i->builder_gone ? "false" : "true", i->waiting);
 		return;
 	}
 	json_write_field(f, "format", i->format);

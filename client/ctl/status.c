@@ -43,6 +43,7 @@ struct derived_row {
 	char *key, *state, *format;
 	uint64_t source, bytes, attached, attaches, builder_uid, builder_pid, waiting;
 	double build_seconds;
+	int builder_connected; /* a build's: 0 once its builder left after PUBLISH */
 };
 
 /* One entry of "models": a served model and its current generation. */
@@ -117,6 +118,7 @@ static const struct ctl_field derived_fields[] = {
 	{ "builder_pid", CTL_U64, offsetof(struct derived_row, builder_pid) },
 	{ "waiting", CTL_U64, offsetof(struct derived_row, waiting) },
 	{ "build_seconds", CTL_DOUBLE, offsetof(struct derived_row, build_seconds) },
+	{ "builder_connected", CTL_BOOL, offsetof(struct derived_row, builder_connected) },
 };
 
 static const struct ctl_field model_fields[] = {
@@ -430,6 +432,7 @@ print_derived(const struct status *s, char *const *names, size_t nnames)
 		for (size_t k = 0; k < m->nderived; k++) {
 			const struct derived_row *d = &m->derived[k];
 			bool building = d->state != NULL && strcmp(d->state, "building") == 0;
+			bool checking = d->state != NULL && strcmp(d->state, "checking") == 0;
 
 			if (first)
 				printf("\nderived artifacts:\n");
@@ -442,6 +445,13 @@ print_derived(const struct status *s, char *const *names, size_t nnames)
 			if (building) {
 				printf("building by pid %" PRIu64 " uid %" PRIu64 ", %" PRIu64
 				       " waiting\n", d->builder_pid, d->builder_uid, d->waiting);
+				continue;
+			}
+			if (checking) {
+				printf("its publication by pid %" PRIu64 " uid %" PRIu64 "%s is "
+				       "being checked, %" PRIu64 " waiting\n", d->builder_pid,
+				       d->builder_uid, d->builder_connected ? "" :
+				       " (which has disconnected)", d->waiting);
 				continue;
 			}
 			printf("%s ", human_bytes(d->bytes, tmp, sizeof(tmp)));

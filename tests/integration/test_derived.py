@@ -22,7 +22,7 @@ import time
 import pytest
 
 from conftest import mkmodel, settled_fd_count, wait_until
-from ctlutil import ctl, model_entry, status
+from ctlutil import Control, ctl, model_entry, status
 from test_regressions import HEADER, MAGIC, ready
 from test_regressions import start  # noqa: F401 (the fixture, used by name)
 from test_neighbours import lingerer, metric
@@ -165,7 +165,7 @@ def waiting(d, n, key="f32-v1"):
     the daemon reads each connection on its own, in no set order)."""
     def check():
         for x in model_entry(d, "small")["derived"]:
-            if x["key"] == key and x["state"] == "building":
+            if x["key"] == key and x["state"] in ("building", "checking"):
                 return x["waiting"] == n
         return False
     wait_until(check, what=f"{n} waiting for {key}")
@@ -392,12 +392,28 @@ def test_while_a_publication_is_checked_waiters_are_told_so(derived, how):
     r = build(a, key="many")
     fd = memfd_with(many_tensors(600000))
     from test_attack_server import stopped
+    control = Control(d)
+    assert control.request(b"status")["ok"] is True  # accepted before the stop
     with stopped(d):  # read in this order, in one wakeup
         a.publish(r["token"], fd)
         os.close(fd)
         hang_up(a, how)
         c.derive("small", "many", wait_ms=0)
         e.derive("small", "many", wait_ms=1)
+        control.send(b"status\n")
+    # Status says the publication is being checked (tenths of a second) and
+    # whether its builder is still there; it said "building". The status
+    # request may be read before the PUBLISH in that wakeup: then ask again
+    # (a round trip takes a few ms) until the key is no longer "building".
+    while True:
+        entry = [x for m in control.reply()["models"] if m["name"] == "small"
+                 for x in m["derived"] if x["key"] == "many"]
+        if not (len(entry) == 1 and entry[0]["state"] == "building"):
+            break
+        control.send(b"status\n")
+    control.close()
+    assert len(entry) == 1 and entry[0]["state"] == "checking", entry
+    assert entry[0]["builder_connected"] is (how != "close"), entry
     gone = " (which has disconnected)" if how == "close" else ""
     text = expect_error(c.reply(), "EAGAIN")
     assert text == (f'model "small": derived "many" of generation 1: its publication by pid '
