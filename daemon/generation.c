@@ -45,11 +45,12 @@ static const unsigned allowed[] = {
 	[GEN_NEW] = TO(GEN_WARMING) | TO(GEN_READY) | TO(GEN_CLOSED),
 	[GEN_WARMING] = TO(GEN_READY) | TO(GEN_COLD) | TO(GEN_MODIFIED) | TO(GEN_FAILED) |
 		TO(GEN_CLOSED),
-	[GEN_READY] = TO(GEN_WARMING) | TO(GEN_COLD) | TO(GEN_MODIFIED) | TO(GEN_CLOSED),
+	[GEN_READY] = TO(GEN_WARMING) | TO(GEN_COLD) | TO(GEN_MODIFIED) | TO(GEN_FAILED) |
+		TO(GEN_CLOSED),
 	[GEN_COLD] = TO(GEN_WARMING) | TO(GEN_READY) | TO(GEN_REWARM) | TO(GEN_MODIFIED) |
 		TO(GEN_FAILED) | TO(GEN_CLOSED),
 	[GEN_REWARM] = TO(GEN_WARMING) | TO(GEN_READY) | TO(GEN_COLD) | TO(GEN_MODIFIED) |
-		TO(GEN_CLOSED),
+		TO(GEN_FAILED) | TO(GEN_CLOSED),
 	[GEN_MODIFIED] = TO(GEN_CLOSED),
 	[GEN_FAILED] = TO(GEN_MODIFIED) | TO(GEN_CLOSED),
 	[GEN_CLOSED] = 0,
@@ -182,7 +183,7 @@ gen_maybe_free(struct registry *r, struct generation *g)
 	uid_t lane;
 
 	if (gen_is_live(g) || g->attached > 0 || g->warm.pending > 0 || g->ops_pending > 0 ||
-		g->hold_until_ms != 0 || g->kept)
+		g->served_checks > 0 || g->hold_until_ms != 0 || g->kept)
 		return;
 	for (pp = &r->generations; *pp != NULL; pp = &(*pp)->next)
 		if (*pp == g) {
@@ -205,6 +206,7 @@ gen_maybe_free(struct registry *r, struct generation *g)
 	gen_free_staged(r, g);
 	free(g->warm.jobs);
 	free(g->hold_conns);
+	free(g->gone);
 	free(g->model_name);
 	free(g);
 }
@@ -619,6 +621,41 @@ gen_mark_modified(struct registry *r, struct generation *g, const char *file)
 				  "replace model files with rename(2)");
 		/* g may now be unreferenced: the caller frees it
 		 * (gen_maybe_free, registry_collect) once it is done with it. */
+	}
+}
+
+void
+gen_mark_gone(struct registry *r, struct generation *g, const char *file, int err)
+{
+	struct model_entry *m = g->model;
+	/* The error of the load that tried the replacement, when there was
+	 * one: why nothing replaced g. */
+	const char *load = m != NULL && m->current == g ? m->error : NULL;
+	char *text = NULL;
+
+	if (!gen_attachable(g))
+		return;
+	if (asprintf(&text, "generation %" PRIu64 "'s files were replaced or removed on %s by "
+			    "another host and the replacement failed to load%s%s%s; the server "
+			    "no longer has them (%s: fstat: %s), so generation %" PRIu64 " is "
+			    "not served. Publish a valid model file at its path (the next poll "
+			    "loads it), or set stage = yes or auto so that a local copy serves",
+		    g->number, g->fs.name, load != NULL ? " (" : "", load != NULL ? load : "",
+		    load != NULL ? ")" : "", file, strerror(err), g->number) < 0)
+		text = NULL;
+	gen_set_state(g, GEN_FAILED, "its files are gone from the server");
+	gen_cancel_warming(r, g);
+	free(g->gone);
+	g->gone = text;
+	log_errorx("model \"%s\": %s", g->model_name,
+		text != NULL ? text : "its files are gone from the server; not served");
+	if (m != NULL && m->current == g && text != NULL) {
+		char *error = strdup(text);
+
+		if (error != NULL) {
+			free(m->error);
+			m->error = error;
+		}
 	}
 }
 

@@ -14,9 +14,9 @@
  *   from \ to   WARMING  READY  COLD  REWARM  MODIFIED  FAILED  CLOSED
  *   NEW           w        n     .      .        .        .       f
  *   WARMING       .        d     e      .        m        x       f
- *   READY         r        .     e      .        m        .       f
+ *   READY         r        .     e      .        m        g       f
  *   COLD          a        p     .      a        m        x       f
- *   REWARM        s        s     e      .        m        .       f
+ *   REWARM        s        s     e      .        m        g       f
  *   MODIFIED      .        .     .      .        .        .       f
  *   FAILED        .        .     .      .        m        .       f
  *
@@ -35,6 +35,10 @@
  *   m  a file was changed in place (watch.c, or a warming job found a file
  *      shorter than when it was loaded); no new attaches
  *   x  a warming job failed with an I/O error; no new attaches
+ *   g  (and from WARMING and COLD) its files are gone from the remote
+ *      server: another host replaced or removed them, no replacement
+ *      loaded, and an fstat of a served descriptor says the server dropped
+ *      them (gen_mark_gone); no new attaches
  *   f  nothing refers to it any more (gen_maybe_free frees it at once)
  *
  * MODIFIED and FAILED are final: a new generation (reload) replaces them.
@@ -44,8 +48,9 @@
  * it stays until it is neither current nor pending of its model
  * (gen_is_live), no client holds it (attached), no warming job reads it
  * (warm.pending), no page operation is queued on it (ops_pending, see
- * pages.h) and, restored after a restart as held, it no longer waits for
- * its holders' HOLDs (hold_until_ms, restore.h). An unloaded model's generations
+ * pages.h), no poll checks its served descriptors (served_checks) and,
+ * restored after a restart as held, it no longer waits for its holders'
+ * HOLDs (hold_until_ms, restore.h). An unloaded model's generations
  * keep their state, with model NULL, until released. Three attributes are
  * not states either: pinned (what pages.c actually locked, and
  * pin_error: why less), populated
@@ -131,6 +136,11 @@ struct generation {
 	int source_replaced;        /* on a remote filesystem, not staged, and its files
 				       were replaced by another host (watch.c): pages
 				       not in memory may be unreadable */
+	/* The server no longer has its files (gen_mark_gone): the refusal
+	 * new attaches get, naming why and what to do; NULL otherwise. */
+	char *gone;
+	unsigned served_checks;     /* polls that fstat its served descriptors, queued
+				       or running (watch_poll.c): they keep it open */
 	/* A staged generation (stage.h) serves local copies: source.files are
 	 * the copies, origin the files they were copied from (path and stat
 	 * when copied), which polling compares with what the paths name now.
@@ -263,6 +273,17 @@ void gen_queue_pages(struct registry *r, struct generation *g, enum page_op op);
  * shorter), with a log line: -> MODIFIED, warming cancelled, and a pending
  * replacement dropped (it never becomes current) but not freed. */
 void gen_mark_modified(struct registry *r, struct generation *g, const char *file);
+
+/*
+ * Marks g, a generation served where it lies on a remote filesystem, as
+ * gone from the server (watch_poll.c: another host replaced or removed its
+ * files, no replacement loaded, and an fstat of the served descriptor of
+ * file failed with err, ESTALE or ENOENT): -> FAILED, warming cancelled,
+ * new attaches refused with g->gone, which also becomes its model's error
+ * (status), and logged. Workers that hold g keep it. Nothing when g is not
+ * attachable already.
+ */
+void gen_mark_gone(struct registry *r, struct generation *g, const char *file, int err);
 
 /* Takes and drops a client reference on g. gen_ref of a cold current
  * generation warms it again and returns 1 (the caller then applies the

@@ -360,6 +360,11 @@ registry_servable(struct model_entry *m, struct generation **out, char *msg, siz
 				"replace model files with rename(2), then reload", g->number);
 			return -ESTALE;
 		}
+		if (g->gone != NULL) {
+			/* Its files are gone from the remote server. */
+			snprintf(msg, msg_size, "%s", g->gone);
+			return -ESTALE;
+		}
 		snprintf(msg, msg_size, "generation %" PRIu64 " failed while warming", g->number);
 		return -EIO;
 	}
@@ -464,6 +469,10 @@ registry_failed(const struct model_entry *m, char *why, size_t why_size)
 	if (g->state != GEN_FAILED) {
 		snprintf(why, why_size, "its replacement failed (generation %" PRIu64
 					" still serving): %s", g->number, m->error);
+		return 1;
+	}
+	if (g->gone != NULL) {
+		snprintf(why, why_size, "%s", g->gone);
 		return 1;
 	}
 	snprintf(why, why_size, "generation %" PRIu64 " failed while warming%s%s", g->number,
@@ -627,6 +636,16 @@ void
 registry_mark_modified(struct registry *r, struct generation *g, const char *file)
 {
 	gen_mark_modified(r, g, file);
+}
+
+void
+registry_mark_gone(struct registry *r, struct generation *g, const char *file, int err)
+{
+	if (!gen_attachable(g))
+		return;
+	gen_mark_gone(r, g, file, err);
+	if (r->changed != NULL)
+		r->changed(r);
 }
 
 void

@@ -316,6 +316,11 @@ int registry_pages_wait(struct registry *r, const char *name, registry_done_fn d
  * call registry_collect() afterwards. */
 void registry_mark_modified(struct registry *r, struct generation *g, const char *file);
 
+/* Marks g, served where it lies on a remote filesystem, as gone from the
+ * server (gen_mark_gone: the served descriptor of file failed an fstat
+ * with err), with a log line; reported through r->changed. */
+void registry_mark_gone(struct registry *r, struct generation *g, const char *file, int err);
+
 /* Frees every generation nothing refers to any more. */
 void registry_collect(struct registry *r);
 
@@ -364,7 +369,8 @@ struct registry_attachment {
  * counts for the memory budget's LRU) and counts the attach. Returns 0 and
  * fills *out, or -errno with the message for the client in msg:
  * -ENOENT "not served", -EACCES (access denied), -EIO (never loaded, or
- * failed while warming), -ESTALE (modified in place). Refusals after the
+ * failed while warming), -ESTALE (modified in place, or its files gone
+ * from the remote server: gen_mark_gone). Refusals after the
  * access check count in the model's attach_errors, access refusals in
  * access_denied.
  */
@@ -431,14 +437,16 @@ void registry_attach_generation(struct registry *r, const struct model_entry *m,
 
 /* m's current generation if it may be attached (generation.h): 0 and *out,
  * or -EIO (never loaded, failed while warming) or -ESTALE (modified in
- * place) with the client's message, counted in m's attach_errors. */
+ * place, or its files gone from the remote server) with the client's
+ * message, counted in m's attach_errors. */
 int registry_servable(struct model_entry *m, struct generation **out, char *msg,
 	size_t msg_size);
 
 /*
  * Whether m is failed and nothing is mending it: its last load failed and
  * no generation serves, or its current generation failed while warming
- * (GEN_FAILED: a transient EIO), or its last replacement failed (m->error)
+ * (GEN_FAILED: a transient EIO) or is gone from its remote server
+ * (GEN_FAILED, gen_mark_gone), or its last replacement failed (m->error)
  * while an older generation still serves, with no load of it in flight and
  * no replacement warming. The first two refuse every attach, the third
  * serves old weights, until it is loaded again (`wcachectl reload NAME`, or

@@ -26,6 +26,11 @@
  * moving (said once per change, not at each poll), and only once per state
  * of the paths (a reload that failed, a half-written file say, is not
  * retried until the paths change again).
+ * A generation served where it lies whose files another host replaced
+ * (source_replaced) may be gone from the server while it still serves (the
+ * replacement failed to load): each poll also fstats its served
+ * descriptors, and once the server says it dropped one, the generation is
+ * no longer offered (check_served).
  * One poll per model runs at a time.
  */
 #include <errno.h>
@@ -52,6 +57,13 @@ struct poll_job {
 	struct stat *st;
 	int *err;           /* 0 or errno of each stat */
 	double seconds;     /* the stats took */
+	/* A generation whose files were replaced by another host, served
+	 * where they lie (source_replaced): its served descriptors, fstat'ed
+	 * too (check_served), while the job holds it open (served_checks). */
+	struct generation *checked;
+	size_t nfds;
+	int *fds;           /* checked->served_fds' numbers */
+	int *fd_err;        /* 0 or errno of each fstat */
 };
 
 static uint64_t
@@ -106,20 +118,27 @@ job_free(struct poll_job *j)
 	free(j->paths);
 	free(j->st);
 	free(j->err);
+	free(j->fds);
+	free(j->fd_err);
 	free(j->name);
 	free(j);
 }
 
-/* Work queue thread: stat every path. */
+/* Work queue thread: stat every path, and fstat the served descriptors
+ * of a generation checked (an fstat of a file the server dropped asks the
+ * server, and may wait on it as long as a stat). */
 static void
 poll_work(struct workq_job *work)
 {
 	struct poll_job *j = work->arg;
 	struct timespec a, b;
+	struct stat st;
 
 	clock_gettime(CLOCK_MONOTONIC, &a);
 	for (size_t i = 0; i < j->npaths; i++)
 		j->err[i] = stat(j->paths[i], &j->st[i]) == 0 ? 0 : errno;
+	for (size_t i = 0; i < j->nfds; i++)
+		j->fd_err[i] = fstat(j->fds[i], &st) == 0 ? 0 : errno;
 	clock_gettime(CLOCK_MONOTONIC, &b);
 	j->seconds = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) / 1e9;
 }
@@ -311,6 +330,31 @@ judge_failed(struct watch *w, struct polled *p, struct model_entry *m, const str
 	watch_mark_dirty(w, m->name);
 }
 
+/*
+ * Loop thread: what the fstats of the served descriptors of g (m's
+ * current generation, served where it lies on a remote filesystem, whose
+ * files another host replaced or removed, and whose replacement did not
+ * load) saw. ESTALE or ENOENT: the server dropped the file, so a new
+ * worker would fail to attach it ("Stale file handle"), or attach while
+ * its attributes are cached here and die of SIGBUS later; g is no longer
+ * offered (registry_mark_gone), with the reason and the remedy. A file
+ * only renamed away, or linked elsewhere, still answers: g keeps serving,
+ * and is looked at again at each poll. Any other error (EIO, a soft
+ * mount's ETIMEDOUT) says nothing: looked at again at the next poll.
+ */
+static void
+check_served(struct watch *w, struct generation *g, const struct poll_job *j)
+{
+	for (size_t i = 0; i < j->nfds && i < g->source.nfiles; i++) {
+		int e = j->fd_err[i];
+
+		if (e != ESTALE && e != ENOENT)
+			continue;
+		registry_mark_gone(w->reg, g, g->source.files[i].path, e);
+		return;
+	}
+}
+
 static void arm(struct watch *w);
 
 /* Loop thread: a poll ended. */
@@ -319,12 +363,17 @@ poll_after(struct workq_job *work, int status)
 {
 	struct poll_job *j = work->arg;
 	struct watch *w = j->w;
+	struct generation *checked = j->checked;
 	struct polled *p;
 	struct model_entry *m;
 
 	w->jobs--;
 	if (w->stopping) {
 		job_free(j);
+		if (checked != NULL) {
+			checked->served_checks--;
+			registry_collect(w->reg); /* frees it if nothing else holds it */
+		}
 		watch_free_if_idle(w);
 		return;
 	}
@@ -341,16 +390,38 @@ poll_after(struct workq_job *work, int status)
 			judge(w, p, m, m->current, j);
 		else if (m->current == NULL && j->generation == 0)
 			judge_failed(w, p, m, j);
+		/* Looked up again: judge may have asked for a reload, and
+		 * collected generations. */
+		m = registry_find(w->reg, j->name);
+		if (checked != NULL && m != NULL && m->entry_id == j->entry_id &&
+			m->current == checked && m->pending == NULL && m->loading == 0)
+			check_served(w, checked, j);
 	}
 	job_free(j);
+	if (checked != NULL) {
+		checked->served_checks--;
+		registry_collect(w->reg); /* frees it if nothing else holds it */
+	}
 	arm(w);
 }
 
-/* Queues a poll of m's paths; 0 or -errno. */
+/* Should a poll of m fstat the served descriptors of its current
+ * generation g (check_served)? When g is served where it lies on a remote
+ * filesystem, another host replaced its files, and new attaches still get
+ * it. */
+static int
+wants_check(const struct generation *g)
+{
+	return g != NULL && g->source_replaced && g->origin == NULL && g->fs.remote &&
+		g->served_fds != NULL && g->source.nfiles > 0 && gen_attachable(g);
+}
+
+/* Queues a poll of m's paths (and the check of its current generation's
+ * served descriptors, when wants_check); 0 or -errno. */
 static int
 start_poll(struct watch *w, struct polled *p, const struct model_entry *m)
 {
-	const struct generation *g = m->current; /* NULL: the last load failed */
+	struct generation *g = m->current; /* NULL: the last load failed */
 	struct poll_job *j = calloc(1, sizeof(*j));
 	size_t n = 1 + (g != NULL ? nfiles(g) : 0);
 	uint64_t fs;
@@ -379,6 +450,17 @@ start_poll(struct watch *w, struct polled *p, const struct model_entry *m)
 			return -ENOMEM;
 		}
 	}
+	if (wants_check(g)) {
+		if ((j->fds = calloc(g->source.nfiles, sizeof(*j->fds))) == NULL ||
+			(j->fd_err = calloc(g->source.nfiles, sizeof(*j->fd_err))) == NULL) {
+			job_free(j);
+			return -ENOMEM;
+		}
+		for (size_t i = 0; i < g->source.nfiles; i++)
+			j->fds[i] = g->served_fds[i];
+		j->nfds = g->source.nfiles;
+		j->checked = g;
+	}
 	j->w = w;
 	j->entry_id = m->entry_id;
 	j->generation = g != NULL ? g->number : 0;
@@ -395,7 +477,11 @@ start_poll(struct watch *w, struct polled *p, const struct model_entry *m)
 		fs = WORKQ_UNKNOWN;
 		snprintf(what, sizeof(what), "model \"%s\": a poll of its path", m->name);
 	}
+	if (j->checked != NULL)
+		j->checked->served_checks++; /* held open until poll_after */
 	if ((r = workq_submit(&w->reg->workq, &j->job, fs, what, poll_work, poll_after)) < 0) {
+		if (j->checked != NULL)
+			j->checked->served_checks--;
 		job_free(j);
 		return r;
 	}

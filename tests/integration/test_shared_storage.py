@@ -17,8 +17,11 @@ either, nor when a remote model's files close and it hangs in FLUSH
 (remotefs --flush); without
 staging (stage = no) a worker holding the old generation after a remote
 replacement gets SIGBUS on pages the kernel dropped (what the README says,
-and status marks that generation source_replaced). Staging is
-test_stage.py's.
+and status marks that generation source_replaced); when the replacement
+fails to load (an invalid file, or none) and the server no longer has the
+old file, that generation is no longer offered (status failed, a refusal
+that says why and what to do), while one whose file was only renamed away
+keeps serving. Staging is test_stage.py's.
 """
 import json
 import os
@@ -321,6 +324,82 @@ def test_unstaged_old_generation_gets_sigbus_after_a_remote_replacement(start, t
             w.kill()
             w.wait()
 
+
+
+INVALID = b"\x08\x00\x00\x00\x00\x00\x00\x00{}      " + b"x" * 100  # a header, no tensors
+
+
+def new_worker(d, source):
+    """A worker that attaches m now and checks its bytes against source."""
+    env = dict(os.environ, ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") + ":handle_sigbus=0")
+    return subprocess.run([binary("demo_worker"), "--socket", d.socket, "--verify",
+                           str(source), "m"],
+                          capture_output=True, text=True, timeout=60, env=env)
+
+
+@pytest.mark.parametrize("how", ["invalid", "removed"])
+def test_a_generation_whose_remote_files_are_gone_is_no_longer_offered(start, tmp_path,
+                                                                       remote, how):
+    """stage = no: another host replaces the model with a file that does not
+    load, or removes it. Generation 1's file is gone on the server, so a new
+    worker given it would fail with a bare "fstat: Stale file handle" (or,
+    while attributes are cached, attach and die of SIGBUS later). Once a
+    poll's fstat of its served descriptor says so, it is no longer offered:
+    status says failed with the reason and the remedy, and a new attach is
+    refused with them. A valid file published then serves at once."""
+    path = remote_model(tmp_path, remote)
+    d = start({"m": (path, {"poll_interval": "0.2", "stage": "no"})})
+    wait_generation(d, "m", 1)
+    if how == "invalid":
+        remote.replace("m.safetensors", INVALID)
+    else:
+        remote.remove("m.safetensors")
+    m = wait_until(lambda: (lambda e: e["state"] == "failed" and e)(model_entry(d, "m")),
+                   timeout=15, what="generation 1 no longer offered")
+    assert m["generation"] == 1, m
+    assert [(g["number"], g["state"], g["source_replaced"]) for g in m["generations"]] == \
+        [(1, "failed", True)], m
+    said = ("generation 1's files were replaced or removed on fuse by another host and the "
+            "replacement failed to load")
+    assert m["error"].startswith(said), m["error"]
+    assert "m.safetensors: fstat: Stale file handle" in m["error"], m["error"]
+    assert "set stage = yes or auto so that a local copy serves" in m["error"], m["error"]
+    d.wait_for_log(r'model "m": generation 1\'s files were replaced or removed on fuse by '
+                   r"another host and the replacement failed to load \(.+\); the server no "
+                   r"longer has them \(.*m\.safetensors: fstat: Stale file handle\), so "
+                   r"generation 1 is not served. Publish a valid model file at its path")
+    r = new_worker(d, tmp_path / "src1.safetensors")
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert f'model "m": {said}' in r.stderr and "Publish a valid model file" in r.stderr, \
+        r.stderr
+    # The remedy: a valid file, which serves at once (nothing else does).
+    remote.replace("m.safetensors", model_bytes(tmp_path, 2, "src2.safetensors"))
+    wait_generation(d, "m", 2, timeout=15)
+    r = new_worker(d, tmp_path / "src2.safetensors")
+    assert r.returncode == 0, r.stderr
+    assert "error" not in model_entry(d, "m")
+
+
+def test_a_replaced_remote_file_still_on_the_server_keeps_serving(start, tmp_path, remote):
+    """The control: another host renames the model away (the file stays on
+    the server under another name) and puts a file that does not load in
+    its place. Generation 1's descriptors still work, so it keeps serving,
+    poll after poll."""
+    path = remote_model(tmp_path, remote)
+    d = start({"m": (path, {"poll_interval": "0.2", "stage": "no"})})
+    wait_generation(d, "m", 1)
+    os.rename(remote.backing_path("m.safetensors"), remote.backing_path("old.safetensors"))
+    remote.replace("m.safetensors", INVALID)
+    d.wait_for_log(r'model "m": .*; generation 1 still serving')
+    polls = model_entry(d, "m")["polls"]
+    wait_until(lambda: model_entry(d, "m")["polls"] >= polls + 5, timeout=15,
+               what="5 polls after the failed replacement")
+    m = model_entry(d, "m")
+    assert (m["generation"], m["state"]) == (1, "ready"), m
+    assert m["generations"][0]["source_replaced"] is True, m
+    r = new_worker(d, tmp_path / "src1.safetensors")
+    assert r.returncode == 0, r.stderr
+    assert "replaced or removed on fuse" not in d.read_log()
 
 def test_poll_cost_is_flat_in_the_number_of_models(tmp_path, remote):
     """With 1 and with 24 polled models, a remote rename of one of them is

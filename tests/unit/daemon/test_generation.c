@@ -133,9 +133,9 @@ test_transition_table(void **state)
 	static const char *const expected[] = {
 		[GEN_NEW] = "WRC",
 		[GEN_WARMING] = "RcMFC",
-		[GEN_READY] = "WcMC",
+		[GEN_READY] = "WcMFC",
 		[GEN_COLD] = "WRrMFC",
-		[GEN_REWARM] = "WRcMC",
+		[GEN_REWARM] = "WRcMFC",
 		[GEN_MODIFIED] = "C",
 		[GEN_FAILED] = "MC",
 		[GEN_CLOSED] = "",
@@ -793,6 +793,48 @@ test_modified_in_place(void **state)
 	free(path);
 }
 
+/* A generation served where it lies on a remote filesystem whose files the
+ * server dropped after another host replaced them (watch_poll.c):
+ * failed, with the reason and the remedy in the refusal, in status's
+ * error and in registry_failed (a config reload loads it again). */
+static void
+test_gone_from_the_server(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 1024), *log;
+	struct registry_attachment a;
+	struct generation *g;
+	char msg[1024], why[1024];
+	const char *said = "generation 1's files were replaced or removed on nfs by another "
+			   "host and the replacement failed to load (m.safetensors: no "
+			   "tensors); the server no longer has them (/m/m.safetensors: fstat: "
+			   "Stale file handle), so generation 1 is not served. Publish a valid "
+			   "model file at its path (the next poll loads it), or set stage = yes "
+			   "or auto so that a local copy serves";
+
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 1), 0);
+	g = du_wait_state(t, "m", false, GEN_READY);
+	snprintf(g->fs.name, sizeof(g->fs.name), "nfs");
+	g->fs.remote = true;
+	g->source_replaced = 1;
+	g->model->error = strdup("m.safetensors: no tensors"); /* its replacement's load */
+	du_log_start(t);
+	registry_mark_gone(&t->reg, g, "/m/m.safetensors", ESTALE);
+	registry_mark_gone(&t->reg, g, "/m/m.safetensors", ESTALE); /* once only */
+	log = du_log_stop(t);
+	assert_logged(log, "generation 1: ready -> failed (its files are gone from the server)");
+	assert_int_equal(g->state, GEN_FAILED);
+	assert_string_equal(g->model->error, said);
+	assert_int_equal(registry_attach(&t->reg, "m", &root_peer, &a, msg, sizeof(msg)),
+		-ESTALE);
+	assert_string_equal(msg, said);
+	assert_int_equal(registry_failed(g->model, why, sizeof(why)), 1);
+	assert_string_equal(why, said);
+	assert_string_equal(metrics_model_state(g->model), "failed");
+	free(log);
+	free(path);
+}
+
 static void
 test_modified_replacement_dropped(void **state)
 {
@@ -1009,6 +1051,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_pin_unpin, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_pages_wait, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_modified_in_place, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_gone_from_the_server, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_modified_replacement_dropped, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_residency_rewarm, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_residency_cached, setup, teardown),
