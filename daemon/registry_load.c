@@ -471,6 +471,9 @@ still_served(const struct model_entry *m, char *buf, size_t len)
 	else if (g->state == GEN_MODIFIED)
 		snprintf(buf, len, "not served%s: generation %" PRIu64 " was modified in place",
 			next, g->number);
+	else if (g->state == GEN_FAILED && g->gone != NULL)
+		snprintf(buf, len, "not served%s: generation %" PRIu64 "'s files are gone from "
+			"the server", next, g->number);
 	else if (g->state == GEN_FAILED)
 		snprintf(buf, len, "not served%s: generation %" PRIu64 " failed while warming",
 			next, g->number);
