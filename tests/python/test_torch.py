@@ -3,6 +3,8 @@ checkpoint saved as .pt, and wcache.convert writes files wcache (and the
 byte layout of safetensors) agree with."""
 import json
 import os
+import select
+import signal
 import struct
 import subprocess
 import sys
@@ -186,6 +188,107 @@ def test_convert_names_a_file_that_is_no_checkpoint(tmp_path, capsys):
         assert "Traceback" not in err, (name, err)
         assert str(src) in err and "not a PyTorch checkpoint" in err, (name, err)
         assert not out.exists()
+
+
+def test_convert_refuses_two_tensors_of_one_flattened_name(tmp_path):
+    """"a.b" beside "a" -> {"b": t} are both "a.b" in safetensors: refused
+    (rev113 #1: the second silently replaced the first, exit 0)."""
+    from wcache.convert import ConvertError
+    out = tmp_path / "collide.safetensors"
+    clash = {"a.b": torch.ones(2), "a": {"b": torch.zeros(3)}, "c": torch.arange(4)}
+    for i, ck in enumerate((clash, {"state_dict": clash, "epoch": 1})):
+        pt = tmp_path / f"collide{i}.pt"
+        torch.save(ck, pt)
+        with pytest.raises(ConvertError, match="named 'a.b'"):
+            convert(str(pt), str(out))
+        assert not out.exists()
+    assert sorted(os.listdir(tmp_path)) == ["collide0.pt", "collide1.pt"]
+
+
+def test_convert_refuses_to_write_over_its_input(tmp_path, capsys):
+    """OUT naming IN's file (the same path, another spelling of it, a hard
+    link, a symlink) is refused, as wcachectl convert refuses it, and the
+    checkpoint is left as it was (rev113 #2: it was replaced by its
+    model's tensors, optimizer state and epoch gone)."""
+    from wcache.convert import main
+    ck = tmp_path / "ckpt.pt"
+    torch.save({"model": {"w": torch.ones(2)}, "optimizer": {"state": {}}, "epoch": 3}, ck)
+    before = ck.read_bytes()
+    os.link(ck, tmp_path / "hard.pt")
+    os.symlink(ck, tmp_path / "sym.pt")
+    pairs = [(ck, ck), (ck, tmp_path / "." / "ckpt.pt"), (ck, tmp_path / "hard.pt"),
+             (ck, tmp_path / "sym.pt"), (tmp_path / "sym.pt", ck)]
+    for src, dst in pairs:
+        status, err = main([str(src), str(dst)]), capsys.readouterr().err
+        assert status == 1, (src, dst, err)
+        assert f"{dst}: the output is the input {src}" in err, (src, dst, err)
+        assert ck.read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "hard.pt", "sym.pt"]
+    assert main([str(ck), str(tmp_path / "ckpt.safetensors")]) == 0
+
+
+def test_convert_refuses_a_tensor_named_metadata(tmp_path, capsys):
+    """"__metadata__" is the header's metadata key: a tensor of that name
+    is refused, as wcachectl convert refuses it (rev113 #6: exit 0 and a
+    file no reader opens)."""
+    from wcache.convert import main
+    pt = tmp_path / "md.pt"
+    torch.save({"__metadata__": torch.ones(2), "w": torch.zeros(1)}, pt)
+    out = tmp_path / "md.safetensors"
+    status, err = main([str(pt), str(out)]), capsys.readouterr().err
+    assert status == 1, err
+    assert "'__metadata__' cannot be written to safetensors (the name is reserved)" in err
+    assert sorted(os.listdir(tmp_path)) == ["md.pt"]
+
+
+# Runs python3 -m wcache.convert's main() with its write stalled once the
+# temporary file holds the header: writes b"x" to the fd argv[3] then, and
+# sleeps until a signal ends it.
+STALLED_CONVERT = r"""
+import os, signal, sys, time
+# as a shell starts a command (the test runner may ignore SIGHUP)
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
+signal.signal(signal.SIGINT, signal.default_int_handler)
+import wcache._serialize as ser
+from wcache.convert import main
+write_all = ser._write_all
+def stalled(f, chunks):
+    write_all(f, chunks[:1])
+    os.write(int(sys.argv[3]), b"x")
+    time.sleep(120)
+ser._write_all = stalled
+sys.exit(main(sys.argv[1:3]))
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_convert_ended_by_a_signal_leaves_no_temporary(tmp_path, sig):
+    """SIGTERM, SIGHUP (and SIGINT) during the write remove the temporary
+    file, and the command still ends by that signal, as wcachectl convert
+    does (rev113 #5: SIGTERM and SIGHUP left .OUT.*.tmp behind)."""
+    pt = tmp_path / "m.pt"
+    torch.save({"w": torch.zeros(64)}, pt)
+    out = tmp_path / "m.safetensors"
+    rfd, wfd = os.pipe()
+    p = subprocess.Popen([sys.executable, "-c", STALLED_CONVERT, str(pt), str(out), str(wfd)],
+                         pass_fds=(wfd,), env=dict(os.environ, PYTHONPATH=PYDIR),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    os.close(wfd)
+    try:
+        ready, _, _ = select.select([rfd], [], [], 120)
+        assert ready and os.read(rfd, 1) == b"x", p.communicate(timeout=60)
+        assert [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]  # it is there
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=60)
+    finally:
+        os.close(rfd)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == -sig, err
+    assert "Traceback" not in err, err
+    assert sorted(os.listdir(tmp_path)) == ["m.pt"]
 
 
 def test_state_dict_into_module(tmp_path, no_daemon):

@@ -11,7 +11,8 @@ runs no code from the file):
   "module" (the other entries, epoch counters and optimizer state, are
   listed on stderr and left out);
 - nested mappings of tensors, flattened with "." ("encoder" -> {"w": t}
-  becomes "encoder.w");
+  becomes "encoder.w"); two entries that flatten to one name ("a.b" next
+  to "a" -> {"b": t}) are refused, since the output could keep only one;
 - a pickled ``nn.Module`` (``torch.save(model)``): its ``state_dict()``.
   Unpickling a module runs code named in the file, which
   ``weights_only=True`` refuses; pass ``--trust-pickle`` to load it anyway,
@@ -32,12 +33,19 @@ The output is written to a temporary file in the same directory, flushed
 to disk, and renamed over the destination, so a reader never sees half a
 file and a failure leaves nothing behind; an output that exists and is not
 a regular file (a FIFO, /dev/stdout, /dev/null) is written into instead,
-as a shell redirection would.
+as a shell redirection would. An output that is the input (the same path,
+a symlink to it or a hard link of it) is refused, as ``wcachectl convert``
+refuses it: the rename would replace the checkpoint by the part of it that
+was converted. SIGINT, SIGTERM, SIGHUP and SIGQUIT (those not ignored)
+remove the temporary file before the command ends by the same signal, as
+``wcachectl convert`` does.
 """
 import argparse
 import os
+import signal
 import struct
 import sys
+import threading
 
 from ._dtypes import TORCH_TO_ST
 
@@ -61,6 +69,10 @@ def _flatten(torch, obj, prefix, out, skipped):
                                "string; safetensors names are strings")
         name = f"{prefix}.{key}" if prefix else key
         if _is_tensor(torch, value):
+            if name in out:
+                raise ConvertError(f"two tensors are named {name!r} once nested names are "
+                                   "joined with '.' (a key with a '.' and a nested mapping); "
+                                   "safetensors names are unique, so one would be lost")
             out[name] = value
         elif isinstance(value, torch.nn.Module):
             _flatten(torch, value.state_dict(), name, out, skipped)
@@ -127,6 +139,9 @@ def write_safetensors(tensors, out_path, metadata=None):
     shared = {name for group in shared_groups(tensors) for name in group}
     out = {}
     for name, t in tensors.items():
+        if name == "__metadata__":  # the header's metadata key: no reader could read it
+            raise ConvertError(f"tensor {name!r} cannot be written to safetensors (the name "
+                               "is reserved)")
         if TORCH_TO_ST.get(str(t.dtype)) is None:
             raise ConvertError(f"tensor {name!r}: safetensors has no type for {t.dtype}")
         if t.is_sparse or getattr(t, "is_quantized", False):
@@ -160,6 +175,23 @@ def _is_safetensors(src):
     return head[8:9] == b"{" and 2 <= n <= size - 8
 
 
+def _refuse_same_file(src, dst):
+    """Raises ConvertError when dst names the file src names (the same
+    path, a symlink to it, a hard link of it), as wcachectl convert's
+    refuse_same_file() does: writing dst would replace the checkpoint."""
+    try:
+        out = os.stat(dst)
+    except OSError:
+        return  # dst does not exist yet (or cannot be seen): not src
+    try:
+        inp = os.stat(src)
+    except OSError:
+        return  # torch.load names the problem
+    if (inp.st_dev, inp.st_ino) == (out.st_dev, out.st_ino):
+        raise ConvertError(f"{dst}: the output is the input {src}: write the conversion "
+                           "to another path")
+
+
 def convert(src, dst, trust_pickle=False, log=None):
     """Converts the checkpoint src to the safetensors file dst. Returns the
     tensor dict that was written. log(msg) receives notes (skipped entries,
@@ -167,6 +199,7 @@ def convert(src, dst, trust_pickle=False, log=None):
     import pickle
     import torch
     log = log or (lambda msg: None)
+    _refuse_same_file(src, dst)
     if _is_safetensors(src):
         raise ConvertError(f"{src}: not a PyTorch checkpoint: it is a safetensors file "
                            f"already (nothing to convert)")
@@ -199,6 +232,39 @@ def convert(src, dst, trust_pickle=False, log=None):
     return tensors
 
 
+# The signals that end a conversion; main() turns each into _Interrupted so
+# that the temporary file is removed (write_atomically unlinks it on any
+# exception), then ends the process by the same signal.
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+class _Interrupted(BaseException):
+    """A signal of _SIGNALS arrived (a BaseException, as KeyboardInterrupt
+    is, so that no except Exception swallows it)."""
+
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _on_signal(signum, frame):
+    raise _Interrupted(signum)
+
+
+def _catch_signals():
+    """Installs _on_signal for the signals of _SIGNALS not ignored (nohup's
+    SIGHUP stays ignored) and returns the handlers to restore; none in a
+    thread other than the main one, where Python cannot install them."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    old = {}
+    for sig in _SIGNALS:
+        handler = signal.getsignal(sig)
+        if handler != signal.SIG_IGN:
+            old[sig] = signal.signal(sig, _on_signal)
+    return old
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(
         prog="python3 -m wcache.convert",
@@ -213,11 +279,23 @@ def main(argv=None):
     def log(msg):
         print(f"wcache.convert: {args.src}: {msg}", file=sys.stderr)
 
+    old = _catch_signals()
     try:
         tensors = convert(args.src, args.dst, trust_pickle=args.trust_pickle, log=log)
     except (ConvertError, OSError) as e:
         print(f"wcache.convert: {e}", file=sys.stderr)
         return 1
+    except _Interrupted as e:
+        # The temporary file is gone; end as the signal's default action
+        # would, so the caller sees the signal in the exit status.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(e.signum, signal.SIG_DFL)
+        signal.raise_signal(e.signum)
+        return 128 + e.signum  # the default action of each of _SIGNALS ends the process
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     print(f"{args.dst}: {len(tensors)} tensors, {total} bytes")
     return 0
