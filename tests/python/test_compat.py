@@ -83,6 +83,63 @@ def test_serialize_and_deserialize():
     assert wnp.load(blob)["t"].dtype == np.float32
 
 
+def test_serialize_dict_form_doubles_the_last_dimension_of_f4():
+    """Upstream's prepare (bindings/python/src/lib.rs) doubles a
+    float4_e2m1fn_x2 dict's last dimension (two values per byte), as
+    TensorSpec does: shape [2, 3] of 6 bytes is recorded as [2, 6] (rev113
+    #7: the dict form recorded [2, 3] and refused 6 bytes)."""
+    data = bytes(range(6))
+    want = expected_file('{"x":{"dtype":"F4","shape":[2,6],"data_offsets":[0,6]}}', data)
+    assert wcache.serialize({"x": {"dtype": "float4_e2m1fn_x2", "shape": [2, 3],
+                                   "data": data}}) == want
+    buf = bytearray(data)
+    addr = np.frombuffer(buf, dtype=np.uint8).ctypes.data
+    spec = wcache.TensorSpec(dtype="float4_e2m1fn_x2", shape=[2, 3], data_ptr=addr,
+                             data_len=6)
+    assert wcache.serialize({"x": spec}) == want
+
+
+@pytest.mark.parametrize("shape", [[2.7], [2.0], ["2"], "2"])
+def test_serialize_refuses_a_dimension_that_is_not_an_integer(shape):
+    """Upstream extracts the shape as Vec<usize>: a float or a str is a
+    TypeError, not truncated or parsed (rev113 #8: [2.7] was written as
+    [2]). Integers of other types (numpy's, torch.Size's) are dimensions."""
+    with pytest.raises(TypeError):
+        wcache.serialize({"x": {"dtype": "uint8", "shape": shape, "data": b"ab"}})
+    with pytest.raises(TypeError):
+        wcache.TensorSpec(dtype="uint8", shape=shape, data_ptr=0, data_len=2)
+    for ok in ([np.int64(2)], torch.Size([2]), (2,)):
+        assert wcache.serialize({"x": {"dtype": "uint8", "shape": ok, "data": b"ab"}}) == \
+            expected_file('{"x":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}', b"ab")
+
+
+def test_a_tensor_named_metadata_is_refused(tmp_path):
+    """"__metadata__" is the header's metadata key (upstream's format and
+    its JSON schema: a map of strings). Upstream 0.8 writes such a tensor
+    anyway, a file none of its readers opens (its issue #849; PR #850, not
+    merged, refuses it with a SafetensorError); wcache refuses it as its C
+    writer does, with a SafetensorError, and writes nothing (rev113 #6:
+    the metadata was dropped and the file unreadable). A longer name is an
+    ordinary name."""
+    path = tmp_path / "md.safetensors"
+    calls = [lambda: wtorch.save_file({"__metadata__": torch.ones(2), "w": torch.zeros(1)},
+                                      path, metadata={"format": "pt"}),
+             lambda: wtorch.save({"__metadata__": torch.ones(2)}),
+             lambda: wnp.save_file({"__metadata__": np.ones(2)}, path),
+             lambda: wcache.serialize({"__metadata__": {"dtype": "uint8", "shape": [1],
+                                                        "data": b"a"}}, metadata={}),
+             lambda: wcache.serialize_file({"__metadata__": {"dtype": "uint8", "shape": [1],
+                                                             "data": b"a"}}, path)]
+    for call in calls:
+        with pytest.raises(wcache.SafetensorError,
+                           match="'__metadata__' cannot be written to safetensors "
+                                 r"\(the name is reserved\)"):
+            call()
+        assert os.listdir(tmp_path) == []
+    blob = wtorch.save({"__metadata___": torch.ones(2)}, metadata={"format": "pt"})
+    assert torch.equal(wtorch.load(blob)["__metadata___"], torch.ones(2))
+
+
 # Headers whose JSON parses but whose values are not of upstream's types
 # (serde: shape Vec<usize>, data_offsets (usize, usize), __metadata__
 # HashMap<String, String>): upstream raises SafetensorError for each.

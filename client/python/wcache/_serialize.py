@@ -36,6 +36,7 @@ user may give it, its owner and group.
 import ctypes
 import errno
 import json
+import operator
 import os
 import stat
 import struct
@@ -94,9 +95,7 @@ class TensorSpec:
 
     def __init__(self, *, dtype, shape, data_ptr, data_len):
         self._st = _dtype(dtype)
-        shape = [int(x) for x in shape]
-        if self._st == "F4" and shape:
-            shape[-1] *= 2
+        shape = _storage_shape(self._st, shape)
         self.dtype, self.shape = dtype, shape
         self.data_ptr, self.data_len = int(data_ptr), int(data_len)
 
@@ -105,21 +104,42 @@ class TensorSpec:
                 f"data_ptr={self.data_ptr}, data_len={self.data_len})")
 
 
+def _storage_shape(st, shape):
+    """The shape recorded for a tensor of safetensors dtype st given the
+    shape a caller passed: each dimension an integer (operator.index: int,
+    a numpy integer, a torch.Size entry; a float or a str is a TypeError, as
+    upstream's extraction to Vec<usize> refuses them), and for F4 the last
+    dimension doubled (two values per byte), as upstream does for a
+    TensorSpec and for the dict form alike."""
+    shape = [operator.index(x) for x in shape]
+    if st == "F4" and shape:
+        shape[-1] *= 2
+    return shape
+
+
 def _entry(name, value):
     """(safetensors dtype, shape, buffer) of one serialize input: a
     TensorSpec or upstream 0.7's {"dtype", "shape", "data"} dict."""
     if not isinstance(name, str):
         raise TypeError(f"tensor names are str, not {type(name).__name__}")
+    if name == "__metadata__":
+        # The header's metadata key: the file would hold no metadata, or two
+        # entries of that name, and no reader could read it. The C writer
+        # refuses it in these words (upstream writes such a file: its issue
+        # #849).
+        raise SafetensorError(f"Error while serializing: tensor {name!r} cannot be written "
+                              "to safetensors (the name is reserved)")
     if isinstance(value, TensorSpec):
         data = (ctypes.c_char * value.data_len).from_address(value.data_ptr) \
             if value.data_len else b""
         st, shape = value._st, value.shape
     elif isinstance(value, dict):
         if not {"dtype", "shape", "data"} <= value.keys():
-            raise InvalidTensorSpec(f"tensor {name!r}: a dict needs dtype, shape and data (upstream "
-                            f"0.7's form), or pass a TensorSpec; got keys {sorted(value)}")
+            raise InvalidTensorSpec(f"tensor {name!r}: a dict needs dtype, shape and data "
+                                    f"(upstream 0.7's form), or pass a TensorSpec; got keys "
+                                    f"{sorted(value)}")
         st = _dtype(value["dtype"])
-        shape = [int(x) for x in value["shape"]]
+        shape = _storage_shape(st, value["shape"])
         data = value["data"]
     else:
         raise TypeError(f"tensor {name!r}: expected a TensorSpec or a dict of dtype, shape "
