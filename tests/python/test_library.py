@@ -195,3 +195,32 @@ def test_library_path_while_another_thread_loads_the_library(monkeypatch, where)
             break
         k += 1
     assert k > 10
+
+
+def test_a_handle_finalized_while_the_library_lock_is_held_does_not_hang(monkeypatch,
+                                                                         model_path):
+    """A garbage collection can finalize a model (and a client) in a thread
+    that holds _lib's lock, loading the library: the release must not take
+    that lock. Before, _Handle.__del__ called _lib.lib(), which takes it
+    whenever _lib is unset: a test that unsets it while handles were
+    garbage (test_library_path_while_another_thread_loads_the_library run
+    after test_torch) hung the whole suite."""
+    import gc
+    import threading
+    from wcache import _lib
+    model = wcache.open_file(model_path)
+    cycle = [model]
+    cycle.append(cycle)  # freed only by a collection
+    del model, cycle
+    done = threading.Event()
+
+    def collect_under_the_lock():
+        with _lib._lock:
+            monkeypatch.setattr(_lib, "_lib", None)  # as while _load runs
+            gc.collect()
+        done.set()
+
+    t = threading.Thread(target=collect_under_the_lock, daemon=True)
+    t.start()
+    t.join(10)
+    assert done.is_set(), "a handle's release waited for _lib's lock"

@@ -79,19 +79,23 @@ def _info(t):
 
 
 class _Handle:
-    """Owns one C wc_model; releases it when the last reference goes."""
-    __slots__ = ("ptr", "label", "client", "__weakref__")
+    """Owns one C wc_model; releases it when the last reference goes,
+    through the library that made it (kept here: a finalizer may run, by a
+    garbage collection, in a thread that holds _lib's lock, loading the
+    library, and must not take that lock)."""
+    __slots__ = ("ptr", "label", "client", "lib", "__weakref__")
 
     def __init__(self, ptr, label, client=None):
         self.ptr = ptr
         self.label = label
         self.client = client      # keeps the connection open for RELEASE
+        self.lib = _lib.lib()     # loaded already: ptr came from it
 
     def __del__(self):
         ptr, self.ptr = self.ptr, None
         if ptr:
             try:
-                _lib.lib().wc_release(ptr)
+                self.lib.wc_release(ptr)
             except Exception:  # interpreter shutdown: the process unmaps anyway
                 pass
 
@@ -417,6 +421,7 @@ class Client:
 
     def __init__(self, ptr, socket):
         self._ptr = ptr
+        self._lib = _lib.lib()  # ptr's library, for wc_disconnect (see _Handle)
         self._closing = False  # close() was called
         self._users = 0        # calls using _ptr now (in process _users_pid)
         self._users_pid = os.getpid()
@@ -447,7 +452,7 @@ class Client:
             if self._closing and self._users == 0:
                 ptr, self._ptr = self._ptr, None
         if ptr:
-            _lib.lib().wc_disconnect(ptr)
+            self._lib.wc_disconnect(ptr)
 
     def attach(self, name):
         """Attaches the model wcached serves as name (a configured name or the
@@ -500,7 +505,7 @@ class Client:
             if self._users == 0:
                 ptr, self._ptr = self._ptr, None
         if ptr:
-            _lib.lib().wc_disconnect(ptr)
+            self._lib.wc_disconnect(ptr)
 
     def __del__(self):
         try:
