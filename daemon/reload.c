@@ -419,8 +419,11 @@ rewarm_what_fits(struct daemon *d, uint64_t was)
 	struct rewarm_candidate *c;
 	size_t n = 0, cap = 0;
 
-	if (budget != 0 && (was == 0 || budget <= was))
-		return; /* not raised */
+	/* Raised (a budget above the one before) or removed (none now, one
+	 * before); a reload with no budget before or after leaves alone
+	 * what `wcachectl evict` made cold. */
+	if (budget != 0 ? (was == 0 || budget <= was) : was == 0)
+		return;
 	for (struct model_entry *m = r->models; m != NULL; m = m->next) {
 		if (m->current != NULL && gen_holds_memory(m->current))
 			total += m->current->bytes;

@@ -423,6 +423,16 @@ def test_reload_raising_or_removing_budget_warms_what_fits(start, tmp_path):
     r = ctl(d, "status")
     assert r.returncode == 0, r.stdout + r.stderr
 
+    # No budget before or after: a reload leaves alone what `wcachectl
+    # evict` made cold (review rev125: ad8fb9b warmed it again, logging
+    # "memory_budget removed (was 0 MiB)").
+    assert ctl(d, "evict", "a").returncode == 0
+    wait_cold(d, "a")
+    assert ctl(d, "reload").returncode == 0
+    time.sleep(1)
+    assert by_state(settled(d, ["a"]), "cold") == ["a"]
+    assert "(was 0 MiB)" not in d.read_log()
+
 
 def test_pin_cold_model_enforces_budget(start, tmp_path):
     """Pinning a cold model warms it, so it enforces the budget (once a bug:
