@@ -29,7 +29,7 @@
 void
 batch_check_fit(struct daemon *d)
 {
-	uint64_t total = 0;
+	uint64_t total = 0, pinned = 0;
 	unsigned n = 0;
 	char src[400];
 
@@ -37,15 +37,18 @@ batch_check_fit(struct daemon *d)
 		if (m->current == NULL)
 			continue;
 		total += m->current->bytes;
+		pinned += m->pin == PIN_ALL ? m->current->bytes : 0;
 		n++;
 	}
-	if (memlimit_fits(&d->mem, total, d->reg.memory_budget))
+	if (memlimit_fits(&d->mem, total, pinned, d->reg.memory_budget))
 		return;
 	/* A budget set above the limit has its own warning (reload.c). */
 	log_warnx("the %u model%s served (%" PRIu64 " MiB) do not fit under the memory limit "
 		  "in force (%" PRIu64 " MiB, %s): the kernel will reclaim warm pages and "
 		  "workers will read from disk; %s", n, n == 1 ? "" : "s", total >> 20,
 		d->mem.limit >> 20, memlimit_source(&d->mem, src, sizeof(src)),
+		pinned > d->mem.limit ? "the models pinned whole (pin = all) alone do not fit: "
+					"pin fewer" :
 		d->reg.memory_budget != 0 ? "set memory_budget below that limit" :
 		d->mem.kind == MEMLIMIT_RAM ? "serve fewer models, or set memory_budget to keep "
 					      "the most used ones warm" :

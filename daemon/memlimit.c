@@ -288,10 +288,12 @@ memlimit_kind_name(enum memlimit_kind k)
 }
 
 int
-memlimit_fits(const struct memlimit *m, uint64_t models, uint64_t budget)
+memlimit_fits(const struct memlimit *m, uint64_t models, uint64_t pinned, uint64_t budget)
 {
 	uint64_t warm = budget != 0 && budget < models ? budget : models;
 
+	if (warm < pinned)
+		warm = pinned;
 	return m->limit == 0 || warm <= m->limit;
 }
 

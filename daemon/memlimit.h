@@ -55,10 +55,11 @@ void memlimit_read(const char *root, uint64_t ram, struct memlimit *out);
 const char *memlimit_source(const struct memlimit *m, char *buf, size_t len);
 
 /* Whether what the models keep warm fits under m's limit: models bytes
- * served, of which a memory budget (0: none) keeps at most budget warm. 1
- * when there is no limit. The start's warning and status's "fits" both
- * ask this. */
-int memlimit_fits(const struct memlimit *m, uint64_t models, uint64_t budget);
+ * served, of which a memory budget (0: none) keeps at most budget warm,
+ * but never less than the pinned bytes (pin = all: the budget evicts no
+ * pinned model). 1 when there is no limit. The start's warning and
+ * status's "fits" both ask this. */
+int memlimit_fits(const struct memlimit *m, uint64_t models, uint64_t pinned, uint64_t budget);
 
 /* The word metrics label the kind with: "ram", "cgroup_v2", "cgroup_v1". */
 const char *memlimit_kind_name(enum memlimit_kind k);

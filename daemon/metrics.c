@@ -407,12 +407,15 @@ write_workq_json(FILE *f, const struct workq *q)
 static void
 write_memory_json(FILE *f, const struct registry *reg, const struct memlimit *mem)
 {
-	uint64_t models = 0;
+	uint64_t models = 0, pinned = 0;
 	char src[400];
 
-	for (const struct model_entry *m = reg->models; m != NULL; m = m->next)
-		if (m->current != NULL)
-			models += m->current->bytes;
+	for (const struct model_entry *m = reg->models; m != NULL; m = m->next) {
+		if (m->current == NULL)
+			continue;
+		models += m->current->bytes;
+		pinned += m->pin == PIN_ALL ? m->current->bytes : 0;
+	}
 	fprintf(f, ",\"memory\":{\"ram\":%" PRIu64 ",\"limit\":%" PRIu64, mem->ram, mem->limit);
 	json_write_field(f, "limit_source", memlimit_source(mem, src, sizeof(src)));
 	json_write_field(f, "limit_kind", memlimit_kind_name(mem->kind));
@@ -423,7 +426,7 @@ write_memory_json(FILE *f, const struct registry *reg, const struct memlimit *me
 	fprintf(f, ",\"budget\":%" PRIu64 ",\"models_bytes\":%" PRIu64
 		   ",\"derived_bytes\":%" PRIu64 ",\"fits\":%s}", reg->memory_budget, models,
 		reg->derived_bytes,
-		memlimit_fits(mem, models, reg->memory_budget) ? "true" : "false");
+		memlimit_fits(mem, models, pinned, reg->memory_budget) ? "true" : "false");
 }
 
 /* The watch label of wcached_model_info: how m's updates are seen now.

@@ -91,7 +91,8 @@ def make(tmp_path, name, seed, min_bytes):
 def start(tmp_path, cgroup):
     """start(models, extra): a Daemon in the test's cgroup, stopped (exit 0)
     before the cgroup is removed."""
-    yield from daemons(lambda models, extra: Daemon(tmp_path, models, extra, cgroup=cgroup[1]))
+    yield from daemons(lambda models, extra, **kw: Daemon(tmp_path, models, extra,
+                                                          cgroup=cgroup[1], **kw))
 
 
 def metric(d, name):
@@ -189,6 +190,23 @@ def test_a_budget_under_the_limit_fits(start, tmp_path, cgroup):
     out = ctl(d, "status").stdout
     assert "do not fit" not in out, out
     assert "do not fit" not in d.read_log()
+
+
+def test_models_pinned_whole_do_not_fit_whatever_the_budget(start, tmp_path, cgroup):
+    """The budget evicts no model pinned whole (pin = all): three such
+    models of more than the limit do not fit, whatever memory_budget says,
+    and the warning says why (review rev125: c433ee7 counted the budget
+    alone, so they "fit" and the warning was gone)."""
+    version, directory, path, limit_file, set_limit = cgroup
+    set_limit(128 * MiB)
+    models = {n: (make(tmp_path, n, seed, 48 * MiB), {"pin": "all"})
+              for n, seed in (("a", 1), ("b", 2), ("c", 3))}
+    # As a user without CAP_IPC_LOCK: its pins fail (RLIMIT_MEMLOCK), so
+    # nothing is charged to the cgroup; the configured pins are what count.
+    d = start(models, "memory_budget = 56M\n", user=(65534, 65534))
+    t, line = d.wait_for_log(r"do not fit under the memory limit in force \(128 MiB")
+    assert "the models pinned whole (pin = all) alone do not fit: pin fewer" in line, line
+    assert status(d)["memory"]["fits"] is False
 
 
 def test_budget_above_the_limit_is_named(start, tmp_path, cgroup):
