@@ -173,6 +173,12 @@ def test_convert_names_a_file_that_is_no_checkpoint(tmp_path, capsys):
     cases = {"notes.txt": b"hello\n", "empty.pt": b"",
              "cut.pt": good.read_bytes()[:40],
              "model.safetensors": wcache_torch.save({"w": torch.zeros(2)})}
+    # A safetensors file whose header starts with JSON whitespace (upstream
+    # and the C reader accept it): before, it went to torch.load, which told
+    # the user to pass --trust-pickle (review rev126 #3).
+    header = b' {"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}'
+    header += b" " * (-len(header) % 8)
+    cases["spaced.safetensors"] = (len(header).to_bytes(8, "little") + header + bytes(8))
     out = tmp_path / "out.safetensors"
     for name, data in cases.items():
         src = tmp_path / name
@@ -187,6 +193,8 @@ def test_convert_names_a_file_that_is_no_checkpoint(tmp_path, capsys):
         assert status == 1, (name, err)
         assert "Traceback" not in err, (name, err)
         assert str(src) in err and "not a PyTorch checkpoint" in err, (name, err)
+        if name.endswith(".safetensors"):
+            assert "safetensors file already" in err, (name, err)
         assert not out.exists()
 
 

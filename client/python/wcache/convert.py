@@ -165,14 +165,17 @@ def _is_safetensors(src):
     objects to trust."""
     try:
         with open(src, "rb") as f:
-            head = f.read(9)
+            head = f.read(8 + 4096)
             size = os.fstat(f.fileno()).st_size
     except OSError:
         return False
     if len(head) < 9:
         return False
     n = struct.unpack("<Q", head[:8])[0]
-    return head[8:9] == b"{" and 2 <= n <= size - 8
+    # JSON whitespace may lead the header (upstream and the C reader accept
+    # it: client/format/diagnose.c), within the n bytes the length names.
+    text = head[8:8 + min(n, 4096)].lstrip(b" \t\r\n")
+    return text[:1] == b"{" and 2 <= n <= size - 8
 
 
 def _refuse_same_file(src, dst):
