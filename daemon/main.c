@@ -102,7 +102,7 @@ in_group(gid_t gid)
  * RuntimeDirectory makes /run/wcached at start). Returns 1 for an error.
  */
 static int
-check_socket_path(const char *key, const char *path)
+check_socket_path(const char *key, const char *path, int made_by_root)
 {
 	char *dir = strdup(path), *slash;
 	struct stat st;
@@ -125,7 +125,8 @@ check_socket_path(const char *key, const char *path)
 			fprintf(stderr, "wcached: %s = %s: %s is not a directory\n", key, path,
 				dir);
 			bad = 1;
-		} else if (faccessat(AT_FDCWD, dir, W_OK | X_OK, AT_EACCESS) == -1) {
+		} else if (!made_by_root &&
+			   faccessat(AT_FDCWD, dir, W_OK | X_OK, AT_EACCESS) == -1) {
 			int e = errno;
 
 			fprintf(stderr, "wcached: %s%s = %s: uid %u cannot %s in %s: %s (%s)\n",
@@ -146,12 +147,15 @@ check_socket_path(const char *key, const char *path)
  * --check of control_group: run as the daemon's user (not root), a group
  * it is not in is what its start meets: the control socket cannot be given
  * to that group (an error; it was a warning, and the start then died). As
- * root, wcached makes the socket as root and may give it to any group.
+ * root, or with `user =` (a wcached started as root makes its sockets
+ * before it drops to that user), the socket is made as root and may go to
+ * any group.
  */
 static int
 check_control_group(const struct config *cfg)
 {
-	if (cfg->control_group == NULL || geteuid() == 0 || in_group(cfg->control_gid))
+	if (cfg->control_group == NULL || geteuid() == 0 || cfg->user != NULL ||
+	    in_group(cfg->control_gid))
 		return 0;
 	fprintf(stderr, "wcached: control_group = %s: this user (uid %u) is not in that group: "
 			"wcached running as it cannot give the control socket to it (add the "
@@ -321,8 +325,15 @@ check(const char *path)
 		return 1;
 	}
 	as_user = root && cfg->user != NULL && cfg->user_uid != 0;
-	bad |= check_socket_path("socket", cfg->socket_path);
-	bad |= check_socket_path("control", cfg->control_path);
+	/* With `user =`, root makes the sockets: this user's rights on their
+	 * directories say nothing (run as root, --check is root anyway). */
+	bad |= check_socket_path("socket", cfg->socket_path, cfg->user != NULL);
+	bad |= check_socket_path("control", cfg->control_path, cfg->user != NULL);
+	if (!root && cfg->user != NULL)
+		fprintf(stderr, "wcached: note: user = %s: a wcached started as root makes its "
+				"sockets as root, so their directories and control_group were not "
+				"checked for uid %u (run --check as root for those)\n", cfg->user,
+			(unsigned)geteuid());
 	bad |= check_control_group(cfg);
 	bad |= check_stage_dir(cfg, as_user ? cfg->user_uid : geteuid(), as_user);
 	bad |= as_user ? check_models_as_user(cfg) : check_models(cfg);
