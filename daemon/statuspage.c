@@ -158,8 +158,9 @@ statuspage_slot_for(struct statuspage *p, const char *name, unsigned *slot)
 	if (p->nslots >= STATUS_SLOTS) {
 		free(n);
 		return error_set(-ENOSPC, "model \"%s\": the status page has no slot left: "
-			"each of %u model names served since wcached started keeps one (a "
-			"restart frees those no longer configured)", name, STATUS_SLOTS - 1);
+			"each of %u model names served since wcached started keeps one, "
+			"across warm restarts too (a cold start, systemctl stop then start, "
+			"frees those no longer configured)", name, STATUS_SLOTS - 1);
 	}
 	if ((slots = realloc(p->slots, (p->nslots + 1) * sizeof(*slots))) == NULL) {
 		free(n);

@@ -52,8 +52,8 @@ int statuspage_adopt(struct statuspage *p, int fd);
 
 /* The slot of name: the one it had before, or a given-back one, or a new
  * one, in *slot. 0, or -ENOSPC when all STATUS_SLOTS - 1 are taken (each
- * by a name served since the start: a restart frees those no longer
- * configured), -ENOMEM; the message says which. */
+ * by a name served since the start, warm restarts included: a cold start
+ * frees those no longer configured), -ENOMEM; the message says which. */
 int statuspage_slot_for(struct statuspage *p, const char *name, unsigned *slot);
 
 /* Gives slot back when its name never had a generation (last_generation
