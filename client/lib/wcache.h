@@ -243,7 +243,8 @@ typedef void wc_written_fn(size_t index, void *arg);
 
 /*
  * As wc_build_publish(), and calls written(index, arg) as soon as
- * tensors[index]'s data has been written into the artifact (in name order,
+ * tensors[index]'s data has been written into the artifact (in the order
+ * the file holds them: upstream's, by dtype, widest first, then by name;
  * each tensor once, on the calling thread, before the artifact is sent):
  * from then on the caller may free or reuse that tensor's memory. A builder
  * that frees each tensor there never holds its whole result and the whole

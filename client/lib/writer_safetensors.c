@@ -7,9 +7,11 @@
  * (safetensors/src/tensor.rs prepare(): "sorting by descending dtype
  * alignment, then by name"), then by name in byte order. The data starts at
  * a multiple of 8 and each dtype's tensors fill whole elements, so every
- * tensor starts at a multiple of its element size, and the file is the one
- * upstream's save_file (and our Python writer, _serialize.py) writes for the
- * same tensors and metadata.
+ * tensor starts at a multiple of its element size: the layout upstream's
+ * save_file gives the same tensors (tensor order and offsets; upstream
+ * writes __metadata__'s keys in a HashMap's order, we sort them), and the
+ * bytes our Python writer (_serialize.py) writes, but for an empty
+ * metadata map, which is not written here.
  *
  * The header is built in memory (open_memstream) and held to the limit the
  * reader enforces (ST_MAX_HEADER, format/safetensors.h), so that we never
