@@ -57,13 +57,13 @@ is_option(const char *arg, const char *name)
 	return strncmp(arg, name, n) == 0 && (arg[n] == '\0' || arg[n] == '=');
 }
 
-/* Whether --json is among the global options (before COMMAND), wherever:
- * a usage error found before it is read still owes stdout its one JSON
- * object. */
+/* Whether --json is given, before COMMAND or after it (where a control
+ * command takes it too), wherever: a usage error found before it is read
+ * still owes stdout its one JSON object. */
 static int
 json_asked(int argc, char **argv)
 {
-	for (int i = 1; i < argc && argv[i][0] == '-'; i++) {
+	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--json") == 0)
 			return 1;
 		if (strcmp(argv[i], "-c") == 0 || strcmp(argv[i], "--config") == 0 ||
@@ -88,7 +88,7 @@ static int
 run(int argc, char **argv)
 {
 	const char *config = NULL, *control = NULL;
-	int json = json_asked(argc, argv), i;
+	int json = json_asked(argc, argv), global_json = 0, i;
 
 	for (i = 1; i < argc && argv[i][0] == '-'; i++) {
 		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -103,7 +103,9 @@ run(int argc, char **argv)
 		} else if (is_option(argv[i], "--control")) {
 			if ((control = option_value(argc, argv, &i, "--control")) == NULL)
 				return usage(json, 2);
-		} else if (strcmp(argv[i], "--json") != 0) {
+		} else if (strcmp(argv[i], "--json") == 0) {
+			global_json = 1;
+		} else {
 			return usage(json, ctl_usage_error(NULL, "unknown option \"%s\"", argv[i]));
 		}
 	}
@@ -112,7 +114,8 @@ run(int argc, char **argv)
 			"give -c CONFIG or --control PATH, not both"));
 	if (i == argc)
 		return usage(json, ctl_usage_error(NULL, "missing COMMAND"));
-	return ctl_run(argc - i, argv + i, config, control, json);
+	/* The command reads its own options, --json after it included. */
+	return ctl_run(argc - i, argv + i, config, control, global_json);
 }
 
 /* Every command, --help and --version included, ends with the check that

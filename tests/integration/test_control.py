@@ -377,7 +377,10 @@ def test_json_is_one_object_whatever_happens(tmp_path, daemon):
                  # nothing on stdout), and --json before a file command.
                  ["--json", "bogus"], ["--json"], ["--json", "--bogus", "status"],
                  ["--bogus", "--json", "status"], ["--json", "-c"],
-                 ["--json", "attach", "small"], ["--json", "load", "x", ""]):
+                 ["--json", "attach", "small"], ["--json", "load", "x", ""],
+                 # --json after the command, an error before it (review rev126).
+                 ["--frob", "status", "--json"], ["-c", "x", "--control", "y", "status",
+                                                  "--json"]):
         r = subprocess.run([binary("wcachectl"), *args], capture_output=True, text=True)
         assert r.returncode in (1, 2), (args, r.returncode)
         reply = json.loads(r.stdout)
