@@ -73,8 +73,9 @@ int writer_safetensors_fd(const wc_tensor *tensors, size_t n, const char *const 
 
 /* As writer_safetensors_fd(), calling written(i, arg) (when not NULL) as
  * soon as tensors[i]'s data has been read, in the order the file holds
- * them (upstream's: by dtype, widest first, then by name), each once; never for a tensor not yet read, so a failed
- * write leaves some uncalled. */
+ * them (upstream's: by dtype, widest first, then by name), each once;
+ * never for a tensor not yet read, so a failed write leaves some
+ * uncalled. */
 int writer_safetensors_fd_each(const wc_tensor *tensors, size_t n, const char *const *metadata,
 	size_t nmeta, int fd, const char *what, wc_written_fn *written, void *arg);
 
