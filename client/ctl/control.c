@@ -153,6 +153,10 @@ client_socket_hint(const char *path)
 	free(beside);
 }
 
+/* The configuration file the control socket's path was read from (-c),
+ * for the message when nothing listens there; NULL otherwise. */
+static const char *path_config;
+
 /* Connects to the control socket; prints why not and returns -1. */
 static int
 control_connect(const char *path)
@@ -177,6 +181,13 @@ control_connect(const char *path)
 	if (e == EPROTOTYPE)
 		/* A SOCK_SEQPACKET socket: wcached's client socket, most likely. */
 		client_socket_hint(path);
+	else if ((e == ENOENT || e == ECONNREFUSED) && path_config != NULL)
+		/* systemctl reload after an edit of `control =`: the running
+		 * wcached keeps its socket until it restarts. */
+		ctl_error("wcached is not running: no control socket at %s (%s), the `control` of "
+			  "%s (a changed `control` applies at wcached's next restart: until "
+			  "then give --control the path it listens on)", path, strerror(e),
+			path_config);
 	else if (e == ENOENT || e == ECONNREFUSED)
 		ctl_error("wcached is not running: no control socket at %s (%s)",
 			path, strerror(e));
@@ -565,6 +576,7 @@ socket_path(const char *config, const char *control)
 	} else if (config != NULL) {
 		if (control_from_config(config, &path) < 0)
 			return NULL;
+		path_config = config;
 		if (path == NULL) /* the daemon's default, whatever the environment says */
 			path = strdup(DEFAULT_CONTROL_PATH);
 	} else {

@@ -137,6 +137,15 @@ def test_socket_from_config_and_environment(daemon, tmp_path):
     r = subprocess.run([binary("wcachectl"), "-c", str(tmp_path / "missing.conf"), "status"],
                        capture_output=True, text=True)
     assert r.returncode == 1 and "missing.conf" in r.stderr
+    # `control =` edited and not yet applied (systemctl reload runs
+    # `wcachectl -c /etc/wcached.conf reload`): the message says why
+    # (review rev126 #2; it said only that wcached was not running).
+    moved = tmp_path / "moved.conf"
+    moved.write_text(f"[wcached]\ncontrol = {tmp_path}/moved.sock\n")
+    r = subprocess.run([binary("wcachectl"), "-c", str(moved), "reload"], capture_output=True,
+                       text=True)
+    assert r.returncode == 1 and f"the `control` of {moved} (a changed `control` applies at " \
+        "wcached's next restart" in r.stderr, r.stderr
     env = dict(os.environ, WCACHE_CONTROL=daemon.control)
     r = subprocess.run([binary("wcachectl"), "status"], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
