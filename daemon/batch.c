@@ -29,17 +29,10 @@
 void
 batch_check_fit(struct daemon *d)
 {
-	uint64_t total = 0, pinned = 0;
-	unsigned n = 0;
+	uint64_t total, pinned;
+	unsigned n = registry_served_bytes(&d->reg, &total, &pinned);
 	char src[400];
 
-	for (const struct model_entry *m = d->reg.models; m != NULL; m = m->next) {
-		if (m->current == NULL)
-			continue;
-		total += m->current->bytes;
-		pinned += m->pin == PIN_ALL ? m->current->bytes : 0;
-		n++;
-	}
 	if (memlimit_fits(&d->mem, total, pinned, d->reg.memory_budget))
 		return;
 	/* A budget set above the limit has its own warning (reload.c). */

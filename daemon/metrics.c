@@ -407,15 +407,10 @@ write_workq_json(FILE *f, const struct workq *q)
 static void
 write_memory_json(FILE *f, const struct registry *reg, const struct memlimit *mem)
 {
-	uint64_t models = 0, pinned = 0;
+	uint64_t models, pinned;
 	char src[400];
 
-	for (const struct model_entry *m = reg->models; m != NULL; m = m->next) {
-		if (m->current == NULL)
-			continue;
-		models += m->current->bytes;
-		pinned += m->pin == PIN_ALL ? m->current->bytes : 0;
-	}
+	registry_served_bytes(reg, &models, &pinned);
 	fprintf(f, ",\"memory\":{\"ram\":%" PRIu64 ",\"limit\":%" PRIu64, mem->ram, mem->limit);
 	json_write_field(f, "limit_source", memlimit_source(mem, src, sizeof(src)));
 	json_write_field(f, "limit_kind", memlimit_kind_name(mem->kind));

@@ -113,19 +113,19 @@ registry_find(struct registry *r, const char *name)
 	return NULL;
 }
 
-struct model_entry *
+int
 registry_entry_new(struct registry *r, const char *name, const char *path, enum pin_mode pin,
-	int warm)
+	int warm, struct model_entry **out)
 {
 	struct model_entry *m;
+	int err;
 
 	if ((m = calloc(1, sizeof(*m))) == NULL || (m->name = strdup(name)) == NULL ||
 		(m->path = strdup(path)) == NULL) {
 		if (m != NULL)
 			free(m->name);
 		free(m);
-		error_set(-ENOMEM, "model \"%s\": out of memory", name);
-		return NULL;
+		return error_set(-ENOMEM, "model \"%s\": out of memory", name);
 	}
 	m->pin = pin;
 	m->warm = warm;
@@ -133,17 +133,34 @@ registry_entry_new(struct registry *r, const char *name, const char *path, enum 
 	m->derive_timeout_ms = 600000; /* derive_timeout's default, 600 s */
 	m->poll_interval_ms = 2000;    /* poll_interval's default, 2 s */
 	m->entry_id = ++r->next_load_id;
-	if (statuspage_slot_for(&r->page, name, &m->slot) < 0) {
+	if ((err = statuspage_slot_for(&r->page, name, &m->slot)) < 0) {
 		free(m->path);
 		free(m->name);
 		free(m);
-		return NULL;
+		return err;
 	}
 	m->last_generation = statuspage_last_generation(&r->page, m->slot);
 	m->last_attach = ++r->attach_seq;
 	m->next = r->models;
 	r->models = m;
-	return m;
+	*out = m;
+	return 0;
+}
+
+unsigned
+registry_served_bytes(const struct registry *r, uint64_t *models, uint64_t *pinned)
+{
+	unsigned n = 0;
+
+	*models = *pinned = 0;
+	for (const struct model_entry *m = r->models; m != NULL; m = m->next) {
+		if (m->current == NULL)
+			continue;
+		*models += m->current->bytes;
+		*pinned += m->pin == PIN_ALL ? m->current->bytes : 0;
+		n++;
+	}
+	return n;
 }
 
 void
@@ -197,6 +214,7 @@ registry_add_served(struct registry *r, const char *name, const char *path, enum
 	int warm, struct generation *g, uint64_t expected)
 {
 	struct model_entry *m;
+	int err;
 
 	if (expected != 0) {
 		if ((m = expect_release(r, name, expected)) == NULL || !still_expected(m, expected))
@@ -204,8 +222,8 @@ registry_add_served(struct registry *r, const char *name, const char *path, enum
 				"meanwhile", name);
 	} else if (registry_entry_named(r, name) != NULL) {
 		return error_set(-EEXIST, "model \"%s\" is already there", name);
-	} else if ((m = registry_entry_new(r, name, path, pin, warm)) == NULL) {
-		return error_set(-ENOMEM, "model \"%s\": out of memory", name);
+	} else if ((err = registry_entry_new(r, name, path, pin, warm, &m)) < 0) {
+		return err; /* the message names the model */
 	}
 	registry_link(r, m, g);
 	/* Current at once (gen_promote without its pin = all: a restored
@@ -235,7 +253,7 @@ registry_expect(struct registry *r, const char *name, const char *path, enum pin
 		error_set(-EEXIST, "model \"%s\" is already there", name);
 		return 0;
 	}
-	if ((m = registry_entry_new(r, name, path, pin, warm)) == NULL)
+	if (registry_entry_new(r, name, path, pin, warm, &m) < 0)
 		return 0;
 	m->loading = 1;
 	m->load_id = ++r->next_load_id;

@@ -466,6 +466,11 @@ const char *registry_model_name(const struct model_entry *m);
 /* Milliseconds on the registry's loop clock. */
 uint64_t registry_now_ms(const struct registry *r);
 
+/* The bytes of the models' current generations, and of those pinned whole
+ * (pin = all, which the budget never evicts): what memlimit_fits() weighs,
+ * for the start's warning and status alike. Returns how many are served. */
+unsigned registry_served_bytes(const struct registry *r, uint64_t *models, uint64_t *pinned);
+
 /* Evicts the least recently attached unpinned models until the resident
  * total of current generations fits the budget. */
 void registry_enforce_budget(struct registry *r);

@@ -15,10 +15,11 @@
 /* registry.c: the model called exactly name, or NULL. */
 struct model_entry *registry_entry_named(struct registry *r, const char *name);
 
-/* registry.c: adds the model name, not yet served, with its status slot.
- * NULL when out of memory (the message in error_get()). */
-struct model_entry *registry_entry_new(struct registry *r, const char *name, const char *path,
-	enum pin_mode pin, int warm);
+/* registry.c: adds the model name, not yet served, with its status slot,
+ * in *out. 0, or -ENOMEM, or -ENOSPC when the status page has no slot
+ * left (the message in error_get()). */
+int registry_entry_new(struct registry *r, const char *name, const char *path,
+	enum pin_mode pin, int warm, struct model_entry **out);
 
 /* registry.c: puts g in the registry's list as a generation of m, and
  * keeps m's and its status slot's last generation number. */

@@ -742,8 +742,8 @@ queue_load(struct registry *r, const char *name, const char *path, enum pin_mode
 
 	if (r->closing)
 		return error_set(-ESHUTDOWN, "wcached is stopping");
-	if (m == NULL && (m = registry_entry_new(r, name, path, pin, warm)) == NULL)
-		return -ENOMEM;
+	if (m == NULL && (err = registry_entry_new(r, name, path, pin, warm, &m)) < 0)
+		return err; /* -ENOMEM, or -ENOSPC: no status slot left */
 	if ((q = calloc(1, sizeof(*q))) == NULL || (q->name = strdup(name)) == NULL ||
 		(q->path = strdup(path)) == NULL) {
 		if (q != NULL)

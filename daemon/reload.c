@@ -79,7 +79,7 @@ changed_keys(unsigned changes, char *buf, size_t size)
 		{ CONFIG_CHANGED_PIN, "pin" },
 		{ CONFIG_CHANGED_WARM, "warm" },
 		{ CONFIG_CHANGED_ACCESS, "allow_users/allow_groups" },
-		{ CONFIG_CHANGED_DERIVE, "derive" },
+		{ CONFIG_CHANGED_DERIVE, "derive/derive_groups/derive_timeout" },
 		{ CONFIG_CHANGED_WATCH, "watch/poll_interval" },
 		{ CONFIG_CHANGED_STAGE, "stage" },
 	};
@@ -454,7 +454,7 @@ rewarm_what_fits(struct daemon *d, uint64_t was)
 		if (budget != 0)
 			snprintf(now, sizeof(now), "raised to %" PRIu64 " MiB", budget >> 20);
 		log_info("model \"%s\": memory_budget %s (was %" PRIu64 " MiB): warming generation "
-			 "%" PRIu64 " again, which the old budget left cold", c[i].m->name, now,
+			 "%" PRIu64 " again, which was cold", c[i].m->name, now,
 			was >> 20, g->number);
 		warm_again(r, c[i].m, g);
 	}

@@ -198,14 +198,6 @@ ctl_help(FILE *f)
 		   "'wcachectl COMMAND --help' describes a command.\n");
 }
 
-/* A usage error's exit status; with --json, after the error object. */
-static int
-json_usage(int json, int status)
-{
-	if (json)
-		ctl_json_error();
-	return status;
-}
 
 /* Runs the command argv[0] (ctl.h). */
 int
@@ -223,17 +215,17 @@ ctl_run(int argc, char **argv, const char *config, const char *control, int json
 		if (strcmp(argv[0], file_commands[k].name) != 0)
 			continue;
 		if (config != NULL || control != NULL)
-			return json_usage(json, ctl_usage_error(file_commands[k].name, "-c and "
+			return ctl_json_usage(json, ctl_usage_error(file_commands[k].name, "-c and "
 				"--control go with the control commands, not %s",
 				file_commands[k].name));
 		if (json)
-			return json_usage(json, ctl_usage_error(file_commands[k].name, "--json "
+			return ctl_json_usage(json, ctl_usage_error(file_commands[k].name, "--json "
 				"goes after the command here, as one of %s's own options "
 				"(wcachectl %s ... --json), where it has one",
 				file_commands[k].name, file_commands[k].name));
 		return file_commands[k].run(argc, argv);
 	}
-	return json_usage(json, ctl_usage_error(NULL, "unknown command \"%s\"", argv[0]));
+	return ctl_json_usage(json, ctl_usage_error(NULL, "unknown command \"%s\"", argv[0]));
 }
 
 /* ---- what every command prints ---------------------------------------- */
@@ -271,6 +263,15 @@ ctl_usage_error(const char *command, const char *fmt, ...)
 	fprintf(stderr, " (see 'wcachectl %s%s--help')\n", command != NULL ? command : "",
 		command != NULL ? " " : "");
 	return CTL_EXIT_USAGE;
+}
+
+/* A usage error's status, after --json's object (internal.h). */
+int
+ctl_json_usage(int json, int status)
+{
+	if (json)
+		ctl_json_error();
+	return status;
 }
 
 /* Prints --json's error object (internal.h). */

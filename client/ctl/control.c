@@ -744,9 +744,8 @@ ctl_control(const struct ctl_control_cmd *cmd, int argc, char **argv, const char
 		/* An empty word (an unset variable: load llama "$NEWPATH")
 		 * would be the current directory, and swap the model to it. */
 		if (a.words[1][0] == '\0') {
-			status = ctl_usage_error(cmd->wire->name, "PATH is empty");
-			if (a.json)
-				ctl_json_error();
+			status = ctl_json_usage(a.json, ctl_usage_error(cmd->wire->name,
+				"PATH is empty"));
 			goto out;
 		}
 		if ((abs = absolute_path(a.words[1])) == NULL)

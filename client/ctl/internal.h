@@ -128,6 +128,10 @@ void ctl_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * when the daemon's reply never came. */
 void ctl_json_error(void);
 
+/* A usage error's exit status (status, from ctl_usage_error()); with
+ * --json (json set), after ctl_json_error()'s object. */
+int ctl_json_usage(int json, int status);
+
 /*
  * Writes text (len bytes of valid JSON: a reply the strict reader
  * accepted, or json_write_string()'s output) to f, the same JSON to a

@@ -73,14 +73,6 @@ json_asked(int argc, char **argv)
 	return 0;
 }
 
-/* A usage error's exit status; with --json, after the error object. */
-static int
-usage(int json, int status)
-{
-	if (json)
-		ctl_json_error();
-	return status;
-}
 
 /* Parses the global options and runs the command; returns the exit
  * status. */
@@ -99,21 +91,22 @@ run(int argc, char **argv)
 			return 0;
 		} else if (strcmp(argv[i], "-c") == 0 || is_option(argv[i], "--config")) {
 			if ((config = option_value(argc, argv, &i, "--config")) == NULL)
-				return usage(json, 2);
+				return ctl_json_usage(json, 2);
 		} else if (is_option(argv[i], "--control")) {
 			if ((control = option_value(argc, argv, &i, "--control")) == NULL)
-				return usage(json, 2);
+				return ctl_json_usage(json, 2);
 		} else if (strcmp(argv[i], "--json") == 0) {
 			global_json = 1;
 		} else {
-			return usage(json, ctl_usage_error(NULL, "unknown option \"%s\"", argv[i]));
+			return ctl_json_usage(json, ctl_usage_error(NULL, "unknown option \"%s\"",
+				argv[i]));
 		}
 	}
 	if (config != NULL && control != NULL)
-		return usage(json, ctl_usage_error(NULL,
+		return ctl_json_usage(json, ctl_usage_error(NULL,
 			"give -c CONFIG or --control PATH, not both"));
 	if (i == argc)
-		return usage(json, ctl_usage_error(NULL, "missing COMMAND"));
+		return ctl_json_usage(json, ctl_usage_error(NULL, "missing COMMAND"));
 	/* The command reads its own options, --json after it included. */
 	return ctl_run(argc - i, argv + i, config, control, global_json);
 }

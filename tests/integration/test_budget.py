@@ -409,7 +409,7 @@ def test_reload_raising_or_removing_budget_warms_what_fits(start, tmp_path):
     (warmed,) = set(cold) - {left}
     wait_ready_warm(d, warmed)
     assert (f'model "{warmed}": memory_budget raised to 40 MiB (was 20 MiB): warming '
-            "generation 1 again, which the old budget left cold") in d.read_log()
+            "generation 1 again, which was cold") in d.read_log()
     assert f'model "{left}": memory_budget raised' not in d.read_log()
     assert ctl(d, "status").returncode == 3  # one is still cold
 
@@ -428,8 +428,7 @@ def test_reload_raising_or_removing_budget_warms_what_fits(start, tmp_path):
     # "memory_budget removed (was 0 MiB)").
     assert ctl(d, "evict", "a").returncode == 0
     wait_cold(d, "a")
-    assert ctl(d, "reload").returncode == 0
-    time.sleep(1)
+    assert ctl(d, "reload").returncode == 0  # re-warms, if at all, before it answers
     assert by_state(settled(d, ["a"]), "cold") == ["a"]
     assert "(was 0 MiB)" not in d.read_log()
 

@@ -557,7 +557,8 @@ def test_a_config_reload_serves_an_unloaded_model_whose_section_changed(tmp_path
         assert ('model "a": unloaded at run time; its section changed (pin, '
                 'allow_users/allow_groups): the reload serves it again as configured') in log
         assert 'model "b": unloaded at run time; its section changed (warm)' in log
-        assert 'model "c": unloaded at run time; its section changed (derive)' in log
+        assert ('model "c": unloaded at run time; its section changed '
+                '(derive/derive_groups/derive_timeout)') in log
         assert ('model "d": unloaded at run time and its section did not change: the '
                 'reload leaves it unloaded') in log
         assert "error:" not in log and "is not loaded" not in log, log
