@@ -100,17 +100,21 @@ step() { # step [--limit S] LABEL COMMAND...: runs COMMAND under the step timeou
 	: >"$logs/out"
 	: >"$logs/err" # there before tail opens them, whichever starts first
 	set +e
+	# A background step gets no SIGINT from the terminal, and timeout
+	# runs it in a process group of its own: interrupted, we end it (timeout
+	# passes the signal on to its group), then exit through cleanup. Set
+	# before the step starts: a signal between its start and pid=$! ends
+	# it through $!, which is timeout's until the tails start (before, a
+	# signal while the tails started left the step running).
+	pid=
+	trap 'kill -TERM "${pid:-$!}" 2>/dev/null; exit 130' INT
+	trap 'kill -TERM "${pid:-$!}" 2>/dev/null; exit 143' TERM
 	timeout --kill-after=5 "$limit" "$@" >"$logs/out" 2>"$logs/err" &
 	pid=$!
 	tail -s 0.1 -n +1 --pid="$pid" -f "$logs/out" &
 	tails+=($!)
 	tail -s 0.1 -n +1 --pid="$pid" -f "$logs/err" >&2 &
 	tails+=($!)
-	# A background step gets no SIGINT from the terminal, and timeout
-	# runs it in a process group of its own: interrupted, we end it (timeout
-	# passes the signal on to its group), then exit through cleanup.
-	trap 'kill -TERM "$pid" 2>/dev/null; exit 130' INT
-	trap 'kill -TERM "$pid" 2>/dev/null; exit 143' TERM
 	while kill -0 "$pid" 2>/dev/null; do
 		if [ $(($(date +%s) - t0)) -ge $((limit + 8)) ]; then
 			kill -KILL "$pid" 2>/dev/null
