@@ -49,15 +49,6 @@ files_dir(const char *path, char **dir)
 	return 0;
 }
 
-/* st's mtime in nanoseconds since the epoch, as the store describes it;
- * times past the year 2262 (or before 1678) saturate instead of
- * overflowing. */
-int64_t
-restore_mtime_ns(const struct stat *st)
-{
-	return fdstore_time_ns(&st->st_mtim);
-}
-
 /*
  * How st, a stat of a stored file now, differs from what f describes: NULL
  * when it is that file unchanged. The inode, size and mtime first; then
@@ -74,7 +65,7 @@ file_changed(const struct stat *st, const struct fdstore_file *f)
 {
 	if (!S_ISREG(st->st_mode) || (uint64_t)st->st_dev != f->dev ||
 		(uint64_t)st->st_ino != f->ino || (uint64_t)st->st_size != f->size ||
-		restore_mtime_ns(st) != f->mtime_ns)
+		fdstore_time_ns(&st->st_mtim) != f->mtime_ns)
 		return "not the inode, size and mtime described";
 	if (f->nlink != 0 && (uint64_t)st->st_nlink == f->nlink &&
 		fdstore_time_ns(&st->st_ctim) != f->ctime_ns)
@@ -245,7 +236,7 @@ check_origin(const struct fdstore_generation *g, const struct fdstore_file *f, c
 			return error_set(-EINVAL, "%s was replaced since it was staged (it is "
 				"another file now)", full);
 		if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != f->size ||
-			restore_mtime_ns(&st) != f->mtime_ns)
+			fdstore_time_ns(&st.st_mtim) != f->mtime_ns)
 			return error_set(-EINVAL, "%s was replaced or changed since it was staged",
 				full);
 		if (f->nlink != 0 && fdstore_time_ns(&st.st_ctim) != f->origin_ctime_ns)

@@ -12,7 +12,6 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include <sys/stat.h>
 
 #include "base/error.h"
 #include "format/source.h"
@@ -120,10 +119,6 @@ struct registry;
 int restore_adopt_artifact(struct registry *r, struct model_entry *m,
 	const struct derive_stored *a, struct model_source *src, int index_fd,
 	size_t index_size, struct generation **out);
-
-/* restore_check.c: st's mtime in nanoseconds, as the description records it;
- * times past the year 2262 (or before 1678) saturate. */
-int64_t restore_mtime_ns(const struct stat *st);
 
 /*
  * One stored generation of a model, checked on the work queue

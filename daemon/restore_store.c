@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/error.h"
@@ -471,7 +472,7 @@ describe_generation(struct fdstore_generation *dg, const struct model_entry *m,
 		f->dev = (uint64_t)st->st_dev;
 		f->ino = (uint64_t)st->st_ino;
 		f->size = (uint64_t)st->st_size;
-		f->mtime_ns = restore_mtime_ns(st);
+		f->mtime_ns = fdstore_time_ns(&st->st_mtim);
 		/* The ctime too: a write in place whose writer put the mtime
 		 * back moves it. nlink 0 would say "not recorded". */
 		f->nlink = (uint64_t)st->st_nlink;
