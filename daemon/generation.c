@@ -704,18 +704,30 @@ gen_ref(struct registry *r, struct generation *g)
 		return 0;
 	log_info("model \"%s\": attached while cold, warming generation %" PRIu64, g->model_name,
 		g->number);
-	if (pages_drop_queued_evictions(g))
-		gen_set_state(g, GEN_REWARM, "attached while an eviction runs");
-	else if (g->warm.pending > 0 && g->model->warm)
+	gen_warm_again(r, g, "attached");
+	return 1;
+}
+
+void
+gen_warm_again(struct registry *r, struct generation *g, const char *why)
+{
+	char reason[96];
+
+	if (pages_drop_queued_evictions(g)) {
+		snprintf(reason, sizeof(reason), "%s while an eviction runs", why);
+		gen_set_state(g, GEN_REWARM, reason);
+	} else if (g->warm.pending > 0 && g->model->warm) {
 		/* Evicted while it warmed: its cancelled jobs are still
 		 * stopping, and a warm-up now would skip every file they
 		 * hold. Warm once they have stopped (warm_done). */
-		gen_set_state(g, GEN_REWARM, "attached while a cancelled warm-up stops");
-	else if (g->model->warm)
+		snprintf(reason, sizeof(reason), "%s while a cancelled warm-up stops", why);
+		gen_set_state(g, GEN_REWARM, reason);
+	} else if (g->model->warm) {
 		gen_start_warming(r, g);
-	else
-		gen_set_state(g, GEN_READY, "attached while cold");
-	return 1;
+	} else {
+		snprintf(reason, sizeof(reason), "%s while cold", why);
+		gen_set_state(g, GEN_READY, reason);
+	}
 }
 
 void

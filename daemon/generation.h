@@ -293,6 +293,17 @@ void gen_mark_gone(struct registry *r, struct generation *g, const char *file, i
 int gen_ref(struct registry *r, struct generation *g);
 void gen_unref(struct registry *r, struct generation *g);
 
+/*
+ * Warms g, its model's current generation, cold since an eviction, again:
+ * after the eviction still running or queued on it, or once a warm-up the
+ * eviction cancelled has stopped (-> REWARM), else now (-> WARMING); a
+ * model that does not warm (warm = no) is simply served again (-> READY).
+ * why says what asked ("attached", "memory_budget raised") in the state
+ * change's debug line. gen_ref's cold branch, and the reload that raised
+ * memory_budget (reload.c), without counting as an attach.
+ */
+void gen_warm_again(struct registry *r, struct generation *g, const char *why);
+
 /* Bytes of the generation's files in memory at the latest measure (by the
  * first method that is true for the daemon's user, resident.h), taken off
  * the loop after each page operation and each residency check, and by the

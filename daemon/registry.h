@@ -471,6 +471,11 @@ uint64_t registry_now_ms(const struct registry *r);
  * for the start's warning and status alike. Returns how many are served. */
 unsigned registry_served_bytes(const struct registry *r, uint64_t *models, uint64_t *pinned);
 
+/* What the memory budget weighs: the bytes of every current generation
+ * that keeps its pages (gen_holds_memory), of every pending one (what
+ * warming keeps resident), and of the derived artifacts. */
+uint64_t registry_warm_bytes(const struct registry *r);
+
 /* Evicts the least recently attached unpinned models until the resident
  * total of current generations fits the budget. */
 void registry_enforce_budget(struct registry *r);

@@ -178,24 +178,32 @@ registry_evict(struct registry *r, const char *name)
 	return 0;
 }
 
-void
-registry_enforce_budget(struct registry *r)
+uint64_t
+registry_warm_bytes(const struct registry *r)
 {
-	uint64_t total = 0;
+	uint64_t total = r->derived_bytes;
 
-	if (r->memory_budget == 0)
-		return;
 	/* The estimate is the size of every current generation that keeps
 	 * its pages, and of every pending one: what warming keeps resident. */
-	for (struct model_entry *m = r->models; m != NULL; m = m->next) {
+	for (const struct model_entry *m = r->models; m != NULL; m = m->next) {
 		if (m->current != NULL && gen_holds_memory(m->current))
 			total += m->current->bytes;
 		if (m->pending != NULL)
 			total += m->pending->bytes;
 	}
+	return total;
+}
+
+void
+registry_enforce_budget(struct registry *r)
+{
+	uint64_t total;
+
+	if (r->memory_budget == 0)
+		return;
+	total = registry_warm_bytes(r);
 	/* Derived artifacts are memory, not page cache: nobody's copy can be
 	 * read back, so those nobody holds go first, least recently used. */
-	total += r->derived_bytes;
 	if (total > r->memory_budget && r->drop_derived != NULL) {
 		uint64_t dropped = r->drop_derived(r, total - r->memory_budget);
 

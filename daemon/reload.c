@@ -20,7 +20,6 @@
 #include "log.h"
 #include "memlimit.h"
 #include "notify.h"
-#include "pages.h"
 #include "registry.h"
 #include "stage.h"
 #include "watch.h"
@@ -380,27 +379,6 @@ by_recent_attach(const void *a, const void *b)
 }
 
 /*
- * Warms g, m's current generation, cold since an eviction, again as an
- * attach of it would (gen_ref), without counting as an attach: after the
- * eviction still running or queued on it, or once a warm-up it cancelled
- * has stopped (REWARM), else now; a model that does not warm (warm = no)
- * is simply served again (READY), as a start serves it.
- */
-static void
-warm_again(struct registry *r, struct model_entry *m, struct generation *g)
-{
-	if (pages_drop_queued_evictions(g))
-		gen_set_state(g, GEN_REWARM, "memory_budget raised while an eviction runs");
-	else if (g->warm.pending > 0 && m->warm)
-		gen_set_state(g, GEN_REWARM,
-			"memory_budget raised while a cancelled warm-up stops");
-	else if (m->warm)
-		gen_start_warming(r, g);
-	else
-		gen_set_state(g, GEN_READY, "memory_budget raised");
-}
-
-/*
  * The reload raised memory_budget, or removed it (was: the budget before,
  * 0 for none): what the old budget evicted stayed cold until a worker
  * attached it, while a start with the new configuration serves it warm
@@ -415,7 +393,7 @@ static void
 rewarm_what_fits(struct daemon *d, uint64_t was)
 {
 	struct registry *r = &d->reg;
-	uint64_t budget = r->memory_budget, total = r->derived_bytes;
+	uint64_t budget = r->memory_budget, total;
 	struct rewarm_candidate *c;
 	size_t n = 0, cap = 0;
 
@@ -424,17 +402,13 @@ rewarm_what_fits(struct daemon *d, uint64_t was)
 	 * what `wcachectl evict` made cold. */
 	if (budget != 0 ? (was == 0 || budget <= was) : was == 0)
 		return;
-	for (struct model_entry *m = r->models; m != NULL; m = m->next) {
-		if (m->current != NULL && gen_holds_memory(m->current))
-			total += m->current->bytes;
-		if (m->pending != NULL)
-			total += m->pending->bytes;
+	for (struct model_entry *m = r->models; m != NULL; m = m->next)
 		if (m->current != NULL && m->current->state == GEN_COLD && m->pending == NULL &&
 			m->loading == 0)
 			cap++;
-	}
 	if (cap == 0)
 		return;
+	total = registry_warm_bytes(r);
 	if ((c = calloc(cap, sizeof(*c))) == NULL) {
 		log_warnx("memory_budget raised: out of memory; cold models warm when attached");
 		return;
@@ -456,7 +430,8 @@ rewarm_what_fits(struct daemon *d, uint64_t was)
 		log_info("model \"%s\": memory_budget %s (was %" PRIu64 " MiB): warming generation "
 			 "%" PRIu64 " again, which was cold", c[i].m->name, now,
 			was >> 20, g->number);
-		warm_again(r, c[i].m, g);
+		/* As an attach would warm it (gen_ref), not counting as one. */
+		gen_warm_again(r, g, "memory_budget raised");
 	}
 	free(c);
 }
