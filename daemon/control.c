@@ -43,7 +43,6 @@
  * two share control_internal.h.
  */
 #include <errno.h>
-#include <poll.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -461,19 +460,17 @@ ctl_conn_resume(struct ctl_conn *c)
 
 /*
  * Whether the client of c, a connection with a request in flight (and so
- * not read), has gone: its socket closed, which poll() reports as POLLHUP
- * whatever is asked for (with POLLERR when it left data of ours unread).
- * A client that only half-closed (shutdown(SHUT_WR): POLLIN|POLLRDHUP)
+ * not read), has gone (peer_departed). A client that only half-closed
  * still waits for its reply.
  */
 static bool
 conn_departed(const struct ctl_conn *c)
 {
-	struct pollfd p = { .fd = -1 };
+	uv_os_fd_t fd = -1;
 
-	if (uv_fileno((const uv_handle_t *)&c->pipe, &p.fd) < 0)
+	if (uv_fileno((const uv_handle_t *)&c->pipe, &fd) < 0)
 		return false;
-	return poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR)) != 0;
+	return peer_departed(fd);
 }
 
 /*

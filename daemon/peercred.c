@@ -1,5 +1,6 @@
 /*
- * peercred.c: the credentials of a unix socket's peer (see peercred.h).
+ * peercred.c: the credentials of a unix socket's peer, and whether it has
+ * gone (see peercred.h).
  *
  * SO_PEERGROUPS copies at most the buffer's length of groups and, when the
  * peer has more, fails with ERANGE and sets the length to what it needs:
@@ -10,6 +11,7 @@
 #include "peercred.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -105,6 +107,16 @@ peer_in_group(const struct peer_cred *c, gid_t gid)
 		if (c->groups[i] == gid)
 			return 1;
 	return 0;
+}
+
+bool
+peer_departed(int fd)
+{
+	struct pollfd p = { .fd = fd };
+
+	if (fd < 0)
+		return false;
+	return poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR)) != 0;
 }
 
 void

@@ -4,11 +4,13 @@
  * and every supplementary group (SO_PEERGROUPS). The one reader of peer
  * credentials for the client socket (server.c) and the control socket
  * (control.c), so that both see the same groups: a peer in more groups than
- * a fixed buffer holds is not a peer without groups.
+ * a fixed buffer holds is not a peer without groups. Also the one answer
+ * both give to whether a peer that is not read has gone (peer_departed).
  */
 #ifndef WC_PEERCRED_H
 #define WC_PEERCRED_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>
 
@@ -35,6 +37,15 @@ int peer_read(int fd, struct peer_cred *out);
 
 /* Is gid the peer's primary group or one of its supplementary groups? */
 int peer_in_group(const struct peer_cred *c, gid_t gid);
+
+/*
+ * Whether the peer of fd, a connected unix stream socket, has gone: its
+ * socket closed, which poll() reports as POLLHUP whatever is asked for
+ * (with POLLERR when it left data of ours unread). A peer that only shut
+ * its end for writing (shutdown(SHUT_WR): POLLIN|POLLRDHUP) has not gone:
+ * it still reads what it is sent. Does not block; false for a negative fd.
+ */
+bool peer_departed(int fd);
 
 /* Frees what peer_read() allocated and zeroes *c. Accepts NULL. */
 void peer_cred_free(struct peer_cred *c);

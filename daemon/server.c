@@ -11,7 +11,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <inttypes.h>
@@ -138,20 +137,6 @@ conn_set_waiting(struct conn *c, enum conn_waiting waiting)
 }
 
 /*
- * Whether c's peer has gone: its socket closed, which poll() reports as
- * POLLHUP whatever is asked for (with POLLERR when it left data of ours
- * unread). A peer that only shut its end for writing (POLLIN|POLLRDHUP)
- * still reads what it is sent. (control.c asks the same of its clients.)
- */
-static int
-conn_departed(const struct conn *c)
-{
-	struct pollfd p = { .fd = c->fd };
-
-	return poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR)) != 0;
-}
-
-/*
  * Sends the pending reply if it can go now. Otherwise it stays pending and
  * the connection is not read (backpressure): until the socket drains
  * (EAGAIN: wait for writable), or until the descriptor budget has room
@@ -238,7 +223,7 @@ on_retry(uv_timer_t *t)
 		/* A half-closed builder whose PUBLISH is checked is not
 		 * watched: it is closed here once it has gone for good (it
 		 * exited), as the hang-up would have closed it (conn_io). */
-		if (c->waiting == WAIT_CHECK_HALF_CLOSED && !c->closing && conn_departed(c)) {
+		if (c->waiting == WAIT_CHECK_HALF_CLOSED && !c->closing && peer_departed(c->fd)) {
 			log_debug("client pid %d uid %u: left while its PUBLISH is checked; "
 				  "closing the connection", (int)c->pid, (unsigned)c->uid);
 			conn_close(c);
@@ -526,7 +511,7 @@ conn_io(uv_poll_t *handle, int status, int events)
 		if ((events & UV_READABLE) && !c->pending && !c->waiting &&
 			c->deferred == DEFER_NONE && conn_read(c))
 			return;
-		if (c->waiting == WAIT_CHECK && !c->closing && !conn_departed(c)) {
+		if (c->waiting == WAIT_CHECK && !c->closing && !peer_departed(c->fd)) {
 			log_debug("client pid %d uid %u: shut its end for writing while its "
 				  "PUBLISH is checked; it gets its answer, then the connection "
 				  "closes", (int)c->pid, (unsigned)c->uid);

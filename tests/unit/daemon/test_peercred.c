@@ -4,7 +4,8 @@
  * groups come back. getsockopt is wrapped (-Wl,--wrap) so that a test can
  * give the peer any number of supplementary groups the way the kernel
  * reports them (ERANGE with the length it needs), including more than 256
- * and more than the kernel allows.
+ * and more than the kernel allows. peer_departed: a peer that shut its end
+ * for writing has not gone, one that closed its socket has.
  */
 #include <errno.h>
 #include <grp.h>
@@ -73,7 +74,8 @@ teardown(void **state)
 	int *sv = *state;
 
 	close(sv[0]);
-	close(sv[1]);
+	if (sv[1] >= 0)
+		close(sv[1]);
 	free(sv);
 	return 0;
 }
@@ -155,6 +157,30 @@ test_not_a_socket(void **state)
 	close(p[1]);
 }
 
+/* Connected, then half-closed by the peer (it still reads): not gone.
+ * Closed: gone. Closed with our data unread (POLLERR too): gone. */
+static void
+test_departed(void **state)
+{
+	int *sv = *state;
+	int more[2];
+
+	assert_false(peer_departed(sv[0]));
+	assert_int_equal(shutdown(sv[1], SHUT_WR), 0);
+	assert_false(peer_departed(sv[0]));
+	close(sv[1]);
+	sv[1] = -1;
+	assert_true(peer_departed(sv[0]));
+
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, more), 0);
+	assert_int_equal(write(more[0], "x", 1), 1); /* left unread by the peer */
+	close(more[1]);
+	assert_true(peer_departed(more[0]));
+	close(more[0]);
+
+	assert_false(peer_departed(-1));
+}
+
 int
 main(void)
 {
@@ -163,6 +189,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_many_groups, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_too_many_groups, setup, teardown),
 		cmocka_unit_test(test_not_a_socket),
+		cmocka_unit_test_setup_teardown(test_departed, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
