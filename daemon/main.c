@@ -262,11 +262,34 @@ check_models(const struct config *cfg)
 }
 
 /*
+ * Becomes `user =` (not root), from root: its groups (initgroups), its gid,
+ * its uid, then makes sure root cannot be had back (setuid(0) must fail: it
+ * succeeds where the capabilities survived the switch, as under
+ * SECBIT_NO_SETUID_FIXUP, and a daemon that still holds them reads what
+ * the user may not). The one switch of the start (drop_privileges) and of
+ * --check's child (check_models_as_user), so that --check refuses what the
+ * start refuses. 0, or a negative errno with the reason in error_get().
+ */
+static int
+become_user(const struct config *c)
+{
+	if (initgroups(c->user_name, c->user_gid) == -1 || setgid(c->user_gid) == -1 ||
+		setuid(c->user_uid) == -1)
+		return error_set(-errno, "user = %s: cannot switch to uid %u gid %u: %s", c->user,
+			(unsigned)c->user_uid, (unsigned)c->user_gid, strerror(errno));
+	if (setuid(0) != -1)
+		return error_set(-EPERM, "user = %s: could regain root after switching",
+			c->user);
+	return 0;
+}
+
+/*
  * --check run as root of a configuration with `user = NAME`: wcached opens
  * its models only after becoming that user (drop_privileges), so they are
- * checked in a child that becomes it the same way (its groups, gid, uid):
- * a model only root may read fails here as it fails the daemon. Returns 1
- * when one is not valid or the child could not become the user.
+ * checked in a child that becomes it the same way (become_user: its groups,
+ * gid, uid, and root out of reach): a model only root may read fails here
+ * as it fails the daemon. Returns 1 when one is not valid or the child
+ * could not become the user.
  */
 static int
 check_models_as_user(const struct config *cfg)
@@ -285,11 +308,8 @@ check_models_as_user(const struct config *cfg)
 	if (pid == 0) {
 		int bad;
 
-		if (initgroups(cfg->user_name, cfg->user_gid) == -1 ||
-			setgid(cfg->user_gid) == -1 || setuid(cfg->user_uid) == -1) {
-			fprintf(stderr, "wcached: user = %s: cannot switch to uid %u gid %u: %s\n",
-				cfg->user, (unsigned)cfg->user_uid, (unsigned)cfg->user_gid,
-				strerror(errno));
+		if (become_user(cfg) < 0) {
+			print_message(stderr, "", error_get());
 			_exit(1);
 		}
 		bad = check_models(cfg);
@@ -475,12 +495,8 @@ drop_privileges(struct daemon *d)
 			lchown(d->created_control.path, c->user_uid,
 				c->control_group != NULL ? (gid_t)-1 : c->user_gid) == -1))
 		fatal("user = %s: chown of the sockets", c->user);
-	if (initgroups(c->user_name, c->user_gid) == -1 || setgid(c->user_gid) == -1 ||
-		setuid(c->user_uid) == -1)
-		fatal("user = %s: cannot switch to uid %u gid %u", c->user, (unsigned)c->user_uid,
-			(unsigned)c->user_gid);
-	if (setuid(0) != -1)
-		fatalx("user = %s: could regain root after switching", c->user);
+	if (become_user(c) < 0)
+		fatalx("%s", error_get());
 	d->control_ctx.daemon_uid = c->user_uid;
 	log_info("running as user %s (uid %u)", c->user, (unsigned)c->user_uid);
 }

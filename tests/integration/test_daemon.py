@@ -301,6 +301,53 @@ def test_check_as_root_opens_the_models_as_user(tmp_path, model):
     assert "note: checked as root, and the configuration sets no user =" in r.stderr, r.stderr
 
 
+def keep_capabilities_across_setuid():
+    """preexec_fn: SECBIT_NO_SETUID_FIXUP, so that a switch from root to
+    another uid keeps root's capabilities (setuid(0) works again after it),
+    as a misconfigured container or launcher can leave a process."""
+    import ctypes
+    pr_set_securebits, secbit_no_setuid_fixup = 28, 1 << 2
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(pr_set_securebits, secbit_no_setuid_fixup, 0, 0, 0) != 0:
+        os._exit(97)
+
+
+def can_keep_capabilities_across_setuid():
+    r = subprocess.run(["true"], preexec_fn=keep_capabilities_across_setuid, check=False)
+    return r.returncode == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="checks as root")
+def test_check_refuses_a_user_switch_that_could_regain_root(tmp_path, model):
+    """Where becoming `user =` would leave root within reach (the
+    capabilities survive the switch: SECBIT_NO_SETUID_FIXUP), the start
+    refuses to run ("could regain root after switching"), and so does
+    --check's child that opens the models as that user, in the same words:
+    one switch serves both. Before, the child skipped that check and opened
+    a model only root may read with root's capabilities: ok, exit 0, and
+    the start then died."""
+    if not can_keep_capabilities_across_setuid():
+        pytest.skip("cannot set SECBIT_NO_SETUID_FIXUP (no CAP_SETPCAP)")
+    where, private = shared_copy(model, 0o600)
+    conf = tmp_path / "u.conf"
+    conf.write_text(f"[wcached]\nsocket = {where}/w.sock\ncontrol = {where}/c.sock\n"
+                    f"user = nobody\n[model p]\npath = {private}\n")
+    line = "user = nobody: could regain root after switching"
+    r = subprocess.run([binary("wcached"), "--check", "-c", str(conf)], capture_output=True,
+                       text=True, timeout=60, preexec_fn=keep_capabilities_across_setuid)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert f"wcached: {line}\n" in r.stderr, r.stderr
+    assert 'model "p": ok' not in r.stdout, r.stdout
+    r = subprocess.run([binary("wcached"), "-c", str(conf)], capture_output=True, text=True,
+                       timeout=60, preexec_fn=keep_capabilities_across_setuid)
+    assert r.returncode == 1 and line in r.stderr, r.stderr  # what --check foresaw
+    # Without the securebit the same configuration checks as nobody, and
+    # the model only root may read fails as it would fail the daemon.
+    r = check(conf)
+    assert r.returncode == 1 and line not in r.stderr, r.stderr
+    assert f'model "p": {private}: Permission denied' in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("argv,line", [
     (["foo"], 'unexpected argument "foo"'),
     (["-x"], "unknown option -x"),
