@@ -39,6 +39,7 @@
 #include "restore.h"
 #include "server.h"
 #include "format/source.h"
+#include "format/tree.h"
 #include "generation.h"
 #include "warm.h"
 #include "derive.h"
@@ -627,6 +628,10 @@ main(int argc, char **argv)
 			argv[optind]);
 		return 2;
 	}
+	/* A model path that is a link to a descriptor (/dev/stdin) is refused
+	 * without naming /dev/fd/N as the spelling that works: here it would
+	 * name wcached's own descriptor, not one the operator holds. */
+	tree_fd_hint = false;
 	if (do_check)
 		return check(d.config_path);
 

@@ -30,6 +30,7 @@
 #include "format/tree.h"
 
 int tree_force_fallback;
+bool tree_fd_hint = true;
 
 /* Flags of every model file: see file_open() in file.c. */
 #define TREE_OPEN_FLAGS (O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK)
@@ -153,6 +154,7 @@ explain_escape(const struct model_tree *t, const char *rel, const char *path)
 	char sub[PATH_MAX], target[PATH_MAX], full[PATH_MAX * 2 + 2], *real;
 	size_t n = strlen(rel);
 	ssize_t k = -1;
+	bool fd_link;
 
 	if (n >= sizeof(sub))
 		n = sizeof(sub) - 1;
@@ -174,13 +176,20 @@ explain_escape(const struct model_tree *t, const char *rel, const char *path)
 	else
 		snprintf(full, sizeof(full), "%s", path);
 	n = strlen(t->root);
-	if (strncmp(target, "/proc/self/fd/", 14) == 0 && strcmp(sub, rel) == 0)
+	fd_link = strncmp(target, "/proc/self/fd/", 14) == 0 && strcmp(sub, rel) == 0;
+	if (fd_link && tree_fd_hint)
 		/* /dev/stdin: not followed (inside a model's tree such a link
 		 * would open the reader's own descriptors, the daemon's too),
 		 * but the descriptor has a spelling that works. */
 		error_set(-EXDEV, "%s: symlink to %s: a link into /proc is not followed inside "
 			"the model's tree %s; name the open file itself: /dev/fd/%s or %s",
 			full, target, t->root, target + 14, target);
+	else if (fd_link)
+		/* The same in wcached: its descriptors are its own, not the
+		 * operator's, so no spelling of one names the file meant. */
+		error_set(-EXDEV, "%s: symlink to %s: a link into /proc is not followed inside "
+			"the model's tree %s; name the model's file by its path (descriptors "
+			"here are the daemon's own)", full, target, t->root);
 	else if (target[0] == '/' && real != NULL && strncmp(real, t->root, n) == 0 &&
 		real[n] == '/')
 		error_set(-EXDEV, "%s: symlink to %s: absolute links are not allowed inside the "

@@ -61,6 +61,15 @@ void tree_close(struct model_tree *t);
  * component: a model file named by its path. */
 int tree_open_model_file(const char *path, struct wc_file *out);
 
+/*
+ * Whether the refusal of a link into /proc/self/fd inside a model's tree
+ * (/dev/stdin) names the spelling that works, /dev/fd/N: true where the
+ * descriptors are the caller's (wcachectl, libwcache); wcached sets it
+ * false, since its descriptors are its own (its stdin is not the
+ * operator's) and no /dev/fd/N names the file the operator meant.
+ */
+extern bool tree_fd_hint;
+
 /* Set by the unit tests to exercise the fallback for kernels without
  * openat2; not for other use. */
 extern int tree_force_fallback;

@@ -348,6 +348,34 @@ def test_check_refuses_a_user_switch_that_could_regain_root(tmp_path, model):
     assert f'model "p": {private}: Permission denied' in r.stderr, r.stderr
 
 
+def test_dev_stdin_is_refused_without_the_hint_of_a_descriptor(tmp_path, model):
+    """A model path of /dev/stdin (a link into /proc, which the tree rule
+    does not follow) is refused by wcached as by wcachectl, but without
+    wcachectl's hint to name the open file itself as /dev/fd/0: in wcached
+    that names the daemon's own standard input, not the operator's. So
+    says --check of such a configuration, and a running daemon's answer to
+    `wcachectl load x /dev/stdin`. Before, both gave the /dev/fd/0 hint."""
+    refused = "/dev/stdin: symlink to /proc/self/fd/0: a link into /proc is not followed"
+    told = "name the model's file by its path (descriptors here are the daemon's own)"
+    d = Daemon(tmp_path, {"small": model})
+    d.write_config({"small": model, "in": "/dev/stdin"})
+    with open(model, "rb") as stdin:  # what /dev/fd/0 would have named, were it ours
+        r = subprocess.run([binary("wcached"), "--check", "-c", d.conf], stdin=stdin,
+                           capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert refused in r.stderr and told in r.stderr, r.stderr
+    assert "/dev/fd/0" not in r.stderr, r.stderr
+    d.write_config({"small": model})
+    d.start()
+    try:
+        r = ctlutil.ctl(d, "load", "in", "/dev/stdin")
+        assert r.returncode != 0, r.stdout + r.stderr
+        out = r.stdout + r.stderr
+        assert refused in out and told in out and "/dev/fd/0" not in out, out
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
 @pytest.mark.parametrize("argv,line", [
     (["foo"], 'unexpected argument "foo"'),
     (["-x"], "unknown option -x"),
