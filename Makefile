@@ -38,9 +38,12 @@ build: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWCACHE_WERROR=ON >/dev/null
 	cmake --build $(BUILD) -j $(JOBS)
 
-test: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
-	$(MAKE) test-asan
+# The packages are built once, first: the integration tests of both builds
+# check these (WCACHE_DEBS) instead of building their own, and test-system
+# installs them.
+test: build deb
+	cd $(BUILD) && WCACHE_DEBS=$(CURDIR)/$(BUILD)/deb ctest --output-on-failure -j $(JOBS)
+	WCACHE_DEBS=$(CURDIR)/$(BUILD)/deb $(MAKE) test-asan
 	$(MAKE) test-release
 	$(MAKE) lint
 	$(MAKE) test-system

@@ -818,11 +818,21 @@ def write_sparse_safetensors(path, sizes):
         f.truncate(8 + len(h) + cur)
 
 
+def default_signal_actions():
+    """In the child: the signals a conversion cleans up after, at their
+    default action. A shell's background job (`pytest ... &`) starts with
+    SIGINT and SIGQUIT ignored, and a conversion keeps an ignored signal
+    ignored (as it should): SIGINT then did not end it, and the test of it
+    failed there."""
+    for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def start_conversion_and_wait_for_its_temporary(ctl, src, out):
     """Starts `convert src out` and returns it once its temporary file beside
     out exists (the write is under way), or fails after a deadline."""
     p = subprocess.Popen([ctl, "convert", str(src), str(out)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE)
+                         stderr=subprocess.PIPE, preexec_fn=default_signal_actions)
     deadline = time.monotonic() + 30
     while not [n for n in os.listdir(out.parent) if n.startswith("." + out.name + ".")]:
         if p.poll() is not None or time.monotonic() > deadline:

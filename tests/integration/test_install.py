@@ -19,6 +19,7 @@ In a sanitizer build the test programs are compiled with the build's
 compiler and sanitizer flags, since the installed library needs them.
 """
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -477,15 +478,25 @@ PACKAGES = ("wcached", "libwcache0", "libwcache-dev", "python3-wcache")
 
 @pytest.fixture(scope="module")
 def debs(tmp_path_factory):
-    """The .deb files scripts/make-deb.sh builds, by package name."""
-    if shutil.which("dpkg-buildpackage") is None:
-        pytest.skip("dpkg-buildpackage is not installed (make deps installs it)")
-    out = tmp_path_factory.mktemp("debs")
-    run([os.path.join(SRC, "scripts", "make-deb.sh"), str(out)], timeout=900)
+    """The .deb files scripts/make-deb.sh builds, by package name: those it
+    built into $WCACHE_DEBS where that is set (`make test` builds them once,
+    with `make deb`, for both builds' runs and the system tests), else built
+    here."""
+    given = os.environ.get("WCACHE_DEBS")
+    if given:
+        out = pathlib.Path(given)
+    else:
+        if shutil.which("dpkg-buildpackage") is None:
+            pytest.skip("dpkg-buildpackage is not installed (make deps installs it)")
+        out = tmp_path_factory.mktemp("debs")
+        run([os.path.join(SRC, "scripts", "make-deb.sh"), str(out)], timeout=900)
     found = {}
     for name in os.listdir(out):
         if name.endswith(".deb"):
             found[name.split("_")[0]] = str(out / name)
+    if given and not set(PACKAGES) <= set(found):
+        pytest.fail(f"WCACHE_DEBS={given} holds {sorted(found)}, not all of {sorted(PACKAGES)}: "
+                    "run `make deb`, or unset WCACHE_DEBS to build them here")
     return found
 
 
