@@ -46,7 +46,7 @@ test: build deb
 	WCACHE_DEBS=$(CURDIR)/$(BUILD)/deb $(MAKE) test-asan
 	$(MAKE) test-release
 	$(MAKE) lint
-	$(MAKE) test-system
+	$(SYSTEM_TESTS)
 
 # What a packager builds first: Release (-O3) with gcc and with clang, with
 # warnings as errors so that optimiser-only warnings are caught; the unit
@@ -130,11 +130,15 @@ deb: deps
 # $(BUILD)/kube) and runs the manifests of deploy/k8s with podman and runc.
 # Both need root and skip, saying why on one line, where no container can
 # run; both always run, and the target fails if either failed.
+define SYSTEM_TESTS
+rc=0; \
+/usr/bin/python3 tests/system/run.py --build $(BUILD) --debs $(BUILD)/deb || rc=1; \
+/usr/bin/python3 tests/system/kube.py --build $(BUILD) --debs $(BUILD)/deb || rc=1; \
+exit $$rc
+endef
+
 test-system: deb
-	rc=0; \
-	/usr/bin/python3 tests/system/run.py --build $(BUILD) --debs $(BUILD)/deb || rc=1; \
-	/usr/bin/python3 tests/system/kube.py --build $(BUILD) --debs $(BUILD)/deb || rc=1; \
-	exit $$rc
+	$(SYSTEM_TESTS)
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(BUILD)-release-gcc $(BUILD)-release-clang
