@@ -487,23 +487,47 @@ load_index(const struct model_tree *tree, const char *index_path, struct shard_m
 	return rc;
 }
 
+/*
+ * Opens the model's tree, the directory of index_path, and reads its shard
+ * index inside it (load_index()): what shards_read_index() and
+ * shards_open() both start with. On success *tree is open and *dir is the
+ * malloc'd directory, both the caller's (tree_close(), free()), and *m is
+ * set; on failure nothing is left open and nothing is set.
+ */
+static int
+open_index(const char *index_path, struct model_tree *tree, char **dir, struct shard_map *m)
+{
+	struct model_tree t = { .fd = -1 };
+	struct shard_map parsed = { 0 };
+	char *d;
+	int rc;
+
+	if ((d = path_dir(index_path)) == NULL)
+		return error_set(-ENOMEM, "%s: out of memory", index_path);
+	if ((rc = tree_open(d, &t)) < 0 || (rc = load_index(&t, index_path, &parsed)) < 0) {
+		shard_map_free(&parsed); /* empty on failure; said for the analyser */
+		tree_close(&t);
+		free(d);
+		return rc;
+	}
+	*tree = t;
+	*dir = d;
+	*m = parsed;
+	return 0;
+}
+
 int
 shards_read_index(const char *index_path, struct shard_map *out)
 {
-	struct model_tree tree = { .fd = -1 };
-	struct shard_map m = { 0 };
+	struct model_tree tree;
 	char *dir;
 	int rc;
 
-	if ((dir = path_dir(index_path)) == NULL)
-		return error_set(-ENOMEM, "%s: out of memory", index_path);
-	if ((rc = tree_open(dir, &tree)) == 0 && (rc = load_index(&tree, index_path, &m)) == 0)
-		*out = m;
-	else
-		shard_map_free(&m); /* empty on failure; said for the analyser */
+	if ((rc = open_index(index_path, &tree, &dir, out)) < 0)
+		return rc;
 	tree_close(&tree);
 	free(dir);
-	return rc;
+	return 0;
 }
 
 /*
@@ -579,14 +603,8 @@ shards_open(const char *index_path, struct model_source *out)
 	size_t len = 0;
 	int rc;
 
-	if ((dir = path_dir(index_path)) == NULL)
-		return error_set(-ENOMEM, "%s: out of memory", index_path);
-	if ((rc = tree_open(dir, &tree)) < 0) {
-		free(dir);
+	if ((rc = open_index(index_path, &tree, &dir, &m)) < 0)
 		return rc;
-	}
-	if ((rc = load_index(&tree, index_path, &m)) < 0)
-		goto fail;
 	/* shards_parse_index refuses an empty weight_map; said again here for
 	 * the analyser, which cannot see it across the call. */
 	if (m.nshards == 0) {
