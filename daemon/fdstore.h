@@ -26,8 +26,9 @@
  * added with overflow checks, the buffer must end exactly where the last
  * file does, and the result must satisfy fdstore_check() (unique names,
  * slots and generation numbers, at most one current and one pending
- * generation per model, one artifact per source generation and key, of a
- * generation the model describes). Every error is one line in error_get() naming the
+ * generation per model, ctimes 0 where nlink 0 says they are not recorded,
+ * one artifact per source generation and key, of a generation the model
+ * describes). Every error is one line in error_get() naming the
  * field ("fdstore: model 2 (\"llama\"): generation 1: file 0: fdname: ...").
  *
  * Three files implement it, one concern each: fdstore_name.c the name
@@ -195,7 +196,8 @@ int fdstore_name_parse(const char *name, struct fdstore_name *out);
  * valid and unique over the whole description (and neither "wc-status"
  * nor "wc-desc"), model names and slots unique, generation numbers unique
  * per model and at most its last_generation, one current and one pending
- * generation at most per model; each artifact's key valid, its source one
+ * generation at most per model; a file's ctimes 0 when its nlink is 0 (not
+ * recorded); each artifact's key valid, its source one
  * of the model's described generations, (source, key) unique per model,
  * its two names "wc-<slot>-d<n>-a" and "-i" of the model's slot and one n;
  * FDSTORE_MAX_FDS descriptors in all. 0, or -EINVAL naming the field. */

@@ -2,7 +2,8 @@
  * fdstore_check.c: the rules a description of the file descriptor store
  * obeys beyond the limits of each field (fdstore_check(), see fdstore.h):
  * valid and unique names, unique model names and slots, generation numbers
- * and roles that make sense for their model, derived artifacts of a
+ * and roles that make sense for their model, files whose ctimes are 0 when
+ * their nlink says they are not recorded, derived artifacts of a
  * described generation named after their model's slot, and a bound on the
  * descriptors in all.
  *
@@ -98,10 +99,18 @@ check_generation(const struct fdstore_model *m, uint32_t gi, const char *mwhere,
 		return error_set(-EINVAL, "fdstore: %s: file count: %" PRIu32 ", not 1 to %u",
 			where, g->nfiles, FDSTORE_MAX_FILES);
 	for (uint32_t k = 0; k < g->nfiles; k++) {
+		const struct fdstore_file *f = &g->files[k];
+
 		snprintf(fwhere, sizeof(fwhere), "%s: file %" PRIu32, where, k);
-		if ((r = check_string(g->files[k].fdname, FDSTORE_MAX_FDNAME, 1, fwhere,
-			     "fdname")) < 0)
+		if ((r = check_string(f->fdname, FDSTORE_MAX_FDNAME, 1, fwhere, "fdname")) < 0)
 			return r;
+		/* nlink 0 says the ctimes are not recorded: they are 0, so that
+		 * no reader can take one for a recorded ctime. */
+		if (f->nlink == 0 && (f->ctime_ns != 0 || f->origin_ctime_ns != 0))
+			return error_set(-EINVAL, "fdstore: %s: %s: %" PRId64 " with st_nlink 0, "
+				"which says the ctimes are not recorded: not 0", fwhere,
+				f->ctime_ns != 0 ? "st_ctim" : "origin st_ctim",
+				f->ctime_ns != 0 ? f->ctime_ns : f->origin_ctime_ns);
 	}
 	*nfds += 1 + g->nfiles;
 	return 0;

@@ -509,6 +509,16 @@ static void b_art_index_size(struct fdstore_desc *d)
 }
 static void b_art_pid(struct fdstore_desc *d) { d->models[0].artifacts[1].builder_pid = 0; }
 static void b_art_count(struct fdstore_desc *d) { d->models[2].nartifacts = 65; }
+/* nlink 0 says the ctimes are not recorded: they must be 0. */
+static void b_ctime_unrecorded(struct fdstore_desc *d)
+{
+	d->models[0].generations[0].files[1].nlink = 0;
+}
+static void b_origin_ctime_unrecorded(struct fdstore_desc *d)
+{
+	d->models[0].generations[0].files[1].nlink = 0;
+	d->models[0].generations[0].files[1].ctime_ns = 0;
+}
 
 static void
 test_rules(void **state)
@@ -545,6 +555,11 @@ test_rules(void **state)
 	refuse(b_art_index_size, "index size: 4294967296 bytes");
 	refuse(b_art_pid, "builder pid: 0 is not 1");
 	refuse(b_art_count, "model 2 (\"idle\"): artifact count: 65, more than 64");
+	refuse(b_ctime_unrecorded, "model 0 (\"llama\"): generation 0 (5): file 1: st_ctim: "
+		"1764892800123456790 with st_nlink 0, which says the ctimes are not recorded: "
+		"not 0");
+	refuse(b_origin_ctime_unrecorded, "generation 0 (5): file 1: origin st_ctim: "
+		"1764806400000000008 with st_nlink 0");
 }
 
 /* Decodes hostile bytes: the code, the message, *out untouched. */
@@ -643,6 +658,46 @@ test_hostile_bytes(void **state)
 	put_u32(hdr + 12, 1);
 	bad_bytes(hdr, FDSTORE_HEADER_SIZE, -EBADMSG, "model count: 1 records cannot fit");
 
+	free(copy);
+	free(buf);
+	fdstore_free(d);
+}
+
+/* A file whose st_nlink is 0 says its ctimes are not recorded: bytes that
+ * give it a st_ctim or an origin st_ctim other than 0 are refused, naming
+ * the file; with both 0 they are read. */
+static void
+test_ctimes_without_nlink(void **state)
+{
+	struct fdstore_desc *d = make_desc(), *back = NULL;
+	uint64_t ctime = (uint64_t)d->models[0].generations[0].files[0].ctime_ns;
+	uint8_t *buf, *copy, want[8];
+	const uint8_t *at;
+	size_t len, ctime_off;
+
+	(void)state;
+	buf = encode(d, &len);
+	copy = malloc(len);
+	assert_non_null(copy);
+	/* The first file's st_ctim is the first 8 bytes that hold it; its
+	 * st_nlink and its origin's st_ctim follow. */
+	for (int i = 0; i < 8; i++)
+		want[i] = (uint8_t)(ctime >> (8 * i));
+	at = memmem(buf, len, want, sizeof(want));
+	assert_non_null(at);
+	ctime_off = (size_t)(at - buf);
+	memcpy(copy, buf, len);
+	memset(copy + ctime_off + 8, 0, 8);
+	bad_bytes(copy, len, -EBADMSG, "fdstore: model 0 (\"llama\"): generation 0 (5): file 0: "
+		"st_ctim: 1764892800123456789 with st_nlink 0, which says the ctimes are not "
+		"recorded: not 0");
+	memset(copy + ctime_off, 0, 8);
+	bad_bytes(copy, len, -EBADMSG, "file 0: origin st_ctim: 1764806400000000007 with "
+		"st_nlink 0");
+	memset(copy + ctime_off + 16, 0, 8);
+	assert_int_equal(fdstore_decode(copy, len, &back), 0);
+	assert_true(back->models[0].generations[0].files[0].nlink == 0);
+	fdstore_free(back);
 	free(copy);
 	free(buf);
 	fdstore_free(d);
@@ -867,6 +922,7 @@ main(void)
 		cmocka_unit_test(test_older_versions),
 		cmocka_unit_test(test_rules),
 		cmocka_unit_test(test_hostile_bytes),
+		cmocka_unit_test(test_ctimes_without_nlink),
 		cmocka_unit_test(test_every_byte_counts),
 		cmocka_unit_test(test_names),
 		cmocka_unit_test(test_carry),
