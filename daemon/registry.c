@@ -547,9 +547,9 @@ entry_free(struct registry *r, struct model_entry *m)
 		stage_cancel(m->staging); /* its load_after finds no model */
 	/* A name that never served (a failed load of a new name) gives its
 	 * status slot back: each would otherwise keep one for the process's
-	 * life, and 8191 failed `wcachectl load`s used the page up. */
-	if (m->last_generation == 0)
-		statuspage_release_slot(&r->page, m->slot);
+	 * life, and 8191 failed `wcachectl load`s used the page up. (The
+	 * page knows: a slot a warm restart freed numbers from its word.) */
+	statuspage_release_slot(&r->page, m->slot);
 	free(m->name);
 	free(m->path);
 	free(m->error);

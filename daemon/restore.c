@@ -325,8 +325,9 @@ void
 restore_finish(struct restore *s, struct registry *r)
 {
 	if (s != NULL) {
-		/* A slot whose model is not served again says 0 until it is:
-		 * its holders see stale, as they should. Not when stopping:
+		/* A slot whose model is not served again says so until it is
+		 * (statuspage_publish: its last number, retired): its holders
+		 * see stale, as they should. Not when stopping:
 		 * the store keeps everything for the next process. */
 		for (uint32_t i = 0; !r->closing && s->desc != NULL && i < s->desc->nmodels; i++) {
 			uint64_t slot = s->desc->models[i].slot;

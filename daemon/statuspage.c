@@ -130,6 +130,17 @@ statuspage_adopt(struct statuspage *p, int fd)
 	return 0;
 }
 
+/* The last generation number slot's word says was given out in it: what
+ * a previous process left there (a generation it served, or a retired
+ * slot's), 0 on a fresh page. */
+static uint64_t
+word_floor(const struct statuspage *p, unsigned slot)
+{
+	if (p->map == NULL || slot == 0 || slot >= STATUS_SLOTS)
+		return 0;
+	return __atomic_load_n(&p->map[slot], __ATOMIC_ACQUIRE) & ~STATUS_SLOT_RETIRED;
+}
+
 int
 statuspage_slot_for(struct statuspage *p, const char *name, unsigned *slot)
 {
@@ -149,7 +160,9 @@ statuspage_slot_for(struct statuspage *p, const char *name, unsigned *slot)
 		return error_set(-ENOMEM, "model \"%s\": out of memory", name);
 	if (given_back != 0) {
 		free(p->slots[given_back].name);
-		p->slots[given_back] = (struct status_slot){ .name = n };
+		p->slots[given_back] = (struct status_slot){ .name = n,
+			.last_generation = word_floor(p, given_back),
+			.first = word_floor(p, given_back) };
 		*slot = given_back;
 		return 0;
 	}
@@ -158,16 +171,19 @@ statuspage_slot_for(struct statuspage *p, const char *name, unsigned *slot)
 	if (p->nslots >= STATUS_SLOTS) {
 		free(n);
 		return error_set(-ENOSPC, "model \"%s\": the status page has no slot left: "
-			"each of %u model names served since wcached started keeps one, "
-			"across warm restarts too (a cold start, systemctl stop then start, "
-			"frees those no longer configured)", name, STATUS_SLOTS - 1);
+			"each of its %u belongs to a model name that has served since wcached "
+			"started or that a warm restart carried (a restart, warm or cold, "
+			"frees the slots of the names not loaded when it stops)", name,
+			STATUS_SLOTS - 1);
 	}
 	if ((slots = realloc(p->slots, (p->nslots + 1) * sizeof(*slots))) == NULL) {
 		free(n);
 		return error_set(-ENOMEM, "model \"%s\": out of memory", name);
 	}
 	p->slots = slots;
-	slots[p->nslots] = (struct status_slot){ .name = n };
+	slots[p->nslots] = (struct status_slot){ .name = n,
+		.last_generation = word_floor(p, p->nslots),
+		.first = word_floor(p, p->nslots) };
 	*slot = p->nslots++;
 	return 0;
 }
@@ -175,7 +191,8 @@ statuspage_slot_for(struct statuspage *p, const char *name, unsigned *slot)
 void
 statuspage_release_slot(struct statuspage *p, unsigned slot)
 {
-	if (slot == 0 || slot >= p->nslots || p->slots[slot].last_generation != 0)
+	if (slot == 0 || slot >= p->nslots ||
+		p->slots[slot].last_generation != p->slots[slot].first)
 		return;
 	p->slots[slot].free = true;
 }
@@ -198,8 +215,9 @@ statuspage_restore_slot(struct statuspage *p, unsigned slot, const char *name,
 			return error_set(-ENOMEM, "status slots: out of memory");
 		p->slots = slots;
 		for (unsigned i = first; i <= slot; i++) {
-			/* A gap: a slot nobody owns yet, named "" (no model is). */
-			slots[i] = (struct status_slot){ .last_generation = 0 };
+			/* A gap: a slot nobody owns, named "" (no model is),
+			 * free for a new name, which numbers from its word. */
+			slots[i] = (struct status_slot){ .free = true };
 			if ((slots[i].name = strdup("")) == NULL) {
 				p->nslots = i;
 				return error_set(-ENOMEM, "status slots: out of memory");
@@ -210,6 +228,10 @@ statuspage_restore_slot(struct statuspage *p, unsigned slot, const char *name,
 	if ((n = strdup(name)) == NULL)
 		return error_set(-ENOMEM, "status slots: out of memory");
 	free(p->slots[slot].name);
+	/* The word may say more: a generation served after the description
+	 * was stored, by a process that did not stop. */
+	if (word_floor(p, slot) > last_generation)
+		last_generation = word_floor(p, slot);
 	p->slots[slot] = (struct status_slot){ .name = n, .last_generation = last_generation };
 	return 0;
 }
@@ -230,6 +252,11 @@ statuspage_set_last_generation(struct statuspage *p, unsigned slot, uint64_t num
 void
 statuspage_publish(struct statuspage *p, unsigned slot, uint64_t generation)
 {
+	/* Not served, once its name has served: the last number with the
+	 * bit, so that a restart that does not carry the name can give the
+	 * slot to a new one numbered above it (statuspage.h). */
+	if (generation == 0 && slot < p->nslots && p->slots[slot].last_generation != 0)
+		generation = STATUS_SLOT_RETIRED | p->slots[slot].last_generation;
 	if (slot != 0 && p->map != NULL)
 		__atomic_store_n(&p->map[slot], generation, __ATOMIC_RELEASE);
 }

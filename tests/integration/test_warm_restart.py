@@ -157,6 +157,55 @@ def test_warm_restart(tmp_path):
     assert status_code == 0, d.read_log()
 
 
+def wcachectl(d, *args):
+    return subprocess.run([binary("wcachectl"), "--control", d.control, *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_restart_frees_the_slots_of_names_it_does_not_carry(tmp_path):
+    """A status slot belongs to a model name for the daemon's life (so a
+    name unloaded and loaded again keeps numbering up), but a warm restart
+    carries only the names loaded when it stopped: the slot of one unloaded
+    before is free again, and a new name that takes it numbers above the
+    old name's last generation, which the slot's word keeps (2^63 + it)
+    while nobody serves there, so that a worker still holding the old
+    name's generation reads stale (the word never becomes its number).
+    Before, such slots came back as gaps nobody reused (a page filled by
+    8,191 names stayed full until a cold start), and a new name took the
+    next never-used slot, numbered from 1."""
+    a = mkmodel(tmp_path / "a.safetensors", seed=1)
+    b = mkmodel(tmp_path / "b.safetensors", seed=2)
+    c = mkmodel(tmp_path / "c.safetensors", seed=3)
+    mgr = FakeManager(str(tmp_path / "notify.sock"))
+    d = Daemon(tmp_path, {"a": a, "b": b})
+    try:
+        start(d, mgr)
+        wait_until(lambda: ready(d, "a") and ready(d, "b"), what="the models ready")
+        r = wcachectl(d, "load", "b", b)    # b: generation 2, in slot 2
+        assert r.returncode == 0 and "generation 2" in r.stdout, r.stdout + r.stderr
+        wait_until(lambda: ready(d, "b") and generation(d, "b") == 2, what="b's generation 2")
+        d.write_config({"a": a})
+        assert wcachectl(d, "reload").returncode == 0, d.read_log()
+        wait_until(lambda: "b" not in status(d), what="b unloaded")
+        assert mgr.status_slot(2) == (1 << 63) | 2    # not served; last was 2
+        mgr.wait_for(lambda m: not any(k.startswith("wc-2-") for k in m.store),
+                     what="b gone from the store")
+        assert d.stop() == 0, d.read_log()
+        start(d, mgr, *mgr.listen_fds())
+        wait_until(lambda: ready(d, "a"), what="a restored")
+        r = wcachectl(d, "load", "c", c)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "generation 3" in r.stdout, r.stdout + d.read_log()
+        wait_until(lambda: ready(d, "c"), what="c ready")
+        mgr.wait_for(lambda m: "wc-2-3-i" in m.store, what="c stored in slot 2")
+        assert mgr.status_slot(2) == 3 and mgr.status_slot(3) == 0
+        assert finish(worker(d, c, "c"))["generation"] == 3
+    finally:
+        status_code = d.stop()
+        mgr.close()
+    assert status_code == 0, d.read_log()
+
+
 def left_out_whole(d, limit):
     """The models the latest store-limit warning names as left out whole
     ([] before any)."""

@@ -484,7 +484,7 @@ test_unload_while_held_cancels_warming(void **state)
 	du_log_start(t);
 	assert_int_equal(registry_unload(&t->reg, "m"), 0);
 	assert_null(g->model);
-	assert_int_equal(t->reg.page.map[1], 0); /* no longer served */
+	assert_int_equal(t->reg.page.map[1], STATUS_SLOT_RETIRED | 1); /* no longer served */
 	du_settle(t);
 	log = du_log_stop(t);
 	assert_logged(log, "generation 1: warming -> ready (warming cancelled)");
