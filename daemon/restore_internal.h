@@ -10,8 +10,10 @@
 #ifndef WC_RESTORE_INTERNAL_H
 #define WC_RESTORE_INTERNAL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 
 #include "base/error.h"
 #include "format/source.h"
@@ -143,6 +145,12 @@ struct restore_prepared {
 	struct fs_info fs;        /* the files' filesystem (a staged copy's: its origin's) */
 	bool fs_unknown;          /* a staged copy's origin's filesystem could not be told */
 	char *staged_dir;         /* the staged copies' directory, or NULL */
+	/* Filled by restore_check_layout() (the current generation's): the
+	 * model's path (its file, shard index or directory) as it stat'ed
+	 * it before listing its files, the baseline its watch compares the
+	 * path with (generation.h's opened_path). */
+	bool path_known;
+	struct stat path_st;
 };
 
 /* Checks p's generation (files in path's directory; staged copies are
@@ -156,10 +164,11 @@ void restore_check_generation(struct restore_prepared *p, const char *path,
  * directory) still list, as a load would, the files of p's generation, in
  * its order? A path of one file: yes (restore_check_generation compares
  * it). 0, or -ESTALE (another -errno when the stored index or path cannot
- * be looked at) with the reason: what lists other files, and which. Work
- * queue thread: reads the index, asks the model's filesystem.
+ * be looked at) with the reason: what lists other files, and which. Sets
+ * p->path_st (path_known) to the path's stat before it lists the files.
+ * Work queue thread: reads the index, asks the model's filesystem.
  */
-int restore_check_layout(const struct restore_prepared *p, const char *path);
+int restore_check_layout(struct restore_prepared *p, const char *path);
 
 /* Frees what p holds (after a failure, or once served: then src, served,
  * origin and staged_dir are NULL). Leaves the stored descriptors it names.

@@ -333,6 +333,14 @@ serve(struct restore_job *j, struct restore_prepared *p, int held)
 	 * as there were; a held one waits already. */
 	if (!held)
 		restore_await_holds(r, k, g->holders);
+	/* The model's path as the check stat'ed it before listing its files:
+	 * the watch's baseline, as a load's stat at open is (watch.c,
+	 * watch_poll.c), so that an index renamed over after the check, before
+	 * the model's directory is watched or first polled, is seen. */
+	if (!held && p->path_known) {
+		k->opened_path.known = 1;
+		k->opened_path.st = p->path_st;
+	}
 	/* The manager still has every piece under these names. */
 	k->stored_slot = e->slot;
 	k->stored_done = e->slot == m->slot;

@@ -120,7 +120,7 @@ check_dir(const char *dir, const uint8_t *blob, const struct index_header *h)
 }
 
 int
-restore_check_layout(const struct restore_prepared *p, const char *path)
+restore_check_layout(struct restore_prepared *p, const char *path)
 {
 	const struct fdstore_generation *g = p->g;
 	struct index_header h;
@@ -130,9 +130,14 @@ restore_check_layout(const struct restore_prepared *p, const char *path)
 	bool is_dir;
 	int r;
 
-	/* A path of one file names it: restore_check.c compared it. */
+	/* Before the files are listed: a shard index renamed over after this
+	 * (or a directory changed) is a change its watch sees, even before
+	 * it is armed (watch.c compares the path with this stat). */
 	if (stat(path, &st) == -1)
 		return error_set(-ESTALE, "%s: %s", path, strerror(errno));
+	p->path_st = st;
+	p->path_known = true;
+	/* A path of one file names it: restore_check.c compared it. */
 	is_dir = S_ISDIR(st.st_mode);
 	if (!is_dir && !file_has_suffix(path, ".json"))
 		return 0;

@@ -156,6 +156,8 @@ struct sync_job {
 	char *path;             /* the model's path, */
 	char *dirs[2];          /* its directory, and itself when a directory */
 	int wd[2], err[2];
+	int path_err;           /* path's stat once its directory is watched */
+	struct stat path_st;
 	struct sync_gen gens[2];
 	size_t ngens;
 };
@@ -186,9 +188,12 @@ sync_job_free(struct sync_job *j)
 }
 
 /* Work queue thread: arm the watches, then compare each generation's paths
- * with the files it opened: a rename between a load's open (or a restore's
- * stat) and the arming of its directory's watch made no event this process
- * saw. */
+ * with the files it opened, and stat the model's path, which sync_after
+ * compares with what the generation's load (or a warm restart's check)
+ * found: a rename between a load's open (or a restore's stat) and the
+ * arming of its directory's watch made no event this process saw. A shard
+ * index renamed over shows in the model's path alone: the README's way
+ * leaves every old shard as it was. */
 static void
 sync_work(struct workq_job *job)
 {
@@ -198,7 +203,8 @@ sync_work(struct workq_job *job)
 	j->wd[0] = inotify_add_watch(j->w->fd, j->dirs[0], WATCH_MASK);
 	j->err[0] = j->wd[0] == -1 ? errno : 0;
 	j->wd[1] = -1;
-	if (stat(j->path, &st) == 0 && S_ISDIR(st.st_mode) &&
+	j->path_err = stat(j->path, &j->path_st) == -1 ? errno : 0;
+	if (j->path_err == 0 && S_ISDIR(j->path_st.st_mode) &&
 		(j->dirs[1] = strdup(j->path)) != NULL) {
 		j->wd[1] = inotify_add_watch(j->w->fd, j->dirs[1], WATCH_MASK);
 		j->err[1] = j->wd[1] == -1 ? errno : 0;
@@ -235,6 +241,28 @@ live_generation(struct model_entry *m, uint64_t number)
 
 static void check_generation(struct registry *r, struct generation *g);
 
+/*
+ * Is the model's path, as j found it once its directory was watched,
+ * other than when g's load opened it (or a warm restart's check listed
+ * g's files; generation.h's opened_path): another file, none, or the same
+ * one changed (a directory whose entries changed)? Compared on the loop,
+ * when the job is done: a restored generation gets its check's stat just
+ * after the registry lists it, when this job is queued already.
+ */
+static int
+path_moved(const struct sync_job *j, const struct generation *g)
+{
+	const struct stat *was = &g->opened_path.st, *now = &j->path_st;
+
+	if (!g->opened_path.known)
+		return 0;
+	return j->path_err != 0 || now->st_dev != was->st_dev || now->st_ino != was->st_ino ||
+		now->st_size != was->st_size || now->st_mtim.tv_sec != was->st_mtim.tv_sec ||
+		now->st_mtim.tv_nsec != was->st_mtim.tv_nsec ||
+		now->st_ctim.tv_sec != was->st_ctim.tv_sec ||
+		now->st_ctim.tv_nsec != was->st_ctim.tv_nsec;
+}
+
 /* Loop thread: what a sync job found. */
 static void
 sync_after(struct workq_job *job, int status)
@@ -267,7 +295,9 @@ sync_after(struct workq_job *job, int status)
 	}
 	m = registry_find(w->reg, j->name);
 	if (m != NULL && m->entry_id == j->entry_id && status == 0) {
-		if (s != NULL && strcmp(m->path, j->path) == 0) {
+		int same_path = strcmp(m->path, j->path) == 0;
+
+		if (s != NULL && same_path) {
 			free(s->path);
 			s->path = j->path;
 			j->path = NULL;
@@ -282,6 +312,11 @@ sync_after(struct workq_job *job, int status)
 				log_info("model \"%s\": generation %" PRIu64 ": a file was "
 					 "replaced before its directory was watched", m->name,
 					g->number);
+				watch_mark_dirty(w, m->name);
+			} else if (same_path && path_moved(j, g)) {
+				log_info("model \"%s\": generation %" PRIu64 ": %s changed "
+					 "before its directory was watched", m->name, g->number,
+					m->path);
 				watch_mark_dirty(w, m->name);
 			}
 			/* ... or written in place before: its descriptors say. */

@@ -19,8 +19,8 @@
  *    (the inode number may be one the server gave again to the file that
  *    replaced it); a staged one is only reloaded: its copies are intact;
  *  - the model's own path (a directory, a shard index) changed since the
- *    load of this generation opened it (since its first poll when that is
- *    not known: a warm restart's): reloaded.
+ *    load of this generation opened it, or a warm restart's check listed
+ *    its files (since its first poll when neither is known): reloaded.
  * A change is acted on only once two polls in a row saw the same stat of
  * every path, so a file still being written is left alone until it stops
  * moving (said once per change, not at each poll), and only once per state
@@ -251,8 +251,9 @@ judge(struct watch *w, struct polled *p, struct model_entry *m, struct generatio
 		 * that path alone, and this first poll may come poll_interval
 		 * after the load, or after g warmed as the pending generation
 		 * (polls wait meanwhile). Taking this poll as the baseline
-		 * missed such an update for good. A generation whose load is not
-		 * known (a warm restart's) takes this poll. */
+		 * missed such an update for good. A generation a warm restart
+		 * took back has its check's stat instead (restore_layout.c);
+		 * one with neither takes this poll. */
 		p->generation = g->number;
 		p->dir_sig = g->opened_path.known ? stat_sig(0, &g->opened_path.st) : path_sig;
 		p->last_sig = 0;

@@ -1,0 +1,83 @@
+"""A model a warm restart took back is watched from what its check saw:
+a shard index renamed over after the restart's check listed the model's
+files, but before the model's directory was watched, is a change (watch.c
+compares the model's path with the check's stat, restore_layout.c), as it
+is after a load (the load's stat at open). Before, the restored
+generation had no such baseline: the check of its paths when the watch was
+armed compared only the shards, which the README's way of updating a
+sharded model (new shards under new names, the index renamed over last)
+leaves as they were, and the old shards served on for good.
+
+The window is made wide on purpose: with one work thread
+(UV_THREADPOOL_SIZE=1) a second model's warm restart check, on a "remote"
+filesystem (tests/pyutil/remotefs.py) frozen meanwhile, holds the thread
+after the first model's check, so the job that arms the first model's
+watch waits behind it until the filesystem is thawed."""
+import json
+import os
+import sys
+
+import pytest
+
+from conftest import Daemon, mkmodel, wait_until
+from test_warm_restart import generation, start, status, write_shards
+
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
+from fakemanager import FakeManager  # noqa: E402 (path set just above)
+from remotefs import RemoteFS, skip_reason  # noqa: E402
+
+
+def test_an_index_renamed_before_a_restored_model_is_watched_is_seen(tmp_path, monkeypatch):
+    """Model m (a shard index on local disk) is restored; its index is
+    renamed over (version 2) while the job that arms its watch waits
+    behind model r's check, on a frozen remote filesystem. Once that check
+    ends, m's watch is armed, sees that its index is not what the check
+    listed, and m loads generation 2. Before: generation 1 for good."""
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    monkeypatch.setenv("UV_THREADPOOL_SIZE", "1")
+    os.chmod(tmp_path, 0o755)
+    shard_dir = tmp_path / "shards"
+    shard_dir.mkdir()
+    write_shards(tmp_path, shard_dir, 1)
+    index = shard_dir / "model.safetensors.index.json"
+    with RemoteFS(tmp_path / "backing", tmp_path / "mnt", attr_timeout=0.1) as fs:
+        with open(mkmodel(tmp_path / "r.safetensors", seed=3), "rb") as f:
+            fs.replace("r.safetensors", f.read())
+        fs.wait_visible("r.safetensors")
+        mgr = FakeManager(str(tmp_path / "notify.sock"))
+        d = Daemon(tmp_path, {"m": str(index),
+                              "r": (fs.path("r.safetensors"), {"stage": "no"})})
+        try:
+            start(d, mgr)
+            wait_until(lambda: all(status(d).get(x, {}).get("state") == "ready"
+                                   for x in ("m", "r")), what="m and r ready")
+            mgr.wait_for(lambda m: "wc-desc" in m.store and
+                         sum(k.endswith("-1-i") for k in m.store) == 2,
+                         what="both generations and the description stored")
+            assert d.stop() == 0, d.read_log()
+            fs.freeze()
+            try:
+                start(d, mgr, *mgr.listen_fds())
+                d.wait_for_log(r'model "m": generation 1 restored from the file descriptor '
+                               r'store', timeout=30)
+                # r's check holds the one work thread: m's watch is not
+                # armed, and this rename makes no event it sees.
+                assert 'model "r": generation 1 restored' not in d.read_log()
+                write_shards(tmp_path, shard_dir, 2)
+            finally:
+                fs.thaw()
+            d.wait_for_log(r'model "r": generation 1 restored from the file descriptor store',
+                           timeout=30)
+            wait_until(lambda: generation(d, "m") == 2, timeout=20,
+                       what="generation 2 of m, its index renamed before it was watched")
+            log = d.read_log()
+            assert (f'model "m": generation 1: {index} changed before its directory was '
+                    'watched') in log, log
+            r = d.attach("m", "--touch", "--json")
+            assert r.returncode == 0 and json.loads(r.stdout)["generation"] == 2, r.stdout
+        finally:
+            status_code = d.stop()
+            mgr.close()
+        assert status_code == 0, d.read_log()
