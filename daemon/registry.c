@@ -113,6 +113,86 @@ registry_find(struct registry *r, const char *name)
 	return NULL;
 }
 
+/* The refusal of name, or NULL (struct registry_refusal). */
+static struct registry_refusal **
+refusal_of(struct registry *r, const char *name)
+{
+	struct registry_refusal **pp;
+
+	for (pp = &r->refusals; *pp != NULL; pp = &(*pp)->next)
+		if (strcmp((*pp)->name, name) == 0)
+			return pp;
+	return NULL;
+}
+
+/* Remembers that an entry of name could not be made (err), or forgets it
+ * (err 0): a reload retries such a model instead of taking it for one
+ * unloaded at run time. Nothing when it cannot be kept. */
+static void
+note_refusal(struct registry *r, const char *name, int err)
+{
+	struct registry_refusal **pp = refusal_of(r, name), *f;
+
+	if (pp != NULL && err != 0) {
+		(*pp)->err = err;
+	} else if (pp != NULL) {
+		f = *pp;
+		*pp = f->next;
+		free(f->name);
+		free(f);
+		r->nrefusals--;
+	} else if (err != 0 && r->nrefusals < REGISTRY_REFUSALS_MAX &&
+		(f = calloc(1, sizeof(*f))) != NULL) {
+		if ((f->name = strdup(name)) == NULL) {
+			free(f);
+			return;
+		}
+		f->err = err;
+		f->next = r->refusals;
+		r->refusals = f;
+		r->nrefusals++;
+	}
+}
+
+int
+registry_refused(const struct registry *r, const char *name, char *why, size_t why_size)
+{
+	for (const struct registry_refusal *f = r->refusals; f != NULL; f = f->next) {
+		if (strcmp(f->name, name) != 0)
+			continue;
+		snprintf(why, why_size, "its load was refused: %s", f->err == -ENOSPC ?
+			"the status page had no slot left for a new name" : strerror(-f->err));
+		return 1;
+	}
+	return 0;
+}
+
+void
+registry_refusals_prune(struct registry *r, int (*keep)(const char *name, void *arg), void *arg)
+{
+	struct registry_refusal **pp = &r->refusals, *f;
+
+	while ((f = *pp) != NULL) {
+		if (keep(f->name, arg)) {
+			pp = &f->next;
+			continue;
+		}
+		*pp = f->next;
+		free(f->name);
+		free(f);
+		r->nrefusals--;
+	}
+}
+
+/* No refusal is kept (registry_close). */
+static int
+keep_none(const char *name, void *arg)
+{
+	(void)name;
+	(void)arg;
+	return 0;
+}
+
 int
 registry_entry_new(struct registry *r, const char *name, const char *path, enum pin_mode pin,
 	int warm, struct model_entry **out)
@@ -125,6 +205,7 @@ registry_entry_new(struct registry *r, const char *name, const char *path, enum 
 		if (m != NULL)
 			free(m->name);
 		free(m);
+		note_refusal(r, name, -ENOMEM);
 		return error_set(-ENOMEM, "model \"%s\": out of memory", name);
 	}
 	m->pin = pin;
@@ -137,8 +218,10 @@ registry_entry_new(struct registry *r, const char *name, const char *path, enum 
 		free(m->path);
 		free(m->name);
 		free(m);
+		note_refusal(r, name, err);
 		return err;
 	}
+	note_refusal(r, name, 0);
 	m->last_generation = statuspage_last_generation(&r->page, m->slot);
 	m->last_attach = ++r->attach_seq;
 	m->next = r->models;
@@ -616,6 +699,7 @@ registry_close(struct registry *r)
 		gen_maybe_free(r, g);
 	}
 	statuspage_close(&r->page);
+	registry_refusals_prune(r, keep_none, NULL);
 	free(r->stage_dir);
 	r->stage_dir = NULL;
 }

@@ -120,6 +120,16 @@ struct model_entry {
 typedef void (*registry_done_fn)(int status, const char *message, uint64_t generation,
 	void *arg);
 
+/* A load refused before the registry had an entry of its name
+ * (registry_entry_new: no status page slot left, or no memory): what a
+ * config reload needs to tell such a model from one unloaded at run time,
+ * and to load it again (reload.c, registry_refused). */
+struct registry_refusal {
+	char *name;
+	int err; /* -ENOSPC, -ENOMEM */
+	struct registry_refusal *next;
+};
+
 struct registry {
 	uv_loop_t *loop;
 	struct model_entry *models;
@@ -175,9 +185,19 @@ struct registry {
 	 * are gone or none is left; it returns the bytes dropped. NULL: none. */
 	uint64_t derived_bytes;
 	uint64_t (*drop_derived)(struct registry *, uint64_t want);
+	/* Names whose latest load was refused before they had an entry, one
+	 * each, at most REGISTRY_REFUSALS_MAX (the newest beyond are not
+	 * kept): dropped when an entry of the name is made, or by
+	 * registry_refusals_prune. */
+	struct registry_refusal *refusals;
+	unsigned nrefusals;
 	void *derive_owner;
 	void *owner;
 };
+
+/* The most refusals kept: a configuration's models and a few more (a
+ * `wcachectl load` of a new name refused while the page is full is one). */
+#define REGISTRY_REFUSALS_MAX 8191u
 
 /* Queues a residency check of every current generation on the work queue
  * (resident.h), which refreshes the figure status and metrics report; a
@@ -455,6 +475,18 @@ int registry_servable(struct model_entry *m, struct generation **out, char *msg,
  * loading the same files again cannot mend it (a rename(2) must).
  */
 int registry_failed(const struct model_entry *m, char *why, size_t why_size);
+
+/* Whether the latest load of name was refused before the registry had an
+ * entry of it (no status page slot left for a new name, or no memory), so
+ * that its model is not served for that and not because it was unloaded:
+ * 1 with the reason in why ("its load was refused: ..."), else 0 (why
+ * untouched). */
+int registry_refused(const struct registry *r, const char *name, char *why, size_t why_size);
+
+/* Drops the refusals of the names keep(name, arg) says 0 for (a reload:
+ * those no longer configured). */
+void registry_refusals_prune(struct registry *r, int (*keep)(const char *name, void *arg),
+	void *arg);
 
 /* Drops a reference registry_attach() or restore_hold() took. */
 void registry_release(struct registry *r, struct generation *g);

@@ -97,13 +97,15 @@ changed_keys(unsigned changes, char *buf, size_t size)
 
 /*
  * Applies one model's change (config_diff). A configured model the
- * registry does not serve was unloaded at run time (`wcachectl unload`):
- * that lasts until a restart or a reload that changes its section
- * (`wcachectl unload --help`). When the section changed, whatever the key,
- * the reload serves it as configured, as a start would, with one line
- * saying so; before, only a change of path, warm or stage brought it back,
- * and a change of pin or of the access lists left it unloaded with an
- * error naming no cause, while the reload answered ok.
+ * registry does not serve was unloaded at run time (`wcachectl unload`),
+ * or its load was refused before it had an entry (registry_refused): the
+ * first lasts until a restart or a reload that changes its section
+ * (`wcachectl unload --help`), the second until a reload
+ * (unchanged_not_served). When the section changed, whatever the key, the
+ * reload serves it as configured, as a start would, with one line saying
+ * which it was; before, only a change of path, warm or stage brought it
+ * back, and a change of pin or of the access lists left it unloaded with
+ * an error naming no cause, while the reload answered ok.
  */
 static void
 reload_model(enum config_change change, const struct model_config *old_model,
@@ -116,11 +118,15 @@ reload_model(enum config_change change, const struct model_config *old_model,
 		return;
 	}
 	if (change == CONFIG_MODEL_CHANGED && !served(b->d, new_model->name)) {
-		char keys[160];
+		char keys[160], why[160];
 
 		changed_keys(changes, keys, sizeof(keys));
-		log_info("model \"%s\": unloaded at run time; its section changed (%s): the "
-			 "reload serves it again as configured", new_model->name, keys);
+		if (registry_refused(&b->d->reg, new_model->name, why, sizeof(why)))
+			log_info("model \"%s\": not served: %s; its section changed (%s): the "
+				 "reload loads it again", new_model->name, why, keys);
+		else
+			log_info("model \"%s\": unloaded at run time; its section changed (%s): "
+				 "the reload serves it again as configured", new_model->name, keys);
 		batch_load(b, new_model);
 		return;
 	}
@@ -138,23 +144,45 @@ reload_model(enum config_change change, const struct model_config *old_model,
 }
 
 /*
- * Before the configuration's changes are queued: one line for each model
- * unloaded at run time whose section did not change, which the reload
- * leaves unloaded (reload_model), so that the log says why a configured
- * model is not served.
+ * Before the configuration's changes are queued: each configured model
+ * whose section did not change and that the registry does not serve. One
+ * whose load was refused before it had an entry (the status page had no
+ * slot left for a new name: registry_refused) was never loaded, so it is
+ * loaded again, in the reload's batch, with one line saying why it was
+ * not served; before, the reload took it for a model unloaded at run
+ * time and left it so. Any other was unloaded at run time (`wcachectl
+ * unload`): one line says the reload leaves it unloaded (reload_model),
+ * so that the log says why a configured model is not served.
  */
 static void
-note_kept_unloaded(struct daemon *d, const struct config *cfg)
+unchanged_not_served(struct batch *b, const struct config *cfg)
 {
+	struct daemon *d = b->d;
+
 	for (size_t i = 0; i < cfg->n_models; i++) {
 		const struct model_config *mc = &cfg->models[i];
 		const struct model_config *was = config_model_find(d->cfg, mc->name);
+		char why[160];
 
-		if (was != NULL && config_model_changes(was, mc) == 0 && !served(d, mc->name))
+		if (was == NULL || config_model_changes(was, mc) != 0 || served(d, mc->name))
+			continue;
+		if (registry_refused(&d->reg, mc->name, why, sizeof(why))) {
+			log_info("model \"%s\": not served: %s; the reload loads it again",
+				mc->name, why);
+			batch_load(b, mc);
+		} else {
 			log_info("model \"%s\": unloaded at run time and its section did not "
 				 "change: the reload leaves it unloaded (a restart, or a change "
 				 "to its section, serves it again)", mc->name);
+		}
 	}
+}
+
+/* Is name a model of the configuration arg (registry_refusals_prune)? */
+static int
+configured(const char *name, void *arg)
+{
+	return config_model_find(arg, name) != NULL;
 }
 
 /*
@@ -462,7 +490,9 @@ apply(struct daemon *d, struct config *cfg, struct reload_waiter *waiters)
 	reload_set_stage_dir(d, cfg, (uid_t)-1, (gid_t)-1);
 	d->reloads++;
 	b = batch_new(d, reload_finished, req);
-	note_kept_unloaded(d, cfg);
+	/* Refusals of names no longer configured are of no use now. */
+	registry_refusals_prune(&d->reg, configured, cfg);
+	unchanged_not_served(b, cfg);
 	config_diff(d->cfg, cfg, reload_model, b);
 	retry_failed(b, cfg);
 	rewarm_what_fits(d, was_budget);

@@ -226,6 +226,56 @@ def test_failed_loads_of_new_names_give_their_status_slots_back(daemon, tmp_path
     assert r.returncode == 0 and "generation 3" in r.stdout, r.stdout + r.stderr
 
 
+def fill_status_page(d, path):
+    """Takes every free slot of d's status page with a name that serves
+    (loaded from path, then unloaded: it keeps its slot for the daemon's
+    life), pipelined in rounds; returns how many names it took."""
+    c = Control(d, timeout=120)
+    taken = 0
+    try:
+        while True:
+            names = [f"fill{taken + i}" for i in range(256)]
+            c.send(b"".join(f"load {n} {path}\nunload {n}\n".encode() for n in names))
+            full = False
+            for _ in names:
+                loaded, unloaded = c.reply(), c.reply()
+                if loaded["ok"]:
+                    assert unloaded["ok"], unloaded
+                    taken += 1
+                else:
+                    assert "the status page has no slot left" in loaded["error"], loaded
+                    full = True
+            if full:
+                return taken
+    finally:
+        c.close()
+
+
+def test_a_model_refused_for_a_full_status_page_is_loaded_by_the_next_reload(daemon,
+                                                                             tmp_path, model):
+    """A model added to the configuration while every status page slot
+    belongs to a name that served fails to load ('the status page has no
+    slot left'). Before, the next reload took it for a model unloaded at
+    run time ('unloaded at run time and its section did not change: the
+    reload leaves it unloaded') and never loaded it again, even once a
+    restart had freed slots; now that reload says why it was not served,
+    loads it again, and fails again while the page is full."""
+    taken = fill_status_page(daemon, model)
+    assert taken == 8191 - 1     # "small" has the first slot
+    late = mkmodel(tmp_path / "late.safetensors", seed=9, **SMALL)
+    daemon.write_config({"small": model, "late": late})
+    r = ctl(daemon, "reload")
+    assert r.returncode == 1 and "some models failed to load" in r.stderr, r.stdout + r.stderr
+    assert 'model "late": the status page has no slot left' in daemon.read_log()
+    r = ctl(daemon, "reload")
+    assert r.returncode == 1, r.stdout + r.stderr
+    log = daemon.read_log()
+    assert ('model "late": not served: its load was refused: the status page had no slot '
+            'left for a new name; the reload loads it again') in log, log
+    assert 'model "late": unloaded at run time' not in log, log
+    assert log.count('model "late": the status page has no slot left') == 2, log
+
+
 def test_load_relative_path_and_pin(daemon, tmp_path):
     mkmodel(tmp_path / "rel.safetensors", seed=6, **SMALL)
     r = subprocess.run([binary("wcachectl"), "--control", daemon.control, "--json", "load",
