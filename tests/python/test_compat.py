@@ -113,6 +113,62 @@ def test_serialize_refuses_a_dimension_that_is_not_an_integer(shape):
             expected_file('{"x":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}', b"ab")
 
 
+@pytest.mark.parametrize("name,code", [("float32", "F32"), ("bfloat16", "BF16"),
+                                       ("float8_e5m2fnuz", "F8_E5M2FNUZ"), ("bool", "BOOL"),
+                                       ("float4_e2m1fn_x2", "F4")])
+def test_tensorspec_dtype_is_the_format_code(name, code):
+    """Upstream's TensorSpec.dtype (and repr) is the safetensors format
+    code written in the header, "not the Python constructor-style name"
+    (__init__.pyi, src/lib.rs getter dtype). Before (rev133 #2) it was the
+    name given: 'float32', 'bfloat16'."""
+    spec = wcache.TensorSpec(dtype=name, shape=[2, 3], data_ptr=5, data_len=24)
+    assert spec.dtype == code
+    shape = [2, 6] if code == "F4" else [2, 3]
+    assert repr(spec) == f"TensorSpec(dtype='{code}', shape={shape}, data_ptr=5, data_len=24)"
+
+
+def test_tensorspec_is_frozen():
+    """Upstream's TensorSpec is a #[pyclass(frozen)] with getters only:
+    assigning or deleting an attribute raises AttributeError. Before
+    (rev133 #3) shape, dtype and data_len could be assigned, repr showed
+    the new values and serialize wrote the dtype given at construction."""
+    data = np.arange(6, dtype=np.float32)
+    spec = wcache.TensorSpec(dtype="float32", shape=[2, 3], data_ptr=data.ctypes.data,
+                             data_len=24)
+    for attr, value in (("dtype", "int8"), ("shape", [6]), ("data_ptr", 0), ("data_len", 6),
+                        ("other", 1)):
+        with pytest.raises(AttributeError):
+            setattr(spec, attr, value)
+    with pytest.raises(AttributeError):
+        del spec.shape
+    spec.shape.append(7)  # a copy, as upstream's getter returns
+    assert (spec.dtype, spec.shape, spec.data_len) == ("F32", [2, 3], 24)
+    assert wcache.serialize({"x": spec}) == expected_file(
+        '{"x":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}}', data.tobytes())
+
+
+@pytest.mark.parametrize("field,value", [("shape", [-1]), ("shape", [2, 2**64]),
+                                         ("data_ptr", -1), ("data_ptr", 2**64),
+                                         ("data_len", -1), ("data_len", 2**64)])
+def test_tensorspec_takes_unsigned_64_bit_integers(field, value):
+    """Upstream's fields are Vec<usize>, u64 and usize: a negative value or
+    one of 2**64 or more is refused at construction with pyo3's
+    OverflowError. Before (rev133 #3) they were accepted, and data_len=-1
+    reached ctypes in serialize (a ValueError)."""
+    args = dict(dtype="uint8", shape=[0], data_ptr=0, data_len=0)
+    args[field] = value
+    with pytest.raises(OverflowError):
+        wcache.TensorSpec(**args)
+    top = 2**64 - 1  # the largest is taken
+    spec = wcache.TensorSpec(dtype="uint8", shape=[0, top], data_ptr=top, data_len=top)
+    assert (spec.shape, spec.data_ptr, spec.data_len) == ([0, top], top, top)
+    # F4's doubled last dimension must fit too (upstream's checked_mul)
+    assert wcache.TensorSpec(dtype="float4_e2m1fn_x2", shape=[2**63 - 1], data_ptr=0,
+                             data_len=0).shape == [2**64 - 2]
+    with pytest.raises(wcache.SafetensorError, match="overflows usize"):
+        wcache.TensorSpec(dtype="float4_e2m1fn_x2", shape=[2**63], data_ptr=0, data_len=0)
+
+
 def test_a_tensor_named_metadata_is_refused(tmp_path):
     """"__metadata__" is the header's metadata key (upstream's format and
     its JSON schema: a map of strings). Upstream 0.8 writes such a tensor
@@ -816,14 +872,62 @@ assert torch.equal(safetensors.torch.load_file({str(path)!r})["w"], torch.ones(2
 m = torch.nn.Module(); m.w = torch.nn.Parameter(torch.zeros(2))
 assert safetensors.torch.load_model(m, {str(path)!r}) == (set(), [])
 assert safetensors.torch.save_file() == "upstream save_file"  # the rest stays upstream's
-try:
-    safetensors.safe_open({str(path)!r}, framework="tf")
-except safetensors.SafetensorError:
-    pass
 print("patched")
 """
     r = run_standin(code, {}, tmp_path)
     assert r.returncode == 0 and "patched" in r.stdout, r.stderr
+
+
+def test_install_hands_other_frameworks_to_upstream(tmp_path, no_daemon):
+    """The safe_open install() puts on safetensors serves "pt" and "np"
+    (and their aliases); any other framework (upstream's tf, tensorflow,
+    jax, flax, mlx, paddle, or a name upstream refuses) goes to the
+    package's own safe_open with the arguments unchanged, also through
+    the reference a module bound by `from safetensors import safe_open`
+    after install() (upstream's flax.py, tensorflow.py, mlx.py, paddle.py
+    do that) and after uninstall(). wcache.safe_open itself still refuses
+    them. Before (rev133 #1) the installed safe_open raised
+    SafetensorError for them, so an installed safetensors' flax/tf/mlx/
+    paddle loaders failed under WCACHE_SAFETENSORS=1."""
+    path = tmp_path / "m.safetensors"
+    wtorch.save_file({"w": torch.ones(2)}, path)
+    code = f"""
+import wcache, torch
+import safetensors
+calls = []
+class Upstream:  # records what reaches the package's own safe_open
+    def __init__(self, *args, **kwargs):
+        calls.append((args, kwargs))
+safetensors.safe_open = Upstream
+wcache.install()
+import safetensors.torch
+from safetensors import safe_open as late  # as upstream's flax.py binds it
+assert safetensors.safe_open is late is safetensors.torch.safe_open
+p = {str(path)!r}
+others = ["tf", "tensorflow", "jax", "flax", "mlx", "paddle", "nonsense", None, 3]
+for fw in others:
+    h = late(p, framework=fw)
+    assert type(h) is Upstream and calls.pop() == ((p,), {{"framework": fw}}), fw
+h = late(p, "flax", "cpu", backend="pread")
+assert type(h) is Upstream and calls.pop() == ((p, "flax", "cpu"), {{"backend": "pread"}})
+for fw in ["pt", "torch", "pytorch", "np", "numpy"]:
+    with late(p, framework=fw) as f:
+        assert isinstance(f, wcache.safe_open) and f.keys() == ["w"], fw
+with late(p, "pt") as f, late(p) as g:
+    assert f.get_tensor("w").tolist() == g.get_tensor("w").tolist() == [1.0, 1.0]
+assert not calls
+try:
+    wcache.safe_open(p, framework="flax")
+    raise AssertionError("wcache.safe_open took flax")
+except wcache.SafetensorError as e:
+    assert "framework flax is invalid" in str(e) and not calls
+wcache.uninstall()
+assert safetensors.safe_open is Upstream
+assert type(late(p, framework="mlx")) is Upstream and calls.pop() == ((p,), {{"framework": "mlx"}})
+print("delegated")
+"""
+    r = run_standin(code, {}, tmp_path)
+    assert r.returncode == 0 and "delegated" in r.stdout, r.stdout + r.stderr
 
 
 def test_environment_variable_patches_on_import(tmp_path, no_daemon):
@@ -838,9 +942,14 @@ import site, sys
 site.addsitedir({str(site)!r})   # what Python does at start-up for dist-packages
 import safetensors.torch
 print(safetensors.torch.load_file({str(path)!r})["w"].tolist())
+try:  # a framework wcache does not serve goes to the stand-in's safe_open
+    safetensors.safe_open({str(path)!r}, framework="flax")
+except AssertionError as e:
+    print("flax:", e)
 """
     r = run_standin(code, {"WCACHE_SAFETENSORS": "1"}, tmp_path)
     assert r.returncode == 0 and "[1.0, 1.0]" in r.stdout, r.stderr
+    assert "flax: upstream safe_open called" in r.stdout, r.stdout + r.stderr
     r = run_standin(code, {"WCACHE_SAFETENSORS": ""}, tmp_path)
     assert r.returncode != 0 and "upstream load_file called" in r.stderr
     # Switched off (0, no): the .pth imports nothing, so an interpreter

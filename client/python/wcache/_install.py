@@ -10,6 +10,13 @@ transformers, diffusers, vLLM or SGLang, and that cannot be changed:
 (and the reference ``safetensors.torch`` holds), ``safetensors.torch.
 load_file`` and ``safetensors.torch.load_model`` by wcache's, which serve
 a file through wcached when it serves it and map it in-process otherwise.
+The ``safe_open`` put in place (this module's ``safe_open``, a subclass of
+``wcache.safe_open``) serves the frameworks wcache serves ("pt", "torch",
+"pytorch", "np", "numpy"); a call with any other framework ("tf", "flax",
+"jax", "mlx", "paddle", or a name upstream refuses too) goes, arguments
+unchanged, to the package's own ``safe_open``, so its ``safetensors.flax``,
+``tensorflow``, ``mlx`` and ``paddle`` modules (which bind ``safe_open``
+when imported, often after the patch) keep working.
 ``wcache.SafetensorError`` is made a subclass of the package's own
 ``SafetensorError``, so ``except safetensors.SafetensorError`` still
 catches what wcache raises. Everything else (``save_file``, ``serialize``)
@@ -30,7 +37,7 @@ import os
 import sys
 import threading
 
-from . import _lib
+from . import _lib, _safe_open
 
 __all__ = ["install", "uninstall", "ENV"]
 
@@ -42,6 +49,10 @@ ENV = "WCACHE_SAFETENSORS"
 # patching waits for the lock.
 _lock = threading.Lock()
 _saved = {}  # (module name, attribute) -> upstream's object
+# The package's own safe_open, to which the installed safe_open hands the
+# frameworks wcache does not serve: the last one install() replaced. Kept
+# after uninstall(), for modules that imported the installed safe_open.
+_upstream_safe_open = None
 _lib.fork_safe_module(globals(), "_lock")  # a child of fork() makes it anew
 
 
@@ -55,7 +66,17 @@ def _patch(module_name, attrs):
         key = (module_name, attr)
         if key not in _saved and hasattr(module, attr):
             _saved[key] = getattr(module, attr)
+            if key == ("safetensors", "safe_open"):
+                _remember_upstream(_saved[key])
         setattr(module, attr, value)
+
+
+def _remember_upstream(obj):
+    """Records obj, the package's safe_open, for the installed safe_open
+    to delegate to; never the installed one itself (it would call itself)."""
+    global _upstream_safe_open
+    if not (isinstance(obj, type) and issubclass(obj, safe_open)):
+        _upstream_safe_open = obj
 
 
 def _adopt_error_class(upstream):
@@ -69,14 +90,28 @@ def _adopt_error_class(upstream):
         pass
 
 
+class safe_open(_safe_open.safe_open):
+    """What install() puts in place of ``safetensors.safe_open``:
+    wcache's safe_open for a framework wcache serves (``FRAMEWORKS``), the
+    package's own for any other (see the module comment). Upstream's
+    signature: ``safe_open(filename, framework, device="cpu", *,
+    backend="mmap")``; a call without a framework is wcache's ("pt")."""
+
+    def __new__(cls, *args, **kwargs):
+        framework = kwargs.get("framework", args[1] if len(args) > 1 else "pt")
+        upstream = _upstream_safe_open
+        if upstream is not None and not (isinstance(framework, str)
+                                         and framework in _safe_open.FRAMEWORKS):
+            return upstream(*args, **kwargs)  # not an instance: __init__ is not run
+        return super().__new__(cls)
+
+
 def _top_attrs():
-    from ._safe_open import safe_open
     return {"safe_open": safe_open}
 
 
 def _torch_attrs():
     from . import torch as wtorch
-    from ._safe_open import safe_open
     return {"safe_open": safe_open, "load_file": wtorch.load_file,
             "load_model": wtorch.load_model}
 

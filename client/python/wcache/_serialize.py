@@ -85,23 +85,74 @@ def _dtype(name):
     return st
 
 
+_U64 = 1 << 64  # upstream's TensorSpec fields are u64/usize
+
+
+def _unsigned(value, what):
+    """value as upstream's extraction to u64/usize takes it (pyo3 calls
+    __index__: a float or a str is a TypeError), or OverflowError in
+    CPython's words, naming the argument, for one outside [0, 2**64)."""
+    n = operator.index(value)
+    if n < 0:
+        raise OverflowError(f"TensorSpec {what}: can't convert negative int to unsigned")
+    if n >= _U64:
+        raise OverflowError(f"TensorSpec {what}: int too big to convert")
+    return n
+
+
 class TensorSpec:
     """One tensor for :func:`serialize`: its dtype (a torch or numpy name,
     e.g. "float32"), its shape, and its bytes at data_ptr (data_len of
     them), which must stay valid while serialize runs. As upstream, a
     float4_e2m1fn_x2 shape is the storage shape (two values per byte) and
-    is recorded with its last dimension doubled."""
-    __slots__ = ("dtype", "shape", "data_ptr", "data_len", "_st")
+    is recorded with its last dimension doubled.
+
+    As upstream's (a frozen pyclass of u64/usize fields): the attributes are
+    read-only (assigning one raises AttributeError); each dimension,
+    data_ptr and data_len is an integer in [0, 2**64) (OverflowError
+    otherwise, at construction); ``dtype`` is the safetensors format code
+    written in the header ("F32", "BF16"), not the name given."""
+    __slots__ = ("_st", "_shape", "_data_ptr", "_data_len")
 
     def __init__(self, *, dtype, shape, data_ptr, data_len):
-        self._st = _dtype(dtype)
-        shape = _storage_shape(self._st, shape)
-        self.dtype, self.shape = dtype, shape
-        self.data_ptr, self.data_len = int(data_ptr), int(data_len)
+        dims = [_unsigned(x, "shape") for x in shape]
+        ptr, size = _unsigned(data_ptr, "data_ptr"), _unsigned(data_len, "data_len")
+        st = _dtype(dtype)
+        dims = _storage_shape(st, dims)
+        if st == "F4" and dims and dims[-1] >= _U64:  # upstream's checked_mul
+            raise SafetensorError(f"F4 last-dim {dims[-1] // 2} doubled to logical shape "
+                                  "overflows usize")
+        for attr, value in (("_st", st), ("_shape", dims), ("_data_ptr", ptr),
+                            ("_data_len", size)):
+            object.__setattr__(self, attr, value)
+
+    @property
+    def dtype(self):
+        """The safetensors format code ("F32", "BF16", "F8_E5M2FNUZ")."""
+        return self._st
+
+    @property
+    def shape(self):
+        """The shape recorded in the header (a new list each time)."""
+        return list(self._shape)
+
+    @property
+    def data_ptr(self):
+        return self._data_ptr
+
+    @property
+    def data_len(self):
+        return self._data_len
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"TensorSpec is frozen: cannot set {name!r}")
+
+    def __delattr__(self, name):
+        raise AttributeError(f"TensorSpec is frozen: cannot delete {name!r}")
 
     def __repr__(self):
-        return (f"TensorSpec(dtype={self.dtype!r}, shape={self.shape}, "
-                f"data_ptr={self.data_ptr}, data_len={self.data_len})")
+        return (f"TensorSpec(dtype={self._st!r}, shape={self._shape}, "
+                f"data_ptr={self._data_ptr}, data_len={self._data_len})")
 
 
 def _storage_shape(st, shape):
@@ -130,8 +181,8 @@ def _entry(name, value):
         raise SafetensorError(f"Error while serializing: tensor {name!r} cannot be written "
                               "to safetensors (the name is reserved)")
     if isinstance(value, TensorSpec):
-        data = (ctypes.c_char * value.data_len).from_address(value.data_ptr) \
-            if value.data_len else b""
+        data = (ctypes.c_char * value._data_len).from_address(value._data_ptr) \
+            if value._data_len else b""
         st, shape = value._st, value.shape
     elif isinstance(value, dict):
         if not {"dtype", "shape", "data"} <= value.keys():
