@@ -152,11 +152,14 @@ struct generation {
 	size_t norigin;
 	/* What the model's path (its file, shard index or directory) was
 	 * just before the load that made it opened it (stat, following
-	 * symlinks): polling's baseline for that path (watch_poll.c), so that
-	 * an index renamed between the load and the first poll, or while this
-	 * generation warmed before it became current, is a change. known 0:
-	 * not known (a warm restart's or a derived artifact's); the first
-	 * poll is the baseline then. */
+	 * symlinks), or, for a restored current generation, what the
+	 * restart's check found it (restore_layout.c): polling's baseline for
+	 * that path (watch_poll.c), and what the directory watch compares with
+	 * once armed (watch.c), so that an index renamed between the load and
+	 * the first poll or the watch, or while this generation warmed before
+	 * it became current, is a change. known 0: not known (a derived
+	 * artifact's, or a restored generation whose check did not stat the
+	 * path); the first poll is the baseline then. */
 	struct {
 		int known;
 		struct stat st;
