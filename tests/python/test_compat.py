@@ -147,6 +147,22 @@ def test_tensorspec_is_frozen():
         '{"x":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}}', data.tobytes())
 
 
+def test_tensorspec_copies_are_itself_and_it_does_not_pickle():
+    """Frozen, so copy.copy and copy.deepcopy give the same object back;
+    pickling is refused as upstream's pyclass refuses it (TypeError: its
+    data_ptr is an address in this process). Before (review rev138 #3)
+    copying and unpickling raised AttributeError naming an assignment to
+    '_st' the caller never made."""
+    import copy
+    import pickle
+    data = np.arange(2, dtype=np.float32)
+    spec = wcache.TensorSpec(dtype="float32", shape=[2], data_ptr=data.ctypes.data,
+                             data_len=8)
+    assert copy.copy(spec) is spec and copy.deepcopy({"x": spec})["x"] is spec
+    with pytest.raises(TypeError, match="cannot pickle 'TensorSpec' object"):
+        pickle.dumps(spec)
+
+
 @pytest.mark.parametrize("field,value", [("shape", [-1]), ("shape", [2, 2**64]),
                                          ("data_ptr", -1), ("data_ptr", 2**64),
                                          ("data_len", -1), ("data_len", 2**64)])
@@ -916,6 +932,11 @@ for fw in ["pt", "torch", "pytorch", "np", "numpy"]:
 with late(p, "pt") as f, late(p) as g:
     assert f.get_tensor("w").tolist() == g.get_tensor("w").tolist() == [1.0, 1.0]
 assert not calls
+# Its signature is wcache's (upstream's), not __new__'s (*args, **kwargs):
+# code probes `"backend" in inspect.signature(safe_open).parameters`.
+import inspect
+assert list(inspect.signature(late).parameters) == ["filename", "framework", "device",
+                                                    "backend"], inspect.signature(late)
 try:
     wcache.safe_open(p, framework="flax")
     raise AssertionError("wcache.safe_open took flax")

@@ -33,6 +33,7 @@ set to anything else (0, no), the .pth costs one environment lookup and
 imports nothing.
 """
 import importlib
+import inspect
 import os
 import sys
 import threading
@@ -104,6 +105,13 @@ class safe_open(_safe_open.safe_open):
                                          and framework in _safe_open.FRAMEWORKS):
             return upstream(*args, **kwargs)  # not an instance: __init__ is not run
         return super().__new__(cls)
+
+
+# What inspect.signature() reports is wcache's safe_open's, not __new__'s
+# (*args, **kwargs): code that checks for pread support with
+# `"backend" in inspect.signature(safetensors.safe_open).parameters` found
+# none under install().
+safe_open.__signature__ = inspect.signature(_safe_open.safe_open)
 
 
 def _top_attrs():

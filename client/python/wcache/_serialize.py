@@ -150,6 +150,19 @@ class TensorSpec:
     def __delattr__(self, name):
         raise AttributeError(f"TensorSpec is frozen: cannot delete {name!r}")
 
+    # Frozen, so a copy is the same object (as a tuple's). Not picklable, as
+    # upstream's (a pyclass without __reduce__): data_ptr is an address in
+    # this process. Before, copying and unpickling failed on the frozen
+    # __setattr__, naming an assignment the caller never made.
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __reduce__(self):
+        raise TypeError("cannot pickle 'TensorSpec' object")
+
     def __repr__(self):
         return (f"TensorSpec(dtype={self._st!r}, shape={self._shape}, "
                 f"data_ptr={self._data_ptr}, data_len={self._data_len})")
