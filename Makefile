@@ -42,8 +42,8 @@ build: deps
 # check these (WCACHE_DEBS) instead of building their own, and test-system
 # installs them.
 test: build deb
-	cd $(BUILD) && WCACHE_DEBS=$(CURDIR)/$(BUILD)/deb ctest --output-on-failure -j $(JOBS)
-	WCACHE_DEBS=$(CURDIR)/$(BUILD)/deb $(MAKE) test-asan
+	cd $(BUILD) && WCACHE_DEBS=$(abspath $(BUILD))/deb ctest --output-on-failure -j $(JOBS)
+	WCACHE_DEBS=$(abspath $(BUILD))/deb $(MAKE) test-asan
 	$(MAKE) test-release
 	$(MAKE) lint
 	$(SYSTEM_TESTS)

@@ -485,6 +485,9 @@ def debs(tmp_path_factory):
     given = os.environ.get("WCACHE_DEBS")
     if given:
         out = pathlib.Path(given)
+        if not out.is_dir():
+            pytest.fail(f"WCACHE_DEBS={given}: no such directory: run `make deb`, or unset "
+                        "WCACHE_DEBS to build the packages here")
     else:
         if shutil.which("dpkg-buildpackage") is None:
             pytest.skip("dpkg-buildpackage is not installed (make deps installs it)")
