@@ -267,7 +267,7 @@ void registry_add_generation(struct registry *r, struct model_entry *m, struct g
 /*
  * m's current generation failed a check after it began serving (a warm
  * restart's full index check): it is no longer current (its status slot
- * reads 0, so holders see stale), why becomes the model's error, and the
+ * reads not served, statuspage.h, so holders see stale), why becomes the model's error, and the
  * model loads afresh from its configured path as the next generation.
  */
 void registry_withdraw(struct registry *r, struct model_entry *m, const char *why);

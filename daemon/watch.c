@@ -208,6 +208,10 @@ sync_work(struct workq_job *job)
 		(j->dirs[1] = strdup(j->path)) != NULL) {
 		j->wd[1] = inotify_add_watch(j->w->fd, j->dirs[1], WATCH_MASK);
 		j->err[1] = j->wd[1] == -1 ? errno : 0;
+		/* What is compared is the directory as it is once watched: a
+		 * change inside it between the stat above and the watch made no
+		 * event, and the stat above would not show it. */
+		j->path_err = stat(j->path, &j->path_st) == -1 ? errno : 0;
 	}
 	for (size_t k = 0; k < j->ngens; k++) {
 		struct sync_gen *g = &j->gens[k];

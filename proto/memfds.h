@@ -10,7 +10,9 @@
  *
  * The status page is one memfd for all models: an array of u64 slots in the
  * host's byte order, slot 0 holding STATUS_MAGIC and slot N the current
- * generation of the model given slot N (0: not served). The daemon makes it
+ * generation of the model given slot N (not served: 0 until its name first
+ * serves, then 2^63 + the last generation number given out in it, never a
+ * generation number, so every holder reads stale). The daemon makes it
  * STATUS_PAGE_BYTES long and seals it with STATUS_PAGE_SEALS; a client needs
  * only STATUS_PAGE_CLIENT_SEALS (its size can never change, so reading it
  * never faults) and maps a page of STATUS_PAGE_MIN_BYTES to
