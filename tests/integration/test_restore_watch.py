@@ -81,3 +81,73 @@ def test_an_index_renamed_before_a_restored_model_is_watched_is_seen(tmp_path, m
             status_code = d.stop()
             mgr.close()
         assert status_code == 0, d.read_log()
+
+
+def test_a_directory_changed_between_its_stat_and_its_watch_is_seen(tmp_path):
+    """A directory model loaded at run time is watched for the first time
+    by a work thread's job: stat the directory, add its watch. Its update
+    (new shards, the index renamed over) made between the two is neither an
+    event nor, before, a difference: the stat compared was the one before
+    the watch, and generation 1 served on for good (review rev137 #1). Now
+    the directory is stat'ed again once watched. The window is held open by
+    strace, which delays each inotify_add_watch by 3 s: the update is made
+    once the first of the job's two calls (the parent directory's) is done,
+    while the second (the model's directory) waits."""
+    import shutil
+    import subprocess
+    import time
+    from conftest import binary
+    strace = shutil.which("strace")
+    if strace is None or subprocess.run([strace, "-qq", "-o", "/dev/null", "true"]).returncode:
+        pytest.skip("needs strace, and ptrace allowed, to hold the window open")
+    from test_control import all_traced
+    os.chmod(tmp_path, 0o755)
+    mdir = tmp_path / "models" / "m"
+    mdir.mkdir(parents=True)
+    write_shards(tmp_path, mdir, 1)
+    d = Daemon(tmp_path, {"other": str(mkmodel(tmp_path / "o.safetensors", seed=9))})
+    d.start()
+    trace = tmp_path / "strace.out"
+    tracer = subprocess.Popen([strace, "-f", "-qq", "-o", str(trace), "-p", str(d.proc.pid),
+                               "-e", "trace=inotify_add_watch",
+                               "-e", "inject=inotify_add_watch:delay_enter=3000000"])
+    try:
+        wait_until(lambda: all_traced(d.proc.pid), what="strace attached")
+        load = subprocess.Popen([binary("wcachectl"), "load", "m", str(mdir), "--control",
+                                 d.control], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        def added(path):
+            """Whether strace saw inotify_add_watch(path) return (its line
+            whole, or "unfinished" then the same thread's "resumed")."""
+            pending, done = {}, set()
+            for line in trace.read_text().splitlines() if trace.exists() else ():
+                pid = line.split(None, 1)[0]
+                if "inotify_add_watch(" in line:
+                    called = line.split('"')[1]
+                    if "<unfinished" in line:
+                        pending[pid] = called
+                    elif ") = " in line:  # not a line strace is still writing
+                        done.add(called)
+                elif "<... inotify_add_watch resumed>" in line and pid in pending:
+                    done.add(pending.pop(pid))
+            return str(path) in done
+        wait_until(lambda: added(mdir.parent), timeout=30,
+                   what="the parent directory's watch added")
+        seen = time.monotonic()
+        write_shards(tmp_path, mdir, 2)
+        # Well inside the 3 s the model directory's inotify_add_watch waits:
+        # the update is made before that watch exists.
+        assert time.monotonic() - seen < 2.0, "the update took too long to fall in the window"
+        assert not added(mdir), trace.read_text()
+        wait_until(lambda: added(mdir), timeout=30, what="the model directory's watch added")
+        _, err = load.communicate(timeout=60)
+        assert load.returncode == 0, err
+    finally:
+        tracer.terminate()
+        tracer.wait(timeout=30)
+    try:
+        wait_until(lambda: generation(d, "m") == 2, timeout=20,
+                   what="generation 2 of m, changed before its directory was watched")
+        assert (f'model "m": generation 1: {mdir} changed before its directory was '
+                'watched') in d.read_log(), d.read_log()
+    finally:
+        assert d.stop() == 0, d.read_log()
