@@ -48,6 +48,20 @@ def model_fds(pid):
     return [t for t in fd_targets(pid) if ".safetensors" in t]
 
 
+def model_fds_under(pid, directory, timeout=10):
+    """The daemon's model descriptors once every one is a file under
+    directory (fails naming them after timeout seconds). The source's
+    descriptors, dropped once the copy is validated, go to the closer's
+    lane and close a moment after the "staged" line is logged."""
+    deadline = time.monotonic() + timeout
+    while True:
+        fds = model_fds(pid)
+        if fds and all(t.startswith(directory + "/") for t in fds):
+            return fds
+        assert time.monotonic() < deadline, f"descriptors not all under {directory}: {fds}"
+        time.sleep(0.02)
+
+
 def entries(stage_dir):
     return sorted(os.listdir(stage_dir)) if os.path.isdir(stage_dir) else []
 
@@ -90,8 +104,7 @@ def test_stage_yes_serves_the_copy(tmp_path):
         if TEST_USER:
             assert (st.st_uid, st.st_gid) == parse_user(TEST_USER)
         # Every model descriptor of the daemon is the copy; none is the source.
-        fds = model_fds(d.proc.pid)
-        assert fds and all(t.startswith(copy + "/") for t in fds), fds
+        fds = model_fds_under(d.proc.pid, copy)
         assert src not in fds
         with open(src, "rb") as a, open(os.path.join(copy, "m.safetensors"), "rb") as b:
             assert a.read() == b.read()
@@ -194,8 +207,8 @@ def test_sharded_model_is_staged_whole(tmp_path):
         for n in names:
             with open(model_dir / n, "rb") as a, open(os.path.join(copy, n), "rb") as b:
                 assert a.read() == b.read(), n
-        fds = model_fds(d.proc.pid)
-        assert len(set(fds)) == 3 and all(t.startswith(copy + "/") for t in fds), fds
+        fds = model_fds_under(d.proc.pid, copy)
+        assert len(set(fds)) == 3, fds
         r = d.attach("m", "--touch")
         assert r.returncode == 0, r.stderr
     finally:
@@ -372,8 +385,7 @@ def test_leftovers_of_a_killed_daemon_are_swept_at_start(tmp_path):
         assert intact(stage_dir, ["python3.11", "backup.2024-1"])
         left = [p for p in problems(d) if "left alone" in p]
         assert len(left) == 2 and all("is not a copy wcached made" in p for p in left), left
-        fds = model_fds(d.proc.pid)
-        assert fds and all(t.startswith(os.path.join(stage_dir, "m.1") + "/") for t in fds)
+        model_fds_under(d.proc.pid, os.path.join(stage_dir, "m.1"))
     finally:
         assert d.stop() == 0, d.read_log()
 
@@ -540,8 +552,7 @@ def test_remote_model_is_staged_and_old_generations_survive_a_remote_replacement
             _, line = d.wait_for_log(r'"m": generation 1 staged from fuse to ')
             copy1 = os.path.join(stage_dir, "m.1")
             assert f"to {copy1} (" in line, line
-            fds = model_fds(d.proc.pid)
-            assert fds and all(t.startswith(copy1 + "/") for t in fds), fds
+            model_fds_under(d.proc.pid, copy1)
             st = model_status(d)
             assert st["stage"] == "auto" and st["filesystem"] == "fuse" and st["remote"]
             assert st["generations"][0]["staged"] is True
@@ -847,8 +858,10 @@ def test_a_newer_load_stops_the_staging_it_supersedes(tmp_path):
             assert r.returncode == 0, r.stderr
             out = json.loads(r.stdout)
             assert out["generation"] == 1 and out["verified"] == out["bytes"] > 16 * MiB, out
-            fds = model_fds(d.proc.pid)
-            assert sorted(set(fds)) == sorted([local, copy]), fds
+            # (the source's descriptors close in the closer's lane, a moment
+            # after the "staged" line)
+            wait_until(lambda: sorted(set(model_fds(d.proc.pid))) == sorted([local, copy]),
+                       what=f"only {local} and {copy} open")
             assert problems(d) == [], problems(d)
         finally:
             if load is not None and load.poll() is None:
