@@ -10,7 +10,9 @@ Where wcache registers a mapping with CUDA (the engine's register path,
 and host registration), the rows also say how much of what was registered
 became private memory ("private MiB": for the engine, the registered
 ranges' pages that /proc/self/pagemap shows as this process's own, read
-just after each range is registered; for host registration, Anonymous in
+just after each range is registered, in one more load after the timed ones
+and untimed, since the reads run inside the load; for host registration,
+Anonymous in
 /proc/self/smaps of the handles' mappings, kept until after a transformers
 load; their unmapping is then not in the load time). libwcache
 maps model files MAP_PRIVATE, and since Linux 6.2 a long-term read-only pin
@@ -290,15 +292,44 @@ def read_tensor(torch, f, base, entry):
     a, b = entry["data_offsets"]
     t = torch.empty(entry["shape"], dtype=dtype)
     raw = t.reshape(-1).view(torch.uint8)
-    f.seek(base + a)
-    if f.readinto(memoryview(raw.numpy())) != b - a:
-        raise SystemExit(f"{f.name}: short read")
+    # os.preadv at its offset: callers on several threads share f
+    view, done = memoryview(raw.numpy()), 0
+    while done < b - a:
+        got = os.preadv(f.fileno(), [view[done:]], base + a + done)
+        if got <= 0:
+            raise SystemExit(f"{f.name}: short read")
+        done += got
     return t
 
 
+def _workers():
+    """Threads for making the model: the file's writes and reads let go of
+    the GIL, so they run at once (the H200 host has 16 cores)."""
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def _write_tensor(fd, base, k, n, block):
+    """Writes tensor k's n bytes at base: block's bytes (again and again),
+    the first 4 of them (fewer where n is) the tensor's number k, so that
+    no two tensors are alike. os.pwrite: no file position shared among
+    threads, and no copy of block to change those 4 bytes."""
+    prefix = k.to_bytes(4, "little")[:min(n, 4)]
+    os.pwrite(fd, prefix, base)
+    done = len(prefix)
+    while done < n:
+        lo = done % len(block)
+        m = min(n - done, len(block) - lo)
+        done += os.pwrite(fd, memoryview(block)[lo:lo + m], base + done)
+
+
 def cmd_gen(a):
-    """Writes model.safetensors (and model.pt for torch.load) in a.dir."""
+    """Writes model.safetensors (and model.pt for torch.load) in a.dir,
+    the tensors written (and read back for model.pt) on _workers()
+    threads; model.pt without its zip records' CRC32 where torch can
+    (set_crc32_options: torch.save computes it on one thread, and
+    torch.load does not need it)."""
     import numpy as np
+    from concurrent.futures import ThreadPoolExecutor
     tensors = layout(int(a.gib * GIB))
     header, off = {}, 0
     for name, dtype, shape in tensors:
@@ -313,26 +344,35 @@ def cmd_gen(a):
     rng = np.random.default_rng(1)
     block = (rng.integers(0, 1 << 16, 32 * MIB, dtype=np.uint16) & 0x3fff).view(np.uint8)
     path = os.path.join(a.dir, "model.safetensors")
-    with open(path + ".tmp", "wb") as f:
-        f.write(len(text).to_bytes(8, "little") + text)
-        for k, (name, dtype, shape) in enumerate(tensors):
-            n = header[name]["data_offsets"][1] - header[name]["data_offsets"][0]
-            done = 0
-            while done < n:
-                m = min(n - done, len(block))
-                piece = block[:m].copy() if done == 0 else block[:m]
-                if done == 0:
-                    piece[:min(m, 4)] = np.frombuffer(k.to_bytes(4, "little"), np.uint8)[:m]
-                f.write(memoryview(piece))
-                done += m
+    base = 8 + len(text)
+    t0 = time.monotonic()
+    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.pwrite(fd, len(text).to_bytes(8, "little") + text, 0)
+        with ThreadPoolExecutor(_workers()) as pool:
+            for done in [pool.submit(_write_tensor, fd, base + header[name]["data_offsets"][0],
+                                     k, tensor_bytes(dtype, shape), block)
+                         for k, (name, dtype, shape) in enumerate(tensors)]:
+                done.result()
+    finally:
+        os.close(fd)
     os.rename(path + ".tmp", path)
-    log(f"  {path}: {off / GIB:.2f} GiB, {len(tensors)} tensors")
+    log(f"  {path}: {off / GIB:.2f} GiB, {len(tensors)} tensors, "
+        f"{time.monotonic() - t0:.1f} s on {_workers()} threads")
     if a.pt:  # read with Python, not libwcache: torch.load's row needs no wcache
         import torch
+        t0 = time.monotonic()
         header, base = read_header(path)
-        with open(path, "rb", buffering=0) as f:
-            state = {name: read_tensor(torch, f, base, header[name]) for name, _, _ in tensors}
+        with open(path, "rb", buffering=0) as f, ThreadPoolExecutor(_workers()) as pool:
+            state = dict(zip([name for name, _, _ in tensors], pool.map(
+                lambda name: read_tensor(torch, f, base, header[name]),
+                [name for name, _, _ in tensors])))
+        crc = getattr(torch.serialization, "set_crc32_options", None)
+        if crc is not None:
+            crc(False)
         torch.save(state, os.path.join(a.dir, "model.pt"))
+        log(f"  model.pt: {time.monotonic() - t0:.1f} s"
+            f"{'' if crc is not None else ' (with CRC32: this torch cannot leave it out)'}")
 
 
 def cmd_warm(a):
@@ -378,7 +418,12 @@ def cmd_daemon(a):
     if os.environ.get("WCACHE_BUILD") and os.path.isdir(lib):
         env["LD_LIBRARY_PATH"] = lib + (":" + env["LD_LIBRARY_PATH"]
                                         if env.get("LD_LIBRARY_PATH") else "")
-    d = Wcached(a.dir, models, log_level="info").start(env=env, timeout=120)
+    # A stage_dir of its own: run.sh runs two at once, and the second would
+    # warn (in the saved log) that the shared default one is locked by the
+    # first; where it cannot write the default, each would warn of that.
+    stage_dir = os.path.join(os.path.realpath(a.dir), "stage")
+    d = Wcached(a.dir, models, f"stage_dir = {stage_dir}\n",
+                log_level="info").start(env=env, timeout=120)
     with open(pidfile, "w") as f:
         f.write(str(d.proc.pid))
     d.proc = None  # outlives this process; run.sh stops it
@@ -481,12 +526,12 @@ def anon_bytes(ranges):
 
 
 class _Watch:
-    """What a hook measured (items) and the seconds it spent doing so
-    (spent), which the timings subtract: the measuring is not the load."""
+    """What a hook measured (items). No timed load is watched: the
+    measuring runs inside the load (on the engine's register threads, among
+    its copies), where no subtraction can take it out again."""
 
     def __init__(self):
         self.items = []
-        self.spent = 0.0
 
 
 PAGE = 4096
@@ -519,19 +564,27 @@ def _watch_registrations(watch):
     left the page cache shared" asks of the memory registered itself,
     whichever mapping the engine registers (on CUDA a shared view, which
     the engine unmaps after the copy, so that reading the model's own
-    mapping afterwards, as this did before, could never see a copy)."""
+    mapping afterwards, as this did before, could never see a copy).
+    The reads run inside the load, on the engine's register threads, so a
+    watched load is never a timed one (cmd_bench: one more load, untimed).
+    Returns what puts the backends' register back."""
     from wcache import _device
+    reals = []
     for cls in (_device.CudaBackend, _device.CpuBackend):
         real = cls.register
+        reals.append((cls, real))
 
         def register(self, addr, nbytes, real=real):
             owned = real(self, addr, nbytes)
-            t0 = time.perf_counter()
             present, private = private_pages(addr, addr + nbytes)
             watch.items.append((nbytes, present * PAGE, private * PAGE))
-            watch.spent += time.perf_counter() - t0
             return owned
         cls.register = register
+
+    def restore():
+        for cls, real in reals:
+            cls.register = real
+    return restore
 
 
 def _registration_figures(items):
@@ -666,18 +719,7 @@ def cmd_bench(a):
     if a.method == "upstream_get_tensor":
         importlib.import_module("safetensors")
     if a.method == "pinned":
-        src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
-        src.fill_(1)
-        dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        best = None
-        for _ in range(a.reps):
-            t0 = time.perf_counter()
-            dst.copy_(src, non_blocking=True)
-            _sync(torch, device)
-            dt = time.perf_counter() - t0
-            best = dt if best is None or dt < best else best
-        emit(a.results, method="pinned", bytes=nbytes, seconds=round(best, 4),
-             gbps=round(nbytes / best / 1e9, 2))
+        pinned_row(a, torch, device, nbytes)
         return
     if a.wait:
         with open(a.wait + ".ready." + str(os.getpid()), "w"):
@@ -687,37 +729,118 @@ def cmd_bench(a):
             if time.monotonic() > deadline:
                 raise SystemExit("no go signal in 120 s")
             time.sleep(0.001)
-    watch = _Watch()
-    if a.method.startswith("wcache"):
-        _watch_registrations(watch)
-    best, path, starts, figures, private = None, "", [], {}, None
+    # The timed loads are not watched: the pagemap reads would run inside
+    # them (on the engine's register threads, overlapping one another and
+    # the copies), and subtracting their sum made rows too fast, even
+    # negative (rev134). The figures of what was registered come from one
+    # more load, untimed (watched_load).
+    best, path, starts, figures = None, "", [], {}
     for rep in range(a.reps):
         t0 = time.perf_counter()
         wall0 = time.time()
-        spent = watch.spent
-        watch.items.clear()  # this load's registrations
         state, path, engine = _load(a.method, a, torch, device)
         _sync(torch, device)
-        measuring = watch.spent - spent  # reading smaps is not the load
-        dt = time.perf_counter() - t0 - measuring
-        starts.append((wall0, time.time() - measuring))
+        dt = time.perf_counter() - t0
+        starts.append((wall0, time.time()))
         if rep == 0:
             _check(torch, a.model, state)
         moved = sum(t.numel() * t.element_size() for t in state.values())
         tensors = len(state)
         del state
-        registrations = _registration_figures(watch.items)
         if best is None or dt < best:
-            best, figures = dt, dict(engine, **registrations)
-        if private is None or registrations.get("private_mib", 0) > private.get("private_mib", 0):
-            private = registrations  # the most any load copied
+            best, figures = dt, dict(engine)
     row = dict(method=a.method + (f"@{a.tag}" if a.tag else ""), bytes=moved,
                seconds=round(best, 4), gbps=round(moved / best / 1e9, 2), path=path,
                start=starts[0][0], end=starts[0][1], **figures)
     if a.method.endswith("_get_tensor"):
         row.update(tensors=tensors, ms_per_tensor=round(best * 1000 / tensors, 4))
-    row.update(private or {})
+    # Only where the engine registered (a staged or per-tensor load pins
+    # nothing), and not in the concurrent loaders (--wait): their extra
+    # load would overlap the others' timed ones.
+    if "register" in path and not a.wait:
+        row.update(watched_load(a, torch, device))
     emit(a.results, **row)
+
+
+def watched_load(a, torch, device):
+    """The registration figures (_registration_figures) of one more load by
+    a.method, untimed, with every registration watched."""
+    watch = _Watch()
+    restore = _watch_registrations(watch)
+    try:
+        state, _, _ = _load(a.method, a, torch, device)
+        _sync(torch, device)
+        del state
+    finally:
+        restore()
+    return _registration_figures(watch.items)
+
+
+def pinned_size(nbytes):
+    """The bytes the pinned row pins and copies: the largest power of two
+    at most nbytes. torch's caching host allocator rounds a pinned
+    allocation up to a power of two (CachingHostAllocator.h, allocate():
+    PowerOf2Ceil), so the model's 8.04 GiB would pin 16 GiB; GB/s does not
+    depend on the size at these sizes."""
+    return 1 << (max(1, nbytes).bit_length() - 1)
+
+
+LINK_QUERY = "pcie.link.gen.current,pcie.link.width.current"
+
+
+def link_while(copy, seconds=10.0, smi="nvidia-smi"):
+    """What `nvidia-smi --query-gpu=LINK_QUERY` says while copy() runs again
+    and again (at most seconds, then it is killed): the link as the copy
+    has it, not as an idle GPU reports it (Gen 1 to save power). A string
+    ("5, 16"; one line per GPU, joined by "; "), or one saying why none."""
+    import shutil
+    if shutil.which(smi) is None:
+        return f"{smi}: not here"
+    try:
+        p = subprocess.Popen([smi, f"--query-gpu={LINK_QUERY}", "--format=csv,noheader"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    except OSError as e:
+        return f"{smi}: {e}"
+    deadline, copies = time.monotonic() + seconds, 0
+    while p.poll() is None and time.monotonic() < deadline:
+        copy()
+        copies += 1
+    if p.poll() is None:
+        p.kill()
+        p.wait()
+        return f"{smi}: no answer in {seconds:g} s"
+    said = "; ".join(x.strip() for x in p.stdout.read().splitlines() if x.strip())
+    p.stdout.close()
+    if p.returncode != 0:
+        return f"{smi}: exit {p.returncode}: {said[:200]}"
+    if copies == 0:  # it answered before a copy ran: the link may have been idle
+        return said + " (read before the copy ran)"
+    return said
+
+
+def pinned_row(a, torch, device, nbytes):
+    """The limit: pinned anonymous memory into the device, pinned_size(nbytes)
+    bytes (best of a.reps); and the PCIe link read while it copies."""
+    size = pinned_size(nbytes)
+    src = torch.empty(size, dtype=torch.uint8, pin_memory=device.type == "cuda")
+    src.fill_(1)
+    dst = torch.empty(size, dtype=torch.uint8, device=device)
+
+    def copy():
+        dst.copy_(src, non_blocking=True)
+        _sync(torch, device)
+    best = None
+    for _ in range(a.reps):
+        t0 = time.perf_counter()
+        copy()
+        dt = time.perf_counter() - t0
+        best = dt if best is None or dt < best else best
+    try:
+        link = link_while(copy)
+    except Exception as e:  # the row, whatever happens to the reading
+        link = f"not read: {type(e).__name__}: {e}"
+    emit(a.results, method="pinned", bytes=size, model_bytes=nbytes, seconds=round(best, 4),
+         gbps=round(size / best / 1e9, 2), link=link)
 
 
 def cmd_concurrent(a):
@@ -1264,6 +1387,17 @@ def engine_line(r):
     return ", ".join(parts) + (f"; why: {r['why']}" if r.get("why") else "")
 
 
+def pinned_line(r):
+    """The line under the pinned row: what it copied, and the PCIe link
+    nvidia-smi read while it copied (gen, width)."""
+    line = f"{r['bytes'] / MIB:.0f} MiB pinned and copied"
+    if "model_bytes" in r:
+        line += f" (the largest power of two <= the model's {r['model_bytes'] / MIB:.1f} MiB)"
+    if "link" in r:
+        line += f"; PCIe link while copying (gen, width): {r['link']}"
+    return line
+
+
 def registration_line(r):
     """The report's lines for the register_threads row (None: skipped): the
     seconds registering on 1 thread and on N, and how many times faster N
@@ -1323,6 +1457,8 @@ def cmd_report(a):
                 print(line + " (informational, no target)")
             if "copy_s" in r:
                 print("    " + engine_line(r))
+            if key == "pinned":
+                print("    " + pinned_line(r))
     print()
     print(registration_line(next((r for r in rows if r["method"] == "register_threads"), None)))
     print()

@@ -450,9 +450,18 @@ def test_run_sh_cpu_mode(tmp_path):
     out_dir = tmp_path / "out"  # the device tool's $OUT
     out_dir.mkdir()
     # GPUBENCH_PIN_DELAY: each registration on the CPU backend takes 5 ms,
-    # the GIL let go, so that the registration row has times to compare
+    # the GIL let go, so that the registration row has times to compare.
+    # A stand-in nvidia-smi: the header's query (an idle GPU's link, and
+    # the max), and the pinned row's while it copies.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(
+        "#!/bin/sh\ncase \"$*\" in\n*gen.max*) echo \"$*\"; echo '570.00, 1, 16, 5, 16' ;;\n"
+        "*) sleep 0.3; echo '5, 16' ;;\nesac\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
     env = dict(os.environ, PYTHON=sys.executable, STEP_TIMEOUT="120", OUT=str(out_dir),
-               PYTHONPATH=standins(tmp_path / "standins"), GPUBENCH_PIN_DELAY="0.005")
+               PYTHONPATH=standins(tmp_path / "standins"), GPUBENCH_PIN_DELAY="0.005",
+               PATH=f"{bin_dir}:{os.environ['PATH']}")
     work = tmp_path / "work"
     r = subprocess.run([os.path.join(REPO, "tests", "gpu", "run.sh"), "--cpu", "--gib", "0.02",
                         "--work", str(work)], env=env, capture_output=True, text=True,
@@ -478,6 +487,25 @@ def test_run_sh_cpu_mode(tmp_path):
                  "read-only host registration "
                  "(cudaDevAttrHostRegisterReadOnlySupported): unknown", "nvidia-smi: "):
         assert said in r.stderr, (said, r.stderr)
+    assert "nvidia-smi: --query-gpu=driver_version,pcie.link.gen.current," \
+        "pcie.link.width.current,pcie.link.gen.max,pcie.link.width.max --format=csv\n" \
+        "nvidia-smi: 570.00, 1, 16, 5, 16\n" in r.stderr, r.stderr
+    # the pinned row: a power of two of the model's bytes, and the link
+    # read while it copied
+    import json
+    pinned = json.loads((out_dir / "results.jsonl").read_text().splitlines()[0])
+    assert pinned["method"] == "pinned" and pinned["bytes"] == 16 << 20 and \
+        pinned["model_bytes"] > gpubench.layout_bytes(gpubench.layout(int(0.02 * (1 << 30)))) \
+        > pinned["bytes"] and pinned["link"] == "5, 16", pinned
+    at = lines.index(next(x for x in lines if x.startswith("pinned anonymous memory")))
+    assert lines[at + 1] == "    16 MiB pinned and copied (the largest power of two <= the " \
+        f"model's {pinned['model_bytes'] / (1 << 20):.1f} MiB); PCIe link while copying " \
+        "(gen, width): 5, 16", lines[at + 1]
+    # the targets' steps first, the informational ones after them all
+    order = [x for x in r.stderr.splitlines() if x.startswith("== ") and ": " not in x]
+    assert order.index("== wcache, 4 processes at once") < \
+        order.index("== wcache, new path, staging forced") < \
+        order.index("== get_tensor loop, safetensors"), order
     # transformers' loading code is imported before the load is timed
     assert r.stderr.count("imported before the timing") == 3, r.stderr
     assert "new path >= 0.8x pinned limit" in r.stdout
@@ -514,6 +542,10 @@ def test_run_sh_cpu_mode(tmp_path):
     assert got == ["results-concurrent.jsonl", "results.jsonl", "wcached-daemon.log",
                    "wcached-llama-daemon.log"], got
     assert '"method": "concurrent4"' in (out_dir / "results.jsonl").read_text()
+    # each wcached has a stage_dir of its own: the second no longer warns
+    # that the default one is locked by the first
+    for log in ("wcached-daemon.log", "wcached-llama-daemon.log"):
+        assert "stage_dir" not in (out_dir / log).read_text(), (out_dir / log).read_text()
     # wcached was stopped: no daemon left with our config
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(work) not in ps
@@ -957,10 +989,11 @@ def test_run_sh_without_a_wcache_that_starts(tmp_path):
               if x.startswith("FAILED step: ")]
     assert failed == [f"{label} (needs wcache)" for label in (
         "start wcached", "wcache, per-tensor path", "wcache, new path",
-        "wcache, new path, staging forced", "start wcached for its shards",
-        "transformers, wcache", "transformers, wcache, WCACHE_HOST_REGISTER=1", "compare logits",
+        "start wcached for its shards", "transformers, wcache",
+        "transformers, wcache, WCACHE_HOST_REGISTER=1", "compare logits",
         "compare logits, host registration", "wcache, 4 processes at once",
-        "get_tensor loop, wcache", "registration, 1 thread vs 4")], out
+        "wcache, new path, staging forced", "get_tensor loop, wcache",
+        "registration, 1 thread vs 4")], out
     assert "(no wcache: " in r.stdout and "does not start here" in r.stdout, out
 
 
