@@ -70,6 +70,113 @@ def test_numpy_writes_refused(f32_model):
     assert np.array_equal(m.numpy("a.weight"), arrays["a.weight"])
 
 
+# A process that writes through torch.from_numpy() of one of wcache's
+# read-only numpy arrays (numpy's read-only flag is not torch's), then
+# prints what it wrote. {path} and {how} are formatted in.
+WRITE_THROUGH_NUMPY = textwrap.dedent("""
+    import warnings, torch, wcache, wcache.numpy
+    warnings.simplefilter("ignore", UserWarning)  # torch: "The given NumPy array is not writable"
+    path, how = {path!r}, {how!r}
+    if how == "load_file":
+        a = wcache.numpy.load_file(path)["a.weight"]
+    elif how == "safe_open":
+        with wcache.safe_open(path, framework="np") as f:
+            a = f.get_tensor("a.weight")
+    elif how == "numpy":
+        a = wcache.open_file(path).numpy("a.weight")
+    elif how == "raw":
+        a = wcache.open_file(path).raw("a.weight")
+    else:  # attached through wcached, path is the model's name
+        m = wcache.connect().attach(path)
+        a = m.raw(m.keys()[0])
+    assert not a.flags.writeable
+    t = torch.from_numpy(a)
+    t.add_(1)
+    print("wrote", a.reshape(-1).view("u1")[:4].tobytes().hex())
+""")
+
+
+def _write_through_numpy(path, how):
+    r = run_python(WRITE_THROUGH_NUMPY.format(path=path, how=how))
+    assert r.returncode == 0 and "wrote" in r.stdout, (r.returncode, r.stdout, r.stderr)
+    return bytes.fromhex(r.stdout.split()[-1])
+
+
+@pytest.mark.parametrize("how", ["load_file", "safe_open", "numpy", "raw"])
+def test_a_write_through_another_alias_of_a_numpy_view_stays_private(f32_model, no_daemon,
+                                                                      how):
+    """torch.from_numpy() of a numpy array wcache made, then an in-place
+    op: numpy's read-only flag does not bind torch, and the write reaches
+    the memory. It lands in a private copy of the page (the arrays are on
+    the copy-on-write memory torch tensors use), never in the file or in
+    another process reading the same model, which goes on reading the
+    original bytes. Before, the arrays were on the PROT_READ mapping and
+    the writer died of SIGSEGV (review rev140 #1)."""
+    path, arrays = f32_model
+    before = open(path, "rb").read()
+    with wcache.open_file(path) as m:
+        reader = m.numpy("a.weight")  # mapped (and read) before the write
+        assert np.array_equal(reader, arrays["a.weight"])
+        wrote = _write_through_numpy(path, how)
+        assert wrote != arrays["a.weight"].tobytes()[:4], "the writer saw its own write"
+        assert np.array_equal(reader, arrays["a.weight"])
+    with wcache.open_file(path) as m:
+        assert np.array_equal(m.numpy("a.weight"), arrays["a.weight"])
+    assert open(path, "rb").read() == before
+
+
+def test_a_write_through_an_alias_of_an_attached_view_stays_private(daemon, model_path):
+    """The same for a model attached through wcached: another process
+    attached to it, and every later attach, read the original bytes."""
+    with wcache.connect(daemon.socket) as c:
+        m = c.attach("small")
+    first = m.keys()[0]
+    original = m.raw(first).copy()
+    reader = m.raw(first)
+    wrote = _write_through_numpy("small", "attach")
+    assert wrote[0] == (int(original[0]) + 1) % 256
+    assert np.array_equal(reader, original)
+    with wcache.connect(daemon.socket) as c:
+        assert np.array_equal(c.attach("small").raw(first), original)
+
+
+def _smaps_of(addr):
+    """{field: kB} of the /proc/self/smaps entry holding addr, and its perms."""
+    fields, perms, inside = {}, None, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5 and ":" not in head[0]:
+                lo, hi = (int(x, 16) for x in head[0].split("-"))
+                inside = lo <= addr < hi
+                if inside:
+                    perms = head[1]
+            elif inside and head[0].endswith(":") and len(head) >= 2 and head[1].isdigit():
+                fields[head[0][:-1]] = int(head[1])
+    return fields, perms
+
+
+def test_numpy_views_stay_zero_copy_on_copy_on_write_memory(tmp_path):
+    """numpy views are on the copy-on-write memory (rw-p) where libwcache
+    can make it, yet reading every byte of them copies nothing: the pages
+    mapped are the file's page cache (no anonymous memory), as the README
+    promises (zero-copy, the PSS of a shared mapping)."""
+    import mmap
+    import wcache._lib as L
+    data = np.arange(64 * mmap.PAGESIZE // 4, dtype="<f4")
+    path = tmp_path / "big.safetensors"
+    write_safetensors(path, [("w", "F32", data.shape, data.tobytes())])
+    with wcache.open_file(path) as m:
+        a = m.numpy("w")
+        assert float(a.sum(dtype=np.float64)) == float(data.sum(dtype=np.float64))
+        assert int(m.raw("w").sum(dtype=np.uint64)) == int(data.view("u1").sum(dtype=np.uint64))
+        fields, perms = _smaps_of(a.ctypes.data)
+        if getattr(L.lib(), "wc_model_cow", None) is not None:
+            assert perms == "rw-p", perms
+        assert fields["Rss"] >= 64 * mmap.PAGESIZE // 1024, fields
+        assert fields["Anonymous"] == 0, fields  # (Private_Dirty: the file written just now)
+
+
 def test_views_outlive_close(f32_model):
     path, arrays = f32_model
     m = wcache.open_file(path)

@@ -1,7 +1,9 @@
 """torch tensors on a model's mapping, and why their memory is copy-on-write.
 
 The model files are mapped PROT_READ. numpy can say "read-only" (the
-arrays of ``Model.numpy`` refuse writes with ValueError), but torch 1.13
+arrays of ``Model.numpy`` refuse writes with ValueError, and are on the
+memory way 1 below makes copy-on-write, for whatever ignores that flag:
+model.make_cow), but torch 1.13
 has no read-only tensors: a tensor over the PROT_READ mapping would let
 ``t.add_(1)``, ``t[0] = 1`` or ``t.copy_(x)`` run, and the kernel would kill
 the worker with SIGSEGV. Guarding torch's Python API (a tensor subclass)
@@ -70,7 +72,7 @@ import torch
 
 from . import _lib, _table
 from ._dtypes import carrier_typestr, torch_dtype
-from .model import _ArrayOwner, _view
+from .model import _ArrayOwner, _view, make_cow
 from ._sharedview import Unavailable, _libc, file_mappings, map_mapped_file
 
 _MODES = ("auto", "c", "remap", "copy")
@@ -305,15 +307,12 @@ class _State:
         return _view(h, info.data, info.shape, carrier, readonly=False)
 
     def _cow(self, h):
-        fn = getattr(_lib.lib(), "wc_model_cow", None)
-        if fn is None or fn.argtypes is None:
-            self.c_ok, self.reason = False, "libwcache has no wc_model_cow()"
-            return
-        rc = fn(h.ptr)
-        if rc < 0:
-            self.c_ok, self.reason = False, _lib.errmsg() or os.strerror(-rc)
-            return
-        self.c_ok = True
+        # Once per handle, shared with its numpy views (model.make_cow).
+        state = make_cow(h)
+        if state is True:
+            self.c_ok = True
+        else:
+            self.c_ok, self.reason = False, state
 
 
 # --- way 2: a private mapping of the same file ---

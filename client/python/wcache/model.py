@@ -83,13 +83,14 @@ class _Handle:
     through the library that made it (kept here: a finalizer may run, by a
     garbage collection, in a thread that holds _lib's lock, loading the
     library, and must not take that lock)."""
-    __slots__ = ("ptr", "label", "client", "lib", "__weakref__")
+    __slots__ = ("ptr", "label", "client", "lib", "cow", "__weakref__")
 
     def __init__(self, ptr, label, client=None):
         self.ptr = ptr
         self.label = label
         self.client = client      # keeps the connection open for RELEASE
         self.lib = _lib.lib()     # loaded already: ptr came from it
+        self.cow = None           # make_cow(): not tried, True, or why not (str)
 
     def __del__(self):
         ptr, self.ptr = self.ptr, None
@@ -116,6 +117,42 @@ class _ArrayOwner:
 def _view(handle, data, shape, typestr, readonly=True):
     """A numpy array over [data, data + size) that keeps handle alive."""
     return np.asarray(_ArrayOwner(handle, data, shape, typestr, readonly))
+
+
+def make_cow(handle):
+    """Makes the handle's model memory copy-on-write in this process
+    (wc_model_cow(): one mprotect per file, no memory until a page is
+    written), once per handle; True when it is, else why not (a str).
+
+    Every view of a model's memory is made on that memory, the read-only
+    numpy arrays too (Model.numpy, raw, safe_open's and load_file's arrays):
+    numpy refuses writes through them, but whatever ignores that flag
+    (torch.from_numpy or as_tensor, ctypes, a C extension) writes through
+    the address, and on the PROT_READ mapping the kernel kills the process
+    with SIGSEGV. On the copy-on-write one such a write gives this process a
+    private copy of the page and never reaches the file or another process;
+    pages nobody writes stay the page cache every worker maps (same PSS,
+    still zero-copy). Where the library cannot (no wc_model_cow, files
+    mapped shared, ENOMEM under vm.overcommit_memory=2) the memory stays
+    read-only, as before. Two threads may both call the library: mprotect
+    to the same protection twice is harmless."""
+    state = handle.cow
+    if state is None:
+        fn = getattr(handle.lib, "wc_model_cow", None)
+        if fn is None or fn.argtypes is None:
+            state = "libwcache has no wc_model_cow()"
+        else:
+            rc = fn(handle.ptr)
+            state = True if rc >= 0 else (_lib.errmsg() or os.strerror(-rc))
+        handle.cow = state
+    return state
+
+
+def _ro_view(handle, data, shape, typestr):
+    """A read-only numpy array over [data, data + size), on memory made
+    copy-on-write first (make_cow), that keeps handle alive."""
+    make_cow(handle)
+    return _view(handle, data, shape, typestr)
 
 
 class Model:
@@ -244,7 +281,7 @@ class Model:
         if region is None:
             region = self._region
             if region is None:
-                region = self._keep_region(_view(self._h(), lo, (hi - lo,), "|u1"))
+                region = self._keep_region(_ro_view(self._h(), lo, (hi - lo,), "|u1"))
         off = info.data - lo
         return region[off:off + info.nbytes].view(typestr).reshape(
             info.shape if shape is None else shape)
@@ -254,7 +291,7 @@ class Model:
         region = self._region  # read once: close() in another thread clears it
         if region is None:
             lo, hi = self._tab().span
-            region = self._keep_region(_view(self._h(), lo, (hi - lo,), "|u1"))
+            region = self._keep_region(_ro_view(self._h(), lo, (hi - lo,), "|u1"))
         return region
 
     def _keep_region(self, region):
@@ -343,7 +380,7 @@ class Model:
         for any dtype, including those numpy has no type for."""
         info = self.info(name)
         a = self._slice(info, "|u1", shape=(info.nbytes,))
-        return a if a is not None else _view(self._h(), info.data, (info.nbytes,), "|u1")
+        return a if a is not None else _ro_view(self._h(), info.data, (info.nbytes,), "|u1")
 
     def numpy(self, name):
         """Tensor name as a read-only numpy array on the mapping (zero-copy).
@@ -358,7 +395,7 @@ class Model:
         if typestr is None:
             raise TypeError(_no_numpy_type(self._h().label, info))
         a = self._slice(info, typestr)
-        return a if a is not None else _view(self._h(), info.data, info.shape, typestr)
+        return a if a is not None else _ro_view(self._h(), info.data, info.shape, typestr)
 
     def torch(self, name):
         """Tensor name as a torch tensor on the mapping (zero-copy, CPU).
