@@ -269,6 +269,65 @@ def test_one_build_across_processes(derive_daemon, tmp_path):
     assert len(log.read_text().split()) == 1, log.read_text()
 
 
+def test_kept_results_share_the_connections_of_the_process(tmp_path, model_path, monkeypatch):
+    """Every derived() result holds the connection it came through (for
+    its RELEASE), and every call used to connect anew: with results kept,
+    the (max_clients_per_uid + 1)th call, and every plain attach of the
+    user after it, were refused ("too many connections from this user").
+    The calls of a process now share their connections: as many as calls
+    ran at once (review rev140 #2)."""
+    import torch
+    import wcache._derived as D
+    d = Daemon(tmp_path, {"small": (model_path, {"derive": "yes"})},
+               extra="max_clients_per_uid = 3").start()
+    monkeypatch.setenv("WCACHE_SOCKET", d.socket)
+    try:
+        kept = [wcache.derived("small", f"k{i % 3}", to_f32) for i in range(8)]
+        assert all(torch.equal(kept[i][k], kept[i % 3][k]) for i in range(8) for k in kept[0])
+        (free,) = [v for (where, _, _), v in D._pool.items() if where == d.socket]
+        assert len(free) == 1, free
+        with wcache.connect() as c:
+            assert c.attach("small").keys() == sorted(kept[0])
+    finally:
+        status = d.stop()
+    assert status == 0, d.read_log()
+
+
+def test_a_thread_waits_for_another_threads_build(derive_daemon):
+    """Two threads of one process ask for one key: one builds, the other
+    waits for it on a connection of its own (the builder's is in use until
+    it has published) and gets the artifact, not EDEADLK."""
+    import threading
+    import torch
+    started, done = threading.Event(), threading.Event()
+    calls, out, errors = [], {}, []
+
+    def slow(src):
+        calls.append(1)
+        started.set()
+        done.wait(10)
+        return to_f32(src)
+
+    def ask(who):
+        try:
+            out[who] = wcache.derived("small", "two-threads-v1", slow, timeout=60)
+        except BaseException as e:
+            errors.append(e)
+    builder = threading.Thread(target=ask, args=("builder",))
+    builder.start()
+    assert started.wait(30)
+    waiter = threading.Thread(target=ask, args=("waiter",))
+    waiter.start()
+    waiter.join(1.0)
+    assert waiter.is_alive(), f"the waiter did not wait: {errors!r}"
+    done.set()
+    builder.join(60)
+    waiter.join(60)
+    assert not errors and len(calls) == 1, (errors, calls)
+    for k in out["builder"]:
+        assert torch.equal(out["builder"][k], out["waiter"][k])
+
+
 def test_source_tensors_outlive_the_build(derive_daemon):
     """A source tensor build keeps stays readable after the build ended
     (it comes from an attach of its own, not the build's source)."""

@@ -17,7 +17,9 @@ Lifetimes: the tensors returned are views of the artifact's mapping, as
 source state dict handed to ``build`` is made from an attach of the same
 generation that this module owns (not from the build's own source, which
 libwcache releases when the build ends), so a source tensor that ``build``
-keeps somewhere stays valid.
+keeps somewhere stays valid. The calls of a process share their
+connections to wcached (as many as calls ran at once, see _pool), each
+result keeping the one it came through for its release.
 
 Without a daemon (``DaemonUnavailable``), or when wcached does not serve the
 model, the source is opened in this process as ``safe_open`` opens it,
@@ -41,7 +43,7 @@ from ._lib import DaemonUnavailable, ModelNotFound, WcacheError, check, wc_tenso
 from ._device import to_device
 from ._safe_open import _names, check_device, open_model
 from ._serialize import DTYPES as _NUMPY_DTYPES
-from .model import Model, _Handle, _framework, connect
+from .model import Model, _Handle, _framework, connect, default_socket
 
 __all__ = ["derived"]
 
@@ -52,6 +54,56 @@ _KEY = re.compile(r"[A-Za-z0-9._+-]{1,64}\Z")  # wire_key_valid() in proto/wire.
 _warned = set()
 _warned_lock = threading.Lock()
 _lib.fork_safe_module(globals(), "_warned_lock")  # a child of fork() makes it anew
+
+# The connections derived() uses, shared by every call of this process:
+# (socket, timeout, $WCACHE_TIMEOUT when timeout is None) -> [Client not in
+# use now]. A call takes one (or connects when none is free) and gives it
+# back when it returns; the artifact's handle keeps it too, for its
+# RELEASE. Not one per call: each result kept alive would hold a connection
+# of its own, and wcached's max_clients_per_uid would lock every worker of
+# the user out of attaching (review rev140 #2). Not one for all calls
+# either: libwcache holds a client's lock for a whole DERIVE, which waits
+# while another worker builds, and a builder must PUBLISH on the connection
+# that got BUILD; so a call in use keeps its connection to itself until it
+# returns (build included), and there are as many as calls of this process
+# ever ran at once. A child of fork() makes its own.
+_pool = {}
+_pool_pid = os.getpid()
+_pool_lock = threading.Lock()
+_lib.fork_safe_module(globals(), "_pool_lock")
+
+
+def _after_fork_in_child():
+    global _pool, _pool_pid
+    _pool, _pool_pid = {}, os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _take(socket, timeout):
+    """(pool key, a Client for one derived() call): a free one of this
+    process, else a new connection (DaemonUnavailable when none can be
+    made). Hand it back with _give_back."""
+    global _pool, _pool_pid
+    where = os.fspath(socket) if socket is not None else default_socket()
+    key = (where, timeout, os.environ.get("WCACHE_TIMEOUT") if timeout is None else None)
+    with _pool_lock:
+        if _pool_pid != os.getpid():
+            _pool, _pool_pid = {}, os.getpid()
+        free = _pool.get(key)
+        while free:
+            client = free.pop()
+            if not client.closed:
+                return key, client
+    return key, connect(socket, timeout)
+
+
+def _give_back(key, client):
+    with _pool_lock:
+        if _pool_pid == os.getpid() and not client.closed:
+            _pool.setdefault(key, []).append(client)
 
 
 class _Unavailable(Exception):
@@ -341,22 +393,24 @@ def derived(name, key, build, framework="pt", socket=None, timeout=None, device=
         return _moved(_local(target, key, build, fw, f"libwcache {_lib.library_path()} has "
                                                      f"no wc_derive()"), dev)
     try:
-        client = connect(socket, timeout)
+        where, client = _take(socket, timeout)
     except DaemonUnavailable as e:
         return _moved(_local(target, key, build, fw, str(e)), dev)
     try:
         model = _derive(client, target, key, build, fw)
     except _Unavailable as e:
-        client.close()
-        return _moved(_local(target, key, build, fw, str(e)), dev)
-    except BaseException:
-        client.close()
-        raise
+        why = str(e)
+    else:
+        why = None
+    finally:
+        _give_back(where, client)
+    if why is not None:
+        return _moved(_local(target, key, build, fw, why), dev)
     if dev is not None:
         state = to_device(model, model.keys(), dev, model.torch)
     else:
         state = model.state_dict(fw)
-    model.close()  # the tensors keep the mapping (and the connection) alive
+    model.close()  # the tensors keep the mapping (and the shared connection) alive
     return state
 
 
