@@ -328,6 +328,54 @@ def test_a_thread_waits_for_another_threads_build(derive_daemon):
         assert torch.equal(out["builder"][k], out["waiter"][k])
 
 
+@pytest.mark.parametrize("daemon_up", [True, False])
+def test_a_build_that_asks_for_its_own_key_is_told_at_once(tmp_path, model_path, monkeypatch,
+                                                           daemon_up):
+    """build() calling derived() for the key it builds waited for itself
+    (its own connection is the builder's, so the call made another, which
+    wcached cannot tell from another worker) until the deadline or the
+    model's derive_timeout, then the daemon handed the build to the nested
+    call and the outer publication failed. Without wcached it recursed
+    until RecursionError. Now: WcacheError EDEADLK at once, naming the
+    model and key, as the README promises (review rev140 #3); another key
+    from inside build works."""
+    import time
+    import torch
+    d = None
+    if daemon_up:
+        d = Daemon(tmp_path, {"small": (model_path, {"derive": "yes",
+                                                      "derive_timeout": "20"})}).start()
+        monkeypatch.setenv("WCACHE_SOCKET", d.socket)
+    else:
+        monkeypatch.setenv("WCACHE_SOCKET", str(tmp_path / "nobody.sock"))
+    seen = {}
+
+    def nested(src):
+        start = time.monotonic()
+        try:
+            wcache.derived("small" if daemon_up else model_path, "self-v1", to_f32, timeout=5)
+        except wcache.WcacheError as e:
+            seen["error"], seen["took"] = e, time.monotonic() - start
+        inner = wcache.derived("small" if daemon_up else model_path, "other-v1", to_f32,
+                               timeout=30)
+        return {k: v + 1 for k, v in inner.items()}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # without wcached: built here
+            out = wcache.derived("small" if daemon_up else model_path, "self-v1", nested,
+                                 timeout=30)
+        e = seen["error"]
+        assert e.errno == errno.EDEADLK and seen["took"] < 2, (e, seen["took"])
+        assert "self-v1" in str(e) and ("small" if daemon_up else model_path) in str(e)
+        src = wcache.open_file(model_path)
+        for k in src.keys():
+            assert torch.equal(out[k], src.torch(k).float() + 1)
+    finally:
+        if d is not None:
+            status = d.stop()
+            assert status == 0, d.read_log()
+
+
 def test_source_tensors_outlive_the_build(derive_daemon):
     """A source tensor build keeps stays readable after the build ended
     (it comes from an attach of its own, not the build's source)."""

@@ -28,7 +28,8 @@ RuntimeWarning says so, once per (model, key) and process. Any other
 failure from the daemon is raised: a model with ``derive = no`` (EPERM), a
 worker that may not build (EACCES), a build that failed elsewhere
 (ECANCELED, EHOSTDOWN), or one that took longer than the deadline
-(ETIMEDOUT).
+(ETIMEDOUT). A ``build`` that asks for the key it is building (in its own
+thread) is refused at once (EDEADLK), with or without a daemon.
 """
 import ctypes
 import errno
@@ -72,6 +73,11 @@ _pool_pid = os.getpid()
 _pool_lock = threading.Lock()
 _lib.fork_safe_module(globals(), "_pool_lock")
 
+# The (model name, key) pairs this thread builds now (inside build()): a
+# derived() of one of them would wait for its own build (its connection is
+# taken, so wcached cannot tell; review rev140 #3) and is refused at once.
+_building = threading.local()
+
 
 def _after_fork_in_child():
     global _pool, _pool_pid
@@ -104,6 +110,35 @@ def _give_back(key, client):
     with _pool_lock:
         if _pool_pid == os.getpid() and not client.closed:
             _pool.setdefault(key, []).append(client)
+
+
+def _builds_here(target, key):
+    """Whether this thread is inside the build of (target, key)."""
+    keys = getattr(_building, "keys", None)
+    if not keys:
+        return False
+    return any((name, key) in keys for name in [target, *_names(target)])
+
+
+class _Building:
+    """Marks (names, key) as built by this thread while the block runs."""
+
+    def __init__(self, names, key):
+        self.pairs = [(n, key) for n in names]
+
+    def __enter__(self):
+        keys = getattr(_building, "keys", None)
+        if keys is None:
+            keys = _building.keys = {}
+        for p in self.pairs:
+            keys[p] = keys.get(p, 0) + 1
+
+    def __exit__(self, *exc):
+        keys = _building.keys
+        for p in self.pairs:
+            keys[p] -= 1
+            if not keys[p]:
+                del keys[p]
 
 
 class _Unavailable(Exception):
@@ -274,7 +309,8 @@ def _build_here(lib, client, target, name, key, build_ptr, build, framework):
                                  f"began; the next derive builds from the new one")
         return None
     try:
-        result = build(source)
+        with _Building({target, name}, key):
+            result = build(source)
     except BaseException as e:
         _abandon(lib, build_ptr, f"{type(e).__name__}: {e}")
         raise
@@ -340,7 +376,8 @@ def _local(target, key, build, framework, why):
     (and made contiguous) like a publication."""
     _warn_once(target, key, why)
     model = open_model(target)
-    result = build(model.state_dict(framework))
+    with _Building({target}, key):
+        result = build(model.state_dict(framework))
     entries = _checked(result)
     return {name: t for name, _st, t, _shape, _ptr, _n in entries}
 
@@ -389,6 +426,10 @@ def derived(name, key, build, framework="pt", socket=None, timeout=None, device=
         # wc_derive() takes a C string: it would derive the model named by
         # the part before the NUL. Python's open() raises the same.
         raise ValueError(f"model name {target!r}: embedded null byte")
+    if _builds_here(target, key):
+        raise WcacheError(errno.EDEADLK, f"model {target!r}, key {key!r}: derived() called "
+                          f"from that key's own build, which would wait for itself: build "
+                          f"must not ask for the key it builds")
     if not all(_lib.has(f) for f in _FUNCTIONS):
         return _moved(_local(target, key, build, fw, f"libwcache {_lib.library_path()} has "
                                                      f"no wc_derive()"), dev)
