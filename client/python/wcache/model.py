@@ -205,7 +205,18 @@ class Model:
         model's name (or no longer serves it); always False in-process.
         No system call: it reads the daemon's status page. A stale model
         stays valid; attach again for the new generation, then close this
-        one."""
+        one.
+
+        The page is the daemon's that served the model. After wcached
+        crashed (SIGKILL, a fault) and was started again without systemd's
+        descriptor store, that page is never written again: stale() stays
+        False for good, even when the new daemon serves other weights under
+        the name, and the new daemon's generation numbers start again (they
+        can equal this model's). A worker that must pick up new weights
+        after such a restart cannot rely on stale() or generation: it has
+        to attach again. A daemon that exits on SIGTERM marks its models
+        stale; under systemd's store a restarted daemon keeps the page
+        (proto/PROTOCOL.md, "Restarts")."""
         return bool(_lib.lib().wc_model_stale(self._h().ptr))
 
     def _h(self):
