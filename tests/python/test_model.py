@@ -1,5 +1,6 @@
 """The Model API over wc_open_file: names, metadata, views, lifetime, and
 writes that must fail (numpy) or stay private (torch)."""
+import errno
 import gc
 import os
 import subprocess
@@ -616,6 +617,29 @@ def test_open_file_errors(tmp_path):
         wcache.open_file(bad)
     assert "bad.safetensors" in str(e.value)
     assert e.value.errno > 0
+
+
+def test_open_file_of_a_missing_path_is_a_file_not_found_error(tmp_path, no_daemon):
+    """open_file() of a path that does not exist raised a plain WcacheError,
+    which ``except FileNotFoundError`` missed, while safe_open raised
+    NoSuchFile for the same path (review rev140 #5). Now NoSuchFile as
+    well (a FileNotFoundError, errno ENOENT, the path as its filename,
+    libwcache's message naming it); a directory with no model in it
+    CannotOpenFile (a FileNotFoundError too)."""
+    missing = tmp_path / "missing.safetensors"
+    with pytest.raises(FileNotFoundError) as e:
+        wcache.open_file(missing)
+    assert isinstance(e.value, wcache.NoSuchFile) and isinstance(e.value, wcache.WcacheError)
+    assert e.value.errno == errno.ENOENT and e.value.filename == str(missing)
+    assert str(missing) in str(e.value)
+    with pytest.raises(wcache.NoSuchFile):
+        wcache.safe_open(missing, framework="np")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError) as e:
+        wcache.open_file(empty)
+    assert isinstance(e.value, wcache.CannotOpenFile) and e.value.errno == errno.ENOENT
+    assert "no model found" in str(e.value)
 
 
 def test_nul_in_tensor_names_and_paths(f32_model, no_daemon):

@@ -619,10 +619,21 @@ def connect(socket=None, timeout=None):
 def open_file(path):
     """Maps and validates a model in this process, without the daemon: a
     safetensors file, a shard index (model.safetensors.index.json), a
-    directory holding one of those, or a WEIG file."""
+    directory holding one of those, or a WEIG file.
+
+    A path that does not exist raises :class:`wcache.NoSuchFile`, and a
+    file it needs that is missing (a shard, a directory's model file)
+    :class:`wcache.CannotOpenFile`: both FileNotFoundError, as safe_open
+    raises; any other failure WcacheError (SafetensorError's errnos for a
+    file that is not a valid model)."""
     path = os.fspath(path)
     out = ctypes.c_void_p()
-    check(_lib.lib().wc_open_file(_c_string(os.fsencode(path), "path"), ctypes.byref(out)))
+    rc = _lib.lib().wc_open_file(_c_string(os.fsencode(path), "path"), ctypes.byref(out))
+    if rc == -errno.ENOENT:
+        msg = _lib.errmsg() or os.strerror(errno.ENOENT)
+        cls = _lib.CannotOpenFile if os.path.exists(path) else _lib.NoSuchFile
+        raise cls(errno.ENOENT, msg, path)
+    check(rc)
     return Model(_Handle(out.value, path if isinstance(path, str) else os.fsdecode(path)),
                  "file")
 
