@@ -10,7 +10,9 @@
  * dropped. A release is one RELEASE with seq 0, which the daemon does not
  * answer: no round trip; a release made while another thread holds the
  * client's lock is sent by that thread when it gives the lock back
- * (attach.c, request_unlock()).
+ * (attach.c, request_unlock()). Its send keeps the deadline as a
+ * request's does, and one that fails closes the connection
+ * (request_send_release()).
  *
  * Deadlines: the socket's SO_RCVTIMEO and SO_SNDTIMEO, set at connect and
  * by wc_set_timeout(), bound every connect, send and receive without a
@@ -432,14 +434,44 @@ reconnect(wc_client *c, int ms)
 	}
 }
 
+/*
+ * A RELEASE waits as a request's send does: a send that a signal
+ * interrupts (never restarted with SO_SNDTIMEO; restarting it would start
+ * the timeout over, and a timer firing more often than the deadline would
+ * keep a release from returning) or that says EAGAIN waits with poll(2)
+ * for what is left of the deadline. A RELEASE that is not sent closes the
+ * connection: the daemon would otherwise go on counting that attach for
+ * as long as the connection lives, pinning its generation, and every
+ * later release would wait the whole deadline too while the daemon does
+ * not read (a stopped wcached's full socket buffer). Closed, the daemon
+ * releases everything the connection held once it reads on, the releases
+ * after this one fail at once (EPIPE), and the next request connects
+ * again (reconnect(); its HOLDs of the models still mapped are refused
+ * by a daemon that did not restart, and their releases only unmap, as
+ * after any connection closed on a timeout). No message is
+ * set: wc_release() returns nothing, and a release told when another
+ * call gives the lock back (request_unlock) must leave that call's
+ * message.
+ */
 void
 request_send_release(wc_client *c, uint64_t handle)
 {
 	uint8_t req[WIRE_HEADER_SIZE + 8];
-	ssize_t n = wire_put_release(req, sizeof(req), 0, handle);
+	struct timespec start;
+	ssize_t len = wire_put_release(req, sizeof(req), 0, handle), n;
+	int r;
 
-	if (n >= 0)
-		(void)fdp_send(c->fd, req, (size_t)n, NULL, 0);
+	if (len < 0)
+		return;
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	while ((n = fdp_send_intr(c->fd, req, (size_t)len, NULL, 0)) == -EAGAIN || n == -EINTR) {
+		if ((r = wait_for(c->fd, POLLOUT, c->timeout_ms, &start)) <= 0) {
+			n = r == 0 ? -ETIMEDOUT : r;
+			break;
+		}
+	}
+	if (n < 0)
+		shutdown(c->fd, SHUT_RDWR);
 }
 
 void
@@ -708,7 +740,9 @@ request_exchange(wc_client *c, const uint8_t *req, size_t len, uint32_t seq, int
 int
 wc_client_fd(const wc_client *c)
 {
-	return c == NULL ? -1 : c->fd;
+	if (c == NULL)
+		return error_set(-EINVAL, "wc_client_fd: no client");
+	return c->fd;
 }
 
 /*

@@ -38,9 +38,13 @@ int request_open(const char *path, int ms, int *out);
 /*
  * Sends RELEASE of handle with seq 0, which the daemon does not answer, on
  * the connection as it is: a release costs one send and no wait for the
- * daemon. A send that fails (the daemon is gone, or wedged past the
- * deadline) loses nothing the worker needs: the daemon releases every
- * attach of a connection when it closes.
+ * daemon's answer. The send keeps the client's deadline across signals
+ * and EAGAIN, as a request's does. A send that fails (the daemon is gone,
+ * or does not read within the deadline: stopped, wedged) closes the
+ * connection, so that the daemon releases every attach of it rather than
+ * counting the lost one, later releases fail at once, and the next
+ * request connects again (as after any timeout). It sets no message
+ * (wc_errmsg() stays the caller's).
  */
 void request_send_release(wc_client *c, uint64_t handle);
 

@@ -328,6 +328,13 @@ fake_serve(struct fake *k, int conn)
 			}
 			if (fake_reply(k, conn, msg.h.seq))
 				return;
+			if (first && k->stall_after > 0 && attaches == k->stall_after) {
+				sem_post(k->stalled);
+				if (fake_sem_wait(k->resume) < 0) {
+					fake_fail(k, "not resumed within the deadline");
+					return;
+				}
+			}
 		} else if (msg.h.type == WIRE_RELEASE &&
 			wire_get_release(&msg, &k->released_handle) == 0) {
 			k->releases++;

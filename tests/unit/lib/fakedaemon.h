@@ -90,6 +90,11 @@ struct fake {
 	sem_t *read;                /* waited for by FAKE_REFUSE_LATE before closing */
 	sem_t *gate, *at_gate;      /* if gate is set, an ATTACH's reply waits for
 				     * it, with at_gate posted on arrival */
+	int stall_after;            /* > 0: once the Nth ATTACH on the first
+				     * connection is answered, post stalled and
+				     * read nothing until resume is posted (as a
+				     * SIGSTOPped wcached) */
+	sem_t *stalled, *resume;
 	/* What the fake saw; read after fake_finish(). */
 	int attaches;
 	int releases;

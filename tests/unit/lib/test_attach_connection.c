@@ -898,6 +898,115 @@ test_reconnect_holds_keep_deadline(void **state)
 	reconnect_interrupted(*state, 1);
 }
 
+/*
+ * Releases while wcached reads nothing (stopped, wedged) once the
+ * client's socket buffer is full. Three models are attached and the fake
+ * stops reading; the test fills the buffer with RELEASEs of its own.
+ *
+ * The first wc_release() waits the 0.4 s deadline, no longer, even with an
+ * interval timer (SIGALRM every 20 ms, no SA_RESTART) when timer is set:
+ * before, fdp_send() restarted the interrupted send with the whole of
+ * SO_SNDTIMEO, so the release only returned 0.4 s after the timer stopped
+ * itself (100 signals, 2.4 s in all; rev141 #2). That RELEASE is not sent,
+ * so the connection is closed: the second release fails at once instead
+ * of waiting the deadline again, and the fake, resumed, reads what was
+ * queued and then the end of the connection, so it would release all the
+ * connection held. Before, the connection stayed open with the RELEASE
+ * lost: the daemon went on counting that attach until the client
+ * disconnected (rev141 #1; the fake waited for the next request). The
+ * next attach connects again and HOLDs the model still mapped (the fake
+ * accepts, as a daemon after a warm restart would; wcached that did not
+ * restart refuses, test_client_deadline.py), whose release then reaches
+ * the new connection with the HOLD's handle.
+ */
+static void
+release_while_stalled(struct fixture *f, int timer)
+{
+	uint8_t msg[WIRE_HEADER_SIZE + 8];
+	wc_model *second = NULL, *third = NULL, *again = NULL;
+	struct sigaction old;
+	sem_t stalled, resume;
+	int before, fd, filled = 0;
+	double t0, waited;
+	ssize_t n;
+
+	assert_int_equal(sem_init(&stalled, 0, 0), 0);
+	assert_int_equal(sem_init(&resume, 0, 0), 0);
+	f->fake.connections = 2;
+	f->fake.hold_handle = 77;
+	f->fake.stall_after = 3;
+	f->fake.stalled = &stalled;
+	f->fake.resume = &resume;
+	before = attach_ok(f);
+	assert_int_equal(wc_set_timeout(f->client, DEADLINE_TEST_MS), 0);
+	if (wc_attach(f->client, MODEL, &second) != 0 || wc_attach(f->client, MODEL, &third) != 0)
+		fail_msg("attach failed: %s", wc_errmsg());
+	assert_int_equal(fake_sem_wait(&stalled), 0);
+
+	/* The client's socket buffer filled with RELEASEs of no handle. */
+	fd = wc_client_fd(f->client);
+	n = wire_put_release(msg, sizeof(msg), 0, 999999);
+	assert_true(n > 0);
+	while (send(fd, msg, (size_t)n, MSG_DONTWAIT | MSG_NOSIGNAL) == n)
+		filled++;
+	assert_int_equal(errno, EAGAIN);
+	assert_true(filled > 0);
+
+	if (timer)
+		alarm_every(20, 100, &old);
+	t0 = tu_now();
+	wc_release(second);
+	assert_waited_deadline(t0);
+	if (timer) {
+		alarm_off(&old);
+		assert_true(alarms >= 10);
+	}
+	t0 = tu_now();
+	wc_release(third);
+	waited = tu_now() - t0;
+	if (waited > SLACK_S)
+		fail_msg("the release after a lost one waited %.3f s", waited);
+
+	/* Resumed, the fake reads the queue, then the connection's end. */
+	sem_post(&resume);
+	t0 = tu_now();
+	while (__atomic_load_n(&f->fake.accepted, __ATOMIC_ACQUIRE) == 1 &&
+		__atomic_load_n(&f->fake.conn, __ATOMIC_ACQUIRE) >= 0) {
+		if (tu_now() - t0 > 2.0)
+			fail_msg("the connection whose RELEASE was lost is still open");
+		usleep(1000);
+	}
+	assert_int_equal(f->fake.releases, filled);
+
+	if (wc_attach(f->client, MODEL, &again) != 0)
+		fail_msg("attach after the lost release failed: %s", wc_errmsg());
+	assert_int_equal(f->fake.accepted, 2);
+	assert_int_equal(f->fake.holds, 1); /* f->model's: the others are released */
+	assert_int_equal(f->fake.held_generation, GENERATION);
+	check_tensors(f->model);
+	wc_release(f->model); /* held again: RELEASE of the HOLD's handle */
+	f->model = NULL;
+	check_tensors(again);
+	wc_release(again);
+	finish(f, before);
+	assert_int_equal(f->fake.releases, filled + 2);
+	assert_int_equal(f->fake.released_handle, HANDLE + 1); /* the last: again's */
+	sem_destroy(&stalled);
+	sem_destroy(&resume);
+}
+
+static void
+test_release_while_stalled_closes(void **state)
+{
+	release_while_stalled(*state, 0);
+}
+
+static void
+test_release_while_stalled_keeps_deadline(void **state)
+{
+	release_while_stalled(*state, 1);
+}
+
 int
 main(void)
 {
@@ -928,6 +1037,8 @@ main(void)
 		T(test_connect_interrupted_keeps_deadline),
 		T(test_reconnect_interrupted_keeps_deadline),
 		T(test_reconnect_holds_keep_deadline),
+		T(test_release_while_stalled_closes),
+		T(test_release_while_stalled_keeps_deadline),
 	};
 #undef T
 
