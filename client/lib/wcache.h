@@ -281,7 +281,8 @@ WC_EXPORT void wc_build_abandon(wc_build *b, const char *reason);
  * the client reconnects (after a restart of wcached, in wc_attach() or
  * wc_client_dispatch()): call wc_client_fd() again after each of them
  * rather than keeping the number. Announcements resume on the new
- * descriptor for the models attached from then on.
+ * descriptor for the models attached from then on. -EINVAL for a NULL
+ * client (the reason in wc_errmsg()).
  */
 WC_EXPORT int wc_client_fd(const wc_client *c);
 
