@@ -642,6 +642,51 @@ def test_open_file_of_a_missing_path_is_a_file_not_found_error(tmp_path, no_daem
     assert "no model found" in str(e.value)
 
 
+@pytest.mark.parametrize("mode", ["auto", "remap", "copy"])
+def test_tensors_of_more_dimensions_than_numpy_allows(tmp_path, no_daemon, monkeypatch, mode):
+    """A tensor of 33 dimensions (the format allows up to 64): numpy()
+    and safe_open's "np" arrays raised numpy's bare ValueError ("maximum
+    supported dimension for an ndarray is 32, found 33"), naming neither
+    model nor tensor, and so did torch() (made through numpy), although
+    torch has such tensors and safe_open's "pt" made them (review rev140
+    #6). Now numpy's refusal is one line naming the model, the tensor and
+    the limit, and torch() gives the tensor, on the same memory as the
+    others, in every WCACHE_TORCH_COW mode."""
+    import warnings
+    from wcache import _table
+    NUMPY_MAX_DIMS = getattr(_table, "NUMPY_MAX_DIMS", 32)
+    monkeypatch.setenv("WCACHE_TORCH_COW", mode)
+    shape = (1,) * NUMPY_MAX_DIMS + (2, 3)
+    data = np.arange(6, dtype="<f4")
+    path = tmp_path / "dims.safetensors"
+    write_safetensors(path, [("deep", "F32", shape, data.tobytes()),
+                             ("flat", "F32", (6,), data.tobytes())])
+    want = torch.from_numpy(data).reshape(shape)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # copy mode says it copies
+        with wcache.open_file(path) as m:
+            with pytest.raises(ValueError) as e:
+                m.numpy("deep")
+            text = str(e.value)
+            assert "\n" not in text and str(path) in text and "'deep'" in text, text
+            assert f"{len(shape)} dimensions" in text and f"numpy's limit of {NUMPY_MAX_DIMS}" \
+                in text, text
+            assert m.raw("deep").tobytes() == data.tobytes()
+            t = m.torch("deep")
+            assert t.shape == shape and torch.equal(t, want)
+            t.add_(1)  # copy-on-write (a copy in copy mode): the file keeps its bytes
+            assert torch.equal(m.torch("flat"), torch.from_numpy(data))
+        with wcache.safe_open(path, framework="np") as f:
+            with pytest.raises(ValueError, match="'deep' has .* more than numpy's limit"):
+                f.get_tensor("deep")
+            with pytest.raises(ValueError, match="'deep' has .* more than numpy's limit"):
+                f.get_tensors()
+            assert np.array_equal(f.get_tensor("flat"), data)
+        with wcache.safe_open(path, framework="pt") as f:
+            assert torch.equal(f.get_tensor("deep"), want)
+    assert open(path, "rb").read().endswith(data.tobytes() * 2)
+
+
 def test_nul_in_tensor_names_and_paths(f32_model, no_daemon):
     """C strings end at a NUL: a name or a path holding one must not find
     or open what comes before it. A tensor name is missing (no file has

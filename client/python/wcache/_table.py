@@ -51,6 +51,18 @@ import numpy as np
 from . import _lib
 from ._lib import check, wc_tensor
 
+
+def _numpy_max_dims():
+    """The most dimensions a numpy array may have: 32 before numpy 2, 64 since."""
+    try:
+        np.empty((1,) * 64, dtype=np.uint8)
+    except ValueError:
+        return 32
+    return 64
+
+
+NUMPY_MAX_DIMS = _numpy_max_dims()
+
 __all__ = ["Table", "Runs", "NumpyRuns"]
 
 _GC_PAUSE_MIN = 256  # runs at least this long are made with the collector paused
@@ -379,6 +391,10 @@ class Runs:
 
     _FORK_LOCKS = ("lock",)  # made anew in a child of fork() (_lib.fork_safe)
 
+    # Tensors of more dimensions than this take single() (which for numpy
+    # raises the error naming the model and the tensor: numpy's limit).
+    max_ndim = 1 << 30
+
     def __init__(self, model, itemsize_of):
         self.model = model
         self.itemsize_of = itemsize_of
@@ -417,7 +433,7 @@ class Runs:
         a, b = plan.start_list[r], plan.start_list[r + 1]
         t = plan.table
         i = plan.order_list[a]
-        if not t.bulk[i]:
+        if not t.bulk[i] or t.ndim[i] > self.max_ndim:
             return self.single(t.names[i]),
         base, offset = self._typed(plan, i)
         shape = t.shape(i)
@@ -492,7 +508,7 @@ class Runs:
     def _make_alone(self, plan, i):
         """A new view of tensor i alone."""
         t = plan.table
-        if not t.bulk[i]:
+        if not t.bulk[i] or t.ndim[i] > self.max_ndim:
             return self.single(t.names[i])
         base, offset = self._typed(plan, i)
         shape = t.shape(i)
@@ -524,6 +540,8 @@ def _np_many(base, m, step, shape, strides, offset):
 
 class NumpyRuns(Runs):
     """Read-only numpy arrays on the model's mapping, made run by run."""
+
+    max_ndim = NUMPY_MAX_DIMS
 
     def __init__(self, model):
         from ._dtypes import numpy_typestr

@@ -72,7 +72,8 @@ import torch
 
 from . import _lib, _table
 from ._dtypes import carrier_typestr, torch_dtype
-from .model import _ArrayOwner, _view, make_cow
+from ._table import NUMPY_MAX_DIMS
+from .model import TensorInfo, _ArrayOwner, _view, make_cow
 from ._sharedview import Unavailable, _libc, file_mappings, map_mapped_file
 
 _MODES = ("auto", "c", "remap", "copy")
@@ -112,10 +113,17 @@ def tensor(model, info):
     if info.nbytes == 0:
         return torch.empty(info.shape, dtype=tdtype)
     state = _state_of(model)
+    shape = None
+    if len(info.shape) > NUMPY_MAX_DIMS:
+        # More dimensions than a numpy array may have (torch allows them,
+        # as safe_open's TorchRuns makes them): a 1-D view, then torch's shape.
+        shape = info.shape
+        info = TensorInfo(info.name, info.dtype, (info.nbytes // np.dtype(carrier).itemsize,),
+                          info.nbytes, info.data)
     t = torch.from_numpy(state.writable(model, h, info, carrier))
     if t.dtype != tdtype:
         t = t.view(tdtype)
-    return t
+    return t if shape is None else t.view(shape)
 
 
 def _state_of(model):

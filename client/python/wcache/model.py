@@ -38,7 +38,7 @@ import numpy as np
 from . import _lib
 from ._dtypes import numpy_typestr
 from ._lib import DaemonUnavailable, MissingTensor, ModelNotFound, check, wc_tensor
-from ._table import Table
+from ._table import NUMPY_MAX_DIMS, Table
 
 __all__ = ["Client", "Model", "TensorInfo", "connect", "open_file"]
 
@@ -397,6 +397,8 @@ class Model:
         """Tensor name as a read-only numpy array on the mapping (zero-copy).
 
         Writing to it raises ValueError; ``.copy()`` gives a writable copy.
+        A tensor of more dimensions than numpy allows (32 before numpy 2)
+        raises ValueError naming it.
         BF16, FP8, FP4 and FP6 tensors raise TypeError: numpy has no such
         types (``raw(name)`` gives the bytes; for BF16
         ``raw(name).view(numpy.uint16).reshape(shape)`` gives the bit
@@ -405,6 +407,8 @@ class Model:
         typestr = numpy_typestr(info.dtype)
         if typestr is None:
             raise TypeError(_no_numpy_type(self._h().label, info))
+        if len(info.shape) > NUMPY_MAX_DIMS:
+            raise too_many_dims(self._h().label, info)
         a = self._slice(info, typestr)
         return a if a is not None else _ro_view(self._h(), info.data, info.shape, typestr)
 
@@ -425,6 +429,16 @@ class Model:
         """Every tensor, as {name: torch tensor} ("pt") or numpy array ("np")."""
         get = self.torch if _framework(framework) == "pt" else self.numpy
         return {name: get(name) for name in self.keys()}
+
+
+def too_many_dims(label, info):
+    """The ValueError for a tensor numpy cannot have (more dimensions than
+    NUMPY_MAX_DIMS): one line naming the model, the tensor and why, rather
+    than numpy's own, which names neither."""
+    return ValueError(f"model {label!r}: tensor {info.name!r} has {len(info.shape)} "
+                      f"dimensions, more than numpy's limit of {NUMPY_MAX_DIMS}; "
+                      f"model.torch(name) gives it as a torch tensor, model.raw(name) its "
+                      f"bytes")
 
 
 def _no_numpy_type(label, info):
