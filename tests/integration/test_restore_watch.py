@@ -105,31 +105,34 @@ def test_a_directory_changed_between_its_stat_and_its_watch_is_seen(tmp_path):
     mdir = tmp_path / "models" / "m"
     mdir.mkdir(parents=True)
     write_shards(tmp_path, mdir, 1)
+    trace = tmp_path / "strace.out"
+
+    def added(path):
+        """Whether strace saw inotify_add_watch(path) return (its line whole,
+        or "unfinished" then the same thread's "resumed")."""
+        pending, done = {}, set()
+        for line in trace.read_text().splitlines() if trace.exists() else ():
+            pid = line.split(None, 1)[0]
+            if "inotify_add_watch(" in line:
+                called = line.split('"')[1]
+                if "<unfinished" in line:
+                    pending[pid] = called
+                elif ") = " in line:  # not a line strace is still writing
+                    done.add(called)
+            elif "<... inotify_add_watch resumed>" in line and pid in pending:
+                done.add(pending.pop(pid))
+        return str(path) in done
+
     d = Daemon(tmp_path, {"other": str(mkmodel(tmp_path / "o.safetensors", seed=9))})
     d.start()
-    trace = tmp_path / "strace.out"
-    tracer = subprocess.Popen([strace, "-f", "-qq", "-o", str(trace), "-p", str(d.proc.pid),
-                               "-e", "trace=inotify_add_watch",
-                               "-e", "inject=inotify_add_watch:delay_enter=3000000"])
+    tracer = load = None
     try:
+        tracer = subprocess.Popen([strace, "-f", "-qq", "-o", str(trace), "-p",
+                                   str(d.proc.pid), "-e", "trace=inotify_add_watch",
+                                   "-e", "inject=inotify_add_watch:delay_enter=3000000"])
         wait_until(lambda: all_traced(d.proc.pid), what="strace attached")
         load = subprocess.Popen([binary("wcachectl"), "load", "m", str(mdir), "--control",
                                  d.control], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        def added(path):
-            """Whether strace saw inotify_add_watch(path) return (its line
-            whole, or "unfinished" then the same thread's "resumed")."""
-            pending, done = {}, set()
-            for line in trace.read_text().splitlines() if trace.exists() else ():
-                pid = line.split(None, 1)[0]
-                if "inotify_add_watch(" in line:
-                    called = line.split('"')[1]
-                    if "<unfinished" in line:
-                        pending[pid] = called
-                    elif ") = " in line:  # not a line strace is still writing
-                        done.add(called)
-                elif "<... inotify_add_watch resumed>" in line and pid in pending:
-                    done.add(pending.pop(pid))
-            return str(path) in done
         wait_until(lambda: added(mdir.parent), timeout=30,
                    what="the parent directory's watch added")
         seen = time.monotonic()
@@ -141,13 +144,15 @@ def test_a_directory_changed_between_its_stat_and_its_watch_is_seen(tmp_path):
         wait_until(lambda: added(mdir), timeout=30, what="the model directory's watch added")
         _, err = load.communicate(timeout=60)
         assert load.returncode == 0, err
-    finally:
         tracer.terminate()
         tracer.wait(timeout=30)
-    try:
         wait_until(lambda: generation(d, "m") == 2, timeout=20,
                    what="generation 2 of m, changed before its directory was watched")
         assert (f'model "m": generation 1: {mdir} changed before its directory was '
                 'watched') in d.read_log(), d.read_log()
     finally:
+        for p in (load, tracer):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
         assert d.stop() == 0, d.read_log()
