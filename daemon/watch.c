@@ -256,15 +256,8 @@ static void check_generation(struct registry *r, struct generation *g);
 static int
 path_moved(const struct sync_job *j, const struct generation *g)
 {
-	const struct stat *was = &g->opened_path.st, *now = &j->path_st;
-
-	if (!g->opened_path.known)
-		return 0;
-	return j->path_err != 0 || now->st_dev != was->st_dev || now->st_ino != was->st_ino ||
-		now->st_size != was->st_size || now->st_mtim.tv_sec != was->st_mtim.tv_sec ||
-		now->st_mtim.tv_nsec != was->st_mtim.tv_nsec ||
-		now->st_ctim.tv_sec != was->st_ctim.tv_sec ||
-		now->st_ctim.tv_nsec != was->st_ctim.tv_nsec;
+	return g->opened_path.known &&
+		watch_stat_sig(j->path_err, &j->path_st) != watch_stat_sig(0, &g->opened_path.st);
 }
 
 /* Loop thread: what a sync job found. */

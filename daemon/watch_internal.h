@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <uv.h>
 
 #include "watch.h"
@@ -85,5 +86,10 @@ void watch_free_if_idle(struct watch *w);
  * reg->inotify_failed is set, whatever its watch says. */
 void watch_poll_sync(struct watch *w);
 void watch_poll_free(struct watch *w);
+
+/* watch_poll.c: a digest of what a stat saw (err, else the file's
+ * identity, size, mtime and ctime): two stats of a path that differ here
+ * say it changed, for a poll and for a directory's first watch alike. */
+uint64_t watch_stat_sig(int err, const struct stat *st);
 
 #endif

@@ -73,10 +73,10 @@ mix(uint64_t h, uint64_t v)
 	return h * 0xFF51AFD7ED558CCDull;
 }
 
-/* A digest of what a stat saw: the file's identity, size, mtime and ctime
- * (a writer can put the mtime back, never the ctime). */
-static uint64_t
-stat_sig(int err, const struct stat *st)
+/* The file's identity, size, mtime and ctime (a writer can put the mtime
+ * back, never the ctime): watch_internal.h. */
+uint64_t
+watch_stat_sig(int err, const struct stat *st)
 {
 	uint64_t h = mix(1, (uint64_t)err);
 
@@ -238,12 +238,12 @@ static void
 judge(struct watch *w, struct polled *p, struct model_entry *m, struct generation *g,
 	const struct poll_job *j)
 {
-	uint64_t sig = 0, path_sig = stat_sig(j->err[0], &j->st[0]);
+	uint64_t sig = 0, path_sig = watch_stat_sig(j->err[0], &j->st[0]);
 	const char *what = NULL;
 	bool replaced = false, in_place = false;
 
 	for (size_t i = 0; i < j->npaths; i++)
-		sig = mix(sig, stat_sig(j->err[i], &j->st[i]));
+		sig = mix(sig, watch_stat_sig(j->err[i], &j->st[i]));
 	if (p->generation != g->number) {
 		/* The model's own path is compared with what the load that made
 		 * g opened: a shard index renamed over it since (another host
@@ -255,7 +255,8 @@ judge(struct watch *w, struct polled *p, struct model_entry *m, struct generatio
 		 * took back has its check's stat instead (restore_layout.c);
 		 * one with neither takes this poll. */
 		p->generation = g->number;
-		p->dir_sig = g->opened_path.known ? stat_sig(0, &g->opened_path.st) : path_sig;
+		p->dir_sig = g->opened_path.known ? watch_stat_sig(0, &g->opened_path.st) :
+			path_sig;
 		p->last_sig = 0;
 		p->changing = 0;
 		p->said_changing = 0;
@@ -310,7 +311,7 @@ judge(struct watch *w, struct polled *p, struct model_entry *m, struct generatio
 static void
 judge_failed(struct watch *w, struct polled *p, struct model_entry *m, const struct poll_job *j)
 {
-	uint64_t sig = stat_sig(j->err[0], &j->st[0]);
+	uint64_t sig = watch_stat_sig(j->err[0], &j->st[0]);
 
 	if (p->generation != 0) {
 		p->generation = 0;
@@ -318,7 +319,7 @@ judge_failed(struct watch *w, struct polled *p, struct model_entry *m, const str
 		p->changing = 0;
 		p->said_changing = 0;
 	}
-	if (sig == stat_sig(m->failed_path.err, &m->failed_path.st)) {
+	if (sig == watch_stat_sig(m->failed_path.err, &m->failed_path.st)) {
 		p->last_sig = sig;
 		p->changing = 0;
 		p->said_changing = 0;
