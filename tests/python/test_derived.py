@@ -8,6 +8,7 @@ file each build function appends to, so a test can tell which process
 built, across processes.
 """
 import errno
+import os
 import textwrap
 import warnings
 
@@ -374,6 +375,76 @@ def test_a_build_that_asks_for_its_own_key_is_told_at_once(tmp_path, model_path,
         if d is not None:
             status = d.stop()
             assert status == 0, d.read_log()
+
+
+@pytest.mark.parametrize("daemon_up, outer, inner", [
+    (True, "name", "path"), (True, "path", "name"), (True, "name", "symlink"),
+    (True, "relative", "absolute"), (True, "path", "hardlink"),
+    (False, "relative", "absolute"), (False, "path", "symlink"), (False, "path", "hardlink")])
+def test_a_build_that_asks_for_its_own_key_under_another_name_is_told_at_once(
+        tmp_path, model_path, monkeypatch, daemon_up, outer, inner):
+    """The EDEADLK check compared the model as spelled (and its absolute
+    and real paths): a build of derived("small", k) asking for
+    derived("/path/small.safetensors", k), or the reverse, waited for
+    itself (its timeout here, else the deadline or derive_timeout; review
+    rev145 #1), and without wcached a nested call under another path built
+    again. Now the check also compares the models themselves (generation
+    and mapped files): EDEADLK at once, whichever name each call uses."""
+    import time
+    d = None
+    if daemon_up:
+        d = Daemon(tmp_path, {"small": (model_path, {"derive": "yes",
+                                                      "derive_timeout": "20"})}).start()
+        monkeypatch.setenv("WCACHE_SOCKET", d.socket)
+    else:
+        monkeypatch.setenv("WCACHE_SOCKET", str(tmp_path / "nobody.sock"))
+    (tmp_path / "link.safetensors").symlink_to(model_path)
+    os.link(model_path, tmp_path / "hard.safetensors")
+    monkeypatch.chdir(tmp_path)
+    spell = {"name": "small", "path": str(model_path), "absolute": str(model_path),
+             "relative": os.path.basename(model_path),
+             "symlink": str(tmp_path / "link.safetensors"),
+             "hardlink": str(tmp_path / "hard.safetensors")}
+    seen = {}
+
+    def nested(src):
+        start = time.monotonic()
+        try:
+            wcache.derived(spell[inner], "self-v1", to_f32, timeout=3)
+            seen["error"] = None
+        except wcache.WcacheError as e:
+            seen["error"] = e
+        seen["took"] = time.monotonic() - start
+        return to_f32(src)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # without wcached: built here
+            out = wcache.derived(spell[outer], "self-v1", nested, timeout=30)
+        e = seen["error"]
+        assert e is not None and e.errno == errno.EDEADLK and seen["took"] < 2, (e, seen)
+        assert "self-v1" in str(e) and spell[inner] in str(e), e
+        assert sorted(out) == sorted(wcache.open_file(model_path).keys())
+    finally:
+        if d is not None:
+            status = d.stop()
+            assert status == 0, d.read_log()
+
+
+def test_another_model_under_the_same_key_is_not_refused(derive_daemon, model_path):
+    """The check by identity refuses the build's own model only: a build of
+    ("small", k) may ask for ("wide", k), a model of other files."""
+    import torch
+    got = {}
+
+    def nested(src):
+        got["wide"] = wcache.derived(derive_daemon.f32_path, "same-key-v1", to_f32, timeout=30)
+        return to_f32(src)
+    out = wcache.derived("small", "same-key-v1", nested, timeout=30)
+    wide = wcache.open_file(derive_daemon.f32_path)
+    assert sorted(got["wide"]) == sorted(wide.keys())
+    for k in wide.keys():
+        assert torch.equal(got["wide"][k], wide.torch(k))
+    assert sorted(out) == sorted(wcache.open_file(model_path).keys())
 
 
 def test_source_tensors_outlive_the_build(derive_daemon):

@@ -29,7 +29,9 @@ failure from the daemon is raised: a model with ``derive = no`` (EPERM), a
 worker that may not build (EACCES), a build that failed elsewhere
 (ECANCELED, EHOSTDOWN), or one that took longer than the deadline
 (ETIMEDOUT). A ``build`` that asks for the key it is building (in its own
-thread) is refused at once (EDEADLK), with or without a daemon.
+thread) is refused at once (EDEADLK), with or without a daemon, under
+whichever name of the model it asks: the served name, the configured path,
+another path to the same file.
 """
 import ctypes
 import errno
@@ -73,9 +75,12 @@ _pool_pid = os.getpid()
 _pool_lock = threading.Lock()
 _lib.fork_safe_module(globals(), "_pool_lock")
 
-# The (model name, key) pairs this thread builds now (inside build()): a
-# derived() of one of them would wait for its own build (its connection is
-# taken, so wcached cannot tell; review rev140 #3) and is refused at once.
+# The builds this thread runs now (inside build(), _Building): a derived()
+# of one of them would wait for its own build (its connection is taken, so
+# wcached cannot tell; review rev140 #3) and is refused at once. Also when
+# asked under another name of the same model: wcached serves a model under
+# its name and under its configured path, and a file has relative, absolute
+# and real paths (review rev145 #1).
 _building = threading.local()
 
 
@@ -112,33 +117,113 @@ def _give_back(key, client):
             _pool.setdefault(key, []).append(client)
 
 
+def _builds(key):
+    """The _Building blocks of this thread that build key."""
+    return [b for b in getattr(_building, "active", ()) if b.key == key]
+
+
 def _builds_here(target, key):
-    """Whether this thread is inside the build of (target, key)."""
-    keys = getattr(_building, "keys", None)
-    if not keys:
+    """Whether this thread is inside the build of (target, key), target as
+    spelled (or as its absolute or real path) in the outer call."""
+    names = _names(target)
+    return any(n in b.names for b in _builds(key) for n in names)
+
+
+def _identity(model):
+    """What tells one model from another wherever it was attached or opened,
+    whatever name it was asked under: (its generation, the (device, inode)
+    of every file its tensor data lies in, as /proc/self/maps names them).
+    A model's name and its configured path attach the same files of the
+    same generation (wcached passes a reopen of the very inode it serves);
+    two attaches of one model compare equal, as do a file opened under two
+    paths (hard links included). None for a model with no tensor data.
+    Reads the table and /proc/self/maps: only for a derived() of a key this
+    thread is building under another name."""
+    import numpy as np
+    from ._sharedview import file_mappings
+    table = model._tab()
+    addrs = np.unique(table.addr[table.nbytes > 0])
+    files = set()
+    if len(addrs):
+        for start, end, _offset, dev, ino, _path, _shared in file_mappings():
+            i = int(np.searchsorted(addrs, np.uint64(start)))
+            if i < len(addrs) and int(addrs[i]) < end:
+                files.add((dev, ino))
+    return (model.generation, frozenset(files)) if files else None
+
+
+def _deadlock(target, key):
+    return WcacheError(errno.EDEADLK, f"model {target!r}, key {key!r}: derived() called "
+                       f"from that key's own build, which would wait for itself: build "
+                       f"must not ask for the key it builds")
+
+
+def _refuse_own(model, target, key):
+    """EDEADLK when model (the nested call's, as attached or opened) is the
+    source of a build of key this thread runs."""
+    builds = _builds(key)
+    if builds:
+        ident = _identity(model)
+        if ident is not None and any(_same(b.identity(), ident) for b in builds):
+            raise _deadlock(target, key)
+
+
+def _same(a, b):
+    """Whether two _identity values name one model: the same files, of the
+    same generation where both came from wcached (a model replaced in place
+    keeps its files; generation 0 is a file opened in this process, the
+    same file as wcached serves when their inodes are)."""
+    if a is None or b is None or a[1] != b[1]:
         return False
-    return any((name, key) in keys for name in [target, *_names(target)])
+    return a[0] == b[0] or not a[0] or not b[0]
+
+
+def _refuse_own_through(client, target, key):
+    """EDEADLK when this thread builds key for the model wcached serves as
+    target (under whichever name it was asked for outside): attaches target
+    as _derive will ask for it and compares. Nothing when this thread builds
+    no such key, or when the attach fails (_derive meets that and says so)."""
+    if not _builds(key):
+        return
+    for name in _names(target):
+        try:
+            model = client.attach(name)
+        except ModelNotFound:
+            continue
+        except (DaemonUnavailable, WcacheError, ValueError):
+            return
+        try:
+            _refuse_own(model, target, key)
+        finally:
+            model.close()
+        return
 
 
 class _Building:
-    """Marks (names, key) as built by this thread while the block runs."""
+    """Marks the build of key from model (the source, as attached or opened
+    here), asked for as names, as run by this thread while the block runs."""
 
-    def __init__(self, names, key):
-        self.pairs = [(n, key) for n in names]
+    def __init__(self, names, key, model):
+        self.names, self.key, self._model = frozenset(names), key, model
+        self._ident = None  # (_identity(model),) once found
+
+    def identity(self):
+        """_identity of the source, found on first use (a nested call under
+        another name), while the block runs."""
+        if self._ident is None and self._model is not None:
+            self._ident = (_identity(self._model),)
+        return self._ident[0] if self._ident else None
 
     def __enter__(self):
-        keys = getattr(_building, "keys", None)
-        if keys is None:
-            keys = _building.keys = {}
-        for p in self.pairs:
-            keys[p] = keys.get(p, 0) + 1
+        active = getattr(_building, "active", None)
+        if active is None:
+            active = _building.active = []
+        active.append(self)
+        return self
 
     def __exit__(self, *exc):
-        keys = _building.keys
-        for p in self.pairs:
-            keys[p] -= 1
-            if not keys[p]:
-                del keys[p]
+        _building.active.remove(self)
+        self._model = None
 
 
 class _Unavailable(Exception):
@@ -271,10 +356,10 @@ def _abandon(lib, build, reason):
     lib.wc_build_abandon(build, reason.encode("utf-8", "replace").replace(b"\0", b" "))
 
 
-def _source(client, name, build_ptr, framework):
-    """The source state dict for build: from an attach of its own of the
-    build's source generation, so that its tensors live as long as Python
-    keeps them (the build's source is released when the build ends).
+def _source(client, name, build_ptr):
+    """The source Model for build: an attach of its own of the build's
+    source generation, so that the state dict's tensors live as long as
+    Python keeps them (the build's source is released when the build ends).
     None when the model has moved on to another generation meanwhile."""
     lib = _lib.lib()
     generation = int(lib.wc_model_generation(lib.wc_build_source(build_ptr)))
@@ -282,7 +367,7 @@ def _source(client, name, build_ptr, framework):
     if own.generation != generation:
         own.close()
         return None
-    return own.state_dict(framework)
+    return own
 
 
 def _build_here(lib, client, target, name, key, build_ptr, build, framework):
@@ -295,7 +380,8 @@ def _build_here(lib, client, target, name, key, build_ptr, build, framework):
     or a ModelNotFound (a safe_open of a missing file inside build): it
     must not be mistaken for the daemon's answer and run build again."""
     try:
-        source = _source(client, name, build_ptr, framework)
+        own = _source(client, name, build_ptr)
+        source = None if own is None else own.state_dict(framework)
     except (DaemonUnavailable, ModelNotFound) as e:
         # The attach of the source, not build: build has not run, so it
         # may run here instead.
@@ -304,17 +390,18 @@ def _build_here(lib, client, target, name, key, build_ptr, build, framework):
     except BaseException as e:
         _abandon(lib, build_ptr, f"{type(e).__name__}: {e}")
         raise
-    if source is None:
+    if own is None:
         _abandon(lib, build_ptr, f"model {target!r} changed generation while the build "
                                  f"began; the next derive builds from the new one")
         return None
     try:
-        with _Building({target, name}, key):
+        with _Building({name, *_names(target)}, key, own):
             result = build(source)
     except BaseException as e:
         _abandon(lib, build_ptr, f"{type(e).__name__}: {e}")
         raise
     del source
+    own.close()
     try:
         entries = _checked(result)
     except (TypeError, ValueError) as e:
@@ -376,7 +463,8 @@ def _local(target, key, build, framework, why):
     (and made contiguous) like a publication."""
     _warn_once(target, key, why)
     model = open_model(target)
-    with _Building({target}, key):
+    _refuse_own(model, target, key)
+    with _Building(_names(target), key, model):
         result = build(model.state_dict(framework))
     entries = _checked(result)
     return {name: t for name, _st, t, _shape, _ptr, _n in entries}
@@ -427,9 +515,7 @@ def derived(name, key, build, framework="pt", socket=None, timeout=None, device=
         # the part before the NUL. Python's open() raises the same.
         raise ValueError(f"model name {target!r}: embedded null byte")
     if _builds_here(target, key):
-        raise WcacheError(errno.EDEADLK, f"model {target!r}, key {key!r}: derived() called "
-                          f"from that key's own build, which would wait for itself: build "
-                          f"must not ask for the key it builds")
+        raise _deadlock(target, key)
     if not all(_lib.has(f) for f in _FUNCTIONS):
         return _moved(_local(target, key, build, fw, f"libwcache {_lib.library_path()} has "
                                                      f"no wc_derive()"), dev)
@@ -438,6 +524,7 @@ def derived(name, key, build, framework="pt", socket=None, timeout=None, device=
     except DaemonUnavailable as e:
         return _moved(_local(target, key, build, fw, str(e)), dev)
     try:
+        _refuse_own_through(client, target, key)
         model = _derive(client, target, key, build, fw)
     except _Unavailable as e:
         why = str(e)
