@@ -367,8 +367,9 @@ def test_control_connections_per_uid_are_capped(unprivileged):
 
 
 def test_loads_whose_clients_were_killed_do_not_lock_out_status(tmp_path):
-    """The reviewer's reproducer: 17 `timeout 1 wcachectl load` of a model
-    on a FUSE mount that reads 2000 bytes a second, then `wcachectl status`.
+    """The reviewer's reproducer: 17 `wcachectl load` of a model on a FUSE
+    mount that reads 2000 bytes a second, each killed while it waits, then
+    `wcachectl status`.
     Before, each connection whose client was killed kept its place while the
     load went on (its socket was not read, so the hang-up was never seen):
     status got "too many control connections from this uid (16), all busy"
@@ -390,14 +391,27 @@ def test_loads_whose_clients_were_killed_do_not_lock_out_status(tmp_path):
         d = Daemon(tmp_path / "d", {"small": model}, user=(DAEMON_UID, GROUP), nofile=1024)
         d.start()
         try:
-            loads = [subprocess.Popen(["timeout", "1", binary("wcachectl"), "--control",
+            loads = [subprocess.Popen([binary("wcachectl"), "--control",
                                        d.control, "load", f"slow{i}",
                                        fs.path("tiny.safetensors")],
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True) for i in range(17)]
+
+            # Each is killed once its load is in wcached's hands (or once it
+            # was refused), not after a fixed second: under ASan on a loaded
+            # machine a wcachectl killed after 1 s had sometimes not sent its
+            # request yet, and its load never started.
+            def handed_over():
+                started = set(re.findall(r'control: uid \d+: load "(slow\d+)"', d.read_log()))
+                return all(p.poll() is not None or f"slow{i}" in started
+                           for i, p in enumerate(loads))
+            wait_until(handed_over, timeout=30, what="each load sent to wcached or refused")
+            for p in loads:
+                if p.poll() is None:
+                    p.terminate()
             said = [p.communicate(timeout=30)[0] for p in loads]
-            # timeout(1) ended each one still waiting for its load (124).
-            assert sum(p.returncode == 124 for p in loads) >= 15, said
+            # Each was ended still waiting for its load.
+            assert sum(p.returncode == -signal.SIGTERM for p in loads) >= 15, said
             t0 = time.monotonic()
             r = subprocess.run([binary("wcachectl"), "--control", d.control, "--json",
                                 "status"], capture_output=True, text=True, timeout=30)
