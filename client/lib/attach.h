@@ -34,6 +34,10 @@ struct wc_client {
 				 (attach_client_get): freed at 0, under attach.c's clients_lock */
 	struct attach_record *records; /* models attached through it, still held */
 	struct attach_cache cache;    /* the status page, mapped once; the last index */
+	/* Why libwcache itself closed connection number closed_connection
+	 * (request.c, request_closed_why()); "" when it did not. */
+	uint64_t closed_connection;
+	char closed_why[96];
 	/* Models released without the lock (attach.c, attach_release), whose
 	 * records wait for the thread that holds it to tell the daemon
 	 * (request_unlock). released_lock guards released and each record's

@@ -250,6 +250,7 @@ static wc_client *
 build_client(const wc_build *b, const char *doing, int *err)
 {
 	wc_client *c = attach_client_get(b->source);
+	const char *why;
 
 	/* In a child after fork(), the client is its parent's: not locked,
 	 * whose lock fork() may have copied held (attach.c). */
@@ -270,6 +271,16 @@ build_client(const wc_build *b, const char *doing, int *err)
 	if (c == NULL) {
 		*err = error_set(-ENOTCONN, "model \"%s\", key \"%s\": cannot %s: the client "
 			"was disconnected, which ended the build", b->name, b->key, doing);
+		return NULL;
+	}
+	/* Closed here (a release not sent in time): wcached ended the build
+	 * when it read the connection's end, and is not to blame. */
+	if ((why = request_closed_why(c, b->connection)) != NULL) {
+		*err = error_set(-ECONNRESET, "model \"%s\", key \"%s\": cannot %s: libwcache "
+			"closed the connection to %s that got the build because %s, which ended "
+			"the build", b->name, b->key, doing, c->where, why);
+		request_unlock(c);
+		attach_client_put(c);
 		return NULL;
 	}
 	if (c->connection != b->connection) {

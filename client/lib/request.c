@@ -22,7 +22,9 @@
  * would start the timeout over), waits with poll(2) for what is left: only
  * a deadline that has passed is a timeout.
  * A request that times out closes the connection (its reply could still
- * come and would be taken for the next one's).
+ * come and would be taken for the next one's). Both closes remember why
+ * (close_because()), so that a build the connection ended, and the call
+ * that next finds it closed, say that libwcache closed it, not wcached.
  *
  * Restarts: when a request finds the connection dead (the send fails with
  * EPIPE, ECONNRESET or ENOTCONN, or the daemon hangs up before the reply),
@@ -41,6 +43,7 @@
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -196,12 +199,58 @@ wait_for(int fd, short events, int limit_ms, const struct timespec *start)
 	}
 }
 
+/*
+ * Closes c's connection from libwcache's side (shutdown(2): the descriptor
+ * stays until a reconnect replaces it) and remembers why, for that
+ * connection only. The daemon then ends what the connection held, a build
+ * in progress on it too; the call that later finds the connection closed,
+ * the build's publish or abandon above all, says that libwcache closed it
+ * and why (request_closed_why(), closed_by()) rather than blaming wcached,
+ * whose hang-up would look the same.
+ */
+static void __attribute__((format(printf, 2, 3)))
+close_because(wc_client *c, const char *fmt, ...)
+{
+	va_list ap;
+
+	shutdown(c->fd, SHUT_RDWR);
+	va_start(ap, fmt);
+	vsnprintf(c->closed_why, sizeof(c->closed_why), fmt, ap);
+	va_end(ap);
+	c->closed_connection = c->connection;
+}
+
+const char *
+request_closed_why(const wc_client *c, uint64_t connection)
+{
+	if (c->closed_why[0] == '\0' || c->closed_connection != connection)
+		return NULL;
+	return c->closed_why;
+}
+
+/* Who closed c's current connection, for a message, into buf: "wcached at
+ * PATH closed the connection", or "libwcache closed the connection to
+ * wcached at PATH because WHY" when close_because() did. Returns buf. */
+static const char *
+closed_by(const wc_client *c, char *buf, size_t size)
+{
+	const char *why = request_closed_why(c, c->connection);
+
+	if (why == NULL)
+		snprintf(buf, size, "%s closed the connection", c->where);
+	else
+		snprintf(buf, size, "libwcache closed the connection to %s because %s", c->where,
+			why);
+	return buf;
+}
+
 /* The error of a wait that ran out: names the socket and the time waited,
  * and closes the connection, which is out of step from now on. */
 static int
 timed_out(wc_client *c, const char *what, const struct timespec *start)
 {
-	shutdown(c->fd, SHUT_RDWR);
+	close_because(c, "a request timed out (wcached did not %s within %.3g s)", what,
+		c->timeout_ms / 1000.0);
 	return error_set(-ETIMEDOUT, "%s did not %s within %.3g s (waited %.3g s; the limit is "
 		"%s or wc_set_timeout()); connection closed", c->where, what,
 		c->timeout_ms / 1000.0, request_elapsed(start), TIMEOUT_ENV);
@@ -376,13 +425,15 @@ announce_holds(wc_client *c, int ms, const struct timespec *start)
 	return 0;
 }
 
-/* The error of a request whose connection the daemon closed when the
- * deadline had passed, or passed while the client connected again. */
+/* The error of a request whose connection was closed when the deadline
+ * had passed, or passed while the client connected again. */
 static int
 closed_too_late(const wc_client *c)
 {
-	return error_set(-ETIMEDOUT, "%s closed the connection and the deadline of %.3g s has "
-		"passed (the limit is %s or wc_set_timeout())", c->where, c->timeout_ms / 1000.0,
+	char who[256];
+
+	return error_set(-ETIMEDOUT, "%s and the deadline of %.3g s has passed (the limit is %s "
+		"or wc_set_timeout())", closed_by(c, who, sizeof(who)), c->timeout_ms / 1000.0,
 		TIMEOUT_ENV);
 }
 
@@ -404,7 +455,7 @@ closed_too_late(const wc_client *c)
 static int
 reconnect(wc_client *c, int ms)
 {
-	char why[256];
+	char why[256], who[256];
 	struct timespec start;
 	int fd = -1, r, left;
 
@@ -418,8 +469,8 @@ reconnect(wc_client *c, int ms)
 			/* A socket path that is gone is a daemon that is not
 			 * running, not a model that is not served (what -ENOENT
 			 * means from wc_attach()). */
-			return error_set(r == -ENOENT ? -ECONNREFUSED : r, "%s closed the "
-				"connection, and connecting again failed: %s", c->where, why);
+			return error_set(r == -ENOENT ? -ECONNREFUSED : r, "%s, and connecting "
+				"again failed: %s", closed_by(c, who, sizeof(who)), why);
 		}
 		close(c->fd);
 		c->fd = fd;
@@ -470,7 +521,14 @@ request_send_release(wc_client *c, uint64_t handle)
 			break;
 		}
 	}
-	if (n < 0)
+	/* A connection already closed (EPIPE...: by the daemon, or here
+	 * before) keeps what closed it. */
+	if (n == -ETIMEDOUT)
+		close_because(c, "a release could not be sent within %.3g s (wcached did not "
+			"read)", c->timeout_ms / 1000.0);
+	else if (n < 0 && n != -EPIPE && n != -ECONNRESET && n != -ENOTCONN)
+		close_because(c, "a release could not be sent (%s)", strerror((int)-n));
+	else if (n < 0)
 		shutdown(c->fd, SHUT_RDWR);
 }
 
@@ -569,6 +627,7 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, int se
 	int limit_ms, uint8_t *buf, size_t cap, int *fds, size_t maxfds, size_t *nfds,
 	struct wire_message *msg, int *dead)
 {
+	char who[256];
 	struct timespec start;
 	ssize_t n;
 	int r;
@@ -626,8 +685,7 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, int se
 		/* Hung up before the reply: the daemon exited or restarted. */
 		*dead = n == 0 || n == -ECONNRESET;
 		if (n == 0)
-			return error_set(-ECONNRESET, "wcached at %s closed the connection",
-				c->path);
+			return error_set(-ECONNRESET, "%s", closed_by(c, who, sizeof(who)));
 		if (n == -EMFILE) { /* the reply's descriptors were cut off */
 			shutdown(c->fd, SHUT_RDWR);
 			return error_set((int)n, "wcached at %s: this process is out of "
@@ -756,6 +814,7 @@ int
 wc_client_dispatch(wc_client *c)
 {
 	uint8_t buf[WIRE_MAX_MESSAGE];
+	char who[256];
 	int fds[WIRE_MAX_FDS];
 	size_t nfds = 0;
 	struct wire_message msg;
@@ -790,7 +849,7 @@ wc_client_dispatch(wc_client *c)
 			if (c->pid == request_self_pid() && (r = reconnect(c, c->timeout_ms)) == 0)
 				r = apply_timeout(c->fd, c->timeout_ms, c->path);
 			else if (r == 0)
-				r = error_set(-ECONNRESET, "%s closed the connection", c->where);
+				r = error_set(-ECONNRESET, "%s", closed_by(c, who, sizeof(who)));
 			break;
 		}
 		if (n < 0) {

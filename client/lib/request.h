@@ -44,9 +44,20 @@ int request_open(const char *path, int ms, int *out);
  * connection, so that the daemon releases every attach of it rather than
  * counting the lost one, later releases fail at once, and the next
  * request connects again (as after any timeout). It sets no message
- * (wc_errmsg() stays the caller's).
+ * (wc_errmsg() stays the caller's), but the connection remembers why it
+ * was closed (request_closed_why()).
  */
 void request_send_release(wc_client *c, uint64_t handle);
+
+/*
+ * Why libwcache itself closed the client's connection number connection,
+ * as a clause for a message ("a release could not be sent within 0.4 s
+ * (wcached did not read)", "a request timed out (...)"), or NULL when it
+ * did not (the connection is open, or the daemon closed it). A build
+ * ended with that connection says so; the reason outlives a reconnect,
+ * but only for the connection it names.
+ */
+const char *request_closed_why(const wc_client *c, uint64_t connection);
 
 /*
  * Gives the client's lock back, after telling the daemon of the models

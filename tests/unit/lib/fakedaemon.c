@@ -125,11 +125,11 @@ client_gone(void)
 	return errno == EPIPE || errno == ECONNRESET;
 }
 
-/* Sends the scripted reply to a request of sequence number seq, preceded by
- * the scripted CHANGED messages. Returns 1 when the connection is to be
- * closed now, else 0. */
+/* Sends the scripted reply of kind to a request of sequence number seq,
+ * preceded by the scripted CHANGED messages. Returns 1 when the
+ * connection is to be closed now, else 0. */
 static int
-fake_reply(struct fake *k, int conn, uint32_t seq)
+fake_reply(struct fake *k, int conn, uint32_t seq, enum reply_kind kind)
 {
 	uint8_t buf[WIRE_MAX_MESSAGE];
 	ssize_t n = -EINVAL;
@@ -146,7 +146,7 @@ fake_reply(struct fake *k, int conn, uint32_t seq)
 			return 1;
 		}
 	}
-	switch (k->kind) {
+	switch (kind) {
 	case REPLY_ATTACH_OK: {
 		struct wire_attach_ok ok = k->ok;
 
@@ -311,7 +311,7 @@ fake_serve(struct fake *k, int conn)
 			k->key[d.key_len] = '\0';
 			k->wait_ms = d.wait_ms;
 			k->derives++;
-			if (fake_reply(k, conn, msg.h.seq))
+			if (fake_reply(k, conn, msg.h.seq, k->derive_build ? REPLY_BUILD : k->kind))
 				return;
 		} else if (msg.h.type == WIRE_ATTACH && wire_get_attach(&msg, &name, &len) == 0) {
 			memcpy(k->name, name, len);
@@ -326,7 +326,7 @@ fake_serve(struct fake *k, int conn)
 					return;
 				}
 			}
-			if (fake_reply(k, conn, msg.h.seq))
+			if (fake_reply(k, conn, msg.h.seq, k->kind))
 				return;
 			if (first && k->stall_after > 0 && attaches == k->stall_after) {
 				sem_post(k->stalled);
@@ -384,7 +384,7 @@ fake_connection(struct fake *k, int conn)
 		fake_serve(k, conn);
 		break;
 	case FAKE_REFUSE_EARLY:
-		(void)fake_reply(k, conn, 0);
+		(void)fake_reply(k, conn, 0, k->kind);
 		break;
 	case FAKE_SILENT: {
 		uint8_t buf[WIRE_MAX_MESSAGE];
@@ -408,7 +408,7 @@ fake_connection(struct fake *k, int conn)
 			fake_fail(k, "the client sent nothing within the deadline");
 			break;
 		}
-		(void)fake_reply(k, conn, 0);
+		(void)fake_reply(k, conn, 0, k->kind);
 		if (k->mode == FAKE_REFUSE_LATE && fake_sem_wait(k->read) < 0)
 			fake_fail(k, "the client never received the refusal");
 		break;

@@ -80,6 +80,8 @@ struct fake {
 	int first_close_at;         /* the Nth ATTACH on the first connection is
 				     * answered by closing it (0: never) */
 	uint64_t token;             /* the build token of REPLY_BUILD */
+	int derive_build;           /* DERIVE is answered with REPLY_BUILD, ATTACH as
+				     * kind says */
 	struct fake_publish publish; /* how PUBLISH is answered */
 	int32_t abandon_err_code;   /* ABANDON: RELEASE_OK when 0, else this ERROR */
 	int64_t hold_handle;        /* HOLD: answered HOLD_OK with this handle; 0:

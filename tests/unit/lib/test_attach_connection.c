@@ -34,6 +34,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
@@ -898,6 +899,52 @@ test_reconnect_holds_keep_deadline(void **state)
 	reconnect_interrupted(*state, 1);
 }
 
+/* Scripts the fake to stop reading, as a stopped wcached, once it has
+ * answered the nth ATTACH on its first connection (posting stalled) until
+ * resume is posted. */
+static void
+stall_after(struct fixture *f, int nth, sem_t *stalled, sem_t *resume)
+{
+	assert_int_equal(sem_init(stalled, 0, 0), 0);
+	assert_int_equal(sem_init(resume, 0, 0), 0);
+	f->fake.stall_after = nth;
+	f->fake.stalled = stalled;
+	f->fake.resume = resume;
+}
+
+/* Fills the client's socket buffer (the stalled fake reads nothing) with
+ * RELEASEs of no handle; returns how many. */
+static int
+fill_send_buffer(struct fixture *f)
+{
+	uint8_t msg[WIRE_HEADER_SIZE + 8];
+	int fd = wc_client_fd(f->client), filled = 0;
+	ssize_t n = wire_put_release(msg, sizeof(msg), 0, 999999);
+
+	assert_true(n > 0);
+	while (send(fd, msg, (size_t)n, MSG_DONTWAIT | MSG_NOSIGNAL) == n)
+		filled++;
+	assert_int_equal(errno, EAGAIN);
+	assert_true(filled > 0);
+	return filled;
+}
+
+/* Resumes the stalled fake, which reads what was queued, then the end of
+ * the first connection: waits (2 s at most) until it has. */
+static void
+resume_until_closed(struct fixture *f, sem_t *resume)
+{
+	double t0 = tu_now();
+
+	sem_post(resume);
+	while (__atomic_load_n(&f->fake.accepted, __ATOMIC_ACQUIRE) == 1 &&
+		__atomic_load_n(&f->fake.conn, __ATOMIC_ACQUIRE) >= 0) {
+		if (tu_now() - t0 > 2.0)
+			fail_msg("the connection whose RELEASE was lost is still open");
+		usleep(1000);
+	}
+}
+
 /*
  * Releases while wcached reads nothing (stopped, wedged) once the
  * client's socket buffer is full. Three models are attached and the fake
@@ -922,35 +969,21 @@ test_reconnect_holds_keep_deadline(void **state)
 static void
 release_while_stalled(struct fixture *f, int timer)
 {
-	uint8_t msg[WIRE_HEADER_SIZE + 8];
 	wc_model *second = NULL, *third = NULL, *again = NULL;
 	struct sigaction old;
 	sem_t stalled, resume;
-	int before, fd, filled = 0;
+	int before, filled;
 	double t0, waited;
-	ssize_t n;
 
-	assert_int_equal(sem_init(&stalled, 0, 0), 0);
-	assert_int_equal(sem_init(&resume, 0, 0), 0);
 	f->fake.connections = 2;
 	f->fake.hold_handle = 77;
-	f->fake.stall_after = 3;
-	f->fake.stalled = &stalled;
-	f->fake.resume = &resume;
+	stall_after(f, 3, &stalled, &resume);
 	before = attach_ok(f);
 	assert_int_equal(wc_set_timeout(f->client, DEADLINE_TEST_MS), 0);
 	if (wc_attach(f->client, MODEL, &second) != 0 || wc_attach(f->client, MODEL, &third) != 0)
 		fail_msg("attach failed: %s", wc_errmsg());
 	assert_int_equal(fake_sem_wait(&stalled), 0);
-
-	/* The client's socket buffer filled with RELEASEs of no handle. */
-	fd = wc_client_fd(f->client);
-	n = wire_put_release(msg, sizeof(msg), 0, 999999);
-	assert_true(n > 0);
-	while (send(fd, msg, (size_t)n, MSG_DONTWAIT | MSG_NOSIGNAL) == n)
-		filled++;
-	assert_int_equal(errno, EAGAIN);
-	assert_true(filled > 0);
+	filled = fill_send_buffer(f);
 
 	if (timer)
 		alarm_every(20, 100, &old);
@@ -968,14 +1001,7 @@ release_while_stalled(struct fixture *f, int timer)
 		fail_msg("the release after a lost one waited %.3f s", waited);
 
 	/* Resumed, the fake reads the queue, then the connection's end. */
-	sem_post(&resume);
-	t0 = tu_now();
-	while (__atomic_load_n(&f->fake.accepted, __ATOMIC_ACQUIRE) == 1 &&
-		__atomic_load_n(&f->fake.conn, __ATOMIC_ACQUIRE) >= 0) {
-		if (tu_now() - t0 > 2.0)
-			fail_msg("the connection whose RELEASE was lost is still open");
-		usleep(1000);
-	}
+	resume_until_closed(f, &resume);
 	assert_int_equal(f->fake.releases, filled);
 
 	if (wc_attach(f->client, MODEL, &again) != 0)
@@ -1005,6 +1031,140 @@ static void
 test_release_while_stalled_keeps_deadline(void **state)
 {
 	release_while_stalled(*state, 1);
+}
+
+/*
+ * A release that closes the connection ends the builds in progress on it,
+ * and their publish and abandon say that libwcache closed it and why, not
+ * that wcached did (rev144 #1). Two DERIVEs get BUILD (k1, k2) on the
+ * first connection; the fake stops reading after the second ATTACH, the
+ * test fills the client's socket buffer, and the release of that model
+ * is not sent within the 0.4 s deadline, so the connection is closed.
+ * k1's publish then fails with -ECONNRESET: "libwcache closed the
+ * connection to wcached at ... because a release could not be sent
+ * within 0.4 s (wcached did not read), which ended the build" (before:
+ * "wcached at ... closed the connection", nothing about the release nor
+ * the build). The next attach connects again (HOLDs: f->model and k2's
+ * source), and k2's abandon, the build of the old connection, still says
+ * why that one closed (before: "did wcached restart?"). Neither PUBLISH
+ * nor ABANDON reaches the fake.
+ */
+static void
+test_release_while_stalled_ends_build(void **state)
+{
+	static const uint64_t shape[1] = { 4 };
+	static const float data[4] = { 1, 2, 3, 4 };
+	const wc_tensor t = { .name = "w", .dtype = "F32", .ndim = 1, .shape = shape,
+		.data = data, .nbytes = sizeof(data) };
+	struct fixture *f = *state;
+	wc_model *second = NULL, *again = NULL, *out = NULL;
+	wc_build *b1 = NULL, *b2 = NULL;
+	sem_t stalled, resume;
+	int before, filled;
+	double t0;
+
+	f->fake.connections = 2;
+	f->fake.hold_handle = 77;
+	f->fake.derive_build = 1;
+	f->fake.token = 5;
+	stall_after(f, 2, &stalled, &resume);
+	before = attach_ok(f);
+	assert_int_equal(wc_set_timeout(f->client, DEADLINE_TEST_MS), 0);
+	assert_int_equal(wc_derive(f->client, MODEL, "k1", &out, &b1), 1);
+	assert_int_equal(wc_derive(f->client, MODEL, "k2", &out, &b2), 1);
+	assert_null(out);
+	if (wc_attach(f->client, MODEL, &second) != 0)
+		fail_msg("attach failed: %s", wc_errmsg());
+	assert_int_equal(fake_sem_wait(&stalled), 0);
+	filled = fill_send_buffer(f);
+	t0 = tu_now();
+	wc_release(second); /* lost: the connection closes */
+	assert_waited_deadline(t0);
+
+	assert_error(wc_build_publish(b1, &t, 1, NULL, 0, &out), -ECONNRESET,
+		"model \"llama\", key \"k1\": cannot publish: libwcache closed the connection "
+		"to wcached at ");
+	assert_non_null(strstr(wc_errmsg(), " because a release could not be sent within "
+		"0.4 s (wcached did not read), which ended the build"));
+	assert_null(out);
+
+	resume_until_closed(f, &resume);
+	if (wc_attach(f->client, MODEL, &again) != 0)
+		fail_msg("attach after the lost release failed: %s", wc_errmsg());
+	assert_int_equal(f->fake.accepted, 2);
+	assert_int_equal(f->fake.holds, 2); /* f->model and k2's source */
+	wc_build_abandon(b2, "too late");
+	assert_non_null(strstr(wc_errmsg(), "key \"k2\": cannot abandon the build: libwcache "
+		"closed the connection to wcached at "));
+	assert_non_null(strstr(wc_errmsg(), " because a release could not be sent within "
+		"0.4 s (wcached did not read), which ended the build"));
+	wc_release(again);
+	wc_release(f->model);
+	f->model = NULL;
+	finish(f, before);
+	assert_int_equal(f->fake.derives, 2);
+	assert_int_equal(f->fake.publishes, 0);
+	assert_int_equal(f->fake.abandons, 0);
+	/* The filler, then on the new connection k2's source, again and
+	 * f->model. */
+	assert_int_equal(f->fake.releases, filled + 3);
+	sem_destroy(&stalled);
+	sem_destroy(&resume);
+}
+
+/*
+ * The same for a request that times out, which closes the connection too:
+ * a DERIVE gets BUILD, the fake stops reading after the second ATTACH and
+ * the third times out. The build's publish says that libwcache closed the
+ * connection because a request timed out, which ended the build; with the
+ * daemon then gone for good (its socket path removed), the next attach's
+ * reconnect fails, and its message too says who closed the connection
+ * (before, both said "wcached at ... closed the connection").
+ */
+static void
+test_request_timeout_ends_build(void **state)
+{
+	struct fixture *f = *state;
+	wc_model *second = NULL, *third = NULL, *out = NULL;
+	wc_build *b = NULL;
+	sem_t stalled, resume;
+	int before, memfd;
+
+	f->fake.derive_build = 1;
+	f->fake.token = 5;
+	stall_after(f, 2, &stalled, &resume);
+	before = attach_ok(f);
+	assert_int_equal(wc_set_timeout(f->client, DEADLINE_TEST_MS), 0);
+	assert_int_equal(wc_derive(f->client, MODEL, "k1", &out, &b), 1);
+	if (wc_attach(f->client, MODEL, &second) != 0)
+		fail_msg("attach failed: %s", wc_errmsg());
+	assert_int_equal(fake_sem_wait(&stalled), 0);
+	assert_error(wc_attach(f->client, MODEL, &third), -ETIMEDOUT,
+		"did not answer within 0.4 s");
+
+	assert_true((memfd = memfd_create("artifact", MFD_CLOEXEC | MFD_ALLOW_SEALING)) >= 0);
+	assert_error(wc_build_publish_fd(b, memfd, &out), -ECONNRESET,
+		"key \"k1\": cannot publish: libwcache closed the connection to wcached at ");
+	assert_non_null(strstr(wc_errmsg(), " because a request timed out (wcached did not "
+		"answer within 0.4 s), which ended the build"));
+	close(memfd);
+
+	sem_post(&resume);
+	fake_finish(f); /* one connection: the fake reads its end and exits */
+	assert_int_equal(unlink(f->sock), 0);
+	assert_error(wc_attach(f->client, MODEL, &third), -ECONNREFUSED,
+		"libwcache closed the connection to wcached at ");
+	assert_non_null(strstr(wc_errmsg(), " because a request timed out (wcached did not "
+		"answer within 0.4 s), and connecting again failed: wcached is not running"));
+	assert_null(third);
+	wc_release(second);
+	wc_release(f->model);
+	f->model = NULL;
+	finish(f, before);
+	assert_int_equal(f->fake.attaches, 3);
+	assert_int_equal(f->fake.publishes, 0);
+	sem_destroy(&stalled);
+	sem_destroy(&resume);
 }
 
 int
@@ -1039,6 +1199,8 @@ main(void)
 		T(test_reconnect_holds_keep_deadline),
 		T(test_release_while_stalled_closes),
 		T(test_release_while_stalled_keeps_deadline),
+		T(test_release_while_stalled_ends_build),
+		T(test_request_timeout_ends_build),
 	};
 #undef T
 
