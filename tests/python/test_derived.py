@@ -294,6 +294,82 @@ def test_kept_results_share_the_connections_of_the_process(tmp_path, model_path,
     assert status == 0, d.read_log()
 
 
+def daemon_connections(socket):
+    """The connections wcached has accepted on its client socket now (every
+    process's; the tests' only client is this process): its accepted
+    sockets, which /proc/net/unix names by the listener's path, connected
+    (state 03)."""
+    n = 0
+    with open("/proc/net/unix") as f:
+        next(f)
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 8 and parts[7] == socket and parts[5] == "03":
+                n += 1
+    return n
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_burst_of_calls_leaves_few_idle_connections(tmp_path, model_path, monkeypatch, keep):
+    """A burst of N derived() calls at once needs N connections (each waits
+    on its own); the pool kept all N for the life of the process, each
+    counted by wcached against max_clients_per_uid, so that after the burst
+    the user could not connect again (here max_clients_per_uid = N). Now
+    the pool keeps at most two idle ones: the others close once the
+    results that came through them are gone (keep: the results live on for
+    a while, and their connections with them)."""
+    import gc
+    import threading
+    import wcache._derived as D
+    from pyhelpers import wait_until
+    n, cap = 5, D._KEEP_IDLE
+    assert cap <= 2
+    d = Daemon(tmp_path, {"small": (model_path, {"derive": "yes"})},
+               extra=f"max_clients_per_uid = {n}").start()
+    monkeypatch.setenv("WCACHE_SOCKET", d.socket)
+    try:
+        # Daemon.start()'s probe connection, until wcached has closed it
+        wait_until(lambda: daemon_connections(d.socket) == 0, what="no connection")
+        out, errors = [], []
+
+        def build(src):
+            # every caller of the burst connected: n connections at once
+            wait_until(lambda: daemon_connections(d.socket) == n, what=f"{n} connections")
+            return to_f32(src)
+
+        def ask():
+            try:
+                out.append(wcache.derived("small", "burst-v1", build, timeout=60))
+            except BaseException as e:
+                errors.append(e)
+        threads = [threading.Thread(target=ask) for _ in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors and len(out) == n, errors
+        out0 = sorted(out[0])
+        if keep:
+            # the results hold their connections (for their RELEASE), and
+            # the pool reuses them meanwhile: no new connection
+            again = wcache.derived("small", "burst-v1", build, timeout=60)
+            assert daemon_connections(d.socket) == n and sorted(again) == out0
+            del again
+        out.clear()
+        gc.collect()
+        wait_until(lambda: daemon_connections(d.socket) <= cap,
+                   timeout=5, what=f"at most {cap} connections left")
+        with wcache.connect() as c:  # refused before: n idle connections of this user
+            assert sorted(c.attach("small").keys()) == sorted(wcache.open_file(model_path).keys())
+        # and the kept ones serve the next calls
+        assert sorted(wcache.derived("small", "burst-v1", build, timeout=60)) == sorted(out0)
+        wait_until(lambda: daemon_connections(d.socket) <= cap, timeout=5,
+                   what=f"at most {cap} connections")
+    finally:
+        status = d.stop()
+    assert status == 0, d.read_log()
+
+
 def test_a_thread_waits_for_another_threads_build(derive_daemon):
     """Two threads of one process ask for one key: one builds, the other
     waits for it on a connection of its own (the builder's is in use until

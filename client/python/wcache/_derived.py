@@ -18,8 +18,9 @@ source state dict handed to ``build`` is made from an attach of the same
 generation that this module owns (not from the build's own source, which
 libwcache releases when the build ends), so a source tensor that ``build``
 keeps somewhere stays valid. The calls of a process share their
-connections to wcached (as many as calls ran at once, see _pool), each
-result keeping the one it came through for its release.
+connections to wcached (as many as calls run at once, see _pool), each
+result keeping the one it came through for its release; once the results
+are gone, at most two stay open.
 
 Without a daemon (``DaemonUnavailable``), or when wcached does not serve the
 model, the source is opened in this process as ``safe_open`` opens it,
@@ -40,6 +41,7 @@ import re
 import sys
 import threading
 import warnings
+import weakref
 
 from . import _lib
 from ._lib import DaemonUnavailable, ModelNotFound, WcacheError, check, wc_tensor
@@ -59,17 +61,29 @@ _warned_lock = threading.Lock()
 _lib.fork_safe_module(globals(), "_warned_lock")  # a child of fork() makes it anew
 
 # The connections derived() uses, shared by every call of this process:
-# (socket, timeout, $WCACHE_TIMEOUT when timeout is None) -> [Client not in
-# use now]. A call takes one (or connects when none is free) and gives it
-# back when it returns; the artifact's handle keeps it too, for its
-# RELEASE. Not one per call: each result kept alive would hold a connection
-# of its own, and wcached's max_clients_per_uid would lock every worker of
-# the user out of attaching (review rev140 #2). Not one for all calls
-# either: libwcache holds a client's lock for a whole DERIVE, which waits
-# while another worker builds, and a builder must PUBLISH on the connection
-# that got BUILD; so a call in use keeps its connection to itself until it
-# returns (build included), and there are as many as calls of this process
-# ever ran at once. A child of fork() makes its own.
+# (socket, timeout, $WCACHE_TIMEOUT when timeout is None) -> [(weak
+# reference, Client or None)] of the ones not in use now, newest last. A call
+# takes one (or connects when none is free) and gives it back when it
+# returns; the artifact's handle keeps it too, for its RELEASE. Not one per
+# call: each result kept alive would hold a connection of its own, and
+# wcached's max_clients_per_uid would lock every worker of the user out of
+# attaching (review rev140 #2). Not one for all calls either: libwcache holds
+# a client's lock for a whole DERIVE, which waits while another worker
+# builds, and a builder must PUBLISH on the connection that got BUILD; so a
+# call in use keeps its connection to itself until it returns (build
+# included), and a burst of N calls at once needs N connections.
+#
+# Afterwards the pool holds only the newest _KEEP_IDLE free connections
+# itself; the others it references weakly: each stays open (and reusable)
+# as long as a result that came through it lives, and closes when the last
+# one goes. Before, every connection of a burst stayed open for the life of
+# the process, each counted by wcached against max_clients_per_uid (256 by
+# default, often set lower for hosts of many workers), so one burst could
+# lock the user's later connections out. Two: a process's calls mostly run
+# one at a time, and a build that derives another key needs a second one
+# (the builder's is in use); more at once just connect again.
+# A child of fork() makes its own.
+_KEEP_IDLE = 2
 _pool = {}
 _pool_pid = os.getpid()
 _pool_lock = threading.Lock()
@@ -105,16 +119,32 @@ def _take(socket, timeout):
             _pool, _pool_pid = {}, os.getpid()
         free = _pool.get(key)
         while free:
-            client = free.pop()
-            if not client.closed:
+            client = free.pop()[0]()
+            if client is not None and not client.closed:
                 return key, client
     return key, connect(socket, timeout)
 
 
 def _give_back(key, client):
+    """Puts client back in the pool, which keeps the newest _KEEP_IDLE free
+    connections alive and the others only while something else (a result)
+    holds them."""
+    held = []  # strong references, dropped out of the lock
     with _pool_lock:
-        if _pool_pid == os.getpid() and not client.closed:
-            _pool.setdefault(key, []).append(client)
+        if _pool_pid != os.getpid() or client.closed:
+            return
+        free = []
+        for ref, strong in _pool.get(key, ()):
+            alive = ref()
+            if alive is not None:
+                held.append(alive)
+                free.append((ref, strong))
+        free.append((weakref.ref(client), client))
+        for i in range(len(free) - _KEEP_IDLE):
+            free[i] = (free[i][0], None)
+        _pool[key] = free
+    # Out of the lock: one that nothing else holds disconnects here.
+    del held
 
 
 def _builds(key):
