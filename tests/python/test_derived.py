@@ -285,7 +285,7 @@ def test_kept_results_share_the_connections_of_the_process(tmp_path, model_path,
     try:
         kept = [wcache.derived("small", f"k{i % 3}", to_f32) for i in range(8)]
         assert all(torch.equal(kept[i][k], kept[i % 3][k]) for i in range(8) for k in kept[0])
-        (free,) = [v for (where, _, _), v in D._pool.items() if where == d.socket]
+        free = D._pool[d.socket]
         assert len(free) == 1, free
         with wcache.connect() as c:
             assert c.attach("small").keys() == sorted(kept[0])
@@ -368,6 +368,107 @@ def test_a_burst_of_calls_leaves_few_idle_connections(tmp_path, model_path, monk
     finally:
         status = d.stop()
     assert status == 0, d.read_log()
+
+
+def test_calls_with_timeouts_of_their_own_share_the_idle_connections(tmp_path, model_path,
+                                                                     monkeypatch):
+    """The pool kept its two idle connections per (socket, timeout): a
+    caller passing what is left of its own deadline made a new key on
+    every call, and each call's connection stayed open for the life of the
+    process, until wcached refused the user's next connection
+    (max_clients_per_uid; review rev155 #4). Now the pool is per socket
+    and each call sets the deadline of the connection it takes."""
+    import gc
+    import time
+    import wcache._derived as D
+    from pyhelpers import wait_until
+    n = 5
+    d = Daemon(tmp_path, {"small": (model_path, {"derive": "yes"})},
+               extra=f"max_clients_per_uid = {n}").start()
+    monkeypatch.setenv("WCACHE_SOCKET", d.socket)
+    try:
+        wait_until(lambda: daemon_connections(d.socket) == 0, what="no connection")
+        deadline = time.monotonic() + 60
+        for i in range(n + 1):
+            out = wcache.derived("small", "left-v1", to_f32, timeout=deadline - time.monotonic())
+            assert sorted(out) == sorted(wcache.open_file(model_path).keys())
+            del out
+        gc.collect()
+        wait_until(lambda: daemon_connections(d.socket) <= D._KEEP_IDLE, timeout=5,
+                   what=f"at most {D._KEEP_IDLE} connections")
+        assert [k for k in D._pool if d.socket in str(k)] == [d.socket], list(D._pool)
+        with wcache.connect() as c:  # refused before: n connections of this user
+            assert sorted(c.attach("small").keys()) == sorted(wcache.open_file(model_path).keys())
+    finally:
+        status = d.stop()
+    assert status == 0, d.read_log()
+
+
+def test_an_idle_connection_is_reused(derive_daemon, monkeypatch):
+    """The pool's idle connections were closed, not reused: taking one
+    dropped the pool's only strong reference before reading the weak one,
+    so the client was gone by then and every call connected anew (found
+    while fixing review rev155 #4). Calls one after another now share one
+    connection."""
+    import gc
+    import weakref
+    import wcache._derived as D
+    made = []  # weak: a reference here would keep the client alive
+    real = D.connect
+
+    def connect(*args):
+        client = real(*args)
+        made.append(weakref.ref(client))
+        return client
+    monkeypatch.setattr(D, "connect", connect)
+    for _ in range(4):
+        out = wcache.derived("small", "reuse-v1", to_f32, timeout=30)
+        del out
+        gc.collect()
+    assert len(made) == 1 and made[0]() is not None, made
+
+
+def test_a_shared_connection_takes_each_calls_timeout(derive_daemon, model_path):
+    """A connection the pool hands out keeps no earlier call's deadline:
+    a call with a short timeout that waits for another thread's build
+    gives up after its own timeout (ETIMEDOUT), though the connection it
+    took was made by a call with a long one; the next call with a long
+    timeout gets the artifact."""
+    import threading
+    import time
+    import wcache._derived as D
+    started, done = threading.Event(), threading.Event()
+    errors = []
+
+    def slow(src):
+        started.set()
+        done.wait(30)
+        return to_f32(src)
+
+    def builder():
+        try:
+            wcache.derived("small", "slow-v1", slow, timeout=60)
+        except BaseException as e:
+            errors.append(e)
+    t = threading.Thread(target=builder)
+    t.start()
+    try:
+        assert started.wait(30)
+        # the builder holds its connection: this makes a second one, of
+        # 60 s, and leaves it idle for the next call
+        wcache.derived("small", "warm-v1", to_f32, timeout=60)
+        assert len(D._pool[derive_daemon.socket]) == 1
+        start = time.monotonic()
+        with pytest.raises(wcache.WcacheError) as e:
+            wcache.derived("small", "slow-v1", to_f32, timeout=0.5)
+        took = time.monotonic() - start
+        assert e.value.errno == errno.ETIMEDOUT and took < 5, (e.value, took)
+    finally:
+        done.set()
+        t.join(60)
+    assert not errors, errors
+    assert sorted(wcache.derived("small", "slow-v1", to_f32, timeout=60)) == \
+        sorted(wcache.open_file(model_path).keys())
 
 
 def test_a_thread_waits_for_another_threads_build(derive_daemon):
@@ -521,6 +622,129 @@ def test_another_model_under_the_same_key_is_not_refused(derive_daemon, model_pa
     for k in wide.keys():
         assert torch.equal(got["wide"][k], wide.torch(k))
     assert sorted(out) == sorted(wcache.open_file(model_path).keys())
+
+
+@pytest.mark.parametrize("case", ["hardlink", "samepath", "paths", "symlink"])
+def test_two_models_on_one_file_are_two_models(tmp_path, model_path, monkeypatch, case):
+    """wcached serves two models on one file ("small" and "copy": one path
+    configured twice, a hard link of it, or a symlink to it): each has
+    generations and builds of its own. The EDEADLK check compared
+    generation and files, which are the same (generation 1 of one inode),
+    and refused a build of "small" that asked for "copy" under the same
+    key, though wcached would not have made it wait (review rev155 #1); a
+    build asked by a configured symlink refused its target's path as one
+    of its own names. Two names, or two configured paths, that wcached
+    serves are two models; the nested call builds."""
+    import time
+    import torch
+    hard = tmp_path / "copy.safetensors"
+    link = tmp_path / "link.safetensors"
+    os.link(model_path, hard)
+    link.symlink_to(os.path.basename(model_path))  # wcached refuses absolute ones here
+    first, other = {"samepath": (model_path, model_path), "symlink": (link, model_path)}.get(
+        case, (model_path, hard))
+    d = Daemon(tmp_path, {"small": (first, {"derive": "yes", "derive_timeout": "20"}),
+                          "copy": (other, {"derive": "yes", "derive_timeout": "20"})}).start()
+    monkeypatch.setenv("WCACHE_SOCKET", d.socket)
+    outer, inner = ("small", "copy") if case in ("hardlink", "samepath") else \
+        (str(first), str(other))
+    seen, calls = {}, []
+
+    def nested(src):
+        start = time.monotonic()
+        try:
+            seen["inner"] = wcache.derived(inner, "two-v1", counting(to_f32, calls), timeout=10)
+        except wcache.WcacheError as e:
+            seen["error"] = e
+        seen["took"] = time.monotonic() - start
+        return to_f32(src)
+    try:
+        out = wcache.derived(outer, "two-v1", counting(nested, calls), timeout=30)
+        assert "error" not in seen and seen["took"] < 5, seen
+        assert len(calls) == 2, calls  # one build per model
+        src = wcache.open_file(model_path)
+        for k in src.keys():
+            assert torch.equal(seen["inner"][k], src.torch(k).float())
+            assert torch.equal(out[k], src.torch(k).float())
+    finally:
+        status = d.stop()
+    assert status == 0, d.read_log()
+
+
+def _mappings_of(path):
+    """How many mappings of path's inode this process has."""
+    st = os.stat(path)
+    n = 0
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 5 and parts[4] == str(st.st_ino):
+                n += 1
+    return n
+
+
+@pytest.mark.parametrize("daemon_up", [True, False])
+def test_a_refused_local_call_leaves_nothing_mapped_and_does_not_warn(
+        tmp_path, model_path, monkeypatch, daemon_up):
+    """A nested call that falls back to this process (here: a hard link
+    wcached does not serve) and is refused with EDEADLK first warned that
+    it was "computed in this process" (nothing was, and the (model, key)
+    pair was then never warned about again) and kept the file it opened
+    mapped for as long as the caller held the exception (review rev155
+    #3). Now it checks before warning and closes what it opened."""
+    hard = tmp_path / "hard.safetensors"
+    os.link(model_path, hard)
+    d = None
+    if daemon_up:
+        d = Daemon(tmp_path, {"small": (model_path, {"derive": "yes"})}).start()
+        monkeypatch.setenv("WCACHE_SOCKET", d.socket)
+    else:
+        monkeypatch.setenv("WCACHE_SOCKET", str(tmp_path / "nobody.sock"))
+    seen = {}
+
+    def nested(src):
+        seen["before"] = _mappings_of(model_path)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            try:
+                wcache.derived(str(hard), "left-v1", to_f32, timeout=5)
+            except wcache.WcacheError as e:
+                seen["error"] = e  # kept: its traceback holds the call's frames
+        seen["warned"] = [str(x.message) for x in w if "computed in this process"
+                          in str(x.message)]
+        seen["after"] = _mappings_of(model_path)
+        return to_f32(src)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # without wcached: built here
+            wcache.derived("small" if daemon_up else str(model_path), "left-v1", nested,
+                           timeout=30)
+        assert seen["error"].errno == errno.EDEADLK, seen
+        assert seen["after"] == seen["before"], seen
+        assert seen["warned"] == [], seen
+        # the pair is still warned about when it is computed here
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            wcache.derived(str(hard), "left-v1", to_f32, timeout=5)
+        assert [x for x in w if "computed in this process" in str(x.message)], \
+            [str(x.message) for x in w]
+    finally:
+        if d is not None:
+            status = d.stop()
+            assert status == 0, d.read_log()
+
+
+def test_no_paths_looked_up_unless_this_thread_builds_the_key(model_path, monkeypatch):
+    """The EDEADLK check resolved the name's paths (a stat, a realpath:
+    about 25 us) on every call before it looked whether this thread builds
+    anything; now only when it builds the key asked for (review rev155
+    #4)."""
+    import wcache._derived as D
+
+    def names(target):
+        raise AssertionError(f"_names({target!r}) looked up")
+    monkeypatch.setattr(D, "_names", names)
+    assert D._builds_here(str(model_path), "k-v1") is False
 
 
 def test_source_tensors_outlive_the_build(derive_daemon):

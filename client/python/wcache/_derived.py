@@ -20,7 +20,7 @@ libwcache releases when the build ends), so a source tensor that ``build``
 keeps somewhere stays valid. The calls of a process share their
 connections to wcached (as many as calls run at once, see _pool), each
 result keeping the one it came through for its release; once the results
-are gone, at most two stay open.
+are gone, at most two stay open (per socket, whatever the timeouts).
 
 Without a daemon (``DaemonUnavailable``), or when wcached does not serve the
 model, the source is opened in this process as ``safe_open`` opens it,
@@ -32,7 +32,8 @@ worker that may not build (EACCES), a build that failed elsewhere
 (ETIMEDOUT). A ``build`` that asks for the key it is building (in its own
 thread) is refused at once (EDEADLK), with or without a daemon, under
 whichever name of the model it asks: the served name, the configured path,
-another path to the same file.
+another path to the same file. Two names wcached serves are two models,
+even on one file: a build of one may derive the other (see _refuse_own).
 """
 import ctypes
 import errno
@@ -61,10 +62,15 @@ _warned_lock = threading.Lock()
 _lib.fork_safe_module(globals(), "_warned_lock")  # a child of fork() makes it anew
 
 # The connections derived() uses, shared by every call of this process:
-# (socket, timeout, $WCACHE_TIMEOUT when timeout is None) -> [(weak
-# reference, Client or None)] of the ones not in use now, newest last. A call
-# takes one (or connects when none is free) and gives it back when it
-# returns; the artifact's handle keeps it too, for its RELEASE. Not one per
+# socket -> [(weak reference, Client or None)] of the ones not in use now,
+# newest last. A call takes one (or connects when none is free), sets its
+# deadline to the call's timeout (wc_set_timeout(), under the client's lock
+# in libwcache), and gives it back when it returns; the artifact's handle
+# keeps it too, for its RELEASE (sent under the deadline of the last call
+# that took the connection). By socket only, not by (socket, timeout):
+# a caller that passes what is left of its own deadline asks with a new
+# timeout every time, and each would have had its two idle connections
+# open for the life of the process (review rev155 #4). Not one per
 # call: each result kept alive would hold a connection of its own, and
 # wcached's max_clients_per_uid would lock every worker of the user out of
 # attaching (review rev140 #2). Not one for all calls either: libwcache holds
@@ -108,21 +114,58 @@ if hasattr(os, "register_at_fork"):
 
 
 def _take(socket, timeout):
-    """(pool key, a Client for one derived() call): a free one of this
-    process, else a new connection (DaemonUnavailable when none can be
-    made). Hand it back with _give_back."""
+    """(pool key, a Client for one derived() call whose deadline is
+    timeout, as connect() sets it): a free one of this process, else a new
+    connection (DaemonUnavailable when none can be made). Hand it back with
+    _give_back."""
     global _pool, _pool_pid
-    where = os.fspath(socket) if socket is not None else default_socket()
-    key = (where, timeout, os.environ.get("WCACHE_TIMEOUT") if timeout is None else None)
+    key = os.fspath(socket) if socket is not None else default_socket()
+    client = None
     with _pool_lock:
         if _pool_pid != os.getpid():
             _pool, _pool_pid = {}, os.getpid()
         free = _pool.get(key)
-        while free:
-            client = free.pop()[0]()
-            if client is not None and not client.closed:
-                return key, client
-    return key, connect(socket, timeout)
+        while free and client is None:
+            # The pool's own reference first: the entry dropped with its
+            # only strong reference would close the client before the weak
+            # one is read (every call connected anew, its idle connection
+            # closed instead of reused).
+            ref, client = free.pop()
+            if client is None:
+                client = ref()
+            if client is not None and client.closed:
+                client = None
+    if client is None:
+        return key, connect(socket, timeout)
+    try:
+        _set_deadline(client, timeout)
+    except WcacheError:
+        # A libwcache without wc_set_timeout() (older than wc_derive(), so
+        # not seen here), or a socket that refuses the option: this one is
+        # left to its results, and the call connects with its own deadline.
+        return key, connect(socket, timeout)
+    except BaseException:
+        _give_back(key, client)  # a bad timeout: connect() refuses it the same way
+        raise
+    return key, client
+
+
+def _set_deadline(client, timeout):
+    """client's deadline for this call: timeout seconds (0: none), or as
+    connect(timeout=None) sets it ($WCACHE_TIMEOUT, else libwcache's
+    default); raises as connect() does for a bad one."""
+    if timeout is not None:
+        client.set_timeout(timeout)
+        return
+    if not _lib.has("wc_set_timeout"):
+        raise WcacheError(errno.ENOTSUP, f"libwcache {_lib.library_path()} has no "
+                          f"wc_set_timeout()")
+    ptr = client._use()
+    try:
+        rc = _lib.lib().wc_set_timeout(ptr, -1)  # wc_connect()'s default, read now
+    finally:
+        client._done()
+    check(rc)
 
 
 def _give_back(key, client):
@@ -154,9 +197,14 @@ def _builds(key):
 
 def _builds_here(target, key):
     """Whether this thread is inside the build of (target, key), target as
-    spelled (or as its absolute or real path) in the outer call."""
+    spelled (or as its absolute or real path) in the outer call. Costs
+    nothing but a look at this thread's builds when it builds no such key
+    (most calls): the paths (a stat, a realpath) only when it does."""
+    builds = _builds(key)
+    if not builds:
+        return False
     names = _names(target)
-    return any(n in b.names for b in _builds(key) for n in names)
+    return any(n in b.names for b in builds for n in names)
 
 
 def _identity(model):
@@ -188,13 +236,47 @@ def _deadlock(target, key):
                        f"must not ask for the key it builds")
 
 
-def _refuse_own(model, target, key):
+def _is_path(spelling):
+    """Whether wcached takes spelling (one it resolved) for a configured
+    path rather than a model's name: a name never has a '/' (only A-Z a-z
+    0-9 . _ -: config_model_name_valid() in daemon/config_value.c), a
+    configured path always has one (the config's relative paths are joined
+    with its file's absolute directory; ADD takes absolute paths only)."""
+    return "/" in spelling
+
+
+def _refuse_own(model, target, key, served=None):
     """EDEADLK when model (the nested call's, as attached or opened) is the
-    source of a build of key this thread runs."""
+    source of a build of key this thread runs. served: the spelling wcached
+    resolved model under (None: opened in this process).
+
+    wcached keys a build by its model entry (a configured name and its
+    path), not by file: two names it serves are two models even on one
+    file (the same path twice, hard links or symlinks to one blob), each
+    with generations of its own, and the nested DERIVE of the other one
+    would not wait for this build. So spellings that wcached resolved
+    both as names, or both as paths, are one model only when they are the
+    same string (it resolves a path by its exact configured spelling).
+    The identity (generation and files) decides where one side is a name
+    and the other a path, or where one side was opened in this process.
+    A path that wcached resolves can belong to two models (configured
+    twice, or a name on a hard link of the other's file): it resolves it
+    to the first model in its registry with that path, which a client
+    cannot see. So inside a build of "small" asked by its name, a path
+    configured for both "small" and "copy" (or "copy"'s path, a hard link
+    of "small"'s file) is refused even where wcached would resolve it to
+    "copy" and not wait; asked by its name, "copy" is not refused."""
     builds = _builds(key)
-    if builds:
-        ident = _identity(model)
-        if ident is not None and any(_same(b.identity(), ident) for b in builds):
+    ident = None
+    for b in builds:
+        if b.served is not None and served is not None and \
+                _is_path(b.served) == _is_path(served):
+            if b.served == served:
+                raise _deadlock(target, key)
+            continue
+        if ident is None:
+            ident = (_identity(model),)
+        if ident[0] is not None and _same(b.identity(), ident[0]):
             raise _deadlock(target, key)
 
 
@@ -223,7 +305,7 @@ def _refuse_own_through(client, target, key):
         except (DaemonUnavailable, WcacheError, ValueError):
             return
         try:
-            _refuse_own(model, target, key)
+            _refuse_own(model, target, key, name)
         finally:
             model.close()
         return
@@ -231,10 +313,13 @@ def _refuse_own_through(client, target, key):
 
 class _Building:
     """Marks the build of key from model (the source, as attached or opened
-    here), asked for as names, as run by this thread while the block runs."""
+    here), asked for as names, as run by this thread while the block runs.
+    served: the spelling wcached resolved the model under (None: opened in
+    this process; see _refuse_own)."""
 
-    def __init__(self, names, key, model):
+    def __init__(self, names, key, model, served=None):
         self.names, self.key, self._model = frozenset(names), key, model
+        self.served = served
         self._ident = None  # (_identity(model),) once found
 
     def identity(self):
@@ -425,7 +510,10 @@ def _build_here(lib, client, target, name, key, build_ptr, build, framework):
                                  f"began; the next derive builds from the new one")
         return None
     try:
-        with _Building({name, *_names(target)}, key, own):
+        # Not all of target's paths (_names): another of them may be
+        # configured as another model (a symlink's target), which only an
+        # attach tells (_refuse_own_through).
+        with _Building({name, target}, key, own, name):
             result = build(source)
     except BaseException as e:
         _abandon(lib, build_ptr, f"{type(e).__name__}: {e}")
@@ -491,9 +579,15 @@ def _derive(client, target, key, build, framework):
 def _local(target, key, build, framework, why):
     """build run on the source opened in this process; its result checked
     (and made contiguous) like a publication."""
-    _warn_once(target, key, why)
     model = open_model(target)
-    _refuse_own(model, target, key)
+    try:
+        _refuse_own(model, target, key)
+    except BaseException:
+        # Not mapped while the caller holds the exception (its traceback
+        # keeps this frame), and no warning: nothing is computed.
+        model.close()
+        raise
+    _warn_once(target, key, why)
     with _Building(_names(target), key, model):
         result = build(model.state_dict(framework))
     entries = _checked(result)
