@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -468,6 +469,33 @@ warn_shared_group(const struct config *cfg)
 }
 
 /*
+ * Raises the soft RLIMIT_NOFILE to the hard one, as systemd advises for a
+ * program that needs many descriptors and never calls select(): wcached
+ * waits with epoll (libuv) and starts no other program. The server derives
+ * its descriptor budget from the soft limit (server_budget.c); a login
+ * session's 1024 (Debian's default) let one client that never reads its
+ * replies take its uid's whole share. Under the unit (LimitNOFILE=, soft =
+ * hard) nothing changes and nothing is logged.
+ */
+static void
+raise_nofile(void)
+{
+	struct rlimit rl;
+	rlim_t soft;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) == -1 || rl.rlim_cur >= rl.rlim_max)
+		return;
+	soft = rl.rlim_cur;
+	rl.rlim_cur = rl.rlim_max;
+	if (setrlimit(RLIMIT_NOFILE, &rl) == -1)
+		log_warn("RLIMIT_NOFILE: raising the soft limit %ju to the hard limit %ju",
+			(uintmax_t)soft, (uintmax_t)rl.rlim_max);
+	else
+		log_info("RLIMIT_NOFILE: soft limit raised from %ju to the hard limit %ju",
+			(uintmax_t)soft, (uintmax_t)rl.rlim_max);
+}
+
+/*
  * user = NAME: when started as root, hand the sockets wcached created to
  * that user and become it, before any model is opened (so models are read
  * with the user's rights, as under systemd's User=).
@@ -640,6 +668,7 @@ main(int argc, char **argv)
 		fatalx("%s", error_get());
 	d.debug = debug;
 	log_setlevel(debug ? LOG_LEVEL_DEBUG : d.cfg->log_level);
+	raise_nofile();
 	signal(SIGPIPE, SIG_IGN);
 	/* A file size limit (RLIMIT_FSIZE) fails a staging copy with EFBIG, not the daemon. */
 	signal(SIGXFSZ, SIG_IGN);

@@ -559,6 +559,12 @@ def test_hostile_sends_fds(daemon):
 
 
 def test_client_that_never_reads(daemon):
+    never_reads(daemon)
+
+
+def never_reads(daemon):
+    """A client that pipelines attaches and never reads the replies: the
+    daemon holds it back and serves the others (wcachectl, same uid)."""
     base = settled_fd_count(daemon.proc.pid)
     s = raw_client(daemon)
     s.setblocking(False)
@@ -575,6 +581,32 @@ def test_client_that_never_reads(daemon):
     s.close()
     wait_until(lambda: fd_count(daemon.proc.pid) == base, what="fds back to baseline")
     assert_serving(daemon)
+
+
+def test_a_low_soft_descriptor_limit_is_raised_to_the_hard_one(tmp_path, model):
+    """Started with a soft RLIMIT_NOFILE of 1024 under a higher hard limit (a
+    Debian 12 login shell: 1024 and 524288), wcached derived its in-flight
+    budget from 1024: one client that never read its replies took its uid's
+    whole share (128 descriptors; one connection may hold 504), and every
+    other connection of that uid waited until the non-reader was closed
+    (unread_reply_seconds, 60 s), past wcachectl's 30 s. wcached now raises
+    its soft limit to the hard one at start, says so once, and the
+    non-reader holds up no one."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard < 8192:
+        pytest.skip(f"the hard RLIMIT_NOFILE is {hard}: too low to show it (raising it "
+                    f"needs CAP_SYS_RESOURCE)")
+    d = Daemon(tmp_path, {"small": model}, nofile=(1024, hard)).start()
+    try:
+        with open(f"/proc/{d.proc.pid}/limits") as f:
+            limits = next(line for line in f if line.startswith("Max open files"))
+        assert limits.split()[3:5] == [str(hard), str(hard)], limits
+        d.wait_for_log(f"RLIMIT_NOFILE: soft limit raised from 1024 to the hard limit {hard}")
+        never_reads(d)
+    finally:
+        status = d.stop()
+    assert status == 0, f"wcached exited with {status}:\n{d.read_log()}"
+    assert "RLIMIT_NOFILE is" not in d.read_log()
 
 
 def test_client_disconnects_mid_request(daemon):

@@ -98,9 +98,10 @@ class Wcached:
     models maps a model name to its path, or to (path, {key: value, ...})
     for the model's other keys (pin, warm, ...); extra is text for the
     [wcached] section. user (uid, gid) runs the daemon unprivileged (the
-    directory is opened to it); nofile sets its RLIMIT_NOFILE, nproc its
-    RLIMIT_NPROC (tasks of its user, threads included); cgroup is a
-    cgroup directory (v1 or v2) it starts in; wcached is the program to run
+    directory is opened to it); nofile sets its RLIMIT_NOFILE (one number
+    for both limits, or (soft, hard)), nproc its RLIMIT_NPROC (tasks of its
+    user, threads included); cgroup is a cgroup directory (v1 or v2) it
+    starts in; wcached is the program to run
     (default: the build's). The log is the file self.log;
     wait_for_log() waits for a line in it and tells when it first saw it.
     """
@@ -153,7 +154,8 @@ class Wcached:
 
         def before_exec():
             if nofile is not None:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+                resource.setrlimit(resource.RLIMIT_NOFILE,
+                                   nofile if isinstance(nofile, tuple) else (nofile, nofile))
             if nproc is not None:
                 resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
             if cgroup is not None:
