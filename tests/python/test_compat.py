@@ -764,11 +764,21 @@ def test_a_file_that_cannot_be_opened_is_file_not_found(tmp_path, no_daemon):
     elif not shutil.which("setpriv"):
         pytest.skip("no setpriv to run as an unprivileged user for permission denied")
     else:
-        for d in [shared, *shared.parents]:  # nobody needs to reach the file
+        # nobody needs the package and the library as well as the file: a
+        # clone nobody cannot read (in /root, 0700 on Debian) failed the
+        # import, so the child gets copies of both next to the file.
+        py = tmp_path / "py"
+        shutil.copytree(os.path.dirname(wcache.__file__), py / "wcache",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        lib = py / "libwcache.so"
+        shutil.copyfile(wcache.library_path(), lib)
+        for p in [py, *py.rglob("*")]:
+            p.chmod(0o755 if p.is_dir() or p == lib else 0o644)
+        for d in [shared, *shared.parents]:  # nobody needs to reach them
             if d.stat().st_mode & 0o001 == 0:
                 d.chmod(d.stat().st_mode | 0o001)
-        r = run_python(code, wrap=("setpriv", "--reuid=65534", "--regid=65534",
-                                   "--clear-groups"))
+        r = run_python(code, env={"PYTHONPATH": str(py), "WCACHE_LIB": str(lib)},
+                       wrap=("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"))
     assert r.stdout == f"CannotOpenFile {errno.EACCES} True {secret}: Permission denied\n", \
         r.stdout + r.stderr
 
