@@ -41,7 +41,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include "base/error.h"
@@ -189,8 +188,8 @@ wc_attach(wc_client *c, const char *model, wc_model **out)
 	}
 	r = attach_reply_grant(ATTACH_REQUEST_ATTACH, model, NULL, c->where, buf, (size_t)n, fds,
 		nfds, &c->cache, &unusable, &a->am, &grant);
-	if (unusable)
-		shutdown(c->fd, SHUT_RDWR); /* a reply we cannot use: not wcached */
+	if (unusable) /* a reply we cannot use: not wcached */
+		request_close_because(c, "wcached's reply to ATTACH was malformed");
 	if (r < 0) {
 		/* The daemon attached what could not be mapped here: it would
 		 * count that attach for as long as the connection stays. */

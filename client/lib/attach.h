@@ -34,10 +34,15 @@ struct wc_client {
 				 (attach_client_get): freed at 0, under attach.c's clients_lock */
 	struct attach_record *records; /* models attached through it, still held */
 	struct attach_cache cache;    /* the status page, mapped once; the last index */
-	/* Why libwcache itself closed connection number closed_connection
-	 * (request.c, request_closed_why()); "" when it did not. */
-	uint64_t closed_connection;
-	char closed_why[96];
+	/* Why libwcache itself closed its last connections (request.c,
+	 * request_close_because(), request_closed_why()): each entry a
+	 * connection number and its reason ("" in an entry not used yet);
+	 * closed_next is the entry the next close takes, the oldest. */
+	struct {
+		uint64_t connection;
+		char why[96];
+	} closed[8];
+	unsigned closed_next;
 	/* Models released without the lock (attach.c, attach_release), whose
 	 * records wait for the thread that holds it to tell the daemon
 	 * (request_unlock). released_lock guards released and each record's

@@ -32,7 +32,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include "base/error.h"
@@ -130,7 +129,7 @@ abandon_send(wc_client *c, uint64_t token, const char *name, const char *key,
 		return error_set(-code, "model \"%s\", key \"%s\": abandoning the build: %.*s (%s)",
 			name, key, (int)tlen, text, c->where);
 	fdp_close_all(fds, nfds);
-	shutdown(c->fd, SHUT_RDWR); /* not an answer to ABANDON: out of step */
+	request_close_because(c, "wcached's reply to ABANDON was not one (out of step)");
 	return error_set(-EBADMSG, "model \"%s\", key \"%s\": unexpected reply to ABANDON from "
 		"%s", name, key, c->where);
 }
@@ -206,8 +205,8 @@ wc_derive(wc_client *c, const char *model, const char *key, wc_model **out, wc_b
 	n = request_call(c, put_derive, &q, DERIVE_GRACE_MS, buf, sizeof(buf), fds, &nfds, &msg);
 	r = n < 0 ? (int)n : attach_reply_grant(ATTACH_REQUEST_DERIVE, model, key, c->where, buf,
 		(size_t)n, fds, nfds, &c->cache, &unusable, &a->am, &grant);
-	if (n >= 0 && unusable)
-		shutdown(c->fd, SHUT_RDWR); /* a reply we cannot use: not wcached */
+	if (n >= 0 && unusable) /* a reply we cannot use: not wcached */
+		request_close_because(c, "wcached's reply to DERIVE was malformed");
 	if (r < 0) {
 		if (grant.granted)
 			undo_grant(c, &grant, model, key);
@@ -273,7 +272,8 @@ build_client(const wc_build *b, const char *doing, int *err)
 			"was disconnected, which ended the build", b->name, b->key, doing);
 		return NULL;
 	}
-	/* Closed here (a release not sent in time): wcached ended the build
+	/* Closed here (a release not sent in time, a request that timed
+	 * out, a reply that could not be trusted): wcached ended the build
 	 * when it read the connection's end, and is not to blame. */
 	if ((why = request_closed_why(c, b->connection)) != NULL) {
 		*err = error_set(-ECONNRESET, "model \"%s\", key \"%s\": cannot %s: libwcache "
@@ -381,7 +381,7 @@ wc_build_publish_fd(wc_build *b, int memfd, wc_model **out)
 	r = n < 0 ? (int)n : attach_reply_grant(ATTACH_REQUEST_PUBLISH, b->name, b->key,
 		c->where, buf, (size_t)n, fds, nfds, &c->cache, &unusable, &a->am, &grant);
 	if (n >= 0 && unusable)
-		shutdown(c->fd, SHUT_RDWR);
+		request_close_because(c, "wcached's reply to PUBLISH was malformed");
 	if (r < 0 && grant.granted)
 		undo_grant(c, &grant, b->name, b->key);
 	if (r == 0)

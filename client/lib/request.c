@@ -22,9 +22,11 @@
  * would start the timeout over), waits with poll(2) for what is left: only
  * a deadline that has passed is a timeout.
  * A request that times out closes the connection (its reply could still
- * come and would be taken for the next one's). Both closes remember why
- * (close_because()), so that a build the connection ended, and the call
- * that next finds it closed, say that libwcache closed it, not wcached.
+ * come and would be taken for the next one's). Every close of libwcache's
+ * own (these two, a reply that cannot be trusted, a receive that failed)
+ * remembers why (request_close_because()), so that a build the connection
+ * ended, and the call that next finds it closed, say that libwcache closed
+ * it, not wcached.
  *
  * Restarts: when a request finds the connection dead (the send fails with
  * EPIPE, ECONNRESET or ENOTCONN, or the daemon hangs up before the reply),
@@ -199,38 +201,51 @@ wait_for(int fd, short events, int limit_ms, const struct timespec *start)
 	}
 }
 
-/*
- * Closes c's connection from libwcache's side (shutdown(2): the descriptor
- * stays until a reconnect replaces it) and remembers why, for that
- * connection only. The daemon then ends what the connection held, a build
- * in progress on it too; the call that later finds the connection closed,
- * the build's publish or abandon above all, says that libwcache closed it
- * and why (request_closed_why(), closed_by()) rather than blaming wcached,
- * whose hang-up would look the same.
- */
-static void __attribute__((format(printf, 2, 3)))
-close_because(wc_client *c, const char *fmt, ...)
-{
-	va_list ap;
-
-	shutdown(c->fd, SHUT_RDWR);
-	va_start(ap, fmt);
-	vsnprintf(c->closed_why, sizeof(c->closed_why), fmt, ap);
-	va_end(ap);
-	c->closed_connection = c->connection;
-}
+#define CLOSED_KEPT (sizeof(((wc_client *)0)->closed) / sizeof(((wc_client *)0)->closed[0]))
 
 const char *
 request_closed_why(const wc_client *c, uint64_t connection)
 {
-	if (c->closed_why[0] == '\0' || c->closed_connection != connection)
-		return NULL;
-	return c->closed_why;
+	for (size_t i = 0; i < CLOSED_KEPT; i++)
+		if (c->closed[i].why[0] != '\0' && c->closed[i].connection == connection)
+			return c->closed[i].why;
+	return NULL;
+}
+
+/*
+ * Closes c's connection from libwcache's side (shutdown(2): the descriptor
+ * stays until a reconnect replaces it) and remembers why, for that
+ * connection number. The daemon then ends what the connection held, a
+ * build in progress on it too; the call that later finds the connection
+ * closed, the build's publish or abandon above all, says that libwcache
+ * closed it and why (request_closed_why(), closed_by()) rather than
+ * blaming wcached, whose hang-up would look the same. The reasons of the
+ * last CLOSED_KEPT connections closed here are kept, so that closing the
+ * next one too (the next call's reconnect times out in the same stall of
+ * wcached) does not lose why a build's connection closed. A connection
+ * closed twice keeps its first reason, the one that closed it.
+ */
+void
+request_close_because(wc_client *c, const char *fmt, ...)
+{
+	va_list ap;
+	unsigned i;
+
+	shutdown(c->fd, SHUT_RDWR);
+	if (request_closed_why(c, c->connection) != NULL)
+		return;
+	i = c->closed_next;
+	c->closed_next = (unsigned)((i + 1) % CLOSED_KEPT);
+	va_start(ap, fmt);
+	vsnprintf(c->closed[i].why, sizeof(c->closed[i].why), fmt, ap);
+	va_end(ap);
+	c->closed[i].connection = c->connection;
 }
 
 /* Who closed c's current connection, for a message, into buf: "wcached at
  * PATH closed the connection", or "libwcache closed the connection to
- * wcached at PATH because WHY" when close_because() did. Returns buf. */
+ * wcached at PATH because WHY" when request_close_because() did. Returns
+ * buf. */
 static const char *
 closed_by(const wc_client *c, char *buf, size_t size)
 {
@@ -249,7 +264,7 @@ closed_by(const wc_client *c, char *buf, size_t size)
 static int
 timed_out(wc_client *c, const char *what, const struct timespec *start)
 {
-	close_because(c, "a request timed out (wcached did not %s within %.3g s)", what,
+	request_close_because(c, "a request timed out (wcached did not %s within %.3g s)", what,
 		c->timeout_ms / 1000.0);
 	return error_set(-ETIMEDOUT, "%s did not %s within %.3g s (waited %.3g s; the limit is "
 		"%s or wc_set_timeout()); connection closed", c->where, what,
@@ -412,7 +427,8 @@ announce_holds(wc_client *c, int ms, const struct timespec *start)
 			return 1;
 		if (nfds > 0 || (msg.h.type != WIRE_HOLD_OK && msg.h.type != WIRE_ERROR)) {
 			fdp_close_all(fds, nfds);
-			shutdown(c->fd, SHUT_RDWR); /* out of step: not an answer to HOLD */
+			request_close_because(c, "wcached's reply to HOLD was not one (out of "
+				"step)");
 			return 1;
 		}
 		if (msg.h.type == WIRE_ERROR && msg.h.seq != seq)
@@ -524,11 +540,11 @@ request_send_release(wc_client *c, uint64_t handle)
 	/* A connection already closed (EPIPE...: by the daemon, or here
 	 * before) keeps what closed it. */
 	if (n == -ETIMEDOUT)
-		close_because(c, "a release could not be sent within %.3g s (wcached did not "
-			"read)", c->timeout_ms / 1000.0);
+		request_close_because(c, "a release could not be sent within %.3g s (wcached did "
+			"not read)", c->timeout_ms / 1000.0);
 	else if (n < 0 && n != -EPIPE && n != -ECONNRESET && n != -ENOTCONN)
-		close_because(c, "a release could not be sent (%s)", strerror((int)-n));
-	else if (n < 0)
+		request_close_because(c, "a release could not be sent (%s)", strerror((int)-n));
+	else if (n < 0) /* already closed: no reason of ours */
 		shutdown(c->fd, SHUT_RDWR);
 }
 
@@ -647,7 +663,8 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, int se
 		if ((r = wait_for(c->fd, POLLOUT, limit_ms, &start)) == 0)
 			return timed_out(c, "take the request", &start);
 		if (r < 0) {
-			shutdown(c->fd, SHUT_RDWR);
+			request_close_because(c, "waiting to send failed (poll: %s)",
+				strerror(-r));
 			return error_set(r, "wcached at %s: waiting to send: poll: %s", c->path,
 				strerror(-r));
 		}
@@ -667,7 +684,8 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, int se
 				continue;
 			if (r == 0)
 				return timed_out(c, "answer", &start);
-			shutdown(c->fd, SHUT_RDWR);
+			request_close_because(c, "waiting for an answer failed (poll: %s)",
+				strerror(-r));
 			return error_set(r, "wcached at %s: waiting for the answer: poll: %s",
 				c->path, strerror(-r));
 		}
@@ -687,13 +705,15 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, int se
 		if (n == 0)
 			return error_set(-ECONNRESET, "%s", closed_by(c, who, sizeof(who)));
 		if (n == -EMFILE) { /* the reply's descriptors were cut off */
-			shutdown(c->fd, SHUT_RDWR);
+			request_close_because(c, "a reply's descriptors were lost (this process "
+				"is out of file descriptors)");
 			return error_set((int)n, "wcached at %s: this process is out of "
 				"file descriptors: those the reply carried were lost (raise "
 				"its RLIMIT_NOFILE, ulimit -n, or close some)", c->path);
 		}
 		if (n < 0) {
-			shutdown(c->fd, SHUT_RDWR);
+			request_close_because(c, "a reply could not be received (%s)",
+				strerror((int)-n));
 			return error_set((int)n, "wcached at %s: receive: %s", c->path,
 				strerror((int)-n));
 		}
@@ -701,7 +721,8 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, int se
 			fdp_close_all(fds, *nfds);
 			/* Out of step with the daemon: no later reply can be
 			 * trusted on this connection. */
-			shutdown(c->fd, SHUT_RDWR);
+			request_close_because(c, "wcached's reply was malformed%s",
+				r == -EPROTO ? " (protocol version mismatch)" : "");
 			return error_set(r, "wcached at %s sent a malformed reply%s", c->path,
 				r == -EPROTO ? " (protocol version mismatch: update libwcache or "
 					       "wcached)" : "");
@@ -713,7 +734,8 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, int se
 			return n;
 		fdp_close_all(fds, *nfds);
 		if (msg->h.type != WIRE_CHANGED) {
-			shutdown(c->fd, SHUT_RDWR);
+			request_close_because(c, "wcached answered request %u with %u (out of "
+				"step)", seq, msg->h.seq);
 			return error_set(-EBADMSG, "wcached at %s answered request %u with %u",
 				c->path, seq, msg->h.seq);
 		}

@@ -50,12 +50,24 @@ int request_open(const char *path, int ms, int *out);
 void request_send_release(wc_client *c, uint64_t handle);
 
 /*
+ * Closes the client's connection from libwcache's side (shutdown(2); the
+ * next request connects again), as every close of libwcache's own does (a
+ * timeout, a lost release, a reply that cannot be trusted), and remembers
+ * why for that connection: fmt makes a clause for a message ("wcached's
+ * reply to ABANDON was not one (out of step)"), which request_closed_why()
+ * gives back. The first reason of a connection stays.
+ */
+void request_close_because(wc_client *c, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+/*
  * Why libwcache itself closed the client's connection number connection,
  * as a clause for a message ("a release could not be sent within 0.4 s
  * (wcached did not read)", "a request timed out (...)"), or NULL when it
  * did not (the connection is open, or the daemon closed it). A build
- * ended with that connection says so; the reason outlives a reconnect,
- * but only for the connection it names.
+ * ended with that connection says so; the reason outlives reconnects, but
+ * only for the connection it names, and only for the last eight
+ * connections libwcache closed.
  */
 const char *request_closed_why(const wc_client *c, uint64_t connection);
 

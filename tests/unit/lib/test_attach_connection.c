@@ -33,8 +33,10 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
@@ -1113,6 +1115,55 @@ test_release_while_stalled_ends_build(void **state)
 }
 
 /*
+ * A build (key k1) on the client's first connection, then a second model
+ * attached, after which the fake stops reading (posting stalled) until
+ * resume is posted, and a third attach times out within the 0.4 s
+ * deadline, closing that connection. *b and *second get the build and the
+ * model; returns the descriptor count from before.
+ */
+static int
+build_then_time_out(struct fixture *f, wc_build **b, wc_model **second, sem_t *stalled,
+	sem_t *resume)
+{
+	wc_model *out = NULL, *third = NULL;
+	int before;
+
+	f->fake.derive_build = 1;
+	f->fake.token = 5;
+	stall_after(f, 2, stalled, resume);
+	before = attach_ok(f);
+	assert_int_equal(wc_set_timeout(f->client, DEADLINE_TEST_MS), 0);
+	assert_int_equal(wc_derive(f->client, MODEL, "k1", &out, b), 1);
+	if (wc_attach(f->client, MODEL, second) != 0)
+		fail_msg("attach failed: %s", wc_errmsg());
+	assert_int_equal(fake_sem_wait(stalled), 0);
+	assert_error(wc_attach(f->client, MODEL, &third), -ETIMEDOUT,
+		"did not answer within 0.4 s");
+	assert_null(third);
+	return before;
+}
+
+/* Publishes b (key k1), which a close of libwcache's own ended: the
+ * publish fails with -ECONNRESET, saying that libwcache closed the
+ * connection because why, which ended the build; nothing is sent. */
+static void
+publish_ended_because(wc_build *b, const char *why)
+{
+	char want[256];
+	wc_model *out = NULL;
+	int memfd = memfd_create("artifact", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+
+	assert_true(memfd >= 0);
+	assert_error(wc_build_publish_fd(b, memfd, &out), -ECONNRESET,
+		"key \"k1\": cannot publish: libwcache closed the connection to wcached at ");
+	snprintf(want, sizeof(want), " because %s, which ended the build", why);
+	if (strstr(wc_errmsg(), want) == NULL)
+		fail_msg("message \"%s\" does not contain \"%s\"", wc_errmsg(), want);
+	assert_null(out);
+	close(memfd);
+}
+
+/*
  * The same for a request that times out, which closes the connection too:
  * a DERIVE gets BUILD, the fake stops reading after the second ATTACH and
  * the third times out. The build's publish says that libwcache closed the
@@ -1125,29 +1176,12 @@ static void
 test_request_timeout_ends_build(void **state)
 {
 	struct fixture *f = *state;
-	wc_model *second = NULL, *third = NULL, *out = NULL;
+	wc_model *second = NULL, *third = NULL;
 	wc_build *b = NULL;
-	sem_t stalled, resume;
-	int before, memfd;
+	static sem_t stalled, resume; /* the fake may outlive a failure */
+	int before = build_then_time_out(f, &b, &second, &stalled, &resume);
 
-	f->fake.derive_build = 1;
-	f->fake.token = 5;
-	stall_after(f, 2, &stalled, &resume);
-	before = attach_ok(f);
-	assert_int_equal(wc_set_timeout(f->client, DEADLINE_TEST_MS), 0);
-	assert_int_equal(wc_derive(f->client, MODEL, "k1", &out, &b), 1);
-	if (wc_attach(f->client, MODEL, &second) != 0)
-		fail_msg("attach failed: %s", wc_errmsg());
-	assert_int_equal(fake_sem_wait(&stalled), 0);
-	assert_error(wc_attach(f->client, MODEL, &third), -ETIMEDOUT,
-		"did not answer within 0.4 s");
-
-	assert_true((memfd = memfd_create("artifact", MFD_CLOEXEC | MFD_ALLOW_SEALING)) >= 0);
-	assert_error(wc_build_publish_fd(b, memfd, &out), -ECONNRESET,
-		"key \"k1\": cannot publish: libwcache closed the connection to wcached at ");
-	assert_non_null(strstr(wc_errmsg(), " because a request timed out (wcached did not "
-		"answer within 0.4 s), which ended the build"));
-	close(memfd);
+	publish_ended_because(b, "a request timed out (wcached did not answer within 0.4 s)");
 
 	sem_post(&resume);
 	fake_finish(f); /* one connection: the fake reads its end and exits */
@@ -1165,6 +1199,160 @@ test_request_timeout_ends_build(void **state)
 	assert_int_equal(f->fake.publishes, 0);
 	sem_destroy(&stalled);
 	sem_destroy(&resume);
+}
+
+/*
+ * One stall of wcached, two calls that time out (rev155 #2): libwcache
+ * closes connection 1, which got the build, then the next call's
+ * reconnect (connection 2) times out in its HOLD and closes that one too.
+ * The build's publish still says why connection 1 closed. Before, one
+ * reason was kept per client, the second close overwrote it, and the
+ * publish asked "did wcached restart?". The two timeouts differ (0.4 s,
+ * then 0.3 s) so that the message shows which close it names.
+ */
+static void
+test_two_closes_keep_the_first_reason(void **state)
+{
+	struct fixture *f = *state;
+	wc_model *second = NULL, *third = NULL;
+	wc_build *b = NULL;
+	static sem_t stalled, resume; /* the fake may outlive a failure */
+	int before;
+
+	f->fake.connections = 2;
+	before = build_then_time_out(f, &b, &second, &stalled, &resume);
+	assert_int_equal(wc_set_timeout(f->client, 300), 0);
+	assert_error(wc_attach(f->client, MODEL, &third), -ETIMEDOUT,
+		"did not answer within 0.3 s");
+	assert_null(third);
+
+	publish_ended_because(b, "a request timed out (wcached did not answer within 0.4 s)");
+
+	/* The fake reads connection 1's last ATTACH and end, then
+	 * connection 2's HOLD, whose answer finds it closed. */
+	sem_post(&resume);
+	wc_release(second);
+	wc_release(f->model);
+	f->model = NULL;
+	finish(f, before);
+	assert_int_equal(f->fake.accepted, 2);
+	assert_int_equal(f->fake.attaches, 3);
+	assert_int_equal(f->fake.holds, 1);
+	assert_int_equal(f->fake.publishes, 0);
+	sem_destroy(&stalled);
+	sem_destroy(&resume);
+}
+
+/*
+ * libwcache's other closes of its own end a build too, and its publish
+ * says so (rev155 #3). An attach whose reply's descriptors cannot be
+ * received (this process at RLIMIT_NOFILE: the kernel cuts them off,
+ * EMFILE) closes the connection that got BUILD. Before, nothing was
+ * remembered, the PUBLISH found the connection closed and the message
+ * was "wcached at ... closed the connection".
+ */
+static void
+test_out_of_descriptors_ends_build(void **state)
+{
+	struct fixture *f = *state;
+	wc_model *second = NULL, *out = NULL;
+	wc_build *b = NULL;
+	struct rlimit old, low;
+	int before, r, lowest;
+
+	f->fake.derive_build = 1;
+	f->fake.token = 5;
+	before = attach_ok(f);
+	assert_int_equal(wc_derive(f->client, MODEL, "k1", &out, &b), 1);
+
+	/* No descriptor can be made: the lowest free one is the limit. */
+	assert_true((lowest = open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0);
+	close(lowest);
+	assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+	low = old;
+	low.rlim_cur = (rlim_t)lowest;
+	assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+	r = wc_attach(f->client, MODEL, &second);
+	assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+	assert_error(r, -EMFILE, "this process is out of file descriptors");
+	assert_null(second);
+
+	publish_ended_because(b, "a reply's descriptors were lost (this process is out of file "
+		"descriptors)");
+	wc_release(f->model);
+	f->model = NULL;
+	finish(f, before);
+	assert_int_equal(f->fake.attaches, 2);
+	assert_int_equal(f->fake.publishes, 0);
+}
+
+/*
+ * The same for a reply that cannot be trusted: garbage in answer to an
+ * ATTACH (request.c), and a well-formed reply of the wrong type to an
+ * ATTACH (attach.c) and to a PUBLISH (derive.c). A build, k1, then an
+ * attach answered with garbage closes the connection, and k1's publish
+ * names that; the same with RELEASE_OK for the attach. Then, on a fresh
+ * client, two builds, k1 and k2: k1's PUBLISH is answered RELEASE_OK, and
+ * k2's abandon names that reply. Before, each said "wcached at ... closed
+ * the connection" (the PUBLISH or ABANDON found the connection closed).
+ */
+static void
+test_untrusted_reply_ends_build(void **state)
+{
+	struct fixture *f = *state;
+	uint8_t garbage[100];
+	wc_model *m = NULL, *out = NULL;
+	wc_build *b1 = NULL, *b2 = NULL;
+	int before = tu_count_fds(), memfd;
+	ssize_t n;
+
+	memset(garbage, 0xa5, sizeof(garbage));
+	fake_raw(f, garbage, sizeof(garbage));
+	f->fake.derive_build = 1;
+	f->fake.token = 5;
+	for (int wrong_type = 0; wrong_type <= 1; wrong_type++) {
+		if (wrong_type) { /* DERIVE (seq 1), ATTACH (2) */
+			n = wire_put_release_ok(garbage, sizeof(garbage), 2);
+			assert_true(n > 0);
+			fake_raw(f, garbage, (size_t)n);
+		}
+		fake_start(f);
+		assert_int_equal(wc_connect(f->sock, &f->client), 0);
+		assert_int_equal(wc_derive(f->client, MODEL, "k1", &out, &b1), 1);
+		assert_error(wc_attach(f->client, MODEL, &m), -EBADMSG, wrong_type ?
+			"unexpected reply from wcached" : "sent a malformed reply");
+		assert_null(m);
+		publish_ended_because(b1, wrong_type ? "wcached's reply to ATTACH was malformed" :
+			"wcached's reply was malformed");
+		finish(f, before);
+	}
+	assert_int_equal(f->fake.publishes, 0);
+
+	/* DERIVE k1 (seq 1), DERIVE k2 (2), PUBLISH k1 (3): RELEASE_OK. */
+	f->fake.derives = 0;
+	f->fake.publish.kind = REPLY_RAW;
+	n = wire_put_release_ok(f->fake.publish.raw, sizeof(f->fake.publish.raw), 3);
+	assert_true(n > 0);
+	f->fake.publish.raw_len = (size_t)n;
+	fake_start(f);
+	assert_int_equal(wc_connect(f->sock, &f->client), 0);
+	assert_int_equal(wc_derive(f->client, MODEL, "k1", &out, &b1), 1);
+	assert_int_equal(wc_derive(f->client, MODEL, "k2", &out, &b2), 1);
+	assert_true((memfd = memfd_create("artifact", MFD_CLOEXEC | MFD_ALLOW_SEALING)) >= 0);
+	assert_error(wc_build_publish_fd(b1, memfd, &out), -EBADMSG, "k1");
+	assert_null(out);
+	wc_build_abandon(b2, "too late");
+	assert_non_null(strstr(wc_errmsg(), "key \"k2\": cannot abandon the build: libwcache "
+		"closed the connection to wcached at "));
+	assert_non_null(strstr(wc_errmsg(), " because wcached's reply to PUBLISH was "
+		"malformed, which ended the build"));
+	close(memfd);
+	finish(f, before);
+	assert_int_equal(f->fake.derives, 2);
+	assert_int_equal(f->fake.publishes, 1);
+	assert_int_equal(f->fake.abandons, 0);
+	free(f->fake.published);
+	f->fake.published = NULL;
 }
 
 int
@@ -1201,6 +1389,9 @@ main(void)
 		T(test_release_while_stalled_keeps_deadline),
 		T(test_release_while_stalled_ends_build),
 		T(test_request_timeout_ends_build),
+		T(test_two_closes_keep_the_first_reason),
+		T(test_out_of_descriptors_ends_build),
+		T(test_untrusted_reply_ends_build),
 	};
 #undef T
 
