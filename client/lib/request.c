@@ -702,7 +702,9 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, int se
 		}
 		/* Hung up before the reply: the daemon exited or restarted. */
 		*dead = n == 0 || n == -ECONNRESET;
-		if (n == 0)
+		/* ECONNRESET is the daemon's close too (it closed with a request
+		 * of ours still unread), not one of libwcache's own. */
+		if (n == 0 || n == -ECONNRESET)
 			return error_set(-ECONNRESET, "%s", closed_by(c, who, sizeof(who)));
 		if (n == -EMFILE) { /* the reply's descriptors were cut off */
 			request_close_because(c, "a reply's descriptors were lost (this process "

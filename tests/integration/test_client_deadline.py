@@ -210,3 +210,62 @@ def test_release_to_stopped_daemon_closes_the_connection(daemon, timer):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# A peer that closes as wcached does (daemon/server.c: shutdown(SHUT_RD)
+# first, the close later from the closer's thread) with the worker's next
+# request still unread: the worker's send of it fails with EPIPE, and the
+# receive that follows gets ECONNRESET.
+RESET_PEER = r"""
+import ctypes, os, socket, struct, sys, threading, time
+path = sys.argv[1]
+lib = ctypes.CDLL(os.environ["WCACHE_LIB"])
+lib.wc_errmsg.restype = ctypes.c_char_p
+lib.wc_connect_timeout.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p]
+lib.wc_attach.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+srv.bind(path)
+srv.listen(4)
+step = threading.Event()
+
+def error(seq, code, text):
+    t = text.encode()
+    return struct.pack("<IHHII", 0x31504357, 1, 255, 4 + len(t), seq) + struct.pack("<i", code) + t
+
+def peer():
+    conn, _ = srv.accept()
+    req = conn.recv(4096, socket.MSG_PEEK)  # the first request stays unread
+    conn.send(error(struct.unpack_from("<I", req, 12)[0], 2, 'model "a" is not served'))
+    step.wait()
+    conn.shutdown(socket.SHUT_RD)
+    srv.close()
+    os.unlink(path)  # stopped: no reconnect
+    time.sleep(0.5)
+    conn.close()
+
+t = threading.Thread(target=peer)
+t.start()
+c = ctypes.c_void_p()
+assert lib.wc_connect_timeout(path.encode(), 5000, ctypes.byref(c)) == 0
+m = ctypes.c_void_p()
+assert lib.wc_attach(c, b"a", ctypes.byref(m)) == -2, lib.wc_errmsg()
+step.set()
+time.sleep(0.2)
+r = lib.wc_attach(c, b"b", ctypes.byref(m))
+print(r, lib.wc_errmsg().decode())
+t.join()
+"""
+
+
+def test_a_reset_by_the_daemon_is_not_called_libwcaches_own_close(tmp_path):
+    """wcached's close of a connection with a request of the worker's still
+    unread gives the worker's receive ECONNRESET: that is the daemon's close,
+    and the message says so (review rev159 #2: it recorded "libwcache closed
+    the connection ... because a reply could not be received", which a build
+    on that connection would then have repeated)."""
+    sock = str(tmp_path / "peer.sock")
+    r = subprocess.run([sys.executable, "-c", RESET_PEER, sock], capture_output=True,
+                       text=True, timeout=60, env=library_env())
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "libwcache closed" not in r.stdout, r.stdout
+    assert f"wcached at {sock} closed the connection" in r.stdout, r.stdout
