@@ -265,7 +265,10 @@ def _refuse_own(model, target, key, served=None):
     cannot see. So inside a build of "small" asked by its name, a path
     configured for both "small" and "copy" (or "copy"'s path, a hard link
     of "small"'s file) is refused even where wcached would resolve it to
-    "copy" and not wait; asked by its name, "copy" is not refused."""
+    "copy" and not wait; asked by its name there, "copy" is not refused.
+    Inside a build of "small" asked by a path, "copy" asked by its name is
+    refused the same way (name against path: the identity decides, and
+    both are generation 1 of one file; review rev159 #1)."""
     builds = _builds(key)
     ident = None
     for b in builds:
