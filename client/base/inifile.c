@@ -19,21 +19,26 @@
  * - Stricter than inih: text after a header's ']' that is not a comment, an
  *   empty key, a NUL byte and an over-long line are errors (inih ignores
  *   the first, accepts the second and cuts lines at the others).
+ * - Only a regular file is read, opened so that a FIFO or a terminal cannot
+ *   block the open (open_regular()).
  */
 #include "base/inifile.h"
 
 #include "base/error.h"
+#include "base/file.h"
 #include "base/path.h"
 
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <ini.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -250,13 +255,90 @@ inifile_handler(void *user, const char *section, const char *name, const char *v
 	return callback_result(f, f->h->key(f, name, value, f->arg)) == 0;
 }
 
+/* ---- opening ---------------------------------------------------------- */
+
+/* What a file of type mode (st_mode) is, for "not a regular file (...)". */
+static const char *
+file_kind(mode_t mode)
+{
+	switch (mode & S_IFMT) {
+	case S_IFDIR:
+		return "a directory";
+	case S_IFCHR:
+		return "a character device";
+	case S_IFBLK:
+		return "a block device";
+	case S_IFIFO:
+		return "a FIFO";
+	case S_IFSOCK:
+		return "a socket";
+	default:
+		return "of an unknown type";
+	}
+}
+
+/* The error for path, which is not a regular file (its type in mode): a
+ * directory is -EISDIR, anything else -EINVAL. */
+static int
+not_regular(const char *path, mode_t mode)
+{
+	return error_set(S_ISDIR(mode) ? -EISDIR : -EINVAL, "%s: not a regular file (%s)", path,
+		file_kind(mode));
+}
+
+/*
+ * Opens path for reading as a regular file: a stream, or NULL with the
+ * message set and *code its error. O_NONBLOCK, so that a FIFO with no
+ * writer (or a terminal, a device) is refused by the type check, not
+ * waited on for ever: wcached --check, wcachectl, and a reload's read on
+ * wcached's work queue would each hang there (the reload holding a
+ * thread, each later reload, and a stop for 30 s). A config must be a
+ * regular file: a reload reads it again, which a pipe cannot give.
+ * O_NONBLOCK is cleared before the stream reads.
+ */
+static FILE *
+open_regular(const char *path, int *code)
+{
+	struct stat st;
+	FILE *fp;
+	int fd, fl;
+
+	fd = file_openat(AT_FDCWD, path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+	if (fd == -1) {
+		int e = errno;
+
+		/* A socket or a device without a driver: "No such device or
+		 * address" says less than what it is. */
+		if ((e == ENXIO || e == ENODEV) && stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+			*code = not_regular(path, st.st_mode);
+		else
+			*code = error_set(-e, "%s: %s", path, strerror(e));
+		return NULL;
+	}
+	if (file_fstat(fd, &st) == -1) {
+		*code = error_set(-errno, "%s: fstat: %s", path, strerror(errno));
+	} else if (!S_ISREG(st.st_mode)) {
+		*code = not_regular(path, st.st_mode);
+	} else if ((fl = fcntl(fd, F_GETFL)) == -1 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) == -1) {
+		*code = error_set(-errno, "%s: fcntl: %s", path, strerror(errno));
+	} else if ((fp = fdopen(fd, "r")) == NULL) {
+		*code = error_set(-errno, "%s: %s", path, strerror(errno));
+	} else {
+		return fp; /* owns fd */
+	}
+	close(fd);
+	return NULL;
+}
+
+/* ---- reading ---------------------------------------------------------- */
+
 int
 inifile_read(const char *path, const struct inifile_handler *h, void *arg)
 {
 	struct inifile f;
 	int r;
 
-	if (path[0] == '\0') /* fopen() would say only "No such file or directory" */
+	if (path[0] == '\0') /* open() would say only "No such file or directory" */
 		return error_set(-ENOENT, "\"\": an empty path names no file");
 	memset(&f, 0, sizeof(f));
 	f.path = path;
@@ -264,12 +346,9 @@ inifile_read(const char *path, const struct inifile_handler *h, void *arg)
 	f.arg = arg;
 	if ((f.raw = malloc(INIFILE_LINE_MAX + 1)) == NULL)
 		return error_set(-ENOMEM, "%s: out of memory", path);
-	f.fp = fopen(path, "re");
-	if (f.fp == NULL) {
-		int e = errno;
-
+	if ((f.fp = open_regular(path, &r)) == NULL) {
 		free(f.raw);
-		return error_set(-e, "%s: %s", path, strerror(e));
+		return r;
 	}
 
 	inih_configure();

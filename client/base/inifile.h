@@ -53,6 +53,9 @@ struct inifile_handler {
  * Reads the INI file at path, calling h's callbacks with arg. Returns 0, or
  * the first error's negative errno-style code with the thread's message
  * (error_get()) set: "PATH: reason" for the open or a read error (-errno),
+ * "PATH: not a regular file (a FIFO)" for anything but a regular file, a
+ * FIFO without a writer refused at once, never waited on (-EISDIR for a
+ * directory, else -EINVAL),
  * "PATH:LINE: reason" for a line (-EINVAL for its syntax, or the handler's
  * code), or -ENOMEM.
  *

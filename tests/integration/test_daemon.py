@@ -2,22 +2,27 @@
 shutdown, and hostile clients. Each test starts the real daemon on sockets
 in a temporary directory and drives it with the real client library
 (demo_worker, wcachectl) or raw sockets."""
+import contextlib
 import json
 import os
 import pwd
+import re
 import resource
 import shutil
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import tempfile
+import time
 
 import pytest
 
 import ctlutil
 from conftest import (Daemon, binary, fd_count, mkmodel, root_daemon, settled_fd_count,
                       wait_until)
+from remotefs import RemoteFS, skip_reason  # tests/pyutil, on the path conftest set
 
 HEADER = struct.Struct("<IHHII")
 MAGIC = 0x31504357
@@ -435,67 +440,202 @@ def test_reload_keeps_debug_and_the_keys_that_need_a_restart(tmp_path, model):
     assert not os.path.exists(running)
 
 
+def all_stopped(pid):
+    """Whether every thread of pid is stopped (state T). A SIGSTOP wakes one
+    thread, which stops the others when it runs: until then, on a busy
+    machine, another may still answer a request."""
+    tasks = os.listdir(f"/proc/{pid}/task")
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                if f.read().rpartition(")")[2].split()[0] != "T":
+                    return False
+        except FileNotFoundError:
+            pass  # a thread that ended
+    return True
+
+
+@contextlib.contextmanager
+def config_on_a_hung_server(tmp_path, model, text_after=None):
+    """A wcached serving small, whose configuration lies on a RemoteFS mount
+    (tests/pyutil/remotefs.py), then frozen: its server answers nothing, as
+    an NFS server that hangs (NSS waiting on LDAP or sssd holds a reload's
+    read the same way). text_after, when given, is the configuration's new
+    text, written on the server's side before it hangs. Yields (d, fs);
+    thaws the server and removes the mount at the end, the caller stops d.
+    (A FIFO with no writer once stood in for the hang: it is now refused.)"""
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    with RemoteFS(tmp_path / "backing", tmp_path / "mnt", attr_timeout=0.1) as fs:
+        (tmp_path / "d").mkdir()
+        d = Daemon(tmp_path / "d", {"small": model})
+        text = open(d.conf).read()
+        fs.replace("wcached.conf", text.encode())
+        fs.wait_visible("wcached.conf")
+        d.conf = fs.path("wcached.conf")
+        d.start()
+        try:
+            if text_after is not None:
+                fs.replace("wcached.conf", text_after(text).encode())
+            fs.freeze()
+            wait_until(lambda: all_stopped(fs.proc.pid), timeout=10, what="remotefs stopped")
+            yield d, fs
+        finally:
+            fs.thaw()
+
+
 def test_a_reload_reads_the_config_off_the_event_loop(tmp_path, model):
     """A reload reads the configuration on the work queue: config_load asks
     NSS for users and groups, which may wait on LDAP or sssd. Here the file
-    is a FIFO nobody writes yet: while the reload waits on it, attaches and
+    is on a server that hangs: while the reload waits on it, attaches and
     the control socket are answered (before, the whole daemon waited), and
-    once written the new configuration applies."""
+    once the server answers the new configuration applies."""
     other = mkmodel(tmp_path / "other.safetensors", seed=7)
-    d = Daemon(tmp_path, {"small": model}).start()
-    try:
-        text = open(d.conf).read()
-        os.unlink(d.conf)
-        os.mkfifo(d.conf)
-        d.proc.send_signal(signal.SIGHUP)
-        assert d.attach("small").returncode == 0
-        assert [m["name"] for m in ctlutil.status(d, timeout=10)["models"]] == ["small"]
-        with open(d.conf, "w") as f:  # the reload's read takes it now
-            f.write(text + f"[model other]\npath = {other}\n")
-        wait_until(lambda: d.attach("other").returncode == 0, what="model added by SIGHUP")
-    finally:
-        if os.path.exists(d.conf) and not os.path.isfile(d.conf):
-            os.unlink(d.conf)
-        assert d.stop() == 0, d.read_log()
+    with config_on_a_hung_server(tmp_path, model,
+                                 lambda text: text + f"[model other]\npath = {other}\n") \
+            as (d, fs):
+        try:
+            d.proc.send_signal(signal.SIGHUP)
+            assert d.attach("small").returncode == 0
+            assert [m["name"] for m in ctlutil.status(d, timeout=10)["models"]] == ["small"]
+            assert d.read_log().count("reloading ") == 0  # the read still waits
+            fs.thaw()  # the reload's read takes it now
+            wait_until(lambda: d.attach("other").returncode == 0,
+                       what="model added by SIGHUP")
+        finally:
+            fs.thaw()
+            assert d.stop() == 0, d.read_log()
 
 
 def test_a_stop_drops_the_reloads_that_wait(tmp_path, model):
     """Reloads whose reads wait behind one that hangs are dropped by a stop,
-    not read one after the other: here the first read waits on a FIFO, two
-    `wcachectl reload` wait behind it, then SIGTERM; once the FIFO is
-    written the daemon exits at once, and neither waiting reload is read
-    (nobody writes the FIFO again)."""
-    import time
+    not read one after the other: here the first read waits on a server
+    that hangs, two `wcachectl reload` wait behind it, then SIGTERM; once
+    the server answers the daemon exits at once, and neither waiting
+    reload is read."""
+    with config_on_a_hung_server(tmp_path, model) as (d, fs):
+        waiting = []
+        try:
+            d.proc.send_signal(signal.SIGHUP)
+            for _ in range(2):
+                waiting.append(subprocess.Popen([binary("wcachectl"), "--control", d.control,
+                                                 "reload"], stdout=subprocess.PIPE,
+                                                stderr=subprocess.PIPE, text=True))
+            wait_until(lambda: d.read_log().count("control: uid 0: reload") >= 2,
+                       what="both reloads asked")
+            d.proc.send_signal(signal.SIGTERM)
+            # The stop first: a read that ended before it would be applied, and
+            # the next one read, as it should.
+            d.wait_for_log("shutting down")
+            fs.thaw()
+            start = time.monotonic()
+            assert d.proc.wait(timeout=20) == 0, d.read_log()
+            assert time.monotonic() - start < 10
+            for p in waiting:
+                assert p.wait(timeout=20) != 0, (p.communicate(), d.read_log())
+            assert d.read_log().count("reloading ") == 0, d.read_log()
+        finally:
+            for p in waiting:
+                if p.poll() is None:
+                    p.kill()
+            fs.thaw()
+            d.stop()
+
+
+def test_a_config_that_is_not_a_regular_file_is_refused_at_once(tmp_path):
+    """wcached (--check and a start) and wcachectl -c refuse a configuration
+    that is not a regular file, at once, with one line naming the path and
+    what it is. Before, a FIFO with no writer blocked the open for ever
+    (each run here timed out), /dev/null was read as an empty
+    configuration, and a pipe (`--config <(...)`, /dev/fd/N) was read once,
+    though a reload reads the configuration again."""
+    fifo = tmp_path / "fifo.conf"
+    os.mkfifo(fifo)
+    conf = tmp_path / "ok.conf"
+    conf.write_text(f"[wcached]\nsocket = {tmp_path}/s.sock\ncontrol = {tmp_path}/c.sock\n")
+    piped_r, piped_w = os.pipe()
+    os.write(piped_w, conf.read_bytes())
+    os.close(piped_w)
+    runs = [([binary("wcached"), "--check", "-c", str(fifo)], fifo, "a FIFO"),
+            ([binary("wcached"), "-c", str(fifo)], fifo, "a FIFO"),
+            ([binary("wcachectl"), "-c", str(fifo), "status"], fifo, "a FIFO"),
+            ([binary("wcached"), "--check", "-c", str(tmp_path)], tmp_path, "a directory"),
+            ([binary("wcached"), "--check", "-c", "/dev/null"], "/dev/null",
+             "a character device"),
+            ([binary("wcached"), "--check", "-c", f"/dev/fd/{piped_r}"], f"/dev/fd/{piped_r}",
+             "a FIFO")]
+    try:
+        for argv, path, kind in runs:
+            start = time.monotonic()
+            try:
+                r = subprocess.run(argv, capture_output=True, text=True, timeout=10,
+                                   pass_fds=(piped_r,))
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"{argv}: still running after 10 s") from None
+            assert time.monotonic() - start < 5, argv
+            assert r.returncode == 1, (argv, r.stdout, r.stderr)
+            # "wcached: PATH: ...", "wcached: fatal: PATH: ..." (a start)
+            lines = r.stderr.splitlines()
+            assert len(lines) == 1 and lines[0].startswith(os.path.basename(argv[0]) + ": "), \
+                (argv, r.stderr)
+            assert lines[0].endswith(f": {path}: not a regular file ({kind})"), (argv, r.stderr)
+    finally:
+        os.close(piped_r)
+    r = subprocess.run([binary("wcached"), "--check", "-c", str(conf)], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 0 and f"{conf}: ok, no models" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_reload_of_a_config_replaced_by_a_fifo_is_refused(tmp_path, model):
+    """A reload (SIGHUP, `wcachectl reload`) whose configuration's path now
+    names a FIFO is refused at once and logged; wcached keeps serving with
+    the configuration in force, and the next reload, with a file there
+    again, applies. Before, the read waited for a writer for ever on a work
+    thread: `wcachectl reload` never answered, every later reload joined
+    the one waiting behind it (none was ever applied again), and a stop
+    waited 30 s for the read."""
+    other = mkmodel(tmp_path / "other.safetensors", seed=7)
     d = Daemon(tmp_path, {"small": model}).start()
     text = open(d.conf).read()
-    os.unlink(d.conf)
-    os.mkfifo(d.conf)
-    waiting = []
+    refused = f"reload refused: {d.conf}: not a regular file (a FIFO)"
     try:
-        d.proc.send_signal(signal.SIGHUP)
-        for _ in range(2):
-            waiting.append(subprocess.Popen([binary("wcachectl"), "--control", d.control,
-                                             "reload"], stdout=subprocess.PIPE,
-                                            stderr=subprocess.PIPE, text=True))
-        wait_until(lambda: d.read_log().count("control: uid 0: reload") >= 2,
-                   what="both reloads asked")
-        d.proc.send_signal(signal.SIGTERM)
-        # The stop first: a read that ended before it would be applied, and
-        # the next one read, as it should.
-        d.wait_for_log("shutting down")
-        with open(d.conf, "w") as f:
-            f.write(text)
-        start = time.monotonic()
-        assert d.proc.wait(timeout=20) == 0, d.read_log()
-        assert time.monotonic() - start < 10
-        for p in waiting:
-            assert p.wait(timeout=20) != 0
-    finally:
-        for p in waiting:
-            if p.poll() is None:
-                p.kill()
         os.unlink(d.conf)
+        os.mkfifo(d.conf)
+        d.proc.send_signal(signal.SIGHUP)
+        d.wait_for_log(re.escape(refused), timeout=10)
+        try:
+            r = ctlutil.ctl(d, "reload", timeout=10)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("wcachectl reload not answered after 10 s") from None
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert f"{d.conf}: not a regular file (a FIFO)" in r.stdout + r.stderr, r
+        assert d.read_log().count(refused) == 2
+        assert d.attach("small").returncode == 0  # still serving
+        os.unlink(d.conf)
+        with open(d.conf, "w") as f:
+            f.write(text + f"[model other]\npath = {other}\n")
+        r = ctlutil.ctl(d, "reload", timeout=30)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert d.attach("other").returncode == 0
+        assert d.attach("small").returncode == 0
+        start = time.monotonic()
+        assert d.stop() == 0, d.read_log()
+        assert time.monotonic() - start < 10
+    finally:
+        release_fifo(d.conf)
         d.stop()
+
+
+def release_fifo(path):
+    """If path is a FIFO, opens it for writing and closes it: a read blocked
+    on its open (before the type check) gets an end of file, so the test's
+    stop does not wait on it."""
+    try:
+        if stat.S_ISFIFO(os.stat(path).st_mode):
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        pass  # gone, or nobody reads it
 
 
 def test_sigterm_exits_cleanly_and_removes_socket(daemon):
