@@ -9,6 +9,7 @@ can do what libwcache never would: keep a writable mapping, publish twice,
 publish garbage, publish another connection's build.
 """
 import contextlib
+import functools
 import json
 import mmap
 import os
@@ -438,14 +439,17 @@ def test_a_builder_that_shuts_its_end_for_writing_while_its_check_waits(derived,
     # exits meanwhile, wcached sees it go (it does not watch a half-closed
     # connection, whose hang-up would be reported on every turn of the loop)
     # and the check goes on without it, as for a builder that closed.
+    # The big artifact is made first: making it took 46 s on a loaded 2-core
+    # machine, and made after b's DERIVE its wait of 30 s ran out before a
+    # had published (CI at e8f7c8f, both parameters).
+    big = memfd_with(many_tensors(600000))
     d = derived()
     ready(d, "small")
     x, a, b = Peer(d), Peer(d), Peer(d)
     rx = build(x, key="many")
     r = build(a)
-    b.derive("small", "f32-v1")
+    b.derive("small", "f32-v1", wait_ms=120000)  # as long as the replies' timeouts below
     waiting(d, 1)
-    big = memfd_with(many_tensors(600000))
     x.publish(rx["token"], big)
     os.close(big)
     fd = memfd_with(ARTIFACT)
@@ -954,9 +958,11 @@ def test_a_build_racing_a_swap_publishes_for_its_own_generation(derived, tmp_pat
                what="generation 1's artifact dropped with its last holder")
 
 
+@functools.lru_cache(maxsize=2)
 def many_tensors(n):
     """A safetensors artifact of n one-byte tensors: a header of about
-    70 * n bytes for the daemon to read and compile."""
+    70 * n bytes for the daemon to read and compile (kept: 600,000 of them
+    take 8 s of CPU to make, and several tests ask for them)."""
     return st_bytes({f"t.{i}": ("I8", [1], b"\x01") for i in range(n)}, {"key": "many"})
 
 
