@@ -240,12 +240,14 @@ fake_publish_reply(struct fake *k, int conn, uint32_t seq)
 	return 0;
 }
 
-/* Answers ABANDON: RELEASE_OK, or the scripted ERROR. */
+/* Answers ABANDON: RELEASE_OK, a HOLD_OK (abandon_err_code -1), or the
+ * scripted ERROR. */
 static int
 fake_abandon_reply(struct fake *k, int conn, uint32_t seq)
 {
 	uint8_t buf[WIRE_MAX_MESSAGE];
 	ssize_t n = k->abandon_err_code == 0 ? wire_put_release_ok(buf, sizeof(buf), seq) :
+		k->abandon_err_code == -1 ? wire_put_hold_ok(buf, sizeof(buf), seq, 1) :
 		wire_put_error(buf, sizeof(buf), seq, k->abandon_err_code, "build 9 ended");
 
 	if (n < 0 || fdp_send(conn, buf, (size_t)n, NULL, 0) < 0) {
@@ -311,7 +313,9 @@ fake_serve(struct fake *k, int conn)
 			k->key[d.key_len] = '\0';
 			k->wait_ms = d.wait_ms;
 			k->derives++;
-			if (fake_reply(k, conn, msg.h.seq, k->derive_build ? REPLY_BUILD : k->kind))
+			if (fake_reply(k, conn, msg.h.seq, k->derive_build &&
+				(k->derive_builds == 0 || k->derives <= k->derive_builds) ?
+				REPLY_BUILD : k->kind))
 				return;
 		} else if (msg.h.type == WIRE_ATTACH && wire_get_attach(&msg, &name, &len) == 0) {
 			memcpy(k->name, name, len);
@@ -349,7 +353,11 @@ fake_serve(struct fake *k, int conn)
 		} else if (msg.h.type == WIRE_HOLD &&
 			wire_get_hold(&msg, &k->held_generation, &name, &len) == 0) {
 			k->holds++;
-			if (k->hold_handle < 0) {
+			if (k->gone_at_hold) {
+				close(k->listen_fd);
+				k->listen_fd = -1;
+			}
+			if (k->hold_handle == -1) {
 				/* As a wcached that does not know HOLD: "malformed",
 				 * seq 0, and the connection closed. */
 				n = wire_put_error(buf, sizeof(buf), 0, EBADMSG,
@@ -358,10 +366,13 @@ fake_serve(struct fake *k, int conn)
 					(void)fdp_send(conn, buf, (size_t)n, NULL, 0);
 				return;
 			}
-			n = k->hold_handle > 0 ?
-				wire_put_hold_ok(buf, sizeof(buf), msg.h.seq,
-					(uint64_t)k->hold_handle) :
-				wire_put_error(buf, sizeof(buf), msg.h.seq, ENOENT,
+			if (k->hold_handle == -2)
+				n = wire_put_release_ok(buf, sizeof(buf), msg.h.seq);
+			else if (k->hold_handle > 0)
+				n = wire_put_hold_ok(buf, sizeof(buf), msg.h.seq,
+					(uint64_t)k->hold_handle);
+			else
+				n = wire_put_error(buf, sizeof(buf), msg.h.seq, ENOENT,
 					"generation 1 was not taken over");
 			/* A client whose HOLD timed out has closed. */
 			if (n < 0 || fdp_send(conn, buf, (size_t)n, NULL, 0) < 0) {

@@ -82,12 +82,19 @@ struct fake {
 	uint64_t token;             /* the build token of REPLY_BUILD */
 	int derive_build;           /* DERIVE is answered with REPLY_BUILD, ATTACH as
 				     * kind says */
+	int derive_builds;          /* > 0, with derive_build: only the first so many
+				     * DERIVEs are; the later ones as kind says */
 	struct fake_publish publish; /* how PUBLISH is answered */
-	int32_t abandon_err_code;   /* ABANDON: RELEASE_OK when 0, else this ERROR */
+	int32_t abandon_err_code;   /* ABANDON: RELEASE_OK when 0, -1: HOLD_OK (the
+				     * answer of another request), else this ERROR */
 	int64_t hold_handle;        /* HOLD: answered HOLD_OK with this handle; 0:
 				     * ERROR ENOENT (a cold daemon); -1: an ERROR
 				     * of seq 0 and the connection closed (a
-				     * daemon without HOLD) */
+				     * daemon without HOLD); -2: RELEASE_OK of the
+				     * HOLD's seq (the answer of another request) */
+	int gone_at_hold;           /* the listening socket is closed (listen_fd -1)
+				     * before a HOLD is answered: nobody accepts
+				     * a connection from then on */
 	sem_t *closed;              /* posted when the fake has closed the connection */
 	sem_t *read;                /* waited for by FAKE_REFUSE_LATE before closing */
 	sem_t *gate, *at_gate;      /* if gate is set, an ATTACH's reply waits for

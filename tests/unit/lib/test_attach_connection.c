@@ -8,7 +8,9 @@
  * interleave; a daemon that restarts between attaches or during one (with
  * or without HOLD), that is gone for good, or that hangs up and then does
  * not answer within the client's deadline; a receive that says EAGAIN
- * before the deadline (a descriptor made non-blocking).
+ * before the deadline (a descriptor made non-blocking); every close of
+ * libwcache's own (request_close_because()), each with what the build it
+ * ended and the next request say.
  *
  * Each test checks the exact code, a substring of wc_errmsg(), that the
  * process holds as many descriptors afterwards as before and what the fake
@@ -19,7 +21,10 @@
  * test with -Wl,--wrap=recvmsg and compiles it with -U_FORTIFY_SOURCE):
  * __wrap_recvmsg lets a test order the client's next receive against the
  * fake daemon's close, which makes the refusal races deterministic, or
- * make it fail with EAGAIN before the deadline.
+ * make it fail with EAGAIN before the deadline; __wrap_sendmsg and
+ * __wrap_connect (with --wrap=sendmsg, --wrap=connect) fail a send or a
+ * connect. A wait that poll(2) fails needs no
+ * wrapper: RLIMIT_NOFILE at 0 fails it for real.
  * __real_recvmsg is weak, so a build without that option still links; the
  * tests that need it then report SKIPPED.
  */
@@ -1355,6 +1360,341 @@ test_untrusted_reply_ends_build(void **state)
 	f->fake.published = NULL;
 }
 
+/* ---- every close of libwcache's own, and what it says -------------------- */
+
+/*
+ * The start of the tests below, one per reason libwcache closes a
+ * connection for (request_close_because() in request.c, attach.c,
+ * derive.c): the fake serves two connections, one after the other, and a
+ * DERIVE (key k1, seq 1) on the first gets BUILD (*b). Returns the
+ * descriptor count from before.
+ */
+static int
+build_on_first_connection(struct fixture *f, wc_build **b)
+{
+	wc_model *out = NULL;
+	int before = tu_count_fds();
+
+	f->fake.connections = 2;
+	f->fake.derive_build = 1;
+	f->fake.token = 5;
+	fake_start(f);
+	assert_int_equal(wc_connect(f->sock, &f->client), 0);
+	assert_int_equal(wc_derive(f->client, MODEL, "k1", &out, b), 1);
+	assert_null(out);
+	return before;
+}
+
+/*
+ * Their end: libwcache closed the connection that got b because why. b's
+ * publish says so and sends nothing (publish_ended_because), and the next
+ * attach finds the connection closed and connects again, the fake's
+ * second connection, where it works (its model is released again).
+ */
+static void
+build_ended_then_reconnect(struct fixture *f, wc_build *b, const char *why)
+{
+	wc_model *again = NULL;
+
+	publish_ended_because(b, why);
+	if (wc_attach(f->client, MODEL, &again) != 0)
+		fail_msg("the attach after the close failed: %s", wc_errmsg());
+	assert_int_equal(f->fake.accepted, 2);
+	check_tensors(again);
+	wc_release(again);
+}
+
+/* Sets O_NONBLOCK on the client's descriptor, as libuv's uv_poll_init()
+ * does to the wc_client_fd() an event loop watches. */
+static void
+make_nonblocking(struct fixture *f)
+{
+	int fd = wc_client_fd(f->client), flags = fcntl(fd, F_GETFL);
+
+	assert_true(flags != -1);
+	assert_int_equal(fcntl(fd, F_SETFL, flags | O_NONBLOCK), 0);
+}
+
+/* wc_attach() of MODEL with RLIMIT_NOFILE at 0, under which poll(2) of one
+ * descriptor fails with EINVAL (more descriptors than the limit): the one
+ * way its wait fails for real. Returns what wc_attach() did. */
+static int
+attach_under_no_descriptors(struct fixture *f, wc_model **m)
+{
+	struct rlimit old, none;
+	int r;
+
+	assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+	none = old;
+	none.rlim_cur = 0;
+	assert_int_equal(setrlimit(RLIMIT_NOFILE, &none), 0);
+	r = wc_attach(f->client, MODEL, m);
+	assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+	return r;
+}
+
+/*
+ * A wait to send that fails closes the connection: "waiting to send failed
+ * (poll: ...)". The fake stops reading once it has answered an attach, the
+ * test fills the client's socket buffer, and the next attach, on the
+ * descriptor made non-blocking, finds no room (EAGAIN) and waits with
+ * poll(2), which RLIMIT_NOFILE at 0 fails. The model of the first
+ * connection is named in a HOLD on the second, which the fake refuses (a
+ * daemon that did not restart): its release then only unmaps.
+ */
+static void
+test_send_wait_failure_ends_build(void **state)
+{
+	struct fixture *f = *state;
+	static sem_t stalled, resume; /* the fake may outlive a failure */
+	wc_model *second = NULL, *m = NULL;
+	wc_build *b = NULL;
+	int before, filled;
+
+	stall_after(f, 1, &stalled, &resume);
+	before = build_on_first_connection(f, &b);
+	if (wc_attach(f->client, MODEL, &second) != 0)
+		fail_msg("attach failed: %s", wc_errmsg());
+	assert_int_equal(fake_sem_wait(&stalled), 0);
+	filled = fill_send_buffer(f);
+	make_nonblocking(f);
+	assert_error(attach_under_no_descriptors(f, &m), -EINVAL,
+		"waiting to send: poll: Invalid argument");
+	assert_null(m);
+	resume_until_closed(f, &resume);
+	build_ended_then_reconnect(f, b, "waiting to send failed (poll: Invalid argument)");
+	wc_release(second);
+	finish(f, before);
+	assert_int_equal(f->fake.attaches, 2);
+	assert_int_equal(f->fake.holds, 1);
+	assert_int_equal(f->fake.releases, filled + 1); /* the filler's, again's */
+	sem_destroy(&stalled);
+	sem_destroy(&resume);
+}
+
+/*
+ * A wait for the answer that fails closes the connection: "waiting for an
+ * answer failed (poll: ...)". The attach is sent on the descriptor made
+ * non-blocking, the fake holds its answer at the gate, so the receive says
+ * EAGAIN and the client waits with poll(2), which RLIMIT_NOFILE at 0
+ * fails. The answer, let through afterwards, finds the connection closed.
+ */
+static void
+test_answer_wait_failure_ends_build(void **state)
+{
+	struct fixture *f = *state;
+	static sem_t gate, at_gate; /* the fake may outlive a failure */
+	wc_model *m = NULL;
+	wc_build *b = NULL;
+	int before;
+
+	assert_int_equal(sem_init(&gate, 0, 0), 0);
+	assert_int_equal(sem_init(&at_gate, 0, 0), 0);
+	f->fake.gate = &gate;
+	f->fake.at_gate = &at_gate;
+	before = build_on_first_connection(f, &b);
+	make_nonblocking(f);
+	assert_error(attach_under_no_descriptors(f, &m), -EINVAL,
+		"waiting for the answer: poll: Invalid argument");
+	assert_null(m);
+	assert_int_equal(fake_sem_wait(&at_gate), 0); /* the attach reached the fake */
+	sem_post(&gate); /* its answer, on the closed connection */
+	sem_post(&gate); /* the next attach's, on the second */
+	build_ended_then_reconnect(f, b, "waiting for an answer failed (poll: Invalid argument)");
+	finish(f, before);
+	assert_int_equal(f->fake.attaches, 2);
+	assert_int_equal(f->fake.releases, 1); /* again's */
+	sem_destroy(&gate);
+	sem_destroy(&at_gate);
+}
+
+/*
+ * A release whose send fails, with another error than a timeout or a
+ * connection already closed, closes the connection as one not sent in
+ * time does: "a release could not be sent (...)". __wrap_sendmsg fails it
+ * with ENOBUFS (the kernel out of buffers).
+ */
+static void
+test_release_send_failure_ends_build(void **state)
+{
+	struct fixture *f = *state;
+	wc_model *second = NULL;
+	wc_build *b = NULL;
+	int before;
+
+	af_need_wrap(__real_sendmsg != NULL, "-Wl,--wrap=sendmsg");
+	before = build_on_first_connection(f, &b);
+	if (wc_attach(f->client, MODEL, &second) != 0)
+		fail_msg("attach failed: %s", wc_errmsg());
+	fault.send_errno = ENOBUFS;
+	fault.send_count = 1;
+	wc_release(second);
+	assert_int_equal(fault.send_count, 0); /* the RELEASE was tried, once */
+	build_ended_then_reconnect(f, b, "a release could not be sent (No buffer space "
+		"available)");
+	finish(f, before);
+	assert_int_equal(f->fake.attaches, 2);
+	assert_int_equal(f->fake.holds, 0);
+	assert_int_equal(f->fake.releases, 1); /* again's */
+	assert_int_equal(f->fake.released_handle, HANDLE + 1);
+}
+
+/*
+ * An answer to another request, and one of another protocol version, put
+ * the client out of step: the connection closes ("wcached answered
+ * request 2 with 9 (out of step)", "wcached's reply was malformed
+ * (protocol version mismatch)") with the descriptors the answer brought.
+ * The fake answers every attach with an ATTACH_OK of seq 9, then with one
+ * of seq 2 and version 2, each with the four descriptors of a good reply:
+ * the next attach, over the fake's second connection, fails the same way
+ * (its first try, request 3, finds the connection closed; its second, 4,
+ * goes over the new one).
+ */
+static void
+test_out_of_step_reply_ends_build(void **state)
+{
+	static const struct {
+		uint32_t seq;
+		uint8_t version;
+		int code;
+		const char *error, *again, *why;
+	} cases[] = {
+		{ 9, WIRE_VERSION, -EBADMSG, "answered request 2 with 9",
+			"answered request 4 with 9",
+			"wcached answered request 2 with 9 (out of step)" },
+		{ 2, 2, -EPROTO, "sent a malformed reply (protocol version mismatch: update ",
+			"sent a malformed reply (protocol version mismatch: update ",
+			"wcached's reply was malformed (protocol version mismatch)" },
+	};
+	struct fixture *f = *state;
+	uint8_t reply[WIRE_MAX_MESSAGE];
+	wc_model *m = NULL;
+	wc_build *b = NULL;
+	ssize_t n;
+	int before;
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		n = wire_put_attach_ok(reply, sizeof(reply), cases[i].seq, &f->fake.ok);
+		assert_true(n > 4);
+		reply[4] = cases[i].version;
+		fake_raw(f, reply, (size_t)n);
+		before = build_on_first_connection(f, &b);
+		assert_error(wc_attach(f->client, MODEL, &m), cases[i].code, cases[i].error);
+		assert_null(m);
+		publish_ended_because(b, cases[i].why);
+		assert_error(wc_attach(f->client, MODEL, &m), cases[i].code, cases[i].again);
+		assert_null(m);
+		finish(f, before);
+		assert_int_equal(f->fake.accepted, 2);
+		assert_int_equal(f->fake.attaches, 2);
+		assert_int_equal(f->fake.releases, 0);
+	}
+}
+
+/*
+ * A reply to DERIVE that cannot be used closes the connection: "wcached's
+ * reply to DERIVE was malformed". The first DERIVE (k1) gets BUILD, the
+ * second (k2) an artifact of two files, which an artifact never is.
+ */
+static void
+test_derive_reply_malformed_ends_build(void **state)
+{
+	struct fixture *f = *state;
+	wc_model *out = NULL;
+	wc_build *b = NULL, *b2 = NULL;
+	int before;
+
+	f->fake.derive_builds = 1; /* the second DERIVE: ATTACH_OK, as kind says */
+	before = build_on_first_connection(f, &b);
+	assert_error(wc_derive(f->client, MODEL, "k2", &out, &b2), -EBADMSG,
+		"key \"k2\": wcached at ");
+	assert_non_null(strstr(wc_errmsg(), " sent an artifact of 2 files, not 1"));
+	assert_null(out);
+	assert_null(b2);
+	build_ended_then_reconnect(f, b, "wcached's reply to DERIVE was malformed");
+	finish(f, before);
+	assert_int_equal(f->fake.derives, 2);
+	assert_int_equal(f->fake.releases, 1); /* again's */
+}
+
+/*
+ * An answer to ABANDON that is no answer to it closes the connection:
+ * "wcached's reply to ABANDON was not one (out of step)". Two builds (k1,
+ * k2); k2 is abandoned, and the fake answers HOLD_OK; k1's publish names
+ * that.
+ */
+static void
+test_abandon_reply_out_of_step_ends_build(void **state)
+{
+	struct fixture *f = *state;
+	wc_model *out = NULL;
+	wc_build *b = NULL, *b2 = NULL;
+	int before;
+
+	f->fake.abandon_err_code = -1;
+	before = build_on_first_connection(f, &b);
+	assert_int_equal(wc_derive(f->client, MODEL, "k2", &out, &b2), 1);
+	wc_build_abandon(b2, "no room");
+	assert_non_null(strstr(wc_errmsg(), "key \"k2\": unexpected reply to ABANDON from "
+		"wcached at "));
+	build_ended_then_reconnect(f, b, "wcached's reply to ABANDON was not one (out of step)");
+	finish(f, before);
+	assert_int_equal(f->fake.abandons, 1);
+	assert_string_equal(f->fake.reason, "no room");
+	assert_int_equal(f->fake.releases, 1); /* again's */
+}
+
+/*
+ * After wcached closed the connection (the test shuts the fake's side
+ * down, as a restart does), the reconnect's HOLD of the model still mapped
+ * gets RELEASE_OK, no answer to a HOLD: libwcache closes that connection
+ * ("wcached's reply to HOLD was not one (out of step)") and connects once
+ * more, without HOLDs, where the attach works. Then the same with nobody
+ * listening any more after the HOLD: connecting once more fails, and the
+ * attach's error says why libwcache closed the connection before.
+ */
+static void
+test_hold_reply_out_of_step(void **state)
+{
+	struct fixture *f = *state;
+	wc_model *again = NULL;
+	int before, conn;
+
+	f->fake.hold_handle = -2;
+	for (int gone = 0; gone <= 1; gone++) {
+		again = NULL;
+		f->fake.holds = 0;
+		f->fake.gone_at_hold = gone;
+		f->fake.connections = gone ? 2 : 3;
+		before = attach_ok(f);
+		conn = __atomic_load_n(&f->fake.conn, __ATOMIC_ACQUIRE);
+		assert_int_equal(shutdown(conn, SHUT_RDWR), 0);
+		if (!gone) {
+			if (wc_attach(f->client, MODEL, &again) != 0)
+				fail_msg("attach after the restart failed: %s", wc_errmsg());
+			check_tensors(again);
+			wc_release(again); /* over the third connection */
+		} else {
+			assert_error(wc_attach(f->client, MODEL, &again), -ECONNREFUSED,
+				"libwcache closed the connection to wcached at ");
+			assert_non_null(strstr(wc_errmsg(), " because wcached's reply to HOLD "
+				"was not one (out of step), and connecting again failed: wcached "
+				"is not running at "));
+			assert_null(again);
+		}
+		check_tensors(f->model);
+		wc_release(f->model); /* of the first connection: only unmapped */
+		f->model = NULL;
+		finish(f, before - gone); /* the fake closed its listening socket */
+		assert_int_equal(f->fake.holds, 1);
+		assert_int_equal(f->fake.accepted, gone ? 2 : 3);
+		assert_int_equal(f->fake.attaches, gone ? 1 : 2);
+		assert_int_equal(f->fake.releases, gone ? 0 : 1);
+		if (!gone)
+			assert_int_equal(f->fake.released_handle, HANDLE + 2);
+	}
+}
+
 int
 main(void)
 {
@@ -1392,6 +1732,13 @@ main(void)
 		T(test_two_closes_keep_the_first_reason),
 		T(test_out_of_descriptors_ends_build),
 		T(test_untrusted_reply_ends_build),
+		T(test_send_wait_failure_ends_build),
+		T(test_answer_wait_failure_ends_build),
+		T(test_release_send_failure_ends_build),
+		T(test_out_of_step_reply_ends_build),
+		T(test_derive_reply_malformed_ends_build),
+		T(test_abandon_reply_out_of_step_ends_build),
+		T(test_hold_reply_out_of_step),
 	};
 #undef T
 
