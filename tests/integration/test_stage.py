@@ -233,8 +233,12 @@ def test_stage_no_and_auto_on_a_local_filesystem_make_no_copy(tmp_path):
 
 
 def problems(d):
-    """The log's error and warning lines."""
-    return [ln for ln in d.read_log().splitlines() if re.match(r"wcached: (error|warning)", ln)]
+    """The log's error and warning lines, but for the start's warning that
+    RLIMIT_NOFILE cannot serve max_clients: under a hard limit of 1024 (a CI
+    runner's) it is true and not what these tests are about."""
+    return [ln for ln in d.read_log().splitlines()
+            if re.match(r"wcached: (error|warning)", ln)
+            and not re.match(r"wcached: warning: RLIMIT_NOFILE is \d+: room for", ln)]
 
 
 def mount_tmpfs(point, options):
