@@ -26,7 +26,9 @@
  * own (these two, a reply that cannot be trusted, a receive that failed)
  * remembers why (request_close_because()), so that a build the connection
  * ended, and the call that next finds it closed, say that libwcache closed
- * it, not wcached.
+ * it, not wcached. Nothing more is read from such a connection: what is
+ * still queued on it answers none of the requests to come, which connect
+ * again (roundtrip()).
  *
  * Restarts: when a request finds the connection dead (the send fails with
  * EPIPE, ECONNRESET or ENOTCONN, or the daemon hangs up before the reply),
@@ -242,14 +244,14 @@ request_close_because(wc_client *c, const char *fmt, ...)
 	c->closed[i].connection = c->connection;
 }
 
-/* Who closed c's current connection, for a message, into buf: "wcached at
- * PATH closed the connection", or "libwcache closed the connection to
- * wcached at PATH because WHY" when request_close_because() did. Returns
- * buf. */
+/* Who closed c's connection number connection (the current one, or the
+ * one a reconnect replaced), for a message, into buf: "wcached at PATH
+ * closed the connection", or "libwcache closed the connection to wcached
+ * at PATH because WHY" when request_close_because() did. Returns buf. */
 static const char *
-closed_by(const wc_client *c, char *buf, size_t size)
+closed_by(const wc_client *c, uint64_t connection, char *buf, size_t size)
 {
-	const char *why = request_closed_why(c, c->connection);
+	const char *why = request_closed_why(c, connection);
 
 	if (why == NULL)
 		snprintf(buf, size, "%s closed the connection", c->where);
@@ -441,16 +443,17 @@ announce_holds(wc_client *c, int ms, const struct timespec *start)
 	return 0;
 }
 
-/* The error of a request whose connection was closed when the deadline
- * had passed, or passed while the client connected again. */
+/* The error of a request whose connection, number connection, was closed
+ * when the deadline had passed, or passed while the client connected
+ * again (the connection that closed is then no longer c's). */
 static int
-closed_too_late(const wc_client *c)
+closed_too_late(const wc_client *c, uint64_t connection)
 {
 	char who[256];
 
 	return error_set(-ETIMEDOUT, "%s and the deadline of %.3g s has passed (the limit is %s "
-		"or wc_set_timeout())", closed_by(c, who, sizeof(who)), c->timeout_ms / 1000.0,
-		TIMEOUT_ENV);
+		"or wc_set_timeout())", closed_by(c, connection, who, sizeof(who)),
+		c->timeout_ms / 1000.0, TIMEOUT_ENV);
 }
 
 /*
@@ -479,14 +482,15 @@ reconnect(wc_client *c, int ms)
 	for (int announce = 1;; announce = 0) {
 		/* Each step within what the ones before left of ms. */
 		if ((left = request_left_ms(ms, &start)) == 0)
-			return closed_too_late(c);
+			return closed_too_late(c, c->connection);
 		if ((r = request_open(c->path, left < 0 ? 0 : left, &fd)) < 0) {
 			snprintf(why, sizeof(why), "%s", error_get());
 			/* A socket path that is gone is a daemon that is not
 			 * running, not a model that is not served (what -ENOENT
 			 * means from wc_attach()). */
 			return error_set(r == -ENOENT ? -ECONNREFUSED : r, "%s, and connecting "
-				"again failed: %s", closed_by(c, who, sizeof(who)), why);
+				"again failed: %s", closed_by(c, c->connection, who, sizeof(who)),
+				why);
 		}
 		close(c->fd);
 		c->fd = fd;
@@ -656,6 +660,18 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, int se
 	 */
 	int reset = 0;
 
+	/*
+	 * A connection libwcache closed is dead, whatever is still queued on
+	 * it: an answer that came after the deadline but before the close,
+	 * more of a daemon out of step. None of it answers this request, nor
+	 * is it a refusal (read below after a reset), so nothing more is
+	 * sent or read on it: the caller connects again.
+	 */
+	if (request_closed_why(c, c->connection) != NULL) {
+		*dead = 1;
+		return error_set(-ECONNRESET, "%s", closed_by(c, c->connection, who,
+			sizeof(who)));
+	}
 	*dead = 0;
 	clock_gettime(CLOCK_MONOTONIC, &start);
 	while ((n = fdp_send_intr(c->fd, req, req_len, send_fd >= 0 ? &send_fd : NULL,
@@ -705,7 +721,8 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, int se
 		/* ECONNRESET is the daemon's close too (it closed with a request
 		 * of ours still unread), not one of libwcache's own. */
 		if (n == 0 || n == -ECONNRESET)
-			return error_set(-ECONNRESET, "%s", closed_by(c, who, sizeof(who)));
+			return error_set(-ECONNRESET, "%s", closed_by(c, c->connection, who,
+				sizeof(who)));
 		if (n == -EMFILE) { /* the reply's descriptors were cut off */
 			request_close_because(c, "a reply's descriptors were lost (this process "
 				"is out of file descriptors)");
@@ -753,6 +770,7 @@ request_call(wc_client *c, request_put_fn put, const void *arg, int grace_ms, ui
 {
 	uint8_t req[WIRE_MAX_MESSAGE];
 	struct timespec start;
+	uint64_t closed;
 	ssize_t n;
 	int r, left = c->timeout_ms, retimed = 0;
 
@@ -786,15 +804,18 @@ request_call(wc_client *c, request_put_fn put, const void *arg, int grace_ms, ui
 		 * send the request again (the old daemon's attach, if it made
 		 * one, ended with its connection), within what is left after
 		 * that. */
+		closed = c->connection;
 		if ((left = request_left_ms(c->timeout_ms, &start)) == 0) {
-			n = closed_too_late(c);
+			n = closed_too_late(c, closed);
 			break;
 		}
 		if ((n = reconnect(c, left < 0 ? 0 : left)) < 0)
 			break;
 		retimed = 1;
+		/* The deadline passed in the reconnect: the message is of the
+		 * connection that closed, not of the new one. */
 		if ((left = request_left_ms(c->timeout_ms, &start)) == 0) {
-			n = closed_too_late(c);
+			n = closed_too_late(c, closed);
 			break;
 		}
 		left = left < 0 ? 0 : left;
@@ -873,7 +894,8 @@ wc_client_dispatch(wc_client *c)
 			if (c->pid == request_self_pid() && (r = reconnect(c, c->timeout_ms)) == 0)
 				r = apply_timeout(c->fd, c->timeout_ms, c->path);
 			else if (r == 0)
-				r = error_set(-ECONNRESET, "%s", closed_by(c, who, sizeof(who)));
+				r = error_set(-ECONNRESET, "%s", closed_by(c, c->connection, who,
+					sizeof(who)));
 			break;
 		}
 		if (n < 0) {

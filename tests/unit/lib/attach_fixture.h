@@ -58,6 +58,7 @@ struct af_fault {
 	int mmap_calls;      /* file-backed mmap() calls while armed */
 	int mmap_failed;     /* the number of the call that was failed, 0 if none */
 	int connect_eintr;   /* > 0: so many connect() calls from now on fail with EINTR */
+	int connect_delay_ms; /* > 0: the next connect() waits so long first */
 	ino_t fstat_ino;     /* != 0: the client thread's next fstat() of this inode fails, */
 	int fstat_errno;     /* ... with this errno */
 	pthread_t client;    /* the thread whose recvmsg() the hooks below apply to */

@@ -23,7 +23,7 @@
  * fake daemon's close, which makes the refusal races deterministic, or
  * make it fail with EAGAIN before the deadline; __wrap_sendmsg and
  * __wrap_connect (with --wrap=sendmsg, --wrap=connect) fail a send or a
- * connect. A wait that poll(2) fails needs no
+ * connect, or make a connect slow. A wait that poll(2) fails needs no
  * wrapper: RLIMIT_NOFILE at 0 fails it for real.
  * __real_recvmsg is weak, so a build without that option still links; the
  * tests that need it then report SKIPPED.
@@ -124,10 +124,16 @@ int __real_connect(int fd, const struct sockaddr *sa, socklen_t len) __attribute
 int __wrap_connect(int fd, const struct sockaddr *sa, socklen_t len);
 
 /* connect() failing with EINTR, as a signal makes it (a socket with
- * SO_SNDTIMEO is never restarted), fault.connect_eintr times first. */
+ * SO_SNDTIMEO is never restarted), fault.connect_eintr times first; or,
+ * once, taking fault.connect_delay_ms before it connects, as a connect
+ * that waits for room in a busy daemon's backlog. */
 int
 __wrap_connect(int fd, const struct sockaddr *sa, socklen_t len)
 {
+	if (fault.connect_delay_ms > 0) {
+		usleep((useconds_t)fault.connect_delay_ms * 1000);
+		fault.connect_delay_ms = 0;
+	}
 	if (fault.connect_eintr > 0) {
 		fault.connect_eintr--;
 		errno = EINTR;
@@ -1592,6 +1598,83 @@ test_out_of_step_reply_ends_build(void **state)
 }
 
 /*
+ * What is still queued on a connection that libwcache closed answers none
+ * of the requests to come: the next one connects again without reading
+ * it. The fake's side sends two ERRORs that answer nothing (seq 9 and 10)
+ * before the attach (seq 2) is sent: the first puts the client out of
+ * step, which closes the connection, and the second stays queued, as an
+ * answer that came after the deadline but before the close would. Before,
+ * the next attach's send found the connection closed (EPIPE), its receive
+ * took the queued ERROR for a refusal of wcached's, and the attach failed
+ * with "model "llama" is not served by wcached at ..." (-ENOENT) over the
+ * dead connection, which was never replaced.
+ */
+static void
+test_queued_after_close_answers_nothing(void **state)
+{
+	struct fixture *f = *state;
+	uint8_t msg[WIRE_MAX_MESSAGE];
+	wc_model *m = NULL;
+	wc_build *b = NULL;
+	int before, conn;
+	ssize_t n;
+
+	before = build_on_first_connection(f, &b);
+	conn = __atomic_load_n(&f->fake.conn, __ATOMIC_ACQUIRE);
+	assert_true(conn >= 0);
+	n = wire_put_error(msg, sizeof(msg), 9, EIO, "answers nothing");
+	assert_int_equal(fake_raw_send(conn, msg, (size_t)n, NULL, 0), n);
+	n = wire_put_error(msg, sizeof(msg), 10, ENOENT, "answers nothing either");
+	assert_int_equal(fake_raw_send(conn, msg, (size_t)n, NULL, 0), n);
+	assert_error(wc_attach(f->client, MODEL, &m), -EBADMSG, "answered request 2 with 9");
+	assert_null(m);
+	build_ended_then_reconnect(f, b, "wcached answered request 2 with 9 (out of step)");
+	finish(f, before);
+	/* (The fake may not have read the first attach: a connection closed
+	 * with the ERROR still queued resets on its side.) */
+	assert_int_equal(f->fake.releases, 1); /* again's */
+}
+
+/*
+ * A request whose deadline passes while it connects again says why the
+ * connection closed, libwcache's reason included. The fake answers an
+ * attach out of step, which closes the connection; the next attach's
+ * connect takes longer than its whole deadline (__wrap_connect waits
+ * 0.5 s; the deadline is 0.4 s). Before, the message looked at the new
+ * connection, which nobody closed, and blamed wcached: "wcached at ...
+ * closed the connection and the deadline of 0.4 s has passed".
+ */
+static void
+test_deadline_in_reconnect_keeps_reason(void **state)
+{
+	struct fixture *f = *state;
+	uint8_t reply[WIRE_MAX_MESSAGE];
+	wc_model *m = NULL;
+	wc_build *b = NULL;
+	ssize_t n;
+	int before;
+
+	af_need_wrap(__real_connect != NULL, "-Wl,--wrap=connect");
+	n = wire_put_attach_ok(reply, sizeof(reply), 9, &f->fake.ok);
+	assert_true(n > 0);
+	fake_raw(f, reply, (size_t)n);
+	before = build_on_first_connection(f, &b);
+	assert_int_equal(wc_set_timeout(f->client, DEADLINE_TEST_MS), 0);
+	assert_error(wc_attach(f->client, MODEL, &m), -EBADMSG, "answered request 2 with 9");
+	fault.connect_delay_ms = 500;
+	assert_error(wc_attach(f->client, MODEL, &m), -ETIMEDOUT,
+		"libwcache closed the connection to wcached at ");
+	assert_non_null(strstr(wc_errmsg(), " because wcached answered request 2 with 9 (out "
+		"of step) and the deadline of 0.4 s has passed"));
+	assert_int_equal(fault.connect_delay_ms, 0); /* the wrapper waited */
+	assert_null(m);
+	publish_ended_because(b, "wcached answered request 2 with 9 (out of step)");
+	finish(f, before);
+	assert_int_equal(f->fake.accepted, 2); /* the new connection was made */
+	assert_int_equal(f->fake.attaches, 1);
+}
+
+/*
  * A reply to DERIVE that cannot be used closes the connection: "wcached's
  * reply to DERIVE was malformed". The first DERIVE (k1) gets BUILD, the
  * second (k2) an artifact of two files, which an artifact never is.
@@ -1739,6 +1822,8 @@ main(void)
 		T(test_derive_reply_malformed_ends_build),
 		T(test_abandon_reply_out_of_step_ends_build),
 		T(test_hold_reply_out_of_step),
+		T(test_queued_after_close_answers_nothing),
+		T(test_deadline_in_reconnect_keeps_reason),
 	};
 #undef T
 
