@@ -88,9 +88,13 @@ seal_artifact(int fd, char *why, size_t why_size)
 		fcntl(fd, F_ADD_SEALS, DERIVE_ARTIFACT_SEALS & ~seals) == -1) {
 		int e = errno;
 
+		/* The kernel counts every MAP_SHARED mapping made through a
+		 * writable descriptor, PROT_READ ones too: mprotect() could
+		 * make them writable after the seal. */
 		if (e == EBUSY)
-			snprintf(why, why_size, "the builder still has a writable mapping of the "
-				 "memfd (unmap it before publishing)");
+			snprintf(why, why_size, "the memfd still has a shared mapping made through "
+				 "a writable descriptor, read-only ones included: munmap it "
+				 "before publishing");
 		else
 			snprintf(why, why_size, "sealing the memfd: %s", strerror(e));
 		return -e;

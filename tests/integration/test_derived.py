@@ -239,6 +239,11 @@ def test_first_asker_builds_and_every_other_attaches_the_published_bytes(derived
         p.close()
 
 
+# wcached's reason when sealing the published memfd says EBUSY (derive_publish.c).
+SHARED_MAPPING = ("the memfd still has a shared mapping made through a writable descriptor, "
+                  "read-only ones included: munmap it before publishing")
+
+
 def test_a_builder_that_keeps_a_writable_mapping_is_refused_and_waiters_told(derived):
     d = derived()
     ready(d, "small")
@@ -249,9 +254,9 @@ def test_a_builder_that_keeps_a_writable_mapping_is_refused_and_waiters_told(der
     fd = memfd_with(ARTIFACT)
     m = mmap.mmap(fd, len(ARTIFACT))  # shared, writable
     a.publish(r["token"], fd)
-    expect_error(a.reply(), "EBUSY", "writable mapping")
+    expect_error(a.reply(), "EBUSY", SHARED_MAPPING)
     text = expect_error(b.reply(), "ECANCELED", "small", "f32-v1", str(os.getpid()),
-                        "writable mapping")
+                        SHARED_MAPPING)
     assert "\n" not in text
     m.close()
     os.close(fd)
@@ -263,6 +268,29 @@ def test_a_builder_that_keeps_a_writable_mapping_is_refused_and_waiters_told(der
     assert take_artifact(b.reply()) == ARTIFACT
     a.close()
     b.close()
+
+
+def test_a_builder_that_keeps_a_read_only_shared_mapping_is_refused_and_told_so(derived):
+    """A PROT_READ MAP_SHARED mapping of the memfd, made through its writable
+    descriptor, also makes F_SEAL_WRITE fail (mprotect could make it writable):
+    the reason says so instead of sending the builder after a writable
+    mapping it does not have (review rev162 #1)."""
+    d = derived()
+    ready(d, "small")
+    a = Peer(d)
+    r = build(a)
+    fd = memfd_with(ARTIFACT)
+    m = mmap.mmap(fd, len(ARTIFACT), flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+    a.publish(r["token"], fd)
+    text = expect_error(a.reply(), "EBUSY", SHARED_MAPPING)
+    assert "\n" not in text
+    # Unmapped, the same bytes publish.
+    m.close()
+    r = build(a)
+    a.publish(r["token"], fd)
+    os.close(fd)
+    assert take_artifact(a.reply()) == ARTIFACT
+    a.close()
 
 
 @pytest.mark.parametrize("payload,words", [
