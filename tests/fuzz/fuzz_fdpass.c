@@ -40,7 +40,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +54,7 @@
 #include "proto/fdpass.h"
 #include "proto/wire.h"
 #include "fuzz_check.h"
+#include "fuzz_fds.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -86,28 +86,6 @@ recvmsg(int fd, struct msghdr *msg, int flags)
 	if (shrink_control != 0 && msg->msg_controllen > shrink_control)
 		msg->msg_controllen = shrink_control;
 	return syscall(SYS_recvmsg, fd, msg, flags);
-}
-
-/* This process's open descriptors; the highest one in *highest. */
-static int
-count_fds(int *highest)
-{
-	DIR *d = opendir("/proc/self/fd");
-	struct dirent *e;
-	int n = 0, top = -1;
-
-	CHECK(d != NULL);
-	while ((e = readdir(d)) != NULL) {
-		if (e->d_name[0] == '.')
-			continue;
-		n++;
-		if (atoi(e->d_name) > top && atoi(e->d_name) != dirfd(d))
-			top = atoi(e->d_name);
-	}
-	closedir(d);
-	if (highest != NULL)
-		*highest = top;
-	return n - 1; /* the directory's own descriptor */
 }
 
 /*
