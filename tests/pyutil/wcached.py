@@ -163,7 +163,11 @@ class Wcached:
                     f.write("0")
         prepare = before_exec if (nofile, nproc, cgroup) != (None, None, None) else None
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(cmd, stderr=self.logf, env=env, preexec_fn=prepare)
+        # stdout to the log too, not the caller's: a daemon left behind by a
+        # caller that died before stop() held the caller's stdout open, and
+        # a `| tail` after it waited until the daemon was killed (rev163 #4).
+        self.proc = subprocess.Popen(cmd, stdout=self.logf, stderr=self.logf, env=env,
+                                     preexec_fn=prepare)
         self.wait_listening(timeout)
         return self
 
