@@ -260,8 +260,9 @@ WC_EXPORT int wc_build_publish_each(wc_build *b, const wc_tensor *tensors, size_
 /*
  * Publishes a memfd the caller filled with a whole safetensors or WEIG file
  * (memfd_create with MFD_ALLOW_SEALING). The caller keeps memfd, and must
- * not keep a writable shared mapping of it: wcached seals it against
- * writes and refuses it (-EBUSY) while one exists. On success *out is the
+ * not keep a shared mapping of it made through a writable descriptor, a
+ * read-only (PROT_READ) one included: wcached seals it against writes, and
+ * the kernel refuses the seal (-EBUSY) while one exists. On success *out is the
  * artifact. Ends b whatever happens, as wc_build_publish().
  */
 WC_EXPORT int wc_build_publish_fd(wc_build *b, int memfd, wc_model **out);
