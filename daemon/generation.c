@@ -149,6 +149,20 @@ gen_free_origin(struct gen_origin *origin, size_t n)
 	free(origin);
 }
 
+char *
+gen_resolved_path(const char *path, char *before)
+{
+	char *now = before != NULL ? realpath(path, NULL) : NULL;
+
+	if (now == NULL || strcmp(now, before) != 0) {
+		free(now);
+		free(before);
+		return NULL;
+	}
+	free(now);
+	return before;
+}
+
 /*
  * Frees g's origin and removes its staged copy (stage.h), on the work
  * queue; at shutdown a copy whose files the manager's store keeps for the
@@ -207,6 +221,7 @@ gen_maybe_free(struct registry *r, struct generation *g)
 	free(g->warm.jobs);
 	free(g->hold_conns);
 	free(g->gone);
+	free(g->resolved_path);
 	free(g->model_name);
 	free(g);
 }
@@ -373,6 +388,7 @@ gen_unmake(struct generation *g, struct model_source *src)
 	munmap((void *)g->index, g->index_size);
 	free(g->warm.jobs);
 	free(g->hold_conns);
+	free(g->resolved_path);
 	free(g->model_name);
 	free(g);
 }

@@ -164,6 +164,16 @@ struct generation {
 		int known;
 		struct stat st;
 	} opened_path;
+	/* The realpath(3) of the model's configured path (a symbolic link to
+	 * a hub snapshot: that snapshot's directory), taken off the loop when
+	 * the load that made it opened its files (gen_resolved_path), or by a
+	 * warm restart's check of a restored current generation; for a reload
+	 * that found the same files, what the path resolved to then. While g is
+	 * its model's current generation, an attach by this path finds the
+	 * model (registry_find). NULL: not resolved (the path changed while
+	 * its files were opened, or realpath failed), a derived artifact's, or
+	 * a held generation a warm restart restored. Owned. */
+	char *resolved_path;
 	/* A staged generation's copy (stage.h): its directory under stage_dir
 	 * (NULL when not staged), removed when the generation closes, except
 	 * at shutdown when the manager's store keeps its files for the next
@@ -369,6 +379,16 @@ uint64_t gen_origin_fs(const struct generation *g);
 
 /* Frees n origins (a staged generation's, or one being made); safe on NULL. */
 void gen_free_origin(struct gen_origin *origin, size_t n);
+
+/*
+ * The realpath(3) of path now, if it is before (the realpath of path taken
+ * just before the model's files were opened; may be NULL), else NULL: a
+ * path renamed over while the files were opened may name other files than
+ * those opened, and the next reload resolves it again. Takes before (freed
+ * or returned); the result is malloc'd. Work queue thread: realpath walks
+ * the filesystem, which may hang on a remote one.
+ */
+char *gen_resolved_path(const char *path, char *before);
 
 /* Closes and frees what gen_open_served() opened; safe on NULL. */
 void gen_close_served(int *fds, size_t n);

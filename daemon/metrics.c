@@ -661,6 +661,13 @@ write_model(FILE *f, const struct registry *reg, const struct model_entry *m,
 	fputs("{\"name\":", f);
 	json_write_string(f, m->name, strlen(m->name));
 	json_write_field(f, "path", m->path != NULL ? m->path : "");
+	/* The real path an attach finds the model by too (registry_find),
+	 * where it is another. */
+	if (g != NULL && g->resolved_path != NULL && m->path != NULL &&
+		strcmp(g->resolved_path, m->path) != 0)
+		json_write_field(f, "resolved_path", g->resolved_path);
+	else
+		fputs(",\"resolved_path\":null", f);
 	fprintf(f, ",\"generation\":%" PRIu64, g != NULL ? g->number : 0);
 	json_write_field(f, "state", metrics_model_state(m));
 	resident = g != NULL ? gen_resident(g, &method, &age_ms) : 0;

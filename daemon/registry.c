@@ -100,17 +100,30 @@ registry_entry_named(struct registry *r, const char *name)
 	return NULL;
 }
 
+/*
+ * One walk of the models, newest first (registry_entry_new adds at the
+ * head), so the last match of each kind is the oldest entry: the first in
+ * the configuration when several models share a path. The resolved path
+ * was found off the loop (generation.h); nothing here asks a filesystem.
+ */
 struct model_entry *
 registry_find(struct registry *r, const char *name)
 {
-	struct model_entry *m = registry_entry_named(r, name);
+	struct model_entry *m = registry_entry_named(r, name), *configured = NULL,
+			   *resolved = NULL;
 
 	if (m != NULL)
 		return m;
-	for (m = r->models; m != NULL; m = m->next)
+	for (m = r->models; m != NULL; m = m->next) {
+		const struct generation *g = m->current;
+
 		if (strcmp(m->path, name) == 0)
-			return m;
-	return NULL;
+			configured = m;
+		else if (g != NULL && g->resolved_path != NULL &&
+			strcmp(g->resolved_path, name) == 0)
+			resolved = m;
+	}
+	return configured != NULL ? configured : resolved;
 }
 
 /* The refusal of name, or NULL (struct registry_refusal). */

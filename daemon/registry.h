@@ -344,7 +344,14 @@ void registry_mark_gone(struct registry *r, struct generation *g, const char *fi
 /* Frees every generation nothing refers to any more. */
 void registry_collect(struct registry *r);
 
-/* The model called name, or whose configured path is name; NULL if none. */
+/*
+ * The model called name; else the one whose configured path is name; else
+ * the one whose current generation's resolved path (the realpath of its
+ * configured path, generation.h) is name; NULL if none. Where several
+ * models have that path, the one added first: the first in the
+ * configuration (a model a later reload or `wcachectl load` adds comes
+ * after those already there). O(models), no filesystem access.
+ */
 struct model_entry *registry_find(struct registry *r, const char *name);
 
 /* Who asks to attach: the peer's credentials (peercred.h: SO_PEERCRED and

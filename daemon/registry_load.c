@@ -69,6 +69,9 @@ struct load_request {
 	 * compare with it: the path may name a newer file by then). */
 	int opened_known;
 	struct stat opened_st;
+	/* The realpath of path as its files were opened (gen_resolved_path),
+	 * or NULL: the generation's resolved_path. */
+	char *resolved;
 	struct stage_request stage;
 	char *stage_dir;      /* stage.stage_dir, owned */
 	uint64_t stage_queued_ms; /* registry_now_ms() when the copy was queued */
@@ -141,13 +144,16 @@ static void
 load_work(struct workq_job *w)
 {
 	struct load_request *q = w->arg;
+	char *resolved = realpath(q->path, NULL);
 
 	q->opened_known = stat(q->path, &q->opened_st) == 0;
 	if ((q->status = open_model(q, q->path)) < 0) {
+		free(resolved);
 		snprintf(q->message, sizeof(q->message), "%s", error_get());
 		note_failed_path(q);
 		return;
 	}
+	q->resolved = gen_resolved_path(q->path, resolved);
 	gen_source_fs(&q->source, &q->fs);
 }
 
@@ -261,6 +267,7 @@ load_request_free(struct load_request *q)
 	}
 	stage_request_clear(&q->stage);
 	gen_free_origin(q->origin, q->norigin);
+	free(q->resolved);
 	free(q->stage_dir);
 	free(q->name);
 	free(q->path);
@@ -352,6 +359,18 @@ log_staging(const struct model_entry *m, const struct generation *g, const struc
 	}
 }
 
+/* Loop thread: a reload q found g's files unchanged; g answers to what the
+ * model's path resolves to now (a symbolic link renamed over to another
+ * directory of the same files: hub snapshots sharing every blob), or to
+ * nothing when that could not be told. */
+static void
+take_resolved(struct generation *g, struct load_request *q)
+{
+	free(g->resolved_path);
+	g->resolved_path = q->resolved;
+	q->resolved = NULL;
+}
+
 static void load_failed(struct registry *r, struct model_entry *m, struct load_request *q);
 
 /* Loop thread: turns a validated load into a generation of its model. */
@@ -379,6 +398,8 @@ install(struct registry *r, struct model_entry *m, struct load_request *q)
 	g->fs = q->fs;
 	g->opened_path.known = q->opened_known;
 	g->opened_path.st = q->opened_st;
+	g->resolved_path = q->resolved;
+	q->resolved = NULL;
 	if (q->staged) {
 		g->origin = q->origin;
 		g->norigin = q->norigin;
@@ -646,6 +667,7 @@ load_after(struct workq_job *w, int status)
 	} else if (q->status < 0) {
 		load_failed(r, m, q);
 	} else if (q->reload && same_files(m, m->pending, q)) {
+		take_resolved(m->pending, q);
 		if (q->done != NULL)
 			q->done(0, "already warming as the next generation", m->pending->number,
 				q->arg);
@@ -653,6 +675,7 @@ load_after(struct workq_job *w, int status)
 		m->current->state != GEN_FAILED) {
 		/* (A generation that failed while warming serves nothing: its
 		 * files are loaded again, a new generation, below.) */
+		take_resolved(m->current, q);
 		if (q->done != NULL && m->current->state == GEN_MODIFIED)
 			q->done(-ESTALE, "its files were modified in place; replace them with "
 					 "rename(2) and reload again", 0, q->arg);

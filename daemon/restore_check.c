@@ -420,6 +420,8 @@ restore_prepared_clear(struct registry *r, struct restore_prepared *p)
 	p->origin = NULL;
 	free(p->staged_dir);
 	p->staged_dir = NULL;
+	free(p->resolved_path);
+	p->resolved_path = NULL;
 	free(p->fds);
 	p->fds = NULL;
 	free(p->at);

@@ -151,6 +151,11 @@ struct restore_prepared {
 	 * path with (generation.h's opened_path). */
 	bool path_known;
 	struct stat path_st;
+	/* Filled by restore_work() for the current generation that passed:
+	 * the realpath of the model's path, the same before and after the
+	 * checks (gen_resolved_path), or NULL; the generation's
+	 * resolved_path once served. */
+	char *resolved_path;
 };
 
 /* Checks p's generation (files in path's directory; staged copies are

@@ -255,6 +255,10 @@ restore_work(struct workq_job *w)
 	struct restore_job *j = w->arg;
 	const char *name = j->s->desc->models[j->model].name;
 	struct restore_prepared *cur = &j->gens[0];
+	/* What the path resolves to, around the checks, as a load takes it
+	 * around its opens: attaches by the real path find the model once
+	 * this generation serves, as after a load (registry_find). */
+	char *resolved = realpath(j->path, NULL);
 
 	for (size_t i = 0; i < j->n; i++)
 		restore_check_generation(&j->gens[i], j->path, j->stage_dir);
@@ -263,6 +267,10 @@ restore_work(struct workq_job *w)
 	 * stored shard as it was. */
 	if (cur->err == 0 && (cur->err = restore_check_layout(cur, j->path)) < 0)
 		snprintf(cur->why, sizeof(cur->why), "%s", error_get());
+	if (cur->err == 0)
+		cur->resolved_path = gen_resolved_path(j->path, resolved);
+	else
+		free(resolved);
 	for (size_t i = 0; i < j->nartifacts; i++)
 		check_artifact(&j->artifacts[i], name, j->gens[0].g->number);
 }
@@ -340,6 +348,10 @@ serve(struct restore_job *j, struct restore_prepared *p, int held)
 	if (!held && p->path_known) {
 		k->opened_path.known = 1;
 		k->opened_path.st = p->path_st;
+	}
+	if (!held) {
+		k->resolved_path = p->resolved_path;
+		p->resolved_path = NULL;
 	}
 	/* The manager still has every piece under these names. */
 	k->stored_slot = e->slot;

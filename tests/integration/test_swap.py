@@ -6,6 +6,8 @@ import os
 import subprocess
 
 from conftest import Daemon, binary, fd_count, mkmodel, settled_fd_count, wait_until
+from ctlutil import model_entry
+from test_warm_restart import write_shards
 
 LAYERS = dict(layers=2, hidden=64, ffn=128, vocab=64)
 
@@ -157,6 +159,58 @@ def test_sharded_model_swapped_by_index_rename(tmp_path):
         holder.stdin.write("\n")
         holder.stdin.close()
         assert holder.wait(timeout=30) == 0
+        wait_until(lambda: "generation 1 closed" in d.read_log(), what="generation 1 closed")
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_real_path_of_a_symlinked_snapshot_attaches(tmp_path):
+    """README "Serving real models": a hub snapshot configured through a
+    stable symlink, moved to a new revision by renaming a new symlink over
+    it. A worker that loads by hub id names the snapshot's real directory:
+    that attaches the model, the generation its name attaches, while that
+    generation serves; a path that is none of the name, the configured path
+    and that real path is not served. After the swap the new snapshot's real
+    path attaches and the old one's no longer does, while a worker that
+    attached by it keeps its generation. Before, only the configured path
+    (the symlink) and the name attached."""
+    snaps = tmp_path / "hub" / "models--org--m" / "snapshots"
+    rev1, rev2 = snaps / "rev1", snaps / "rev2"
+    for v, rev in enumerate((rev1, rev2), 1):
+        rev.mkdir(parents=True)
+        write_shards(tmp_path, rev, v)
+    (tmp_path / "models").mkdir()
+    link = tmp_path / "models" / "m"
+    link.symlink_to(rev1)
+    real1, real2 = os.path.realpath(rev1), os.path.realpath(rev2)
+    d = Daemon(tmp_path, {"m": str(link)}).start()
+
+    def not_served(name):
+        r = d.attach(name)
+        return r.returncode == 1 and \
+            f'model "{name}" is not served by wcached at {d.socket}' in r.stderr
+    try:
+        wait_until(lambda: generation(d) == 1, what="generation 1")
+        assert generation(d, real1) == 1
+        assert generation(d, str(link)) == 1
+        assert model_entry(d, "m")["resolved_path"] == real1
+        holder = subprocess.Popen([binary("demo_worker"), "--socket", d.socket, "--touch",
+                                   "--hold", real1], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
+        assert json.loads(holder.stdout.readline())["generation"] == 1
+        for other in (real2, os.path.join(real1, "model-v1-00001-of-00002.safetensors"),
+                      str(snaps), real1 + "/"):
+            assert not_served(other), other
+        new = tmp_path / "models" / ".m.new"
+        new.symlink_to(rev2)
+        os.rename(new, link)
+        wait_until(lambda: generation(d) == 2, what="generation 2 after the symlink swap")
+        assert generation(d, real2) == 2
+        assert not_served(real1)
+        assert model_entry(d, "m")["resolved_path"] == real2
+        holder.stdin.write("\n")
+        holder.stdin.close()
+        assert holder.wait(timeout=30) == 0  # it read generation 1 to the end
         wait_until(lambda: "generation 1 closed" in d.read_log(), what="generation 1 closed")
     finally:
         assert d.stop() == 0, d.read_log()

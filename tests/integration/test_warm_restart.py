@@ -590,6 +590,18 @@ def start_stored_model(d, mgr, name="m"):
                  what=f"{name}'s generation and the description stored")
 
 
+def restart_restored(d, mgr, name="m"):
+    """Starts d's first process with the one model name, stops it once its
+    generation 1 is stored, starts the next with the store and waits until
+    that serves it, restored."""
+    start_stored_model(d, mgr, name)
+    assert d.stop() == 0, d.read_log()
+    start(d, mgr, *mgr.listen_fds())
+    wait_until(lambda: ready(d, name), what=f"{name} after the restart")
+    assert f'model "{name}": generation 1 restored from the file descriptor store' \
+        in d.read_log(), d.read_log()
+
+
 def test_sharded_model_updated_while_down_loads_afresh(tmp_path):
     """A sharded model updated the README's way while no wcached ran (new
     shards under new names, the new index renamed over the old one last):
@@ -634,16 +646,35 @@ def test_restored_sharded_model_sees_a_later_index_rename(tmp_path):
     mgr = FakeManager(str(tmp_path / "notify.sock"))
     d = Daemon(tmp_path, {"m": str(shard_dir / "model.safetensors.index.json")})
     try:
-        start_stored_model(d, mgr)
-        assert d.stop() == 0, d.read_log()
-        start(d, mgr, *mgr.listen_fds())
-        wait_until(lambda: ready(d, "m"), what="m after the restart")
-        assert 'model "m": generation 1 restored from the file descriptor store' \
-            in d.read_log(), d.read_log()
+        restart_restored(d, mgr)
         write_shards(tmp_path, shard_dir, 2)
         wait_until(lambda: generation(d, "m") == 2, what="generation 2 of the restored model")
         r = d.attach("m", "--touch", "--json")
         assert r.returncode == 0 and json.loads(r.stdout)["generation"] == 2, r.stdout
+    finally:
+        status_code = d.stop()
+        mgr.close()
+    assert status_code == 0, d.read_log()
+
+
+def test_restored_model_attaches_by_the_real_path_of_its_symlink(tmp_path):
+    """A model configured through a symlink to a snapshot directory (README
+    "Serving real models"), restored from the store, attaches by the
+    directory's real path as a loaded one does: the restart's check
+    resolves the path off the loop for the generation it serves."""
+    snap = tmp_path / "snapshots" / "rev1"
+    snap.mkdir(parents=True)
+    write_shards(tmp_path, snap, 1)
+    link = tmp_path / "m"
+    link.symlink_to(snap)
+    real = os.path.realpath(snap)
+    mgr = FakeManager(str(tmp_path / "notify.sock"))
+    d = Daemon(tmp_path, {"m": str(link)})
+    try:
+        restart_restored(d, mgr)
+        r = d.attach(real, "--touch", "--json")
+        assert r.returncode == 0 and json.loads(r.stdout)["generation"] == 1, r.stderr
+        assert status(d)["m"]["resolved_path"] == real
     finally:
         status_code = d.stop()
         mgr.close()

@@ -1,6 +1,7 @@
 /*
  * test_registry_attach.c: unit tests of daemon/registry.c, attaching: the
- * reply and the descriptors it hands out, access by uid and group, and
+ * reply and the descriptors it hands out, which model a name or a path
+ * finds (registry_find), access by uid and group, and
  * what a restart carries over (restore_*): generations taken over from
  * the store and held (HOLD), the description for the store within a
  * descriptor limit, a model whose check still runs carried into it, and a
@@ -87,6 +88,134 @@ test_attach_reply(void **state)
 	registry_release(&t->reg, a.gen);
 	assert_int_equal(du_current(t, "m")->attached, 0);
 	free(path);
+}
+
+/* t->dir/name, malloc'd. */
+static char *
+in_dir(struct du *t, const char *name)
+{
+	char *path;
+
+	assert_true(asprintf(&path, "%s/%s", t->dir, name) > 0);
+	return path;
+}
+
+/* Points the symbolic link t->dir/name at target (a name in t->dir) the
+ * README's way: a new link renamed over it. */
+static void
+point(struct du *t, const char *name, const char *target)
+{
+	char *tmp = in_dir(t, ".link.new"), *at = in_dir(t, name);
+
+	assert_int_equal(symlink(target, tmp), 0);
+	assert_int_equal(rename(tmp, at), 0);
+	free(tmp);
+	free(at);
+}
+
+/* The name of the model registry_find() finds for name, or "-". */
+static const char *
+found(struct du *t, const char *name)
+{
+	const struct model_entry *m = registry_find(&t->reg, name);
+
+	return m != NULL ? m->name : "-";
+}
+
+/*
+ * registry_find's order: a model's name, then a configured path, then the
+ * real path of a configured path (a symbolic link to a hub snapshot's
+ * directory) as its current generation resolved it; of several models
+ * with one such path, the one added first. The real path follows the
+ * current generation: a reload after the link is renamed over makes the
+ * new target's real path find the model and the old one not, also when
+ * the reload finds the same files (another directory of hard links).
+ */
+static void
+test_find_order(void **state)
+{
+	struct du *t = *state;
+	char *snap1 = in_dir(t, "snap1"), *snap2 = in_dir(t, "snap2"), *snap3 = in_dir(t, "snap3");
+	char *link1 = in_dir(t, "link"), *link2 = in_dir(t, "link2"), *f1, *f2, *f3;
+	char *inside = in_dir(t, "snap1/model.safetensors"), *real1, *real2, *real3, *slash;
+
+	assert_int_equal(mkdir(snap1, 0755), 0);
+	assert_int_equal(mkdir(snap2, 0755), 0);
+	assert_int_equal(mkdir(snap3, 0755), 0);
+	f1 = du_model(t, "snap1/model.safetensors", 16);
+	f2 = du_model(t, "snap2/model.safetensors", 32);
+	f3 = in_dir(t, "snap3/model.safetensors");
+	assert_int_equal(link(f2, f3), 0); /* snap3 holds snap2's file */
+	point(t, "link", "snap1");
+	point(t, "link2", "snap1");
+	assert_non_null(real1 = realpath(snap1, NULL));
+	assert_non_null(real2 = realpath(snap2, NULL));
+	assert_non_null(real3 = realpath(snap3, NULL));
+
+	assert_int_equal(du_load(t, "a", link1, PIN_NONE, 0), 0);
+	assert_string_equal(found(t, "a"), "a");
+	assert_string_equal(found(t, link1), "a");
+	assert_string_equal(found(t, real1), "a");
+	/* Neither a configured nor a resolved path: a file in it, another
+	 * directory, the real path spelled another way. */
+	assert_true(asprintf(&slash, "%s/", real1) > 0);
+	assert_string_equal(found(t, inside), "-");
+	assert_string_equal(found(t, real2), "-");
+	assert_string_equal(found(t, slash), "-");
+	assert_string_equal(found(t, "snap1"), "-");
+
+	/* b resolves to the same directory: a, added first, is found. */
+	assert_int_equal(du_load(t, "b", link2, PIN_NONE, 0), 0);
+	assert_string_equal(found(t, real1), "a");
+	assert_string_equal(found(t, link2), "b");
+	/* A configured path comes before a resolved one. */
+	assert_int_equal(du_load(t, "c", real1, PIN_NONE, 0), 0);
+	assert_string_equal(found(t, real1), "c");
+	/* Two models configured with one path: the one added first. */
+	assert_int_equal(du_load(t, "d", link1, PIN_NONE, 0), 0);
+	assert_string_equal(found(t, link1), "a");
+	/* A name comes before a configured path ("e" fails to load and
+	 * stays, configured as "a"). */
+	assert_true(du_load(t, "e", "a", PIN_NONE, 0) < 0);
+	assert_string_equal(found(t, "a"), "a");
+	assert_int_equal(registry_unload(&t->reg, "c"), 0);
+	assert_int_equal(registry_unload(&t->reg, "d"), 0);
+	assert_string_equal(found(t, real1), "a");
+
+	/* The link renamed over to snap2 and a reload: snap2's real path
+	 * finds a, snap1's only b (whose generation still resolves there). */
+	point(t, "link", "snap2");
+	assert_int_equal(du_reload(t, "a"), 0);
+	assert_int_equal(t->generation, 2);
+	assert_string_equal(found(t, real2), "a");
+	assert_string_equal(found(t, real1), "b");
+	assert_int_equal(registry_unload(&t->reg, "b"), 0);
+	assert_string_equal(found(t, real1), "-");
+	/* Over to snap3, the same file: no new generation, and snap3's real
+	 * path finds a, snap2's no longer. */
+	point(t, "link", "snap3");
+	assert_int_equal(du_reload(t, "a"), 0);
+	assert_string_equal(t->message, "unchanged");
+	assert_int_equal(t->generation, 2);
+	assert_string_equal(found(t, real3), "a");
+	assert_string_equal(found(t, real2), "-");
+	/* Unloaded: nothing finds it. */
+	assert_int_equal(registry_unload(&t->reg, "a"), 0);
+	assert_string_equal(found(t, real3), "-");
+	assert_string_equal(found(t, link1), "-");
+	free(inside);
+	free(slash);
+	free(real1);
+	free(real2);
+	free(real3);
+	free(f1);
+	free(f2);
+	free(f3);
+	free(link1);
+	free(link2);
+	free(snap1);
+	free(snap2);
+	free(snap3);
 }
 
 /* Generation 1 of "m" comes back as the store would give it (files of
@@ -501,6 +630,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_attach_reply, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_access, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_find_order, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_hold_after_restart, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_hold_after_deadline, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_describe_limit, setup, teardown),
