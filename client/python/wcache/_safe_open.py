@@ -8,8 +8,13 @@ Where the model comes from: when wcached (on $WCACHE_SOCKET, else
 /run/wcached/wcached.sock) serves a model under this name, or under this
 exact configured path, it is attached through the daemon and shares its warm
 page cache with every other worker. A path given relative or through a
-symlink is also tried as its absolute and its real path. Only "wcached is not
-running" and "not served" fall back to mapping the file in this process;
+symlink is also tried as its absolute and its real path. A file none of
+whose names is served, in a directory wcached serves as a model (README's
+configuration of a Hugging Face directory, whose shards transformers opens
+one by one), comes through that model when it is one of its files
+(wcache/_shards.py). Only "wcached is not running" and "not served" fall
+back to mapping the file in this process (with one INFO line per directory
+when a wcached answered);
 any other failure from the daemon (permission, a model being replaced in
 place, a damaged reply) is raised, because silently bypassing the daemon
 would hide it.
@@ -53,6 +58,7 @@ from ._lib import (INVALID_MODEL_ERRNOS, CannotOpenFile, ClosedError, DaemonUnav
 from ._device import _say_once, tensor_to_device, to_device
 from ._hostreg import host_register, host_register_wanted
 from ._serialize import MAX_HEADER
+from ._shards import served_file
 from .model import Model, connect, open_file
 
 __all__ = ["safe_open", "open_model"]
@@ -103,28 +109,31 @@ def _names(target):
 
 
 def _attach(target):
-    """Attaches target through wcached; returns (model, None) or (None, why
-    it fell back). Raises for daemon errors other than down / not served."""
+    """Attaches target through wcached; returns (model, None, True) or
+    (None, why it fell back, whether a wcached answered "not served"). A
+    regular file none of whose names is served may be a file of a model
+    served as a directory (wcache/_shards.py). Raises for daemon errors
+    other than down / not served."""
     try:
         client = _client()
     except DaemonUnavailable as e:
-        return None, str(e)
+        return None, str(e), False
     why = None
     for name in _names(target):
         for attempt in (0, 1):
             try:
-                return client.attach(name), None
+                return client.attach(name), None, True
             except ModelNotFound as e:
                 why = str(e)
                 break
             except DaemonUnavailable as e:
                 # A daemon restarted since we connected: connect once more.
                 if attempt == 1:
-                    return None, str(e)
+                    return None, str(e), False
                 try:
                     client = _client(failed=client)
                 except DaemonUnavailable as e2:
-                    return None, str(e2)
+                    return None, str(e2), False
             except WcacheError as e:
                 if e.errno != errno.EIO or type(e) is not WcacheError:
                     raise
@@ -136,9 +145,30 @@ def _attach(target):
                 if os.sep in target or os.path.exists(target):
                     _say_once(logging.WARNING, f"wcache: wcached could not serve {target}: "
                               f"{e}; opening it in this process")
-                    return None, str(e)
+                    return None, str(e), False
                 raise SafetensorError(e.errno, e.strerror) from None
-    return None, why
+    if os.path.isfile(target):
+        model, why_not = served_file(client, target)
+        if model is not None:
+            return model, None, True
+        why = f"{why}, {why_not}" if why_not.startswith("nor") else f"{why}; {why_not}"
+    return None, why, True
+
+
+_told = set()  # directories _not_served() has named a file of
+
+
+def _not_served(target, why):
+    """Says, at INFO, once per process and directory, that a file was mapped
+    in this process, unshared, while a wcached was there and did not serve
+    it (README's "Serving real models"): otherwise nothing would say so."""
+    directory = os.path.dirname(os.path.abspath(target))
+    with _lock:
+        if directory in _told:
+            return
+        _told.add(directory)
+    _say_once(logging.INFO, f"wcache: {why}: {target} is mapped in this process, unshared "
+              f"(said once for the files of {directory})")
 
 
 def _unopenable(path):
@@ -167,11 +197,11 @@ def open_model(path_or_name):
     target = os.fspath(path_or_name)
     if not isinstance(target, str):
         target = os.fsdecode(target)
-    model, why = _attach(target)
+    model, why, answered = _attach(target)
     if model is not None:
         return model
     try:
-        return open_file(target)
+        model = open_file(target)
     except WcacheError as e:
         if e.errno == errno.ENOENT and not os.path.exists(target):
             # upstream's message exactly (upstream checks that the path exists,
@@ -188,6 +218,9 @@ def open_model(path_or_name):
         if e.errno in INVALID_MODEL_ERRNOS:
             raise SafetensorError(e.errno, e.strerror) from None
         raise
+    if answered:
+        _not_served(target, why)
+    return model
 
 
 # Host registration of a handle (safe_open._host_state): tried on the first

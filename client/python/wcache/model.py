@@ -83,14 +83,23 @@ class _Handle:
     through the library that made it (kept here: a finalizer may run, by a
     garbage collection, in a thread that holds _lib's lock, loading the
     library, and must not take that lock)."""
-    __slots__ = ("ptr", "label", "client", "lib", "cow", "__weakref__")
+    __slots__ = ("ptr", "label", "client", "lib", "cow", "served", "__weakref__")
 
-    def __init__(self, ptr, label, client=None):
+    def __init__(self, ptr, label, client=None, served=None):
         self.ptr = ptr
         self.label = label
         self.client = client      # keeps the connection open for RELEASE
         self.lib = _lib.lib()     # loaded already: ptr came from it
         self.cow = None           # make_cow(): not tried, True, or why not (str)
+        # A file of a model wcached serves as a directory, mapped here
+        # (wcache/_shards.py): that model's _Handle, kept attached (its
+        # generation held) as long as this one, released after it.
+        self.served = served
+
+    def daemon_ptr(self):
+        """The wc_model wcached counts for this one: the served directory's
+        for a file of it, else this one's."""
+        return self.ptr if self.served is None else self.served.ptr
 
     def __del__(self):
         ptr, self.ptr = self.ptr, None
@@ -188,7 +197,10 @@ class Model:
     @property
     def source(self):
         """"wcached" when attached through the daemon, "file" when mapped in
-        this process."""
+        this process. A file of a model wcached serves as a directory,
+        opened by its own path (safe_open(DIR/shard)), is "wcached": its
+        pages are the ones wcached serves, and the directory's model stays
+        attached while it lives (wcache/_shards.py)."""
         return self._source
 
     @property
@@ -197,8 +209,9 @@ class Model:
 
     @property
     def generation(self):
-        """The generation wcached served this model as; 0 in-process."""
-        return int(_lib.lib().wc_model_generation(self._h().ptr))
+        """The generation wcached served this model as (for a file of a
+        served directory, the directory's); 0 in-process."""
+        return int(_lib.lib().wc_model_generation(self._h().daemon_ptr()))
 
     def stale(self):
         """True when wcached now serves a newer generation under this
@@ -217,7 +230,7 @@ class Model:
         to attach again. A daemon that exits on SIGTERM marks its models
         stale; under systemd's store a restarted daemon keeps the page
         (proto/PROTOCOL.md, "Restarts")."""
-        return bool(_lib.lib().wc_model_stale(self._h().ptr))
+        return bool(_lib.lib().wc_model_stale(self._h().daemon_ptr()))
 
     def _h(self):
         """The handle; ClosedError (a ValueError, and upstream's
