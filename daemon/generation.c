@@ -163,6 +163,44 @@ gen_resolved_path(const char *path, char *before)
 	return before;
 }
 
+/* Whether the file at place (a path) is the file whose fstat is st. */
+static int
+is_file_at(const char *place, const struct stat *st)
+{
+	struct stat now;
+
+	return place != NULL && stat(place, &now) == 0 && now.st_dev == st->st_dev &&
+		now.st_ino == st->st_ino;
+}
+
+char *
+gen_resolved_check(char *resolved, const char *file_path, const struct stat *st)
+{
+	const char *name = file_path != NULL ? strrchr(file_path, '/') : NULL;
+	struct stat at;
+	char *dir, *place;
+	int same;
+
+	if (resolved == NULL || stat(resolved, &at) == -1)
+		goto not_it;
+	/* A model that is one file: that file. */
+	if (at.st_dev == st->st_dev && at.st_ino == st->st_ino)
+		return resolved;
+	/* Else a file of the directory, or beside the shard index. */
+	if (name == NULL)
+		goto not_it;
+	dir = S_ISDIR(at.st_mode) ? strdup(resolved) : path_dir(resolved);
+	place = dir != NULL ? path_join(dir, name + 1) : NULL;
+	same = is_file_at(place, st);
+	free(place);
+	free(dir);
+	if (same)
+		return resolved;
+not_it:
+	free(resolved);
+	return NULL;
+}
+
 /*
  * Frees g's origin and removes its staged copy (stage.h), on the work
  * queue; at shutdown a copy whose files the manager's store keeps for the

@@ -390,6 +390,20 @@ void gen_free_origin(struct gen_origin *origin, size_t n);
  */
 char *gen_resolved_path(const char *path, char *before);
 
+/*
+ * resolved (gen_resolved_path()'s result, may be NULL) if the file opened
+ * as file_path, whose fstat is st, is the file at its place under
+ * resolved: resolved itself (a model that is one file), or the file of its
+ * name in resolved (a directory) or beside it (a shard index); else NULL,
+ * resolved freed. A path switched to other files and back while they were
+ * opened (A, then B, then A again) passes gen_resolved_path() with B's
+ * files: without this check the generation would answer to A's real path
+ * with B's files, and the first model configured would be found by
+ * another model's real path (review rev164 #1). Call it for every file of
+ * the generation. Work queue thread (stat walks the filesystem).
+ */
+char *gen_resolved_check(char *resolved, const char *file_path, const struct stat *st);
+
 /* Closes and frees what gen_open_served() opened; safe on NULL. */
 void gen_close_served(int *fds, size_t n);
 

@@ -271,6 +271,15 @@ restore_work(struct workq_job *w)
 		cur->resolved_path = gen_resolved_path(j->path, resolved);
 	else
 		free(resolved);
+	/* Each file as gen_resolved_check() asks: a staged copy's origin. */
+	for (size_t i = 0; cur->resolved_path != NULL && i < cur->src.nfiles; i++) {
+		const struct gen_origin *o = cur->origin != NULL ? &cur->origin[i] : NULL;
+
+		cur->resolved_path = o != NULL ?
+			gen_resolved_check(cur->resolved_path, o->path, &o->st) :
+			gen_resolved_check(cur->resolved_path, cur->src.files[i].path,
+				&cur->src.files[i].st);
+	}
 	for (size_t i = 0; i < j->nartifacts; i++)
 		check_artifact(&j->artifacts[i], name, j->gens[0].g->number);
 }

@@ -25,10 +25,12 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/sendfile.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
+#include "base/path.h"
 #include "daemonutil.h"
 #include "metrics.h"
 #include "pages.h"
@@ -1021,11 +1023,77 @@ test_close_while_warming(void **state)
 	 * generation freed, the loop closes cleanly */
 }
 
+/* gen_resolved_check(): a generation answers to its path's real path only
+ * when each of its files is the file at its place there: the model's one
+ * file, a file of the directory, or one beside the shard index, through a
+ * symbolic link too. A file of another directory of the same names (the
+ * link switched to B and back to A while B's files were opened: rev164 #1)
+ * clears it. */
+static void
+test_resolved_check(void **state)
+{
+	char *root = tu_tmpdir(), *a, *b, *blobs, *fa, *fb, *blob, *idx, *link, *r;
+	struct stat sa, sb, sblob;
+
+	(void)state;
+	a = path_join(root, "a");
+	b = path_join(root, "b");
+	blobs = path_join(root, "blobs");
+	if (a == NULL || b == NULL || blobs == NULL)
+		abort();
+	assert_int_equal(mkdir(a, 0755), 0);
+	assert_int_equal(mkdir(b, 0755), 0);
+	assert_int_equal(mkdir(blobs, 0755), 0);
+	fa = tu_write(a, "m.safetensors", "a", 1);
+	fb = tu_write(b, "m.safetensors", "b", 1);
+	blob = tu_write(blobs, "h1", "c", 1);
+	idx = tu_write(a, "m.safetensors.index.json", "{}", 2);
+	if ((link = path_join(a, "s.safetensors")) == NULL)
+		abort();
+	assert_int_equal(symlink("../blobs/h1", link), 0);
+	assert_int_equal(stat(fa, &sa), 0);
+	assert_int_equal(stat(fb, &sb), 0);
+	assert_int_equal(stat(blob, &sblob), 0);
+
+	/* a directory: its own file passes, wherever it was opened from */
+	r = gen_resolved_check(strdup(a), "/elsewhere/m.safetensors", &sa);
+	assert_non_null(r);
+	assert_string_equal(r, a);
+	/* a symbolic link in it to a blob: the blob is the file there */
+	r = gen_resolved_check(r, link, &sblob);
+	assert_non_null(r);
+	/* the same name in another directory: not a's */
+	assert_null(gen_resolved_check(r, fb, &sb));
+	/* a shard index: the files beside it */
+	r = gen_resolved_check(strdup(idx), fa, &sa);
+	assert_non_null(r);
+	assert_null(gen_resolved_check(r, fb, &sb));
+	/* a model that is one file: that file, whatever its name */
+	r = gen_resolved_check(strdup(blob), link, &sblob);
+	assert_non_null(r);
+	assert_null(gen_resolved_check(r, fa, &sa));
+	/* nothing to check against */
+	assert_null(gen_resolved_check(NULL, fa, &sa));
+	r = gen_resolved_check(strdup(a), NULL, &sb);
+	assert_null(r);
+
+	free(a);
+	free(b);
+	free(blobs);
+	free(fa);
+	free(fb);
+	free(blob);
+	free(idx);
+	free(link);
+	tu_rmtree(root);
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_transition_table),
+		cmocka_unit_test(test_resolved_check),
 		cmocka_unit_test_setup_teardown(test_load_without_warming, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_metadata_locked_off_the_loop, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_load_warm, setup, teardown),
