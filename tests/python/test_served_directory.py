@@ -300,3 +300,113 @@ def test_hub_cache_by_the_snapshot_path(hub_served):
         assert f.model.source == "wcached"
         same_as_the_file(f, os.path.join(snap, SHARDS[1]))
         assert attached(d, "tiny") == 1
+
+
+def test_a_generation_modified_in_place_is_refused_for_its_shards(served, caplog):
+    """Review rev165 F1: wcached refuses a generation one of whose files was
+    written in place (ESTALE "modified in place"). A shard of it raises
+    that refusal, as a named attach of the directory does: one not yet
+    opened while the directory is held (the held generation is reused only
+    for a file found to be one of its files, unchanged since), one opened
+    before and written in place since, and one opened once nothing holds
+    the directory. Before, the first came "wcached" through the held
+    generation and the last was mapped here with an INFO line."""
+    import errno
+    import gc
+    d, files = served
+    holder = wcache.safe_open(files[0])
+    again = wcache.safe_open(files[1])
+    assert holder.model.source == again.model.source == "wcached"
+    again.close()
+    with open(files[1], "r+b") as f:  # in place, same size
+        f.seek(-8, 2)
+        f.write(b"\x7f" * 8)
+    d.wait_for_log("modified in place")
+    with pytest.raises(wcache.WcacheError) as named:
+        wcache.safe_open(os.path.dirname(files[1]))
+    for path in (files[1], files[2]):
+        with pytest.raises(wcache.WcacheError) as e:
+            wcache.safe_open(path)
+        assert e.value.errno == errno.ESTALE == named.value.errno, e.value
+        assert "modified in place" in str(e.value), e.value
+    # shard 0, opened before and unchanged, is still the held generation's
+    with wcache.safe_open(files[0]) as f:
+        assert f.model.source == "wcached" and f.model.generation == holder.model.generation
+    holder.close()
+    del holder, f
+    gc.collect()
+    wait_until(lambda: attached(d) == 0, what="the directory's release")
+    with pytest.raises(wcache.WcacheError) as e:
+        wcache.safe_open(files[2])
+    assert e.value.errno == errno.ESTALE, e.value
+    assert not [r for r in caplog.records if "mapped in this process" in r.getMessage()]
+
+
+def test_a_directory_that_failed_to_load_warns_and_maps_here(tmp_path, monkeypatch, caplog):
+    """Review rev165 F1: a directory wcached could not load (EIO "failed to
+    load") is said once at WARNING, and its files are mapped here, as a
+    path that failed to load is (before: an INFO line only)."""
+    files = write_model(str(tmp_path / "llama"))
+    with open(files[2], "r+b") as f:  # not safetensors: the model fails to load
+        f.write(b"\xff" * 16)
+    os.makedirs(tmp_path / "d")
+    d = Daemon(tmp_path / "d", {"llama": str(tmp_path / "llama")}).start()
+    use(monkeypatch, d)
+    try:
+        with caplog.at_level(logging.INFO, logger="wcache"):
+            for p in (files[0], files[1]):
+                with wcache.safe_open(p) as f:
+                    assert f.model.source == "file"
+                    same_as_the_file(f, p)
+        warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warned) == 1, warned
+        assert "failed to load" in warned[0] and os.path.dirname(files[0]) in warned[0], warned
+    finally:
+        import wcache._safe_open as so
+        so._shared = None
+        assert d.stop() == 0, d.read_log()
+
+
+def test_a_staged_directory_says_why_its_shards_are_mapped_here(tmp_path, monkeypatch, caplog):
+    """Review rev165 F2: wcached serves a staged directory model from its
+    copy in stage_dir, so a shard opened by its own path is not one of the
+    files it maps: mapped here, and the INFO line says that staging may be
+    why (before: "not listed in it, or replaced since" only)."""
+    files = write_model(str(tmp_path / "llama"))
+    os.makedirs(tmp_path / "d")
+    d = Daemon(tmp_path / "d", {"llama": (str(tmp_path / "llama"), {"stage": "yes"})},
+               extra=f"stage_dir = {tmp_path}/d/stage").start()
+    use(monkeypatch, d)
+    try:
+        with caplog.at_level(logging.INFO, logger="wcache"):
+            with wcache.safe_open(files[1]) as f:
+                assert f.model.source == "file"
+        said = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+        assert len(said) == 1 and "served from a staged copy" in said[0], said
+    finally:
+        import wcache._safe_open as so
+        so._shared = None
+        assert d.stop() == 0, d.read_log()
+
+
+def test_what_was_said_is_bounded(served, tmp_path, caplog):
+    """Review rev165 F4: the directories named once (_safe_open._told) and
+    the lines said once (_device._logged) keep the last 256: a process that
+    opens a file in each of 300 directories nobody serves keeps no more;
+    the newest is still not said twice, the oldest may be said again."""
+    import wcache._device as dev
+    import wcache._safe_open as so
+    paths = []
+    for i in range(300):
+        p = tmp_path / f"step{i}" / "model.safetensors"
+        os.makedirs(p.parent)
+        write_safetensors(str(p), [("x", "F32", (2,), b"\0" * 8)])
+        paths.append(str(p))
+    with caplog.at_level(logging.INFO, logger="wcache"):
+        for p in paths + [paths[-1], paths[0]]:
+            with wcache.safe_open(p) as f:
+                assert f.model.source == "file"
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert len(said) == 301, len(said)
+    assert paths[0] in said[-1]
+    assert len(so._told) <= 256 and len(dev._logged) <= 256, (len(so._told), len(dev._logged))

@@ -110,7 +110,8 @@ _register_lock = threading.Lock()
 # descriptors are closed when the handle goes, with the mapping, by a
 # weakref.finalize). Used under _register_lock.
 _mapping_files = weakref.WeakKeyDictionary()
-_logged = set()
+_logged = collections.OrderedDict()  # the last _LOGGED_MAX lines said, oldest first
+_LOGGED_MAX = 256  # a line dropped from _logged may be said again
 _logged_lock = threading.Lock()
 # A child of fork() makes both locks anew: another thread may be copying or logging.
 _lib.fork_safe_module(globals(), "_register_lock", "_logged_lock")
@@ -124,8 +125,11 @@ def copy_mode():
 def _say_once(level, text):
     with _logged_lock:
         if text in _logged:
+            _logged.move_to_end(text)
             return
-        _logged.add(text)
+        _logged[text] = None
+        if len(_logged) > _LOGGED_MAX:
+            _logged.popitem(last=False)
     log.log(level, "%s", text)
 
 

@@ -45,6 +45,7 @@ registers its mapping with CUDA read-only from its first ``get_tensor``
 that copy each tensor to the GPU themselves (transformers) copy from
 page-locked memory (see wcache/_hostreg.py).
 """
+import collections
 import errno
 import logging
 import os
@@ -155,7 +156,10 @@ def _attach(target):
     return None, why, True
 
 
-_told = set()  # directories _not_served() has named a file of
+# the last _TOLD_MAX directories _not_served() has named a file of, oldest
+# first (one dropped may be named again)
+_told = collections.OrderedDict()
+_TOLD_MAX = 256
 
 
 def _not_served(target, why):
@@ -165,8 +169,11 @@ def _not_served(target, why):
     directory = os.path.dirname(os.path.abspath(target))
     with _lock:
         if directory in _told:
+            _told.move_to_end(directory)
             return
-        _told.add(directory)
+        _told[directory] = None
+        if len(_told) > _TOLD_MAX:
+            _told.popitem(last=False)
     _say_once(logging.INFO, f"wcache: {why}: {target} is mapped in this process, unshared "
               f"(said once for the files of {directory})")
 

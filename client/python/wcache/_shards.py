@@ -18,6 +18,17 @@ directory model (wcache/model.py, _Handle.served), so the generation stays
 attached, counted by wcached as in use, while the shard model or any tensor
 made from it lives, and Model.generation and stale() are the directory's.
 
+What wcached says of the directory is what a named attach would say: "not
+served" and "wcached is down" fall back to mapping the file in this
+process, as does a failed load (with one WARNING); any other refusal (the
+generation modified in place, still loading, permission) is raised. A held
+directory answers without asking wcached only for a file already found to
+be one of its generation's files and unchanged since (size, ctime); for
+any other file the directory is attached again, so wcached's refusal of a
+generation written in place since it was attached is not bypassed. A
+staged model's files (wcached maps its copy in stage_dir) are not the
+files at their paths: they are mapped here, unshared.
+
 One attached directory model per connection and directory, shared by every
 shard model of it: an attach maps every file of the model, so an attach per
 shard of a 163-shard model would map 163 x 163 files. The registry keeps it
@@ -51,6 +62,8 @@ per second rather than one per file; where its real path is not served
 either, that is remembered as long (served_file: about 3 µs a file).
 """
 import ctypes
+import errno
+import logging
 import os
 import stat
 import threading
@@ -58,7 +71,8 @@ import time
 import weakref
 
 from . import _lib
-from ._lib import ModelNotFound, WcacheError, fork_safe_module
+from ._device import _say_once
+from ._lib import DaemonUnavailable, ModelNotFound, WcacheError, fork_safe_module
 from .model import Model, _c_string, _Handle
 
 __all__ = ["served_file", "NOT_SERVED_FOR"]
@@ -85,8 +99,8 @@ if hasattr(os, "register_at_fork"):
 class _Entry:
     """What the registry knows of one directory, for one connection: the
     attached model (a weak reference to its _Handle), its generation, the
-    files (their fstat (device, inode)) found to be files of that
-    generation, and once read, /proc/self/maps as it was while the model was
+    files (their fstat (device, inode), size and ctime: _stamp()) found to
+    be files of that generation, and once read, /proc/self/maps as it was while the model was
     mapped; or until when the directory is taken as not served, and, when
     its real path was found not served either, what served_file() said."""
     __slots__ = ("client", "handle", "generation", "known", "maps", "until", "why",
@@ -160,6 +174,14 @@ def _identity_in(maps, addr):
     return (major, minor), int(parts[4])
 
 
+def _stamp(st):
+    """What entry.known holds of a file: its (device, inode) as maps names
+    it, and its size and ctime, which a write in place changes (mtime can be
+    set back: rsync --inplace --times)."""
+    return (((os.major(st.st_dev), os.minor(st.st_dev)), st.st_ino),
+            st.st_size, st.st_ctime_ns)
+
+
 def _remember(directory, entry, h=None):
     """Stores entry (h: the _Handle it refers to), unless another thread
     stored a usable one for the same connection meanwhile; returns the
@@ -183,12 +205,20 @@ def _remember(directory, entry, h=None):
         return entry, h
 
 
-def _directory(client, directory):
+def _directory(client, directory, stamp):
     """(the registry's entry for the model wcached serves as directory,
     attached through client, and its _Handle), or (None, None) when wcached
-    does not serve it, or (None, the daemon's error). Never raises for the
-    daemon's answer: the caller asked for a file, and opens it in this
-    process when its directory cannot serve it."""
+    does not serve it, or (None, why) when it cannot answer (down, a client
+    that another thread's reconnect closed) or its load failed (EIO "failed
+    to load", said once at WARNING), which the caller falls back from by
+    opening its file in this process, as _safe_open._attach does for a path.
+    Any other daemon error (the generation modified in place, still
+    loading, permission, a deadline) is raised, as for a named attach.
+
+    A held entry answers at once only for a file already found to be one
+    of its generation's files, unchanged since (stamp, _stamp()): for any
+    other, wcached is asked again, so that a generation it no longer gives
+    (a file of it written in place) is refused here too."""
     with _lock:
         entry = _dirs.get(directory)
     if entry is not None and entry.client() is client:
@@ -197,16 +227,21 @@ def _directory(client, directory):
                 return None, None
         else:
             h = entry.attached()
-            if h is not None:
+            if h is not None and stamp in entry.known:
                 return entry, h
+            del h  # an error raised below must not hold the directory (its traceback)
     try:
         model = client.attach(directory)
     except ModelNotFound:
         _remember(directory, _Entry(client, until=time.monotonic() + NOT_SERVED_FOR))
         return None, None
-    except (WcacheError, ValueError) as e:
-        # a failed load, permission, a deadline, a client that another
-        # thread's reconnect closed: not remembered
+    except (DaemonUnavailable, ValueError) as e:
+        return None, str(e)  # not remembered
+    except WcacheError as e:
+        if e.errno != errno.EIO or type(e) is not WcacheError:
+            raise
+        _say_once(logging.WARNING, f"wcache: wcached could not serve the directory "
+                  f"{directory}: {e}; its files are opened in this process")
         return None, str(e)
     h = model._h()
     model.close()  # h is kept by the shard models, and weakly by the registry
@@ -235,30 +270,24 @@ def _with_data(h):
     return None
 
 
-def _served_as(target, entry, h):
+def _served_as(target, fd, st, entry, h):
     """A Model of the file at target, holding the directory model h (the
     registry's entry), when target is one of h's files; else None. The file
     is one of them when h's tensor of the name of one of the file's tensors
     (one with data) lies in a mapping of the same (device, inode) as the
-    file: its fstat, or where fstat names the file otherwise than maps, the
-    maps line of the file's own mapping. A file found to be one is known
-    for the rest of the generation (a later attach of it reads no maps);
-    the generation keeps its files open in wcached, so no other file can
-    have their inode numbers meanwhile."""
-    try:
-        fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        ptr = _open_fd(fd, target) if stat.S_ISREG(st.st_mode) else None
-    finally:
-        os.close(fd)
+    file (fd, open at target; st, its fstat): its fstat, or where fstat
+    names the file otherwise than maps, the maps line of the file's own
+    mapping. A file found to be one is known for the rest of the
+    generation while its size and ctime stay (a later attach of it reads
+    no maps); the generation keeps its files open in wcached, so no other
+    file can have their inode numbers meanwhile."""
+    ptr = _open_fd(fd, target) if stat.S_ISREG(st.st_mode) else None
     if ptr is None:
         return None
     model = Model(_Handle(ptr, target, served=h), "wcached")
-    ident = ((os.major(st.st_dev), os.minor(st.st_dev)), st.st_ino)
-    if ident in entry.known:
+    stamp = _stamp(st)
+    ident = stamp[0]
+    if stamp in entry.known:
         return model
     mine = _with_data(model._h())
     if mine is not None:
@@ -269,7 +298,7 @@ def _served_as(target, entry, h):
                 if rc >= 0 and theirs.nbytes == mine.nbytes else None
             if served is not None and (
                     served == ident or served == _identity_in(_read_maps(), mine.data)):
-                entry.known.add(ident)
+                entry.known.add(stamp)
                 return model
         except OSError:  # no /proc/self/maps to read: nothing tells the file
             pass
@@ -290,24 +319,33 @@ def served_file(client, target):
     if entry is not None and entry.why is not None and entry.client() is client and \
             time.monotonic() < entry.until:
         return None, entry.why
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
+    except OSError as e:
+        return None, f"it cannot be opened: {e.strerror}"
     whys, nothing = [], True
-    for d in (directory, None):
-        if d is None:
-            d = os.path.realpath(directory)
-            if d == directory:
-                break
-        entry, h = _directory(client, d)
-        if entry is None:
-            whys.append(f"nor is its directory {d}" if h is None else
-                        f"its directory {d}: {h}")
-            nothing = nothing and h is None
-            continue
-        model = _served_as(target, entry, h)
-        if model is not None:
-            return model, None
-        nothing = False
-        whys.append(f"wcached serves its directory {d}, but not this file as one of that "
-                    f"model's files (not listed in it, or replaced since)")
+    try:
+        st = os.fstat(fd)
+        for d in (directory, None):
+            if d is None:
+                d = os.path.realpath(directory)
+                if d == directory:
+                    break
+            entry, h = _directory(client, d, _stamp(st))
+            if entry is None:
+                whys.append(f"nor is its directory {d}" if h is None else
+                            f"its directory {d}: {h}")
+                nothing = nothing and h is None
+                continue
+            model = _served_as(target, fd, st, entry, h)
+            if model is not None:
+                return model, None
+            nothing = False
+            whys.append(f"wcached serves its directory {d}, but not this file as one of that "
+                        f"model's files (not listed in it, replaced since, or served from a "
+                        f"staged copy)")
+    finally:
+        os.close(fd)
     why = "; ".join(whys)
     if nothing:
         with _lock:

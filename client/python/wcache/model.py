@@ -198,9 +198,12 @@ class Model:
     def source(self):
         """"wcached" when attached through the daemon, "file" when mapped in
         this process. A file of a model wcached serves as a directory,
-        opened by its own path (safe_open(DIR/shard)), is "wcached": its
-        pages are the ones wcached serves, and the directory's model stays
-        attached while it lives (wcache/_shards.py)."""
+        opened by its own path (safe_open(DIR/shard)), is "wcached": it is
+        this process's own open and mapping of that path (the same inode and
+        page cache as wcached's mapping, opened with this process's
+        credentials, not wcached's descriptors), and the directory's
+        generation stays attached, counted as in use by wcached, while it
+        lives (wcache/_shards.py)."""
         return self._source
 
     @property
