@@ -103,11 +103,13 @@ registry_entry_named(struct registry *r, const char *name)
 /*
  * One walk of the models, newest first (registry_entry_new adds at the
  * head), so the last match of each kind is the oldest entry: the first in
- * the configuration when several models share a path. The resolved path
- * was found off the loop (generation.h); nothing here asks a filesystem.
+ * the configuration when several models share a path. With who, a path
+ * finds only models whose allow_users/allow_groups let who attach (a name
+ * finds its model whatever they say). The resolved path was found off the
+ * loop (generation.h); nothing here asks a filesystem.
  */
-struct model_entry *
-registry_find(struct registry *r, const char *name)
+static struct model_entry *
+find_by(struct registry *r, const char *name, const struct access_who *who)
 {
 	struct model_entry *m = registry_entry_named(r, name), *configured = NULL,
 			   *resolved = NULL;
@@ -117,6 +119,8 @@ registry_find(struct registry *r, const char *name)
 	for (m = r->models; m != NULL; m = m->next) {
 		const struct generation *g = m->current;
 
+		if (who != NULL && !access_allows(&m->access, who))
+			continue;
 		if (strcmp(m->path, name) == 0)
 			configured = m;
 		else if (g != NULL && g->resolved_path != NULL &&
@@ -124,6 +128,12 @@ registry_find(struct registry *r, const char *name)
 			resolved = m;
 	}
 	return configured != NULL ? configured : resolved;
+}
+
+struct model_entry *
+registry_find(struct registry *r, const char *name)
+{
+	return find_by(r, name, NULL);
 }
 
 /* The refusal of name, or NULL (struct registry_refusal). */
@@ -406,10 +416,14 @@ int
 registry_find_for(struct registry *r, const char *name, const struct registry_peer *peer,
 	struct model_entry **out, char *msg, size_t msg_size)
 {
-	struct model_entry *m = registry_find(r, name);
 	struct access_who who = { .uid = peer->uid, .gid = peer->gid, .groups = peer->groups,
 		.ngroups = peer->ngroups, .self_uid = peer->self_uid };
+	/* Of several models with one path, the first that lets the peer in;
+	 * when none does, the first's refusal. */
+	struct model_entry *m = find_by(r, name, &who);
 
+	if (m == NULL)
+		m = registry_find(r, name);
 	if (m == NULL) {
 		snprintf(msg, msg_size, "not served");
 		return -ENOENT;

@@ -405,10 +405,13 @@ int registry_attach(struct registry *r, const char *name, const struct registry_
 	struct registry_attachment *out, char *msg, size_t msg_size);
 
 /*
- * The model called name (or whose configured path is name) if peer may use
- * it (access.h): 0 and *out, or -ENOENT ("not served") or -EACCES (counted
- * in the model's denied_count, logged once per peer) with the client's
- * message in msg. What registry_attach() and restore_hold() check first.
+ * The model called name (or whose configured path, or real path, is name:
+ * registry_find) if peer may use it (access.h): 0 and *out, or -ENOENT
+ * ("not served") or -EACCES (counted in the model's denied_count, logged
+ * once per peer) with the client's message in msg. Of several models found
+ * by one path, the first (in the configuration) that peer may use; when
+ * none, the first refuses. What registry_attach() and restore_hold() check
+ * first.
  */
 int registry_find_for(struct registry *r, const char *name, const struct registry_peer *peer,
 	struct model_entry **out, char *msg, size_t msg_size);

@@ -218,6 +218,70 @@ test_find_order(void **state)
 	free(snap3);
 }
 
+/*
+ * Several models on one path with their own allow_users: an attach by the
+ * path finds the first that lets the peer in (configured path, then real
+ * path), and only when none does, the first's refusal; a name finds its
+ * own model whatever the others allow.
+ */
+static void
+test_find_for_access(void **state)
+{
+	struct du *t = *state;
+	char *snap = in_dir(t, "snap"), *link1 = in_dir(t, "link"), *real, *f;
+	const uid_t only_a[] = { 1000 }, only_b[] = { 2000 }, only_c[] = { 3000 };
+	struct registry_peer p = { .pid = 9, .uid = 2000, .gid = 2000 };
+	struct model_entry *m = NULL;
+	char msg[128];
+
+	assert_int_equal(mkdir(snap, 0755), 0);
+	f = du_model(t, "snap/model.safetensors", 16);
+	point(t, "link", "snap");
+	assert_non_null(real = realpath(snap, NULL));
+	assert_int_equal(du_load(t, "a", link1, PIN_NONE, 0), 0);
+	assert_int_equal(du_load(t, "b", link1, PIN_NONE, 0), 0);
+	assert_int_equal(registry_set_access(&t->reg, "a", 1, only_a, 1, NULL, 0), 0);
+	assert_int_equal(registry_set_access(&t->reg, "b", 1, only_b, 1, NULL, 0), 0);
+
+	/* By the configured path and by the real path: b for uid 2000. */
+	assert_int_equal(registry_find_for(&t->reg, link1, &p, &m, msg, sizeof(msg)), 0);
+	assert_string_equal(m->name, "b");
+	m = NULL;
+	assert_int_equal(registry_find_for(&t->reg, real, &p, &m, msg, sizeof(msg)), 0);
+	assert_string_equal(m->name, "b");
+	/* a for uid 1000 (the first), root for a too. */
+	p.uid = 1000;
+	assert_int_equal(registry_find_for(&t->reg, real, &p, &m, msg, sizeof(msg)), 0);
+	assert_string_equal(m->name, "a");
+	assert_int_equal(registry_find_for(&t->reg, link1, &root_peer, &m, msg, sizeof(msg)), 0);
+	assert_string_equal(m->name, "a");
+	/* A name is its own model's: b refuses uid 1000. */
+	assert_int_equal(registry_find_for(&t->reg, "b", &p, &m, msg, sizeof(msg)), -EACCES);
+	assert_int_equal(registry_find(&t->reg, "b")->denied_count, 1);
+	/* Nobody lets uid 3000 in: the first (a) refuses and counts it. */
+	p.uid = 3000;
+	assert_int_equal(registry_find_for(&t->reg, link1, &p, &m, msg, sizeof(msg)), -EACCES);
+	assert_string_equal(msg, "access denied: uid 3000 is not in the model's allow_users or "
+				 "allow_groups");
+	assert_int_equal(registry_find(&t->reg, "a")->denied_count, 1);
+	/* A configured path comes before a real path: c (configured as the
+	 * real path, added last) for its uid; b still for its own. */
+	assert_int_equal(du_load(t, "c", real, PIN_NONE, 0), 0);
+	assert_int_equal(registry_set_access(&t->reg, "c", 1, only_c, 1, NULL, 0), 0);
+	assert_int_equal(registry_find_for(&t->reg, real, &p, &m, msg, sizeof(msg)), 0);
+	assert_string_equal(m->name, "c");
+	p.uid = 2000;
+	assert_int_equal(registry_find_for(&t->reg, real, &p, &m, msg, sizeof(msg)), 0);
+	assert_string_equal(m->name, "b");
+	/* A path nothing is configured at stays not served. */
+	assert_int_equal(registry_find_for(&t->reg, f, &p, &m, msg, sizeof(msg)), -ENOENT);
+	assert_string_equal(msg, "not served");
+	free(f);
+	free(real);
+	free(link1);
+	free(snap);
+}
+
 /* Generation 1 of "m" comes back as the store would give it (files of
  * path, an index memfd like the current one's) with holders. */
 static int
@@ -631,6 +695,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_attach_reply, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_access, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_find_order, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_find_for_access, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_hold_after_restart, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_hold_after_deadline, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_describe_limit, setup, teardown),
