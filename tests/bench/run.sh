@@ -17,6 +17,9 @@
 #    paths (1 file, 163 shards; local and through tests/tools/remotefs, as
 #    root) and a remote rename among 1, 16 and 64 polled models;
 #    bench_stage.py, staging a ~2.2 GB model against warming it in place.
+# 6. Files of a served directory (wcache/_shards.py): bench_shards.py,
+#    safe_open of each of 163 shards by its own path, the directory served,
+#    against each shard served as a model of its own and an unserved one.
 # Models are cached in BUILD/bench-models and reused. Figures and targets
 # are printed with PASS/MISS; a missed target never makes this script fail
 # (only a broken setup does). Takes about 4 minutes on a 2-core machine,
@@ -80,5 +83,8 @@ echo
 /usr/bin/python3 "$here/bench_poll.py" --build "$build" --models "$models"
 echo
 /usr/bin/python3 "$here/bench_stage.py" --build "$build"
+echo
+PYTHONPATH="$here/../../client/python" WCACHE_LIB="$build/lib/libwcache.so.0" \
+	/usr/bin/python3 "$here/bench_shards.py" --build "$build"
 echo
 echo "== bench done in $(( $(date +%s) - start )) s =="
