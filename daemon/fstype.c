@@ -123,11 +123,6 @@ fstype_classify_name(const char *type, struct fs_info *out)
 			out->remote = true;
 }
 
-struct fs_mount {
-	dev_t dev;
-	struct fs_info fs;
-};
-
 /* One mountinfo line's device and filesystem type (type has 64 bytes):
  * 0, or -1 when the line does not name both. Fields: id parent
  * major:minor root mountpoint options... - type source superoptions. */
@@ -144,38 +139,75 @@ parse_mount(const char *line, dev_t *dev, char *type)
 	return 0;
 }
 
+/* Adds line's mount to t, when it names one: 0 or -ENOMEM. */
+static int
+add_mount(struct fs_mounts *t, const char *line)
+{
+	char type[64];
+	dev_t dev;
+
+	if (parse_mount(line, &dev, type) < 0)
+		return 0;
+	if (t->n == t->cap) {
+		size_t more = t->cap ? t->cap * 2 : 64;
+		struct fs_mount *m = reallocarray(t->mounts, more, sizeof(*m));
+
+		if (m == NULL)
+			return -ENOMEM;
+		t->mounts = m;
+		t->cap = more;
+	}
+	t->mounts[t->n].dev = dev;
+	fstype_classify_name(type, &t->mounts[t->n].fs);
+	t->n++;
+	return 0;
+}
+
+int
+fstype_mounts_add(struct fs_mounts *t, const char *text, size_t len)
+{
+	char *line = NULL;
+	size_t at = 0, cap = 0;
+	int err = 0;
+
+	/* Each line copied and terminated before it is parsed. */
+	while (err == 0 && at < len) {
+		const char *nl = memchr(text + at, '\n', len - at);
+		size_t n = nl != NULL ? (size_t)(nl - (text + at)) : len - at;
+
+		if (n >= cap) {
+			char *more = realloc(line, n + 1);
+
+			if (more == NULL) {
+				err = -ENOMEM;
+				break;
+			}
+			line = more;
+			cap = n + 1;
+		}
+		memcpy(line, text + at, n);
+		line[n] = '\0';
+		err = add_mount(t, line);
+		at += n + (nl != NULL);
+	}
+	free(line);
+	return err;
+}
+
 int
 fstype_mounts_read(const char *mountinfo, struct fs_mounts *out)
 {
 	FILE *f = fopen(mountinfo, "re");
 	struct fs_mounts t = { 0 };
-	size_t cap = 0, linecap = 0;
+	size_t linecap = 0;
 	char *line = NULL;
+	ssize_t n;
 	int err = 0;
 
 	if (f == NULL)
 		return -errno;
-	while (err == 0 && getline(&line, &linecap, f) != -1) {
-		char type[64];
-		dev_t dev;
-
-		if (parse_mount(line, &dev, type) < 0)
-			continue;
-		if (t.n == cap) {
-			size_t more = cap ? cap * 2 : 64;
-			struct fs_mount *m = reallocarray(t.mounts, more, sizeof(*m));
-
-			if (m == NULL) {
-				err = -ENOMEM;
-				break;
-			}
-			t.mounts = m;
-			cap = more;
-		}
-		t.mounts[t.n].dev = dev;
-		fstype_classify_name(type, &t.mounts[t.n].fs);
-		t.n++;
-	}
+	while (err == 0 && (n = getline(&line, &linecap, f)) != -1)
+		err = fstype_mounts_add(&t, line, (size_t)n);
 	free(line);
 	fclose(f);
 	if (err < 0) {
@@ -205,6 +237,7 @@ fstype_mounts_free(struct fs_mounts *t)
 	free(t->mounts);
 	t->mounts = NULL;
 	t->n = 0;
+	t->cap = 0;
 }
 
 int

@@ -51,16 +51,27 @@ int fstype_of_dev(const char *mountinfo, dev_t dev, struct fs_info *out);
 
 /* The mount table as mountinfo lists it, classified: one entry per line
  * that names a device and a filesystem type, in mountinfo's order. */
-struct fs_mount;
+struct fs_mount {
+	dev_t dev;         /* the line's major:minor */
+	struct fs_info fs; /* its filesystem type, classified (fstype_classify_name) */
+};
 struct fs_mounts {
 	struct fs_mount *mounts;
 	size_t n;
+	size_t cap; /* entries mounts has room for */
 };
 
 /* Reads mountinfo into *out, which then owns what it holds (freed by
  * fstype_mounts_free). 0, or -errno opening it, or -ENOMEM; *out is
  * untouched on failure. Asks no filesystem, as fstype_of_dev(). */
 int fstype_mounts_read(const char *mountinfo, struct fs_mounts *out);
+
+/* Adds to t the mounts of the mountinfo lines in text, len bytes, not
+ * terminated (a NUL ends its line early, as it ends a C string): what
+ * fstype_mounts_read() does with each line it reads; the fuzzer
+ * (tests/fuzz/fuzz_kernel.c) gives it whole files. 0, or -ENOMEM with t
+ * holding the mounts of the lines before (t's to free either way). */
+int fstype_mounts_add(struct fs_mounts *t, const char *text, size_t len);
 
 /* What fstype_of_dev() says of dev for the mountinfo t was read from: the
  * first mount with that device. 0, or -ENOENT. */

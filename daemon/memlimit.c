@@ -3,25 +3,14 @@
  */
 #include "memlimit.h"
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-/* A limit at or above this is "unlimited" (v1 writes 2^63 rounded down to
- * a page; no machine has 4 EiB). */
-#define NO_LIMIT (UINT64_C(1) << 62)
-
-#define PATH_CAP 4096
-
-/* One hierarchy the process is in: where it is mounted and which cgroup. */
-struct hierarchy {
-	bool found;
-	char cgroup[PATH_CAP];     /* from /proc/self/cgroup */
-	char root[PATH_CAP];       /* the part of the hierarchy the mount shows */
-	char mountpoint[PATH_CAP];
-};
+#define PATH_CAP MEMLIMIT_PATH_CAP
 
 static FILE *
 open_under(const char *root, const char *path)
@@ -31,6 +20,51 @@ open_under(const char *root, const char *path)
 	if ((size_t)snprintf(full, sizeof(full), "%s%s", root, path) >= sizeof(full))
 		return NULL;
 	return fopen(full, "re");
+}
+
+/* Calls fn on each line of text (len bytes), copied and terminated, its
+ * newline cut (a NUL ends it early, as it ends a line getline(3) read),
+ * until fn returns nonzero: that value, 0 after the last line, or -ENOMEM. */
+static int
+each_line(const char *text, size_t len, int (*fn)(char *line, void *arg), void *arg)
+{
+	char *copy, *end, *next;
+	int r = 0;
+
+	if (len == SIZE_MAX || (copy = malloc(len + 1)) == NULL)
+		return -ENOMEM;
+	if (len > 0)
+		memcpy(copy, text, len);
+	end = copy + len;
+	*end = '\0';
+	for (char *line = copy; r == 0 && line < end; line = next) {
+		char *nl = memchr(line, '\n', (size_t)(end - line));
+
+		next = nl != NULL ? nl + 1 : end;
+		if (nl != NULL)
+			*nl = '\0';
+		r = fn(line, arg);
+	}
+	free(copy);
+	return r;
+}
+
+/* Gives each line of the file at root + path to fn, as each_line() does,
+ * until fn says stop; nothing when the file cannot be opened. */
+static void
+read_lines(const char *root, const char *path, int (*fn)(char *line, void *arg), void *arg)
+{
+	FILE *f = open_under(root, path);
+	char *line = NULL;
+	size_t cap = 0;
+	ssize_t n;
+
+	if (f == NULL)
+		return;
+	while ((n = getline(&line, &cap, f)) > 0 && each_line(line, (size_t)n, fn, arg) == 0)
+		;
+	free(line);
+	fclose(f);
 }
 
 /* Undoes mountinfo's octal escapes (\040 for a space) in place. */
@@ -76,112 +110,129 @@ copy(char *dst, size_t cap, const char *src)
 	dst[n] = '\0';
 }
 
-/* /proc/self/cgroup: the v2 cgroup ("0::/path") and the v1 memory one
- * ("N:...,memory,...:/path"). */
-static void
-read_cgroups(const char *root, struct hierarchy *v2, struct hierarchy *v1)
+/* One line of /proc/self/cgroup into the hierarchies h[0] (v2) and h[1]
+ * (v1's memory controller). */
+static int
+cgroup_line(char *line, void *arg)
 {
-	FILE *f = open_under(root, "/proc/self/cgroup");
-	char *line = NULL, *a, *b;
-	size_t cap = 0;
-	ssize_t n;
+	struct memlimit_hierarchy **h = arg;
+	char *a, *b;
 
-	if (f == NULL)
-		return;
-	while ((n = getline(&line, &cap, f)) > 0) {
-		if (line[n - 1] == '\n')
-			line[n - 1] = '\0';
-		if ((a = strchr(line, ':')) == NULL || (b = strchr(a + 1, ':')) == NULL)
-			continue;
-		*a++ = '\0';
-		*b++ = '\0';
-		if (strcmp(line, "0") == 0 && *a == '\0') {
-			copy(v2->cgroup, sizeof(v2->cgroup), b);
-			v2->found = true;
-		} else if (has_word(a, "memory")) {
-			copy(v1->cgroup, sizeof(v1->cgroup), b);
-			v1->found = true;
-		}
+	if ((a = strchr(line, ':')) == NULL || (b = strchr(a + 1, ':')) == NULL)
+		return 0;
+	*a++ = '\0';
+	*b++ = '\0';
+	if (strcmp(line, "0") == 0 && *a == '\0') {
+		copy(h[0]->cgroup, sizeof(h[0]->cgroup), b);
+		h[0]->found = true;
+	} else if (has_word(a, "memory")) {
+		copy(h[1]->cgroup, sizeof(h[1]->cgroup), b);
+		h[1]->found = true;
 	}
-	free(line);
-	fclose(f);
+	return 0;
 }
 
-/* /proc/self/mountinfo: where each hierarchy is mounted. Fields: id parent
- * dev root mountpoint options [optional...] - fstype source superoptions. */
-static void
-read_mounts(const char *root, struct hierarchy *v2, struct hierarchy *v1)
+int
+memlimit_parse_cgroups(const char *text, size_t len, struct memlimit_hierarchy *v2,
+	struct memlimit_hierarchy *v1)
 {
-	FILE *f = open_under(root, "/proc/self/mountinfo");
-	char *line = NULL;
-	size_t cap = 0;
-	ssize_t n;
+	return each_line(text, len, cgroup_line, (struct memlimit_hierarchy *[2]){ v2, v1 });
+}
 
-	if (f == NULL)
-		return;
-	while ((n = getline(&line, &cap, f)) > 0) {
-		char *field[6] = { 0 }, *save = NULL, *fstype, *super, *tok;
-		struct hierarchy *h = NULL;
-		int i = 0;
+/* One line of /proc/self/mountinfo into the hierarchies h[0] (v2) and h[1]
+ * (v1). Fields: id parent dev root mountpoint options [optional...] -
+ * fstype source superoptions. */
+static int
+mount_line(char *line, void *arg)
+{
+	struct memlimit_hierarchy **hs = arg, *h = NULL;
+	char *field[6] = { 0 }, *save = NULL, *fstype, *super, *tok;
+	int i = 0;
 
-		if (line[n - 1] == '\n')
-			line[n - 1] = '\0';
-		for (tok = strtok_r(line, " ", &save); tok != NULL && i < 6;
-			tok = strtok_r(NULL, " ", &save))
-			field[i++] = tok;
-		while (tok != NULL && strcmp(tok, "-") != 0)
-			tok = strtok_r(NULL, " ", &save);
-		if (i < 6 || tok == NULL || (fstype = strtok_r(NULL, " ", &save)) == NULL ||
-			strtok_r(NULL, " ", &save) == NULL ||
-			(super = strtok_r(NULL, " ", &save)) == NULL)
-			continue;
-		if (strcmp(fstype, "cgroup2") == 0)
-			h = v2;
-		else if (strcmp(fstype, "cgroup") == 0 && has_word(super, "memory"))
-			h = v1;
-		/* The first mount of a hierarchy is the one /sys/fs/cgroup shows. */
-		if (h == NULL || !h->found || h->mountpoint[0] != '\0')
-			continue;
-		unescape(field[3]);
-		unescape(field[4]);
-		copy(h->root, sizeof(h->root), field[3]);
-		copy(h->mountpoint, sizeof(h->mountpoint), field[4]);
+	for (tok = strtok_r(line, " ", &save); tok != NULL && i < 6;
+		tok = strtok_r(NULL, " ", &save))
+		field[i++] = tok;
+	while (tok != NULL && strcmp(tok, "-") != 0)
+		tok = strtok_r(NULL, " ", &save);
+	if (i < 6 || tok == NULL || (fstype = strtok_r(NULL, " ", &save)) == NULL ||
+		strtok_r(NULL, " ", &save) == NULL ||
+		(super = strtok_r(NULL, " ", &save)) == NULL)
+		return 0;
+	if (strcmp(fstype, "cgroup2") == 0)
+		h = hs[0];
+	else if (strcmp(fstype, "cgroup") == 0 && has_word(super, "memory"))
+		h = hs[1];
+	/* The first mount of a hierarchy is the one /sys/fs/cgroup shows. */
+	if (h == NULL || !h->found || h->mountpoint[0] != '\0')
+		return 0;
+	unescape(field[3]);
+	unescape(field[4]);
+	copy(h->root, sizeof(h->root), field[3]);
+	copy(h->mountpoint, sizeof(h->mountpoint), field[4]);
+	return 0;
+}
+
+int
+memlimit_parse_mounts(const char *text, size_t len, struct memlimit_hierarchy *v2,
+	struct memlimit_hierarchy *v1)
+{
+	return each_line(text, len, mount_line, (struct memlimit_hierarchy *[2]){ v2, v1 });
+}
+
+/* What limit_line() looks for, and what it found. */
+struct limit_ask {
+	const char *key; /* NULL: the first line */
+	uint64_t value;
+};
+
+/* One line of a limit file: 1 when it is the line that says the limit
+ * (ask->value then set), 0 to go on to the next. */
+static int
+limit_line(char *line, void *arg)
+{
+	struct limit_ask *ask = arg;
+	const char *s = line;
+	char *end;
+
+	ask->value = 0;
+	if (ask->key != NULL) {
+		size_t klen = strlen(ask->key);
+
+		if (strncmp(line, ask->key, klen) != 0 || line[klen] != ' ')
+			return 0;
+		s = line + klen + 1;
 	}
-	free(line);
-	fclose(f);
+	if (*s >= '0' && *s <= '9') {
+		unsigned long long x = strtoull(s, &end, 10);
+
+		if (*end == '\0')
+			ask->value = x >= MEMLIMIT_NO_LIMIT ? 0 : (uint64_t)x;
+	}
+	return 1;
+}
+
+int
+memlimit_parse_limit(const char *text, size_t len, const char *key, uint64_t *out)
+{
+	struct limit_ask ask = { key, 0 };
+	int r = each_line(text, len, limit_line, &ask);
+
+	if (r == 1)
+		*out = ask.value;
+	return r;
 }
 
 /* A limit file's value in bytes; 0 when absent, unreadable or unlimited. */
 static uint64_t
 read_limit(const char *root, const char *dir, const char *file, const char *key)
 {
-	char path[PATH_CAP * 2], *line = NULL, *end;
-	size_t cap = 0, klen = key != NULL ? strlen(key) : 0;
-	uint64_t v = 0;
-	FILE *f;
+	char path[PATH_CAP * 2];
+	struct limit_ask ask = { key, 0 };
 
-	if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, file) >= sizeof(path) ||
-		(f = open_under(root, path)) == NULL)
+	if ((size_t)snprintf(path, sizeof(path), "%s/%s", dir, file) >= sizeof(path))
 		return 0;
-	while (getline(&line, &cap, f) > 0) {
-		const char *s = line;
-
-		if (key != NULL) {
-			if (strncmp(line, key, klen) != 0 || line[klen] != ' ')
-				continue;
-			s = line + klen + 1;
-		}
-		if (*s >= '0' && *s <= '9') {
-			unsigned long long x = strtoull(s, &end, 10);
-
-			if (*end == '\n' || *end == '\0')
-				v = x >= NO_LIMIT ? 0 : (uint64_t)x;
-		}
-		break;
-	}
-	free(line);
-	fclose(f);
-	return v;
+	read_lines(root, path, limit_line, &ask);
+	return ask.value;
 }
 
 /* Keeps the smaller limit in out (0 is none). */
@@ -201,7 +252,7 @@ consider(struct memlimit *out, uint64_t v, enum memlimit_kind kind, const char *
  * subtree: the part of the cgroup path above it is cut; a cgroup outside
  * the mount is the mount's top). "" is the mount's top. */
 static const char *
-relative(const struct hierarchy *h)
+relative(const struct memlimit_hierarchy *h)
 {
 	size_t rlen = strlen(h->root);
 
@@ -215,7 +266,7 @@ relative(const struct hierarchy *h)
 
 /* The cgroup at rel under h's mount, as the kernel names it. */
 static void
-cgroup_name(char *buf, size_t cap, const struct hierarchy *h, const char *rel)
+cgroup_name(char *buf, size_t cap, const struct memlimit_hierarchy *h, const char *rel)
 {
 	snprintf(buf, cap, "%s%s", strcmp(h->root, "/") == 0 ? "" : h->root, rel);
 	if (buf[0] == '\0')
@@ -225,8 +276,8 @@ cgroup_name(char *buf, size_t cap, const struct hierarchy *h, const char *rel)
 /* Walks h's cgroup and its ancestors up to the mount's top, keeping the
  * smallest value of file. */
 static void
-walk(const char *root, const struct hierarchy *h, const char *file, enum memlimit_kind kind,
-	struct memlimit *out)
+walk(const char *root, const struct memlimit_hierarchy *h, const char *file,
+	enum memlimit_kind kind, struct memlimit *out)
 {
 	char rel[PATH_CAP], dir[PATH_CAP * 2], name[PATH_CAP * 2], *slash;
 
@@ -246,14 +297,16 @@ walk(const char *root, const struct hierarchy *h, const char *file, enum memlimi
 void
 memlimit_read(const char *root, uint64_t ram, struct memlimit *out)
 {
-	struct hierarchy *v2 = calloc(1, sizeof(*v2)), *v1 = calloc(1, sizeof(*v1));
+	struct memlimit_hierarchy *v2 = calloc(1, sizeof(*v2)), *v1 = calloc(1, sizeof(*v1));
 
 	memset(out, 0, sizeof(*out));
 	out->ram = ram;
 	out->kind = MEMLIMIT_RAM;
 	if (v2 != NULL && v1 != NULL) {
-		read_cgroups(root, v2, v1);
-		read_mounts(root, v2, v1);
+		struct memlimit_hierarchy *h[2] = { v2, v1 };
+
+		read_lines(root, "/proc/self/cgroup", cgroup_line, h);
+		read_lines(root, "/proc/self/mountinfo", mount_line, h);
 		walk(root, v2, "memory.max", MEMLIMIT_CGROUP_V2, out);
 		/* Above memory.high the kernel reclaims the cgroup's pages and
 		 * throttles it: for a page cache, a limit as hard as max

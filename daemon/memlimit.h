@@ -24,6 +24,7 @@
 #ifndef WC_MEMLIMIT_H
 #define WC_MEMLIMIT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -66,5 +67,49 @@ const char *memlimit_kind_name(enum memlimit_kind k);
 
 /* The machine's RAM in bytes (sysconf), 0 when unknown. */
 uint64_t memlimit_ram(void);
+
+/*
+ * The parsers of the files the kernel writes that memlimit_read() reads,
+ * on bytes copied out of them: memlimit_read() gives them each line as
+ * getline(3) reads it, the fuzzer (tests/fuzz/fuzz_kernel.c) whole files.
+ * text is len bytes, not terminated; a NUL ends its line early, as it ends
+ * a C string. Each returns -ENOMEM when it cannot copy text.
+ */
+
+/* A limit at or above this is "unlimited" (v1 writes 2^63 rounded down to
+ * a page; no machine has 4 EiB). */
+#define MEMLIMIT_NO_LIMIT (UINT64_C(1) << 62)
+
+#define MEMLIMIT_PATH_CAP 4096
+
+/* One hierarchy the process is in: which cgroup, and where it is mounted.
+ * Each string is cut to fit and terminated. */
+struct memlimit_hierarchy {
+	bool found;                         /* /proc/self/cgroup names it */
+	char cgroup[MEMLIMIT_PATH_CAP];     /* its cgroup there */
+	char root[MEMLIMIT_PATH_CAP];       /* the part of the hierarchy the mount shows */
+	char mountpoint[MEMLIMIT_PATH_CAP]; /* "" until a mount of it is found */
+};
+
+/* Lines of /proc/self/cgroup: the v2 cgroup ("0::/path") into v2, the v1
+ * memory controller's ("N:...,memory,...:/path") into v1; a later line
+ * replaces an earlier one. 0 or -ENOMEM. */
+int memlimit_parse_cgroups(const char *text, size_t len, struct memlimit_hierarchy *v2,
+	struct memlimit_hierarchy *v1);
+
+/* Lines of /proc/self/mountinfo: the root and mount point (octal escapes
+ * undone) of the first cgroup2 mount into v2 and of the first cgroup mount
+ * with the memory option into v1, each only once its found is set. 0 or
+ * -ENOMEM. */
+int memlimit_parse_mounts(const char *text, size_t len, struct memlimit_hierarchy *v2,
+	struct memlimit_hierarchy *v1);
+
+/* A cgroup limit file's text (memory.max, memory.high,
+ * memory.limit_in_bytes; memory.stat with key "hierarchical_memory_limit"):
+ * 1 with the limit in bytes in *out when text holds the line that says it
+ * (the first line; with key, the first "KEY VALUE" line), which is 0 when
+ * it says no limit ("max", MEMLIMIT_NO_LIMIT or more) or no decimal number;
+ * 0 when text has no such line, -ENOMEM; *out is set only on 1. */
+int memlimit_parse_limit(const char *text, size_t len, const char *key, uint64_t *out);
 
 #endif

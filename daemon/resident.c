@@ -250,13 +250,35 @@ status_field(const char *text, const char *name, int base, uint64_t *out)
 	return 0;
 }
 
+int
+resident_status_parse(const char *text, size_t len, struct resident_refusal *out)
+{
+	char *copy;
+	uint64_t v;
+
+	if (len == SIZE_MAX || (copy = malloc(len + 1)) == NULL)
+		return -ENOMEM;
+	if (len > 0)
+		memcpy(copy, text, len);
+	copy[len] = '\0';
+	if (status_field(copy, "VmLck:", 10, &v) && v <= UINT64_MAX / 1024) {
+		out->locked_known = 1;
+		out->locked = v * 1024; /* in kB */
+	}
+	if (status_field(copy, "CapEff:", 16, &v))
+		out->ipc_lock = (int)((v >> CAP_IPC_LOCK_BIT) & 1);
+	if (status_field(copy, "Seccomp:", 10, &v) && v <= 2)
+		out->seccomp = (int)v;
+	free(copy);
+	return 0;
+}
+
 void
 resident_refusal_read(int err, uint64_t bytes, struct resident_refusal *out)
 {
 	char text[8192];
 	size_t used = 0;
 	struct rlimit rl;
-	uint64_t v;
 	int fd;
 
 	memset(out, 0, sizeof(*out));
@@ -269,6 +291,7 @@ resident_refusal_read(int err, uint64_t bytes, struct resident_refusal *out)
 	}
 	if ((fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC)) < 0)
 		return;
+	/* 8191 bytes at most, as when the text was parsed in place. */
 	while (used < sizeof(text) - 1) {
 		ssize_t n = read(fd, text + used, sizeof(text) - 1 - used);
 
@@ -277,15 +300,7 @@ resident_refusal_read(int err, uint64_t bytes, struct resident_refusal *out)
 		used += (size_t)n;
 	}
 	close(fd);
-	text[used] = '\0';
-	if (status_field(text, "VmLck:", 10, &v) && v <= UINT64_MAX / 1024) {
-		out->locked_known = 1;
-		out->locked = v * 1024; /* in kB */
-	}
-	if (status_field(text, "CapEff:", 16, &v))
-		out->ipc_lock = (int)((v >> CAP_IPC_LOCK_BIT) & 1);
-	if (status_field(text, "Seccomp:", 10, &v) && v <= 2)
-		out->seccomp = (int)v;
+	(void)resident_status_parse(text, used, out);
 }
 
 /* The name of an errno mlock(2) returns ("EPERM"), or NULL. */

@@ -99,6 +99,14 @@ struct resident_refusal {
  * /proc/self/status). */
 void resident_refusal_read(int err, uint64_t bytes, struct resident_refusal *out);
 
+/* The facts /proc/self/status gives resident_refusal_read(), from its text
+ * (len bytes, not terminated; a NUL ends it early): locked_known and locked
+ * from "VmLck:" (kB), ipc_lock from "CapEff:" (hex), seccomp from
+ * "Seccomp:" (0 to 2); a field missing or not a number leaves its members
+ * as they were. 0, or -ENOMEM when it cannot copy text. The fuzzer
+ * (tests/fuzz/fuzz_kernel.c) gives it whole files. */
+int resident_status_parse(const char *text, size_t len, struct resident_refusal *out);
+
 /*
  * Writes the cause of r into buf (cap bytes, always terminated), one
  * clause that starts with the errno's name and ends with the advice:

@@ -319,6 +319,36 @@ test_failed_statfs_asks_the_mount_table(void **state)
 	close(fd);
 }
 
+/* The table from bytes (what the fuzzer drives), in pieces: a line
+ * without its newline, a NUL that ends a line, a line cut across two
+ * calls is two lines (the reader gives whole lines). */
+static void
+test_mount_table_from_bytes(void **state)
+{
+	static const char text[] = "22 1 259:2 / / rw - ext4 /dev/x rw\n"
+		"40 22 0:45 / /m rw\0 - nfs4 s:/e rw\n"
+		"41 22 0:46 / /f\\040x rw - fuse.sshfs u@h:/m rw";
+	static const char head[] = "50 1 0:50 / /a rw - ", tail[] = "tmpfs t rw\n";
+	struct fs_mounts t = { 0 };
+	struct fs_info fs;
+
+	(void)state;
+	assert_int_equal(fstype_mounts_add(&t, text, sizeof(text) - 1), 0);
+	assert_int_equal(t.n, 2);
+	assert_int_equal(fstype_mounts_find(&t, makedev(259, 2), &fs), 0);
+	assert_string_equal(fs.name, "ext4");
+	assert_int_equal(fstype_mounts_find(&t, makedev(0, 45), &fs), -ENOENT);
+	assert_int_equal(fstype_mounts_find(&t, makedev(0, 46), &fs), 0);
+	assert_string_equal(fs.name, "fuse");
+	assert_true(fs.remote);
+	assert_int_equal(fstype_mounts_add(&t, "", 0), 0);
+	assert_int_equal(fstype_mounts_add(&t, head, strlen(head)), 0);
+	assert_int_equal(fstype_mounts_add(&t, tail, strlen(tail)), 0);
+	assert_int_equal(t.n, 2);
+	fstype_mounts_free(&t);
+	assert_int_equal(t.cap, 0);
+}
+
 int
 main(void)
 {
@@ -326,6 +356,7 @@ main(void)
 		cmocka_unit_test(test_names),
 		cmocka_unit_test(test_device_in_mountinfo),
 		cmocka_unit_test(test_mount_table),
+		cmocka_unit_test(test_mount_table_from_bytes),
 		cmocka_unit_test(test_own_mount_table),
 		cmocka_unit_test(test_own_mount_table_once),
 		cmocka_unit_test(test_failed_statfs_asks_the_mount_table),

@@ -290,6 +290,52 @@ test_missing_and_garbage(void **state)
 	tu_rmtree(root);
 }
 
+/* The parsers on bytes (what the fuzzer drives): a whole file at once,
+ * unterminated, lines without a final newline, a NUL that ends a line. */
+static void
+test_parsers_on_bytes(void **state)
+{
+	static const char cgroup[] = "4:cpu,memory:/v1/a:b\n0::/v2/x\0ignored\n0:memory:/c";
+	static const char mounts[] = MOUNT_ROOT MOUNT_V2
+		"31 22 0:31 /sub /m\\040y rw - cgroup cgroup rw,cpu,memory\n"
+		"32 22 0:32 / /second rw - cgroup cgroup rw,memory";
+	static const char stat[] = "cache 4096\nhierarchical_memory_limit_x 1\n"
+		"hierarchical_memory_limit 2147483648\nhierarchical_memory_limit 5\n";
+	struct memlimit_hierarchy *h = calloc(2, sizeof(*h));
+	uint64_t v = 7;
+
+	(void)state;
+	assert_non_null(h);
+	assert_int_equal(memlimit_parse_cgroups(cgroup, sizeof(cgroup) - 1, &h[0], &h[1]), 0);
+	assert_true(h[0].found && h[1].found);
+	assert_string_equal(h[0].cgroup, "/v2/x");
+	assert_string_equal(h[1].cgroup, "/c"); /* the later line */
+	assert_int_equal(memlimit_parse_mounts(mounts, sizeof(mounts) - 1, &h[0], &h[1]), 0);
+	assert_string_equal(h[0].mountpoint, "/sys/fs/cgroup");
+	assert_string_equal(h[0].root, "/");
+	assert_string_equal(h[1].mountpoint, "/m y"); /* the first, unescaped */
+	assert_string_equal(h[1].root, "/sub");
+
+	/* The first line decides; nothing to decide leaves *out alone. */
+	assert_int_equal(memlimit_parse_limit("", 0, NULL, &v), 0);
+	assert_int_equal(v, 7);
+	assert_int_equal(memlimit_parse_limit("1048576", 7, NULL, &v), 1);
+	assert_int_equal(v, 1048576);
+	assert_int_equal(memlimit_parse_limit("max\n5\n", 6, NULL, &v), 1);
+	assert_int_equal(v, 0);
+	assert_int_equal(memlimit_parse_limit(V1_UNLIMITED, strlen(V1_UNLIMITED), NULL, &v), 1);
+	assert_int_equal(v, 0);
+	assert_int_equal(memlimit_parse_limit("12 kB\n", 6, NULL, &v), 1);
+	assert_int_equal(v, 0);
+	assert_int_equal(memlimit_parse_limit(stat, sizeof(stat) - 1, "hierarchical_memory_limit",
+				 &v), 1);
+	assert_int_equal(v, 2 * GiB);
+	v = 7;
+	assert_int_equal(memlimit_parse_limit(stat, 11, "hierarchical_memory_limit", &v), 0);
+	assert_int_equal(v, 7);
+	free(h);
+}
+
 /* The real machine's figure: at most its RAM, never 0 when RAM is known. */
 static void
 test_this_machine(void **state)
@@ -317,6 +363,7 @@ main(void)
 		cmocka_unit_test(test_v1_and_v2_smaller_wins),
 		cmocka_unit_test(test_escaped_mountpoint),
 		cmocka_unit_test(test_missing_and_garbage),
+		cmocka_unit_test(test_parsers_on_bytes),
 		cmocka_unit_test(test_this_machine),
 	};
 
