@@ -2,6 +2,7 @@
  * resident.c: residency of model files, true for a daemon that does not own
  * them (see resident.h for the three methods and why).
  */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -229,7 +230,9 @@ resident_unpin_range(const void *base, size_t len)
 #define CAP_IPC_LOCK_BIT 14 /* linux/capability.h's CAP_IPC_LOCK */
 
 /* The value of field name ("VmLck:") in /proc/self/status text, base 10 or
- * 16; 0 when it is missing. */
+ * 16: 1 with it in *out when the first line that starts with name has it
+ * as the kernel writes it (blanks, then digits: no sign, nothing from the
+ * next line), else 0. */
 static int
 status_field(const char *text, const char *name, int base, uint64_t *out)
 {
@@ -239,11 +242,14 @@ status_field(const char *text, const char *name, int base, uint64_t *out)
 		const char *next = strchr(line, '\n');
 
 		if (strncmp(line, name, len) == 0) {
+			const char *s = line + len + strspn(line + len, " \t");
 			char *end;
 
+			if (base == 16 ? !isxdigit((unsigned char)*s) : !isdigit((unsigned char)*s))
+				return 0;
 			errno = 0;
-			*out = strtoull(line + len, &end, base);
-			return errno == 0 && end != line + len;
+			*out = strtoull(s, &end, base);
+			return errno == 0;
 		}
 		line = next != NULL ? next + 1 : NULL;
 	}

@@ -279,6 +279,36 @@ test_refusal_causes(void **state)
 	assert_int_equal(in_child(child_seccomp_refuses), CHILD_OK);
 }
 
+/* /proc/self/status's fields as the kernel writes them, and as it does
+ * not: a sign, a value on the next line, none. A field that is not a
+ * number where the kernel puts one leaves its member as it was. */
+static void
+test_status_fields(void **state)
+{
+	static const char real[] = "Name:\twcached\nVmLck:\t     128 kB\n"
+		"CapEff:\t0000000000004000\nSeccomp:\t2\nSeccomp_filters:\t1\n";
+	static const char odd[] = "VmLck:\n5 kB\nCapEff:\t-1\nSeccomp:\t-0\n";
+	static const char next_line[] = "Seccomp:\n1\nCapEff:\n4000\n";
+	struct resident_refusal r = { .seccomp = -1 };
+
+	(void)state;
+	assert_int_equal(resident_status_parse(real, sizeof(real) - 1, &r), 0);
+	assert_int_equal(r.locked_known, 1);
+	assert_int_equal(r.locked, 128 * 1024);
+	assert_int_equal(r.ipc_lock, 1);
+	assert_int_equal(r.seccomp, 2);
+	memset(&r, 0, sizeof(r));
+	r.seccomp = -1;
+	assert_int_equal(resident_status_parse(odd, sizeof(odd) - 1, &r), 0);
+	assert_int_equal(r.locked_known, 0);
+	assert_int_equal(r.locked, 0);
+	assert_int_equal(r.ipc_lock, 0);
+	assert_int_equal(r.seccomp, -1);
+	assert_int_equal(resident_status_parse(next_line, sizeof(next_line) - 1, &r), 0);
+	assert_int_equal(r.ipc_lock, 0);
+	assert_int_equal(r.seccomp, -1);
+}
+
 static void
 test_pin(void **state)
 {
@@ -333,6 +363,7 @@ main(void)
 		cmocka_unit_test(test_resident_anonymous),
 		cmocka_unit_test_setup_teardown(test_pin, setup, teardown),
 		cmocka_unit_test(test_refusal_causes),
+		cmocka_unit_test(test_status_fields),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
