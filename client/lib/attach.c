@@ -5,7 +5,8 @@
  *
  * An attach is ATTACH with the model's name, answered by ATTACH_OK with
  * the sealed index memfd and one read-only descriptor per model file;
- * attach_reply.c checks and maps them. A release is one RELEASE with seq
+ * attach_reply.c checks and maps them (and for wc_attach_fds() keeps the
+ * files' descriptors in the model). A release is one RELEASE with seq
  * 0, which the daemon does not answer: no round trip. A release never
  * waits for the client's lock, which a request holds for its whole round
  * trip: it unmaps the model and queues its record, and whoever holds the
@@ -153,8 +154,11 @@ put_attach(uint8_t *buf, size_t cap, uint32_t seq, int left_ms, const void *arg)
 	return wire_put_attach(buf, cap, seq, arg, strlen(arg));
 }
 
-int
-wc_attach(wc_client *c, const char *model, wc_model **out)
+/* wc_attach() and wc_attach_fds(): req says whether the model keeps its
+ * files' descriptors; fn names the call in messages. */
+static int
+attach_as(wc_client *c, const char *model, wc_model **out, enum attach_request req,
+	const char *fn)
 {
 	uint8_t buf[WIRE_MAX_MESSAGE];
 	int fds[WIRE_MAX_FDS];
@@ -166,7 +170,7 @@ wc_attach(wc_client *c, const char *model, wc_model **out)
 	int r, unusable;
 
 	if (c == NULL || model == NULL || out == NULL)
-		return error_set(-EINVAL, "wc_attach: no client or model name");
+		return error_set(-EINVAL, "%s: no client or model name", fn);
 	if (c->pid != request_self_pid())
 		return error_set(-ECHILD, "model \"%s\": this client was connected by process %d; "
 			"call wc_connect() again after fork()", model, (int)c->pid);
@@ -186,8 +190,8 @@ wc_attach(wc_client *c, const char *model, wc_model **out)
 		free(a);
 		return (int)n;
 	}
-	r = attach_reply_grant(ATTACH_REQUEST_ATTACH, model, NULL, c->where, buf, (size_t)n, fds,
-		nfds, &c->cache, &unusable, &a->am, &grant);
+	r = attach_reply_grant(req, model, NULL, c->where, buf, (size_t)n, fds, nfds, &c->cache,
+		&unusable, &a->am, &grant);
 	if (unusable) /* a reply we cannot use: not wcached */
 		request_close_because(c, "wcached's reply to ATTACH was malformed");
 	if (r < 0) {
@@ -203,6 +207,18 @@ wc_attach(wc_client *c, const char *model, wc_model **out)
 	request_unlock(c);
 	*out = a->am.model;
 	return 0;
+}
+
+int
+wc_attach(wc_client *c, const char *model, wc_model **out)
+{
+	return attach_as(c, model, out, ATTACH_REQUEST_ATTACH, "wc_attach");
+}
+
+int
+wc_attach_fds(wc_client *c, const char *model, wc_model **out)
+{
+	return attach_as(c, model, out, ATTACH_REQUEST_ATTACH_FDS, "wc_attach_fds");
 }
 
 struct wc_client *

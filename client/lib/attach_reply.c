@@ -21,7 +21,8 @@
  * (attach_reply_grant()): an artifact's ATTACH_OK is a model of one file,
  * named "NAME [KEY]", which keeps that file's descriptor (wc_model_fd():
  * a memfd has no path to map it through again), and a BUILD is the
- * source's ATTACH_OK with a token.
+ * source's ATTACH_OK with a token. A model from wc_attach_fds() keeps
+ * every file's descriptor the same way.
  *
  * Layering: model.c < attach_reply.c < attach.c. A model made here borrows
  * its index from the attach_index mapping; the attach_model that holds
@@ -223,18 +224,20 @@ file_name(const uint8_t *index, const struct index_header *h, uint32_t i)
 
 /*
  * Builds a model from ATTACH_OK's descriptors: fds[0] is the index. With
- * keep_fd (a derived artifact: one memfd, no path), the model takes the
- * file's descriptor on success (fds[1] set to -1) for wc_model_fd(): the
- * O_RDONLY descriptor of the memfd wcached sealed against writes, shrinking
- * and growing, received close-on-exec (fdp_recv). A model file has a path
- * to open instead, and keeps none.
+ * keep_fds (a derived artifact: one memfd, no path; wc_attach_fds()), the
+ * model takes the files' descriptors on success (those fds set to -1) for
+ * wc_model_fd(): O_RDONLY (checked below), received close-on-exec
+ * (fdp_recv); an artifact's is the memfd wcached sealed against writes,
+ * shrinking and growing. A model from wc_attach() has paths to open
+ * instead, and keeps none.
  */
 static int
 model_from_fds(const char *name, const struct wire_attach_ok *ok, int *fds, size_t nfds,
-	int keep_fd, struct attach_cache *cache, struct attach_model *out)
+	int keep_fds, struct attach_cache *cache, struct attach_model *out)
 {
 	struct index_header h;
 	struct model_map *maps = NULL;
+	int *kept = NULL;
 	struct attach_index *xi = NULL;
 	const uint8_t *index;
 	size_t want = 1 + (size_t)ok->file_count + ((ok->flags & WIRE_ATTACH_STATUS) ? 1 : 0);
@@ -259,7 +262,9 @@ model_from_fds(const char *name, const struct wire_attach_ok *ok, int *fds, size
 		error_set(r, "model \"%s\": wcached sent a damaged index (%s)", name, why);
 		goto fail;
 	}
-	if ((maps = calloc(h.file_count, sizeof(*maps))) == NULL) {
+	if ((maps = calloc(h.file_count, sizeof(*maps))) == NULL ||
+		(keep_fds && (kept = calloc(h.file_count ? h.file_count : 1, sizeof(*kept))) ==
+			NULL)) {
 		r = error_set(-ENOMEM, "model \"%s\": out of memory", name);
 		goto fail;
 	}
@@ -310,9 +315,12 @@ model_from_fds(const char *name, const struct wire_attach_ok *ok, int *fds, size
 	if ((r = model_new(name, index, isize, MODEL_INDEX_BORROWED, maps, h.file_count,
 		     &out->model)) < 0)
 		goto fail;
-	if (keep_fd && h.file_count == 1) {
-		out->model->file_fd = fds[1];
-		fds[1] = -1;
+	if (kept != NULL) {
+		for (uint32_t i = 0; i < h.file_count; i++) {
+			kept[i] = fds[1 + i];
+			fds[1 + i] = -1;
+		}
+		out->model->file_fds = kept;
 	}
 	out->index = xi;
 	if (fresh) {
@@ -329,6 +337,7 @@ fail:
 		if (maps[i].base != NULL)
 			munmap((void *)maps[i].base, (size_t)maps[i].size);
 	free(maps);
+	free(kept);
 	attach_index_unref(xi);
 	return r;
 }
@@ -346,10 +355,11 @@ attach_reply_grant(enum attach_request req, const char *name, const char *key,
 	char what[WIRE_MAX_NAME + WIRE_MAX_KEY + 32], model[WIRE_MAX_NAME + WIRE_MAX_KEY + 8];
 	uint64_t build_token = 0;
 	int r, is_build;
+	int is_attach = req == ATTACH_REQUEST_ATTACH || req == ATTACH_REQUEST_ATTACH_FDS;
 
 	*unusable = 1;
 	memset(grant, 0, sizeof(*grant));
-	if (key == NULL || req == ATTACH_REQUEST_ATTACH) {
+	if (key == NULL || is_attach) {
 		snprintf(what, sizeof(what), "model \"%s\"", name);
 		snprintf(model, sizeof(model), "%s", name);
 	} else {
@@ -383,7 +393,7 @@ attach_reply_grant(enum attach_request req, const char *name, const char *key,
 		close_received(fds, nfds);
 		return error_set(-EBADMSG, "%s: unexpected reply from %s", what, where);
 	}
-	if (!is_build && req != ATTACH_REQUEST_ATTACH && ok.file_count != 1) {
+	if (!is_build && !is_attach && ok.file_count != 1) {
 		close_received(fds, nfds);
 		return error_set(-EBADMSG, "%s: %s sent an artifact of %u files, not 1", what,
 			where, ok.file_count);

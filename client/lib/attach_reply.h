@@ -89,6 +89,7 @@ int attach_reply(const char *name, const char *where, const uint8_t *buf, size_t
 /* The request a reply answers, which decides what it may be. */
 enum attach_request {
 	ATTACH_REQUEST_ATTACH = 1, /* ATTACH_OK or ERROR */
+	ATTACH_REQUEST_ATTACH_FDS, /* the same; the model keeps its files' descriptors */
 	ATTACH_REQUEST_DERIVE,     /* ATTACH_OK of an artifact (one file), BUILD, or ERROR */
 	ATTACH_REQUEST_PUBLISH,    /* ATTACH_OK of an artifact (one file), or ERROR */
 };
@@ -117,8 +118,9 @@ struct attach_grant {
  * the source generation (named name) and grant->token the build's token;
  * or a negative errno as attach_reply(). Any other reply, and an artifact
  * of more than one file, is malformed (-EBADMSG, *unusable set). Closes
- * every descriptor, on every path, but the one an artifact's model takes
- * when it is made (its file's, for wc_model_fd(); model_free() closes it).
+ * every descriptor, on every path, but those a model takes when it is made
+ * (an artifact's file's, every file's for ATTACH_REQUEST_ATTACH_FDS: for
+ * wc_model_fd(); model_free() closes them).
  */
 int attach_reply_grant(enum attach_request req, const char *name, const char *key,
 	const char *where, const uint8_t *buf, size_t len, int *fds, size_t nfds,

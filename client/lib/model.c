@@ -65,7 +65,6 @@ model_new(const char *what, const uint8_t *index, size_t index_len,
 	m->index_owner = owner;
 	m->header = h;
 	m->maps = maps;
-	m->file_fd = -1;
 	*out = m;
 	return 0;
 }
@@ -128,8 +127,10 @@ model_free(wc_model *m)
 	if (m == NULL)
 		return;
 	unmap_all(m);
-	if (m->file_fd >= 0)
-		close(m->file_fd); /* Linux: the descriptor is gone even on EINTR */
+	for (uint64_t i = 0; m->file_fds != NULL && i < m->header.file_count; i++)
+		if (m->file_fds[i] >= 0)
+			close(m->file_fds[i]); /* Linux: the descriptor is gone even on EINTR */
+	free(m->file_fds);
 	if (m->index_owner == MODEL_INDEX_OWNED)
 		free((void *)m->index);
 	free(m->maps);
@@ -365,9 +366,10 @@ wc_model_generation(const wc_model *m)
 	return m == NULL ? 0 : m->generation;
 }
 
-/* The descriptor is the model's own (model.h, file_fd): lent, never
- * given; every model but a derived artifact keeps none, so an ordinary
- * model costs no descriptor while it is mapped. */
+/* The descriptors are the model's own (model.h, file_fds): lent, never
+ * given; a model that is neither a derived artifact nor from
+ * wc_attach_fds() keeps none, so an ordinary model costs no descriptor
+ * while it is mapped. */
 int
 wc_model_fd(const wc_model *m, size_t file)
 {
@@ -376,10 +378,32 @@ wc_model_fd(const wc_model *m, size_t file)
 	if (file >= m->header.file_count)
 		return error_set(-ERANGE, "%s: file %zu of %llu", m->name, file,
 			(unsigned long long)m->header.file_count);
-	if (file != 0 || m->file_fd < 0)
+	if (m->file_fds == NULL || m->file_fds[file] < 0)
 		return error_set(-ENOENT, "%s: file %zu: no descriptor kept (only a derived "
-			"artifact's is; open the file by its path)", m->name, file);
-	return m->file_fd;
+			"artifact's and wc_attach_fds()'s are; open the file by its path)", m->name,
+			file);
+	return m->file_fds[file];
+}
+
+size_t
+wc_model_file_count(const wc_model *m)
+{
+	return m == NULL ? 0 : (size_t)m->header.file_count;
+}
+
+/* index_file_at() checks that the name is a NUL-terminated string inside
+ * the index (an attached model's index is wcached's sealed memfd, a
+ * compiled one this process's): a damaged record reads as NULL. */
+const char *
+wc_model_file_name(const wc_model *m, size_t file)
+{
+	const char *name;
+	uint64_t size;
+
+	if (m == NULL || file >= m->header.file_count ||
+		index_file_at(m->index, &m->header, file, &name, &size) < 0)
+		return NULL;
+	return name;
 }
 
 int

@@ -2,8 +2,9 @@
  * model.h: what a wc_model is inside the library.
  *
  * A model is an index and one read-only mapping per file. It owns the
- * mappings, the index when wc_open_file() compiled it, and a derived
- * artifact's memfd descriptor (wc_model_fd()). It knows nothing
+ * mappings, the index when wc_open_file() compiled it, and the
+ * descriptors it keeps of its files (wc_model_fd(): a derived artifact's
+ * memfd, the files of a wc_attach_fds() model). It knows nothing
  * of clients, connections or the daemon: a model attached through wcached
  * (attach.c) carries a release hook, which wc_release() calls instead of
  * model_free(), and which tells the daemon and drops what the model shared
@@ -54,11 +55,13 @@ struct wc_model {
 				       * outlives the model (the hook drops it) */
 	model_release_fn release;
 	void *release_ctx;
-	/* A descriptor of file 0 kept for wc_model_fd(), or -1: a derived
-	 * artifact's memfd, which has no path another mapping could be made
-	 * through (attach_reply.c keeps the O_RDONLY, close-on-exec descriptor
-	 * wcached sent). The model owns it: model_free() closes it. */
-	int file_fd;
+	/* The descriptors kept for wc_model_fd(), one per file (header.
+	 * file_count entries, each -1 or a descriptor), or NULL: those of a
+	 * derived artifact's memfd, which has no path another mapping could
+	 * be made through, and of a model from wc_attach_fds() (attach_reply.c
+	 * keeps the O_RDONLY, close-on-exec descriptors wcached sent). The
+	 * model owns them: model_free() closes them. */
+	int *file_fds;
 };
 
 /*
@@ -66,12 +69,12 @@ struct wc_model {
  * the mappings, and of the index when owner is MODEL_INDEX_OWNED, on
  * success only. maps has one entry per file of the index, in order, each as
  * large as the index says. what names the model in messages. The model
- * keeps no descriptor (file_fd -1) until its maker gives it one.
+ * keeps no descriptor (file_fds NULL) until its maker gives it some.
  */
 int model_new(const char *what, const uint8_t *index, size_t index_len,
 	enum model_index_owner owner, struct model_map *maps, size_t nmaps, wc_model **out);
 
-/* Unmaps the files, closes file_fd and frees what model_new() took; calls
+/* Unmaps the files, closes file_fds and frees what model_new() took; calls
  * no release hook. NULL is fine. */
 void model_free(wc_model *m);
 

@@ -122,18 +122,28 @@ WC_EXPORT int wc_model_cow(wc_model *m);
  * copying the pages of a private mapping): the derived artifact's memfd,
  * which has no path to open. Kept only by an artifact (from wc_derive(),
  * wc_build_publish*()): O_RDONLY, close-on-exec, of the memfd wcached
- * sealed against writes, shrinking and growing. Any other model keeps
- * none (-ENOENT): open its files by their paths. -ERANGE when file is out
- * of range, -EINVAL for no model.
+ * sealed against writes, shrinking and growing; and by a model from
+ * wc_attach_fds(), one per file. Any other model keeps none (-ENOENT):
+ * open its files by their paths. -ERANGE when file is out of range,
+ * -EINVAL for no model.
  *
  * Borrowed: valid until wc_release(m), which closes it; do not close it
  * (dup it to keep it longer). A child of fork() inherits it with the model,
  * and the child's wc_release() closes the child's copy only. A process
  * that closes descriptors it did not open (closefrom(), close_range())
- * must not release an artifact it held then: its wc_release() would close
- * whatever descriptor has that number by then.
+ * must not release a model that kept descriptors then: its wc_release()
+ * would close whatever descriptor has that number by then.
  */
 WC_EXPORT int wc_model_fd(const wc_model *m, size_t file);
+
+/* The number of files of the model (0 for NULL). */
+WC_EXPORT size_t wc_model_file_count(const wc_model *m);
+
+/* The name the model's index gives file `file`: for a sharded model the
+ * shard's name as the weight map spells it, else the file's base name.
+ * NULL past the end, for NULL, or for a damaged record. Valid until
+ * wc_release(m). */
+WC_EXPORT const char *wc_model_file_name(const wc_model *m, size_t file);
 
 /* Message for the last failure in the calling thread ("" if none). */
 WC_EXPORT const char *wc_errmsg(void);
@@ -176,6 +186,16 @@ WC_EXPORT int wc_set_timeout(wc_client *c, int timeout_ms);
  * A model the daemon attached but this process cannot map (-ENOMEM, for
  * one) is released at once: the daemon does not count it. */
 WC_EXPORT int wc_attach(wc_client *c, const char *model, wc_model **out);
+
+/*
+ * As wc_attach(), and the model keeps an O_RDONLY, close-on-exec descriptor
+ * of each of its files, the ones wcached passed (for a staged model, those
+ * of its copy in stage_dir), which wc_model_fd() lends and wc_release()
+ * closes: one descriptor per file for as long as the model lives. For a
+ * caller that must tell which file at a path is one of the model's (fstat
+ * the descriptor), or map a file of it again without opening it by path.
+ */
+WC_EXPORT int wc_attach_fds(wc_client *c, const char *model, wc_model **out);
 
 /* Ends the client: its connection closes once a release or a build's
  * publish or abandon running on another thread at the same time is done

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -93,6 +94,19 @@ tu_count_fds(void)
 	int n = tu_count_entries("/proc/self/fd");
 
 	return n < 0 ? n : n - 1; /* the directory's own descriptor */
+}
+
+int
+tu_fd_is_readonly_of(int fd, int other)
+{
+	struct stat got, want;
+	int fl, fd_flags;
+
+	if (fd < 0 || fstat(fd, &got) == -1 || fstat(other, &want) == -1 ||
+		(fl = fcntl(fd, F_GETFL)) == -1 || (fd_flags = fcntl(fd, F_GETFD)) == -1)
+		return 0;
+	return got.st_dev == want.st_dev && got.st_ino == want.st_ino &&
+		(fl & O_ACCMODE) == O_RDONLY && (fd_flags & FD_CLOEXEC) != 0;
 }
 
 double

@@ -37,6 +37,10 @@ int tu_count_entries(const char *dir);
 /* Counts this process's open descriptors. */
 int tu_count_fds(void);
 
+/* 1 when fd is an open, read-only, close-on-exec descriptor of the file
+ * other is open on (the same device and inode), else 0. */
+int tu_fd_is_readonly_of(int fd, int other);
+
 /* Seconds on the monotonic clock, for intervals. */
 double tu_now(void);
 

@@ -9,8 +9,9 @@
  * outlives its client, and releasing models on one thread while another
  * disconnects their client is safe; a forked child reads its copy but
  * cannot use its parent's client; bad arguments fail before anything is
- * sent; the deadline of a daemon that never answers (wc_set_timeout(),
- * WCACHE_TIMEOUT).
+ * sent; a model from wc_attach_fds() keeps its files' descriptors until
+ * its release (in a forked child too); the deadline of a daemon that
+ * never answers (wc_set_timeout(), WCACHE_TIMEOUT).
  *
  * Hostile replies are tested elsewhere: what comes with ATTACH_OK
  * (descriptors, indexes, status pages, mmap failures) in
@@ -87,6 +88,13 @@ test_good_reply(void **state)
 	assert_int_equal(wc_model_fd(f->model, 0), -ENOENT);
 	assert_int_equal(wc_model_fd(f->model, 1), -ENOENT);
 	assert_int_equal(wc_model_fd(f->model, 2), -ERANGE);
+	/* Its files' names, as the index gives them. */
+	assert_int_equal(wc_model_file_count(f->model), 2);
+	assert_string_equal(wc_model_file_name(f->model, 0), "a.bin");
+	assert_string_equal(wc_model_file_name(f->model, 1), "b.bin");
+	assert_null(wc_model_file_name(f->model, 2));
+	assert_int_equal(wc_model_file_count(NULL), 0);
+	assert_null(wc_model_file_name(NULL, 0));
 
 	/* A second attach on the same connection is a second model, which
 	 * shares the client's one mapping of the status page and, the same
@@ -726,6 +734,89 @@ test_timeout_settings(void **state)
 	assert_int_equal(tu_count_fds(), before);
 }
 
+/* ---- wc_attach_fds ------------------------------------------------------ */
+
+/* A model from wc_attach_fds() keeps the descriptor wcached passed of each
+ * of its files, lent by wc_model_fd() (the same one each call), -ERANGE
+ * past the last file; wc_release() closes them all, and the model reads
+ * and releases as wc_attach()'s. */
+static void
+test_attach_fds_keeps_descriptors(void **state)
+{
+	struct fixture *f = *state;
+	int before = tu_count_fds(), fd0, fd1;
+
+	fake_start(f);
+	assert_int_equal(wc_connect(f->sock, &f->client), 0);
+	assert_error(wc_attach_fds(NULL, MODEL, &f->model), -EINVAL, "wc_attach_fds: no client");
+	if (wc_attach_fds(f->client, MODEL, &f->model) != 0)
+		fail_msg("attach failed: %s", wc_errmsg());
+	/* The client's socket, the fake's end of it, and the two files. */
+	assert_int_equal(tu_count_fds(), before + 4);
+	check_tensors(f->model);
+	assert_maps(f, 1, 2, 2);
+	assert_int_equal(wc_model_file_count(f->model), 2);
+	assert_string_equal(wc_model_file_name(f->model, 0), "a.bin");
+	assert_string_equal(wc_model_file_name(f->model, 1), "b.bin");
+	assert_null(wc_model_file_name(f->model, 2));
+	fd0 = wc_model_fd(f->model, 0);
+	fd1 = wc_model_fd(f->model, 1);
+	assert_true(tu_fd_is_readonly_of(fd0, f->file_fd[0]));
+	assert_true(tu_fd_is_readonly_of(fd1, f->file_fd[1]));
+	assert_true(fd0 != fd1);
+	/* The ones received, not the daemon's own. */
+	assert_true(fd0 != f->file_fd[0] && fd1 != f->file_fd[1]);
+	assert_int_equal(wc_model_fd(f->model, 0), fd0);
+	assert_int_equal(tu_count_fds(), before + 4);
+	assert_error(wc_model_fd(f->model, 2), -ERANGE, "file 2 of 2");
+	wc_release(f->model);
+	f->model = NULL;
+	assert_int_equal(tu_count_fds(), before + 2);
+	assert_int_equal(fcntl(fd0, F_GETFD), -1);
+	assert_int_equal(errno, EBADF);
+	assert_int_equal(fcntl(fd1, F_GETFD), -1);
+	finish(f, before);
+	assert_int_equal(f->fake.attaches, 1);
+	assert_int_equal(f->fake.releases, 1);
+	assert_int_equal(f->fake.released_handle, HANDLE);
+}
+
+/* A child of fork() inherits the descriptors with the model; its
+ * wc_release() closes its copies only and tells the daemon nothing. */
+static void
+test_attach_fds_in_forked_child(void **state)
+{
+	struct fixture *f = *state;
+	int before = tu_count_fds(), fd0, fd1, status;
+	pid_t pid;
+
+	fake_start(f);
+	assert_int_equal(wc_connect(f->sock, &f->client), 0);
+	assert_int_equal(wc_attach_fds(f->client, MODEL, &f->model), 0);
+	fd0 = wc_model_fd(f->model, 0);
+	fd1 = wc_model_fd(f->model, 1);
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		int code = 0;
+
+		alarm(10);
+		if (wc_model_fd(f->model, 0) != fd0 || wc_model_fd(f->model, 1) != fd1)
+			code = 1;
+		wc_release(f->model);
+		if (code == 0 && (fcntl(fd0, F_GETFD) != -1 || fcntl(fd1, F_GETFD) != -1))
+			code = 2;
+		_exit(code);
+	}
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFEXITED(status));
+	assert_int_equal(WEXITSTATUS(status), 0);
+	assert_true(tu_fd_is_readonly_of(wc_model_fd(f->model, 0), f->file_fd[0]));
+	assert_true(tu_fd_is_readonly_of(wc_model_fd(f->model, 1), f->file_fd[1]));
+	release_and_finish(f, before);
+	assert_int_equal(f->fake.releases, 1);
+}
+
 int
 main(void)
 {
@@ -746,6 +837,8 @@ main(void)
 		T(test_release_during_reconnect_not_held),
 		T(test_attach_in_forked_child),
 		T(test_bad_arguments),
+		T(test_attach_fds_keeps_descriptors),
+		T(test_attach_fds_in_forked_child),
 	};
 #undef T
 

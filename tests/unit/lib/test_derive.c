@@ -1128,17 +1128,7 @@ test_no_hold_for_artifacts(void **state)
 static void
 assert_artifact_fd(int fd, int daemon_fd)
 {
-	struct stat got, want;
-	int flags;
-
-	assert_true(fd >= 0);
-	assert_int_equal(fstat(fd, &got), 0);
-	assert_int_equal(fstat(daemon_fd, &want), 0);
-	assert_true(got.st_dev == want.st_dev && got.st_ino == want.st_ino);
-	assert_true((flags = fcntl(fd, F_GETFL)) != -1);
-	assert_int_equal(flags & O_ACCMODE, O_RDONLY);
-	assert_true((flags = fcntl(fd, F_GETFD)) != -1);
-	assert_true(flags & FD_CLOEXEC);
+	assert_true(tu_fd_is_readonly_of(fd, daemon_fd));
 }
 
 /* An artifact keeps its file's descriptor while it lives, one descriptor,

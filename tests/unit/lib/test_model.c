@@ -1,6 +1,6 @@
 /*
  * test_model.c: the wc_model API over wc_open_file, wc_open_fd and
- * model_view_source: lookups, metadata, errors, lifetime across fork(), and
+ * model_view_source: lookups, metadata, file names, errors, lifetime across fork(), and
  * wc_model_cow() writes that stay private to this process.
  */
 #include <errno.h>
@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -92,8 +93,54 @@ test_lookups(void **state)
 	assert_int_equal(wc_model_metadata_at(m, 0, &k, &v), 0);
 	assert_string_equal(k, "author");
 	assert_int_equal(wc_model_metadata_at(m, 2, &k, &v), -ERANGE);
+	/* One file, named by its base name; none past it; no descriptor. */
+	assert_int_equal(wc_model_file_count(m), 1);
+	assert_string_equal(wc_model_file_name(m, 0), "m.safetensors");
+	assert_null(wc_model_file_name(m, 1));
+	assert_int_equal(wc_model_fd(m, 0), -ENOENT);
 	wc_release(m);
 	wc_release(NULL);
+}
+
+/* A sharded model's files are named as its weight map names the shards. */
+static void
+test_file_names_of_shards(void **state)
+{
+	struct fixture *f = *state;
+	const char *h1 = "{\"x\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]}}";
+	const char *h2 = "{\"y\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[0,3]}}";
+	const char *map = "{\"metadata\":{},\"weight_map\":{"
+			  "\"x\":\"part-1.safetensors\",\"y\":\"part-2.safetensors\"}}";
+	char *sub, *p1, *p2, *pj;
+	const char *n0, *n1;
+	size_t len;
+	uint8_t *img;
+	wc_model *m;
+
+	assert_true(asprintf(&sub, "%s/sharded", f->dir) > 0);
+	assert_int_equal(mkdir(sub, 0700), 0);
+	img = tu_safetensors(h1, 2, &len);
+	p1 = tu_write(sub, "part-1.safetensors", img, len);
+	free(img);
+	img = tu_safetensors(h2, 3, &len);
+	p2 = tu_write(sub, "part-2.safetensors", img, len);
+	free(img);
+	pj = tu_write(sub, "model.safetensors.index.json", map, strlen(map));
+	assert_int_equal(wc_open_file(sub, &m), 0);
+	assert_int_equal(wc_model_file_count(m), 2);
+	n0 = wc_model_file_name(m, 0);
+	n1 = wc_model_file_name(m, 1);
+	assert_non_null(n0);
+	assert_non_null(n1);
+	assert_true((strcmp(n0, "part-1.safetensors") == 0 &&
+			    strcmp(n1, "part-2.safetensors") == 0) ||
+		(strcmp(n0, "part-2.safetensors") == 0 && strcmp(n1, "part-1.safetensors") == 0));
+	assert_null(wc_model_file_name(m, 2));
+	wc_release(m);
+	free(p1);
+	free(p2);
+	free(pj);
+	free(sub);
 }
 
 /* model_view_source() reads the files as the source opened them, though
@@ -265,6 +312,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_lookups, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_file_names_of_shards, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_bulk_matches_one_by_one, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_view_reads_the_source_as_opened, setup,
 			teardown),
