@@ -38,34 +38,10 @@
 #include <unistd.h>
 
 #include "base/error.h"
-#include "proto/fdpass.h"
 #include "proto/memfds.h"
 #include "lib/attach_reply.h"
 #include "lib/model.h"
 #include "proto/wire.h"
-
-/*
- * Closes the received descriptors: one close_range() when they are
- * consecutive numbers (the kernel installs them lowest-first, so they
- * usually are; every number in the range is then one of ours), else one
- * close() each.
- */
-static void
-close_received(int *fds, size_t n)
-{
-	size_t i;
-
-	for (i = 1; i < n; i++)
-		if (fds[i] != fds[0] + (int)i)
-			break;
-	if (n > 1 && i == n && fds[0] >= 0 &&
-		close_range((unsigned)fds[0], (unsigned)fds[n - 1], 0) == 0) {
-		for (i = 0; i < n; i++)
-			fds[i] = -1;
-		return;
-	}
-	fdp_close_all(fds, n);
-}
 
 /*
  * The index memfd fd, mapped: the client's cached mapping when fd is the
@@ -367,7 +343,7 @@ attach_reply_grant(enum attach_request req, const char *name, const char *key,
 		snprintf(model, sizeof(model), "%s [%s]", name, key);
 	}
 	if ((r = wire_decode(buf, len, &msg)) < 0) {
-		close_received(fds, nfds);
+		model_close_fds(fds, nfds);
 		return error_set(r, "%s sent a malformed reply%s", where,
 			r == -EPROTO ? " (protocol version mismatch: update libwcache or "
 				       "wcached)" : "");
@@ -377,7 +353,7 @@ attach_reply_grant(enum attach_request req, const char *name, const char *key,
 		const char *text;
 		size_t tlen;
 
-		close_received(fds, nfds);
+		model_close_fds(fds, nfds);
 		*unusable = 0;
 		if (wire_get_error(&msg, &code, &text, &tlen) < 0)
 			return error_set(-EBADMSG, "%s: malformed error from %s", what, where);
@@ -390,17 +366,17 @@ attach_reply_grant(enum attach_request req, const char *name, const char *key,
 	is_build = msg.h.type == WIRE_BUILD && req == ATTACH_REQUEST_DERIVE;
 	if (is_build ? wire_get_build(&msg, &ok, &build_token) < 0 :
 		       msg.h.type != WIRE_ATTACH_OK || wire_get_attach_ok(&msg, &ok) < 0) {
-		close_received(fds, nfds);
+		model_close_fds(fds, nfds);
 		return error_set(-EBADMSG, "%s: unexpected reply from %s", what, where);
 	}
 	if (!is_build && !is_attach && ok.file_count != 1) {
-		close_received(fds, nfds);
+		model_close_fds(fds, nfds);
 		return error_set(-EBADMSG, "%s: %s sent an artifact of %u files, not 1", what,
 			where, ok.file_count);
 	}
 	r = model_from_fds(is_build ? name : model, &ok, fds, nfds,
 		!is_build && req != ATTACH_REQUEST_ATTACH, cache, &a);
-	close_received(fds, nfds);
+	model_close_fds(fds, nfds);
 	if (r < 0 || a.model == NULL) {
 		r = r < 0 ? r : -EIO;
 		*unusable = r == -EBADMSG; /* not a reply from wcached */

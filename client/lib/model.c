@@ -122,14 +122,34 @@ unmap_all(wc_model *m)
 }
 
 void
+model_close_fds(int *fds, size_t n)
+{
+	size_t i;
+
+	for (i = 1; i < n; i++)
+		if (fds[i] != fds[0] + (int)i)
+			break;
+	if (n > 1 && i == n && fds[0] >= 0 &&
+		close_range((unsigned)fds[0], (unsigned)fds[n - 1], 0) == 0) {
+		for (i = 0; i < n; i++)
+			fds[i] = -1;
+		return;
+	}
+	for (i = 0; i < n; i++) {
+		if (fds[i] >= 0)
+			close(fds[i]); /* Linux: the descriptor is gone even on EINTR */
+		fds[i] = -1;
+	}
+}
+
+void
 model_free(wc_model *m)
 {
 	if (m == NULL)
 		return;
 	unmap_all(m);
-	for (uint64_t i = 0; m->file_fds != NULL && i < m->header.file_count; i++)
-		if (m->file_fds[i] >= 0)
-			close(m->file_fds[i]); /* Linux: the descriptor is gone even on EINTR */
+	if (m->file_fds != NULL)
+		model_close_fds(m->file_fds, (size_t)m->header.file_count);
 	free(m->file_fds);
 	if (m->index_owner == MODEL_INDEX_OWNED)
 		free((void *)m->index);

@@ -74,6 +74,12 @@ struct wc_model {
 int model_new(const char *what, const uint8_t *index, size_t index_len,
 	enum model_index_owner owner, struct model_map *maps, size_t nmaps, wc_model **out);
 
+/* Closes the descriptors fds[0 .. n) that are not -1 and sets each to -1:
+ * one close_range() when they are consecutive numbers (the kernel installs
+ * received descriptors lowest-first, so they usually are; every number in
+ * the range is then one of them), else one close() each. */
+void model_close_fds(int *fds, size_t n);
+
 /* Unmaps the files, closes file_fds and frees what model_new() took; calls
  * no release hook. NULL is fine. */
 void model_free(wc_model *m);
