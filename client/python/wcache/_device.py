@@ -948,7 +948,7 @@ def to_device(model, names, device, per_tensor, backend=None, mode=None, small=S
     engine and plan of the last load are kept in ``last_load`` (tests)."""
     global last_load
     import torch
-    from ._dtypes import torch_dtype
+    from ._dtypes import PACKED, torch_dtype
     mode = copy_mode() if mode is None else mode
     if backend is None and mode != "tensor":
         backend = backend_for(device)
@@ -963,16 +963,20 @@ def to_device(model, names, device, per_tensor, backend=None, mode=None, small=S
         if i is None:
             model.info(name)  # raises the model's own KeyError
         info = table.info(i)
-        dtype = torch_dtype(torch, info.dtype)
+        if info.dtype in PACKED:  # its storage shape (F4: float4_e2m1fn_x2)
+            from ._torch import packed_type
+            dtype, shape = packed_type(model.name, info)
+        else:
+            dtype, shape = torch_dtype(torch, info.dtype), info.shape
         if dtype is None:
             from ._torch import _no_torch_type
             raise TypeError(_no_torch_type(model.name, info))
-        infos.append((info, dtype))
-    total = sum(info.nbytes for info, _ in infos)
+        infos.append((info, dtype, shape))
+    total = sum(info.nbytes for info, _, _ in infos)
     if backend is None or mode == "tensor" or total < small:
         return {name: per_tensor(name).to(device) for name in names}
     entries = [(info.name, info.data, info.nbytes, _itemsize(torch, dtype))
-               for info, dtype in infos]
+               for info, dtype, _ in infos]
     p = plan(entries, max_batch=engine_args.pop("max_batch", MAX_BATCH))
     engine = Engine(backend, mode=mode, **engine_args)
     files = mapping_files(handle, table.span) if backend.pins_long_term and mode != "staging" \
@@ -997,11 +1001,11 @@ def to_device(model, names, device, per_tensor, backend=None, mode=None, small=S
     level = logging.WARNING if "staging" in engine.path and mode == "auto" else logging.INFO
     _say_once(level, f"wcache: {engine.path} path into {device}: {engine.reason}")
     out = {}
-    for info, dtype in infos:
+    for info, dtype, shape in infos:
         off = p.places[info.name]
         if off is None:
-            out[info.name] = torch.empty(info.shape, dtype=dtype, device=buffer.device)
+            out[info.name] = torch.empty(shape, dtype=dtype, device=buffer.device)
         else:
-            out[info.name] = buffer[off:off + info.nbytes].view(dtype).view(info.shape)
+            out[info.name] = buffer[off:off + info.nbytes].view(dtype).view(shape)
     last_load = (engine, p)
     return out

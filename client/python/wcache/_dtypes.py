@@ -35,8 +35,8 @@ DTYPES = {
     "F8_E8M0": (8, None, ("float8_e8m0fnu",), "|u1"),
     "F8_E4M3FNUZ": (8, None, ("float8_e4m3fnuz",), "|u1"),
     "F8_E5M2FNUZ": (8, None, ("float8_e5m2fnuz",), "|u1"),
-    # Sub-byte types: torch's packed float4 type has a different shape
-    # (two values per element), so they are never mapped.
+    # Sub-byte types: no torch type holds one value. F4 goes to torch
+    # through PACKED (two values an element), never alone.
     "F4": (4, None, (), None),
     "F6_E2M3": (6, None, (), None),
     "F6_E3M2": (6, None, (), None),
@@ -53,6 +53,30 @@ TORCH_TO_ST = {
     "torch.float8_e8m0fnu": "F8_E8M0", "torch.float8_e4m3fnuz": "F8_E4M3FNUZ",
     "torch.float8_e5m2fnuz": "F8_E5M2FNUZ",
 }
+
+
+# safetensors dtype -> (torch attribute, values per torch element): the
+# packed type safetensors 0.8 gives such a tensor as to torch (F4: torch
+# 2.8's float4_e2m1fn_x2, two values a byte), whose torch shape is the
+# header's with its last dimension divided by that number (upstream's
+# torch_storage_shape in bindings/python/src/lib.rs). Its carrier is a byte.
+PACKED = {"F4": ("float4_e2m1fn_x2", 2)}
+
+
+def packed_torch_type(torch, dtype, shape):
+    """(torch dtype, storage shape) of a tensor of a PACKED dtype with header
+    shape, or None when this torch has no type for it; ValueError, with
+    upstream's message, when its last dimension does not divide."""
+    packed = PACKED[dtype]
+    t = getattr(torch, packed[0], None)
+    if t is None:
+        return None
+    shape = list(shape)
+    if not shape or shape[-1] % packed[1]:
+        raise ValueError(f"f4_x2 dtype requires that the last dim be divisible by "
+                         f"{packed[1]} in torch: got {shape}")
+    shape[-1] //= packed[1]
+    return t, tuple(shape)
 
 
 def numpy_typestr(dtype):

@@ -71,7 +71,7 @@ import numpy as np
 import torch
 
 from . import _lib, _table
-from ._dtypes import carrier_typestr, torch_dtype
+from ._dtypes import PACKED, carrier_typestr, packed_torch_type, torch_dtype
 from ._table import NUMPY_MAX_DIMS
 from .model import TensorInfo, _ArrayOwner, _view, make_cow
 from ._sharedview import Unavailable, _libc, file_mappings, map_mapped_file
@@ -103,10 +103,29 @@ def _types_of(label, info):
     return entry
 
 
+def packed_type(label, info):
+    """(torch dtype, storage shape) of a tensor of a PACKED dtype (F4 as
+    float4_e2m1fn_x2, its last dimension halved, as safetensors 0.8 gives
+    it); TypeError when this torch has no such type, SafetensorError with
+    upstream's message when its last dimension does not divide."""
+    try:
+        found = packed_torch_type(torch, info.dtype, info.shape)
+    except ValueError as e:
+        raise _lib.InvalidArgument(str(e)) from None
+    if found is None:
+        raise TypeError(_no_torch_type(label, info))
+    return found
+
+
 def tensor(model, info):
     """The torch tensor for one tensor of model (see the module comment)."""
     h = model._h()
-    tdtype, carrier = _types_of(h.label, info)
+    if info.dtype in PACKED:
+        # Bytes made into the packed type: its storage shape, one byte an element.
+        tdtype, shape = packed_type(h.label, info)
+        info, carrier = TensorInfo(info.name, info.dtype, shape, info.nbytes, info.data), "|u1"
+    else:
+        tdtype, carrier = _types_of(h.label, info)
     if _BIG_ENDIAN:
         raise TypeError(f"model {h.label!r}: safetensors data is little-endian and this "
                         "host is not; torch tensors cannot be zero-copy views here")
