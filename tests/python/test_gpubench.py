@@ -1,6 +1,6 @@
 """tests/gpu/gpubench.py against the library versions the GPU run has and
 this machine does not (transformers 5): what can be checked without them.
-The --cpu run of the whole script is test_gpu_script.py."""
+The --cpu run of the whole script is test_run_sh.py."""
 import os
 import sys
 import time

@@ -1,0 +1,400 @@
+"""tests/gpu/run.sh in its --cpu mode, end to end: a whole run (every
+step but the CUDA calls, small sizes, the copy engine on its CPU backend,
+test_gpu_script.py's stand-ins for safetensors and transformers), and runs
+that go wrong (a failed step, no model, a budget, a step that cannot be
+killed, an interrupt, a hung driver, no CUDA device; those with a build
+tree made for another host are test_run_sh_carry.py's). Apart from
+test_gpu_script.py, whose report rules and gpubench commands it shares,
+so that the ctest entries python and python_2 (tests/CMakeLists.txt) can
+run them side by side."""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from test_gpu_script import REPO, gpubench, standins, without_transformers
+
+
+def test_run_sh_cpu_mode(tmp_path):
+    out_dir = tmp_path / "out"  # the device tool's $OUT
+    out_dir.mkdir()
+    # GPUBENCH_PIN_DELAY: each registration on the CPU backend takes 5 ms,
+    # the GIL let go, so that the registration row has times to compare.
+    # A stand-in nvidia-smi: the header's query (an idle GPU's link, and
+    # the max), and the pinned row's while it copies.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(
+        "#!/bin/sh\ncase \"$*\" in\n*gen.max*) echo \"$*\"; echo '570.00, 1, 16, 5, 16' ;;\n"
+        "*) sleep 0.3; echo '5, 16' ;;\nesac\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    env = dict(os.environ, PYTHON=sys.executable, STEP_TIMEOUT="120", OUT=str(out_dir),
+               PYTHONPATH=standins(tmp_path / "standins"), GPUBENCH_PIN_DELAY="0.005",
+               PATH=f"{bin_dir}:{os.environ['PATH']}")
+    work = tmp_path / "work"
+    r = subprocess.run([os.path.join(REPO, "tests", "gpu", "run.sh"), "--cpu", "--gib", "0.02",
+                        "--work", str(work)], env=env, capture_output=True, text=True,
+                       timeout=600)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "FAILED" not in out and "TIMEOUT" not in out
+    table = {line[:44].strip(): line[44:].split() for line in r.stdout.splitlines()
+             if len(line) > 44}
+    assert float(table["pinned anonymous memory (the limit)"][0]) > 0
+    assert table["wcache, new path"][-1] == "register"
+    assert table["wcache, new path, staging forced"][-1] == "staging"
+    assert table["wcache, old per-tensor path"][-1] == "tensor"
+    assert table["wcache, new path, 4 processes together"][-1] == "register"
+    assert table["wcache, new path"][-2] == "0.0"  # private MiB: none on the CPU backend
+    # each engine row, then where its time went and why it took its path
+    lines = r.stdout.splitlines()
+    after = lines[lines.index(next(x for x in lines if x.startswith("wcache, new path  "))) + 1]
+    assert after.startswith("    view ") and ", register " in after and ", copy " in after and \
+        ", unregister " in after and "; why: cpu: source registered read-only" in after, after
+    # the header names the host
+    for said in ("host: kernel ", "work directory ", "packages: numpy ", "accelerate ",
+                 "read-only host registration "
+                 "(cudaDevAttrHostRegisterReadOnlySupported): unknown", "nvidia-smi: "):
+        assert said in r.stderr, (said, r.stderr)
+    assert "nvidia-smi: --query-gpu=driver_version,pcie.link.gen.current," \
+        "pcie.link.width.current,pcie.link.gen.max,pcie.link.width.max --format=csv\n" \
+        "nvidia-smi: 570.00, 1, 16, 5, 16\n" in r.stderr, r.stderr
+    # the pinned row: a power of two of the model's bytes, and the link
+    # read while it copied
+    import json
+    pinned = json.loads((out_dir / "results.jsonl").read_text().splitlines()[0])
+    assert pinned["method"] == "pinned" and pinned["bytes"] == 16 << 20 and \
+        pinned["model_bytes"] > gpubench.layout_bytes(gpubench.layout(int(0.02 * (1 << 30)))) \
+        > pinned["bytes"] and pinned["link"] == "5, 16", pinned
+    at = lines.index(next(x for x in lines if x.startswith("pinned anonymous memory")))
+    assert lines[at + 1] == "    16 MiB pinned and copied (the largest power of two <= the " \
+        f"model's {pinned['model_bytes'] / (1 << 20):.1f} MiB); PCIe link while copying " \
+        "(gen, width): 5, 16", lines[at + 1]
+    # the targets' steps first, the informational ones after them all
+    order = [x for x in r.stderr.splitlines() if x.startswith("== ") and ": " not in x]
+    assert order.index("== wcache, 4 processes at once") < \
+        order.index("== wcache, new path, staging forced") < \
+        order.index("== get_tensor loop, safetensors"), order
+    # transformers' loading code is imported before the load is timed
+    assert r.stderr.count("imported before the timing") == 3, r.stderr
+    assert "new path >= 0.8x pinned limit" in r.stdout
+    assert float(table["safetensors.torch.load_file(device=)"][0]) > 0  # the stand-in
+    # transformers (the stand-in): three loads; the two through wcache with
+    # their speed-up over plain and how many shard handles registered
+    plain = table["transformers, plain"]
+    assert plain[0] == "load" and plain[2:] == ["s"] and float(plain[1]) > 0
+    for label, registered in (("transformers, wcache", "0"),
+                              ("transformers, wcache, WCACHE_HOST_REGISTER=1", "4")):
+        row = table[label]
+        assert row[0] == "load" and row[2] == "s" and row[4] == "plain", row
+        assert abs(float(row[3].rstrip("x")) - float(plain[1]) / float(row[1])) < 0.01, row
+        assert row[5:9] == [f"({registered}", "of", "4", "handles"], row  # 4 shards
+    # WCACHE_SAFETENSORS=1 through the package's .pth (gpubench --site), the
+    # other load through wcache.install()
+    lines = r.stdout.splitlines()
+    at = lines.index(next(x for x in lines if x.startswith("transformers, wcache  ")))
+    assert lines[at + 1] == "    safetensors patched by WCACHE_SAFETENSORS=1 " \
+        "(wcache-safetensors.pth)", lines[at:at + 2]
+    at = lines.index(next(x for x in lines if x.startswith("transformers, wcache, WCACHE_HOST")))
+    assert lines[at + 1] == "    safetensors patched by wcache.install()", lines[at:at + 2]
+    for label in ("transformers logits equal",
+                  "transformers + WCACHE_HOST_REGISTER=1 logits equal",
+                  "transformers loaded through wcached",
+                  "transformers + WCACHE_HOST_REGISTER=1: every shard registered",
+                  "WCACHE_HOST_REGISTER=1: registration left the page cache shared",
+                  "new path: registration left the page cache shared"):
+        assert f"PASS  {label}" in r.stdout, (label, r.stdout)
+    _check_informational_rows(r.stdout, out_dir / "results.jsonl", 0.02)
+    assert not work.exists(), "the work directory is removed without --keep"
+    # what comes back from the device call: the rows and wcached's logs
+    got = sorted(os.listdir(out_dir))
+    assert got == ["results-concurrent.jsonl", "results.jsonl", "wcached-daemon.log",
+                   "wcached-llama-daemon.log"], got
+    assert '"method": "concurrent4"' in (out_dir / "results.jsonl").read_text()
+    # each wcached has a stage_dir of its own: the second no longer warns
+    # that the default one is locked by the first
+    for log in ("wcached-daemon.log", "wcached-llama-daemon.log"):
+        assert "stage_dir" not in (out_dir / log).read_text(), (out_dir / log).read_text()
+    # wcached was stopped: no daemon left with our config
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(work) not in ps
+
+
+def _check_informational_rows(stdout, results, gib):
+    """The informational rows of a --cpu run with a gib GiB model and the
+    stand-in safetensors: both get_tensor loops, every tensor once (all
+    through the engine on the CPU), their ms per tensor their seconds over
+    the tensors; registration of 8 ranges on 1 thread and on 4 threads,
+    each registering, 4 at once faster (GPUBENCH_PIN_DELAY: a registration
+    that takes time), every range unregistered; and no PASS/MISS for them."""
+    import json
+    n = len(gpubench.layout(int(gib * (1 << 30))))
+    lines = stdout.splitlines()
+    rows = {r["method"]: r for r in map(json.loads, results.read_text().splitlines())}
+    for key, label in (("upstream_get_tensor", "get_tensor loop, safetensors safe_open"),
+                       ("wcache_get_tensor", "get_tensor loop, wcache.safe_open")):
+        at = lines.index(next(x for x in lines if x.startswith(label + "  ")))
+        gbps, seconds, private, *path = lines[at][44:].split()
+        row = rows[key]
+        assert float(gbps) == row["gbps"] > 0 and float(seconds) > 0, lines[at]
+        assert row["tensors"] == n and row["bytes"] == gpubench.layout_bytes(
+            gpubench.layout(int(gib * (1 << 30)))), row
+        assert abs(row["ms_per_tensor"] - row["seconds"] * 1000 / n) < 1e-3, row
+        said = f"    {n} tensors, {row['ms_per_tensor']:.3f} ms per tensor"
+        if key == "wcache_get_tensor":
+            assert path == ["register"] and private == "0.0", lines[at]
+            assert row["engine_tensors"] == n, row  # SMALL_COPY 0 on the CPU: each one
+            said += f", {n} of them through the engine"
+            assert lines[at + 2].startswith("    view ") and \
+                "; why: cpu: source registered read-only" in lines[at + 2], lines[at + 2]
+        assert lines[at + 1] == said + " (informational, no target)", lines[at + 1]
+    row = rows["register_threads"]
+    assert (row["ranges"], row["threads"], row["threads_used"], row["views"]) == \
+        (8, 4, 4, False), row
+    assert row["bytes"] % (8 * gpubench.PAGE) == 0 and \
+        abs(row["bytes"] / 8 / (1 << 20) - row["range_mib"]) < 0.01, row
+    assert row["seconds_1"] >= 8 * 0.005 and row["seconds_n"] >= 2 * 0.005, row
+    assert abs(row["ratio"] - row["seconds_1"] / row["seconds_n"]) < 0.01 and \
+        row["ratio"] > 2, row
+    at = lines.index(next(x for x in lines if x.startswith("registration, 1 thread vs 4  ")))
+    assert f"{row['seconds_1']:.3f} s vs {row['seconds_n']:.3f} s: {row['ratio']:.2f}x " \
+        f"(4x if the driver pins in parallel" in lines[at], lines[at]
+    assert lines[at + 1].startswith(f"    8 x {row['range_mib']:g} MiB of the model's mapping;")
+    verdicts = [x for x in lines if x[:5].strip() in ("PASS", "MISS", "n/a")]
+    assert len(verdicts) == 9, verdicts  # the issue's targets, none more
+
+
+def _run_small(tmp_path, env, timeout=600):
+    """(result, its stdout and stderr, seconds) of run.sh --cpu with a
+    0.01 GiB model in tmp_path/work, under env."""
+    t0 = time.monotonic()
+    r = subprocess.run([os.path.join(REPO, "tests", "gpu", "run.sh"), "--cpu", "--gib", "0.01",
+                        "--work", str(tmp_path / "work")], env=env, capture_output=True,
+                       text=True, timeout=timeout)
+    return r, r.stdout + r.stderr, time.monotonic() - t0
+
+
+def test_run_sh_reports_a_failed_step_and_goes_on(tmp_path):
+    """A measurement that fails is named at the end, after the report of
+    the others, and the script exits 1. (Three measurements before it
+    succeed without measuring: their rows are skipped, which saves three
+    starts of Python with torch; test_run_sh_cpu_mode runs them.)"""
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"#!/bin/sh\ncase \"$*\" in *wcache_staging*) exit 3 ;;\n"
+                       f"*'--method pinned '*|*'--method torch_load '*|"
+                       f"*'--method wcache_tensor '*|*'--method wcache_get_tensor '*|"
+                       f"*' register-threads '*) exit 0 ;;\nesac\n"
+                       f"exec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    env = without_transformers(tmp_path / "hide", dict(os.environ, PYTHON=str(wrapper),
+                                                       STEP_TIMEOUT="120"))
+    r, out, _ = _run_small(tmp_path, env)
+    assert r.returncode == 1, out
+    assert "== transformers is not installed: skipped" in r.stderr, out
+    assert "FAILED step: wcache, new path, staging forced" in r.stdout
+    assert "FAILED step: wcache, 4" not in r.stdout
+    lines = {x[:44].strip(): x[44:].split() for x in r.stdout.splitlines() if len(x) > 44}
+    assert lines["wcache, new path, staging forced"] == ["skipped"]
+    assert float(lines["wcache, new path, 4 processes together"][0]) > 0  # the run went on
+
+
+def test_run_sh_goes_on_without_a_model(tmp_path):
+    """A work directory without room moves the check to /dev/shm; a model
+    that cannot be made skips its measurements, not the rest of the run
+    nor the report."""
+    if not os.access("/dev/shm", os.W_OK):
+        pytest.skip("no /dev/shm to move to")
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"#!/bin/sh\ncase \"$*\" in *' gen '*) exit 3 ;; esac\n"
+                       f"exec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    before = set(os.listdir("/dev/shm"))
+    env = without_transformers(tmp_path / "hide", dict(
+        os.environ, PYTHON=str(wrapper), STEP_TIMEOUT="120", WORK_FREE_GIB="0.01"))
+    env.pop("OUT", None)
+    r, out, _ = _run_small(tmp_path, env)
+    assert r.returncode == 1, out
+    assert "== transformers is not installed: skipped" in r.stderr, out
+    assert "working in /dev/shm" in r.stderr and "work directory /dev/shm/wcache-gpu." in \
+        r.stderr, out
+    assert "== make the model: FAILED (exit 3)" in r.stderr, out
+    assert "== no model: its measurements are skipped" in r.stderr, out
+    assert "wcache device check, " in r.stdout and "FAILED step: make the model" in r.stdout, out
+    assert not [f for f in set(os.listdir("/dev/shm")) - before if f.startswith("wcache-gpu.")]
+
+
+def test_run_sh_keeps_to_its_budget(tmp_path):
+    """A step that hangs is cut where the run's budget (RUN_BUDGET) would
+    be spent, the steps after it are skipped, and the report still prints:
+    the device call's own limit would otherwise kill the run before it
+    printed anything. The hung step is making the model, and host-info
+    is skipped, so that the budget, which the test waits out, need only
+    cover a start of Python without torch (room) before it."""
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"#!/bin/sh\ncase \"$*\" in *' gen '*) exec sleep 1000 ;;\n"
+                       f"*' host-info'*) exit 0 ;;\nesac\n"
+                       f"exec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    # 25 s: room fits in the first 10 even on a loaded machine (run.sh
+    # skips a step with less than 15 s left); the stand-in transformers
+    # gives the steps after the hung one.
+    budget = 25
+    env = dict(os.environ, PYTHON=str(wrapper), STEP_TIMEOUT="240", MAKE_TIMEOUT="240",
+               RUN_BUDGET=str(budget), PYTHONPATH=standins(tmp_path / "standins"))
+    r, out, took = _run_small(tmp_path, env)
+    assert r.returncode == 1, out
+    assert "== make the model: TIMEOUT after" in r.stderr, out
+    assert "== make a Llama model: SKIPPED" in r.stderr, out
+    assert "== transformers, plain: SKIPPED" in r.stderr, out
+    assert "wcache device check, " in r.stdout and " s in all" in r.stdout, out  # the report
+    assert "FAILED step: make the model" in r.stdout, out
+    assert "FAILED step: transformers, plain" in r.stdout, out
+    assert took < budget + 20, (took, out)
+
+
+def test_run_sh_leaves_a_step_that_cannot_be_killed(tmp_path):
+    """timeout waits for its command after killing it, so a process stuck in
+    the kernel (a driver call that never returns) would hold the run past
+    every limit. Stood in for by a timeout that ignores everything, and a
+    process of the step that outlives it (sleep 90, as the stuck process
+    would) with the step's stdout and stderr: run.sh leaves the step
+    behind 8 s after its limit, kills timeout, goes on and reports, and
+    its own stdout and stderr end with it (a reader of them, this test as
+    `run.sh | tee` on the device, is not held by what was left behind)."""
+    real = shutil.which("timeout")
+    assert real
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "timeout"
+    stuck = tmp_path / "stuck.pid"
+    fake.write_text(f"#!/bin/sh\ncase \"$*\" in *' gen '*)\n"
+                    f"\tsleep 90 & echo $! >{stuck}\n"
+                    f"\ttrap '' TERM INT HUP\n\twhile :; do sleep 1; done ;;\nesac\n"
+                    f"exec {real} \"$@\"\n")
+    fake.chmod(0o755)
+    env = without_transformers(tmp_path / "hide", dict(
+        os.environ, PYTHON=sys.executable, MAKE_TIMEOUT="2",
+        PATH=f"{bin_dir}:{os.environ['PATH']}"))
+    try:
+        r, out, took = _run_small(tmp_path, env, timeout=120)
+    finally:
+        if stuck.exists():
+            try:
+                os.kill(int(stuck.read_text()), 9)
+            except (ValueError, ProcessLookupError):
+                pass
+    assert r.returncode == 1, out
+    assert "== make the model: ABANDONED after 10s: killed, a process of it did not end" in \
+        r.stderr, out
+    assert "== no model: its measurements are skipped" in r.stderr, out
+    assert "== transformers is not installed: skipped" in r.stderr, out
+    assert "wcache device check, " in r.stdout and "FAILED step: make the model" in r.stdout, out
+    assert took < 40, (took, out)
+
+
+def test_run_sh_interrupted_ends_its_step(tmp_path):
+    """A step runs in the background (so that one the kernel cannot kill
+    does not hold the run), where the terminal's SIGINT does not reach it
+    and timeout gives it a process group of its own: run.sh interrupted
+    (SIGTERM, SIGINT) ends the step it is running before it exits, where
+    it left it running after its work directory was removed."""
+    real = shutil.which("timeout")
+    assert real
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    step_pid = tmp_path / "step.pid"
+    (bin_dir / "timeout").write_text(f"#!/bin/sh\ncase \"$*\" in *' gen '*)\n"
+                                     f"\techo $$ >{step_pid}; exec sleep 120 ;;\nesac\n"
+                                     f"exec {real} \"$@\"\n")
+    (bin_dir / "timeout").chmod(0o755)
+    env = dict(os.environ, PYTHON=sys.executable, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        step_pid.unlink(missing_ok=True)
+        with open(tmp_path / "err", "w+") as err:
+            p = subprocess.Popen([os.path.join(REPO, "tests", "gpu", "run.sh"), "--cpu",
+                                  "--gib", "0.01", "--work", str(tmp_path / "work")],
+                                 env=env, stdout=subprocess.DEVNULL, stderr=err)
+            try:
+                deadline = time.monotonic() + 120
+                while not step_pid.exists() or not step_pid.read_text().strip():
+                    assert p.poll() is None and time.monotonic() < deadline, \
+                        (tmp_path / "err").read_text()
+                    time.sleep(0.1)
+                pid = int(step_pid.read_text())
+                p.send_signal(sig)
+                assert p.wait(timeout=30) in (130, 143, -sig), (tmp_path / "err").read_text()
+                gone = time.monotonic() + 10
+                while _alive(pid) and time.monotonic() < gone:
+                    time.sleep(0.1)
+                assert not _alive(pid), f"{sig.name}: the step ({pid}) is still running"
+            finally:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+                if step_pid.exists() and step_pid.read_text().strip():
+                    try:
+                        os.kill(int(step_pid.read_text()), signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+        assert not (tmp_path / "work").exists()  # cleanup ran
+
+
+def _alive(pid):
+    """Whether pid is a process that has not ended (a zombie has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_run_sh_reports_past_a_hung_driver(tmp_path):
+    """The first calls into the driver (nvidia-smi, host-info's CUDA
+    context) are where a fresh machine is likeliest to stall: each has a
+    limit, so the run goes on and the report prints within RUN_BUDGET.
+    Here nvidia-smi and host-info hang (a stand-in nvidia-smi on PATH, a
+    stand-in interpreter); before, the run hung with them, no report."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nexec sleep 1000\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"#!/bin/sh\ncase \"$*\" in *' host-info'*) exec sleep 1000 ;; esac\n"
+                       f"exec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    budget = 40  # nvidia-smi's 20 s, then host-info cut 10 s before the end
+    env = without_transformers(tmp_path / "hide", dict(
+        os.environ, PYTHON=str(wrapper), RUN_BUDGET=str(budget),
+        PATH=f"{bin_dir}:{os.environ['PATH']}"))
+    r, out, took = _run_small(tmp_path, env, timeout=budget + 60)
+    assert r.returncode == 1, out
+    assert "nvidia-smi: failed or timed out (exit 124)" in r.stderr, out
+    assert "== host info: TIMEOUT after" in r.stderr, out
+    assert "wcache device check, " in r.stdout and "FAILED step: host info" in r.stdout, out
+    assert took < budget + 20, (took, out)
+
+
+def test_run_sh_without_a_cuda_device(tmp_path):
+    """Without --cpu on a host where torch sees no CUDA device, the check
+    says so as a failed step, skips every measurement and still prints
+    the report (it exited at the assertion before, with no report)."""
+    env = without_transformers(tmp_path / "hide", dict(os.environ, PYTHON=sys.executable))
+    env.pop("GPUBENCH_CPU", None)
+    t0 = time.monotonic()
+    r = subprocess.run([os.path.join(REPO, "tests", "gpu", "run.sh"), "--gib", "0.01",
+                        "--work", str(tmp_path / "work")], env=env, capture_output=True,
+                       text=True, timeout=300)
+    out = r.stdout + r.stderr
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this host has a CUDA device")
+    assert r.returncode == 1, out
+    assert "== CUDA device: FAILED (exit 1)" in r.stderr, out
+    assert "== no CUDA device: every measurement is skipped" in r.stderr, out
+    assert "== host info: " in r.stderr and "== make the model" not in r.stderr, out
+    assert "wcache device check, " in r.stdout and "FAILED step: CUDA device" in r.stdout, out
+    assert time.monotonic() - t0 < 120, out
