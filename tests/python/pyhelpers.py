@@ -18,7 +18,7 @@ import traceback
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.append(os.path.join(REPO, "tests", "pyutil"))
-from wcached import Wcached, build_binary, build_dir  # noqa: E402
+from wcached import Wcached, build_binary, build_dir, parse_user  # noqa: E402
 from wcached import wait_until as _wait_until  # noqa: E402
 
 PYDIR = os.path.join(REPO, "client", "python")
@@ -142,9 +142,23 @@ def cow_tensor(model, name, path):
     return t
 
 
+# WCACHE_TEST_USER=UID:GID runs every test daemon as that unprivileged user,
+# without capabilities, as wcached.service does (root hides limits that
+# bite); the ctest entries python and python_2 set it (tests/CMakeLists.txt).
+# Switching users needs root: a suite run by another user runs its daemons
+# as itself.
+TEST_USER = os.environ.get("WCACHE_TEST_USER") if os.geteuid() == 0 else None
+
+
 class Daemon(Wcached):
     """A wcached with its config, sockets and log in one directory
-    (tests/pyutil/wcached.py's Wcached, under the name the tests use)."""
+    (tests/pyutil/wcached.py's Wcached, under the name the tests use), run
+    as $WCACHE_TEST_USER where that is set and this is root."""
+
+    def __init__(self, directory, models, extra="", **kw):
+        if TEST_USER and "user" not in kw:
+            kw["user"] = parse_user(TEST_USER)
+        super().__init__(directory, models, extra, **kw)
 
 
 def run_python(code, env=None, timeout=120, wrap=()):

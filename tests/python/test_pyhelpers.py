@@ -3,11 +3,14 @@
 it must: until it ends, or is blocked on something the paused thread holds.
 If the detector stops seeing a blocked thread (no /proc/self/task/TID/syscall
 or schedstat), every interleaving test slows down to the upper bound again:
-this says so."""
+this says so. And the test daemons run as $WCACHE_TEST_USER where the
+suite runs as root."""
+import os
 import threading
 import time
 
 from pyhelpers import other_thread_before, wait_done_or_blocked
+from wcached import parse_user  # tests/pyutil, on the path pyhelpers sets
 
 
 def _timed(t, limit):
@@ -75,3 +78,17 @@ def test_other_thread_before_does_not_wait_for_a_blocked_thread():
     assert time.monotonic() - start < 5.0
     assert order[:3] == ["other", "first", "first"]  # k=0: before the with, it ran whole
     assert order[3:] == ["first", "first", "other"] * 2  # then blocked until first was done
+
+
+def test_the_daemon_runs_as_the_test_user(daemon):
+    """Where WCACHE_TEST_USER is set and the suite runs as root (the ctest
+    entries python and python_2), each test's wcached runs as that user,
+    without capabilities, as wcached.service runs it (root hides limits);
+    elsewhere as whoever runs the suite. (Before, as root always.)"""
+    with open(f"/proc/{daemon.proc.pid}/status") as f:
+        status = dict(line.split(":", 1) for line in f.read().splitlines())
+    user = os.environ.get("WCACHE_TEST_USER") if os.geteuid() == 0 else None
+    uid, gid = parse_user(user) if user else (os.getuid(), os.getgid())
+    assert (int(status["Uid"].split()[0]), int(status["Gid"].split()[0])) == (uid, gid), status
+    if user:
+        assert uid != 0 and int(status["CapEff"], 16) == int(status["CapBnd"], 16) == 0, status

@@ -160,6 +160,12 @@ _OPTIONAL = {
     # A derived artifact's memfd descriptor, lent (wcache/_device.py maps
     # its shared view through it: a memfd has no path to open).
     "wc_model_fd": (ctypes.c_int, [_P, ctypes.c_size_t]),
+    # A model that keeps its files' descriptors, and the names its index
+    # gives its files (wcache/_shards.py: which file at a path is which
+    # file of a served directory).
+    "wc_attach_fds": (ctypes.c_int, [_P, ctypes.c_char_p, _PP]),
+    "wc_model_file_count": (ctypes.c_size_t, [_P]),
+    "wc_model_file_name": (ctypes.c_char_p, [_P, ctypes.c_size_t]),
     # Derived artifacts (wcache/_derived.py).
     "wc_derive": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_char_p, _PP, _PP]),
     "wc_build_source": (_P, [_P]),

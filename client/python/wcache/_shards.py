@@ -9,51 +9,56 @@ under its name and its configured path, so a shard's own path is not served.
 served_file() finds the directory model that holds such a file: it attaches
 the directory the path is in (its absolute spelling, then its real path: a
 hub snapshot directory is real, while its shards are symlinks into blobs/,
-so the directory of the shard's real path is not the snapshot), and when one
-of the files wcached passed for that model is the file at the path (the
-same device and inode), the shard is that file opened here and mapped by
-wc_open_fd(): its own tensors and metadata, as upstream's safe_open(shard)
-gives them, on the very pages wcached serves. The shard model holds the
-directory model (wcache/model.py, _Handle.served), so the generation stays
-attached, counted by wcached as in use, while the shard model or any tensor
-made from it lives, and Model.generation and stale() are the directory's.
+so the directory of the shard's real path is not the snapshot) with
+wc_attach_fds(), which keeps a descriptor of each file wcached passed, and
+finds the file by NAME: file k of the model is the one whose index name
+(wc_model_file_name: the shard's name in the weight map, or the file's base
+name) is the path's name in the directory. Then the fstat of k's descriptor
+(wc_model_fd) and of the file opened at the path tell:
+
+(a) the same device and inode: the file at the path is the generation's
+    file k; it is mapped by wc_open_fd() of that file, as opened here;
+(b) another device: wcached serves its staged copy of the file (stage =
+    yes, or auto on NFS/9p/FUSE, with stage_dir on another file system):
+    the copy is mapped, by wc_open_fd() of k's descriptor, on the pages
+    wcached warmed, not the remote file's; it is the generation's copy,
+    which follows a replacement of the file at the path as a named attach
+    does (wcached's poll and reload make a new generation);
+(c) the same device, another inode: not a file of the generation (the
+    file at the path was replaced since, or wcached's staged copy is on the
+    model's own file system): it is mapped in this process, as is a file
+    that no file of the model is named as.
+
+In (a) and (b) the shard is that one file, with its own tensors and
+metadata, as upstream's safe_open(shard) gives them. The shard model holds
+the directory model (wcache/model.py, _Handle.served), so the generation
+stays attached, counted by wcached as in use, while the shard model or any
+tensor made from it lives, and Model.generation and stale() are the
+directory's. No /proc/self/maps is read: two fstat() calls and a name.
 
 What wcached says of the directory is what a named attach would say: "not
 served" and "wcached is down" fall back to mapping the file in this
 process, as does a failed load (with one WARNING); any other refusal (the
 generation modified in place, still loading, permission) is raised. A held
 directory answers without asking wcached only for a file already found to
-be one of its generation's files and unchanged since (size, ctime); for
-any other file the directory is attached again, so wcached's refusal of a
-generation written in place since it was attached is not bypassed. A
-staged model's files (wcached maps its copy in stage_dir) are not the
-files at their paths: they are mapped here, unshared.
+be one of its generation's files and unchanged since (device, inode,
+size, ctime); for any other file the directory is attached again, so
+wcached's refusal of a generation written in place since it was attached
+is not bypassed.
 
 One attached directory model per connection and directory, shared by every
-shard model of it: an attach maps every file of the model, so an attach per
-shard of a 163-shard model would map 163 x 163 files. The registry keeps it
-by weak reference only: closing the last shard (and dropping its tensors)
-releases it. A stale one (wcached serves a newer generation) or one made by
-another connection (after a reconnect, or by the parent of a fork()) is not
-used again: the directory is attached anew, and the old one stays with the
-shards that hold it.
-
-Which file is which: an attached model keeps no descriptor of its files
-(libwcache maps them and closes them; wc_model_fd() lends one only for a
-derived artifact), so the file is found by a tensor: the directory model's
-tensor of the name of one of the shard's tensors lies in a mapping that
-/proc/self/maps names by (device, inode). maps is read once per attach of
-the directory (its mappings do not change while it is held; about 1 ms in
-a process that imported torch, some 1,700 mappings) and searched by
-address (µs). That is compared with the shard descriptor's fstat, and where
-fstat names the file otherwise than maps (overlayfs before Linux 6.8, btrfs
-subvolumes: see _sharedview.py), with the maps line of the shard's own new
-mapping (maps read again), which the kernel names as it names the
-directory model's. A file found to be one of the generation's files is
-known for as long as the registry knows the generation, so attaching the
-directory again for it (a loader that closes each shard before the next
-releases the directory each time) reads no maps. A file that holds no
-tensor data is not matched.
+shard model of it: an attach maps every file of the model, and keeps one
+descriptor per file (163 for a 163-shard model) while it is held; an
+attach per shard would map 163 x 163 files. The registry keeps it by weak
+reference only: closing the last shard (and dropping its tensors)
+releases it, descriptors included. A stale one (wcached serves a newer
+generation) or one made by another connection (after a reconnect, or by
+the parent of a fork()) is not used again: the directory is attached anew,
+and the old one stays with the shards that hold it. A file found to be one
+of the generation's files is known, with its number k, for as long as the
+registry knows the generation; k is checked against the name the attached
+model gives file k each time it is used, so a generation number reused by
+another model's index cannot hand out another file.
 
 A directory that wcached does not serve is not asked again for
 NOT_SERVED_FOR seconds (per connection), so that a loader opening many
@@ -99,11 +104,12 @@ if hasattr(os, "register_at_fork"):
 class _Entry:
     """What the registry knows of one directory, for one connection: the
     attached model (a weak reference to its _Handle), its generation, the
-    files (their fstat (device, inode), size and ctime: _stamp()) found to
-    be files of that generation, and once read, /proc/self/maps as it was while the model was
-    mapped; or until when the directory is taken as not served, and, when
-    its real path was found not served either, what served_file() said."""
-    __slots__ = ("client", "handle", "generation", "known", "maps", "until", "why",
+    files found to be files of that generation (their _stamp() -> (k, the
+    model's file number, and whether it is wcached's staged copy that is
+    mapped)), the model's file names ({name: k}, read once); or until when
+    the directory is taken as not served, and, when its real path was found
+    not served either, what served_file() said."""
+    __slots__ = ("client", "handle", "generation", "known", "names", "until", "why",
                  "__weakref__")
 
     def __init__(self, client, handle=None, until=0.0):
@@ -112,19 +118,13 @@ class _Entry:
         self.client = weakref.ref(client)
         self.handle = None
         self.generation = None
-        self.known = set()
-        self.maps = None
+        self.known = {}
+        self.names = None
         self.until = until
         self.why = None
         if handle is not None:
             self.generation = int(handle.lib.wc_model_generation(handle.ptr))
-            me = weakref.ref(self)
-
-            def gone(_ref):  # no lock: a garbage collection may run this anywhere
-                entry = me()
-                if entry is not None:
-                    entry.maps = None
-            self.handle = weakref.ref(handle, gone)
+            self.handle = weakref.ref(handle)
 
     def attached(self):
         """The directory's _Handle when it is still held and current, else None."""
@@ -133,53 +133,12 @@ class _Entry:
             return None
         return h
 
-    def identity_at(self, addr):
-        """((major, minor), inode) of the file the attached model maps at
-        addr, as /proc/self/maps names it, or None. Read once per attach:
-        the model's own mappings do not change while it is held (another
-        thread may read it too: the same)."""
-        maps = self.maps
-        if maps is None:
-            maps = self.maps = _read_maps()
-        return _identity_in(maps, addr)
-
-
-def _read_maps():
-    with open("/proc/self/maps", "rb") as f:
-        return f.read()
-
-
-def _identity_in(maps, addr):
-    """((major, minor), inode) of the file mapping holding addr in maps
-    (the bytes of /proc/self/maps), or None. A binary search: lines are in
-    address order, and only the lines it lands on are parsed (a process
-    that imported torch has some 1,700)."""
-    lo, hi, found = 0, len(maps), None
-    while lo < hi:
-        line = maps.rfind(b"\n", 0, (lo + hi) // 2) + 1
-        if int(maps[line:maps.index(b"-", line)], 16) <= addr:
-            found = line
-            end = maps.find(b"\n", line)
-            lo = len(maps) if end < 0 else end + 1
-        else:
-            hi = line
-    if found is None:
-        return None
-    end = maps.find(b"\n", found)
-    parts = maps[found:None if end < 0 else end].split(None, 5)
-    start, stop = (int(x, 16) for x in parts[0].split(b"-"))
-    if len(parts) < 6 or not start <= addr < stop or parts[4] == b"0":
-        return None
-    major, minor = (int(x, 16) for x in parts[3].split(b":"))
-    return (major, minor), int(parts[4])
-
 
 def _stamp(st):
-    """What entry.known holds of a file: its (device, inode) as maps names
-    it, and its size and ctime, which a write in place changes (mtime can be
-    set back: rsync --inplace --times)."""
-    return (((os.major(st.st_dev), os.minor(st.st_dev)), st.st_ino),
-            st.st_size, st.st_ctime_ns)
+    """What entry.known is keyed by: a file's (device, inode), and its size
+    and ctime, which a write in place changes (mtime can be set back: rsync
+    --inplace --times)."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_ctime_ns
 
 
 def _remember(directory, entry, h=None):
@@ -194,7 +153,7 @@ def _remember(directory, entry, h=None):
             if held is not None:
                 return old, held
             if old.generation == entry.generation:
-                entry.known = old.known
+                entry.known, entry.names = old.known, old.names
         if len(_dirs) >= _MAX_ENTRIES:
             now = time.monotonic()
             for k in [k for k, e in _dirs.items()
@@ -231,7 +190,7 @@ def _directory(client, directory, stamp):
                 return entry, h
             del h  # an error raised below must not hold the directory (its traceback)
     try:
-        model = client.attach(directory)
+        model = client.attach(directory, _keep_fds=True)
     except ModelNotFound:
         _remember(directory, _Entry(client, until=time.monotonic() + NOT_SERVED_FOR))
         return None, None
@@ -257,53 +216,64 @@ def _open_fd(fd, label):
     return out.value if rc >= 0 else None
 
 
-def _with_data(h):
-    """A wc_tensor of model h (a _Handle) that has data, or None: the first
-    in byte order of names that has (one library call per tensor until
-    then: no table of every tensor is read for it)."""
-    t = _lib.wc_tensor()
-    for i in range(int(h.lib.wc_model_count(h.ptr))):
-        if h.lib.wc_model_tensor(h.ptr, i, ctypes.byref(t)) < 0:
-            return None
-        if t.nbytes:
-            return t
-    return None
+def _file_number(entry, h, name):
+    """The number of the file of h (the registry's entry's _Handle) that
+    its index names name (bytes), or None. The names are read once per
+    generation ({name: k}); the index's own strings are checked by
+    libwcache (NUL-terminated, inside the index), and a name only selects
+    which descriptor to compare."""
+    names = entry.names
+    if names is None:
+        names = {}
+        for k in range(int(h.lib.wc_model_file_count(h.ptr))):
+            names.setdefault(h.lib.wc_model_file_name(h.ptr, k), k)
+        names.pop(None, None)
+        entry.names = names
+    return names.get(name)
 
 
 def _served_as(target, fd, st, entry, h):
-    """A Model of the file at target, holding the directory model h (the
-    registry's entry), when target is one of h's files; else None. The file
-    is one of them when h's tensor of the name of one of the file's tensors
-    (one with data) lies in a mapping of the same (device, inode) as the
-    file (fd, open at target; st, its fstat): its fstat, or where fstat
-    names the file otherwise than maps, the maps line of the file's own
-    mapping. A file found to be one is known for the rest of the
-    generation while its size and ctime stay (a later attach of it reads
-    no maps); the generation keeps its files open in wcached, so no other
-    file can have their inode numbers meanwhile."""
-    ptr = _open_fd(fd, target) if stat.S_ISREG(st.st_mode) else None
-    if ptr is None:
-        return None
-    model = Model(_Handle(ptr, target, served=h), "wcached")
+    """(a Model of the file at target, holding the directory model h (the
+    registry's entry), None) when target is one of h's files, by name and
+    fstat (the module's docstring: (a) the file itself, (b) wcached's
+    staged copy of it); else (None, why not, as words that follow
+    "wcached serves its directory DIR, but"). fd is open at target and st
+    its fstat. A file found to be one is known for the rest of the
+    generation while its device, inode, size and ctime stay; the
+    generation keeps its files open in wcached, so no other file can have
+    their inode numbers meanwhile."""
+    if not stat.S_ISREG(st.st_mode):
+        return None, "not this file, which is not a regular file"
+    name = os.fsencode(os.path.basename(target))
     stamp = _stamp(st)
-    ident = stamp[0]
-    if stamp in entry.known:
-        return model
-    mine = _with_data(model._h())
-    if mine is not None:
-        theirs = _lib.wc_tensor()
-        rc = h.lib.wc_model_find(h.ptr, mine.name, ctypes.byref(theirs))
-        try:
-            served = entry.identity_at(theirs.data or 0) \
-                if rc >= 0 and theirs.nbytes == mine.nbytes else None
-            if served is not None and (
-                    served == ident or served == _identity_in(_read_maps(), mine.data)):
-                entry.known.add(stamp)
-                return model
-        except OSError:  # no /proc/self/maps to read: nothing tells the file
-            pass
-    model.close()
-    return None
+    k, staged = entry.known.get(stamp, (None, False))
+    if k is None or h.lib.wc_model_file_name(h.ptr, k) != name:
+        k = _file_number(entry, h, name)
+        if k is None:
+            return None, ("not this file: no file of that model is named so (not listed in "
+                          "its index)")
+        theirs = h.lib.wc_model_fd(h.ptr, k)
+        if theirs < 0:
+            return None, f"not this file: libwcache lent no descriptor: {_lib.errmsg()}"
+        kst = os.fstat(theirs)
+        if (kst.st_dev, kst.st_ino) == (st.st_dev, st.st_ino):
+            staged = False
+        elif kst.st_dev != st.st_dev:
+            staged = True
+        else:
+            return None, ("not this file: that model's file of its name is another file on "
+                          "the same file system (this one replaced since, or served from a "
+                          "staged copy in a stage_dir on this file system)")
+    ptr = _open_fd(h.lib.wc_model_fd(h.ptr, k) if staged else fd, target)
+    if ptr is None:
+        return None, "not this file, which is not a valid model"
+    entry.known[stamp] = (k, staged)
+    if staged:
+        _say_once(logging.INFO, f"wcache: the files of {os.path.dirname(target)} come "
+                  f"through wcached from its staged copy of generation {entry.generation} "
+                  f"(stage_dir): a file replaced at its path is served once wcached reloads "
+                  f"the model")
+    return Model(_Handle(ptr, target, served=h), "wcached"), None
 
 
 def served_file(client, target):
@@ -313,6 +283,8 @@ def served_file(client, target):
     path names it, then its real path; when neither is served, the next
     file of the directory is answered at once (NOT_SERVED_FOR), without
     looking the real path up again (15 µs: an lstat per component)."""
+    if not _lib.has("wc_attach_fds"):
+        return None, f"this libwcache ({_lib.library_path()}) has no wc_attach_fds()"
     directory = os.path.dirname(os.path.abspath(target))
     with _lock:
         entry = _dirs.get(directory)
@@ -337,13 +309,11 @@ def served_file(client, target):
                             f"its directory {d}: {h}")
                 nothing = nothing and h is None
                 continue
-            model = _served_as(target, fd, st, entry, h)
+            model, why = _served_as(target, fd, st, entry, h)
             if model is not None:
                 return model, None
             nothing = False
-            whys.append(f"wcached serves its directory {d}, but not this file as one of that "
-                        f"model's files (not listed in it, replaced since, or served from a "
-                        f"staged copy)")
+            whys.append(f"wcached serves its directory {d}, but {why}")
     finally:
         os.close(fd)
     why = "; ".join(whys)

@@ -532,18 +532,22 @@ class Client:
         if ptr:
             self._lib.wc_disconnect(ptr)
 
-    def attach(self, name):
+    def attach(self, name, *, _keep_fds=False):
         """Attaches the model wcached serves as name (a configured name or the
         exact configured path). Raises ModelNotFound when it serves none.
 
         After wcached restarted, the first attach reconnects to the same
         socket by itself (once, within the deadline) and retries; it raises
-        DaemonUnavailable only when no wcached answers there."""
+        DaemonUnavailable only when no wcached answers there.
+
+        _keep_fds: attach with wc_attach_fds(), the model keeping a
+        descriptor of each of its files (wcache/_shards.py)."""
         ptr = self._use()
         try:
             name = _c_string(os.fspath(name), "model name")
             out = ctypes.c_void_p()
-            rc = _lib.lib().wc_attach(ptr, name, ctypes.byref(out))
+            call = _lib.lib().wc_attach_fds if _keep_fds else _lib.lib().wc_attach
+            rc = call(ptr, name, ctypes.byref(out))
         finally:
             self._done()
         if rc == -errno.ENOENT:

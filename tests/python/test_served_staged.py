@@ -1,0 +1,119 @@
+"""Files of a STAGED directory model opened by their own paths, as
+transformers opens shards (review rev165 F2; wcache/_shards.py). wcached
+serves a staged generation from its copy in stage_dir; with stage_dir on
+another file system than the model (here /dev/shm, a tmpfs, against
+tmp_path), each shard comes through wcached as the generation's staged
+copy, found by name (wc_attach_fds, wc_model_file_name) and fstat: its
+pages are the copy's, not the source file's. Before, every shard was
+mapped from the source path in the worker (Model.source "file"). A file
+renamed over a shard on the model's own file system is not taken for the
+old generation's, and no /proc/self/maps is read to tell files apart."""
+import builtins
+import logging
+import os
+import shutil
+import tempfile
+
+import pytest
+import torch
+
+import wcache
+import wcache._shards as shards
+from pyhelpers import Daemon, file_mappings, mapping_at, wait_until, write_safetensors
+from test_served_directory import SHARDS, attached, same_as_the_file, use, write_model
+
+SHM = "/dev/shm"
+
+
+@pytest.fixture
+def staged(tmp_path, monkeypatch):
+    """wcached serving tmp_path/llama as "llama" with stage = yes and its
+    stage_dir on /dev/shm; yields (daemon, shard paths, stage_dir)."""
+    if not os.path.isdir(SHM) or os.stat(SHM).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip(f"needs {SHM} on another file system than {tmp_path}")
+    files = write_model(str(tmp_path / "llama"))
+    os.makedirs(tmp_path / "d")
+    top = tempfile.mkdtemp(prefix="wcache-staged-", dir=SHM)
+    stage_dir = os.path.join(top, "stage")
+    d = Daemon(tmp_path / "d", {"llama": (str(tmp_path / "llama"), {"stage": "yes"})},
+               extra=f"stage_dir = {stage_dir}").start()
+    use(monkeypatch, d)
+    try:
+        d.wait_for_log(r"generation 1 staged from \S+ to ")
+        yield d, files, stage_dir
+    finally:
+        import wcache._safe_open as so
+        so._shared = None
+        rc = d.stop()
+        shutil.rmtree(top, ignore_errors=True)
+        assert rc == 0, d.read_log()
+
+
+def test_each_shard_of_a_staged_directory_maps_wcacheds_copy(staged, caplog):
+    d, files, stage_dir = staged
+    copy = os.path.join(stage_dir, "llama.1")
+    with caplog.at_level(logging.INFO, logger="wcache"):
+        handles = [wcache.safe_open(p, framework="pt") for p in files]
+    try:
+        for i, (f, p) in enumerate(zip(handles, files)):
+            assert f.model.source == "wcached", p
+            assert f.model.name == p and f.model.generation == 1
+            assert f.metadata() == {"format": "pt", "shard": str(i)}
+            same_as_the_file(f, p)
+            # the data lies in wcached's copy, not in the source file
+            t = f.get_tensor(f"model.layers.{i}.w")
+            assert mapping_at(t.data_ptr())[1] == os.path.join(copy, SHARDS[i])
+            del t
+        assert [file_mappings(p) for p in files] == [0, 0, 0]
+        assert attached(d) == 1
+    finally:
+        for f in handles:
+            f.close()
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert len(said) == 1 and "staged copy of generation 1" in said[0], said
+    wait_until(lambda: attached(d) == 0, what="the directory's release")
+
+
+def test_no_proc_self_maps_is_read(staged, monkeypatch):
+    """Files are told apart by name and fstat, not by /proc/self/maps (a
+    read of some 1,700 lines in a process that imported torch)."""
+    d, files, _ = staged
+    assert not hasattr(shards, "_read_maps")
+    real = builtins.open
+
+    def no_maps(path, *a, **kw):
+        assert os.fspath(path) != "/proc/self/maps", "read /proc/self/maps"
+        return real(path, *a, **kw)
+    monkeypatch.setattr(builtins, "open", no_maps)
+    for p in files + files:
+        with wcache.safe_open(p) as f:
+            assert f.model.source == "wcached"
+
+
+def test_a_file_renamed_over_a_shard_is_not_the_old_generations(tmp_path, monkeypatch):
+    """Not staged: a file renamed over a shard (the same file system, so
+    the same device) while the directory is held is another inode than the
+    generation's file of that name: it is mapped here, with its own
+    tensors, never the old generation's (wcached may have made a
+    generation of it by then: then that one)."""
+    files = write_model(str(tmp_path / "llama"))
+    os.makedirs(tmp_path / "d")
+    d = Daemon(tmp_path / "d", {"llama": str(tmp_path / "llama")}).start()
+    use(monkeypatch, d)
+    try:
+        with wcache.safe_open(files[0]) as held:
+            assert held.model.source == "wcached" and held.model.generation == 1
+            new = str(tmp_path / "new.safetensors")
+            write_safetensors(new, [("model.layers.1.w", "F32", (8, 16), b"\1" * 512),
+                                    ("model.layers.1.b", "I64", (4,), b"\2" * 32)],
+                              metadata={"format": "pt", "shard": "new"})
+            os.rename(new, files[1])
+            with wcache.safe_open(files[1], framework="pt") as f:
+                assert f.model.source == "file" or f.model.generation > 1, f.model
+                assert f.metadata()["shard"] == "new"
+                assert torch.equal(f.get_tensor("model.layers.1.b"),
+                                   torch.full((4,), 0x0202020202020202, dtype=torch.int64))
+    finally:
+        import wcache._safe_open as so
+        so._shared = None
+        assert d.stop() == 0, d.read_log()
