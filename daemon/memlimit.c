@@ -10,6 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "log.h"
+
 #define PATH_CAP MEMLIMIT_PATH_CAP
 
 static FILE *
@@ -264,6 +266,23 @@ relative(const struct memlimit_hierarchy *h)
 	return "";
 }
 
+/* Does path have a ".." component? */
+static bool
+has_dotdot(const char *path)
+{
+	for (const char *p = path; (p = strstr(p, "..")) != NULL; p++)
+		if ((p == path || p[-1] == '/') && (p[2] == '/' || p[2] == '\0'))
+			return true;
+	return false;
+}
+
+int
+memlimit_cgroup_rel(const struct memlimit_hierarchy *h, char *rel, size_t cap)
+{
+	copy(rel, cap, relative(h));
+	return has_dotdot(rel) ? -1 : 0;
+}
+
 /* The cgroup at rel under h's mount, as the kernel names it. */
 static void
 cgroup_name(char *buf, size_t cap, const struct memlimit_hierarchy *h, const char *rel)
@@ -281,9 +300,8 @@ walk(const char *root, const struct memlimit_hierarchy *h, const char *file,
 {
 	char rel[PATH_CAP], dir[PATH_CAP * 2], name[PATH_CAP * 2], *slash;
 
-	if (!h->found || h->mountpoint[0] == '\0')
+	if (!h->found || h->mountpoint[0] == '\0' || memlimit_cgroup_rel(h, rel, sizeof(rel)) < 0)
 		return;
-	copy(rel, sizeof(rel), relative(h));
 	for (;;) {
 		snprintf(dir, sizeof(dir), "%s%s", h->mountpoint, rel);
 		cgroup_name(name, sizeof(name), h, rel);
@@ -298,6 +316,7 @@ void
 memlimit_read(const char *root, uint64_t ram, struct memlimit *out)
 {
 	struct memlimit_hierarchy *v2 = calloc(1, sizeof(*v2)), *v1 = calloc(1, sizeof(*v1));
+	char rel[PATH_CAP];
 
 	memset(out, 0, sizeof(*out));
 	out->ram = ram;
@@ -307,6 +326,13 @@ memlimit_read(const char *root, uint64_t ram, struct memlimit *out)
 
 		read_lines(root, "/proc/self/cgroup", cgroup_line, h);
 		read_lines(root, "/proc/self/mountinfo", mount_line, h);
+		for (int i = 0; i < 2; i++)
+			if (h[i]->found && h[i]->mountpoint[0] != '\0' &&
+				memlimit_cgroup_rel(h[i], rel, sizeof(rel)) < 0)
+				log_warnx("memory: no cgroup %s limit read: cgroup %s has a \"..\" "
+					  "component, which leads outside the cgroup mount %s (a "
+					  "cgroup namespace's view of a cgroup outside it)",
+					i == 0 ? "v2" : "v1", h[i]->cgroup, h[i]->mountpoint);
 		walk(root, v2, "memory.max", MEMLIMIT_CGROUP_V2, out);
 		/* Above memory.high the kernel reclaims the cgroup's pages and
 		 * throttles it: for a page cache, a limit as hard as max
@@ -314,11 +340,12 @@ memlimit_read(const char *root, uint64_t ram, struct memlimit *out)
 		walk(root, v2, "memory.high", MEMLIMIT_CGROUP_V2, out);
 		walk(root, v1, "memory.limit_in_bytes", MEMLIMIT_CGROUP_V1, out);
 		/* v1 counts ancestors this mount may not show. */
-		if (v1->found && v1->mountpoint[0] != '\0') {
+		if (v1->found && v1->mountpoint[0] != '\0' &&
+			memlimit_cgroup_rel(v1, rel, sizeof(rel)) == 0) {
 			char dir[PATH_CAP * 2], name[PATH_CAP * 2];
 
-			snprintf(dir, sizeof(dir), "%s%s", v1->mountpoint, relative(v1));
-			cgroup_name(name, sizeof(name), v1, relative(v1));
+			snprintf(dir, sizeof(dir), "%s%s", v1->mountpoint, rel);
+			cgroup_name(name, sizeof(name), v1, rel);
 			consider(out,
 				read_limit(root, dir, "memory.stat", "hierarchical_memory_limit"),
 				MEMLIMIT_CGROUP_V1, name, "hierarchical_memory_limit");

@@ -104,6 +104,14 @@ int memlimit_parse_cgroups(const char *text, size_t len, struct memlimit_hierarc
 int memlimit_parse_mounts(const char *text, size_t len, struct memlimit_hierarchy *v2,
 	struct memlimit_hierarchy *v1);
 
+/* The path of h's cgroup below its mount point into rel (cap bytes, cut to
+ * fit): "" for the mount's top, "/a/b" below it; a cgroup outside the
+ * mount's root is its top. 0, or -1 when that path has a ".." component:
+ * the kernel writes "/../x" inside a cgroup namespace for a cgroup outside
+ * the namespace's root, which lies outside the mount, and memlimit_read()
+ * reads no limit of that hierarchy then (it logs one warning saying so). */
+int memlimit_cgroup_rel(const struct memlimit_hierarchy *h, char *rel, size_t cap);
+
 /* A cgroup limit file's text (memory.max, memory.high,
  * memory.limit_in_bytes; memory.stat with key "hierarchical_memory_limit"):
  * 1 with the limit in bytes in *out when text holds the line that says it

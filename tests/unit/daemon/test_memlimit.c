@@ -336,6 +336,86 @@ test_parsers_on_bytes(void **state)
 	free(h);
 }
 
+/* The largest limit kept is 2^62 - 1: 2^62 and above say "no limit", in a
+ * limit file and in memory.stat alike. */
+static void
+test_no_limit_boundary(void **state)
+{
+	static const char below[] = "4611686018427387903\n", at[] = "4611686018427387904\n";
+	static const char stat_at[] = "cache 0\nhierarchical_memory_limit 4611686018427387904\n";
+	uint64_t v = 7;
+
+	(void)state;
+	assert_int_equal(memlimit_parse_limit(below, sizeof(below) - 1, NULL, &v), 1);
+	assert_int_equal(v, MEMLIMIT_NO_LIMIT - 1);
+	assert_int_equal(memlimit_parse_limit(at, sizeof(at) - 1, NULL, &v), 1);
+	assert_int_equal(v, 0);
+	v = 7;
+	assert_int_equal(memlimit_parse_limit(stat_at, sizeof(stat_at) - 1,
+				 "hierarchical_memory_limit", &v), 1);
+	assert_int_equal(v, 0);
+}
+
+/* v1's memory controller is the word "memory" of the controller list (and
+ * of a cgroup mount's options), never a word that contains it. */
+static void
+test_memory_is_a_whole_word(void **state)
+{
+	static const char cgroup[] = "4:nomemory:/a\n5:memory_recursiveprot,cpu:/b\n"
+				     "6:cpu,name=memory:/c\n";
+	static const char cgroup2[] = "3:cpu,memory:/d\n7:cpu,memoryx:/e\n";
+	static const char mounts[] = "31 22 0:31 / /x rw - cgroup cgroup rw,memory_recursiveprot\n"
+				     "32 22 0:32 / /y rw - cgroup cgroup rw,cpu,memory\n";
+	struct memlimit_hierarchy *h = calloc(2, sizeof(*h));
+
+	(void)state;
+	assert_non_null(h);
+	assert_int_equal(memlimit_parse_cgroups(cgroup, sizeof(cgroup) - 1, &h[0], &h[1]), 0);
+	assert_false(h[1].found);
+	assert_string_equal(h[1].cgroup, "");
+	assert_int_equal(memlimit_parse_cgroups(cgroup2, sizeof(cgroup2) - 1, &h[0], &h[1]), 0);
+	assert_true(h[1].found);
+	assert_string_equal(h[1].cgroup, "/d");
+	assert_int_equal(memlimit_parse_mounts(mounts, sizeof(mounts) - 1, &h[0], &h[1]), 0);
+	assert_string_equal(h[1].mountpoint, "/y");
+	free(h);
+}
+
+/* Inside a cgroup namespace the kernel writes "/../x" for a cgroup outside
+ * the namespace's root: that path leaves the mount, and no limit is read
+ * through it (not MOUNT/../../x/memory.max, outside cgroupfs). */
+static void
+test_cgroup_outside_namespace(void **state)
+{
+	char *root = tree("0::/../../x\n4:memory:/../y\n", MOUNT_ROOT MOUNT_V2 MOUNT_V1_MEMORY);
+	struct memlimit_hierarchy h = { .found = true, .root = "/", .mountpoint = "/m" };
+	struct memlimit m;
+	char rel[MEMLIMIT_PATH_CAP];
+
+	(void)state;
+	put(root, "/sys/x/memory.max", "1048576\n");
+	put(root, "/sys/fs/cgroup/y/memory.limit_in_bytes", "2097152\n");
+	put(root, "/sys/fs/cgroup/y/memory.stat", "hierarchical_memory_limit 3145728\n");
+	expect(root, &m, MEMLIMIT_RAM, RAM, "RAM");
+	tu_rmtree(root);
+
+	strcpy(h.cgroup, "/../../x");
+	assert_int_equal(memlimit_cgroup_rel(&h, rel, sizeof(rel)), -1);
+	strcpy(h.cgroup, "/a/..");
+	assert_int_equal(memlimit_cgroup_rel(&h, rel, sizeof(rel)), -1);
+	strcpy(h.cgroup, "/a..b/..c/...");
+	assert_int_equal(memlimit_cgroup_rel(&h, rel, sizeof(rel)), 0);
+	assert_string_equal(rel, "/a..b/..c/...");
+	strcpy(h.cgroup, "/");
+	assert_int_equal(memlimit_cgroup_rel(&h, rel, sizeof(rel)), 0);
+	assert_string_equal(rel, "");
+	/* Below a mount that shows a subtree: the part under its root. */
+	strcpy(h.root, "/../sub");
+	strcpy(h.cgroup, "/../sub/x");
+	assert_int_equal(memlimit_cgroup_rel(&h, rel, sizeof(rel)), 0);
+	assert_string_equal(rel, "/x");
+}
+
 /* The real machine's figure: at most its RAM, never 0 when RAM is known. */
 static void
 test_this_machine(void **state)
@@ -364,6 +444,9 @@ main(void)
 		cmocka_unit_test(test_escaped_mountpoint),
 		cmocka_unit_test(test_missing_and_garbage),
 		cmocka_unit_test(test_parsers_on_bytes),
+		cmocka_unit_test(test_no_limit_boundary),
+		cmocka_unit_test(test_memory_is_a_whole_word),
+		cmocka_unit_test(test_cgroup_outside_namespace),
 		cmocka_unit_test(test_this_machine),
 	};
 
