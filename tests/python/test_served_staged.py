@@ -21,6 +21,7 @@ import wcache
 import wcache._shards as shards
 from pyhelpers import Daemon, file_mappings, mapping_at, wait_until, write_safetensors
 from test_served_directory import SHARDS, attached, same_as_the_file, use, write_model
+from wcached import open_to  # tests/pyutil, on the path pyhelpers sets
 
 SHM = "/dev/shm"
 
@@ -36,7 +37,10 @@ def staged(tmp_path, monkeypatch):
     top = tempfile.mkdtemp(prefix="wcache-staged-", dir=SHM)
     stage_dir = os.path.join(top, "stage")
     d = Daemon(tmp_path / "d", {"llama": (str(tmp_path / "llama"), {"stage": "yes"})},
-               extra=f"stage_dir = {stage_dir}").start()
+               extra=f"stage_dir = {stage_dir}")
+    if d.user is not None:  # $WCACHE_TEST_USER's daemon makes stage_dir in top
+        open_to(top, *d.user)
+    d.start()
     use(monkeypatch, d)
     try:
         d.wait_for_log(r"generation 1 staged from \S+ to ")
