@@ -59,10 +59,10 @@ PACKED = bytes([0x21, 0x43, 0x65, 0x87])
 
 def test_f4_loads_as_float4_e2m1fn_x2_with_the_last_dimension_halved(tmp_path, float4):
     """Upstream test_odd_dtype_fp4's load, through load_file, safe_open's
-    get_tensor, get_tensors and get_slice: dtype float4_e2m1fn_x2, shape
-    (2, 2), the file's bytes. get_slice's get_shape() is the header's
-    (logical) shape, as upstream's PySafeSlice.get_shape returns info.shape;
-    get_dtype() "F4" (Dtype's Display)."""
+    get_tensor and get_tensors: dtype float4_e2m1fn_x2, shape (2, 2), the
+    file's bytes. get_slice's get_shape() is the header's (logical) shape, as
+    upstream's PySafeSlice.get_shape returns info.shape; get_dtype() "F4"
+    (Dtype's Display); its indexing is wcache's own (see below)."""
     tensors = [("pad", "U8", (3,), b"\x01\x02\x03"), ("test2", "F4", (2, 4), PACKED),
                ("cube", "F4", (2, 1, 6), bytes(range(6)))]
     if hasattr(torch, "float8_e8m0fnu"):  # upstream's test1 (torch 2.7)
@@ -83,7 +83,12 @@ def test_f4_loads_as_float4_e2m1fn_x2_with_the_last_dimension_halved(tmp_path, f
         s = f.get_slice("test2")
         assert s.get_shape() == [2, 4]
         assert s.get_dtype() == "F4"
-        # transformers 5 materialises every tensor as get_slice(k)[...]
+        # transformers 5 materialises every tensor as get_slice(k)[...]. Here
+        # wcache differs: upstream's PySafeSlice.__getitem__ for "pt" views the
+        # bytes as float4_e2m1fn_x2 and reshapes them to the header's shape
+        # (lib.rs:1630-1633), which has twice as many values as there are
+        # elements, and raises torch's RuntimeError; wcache indexes
+        # get_tensor's tensor, so a slice is a part of what get_tensor gives.
         whole = s[...]
         assert (whole.dtype, tuple(whole.shape), as_bytes(whole)) == (float4, (2, 2), PACKED)
         assert as_bytes(s[1:]) == PACKED[2:]
