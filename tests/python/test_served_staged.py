@@ -11,6 +11,7 @@ old generation's, and no /proc/self/maps is read to tell files apart."""
 import builtins
 import logging
 import os
+import resource
 import shutil
 import tempfile
 
@@ -92,6 +93,65 @@ def test_no_proc_self_maps_is_read(staged, monkeypatch):
     for p in files + files:
         with wcache.safe_open(p) as f:
             assert f.model.source == "wcached"
+
+
+def test_a_file_renamed_over_a_staged_shard_is_not_the_staged_copy(staged):
+    """Review rev172 F1: another device alone does not make wcached's file a
+    copy of the file at the path (overlayfs gives a file renamed over in
+    its upper layer another st_dev). A shard replaced by a file wcached
+    refuses (a tensor not in the weight_map: generation 1 keeps serving,
+    staged on /dev/shm) is another file, with its own size and mtime: it is
+    mapped here with its own tensors, never the staged copy of the old one.
+    Before, any other device was taken for the staged copy."""
+    d, files, _ = staged
+    new = files[1] + ".new"
+    write_safetensors(new, [("model.layers.1.stray", "F32", (8, 16), b"\1" * 512)],
+                      metadata={"format": "pt", "shard": "new"})
+    os.rename(new, files[1])
+    d.wait_for_log(r"generation 1 (still serving|keeps serving)|not in the weight_map")
+    with wcache.safe_open(files[1], framework="pt") as f:
+        assert f.model.source == "file", f.model
+        assert f.metadata()["shard"] == "new"
+        assert list(f.keys()) == ["model.layers.1.stray"]
+    with wcache.safe_open(files[0], framework="pt") as f:  # the others still are
+        assert f.model.source == "wcached" and f.model.generation == 1
+
+
+def test_out_of_descriptors_maps_the_files_here(tmp_path, monkeypatch, caplog):
+    """Review rev172 F2: a held directory keeps a descriptor per file, and
+    each new file attaches it again, so a 40-shard directory needs some 82
+    free descriptors. Where the process has fewer, wcached's reply loses
+    its descriptors (EMFILE): the file is mapped here, with one WARNING,
+    instead of the load failing. Before, safe_open raised."""
+    n = 40
+    names = [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+    files = write_model(str(tmp_path / "big"), names=names)
+    os.makedirs(tmp_path / "d")
+    d = Daemon(tmp_path / "d", {"big": str(tmp_path / "big")}).start()
+    use(monkeypatch, d)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    tensors = []
+    try:
+        with wcache.safe_open(files[0]) as f:  # connected, the directory known
+            assert f.model.source == "wcached"
+        in_use = len(os.listdir("/proc/self/fd"))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (in_use + n + 20, hard))
+        with caplog.at_level(logging.WARNING, logger="wcache"):
+            sources = []
+            for i, p in enumerate(files):
+                with wcache.safe_open(p, framework="pt") as f:
+                    tensors.append(f.get_tensor(f"model.layers.{i}.b"))
+                    sources.append(f.model.source)
+        assert sources[0] == "wcached" and "file" in sources, sources
+        assert all(torch.equal(t, torch.arange(4)) for t in tensors)
+        said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(said) == 1 and "out of file descriptors" in said[0], said
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        del tensors
+        import wcache._safe_open as so
+        so._shared = None
+        assert d.stop() == 0, d.read_log()
 
 
 def test_a_file_renamed_over_a_shard_is_not_the_old_generations(tmp_path, monkeypatch):

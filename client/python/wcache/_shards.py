@@ -18,16 +18,20 @@ name) is the path's name in the directory. Then the fstat of k's descriptor
 
 (a) the same device and inode: the file at the path is the generation's
     file k; it is mapped by wc_open_fd() of that file, as opened here;
-(b) another device: wcached serves its staged copy of the file (stage =
-    yes, or auto on NFS/9p/FUSE, with stage_dir on another file system):
+(b) another device, the same size and mtime (a staged copy keeps its
+    source's: daemon/stage.c): wcached serves its staged copy of the file
+    (stage = yes, or auto on NFS/9p/FUSE, with stage_dir on another file
+    system):
     the copy is mapped, by wc_open_fd() of k's descriptor, on the pages
     wcached warmed, not the remote file's; it is the generation's copy,
     which follows a replacement of the file at the path as a named attach
     does (wcached's poll and reload make a new generation);
-(c) the same device, another inode: not a file of the generation (the
-    file at the path was replaced since, or wcached's staged copy is on the
-    model's own file system): it is mapped in this process, as is a file
-    that no file of the model is named as.
+(c) the same device and another inode, or another device and another
+    size or mtime: not a file of the generation (the file at the path was
+    replaced since: on overlayfs a file renamed over lies in the upper
+    layer, another device; or wcached's staged copy is on the model's own
+    file system): it is mapped in this process, as is a file that no file
+    of the model is named as.
 
 In (a) and (b) the shard is that one file, with its own tensors and
 metadata, as upstream's safe_open(shard) gives them. The shard model holds
@@ -197,8 +201,11 @@ def _directory(client, directory, stamp):
     except (DaemonUnavailable, ValueError) as e:
         return None, str(e)  # not remembered
     except WcacheError as e:
-        if e.errno != errno.EIO or type(e) is not WcacheError:
+        if e.errno not in (errno.EIO, errno.EMFILE, errno.ENFILE) or type(e) is not WcacheError:
             raise
+        # a failed load, or no room for the directory's descriptors (one
+        # per file, kept while it is held: review rev172 F2): the file
+        # itself needs one, for as long as it is mapped here
         _say_once(logging.WARNING, f"wcache: wcached could not serve the directory "
                   f"{directory}: {e}; its files are opened in this process")
         return None, str(e)
@@ -258,12 +265,19 @@ def _served_as(target, fd, st, entry, h):
         kst = os.fstat(theirs)
         if (kst.st_dev, kst.st_ino) == (st.st_dev, st.st_ino):
             staged = False
-        elif kst.st_dev != st.st_dev:
-            staged = True
-        else:
+        elif kst.st_dev == st.st_dev:
             return None, ("not this file: that model's file of its name is another file on "
                           "the same file system (this one replaced since, or served from a "
                           "staged copy in a stage_dir on this file system)")
+        elif (kst.st_size, kst.st_mtime_ns) == (st.st_size, st.st_mtime_ns):
+            # wcached's staged copy keeps its source's size and mtime
+            # (stage.c); another device alone is not a copy (overlayfs
+            # gives a file renamed over in its upper layer another st_dev)
+            staged = True
+        else:
+            return None, ("not this file: that model's file of its name is on another file "
+                          "system, with another size or mtime (this one replaced since "
+                          "wcached opened or staged it)")
     ptr = _open_fd(h.lib.wc_model_fd(h.ptr, k) if staged else fd, target)
     if ptr is None:
         return None, "not this file, which is not a valid model"
