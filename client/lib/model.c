@@ -24,6 +24,7 @@
 #include "base/error.h"
 #include "lib/model.h"
 #include "format/source.h"
+#include "proto/fdpass.h"
 
 int
 model_new(const char *what, const uint8_t *index, size_t index_len,
@@ -135,11 +136,7 @@ model_close_fds(int *fds, size_t n)
 			fds[i] = -1;
 		return;
 	}
-	for (i = 0; i < n; i++) {
-		if (fds[i] >= 0)
-			close(fds[i]); /* Linux: the descriptor is gone even on EINTR */
-		fds[i] = -1;
-	}
+	fdp_close_all(fds, n);
 }
 
 void

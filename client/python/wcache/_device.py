@@ -122,15 +122,24 @@ def copy_mode():
     return env_choice("WCACHE_DEVICE_COPY", MODES)
 
 
+def first_time(seen, key, limit):
+    """Whether key is new to seen, an OrderedDict of the last limit keys
+    given, oldest first (a key dropped from it is new again); adds it. The
+    caller holds the lock that guards seen."""
+    if key in seen:
+        seen.move_to_end(key)
+        return False
+    seen[key] = None
+    if len(seen) > limit:
+        seen.popitem(last=False)
+    return True
+
+
 def _say_once(level, text):
     with _logged_lock:
-        if text in _logged:
-            _logged.move_to_end(text)
-            return
-        _logged[text] = None
-        if len(_logged) > _LOGGED_MAX:
-            _logged.popitem(last=False)
-    log.log(level, "%s", text)
+        new = first_time(_logged, text, _LOGGED_MAX)
+    if new:
+        log.log(level, "%s", text)
 
 
 class RegisterRefused(Exception):

@@ -56,7 +56,7 @@ import threading
 from ._lib import (INVALID_MODEL_ERRNOS, CannotOpenFile, ClosedError, DaemonUnavailable,
                    InvalidArgument, InvalidSlice, MissingTensor, ModelNotFound, NoSuchFile,
                    SafetensorError, WcacheError, fork_safe, fork_safe_module)
-from ._device import _say_once, tensor_to_device, to_device
+from ._device import _say_once, first_time, tensor_to_device, to_device
 from ._hostreg import host_register, host_register_wanted
 from ._serialize import MAX_HEADER
 from ._shards import served_file
@@ -168,14 +168,10 @@ def _not_served(target, why):
     it (README's "Serving real models"): otherwise nothing would say so."""
     directory = os.path.dirname(os.path.abspath(target))
     with _lock:
-        if directory in _told:
-            _told.move_to_end(directory)
-            return
-        _told[directory] = None
-        if len(_told) > _TOLD_MAX:
-            _told.popitem(last=False)
-    _say_once(logging.INFO, f"wcache: {why}: {target} is mapped in this process, unshared "
-              f"(said once for the files of {directory})")
+        new = first_time(_told, directory, _TOLD_MAX)
+    if new:
+            _say_once(logging.INFO, f"wcache: {why}: {target} is mapped in this process, "
+                  f"unshared (said once for the files of {directory})")
 
 
 def _unopenable(path):

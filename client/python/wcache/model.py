@@ -201,7 +201,8 @@ class Model:
         opened by its own path (safe_open(DIR/shard)), is "wcached": it is
         this process's own open and mapping of that path (the same inode and
         page cache as wcached's mapping, opened with this process's
-        credentials, not wcached's descriptors), and the directory's
+        credentials), or of a staged model, wcached's staged copy of it
+        mapped through the descriptor wcached passed; the directory's
         generation stays attached, counted as in use by wcached, while it
         lives (wcache/_shards.py)."""
         return self._source
