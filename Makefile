@@ -45,12 +45,22 @@ build: deps
 
 # The packages are built once, first: the integration tests of both builds
 # check these (WCACHE_DEBS) instead of building their own, and test-system
-# installs them.
+# installs them. The system tests' two Debian roots (about 75 s of
+# debootstrap each, mostly waiting on the archive and the disk) are made
+# beside the ctest phases by tests/system/roots.py, its output in
+# $(BUILD)/roots.log; the suites wait for a root still being made.
 test: build deb
-	cd $(BUILD) && WCACHE_DEBS=$(abspath $(BUILD))/deb ctest --output-on-failure -j $(TEST_JOBS)
-	WCACHE_DEBS=$(abspath $(BUILD))/deb $(MAKE) test-asan
-	$(MAKE) test-release
-	$(MAKE) lint
+	@/usr/bin/python3 tests/system/roots.py --build $(BUILD) >$(BUILD)/roots.log 2>&1 & \
+	roots=$$!; ok=0; \
+	echo "make test: the system tests' roots are made beside the tests ($(BUILD)/roots.log)"; \
+	echo "cd $(BUILD) && ctest --output-on-failure -j $(TEST_JOBS)"; \
+	(cd $(BUILD) && WCACHE_DEBS=$(abspath $(BUILD))/deb \
+		ctest --output-on-failure -j $(TEST_JOBS)) && \
+	WCACHE_DEBS=$(abspath $(BUILD))/deb $(MAKE) test-asan && \
+	$(MAKE) test-release && \
+	$(MAKE) lint && ok=1; \
+	wait $$roots; cat $(BUILD)/roots.log; \
+	[ $$ok = 1 ] || exit 1; \
 	$(SYSTEM_TESTS)
 
 # What a packager builds first: Release (-O3) with gcc and with clang, with

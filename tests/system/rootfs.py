@@ -6,12 +6,15 @@ variant, package list, and LAYOUT below): a change to any of them, or a
 root whose build did not finish, means a new debootstrap. A finished root
 holds the file MARKER with its key; a build goes to DIR.partial and is
 renamed into place only when complete, so an interrupted run leaves
-nothing that looks finished.
+nothing that looks finished. One build at a time per cache folder: a
+second caller (tests/system/roots.py made it beside the ctest phases)
+waits on the folder's lock and then finds the root finished.
 
 The packages are systemd and its friends plus every dependency of the
 .deb files under test (read from the packages themselves): the container
 has no network, so `dpkg -i` there must find everything installed.
 """
+import fcntl
 import hashlib
 import json
 import os
@@ -135,6 +138,13 @@ def ensure_root(cache_dir, mirror, packages, log):
     CACHE_DIR, building it (and removing roots of other keys) when missing.
     LOG is a file for debootstrap's output. Raises Unavailable when the
     archive cannot be reached, RuntimeError when debootstrap fails."""
+    os.makedirs(cache_dir, exist_ok=True)
+    with open(os.path.join(cache_dir, "rootfs.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        return _ensure_root_locked(cache_dir, mirror, packages, log)
+
+
+def _ensure_root_locked(cache_dir, mirror, packages, log):
     key = root_key(mirror, packages)
     root = os.path.join(cache_dir, f"rootfs-{key}")
     marker = os.path.join(root, MARKER)
@@ -143,7 +153,6 @@ def ensure_root(cache_dir, mirror, packages, log):
             if f.read().strip() == key:
                 return root, False
     check_reachable(mirror)
-    os.makedirs(cache_dir, exist_ok=True)
     for name in os.listdir(cache_dir):  # stale roots and half-made ones
         if name.startswith("rootfs-"):
             shutil.rmtree(os.path.join(cache_dir, name))
