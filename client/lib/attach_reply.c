@@ -213,6 +213,7 @@ model_from_fds(const char *name, const struct wire_attach_ok *ok, int *fds, size
 {
 	struct index_header h;
 	struct model_map *maps = NULL;
+	wc_file_identity *ids = NULL;
 	int *kept = NULL;
 	struct attach_index *xi = NULL;
 	const uint8_t *index;
@@ -239,6 +240,7 @@ model_from_fds(const char *name, const struct wire_attach_ok *ok, int *fds, size
 		goto fail;
 	}
 	if ((maps = calloc(h.file_count, sizeof(*maps))) == NULL ||
+		(ids = calloc(h.file_count ? h.file_count : 1, sizeof(*ids))) == NULL ||
 		(keep_fds && (kept = calloc(h.file_count ? h.file_count : 1, sizeof(*kept))) ==
 			NULL)) {
 		r = error_set(-ENOMEM, "model \"%s\": out of memory", name);
@@ -265,6 +267,10 @@ model_from_fds(const char *name, const struct wire_attach_ok *ok, int *fds, size
 				"file", name, fname, (unsigned long long)maps[i].size);
 			goto fail;
 		}
+		ids[i] = (wc_file_identity){ .dev = (uint64_t)st.st_dev,
+			.ino = (uint64_t)st.st_ino, .size = (uint64_t)st.st_size,
+			.mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec,
+			.ctime_ns = (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec };
 		/* wcached passes model files read-only; anything else is not
 		 * from wcached. */
 		if ((flags = fcntl(fds[1 + i], F_GETFL)) == -1) {
@@ -298,6 +304,7 @@ model_from_fds(const char *name, const struct wire_attach_ok *ok, int *fds, size
 		}
 		out->model->file_fds = kept;
 	}
+	out->model->file_ids = ids;
 	out->index = xi;
 	if (fresh) {
 		/* The new generation's index is the one to keep. */
@@ -313,6 +320,7 @@ fail:
 		if (maps[i].base != NULL)
 			munmap((void *)maps[i].base, (size_t)maps[i].size);
 	free(maps);
+	free(ids);
 	free(kept);
 	attach_index_unref(xi);
 	return r;

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "format/dtype.h"
@@ -139,15 +140,43 @@ model_close_fds(int *fds, size_t n)
 	fdp_close_all(fds, n);
 }
 
+/*
+ * Forgets (sets to -1) each kept descriptor that is no longer the file the
+ * model got: one the process closed without asking the model (closefrom(),
+ * close_range() in a daemonizing child) whose number was given to another
+ * file since, or that is closed. Closing those would close someone else's
+ * descriptor (review rev172 F4). A model without identities closes what it
+ * holds, as before.
+ */
+static void
+forget_foreign_fds(wc_model *m)
+{
+	if (m->file_ids == NULL)
+		return;
+	for (uint64_t i = 0; i < m->header.file_count; i++) {
+		struct stat st;
+
+		if (m->file_fds[i] < 0)
+			continue;
+		if (fstat(m->file_fds[i], &st) == -1 ||
+			(uint64_t)st.st_dev != m->file_ids[i].dev ||
+			(uint64_t)st.st_ino != m->file_ids[i].ino)
+			m->file_fds[i] = -1;
+	}
+}
+
 void
 model_free(wc_model *m)
 {
 	if (m == NULL)
 		return;
 	unmap_all(m);
-	if (m->file_fds != NULL)
+	if (m->file_fds != NULL) {
+		forget_foreign_fds(m);
 		model_close_fds(m->file_fds, (size_t)m->header.file_count);
+	}
 	free(m->file_fds);
+	free(m->file_ids);
 	if (m->index_owner == MODEL_INDEX_OWNED)
 		free((void *)m->index);
 	free(m->maps);
@@ -400,6 +429,39 @@ wc_model_fd(const wc_model *m, size_t file)
 			"artifact's and wc_attach_fds()'s are; open the file by its path)", m->name,
 			file);
 	return m->file_fds[file];
+}
+
+/* A descriptor is the model's until it closes it (model.h, file_fds):
+ * closing one here is the model's own close, which wc_release() then
+ * skips. */
+int
+wc_model_close_fd(wc_model *m, size_t file)
+{
+	if (m == NULL)
+		return error_set(-EINVAL, "wc_model_close_fd: no model");
+	if (file >= m->header.file_count)
+		return error_set(-ERANGE, "%s: file %zu of %llu", m->name, file,
+			(unsigned long long)m->header.file_count);
+	if (m->file_fds != NULL && m->file_fds[file] >= 0) {
+		close(m->file_fds[file]);
+		m->file_fds[file] = -1;
+	}
+	return 0;
+}
+
+int
+wc_model_file_identity(const wc_model *m, size_t file, wc_file_identity *out)
+{
+	if (m == NULL || out == NULL)
+		return error_set(-EINVAL, "wc_model_file_identity: no model or no identity");
+	if (file >= m->header.file_count)
+		return error_set(-ERANGE, "%s: file %zu of %llu", m->name, file,
+			(unsigned long long)m->header.file_count);
+	if (m->file_ids == NULL)
+		return error_set(-ENOENT, "%s: file %zu: no identity (only a model made of "
+			"wcached's descriptors has one; fstat the file)", m->name, file);
+	*out = m->file_ids[file];
+	return 0;
 }
 
 size_t

@@ -60,8 +60,14 @@ struct wc_model {
 	 * derived artifact's memfd, which has no path another mapping could
 	 * be made through, and of a model from wc_attach_fds() (attach_reply.c
 	 * keeps the O_RDONLY, close-on-exec descriptors wcached sent). The
-	 * model owns them: model_free() closes them. */
+	 * model owns them: model_free() closes them, each only while it is
+	 * still the file file_ids names. */
 	int *file_fds;
+	/* What fstat() said of each file's descriptor when the model got it
+	 * (header.file_count entries), for wc_model_file_identity(): set by
+	 * the attach code for every model made of wcached's descriptors
+	 * (attach_reply.c), NULL for a model from wc_open_file/fd(). */
+	wc_file_identity *file_ids;
 };
 
 /*
@@ -80,8 +86,11 @@ int model_new(const char *what, const uint8_t *index, size_t index_len,
  * the range is then one of them), else one close() each. */
 void model_close_fds(int *fds, size_t n);
 
-/* Unmaps the files, closes file_fds and frees what model_new() took; calls
- * no release hook. NULL is fine. */
+/* Unmaps the files, closes file_fds (each only while it is still the
+ * device and inode file_ids recorded: a descriptor this process closed
+ * behind the model's back and whose number now names another file is left
+ * alone) and frees what model_new() took; calls no release hook. NULL is
+ * fine. */
 void model_free(wc_model *m);
 
 struct model_source;

@@ -127,14 +127,44 @@ WC_EXPORT int wc_model_cow(wc_model *m);
  * open its files by their paths. -ERANGE when file is out of range,
  * -EINVAL for no model.
  *
- * Borrowed: valid until wc_release(m), which closes it; do not close it
- * (dup it to keep it longer). A child of fork() inherits it with the model,
- * and the child's wc_release() closes the child's copy only. A process
- * that closes descriptors it did not open (closefrom(), close_range())
- * must not release a model that kept descriptors then: its wc_release()
- * would close whatever descriptor has that number by then.
+ * Borrowed: valid until wc_release(m) or wc_model_close_fd(m, file),
+ * which close it; do not close it (dup it to keep it longer). A child of
+ * fork() inherits it with the model, and the child's wc_release() closes
+ * the child's copy only. wc_release() closes a kept descriptor only while
+ * it is still the file the model got (the same device and inode): in a
+ * process that closed it without asking (closefrom(), close_range()), a
+ * number given to another file since is left open; one given to the same
+ * file again (opened anew by its path) would be closed.
  */
 WC_EXPORT int wc_model_fd(const wc_model *m, size_t file);
+
+/* Closes the descriptor m kept of file `file` (wc_model_fd() then says
+ * -ENOENT); 0 also when it keeps none. For a caller of wc_attach_fds()
+ * that needs only some files' descriptors: the model's mappings and
+ * identities stay. No other thread may use the descriptor wc_model_fd()
+ * lent for that file meanwhile. -ERANGE when file is out of range, -EINVAL
+ * for no model. */
+WC_EXPORT int wc_model_close_fd(wc_model *m, size_t file);
+
+/* What fstat() said of a file's descriptor when a model got it. */
+typedef struct wc_file_identity {
+	uint64_t dev;     /* st_dev */
+	uint64_t ino;     /* st_ino */
+	uint64_t size;    /* st_size */
+	int64_t mtime_ns; /* st_mtim, nanoseconds since the epoch */
+	int64_t ctime_ns; /* st_ctim, the same */
+} wc_file_identity;
+
+/* The identity of file `file` of a model attached through wcached
+ * (wc_attach(), wc_attach_fds(), an artifact), from the descriptor wcached
+ * passed, taken when the model was attached: for a staged model, its copy
+ * in stage_dir (which keeps its source's size and mtime). It tells whether
+ * a file at a path is the one the model maps (the same dev and ino, and
+ * size, mtime and ctime unchanged: not written since) without keeping a
+ * descriptor. The model maps the file, so its inode number is not reused
+ * while the model lives. -ENOENT for a model from wc_open_file/fd(),
+ * -ERANGE when file is out of range, -EINVAL for no model or no out. */
+WC_EXPORT int wc_model_file_identity(const wc_model *m, size_t file, wc_file_identity *out);
 
 /* The number of files of the model (0 for NULL). */
 WC_EXPORT size_t wc_model_file_count(const wc_model *m);

@@ -116,8 +116,8 @@ def test_a_shard_of_a_served_directory_comes_through_wcached(served):
 def test_the_directory_is_attached_once_for_all_its_shards(served):
     """Each attach maps every file of the model: one per shard would map
     each file once per open shard (163 x 163 for a 163-shard model). The
-    attached model keeps one descriptor per file (wc_attach_fds), the
-    shards none."""
+    attached model keeps no descriptor of a file that is not a staged copy
+    (review rev172 F2: before, one per file while held), the shards none."""
     d, files = served
     handles = [wcache.safe_open(files[0])]  # connects: a descriptor for the connection
     fds = len(os.listdir("/proc/self/fd"))
@@ -134,7 +134,63 @@ def test_the_directory_is_attached_once_for_all_its_shards(served):
     handles[3].close()
     wait_until(lambda: attached(d) == 0, what="the directory's release")
     assert [file_mappings(p) for p in files] == [0, 0, 0]
-    assert len(os.listdir("/proc/self/fd")) == fds - len(files)
+    assert len(os.listdir("/proc/self/fd")) == fds
+
+
+def serve_big(tmp_path, monkeypatch, n):
+    """wcached serving an n-shard tmp_path/big as "big", connected to once
+    (a shard opened and closed) and the directory released since; returns
+    (daemon, shard paths)."""
+    names = [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+    files = write_model(str(tmp_path / "big"), names=names)
+    os.makedirs(tmp_path / "d")
+    d = Daemon(tmp_path / "d", {"big": str(tmp_path / "big")}).start()
+    use(monkeypatch, d)
+    with wcache.safe_open(files[0]) as f:
+        assert f.model.source == "wcached"
+    wait_until(lambda: attached(d, "big") == 0, what="the directory's release")
+    return d, files
+
+
+def test_a_loaded_directory_holds_no_descriptor(tmp_path, monkeypatch, caplog):
+    """Review rev172 F2: transformers' loop (open, get_tensor, close per
+    shard, the state dict kept) over a 40-shard directory leaves the
+    process with the descriptors it had, and needs about N + 3 free ones
+    on the way (one attach's reply, the file's own). Before, the held
+    directory kept one per shard for as long as the state dict lived
+    (fds 40 more), and the first open of each file attached it again, so
+    the loop needed 2N + 2 free: at this limit it fell back to mapping
+    files here, with a WARNING."""
+    import resource
+    n = 40
+    d, files = serve_big(tmp_path, monkeypatch, n)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    state = {}
+    try:
+        before = len(os.listdir("/proc/self/fd"))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (before + n + 8, hard))
+        with caplog.at_level(logging.WARNING, logger="wcache"):
+            sources = []
+            for i, p in enumerate(files):
+                with wcache.safe_open(p, framework="pt") as f:
+                    for k in f.keys():
+                        state[k] = f.get_tensor(k)
+                    sources.append(f.model.source)
+        assert sources == ["wcached"] * n, sources
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(os.listdir("/proc/self/fd")) == before
+        assert attached(d, "big") == 1
+        assert all(torch.equal(state[f"model.layers.{i}.b"], torch.arange(4))
+                   for i in range(n))
+        state.clear()
+        wait_until(lambda: attached(d, "big") == 0, what="the release after the tensors went")
+        assert len(os.listdir("/proc/self/fd")) == before
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        state.clear()
+        import wcache._safe_open as so
+        so._shared = None
+        assert d.stop() == 0, d.read_log()
 
 
 def test_tensors_keep_the_directory_attached(served, monkeypatch):

@@ -21,7 +21,8 @@ import torch
 import wcache
 import wcache._shards as shards
 from pyhelpers import Daemon, file_mappings, mapping_at, wait_until, write_safetensors
-from test_served_directory import SHARDS, attached, same_as_the_file, use, write_model
+from test_served_directory import (SHARDS, attached, same_as_the_file, serve_big, use,
+                                   write_model)
 from wcached import open_to  # tests/pyutil, on the path pyhelpers sets
 
 SHM = "/dev/shm"
@@ -118,31 +119,25 @@ def test_a_file_renamed_over_a_staged_shard_is_not_the_staged_copy(staged):
 
 
 def test_out_of_descriptors_maps_the_files_here(tmp_path, monkeypatch, caplog):
-    """Review rev172 F2: a held directory keeps a descriptor per file, and
-    each new file attaches it again, so a 40-shard directory needs some 82
-    free descriptors. Where the process has fewer, wcached's reply loses
-    its descriptors (EMFILE): the file is mapped here, with one WARNING,
-    instead of the load failing. Before, safe_open raised."""
+    """Review rev172 F2: an attach receives one descriptor per file of the
+    model (all but a staged copy's are closed at once). Where the process
+    has fewer free than that, wcached's reply loses its descriptors
+    (EMFILE): each file is mapped here, with one WARNING, instead of the
+    load failing. (Before 16dceac safe_open raised.)"""
     n = 40
-    names = [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
-    files = write_model(str(tmp_path / "big"), names=names)
-    os.makedirs(tmp_path / "d")
-    d = Daemon(tmp_path / "d", {"big": str(tmp_path / "big")}).start()
-    use(monkeypatch, d)
+    d, files = serve_big(tmp_path, monkeypatch, n)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     tensors = []
     try:
-        with wcache.safe_open(files[0]) as f:  # connected, the directory known
-            assert f.model.source == "wcached"
         in_use = len(os.listdir("/proc/self/fd"))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (in_use + n + 20, hard))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (in_use + n // 2, hard))
         with caplog.at_level(logging.WARNING, logger="wcache"):
             sources = []
             for i, p in enumerate(files):
                 with wcache.safe_open(p, framework="pt") as f:
                     tensors.append(f.get_tensor(f"model.layers.{i}.b"))
                     sources.append(f.model.source)
-        assert sources[0] == "wcached" and "file" in sources, sources
+        assert sources == ["file"] * n, sources
         assert all(torch.equal(t, torch.arange(4)) for t in tensors)
         said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
         assert len(said) == 1 and "out of file descriptors" in said[0], said
@@ -152,6 +147,28 @@ def test_out_of_descriptors_maps_the_files_here(tmp_path, monkeypatch, caplog):
         import wcache._safe_open as so
         so._shared = None
         assert d.stop() == 0, d.read_log()
+
+
+def test_a_staged_directory_keeps_its_copies_descriptors_only(staged):
+    """Review rev172 F2: a staged shard is mapped through wcached's
+    descriptor of its copy (stage_dir is wcached's, 0700), so the held
+    directory keeps those, one per staged file, and no other: after
+    transformers' loop with the state dict kept, 3 for 3 staged shards,
+    none once the tensors are gone."""
+    d, files, _ = staged
+    with wcache.safe_open(files[0]) as f:  # connects
+        assert f.model.source == "wcached"
+    wait_until(lambda: attached(d) == 0, what="the directory's release")
+    before = len(os.listdir("/proc/self/fd"))
+    state = {}
+    for p in files:
+        with wcache.safe_open(p, framework="pt") as f:
+            assert f.model.source == "wcached"
+            state.update({k: f.get_tensor(k) for k in f.keys()})
+    assert len(os.listdir("/proc/self/fd")) == before + len(files)
+    state.clear()
+    wait_until(lambda: attached(d) == 0, what="the release after the tensors went")
+    assert len(os.listdir("/proc/self/fd")) == before
 
 
 def test_a_file_renamed_over_a_shard_is_not_the_old_generations(tmp_path, monkeypatch):

@@ -122,6 +122,17 @@ class wc_tensor(ctypes.Structure):
     ]
 
 
+class wc_file_identity(ctypes.Structure):
+    """struct wc_file_identity from client/lib/wcache.h."""
+    _fields_ = [
+        ("dev", ctypes.c_uint64),
+        ("ino", ctypes.c_uint64),
+        ("size", ctypes.c_uint64),
+        ("mtime_ns", ctypes.c_int64),
+        ("ctime_ns", ctypes.c_int64),
+    ]
+
+
 _P = ctypes.c_void_p
 _PP = ctypes.POINTER(ctypes.c_void_p)
 _T = ctypes.POINTER(wc_tensor)
@@ -166,6 +177,11 @@ _OPTIONAL = {
     "wc_attach_fds": (ctypes.c_int, [_P, ctypes.c_char_p, _PP]),
     "wc_model_file_count": (ctypes.c_size_t, [_P]),
     "wc_model_file_name": (ctypes.c_char_p, [_P, ctypes.c_size_t]),
+    # Each file's identity as attached, and dropping a kept descriptor
+    # (wcache/_shards.py keeps none but a staged copy's: review rev172 F2).
+    "wc_model_file_identity": (ctypes.c_int, [_P, ctypes.c_size_t,
+                                              ctypes.POINTER(wc_file_identity)]),
+    "wc_model_close_fd": (ctypes.c_int, [_P, ctypes.c_size_t]),
     # Derived artifacts (wcache/_derived.py).
     "wc_derive": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_char_p, _PP, _PP]),
     "wc_build_source": (_P, [_P]),

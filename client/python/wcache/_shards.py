@@ -10,11 +10,14 @@ served_file() finds the directory model that holds such a file: it attaches
 the directory the path is in (its absolute spelling, then its real path: a
 hub snapshot directory is real, while its shards are symlinks into blobs/,
 so the directory of the shard's real path is not the snapshot) with
-wc_attach_fds(), which keeps a descriptor of each file wcached passed, and
-finds the file by NAME: file k of the model is the one whose index name
+wc_attach_fds(), reads the identity of each file wcached passed
+(wc_model_file_identity: the fstat of its descriptor, at the attach) and
+closes every descriptor but those of files that may be wcached's staged
+copies of the files at their paths (wc_model_close_fd; _files), and finds
+the file by NAME: file k of the model is the one whose index name
 (wc_model_file_name: the shard's name in the weight map, or the file's base
-name) is the path's name in the directory. Then the fstat of k's descriptor
-(wc_model_fd) and of the file opened at the path tell:
+name) is the path's name in the directory. Then k's identity and the fstat
+of the file opened at the path tell:
 
 (a) the same device and inode: the file at the path is the generation's
     file k; it is mapped by wc_open_fd() of that file, as opened here;
@@ -22,7 +25,8 @@ name) is the path's name in the directory. Then the fstat of k's descriptor
     source's: daemon/stage.c): wcached serves its staged copy of the file
     (stage = yes, or auto on NFS/9p/FUSE, with stage_dir on another file
     system):
-    the copy is mapped, by wc_open_fd() of k's descriptor, on the pages
+    the copy is mapped, by wc_open_fd() of k's descriptor (the one kind
+    the directory model keeps: one per staged file), on the pages
     wcached warmed, not the remote file's; it is the generation's copy,
     which follows a replacement of the file at the path as a named attach
     does (wcached's poll and reload make a new generation);
@@ -51,11 +55,12 @@ wcached's refusal of a generation written in place since it was attached
 is not bypassed.
 
 One attached directory model per connection and directory, shared by every
-shard model of it: an attach maps every file of the model, and keeps one
-descriptor per file (163 for a 163-shard model) while it is held; an
-attach per shard would map 163 x 163 files. The registry keeps it by weak
-reference only: closing the last shard (and dropping its tensors)
-releases it, descriptors included. A stale one (wcached serves a newer
+shard model of it: an attach maps every file of the model (and receives a
+descriptor per file, 163 for a 163-shard model, kept only for a staged
+copy: a held directory that is not staged costs no descriptor, review
+rev172 F2); an attach per shard would map 163 x 163 files. The registry
+keeps it by weak reference only: closing the last shard (and dropping its
+tensors) releases it, kept descriptors included. A stale one (wcached serves a newer
 generation) or one made by another connection (after a reconnect, or by
 the parent of a fork()) is not used again: the directory is attached anew,
 and the old one stays with the shards that hold it. A file found to be one
@@ -113,7 +118,7 @@ class _Entry:
     mapped)), the model's file names ({name: k}, read once); or until when
     the directory is taken as not served, and, when its real path was found
     not served either, what served_file() said."""
-    __slots__ = ("client", "handle", "generation", "known", "names", "until", "why",
+    __slots__ = ("client", "handle", "generation", "known", "names", "ids", "until", "why",
                  "__weakref__")
 
     def __init__(self, client, handle=None, until=0.0):
@@ -124,6 +129,7 @@ class _Entry:
         self.generation = None
         self.known = {}
         self.names = None
+        self.ids = None
         self.until = until
         self.why = None
         if handle is not None:
@@ -157,7 +163,7 @@ def _remember(directory, entry, h=None):
             if held is not None:
                 return old, held
             if old.generation == entry.generation:
-                entry.known, entry.names = old.known, old.names
+                entry.known = old.known
         if len(_dirs) >= _MAX_ENTRIES:
             now = time.monotonic()
             for k in [k for k, e in _dirs.items()
@@ -203,15 +209,62 @@ def _directory(client, directory, stamp):
     except WcacheError as e:
         if e.errno not in (errno.EIO, errno.EMFILE, errno.ENFILE) or type(e) is not WcacheError:
             raise
-        # a failed load, or no room for the directory's descriptors (one
-        # per file, kept while it is held: review rev172 F2): the file
-        # itself needs one, for as long as it is mapped here
+        # a failed load, or no room for the reply's descriptors (one per
+        # file, closed at once but a staged copy's: review rev172 F2): the
+        # file itself needs one only while it is mapped here
         _say_once(logging.WARNING, f"wcache: wcached could not serve the directory "
                   f"{directory}: {e}; its files are opened in this process")
         return None, str(e)
     h = model._h()
     model.close()  # h is kept by the shard models, and weakly by the registry
-    return _remember(directory, _Entry(client, h), h)
+    entry = _Entry(client, h)
+    entry.names, entry.ids = _files(directory, h)
+    return _remember(directory, entry, h)
+
+
+def _files(directory, h):
+    """({name (bytes): k}, [file k's identity as attached: (device, inode,
+    size, mtime, ctime in ns), or None]) of the directory model h, just
+    attached with wc_attach_fds() and not yet seen by another thread.
+    Closes every descriptor h keeps but those of files that may be
+    wcached's staged copies of the files at their paths (another device
+    than the path's file, the same size and mtime: case (b)), the only
+    ones a shard is mapped through: a held directory that is not staged
+    keeps no descriptor (review rev172 F2). A file on the directory's own
+    device is not a staged copy of one in it, and needs no stat."""
+    lib, ptr = h.lib, h.ptr
+    names, ids = {}, []
+    try:
+        here = os.stat(directory).st_dev
+    except OSError:
+        here = None
+    ident = _lib.wc_file_identity()
+    for k in range(int(lib.wc_model_file_count(ptr))):
+        name = lib.wc_model_file_name(ptr, k)
+        if name is not None:
+            names.setdefault(name, k)
+        if lib.wc_model_file_identity(ptr, k, ctypes.byref(ident)) < 0:
+            ids.append(None)
+            lib.wc_model_close_fd(ptr, k)
+            continue
+        i = (ident.dev, ident.ino, ident.size, ident.mtime_ns, ident.ctime_ns)
+        ids.append(i)
+        if i[0] == here or name is None or not _may_be_staged(directory, name, i):
+            lib.wc_model_close_fd(ptr, k)
+    return names, ids
+
+
+def _may_be_staged(directory, name, i):
+    """Whether the file of that name in directory (bytes; its symlink
+    followed, as a loader opens it) may be the source that the file of
+    identity i is wcached's staged copy of (_served_as, case (b))."""
+    if b"/" in name:
+        return False
+    try:
+        st = os.stat(os.path.join(os.fsencode(directory), name))
+    except OSError:
+        return False
+    return st.st_dev != i[0] and (st.st_size, st.st_mtime_ns) == (i[2], i[3])
 
 
 def _open_fd(fd, label):
@@ -223,20 +276,12 @@ def _open_fd(fd, label):
     return out.value if rc >= 0 else None
 
 
-def _file_number(entry, h, name):
-    """The number of the file of h (the registry's entry's _Handle) that
-    its index names name (bytes), or None. The names are read once per
-    generation ({name: k}); the index's own strings are checked by
-    libwcache (NUL-terminated, inside the index), and a name only selects
-    which descriptor to compare."""
-    names = entry.names
-    if names is None:
-        names = {}
-        for k in range(int(h.lib.wc_model_file_count(h.ptr))):
-            names.setdefault(h.lib.wc_model_file_name(h.ptr, k), k)
-        names.pop(None, None)
-        entry.names = names
-    return names.get(name)
+def _file_number(entry, name):
+    """The number of the file of the registry's entry that its index names
+    name (bytes), or None. The names are read once per attach (_files); the
+    index's own strings are checked by libwcache (NUL-terminated, inside
+    the index), and a name only selects which identity to compare."""
+    return entry.names.get(name) if entry.names is not None else None
 
 
 def _served_as(target, fd, st, entry, h):
@@ -255,25 +300,28 @@ def _served_as(target, fd, st, entry, h):
     stamp = _stamp(st)
     k, staged = entry.known.get(stamp, (None, False))
     if k is None or h.lib.wc_model_file_name(h.ptr, k) != name:
-        k = _file_number(entry, h, name)
+        k = _file_number(entry, name)
         if k is None:
             return None, ("not this file: no file of that model is named so (not listed in "
                           "its index)")
-        theirs = h.lib.wc_model_fd(h.ptr, k)
-        if theirs < 0:
-            return None, f"not this file: libwcache lent no descriptor: {_lib.errmsg()}"
-        kst = os.fstat(theirs)
-        if (kst.st_dev, kst.st_ino) == (st.st_dev, st.st_ino):
+        theirs = entry.ids[k]
+        if theirs is None:
+            return None, "not this file: libwcache gave no identity of that model's file"
+        if theirs[:2] == (st.st_dev, st.st_ino):
             staged = False
-        elif kst.st_dev == st.st_dev:
+        elif theirs[0] == st.st_dev:
             return None, ("not this file: that model's file of its name is another file on "
                           "the same file system (this one replaced since, or served from a "
                           "staged copy in a stage_dir on this file system)")
-        elif (kst.st_size, kst.st_mtime_ns) == (st.st_size, st.st_mtime_ns):
+        elif (theirs[2], theirs[3]) == (st.st_size, st.st_mtime_ns):
             # wcached's staged copy keeps its source's size and mtime
             # (stage.c); another device alone is not a copy (overlayfs
             # gives a file renamed over in its upper layer another st_dev)
             staged = True
+            if h.lib.wc_model_fd(h.ptr, k) < 0:
+                return None, ("not this file: it was not its staged copy's size and mtime "
+                              "when the directory was attached (no descriptor of the copy "
+                              "was kept)")
         else:
             return None, ("not this file: that model's file of its name is on another file "
                           "system, with another size or mtime (this one replaced since "
@@ -297,8 +345,9 @@ def served_file(client, target):
     path names it, then its real path; when neither is served, the next
     file of the directory is answered at once (NOT_SERVED_FOR), without
     looking the real path up again (15 µs: an lstat per component)."""
-    if not _lib.has("wc_attach_fds"):
-        return None, f"this libwcache ({_lib.library_path()}) has no wc_attach_fds()"
+    if not _lib.has("wc_model_file_identity"):
+        return None, (f"this libwcache ({_lib.library_path()}) has no "
+                      "wc_model_file_identity()")
     directory = os.path.dirname(os.path.abspath(target))
     with _lock:
         entry = _dirs.get(directory)

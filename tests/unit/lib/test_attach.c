@@ -34,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -817,6 +818,66 @@ test_attach_fds_in_forked_child(void **state)
 	assert_int_equal(f->fake.releases, 1);
 }
 
+/* Every attached model records each file's identity (the fstat of the
+ * descriptor wcached passed), so a caller can tell a file at a path from it
+ * without keeping a descriptor; wc_model_close_fd() drops a kept one
+ * (the next wc_model_fd() says -ENOENT, wc_release() does not close it
+ * again); and a kept descriptor the process closed behind the model's back
+ * (closefrom()), whose number names another file by the release, is left
+ * open (review rev172 F2, F4). */
+static void
+test_identity_and_close_fd(void **state)
+{
+	struct fixture *f = *state;
+	int before = attach_ok(f), fd0, fd1, other;
+	wc_file_identity id;
+	wc_model *fds = NULL;
+	struct stat st;
+
+	/* wc_attach() keeps no descriptor, and has the identities. */
+	for (size_t i = 0; i < 2; i++) {
+		assert_int_equal(wc_model_file_identity(f->model, i, &id), 0);
+		assert_int_equal(fstat(f->file_fd[i], &st), 0);
+		assert_true(id.dev == (uint64_t)st.st_dev && id.ino == (uint64_t)st.st_ino);
+		assert_true(id.size == (uint64_t)st.st_size);
+		assert_true(id.mtime_ns == (int64_t)st.st_mtim.tv_sec * 1000000000 +
+			st.st_mtim.tv_nsec);
+		assert_true(id.ctime_ns == (int64_t)st.st_ctim.tv_sec * 1000000000 +
+			st.st_ctim.tv_nsec);
+	}
+	assert_error(wc_model_file_identity(f->model, 2, &id), -ERANGE, "file 2 of 2");
+	assert_error(wc_model_file_identity(NULL, 0, &id), -EINVAL, "no model");
+	assert_int_equal(wc_model_fd(f->model, 0), -ENOENT);
+	assert_int_equal(wc_model_close_fd(f->model, 0), 0); /* none kept: nothing */
+
+	assert_int_equal(wc_attach_fds(f->client, MODEL, &fds), 0);
+	assert_int_equal(tu_count_fds(), before + 2 + 2);
+	assert_int_equal(wc_model_file_identity(fds, 1, &id), 0);
+	assert_int_equal(fstat(f->file_fd[1], &st), 0);
+	assert_true(id.dev == (uint64_t)st.st_dev && id.ino == (uint64_t)st.st_ino);
+	fd0 = wc_model_fd(fds, 0);
+	fd1 = wc_model_fd(fds, 1);
+	assert_int_equal(wc_model_close_fd(fds, 0), 0);
+	assert_int_equal(fcntl(fd0, F_GETFD), -1);
+	assert_int_equal(tu_count_fds(), before + 2 + 1);
+	assert_error(wc_model_fd(fds, 0), -ENOENT, "no descriptor kept");
+	assert_int_equal(wc_model_close_fd(fds, 0), 0);
+	assert_error(wc_model_close_fd(fds, 2), -ERANGE, "file 2 of 2");
+	assert_error(wc_model_close_fd(NULL, 0), -EINVAL, "no model");
+	check_tensors(fds); /* the mappings stay */
+	/* closefrom() behind the model's back, and the number reused: the
+	 * release leaves the new file open. */
+	other = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	assert_true(other >= 0);
+	assert_int_equal(dup3(other, fd1, O_CLOEXEC), fd1); /* closes the model's */
+	close(other);
+	wc_release(fds);
+	assert_int_not_equal(fcntl(fd1, F_GETFD), -1);
+	close(fd1);
+	release_and_finish(f, before);
+	assert_int_equal(f->fake.releases, 2);
+}
+
 int
 main(void)
 {
@@ -839,6 +900,7 @@ main(void)
 		T(test_bad_arguments),
 		T(test_attach_fds_keeps_descriptors),
 		T(test_attach_fds_in_forked_child),
+		T(test_identity_and_close_fd),
 	};
 #undef T
 
