@@ -149,20 +149,6 @@ gen_free_origin(struct gen_origin *origin, size_t n)
 	free(origin);
 }
 
-char *
-gen_resolved_path(const char *path, char *before)
-{
-	char *now = before != NULL ? realpath(path, NULL) : NULL;
-
-	if (now == NULL || strcmp(now, before) != 0) {
-		free(now);
-		free(before);
-		return NULL;
-	}
-	free(now);
-	return before;
-}
-
 /* Whether the file at place (a path) is the file whose fstat is st. */
 static int
 is_file_at(const char *place, const struct stat *st)
@@ -173,32 +159,51 @@ is_file_at(const char *place, const struct stat *st)
 		now.st_ino == st->st_ino;
 }
 
-char *
-gen_resolved_check(char *resolved, const char *file_path, const struct stat *st)
+/* Whether the file opened as file_path, whose fstat is st, is at its place
+ * under the resolved path whose stat is at: that path itself, or the file
+ * of its name in dir (the path when a directory, else its directory; NULL
+ * when out of memory). */
+static int
+at_its_place(const struct stat *at, const char *dir, const char *file_path,
+	const struct stat *st)
 {
 	const char *name = file_path != NULL ? strrchr(file_path, '/') : NULL;
-	struct stat at;
-	char *dir, *place;
+	char *place;
 	int same;
 
-	if (resolved == NULL || stat(resolved, &at) == -1)
-		goto not_it;
 	/* A model that is one file: that file. */
-	if (at.st_dev == st->st_dev && at.st_ino == st->st_ino)
-		return resolved;
+	if (at->st_dev == st->st_dev && at->st_ino == st->st_ino)
+		return 1;
 	/* Else a file of the directory, or beside the shard index. */
-	if (name == NULL)
-		goto not_it;
-	dir = S_ISDIR(at.st_mode) ? strdup(resolved) : path_dir(resolved);
-	place = dir != NULL ? path_join(dir, name + 1) : NULL;
+	if (name == NULL || dir == NULL)
+		return 0;
+	place = path_join(dir, name + 1);
 	same = is_file_at(place, st);
 	free(place);
+	return same;
+}
+
+char *
+gen_resolved_path(const char *path, char *before, const struct model_source *src,
+	const struct gen_origin *origin)
+{
+	char *now = before != NULL ? realpath(path, NULL) : NULL, *dir = NULL;
+	int same = now != NULL && strcmp(now, before) == 0;
+	struct stat at;
+
+	free(now);
+	/* One stat of the resolved path serves every file. */
+	if (same && src->nfiles > 0 && (same = stat(before, &at) == 0))
+		dir = S_ISDIR(at.st_mode) ? strdup(before) : path_dir(before);
+	for (size_t i = 0; same && i < src->nfiles; i++)
+		same = origin != NULL ? at_its_place(&at, dir, origin[i].path, &origin[i].st) :
+			at_its_place(&at, dir, src->files[i].path, &src->files[i].st);
 	free(dir);
-	if (same)
-		return resolved;
-not_it:
-	free(resolved);
-	return NULL;
+	if (!same) {
+		free(before);
+		return NULL;
+	}
+	return before;
 }
 
 /*

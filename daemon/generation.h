@@ -381,28 +381,27 @@ uint64_t gen_origin_fs(const struct generation *g);
 void gen_free_origin(struct gen_origin *origin, size_t n);
 
 /*
- * The realpath(3) of path now, if it is before (the realpath of path taken
- * just before the model's files were opened; may be NULL), else NULL: a
- * path renamed over while the files were opened may name other files than
- * those opened, and the next reload resolves it again. Takes before (freed
- * or returned); the result is malloc'd. Work queue thread: realpath walks
- * the filesystem, which may hang on a remote one.
+ * The real path of a model's configured path for the generation made of
+ * src's files (its resolved_path), or NULL. before is the realpath(3) of
+ * path taken just before those files were opened (may be NULL), and is
+ * taken: the result is before when path resolves to it still and each
+ * file is the file at its place there (before itself: a model that is one
+ * file; the file of its name in before: a directory; or beside it: a
+ * shard index; through a symbolic link too), else NULL with before freed.
+ * Each file is src's as opened (its path and fstat), or when origin is not
+ * NULL (a staged copy's, src->nfiles entries) the file it was copied from.
+ * A path renamed over while the files were opened may name other files
+ * than those opened; one switched to other files and back (A, then B,
+ * then A again) resolves as before with B's files, and without the check
+ * the generation would answer to A's real path with B's files, so that
+ * the first model configured would be found by another model's real path
+ * (review rev164 #1). The next reload resolves it again. One realpath and
+ * one stat of the path, then at most one stat a file. The load pipeline and the
+ * warm restart's check call it on the work queue thread: realpath and
+ * stat walk the filesystem, which may hang on a remote one.
  */
-char *gen_resolved_path(const char *path, char *before);
-
-/*
- * resolved (gen_resolved_path()'s result, may be NULL) if the file opened
- * as file_path, whose fstat is st, is the file at its place under
- * resolved: resolved itself (a model that is one file), or the file of its
- * name in resolved (a directory) or beside it (a shard index); else NULL,
- * resolved freed. A path switched to other files and back while they were
- * opened (A, then B, then A again) passes gen_resolved_path() with B's
- * files: without this check the generation would answer to A's real path
- * with B's files, and the first model configured would be found by
- * another model's real path (review rev164 #1). Call it for every file of
- * the generation. Work queue thread (stat walks the filesystem).
- */
-char *gen_resolved_check(char *resolved, const char *file_path, const struct stat *st);
+char *gen_resolved_path(const char *path, char *before, const struct model_source *src,
+	const struct gen_origin *origin);
 
 /* Closes and frees what gen_open_served() opened; safe on NULL. */
 void gen_close_served(int *fds, size_t n);

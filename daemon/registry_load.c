@@ -153,10 +153,7 @@ load_work(struct workq_job *w)
 		note_failed_path(q);
 		return;
 	}
-	q->resolved = gen_resolved_path(q->path, resolved);
-	for (size_t i = 0; q->resolved != NULL && i < q->source.nfiles; i++)
-		q->resolved = gen_resolved_check(q->resolved, q->source.files[i].path,
-			&q->source.files[i].st);
+	q->resolved = gen_resolved_path(q->path, resolved, &q->source, NULL);
 	gen_source_fs(&q->source, &q->fs);
 }
 

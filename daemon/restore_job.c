@@ -267,19 +267,11 @@ restore_work(struct workq_job *w)
 	 * stored shard as it was. */
 	if (cur->err == 0 && (cur->err = restore_check_layout(cur, j->path)) < 0)
 		snprintf(cur->why, sizeof(cur->why), "%s", error_get());
+	/* Its files as a load checks them; a staged copy's by their origin. */
 	if (cur->err == 0)
-		cur->resolved_path = gen_resolved_path(j->path, resolved);
+		cur->resolved_path = gen_resolved_path(j->path, resolved, &cur->src, cur->origin);
 	else
 		free(resolved);
-	/* Each file as gen_resolved_check() asks: a staged copy's origin. */
-	for (size_t i = 0; cur->resolved_path != NULL && i < cur->src.nfiles; i++) {
-		const struct gen_origin *o = cur->origin != NULL ? &cur->origin[i] : NULL;
-
-		cur->resolved_path = o != NULL ?
-			gen_resolved_check(cur->resolved_path, o->path, &o->st) :
-			gen_resolved_check(cur->resolved_path, cur->src.files[i].path,
-				&cur->src.files[i].st);
-	}
 	for (size_t i = 0; i < j->nartifacts; i++)
 		check_artifact(&j->artifacts[i], name, j->gens[0].g->number);
 }

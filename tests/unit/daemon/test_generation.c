@@ -12,7 +12,8 @@
  * pool's reads into /dev/null) fails with EIO when asked, so warming fails
  * (pread is not wrapped: the format parsers read headers with it, and a
  * load must get as far as warming);
- * madvise fails when asked, so mapping every page (populate) fails.
+ * madvise fails when asked, so mapping every page (populate) fails;
+ * stat counts the calls on one path, so a test sees how often it is read.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -45,6 +46,19 @@ ssize_t __real_sendfile(int out, int in, off_t *off, size_t count);
 ssize_t __wrap_sendfile(int out, int in, off_t *off, size_t count);
 int __real_madvise(void *addr, size_t len, int advice);
 int __wrap_madvise(void *addr, size_t len, int advice);
+
+static const char *count_stats_of; /* stat() of this path is counted */
+static int stats_counted;
+int __real_stat(const char *path, struct stat *st);
+int __wrap_stat(const char *path, struct stat *st);
+
+int
+__wrap_stat(const char *path, struct stat *st)
+{
+	if (count_stats_of != NULL && strcmp(path, count_stats_of) == 0)
+		stats_counted++;
+	return __real_stat(path, st);
+}
 
 ssize_t
 __wrap_sendfile(int out, int in, off_t *off, size_t count)
@@ -1023,28 +1037,49 @@ test_close_while_warming(void **state)
 	 * generation freed, the loop closes cleanly */
 }
 
-/* gen_resolved_check(): a generation answers to its path's real path only
- * when each of its files is the file at its place there: the model's one
- * file, a file of the directory, or one beside the shard index, through a
- * symbolic link too. A file of another directory of the same names (the
- * link switched to B and back to A while B's files were opened: rev164 #1)
- * clears it. */
-static void
-test_resolved_check(void **state)
+/* The real path of path for a generation of these n files (each opened
+ * as paths[i], its fstat sts[i]; origin: their staged copies' origin, or
+ * NULL), as the load pipeline asks it: realpath before and after. */
+static char *
+resolved_for(const char *path, size_t n, char *const *paths, const struct stat *sts,
+	const struct gen_origin *origin)
 {
-	char *root = tu_tmpdir(), *a, *b, *blobs, *fa, *fb, *blob, *idx, *link, *r;
-	struct stat sa, sb, sblob;
+	struct wc_file files[4] = { 0 };
+	struct model_source src = { .files = files, .nfiles = n };
+
+	assert_true(n <= 4);
+	for (size_t i = 0; i < n; i++) {
+		files[i].path = paths[i];
+		files[i].st = sts[i];
+	}
+	return gen_resolved_path(path, realpath(path, NULL), &src, origin);
+}
+
+/* gen_resolved_path(): a generation answers to its path's real path only
+ * when the path resolves the same after its files were opened and each of
+ * its files is the file at its place there: the model's one file, a file
+ * of the directory, or one beside the shard index, through a symbolic
+ * link too; a staged copy by the file it was copied from. A file of
+ * another directory of the same names (the link switched to B and back to
+ * A while B's files were opened: rev164 #1) clears it. The path is stat'ed
+ * once whatever the number of files (once per file before). */
+static void
+test_resolved_path(void **state)
+{
+	char *tmp = tu_tmpdir(), *root = realpath(tmp, NULL), *a, *b, *blobs, *fa, *fb, *blob,
+	     *idx, *link, *fa2, *r;
+	struct stat sa, sb, sblob, sa2;
+	struct gen_origin origin[2];
 
 	(void)state;
-	a = path_join(root, "a");
-	b = path_join(root, "b");
-	blobs = path_join(root, "blobs");
-	if (a == NULL || b == NULL || blobs == NULL)
+	if (root == NULL || (a = path_join(root, "a")) == NULL ||
+		(b = path_join(root, "b")) == NULL || (blobs = path_join(root, "blobs")) == NULL)
 		abort();
 	assert_int_equal(mkdir(a, 0755), 0);
 	assert_int_equal(mkdir(b, 0755), 0);
 	assert_int_equal(mkdir(blobs, 0755), 0);
 	fa = tu_write(a, "m.safetensors", "a", 1);
+	fa2 = tu_write(a, "m2.safetensors", "a", 1);
 	fb = tu_write(b, "m.safetensors", "b", 1);
 	blob = tu_write(blobs, "h1", "c", 1);
 	idx = tu_write(a, "m.safetensors.index.json", "{}", 2);
@@ -1052,40 +1087,64 @@ test_resolved_check(void **state)
 		abort();
 	assert_int_equal(symlink("../blobs/h1", link), 0);
 	assert_int_equal(stat(fa, &sa), 0);
+	assert_int_equal(stat(fa2, &sa2), 0);
 	assert_int_equal(stat(fb, &sb), 0);
 	assert_int_equal(stat(blob, &sblob), 0);
 
-	/* a directory: its own file passes, wherever it was opened from */
-	r = gen_resolved_check(strdup(a), "/elsewhere/m.safetensors", &sa);
+	/* a directory: its own file passes, wherever it was opened from, and
+	 * a symbolic link in it to a blob (the blob is the file there); one
+	 * stat of the directory for all three */
+	count_stats_of = a;
+	stats_counted = 0;
+	r = resolved_for(a, 3, (char *[]){ "/elsewhere/m.safetensors", link, fa2 },
+		(struct stat[]){ sa, sblob, sa2 }, NULL);
+	count_stats_of = NULL;
 	assert_non_null(r);
 	assert_string_equal(r, a);
-	/* a symbolic link in it to a blob: the blob is the file there */
-	r = gen_resolved_check(r, link, &sblob);
-	assert_non_null(r);
+	assert_int_equal(stats_counted, 1);
+	free(r);
 	/* the same name in another directory: not a's */
-	assert_null(gen_resolved_check(r, fb, &sb));
+	assert_null(resolved_for(a, 2, (char *[]){ link, fb }, (struct stat[]){ sblob, sb },
+		NULL));
 	/* a shard index: the files beside it */
-	r = gen_resolved_check(strdup(idx), fa, &sa);
+	r = resolved_for(idx, 1, (char *[]){ fa }, (struct stat[]){ sa }, NULL);
 	assert_non_null(r);
-	assert_null(gen_resolved_check(r, fb, &sb));
+	assert_string_equal(r, idx);
+	free(r);
+	assert_null(resolved_for(idx, 2, (char *[]){ fa, fb }, (struct stat[]){ sa, sb }, NULL));
 	/* a model that is one file: that file, whatever its name */
-	r = gen_resolved_check(strdup(blob), link, &sblob);
+	r = resolved_for(link, 1, (char *[]){ link }, (struct stat[]){ sblob }, NULL);
 	assert_non_null(r);
-	assert_null(gen_resolved_check(r, fa, &sa));
-	/* nothing to check against */
-	assert_null(gen_resolved_check(NULL, fa, &sa));
-	r = gen_resolved_check(strdup(a), NULL, &sb);
-	assert_null(r);
+	assert_string_equal(r, blob);
+	free(r);
+	assert_null(resolved_for(blob, 2, (char *[]){ link, fa }, (struct stat[]){ sblob, sa },
+		NULL));
+	/* a staged copy: its origin is checked, not the copy (b's file) */
+	origin[0] = (struct gen_origin){ .path = fa, .st = sa };
+	origin[1] = (struct gen_origin){ .path = fa2, .st = sa2 };
+	r = resolved_for(a, 2, (char *[]){ fb, fb }, (struct stat[]){ sb, sb }, origin);
+	assert_non_null(r);
+	free(r);
+	origin[1] = (struct gen_origin){ .path = fb, .st = sb };
+	assert_null(resolved_for(a, 2, (char *[]){ fa, fa2 }, (struct stat[]){ sa, sa2 },
+		origin));
+	/* nothing to check against, a file without a directory, a path that
+	 * resolves elsewhere now */
+	assert_null(gen_resolved_path(a, NULL, &(struct model_source){ 0 }, NULL));
+	assert_null(resolved_for(a, 1, (char *[]){ NULL }, (struct stat[]){ sb }, NULL));
+	assert_null(gen_resolved_path(a, strdup(b), &(struct model_source){ 0 }, NULL));
 
 	free(a);
 	free(b);
 	free(blobs);
 	free(fa);
+	free(fa2);
 	free(fb);
 	free(blob);
 	free(idx);
 	free(link);
-	tu_rmtree(root);
+	free(root);
+	tu_rmtree(tmp);
 }
 
 int
@@ -1093,7 +1152,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_transition_table),
-		cmocka_unit_test(test_resolved_check),
+		cmocka_unit_test(test_resolved_path),
 		cmocka_unit_test_setup_teardown(test_load_without_warming, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_metadata_locked_off_the_loop, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_load_warm, setup, teardown),
