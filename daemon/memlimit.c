@@ -283,6 +283,20 @@ memlimit_cgroup_rel(const struct memlimit_hierarchy *h, char *rel, size_t cap)
 	return has_dotdot(rel) ? -1 : 0;
 }
 
+/*
+ * h's cgroup below its mount point into rel (memlimit_cgroup_rel): 0 when
+ * its limits can be read there; -ENOENT when the process is in no cgroup of
+ * h's hierarchy or the hierarchy is not mounted; -EXDEV when the cgroup's
+ * path has a ".." component, which leads outside the mount.
+ */
+static int
+mounted_rel(const struct memlimit_hierarchy *h, char *rel, size_t cap)
+{
+	if (!h->found || h->mountpoint[0] == '\0')
+		return -ENOENT;
+	return memlimit_cgroup_rel(h, rel, cap) < 0 ? -EXDEV : 0;
+}
+
 /* The cgroup at rel under h's mount, as the kernel names it. */
 static void
 cgroup_name(char *buf, size_t cap, const struct memlimit_hierarchy *h, const char *rel)
@@ -300,7 +314,7 @@ walk(const char *root, const struct memlimit_hierarchy *h, const char *file,
 {
 	char rel[PATH_CAP], dir[PATH_CAP * 2], name[PATH_CAP * 2], *slash;
 
-	if (!h->found || h->mountpoint[0] == '\0' || memlimit_cgroup_rel(h, rel, sizeof(rel)) < 0)
+	if (mounted_rel(h, rel, sizeof(rel)) < 0)
 		return;
 	for (;;) {
 		snprintf(dir, sizeof(dir), "%s%s", h->mountpoint, rel);
@@ -327,8 +341,7 @@ memlimit_read(const char *root, uint64_t ram, struct memlimit *out)
 		read_lines(root, "/proc/self/cgroup", cgroup_line, h);
 		read_lines(root, "/proc/self/mountinfo", mount_line, h);
 		for (int i = 0; i < 2; i++)
-			if (h[i]->found && h[i]->mountpoint[0] != '\0' &&
-				memlimit_cgroup_rel(h[i], rel, sizeof(rel)) < 0)
+			if (mounted_rel(h[i], rel, sizeof(rel)) == -EXDEV)
 				log_warnx("memory: no cgroup %s limit read: cgroup %s has a \"..\" "
 					  "component, which leads outside the cgroup mount %s (a "
 					  "cgroup namespace's view of a cgroup outside it)",
@@ -340,8 +353,7 @@ memlimit_read(const char *root, uint64_t ram, struct memlimit *out)
 		walk(root, v2, "memory.high", MEMLIMIT_CGROUP_V2, out);
 		walk(root, v1, "memory.limit_in_bytes", MEMLIMIT_CGROUP_V1, out);
 		/* v1 counts ancestors this mount may not show. */
-		if (v1->found && v1->mountpoint[0] != '\0' &&
-			memlimit_cgroup_rel(v1, rel, sizeof(rel)) == 0) {
+		if (mounted_rel(v1, rel, sizeof(rel)) == 0) {
 			char dir[PATH_CAP * 2], name[PATH_CAP * 2];
 
 			snprintf(dir, sizeof(dir), "%s%s", v1->mountpoint, rel);
