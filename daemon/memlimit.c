@@ -326,6 +326,29 @@ walk(const char *root, const struct memlimit_hierarchy *h, const char *file,
 	}
 }
 
+/*
+ * The cgroup each hierarchy (v2, v1) last had warn_outside() say so of:
+ * wcached reads its limit again at every reload (reload.c), and a daemon
+ * that stays in such a cgroup is told once in its life, not at every
+ * reload. One path a hierarchy, so what is remembered is bounded: a daemon
+ * moved to another such cgroup is told again, and moved back, again.
+ * memlimit_read() runs on one thread (the start, then the loop's reloads).
+ */
+static char warned_cgroup[2][PATH_CAP];
+
+/* Warns, unless it was the last of hierarchy i (0: v2, 1: v1) warned of,
+ * that h's cgroup has a ".." component: no limit of it is read. */
+static void
+warn_outside(int i, const struct memlimit_hierarchy *h)
+{
+	if (strcmp(warned_cgroup[i], h->cgroup) == 0)
+		return;
+	copy(warned_cgroup[i], sizeof(warned_cgroup[i]), h->cgroup);
+	log_warnx("memory: no cgroup %s limit read: cgroup %s has a \"..\" component, which "
+		  "leads outside the cgroup mount %s (a cgroup namespace's view of a cgroup "
+		  "outside it)", i == 0 ? "v2" : "v1", h->cgroup, h->mountpoint);
+}
+
 void
 memlimit_read(const char *root, uint64_t ram, struct memlimit *out)
 {
@@ -342,10 +365,7 @@ memlimit_read(const char *root, uint64_t ram, struct memlimit *out)
 		read_lines(root, "/proc/self/mountinfo", mount_line, h);
 		for (int i = 0; i < 2; i++)
 			if (mounted_rel(h[i], rel, sizeof(rel)) == -EXDEV)
-				log_warnx("memory: no cgroup %s limit read: cgroup %s has a \"..\" "
-					  "component, which leads outside the cgroup mount %s (a "
-					  "cgroup namespace's view of a cgroup outside it)",
-					i == 0 ? "v2" : "v1", h[i]->cgroup, h[i]->mountpoint);
+				warn_outside(i, h[i]);
 		walk(root, v2, "memory.max", MEMLIMIT_CGROUP_V2, out);
 		/* Above memory.high the kernel reclaims the cgroup's pages and
 		 * throttles it: for a page cache, a limit as hard as max

@@ -47,7 +47,10 @@ struct memlimit {
  * Reads the limit in force for the calling process into *out. root is
  * prepended to every path read ("" on a real system; a fake tree in the
  * unit tests), ram is the machine's RAM in bytes (0: unknown). Never fails:
- * what cannot be read is no limit, and then out->limit is ram.
+ * what cannot be read is no limit, and then out->limit is ram. It logs a
+ * warning for a cgroup path it cannot read through (memlimit_cgroup_rel)
+ * once, not at every reload: it remembers the last such path of each
+ * hierarchy, so it runs on one thread at a time.
  */
 void memlimit_read(const char *root, uint64_t ram, struct memlimit *out);
 
@@ -109,7 +112,8 @@ int memlimit_parse_mounts(const char *text, size_t len, struct memlimit_hierarch
  * mount's root is its top. 0, or -1 when that path has a ".." component:
  * the kernel writes "/../x" inside a cgroup namespace for a cgroup outside
  * the namespace's root, which lies outside the mount, and memlimit_read()
- * reads no limit of that hierarchy then (it logs one warning saying so). */
+ * reads no limit of that hierarchy then (it logs a warning saying so, once
+ * for that path). */
 int memlimit_cgroup_rel(const struct memlimit_hierarchy *h, char *rel, size_t cap);
 
 /* A cgroup limit file's text (memory.max, memory.high,

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -416,6 +417,75 @@ test_cgroup_outside_namespace(void **state)
 	assert_string_equal(rel, "/x");
 }
 
+/* What stderr says while memlimit_read() of root runs times times in a
+ * row (as a start and then reloads would), in a buffer the caller frees. */
+static char *
+stderr_of_reads(const char *root, int times)
+{
+	char path[] = "/tmp/wctest-memlimit-XXXXXX", *text;
+	int fd = mkstemp(path), saved = dup(STDERR_FILENO);
+	struct memlimit m;
+	off_t len;
+
+	assert_true(fd >= 0 && saved >= 0);
+	unlink(path);
+	assert_int_equal(dup2(fd, STDERR_FILENO), STDERR_FILENO);
+	for (int i = 0; i < times; i++)
+		memlimit_read(root, RAM, &m);
+	assert_int_equal(dup2(saved, STDERR_FILENO), STDERR_FILENO);
+	close(saved);
+	len = lseek(fd, 0, SEEK_END);
+	assert_non_null(text = calloc(1, (size_t)len + 1));
+	assert_int_equal(pread(fd, text, (size_t)len, 0), len);
+	close(fd);
+	fputs(text, stderr); /* for whoever reads the test's output */
+	return text;
+}
+
+/* How many times text warns that cgroup has a ".." component. */
+static int
+outside_warnings(const char *text, const char *cgroup)
+{
+	char needle[256];
+	int n = 0;
+
+	snprintf(needle, sizeof(needle), "cgroup %s has a \"..\" component", cgroup);
+	for (const char *p = text; (p = strstr(p, needle)) != NULL; p++)
+		n++;
+	return n;
+}
+
+/* The warning about a cgroup outside the mount is said once per cgroup
+ * path, not at every reload: reading the limit again in the same cgroup
+ * says nothing. A move to another such cgroup is said; each hierarchy
+ * remembers only the last path it warned about (bounded), so moving back
+ * is said again. */
+static void
+test_outside_warned_once(void **state)
+{
+	char *root = tree("0::/../../once\n4:memory:/../v1once\n",
+		MOUNT_ROOT MOUNT_V2 MOUNT_V1_MEMORY), *text;
+
+	(void)state;
+	text = stderr_of_reads(root, 3);
+	assert_int_equal(outside_warnings(text, "/../../once"), 1);
+	assert_int_equal(outside_warnings(text, "/../v1once"), 1);
+	free(text);
+	/* v2 moved: said for it, not again for v1 */
+	put(root, "/proc/self/cgroup", "0::/../../moved\n4:memory:/../v1once\n");
+	text = stderr_of_reads(root, 2);
+	assert_int_equal(outside_warnings(text, "/../../moved"), 1);
+	assert_int_equal(outside_warnings(text, "/../v1once"), 0);
+	free(text);
+	/* and back: the last path v2 warned about was another */
+	put(root, "/proc/self/cgroup", "0::/../../once\n4:memory:/../v1once\n");
+	text = stderr_of_reads(root, 2);
+	assert_int_equal(outside_warnings(text, "/../../once"), 1);
+	assert_int_equal(outside_warnings(text, "/../v1once"), 0);
+	free(text);
+	tu_rmtree(root);
+}
+
 /* The real machine's figure: at most its RAM, never 0 when RAM is known. */
 static void
 test_this_machine(void **state)
@@ -447,6 +517,7 @@ main(void)
 		cmocka_unit_test(test_no_limit_boundary),
 		cmocka_unit_test(test_memory_is_a_whole_word),
 		cmocka_unit_test(test_cgroup_outside_namespace),
+		cmocka_unit_test(test_outside_warned_once),
 		cmocka_unit_test(test_this_machine),
 	};
 
