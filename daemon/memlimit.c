@@ -287,14 +287,18 @@ memlimit_cgroup_rel(const struct memlimit_hierarchy *h, char *rel, size_t cap)
  * h's cgroup below its mount point into rel (memlimit_cgroup_rel): 0 when
  * its limits can be read there; -ENOENT when the process is in no cgroup of
  * h's hierarchy or the hierarchy is not mounted; -EXDEV when the cgroup's
- * path has a ".." component, which leads outside the mount.
+ * path has a ".." component, which leads outside the mount; -EINVAL when
+ * it is not absolute: the kernel writes none, and appended to the mount
+ * point it would name a file beside it ("/sys/fs/cgroupx/memory.max").
  */
 static int
 mounted_rel(const struct memlimit_hierarchy *h, char *rel, size_t cap)
 {
 	if (!h->found || h->mountpoint[0] == '\0')
 		return -ENOENT;
-	return memlimit_cgroup_rel(h, rel, cap) < 0 ? -EXDEV : 0;
+	if (memlimit_cgroup_rel(h, rel, cap) < 0)
+		return -EXDEV;
+	return rel[0] == '\0' || rel[0] == '/' ? 0 : -EINVAL;
 }
 
 /* The cgroup at rel under h's mount, as the kernel names it. */

@@ -19,7 +19,8 @@
  * hierarchy is mounted, and which part of it: a container sees a subtree).
  * Hybrid machines (v1 memory controller, v2 without it) work: a file that
  * is not there is no limit. "max" and v1's "unlimited" (a page count near
- * 2^63) are no limit.
+ * 2^63) are no limit, and so is a cgroup path that is not absolute (the
+ * kernel writes none).
  */
 #ifndef WC_MEMLIMIT_H
 #define WC_MEMLIMIT_H

@@ -486,6 +486,25 @@ test_outside_warned_once(void **state)
 	tu_rmtree(root);
 }
 
+/* A cgroup path that is not absolute (the kernel writes none; a file laid
+ * over /proc/self/cgroup could) names no cgroup under the mount: no limit
+ * is read through it, not the file beside the mount point that the mount
+ * point and the path name together (/sys/fs/cgroupx/memory.max). */
+static void
+test_cgroup_not_absolute(void **state)
+{
+	char *root = tree("0::x\n4:memory:y\n", MOUNT_ROOT MOUNT_V2 MOUNT_V1_MEMORY);
+	struct memlimit m;
+
+	(void)state;
+	put(root, "/sys/fs/cgroupx/memory.max", "1048576\n");
+	put(root, "/sys/fs/cgroup/memoryy/memory.limit_in_bytes", "2097152\n");
+	put(root, "/sys/fs/cgroup/memoryy/memory.stat", "hierarchical_memory_limit 3145728\n");
+	expect(root, &m, MEMLIMIT_RAM, RAM, "RAM");
+	assert_int_equal(m.cgroup, 0);
+	tu_rmtree(root);
+}
+
 /* The real machine's figure: at most its RAM, never 0 when RAM is known. */
 static void
 test_this_machine(void **state)
@@ -518,6 +537,7 @@ main(void)
 		cmocka_unit_test(test_memory_is_a_whole_word),
 		cmocka_unit_test(test_cgroup_outside_namespace),
 		cmocka_unit_test(test_outside_warned_once),
+		cmocka_unit_test(test_cgroup_not_absolute),
 		cmocka_unit_test(test_this_machine),
 	};
 
