@@ -4,8 +4,8 @@ Hugging Face model, as transformers opens them: wcache/_shards.py), and what
 the fallback of a file nobody serves costs while wcached runs.
 
 Part of `make bench` (tests/bench/run.sh). Runs in a process that has
-imported torch (about 1,700 mappings: the shard match reads /proc/self/maps
-once per attach of a directory). The package measured is the one Python imports; run it with
+imported torch (about 1,700 mappings, as a worker has; no /proc/self/maps is
+read to tell the files apart since 2c3d528). The package measured is the one Python imports; run it with
 PYTHONPATH at another checkout's client/python for a before/after. Each
 figure is the best of --rounds passes over N files, in µs per open + close:
 

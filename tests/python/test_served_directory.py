@@ -193,6 +193,44 @@ def test_a_loaded_directory_holds_no_descriptor(tmp_path, monkeypatch, caplog):
         assert d.stop() == 0, d.read_log()
 
 
+def test_the_first_pass_over_a_held_directory_asks_wcached_once(served, monkeypatch):
+    """Review rev172 (bench_shards' first-pass MISS): a file the held
+    directory maps as it was attached (the same device, inode, size, mtime
+    and ctime) comes through it without asking wcached: opening the 3
+    shards attaches the directory once. Before, each file's first open
+    attached it again (3 attaches; 163 for 163 shards). A file written in
+    place since, even with its mtime put back (rsync --inplace --times),
+    is not taken: wcached is asked, and its refusal raised."""
+    import errno
+    from wcache.model import Client
+    d, files = served
+    directory = os.path.dirname(files[0])
+    asked = []
+    real = Client.attach
+    monkeypatch.setattr(Client, "attach",
+                        lambda self, name, **kw: asked.append(name) or real(self, name, **kw))
+    handles = [wcache.safe_open(p) for p in files]
+    try:
+        assert [h.model.source for h in handles] == ["wcached"] * 3
+        assert [n for n in asked if n == directory] == [directory]
+        for h, p in zip(handles, files):
+            same_as_the_file(h, p)
+        handles.pop().close()
+        st = os.stat(files[2])
+        with open(files[2], "r+b") as f:  # in place, same size, mtime put back
+            f.seek(-8, 2)
+            f.write(b"\x7f" * 8)
+        os.utime(files[2], ns=(st.st_atime_ns, st.st_mtime_ns))
+        d.wait_for_log("modified in place")
+        with pytest.raises(wcache.WcacheError) as e:
+            wcache.safe_open(files[2])
+        assert e.value.errno == errno.ESTALE, e.value
+        assert [n for n in asked if n == directory] == [directory] * 2
+    finally:
+        for h in handles:
+            h.close()
+
+
 def test_tensors_keep_the_directory_attached(served, monkeypatch):
     """wcache.torch.load_file and load_model go through the same open: the
     handle closes at once, and the tensors hold the shard's mapping and so
@@ -361,12 +399,15 @@ def test_hub_cache_by_the_snapshot_path(hub_served):
 
 def test_a_generation_modified_in_place_is_refused_for_its_shards(served, caplog):
     """Review rev165 F1: wcached refuses a generation one of whose files was
-    written in place (ESTALE "modified in place"). A shard of it raises
-    that refusal, as a named attach of the directory does: one not yet
-    opened while the directory is held (the held generation is reused only
-    for a file found to be one of its files, unchanged since), one opened
-    before and written in place since, and one opened once nothing holds
-    the directory. Before, the first came "wcached" through the held
+    written in place (ESTALE "modified in place"). The file written in
+    place raises that refusal, as a named attach of the directory does,
+    while the directory is held (its ctime is not the one the generation
+    was attached with, so wcached is asked), and any file of it once
+    nothing holds the directory. A file the held generation maps that was
+    not written since it was attached (the same device, inode, size, mtime
+    and ctime) is that generation's, opened before or not: its bytes are
+    the file's (review rev172: the first pass asks wcached nothing).
+    Before rev165 the written one came "wcached" through the held
     generation and the last was mapped here with an INFO line."""
     import errno
     import gc
@@ -381,14 +422,16 @@ def test_a_generation_modified_in_place_is_refused_for_its_shards(served, caplog
     d.wait_for_log("modified in place")
     with pytest.raises(wcache.WcacheError) as named:
         wcache.safe_open(os.path.dirname(files[1]))
-    for path in (files[1], files[2]):
-        with pytest.raises(wcache.WcacheError) as e:
-            wcache.safe_open(path)
-        assert e.value.errno == errno.ESTALE == named.value.errno, e.value
-        assert "modified in place" in str(e.value), e.value
-    # shard 0, opened before and unchanged, is still the held generation's
-    with wcache.safe_open(files[0]) as f:
-        assert f.model.source == "wcached" and f.model.generation == holder.model.generation
+    with pytest.raises(wcache.WcacheError) as e:
+        wcache.safe_open(files[1])
+    assert e.value.errno == errno.ESTALE == named.value.errno, e.value
+    assert "modified in place" in str(e.value), e.value
+    # shard 0, opened before, and shard 2, not: both unchanged, the held generation's
+    for path in (files[0], files[2]):
+        with wcache.safe_open(path) as f:
+            assert f.model.source == "wcached" and \
+                f.model.generation == holder.model.generation, path
+            same_as_the_file(f, path)
     holder.close()
     del holder, f
     gc.collect()

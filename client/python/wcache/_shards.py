@@ -42,28 +42,36 @@ metadata, as upstream's safe_open(shard) gives them. The shard model holds
 the directory model (wcache/model.py, _Handle.served), so the generation
 stays attached, counted by wcached as in use, while the shard model or any
 tensor made from it lives, and Model.generation and stale() are the
-directory's. No /proc/self/maps is read: two fstat() calls and a name.
+directory's. No /proc/self/maps is read: an fstat() and a name.
 
 What wcached says of the directory is what a named attach would say: "not
 served" and "wcached is down" fall back to mapping the file in this
 process, as does a failed load (with one WARNING); any other refusal (the
 generation modified in place, still loading, permission) is raised. A held
-directory answers without asking wcached only for a file already found to
-be one of its generation's files and unchanged since (device, inode,
-size, ctime); for any other file the directory is attached again, so
-wcached's refusal of a generation written in place since it was attached
-is not bypassed.
+directory answers without asking wcached for a file that is its
+generation's file of that name as attached (_as_attached: (a) with the
+same size, mtime and ctime, so not written since, or (b)), or that was
+found to be one of its files after asking and is unchanged since (device,
+inode, size, ctime): the first pass over a directory's files attaches it
+once (review rev172: each file's first open attached it again, 5x-10x
+what the same files cost as models of their own). For any other file the
+directory is attached again, so wcached's refusal of a generation whose
+file was written in place since the attach is not bypassed for that file;
+a file of it that was not written is the held generation's, as bytes and
+as a label.
 
 One attached directory model per connection and directory, shared by every
 shard model of it: an attach maps every file of the model (and receives a
 descriptor per file, 163 for a 163-shard model, kept only for a staged
 copy: a held directory that is not staged costs no descriptor, review
-rev172 F2); an attach per shard would map 163 x 163 files. The registry
-keeps it by weak reference only: closing the last shard (and dropping its
-tensors) releases it, kept descriptors included. A stale one (wcached serves a newer
-generation) or one made by another connection (after a reconnect, or by
-the parent of a fork()) is not used again: the directory is attached anew,
-and the old one stays with the shards that hold it. A file found to be one
+rev172 F2; attached anew after a generation with no staged copy, with
+wc_attach(), which keeps none); an attach per shard would map 163 x 163
+files. The registry keeps it by weak reference only: closing the last
+shard (and dropping its tensors) releases it, kept descriptors included.
+A stale one (wcached serves a newer generation) or one made by another
+connection (after a reconnect, or by the parent of a fork()) is not used
+again: the directory is attached anew, and the old one stays with the
+shards that hold it. A file found to be one
 of the generation's files is known, with its number k, for as long as the
 registry knows the generation; k is checked against the name the attached
 model gives file k each time it is used, so a generation number reused by
@@ -115,11 +123,13 @@ class _Entry:
     attached model (a weak reference to its _Handle), its generation, the
     files found to be files of that generation (their _stamp() -> (k, the
     model's file number, and whether it is wcached's staged copy that is
-    mapped)), the model's file names ({name: k}, read once); or until when
-    the directory is taken as not served, and, when its real path was found
-    not served either, what served_file() said."""
-    __slots__ = ("client", "handle", "generation", "known", "names", "ids", "until", "why",
-                 "__weakref__")
+    mapped)), the model's file names ({name: k}, read once per generation),
+    each file's identity as attached (wc_model_file_identity), whether some
+    file may be a staged copy (kept: the model keeps those descriptors);
+    or until when the directory is taken as not served, and, when its real
+    path was found not served either, what served_file() said."""
+    __slots__ = ("client", "handle", "generation", "known", "names", "ids", "kept", "until",
+                 "why", "__weakref__")
 
     def __init__(self, client, handle=None, until=0.0):
         # weakly: a connection replaced after a restart closes once its
@@ -130,6 +140,7 @@ class _Entry:
         self.known = {}
         self.names = None
         self.ids = None
+        self.kept = True
         self.until = until
         self.why = None
         if handle is not None:
@@ -174,7 +185,7 @@ def _remember(directory, entry, h=None):
         return entry, h
 
 
-def _directory(client, directory, stamp):
+def _directory(client, directory, name, st):
     """(the registry's entry for the model wcached serves as directory,
     attached through client, and its _Handle), or (None, None) when wcached
     does not serve it, or (None, why) when it cannot answer (down, a client
@@ -184,10 +195,15 @@ def _directory(client, directory, stamp):
     Any other daemon error (the generation modified in place, still
     loading, permission, a deadline) is raised, as for a named attach.
 
-    A held entry answers at once only for a file already found to be one
-    of its generation's files, unchanged since (stamp, _stamp()): for any
-    other, wcached is asked again, so that a generation it no longer gives
-    (a file of it written in place) is refused here too."""
+    A held entry answers at once for the file named name (bytes) whose
+    fstat is st only when that file is the generation's file of its name
+    as it was attached, not written since (_as_attached), or was found to
+    be one of its files after wcached was asked, unchanged since (its
+    _stamp() in known): for any other, wcached is asked again, so that a
+    generation it no longer gives (that file written in place since) is
+    refused here too. So the first pass over a held directory's files asks
+    wcached nothing (review rev172's bench MISS: it attached the directory
+    anew for each file)."""
     with _lock:
         entry = _dirs.get(directory)
     if entry is not None and entry.client() is client:
@@ -196,11 +212,14 @@ def _directory(client, directory, stamp):
                 return None, None
         else:
             h = entry.attached()
-            if h is not None and stamp in entry.known:
+            if h is not None and (_stamp(st) in entry.known or
+                                  _as_attached(entry, h, name, st)):
                 return entry, h
             del h  # an error raised below must not hold the directory (its traceback)
+    prior = entry if entry is not None and entry.client() is client and \
+        entry.names is not None else None
     try:
-        model = client.attach(directory, _keep_fds=True)
+        entry, h = _attach(client, directory, prior)
     except ModelNotFound:
         _remember(directory, _Entry(client, until=time.monotonic() + NOT_SERVED_FOR))
         return None, None
@@ -215,43 +234,74 @@ def _directory(client, directory, stamp):
         _say_once(logging.WARNING, f"wcache: wcached could not serve the directory "
                   f"{directory}: {e}; its files are opened in this process")
         return None, str(e)
-    h = model._h()
-    model.close()  # h is kept by the shard models, and weakly by the registry
-    entry = _Entry(client, h)
-    entry.names, entry.ids = _files(directory, h)
     return _remember(directory, entry, h)
 
 
-def _files(directory, h):
-    """({name (bytes): k}, [file k's identity as attached: (device, inode,
-    size, mtime, ctime in ns), or None]) of the directory model h, just
-    attached with wc_attach_fds() and not yet seen by another thread.
-    Closes every descriptor h keeps but those of files that may be
-    wcached's staged copies of the files at their paths (another device
-    than the path's file, the same size and mtime: case (b)), the only
-    ones a shard is mapped through: a held directory that is not staged
-    keeps no descriptor (review rev172 F2). A file on the directory's own
-    device is not a staged copy of one in it, and needs no stat."""
+def _attach(client, directory, prior):
+    """(a new registry entry for the directory, attached through client,
+    and its _Handle). prior: the registry's former entry of it for this
+    connection, or None. With wc_attach_fds() unless prior found no file
+    that may be a staged copy (then wc_attach(), which keeps none: nothing
+    to close); a generation found then to have some is attached again with
+    them. The names of a generation are read once (carried from prior when
+    it is the same generation; _file_number checks them), the identities
+    at each attach."""
+    keep = prior is None or prior.kept
+    while True:
+        model = client.attach(directory, _keep_fds=keep)
+        h = model._h()
+        model.close()  # h is kept by the shard models, and weakly by the registry
+        entry = _Entry(client, h)
+        names = prior.names if prior is not None and prior.generation == entry.generation \
+            else None
+        entry.names, entry.ids, entry.kept = _files(directory, h, names, keep)
+        if keep or not entry.kept:
+            return entry, h
+        keep = True
+
+
+def _names(h):
+    """{name (bytes): k} of the files of the directory model h."""
+    names = {}
+    for k in range(int(h.lib.wc_model_file_count(h.ptr))):
+        name = h.lib.wc_model_file_name(h.ptr, k)
+        if name is not None:
+            names.setdefault(name, k)
+    return names
+
+
+def _files(directory, h, names, keep):
+    """(names: {name (bytes): k}, read unless given; [file k's identity as
+    attached: (device, inode, size, mtime, ctime in ns), or None]; whether
+    some file may be wcached's staged copy of the file at its path) of the
+    directory model h, just attached (keep: with wc_attach_fds()) and not
+    yet seen by another thread. With keep, closes every descriptor h keeps
+    but those of files that may be staged copies (another device than the
+    path's file, the same size and mtime: case (b)), the only ones a shard
+    is mapped through: a held directory that is not staged keeps no
+    descriptor (review rev172 F2). A file on the directory's own device is
+    not a staged copy of one in it, and needs no stat."""
     lib, ptr = h.lib, h.ptr
-    names, ids = {}, []
+    if names is None:
+        names = _names(h)
+    by_k = {k: name for name, k in names.items()}
+    ids, staged = [], False
     try:
         here = os.stat(directory).st_dev
     except OSError:
         here = None
     ident = _lib.wc_file_identity()
     for k in range(int(lib.wc_model_file_count(ptr))):
-        name = lib.wc_model_file_name(ptr, k)
-        if name is not None:
-            names.setdefault(name, k)
-        if lib.wc_model_file_identity(ptr, k, ctypes.byref(ident)) < 0:
-            ids.append(None)
-            lib.wc_model_close_fd(ptr, k)
-            continue
-        i = (ident.dev, ident.ino, ident.size, ident.mtime_ns, ident.ctime_ns)
+        i = None
+        if lib.wc_model_file_identity(ptr, k, ctypes.byref(ident)) >= 0:
+            i = (ident.dev, ident.ino, ident.size, ident.mtime_ns, ident.ctime_ns)
         ids.append(i)
-        if i[0] == here or name is None or not _may_be_staged(directory, name, i):
+        if i is not None and i[0] != here and k in by_k and \
+                _may_be_staged(directory, by_k[k], i):
+            staged = True
+        elif keep:
             lib.wc_model_close_fd(ptr, k)
-    return names, ids
+    return names, ids, staged
 
 
 def _may_be_staged(directory, name, i):
@@ -276,12 +326,36 @@ def _open_fd(fd, label):
     return out.value if rc >= 0 else None
 
 
-def _file_number(entry, name):
-    """The number of the file of the registry's entry that its index names
-    name (bytes), or None. The names are read once per attach (_files); the
-    index's own strings are checked by libwcache (NUL-terminated, inside
-    the index), and a name only selects which identity to compare."""
-    return entry.names.get(name) if entry.names is not None else None
+def _as_attached(entry, h, name, st):
+    """Whether the file named name whose fstat is st is the file of that
+    name of the registry's entry (h its _Handle) as it was when wcached
+    passed it: (a) the same device and inode, and the same size, mtime and
+    ctime (a write in place changes ctime, whatever it does to mtime); or
+    (b) another device with the same size and mtime as wcached's staged
+    copy, whose descriptor h keeps."""
+    k = _file_number(entry, h, name)
+    i = entry.ids[k] if k is not None else None
+    if i is None:
+        return False
+    if i[:2] == (st.st_dev, st.st_ino):
+        return i[2:] == (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return (i[0] != st.st_dev and (i[2], i[3]) == (st.st_size, st.st_mtime_ns) and
+            h.lib.wc_model_fd(h.ptr, k) >= 0)
+
+
+def _file_number(entry, h, name):
+    """The number of the file of h (the registry's entry's _Handle) that
+    its index names name (bytes), or None. The names are read once per
+    generation (_files), and checked here: a generation number that another
+    index of the directory had (a model removed and configured again
+    numbers anew) reads them again. The index's own strings are checked by
+    libwcache (NUL-terminated, inside the index), and a name only selects
+    which identity to compare."""
+    k = entry.names.get(name)
+    if k is not None and h.lib.wc_model_file_name(h.ptr, k) != name:
+        entry.names = _names(h)
+        k = entry.names.get(name)
+    return k
 
 
 def _served_as(target, fd, st, entry, h):
@@ -300,7 +374,7 @@ def _served_as(target, fd, st, entry, h):
     stamp = _stamp(st)
     k, staged = entry.known.get(stamp, (None, False))
     if k is None or h.lib.wc_model_file_name(h.ptr, k) != name:
-        k = _file_number(entry, name)
+        k = _file_number(entry, h, name)
         if k is None:
             return None, ("not this file: no file of that model is named so (not listed in "
                           "its index)")
@@ -366,7 +440,7 @@ def served_file(client, target):
                 d = os.path.realpath(directory)
                 if d == directory:
                     break
-            entry, h = _directory(client, d, _stamp(st))
+            entry, h = _directory(client, d, os.fsencode(os.path.basename(target)), st)
             if entry is None:
                 whys.append(f"nor is its directory {d}" if h is None else
                             f"its directory {d}: {h}")
