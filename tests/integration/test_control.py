@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import BUILD, Daemon, binary, mkmodel, root_daemon, wait_until
+from conftest import BUILD, FUSE_WAIT, Daemon, binary, mkmodel, root_daemon, wait_until
 from ctlutil import (Control, FakeControl, as_user, ctl, mapped_bytes, model_entry,
                      quiet_fd_count, shared_dir, status, wait_for_control)
 from remotefs import RemoteFS, skip_reason  # tests/pyutil, on the path conftest set
@@ -678,11 +678,29 @@ def test_config_reloads_asked_while_one_waits_share_its_read(tmp_path, model):
             end_after_a_hang(fs, d, waiting)
 
 
+def threads_waiting_on_fuse(pid):
+    """How many threads of pid wait for a FUSE server's answer now (their
+    wchan is one of FUSE_WAIT)."""
+    n = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/wchan") as f:
+                n += f.read().strip() in FUSE_WAIT
+        except OSError:
+            pass
+    return n
+
+
 @contextlib.contextmanager
 def loads_on_a_hung_server(tmp_path, model, n):
     """wcached serving x from a RemoteFS mount whose server then hangs, and
     n `wcachectl load x` asked of it in turn: two run, hung (the
     filesystem's share of the work queue), the next ones wait their turn.
+    Each of the first two is seen running (a thread of wcached waiting for
+    the server) before the next is asked: a job of the same share that
+    runs at that moment (the residency check of x, every 5 s) keeps a load
+    waiting its turn until it ends, and the next load would supersede it
+    (once under load 6-8 the second load was answered "superseded").
     Yields (d, loads, fs); ends with end_after_a_hang, passed or failed."""
     reason = skip_reason()
     if reason:
@@ -707,6 +725,9 @@ def loads_on_a_hung_server(tmp_path, model, n):
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
                 wait_until(lambda: len(asked.findall(d.read_log())) == k + 1,
                            what=f"load {k + 1} to be asked")
+                if k < 2:
+                    wait_until(lambda: threads_waiting_on_fuse(d.proc.pid) == k + 1,
+                               what=f"load {k + 1} to run, hung on the server")
             yield d, loads, fs
         finally:
             end_after_a_hang(fs, d, loads)
@@ -724,7 +745,7 @@ def test_a_load_superseded_before_it_starts_is_answered_at_once(tmp_path, model)
     with loads_on_a_hung_server(tmp_path, model, 4) as (d, loads, fs):
         # The third waited its turn (two run, hung); the fourth took
         # its place: the third is answered while the server hangs.
-        wait_until(lambda: loads[2].poll() is not None, timeout=10,
+        wait_until(lambda: loads[2].poll() is not None,
                    what="the waiting load superseded by a newer one to be answered")
         out = loads[2].communicate()[0]
         assert loads[2].returncode == 1, out
@@ -747,7 +768,7 @@ def test_a_load_unloaded_before_it_starts_is_answered_at_once(tmp_path, model):
         # Two run, hung; the third waits its turn.
         unload = ctl(d, "unload", "x")
         assert unload.returncode == 0, unload.stdout + unload.stderr
-        wait_until(lambda: loads[2].poll() is not None, timeout=10,
+        wait_until(lambda: loads[2].poll() is not None,
                    what="the waiting load of the unloaded model to be answered")
         out = loads[2].communicate()[0]
         assert loads[2].returncode == 1, out
