@@ -434,7 +434,7 @@ def test_reload_keeps_debug_and_the_keys_that_need_a_restart(tmp_path, model):
         assert "restart_hold_seconds" not in log  # applies at once
         # answered on the running socket (exit 3 only says "small" still warms)
         assert [m["name"] for m in ctlutil.status(d)["models"]] == ["small"]
-        d.wait_for_log("control: uid .* status", timeout=10)
+        d.wait_for_log("control: uid .* status")
     finally:
         assert d.stop() == 0, d.read_log()
     assert not os.path.exists(running)
@@ -482,7 +482,8 @@ def test_a_reload_reads_the_config_off_the_event_loop(tmp_path, model):
         try:
             d.proc.send_signal(signal.SIGHUP)
             assert d.attach("small").returncode == 0
-            assert [m["name"] for m in ctlutil.status(d, timeout=10)["models"]] == ["small"]
+            # answered while the read waits: the server hangs until thaw()
+            assert [m["name"] for m in ctlutil.status(d)["models"]] == ["small"]
             assert d.read_log().count("reloading ") == 0  # the read still waits
             fs.thaw()  # the reload's read takes it now
             wait_until(lambda: d.attach("other").returncode == 0,
@@ -551,13 +552,13 @@ def test_a_config_that_is_not_a_regular_file_is_refused_at_once(tmp_path):
              "a FIFO")]
     try:
         for argv, path, kind in runs:
-            start = time.monotonic()
+            # A FIFO without a writer blocks its open for ever: the
+            # deadline fails that, not a slow start on a loaded machine.
             try:
-                r = subprocess.run(argv, capture_output=True, text=True, timeout=10,
+                r = subprocess.run(argv, capture_output=True, text=True, timeout=60,
                                    pass_fds=(piped_r,))
             except subprocess.TimeoutExpired:
-                raise AssertionError(f"{argv}: still running after 10 s") from None
-            assert time.monotonic() - start < 5, argv
+                raise AssertionError(f"{argv}: still running after 60 s") from None
             assert r.returncode == 1, (argv, r.stdout, r.stderr)
             # "wcached: PATH: ...", "wcached: fatal: PATH: ..." (a start)
             lines = r.stderr.splitlines()
@@ -587,11 +588,11 @@ def test_a_reload_of_a_config_replaced_by_a_fifo_is_refused(tmp_path, model):
         os.unlink(d.conf)
         os.mkfifo(d.conf)
         d.proc.send_signal(signal.SIGHUP)
-        d.wait_for_log(re.escape(refused), timeout=10)
+        d.wait_for_log(re.escape(refused))
         try:
-            r = ctlutil.ctl(d, "reload", timeout=10)
+            r = ctlutil.ctl(d, "reload", timeout=60)
         except subprocess.TimeoutExpired:
-            raise AssertionError("wcachectl reload not answered after 10 s") from None
+            raise AssertionError("wcachectl reload not answered after 60 s") from None
         assert r.returncode == 1, r.stdout + r.stderr
         assert f"{d.conf}: not a regular file (a FIFO)" in r.stdout + r.stderr, r
         assert d.read_log().count(refused) == 2
@@ -603,12 +604,20 @@ def test_a_reload_of_a_config_replaced_by_a_fifo_is_refused(tmp_path, model):
         assert r.returncode == 0, r.stdout + r.stderr
         assert d.attach("other").returncode == 0
         assert d.attach("small").returncode == 0
-        start = time.monotonic()
         assert d.stop() == 0, d.read_log()
-        assert time.monotonic() - start < 10
+        assert_waited_for_its_work(d)  # no read left waiting for a writer
     finally:
         release_fifo(d.conf)
         d.stop()
+
+
+def assert_waited_for_its_work(d):
+    """d, stopped, exited once its threads' work had returned: its stop did
+    not give up on work that never returns (a read of a hung server, of a
+    FIFO without a writer), which it says in one line."""
+    log = d.read_log()
+    assert "stopping without waiting longer" not in log, log[-3000:]
+    assert "stopped" in log, log[-3000:]
 
 
 def release_fifo(path):
