@@ -20,7 +20,8 @@ import torch
 
 import wcache
 import wcache._shards as shards
-from pyhelpers import Daemon, file_mappings, mapping_at, wait_until, write_safetensors
+from pyhelpers import (Daemon, file_mappings, mapping_at, run_python, wait_until,
+                       write_safetensors)
 from test_served_directory import (SHARDS, attached, same_as_the_file, serve_big, use,
                                    write_model)
 from wcached import open_to  # tests/pyutil, on the path pyhelpers sets
@@ -86,6 +87,41 @@ def test_each_shard_of_a_staged_directory_maps_wcacheds_copy(staged, caplog, mon
     said = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert len(said) == 1 and "staged copy of generation 1" in said[0], said
     wait_until(lambda: attached(d) == 0, what="the directory's release")
+
+
+def test_a_staged_shard_has_a_shared_view_in_a_worker_of_another_user(staged):
+    """Review rev172 F3: the device engine maps a shared view of the file
+    behind a tensor (wcache/_sharedview.py) by opening its path; a staged
+    shard's is wcached's copy in stage_dir (0700, wcached's), which a
+    worker of another user may not open. The view is made through the
+    descriptor the directory model keeps of that copy. Before: Unavailable
+    "cannot open ...: Permission denied", and the engine staged through
+    pinned buffers."""
+    d, files, stage_dir = staged
+    if d.user is None or not shutil.which("setpriv"):
+        pytest.skip("needs root, $WCACHE_TEST_USER and setpriv (a worker of a third user)")
+    code = f'''
+import ctypes, mmap, os
+import wcache, wcache._device as dev
+f = wcache.safe_open({files[1]!r}, framework="pt")
+assert f.model.source == "wcached", f.model.source
+t = f.get_tensor("model.layers.1.w")
+assert {stage_dir!r} in open("/proc/self/maps").read()
+try:
+    os.open({os.path.join(stage_dir, "llama.1", SHARDS[1])!r}, os.O_RDONLY)
+    print("OPENED")
+except PermissionError:
+    pass
+lo = t.data_ptr() & ~(mmap.PAGESIZE - 1)
+view = dev.mapping_files(f.model._h(), None).view(lo, lo + mmap.PAGESIZE)
+got = ctypes.string_at(view.translate(t.data_ptr(), 64), 64)
+print("VIEW", got == t.numpy().tobytes()[:64])
+'''
+    # another user of wcached's group: the socket lets it in, stage_dir not
+    r = run_python(code, env={"WCACHE_SOCKET": d.socket},
+                   wrap=("setpriv", "--reuid=65534", f"--regid={d.user[1]}", "--clear-groups"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["VIEW", "True"], (r.stdout, r.stderr)
 
 
 def test_no_proc_self_maps_is_read(staged, monkeypatch):

@@ -876,7 +876,10 @@ def _itemsize(torch, dtype, cache={}):
 def model_descriptors(handle):
     """A callable for MappingFiles: the descriptors the model of handle (a
     _Handle) lends of its files (wc_model_fd: a derived artifact's memfd;
-    a model of files with paths keeps none), [] once the handle has gone,
+    a model of files with paths keeps none), and those of the served
+    directory's model it holds (handle.served: wcached's staged copies,
+    which a worker of another user may not open by path: review rev172
+    F3), [] once the handle has gone,
     or None where libwcache has no wc_model_fd. Borrowed: valid while the
     handle lives, so whoever keeps one dups it (MappedFile does) while
     holding the handle (to_device does, for its copies). Holds the handle
@@ -892,14 +895,16 @@ def model_descriptors(handle):
             return None
         fd_of = _lib.lib().wc_model_fd
         fds = []
-        file = 0
-        while True:
-            fd = fd_of(h.ptr, file)
-            if fd >= 0:
-                fds.append(fd)
-            elif fd != -errno.ENOENT:  # -ERANGE: past the last file
-                return fds
-            file += 1
+        for ptr in (h.ptr, h.served.ptr if h.served is not None else None):
+            file = 0
+            while ptr:
+                fd = fd_of(ptr, file)
+                if fd >= 0:
+                    fds.append(fd)
+                elif fd != -errno.ENOENT:  # -ERANGE: past the last file
+                    break
+                file += 1
+        return fds
     return descriptors
 
 

@@ -34,9 +34,11 @@ may use; the engine maps a duplicate of it, checked by fstat to be the
 /proc/self/map_files, which opens the mapped inode itself; Linux lets only
 a process with CAP_CHECKPOINT_RESTORE or CAP_SYS_ADMIN do that. Where no
 view can be made (the worker may not open the path: a file only the daemon
-can read; it was renamed over without those capabilities, or is a memfd
-the model keeps no descriptor of (a libwcache without wc_model_fd); the
-range is not one file's), :class:`Unavailable` says why, and the engine
+can read, unless the model keeps a descriptor of it, as a served
+directory's model does of its staged copies (_shards.py); it was renamed
+over without those capabilities, or is a memfd the model keeps no
+descriptor of (a libwcache without wc_model_fd); the range is not one
+file's), :class:`Unavailable` says why, and the engine
 stages through pinned buffers instead, which keeps the page cache shared
 too.
 
@@ -177,12 +179,14 @@ class MappedFile:
     """The file a /proc/self/maps entry names (path, dev as (major, minor),
     inode), opened read-only through its path, to be mapped again by map().
     Where the entry says the file has no path (" (deleted)": renamed over,
-    removed, a memfd), it is a duplicate of the model's own descriptor of
-    that inode where descriptors (a callable: the descriptors the model
-    lends, see _device.model_descriptors) gives one whose fstat names the
-    entry's (dev, inode), else, where at, the entry's (start, end), is
-    given, the mapped inode opened through /proc/self/map_files/START-END.
-    Unavailable where none of them can be had.
+    removed, a memfd), or the path may not be opened (EACCES, EPERM: a
+    staged copy in wcached's stage_dir), it is a duplicate of the model's
+    own descriptor of that inode where descriptors (a callable: the
+    descriptors the model lends, see _device.model_descriptors) gives one
+    whose fstat names the entry's (dev, inode), else, for no path, where
+    at, the entry's (start, end), is given, the mapped inode opened
+    through /proc/self/map_files/START-END. Unavailable where none of them
+    can be had.
 
     Whether it is that file is checked once: by fstat at the first map(), or
     where fstat names it by another device or inode (overlayfs before Linux
@@ -217,7 +221,15 @@ class MappedFile:
             try:
                 self.fd = os.open(path, flags)
             except OSError as e:
-                raise Unavailable(f"cannot open {self.name}: {e.strerror}") from None
+                # A file this worker may not open (a staged shard's copy in
+                # wcached's stage_dir, 0700: review rev172 F3) is mapped
+                # through the descriptor the model keeps of it, where it
+                # keeps one.
+                if e.errno in (errno.EACCES, errno.EPERM) and descriptors is not None:
+                    self.fd, _ = self._kept(descriptors)
+                if self.fd is None:
+                    raise Unavailable(f"cannot open {self.name}: {e.strerror}") from None
+                self.kept = True
         self.checked = None  # by the first fstat, else by a mapping's line in maps
 
     def _kept(self, descriptors):
