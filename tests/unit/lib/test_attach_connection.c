@@ -496,6 +496,25 @@ test_reset_without_refusal(void **state)
 
 /* ---- restarts -------------------------------------------------------------- */
 
+/* wcached restarts, as the client sees it: the fake hangs up the
+ * connection it serves. */
+static void
+hang_up(struct fixture *f)
+{
+	int conn = __atomic_load_n(&f->fake.conn, __ATOMIC_ACQUIRE);
+
+	assert_true(conn >= 0);
+	assert_int_equal(shutdown(conn, SHUT_RDWR), 0);
+}
+
+/* Attaches MODEL into *again after hang_up(): the client connects again. */
+static void
+attach_again(struct fixture *f, wc_model **again)
+{
+	if (wc_attach(f->client, MODEL, again) != 0)
+		fail_msg("attach after the restart failed: %s", wc_errmsg());
+}
+
 /*
  * The daemon restarts between two attaches (the test shuts the fake's
  * first connection down, as a dying daemon's exit does): the next attach's
@@ -517,12 +536,9 @@ test_reconnect_after_restart(void **state)
 	f->fake.connections = 2;
 	before = attach_ok(f);
 	old_fd = wc_client_fd(f->client);
-	conn = __atomic_load_n(&f->fake.conn, __ATOMIC_ACQUIRE);
-	assert_true(conn >= 0);
-	assert_int_equal(shutdown(conn, SHUT_RDWR), 0);
+	hang_up(f);
 
-	if (wc_attach(f->client, MODEL, &again) != 0)
-		fail_msg("attach after the restart failed: %s", wc_errmsg());
+	attach_again(f, &again);
 	assert_int_not_equal(wc_client_fd(f->client), old_fd);
 	check_tensors(f->model);
 	check_tensors(again);
@@ -557,15 +573,13 @@ test_reconnect_holds(void **state)
 {
 	struct fixture *f = *state;
 	wc_model *again = NULL;
-	int before, conn;
+	int before;
 
 	f->fake.connections = 2;
 	f->fake.hold_handle = 77;
 	before = attach_ok(f);
-	conn = __atomic_load_n(&f->fake.conn, __ATOMIC_ACQUIRE);
-	assert_int_equal(shutdown(conn, SHUT_RDWR), 0);
-	if (wc_attach(f->client, MODEL, &again) != 0)
-		fail_msg("attach after the restart failed: %s", wc_errmsg());
+	hang_up(f);
+	attach_again(f, &again);
 	assert_int_equal(f->fake.holds, 1);
 	assert_int_equal(f->fake.held_generation, GENERATION);
 	assert_string_equal(f->fake.name, MODEL);
@@ -589,15 +603,13 @@ test_reconnect_hold_hang_up(void **state)
 {
 	struct fixture *f = *state;
 	wc_model *again = NULL;
-	int before, conn;
+	int before;
 
 	f->fake.connections = 3;
 	f->fake.hold_handle = -1;
 	before = attach_ok(f);
-	conn = __atomic_load_n(&f->fake.conn, __ATOMIC_ACQUIRE);
-	assert_int_equal(shutdown(conn, SHUT_RDWR), 0);
-	if (wc_attach(f->client, MODEL, &again) != 0)
-		fail_msg("attach after the restart failed: %s", wc_errmsg());
+	hang_up(f);
+	attach_again(f, &again);
 	assert_int_equal(f->fake.holds, 1);
 	assert_int_equal(f->fake.accepted, 3);
 	wc_release(f->model); /* only unmapped */
@@ -626,9 +638,7 @@ test_reconnect_when_daemon_dies_holding_request(void **state)
 	check_tensors(again);
 	assert_int_equal(wc_model_generation(again), GENERATION);
 	wc_release(again);
-	wc_release(f->model);
-	f->model = NULL;
-	finish(f, before);
+	release_and_finish(f, before);
 	assert_int_equal(f->fake.attaches, 3); /* 1, 2 (dropped), 2 again */
 	assert_int_equal(f->fake.releases, 1);
 	assert_int_equal(f->fake.released_handle, HANDLE + 1);
@@ -642,20 +652,16 @@ test_reconnect_fails_when_daemon_gone(void **state)
 {
 	struct fixture *f = *state;
 	wc_model *again = NULL;
-	int before, conn;
+	int before;
 
 	before = attach_ok(f);
-	conn = __atomic_load_n(&f->fake.conn, __ATOMIC_ACQUIRE);
-	assert_int_equal(shutdown(conn, SHUT_RDWR), 0);
+	hang_up(f);
 	fake_finish(f);
 	assert_int_equal(unlink(f->sock), 0); /* nobody at the path any more */
 	assert_error(wc_attach(f->client, MODEL, &again), -ECONNREFUSED,
 		"closed the connection, and connecting again failed: wcached is not running");
 	assert_null(again);
-	check_tensors(f->model);
-	wc_release(f->model);
-	f->model = NULL;
-	finish(f, before);
+	release_and_finish(f, before);
 }
 
 /* A reconnect keeps to the client's deadline: a daemon that hangs up and
@@ -1112,9 +1118,7 @@ test_release_while_stalled_ends_build(void **state)
 	assert_non_null(strstr(wc_errmsg(), " because a release could not be sent within "
 		"0.4 s (wcached did not read), which ended the build"));
 	wc_release(again);
-	wc_release(f->model);
-	f->model = NULL;
-	finish(f, before);
+	release_and_finish(f, before);
 	assert_int_equal(f->fake.derives, 2);
 	assert_int_equal(f->fake.publishes, 0);
 	assert_int_equal(f->fake.abandons, 0);
@@ -1203,9 +1207,7 @@ test_request_timeout_ends_build(void **state)
 		"answer within 0.4 s), and connecting again failed: wcached is not running"));
 	assert_null(third);
 	wc_release(second);
-	wc_release(f->model);
-	f->model = NULL;
-	finish(f, before);
+	release_and_finish(f, before);
 	assert_int_equal(f->fake.attaches, 3);
 	assert_int_equal(f->fake.publishes, 0);
 	sem_destroy(&stalled);
@@ -1243,9 +1245,7 @@ test_two_closes_keep_the_first_reason(void **state)
 	 * connection 2's HOLD, whose answer finds it closed. */
 	sem_post(&resume);
 	wc_release(second);
-	wc_release(f->model);
-	f->model = NULL;
-	finish(f, before);
+	release_and_finish(f, before);
 	assert_int_equal(f->fake.accepted, 2);
 	assert_int_equal(f->fake.attaches, 3);
 	assert_int_equal(f->fake.holds, 1);
@@ -1290,9 +1290,7 @@ test_out_of_descriptors_ends_build(void **state)
 
 	publish_ended_because(b, "a reply's descriptors were lost (this process is out of file "
 		"descriptors)");
-	wc_release(f->model);
-	f->model = NULL;
-	finish(f, before);
+	release_and_finish(f, before);
 	assert_int_equal(f->fake.attaches, 2);
 	assert_int_equal(f->fake.publishes, 0);
 }
@@ -1741,7 +1739,7 @@ test_hold_reply_out_of_step(void **state)
 {
 	struct fixture *f = *state;
 	wc_model *again = NULL;
-	int before, conn;
+	int before;
 
 	f->fake.hold_handle = -2;
 	for (int gone = 0; gone <= 1; gone++) {
@@ -1750,11 +1748,9 @@ test_hold_reply_out_of_step(void **state)
 		f->fake.gone_at_hold = gone;
 		f->fake.connections = gone ? 2 : 3;
 		before = attach_ok(f);
-		conn = __atomic_load_n(&f->fake.conn, __ATOMIC_ACQUIRE);
-		assert_int_equal(shutdown(conn, SHUT_RDWR), 0);
+		hang_up(f);
 		if (!gone) {
-			if (wc_attach(f->client, MODEL, &again) != 0)
-				fail_msg("attach after the restart failed: %s", wc_errmsg());
+			attach_again(f, &again);
 			check_tensors(again);
 			wc_release(again); /* over the third connection */
 		} else {
