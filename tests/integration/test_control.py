@@ -20,7 +20,8 @@ import pytest
 from conftest import BUILD, FUSE_WAIT, Daemon, binary, mkmodel, root_daemon, wait_until
 from ctlutil import (Control, FakeControl, as_user, ctl, mapped_bytes, model_entry,
                      quiet_fd_count, shared_dir, status, wait_for_control)
-from remotefs import RemoteFS, skip_reason  # tests/pyutil, on the path conftest set
+# tests/pyutil, on the path conftest set
+from remotefs import RemoteFS, config_on_a_hung_server, skip_reason
 
 SMALL = dict(layers=2, hidden=64, ffn=128, vocab=100)
 
@@ -639,17 +640,10 @@ def test_config_reloads_asked_while_one_waits_share_its_read(tmp_path, model):
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
-    with RemoteFS(tmp_path / "backing", tmp_path / "mnt", attr_timeout=0.1) as fs:
-        (tmp_path / "d").mkdir()
-        d = Daemon(tmp_path / "d", {"small": model})
-        fs.replace("wcached.conf", open(d.conf, "rb").read())
-        fs.wait_visible("wcached.conf")
-        d.conf = fs.path("wcached.conf")
-        d.start()
+    with config_on_a_hung_server(tmp_path, lambda d: Daemon(d, {"small": model})) as (d, fs):
         waiting = []
         try:
             wait_for_control(d)
-            fs.freeze()
             argv = [binary("wcachectl"), "--control", d.control, "reload"]
             waiting.append(subprocess.Popen(argv, stdout=subprocess.PIPE,
                                             stderr=subprocess.STDOUT, text=True))

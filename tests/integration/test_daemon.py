@@ -2,7 +2,6 @@
 shutdown, and hostile clients. Each test starts the real daemon on sockets
 in a temporary directory and drives it with the real client library
 (demo_worker, wcachectl) or raw sockets."""
-import contextlib
 import json
 import os
 import pwd
@@ -22,7 +21,7 @@ import pytest
 import ctlutil
 from conftest import (TEST_USER, Daemon, binary, fd_count, mkmodel, root_daemon, settled_fd_count,
                       wait_until)
-from remotefs import RemoteFS, skip_reason  # tests/pyutil, on the path conftest set
+import remotefs  # tests/pyutil, on the path conftest set
 
 HEADER = struct.Struct("<IHHII")
 MAGIC = 0x31504357
@@ -440,33 +439,15 @@ def test_reload_keeps_debug_and_the_keys_that_need_a_restart(tmp_path, model):
     assert not os.path.exists(running)
 
 
-@contextlib.contextmanager
 def config_on_a_hung_server(tmp_path, model, text_after=None):
-    """A wcached serving small, whose configuration lies on a RemoteFS mount
-    (tests/pyutil/remotefs.py), then frozen: its server answers nothing, as
-    an NFS server that hangs (NSS waiting on LDAP or sssd holds a reload's
-    read the same way). text_after, when given, is the configuration's new
-    text, written on the server's side before it hangs. Yields (d, fs);
-    thaws the server and removes the mount at the end, the caller stops d.
-    (A FIFO with no writer once stood in for the hang: it is now refused.)"""
-    reason = skip_reason()
+    """remotefs.config_on_a_hung_server with a wcached serving small, or the
+    test skipped where remotefs cannot run. (A FIFO with no writer once
+    stood in for the hang: it is now refused.)"""
+    reason = remotefs.skip_reason()
     if reason:
         pytest.skip(reason)
-    with RemoteFS(tmp_path / "backing", tmp_path / "mnt", attr_timeout=0.1) as fs:
-        (tmp_path / "d").mkdir()
-        d = Daemon(tmp_path / "d", {"small": model})
-        text = open(d.conf).read()
-        fs.replace("wcached.conf", text.encode())
-        fs.wait_visible("wcached.conf")
-        d.conf = fs.path("wcached.conf")
-        d.start()
-        try:
-            if text_after is not None:
-                fs.replace("wcached.conf", text_after(text).encode())
-            fs.freeze()  # returns once every thread of remotefs is stopped
-            yield d, fs
-        finally:
-            fs.thaw()
+    return remotefs.config_on_a_hung_server(tmp_path, lambda d: Daemon(d, {"small": model}),
+                                            text_after)
 
 
 def test_a_reload_reads_the_config_off_the_event_loop(tmp_path, model):

@@ -612,3 +612,34 @@ class RemoteFS:
         if line != want:
             raise RemoteFSError(f"remotefs said {line!r}, not {want!r}:\n{self.read_log()}")
         self.read_rate = rate or None
+
+
+@contextlib.contextmanager
+def config_on_a_hung_server(tmp, make_daemon, text_after=None):
+    """A wcached whose configuration lies on a RemoteFS mount (tmp/mnt over
+    tmp/backing) whose server then hangs, as an NFS server that stops
+    answering (NSS waiting on LDAP or sssd holds a reload's read the same
+    way). make_daemon(DIR) gives the wcached, not started, in DIR = tmp/d
+    (wcached.py's Wcached or a subclass): its configuration is moved onto
+    the mount and it starts from there. text_after, when given, maps the
+    configuration's text to its new text, written on the server's side
+    before it hangs. Yields (d, fs), the server frozen; thaws it and
+    removes the mount at the end, passed or failed; the caller stops d.
+    (The caller skips first where skip_reason() says why.)"""
+    with RemoteFS(os.path.join(tmp, "backing"), os.path.join(tmp, "mnt"),
+                  attr_timeout=0.1) as fs:
+        os.mkdir(os.path.join(tmp, "d"))
+        d = make_daemon(os.path.join(tmp, "d"))
+        with open(d.conf) as f:
+            text = f.read()
+        fs.replace("wcached.conf", text.encode())
+        fs.wait_visible("wcached.conf")
+        d.conf = fs.path("wcached.conf")
+        d.start()
+        try:
+            if text_after is not None:
+                fs.replace("wcached.conf", text_after(text).encode())
+            fs.freeze()  # returns once every thread of remotefs is stopped
+            yield d, fs
+        finally:
+            fs.thaw()
