@@ -229,31 +229,67 @@ resident_unpin_range(const void *base, size_t len)
 
 #define CAP_IPC_LOCK_BIT 14 /* linux/capability.h's CAP_IPC_LOCK */
 
-/* The value of field name ("VmLck:") in /proc/self/status text, base 10 or
- * 16: 1 with it in *out when the first line that starts with name has it
- * as the kernel writes it (blanks, then digits: no sign, nothing from the
- * next line), else 0. */
-static int
-status_field(const char *text, const char *name, int base, uint64_t *out)
+/* Where the value of field name ("VmLck:") starts in /proc/self/status
+ * text: past the blanks after name on the first line that starts with it;
+ * NULL when no line does. */
+static const char *
+status_value(const char *text, const char *name)
 {
 	size_t len = strlen(name);
 
 	for (const char *line = text; line != NULL && *line != '\0';) {
 		const char *next = strchr(line, '\n');
 
-		if (strncmp(line, name, len) == 0) {
-			const char *s = line + len + strspn(line + len, " \t");
-			char *end;
-
-			if (base == 16 ? !isxdigit((unsigned char)*s) : !isdigit((unsigned char)*s))
-				return 0;
-			errno = 0;
-			*out = strtoull(s, &end, base);
-			return errno == 0;
-		}
+		if (strncmp(line, name, len) == 0)
+			return line + len + strspn(line + len, " \t");
 		line = next != NULL ? next + 1 : NULL;
 	}
-	return 0;
+	return NULL;
+}
+
+/* The decimal value of field name: 1 with it in *out when the first line
+ * that starts with name has it as the kernel writes it (blanks, then
+ * digits: no sign, nothing from the next line), else 0. */
+static int
+status_decimal(const char *text, const char *name, uint64_t *out)
+{
+	const char *s = status_value(text, name);
+	char *end;
+
+	if (s == NULL || !isdigit((unsigned char)*s))
+		return 0;
+	errno = 0;
+	*out = strtoull(s, &end, 10);
+	return errno == 0;
+}
+
+#define CAP_HEX_DIGITS 16 /* a kernel_cap_t, 64 bits */
+
+/* The capability set of field name ("CapEff:"): 1 with it in *out when
+ * the first line that starts with name has it exactly as the kernel writes
+ * it (fs/proc/array.c render_cap_t: 16 lowercase hex digits, then the end
+ * of the line), else 0. strtoull(3) would take "0x4000", "4000" or
+ * "-1" too, none of which the kernel writes; a wrong "yes" there would
+ * make an ENOMEM refusal say that CAP_IPC_LOCK lifts RLIMIT_MEMLOCK and
+ * leave out the advice to raise it. */
+static int
+status_caps(const char *text, const char *name, uint64_t *out)
+{
+	static const char hex[] = "0123456789abcdef";
+	const char *s = status_value(text, name), *d;
+	uint64_t v = 0;
+
+	if (s == NULL)
+		return 0;
+	for (int i = 0; i < CAP_HEX_DIGITS; i++) {
+		if (s[i] == '\0' || (d = strchr(hex, s[i])) == NULL)
+			return 0;
+		v = v << 4 | (uint64_t)(d - hex);
+	}
+	if (s[CAP_HEX_DIGITS] != '\n' && s[CAP_HEX_DIGITS] != '\0')
+		return 0;
+	*out = v;
+	return 1;
 }
 
 int
@@ -267,13 +303,13 @@ resident_status_parse(const char *text, size_t len, struct resident_refusal *out
 	if (len > 0)
 		memcpy(copy, text, len);
 	copy[len] = '\0';
-	if (status_field(copy, "VmLck:", 10, &v) && v <= UINT64_MAX / 1024) {
+	if (status_decimal(copy, "VmLck:", &v) && v <= UINT64_MAX / 1024) {
 		out->locked_known = 1;
 		out->locked = v * 1024; /* in kB */
 	}
-	if (status_field(copy, "CapEff:", 16, &v))
+	if (status_caps(copy, "CapEff:", &v))
 		out->ipc_lock = (int)((v >> CAP_IPC_LOCK_BIT) & 1);
-	if (status_field(copy, "Seccomp:", 10, &v) && v <= 2)
+	if (status_decimal(copy, "Seccomp:", &v) && v <= 2)
 		out->seccomp = (int)v;
 	free(copy);
 	return 0;

@@ -101,7 +101,8 @@ void resident_refusal_read(int err, uint64_t bytes, struct resident_refusal *out
 
 /* The facts /proc/self/status gives resident_refusal_read(), from its text
  * (len bytes, not terminated; a NUL ends it early): locked_known and locked
- * from "VmLck:" (kB), ipc_lock from "CapEff:" (hex), seccomp from
+ * from "VmLck:" (kB), ipc_lock from "CapEff:" (16 lowercase hex digits, as
+ * the kernel writes them, and nothing else: "0x4000" is not read), seccomp from
  * "Seccomp:" (0 to 2); a field missing or not a number leaves its members
  * as they were. 0, or -ENOMEM when it cannot copy text. The fuzzer
  * (tests/fuzz/fuzz_kernel.c) gives it whole files. */

@@ -46,10 +46,12 @@
  *   - a limit is decided by the first line (memory.max) or the first "KEY "
  *     line (memory.stat) and is what this file's own digit loop reads
  *     there: a decimal number below MEMLIMIT_NO_LIMIT, else 0 ("none");
- *   - /proc/self/status (to its first NUL): each field is the number of the
- *     digits after its name and the blanks on the first line that starts
- *     with it (hex for CapEff), or untouched when there are none or they
- *     overflow; VmLck in kB, CAP_IPC_LOCK bit 14, Seccomp 0 to 2;
+ *   - /proc/self/status (to its first NUL): VmLck and Seccomp are the
+ *     number of the decimal digits after the name and the blanks on the
+ *     first line that starts with it, or untouched when there are none or
+ *     they overflow; CapEff is read there only when it is exactly 16
+ *     lowercase hex digits to the end of the line; VmLck in kB,
+ *     CAP_IPC_LOCK bit 14, Seccomp 0 to 2;
  *   - $FDSTORE is the limit when it is all digits (capped at
  *     FDSTORE_MAX_FDS), else FDSTORE_MAX_FDS.
  */
@@ -500,38 +502,57 @@ check_limit(const char *text, size_t len, const char *key)
 }
 
 /* This file's reading of status field name ("VmLck:") in text: on the
- * first line that starts with it, after blanks (' ', '\t'), the digits of
- * base (base 16 after a "0x", which strtoull(3) takes, though the kernel
- * writes none): true with their value; false when there are none, or they
+ * first line that starts with it, after blanks (' ', '\t'), the decimal
+ * digits: true with their value; false when there are none, or they
  * overflow 64 bits. */
 static bool
-oracle_field(const char *text, const char *name, int base, uint64_t *out)
+oracle_field(const char *text, const char *name, uint64_t *out)
 {
-	static const char hex[] = "0123456789abcdef";
 	struct lines l;
 	bool yes = false;
 
 	lines_split(text, strlen(text), &l);
 	for (size_t i = 0; i < l.n; i++) {
-		const char *s = l.line[i], *d;
+		const char *s = l.line[i];
 		uint64_t v = 0;
 
 		if (strncmp(s, name, strlen(name)) != 0)
 			continue;
 		s += strlen(name);
 		s += strspn(s, " \t");
-		if (base == 16 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X') &&
-			isxdigit((unsigned char)s[2]))
-			s += 2;
-		yes = *s != '\0' && memchr(hex, tolower((unsigned char)*s), (size_t)base) != NULL;
-		for (; *s != '\0'; s++) {
-			if ((d = memchr(hex, tolower((unsigned char)*s), (size_t)base)) == NULL)
-				break;
-			if (__builtin_mul_overflow(v, (uint64_t)base, &v) ||
-				__builtin_add_overflow(v, (uint64_t)(d - hex), &v))
+		yes = *s >= '0' && *s <= '9';
+		for (; *s >= '0' && *s <= '9'; s++)
+			if (__builtin_mul_overflow(v, 10, &v) ||
+				__builtin_add_overflow(v, (uint64_t)(*s - '0'), &v))
 				yes = false;
-		}
 		*out = v;
+		break;
+	}
+	lines_free(&l);
+	return yes;
+}
+
+/* This file's reading of CapEff: on the first line that starts with
+ * "CapEff:", after blanks, exactly 16 lowercase hex digits and the line's
+ * end (fs/proc/array.c render_cap_t): true with their value. */
+static bool
+oracle_caps(const char *text, uint64_t *out)
+{
+	struct lines l;
+	bool yes = false;
+
+	lines_split(text, strlen(text), &l);
+	for (size_t i = 0; i < l.n; i++) {
+		const char *s = l.line[i];
+
+		if (strncmp(s, "CapEff:", 7) != 0)
+			continue;
+		s += 7;
+		s += strspn(s, " \t");
+		if (strlen(s) == 16 && strspn(s, "0123456789abcdef") == 16) {
+			*out = strtoull(s, NULL, 16);
+			yes = true;
+		}
 		break;
 	}
 	lines_free(&l);
@@ -549,13 +570,13 @@ check_status(const char *text, size_t len)
 	memcpy(copy, text, len);
 	copy[len] = '\0';
 	CHECK(resident_status_parse(text, len, &r) == 0);
-	if (oracle_field(copy, "VmLck:", 10, &v) && v <= UINT64_MAX / 1024) {
+	if (oracle_field(copy, "VmLck:", &v) && v <= UINT64_MAX / 1024) {
 		want.locked_known = 1;
 		want.locked = v * 1024;
 	}
-	if (oracle_field(copy, "CapEff:", 16, &v))
+	if (oracle_caps(copy, &v))
 		want.ipc_lock = (v & (UINT64_C(1) << 14)) != 0;
-	if (oracle_field(copy, "Seccomp:", 10, &v) && v <= 2)
+	if (oracle_field(copy, "Seccomp:", &v) && v <= 2)
 		want.seccomp = (int)v;
 	CHECK(r.locked_known == want.locked_known && r.locked == want.locked);
 	CHECK(r.ipc_lock == want.ipc_lock);

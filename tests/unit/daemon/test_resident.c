@@ -309,6 +309,42 @@ test_status_fields(void **state)
 	assert_int_equal(r.seccomp, -1);
 }
 
+/* CapEff is read only as the kernel writes it (render_cap_t: 16 lowercase
+ * hex digits, then the end of the line): a set with bit 14 in any other
+ * spelling leaves ipc_lock 0, so a refusal's cause keeps the advice to
+ * raise RLIMIT_MEMLOCK. */
+static void
+test_status_caps_as_the_kernel_writes_them(void **state)
+{
+	static const char *const yes[] = {
+		"CapEff:\t0000000000004000\n", "CapEff:\t000001ffffffffff", /* no newline */
+		"Name:\tx\nCapEff:\t0000000000004000\nCapEff:\t0000000000000000\n",
+	};
+	static const char *const no[] = {
+		"CapEff:\t0x4000\n", "CapEff:\t0X4000\n", "CapEff:\t4000\n",
+		"CapEff:\t00000000000004000\n", /* 17 digits */
+		"CapEff:\t00000000000040FF\n", "CapEff:\t0000000000004000 \n",
+		"CapEff:\t0000000000004000x\n", "CapEff:\t+000000000004000\n",
+		"CapEff:\t000000000000400\n0\n", "CapEff:\n0000000000004000\n",
+		"CapEff:\t0000000000000000\nCapEff:\t0000000000004000\n",
+	};
+	struct resident_refusal r;
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(yes) / sizeof(yes[0]); i++) {
+		memset(&r, 0, sizeof(r));
+		assert_int_equal(resident_status_parse(yes[i], strlen(yes[i]), &r), 0);
+		if (r.ipc_lock != 1)
+			fail_msg("\"%s\": ipc_lock %d, expected 1", yes[i], r.ipc_lock);
+	}
+	for (size_t i = 0; i < sizeof(no) / sizeof(no[0]); i++) {
+		memset(&r, 0, sizeof(r));
+		assert_int_equal(resident_status_parse(no[i], strlen(no[i]), &r), 0);
+		if (r.ipc_lock != 0)
+			fail_msg("\"%s\": ipc_lock %d, expected 0", no[i], r.ipc_lock);
+	}
+}
+
 static void
 test_pin(void **state)
 {
@@ -364,6 +400,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_pin, setup, teardown),
 		cmocka_unit_test(test_refusal_causes),
 		cmocka_unit_test(test_status_fields),
+		cmocka_unit_test(test_status_caps_as_the_kernel_writes_them),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
