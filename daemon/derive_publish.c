@@ -32,6 +32,7 @@
 #include "format/source.h"
 #include "generation.h"
 #include "log.h"
+#include "memlimit.h"
 #include "workq.h"
 
 /*
@@ -56,6 +57,7 @@ struct derive_check {
 	uint32_t seq;            /* the PUBLISH's, for the builder's answer */
 	uid_t owner;
 	uint64_t budget;         /* memory_budget when it was queued */
+	uint64_t ram;            /* the machine's RAM (0: unknown): the bound without one */
 	char label[WIRE_MAX_NAME + WIRE_MAX_KEY + 16];
 	int fd;                  /* the builder's memfd, then wcached's reopen */
 	/* What the check made: the source, its served descriptors and the
@@ -153,6 +155,28 @@ check_run(struct workq_job *job)
 		c->err = -EFBIG;
 		snprintf(c->why, sizeof(c->why), "%" PRIu64 " MiB is more than memory_budget (%"
 			 PRIu64 " MiB)", (uint64_t)st.st_size >> 20, c->budget >> 20);
+		return;
+	}
+	/* With no budget, the machine's RAM bounds an artifact (and its
+	 * mapping in wcached's address space). */
+	if (c->budget == 0 && c->ram != 0 && (uint64_t)st.st_size > c->ram) {
+		c->err = -EFBIG;
+		snprintf(c->why, sizeof(c->why), "%" PRIu64 " MiB is more than the machine's RAM (%"
+			 PRIu64 " MiB), the most an artifact may be without a memory_budget",
+			(uint64_t)st.st_size >> 20, c->ram >> 20);
+		return;
+	}
+	/* Every page must have memory behind it, paid for by the builder: a
+	 * hole costs it nothing, weighs its full size in memory_budget and
+	 * becomes shmem zeros, kept while wcached keeps the artifact, when a
+	 * worker reads it. st_blocks counts tmpfs's allocated pages, fallocated
+	 * ones too (SEEK_HOLE calls those holes until written); the seals
+	 * forbid punching holes from here on. */
+	if ((uint64_t)st.st_blocks * 512 < (uint64_t)st.st_size) {
+		c->err = -EBADMSG;
+		snprintf(c->why, sizeof(c->why), "the memfd is sparse: only %" PRIu64 " of its %"
+			 PRIu64 " bytes have memory behind them; write (or fallocate) every byte "
+			 "before publishing", (uint64_t)st.st_blocks * 512, (uint64_t)st.st_size);
 		return;
 	}
 	if ((c->err = source_open_fd(fd, c->label, &c->src)) < 0) {
@@ -422,6 +446,7 @@ derive_publish(struct derive_table *t, void *conn, uid_t owner, uint32_t seq, ui
 	c->seq = seq;
 	c->owner = owner;
 	c->budget = t->r->memory_budget;
+	c->ram = memlimit_ram();
 	c->fd = memfd;
 	c->index_fd = -1;
 	snprintf(c->label, sizeof(c->label), "%s derived %s", b->model_name, b->key);

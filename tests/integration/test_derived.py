@@ -850,6 +850,56 @@ def test_unheld_artifacts_go_first_under_the_memory_budget(derived):
     closing(held)
 
 
+def one_tensor_memfd(n, fill):
+    """A memfd of one U8 tensor of n bytes, its header written and its data
+    filled by fill(fd, offset, n) (nothing: holes)."""
+    header = st_bytes({"w": ("U8", [n], b"")})[8:]
+    header = header.rstrip().replace(b'"data_offsets":[0,0]', b'"data_offsets":[0,%d]' % n)
+    header += b" " * (-len(header) % 8)
+    fd = memfd_with(struct.pack("<Q", len(header)) + header)
+    os.ftruncate(fd, 8 + len(header) + n)
+    fill(fd, 8 + len(header), n)
+    return fd
+
+
+def test_a_sparse_publication_is_refused_and_without_a_budget_ram_bounds_it(derived):
+    """rev173 F2: a memfd of holes cost its builder nothing, yet weighed its
+    whole size in memory_budget and became shmem zeros when a worker read
+    it; with no budget nothing bounded its size (1 TiB was served)."""
+    d = derived()
+    ready(d, "small")
+    a, b = Peer(d), Peer(d)
+    n = 8 << 20
+    r = build(a, key="sparse-v1")
+    b.derive("small", "sparse-v1")
+    waiting(d, 1, key="sparse-v1")
+    fd = one_tensor_memfd(n, lambda fd, off, n: None)
+    size = os.fstat(fd).st_size
+    a.publish(r["token"], fd)
+    os.close(fd)
+    mine = expect_error(a.reply(), "EBADMSG", "small", "sparse-v1", "the memfd is sparse",
+                        f"of its {size} bytes")
+    theirs = expect_error(b.reply(), "ECANCELED", "small", "sparse-v1", "sparse")
+    assert mine in theirs
+    # Larger than the machine's RAM (and sparse): refused for its size.
+    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    r = build(a, key="huge-v1")
+    fd = one_tensor_memfd(ram + (1 << 30), lambda fd, off, n: None)
+    a.publish(r["token"], fd)
+    os.close(fd)
+    expect_error(a.reply(), "EFBIG", "huge-v1", "more than the machine's RAM", "memory_budget")
+    # Every byte written, or fallocated: published.
+    for key, fill in (("written-v1", lambda fd, off, n: os.pwrite(fd, bytes(n), off)),
+                      ("fallocated-v1", lambda fd, off, n: os.posix_fallocate(fd, off, n))):
+        r = build(a, key=key)
+        fd = one_tensor_memfd(n, fill)
+        a.publish(r["token"], fd)
+        os.close(fd)
+        assert len(take_artifact(a.reply())) == size
+    keys = {x["key"] for x in model_entry(d, "small")["derived"]}
+    assert keys == {"written-v1", "fallocated-v1"}, keys
+
+
 def test_an_artifact_whose_builder_hung_up_still_reaches_its_waiters(derived):
     """The builder stops reading before it publishes, so the daemon's answer to
     it fails and closes its connection, releasing the builder's attach of the
