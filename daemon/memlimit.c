@@ -112,6 +112,32 @@ copy(char *dst, size_t cap, const char *src)
 	dst[n] = '\0';
 }
 
+#define CUT_MARK "\xe2\x80\xa6" /* "…" */
+
+/* Ends buf (cap bytes, holding a text cut to cap - 1 bytes) in CUT_MARK in
+ * place of its last bytes, cut before a UTF-8 character, not inside one. */
+static void
+mark_cut(char *buf, size_t cap)
+{
+	size_t at;
+
+	if (cap < sizeof(CUT_MARK))
+		return;
+	at = cap - sizeof(CUT_MARK);
+	while (at > 0 && ((unsigned char)buf[at] & 0xC0) == 0x80)
+		at--;
+	memcpy(buf + at, CUT_MARK, sizeof(CUT_MARK));
+}
+
+/* copy(), but a src too long for dst ends in CUT_MARK there. */
+static void
+copy_marked(char *dst, size_t cap, const char *src)
+{
+	copy(dst, cap, src);
+	if (src[strlen(dst)] != '\0')
+		mark_cut(dst, cap);
+}
+
 /* One line of /proc/self/cgroup into the hierarchies h[0] (v2) and h[1]
  * (v1's memory controller). */
 static int
@@ -246,7 +272,7 @@ consider(struct memlimit *out, uint64_t v, enum memlimit_kind kind, const char *
 		return;
 	out->cgroup = v;
 	out->kind = kind;
-	copy(out->cgroup_path, sizeof(out->cgroup_path), cgroup);
+	copy_marked(out->cgroup_path, sizeof(out->cgroup_path), cgroup);
 	copy(out->file, sizeof(out->file), file);
 }
 
@@ -416,11 +442,15 @@ memlimit_fits(const struct memlimit *m, uint64_t models, uint64_t pinned, uint64
 const char *
 memlimit_source(const struct memlimit *m, char *buf, size_t len)
 {
+	int n;
+
 	if (m->kind == MEMLIMIT_RAM)
-		snprintf(buf, len, "RAM");
+		n = snprintf(buf, len, "RAM");
 	else
-		snprintf(buf, len, "cgroup %s %s of %s",
+		n = snprintf(buf, len, "cgroup %s %s of %s",
 			m->kind == MEMLIMIT_CGROUP_V2 ? "v2" : "v1", m->file, m->cgroup_path);
+	if (n >= 0 && (size_t)n >= len)
+		mark_cut(buf, len);
 	return buf;
 }
 

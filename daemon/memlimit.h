@@ -29,6 +29,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The longest path memlimit keeps, with its NUL: PATH_MAX, the most the
+ * kernel writes for a cgroup in /proc/self/cgroup. */
+#define MEMLIMIT_PATH_CAP 4096
+
 enum memlimit_kind {
 	MEMLIMIT_RAM,       /* no cgroup limit below the RAM */
 	MEMLIMIT_CGROUP_V2, /* memory.max or memory.high */
@@ -40,7 +44,10 @@ struct memlimit {
 	uint64_t cgroup;          /* the smallest cgroup limit found; 0: none */
 	uint64_t limit;           /* min(ram, cgroup): what percent budgets are of */
 	enum memlimit_kind kind;  /* where limit came from */
-	char cgroup_path[256];    /* the cgroup whose limit it is ("/system.slice/x") */
+	/* the cgroup whose limit it is ("/system.slice/x"), whole: the kernel
+	 * writes none longer than PATH_MAX - 1 in /proc/self/cgroup (one that
+	 * would not fit is cut and ends in "…") */
+	char cgroup_path[MEMLIMIT_PATH_CAP];
 	char file[40];            /* and its file ("memory.max", "memory.high") */
 };
 
@@ -56,7 +63,9 @@ struct memlimit {
 void memlimit_read(const char *root, uint64_t ram, struct memlimit *out);
 
 /* Where out's limit came from, in words: "RAM", or "cgroup v2 memory.max of
- * /system.slice/wcached.service". Returns buf. */
+ * /system.slice/wcached.service", into buf (len bytes): words that do not
+ * fit are cut and end in "…" (UTF-8, cut between characters), so a cut
+ * path never reads as another cgroup's. Returns buf. */
 const char *memlimit_source(const struct memlimit *m, char *buf, size_t len);
 
 /* Whether what the models keep warm fits under m's limit: models bytes
@@ -83,8 +92,6 @@ uint64_t memlimit_ram(void);
 /* A limit at or above this is "unlimited" (v1 writes 2^63 rounded down to
  * a page; no machine has 4 EiB). */
 #define MEMLIMIT_NO_LIMIT (UINT64_C(1) << 62)
-
-#define MEMLIMIT_PATH_CAP 4096
 
 /* One hierarchy the process is in: which cgroup, and where it is mounted.
  * Each string is cut to fit and terminated. */

@@ -3,7 +3,8 @@
  * /proc/self/{cgroup,mountinfo} and cgroup files: v2, v1, hybrid (v1
  * memory, v2 without it), nested limits, a container's view of a subtree
  * (v1's hierarchical limit seeing past it), "max", v1's "unlimited", a
- * limit above RAM, escaped mount points and garbage.
+ * limit above RAM, escaped mount points and garbage; a long cgroup path
+ * kept whole and shown cut with a mark.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -505,6 +506,68 @@ test_cgroup_not_absolute(void **state)
 	tu_rmtree(root);
 }
 
+/* A tree whose cgroup v2 is path, with memory.max limit there. */
+static char *
+tree_at(const char *path, const char *limit)
+{
+	char cgroup[1300], file[1300];
+	char *root;
+
+	snprintf(cgroup, sizeof(cgroup), "0::%s\n", path);
+	root = tree(cgroup, MOUNT_ROOT MOUNT_V2);
+	snprintf(file, sizeof(file), "/sys/fs/cgroup%s/memory.max", path);
+	put(root, file, limit);
+	return root;
+}
+
+/* A cgroup path longer than 255 bytes is kept whole, and where the words
+ * saying it do not fit the caller's buffer (status and the log give 400
+ * bytes) they end in "…", cut between UTF-8 characters, never silently. */
+static void
+test_long_cgroup_path(void **state)
+{
+	char path[1200] = "", prefix[301], words[1300], src[400], mid[231];
+	size_t at = 0;
+	char *root;
+	struct memlimit m;
+
+	(void)state;
+	/* Five components of 200 bytes (NAME_MAX is 255), the second of
+	 * two-byte characters ("é"): 1005 bytes. */
+	for (int i = 0; i < 5; i++) {
+		path[at++] = '/';
+		for (int j = 0; j < 200; j++)
+			path[at++] = i == 1 ? (char)(j % 2 == 0 ? 0xc3 : 0xa9) : (char)('a' + i);
+	}
+	path[at] = '\0';
+	assert_int_equal(strlen(path), 1005);
+
+	/* 300 bytes: whole in the struct and in a 400-byte buffer. */
+	snprintf(prefix, sizeof(prefix), "%s", path);
+	root = tree_at(prefix, "1048576\n");
+	snprintf(words, sizeof(words), "cgroup v2 memory.max of %s", prefix);
+	expect(root, &m, MEMLIMIT_CGROUP_V2, UINT64_C(1) << 20, words);
+	assert_string_equal(m.cgroup_path, prefix);
+	tu_rmtree(root);
+
+	/* 1005 bytes: whole in the struct; in 400 bytes cut and marked. */
+	root = tree_at(path, "1073741824\n");
+	expect(root, &m, MEMLIMIT_CGROUP_V2, GiB, NULL);
+	assert_string_equal(m.cgroup_path, path);
+	snprintf(words, sizeof(words), "cgroup v2 memory.max of %s", path);
+	memlimit_source(&m, src, sizeof(src));
+	assert_int_equal(strlen(src), sizeof(src) - 1);
+	assert_string_equal(src + sizeof(src) - 4, "\xe2\x80\xa6");
+	assert_memory_equal(src, words, sizeof(src) - 4);
+	/* A cut inside "é" (its second byte at 227) moves before it. */
+	memlimit_source(&m, mid, sizeof(mid));
+	assert_int_equal((unsigned char)words[226], 0xc3);
+	assert_int_equal(strlen(mid), 229);
+	assert_memory_equal(mid, words, 226);
+	assert_string_equal(mid + 226, "\xe2\x80\xa6");
+	tu_rmtree(root);
+}
+
 /* The real machine's figure: at most its RAM, never 0 when RAM is known. */
 static void
 test_this_machine(void **state)
@@ -538,6 +601,7 @@ main(void)
 		cmocka_unit_test(test_cgroup_outside_namespace),
 		cmocka_unit_test(test_outside_warned_once),
 		cmocka_unit_test(test_cgroup_not_absolute),
+		cmocka_unit_test(test_long_cgroup_path),
 		cmocka_unit_test(test_this_machine),
 	};
 
