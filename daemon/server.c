@@ -59,6 +59,11 @@
  * is never taken for that, and is read again a retry later. */
 #define CLOSING_PER_UID_MAX 64
 #define CLOSING_STUCK_MS 1000
+/* How long a connection must have sent nothing, holding nothing, before it
+ * may be closed to make room when max_clients are connected (make_room):
+ * libwcache attaches as soon as it connects, so only a connection left
+ * idle on purpose, or forgotten, waits this long with nothing attached. */
+#define IDLE_EVICT_MS 5000
 
 static void conn_io(uv_poll_t *handle, int status, int events);
 static int conn_read(struct conn *c);
@@ -412,6 +417,8 @@ conn_read(struct conn *c)
 		n = fdp_recv_drop(c->fd, buf, sizeof(buf), fds, 1, &nfds, conn_drop_fd, c);
 		if (n == -EAGAIN)
 			return 0;
+		if (n > 0)
+			c->active_ms = uv_now(c->srv->loop);
 		if (n == 0) {
 			conn_close(c);
 			return 0;
@@ -659,6 +666,71 @@ refuse_without_fds(struct server *s)
 	return e == EMFILE || e == ENFILE ? -1 : 0;
 }
 
+/* May c be closed to make room (make_room)? It holds no attach, HOLD or
+ * build (a builder holds its source), waits for nothing, has no reply
+ * pending or held back, and has sent nothing for IDLE_EVICT_MS. */
+static int
+conn_idle(const struct conn *c, uint64_t now)
+{
+	return !c->closing && c->nrefs == 0 && !c->pending && c->waiting == WAIT_NONE &&
+		c->deferred == DEFER_NONE && c->inflight_fds == 0 &&
+		now - c->active_ms >= IDLE_EVICT_MS;
+}
+
+/*
+ * max_clients are connected and one more wants in: closes one idle
+ * connection (conn_idle) to make room, of the uid with the most idle ones,
+ * the one idle the longest, telling it why first (one send that does not
+ * wait). Connections that attach nothing would otherwise keep every worker
+ * out for as long as they stay open: four users at max_clients_per_uid are
+ * max_clients. Returns 1 when one was closed, 0 when none is idle (the
+ * newcomer is refused, as before).
+ */
+static int
+make_room(struct server *s)
+{
+	uint8_t buf[WIRE_MAX_MESSAGE];
+	struct uidtally idle = { 0 };
+	struct conn *victim = NULL;
+	uint64_t now = uv_now(s->loop);
+	unsigned most = 0, k;
+	uint64_t unlogged = 0;
+	char more[96];
+	ssize_t n;
+
+	/* Out of memory for the tally, uids count 0: the oldest idle one goes. */
+	for (struct conn *c = s->conns; c != NULL; c = c->next)
+		if (conn_idle(c, now))
+			(void)uidtally_add(&idle, c->uid, 1);
+	/* <=: the list is newest first, so on a tie the oldest wins. */
+	for (struct conn *c = s->conns; c != NULL; c = c->next) {
+		if (!conn_idle(c, now))
+			continue;
+		k = uidtally_get(&idle, c->uid);
+		if (victim == NULL || k > most ||
+			(k == most && c->active_ms <= victim->active_ms)) {
+			victim = c;
+			most = k;
+		}
+	}
+	uidtally_free(&idle);
+	if (victim == NULL)
+		return 0;
+	if (lograte_allow(&s->idle_closes, victim->uid, now, &unlogged)) {
+		lograte_more(more, sizeof(more), unlogged, "idle connections closed");
+		log_warnx("client pid %d uid %u: idle for %" PRIu64 " s with nothing attached "
+			  "while %u clients are connected (max_clients); closing the connection "
+			  "to make room%s", (int)victim->pid, (unsigned)victim->uid,
+			(now - victim->active_ms) / 1000, s->nconns, more);
+	}
+	n = wire_put_error(buf, sizeof(buf), 0, EUSERS, "closed: wcached has max_clients "
+		"connected and this connection was idle with nothing attached");
+	if (n > 0)
+		(void)fdp_send(victim->fd, buf, (size_t)n, NULL, 0);
+	conn_close(victim);
+	return 1;
+}
+
 static void on_accept(uv_poll_t *handle, int status, int events);
 
 /* Watches the listening socket again after a pause, with a spare again if
@@ -736,7 +808,7 @@ on_accept(uv_poll_t *handle, int status, int events)
 			return;
 		}
 		s->accept_paused_logged = 0;
-		if (s->nconns >= s->max_clients) {
+		if (s->nconns >= s->max_clients && !make_room(s)) {
 			refuse(s, fd, "too many clients connected to wcached (max_clients)",
 				"%u clients connected (max_clients)", s->nconns);
 			continue;
@@ -755,6 +827,7 @@ on_accept(uv_poll_t *handle, int status, int events)
 		c->srv = s;
 		c->closer = s->closer;
 		c->id = ++s->next_conn_id;
+		c->active_ms = uv_now(s->loop);
 		if (read_peer(c) < 0) {
 			free(c);
 			refuse(s, fd, "wcached cannot read this client's credentials", "%s",

@@ -86,6 +86,7 @@ struct conn {
 	 * them were unread then (SIOCOUTQ); held_ms 0: none is held back. */
 	uint64_t held_ms;
 	int held_unread;
+	uint64_t active_ms;            /* loop time of its accept or its last message */
 	struct conn *next, **prevp;
 };
 
@@ -132,6 +133,9 @@ struct server {
 	unsigned unread_reply_ms; /* closed when their replies stay unread this long */
 	uv_timer_t unread_timer; /* looks at them while nheld > 0 */
 	struct lograte warnings; /* what peers cause is logged once a minute per uid */
+	struct lograte idle_closes; /* the same for idle connections closed to make
+				       room (make_room): its own, so that a refusal
+				       logged just before does not hide the uid */
 	struct server_stats stats;
 };
 
