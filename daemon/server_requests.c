@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/escape.h"
 #include "closer.h"
 #include "config.h"
 #include "derive.h"
@@ -317,11 +318,13 @@ request_abandon(struct conn *c, const struct wire_message *msg)
 		conn_error(c, msg->h.seq, -ENOTSUP, 0, "derived artifacts are not served here");
 		return;
 	}
-	/* The reason goes into log lines and other clients' errors: control
-	 * characters become '?'. */
-	for (size_t i = 0; i < len; i++)
-		reason[i] = (unsigned char)p[i] < 0x20 || p[i] == 0x7f ? '?' : p[i];
-	reason[len] = '\0';
+	/* The reason goes into log lines and other clients' ERROR text, which
+	 * PROTOCOL.md says is UTF-8: escaped as the log escapes (C0, DEL, C1,
+	 * bidi controls and bytes that are not UTF-8 become \xNN or \uNNNN),
+	 * cut between two pieces at WIRE_MAX_REASON bytes. Before, only C0 and
+	 * DEL were replaced, and a builder's bidi overrides, C1 CSI and invalid
+	 * UTF-8 reached other workers' terminals. */
+	escape_string(reason, sizeof(reason), p, len);
 	if ((r = derive_abandon(s->derive, c, token, reason, text, sizeof(text))) < 0) {
 		conn_error(c, msg->h.seq, r, 0, "%s", text);
 		return;
