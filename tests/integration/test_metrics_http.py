@@ -309,3 +309,8 @@ def test_metrics_units_verify(tmp_path):
     # limit counts refused connections too), and peers are loopback only.
     assert "TriggerLimitIntervalSec=0" in text
     assert "IPAddressAllow=localhost" in text and "IPAddressDeny=any" in text
+    # Every loopback peer is the one source 127.0.0.1: a cap per source is a
+    # cap for all, and 8 connections of any local user refused a local
+    # Prometheus (review 173, F11). MaxConnections= is the only cap.
+    assert "MaxConnections=16" in text.splitlines()
+    assert not [l for l in text.splitlines() if l.startswith("MaxConnectionsPerSource=")]
