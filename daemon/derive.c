@@ -59,6 +59,17 @@ builder_named(const struct derive_build *b, char *buf, size_t size)
 	return buf;
 }
 
+int
+derive_may_log(struct derive_table *t, uid_t uid, char *more, size_t size)
+{
+	uint64_t unlogged = 0;
+
+	if (!lograte_allow_burst(&t->lines, uid, derive_now_ms(t), DERIVE_LOG_BURST, &unlogged))
+		return 0;
+	lograte_more(more, size, unlogged, "lines about derived artifacts");
+	return 1;
+}
+
 /* ---- deadlines ---- */
 
 static void on_timer(uv_timer_t *timer);
@@ -113,11 +124,13 @@ void
 derive_build_fail(struct derive_table *t, struct derive_build *b, int err, const char *text)
 {
 	struct derive_waiter *w = b->waiters, *next;
+	char more[128];
 
 	derive_unlink_build(t, b);
 	b->waiters = NULL;
 	t->stats.failures++;
-	log_warnx("%s", text);
+	if (derive_may_log(t, b->builder_uid, more, sizeof(more)))
+		log_warnx("%s%s", text, more);
 	for (; w != NULL; w = next) {
 		next = w->next;
 		t->hooks.fail(w->conn, w->seq, err, text);
@@ -134,12 +147,13 @@ void
 derive_builder_lost(struct derive_table *t, struct derive_build *b, const char *why)
 {
 	struct derive_waiter **pp, *w = NULL;
-	char text[WIRE_MAX_MESSAGE];
+	char text[WIRE_MAX_MESSAGE], more[128];
 
 	t->stats.builders_lost++;
-	log_warnx("model \"%s\": derived \"%s\" of generation %" PRIu64 ": the builder (pid %d "
-		  "uid %u) %s", b->model_name, b->key, b->source, (int)b->builder_pid,
-		(unsigned)b->builder_uid, why);
+	if (derive_may_log(t, b->builder_uid, more, sizeof(more)))
+		log_warnx("model \"%s\": derived \"%s\" of generation %" PRIu64 ": the builder "
+			  "(pid %d uid %u) %s%s", b->model_name, b->key, b->source,
+			(int)b->builder_pid, (unsigned)b->builder_uid, why, more);
 	b->builder = NULL;
 	for (pp = &b->waiters; *pp != NULL; pp = &(*pp)->next)
 		if ((*pp)->may_build) {
@@ -162,8 +176,9 @@ derive_builder_lost(struct derive_table *t, struct derive_build *b, const char *
 	b->started_ms = derive_now_ms(t);
 	b->deadline_ms = b->started_ms + b->timeout_ms;
 	t->stats.builds++;
-	log_info("model \"%s\": derived \"%s\" of generation %" PRIu64 ": pid %d builds it now",
-		b->model_name, b->key, b->source, (int)w->pid);
+	if (derive_may_log(t, w->uid, more, sizeof(more)))
+		log_info("model \"%s\": derived \"%s\" of generation %" PRIu64 ": pid %d builds it "
+			 "now%s", b->model_name, b->key, b->source, (int)w->pid, more);
 	t->hooks.build(w->conn, w->seq, b);
 	free(w);
 	derive_rearm(t);
@@ -423,7 +438,7 @@ derive_request(struct derive_table *t, const struct wire_derive *d,
 	const struct registry_peer *peer, void *conn, uint32_t seq, struct derived **artifact,
 	struct derive_build **build, char *msg, size_t msg_size)
 {
-	char name[WIRE_MAX_NAME + 1], key[WIRE_MAX_KEY + 1], who[64];
+	char name[WIRE_MAX_NAME + 1], key[WIRE_MAX_KEY + 1], who[64], more[128];
 	struct model_entry *m = NULL;
 	struct generation *g = NULL;
 	struct derive_build *b;
@@ -523,8 +538,10 @@ derive_request(struct derive_table *t, const struct wire_derive *d,
 	b->next = t->builds;
 	t->builds = b;
 	t->stats.builds++;
-	log_info("model \"%s\": derived \"%s\" of generation %" PRIu64 ": pid %d uid %u builds it",
-		m->name, key, g->number, (int)peer->pid, (unsigned)peer->uid);
+	if (derive_may_log(t, peer->uid, more, sizeof(more)))
+		log_info("model \"%s\": derived \"%s\" of generation %" PRIu64 ": pid %d uid %u "
+			 "builds it%s", m->name, key, g->number, (int)peer->pid,
+			(unsigned)peer->uid, more);
 	derive_rearm(t);
 	*build = b;
 	return DERIVE_BUILD;
@@ -596,6 +613,7 @@ void
 derive_conn_gone(struct derive_table *t, void *conn)
 {
 	struct derive_build *b;
+	char more[128];
 
 	/* Its waits first: nothing calls a hook. */
 	for (b = t->builds; b != NULL; b = b->next) {
@@ -630,10 +648,12 @@ derive_conn_gone(struct derive_table *t, void *conn)
 			 * answers the waiters, or hands the build on if it is
 			 * refused. */
 			b->builder = NULL;
-			log_info("model \"%s\": derived \"%s\" of generation %" PRIu64 ": the "
-				 "builder (pid %d uid %u) disconnected after publishing; its "
-				 "publication is still checked, for the waiters", b->model_name,
-				b->key, b->source, (int)b->builder_pid, (unsigned)b->builder_uid);
+			if (derive_may_log(t, b->builder_uid, more, sizeof(more)))
+				log_info("model \"%s\": derived \"%s\" of generation %" PRIu64
+					 ": the builder (pid %d uid %u) disconnected after "
+					 "publishing; its publication is still checked, for the "
+					 "waiters%s", b->model_name, b->key, b->source,
+					(int)b->builder_pid, (unsigned)b->builder_uid, more);
 			b = b->next;
 			continue;
 		}

@@ -40,6 +40,7 @@
 #include <sys/types.h>
 #include <uv.h>
 
+#include "lograte.h"
 #include "proto/wire.h"
 #include "registry.h"
 
@@ -65,6 +66,12 @@ struct derive_build;
  * refused (ENOSPC), and other builders keep their places: one user cannot
  * take every place of a model (by building, or by holding what it built). */
 #define DERIVE_MAX_PER_BUILDER 16u
+
+/* Lines of the log a builder's requests cause (a build started, handed on,
+ * failed or abandoned, a publication and its check) per builder uid per
+ * minute (lograte.h); the rest are counted in the next line logged. A
+ * DERIVE -> BUILD -> ABANDON loop wrote 10,900 lines a second. */
+#define DERIVE_LOG_BURST 32u
 
 /* How the outcome reaches a waiting connection (the server's). Each is
  * called once per waiter, which is no longer waiting when it is called. */
@@ -105,6 +112,7 @@ struct derive_table {
 	 * wait for a place, first come first served. */
 	struct derive_check *checks_running, *checks_waiting;
 	unsigned nchecks_running;
+	struct lograte lines;      /* DERIVE_LOG_BURST lines per builder uid a minute */
 	int closed;
 };
 

@@ -61,6 +61,10 @@ struct derive_build {
 uint64_t derive_now_ms(const struct derive_table *t);
 /* The model entry an artifact or build was made for, if still there. */
 struct model_entry *derive_entry_of(struct derive_table *t, const char *name, uint64_t entry_id);
+/* Whether a line a builder of uid caused may be logged now
+ * (DERIVE_LOG_BURST): 1 with the count of those that were not in more
+ * (" (N more ... not logged ...)" or ""), else 0. */
+int derive_may_log(struct derive_table *t, uid_t uid, char *more, size_t size);
 /* Arms the timer for the earliest deadline of a builder or a waiter. */
 void derive_rearm(struct derive_table *t);
 void derive_unlink_build(struct derive_table *t, struct derive_build *b);

@@ -284,7 +284,7 @@ check_finish(struct derive_check *c, int status)
 	struct derive_waiter *w, *next;
 	struct derived *a = NULL;
 	struct generation *g;
-	char text[WIRE_MAX_MESSAGE];
+	char text[WIRE_MAX_MESSAGE], more[128];
 	int err = c->err;
 	uint32_t seq;
 	void *builder;
@@ -319,12 +319,14 @@ check_finish(struct derive_check *c, int status)
 	}
 	seq = c->seq;
 	check_free(c);
-	log_info("model \"%s\": derived \"%s\" of generation %" PRIu64 " published by pid %d uid "
-		 "%u%s: %" PRIu64 " bytes (%s), built in %.1f s; %s", a->model_name, a->key,
-		a->source, (int)a->builder_pid, (unsigned)a->builder_uid,
-		builder == NULL ? " (which has disconnected)" : "", a->gen->bytes,
-		source_format_name(a->gen->source.format), a->build_seconds,
-		b->waiters != NULL ? "answering its waiters" : "nobody waited");
+	if (derive_may_log(t, a->builder_uid, more, sizeof(more)))
+		log_info("model \"%s\": derived \"%s\" of generation %" PRIu64 " published by pid "
+			 "%d uid %u%s: %" PRIu64 " bytes (%s), built in %.1f s; %s%s",
+			a->model_name, a->key, a->source, (int)a->builder_pid,
+			(unsigned)a->builder_uid,
+			builder == NULL ? " (which has disconnected)" : "", a->gen->bytes,
+			source_format_name(a->gen->source.format), a->build_seconds,
+			b->waiters != NULL ? "answering its waiters" : "nobody waited", more);
 	derive_unlink_build(t, b);
 	w = b->waiters;
 	b->waiters = NULL;
@@ -430,6 +432,7 @@ derive_publish(struct derive_table *t, void *conn, uid_t owner, uint32_t seq, ui
 {
 	struct derive_build *b = NULL;
 	struct derive_check *c;
+	char more[128];
 	int err;
 
 	if ((err = derive_build_of_token(t, conn, token, &b, msg, msg_size)) < 0 || b == NULL) {
@@ -453,10 +456,13 @@ derive_publish(struct derive_table *t, void *conn, uid_t owner, uint32_t seq, ui
 	c->job.arg = c;
 	if (!check_may_start(t, owner)) {
 		/* Its turn comes when a check ends (check_done). */
-		log_info("model \"%s\": derived \"%s\": the check of its publication by pid %d "
-			 "uid %u waits for %s", b->model_name, b->key, (int)b->builder_pid,
-			(unsigned)owner, t->nchecks_running >= DERIVE_CHECKS_AT_ONCE ?
-			"a place (two are checked at once)" : "another of the same user's to end");
+		if (derive_may_log(t, owner, more, sizeof(more)))
+			log_info("model \"%s\": derived \"%s\": the check of its publication by "
+				 "pid %d uid %u waits for %s%s", b->model_name, b->key,
+				(int)b->builder_pid, (unsigned)owner,
+				t->nchecks_running >= DERIVE_CHECKS_AT_ONCE ?
+				"a place (two are checked at once)" :
+				"another of the same user's to end", more);
 		c->waiting = 1;
 		c->next = NULL;
 		{

@@ -12,12 +12,25 @@
 bool
 lograte_allow(struct lograte *lr, uid_t uid, uint64_t now_ms, uint64_t *unlogged)
 {
+	return lograte_allow_burst(lr, uid, now_ms, 1, unlogged);
+}
+
+bool
+lograte_allow_burst(struct lograte *lr, uid_t uid, uint64_t now_ms, unsigned burst,
+	uint64_t *unlogged)
+{
 	struct lograte_uid *r = NULL;
 
 	for (unsigned i = 0; i < lr->nuids && r == NULL; i++)
 		if (lr->uids[i].uid == uid)
 			r = &lr->uids[i];
 	if (r != NULL && now_ms - r->warned_ms < LOGRATE_WARN_MS) {
+		if (r->logged < burst) {
+			r->logged++;
+			*unlogged = r->unlogged + lr->unlogged;
+			r->unlogged = lr->unlogged = 0;
+			return true;
+		}
 		r->unlogged++;
 		return false;
 	}
@@ -37,6 +50,7 @@ lograte_allow(struct lograte *lr, uid_t uid, uint64_t now_ms, uint64_t *unlogged
 	*unlogged = r->unlogged + lr->unlogged;
 	r->unlogged = lr->unlogged = 0;
 	r->warned_ms = now_ms;
+	r->logged = 1;
 	return true;
 }
 

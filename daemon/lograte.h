@@ -20,7 +20,8 @@
 /* When one uid's warnings were last logged, and how many have not been since. */
 struct lograte_uid {
 	uid_t uid;
-	uint64_t warned_ms;
+	uint64_t warned_ms;  /* the first line of its minute */
+	unsigned logged;     /* lines logged in that minute */
 	uint64_t unlogged;
 };
 
@@ -40,6 +41,12 @@ struct lograte {
  * the last one; the caller says so in its line (lograte_more()).
  */
 bool lograte_allow(struct lograte *lr, uid_t uid, uint64_t now_ms, uint64_t *unlogged);
+
+/* lograte_allow() with burst (at least 1) lines per uid per LOGRATE_WARN_MS
+ * instead of one: for lines a peer causes that an operator wants to see a
+ * few of (derived artifacts' builds). lograte_allow() is burst 1. */
+bool lograte_allow_burst(struct lograte *lr, uid_t uid, uint64_t now_ms, unsigned burst,
+	uint64_t *unlogged);
 
 /* " (N more WHAT not logged since the last warning)" for unlogged > 0,
  * else "", in buf (size bytes); returns buf. */

@@ -579,6 +579,28 @@ def test_an_abandoned_build_gives_every_waiter_the_reason(derived):
     assert "\x1b" not in text
 
 
+def test_a_build_abandon_loop_logs_a_bounded_number_of_lines(derived):
+    """rev173 F7: DERIVE -> BUILD -> ABANDON on one connection wrote two lines
+    a round (10,900 a second); a builder uid gets DERIVE_LOG_BURST (32) lines
+    about derived artifacts a minute, and the rest are only counted."""
+    d = derived()
+    ready(d, "small")
+    a = Peer(d)
+    rounds, end = 0, time.monotonic() + 3
+    while time.monotonic() < end:
+        r = build(a, key=f"k{rounds % 4}-v1")
+        a.abandon(r["token"], "x")
+        assert closing(a.reply())["type"] == RELEASE_OK
+        a.send(RELEASE, struct.pack("<Q", r["handle"]))
+        assert closing(a.reply())["type"] == RELEASE_OK
+        rounds += 1
+    # Each line is written before the reply that follows it.
+    lines = [x for x in d.read_log().splitlines() if 'derived "k' in x]
+    assert rounds > 200, rounds
+    assert len(lines) <= 32, (rounds, len(lines), lines[-3:])
+    assert any("builds it" in x for x in lines) and any("failed: x" in x for x in lines)
+
+
 def test_waits_have_their_own_deadline(derived):
     d = derived()
     ready(d, "small")

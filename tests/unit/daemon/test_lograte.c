@@ -3,7 +3,8 @@
  * per uid per minute that the control and client sockets put on what a
  * peer can cause: the first of a uid is logged, the rest of its minute are
  * counted and reported with its next line, and uids beyond the table's
- * room are counted, never logged, until a slot has been quiet a minute.
+ * room are counted, never logged, until a slot has been quiet a minute;
+ * and the burst of a few lines a minute that derived artifacts' lines get.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -58,12 +59,39 @@ test_uids_beyond_the_table(void **state)
 	assert_int_equal(unlogged, 0);
 }
 
+static void
+test_a_burst_per_uid_per_minute(void **state)
+{
+	struct lograte lr = { 0 };
+	uint64_t unlogged = 99;
+
+	(void)state;
+	/* Three lines of a uid in its minute, from the first; the rest are
+	 * counted, and the next minute's first line says how many. */
+	for (uint64_t i = 0; i < 3; i++) {
+		assert_true(lograte_allow_burst(&lr, 1000, 100 + i, 3, &unlogged));
+		assert_int_equal(unlogged, 0);
+	}
+	for (uint64_t i = 0; i < 5; i++)
+		assert_false(lograte_allow_burst(&lr, 1000, 200 + i, 3, &unlogged));
+	assert_true(lograte_allow_burst(&lr, 1001, 300, 3, &unlogged));
+	assert_false(lograte_allow_burst(&lr, 1000, 100 + LOGRATE_WARN_MS - 1, 3, &unlogged));
+	assert_true(lograte_allow_burst(&lr, 1000, 100 + LOGRATE_WARN_MS, 3, &unlogged));
+	assert_int_equal(unlogged, 6);
+	assert_true(lograte_allow_burst(&lr, 1000, 101 + LOGRATE_WARN_MS, 3, &unlogged));
+	assert_int_equal(unlogged, 0);
+	/* Burst 1 is lograte_allow(). */
+	assert_true(lograte_allow(&lr, 1002, 400, &unlogged));
+	assert_false(lograte_allow(&lr, 1002, 401, &unlogged));
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_once_a_minute_per_uid),
 		cmocka_unit_test(test_uids_beyond_the_table),
+		cmocka_unit_test(test_a_burst_per_uid_per_minute),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
