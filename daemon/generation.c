@@ -21,6 +21,7 @@
 #include "base/error.h"
 #include "base/path.h"
 #include "closer.h"
+#include "format/tree.h"
 #include "generation.h"
 #include "log.h"
 #include "pages.h"
@@ -204,6 +205,23 @@ gen_resolved_path(const char *path, char *before, const struct model_source *src
 		return NULL;
 	}
 	return before;
+}
+
+char *
+gen_tree_root(const char *resolved)
+{
+	char *dir, *root = NULL, *sub = NULL;
+	struct stat st;
+
+	if (stat(resolved, &st) == -1)
+		return NULL;
+	if ((dir = S_ISDIR(st.st_mode) ? strdup(resolved) : path_dir(resolved)) == NULL)
+		return NULL;
+	if (tree_split(dir[0] != '\0' ? dir : "/", &root, &sub) < 0)
+		root = NULL;
+	free(dir);
+	free(sub);
+	return root;
 }
 
 /*

@@ -403,6 +403,15 @@ void gen_free_origin(struct gen_origin *origin, size_t n);
 char *gen_resolved_path(const char *path, char *before, const struct model_source *src,
 	const struct gen_origin *origin);
 
+/*
+ * The root of the model tree (tree.h: the model directory, or the one that
+ * holds the model's file; <R>/models--X for a hub snapshot under it) of
+ * resolved, a realpath(3) of a model's path (gen_resolved_path), allocated;
+ * NULL when it cannot be told (stat fails, out of memory). One stat: the
+ * work queue thread calls it.
+ */
+char *gen_tree_root(const char *resolved);
+
 /* Closes and frees what gen_open_served() opened; safe on NULL. */
 void gen_close_served(int *fds, size_t n);
 

@@ -340,8 +340,10 @@ registry_add_served(struct registry *r, const char *name, const char *path, enum
 	if (m->reload_again && m->loading == 0 && !r->closing) {
 		/* A reload came while its warm restart's check ran: it may
 		 * have seen the files before they changed. */
-		m->reload_again = 0;
-		if (registry_reload(r, m->name, NULL, NULL) < 0)
+		enum reload_kind again = m->reload_again;
+
+		m->reload_again = RELOAD_NONE;
+		if (registry_reload_as(r, m, again, NULL, NULL) < 0)
 			log_warnx("%s", error_get());
 	}
 	if (r->changed != NULL)

@@ -66,7 +66,8 @@ struct model_entry {
 	struct load_request *queued_load;
 	uint64_t expect_id;         /* registry_expect()'s token while it counts in
 				       loading, else 0 */
-	int reload_again;           /* a reload came while a load ran: run it after */
+	int reload_again;           /* a reload came while a load ran: run it after
+				       (enum reload_kind, registry_internal.h) */
 	char *error;                /* last load error, NULL if none */
 	uint64_t attach_count;      /* successful attaches */
 	uint64_t error_count;       /* refused attaches */
@@ -290,6 +291,17 @@ int registry_load(struct registry *r, const char *name, const char *path, enum p
  * once. -ENOENT for an unknown model.
  */
 int registry_reload(struct registry *r, const char *name, registry_done_fn done, void *arg);
+
+/*
+ * registry_reload() for a change wcached saw by itself (watch.c: inotify or
+ * a poll), no operator's act: the new files must lie in the model tree its
+ * newest generation's path resolved to (tree.h's root), or the load fails
+ * with one line naming both real paths, and the generation serving stays
+ * (a symbolic link renamed over the model's directory by whoever owns its
+ * parent moves the model only with an operator's reload: review rev173 F1).
+ */
+int registry_reload_watched(struct registry *r, const char *name, registry_done_fn done,
+	void *arg);
 
 /* Sets who may attach name (restricted 0: everyone who reaches the
  * socket; access.h). The lists are copied. -ENOENT, -ENOMEM. */

@@ -12,6 +12,21 @@
 #include "generation.h"
 #include "registry.h"
 
+/* What a load is (queue_load) and what reload_again asks for: a load or
+ * reload by the operator resolves the model's path anew; a watched one
+ * (registry_reload_watched) keeps the tree its newest generation resolved.
+ * An operator's reload that comes while a watched one is asked for wins. */
+enum reload_kind {
+	RELOAD_NONE = 0,     /* a load: no reload */
+	RELOAD_WATCHED = 1,  /* wcached saw the change (inotify, a poll) */
+	RELOAD_OPERATOR = 2, /* `wcachectl reload NAME` (registry_reload) */
+};
+
+/* registry_load.c: queues a reload of m as kind asks (registry_reload's
+ * answers). */
+int registry_reload_as(struct registry *r, struct model_entry *m, enum reload_kind kind,
+	registry_done_fn done, void *arg);
+
 /* registry.c: the model called exactly name, or NULL. */
 struct model_entry *registry_entry_named(struct registry *r, const char *name);
 

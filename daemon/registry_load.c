@@ -44,6 +44,11 @@ struct load_request {
 	uint64_t pin_seq;     /* the model's pin_seq when queued */
 	int warm;
 	int reload;           /* discard when the files are unchanged */
+	/* A watched reload (RELOAD_WATCHED): the real path its model's
+	 * newest generation resolved, in whose tree (gen_tree_root) the files
+	 * must be; NULL for an operator's load or reload, which resolves
+	 * anew, and for a model with no generation whose path is known. */
+	char *keep_resolved;
 	uint64_t id;
 	uint64_t entry_id;    /* the model entry it was queued for */
 	struct model_source source;
@@ -112,6 +117,38 @@ open_model(struct load_request *q, const char *path)
 	return err;
 }
 
+static void drop_opened(struct load_request *q);
+
+/*
+ * Work queue thread, for a watched reload: whether the files it opened lie
+ * in the tree its model's newest generation resolved (q->keep_resolved). The
+ * last component of a configured path is often not the operator's (the
+ * deployer who renames her model's directory over it owns its parent):
+ * a symbolic link renamed there to another tenant's model is followed only
+ * on an operator's reload. A path that resolved to another place while the
+ * files were opened (q->resolved NULL) is refused too: its files may be
+ * anywhere. 0, or -EXDEV with q->message.
+ */
+static int
+same_tree(struct load_request *q)
+{
+	char *was = gen_tree_root(q->keep_resolved);
+	char *root = q->resolved != NULL ? gen_tree_root(q->resolved) : NULL;
+	const char *old = was != NULL ? was : q->keep_resolved;
+	int same = root != NULL && was != NULL && strcmp(root, was) == 0;
+
+	if (root == NULL)
+		snprintf(q->message, sizeof(q->message), "its path %s resolved to another place "
+			"while its files were opened (its tree is %s); not loaded", q->path, old);
+	else if (!same)
+		snprintf(q->message, sizeof(q->message), "its path %s now resolves into %s "
+			"(was %s): a moved tree is served only after an operator's reload "
+			"(`wcachectl reload %s` or a config reload)", q->path, root, old, q->name);
+	free(root);
+	free(was);
+	return same ? 0 : -EXDEV;
+}
+
 /* Work queue thread, after a load failed: the filesystem of its path (or
  * of the directory it should be in), and what a stat of the path sees, so
  * that the model is polled for the change that may mend it. */
@@ -155,6 +192,10 @@ load_work(struct workq_job *w)
 	}
 	q->resolved = gen_resolved_path(q->path, resolved, &q->source, NULL);
 	gen_source_fs(&q->source, &q->fs);
+	if (q->keep_resolved != NULL && (q->status = same_tree(q)) < 0) {
+		drop_opened(q);
+		note_failed_path(q);
+	}
 }
 
 /*
@@ -268,6 +309,7 @@ load_request_free(struct load_request *q)
 	stage_request_clear(&q->stage);
 	gen_free_origin(q->origin, q->norigin);
 	free(q->resolved);
+	free(q->keep_resolved);
 	free(q->stage_dir);
 	free(q->name);
 	free(q->path);
@@ -464,7 +506,7 @@ install(struct registry *r, struct model_entry *m, struct load_request *q)
 }
 
 static int queue_load(struct registry *r, const char *name, const char *path,
-	enum pin_mode pin, int warm, int reload, registry_done_fn done, void *arg);
+	enum pin_mode pin, int warm, enum reload_kind reload, registry_done_fn done, void *arg);
 static void load_after(struct workq_job *w, int status);
 
 /*
@@ -699,8 +741,10 @@ load_after(struct workq_job *w, int status)
 	m = registry_entry_named(r, q->name); /* looked up again: done() may unload it */
 	if (m != NULL && m->entry_id == q->entry_id && m->reload_again && m->loading == 0 &&
 		!r->closing) {
-		m->reload_again = 0;
-		if (queue_load(r, m->name, m->path, m->pin, m->warm, 1, NULL, NULL) < 0)
+		enum reload_kind again = m->reload_again;
+
+		m->reload_again = RELOAD_NONE;
+		if (queue_load(r, m->name, m->path, m->pin, m->warm, again, NULL, NULL) < 0)
 			log_warnx("%s", error_get());
 	}
 	load_request_free(q);
@@ -753,10 +797,19 @@ registry_withdraw_waiting_load(struct registry *r, struct model_entry *m, const 
 	withdraw_waiting(r, m->queued_load, why);
 }
 
+/* The real path m's newest generation resolved, or NULL. */
+static const char *
+kept_resolved(const struct model_entry *m)
+{
+	const struct generation *g = m->pending != NULL ? m->pending : m->current;
+
+	return g != NULL ? g->resolved_path : NULL;
+}
+
 /* Queues a load of path for the model name (entry created if new). */
 static int
 queue_load(struct registry *r, const char *name, const char *path, enum pin_mode pin, int warm,
-	int reload, registry_done_fn done, void *arg)
+	enum reload_kind reload, registry_done_fn done, void *arg)
 {
 	struct model_entry *m = registry_entry_named(r, name);
 	struct load_request *q, *older;
@@ -774,6 +827,13 @@ queue_load(struct registry *r, const char *name, const char *path, enum pin_mode
 		free(q);
 		return error_set(-ENOMEM, "model \"%s\": out of memory", name);
 	}
+	if (reload == RELOAD_WATCHED && kept_resolved(m) != NULL &&
+		(q->keep_resolved = strdup(kept_resolved(m))) == NULL) {
+		free(q->name);
+		free(q->path);
+		free(q);
+		return error_set(-ENOMEM, "model \"%s\": out of memory", name);
+	}
 	q->r = r;
 	q->pin = pin;
 	q->pin_seq = m->pin_seq;
@@ -787,6 +847,7 @@ queue_load(struct registry *r, const char *name, const char *path, enum pin_mode
 	q->job.arg = q;
 	if ((err = workq_submit(&r->workq, &q->job, model_fs(m, path, what, sizeof(what)), what,
 		     load_work, load_after)) < 0) {
+		free(q->keep_resolved);
 		free(q->name);
 		free(q->path);
 		free(q);
@@ -809,7 +870,27 @@ int
 registry_load(struct registry *r, const char *name, const char *path, enum pin_mode pin,
 	int warm, registry_done_fn done, void *arg)
 {
-	return queue_load(r, name, path, pin, warm, 0, done, arg);
+	return queue_load(r, name, path, pin, warm, RELOAD_NONE, done, arg);
+}
+
+int
+registry_reload_as(struct registry *r, struct model_entry *m, enum reload_kind kind,
+	registry_done_fn done, void *arg)
+{
+	if (m->loading > 0) {
+		/* A load in flight may have opened the files before the change
+		 * that asks for this reload, so reload once more when it ends
+		 * (of the path it leaves configured: an operator's load of
+		 * another path is never superseded by the old one); as the
+		 * operator's when one asked meanwhile. */
+		if ((int)kind > m->reload_again)
+			m->reload_again = kind;
+		if (done != NULL)
+			done(0, "a load of this model is already in progress",
+				m->current != NULL ? m->current->number : 0, arg);
+		return 0;
+	}
+	return queue_load(r, m->name, m->path, m->pin, m->warm, kind, done, arg);
 }
 
 int
@@ -819,18 +900,17 @@ registry_reload(struct registry *r, const char *name, registry_done_fn done, voi
 
 	if (m == NULL)
 		return error_set(-ENOENT, "model \"%s\" is not loaded", name);
-	if (m->loading > 0) {
-		/* A load in flight may have opened the files before the change
-		 * that asks for this reload, so reload once more when it ends
-		 * (of the path it leaves configured: an operator's load of
-		 * another path is never superseded by the old one). */
-		m->reload_again = 1;
-		if (done != NULL)
-			done(0, "a load of this model is already in progress",
-				m->current != NULL ? m->current->number : 0, arg);
-		return 0;
-	}
-	return queue_load(r, m->name, m->path, m->pin, m->warm, 1, done, arg);
+	return registry_reload_as(r, m, RELOAD_OPERATOR, done, arg);
+}
+
+int
+registry_reload_watched(struct registry *r, const char *name, registry_done_fn done, void *arg)
+{
+	struct model_entry *m = registry_entry_named(r, name);
+
+	if (m == NULL)
+		return error_set(-ENOENT, "model \"%s\" is not loaded", name);
+	return registry_reload_as(r, m, RELOAD_WATCHED, done, arg);
 }
 
 /*

@@ -546,7 +546,7 @@ on_settle(uv_timer_t *t)
 			else
 				log_info("model \"%s\": files changed on disk, reloading",
 					d.name);
-			if (registry_reload(w->reg, d.name, reload_done, NULL) < 0)
+			if (registry_reload_watched(w->reg, d.name, reload_done, NULL) < 0)
 				log_warnx("%s", error_get());
 		}
 		free(d.name);

@@ -45,13 +45,8 @@ is_hub_repo(const char *component, size_t len)
 	return len > 8 && strncmp(component, "models--", 8) == 0;
 }
 
-/*
- * Splits the canonical model directory canon into the tree's root and the
- * model directory inside it: <R>/models--X/snapshots/<rev> gives root
- * <R>/models--X and dir "snapshots/<rev>/"; anything else is its own root.
- */
-static int
-split_tree(const char *canon, char **root, char **dir)
+int
+tree_split(const char *canon, char **root, char **dir)
 {
 	const char *rev = strrchr(canon, '/'), *snap = NULL, *repo = NULL;
 
@@ -93,7 +88,7 @@ tree_open(const char *model_dir, struct model_tree *out)
 
 	if ((canon = realpath(d, NULL)) == NULL)
 		return error_set(-errno, "%s: %s", d, strerror(errno));
-	if (split_tree(canon, &t.root, &t.dir) < 0) {
+	if (tree_split(canon, &t.root, &t.dir) < 0) {
 		free(canon);
 		return error_set(-ENOMEM, "%s: out of memory", d);
 	}

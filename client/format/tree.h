@@ -40,6 +40,14 @@ struct model_tree {
 };
 
 /*
+ * Splits the canonical model directory canon into the tree's root and the
+ * model directory inside it (both allocated): <R>/models--X/snapshots/<rev>
+ * gives root <R>/models--X and dir "snapshots/<rev>/"; anything else is its
+ * own root, dir "". 0, or -ENOMEM.
+ */
+int tree_split(const char *canon, char **root, char **dir);
+
+/*
  * Opens the tree of the model whose directory is model_dir ("" means the
  * current directory). On failure *out is untouched and the message names
  * model_dir.

@@ -37,6 +37,7 @@
 #include "base/path.h"
 #include "generation.h"
 #include "proto/memfds.h"
+#include "registry_internal.h"
 #include "metrics.h"
 #include "restore.h"
 #include "restore_internal.h"
@@ -387,7 +388,7 @@ test_reload_during_expect(void **state)
 	token = registry_expect(&t->reg, "m", path, PIN_NONE, 0);
 	assert_true(token != 0);
 	assert_int_equal(du_reload(t, "m"), 0); /* "already in progress" */
-	assert_int_equal(registry_find(&t->reg, "m")->reload_again, 1);
+	assert_int_equal(registry_find(&t->reg, "m")->reload_again, RELOAD_OPERATOR);
 	assert_non_null(src.files = calloc(1, sizeof(*src.files)));
 	assert_true((fd = open(path, O_RDONLY | O_CLOEXEC)) >= 0);
 	assert_int_equal(file_from_fd(fd, path, &src.files[0]), 0);
