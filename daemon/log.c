@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,23 +45,52 @@ static int log_journal;
 static const char *const kind_prefix[] = {"<2>", "<3>", "<4>", "<6>", "<7>"};
 static const char *const kind_tag[] = {"fatal: ", "error: ", "warning: ", "", "debug: "};
 
+/* A decimal number of 64 bits at most at s (len bytes): digits only, no
+ * sign or blank. 0 with it in *out, else -EINVAL. */
+static int
+decimal64(const char *s, size_t len, uint64_t *out)
+{
+	uint64_t v = 0;
+
+	if (len == 0)
+		return -EINVAL;
+	for (size_t i = 0; i < len; i++) {
+		if (s[i] < '0' || s[i] > '9' || __builtin_mul_overflow(v, 10, &v) ||
+			__builtin_add_overflow(v, (uint64_t)(s[i] - '0'), &v))
+			return -EINVAL;
+	}
+	*out = v;
+	return 0;
+}
+
+int
+log_journal_stream_parse(const char *text, size_t len, uint64_t *dev, uint64_t *ino)
+{
+	const char *colon = memchr(text, ':', len);
+	uint64_t d, i;
+
+	if (colon == NULL || decimal64(text, (size_t)(colon - text), &d) < 0 ||
+		decimal64(colon + 1, len - (size_t)(colon - text) - 1, &i) < 0)
+		return -EINVAL;
+	*dev = d;
+	*ino = i;
+	return 0;
+}
+
 /* Returns nonzero when $JOURNAL_STREAM ("DEV:INO") names the device and inode
  * of fd 2, which is how systemd says stderr is connected to the journal. */
 static int
 stderr_is_journal(void)
 {
 	const char *env = getenv("JOURNAL_STREAM");
-	unsigned long long dev, ino;
+	uint64_t dev, ino;
 	struct stat st;
-	int n = 0;
 
-	if (env == NULL || *env == '\0')
-		return 0;
-	if (sscanf(env, "%llu:%llu%n", &dev, &ino, &n) != 2 || env[n] != '\0')
+	if (env == NULL || log_journal_stream_parse(env, strlen(env), &dev, &ino) < 0)
 		return 0;
 	if (fstat(STDERR_FILENO, &st) < 0)
 		return 0;
-	return (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+	return (uint64_t)st.st_dev == dev && (uint64_t)st.st_ino == ino;
 }
 
 static int

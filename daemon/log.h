@@ -26,6 +26,9 @@
 #ifndef WC_LOG_H
 #define WC_LOG_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 /* Verbosity, most severe first. A message is written when its level is at or
  * below the configured level; fatal() and fatalx() are always written. */
 enum log_level {
@@ -57,6 +60,14 @@ int log_level_parse(const char *name);
 
 /* "error", "warn", "info" or "debug"; "?" for a value out of range. */
 const char *log_level_name(int level);
+
+/* $JOURNAL_STREAM's value (text, len bytes; a NUL is no digit) as systemd
+ * writes it: "DEV:INO", stderr's device and inode in decimal, each of 64
+ * bits at most, with no sign, blank or anything after. 0 with them in *dev
+ * and *ino, else -EINVAL and both untouched. log_init() compares them with
+ * fstat(2) of fd 2; the fuzzer (tests/fuzz/fuzz_kernel.c) gives it any
+ * bytes. */
+int log_journal_stream_parse(const char *text, size_t len, uint64_t *dev, uint64_t *ino);
 
 /* Nonzero when log_init() found that stderr is the journal. */
 int log_to_journal(void);

@@ -309,24 +309,56 @@ struct progress {
 	char *out;             /* OUT, escaped (escape_print()), malloc'd */
 };
 
+int
+ctl_convert_io_wchar(const char *text, size_t len, uint64_t *out)
+{
+	static const char name[] = "wchar: ";
+	const size_t nlen = sizeof(name) - 1;
+
+	for (size_t at = 0; at < len;) {
+		const char *line = text + at, *nl = memchr(line, '\n', len - at);
+		size_t n = nl != NULL ? (size_t)(nl - line) : len - at;
+		uint64_t v = 0;
+
+		if (n < nlen || memcmp(line, name, nlen) != 0) {
+			at += n + 1;
+			continue;
+		}
+		if (n == nlen)
+			return -EINVAL;
+		for (size_t i = nlen; i < n; i++)
+			if (line[i] < '0' || line[i] > '9' || __builtin_mul_overflow(v, 10, &v) ||
+				__builtin_add_overflow(v, (uint64_t)(line[i] - '0'), &v))
+				return -EINVAL;
+		*out = v;
+		return 0;
+	}
+	return -EINVAL;
+}
+
 /* The process's write counter: bytes it has written with write(2) and the
- * like (wchar of /proc/self/io). -1 when unknown. */
+ * like (wchar of /proc/self/io, whose text is copied here first). -1 when
+ * unknown. */
 static int
 bytes_written(uint64_t *out)
 {
-	FILE *f = fopen("/proc/self/io", "re");
-	char line[128];
-	int rc = -1;
+	char text[512]; /* the kernel writes seven lines of about 30 bytes */
+	size_t used = 0;
+	int fd = open("/proc/self/io", O_RDONLY | O_CLOEXEC);
 
-	if (f == NULL)
+	if (fd < 0)
 		return -1;
-	while (fgets(line, sizeof(line), f) != NULL)
-		if (sscanf(line, "wchar: %" SCNu64, out) == 1) {
-			rc = 0;
+	while (used < sizeof(text)) {
+		ssize_t n = read(fd, text + used, sizeof(text) - used);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
 			break;
-		}
-	fclose(f);
-	return rc;
+		used += (size_t)n;
+	}
+	close(fd);
+	return ctl_convert_io_wchar(text, used, out) == 0 ? 0 : -1;
 }
 
 /* "1.5 GiB" */

@@ -172,6 +172,17 @@ int ctl_http_metrics(const char *control_path, double timeout);
  */
 int ctl_http_read_reply(const char *line, size_t len, int *ok, char **text, size_t *text_len);
 
+/* ---- ctl_convert.c ---------------------------------------------------- */
+
+/* The write counter in /proc/self/io's text (len bytes, not terminated):
+ * the first line that starts with "wchar: " decides, and holds the number
+ * as the kernel writes it (proc_pid_io_accounting: "wchar: %llu"): decimal
+ * digits of 64 bits at most, then the end of the line. 0 with it in *out;
+ * -EINVAL when no line starts so or that line holds anything else (a
+ * sign, a blank, a value past 2^64 - 1, nothing), *out untouched. The
+ * fuzzer (tests/fuzz/fuzz_kernel.c) gives it any bytes. */
+int ctl_convert_io_wchar(const char *text, size_t len, uint64_t *out);
+
 /* ---- ctl_http_parse.c ------------------------------------------------- */
 
 /* Does buf[0..len) hold a whole request head (up to its empty line)? */

@@ -4,11 +4,12 @@
  * /proc/self/mountinfo as memlimit.c reads them, mountinfo as fstype.c
  * reads it, cgroup limit files (memory.max, memory.high,
  * memory.limit_in_bytes) and v1's memory.stat, /proc/self/status
- * (resident.c) and $FDSTORE (restore.c). A hostile container runtime, a
+ * (resident.c), $FDSTORE (restore.c), /proc/self/io (wcachectl convert's
+ * progress) and $JOURNAL_STREAM (log.c). A hostile container runtime, a
  * FUSE mount point of odd bytes or a future kernel can make them weird.
  *
- * Input: a byte whose low three bits pick the parser (seeds begin with an
- * ASCII digit: '0' is 0x30), then the file's content:
+ * Input: a byte whose low four bits, modulo 10, pick the parser (seeds
+ * begin with an ASCII digit: '0' is 0x30), then the file's content:
  *   0 /proc/self/cgroup          memlimit_parse_cgroups()
  *   1 /proc/self/mountinfo       memlimit_parse_mounts(), both hierarchies
  *                                found (in cgroup "/")
@@ -21,6 +22,8 @@
  *                                restore_store_max()
  *   7 /proc/self/mountinfo       memlimit_parse_mounts(), no hierarchy
  *                                found
+ *   8 /proc/self/io              ctl_convert_io_wchar()
+ *   9 $JOURNAL_STREAM's value    log_journal_stream_parse()
  *
  * Properties checked, beyond "no crash, no leak, no out-of-bounds access":
  *   - a cgroup, mountinfo or limit file given whole and given line by line,
@@ -53,7 +56,14 @@
  *     lowercase hex digits to the end of the line; VmLck in kB,
  *     CAP_IPC_LOCK bit 14, Seccomp 0 to 2;
  *   - $FDSTORE is the limit when it is all digits (capped at
- *     FDSTORE_MAX_FDS), else FDSTORE_MAX_FDS.
+ *     FDSTORE_MAX_FDS), else FDSTORE_MAX_FDS;
+ *   - /proc/self/io: the first line (split at '\n' only: a NUL is a byte
+ *     like any other) that starts with "wchar: " decides, and is a value
+ *     only when the rest is decimal digits of at most 2^64 - 1 (compared as
+ *     a string with "18446744073709551615"); otherwise -EINVAL, *out
+ *     untouched;
+ *   - $JOURNAL_STREAM: split at its first ':', both sides such digits, is
+ *     the device and inode, else -EINVAL, both untouched.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -64,15 +74,30 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/sysmacros.h>
+#include <time.h>
 
+#include "ctl/ctl.h"
+#include "ctl/internal.h"
 #include "fdstore.h"
 #include "fstype.h"
+#include "log.h"
 #include "memlimit.h"
 #include "resident.h"
 #include "restore.h"
 #include "fuzz_check.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* wcachectl's main.c's, which the harness does not link (convert.c's
+ * progress line calls it). */
+double
+ctl_monotonic(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
 
 #define KEY "hierarchical_memory_limit"
 
@@ -610,6 +635,67 @@ check_fdstore(const char *text, size_t len)
 	unsetenv("FDSTORE");
 }
 
+/* Are s's n bytes decimal digits of a value of 64 bits at most? true with
+ * it. (The bound by comparing the digits, leading zeros dropped, with
+ * 2^64 - 1's: apart from the parsers' overflow checks.) */
+static bool
+oracle_u64(const char *s, size_t n, uint64_t *out)
+{
+	static const char max[] = "18446744073709551615";
+	char digits[sizeof(max)];
+
+	if (n == 0)
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if (s[i] < '0' || s[i] > '9')
+			return false;
+	while (n > 1 && *s == '0') {
+		s++;
+		n--;
+	}
+	if (n > sizeof(max) - 1 || (n == sizeof(max) - 1 && memcmp(s, max, n) > 0))
+		return false;
+	memcpy(digits, s, n);
+	digits[n] = '\0';
+	*out = strtoull(digits, NULL, 10);
+	return true;
+}
+
+static void
+check_io(const char *text, size_t len)
+{
+	uint64_t v = 12345, want = 12345;
+	int r = ctl_convert_io_wchar(text, len, &v);
+	bool yes = false;
+
+	CHECK(r == 0 || r == -EINVAL);
+	for (size_t at = 0; at < len;) {
+		const char *nl = memchr(text + at, '\n', len - at);
+		size_t n = nl != NULL ? (size_t)(nl - (text + at)) : len - at;
+
+		if (n >= 7 && memcmp(text + at, "wchar: ", 7) == 0) {
+			yes = oracle_u64(text + at + 7, n - 7, &want);
+			break;
+		}
+		at += n + 1;
+	}
+	CHECK(r == (yes ? 0 : -EINVAL));
+	CHECK(v == (yes ? want : 12345));
+}
+
+static void
+check_journal_stream(const char *text, size_t len)
+{
+	uint64_t dev = 7, ino = 7, want_dev = 7, want_ino = 7;
+	int r = log_journal_stream_parse(text, len, &dev, &ino);
+	const char *colon = memchr(text, ':', len);
+	bool yes = colon != NULL && oracle_u64(text, (size_t)(colon - text), &want_dev) &&
+		oracle_u64(colon + 1, len - (size_t)(colon + 1 - text), &want_ino);
+
+	CHECK(r == (yes ? 0 : -EINVAL));
+	CHECK(yes ? dev == want_dev && ino == want_ino : dev == 7 && ino == 7);
+}
+
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -619,7 +705,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (size < 1)
 		return 0;
 	len = size - 1;
-	switch (data[0] & 7) {
+	switch ((data[0] & 15) % 10) {
 	case 0:
 		check_cgroups(text, len);
 		break;
@@ -641,8 +727,14 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	case 6:
 		check_fdstore(text, len);
 		break;
-	default:
+	case 7:
 		check_mounts(text, len, false);
+		break;
+	case 8:
+		check_io(text, len);
+		break;
+	default:
+		check_journal_stream(text, len);
 		break;
 	}
 	return 0;

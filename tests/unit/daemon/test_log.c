@@ -3,7 +3,7 @@
  * a hostile name's newline, terminal escapes (C0, C1 as UTF-8, a raw C1
  * byte), bidirectional overrides and invalid UTF-8 are escaped, UTF-8
  * text passes; a message too long for a line ends in "..." without
- * splitting an escape.
+ * splitting an escape; $JOURNAL_STREAM read only as systemd writes it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -86,12 +87,89 @@ test_a_long_line_is_cut_between_escapes(void **state)
 	free(got);
 }
 
+/* $JOURNAL_STREAM as systemd writes it ("DEV:INO" in decimal) and as it
+ * does not: each of those is refused, both numbers untouched. */
+static void
+test_journal_stream_parse(void **state)
+{
+	static const char *const bad[] = {
+		"", "8", "8:", ":1", ":", "8:abc", "abc:1", "8::1", "8:1:2", "-1:1", "8:-1",
+		"+8:1", "8:+1", " 8:1", "8: 1", "8:1 ", "8:1\n", "0x8:1",
+		"18446744073709551616:1", "8:18446744073709551616",
+		"99999999999999999999999:1",
+	};
+	uint64_t dev = 7, ino = 7;
+
+	(void)state;
+	assert_int_equal(log_journal_stream_parse("8:1", 3, &dev, &ino), 0);
+	assert_true(dev == 8 && ino == 1);
+	assert_int_equal(log_journal_stream_parse("18446744073709551615:0", 22, &dev, &ino), 0);
+	assert_true(dev == UINT64_MAX && ino == 0);
+	/* len bytes only, and a NUL is no digit. */
+	assert_int_equal(log_journal_stream_parse("8:123", 4, &dev, &ino), 0);
+	assert_true(dev == 8 && ino == 12);
+	dev = ino = 7;
+	assert_int_equal(log_journal_stream_parse("8:1\0002", 5, &dev, &ino), -EINVAL);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		int rc = log_journal_stream_parse(bad[i], strlen(bad[i]), &dev, &ino);
+
+		if (rc != -EINVAL || dev != 7 || ino != 7)
+			fail_msg("\"%s\": %d, %llu:%llu; expected -EINVAL, untouched", bad[i], rc,
+				(unsigned long long)dev, (unsigned long long)ino);
+	}
+}
+
+/* log_init() takes stderr for the journal only when $JOURNAL_STREAM spells
+ * its device and inode as systemd does: sscanf(3)'s leniency (a sign,
+ * blanks) does not make another spelling of the same numbers count. */
+static void
+test_journal_stream_spelled_otherwise(void **state)
+{
+	char path[] = "/tmp/wctest-log-XXXXXX", value[128], taken[128] = "";
+	/* What comes before the device, and between it and the inode. */
+	static const char *const spelling[][2] = { { " ", ":" }, { "+", ":" }, { "", ": " },
+		{ "", ":+" }, { "", ":\t" }, { "\n", ":" } };
+	int fd = mkstemp(path), saved = dup(STDERR_FILENO), exact;
+	struct stat st;
+
+	(void)state;
+	assert_true(fd >= 0 && saved >= 0);
+	unlink(path);
+	assert_int_equal(dup2(fd, STDERR_FILENO), STDERR_FILENO);
+	assert_int_equal(fstat(STDERR_FILENO, &st), 0);
+	snprintf(value, sizeof(value), "%llu:%llu", (unsigned long long)st.st_dev,
+		(unsigned long long)st.st_ino);
+	assert_int_equal(setenv("JOURNAL_STREAM", value, 1), 0);
+	log_init(LOG_LEVEL_INFO, "wcached");
+	exact = log_to_journal();
+	for (size_t i = 0; i < sizeof(spelling) / sizeof(spelling[0]); i++) {
+		snprintf(value, sizeof(value), "%s%llu%s%llu", spelling[i][0],
+			(unsigned long long)st.st_dev, spelling[i][1],
+			(unsigned long long)st.st_ino);
+		assert_int_equal(setenv("JOURNAL_STREAM", value, 1), 0);
+		log_init(LOG_LEVEL_INFO, "wcached");
+		if (log_to_journal() != 0 && taken[0] == '\0')
+			snprintf(taken, sizeof(taken), "%s", value);
+	}
+	unsetenv("JOURNAL_STREAM");
+	log_init(LOG_LEVEL_INFO, "wcached");
+	/* stderr back before any failure is said. */
+	assert_int_equal(dup2(saved, STDERR_FILENO), STDERR_FILENO);
+	close(saved);
+	close(fd);
+	assert_int_equal(exact, 1);
+	if (taken[0] != '\0')
+		fail_msg("JOURNAL_STREAM=\"%s\" taken for stderr's device and inode", taken);
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_hostile_text_stays_one_inert_line),
 		cmocka_unit_test(test_a_long_line_is_cut_between_escapes),
+		cmocka_unit_test(test_journal_stream_parse),
+		cmocka_unit_test(test_journal_stream_spelled_otherwise),
 	};
 
 	unsetenv("JOURNAL_STREAM");
