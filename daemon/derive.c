@@ -140,14 +140,65 @@ derive_build_fail(struct derive_table *t, struct derive_build *b, int err, const
 	derive_rearm(t);
 }
 
+/* Whether uid has lost b before (derive_builder_lost). */
+static int
+lost_before(const struct derive_build *b, uid_t uid)
+{
+	for (unsigned i = 0; i < b->nlost; i++)
+		if (b->lost_uids[i] == uid)
+			return 1;
+	return 0;
+}
+
+/*
+ * The waiter of b that takes over its build, unlinked, or NULL: the oldest
+ * that may build of a uid that has not lost b; failing that, the oldest
+ * that may build, but only when every waiter is of a uid that lost b (it
+ * makes only itself wait). *skipped: whether one that may build was
+ * passed over (for the waiters' text). Otherwise one builder uid with several
+ * connections waiting held a key hostage: each of its waiters took over in
+ * turn and stalled for derive_timeout, and other users' waits never ended
+ * (rev173 F8); now they wait at most one derive_timeout per build.
+ */
+static struct derive_waiter *
+next_builder(struct derive_build *b, int *skipped)
+{
+	struct derive_waiter **pp, **first = NULL, **fresh = NULL;
+	int others = 0;
+
+	for (pp = &b->waiters; *pp != NULL; pp = &(*pp)->next) {
+		int lost = lost_before(b, (*pp)->uid);
+
+		others |= !lost;
+		if (!(*pp)->may_build)
+			continue;
+		if (first == NULL)
+			first = pp;
+		if (!lost && fresh == NULL)
+			fresh = pp;
+	}
+	if (fresh == NULL && !others)
+		fresh = first;
+	*skipped = first != NULL;
+	if (fresh == NULL)
+		return NULL;
+	{
+		struct derive_waiter *w = *fresh;
+
+		*fresh = w->next;
+		return w;
+	}
+}
+
 /* The builder went away (why), or its publication was refused after it
- * had gone: the oldest waiter that may build takes over, else the build
+ * had gone: the next builder takes over (next_builder), else the build
  * fails for every waiter (EHOSTDOWN, why in the text). */
 void
 derive_builder_lost(struct derive_table *t, struct derive_build *b, const char *why)
 {
-	struct derive_waiter **pp, *w = NULL;
+	struct derive_waiter *w;
 	char text[WIRE_MAX_MESSAGE], more[128];
+	int skipped = 0;
 
 	t->stats.builders_lost++;
 	if (derive_may_log(t, b->builder_uid, more, sizeof(more)))
@@ -155,17 +206,15 @@ derive_builder_lost(struct derive_table *t, struct derive_build *b, const char *
 			  "(pid %d uid %u) %s%s", b->model_name, b->key, b->source,
 			(int)b->builder_pid, (unsigned)b->builder_uid, why, more);
 	b->builder = NULL;
-	for (pp = &b->waiters; *pp != NULL; pp = &(*pp)->next)
-		if ((*pp)->may_build) {
-			w = *pp;
-			*pp = w->next;
-			break;
-		}
-	if (w == NULL) {
+	if (!lost_before(b, b->builder_uid) && b->nlost < DERIVE_LOST_UIDS)
+		b->lost_uids[b->nlost++] = b->builder_uid;
+	if ((w = next_builder(b, &skipped)) == NULL) {
 		snprintf(text, sizeof(text),
 			"model \"%s\": derived \"%s\" of generation %" PRIu64 ": the builder "
-			"(pid %d) %s, and no waiting worker may build it (derive_groups)",
-			b->model_name, b->key, b->source, (int)b->builder_pid, why);
+			"(pid %d uid %u) %s, and no waiting worker may build it (%s)",
+			b->model_name, b->key, b->source, (int)b->builder_pid,
+			(unsigned)b->builder_uid, why, skipped ? "those that may are of users "
+			"that lost this build already, while other users wait" : "derive_groups");
 		derive_build_fail(t, b, -EHOSTDOWN, text);
 		return;
 	}

@@ -38,6 +38,11 @@ struct derive_waiter {
 	struct derive_waiter *next;
 };
 
+/* Builder uids that lost a build (timed out, or left before publishing)
+ * that it remembers: their waiters take it over only while nobody else
+ * waits (derive_builder_lost). */
+#define DERIVE_LOST_UIDS 8
+
 struct derive_build {
 	uint64_t entry_id;
 	char *model_name;
@@ -53,6 +58,8 @@ struct derive_build {
 	uint64_t deadline_ms;
 	uint64_t timeout_ms;
 	struct derive_waiter *waiters; /* oldest first */
+	uid_t lost_uids[DERIVE_LOST_UIDS]; /* builders of it that lost it */
+	unsigned nlost;
 	struct derive_check *check;    /* its publication, while it is checked */
 	struct derive_build *next;
 };
@@ -75,7 +82,9 @@ void derive_build_free(struct derive_table *t, struct derive_build *b);
 void derive_build_fail(struct derive_table *t, struct derive_build *b, int err, const char *text);
 /* The builder went away (why, after "the builder (pid P uid U) "), or its
  * publication was refused after it had gone: the oldest waiter that may
- * build takes over, else every waiter gets EHOSTDOWN with why. */
+ * build, of a uid that has not lost this build, takes over; one of a uid
+ * that has, only when every waiter is of such a uid; else every waiter gets
+ * EHOSTDOWN with why. */
 void derive_builder_lost(struct derive_table *t, struct derive_build *b, const char *why);
 /* The build of token, if conn runs it: 0, or -ESTALE / -EPERM with msg. */
 int derive_build_of_token(struct derive_table *t, void *conn, uint64_t token,

@@ -785,6 +785,62 @@ def test_a_refused_publication_whose_builder_hung_up_tells_waiters_why(derived):
         "empty, and no waiting worker may build" in text, text
 
 
+HOLDING_CLIENT = CLIENT + "sys.stdout.flush()\nsys.stdin.read()\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another user")
+def test_a_lost_build_goes_to_another_users_waiter_not_the_same_users_next(derived):
+    """rev173 F8: a lost build went to the oldest waiter that may build, of
+    the same uid too: one builder uid with several connections waiting held
+    a key hostage, each of them taking the build over and stalling for
+    derive_timeout, and another user's wait never ended."""
+    from wcached import as_user
+    d = derived({"derive_timeout": "2", "derive_groups": "64200"})
+    ready(d, "small")
+    let_in(d)
+    # root builds and never publishes; three more of its connections wait,
+    # and then a worker of another uid that may not build.
+    a = Peer(d)
+    build(a)
+    mine = [Peer(d) for _ in range(3)]
+    for p in mine:
+        p.derive("small", "f32-v1")
+    started = time.monotonic()
+    victim = subprocess.Popen(as_user(64301, 64301) + [sys.executable, "-c", CLIENT, d.socket],
+                              stdout=subprocess.PIPE, text=True)
+    waiting(d, 4)
+    out, _ = victim.communicate(timeout=60)
+    waited = time.monotonic() - started
+    mtype, code, text = out.split(" ", 2)
+    assert (int(mtype), int(code)) == (ERROR, ERRNO["EHOSTDOWN"]), out
+    assert "lost this build already" in text, text
+    assert waited < 4, waited  # one derive_timeout (2 s), not one per root connection
+    for p in mine:
+        expect_error(p.reply(), "EHOSTDOWN", "lost this build already")
+    # A waiter of another uid that may build takes the build over before
+    # root's older waiter.
+    build(a)
+    b = Peer(d)
+    b.derive("small", "f32-v1")
+    waiting(d, 1)
+    member = subprocess.Popen(as_user(64302, 64302, (64200,)) +
+                              [sys.executable, "-c", HOLDING_CLIENT, d.socket],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        waiting(d, 2)
+        line = member.stdout.readline()
+        assert line.split()[0] == str(BUILD), line
+        (x,) = [x for x in model_entry(d, "small")["derived"] if x["key"] == "f32-v1"]
+        assert (x["builder_uid"], x["waiting"]) == (64302, 1), x
+    finally:
+        member.stdin.close()
+        member.wait(timeout=60)
+    # It hung up: only root waits now, so root's waiter builds.
+    r = closing(b.reply(timeout=30))
+    assert r["type"] == BUILD, r
+    d.wait_for_log(r"\(pid \d+ uid 64302\) disconnected before publishing")
+
+
 def test_a_swap_builds_anew_and_the_old_artifact_lives_while_held(derived, tmp_path):
     d = derived()
     ready(d, "small")
