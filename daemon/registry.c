@@ -613,7 +613,11 @@ registry_failed(const struct model_entry *m, char *why, size_t why_size)
 void
 registry_release(struct registry *r, struct generation *g)
 {
+	struct model_entry *m = g->model;
+
 	gen_unref(r, g);
+	if (m != NULL)
+		registry_reload_held(r, m); /* one that waited for a release */
 }
 
 const struct model_entry *
@@ -787,5 +791,11 @@ registry_collect(struct registry *r)
 	for (; g != NULL; g = next) {
 		next = g->next;
 		gen_maybe_free(r, g);
+	}
+	/* A reload that waited for a retired generation to close (one closes
+	 * here, or its hold or page work ended since). */
+	for (struct model_entry *m = r->models, *mnext; m != NULL; m = mnext) {
+		mnext = m->next;
+		registry_reload_held(r, m);
 	}
 }

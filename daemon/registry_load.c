@@ -744,7 +744,7 @@ load_after(struct workq_job *w, int status)
 		enum reload_kind again = m->reload_again;
 
 		m->reload_again = RELOAD_NONE;
-		if (queue_load(r, m->name, m->path, m->pin, m->warm, again, NULL, NULL) < 0)
+		if (registry_reload_as(r, m, again, NULL, NULL) < 0)
 			log_warnx("%s", error_get());
 	}
 	load_request_free(q);
@@ -873,10 +873,58 @@ registry_load(struct registry *r, const char *name, const char *path, enum pin_m
 	return queue_load(r, name, path, pin, warm, RELOAD_NONE, done, arg);
 }
 
+/* How many of m's generations are neither current nor warming to be, yet
+ * still open: retired, held by attaches (or a HOLD, a check, page work). */
+static unsigned
+retired_held(const struct registry *r, const struct model_entry *m)
+{
+	unsigned n = 0;
+
+	for (const struct generation *g = r->generations; g != NULL; g = g->next)
+		if (g->model == m && g != m->current && g != m->pending)
+			n++;
+	return n;
+}
+
+void
+registry_reload_held(struct registry *r, struct model_entry *m)
+{
+	enum reload_kind again = m->reload_again;
+
+	if (again == RELOAD_NONE || m->loading > 0 || r->closing ||
+		retired_held(r, m) >= REGISTRY_RETIRED_MAX)
+		return;
+	m->reload_again = RELOAD_NONE;
+	log_info("model \"%s\": an older generation was released; reloading", m->name);
+	if (registry_reload_as(r, m, again, NULL, NULL) < 0)
+		log_warnx("%s", error_get());
+}
+
 int
 registry_reload_as(struct registry *r, struct model_entry *m, enum reload_kind kind,
 	registry_done_fn done, void *arg)
 {
+	unsigned held;
+
+	if (m->loading == 0 && (held = retired_held(r, m)) >= REGISTRY_RETIRED_MAX) {
+		/* Each generation held open keeps 2 descriptors a file and 2
+		 * for its index, and its locked metadata: one uid that attaches
+		 * every generation would take wcached's descriptors from every
+		 * other model (review rev173 F9). The reload waits for a
+		 * release (registry_reload_held), once. */
+		char msg[160];
+
+		snprintf(msg, sizeof(msg), "%u older generations are still attached; a new one "
+			"is loaded once one of them is released", held);
+		if (m->reload_again == RELOAD_NONE)
+			log_warnx("model \"%s\": %s (generation %" PRIu64 " still serving)",
+				m->name, msg, m->current != NULL ? m->current->number : 0);
+		if ((int)kind > m->reload_again)
+			m->reload_again = kind;
+		if (done != NULL)
+			done(-EBUSY, msg, 0, arg);
+		return 0;
+	}
 	if (m->loading > 0) {
 		/* A load in flight may have opened the files before the change
 		 * that asks for this reload, so reload once more when it ends

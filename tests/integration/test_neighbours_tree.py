@@ -4,14 +4,19 @@ files, nor wcached's descriptors. wcached runs unprivileged, as the
 neighbour tests do (test_neighbours.py)."""
 import hashlib
 import os
+import re
+import socket
+import struct
 import subprocess
 
 import pytest
 
-from conftest import Daemon, as_user, binary, mkmodel
+from conftest import Daemon, as_user, binary, mkmodel, wait_until
+from test_daemon import message
 
-# Ids no account uses: the daemon's user and a model's owner, in GROUP.
-DAEMON_UID, ALICE_UID, GROUP = 64101, 64104, 64100
+# Ids no account uses: the daemon's user, a model's owner and another user,
+# all in GROUP (which may connect to the 0660 client socket).
+DAEMON_UID, ALICE_UID, OTHER_UID, GROUP = 64101, 64104, 64103, 64100
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0,
                                 reason="needs root to run wcached and clients as other users")
@@ -91,4 +96,63 @@ def test_a_link_renamed_over_a_model_directory_waits_for_the_operator(tmp_path):
         assert digest(os.path.join(alice, "m", "model.safetensors")) == \
             digest(tmp_path / "bob" / "m" / "model.safetensors")
     finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def generation_lines(d):
+    """How many lines say alice's generation changed, a load of it failed, or
+    its reload waits for a release."""
+    return len(re.findall(r'model "alice": (generation \d+ is current|.*still serving'
+                          r'|.*older generations are still attached)', d.read_log()))
+
+
+def test_attaching_every_generation_cannot_take_the_daemons_descriptors(tmp_path):
+    """F9: the owner of one model, who may attach it, keeps one attach of each
+    generation she makes (a file renamed over, seen by inotify). Each kept
+    4 descriptors in wcached (the file, its reopen, the index, its reopen)
+    with no bound, so wcached (RLIMIT_NOFILE 128 here, a reserve of 32)
+    refused every other user with "wcached is short of file descriptors".
+    Now at most REGISTRY_RETIRED_MAX (4) retired generations stay open:
+    the next reload waits, with one warning, until she releases one; the
+    other user is served, and her release lets the waiting reload run."""
+    alice = owned_dir(tmp_path / "alice", ALICE_UID)
+    mkmodel(os.path.join(alice, "model.safetensors"), seed=1)
+    bob = mkmodel(tmp_path / "bob.safetensors", seed=2)
+    d = Daemon(tmp_path, {"alice": alice, "bob": bob}, user=(DAEMON_UID, GROUP),
+               nofile=128).start()
+    held = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        d.wait_for_log(r'model "alice": generation 1 warm')
+        os.chmod(d.socket, 0o666)
+        held.settimeout(10.0)
+        held.connect(d.socket)
+        for k in range(24):
+            seen = generation_lines(d)
+            mkmodel(os.path.join(alice, "next.safetensors"), seed=10 + k)
+            os.rename(os.path.join(alice, "next.safetensors"),
+                      os.path.join(alice, "model.safetensors"))
+            try:
+                wait_until(lambda: generation_lines(d) > seen, timeout=5,
+                           what="alice's reload")
+            except AssertionError:
+                break  # nothing more comes: her reloads wait
+            held.send(message(1, b"alice", seq=k + 1))
+            data, anc, _, _ = held.recvmsg(65536, socket.CMSG_SPACE(4 * 16))
+            for level, kind, cdata in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    for (fd,) in struct.iter_unpack("i", cdata[:len(cdata) // 4 * 4]):
+                        os.close(fd)
+        r = subprocess.run(as_user(OTHER_UID, GROUP) + [binary("wcachectl"), "attach", "bob",
+                           "--socket", d.socket], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        _, line = d.wait_for_log(r'model "alice": 4 older generations are still attached')
+        assert "still serving" in line, line
+        assert d.read_log().count("older generations are still attached") == 1, d.read_log()
+        current = len(re.findall(r'model "alice": generation \d+ is current', d.read_log()))
+        held.close()  # her release lets the reload that waited run
+        wait_until(lambda: len(re.findall(r'model "alice": generation \d+ is current',
+                                          d.read_log())) > current, timeout=30,
+                   what="the reload that waited for a release")
+    finally:
+        held.close()
         assert d.stop() == 0, d.read_log()
