@@ -15,6 +15,7 @@
  */
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -141,12 +142,81 @@ model_close_fds(int *fds, size_t n)
 }
 
 /*
+ * The models of this process that keep descriptors (file_fds), linked
+ * through kept_next. The kernel gives a new model's descriptors numbers
+ * that were free, so a live model that recorded one of those numbers lost
+ * it (closed behind its back: closefrom() in a daemonizing child) and
+ * forgets it (model_keep_fds): no two models close the same number, even
+ * when both kept the same file there (a re-attach gets wcached's same open
+ * file of a staged copy, the same device and inode: review rev174 F2).
+ * kept_lock guards the list and every registered model's file_fds; it is
+ * held only for loads, stores, fstat() and close(), never while waiting,
+ * and fork() waits for it to be free, so a child never inherits it held.
+ */
+static pthread_mutex_t kept_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t kept_atfork_once = PTHREAD_ONCE_INIT;
+static wc_model *kept_models;
+
+static void
+kept_lock_take(void)
+{
+	pthread_mutex_lock(&kept_lock);
+}
+
+static void
+kept_lock_give(void)
+{
+	pthread_mutex_unlock(&kept_lock);
+}
+
+static void
+kept_atfork(void)
+{
+	(void)pthread_atfork(kept_lock_take, kept_lock_give, kept_lock_give);
+}
+
+void
+model_keep_fds(wc_model *m, int *fds)
+{
+	size_t n = (size_t)m->header.file_count;
+	int lo = INT_MAX, hi = -1;
+
+	for (size_t i = 0; i < n; i++)
+		if (fds[i] >= 0) {
+			lo = fds[i] < lo ? fds[i] : lo;
+			hi = fds[i] > hi ? fds[i] : hi;
+		}
+	pthread_once(&kept_atfork_once, kept_atfork);
+	pthread_mutex_lock(&kept_lock);
+	for (wc_model *o = kept_models; o != NULL; o = o->kept_next)
+		for (uint64_t j = 0; j < o->header.file_count; j++) {
+			int fd = o->file_fds[j];
+
+			if (fd < lo || fd > hi)
+				continue;
+			for (size_t i = 0; i < n; i++)
+				if (fds[i] == fd) {
+					o->file_fds[j] = -1;
+					break;
+				}
+		}
+	m->file_fds = fds;
+	m->kept_next = kept_models;
+	kept_models = m;
+	pthread_mutex_unlock(&kept_lock);
+}
+
+/*
  * Forgets (sets to -1) each kept descriptor that is no longer the file the
  * model got: one the process closed without asking the model (closefrom(),
  * close_range() in a daemonizing child) whose number was given to another
- * file since, or that is closed. Closing those would close someone else's
- * descriptor (review rev172 F4). A model without identities closes what it
- * holds, as before.
+ * file since (fstat names another device or inode), or that is closed
+ * (EBADF). Closing those would close someone else's descriptor (review
+ * rev172 F4); a number another model got since is forgotten already
+ * (model_keep_fds). A descriptor whose fstat fails otherwise (ESTALE, EIO:
+ * a file another host replaced on NFS or FUSE) is still the model's open
+ * file and is closed (review rev174 F4: it leaked). A model without
+ * identities closes what it holds, as before. Called with kept_lock held.
  */
 static void
 forget_foreign_fds(wc_model *m)
@@ -158,11 +228,27 @@ forget_foreign_fds(wc_model *m)
 
 		if (m->file_fds[i] < 0)
 			continue;
-		if (fstat(m->file_fds[i], &st) == -1 ||
+		if (fstat(m->file_fds[i], &st) == -1 ? errno == EBADF :
 			(uint64_t)st.st_dev != m->file_ids[i].dev ||
 			(uint64_t)st.st_ino != m->file_ids[i].ino)
 			m->file_fds[i] = -1;
 	}
+}
+
+/* Takes m off the list of models that keep descriptors and closes those
+ * it still owns. */
+static void
+model_drop_fds(wc_model *m)
+{
+	pthread_mutex_lock(&kept_lock);
+	for (wc_model **p = &kept_models; *p != NULL; p = &(*p)->kept_next)
+		if (*p == m) {
+			*p = m->kept_next;
+			break;
+		}
+	forget_foreign_fds(m);
+	model_close_fds(m->file_fds, (size_t)m->header.file_count);
+	pthread_mutex_unlock(&kept_lock);
 }
 
 void
@@ -171,10 +257,8 @@ model_free(wc_model *m)
 	if (m == NULL)
 		return;
 	unmap_all(m);
-	if (m->file_fds != NULL) {
-		forget_foreign_fds(m);
-		model_close_fds(m->file_fds, (size_t)m->header.file_count);
-	}
+	if (m->file_fds != NULL)
+		model_drop_fds(m);
 	free(m->file_fds);
 	free(m->file_ids);
 	if (m->index_owner == MODEL_INDEX_OWNED)
@@ -419,16 +503,23 @@ wc_model_generation(const wc_model *m)
 int
 wc_model_fd(const wc_model *m, size_t file)
 {
+	int fd = -1;
+
 	if (m == NULL)
 		return error_set(-EINVAL, "wc_model_fd: no model");
 	if (file >= m->header.file_count)
 		return error_set(-ERANGE, "%s: file %zu of %llu", m->name, file,
 			(unsigned long long)m->header.file_count);
-	if (m->file_fds == NULL || m->file_fds[file] < 0)
+	if (m->file_fds != NULL) {
+		pthread_mutex_lock(&kept_lock);
+		fd = m->file_fds[file];
+		pthread_mutex_unlock(&kept_lock);
+	}
+	if (fd < 0)
 		return error_set(-ENOENT, "%s: file %zu: no descriptor kept (only a derived "
 			"artifact's and wc_attach_fds()'s are; open the file by its path)", m->name,
 			file);
-	return m->file_fds[file];
+	return fd;
 }
 
 /* A descriptor is the model's until it closes it (model.h, file_fds):
@@ -442,9 +533,13 @@ wc_model_close_fd(wc_model *m, size_t file)
 	if (file >= m->header.file_count)
 		return error_set(-ERANGE, "%s: file %zu of %llu", m->name, file,
 			(unsigned long long)m->header.file_count);
-	if (m->file_fds != NULL && m->file_fds[file] >= 0) {
-		close(m->file_fds[file]);
-		m->file_fds[file] = -1;
+	if (m->file_fds != NULL) {
+		pthread_mutex_lock(&kept_lock);
+		if (m->file_fds[file] >= 0) {
+			close(m->file_fds[file]);
+			m->file_fds[file] = -1;
+		}
+		pthread_mutex_unlock(&kept_lock);
 	}
 	return 0;
 }

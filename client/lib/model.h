@@ -61,8 +61,10 @@ struct wc_model {
 	 * be made through, and of a model from wc_attach_fds() (attach_reply.c
 	 * keeps the O_RDONLY, close-on-exec descriptors wcached sent). The
 	 * model owns them: model_free() closes them, each only while it is
-	 * still the file file_ids names. */
+	 * still the file file_ids names and no model got its number since.
+	 * Set by model_keep_fds() only; read and written under its lock. */
 	int *file_fds;
+	struct wc_model *kept_next; /* the next model that keeps descriptors */
 	/* What fstat() said of each file's descriptor when the model got it
 	 * (header.file_count entries), for wc_model_file_identity(): set by
 	 * the attach code for every model made of wcached's descriptors
@@ -86,11 +88,20 @@ int model_new(const char *what, const uint8_t *index, size_t index_len,
  * the range is then one of them), else one close() each. */
 void model_close_fds(int *fds, size_t n);
 
+/*
+ * Gives m the descriptors fds (header.file_count entries, each -1 or a
+ * descriptor the kernel just gave this process), which m then owns: any
+ * other live model that recorded one of those numbers lost it (closed
+ * behind its back) and forgets it, so its release cannot close m's.
+ */
+void model_keep_fds(wc_model *m, int *fds);
+
 /* Unmaps the files, closes file_fds (each only while it is still the
- * device and inode file_ids recorded: a descriptor this process closed
- * behind the model's back and whose number now names another file is left
- * alone) and frees what model_new() took; calls no release hook. NULL is
- * fine. */
+ * device and inode file_ids recorded, or its fstat fails otherwise than
+ * with EBADF: a descriptor this process closed behind the model's back
+ * and whose number now names another file is left alone, as is one
+ * another model got since) and frees what model_new() took; calls no
+ * release hook. NULL is fine. */
 void model_free(wc_model *m);
 
 struct model_source;

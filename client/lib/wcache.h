@@ -131,10 +131,13 @@ WC_EXPORT int wc_model_cow(wc_model *m);
  * which close it; do not close it (dup it to keep it longer). A child of
  * fork() inherits it with the model, and the child's wc_release() closes
  * the child's copy only. wc_release() closes a kept descriptor only while
- * it is still the file the model got (the same device and inode): in a
- * process that closed it without asking (closefrom(), close_range()), a
- * number given to another file since is left open; one given to the same
- * file again (opened anew by its path) would be closed.
+ * it is still the file the model got (the same device and inode, or an
+ * fstat() that fails with another error than EBADF, as ESTALE on NFS) and
+ * no model attached since got its number: in a process that closed it without
+ * asking (closefrom(), close_range()), a number given since to another
+ * file, or to a later model's descriptor of the same file (a re-attach:
+ * wcached passes the same open file), is left open; one given to the same
+ * file again by an open of its own (by its path) would be closed.
  */
 WC_EXPORT int wc_model_fd(const wc_model *m, size_t file);
 

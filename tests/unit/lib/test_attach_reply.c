@@ -673,6 +673,33 @@ test_mmap_fails_on_status_page(void **state)
 	finish(f, before);
 }
 
+/* A kept descriptor whose fstat fails with another error than EBADF
+ * (ESTALE, EIO: a file another host replaced on NFS or FUSE) is still the
+ * model's open file: wc_release() closes it (review rev174 F4: it was
+ * taken for a number closed behind the model's back and leaked). */
+static void
+test_release_closes_a_kept_fd_whose_fstat_fails(void **state)
+{
+	struct fixture *f = *state;
+	int before = tu_count_fds(), fd1;
+	wc_model *m = NULL;
+	struct stat st;
+
+	af_need_wrap(__real_fstat != NULL, "-Wl,--wrap=fstat");
+	fake_start(f);
+	assert_int_equal(wc_connect(f->sock, &f->client), 0);
+	assert_int_equal(wc_attach_fds(f->client, MODEL, &m), 0);
+	fd1 = wc_model_fd(m, 1);
+	assert_true(fd1 >= 0);
+	assert_int_equal(fstat(fd1, &st), 0);
+	fault.fstat_ino = st.st_ino;
+	fault.fstat_errno = ESTALE;
+	wc_release(m);
+	assert_true(fault.fstat_ino == 0); /* the release's fstat failed */
+	assert_int_equal(fcntl(fd1, F_GETFD), -1);
+	finish(f, before);
+}
+
 int
 main(void)
 {
@@ -705,6 +732,7 @@ main(void)
 		T(test_mmap_fails_on_status_page),
 		T(test_fcntl_fails_on_index),
 		T(test_fstat_fails_on_index),
+		T(test_release_closes_a_kept_fd_whose_fstat_fails),
 		T(test_fcntl_fails_on_file),
 	};
 #undef T
