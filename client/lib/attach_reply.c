@@ -297,14 +297,14 @@ model_from_fds(const char *name, const struct wire_attach_ok *ok, int *fds, size
 	if ((r = model_new(name, index, isize, MODEL_INDEX_BORROWED, maps, h.file_count,
 		     &out->model)) < 0)
 		goto fail;
+	out->model->file_ids = ids;
 	if (kept != NULL) {
 		for (uint32_t i = 0; i < h.file_count; i++) {
 			kept[i] = fds[1 + i];
 			fds[1 + i] = -1;
 		}
-		out->model->file_fds = kept;
+		model_keep_fds(out->model, kept);
 	}
-	out->model->file_ids = ids;
 	out->index = xi;
 	if (fresh) {
 		/* The new generation's index is the one to keep. */

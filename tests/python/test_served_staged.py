@@ -246,3 +246,37 @@ def test_a_file_renamed_over_a_shard_is_not_the_old_generations(tmp_path, monkey
         import wcache._safe_open as so
         so._shared = None
         assert d.stop() == 0, d.read_log()
+
+
+def test_a_kept_descriptor_given_to_another_file_is_not_the_staged_copy(staged, tmp_path):
+    """Review rev174 F2: a process that closes the held directory's kept
+    descriptor of a staged copy behind libwcache's back (closefrom() in a
+    daemonizing child) and opens another file on that number does not get
+    that file's bytes as the shard: the kept descriptor is fstat'ed against
+    the copy's identity as attached before it is mapped, and the directory
+    is attached again. Before, the other file was mapped, labelled
+    "wcached"."""
+    d, files, _ = staged
+    other = str(tmp_path / "other.safetensors")
+    write_safetensors(other, [("model.layers.2.w", "F32", (8, 16), b"\0" * 512),
+                              ("model.layers.2.b", "I64", (4,), b"\0" * 32)],
+                      metadata={"format": "pt", "shard": "OTHER"})
+    held = wcache.safe_open(files[0])
+    assert held.model.source == "wcached"
+    entry = shards._dirs[os.path.dirname(files[0])]
+    h = entry.handle()
+    kept = h.lib.wc_model_fd(h.ptr, entry.names[os.path.basename(files[2]).encode()])
+    del h
+    assert kept >= 0
+    fd = os.open(other, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.dup2(fd, kept)  # closes the model's copy; the number is another file's
+        for _ in range(2):
+            with wcache.safe_open(files[2], framework="pt") as f:
+                assert f.model.source == "wcached" and f.model.generation == 1
+                same_as_the_file(f, files[2])
+        held.close()
+        assert os.readlink(f"/proc/self/fd/{kept}") == other  # the release left it
+    finally:
+        os.close(fd)
+        os.close(kept)

@@ -129,7 +129,7 @@ class _Entry:
     or until when the directory is taken as not served, and, when its real
     path was found not served either, what served_file() said."""
     __slots__ = ("client", "handle", "generation", "known", "names", "ids", "kept", "until",
-                 "why", "__weakref__")
+                 "why", "lost", "__weakref__")
 
     def __init__(self, client, handle=None, until=0.0):
         # weakly: a connection replaced after a restart closes once its
@@ -143,14 +143,16 @@ class _Entry:
         self.kept = True
         self.until = until
         self.why = None
+        self.lost = False  # a kept descriptor found to be another file's (_kept_fd)
         if handle is not None:
             self.generation = int(handle.lib.wc_model_generation(handle.ptr))
             self.handle = weakref.ref(handle)
 
     def attached(self):
-        """The directory's _Handle when it is still held and current, else None."""
+        """The directory's _Handle when it is still held and current, and
+        none of its kept descriptors was found lost, else None."""
         h = self.handle() if self.handle is not None else None
-        if h is None or not h.ptr or h.lib.wc_model_stale(h.ptr):
+        if h is None or not h.ptr or self.lost or h.lib.wc_model_stale(h.ptr):
             return None
         return h
 
@@ -212,7 +214,7 @@ def _directory(client, directory, name, st):
                 return None, None
         else:
             h = entry.attached()
-            if h is not None and (_stamp(st) in entry.known or
+            if h is not None and (_still_known(entry, h, st) or
                                   _as_attached(entry, h, name, st)):
                 return entry, h
             del h  # an error raised below must not hold the directory (its traceback)
@@ -317,6 +319,35 @@ def _may_be_staged(directory, name, i):
     return st.st_dev != i[0] and (st.st_size, st.st_mtime_ns) == (i[2], i[3])
 
 
+def _kept_fd(entry, h, k):
+    """The descriptor h (the registry's entry's _Handle) keeps of its file
+    k while fstat still names k's identity as attached (device, inode,
+    size), else -1: a number this process closed behind libwcache's back
+    (closefrom() in a daemonizing child) and gave to another file since is
+    not wcached's copy (review rev174 F2). The entry is then lost: the
+    directory is attached anew, not found held again."""
+    fd = h.lib.wc_model_fd(h.ptr, k)
+    i = entry.ids[k]
+    if fd < 0 or i is None:
+        return -1
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino, st.st_size) == i[:3]:
+            return fd
+    except OSError:
+        pass
+    entry.lost = True
+    return -1
+
+
+def _still_known(entry, h, st):
+    """Whether the file whose fstat is st was found to be one of the files
+    of the registry's entry (h its _Handle) and, when that is wcached's
+    staged copy, the descriptor of the copy is still kept (_kept_fd)."""
+    k, staged = entry.known.get(_stamp(st), (None, False))
+    return k is not None and (not staged or _kept_fd(entry, h, k) >= 0)
+
+
 def _open_fd(fd, label):
     """The C model of the one file open as fd (wc_open_fd), or None when it
     is not a valid model (the caller's in-process open then says what
@@ -340,7 +371,7 @@ def _as_attached(entry, h, name, st):
     if i[:2] == (st.st_dev, st.st_ino):
         return i[2:] == (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     return (i[0] != st.st_dev and (i[2], i[3]) == (st.st_size, st.st_mtime_ns) and
-            h.lib.wc_model_fd(h.ptr, k) >= 0)
+            _kept_fd(entry, h, k) >= 0)
 
 
 def _file_number(entry, h, name):
@@ -400,7 +431,13 @@ def _served_as(target, fd, st, entry, h):
             return None, ("not this file: that model's file of its name is on another file "
                           "system, with another size or mtime (this one replaced since "
                           "wcached opened or staged it)")
-    ptr = _open_fd(h.lib.wc_model_fd(h.ptr, k) if staged else fd, target)
+    if staged:
+        fd = _kept_fd(entry, h, k)
+        if fd < 0:
+            entry.known.pop(stamp, None)
+            return None, ("not this file: the descriptor kept of its staged copy is no "
+                          "longer that copy (closed by this process since)")
+    ptr = _open_fd(fd, target)
     if ptr is None:
         return None, "not this file, which is not a valid model"
     entry.known[stamp] = (k, staged)

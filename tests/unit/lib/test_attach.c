@@ -878,6 +878,42 @@ test_identity_and_close_fd(void **state)
 	assert_int_equal(f->fake.releases, 2);
 }
 
+/* A re-attach after closefrom(): the kernel gives the new model's
+ * descriptors of the same files (wcached passes the same open files) the
+ * numbers the old model kept, and the old model's release leaves them to
+ * the new one (review rev174 F2: a (dev, ino) guard cannot tell the two
+ * apart). */
+static void
+test_reattach_after_closefrom_keeps_new_fds(void **state)
+{
+	struct fixture *f = *state;
+	int before = attach_ok(f), old[2], fresh[2];
+	wc_model *m1 = NULL, *m2 = NULL;
+
+	assert_int_equal(wc_attach_fds(f->client, MODEL, &m1), 0);
+	for (size_t i = 0; i < 2; i++)
+		old[i] = wc_model_fd(m1, i);
+	close(old[0]); /* closefrom() behind the model's back */
+	close(old[1]);
+	assert_int_equal(wc_attach_fds(f->client, MODEL, &m2), 0);
+	for (size_t i = 0; i < 2; i++) {
+		fresh[i] = wc_model_fd(m2, i);
+		assert_true(tu_fd_is_readonly_of(fresh[i], f->file_fd[i]));
+	}
+	/* the case: the same file on the same number */
+	assert_true(fresh[0] == old[0] || fresh[1] == old[1]);
+	wc_release(m1);
+	for (size_t i = 0; i < 2; i++) {
+		assert_int_equal(wc_model_fd(m2, i), fresh[i]);
+		assert_int_not_equal(fcntl(fresh[i], F_GETFD), -1);
+	}
+	wc_release(m2);
+	for (size_t i = 0; i < 2; i++)
+		assert_int_equal(fcntl(fresh[i], F_GETFD), -1);
+	release_and_finish(f, before);
+	assert_int_equal(f->fake.releases, 3);
+}
+
 int
 main(void)
 {
@@ -901,6 +937,7 @@ main(void)
 		T(test_attach_fds_keeps_descriptors),
 		T(test_attach_fds_in_forked_child),
 		T(test_identity_and_close_fd),
+		T(test_reattach_after_closefrom_keeps_new_fds),
 	};
 #undef T
 
