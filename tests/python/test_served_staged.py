@@ -280,3 +280,42 @@ def test_a_kept_descriptor_given_to_another_file_is_not_the_staged_copy(staged, 
     finally:
         os.close(fd)
         os.close(kept)
+
+
+@pytest.mark.parametrize("how", ["rename", "in place"])
+def test_a_replacement_with_the_old_mtime_is_not_the_staged_copy(staged, how):
+    """Review rev174 F1: a shard replaced by a file of the same size with
+    the old file's mtime put back (rsync --inplace --times, touch -r, cp -p)
+    that wcached refuses (a tensor not in the weight_map: generation 1 keeps
+    serving its staged copy of the old file) is not taken for that copy:
+    its ctime is later than the copy's. It is mapped here with its own
+    bytes, through the directory held from before the replacement and
+    through one attached after it. Before, both gave the old copy's bytes,
+    labelled "wcached" generation 1."""
+    d, files, _ = staged
+    held = wcache.safe_open(files[2])
+    assert held.model.source == "wcached"
+    old = os.stat(files[1])
+    new = files[1] + ".new"
+    write_safetensors(new, [("model.layers.1.x", "F32", (8, 16), b"\7" * 512),
+                            ("model.layers.1.b", "I64", (4,), b"\11" * 32)],
+                      metadata={"format": "pt", "shard": "N"})
+    assert os.path.getsize(new) == old.st_size
+    if how == "rename":
+        os.utime(new, ns=(old.st_atime_ns, old.st_mtime_ns))
+        os.rename(new, files[1])
+    else:
+        with open(new, "rb") as src, open(files[1], "r+b") as dst:
+            dst.write(src.read())
+        os.unlink(new)
+        os.utime(files[1], ns=(old.st_atime_ns, old.st_mtime_ns))
+    assert os.stat(files[1]).st_mtime_ns == old.st_mtime_ns
+    d.wait_for_log(r"generation 1 (still serving|keeps serving)|not in the weight_map")
+    for _ in range(2):
+        with wcache.safe_open(files[1], framework="pt") as f:
+            assert f.model.source == "file", f.model
+            assert f.metadata()["shard"] == "N"
+            assert sorted(f.keys()) == ["model.layers.1.b", "model.layers.1.x"]
+        held.close()  # the second time, the directory is attached after the replacement
+    with wcache.safe_open(files[0], framework="pt") as f:  # the others still are
+        assert f.model.source == "wcached" and f.model.generation == 1

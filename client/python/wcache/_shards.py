@@ -22,7 +22,9 @@ of the file opened at the path tell:
 (a) the same device and inode: the file at the path is the generation's
     file k; it is mapped by wc_open_fd() of that file, as opened here;
 (b) another device, the same size and mtime (a staged copy keeps its
-    source's: daemon/stage.c): wcached serves its staged copy of the file
+    source's: daemon/stage.c), and the file at the path last changed
+    (ctime) before the copy was made (_copy_of): wcached serves its staged
+    copy of the file
     (stage = yes, or auto on NFS/9p/FUSE, with stage_dir on another file
     system):
     the copy is mapped, by wc_open_fd() of k's descriptor (the one kind
@@ -31,7 +33,7 @@ of the file opened at the path tell:
     which follows a replacement of the file at the path as a named attach
     does (wcached's poll and reload make a new generation);
 (c) the same device and another inode, or another device and another
-    size or mtime: not a file of the generation (the file at the path was
+    size or mtime, or a ctime after the copy's: not a file of the generation (the file at the path was
     replaced since: on overlayfs a file renamed over lies in the upper
     layer, another device; or wcached's staged copy is on the model's own
     file system): it is mapped in this process, as is a file that no file
@@ -316,7 +318,31 @@ def _may_be_staged(directory, name, i):
         st = os.stat(os.path.join(os.fsencode(directory), name))
     except OSError:
         return False
-    return st.st_dev != i[0] and (st.st_size, st.st_mtime_ns) == (i[2], i[3])
+    return _copy_of(i, st)
+
+
+_SECOND = 1_000_000_000
+
+
+def _copy_of(i, st):
+    """Whether wcached's file of identity i (the fstat of its descriptor at
+    the attach) may be its staged copy of the file whose (f)stat is st:
+    on another device, with st's size and mtime (stage.c gives the copy
+    its source's), and st last changed (ctime) before the copy was made.
+    stage.c checks after the copy that the path still names the source,
+    unchanged; a file put at the path since (renamed over, linked) or
+    written there since (its mtime put back or not) has a later ctime,
+    which no one can set back (review rev174 F1: size and mtime alone took
+    such a replacement for the source, and served the old copy's bytes).
+    A ctime of whole seconds (a file system that keeps no more) must be a
+    full second before the copy's. Both ctimes come from clocks: the
+    source's file system's (an NFS server's) and this host's, so a
+    replacement within the source clock's lag behind this host's, after
+    the copy was made, still passes (README)."""
+    if st.st_dev == i[0] or (st.st_size, st.st_mtime_ns) != (i[2], i[3]):
+        return False
+    c = st.st_ctime_ns
+    return c + _SECOND <= i[4] if c % _SECOND == 0 else c < i[4]
 
 
 def _kept_fd(entry, h, k):
@@ -363,15 +389,14 @@ def _as_attached(entry, h, name, st):
     passed it: (a) the same device and inode, and the same size, mtime and
     ctime (a write in place changes ctime, whatever it does to mtime); or
     (b) another device with the same size and mtime as wcached's staged
-    copy, whose descriptor h keeps."""
+    copy, changed last before it (_copy_of), whose descriptor h keeps."""
     k = _file_number(entry, h, name)
     i = entry.ids[k] if k is not None else None
     if i is None:
         return False
     if i[:2] == (st.st_dev, st.st_ino):
         return i[2:] == (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    return (i[0] != st.st_dev and (i[2], i[3]) == (st.st_size, st.st_mtime_ns) and
-            _kept_fd(entry, h, k) >= 0)
+    return _copy_of(i, st) and _kept_fd(entry, h, k) >= 0
 
 
 def _file_number(entry, h, name):
@@ -418,7 +443,7 @@ def _served_as(target, fd, st, entry, h):
             return None, ("not this file: that model's file of its name is another file on "
                           "the same file system (this one replaced since, or served from a "
                           "staged copy in a stage_dir on this file system)")
-        elif (theirs[2], theirs[3]) == (st.st_size, st.st_mtime_ns):
+        elif _copy_of(theirs, st):
             # wcached's staged copy keeps its source's size and mtime
             # (stage.c); another device alone is not a copy (overlayfs
             # gives a file renamed over in its upper layer another st_dev)
@@ -429,8 +454,9 @@ def _served_as(target, fd, st, entry, h):
                               "was kept)")
         else:
             return None, ("not this file: that model's file of its name is on another file "
-                          "system, with another size or mtime (this one replaced since "
-                          "wcached opened or staged it)")
+                          "system, with another size or mtime, or older than this file's "
+                          "last change (this one replaced since wcached opened or staged "
+                          "it)")
     if staged:
         fd = _kept_fd(entry, h, k)
         if fd < 0:
