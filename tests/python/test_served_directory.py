@@ -11,6 +11,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -510,3 +511,42 @@ def test_what_was_said_is_bounded(served, tmp_path, caplog):
     assert len(said) == 301, len(said)
     assert paths[0] in said[-1]
     assert len(so._told) <= 256 and len(dev._logged) <= 256, (len(so._told), len(dev._logged))
+
+
+def test_loader_threads_attach_the_directory_once(tmp_path, monkeypatch):
+    """Review rev174 F3: transformers' loader threads open shards of one
+    directory at once; the first pass attaches it once, the other threads
+    waiting for that attach (before, each thread that found no entry
+    attached it: up to 4 replies of N + 2 descriptors and N mappings). The
+    attach is slowed so that the threads overlap."""
+    import threading
+    import wcache._shards as shards
+    d, files = serve_big(tmp_path, monkeypatch, 8)
+    calls, real = [], shards._attach
+
+    def slow_attach(*args):
+        calls.append(args[1])
+        time.sleep(0.2)
+        return real(*args)
+
+    monkeypatch.setattr(shards, "_attach", slow_attach)
+    start, state, errors = threading.Barrier(4), {}, []
+
+    def load(paths):
+        try:
+            start.wait()
+            for p in paths:
+                with wcache.safe_open(p, framework="pt") as f:
+                    assert f.model.source == "wcached", f.model
+                    state.update({k: f.get_tensor(k) for k in f.keys()})
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=load, args=(files[i::4],)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert len(state) == 2 * len(files)
+    assert calls == [os.path.dirname(files[0])]

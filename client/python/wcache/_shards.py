@@ -106,14 +106,16 @@ _MAX_ENTRIES = 256     # past this, entries no longer of use are dropped
 
 _lock = threading.Lock()
 _dirs = {}  # directory (as asked) -> _Entry
+_attaching = {}  # directory -> threading.Event set when its attach in flight ends
 fork_safe_module(globals(), "_lock")
 
 
 def _after_fork_in_child():
     """A child asks its own wcached connection: the parent's entries name
-    the parent's."""
-    global _dirs
+    the parent's, and its attaches in flight are the parent's threads'."""
+    global _dirs, _attaching
     _dirs = {}
+    _attaching = {}
 
 
 if hasattr(os, "register_at_fork"):
@@ -208,18 +210,55 @@ def _directory(client, directory, name, st):
     refused here too. So the first pass over a held directory's files asks
     wcached nothing (review rev172's bench MISS: it attached the directory
     anew for each file)."""
+    while True:
+        entry, h = _held(client, directory, name, st)
+        if h is not None or _not_served(client, directory):
+            return entry, h
+        del h  # an error raised below must not hold the directory (its traceback)
+        # One attach in flight per directory: a thread that finds one
+        # waits for it and looks again (review rev174 F3: transformers'
+        # loader threads each attached the directory on the first pass,
+        # N + 2 descriptors and N mappings each).
+        with _lock:
+            busy = _attaching.get(directory)
+            if busy is None:
+                busy = _attaching[directory] = threading.Event()
+                break
+        busy.wait()
+    try:
+        return _attach_anew(client, directory)
+    finally:
+        with _lock:
+            if _attaching.get(directory) is busy:
+                del _attaching[directory]
+        busy.set()
+
+
+def _not_served(client, directory):
+    """Whether the registry takes directory as not served (for client) now."""
     with _lock:
         entry = _dirs.get(directory)
-    if entry is not None and entry.client() is client:
-        if entry.handle is None:
-            if time.monotonic() < entry.until:
-                return None, None
-        else:
-            h = entry.attached()
-            if h is not None and (_still_known(entry, h, st) or
-                                  _as_attached(entry, h, name, st)):
-                return entry, h
-            del h  # an error raised below must not hold the directory (its traceback)
+    return entry is not None and entry.client() is client and entry.handle is None and \
+        time.monotonic() < entry.until
+
+
+def _held(client, directory, name, st):
+    """(the registry's entry, its _Handle) when it holds the directory for
+    client and answers for the file named name whose fstat is st without
+    asking wcached (_directory); else (None, None)."""
+    with _lock:
+        entry = _dirs.get(directory)
+    if entry is not None and entry.client() is client and entry.handle is not None:
+        h = entry.attached()
+        if h is not None and (_still_known(entry, h, st) or _as_attached(entry, h, name, st)):
+            return entry, h
+    return None, None
+
+
+def _attach_anew(client, directory):
+    """_directory's attach, with no other thread attaching directory."""
+    with _lock:
+        entry = _dirs.get(directory)
     prior = entry if entry is not None and entry.client() is client and \
         entry.names is not None else None
     try:
