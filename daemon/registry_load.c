@@ -941,24 +941,28 @@ registry_reload_as(struct registry *r, struct model_entry *m, enum reload_kind k
 	return queue_load(r, m->name, m->path, m->pin, m->warm, kind, done, arg);
 }
 
-int
-registry_reload(struct registry *r, const char *name, registry_done_fn done, void *arg)
+/* registry_reload_as of the model called name: -ENOENT when unknown. */
+static int
+reload_named(struct registry *r, const char *name, enum reload_kind kind, registry_done_fn done,
+	void *arg)
 {
 	struct model_entry *m = registry_entry_named(r, name);
 
 	if (m == NULL)
 		return error_set(-ENOENT, "model \"%s\" is not loaded", name);
-	return registry_reload_as(r, m, RELOAD_OPERATOR, done, arg);
+	return registry_reload_as(r, m, kind, done, arg);
+}
+
+int
+registry_reload(struct registry *r, const char *name, registry_done_fn done, void *arg)
+{
+	return reload_named(r, name, RELOAD_OPERATOR, done, arg);
 }
 
 int
 registry_reload_watched(struct registry *r, const char *name, registry_done_fn done, void *arg)
 {
-	struct model_entry *m = registry_entry_named(r, name);
-
-	if (m == NULL)
-		return error_set(-ENOENT, "model \"%s\" is not loaded", name);
-	return registry_reload_as(r, m, RELOAD_WATCHED, done, arg);
+	return reload_named(r, name, RELOAD_WATCHED, done, arg);
 }
 
 /*
