@@ -524,6 +524,18 @@ read_after(struct workq_job *job, int status)
 		}
 		return;
 	}
+	if (rr->cfg != NULL && rr->cfg->n_models == 0 && d->cfg->n_models > 0) {
+		/* An empty file, or one cut before its first model: what an
+		 * editor or a tool writing in place leaves for a moment
+		 * (review rev173 F6). Unloading every model is never what a
+		 * reload of that is for. */
+		snprintf(rr->message, sizeof(rr->message), "%s configures no model (%zu configured "
+			 "now): a reload does not unload every model; write the file whole and "
+			 "rename(2) it into place, or `wcachectl unload` each model",
+			d->config_path, d->cfg->n_models);
+		config_free(rr->cfg);
+		rr->cfg = NULL;
+	}
 	if (rr->cfg == NULL) {
 		log_errorx("reload refused: %s", rr->message);
 		if (d->reloads == 0 && d->serving) {

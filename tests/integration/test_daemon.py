@@ -592,6 +592,36 @@ def test_a_reload_of_a_config_replaced_by_a_fifo_is_refused(tmp_path, model):
         d.stop()
 
 
+def test_a_reload_of_a_config_with_no_model_is_refused(tmp_path, model):
+    """A reload (SIGHUP, `wcachectl reload`) of a configuration that names
+    no model while some are configured (an empty file, or one cut before
+    its first section, as an editor writing in place leaves it for a
+    moment) is refused with one line, and every model keeps serving.
+    Before, it was applied: every model was unloaded (review rev173 F6).
+    The next reload of the whole file applies as before."""
+    d = Daemon(tmp_path, {"small": model}).start()
+    text = open(d.conf).read()
+    refused = (f"reload refused: {d.conf} configures no model (1 configured now): a reload "
+               "does not unload every model")
+    try:
+        with open(d.conf, "w") as f:
+            f.write(text.split("[model ")[0])  # what precedes the first model
+        d.proc.send_signal(signal.SIGHUP)
+        d.wait_for_log(re.escape(refused))
+        r = ctlutil.ctl(d, "reload", timeout=60)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "configures no model" in r.stdout + r.stderr, r
+        assert "unloaded" not in d.read_log(), d.read_log()[-2000:]
+        assert d.attach("small").returncode == 0  # still serving
+        with open(d.conf, "w") as f:
+            f.write(text)
+        r = ctlutil.ctl(d, "reload", timeout=30)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert d.attach("small").returncode == 0
+    finally:
+        d.stop()
+
+
 def assert_waited_for_its_work(d):
     """d, stopped, exited once its threads' work had returned: its stop did
     not give up on work that never returns (a read of a hung server, of a
