@@ -59,6 +59,7 @@ setup(struct registry *r)
 {
 	r->promoted = promoted;
 	r->pages_ended = registry_pages_ended;
+	r->retired_max = REGISTRY_RETIRED_MAX;
 	workq_init(&r->workq, r->loop, REMOTE_STALL_MS);
 	return 0;
 }

@@ -154,6 +154,10 @@ struct registry {
 	 * as it is at shutdown. */
 	int fdstore;
 	int restart_hold_ms;            /* restore_adopt_held(): how long HOLDs may come */
+	/* How many retired generations of one model may stay open before a
+	 * reload of it waits (REGISTRY_RETIRED_MAX, set by registry_init;
+	 * unit tests that need more generations raise it). */
+	unsigned retired_max;
 	/* Where staged copies go (stage.h; registry_set_stage_dir), absolute
 	 * and resolved (no symbolic link in it) when it existed when set;
 	 * NULL: none, and a model that must stage is refused. */

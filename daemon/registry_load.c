@@ -892,7 +892,7 @@ registry_reload_held(struct registry *r, struct model_entry *m)
 	enum reload_kind again = m->reload_again;
 
 	if (again == RELOAD_NONE || m->loading > 0 || r->closing ||
-		retired_held(r, m) >= REGISTRY_RETIRED_MAX)
+		retired_held(r, m) >= r->retired_max)
 		return;
 	m->reload_again = RELOAD_NONE;
 	log_info("model \"%s\": an older generation was released; reloading", m->name);
@@ -906,7 +906,7 @@ registry_reload_as(struct registry *r, struct model_entry *m, enum reload_kind k
 {
 	unsigned held;
 
-	if (m->loading == 0 && (held = retired_held(r, m)) >= REGISTRY_RETIRED_MAX) {
+	if (m->loading == 0 && (held = retired_held(r, m)) >= r->retired_max) {
 		/* Each generation held open keeps 2 descriptors a file and 2
 		 * for its index, and its locked metadata: one uid that attaches
 		 * every generation would take wcached's descriptors from every
