@@ -120,14 +120,37 @@ open_model(struct load_request *q, const char *path)
 static void drop_opened(struct load_request *q);
 
 /*
+ * Work queue thread: whether the tree root now is a sibling of was (one
+ * directory holds both) owned by the same user: a deployer's swap of her
+ * versions by a symbolic link (README, "Updating a model safely"). Another
+ * tenant's model lies elsewhere or is another user's (review rev173 F1);
+ * a was that is gone (stat fails) is no sibling.
+ */
+static int
+sibling_swap(const char *was, const char *now)
+{
+	char *d1 = path_dir(was), *d2 = path_dir(now);
+	struct stat s1, s2;
+	int ok = d1 != NULL && d2 != NULL && strcmp(d1, d2) == 0 &&
+		stat(was, &s1) == 0 && stat(now, &s2) == 0 && s1.st_uid == s2.st_uid;
+
+	free(d1);
+	free(d2);
+	return ok;
+}
+
+/*
  * Work queue thread, for a watched reload: whether the files it opened lie
  * in the tree its model's newest generation resolved (q->keep_resolved). The
  * last component of a configured path is often not the operator's (the
  * deployer who renames her model's directory over it owns its parent):
  * a symbolic link renamed there to another tenant's model is followed only
- * on an operator's reload. A path that resolved to another place while the
- * files were opened (q->resolved NULL) is refused too: its files may be
- * anywhere. 0, or -EXDEV with q->message.
+ * on an operator's reload. One move is the deployer's own and taken: to a
+ * sibling of the old tree (the same directory holds both) with the same
+ * owner, README's `ln -s v2 .next && mv -T .next llama` (sibling_swap). A
+ * path that resolved to another place while the files were opened
+ * (q->resolved NULL) is refused too: its files may be anywhere. 0, or
+ * -EXDEV with q->message.
  */
 static int
 same_tree(struct load_request *q)
@@ -135,7 +158,8 @@ same_tree(struct load_request *q)
 	char *was = gen_tree_root(q->keep_resolved);
 	char *root = q->resolved != NULL ? gen_tree_root(q->resolved) : NULL;
 	const char *old = was != NULL ? was : q->keep_resolved;
-	int same = root != NULL && was != NULL && strcmp(root, was) == 0;
+	int same = root != NULL && was != NULL &&
+		(strcmp(root, was) == 0 || sibling_swap(was, root));
 
 	if (root == NULL)
 		snprintf(q->message, sizeof(q->message), "its path %s resolved to another place "

@@ -99,6 +99,37 @@ def test_a_link_renamed_over_a_model_directory_waits_for_the_operator(tmp_path):
         assert d.stop() == 0, d.read_log()
 
 
+def test_a_deployer_swaps_her_versions_by_a_link_but_not_into_another_users_tree(tmp_path):
+    """README "Updating a model safely": `ln -s v2 .next && mv -T .next m`
+    swaps a directory model to a sibling version of its owner's, and
+    wcached takes it by itself (the F1 refusal had made that wait for the
+    operator). A sibling that another user owns (a tree she did not make)
+    is refused as F1's link to another directory is."""
+    alice = owned_dir(tmp_path / "alice", ALICE_UID)
+    mkmodel(os.path.join(alice, "m1.tmp"), seed=1)
+    mkmodel(os.path.join(alice, "m2.tmp"), seed=2)
+    as_alice("mkdir v1 v2 && mv m1.tmp v1/model.safetensors && mv m2.tmp v2/model.safetensors"
+             " && ln -s v1 m", alice)
+    other = owned_dir(os.path.join(alice, "x"), OTHER_UID)
+    mkmodel(os.path.join(other, "model.safetensors"), seed=3)
+    os.chown(os.path.join(other, "model.safetensors"), OTHER_UID, GROUP)
+    d = Daemon(tmp_path, {"alice": os.path.join(alice, "m")}, user=(DAEMON_UID, GROUP),
+               nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "alice": generation 1 warm')
+        as_alice("ln -s v2 .next && mv -T .next m", alice)
+        d.wait_for_log(r'model "alice": generation 2 is current')
+        assert "generation 2" in served_generation(d, "alice")
+
+        as_alice("ln -s x .next && mv -T .next m", alice)
+        _, line = d.wait_for_log(r'model "alice": its path .* now resolves into')
+        assert other in line and "generation 2 still serving" in line, line
+        assert "generation 2" in served_generation(d, "alice")
+        assert 'model "alice": generation 3' not in d.read_log()
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
 def generation_lines(d):
     """How many lines say alice's generation changed, a load of it failed, or
     its reload waits for a release."""
