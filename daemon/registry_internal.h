@@ -23,19 +23,23 @@ enum reload_kind {
 };
 
 /* registry_load.c: queues a reload of m as kind asks (registry_reload's
- * answers); while REGISTRY_RETIRED_MAX of m's retired generations are open
- * it waits (reload_again), with one warning and done(-EBUSY). */
+ * answers); while m's retired generations still open are as many as a
+ * reload may leave (at least REGISTRY_RETIRED_MAX, then bounded by their
+ * descriptors: registry_load.c's retired_full) it waits (reload_again),
+ * with one warning and done(-EBUSY). */
 int registry_reload_as(struct registry *r, struct model_entry *m, enum reload_kind kind,
 	registry_done_fn done, void *arg);
 
-/* How many retired generations of one model may stay open (attached, or
- * held otherwise) before a reload of it waits for one to close: bounds the
- * descriptors and locked metadata one model's attaches keep. */
+/* How many retired generations of one model may always stay open
+ * (attached, or held otherwise); past it a reload waits for one to close
+ * when their descriptors pass an eighth of RLIMIT_NOFILE, or every model's
+ * half (retired_full): bounds the descriptors and locked metadata one
+ * model's attaches keep. */
 #define REGISTRY_RETIRED_MAX 4
 
 /* registry_load.c: runs m's reload that waited (reload_again) once no
- * load of m is in flight and fewer than REGISTRY_RETIRED_MAX of its
- * retired generations are open; otherwise nothing. Loop thread. */
+ * load of m is in flight and its retired generations leave room again
+ * (retired_full); otherwise nothing. Loop thread. */
 void registry_reload_held(struct registry *r, struct model_entry *m);
 
 /* registry.c: the model called exactly name, or NULL. */

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -897,17 +898,50 @@ registry_load(struct registry *r, const char *name, const char *path, enum pin_m
 	return queue_load(r, name, path, pin, warm, RELOAD_NONE, done, arg);
 }
 
-/* How many of m's generations are neither current nor warming to be, yet
- * still open: retired, held by attaches (or a HOLD, a check, page work). */
-static unsigned
-retired_held(const struct registry *r, const struct model_entry *m)
+/* The descriptors a generation keeps open: 2 a file (its own and the one
+ * workers get) and 2 for its index. */
+static uint64_t
+gen_fds(const struct generation *g)
+{
+	return 2 * (uint64_t)g->source.nfiles + 2;
+}
+
+/*
+ * Whether m's retired generations (neither current nor warming to be, yet
+ * still open: held by attaches, a HOLD, a check, page work) are as many as
+ * a reload may leave open; *held gets how many there are. Fewer than
+ * r->retired_max (4) always leave room. Past that, room is left while
+ * their descriptors stay within an eighth of wcached's soft RLIMIT_NOFILE
+ * and every model's retired generations within half of it: a model of a
+ * few files swapped under long-lived workers keeps getting its new
+ * generations (hundreds under the unit's 65536), while one uid attaching
+ * every generation of a 250-file model (review rev173 F9) stops at 16, and
+ * of all the models it owns at half the descriptors.
+ */
+static int
+retired_full(const struct registry *r, const struct model_entry *m, unsigned *held)
 {
 	unsigned n = 0;
+	uint64_t mine = 0, all = 0;
+	struct rlimit rl;
 
-	for (const struct generation *g = r->generations; g != NULL; g = g->next)
-		if (g->model == m && g != m->current && g != m->pending)
+	for (const struct generation *g = r->generations; g != NULL; g = g->next) {
+		const struct model_entry *o = g->model;
+
+		if (o != NULL && (g == o->current || g == o->pending))
+			continue;  /* serving or to serve; an unloaded model's count */
+		all += gen_fds(g);
+		if (o == m) {
 			n++;
-	return n;
+			mine += gen_fds(g);
+		}
+	}
+	*held = n;
+	if (n < r->retired_max)
+		return 0;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == -1 || rl.rlim_cur == RLIM_INFINITY)
+		return 1;
+	return mine >= rl.rlim_cur / 8 || all >= rl.rlim_cur / 2;
 }
 
 void
@@ -915,8 +949,9 @@ registry_reload_held(struct registry *r, struct model_entry *m)
 {
 	enum reload_kind again = m->reload_again;
 
-	if (again == RELOAD_NONE || m->loading > 0 || r->closing ||
-		retired_held(r, m) >= r->retired_max)
+	unsigned held;
+
+	if (again == RELOAD_NONE || m->loading > 0 || r->closing || retired_full(r, m, &held))
 		return;
 	m->reload_again = RELOAD_NONE;
 	log_info("model \"%s\": an older generation was released; reloading", m->name);
@@ -930,7 +965,7 @@ registry_reload_as(struct registry *r, struct model_entry *m, enum reload_kind k
 {
 	unsigned held;
 
-	if (m->loading == 0 && (held = retired_held(r, m)) >= r->retired_max) {
+	if (m->loading == 0 && retired_full(r, m, &held)) {
 		/* Each generation held open keeps 2 descriptors a file and 2
 		 * for its index, and its locked metadata: one uid that attaches
 		 * every generation would take wcached's descriptors from every

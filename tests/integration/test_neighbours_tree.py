@@ -137,15 +137,36 @@ def generation_lines(d):
                           r'|.*older generations are still attached)', d.read_log()))
 
 
+def replace_and_attach(d, alice, held, k):
+    """Renames a new file over alice's model and, once wcached said what it
+    made of it, attaches alice on the connection held (its descriptors
+    closed here, the attach kept). False when no line came in 5 s."""
+    seen = generation_lines(d)
+    mkmodel(os.path.join(alice, "next.safetensors"), seed=10 + k)
+    os.rename(os.path.join(alice, "next.safetensors"), os.path.join(alice, "model.safetensors"))
+    try:
+        wait_until(lambda: generation_lines(d) > seen, timeout=5, what="alice's reload")
+    except AssertionError:
+        return False
+    held.send(message(1, b"alice", seq=k + 1))
+    data, anc, _, _ = held.recvmsg(65536, socket.CMSG_SPACE(4 * 16))
+    for level, kind, cdata in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            for (fd,) in struct.iter_unpack("i", cdata[:len(cdata) // 4 * 4]):
+                os.close(fd)
+    return True
+
+
 def test_attaching_every_generation_cannot_take_the_daemons_descriptors(tmp_path):
     """F9: the owner of one model, who may attach it, keeps one attach of each
     generation she makes (a file renamed over, seen by inotify). Each kept
     4 descriptors in wcached (the file, its reopen, the index, its reopen)
     with no bound, so wcached (RLIMIT_NOFILE 128 here, a reserve of 32)
     refused every other user with "wcached is short of file descriptors".
-    Now at most REGISTRY_RETIRED_MAX (4) retired generations stay open:
-    the next reload waits, with one warning, until she releases one; the
-    other user is served, and her release lets the waiting reload run."""
+    Now past REGISTRY_RETIRED_MAX (4) retired generations a reload waits
+    while theirs pass an eighth of the limit (16 descriptors here: 4
+    generations), with one warning, until she releases one; the other user
+    is served, and her release lets the waiting reload run."""
     alice = owned_dir(tmp_path / "alice", ALICE_UID)
     mkmodel(os.path.join(alice, "model.safetensors"), seed=1)
     bob = mkmodel(tmp_path / "bob.safetensors", seed=2)
@@ -158,21 +179,8 @@ def test_attaching_every_generation_cannot_take_the_daemons_descriptors(tmp_path
         held.settimeout(10.0)
         held.connect(d.socket)
         for k in range(24):
-            seen = generation_lines(d)
-            mkmodel(os.path.join(alice, "next.safetensors"), seed=10 + k)
-            os.rename(os.path.join(alice, "next.safetensors"),
-                      os.path.join(alice, "model.safetensors"))
-            try:
-                wait_until(lambda: generation_lines(d) > seen, timeout=5,
-                           what="alice's reload")
-            except AssertionError:
+            if not replace_and_attach(d, alice, held, k):
                 break  # nothing more comes: her reloads wait
-            held.send(message(1, b"alice", seq=k + 1))
-            data, anc, _, _ = held.recvmsg(65536, socket.CMSG_SPACE(4 * 16))
-            for level, kind, cdata in anc:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    for (fd,) in struct.iter_unpack("i", cdata[:len(cdata) // 4 * 4]):
-                        os.close(fd)
         r = subprocess.run(as_user(OTHER_UID, GROUP) + [binary("wcachectl"), "attach", "bob",
                            "--socket", d.socket], capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr
@@ -184,6 +192,30 @@ def test_attaching_every_generation_cannot_take_the_daemons_descriptors(tmp_path
         wait_until(lambda: len(re.findall(r'model "alice": generation \d+ is current',
                                           d.read_log())) > current, timeout=30,
                    what="the reload that waited for a release")
+    finally:
+        held.close()
+        assert d.stop() == 0, d.read_log()
+
+
+def test_workers_that_keep_old_generations_do_not_stop_a_small_models_updates(tmp_path):
+    """The bound of F9 is on descriptors, not a count alone: long-lived
+    workers that each keep the generation they started with (never
+    releasing it) must not stop a one-file model's updates after 4 swaps.
+    Under RLIMIT_NOFILE 1024 its 8 retired generations keep 32 descriptors
+    (an eighth is 128): every swap becomes current, and nothing waits."""
+    alice = owned_dir(tmp_path / "alice", ALICE_UID)
+    mkmodel(os.path.join(alice, "model.safetensors"), seed=1)
+    d = Daemon(tmp_path, {"alice": alice}, user=(DAEMON_UID, GROUP), nofile=1024).start()
+    held = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        d.wait_for_log(r'model "alice": generation 1 warm')
+        os.chmod(d.socket, 0o666)
+        held.settimeout(10.0)
+        held.connect(d.socket)
+        for k in range(8):
+            assert replace_and_attach(d, alice, held, k), d.read_log()[-2000:]
+        d.wait_for_log(r'model "alice": generation 9 is current')
+        assert "older generations are still attached" not in d.read_log()
     finally:
         held.close()
         assert d.stop() == 0, d.read_log()
