@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "base/file.h"
 #include "base/path.h"
 #include "proto/le.h"
 
@@ -443,12 +444,7 @@ fail:
 int64_t
 fdstore_time_ns(const struct timespec *t)
 {
-	int64_t ns;
-
-	if (__builtin_mul_overflow((int64_t)t->tv_sec, (int64_t)1000000000, &ns) ||
-		__builtin_add_overflow(ns, (int64_t)t->tv_nsec, &ns))
-		return t->tv_sec < 0 ? INT64_MIN : INT64_MAX;
-	return ns;
+	return file_time_ns(t);
 }
 
 static int

@@ -230,6 +230,17 @@ file_ctime_moved(const struct stat *then, const struct stat *now)
 	return now->st_nlink == then->st_nlink && !same_time(&now->st_ctim, &then->st_ctim);
 }
 
+int64_t
+file_time_ns(const struct timespec *t)
+{
+	int64_t ns;
+
+	if (__builtin_mul_overflow((int64_t)t->tv_sec, (int64_t)1000000000, &ns) ||
+		__builtin_add_overflow(ns, (int64_t)t->tv_nsec, &ns))
+		return t->tv_sec < 0 ? INT64_MIN : INT64_MAX;
+	return ns;
+}
+
 bool
 file_written_in_place(const struct stat *then, const struct stat *now)
 {

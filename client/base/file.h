@@ -115,6 +115,10 @@ bool file_ctime_moved(const struct stat *then, const struct stat *now);
  * same inode's) shows: its size or mtime moved, or file_ctime_moved? */
 bool file_written_in_place(const struct stat *then, const struct stat *now);
 
+/* A file time as nanoseconds since the epoch; times past the year 2262 (or
+ * before 1678) saturate to INT64_MAX (INT64_MIN) instead of overflowing. */
+int64_t file_time_ns(const struct timespec *t);
+
 /* The last component of path, as a model's index records its files. */
 const char *file_basename(const char *path);
 

@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "base/file.h"
 #include "proto/memfds.h"
 #include "lib/attach_reply.h"
 #include "lib/model.h"
@@ -269,8 +270,7 @@ model_from_fds(const char *name, const struct wire_attach_ok *ok, int *fds, size
 		}
 		ids[i] = (wc_file_identity){ .dev = (uint64_t)st.st_dev,
 			.ino = (uint64_t)st.st_ino, .size = (uint64_t)st.st_size,
-			.mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec,
-			.ctime_ns = (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec };
+			.mtime_ns = file_time_ns(&st.st_mtim), .ctime_ns = file_time_ns(&st.st_ctim) };
 		/* wcached passes model files read-only; anything else is not
 		 * from wcached. */
 		if ((flags = fcntl(fds[1 + i], F_GETFL)) == -1) {

@@ -154,7 +154,7 @@ typedef struct wc_file_identity {
 	uint64_t dev;     /* st_dev */
 	uint64_t ino;     /* st_ino */
 	uint64_t size;    /* st_size */
-	int64_t mtime_ns; /* st_mtim, nanoseconds since the epoch */
+	int64_t mtime_ns; /* st_mtim, nanoseconds since the epoch (INT64_MAX past 2262) */
 	int64_t ctime_ns; /* st_ctim, the same */
 } wc_file_identity;
 
