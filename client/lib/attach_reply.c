@@ -270,7 +270,8 @@ model_from_fds(const char *name, const struct wire_attach_ok *ok, int *fds, size
 		}
 		ids[i] = (wc_file_identity){ .dev = (uint64_t)st.st_dev,
 			.ino = (uint64_t)st.st_ino, .size = (uint64_t)st.st_size,
-			.mtime_ns = file_time_ns(&st.st_mtim), .ctime_ns = file_time_ns(&st.st_ctim) };
+			.mtime_ns = file_time_ns(&st.st_mtim),
+			.ctime_ns = file_time_ns(&st.st_ctim) };
 		/* wcached passes model files read-only; anything else is not
 		 * from wcached. */
 		if ((flags = fcntl(fds[1 + i], F_GETFL)) == -1) {
