@@ -2,6 +2,7 @@
 what she can change of her own model's path must not reach another model's
 files, nor wcached's descriptors. wcached runs unprivileged, as the
 neighbour tests do (test_neighbours.py)."""
+import contextlib
 import hashlib
 import os
 import re
@@ -137,6 +138,27 @@ def generation_lines(d):
                           r'|.*older generations are still attached)', d.read_log()))
 
 
+@contextlib.contextmanager
+def alice_and_a_connection(tmp_path, others, nofile):
+    """wcached (unprivileged, RLIMIT_NOFILE nofile) serving alice's directory
+    model, generation 1 warm, and others; yields (d, alice's directory, a
+    connection to its client socket that the test holds). Stops both."""
+    alice = owned_dir(tmp_path / "alice", ALICE_UID)
+    mkmodel(os.path.join(alice, "model.safetensors"), seed=1)
+    d = Daemon(tmp_path, dict(others, alice=alice), user=(DAEMON_UID, GROUP),
+               nofile=nofile).start()
+    held = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        d.wait_for_log(r'model "alice": generation 1 warm')
+        os.chmod(d.socket, 0o666)
+        held.settimeout(10.0)
+        held.connect(d.socket)
+        yield d, alice, held
+    finally:
+        held.close()
+        assert d.stop() == 0, d.read_log()
+
+
 def replace_and_attach(d, alice, held, k):
     """Renames a new file over alice's model and, once wcached said what it
     made of it, attaches alice on the connection held (its descriptors
@@ -167,17 +189,8 @@ def test_attaching_every_generation_cannot_take_the_daemons_descriptors(tmp_path
     while theirs pass an eighth of the limit (16 descriptors here: 4
     generations), with one warning, until she releases one; the other user
     is served, and her release lets the waiting reload run."""
-    alice = owned_dir(tmp_path / "alice", ALICE_UID)
-    mkmodel(os.path.join(alice, "model.safetensors"), seed=1)
     bob = mkmodel(tmp_path / "bob.safetensors", seed=2)
-    d = Daemon(tmp_path, {"alice": alice, "bob": bob}, user=(DAEMON_UID, GROUP),
-               nofile=128).start()
-    held = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        d.wait_for_log(r'model "alice": generation 1 warm')
-        os.chmod(d.socket, 0o666)
-        held.settimeout(10.0)
-        held.connect(d.socket)
+    with alice_and_a_connection(tmp_path, {"bob": bob}, 128) as (d, alice, held):
         for k in range(24):
             if not replace_and_attach(d, alice, held, k):
                 break  # nothing more comes: her reloads wait
@@ -192,9 +205,6 @@ def test_attaching_every_generation_cannot_take_the_daemons_descriptors(tmp_path
         wait_until(lambda: len(re.findall(r'model "alice": generation \d+ is current',
                                           d.read_log())) > current, timeout=30,
                    what="the reload that waited for a release")
-    finally:
-        held.close()
-        assert d.stop() == 0, d.read_log()
 
 
 def test_workers_that_keep_old_generations_do_not_stop_a_small_models_updates(tmp_path):
@@ -203,19 +213,8 @@ def test_workers_that_keep_old_generations_do_not_stop_a_small_models_updates(tm
     releasing it) must not stop a one-file model's updates after 4 swaps.
     Under RLIMIT_NOFILE 1024 its 8 retired generations keep 32 descriptors
     (an eighth is 128): every swap becomes current, and nothing waits."""
-    alice = owned_dir(tmp_path / "alice", ALICE_UID)
-    mkmodel(os.path.join(alice, "model.safetensors"), seed=1)
-    d = Daemon(tmp_path, {"alice": alice}, user=(DAEMON_UID, GROUP), nofile=1024).start()
-    held = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        d.wait_for_log(r'model "alice": generation 1 warm')
-        os.chmod(d.socket, 0o666)
-        held.settimeout(10.0)
-        held.connect(d.socket)
+    with alice_and_a_connection(tmp_path, {}, 1024) as (d, alice, held):
         for k in range(8):
             assert replace_and_attach(d, alice, held, k), d.read_log()[-2000:]
         d.wait_for_log(r'model "alice": generation 9 is current')
         assert "older generations are still attached" not in d.read_log()
-    finally:
-        held.close()
-        assert d.stop() == 0, d.read_log()
