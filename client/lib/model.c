@@ -216,23 +216,28 @@ model_keep_fds(wc_model *m, int *fds)
  * (model_keep_fds). A descriptor whose fstat fails otherwise (ESTALE, EIO:
  * a file another host replaced on NFS or FUSE) is still the model's open
  * file and is closed (review rev174 F4: it leaked). A model without
- * identities closes what it holds, as before. Called with kept_lock held.
+ * identities closes what it holds, as before. For kept descriptor i; called
+ * with kept_lock held.
  */
+static void
+forget_foreign_fd(wc_model *m, uint64_t i)
+{
+	struct stat st;
+
+	if (m->file_ids == NULL || m->file_fds[i] < 0)
+		return;
+	if (fstat(m->file_fds[i], &st) == -1 ? errno == EBADF :
+		(uint64_t)st.st_dev != m->file_ids[i].dev ||
+		(uint64_t)st.st_ino != m->file_ids[i].ino)
+		m->file_fds[i] = -1;
+}
+
+/* forget_foreign_fd() of each kept descriptor. */
 static void
 forget_foreign_fds(wc_model *m)
 {
-	if (m->file_ids == NULL)
-		return;
-	for (uint64_t i = 0; i < m->header.file_count; i++) {
-		struct stat st;
-
-		if (m->file_fds[i] < 0)
-			continue;
-		if (fstat(m->file_fds[i], &st) == -1 ? errno == EBADF :
-			(uint64_t)st.st_dev != m->file_ids[i].dev ||
-			(uint64_t)st.st_ino != m->file_ids[i].ino)
-			m->file_fds[i] = -1;
-	}
+	for (uint64_t i = 0; i < m->header.file_count; i++)
+		forget_foreign_fd(m, i);
 }
 
 /* Takes m off the list of models that keep descriptors and closes those
@@ -524,7 +529,8 @@ wc_model_fd(const wc_model *m, size_t file)
 
 /* A descriptor is the model's until it closes it (model.h, file_fds):
  * closing one here is the model's own close, which wc_release() then
- * skips. */
+ * skips; one that is no longer its file is forgotten, not closed, as
+ * wc_release() does (forget_foreign_fd). */
 int
 wc_model_close_fd(wc_model *m, size_t file)
 {
@@ -535,10 +541,8 @@ wc_model_close_fd(wc_model *m, size_t file)
 			(unsigned long long)m->header.file_count);
 	if (m->file_fds != NULL) {
 		pthread_mutex_lock(&kept_lock);
-		if (m->file_fds[file] >= 0) {
-			close(m->file_fds[file]);
-			m->file_fds[file] = -1;
-		}
+		forget_foreign_fd(m, file);
+		model_close_fds(&m->file_fds[file], 1);
 		pthread_mutex_unlock(&kept_lock);
 	}
 	return 0;

@@ -865,12 +865,14 @@ test_identity_and_close_fd(void **state)
 	assert_error(wc_model_close_fd(fds, 2), -ERANGE, "file 2 of 2");
 	assert_error(wc_model_close_fd(NULL, 0), -EINVAL, "no model");
 	check_tensors(fds); /* the mappings stay */
-	/* closefrom() behind the model's back, and the number reused: the
-	 * release leaves the new file open. */
+	/* closefrom() behind the model's back, and the number reused:
+	 * wc_model_close_fd() and the release leave the new file open. */
 	other = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	assert_true(other >= 0);
 	assert_int_equal(dup3(other, fd1, O_CLOEXEC), fd1); /* closes the model's */
 	close(other);
+	assert_int_equal(wc_model_close_fd(fds, 1), 0);
+	assert_int_not_equal(fcntl(fd1, F_GETFD), -1);
 	wc_release(fds);
 	assert_int_not_equal(fcntl(fd1, F_GETFD), -1);
 	close(fd1);
