@@ -501,6 +501,20 @@ wc_model_generation(const wc_model *m)
 	return m == NULL ? 0 : m->generation;
 }
 
+/* 0 when m is a model and file one of its file numbers; else -EINVAL with
+ * no_model, or -ERANGE naming the file and the count (wc_model_fd,
+ * wc_model_close_fd and wc_model_file_identity). */
+static int
+check_file(const wc_model *m, size_t file, const char *no_model)
+{
+	if (m == NULL)
+		return error_set(-EINVAL, "%s", no_model);
+	if (file >= m->header.file_count)
+		return error_set(-ERANGE, "%s: file %zu of %llu", m->name, file,
+			(unsigned long long)m->header.file_count);
+	return 0;
+}
+
 /* The descriptors are the model's own (model.h, file_fds): lent, never
  * given; a model that is neither a derived artifact nor from
  * wc_attach_fds() keeps none, so an ordinary model costs no descriptor
@@ -508,13 +522,10 @@ wc_model_generation(const wc_model *m)
 int
 wc_model_fd(const wc_model *m, size_t file)
 {
-	int fd = -1;
+	int fd = -1, r;
 
-	if (m == NULL)
-		return error_set(-EINVAL, "wc_model_fd: no model");
-	if (file >= m->header.file_count)
-		return error_set(-ERANGE, "%s: file %zu of %llu", m->name, file,
-			(unsigned long long)m->header.file_count);
+	if ((r = check_file(m, file, "wc_model_fd: no model")) < 0)
+		return r;
 	if (m->file_fds != NULL) {
 		pthread_mutex_lock(&kept_lock);
 		fd = m->file_fds[file];
@@ -534,11 +545,10 @@ wc_model_fd(const wc_model *m, size_t file)
 int
 wc_model_close_fd(wc_model *m, size_t file)
 {
-	if (m == NULL)
-		return error_set(-EINVAL, "wc_model_close_fd: no model");
-	if (file >= m->header.file_count)
-		return error_set(-ERANGE, "%s: file %zu of %llu", m->name, file,
-			(unsigned long long)m->header.file_count);
+	int r;
+
+	if ((r = check_file(m, file, "wc_model_close_fd: no model")) < 0)
+		return r;
 	if (m->file_fds != NULL) {
 		pthread_mutex_lock(&kept_lock);
 		forget_foreign_fd(m, file);
@@ -551,11 +561,12 @@ wc_model_close_fd(wc_model *m, size_t file)
 int
 wc_model_file_identity(const wc_model *m, size_t file, wc_file_identity *out)
 {
-	if (m == NULL || out == NULL)
-		return error_set(-EINVAL, "wc_model_file_identity: no model or no identity");
-	if (file >= m->header.file_count)
-		return error_set(-ERANGE, "%s: file %zu of %llu", m->name, file,
-			(unsigned long long)m->header.file_count);
+	int r;
+
+	if (out == NULL)
+		return error_set(-EINVAL, "wc_model_file_identity: no identity");
+	if ((r = check_file(m, file, "wc_model_file_identity: no model")) < 0)
+		return r;
 	if (m->file_ids == NULL)
 		return error_set(-ENOENT, "%s: file %zu: no identity (only a model made of "
 			"wcached's descriptors has one; fstat the file)", m->name, file);
