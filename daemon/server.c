@@ -684,7 +684,11 @@ conn_idle(const struct conn *c, uint64_t now)
  * wait). Connections that attach nothing would otherwise keep every worker
  * out for as long as they stay open: four users at max_clients_per_uid are
  * max_clients. Returns 1 when one was closed, 0 when none is idle (the
- * newcomer is refused, as before).
+ * newcomer is refused, as before). Called for a newcomer that passed every
+ * other check (on_accept), so none is refused after a connection went for
+ * it. The control socket evicts the same way (control.c make_room: idle
+ * the longest, newest first with <= on a tie); a change to one is a change
+ * to both.
  */
 static int
 make_room(struct server *s)
@@ -808,11 +812,6 @@ on_accept(uv_poll_t *handle, int status, int events)
 			return;
 		}
 		s->accept_paused_logged = 0;
-		if (s->nconns >= s->max_clients && !make_room(s)) {
-			refuse(s, fd, "too many clients connected to wcached (max_clients)",
-				"%u clients connected (max_clients)", s->nconns);
-			continue;
-		}
 		if (s->fd_limit > 0 && fd >= s->fd_limit - s->fd_reserve) {
 			refuse(s, fd, "wcached is short of file descriptors",
 				"descriptor %d is in the reserve of %d (raise LimitNOFILE=)", fd,
@@ -850,6 +849,15 @@ on_accept(uv_poll_t *handle, int status, int events)
 			refuse(s, fd, "too many connections from this user (max_clients_per_uid)",
 				"the user has %u connections (max_clients_per_uid)",
 				s->max_clients_per_uid);
+			continue;
+		}
+		/* Last, so that a newcomer refused for any other reason never
+		 * has another's idle connection closed for it (make_room). */
+		if (s->nconns >= s->max_clients && !make_room(s)) {
+			free(c->groups);
+			free(c);
+			refuse(s, fd, "too many clients connected to wcached (max_clients)",
+				"%u clients connected (max_clients)", s->nconns);
 			continue;
 		}
 		if (uv_poll_init(s->loop, &c->poll, fd) < 0) {

@@ -119,15 +119,27 @@ def test_max_clients_per_uid(tmp_path, model):
         assert d.stop() == 0, d.read_log()
 
 
-def test_max_clients(tmp_path, model):
-    d = Daemon(tmp_path, {"small": model}, "max_clients = 2\nmax_clients_per_uid = 2\n").start()
+@pytest.mark.skipif(SETPRIV is None or os.geteuid() != 0,
+                    reason="needs root and setpriv (util-linux) to connect as nobody")
+def test_max_clients(shared_dir):
+    from pathlib import Path
+    model = mkmodel(Path(shared_dir) / "m.safetensors")
+    d = Daemon(Path(shared_dir), {"small": model},
+               "max_clients = 2\nmax_clients_per_uid = 2\n").start()
     held = []
     try:
+        os.chmod(d.socket, 0o666)
         for _ in range(2):
             s, mtype = served_connection(d)
             held.append(s)
             assert mtype == 129
+        # The per-uid limit is checked first: a newcomer it refuses never
+        # reaches max_clients (where it could close another user's idle
+        # connection to make room, server.c on_accept; review 175, F10).
         r = d.attach("small")
+        assert r.returncode == 1 and "max_clients_per_uid" in r.stderr, r.stderr
+        # Another user, under its own limit, meets max_clients.
+        r = as_nobody(binary("wcachectl"), "attach", "small", "--socket", d.socket)
         assert r.returncode == 1 and "too many clients" in r.stderr, r.stderr
         # The connected clients keep working.
         s = held[0]
