@@ -23,6 +23,14 @@
 struct wc_client {
 	int fd;               /* replaced by a reconnect (wc_client_fd() changes) */
 	uint64_t connection;  /* counts reconnects: which connection fd is */
+	/* fd's (st_dev, st_ino) on connection fd_connection (attach.c: taken
+	 * at the connect and by the first attach kept after a reconnect), so
+	 * that a number closefrom() took and the process reused is not closed
+	 * as the connection (attach_client_put). */
+	uint64_t fd_connection;
+	dev_t fd_dev;
+	ino_t fd_ino;
+	int fd_known;
 	pid_t pid;            /* the process that connected */
 	uint32_t seq;
 	int timeout_ms;       /* 0: wait forever */

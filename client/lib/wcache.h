@@ -18,7 +18,10 @@
  * A client belongs to the process that connected it: in a child, calls
  * that would use its connection (wc_attach(), wc_derive(), wc_set_timeout(),
  * wc_client_dispatch(), ending a build) fail with -ECHILD; wc_release() and
- * wc_disconnect() only free the child's copies. Connect again in the child.
+ * wc_disconnect() only free the child's copies, and close the child's copy
+ * of the connection only while its number is still that socket (a child
+ * that closed it, closefrom(), and got the number again keeps that file).
+ * Connect again in the child.
  */
 #ifndef WCACHE_H
 #define WCACHE_H

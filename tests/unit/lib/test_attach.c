@@ -590,13 +590,25 @@ test_release_during_reconnect_not_held(void **state)
 	release_during_reconnect(*state, 0, 0);
 }
 
+/* Waits for the child pid, which must exit with 0. */
+static void
+child_ok(pid_t pid)
+{
+	int status;
+
+	assert_true(pid >= 0);
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFEXITED(status));
+	assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 /* A forked child cannot use its parent's client (-ECHILD, nothing sent) but
  * can read and release its copy of the model without telling the daemon. */
 static void
 test_attach_in_forked_child(void **state)
 {
 	struct fixture *f = *state;
-	int before = attach_ok(f), status;
+	int before = attach_ok(f);
 	pid_t pid;
 
 	pid = fork();
@@ -619,14 +631,49 @@ test_attach_in_forked_child(void **state)
 		wc_release(f->model); /* unmaps; must not send RELEASE */
 		_exit(code);
 	}
-	assert_int_equal(waitpid(pid, &status, 0), pid);
-	assert_true(WIFEXITED(status));
-	assert_int_equal(WEXITSTATUS(status), 0);
+	child_ok(pid);
 	check_tensors(f->model);
 	wc_release(f->model);
 	f->model = NULL;
 	finish(f, before);
 	assert_int_equal(f->fake.attaches, 1);
+	assert_int_equal(f->fake.releases, 1); /* the parent's only */
+}
+
+/* A child that closed its inherited descriptors (closefrom()) and got the
+ * parent's connection's number for a socket of its own keeps that socket
+ * when it lets the parent's client and model go; a child that did not
+ * closes its copy of the connection. */
+static void
+test_child_after_closefrom_keeps_its_socket(void **state)
+{
+	struct fixture *f = *state;
+	int before = attach_ok(f);
+
+	for (int reuse = 0; reuse <= 1; reuse++) {
+		pid_t pid = fork();
+
+		if (pid == 0) {
+			int fd = wc_client_fd(f->client), sv[2], code = 0;
+
+			alarm(20);
+			if (reuse) {
+				close(fd); /* closefrom() */
+				if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == -1 ||
+					(sv[0] != fd && dup2(sv[0], fd) == -1))
+					_exit(1);
+			}
+			wc_release(f->model);
+			wc_disconnect(f->client);
+			if (reuse && fcntl(fd, F_GETFD) == -1)
+				code = 2; /* the child's own socket closed */
+			else if (!reuse && fcntl(fd, F_GETFD) != -1)
+				code = 3; /* the inherited connection left open */
+			_exit(code);
+		}
+		child_ok(pid);
+	}
+	release_and_finish(f, before);
 	assert_int_equal(f->fake.releases, 1); /* the parent's only */
 }
 
@@ -940,6 +987,7 @@ main(void)
 		T(test_attach_fds_in_forked_child),
 		T(test_identity_and_close_fd),
 		T(test_reattach_after_closefrom_keeps_new_fds),
+		T(test_child_after_closefrom_keeps_its_socket),
 	};
 #undef T
 
