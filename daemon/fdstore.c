@@ -30,7 +30,6 @@
 #include <unistd.h>
 
 #include "base/error.h"
-#include "base/file.h"
 #include "base/path.h"
 #include "proto/le.h"
 
@@ -439,13 +438,7 @@ fail:
 	return r;
 }
 
-/* ---- times, comparing and freeing ---------------------------------------------- */
-
-int64_t
-fdstore_time_ns(const struct timespec *t)
-{
-	return file_time_ns(t);
-}
+/* ---- comparing and freeing ---------------------------------------------------- */
 
 static int
 stored_generation_equal(const struct fdstore_generation *a, const struct fdstore_generation *b)

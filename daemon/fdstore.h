@@ -89,7 +89,7 @@ struct fdstore_file {
 	uint64_t dev;     /* st_dev, st_ino, st_size, st_mtim when opened */
 	uint64_t ino;
 	uint64_t size;
-	int64_t mtime_ns; /* st_mtim as nanoseconds since the epoch */
+	int64_t mtime_ns; /* st_mtim as nanoseconds since the epoch (file_time_ns) */
 	/* A staged copy's (stage.h): the st_dev and st_ino of the file it was
 	 * copied from, when it was copied (its size and mtime are the copy's).
 	 * 0 and 0: the file is not a copy, or a version 2 or 3 description,
@@ -216,11 +216,6 @@ int fdstore_encode(const struct fdstore_desc *d, uint8_t **buf, size_t *len);
  * FDSTORE_VERSION (an older one's files with origins 0 and 0 before
  * version 4, and ctimes and nlink 0 before version 5). */
 int fdstore_decode(const uint8_t *buf, size_t len, struct fdstore_desc **out);
-
-/* A time as the description records it: nanoseconds since the epoch;
- * times past the year 2262 (or before 1678) saturate instead of
- * overflowing. */
-int64_t fdstore_time_ns(const struct timespec *t);
 
 /* 1 when a and b describe the same things field by field, else 0. */
 int fdstore_equal(const struct fdstore_desc *a, const struct fdstore_desc *b);

@@ -65,10 +65,10 @@ file_changed(const struct stat *st, const struct fdstore_file *f)
 {
 	if (!S_ISREG(st->st_mode) || (uint64_t)st->st_dev != f->dev ||
 		(uint64_t)st->st_ino != f->ino || (uint64_t)st->st_size != f->size ||
-		fdstore_time_ns(&st->st_mtim) != f->mtime_ns)
+		file_time_ns(&st->st_mtim) != f->mtime_ns)
 		return "not the inode, size and mtime described";
 	if (f->nlink != 0 && (uint64_t)st->st_nlink == f->nlink &&
-		fdstore_time_ns(&st->st_ctim) != f->ctime_ns)
+		file_time_ns(&st->st_ctim) != f->ctime_ns)
 		return "written in place since it was stored (its ctime moved, its mtime was "
 		       "put back)";
 	return NULL;
@@ -236,10 +236,10 @@ check_origin(const struct fdstore_generation *g, const struct fdstore_file *f, c
 			return error_set(-EINVAL, "%s was replaced since it was staged (it is "
 				"another file now)", full);
 		if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size != f->size ||
-			fdstore_time_ns(&st.st_mtim) != f->mtime_ns)
+			file_time_ns(&st.st_mtim) != f->mtime_ns)
 			return error_set(-EINVAL, "%s was replaced or changed since it was staged",
 				full);
-		if (f->nlink != 0 && fdstore_time_ns(&st.st_ctim) != f->origin_ctime_ns)
+		if (f->nlink != 0 && file_time_ns(&st.st_ctim) != f->origin_ctime_ns)
 			return error_set(-EINVAL, "%s was written or replaced since it was staged "
 				"(its ctime moved; its size and mtime are the copy's)", full);
 	} else if (!same) {

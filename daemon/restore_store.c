@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "base/file.h"
 #include "derive.h"
 #include "fdstore.h"
 #include "generation.h"
@@ -472,12 +473,12 @@ describe_generation(struct fdstore_generation *dg, const struct model_entry *m,
 		f->dev = (uint64_t)st->st_dev;
 		f->ino = (uint64_t)st->st_ino;
 		f->size = (uint64_t)st->st_size;
-		f->mtime_ns = fdstore_time_ns(&st->st_mtim);
+		f->mtime_ns = file_time_ns(&st->st_mtim);
 		/* The ctime too: a write in place whose writer put the mtime
 		 * back moves it. nlink 0 would say "not recorded". */
 		f->nlink = (uint64_t)st->st_nlink;
 		if (f->nlink != 0)
-			f->ctime_ns = fdstore_time_ns(&st->st_ctim);
+			f->ctime_ns = file_time_ns(&st->st_ctim);
 		/* A staged copy: which file it was copied from, so that the next
 		 * process restores it only while that file is still there,
 		 * unchanged (its ctime). */
@@ -485,7 +486,7 @@ describe_generation(struct fdstore_generation *dg, const struct model_entry *m,
 			f->origin_dev = (uint64_t)g->origin[k].st.st_dev;
 			f->origin_ino = (uint64_t)g->origin[k].st.st_ino;
 			if (f->nlink != 0)
-				f->origin_ctime_ns = fdstore_time_ns(&g->origin[k].st.st_ctim);
+				f->origin_ctime_ns = file_time_ns(&g->origin[k].st.st_ctim);
 		}
 	}
 	return 0;
