@@ -208,7 +208,7 @@ gen_resolved_path(const char *path, char *before, const struct model_source *src
 }
 
 char *
-gen_tree_root(const char *resolved)
+gen_tree_root(const char *resolved, uid_t *owner)
 {
 	char *dir, *root = NULL, *sub = NULL;
 	struct stat st;
@@ -221,6 +221,12 @@ gen_tree_root(const char *resolved)
 		root = NULL;
 	free(dir);
 	free(sub);
+	if (root != NULL && stat(root, &st) == -1) {
+		free(root);
+		return NULL;
+	}
+	if (root != NULL)
+		*owner = st.st_uid;
 	return root;
 }
 
@@ -283,6 +289,7 @@ gen_maybe_free(struct registry *r, struct generation *g)
 	free(g->hold_conns);
 	free(g->gone);
 	free(g->resolved_path);
+	free(g->tree_root);
 	free(g->model_name);
 	free(g);
 }
@@ -450,6 +457,7 @@ gen_unmake(struct generation *g, struct model_source *src)
 	free(g->warm.jobs);
 	free(g->hold_conns);
 	free(g->resolved_path);
+	free(g->tree_root);
 	free(g->model_name);
 	free(g);
 }

@@ -174,6 +174,17 @@ struct generation {
 	 * its files were opened, or realpath failed), a derived artifact's, or
 	 * a held generation a warm restart restored. Owned. */
 	char *resolved_path;
+	/* The root of resolved_path's model tree (gen_tree_root) and the
+	 * user who owns it, found off the loop with resolved_path (by the
+	 * load that made g, or a reload that found its files unchanged):
+	 * the tree a watched reload must stay in, or swap to a sibling of
+	 * the same owner (registry_load.c's same_tree), whatever became of
+	 * the old tree since (README's swap removes it: review rev175 F8).
+	 * NULL: not known (resolved_path NULL, or a generation a warm
+	 * restart restored, whose root a watched reload finds from
+	 * resolved_path). Owned. */
+	char *tree_root;
+	uid_t tree_uid;
 	/* A staged generation's copy (stage.h): its directory under stage_dir
 	 * (NULL when not staged), removed when the generation closes, except
 	 * at shutdown when the manager's store keeps its files for the next
@@ -406,11 +417,11 @@ char *gen_resolved_path(const char *path, char *before, const struct model_sourc
 /*
  * The root of the model tree (tree.h: the model directory, or the one that
  * holds the model's file; <R>/models--X for a hub snapshot under it) of
- * resolved, a realpath(3) of a model's path (gen_resolved_path), allocated;
- * NULL when it cannot be told (stat fails, out of memory). One stat: the
- * work queue thread calls it.
+ * resolved, a realpath(3) of a model's path (gen_resolved_path), allocated,
+ * and its owner in *owner; NULL (*owner untouched) when it cannot be told
+ * (stat fails, out of memory). Two stats: the work queue thread calls it.
  */
-char *gen_tree_root(const char *resolved);
+char *gen_tree_root(const char *resolved, uid_t *owner);
 
 /* Closes and frees what gen_open_served() opened; safe on NULL. */
 void gen_close_served(int *fds, size_t n);

@@ -45,10 +45,15 @@ struct load_request {
 	uint64_t pin_seq;     /* the model's pin_seq when queued */
 	int warm;
 	int reload;           /* discard when the files are unchanged */
-	/* A watched reload (RELOAD_WATCHED): the real path its model's
-	 * newest generation resolved, in whose tree (gen_tree_root) the files
-	 * must be; NULL for an operator's load or reload, which resolves
-	 * anew, and for a model with no generation whose path is known. */
+	/* A watched reload (RELOAD_WATCHED): the tree root its model's
+	 * newest generation recorded (generation.h's tree_root) and its
+	 * owner, in which (or in a sibling of the same owner) the files must
+	 * be; or, for a generation that has no root recorded (a warm
+	 * restart's), the real path it resolved, whose root load_work finds.
+	 * All NULL for an operator's load or reload, which resolves anew,
+	 * and for a model with no generation whose path is known. */
+	char *keep_root;
+	uid_t keep_uid;
 	char *keep_resolved;
 	uint64_t id;
 	uint64_t entry_id;    /* the model entry it was queued for */
@@ -76,8 +81,11 @@ struct load_request {
 	int opened_known;
 	struct stat opened_st;
 	/* The realpath of path as its files were opened (gen_resolved_path),
-	 * or NULL: the generation's resolved_path. */
+	 * or NULL: the generation's resolved_path; its tree root and the
+	 * root's owner (gen_tree_root), or NULL: its tree_root. */
 	char *resolved;
+	char *root;
+	uid_t root_uid;
 	struct stage_request stage;
 	char *stage_dir;      /* stage.stage_dir, owned */
 	uint64_t stage_queued_ms; /* registry_now_ms() when the copy was queued */
@@ -121,19 +129,17 @@ open_model(struct load_request *q, const char *path)
 static void drop_opened(struct load_request *q);
 
 /*
- * Work queue thread: whether the tree root now is a sibling of was (one
- * directory holds both) owned by the same user: a deployer's swap of her
- * versions by a symbolic link (README, "Updating a model safely"). Another
- * tenant's model lies elsewhere or is another user's (review rev173 F1);
- * a was that is gone (stat fails) is no sibling.
+ * Whether q's tree root is a sibling of the one kept (one directory holds
+ * both) owned by the same user: a deployer's swap of her versions by a
+ * symbolic link (README, "Updating a model safely"). Another tenant's model
+ * lies elsewhere or is another user's (review rev173 F1). Both owners were
+ * found when each root was: the old tree may be gone by now (rev175 F8).
  */
 static int
-sibling_swap(const char *was, const char *now)
+sibling_swap(const struct load_request *q)
 {
-	char *d1 = path_dir(was), *d2 = path_dir(now);
-	struct stat s1, s2;
-	int ok = d1 != NULL && d2 != NULL && strcmp(d1, d2) == 0 &&
-		stat(was, &s1) == 0 && stat(now, &s2) == 0 && s1.st_uid == s2.st_uid;
+	char *d1 = path_dir(q->keep_root), *d2 = path_dir(q->root);
+	int ok = d1 != NULL && d2 != NULL && strcmp(d1, d2) == 0 && q->keep_uid == q->root_uid;
 
 	free(d1);
 	free(d2);
@@ -142,7 +148,7 @@ sibling_swap(const char *was, const char *now)
 
 /*
  * Work queue thread, for a watched reload: whether the files it opened lie
- * in the tree its model's newest generation resolved (q->keep_resolved). The
+ * in the tree its model's newest generation resolved (q->keep_root). The
  * last component of a configured path is often not the operator's (the
  * deployer who renames her model's directory over it owns its parent):
  * a symbolic link renamed there to another tenant's model is followed only
@@ -150,27 +156,30 @@ sibling_swap(const char *was, const char *now)
  * sibling of the old tree (the same directory holds both) with the same
  * owner, README's `ln -s v2 .next && mv -T .next llama` (sibling_swap). A
  * path that resolved to another place while the files were opened
- * (q->resolved NULL) is refused too: its files may be anywhere. 0, or
- * -EXDEV with q->message.
+ * (q->resolved NULL) is refused too: its files may be anywhere. A kept
+ * root not recorded (a restored generation's) is found from its resolved
+ * path here; one that cannot be found is no tree to stay in. 0, or -EXDEV
+ * with q->message.
  */
 static int
 same_tree(struct load_request *q)
 {
-	char *was = gen_tree_root(q->keep_resolved);
-	char *root = q->resolved != NULL ? gen_tree_root(q->resolved) : NULL;
-	const char *old = was != NULL ? was : q->keep_resolved;
-	int same = root != NULL && was != NULL &&
-		(strcmp(root, was) == 0 || sibling_swap(was, root));
+	const char *old;
+	int same;
 
-	if (root == NULL)
+	if (q->keep_root == NULL)
+		q->keep_root = gen_tree_root(q->keep_resolved, &q->keep_uid);
+	old = q->keep_root != NULL ? q->keep_root : q->keep_resolved;
+	same = q->root != NULL && q->keep_root != NULL &&
+		(strcmp(q->root, q->keep_root) == 0 || sibling_swap(q));
+	if (q->root == NULL)
 		snprintf(q->message, sizeof(q->message), "its path %s resolved to another place "
 			"while its files were opened (its tree is %s); not loaded", q->path, old);
 	else if (!same)
 		snprintf(q->message, sizeof(q->message), "its path %s now resolves into %s "
 			"(was %s): a moved tree is served only after an operator's reload "
-			"(`wcachectl reload %s` or a config reload)", q->path, root, old, q->name);
-	free(root);
-	free(was);
+			"(`wcachectl reload %s` or a config reload)", q->path, q->root, old,
+			q->name);
 	return same ? 0 : -EXDEV;
 }
 
@@ -216,8 +225,10 @@ load_work(struct workq_job *w)
 		return;
 	}
 	q->resolved = gen_resolved_path(q->path, resolved, &q->source, NULL);
+	if (q->resolved != NULL)
+		q->root = gen_tree_root(q->resolved, &q->root_uid);
 	gen_source_fs(&q->source, &q->fs);
-	if (q->keep_resolved != NULL && (q->status = same_tree(q)) < 0) {
+	if ((q->keep_root != NULL || q->keep_resolved != NULL) && (q->status = same_tree(q)) < 0) {
 		drop_opened(q);
 		note_failed_path(q);
 	}
@@ -334,6 +345,8 @@ load_request_free(struct load_request *q)
 	stage_request_clear(&q->stage);
 	gen_free_origin(q->origin, q->norigin);
 	free(q->resolved);
+	free(q->root);
+	free(q->keep_root);
 	free(q->keep_resolved);
 	free(q->stage_dir);
 	free(q->name);
@@ -426,16 +439,20 @@ log_staging(const struct model_entry *m, const struct generation *g, const struc
 	}
 }
 
-/* Loop thread: a reload q found g's files unchanged; g answers to what the
- * model's path resolves to now (a symbolic link renamed over to another
- * directory of the same files: hub snapshots sharing every blob), or to
- * nothing when that could not be told. */
+/* Loop thread: g, made or found unchanged by q, answers to what the
+ * model's path resolves to now (for one unchanged: a symbolic link renamed
+ * over to another directory of the same files, hub snapshots sharing every
+ * blob), in the tree found then, or to nothing when that could not be told. */
 static void
 take_resolved(struct generation *g, struct load_request *q)
 {
 	free(g->resolved_path);
 	g->resolved_path = q->resolved;
 	q->resolved = NULL;
+	free(g->tree_root);
+	g->tree_root = q->root;
+	g->tree_uid = q->root_uid;
+	q->root = NULL;
 }
 
 static void load_failed(struct registry *r, struct model_entry *m, struct load_request *q);
@@ -465,8 +482,7 @@ install(struct registry *r, struct model_entry *m, struct load_request *q)
 	g->fs = q->fs;
 	g->opened_path.known = q->opened_known;
 	g->opened_path.st = q->opened_st;
-	g->resolved_path = q->resolved;
-	q->resolved = NULL;
+	take_resolved(g, q);
 	if (q->staged) {
 		g->origin = q->origin;
 		g->norigin = q->norigin;
@@ -822,13 +838,27 @@ registry_withdraw_waiting_load(struct registry *r, struct model_entry *m, const 
 	withdraw_waiting(r, m->queued_load, why);
 }
 
-/* The real path m's newest generation resolved, or NULL. */
-static const char *
-kept_resolved(const struct model_entry *m)
+/* m's newest generation, whose tree a watched reload keeps, or NULL. */
+static const struct generation *
+newest(const struct model_entry *m)
 {
-	const struct generation *g = m->pending != NULL ? m->pending : m->current;
+	return m->pending != NULL ? m->pending : m->current;
+}
 
-	return g != NULL ? g->resolved_path : NULL;
+/* A watched reload q keeps the tree of m's newest generation g (NULL:
+ * none): its root and owner, or the real path whose root load_work finds
+ * (a restored generation's). 0 or -ENOMEM. */
+static int
+keep_tree(struct load_request *q, const struct generation *g)
+{
+	if (g == NULL)
+		return 0;
+	q->keep_uid = g->tree_uid;
+	if (g->tree_root != NULL)
+		return (q->keep_root = strdup(g->tree_root)) != NULL ? 0 : -ENOMEM;
+	if (g->resolved_path != NULL)
+		return (q->keep_resolved = strdup(g->resolved_path)) != NULL ? 0 : -ENOMEM;
+	return 0;
 }
 
 /* Queues a load of path for the model name (entry created if new). */
@@ -852,8 +882,9 @@ queue_load(struct registry *r, const char *name, const char *path, enum pin_mode
 		free(q);
 		return error_set(-ENOMEM, "model \"%s\": out of memory", name);
 	}
-	if (reload == RELOAD_WATCHED && kept_resolved(m) != NULL &&
-		(q->keep_resolved = strdup(kept_resolved(m))) == NULL) {
+	if (reload == RELOAD_WATCHED && keep_tree(q, newest(m)) < 0) {
+		free(q->keep_root);
+		free(q->keep_resolved);
 		free(q->name);
 		free(q->path);
 		free(q);
@@ -872,6 +903,7 @@ queue_load(struct registry *r, const char *name, const char *path, enum pin_mode
 	q->job.arg = q;
 	if ((err = workq_submit(&r->workq, &q->job, model_fs(m, path, what, sizeof(what)), what,
 		     load_work, load_after)) < 0) {
+		free(q->keep_root);
 		free(q->keep_resolved);
 		free(q->name);
 		free(q->path);

@@ -100,24 +100,40 @@ def test_a_link_renamed_over_a_model_directory_waits_for_the_operator(tmp_path):
         assert d.stop() == 0, d.read_log()
 
 
+def two_versions(tmp_path):
+    """alice's directory (hers) holding her versions v1 and v2 of a model
+    and the link m to v1, the path configured; returns the directory."""
+    alice = owned_dir(tmp_path / "alice", ALICE_UID)
+    mkmodel(os.path.join(alice, "m1.tmp"), seed=1)
+    mkmodel(os.path.join(alice, "m2.tmp"), seed=2)
+    as_alice("mkdir v1 v2 && mv m1.tmp v1/model.safetensors && mv m2.tmp v2/model.safetensors"
+             " && ln -s v1 m", alice)
+    return alice
+
+
+@contextlib.contextmanager
+def serving(tmp_path, alice):
+    """wcached (unprivileged) serving alice's m, generation 1 warm; stops it."""
+    d = Daemon(tmp_path, {"alice": os.path.join(alice, "m")}, user=(DAEMON_UID, GROUP),
+               nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "alice": generation 1 warm')
+        yield d
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
 def test_a_deployer_swaps_her_versions_by_a_link_but_not_into_another_users_tree(tmp_path):
     """README "Updating a model safely": `ln -s v2 .next && mv -T .next m`
     swaps a directory model to a sibling version of its owner's, and
     wcached takes it by itself (the F1 refusal had made that wait for the
     operator). A sibling that another user owns (a tree she did not make)
     is refused as F1's link to another directory is."""
-    alice = owned_dir(tmp_path / "alice", ALICE_UID)
-    mkmodel(os.path.join(alice, "m1.tmp"), seed=1)
-    mkmodel(os.path.join(alice, "m2.tmp"), seed=2)
-    as_alice("mkdir v1 v2 && mv m1.tmp v1/model.safetensors && mv m2.tmp v2/model.safetensors"
-             " && ln -s v1 m", alice)
+    alice = two_versions(tmp_path)
     other = owned_dir(os.path.join(alice, "x"), OTHER_UID)
     mkmodel(os.path.join(other, "model.safetensors"), seed=3)
     os.chown(os.path.join(other, "model.safetensors"), OTHER_UID, GROUP)
-    d = Daemon(tmp_path, {"alice": os.path.join(alice, "m")}, user=(DAEMON_UID, GROUP),
-               nofile=1024).start()
-    try:
-        d.wait_for_log(r'model "alice": generation 1 warm')
+    with serving(tmp_path, alice) as d:
         as_alice("ln -s v2 .next && mv -T .next m", alice)
         d.wait_for_log(r'model "alice": generation 2 is current')
         assert "generation 2" in served_generation(d, "alice")
@@ -127,8 +143,20 @@ def test_a_deployer_swaps_her_versions_by_a_link_but_not_into_another_users_tree
         assert other in line and "generation 2 still serving" in line, line
         assert "generation 2" in served_generation(d, "alice")
         assert 'model "alice": generation 3' not in d.read_log()
-    finally:
-        assert d.stop() == 0, d.read_log()
+
+
+def test_a_deployer_swaps_her_versions_and_removes_the_old_one_at_once(tmp_path):
+    """README's swap ends with `rm -rf v1`. The watched reload runs after
+    the settle time, when v1 is gone: it used to find the old tree's root
+    and owner by stat()ing v1 then, found nothing, and refused the swap
+    until an operator's reload (review rev175 F8). The root and its owner
+    are recorded when generation 1 loads, so the swap is taken by itself."""
+    alice = two_versions(tmp_path)
+    with serving(tmp_path, alice) as d:
+        as_alice("ln -s v2 .next && mv -T .next m && rm -rf v1", alice)
+        d.wait_for_log(r'model "alice": generation 2 is current')
+        assert "generation 2" in served_generation(d, "alice")
+        assert "now resolves into" not in d.read_log(), d.read_log()
 
 
 def generation_lines(d):
