@@ -282,8 +282,10 @@ def test_a_kept_descriptor_given_to_another_file_is_not_the_staged_copy(staged, 
         os.close(kept)
 
 
+@pytest.mark.parametrize("lag", [False, True], ids=["same clock", "source clock lags"])
 @pytest.mark.parametrize("how", ["rename", "in place"])
-def test_a_replacement_with_the_old_mtime_is_not_the_staged_copy(staged, how):
+def test_a_replacement_with_the_old_mtime_is_not_the_staged_copy(staged, how, lag,
+                                                                  monkeypatch):
     """Review rev174 F1: a shard replaced by a file of the same size with
     the old file's mtime put back (rsync --inplace --times, touch -r, cp -p)
     that wcached refuses (a tensor not in the weight_map: generation 1 keeps
@@ -291,7 +293,17 @@ def test_a_replacement_with_the_old_mtime_is_not_the_staged_copy(staged, how):
     its ctime is later than the copy's. It is mapped here with its own
     bytes, through the directory held from before the replacement and
     through one attached after it. Before, both gave the old copy's bytes,
-    labelled "wcached" generation 1."""
+    labelled "wcached" generation 1.
+
+    lag: as if the source's file system's clock ran an hour behind this
+    host's (the copy's ctime an hour later), so the replacement's ctime is
+    still before the copy's: the path was seen to name another file, or
+    to change, since the generation was attached through this connection
+    (_shards._source_seen). Before that check, the old copy's bytes."""
+    if lag:
+        copy_of = shards._copy_of
+        monkeypatch.setattr(shards, "_copy_of", lambda i, st: copy_of(
+            i[:4] + (i[4] + 3600 * 1_000_000_000,), st))
     d, files, _ = staged
     held = wcache.safe_open(files[2])
     assert held.model.source == "wcached"

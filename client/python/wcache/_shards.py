@@ -22,9 +22,11 @@ of the file opened at the path tell:
 (a) the same device and inode: the file at the path is the generation's
     file k; it is mapped by wc_open_fd() of that file, as opened here;
 (b) another device, the same size and mtime (a staged copy keeps its
-    source's: daemon/stage.c), and the file at the path last changed
-    (ctime) before the copy was made (_copy_of): wcached serves its staged
-    copy of the file
+    source's: daemon/stage.c), the file at the path last changed
+    (ctime) before the copy was made (_copy_of), and it is the file the
+    path named when the connection first attached the generation
+    (_source_seen: the two ctimes come from two clocks): wcached serves
+    its staged copy of the file
     (stage = yes, or auto on NFS/9p/FUSE, with stage_dir on another file
     system):
     the copy is mapped, by wc_open_fd() of k's descriptor (the one kind
@@ -129,11 +131,13 @@ class _Entry:
     model's file number, and whether it is wcached's staged copy that is
     mapped)), the model's file names ({name: k}, read once per generation),
     each file's identity as attached (wc_model_file_identity), whether some
-    file may be a staged copy (kept: the model keeps those descriptors);
+    file may be a staged copy (kept: the model keeps those descriptors),
+    and for each that may be, the _stamp() of the file at its path when
+    the generation was first attached through the connection (sources);
     or until when the directory is taken as not served, and, when its real
     path was found not served either, what served_file() said."""
-    __slots__ = ("client", "handle", "generation", "known", "names", "ids", "kept", "until",
-                 "why", "lost", "__weakref__")
+    __slots__ = ("client", "handle", "generation", "known", "names", "ids", "kept", "sources",
+                 "until", "why", "lost", "__weakref__")
 
     def __init__(self, client, handle=None, until=0.0):
         # weakly: a connection replaced after a restart closes once its
@@ -145,6 +149,7 @@ class _Entry:
         self.names = None
         self.ids = None
         self.kept = True
+        self.sources = {}
         self.until = until
         self.why = None
         self.lost = False  # a kept descriptor found to be another file's (_kept_fd)
@@ -295,9 +300,9 @@ def _attach(client, directory, prior):
         h = model._h()
         model.close()  # h is kept by the shard models, and weakly by the registry
         entry = _Entry(client, h)
-        names = prior.names if prior is not None and prior.generation == entry.generation \
-            else None
-        entry.names, entry.ids, entry.kept = _files(directory, h, names, keep)
+        same = prior is not None and prior.generation == entry.generation
+        entry.names, entry.ids, entry.sources, entry.kept = _files(
+            directory, h, prior.names if same else None, keep, prior.sources if same else {})
         if keep or not entry.kept:
             return entry, h
         keep = True
@@ -313,22 +318,28 @@ def _names(h):
     return names
 
 
-def _files(directory, h, names, keep):
+def _files(directory, h, names, keep, sources):
     """(names: {name (bytes): k}, read unless given; [file k's identity as
-    attached: (device, inode, size, mtime, ctime in ns), or None]; whether
-    some file may be wcached's staged copy of the file at its path) of the
-    directory model h, just attached (keep: with wc_attach_fds()) and not
-    yet seen by another thread. With keep, closes every descriptor h keeps
-    but those of files that may be staged copies (another device than the
-    path's file, the same size and mtime: case (b)), the only ones a shard
-    is mapped through: a held directory that is not staged keeps no
-    descriptor (review rev172 F2). A file on the directory's own device is
-    not a staged copy of one in it, and needs no stat."""
+    attached: (device, inode, size, mtime, ctime in ns), or None]; {k:
+    the _stamp() of the file at k's path} for each file k that may be, or
+    was found by an earlier attach to be, wcached's staged copy of the file
+    at its path; whether some file may be one now) of the directory model
+    h, just attached (keep: with wc_attach_fds()) and not yet seen by
+    another thread. sources: what an earlier attach of the same generation
+    through the connection found (_stamp() of k's path then), kept over
+    what the path holds now: a file put at the path since is not the one
+    the copy was made from, whatever the clocks say (_copy_of). With keep,
+    closes every descriptor h keeps but those of files that may be staged
+    copies (another device than the path's file, the same size and mtime:
+    case (b)), the only ones a shard is mapped through: a held directory
+    that is not staged keeps no descriptor (review rev172 F2). A file on
+    the directory's own device is not a staged copy of one in it, and
+    needs no stat."""
     lib, ptr = h.lib, h.ptr
     if names is None:
         names = _names(h)
     by_k = {k: name for name, k in names.items()}
-    ids, staged = [], False
+    ids, found, kept = [], dict(sources), False
     try:
         here = os.stat(directory).st_dev
     except OSError:
@@ -339,25 +350,27 @@ def _files(directory, h, names, keep):
         if lib.wc_model_file_identity(ptr, k, ctypes.byref(ident)) >= 0:
             i = (ident.dev, ident.ino, ident.size, ident.mtime_ns, ident.ctime_ns)
         ids.append(i)
-        if i is not None and i[0] != here and k in by_k and \
-                _may_be_staged(directory, by_k[k], i):
-            staged = True
+        st = _may_be_staged(directory, by_k[k], i) \
+            if i is not None and i[0] != here and k in by_k else None
+        if st is not None and found.setdefault(k, _stamp(st)) == _stamp(st):
+            kept = True
         elif keep:
             lib.wc_model_close_fd(ptr, k)
-    return names, ids, staged
+    return names, ids, found, kept
 
 
 def _may_be_staged(directory, name, i):
-    """Whether the file of that name in directory (bytes; its symlink
-    followed, as a loader opens it) may be the source that the file of
-    identity i is wcached's staged copy of (_served_as, case (b))."""
+    """The stat of the file of that name in directory (bytes; its symlink
+    followed, as a loader opens it) when it may be the source that the
+    file of identity i is wcached's staged copy of (_served_as, case
+    (b)), else None."""
     if b"/" in name:
-        return False
+        return None
     try:
         st = os.stat(os.path.join(os.fsencode(directory), name))
     except OSError:
-        return False
-    return _copy_of(i, st)
+        return None
+    return st if _copy_of(i, st) else None
 
 
 _SECOND = 1_000_000_000
@@ -377,11 +390,22 @@ def _copy_of(i, st):
     full second before the copy's. Both ctimes come from clocks: the
     source's file system's (an NFS server's) and this host's, so a
     replacement within the source clock's lag behind this host's, after
-    the copy was made, still passes (README)."""
+    the copy was made, still passes (README), unless the path was seen to
+    name another file or change since the generation was attached
+    (_source_seen)."""
     if st.st_dev == i[0] or (st.st_size, st.st_mtime_ns) != (i[2], i[3]):
         return False
     c = st.st_ctime_ns
     return c + _SECOND <= i[4] if c % _SECOND == 0 else c < i[4]
+
+
+def _source_seen(entry, k, st):
+    """Whether st (the fstat of the file at the path of file k of the
+    registry's entry) is what that path held when the generation was first
+    attached through the connection (_files): a file renamed over it or
+    written there since has another inode or ctime, whichever clock set
+    it."""
+    return entry.sources.get(k) == _stamp(st)
 
 
 def _kept_fd(entry, h, k):
@@ -428,14 +452,15 @@ def _as_attached(entry, h, name, st):
     passed it: (a) the same device and inode, and the same size, mtime and
     ctime (a write in place changes ctime, whatever it does to mtime); or
     (b) another device with the same size and mtime as wcached's staged
-    copy, changed last before it (_copy_of), whose descriptor h keeps."""
+    copy, changed last before it (_copy_of), still the file seen at the
+    path at the attach (_source_seen), whose descriptor h keeps."""
     k = _file_number(entry, h, name)
     i = entry.ids[k] if k is not None else None
     if i is None:
         return False
     if i[:2] == (st.st_dev, st.st_ino):
         return i[2:] == (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    return _copy_of(i, st) and _kept_fd(entry, h, k) >= 0
+    return _copy_of(i, st) and _source_seen(entry, k, st) and _kept_fd(entry, h, k) >= 0
 
 
 def _file_number(entry, h, name):
@@ -486,6 +511,10 @@ def _served_as(target, fd, st, entry, h):
             # wcached's staged copy keeps its source's size and mtime
             # (stage.c); another device alone is not a copy (overlayfs
             # gives a file renamed over in its upper layer another st_dev)
+            if not _source_seen(entry, k, st):
+                return None, ("not this file: it is not the file its path named when this "
+                              "generation was attached (renamed over or written since), so "
+                              "not the one wcached staged")
             staged = True
             if h.lib.wc_model_fd(h.ptr, k) < 0:
                 return None, ("not this file: it was not its staged copy's size and mtime "
