@@ -74,7 +74,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/sysmacros.h>
-#include <time.h>
 
 #include "ctl/ctl.h"
 #include "ctl/internal.h"
@@ -87,17 +86,6 @@
 #include "fuzz_check.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-/* wcachectl's main.c's, which the harness does not link (convert.c's
- * progress line calls it). */
-double
-ctl_monotonic(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 #define KEY "hierarchical_memory_limit"
 

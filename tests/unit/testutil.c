@@ -37,6 +37,30 @@ tu_rmtree(char *path)
 	free(path);
 }
 
+int
+tu_dir_setup(void **state)
+{
+	struct tu_dir *t = calloc(1, sizeof(*t));
+
+	if (t == NULL)
+		return -1;
+	t->dir = tu_tmpdir();
+	t->fds = tu_count_fds();
+	*state = t;
+	return 0;
+}
+
+int
+tu_dir_teardown(void **state)
+{
+	struct tu_dir *t = *state;
+
+	free(t->path);
+	tu_rmtree(t->dir);
+	free(t);
+	return 0;
+}
+
 char *
 tu_write(const char *dir, const char *name, const void *data, size_t len)
 {

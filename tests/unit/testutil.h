@@ -6,10 +6,8 @@
 #define WC_TESTUTIL_H
 
 #include <stddef.h>
-#include <sys/types.h>
-
-#include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /* Sizes in bytes, of type size_t, so that a product such as 4 * MiB is
  * computed in size_t (clang-tidy's bugprone-implicit-widening-of-
@@ -22,6 +20,18 @@ char *tu_tmpdir(void);
 
 /* Removes a directory tree created by tu_tmpdir(); frees path. */
 void tu_rmtree(char *path);
+
+/* A cmocka fixture of a fresh temporary directory: tu_dir_setup() sets
+ * *state to a calloc'd struct tu_dir whose dir tu_tmpdir() made (path NULL,
+ * fds what tu_count_fds() counted then); tu_dir_teardown() removes the
+ * directory and frees path and the struct. */
+struct tu_dir {
+	char *dir;  /* the directory, removed by tu_dir_teardown() */
+	char *path; /* a file the test keeps in dir (malloc'd), or NULL */
+	int fds;    /* this process's open descriptors at setup */
+};
+int tu_dir_setup(void **state);
+int tu_dir_teardown(void **state);
 
 /* Writes len bytes to dir/name; returns the malloc'd full path. */
 char *tu_write(const char *dir, const char *name, const void *data, size_t len);

@@ -66,34 +66,20 @@ __wrap_openat(int dir, const char *path, int flags, ...)
 	return __real_openat(dir, path, flags);
 }
 
-struct fixture {
-	char *dir;
-	char *path;
-	uint8_t data[200];
-};
+/* The bytes of the file each test's fixture holds (struct tu_dir's path). */
+static uint8_t data[200];
 
 static int
 setup(void **state)
 {
-	struct fixture *f = calloc(1, sizeof(*f));
+	struct tu_dir *f;
 
-	assert_non_null(f);
-	for (size_t i = 0; i < sizeof(f->data); i++)
-		f->data[i] = (uint8_t)(i * 7 + 1);
-	f->dir = tu_tmpdir();
-	f->path = tu_write(f->dir, "m.bin", f->data, sizeof(f->data));
-	*state = f;
-	return 0;
-}
-
-static int
-teardown(void **state)
-{
-	struct fixture *f = *state;
-
-	free(f->path);
-	tu_rmtree(f->dir);
-	free(f);
+	for (size_t i = 0; i < sizeof(data); i++)
+		data[i] = (uint8_t)(i * 7 + 1);
+	if (tu_dir_setup(state) != 0)
+		return -1;
+	f = *state;
+	f->path = tu_write(f->dir, "m.bin", data, sizeof(data));
 	return 0;
 }
 
@@ -101,17 +87,17 @@ teardown(void **state)
 static void
 test_read_exact(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	int fd = open(f->path, O_RDONLY | O_CLOEXEC);
 	uint8_t *buf = NULL;
 
 	assert_true(fd >= 0);
 	assert_int_equal(file_read_exact(fd, f->path, "header", 10, 50, 1, 100, &buf), 0);
-	assert_memory_equal(buf, f->data + 10, 50);
+	assert_memory_equal(buf, data + 10, 50);
 	free(buf);
 	/* The whole file, and an empty range. */
 	assert_int_equal(file_read_exact(fd, f->path, "header", 0, 200, 0, 200, &buf), 0);
-	assert_memory_equal(buf, f->data, 200);
+	assert_memory_equal(buf, data, 200);
 	free(buf);
 	assert_int_equal(file_read_exact(fd, f->path, "header", 200, 0, 0, 10, &buf), 0);
 	free(buf);
@@ -123,7 +109,7 @@ test_read_exact(void **state)
 static void
 test_read_short_file(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	int fd = open(f->path, O_RDONLY | O_CLOEXEC);
 	uint8_t *buf = (uint8_t *)(uintptr_t)1;
 
@@ -140,7 +126,7 @@ test_read_short_file(void **state)
 static void
 test_read_limits(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	int fd = open(f->path, O_RDONLY | O_CLOEXEC);
 	uint8_t *buf = NULL;
 
@@ -171,7 +157,7 @@ want_head(const uint8_t *prefix, size_t len, uint64_t size)
 static void
 test_read_bytes(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct wc_file w;
 	struct file_bytes b;
 
@@ -181,8 +167,8 @@ test_read_bytes(void **state)
 	assert_int_equal(b.head_len, 200);
 	assert_int_equal(b.tail_len, FILE_TAIL_MAX);
 	assert_int_equal(b.size, 200);
-	assert_memory_equal(b.head, f->data, 200);
-	assert_memory_equal(b.tail, f->data + 200 - FILE_TAIL_MAX, FILE_TAIL_MAX);
+	assert_memory_equal(b.head, data, 200);
+	assert_memory_equal(b.tail, data + 200 - FILE_TAIL_MAX, FILE_TAIL_MAX);
 	assert_true(b.head != w.base); /* a copy, not the mapping */
 	file_bytes_free(&b);
 	file_bytes_free(&b); /* safe twice */
@@ -194,7 +180,7 @@ test_read_bytes(void **state)
 static void
 test_read_bytes_file_shrinks(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct wc_file w;
 	struct file_bytes b = { 0 };
 
@@ -214,7 +200,7 @@ test_read_bytes_file_shrinks(void **state)
 static void
 test_check_unchanged(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct timespec later[2] = { { 0, UTIME_OMIT }, { 12345, 0 } };
 	struct wc_file w;
 
@@ -230,7 +216,7 @@ test_check_unchanged(void **state)
 static void
 test_read_bytes_max_head(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct wc_file w;
 	struct file_bytes b;
 	uint8_t big[FILE_PROBE_LEN + 100];
@@ -257,7 +243,7 @@ test_read_bytes_max_head(void **state)
 static void
 test_reopen_only_regular_files(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	char *fifo = NULL;
 	int fd, again, before = tu_count_fds();
 	struct stat st, st2;
@@ -296,7 +282,7 @@ test_reopen_only_regular_files(void **state)
 static void
 test_reopen_fstat_fails(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	int fd, before = tu_count_fds();
 
 	fd = open(f->path, O_RDONLY | O_CLOEXEC);
@@ -321,7 +307,7 @@ test_reopen_fstat_fails(void **state)
 static void
 test_interrupted(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct wc_file w;
 	int before = tu_count_fds();
 
@@ -330,13 +316,13 @@ test_interrupted(void **state)
 	openat_eintr = 2;
 	assert_int_equal(file_open(f->path, &w), 0);
 	assert_int_equal(openat_eintr, 0);
-	assert_int_equal(w.size, sizeof(f->data));
+	assert_int_equal(w.size, sizeof(data));
 	file_close(&w);
 	fstat_errno = EINTR;
 	fstat_fail_at = 1;
 	assert_int_equal(file_open(f->path, &w), 0);
 	assert_int_equal(fstat_fail_at, 0);
-	assert_memory_equal(w.base, f->data, sizeof(f->data));
+	assert_memory_equal(w.base, data, sizeof(data));
 	fstat_fail_at = 1;
 	assert_int_equal(file_check_unchanged(&w), 0);
 	assert_int_equal(fstat_fail_at, 0);
@@ -355,16 +341,18 @@ int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_read_exact, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_read_short_file, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_read_limits, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_read_bytes, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_read_bytes_file_shrinks, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_check_unchanged, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_read_bytes_max_head, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_reopen_only_regular_files, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_reopen_fstat_fails, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_interrupted, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_read_exact, setup, tu_dir_teardown),
+		cmocka_unit_test_setup_teardown(test_read_short_file, setup, tu_dir_teardown),
+		cmocka_unit_test_setup_teardown(test_read_limits, setup, tu_dir_teardown),
+		cmocka_unit_test_setup_teardown(test_read_bytes, setup, tu_dir_teardown),
+		cmocka_unit_test_setup_teardown(test_read_bytes_file_shrinks, setup,
+			tu_dir_teardown),
+		cmocka_unit_test_setup_teardown(test_check_unchanged, setup, tu_dir_teardown),
+		cmocka_unit_test_setup_teardown(test_read_bytes_max_head, setup, tu_dir_teardown),
+		cmocka_unit_test_setup_teardown(test_reopen_only_regular_files, setup,
+			tu_dir_teardown),
+		cmocka_unit_test_setup_teardown(test_reopen_fstat_fails, setup, tu_dir_teardown),
+		cmocka_unit_test_setup_teardown(test_interrupted, setup, tu_dir_teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -37,32 +37,6 @@
 /* How long a read may take: a refusal is at once, a hang is for ever. */
 #define READ_DEADLINE_MS 5000
 
-struct fixture {
-	char *dir;
-};
-
-static int
-setup(void **state)
-{
-	struct fixture *f = calloc(1, sizeof(*f));
-
-	if (f == NULL)
-		return -1;
-	f->dir = tu_tmpdir();
-	*state = f;
-	return 0;
-}
-
-static int
-teardown(void **state)
-{
-	struct fixture *f = *state;
-
-	tu_rmtree(f->dir);
-	free(f);
-	return 0;
-}
-
 /* What a read gave: its code, its message, what the callbacks saw, and
  * whether the child's descriptors were as many after the read as before. */
 struct result {
@@ -161,7 +135,7 @@ check_refused(const char *path, int code, const char *kind)
 static void
 test_regular_file_is_read(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	static const char text[] = "; comment\n[wcached]\nsocket = /s.sock\n\n[model a]\n"
 				   "path: /m\n";
 	char *path = tu_write(f->dir, "wcached.conf", text, sizeof(text) - 1), *link;
@@ -186,7 +160,7 @@ test_regular_file_is_read(void **state)
 static void
 test_fifo_without_writer(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	char *fifo;
 
 	assert_true(asprintf(&fifo, "%s/fifo.conf", f->dir) > 0);
@@ -201,7 +175,7 @@ test_fifo_without_writer(void **state)
 static void
 test_fifo_with_writer(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	static const char text[] = "[wcached]\nsocket = /s.sock\n";
 	char *fifo, left[64];
 	int rd, wr;
@@ -223,7 +197,7 @@ test_fifo_with_writer(void **state)
 static void
 test_directory(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 
 	check_refused(f->dir, -EISDIR, "a directory");
 }
@@ -243,7 +217,7 @@ test_character_devices(void **state)
 static void
 test_socket(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct sockaddr_un sun = { .sun_family = AF_UNIX };
 	int s;
 
@@ -259,7 +233,7 @@ test_socket(void **state)
 static void
 test_missing_and_empty(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct result r;
 	char *missing, want[600];
 
@@ -279,13 +253,17 @@ int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_regular_file_is_read, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_fifo_without_writer, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_fifo_with_writer, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_directory, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_regular_file_is_read, tu_dir_setup,
+			tu_dir_teardown),
+		cmocka_unit_test_setup_teardown(test_fifo_without_writer, tu_dir_setup,
+			tu_dir_teardown),
+		cmocka_unit_test_setup_teardown(test_fifo_with_writer, tu_dir_setup,
+			tu_dir_teardown),
+		cmocka_unit_test_setup_teardown(test_directory, tu_dir_setup, tu_dir_teardown),
 		cmocka_unit_test(test_character_devices),
-		cmocka_unit_test_setup_teardown(test_socket, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_missing_and_empty, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_socket, tu_dir_setup, tu_dir_teardown),
+		cmocka_unit_test_setup_teardown(test_missing_and_empty, tu_dir_setup,
+			tu_dir_teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

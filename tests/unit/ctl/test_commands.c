@@ -21,13 +21,6 @@
 #include "ctl/internal.h"
 #include "proto/control_cmds.h"
 
-/* main.c's, which this test does not link: nothing here times anything. */
-double
-ctl_monotonic(void)
-{
-	return 0.0;
-}
-
 /* What print(f, arg) writes, malloc'd in *text. */
 static void
 capture(void (*print)(FILE *f, const void *arg), const void *arg, char **text)

@@ -13,22 +13,11 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include <cmocka.h>
 
 #include "ctl/ctl.h"
 #include "ctl/internal.h"
-
-/* main.c's, which this test does not link. */
-double
-ctl_monotonic(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 /* ctl_convert_io_wchar() of text (to its NUL): 0 and *out, or the error. */
 static int

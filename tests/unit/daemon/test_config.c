@@ -26,36 +26,10 @@
 #include "log.h"
 #include "testutil.h"
 
-struct fixture {
-	char *dir;
-};
-
-static int
-setup(void **state)
-{
-	struct fixture *f = calloc(1, sizeof(*f));
-
-	if (f == NULL)
-		return -1;
-	f->dir = tu_tmpdir();
-	*state = f;
-	return 0;
-}
-
-static int
-teardown(void **state)
-{
-	struct fixture *f = *state;
-
-	tu_rmtree(f->dir);
-	free(f);
-	return 0;
-}
-
 /* Writes text to DIR/name and loads it. Stores the file's path in *path
  * (caller frees) when path is not NULL. */
 static int
-load_text(struct fixture *f, const char *name, const char *text, struct config **cfg,
+load_text(struct tu_dir *f, const char *name, const char *text, struct config **cfg,
 	char **path)
 {
 	char *p = tu_write(f->dir, name, text, strlen(text));
@@ -71,7 +45,7 @@ load_text(struct fixture *f, const char *name, const char *text, struct config *
 /* Loads text and checks that it fails with code and a message that starts
  * with "PATH:LINE: " and contains reason. */
 static void
-check_error_code(struct fixture *f, const char *text, int code, int line, const char *reason)
+check_error_code(struct tu_dir *f, const char *text, int code, int line, const char *reason)
 {
 	struct config *cfg = (struct config *)(uintptr_t)0x1;
 	char *path = NULL, prefix[4200];
@@ -94,7 +68,7 @@ check_error_code(struct fixture *f, const char *text, int code, int line, const 
 }
 
 static void
-check_error(struct fixture *f, const char *text, int line, const char *reason)
+check_error(struct tu_dir *f, const char *text, int line, const char *reason)
 {
 	check_error_code(f, text, -EINVAL, line, reason);
 }
@@ -103,7 +77,7 @@ check_error(struct fixture *f, const char *text, int line, const char *reason)
 static void
 test_full(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct config *cfg = NULL;
 	const struct model_config *m;
 	const char *text = "; wcached test configuration\n"
@@ -188,7 +162,7 @@ test_full(void **state)
 static void
 test_defaults(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct config *cfg = NULL;
 
 	assert_int_equal(load_text(f, "empty.conf", "", &cfg, NULL), 0);
@@ -231,7 +205,7 @@ test_defaults(void **state)
 static void
 test_syntax_variants(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct config *cfg = NULL;
 	const char *text = "\xEF\xBB\xBF"
 			   "[wcached]\r\n"
@@ -271,7 +245,7 @@ test_syntax_variants(void **state)
 static void
 test_relative_paths(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct config *cfg = NULL;
 	char *sub, *path, *expect, *cwd;
 	const char *text = "[wcached]\n"
@@ -348,7 +322,7 @@ test_memory_budget(void **state)
 		{"1%", CONFIG_BUDGET_PERCENT, 1, 10ull << 30},
 		{"none", CONFIG_BUDGET_NONE, 0, 0},
 	};
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		struct config *cfg = NULL;
@@ -394,7 +368,7 @@ test_memory_budget(void **state)
 static void
 test_allow_lists(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct config *cfg = NULL;
 	const char *text = "[model m]\n"
 			   "path = /m\n"
@@ -431,7 +405,7 @@ test_allow_lists(void **state)
 static void
 test_derive_keys(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct config *cfg = NULL, *other = NULL;
 
 	assert_int_equal(load_text(f, "a.conf", "[model m]\npath = /m\n", &cfg, NULL), 0);
@@ -469,7 +443,7 @@ test_derive_keys(void **state)
 static void
 test_shared_storage_keys(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct config *cfg = NULL, *other = NULL;
 	char want[4200];
 
@@ -527,7 +501,7 @@ test_shared_storage_keys(void **state)
 static void
 test_long_line(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct config *cfg = NULL;
 	char path[1001], *text;
 
@@ -557,7 +531,7 @@ test_long_line(void **state)
 static void
 test_errors(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	char name129[200], text[400];
 
 	check_error(f,
@@ -688,7 +662,7 @@ test_errors(void **state)
 static void
 test_file_errors(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct config *cfg = (struct config *)(uintptr_t)0x1;
 	char *missing, *path;
 	static const char nul_text[] = "[wcached]\nsocket = /s\0x\n";
@@ -763,7 +737,7 @@ record_diff(enum config_change change, const struct model_config *old_model,
 static void
 test_diff(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct config *a = NULL, *b = NULL;
 
 	assert_int_equal(load_text(f, "a.conf",
@@ -824,19 +798,21 @@ int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_full, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_defaults, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_syntax_variants, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_relative_paths, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_memory_budget, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_derive_keys, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_shared_storage_keys, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_derive_keys, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_allow_lists, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_long_line, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_errors, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_file_errors, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_diff, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_full, tu_dir_setup, tu_dir_teardown),
+		cmocka_unit_test_setup_teardown(test_defaults, tu_dir_setup, tu_dir_teardown),
+		cmocka_unit_test_setup_teardown(test_syntax_variants, tu_dir_setup,
+			tu_dir_teardown),
+		cmocka_unit_test_setup_teardown(test_relative_paths, tu_dir_setup, tu_dir_teardown),
+		cmocka_unit_test_setup_teardown(test_memory_budget, tu_dir_setup, tu_dir_teardown),
+		cmocka_unit_test_setup_teardown(test_derive_keys, tu_dir_setup, tu_dir_teardown),
+		cmocka_unit_test_setup_teardown(test_shared_storage_keys, tu_dir_setup,
+			tu_dir_teardown),
+		cmocka_unit_test_setup_teardown(test_derive_keys, tu_dir_setup, tu_dir_teardown),
+		cmocka_unit_test_setup_teardown(test_allow_lists, tu_dir_setup, tu_dir_teardown),
+		cmocka_unit_test_setup_teardown(test_long_line, tu_dir_setup, tu_dir_teardown),
+		cmocka_unit_test_setup_teardown(test_errors, tu_dir_setup, tu_dir_teardown),
+		cmocka_unit_test_setup_teardown(test_file_errors, tu_dir_setup, tu_dir_teardown),
+		cmocka_unit_test_setup_teardown(test_diff, tu_dir_setup, tu_dir_teardown),
 		cmocka_unit_test(test_log_level_parse),
 	};
 

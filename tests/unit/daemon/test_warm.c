@@ -433,12 +433,12 @@ bench_pool(int fd, uint64_t size, enum warm_method method, size_t chunk, double 
 		return -1;
 	bench_done = 0;
 	c0 = cpu_s(RUSAGE_SELF);
-	t0 = now_s();
+	t0 = tu_now();
 	if (warm_submit(pool, &req, NULL) != 0)
 		return -1;
 	while (!bench_done)
 		uv_run(&loop, UV_RUN_ONCE);
-	t = now_s() - t0;
+	t = tu_now() - t0;
 	*cpu = cpu_s(RUSAGE_SELF) - c0;
 	warm_pool_close(pool);
 	uv_run(&loop, UV_RUN_DEFAULT);
@@ -456,7 +456,7 @@ bench_cat(const char *path, double *cpu)
 	char *argv[] = {"cat", (char *)(uintptr_t)path, NULL};
 	extern char **environ;
 	double c0 = cpu_s(RUSAGE_CHILDREN);
-	double t0 = now_s(), t;
+	double t0 = tu_now(), t;
 	pid_t pid;
 	int st;
 
@@ -467,7 +467,7 @@ bench_cat(const char *path, double *cpu)
 	posix_spawn_file_actions_destroy(&fa);
 	if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
 		return -1;
-	t = now_s() - t0;
+	t = tu_now() - t0;
 	*cpu = cpu_s(RUSAGE_CHILDREN) - c0;
 	return t;
 }

@@ -136,13 +136,13 @@ test_submit_wakes_an_idle_thread(void **state)
 		double t0;
 
 		uv_sleep((unsigned)(i * 37 % 70));
-		t0 = now_s();
+		t0 = tu_now();
 		submit(f, i, f->big_fd, NULL, 0, 4096, false);
-		while (f->seen[i - 1].done_calls == 0 && now_s() - t0 < 5.0)
+		while (f->seen[i - 1].done_calls == 0 && tu_now() - t0 < 5.0)
 			uv_run(&f->loop, UV_RUN_NOWAIT);
 		assert_int_equal(f->seen[i - 1].done_calls, 1);
 		assert_int_equal(f->seen[i - 1].res.status, 0);
-		assert_true(now_s() - t0 < 1.0);
+		assert_true(tu_now() - t0 < 1.0);
 	}
 	assert_int_equal(f->seen[0].done_calls, 0); /* still paced */
 	assert_int_equal(warm_cancel(f->pool, f->jobs[0]), 0);
@@ -312,14 +312,14 @@ test_close_within_hung_read(void **state)
 	new_pool(f, 2, 1 * MiB, 0, 0);
 	atomic_store(&fault.hang, true);
 	submit(f, 1, f->big_fd, NULL, 0, BIG_SIZE, false);
-	t0 = now_s();
+	t0 = tu_now();
 	while (atomic_load(&fault.sendfiles) + atomic_load(&fault.preads) == 0) {
-		assert_true(now_s() - t0 < 10.0);
+		assert_true(tu_now() - t0 < 10.0);
 		usleep(1000);
 	}
-	t0 = now_s();
+	t0 = tu_now();
 	assert_int_equal(warm_pool_close_within(f->pool, 100), 1);
-	waited = now_s() - t0;
+	waited = tu_now() - t0;
 	assert_true(waited >= 0.09 && waited < 5.0);
 	assert_int_equal(warm_pool_close_within(f->pool, 0), 1);
 	uv_run(&f->loop, UV_RUN_NOWAIT);

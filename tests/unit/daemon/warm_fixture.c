@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -192,22 +191,13 @@ close_pool(struct fixture *f)
 	f->pool = NULL;
 }
 
-double
-now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 void
 wait_reading(struct warm_job *j)
 {
-	double t0 = now_s();
+	double t0 = tu_now();
 
 	while (warm_job_bytes(j) == 0) {
-		assert_true(now_s() - t0 < 10.0);
+		assert_true(tu_now() - t0 < 10.0);
 		uv_sleep(5);
 	}
 }

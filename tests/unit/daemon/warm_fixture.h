@@ -105,9 +105,6 @@ void new_pool(struct fixture *f, unsigned threads, size_t chunk, enum warm_metho
 /* Closes the pool the fixture holds (teardown then has nothing to close). */
 void close_pool(struct fixture *f);
 
-/* Seconds on the monotonic clock. */
-double now_s(void);
-
 /* Waits until job j has read something; fails the test after 10 s (a job
  * that never starts would otherwise hang it). */
 void wait_reading(struct warm_job *j);

@@ -231,32 +231,14 @@ test_parse_too_many_shards(void **state)
 
 /* ---- opening sharded models ---- */
 
-struct fixture {
-	char *dir;
-	int fds;
-};
-
-static int
-setup(void **state)
-{
-	struct fixture *f = calloc(1, sizeof(*f));
-
-	f->dir = tu_tmpdir();
-	f->fds = tu_count_fds();
-	*state = f;
-	return 0;
-}
-
 static int
 teardown(void **state)
 {
-	struct fixture *f = *state;
+	const struct tu_dir *f = *state;
 
 	/* no test may leak a descriptor, whether it succeeded or failed */
 	assert_int_equal(tu_count_fds(), f->fds);
-	tu_rmtree(f->dir);
-	free(f);
-	return 0;
+	return tu_dir_teardown(state);
 }
 
 /*
@@ -357,7 +339,7 @@ check_model(const struct model_source *src)
 static void
 test_open_valid(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct model_source src;
 	char *p;
 
@@ -379,7 +361,7 @@ test_open_valid(void **state)
 static void
 test_read_index(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct shard_map m = { 0 };
 	char *p, *s2, *outside, *link;
 
@@ -411,7 +393,7 @@ test_read_index(void **state)
 static void
 test_open_relative(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct model_source src;
 	char cwd[4096];
 
@@ -427,7 +409,7 @@ test_open_relative(void **state)
 static void
 test_open_missing_shard(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct model_source src;
 	char *p;
 
@@ -465,7 +447,7 @@ assert_no_controls(const char *msg)
 static void
 test_open_hostile_shard_names(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct model_source src;
 	char *p = path_of(f->dir, INDEX_NAME);
 
@@ -498,7 +480,7 @@ test_open_hostile_shard_names(void **state)
 static void
 test_open_wrong_shard(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct model_source src;
 	char *p;
 
@@ -516,7 +498,7 @@ test_open_wrong_shard(void **state)
 static void
 test_open_tensor_not_in_map(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct model_source src;
 	char *p;
 
@@ -531,7 +513,7 @@ test_open_tensor_not_in_map(void **state)
 static void
 test_open_tensor_missing_from_shard(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct model_source src;
 	char *p;
 
@@ -547,7 +529,7 @@ test_open_tensor_missing_from_shard(void **state)
 static void
 test_open_tensor_in_two_shards(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct model_source src;
 	char *p;
 
@@ -562,7 +544,7 @@ test_open_tensor_in_two_shards(void **state)
 static void
 test_open_bad_shard(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct model_source src;
 	char *p;
 
@@ -577,7 +559,7 @@ test_open_bad_shard(void **state)
 static void
 test_open_bad_index(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct model_source src;
 	char *p;
 	FILE *fp;
@@ -609,7 +591,7 @@ test_open_bad_index(void **state)
 static void
 test_dir_sharded(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct model_source src;
 
 	write_model(f->dir);
@@ -622,7 +604,7 @@ test_dir_sharded(void **state)
 static void
 test_dir_single(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct model_source src;
 	char *d;
 
@@ -643,7 +625,7 @@ test_dir_single(void **state)
 static void
 test_dir_ambiguous(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct model_source src;
 
 	assert_int_equal(source_open(f->dir, &src), -ENOENT);
@@ -678,7 +660,7 @@ test_dir_ambiguous(void **state)
 static void
 test_dir_many_files(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct model_source src;
 	char name[32];
 
@@ -701,22 +683,25 @@ main(void)
 		cmocka_unit_test(test_parse_total_size),
 		cmocka_unit_test(test_parse_shard_names),
 		cmocka_unit_test(test_parse_too_many_shards),
-		cmocka_unit_test_setup_teardown(test_open_valid, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_open_relative, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_open_missing_shard, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_open_wrong_shard, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_open_hostile_shard_names, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_open_tensor_not_in_map, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_open_tensor_missing_from_shard, setup,
+		cmocka_unit_test_setup_teardown(test_open_valid, tu_dir_setup, teardown),
+		cmocka_unit_test_setup_teardown(test_open_relative, tu_dir_setup, teardown),
+		cmocka_unit_test_setup_teardown(test_open_missing_shard, tu_dir_setup, teardown),
+		cmocka_unit_test_setup_teardown(test_open_wrong_shard, tu_dir_setup, teardown),
+		cmocka_unit_test_setup_teardown(test_open_hostile_shard_names, tu_dir_setup,
 			teardown),
-		cmocka_unit_test_setup_teardown(test_open_tensor_in_two_shards, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_open_bad_shard, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_open_bad_index, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_read_index, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_dir_sharded, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_dir_single, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_dir_many_files, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_dir_ambiguous, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_open_tensor_not_in_map, tu_dir_setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_open_tensor_missing_from_shard, tu_dir_setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_open_tensor_in_two_shards, tu_dir_setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_open_bad_shard, tu_dir_setup, teardown),
+		cmocka_unit_test_setup_teardown(test_open_bad_index, tu_dir_setup, teardown),
+		cmocka_unit_test_setup_teardown(test_read_index, tu_dir_setup, teardown),
+		cmocka_unit_test_setup_teardown(test_dir_sharded, tu_dir_setup, teardown),
+		cmocka_unit_test_setup_teardown(test_dir_single, tu_dir_setup, teardown),
+		cmocka_unit_test_setup_teardown(test_dir_many_files, tu_dir_setup, teardown),
+		cmocka_unit_test_setup_teardown(test_dir_ambiguous, tu_dir_setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -24,46 +24,32 @@
 #include "lib/model.h"
 #include "lib/wcache.h"
 
-struct fixture {
-	char *dir;
-	char *path;
-};
-
 /* Two F32 tensors (a: 2x2, b: 4) and one scalar U8 named with a byte > 0x7f. */
 static int
 setup(void **state)
 {
-	struct fixture *f = calloc(1, sizeof(*f));
+	struct tu_dir *f;
 	const char *header = "{\"__metadata__\":{\"format\":\"pt\",\"author\":\"x\"},"
 			     "\"b\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[16,32]},"
 			     "\"a\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,16]},"
 			     "\"\xc3\xa9t\xc3\xa9\":{\"dtype\":\"U8\",\"shape\":[],"
 			     "\"data_offsets\":[32,33]}}";
 	size_t len;
-	uint8_t *img = tu_safetensors(header, 33, &len);
+	uint8_t *img;
 
-	f->dir = tu_tmpdir();
+	if (tu_dir_setup(state) != 0)
+		return -1;
+	f = *state;
+	img = tu_safetensors(header, 33, &len);
 	f->path = tu_write(f->dir, "m.safetensors", img, len);
 	free(img);
-	*state = f;
-	return 0;
-}
-
-static int
-teardown(void **state)
-{
-	struct fixture *f = *state;
-
-	free(f->path);
-	tu_rmtree(f->dir);
-	free(f);
 	return 0;
 }
 
 static void
 test_lookups(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	wc_model *m;
 	wc_tensor t;
 	const char *k, *v;
@@ -106,7 +92,7 @@ test_lookups(void **state)
 static void
 test_file_names_of_shards(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	const char *h1 = "{\"x\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]}}";
 	const char *h2 = "{\"y\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[0,3]}}";
 	const char *map = "{\"metadata\":{},\"weight_map\":{"
@@ -149,7 +135,7 @@ test_file_names_of_shards(void **state)
 static void
 test_view_reads_the_source_as_opened(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	struct model_source src;
 	wc_model *m;
 	wc_tensor t;
@@ -178,7 +164,7 @@ test_view_reads_the_source_as_opened(void **state)
 static void
 test_errors_name_the_file(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	wc_model *m = (wc_model *)0x1;
 	char *missing;
 
@@ -195,7 +181,7 @@ test_errors_name_the_file(void **state)
 static void
 test_open_fd_keeps_the_descriptor(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	wc_model *m = (wc_model *)0x1;
 	wc_tensor t;
 	int fd = open(f->path, O_RDONLY | O_CLOEXEC);
@@ -224,7 +210,7 @@ test_open_fd_keeps_the_descriptor(void **state)
 static void
 test_valid_in_child_after_fork(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	wc_model *m;
 	wc_tensor t;
 	int status;
@@ -247,7 +233,7 @@ test_valid_in_child_after_fork(void **state)
 static void
 test_cow_writes_stay_private(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	wc_model *m, *other;
 	wc_tensor t, u;
 	uint8_t byte;
@@ -284,7 +270,7 @@ test_cow_writes_stay_private(void **state)
 static void
 test_bulk_matches_one_by_one(void **state)
 {
-	struct fixture *f = *state;
+	struct tu_dir *f = *state;
 	wc_model *m;
 	wc_tensor one, all[4];
 
@@ -311,15 +297,19 @@ int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_lookups, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_file_names_of_shards, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_bulk_matches_one_by_one, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_lookups, setup, tu_dir_teardown),
+		cmocka_unit_test_setup_teardown(test_file_names_of_shards, setup, tu_dir_teardown),
+		cmocka_unit_test_setup_teardown(test_bulk_matches_one_by_one, setup,
+			tu_dir_teardown),
 		cmocka_unit_test_setup_teardown(test_view_reads_the_source_as_opened, setup,
-			teardown),
-		cmocka_unit_test_setup_teardown(test_errors_name_the_file, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_open_fd_keeps_the_descriptor, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_valid_in_child_after_fork, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_cow_writes_stay_private, setup, teardown),
+			tu_dir_teardown),
+		cmocka_unit_test_setup_teardown(test_errors_name_the_file, setup, tu_dir_teardown),
+		cmocka_unit_test_setup_teardown(test_open_fd_keeps_the_descriptor, setup,
+			tu_dir_teardown),
+		cmocka_unit_test_setup_teardown(test_valid_in_child_after_fork, setup,
+			tu_dir_teardown),
+		cmocka_unit_test_setup_teardown(test_cow_writes_stay_private, setup,
+			tu_dir_teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
