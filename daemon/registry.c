@@ -57,9 +57,12 @@ registry_now_ms(const struct registry *r)
 static int
 setup(struct registry *r)
 {
+	struct rlimit rl;
+
 	r->promoted = promoted;
 	r->pages_ended = registry_pages_ended;
 	r->retired_max = REGISTRY_RETIRED_MAX;
+	r->fd_limit = getrlimit(RLIMIT_NOFILE, &rl) == 0 ? rl.rlim_cur : 0;
 	workq_init(&r->workq, r->loop, REMOTE_STALL_MS);
 	return 0;
 }
@@ -338,15 +341,9 @@ registry_add_served(struct registry *r, const char *name, const char *path, enum
 	m->current = g;
 	publish(r, m, g->number);
 	registry_enforce_budget(r);
-	if (m->reload_again && m->loading == 0 && !r->closing) {
-		/* A reload came while its warm restart's check ran: it may
-		 * have seen the files before they changed. */
-		enum reload_kind again = m->reload_again;
-
-		m->reload_again = RELOAD_NONE;
-		if (registry_reload_as(r, m, again, NULL, NULL) < 0)
-			log_warnx("%s", error_get());
-	}
+	/* A reload that came while its warm restart's check ran: it may
+	 * have seen the files before they changed. */
+	registry_reload_held(r, m, NULL);
 	if (r->changed != NULL)
 		r->changed(r);
 	return 0;
@@ -618,7 +615,7 @@ registry_release(struct registry *r, struct generation *g)
 
 	gen_unref(r, g);
 	if (m != NULL)
-		registry_reload_held(r, m); /* one that waited for a release */
+		registry_reload_held(r, m, RELOAD_RELEASED); /* one that waited for a release */
 }
 
 const struct model_entry *
@@ -797,6 +794,6 @@ registry_collect(struct registry *r)
 	 * here, or its hold or page work ended since). */
 	for (struct model_entry *m = r->models, *mnext; m != NULL; m = mnext) {
 		mnext = m->next;
-		registry_reload_held(r, m);
+		registry_reload_held(r, m, RELOAD_RELEASED);
 	}
 }

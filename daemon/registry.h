@@ -24,6 +24,7 @@
 #define WC_REGISTRY_H
 
 #include <stdint.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <uv.h>
@@ -158,6 +159,12 @@ struct registry {
 	 * reload of it waits (REGISTRY_RETIRED_MAX, set by registry_init;
 	 * unit tests that need more generations raise it). */
 	unsigned retired_max;
+	/* wcached's soft RLIMIT_NOFILE as registry_init found it (main.c
+	 * raised it to the hard limit before), read once: what bounds the
+	 * descriptors of retired generations past retired_max
+	 * (registry_load.c's retired_full). RLIM_INFINITY: no bound; 0: not
+	 * known (getrlimit failed), and retired_max bounds them alone. */
+	rlim_t fd_limit;
 	/* Where staged copies go (stage.h; registry_set_stage_dir), absolute
 	 * and resolved (no symbolic link in it) when it existed when set;
 	 * NULL: none, and a model that must stage is refused. */

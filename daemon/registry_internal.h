@@ -22,25 +22,25 @@ enum reload_kind {
 	RELOAD_OPERATOR = 2, /* `wcachectl reload NAME` (registry_reload) */
 };
 
-/* registry_load.c: queues a reload of m as kind asks (registry_reload's
- * answers); while m's retired generations still open are as many as a
- * reload may leave (at least REGISTRY_RETIRED_MAX, then bounded by their
- * descriptors: registry_load.c's retired_full) it waits (reload_again),
- * with one warning and done(-EBUSY). */
-int registry_reload_as(struct registry *r, struct model_entry *m, enum reload_kind kind,
-	registry_done_fn done, void *arg);
-
 /* How many retired generations of one model may always stay open
  * (attached, or held otherwise); past it a reload waits for one to close
- * when their descriptors pass an eighth of RLIMIT_NOFILE, or every model's
- * half (retired_full): bounds the descriptors and locked metadata one
- * model's attaches keep. */
+ * when their descriptors pass an eighth of RLIMIT_NOFILE (r->fd_limit), or
+ * every model's half (retired_full): bounds the descriptors and locked
+ * metadata one model's attaches keep. A reload that waits is queued
+ * (reload_again) with one warning and answered -EBUSY. */
 #define REGISTRY_RETIRED_MAX 4
 
-/* registry_load.c: runs m's reload that waited (reload_again) once no
- * load of m is in flight and its retired generations leave room again
- * (retired_full); otherwise nothing. Loop thread. */
-void registry_reload_held(struct registry *r, struct model_entry *m);
+/* registry_reload_held's released for a call after a retired generation
+ * closed or was released: the reload that waited for it says so. */
+#define RELOAD_RELEASED "an older generation was released"
+
+/* registry_load.c: runs m's reload that waited (reload_again), if any,
+ * once no load of m is in flight: queued when its retired generations
+ * leave room (retired_full), else it waits on, with the one warning when
+ * it starts waiting for room (released NULL: it waited for a load or a
+ * warm restart's check); released (RELOAD_RELEASED) names why it may have
+ * room now, in the line of the reload it starts. Loop thread. */
+void registry_reload_held(struct registry *r, struct model_entry *m, const char *released);
 
 /* registry.c: the model called exactly name, or NULL. */
 struct model_entry *registry_entry_named(struct registry *r, const char *name);

@@ -780,14 +780,8 @@ load_after(struct workq_job *w, int status)
 		install(r, m, q);
 	}
 	m = registry_entry_named(r, q->name); /* looked up again: done() may unload it */
-	if (m != NULL && m->entry_id == q->entry_id && m->reload_again && m->loading == 0 &&
-		!r->closing) {
-		enum reload_kind again = m->reload_again;
-
-		m->reload_again = RELOAD_NONE;
-		if (registry_reload_as(r, m, again, NULL, NULL) < 0)
-			log_warnx("%s", error_get());
-	}
+	if (m != NULL && m->entry_id == q->entry_id)
+		registry_reload_held(r, m, NULL);
 	load_request_free(q);
 }
 
@@ -944,7 +938,8 @@ gen_fds(const struct generation *g)
  * a reload may leave open; *held gets how many there are. Fewer than
  * r->retired_max (4) always leave room. Past that, room is left while
  * their descriptors stay within an eighth of wcached's soft RLIMIT_NOFILE
- * and every model's retired generations within half of it: a model of a
+ * (r->fd_limit, read once at start; none when unlimited) and every
+ * model's retired generations within half of it: a model of a
  * few files swapped under long-lived workers keeps getting its new
  * generations (hundreds under the unit's 65536), while one uid attaching
  * every generation of a 250-file model (review rev173 F9) stops at 16, and
@@ -955,7 +950,6 @@ retired_full(const struct registry *r, const struct model_entry *m, unsigned *he
 {
 	unsigned n = 0;
 	uint64_t mine = 0, all = 0;
-	struct rlimit rl;
 
 	for (const struct generation *g = r->generations; g != NULL; g = g->next) {
 		const struct model_entry *o = g->model;
@@ -971,68 +965,72 @@ retired_full(const struct registry *r, const struct model_entry *m, unsigned *he
 	*held = n;
 	if (n < r->retired_max)
 		return 0;
-	if (getrlimit(RLIMIT_NOFILE, &rl) == -1 || rl.rlim_cur == RLIM_INFINITY)
+	if (r->fd_limit == 0)
 		return 1;
-	return mine >= rl.rlim_cur / 8 || all >= rl.rlim_cur / 2;
-}
-
-void
-registry_reload_held(struct registry *r, struct model_entry *m)
-{
-	enum reload_kind again = m->reload_again;
-
-	unsigned held;
-
-	if (again == RELOAD_NONE || m->loading > 0 || r->closing || retired_full(r, m, &held))
-		return;
-	m->reload_again = RELOAD_NONE;
-	log_info("model \"%s\": an older generation was released; reloading", m->name);
-	if (registry_reload_as(r, m, again, NULL, NULL) < 0)
-		log_warnx("%s", error_get());
-}
-
-int
-registry_reload_as(struct registry *r, struct model_entry *m, enum reload_kind kind,
-	registry_done_fn done, void *arg)
-{
-	unsigned held;
-
-	if (m->loading == 0 && retired_full(r, m, &held)) {
-		/* Each generation held open keeps 2 descriptors a file and 2
-		 * for its index, and its locked metadata: one uid that attaches
-		 * every generation would take wcached's descriptors from every
-		 * other model (review rev173 F9). The reload waits for a
-		 * release (registry_reload_held), once. */
-		char msg[160];
-
-		snprintf(msg, sizeof(msg), "%u older generations are still attached; a new one "
-			"is loaded once one of them is released", held);
-		if (m->reload_again == RELOAD_NONE)
-			log_warnx("model \"%s\": %s (generation %" PRIu64 " still serving)",
-				m->name, msg, m->current != NULL ? m->current->number : 0);
-		if ((int)kind > m->reload_again)
-			m->reload_again = kind;
-		if (done != NULL)
-			done(-EBUSY, msg, 0, arg);
+	if (r->fd_limit == RLIM_INFINITY)
 		return 0;
+	return mine >= r->fd_limit / 8 || all >= r->fd_limit / 2;
+}
+
+/*
+ * Queues a reload of m as kind asks (registry_reload's answers), or makes
+ * it wait (reload_again, raised to kind: an operator's wins) for the load
+ * of m in flight to end, or for room: while m's retired generations still
+ * open are as many as a reload may leave (retired_full), with one warning
+ * when it starts to wait (not again when released says it waited already)
+ * and done(-EBUSY). Each generation held open keeps 2 descriptors a file
+ * and 2 for its index, and its locked metadata: one uid that attaches
+ * every generation would take wcached's descriptors from every other
+ * model (review rev173 F9). A load in flight may have opened the files
+ * before the change that asks for this reload, so it reloads once more
+ * when that ends (of the path it leaves configured: an operator's load of
+ * another path is never superseded by the old one).
+ */
+static int
+reload_as(struct registry *r, struct model_entry *m, enum reload_kind kind,
+	const char *released, registry_done_fn done, void *arg)
+{
+	unsigned held = 0;
+	int full = m->loading == 0 && retired_full(r, m, &held);
+	int warn = full && m->reload_again == RELOAD_NONE && released == NULL;
+	char msg[160];
+
+	if (m->loading == 0 && !full) {
+		if (released != NULL)
+			log_info("model \"%s\": %s; reloading", m->name, released);
+		return queue_load(r, m->name, m->path, m->pin, m->warm, kind, done, arg);
 	}
-	if (m->loading > 0) {
-		/* A load in flight may have opened the files before the change
-		 * that asks for this reload, so reload once more when it ends
-		 * (of the path it leaves configured: an operator's load of
-		 * another path is never superseded by the old one); as the
-		 * operator's when one asked meanwhile. */
-		if ((int)kind > m->reload_again)
-			m->reload_again = kind;
+	if ((int)kind > m->reload_again)
+		m->reload_again = kind;
+	if (!full) {
 		if (done != NULL)
 			done(0, "a load of this model is already in progress",
 				m->current != NULL ? m->current->number : 0, arg);
 		return 0;
 	}
-	return queue_load(r, m->name, m->path, m->pin, m->warm, kind, done, arg);
+	snprintf(msg, sizeof(msg), "%u older generations are still attached; a new one "
+		"is loaded once one of them is released", held);
+	if (warn)
+		log_warnx("model \"%s\": %s (generation %" PRIu64 " still serving)", m->name, msg,
+			m->current != NULL ? m->current->number : 0);
+	if (done != NULL)
+		done(-EBUSY, msg, 0, arg);
+	return 0;
 }
 
-/* registry_reload_as of the model called name: -ENOENT when unknown. */
+void
+registry_reload_held(struct registry *r, struct model_entry *m, const char *released)
+{
+	enum reload_kind again = m->reload_again;
+
+	if (again == RELOAD_NONE || m->loading > 0 || r->closing)
+		return;
+	m->reload_again = RELOAD_NONE;
+	if (reload_as(r, m, again, released, NULL, NULL) < 0)
+		log_warnx("%s", error_get());
+}
+
+/* reload_as of the model called name: -ENOENT when unknown. */
 static int
 reload_named(struct registry *r, const char *name, enum reload_kind kind, registry_done_fn done,
 	void *arg)
@@ -1041,7 +1039,7 @@ reload_named(struct registry *r, const char *name, enum reload_kind kind, regist
 
 	if (m == NULL)
 		return error_set(-ENOENT, "model \"%s\" is not loaded", name);
-	return registry_reload_as(r, m, kind, done, arg);
+	return reload_as(r, m, kind, NULL, done, arg);
 }
 
 int

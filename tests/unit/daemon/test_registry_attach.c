@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -29,6 +30,7 @@
 #include "base/file.h"
 #include "generation.h"
 #include "proto/memfds.h"
+#include "registry_internal.h"
 #include "restore.h"
 #include "restore_internal.h"
 #include "testutil.h"
@@ -216,6 +218,102 @@ test_find_order(void **state)
 	free(snap1);
 	free(snap2);
 	free(snap3);
+}
+
+/* Loads m, a one-file model in t's directory, of which one retired
+ * generation at most is always left room (retired_max 1): its path. */
+static char *
+one_file_model(struct du *t)
+{
+	char *path = du_model(t, "a.safetensors", 1024);
+
+	t->reg.retired_max = 1;
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 0), 0);
+	return path;
+}
+
+/* Releases the n attaches at, and frees path. */
+static void
+release_all(struct du *t, struct registry_attachment *at, int n, char *path)
+{
+	for (int i = 0; i < n; i++)
+		registry_release(&t->reg, at[i].gen);
+	free(path);
+}
+
+/*
+ * Reloads of m, a one-file model, each after an attach of the generation
+ * serving (kept in at[0 .. n - 1]) and a new file renamed over path: what
+ * the last reload answered (0, or -EBUSY when it waits for a release).
+ */
+static int
+attach_and_reload(struct du *t, const char *path, struct registry_attachment *at, int n)
+{
+	char msg[128];
+	int err = 0;
+
+	for (int i = 0; i < n && err == 0; i++) {
+		char *next = du_model(t, "n.safetensors", 2048 + 16 * (size_t)i);
+
+		assert_int_equal(registry_attach(&t->reg, "m", &root_peer, &at[i], msg,
+			sizeof(msg)), 0);
+		assert_int_equal(rename(next, path), 0);
+		err = du_reload(t, "m");
+		free(next);
+	}
+	return err;
+}
+
+/*
+ * Past retired_max, a reload waits while the retired generations'
+ * descriptors pass an eighth of RLIMIT_NOFILE as wcached started with it:
+ * registry_init reads the soft limit once (review rev175 F2). Before,
+ * retired_full called getrlimit on every reload and every release; with
+ * the soft limit lowered to 64 after the start (an eighth: 8 descriptors,
+ * two retired generations of one file) the third reload waited (-EBUSY).
+ */
+static void
+test_retired_bound_is_the_limit_at_start(void **state)
+{
+	struct du *t = *state;
+	char *a = one_file_model(t);
+	struct registry_attachment at[3];
+	struct rlimit was, low;
+	int err;
+
+	assert_int_equal(getrlimit(RLIMIT_NOFILE, &was), 0);
+	assert_true(was.rlim_cur >= 1024);
+	low = was;
+	low.rlim_cur = 64;
+	assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+	err = attach_and_reload(t, a, at, 3);
+	assert_int_equal(setrlimit(RLIMIT_NOFILE, &was), 0);
+	assert_int_equal(err, 0);
+	assert_int_equal(du_current(t, "m")->number, 4);
+	release_all(t, at, 3, a);
+}
+
+/*
+ * An unlimited RLIMIT_NOFILE leaves room for any number of retired
+ * generations; a limit not known leaves retired_max alone. Before, the
+ * unlimited one read as full (the reload waited past retired_max); Linux
+ * refuses RLIM_INFINITY for RLIMIT_NOFILE (it caps it at nr_open), so this
+ * sets the recorded limit, a field added with the fix.
+ */
+static void
+test_retired_bound_unlimited(void **state)
+{
+	struct du *t = *state;
+	char *a = one_file_model(t);
+	struct registry_attachment at[3];
+
+	t->reg.fd_limit = RLIM_INFINITY;
+	assert_int_equal(attach_and_reload(t, a, at, 2), 0);
+	t->reg.fd_limit = 0;
+	assert_int_equal(attach_and_reload(t, a, &at[2], 1), -EBUSY);
+	assert_int_equal(du_current(t, "m")->number, 3);
+	assert_int_equal(registry_find(&t->reg, "m")->reload_again, RELOAD_OPERATOR);
+	release_all(t, at, 3, a);
 }
 
 /*
@@ -695,6 +793,9 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_attach_reply, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_access, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_find_order, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_retired_bound_is_the_limit_at_start, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_retired_bound_unlimited, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_find_for_access, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_hold_after_restart, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_hold_after_deadline, setup, teardown),
