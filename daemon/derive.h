@@ -51,6 +51,18 @@ struct derive_build;
  * missing); a warm restart takes back only a memfd that has them all. */
 #define DERIVE_ARTIFACT_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL)
 
+struct stat;
+
+/*
+ * Whether an artifact's memfd, as fstat gave st, has memory behind every
+ * byte: a hole costs its builder nothing, weighs its full size in
+ * memory_budget and becomes shmem zeros, kept while wcached keeps the
+ * artifact, when a worker reads it. PUBLISH and a warm restart's taking
+ * back both ask this. 0, or -EBADMSG with "the memfd is sparse: ..." in
+ * why (why_size bytes).
+ */
+int derive_memfd_whole(const struct stat *st, char *why, size_t why_size);
+
 /* Artifacts (of any source generation) and builds in progress one model
  * may have at once. Each artifact keeps descriptors open in wcached (its
  * memfd and its sealed index) while its source generation is current, so

@@ -118,6 +118,20 @@ check_free(struct derive_check *c)
 	free(c);
 }
 
+int
+derive_memfd_whole(const struct stat *st, char *why, size_t why_size)
+{
+	/* st_blocks counts tmpfs's allocated pages, fallocated ones too
+	 * (SEEK_HOLE calls those holes until written). */
+	if ((uint64_t)st->st_blocks * 512 < (uint64_t)st->st_size) {
+		snprintf(why, why_size, "the memfd is sparse: only %" PRIu64 " of its %" PRIu64
+			 " bytes have memory behind them", (uint64_t)st->st_blocks * 512,
+			(uint64_t)st->st_size);
+		return -EBADMSG;
+	}
+	return 0;
+}
+
 /* Work queue thread: seals the memfd for good, reopens it read-only (the
  * received descriptor is the builder's open file description, its offset
  * and flags the builder's to change: wcached keeps one of its own, as for
@@ -166,17 +180,13 @@ check_run(struct workq_job *job)
 			(uint64_t)st.st_size >> 20, c->ram >> 20);
 		return;
 	}
-	/* Every page must have memory behind it, paid for by the builder: a
-	 * hole costs it nothing, weighs its full size in memory_budget and
-	 * becomes shmem zeros, kept while wcached keeps the artifact, when a
-	 * worker reads it. st_blocks counts tmpfs's allocated pages, fallocated
-	 * ones too (SEEK_HOLE calls those holes until written); the seals
-	 * forbid punching holes from here on. */
-	if ((uint64_t)st.st_blocks * 512 < (uint64_t)st.st_size) {
-		c->err = -EBADMSG;
-		snprintf(c->why, sizeof(c->why), "the memfd is sparse: only %" PRIu64 " of its %"
-			 PRIu64 " bytes have memory behind them; write (or fallocate) every byte "
-			 "before publishing", (uint64_t)st.st_blocks * 512, (uint64_t)st.st_size);
+	/* Every page must have memory behind it, paid for by the builder; the
+	 * seals forbid punching holes from here on. */
+	if ((c->err = derive_memfd_whole(&st, c->why, sizeof(c->why))) < 0) {
+		size_t n = strlen(c->why);
+
+		snprintf(c->why + n, sizeof(c->why) - n, "; write (or fallocate) every byte "
+			 "before publishing");
 		return;
 	}
 	if ((c->err = source_open_fd(fd, c->label, &c->src)) < 0) {

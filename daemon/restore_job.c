@@ -376,10 +376,13 @@ serve(struct restore_job *j, struct restore_prepared *p, int held)
 	return 0;
 }
 /* Checks the stored artifact memfd fd of a: a regular file sealed as a
- * published one is, of exactly the described size. */
+ * published one is, of exactly the described size, with memory behind
+ * every byte (derive_memfd_whole, as PUBLISH checks: one stored before
+ * that check, or by a wcached without it, is not taken back). */
 static int
 check_artifact_memfd(int fd, const struct fdstore_artifact *a)
 {
+	char why[160];
 	struct stat st;
 	int seals;
 
@@ -394,6 +397,8 @@ check_artifact_memfd(int fd, const struct fdstore_artifact *a)
 	if ((uint64_t)st.st_size != a->size)
 		return error_set(-EINVAL, "its memfd is %lld bytes, not %" PRIu64,
 			(long long)st.st_size, a->size);
+	if (derive_memfd_whole(&st, why, sizeof(why)) < 0)
+		return error_set(-EBADMSG, "%s", why);
 	return 0;
 }
 

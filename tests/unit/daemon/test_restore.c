@@ -116,6 +116,7 @@ struct fixture {
 	char *path;                  /* its file, or the directory that holds it */
 	char *file;                  /* its file */
 	char *stage_dir;             /* dir/staged, for a model that stages, else NULL */
+	int sparse;                  /* the artifact's memfd has a hole (artifact_memfd) */
 	struct su_manager m;
 	struct du t;                 /* the second process's registry */
 	struct derive_table derive;  /* and its derived artifacts */
@@ -136,9 +137,11 @@ stored_setup(struct du *t, int status_fd)
 	t->dir = tu_tmpdir();
 }
 
-/* A memfd holding the bytes of path, sealed as a published artifact is. */
+/* A memfd holding the bytes of path, sealed as a published artifact is;
+ * sparse: with the page at 8 KiB (in the tensors' data) a hole, as a
+ * builder's memfd could be before PUBLISH refused those (37aa5a5). */
 static int
-artifact_memfd(const char *path)
+artifact_memfd(const char *path, int sparse)
 {
 	int in = open(path, O_RDONLY | O_CLOEXEC), fd;
 	char buf[65536];
@@ -150,6 +153,9 @@ artifact_memfd(const char *path)
 	while ((n = read(in, buf, sizeof(buf))) > 0)
 		assert_int_equal(write(fd, buf, (size_t)n), n);
 	close(in);
+	if (sparse)
+		assert_int_equal(fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 8192,
+			4096), 0);
 	assert_int_equal(fcntl(fd, F_ADD_SEALS, DERIVE_ARTIFACT_SEALS), 0);
 	return fd;
 }
@@ -175,7 +181,8 @@ previous_process(struct fixture *f)
 	stored_setup(&t, -1);
 	assert_int_equal(derive_init(&derive, &t.reg, &no_hooks), 0);
 	assert_int_equal(du_load(&t, "m", f->path, PIN_METADATA, 0), 0);
-	assert_int_equal(source_open_fd(artifact_memfd(f->file), "m derived k", &src), 0);
+	assert_int_equal(source_open_fd(artifact_memfd(f->file, f->sparse), "m derived k", &src),
+		0);
 	len = src.index_len;
 	assert_int_equal(gen_seal_index(src.index, len, &ifd, &map), 0);
 	munmap((void *)map, len);
@@ -287,6 +294,17 @@ setup(void **state)
 	return next_process(f, 6, state);
 }
 
+/* The previous process stored a sparse artifact (artifact_memfd). */
+static int
+setup_sparse(void **state)
+{
+	struct fixture *f = new_fixture();
+
+	f->sparse = 1;
+	previous_process(f);
+	return next_process(f, 6, state);
+}
+
 /* m is the directory f->dir/model, which holds the file a.safetensors. */
 static int
 setup_dir(void **state)
@@ -363,17 +381,11 @@ count_k(const struct derive_stored *a, void *arg)
 	*(unsigned *)arg += strcmp(a->key, "k") == 0 && a->source == 1;
 }
 
-/*
- * A restored model's derived artifact is checked with the model, on the
- * work queue: its reader (O(its tensors)) and the byte-for-byte compare
- * with its stored index never run on the loop, which only lists what
- * passed. Before, adopt_artifact ran both on the loop after serving.
- */
-static void
-test_artifact_checked_off_the_loop(void **state)
+/* Restores m (restore_model) and runs the loop until it is served; returns
+ * the log meanwhile (free it) and the number of its artifacts "k" listed. */
+static char *
+restore_served(struct fixture *f, unsigned *artifacts)
 {
-	struct fixture *f = *state;
-	unsigned artifacts = 0;
 	char *log;
 
 	du_log_start(&f->t);
@@ -385,13 +397,50 @@ test_artifact_checked_off_the_loop(void **state)
 	assert_int_equal(f->result, RESTORE_SERVED);
 	assert_non_null(strstr(log, "model \"m\": generation 1 restored from the file descriptor "
 		"store"));
+	*artifacts = 0;
+	derive_stored_each(&f->derive, registry_find(&f->t.reg, "m"), count_k, artifacts);
+	return log;
+}
+
+/*
+ * A restored model's derived artifact is checked with the model, on the
+ * work queue: its reader (O(its tensors)) and the byte-for-byte compare
+ * with its stored index never run on the loop, which only lists what
+ * passed. Before, adopt_artifact ran both on the loop after serving.
+ */
+static void
+test_artifact_checked_off_the_loop(void **state)
+{
+	struct fixture *f = *state;
+	unsigned artifacts;
+	char *log = restore_served(f, &artifacts);
+
 	assert_non_null(strstr(log, "model \"m\": derived \"k\" of generation 1 taken back from "
 		"the store"));
 	assert_null(strstr(log, "not restored"));
-	derive_stored_each(&f->derive, registry_find(&f->t.reg, "m"), count_k, &artifacts);
 	assert_int_equal(artifacts, 1);
 	assert_int_equal(reader_on_loop, 0);
 	assert_int_equal(reader_off_loop, 1);
+	free(log);
+}
+
+/*
+ * A stored artifact whose memfd has a hole is not taken back, as PUBLISH
+ * refuses one (derive_memfd_whole): the model is served, the artifact
+ * dropped with one line, and the next DERIVE builds it. Before, the
+ * restore's check looked at its type, seals and size only, and took it.
+ */
+static void
+test_a_sparse_artifact_is_not_taken_back(void **state)
+{
+	struct fixture *f = *state;
+	unsigned artifacts;
+	char *log = restore_served(f, &artifacts);
+
+	assert_non_null(strstr(log, "model \"m\": derived \"k\" of generation 1 not restored: "
+		"the memfd is sparse: only "));
+	assert_null(strstr(log, "taken back from the store"));
+	assert_int_equal(artifacts, 0);
 	free(log);
 }
 
@@ -637,6 +686,8 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_artifact_checked_off_the_loop, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(test_a_sparse_artifact_is_not_taken_back,
+			setup_sparse, teardown),
 		cmocka_unit_test_setup_teardown(
 			test_stage_yes_now_loads_an_unstaged_generation_afresh, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_directory_model_unchanged_is_restored,
