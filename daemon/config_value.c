@@ -13,6 +13,7 @@
  */
 #include "config_internal.h"
 
+#include "base/decimal.h"
 #include "base/error.h"
 #include "base/inifile.h"
 
@@ -21,6 +22,7 @@
 #include <grp.h>
 #include <limits.h>
 #include <pwd.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,17 +39,11 @@
 static int
 parse_unsigned(const char *s, unsigned long long max, unsigned long long *out)
 {
-	unsigned long long v = 0;
+	uint64_t v;
+	int r = decimal_u64(s, strlen(s), &v);
 
-	if (*s == '\0')
-		return -EINVAL;
-	for (; *s != '\0'; s++) {
-		if (*s < '0' || *s > '9')
-			return -EINVAL;
-		if (__builtin_mul_overflow(v, 10ull, &v) ||
-			__builtin_add_overflow(v, (unsigned long long)(*s - '0'), &v))
-			return -ERANGE;
-	}
+	if (r < 0)
+		return r;
 	if (v > max)
 		return -ERANGE;
 	*out = v;

@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "base/decimal.h"
 #include "base/error.h"
 #include "listen.h"
 
@@ -97,18 +99,11 @@ listen_unix(const char *path, int type, mode_t mode, gid_t group)
 static int
 parse_decimal(const char *s, long long max, long long *out)
 {
-	long long v = 0;
+	uint64_t v;
 
-	if (s == NULL || *s == '\0')
+	if (s == NULL || decimal_u64(s, strlen(s), &v) < 0 || v > (uint64_t)max)
 		return -EINVAL;
-	for (; *s != '\0'; s++) {
-		if (*s < '0' || *s > '9')
-			return -EINVAL;
-		if (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, *s - '0', &v) ||
-			v > max)
-			return -EINVAL;
-	}
-	*out = v;
+	*out = (long long)v;
 	return 0;
 }
 

@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/decimal.h"
 #include "base/escape.h"
 #include "base/path.h"
 
@@ -45,32 +46,14 @@ static int log_journal;
 static const char *const kind_prefix[] = {"<2>", "<3>", "<4>", "<6>", "<7>"};
 static const char *const kind_tag[] = {"fatal: ", "error: ", "warning: ", "", "debug: "};
 
-/* A decimal number of 64 bits at most at s (len bytes): digits only, no
- * sign or blank. 0 with it in *out, else -EINVAL. */
-static int
-decimal64(const char *s, size_t len, uint64_t *out)
-{
-	uint64_t v = 0;
-
-	if (len == 0)
-		return -EINVAL;
-	for (size_t i = 0; i < len; i++) {
-		if (s[i] < '0' || s[i] > '9' || __builtin_mul_overflow(v, 10, &v) ||
-			__builtin_add_overflow(v, (uint64_t)(s[i] - '0'), &v))
-			return -EINVAL;
-	}
-	*out = v;
-	return 0;
-}
-
 int
 log_journal_stream_parse(const char *text, size_t len, uint64_t *dev, uint64_t *ino)
 {
 	const char *colon = memchr(text, ':', len);
 	uint64_t d, i;
 
-	if (colon == NULL || decimal64(text, (size_t)(colon - text), &d) < 0 ||
-		decimal64(colon + 1, len - (size_t)(colon - text) - 1, &i) < 0)
+	if (colon == NULL || decimal_u64(text, (size_t)(colon - text), &d) < 0 ||
+		decimal_u64(colon + 1, len - (size_t)(colon - text) - 1, &i) < 0)
 		return -EINVAL;
 	*dev = d;
 	*ino = i;

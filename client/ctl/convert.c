@@ -44,6 +44,7 @@
 
 #include "ctl/ctl.h"
 #include "ctl/internal.h"
+#include "base/decimal.h"
 #include "base/error.h"
 #include "base/escape.h"
 #include "base/file.h"
@@ -318,20 +319,12 @@ ctl_convert_io_wchar(const char *text, size_t len, uint64_t *out)
 	for (size_t at = 0; at < len;) {
 		const char *line = text + at, *nl = memchr(line, '\n', len - at);
 		size_t n = nl != NULL ? (size_t)(nl - line) : len - at;
-		uint64_t v = 0;
 
 		if (n < nlen || memcmp(line, name, nlen) != 0) {
 			at += n + 1;
 			continue;
 		}
-		if (n == nlen)
-			return -EINVAL;
-		for (size_t i = nlen; i < n; i++)
-			if (line[i] < '0' || line[i] > '9' || __builtin_mul_overflow(v, 10, &v) ||
-				__builtin_add_overflow(v, (uint64_t)(line[i] - '0'), &v))
-				return -EINVAL;
-		*out = v;
-		return 0;
+		return decimal_u64(line + nlen, n - nlen, out) == 0 ? 0 : -EINVAL;
 	}
 	return -EINVAL;
 }

@@ -23,7 +23,8 @@
  *   7 /proc/self/mountinfo       memlimit_parse_mounts(), no hierarchy
  *                                found
  *   8 /proc/self/io              ctl_convert_io_wchar()
- *   9 $JOURNAL_STREAM's value    log_journal_stream_parse()
+ *   9 $JOURNAL_STREAM's value    log_journal_stream_parse(), and
+ *                                decimal_u64() of the whole
  *
  * Properties checked, beyond "no crash, no leak, no out-of-bounds access":
  *   - a cgroup, mountinfo or limit file given whole and given line by line,
@@ -63,7 +64,10 @@
  *     a string with "18446744073709551615"); otherwise -EINVAL, *out
  *     untouched;
  *   - $JOURNAL_STREAM: split at its first ':', both sides such digits, is
- *     the device and inode, else -EINVAL, both untouched.
+ *     the device and inode, else -EINVAL, both untouched;
+ *   - decimal_u64() (the parser under both): such digits are a value; else
+ *     -ERANGE when the digits before the first other byte pass 2^64 - 1,
+ *     -EINVAL otherwise, *out untouched.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -75,6 +79,7 @@
 #include <string.h>
 #include <sys/sysmacros.h>
 
+#include "base/decimal.h"
 #include "ctl/ctl.h"
 #include "ctl/internal.h"
 #include "fdstore.h"
@@ -684,6 +689,21 @@ check_journal_stream(const char *text, size_t len)
 	CHECK(yes ? dev == want_dev && ino == want_ino : dev == 7 && ino == 7);
 }
 
+static void
+check_decimal(const char *text, size_t len)
+{
+	uint64_t v = 7, want = 7;
+	int r = decimal_u64(text, len, &v);
+	size_t k = 0;
+
+	while (k < len && text[k] >= '0' && text[k] <= '9')
+		k++;
+	if (oracle_u64(text, len, &want))
+		CHECK(r == 0 && v == want);
+	else
+		CHECK(r == (k > 0 && !oracle_u64(text, k, &want) ? -ERANGE : -EINVAL) && v == 7);
+}
+
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -723,6 +743,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		break;
 	default:
 		check_journal_stream(text, len);
+		check_decimal(text, len);
 		break;
 	}
 	return 0;
