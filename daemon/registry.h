@@ -46,6 +46,17 @@ struct load_request; /* registry_load.c's */
 struct generation; /* generation.h */
 struct registry;
 
+/* What a load is (registry_load.c's queue_load) and what reload_again asks
+ * for: a load or reload by the operator resolves the model's path anew; a
+ * watched one (registry_reload_watched) keeps the tree its newest
+ * generation resolved. Ordered: an operator's reload that comes while a
+ * watched one is asked for wins. */
+enum reload_kind {
+	RELOAD_NONE = 0,     /* a load: no reload */
+	RELOAD_WATCHED = 1,  /* wcached saw the change (inotify, a poll) */
+	RELOAD_OPERATOR = 2, /* `wcachectl reload NAME` (registry_reload) */
+};
+
 struct model_entry {
 	char *name;
 	char *path;
@@ -67,8 +78,8 @@ struct model_entry {
 	struct load_request *queued_load;
 	uint64_t expect_id;         /* registry_expect()'s token while it counts in
 				       loading, else 0 */
-	int reload_again;           /* a reload came while a load ran: run it after
-				       (enum reload_kind, registry_internal.h) */
+	enum reload_kind reload_again; /* a reload came while a load ran, or it
+				       waits for a release: run it after */
 	char *error;                /* last load error, NULL if none */
 	uint64_t attach_count;      /* successful attaches */
 	uint64_t error_count;       /* refused attaches */

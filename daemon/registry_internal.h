@@ -12,16 +12,6 @@
 #include "generation.h"
 #include "registry.h"
 
-/* What a load is (queue_load) and what reload_again asks for: a load or
- * reload by the operator resolves the model's path anew; a watched one
- * (registry_reload_watched) keeps the tree its newest generation resolved.
- * An operator's reload that comes while a watched one is asked for wins. */
-enum reload_kind {
-	RELOAD_NONE = 0,     /* a load: no reload */
-	RELOAD_WATCHED = 1,  /* wcached saw the change (inotify, a poll) */
-	RELOAD_OPERATOR = 2, /* `wcachectl reload NAME` (registry_reload) */
-};
-
 /* How many retired generations of one model may always stay open
  * (attached, or held otherwise); past it a reload waits for one to close
  * when their descriptors pass an eighth of RLIMIT_NOFILE (r->fd_limit), or

@@ -44,7 +44,7 @@ struct load_request {
 	enum pin_mode pin;
 	uint64_t pin_seq;     /* the model's pin_seq when queued */
 	int warm;
-	int reload;           /* discard when the files are unchanged */
+	enum reload_kind reload; /* discard when the files are unchanged */
 	/* A watched reload (RELOAD_WATCHED): the tree root its model's
 	 * newest generation recorded (generation.h's tree_root) and its
 	 * owner, in which (or in a sibling of the same owner) the files must
@@ -749,12 +749,12 @@ load_after(struct workq_job *w, int status)
 				"superseded by a newer load or unload", 0, q->arg);
 	} else if (q->status < 0) {
 		load_failed(r, m, q);
-	} else if (q->reload && same_files(m, m->pending, q)) {
+	} else if (q->reload != RELOAD_NONE && same_files(m, m->pending, q)) {
 		take_resolved(m->pending, q);
 		if (q->done != NULL)
 			q->done(0, "already warming as the next generation", m->pending->number,
 				q->arg);
-	} else if (q->reload && same_files(m, m->current, q) &&
+	} else if (q->reload != RELOAD_NONE && same_files(m, m->current, q) &&
 		m->current->state != GEN_FAILED) {
 		/* (A generation that failed while warming serves nothing: its
 		 * files are loaded again, a new generation, below.) */
@@ -1000,7 +1000,7 @@ reload_as(struct registry *r, struct model_entry *m, enum reload_kind kind,
 			log_info("model \"%s\": %s; reloading", m->name, released);
 		return queue_load(r, m->name, m->path, m->pin, m->warm, kind, done, arg);
 	}
-	if ((int)kind > m->reload_again)
+	if (kind > m->reload_again)
 		m->reload_again = kind;
 	if (!full) {
 		if (done != NULL)
