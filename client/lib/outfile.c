@@ -47,7 +47,11 @@
 #include "lib/outfile.h"
 
 #define OUTFILE_BUFFER_SIZE (1u << 20) /* multiple of 8: converted chunks fit whole */
-#define OUTFILE_MAX_WRITE (1u << 30)   /* one write(2) at most */
+/* One write(2) at most: wcachectl convert's progress line reads the bytes
+ * written from /proc/self/io, which counts a write when it returns, so a
+ * GiB at a time showed 0% for the first GiB; 64 MiB moves it, and a 2.5 GiB
+ * convert took as long (commit message of this line). */
+#define OUTFILE_MAX_WRITE (1u << 26)
 #define OUTFILE_MAX_LINKS 40           /* symlinks followed, as the kernel's ELOOP */
 #define OUTFILE_TRIES 100              /* temporary names tried */
 #define OUTFILE_LIVE_SLOTS 8           /* temporaries outfile_remove_temporaries() knows */

@@ -16,7 +16,7 @@
  * written into, not replaced.
  *
  * Small writes gather in a 1 MiB buffer; blocks of a megabyte or more go
- * from the caller's memory to the file in write(2)s of up to 1 GiB, so no
+ * from the caller's memory to the file in write(2)s of up to 64 MiB, so no
  * file is ever assembled in memory. outfile_put_converted() converts
  * through the buffer (the big-endian conversion's byte swapping).
  *

@@ -30,6 +30,7 @@
 #include "format/source.h"
 #include "format/weig.h"
 #include "testutil.h"
+#include "lib/outfile.h"
 #include "lib/wcache.h"
 #include "lib/writer.h"
 
@@ -53,7 +54,9 @@ int __real_fsync(int fd) __attribute__((weak));
 int __real_close(int fd) __attribute__((weak));
 int __real_rename(const char *from, const char *to) __attribute__((weak));
 int __real_fchmod(int fd, mode_t mode) __attribute__((weak));
+ssize_t __real_write(int fd, const void *buf, size_t n) __attribute__((weak));
 int __wrap_fchmod(int fd, mode_t mode);
+ssize_t __wrap_write(int fd, const void *buf, size_t n);
 int __wrap_open(const char *path, int flags, ...);
 int __wrap_fsync(int fd);
 int __wrap_close(int fd);
@@ -124,6 +127,19 @@ __wrap_fchmod(int fd, mode_t mode)
 		return -1;
 	}
 	return __real_fchmod(fd, mode);
+}
+
+/* The largest write(2) asked of write_watch_fd since it was set (-1: none
+ * watched). */
+static int write_watch_fd = -1;
+static size_t write_largest;
+
+ssize_t
+__wrap_write(int fd, const void *buf, size_t n)
+{
+	if (fd == write_watch_fd && n > write_largest)
+		write_largest = n;
+	return __real_write(fd, buf, n);
 }
 
 /* ---- helpers ---- */
@@ -1117,6 +1133,55 @@ test_safetensors_fd_refuses(void **state)
  * file (and, as root, /dev/null with one: devtmpfs lets root create files).
  * The bytes that go through are those of a converted regular file.
  */
+/* A block far past the buffer goes out in write(2)s of 64 MiB at most, so
+ * that wcachectl convert's progress (the write counter of /proc/self/io,
+ * which moves when a write returns) moves during it: 1 GiB writes left it
+ * at 0% for the first GiB. All of the block arrives, in order. */
+static void
+test_big_block_in_bounded_writes(void **state)
+{
+	const size_t size = 130 * MiB + 3, step = 4096;
+	uint8_t *block;
+	struct outfile o;
+	struct stat st;
+	char *dir = tu_tmpdir(), *path = join(dir, "out");
+	int fd;
+
+	(void)state;
+	if (__real_write == NULL)
+		skip();
+	block = malloc(size);
+	assert_non_null(block);
+	for (size_t i = 0; i < size; i += step)
+		block[i] = (uint8_t)(i / step);
+	block[size - 1] = 0xa5;
+	fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	assert_true(fd >= 0);
+	assert_int_equal(outfile_begin_fd(fd, path, &o), 0);
+	assert_int_equal(outfile_put(&o, "x", 1), 0);
+	write_watch_fd = fd;
+	write_largest = 0;
+	assert_int_equal(outfile_put(&o, block, size), 0);
+	assert_int_equal(outfile_flush(&o), 0);
+	write_watch_fd = -1;
+	outfile_abort(&o);
+	assert_true(write_largest > 0);
+	if (write_largest > 64 * MiB)
+		fail_msg("one write(2) of %zu bytes (64 MiB at most)", write_largest);
+	assert_int_equal(fstat(fd, &st), 0);
+	assert_int_equal(st.st_size, size + 1);
+	for (size_t i = 0; i < size; i += 64 * step) {
+		uint8_t b;
+
+		assert_int_equal(pread(fd, &b, 1, (off_t)(i + 1)), 1);
+		assert_int_equal(b, block[i]);
+	}
+	close(fd);
+	free(block);
+	free(path);
+	tu_rmtree(dir);
+}
+
 static void
 test_output_that_is_not_a_regular_file(void **state)
 {
@@ -1340,6 +1405,7 @@ main(void)
 		cmocka_unit_test(test_replace_keeps_mode_owner_and_symlink),
 		cmocka_unit_test(test_safetensors_fd),
 		cmocka_unit_test(test_safetensors_fd_refuses),
+		cmocka_unit_test(test_big_block_in_bounded_writes),
 		cmocka_unit_test(test_output_that_is_not_a_regular_file),
 		cmocka_unit_test(test_check_before_commit),
 		cmocka_unit_test(test_commit_interrupted),
