@@ -491,6 +491,11 @@ metrics_write(FILE *f, const struct registry *reg, const struct metrics_daemon *
 		"while the next one was held back.");
 	fputs("wcached_clients_closed_unread_total", f);
 	value(f, (double)d->server.unread_closed);
+	family(f, "wcached_clients_closed_idle_total", "counter",
+		"Idle connections (nothing attached, nothing sent for 5 s) closed to make room for "
+		"a new client while max_clients were connected.");
+	fputs("wcached_clients_closed_idle_total", f);
+	value(f, (double)d->server.idle_closed);
 	family(f, "wcached_clients_paused_closing_total", "counter",
 		"Connections not read for a while because 64 of their user's descriptors were "
 		"waiting to close (each message may pass 253 more).");

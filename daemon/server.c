@@ -720,6 +720,7 @@ make_room(struct server *s)
 	uidtally_free(&idle);
 	if (victim == NULL)
 		return 0;
+	s->stats.idle_closed++;
 	if (lograte_allow(&s->idle_closes, victim->uid, now, &unlogged)) {
 		lograte_more(more, sizeof(more), unlogged, "idle connections closed");
 		log_warnx("client pid %d uid %u: idle for %" PRIu64 " s with nothing attached "

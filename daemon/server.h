@@ -82,6 +82,8 @@ struct server_stats {
 					thread for a closing thread (closer.h) */
 	uint64_t unread_closed;     /* connections closed: their replies stayed unread
 				       for unread_reply_ms with one held back */
+	uint64_t idle_closed;       /* idle connections closed to make room for a
+				       newcomer at max_clients (make_room) */
 };
 void server_get_stats(const struct server *s, struct server_stats *out);
 

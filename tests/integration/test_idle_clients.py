@@ -17,6 +17,7 @@ from conftest import mkmodel, wait_until
 from test_regressions import (ATTACH_OK, ERROR, SMALL, attach_or_refusal, attach_raw,
                               raw_client, ready, receive)
 from test_regressions import start  # noqa: F401 (the fixture, used by name)
+from test_neighbours import metric
 
 # Ids no account uses (as in test_neighbours.py): wcached's user, another
 # user, and the group whose members may connect to the 0660 socket.
@@ -96,6 +97,7 @@ def test_an_idle_connection_makes_room_for_a_worker(start, tmp_path):
     assert attach_raw(newcomer, "small")[0] == ATTACH_OK
     log = d.read_log()
     assert f"uid {HOG_UID}: idle for" in log and "closing the connection to make room" in log, log
+    assert metric(d, "wcached_clients_closed_idle_total") == 1
     for s in [worker, newcomer] + hogs:
         s.close()
 
@@ -141,5 +143,6 @@ def test_a_refused_newcomer_closes_no_idle_connection(start, tmp_path):
     assert still_open(idle), "the idle connection was closed for a refused newcomer"
     assert attach_raw(idle, "small")[0] == ATTACH_OK
     assert "closing the connection to make room" not in d.read_log()
+    assert metric(d, "wcached_clients_closed_idle_total") == 0
     for s in [idle] + greedy:
         s.close()
