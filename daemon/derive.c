@@ -62,12 +62,8 @@ builder_named(const struct derive_build *b, char *buf, size_t size)
 int
 derive_may_log(struct derive_table *t, uid_t uid, char *more, size_t size)
 {
-	uint64_t unlogged = 0;
-
-	if (!lograte_allow_burst(&t->lines, uid, derive_now_ms(t), DERIVE_LOG_BURST, &unlogged))
-		return 0;
-	lograte_more(more, size, unlogged, "lines about derived artifacts");
-	return 1;
+	return lograte_check(&t->lines, uid, derive_now_ms(t), DERIVE_LOG_BURST, more, size,
+		"lines about derived artifacts");
 }
 
 /* ---- deadlines ---- */

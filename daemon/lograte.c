@@ -64,3 +64,15 @@ lograte_more(char *buf, size_t size, uint64_t unlogged, const char *what)
 			unlogged, what);
 	return buf;
 }
+
+bool
+lograte_check(struct lograte *lr, uid_t uid, uint64_t now_ms, unsigned burst, char *more,
+	size_t size, const char *what)
+{
+	uint64_t unlogged = 0;
+
+	if (!lograte_allow_burst(lr, uid, now_ms, burst, &unlogged))
+		return false;
+	lograte_more(more, size, unlogged, what);
+	return true;
+}

@@ -52,4 +52,9 @@ bool lograte_allow_burst(struct lograte *lr, uid_t uid, uint64_t now_ms, unsigne
  * else "", in buf (size bytes); returns buf. */
 const char *lograte_more(char *buf, size_t size, uint64_t unlogged, const char *what);
 
+/* What every caller does: lograte_allow_burst() and, when it allows the
+ * line, lograte_more() into more (size bytes) with what. */
+bool lograte_check(struct lograte *lr, uid_t uid, uint64_t now_ms, unsigned burst, char *more,
+	size_t size, const char *what);
+
 #endif

@@ -78,12 +78,7 @@ server_clients(const struct server *s)
 int
 server_may_warn(struct server *s, uid_t uid, char *more, size_t size)
 {
-	uint64_t unlogged = 0;
-
-	if (!lograte_allow(&s->warnings, uid, uv_now(s->loop), &unlogged))
-		return 0;
-	lograte_more(more, size, unlogged, "warnings");
-	return 1;
+	return lograte_check(&s->warnings, uid, uv_now(s->loop), 1, more, size, "warnings");
 }
 
 /* Warns once per connection that its replies are held back, and why. */
@@ -698,7 +693,6 @@ make_room(struct server *s)
 	struct conn *victim = NULL;
 	uint64_t now = uv_now(s->loop);
 	unsigned most = 0, k;
-	uint64_t unlogged = 0;
 	char more[96];
 	ssize_t n;
 
@@ -721,13 +715,12 @@ make_room(struct server *s)
 	if (victim == NULL)
 		return 0;
 	s->stats.idle_closed++;
-	if (lograte_allow(&s->idle_closes, victim->uid, now, &unlogged)) {
-		lograte_more(more, sizeof(more), unlogged, "idle connections closed");
+	if (lograte_check(&s->idle_closes, victim->uid, now, 1, more, sizeof(more),
+		"idle connections closed"))
 		log_warnx("client pid %d uid %u: idle for %" PRIu64 " s with nothing attached "
 			  "while %u clients are connected (max_clients); closing the connection "
 			  "to make room%s", (int)victim->pid, (unsigned)victim->uid,
 			(now - victim->active_ms) / 1000, s->nconns, more);
-	}
 	n = wire_put_error(buf, sizeof(buf), 0, EUSERS, "closed: wcached has max_clients "
 		"connected and this connection was idle with nothing attached");
 	if (n > 0)

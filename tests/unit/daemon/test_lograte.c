@@ -85,6 +85,27 @@ test_a_burst_per_uid_per_minute(void **state)
 	assert_false(lograte_allow(&lr, 1002, 401, &unlogged));
 }
 
+/* lograte_check: the allowed line gets the count of those not logged in
+ * more, a line not allowed leaves more as it was. */
+static void
+test_check_says_how_many_were_not_logged(void **state)
+{
+	struct lograte lr = { 0 };
+	char more[96] = "untouched";
+
+	(void)state;
+	assert_true(lograte_check(&lr, 1000, 5, 1, more, sizeof(more), "warnings"));
+	assert_string_equal(more, "");
+	strcpy(more, "untouched");
+	assert_false(lograte_check(&lr, 1000, 6, 1, more, sizeof(more), "warnings"));
+	assert_false(lograte_check(&lr, 1000, 7, 1, more, sizeof(more), "warnings"));
+	assert_string_equal(more, "untouched");
+	assert_true(lograte_check(&lr, 1000, 5 + LOGRATE_WARN_MS, 1, more, sizeof(more),
+		"idle connections closed"));
+	assert_string_equal(more, " (2 more idle connections closed not logged since the last "
+		"warning)");
+}
+
 int
 main(void)
 {
@@ -92,6 +113,7 @@ main(void)
 		cmocka_unit_test(test_once_a_minute_per_uid),
 		cmocka_unit_test(test_uids_beyond_the_table),
 		cmocka_unit_test(test_a_burst_per_uid_per_minute),
+		cmocka_unit_test(test_check_says_how_many_were_not_logged),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
