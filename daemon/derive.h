@@ -47,6 +47,10 @@
 struct derived;
 struct derive_build;
 
+/* Bytes kept of the words that say where the memory limit comes from
+ * (memlimit_source: a longer cgroup path is cut, and says so). */
+#define DERIVE_MEM_SOURCE 256
+
 /* The seals of a published artifact's memfd (derive_publish adds those
  * missing); a warm restart takes back only a memfd that has them all. */
 #define DERIVE_ARTIFACT_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL)
@@ -125,8 +129,20 @@ struct derive_table {
 	struct derive_check *checks_running, *checks_waiting;
 	unsigned nchecks_running;
 	struct lograte lines;      /* DERIVE_LOG_BURST lines per builder uid a minute */
+	/* The memory limit in force (memlimit.h: RAM, or wcached's cgroup
+	 * limit when smaller) and where it comes from, in words, as the last
+	 * read of it set them (derive_set_memory_limit): without a
+	 * memory_budget it bounds an artifact. 0: not known, no bound. */
+	uint64_t mem_limit;
+	char mem_source[DERIVE_MEM_SOURCE];
 	int closed;
 };
+
+struct memlimit;
+
+/* Takes the memory limit in force from m (after derive_init, and at each
+ * read of it: reload_memory_budget). */
+void derive_set_memory_limit(struct derive_table *t, const struct memlimit *m);
 
 /* What derive_request() decided. */
 enum derive_outcome {

@@ -57,7 +57,9 @@ struct derive_check {
 	uint32_t seq;            /* the PUBLISH's, for the builder's answer */
 	uid_t owner;
 	uint64_t budget;         /* memory_budget when it was queued */
-	uint64_t ram;            /* the machine's RAM (0: unknown): the bound without one */
+	uint64_t limit;          /* the memory limit in force (0: unknown): the bound
+				    without one, and where it comes from */
+	char limit_source[DERIVE_MEM_SOURCE];
 	char label[WIRE_MAX_NAME + WIRE_MAX_KEY + 16];
 	int fd;                  /* the builder's memfd, then wcached's reopen */
 	/* What the check made: the source, its served descriptors and the
@@ -118,6 +120,13 @@ check_free(struct derive_check *c)
 	free(c);
 }
 
+void
+derive_set_memory_limit(struct derive_table *t, const struct memlimit *m)
+{
+	t->mem_limit = m->limit;
+	memlimit_source(m, t->mem_source, sizeof(t->mem_source));
+}
+
 int
 derive_memfd_whole(const struct stat *st, char *why, size_t why_size)
 {
@@ -171,13 +180,15 @@ check_run(struct workq_job *job)
 			 PRIu64 " MiB)", (uint64_t)st.st_size >> 20, c->budget >> 20);
 		return;
 	}
-	/* With no budget, the machine's RAM bounds an artifact (and its
-	 * mapping in wcached's address space). */
-	if (c->budget == 0 && c->ram != 0 && (uint64_t)st.st_size > c->ram) {
+	/* With no budget, the memory limit in force (RAM, or wcached's
+	 * cgroup's when smaller) bounds an artifact (and its mapping in
+	 * wcached's address space). */
+	if (c->budget == 0 && c->limit != 0 && (uint64_t)st.st_size > c->limit) {
 		c->err = -EFBIG;
-		snprintf(c->why, sizeof(c->why), "%" PRIu64 " MiB is more than the machine's RAM (%"
-			 PRIu64 " MiB), the most an artifact may be without a memory_budget",
-			(uint64_t)st.st_size >> 20, c->ram >> 20);
+		snprintf(c->why, sizeof(c->why), "%" PRIu64 " MiB is more than the memory limit in "
+			 "force (%" PRIu64 " MiB, %s), the most an artifact may be without a "
+			 "memory_budget", (uint64_t)st.st_size >> 20, c->limit >> 20,
+			c->limit_source);
 		return;
 	}
 	/* Every page must have memory behind it, paid for by the builder; the
@@ -459,7 +470,8 @@ derive_publish(struct derive_table *t, void *conn, uid_t owner, uint32_t seq, ui
 	c->seq = seq;
 	c->owner = owner;
 	c->budget = t->r->memory_budget;
-	c->ram = memlimit_ram();
+	c->limit = t->mem_limit;
+	memcpy(c->limit_source, t->mem_source, sizeof(c->limit_source));
 	c->fd = memfd;
 	c->index_fd = -1;
 	snprintf(c->label, sizeof(c->label), "%s derived %s", b->model_name, b->key);

@@ -717,6 +717,7 @@ main(int argc, char **argv)
 	if (derive_init(&d.derive, &d.reg, &server_derive_hooks) < 0)
 		fatalx("derived artifacts: out of memory");
 	d.derive.closer = d.closer;
+	derive_set_memory_limit(&d.derive, &d.mem);
 	if (watch_start(&d.loop, &d.reg, &d.watch) < 0)
 		fatalx("%s", error_get());
 

@@ -27,7 +27,9 @@
 
 /*
  * Reads the memory limit in force (memlimit.h: RAM, or the daemon's cgroup
- * limit when smaller) into d->mem, logs it when it is new or changed, and
+ * limit when smaller) into d->mem and the derived artifacts' table (their
+ * bound without a budget; at a start derive_init, which runs later, clears
+ * it and main.c sets it again), logs it when it is new or changed, and
  * returns cfg's memory budget in bytes (0: none): a percent budget is of
  * that limit.
  */
@@ -39,6 +41,7 @@ reload_memory_budget(struct daemon *d, const struct config *cfg)
 	char src[400];
 
 	memlimit_read("", memlimit_ram(), &d->mem);
+	derive_set_memory_limit(&d->derive, &d->mem);
 	budget = config_memory_budget(cfg, d->mem.limit);
 	if (d->mem.limit != old.limit || d->mem.kind != old.kind)
 		log_info("memory: %" PRIu64 " MiB in force (%s; RAM %" PRIu64 " MiB)%s",

@@ -959,13 +959,15 @@ def test_a_sparse_publication_is_refused_and_without_a_budget_ram_bounds_it(deri
                         f"of its {size} bytes")
     theirs = expect_error(b.reply(), "ECANCELED", "small", "sparse-v1", "sparse")
     assert mine in theirs
-    # Larger than the machine's RAM (and sparse): refused for its size.
+    # Larger than the machine's RAM, and so than the memory limit in force
+    # (and sparse): refused for its size.
     ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     r = build(a, key="huge-v1")
     fd = one_tensor_memfd(ram + (1 << 30), lambda fd, off, n: None)
     a.publish(r["token"], fd)
     os.close(fd)
-    expect_error(a.reply(), "EFBIG", "huge-v1", "more than the machine's RAM", "memory_budget")
+    expect_error(a.reply(), "EFBIG", "huge-v1", "more than the memory limit in force",
+                 "memory_budget")
     # Every byte written, or fallocated: published.
     for key, fill in (("written-v1", lambda fd, off, n: os.pwrite(fd, bytes(n), off)),
                       ("fallocated-v1", lambda fd, off, n: os.posix_fallocate(fd, off, n))):

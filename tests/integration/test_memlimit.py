@@ -217,3 +217,31 @@ def test_budget_above_the_limit_is_named(start, tmp_path, cgroup):
                              r"\(128 MiB")
     assert path in line, line
     assert status(d)["memory"]["budget"] == 1 << 30
+
+
+def test_without_a_budget_the_limit_in_force_bounds_an_artifact(start, tmp_path, cgroup):
+    """rev175 F5: without a memory_budget an artifact was bounded by the
+    machine's RAM (read again at each PUBLISH), not by the memory limit in
+    force: under a cgroup limit of 64 MiB a 96 MiB artifact was published."""
+    from conftest import mkmodel
+    from test_derived import ATTACH_OK, Peer, build, closing, expect_error, one_tensor_memfd
+    from test_regressions import ready
+    version, directory, path, limit_file, set_limit = cgroup
+    set_limit(64 * MiB)
+    d = start({"small": (mkmodel(tmp_path / "small.safetensors"), {"derive": "yes"})}, "")
+    ready(d, "small")
+    a = Peer(d)
+
+    def publish(key):
+        r = build(a, key=key)
+        fd = one_tensor_memfd(96 * MiB, lambda fd, off, n: os.pwrite(fd, bytes(n), off))
+        a.publish(r["token"], fd)
+        os.close(fd)
+        return a.reply()
+
+    expect_error(publish("big-v1"), "EFBIG", "big-v1", "96 MiB is more than the memory limit "
+                 f"in force (64 MiB, cgroup {version} {limit_file} of {path})", "memory_budget")
+    # A reload reads the limit again, and the bound follows it.
+    set_limit(256 * MiB)
+    assert ctl(d, "reload").returncode == 0
+    assert closing(publish("big-v2"))["type"] == ATTACH_OK
