@@ -340,6 +340,60 @@ gen_open_served(const struct model_source *src, int **out)
 	return 0;
 }
 
+/* The bytes of fd's first end that are holes (holes_of). */
+static uint64_t
+count_holes(int fd, off_t end)
+{
+	off_t off = 0, data;
+	uint64_t holes = 0;
+
+	while (off < end) {
+		if ((data = lseek(fd, off, SEEK_DATA)) == -1 && errno != ENXIO)
+			break;
+		if (data == -1 || data > end)
+			data = end; /* ENXIO: a hole up to the end */
+		holes += (uint64_t)(data - off);
+		if (data == end || (off = lseek(fd, data, SEEK_HOLE)) == -1)
+			break;
+	}
+	return holes;
+}
+
+/*
+ * The bytes of f that are holes, by SEEK_DATA and SEEK_HOLE on wcached's
+ * own descriptor (workers get the reopened one), whose offset is put back
+ * after. A filesystem that cannot tell reports the whole file as data (the
+ * kernel's default), and an error ends the count there. One pair of calls
+ * per extent of data: their number is bounded by the blocks the file
+ * really has on disk.
+ */
+static uint64_t
+holes_of(const struct wc_file *f)
+{
+	off_t was = lseek(f->fd, 0, SEEK_CUR);
+	uint64_t holes = f->size > 0 && was >= 0 ? count_holes(f->fd, (off_t)f->size) : 0;
+
+	if (was >= 0)
+		lseek(f->fd, was, SEEK_SET);
+	return holes;
+}
+
+int
+gen_check_holes(const struct model_source *src)
+{
+	for (size_t i = 0; i < src->nfiles; i++) {
+		const struct wc_file *f = &src->files[i];
+		uint64_t holes = holes_of(f);
+
+		if (holes > f->size / 2 && holes > GEN_HOLES_MAX)
+			return error_set(-EINVAL, "%s: a sparse file: %" PRIu64 " bytes long, of "
+				"which %" PRIu64 " are data on disk; its holes would be read into "
+				"memory as zeros; write it out whole (`cp --sparse=never`)",
+				f->path, f->size, f->size - holes);
+	}
+	return 0;
+}
+
 void
 gen_close_served(int *fds, size_t n)
 {

@@ -378,6 +378,24 @@ void gen_residency_checked(struct registry *r, struct generation *g, uint64_t re
  */
 int gen_open_served(const struct model_source *src, int **out);
 
+/* How much of a model file may be holes: more than this and more than half
+ * of the file is refused (gen_check_holes). */
+#define GEN_HOLES_MAX (64u << 20) /* 64 MiB */
+
+/*
+ * Refuses a model whose files are sparse: one with holes (SEEK_HOLE) of
+ * more than half of it and more than GEN_HOLES_MAX (review rev173 F3). A
+ * hole costs its writer no disk, yet warming reads it into the page cache
+ * as zeros, which the residency check warms again after pressure: a 4 KiB
+ * file that claims 3 GiB took 3 GiB of every other model's memory. Not
+ * st_blocks: compressed filesystems (ZFS, btrfs) report fewer blocks than
+ * the size of honest files; ZFS with compression on turns all-zero records
+ * into holes, which a real checkpoint has far less than half of. 0, or
+ * -EINVAL with the message (the file, its size, its data, what to do).
+ * Work queue thread: lseek walks the file's extents.
+ */
+int gen_check_holes(const struct model_source *src);
+
 /* The filesystem of src's files that status shows and staging decides on:
  * the first remote one if any, else the first file's ("unknown" when
  * statfs fails; 0x0 for no file). */

@@ -218,9 +218,11 @@ load_work(struct workq_job *w)
 	char *resolved = realpath(q->path, NULL);
 
 	q->opened_known = stat(q->path, &q->opened_st) == 0;
-	if ((q->status = open_model(q, q->path)) < 0) {
+	if ((q->status = open_model(q, q->path)) < 0 ||
+		(q->status = gen_check_holes(&q->source)) < 0) {
 		free(resolved);
 		snprintf(q->message, sizeof(q->message), "%s", error_get());
+		drop_opened(q);
 		note_failed_path(q);
 		return;
 	}

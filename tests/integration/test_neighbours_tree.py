@@ -4,6 +4,7 @@ files, nor wcached's descriptors. wcached runs unprivileged, as the
 neighbour tests do (test_neighbours.py)."""
 import contextlib
 import hashlib
+import json
 import os
 import re
 import socket
@@ -157,6 +158,40 @@ def test_a_deployer_swaps_her_versions_and_removes_the_old_one_at_once(tmp_path)
         d.wait_for_log(r'model "alice": generation 2 is current')
         assert "generation 2" in served_generation(d, "alice")
         assert "now resolves into" not in d.read_log(), d.read_log()
+
+
+def sparse_model(path, size):
+    """A safetensors file of one U8 tensor of size bytes, all of them a hole
+    (written as `truncate -s` makes it): a few bytes on disk."""
+    header = json.dumps({"t": {"dtype": "U8", "shape": [size], "data_offsets": [0, size]}})
+    header += " " * (-len(header) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header.encode())
+        f.truncate(8 + len(header) + size)
+    return os.stat(path)
+
+
+def test_a_sparse_model_file_is_refused(tmp_path):
+    """rev173 F3: alice renames over her model a file that claims 256 MiB
+    of tensor data and has none on disk. wcached loaded and warmed it: the
+    holes read into the page cache as zeros, at no cost to her. Now the load
+    is refused with one line naming the file, its size and its data, and
+    generation 1 serves on; a file whose holes stay under GEN_HOLES_MAX
+    (64 MiB) still loads."""
+    with alice_and_a_connection(tmp_path, {}, 1024) as (d, alice, _):
+        st = sparse_model(os.path.join(alice, "next.safetensors"), 256 << 20)
+        assert st.st_blocks * 512 < 1 << 20, st
+        os.rename(os.path.join(alice, "next.safetensors"),
+                  os.path.join(alice, "model.safetensors"))
+        _, line = d.wait_for_log(r'model "alice": .*a sparse file')
+        assert "model.safetensors: a sparse file: %d bytes long" % st.st_size in line, line
+        assert "cp --sparse=never" in line and "generation 1 still serving" in line, line
+        assert "generation 1" in served_generation(d, "alice")
+
+        sparse_model(os.path.join(alice, "next.safetensors"), 16 << 20)
+        os.rename(os.path.join(alice, "next.safetensors"),
+                  os.path.join(alice, "model.safetensors"))
+        d.wait_for_log(r'model "alice": generation 2 is current')
 
 
 def generation_lines(d):
