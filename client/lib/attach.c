@@ -96,30 +96,16 @@ wc_connect(const char *socket_path, wc_client **out)
 	return wc_connect_timeout(socket_path, -1, out);
 }
 
-/* Records what c->fd is on connection c->connection (attach.h, fd_dev);
- * a failed fstat leaves it unknown. */
-static void
-note_fd(wc_client *c)
-{
-	struct stat st;
-
-	c->fd_connection = c->connection;
-	c->fd_known = fstat(c->fd, &st) == 0;
-	c->fd_dev = c->fd_known ? st.st_dev : 0;
-	c->fd_ino = c->fd_known ? st.st_ino : 0;
-}
-
 /* Whether c->fd is still c's connection, to be closed: not when it was
  * closed behind c's back (closefrom() in a child, EBADF) or its number
  * now names another file (the child's own connection, say). A connection
- * whose identity was not taken (made by a reconnect that no attach
- * followed) is closed by its number, as it always was. */
+ * whose identity fstat could not take is closed by its number. */
 static int
 fd_is_ours(const wc_client *c)
 {
 	struct stat st;
 
-	if (!c->fd_known || c->fd_connection != c->connection)
+	if (!c->fd_known)
 		return 1;
 	return fstat(c->fd, &st) == 0 && st.st_dev == c->fd_dev && st.st_ino == c->fd_ino;
 }
@@ -149,7 +135,7 @@ wc_connect_timeout(const char *socket_path, int timeout_ms, wc_client **out)
 		return error_set(-ENOMEM, "wc_connect: out of memory");
 	}
 	c->fd = fd;
-	note_fd(c);
+	request_note_fd(c);
 	c->pid = request_self_pid();
 	c->timeout_ms = timeout_ms;
 	c->refs = 1;
@@ -165,8 +151,6 @@ static void attach_release(wc_model *m, void *ctx);
 void
 attach_keep(wc_client *c, struct attach_record *a, enum attach_kind kind)
 {
-	if (c->fd_connection != c->connection)
-		note_fd(c);
 	a->kind = kind;
 	a->pid = c->pid;
 	a->client = c;

@@ -23,11 +23,9 @@
 struct wc_client {
 	int fd;               /* replaced by a reconnect (wc_client_fd() changes) */
 	uint64_t connection;  /* counts reconnects: which connection fd is */
-	/* fd's (st_dev, st_ino) on connection fd_connection (attach.c: taken
-	 * at the connect and by the first attach kept after a reconnect), so
-	 * that a number closefrom() took and the process reused is not closed
-	 * as the connection (attach_client_put). */
-	uint64_t fd_connection;
+	/* fd's (st_dev, st_ino), taken at each connect and reconnect
+	 * (request_note_fd), so that a number closefrom() took and the
+	 * process reused is not closed as the connection (attach_client_put). */
 	dev_t fd_dev;
 	ino_t fd_ino;
 	int fd_known;

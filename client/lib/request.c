@@ -52,6 +52,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <time.h>
@@ -365,6 +366,16 @@ static ssize_t roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint3
 	int send_fd, int limit_ms, uint8_t *buf, size_t cap, int *fds, size_t maxfds, size_t *nfds,
 	struct wire_message *msg, int *dead);
 
+void
+request_note_fd(wc_client *c)
+{
+	struct stat st;
+
+	c->fd_known = fstat(c->fd, &st) == 0;
+	c->fd_dev = c->fd_known ? st.st_dev : 0;
+	c->fd_ino = c->fd_known ? st.st_ino : 0;
+}
+
 /*
  * After a reconnect: tells the new daemon, with one HOLD each, which
  * generations this process still maps from earlier connections, and takes
@@ -495,6 +506,7 @@ reconnect(wc_client *c, int ms)
 		close(c->fd);
 		c->fd = fd;
 		c->connection++;
+		request_note_fd(c);
 		attach_cache_clear(&c->cache);
 		if (!announce || (r = announce_holds(c, ms, &start)) == 0)
 			return 0;

@@ -35,6 +35,10 @@ int request_timeout_default(int *ms);
  */
 int request_open(const char *path, int ms, int *out);
 
+/* Records what c->fd is (attach.h, fd_dev), after c connected or
+ * connected again; a failed fstat leaves it unknown. */
+void request_note_fd(wc_client *c);
+
 /*
  * Sends RELEASE of handle with seq 0, which the daemon does not answer, on
  * the connection as it is: a release costs one send and no wait for the

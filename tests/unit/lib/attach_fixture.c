@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -389,4 +391,41 @@ af_need_wrap(int wrapped, const char *option)
 		print_message("built without %s\n", option);
 		skip();
 	}
+}
+
+void
+af_child_ok(pid_t pid)
+{
+	int status;
+
+	assert_true(pid >= 0);
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	assert_true(WIFEXITED(status));
+	assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+void
+af_child_closes_from(struct fixture *f, int reuse)
+{
+	pid_t pid = fork();
+
+	if (pid == 0) {
+		int fd = wc_client_fd(f->client), sv[2], code = 0;
+
+		alarm(20);
+		if (reuse) {
+			close(fd); /* closefrom() */
+			if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == -1 ||
+				(sv[0] != fd && dup2(sv[0], fd) == -1))
+				_exit(1);
+		}
+		wc_release(f->model);
+		wc_disconnect(f->client);
+		if (reuse && fcntl(fd, F_GETFD) == -1)
+			code = 2; /* the child's own socket closed */
+		else if (!reuse && fcntl(fd, F_GETFD) != -1)
+			code = 3; /* the inherited connection left open */
+		_exit(code);
+	}
+	af_child_ok(pid);
 }

@@ -158,4 +158,13 @@ void set_slot(struct fixture *f, uint64_t slot, uint64_t value);
  * linked with the --wrap option it needs, named by option. */
 void af_need_wrap(int wrapped, const char *option);
 
+/* Waits for the child pid, which must exit with 0. */
+void af_child_ok(pid_t pid);
+
+/* A forked child lets the parent's f->model and f->client go, after (with
+ * reuse) closing the connection's number, as closefrom() does, and putting
+ * a socket of its own on it: that socket must stay open; without reuse
+ * the inherited connection must be closed. Waits for it (af_child_ok). */
+void af_child_closes_from(struct fixture *f, int reuse);
+
 #endif

@@ -590,18 +590,6 @@ test_release_during_reconnect_not_held(void **state)
 	release_during_reconnect(*state, 0, 0);
 }
 
-/* Waits for the child pid, which must exit with 0. */
-static void
-child_ok(pid_t pid)
-{
-	int status;
-
-	assert_true(pid >= 0);
-	assert_int_equal(waitpid(pid, &status, 0), pid);
-	assert_true(WIFEXITED(status));
-	assert_int_equal(WEXITSTATUS(status), 0);
-}
-
 /* A forked child cannot use its parent's client (-ECHILD, nothing sent) but
  * can read and release its copy of the model without telling the daemon. */
 static void
@@ -631,7 +619,7 @@ test_attach_in_forked_child(void **state)
 		wc_release(f->model); /* unmaps; must not send RELEASE */
 		_exit(code);
 	}
-	child_ok(pid);
+	af_child_ok(pid);
 	check_tensors(f->model);
 	wc_release(f->model);
 	f->model = NULL;
@@ -650,29 +638,8 @@ test_child_after_closefrom_keeps_its_socket(void **state)
 	struct fixture *f = *state;
 	int before = attach_ok(f);
 
-	for (int reuse = 0; reuse <= 1; reuse++) {
-		pid_t pid = fork();
-
-		if (pid == 0) {
-			int fd = wc_client_fd(f->client), sv[2], code = 0;
-
-			alarm(20);
-			if (reuse) {
-				close(fd); /* closefrom() */
-				if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == -1 ||
-					(sv[0] != fd && dup2(sv[0], fd) == -1))
-					_exit(1);
-			}
-			wc_release(f->model);
-			wc_disconnect(f->client);
-			if (reuse && fcntl(fd, F_GETFD) == -1)
-				code = 2; /* the child's own socket closed */
-			else if (!reuse && fcntl(fd, F_GETFD) != -1)
-				code = 3; /* the inherited connection left open */
-			_exit(code);
-		}
-		child_ok(pid);
-	}
+	af_child_closes_from(f, 1);
+	af_child_closes_from(f, 0);
 	release_and_finish(f, before);
 	assert_int_equal(f->fake.releases, 1); /* the parent's only */
 }
@@ -835,7 +802,7 @@ static void
 test_attach_fds_in_forked_child(void **state)
 {
 	struct fixture *f = *state;
-	int before = tu_count_fds(), fd0, fd1, status;
+	int before = tu_count_fds(), fd0, fd1;
 	pid_t pid;
 
 	fake_start(f);
@@ -856,9 +823,7 @@ test_attach_fds_in_forked_child(void **state)
 			code = 2;
 		_exit(code);
 	}
-	assert_int_equal(waitpid(pid, &status, 0), pid);
-	assert_true(WIFEXITED(status));
-	assert_int_equal(WEXITSTATUS(status), 0);
+	af_child_ok(pid);
 	assert_true(tu_fd_is_readonly_of(wc_model_fd(f->model, 0), f->file_fd[0]));
 	assert_true(tu_fd_is_readonly_of(wc_model_fd(f->model, 1), f->file_fd[1]));
 	release_and_finish(f, before);

@@ -620,6 +620,28 @@ test_reconnect_hold_hang_up(void **state)
 	assert_int_equal(f->fake.released_handle, HANDLE + 2); /* the third connection's */
 }
 
+/* A reconnect that no attach follows (wc_client_dispatch() found the
+ * connection closed) records the new socket too: a child that closed its
+ * number (closefrom()) and got it again for a socket of its own keeps
+ * that socket when it lets the parent's client go. */
+static void
+test_reconnect_records_the_new_socket(void **state)
+{
+	struct fixture *f = *state;
+	int before, old_fd;
+
+	f->fake.connections = 2;
+	before = attach_ok(f);
+	old_fd = wc_client_fd(f->client);
+	hang_up(f);
+	assert_int_equal(wc_client_dispatch(f->client), 0);
+	assert_int_equal(f->fake.accepted, 2);
+	assert_int_not_equal(wc_client_fd(f->client), old_fd);
+	af_child_closes_from(f, 1);
+	af_child_closes_from(f, 0);
+	release_and_finish(f, before);
+}
+
 /* The daemon dies holding the request (it read the ATTACH and hung up):
  * the client sees the end of the stream before a reply, connects again
  * and sends the request once more. */
@@ -1791,6 +1813,7 @@ main(void)
 		T(test_reset_without_refusal),
 		T(test_reconnect_after_restart),
 		T(test_reconnect_holds),
+		T(test_reconnect_records_the_new_socket),
 		T(test_reconnect_hold_hang_up),
 		T(test_reconnect_when_daemon_dies_holding_request),
 		T(test_reconnect_fails_when_daemon_gone),
