@@ -374,6 +374,12 @@ def _st_dtype(value):
         t = value.detach() if value.requires_grad else value
         if t.device.type != "cpu":
             t = t.to("cpu")
+        # A conjugate or negative view (x.conj(), is_contiguous() True) keeps
+        # x's bytes in its storage: materialise it, or the artifact would hold
+        # x's values (the local fallback returns the view itself, right).
+        # torch before 1.10 has neither bit nor these methods.
+        if hasattr(t, "resolve_conj"):
+            t = t.resolve_conj().resolve_neg()
         t = t.contiguous()
         if sys.byteorder == "big" and t.element_size() > 1:
             raise ValueError("a big-endian host (safetensors data is little-endian)")

@@ -1,0 +1,45 @@
+"""Edges of wcache as a drop-in for safetensors found by review rev176:
+values of derived() built from lazily conjugated / negated torch views, a
+served model's name against a worker's own file of that name, spellings
+wcached cannot take, metadata() of a renamed-over file, what the writers
+refuse, install()'s save_model, the .pth hook's cost and convert's pickle
+gate."""
+import pytest
+
+import wcache
+from pyhelpers import Daemon
+
+
+@pytest.fixture
+def derive_daemon(tmp_path, model_path, monkeypatch):
+    """wcached serving model_path as "small" with derived artifacts;
+    $WCACHE_SOCKET points at it."""
+    import wcache._safe_open as so
+    d = Daemon(tmp_path, {"small": (model_path, {"derive": "yes"})}).start()
+    monkeypatch.setenv("WCACHE_SOCKET", d.socket)
+    so._shared = None
+    yield d
+    so._shared = None
+    status = d.stop()
+    assert status == 0, f"wcached exited with {status}:\n{d.read_log()}"
+
+
+def test_derived_publishes_conj_and_neg_views_resolved(derive_daemon):
+    """x.conj() is contiguous but its storage holds x: the artifact must hold
+    conj(x), as the local fallback returns (rev176 F2)."""
+    import torch
+
+    def build(src):
+        c = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+        return {"conj": c.conj(), "neg": c.conj().imag,
+                "negc": torch.tensor([1 + 2j], dtype=torch.complex64).conj()._neg_view()
+                if hasattr(torch.Tensor, "_neg_view") else c.conj().resolve_conj()}
+    want = {k: v.resolve_conj().resolve_neg().clone() for k, v in build(None).items()}
+    got = wcache.derived("small", "conj-v1", build)
+    assert sorted(got) == sorted(want)
+    for k in want:
+        assert torch.equal(got[k], want[k]), (k, got[k].tolist(), want[k].tolist())
+    # and an attach of the published artifact reads the same
+    again = wcache.derived("small", "conj-v1", lambda src: pytest.fail("built twice"))
+    for k in want:
+        assert torch.equal(again[k], want[k]), k
