@@ -4,6 +4,8 @@ served model's name against a worker's own file of that name, spellings
 wcached cannot take, metadata() of a renamed-over file, what the writers
 refuse, install()'s save_model, the .pth hook's cost and convert's pickle
 gate."""
+import os
+
 import pytest
 
 import wcache
@@ -43,3 +45,33 @@ def test_derived_publishes_conj_and_neg_views_resolved(derive_daemon):
     again = wcache.derived("small", "conj-v1", lambda src: pytest.fail("built twice"))
     for k in want:
         assert torch.equal(again[k], want[k]), k
+
+
+def test_existing_file_wins_over_a_served_name(tmp_path, model_path, monkeypatch):
+    """safe_open("m1") with the worker's own ./m1 opens that file, not the
+    model wcached serves under the name "m1" (rev176 F1); the name is still
+    asked where no such file exists, and a relative path of the served file
+    itself still attaches."""
+    import torch
+    import wcache._safe_open as so
+    from wcache.torch import load_file, save_file
+    d = Daemon(tmp_path, {"m1": model_path}).start()
+    monkeypatch.setenv("WCACHE_SOCKET", d.socket)
+    so._shared = None
+    try:
+        work = tmp_path / "work"
+        work.mkdir()
+        monkeypatch.chdir(work)
+        with wcache.safe_open("m1", framework="pt") as f:
+            assert f.model.source == "wcached"  # no ./m1: the name
+        save_file({"mine": torch.full((2,), 42.0)}, "m1")
+        with wcache.safe_open("m1", framework="pt") as f:
+            assert f.model.source == "file"
+            assert f.keys() == ["mine"]
+        assert list(load_file("m1")) == ["mine"]
+        monkeypatch.chdir(os.path.dirname(model_path))
+        with wcache.safe_open(os.path.basename(model_path), framework="pt") as f:
+            assert f.model.source == "wcached"  # the served file, by its path
+    finally:
+        so._shared = None
+        assert d.stop() == 0, d.read_log()

@@ -99,9 +99,12 @@ def _client(failed=None):
 
 
 def _names(target):
-    """The names to ask the daemon for: as given, then absolute and real
-    paths when target names an existing file."""
-    names = [target]
+    """The names to ask the daemon for. A target that names an existing
+    regular file is that file: only its absolute and real paths are asked
+    (as given, "m1" or "model.safetensors" in the cwd would get the model
+    wcached serves under that NAME, another model's tensors). Anything else
+    as given, then its absolute and real paths when it exists (a directory)."""
+    names = [] if os.path.isfile(target) else [target]
     if os.path.exists(target):
         for p in (os.path.abspath(target), os.path.realpath(target)):
             if p not in names:
