@@ -75,3 +75,31 @@ def test_existing_file_wins_over_a_served_name(tmp_path, model_path, monkeypatch
     finally:
         so._shared = None
         assert d.stop() == 0, d.read_log()
+
+
+def test_path_wcached_cannot_take_is_not_served(tmp_path, daemon, monkeypatch):
+    """A file whose path is over wcached's 1,024-byte limit opens while
+    wcached runs, as it does without one, and safe_open("") raises
+    FileNotFoundError as upstream does (rev176 F7): neither can be served,
+    so neither is asked."""
+    import torch
+    from wcache.torch import load_file, save_file
+    d = tmp_path.joinpath(*(["d" * 200] * 5))
+    d.mkdir(parents=True)
+    path = str(d / "model.safetensors")
+    assert len(path.encode()) > 1024
+    save_file({"w": torch.ones(2)}, path)
+    assert torch.equal(load_file(path)["w"], torch.ones(2))
+    with wcache.safe_open(path, framework="pt") as f:
+        assert f.model.source == "file"
+    monkeypatch.chdir(d)
+    assert list(load_file("model.safetensors")) == ["w"]
+    with pytest.warns(RuntimeWarning, match="not shared"):
+        got = wcache.derived(path, "long-v1", lambda src: {"w2": src["w"] * 2})
+    assert torch.equal(got["w2"], torch.full((2,), 2.0))
+    with pytest.raises(FileNotFoundError):
+        wcache.safe_open("", framework="pt")
+    with pytest.raises(FileNotFoundError):
+        load_file("")
+    with pytest.raises(wcache.ModelNotFound, match="1 to 1024 bytes"):
+        wcache.connect().attach("x" * 1025)

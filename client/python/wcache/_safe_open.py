@@ -60,7 +60,7 @@ from ._device import _say_once, first_time, tensor_to_device, to_device
 from ._hostreg import host_register, host_register_wanted
 from ._serialize import MAX_HEADER
 from ._shards import served_file
-from .model import Model, connect, open_file
+from .model import WIRE_MAX_NAME, Model, askable, connect, open_file
 
 __all__ = ["safe_open", "open_model"]
 
@@ -109,7 +109,9 @@ def _names(target):
         for p in (os.path.abspath(target), os.path.realpath(target)):
             if p not in names:
                 names.append(p)
-    return names
+    # "" or a path over wcached's limit cannot be served: not asked (a long
+    # path is still a file, opened here)
+    return [n for n in names if askable(n)]
 
 
 def _attach(target):
@@ -122,7 +124,7 @@ def _attach(target):
         client = _client()
     except DaemonUnavailable as e:
         return None, str(e), False
-    why = None
+    why = f"its path is not one wcached can serve (1 to {WIRE_MAX_NAME} bytes)"
     for name in _names(target):
         for attempt in (0, 1):
             try:

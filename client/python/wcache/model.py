@@ -62,6 +62,20 @@ class TensorInfo(tuple):
         return f"TensorInfo(name={self.name!r}, dtype={self.dtype!r}, shape={self.shape})"
 
 
+# The longest model name or path wcached takes (proto/wire.h WIRE_MAX_NAME,
+# which libwcache does not export: it refuses a longer one with EINVAL
+# before asking). A name of 0 bytes or of more is one wcached cannot serve.
+WIRE_MAX_NAME = 1024
+
+
+def askable(name):
+    """Whether wcached could serve a model under name (str or bytes): 1 to
+    WIRE_MAX_NAME bytes. A file's path longer than that is still a file."""
+    if isinstance(name, str):
+        name = name.encode("utf-8", "surrogateescape")
+    return 1 <= len(name) <= WIRE_MAX_NAME
+
+
 def _c_string(value, what):
     """value (str or bytes) as bytes for a C string parameter; ValueError,
     as Python's open() raises, when it holds a NUL, which C would take for
@@ -543,9 +557,16 @@ class Client:
 
         _keep_fds: attach with wc_attach_fds(), the model keeping a
         descriptor of each of its files (wcache/_shards.py)."""
+        name = _c_string(os.fspath(name), "model name")
+        if not askable(name):
+            # what libwcache would refuse as EINVAL cannot be served: the
+            # caller (safe_open of a long path) goes on to the file
+            shown = name[:64].decode("utf-8", "replace")
+            raise ModelNotFound(errno.ENOENT, f"model \"{shown}\"{'...' if len(name) > 64 else ''}: "
+                                f"not served: wcached serves names and paths of 1 to "
+                                f"{WIRE_MAX_NAME} bytes, not {len(name)}")
         ptr = self._use()
         try:
-            name = _c_string(os.fspath(name), "model name")
             out = ctypes.c_void_p()
             call = _lib.lib().wc_attach_fds if _keep_fds else _lib.lib().wc_attach
             rc = call(ptr, name, ctypes.byref(out))
