@@ -586,18 +586,21 @@ def test_a_build_abandon_loop_logs_a_bounded_number_of_lines(derived):
     d = derived()
     ready(d, "small")
     a = Peer(d)
-    rounds, end = 0, time.monotonic() + 3
-    while time.monotonic() < end:
-        r = build(a, key=f"k{rounds % 4}-v1")
+    # 200 rounds, not as many as 3 s allow (a loaded machine did fewer
+    # than the 200 asked): unbounded, they would write 400 lines.
+    rounds, t0 = 200, time.monotonic()
+    for k in range(rounds):
+        r = build(a, key=f"k{k % 4}-v1")
         a.abandon(r["token"], "x")
         assert closing(a.reply())["type"] == RELEASE_OK
         a.send(RELEASE, struct.pack("<Q", r["handle"]))
         assert closing(a.reply())["type"] == RELEASE_OK
-        rounds += 1
-    # Each line is written before the reply that follows it.
+    # Each line is written before the reply that follows it. 32 a minute:
+    # a machine so loaded that the rounds spanned minutes may show 32 more
+    # for each (every figure far below 400).
+    minutes = int((time.monotonic() - t0) // 60)
     lines = [x for x in d.read_log().splitlines() if 'derived "k' in x]
-    assert rounds > 200, rounds
-    assert len(lines) <= 32, (rounds, len(lines), lines[-3:])
+    assert len(lines) <= 32 * (1 + minutes), (rounds, minutes, len(lines), lines[-3:])
     assert any("builds it" in x for x in lines) and any("failed: x" in x for x in lines)
 
 

@@ -120,11 +120,12 @@ def test_deadline_and_daemon_down(daemon, tmp_path):
                           "--timeout", "0.5"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     w.stdin.write(b"GET /metr")
     w.stdin.flush()
-    start = time.monotonic()
     out = w.stdout.read()  # until the responder exits; stdin stays open
     w.stdin.close()
     w.wait(timeout=30)
-    assert out.startswith(b"HTTP/1.1 408 ") and time.monotonic() - start < 10
+    # The 408 is the deadline met: without it the exchange's alarm (the
+    # timeout + 5 s) ends wcachectl with nothing written, so no clock here.
+    assert out.startswith(b"HTTP/1.1 408 "), out
     # By default 3 s (as the unit runs it): an idle connection holds one of
     # the socket unit's 16 places that long, not 10 s as before.
     w = subprocess.Popen([binary("wcachectl"), "--control", daemon.control, "metrics", "--http"],
@@ -134,19 +135,20 @@ def test_deadline_and_daemon_down(daemon, tmp_path):
     took = time.monotonic() - start
     w.stdin.close()
     w.wait(timeout=30)
-    assert out.startswith(b"HTTP/1.1 408 ") and 2.5 < took < 6, (out, took)
+    # At least the 3 s (measured from before wcachectl started), and well
+    # under the 10 s of before, however loaded the machine.
+    assert out.startswith(b"HTTP/1.1 408 ") and 2.5 < took < 9, (out, took)
     # A head that reaches the 8 KiB cap, then stops: 400 at once (the cap
     # is reached), not 408 at the deadline as before.
     w = subprocess.Popen([binary("wcachectl"), "--control", daemon.control, "metrics", "--http",
                           "--timeout", "20"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     w.stdin.write(b"GET /metrics HTTP/1.1\r\nX: " + b"a" * (8192 - 26))
     w.stdin.flush()
-    start = time.monotonic()
     out = w.stdout.read()
     w.stdin.close()
     w.wait(timeout=30)
+    # A 400 is the cap deciding; the deadline (20 s) would have given 408.
     assert out.startswith(b"HTTP/1.1 400 ") and b"request header too large" in out, out
-    assert time.monotonic() - start < 10
     code, _, body, rc = respond(daemon, b"GET /metrics HTTP/1.1\r\n\r\n",
                                 control=str(tmp_path / "none.sock"))
     assert code == 503 and rc == 1 and b"cannot be reached" in body

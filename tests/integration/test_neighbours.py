@@ -215,8 +215,11 @@ def test_a_descriptor_that_lingers_on_close_stalls_nobody(unprivileged):
         good = good_worker(d, model, 200)
         took = time.monotonic() - start
         assert good["attaches"] == 200
-        assert still_closing(d.proc.pid), "the linger ended early: nothing was tested"
-        assert took < 10, f"200 attaches took {took:.1f} s while a close lingered"
+        # All 200 were answered while the 60 s close still lingered: an
+        # order, not a clock (a client held behind the close would be
+        # answered only once it ended).
+        assert still_closing(d.proc.pid), \
+            f"200 attaches took {took:.1f} s: the close ended before they did"
         assert metric(d, "wcached_fds_closed_inline_total") == 0
         assert metric(d, "wcached_accept_pauses_total") == 0
     finally:
@@ -317,10 +320,14 @@ def test_idle_control_connections_do_not_lock_out_operators(unprivileged):
             s.connect(d.control)
             s.send(b"stat")  # never finished
             idle.append(s)
-        t0 = time.monotonic()
         reply = control(d, "status")
         assert reply["ok"] is True
-        assert time.monotonic() - t0 < 10
+        # Answered before the idle connections were swept (10 s after their
+        # "stat"): an operator held until they were gone would find the
+        # newest, which eviction kept, closed already.
+        idle[-1].setblocking(False)
+        with pytest.raises(BlockingIOError):
+            idle[-1].recv(4096)
         # Idle connections are closed by the timeout, with a reason.
         s = idle[-1]
         s.settimeout(30)
@@ -412,13 +419,12 @@ def test_loads_whose_clients_were_killed_do_not_lock_out_status(tmp_path):
             said = [p.communicate(timeout=30)[0] for p in loads]
             # Each was ended still waiting for its load.
             assert sum(p.returncode == -signal.SIGTERM for p in loads) >= 15, said
-            t0 = time.monotonic()
             r = subprocess.run([binary("wcachectl"), "--control", d.control, "--json",
-                                "status"], capture_output=True, text=True, timeout=30)
-            took = time.monotonic() - t0
+                                "status"], capture_output=True, text=True, timeout=60)
             assert r.returncode in (0, 3), r.stdout + r.stderr
-            assert took < 5, f"status took {took:.1f} s"
-            # The loads go on without their clients.
+            # The loads go on without their clients, and status answers
+            # meanwhile: it says they are loading (a status held behind
+            # them would answer once they were not, if ever).
             loading = [m for m in json.loads(r.stdout)["models"]
                        if m["name"].startswith("slow") and m["state"] == "loading"]
             assert len(loading) >= 15, r.stdout

@@ -115,7 +115,9 @@ def test_remote_filesystem_is_named_and_polled(start, tmp_path, remote):
 
 def test_remote_rename_becomes_a_new_generation_within_two_poll_intervals(start, tmp_path,
                                                                          remote):
-    interval = 1.0
+    # 3 s, not 1: a loaded machine's delays (the FUSE replace, reading the
+    # log) are absolute, and the bound below is 2 intervals.
+    interval = 3.0
     path = remote_model(tmp_path, remote)
     d = start({"m": (path, {"poll_interval": str(interval), "stage": "no"})})
     wait_generation(d, "m", 1)
@@ -127,10 +129,10 @@ def test_remote_rename_becomes_a_new_generation_within_two_poll_intervals(start,
         remote.replace("m.safetensors", data)
         # When polling saw it; loading and warming come after, timed by
         # nothing here (a loaded machine stretches them).
-        wait_until(lambda: len(polled.findall(d.read_log())) > before, timeout=10,
+        wait_until(lambda: len(polled.findall(d.read_log())) > before, timeout=60,
                    interval=0.002, what="polling to see the change")
         elapsed = time.monotonic() - t
-        wait_generation(d, "m", number, timeout=10)
+        wait_generation(d, "m", number, timeout=60)
         # The kernel's attribute cache (0.1 s here) comes on top.
         assert elapsed < 2 * interval + remote.attr_timeout, \
             f"generation {number} seen after {elapsed:.2f} s"
@@ -500,7 +502,7 @@ def replace_local(d, tmp_path, local, said):
     new = mkmodel(tmp_path / "local" / ".l.tmp", 3)
     t0 = time.monotonic()
     os.rename(new, local)
-    wait_until(lambda: ready(d, "local", 2), timeout=20,
+    wait_until(lambda: ready(d, "local", 2), timeout=60,
                what="the local model's generation 2 while the remote filesystem hangs")
     print(f"{said} {time.monotonic() - t0:.3f} s after its rename")
     verify(d, "local", local)
@@ -535,14 +537,16 @@ def test_a_hung_remote_filesystem_holds_up_nothing_else(start, tmp_path, remote)
         replace_local(d, tmp_path, local, "while remotefs hung: the local model's replacement "
                       "served")
         for cmd in (["evict", "local"], ["pin", "local"], ["unpin", "local"]):
-            r = ctl(d, *cmd, timeout=15)
+            r = ctl(d, *cmd, timeout=60)
             assert r.returncode == 0, (cmd, r.stdout, r.stderr)
-        metrics = ctl(d, "metrics", timeout=10).stdout
+        metrics = ctl(d, "metrics", timeout=60).stdout
         assert "wcached_work_queue_remote_stalled " in metrics, metrics
+        # All of it was done while the server stayed frozen (it thaws only
+        # in the finally below): work held behind the hung polls would
+        # never end, and the calls' own limits fail it. No clock.
         took = time.monotonic() - t0
         print(f"while remotefs hung: attach, replace, reload, evict, pin, unpin and metrics "
               f"of the local model took {took:.2f} s")
-        assert took < 30, f"local work took {took:.1f} s while the remote filesystem hung"
         # Status says what waits and what stalled; the log names the model.
         wq = wait_until(lambda: (lambda w: w["remote_stalled"] >= 1 and w)(
             status(d)["work_queue"]), timeout=30, what="a stall reported")
@@ -578,12 +582,12 @@ def test_start_serves_others_when_a_remote_filesystem_hangs(start, tmp_path, rem
     local = mkmodel(tmp_path / "local" / "l.safetensors", 2)
     remote.freeze()
     try:
-        t0 = time.monotonic()
         d = start({"r": (rpath, {"poll_interval": "0.2", "stage": "no"}), "local": local},
                   "start_wait_seconds = 2\n")
-        wait_until(lambda: ready(d, "local", 1), timeout=20, what="the local model served")
+        # Served while the server stays frozen (it thaws in the finally): a
+        # start that waited for r would never serve it. No clock.
+        wait_until(lambda: ready(d, "local", 1), timeout=60, what="the local model served")
         verify(d, "local", local)
-        assert time.monotonic() - t0 < 20
         d.wait_for_log(r'1 model is still loading after 2 s \(start_wait_seconds\): serving '
                        r'the others now; "r"')
         still_loading(d, "r")
@@ -1152,17 +1156,21 @@ def stopped_without_waiting(d, remote, what, waits=5):
     t0 = time.monotonic()
     d.proc.send_signal(signal.SIGTERM)
     try:
-        d.wait_for_log(r"shutting down", timeout=10)
+        d.wait_for_log(r"shutting down", timeout=60)
         d.wait_for_log(r"stopping without waiting longer for " + what + r": not returned "
                        rf"after {waits}\.0 s \(a read of a hung network filesystem never "
-                       r"returns\)", timeout=waits + 15)
-        seen, _ = d.wait_for_log(r"^.*\bstopped$", timeout=10)
+                       r"returns\)", timeout=waits + 60)
+        seen, _ = d.wait_for_log(r"^.*\bstopped$", timeout=60)
         assert not os.path.exists(d.socket), "the socket file outlived the stop"
     finally:
         remote.thaw()
     assert d.proc.wait(timeout=30) == 0, d.read_log()
     took = seen - t0
-    assert waits - 0.5 < took < waits + 5, f"stopped {took:.2f} s after SIGTERM"
+    # Not before the wait (t0 precedes the signal, seen follows the line);
+    # after it, the line above names the wait wcached kept (waits, not 30 s
+    # or for ever), so the upper bound is only for a stop that hangs on
+    # after that line, and a loaded machine's delays stay far below it.
+    assert waits - 0.5 < took < waits + 25, f"stopped {took:.2f} s after SIGTERM"
     return took
 
 

@@ -762,7 +762,7 @@ def test_unloading_a_model_stops_its_staging_copy_in_flight(tmp_path):
             # else was made, and the daemon holds nothing of it (its files
             # are closed in the same callback, just after the line).
             assert entries(stage_dir) == []
-            wait_until(lambda: not any("big" in t for t in fd_targets(d.proc.pid)), timeout=5,
+            wait_until(lambda: not any("big" in t for t in fd_targets(d.proc.pid)), timeout=60,
                        what="the daemon to close big's files")
             assert settled_fd_count(d.proc.pid) == fds_before
             assert generation(d, "big") is None

@@ -198,7 +198,9 @@ def test_link_is_read_while_copying(tmp_path):
     smi.write_text("#!/bin/sh\nexec sleep 100\n")
     t0 = time.monotonic()
     assert gpubench.link_while(copy, seconds=0.5, smi=str(smi)) == f"{smi}: no answer in 0.5 s"
-    assert time.monotonic() - t0 < 5
+    # Killed at its deadline, not waited for: the sleep lasts 100 s, and a
+    # loaded machine takes seconds, not 50, over the 0.5 s.
+    assert time.monotonic() - t0 < 50
 
 
 def test_report_says_what_the_pinned_row_copied(tmp_path, capsys):
