@@ -9,7 +9,7 @@ import os
 import pytest
 
 import wcache
-from pyhelpers import Daemon
+from pyhelpers import Daemon, write_safetensors
 
 
 @pytest.fixture
@@ -103,3 +103,21 @@ def test_path_wcached_cannot_take_is_not_served(tmp_path, daemon, monkeypatch):
         load_file("")
     with pytest.raises(wcache.ModelNotFound, match="1 to 1024 bytes"):
         wcache.connect().attach("x" * 1025)
+
+
+@pytest.mark.parametrize("meta_before, meta_after", [({}, None), (None, {})])
+def test_metadata_of_file_without_entries_is_the_opened_files(tmp_path, no_daemon,
+                                                              meta_before, meta_after):
+    """metadata() answers {} or None for the file the handle opened, read
+    once at open, not for whatever is at the path at each call (rev176 F5)."""
+    path = str(tmp_path / "m.safetensors")
+    write_safetensors(path, [("a", "U8", (1,), b"\x07")], metadata=meta_before)
+    f = wcache.safe_open(path, framework="np")
+    assert f.metadata() == meta_before
+    write_safetensors(path + ".new", [("a", "U8", (1,), b"\x08")], metadata=meta_after)
+    os.rename(path + ".new", path)
+    assert f.metadata() == meta_before
+    assert f.get_tensor("a").tolist() == [7]
+    os.unlink(path)
+    assert f.metadata() == meta_before
+    f.close()

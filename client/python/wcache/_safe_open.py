@@ -280,7 +280,12 @@ def check_device(framework, device):
 
 def _header_has_metadata(path):
     """For a file with no metadata entries: {} when its header has an empty
-    "__metadata__" object, None when it has none (or cannot be read)."""
+    "__metadata__" object, None when it has none (or path is no regular
+    file, as a served model's name, or cannot be read)."""
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    if not os.path.isfile(path):
+        return None
     try:
         with open(path, "rb") as f:
             raw = f.read(8)
@@ -303,9 +308,6 @@ def _header_has_metadata(path):
             return {}
         pos = header.find(b'"__metadata__"', pos + 1)
     return None
-
-
-_UNKNOWN = object()
 
 
 def _slice_text(index):
@@ -465,8 +467,12 @@ class safe_open:
         self._device = check_device(self._framework, device)
         self._backend = check_backend(backend)
         self._filename = os.fspath(filename)
-        self._empty_metadata = _UNKNOWN  # metadata() of a file without entries: {} or None
         self._model = open_model(filename)
+        # metadata() of a file without entries, {} or None: read from the
+        # header once, now, not at each call from whatever file is at the
+        # path by then (renamed over, the handle still mapping the old one)
+        self._empty_metadata = None if self._model.metadata() else \
+            _header_has_metadata(self._filename)
         self._runs = None
         self._runs_lock = threading.Lock()
         fork_safe(self)
@@ -496,12 +502,7 @@ class safe_open:
         meta = self._model_open().metadata()
         if meta:
             return meta
-        if self._empty_metadata is not _UNKNOWN:
-            return None if self._empty_metadata is None else {}
-        path = self._filename
-        if isinstance(path, bytes):
-            path = os.fsdecode(path)
-        return _header_has_metadata(path) if os.path.isfile(path) else None
+        return None if self._empty_metadata is None else {}
 
     def _bulk(self):
         """This handle's one Runs (made on first use, by one thread: the
@@ -632,8 +633,6 @@ class _safe_open_handle(safe_open):
                 fileno = fd
             path = f"/proc/self/fd/{fileno}"
             super().__init__(path, framework, device, backend=backend)
-            if not self._model.metadata():
-                self._empty_metadata = _header_has_metadata(path)
         finally:
             if fd is not None:
                 os.close(fd)  # the model keeps its own mapping
