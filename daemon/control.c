@@ -666,19 +666,16 @@ static void
 refuse_permission(struct control *ctl, struct ctl_conn *c)
 {
 	const char *group = ctl->ctx->has_group ? " and members of control_group" : "";
-	uint64_t unlogged = 0;
+	char more[96];
 
 	ctl->refused++;
 	/* At most once a minute per uid: a loop of refused connections cannot
 	 * flood the log (the metric counts every one). */
-	if (lograte_allow(&ctl->refusals, c->uid, uv_now(ctl->loop), &unlogged)) {
-		char more[96];
-
-		lograte_more(more, sizeof(more), unlogged, "refusals");
+	if (lograte_check(&ctl->refusals, c->uid, uv_now(ctl->loop), 1, more, sizeof(more),
+		"refusals"))
 		log_warnx("control: refused uid %d pid %d: only root, uid %u%s may control "
 			  "wcached%s", (int)c->uid, (int)c->pid, (unsigned)ctl->ctx->daemon_uid,
 			group, more);
-	}
 	ctl_conn_error(c, "permission denied: uid %d may not control wcached (root, uid %u%s may)",
 		(int)c->uid, (unsigned)ctl->ctx->daemon_uid, group);
 	conn_end(c);
