@@ -121,3 +121,33 @@ def test_metadata_of_file_without_entries_is_the_opened_files(tmp_path, no_daemo
     os.unlink(path)
     assert f.metadata() == meta_before
     f.close()
+
+
+@pytest.mark.parametrize("tensors, metadata, words", [
+    ({"w": None}, {"note": "a\0b"}, "value contains a NUL"),
+    ({"w": None}, {"a\0b": "x"}, "key contains a NUL"),
+    ({"a\0b": None}, None, "name contains a NUL"),
+    ({"": None}, None, "an empty name"),
+    ({"x" * 4097: None}, None, "name of 4097 bytes is longer than 4096"),
+])
+def test_writers_refuse_what_wcache_cannot_read(tmp_path, no_daemon, tensors, metadata, words):
+    """save, save_file and serialize refuse NUL in metadata and NUL, empty or
+    over-long tensor names, which every wcache reader refuses, rather than
+    write a file wcache then cannot read (rev176 F8)."""
+    import numpy as np
+    import torch
+    import wcache.numpy
+    import wcache.torch
+    path = tmp_path / "x.safetensors"
+    ts = {k: torch.ones(2) for k in tensors}
+    arrays = {k: np.ones(2, dtype="<f4") for k in tensors}
+    specs = {k: {"dtype": "float32", "shape": [2], "data": b"\0" * 8} for k in tensors}
+    for write in (lambda: wcache.torch.save(ts, metadata=metadata),
+                  lambda: wcache.torch.save_file(ts, path, metadata=metadata),
+                  lambda: wcache.numpy.save(arrays, metadata=metadata),
+                  lambda: wcache.numpy.save_file(arrays, path, metadata=metadata),
+                  lambda: wcache.serialize(specs, metadata=metadata),
+                  lambda: wcache.serialize_file(specs, path, metadata=metadata)):
+        with pytest.raises(wcache.SafetensorError, match=f"Error while serializing: .*{words}"):
+            write()
+        assert not path.exists()

@@ -181,6 +181,25 @@ def _storage_shape(st, shape):
     return shape
 
 
+# The longest tensor name every wcache reader takes (proto/bounds.h
+# INDEX_MAX_NAME, in bytes of UTF-8).
+_MAX_NAME = 4096
+
+
+def _name_unreadable(name):
+    """Why no wcache reader (safe_open, load, deserialize, wcached) could read
+    a file holding tensor name, or None. Upstream writes and reads these;
+    wcache refuses them when writing, rather than write a file it refuses."""
+    if not name:
+        return "an empty name, which wcache's readers refuse"
+    if "\0" in name:
+        return "name contains a NUL character, which wcache's readers refuse"
+    n = len(name.encode("utf-8", "surrogatepass"))
+    if n > _MAX_NAME:
+        return f"name of {n} bytes is longer than {_MAX_NAME}, which wcache's readers refuse"
+    return None
+
+
 def _entry(name, value):
     """(safetensors dtype, shape, buffer) of one serialize input: a
     TensorSpec or upstream 0.7's {"dtype", "shape", "data"} dict."""
@@ -193,6 +212,9 @@ def _entry(name, value):
         # #849).
         raise SafetensorError(f"Error while serializing: tensor {name!r} cannot be written "
                               "to safetensors (the name is reserved)")
+    why = _name_unreadable(name)
+    if why:
+        raise SafetensorError(f"Error while serializing: tensor {name!r}: {why}")
     if isinstance(value, TensorSpec):
         data = (ctypes.c_char * value._data_len).from_address(value._data_ptr) \
             if value._data_len else b""
@@ -235,6 +257,12 @@ def _prepare(tensor_dict, metadata):
         if not isinstance(metadata, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
             raise TypeError("metadata must be a dict of str to str")
+        for k, v in metadata.items():
+            if "\0" in k or "\0" in v:
+                raise SafetensorError(
+                    f"Error while serializing: __metadata__ {k!r}: "
+                    f"{'key' if chr(0) in k else 'value'} contains a NUL character, "
+                    f"which wcache's readers refuse")
         header["__metadata__"] = dict(sorted(metadata.items()))
     offset = 0
     buffers = []
