@@ -5,11 +5,15 @@ wcached cannot take, metadata() of a renamed-over file, what the writers
 refuse, install()'s save_model, the .pth hook's cost and convert's pickle
 gate."""
 import os
+import subprocess
+import sys
 
 import pytest
 
 import wcache
-from pyhelpers import Daemon, write_safetensors
+from pyhelpers import PYDIR, Daemon, write_safetensors
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.fixture
@@ -151,3 +155,51 @@ def test_writers_refuse_what_wcache_cannot_read(tmp_path, no_daemon, tensors, me
         with pytest.raises(wcache.SafetensorError, match=f"Error while serializing: .*{words}"):
             write()
         assert not path.exists()
+
+
+def run_standin(code, env_extra, tmp_path):
+    """code in a fresh interpreter that finds the stand-in safetensors
+    package (tests/python/standin) and this tree's wcache."""
+    env = dict(os.environ, **env_extra)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(HERE, "standin"), PYDIR,
+                                         env.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, cwd=str(tmp_path), timeout=120)
+
+
+def test_install_patches_save_model(tmp_path, no_daemon):
+    """Under install(), safetensors.torch.save_model is wcache's: it saves a
+    model whose tied weights are tensors wcache loaded (sharing one storage
+    per dtype and file, as no upstream-loaded tensors do), where upstream's
+    refuses ("None is covering the entire storage"; rev176 F4)."""
+    from wcache.torch import save_file
+    import torch
+    path = tmp_path / "tied.safetensors"
+    save_file({"embed.weight": torch.arange(6.0).reshape(3, 2),
+               "norm.weight": torch.ones(2)}, path)
+    code = f"""
+import torch, wcache
+import safetensors.torch as st
+def upstream(*args, **kwargs):
+    raise AssertionError("upstream save_model called")
+st.save_model = st._remove_duplicate_names = upstream
+wcache.install()
+loaded = st.load_file({str(path)!r})
+m = torch.nn.Module()
+m.embed = torch.nn.Module(); m.lm_head = torch.nn.Module(); m.norm = torch.nn.Module()
+m.embed.weight = torch.nn.Parameter(loaded["embed.weight"], requires_grad=False)
+m.lm_head.weight = m.embed.weight  # tied
+m.norm.weight = torch.nn.Parameter(loaded["norm.weight"], requires_grad=False)
+assert st._remove_duplicate_names(m.state_dict()) == {{"embed.weight": ["lm_head.weight"]}}
+out = {str(tmp_path / "out.safetensors")!r}
+st.save_model(m, out)
+with wcache.safe_open(out, framework="pt") as f:
+    assert f.keys() == ["embed.weight", "norm.weight"], f.keys()
+    assert f.metadata() == {{"lm_head.weight": "embed.weight"}}
+    assert torch.equal(f.get_tensor("embed.weight"), loaded["embed.weight"])
+wcache.uninstall()
+assert st.save_model is upstream and st._remove_duplicate_names is upstream
+print("saved")
+"""
+    r = run_standin(code, {}, tmp_path)
+    assert r.returncode == 0 and "saved" in r.stdout, r.stdout + r.stderr

@@ -17,6 +17,9 @@ The ``safe_open`` put in place (this module's ``safe_open``, a subclass of
 unchanged, to the package's own ``safe_open``, so its ``safetensors.flax``,
 ``tensorflow``, ``mlx`` and ``paddle`` modules (which bind ``safe_open``
 when imported, often after the patch) keep working.
+``safetensors.torch.save_model`` (and its ``_remove_duplicate_names``) are
+wcache's too: upstream's refuses a model whose tied weights are tensors
+wcache loaded (one storage per dtype and file, which none of them covers).
 ``wcache.SafetensorError`` is made a subclass of the package's own
 ``SafetensorError``, so ``except safetensors.SafetensorError`` still
 catches what wcache raises. Everything else (``save_file``, ``serialize``)
@@ -120,8 +123,13 @@ def _top_attrs():
 
 def _torch_attrs():
     from . import torch as wtorch
+    # save_model and its _remove_duplicate_names too: wcache's tensors of
+    # one dtype and file share one storage, which upstream's take for tied
+    # weights none of which covers its storage, and refuse (rev176 F4);
+    # wcache's know a part view of a loaded file (wcache/torch.py).
     return {"safe_open": safe_open, "load_file": wtorch.load_file,
-            "load_model": wtorch.load_model}
+            "load_model": wtorch.load_model, "save_model": wtorch.save_model,
+            "_remove_duplicate_names": wtorch._remove_duplicate_names}
 
 
 # module -> what install() puts on it (imported when called)
