@@ -203,3 +203,31 @@ print("saved")
 """
     r = run_standin(code, {}, tmp_path)
     assert r.returncode == 0 and "saved" in r.stdout, r.stdout + r.stderr
+
+
+def test_pth_imports_nothing_of_wcache_until_safetensors(tmp_path, no_daemon):
+    """With WCACHE_SAFETENSORS=1, wcache-safetensors.pth loads only
+    wcache/_hook.py: no wcache package, no numpy (0.14 s -> 1.0 s per Python
+    start before, and a traceback at each start where numpy could not be
+    imported yet, rev176 F6); importing safetensors still patches it."""
+    import torch
+    from wcache.torch import save_file
+    path = tmp_path / "m.safetensors"
+    save_file({"w": torch.ones(2)}, path)
+    site = tmp_path / "site"
+    site.mkdir()
+    pth = os.path.join(HERE, "..", "..", "client", "python", "wcache-safetensors.pth")
+    (site / "wcache-safetensors.pth").write_bytes(open(pth, "rb").read())
+    code = f"""
+import site, sys
+sys.modules["numpy"] = None   # numpy not importable while site-packages are read
+site.addsitedir({str(site)!r})
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("wcache", "torch")))
+del sys.modules["numpy"]
+import safetensors.torch
+print(safetensors.torch.load_file({str(path)!r})["w"].tolist())
+"""
+    r = run_standin(code, {"WCACHE_SAFETENSORS": "1"}, tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stderr == "", r.stderr
+    assert r.stdout.splitlines() == ["['wcache._hook']", "[1.0, 1.0]"], r.stdout

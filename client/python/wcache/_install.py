@@ -29,23 +29,23 @@ before ``install()`` keeps the object it imported: call it first.
 The environment variable works without touching the program: the
 python3-wcache package installs ``wcache-safetensors.pth`` in
 dist-packages, which Python runs at start-up; when WCACHE_SAFETENSORS is
-set to 1 (or yes, true, on) it registers an import hook that patches
-``safetensors`` and ``safetensors.torch`` as soon as something imports
-them, so torch is not imported before the program wants it. Unset, or
-set to anything else (0, no), the .pth costs one environment lookup and
-imports nothing.
+set to 1 (or yes, true, on) it loads wcache/_hook.py alone (not the
+package) and registers its import hook, which patches ``safetensors`` and
+``safetensors.torch`` as soon as something imports them: wcache, numpy
+and torch are imported only then. Unset, or set to anything else (0, no),
+the .pth costs one environment lookup and imports nothing.
 """
 import importlib
 import inspect
-import os
 import sys
 import threading
 
-from . import _lib, _safe_open
+from . import _hook, _lib, _safe_open
+from ._hook import _Hook
 
 __all__ = ["install", "uninstall", "ENV"]
 
-ENV = "WCACHE_SAFETENSORS"
+ENV = _hook.ENV
 # Guards _saved, the patched modules' attributes and the hook's place in
 # sys.meta_path: install(), uninstall() and the hook's patching each change
 # them as one step. Never held while importing: an import under it could
@@ -141,7 +141,7 @@ def _patch_if_hooked(module_name):
     uninstall() has removed the hook meanwhile."""
     attrs = _ATTRS[module_name]()
     with _lock:
-        if any(isinstance(f, _Hook) for f in sys.meta_path):
+        if _hook.hooked():
             _patch(module_name, attrs)
 
 
@@ -172,51 +172,14 @@ def uninstall():
         sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _Hook)]
 
 
-class _PatchingLoader:
-    """Runs the real loader, then patches the module it made (an
-    importlib Loader by its methods)."""
-
-    def __init__(self, loader, patch):
-        self.loader = loader
-        self.patch = patch
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module):
-        self.loader.exec_module(module)
-        self.patch(module.__name__)
-
-    def __getattr__(self, name):  # get_resource_reader, is_package, ...
-        return getattr(self.loader, name)
-
-
-class _Hook:
-    """Patches safetensors and safetensors.torch when they are imported (a
-    meta path finder by its find_spec method)."""
-    def find_spec(self, name, path=None, target=None):
-        if name not in _ATTRS:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _PatchingLoader(spec.loader, _patch_if_hooked)
-                return spec
-        return None
-
-
 def install_from_environment():
-    """What wcache-safetensors.pth runs at start-up: when $WCACHE_SAFETENSORS
-    asks for it, patches safetensors now if it is already imported, else
-    when it is."""
-    if os.environ.get(ENV, "").strip().lower() not in ("1", "yes", "true", "on"):
+    """When $WCACHE_SAFETENSORS asks for it, patches safetensors now if it
+    is already imported, else when it is (what wcache-safetensors.pth does
+    through wcache/_hook.py alone, without importing the package)."""
+    if not _hook.wanted():
         return False
     with _lock:
-        if not any(isinstance(f, _Hook) for f in sys.meta_path):
-            sys.meta_path.insert(0, _Hook())
+        _hook.add_hook()
     for name in _ATTRS:
         if name in sys.modules:
             _patch_if_hooked(name)
