@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/decimal.h"
 #include "base/error.h"
 
 static int
@@ -55,24 +56,18 @@ fdstore_name_artifact_index(char *buf, size_t cap, uint64_t slot, uint64_t n)
 	return name_result(snprintf(buf, cap, "wc-%" PRIu64 "-d%" PRIu64 "-i", slot, n), cap);
 }
 
-/* A decimal number at *p up to the next '-' or the end, without leading
- * zeros or overflow; advances *p past it. */
+/* A decimal number at *p up to the next byte that is not a digit, without
+ * leading zeros (a name has one spelling), at most max (decimal_u64());
+ * advances *p past it. */
 static int
 name_number(const char **p, uint64_t max, uint64_t *out)
 {
-	const char *s = *p;
-	uint64_t v = 0;
+	size_t len = strspn(*p, "0123456789");
+	uint64_t v;
 
-	if (*s < '0' || *s > '9' || (*s == '0' && s[1] >= '0' && s[1] <= '9'))
+	if ((len > 1 && **p == '0') || decimal_u64(*p, len, &v) < 0 || v > max)
 		return -1;
-	for (; *s >= '0' && *s <= '9'; s++) {
-		if (__builtin_mul_overflow(v, 10, &v) ||
-			__builtin_add_overflow(v, (uint64_t)(*s - '0'), &v))
-			return -1;
-	}
-	if (v > max)
-		return -1;
-	*p = s;
+	*p += len;
 	*out = v;
 	return 0;
 }
