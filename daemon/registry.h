@@ -46,6 +46,20 @@ struct load_request; /* registry_load.c's */
 struct generation; /* generation.h */
 struct registry;
 
+/* The descriptors wcached keeps free below its RLIMIT_NOFILE of limit:
+ * REGISTRY_FD_RESERVE, or a quarter of a small limit. A client connection
+ * whose descriptor falls in them is refused (server_budget.c's FD_RESERVE
+ * is the same 64), and so is a load whose descriptors reach into them
+ * (registry_load.c): a model's load must not leave wcached without room
+ * for its clients, its control socket and its logs. */
+#define REGISTRY_FD_RESERVE 64
+
+static inline rlim_t
+registry_fd_reserve(rlim_t limit)
+{
+	return limit / 4 < REGISTRY_FD_RESERVE ? limit / 4 : REGISTRY_FD_RESERVE;
+}
+
 /* What a load is (registry_load.c's queue_load) and what reload_again asks
  * for: a load or reload by the operator resolves the model's path anew; a
  * watched one (registry_reload_watched) keeps the tree its newest

@@ -209,6 +209,38 @@ note_failed_path(struct load_request *q)
 	}
 }
 
+/*
+ * Work queue thread: whether the descriptors q's load keeps (its files,
+ * their reopens for workers, its index, and the index's reopen gen_new
+ * makes) stay below the reserve wcached keeps free for its clients
+ * (registry_fd_reserve of r->fd_limit). Descriptors are given lowest
+ * first, so one in the reserve means the load took the last ones outside
+ * it: a 250-shard model would leave every new client refused (review
+ * rev173 F9). 0, or -EMFILE with the message.
+ */
+static int
+fd_room(struct load_request *q)
+{
+	rlim_t limit = q->r->fd_limit, reserve = registry_fd_reserve(limit);
+	int top = q->index_fd;
+
+	if (limit == 0 || limit == RLIM_INFINITY)
+		return 0;
+	for (size_t i = 0; i < q->source.nfiles; i++) {
+		if (q->source.files[i].fd > top)
+			top = q->source.files[i].fd;
+		if (q->served_fds != NULL && q->served_fds[i] > top)
+			top = q->served_fds[i];
+	}
+	if ((rlim_t)top + 1 < limit - reserve)
+		return 0;
+	return error_set(-EMFILE, "its %zu file%s took descriptors up to %d, into the %ju that "
+		"wcached keeps free below its RLIMIT_NOFILE of %ju for its clients; raise "
+		"LimitNOFILE= (or ulimit -n), or let workers release older generations",
+		q->source.nfiles, q->source.nfiles == 1 ? "" : "s", top + 1, (uintmax_t)reserve,
+		(uintmax_t)limit);
+}
+
 /* Work queue thread: open, validate, compile, seal; and note the source's
  * filesystem, from which the loop decides whether to stage it. */
 static void
@@ -219,7 +251,7 @@ load_work(struct workq_job *w)
 
 	q->opened_known = stat(q->path, &q->opened_st) == 0;
 	if ((q->status = open_model(q, q->path)) < 0 ||
-		(q->status = gen_check_holes(&q->source)) < 0) {
+		(q->status = gen_check_holes(&q->source)) < 0 || (q->status = fd_room(q)) < 0) {
 		free(resolved);
 		snprintf(q->message, sizeof(q->message), "%s", error_get());
 		drop_opened(q);

@@ -186,6 +186,40 @@ test_load_and_status_page(void **state)
 	free(path);
 }
 
+/*
+ * A load whose descriptors reach into the reserve wcached keeps free for
+ * its clients (registry_fd_reserve: 64 of an RLIMIT_NOFILE of 400) is
+ * refused with one line (review rev173 F9: a 250-shard model took the last
+ * descriptors outside it, and every new client was refused); with those
+ * descriptors free again it loads. Before, it loaded: nothing but the
+ * accept of a client looked at the reserve.
+ */
+static void
+test_load_stays_out_of_the_fd_reserve(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 1024);
+	int fill[400], n = 0, fd;
+
+	t->reg.fd_limit = 400;
+	/* The load's file, its reopen and its index take the lowest free
+	 * descriptors: 333, 334 and 335; the index's reopen would be 336,
+	 * the first of the reserve (400 - 64). */
+	while ((fd = fcntl(0, F_DUPFD_CLOEXEC, 0)) >= 0 && fd < 333)
+		fill[n++] = fd;
+	assert_int_equal(fd, 333);
+	close(fd);
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 0), -EMFILE);
+	assert_non_null(strstr(t->message, "its 1 file took descriptors up to 336, into the 64 "
+		"that wcached keeps free below its RLIMIT_NOFILE of 400"));
+	assert_null(registry_find(&t->reg, "m")->current);
+	while (n > 0)
+		close(fill[--n]);
+	assert_int_equal(du_reload(t, "m"), 0);
+	assert_int_equal(du_current(t, "m")->number, 1);
+	free(path);
+}
+
 static void
 test_load_missing_file(void **state)
 {
@@ -910,6 +944,8 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_load_and_status_page, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_load_missing_file, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_load_stays_out_of_the_fd_reserve, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(test_load_faults, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_load_index_reopen_fails, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_reload, setup, teardown),
