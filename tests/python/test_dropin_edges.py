@@ -231,3 +231,23 @@ print(safetensors.torch.load_file({str(path)!r})["w"].tolist())
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stderr == "", r.stderr
     assert r.stdout.splitlines() == ["['wcache._hook']", "[1.0, 1.0]"], r.stdout
+
+
+def test_convert_says_weights_only_is_no_sandbox_before_torch_2_6(tmp_path, capsys,
+                                                                   monkeypatch):
+    """On torch before 2.6, torch.load(weights_only=True) runs code from a
+    crafted file (CVE-2025-32434): wcache.convert says so on stderr for
+    every conversion, and not on 2.6 or later (rev176 F3)."""
+    import torch
+    from wcache.convert import main
+    pt = tmp_path / "m.pt"
+    torch.save({"w": torch.zeros(2)}, pt)
+    out = tmp_path / "m.safetensors"
+    for version, warned in (("1.13.0a0", True), ("2.5.1+cu124", True),
+                            ("2.6.0", False), ("2.10.0", False), ("10.0", False)):
+        monkeypatch.setattr(torch, "__version__", version)
+        assert main([str(pt), str(out)]) == 0
+        err = capsys.readouterr().err
+        assert ("CVE-2025-32434" in err) == warned, (version, err)
+        if warned:
+            assert f"torch {version}: torch.load(weights_only=True) runs code" in err

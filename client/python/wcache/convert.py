@@ -3,8 +3,7 @@
 Converts a PyTorch checkpoint to safetensors, the format wcache maps.
 
 What it accepts (loaded with ``torch.load(..., map_location="cpu",
-weights_only=True)``, which unpickles tensors and plain containers only and
-runs no code from the file):
+weights_only=True)``, which unpickles tensors and plain containers only):
 
 - a state dict: a mapping of names to tensors;
 - a training checkpoint holding one under "state_dict", "model" or
@@ -17,6 +16,13 @@ runs no code from the file):
   Unpickling a module runs code named in the file, which
   ``weights_only=True`` refuses; pass ``--trust-pickle`` to load it anyway,
   only for files you trust.
+
+``weights_only=True`` is a sandbox only on torch 2.6 or later: before it,
+a crafted checkpoint runs code through it (CVE-2025-32434,
+GHSA-53q9-r3pm-6pq6, fixed in 2.6.0), and torch before 2.10 has memory
+corruption in that unpickler (CVE-2026-24747). On such a torch the command
+says so on stderr for every conversion; convert checkpoints you did not
+make in a throwaway container, or with torch 2.10 or later.
 
 Tensors are written contiguous, little-endian, in the order safetensors
 writes them (largest element size first, then name, so every tensor's data
@@ -195,6 +201,32 @@ def _refuse_same_file(src, dst):
                            "to another path")
 
 
+# The first torch whose weights_only=True unpickler runs no code from a
+# crafted file (CVE-2025-32434, fixed in 2.6.0; the docs also name 2.10,
+# the first without CVE-2026-24747's memory corruption there).
+_SAFE_WEIGHTS_ONLY = (2, 6)
+
+
+def _torch_version(version):
+    """(major, minor) of a torch.__version__ ("1.13.0a0", "2.6.0+cu124");
+    (0, 0) when it cannot be read (treated as old)."""
+    parts = str(version).split("+")[0].split(".")
+    try:
+        return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
+    except (IndexError, ValueError):
+        return (0, 0)
+
+
+def weights_only_unsafe(torch):
+    """A one-line warning when torch's weights_only=True is no sandbox (torch
+    before 2.6), else None."""
+    if _torch_version(torch.__version__) >= _SAFE_WEIGHTS_ONLY:
+        return None
+    return (f"torch {torch.__version__}: torch.load(weights_only=True) runs code from a "
+            f"crafted checkpoint before torch 2.6 (CVE-2025-32434): convert only files you "
+            f"trust, or use torch 2.10 or later")
+
+
 def convert(src, dst, trust_pickle=False, log=None):
     """Converts the checkpoint src to the safetensors file dst. Returns the
     tensor dict that was written. log(msg) receives notes (skipped entries,
@@ -282,6 +314,14 @@ def main(argv=None):
     def log(msg):
         print(f"wcache.convert: {args.src}: {msg}", file=sys.stderr)
 
+    try:
+        import torch
+    except ImportError as e:
+        print(f"wcache.convert: {args.src}: needs torch: {e}", file=sys.stderr)
+        return 1
+    unsafe = weights_only_unsafe(torch)
+    if unsafe is not None:
+        log(unsafe)
     old = _catch_signals()
     try:
         tensors = convert(args.src, args.dst, trust_pickle=args.trust_pickle, log=log)
