@@ -48,7 +48,6 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -92,17 +91,6 @@ static struct {
 	char path[96];
 	int fd;
 } fake = { .served = -1, .fd = -1 };
-
-/* http.c's clock (main.c, which is not part of the harness, has the real
- * one). */
-double
-ctl_monotonic(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 int __real_connect(int fd, const struct sockaddr *sa, socklen_t len);
 int __wrap_connect(int fd, const struct sockaddr *sa, socklen_t len);
