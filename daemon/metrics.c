@@ -165,9 +165,9 @@ v_warm_seconds(const struct registry *reg, const struct model_entry *m)
 /*
  * How far the model's newest generation (the pending one, else the current
  * one) has warmed, in percent: 100 once ready, the bytes its reads have
- * pulled in so far while it warms, 0 before; and the seconds left at the
- * rate it has read so far (0 when not warming, -1 while nothing is read
- * yet, so no rate is known).
+ * pulled in so far while it warms (below 100), 0 before; and the seconds
+ * left at the rate it has read so far (0 when not warming, -1 while
+ * nothing is read yet, so no rate is known).
  */
 static void
 warm_progress(const struct registry *reg, const struct model_entry *m, double *percent,
@@ -187,7 +187,12 @@ warm_progress(const struct registry *reg, const struct model_entry *m, double *p
 			done += warm_job_bytes(g->warm.jobs[i]);
 	if (done > g->bytes)
 		done = g->bytes;
+	/* At most 99.9 while warming, as printed too (%.1f): every byte may
+	 * be read before the loop hears that the last job ended, which takes
+	 * a while on a loaded host. */
 	*percent = 100.0 * (double)done / (double)g->bytes;
+	if (*percent > 99.9)
+		*percent = 99.9;
 	secs = (double)(uv_now(reg->loop) - g->warm.started_ms) / 1000.0;
 	*eta = done > 0 && secs > 0 ? (double)(g->bytes - done) * secs / (double)done : -1;
 }
