@@ -4,6 +4,7 @@ served model's name against a worker's own file of that name, spellings
 wcached cannot take, metadata() of a renamed-over file, what the writers
 refuse, install()'s save_model, the .pth hook's cost and convert's pickle
 gate."""
+import contextlib
 import os
 import subprocess
 import sys
@@ -16,18 +17,26 @@ from pyhelpers import PYDIR, Daemon, write_safetensors
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-@pytest.fixture
-def derive_daemon(tmp_path, model_path, monkeypatch):
-    """wcached serving model_path as "small" with derived artifacts;
-    $WCACHE_SOCKET points at it."""
+@contextlib.contextmanager
+def serving(tmp_path, monkeypatch, models):
+    """A wcached serving models (pyhelpers.Daemon's form) for the block,
+    $WCACHE_SOCKET pointing at it and no connection kept from before."""
     import wcache._safe_open as so
-    d = Daemon(tmp_path, {"small": (model_path, {"derive": "yes"})}).start()
+    d = Daemon(tmp_path, models).start()
     monkeypatch.setenv("WCACHE_SOCKET", d.socket)
     so._shared = None
-    yield d
-    so._shared = None
-    status = d.stop()
-    assert status == 0, f"wcached exited with {status}:\n{d.read_log()}"
+    try:
+        yield d
+    finally:
+        so._shared = None
+        assert d.stop() == 0, d.read_log()
+
+
+@pytest.fixture
+def derive_daemon(tmp_path, model_path, monkeypatch):
+    """wcached serving model_path as "small" with derived artifacts."""
+    with serving(tmp_path, monkeypatch, {"small": (model_path, {"derive": "yes"})}) as d:
+        yield d
 
 
 def test_derived_publishes_conj_and_neg_views_resolved(derive_daemon):
@@ -57,12 +66,8 @@ def test_existing_file_wins_over_a_served_name(tmp_path, model_path, monkeypatch
     asked where no such file exists, and a relative path of the served file
     itself still attaches."""
     import torch
-    import wcache._safe_open as so
     from wcache.torch import load_file, save_file
-    d = Daemon(tmp_path, {"m1": model_path}).start()
-    monkeypatch.setenv("WCACHE_SOCKET", d.socket)
-    so._shared = None
-    try:
+    with serving(tmp_path, monkeypatch, {"m1": model_path}):
         work = tmp_path / "work"
         work.mkdir()
         monkeypatch.chdir(work)
@@ -76,9 +81,6 @@ def test_existing_file_wins_over_a_served_name(tmp_path, model_path, monkeypatch
         monkeypatch.chdir(os.path.dirname(model_path))
         with wcache.safe_open(os.path.basename(model_path), framework="pt") as f:
             assert f.model.source == "wcached"  # the served file, by its path
-    finally:
-        so._shared = None
-        assert d.stop() == 0, d.read_log()
 
 
 def test_path_wcached_cannot_take_is_not_served(tmp_path, daemon, monkeypatch):
