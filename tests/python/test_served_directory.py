@@ -542,11 +542,17 @@ def test_loader_threads_attach_the_directory_once(tmp_path, monkeypatch):
         except BaseException as e:  # reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=load, args=(files[i::4],)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
-    assert len(state) == 2 * len(files)
-    assert calls == [os.path.dirname(files[0])]
+    try:
+        threads = [threading.Thread(target=load, args=(files[i::4],)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        assert len(state) == 2 * len(files)
+        assert calls == [os.path.dirname(files[0])]
+    finally:
+        state.clear()
+        import wcache._safe_open as so
+        so._shared = None
+        assert d.stop() == 0, d.read_log()
