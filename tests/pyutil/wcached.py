@@ -23,6 +23,9 @@ import time
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
+# Every Wcached started in this process, for left_running().
+_started = []
+
 
 class WcachedError(AssertionError):
     """wcached could not be run, or did not do what was waited for in time."""
@@ -168,6 +171,7 @@ class Wcached:
         # a `| tail` after it waited until the daemon was killed (rev163 #4).
         self.proc = subprocess.Popen(cmd, stdout=self.logf, stderr=self.logf, env=env,
                                      preexec_fn=prepare)
+        _started.append(self)
         self.wait_listening(timeout)
         return self
 
@@ -238,3 +242,19 @@ class Wcached:
         if self.logf is not None:
             self.logf.close()
         return self.proc.returncode
+
+
+def left_running():
+    """The configuration files of the daemons this process started that still
+    run, each killed (SIGKILL) and waited for: the test suites' sessions end
+    with it (conftest.py's pytest_sessionfinish), and fail when it names any,
+    so that a test that forgets stop() cannot leave a daemon behind its run
+    (one did, with parent 1, after every run)."""
+    left = []
+    for d in _started:
+        if d.proc is not None and d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
+            left.append(d.conf)
+    _started.clear()
+    return left
