@@ -225,10 +225,14 @@ def alice_and_a_connection(tmp_path, others, nofile):
 def replace_and_attach(d, alice, held, k):
     """Renames a new file over alice's model and, once wcached said what it
     made of it, attaches alice on the connection held (its descriptors
-    closed here, the attach kept). False when no line came in 5 s."""
+    closed here, the attach kept). False when no line came in 5 s. The new
+    file is written beside alice's directory, not in it: a reload that saw
+    it there half-written refused the directory's two files ("still
+    serving"), a line this counts, and the tests' numbering slipped (seen
+    under ASan, where mkmodel is slow)."""
     seen = generation_lines(d)
-    mkmodel(os.path.join(alice, "next.safetensors"), seed=10 + k)
-    os.rename(os.path.join(alice, "next.safetensors"), os.path.join(alice, "model.safetensors"))
+    nxt = mkmodel(os.path.join(os.path.dirname(alice), "next.safetensors"), seed=10 + k)
+    os.rename(nxt, os.path.join(alice, "model.safetensors"))
     try:
         wait_until(lambda: generation_lines(d) > seen, timeout=5, what="alice's reload")
     except AssertionError:
