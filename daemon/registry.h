@@ -48,8 +48,8 @@ struct registry;
 
 /* The descriptors wcached keeps free below its RLIMIT_NOFILE of limit:
  * REGISTRY_FD_RESERVE, or a quarter of a small limit. A client connection
- * whose descriptor falls in them is refused (server_budget.c's FD_RESERVE
- * is the same 64), and so is a load whose descriptors reach into them
+ * whose descriptor falls in them is refused (server_budget.c's
+ * fd_budget_init), and so is a load whose descriptors reach into them
  * (registry_load.c): a model's load must not leave wcached without room
  * for its clients, its control socket and its logs. */
 #define REGISTRY_FD_RESERVE 64

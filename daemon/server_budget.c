@@ -17,11 +17,6 @@
 #include "uidtally.h"
 #include "proto/wire.h"
 
-/* Descriptors kept free for loading models, the control socket and logs:
- * a connection that would eat into them is refused. A small RLIMIT_NOFILE
- * gets a smaller reserve (a quarter of it) rather than no clients at all. */
-#define FD_RESERVE 64
-
 /* Descriptors the connections of uid have in flight (constant time). */
 static unsigned
 inflight_of_uid(const struct server *s, uid_t uid)
@@ -234,8 +229,11 @@ fd_budget_init(struct server *s)
 	unsigned limit = s->fd_limit > 0 ? (unsigned)s->fd_limit : 1u << 20;
 	int room;
 
-	s->fd_reserve = s->fd_limit > 0 && s->fd_limit / 4 < FD_RESERVE ? s->fd_limit / 4 :
-									 FD_RESERVE;
+	/* Kept free for the control socket, logs and what wcached opens
+	 * itself: a connection that would eat into them is refused, and so is
+	 * a load (registry_fd_reserve(), one size for both). */
+	s->fd_reserve = s->fd_limit > 0 ? (int)registry_fd_reserve((rlim_t)s->fd_limit) :
+					  REGISTRY_FD_RESERVE;
 	s->fd_hard = limit - limit / 4;
 	s->fd_soft = limit / 2;
 	s->fd_uid_cap = limit / 8;
