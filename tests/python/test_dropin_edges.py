@@ -248,8 +248,11 @@ def test_convert_says_weights_only_is_no_sandbox_before_torch_2_6(tmp_path, caps
     for version, warned in (("1.13.0a0", True), ("2.5.1+cu124", True),
                             ("2.6.0", False), ("2.10.0", False), ("10.0", False)):
         monkeypatch.setattr(torch, "__version__", version)
-        assert main([str(pt), str(out)]) == 0
+        assert main(["--trust-pickle", str(pt), str(out)]) == 0
         err = capsys.readouterr().err
         assert ("CVE-2025-32434" in err) == warned, (version, err)
         if warned:
             assert f"torch {version}: torch.load(weights_only=True) runs code" in err
+            out.unlink()
+            assert main([str(pt), str(out)]) == 1  # refused without the opt-in
+            assert "refused" in capsys.readouterr().err and not out.exists()

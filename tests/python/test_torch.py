@@ -72,7 +72,7 @@ def test_convert_then_read(tmp_path):
     pt = tmp_path / "model.pt"
     torch.save(sd, pt)
     out = tmp_path / "out.safetensors"
-    r = subprocess.run([sys.executable, "-m", "wcache.convert", str(pt), str(out)],
+    r = subprocess.run([sys.executable, "-m", "wcache.convert", "--trust-pickle", str(pt), str(out)],
                        env=dict(os.environ, PYTHONPATH=PYDIR), capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -105,7 +105,7 @@ def test_convert_shared_storage_and_views(tmp_path):
     torch.save(sd, pt)
     notes = []
     out = tmp_path / "shared.safetensors"
-    convert(str(pt), str(out), log=notes.append)
+    convert(str(pt), str(out), log=notes.append, trust_pickle=True)
     assert any("embed.weight" in n and "lm_head.weight" in n for n in notes)
     assert any("half.a" in n and "half.b" in n for n in notes)
     loaded = torch.load(pt, weights_only=True)
@@ -121,7 +121,7 @@ def test_convert_checkpoint_and_module(tmp_path):
     ck = tmp_path / "ck.pt"
     torch.save({"state_dict": net.state_dict(), "epoch": 7, "opt": {"step": 3}}, ck)
     notes = []
-    convert(str(ck), str(tmp_path / "ck.safetensors"), log=notes.append)
+    convert(str(ck), str(tmp_path / "ck.safetensors"), log=notes.append, trust_pickle=True)
     assert any("epoch" in n for n in notes)
     with wcache.open_file(tmp_path / "ck.safetensors") as m:
         assert sorted(m.keys()) == sorted(net.state_dict())
@@ -150,12 +150,12 @@ def test_convert_failure_leaves_nothing(tmp_path):
     torch.save({"ok": torch.zeros(2), "bad": torch.zeros(2, dtype=torch.complex128)}, pt)
     out = tmp_path / "c128.safetensors"
     with pytest.raises(ConvertError, match="bad.*complex128"):
-        convert(str(pt), str(out))
+        convert(str(pt), str(out), trust_pickle=True)
     assert sorted(os.listdir(tmp_path)) == ["c128.pt"]
     # an existing destination is replaced only by a complete file
     out.write_bytes(b"old")
     with pytest.raises(ConvertError):
-        convert(str(pt), str(out))
+        convert(str(pt), str(out), trust_pickle=True)
     assert out.read_bytes() == b"old"
 
 
@@ -184,12 +184,12 @@ def test_convert_names_a_file_that_is_no_checkpoint(tmp_path, capsys):
         src = tmp_path / name
         src.write_bytes(data)
         if name == "notes.txt":
-            r = subprocess.run([sys.executable, "-m", "wcache.convert", str(src), str(out)],
+            r = subprocess.run([sys.executable, "-m", "wcache.convert", "--trust-pickle", str(src), str(out)],
                                capture_output=True, text=True,
                                env=dict(os.environ, PYTHONPATH=PYDIR), timeout=120)
             status, err = r.returncode, r.stderr
         else:
-            status, err = main([str(src), str(out)]), capsys.readouterr().err
+            status, err = main(["--trust-pickle", str(src), str(out)]), capsys.readouterr().err
         assert status == 1, (name, err)
         assert "Traceback" not in err, (name, err)
         assert str(src) in err and "not a PyTorch checkpoint" in err, (name, err)
@@ -208,7 +208,7 @@ def test_convert_refuses_two_tensors_of_one_flattened_name(tmp_path):
         pt = tmp_path / f"collide{i}.pt"
         torch.save(ck, pt)
         with pytest.raises(ConvertError, match="named 'a.b'"):
-            convert(str(pt), str(out))
+            convert(str(pt), str(out), trust_pickle=True)
         assert not out.exists()
     assert sorted(os.listdir(tmp_path)) == ["collide0.pt", "collide1.pt"]
 
@@ -227,12 +227,12 @@ def test_convert_refuses_to_write_over_its_input(tmp_path, capsys):
     pairs = [(ck, ck), (ck, tmp_path / "." / "ckpt.pt"), (ck, tmp_path / "hard.pt"),
              (ck, tmp_path / "sym.pt"), (tmp_path / "sym.pt", ck)]
     for src, dst in pairs:
-        status, err = main([str(src), str(dst)]), capsys.readouterr().err
+        status, err = main(["--trust-pickle", str(src), str(dst)]), capsys.readouterr().err
         assert status == 1, (src, dst, err)
         assert f"{dst}: the output is the input {src}" in err, (src, dst, err)
         assert ck.read_bytes() == before
     assert sorted(os.listdir(tmp_path)) == ["ckpt.pt", "hard.pt", "sym.pt"]
-    assert main([str(ck), str(tmp_path / "ckpt.safetensors")]) == 0
+    assert main(["--trust-pickle", str(ck), str(tmp_path / "ckpt.safetensors")]) == 0
 
 
 def test_convert_refuses_a_tensor_named_metadata(tmp_path, capsys):
@@ -243,7 +243,7 @@ def test_convert_refuses_a_tensor_named_metadata(tmp_path, capsys):
     pt = tmp_path / "md.pt"
     torch.save({"__metadata__": torch.ones(2), "w": torch.zeros(1)}, pt)
     out = tmp_path / "md.safetensors"
-    status, err = main([str(pt), str(out)]), capsys.readouterr().err
+    status, err = main(["--trust-pickle", str(pt), str(out)]), capsys.readouterr().err
     assert status == 1, err
     assert "'__metadata__' cannot be written to safetensors (the name is reserved)" in err
     assert sorted(os.listdir(tmp_path)) == ["md.pt"]
@@ -266,7 +266,7 @@ def stalled(f, chunks):
     os.write(int(sys.argv[3]), b"x")
     time.sleep(120)
 ser._write_all = stalled
-sys.exit(main(sys.argv[1:3]))
+sys.exit(main(["--trust-pickle"] + sys.argv[1:3]))
 """
 
 
@@ -305,7 +305,7 @@ def test_state_dict_into_module(tmp_path, no_daemon):
     pt = tmp_path / "lin.pt"
     torch.save(net.state_dict(), pt)
     out = tmp_path / "lin.safetensors"
-    convert(str(pt), str(out))
+    convert(str(pt), str(out), trust_pickle=True)
     x = torch.randn(2, 8)
     with wcache.safe_open(str(out)) as f:
         other = torch.nn.Linear(8, 4)

@@ -20,9 +20,11 @@ weights_only=True)``, which unpickles tensors and plain containers only):
 ``weights_only=True`` is a sandbox only on torch 2.6 or later: before it,
 a crafted checkpoint runs code through it (CVE-2025-32434,
 GHSA-53q9-r3pm-6pq6, fixed in 2.6.0), and torch before 2.10 has memory
-corruption in that unpickler (CVE-2026-24747). On such a torch the command
-says so on stderr for every conversion; convert checkpoints you did not
-make in a throwaway container, or with torch 2.10 or later.
+corruption in that unpickler (CVE-2026-24747). On such a torch every
+conversion is refused unless ``--trust-pickle`` (``trust_pickle=True``) is
+given, and the command then says on stderr what that trusts; convert
+checkpoints you did not make in a throwaway container, or with torch 2.10
+or later.
 
 Tensors are written contiguous, little-endian, in the order safetensors
 writes them (largest element size first, then name, so every tensor's data
@@ -238,6 +240,10 @@ def convert(src, dst, trust_pickle=False, log=None):
     if _is_safetensors(src):
         raise ConvertError(f"{src}: not a PyTorch checkpoint: it is a safetensors file "
                            f"already (nothing to convert)")
+    unsafe = weights_only_unsafe(torch)
+    if unsafe is not None and not trust_pickle:
+        raise ConvertError(f"{src}: refused: {unsafe}; pass --trust-pickle (trust_pickle=True) "
+                           f"to convert it anyway")
     try:
         try:
             obj = torch.load(src, map_location="cpu", weights_only=True)
@@ -307,8 +313,8 @@ def main(argv=None):
     ap.add_argument("src", help="checkpoint written by torch.save")
     ap.add_argument("dst", help="safetensors file to write (replaced atomically)")
     ap.add_argument("--trust-pickle", action="store_true",
-                    help="unpickle objects other than tensors (whole modules); runs code "
-                         "from the file")
+                    help="unpickle objects other than tensors (whole modules), and convert "
+                         "at all on torch before 2.6; runs code from the file")
     args = ap.parse_args(argv)
 
     def log(msg):
@@ -320,7 +326,7 @@ def main(argv=None):
         print(f"wcache.convert: {args.src}: needs torch: {e}", file=sys.stderr)
         return 1
     unsafe = weights_only_unsafe(torch)
-    if unsafe is not None:
+    if unsafe is not None and args.trust_pickle:
         log(unsafe)
     old = _catch_signals()
     try:
