@@ -381,17 +381,33 @@ holes_of(const struct wc_file *f)
 int
 gen_check_holes(const struct model_source *src)
 {
+	uint64_t holes = 0, size = 0, most = 0;
+	const struct wc_file *worst = NULL;
+
+	/* Over the whole model: many shards each under the bound add up
+	 * (review rev177 E: six 64 MiB holes warmed 384 MiB of zeros). */
 	for (size_t i = 0; i < src->nfiles; i++) {
 		const struct wc_file *f = &src->files[i];
-		uint64_t holes = holes_of(f);
+		uint64_t h = holes_of(f);
 
-		if (holes > f->size / 2 && holes > GEN_HOLES_MAX)
-			return error_set(-EINVAL, "%s: a sparse file: %" PRIu64 " bytes long, of "
-				"which %" PRIu64 " are data on disk; its holes would be read into "
-				"memory as zeros; write it out whole (`cp --sparse=never`)",
-				f->path, f->size, f->size - holes);
+		holes += h;
+		size += f->size;
+		if (worst == NULL || h > most) {
+			worst = f;
+			most = h;
+		}
 	}
-	return 0;
+	if (worst == NULL || holes <= size / 2 || holes <= GEN_HOLES_MAX)
+		return 0;
+	if (src->nfiles == 1)
+		return error_set(-EINVAL, "%s: a sparse file: %" PRIu64 " bytes long, of "
+			"which %" PRIu64 " are data on disk; its holes would be read into "
+			"memory as zeros; write it out whole (`cp --sparse=never`)",
+			worst->path, size, size - holes);
+	return error_set(-EINVAL, "%s and %zu more: sparse files: %" PRIu64 " bytes long in "
+		"all, of which %" PRIu64 " are data on disk; their holes would be read into "
+		"memory as zeros; write them out whole (`cp --sparse=never`)",
+		worst->path, src->nfiles - 1, size, size - holes);
 }
 
 void

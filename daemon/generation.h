@@ -378,13 +378,14 @@ void gen_residency_checked(struct registry *r, struct generation *g, uint64_t re
  */
 int gen_open_served(const struct model_source *src, int **out);
 
-/* How much of a model file may be holes: more than this and more than half
- * of the file is refused (gen_check_holes). */
+/* How much of a model's files may be holes, all of them together: more
+ * than this and more than half of their bytes is refused (gen_check_holes). */
 #define GEN_HOLES_MAX (64u << 20) /* 64 MiB */
 
 /*
- * Refuses a model whose files are sparse: one with holes (SEEK_HOLE) of
- * more than half of it and more than GEN_HOLES_MAX (review rev173 F3). A
+ * Refuses a model whose files are sparse: holes (SEEK_HOLE) of more than
+ * half of their bytes and more than GEN_HOLES_MAX, summed over the model's
+ * files (review rev173 F3; rev177 E: per file, many shards passed). A
  * hole costs its writer no disk, yet warming reads it into the page cache
  * as zeros, which the residency check warms again after pressure: a 4 KiB
  * file that claims 3 GiB took 3 GiB of every other model's memory. Not

@@ -160,10 +160,10 @@ def test_a_deployer_swaps_her_versions_and_removes_the_old_one_at_once(tmp_path)
         assert "now resolves into" not in d.read_log(), d.read_log()
 
 
-def sparse_model(path, size):
-    """A safetensors file of one U8 tensor of size bytes, all of them a hole
-    (written as `truncate -s` makes it): a few bytes on disk."""
-    header = json.dumps({"t": {"dtype": "U8", "shape": [size], "data_offsets": [0, size]}})
+def sparse_model(path, size, name="t"):
+    """A safetensors file of one U8 tensor (name) of size bytes, all of them
+    a hole (written as `truncate -s` makes it): a few bytes on disk."""
+    header = json.dumps({name: {"dtype": "U8", "shape": [size], "data_offsets": [0, size]}})
     header += " " * (-len(header) % 8)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(header)) + header.encode())
@@ -192,6 +192,31 @@ def test_a_sparse_model_file_is_refused(tmp_path):
         os.rename(os.path.join(alice, "next.safetensors"),
                   os.path.join(alice, "model.safetensors"))
         d.wait_for_log(r'model "alice": generation 2 is current')
+
+
+def test_many_shards_each_under_the_bound_add_up(tmp_path):
+    """rev177 E: the bound applied per file, so six shards of 48 MiB holes
+    each (a few KiB on disk) loaded and warmed 288 MiB of zeros. The holes
+    of all the model's files count together now: refused at start with one
+    line, the model not served."""
+    many = tmp_path / "many"
+    os.makedirs(many)
+    weight_map = {}
+    for i in range(6):
+        name = "model-%05d-of-00006.safetensors" % (i + 1)
+        sparse_model(str(many / name), 48 << 20, "t%d" % i)
+        weight_map["t%d" % i] = name
+    with open(many / "model.safetensors.index.json", "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f)
+    d = Daemon(tmp_path, {"many": str(many)}).start()
+    try:
+        _, line = d.wait_for_log(r'model "many": .*sparse files')
+        assert "and 5 more: sparse files: %d bytes long in all" % sum(
+            os.stat(many / n).st_size for n in set(weight_map.values())) in line, line
+        assert "cp --sparse=never" in line, line
+        assert "generation 1 warm" not in d.read_log()
+    finally:
+        assert d.stop() == 0, d.read_log()
 
 
 def generation_lines(d):
