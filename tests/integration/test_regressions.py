@@ -448,12 +448,15 @@ def test_pin_of_evicted_model_does_not_stall_attaches(start, big_model):
         reply = c.reply()
         assert reply["ok"] is True, reply
         # The old code answered the first attach only when the pin ended:
-        # its worst was the rest of the pin. The bound is a third of that
-        # (100 ms at least), so a loaded machine's slow attach is not taken
-        # for a stall.
+        # its worst was the rest of the pin, and one or two attaches were
+        # all that ran before it was applied. The fixed one answers
+        # hundreds meanwhile (569 in a CI run where one of them took 146 ms
+        # of a 380 ms pin), so many attaches pass, whatever their worst;
+        # with few, the worst must be under a third of the pin (100 ms at
+        # least).
         worst = max(latencies)
         rest = (pinned_at[0] if pinned_at else time.monotonic()) - first
-        assert worst < max(0.1, rest / 3), (
+        assert len(latencies) >= 20 or worst < max(0.1, rest / 3), (
             f"an attach took {1000 * worst:.0f} ms while pin ran for {1000 * rest:.0f} ms "
             f"more ({len(latencies)} attaches)")
         m = model_entry(d, "big")
