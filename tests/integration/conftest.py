@@ -12,7 +12,7 @@ import pytest
 sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
 # as_user, connectable, open_to and wait_until are the test files' too (from conftest import ...)
 from wcached import (Wcached, as_user, build_binary, build_dir, connectable,  # noqa: E402,F401
-                     left_running, open_to, parse_user, wait_until)
+                     open_to, parse_user, pytest_sessionfinish, wait_until)
 
 BUILD = build_dir()
 BIN = os.path.join(BUILD, "bin")
@@ -131,12 +131,3 @@ def daemon(tmp_path, model):
     yield d
     status = d.stop()
     assert status == 0, f"wcached exited with {status}:\n{d.read_log()}"
-
-
-def pytest_sessionfinish(session, exitstatus):
-    """A daemon a test started and did not stop fails the run (killed now)."""
-    left = left_running()
-    if left:
-        sys.stderr.write("\nwcached left running by a test, killed at the session's end: "
-                         + ", ".join(left) + "\n")
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED

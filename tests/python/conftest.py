@@ -1,10 +1,8 @@
 """Fixtures of the Python package's tests (helpers are in pyhelpers.py)."""
-import sys
-
 import pytest
 
 from pyhelpers import Daemon, mkmodel
-from wcached import left_running
+from wcached import pytest_sessionfinish  # noqa: F401 (the hook)
 
 
 @pytest.fixture
@@ -51,12 +49,3 @@ def cpu_device(monkeypatch):
     monkeypatch.setattr(_device, "SMALL_COPY", 0)
     monkeypatch.setattr(_device.to_device, "__defaults__", (None, None, 0))
     return made
-
-
-def pytest_sessionfinish(session, exitstatus):
-    """A daemon a test started and did not stop fails the run (killed now)."""
-    left = left_running()
-    if left:
-        sys.stderr.write("\nwcached left running by a test, killed at the session's end: "
-                         + ", ".join(left) + "\n")
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -19,6 +19,7 @@ import resource
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -258,3 +259,14 @@ def left_running():
             left.append(d.conf)
     _started.clear()
     return left
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The pytest hook both test suites' conftest.py import: a daemon a test
+    started and did not stop fails the run (left_running() kills it)."""
+    import pytest
+    left = left_running()
+    if left:
+        sys.stderr.write("\nwcached left running by a test, killed at the session's end: "
+                         + ", ".join(left) + "\n")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
