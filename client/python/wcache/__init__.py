@@ -40,5 +40,5 @@ __all__ = [
     "Client", "Model", "TensorInfo", "connect", "open_file", "open_model", "safe_open",
     "default_socket", "library_path", "WcacheError", "DaemonUnavailable", "ModelNotFound",
     "LibraryNotFound", "NoSuchFile", "CannotOpenFile", "SafetensorError", "TensorSpec", "serialize",
-    "serialize_file", "deserialize", "install", "uninstall", "derived",
+    "serialize_file", "deserialize", "install", "uninstall", "derived", "_safe_open_handle",
 ]
