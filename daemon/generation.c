@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -340,74 +341,180 @@ gen_open_served(const struct model_source *src, int **out)
 	return 0;
 }
 
-/* The bytes of fd's first end that are holes (holes_of). */
-static uint64_t
-count_holes(int fd, off_t end)
-{
-	off_t off = 0, data;
-	uint64_t holes = 0;
+/*
+ * The walk of a model's holes (gen_check_holes): its files' bytes in all
+ * (their sizes at open), and the holes and the data counted so far.
+ */
+struct holes_walk {
+	uint64_t size;
+	uint64_t holes;
+	uint64_t data;
+};
 
-	while (off < end) {
-		if ((data = lseek(fd, off, SEEK_DATA)) == -1 && errno != ENXIO)
-			break;
-		if (data == -1 || data > end)
-			data = end; /* ENXIO: a hole up to the end */
-		holes += (uint64_t)(data - off);
-		if (data == end || (off = lseek(fd, data, SEEK_HOLE)) == -1)
-			break;
-	}
-	return holes;
+/* holes of size bytes: more than half of them and more than GEN_HOLES_MAX? */
+static bool
+holes_over_bound(uint64_t holes, uint64_t size)
+{
+	return holes > size / 2 && holes > GEN_HOLES_MAX;
 }
 
 /*
- * The bytes of f that are holes, by SEEK_DATA and SEEK_HOLE on wcached's
- * own descriptor (workers get the reopened one), whose offset is put back
- * after. A filesystem that cannot tell reports the whole file as data (the
- * kernel's default), and an error ends the count there. One pair of calls
- * per extent of data: their number is bounded by the blocks the file
- * really has on disk.
+ * w's verdict, as soon as it is known: 1 refused (the holes counted pass
+ * the bound), 0 accepted (what is not counted as data yet could not pass
+ * it, were it all holes), -1 not known yet. The walk stops at the first
+ * two (rev177 H): a file of millions of extents costs no more calls than
+ * it takes to tell.
  */
-static uint64_t
-holes_of(const struct wc_file *f)
+static int
+holes_verdict(const struct holes_walk *w)
+{
+	if (holes_over_bound(w->holes, w->size))
+		return 1;
+	return holes_over_bound(w->size - w->data, w->size) ? -1 : 0;
+}
+
+/* lseek, tried again when a signal interrupted it (a FUSE or NFS request). */
+static off_t
+seek_again(int fd, off_t off, int whence)
+{
+	off_t r;
+
+	do
+		r = lseek(fd, off, whence);
+	while (r == -1 && errno == EINTR);
+	return r;
+}
+
+/*
+ * SEEK_DATA or SEEK_HOLE (whence) at off on f found its end: -EIO with
+ * the message when f is shorter than at its open (truncated while read:
+ * rev177 H, it was counted as holes up to its old size and refused as
+ * sparse, with `cp --sparse=never` for a remedy), else 0.
+ */
+static int
+shrank(const struct wc_file *f)
+{
+	struct stat st;
+
+	if (fstat(f->fd, &st) == -1 || st.st_size < 0 || (uint64_t)st.st_size >= f->size)
+		return 0;
+	return error_set(-EIO, "%s: file shrank while being read: %" PRIu64 " bytes when opened, "
+		"%lld now", f->path, f->size, (long long)st.st_size);
+}
+
+/*
+ * lseek whence at off on f failed otherwise (errno: EIO or ESTALE from a
+ * network filesystem, a FUSE server's own error): the rest of f, from off
+ * to end, is taken as data, with one line. This fails open on purpose.
+ * The check only guards the page cache, while refusing would cost the
+ * model its load for one failed call on a flaky server: a first load
+ * unserved until its path changes, a warm restart's generation dropped
+ * and every byte read again from that same server. A real read error
+ * fails the load or the warm-up that follows, with its own line. And no
+ * one gains by making lseek fail: on NFS a tenant does not choose the
+ * server's errors, and a FUSE server that could serves zeros from no disk
+ * whatever SEEK_DATA says.
+ */
+static void
+seek_failed(const struct wc_file *f, const char *whence, off_t off, off_t end,
+	struct holes_walk *w)
+{
+	log_warnx("%s: %s at byte %lld: %s; the sparse-file check takes the rest of it as data",
+		f->path, whence, (long long)off, strerror(errno));
+	w->data += (uint64_t)(end - off);
+}
+
+/*
+ * Adds the holes and the data of f's first f->size bytes (its size at
+ * open; data past it, had it grown, is not counted) to w, from SEEK_DATA
+ * and SEEK_HOLE on wcached's own descriptor (workers get the reopened
+ * one), until the end or w's verdict. One pair of calls per extent of
+ * data: their number is bounded by the blocks the file really has on
+ * disk. A filesystem that cannot tell reports the whole file as data (the
+ * kernel's default). 0, or -EIO when f shrank (shrank()).
+ */
+static int
+count_holes(const struct wc_file *f, struct holes_walk *w)
+{
+	off_t end = (off_t)f->size, off = 0, data, hole;
+
+	while (off < end && holes_verdict(w) < 0) {
+		if ((data = seek_again(f->fd, off, SEEK_DATA)) == -1) {
+			if (errno != ENXIO) {
+				seek_failed(f, "SEEK_DATA", off, end, w);
+				return 0;
+			}
+			if (shrank(f) < 0)
+				return -EIO;
+			data = end; /* ENXIO: a hole up to the end */
+		}
+		if (data > end)
+			data = end;
+		w->holes += (uint64_t)(data - off);
+		if (data == end || holes_verdict(w) >= 0)
+			return 0;
+		if ((hole = seek_again(f->fd, data, SEEK_HOLE)) == -1) {
+			if (errno == ENXIO && shrank(f) < 0)
+				return -EIO;
+			seek_failed(f, "SEEK_HOLE", data, end, w);
+			return 0;
+		}
+		if (hole > end)
+			hole = end;
+		if (hole > data)
+			w->data += (uint64_t)(hole - data);
+		off = hole;
+	}
+	return 0;
+}
+
+/* count_holes() of f, whose offset is put back after. */
+static int
+holes_of(const struct wc_file *f, struct holes_walk *w)
 {
 	off_t was = lseek(f->fd, 0, SEEK_CUR);
-	uint64_t holes = f->size > 0 && was >= 0 ? count_holes(f->fd, (off_t)f->size) : 0;
+	int err = f->size > 0 ? count_holes(f, w) : 0;
 
 	if (was >= 0)
 		lseek(f->fd, was, SEEK_SET);
-	return holes;
+	return err;
 }
 
 int
 gen_check_holes(const struct model_source *src)
 {
-	uint64_t holes = 0, size = 0, most = 0;
+	struct holes_walk w = { 0 };
+	uint64_t most = 0;
 	const struct wc_file *worst = NULL;
+	int err;
 
 	/* Over the whole model: many shards each under the bound add up
 	 * (review rev177 E: six 64 MiB holes warmed 384 MiB of zeros). */
-	for (size_t i = 0; i < src->nfiles; i++) {
+	for (size_t i = 0; i < src->nfiles; i++)
+		w.size += src->files[i].size;
+	for (size_t i = 0; i < src->nfiles && holes_verdict(&w) < 0; i++) {
 		const struct wc_file *f = &src->files[i];
-		uint64_t h = holes_of(f);
+		uint64_t before = w.holes;
 
-		holes += h;
-		size += f->size;
-		if (worst == NULL || h > most) {
+		if ((err = holes_of(f, &w)) < 0)
+			return err;
+		if (worst == NULL || w.holes - before > most) {
 			worst = f;
-			most = h;
+			most = w.holes - before;
 		}
 	}
-	if (worst == NULL || holes <= size / 2 || holes <= GEN_HOLES_MAX)
+	if (worst == NULL || holes_verdict(&w) != 1)
 		return 0;
+	/* The walk stopped once they passed the bound: at least that many. */
 	if (src->nfiles == 1)
-		return error_set(-EINVAL, "%s: a sparse file: %" PRIu64 " bytes long, of "
-			"which %" PRIu64 " are data on disk; its holes would be read into "
-			"memory as zeros; write it out whole (`cp --sparse=never`)",
-			worst->path, size, size - holes);
+		return error_set(-EINVAL, "%s: a sparse file: %" PRIu64 " bytes long, at least "
+			"%" PRIu64 " of them holes (no data on disk), which warming would read "
+			"into memory as zeros; write it out whole (`cp --sparse=never`)",
+			worst->path, w.size, w.holes);
 	return error_set(-EINVAL, "%s and %zu more: sparse files: %" PRIu64 " bytes long in "
-		"all, of which %" PRIu64 " are data on disk; their holes would be read into "
-		"memory as zeros; write them out whole (`cp --sparse=never`)",
-		worst->path, src->nfiles - 1, size, size - holes);
+		"all, at least %" PRIu64 " of them holes (no data on disk), which warming would "
+		"read into memory as zeros; write them out whole (`cp --sparse=never`)",
+		worst->path, src->nfiles - 1, w.size, w.holes);
 }
 
 void

@@ -391,9 +391,13 @@ int gen_open_served(const struct model_source *src, int **out);
  * file that claims 3 GiB took 3 GiB of every other model's memory. Not
  * st_blocks: compressed filesystems (ZFS, btrfs) report fewer blocks than
  * the size of honest files; ZFS with compression on turns all-zero records
- * into holes, which a real checkpoint has far less than half of. 0, or
- * -EINVAL with the message (the file, its size, its data, what to do).
- * Work queue thread: lseek walks the file's extents.
+ * into holes, which a real checkpoint has far less than half of. The
+ * walk stops once the verdict is known (rev177 H). 0, -EINVAL with the
+ * message (the file, its size, the holes counted, what to do), or -EIO
+ * when a file shrank since it was opened. An lseek error other than
+ * EINTR (tried again) fails open with one line: that file's rest counts
+ * as data (generation.c's seek_failed says why). Work queue thread: lseek
+ * walks the files' extents.
  */
 int gen_check_holes(const struct model_source *src);
 

@@ -13,9 +13,12 @@
  * (pread is not wrapped: the format parsers read headers with it, and a
  * load must get as far as warming);
  * madvise fails when asked, so mapping every page (populate) fails;
- * stat counts the calls on one path, so a test sees how often it is read.
+ * stat counts the calls on one path, so a test sees how often it is read;
+ * lseek counts the SEEK_DATA and SEEK_HOLE calls of the sparse-file check
+ * on two descriptors, and fails the next ones with an errno when asked.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -31,6 +34,7 @@
 
 #include <cmocka.h>
 
+#include "base/error.h"
 #include "base/path.h"
 #include "daemonutil.h"
 #include "metrics.h"
@@ -82,11 +86,41 @@ __wrap_madvise(void *addr, size_t len, int advice)
 	return __real_madvise(addr, len, advice);
 }
 
+/* The sparse-file check's walk (gen_check_holes): the SEEK_DATA and
+ * SEEK_HOLE calls on seek_fds[i] are counted in seeks[i]; the next
+ * fail_seeks of those on seek_fds[0] fail with seek_errno. The check runs
+ * on the test's thread here. */
+static int seek_fds[2] = { -1, -1 };
+static unsigned seeks[2];
+static int fail_seeks, seek_errno;
+
+off_t __real_lseek(int fd, off_t off, int whence);
+off_t __wrap_lseek(int fd, off_t off, int whence);
+
+off_t
+__wrap_lseek(int fd, off_t off, int whence)
+{
+	if (whence == SEEK_DATA || whence == SEEK_HOLE)
+		for (int i = 0; i < 2; i++)
+			if (fd >= 0 && fd == seek_fds[i]) {
+				seeks[i]++;
+				if (i == 0 && fail_seeks > 0) {
+					fail_seeks--;
+					errno = seek_errno;
+					return -1;
+				}
+			}
+	return __real_lseek(fd, off, whence);
+}
+
 static int
 setup(void **state)
 {
 	atomic_store(&fail_reads, 0);
 	atomic_store(&fail_populate, 0);
+	seek_fds[0] = seek_fds[1] = -1;
+	seeks[0] = seeks[1] = 0;
+	fail_seeks = 0;
 	*state = du_new(true);
 	return 0;
 }
@@ -1147,6 +1181,175 @@ test_resolved_path(void **state)
 	tu_rmtree(tmp);
 }
 
+/* ---- the sparse-file check (gen_check_holes) ---- */
+
+/*
+ * A file name in t's directory of size bytes: data (0xab) at each of the
+ * n runs [at, at + len) ({ at, len } pairs), holes elsewhere (as ftruncate
+ * leaves them). Opened read-only into *f as a load has it: its size and
+ * stat at open (no mapping: the check does not read one). Free with
+ * holes_close().
+ */
+static void
+holes_file(struct du *t, const char *name, uint64_t size, const uint64_t (*runs)[2], size_t n,
+	struct wc_file *f)
+{
+	static char buf[1 << 20];
+	char *path = path_join(t->dir, name);
+	int fd;
+
+	assert_non_null(path);
+	memset(buf, 0xab, sizeof(buf));
+	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	assert_true(fd >= 0);
+	for (size_t i = 0; i < n; i++)
+		for (uint64_t done = 0; done < runs[i][1];) {
+			size_t len = runs[i][1] - done < sizeof(buf) ? (size_t)(runs[i][1] - done) :
+								      sizeof(buf);
+
+			assert_int_equal(pwrite(fd, buf, len, (off_t)(runs[i][0] + done)),
+				(ssize_t)len);
+			done += len;
+		}
+	assert_int_equal(ftruncate(fd, (off_t)size), 0);
+	assert_int_equal(fsync(fd), 0);
+	close(fd);
+	*f = (struct wc_file){ .fd = open(path, O_RDONLY | O_CLOEXEC), .size = size,
+		.path = path };
+	assert_true(f->fd >= 0);
+	assert_int_equal(fstat(f->fd, &f->st), 0);
+}
+
+static void
+holes_close(struct wc_file *f, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		close(f[i].fd);
+		free(f[i].path);
+	}
+}
+
+/*
+ * rev177 H: the walk stops once the verdict is known. A file of 4 KiB of
+ * data, a 200 MiB hole, then 200 islands of 4 KiB between 4 KiB holes is
+ * refused after its first hole (three calls), and the model's next file is
+ * not walked; before, every island took two calls and the next file was
+ * walked too. And a model whose first file, 40 MiB of data, leaves too few
+ * bytes for its holes to reach the bound (60 MiB of holes could follow:
+ * not over 64 MiB) is accepted without walking its second file.
+ */
+static void
+test_holes_walk_stops_at_the_verdict(void **state)
+{
+	struct du *t = *state;
+	uint64_t islands[201][2] = { { 0, 4096 } };
+	uint64_t data[1][2] = { { 0, 40u << 20 } };
+	struct wc_file f[2];
+	struct model_source src = { .files = f, .nfiles = 2 };
+
+	for (size_t i = 1; i < 201; i++) {
+		islands[i][0] = (200u << 20) + (i - 1) * 8192;
+		islands[i][1] = 4096;
+	}
+	holes_file(t, "islands.safetensors", (200u << 20) + 200 * 8192, islands, 201, &f[0]);
+	holes_file(t, "next.safetensors", 8u << 20, NULL, 0, &f[1]);
+	seek_fds[0] = f[0].fd;
+	seek_fds[1] = f[1].fd;
+	assert_int_equal(gen_check_holes(&src), -EINVAL);
+	assert_non_null(strstr(error_get(), "islands.safetensors and 1 more: sparse files"));
+	assert_in_range(seeks[0], 1, 4);
+	assert_int_equal(seeks[1], 0);
+	holes_close(f, 2);
+
+	holes_file(t, "data.safetensors", 40u << 20, data, 1, &f[0]);
+	holes_file(t, "holes.safetensors", 60u << 20, NULL, 0, &f[1]);
+	seek_fds[0] = f[0].fd;
+	seek_fds[1] = f[1].fd;
+	seeks[0] = seeks[1] = 0;
+	assert_int_equal(gen_check_holes(&src), 0);
+	assert_true(seeks[0] > 0);
+	assert_int_equal(seeks[1], 0);
+	holes_close(f, 2);
+}
+
+/*
+ * rev177 H: a file that shrank after it was opened (its size at open,
+ * 256 MiB with 4 KiB of data, is larger than now) is a file changed while
+ * read, not a sparse one: SEEK_DATA's ENXIO past its new end was counted
+ * as holes up to the size at open, and the load told its writer to write
+ * it out whole (`cp --sparse=never`).
+ */
+static void
+test_holes_of_a_file_that_shrank(void **state)
+{
+	struct du *t = *state;
+	uint64_t head[1][2] = { { 0, 4096 } };
+	struct wc_file f;
+	struct model_source src = { .files = &f, .nfiles = 1 };
+
+	holes_file(t, "s.safetensors", 256u << 20, head, 1, &f);
+	assert_int_equal(truncate(f.path, 8192), 0);
+	assert_int_equal(gen_check_holes(&src), -EIO);
+	assert_non_null(strstr(error_get(), "s.safetensors: file shrank while being read: "
+		"268435456 bytes when opened, 8192 now"));
+	holes_close(&f, 1);
+}
+
+/* A file of 256 MiB, 4 KiB of data and then a hole, opened into *f, whose
+ * next n SEEK_DATA or SEEK_HOLE calls fail with err. */
+static void
+holes_failing(struct du *t, struct wc_file *f, int err, int n)
+{
+	uint64_t head[1][2] = { { 0, 4096 } };
+
+	holes_file(t, "h.safetensors", 256u << 20, head, 1, f);
+	seek_fds[0] = f->fd;
+	seek_errno = err;
+	fail_seeks = n;
+}
+
+/*
+ * rev177 H: an lseek interrupted by a signal (EINTR, as a FUSE or NFS
+ * request can be) is tried again: it ended the count with no holes, and
+ * a 256 MiB file of 4 KiB of data was accepted.
+ */
+static void
+test_holes_seek_interrupted(void **state)
+{
+	struct wc_file f;
+	struct model_source src = { .files = &f, .nfiles = 1 };
+
+	holes_failing(*state, &f, EINTR, 2);
+	assert_int_equal(gen_check_holes(&src), -EINVAL);
+	assert_non_null(strstr(error_get(), "h.safetensors: a sparse file: 268435456 bytes long"));
+	assert_int_equal(fail_seeks, 0);
+	holes_close(&f, 1);
+}
+
+/*
+ * rev177 H: any other lseek error (EIO from a network filesystem) fails
+ * open on purpose (generation.c's seek_failed says why), and now says
+ * so: the file's bytes past it are taken as data, with one line naming
+ * the file, the offset and the error. Before, the count ended silently.
+ */
+static void
+test_holes_seek_failed_fails_open(void **state)
+{
+	struct du *t = *state;
+	struct wc_file f;
+	struct model_source src = { .files = &f, .nfiles = 1 };
+	char *log;
+
+	holes_failing(t, &f, EIO, 1);
+	du_log_start(t);
+	assert_int_equal(gen_check_holes(&src), 0);
+	log = du_log_stop(t);
+	assert_int_equal(seeks[0], 1);
+	assert_logged(log, "h.safetensors: SEEK_DATA at byte 0: Input/output error");
+	free(log);
+	holes_close(&f, 1);
+}
+
 int
 main(void)
 {
@@ -1184,6 +1387,12 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_residency_cached, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_populate_fails, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_close_while_warming, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_holes_walk_stops_at_the_verdict, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_holes_of_a_file_that_shrank, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_holes_seek_interrupted, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_holes_seek_failed_fails_open, setup,
+			teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
