@@ -397,7 +397,8 @@ int gen_open_served(const struct model_source *src, int **out);
  * when a file shrank since it was opened. An lseek error other than
  * EINTR (tried again) fails open with one line: that file's rest counts
  * as data (generation.c's seek_failed says why). Work queue thread: lseek
- * walks the files' extents.
+ * walks the files' extents. The load and the warm restart's check of a
+ * stored generation (restore_check.c) call it.
  */
 int gen_check_holes(const struct model_source *src);
 

@@ -4,9 +4,10 @@
  * size, mtime and ctime the description gives, open read-only, named by a
  * plain name in the index, and still be what the configured path names (a
  * current generation); a staged copy's origin must still be the file it
- * was copied from, unchanged (its ctime too). Those are stat calls on the
- * model's filesystem, and on a network filesystem whose server hangs they
- * block until it answers: so they run on the work queue (workq.h), never
+ * was copied from, unchanged (its ctime too); and its files must not be
+ * mostly holes, as a load checks (gen_check_holes). Those are stat and
+ * lseek calls on the model's filesystem, and on a network filesystem
+ * whose server hangs they block until it answers: so they run on the work queue (workq.h), never
  * on the event loop, and a model on a hung server waits there while every
  * other one serves (restore_job.c).
  */
@@ -399,6 +400,11 @@ restore_check_generation(struct restore_prepared *p, const char *path, const cha
 			err = error_set(-EINVAL, "some of its files are staged copies, some not");
 	if (err == 0 && g->nfiles == 0)
 		err = error_set(-EINVAL, "it has no files");
+	/* The sparse-file check a load makes (rev177 I): a wcached from
+	 * before it (6089f8a) may have loaded and stored a model mostly
+	 * holes, which would serve on, warmed as zeros. */
+	if (err == 0)
+		err = gen_check_holes(&p->src);
 	if (err == 0 && (err = gen_open_served(&p->src, &p->served)) == 0)
 		err = note_filesystem(p, stage_dir);
 out:

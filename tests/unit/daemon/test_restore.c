@@ -8,7 +8,8 @@
  * and a second registry restores from it (restore_model, restore_started)
  * on its loop. The artifact's reader, source_open_fd, is wrapped (--wrap)
  * to see which thread runs it; unlinkat, to stop wcached while the staged
- * copy of a generation not restored is removed. Real files in /tmp, real
+ * copy of a generation not restored is removed; gen_check_holes, to be a
+ * previous process without the sparse-file check. Real files in /tmp, real
  * memfds, a real libuv loop.
  */
 #include <errno.h>
@@ -108,6 +109,22 @@ __wrap_fstype_of_dev(const char *mountinfo, dev_t dev, struct fs_info *out)
 	return __real_fstype_of_dev(mountinfo, dev, out);
 }
 
+int __real_gen_check_holes(const struct model_source *src);
+int __wrap_gen_check_holes(const struct model_source *src);
+
+/* When set, the sparse-file check passes every model, as a wcached from
+ * before it (6089f8a) did: the previous process of a test loads and
+ * stores a sparse model. Its load runs the check on the work queue. */
+static int no_hole_check;
+
+int
+__wrap_gen_check_holes(const struct model_source *src)
+{
+	if (__atomic_load_n(&no_hole_check, __ATOMIC_SEQ_CST))
+		return 0;
+	return __real_gen_check_holes(src);
+}
+
 /* Nobody waits for a build here. */
 static const struct derive_hooks no_hooks;
 
@@ -117,6 +134,7 @@ struct fixture {
 	char *file;                  /* its file */
 	char *stage_dir;             /* dir/staged, for a model that stages, else NULL */
 	int sparse;                  /* the artifact's memfd has a hole (artifact_memfd) */
+	int no_artifact;             /* the previous process lists no derived artifact */
 	struct su_manager m;
 	struct du t;                 /* the second process's registry */
 	struct derive_table derive;  /* and its derived artifacts */
@@ -181,19 +199,22 @@ previous_process(struct fixture *f)
 	stored_setup(&t, -1);
 	assert_int_equal(derive_init(&derive, &t.reg, &no_hooks), 0);
 	assert_int_equal(du_load(&t, "m", f->path, PIN_METADATA, 0), 0);
-	assert_int_equal(source_open_fd(artifact_memfd(f->file, f->sparse), "m derived k", &src),
-		0);
-	len = src.index_len;
-	assert_int_equal(gen_seal_index(src.index, len, &ifd, &map), 0);
-	munmap((void *)map, len);
-	assert_int_equal(restore_adopt_artifact(&t.reg, registry_find(&t.reg, "m"),
-		&(struct derive_stored){ .key = "k", .source = 1, .builder_uid = getuid(),
-			.builder_pid = getpid() }, &src, ifd, len, &g), 0);
+	if (!f->no_artifact) {
+		assert_int_equal(source_open_fd(artifact_memfd(f->file, f->sparse),
+			"m derived k", &src), 0);
+		len = src.index_len;
+		assert_int_equal(gen_seal_index(src.index, len, &ifd, &map), 0);
+		munmap((void *)map, len);
+		assert_int_equal(restore_adopt_artifact(&t.reg, registry_find(&t.reg, "m"),
+			&(struct derive_stored){ .key = "k", .source = 1,
+				.builder_uid = getuid(), .builder_pid = getpid() }, &src, ifd,
+			len, &g), 0);
+	}
 	restore_sync(&t.reg);
 	su_manager_read(&f->m);
 	assert_int_equal(su_received(&f->m, 0, 1, FDSTORE_NAME_DESC), 1);
 	assert_true(fdstore_name_artifact(name, sizeof(name), 1, 1) > 0);
-	assert_int_equal(su_received(&f->m, 0, 1, name), 1);
+	assert_int_equal(su_received(&f->m, 0, 1, name), f->no_artifact ? 0 : 1);
 	derive_close(&derive);
 	du_teardown(&t);
 	memset(&restore_state, 0, sizeof(restore_state));
@@ -305,6 +326,38 @@ setup_sparse(void **state)
 	return next_process(f, 6, state);
 }
 
+/*
+ * The previous process, a wcached without the sparse-file check, loaded
+ * and stored m, whose file is one U8 tensor of 80 MiB, all of it a hole
+ * (more than half of the file and more than GEN_HOLES_MAX); it listed no
+ * artifact.
+ */
+static int
+setup_sparse_model(void **state)
+{
+	struct fixture *f = new_fixture();
+	char header[128];
+	uint64_t len;
+	int fd;
+
+	len = (uint64_t)snprintf(header, sizeof(header),
+		"{\"t\":{\"dtype\":\"U8\",\"shape\":[%u],\"data_offsets\":[0,%u]}}", 80u << 20,
+		80u << 20);
+	while (len % 8 != 0)
+		header[len++] = ' ';
+	fd = open(f->file, O_WRONLY | O_TRUNC | O_CLOEXEC);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, &len, sizeof(len)), (ssize_t)sizeof(len)); /* little-endian */
+	assert_int_equal(write(fd, header, (size_t)len), (ssize_t)len);
+	assert_int_equal(ftruncate(fd, (off_t)(sizeof(len) + len + (80u << 20))), 0);
+	close(fd);
+	f->no_artifact = 1;
+	__atomic_store_n(&no_hole_check, 1, __ATOMIC_SEQ_CST);
+	previous_process(f);
+	__atomic_store_n(&no_hole_check, 0, __ATOMIC_SEQ_CST);
+	return next_process(f, 4, state);
+}
+
 /* m is the directory f->dir/model, which holds the file a.safetensors. */
 static int
 setup_dir(void **state)
@@ -381,19 +434,26 @@ count_k(const struct derive_stored *a, void *arg)
 	*(unsigned *)arg += strcmp(a->key, "k") == 0 && a->source == 1;
 }
 
-/* Restores m (restore_model) and runs the loop until it is served; returns
- * the log meanwhile (free it) and the number of its artifacts "k" listed. */
+/* Restores m (restore_model) and runs the loop until its check ends;
+ * returns the log meanwhile (free it). */
 static char *
-restore_served(struct fixture *f, unsigned *artifacts)
+restore_checked(struct fixture *f)
 {
-	char *log;
-
 	du_log_start(&f->t);
 	assert_int_equal(restore_model(f->s, &f->t.reg, "m", f->path, PIN_METADATA, 0, restored,
 		f), 1);
 	restore_started(f->s, &f->t.reg); /* s is restore.c's from now */
 	du_run_until(&f->t, is_done, f);
-	log = du_log_stop(&f->t);
+	return du_log_stop(&f->t);
+}
+
+/* Restores m (restore_checked) and sees it served; returns the log
+ * meanwhile (free it) and the number of its artifacts "k" listed. */
+static char *
+restore_served(struct fixture *f, unsigned *artifacts)
+{
+	char *log = restore_checked(f);
+
 	assert_int_equal(f->result, RESTORE_SERVED);
 	assert_non_null(strstr(log, "model \"m\": generation 1 restored from the file descriptor "
 		"store"));
@@ -680,12 +740,36 @@ test_directory_that_gained_a_second_file_loads_afresh(void **state)
 	free(log);
 }
 
+/*
+ * rev177 I: a generation that a wcached without the sparse-file check
+ * (before 6089f8a) loaded and stored came back from the store, and served
+ * on, its holes warmed (and warmed again by the residency check) as
+ * zeros. A warm restart checks it as a load does: not restored, one line
+ * naming the file, and the model loads from its path (which refuses it in
+ * turn). Before, it was restored.
+ */
+static void
+test_a_sparse_model_is_not_restored(void **state)
+{
+	struct fixture *f = *state;
+	char *log = restore_checked(f);
+
+	assert_int_equal(f->result, RESTORE_LOAD);
+	assert_non_null(strstr(log, "model \"m\": not restored: "));
+	assert_non_null(strstr(log, "a.safetensors: a sparse file: 83886160 bytes long, at "
+		"least "));
+	assert_null(strstr(log, "restored from the file descriptor store"));
+	free(log);
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_artifact_checked_off_the_loop, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(test_a_sparse_model_is_not_restored,
+			setup_sparse_model, teardown),
 		cmocka_unit_test_setup_teardown(test_a_sparse_artifact_is_not_taken_back,
 			setup_sparse, teardown),
 		cmocka_unit_test_setup_teardown(
