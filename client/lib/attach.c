@@ -30,7 +30,8 @@
  * instead (attach_release, wc_disconnect), which fork() never copies held;
  * nor does it take a parent's client's released_lock. The last of them
  * closes its copy of the connection only while that number is still the
- * socket (fd_is_ours): after closefrom() it may be the child's own.
+ * socket (request_close_fds): after closefrom() it may be the child's own;
+ * and a reconnect's new socket too, when fork() came during one.
  *
  * derive.c sends its requests (DERIVE, PUBLISH, ABANDON) through
  * request.c too, and keeps what it gets with attach_keep(). A record says
@@ -44,7 +45,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/error.h"
@@ -96,20 +96,6 @@ wc_connect(const char *socket_path, wc_client **out)
 	return wc_connect_timeout(socket_path, -1, out);
 }
 
-/* Whether c->fd is still c's connection, to be closed: not when it was
- * closed behind c's back (closefrom() in a child, EBADF) or its number
- * now names another file (the child's own connection, say). A connection
- * whose identity fstat could not take is closed by its number. */
-static int
-fd_is_ours(const wc_client *c)
-{
-	struct stat st;
-
-	if (!c->fd_known)
-		return 1;
-	return fstat(c->fd, &st) == 0 && st.st_dev == c->fd_dev && st.st_ino == c->fd_ino;
-}
-
 int
 wc_connect_timeout(const char *socket_path, int timeout_ms, wc_client **out)
 {
@@ -134,8 +120,7 @@ wc_connect_timeout(const char *socket_path, int timeout_ms, wc_client **out)
 		close(fd);
 		return error_set(-ENOMEM, "wc_connect: out of memory");
 	}
-	c->fd = fd;
-	request_note_fd(c);
+	request_first_fd(c, fd);
 	c->pid = request_self_pid();
 	c->timeout_ms = timeout_ms;
 	c->refs = 1;
@@ -277,8 +262,7 @@ attach_client_put(struct wc_client *c)
 		free(a);
 	}
 	attach_cache_clear(&c->cache);
-	if (fd_is_ours(c))
-		close(c->fd);
+	request_close_fds(c);
 	free(c->path);
 	free(c->where);
 	free(c);

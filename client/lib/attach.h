@@ -20,15 +20,27 @@
 #include "lib/wcache.h"
 #include "proto/wire.h"
 
+/* What a descriptor of a client's was when the client took it (fstat's
+ * st_dev and st_ino; known is 0 when fstat failed, and the number is then
+ * closed as it is), so that a number closefrom() took and the process
+ * reused is not closed as the client's (request_close_fds). */
+struct fd_identity {
+	dev_t dev;
+	ino_t ino;
+	int known;
+};
+
 struct wc_client {
 	int fd;               /* replaced by a reconnect (wc_client_fd() changes) */
 	uint64_t connection;  /* counts reconnects: which connection fd is */
-	/* fd's (st_dev, st_ino), taken at each connect and reconnect
-	 * (request_note_fd), so that a number closefrom() took and the
-	 * process reused is not closed as the connection (attach_client_put). */
-	dev_t fd_dev;
-	ino_t fd_ino;
-	int fd_known;
+	struct fd_identity fd_id; /* fd's, taken at each connect and reconnect */
+	/* A reconnect's new socket from its socket() until it replaces fd (-1
+	 * otherwise), with its identity: a child forked meanwhile closes it
+	 * too. fd, next_fd and their identities change only under request.c's
+	 * fd_lock, which fork() takes first, so that a child gets all of a
+	 * change or none of it (request.c, "Descriptors across fork()"). */
+	int next_fd;
+	struct fd_identity next_id;
 	pid_t pid;            /* the process that connected */
 	uint32_t seq;
 	int timeout_ms;       /* 0: wait forever */

@@ -321,13 +321,151 @@ connect_retrying(int fd, const struct sockaddr_un *sa, int ms, const struct time
 	return shrunk ? set_timeout(fd, SO_SNDTIMEO, ms) : 0;
 }
 
+/* ---- descriptors across fork() ---- */
+
+/*
+ * A child forked by another thread of its parent lets the parent's client
+ * go by closing its copies of the parent's sockets (request_close_fds), so
+ * that wcached sees the parent's connection end when the parent's end
+ * does. It closes what c->fd and c->next_fd name, each only while it is
+ * still the socket its identity says (attach.h, fd_identity). A reconnect
+ * changes these in steps (socket(), the new socket in c->next_fd; the old
+ * one closed; the new one into c->fd) and each step is made under
+ * fd_lock, which fork() takes first (pthread_atfork) and gives back in
+ * both processes: a child's copy of the client holds each step whole or
+ * not at all, so every socket the child inherited is named by one of them
+ * with its own identity, or by none only when it is already closed (review
+ * rev177 G: c->fd was once set before its identity, and a child forked in
+ * between kept the new socket open). The mutex orders the stores as well:
+ * the unlock after a step happens before the forking thread's lock in the
+ * prepare handler, and fork() copies the memory in that thread. Nothing
+ * is taken under fd_lock, and it is never taken under another lock of
+ * libwcache's but the client's own (clients_lock is never held around it).
+ */
+static pthread_mutex_t fd_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t fd_lock_once = PTHREAD_ONCE_INIT;
+
+static void
+fd_lock_take(void)
+{
+	pthread_mutex_lock(&fd_lock);
+}
+
+static void
+fd_lock_give(void)
+{
+	pthread_mutex_unlock(&fd_lock);
+}
+
+static void
+fd_lock_atfork(void)
+{
+	(void)pthread_atfork(fd_lock_take, fd_lock_give, fd_lock_give);
+}
+
+static struct fd_identity
+identity_of(int fd)
+{
+	struct fd_identity id = { 0 };
+	struct stat st;
+
+	if (fstat(fd, &st) == 0)
+		id = (struct fd_identity){ .dev = st.st_dev, .ino = st.st_ino, .known = 1 };
+	return id;
+}
+
+/* Whether fd is still the file id says, to be closed: not when it was
+ * closed behind c's back (closefrom() in a child, EBADF) or its number
+ * now names another file (the child's own connection, say). A descriptor
+ * whose identity fstat could not take is closed by its number. */
+static int
+is_still(int fd, const struct fd_identity *id)
+{
+	struct stat st;
+
+	if (!id->known)
+		return 1;
+	return fstat(fd, &st) == 0 && st.st_dev == id->dev && st.st_ino == id->ino;
+}
+
+void
+request_first_fd(wc_client *c, int fd)
+{
+	c->fd = fd;
+	c->fd_id = identity_of(fd);
+	c->next_fd = -1;
+}
+
+void
+request_close_fds(wc_client *c)
+{
+	if (is_still(c->fd, &c->fd_id))
+		close(c->fd);
+	if (c->next_fd >= 0 && is_still(c->next_fd, &c->next_id))
+		close(c->next_fd);
+}
+
+/* A socket for path's connection into *out; with c, a reconnect's: made
+ * c->next_fd with its identity in the same step. -errno with the message. */
+static int
+open_socket(wc_client *c, int *out)
+{
+	int fd, e;
+
+	if (c != NULL) {
+		pthread_once(&fd_lock_once, fd_lock_atfork);
+		pthread_mutex_lock(&fd_lock);
+	}
+	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	e = errno;
+	if (c != NULL) {
+		if (fd >= 0) {
+			c->next_id = identity_of(fd);
+			c->next_fd = fd;
+		}
+		pthread_mutex_unlock(&fd_lock);
+	}
+	if (fd == -1)
+		return error_set(-e, "socket: %s", strerror(e));
+	*out = fd;
+	return 0;
+}
+
+/* Closes fd, which open_socket() made c->next_fd (c may be NULL), after a
+ * failure to connect it: closed first, so that a child forked in between
+ * finds the number closed (or another file), never a copy nothing names. */
+static void
+close_socket(wc_client *c, int fd)
+{
+	close(fd);
+	if (c != NULL) {
+		pthread_mutex_lock(&fd_lock);
+		c->next_fd = -1;
+		pthread_mutex_unlock(&fd_lock);
+	}
+}
+
+/* c's new connection, c->next_fd, replaces c->fd, which is closed first
+ * (see above). */
+static void
+take_next_fd(wc_client *c)
+{
+	close(c->fd);
+	pthread_mutex_lock(&fd_lock);
+	c->fd = c->next_fd;
+	c->fd_id = c->next_id;
+	c->next_fd = -1;
+	pthread_mutex_unlock(&fd_lock);
+}
+
 /*
  * Opens a SOCK_SEQPACKET connection to path with the deadline ms for the
  * connect and every later wait; *out gets the descriptor, which passes to
- * the caller. The errors name the path and say whether wcached is running.
+ * the caller (with c, a reconnect's: c->next_fd, open_socket). The errors
+ * name the path and say whether wcached is running.
  */
-int
-request_open(const char *path, int ms, int *out)
+static int
+open_connection(wc_client *c, const char *path, int ms, int *out)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct timespec start;
@@ -337,17 +475,17 @@ request_open(const char *path, int ms, int *out)
 		return error_set(-ENAMETOOLONG, "%s: socket path longer than %zu bytes", path,
 			sizeof(sa.sun_path) - 1);
 	memcpy(sa.sun_path, path, strlen(path) + 1);
-	if ((fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0)) == -1)
-		return error_set(-errno, "socket: %s", strerror(errno));
+	if ((r = open_socket(c, &fd)) < 0)
+		return r;
 	if ((r = apply_timeout(fd, ms, path)) < 0) {
-		close(fd);
+		close_socket(c, fd);
 		return r;
 	}
 	clock_gettime(CLOCK_MONOTONIC, &start);
 	if (connect_retrying(fd, &sa, ms, &start) == -1) {
 		int e = errno;
 
-		close(fd);
+		close_socket(c, fd);
 		if (e == EAGAIN || e == EINPROGRESS || e == EINTR)
 			return error_set(-ETIMEDOUT, "wcached at %s did not accept the connection "
 				"within %.3g s (waited %.3g s; the limit is %s or "
@@ -362,19 +500,15 @@ request_open(const char *path, int ms, int *out)
 	return 0;
 }
 
+int
+request_open(const char *path, int ms, int *out)
+{
+	return open_connection(NULL, path, ms, out);
+}
+
 static ssize_t roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq,
 	int send_fd, int limit_ms, uint8_t *buf, size_t cap, int *fds, size_t maxfds, size_t *nfds,
 	struct wire_message *msg, int *dead);
-
-void
-request_note_fd(wc_client *c)
-{
-	struct stat st;
-
-	c->fd_known = fstat(c->fd, &st) == 0;
-	c->fd_dev = c->fd_known ? st.st_dev : 0;
-	c->fd_ino = c->fd_known ? st.st_ino : 0;
-}
 
 /*
  * After a reconnect: tells the new daemon, with one HOLD each, which
@@ -494,7 +628,7 @@ reconnect(wc_client *c, int ms)
 		/* Each step within what the ones before left of ms. */
 		if ((left = request_left_ms(ms, &start)) == 0)
 			return closed_too_late(c, c->connection);
-		if ((r = request_open(c->path, left < 0 ? 0 : left, &fd)) < 0) {
+		if ((r = open_connection(c, c->path, left < 0 ? 0 : left, &fd)) < 0) {
 			snprintf(why, sizeof(why), "%s", error_get());
 			/* A socket path that is gone is a daemon that is not
 			 * running, not a model that is not served (what -ENOENT
@@ -503,10 +637,8 @@ reconnect(wc_client *c, int ms)
 				"again failed: %s", closed_by(c, c->connection, who, sizeof(who)),
 				why);
 		}
-		close(c->fd);
-		c->fd = fd;
+		take_next_fd(c);
 		c->connection++;
-		request_note_fd(c);
 		attach_cache_clear(&c->cache);
 		if (!announce || (r = announce_holds(c, ms, &start)) == 0)
 			return 0;

@@ -35,9 +35,14 @@ int request_timeout_default(int *ms);
  */
 int request_open(const char *path, int ms, int *out);
 
-/* Records what c->fd is (attach.h, fd_dev), after c connected or
- * connected again; a failed fstat leaves it unknown. */
-void request_note_fd(wc_client *c);
+/* c's first connection, fd, with its identity (attach.h, fd_identity),
+ * before c is seen by any other thread. */
+void request_first_fd(wc_client *c, int fd);
+
+/* Closes c's descriptors that are still its own: its connection, and in a
+ * child forked during a reconnect the new socket not yet in its place
+ * (attach.c, attach_client_put: c's last reference). */
+void request_close_fds(wc_client *c);
 
 /*
  * Sends RELEASE of handle with seq 0, which the daemon does not answer, on

@@ -44,7 +44,10 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -120,6 +123,71 @@ __wrap_sendmsg(int fd, const struct msghdr *msg, int flags)
 /* Skips the test unless it was linked with -Wl,--wrap=recvmsg. */
 #define NEED_WRAP() af_need_wrap(__real_recvmsg != NULL, "-Wl,--wrap=recvmsg")
 
+/*
+ * The fork probe: another thread's fork() at a chosen point of a
+ * reconnect, from a system call of the client's thread (the connect of
+ * its new socket, or the first fstat() of a socket). The probe's thread
+ * forks, and the client's thread waits up to FORK_PROBE_WAIT_S for that
+ * fork to happen before it goes on; a fork that cannot happen then (the
+ * client holds what fork() waits for) happens later. The child lets the
+ * parent's client go (wc_release, wc_disconnect) and exits 0 only if
+ * neither the socket being connected nor the client's descriptor is still
+ * open in it: 3 when the new socket is, 4 when the old one is.
+ */
+#define FORK_PROBE_WAIT_S 1
+enum { FORK_AT_NONE, FORK_AT_CONNECT, FORK_AT_FSTAT };
+static struct {
+	int at;            /* where: FORK_AT_*, cleared when the probe fires */
+	struct fixture *f;
+	int fd;            /* the new socket */
+	pthread_t thread;
+	int started;
+	sem_t forked;      /* posted by the probe's thread once fork() returned */
+	int status;        /* the child's, from waitpid() */
+} fork_probe;
+
+static void *
+fork_probe_run(void *arg)
+{
+	pid_t pid;
+
+	(void)arg;
+	if ((pid = fork()) == 0) {
+		struct fixture *f = fork_probe.f;
+		int old = wc_client_fd(f->client), code = 0;
+
+		alarm(20);
+		wc_release(f->model);
+		wc_disconnect(f->client);
+		if (fcntl(fork_probe.fd, F_GETFD) != -1)
+			code = 3;
+		else if (old != fork_probe.fd && fcntl(old, F_GETFD) != -1)
+			code = 4;
+		_exit(code);
+	}
+	sem_post(&fork_probe.forked);
+	if (pid < 0 || waitpid(pid, &fork_probe.status, 0) != pid)
+		fork_probe.status = -1;
+	return NULL;
+}
+
+/* Fires the probe: fd is the new socket. */
+static void
+fork_probe_now(int fd)
+{
+	struct timespec until;
+
+	fork_probe.at = FORK_AT_NONE;
+	fork_probe.fd = fd;
+	if (pthread_create(&fork_probe.thread, NULL, fork_probe_run, NULL) != 0)
+		return;
+	fork_probe.started = 1;
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += FORK_PROBE_WAIT_S;
+	while (sem_timedwait(&fork_probe.forked, &until) == -1 && errno == EINTR)
+		;
+}
+
 int __real_connect(int fd, const struct sockaddr *sa, socklen_t len) __attribute__((weak));
 int __wrap_connect(int fd, const struct sockaddr *sa, socklen_t len);
 
@@ -139,7 +207,27 @@ __wrap_connect(int fd, const struct sockaddr *sa, socklen_t len)
 		errno = EINTR;
 		return -1;
 	}
-	return __real_connect(fd, sa, len);
+	int r = __real_connect(fd, sa, len);
+
+	if (r == 0 && fork_probe.at == FORK_AT_CONNECT)
+		fork_probe_now(fd);
+	return r;
+}
+
+int __real_fstat(int fd, struct stat *st) __attribute__((weak));
+int __wrap_fstat(int fd, struct stat *st);
+
+/* fstat(), with the fork probe at the client thread's next fstat() of a
+ * socket when armed (FORK_AT_FSTAT). */
+int
+__wrap_fstat(int fd, struct stat *st)
+{
+	int r = __real_fstat(fd, st);
+
+	if (r == 0 && S_ISSOCK(st->st_mode) && fork_probe.at == FORK_AT_FSTAT &&
+		pthread_equal(pthread_self(), fault.client))
+		fork_probe_now(fd);
+	return r;
 }
 
 /*
@@ -640,6 +728,56 @@ test_reconnect_records_the_new_socket(void **state)
 	af_child_closes_from(f, 1);
 	af_child_closes_from(f, 0);
 	release_and_finish(f, before);
+}
+
+/*
+ * Another thread's fork() during a reconnect (review rev177 G): whenever
+ * it comes, the child closes every copy of the parent's connections when
+ * it lets the parent's client go, so that wcached sees the parent's
+ * connection end when the parent's does. at FORK_AT_CONNECT: while the new
+ * socket connects, before it replaced the old one; FORK_AT_FSTAT: where
+ * the new socket's identity is taken, which before the fix came after the
+ * socket had replaced the old one, so a child forked there kept the old
+ * socket's identity for the new number and left it open.
+ */
+static void
+reconnect_forked(struct fixture *f, int at)
+{
+	int before;
+
+	if (__real_connect == NULL || __real_fstat == NULL)
+		skip();
+	f->fake.connections = 2;
+	before = attach_ok(f);
+	hang_up(f);
+	assert_int_equal(sem_init(&fork_probe.forked, 0, 0), 0);
+	fork_probe.f = f;
+	fork_probe.started = 0;
+	fork_probe.status = -1;
+	fork_probe.at = at;
+	assert_int_equal(wc_client_dispatch(f->client), 0);
+	fork_probe.at = FORK_AT_NONE;
+	assert_true(fork_probe.started);
+	assert_int_equal(pthread_join(fork_probe.thread, NULL), 0);
+	sem_destroy(&fork_probe.forked);
+	if (!WIFEXITED(fork_probe.status) || WEXITSTATUS(fork_probe.status) != 0)
+		fail_msg("the child forked during the reconnect left %s open (status %#x)",
+			WIFEXITED(fork_probe.status) && WEXITSTATUS(fork_probe.status) == 4 ?
+			"the old connection" : "the new connection", fork_probe.status);
+	assert_int_equal(f->fake.accepted, 2);
+	release_and_finish(f, before);
+}
+
+static void
+test_fork_while_reconnect_connects(void **state)
+{
+	reconnect_forked(*state, FORK_AT_CONNECT);
+}
+
+static void
+test_fork_while_reconnect_takes_identity(void **state)
+{
+	reconnect_forked(*state, FORK_AT_FSTAT);
 }
 
 /* The daemon dies holding the request (it read the ATTACH and hung up):
@@ -1814,6 +1952,8 @@ main(void)
 		T(test_reconnect_after_restart),
 		T(test_reconnect_holds),
 		T(test_reconnect_records_the_new_socket),
+		T(test_fork_while_reconnect_connects),
+		T(test_fork_while_reconnect_takes_identity),
 		T(test_reconnect_hold_hang_up),
 		T(test_reconnect_when_daemon_dies_holding_request),
 		T(test_reconnect_fails_when_daemon_gone),
