@@ -673,28 +673,22 @@ conn_idle(const struct conn *c, uint64_t now)
 }
 
 /*
- * max_clients are connected and one more wants in: closes one idle
- * connection (conn_idle) to make room, of the uid with the most idle ones,
- * the one idle the longest, telling it why first (one send that does not
- * wait). Connections that attach nothing would otherwise keep every worker
- * out for as long as they stay open: four users at max_clients_per_uid are
- * max_clients. Returns 1 when one was closed, 0 when none is idle (the
- * newcomer is refused, as before). Called for a newcomer that passed every
- * other check (on_accept), so none is refused after a connection went for
- * it. The control socket evicts the same way (control.c make_room: idle
- * the longest, newest first with <= on a tie); a change to one is a change
- * to both.
+ * max_clients are connected and one more wants in: the idle connection
+ * (conn_idle) to close to make room (make_room), of the uid with the most
+ * idle ones, the one idle the longest; NULL when none is idle (the
+ * newcomer is refused, as before). Connections that attach nothing would
+ * otherwise keep every worker out for as long as they stay open: four
+ * users at max_clients_per_uid are max_clients. The control socket evicts
+ * the same way (control.c make_room: idle the longest, newest first with
+ * <= on a tie); a change to one is a change to both.
  */
-static int
-make_room(struct server *s)
+static struct conn *
+room_victim(struct server *s)
 {
-	uint8_t buf[WIRE_MAX_MESSAGE];
 	struct uidtally idle = { 0 };
 	struct conn *victim = NULL;
 	uint64_t now = uv_now(s->loop);
 	unsigned most = 0, k;
-	char more[96];
-	ssize_t n;
 
 	/* Out of memory for the tally, uids count 0: the oldest idle one goes. */
 	for (struct conn *c = s->conns; c != NULL; c = c->next)
@@ -712,8 +706,21 @@ make_room(struct server *s)
 		}
 	}
 	uidtally_free(&idle);
-	if (victim == NULL)
-		return 0;
+	return victim;
+}
+
+/* Closes victim (room_victim) for a newcomer, telling it why first (one
+ * send that does not wait). Called once the newcomer passed every check
+ * and is watched (on_accept), so none is refused after a connection went
+ * for it. */
+static void
+make_room(struct server *s, struct conn *victim)
+{
+	uint8_t buf[WIRE_MAX_MESSAGE];
+	uint64_t now = uv_now(s->loop);
+	char more[96];
+	ssize_t n;
+
 	s->stats.idle_closed++;
 	if (lograte_check(&s->idle_closes, victim->uid, now, 1, more, sizeof(more),
 		"idle connections closed"))
@@ -726,7 +733,6 @@ make_room(struct server *s)
 	if (n > 0)
 		(void)fdp_send(victim->fd, buf, (size_t)n, NULL, 0);
 	conn_close(victim);
-	return 1;
 }
 
 static void on_accept(uv_poll_t *handle, int status, int events);
@@ -780,7 +786,7 @@ static void
 on_accept(uv_poll_t *handle, int status, int events)
 {
 	struct server *s = handle->data;
-	struct conn *c;
+	struct conn *c, *victim;
 	unsigned k;
 	int fd;
 
@@ -845,9 +851,12 @@ on_accept(uv_poll_t *handle, int status, int events)
 				s->max_clients_per_uid);
 			continue;
 		}
-		/* Last, so that a newcomer refused for any other reason never
-		 * has another's idle connection closed for it (make_room). */
-		if (s->nconns >= s->max_clients && !make_room(s)) {
+		/* Room is made last, so that a newcomer refused for any other
+		 * reason never has another's idle connection closed for it:
+		 * the victim is chosen before uv_poll_init, which is not
+		 * undone, and closed after it (make_room). */
+		victim = NULL;
+		if (s->nconns >= s->max_clients && (victim = room_victim(s)) == NULL) {
 			free(c->groups);
 			free(c);
 			refuse(s, fd, "too many clients connected to wcached (max_clients)",
@@ -860,6 +869,8 @@ on_accept(uv_poll_t *handle, int status, int events)
 			refuse(s, fd, "wcached cannot watch the connection", "uv_poll_init failed");
 			continue;
 		}
+		if (victim != NULL)
+			make_room(s, victim);
 		c->poll.data = c;
 		c->next = s->conns;
 		if (s->conns != NULL)

@@ -27,6 +27,7 @@
 #include "fcntl_fault.h"
 #include "proto/fdpass.h"
 #include "server.h"
+#include "server_internal.h"
 #include "testutil.h"
 #include "proto/wire.h"
 
@@ -490,6 +491,88 @@ test_accept_enomem_pauses(void **state)
 	free(path);
 }
 
+int __real_uv_poll_init(uv_loop_t *loop, uv_poll_t *handle, int fd) __attribute__((weak));
+int __wrap_uv_poll_init(uv_loop_t *loop, uv_poll_t *handle, int fd);
+
+/* While poll_init_fails is set, uv_poll_init fails with UV_ENOMEM. */
+static int poll_init_fails;
+
+int
+__wrap_uv_poll_init(uv_loop_t *loop, uv_poll_t *handle, int fd)
+{
+	if (poll_init_fails)
+		return UV_ENOMEM;
+	return __real_uv_poll_init(loop, handle, fd);
+}
+
+/* True once the server has as many clients as *arg says. */
+static bool
+clients_are(struct du *d, void *arg)
+{
+	struct st *t = (struct st *)((void **)arg)[0];
+
+	(void)d;
+	return server_clients(t->srv) == *(unsigned *)((void **)arg)[1];
+}
+
+/* Reads the refusal or notice an ERROR brought on fd: its text is want. */
+static void
+read_error_on(struct st *t, int fd, const char *want)
+{
+	uint8_t buf[WIRE_MAX_MESSAGE];
+	struct wire_message m;
+	int fds[WIRE_MAX_FDS];
+	size_t nfds;
+	ssize_t n;
+
+	du_run_until(&t->du, readable, &fd);
+	n = fdp_recv(fd, buf, sizeof(buf), fds, WIRE_MAX_FDS, &nfds);
+	assert_true(n > 0);
+	assert_int_equal(nfds, 0);
+	assert_int_equal(wire_decode(buf, (size_t)n, &m), 0);
+	assert_error(&m, EUSERS, want);
+}
+
+/*
+ * At max_clients, a newcomer that wcached then cannot watch (uv_poll_init
+ * fails) is refused, and nobody's idle connection is closed for it (review
+ * rev177, a nit of f2bfbdb): before, make_room closed the idle one first.
+ * Once the newcomer can be watched, the idle one does make room for it.
+ */
+static void
+test_unwatchable_newcomer_evicts_nobody(void **state)
+{
+	struct st *t = *state;
+	struct server_stats stats;
+	unsigned one = 1;
+	void *want_one[2] = { t, &one };
+	int b, c;
+
+	if (__real_uv_poll_init == NULL)
+		skip(); /* built without -Wl,--wrap=uv_poll_init */
+	du_run_until(&t->du, clients_are, want_one);
+	t->srv->max_clients = 1;
+	t->srv->conns->active_ms = 0; /* idle long since: make_room's pick */
+	poll_init_fails = 1;
+	b = connect_client(t);
+	read_error_on(t, b, "wcached cannot watch the connection");
+	poll_init_fails = 0;
+	uv_run(&t->du.loop, UV_RUN_NOWAIT);
+	server_get_stats(t->srv, &stats);
+	assert_int_equal(stats.idle_closed, 0);
+	assert_int_equal(server_clients(t->srv), 1);
+	assert_false(readable(&t->du, &t->client));
+	close(b);
+	/* Watched, the newcomer has the idle one closed for it. */
+	c = connect_client(t);
+	read_error_on(t, t->client, "closed: wcached has max_clients connected and this "
+		"connection was idle with nothing attached");
+	server_get_stats(t->srv, &stats);
+	assert_int_equal(stats.idle_closed, 1);
+	du_run_until(&t->du, clients_are, want_one);
+	close(c);
+}
+
 /*
  * A connect flood does not hold the loop: one wakeup of the listener
  * accepts at most 16 connections and returns to the loop, which comes back
@@ -640,6 +723,8 @@ main(void)
 		cmocka_unit_test(test_start_getfl_fails),
 		cmocka_unit_test_setup_teardown(test_accept_enomem_pauses, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_accepts_per_wakeup, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_unwatchable_newcomer_evicts_nobody, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(test_half_close_answers_every_request, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_malformed_says_why, setup, teardown),
