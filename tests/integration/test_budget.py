@@ -587,22 +587,56 @@ def test_attach_while_eviction_queued_stays_warm(start, tmp_path):
     """evict, then attach before the daemon's fadvise has run: the model
     must end up warm. To hold the fadvise back deterministically, the daemon
     gets one work-queue thread (UV_THREADPOOL_SIZE=1) and `pin big` first
-    keeps it busy locking 512 MiB read from the disk; the eviction of m
+    keeps it busy locking 1 GiB read from the disk; the eviction of m
     queues behind it, and m is attached (and re-warmed, its pages still in
-    the page cache) before the lock ends."""
+    the page cache) before the lock ends. wcachectl pin answers once every
+    page is locked (and evict once the pages are dropped), so both run in the
+    background, and the test follows them in status: the pin asked but not
+    applied, then m cold, then the attach."""
     small = make(tmp_path, "m", 1)
-    big = make(tmp_path, "big", 2, min_bytes=512 << 20)
+    big = make(tmp_path, "big", 2, min_bytes=1 << 30)
     d = start({"m": small, "big": (big, {"warm": "no"})},
               env=dict(os.environ, UV_THREADPOOL_SIZE="1"))
     settled(d, ["m", "big"])
-    drop_page_cache(big)
     assert wait_ready_warm(d, "m")
-    assert ctl(d, "pin", "big").returncode == 0
-    assert ctl(d, "evict", "m").returncode == 0
-    attach(d, "m")
-    if model_entry(d, "big")["pin_applied"] == "all":
-        pytest.skip("the disk read 512 MiB before the eviction could be held back")
-    wait_pin_applied(d, "big", "all")
+    c = Control(d)
+    try:
+        def entry(name):
+            return next(m for m in c.request(b"status")["models"] if m["name"] == name)
+
+        def big_entry():
+            return entry("big")
+
+        unpinned = big_entry()["pin_applied"]  # "metadata": the index and headers
+        for attempt in range(5):
+            drop_page_cache(big)
+            pin = subprocess.Popen([binary("wcachectl"), "--control", d.control, "pin", "big"],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            wait_until(lambda: big_entry()["pinned"] == "all", what="pin of big asked")
+            held = False
+            if big_entry()["pin_applied"] != "all":
+                # wcachectl evict answers once the pages are dropped, after
+                # the lock: it runs beside, and m is attached once cold.
+                evict = subprocess.Popen([binary("wcachectl"), "--control", d.control,
+                                          "evict", "m"], stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.PIPE, text=True)
+                m = wait_until(lambda: (lambda m, b: (m["state"] == "cold" or
+                                                      b["pin_applied"] == "all") and m)(
+                    entry("m"), big_entry()), what="m evicted or big pinned")
+                if m["state"] == "cold":
+                    attach(d, "m")
+                    held = big_entry()["pin_applied"] != "all"
+                assert evict.wait(timeout=120) == 0, evict.stderr.read()
+            assert pin.wait(timeout=120) == 0, pin.stderr.read()
+            if held:
+                break
+            assert c.request(b"unpin big")["ok"]
+            wait_until(lambda: big_entry()["pin_applied"] == unpinned, what="big unpinned")
+        else:
+            pytest.skip("the disk read 1 GiB before the eviction could be held back (5 tries)")
+        wait_pin_applied(d, "big", "all")
+    finally:
+        c.close()
     # The held-back eviction has run now (it was queued behind the lock).
     # Expected: m ends up warm, as status says. Observed: "ready" (it was
     # re-warmed at once, before the eviction ran), its pages gone for good.
