@@ -297,17 +297,17 @@ ctl_json_text(FILE *f, const char *text, size_t len)
 		 * which valid JSON holds only as whitespace between tokens. */
 		if (out_len == n || *p < 0x20)
 			continue;
-		fwrite(run, 1, (size_t)(p - run), f);
+		ctl_fwrite(run, (size_t)(p - run), f);
 		run = p + n;
 		if (out_len == ESCAPE_STEP_MAX) /* "\uNNNN", in JSON's syntax too */
-			fwrite(out, 1, out_len, f);
+			ctl_fwrite(out, out_len, f);
 		else if (*p == 0x7f)
 			fputs("\\u007f", f);
 		else /* not UTF-8, which the strict reader and json_write_string()
 		      * never let through: the replacement character */
 			fputs("\\ufffd", f);
 	}
-	fwrite(run, 1, (size_t)(p - run), f);
+	ctl_fwrite(run, (size_t)(p - run), f);
 }
 
 /* Writes a JSON string literal with what a terminal acts on escaped
@@ -331,13 +331,27 @@ ctl_json_string(FILE *f, const char *s, size_t len)
 	free(literal);
 }
 
+/* The errno of the first write to stdout that ctl_fwrite() saw fail. */
+static int out_errno;
+
+/* Writes to f, keeping a failed stdout write's errno (ctl.h). */
+void
+ctl_fwrite(const void *p, size_t n, FILE *f)
+{
+	if (fwrite(p, 1, n, f) != n && f == stdout && out_errno == 0)
+		out_errno = errno != 0 ? errno : EIO;
+}
+
 /* Ends a command: checks that its standard output was written (ctl.h). */
 int
 ctl_finish_output(int status)
 {
 	int e = 0;
+	int flushed = fflush(stdout);
 
-	if (fflush(stdout) != 0)
+	if (out_errno != 0)
+		e = out_errno;
+	else if (flushed != 0)
 		e = errno;
 	else if (ferror(stdout))
 		e = EIO; /* an earlier write failed, and its errno is gone */

@@ -548,17 +548,17 @@ print_exposition(const char *text, size_t len)
 	size_t n, out_len;
 
 	if (!isatty(STDOUT_FILENO)) {
-		fwrite(text, 1, len, stdout);
+		ctl_fwrite(text, len, stdout);
 		return;
 	}
 	for (; p < end; p += n) {
 		if (*p == '\n') {
-			putchar('\n');
+			ctl_fwrite("\n", 1, stdout);
 			n = 1;
 			continue;
 		}
 		n = escape_step(p, end, out, &out_len);
-		fwrite(out, 1, out_len, stdout);
+		ctl_fwrite(out, out_len, stdout);
 	}
 }
 

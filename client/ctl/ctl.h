@@ -27,6 +27,11 @@ int ctl_usage_error(const char *command, const char *fmt, ...)
  * the output: REASON" and returns CTL_EXIT_FAILURE; else returns status. */
 int ctl_finish_output(int status);
 
+/* fwrite()s n bytes of p to f; when f is stdout and the write falls short,
+ * keeps its errno for ctl_finish_output(), since a later fflush() may find
+ * the buffer empty and only ferror() left (a large write that failed). */
+void ctl_fwrite(const void *p, size_t n, FILE *f);
+
 /* Seconds on the monotonic clock, for durations. */
 double ctl_monotonic(void);
 

@@ -267,6 +267,11 @@ def test_every_command_reports_a_full_disk(tmp_path):
     model = mkmodel(tmp_path / "small.safetensors")
     fake_path = tmp_path / "control.sock"
     fake = FakeControl(fake_path, hostile_status())
+    # Metrics larger than stdout's buffer: one fwrite() whose failure left
+    # only ferror(), and "Input/output error", before.
+    big_path = tmp_path / "big.sock"
+    big = FakeControl(big_path, {"ok": True, "protocol": 1,
+                                 "text": "wcache_x{model=\"m\"} 1\n" * 4096})
     os.mkdir(tmp_path / "d")
     d = Daemon(tmp_path / "d", {"small": model}).start()
     try:
@@ -275,7 +280,10 @@ def test_every_command_reports_a_full_disk(tmp_path):
                  ["attach", "small", "--socket", d.socket],
                  ["attach", "small", "--socket", d.socket, "--json"],
                  ["--control", str(fake_path), "status"],
-                 ["--control", str(fake_path), "--json", "status"], ["status", "--help"])
+                 ["--control", str(fake_path), "--json", "status"], ["status", "--help"],
+                 ["--control", str(big_path), "metrics"],
+                 ["--control", str(big_path), "--json", "metrics"],
+                 ["--control", d.control, "metrics"])
         wrong = []
         for args in cases:
             with open("/dev/full", "wb") as full:
@@ -286,6 +294,7 @@ def test_every_command_reports_a_full_disk(tmp_path):
         assert not wrong, wrong
     finally:
         fake.close()
+        big.close()
         assert d.stop() == 0, d.read_log()
 
 
