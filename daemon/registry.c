@@ -608,14 +608,43 @@ registry_failed(const struct model_entry *m, char *why, size_t why_size)
 	return 1;
 }
 
+/* How many generations are open (r->generations). */
+static size_t
+open_generations(const struct registry *r)
+{
+	size_t n = 0;
+
+	for (const struct generation *g = r->generations; g != NULL; g = g->next)
+		n++;
+	return n;
+}
+
+/* Runs the reloads that waited for a release (m's, or with all every
+ * model's), and, where a generation closed (closed), the loads refused
+ * for descriptors (room_wait) of every model: its descriptors are free. */
+static void
+reload_released(struct registry *r, struct model_entry *m, int all, int closed)
+{
+	for (struct model_entry *o = r->models, *next; o != NULL; o = next) {
+		int mine = all || (m != NULL && o == m);
+
+		next = o->next; /* a reload's answer may unload o */
+		if (closed && o->room_wait)
+			registry_reload_held(r, o, RELOAD_CLOSED);
+		else if (mine)
+			registry_reload_held(r, o, RELOAD_RELEASED);
+	}
+}
+
 void
 registry_release(struct registry *r, struct generation *g)
 {
 	struct model_entry *m = g->model;
+	size_t open = open_generations(r);
 
 	gen_unref(r, g);
-	if (m != NULL)
-		registry_reload_held(r, m, RELOAD_RELEASED); /* one that waited for a release */
+	/* One that waited for a release; one that waited for descriptors. */
+	reload_released(r, m, 0, open_generations(r) < open);
 }
 
 const struct model_entry *
@@ -667,6 +696,8 @@ entry_free(struct registry *r, struct model_entry *m)
 	free(m->name);
 	free(m->path);
 	free(m->error);
+	free(m->operator_tree.root);
+	free(m->operator_tree.alt);
 	access_clear(&m->access);
 	access_clear(&m->builders);
 	free(m);
@@ -785,15 +816,13 @@ void
 registry_collect(struct registry *r)
 {
 	struct generation *g = r->generations, *next;
+	size_t open = open_generations(r);
 
 	for (; g != NULL; g = next) {
 		next = g->next;
 		gen_maybe_free(r, g);
 	}
 	/* A reload that waited for a retired generation to close (one closes
-	 * here, or its hold or page work ended since). */
-	for (struct model_entry *m = r->models, *mnext; m != NULL; m = mnext) {
-		mnext = m->next;
-		registry_reload_held(r, m, RELOAD_RELEASED);
-	}
+	 * here, or its hold or page work ended since), or for descriptors. */
+	reload_released(r, NULL, 1, open_generations(r) < open);
 }

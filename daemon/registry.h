@@ -94,6 +94,10 @@ struct model_entry {
 				       loading, else 0 */
 	enum reload_kind reload_again; /* a reload came while a load ran, or it
 				       waits for a release: run it after */
+	/* Its newest load was refused for descriptors (its own reach into
+	 * the reserve): loaded again, as a watched reload, once a generation
+	 * closes (registry_reload_held's RELOAD_CLOSED). */
+	int room_wait;
 	char *error;                /* last load error, NULL if none */
 	uint64_t attach_count;      /* successful attaches */
 	uint64_t error_count;       /* refused attaches */
@@ -138,6 +142,19 @@ struct model_entry {
 		int err;
 		struct stat st;
 	} failed_path;
+	/* The tree the model's last load or reload by the operator found,
+	 * a failed one too (review rev177 D): what a reload wcached makes by
+	 * itself keeps when the model's newest generation recorded none (it
+	 * has none: its first load failed). root NULL: none found. When the
+	 * path resolved: its tree root and the root's owner (gen_tree_root).
+	 * When only the directory D holding it did (the path did not exist):
+	 * the tree root the path would have as a directory in D, D's owner,
+	 * and (alt) D's own tree, a model that is one file in D. */
+	struct {
+		char *root;
+		char *alt;
+		uid_t uid;
+	} operator_tree;
 	struct model_entry *next;
 };
 

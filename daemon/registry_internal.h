@@ -24,12 +24,18 @@
  * closed or was released: the reload that waited for it says so. */
 #define RELOAD_RELEASED "an older generation was released"
 
+/* ... after a generation closed (its descriptors released): also runs a
+ * load refused for descriptors (model_entry's room_wait). */
+#define RELOAD_CLOSED "a generation closed, releasing its descriptors"
+
 /* registry_load.c: runs m's reload that waited (reload_again), if any,
  * once no load of m is in flight: queued when its retired generations
  * leave room (retired_full), else it waits on, with the one warning when
  * it starts waiting for room (released NULL: it waited for a load or a
- * warm restart's check); released (RELOAD_RELEASED) names why it may have
- * room now, in the line of the reload it starts. Loop thread. */
+ * warm restart's check); released (RELOAD_RELEASED, RELOAD_CLOSED) names
+ * why it may have room now, in the line of the reload it starts; with
+ * RELOAD_CLOSED a load refused for descriptors runs again too (room_wait).
+ * Loop thread. */
 void registry_reload_held(struct registry *r, struct model_entry *m, const char *released);
 
 /* registry.c: the model called exactly name, or NULL. */

@@ -30,6 +30,7 @@
 
 #include "base/error.h"
 #include "base/path.h"
+#include "format/tree.h"
 #include "log.h"
 #include "pages.h"
 #include "proto/memfds.h"
@@ -49,12 +50,22 @@ struct load_request {
 	 * newest generation recorded (generation.h's tree_root) and its
 	 * owner, in which (or in a sibling of the same owner) the files must
 	 * be; or, for a generation that has no root recorded (a warm
-	 * restart's), the real path it resolved, whose root load_work finds.
-	 * All NULL for an operator's load or reload, which resolves anew,
-	 * and for a model with no generation whose path is known. */
+	 * restart's), the real path it resolved, whose root load_work finds;
+	 * or, for a model whose newest generation records neither (it has
+	 * none), the tree its operator's last load found (model_entry's
+	 * operator_tree, with its alt). All NULL for an operator's load or
+	 * reload, which resolves anew, and for a watched one when nothing is
+	 * known: that one is refused (same_tree). */
 	char *keep_root;
-	uid_t keep_uid;
 	char *keep_resolved;
+	char *keep_alt;
+	uid_t keep_uid;
+	/* An operator's load or reload: the tree it found, for
+	 * model_entry's operator_tree (find_operator_tree). */
+	uid_t found_uid;
+	int found_taken;
+	char *found_root;
+	char *found_alt;
 	uint64_t id;
 	uint64_t entry_id;    /* the model entry it was queued for */
 	struct model_source source;
@@ -71,11 +82,20 @@ struct load_request {
 	 * copied from (their path and stat at open) for the generation. */
 	struct fs_info fs;
 	int staged;
-	/* A load that failed: where its path is (model_entry.failed_path). */
+	/* A load that failed: where its path is (model_entry.failed_path),
+	 * and its filesystem when note_failed_path looked (path_noted). */
 	int path_known;
 	dev_t path_dev;
 	int path_err;
+	int path_noted;
 	struct stat path_st;
+	struct fs_info path_fs;
+	/* load_work's verdict on the holes of its files (gen_check_holes),
+	 * its message in message: applied by keeps_room. */
+	int holes;
+	/* Refused for its descriptors (fd_room): loaded again once a
+	 * generation closes (model_entry's room_wait). */
+	int room_refused;
 	/* What path named just before it was opened (staging's failures
 	 * compare with it: the path may name a newer file by then). */
 	int opened_known;
@@ -167,12 +187,19 @@ same_tree(struct load_request *q)
 	const char *old;
 	int same;
 
-	if (q->keep_root == NULL)
+	if (q->keep_root == NULL && q->keep_resolved != NULL)
 		q->keep_root = gen_tree_root(q->keep_resolved, &q->keep_uid);
 	old = q->keep_root != NULL ? q->keep_root : q->keep_resolved;
 	same = q->root != NULL && q->keep_root != NULL &&
-		(strcmp(q->root, q->keep_root) == 0 || sibling_swap(q));
-	if (q->root == NULL)
+		(strcmp(q->root, q->keep_root) == 0 || sibling_swap(q) ||
+			(q->keep_alt != NULL && strcmp(q->root, q->keep_alt) == 0));
+	if (old == NULL)
+		snprintf(q->message, sizeof(q->message), "its path %s resolves into %s, but no "
+			"load of it by the operator found its tree: it is served only after an "
+			"operator's reload (`wcachectl reload %s` or a config reload)", q->path,
+			q->root != NULL ? q->root : "a place that moved as its files were opened",
+			q->name);
+	else if (q->root == NULL)
 		snprintf(q->message, sizeof(q->message), "its path %s resolved to another place "
 			"while its files were opened (its tree is %s); not loaded", q->path, old);
 	else if (!same)
@@ -183,9 +210,94 @@ same_tree(struct load_request *q)
 	return same ? 0 : -EXDEV;
 }
 
+/* Whether rest is a relative path of plain names: none empty, "." or "..". */
+static int
+plain_names(const char *rest)
+{
+	for (const char *p = rest, *e;; p = e + 1) {
+		size_t len = (e = strchr(p, '/')) != NULL ? (size_t)(e - p) : strlen(p);
+
+		if (len == 0 || (p[0] == '.' && (len == 1 || (len == 2 && p[1] == '.'))))
+			return 0;
+		if (e == NULL)
+			return 1;
+	}
+}
+
+/* The realpath of the deepest directory above path that resolves, and in
+ * *rest what of path follows it; NULL when none does, or when *rest is not
+ * plain names (plain_names): the place it names is then not told by its
+ * spelling. */
+static char *
+resolved_above(const char *path, const char **rest)
+{
+	char *head = strdup(path), *real = NULL, *slash;
+
+	if (head == NULL)
+		return NULL;
+	while (real == NULL && (slash = strrchr(head, '/')) != NULL) {
+		*rest = path + (slash - head) + 1;
+		*slash = '\0';
+		real = realpath(slash == head ? "/" : head, NULL);
+	}
+	if (real == NULL && path[0] != '/') {
+		*rest = path;
+		real = realpath(".", NULL);
+	}
+	free(head);
+	if (real != NULL && !plain_names(*rest)) {
+		free(real);
+		real = NULL;
+	}
+	return real;
+}
+
+/*
+ * Work queue thread, for an operator's load or reload: the tree it finds
+ * (model_entry's operator_tree), from resolved, the realpath of its path
+ * before its files are opened (NULL: the path did not resolve). A path
+ * that does not resolve (a model configured before its files, or their
+ * directory, exist) gets the tree it will have when what it names is made
+ * where its spelling says: below the deepest directory A above it that
+ * resolves, as a directory (found_root), or the directory holding one
+ * file (found_alt), with A's owner (a sibling of that tree the same user
+ * owns is the deployer's, as after a generation). None when nothing
+ * above it resolves: a reload wcached makes by itself then waits for the
+ * operator's.
+ */
+static void
+find_operator_tree(struct load_request *q, const char *resolved)
+{
+	const char *rest = NULL;
+	char *real, *lexical = NULL, *dir = NULL, *sub = NULL;
+	struct stat st;
+
+	if (resolved != NULL) {
+		q->found_root = gen_tree_root(resolved, &q->found_uid);
+		return;
+	}
+	if ((real = resolved_above(q->path, &rest)) == NULL)
+		return;
+	if (stat(real, &st) == 0 && (lexical = path_join(real, rest)) != NULL &&
+		(dir = path_dir(lexical)) != NULL) {
+		if (tree_split(lexical, &q->found_root, &sub) < 0)
+			q->found_root = sub = NULL;
+		free(sub);
+		sub = NULL;
+		if (q->found_root != NULL && tree_split(dir, &q->found_alt, &sub) < 0)
+			q->found_alt = sub = NULL;
+		free(sub);
+		q->found_uid = st.st_uid;
+	}
+	free(dir);
+	free(lexical);
+	free(real);
+}
+
 /* Work queue thread, after a load failed: the filesystem of its path (or
  * of the directory it should be in), and what a stat of the path sees, so
- * that the model is polled for the change that may mend it. */
+ * that the model is polled for the change that may mend it. Not q->fs: a
+ * load refused later still closes its files in their filesystem's lane. */
 static void
 note_failed_path(struct load_request *q)
 {
@@ -198,8 +310,9 @@ note_failed_path(struct load_request *q)
 	if (!on_path && (dir = path_dir(q->path)) != NULL)
 		fd = open(dir[0] != '\0' ? dir : ".", O_PATH | O_CLOEXEC);
 	free(dir);
+	q->path_noted = 1;
 	if (fd >= 0) {
-		q->path_known = fstype_of_fd(fd, &q->fs) == 0 && fstat(fd, &st) == 0;
+		q->path_known = fstype_of_fd(fd, &q->path_fs) == 0 && fstat(fd, &st) == 0;
 		q->path_dev = st.st_dev;
 		if (on_path && q->path_known)
 			q->path_st = st;
@@ -236,13 +349,20 @@ fd_room(struct load_request *q)
 		return 0;
 	return error_set(-EMFILE, "its %zu file%s took descriptors up to %d, into the %ju that "
 		"wcached keeps free below its RLIMIT_NOFILE of %ju for its clients; raise "
-		"LimitNOFILE= (or ulimit -n), or let workers release older generations",
+		"LimitNOFILE= (or ulimit -n), or let workers release older generations "
+		"(it is loaded again when one closes)",
 		q->source.nfiles, q->source.nfiles == 1 ? "" : "s", top + 1, (uintmax_t)reserve,
 		(uintmax_t)limit);
 }
 
-/* Work queue thread: open, validate, compile, seal; and note the source's
- * filesystem, from which the loop decides whether to stage it. */
+/*
+ * Work queue thread: open, validate, compile, seal; and note the source's
+ * filesystem, from which the loop decides whether to stage it, and in
+ * whose lane its files close (closer.h) however the load ends: a remote
+ * model's never wait in the local one (review rev177 A). The holes of its
+ * files are counted here, off the loop, but refused, as its descriptors
+ * are, only where the load keeps them (keeps_room).
+ */
 static void
 load_work(struct workq_job *w)
 {
@@ -250,20 +370,25 @@ load_work(struct workq_job *w)
 	char *resolved = realpath(q->path, NULL);
 
 	q->opened_known = stat(q->path, &q->opened_st) == 0;
-	if ((q->status = open_model(q, q->path)) < 0 ||
-		(q->status = gen_check_holes(&q->source)) < 0 || (q->status = fd_room(q)) < 0) {
+	if (q->reload != RELOAD_WATCHED)
+		find_operator_tree(q, resolved);
+	if ((q->status = open_model(q, q->path)) < 0) {
 		free(resolved);
 		snprintf(q->message, sizeof(q->message), "%s", error_get());
+		note_failed_path(q);
+		return;
+	}
+	gen_source_fs(&q->source, &q->fs);
+	q->resolved = gen_resolved_path(q->path, resolved, &q->source, NULL);
+	if (q->resolved != NULL)
+		q->root = gen_tree_root(q->resolved, &q->root_uid);
+	if (q->reload == RELOAD_WATCHED && (q->status = same_tree(q)) < 0) {
 		drop_opened(q);
 		note_failed_path(q);
 		return;
 	}
-	q->resolved = gen_resolved_path(q->path, resolved, &q->source, NULL);
-	if (q->resolved != NULL)
-		q->root = gen_tree_root(q->resolved, &q->root_uid);
-	gen_source_fs(&q->source, &q->fs);
-	if ((q->keep_root != NULL || q->keep_resolved != NULL) && (q->status = same_tree(q)) < 0) {
-		drop_opened(q);
+	if ((q->holes = gen_check_holes(&q->source)) < 0) {
+		snprintf(q->message, sizeof(q->message), "%s", error_get());
 		note_failed_path(q);
 	}
 }
@@ -276,17 +401,23 @@ load_work(struct workq_job *w)
  * unchanged, and the model would never load. A load that never stat'ed
  * its path looks now (note_failed_path).
  */
-static void
-note_opened_path(struct load_request *q)
+static int
+note_opened_stat(struct load_request *q)
 {
-	if (!q->opened_known) {
-		note_failed_path(q);
-		return;
-	}
+	if (!q->opened_known)
+		return 0;
 	q->path_known = 1;
 	q->path_err = 0;
 	q->path_dev = q->opened_st.st_dev;
 	q->path_st = q->opened_st;
+	return 1;
+}
+
+static void
+note_opened_path(struct load_request *q)
+{
+	if (!note_opened_stat(q))
+		note_failed_path(q);
 }
 
 /* Drops what q opened of the model it loaded: its files, served
@@ -345,9 +476,15 @@ stage_work(struct workq_job *w)
 		return;
 	}
 	drop_opened(q);
-	if ((q->status = open_model(q, q->stage.path)) < 0) {
+	/* The source's descriptors close on a lane thread, later: the copy's
+	 * may be taken above them, so they are checked again (review rev177
+	 * C). */
+	if ((q->status = open_model(q, q->stage.path)) == 0 && (q->status = fd_room(q)) < 0)
+		q->room_refused = 1;
+	if (q->status < 0) {
 		snprintf(q->message, sizeof(q->message), "the staged copy in %s: %s", q->stage.dir,
 			error_get());
+		drop_opened(q);
 		if ((err = stage_remove_until_stop(q->stage.dir, &q->r->closing)) == -ECANCELED)
 			log_info("%s", error_get());
 		else if (err < 0)
@@ -382,6 +519,9 @@ load_request_free(struct load_request *q)
 	free(q->root);
 	free(q->keep_root);
 	free(q->keep_resolved);
+	free(q->keep_alt);
+	free(q->found_root);
+	free(q->found_alt);
 	free(q->stage_dir);
 	free(q->name);
 	free(q->path);
@@ -489,15 +629,62 @@ take_resolved(struct generation *g, struct load_request *q)
 	q->root = NULL;
 }
 
+/* Loop thread: an operator's load or reload q of path, m's configured
+ * path, ended (failed or not, unless superseded): the tree it found is
+ * what m's watched reloads keep while no generation records one. Taken
+ * once: load_after, or install for a load of a new path (one that failed
+ * leaves the configured path's). */
+static void
+take_operator_tree(struct model_entry *m, struct load_request *q, const char *path)
+{
+	if (q->reload == RELOAD_WATCHED || q->found_taken || strcmp(path, m->path) != 0)
+		return;
+	q->found_taken = 1;
+	free(m->operator_tree.root);
+	free(m->operator_tree.alt);
+	m->operator_tree.root = q->found_root;
+	m->operator_tree.alt = q->found_alt;
+	m->operator_tree.uid = q->found_uid;
+	q->found_root = NULL;
+	q->found_alt = NULL;
+}
+
 static void load_failed(struct registry *r, struct model_entry *m, struct load_request *q);
 
-/* Loop thread: turns a validated load into a generation of its model. */
+/*
+ * Loop thread, before q's load keeps its descriptors (a generation made of
+ * them, or its source held while a copy is staged): refused when its files
+ * are sparse (load_work's holes) or its descriptors reach into the reserve
+ * (fd_room; a staged copy's are checked by stage_work). Only here: a
+ * reload whose files are unchanged keeps none, and answers "unchanged"
+ * whatever the descriptors in use (review rev177 B). 0, or -errno with
+ * q->message.
+ */
+static int
+keeps_room(struct load_request *q)
+{
+	if (q->holes < 0)
+		return q->status = q->holes;
+	if ((q->status = fd_room(q)) < 0) {
+		snprintf(q->message, sizeof(q->message), "%s", error_get());
+		q->room_refused = 1;
+		note_opened_stat(q);
+	}
+	return q->status;
+}
+
+/* Loop thread: turns a validated load into a generation of its model, if
+ * it keeps room (keeps_room; a staged copy's was checked as it opened). */
 static void
 install(struct registry *r, struct model_entry *m, struct load_request *q)
 {
 	struct generation *g;
 	char msg[256];
 
+	if (!q->staged && keeps_room(q) < 0) {
+		load_failed(r, m, q);
+		return;
+	}
 	g = gen_new(r, m->name, m->last_generation + 1, &q->source, q->served_fds, q->index_fd,
 		q->index, q->index_size);
 	if (g == NULL) {
@@ -533,6 +720,7 @@ install(struct registry *r, struct model_entry *m, struct load_request *q)
 	free(m->path);
 	m->path = q->path;
 	q->path = NULL;
+	take_operator_tree(m, q, m->path); /* a load of a new path */
 	/* The pin the load was asked with, unless a pin or unpin came since
 	 * (registry_pin): that is newer, and stays. Either way g's pages get
 	 * m->pin: its metadata locked now, off the loop (a header not in
@@ -638,10 +826,14 @@ load_failed(struct registry *r, struct model_entry *m, struct load_request *q)
 		q->path_st = q->source.files[0].st;
 	}
 	m->failed_path.known = q->path_known;
-	m->failed_path.fs = q->fs;
+	m->failed_path.fs = q->path_noted ? q->path_fs : q->fs;
 	m->failed_path.dev = q->path_dev;
 	m->failed_path.err = q->path_err;
 	m->failed_path.st = q->path_st;
+	/* Refused for descriptors: loaded again, as a reload wcached makes by
+	 * itself, once a generation closes (registry_reload_held). A load of
+	 * another path than the configured one is not (review rev177 F). */
+	m->room_wait = q->room_refused && strcmp(q->path, m->path) == 0;
 	free(m->error);
 	m->error = strdup(q->message);
 	log_errorx("model \"%s\": %s; %s", m->name, q->message,
@@ -771,6 +963,8 @@ load_after(struct workq_job *w, int status)
 		m->queued_load = NULL;
 	if (m != NULL && m->staging == &q->stage)
 		m->staging = NULL;
+	if (m != NULL && m->load_id == q->id && status != UV_ECANCELED && !r->closing)
+		take_operator_tree(m, q, q->path);
 	if (status == UV_ECANCELED || r->closing) {
 		if (q->done != NULL)
 			q->done(-ECANCELED, "cancelled: wcached is stopping", 0, q->arg);
@@ -807,7 +1001,7 @@ load_after(struct workq_job *w, int status)
 	} else if (wants_stage(m, q)) {
 		/* The model's stage key is known now (it is set after
 		 * registry_load returns): copy, then install the copy. */
-		if (queue_stage(r, m, q) == 0)
+		if (keeps_room(q) == 0 && queue_stage(r, m, q) == 0)
 			return;
 		load_failed(r, m, q);
 	} else {
@@ -873,21 +1067,32 @@ newest(const struct model_entry *m)
 	return m->pending != NULL ? m->pending : m->current;
 }
 
-/* A watched reload q keeps the tree of m's newest generation g (NULL:
- * none): its root and owner, or the real path whose root load_work finds
- * (a restored generation's). 0 or -ENOMEM. */
+/* A watched reload q keeps the tree of m's newest generation g: its root
+ * and owner, or the real path whose root load_work finds (a restored
+ * generation's); when g records neither (or m has none), the tree m's
+ * operator's last load found (operator_tree); when that found none too,
+ * nothing, and same_tree refuses q. 0 or -ENOMEM. */
 static int
-keep_tree(struct load_request *q, const struct generation *g)
+keep_tree(struct load_request *q, const struct model_entry *m)
 {
-	if (g == NULL)
-		return 0;
-	q->keep_uid = g->tree_uid;
-	if (g->tree_root != NULL)
+	const struct generation *g = newest(m);
+
+	if (g != NULL && g->tree_root != NULL) {
+		q->keep_uid = g->tree_uid;
 		return (q->keep_root = strdup(g->tree_root)) != NULL ? 0 : -ENOMEM;
-	if (g->resolved_path != NULL)
+	}
+	if (g != NULL && g->resolved_path != NULL)
 		return (q->keep_resolved = strdup(g->resolved_path)) != NULL ? 0 : -ENOMEM;
+	if (m->operator_tree.root == NULL)
+		return 0;
+	q->keep_uid = m->operator_tree.uid;
+	if ((q->keep_root = strdup(m->operator_tree.root)) == NULL ||
+		(m->operator_tree.alt != NULL &&
+			(q->keep_alt = strdup(m->operator_tree.alt)) == NULL))
+		return -ENOMEM;
 	return 0;
 }
+
 
 /* Queues a load of path for the model name (entry created if new). */
 static int
@@ -910,9 +1115,10 @@ queue_load(struct registry *r, const char *name, const char *path, enum pin_mode
 		free(q);
 		return error_set(-ENOMEM, "model \"%s\": out of memory", name);
 	}
-	if (reload == RELOAD_WATCHED && keep_tree(q, newest(m)) < 0) {
+	if (reload == RELOAD_WATCHED && keep_tree(q, m) < 0) {
 		free(q->keep_root);
 		free(q->keep_resolved);
+		free(q->keep_alt);
 		free(q->name);
 		free(q->path);
 		free(q);
@@ -933,12 +1139,14 @@ queue_load(struct registry *r, const char *name, const char *path, enum pin_mode
 		     load_work, load_after)) < 0) {
 		free(q->keep_root);
 		free(q->keep_resolved);
+		free(q->keep_alt);
 		free(q->name);
 		free(q->path);
 		free(q);
 		return error_set(err, "model \"%s\": %s", name, uv_strerror(err));
 	}
 	m->load_id = q->id;
+	m->room_wait = 0; /* the newest load decides */
 	m->loading++;
 	r->loads_in_flight++;
 	older = m->queued_load;
@@ -1057,6 +1265,10 @@ registry_reload_held(struct registry *r, struct model_entry *m, const char *rele
 {
 	enum reload_kind again = m->reload_again;
 
+	/* A load refused for descriptors waits for a generation to close. */
+	if (m->room_wait && again == RELOAD_NONE && released != NULL &&
+		strcmp(released, RELOAD_CLOSED) == 0)
+		again = RELOAD_WATCHED;
 	if (again == RELOAD_NONE || m->loading > 0 || r->closing)
 		return;
 	m->reload_again = RELOAD_NONE;

@@ -101,6 +101,51 @@ def test_a_link_renamed_over_a_model_directory_waits_for_the_operator(tmp_path):
         assert d.stop() == 0, d.read_log()
 
 
+def test_a_model_with_no_generation_keeps_the_tree_its_operator_found(tmp_path):
+    """rev177 D: a watched reload of a model with no generation (its first
+    load failed, or its files did not exist yet) kept no tree and followed
+    a link renamed over it into bob's model, served as alice's generation
+    1. Now it keeps the tree the operator's last load found: the one the
+    path resolved to (m, whose load failed), or where the path did not
+    exist the tree it would have in its directory (n, f). A link into
+    another directory waits for the operator; her own files appearing
+    there, a directory or one file, still load by themselves."""
+    alice = owned_dir(tmp_path / "alice", ALICE_UID)
+    bob = str(tmp_path / "bob" / "m")
+    os.makedirs(bob)
+    mkmodel(os.path.join(bob, "model.safetensors"), seed=2)
+    for name, seed in (("m.tmp", 1), ("n.tmp", 3), ("f.tmp", 4)):
+        mkmodel(os.path.join(alice, name), seed=seed)
+    as_alice("mkdir m && printf 'garbage-not-a-model' > m/model.safetensors", alice)
+    models = {"alice": os.path.join(alice, "m"), "later": os.path.join(alice, "n"),
+              "file": os.path.join(alice, "f.safetensors"), "bob": bob}
+    d = Daemon(tmp_path, models, user=(DAEMON_UID, GROUP), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "bob": generation 1 warm')
+        d.wait_for_log(r'model "alice": .*not a safetensors file')
+        d.wait_for_log(r'model "later": ')
+        as_alice("ln -s ../bob/m m.new && mv m m.old && mv m.new m && ln -s ../bob/m n", alice)
+        for name, was in (("alice", "m"), ("later", "n")):
+            _, line = d.wait_for_log(r'model "%s": its path .* now resolves into' % name)
+            assert bob in line and "(was %s)" % os.path.join(alice, was) in line, line
+            assert "wcachectl reload %s" % name in line and "not served" in line, line
+        log = d.read_log()
+        assert 'model "alice": generation' not in log and 'model "later": generation' \
+            not in log, log
+
+        # Her own files, in the tree the path names: taken by themselves.
+        as_alice("rm m n && mkdir m.2 n.2 && mv m.tmp m.2/model.safetensors && mv m.2 m"
+                 " && mv n.tmp n.2/model.safetensors && mv n.2 n && mv f.tmp f.safetensors",
+                 alice)
+        for name in ("alice", "later", "file"):
+            d.wait_for_log(r'model "%s": generation 1 warm' % name)
+            assert "generation 1" in served_generation(d, name)
+        assert digest(os.path.join(alice, "m", "model.safetensors")) != digest(
+            os.path.join(bob, "model.safetensors"))
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
 def two_versions(tmp_path):
     """alice's directory (hers) holding her versions v1 and v2 of a model
     and the link m to v1, the path configured; returns the directory."""

@@ -186,6 +186,21 @@ test_load_and_status_page(void **state)
 	free(path);
 }
 
+/* Takes every free descriptor below 333 into fill (their count in *n):
+ * with fd_limit 400, a one-file model's load then takes 333, 334 and 335
+ * and its index's reopen 336, the first of the reserve. */
+static void
+fill_below_333(int *fill, int *n)
+{
+	int fd;
+
+	*n = 0;
+	while ((fd = fcntl(0, F_DUPFD_CLOEXEC, 0)) >= 0 && fd < 333)
+		fill[(*n)++] = fd;
+	assert_int_equal(fd, 333);
+	close(fd);
+}
+
 /*
  * A load whose descriptors reach into the reserve wcached keeps free for
  * its clients (registry_fd_reserve: 64 of an RLIMIT_NOFILE of 400) is
@@ -199,16 +214,13 @@ test_load_stays_out_of_the_fd_reserve(void **state)
 {
 	struct du *t = *state;
 	char *path = du_model(t, "m.safetensors", 1024);
-	int fill[400], n = 0, fd;
+	int fill[400], n;
 
 	t->reg.fd_limit = 400;
 	/* The load's file, its reopen and its index take the lowest free
 	 * descriptors: 333, 334 and 335; the index's reopen would be 336,
 	 * the first of the reserve (400 - 64). */
-	while ((fd = fcntl(0, F_DUPFD_CLOEXEC, 0)) >= 0 && fd < 333)
-		fill[n++] = fd;
-	assert_int_equal(fd, 333);
-	close(fd);
+	fill_below_333(fill, &n);
 	assert_int_equal(du_load(t, "m", path, PIN_NONE, 0), -EMFILE);
 	assert_non_null(strstr(t->message, "its 1 file took descriptors up to 336, into the 64 "
 		"that wcached keeps free below its RLIMIT_NOFILE of 400"));
@@ -218,6 +230,87 @@ test_load_stays_out_of_the_fd_reserve(void **state)
 	assert_int_equal(du_reload(t, "m"), 0);
 	assert_int_equal(du_current(t, "m")->number, 1);
 	free(path);
+}
+
+/* Review rev177 B: a reload whose files are unchanged keeps no descriptor
+ * (it is discarded), so the reserve does not refuse it: it answered
+ * -EMFILE and marked the serving model failed ("its replacement failed",
+ * load_errors 1). A changed file that would reach the reserve still is
+ * refused, and generation 1 serves on. */
+static void
+test_an_unchanged_reload_in_the_fd_reserve_stays_unchanged(void **state)
+{
+	struct du *t = *state;
+	char *path = du_model(t, "m.safetensors", 1024), *next;
+	int fill[400], n;
+	struct model_entry *m;
+
+	t->reg.fd_limit = 400;
+	assert_int_equal(du_load(t, "m", path, PIN_NONE, 0), 0);
+	next = du_model(t, "next.safetensors", 2048);
+	fill_below_333(fill, &n);
+	assert_int_equal(du_reload(t, "m"), 0);
+	assert_string_equal(t->message, "unchanged");
+	m = registry_find(&t->reg, "m");
+	assert_null(m->error);
+	assert_int_equal(m->load_errors, 0);
+
+	assert_int_equal(rename(next, path), 0);
+	assert_int_equal(du_reload(t, "m"), -EMFILE);
+	assert_non_null(strstr(t->message, "into the 64 that wcached keeps free"));
+	assert_int_equal(du_current(t, "m")->number, 1);
+	assert_int_equal(m->load_errors, 1);
+	while (n > 0)
+		close(fill[--n]);
+	free(next);
+	free(path);
+}
+
+static bool
+served(struct du *t, void *arg)
+{
+	struct model_entry *m = registry_find(&t->reg, arg);
+
+	return m != NULL && m->current != NULL && m->loading == 0;
+}
+
+/* Review rev177 F: a load refused for descriptors says that letting
+ * workers release older generations mends it, but nothing loaded it again
+ * once they did. Now the first generation to close after the refusal
+ * loads it again, as a reload wcached makes by itself. */
+static void
+test_a_load_refused_for_descriptors_loads_when_a_generation_closes(void **state)
+{
+	struct du *t = *state;
+	char *a = du_model(t, "a.safetensors", 1024), *m = du_model(t, "m.safetensors", 1024);
+	char *next = du_model(t, "next.safetensors", 2048), msg[64];
+	struct registry_attachment att;
+	int fill[400], n;
+
+	/* a's generation 1, attached, retired by its generation 2. */
+	assert_int_equal(du_load(t, "a", a, PIN_NONE, 0), 0);
+	assert_int_equal(registry_attach(&t->reg, "a", &root_peer, &att, msg, sizeof(msg)), 0);
+	assert_int_equal(rename(next, a), 0);
+	assert_int_equal(du_reload(t, "a"), 0);
+	assert_int_equal(du_current(t, "a")->number, 2);
+
+	t->reg.fd_limit = 400;
+	fill_below_333(fill, &n);
+	assert_int_equal(du_load(t, "m", m, PIN_NONE, 0), -EMFILE);
+	assert_non_null(strstr(t->message, "(it is loaded again when one closes)"));
+	assert_null(registry_find(&t->reg, "m")->current);
+	while (n > 0)
+		close(fill[--n]);
+	/* Nothing loads it again until a generation closes. */
+	assert_int_equal(registry_find(&t->reg, "m")->loading, 0);
+	registry_release(&t->reg, att.gen);
+	assert_int_equal(registry_find(&t->reg, "m")->loading, 1);
+	du_run_until(t, served, "m");
+	assert_int_equal(du_current(t, "m")->number, 1);
+	assert_null(registry_find(&t->reg, "m")->error);
+	free(next);
+	free(m);
+	free(a);
 }
 
 static void
@@ -945,6 +1038,12 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_load_and_status_page, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_load_missing_file, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_load_stays_out_of_the_fd_reserve, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_an_unchanged_reload_in_the_fd_reserve_stays_unchanged, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_a_load_refused_for_descriptors_loads_when_a_generation_closes, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_load_faults, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_load_index_reopen_fails, setup, teardown),
