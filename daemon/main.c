@@ -421,6 +421,19 @@ control_reload(void *arg, registry_done_fn done, void *done_arg)
 	return reload_config(arg, done, done_arg);
 }
 
+/* A start that fails once start_control() has made the control socket:
+ * the socket files this start made are removed first (so that wcachectl
+ * finds no control socket rather than a dead one), then fatalx() with the
+ * error (error_get()). */
+static _Noreturn void
+start_fatal(struct daemon *d)
+{
+	char *msg = strdup(error_get());
+
+	stop_remove_sockets(d);
+	fatalx("%s", msg != NULL ? msg : "out of memory");
+}
+
 /* Opens the control socket: 0600, or 0660 for control_group. */
 static void
 start_control(struct daemon *d)
@@ -522,10 +535,14 @@ drop_privileges(struct daemon *d)
 		lchown(d->created_socket.path, c->user_uid, c->user_gid) == -1) ||
 		(d->created_control.path != NULL &&
 			lchown(d->created_control.path, c->user_uid,
-				c->control_group != NULL ? (gid_t)-1 : c->user_gid) == -1))
-		fatal("user = %s: chown of the sockets", c->user);
+				c->control_group != NULL ? (gid_t)-1 : c->user_gid) == -1)) {
+		int e = errno;
+
+		error_set(-e, "user = %s: chown of the sockets: %s", c->user, strerror(e));
+		start_fatal(d);
+	}
 	if (become_user(c) < 0)
-		fatalx("%s", error_get());
+		start_fatal(d);
 	d->control_ctx.daemon_uid = c->user_uid;
 	log_info("running as user %s (uid %u)", c->user, (unsigned)c->user_uid);
 }
@@ -737,10 +754,10 @@ main(int argc, char **argv)
 	start_control(&d);
 	r = listen_fds_take("client", SOCK_SEQPACKET, &d.listen_fd);
 	if (r < 0)
-		fatalx("%s", error_get());
+		start_fatal(&d);
 	if (r == 0) {
 		if ((d.listen_fd = server_listen_path(d.cfg->socket_path, 0660)) < 0)
-			fatalx("%s", error_get());
+			start_fatal(&d);
 		stop_made_socket(&d.created_socket, d.cfg->socket_path);
 	}
 	listen_fds_unset();

@@ -655,6 +655,20 @@ def test_live_daemon_on_same_socket_is_an_error(daemon, tmp_path):
     assert_serving(daemon)
 
 
+def test_a_start_refused_on_a_busy_client_socket_leaves_no_control_socket(daemon, tmp_path):
+    """The control socket is made before the client socket: a start that then
+    finds another wcached on the client socket removes the one it made
+    (review rev179 F11)."""
+    control = tmp_path / "second-control.sock"
+    conf = tmp_path / "second.conf"
+    conf.write_text(f"[wcached]\nsocket = {daemon.socket}\ncontrol = {control}\n")
+    r = subprocess.run([binary("wcached"), "-c", str(conf)], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 1 and "another wcached is listening there" in r.stderr, r.stderr
+    assert not os.path.lexists(control), r.stderr
+    assert_serving(daemon)
+
+
 @root_daemon
 def test_stale_socket_is_replaced(tmp_path, model):
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
