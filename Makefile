@@ -25,7 +25,7 @@ DEPS = cmake make gcc clang libclang-rt-14-dev pkg-config libuv1-dev libinih-dev
        python3-torch procps systemd util-linux debhelper dh-python dpkg-dev binutils \
        groff-base man-db clang-tidy cppcheck python3-pip python3-venv python3-yaml \
        systemd-container debootstrap strace valgrind podman runc catatonit uidmap \
-       slirp4netns fuse-overlayfs btrfs-progs python3-fsspec
+       slirp4netns fuse-overlayfs btrfs-progs python3-fsspec lintian prometheus
 
 .PHONY: all deps build layers columns test test-asan test-release test-system lint fuzz bench demo \
 	gpu-carry install deb clean
