@@ -422,3 +422,60 @@ def test_run_sh_without_a_cuda_device(tmp_path):
     assert "== host info: " in r.stderr and "== make the model" not in r.stderr, out
     assert "wcache device check, " in r.stdout and "FAILED step: CUDA device" in r.stdout, out
     assert time.monotonic() - t0 < 120, out
+
+
+def _slow_cuda_check(tmp_path, first_sleep, then):
+    """A stand-in interpreter for a fresh machine: the CUDA check sleeps
+    first_sleep seconds the first time (torch's first import from a cold
+    disk), then does `then` (a shell command); making the model and
+    host-info succeed at once without doing anything, the rest is Python."""
+    wrapper = tmp_path / "python"
+    marker = tmp_path / "checked"
+    wrapper.write_text(f"#!/bin/sh\ncase \"$*\" in *'torch.cuda.is_available()'*)\n"
+                       f"\tif [ -e {marker} ]; then {then}; fi\n"
+                       f"\ttouch {marker}; exec sleep {first_sleep} ;;\n"
+                       f"*' gen '*|*' host-info'*) exit 0 ;;\nesac\n"
+                       f"exec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def test_run_sh_tries_a_cuda_check_that_timed_out_again(tmp_path):
+    """The CUDA check is the run's first import of torch, which on a
+    machine just lent may outlast its limit: it is tried once more (warm
+    then), and the run goes on where that answers. Before, its timeout
+    said "no CUDA device" and skipped every measurement."""
+    wrapper = _slow_cuda_check(tmp_path, 1000, "exit 0")
+    env = without_transformers(tmp_path / "hide", dict(
+        os.environ, PYTHON=str(wrapper), CUDA_CHECK_TIMEOUT="3"))
+    env.pop("GPUBENCH_CPU", None)
+    r = subprocess.run([os.path.join(REPO, "tests", "gpu", "run.sh"), "--gib", "0.01",
+                        "--work", str(tmp_path / "work")], env=env, capture_output=True,
+                       text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert "== CUDA device: TIMEOUT after 3s" in r.stderr, out
+    assert "== CUDA device, again (warm now): " in r.stderr and \
+        "again (warm now): TIMEOUT" not in r.stderr, out
+    assert "no CUDA device" not in out and "FAILED step: CUDA device" not in out, out
+    assert "== make the model" in r.stderr, out  # the measurements were not skipped
+    assert "wcache device check, " in r.stdout, out
+
+
+def test_run_sh_says_a_cuda_check_timed_out(tmp_path):
+    """A CUDA check that times out twice skips the measurements, and says
+    it timed out: not "no CUDA device", which it never learnt."""
+    wrapper = _slow_cuda_check(tmp_path, 1000, "exec sleep 1000")
+    env = without_transformers(tmp_path / "hide", dict(
+        os.environ, PYTHON=str(wrapper), CUDA_CHECK_TIMEOUT="3"))
+    env.pop("GPUBENCH_CPU", None)
+    r = subprocess.run([os.path.join(REPO, "tests", "gpu", "run.sh"), "--gib", "0.01",
+                        "--work", str(tmp_path / "work")], env=env, capture_output=True,
+                       text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert "== CUDA device: TIMEOUT after 3s" in r.stderr, out
+    assert "== CUDA device, again (warm now): TIMEOUT after 3s" in r.stderr, out
+    assert "== the CUDA check timed out twice" in r.stderr, out
+    assert "no CUDA device" not in out, out
+    assert "FAILED step: CUDA device (timed out twice)" in r.stdout, out
+    assert "== make the model" not in r.stderr, out
