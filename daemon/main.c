@@ -231,8 +231,9 @@ check_stage_dir(const struct config *cfg, uid_t owner, int makes_parents)
 	return err != 0;
 }
 
-/* --check of every model: opened and validated as this process can;
- * one line each. Returns 1 when one is not valid. */
+/* --check of every model: opened, validated and given the sparse-file
+ * check (gen_check_holes) as a load would, as this process can; one line
+ * each. Returns 1 when one is not valid. */
 static int
 check_models(const struct config *cfg)
 {
@@ -250,7 +251,7 @@ check_models(const struct config *cfg)
 			bad = 1;
 			continue;
 		}
-		if (index_open(s.index, s.index_len, &h) == 0) {
+		if (index_open(s.index, s.index_len, &h) == 0 && gen_check_holes(&s) >= 0) {
 			printf("model \"%s\": ok: %" PRIu64 " tensors in %zu file%s (%s)\n",
 				m->name, h.tensor_count, s.nfiles, s.nfiles == 1 ? "" : "s",
 				source_format_name(s.format));

@@ -128,6 +128,25 @@ def test_check_validates_models(tmp_path, model):
     assert 'model "trunc"' in r.stderr and "trunc.safetensors" in r.stderr
 
 
+def test_check_refuses_a_sparse_model_as_the_start_does(tmp_path, model):
+    """rev179 F8: --check opened and validated each model but made no
+    sparse-file check (gen_check_holes), so a file of 200 MiB of holes passed
+    it (exit 0) and the start then refused it."""
+    size = 200 << 20
+    header = json.dumps({"t": {"dtype": "U8", "shape": [size], "data_offsets": [0, size]}})
+    header = (header + " " * (-len(header) % 8)).encode()
+    sparse = tmp_path / "sparse.safetensors"
+    sparse.write_bytes(struct.pack("<Q", len(header)) + header)
+    os.truncate(sparse, 8 + len(header) + size)
+    d = Daemon(tmp_path, {"small": model, "sp": str(sparse)})
+    r = subprocess.run([binary("wcached"), "--check", "-c", d.conf], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert 'model "small": ok' in r.stdout and 'model "sp"' not in r.stdout, r.stdout
+    assert f'model "sp": {sparse}: a sparse file: {8 + len(header) + size} bytes long' \
+        in r.stderr and "cp --sparse=never" in r.stderr, r.stderr
+
+
 def test_check_escapes_what_a_model_file_chose_and_checks_the_sockets(tmp_path, model):
     """--check, run by an operator at a terminal, prints the path a sharded
     model's index names with its escapes made visible, never raw; a socket
