@@ -429,10 +429,11 @@ control_reload(void *arg, registry_done_fn done, void *done_arg)
 static _Noreturn void
 start_fatal(struct daemon *d)
 {
-	char *msg = strdup(error_get());
+	char msg[ERROR_MAX];
 
+	snprintf(msg, sizeof(msg), "%s", error_get());
 	stop_remove_sockets(d);
-	fatalx("%s", msg != NULL ? msg : "out of memory");
+	fatalx("%s", msg);
 }
 
 /* Opens the control socket: 0600, or 0660 for control_group. */
