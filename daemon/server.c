@@ -472,6 +472,9 @@ conn_read(struct conn *c)
 		case WIRE_ABANDON:
 			request_abandon(c, &msg);
 			break;
+		case WIRE_ORIGINS:
+			request_origins(c, &msg);
+			break;
 		default:
 			conn_error(c, msg.h.seq, -EBADMSG, 1, "unexpected message type %u",
 				msg.h.type);

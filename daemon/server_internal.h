@@ -167,6 +167,7 @@ void request_derive(struct conn *c, const struct wire_message *msg);
 /* PUBLISH takes fd (the memfd that came with it) whatever happens. */
 void request_publish(struct conn *c, const struct wire_message *msg, int fd);
 void request_abandon(struct conn *c, const struct wire_message *msg);
+void request_origins(struct conn *c, const struct wire_message *msg);
 
 /* server_budget.c: the descriptors replies have in flight, and the budget
  * that holds back the replies of a client that leaves them unread. */

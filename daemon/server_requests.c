@@ -163,6 +163,89 @@ request_attach(struct conn *c, const struct wire_message *msg)
 	send_attachment(c, msg->h.seq, &at, 0, what);
 }
 
+/* The nanoseconds of a timespec, as wc_file_identity has them. */
+static int64_t
+time_ns(const struct timespec *t)
+{
+	return (int64_t)t->tv_sec * 1000000000 + t->tv_nsec;
+}
+
+/* Whether g's files are staged copies whose every origin is known: one per
+ * file, each with its ctime (a generation restored from a store before
+ * version 5 has none). */
+static int
+origins_known(const struct generation *g, uint32_t file_count)
+{
+	if (g->origin == NULL || g->norigin != file_count || file_count == 0)
+		return 0;
+	for (size_t i = 0; i < g->norigin; i++)
+		if (g->origin[i].st.st_ctim.tv_sec == 0 && g->origin[i].st.st_ctim.tv_nsec == 0)
+			return 0;
+	return 1;
+}
+
+/*
+ * ORIGINS (PROTOCOL.md): what the files of the model's current generation
+ * that are staged copies were copied from (their fstat then), from file
+ * first on, for a client that may attach it (registry_attach's checks;
+ * that attach is released at once). A generation that serves its files
+ * where they are has none (file_count 0). libwcache sends it alone on a
+ * connection of its own: a wcached before it closes the connection.
+ */
+void
+request_origins(struct conn *c, const struct wire_message *msg)
+{
+	struct server *s = c->srv;
+	struct registry_peer peer = conn_peer(c);
+	struct registry_attachment at;
+	struct wire_origins_ok ok = { 0 };
+	char name[WIRE_MAX_NAME + 1], text[WIRE_MAX_MESSAGE];
+	uint8_t buf[WIRE_MAX_MESSAGE];
+	uint32_t first;
+	const char *p;
+	size_t len;
+	ssize_t n;
+	int err;
+
+	if (wire_get_origins(msg, &first, &p, &len) < 0) {
+		conn_error(c, msg->h.seq, -EBADMSG, 1, "malformed ORIGINS");
+		return;
+	}
+	memcpy(name, p, len);
+	name[len] = '\0';
+	if ((err = registry_attach(s->reg, name, &peer, &at, text, sizeof(text))) < 0) {
+		conn_error(c, msg->h.seq, err, 0, "%s", text);
+		return;
+	}
+	ok.generation = at.generation;
+	if (origins_known(at.gen, at.file_count)) {
+		ok.file_count = at.file_count;
+		ok.first = first < at.file_count ? first : 0;
+		ok.n = wire_origins_in_reply(ok.file_count, ok.first);
+		for (size_t i = 0; i < ok.n; i++) {
+			const struct stat *st = &at.gen->origin[ok.first + i].st;
+
+			ok.origins[i] = (struct wire_origin){ .dev = (uint64_t)st->st_dev,
+				.ino = (uint64_t)st->st_ino, .size = (uint64_t)st->st_size,
+				.mtime_ns = time_ns(&st->st_mtim),
+				.ctime_ns = time_ns(&st->st_ctim) };
+		}
+	}
+	conn_release(c, at.gen);
+	if (ok.file_count > 0 && ok.first != first) {
+		conn_error(c, msg->h.seq, -ERANGE, 0, "file %" PRIu32 ": generation %" PRIu64
+			" has %" PRIu32 " files", first, ok.generation, ok.file_count);
+		return;
+	}
+	if ((n = wire_put_origins_ok(buf, sizeof(buf), msg->h.seq, &ok)) < 0) {
+		conn_error(c, msg->h.seq, -EPROTO, 0, "cannot encode reply");
+		return;
+	}
+	log_debug("client pid %d: origins of \"%s\" generation %" PRIu64 " from file %" PRIu32
+		" (%zu)", (int)c->pid, name, ok.generation, ok.first, ok.n);
+	conn_send(c, buf, (size_t)n, NULL, 0);
+}
+
 /* ---- derived artifacts (derive.h) ---- */
 
 /* Attaches artifact a for c, which waited for it, and says what with what. */

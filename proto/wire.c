@@ -42,6 +42,8 @@ _Static_assert(WIRE_HEADER_SIZE + WIRE_DERIVE_FIXED + WIRE_MAX_KEY + WIRE_MAX_NA
 	WIRE_MAX_MESSAGE, "a DERIVE with the longest key and name fits in one message");
 _Static_assert(WIRE_HEADER_SIZE + 8 + WIRE_MAX_REASON <= WIRE_MAX_MESSAGE,
 	"an ABANDON with the longest reason fits in one message");
+_Static_assert(WIRE_HEADER_SIZE + WIRE_ORIGINS_FIXED + WIRE_ORIGINS_PER_REPLY * WIRE_ORIGIN_SIZE <=
+	WIRE_MAX_MESSAGE, "an ORIGINS_OK with the most origins fits in one message");
 /* The refusal texts below are static (an ERROR's reason points at them), so
  * they spell the limits out: these keep the texts and the limits in step. */
 _Static_assert(WIRE_MAX_MESSAGE == 4096 && WIRE_MAX_NAME == 1024 && WIRE_MAX_REASON == 1024 &&
@@ -70,6 +72,34 @@ static int
 attach_ok_valid(const uint8_t *p)
 {
 	return get_le32(p + 24) <= WIRE_MAX_FILES && (get_le32(p + 28) & ~WIRE_ATTACH_STATUS) == 0;
+}
+
+size_t
+wire_origins_in_reply(uint32_t file_count, uint32_t first)
+{
+	uint32_t left = first < file_count ? file_count - first : 0;
+
+	return left < WIRE_ORIGINS_PER_REPLY ? left : WIRE_ORIGINS_PER_REPLY;
+}
+
+/* The ORIGINS_OK payload of n bytes at p is well formed: file_count at most
+ * WIRE_MAX_FILES, first below it (0 of 0), and the origins that must follow. */
+static const char *
+origins_ok_invalid(const uint8_t *p, uint32_t n)
+{
+	uint32_t count, first;
+
+	if (n < WIRE_ORIGINS_FIXED)
+		return "shorter than its 16 bytes";
+	count = get_le32(p + 8);
+	first = get_le32(p + 12);
+	if (count > WIRE_MAX_FILES)
+		return "more than 250 files";
+	if (count == 0 ? first != 0 : first >= count)
+		return "first is not a file";
+	if (n != WIRE_ORIGINS_FIXED + wire_origins_in_reply(count, first) * WIRE_ORIGIN_SIZE)
+		return "not as many origins as its count leaves";
+	return NULL;
 }
 
 /* The checks of a name of n bytes at p (ATTACH, HOLD, CHANGED, DERIVE):
@@ -137,8 +167,16 @@ check_payload(uint16_t type, const uint8_t *p, uint32_t n)
 		if (n < 8)
 			return "shorter than its 8-byte generation";
 		return name_invalid(p + 8, n - 8);
+	case WIRE_ORIGINS:
+		if (n < 8)
+			return "shorter than its 8-byte first file";
+		if (get_le64(p) >= WIRE_MAX_FILES)
+			return "first file past the 250 a model has";
+		return name_invalid(p + 8, n - 8);
 	case WIRE_RELEASE_OK:
 		return n == 0 ? NULL : "payload is not empty";
+	case WIRE_ORIGINS_OK:
+		return origins_ok_invalid(p, n);
 	case WIRE_ERROR:
 		if (n < WIRE_ERROR_MIN)
 			return "shorter than its 4-byte code";
@@ -165,6 +203,8 @@ wire_type_name(uint16_t type)
 	case WIRE_DERIVE: return "DERIVE";
 	case WIRE_PUBLISH: return "PUBLISH";
 	case WIRE_ABANDON: return "ABANDON";
+	case WIRE_ORIGINS: return "ORIGINS";
+	case WIRE_ORIGINS_OK: return "ORIGINS_OK";
 	case WIRE_ATTACH_OK: return "ATTACH_OK";
 	case WIRE_RELEASE_OK: return "RELEASE_OK";
 	case WIRE_HOLD_OK: return "HOLD_OK";
@@ -578,6 +618,45 @@ wire_get_hold(const struct wire_message *m, uint64_t *generation, const char **n
 	return get_u64_name(m, WIRE_HOLD, generation, name, name_len);
 }
 
+/* The first file (a u64 on the wire, below WIRE_MAX_FILES: the decoder
+ * checked) and model name of an ORIGINS. */
+int
+wire_get_origins(const struct wire_message *m, uint32_t *first, const char **name,
+	size_t *name_len)
+{
+	uint64_t f;
+	int rc;
+
+	if (first == NULL)
+		return -EINVAL;
+	if ((rc = get_u64_name(m, WIRE_ORIGINS, &f, name, name_len)) < 0)
+		return rc;
+	*first = (uint32_t)f;
+	return 0;
+}
+
+int
+wire_get_origins_ok(const struct wire_message *m, struct wire_origins_ok *out)
+{
+	int rc = check_message(m, WIRE_ORIGINS_OK);
+	const uint8_t *p;
+
+	if (rc < 0)
+		return rc;
+	if (out == NULL)
+		return -EINVAL;
+	out->generation = get_le64(m->payload);
+	out->file_count = get_le32(m->payload + 8);
+	out->first = get_le32(m->payload + 12);
+	out->n = out->file_count == 0 ? 0 : wire_origins_in_reply(out->file_count, out->first);
+	p = m->payload + WIRE_ORIGINS_FIXED;
+	for (size_t i = 0; i < out->n; i++, p += WIRE_ORIGIN_SIZE)
+		out->origins[i] = (struct wire_origin){ .dev = get_le64(p), .ino = get_le64(p + 8),
+			.size = get_le64(p + 16), .mtime_ns = (int64_t)get_le64(p + 24),
+			.ctime_ns = (int64_t)get_le64(p + 32) };
+	return 0;
+}
+
 /* A message of type: u64 generation, then the name (1..WIRE_MAX_NAME
  * bytes, no NUL). */
 static ssize_t
@@ -608,6 +687,47 @@ wire_put_hold(uint8_t *buf, size_t cap, uint32_t seq, uint64_t generation, const
 	size_t len)
 {
 	return put_u64_name(buf, cap, WIRE_HOLD, seq, generation, name, len);
+}
+
+/* ORIGINS: the first file wanted (below WIRE_MAX_FILES) and a name as
+ * ATTACH's. */
+ssize_t
+wire_put_origins(uint8_t *buf, size_t cap, uint32_t seq, uint32_t first, const char *name,
+	size_t len)
+{
+	if (first >= WIRE_MAX_FILES)
+		return -EINVAL;
+	return put_u64_name(buf, cap, WIRE_ORIGINS, seq, first, name, len);
+}
+
+ssize_t
+wire_put_origins_ok(uint8_t *buf, size_t cap, uint32_t seq, const struct wire_origins_ok *ok)
+{
+	size_t len;
+	uint8_t *p;
+
+	if (buf == NULL || ok == NULL || ok->file_count > WIRE_MAX_FILES ||
+		(ok->file_count == 0 ? ok->first != 0 : ok->first >= ok->file_count) ||
+		ok->n != (ok->file_count == 0 ? 0 :
+			wire_origins_in_reply(ok->file_count, ok->first)))
+		return -EINVAL;
+	len = WIRE_ORIGINS_FIXED + ok->n * WIRE_ORIGIN_SIZE;
+	if (cap < WIRE_HEADER_SIZE + len)
+		return -EMSGSIZE;
+	put_header(buf, WIRE_ORIGINS_OK, (uint32_t)len, seq);
+	p = buf + WIRE_HEADER_SIZE;
+	put_le64(p, ok->generation);
+	put_le32(p + 8, ok->file_count);
+	put_le32(p + 12, ok->first);
+	p += WIRE_ORIGINS_FIXED;
+	for (size_t i = 0; i < ok->n; i++, p += WIRE_ORIGIN_SIZE) {
+		put_le64(p, ok->origins[i].dev);
+		put_le64(p + 8, ok->origins[i].ino);
+		put_le64(p + 16, ok->origins[i].size);
+		put_le64(p + 24, (uint64_t)ok->origins[i].mtime_ns);
+		put_le64(p + 32, (uint64_t)ok->origins[i].ctime_ns);
+	}
+	return (ssize_t)(WIRE_HEADER_SIZE + len);
 }
 
 /* RELEASE_OK: an empty payload. */

@@ -38,6 +38,9 @@ enum wire_type {
 	WIRE_PUBLISH = 5,     /* client, a builder: u64 build token; one fd: the artifact memfd */
 	WIRE_ABANDON = 6,     /* client, a builder: u64 build token, then a reason,
 				 0..WIRE_MAX_REASON bytes, no NUL */
+	WIRE_ORIGINS = 7,     /* client, only on a connection of its own (a wcached
+				 before it closes the connection on it): u64 first,
+				 then the model name as in ATTACH */
 	WIRE_ATTACH_OK = 129, /* daemon: struct wire_attach_ok; fds: index memfd, then files */
 	WIRE_RELEASE_OK = 130,/* daemon: empty payload */
 	WIRE_HOLD_OK = 132,   /* daemon: u64 handle of the attach HOLD made */
@@ -45,6 +48,10 @@ enum wire_type {
 				 build token; fds as ATTACH_OK */
 	WIRE_CHANGED = 131,   /* daemon, unsolicited (seq 0): u64 generation (0: no longer
 				 served), then the model name, 1..WIRE_MAX_NAME bytes */
+	WIRE_ORIGINS_OK = 134,/* daemon: u64 generation, u32 file_count (0: it serves
+				 no staged copies), u32 first, then the origins of
+				 files first.. (at most WIRE_ORIGINS_PER_REPLY),
+				 WIRE_ORIGIN_SIZE bytes each */
 	WIRE_ERROR = 255,     /* daemon: positive errno code 1..4095 (i32), then UTF-8
 				 text (no NUL) */
 };
@@ -71,6 +78,33 @@ struct wire_attach_ok {
  * page (a read-only memfd of u64 slots), and status_slot is the model's slot,
  * which holds its current generation. */
 #define WIRE_ATTACH_STATUS 1u
+
+/* An ORIGINS_OK's fixed part, and each origin: what the file a staged copy
+ * was made from was when wcached copied it (its fstat: st_dev, st_ino,
+ * st_size, st_mtim and st_ctim in ns), as u64, u64, u64, i64, i64. */
+#define WIRE_ORIGINS_FIXED 16u
+#define WIRE_ORIGIN_SIZE 40u
+#define WIRE_ORIGINS_PER_REPLY 100u
+struct wire_origin {
+	uint64_t dev;
+	uint64_t ino;
+	uint64_t size;
+	int64_t mtime_ns;
+	int64_t ctime_ns;
+};
+
+/* How many origins an ORIGINS_OK carries from first of file_count: as many
+ * as are left, at most WIRE_ORIGINS_PER_REPLY (0 when first is past them). */
+size_t wire_origins_in_reply(uint32_t file_count, uint32_t first);
+
+/* The fields of an ORIGINS_OK; origins has n entries, of files first.. */
+struct wire_origins_ok {
+	uint64_t generation;
+	uint32_t file_count;
+	uint32_t first;
+	size_t n;
+	struct wire_origin origins[WIRE_ORIGINS_PER_REPLY];
+};
 
 /* The fields of a DERIVE. key and name point into the message, not
  * NUL-terminated. */
@@ -133,6 +167,9 @@ int wire_get_publish(const struct wire_message *m, uint64_t *token);
 int wire_get_abandon(const struct wire_message *m, uint64_t *token, const char **reason,
 	size_t *reason_len);
 int wire_get_build(const struct wire_message *m, struct wire_attach_ok *source, uint64_t *token);
+int wire_get_origins(const struct wire_message *m, uint32_t *first, const char **name,
+	size_t *name_len);
+int wire_get_origins_ok(const struct wire_message *m, struct wire_origins_ok *out);
 
 /* Encoders: write the whole message to buf (cap bytes) and return its length,
  * -EMSGSIZE when cap is too small, or -EINVAL for arguments that cannot form
@@ -156,5 +193,11 @@ ssize_t wire_put_abandon(uint8_t *buf, size_t cap, uint32_t seq, uint64_t token,
 	const char *reason);
 ssize_t wire_put_build(uint8_t *buf, size_t cap, uint32_t seq,
 	const struct wire_attach_ok *source, uint64_t token);
+ssize_t wire_put_origins(uint8_t *buf, size_t cap, uint32_t seq, uint32_t first,
+	const char *name, size_t len);
+/* ok->n origins (at most WIRE_ORIGINS_PER_REPLY, as many as are left from
+ * ok->first of ok->file_count; none when file_count is 0). */
+ssize_t wire_put_origins_ok(uint8_t *buf, size_t cap, uint32_t seq,
+	const struct wire_origins_ok *ok);
 
 #endif

@@ -212,6 +212,81 @@ attach_as(wc_client *c, const char *model, wc_model **out, enum attach_request r
 	return 0;
 }
 
+/*
+ * The origins of m's files (PROTOCOL.md, ORIGINS): asked of wcached once
+ * per attach, on a connection of its own (a wcached that does not know
+ * ORIGINS closes the connection it came on: none of this client's), and
+ * kept in m's record; a client whose wcached refused is not asked again.
+ */
+int
+wc_model_file_origin(wc_model *m, size_t file, wc_file_identity *out)
+{
+	struct attach_record *a;
+	wc_file_identity *origins;
+	wc_client *c;
+	char *path;
+	int ms, r;
+
+	if (m == NULL || out == NULL)
+		return error_set(-EINVAL, "wc_model_file_origin: no model or no identity");
+	if (file >= wc_model_file_count(m))
+		return error_set(-ERANGE, "%s: file %zu of %zu", m->name, file,
+			wc_model_file_count(m));
+	a = m->release == attach_release ? m->release_ctx : NULL;
+	if (a == NULL || a->kind != ATTACH_KIND_GENERATION)
+		return error_set(-ENOENT, "%s: not a model attached through wcached (no staged "
+			"copies)", m->name);
+	pthread_mutex_lock(&clients_lock);
+	r = a->am.origins != NULL ? 0 : a->am.origins_none ? 1 : -1;
+	if (r == 0)
+		*out = a->am.origins[file];
+	pthread_mutex_unlock(&clients_lock);
+	if (r >= 0)
+		goto known;
+	if ((c = attach_client_get(a)) == NULL)
+		return error_set(-ENOTCONN, "%s: its client was disconnected", m->name);
+	pthread_mutex_lock(&clients_lock);
+	r = c->origins_refused ? -ENOTSUP : 0;
+	pthread_mutex_unlock(&clients_lock);
+	path = strdup(c->path);
+	if (r == 0 && (r = request_timeout_default(&ms)) == 0 && path != NULL) {
+		if ((origins = calloc(wc_model_file_count(m), sizeof(*origins))) == NULL)
+			r = error_set(-ENOMEM, "%s: out of memory", m->name);
+		else if ((r = request_origins(path, ms, m->name, m->generation,
+			wc_model_file_count(m), origins)) >= 0) {
+			pthread_mutex_lock(&clients_lock);
+			if (a->am.origins == NULL && !a->am.origins_none) {
+				a->am.origins_none = r == 1;
+				a->am.origins = r == 0 ? origins : NULL;
+				origins = r == 0 ? NULL : origins;
+			}
+			if (a->am.origins != NULL)
+				*out = a->am.origins[file];
+			r = a->am.origins != NULL ? 0 : 1;
+			pthread_mutex_unlock(&clients_lock);
+		} else if (r == -ENOTSUP) {
+			pthread_mutex_lock(&clients_lock);
+			c->origins_refused = 1;
+			pthread_mutex_unlock(&clients_lock);
+		}
+		free(origins);
+	} else if (r == -ENOTSUP) {
+		error_set(r, "wcached at %s does not say what its staged copies were copied from "
+			"(it is older than this libwcache)", c->path);
+	} else if (path == NULL) {
+		r = error_set(-ENOMEM, "%s: out of memory", m->name);
+	}
+	free(path);
+	attach_client_put(c);
+	if (r < 0)
+		return r;
+known:
+	if (r == 1)
+		return error_set(-ENOENT, "%s: file %zu is not a staged copy (wcached serves it "
+			"where it is)", m->name, file);
+	return 0;
+}
+
 int
 wc_attach(wc_client *c, const char *model, wc_model **out)
 {

@@ -68,6 +68,9 @@ struct wc_client {
 	 * waiting, and taken under lock where both are. */
 	pthread_mutex_t released_lock;
 	struct attach_record *released;
+	/* wcached refused ORIGINS (older than it): not asked again
+	 * (wc_model_file_origin; under attach.c's clients_lock). */
+	int origins_refused;
 };
 
 /* What an attach holds on the daemon's side, which decides whether a

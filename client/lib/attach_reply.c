@@ -335,7 +335,7 @@ attach_reply_grant(enum attach_request req, const char *name, const char *key,
 {
 	struct wire_message msg;
 	struct wire_attach_ok ok;
-	struct attach_model a = { NULL, 0, NULL, NULL };
+	struct attach_model a = { 0 };
 	/* How messages name what was asked, and the name of what came. */
 	char what[WIRE_MAX_NAME + WIRE_MAX_KEY + 32], model[WIRE_MAX_NAME + WIRE_MAX_KEY + 8];
 	uint64_t build_token = 0;
@@ -421,5 +421,6 @@ attach_model_free(struct attach_model *a)
 	model_free(a->model);
 	attach_index_unref(a->index);
 	attach_status_unref(a->status);
+	free(a->origins);
 	memset(a, 0, sizeof(*a));
 }

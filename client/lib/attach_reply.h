@@ -60,6 +60,12 @@ struct attach_model {
 	uint64_t handle;               /* the daemon's, for RELEASE */
 	struct attach_index *index;
 	struct attach_status *status;  /* NULL when the page failed its checks */
+	/* What wcached said the files were copied from (attach.c,
+	 * wc_model_file_origin, asked once): origins (one per file), or
+	 * origins_none when they are not staged copies; set once, under
+	 * attach.c's clients_lock. */
+	wc_file_identity *origins;
+	int origins_none;
 };
 
 /* Drop one reference to a status page or an index mapping, unmapping it

@@ -44,6 +44,7 @@
  * to name them in HOLDs, and calls nothing in attach.c.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
@@ -509,6 +510,104 @@ request_open(const char *path, int ms, int *out)
 static ssize_t roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq,
 	int send_fd, int limit_ms, uint8_t *buf, size_t cap, int *fds, size_t maxfds, size_t *nfds,
 	struct wire_message *msg, int *dead);
+
+/* One ORIGINS of files first.. of generation's name on fd (a connection of
+ * its own) and its reply into ok, within ms from start; -errno with the
+ * message (-ENOTSUP for a wcached that does not know ORIGINS). */
+static int
+origins_page(int fd, const char *path, int ms, const struct timespec *start, const char *name,
+	uint32_t first, struct wire_origins_ok *ok)
+{
+	uint8_t req[WIRE_MAX_MESSAGE], buf[WIRE_MAX_MESSAGE];
+	struct wire_message msg;
+	const char *text;
+	size_t nfds = 0, len;
+	int32_t code;
+	ssize_t n;
+	int r;
+
+	if ((n = wire_put_origins(req, sizeof(req), first + 1, first, name, strlen(name))) < 0)
+		return error_set((int)n, "wcached at %s: ORIGINS of \"%s\": cannot encode it", path,
+			name);
+	len = (size_t)n;
+	while ((n = fdp_send_intr(fd, req, len, NULL, 0)) == -EAGAIN || n == -EINTR)
+		if ((r = wait_for(fd, POLLOUT, ms, start)) <= 0)
+			return error_set(r == 0 ? -ETIMEDOUT : r, "wcached at %s: ORIGINS: "
+				"could not send it within %.3g s", path, ms / 1000.0);
+	if (n < 0)
+		return error_set((int)n, "wcached at %s: ORIGINS: send: %s", path,
+			strerror((int)-n));
+	while ((n = fdp_recv_intr(fd, buf, sizeof(buf), NULL, 0, &nfds)) == -EAGAIN ||
+		n == -EINTR)
+		if ((r = wait_for(fd, POLLIN, ms, start)) <= 0)
+			return error_set(r == 0 ? -ETIMEDOUT : r, "wcached at %s: ORIGINS: "
+				"no answer within %.3g s", path, ms / 1000.0);
+	/* A wcached before ORIGINS refuses the type (an ERROR, then it
+	 * closes): nothing else is on this connection. */
+	if (n == 0 || n == -ECONNRESET ||
+		(n > 0 && wire_decode(buf, (size_t)n, &msg) == 0 &&
+			wire_get_error(&msg, &code, &text, &len) == 0 && code == EBADMSG))
+		return error_set(-ENOTSUP, "wcached at %s does not say what its staged copies were "
+			"copied from (it is older than this libwcache)", path);
+	if (n < 0)
+		return error_set((int)n, "wcached at %s: ORIGINS: %s", path, strerror((int)-n));
+	if (wire_decode(buf, (size_t)n, &msg) < 0 || msg.h.seq != first + 1)
+		return error_set(-EBADMSG, "wcached at %s: the reply to ORIGINS was malformed",
+			path);
+	if (wire_get_error(&msg, &code, &text, &len) == 0)
+		return error_set(-code, "%.*s", (int)len, text);
+	if (wire_get_origins_ok(&msg, ok) < 0 || (ok->file_count > 0 && ok->first != first))
+		return error_set(-EBADMSG, "wcached at %s: the reply to ORIGINS was not one",
+			path);
+	return 0;
+}
+
+int
+request_origins(const char *path, int ms, const char *name, uint64_t generation,
+	size_t file_count, wc_file_identity *out)
+{
+	struct wire_origins_ok *ok;
+	struct timespec start;
+	uint32_t first = 0;
+	int fd = -1, r;
+
+	if ((ok = calloc(1, sizeof(*ok))) == NULL)
+		return error_set(-ENOMEM, "out of memory");
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	if ((r = request_open(path, ms, &fd)) < 0)
+		goto out;
+	do {
+		if ((r = origins_page(fd, path, ms, &start, name, first, ok)) < 0)
+			goto out;
+		if (ok->generation != generation) {
+			r = error_set(-ESTALE, "%s: wcached serves generation %" PRIu64 " now, not "
+				"%" PRIu64, name, ok->generation, generation);
+			goto out;
+		}
+		if (ok->file_count == 0) {
+			r = 1; /* its files are not staged copies */
+			goto out;
+		}
+		if (ok->file_count != file_count) {
+			r = error_set(-EBADMSG, "wcached at %s: ORIGINS of \"%s\" generation %"
+				PRIu64 " names %" PRIu32 " files, not %zu", path, name, generation,
+				ok->file_count, file_count);
+			goto out;
+		}
+		for (size_t i = 0; i < ok->n; i++)
+			out[first + i] = (wc_file_identity){ .dev = ok->origins[i].dev,
+				.ino = ok->origins[i].ino, .size = ok->origins[i].size,
+				.mtime_ns = ok->origins[i].mtime_ns,
+				.ctime_ns = ok->origins[i].ctime_ns };
+		first += (uint32_t)ok->n;
+	} while (first < file_count);
+	r = 0;
+out:
+	if (fd >= 0)
+		close(fd);
+	free(ok);
+	return r;
+}
 
 /*
  * After a reconnect: tells the new daemon, with one HOLD each, which

@@ -35,6 +35,17 @@ int request_timeout_default(int *ms);
  */
 int request_open(const char *path, int ms, int *out);
 
+/*
+ * What the staged copies of generation of the model name were copied
+ * from (PROTOCOL.md, ORIGINS), asked of wcached at path on a connection of
+ * its own within ms: 0 with out's file_count entries, 1 when its files are
+ * not staged copies; -ENOTSUP when wcached does not say (older than
+ * ORIGINS), -ESTALE when it serves another generation now, or another
+ * -errno, each with the message.
+ */
+int request_origins(const char *path, int ms, const char *name, uint64_t generation,
+	size_t file_count, wc_file_identity *out);
+
 /* c's first connection, fd, with its identity (attach.h, fd_identity),
  * before c is seen by any other thread. */
 void request_first_fd(wc_client *c, int fd);

@@ -172,6 +172,21 @@ typedef struct wc_file_identity {
  * -ERANGE when file is out of range, -EINVAL for no model or no out. */
 WC_EXPORT int wc_model_file_identity(const wc_model *m, size_t file, wc_file_identity *out);
 
+/* What file `file` of a model attached through wcached was copied from,
+ * when wcached serves a staged copy of it (stage = yes, or auto on
+ * NFS/9p/FUSE): the fstat of the source file when wcached copied it
+ * (device, inode, size, mtime, ctime). A file at the source's path whose
+ * fstat says all five is the file the copy holds, unchanged (a rename over
+ * it, or a write, even with its mtime put back, changes its inode or
+ * ctime). wcached is asked once per attach, on a connection of its own,
+ * within the default deadline ($WCACHE_TIMEOUT). -ENOENT when the file is
+ * not a staged copy (or the model was not attached through wcached),
+ * -ENOTSUP when wcached does not say (older than this libwcache; a client
+ * does not ask it again), -ESTALE when wcached serves another generation
+ * now, -ERANGE when file is out of range, -EINVAL for no model or no out;
+ * another -errno when wcached cannot be asked. */
+WC_EXPORT int wc_model_file_origin(wc_model *m, size_t file, wc_file_identity *out);
+
 /* The number of files of the model (0 for NULL). */
 WC_EXPORT size_t wc_model_file_count(const wc_model *m);
 

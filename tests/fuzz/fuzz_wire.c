@@ -6,10 +6,12 @@
  *   - wire_decode() either accepts or returns one of the three documented
  *     codes, and sizes outside [16, WIRE_MAX_MESSAGE] are always -EMSGSIZE;
  *   - on an accepted message exactly one payload getter (the one for its
- *     type, CHANGED, HOLD and HOLD_OK included) succeeds and the others return -EBADMSG;
+ *     type, CHANGED, HOLD, HOLD_OK, ORIGINS and ORIGINS_OK included) succeeds and the
+ *     others return -EBADMSG;
  *   - what a getter returns is within the protocol's bounds (ATTACH_OK:
  *     flags 0 or WIRE_ATTACH_STATUS, file_count <= WIRE_MAX_FILES; CHANGED:
- *     a name of 1..WIRE_MAX_NAME bytes without NUL);
+ *     a name of 1..WIRE_MAX_NAME bytes without NUL; ORIGINS_OK: as many origins
+ *     as its file_count leaves from its first, at most WIRE_ORIGINS_PER_REPLY);
  *   - re-encoding what was decoded gives back the input byte for byte (so
  *     the decoder and the encoders agree on every field and the decoder
  *     accepts nothing an encoder could not have produced);
@@ -60,6 +62,8 @@ check_roundtrip(const uint8_t *data, size_t size, const struct wire_message *m)
 	uint64_t handle, generation;
 	struct wire_attach_ok ok;
 	struct wire_derive d;
+	struct wire_origins_ok origins;
+	uint32_t first;
 	int32_t code;
 	char *copy;
 	ssize_t n = -1;
@@ -98,6 +102,24 @@ check_roundtrip(const uint8_t *data, size_t size, const struct wire_message *m)
 		CHECK(len >= 1 && len <= WIRE_MAX_NAME && memchr(name, 0, len) == NULL);
 		CHECK(generation == le64(data + WIRE_HEADER_SIZE));
 		n = wire_put_hold(out, sizeof(out), m->h.seq, generation, name, len);
+	}
+	if (wire_get_origins(m, &first, &name, &len) == 0) {
+		hits++;
+		CHECK(m->h.type == WIRE_ORIGINS);
+		CHECK(first < WIRE_MAX_FILES && first == le64(data + WIRE_HEADER_SIZE));
+		CHECK(len >= 1 && len <= WIRE_MAX_NAME && memchr(name, 0, len) == NULL);
+		n = wire_put_origins(out, sizeof(out), m->h.seq, first, name, len);
+	}
+	if (wire_get_origins_ok(m, &origins) == 0) {
+		hits++;
+		CHECK(m->h.type == WIRE_ORIGINS_OK);
+		CHECK(origins.file_count <= WIRE_MAX_FILES);
+		CHECK(origins.file_count == 0 ? origins.first == 0 && origins.n == 0 :
+			origins.first < origins.file_count && origins.n >= 1 &&
+			origins.n <= WIRE_ORIGINS_PER_REPLY &&
+			origins.first + origins.n <= origins.file_count);
+		CHECK(m->h.length == WIRE_ORIGINS_FIXED + origins.n * WIRE_ORIGIN_SIZE);
+		n = wire_put_origins_ok(out, sizeof(out), m->h.seq, &origins);
 	}
 	if (wire_get_hold_ok(m, &handle) == 0) {
 		hits++;

@@ -9,6 +9,7 @@ mapped from the source path in the worker (Model.source "file"). A file
 renamed over a shard on the model's own file system is not taken for the
 old generation's, and no /proc/self/maps is read to tell files apart."""
 import builtins
+import errno
 import logging
 import os
 import resource
@@ -282,6 +283,99 @@ def test_a_kept_descriptor_given_to_another_file_is_not_the_staged_copy(staged, 
         os.close(kept)
 
 
+def test_origins_of_a_model_of_many_shards(tmp_path):
+    """wc_model_file_origin() of a staged directory of 120 shards: wcached
+    says what it copied in two replies (ORIGINS from file 0, then from 100,
+    on one connection of libwcache's own), each file's origin being the
+    fstat of its source (device, inode, size, mtime, ctime), which the
+    copy is not; asked once per attach (one "origins of" line per reply)."""
+    import ctypes
+    from wcache import _lib
+    if not os.path.isdir(SHM) or os.stat(SHM).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip(f"needs {SHM} on another file system than {tmp_path}")
+    names = [f"model-{i:05d}-of-00120.safetensors" for i in range(120)]
+    write_model(str(tmp_path / "many"), names=names)
+    os.makedirs(tmp_path / "d")
+    top = tempfile.mkdtemp(prefix="wcache-staged-", dir=SHM)
+    d = Daemon(tmp_path / "d", {"many": (str(tmp_path / "many"), {"stage": "yes"})},
+               extra=f"stage_dir = {os.path.join(top, 'stage')}")
+    if d.user is not None:
+        open_to(top, *d.user)
+    d.start()
+    try:
+        d.wait_for_log(r"generation 1 staged from \S+ to ")
+        with wcache.connect(d.socket) as c, c.attach("many", _keep_fds=True) as m:
+            h = m._h()
+            o, i = _lib.wc_file_identity(), _lib.wc_file_identity()
+            for k in (0, 1, 99, 100, 119, 0):
+                assert h.lib.wc_model_file_origin(h.ptr, k, ctypes.byref(o)) == 0, k
+                assert h.lib.wc_model_file_identity(h.ptr, k, ctypes.byref(i)) == 0, k
+                name = h.lib.wc_model_file_name(h.ptr, k).decode()
+                st = os.stat(os.path.join(tmp_path / "many", name))
+                assert (o.dev, o.ino, o.size, o.mtime_ns, o.ctime_ns) == \
+                    (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns), name
+                assert (i.dev, i.ino) != (st.st_dev, st.st_ino)  # the copy's
+            assert h.lib.wc_model_file_origin(h.ptr, 120, ctypes.byref(o)) == -errno.ERANGE
+        log = d.read_log()
+        assert "origins of \"many\" generation 1 from file 0 (100)" in log, log
+        assert "origins of \"many\" generation 1 from file 100 (20)" in log, log
+        assert log.count("origins of ") == 2, log
+    finally:
+        rc = d.stop()
+        shutil.rmtree(top, ignore_errors=True)
+        assert rc == 0, d.read_log()
+
+
+@pytest.mark.parametrize("origins", [True, False], ids=["wcached says", "an older wcached"])
+@pytest.mark.parametrize("how", ["rename", "in place"])
+def test_a_replacement_before_the_first_attach_is_not_the_staged_copy(staged, how, origins,
+                                                                     monkeypatch):
+    """The case e7607df left open: a shard replaced after wcached staged it
+    and before this process first attached the directory, by a file of the
+    same size with the old mtime put back, within the source clock's lag
+    behind this host's (the copy's ctime read an hour later, as in
+    test_a_replacement_with_the_old_mtime_is_not_the_staged_copy's lag). The
+    path then names the replacement at the first attach, so only what
+    wcached says the copy was copied from (wc_model_file_origin: the
+    source's device, inode, size, mtime and ctime) tells it from the source:
+    it is mapped here with its own bytes. Before (HEAD's client/python), the
+    old copy's bytes, labelled "wcached" generation 1.
+
+    origins False: _origin says nothing (as with a wcached older than
+    ORIGINS, or a libwcache without wc_model_file_origin): the clocks'
+    test of _copy_of stands, and the file that was not replaced is still
+    served from its staged copy."""
+    copy_of = shards._copy_of
+    monkeypatch.setattr(shards, "_copy_of", lambda i, st, o=None: copy_of(
+        i[:4] + (i[4] + 3600 * 1_000_000_000,), st, o))
+    if not origins:
+        monkeypatch.setattr(shards, "_origin", lambda h, k: None)
+    d, files, _ = staged
+    old = os.stat(files[1])
+    new = files[1] + ".new"
+    write_safetensors(new, [("model.layers.1.x", "F32", (8, 16), b"\7" * 512),
+                            ("model.layers.1.b", "I64", (4,), b"\11" * 32)],
+                      metadata={"format": "pt", "shard": "N"})
+    assert os.path.getsize(new) == old.st_size
+    if how == "rename":
+        os.utime(new, ns=(old.st_atime_ns, old.st_mtime_ns))
+        os.rename(new, files[1])
+    else:
+        with open(new, "rb") as src, open(files[1], "r+b") as dst:
+            dst.write(src.read())
+        os.unlink(new)
+        os.utime(files[1], ns=(old.st_atime_ns, old.st_mtime_ns))
+    d.wait_for_log(r"generation 1 (still serving|keeps serving)|not in the weight_map")
+    with wcache.safe_open(files[0], framework="pt") as f:  # the one not replaced
+        assert f.model.source == "wcached" and f.model.generation == 1
+        same_as_the_file(f, files[0])
+    if origins:
+        with wcache.safe_open(files[1], framework="pt") as f:
+            assert f.model.source == "file", f.model
+            assert f.metadata()["shard"] == "N"
+            assert sorted(f.keys()) == ["model.layers.1.b", "model.layers.1.x"]
+
+
 @pytest.mark.parametrize("lag", [False, True], ids=["same clock", "source clock lags"])
 @pytest.mark.parametrize("how", ["rename", "in place"])
 def test_a_replacement_with_the_old_mtime_is_not_the_staged_copy(staged, how, lag,
@@ -302,8 +396,8 @@ def test_a_replacement_with_the_old_mtime_is_not_the_staged_copy(staged, how, la
     (_shards._source_seen). Before that check, the old copy's bytes."""
     if lag:
         copy_of = shards._copy_of
-        monkeypatch.setattr(shards, "_copy_of", lambda i, st: copy_of(
-            i[:4] + (i[4] + 3600 * 1_000_000_000,), st))
+        monkeypatch.setattr(shards, "_copy_of", lambda i, st, o=None: copy_of(
+            i[:4] + (i[4] + 3600 * 1_000_000_000,), st, o))
     d, files, _ = staged
     held = wcache.safe_open(files[2])
     assert held.model.source == "wcached"

@@ -182,6 +182,10 @@ _OPTIONAL = {
     "wc_model_file_identity": (ctypes.c_int, [_P, ctypes.c_size_t,
                                               ctypes.POINTER(wc_file_identity)]),
     "wc_model_close_fd": (ctypes.c_int, [_P, ctypes.c_size_t]),
+    # What a staged copy was copied from, as wcached says (wcache/_shards.py,
+    # case (b)).
+    "wc_model_file_origin": (ctypes.c_int, [_P, ctypes.c_size_t,
+                                            ctypes.POINTER(wc_file_identity)]),
     # Derived artifacts (wcache/_derived.py).
     "wc_derive": (ctypes.c_int, [_P, ctypes.c_char_p, ctypes.c_char_p, _PP, _PP]),
     "wc_build_source": (_P, [_P]),

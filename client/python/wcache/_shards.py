@@ -22,10 +22,13 @@ of the file opened at the path tell:
 (a) the same device and inode: the file at the path is the generation's
     file k; it is mapped by wc_open_fd() of that file, as opened here;
 (b) another device, the same size and mtime (a staged copy keeps its
-    source's: daemon/stage.c), the file at the path last changed
+    source's: daemon/stage.c), and the file at the path is the one the
+    copy was made from, unchanged: its device, inode, size, mtime and
+    ctime are what wcached says it copied (wc_model_file_origin, _origin;
+    with a wcached that does not say: the file at the path last changed
     (ctime) before the copy was made (_copy_of), and it is the file the
     path named when the connection first attached the generation
-    (_source_seen: the two ctimes come from two clocks): wcached serves
+    (_source_seen: the two ctimes come from two clocks)): wcached serves
     its staged copy of the file
     (stage = yes, or auto on NFS/9p/FUSE, with stage_dir on another file
     system):
@@ -130,14 +133,17 @@ class _Entry:
     files found to be files of that generation (their _stamp() -> (k, the
     model's file number, and whether it is wcached's staged copy that is
     mapped)), the model's file names ({name: k}, read once per generation),
-    each file's identity as attached (wc_model_file_identity), whether some
+    each file's identity as attached (wc_model_file_identity), what wcached
+    said a file that may be its staged copy was copied from ({k: the
+    source's (device, inode, size, mtime, ctime), or False: not a staged
+    copy}; none where wcached does not say: _origin), whether some
     file may be a staged copy (kept: the model keeps those descriptors),
     and for each that may be, the _stamp() of the file at its path when
     the generation was first attached through the connection (sources);
     or until when the directory is taken as not served, and, when its real
     path was found not served either, what served_file() said."""
-    __slots__ = ("client", "handle", "generation", "known", "names", "ids", "kept", "sources",
-                 "until", "why", "lost", "__weakref__")
+    __slots__ = ("client", "handle", "generation", "known", "names", "ids", "origins", "kept",
+                 "sources", "until", "why", "lost", "__weakref__")
 
     def __init__(self, client, handle=None, until=0.0):
         # weakly: a connection replaced after a restart closes once its
@@ -148,6 +154,7 @@ class _Entry:
         self.known = {}
         self.names = None
         self.ids = None
+        self.origins = {}
         self.kept = True
         self.sources = {}
         self.until = until
@@ -301,7 +308,7 @@ def _attach(client, directory, prior):
         model.close()  # h is kept by the shard models, and weakly by the registry
         entry = _Entry(client, h)
         same = prior is not None and prior.generation == entry.generation
-        entry.names, entry.ids, entry.sources, entry.kept = _files(
+        entry.names, entry.ids, entry.origins, entry.sources, entry.kept = _files(
             directory, h, prior.names if same else None, keep, prior.sources if same else {})
         if keep or not entry.kept:
             return entry, h
@@ -320,7 +327,9 @@ def _names(h):
 
 def _files(directory, h, names, keep, sources):
     """(names: {name (bytes): k}, read unless given; [file k's identity as
-    attached: (device, inode, size, mtime, ctime in ns), or None]; {k:
+    attached: (device, inode, size, mtime, ctime in ns), or None]; {k: what
+    wcached says file k was copied from (_origin)} for the files that may
+    be staged copies; {k:
     the _stamp() of the file at k's path} for each file k that may be, or
     was found by an earlier attach to be, wcached's staged copy of the file
     at its path; whether some file may be one now) of the directory model
@@ -339,7 +348,7 @@ def _files(directory, h, names, keep, sources):
     if names is None:
         names = _names(h)
     by_k = {k: name for name, k in names.items()}
-    ids, found, kept = [], dict(sources), False
+    ids, origins, found, kept = [], {}, dict(sources), False
     try:
         here = os.stat(directory).st_dev
     except OSError:
@@ -350,33 +359,53 @@ def _files(directory, h, names, keep, sources):
         if lib.wc_model_file_identity(ptr, k, ctypes.byref(ident)) >= 0:
             i = (ident.dev, ident.ino, ident.size, ident.mtime_ns, ident.ctime_ns)
         ids.append(i)
-        st = _may_be_staged(directory, by_k[k], i) \
+        o = None
+        if i is not None and i[0] != here and k in by_k:
+            o = _origin(h, k)
+            if o is not None:
+                origins[k] = o
+        st = _may_be_staged(directory, by_k[k], i, o) \
             if i is not None and i[0] != here and k in by_k else None
         if st is not None and found.setdefault(k, _stamp(st)) == _stamp(st):
             kept = True
         elif keep:
             lib.wc_model_close_fd(ptr, k)
-    return names, ids, found, kept
+    return names, ids, origins, found, kept
 
 
-def _may_be_staged(directory, name, i):
+def _origin(h, k):
+    """What wcached says file k of the directory model h was copied from:
+    the source's (device, inode, size, mtime, ctime in ns) when it was
+    copied, False when k is not a staged copy, None when wcached does not
+    say (older than wc_model_file_origin, or it could not be asked: the
+    clock-based test of _copy_of stands then)."""
+    if not _lib.has("wc_model_file_origin"):
+        return None
+    o = _lib.wc_file_identity()
+    rc = h.lib.wc_model_file_origin(h.ptr, k, ctypes.byref(o))
+    if rc == 0:
+        return o.dev, o.ino, o.size, o.mtime_ns, o.ctime_ns
+    return False if rc == -errno.ENOENT else None
+
+
+def _may_be_staged(directory, name, i, o=None):
     """The stat of the file of that name in directory (bytes; its symlink
     followed, as a loader opens it) when it may be the source that the
     file of identity i is wcached's staged copy of (_served_as, case
-    (b)), else None."""
+    (b); o: what wcached says it was copied from, _origin), else None."""
     if b"/" in name:
         return None
     try:
         st = os.stat(os.path.join(os.fsencode(directory), name))
     except OSError:
         return None
-    return st if _copy_of(i, st) else None
+    return st if _copy_of(i, st, o) else None
 
 
 _SECOND = 1_000_000_000
 
 
-def _copy_of(i, st):
+def _copy_of(i, st, o=None):
     """Whether wcached's file of identity i (the fstat of its descriptor at
     the attach) may be its staged copy of the file whose (f)stat is st:
     on another device, with st's size and mtime (stage.c gives the copy
@@ -392,9 +421,15 @@ def _copy_of(i, st):
     replacement within the source clock's lag behind this host's, after
     the copy was made, still passes (README), unless the path was seen to
     name another file or change since the generation was attached
-    (_source_seen)."""
+    (_source_seen). With o, what wcached says the copy was copied from
+    (_origin), no clock is asked: st must be that file, unchanged (device,
+    inode, size, mtime and ctime, all on the source's file system); o False
+    (not a staged copy) is never one."""
     if st.st_dev == i[0] or (st.st_size, st.st_mtime_ns) != (i[2], i[3]):
         return False
+    if o is not None:
+        return o is not False and \
+            (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) == o
     c = st.st_ctime_ns
     return c + _SECOND <= i[4] if c % _SECOND == 0 else c < i[4]
 
@@ -404,8 +439,9 @@ def _source_seen(entry, k, st):
     registry's entry) is what that path held when the generation was first
     attached through the connection (_files): a file renamed over it or
     written there since has another inode or ctime, whichever clock set
-    it."""
-    return entry.sources.get(k) == _stamp(st)
+    it. Not needed where wcached said what k was copied from (_copy_of with
+    entry.origins[k] compares st with that)."""
+    return k in entry.origins or entry.sources.get(k) == _stamp(st)
 
 
 def _kept_fd(entry, h, k):
@@ -460,7 +496,8 @@ def _as_attached(entry, h, name, st):
         return False
     if i[:2] == (st.st_dev, st.st_ino):
         return i[2:] == (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    return _copy_of(i, st) and _source_seen(entry, k, st) and _kept_fd(entry, h, k) >= 0
+    return _copy_of(i, st, entry.origins.get(k)) and _source_seen(entry, k, st) and \
+        _kept_fd(entry, h, k) >= 0
 
 
 def _file_number(entry, h, name):
@@ -507,7 +544,7 @@ def _served_as(target, fd, st, entry, h):
             return None, ("not this file: that model's file of its name is another file on "
                           "the same file system (this one replaced since, or served from a "
                           "staged copy in a stage_dir on this file system)")
-        elif _copy_of(theirs, st):
+        elif _copy_of(theirs, st, entry.origins.get(k)):
             # wcached's staged copy keeps its source's size and mtime
             # (stage.c); another device alone is not a copy (overlayfs
             # gives a file renamed over in its upper layer another st_dev)

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -150,6 +151,77 @@ test_attach_release(void **state)
 	/* An unknown handle. */
 	m = exchange(t, req, (size_t)n, buf, fds, &nfds);
 	assert_error(&m, EINVAL, "no attach with handle 1");
+	free(path);
+}
+
+/* Sends ORIGINS of name from file first and reads the reply. */
+static struct wire_message
+send_origins(struct st *t, const char *name, uint32_t first, uint8_t *buf)
+{
+	uint8_t req[WIRE_MAX_MESSAGE];
+	int fds[WIRE_MAX_FDS];
+	size_t nfds;
+	struct wire_message m;
+	ssize_t n = wire_put_origins(req, sizeof(req), 9, first, name, strlen(name));
+
+	assert_true(n > 0);
+	m = exchange(t, req, (size_t)n, buf, fds, &nfds);
+	assert_int_equal(nfds, 0);
+	return m;
+}
+
+/*
+ * ORIGINS: a generation that serves its files where they are has none
+ * (file_count 0); a staged one (its origin set here as a staging sets it)
+ * gives each file's source fstat, from the first file asked; a first past
+ * its files is refused (ERANGE), as is a model not served, and the
+ * connection goes on. None of them leaves the generation attached. A
+ * staged generation restored without its origins' ctimes gives none.
+ */
+static void
+test_origins(void **state)
+{
+	struct st *t = *state;
+	char *path = du_model(&t->du, "m.safetensors", 1024);
+	uint8_t buf[WIRE_MAX_MESSAGE];
+	struct wire_origins_ok ok;
+	struct wire_message m;
+	struct generation *g;
+	struct stat st;
+
+	assert_int_equal(du_load(&t->du, "m", path, PIN_NONE, 0), 0);
+	m = send_origins(t, "m", 0, buf);
+	assert_int_equal(m.h.type, WIRE_ORIGINS_OK);
+	assert_int_equal(m.h.seq, 9);
+	assert_int_equal(wire_get_origins_ok(&m, &ok), 0);
+	assert_true(ok.generation == 1 && ok.file_count == 0 && ok.n == 0);
+	g = du_current(&t->du, "m");
+	assert_int_equal(g->attached, 0);
+
+	assert_int_equal(stat(path, &st), 0);
+	assert_non_null(g->origin = calloc(1, sizeof(*g->origin)));
+	assert_non_null(g->origin[0].path = strdup(path));
+	g->origin[0].st = st;
+	g->norigin = 1;
+	m = send_origins(t, "m", 0, buf);
+	assert_int_equal(wire_get_origins_ok(&m, &ok), 0);
+	assert_true(ok.generation == 1 && ok.file_count == 1 && ok.first == 0 && ok.n == 1);
+	assert_true(ok.origins[0].dev == (uint64_t)st.st_dev &&
+		ok.origins[0].ino == (uint64_t)st.st_ino &&
+		ok.origins[0].size == (uint64_t)st.st_size &&
+		ok.origins[0].mtime_ns == (int64_t)st.st_mtim.tv_sec * 1000000000 +
+			st.st_mtim.tv_nsec &&
+		ok.origins[0].ctime_ns == (int64_t)st.st_ctim.tv_sec * 1000000000 +
+			st.st_ctim.tv_nsec);
+	m = send_origins(t, "m", 1, buf);
+	assert_error(&m, ERANGE, "file 1: generation 1 has 1 files");
+	m = send_origins(t, "nope", 0, buf);
+	assert_int_equal(m.h.type, WIRE_ERROR);
+	assert_int_equal(g->attached, 0);
+	g->origin[0].st.st_ctim = (struct timespec){ 0, 0 };
+	m = send_origins(t, "m", 0, buf);
+	assert_int_equal(wire_get_origins_ok(&m, &ok), 0);
+	assert_true(ok.generation == 1 && ok.file_count == 0);
 	free(path);
 }
 
@@ -723,6 +795,7 @@ main(void)
 		cmocka_unit_test(test_start_getfl_fails),
 		cmocka_unit_test_setup_teardown(test_accept_enomem_pauses, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_accepts_per_wakeup, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_origins, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unwatchable_newcomer_evicts_nobody, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_half_close_answers_every_request, setup,

@@ -30,6 +30,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <setjmp.h>
@@ -56,6 +57,7 @@
 #include "fakedaemon.h"
 #include "testutil.h"
 #include "lib/wcache.h"
+#include "proto/fdpass.h"
 #include "proto/wire.h"
 
 #define REFUSAL "too many clients connected to wcached (max_clients)"
@@ -1934,6 +1936,195 @@ test_hold_reply_out_of_step(void **state)
 	}
 }
 
+/* ---- ORIGINS (wc_model_file_origin) ------------------------------------- */
+
+/* How the origins peer, a second wcached on the fake's listening socket
+ * (the fake serves the client's own connection meanwhile), answers the
+ * ORIGINS that libwcache sends on a connection of its own. */
+enum origins_answer {
+	ORIGINS_STAGED,     /* ORIGINS_OK of GENERATION with both files' origins */
+	ORIGINS_NOT_STAGED, /* ORIGINS_OK with file_count 0 */
+	ORIGINS_UNKNOWN,    /* as a wcached before ORIGINS: malformed, and close */
+	ORIGINS_OTHER,      /* ORIGINS_OK of GENERATION + 1 */
+};
+
+struct origins_peer {
+	struct fixture *f;
+	enum origins_answer answer;
+	pthread_t thread;
+	int accepted;
+	uint32_t first;
+	char name[WIRE_MAX_NAME + 1];
+};
+
+/* The origin the peer gives file k. */
+static struct wire_origin
+peer_origin(uint32_t k)
+{
+	return (struct wire_origin){ .dev = 0x801 + k, .ino = 1000 + k, .size = k ? B_SIZE : A_SIZE,
+		.mtime_ns = 1700000000123456789 + k, .ctime_ns = -5 - (int64_t)k };
+}
+
+static void *
+origins_peer_run(void *arg)
+{
+	struct origins_peer *p = arg;
+	struct wire_origins_ok ok = { .generation = GENERATION, .file_count = 2 };
+	uint8_t buf[WIRE_MAX_MESSAGE];
+	struct wire_message msg;
+	struct pollfd pfd = { .fd = p->f->fake.listen_fd, .events = POLLIN };
+	const char *name;
+	size_t len, nfds;
+	ssize_t n;
+	int fd;
+
+	if (poll(&pfd, 1, 5000) != 1 || (fd = accept4(pfd.fd, NULL, NULL, SOCK_CLOEXEC)) < 0)
+		return NULL;
+	p->accepted++;
+	if ((n = fdp_recv(fd, buf, sizeof(buf), NULL, 0, &nfds)) > 0 &&
+		wire_decode(buf, (size_t)n, &msg) == 0 &&
+		wire_get_origins(&msg, &p->first, &name, &len) == 0) {
+		memcpy(p->name, name, len);
+		p->name[len] = '\0';
+		if (p->answer == ORIGINS_UNKNOWN) {
+			n = wire_put_error(buf, sizeof(buf), msg.h.seq, EBADMSG,
+				"malformed message: unknown message type 7");
+		} else {
+			if (p->answer == ORIGINS_NOT_STAGED)
+				ok.file_count = 0;
+			if (p->answer == ORIGINS_OTHER)
+				ok.generation++;
+			ok.n = ok.file_count;
+			for (uint32_t k = 0; k < ok.n; k++)
+				ok.origins[k] = peer_origin(k);
+			n = wire_put_origins_ok(buf, sizeof(buf), msg.h.seq, &ok);
+		}
+		if (n > 0)
+			(void)fdp_send(fd, buf, (size_t)n, NULL, 0);
+	}
+	close(fd);
+	return NULL;
+}
+
+/* Whether a connection waits on the fake's listening socket. */
+static int
+connection_waits(struct fixture *f)
+{
+	struct pollfd pfd = { .fd = f->fake.listen_fd, .events = POLLIN };
+
+	return poll(&pfd, 1, 0) == 1;
+}
+
+/* wc_model_file_origin() of f->model's file k, with the peer answering as
+ * answer when ask (it must connect then). */
+static int
+origin_of(struct fixture *f, struct origins_peer *p, int ask, size_t k, wc_file_identity *out)
+{
+	int r;
+
+	if (ask) {
+		p->f = f;
+		assert_int_equal(pthread_create(&p->thread, NULL, origins_peer_run, p), 0);
+	}
+	r = wc_model_file_origin(f->model, k, out);
+	if (ask)
+		assert_int_equal(pthread_join(p->thread, NULL), 0);
+	assert_false(connection_waits(f));
+	return r;
+}
+
+/*
+ * wcached says what the files were copied from: libwcache asks it once,
+ * on a connection of its own (ORIGINS with the model's name, from file 0),
+ * and answers every file from that; the client's own connection carries
+ * nothing of it (the fake sees only the attach).
+ */
+static void
+test_file_origin_asked_once(void **state)
+{
+	struct fixture *f = *state;
+	struct origins_peer p = { .answer = ORIGINS_STAGED };
+	wc_file_identity id;
+	struct wire_origin want;
+	int before = attach_ok(f);
+
+	for (int i = 0; i < 2; i++) {
+		size_t k = (size_t)i;
+
+		memset(&id, 0, sizeof(id));
+		assert_int_equal(origin_of(f, &p, i == 0, k, &id), 0);
+		want = peer_origin((uint32_t)k);
+		assert_true(id.dev == want.dev && id.ino == want.ino && id.size == want.size &&
+			id.mtime_ns == want.mtime_ns && id.ctime_ns == want.ctime_ns);
+	}
+	assert_int_equal(p.accepted, 1);
+	assert_int_equal(p.first, 0);
+	assert_string_equal(p.name, MODEL);
+	assert_error(wc_model_file_origin(f->model, 2, &id), -ERANGE, "file 2 of 2");
+	assert_error(wc_model_file_origin(f->model, 0, NULL), -EINVAL, "no identity");
+	release_and_finish(f, before);
+	assert_int_equal(f->fake.attaches, 1);
+}
+
+/* A generation that serves its files where they are: -ENOENT for every
+ * file, asked once. */
+static void
+test_file_origin_not_staged(void **state)
+{
+	struct fixture *f = *state;
+	struct origins_peer p = { .answer = ORIGINS_NOT_STAGED };
+	wc_file_identity id;
+	int before = attach_ok(f);
+
+	assert_int_equal(origin_of(f, &p, 1, 0, &id), -ENOENT);
+	assert_non_null(strstr(wc_errmsg(), "file 0 is not a staged copy"));
+	assert_int_equal(origin_of(f, &p, 0, 1, &id), -ENOENT);
+	assert_int_equal(p.accepted, 1);
+	release_and_finish(f, before);
+}
+
+/*
+ * A wcached older than ORIGINS refuses the type and closes that
+ * connection: -ENOTSUP, the client's own connection goes on (the model is
+ * released over it), and the client does not ask again (the next call
+ * answers at once, without connecting).
+ */
+static void
+test_file_origin_older_wcached(void **state)
+{
+	struct fixture *f = *state;
+	struct origins_peer p = { .answer = ORIGINS_UNKNOWN };
+	wc_file_identity id;
+	int before = attach_ok(f);
+
+	assert_int_equal(origin_of(f, &p, 1, 0, &id), -ENOTSUP);
+	assert_non_null(strstr(wc_errmsg(), "does not say what its staged copies were copied "
+		"from (it is older than this libwcache)"));
+	assert_int_equal(origin_of(f, &p, 0, 1, &id), -ENOTSUP);
+	assert_int_equal(p.accepted, 1);
+	release_and_finish(f, before);
+	assert_int_equal(f->fake.releases, 1);
+}
+
+/* wcached serves another generation now: -ESTALE, and it is asked again
+ * the next time (nothing was kept). */
+static void
+test_file_origin_other_generation(void **state)
+{
+	struct fixture *f = *state;
+	struct origins_peer p = { .answer = ORIGINS_OTHER };
+	wc_file_identity id;
+	int before = attach_ok(f);
+
+	assert_int_equal(origin_of(f, &p, 1, 0, &id), -ESTALE);
+	assert_non_null(strstr(wc_errmsg(), "wcached serves generation 8 now, not 7"));
+	p.answer = ORIGINS_STAGED;
+	assert_int_equal(origin_of(f, &p, 1, 1, &id), 0);
+	assert_int_equal(id.ino, peer_origin(1).ino);
+	assert_int_equal(p.accepted, 2);
+	release_and_finish(f, before);
+}
+
 int
 main(void)
 {
@@ -1950,6 +2141,10 @@ main(void)
 		T(test_refusal_read_before_close),
 		T(test_reset_without_refusal),
 		T(test_reconnect_after_restart),
+		T(test_file_origin_asked_once),
+		T(test_file_origin_not_staged),
+		T(test_file_origin_older_wcached),
+		T(test_file_origin_other_generation),
 		T(test_reconnect_holds),
 		T(test_reconnect_records_the_new_socket),
 		T(test_fork_while_reconnect_connects),

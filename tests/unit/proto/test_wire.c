@@ -504,6 +504,111 @@ test_hold(void **state)
 		}
 }
 
+/* ORIGINS: the first file wanted (a u64, below 250), then a name (HOLD's
+ * layout); ORIGINS_OK: generation, file_count, first, then exactly the
+ * origins left from first, at most 100 (0 and none when file_count is 0).
+ * Every other length, count and first refused, by the decoder and the
+ * encoder, and no other getter reads them. */
+static void
+test_origins(void **state)
+{
+	static uint8_t buf[WIRE_MAX_MESSAGE];
+	static uint8_t payload[WIRE_ORIGINS_FIXED + 101 * WIRE_ORIGIN_SIZE];
+	static struct wire_origins_ok ok, got;
+	struct wire_message m;
+	uint64_t generation;
+	const char *name = NULL;
+	size_t name_len = 0, len;
+	uint32_t first = 9;
+	ssize_t n;
+
+	(void)state;
+	n = wire_put_origins(buf, sizeof(buf), 42, 0, "llama", 5);
+	assert_int_equal(n, 16 + 8 + 5);
+	assert_int_equal(buf[6], 7);
+	expect_accept(buf, (size_t)n, &m);
+	assert_int_equal(wire_get_origins(&m, &first, &name, &name_len), 0);
+	assert_int_equal(first, 0);
+	assert_int_equal(name_len, 5);
+	assert_ptr_equal(name, buf + 24);
+	assert_int_equal(wire_get_hold(&m, &generation, &name, &name_len), -EBADMSG);
+	assert_int_equal(wire_put_origins(buf, sizeof(buf), 1, 250, "llama", 5), -EINVAL);
+	assert_int_equal(wire_put_origins(buf, sizeof(buf), 1, 0, "", 0), -EINVAL);
+	assert_int_equal(wire_put_origins(buf, 16 + 8 + 4, 1, 0, "llama", 5), -EMSGSIZE);
+	memset(payload, 0, sizeof(payload));
+	memcpy(payload + 8, "llama", 5);
+	payload[0] = 249;
+	expect_accept(buf, good(buf, WIRE_ORIGINS, payload, 13), &m);
+	payload[0] = 250; /* no model has file 250 */
+	expect_reject(buf, good(buf, WIRE_ORIGINS, payload, 13), -EBADMSG);
+	payload[0] = 0;
+	payload[7] = 1; /* 2^56 */
+	expect_reject(buf, good(buf, WIRE_ORIGINS, payload, 13), -EBADMSG);
+	payload[7] = 0;
+	expect_reject(buf, good(buf, WIRE_ORIGINS, payload, 8), -EBADMSG);
+
+	/* 250 files: pages from 0 (100), 100 (100), 200 (50). */
+	ok.generation = 0x1122334455667788ull;
+	ok.file_count = 250;
+	for (uint32_t f = 0; f < 250; f += WIRE_ORIGINS_PER_REPLY) {
+		ok.first = f;
+		ok.n = wire_origins_in_reply(250, f);
+		assert_int_equal(ok.n, f < 200 ? 100 : 50);
+		for (size_t i = 0; i < ok.n; i++)
+			ok.origins[i] = (struct wire_origin){ .dev = f + i, .ino = ~(uint64_t)i,
+				.size = i << 40, .mtime_ns = -(int64_t)i,
+				.ctime_ns = INT64_MIN + (int64_t)i };
+		n = wire_put_origins_ok(buf, sizeof(buf), 42, &ok);
+		assert_int_equal(n, (ssize_t)(16 + 16 + ok.n * 40));
+		assert_int_equal(buf[6], 134);
+		expect_accept(buf, (size_t)n, &m);
+		memset(&got, 0xff, sizeof(got));
+		assert_int_equal(wire_get_origins_ok(&m, &got), 0);
+		assert_true(got.generation == ok.generation && got.file_count == 250 &&
+			got.first == f && got.n == ok.n);
+		assert_memory_equal(got.origins, ok.origins, ok.n * sizeof(ok.origins[0]));
+		assert_int_equal(wire_get_hold_ok(&m, &generation), -EBADMSG);
+		assert_int_equal(wire_put_origins_ok(buf, (size_t)n - 1, 42, &ok), -EMSGSIZE);
+		ok.n--;
+		assert_int_equal(wire_put_origins_ok(buf, sizeof(buf), 42, &ok), -EINVAL);
+	}
+	/* None: file_count 0, first 0, nothing after. */
+	ok = (struct wire_origins_ok){ .generation = 3 };
+	n = wire_put_origins_ok(buf, sizeof(buf), 42, &ok);
+	assert_int_equal(n, 32);
+	expect_accept(buf, (size_t)n, &m);
+	assert_int_equal(wire_get_origins_ok(&m, &got), 0);
+	assert_true(got.file_count == 0 && got.n == 0 && got.generation == 3);
+	ok.first = 1;
+	assert_int_equal(wire_put_origins_ok(buf, sizeof(buf), 42, &ok), -EINVAL);
+	ok = (struct wire_origins_ok){ .file_count = 251, .n = 100 };
+	assert_int_equal(wire_put_origins_ok(buf, sizeof(buf), 42, &ok), -EINVAL);
+	ok = (struct wire_origins_ok){ .file_count = 2, .first = 2, .n = 0 };
+	assert_int_equal(wire_put_origins_ok(buf, sizeof(buf), 42, &ok), -EINVAL);
+
+	/* The decoder: each count, first and length that does not fit. */
+	memset(payload, 0, sizeof(payload));
+	payload[8] = 2; /* file_count 2, first 0: two origins */
+	expect_accept(buf, good(buf, WIRE_ORIGINS_OK, payload, 16 + 80), &m);
+	for (len = 0; len < 16 + 80 + 40; len += 8)
+		if (len != 16 + 80)
+			expect_reject(buf, good(buf, WIRE_ORIGINS_OK, payload, len), -EBADMSG);
+	payload[12] = 2; /* first 2 of 2 */
+	expect_reject(buf, good(buf, WIRE_ORIGINS_OK, payload, 16), -EBADMSG);
+	payload[12] = 1; /* first 1 of 2: one */
+	expect_accept(buf, good(buf, WIRE_ORIGINS_OK, payload, 16 + 40), &m);
+	payload[8] = 0; /* file_count 0 with first 1 */
+	expect_reject(buf, good(buf, WIRE_ORIGINS_OK, payload, 16), -EBADMSG);
+	payload[12] = 0;
+	expect_accept(buf, good(buf, WIRE_ORIGINS_OK, payload, 16), &m);
+	expect_reject(buf, good(buf, WIRE_ORIGINS_OK, payload, 16 + 40), -EBADMSG);
+	payload[8] = 251;
+	expect_reject(buf, good(buf, WIRE_ORIGINS_OK, payload, 16 + 4000), -EBADMSG);
+	payload[8] = 250; /* 250 files from 0: 100, not 101 */
+	expect_accept(buf, good(buf, WIRE_ORIGINS_OK, payload, 16 + 4000), &m);
+	expect_reject(buf, good(buf, WIRE_ORIGINS_OK, payload, 16 + 4040), -EBADMSG);
+}
+
 /* Decoding works at any alignment (no pointer casts into the buffer; UBSan
  * would flag a misaligned load). */
 static void
@@ -553,6 +658,7 @@ main(void)
 		cmocka_unit_test(test_encoder_cap),
 		cmocka_unit_test(test_encoder_invalid),
 		cmocka_unit_test(test_hold),
+		cmocka_unit_test(test_origins),
 		cmocka_unit_test(test_unaligned),
 	};
 
