@@ -246,8 +246,10 @@ class Backend:
 
     def register(self, addr, nbytes):
         """Registers host memory read-only for copies. True: registered
-        (unregister later); False: already registered by someone else
-        (usable, not ours to unregister). RegisterRefused: not usable.
+        (unregister later); False: already registered (not ours to
+        unregister; wcache cannot tell a live registration from one left
+        behind at a reused address, so the engine and _hostreg.py refuse
+        it). RegisterRefused: not usable.
         Called from any thread, several at once for disjoint ranges (the
         engine registers ahead of its copies on a few threads)."""
         raise NotImplementedError
@@ -448,9 +450,9 @@ class CudaBackend(Backend):
             return True
         _clear_last_error()  # a failed runtime call is also "the last error"
         if code == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED:
-            # Usable for memory registered before by someone else; for a
-            # view mapped just now it is a stale registration at a reused
-            # address, which the engine refuses (Engine._copy_registered).
+            # Registered before: by the loader, or left behind at a reused
+            # address, pinning other pages; the engine and _hostreg.py
+            # refuse it (Engine._copy_registered).
             return False
         # No size in the reason: one log line per reason, not per range.
         raise RegisterRefused(f"cudaHostRegister(read-only): "
@@ -659,12 +661,20 @@ class Engine:
         Ranges are registered ahead of their copies, up to REGISTER_AHEAD
         at once on as many threads (registering pins pages: CPU work,
         slower than the link, and torch's binding lets go of the GIL), in
-        address order: the main thread makes each range's view, starts its
-        registration, and issues a range's copies only once its own
-        registration has returned. Whatever stops the loop (a refusal, no
-        view, an error), registrations still running are waited for before
+        address order: the main thread starts each range's registration,
+        and issues a range's copies only once its own registration has
+        returned. Every range's view is mapped before the first
+        registration starts: an mmap takes the process's mmap_lock for
+        writing, which waits for every registration in flight (the driver
+        pins a range's pages holding that lock for reading), and the
+        registrations after it wait behind it, so a view mapped among them
+        would end the overlap. Whatever stops the loop (a refusal, no view,
+        an error), registrations still running are waited for before
         anything is unregistered or unmapped, and those that succeeded are
-        unregistered with the others."""
+        unregistered with the others. A view whose unregistration failed
+        stays mapped (_kept_views): unmapped, its address could be mapped
+        again, and a copy from the new mapping would read the old pages
+        through the registration left behind."""
         registered, views, done, why, reason = [], [], 0, None, None
         stream = None
         own_files = None
@@ -673,29 +683,41 @@ class Engine:
         depth = max(1, min(REGISTER_AHEAD, len(p.ranges)))
         pool = ThreadPoolExecutor(depth, thread_name_prefix="wcache-register") if depth > 1 \
             else None
-        ranges = iter(p.ranges)
+        # (range, view or None, address to register, batch sources), every
+        # range's, mapped before any registration starts; or, last, (range,
+        # None, None, None, the Unavailable that no view made)
+        mapped = collections.deque()
         # (range, view or None, address registered, batch sources, Future
         # of backend.register, or the Unavailable that no view made)
         ahead = collections.deque()
 
+        def map_views():
+            """Maps the view of every range, in order, up to the first that
+            cannot be viewed (nothing after it is registered)."""
+            with self._timed("view"):
+                for r in p.ranges:
+                    lo, hi, first, end = r
+                    try:
+                        view, srcs = self._source(files, lo, hi, p.batches[first:end])
+                    except Unavailable as e:
+                        mapped.append((r, None, None, None, e))
+                        return
+                    if view is not None:
+                        views.append(view)
+                    mapped.append((r, view, view.addr if view is not None else lo, srcs))
+
         def start_next():
-            """Makes the next range's view and starts registering it; False
-            when no range is left or none of them may start (no view)."""
+            """Starts registering the next range; False when no range is
+            left or none of them may start (no view)."""
             if ahead and isinstance(ahead[-1][4], Exception):
                 return False  # after a range without a view nothing starts
-            r = next(ranges, None)
-            if r is None:
+            if not mapped:
                 return False
-            lo, hi, first, end = r
-            try:
-                with self._timed("view"):
-                    view, srcs = self._source(files, lo, hi, p.batches[first:end])
-            except Unavailable as e:
-                ahead.append((r, None, None, None, e))
+            r, view, addr, srcs, *unavailable = mapped.popleft()
+            if unavailable:
+                ahead.append((r, None, None, None, unavailable[0]))
                 return False
-            if view is not None:
-                views.append(view)
-            addr = view.addr if view is not None else lo
+            lo, hi, _, _ = r
             if pool is not None:
                 registering = pool.submit(self.backend.register, addr, hi - lo)
             else:
@@ -707,6 +729,7 @@ class Engine:
             ahead.append((r, view, addr, srcs, registering))
             return True
         try:
+            map_views()
             while len(ahead) < depth and start_next():
                 pass
             while ahead:
@@ -727,6 +750,15 @@ class Engine:
                         raise RegisterRefused(
                             f"{self.backend.name}: a view mapped just now is already registered "
                             f"(a stale registration at a reused address)")
+                    else:
+                        # The model's own mapping (libwcache made it in
+                        # this process, after any registration there):
+                        # the loader's registration, or one left behind at
+                        # a reused address, which cannot be told apart;
+                        # never trusted, as _hostreg.py refuses it too.
+                        raise RegisterRefused(
+                            f"{self.backend.name}: the model's mapping is already registered "
+                            f"(by the loader, or a stale registration at a reused address)")
                     if stream is None:
                         stream = self.backend.stream()
                 except (RegisterRefused, Unavailable) as e:
@@ -763,11 +795,13 @@ class Engine:
                         self.backend.synchronize(stream)  # the source must outlive every copy
             finally:
                 with self._timed("unregister"):
-                    for addr in registered:
-                        _unregister(self.backend, addr)
+                    still = {addr for addr in registered if not _unregister(self.backend, addr)}
                 with self._timed("view"):
                     for view in views:
-                        view.close()
+                        if view.addr in still:
+                            _kept_views.append(view)  # never unmapped: see above
+                        else:
+                            view.close()
                     # Last: its views are closed, and nothing before it may
                     # be skipped by what its close says.
                     if own_files is not None:
@@ -855,15 +889,25 @@ class Engine:
                     pool.shutdown()
 
 
+# Host memory whose unregistration failed, kept mapped for the rest of the
+# process (shared views; _hostreg.py keeps model handles): while a
+# registration is left at an address, no other mapping may be given it.
+_kept_views = []
+
+
 def _unregister(backend, addr):
-    """backend.unregister(addr); an error is logged (once per reason), not
-    raised: every other range must still be unregistered, and the caller
-    may be a finalizer."""
+    """backend.unregister(addr): True where it did; an error is logged
+    (once per reason) and False returned, not raised: every other range
+    must still be unregistered, and the caller may be a finalizer. The
+    caller keeps the memory at addr mapped where it failed."""
     try:
         backend.unregister(addr)
     except Exception as e:
         _say_once(logging.WARNING, f"wcache: unregistering host memory failed: "
-                                   f"{type(e).__name__}: {e}")
+                                   f"{type(e).__name__}: {e}; it stays mapped, so that its "
+                                   f"address is never given to another mapping")
+        return False
+    return True
 
 
 def _itemsize(torch, dtype, cache={}):
@@ -928,6 +972,22 @@ def backend_for(device):
     return CudaBackend(device) if device.type == "cuda" else None
 
 
+def _backend_or_fallback(device, mode):
+    """backend_for(device); where making it fails (a torch whose
+    torch.cuda.cudart() raises: the binding absent from its build), None
+    and one WARNING in mode auto, so that the load is copied tensor by
+    tensor as after any other failure of the engine; raised where a path
+    was forced."""
+    try:
+        return backend_for(device)
+    except Exception as e:
+        if mode != "auto":
+            raise
+        _say_once(logging.WARNING, f"wcache: no batched copy into {device} "
+                                   f"({type(e).__name__}: {e}); copying tensor by tensor")
+        return None
+
+
 def tensor_to_device(tensor, device, mode=None):
     """A CPU tensor (what get_slice selected) copied to device as a tensor
     of its own, holding device memory for its bytes alone: a selection that
@@ -936,7 +996,7 @@ def tensor_to_device(tensor, device, mode=None):
     .to(device) where there is none (or WCACHE_DEVICE_COPY=tensor)."""
     import torch
     mode = copy_mode() if mode is None else mode
-    backend = backend_for(device) if mode != "tensor" else None
+    backend = _backend_or_fallback(device, mode) if mode != "tensor" else None
     if backend is None:
         return tensor.to(device)
     t = tensor.contiguous()
@@ -965,7 +1025,7 @@ def to_device(model, names, device, per_tensor, backend=None, mode=None, small=S
     from ._dtypes import PACKED, torch_dtype
     mode = copy_mode() if mode is None else mode
     if backend is None and mode != "tensor":
-        backend = backend_for(device)
+        backend = _backend_or_fallback(device, mode)
     # The mapping the copies read must outlive them: this load holds the
     # model's handle itself (another thread may close the model, and
     # per_tensor need not hold the handle).
@@ -995,19 +1055,27 @@ def to_device(model, names, device, per_tensor, backend=None, mode=None, small=S
     engine = Engine(backend, mode=mode, **engine_args)
     files = mapping_files(handle, table.span) if backend.pins_long_term and mode != "staging" \
         else None
+    failed = None
     try:
         buffer = backend.alloc(p.total)
         engine.copy_plan(p, buffer, files)
     except Exception as e:
         # The engine has freed what it held. Unless a path was forced, a
-        # load that the batched copy could not do is done as before.
+        # load that the batched copy could not do is done as before,
+        # below: not in this block, where the error's traceback holds the
+        # frames that refer to the whole model's device buffer, which would
+        # stay allocated beside the copies (twice the model's memory).
         if mode != "auto":
             raise
+        failed = f"{type(e).__name__}: {e}"
+    if failed is not None:
+        buffer = None  # the failed copy's device memory goes before the fallback's
         _say_once(logging.WARNING, f"wcache: the batched copy into {device} failed "
-                                   f"({type(e).__name__}: {e}); copying tensor by tensor")
-        return {name: per_tensor(name).to(device) for name in names}
-    finally:
-        del handle  # the copies are done (or were never issued)
+                                   f"({failed}); copying tensor by tensor")
+        out = {name: per_tensor(name).to(device) for name in names}
+        del handle  # the copies are done
+        return out
+    del handle  # the copies are done (or were never issued)
     # Its tensors share one storage only because this load made them views
     # of one buffer: wcache.torch's save_model takes each for a whole tensor.
     from ._torch import note_device_buffer

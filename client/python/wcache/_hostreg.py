@@ -12,11 +12,22 @@ opened only for ``keys()`` or ``metadata()`` pins nothing) until
 ``close()``, ``__exit__`` or its garbage collection, whichever comes first;
 the release runs exactly once. A process-wide :class:`_HostRegistry`
 counts holders per range, so a range registered once is unregistered by its
-last holder only, and a range that someone else registered
-(``cudaErrorHostMemoryAlreadyRegistered``) is used and never unregistered
-by wcache. Nothing is registered unless this process has already
-initialised CUDA; a refusal logs one WARNING and the handle works
-unregistered; nothing about registration makes a handle fail.
+last holder only. A range found registered already
+(``cudaErrorHostMemoryAlreadyRegistered``) is refused, as the engine
+refuses it on its views (_ALREADY_REGISTERED says why), and a mapping whose
+unregistration failed stays mapped for the rest of the process. Nothing is
+registered unless this process has already initialised CUDA; a refusal
+logs one WARNING and the handle works unregistered; nothing about
+registration makes a handle fail.
+
+The hazard (documented with the variable in both READMEs): the handle's
+tensors are copy-on-write views of libwcache's MAP_PRIVATE mapping, and
+that mapping is what is registered. Where the pin does not copy the pages
+(Linux before 6.2, or a pin that is not long-term), a loader that writes a
+tensor in place gets a page of its own, but the DMA of its next ``.to()``
+reads the pinned page-cache page: the device gets the file's bytes, not the
+written ones. Not measured (it needs a device); the engine is immune, as it
+registers a read-only shared view it never hands out.
 
 The CUDA calls themselves (registering read-only, unregistering, waiting
 for the device) are the copy engine's :class:`~wcache._device.CudaBackend`,
@@ -32,7 +43,7 @@ import sys
 import threading
 import weakref
 
-from ._device import PAGE, CudaBackend, RegisterRefused, _say_once, _unregister
+from ._device import PAGE, CudaBackend, RegisterRefused, _kept_views, _say_once, _unregister
 
 __all__ = ["host_register", "host_register_wanted", "host_ranges", "host_registrations"]
 
@@ -120,6 +131,20 @@ def host_ranges(table, areas=None):
     return out
 
 
+# Why a range found registered already (cudaErrorHostMemoryAlreadyRegistered)
+# is refused: the model's mapping was made by libwcache in this process,
+# after any registration at its address, so one found there is either the
+# loader's own (of the same pages: registering nothing more loses nothing)
+# or left behind at an address reused since (a registration whose
+# unregistration failed, of a mapping then closed), pinning the pages of
+# the old mapping; wcache cannot tell them apart, and never takes such a
+# range for its own. The engine refuses the same answer on its views.
+_ALREADY_REGISTERED = "the mapping is already registered with CUDA " \
+    "(cudaErrorHostMemoryAlreadyRegistered): by the loader itself, or a registration left " \
+    "behind at a reused address, which copies would read the old pages through; wcache " \
+    "neither uses nor undoes it"
+
+
 class _HostHold:
     """One handle's hold on its ranges (made by host_register). backend:
     the backend that registers and unregisters; keep: the model's handle,
@@ -137,8 +162,7 @@ class _HostHold:
 class _HostRegistry:
     """The ranges this process registered for open handles.
 
-    entries: {(start, end): [holders, backend that registered it, or None
-    when someone else had (it is used, never unregistered here)]}. A range
+    entries: {(start, end): [holders, backend that registered it]}. A range
     is registered by its first holder and unregistered when its last holder
     lets go, after the device has finished what was queued.
 
@@ -182,8 +206,9 @@ class _HostRegistry:
                 for key in ranges:
                     entry = self.entries.get(key)
                     if entry is None:
-                        owned = backend.register(key[0], key[1] - key[0])
-                        entry = self.entries[key] = [0, backend if owned else None]
+                        if not backend.register(key[0], key[1] - key[0]):
+                            raise RegisterRefused(_ALREADY_REGISTERED)
+                        entry = self.entries[key] = [0, backend]
                     entry[0] += 1
                     hold.keys.append(key)
             except BaseException:
@@ -215,6 +240,7 @@ class _HostRegistry:
                 if entry[1] is not None:
                     drop.append((key[0], entry[1]))
         hold.keys = []
+        left = False
         if drop:
             try:
                 drop[0][1].quiesce()  # no copy may still read what is unregistered
@@ -222,7 +248,13 @@ class _HostRegistry:
                 _say_once(logging.WARNING, f"wcache: waiting for the device before "
                                            f"unregistering failed: {type(e).__name__}: {e}")
             for addr, backend in drop:
-                _unregister(backend, addr)
+                left = not _unregister(backend, addr) or left
+        if left:
+            # A registration is left in the model's mapping: the mapping
+            # stays for the rest of the process, so that its address is
+            # never given to another mapping, whose copies would read
+            # these pages through it.
+            _kept_views.append(hold.keep)
         hold.keep = None  # now the mapping may go
 
     def snapshot(self, timeout=10.0):
