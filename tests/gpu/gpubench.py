@@ -310,14 +310,18 @@ def _workers():
 
 def _write_tensor(fd, base, k, n, block):
     """Writes tensor k's n bytes at base: block's bytes (again and again),
-    the first 4 of them (fewer where n is) the tensor's number k, so that
-    no two tensors are alike. os.pwrite: no file position shared among
-    threads, and no copy of block to change those 4 bytes."""
+    from a place in it of tensor k's own (an even one: the block's 16-bit
+    values stay whole), the first 4 of them (fewer where n is) the tensor's
+    number k, so that no two tensors are alike, and bytes moved from one
+    place of the model to another are not the same bytes (the check
+    compares page sums: check_state). os.pwrite: no file position shared
+    among threads, and no copy of block to change those 4 bytes."""
     prefix = k.to_bytes(4, "little")[:min(n, 4)]
     os.pwrite(fd, prefix, base)
     done = len(prefix)
+    phase = k * 2 * 1000003 % len(block)
     while done < n:
-        lo = done % len(block)
+        lo = (done + phase) % len(block)
         m = min(n - done, len(block) - lo)
         done += os.pwrite(fd, memoryview(block)[lo:lo + m], base + done)
 
@@ -339,8 +343,9 @@ def cmd_gen(a):
     text = json.dumps(header).encode()
     text += b" " * (-len(text) % 8)
     # bf16 values of small magnitude (no NaN, so equality checks hold):
-    # a random block, its words masked to 0x3f.. patterns, reused with a
-    # different prefix per tensor
+    # a random block, its words masked to 0x3f.. patterns, reused from a
+    # different place and with a different prefix per tensor; 64 MiB, more
+    # than the largest tensor, so that no tensor repeats itself
     rng = np.random.default_rng(1)
     block = (rng.integers(0, 1 << 16, 32 * MIB, dtype=np.uint16) & 0x3fff).view(np.uint8)
     path = os.path.join(a.dir, "model.safetensors")
@@ -600,7 +605,8 @@ def _registration_figures(items):
 def _check(torch, path, state, names=3):
     """The first, a middle and the last tensor (in the file's order) equal
     the file's bytes, read with Python (no libwcache: upstream's and
-    torch.load's rows are checked where it cannot load)."""
+    torch.load's rows are checked where it cannot load). Where the model's
+    checksums were not made (check_state)."""
     header, base = read_header(path)
     keys = sorted(header, key=lambda k: header[k]["data_offsets"][0])
     with open(path, "rb", buffering=0) as f:
@@ -610,6 +616,91 @@ def _check(torch, path, state, names=3):
             if got.dtype != want.dtype or not torch.equal(got.reshape(-1).view(torch.uint8),
                                                             want.reshape(-1).view(torch.uint8)):
                 raise SystemExit(f"tensor {name!r}: bytes differ from the file")
+
+
+CHECK_PIECE = 4096  # the bytes of one piece of tensor_sums
+
+
+def tensor_sums(torch, raw):
+    """[sum of the bytes, sum over the CHECK_PIECE-byte pieces of each
+    piece's sum times its number (from 1)] of raw, a 1-D uint8 tensor on
+    a device, as an int64 tensor there: a piece of bytes lost, doubled,
+    zeroed or moved (a staging buffer refilled before its copy had read
+    it, a range unregistered under its copy) changes one of them, and
+    computing them is one pass over the bytes where they lie. array_sums
+    computes the same integers on the CPU (torch's CPU sum of uint8 into
+    int64 is ~50x slower than numpy's)."""
+    n = raw.numel()
+    whole = n // CHECK_PIECE * CHECK_PIECE
+    pieces = raw[:whole].view(whole // CHECK_PIECE, CHECK_PIECE).sum(1, dtype=torch.int64)
+    tail = raw[whole:].sum(dtype=torch.int64)
+    number = torch.arange(1, pieces.numel() + 1, dtype=torch.int64, device=raw.device)
+    return torch.stack([pieces.sum() + tail, (pieces * number).sum() + tail * (pieces.numel() + 1)])
+
+
+def array_sums(a):
+    """tensor_sums of a, a 1-D numpy uint8 array, as [int, int]."""
+    import numpy as np
+    whole = a.size // CHECK_PIECE * CHECK_PIECE
+    pieces = a[:whole].reshape(whole // CHECK_PIECE, CHECK_PIECE).sum(1, dtype=np.int64)
+    tail = int(a[whole:].sum(dtype=np.int64))
+    number = np.arange(1, pieces.size + 1, dtype=np.int64)
+    return [int(pieces.sum()) + tail, int((pieces * number).sum()) + tail * (pieces.size + 1)]
+
+
+def sums_path(model):
+    """Where cmd_sums keeps a model's checksums."""
+    return model + ".sums.json"
+
+
+def cmd_sums(a):
+    """Writes array_sums of every tensor of the model, computed on the CPU
+    from the file (its mapping: the page cache), once, for check_state; on
+    _workers() threads (numpy's sums let go of the GIL)."""
+    import numpy as np
+    from concurrent.futures import ThreadPoolExecutor
+    t0 = time.monotonic()
+    header, base = read_header(a.model)
+    data = np.memmap(a.model, dtype=np.uint8, mode="r")
+    names = list(header)
+
+    def sums(name):
+        lo, hi = header[name]["data_offsets"]
+        return array_sums(data[base + lo:base + hi])
+    with ThreadPoolExecutor(_workers()) as pool:
+        found = dict(zip(names, pool.map(sums, names)))
+    with open(sums_path(a.model) + ".tmp", "w") as f:
+        json.dump(found, f)
+    os.rename(sums_path(a.model) + ".tmp", sums_path(a.model))
+    log(f"  {sums_path(a.model)}: {len(found)} tensors in {time.monotonic() - t0:.1f} s on "
+        f"{_workers()} threads")
+
+
+def check_state(torch, path, state):
+    """Checks state (a load of the model at path) against the file, outside
+    the timing: every tensor's tensor_sums, computed where the tensor lies
+    (the device), against those cmd_sums made from the file; where they
+    were not made, the bytes of 3 tensors (_check). Returns what was
+    checked, for the row; SystemExit naming the first tensor that differs."""
+    try:
+        with open(sums_path(path)) as f:
+            want = json.load(f)
+    except (OSError, ValueError) as e:
+        _check(torch, path, state)
+        return f"3 tensors (no checksums of the model: {type(e).__name__})"
+    names = sorted(want)
+    if sorted(state) != names:
+        raise SystemExit(f"the load has {len(state)} tensors, the file {len(names)}")
+    raws = [state[name].reshape(-1).view(torch.uint8) for name in names]
+    on_device = [raw for raw in raws if raw.device.type != "cpu"]
+    sums = iter(torch.stack([tensor_sums(torch, raw) for raw in on_device]).cpu().tolist()
+                if on_device else [])  # one transfer for every tensor's sums
+    got = [next(sums) if raw.device.type != "cpu" else array_sums(raw.numpy()) for raw in raws]
+    for name, mine in zip(names, got):
+        if mine != want[name]:
+            raise SystemExit(f"tensor {name!r}: bytes differ from the file (sums {mine}, "
+                             f"the file's {want[name]})")
+    return f"all {len(names)} tensors"
 
 
 def _engine_figures(engine):
@@ -742,16 +833,18 @@ def cmd_bench(a):
         _sync(torch, device)
         dt = time.perf_counter() - t0
         starts.append((wall0, time.time()))
-        if rep == 0:
-            _check(torch, a.model, state)
+        if rep == 0:  # outside the timing: every tensor, where checksums were made
+            first = dt
+            checked = check_state(torch, a.model, state)
         moved = sum(t.numel() * t.element_size() for t in state.values())
         tensors = len(state)
         del state
         if best is None or dt < best:
             best, figures = dt, dict(engine)
     row = dict(method=a.method + (f"@{a.tag}" if a.tag else ""), bytes=moved,
-               seconds=round(best, 4), gbps=round(moved / best / 1e9, 2), path=path,
-               start=starts[0][0], end=starts[0][1], **figures)
+               seconds=round(best, 4), gbps=round(moved / best / 1e9, 2),
+               first_s=round(first, 4), first_gbps=round(moved / first / 1e9, 2), path=path,
+               start=starts[0][0], end=starts[0][1], checked=checked, **figures)
     if a.method.endswith("_get_tensor"):
         row.update(tensors=tensors, ms_per_tensor=round(best * 1000 / tensors, 4))
     # Only where the engine registered (a staged or per-tensor load pins
@@ -829,18 +922,20 @@ def pinned_row(a, torch, device, nbytes):
     def copy():
         dst.copy_(src, non_blocking=True)
         _sync(torch, device)
-    best = None
+    best = first = None
     for _ in range(a.reps):
         t0 = time.perf_counter()
         copy()
         dt = time.perf_counter() - t0
         best = dt if best is None or dt < best else best
+        first = dt if first is None else first
     try:
         link = link_while(copy)
     except Exception as e:  # the row, whatever happens to the reading
         link = f"not read: {type(e).__name__}: {e}"
     emit(a.results, method="pinned", bytes=size, model_bytes=nbytes, seconds=round(best, 4),
-         gbps=round(size / best / 1e9, 2), link=link)
+         gbps=round(size / best / 1e9, 2), first_s=round(first, 4),
+         first_gbps=round(size / first / 1e9, 2), link=link)
 
 
 def cmd_concurrent(a):
@@ -871,8 +966,11 @@ def cmd_concurrent(a):
     rows = [json.loads(line) for line in open(tmp)]
     total = sum(r["bytes"] for r in rows)
     span = max(r["end"] for r in rows) - min(r["start"] for r in rows)
+    # each process's first and only load: first is the row itself
     row = dict(method=f"concurrent{a.n}", bytes=total, seconds=round(span, 4),
-               gbps=round(total / span / 1e9, 2), path=",".join(sorted({r["path"] for r in rows})))
+               gbps=round(total / span / 1e9, 2), first_s=round(span, 4),
+               first_gbps=round(total / span / 1e9, 2),
+               path=",".join(sorted({r["path"] for r in rows})))
     for key in ("registered_mib", "present_mib", "private_mib"):  # per process, the most
         if any(key in r for r in rows):
             row[key] = max(r.get(key, 0) for r in rows)
@@ -882,6 +980,7 @@ def cmd_concurrent(a):
     whys = sorted({r["why"] for r in rows if r.get("why")})
     if whys:
         row["why"] = " | ".join(whys)
+    row["checked"] = " | ".join(sorted({r.get("checked", "nothing") for r in rows}))  # each load's
     emit(a.results, **row)
 
 
@@ -1417,6 +1516,17 @@ def registration_line(r):
             f"(informational, no target)")
 
 
+def checked_line(checked):
+    """The report's line saying how the rows' loads were checked against
+    the file ([(row's label, what its check_state said)]): once where
+    every row says the same."""
+    said = {what for _, what in checked}
+    if len(said) == 1:
+        return f"bytes checked against the file (once per row, untimed): {said.pop()}"
+    return "bytes checked against the file (once per row, untimed): " + \
+        "; ".join(f"{label}: {what}" for label, what in checked)
+
+
 def speedups(rows):
     """[(label, seconds, times faster than the plain transformers load)]."""
     by = {r["method"]: r for r in rows}
@@ -1441,14 +1551,16 @@ def cmd_report(a):
              # informational (no target): loaders that ask tensor by tensor
              "upstream_get_tensor": "get_tensor loop, safetensors safe_open",
              "wcache_get_tensor": "get_tensor loop, wcache.safe_open"}
-    print(f"{'way into the device':44} {'GB/s':>8} {'seconds':>9} {'private MiB':>11}  path")
+    print(f"{'way into the device':44} {'GB/s':>8} {'first':>8} {'seconds':>9} "
+          f"{'private MiB':>11}  path")
     for key, label in names.items():
         r = next((r for r in rows if r["method"] == key), None)
         if r is None:
             print(f"{label:44} {'skipped':>8}")
         else:
             private = r.get("private_mib")
-            print(f"{label:44} {r['gbps']:8.2f} {r['seconds']:9.3f} "
+            first = f"{r['first_gbps']:8.2f}" if "first_gbps" in r else f"{'-':>8}"
+            print(f"{label:44} {r['gbps']:8.2f} {first} {r['seconds']:9.3f} "
                   f"{'-' if private is None else private:>11}  {r.get('path', '')}")
             if "tensors" in r:
                 line = f"    {r['tensors']} tensors, {r['ms_per_tensor']:.3f} ms per tensor"
@@ -1459,6 +1571,13 @@ def cmd_report(a):
                 print("    " + engine_line(r))
             if key == "pinned":
                 print("    " + pinned_line(r))
+    print("(GB/s, seconds: the best of 2 loads in one process; first: GB/s of its first, cold\n"
+          " load (the device buffer allocated anew, each path's first calls), which is what a\n"
+          " worker's one load pays; the 4 processes' row is each one's first and only load)")
+    checked = [(names[r["method"]], r["checked"]) for r in rows
+               if r["method"] in names and r.get("checked")]
+    if checked:
+        print(checked_line(checked))
     print()
     print(registration_line(next((r for r in rows if r["method"] == "register_threads"), None)))
     print()
@@ -1513,6 +1632,8 @@ def main(argv=None):
     s.add_argument("--pt", action="store_true")
     s = sub.add_parser("warm")
     s.add_argument("files", nargs="+")
+    s = sub.add_parser("sums")
+    s.add_argument("model")
     s = sub.add_parser("daemon")
     s.add_argument("action", choices=("start", "stop"))
     s.add_argument("--dir", required=True)
@@ -1562,7 +1683,8 @@ def main(argv=None):
     a.cpu = a.cpu or os.environ.get("GPUBENCH_CPU") == "1"
     if a.site:
         add_site(a.site)
-    return {"host-info": cmd_host_info, "room": cmd_room, "gen": cmd_gen, "warm": cmd_warm, "daemon": cmd_daemon, "bench": cmd_bench,
+    return {"host-info": cmd_host_info, "room": cmd_room, "gen": cmd_gen, "warm": cmd_warm,
+            "sums": cmd_sums, "daemon": cmd_daemon, "bench": cmd_bench,
             "concurrent": cmd_concurrent, "llama-make": cmd_llama_make,
             "llama-load": cmd_llama_load, "cpu-engine": cmd_cpu_engine,
             "register-threads": cmd_register_threads,

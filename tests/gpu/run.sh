@@ -13,7 +13,9 @@
 # limit: the largest power of two of the model's size, as torch would pin
 # the next one up; with the PCIe link read while it copies),
 # safetensors.torch.load_file(device=), torch.load(mmap=True) then
-# .to(), wcache's per-tensor path, the new path;
+# .to(), wcache's per-tensor path, the new path (each the best of 2 loads
+# in one process, with its first, cold load beside it, and its load
+# checked, every tensor, against checksums made once from the file);
 # then loads a ~1B-parameter Llama with transformers plainly, through
 # WCACHE_SAFETENSORS=1 (the package's wcache-safetensors.pth, in a directory
 # processed as site-packages are) + wcached, and through wcache.install() +
@@ -203,6 +205,10 @@ if [ -n "$build" ] && [ -d "$build" ]; then
 	export WCACHE_BUILD=$build WCACHE_LIB=$build/lib/libwcache.so.0
 fi
 export PYTHONPATH=$repo/client/python${PYTHONPATH:+:$PYTHONPATH}
+# Nothing here may reach the Hub: from_pretrained of a local directory
+# should not, but a probe that does would wait on huggingface_hub's
+# timeouts, with retries, where packets are dropped rather than refused.
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
 # Not LD_LIBRARY_PATH: the tree's lib/ is for wcached alone (gpubench's
 # daemon start puts it there); Python loads libwcache by WCACHE_LIB.
 if [ "$have_wcache" = 0 ]; then
@@ -350,6 +356,11 @@ else
 fi
 if [ "$have_model" = 1 ]; then
 	try_step "warm the page cache" "${gb[@]}" warm "$model" "$pt"
+	# Every tensor's checksums, from the file, once: each timed row's load
+	# is checked against them on the device, outside its timing (without
+	# them, 3 tensors are compared byte by byte). A few seconds for 8 GiB
+	# on 8 threads (an estimate: 1 GiB took 2 s on a loaded 2-core VM).
+	try_step --limit 60 "checksums of the model" "${gb[@]}" sums "$model"
 	wcache_step "start wcached" "${gb[@]}" daemon start --dir "$work/daemon" --files "$model"
 	export WCACHE_SOCKET=$work/daemon/wcached.sock
 	try_step "pinned anonymous memory" "${gb[@]}" bench --method pinned --model "$model" --results "$results"

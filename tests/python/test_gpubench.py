@@ -74,7 +74,7 @@ def test_report_has_the_informational_rows(tmp_path, capsys):
     assert out[at].split()[-2:] == ["2.000", "-"], out[at]
     assert out[at + 1] == "    451 tensors, 4.435 ms per tensor (informational, no target)"
     at = out.index(next(x for x in out if x.startswith("get_tensor loop, wcache.safe_open")))
-    assert out[at].split()[-4:] == ["8.59", "1.000", "-", "register,tensor"], out[at]
+    assert out[at].split()[-5:] == ["8.59", "-", "1.000", "-", "register,tensor"], out[at]
     assert out[at + 1] == "    451 tensors, 2.217 ms per tensor, 300 of them through the " \
         "engine (informational, no target)"
     assert out[at + 2].startswith("    view 0.010 s, register 0.500 s, copy 0.400 s")
@@ -211,3 +211,85 @@ def test_report_says_what_the_pinned_row_copied(tmp_path, capsys):
     at = out.index(next(x for x in out if x.startswith("pinned anonymous memory (the limit)")))
     assert out[at + 1] == "    8192 MiB pinned and copied (the largest power of two <= the " \
         "model's 8234.3 MiB); PCIe link while copying (gen, width): 5, 16", out[at + 1]
+
+
+def test_every_tensor_is_checked_against_the_files_sums(tmp_path):
+    """check_state compares every tensor of a load with checksums made
+    once from the file (sums), so a wrong piece of any tensor fails the
+    row: bytes zeroed in a tensor that is not the first, middle or last
+    (which _check alone compared, and passed), two pieces of one tensor
+    swapped (its byte sum unchanged), one piece doubled over another. And
+    no two tensors of the model share their bytes, so one tensor's bytes
+    in another's place are caught too."""
+    import argparse
+    import pytest
+    import torch
+    d = tmp_path / "model"
+    d.mkdir()
+    gpubench.cmd_gen(argparse.Namespace(dir=str(d), gib=0.01, pt=False))
+    path = str(d / "model.safetensors")
+    header, base = gpubench.read_header(path)
+    keys = sorted(header, key=lambda k: header[k]["data_offsets"][0])
+
+    def load():
+        with open(path, "rb", buffering=0) as f:
+            return {k: gpubench.read_tensor(torch, f, base, header[k]) for k in keys}
+    state = load()
+    # the device's sums (torch) are the file's (numpy): here on the CPU,
+    # for whole pieces, pieces and a tail, less than a piece
+    first = state[keys[0]].reshape(-1).view(torch.uint8)
+    odd = state[next(k for k in keys if k.endswith(".odd"))].reshape(-1).view(torch.uint8)
+    for raw in (first, first[:5000], odd):
+        assert gpubench.tensor_sums(torch, raw).tolist() == gpubench.array_sums(raw.numpy())
+    assert gpubench.array_sums(state[keys[0]].reshape(-1).view(torch.uint8)[:5000].numpy()) != \
+        gpubench.array_sums(state[keys[0]].reshape(-1).view(torch.uint8)[1:5001].numpy())
+    assert gpubench.check_state(torch, path, state).startswith("3 tensors (no checksums")
+    gpubench.cmd_sums(argparse.Namespace(model=path))
+    assert gpubench.check_state(torch, path, state) == f"all {len(keys)} tensors"
+    big = [k for k in keys if k.endswith(".big")]
+    victim = big[1]  # neither the first, the middle nor the last tensor
+    assert victim not in {keys[0], keys[len(keys) // 2], keys[-1]}
+    piece = gpubench.CHECK_PIECE
+
+    def spoil(how):
+        s = load()
+        raw = s[victim].reshape(-1).view(torch.uint8)
+        how(raw)
+        return s
+    for how in (lambda raw: raw[5 * piece:6 * piece].zero_(),
+                lambda raw: raw[:2 * piece].copy_(torch.cat([raw[piece:2 * piece],
+                                                             raw[:piece]])),
+                lambda raw: raw[3 * piece:4 * piece].copy_(raw[7 * piece:8 * piece])):
+        s = spoil(how)
+        gpubench._check(torch, path, s)  # what the 3-tensor check saw: nothing
+        with pytest.raises(SystemExit, match=f"tensor '{victim}': bytes differ"):
+            gpubench.check_state(torch, path, s)
+    s = load()
+    s[big[1]], s[big[2]] = s[big[2]], s[big[1]]
+    with pytest.raises(SystemExit, match="bytes differ"):
+        gpubench.check_state(torch, path, s)
+    # the model's tensors do not repeat themselves, nor one another
+    a, b = (s[k].reshape(-1).view(torch.uint8) for k in big[:2])
+    half = a.numel() // 2
+    assert not torch.equal(a[:half], a[half:2 * half]) and not torch.equal(a[8:], b[8:])
+
+
+def test_report_prints_the_first_cold_load_beside_the_best(tmp_path, capsys):
+    """A single-process row is the best of 2 loads in one process, the
+    second reusing what the first paid for; the 4 processes' row is each
+    one's first load. The report prints the first load's GB/s beside the
+    best (and says what each is), so the two targets are read alike."""
+    _report(tmp_path, [
+        {"method": "wcache", "bytes": 8 << 30, "seconds": 0.2, "gbps": 42.95,
+         "first_s": 0.4, "first_gbps": 21.47, "path": "register"},
+        {"method": "concurrent4", "bytes": 32 << 30, "seconds": 1.0, "gbps": 34.36,
+         "first_s": 1.0, "first_gbps": 34.36, "path": "register"},
+        {"method": "upstream", "bytes": 8 << 30, "seconds": 2.0, "gbps": 4.29, "path": ""}])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["way", "into", "the", "device", "GB/s", "first", "seconds",
+                              "private", "MiB", "path"], out[0]
+    row = {x[:44].strip(): x[44:].split() for x in out if len(x) > 44}
+    assert row["wcache, new path"] == ["42.95", "21.47", "0.200", "-", "register"]
+    assert row["wcache, new path, 4 processes together"][:2] == ["34.36", "34.36"]
+    assert row["safetensors.torch.load_file(device=)"][:3] == ["4.29", "-", "2.000"]
+    assert any("first: GB/s of its first, cold" in x for x in out), out

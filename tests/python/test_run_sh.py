@@ -32,9 +32,20 @@ def test_run_sh_cpu_mode(tmp_path):
         "#!/bin/sh\ncase \"$*\" in\n*gen.max*) echo \"$*\"; echo '570.00, 1, 16, 5, 16' ;;\n"
         "*) sleep 0.3; echo '5, 16' ;;\nesac\n")
     (bin_dir / "nvidia-smi").chmod(0o755)
-    env = dict(os.environ, PYTHON=sys.executable, STEP_TIMEOUT="120", OUT=str(out_dir),
+    # A stand-in interpreter that notes what the Llama loads have of the
+    # variables that keep transformers off the network.
+    offline = tmp_path / "offline"
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"#!/bin/sh\ncase \"$*\" in *llama-load*)\n"
+                       f"\techo \"$HF_HUB_OFFLINE $TRANSFORMERS_OFFLINE "
+                       f"$HF_HUB_DISABLE_TELEMETRY\" >>{offline} ;;\nesac\n"
+                       f"exec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    env = dict(os.environ, PYTHON=str(wrapper), STEP_TIMEOUT="120", OUT=str(out_dir),
                PYTHONPATH=standins(tmp_path / "standins"), GPUBENCH_PIN_DELAY="0.005",
                PATH=f"{bin_dir}:{os.environ['PATH']}")
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"):
+        env.pop(name, None)
     work = tmp_path / "work"
     r = subprocess.run([os.path.join(REPO, "tests", "gpu", "run.sh"), "--cpu", "--gib", "0.02",
                         "--work", str(work)], env=env, capture_output=True, text=True,
@@ -79,9 +90,16 @@ def test_run_sh_cpu_mode(tmp_path):
     assert order.index("== wcache, 4 processes at once") < \
         order.index("== wcache, new path, staging forced") < \
         order.index("== get_tensor loop, safetensors"), order
+    # no load of transformers may wait on the Hub
+    assert offline.read_text() == "1 1 1\n" * 3, offline.read_text()
     # transformers' loading code is imported before the load is timed
     assert r.stderr.count("imported before the timing") == 3, r.stderr
     assert "new path >= 0.8x pinned limit" in r.stdout
+    # every row's load checked, every tensor, against the file's checksums
+    n = len(gpubench.layout(int(0.02 * (1 << 30))))
+    assert f"bytes checked against the file (once per row, untimed): all {n} tensors\n" in \
+        r.stdout, r.stdout
+    assert "== checksums of the model: " in r.stderr, r.stderr
     assert float(table["safetensors.torch.load_file(device=)"][0]) > 0  # the stand-in
     # transformers (the stand-in): three loads; the two through wcache with
     # their speed-up over plain and how many shard handles registered
@@ -138,9 +156,10 @@ def _check_informational_rows(stdout, results, gib):
     for key, label in (("upstream_get_tensor", "get_tensor loop, safetensors safe_open"),
                        ("wcache_get_tensor", "get_tensor loop, wcache.safe_open")):
         at = lines.index(next(x for x in lines if x.startswith(label + "  ")))
-        gbps, seconds, private, *path = lines[at][44:].split()
+        gbps, first, seconds, private, *path = lines[at][44:].split()
         row = rows[key]
         assert float(gbps) == row["gbps"] > 0 and float(seconds) > 0, lines[at]
+        assert float(first) == row["first_gbps"] and 0 < row["first_gbps"] <= row["gbps"], row
         assert row["tensors"] == n and row["bytes"] == gpubench.layout_bytes(
             gpubench.layout(int(gib * (1 << 30)))), row
         assert abs(row["ms_per_tensor"] - row["seconds"] * 1000 / n) < 1e-3, row
@@ -425,10 +444,12 @@ def test_run_sh_without_a_cuda_device(tmp_path):
 
 
 def _slow_cuda_check(tmp_path, first_sleep, then):
-    """A stand-in interpreter for a fresh machine: the CUDA check sleeps
-    first_sleep seconds the first time (torch's first import from a cold
-    disk), then does `then` (a shell command); making the model and
-    host-info succeed at once without doing anything, the rest is Python."""
+    """(result, its stdout and stderr) of run.sh (not --cpu) with
+    CUDA_CHECK_TIMEOUT=3 under a stand-in interpreter for a fresh machine:
+    the CUDA check sleeps first_sleep seconds the first time (torch's
+    first import from a cold disk), then does `then` (a shell command);
+    making the model and host-info succeed at once without doing
+    anything, the rest is Python."""
     wrapper = tmp_path / "python"
     marker = tmp_path / "checked"
     wrapper.write_text(f"#!/bin/sh\ncase \"$*\" in *'torch.cuda.is_available()'*)\n"
@@ -437,7 +458,13 @@ def _slow_cuda_check(tmp_path, first_sleep, then):
                        f"*' gen '*|*' host-info'*) exit 0 ;;\nesac\n"
                        f"exec {sys.executable} \"$@\"\n")
     wrapper.chmod(0o755)
-    return wrapper
+    env = without_transformers(tmp_path / "hide", dict(
+        os.environ, PYTHON=str(wrapper), CUDA_CHECK_TIMEOUT="3"))
+    env.pop("GPUBENCH_CPU", None)
+    r = subprocess.run([os.path.join(REPO, "tests", "gpu", "run.sh"), "--gib", "0.01",
+                        "--work", str(tmp_path / "work")], env=env, capture_output=True,
+                       text=True, timeout=300)
+    return r, r.stdout + r.stderr
 
 
 def test_run_sh_tries_a_cuda_check_that_timed_out_again(tmp_path):
@@ -445,14 +472,7 @@ def test_run_sh_tries_a_cuda_check_that_timed_out_again(tmp_path):
     machine just lent may outlast its limit: it is tried once more (warm
     then), and the run goes on where that answers. Before, its timeout
     said "no CUDA device" and skipped every measurement."""
-    wrapper = _slow_cuda_check(tmp_path, 1000, "exit 0")
-    env = without_transformers(tmp_path / "hide", dict(
-        os.environ, PYTHON=str(wrapper), CUDA_CHECK_TIMEOUT="3"))
-    env.pop("GPUBENCH_CPU", None)
-    r = subprocess.run([os.path.join(REPO, "tests", "gpu", "run.sh"), "--gib", "0.01",
-                        "--work", str(tmp_path / "work")], env=env, capture_output=True,
-                       text=True, timeout=300)
-    out = r.stdout + r.stderr
+    r, out = _slow_cuda_check(tmp_path, 1000, "exit 0")
     assert "== CUDA device: TIMEOUT after 3s" in r.stderr, out
     assert "== CUDA device, again (warm now): " in r.stderr and \
         "again (warm now): TIMEOUT" not in r.stderr, out
@@ -464,14 +484,7 @@ def test_run_sh_tries_a_cuda_check_that_timed_out_again(tmp_path):
 def test_run_sh_says_a_cuda_check_timed_out(tmp_path):
     """A CUDA check that times out twice skips the measurements, and says
     it timed out: not "no CUDA device", which it never learnt."""
-    wrapper = _slow_cuda_check(tmp_path, 1000, "exec sleep 1000")
-    env = without_transformers(tmp_path / "hide", dict(
-        os.environ, PYTHON=str(wrapper), CUDA_CHECK_TIMEOUT="3"))
-    env.pop("GPUBENCH_CPU", None)
-    r = subprocess.run([os.path.join(REPO, "tests", "gpu", "run.sh"), "--gib", "0.01",
-                        "--work", str(tmp_path / "work")], env=env, capture_output=True,
-                       text=True, timeout=300)
-    out = r.stdout + r.stderr
+    r, out = _slow_cuda_check(tmp_path, 1000, "exec sleep 1000")
     assert r.returncode == 1, out
     assert "== CUDA device: TIMEOUT after 3s" in r.stderr, out
     assert "== CUDA device, again (warm now): TIMEOUT after 3s" in r.stderr, out
