@@ -187,17 +187,19 @@ origins_known(const struct generation *g, uint32_t file_count)
 /*
  * ORIGINS (PROTOCOL.md): what the files of the model's current generation
  * that are staged copies were copied from (their fstat then), from file
- * first on, for a client that may attach it (registry_attach's checks;
- * that attach is released at once). A generation that serves its files
- * where they are has none (file_count 0). libwcache sends it alone on a
- * connection of its own: a wcached before it closes the connection.
+ * first on, for a client that may attach it (registry_attach's checks,
+ * but no attach: nothing is referenced, counted or warmed). A generation
+ * that serves its files where they are has none (file_count 0). libwcache
+ * sends it alone on a connection of its own: a wcached before it closes
+ * the connection.
  */
 void
 request_origins(struct conn *c, const struct wire_message *msg)
 {
 	struct server *s = c->srv;
 	struct registry_peer peer = conn_peer(c);
-	struct registry_attachment at;
+	struct model_entry *m = NULL;
+	struct generation *g = NULL;
 	struct wire_origins_ok ok = { 0 };
 	char name[WIRE_MAX_NAME + 1], text[WIRE_MAX_MESSAGE];
 	uint8_t buf[WIRE_MAX_MESSAGE];
@@ -213,17 +215,21 @@ request_origins(struct conn *c, const struct wire_message *msg)
 	}
 	memcpy(name, p, len);
 	name[len] = '\0';
-	if ((err = registry_attach(s->reg, name, &peer, &at, text, sizeof(text))) < 0) {
-		conn_error(c, msg->h.seq, err, 0, "%s", text);
+	/* A query: ATTACH's checks, but no reference (no warm-up, budget,
+	 * eviction order or attach count). */
+	if ((err = registry_find_for(s->reg, name, &peer, &m, text, sizeof(text))) < 0 ||
+		(err = registry_servable(m, &g, text, sizeof(text))) < 0 || g == NULL) {
+		conn_error(c, msg->h.seq, err < 0 ? err : -EIO, 0, "%s",
+			err < 0 ? text : "no generation");
 		return;
 	}
-	ok.generation = at.generation;
-	if (origins_known(at.gen, at.file_count)) {
-		ok.file_count = at.file_count;
-		ok.first = first < at.file_count ? first : 0;
+	ok.generation = g->number;
+	if (origins_known(g, (uint32_t)g->source.nfiles)) {
+		ok.file_count = (uint32_t)g->source.nfiles;
+		ok.first = first < ok.file_count ? first : 0;
 		ok.n = wire_origins_in_reply(ok.file_count, ok.first);
 		for (size_t i = 0; i < ok.n; i++) {
-			const struct stat *st = &at.gen->origin[ok.first + i].st;
+			const struct stat *st = &g->origin[ok.first + i].st;
 
 			ok.origins[i] = (struct wire_origin){ .dev = (uint64_t)st->st_dev,
 				.ino = (uint64_t)st->st_ino, .size = (uint64_t)st->st_size,
@@ -231,7 +237,6 @@ request_origins(struct conn *c, const struct wire_message *msg)
 				.ctime_ns = time_ns(&st->st_ctim) };
 		}
 	}
-	conn_release(c, at.gen);
 	if (ok.file_count > 0 && ok.first != first) {
 		conn_error(c, msg->h.seq, -ERANGE, 0, "file %" PRIu32 ": generation %" PRIu64
 			" has %" PRIu32 " files", first, ok.generation, ok.file_count);

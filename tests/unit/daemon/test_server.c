@@ -175,7 +175,8 @@ send_origins(struct st *t, const char *name, uint32_t first, uint8_t *buf)
  * (file_count 0); a staged one (its origin set here as a staging sets it)
  * gives each file's source fstat, from the first file asked; a first past
  * its files is refused (ERANGE), as is a model not served, and the
- * connection goes on. None of them leaves the generation attached. A
+ * connection goes on. None of them leaves the generation attached, counts
+ * as an attach or warms a cold generation. A
  * staged generation restored without its origins' ctimes gives none.
  */
 static void
@@ -187,9 +188,12 @@ test_origins(void **state)
 	struct wire_origins_ok ok;
 	struct wire_message m;
 	struct generation *g;
+	enum gen_state was;
 	struct stat st;
+	uint64_t seq;
 
 	assert_int_equal(du_load(&t->du, "m", path, PIN_NONE, 0), 0);
+	seq = t->du.reg.attach_seq;
 	m = send_origins(t, "m", 0, buf);
 	assert_int_equal(m.h.type, WIRE_ORIGINS_OK);
 	assert_int_equal(m.h.seq, 9);
@@ -197,6 +201,17 @@ test_origins(void **state)
 	assert_true(ok.generation == 1 && ok.file_count == 0 && ok.n == 0);
 	g = du_current(&t->du, "m");
 	assert_int_equal(g->attached, 0);
+	/* A query, not an attach: no count, no place in the budget's order,
+	 * and a cold generation stays cold. */
+	assert_int_equal(g->model->attach_count, 0);
+	assert_true(g->model->last_attach <= seq && t->du.reg.attach_seq == seq);
+	was = g->state;
+	g->state = GEN_COLD;
+	m = send_origins(t, "m", 0, buf);
+	assert_int_equal(m.h.type, WIRE_ORIGINS_OK);
+	assert_int_equal(g->state, GEN_COLD);
+	assert_int_equal(g->model->attach_count, 0);
+	g->state = was;
 
 	assert_int_equal(stat(path, &st), 0);
 	assert_non_null(g->origin = calloc(1, sizeof(*g->origin)));
