@@ -403,9 +403,11 @@ shrank(const struct wc_file *f)
 }
 
 /*
- * lseek whence at off on f failed otherwise (errno: EIO or ESTALE from a
- * network filesystem, a FUSE server's own error): the rest of f, from off
- * to end, is taken as data, with one line. This fails open on purpose.
+ * lseek whence at off on f failed otherwise (why: EIO or ESTALE from a
+ * network filesystem, a FUSE server's own error), or answered an offset
+ * that makes no progress (a FUSE server answers FUSE_LSEEK with any
+ * offset): the rest of f, from off to end, is taken as data, with one
+ * line. This fails open on purpose.
  * The check only guards the page cache, while refusing would cost the
  * model its load for one failed call on a flaky server: a first load
  * unserved until its path changes, a warm restart's generation dropped
@@ -417,11 +419,22 @@ shrank(const struct wc_file *f)
  */
 static void
 seek_failed(const struct wc_file *f, const char *whence, off_t off, off_t end,
-	struct holes_walk *w)
+	struct holes_walk *w, const char *why)
 {
 	log_warnx("%s: %s at byte %lld: %s; the sparse-file check takes the rest of it as data",
-		f->path, whence, (long long)off, strerror(errno));
+		f->path, whence, (long long)off, why);
 	w->data += (uint64_t)(end - off);
+}
+
+/* seek_failed() for an answer, at, that makes no progress. */
+static void
+seek_stuck(const struct wc_file *f, const char *whence, off_t off, off_t end,
+	struct holes_walk *w, off_t at)
+{
+	char why[64];
+
+	snprintf(why, sizeof(why), "answered byte %lld, no progress", (long long)at);
+	seek_failed(f, whence, off, end, w, why);
 }
 
 /*
@@ -429,9 +442,12 @@ seek_failed(const struct wc_file *f, const char *whence, off_t off, off_t end,
  * open; data past it, had it grown, is not counted) to w, from SEEK_DATA
  * and SEEK_HOLE on wcached's own descriptor (workers get the reopened
  * one), until the end or w's verdict. One pair of calls per extent of
- * data: their number is bounded by the blocks the file really has on
- * disk. A filesystem that cannot tell reports the whole file as data (the
- * kernel's default). 0, or -EIO when f shrank (shrank()).
+ * data, each pair moving forward (SEEK_DATA at or past the offset asked,
+ * SEEK_HOLE past that): a filesystem's answers are not trusted (a FUSE
+ * server answers with any offset), so an answer that makes no progress
+ * ends the walk with the rest taken as data (seek_stuck), and the walk
+ * always ends. A filesystem that cannot tell reports the whole file as
+ * data (the kernel's default). 0, or -EIO when f shrank (shrank()).
  */
 static int
 count_holes(const struct wc_file *f, struct holes_walk *w)
@@ -441,12 +457,16 @@ count_holes(const struct wc_file *f, struct holes_walk *w)
 	while (off < end && holes_verdict(w) < 0) {
 		if ((data = seek_again(f->fd, off, SEEK_DATA)) == -1) {
 			if (errno != ENXIO) {
-				seek_failed(f, "SEEK_DATA", off, end, w);
+				seek_failed(f, "SEEK_DATA", off, end, w, strerror(errno));
 				return 0;
 			}
 			if (shrank(f) < 0)
 				return -EIO;
 			data = end; /* ENXIO: a hole up to the end */
+		}
+		if (data < off) {
+			seek_stuck(f, "SEEK_DATA", off, end, w, data);
+			return 0;
 		}
 		if (data > end)
 			data = end;
@@ -456,13 +476,16 @@ count_holes(const struct wc_file *f, struct holes_walk *w)
 		if ((hole = seek_again(f->fd, data, SEEK_HOLE)) == -1) {
 			if (errno == ENXIO && shrank(f) < 0)
 				return -EIO;
-			seek_failed(f, "SEEK_HOLE", data, end, w);
+			seek_failed(f, "SEEK_HOLE", data, end, w, strerror(errno));
+			return 0;
+		}
+		if (hole <= data) {
+			seek_stuck(f, "SEEK_HOLE", data, end, w, hole);
 			return 0;
 		}
 		if (hole > end)
 			hole = end;
-		if (hole > data)
-			w->data += (uint64_t)(hole - data);
+		w->data += (uint64_t)(hole - data);
 		off = hole;
 	}
 	return 0;

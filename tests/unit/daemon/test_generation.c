@@ -93,6 +93,11 @@ __wrap_madvise(void *addr, size_t len, int advice)
 static int seek_fds[2] = { -1, -1 };
 static unsigned seeks[2];
 static int fail_seeks, seek_errno;
+/* Set: answers SEEK_DATA and SEEK_HOLE on seek_fds[0] instead of the
+ * filesystem (a FUSE server answers with any offset), until seeks[0] is
+ * SEEK_LIES, then fails with EIO (a way out of a walk that never ends). */
+static off_t (*seek_lie)(int fd, off_t off, int whence);
+#define SEEK_LIES 1000u
 
 off_t __real_lseek(int fd, off_t off, int whence);
 off_t __wrap_lseek(int fd, off_t off, int whence);
@@ -104,6 +109,12 @@ __wrap_lseek(int fd, off_t off, int whence)
 		for (int i = 0; i < 2; i++)
 			if (fd >= 0 && fd == seek_fds[i]) {
 				seeks[i]++;
+				if (i == 0 && seek_lie != NULL && seeks[i] > SEEK_LIES) {
+					errno = EIO;
+					return -1;
+				}
+				if (i == 0 && seek_lie != NULL)
+					return seek_lie(fd, off, whence);
 				if (i == 0 && fail_seeks > 0) {
 					fail_seeks--;
 					errno = seek_errno;
@@ -121,6 +132,7 @@ setup(void **state)
 	seek_fds[0] = seek_fds[1] = -1;
 	seeks[0] = seeks[1] = 0;
 	fail_seeks = 0;
+	seek_lie = NULL;
 	*state = du_new(true);
 	return 0;
 }
@@ -1350,6 +1362,62 @@ test_holes_seek_failed_fails_open(void **state)
 	holes_close(&f, 1);
 }
 
+/* "Here": the offset asked, for both. */
+static off_t
+seek_here(int fd, off_t off, int whence)
+{
+	(void)fd;
+	(void)whence;
+	return off;
+}
+
+/* The filesystem's answers, but SEEK_DATA past the first extent answers 0. */
+static off_t
+seek_back(int fd, off_t off, int whence)
+{
+	if (whence == SEEK_DATA && off > 0)
+		return 0;
+	return __real_lseek(fd, off, whence);
+}
+
+/*
+ * rev180 F10: a filesystem whose SEEK_DATA and SEEK_HOLE make no progress
+ * (a FUSE server answers FUSE_LSEEK with any offset) ends the walk, with
+ * the rest taken as data and one line, as a failed call does. Before, an
+ * answer of the offset asked looped for ever (stopped here by the wrapper
+ * after SEEK_LIES calls), and a SEEK_DATA before the offset asked added a
+ * wrapped, huge count to the holes: a 256 MiB file of 4 KiB of data and a
+ * hole was then refused as sparse from that count, not from its blocks.
+ */
+static void
+test_holes_seek_without_progress_fails_open(void **state)
+{
+	struct du *t = *state;
+	struct wc_file f;
+	struct model_source src = { .files = &f, .nfiles = 1 };
+	char *log;
+
+	holes_failing(t, &f, 0, 0);
+	seek_lie = seek_here;
+	du_log_start(t);
+	assert_int_equal(gen_check_holes(&src), 0);
+	log = du_log_stop(t);
+	assert_int_equal(seeks[0], 2);
+	assert_logged(log, "h.safetensors: SEEK_HOLE at byte 0: answered byte 0, no progress; "
+		"the sparse-file check takes the rest of it as data");
+	free(log);
+
+	seeks[0] = 0;
+	seek_lie = seek_back;
+	du_log_start(t);
+	assert_int_equal(gen_check_holes(&src), 0);
+	log = du_log_stop(t);
+	assert_int_equal(seeks[0], 3);
+	assert_logged(log, "h.safetensors: SEEK_DATA at byte 4096: answered byte 0, no progress");
+	free(log);
+	holes_close(&f, 1);
+}
+
 int
 main(void)
 {
@@ -1393,6 +1461,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_holes_seek_interrupted, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_holes_seek_failed_fails_open, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(test_holes_seek_without_progress_fails_open,
+			setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
