@@ -225,6 +225,7 @@ wc_model_file_origin(wc_model *m, size_t file, wc_file_identity *out)
 	wc_file_identity *origins;
 	wc_client *c;
 	char *path;
+	unsigned epoch;
 	int ms, r;
 
 	if (m == NULL || out == NULL)
@@ -245,9 +246,8 @@ wc_model_file_origin(wc_model *m, size_t file, wc_file_identity *out)
 		goto known;
 	if ((c = attach_client_get(a)) == NULL)
 		return error_set(-ENOTCONN, "%s: its client was disconnected", m->name);
-	pthread_mutex_lock(&clients_lock);
-	r = c->origins_refused ? -ENOTSUP : 0;
-	pthread_mutex_unlock(&clients_lock);
+	epoch = __atomic_load_n(&c->origins_epoch, __ATOMIC_ACQUIRE);
+	r = __atomic_load_n(&c->origins_refused, __ATOMIC_ACQUIRE) == epoch + 1 ? -ENOTSUP : 0;
 	path = strdup(c->path);
 	if (r == 0 && (r = request_timeout_default(&ms)) == 0 && path != NULL) {
 		if ((origins = calloc(wc_model_file_count(m), sizeof(*origins))) == NULL)
@@ -265,9 +265,9 @@ wc_model_file_origin(wc_model *m, size_t file, wc_file_identity *out)
 			r = a->am.origins != NULL ? 0 : 1;
 			pthread_mutex_unlock(&clients_lock);
 		} else if (r == -ENOTSUP) {
-			pthread_mutex_lock(&clients_lock);
-			c->origins_refused = 1;
-			pthread_mutex_unlock(&clients_lock);
+			/* Refused on the connection of that epoch: a reconnect
+			 * meanwhile (to an upgraded wcached) is asked again. */
+			__atomic_store_n(&c->origins_refused, epoch + 1, __ATOMIC_RELEASE);
 		}
 		free(origins);
 	} else if (r == -ENOTSUP) {

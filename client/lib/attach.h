@@ -68,9 +68,12 @@ struct wc_client {
 	 * waiting, and taken under lock where both are. */
 	pthread_mutex_t released_lock;
 	struct attach_record *released;
-	/* wcached refused ORIGINS (older than it): not asked again
-	 * (wc_model_file_origin; under attach.c's clients_lock). */
-	int origins_refused;
+	/* origins_epoch counts reconnects (request.c); origins_refused is
+	 * 1 + the epoch on which wcached refused ORIGINS as one older than
+	 * it, 0 if never: not asked again until the next reconnect, which may
+	 * reach an upgraded one (wc_model_file_origin). Both are read and
+	 * written with __atomic builtins, under no lock. */
+	unsigned origins_epoch, origins_refused;
 };
 
 /* What an attach holds on the daemon's side, which decides whether a

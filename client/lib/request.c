@@ -511,9 +511,27 @@ static ssize_t roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint3
 	int send_fd, int limit_ms, uint8_t *buf, size_t cap, int *fds, size_t maxfds, size_t *nfds,
 	struct wire_message *msg, int *dead);
 
+/*
+ * Whether an ERROR (code, text of len bytes) is how a wcached from before
+ * ORIGINS refuses it: EBADMSG, "malformed message: unknown message type
+ * 7" (with the request's seq), or from older ones "malformed message"
+ * (seq 0). A wcached that knows ORIGINS names the type ("malformed
+ * ORIGINS") when it finds one malformed.
+ */
+static int
+older_refusal(int32_t code, const char *text, size_t len)
+{
+	static const char older[] = "malformed message";
+
+	return code == EBADMSG && len >= sizeof(older) - 1 &&
+		memcmp(text, older, sizeof(older) - 1) == 0 &&
+		(len == sizeof(older) - 1 || text[sizeof(older) - 1] == ':');
+}
+
 /* One ORIGINS of files first.. of generation's name on fd (a connection of
  * its own) and its reply into ok, within ms from start; -errno with the
- * message (-ENOTSUP for a wcached that does not know ORIGINS). */
+ * message (-ENOTSUP for a wcached that does not know ORIGINS, -ECONNRESET
+ * for a close before any reply). */
 static int
 origins_page(int fd, const char *path, int ms, const struct timespec *start, const char *name,
 	uint32_t first, struct wire_origins_ok *ok)
@@ -542,20 +560,30 @@ origins_page(int fd, const char *path, int ms, const struct timespec *start, con
 		if ((r = wait_for(fd, POLLIN, ms, start)) <= 0)
 			return error_set(r == 0 ? -ETIMEDOUT : r, "wcached at %s: ORIGINS: "
 				"no answer within %.3g s", path, ms / 1000.0);
-	/* A wcached before ORIGINS refuses the type (an ERROR, then it
-	 * closes): nothing else is on this connection. */
-	if (n == 0 || n == -ECONNRESET ||
-		(n > 0 && wire_decode(buf, (size_t)n, &msg) == 0 &&
-			wire_get_error(&msg, &code, &text, &len) == 0 && code == EBADMSG))
-		return error_set(-ENOTSUP, "wcached at %s does not say what its staged copies were "
-			"copied from (it is older than this libwcache)", path);
+	/* A close before any reply is no answer (a wcached stopping, or
+	 * one that drops the connection): not taken for an older one. */
+	if (n == 0 || n == -ECONNRESET)
+		return error_set(-ECONNRESET, "wcached at %s closed the connection before "
+			"answering ORIGINS", path);
 	if (n < 0)
 		return error_set((int)n, "wcached at %s: ORIGINS: %s", path, strerror((int)-n));
-	if (wire_decode(buf, (size_t)n, &msg) < 0 || msg.h.seq != first + 1)
+	if (wire_decode(buf, (size_t)n, &msg) < 0)
 		return error_set(-EBADMSG, "wcached at %s: the reply to ORIGINS was malformed",
 			path);
-	if (wire_get_error(&msg, &code, &text, &len) == 0)
+	/* An ERROR of seq 0 answers the connection, not the request (a
+	 * refusal at max_clients, EUSERS). */
+	if (wire_get_error(&msg, &code, &text, &len) == 0 &&
+		(msg.h.seq == 0 || msg.h.seq == first + 1)) {
+		if (older_refusal(code, text, len))
+			return error_set(-ENOTSUP, "wcached at %s does not say what its staged "
+				"copies were copied from (it is older than this libwcache)", path);
+		if (msg.h.seq == 0)
+			return error_set(-code, "wcached at %s: %.*s", path, (int)len, text);
 		return error_set(-code, "%.*s", (int)len, text);
+	}
+	if (msg.h.seq != first + 1)
+		return error_set(-EBADMSG, "wcached at %s: the reply to ORIGINS was malformed",
+			path);
 	if (wire_get_origins_ok(&msg, ok) < 0 || (ok->file_count > 0 && ok->first != first))
 		return error_set(-EBADMSG, "wcached at %s: the reply to ORIGINS was not one",
 			path);
@@ -738,6 +766,7 @@ reconnect(wc_client *c, int ms)
 		}
 		take_next_fd(c);
 		c->connection++;
+		__atomic_add_fetch(&c->origins_epoch, 1, __ATOMIC_ACQ_REL);
 		attach_cache_clear(&c->cache);
 		if (!announce || (r = announce_holds(c, ms, &start)) == 0)
 			return 0;

@@ -182,9 +182,11 @@ WC_EXPORT int wc_model_file_identity(const wc_model *m, size_t file, wc_file_ide
  * within the default deadline ($WCACHE_TIMEOUT). -ENOENT when the file is
  * not a staged copy (or the model was not attached through wcached),
  * -ENOTSUP when wcached does not say (older than this libwcache; a client
- * does not ask it again), -ESTALE when wcached serves another generation
- * now, -ERANGE when file is out of range, -EINVAL for no model or no out;
- * another -errno when wcached cannot be asked. */
+ * does not ask again until it connects again), -ESTALE when wcached serves
+ * another generation now, -ERANGE when file is out of range, -EINVAL for
+ * no model or no out; another -errno when wcached cannot be asked
+ * (-ECONNRESET: it closed the connection before answering; -EUSERS: it
+ * has max_clients connections). */
 WC_EXPORT int wc_model_file_origin(wc_model *m, size_t file, wc_file_identity *out);
 
 /* The number of files of the model (0 for NULL). */

@@ -1946,6 +1946,9 @@ enum origins_answer {
 	ORIGINS_NOT_STAGED, /* ORIGINS_OK with file_count 0 */
 	ORIGINS_UNKNOWN,    /* as a wcached before ORIGINS: malformed, and close */
 	ORIGINS_OTHER,      /* ORIGINS_OK of GENERATION + 1 */
+	ORIGINS_OLDEST,     /* as the first wcacheds: "malformed message", seq 0 */
+	ORIGINS_BUSY,       /* server.c refuse() at max_clients: ERROR EUSERS, seq 0 */
+	ORIGINS_EOF,        /* a close before any reply */
 };
 
 struct origins_peer {
@@ -1986,7 +1989,14 @@ origins_peer_run(void *arg)
 		wire_get_origins(&msg, &p->first, &name, &len) == 0) {
 		memcpy(p->name, name, len);
 		p->name[len] = '\0';
-		if (p->answer == ORIGINS_UNKNOWN) {
+		if (p->answer == ORIGINS_EOF) {
+			n = 0;
+		} else if (p->answer == ORIGINS_BUSY) {
+			n = wire_put_error(buf, sizeof(buf), 0, EUSERS,
+				"closed: wcached has max_clients connections");
+		} else if (p->answer == ORIGINS_OLDEST) {
+			n = wire_put_error(buf, sizeof(buf), 0, EBADMSG, "malformed message");
+		} else if (p->answer == ORIGINS_UNKNOWN) {
 			n = wire_put_error(buf, sizeof(buf), msg.h.seq, EBADMSG,
 				"malformed message: unknown message type 7");
 		} else {
@@ -2106,6 +2116,78 @@ test_file_origin_older_wcached(void **state)
 	assert_int_equal(f->fake.releases, 1);
 }
 
+/* The first wcacheds answer any malformed message with "malformed
+ * message" of seq 0: older too. */
+static void
+test_file_origin_oldest_wcached(void **state)
+{
+	struct fixture *f = *state;
+	struct origins_peer p = { .answer = ORIGINS_OLDEST };
+	wc_file_identity id;
+	int before = attach_ok(f);
+
+	assert_int_equal(origin_of(f, &p, 1, 0, &id), -ENOTSUP);
+	assert_int_equal(origin_of(f, &p, 0, 1, &id), -ENOTSUP);
+	release_and_finish(f, before);
+}
+
+/*
+ * rev180 F2: a wcached that refuses the connection (max_clients: ERROR
+ * EUSERS of seq 0) says so, and one that closes it before any reply is
+ * -ECONNRESET; neither is taken for an older wcached, and the next call
+ * asks again. Before, the first was "the reply to ORIGINS was malformed"
+ * and the second -ENOTSUP, remembered for the client's life.
+ */
+static void
+test_file_origin_busy_or_closed_asks_again(void **state)
+{
+	struct fixture *f = *state;
+	struct origins_peer p = { .answer = ORIGINS_BUSY };
+	wc_file_identity id;
+	int before = attach_ok(f);
+
+	assert_error(origin_of(f, &p, 1, 0, &id), -EUSERS,
+		"closed: wcached has max_clients connections");
+	p.answer = ORIGINS_EOF;
+	assert_error(origin_of(f, &p, 1, 0, &id), -ECONNRESET,
+		"closed the connection before answering ORIGINS");
+	p.answer = ORIGINS_STAGED;
+	assert_int_equal(origin_of(f, &p, 1, 1, &id), 0);
+	assert_int_equal(id.ino, peer_origin(1).ino);
+	assert_int_equal(p.accepted, 3);
+	release_and_finish(f, before);
+}
+
+/*
+ * rev180 F2: a refusal by an older wcached holds until the client
+ * connects again (a restart that may be an upgrade): then it is asked
+ * again. Before, it was never asked again in the client's life.
+ */
+static void
+test_file_origin_asked_again_after_reconnect(void **state)
+{
+	struct fixture *f = *state;
+	struct origins_peer p = { .answer = ORIGINS_UNKNOWN };
+	wc_file_identity id;
+	wc_model *again = NULL;
+	int before;
+
+	f->fake.connections = 2;
+	before = attach_ok(f);
+	assert_int_equal(origin_of(f, &p, 1, 0, &id), -ENOTSUP);
+	assert_int_equal(origin_of(f, &p, 0, 0, &id), -ENOTSUP);
+	hang_up(f);
+	attach_again(f, &again);
+	p.answer = ORIGINS_STAGED;
+	assert_int_equal(origin_of(f, &p, 1, 1, &id), 0);
+	assert_int_equal(id.ino, peer_origin(1).ino);
+	assert_int_equal(p.accepted, 2);
+	wc_release(f->model);
+	f->model = NULL;
+	wc_release(again);
+	finish(f, before);
+}
+
 /* wcached serves another generation now: -ESTALE, and it is asked again
  * the next time (nothing was kept). */
 static void
@@ -2145,6 +2227,9 @@ main(void)
 		T(test_file_origin_not_staged),
 		T(test_file_origin_older_wcached),
 		T(test_file_origin_other_generation),
+		T(test_file_origin_oldest_wcached),
+		T(test_file_origin_busy_or_closed_asks_again),
+		T(test_file_origin_asked_again_after_reconnect),
 		T(test_reconnect_holds),
 		T(test_reconnect_records_the_new_socket),
 		T(test_fork_while_reconnect_connects),
