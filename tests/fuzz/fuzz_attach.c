@@ -287,7 +287,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	const uint8_t *sep = memmem(data, size, SEPARATOR, SEPARATOR_LEN);
 	size_t first_len = sep != NULL ? (size_t)(sep - data) : size;
 	struct attach_cache cache = { NULL, NULL };
-	struct attach_model a1 = { NULL, 0, NULL, NULL }, a2 = { NULL, 0, NULL, NULL };
+	struct attach_model a1 = { .model = NULL }, a2 = { .model = NULL };
 	struct first_reply first = { -1, -1, NULL, 0 };
 	const struct attach_index *cached_index;
 	const struct attach_status *cached_status;
