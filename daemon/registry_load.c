@@ -20,6 +20,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,10 +103,16 @@ struct load_request {
 	struct stat opened_st;
 	/* The realpath of path as its files were opened (gen_resolved_path),
 	 * or NULL: the generation's resolved_path; its tree root and the
-	 * root's owner (gen_tree_root), or NULL: its tree_root. */
+	 * root's owner (gen_tree_root), or NULL: its tree_root. A file named
+	 * in a hub snapshot directory (hub_root) has the hub repo for root,
+	 * wherever its link points (blobs/). */
 	char *resolved;
 	char *root;
 	uid_t root_uid;
+	/* A watched reload whose tree same_tree refused: 0 or -EXDEV, with
+	 * q->message. load_after answers "unchanged" first when the files are
+	 * the ones serving, and refuses the rest (review rev180 F7). */
+	int tree_status;
 	struct stage_request stage;
 	char *stage_dir;      /* stage.stage_dir, owned */
 	uint64_t stage_queued_ms; /* registry_now_ms() when the copy was queued */
@@ -181,6 +188,8 @@ sibling_swap(const struct load_request *q)
  * path here; one that cannot be found is no tree to stay in. 0, or -EXDEV
  * with q->message.
  */
+static char *blob_repo(char *root);
+
 static int
 same_tree(struct load_request *q)
 {
@@ -188,7 +197,7 @@ same_tree(struct load_request *q)
 	int same;
 
 	if (q->keep_root == NULL && q->keep_resolved != NULL)
-		q->keep_root = gen_tree_root(q->keep_resolved, &q->keep_uid);
+		q->keep_root = blob_repo(gen_tree_root(q->keep_resolved, &q->keep_uid));
 	old = q->keep_root != NULL ? q->keep_root : q->keep_resolved;
 	same = q->root != NULL && q->keep_root != NULL &&
 		(strcmp(q->root, q->keep_root) == 0 || sibling_swap(q) ||
@@ -210,46 +219,191 @@ same_tree(struct load_request *q)
 	return same ? 0 : -EXDEV;
 }
 
-/* Whether rest is a relative path of plain names: none empty, "." or "..". */
-static int
+/* rest, a relative path, as plain names (allocated): empty and "."
+ * components dropped, as a trailing slash, "//" and "/./" spell the same
+ * place (review rev180 F11); NULL when one is ".." (the place it names is
+ * then not told by its spelling), when none is left, or out of memory. */
+static char *
 plain_names(const char *rest)
 {
-	for (const char *p = rest, *e;; p = e + 1) {
+	char *out = malloc(strlen(rest) + 1), *o = out;
+
+	for (const char *p = rest, *e; out != NULL; p = e + 1) {
 		size_t len = (e = strchr(p, '/')) != NULL ? (size_t)(e - p) : strlen(p);
 
-		if (len == 0 || (p[0] == '.' && (len == 1 || (len == 2 && p[1] == '.'))))
-			return 0;
+		if (len == 2 && p[0] == '.' && p[1] == '.')
+			break;
+		if (len > 0 && !(len == 1 && p[0] == '.')) {
+			if (o != out)
+				*o++ = '/';
+			memcpy(o, p, len);
+			o += len;
+		}
+		if (e == NULL && o != out) {
+			*o = '\0';
+			return out;
+		}
 		if (e == NULL)
-			return 1;
+			break;
 	}
+	free(out);
+	return NULL;
 }
 
 /* The realpath of the deepest directory above path that resolves, and in
- * *rest what of path follows it; NULL when none does, or when *rest is not
- * plain names (plain_names): the place it names is then not told by its
- * spelling. */
+ * *rest (allocated) what of path follows it as plain names (plain_names);
+ * NULL when none does, or when the rest is not plain names. */
 static char *
-resolved_above(const char *path, const char **rest)
+resolved_above(const char *path, char **rest)
 {
 	char *head = strdup(path), *real = NULL, *slash;
+	const char *tail = path;
 
+	*rest = NULL;
 	if (head == NULL)
 		return NULL;
 	while (real == NULL && (slash = strrchr(head, '/')) != NULL) {
-		*rest = path + (slash - head) + 1;
+		tail = path + (slash - head) + 1;
 		*slash = '\0';
 		real = realpath(slash == head ? "/" : head, NULL);
 	}
 	if (real == NULL && path[0] != '/') {
-		*rest = path;
+		tail = path;
 		real = realpath(".", NULL);
 	}
 	free(head);
-	if (real != NULL && !plain_names(*rest)) {
+	if (real != NULL && (*rest = plain_names(tail)) == NULL) {
 		free(real);
 		real = NULL;
 	}
 	return real;
+}
+
+/* The first name of rest followed: the text of a symbolic link at real/that
+ * name (one that points nowhere yet: its path did not resolve), joined with
+ * the rest of rest, allocated; NULL when it is no link. */
+static char *
+through_link(const char *real, const char *rest)
+{
+	const char *after = strchr(rest, '/');
+	char *name = after != NULL ? strndup(rest, (size_t)(after - rest)) : strdup(rest);
+	char *at = name != NULL ? path_join(real, name) : NULL, *to = NULL, *next = NULL;
+	char text[PATH_MAX];
+	ssize_t n = at != NULL ? readlink(at, text, sizeof(text) - 1) : -1;
+
+	if (n > 0) {
+		text[n] = '\0';
+		to = path_join(real, text); /* an absolute text as it is */
+		next = to == NULL ? NULL : after != NULL ? path_join(to, after + 1) : strdup(to);
+	}
+	free(to);
+	free(at);
+	free(name);
+	return next;
+}
+
+/* The place path will name once what it names is made where its spelling
+ * says (allocated): the real path of the deepest directory above it that
+ * resolves, whose owner goes in *owner, joined with the rest of path as
+ * plain names; a symbolic link in that rest that points nowhere yet (a
+ * mount not up, a volume not attached, a link made before its target) is
+ * followed by its text, at most 40 (review rev180 F9). NULL when it cannot
+ * be told. */
+static char *
+place_of(const char *path, uid_t *owner)
+{
+	char *p = strdup(path), *real, *rest, *next, *place = NULL;
+	struct stat st;
+
+	for (int links = 0; p != NULL && place == NULL && links <= 40; links++) {
+		if ((real = resolved_above(p, &rest)) == NULL || stat(real, &st) == -1) {
+			free(real);
+			free(rest);
+			break;
+		}
+		if ((next = through_link(real, rest)) == NULL) {
+			place = path_join(real, rest);
+			*owner = st.st_uid;
+		}
+		free(real);
+		free(rest);
+		free(p);
+		p = next;
+	}
+	free(p);
+	return place;
+}
+
+/* root as the tree of a hub repo's file: <R>/models--X for its blobs/
+ * directory <R>/models--X/blobs (what a snapshot's links point into),
+ * else root itself. Takes root; NULL when out of memory. */
+static char *
+blob_repo(char *root)
+{
+	char *up = root != NULL ? path_dir(root) : NULL, *repo;
+	const char *name = root != NULL ? strrchr(root, '/') : NULL;
+
+	repo = up != NULL ? strrchr(up, '/') : NULL;
+	if (name != NULL && strcmp(name, "/blobs") == 0 && repo != NULL &&
+		strncmp(repo, "/models--", 9) == 0 && repo[9] != '\0') {
+		free(root);
+		return up;
+	}
+	free(up);
+	return root;
+}
+
+/*
+ * Work queue thread: the tree of q's model when its path names a file in a
+ * hub snapshot directory (<R>/models--X/snapshots/<rev>/, tree.h) and each
+ * of its files is the file of its name there (a hub download's link into
+ * blobs/, a shard beside its index): the hub repo, and its owner in
+ * *owner, as for a model that is the snapshot directory; else NULL. An
+ * index's shards are not beside the index's real path (blobs/HASH): the
+ * generation has no resolved path, but has this tree (review rev180 F7).
+ */
+static char *
+hub_root(const struct load_request *q, uid_t *owner)
+{
+	char *dir = path_dir(q->path), *real = NULL, *root = NULL, *sub = NULL;
+	struct stat st;
+	int at;
+
+	if (dir != NULL)
+		real = realpath(dir[0] != '\0' ? dir : ".", NULL);
+	if (real == NULL || tree_split(real, &root, &sub) < 0)
+		root = sub = NULL;
+	at = sub != NULL && sub[0] != '\0';
+	for (size_t i = 0; at && i < q->source.nfiles; i++) {
+		const struct wc_file *f = &q->source.files[i];
+		const char *name = strrchr(f->path, '/');
+		char *place = path_join(real, name != NULL ? name + 1 : f->path);
+
+		at = place != NULL && stat(place, &st) == 0 && st.st_dev == f->st.st_dev &&
+			st.st_ino == f->st.st_ino;
+		free(place);
+	}
+	if (at && stat(root, &st) == 0)
+		*owner = st.st_uid;
+	else {
+		free(root);
+		root = NULL;
+	}
+	free(sub);
+	free(real);
+	free(dir);
+	return root;
+}
+
+/* Whether path's last name is a model's file's: *.safetensors, or a shard
+ * index (*.json). */
+static int
+names_a_file(const char *path)
+{
+	size_t n = strlen(path);
+
+	return (n > 12 && strcmp(path + n - 12, ".safetensors") == 0) ||
+		(n > 5 && strcmp(path + n - 5, ".json") == 0);
 }
 
 /*
@@ -258,40 +412,48 @@ resolved_above(const char *path, const char **rest)
  * before its files are opened (NULL: the path did not resolve). A path
  * that does not resolve (a model configured before its files, or their
  * directory, exist) gets the tree it will have when what it names is made
- * where its spelling says: below the deepest directory A above it that
- * resolves, as a directory (found_root), or the directory holding one
- * file (found_alt), with A's owner (a sibling of that tree the same user
- * owns is the deployer's, as after a generation). None when nothing
- * above it resolves: a reload wcached makes by itself then waits for the
- * operator's.
+ * where its spelling says (place_of): below the deepest directory A above
+ * it that resolves, as a directory (found_root), or the directory holding
+ * one file (found_alt, only for a path that names one: *.safetensors or
+ * *.json, else a link there to another file beside it would be taken:
+ * review rev180 F5), with A's owner (a
+ * sibling of that tree the same user owns is the deployer's, as after a
+ * generation); a file in a hub snapshot directory gets the hub repo, as
+ * its download will link it into the repo's blobs/ (review rev180 F6).
+ * None when nothing above it resolves: a reload wcached makes by itself
+ * then waits for the operator's.
  */
 static void
 find_operator_tree(struct load_request *q, const char *resolved)
 {
-	const char *rest = NULL;
-	char *real, *lexical = NULL, *dir = NULL, *sub = NULL;
-	struct stat st;
+	char *lexical, *dir = NULL, *sub = NULL;
+	uid_t owner = 0;
 
 	if (resolved != NULL) {
-		q->found_root = gen_tree_root(resolved, &q->found_uid);
+		q->found_root = blob_repo(gen_tree_root(resolved, &q->found_uid));
 		return;
 	}
-	if ((real = resolved_above(q->path, &rest)) == NULL)
+	if ((lexical = place_of(q->path, &owner)) == NULL)
 		return;
-	if (stat(real, &st) == 0 && (lexical = path_join(real, rest)) != NULL &&
-		(dir = path_dir(lexical)) != NULL) {
-		if (tree_split(lexical, &q->found_root, &sub) < 0)
-			q->found_root = sub = NULL;
+	if ((dir = path_dir(lexical)) != NULL && tree_split(lexical, &q->found_root, &sub) == 0) {
 		free(sub);
-		sub = NULL;
-		if (q->found_root != NULL && tree_split(dir, &q->found_alt, &sub) < 0)
+		if (tree_split(dir, &q->found_alt, &sub) < 0)
 			q->found_alt = sub = NULL;
+		else if (sub[0] != '\0') { /* a file of a hub snapshot */
+			free(q->found_root);
+			q->found_root = q->found_alt;
+			q->found_alt = NULL;
+		} else if (!names_a_file(lexical)) {
+			free(q->found_alt);
+			q->found_alt = NULL;
+		}
 		free(sub);
-		q->found_uid = st.st_uid;
+		q->found_uid = owner;
+	} else if (dir != NULL) {
+		q->found_root = NULL; /* tree_split failed: it freed both */
 	}
 	free(dir);
 	free(lexical);
-	free(real);
 }
 
 /* Work queue thread, after a load failed: the filesystem of its path (or
@@ -380,12 +542,11 @@ load_work(struct workq_job *w)
 	}
 	gen_source_fs(&q->source, &q->fs);
 	q->resolved = gen_resolved_path(q->path, resolved, &q->source, NULL);
-	if (q->resolved != NULL)
-		q->root = gen_tree_root(q->resolved, &q->root_uid);
-	if (q->reload == RELOAD_WATCHED && (q->status = same_tree(q)) < 0) {
-		drop_opened(q);
+	if ((q->root = hub_root(q, &q->root_uid)) == NULL && q->resolved != NULL)
+		q->root = blob_repo(gen_tree_root(q->resolved, &q->root_uid));
+	if (q->reload == RELOAD_WATCHED && (q->tree_status = same_tree(q)) < 0) {
 		note_failed_path(q);
-		return;
+		return; /* load_after: "unchanged", or refused */
 	}
 	if ((q->holes = gen_check_holes(&q->source)) < 0) {
 		snprintf(q->message, sizeof(q->message), "%s", error_get());
@@ -978,15 +1139,19 @@ load_after(struct workq_job *w, int status)
 	} else if (q->status < 0) {
 		load_failed(r, m, q);
 	} else if (q->reload != RELOAD_NONE && same_files(m, m->pending, q)) {
-		take_resolved(m->pending, q);
+		if (q->tree_status == 0)
+			take_resolved(m->pending, q);
 		if (q->done != NULL)
 			q->done(0, "already warming as the next generation", m->pending->number,
 				q->arg);
 	} else if (q->reload != RELOAD_NONE && same_files(m, m->current, q) &&
 		m->current->state != GEN_FAILED) {
 		/* (A generation that failed while warming serves nothing: its
-		 * files are loaded again, a new generation, below.) */
-		take_resolved(m->current, q);
+		 * files are loaded again, a new generation, below.) A
+		 * watched reload whose tree was refused changes nothing:
+		 * the generation keeps the tree it had. */
+		if (q->tree_status == 0)
+			take_resolved(m->current, q);
 		if (q->done != NULL && m->current->state == GEN_MODIFIED)
 			q->done(-ESTALE, "its files were modified in place; replace them with "
 					 "rename(2) and reload again", 0, q->arg);
@@ -998,6 +1163,9 @@ load_after(struct workq_job *w, int status)
 			if (q->done != NULL)
 				q->done(0, "unchanged", m->current->number, q->arg);
 		}
+	} else if (q->tree_status < 0) {
+		q->status = q->tree_status;
+		load_failed(r, m, q);
 	} else if (wants_stage(m, q)) {
 		/* The model's stage key is known now (it is set after
 		 * registry_load returns): copy, then install the copy. */

@@ -1031,10 +1031,188 @@ test_a_reload_stages_as_the_stage_key_says_now(void **state)
 	free(path);
 }
 
+
+/* r180: an HF hub single-file model configured before its download. */
+static void
+r180_done(int status, const char *message, uint64_t generation, void *arg)
+{
+	struct du *t = arg;
+
+	(void)generation;
+	t->done_calls++;
+	t->status = status;
+	snprintf(t->message, sizeof(t->message), "%s", message);
+}
+
+/* A reload wcached makes by itself of name, run to its end: its status. */
+static int
+r180_watched(struct du *t, const char *name)
+{
+	int before = t->done_calls;
+
+	assert_int_equal(registry_reload_watched(&t->reg, name, r180_done, t), 0);
+	while (t->done_calls == before)
+		uv_run(&t->loop, UV_RUN_ONCE);
+	return t->status;
+}
+
+static void
+test_r180_hub_file_appears(void **state)
+{
+	struct du *t = *state;
+	char *p, *blob, cmd[4096];
+
+	snprintf(cmd, sizeof(cmd), "mkdir -p %s/hub/models--o--n/blobs", t->dir);
+	assert_int_equal(system(cmd), 0);
+	assert_true(asprintf(&p, "%s/hub/models--o--n/snapshots/abc/model.safetensors",
+		t->dir) > 0);
+	assert_true(du_load(t, "m", p, PIN_NONE, 0) < 0);
+	blob = du_model(t, "hub/models--o--n/blobs/h1", 1024);
+	snprintf(cmd, sizeof(cmd), "mkdir -p %s/hub/models--o--n/snapshots/abc && "
+		"ln -s ../../blobs/h1 %s", t->dir, p);
+	assert_int_equal(system(cmd), 0);
+	assert_int_equal(r180_watched(t, "m"), 0);
+	free(blob);
+	free(p);
+}
+
+
+/* r180: an HF hub sharded model named by its index (a symlink into blobs/). */
+static void
+test_r180_hub_index_watched(void **state)
+{
+	struct du *t = *state;
+	char *p, *blob, cmd[4096];
+	struct generation *g;
+	FILE *f;
+	int before;
+
+	snprintf(cmd, sizeof(cmd), "mkdir -p %s/hub/models--o--n/blobs "
+		"%s/hub/models--o--n/snapshots/abc", t->dir, t->dir);
+	assert_int_equal(system(cmd), 0);
+	blob = du_model(t, "hub/models--o--n/blobs/h1", 1024);
+	snprintf(cmd, sizeof(cmd), "%s/hub/models--o--n/blobs/hidx", t->dir);
+	assert_non_null(f = fopen(cmd, "w"));
+	fputs("{\"weight_map\":{\"w\":\"s-1.safetensors\"}}", f);
+	fclose(f);
+	snprintf(cmd, sizeof(cmd), "cd %s/hub/models--o--n/snapshots/abc && ln -s ../../blobs/h1 "
+		"s-1.safetensors && ln -s ../../blobs/hidx model.safetensors.index.json", t->dir);
+	assert_int_equal(system(cmd), 0);
+	assert_true(asprintf(&p, "%s/hub/models--o--n/snapshots/abc/model.safetensors.index.json",
+		t->dir) > 0);
+	before = du_load(t, "m", p, PIN_NONE, 0);
+	assert_int_equal(before, 0);
+	g = du_current(t, "m");
+	/* The shards are not beside the index's real path (blobs/hidx): no
+	 * resolved path, but the hub repo is its tree. */
+	assert_non_null(g->tree_root);
+	assert_non_null(strstr(g->tree_root, "/hub/models--o--n"));
+	assert_int_equal(r180_watched(t, "m"), 0);
+	assert_string_equal(t->message, "unchanged");
+	assert_int_equal(registry_find(&t->reg, "m")->load_errors, 0);
+	assert_null(registry_find(&t->reg, "m")->error);
+	free(blob);
+	free(p);
+}
+
+
+/* r180: a path through a link whose target is not there yet at start (a
+ * mount not up): the files appear once it is. */
+static void
+test_r180_dangling_link_dir(void **state)
+{
+	struct du *t = *state;
+	char *p, *blob, cmd[4096];
+
+	snprintf(cmd, sizeof(cmd), "mkdir -p %s/srv && ln -s %s/mnt/models %s/srv/models",
+		t->dir, t->dir, t->dir);
+	assert_int_equal(system(cmd), 0);
+	assert_true(asprintf(&p, "%s/srv/models/m", t->dir) > 0);
+	assert_true(du_load(t, "m", p, PIN_NONE, 0) < 0);
+	snprintf(cmd, sizeof(cmd), "mkdir -p %s/mnt/models/m", t->dir);
+	assert_int_equal(system(cmd), 0);
+	blob = du_model(t, "mnt/models/m/model.safetensors", 1024);
+	assert_int_equal(r180_watched(t, "m"), 0);
+	free(blob);
+	free(p);
+}
+
+
+/* r180: a directory model configured with a trailing slash before it exists. */
+static void
+test_r180_trailing_slash(void **state)
+{
+	struct du *t = *state;
+	char *p, *blob, cmd[4096];
+
+	assert_true(asprintf(&p, "%s/models/m/", t->dir) > 0);
+	snprintf(cmd, sizeof(cmd), "mkdir -p %s/models", t->dir);
+	assert_int_equal(system(cmd), 0);
+	assert_true(du_load(t, "m", p, PIN_NONE, 0) < 0);
+	snprintf(cmd, sizeof(cmd), "mkdir -p %s/models/m", t->dir);
+	assert_int_equal(system(cmd), 0);
+	blob = du_model(t, "models/m/model.safetensors", 1024);
+	assert_int_equal(r180_watched(t, "m"), 0);
+	free(blob);
+	free(p);
+}
+
+
+/* r180 F5: a directory-model path not there yet; a link to another user's
+ * single file in its parent directory. */
+static void
+test_r180_alt_any_file(void **state)
+{
+	struct du *t = *state;
+	char *p, *bob, cmd[4096];
+
+	snprintf(cmd, sizeof(cmd), "mkdir -p %s/models", t->dir);
+	assert_int_equal(system(cmd), 0);
+	assert_true(asprintf(&p, "%s/models/llama", t->dir) > 0);
+	assert_true(du_load(t, "llama", p, PIN_NONE, 0) < 0);
+	bob = du_model(t, "models/bob.safetensors", 1024);
+	assert_int_equal(chown(bob, 12345, 12345), 0);
+	assert_int_equal(chmod(bob, 0600), 0);
+	assert_int_equal(symlink("bob.safetensors", p), 0);
+	assert_int_equal(r180_watched(t, "llama"), -EXDEV);
+	assert_null(registry_find(&t->reg, "llama")->current);
+	free(bob);
+	free(p);
+}
+
+/* rev177 D kept closed: a directory-model path not there yet, renamed to a
+ * link into another user's model in another directory, waits for the
+ * operator's reload. */
+static void
+test_r180_no_generation_link_elsewhere_waits(void **state)
+{
+	struct du *t = *state;
+	char *p, *bob, cmd[4096];
+
+	snprintf(cmd, sizeof(cmd), "mkdir -p %s/models %s/bob/m", t->dir, t->dir);
+	assert_int_equal(system(cmd), 0);
+	assert_true(asprintf(&p, "%s/models/alice", t->dir) > 0);
+	assert_true(du_load(t, "alice", p, PIN_NONE, 0) < 0);
+	bob = du_model(t, "bob/m/model.safetensors", 1024);
+	snprintf(cmd, sizeof(cmd), "chown -R 12345 %s/bob && ln -s ../bob/m %s", t->dir, p);
+	assert_int_equal(system(cmd), 0);
+	assert_int_equal(r180_watched(t, "alice"), -EXDEV);
+	assert_null(registry_find(&t->reg, "alice")->current);
+	free(bob);
+	free(p);
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_r180_no_generation_link_elsewhere_waits, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_r180_dangling_link_dir, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_r180_trailing_slash, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_r180_alt_any_file, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_r180_hub_file_appears, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_r180_hub_index_watched, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_load_and_status_page, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_load_missing_file, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_load_stays_out_of_the_fd_reserve, setup,
