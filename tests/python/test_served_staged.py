@@ -326,6 +326,27 @@ def test_origins_of_a_model_of_many_shards(tmp_path):
         assert rc == 0, d.read_log()
 
 
+def replace_shard_keeping_size_and_mtime(path, how):
+    """Replaces shard path by other bytes of the same size and mtime, by
+    rename ("rename") or by writing over it ("in place"); returns the old
+    stat."""
+    old = os.stat(path)
+    new = path + ".new"
+    write_safetensors(new, [("model.layers.1.x", "F32", (8, 16), b"\7" * 512),
+                            ("model.layers.1.b", "I64", (4,), b"\11" * 32)],
+                      metadata={"format": "pt", "shard": "N"})
+    assert os.path.getsize(new) == old.st_size
+    if how == "rename":
+        os.utime(new, ns=(old.st_atime_ns, old.st_mtime_ns))
+        os.rename(new, path)
+    else:
+        with open(new, "rb") as src, open(path, "r+b") as dst:
+            dst.write(src.read())
+        os.unlink(new)
+        os.utime(path, ns=(old.st_atime_ns, old.st_mtime_ns))
+    return old
+
+
 @pytest.mark.parametrize("origins", [True, False], ids=["wcached says", "an older wcached"])
 @pytest.mark.parametrize("how", ["rename", "in place"])
 def test_a_replacement_before_the_first_attach_is_not_the_staged_copy(staged, how, origins,
@@ -351,20 +372,7 @@ def test_a_replacement_before_the_first_attach_is_not_the_staged_copy(staged, ho
     if not origins:
         monkeypatch.setattr(shards, "_origin", lambda h, k: None)
     d, files, _ = staged
-    old = os.stat(files[1])
-    new = files[1] + ".new"
-    write_safetensors(new, [("model.layers.1.x", "F32", (8, 16), b"\7" * 512),
-                            ("model.layers.1.b", "I64", (4,), b"\11" * 32)],
-                      metadata={"format": "pt", "shard": "N"})
-    assert os.path.getsize(new) == old.st_size
-    if how == "rename":
-        os.utime(new, ns=(old.st_atime_ns, old.st_mtime_ns))
-        os.rename(new, files[1])
-    else:
-        with open(new, "rb") as src, open(files[1], "r+b") as dst:
-            dst.write(src.read())
-        os.unlink(new)
-        os.utime(files[1], ns=(old.st_atime_ns, old.st_mtime_ns))
+    replace_shard_keeping_size_and_mtime(files[1], how)
     d.wait_for_log(r"generation 1 (still serving|keeps serving)|not in the weight_map")
     with wcache.safe_open(files[0], framework="pt") as f:  # the one not replaced
         assert f.model.source == "wcached" and f.model.generation == 1
@@ -401,20 +409,7 @@ def test_a_replacement_with_the_old_mtime_is_not_the_staged_copy(staged, how, la
     d, files, _ = staged
     held = wcache.safe_open(files[2])
     assert held.model.source == "wcached"
-    old = os.stat(files[1])
-    new = files[1] + ".new"
-    write_safetensors(new, [("model.layers.1.x", "F32", (8, 16), b"\7" * 512),
-                            ("model.layers.1.b", "I64", (4,), b"\11" * 32)],
-                      metadata={"format": "pt", "shard": "N"})
-    assert os.path.getsize(new) == old.st_size
-    if how == "rename":
-        os.utime(new, ns=(old.st_atime_ns, old.st_mtime_ns))
-        os.rename(new, files[1])
-    else:
-        with open(new, "rb") as src, open(files[1], "r+b") as dst:
-            dst.write(src.read())
-        os.unlink(new)
-        os.utime(files[1], ns=(old.st_atime_ns, old.st_mtime_ns))
+    old = replace_shard_keeping_size_and_mtime(files[1], how)
     assert os.stat(files[1]).st_mtime_ns == old.st_mtime_ns
     d.wait_for_log(r"generation 1 (still serving|keeps serving)|not in the weight_map")
     for _ in range(2):
