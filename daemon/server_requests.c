@@ -101,6 +101,19 @@ refs_room(struct conn *c, uint32_t seq)
 	return 0;
 }
 
+/* Copies the len-byte name at p, which a wire_get_* getter found in a
+ * message, into buf (size bytes) with its terminating NUL; -1 when it does
+ * not fit (the decoder keeps it within WIRE_MAX_NAME, which fits). */
+static int
+copy_name(char *buf, size_t size, const char *p, size_t len)
+{
+	if (len >= size)
+		return -1;
+	memcpy(buf, p, len);
+	buf[len] = '\0';
+	return 0;
+}
+
 /*
  * Replies to seq with the attachment at (a reference already taken): an
  * ATTACH_OK, or with token != 0 a BUILD (the source of a derived artifact
@@ -147,12 +160,10 @@ request_attach(struct conn *c, const struct wire_message *msg)
 	size_t len;
 	int err;
 
-	if (wire_get_attach(msg, &p, &len) < 0) {
+	if (wire_get_attach(msg, &p, &len) < 0 || copy_name(name, sizeof(name), p, len) < 0) {
 		conn_error(c, msg->h.seq, -EBADMSG, 1, "malformed ATTACH");
 		return;
 	}
-	memcpy(name, p, len);
-	name[len] = '\0';
 	if (refs_room(c, msg->h.seq) < 0)
 		return;
 	if ((err = registry_attach(s->reg, name, &peer, &at, text, sizeof(text))) < 0) {
@@ -209,12 +220,11 @@ request_origins(struct conn *c, const struct wire_message *msg)
 	ssize_t n;
 	int err;
 
-	if (wire_get_origins(msg, &first, &p, &len) < 0) {
+	if (wire_get_origins(msg, &first, &p, &len) < 0 ||
+		copy_name(name, sizeof(name), p, len) < 0) {
 		conn_error(c, msg->h.seq, -EBADMSG, 1, "malformed ORIGINS");
 		return;
 	}
-	memcpy(name, p, len);
-	name[len] = '\0';
 	/* A query: ATTACH's checks, but no reference (no warm-up, budget,
 	 * eviction order or attach count). */
 	if ((err = registry_find_for(s->reg, name, &peer, &m, text, sizeof(text))) < 0 ||
@@ -437,12 +447,11 @@ request_hold(struct conn *c, const struct wire_message *msg)
 	ssize_t n;
 	int err;
 
-	if (wire_get_hold(msg, &number, &p, &len) < 0) {
+	if (wire_get_hold(msg, &number, &p, &len) < 0 ||
+		copy_name(name, sizeof(name), p, len) < 0) {
 		conn_error(c, msg->h.seq, -EBADMSG, 1, "malformed HOLD");
 		return;
 	}
-	memcpy(name, p, len);
-	name[len] = '\0';
 	if (refs_room(c, msg->h.seq) < 0)
 		return;
 	if ((err = restore_hold(s->reg, name, number, &peer, &g, text, sizeof(text))) < 0) {
