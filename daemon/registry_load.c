@@ -54,19 +54,20 @@ struct load_request {
 	 * restart's), the real path it resolved, whose root load_work finds;
 	 * or, for a model whose newest generation records neither (it has
 	 * none), the tree its operator's last load found (model_entry's
-	 * operator_tree, with its alt). All NULL for an operator's load or
-	 * reload, which resolves anew, and for a watched one when nothing is
-	 * known: that one is refused (same_tree). */
+	 * operator_tree), and the place its path named when that load found
+	 * nothing there (keep_place, operator_tree's alt). All NULL for an
+	 * operator's load or reload, which resolves anew, and for a watched
+	 * one when nothing is known: that one is refused (same_tree). */
 	char *keep_root;
 	char *keep_resolved;
-	char *keep_alt;
+	char *keep_place;
 	uid_t keep_uid;
 	/* An operator's load or reload: the tree it found, for
 	 * model_entry's operator_tree (find_operator_tree). */
 	uid_t found_uid;
 	int found_taken;
 	char *found_root;
-	char *found_alt;
+	char *found_place;
 	uint64_t id;
 	uint64_t entry_id;    /* the model entry it was queued for */
 	struct model_source source;
@@ -185,10 +186,13 @@ sibling_swap(const struct load_request *q)
  * path that resolved to another place while the files were opened
  * (q->resolved NULL) is refused too: its files may be anywhere. A kept
  * root not recorded (a restored generation's) is found from its resolved
- * path here; one that cannot be found is no tree to stay in. 0, or -EXDEV
+ * path here; one that cannot be found is no tree to stay in. A model with
+ * no generation keeps the tree its operator's load found, and where that
+ * found nothing at its path, the place it named (at_place). 0, or -EXDEV
  * with q->message.
  */
 static char *blob_repo(char *root);
+static int at_place(const struct load_request *q);
 
 static int
 same_tree(struct load_request *q)
@@ -200,8 +204,7 @@ same_tree(struct load_request *q)
 		q->keep_root = blob_repo(gen_tree_root(q->keep_resolved, &q->keep_uid));
 	old = q->keep_root != NULL ? q->keep_root : q->keep_resolved;
 	same = q->root != NULL && q->keep_root != NULL &&
-		(strcmp(q->root, q->keep_root) == 0 || sibling_swap(q) ||
-			(q->keep_alt != NULL && strcmp(q->root, q->keep_alt) == 0));
+		(strcmp(q->root, q->keep_root) == 0 || sibling_swap(q) || at_place(q));
 	if (old == NULL)
 		snprintf(q->message, sizeof(q->message), "its path %s resolves into %s, but no "
 			"load of it by the operator found its tree: it is served only after an "
@@ -395,65 +398,70 @@ hub_root(const struct load_request *q, uid_t *owner)
 	return root;
 }
 
-/* Whether path's last name is a model's file's: *.safetensors, or a shard
- * index (*.json). */
+/* Whether src's files are all uid's. */
 static int
-names_a_file(const char *path)
+owned_by(const struct model_source *src, uid_t uid)
 {
-	size_t n = strlen(path);
+	for (size_t i = 0; i < src->nfiles; i++)
+		if (src->files[i].st.st_uid != uid)
+			return 0;
+	return src->nfiles > 0;
+}
 
-	return (n > 12 && strcmp(path + n - 12, ".safetensors") == 0) ||
-		(n > 5 && strcmp(path + n - 5, ".json") == 0);
+/*
+ * Whether q, a watched reload of a model whose operator's load found
+ * nothing at its path, opened its files in the tree of the directory that
+ * holds the place that path named (q->keep_place): that directory, or its
+ * hub repo (tree_split), and they are at that place (a file made there),
+ * or in a hub repo (which holds that repo's files only), or all the user's
+ * who owned the directory the place was to be made in (keep_uid). A
+ * directory holds other users' models too: a link at the place to another
+ * user's file beside it waits for the operator's reload (review rev180
+ * F5), as a link to another user's directory beside it does (sibling_swap).
+ */
+static int
+at_place(const struct load_request *q)
+{
+	char *dir = q->keep_place != NULL ? path_dir(q->keep_place) : NULL, *root, *sub;
+	int ok = dir != NULL && tree_split(dir, &root, &sub) == 0;
+
+	if (ok) {
+		ok = strcmp(q->root, root) == 0 && (sub[0] != '\0' ||
+			owned_by(&q->source, q->keep_uid) ||
+			(q->resolved != NULL && strcmp(q->resolved, q->keep_place) == 0));
+		free(root);
+		free(sub);
+	}
+	free(dir);
+	return ok;
 }
 
 /*
  * Work queue thread, for an operator's load or reload: the tree it finds
  * (model_entry's operator_tree), from resolved, the realpath of its path
- * before its files are opened (NULL: the path did not resolve). A path
- * that does not resolve (a model configured before its files, or their
- * directory, exist) gets the tree it will have when what it names is made
- * where its spelling says (place_of): below the deepest directory A above
- * it that resolves, as a directory (found_root), or the directory holding
- * one file (found_alt, only for a path that names one: *.safetensors or
- * *.json, else a link there to another file beside it would be taken:
- * review rev180 F5), with A's owner (a
- * sibling of that tree the same user owns is the deployer's, as after a
- * generation); a file in a hub snapshot directory gets the hub repo, as
- * its download will link it into the repo's blobs/ (review rev180 F6).
- * None when nothing above it resolves: a reload wcached makes by itself
- * then waits for the operator's.
+ * before its files are opened (NULL: the path did not resolve): its tree
+ * root and the root's owner. A path that does not resolve (a model
+ * configured before its files, or their directory, exist) gets the place
+ * it names (place_of, found_place), the tree that place has as a model
+ * directory (tree_split), and the owner of the deepest directory above it
+ * that resolves: a sibling of that tree the same user owns is the
+ * deployer's, as after a generation (sibling_swap), and a model that is
+ * one file is taken at that place (at_place). None when nothing above it
+ * resolves: a reload wcached makes by itself then waits for the
+ * operator's.
  */
 static void
 find_operator_tree(struct load_request *q, const char *resolved)
 {
-	char *lexical, *dir = NULL, *sub = NULL;
-	uid_t owner = 0;
+	char *sub;
 
-	if (resolved != NULL) {
+	if (resolved != NULL)
 		q->found_root = blob_repo(gen_tree_root(resolved, &q->found_uid));
-		return;
-	}
-	if ((lexical = place_of(q->path, &owner)) == NULL)
-		return;
-	if ((dir = path_dir(lexical)) != NULL && tree_split(lexical, &q->found_root, &sub) == 0) {
+	else if ((q->found_place = place_of(q->path, &q->found_uid)) != NULL &&
+		tree_split(q->found_place, &q->found_root, &sub) == 0)
 		free(sub);
-		if (tree_split(dir, &q->found_alt, &sub) < 0)
-			q->found_alt = sub = NULL;
-		else if (sub[0] != '\0') { /* a file of a hub snapshot */
-			free(q->found_root);
-			q->found_root = q->found_alt;
-			q->found_alt = NULL;
-		} else if (!names_a_file(lexical)) {
-			free(q->found_alt);
-			q->found_alt = NULL;
-		}
-		free(sub);
-		q->found_uid = owner;
-	} else if (dir != NULL) {
+	else
 		q->found_root = NULL; /* tree_split failed: it freed both */
-	}
-	free(dir);
-	free(lexical);
 }
 
 /* Work queue thread, after a load failed: the filesystem of its path (or
@@ -680,9 +688,9 @@ load_request_free(struct load_request *q)
 	free(q->root);
 	free(q->keep_root);
 	free(q->keep_resolved);
-	free(q->keep_alt);
+	free(q->keep_place);
 	free(q->found_root);
-	free(q->found_alt);
+	free(q->found_place);
 	free(q->stage_dir);
 	free(q->name);
 	free(q->path);
@@ -804,10 +812,10 @@ take_operator_tree(struct model_entry *m, struct load_request *q, const char *pa
 	free(m->operator_tree.root);
 	free(m->operator_tree.alt);
 	m->operator_tree.root = q->found_root;
-	m->operator_tree.alt = q->found_alt;
+	m->operator_tree.alt = q->found_place;
 	m->operator_tree.uid = q->found_uid;
 	q->found_root = NULL;
-	q->found_alt = NULL;
+	q->found_place = NULL;
 }
 
 static void load_failed(struct registry *r, struct model_entry *m, struct load_request *q);
@@ -1256,7 +1264,7 @@ keep_tree(struct load_request *q, const struct model_entry *m)
 	q->keep_uid = m->operator_tree.uid;
 	if ((q->keep_root = strdup(m->operator_tree.root)) == NULL ||
 		(m->operator_tree.alt != NULL &&
-			(q->keep_alt = strdup(m->operator_tree.alt)) == NULL))
+			(q->keep_place = strdup(m->operator_tree.alt)) == NULL))
 		return -ENOMEM;
 	return 0;
 }
@@ -1286,7 +1294,7 @@ queue_load(struct registry *r, const char *name, const char *path, enum pin_mode
 	if (reload == RELOAD_WATCHED && keep_tree(q, m) < 0) {
 		free(q->keep_root);
 		free(q->keep_resolved);
-		free(q->keep_alt);
+		free(q->keep_place);
 		free(q->name);
 		free(q->path);
 		free(q);
@@ -1307,7 +1315,7 @@ queue_load(struct registry *r, const char *name, const char *path, enum pin_mode
 		     load_work, load_after)) < 0) {
 		free(q->keep_root);
 		free(q->keep_resolved);
-		free(q->keep_alt);
+		free(q->keep_place);
 		free(q->name);
 		free(q->path);
 		free(q);

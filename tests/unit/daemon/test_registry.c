@@ -1158,18 +1158,29 @@ test_r180_trailing_slash(void **state)
 }
 
 
+/* The model "llama" configured before its files at models/FILE, its
+ * directory models/ made by the test's user: the path of the load, the
+ * model not loaded (no generation). */
+static char *
+missing_llama(struct du *t, const char *file)
+{
+	char *p, cmd[4096];
+
+	snprintf(cmd, sizeof(cmd), "mkdir -p %s/models", t->dir);
+	assert_int_equal(system(cmd), 0);
+	assert_true(asprintf(&p, "%s/models/%s", t->dir, file) > 0);
+	assert_true(du_load(t, "llama", p, PIN_NONE, 0) < 0);
+	return p;
+}
+
 /* r180 F5: a directory-model path not there yet; a link to another user's
  * single file in its parent directory. */
 static void
 test_r180_alt_any_file(void **state)
 {
 	struct du *t = *state;
-	char *p, *bob, cmd[4096];
+	char *p = missing_llama(t, "llama"), *bob;
 
-	snprintf(cmd, sizeof(cmd), "mkdir -p %s/models", t->dir);
-	assert_int_equal(system(cmd), 0);
-	assert_true(asprintf(&p, "%s/models/llama", t->dir) > 0);
-	assert_true(du_load(t, "llama", p, PIN_NONE, 0) < 0);
 	bob = du_model(t, "models/bob.safetensors", 1024);
 	assert_int_equal(chown(bob, 12345, 12345), 0);
 	assert_int_equal(chmod(bob, 0600), 0);
@@ -1202,6 +1213,82 @@ test_r180_no_generation_link_elsewhere_waits(void **state)
 	free(p);
 }
 
+/* A file-spelt path not there yet, then a link at it to another user's
+ * file beside it: waits for the operator's reload, as a directory-spelt
+ * one does (test_r180_alt_any_file): a directory holds other users' files. */
+static void
+test_link_at_file_place_to_other_users_file_waits(void **state)
+{
+	struct du *t = *state;
+	char *p = missing_llama(t, "llama.safetensors"), *bob;
+
+	bob = du_model(t, "models/bob.safetensors", 1024);
+	assert_int_equal(chown(bob, 12345, 12345), 0);
+	assert_int_equal(symlink("bob.safetensors", p), 0);
+	assert_int_equal(r180_watched(t, "llama"), -EXDEV);
+	assert_null(registry_find(&t->reg, "llama")->current);
+	free(bob);
+	free(p);
+}
+
+/* The file made at the place a path names loads by itself, whoever made
+ * it, whether or not the path is spelt as a file's. */
+static void
+test_a_file_made_at_the_place_loads_whoever_made_it(void **state)
+{
+	struct du *t = *state;
+	char *p = missing_llama(t, "llama"), *file;
+
+	file = du_model(t, "models/llama", 1024);
+	assert_int_equal(chown(file, 12345, 12345), 0);
+	assert_int_equal(r180_watched(t, "llama"), 0);
+	assert_non_null(registry_find(&t->reg, "llama")->current);
+	free(file);
+	free(p);
+}
+
+/* A link at the place to a file beside it of the user who owns the
+ * directory loads by itself, as a link to a directory of hers beside it
+ * does (README's `ln -s v2 .next && mv -T .next llama`). */
+static void
+test_link_at_place_to_owners_file_beside_it_loads(void **state)
+{
+	struct du *t = *state;
+	char *p = missing_llama(t, "llama"), *v2;
+
+	v2 = du_model(t, "models/v2.safetensors", 1024);
+	assert_int_equal(symlink("v2.safetensors", p), 0);
+	assert_int_equal(r180_watched(t, "llama"), 0);
+	assert_non_null(registry_find(&t->reg, "llama")->current);
+	free(v2);
+	free(p);
+}
+
+/* Not only the owner: a path two names below the deepest directory found
+ * (models/alice/m, models/alice not there), alice's directory made later
+ * and given to her; her link to a tree of models/' owner elsewhere under
+ * models/ waits for the operator's reload. A rule "any tree under models/
+ * of its owner" would take it. */
+static void
+test_link_below_later_dir_to_owners_tree_waits(void **state)
+{
+	struct du *t = *state;
+	char *p, *bob, cmd[4096];
+
+	snprintf(cmd, sizeof(cmd), "mkdir -p %s/models/bob/m", t->dir);
+	assert_int_equal(system(cmd), 0);
+	assert_true(asprintf(&p, "%s/models/alice/m", t->dir) > 0);
+	assert_true(du_load(t, "alice", p, PIN_NONE, 0) < 0);
+	bob = du_model(t, "models/bob/m/model.safetensors", 1024);
+	snprintf(cmd, sizeof(cmd), "mkdir %s/models/alice && chown 12345 %s/models/alice && "
+		"ln -s ../bob/m %s", t->dir, t->dir, p);
+	assert_int_equal(system(cmd), 0);
+	assert_int_equal(r180_watched(t, "alice"), -EXDEV);
+	assert_null(registry_find(&t->reg, "alice")->current);
+	free(bob);
+	free(p);
+}
+
 int
 main(void)
 {
@@ -1213,6 +1300,14 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_r180_alt_any_file, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_r180_hub_file_appears, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_r180_hub_index_watched, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_link_at_file_place_to_other_users_file_waits,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(test_a_file_made_at_the_place_loads_whoever_made_it,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(test_link_at_place_to_owners_file_beside_it_loads,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(test_link_below_later_dir_to_owners_tree_waits,
+			setup, teardown),
 		cmocka_unit_test_setup_teardown(test_load_and_status_page, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_load_missing_file, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_load_stays_out_of_the_fd_reserve, setup,
