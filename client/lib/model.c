@@ -152,10 +152,36 @@ model_close_fds(int *fds, size_t n)
  * kept_lock guards the list and every registered model's file_fds; it is
  * held only for loads, stores, fstat() and close(), never while waiting,
  * and fork() waits for it to be free, so a child never inherits it held.
+ *
+ * A receive in flight (model_receive_begin() to model_receive_end()) holds
+ * descriptors the kernel gave it that no model has registered yet: numbers
+ * a model that lost them cannot tell from its own when they are of the
+ * same file (a re-attach on another thread). So while one is in flight a
+ * kept descriptor is not closed but marked to be (kept_pending()): the
+ * last receive to end closes those marked that no model got since and
+ * that are still their file. A model released meanwhile waits for that on
+ * kept_released, with only its descriptors and their identities.
  */
 static pthread_mutex_t kept_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t kept_atfork_once = PTHREAD_ONCE_INIT;
 static wc_model *kept_models;
+static wc_model *kept_released; /* released while a receive was in flight */
+static unsigned kept_receiving; /* receives in flight */
+static int kept_marked;         /* a descriptor is marked to be closed */
+
+/* A kept descriptor marked to be closed is stored as kept_pending(fd), which
+ * is below -1: wc_model_fd() lends none, and the number is kept_number(). */
+static int
+kept_pending(int fd)
+{
+	return -2 - fd;
+}
+
+static int
+kept_number(int stored)
+{
+	return stored >= 0 ? stored : stored <= -2 ? -2 - stored : -1;
+}
 
 static void
 kept_lock_take(void)
@@ -169,10 +195,37 @@ kept_lock_give(void)
 	pthread_mutex_unlock(&kept_lock);
 }
 
+/* In a child, no receive of the parent's other threads goes on. */
+static void
+kept_lock_child(void)
+{
+	kept_receiving = 0;
+	pthread_mutex_unlock(&kept_lock);
+}
+
 static void
 kept_atfork(void)
 {
-	(void)pthread_atfork(kept_lock_take, kept_lock_give, kept_lock_give);
+	(void)pthread_atfork(kept_lock_take, kept_lock_give, kept_lock_child);
+}
+
+/* Forgets each descriptor of a model on list whose number is one of
+ * fds[0 .. n), all between lo and hi; kept_lock is held. */
+static void
+forget_numbers(wc_model *list, const int *fds, size_t n, int lo, int hi)
+{
+	for (wc_model *o = list; o != NULL; o = o->kept_next)
+		for (uint64_t j = 0; j < o->header.file_count; j++) {
+			int fd = kept_number(o->file_fds[j]);
+
+			if (fd < lo || fd > hi)
+				continue;
+			for (size_t i = 0; i < n; i++)
+				if (fds[i] == fd) {
+					o->file_fds[j] = -1;
+					break;
+				}
+		}
 }
 
 void
@@ -188,18 +241,8 @@ model_keep_fds(wc_model *m, int *fds)
 		}
 	pthread_once(&kept_atfork_once, kept_atfork);
 	pthread_mutex_lock(&kept_lock);
-	for (wc_model *o = kept_models; o != NULL; o = o->kept_next)
-		for (uint64_t j = 0; j < o->header.file_count; j++) {
-			int fd = o->file_fds[j];
-
-			if (fd < lo || fd > hi)
-				continue;
-			for (size_t i = 0; i < n; i++)
-				if (fds[i] == fd) {
-					o->file_fds[j] = -1;
-					break;
-				}
-		}
+	forget_numbers(kept_models, fds, n, lo, hi);
+	forget_numbers(kept_released, fds, n, lo, hi);
 	m->file_fds = fds;
 	m->kept_next = kept_models;
 	kept_models = m;
@@ -216,44 +259,112 @@ model_keep_fds(wc_model *m, int *fds)
  * (model_keep_fds). A descriptor whose fstat fails otherwise (ESTALE, EIO:
  * a file another host replaced on NFS or FUSE) is still the model's open
  * file and is closed (review rev174 F4: it leaked). A model without
- * identities closes what it holds, as before. For kept descriptor i; called
- * with kept_lock held.
+ * identities closes what it holds, as before. For kept descriptor i (one
+ * marked to be closed too); called with kept_lock held.
  */
 static void
 forget_foreign_fd(wc_model *m, uint64_t i)
 {
 	struct stat st;
+	int fd = kept_number(m->file_fds[i]);
 
-	if (m->file_ids == NULL || m->file_fds[i] < 0)
+	if (m->file_ids == NULL || fd < 0)
 		return;
-	if (fstat(m->file_fds[i], &st) == -1 ? errno == EBADF :
+	if (fstat(fd, &st) == -1 ? errno == EBADF :
 		(uint64_t)st.st_dev != m->file_ids[i].dev ||
 		(uint64_t)st.st_ino != m->file_ids[i].ino)
 		m->file_fds[i] = -1;
 }
 
-/* forget_foreign_fd() of each kept descriptor. */
-static void
-forget_foreign_fds(wc_model *m)
+/*
+ * Closes m's kept descriptors first .. first + n that are still its own
+ * (forget_foreign_fd), or, while a receive is in flight, marks them to be
+ * closed when the last one ends; returns how many are marked. kept_lock
+ * is held.
+ */
+static size_t
+close_kept(wc_model *m, uint64_t first, uint64_t n)
 {
-	for (uint64_t i = 0; i < m->header.file_count; i++)
+	size_t marked = 0;
+
+	for (uint64_t i = first; i < first + n; i++) {
 		forget_foreign_fd(m, i);
+		m->file_fds[i] = kept_number(m->file_fds[i]);
+		if (kept_receiving > 0 && m->file_fds[i] >= 0) {
+			m->file_fds[i] = kept_pending(m->file_fds[i]);
+			marked++;
+		}
+	}
+	if (marked > 0)
+		kept_marked = 1;
+	else
+		model_close_fds(&m->file_fds[first], (size_t)n);
+	return marked;
+}
+
+/* Closes the descriptors marked to be closed (close_kept) and frees the
+ * models released meanwhile; no receive is in flight, kept_lock is held. */
+static void
+close_marked(void)
+{
+	if (!kept_marked)
+		return;
+	kept_marked = 0;
+	for (wc_model *m = kept_models; m != NULL; m = m->kept_next)
+		for (uint64_t i = 0; i < m->header.file_count; i++)
+			if (m->file_fds[i] <= -2)
+				close_kept(m, i, 1);
+	for (wc_model *m = kept_released, *next; m != NULL; m = next) {
+		next = m->kept_next;
+		close_kept(m, 0, m->header.file_count);
+		free(m->file_fds);
+		free(m->file_ids);
+		free(m);
+	}
+	kept_released = NULL;
+}
+
+void
+model_receive_begin(void)
+{
+	pthread_once(&kept_atfork_once, kept_atfork);
+	pthread_mutex_lock(&kept_lock);
+	kept_receiving++;
+	pthread_mutex_unlock(&kept_lock);
+}
+
+void
+model_receive_end(void)
+{
+	pthread_mutex_lock(&kept_lock);
+	if (kept_receiving > 0 && --kept_receiving == 0)
+		close_marked();
+	pthread_mutex_unlock(&kept_lock);
 }
 
 /* Takes m off the list of models that keep descriptors and closes those
- * it still owns. */
-static void
+ * it still owns; returns 1 when some wait for the receives in flight, m
+ * then on kept_released (close_marked() frees it). */
+static int
 model_drop_fds(wc_model *m)
 {
+	int waits = 0;
+
 	pthread_mutex_lock(&kept_lock);
 	for (wc_model **p = &kept_models; *p != NULL; p = &(*p)->kept_next)
 		if (*p == m) {
 			*p = m->kept_next;
 			break;
 		}
-	forget_foreign_fds(m);
-	model_close_fds(m->file_fds, (size_t)m->header.file_count);
+	if (kept_receiving == 0)
+		close_marked(); /* a child's, after fork() in a receive */
+	if (close_kept(m, 0, m->header.file_count) > 0) {
+		m->kept_next = kept_released;
+		kept_released = m;
+		waits = 1;
+	}
 	pthread_mutex_unlock(&kept_lock);
+	return waits;
 }
 
 void
@@ -262,14 +373,17 @@ model_free(wc_model *m)
 	if (m == NULL)
 		return;
 	unmap_all(m);
-	if (m->file_fds != NULL)
-		model_drop_fds(m);
-	free(m->file_fds);
-	free(m->file_ids);
 	if (m->index_owner == MODEL_INDEX_OWNED)
 		free((void *)m->index);
 	free(m->maps);
 	free(m->name);
+	m->index = NULL;
+	m->maps = NULL;
+	m->name = NULL;
+	if (m->file_fds != NULL && model_drop_fds(m))
+		return; /* the rest waits for the receives in flight */
+	free(m->file_fds);
+	free(m->file_ids);
 	free(m);
 }
 
@@ -551,8 +665,7 @@ wc_model_close_fd(wc_model *m, size_t file)
 		return r;
 	if (m->file_fds != NULL) {
 		pthread_mutex_lock(&kept_lock);
-		forget_foreign_fd(m, file);
-		model_close_fds(&m->file_fds[file], 1);
+		close_kept(m, file, 1);
 		pthread_mutex_unlock(&kept_lock);
 	}
 	return 0;

@@ -62,7 +62,8 @@ struct wc_model {
 	 * keeps the O_RDONLY, close-on-exec descriptors wcached sent). The
 	 * model owns them: model_free() closes them, each only while it is
 	 * still the file file_ids names and no model got its number since.
-	 * Set by model_keep_fds() only; read and written under its lock. */
+	 * Set by model_keep_fds() only; read and written under its lock; an
+	 * entry below -1 is one marked to be closed (model.c). */
 	int *file_fds;
 	struct wc_model *kept_next; /* the next model that keeps descriptors */
 	/* What fstat() said of each file's descriptor when the model got it
@@ -96,12 +97,24 @@ void model_close_fds(int *fds, size_t n);
  */
 void model_keep_fds(wc_model *m, int *fds);
 
+/*
+ * A receive of descriptors begins, and ends once every descriptor it got
+ * is a model's (model_keep_fds) or closed: meanwhile no kept descriptor is
+ * closed (a model that lost its number cannot tell it from the receive's
+ * of the same file) but marked, and the last receive to end closes those
+ * still the models' (model.c). request.c brackets each holding of a
+ * client's lock that receives. A child after fork() has none in flight.
+ */
+void model_receive_begin(void);
+void model_receive_end(void);
+
 /* Unmaps the files, closes file_fds (each only while it is still the
  * device and inode file_ids recorded, or its fstat fails otherwise than
  * with EBADF: a descriptor this process closed behind the model's back
  * and whose number now names another file is left alone, as is one
- * another model got since) and frees what model_new() took; calls no
- * release hook. NULL is fine. */
+ * another model got since; while a receive is in flight, when the last
+ * one ends) and frees what model_new() took; calls no release hook. NULL
+ * is fine. */
 void model_free(wc_model *m);
 
 struct model_source;

@@ -63,6 +63,7 @@
 #include "proto/fdpass.h"
 #include "lib/attach.h"
 #include "lib/attach_reply.h"
+#include "lib/model.h"
 #include "lib/request.h"
 #include "proto/wire.h"
 
@@ -880,6 +881,11 @@ request_unlock(wc_client *c)
 {
 	struct attach_record *list;
 
+	/* What this holding received is a model's or closed by now. */
+	if (c->receiving) {
+		c->receiving = 0;
+		model_receive_end();
+	}
 	for (;;) {
 		pthread_mutex_lock(&c->released_lock);
 		list = c->released;
@@ -891,6 +897,20 @@ request_unlock(wc_client *c)
 	}
 	pthread_mutex_unlock(&c->lock);
 	pthread_mutex_unlock(&c->released_lock);
+}
+
+/* Before c's first receive of descriptors under its lock: until
+ * request_unlock(), no model's kept descriptor is closed by number
+ * (model_receive_begin), so none of those received can be taken for one
+ * a model lost (review rev174 F2: a release on another thread between the
+ * receive and the new model's model_keep_fds() closed the new model's). */
+static void
+receiving(wc_client *c)
+{
+	if (!c->receiving) {
+		c->receiving = 1;
+		model_receive_begin();
+	}
 }
 
 /* The next request's seq: counts from 1 and skips 0, which marks a
@@ -963,6 +983,7 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, int se
 				strerror((int)-n));
 		reset = 1;
 	}
+	receiving(c);
 	for (;;) {
 		n = fdp_recv_intr(c->fd, buf, cap, fds, maxfds, nfds);
 		if (n == -EAGAIN || n == -EINTR) {
@@ -1156,8 +1177,10 @@ wc_client_dispatch(wc_client *c)
 		n = recv(c->fd, buf, 1, MSG_PEEK | MSG_DONTWAIT);
 		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
 			break;
-		if (n > 0)
+		if (n > 0) {
+			receiving(c);
 			n = fdp_recv(c->fd, buf, sizeof(buf), fds, WIRE_MAX_FDS, &nfds);
+		}
 		else if (n < 0)
 			n = -errno;
 		if (n == -EAGAIN)

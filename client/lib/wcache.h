@@ -140,7 +140,10 @@ WC_EXPORT int wc_model_cow(wc_model *m);
  * asking (closefrom(), close_range()), a number given since to another
  * file, or to a later model's descriptor of the same file (a re-attach:
  * wcached passes the same open file), is left open; one given to the same
- * file again by an open of its own (by its path) would be closed.
+ * file again by an open of its own (by its path) would be closed. While
+ * another thread of the process receives descriptors from wcached, the
+ * close waits until that receive's model has them (or they are closed),
+ * so that a release never closes those of a model being attached.
  */
 WC_EXPORT int wc_model_fd(const wc_model *m, size_t file);
 

@@ -127,6 +127,7 @@ setup(void **state)
 	fault.client = pthread_self();
 	assert_int_equal(sem_init(&fault.closed, 0, 0), 0);
 	assert_int_equal(sem_init(&fault.read, 0, 0), 0);
+	assert_int_equal(sem_init(&fault.go, 0, 0), 0);
 
 	f->dir = tu_tmpdir();
 	assert_true(asprintf(&f->sock, "%s/wc.sock", f->dir) > 0);
@@ -180,6 +181,7 @@ teardown(void **state)
 	tu_rmtree(f->dir);
 	sem_destroy(&fault.closed);
 	sem_destroy(&fault.read);
+	sem_destroy(&fault.go);
 	memset(&fault, 0, sizeof(fault));
 	free(f);
 	return 0;

@@ -64,11 +64,14 @@ struct af_fault {
 	pthread_t client;    /* the thread whose recvmsg() the hooks below apply to */
 	int recv_wait_close; /* before its next recvmsg(): wait until the fake closed */
 	int recv_post_read;  /* after its next recvmsg(): post fault.read */
+	int recv_hold;       /* after its next recvmsg() that got descriptors: post
+			      * fault.read, then wait for fault.go */
 	int recv_eagain;     /* > 0: so many of its recvmsg() from now on fail with EAGAIN */
 	int send_errno;      /* != 0: its next send_count sendmsg() fail with this errno */
 	int send_count;
 	sem_t closed;        /* posted by the fake daemon when it has closed */
 	sem_t read;          /* posted by the client's hooked recvmsg() */
+	sem_t go;            /* posted by a test to let a held recvmsg() return */
 };
 
 extern struct af_fault fault;

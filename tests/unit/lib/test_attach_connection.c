@@ -75,10 +75,12 @@
 ssize_t __real_recvmsg(int fd, struct msghdr *msg, int flags) __attribute__((weak));
 ssize_t __wrap_recvmsg(int fd, struct msghdr *msg, int flags);
 
-/* recvmsg() with three hooks for the client's thread (the fake daemon's
+/* recvmsg() with four hooks for the client's thread (the fake daemon's
  * thread is left alone): fail with EAGAIN at once, receiving nothing (as a
  * non-blocking descriptor does before the reply), wait for the fake's
- * close before receiving, or tell the fake once something was received. */
+ * close before receiving, tell the fake once something was received, or
+ * hold descriptors just received (before any model has them) until the
+ * test lets them go. */
 ssize_t
 __wrap_recvmsg(int fd, struct msghdr *msg, int flags)
 {
@@ -100,6 +102,11 @@ __wrap_recvmsg(int fd, struct msghdr *msg, int flags)
 	if (mine && fault.recv_post_read) {
 		fault.recv_post_read = 0;
 		sem_post(&fault.read);
+	}
+	if (mine && fault.recv_hold && n > 0 && msg->msg_controllen > 0) {
+		fault.recv_hold = 0;
+		sem_post(&fault.read);
+		(void)fake_sem_wait(&fault.go);
 	}
 	errno = e;
 	return n;
@@ -2207,6 +2214,137 @@ test_file_origin_other_generation(void **state)
 	release_and_finish(f, before);
 }
 
+/* ---- a release while descriptors are received -------------------------- */
+
+/* An attach on its own thread, the client's for the recvmsg() hooks. */
+struct held_attach {
+	struct fixture *f;
+	wc_model *model;
+	int result;
+	char msg[256];
+};
+
+static void *
+attach_fds_held(void *arg)
+{
+	struct held_attach *h = arg;
+
+	fault.client = pthread_self();
+	h->result = wc_attach_fds(h->f->client, MODEL, &h->model);
+	snprintf(h->msg, sizeof(h->msg), "%s", wc_errmsg());
+	return NULL;
+}
+
+/* Starts h's attach with its reply's receive held (fault.recv_hold) and
+ * returns once the descriptors are received, before any model has them. */
+static void
+start_held_attach(struct fixture *f, struct held_attach *h, pthread_t *t)
+{
+	h->f = f;
+	fault.recv_hold = 1;
+	assert_int_equal(pthread_create(t, NULL, attach_fds_held, h), 0);
+	assert_int_equal(fake_sem_wait(&fault.read), 0);
+}
+
+/* Lets h's attach go on and waits for it, which must have worked. */
+static void
+finish_held_attach(struct held_attach *h, pthread_t t)
+{
+	assert_int_equal(sem_post(&fault.go), 0);
+	assert_int_equal(pthread_join(t, NULL), 0);
+	fault.client = pthread_self();
+	if (h->result != 0)
+		fail_msg("the held attach failed: %d %s", h->result, h->msg);
+}
+
+/*
+ * A re-attach after closefrom() on one thread, the release of the model
+ * that lost the numbers on another, between the re-attach's recvmsg() and
+ * the new model's registration of its descriptors (review rev174 F2, the
+ * window 8429855 left): the new descriptors are of the same files on the
+ * same numbers, so the released model's guard cannot tell them from its
+ * own. Before, the release closed them and the attach failed (fstat: Bad
+ * file descriptor), or mapped whatever took the number.
+ */
+static void
+test_release_in_receive_keeps_new_fds(void **state)
+{
+	struct fixture *f = *state;
+	struct held_attach h = { 0 };
+	wc_model *m1 = NULL;
+	pthread_t t;
+	int before, old[2], fresh[2];
+
+	NEED_WRAP();
+	before = attach_ok(f);
+	assert_int_equal(wc_attach_fds(f->client, MODEL, &m1), 0);
+	for (size_t i = 0; i < 2; i++)
+		old[i] = wc_model_fd(m1, i);
+	close(old[0]); /* closefrom() behind the model's back */
+	close(old[1]);
+	start_held_attach(f, &h, &t);
+	wc_release(m1);
+	finish_held_attach(&h, t);
+	for (size_t i = 0; i < 2; i++) {
+		fresh[i] = wc_model_fd(h.model, i);
+		assert_true(tu_fd_is_readonly_of(fresh[i], f->file_fd[i]));
+	}
+	assert_true(fresh[0] == old[0] || fresh[1] == old[1]); /* the case */
+	check_tensors(h.model);
+	wc_release(h.model);
+	for (size_t i = 0; i < 2; i++)
+		assert_int_equal(fcntl(fresh[i], F_GETFD), -1);
+	release_and_finish(f, before);
+	assert_int_equal(f->fake.releases, 3);
+}
+
+/*
+ * What a release or wc_model_close_fd() does not close while descriptors
+ * are received on another thread is closed once that receive's model has
+ * them: nothing leaks. A child forked meanwhile has no receive in flight:
+ * its first release closes its copies of them, and its model's own.
+ */
+static void
+test_release_in_receive_closes_later(void **state)
+{
+	struct fixture *f = *state;
+	struct held_attach h = { 0 };
+	wc_model *m0 = NULL, *m1 = NULL;
+	pthread_t t;
+	pid_t pid;
+	int before, old[2], own;
+
+	NEED_WRAP();
+	before = attach_ok(f);
+	assert_int_equal(wc_attach_fds(f->client, MODEL, &m0), 0);
+	assert_int_equal(wc_attach_fds(f->client, MODEL, &m1), 0);
+	own = wc_model_fd(m0, 0);
+	for (size_t i = 0; i < 2; i++)
+		old[i] = wc_model_fd(m1, i);
+	start_held_attach(f, &h, &t);
+	assert_int_equal(wc_model_close_fd(m1, 0), 0);
+	assert_error(wc_model_fd(m1, 0), -ENOENT, "no descriptor kept");
+	wc_release(m1);
+	for (size_t i = 0; i < 2; i++) /* closed once the receive's model has its own */
+		assert_int_not_equal(fcntl(old[i], F_GETFD), -1);
+	if ((pid = fork()) == 0) {
+		alarm(20);
+		wc_release(m0);
+		_exit(fcntl(own, F_GETFD) != -1 ? 3 : fcntl(old[0], F_GETFD) != -1 ? 4 :
+			fcntl(old[1], F_GETFD) != -1 ? 5 : 0);
+	}
+	assert_true(pid > 0);
+	af_child_ok(pid);
+	finish_held_attach(&h, t);
+	for (size_t i = 0; i < 2; i++)
+		assert_int_equal(fcntl(old[i], F_GETFD), -1);
+	check_tensors(h.model);
+	wc_release(h.model);
+	wc_release(m0);
+	release_and_finish(f, before);
+	assert_int_equal(f->fake.releases, 4);
+}
+
 int
 main(void)
 {
@@ -2263,6 +2401,8 @@ main(void)
 		T(test_hold_reply_out_of_step),
 		T(test_queued_after_close_answers_nothing),
 		T(test_deadline_in_reconnect_keeps_reason),
+		T(test_release_in_receive_keeps_new_fds),
+		T(test_release_in_receive_closes_later),
 	};
 #undef T
 
