@@ -253,83 +253,46 @@ plain_names(const char *rest)
 	return NULL;
 }
 
-/* The realpath of the deepest directory above path that resolves, and in
- * *rest (allocated) what of path follows it as plain names (plain_names);
- * NULL when none does, or when the rest is not plain names. */
-static char *
-resolved_above(const char *path, char **rest)
-{
-	char *head = strdup(path), *real = NULL, *slash;
-	const char *tail = path;
-
-	*rest = NULL;
-	if (head == NULL)
-		return NULL;
-	while (real == NULL && (slash = strrchr(head, '/')) != NULL) {
-		tail = path + (slash - head) + 1;
-		*slash = '\0';
-		real = realpath(slash == head ? "/" : head, NULL);
-	}
-	if (real == NULL && path[0] != '/') {
-		tail = path;
-		real = realpath(".", NULL);
-	}
-	free(head);
-	if (real != NULL && (*rest = plain_names(tail)) == NULL) {
-		free(real);
-		real = NULL;
-	}
-	return real;
-}
-
-/* The first name of rest followed: the text of a symbolic link at real/that
- * name (one that points nowhere yet: its path did not resolve), joined with
- * the rest of rest, allocated; NULL when it is no link. */
-static char *
-through_link(const char *real, const char *rest)
-{
-	const char *after = strchr(rest, '/');
-	char *name = after != NULL ? strndup(rest, (size_t)(after - rest)) : strdup(rest);
-	char *at = name != NULL ? path_join(real, name) : NULL, *to = NULL, *next = NULL;
-	char text[PATH_MAX];
-	ssize_t n = at != NULL ? readlink(at, text, sizeof(text) - 1) : -1;
-
-	if (n > 0) {
-		text[n] = '\0';
-		to = path_join(real, text); /* an absolute text as it is */
-		next = to == NULL ? NULL : after != NULL ? path_join(to, after + 1) : strdup(to);
-	}
-	free(to);
-	free(at);
-	free(name);
-	return next;
-}
-
-/* The place path will name once what it names is made where its spelling
- * says (allocated): the real path of the deepest directory above it that
- * resolves, whose owner goes in *owner, joined with the rest of path as
- * plain names; a symbolic link in that rest that points nowhere yet (a
- * mount not up, a volume not attached, a link made before its target) is
- * followed by its text, at most 40 (review rev180 F9). NULL when it cannot
- * be told. */
+/*
+ * The place path names when it does not resolve (allocated): the real path
+ * of the deepest directory above it that resolves, whose owner goes in
+ * *owner, joined with the names below it (plain_names); the first of them,
+ * when it is a symbolic link that points nowhere yet (a mount not up, a
+ * volume not attached, a link made before its target), is followed by its
+ * text, at most 40 times (review rev180 F9). NULL when it cannot be told.
+ */
 static char *
 place_of(const char *path, uid_t *owner)
 {
-	char *p = strdup(path), *real, *rest, *next, *place = NULL;
-	struct stat st;
+	char *p = path[0] == '/' ? strdup(path) : path_join(".", path), *place = NULL;
 
 	for (int links = 0; p != NULL && place == NULL && links <= 40; links++) {
-		if ((real = resolved_above(p, &rest)) == NULL || stat(real, &st) == -1) {
-			free(real);
-			free(rest);
-			break;
+		char *head = strdup(p), *slash, *real = NULL, *rest = NULL, *at = NULL;
+		char *next = NULL, text[PATH_MAX];
+		struct stat st;
+		ssize_t n = -1;
+
+		while (head != NULL && real == NULL && (slash = strrchr(head, '/')) != NULL) {
+			*slash = '\0';
+			real = realpath(slash == head ? "/" : head, NULL);
 		}
-		if ((next = through_link(real, rest)) == NULL) {
-			place = path_join(real, rest);
+		if (real != NULL && stat(real, &st) == 0)
+			rest = plain_names(p + strlen(head) + 1);
+		if (rest != NULL &&
+			asprintf(&at, "%s/%.*s", real, (int)strcspn(rest, "/"), rest) < 0)
+			at = NULL;
+		if (at != NULL && (n = readlink(at, text, sizeof(text) - 1)) > 0) {
+			text[n] = '\0';
+			if (asprintf(&next, "%s/%s%s", text[0] == '/' ? "" : real, text,
+				    rest + strcspn(rest, "/")) < 0)
+				next = NULL;
+		} else if (at != NULL && (place = path_join(real, rest)) != NULL) {
 			*owner = st.st_uid;
 		}
-		free(real);
+		free(at);
 		free(rest);
+		free(real);
+		free(head);
 		free(p);
 		p = next;
 	}
