@@ -45,6 +45,7 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -786,10 +787,37 @@ on_listener(uv_poll_t *p, int status, int events)
 
 /* ---- the public functions ------------------------------------------------ */
 
+/* Names the control socket in listen_unix()'s error, which begins with
+ * the path or, for a failed socket(2), names none. */
 int
 control_listen_path(const char *path, mode_t mode, gid_t group)
 {
-	return listen_unix(path, SOCK_STREAM, mode, group);
+	char msg[ERROR_MAX];
+	size_t len = strlen(path);
+	int fd = listen_unix(path, SOCK_STREAM, mode, group);
+
+	if (fd >= 0)
+		return fd;
+	snprintf(msg, sizeof(msg), "%s", error_get());
+	if (strncmp(msg, path, len) == 0 && msg[len] == ':')
+		return error_set(fd, "control socket %s", msg);
+	return error_set(fd, "control socket %s: %s", path, msg);
+}
+
+/* " PATH" for the path listen_fd is bound to, or "" (unnamed, abstract):
+ * what control_start's errors name after "control socket". */
+static void
+bound_name(int listen_fd, char *buf, size_t size)
+{
+	struct sockaddr_un sa;
+	socklen_t len = sizeof(sa);
+
+	buf[0] = '\0';
+	memset(&sa, 0, sizeof(sa));
+	if (getsockname(listen_fd, (struct sockaddr *)&sa, &len) == 0 && sa.sun_family == AF_UNIX &&
+		len > offsetof(struct sockaddr_un, sun_path) && sa.sun_path[0] != '\0')
+		snprintf(buf, size, " %.*s", (int)(len - offsetof(struct sockaddr_un, sun_path)),
+			sa.sun_path);
 }
 
 int
@@ -797,28 +825,32 @@ control_start(uv_loop_t *loop, int listen_fd, struct control_context *ctx,
 	struct control **out)
 {
 	struct control *ctl;
+	char name[sizeof(((struct sockaddr_un *)0)->sun_path) + 2];
 	int type = 0, listening = 0, r;
 	socklen_t len = sizeof(type);
+
+	bound_name(listen_fd, name, sizeof(name));
 
 	if (getsockopt(listen_fd, SOL_SOCKET, SO_TYPE, &type, &len) == -1) {
 		r = -errno;
 		close(listen_fd);
-		return error_set(r, "control socket: %s", strerror(-r));
+		return error_set(r, "control socket%s: %s", name, strerror(-r));
 	}
 	len = sizeof(listening);
 	if (type == SOCK_STREAM &&
 		getsockopt(listen_fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == -1) {
 		r = -errno;
 		close(listen_fd);
-		return error_set(r, "control socket: %s", strerror(-r));
+		return error_set(r, "control socket%s: %s", name, strerror(-r));
 	}
 	if (type != SOCK_STREAM || !listening) {
 		close(listen_fd);
-		return error_set(-EPROTOTYPE, "control socket: not a listening stream socket");
+		return error_set(-EPROTOTYPE, "control socket%s: not a listening stream socket",
+			name);
 	}
 	if ((ctl = calloc(1, sizeof(*ctl))) == NULL) {
 		close(listen_fd);
-		return error_set(-ENOMEM, "control socket: out of memory");
+		return error_set(-ENOMEM, "control socket%s: out of memory", name);
 	}
 	ctl->loop = loop;
 	ctl->ctx = ctx;
@@ -839,7 +871,7 @@ control_start(uv_loop_t *loop, int listen_fd, struct control_context *ctx,
 		uv_close((uv_handle_t *)&ctl->sweep, control_handle_closed);
 		uv_close((uv_handle_t *)&ctl->resume, control_handle_closed);
 		close(listen_fd);
-		return error_set(r, "control socket: %s", uv_strerror(r));
+		return error_set(r, "control socket%s: %s", name, uv_strerror(r));
 	}
 	uv_timer_start(&ctl->sweep, on_sweep, 1000, 1000);
 	*out = ctl;

@@ -101,7 +101,7 @@ struct control_context {
  * stale socket file (nobody accepts on it) is replaced; a live daemon on the
  * same path is -EADDRINUSE; a path that exists and is not a socket is
  * -EEXIST. Returns the fd (O_CLOEXEC, non-blocking) or -errno with the
- * message in error_get().
+ * message in error_get(), "control socket PATH: reason".
  */
 int control_listen_path(const char *path, mode_t mode, gid_t group);
 
@@ -109,8 +109,9 @@ int control_listen_path(const char *path, mode_t mode, gid_t group);
  * Serves the control protocol on listen_fd, a listening SOCK_STREAM socket
  * (made by control_listen_path() or passed by systemd). The control owns
  * listen_fd from this call on, whether it succeeds or fails. Returns 0 and
- * the control in *out, or -errno with the message in error_get() (-ENOTSOCK
- * or -EPROTOTYPE when listen_fd is not a listening stream socket).
+ * the control in *out, or -errno with the message in error_get(), "control
+ * socket PATH: reason" with the path listen_fd is bound to (-ENOTSOCK or
+ * -EPROTOTYPE when listen_fd is not a listening stream socket).
  */
 int control_start(uv_loop_t *loop, int listen_fd, struct control_context *ctx,
 	struct control **out);

@@ -422,10 +422,9 @@ control_reload(void *arg, registry_done_fn done, void *done_arg)
 	return reload_config(arg, done, done_arg);
 }
 
-/* A start that fails once start_control() has made the control socket:
- * the socket files this start made are removed first (so that wcachectl
- * finds no control socket rather than a dead one), then fatalx() with the
- * error (error_get()). */
+/* A start that fails from start_control() on: the socket files this start
+ * made are removed first (so that wcachectl finds no control socket rather
+ * than a dead one), then fatalx() with the error (error_get()). */
 static _Noreturn void
 start_fatal(struct daemon *d)
 {
@@ -436,7 +435,9 @@ start_fatal(struct daemon *d)
 	fatalx("%s", msg);
 }
 
-/* Opens the control socket: 0600, or 0660 for control_group. */
+/* Opens the control socket: 0600, or 0660 for control_group. Its
+ * failures end the start through start_fatal(), as the client socket's do:
+ * a control_start() that fails removes the socket file made just before. */
 static void
 start_control(struct daemon *d)
 {
@@ -444,12 +445,12 @@ start_control(struct daemon *d)
 
 	/* A socket unit may pass it as "control"; else we make it. */
 	if ((r = listen_fds_take("control", SOCK_STREAM, &fd)) < 0)
-		fatalx("%s", error_get());
+		start_fatal(d);
 	if (r == 0) {
 		fd = control_listen_path(d->cfg->control_path, has_group ? 0660 : 0600,
 			has_group ? d->cfg->control_gid : (gid_t)-1);
 		if (fd < 0)
-			fatalx("%s", error_get());
+			start_fatal(d);
 		stop_made_socket(&d->created_control, d->cfg->control_path);
 	}
 	d->control_ctx = (struct control_context){
@@ -464,7 +465,7 @@ start_control(struct daemon *d)
 		.group = d->cfg->control_gid,
 	};
 	if (control_start(&d->loop, fd, &d->control_ctx, &d->control) < 0)
-		fatalx("%s", error_get());
+		start_fatal(d);
 }
 
 /* control_group should be operators only: when it is the group of the

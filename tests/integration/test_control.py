@@ -119,6 +119,67 @@ def test_not_running(tmp_path):
     assert "wcached is not running" in r.stderr and path in r.stderr
 
 
+def start_refused(tmp_path, control, env=None):
+    """wcached started on tmp_path/w.sock and control, which it must refuse:
+    its stderr, once it exited 1 with one fatal line and left no socket file
+    (review rev181: control_start's failures did fatalx(), leaving the
+    control socket it had made)."""
+    worker = tmp_path / "w.sock"
+    conf = tmp_path / "refused.conf"
+    conf.write_text(f"[wcached]\nsocket = {worker}\ncontrol = {control}\n")
+    r = subprocess.run([binary("wcached"), "-c", str(conf)], capture_output=True, text=True,
+                       timeout=30, env=env)
+    assert r.returncode == 1, r.stderr
+    assert len([ln for ln in r.stderr.splitlines() if "fatal:" in ln]) == 1, r.stderr
+    assert not os.path.lexists(worker) and not os.path.lexists(control), r.stderr
+    return r.stderr
+
+
+def test_a_control_socket_that_cannot_be_bound_is_named_in_one_line(tmp_path):
+    control = tmp_path / "missing" / "c.sock"
+    err = start_refused(tmp_path, control)
+    assert f"wcached: fatal: control socket {control}: No such file or directory" in err, err
+
+
+# Makes getsockopt(SO_ACCEPTCONN) fail: control_start() then fails on the
+# control socket wcached has just made.
+NO_ACCEPTCONN = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <sys/socket.h>
+int getsockopt(int fd, int level, int name, void *value, socklen_t *len)
+{
+	int (*real)(int, int, int, void *, socklen_t *) =
+		(int (*)(int, int, int, void *, socklen_t *))dlsym(RTLD_NEXT, "getsockopt");
+	if (level == SOL_SOCKET && name == SO_ACCEPTCONN) {
+		errno = ENOBUFS;
+		return -1;
+	}
+	return real(fd, level, name, value, len);
+}
+"""
+
+
+def test_a_failed_control_start_removes_the_control_socket_it_made(tmp_path):
+    """Before, the start ended with fatalx() and the control socket file stayed:
+    wcachectl then met a dead socket."""
+    cc = shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler for the getsockopt shim")
+    (tmp_path / "shim.c").write_text(NO_ACCEPTCONN)
+    shim = str(tmp_path / "shim.so")
+    subprocess.run([cc, "-shared", "-fPIC", "-o", shim, str(tmp_path / "shim.c"), "-ldl"],
+                   check=True)
+    env = dict(os.environ, LD_PRELOAD=shim)
+    # A gcc ASan build's runtime must come first; the shim is harmless there.
+    env["ASAN_OPTIONS"] = ":".join(filter(None, [os.environ.get("ASAN_OPTIONS"),
+                                                 "verify_asan_link_order=0"]))
+    control = tmp_path / "c.sock"
+    err = start_refused(tmp_path, control, env=env)
+    assert f"wcached: fatal: control socket {control}: No buffer space available" in err, err
+
+
 def test_socket_from_config_and_environment(daemon, tmp_path):
     ready(daemon, "small")
     # -c CONFIG: the daemon's own config names the socket by absolute path.

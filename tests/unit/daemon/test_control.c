@@ -605,19 +605,38 @@ start_names_a_failed_getsockopt(void **state)
 {
 	struct fixture *f = *state;
 	struct control *c = NULL;
-	char *path;
+	char *path, *want;
 	int fd, before;
 
 	assert_true(asprintf(&path, "%s/c2", f->dir) > 0);
+	assert_true(asprintf(&want, "control socket %s: Cannot allocate memory", path) > 0);
 	fd = control_listen_path(path, 0600, (gid_t)-1);
-	free(path);
 	assert_true(fd >= 0);
 	before = tu_count_fds();
 	fail_sockopt = SO_ACCEPTCONN;
 	assert_int_equal(control_start(&f->loop, fd, &f->ctx, &c), -ENOMEM);
 	assert_null(c);
-	assert_string_equal(error_get(), "control socket: Cannot allocate memory");
+	/* It names the socket, by the path it is bound to. */
+	assert_string_equal(error_get(), want);
 	assert_int_equal(tu_count_fds(), before - 1);
+	free(want);
+	free(path);
+}
+
+/* A path that cannot be bound: the error says it is the control socket,
+ * with the path and the reason; before, only "PATH: reason". */
+static void
+listen_path_names_the_control_socket(void **state)
+{
+	struct fixture *f = *state;
+	char *path, *want;
+
+	assert_true(asprintf(&path, "%s/missing/c.sock", f->dir) > 0);
+	assert_true(asprintf(&want, "control socket %s: No such file or directory", path) > 0);
+	assert_int_equal(control_listen_path(path, 0600, (gid_t)-1), -ENOENT);
+	assert_string_equal(error_get(), want);
+	free(want);
+	free(path);
 }
 
 static void
@@ -969,6 +988,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(listen_path_modes, setup, teardown),
 		cmocka_unit_test_setup_teardown(start_refuses_non_listening, setup, teardown),
 		cmocka_unit_test_setup_teardown(start_names_a_failed_getsockopt, setup, teardown),
+		cmocka_unit_test_setup_teardown(listen_path_names_the_control_socket, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(requests_and_errors, setup, teardown),
 		cmocka_unit_test_setup_teardown(overlong_line, setup, teardown),
 		cmocka_unit_test_setup_teardown(reload_completes_at_once, setup, teardown),
