@@ -720,6 +720,10 @@ take_connection(struct control *ctl, int fd)
 	c->active_ms = uv_now(ctl->loop);
 	/* Connections whose client has gone hold no place: count without them. */
 	close_departed(ctl);
+	/* The uid's limit first. A connection it closes to make room is one
+	 * of everyone's too, and no more than CONTROL_MAX_CONNECTIONS are
+	 * ever admitted, so the second check then finds room: nobody is pushed
+	 * out for a newcomer that is refused after all. */
 	if (!make_room(ctl, c, c->uid, CONTROL_MAX_PER_UID) ||
 		!make_room(ctl, c, (uid_t)-1, CONTROL_MAX_CONNECTIONS))
 		return;
