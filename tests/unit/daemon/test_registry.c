@@ -1213,22 +1213,37 @@ test_r180_no_generation_link_elsewhere_waits(void **state)
 	free(p);
 }
 
-/* A file-spelt path not there yet, then a link at it to another user's
- * file beside it: waits for the operator's reload, as a directory-spelt
- * one does (test_r180_alt_any_file): a directory holds other users' files. */
+/* "llama" configured at models/PLACE before it is there, then the model
+ * file models/FILE made, given to uid, and a link at the place to it
+ * (unless FILE is PLACE): what the reload wcached makes by itself then
+ * answers; the model serves when that is 0. */
+static int
+llama_made(struct du *t, const char *place, const char *file, uid_t uid)
+{
+	char *p = missing_llama(t, place), *name, *f;
+	int status;
+
+	assert_true(asprintf(&name, "models/%s", file) > 0);
+	f = du_model(t, name, 1024);
+	assert_int_equal(chown(f, uid, uid), 0);
+	if (strcmp(place, file) != 0)
+		assert_int_equal(symlink(file, p), 0);
+	status = r180_watched(t, "llama");
+	assert_int_equal(status == 0, registry_find(&t->reg, "llama")->current != NULL);
+	free(f);
+	free(name);
+	free(p);
+	return status;
+}
+
+/* A file-spelt path, a link at it to another user's file beside it: waits
+ * for the operator's reload, as a directory-spelt one does
+ * (test_r180_alt_any_file): a directory holds other users' files. */
 static void
 test_link_at_file_place_to_other_users_file_waits(void **state)
 {
-	struct du *t = *state;
-	char *p = missing_llama(t, "llama.safetensors"), *bob;
-
-	bob = du_model(t, "models/bob.safetensors", 1024);
-	assert_int_equal(chown(bob, 12345, 12345), 0);
-	assert_int_equal(symlink("bob.safetensors", p), 0);
-	assert_int_equal(r180_watched(t, "llama"), -EXDEV);
-	assert_null(registry_find(&t->reg, "llama")->current);
-	free(bob);
-	free(p);
+	assert_int_equal(llama_made(*state, "llama.safetensors", "bob.safetensors", 12345),
+		-EXDEV);
 }
 
 /* The file made at the place a path names loads by itself, whoever made
@@ -1236,15 +1251,7 @@ test_link_at_file_place_to_other_users_file_waits(void **state)
 static void
 test_a_file_made_at_the_place_loads_whoever_made_it(void **state)
 {
-	struct du *t = *state;
-	char *p = missing_llama(t, "llama"), *file;
-
-	file = du_model(t, "models/llama", 1024);
-	assert_int_equal(chown(file, 12345, 12345), 0);
-	assert_int_equal(r180_watched(t, "llama"), 0);
-	assert_non_null(registry_find(&t->reg, "llama")->current);
-	free(file);
-	free(p);
+	assert_int_equal(llama_made(*state, "llama", "llama", 12345), 0);
 }
 
 /* A link at the place to a file beside it of the user who owns the
@@ -1253,15 +1260,7 @@ test_a_file_made_at_the_place_loads_whoever_made_it(void **state)
 static void
 test_link_at_place_to_owners_file_beside_it_loads(void **state)
 {
-	struct du *t = *state;
-	char *p = missing_llama(t, "llama"), *v2;
-
-	v2 = du_model(t, "models/v2.safetensors", 1024);
-	assert_int_equal(symlink("v2.safetensors", p), 0);
-	assert_int_equal(r180_watched(t, "llama"), 0);
-	assert_non_null(registry_find(&t->reg, "llama")->current);
-	free(v2);
-	free(p);
+	assert_int_equal(llama_made(*state, "llama", "v2.safetensors", getuid()), 0);
 }
 
 /* Not only the owner: a path two names below the deepest directory found
