@@ -27,14 +27,25 @@
  * close(). */
 #define LANE_STACK_SIZE ((size_t)256 * 1024)
 
+/* A closer_then(): done(arg) once left lanes reached their mark (NULL
+ * done: forgotten), in the closer's list until then. */
+struct then {
+	void (*done)(void *);
+	void *arg;
+	size_t left;
+	struct then *next;
+};
+
 /* One thing to let go of: a mapping (base NULL if none), then a descriptor
  * (-1 if none); chosen: the owner chose it (closer_close), so it counts in
- * closer_pending() and closer_stuck(). */
+ * closer_pending() and closer_stuck(). Or, with mark, nothing: the place
+ * of a closer_then() in the lane (not counted anywhere). */
 struct closing {
 	void *base;
 	size_t size;
 	int fd;
 	int chosen;
+	struct then *mark;
 };
 
 struct lane {
@@ -53,6 +64,7 @@ struct closer {
 	pthread_mutex_t lock;
 	pthread_cond_t drained;  /* a lane's thread has exited */
 	struct lane *lanes;
+	struct then *thens;      /* closer_then()s whose lanes are not through */
 	unsigned threads;        /* lanes with a running thread: every lane */
 	unsigned long inline_closes;
 };
@@ -114,6 +126,23 @@ let_go(const struct closing *c)
 		close(c->fd); /* Linux: the descriptor is gone even on EINTR */
 }
 
+/* One of t's lanes reached its mark: the last calls done and frees t.
+ * With cl->lock held. */
+static void
+then_reached(struct closer *cl, struct then *t)
+{
+	struct then **pp;
+
+	if (--t->left > 0)
+		return;
+	for (pp = &cl->thens; *pp != t; pp = &(*pp)->next)
+		;
+	*pp = t->next;
+	if (t->done != NULL)
+		t->done(t->arg);
+	free(t);
+}
+
 /* Lets go of the lane's mappings and descriptors in order until none is
  * left, then removes the lane and exits. */
 static void *
@@ -127,6 +156,10 @@ lane_run(void *arg)
 	while (l->head < l->count) {
 		struct closing c = l->q[l->head++];
 
+		if (c.mark != NULL) {
+			then_reached(cl, c.mark);
+			continue;
+		}
 		l->close_started_ms = now_ms();
 		l->closing_chosen = c.chosen;
 		pthread_mutex_unlock(&cl->lock);
@@ -162,7 +195,7 @@ lane_push(struct lane *l, const struct closing *c)
 		l->cap = cap;
 	}
 	l->q[l->count++] = *c;
-	l->pending++;
+	l->pending += c->mark == NULL;
 	l->chosen += (unsigned)c->chosen;
 	return 0;
 }
@@ -237,13 +270,57 @@ lane_queue(struct closer *cl, uid_t owner, const struct closing *c)
 void
 closer_close(struct closer *cl, uid_t owner, int fd)
 {
-	lane_queue(cl, owner, &(struct closing){ NULL, 0, fd, 1 });
+	lane_queue(cl, owner, &(struct closing){ NULL, 0, fd, 1, NULL });
 }
 
 void
 closer_unmap_close(struct closer *cl, uid_t owner, void *base, size_t size, int fd)
 {
-	lane_queue(cl, owner, &(struct closing){ base, size, fd, 0 });
+	lane_queue(cl, owner, &(struct closing){ base, size, fd, 0, NULL });
+}
+
+void
+closer_then(struct closer *cl, const uid_t *owners, size_t n, void (*done)(void *), void *arg)
+{
+	struct then *t = cl != NULL ? calloc(1, sizeof(*t)) : NULL;
+	size_t left;
+
+	if (t == NULL) {
+		done(arg);
+		return;
+	}
+	t->done = done;
+	t->arg = arg;
+	pthread_mutex_lock(&cl->lock);
+	/* A lane that is not there has let go of everything; the mark goes
+	 * behind what its thread has yet to take. */
+	for (size_t i = 0; i < n; i++) {
+		struct lane *l = lane_find(cl, owners[i]);
+
+		if (l != NULL && lane_push(l, &(struct closing){ NULL, 0, -1, 0, t }) == 0)
+			t->left++;
+	}
+	if ((left = t->left) > 0) {
+		t->next = cl->thens;
+		cl->thens = t;
+	}
+	pthread_mutex_unlock(&cl->lock); /* t is the lanes' now, if left */
+	if (left == 0) {
+		free(t);
+		done(arg);
+	}
+}
+
+void
+closer_forget(struct closer *cl, void *arg)
+{
+	if (cl == NULL)
+		return;
+	pthread_mutex_lock(&cl->lock);
+	for (struct then *t = cl->thens; t != NULL; t = t->next)
+		if (t->arg == arg)
+			t->done = NULL;
+	pthread_mutex_unlock(&cl->lock);
 }
 
 unsigned

@@ -24,9 +24,9 @@
  * close that does not finish, so the server can stop taking more from that
  * owner.
  *
- * Threads: closer_close() and closer_pending() may be called from any
- * thread; closer_stop() once, from the thread that started the closer,
- * after the last closer_close().
+ * Threads: closer_close(), closer_then() and closer_pending() may be
+ * called from any thread; closer_stop() once, from the thread that
+ * started the closer, after the last closer_close().
  */
 #ifndef WC_CLOSER_H
 #define WC_CLOSER_H
@@ -58,6 +58,23 @@ void closer_close(struct closer *cl, uid_t owner, int fd);
  * last reference may go with either. Not counted in closer_pending() or
  * closer_stuck(), which bound what the owner chose. */
 void closer_unmap_close(struct closer *cl, uid_t owner, void *base, size_t size, int fd);
+
+/*
+ * Calls done(arg) once everything queued now in each of the lanes of
+ * owners[0 .. n) has been let go (unmapped and closed): on the thread of
+ * the last of those lanes, with the closer's lock held, so done must be
+ * quick and must not call the closer (a uv_async_send() to the loop that
+ * waits for it). At once, on the caller's thread, where none of those
+ * lanes has anything queued or with a NULL closer (everything was closed
+ * at once); without waiting for a lane where no memory is to be had for
+ * its turn (what it closes goes on).
+ */
+void closer_then(struct closer *cl, const uid_t *owners, size_t n, void (*done)(void *),
+	void *arg);
+
+/* No done(arg) of closer_then()'s runs once this returns (done(arg) never
+ * runs at all where it was still to come). Accepts NULL. */
+void closer_forget(struct closer *cl, void *arg);
 
 /* Descriptors owner chose (closer_close) queued or being closed now. */
 unsigned closer_pending(struct closer *cl, uid_t owner);

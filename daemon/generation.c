@@ -258,11 +258,18 @@ gen_free_staged(struct registry *r, struct generation *g)
 	g->staged.dir = NULL;
 }
 
+/* The closer's lane of a model's files on fs (closer.h). */
+static uid_t
+files_lane(const struct fs_info *fs)
+{
+	return fs->remote ? CLOSER_DAEMON : CLOSER_LOCAL;
+}
+
 void
 gen_maybe_free(struct registry *r, struct generation *g)
 {
 	struct generation **pp;
-	uid_t lane;
+	uid_t lanes[2];
 
 	if (gen_is_live(g) || g->attached > 0 || g->warm.pending > 0 || g->ops_pending > 0 ||
 		g->served_checks > 0 || g->hold_until_ms != 0 || g->kept)
@@ -278,13 +285,13 @@ gen_maybe_free(struct registry *r, struct generation *g)
 	log_info("model \"%s\": generation %" PRIu64 " closed", g->model_name, g->number);
 	/* The index too, off the loop: a model's header decided its size (for
 	 * an artifact, the builder's). */
-	lane = g->artifact ? g->builder_uid : CLOSER_LOCAL;
-	closer_unmap_close(r->closer, lane, (void *)g->index, g->index_size, g->index_fd);
-	closer_unmap_close(r->closer, lane, NULL, 0, g->served_index_fd);
-	if (g->artifact)
-		gen_close_files_in(r, g->builder_uid, g->served_fds, &g->source);
-	else
-		gen_close_files(r, &g->fs, g->served_fds, &g->source);
+	lanes[0] = g->artifact ? g->builder_uid : CLOSER_LOCAL;
+	closer_unmap_close(r->closer, lanes[0], (void *)g->index, g->index_size, g->index_fd);
+	closer_unmap_close(r->closer, lanes[0], NULL, 0, g->served_index_fd);
+	lanes[1] = g->artifact ? g->builder_uid : files_lane(&g->fs);
+	gen_close_files_in(r, lanes[1], g->served_fds, &g->source);
+	if (r->handed_over != NULL)
+		r->handed_over(r, lanes, lanes[1] == lanes[0] ? 1 : 2);
 	gen_free_staged(r, g);
 	free(g->warm.jobs);
 	free(g->hold_conns);
@@ -576,7 +583,7 @@ void
 gen_close_files(struct registry *r, const struct fs_info *fs, int *served,
 	struct model_source *src)
 {
-	gen_close_files_in(r, fs->remote ? CLOSER_DAEMON : CLOSER_LOCAL, served, src);
+	gen_close_files_in(r, files_lane(fs), served, src);
 }
 
 struct generation *

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "closer.h"
 #include "log.h"
 #include "registry_internal.h"
 #include "stage.h"
@@ -53,6 +54,8 @@ registry_now_ms(const struct registry *r)
 
 /* ---- models ---- */
 
+static void handed_over(struct registry *r, const uid_t *owners, size_t n);
+
 /* What both initialisations share; the status page is open. */
 static int
 setup(struct registry *r)
@@ -61,6 +64,7 @@ setup(struct registry *r)
 
 	r->promoted = promoted;
 	r->pages_ended = registry_pages_ended;
+	r->handed_over = handed_over;
 	r->retired_max = REGISTRY_RETIRED_MAX;
 	r->fd_limit = getrlimit(RLIMIT_NOFILE, &rl) == 0 ? rl.rlim_cur : 0;
 	workq_init(&r->workq, r->loop, REMOTE_STALL_MS);
@@ -636,6 +640,58 @@ reload_released(struct registry *r, struct model_entry *m, int all, int closed)
 	}
 }
 
+/* The loop, woken once a closed generation's descriptors are closed and
+ * its files unmapped (handed_over): the loads refused for descriptors run
+ * again. */
+static void
+closes_through(uv_async_t *h)
+{
+	reload_released(h->data, NULL, 0, 1);
+}
+
+/* closer_then()'s done: on a lane's thread, under the closer's lock. */
+static void
+wake_closes_through(void *arg)
+{
+	struct registry *r = arg;
+
+	uv_async_send(&r->closes_async);
+}
+
+/* generation.c's handed_over hook: a closed generation's descriptors and
+ * mappings are in the closer's lanes owners[0 .. n). A load refused for
+ * descriptors waits until they are through there: before, its retry
+ * found the same descriptors open (review rev180 F1). */
+static void
+handed_over(struct registry *r, const uid_t *owners, size_t n)
+{
+	int err;
+
+	if (r->closer == NULL || r->closing || r->closes_async_state < 0)
+		return;
+	if (r->closes_async_state == 0) {
+		if ((err = uv_async_init(r->loop, &r->closes_async, closes_through)) < 0) {
+			log_warnx("closer wake-up: uv_async_init: %s; a load refused for "
+				  "descriptors runs again as a generation closes, before "
+				  "its descriptors are closed", uv_strerror(err));
+			r->closes_async_state = -1;
+			return;
+		}
+		r->closes_async.data = r;
+		r->closes_async_state = 1;
+	}
+	closer_then(r->closer, owners, n, wake_closes_through, r);
+}
+
+/* 1 where a generation that closes retries the loads refused for
+ * descriptors at once (no closer: it closed them at once; or no wake-up
+ * from its lanes); otherwise closes_through does, later. */
+static int
+retry_at_close(const struct registry *r)
+{
+	return r->closer == NULL || r->closes_async_state < 0;
+}
+
 void
 registry_release(struct registry *r, struct generation *g)
 {
@@ -644,7 +700,7 @@ registry_release(struct registry *r, struct generation *g)
 
 	gen_unref(r, g);
 	/* One that waited for a release; one that waited for descriptors. */
-	reload_released(r, m, 0, open_generations(r) < open);
+	reload_released(r, m, 0, retry_at_close(r) && open_generations(r) < open);
 }
 
 const struct model_entry *
@@ -760,6 +816,12 @@ registry_close(struct registry *r)
 		g->hold_until_ms = 0;
 		gen_maybe_free(r, g);
 	}
+	/* What still closes in the closer's lanes calls nothing back. */
+	if (r->closes_async_state > 0) {
+		closer_forget(r->closer, r);
+		uv_close((uv_handle_t *)&r->closes_async, NULL);
+		r->closes_async_state = -1;
+	}
 	statuspage_close(&r->page);
 	registry_refusals_prune(r, keep_none, NULL);
 	free(r->stage_dir);
@@ -824,5 +886,5 @@ registry_collect(struct registry *r)
 	}
 	/* A reload that waited for a retired generation to close (one closes
 	 * here, or its hold or page work ended since), or for descriptors. */
-	reload_released(r, NULL, 1, open_generations(r) < open);
+	reload_released(r, NULL, 1, retry_at_close(r) && open_generations(r) < open);
 }

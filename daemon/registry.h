@@ -96,7 +96,8 @@ struct model_entry {
 				       waits for a release: run it after */
 	/* Its newest load was refused for descriptors (its own reach into
 	 * the reserve): loaded again, as a watched reload, once a generation
-	 * closes (registry_reload_held's RELOAD_CLOSED). */
+	 * closes, its descriptors closed and its files unmapped in the
+	 * closer's lanes (registry_reload_held's RELOAD_CLOSED). */
 	int room_wait;
 	char *error;                /* last load error, NULL if none */
 	uint64_t attach_count;      /* successful attaches */
@@ -190,6 +191,15 @@ struct registry {
 	/* Closes model files on remote filesystems off the loop (closer.h);
 	 * NULL: close() at once (unit tests). */
 	struct closer *closer;
+	/* With a closer: woken from its lanes (closer_then) once a closed
+	 * generation's descriptors are closed and its files unmapped, when
+	 * the loads refused for descriptors run again (room_wait); made at
+	 * the first generation handed over, closed by registry_close.
+	 * closes_async_state: 0 not made yet, 1 open, -1 closed or could
+	 * not be made (then they run again when a generation is handed
+	 * over). */
+	uv_async_t closes_async;
+	int closes_async_state;
 	/* The status page workers read (statuspage.h). */
 	struct statuspage page;
 	/* The manager's file descriptor store (restore.h): 1 when wcached
@@ -233,6 +243,9 @@ struct registry {
 	/* ... and page work of g ended (a page operation, pages.h, or its
 	 * last warm-up job), once g's state reflects it. */
 	void (*pages_ended)(struct registry *, struct generation *);
+	/* ... and a closed generation's files and index went to the lanes
+	 * owners[0 .. n) of the closer (gen_maybe_free). */
+	void (*handed_over)(struct registry *, const uid_t *owners, size_t n);
 	/* Derived artifacts (derive.h) count against the memory budget: their
 	 * bytes, kept up to date by derive.c, and its hook that drops those
 	 * nobody holds, least recently used first, until at least want bytes

@@ -95,6 +95,18 @@ du_model(struct du *t, const char *name, size_t floats)
 	return path;
 }
 
+void
+du_fill_below(int *fill, int *n, int below)
+{
+	int fd;
+
+	*n = 0;
+	while ((fd = fcntl(0, F_DUPFD_CLOEXEC, 0)) >= 0 && fd < below)
+		fill[(*n)++] = fd;
+	assert_int_equal(fd, below);
+	close(fd);
+}
+
 static void
 on_deadline(uv_timer_t *timer)
 {

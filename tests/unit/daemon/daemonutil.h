@@ -51,6 +51,12 @@ int du_free(void **state);
  * t->dir/name; returns the malloc'd path. */
 char *du_model(struct du *t, const char *name, size_t floats);
 
+/* Takes every free descriptor below below into fill (their count in *n),
+ * asserting that below itself is free: with the registry's fd_limit 400,
+ * a one-file model's load from 333 on then reaches into the 64 descriptors
+ * wcached keeps free for its clients. */
+void du_fill_below(int *fill, int *n, int below);
+
 /* Runs the loop until cond(arg) is true; fails the test after 20 s. */
 void du_run_until(struct du *t, bool (*cond)(struct du *t, void *arg), void *arg);
 

@@ -5,14 +5,24 @@
  * does not read) holds up its own lane only, and closer_stuck() sees it; a
  * mapping handed over with its descriptor is unmapped in the lane, in
  * order, not by the caller, and does not count against the lane's owner,
- * nor makes its lane stuck when it is slow; a NULL closer closes at once.
+ * nor makes its lane stuck when it is slow; a NULL closer closes at once;
+ * closer_then() calls back once the lanes it names are through.
+ *
+ * With the registry (daemonutil.c's loop, registry and model files): a
+ * load refused for descriptors runs again once a closed generation's
+ * descriptors are closed in their lane, not when the generation is handed
+ * to the closer (review rev180 F1), and nothing calls the registry back
+ * once it is closed. munmap is wrapped (tests/CMakeLists.txt) to hold a
+ * lane at a gate: the unmap of one mapping waits until the test opens it.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -24,7 +34,72 @@
 #include <cmocka.h>
 
 #include "closer.h"
+#include "daemonutil.h"
+#include "registry.h"
 #include "testutil.h"
+
+/* ---- the gate: munmap(gated) waits while it is shut ---- */
+
+int __real_munmap(void *addr, size_t len);
+int __wrap_munmap(void *addr, size_t len);
+
+static pthread_mutex_t gate_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_cond = PTHREAD_COND_INITIALIZER;
+static void *gated;
+static int gate_shut, gate_waiting;
+
+int
+__wrap_munmap(void *addr, size_t len)
+{
+	pthread_mutex_lock(&gate_lock);
+	if (gate_shut && addr == gated) {
+		gate_waiting = 1;
+		pthread_cond_broadcast(&gate_cond);
+		while (gate_shut)
+			pthread_cond_wait(&gate_cond, &gate_lock);
+	}
+	pthread_mutex_unlock(&gate_lock);
+	return __real_munmap(addr, len);
+}
+
+/* Shuts the gate in front of the unmap of addr. */
+static void
+gate_shut_at(const void *addr)
+{
+	pthread_mutex_lock(&gate_lock);
+	gated = (void *)addr;
+	gate_shut = 1;
+	gate_waiting = 0;
+	pthread_mutex_unlock(&gate_lock);
+}
+
+/* 1 once an unmap waits at the gate, within ms. */
+static int
+gate_reached_within(int ms)
+{
+	double end = tu_now() + ms / 1000.0;
+	int reached;
+
+	pthread_mutex_lock(&gate_lock);
+	while (!gate_waiting && tu_now() < end) {
+		pthread_mutex_unlock(&gate_lock);
+		usleep(1000);
+		pthread_mutex_lock(&gate_lock);
+	}
+	reached = gate_waiting;
+	pthread_mutex_unlock(&gate_lock);
+	return reached;
+}
+
+static void
+gate_open(void)
+{
+	pthread_mutex_lock(&gate_lock);
+	gate_shut = 0;
+	gated = NULL;
+	pthread_cond_broadcast(&gate_cond);
+	pthread_mutex_unlock(&gate_lock);
+}
 
 /* Waits up to ms for the read end of a pipe to see end of file (its
  * write end closed everywhere); 1 when it did. */
@@ -253,6 +328,190 @@ test_null_closer_closes_at_once(void **state)
 	closer_stop(NULL, 0);
 }
 
+static void
+count_call(void *arg)
+{
+	atomic_fetch_add((atomic_int *)arg, 1);
+}
+
+/* Waits up to ms for *calls to reach want. */
+static int
+calls_within(atomic_int *calls, int want, int ms)
+{
+	double end = tu_now() + ms / 1000.0;
+
+	while (atomic_load(calls) < want) {
+		if (tu_now() > end)
+			return 0;
+		usleep(1000);
+	}
+	return 1;
+}
+
+/* closer_then() calls back once every lane it names is through what was
+ * queued in it before, not before: lane 1 held at the gate, lane 2 with a
+ * mapping, lane 3 with nothing; closer_forget() keeps a call that was to
+ * come from running; with a NULL closer or no lane to wait for, at once. */
+static void
+test_then_waits_for_every_lane_it_names(void **state)
+{
+	static atomic_int calls;
+	const uid_t owners[3] = { 1, 2, 3 };
+	struct closer *cl;
+	void *a, *b;
+
+	(void)state;
+	assert_int_equal(closer_start(&cl), 0);
+	a = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	b = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	assert_true(a != MAP_FAILED && b != MAP_FAILED);
+	gate_shut_at(a);
+	closer_unmap_close(cl, 1, a, 4096, -1);
+	closer_unmap_close(cl, 2, b, 4096, -1);
+	closer_then(cl, owners, 3, count_call, &calls);
+	assert_true(gate_reached_within(5000));
+	/* Lane 2 through, lane 1's unmap the one left; then a while. */
+	for (int i = 0; i < 1000 && closer_total(cl) > 1; i++)
+		usleep(1000);
+	assert_int_equal(closer_total(cl), 1);
+	usleep(20000);
+	assert_int_equal(atomic_load(&calls), 0);
+	gate_open();
+	assert_true(calls_within(&calls, 1, 5000));
+	assert_true(all_drained_within(cl, 1000));
+
+	/* Forgotten: never called. */
+	a = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	assert_true(a != MAP_FAILED);
+	gate_shut_at(a);
+	closer_unmap_close(cl, 1, a, 4096, -1);
+	closer_then(cl, owners, 1, count_call, &calls);
+	assert_true(gate_reached_within(5000));
+	closer_forget(cl, &calls);
+	gate_open();
+	assert_true(all_drained_within(cl, 1000));
+	closer_stop(cl, 1000); /* every lane's thread has ended */
+	assert_int_equal(atomic_load(&calls), 1);
+
+	/* Nothing to wait for. */
+	assert_int_equal(closer_start(&cl), 0);
+	closer_then(cl, owners, 3, count_call, &calls);
+	assert_int_equal(atomic_load(&calls), 2);
+	closer_stop(cl, 1000);
+	closer_then(NULL, owners, 3, count_call, &calls);
+	assert_int_equal(atomic_load(&calls), 3);
+}
+
+/* ---- with the registry ---- */
+
+static const struct registry_peer root_peer = { .pid = 1, .uid = 0, .gid = 0 };
+
+static bool
+served(struct du *t, void *arg)
+{
+	struct model_entry *m = registry_find(&t->reg, arg);
+
+	return m != NULL && m->current != NULL && m->loading == 0;
+}
+
+/* A registry t with the closer cl, serving "a" at generation 2 while its
+ * generation 1 stays attached (*att); the files' paths in paths[2]. */
+static struct du *
+registry_with_retired(struct closer **cl, struct registry_attachment *att, char **paths)
+{
+	struct du *t = du_new(false);
+	char *next, msg[64];
+
+	assert_int_equal(closer_start(cl), 0);
+	t->reg.closer = *cl;
+	paths[0] = du_model(t, "a.safetensors", 1024);
+	paths[1] = du_model(t, "m.safetensors", 1024);
+	next = du_model(t, "next.safetensors", 2048);
+	assert_int_equal(du_load(t, "a", paths[0], PIN_NONE, 0), 0);
+	assert_int_equal(registry_attach(&t->reg, "a", &root_peer, att, msg, sizeof(msg)), 0);
+	assert_int_equal(rename(next, paths[0]), 0);
+	assert_int_equal(du_reload(t, "a"), 0);
+	assert_int_equal(du_current(t, "a")->number, 2);
+	free(next);
+	return t;
+}
+
+/*
+ * Review rev180 F1: a load refused for descriptors (room_wait) ran again
+ * the moment a generation was handed to the closer, before its lane had
+ * closed one of its descriptors; with a slow unmap or close (a large
+ * model, NFS, FUSE) the retry was refused again and waited for yet
+ * another generation to close. The filler stays; the lane is held at the
+ * unmap of generation 1's index (its first close): nothing retries m
+ * until the lane is through, and then m loads.
+ */
+static void
+test_a_load_refused_for_descriptors_waits_for_the_closer(void **state)
+{
+	struct registry_attachment att;
+	struct model_entry *m;
+	struct closer *cl;
+	char *paths[2];
+	struct du *t = registry_with_retired(&cl, &att, paths);
+	int fill[400], n;
+
+	(void)state;
+	t->reg.fd_limit = 400;
+	du_fill_below(fill, &n, 333);
+	assert_int_equal(du_load(t, "m", paths[1], PIN_NONE, 0), -EMFILE);
+	m = registry_find(&t->reg, "m");
+	assert_true(m->room_wait);
+	assert_int_equal(m->load_errors, 1);
+
+	gate_shut_at(att.gen->index);
+	registry_release(&t->reg, att.gen);
+	assert_true(gate_reached_within(5000));
+	assert_int_equal(m->loading, 0);
+	for (int i = 0; i < 20; i++) {
+		uv_run(&t->loop, UV_RUN_NOWAIT);
+		usleep(5000);
+	}
+	assert_int_equal(m->loading, 0);
+	assert_int_equal(m->load_errors, 1);
+	assert_true(m->room_wait);
+
+	gate_open();
+	du_run_until(t, served, "m");
+	assert_int_equal(du_current(t, "m")->number, 1);
+	assert_null(m->error);
+	assert_int_equal(m->load_errors, 1);
+	while (n > 0)
+		close(fill[--n]);
+	du_teardown(t);
+	free(t);
+	closer_stop(cl, 1000);
+	free(paths[0]);
+	free(paths[1]);
+}
+
+/* A generation still closing in its lane when the registry closes: the
+ * lane's end calls nothing back (the registry's loop is closed by then; a
+ * call would wake it through a closed handle). */
+static void
+test_nothing_calls_back_after_the_registry_closes(void **state)
+{
+	struct registry_attachment att;
+	struct closer *cl;
+	char *paths[2];
+	struct du *t = registry_with_retired(&cl, &att, paths);
+
+	(void)state;
+	gate_shut_at(att.gen->index);
+	registry_release(&t->reg, att.gen);
+	assert_true(gate_reached_within(5000));
+	du_teardown(t);
+	gate_open();
+	closer_stop(cl, 1000);
+	free(t);
+	free(paths[0]);
+	free(paths[1]);
+}
+
 int
 main(void)
 {
@@ -262,6 +521,9 @@ main(void)
 		cmocka_unit_test(test_a_mapping_goes_in_its_lane_in_order),
 		cmocka_unit_test(test_the_daemons_slow_close_is_not_the_owners),
 		cmocka_unit_test(test_null_closer_closes_at_once),
+		cmocka_unit_test(test_then_waits_for_every_lane_it_names),
+		cmocka_unit_test(test_a_load_refused_for_descriptors_waits_for_the_closer),
+		cmocka_unit_test(test_nothing_calls_back_after_the_registry_closes),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
