@@ -70,16 +70,25 @@ int __wrap_getsockopt(int fd, int level, int name, void *value, socklen_t *len);
 /* The option __wrap_getsockopt fails once, with ENOMEM; 0: none. */
 static int fail_sockopt;
 
-/* getsockopt, failing once for the option fail_sockopt. */
+/* While not (uid_t)-1, the uid SO_PEERCRED says every peer has. */
+static uid_t peer_uid = (uid_t)-1;
+
+/* getsockopt, failing once for the option fail_sockopt; SO_PEERCRED with
+ * peer_uid's uid. */
 int
 __wrap_getsockopt(int fd, int level, int name, void *value, socklen_t *len)
 {
+	int r;
+
 	if (fail_sockopt != 0 && level == SOL_SOCKET && name == fail_sockopt) {
 		fail_sockopt = 0;
 		errno = ENOMEM;
 		return -1;
 	}
-	return __real_getsockopt(fd, level, name, value, len);
+	r = __real_getsockopt(fd, level, name, value, len);
+	if (r == 0 && level == SOL_SOCKET && name == SO_PEERCRED && peer_uid != (uid_t)-1)
+		((struct ucred *)value)->uid = peer_uid;
+	return r;
 }
 
 /* ---- control_split --------------------------------------------------------- */
@@ -917,6 +926,92 @@ one_place_stays_for_status(void **state)
 	}
 }
 
+/* c answers a status. */
+static void
+expect_status(struct fixture *f, struct client *c)
+{
+	send_text(c, "status\n");
+	expect_reply_has(f, c, "{\"ok\":true,");
+}
+
+/* A connection of uid (SO_PEERCRED says so), accepted and, with command,
+ * its reply read; with "reload" it stays in flight (kept by the fake). */
+static struct client *
+client_of(struct fixture *f, uid_t uid, const char *command)
+{
+	int before = f->reload_calls;
+	struct client *c;
+
+	peer_uid = uid;
+	c = client(f);
+	if (strcmp(command, "reload") == 0) {
+		send_text(c, "reload\n");
+		want_calls = before + 1;
+		run_until(f, reloads_reached);
+	} else {
+		expect_status(f, c);
+	}
+	peer_uid = (uid_t)-1;
+	return c;
+}
+
+/*
+ * At the limit of all control connections (64: four uids, each with 15
+ * requests in flight and one idle), a newcomer whose uid is at its own
+ * limit pushes out that uid's idle connection and is let in: nobody loses a
+ * connection to a newcomer refused after all (review rev181: make_room's
+ * uid check runs before the global one). One of a fifth uid pushes out an
+ * idle connection of another uid and is let in too.
+ */
+static void
+the_global_limit_evicts_only_for_a_newcomer_let_in(void **state)
+{
+	struct fixture *f = *state;
+	enum { UIDS = CONTROL_MAX_CONNECTIONS / CONTROL_MAX_PER_UID };
+	struct client *busy[UIDS][CONTROL_MAX_PER_UID - 1], *idle[UIDS], *mine, *other;
+	int n = CONTROL_MAX_PER_UID - 1;
+	uid_t base = 70000;
+
+	_Static_assert(UIDS * (CONTROL_MAX_PER_UID - 1) <= KEPT_MAX, "reloads kept");
+	f->ctx.has_group = true; /* uids other than ours, in our group */
+	f->ctx.group = getegid();
+	f->reload_mode = 2;
+	for (int u = 0; u < UIDS; u++) {
+		for (int i = 0; i < n; i++)
+			busy[u][i] = client_of(f, base + (uid_t)u, "reload");
+		idle[u] = client_of(f, base + (uid_t)u, "status");
+	}
+	/* The first uid again: its idle connection makes room, and only it. */
+	mine = client_of(f, base, "status");
+	expect_reply_has(f, idle[0], "closed: too many control connections from this uid");
+	assert_null(reply(f, idle[0]));
+	/* Nobody else's went (each answers, in the order they came, the
+	 * first now idle the longest). */
+	for (int u = 1; u < UIDS; u++)
+		expect_status(f, idle[u]);
+	expect_status(f, mine);
+	/* A fifth uid: the connection idle the longest, of another uid, makes
+	 * room; the others stay. */
+	other = client_of(f, base + UIDS, "status");
+	expect_reply_has(f, idle[1], "closed: too many control connections and this one was idle");
+	assert_null(reply(f, idle[1]));
+	for (int u = 2; u < UIDS; u++)
+		expect_status(f, idle[u]);
+	expect_status(f, mine);
+	client_close(mine);
+	client_close(other);
+	for (int u = 0; u < UIDS; u++) {
+		client_close(idle[u]);
+		for (int i = 0; i < n; i++) {
+			int k = u * n + i;
+
+			f->kept_dones[k](0, "configuration reloaded", 0, f->kept_args[k]);
+			expect_reply_has(f, busy[u][i], "configuration reloaded");
+			client_close(busy[u][i]);
+		}
+	}
+}
+
 /*
  * Connections that arrive with no memory for them are accepted and closed,
  * all of them, and the socket goes on. Two in one go: the second found the
@@ -1000,6 +1095,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(departed_clients_give_their_places_back, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(one_place_stays_for_status, setup, teardown),
+		cmocka_unit_test_setup_teardown(the_global_limit_evicts_only_for_a_newcomer_let_in,
+			setup, teardown),
 		cmocka_unit_test_setup_teardown(connections_without_memory_are_dropped, setup,
 			teardown),
 	};
