@@ -696,6 +696,40 @@ same_inodes(const struct generation *g, const struct model_source *s)
 	return 1;
 }
 
+/*
+ * Is q the operator's reload of m's current generation, modified in place
+ * (generation.c), whose files (same_files) kept the size and mtime they had
+ * when opened? Only their ctime moved then: a chmod or chown (even one that
+ * changes nothing), or a write whose writer put the mtime back, which
+ * wcached cannot tell apart. At the operator's word they are loaded again,
+ * validated anew, as a new generation (logged), rather than only after a
+ * rewrite and rename of every file (review rev181 F12). A write that moved
+ * a size or mtime stays refused (rename(2) is the way), and a watched
+ * reload never does this: that the files changed is all wcached saw.
+ */
+static int
+reloads_modified(const struct model_entry *m, const struct load_request *q)
+{
+	const struct generation *g = m->current;
+
+	/* (A staged generation's source written since its copy is not
+	 * same_files: it is staged again, below.) */
+	if (q->reload != RELOAD_OPERATOR || g->state != GEN_MODIFIED || g->origin != NULL)
+		return 0;
+	for (size_t i = 0; i < q->source.nfiles; i++) {
+		const struct stat *a = &g->source.files[i].st, *b = &q->source.files[i].st;
+
+		if (a->st_size != b->st_size || a->st_mtim.tv_sec != b->st_mtim.tv_sec ||
+			a->st_mtim.tv_nsec != b->st_mtim.tv_nsec)
+			return 0;
+	}
+	log_info("model \"%s\": generation %" PRIu64 " was modified in place, its files' "
+		 "sizes and mtimes unchanged (a chmod or chown moves only the ctime); the "
+		 "operator's reload loads its files again, validated anew, as a new generation",
+		m->name, g->number);
+	return 1;
+}
+
 /* Does m's load q copy its files to stage_dir first (stage = yes, or auto
  * on a remote filesystem)? Loop thread, once the source is validated. */
 static int
@@ -1116,11 +1150,12 @@ load_after(struct workq_job *w, int status)
 			q->done(0, "already warming as the next generation", m->pending->number,
 				q->arg);
 	} else if (q->reload != RELOAD_NONE && same_files(m, m->current, q) &&
-		m->current->state != GEN_FAILED) {
+		m->current->state != GEN_FAILED && !reloads_modified(m, q)) {
 		/* (A generation that failed while warming serves nothing: its
-		 * files are loaded again, a new generation, below.) A
-		 * watched reload whose tree was refused changes nothing:
-		 * the generation keeps the tree it had. */
+		 * files are loaded again, a new generation, below; so are a
+		 * modified one's at the operator's word.) A watched reload
+		 * whose tree was refused changes nothing: the generation
+		 * keeps the tree it had. */
 		if (q->tree_status == 0)
 			take_resolved(m->current, q);
 		if (q->done != NULL && m->current->state == GEN_MODIFIED)

@@ -6,7 +6,7 @@ import os
 import subprocess
 
 from conftest import Daemon, binary, fd_count, mkmodel, settled_fd_count, wait_until
-from ctlutil import model_entry
+from ctlutil import ctl, model_entry
 from test_warm_restart import write_shards
 
 LAYERS = dict(layers=2, hidden=64, ffn=128, vocab=64)
@@ -102,6 +102,30 @@ def test_in_place_write_is_refused(tmp_path):
             f.seek(os.path.getsize(path) - 10)
             f.write(b"0123456789")
         wait_until(lambda: d.attach("m").returncode != 0, what="attach refused")
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_chmod_of_a_served_file_is_mended_by_the_operators_reload(tmp_path):
+    """A chmod (even one that changes nothing) moves the file's ctime, which
+    wcached cannot tell from a write whose writer put the mtime back: the
+    generation is marked modified and refused. `wcachectl reload NAME` loads
+    the same files again, validated, as a new generation: no rewrite and
+    rename of every file is needed to serve the model again (review rev181
+    F12). A watched reload of the same files does not (the owner's own change
+    is not taken as the operator's word)."""
+    path = mkmodel(tmp_path / "m.safetensors", seed=1, **LAYERS)
+    d = Daemon(tmp_path, {"m": path}).start()
+    try:
+        assert generation(d) == 1
+        os.chmod(path, os.stat(path).st_mode & 0o7777)  # the same mode
+        wait_until(lambda: d.attach("m").returncode != 0, what="attach refused")
+        assert "modified in place" in d.attach("m").stderr
+        d.wait_for_log(r'model "m": .* of generation 1 was modified in place')
+        r = ctl(d, "reload", "m")
+        assert r.returncode == 0, r.stdout + r.stderr
+        wait_until(lambda: generation(d) == 2, what="generation 2 after the operator's reload")
+        assert "loads its files again" in d.read_log(), d.read_log()[-2000:]
     finally:
         assert d.stop() == 0, d.read_log()
 

@@ -416,9 +416,22 @@ test_reload(void **state)
 	assert_int_equal(m->current->number, 2);
 	assert_int_equal(m->swap_count, 1);
 	assert_int_equal(du_generations(t), 1);
-	/* Modified in place: the reload refuses to serve the same inode. */
+	/* Modified in place with its size and mtime as they were (a chmod):
+	 * the operator's reload serves the same inode again, a new
+	 * generation (review rev181 F12)... */
+	registry_mark_modified(&t->reg, m->current, path);
+	assert_int_equal(du_reload(t, "m"), 0);
+	assert_int_equal(t->generation, 3);
+	assert_int_equal(m->current->state, GEN_READY);
+	/* ... but one whose mtime moved (written) is refused: rename(2). */
+	{
+		struct timespec times[2] = { { 0, UTIME_OMIT }, { 1, 0 } };
+
+		assert_int_equal(utimensat(AT_FDCWD, path, times, 0), 0);
+	}
 	registry_mark_modified(&t->reg, m->current, path);
 	assert_int_equal(du_reload(t, "m"), -ESTALE);
+	assert_int_equal(m->current->number, 3);
 	assert_int_equal(registry_reload(&t->reg, "none", NULL, NULL), -ENOENT);
 	free(next);
 	free(path);
