@@ -753,7 +753,7 @@ entry_free(struct registry *r, struct model_entry *m)
 	free(m->path);
 	free(m->error);
 	free(m->operator_tree.root);
-	free(m->operator_tree.alt);
+	free(m->operator_tree.place);
 	access_clear(&m->access);
 	access_clear(&m->builders);
 	free(m);

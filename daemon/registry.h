@@ -150,10 +150,12 @@ struct model_entry {
 	 * path resolved: its tree root and the root's owner (gen_tree_root).
 	 * When only the directory D holding it did (the path did not exist):
 	 * the tree root the path would have as a directory in D, D's owner,
-	 * and (alt) D's own tree, a model that is one file in D. */
+	 * and (place) the place the path names (empty and "." names dropped,
+	 * a link that points nowhere yet followed), where its files may
+	 * appear (registry_load.c's same_tree says which trees are taken). */
 	struct {
 		char *root;
-		char *alt;
+		char *place;
 		uid_t uid;
 	} operator_tree;
 	struct model_entry *next;

@@ -55,7 +55,7 @@ struct load_request {
 	 * or, for a model whose newest generation records neither (it has
 	 * none), the tree its operator's last load found (model_entry's
 	 * operator_tree), and the place its path named when that load found
-	 * nothing there (keep_place, operator_tree's alt). All NULL for an
+	 * nothing there (keep_place, operator_tree's place). All NULL for an
 	 * operator's load or reload, which resolves anew, and for a watched
 	 * one when nothing is known: that one is refused (same_tree). */
 	char *keep_root;
@@ -807,9 +807,9 @@ take_operator_tree(struct model_entry *m, struct load_request *q, const char *pa
 		return;
 	q->found_taken = 1;
 	free(m->operator_tree.root);
-	free(m->operator_tree.alt);
+	free(m->operator_tree.place);
 	m->operator_tree.root = q->found_root;
-	m->operator_tree.alt = q->found_place;
+	m->operator_tree.place = q->found_place;
 	m->operator_tree.uid = q->found_uid;
 	q->found_root = NULL;
 	q->found_place = NULL;
@@ -1261,8 +1261,8 @@ keep_tree(struct load_request *q, const struct model_entry *m)
 		return 0;
 	q->keep_uid = m->operator_tree.uid;
 	if ((q->keep_root = strdup(m->operator_tree.root)) == NULL ||
-		(m->operator_tree.alt != NULL &&
-			(q->keep_place = strdup(m->operator_tree.alt)) == NULL))
+		(m->operator_tree.place != NULL &&
+			(q->keep_place = strdup(m->operator_tree.place)) == NULL))
 		return -ENOMEM;
 	return 0;
 }
