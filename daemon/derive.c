@@ -24,6 +24,12 @@ derive_now_ms(const struct derive_table *t)
 	return registry_now_ms(t->r);
 }
 
+uint64_t
+derive_weight(const struct generation *g)
+{
+	return g->bytes + g->index_size;
+}
+
 /* The model entry an artifact or build was made for, if still there. */
 struct model_entry *
 derive_entry_of(struct derive_table *t, const char *name, uint64_t entry_id)
@@ -320,7 +326,7 @@ drop(struct derive_table *t, struct derived *a, const char *why)
 			*pp = a->next;
 			break;
 		}
-	t->r->derived_bytes -= g->bytes;
+	t->r->derived_bytes -= derive_weight(g);
 	t->stats.dropped++;
 	log_info("model \"%s\": derived \"%s\" of generation %" PRIu64 " dropped (%s)",
 		a->model_name, a->key, a->source, why);
@@ -369,7 +375,7 @@ drop_unheld(struct registry *r, uint64_t want)
 				lru = a;
 		if (lru == NULL)
 			break;
-		dropped += lru->gen->bytes;
+		dropped += derive_weight(lru->gen);
 		drop(t, lru, "memory_budget: nobody held it");
 	}
 	return dropped;
@@ -761,7 +767,7 @@ derive_adopt(struct derive_table *t, struct model_entry *m, const struct derive_
 	a->next = t->artifacts;
 	t->artifacts = a;
 	s->gen->kept = 1;
-	t->r->derived_bytes += s->gen->bytes;
+	t->r->derived_bytes += derive_weight(s->gen);
 	log_info("model \"%s\": derived \"%s\" of generation %" PRIu64 " taken back from the "
 		 "store (%" PRIu64 " bytes)", m->name, a->key, a->source, s->gen->bytes);
 	return 0;

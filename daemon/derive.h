@@ -83,6 +83,17 @@ int derive_memfd_whole(const struct stat *st, char *why, size_t why_size);
  * take every place of a model (by building, or by holding what it built). */
 #define DERIVE_MAX_PER_BUILDER 16u
 
+/* What one publication may cost wcached beyond its memfd: the head its
+ * check reads and parses (a safetensors header, a WEIG file's tables) and
+ * the compiled index wcached keeps for it, each at most this many bytes
+ * (16 MiB: some 150,000 tensors of llama-like names). The check of a larger
+ * one is refused before it parses (head) or before its index is sealed
+ * (index), so a check's memory is a few times this at most, and at most
+ * DERIVE_CHECKS_AT_ONCE run. The index's bytes count with the artifact's in
+ * derived_bytes, against memory_budget and the bound of one artifact. */
+#define DERIVE_MAX_HEAD (16u << 20)
+#define DERIVE_MAX_INDEX (16u << 20)
+
 /* Lines of the log a builder's requests cause (a build started, handed on,
  * failed or abandoned, a publication and its check) per builder uid per
  * minute (lograte.h); the rest are counted in the next line logged. A

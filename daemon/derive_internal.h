@@ -66,6 +66,9 @@ struct derive_build {
 
 /* derive.c */
 uint64_t derive_now_ms(const struct derive_table *t);
+/* What artifact g weighs in derived_bytes (and so in memory_budget): its
+ * memfd and the compiled index wcached keeps for it. */
+uint64_t derive_weight(const struct generation *g);
 /* The model entry an artifact or build was made for, if still there. */
 struct model_entry *derive_entry_of(struct derive_table *t, const char *name, uint64_t entry_id);
 /* Whether a line a builder of uid caused may be logged now

@@ -15,9 +15,11 @@
  * some other way while its check runs (wcached stopping) cancels it, and the
  * result is dropped when the check ends.
  */
+#include <byteswap.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,10 +31,13 @@
 #include "base/path.h"
 #include "closer.h"
 #include "derive_internal.h"
+#include "format/safetensors.h"
 #include "format/source.h"
+#include "format/weig.h"
 #include "generation.h"
 #include "log.h"
 #include "memlimit.h"
+#include "proto/le.h"
 #include "workq.h"
 
 /*
@@ -141,6 +146,75 @@ derive_memfd_whole(const struct stat *st, char *why, size_t why_size)
 	return 0;
 }
 
+/* Whether bytes (the memfd, and what follows in words: "" or the index too)
+ * is more than memory_budget or, without one, the memory limit in force
+ * (RAM, or wcached's cgroup's when smaller: it also bounds the artifact's
+ * mapping in wcached's address space): -EFBIG with c->why, else 0. */
+static int
+over_bound(struct derive_check *c, uint64_t bytes, const char *what)
+{
+	if (c->budget != 0 && bytes > c->budget)
+		snprintf(c->why, sizeof(c->why), "%" PRIu64 " MiB%s is more than memory_budget (%"
+			 PRIu64 " MiB)", bytes >> 20, what, c->budget >> 20);
+	else if (c->budget == 0 && c->limit != 0 && bytes > c->limit)
+		snprintf(c->why, sizeof(c->why), "%" PRIu64 " MiB%s is more than the memory limit "
+			 "in force (%" PRIu64 " MiB, %s), the most an artifact may be without a "
+			 "memory_budget", bytes >> 20, what, c->limit >> 20, c->limit_source);
+	else
+		return 0;
+	return c->err = -EFBIG;
+}
+
+/* The head fd's reader would read and parse (the safetensors header, or a
+ * WEIG file's tables), from its first bytes, before anything is parsed:
+ * -EFBIG with c->why past DERIVE_MAX_HEAD, else 0 (a head the reader
+ * finds implausible is its to explain). */
+static int
+check_head(struct derive_check *c, int fd, uint64_t size)
+{
+	uint8_t prefix[WEIG_HEADER_SIZE];
+	const struct format_reader *rd = &st_reader;
+	uint64_t head;
+	ssize_t n;
+
+	while ((n = pread(fd, prefix, sizeof(prefix), 0)) < 0 && errno == EINTR)
+		;
+	if (n < 4)
+		return 0;
+	if (get_le32(prefix) == WEIG_MAGIC || get_le32(prefix) == bswap_32(WEIG_MAGIC))
+		rd = &weig_reader; /* its head_len reads either byte order */
+	head = rd->head_len(prefix, (size_t)n, size);
+	if (head <= DERIVE_MAX_HEAD)
+		return 0;
+	snprintf(c->why, sizeof(c->why), "its header is %.1f MiB, more than the %u MiB a "
+		 "derived artifact's header may be (its tensors and metadata are indexed in "
+		 "wcached's memory)", (double)head / 1048576.0, DERIVE_MAX_HEAD >> 20);
+	return c->err = -EFBIG;
+}
+
+/* The compiled index c made, past DERIVE_MAX_INDEX: -EFBIG with c->why;
+ * with the memfd's size, past the bound of one artifact (over_bound);
+ * else 0. */
+static int
+check_index(struct derive_check *c, uint64_t size)
+{
+	uint64_t len = c->src.index_len, tensors = 0;
+	char what[96];
+
+	if (len >= INDEX_HEADER_SIZE)
+		tensors = get_le64(c->src.index + offsetof(struct index_header, tensor_count));
+	if (len > DERIVE_MAX_INDEX) {
+		snprintf(c->why, sizeof(c->why), "its compiled index (%" PRIu64 " tensors) would "
+			 "be %.1f MiB of wcached's memory, more than the %u MiB one derived "
+			 "artifact's index may be", tensors, (double)len / 1048576.0,
+			DERIVE_MAX_INDEX >> 20);
+		return c->err = -EFBIG;
+	}
+	snprintf(what, sizeof(what), " (%" PRIu64 " MiB of memfd and %" PRIu64 " KiB of "
+		 "compiled index)", size >> 20, len >> 10);
+	return over_bound(c, size + len, what);
+}
+
 /* Work queue thread: seals the memfd for good, reopens it read-only (the
  * received descriptor is the builder's open file description, its offset
  * and flags the builder's to change: wcached keeps one of its own, as for
@@ -174,23 +248,9 @@ check_run(struct workq_job *job)
 		snprintf(c->why, sizeof(c->why), "the memfd is empty");
 		return;
 	}
-	if (c->budget != 0 && (uint64_t)st.st_size > c->budget) {
-		c->err = -EFBIG;
-		snprintf(c->why, sizeof(c->why), "%" PRIu64 " MiB is more than memory_budget (%"
-			 PRIu64 " MiB)", (uint64_t)st.st_size >> 20, c->budget >> 20);
+	/* The memfd alone first (its index is counted once compiled). */
+	if (over_bound(c, (uint64_t)st.st_size, "") < 0)
 		return;
-	}
-	/* With no budget, the memory limit in force (RAM, or wcached's
-	 * cgroup's when smaller) bounds an artifact (and its mapping in
-	 * wcached's address space). */
-	if (c->budget == 0 && c->limit != 0 && (uint64_t)st.st_size > c->limit) {
-		c->err = -EFBIG;
-		snprintf(c->why, sizeof(c->why), "%" PRIu64 " MiB is more than the memory limit in "
-			 "force (%" PRIu64 " MiB, %s), the most an artifact may be without a "
-			 "memory_budget", (uint64_t)st.st_size >> 20, c->limit >> 20,
-			c->limit_source);
-		return;
-	}
 	/* Every page must have memory behind it, paid for by the builder; the
 	 * seals forbid punching holes from here on. */
 	if ((c->err = derive_memfd_whole(&st, c->why, sizeof(c->why))) < 0) {
@@ -200,6 +260,8 @@ check_run(struct workq_job *job)
 			 "before publishing");
 		return;
 	}
+	if (check_head(c, fd, (uint64_t)st.st_size) < 0)
+		return;
 	if ((c->err = source_open_fd(fd, c->label, &c->src)) < 0) {
 		snprintf(c->why, sizeof(c->why), "%s", error_get());
 		if (c->err != -ENOMEM)
@@ -207,6 +269,8 @@ check_run(struct workq_job *job)
 		return;
 	}
 	c->fd = -1; /* the source's now */
+	if (check_index(c, (uint64_t)st.st_size) < 0)
+		return;
 	if ((c->err = gen_open_served(&c->src, &c->served)) < 0 ||
 		(c->err = gen_seal_index(c->src.index, c->src.index_len, &c->index_fd,
 			 &c->index)) < 0)
@@ -261,7 +325,7 @@ make_artifact(struct derive_table *t, struct derive_build *b, struct derive_chec
 	a->last_use = ++t->r->attach_seq;
 	a->next = t->artifacts;
 	t->artifacts = a;
-	t->r->derived_bytes += g->bytes;
+	t->r->derived_bytes += derive_weight(g);
 	t->stats.published++;
 	t->stats.published_bytes += g->bytes;
 	*out = a;

@@ -227,7 +227,8 @@ def test_first_asker_builds_and_every_other_attaches_the_published_bytes(derived
     assert art["attaches"] == 3 and art["attached"] == 3 and art["builder_pid"] == os.getpid()
     st = status(d)
     assert st["derive"]["published"] == 1 and st["derive"]["waits"] == 1
-    assert st["derive"]["bytes"] == len(ARTIFACT)
+    # The memfd and the index wcached compiled for it.
+    assert st["derive"]["bytes"] == len(ARTIFACT) + mine["index_size"]
     metrics = ctl(d, "metrics").stdout
     assert "wcached_derived_published_total 1" in metrics
     human = ctl(d, "status").stdout
@@ -410,7 +411,7 @@ def test_a_builder_that_publishes_and_hangs_up_at_once_has_published(derived, ho
 @pytest.mark.parametrize("how", ["close", "shut_wr"])
 def test_while_a_publication_is_checked_waiters_are_told_so(derived, how):
     # A builder publishes and hangs up at once, as in the test above; while
-    # its publication is checked (600,000 tensors: tenths of a second), a
+    # its publication is checked (220,000 tensors: a tenth of a second and more), a
     # worker that will not wait was told the key "is being built by pid P",
     # and one whose wait ends "still being built by pid P", P a builder that
     # had published and perhaps gone. They are told the publication is being
@@ -419,7 +420,7 @@ def test_while_a_publication_is_checked_waiters_are_told_so(derived, how):
     ready(d, "small")
     a, c, e = Peer(d), Peer(d), Peer(d)
     r = build(a, key="many")
-    fd = memfd_with(many_tensors(600000))
+    fd = memfd_with(many_tensors(MOST_TENSORS))
     from test_attack_server import stopped
     control = Control(d)
     assert control.request(b"status")["ok"] is True  # accepted before the stop
@@ -462,7 +463,7 @@ def test_while_a_publication_is_checked_waiters_are_told_so(derived, how):
 @pytest.mark.parametrize("then", ["reads", "exits"])
 def test_a_builder_that_shuts_its_end_for_writing_while_its_check_waits(derived, then):
     # The half-close comes in a wakeup of its own, while the PUBLISH waits
-    # for its check (behind another of the same user's, of 600,000 tensors):
+    # for its check (behind another of the same user's, of 220,000 tensors):
     # the builder still gets its reply, then the end of the stream. If it
     # exits meanwhile, wcached sees it go (it does not watch a half-closed
     # connection, whose hang-up would be reported on every turn of the loop)
@@ -470,7 +471,7 @@ def test_a_builder_that_shuts_its_end_for_writing_while_its_check_waits(derived,
     # The big artifact is made first: making it took 46 s on a loaded 2-core
     # machine, and made after b's DERIVE its wait of 30 s ran out before a
     # had published (CI at e8f7c8f, both parameters).
-    big = memfd_with(many_tensors(600000))
+    big = memfd_with(many_tensors(MOST_TENSORS))
     d = derived()
     ready(d, "small")
     x, a, b = Peer(d), Peer(d), Peer(d)
@@ -1066,7 +1067,7 @@ def test_a_check_its_builder_left_closes_in_the_builders_lane(derived):
     # workers would get, the index it compiled) closes in the builder's lane
     # when it ends, as the memfd it passed does; on the loop, nothing waited.
     # The check has begun once that memfd waits in the lane, and the rest of
-    # the check of 600,000 tensors (0.2 s and more) outlasts the hang-up's
+    # the check of 220,000 tensors (0.1 s and more) outlasts the hang-up's
     # handling. (Stopping wcached meanwhile would end the linger: a signal
     # ends a close's wait.)
     d = derived()
@@ -1078,7 +1079,7 @@ def test_a_check_its_builder_left_closes_in_the_builders_lane(derived):
     # would reset wcached's end: a reset socket closes in the lane too.
     data = builder.s.recv(8192)
     assert HEADER.unpack_from(data)[2] == CHANGED, data
-    fd = memfd_with(many_tensors(600000))
+    fd = memfd_with(many_tensors(MOST_TENSORS))
     with builders_lane_held(d):
         builder.publish(token, fd)
         os.close(fd)
@@ -1119,11 +1120,18 @@ def test_a_build_racing_a_swap_publishes_for_its_own_generation(derived, tmp_pat
                what="generation 1's artifact dropped with its last holder")
 
 
+# The most one-byte tensors of many_tensors() an artifact may have: a 15 MB
+# header and a 14.3 MB index, within DERIVE_MAX_HEAD and DERIVE_MAX_INDEX
+# (16 MiB each). The slowest check a publication can have (before those,
+# these tests published 600,000).
+MOST_TENSORS = 220000
+
+
 @functools.lru_cache(maxsize=2)
 def many_tensors(n):
     """A safetensors artifact of n one-byte tensors: a header of about
     70 * n bytes for the daemon to read and compile (kept: 600,000 of them
-    take 8 s of CPU to make, and several tests ask for them)."""
+    took 8 s of CPU to make, and several tests ask for them)."""
     return st_bytes({f"t.{i}": ("I8", [1], b"\x01") for i in range(n)}, {"key": "many"})
 
 
@@ -1133,7 +1141,7 @@ def test_wcached_stops_cleanly_with_checks_whose_builders_left(derived):
     # drops both, with what they hold (under ASan: no leak, no report).
     d = derived()
     ready(d, "small")
-    big = many_tensors(200000)
+    big = many_tensors(MOST_TENSORS)
     peers = [Peer(d) for _ in range(2)]
     tokens = [build(p, key=f"k{i}")["token"] for i, p in enumerate(peers)]
     for p, token in zip(peers, tokens):
@@ -1150,14 +1158,14 @@ def test_wcached_stops_cleanly_with_checks_whose_builders_left(derived):
 
 def test_a_publication_with_a_huge_header_stalls_nobody(derived):
     # Checking a publication (sealing, reading and compiling its index) runs
-    # on the work queue: while a builder's 1 300 000-tensor header (91 MB) is read,
-    # another worker's attaches are answered as before. On the loop, every
-    # attach waited for all of it.
+    # on the work queue: while a builder's 220 000-tensor header (15 MB, within
+    # DERIVE_MAX_HEAD) is read, another worker's attaches are answered as
+    # before. On the loop, every attach waited for all of it.
     d = derived({"derive": "yes"})
     ready(d, "small")
     builder, worker = Peer(d), Peer(d)
     token = build(builder, key="many")["token"]
-    fd = memfd_with(many_tensors(1300000))
+    fd = memfd_with(many_tensors(MOST_TENSORS))
     stop, worst, attaches = [], [0.0], [0]
 
     def attach_loop():
@@ -1190,6 +1198,46 @@ def test_a_publication_with_a_huge_header_stalls_nobody(derived):
     # The old code's worst was the whole check; a third of it (100 ms at
     # least) leaves a loaded machine's slow attach room.
     assert worst[0] < max(0.1, took / 3), (worst[0], took)
+
+
+def test_an_artifacts_index_counts_with_it_and_is_bounded(derived):
+    """rev181 F10: wcached compiled each publication's index into a memfd of
+    its own (85 MB for a 91 MB artifact of 1.3 M one-byte tensors; 228 MB, 2.9
+    times the artifact, for 64-dimension shapes), counted by neither
+    derived_bytes nor memory_budget: one builder uid got a memory-limited
+    wcached OOM-killed. Now the index counts with the artifact, and a header
+    or an index past 16 MiB (DERIVE_MAX_HEAD, DERIVE_MAX_INDEX) is refused
+    with one line naming the artifact, the figure and the limit."""
+    d = derived()
+    ready(d, "small")
+    a = Peer(d)
+    rep = publish_held(a, "f32-v1", ARTIFACT)
+    assert rep["index_size"] > 0
+    st = status(d)
+    assert st["derive"]["bytes"] == len(ARTIFACT) + rep["index_size"], st["derive"]
+    assert st["memory"]["derived_bytes"] == len(ARTIFACT) + rep["index_size"]
+    closing(rep)
+    # A 17 MiB header (metadata): refused before it is parsed.
+    r = build(a, key="head-v1")
+    fd = memfd_with(st_bytes({"w": ("U8", [1], b"\x01")}, {"x": "a" * (17 << 20)}))
+    a.publish(r["token"], fd)
+    os.close(fd)
+    expect_error(a.reply(), "EFBIG", 'model "small": derived "head-v1" of generation 1',
+                 "its header is 17.0 MiB, more than the 16 MiB a derived artifact's header")
+    # A 6 MB header of 30,000 one-byte tensors of 64 dimensions: its index
+    # (8 bytes a dimension) would be 17 MiB.
+    n = 30000
+    parts = ['"t%05d":{"dtype":"U8","shape":[%s],"data_offsets":[%d,%d]}'
+             % (i, ",".join(["1"] * 64), i, i + 1) for i in range(n)]
+    h = ("{" + ",".join(parts) + "}").encode()
+    h += b" " * (-len(h) % 8)
+    r = build(a, key="dims-v1")
+    fd = memfd_with(struct.pack("<Q", len(h)) + h + b"\x01" * n)
+    a.publish(r["token"], fd)
+    os.close(fd)
+    expect_error(a.reply(), "EFBIG", 'derived "dims-v1"', "its compiled index (30000 "
+                 "tensors) would be", "more than the 16 MiB one derived artifact's index")
+    assert status(d)["derive"]["bytes"] == len(ARTIFACT) + rep["index_size"]
 
 
 def test_a_failed_fstat_of_a_publication_is_named_not_called_empty(derived):
