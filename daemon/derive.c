@@ -381,9 +381,13 @@ drop_unheld(struct registry *r, uint64_t want)
 	return dropped;
 }
 
-/* m's artifacts and builds (of builder uid only, when one is true), in
- * *n, and the artifact of them nobody holds that was used least recently
- * (NULL: none). */
+/* m's artifacts of its current generation and its builds (of builder uid
+ * only, when one is true), in *n, and the artifact of them nobody holds
+ * that was used least recently (NULL: none). A copy of an older generation
+ * is never attached again and goes with its last holder: its holders bound
+ * it, as they bound retired generations, and it takes no place (rev181 F11:
+ * 16 held copies of older generations kept a builder from building the
+ * current one). */
 static struct derived *
 count_places(const struct derive_table *t, const struct model_entry *m, int one, uid_t uid,
 	unsigned *n)
@@ -392,7 +396,8 @@ count_places(const struct derive_table *t, const struct model_entry *m, int one,
 
 	*n = 0;
 	for (struct derived *a = t->artifacts; a != NULL; a = a->next) {
-		if (a->entry_id != m->entry_id || (one && a->builder_uid != uid))
+		if (a->entry_id != m->entry_id || (one && a->builder_uid != uid) ||
+			m->current == NULL || a->source != m->current->number)
 			continue;
 		(*n)++;
 		if (a->gen->attached == 0 && (lru == NULL || a->last_use < lru->last_use))

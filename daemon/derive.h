@@ -67,19 +67,21 @@ struct stat;
  */
 int derive_memfd_whole(const struct stat *st, char *why, size_t why_size);
 
-/* Artifacts (of any source generation) and builds in progress one model
- * may have at once. Each artifact keeps descriptors open in wcached (its
- * memfd and its sealed index) while its source generation is current, so
+/* Artifacts of its current generation and builds in progress one model
+ * may have at once (a held copy of an older generation, never attached
+ * again, takes no place: its holders bound it). Each artifact keeps
+ * descriptors open in wcached (its memfd and its sealed index), so
  * without a bound one builder publishing under key after key would fill
  * wcached's descriptor table. A build past it first drops the model's
  * artifact nobody holds that was used least recently; with none, it is
  * refused (ENOSPC). */
 #define DERIVE_MAX_PER_MODEL 64u
 
-/* Of those, what one builder uid may have: its artifacts (held or not) and
- * its builds in progress. A builder past it first drops its own artifact of
- * the model nobody holds that was used least recently; with none it is
- * refused (ENOSPC), and other builders keep their places: one user cannot
+/* Of those, what one builder uid may have: its artifacts of the current
+ * generation (held or not) and its builds in progress. A builder past it
+ * first drops its own artifact of the model nobody holds that was used
+ * least recently; with none it is refused (ENOSPC), and other builders
+ * keep their places: one user cannot
  * take every place of a model (by building, or by holding what it built). */
 #define DERIVE_MAX_PER_BUILDER 16u
 

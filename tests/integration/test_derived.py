@@ -32,7 +32,7 @@ ATTACH, RELEASE, DERIVE, PUBLISH, ABANDON = 1, 2, 4, 5, 6
 ATTACH_OK, RELEASE_OK, CHANGED, BUILD, ERROR = 129, 130, 131, 133, 255
 ERRNO = {"EACCES": 13, "EPERM": 1, "EAGAIN": 11, "EBUSY": 16, "ETIMEDOUT": 110,
          "ECANCELED": 125, "EHOSTDOWN": 112, "ESTALE": 116, "EBADMSG": 74, "ENOENT": 2,
-         "EINVAL": 22, "EFBIG": 27}
+         "EINVAL": 22, "EFBIG": 27, "ENOSPC": 28}
 DERIVE_CONF = {"derive": "yes"}
 
 
@@ -877,6 +877,31 @@ def test_a_swap_builds_anew_and_the_old_artifact_lives_while_held(derived, tmp_p
     closing(old)
     wait_until(lambda: [x["source_generation"] for x in model_entry(d, "small")["derived"]]
                == [2], what="the old artifact dropped")
+
+
+def test_held_copies_of_older_generations_take_no_builders_place(derived, tmp_path):
+    """rev181 F11: every artifact of the model a builder uid had built, of any
+    source generation, took one of its 16 places; copies of older generations
+    still held (never attachable again) used them up, and after the model's
+    update the builder's next build was refused (ENOSPC). Only artifacts of
+    the current generation and builds in progress count now."""
+    d = derived()
+    ready(d, "small")
+    a = Peer(d)
+    held = [publish_held(a, f"k{i}-v1", ARTIFACT) for i in range(16)]
+    a.derive("small", "k16-v1")  # a 17th of generation 1: no place
+    expect_error(a.reply(), "ENOSPC", "uid", "16 derived artifacts")
+    os.rename(mkmodel(tmp_path / "new.safetensors", seed=11), tmp_path / "small.safetensors")
+    assert ctl(d, "reload", "small").returncode == 0
+    ready(d, "small", generation=2)
+    # The 16 held copies of generation 1 are still there for their holder.
+    assert len(model_entry(d, "small")["derived"]) == 16
+    for i in range(4):
+        rep = publish_held(a, f"k{i}-v1", ARTIFACT)
+        assert rep["generation"] == 2, rep
+        closing(rep)
+    for rep in held:
+        closing(rep)
 
 
 def test_a_build_racing_an_unload_is_refused_cleanly(derived):
