@@ -791,21 +791,10 @@ on_listener(uv_poll_t *p, int status, int events)
 
 /* ---- the public functions ------------------------------------------------ */
 
-/* Names the control socket in listen_unix()'s error, which begins with
- * the path or, for a failed socket(2), names none. */
 int
 control_listen_path(const char *path, mode_t mode, gid_t group)
 {
-	char msg[ERROR_MAX];
-	size_t len = strlen(path);
-	int fd = listen_unix(path, SOCK_STREAM, mode, group);
-
-	if (fd >= 0)
-		return fd;
-	snprintf(msg, sizeof(msg), "%s", error_get());
-	if (strncmp(msg, path, len) == 0 && msg[len] == ':')
-		return error_set(fd, "control socket %s", msg);
-	return error_set(fd, "control socket %s: %s", path, msg);
+	return listen_unix("control socket", path, SOCK_STREAM, mode, group);
 }
 
 /* " PATH" for the path listen_fd is bound to, or "" (unnamed, abstract):

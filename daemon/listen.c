@@ -27,58 +27,58 @@
 #define LISTEN_FDS_START 3
 
 int
-listen_unix(const char *path, int type, mode_t mode, gid_t group)
+listen_unix(const char *what, const char *path, int type, mode_t mode, gid_t group)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct stat st;
 	int fd, probe, e;
 
 	if (strlen(path) >= sizeof(sa.sun_path))
-		return error_set(-ENAMETOOLONG, "%s: socket path longer than %zu bytes", path,
-			sizeof(sa.sun_path) - 1);
+		return error_set(-ENAMETOOLONG, "%s %s: socket path longer than %zu bytes", what,
+			path, sizeof(sa.sun_path) - 1);
 	memcpy(sa.sun_path, path, strlen(path) + 1);
 	if (lstat(path, &st) == 0) {
 		if (!S_ISSOCK(st.st_mode))
-			return error_set(-EEXIST, "%s: exists and is not a socket", path);
+			return error_set(-EEXIST, "%s %s: exists and is not a socket", what, path);
 		/* A socket file: is a daemon behind it? Asked without blocking:
 		 * a listener whose backlog is full (a wedged daemon, or anyone
 		 * who can connect to it and fills it) would hold a blocking
 		 * connect() and this start with it. */
 		if ((probe = socket(AF_UNIX, type | SOCK_NONBLOCK | SOCK_CLOEXEC, 0)) == -1)
-			return error_set(-errno, "socket: %s", strerror(errno));
+			return error_set(-errno, "%s %s: socket: %s", what, path, strerror(errno));
 		if (connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
 			close(probe);
-			return error_set(-EADDRINUSE, "%s: another wcached is listening there",
-				path);
+			return error_set(-EADDRINUSE, "%s %s: another wcached is listening there",
+				what, path);
 		}
 		e = errno;
 		close(probe);
 		if (e == EAGAIN)
-			return error_set(-EADDRINUSE, "%s: another wcached is listening "
-				"there (and not accepting: its backlog is full)", path);
+			return error_set(-EADDRINUSE, "%s %s: another wcached is listening "
+				"there (and not accepting: its backlog is full)", what, path);
 		if (e == EPROTOTYPE)
-			return error_set(-EADDRINUSE, "%s: another program listens there with "
-						       "another socket type", path);
+			return error_set(-EADDRINUSE, "%s %s: another program listens there "
+						       "with another socket type", what, path);
 		if (e != ECONNREFUSED && e != ENOENT)
-			return error_set(-e, "%s: %s", path, strerror(e));
+			return error_set(-e, "%s %s: %s", what, path, strerror(e));
 		if (unlink(path) == -1 && errno != ENOENT)
-			return error_set(-errno, "%s: removing stale socket: %s", path,
+			return error_set(-errno, "%s %s: removing stale socket: %s", what, path,
 				strerror(errno));
 	}
 	if ((fd = socket(AF_UNIX, type | SOCK_NONBLOCK | SOCK_CLOEXEC, 0)) == -1)
-		return error_set(-errno, "socket: %s", strerror(errno));
+		return error_set(-errno, "%s %s: socket: %s", what, path, strerror(errno));
 	/* Nobody can connect before listen(), so a looser mode between bind()
 	 * and chmod() lets no one in. */
 	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == -1) {
 		e = errno;
 		close(fd);
-		return error_set(-e, "%s: %s", path, strerror(e));
+		return error_set(-e, "%s %s: %s", what, path, strerror(e));
 	}
 	if (group != (gid_t)-1 && chown(path, (uid_t)-1, group) == -1) {
 		e = errno;
 		close(fd);
 		unlink(path);
-		return error_set(-e, "%s: cannot give the socket to group %u: %s%s", path,
+		return error_set(-e, "%s %s: cannot give the socket to group %u: %s%s", what, path,
 			(unsigned)group, strerror(e), e != EPERM ? "" :
 			" (wcached's user is not in that group: add it, or SupplementaryGroups= "
 			"in the unit)");
@@ -87,7 +87,7 @@ listen_unix(const char *path, int type, mode_t mode, gid_t group)
 		e = errno;
 		close(fd);
 		unlink(path);
-		return error_set(-e, "%s: %s", path, strerror(e));
+		return error_set(-e, "%s %s: %s", what, path, strerror(e));
 	}
 	return fd;
 }

@@ -16,9 +16,10 @@
  * SOCK_SEQPACKET) at path, with mode and, unless group is (gid_t)-1, that
  * group. A stale socket file (nobody accepts on it) is replaced; a live
  * daemon on the path is -EADDRINUSE; any other file there is -EEXIST.
- * Returns the descriptor, or -errno with the message in error_get().
+ * Returns the descriptor, or -errno with the message in error_get(), which
+ * begins "WHAT PATH: " (what: "control socket", "client socket").
  */
-int listen_unix(const char *path, int type, mode_t mode, gid_t group);
+int listen_unix(const char *what, const char *path, int type, mode_t mode, gid_t group);
 
 /* ---- socket activation ---- */
 

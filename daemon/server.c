@@ -1011,5 +1011,5 @@ server_stop(struct server *s)
 int
 server_listen_path(const char *path, mode_t mode)
 {
-	return listen_unix(path, SOCK_SEQPACKET, mode, (gid_t)-1);
+	return listen_unix("client socket", path, SOCK_SEQPACKET, mode, (gid_t)-1);
 }

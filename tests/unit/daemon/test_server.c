@@ -496,6 +496,26 @@ test_start_getfl_fails(void **state)
 	free(sock);
 }
 
+/* Every error of making the client socket names it as the client socket,
+ * with its path; before, "PATH: reason" (and a failed socket(2) named no
+ * path at all), where the control socket's said which socket it was. */
+static void
+test_listen_path_names_the_client_socket(void **state)
+{
+	struct du du;
+	char *path, *want;
+
+	(void)state;
+	du_setup(&du, false, 0);
+	assert_true(asprintf(&path, "%s/missing/w.sock", du.dir) > 0);
+	assert_true(asprintf(&want, "client socket %s: No such file or directory", path) > 0);
+	assert_int_equal(server_listen_path(path, 0600), -ENOENT);
+	assert_string_equal(error_get(), want);
+	du_teardown(&du);
+	free(want);
+	free(path);
+}
+
 int __real_accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags)
 	__attribute__((weak));
 int __wrap_accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags);
@@ -816,6 +836,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_half_close_answers_every_request, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_malformed_says_why, setup, teardown),
+		cmocka_unit_test(test_listen_path_names_the_client_socket),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
