@@ -8,15 +8,19 @@ file each build function appends to, so a test can tell which process
 built, across processes.
 """
 import errno
+import json
 import os
+import pickle
+import subprocess
 import textwrap
+import threading
 import warnings
 
 import numpy as np
 import pytest
 
 import wcache
-from pyhelpers import Daemon, mkmodel, run_python
+from pyhelpers import Daemon, binary, mkmodel, run_python, wait_until
 
 
 def to_f32(src):
@@ -321,7 +325,6 @@ def test_a_burst_of_calls_leaves_few_idle_connections(tmp_path, model_path, monk
     results that came through them are gone (keep: the results live on for
     a while, and their connections with them)."""
     import gc
-    import threading
     import wcache._derived as D
     from pyhelpers import wait_until
     n, cap = 5, D._KEEP_IDLE
@@ -436,7 +439,6 @@ def test_a_shared_connection_takes_each_calls_timeout(derive_daemon, model_path)
     gives up after its own timeout (ETIMEDOUT), though the connection it
     took was made by a call with a long one; the next call with a long
     timeout gets the artifact."""
-    import threading
     import time
     import wcache._derived as D
     started, done = threading.Event(), threading.Event()
@@ -467,6 +469,8 @@ def test_a_shared_connection_takes_each_calls_timeout(derive_daemon, model_path)
         # The pooled connection's 60 s would end it at 60 s at the soonest
         # (the build it waits for lasts 120 s): 30 s is for a loaded machine.
         assert e.value.errno == errno.ETIMEDOUT and took < 30, (e.value, took)
+        # the caller's own timeout, with its figure and setting (review rev181 F8)
+        assert "derived(timeout=0.5) waits 0.5 s" in str(e.value), e.value
     finally:
         done.set()
         t.join(60)
@@ -475,24 +479,15 @@ def test_a_shared_connection_takes_each_calls_timeout(derive_daemon, model_path)
         sorted(wcache.open_file(model_path).keys())
 
 
-def test_a_thread_waits_for_another_threads_build(derive_daemon):
-    """Two threads of one process ask for one key: one builds, the other
-    waits for it on a connection of its own (the builder's is in use until
-    it has published) and gets the artifact, not EDEADLK."""
-    import threading
-    import torch
-    started, done = threading.Event(), threading.Event()
-    calls, out, errors = [], {}, []
-
-    def slow(src):
-        calls.append(1)
-        started.set()
-        done.wait(10)
-        return to_f32(src)
+def builder_then_waiter(call, started):
+    """Runs call() in a thread (the builder) and, once started is set, in a
+    second one (the waiter); returns ({"builder"/"waiter": its result},
+    [the errors raised], the builder's thread, the waiter's)."""
+    out, errors = {}, []
 
     def ask(who):
         try:
-            out[who] = wcache.derived("small", "two-threads-v1", slow, timeout=60)
+            out[who] = call()
         except BaseException as e:
             errors.append(e)
     builder = threading.Thread(target=ask, args=("builder",))
@@ -500,6 +495,25 @@ def test_a_thread_waits_for_another_threads_build(derive_daemon):
     assert started.wait(30)
     waiter = threading.Thread(target=ask, args=("waiter",))
     waiter.start()
+    return out, errors, builder, waiter
+
+
+def test_a_thread_waits_for_another_threads_build(derive_daemon):
+    """Two threads of one process ask for one key: one builds, the other
+    waits for it on a connection of its own (the builder's is in use until
+    it has published) and gets the artifact, not EDEADLK."""
+    import torch
+    started, done = threading.Event(), threading.Event()
+    calls = []
+
+    def slow(src):
+        calls.append(1)
+        started.set()
+        done.wait(10)
+        return to_f32(src)
+
+    out, errors, builder, waiter = builder_then_waiter(
+        lambda: wcache.derived("small", "two-threads-v1", slow, timeout=60), started)
     waiter.join(1.0)
     assert waiter.is_alive(), f"the waiter did not wait: {errors!r}"
     done.set()
@@ -508,6 +522,130 @@ def test_a_thread_waits_for_another_threads_build(derive_daemon):
     assert not errors and len(calls) == 1, (errors, calls)
     for k in out["builder"]:
         assert torch.equal(out["builder"][k], out["waiter"][k])
+
+
+def waiting(d, key, n, model="small"):
+    """Waits until n connections wait in wcached for the build of model's
+    key (their DERIVE was read)."""
+    def check():
+        r = subprocess.run([binary("wcachectl"), "--control", d.control, "--json", "status"],
+                           capture_output=True, text=True, timeout=60)
+        entry = [m for m in json.loads(r.stdout)["models"] if m["name"] == model]
+        for x in entry[0].get("derived") or ():
+            if x["key"] == key and x["state"] == "building":
+                return x["waiting"] == n
+        return False
+    wait_until(check, what=f"{n} waiting for {key}")
+
+
+def test_a_waiter_without_timeout_waits_as_long_as_the_build(derive_daemon, monkeypatch):
+    """With no timeout, a worker waiting for another's build waits past the
+    connection's default deadline ($WCACHE_TIMEOUT, 1 s here; 30 s by
+    default) for as long as wcached lets the build run (derive_timeout),
+    and gets the artifact. Before, it failed with ETIMEDOUT at 1 s ("after
+    the wait the client asked for", though it asked for none; review
+    rev181 F8). Costs about 3 s."""
+    import torch
+    monkeypatch.setenv("WCACHE_TIMEOUT", "1")
+    started, done = threading.Event(), threading.Event()
+
+    def slow(src):
+        started.set()
+        done.wait(60)
+        return to_f32(src)
+
+    out, errors, builder, waiter = builder_then_waiter(
+        lambda: wcache.derived("small", "slow-default-v1", slow), started)
+    try:
+        waiting(derive_daemon, "slow-default-v1", 1)
+        waiter.join(3.0)  # three times the default deadline
+        assert waiter.is_alive(), f"the waiter stopped waiting: {errors!r}"
+    finally:
+        done.set()
+        builder.join(60)
+    waiter.join(60)
+    assert not errors, errors
+    for k in out["builder"]:
+        assert torch.equal(out["builder"][k], out["waiter"][k])
+
+
+@pytest.mark.parametrize("framework", ["pt", "np"])
+def test_a_swap_as_the_build_starts_builds_the_generation_the_build_gave(
+        derive_daemon, model_path, tmp_path, monkeypatch, framework):
+    """The model is replaced between the BUILD answer and the builder's
+    own attach of the source (a hook at _source: the swap is done and seen
+    before the attach runs). The builder builds the generation the BUILD
+    gave, and the worker waiting for that build gets it, stale at once:
+    before, the builder abandoned ("changed generation while the build
+    began") and built the new generation, and the waiter got ECANCELED
+    (review rev181 F1). numpy: the F32 model "wide"."""
+    import torch
+    import wcache._derived as D
+    original = D._source
+    name, path = ("small", model_path) if framework == "pt" else ("wide", derive_daemon.f32_path)
+    with wcache.open_file(path) as m:
+        old_values = {k: torch.from_numpy(np.array(m.numpy(k))) if framework == "np" else
+                      m.torch(k).float().clone() for k in m.keys()}
+    build = to_f32 if framework == "pt" else (lambda src: {k: v * 2 for k, v in src.items()})
+    want = old_values if framework == "pt" else {k: v * 2 for k, v in old_values.items()}
+    client = wcache.connect(derive_daemon.socket)
+    held = client.attach(name)  # generation 1, to see the swap by its stale()
+    entered = threading.Event()
+    calls = []
+
+    def swap_first(*args):
+        if entered.is_set():  # the next build, of the new generation
+            return original(*args)
+        entered.set()
+        waiting(derive_daemon, "swap-v1", 1, name)
+        new = tmp_path / ".replacement.safetensors"
+        mkmodel(str(new), seed=42, dtype="BF16" if framework == "pt" else "F32")
+        os.rename(new, path)
+        wait_until(held.stale, what="the swap served")
+        return original(*args)
+    monkeypatch.setattr(D, "_source", swap_first)
+    out, errors, builder, waiter = builder_then_waiter(
+        lambda: wcache.derived(name, "swap-v1", counting(build, calls), framework=framework,
+                               timeout=60), entered)
+    builder.join(60)
+    waiter.join(60)
+    assert not errors, errors
+    assert len(calls) == 1, calls
+    for who in ("builder", "waiter"):
+        r = out[who]
+        assert r.generation == held.generation and r.stale(), (who, r.generation)
+        assert sorted(r) == sorted(want)
+        for k, v in want.items():
+            got = torch.from_numpy(np.array(r[k])) if framework == "np" else r[k]
+            assert torch.equal(got, v), (who, k)
+    held.close()
+    client.close()
+    # the next call builds the new generation
+    fresh = wcache.derived(name, "swap-v1", build, framework=framework)
+    assert fresh.generation == out["builder"].generation + 1 and not fresh.stale()
+
+
+def test_the_result_is_a_dict_with_generation_and_stale(derive_daemon, model_path, tmp_path):
+    """derived() returns a dict that says its source generation and, with
+    stale(), when wcached serves a newer one; pickled, it is a plain dict.
+    Before, a plain dict with neither (review rev181 F9)."""
+    import torch
+    r = wcache.derived("small", "f32-stale-v1", to_f32)
+    assert isinstance(r, dict) and isinstance(r, wcache._derived.Derived)
+    with wcache.connect(derive_daemon.socket) as c:
+        m = c.attach("small")
+        assert r.generation == m.generation >= 1
+        m.close()
+    assert not r.stale()
+    plain = pickle.loads(pickle.dumps(r))
+    assert type(plain) is dict and sorted(plain) == sorted(r)
+    assert all(torch.equal(plain[k], r[k]) for k in r)
+    new = tmp_path / ".replacement.safetensors"
+    mkmodel(str(new), seed=43)
+    os.rename(new, model_path)
+    wait_until(r.stale, what="the derived copy stale")
+    again = wcache.derived("small", "f32-stale-v1", to_f32)
+    assert again.generation == r.generation + 1 and not again.stale()
 
 
 @pytest.mark.parametrize("daemon_up", [True, False])
@@ -779,6 +917,7 @@ def test_fallback_without_daemon(no_daemon, model_path):
             and "computed in this process" in str(x.message)]
     assert len(said) == 1, [str(x.message) for x in w]
     assert len(calls) == 2  # no daemon to share it: each call builds
+    assert out.generation == 0 and not out.stale()  # computed here, as Model's
     source = wcache.open_file(model_path)
     for name in source.keys():
         assert torch.equal(out[name], source.torch(name).float())

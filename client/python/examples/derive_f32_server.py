@@ -42,7 +42,8 @@ def main():
     ap.add_argument("--port", type=int, default=8378)
     ap.add_argument("--socket", default=None)
     ap.add_argument("--timeout", type=float, default=None,
-                    help="seconds to wait for another worker's build (0: no limit)")
+                    help="seconds to wait for another worker's build (default: as long as "
+                         "wcached lets it run, its derive_timeout; 0: no limit)")
     args = ap.parse_args()
 
     built = []

@@ -17,7 +17,9 @@ Lifetimes: the tensors returned are views of the artifact's mapping, as
 source state dict handed to ``build`` is made from an attach of the same
 generation that this module owns (not from the build's own source, which
 libwcache releases when the build ends), so a source tensor that ``build``
-keeps somewhere stays valid. The calls of a process share their
+keeps somewhere stays valid; when the model has a newer generation by then,
+it is a copy of the build's source (see _source). The result is a Derived,
+a dict that also has ``generation`` and ``stale()``. The calls of a process share their
 connections to wcached (as many as calls run at once, see _pool), each
 result keeping the one it came through for its release; once the results
 are gone, at most two stay open (per socket, whatever the timeouts).
@@ -28,8 +30,9 @@ model, the source is opened in this process as ``safe_open`` opens it,
 RuntimeWarning says so, once per (model, key) and process. Any other
 failure from the daemon is raised: a model with ``derive = no`` (EPERM), a
 worker that may not build (EACCES), a build that failed elsewhere
-(ECANCELED, EHOSTDOWN), or one that took longer than the deadline
-(ETIMEDOUT). A ``build`` that asks for the key it is building (in its own
+(ECANCELED, EHOSTDOWN), or one that took longer than the caller's timeout
+(ETIMEDOUT; without one, the wait lasts as long as wcached lets the build
+run). A ``build`` that asks for the key it is building (in its own
 thread) is refused at once (EDEADLK), with or without a daemon, under
 whichever name of the model it asks: the served name, the configured path,
 another path to the same file. Two names wcached serves are two models,
@@ -54,7 +57,6 @@ from .model import Model, _Handle, _framework, connect, default_socket
 __all__ = ["derived"]
 
 _FUNCTIONS = ("wc_derive", "wc_build_source", "wc_build_publish", "wc_build_abandon")
-_TRIES = 3  # builds restarted because the model changed generation meanwhile
 _KEY = re.compile(r"[A-Za-z0-9._+-]{1,64}\Z")  # wire_key_valid() in proto/wire.c
 
 _warned = set()
@@ -480,32 +482,62 @@ def _abandon(lib, build, reason):
     lib.wc_build_abandon(build, reason.encode("utf-8", "replace").replace(b"\0", b" "))
 
 
-def _source(client, name, build_ptr):
-    """The source Model for build: an attach of its own of the build's
-    source generation, so that the state dict's tensors live as long as
-    Python keeps them (the build's source is released when the build ends).
-    None when the model has moved on to another generation meanwhile."""
+class _Borrowed(_Handle):
+    """A handle of the build's source (wc_build_source()), which libwcache
+    releases when the build ends: never released here."""
+    __slots__ = ()
+
+    def __del__(self):
+        self.ptr = None
+
+
+def _copied(model, framework):
+    """model's state dict as copies in this process's memory, one tensor
+    at a time (each view of the mapping dropped once copied)."""
+    if framework == "pt":
+        return {name: model.torch(name).clone() for name in model.keys()}
+    import numpy as np
+    return {name: np.array(model.numpy(name)) for name in model.keys()}
+
+
+def _source(client, name, build_ptr, framework):
+    """(model, state dict) of the build's source generation, the one the
+    BUILD answer gave, whatever wcached serves now. Normally an attach of
+    its own of that generation, so that the state dict's tensors live as
+    long as Python keeps them (the build's source is released when the
+    build ends). When the model has moved on to a newer generation since
+    the BUILD (a swap in between), no attach gives that generation any
+    more: the tensors are copies of the build's own source, which is valid
+    until the build ends (this costs the source's size in this process
+    while it builds). Before, the builder abandoned the build and derived
+    again, and every worker waiting for it got ECANCELED (review rev181
+    F1)."""
     lib = _lib.lib()
-    generation = int(lib.wc_model_generation(lib.wc_build_source(build_ptr)))
+    ptr = lib.wc_build_source(build_ptr)
+    generation = int(lib.wc_model_generation(ptr))
     own = client.attach(name)
-    if own.generation != generation:
-        own.close()
-        return None
-    return own
+    if own.generation == generation:
+        return own, own.state_dict(framework)
+    own.close()
+    borrowed = Model(_Borrowed(ptr, f"{name} (generation {generation})", client), "wcached")
+    try:
+        return borrowed, _copied(borrowed, framework)
+    except BaseException:
+        borrowed.close()
+        raise
 
 
 def _build_here(lib, client, target, name, key, build_ptr, build, framework):
-    """This process is the builder: runs build on the source, publishes,
-    returns the artifact's Model; abandons (with the reason) and raises
-    when anything fails. None when the source changed generation (the
-    build was abandoned; derive again). _Unavailable only when attaching
-    the source failed (daemon down, model no longer served), before build
-    ran; whatever build raises propagates as it is, even a DaemonUnavailable
-    or a ModelNotFound (a safe_open of a missing file inside build): it
-    must not be mistaken for the daemon's answer and run build again."""
+    """This process is the builder: runs build on the source generation the
+    BUILD answer gave (_source), publishes, returns the artifact's Model;
+    abandons (with the reason) and raises when anything fails.
+    _Unavailable only when attaching the source failed (daemon down, model
+    no longer served), before build ran; whatever build raises propagates as
+    it is, even a DaemonUnavailable or a ModelNotFound (a safe_open of a
+    missing file inside build): it must not be mistaken for the daemon's
+    answer and run build again."""
     try:
-        own = _source(client, name, build_ptr)
-        source = None if own is None else own.state_dict(framework)
+        own, source = _source(client, name, build_ptr, framework)
     except (DaemonUnavailable, ModelNotFound) as e:
         # The attach of the source, not build: build has not run, so it
         # may run here instead.
@@ -514,10 +546,6 @@ def _build_here(lib, client, target, name, key, build_ptr, build, framework):
     except BaseException as e:
         _abandon(lib, build_ptr, f"{type(e).__name__}: {e}")
         raise
-    if own is None:
-        _abandon(lib, build_ptr, f"model {target!r} changed generation while the build "
-                                 f"began; the next derive builds from the new one")
-        return None
     try:
         # Not all of target's paths (_names): another of them may be
         # configured as another model (a symlink's target), which only an
@@ -551,37 +579,52 @@ def _trim():
         pass
 
 
-def _derive(client, target, key, build, framework):
+def _derive(client, target, key, build, framework, timeout):
     """The artifact's Model through wcached; raises _Unavailable when the
     daemon is down or does not serve target (compute locally), and only
     for what wc_derive() or the source's attach said, never for what build
-    raised."""
+    raised.
+
+    The wait for another worker's build: timeout seconds when the caller
+    gave one (0: none); with timeout None, as long as wcached lets that
+    build run (each build is bounded by the model's derive_timeout), not
+    the connection's default deadline ($WCACHE_TIMEOUT, else 30 s), which
+    still bounds connecting, the builder's requests and the release. Before,
+    a waiter of a 40 s build failed at 30 s (review rev181 F8)."""
     lib = _lib.lib()
     ckey = key.encode("utf-8")
     why = None
     for name in _names(target):
         cname = name.encode("utf-8", "surrogateescape")
-        for _ in range(_TRIES):
-            out, build_ptr = ctypes.c_void_p(), ctypes.c_void_p()
+        out, build_ptr = ctypes.c_void_p(), ctypes.c_void_p()
+        if timeout is None:
+            client.set_timeout(0)
+        try:
             rc = lib.wc_derive(client._ptr, cname, ckey, ctypes.byref(out),
                                ctypes.byref(build_ptr))
-            if rc == 0:
-                return Model(_Handle(out.value, f"{name} [{key}]", client), "wcached")
-            if rc == 1:
-                model = _build_here(lib, client, target, name, key, build_ptr.value, build,
-                                    framework)
-                if model is not None:
-                    return model
-                continue
-            if rc == -errno.ENOENT:
-                why = _lib.errmsg()
-                break
-            if -rc in _lib._DAEMON_DOWN:
-                raise _Unavailable(_lib.errmsg() or os.strerror(-rc))
-            check(rc)
-        else:
-            raise WcacheError(errno.ESTALE, f"model {target!r}, key {key!r}: the model "
-                              f"changed generation during {_TRIES} builds in a row")
+            said = (_lib.errmsg() or os.strerror(-rc)) if rc < 0 else None
+        finally:
+            if timeout is None:  # the connection's own deadline again
+                _set_deadline(client, None)
+        if rc == 0:
+            return Model(_Handle(out.value, f"{name} [{key}]", client), "wcached")
+        if rc == 1:
+            return _build_here(lib, client, target, name, key, build_ptr.value, build,
+                               framework)
+        if rc == -errno.ENOENT:
+            why = said
+            continue
+        if -rc in _lib._DAEMON_DOWN:
+            raise _Unavailable(said)
+        if rc == -errno.ETIMEDOUT:
+            if not timeout:  # None or 0: no limit of the client's
+                said += " (derived() without a timeout waits as long as wcached lets " \
+                        "the build run; wcached ends a wait after a day)"
+            else:
+                said += f" (derived(timeout={timeout!r}) waits {timeout:g} s for " \
+                        f"another worker's build; timeout=None waits as long as " \
+                        f"wcached lets the build run: the model's derive_timeout)"
+        raise WcacheError(-rc, said)
     raise _Unavailable(why or f"wcached does not serve {target!r}")
 
 
@@ -604,7 +647,8 @@ def _local(target, key, build, framework, why):
 
 
 def derived(name, key, build, framework="pt", socket=None, timeout=None, device="cpu"):
-    """The model ``name`` transformed by ``key``, as {tensor name: tensor}.
+    """The model ``name`` transformed by ``key``, as {tensor name: tensor}:
+    a :class:`Derived`, a dict that also has ``generation`` and ``stale()``.
 
     name: a model wcached serves, or its configured path (or a path to the
     model, as ``safe_open`` takes it). key: names the transformation and its
@@ -620,9 +664,11 @@ def derived(name, key, build, framework="pt", socket=None, timeout=None, device=
     raised as TypeError or ValueError.
 
     framework: "pt" (torch, the default) or "np" (numpy), for both the
-    source and the result. socket, timeout: as :func:`wcache.connect`; the
+    source and the result. socket, timeout: as :func:`wcache.connect`; a
     timeout also bounds the wait for another worker's build (0: as long as
-    it takes).
+    it takes); without one (None) that wait lasts as long as wcached lets
+    the build run (the model's derive_timeout, 600 s by default), not the
+    connection's default deadline.
 
     device: "cpu" (the default) gives views of the artifact's mapping;
     another torch device copies the artifact there as ``safe_open``'s
@@ -658,7 +704,7 @@ def derived(name, key, build, framework="pt", socket=None, timeout=None, device=
         return _moved(_local(target, key, build, fw, str(e)), dev)
     try:
         _refuse_own_through(client, target, key)
-        model = _derive(client, target, key, build, fw)
+        model = _derive(client, target, key, build, fw, timeout)
     except _Unavailable as e:
         why = str(e)
     else:
@@ -671,13 +717,46 @@ def derived(name, key, build, framework="pt", socket=None, timeout=None, device=
         state = to_device(model, model.keys(), dev, model.torch)
     else:
         state = model.state_dict(fw)
-    model.close()  # the tensors keep the mapping (and the shared connection) alive
-    return state
+    # The tensors keep the mapping (and the shared connection) alive; the
+    # result keeps the handle for stale().
+    result = Derived(state, model._h())
+    model.close()
+    return result
+
+
+class Derived(dict):
+    """What derived() returns: a dict of {tensor name: tensor}, which also
+    tells whether the copy went stale, as a Model does.
+
+    generation: the source generation the artifact was computed from (0
+    when it was computed in this process, without wcached). stale(): True
+    once wcached serves a newer generation of the model (or no longer
+    serves it): derive again for the new one (Model.stale() says what it
+    cannot see after a crash of wcached). The result keeps the artifact
+    attached as long as it lives, with device= too, where its tensors are
+    copies. Pickled (torch.save) or copied, it is a plain dict."""
+    __slots__ = ("_handle", "generation")
+
+    def __init__(self, state, handle=None):
+        super().__init__(state)
+        self._handle = handle
+        self.generation = 0 if handle is None else \
+            int(handle.lib.wc_model_generation(handle.daemon_ptr()))
+
+    def stale(self):
+        """True when wcached now serves a newer generation of the source
+        model (or no longer serves it); always False when computed here."""
+        h = self._handle
+        return h is not None and bool(h.lib.wc_model_stale(h.daemon_ptr()))
+
+    def __reduce__(self):
+        return dict, (dict(self),)
 
 
 def _moved(state, device):
     """A locally built result on device (tensor by tensor: it is private
-    memory of this process, not a shared mapping)."""
+    memory of this process, not a shared mapping), as a Derived of
+    generation 0."""
     if device is None:
-        return state
-    return {name: t.to(device) for name, t in state.items()}
+        return Derived(state)
+    return Derived({name: t.to(device) for name, t in state.items()})
