@@ -28,10 +28,11 @@
  * on it and reads nothing from it (the connection is the parent's); its
  * releases only unmap, and its list of records changes under clients_lock
  * instead (attach_release, wc_disconnect), which fork() never copies held;
- * nor does it take a parent's client's released_lock. The last of them
- * closes its copy of the connection only while that number is still the
- * socket (request_close_fds): after closefrom() it may be the child's own;
- * and a reconnect's new socket too, when fork() came during one.
+ * nor does it take a parent's client's released_lock. Its wc_disconnect()
+ * (or the last of them, if that comes first) closes its copy of the
+ * connection only while that number is still the socket
+ * (request_close_fds): after closefrom() it may be the child's own; and a
+ * reconnect's new socket too, when fork() came during one.
  *
  * derive.c sends its requests (DERIVE, PUBLISH, ABANDON) through
  * request.c too, and keeps what it gets with attach_keep(). A record says
@@ -419,8 +420,14 @@ wc_disconnect(wc_client *c)
 	}
 	c->records = NULL;
 	pthread_mutex_unlock(&clients_lock);
+	/* A child closes its copies of the parent's connection now: a
+	 * reference a parent's thread held when it forked (a
+	 * wc_model_file_origin() waiting for ORIGINS, a release) is never
+	 * given back here, and the last one would close them. */
 	if (own)
 		request_unlock(c);
+	else
+		request_close_fds(c);
 	/* Freed now, or by the last release or build still using it. */
 	attach_client_put(c);
 }

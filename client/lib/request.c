@@ -341,11 +341,28 @@ connect_retrying(int fd, const struct sockaddr_un *sa, int ms, const struct time
  * between kept the new socket open). The mutex orders the stores as well:
  * the unlock after a step happens before the forking thread's lock in the
  * prepare handler, and fork() copies the memory in that thread. Nothing
- * is taken under fd_lock, and it is never taken under another lock of
- * libwcache's but the client's own (clients_lock is never held around it).
+ * is taken under fd_lock (a close of a connection of no client's is made
+ * under it: own_sockets below), and it is never taken under another lock
+ * of libwcache's but the client's own (clients_lock is never held around
+ * it).
  */
 static pthread_mutex_t fd_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t fd_lock_once = PTHREAD_ONCE_INIT;
+
+/*
+ * The connections of no client (request_origins()'s, each its own), from
+ * the socket() that makes one to its close, both under fd_lock: a child
+ * forked by another thread meanwhile closes its copies at once
+ * (fd_lock_child), since none of its threads knows them (review rev180
+ * F8: the copy kept the connection open, and wcached counted it against
+ * max_clients and max_clients_per_uid until its idle sweep). Each entry
+ * lives on the stack of the thread using it, which fork() copies.
+ */
+struct own_socket {
+	int fd;
+	struct own_socket *next;
+};
+static struct own_socket *own_sockets;
 
 static void
 fd_lock_take(void)
@@ -360,9 +377,18 @@ fd_lock_give(void)
 }
 
 static void
+fd_lock_child(void)
+{
+	for (struct own_socket *o = own_sockets; o != NULL; o = o->next)
+		close(o->fd);
+	own_sockets = NULL;
+	pthread_mutex_unlock(&fd_lock);
+}
+
+static void
 fd_lock_atfork(void)
 {
-	(void)pthread_atfork(fd_lock_take, fd_lock_give, fd_lock_give);
+	(void)pthread_atfork(fd_lock_take, fd_lock_give, fd_lock_child);
 }
 
 static struct fd_identity
@@ -401,32 +427,40 @@ request_first_fd(wc_client *c, int fd)
 void
 request_close_fds(wc_client *c)
 {
-	if (is_still(c->fd, &c->fd_id))
+	if (c->fd >= 0 && is_still(c->fd, &c->fd_id))
 		close(c->fd);
 	if (c->next_fd >= 0 && is_still(c->next_fd, &c->next_id))
 		close(c->next_fd);
+	c->fd = -1;
+	c->next_fd = -1;
 }
 
 /* A socket for path's connection into *out; with c, a reconnect's: made
- * c->next_fd with its identity in the same step. -errno with the message. */
+ * c->next_fd with its identity in the same step; with own, a connection of
+ * no client's: own->fd, on own_sockets in the same step. -errno with the
+ * message. */
 static int
-open_socket(wc_client *c, int *out)
+open_socket(wc_client *c, struct own_socket *own, int *out)
 {
 	int fd, e;
 
-	if (c != NULL) {
+	if (c != NULL || own != NULL) {
 		pthread_once(&fd_lock_once, fd_lock_atfork);
 		pthread_mutex_lock(&fd_lock);
 	}
 	fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	e = errno;
-	if (c != NULL) {
-		if (fd >= 0) {
-			c->next_id = identity_of(fd);
-			c->next_fd = fd;
-		}
-		pthread_mutex_unlock(&fd_lock);
+	if (c != NULL && fd >= 0) {
+		c->next_id = identity_of(fd);
+		c->next_fd = fd;
 	}
+	if (own != NULL && fd >= 0) {
+		own->fd = fd;
+		own->next = own_sockets;
+		own_sockets = own;
+	}
+	if (c != NULL || own != NULL)
+		pthread_mutex_unlock(&fd_lock);
 	if (fd == -1)
 		return error_set(-e, "socket: %s", strerror(e));
 	*out = fd;
@@ -435,10 +469,23 @@ open_socket(wc_client *c, int *out)
 
 /* Closes fd, which open_socket() made c->next_fd (c may be NULL), after a
  * failure to connect it: closed first, so that a child forked in between
- * finds the number closed (or another file), never a copy nothing names. */
+ * finds the number closed (or another file), never a copy nothing names.
+ * With own, fd is own->fd: closed and taken off own_sockets in one step
+ * (a child closes what is on it by number). */
 static void
-close_socket(wc_client *c, int fd)
+close_socket(wc_client *c, struct own_socket *own, int fd)
 {
+	if (own != NULL) {
+		pthread_mutex_lock(&fd_lock);
+		close(fd);
+		for (struct own_socket **p = &own_sockets; *p != NULL; p = &(*p)->next)
+			if (*p == own) {
+				*p = own->next;
+				break;
+			}
+		pthread_mutex_unlock(&fd_lock);
+		return;
+	}
 	close(fd);
 	if (c != NULL) {
 		pthread_mutex_lock(&fd_lock);
@@ -463,11 +510,12 @@ take_next_fd(wc_client *c)
 /*
  * Opens a SOCK_SEQPACKET connection to path with the deadline ms for the
  * connect and every later wait; *out gets the descriptor, which passes to
- * the caller (with c, a reconnect's: c->next_fd, open_socket). The errors
- * name the path and say whether wcached is running.
+ * the caller (with c, a reconnect's: c->next_fd; with own, one of no
+ * client's, which close_socket(NULL, own, ...) closes: open_socket). The
+ * errors name the path and say whether wcached is running.
  */
 static int
-open_connection(wc_client *c, const char *path, int ms, int *out)
+open_connection(wc_client *c, struct own_socket *own, const char *path, int ms, int *out)
 {
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
 	struct timespec start;
@@ -477,17 +525,17 @@ open_connection(wc_client *c, const char *path, int ms, int *out)
 		return error_set(-ENAMETOOLONG, "%s: socket path longer than %zu bytes", path,
 			sizeof(sa.sun_path) - 1);
 	memcpy(sa.sun_path, path, strlen(path) + 1);
-	if ((r = open_socket(c, &fd)) < 0)
+	if ((r = open_socket(c, own, &fd)) < 0)
 		return r;
 	if ((r = apply_timeout(fd, ms, path)) < 0) {
-		close_socket(c, fd);
+		close_socket(c, own, fd);
 		return r;
 	}
 	clock_gettime(CLOCK_MONOTONIC, &start);
 	if (connect_retrying(fd, &sa, ms, &start) == -1) {
 		int e = errno;
 
-		close_socket(c, fd);
+		close_socket(c, own, fd);
 		if (e == EAGAIN || e == EINPROGRESS || e == EINTR)
 			return error_set(-ETIMEDOUT, "wcached at %s did not accept the connection "
 				"within %.3g s (waited %.3g s; the limit is %s or "
@@ -505,7 +553,7 @@ open_connection(wc_client *c, const char *path, int ms, int *out)
 int
 request_open(const char *path, int ms, int *out)
 {
-	return open_connection(NULL, path, ms, out);
+	return open_connection(NULL, NULL, path, ms, out);
 }
 
 static ssize_t roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq,
@@ -596,6 +644,7 @@ request_origins(const char *path, int ms, const char *name, uint64_t generation,
 	size_t file_count, wc_file_identity *out)
 {
 	struct wire_origins_ok *ok;
+	struct own_socket own = { .fd = -1 };
 	struct timespec start;
 	uint32_t first = 0;
 	int fd = -1, r;
@@ -603,7 +652,8 @@ request_origins(const char *path, int ms, const char *name, uint64_t generation,
 	if ((ok = calloc(1, sizeof(*ok))) == NULL)
 		return error_set(-ENOMEM, "out of memory");
 	clock_gettime(CLOCK_MONOTONIC, &start);
-	if ((r = request_open(path, ms, &fd)) < 0)
+	/* Its own connection, which a child forked meanwhile closes. */
+	if ((r = open_connection(NULL, &own, path, ms, &fd)) < 0)
 		goto out;
 	do {
 		if ((r = origins_page(fd, path, ms, &start, name, first, ok)) < 0)
@@ -633,7 +683,7 @@ request_origins(const char *path, int ms, const char *name, uint64_t generation,
 	r = 0;
 out:
 	if (fd >= 0)
-		close(fd);
+		close_socket(NULL, &own, fd);
 	free(ok);
 	return r;
 }
@@ -756,7 +806,7 @@ reconnect(wc_client *c, int ms)
 		/* Each step within what the ones before left of ms. */
 		if ((left = request_left_ms(ms, &start)) == 0)
 			return closed_too_late(c, c->connection);
-		if ((r = open_connection(c, c->path, left < 0 ? 0 : left, &fd)) < 0) {
+		if ((r = open_connection(c, NULL, c->path, left < 0 ? 0 : left, &fd)) < 0) {
 			snprintf(why, sizeof(why), "%s", error_get());
 			/* A socket path that is gone is a daemon that is not
 			 * running, not a model that is not served (what -ENOENT

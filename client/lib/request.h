@@ -38,7 +38,8 @@ int request_open(const char *path, int ms, int *out);
 /*
  * What the staged copies of generation of the model name were copied
  * from (PROTOCOL.md, ORIGINS), asked of wcached at path on a connection of
- * its own within ms: 0 with out's file_count entries, 1 when its files are
+ * its own (a child forked by another thread meanwhile closes its copy at
+ * once) within ms: 0 with out's file_count entries, 1 when its files are
  * not staged copies; -ENOTSUP when wcached does not say (older than
  * ORIGINS), -ESTALE when it serves another generation now, or another
  * -errno, each with the message.
@@ -52,7 +53,8 @@ void request_first_fd(wc_client *c, int fd);
 
 /* Closes c's descriptors that are still its own: its connection, and in a
  * child forked during a reconnect the new socket not yet in its place
- * (attach.c, attach_client_put: c's last reference). */
+ * (attach.c, attach_client_put: c's last reference; in a child, also
+ * wc_disconnect() of a parent's client), and forgets them (-1). */
 void request_close_fds(wc_client *c);
 
 /*

@@ -749,6 +749,33 @@ test_reconnect_records_the_new_socket(void **state)
  * socket had replaced the old one, so a child forked there kept the old
  * socket's identity for the new number and left it open.
  */
+/* Arms the fork probe at at, for f's client and model. */
+static void
+fork_probe_arm(struct fixture *f, int at)
+{
+	assert_int_equal(sem_init(&fork_probe.forked, 0, 0), 0);
+	fork_probe.f = f;
+	fork_probe.started = 0;
+	fork_probe.status = -1;
+	fork_probe.at = at;
+}
+
+/* Disarms the probe, which must have fired, and asserts that its child
+ * closed every copy of the connections; during names when it forked. */
+static void
+fork_probe_check(const char *during)
+{
+	fork_probe.at = FORK_AT_NONE;
+	assert_true(fork_probe.started);
+	assert_int_equal(pthread_join(fork_probe.thread, NULL), 0);
+	sem_destroy(&fork_probe.forked);
+	if (!WIFEXITED(fork_probe.status) || WEXITSTATUS(fork_probe.status) != 0)
+		fail_msg("the child forked %s left %s open (status %#x)", during,
+			WIFEXITED(fork_probe.status) && WEXITSTATUS(fork_probe.status) == 4 ?
+			"the client's connection" : "the connection being made",
+			fork_probe.status);
+}
+
 static void
 reconnect_forked(struct fixture *f, int at)
 {
@@ -759,20 +786,9 @@ reconnect_forked(struct fixture *f, int at)
 	f->fake.connections = 2;
 	before = attach_ok(f);
 	hang_up(f);
-	assert_int_equal(sem_init(&fork_probe.forked, 0, 0), 0);
-	fork_probe.f = f;
-	fork_probe.started = 0;
-	fork_probe.status = -1;
-	fork_probe.at = at;
+	fork_probe_arm(f, at);
 	assert_int_equal(wc_client_dispatch(f->client), 0);
-	fork_probe.at = FORK_AT_NONE;
-	assert_true(fork_probe.started);
-	assert_int_equal(pthread_join(fork_probe.thread, NULL), 0);
-	sem_destroy(&fork_probe.forked);
-	if (!WIFEXITED(fork_probe.status) || WEXITSTATUS(fork_probe.status) != 0)
-		fail_msg("the child forked during the reconnect left %s open (status %#x)",
-			WIFEXITED(fork_probe.status) && WEXITSTATUS(fork_probe.status) == 4 ?
-			"the old connection" : "the new connection", fork_probe.status);
+	fork_probe_check("during the reconnect");
 	assert_int_equal(f->fake.accepted, 2);
 	release_and_finish(f, before);
 }
@@ -2051,6 +2067,35 @@ origin_of(struct fixture *f, struct origins_peer *p, int ask, size_t k, wc_file_
 }
 
 /*
+ * Another thread's fork() while wc_model_file_origin()'s connection of its
+ * own is open (review rev180 F8): the child closes its copy, as it does
+ * those of the client's connections, so that wcached sees that connection
+ * end when the parent closes it. Before, the copy stayed open for the
+ * child's life, counted against max_clients and max_clients_per_uid until
+ * wcached's idle sweep (the child exited 3, "the connection being made"; and
+ * with that fixed 4, "the client's connection": the reference the parent's
+ * thread held kept the child's wc_disconnect() from closing it).
+ */
+static void
+test_fork_while_origins_connects(void **state)
+{
+	struct fixture *f = *state;
+	struct origins_peer p = { .answer = ORIGINS_STAGED };
+	wc_file_identity id;
+	int before;
+
+	if (__real_connect == NULL)
+		skip();
+	before = attach_ok(f);
+	fork_probe_arm(f, FORK_AT_CONNECT);
+	assert_int_equal(origin_of(f, &p, 1, 0, &id), 0);
+	fork_probe_check("while ORIGINS connected");
+	assert_int_equal(p.accepted, 1);
+	assert_int_equal(id.ino, peer_origin(0).ino);
+	release_and_finish(f, before);
+}
+
+/*
  * wcached says what the files were copied from: libwcache asks it once,
  * on a connection of its own (ORIGINS with the model's name, from file 0),
  * and answers every file from that; the client's own connection carries
@@ -2368,6 +2413,7 @@ main(void)
 		T(test_file_origin_oldest_wcached),
 		T(test_file_origin_busy_or_closed_asks_again),
 		T(test_file_origin_asked_again_after_reconnect),
+		T(test_fork_while_origins_connects),
 		T(test_reconnect_holds),
 		T(test_reconnect_records_the_new_socket),
 		T(test_fork_while_reconnect_connects),
