@@ -192,6 +192,58 @@ next_builder(struct derive_build *b, int *skipped)
 	}
 }
 
+/* Whether a waiter of b of a uid that has not lost it may build it. */
+static int
+fresh_builder_waits(const struct derive_build *b)
+{
+	for (const struct derive_waiter *w = b->waiters; w != NULL; w = w->next)
+		if (w->may_build && !lost_before(b, w->uid))
+			return 1;
+	return 0;
+}
+
+/* Keeps b's builder uid as one that abandoned b's key and generation, for
+ * b's derive_timeout (derive.h: struct derive_abandoned). */
+static void
+remember_abandoner(struct derive_table *t, const struct derive_build *b)
+{
+	struct derive_abandoned *slot = NULL;
+	uint64_t now = derive_now_ms(t);
+
+	for (unsigned i = 0; i < DERIVE_ABANDONED; i++) {
+		struct derive_abandoned *x = &t->abandoned[i];
+
+		if (x->until_ms <= now || (x->entry_id == b->entry_id && x->source == b->source &&
+			x->uid == b->builder_uid && strcmp(x->key, b->key) == 0)) {
+			slot = x;
+			break;
+		}
+		if (slot == NULL || x->until_ms < slot->until_ms)
+			slot = x;
+	}
+	slot->entry_id = b->entry_id;
+	slot->source = b->source;
+	slot->uid = b->builder_uid;
+	slot->until_ms = now + b->timeout_ms;
+	memcpy(slot->key, b->key, sizeof(slot->key));
+}
+
+/* A new build b counts those who abandoned its key and generation lately
+ * as having lost it (next_builder). */
+static void
+seed_lost(struct derive_table *t, struct derive_build *b)
+{
+	uint64_t now = derive_now_ms(t);
+
+	for (unsigned i = 0; i < DERIVE_ABANDONED && b->nlost < DERIVE_LOST_UIDS; i++) {
+		const struct derive_abandoned *x = &t->abandoned[i];
+
+		if (x->until_ms > now && x->entry_id == b->entry_id && x->source == b->source &&
+			strcmp(x->key, b->key) == 0 && !lost_before(b, x->uid))
+			b->lost_uids[b->nlost++] = x->uid;
+	}
+}
+
 /* The builder went away (why), or its publication was refused after it
  * had gone: the next builder takes over (next_builder), else the build
  * fails for every waiter (EHOSTDOWN, why in the text). */
@@ -591,6 +643,7 @@ derive_request(struct derive_table *t, const struct wire_derive *d,
 	b->timeout_ms = m->derive_timeout_ms;
 	b->started_ms = derive_now_ms(t);
 	b->deadline_ms = b->started_ms + b->timeout_ms;
+	seed_lost(t, b);
 	b->next = t->builds;
 	t->builds = b;
 	t->stats.builds++;
@@ -658,9 +711,21 @@ derive_abandon(struct derive_table *t, void *conn, uint64_t token, const char *r
 
 	if ((err = derive_build_of_token(t, conn, token, &b, msg, msg_size)) < 0 || b == NULL)
 		return err < 0 ? err : -ESTALE;
+	if (reason[0] == '\0')
+		reason = "(no reason given)";
+	/* Its uid abandoned (or lost) this key and generation before: a
+	 * waiter of another user that may build takes it over, rather than
+	 * every waiter failing while it asks again at once (rev181 F2). */
+	if (lost_before(b, b->builder_uid) && fresh_builder_waits(b)) {
+		snprintf(text, sizeof(text), "abandoned it again: %s", reason);
+		remember_abandoner(t, b);
+		derive_builder_lost(t, b, text);
+		return 0;
+	}
+	remember_abandoner(t, b);
 	snprintf(text, sizeof(text), "model \"%s\": derived \"%s\" of generation %" PRIu64
 		 ": the build by pid %d failed: %s", b->model_name, b->key, b->source,
-		(int)b->builder_pid, reason[0] != '\0' ? reason : "(no reason given)");
+		(int)b->builder_pid, reason);
 	derive_build_fail(t, b, -ECANCELED, text);
 	return 0;
 }

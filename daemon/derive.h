@@ -127,6 +127,22 @@ struct derive_stats {
 	uint64_t dropped;       /* artifacts dropped (nobody held them) */
 };
 
+/* Who abandoned a build lately (derive_abandon), kept for the build's
+ * derive_timeout: a new build of that key and generation counts the uid as
+ * one that lost it, so that when it abandons again a waiter of another user
+ * that may build takes it over instead of every waiter failing. Otherwise a
+ * builder that sent ABANDON and a new DERIVE in one burst was the builder
+ * again before any waiter heard of the failure, for ever (rev181 F2).
+ * DERIVE_ABANDONED are kept; a full list forgets the one that ends first. */
+#define DERIVE_ABANDONED 64
+struct derive_abandoned {
+	uint64_t entry_id;
+	uint64_t source;
+	uint64_t until_ms;       /* 0: an empty place */
+	uid_t uid;
+	char key[WIRE_MAX_KEY + 1];
+};
+
 struct derive_table {
 	struct registry *r;
 	struct derived *artifacts;
@@ -148,6 +164,7 @@ struct derive_table {
 	 * memory_budget it bounds an artifact. 0: not known, no bound. */
 	uint64_t mem_limit;
 	char mem_source[DERIVE_MEM_SOURCE];
+	struct derive_abandoned abandoned[DERIVE_ABANDONED];
 	int closed;
 };
 
