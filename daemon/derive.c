@@ -255,14 +255,11 @@ derive_builder_lost(struct derive_table *t, struct derive_build *b, const char *
 	int skipped = 0;
 
 	t->stats.builders_lost++;
-	if (derive_may_log(t, b->builder_uid, more, sizeof(more)))
-		log_warnx("model \"%s\": derived \"%s\" of generation %" PRIu64 ": the builder "
-			  "(pid %d uid %u) %s%s", b->model_name, b->key, b->source,
-			(int)b->builder_pid, (unsigned)b->builder_uid, why, more);
 	b->builder = NULL;
 	if (!lost_before(b, b->builder_uid) && b->nlost < DERIVE_LOST_UIDS)
 		b->lost_uids[b->nlost++] = b->builder_uid;
 	if ((w = next_builder(b, &skipped)) == NULL) {
+		/* One line in the log: derive_build_fail's, which says why. */
 		snprintf(text, sizeof(text),
 			"model \"%s\": derived \"%s\" of generation %" PRIu64 ": the builder "
 			"(pid %d uid %u) %s, and no waiting worker may build it (%s)",
@@ -272,6 +269,10 @@ derive_builder_lost(struct derive_table *t, struct derive_build *b, const char *
 		derive_build_fail(t, b, -EHOSTDOWN, text);
 		return;
 	}
+	if (derive_may_log(t, b->builder_uid, more, sizeof(more)))
+		log_warnx("model \"%s\": derived \"%s\" of generation %" PRIu64 ": the builder "
+			  "(pid %d uid %u) %s%s", b->model_name, b->key, b->source,
+			(int)b->builder_pid, (unsigned)b->builder_uid, why, more);
 	b->builder = w->conn;
 	b->builder_pid = w->pid;
 	b->builder_uid = w->uid;
@@ -324,8 +325,15 @@ expire_one(struct derive_table *t, uint64_t now)
 			return 1;
 		}
 		if (b->builder != NULL && b->check == NULL && b->deadline_ms <= now) {
+			struct derive_ended *e = &t->ended[t->next_ended++ % DERIVE_ENDED_TOKENS];
 			char why[96];
 
+			/* Its builder is told at its PUBLISH or ABANDON. */
+			e->token = b->token;
+			e->timeout_s = b->timeout_ms / 1000;
+			snprintf(e->what, sizeof(e->what),
+				"model \"%s\": derived \"%s\" of generation %" PRIu64,
+				b->model_name, b->key, b->source);
 			snprintf(why, sizeof(why),
 				"did not publish within derive_timeout (%" PRIu64 " s)",
 				b->timeout_ms / 1000);
@@ -695,6 +703,17 @@ derive_build_of_token(struct derive_table *t, void *conn, uint64_t token, struct
 		}
 		*out = b;
 		return 0;
+	}
+	for (unsigned i = 0; i < DERIVE_ENDED_TOKENS; i++) {
+		const struct derive_ended *e = &t->ended[i];
+
+		if (e->token == token) {
+			snprintf(msg, msg_size, "%s: its build (token %" PRIx64 ") was taken away "
+				 "after derive_timeout (%" PRIu64 " s); raise the model's "
+				 "derive_timeout if building takes longer", e->what, token,
+				e->timeout_s);
+			return -ESTALE;
+		}
 	}
 	snprintf(msg, msg_size, "no build in progress has token %" PRIx64 " (it was published, "
 		 "abandoned, timed out or never given)", token);

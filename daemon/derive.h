@@ -143,6 +143,18 @@ struct derive_abandoned {
 	char key[WIRE_MAX_KEY + 1];
 };
 
+/* Builds taken from their builder at derive_timeout, lately, by token: a
+ * late PUBLISH or ABANDON with one is told that (rev181 F3: it was told "no
+ * build in progress has token X (it was published, abandoned, timed out or
+ * never given)", never the setting to raise). DERIVE_ENDED_TOKENS are kept,
+ * the oldest forgotten first. */
+#define DERIVE_ENDED_TOKENS 16
+struct derive_ended {
+	uint64_t token;          /* 0: an empty place */
+	uint64_t timeout_s;
+	char what[WIRE_MAX_NAME + WIRE_MAX_KEY + 64]; /* model "m": derived "k" of generation G */
+};
+
 struct derive_table {
 	struct registry *r;
 	struct derived *artifacts;
@@ -165,6 +177,8 @@ struct derive_table {
 	uint64_t mem_limit;
 	char mem_source[DERIVE_MEM_SOURCE];
 	struct derive_abandoned abandoned[DERIVE_ABANDONED];
+	struct derive_ended ended[DERIVE_ENDED_TOKENS];
+	unsigned next_ended;       /* the place the next one takes */
 	int closed;
 };
 

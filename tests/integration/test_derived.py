@@ -567,6 +567,26 @@ def test_a_builder_that_never_publishes_loses_the_build_at_derive_timeout(derive
     d.wait_for_log(r"did not publish within derive_timeout \(1 s\)")
 
 
+def test_a_builder_past_derive_timeout_is_told_so_when_it_publishes(derived):
+    """rev181 F3: a builder whose build was taken away at derive_timeout was
+    told, at its late PUBLISH, "no build in progress has token X (it was
+    published, abandoned, timed out or never given)", never the setting to
+    raise; and wcached logged the timeout twice. It is told its build was
+    taken away after derive_timeout (N s), and the log says it once."""
+    d = derived({"derive_timeout": "1"})
+    ready(d, "small")
+    a = Peer(d)
+    r = build(a)
+    d.wait_for_log(r"did not publish within derive_timeout \(1 s\)")
+    fd = memfd_with(ARTIFACT)
+    a.publish(r["token"], fd)
+    os.close(fd)
+    expect_error(a.reply(), "ESTALE", 'model "small": derived "f32-v1" of generation 1: its '
+                 f'build (token {r["token"]:x}) was taken away after derive_timeout (1 s)')
+    lines = [x for x in d.read_log().splitlines() if "derive_timeout (1 s)" in x]
+    assert len(lines) == 1, lines
+
+
 def test_an_abandoned_build_gives_every_waiter_the_reason(derived):
     d = derived()
     ready(d, "small")
