@@ -334,7 +334,14 @@ def test_run_sh_interrupted_ends_its_step(tmp_path):
     step never ends on its own, so the deadlines only fail a run.sh that
     hangs or a step it left: run.sh's exit includes its cleanup, which
     starts Python twice (4-6 s after the signal at load 15; once past a
-    30 s limit here, with builds and other suites beside it)."""
+    30 s limit here, with builds and other suites beside it). run.sh starts
+    with SIGINT at its default, as a terminal's foreground job does
+    (_sigint_default): a runner started with `&` from a script ignores
+    SIGINT, run.sh inherited that, and bash cannot trap a signal ignored
+    when it started: it ignored the SIGINT (exit 1, after the step's limit)
+    or, under load, died of it (-2) racing the handler it sets for a moment
+    around each wait, without its trap, leaving the step (8 of 8 runs
+    failed so, 8 at once beside 2 busy loops on 2 cores)."""
     real = shutil.which("timeout")
     assert real
     bin_dir = tmp_path / "bin"
@@ -350,7 +357,8 @@ def test_run_sh_interrupted_ends_its_step(tmp_path):
         with open(tmp_path / "err", "w+") as err:
             p = subprocess.Popen([os.path.join(REPO, "tests", "gpu", "run.sh"), "--cpu",
                                   "--gib", "0.01", "--work", str(tmp_path / "work")],
-                                 env=env, stdout=subprocess.DEVNULL, stderr=err)
+                                 env=env, stdout=subprocess.DEVNULL, stderr=err,
+                                 preexec_fn=_sigint_default)
             try:
                 deadline = time.monotonic() + 120
                 while not step_pid.exists() or not step_pid.read_text().strip():
@@ -372,6 +380,12 @@ def test_run_sh_interrupted_ends_its_step(tmp_path):
                     p.wait()
                 _kill_ours(step_pid, "sleep\0" "100000")
         assert not (tmp_path / "work").exists()  # cleanup ran
+
+
+def _sigint_default():
+    """In the child before it runs run.sh: SIGINT handled by default, as
+    in a terminal's foreground job, whatever this process inherited."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _kill_ours(pid_file, marker):
