@@ -227,9 +227,18 @@ registry_enforce_budget(struct registry *r)
 		}
 		if (lru == NULL)
 			break;
-		log_info("model \"%s\": evicted to keep within memory_budget (%" PRIu64
-			 " MiB of models, budget %" PRIu64 " MiB)", lru->name, total >> 20,
-			r->memory_budget >> 20);
+		/* What is left of derived artifacts after those nobody held
+		 * went is held by workers: said apart from the models. */
+		if (r->derived_bytes == 0)
+			log_info("model \"%s\": evicted to keep within memory_budget (%" PRIu64
+				 " MiB of models, budget %" PRIu64 " MiB)", lru->name,
+				total >> 20, r->memory_budget >> 20);
+		else
+			log_info("model \"%s\": evicted to keep within memory_budget (%" PRIu64
+				 " MiB of models and %" PRIu64 " MiB of derived artifacts workers "
+				 "hold, budget %" PRIu64 " MiB)", lru->name,
+				(total - r->derived_bytes) >> 20, r->derived_bytes >> 20,
+				r->memory_budget >> 20);
 		gen_evict(r, lru->current);
 		total -= lru->current->bytes;
 	}

@@ -1013,6 +1013,20 @@ def test_unheld_artifacts_go_first_under_the_memory_budget(derived):
     closing(held)
 
 
+def test_a_model_evicted_for_held_artifacts_says_so(derived):
+    """rev181 F5: the eviction line counted held artifacts as "MiB of models";
+    it says how much of the total is derived artifacts workers hold."""
+    d = derived(daemon_extra="memory_budget = 3M")
+    ready(d, "small")
+    blob = st_bytes({"w": ("U8", [1100 * 1024], bytes(1100 * 1024))})
+    a = Peer(d)
+    held = [publish_held(a, f"k{i}", blob) for i in range(3)]
+    d.wait_for_log(r'model "small": evicted to keep within memory_budget \(0 MiB of models '
+                   r"and 3 MiB of derived artifacts workers hold, budget 3 MiB\)")
+    for rep in held:
+        closing(rep)
+
+
 def one_tensor_memfd(n, fill):
     """A memfd of one U8 tensor of n bytes, its header written and its data
     filled by fill(fd, offset, n) (nothing: holes)."""
