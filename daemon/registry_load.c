@@ -375,9 +375,11 @@ owned_by(const struct model_source *src, uid_t uid)
  * Whether q, a watched reload of a model whose operator's load found
  * nothing at its path, opened its files in the tree of the directory that
  * holds the place that path named (q->keep_place): that directory, or its
- * hub repo (tree_split), and they are at that place (a file made there),
- * or in a hub repo (which holds that repo's files only), or all the user's
- * who owned the directory the place was to be made in (keep_uid). A
+ * hub repo (tree_split), and they are at that place (a file made there,
+ * with files of its maker only: an index made there may name any file in
+ * the directory, review rev182 F1), or in a hub repo (which holds that
+ * repo's files only), or all the user's who owned the directory the place
+ * was to be made in (keep_uid). A
  * directory holds other users' models too: a link at the place to another
  * user's file beside it waits for the operator's reload (review rev180
  * F5), as a link to another user's directory beside it does (sibling_swap).
@@ -386,12 +388,14 @@ static int
 at_place(const struct load_request *q)
 {
 	char *dir = q->keep_place != NULL ? path_dir(q->keep_place) : NULL, *root, *sub;
+	struct stat st;
 	int ok = dir != NULL && tree_split(dir, &root, &sub) == 0;
 
 	if (ok) {
 		ok = strcmp(q->root, root) == 0 && (sub[0] != '\0' ||
 			owned_by(&q->source, q->keep_uid) ||
-			(q->resolved != NULL && strcmp(q->resolved, q->keep_place) == 0));
+			(q->resolved != NULL && strcmp(q->resolved, q->keep_place) == 0 &&
+				stat(q->resolved, &st) == 0 && owned_by(&q->source, st.st_uid)));
 		free(root);
 		free(sub);
 	}

@@ -1301,6 +1301,29 @@ test_link_below_later_dir_to_owners_tree_waits(void **state)
 	free(p);
 }
 
+/* An index made at the place by alice that names bob's 0600 file beside it
+ * as its shard: the file made at the place is taken, whoever made it, but
+ * only with files of the one who made it (review rev182 F1: bob's bytes
+ * were served to the model's clients). */
+static void
+test_index_at_place_naming_another_users_file_waits(void **state)
+{
+	struct du *t = *state;
+	char *p = missing_llama(t, "llama.safetensors.index.json"), *bob;
+	FILE *f;
+
+	bob = du_model(t, "models/bob.safetensors", 1024);
+	assert_int_equal(chown(bob, 12345, 12345), 0);
+	assert_int_equal(chmod(bob, 0600), 0);
+	assert_non_null(f = fopen(p, "w"));
+	fputs("{\"weight_map\":{\"w\":\"bob.safetensors\"}}", f);
+	fclose(f);
+	assert_int_equal(chown(p, 23456, 23456), 0);
+	assert_int_equal(r180_watched(t, "llama"), -EXDEV);
+	free(bob);
+	free(p);
+}
+
 int
 main(void)
 {
@@ -1317,6 +1340,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_a_file_made_at_the_place_loads_whoever_made_it,
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(test_link_at_place_to_owners_file_beside_it_loads,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(test_index_at_place_naming_another_users_file_waits,
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(test_link_below_later_dir_to_owners_tree_waits,
 			setup, teardown),
