@@ -938,9 +938,94 @@ def pinned_row(a, torch, device, nbytes):
          first_gbps=round(size / first / 1e9, 2), link=link)
 
 
+# What each concurrent loader holds on the device beside the model: its
+# CUDA context (~0.5 GiB with torch 2.x's lazy module loading), the
+# caching allocator's rounding and the check's sums. 1 GiB, and 2% of the
+# model, is the margin; the free figure is read with the probe's own
+# context alive, one context more of it. --cpu: 256 MiB, what a Python
+# with torch keeps resident in the host memory that stands for the device.
+LOADER_OVERHEAD = GIB
+CPU_LOADER_OVERHEAD = 256 * MIB
+
+
+def loader_bytes(model_bytes, overhead=LOADER_OVERHEAD):
+    """The device memory one concurrent loader of a model of model_bytes
+    is allowed for: the model, 2% of it, and overhead."""
+    return model_bytes + model_bytes // 50 + overhead
+
+
+def concurrent_fit(n, model_bytes, free, overhead=LOADER_OVERHEAD):
+    """How many of n concurrent loaders to run with free bytes of device
+    memory: n where n fit, else the most that fit, 0 where not even 2 do
+    (then the step is skipped: one process is the new path's own row)."""
+    fit = min(n, free // loader_bytes(model_bytes, overhead))
+    return fit if fit >= 2 else 0
+
+
+def device_free(cpu):
+    """(free bytes of the device, where the figure came from), or (None,
+    why it is unknown). GPUBENCH_TEST_DEVICE_FREE (bytes) is a test's
+    figure; --cpu: the host's MemAvailable (host memory stands for the
+    device); else torch.cuda.mem_get_info() in a process of its own, so
+    that no context of this one stays on the device beside the loaders'."""
+    fake = os.environ.get("GPUBENCH_TEST_DEVICE_FREE")
+    if fake:
+        return int(fake), "GPUBENCH_TEST_DEVICE_FREE, a test's figure"
+    if cpu:
+        gib = _available_gib()
+        return (None, "no MemAvailable in /proc/meminfo") if gib is None else \
+            (int(gib * GIB), "--cpu: the host's MemAvailable")
+    try:
+        p = subprocess.run([sys.executable, __file__, "device-memory"], capture_output=True,
+                           text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return None, "torch.cuda.mem_get_info() did not answer in 60 s"
+    if p.returncode != 0:
+        said = (p.stderr.strip().splitlines() or ["no output"])[-1]
+        return None, f"torch.cuda.mem_get_info() failed (exit {p.returncode}: {said[:200]})"
+    try:
+        free, total = map(int, p.stdout.split())
+    except ValueError:
+        return None, f"torch.cuda.mem_get_info() said {p.stdout.strip()[:200]!r}"
+    return free, f"torch.cuda.mem_get_info(): {free / GIB:.1f} of {total / GIB:.1f} GiB free"
+
+
+def cmd_device_memory(a):
+    """Prints device 0's free and total bytes (torch.cuda.mem_get_info())."""
+    import torch
+    free, total = torch.cuda.mem_get_info(0)
+    print(free, total)
+    return 0
+
+
 def cmd_concurrent(a):
     """a.n processes load at once (method new, through wcached); the
-    aggregate is all bytes over first start to last end."""
+    aggregate is all bytes over first start to last end. Fewer (at least
+    2) where a.n copies of the model do not fit the device's free memory
+    (loader_bytes each), none where 2 do not: one line says so, and the
+    row (method concurrent<a.n>) says how many ran ("processes") and why
+    ("fit"), so that the report and its judge line name what ran."""
+    overhead = CPU_LOADER_OVERHEAD if a.cpu else LOADER_OVERHEAD
+    try:
+        model_bytes = os.path.getsize(a.model)
+        free, how = device_free(a.cpu)
+    except OSError as e:  # the loaders say what became of the model
+        free, how = None, f"{a.model}: {e.strerror}"
+    n, fit = a.n, ""
+    if free is None:
+        log(f"{a.n} processes at once: not checked against the device's free memory "
+            f"({how}): running {a.n}")
+    else:
+        n = concurrent_fit(a.n, model_bytes, free, overhead)
+        if n < a.n:
+            fit = (f"{a.n} x {loader_bytes(model_bytes, overhead) / GIB:.2f} GiB (the model, "
+                   f"its 2% and {overhead / GIB:g} GiB for each process's context) do not fit the "
+                   f"device's {free / GIB:.2f} GiB free ({how}): ") + \
+                (f"{n} processes instead" if n else "not even 2 do: skipped")
+            log(f"{a.n} processes at once: {fit}")
+    if n == 0:
+        emit(a.results, method=f"concurrent{a.n}", processes=0, fit=fit)
+        return 0
     go = os.path.join(a.dir, f"go.{os.getpid()}")
     tmp = a.results + ".concurrent"
     if os.path.exists(tmp):
@@ -948,10 +1033,10 @@ def cmd_concurrent(a):
     args = [sys.executable, __file__] + (["--cpu"] if a.cpu else []) + [
         "bench", "--method", "wcache", "--model", a.model, "--results", tmp, "--reps", "1",
         "--wait", go, "--tag", "concurrent"]
-    procs = [subprocess.Popen(args) for _ in range(a.n)]
+    procs = [subprocess.Popen(args) for _ in range(n)]
     deadline = time.monotonic() + 300
     while len([f for f in os.listdir(a.dir) if f.startswith(os.path.basename(go) + ".ready.")]) \
-            < a.n:
+            < n:
         if any(p.poll() not in (None, 0) for p in procs) or time.monotonic() > deadline:
             for p in procs:
                 p.kill()
@@ -967,10 +1052,12 @@ def cmd_concurrent(a):
     total = sum(r["bytes"] for r in rows)
     span = max(r["end"] for r in rows) - min(r["start"] for r in rows)
     # each process's first and only load: first is the row itself
-    row = dict(method=f"concurrent{a.n}", bytes=total, seconds=round(span, 4),
+    row = dict(method=f"concurrent{a.n}", processes=n, bytes=total, seconds=round(span, 4),
                gbps=round(total / span / 1e9, 2), first_s=round(span, 4),
                first_gbps=round(total / span / 1e9, 2),
                path=",".join(sorted({r["path"] for r in rows})))
+    if fit:
+        row["fit"] = fit
     for key in ("registered_mib", "present_mib", "private_mib"):  # per process, the most
         if any(key in r for r in rows):
             row[key] = max(r.get(key, 0) for r in rows)
@@ -1424,7 +1511,7 @@ def targets(rows):
     by = {r["method"]: r for r in rows}
 
     def gbps(m):
-        return by[m]["gbps"] if m in by else None
+        return by[m].get("gbps") if m in by else None
     limit, new, up, conc = gbps("pinned"), gbps("wcache"), gbps("upstream"), gbps("concurrent4")
     out = []
 
@@ -1434,8 +1521,15 @@ def targets(rows):
           else new >= 0.8 * limit, f"{new} vs {limit} GB/s")
     judge("new path >= 2x upstream safetensors", None if new is None or up is None
           else new >= 2 * up, f"{new} vs {up} GB/s")
-    judge("4 processes together >= 0.8x limit", None if conc is None or limit is None
-          else conc >= 0.8 * limit, f"{conc} vs {limit} GB/s")
+    # Where 4 did not fit the device, the line names what ran, and why.
+    c = by.get("concurrent4", {})
+    ran, fit = c.get("processes", 4), c.get("fit")
+    if ran == 0:
+        judge("4 processes together >= 0.8x limit", None, f"skipped: {fit}")
+    else:
+        judge(f"{ran} processes together" + ("" if ran == 4 else " (4 do not fit the device)")
+              + " >= 0.8x limit", None if conc is None or limit is None
+              else conc >= 0.8 * limit, f"{conc} vs {limit} GB/s" + (f"; {fit}" if fit else ""))
     for suffix, label in (("", "transformers"),
                           ("_hostreg", "transformers + WCACHE_HOST_REGISTER=1")):
         lg = by.get("logits" + suffix)
@@ -1555,6 +1649,12 @@ def cmd_report(a):
           f"{'private MiB':>11}  path")
     for key, label in names.items():
         r = next((r for r in rows if r["method"] == key), None)
+        fit = r.get("fit") if r is not None else None  # 4 did not fit the device
+        if fit and not r["processes"]:
+            print(f"{label:44} {'skipped':>8}\n    {fit}")
+            continue
+        if fit:  # the row names what ran
+            label = f"wcache, new path, {r['processes']} processes together"
         if r is None:
             print(f"{label:44} {'skipped':>8}")
         else:
@@ -1571,6 +1671,8 @@ def cmd_report(a):
                 print("    " + engine_line(r))
             if key == "pinned":
                 print("    " + pinned_line(r))
+            if fit:
+                print("    " + fit)
     print("(GB/s, seconds: the best of 2 loads in one process; first: GB/s of its first, cold\n"
           " load (the device buffer allocated anew, each path's first calls), which is what a\n"
           " worker's one load pays; the 4 processes' row is each one's first and only load)")
@@ -1654,6 +1756,7 @@ def main(argv=None):
     s.add_argument("--model", required=True)
     s.add_argument("--dir", required=True)
     s.add_argument("--results", required=True)
+    sub.add_parser("device-memory")
     s = sub.add_parser("register-threads")
     s.add_argument("--model", required=True)
     s.add_argument("--results", required=True)
@@ -1685,7 +1788,8 @@ def main(argv=None):
         add_site(a.site)
     return {"host-info": cmd_host_info, "room": cmd_room, "gen": cmd_gen, "warm": cmd_warm,
             "sums": cmd_sums, "daemon": cmd_daemon, "bench": cmd_bench,
-            "concurrent": cmd_concurrent, "llama-make": cmd_llama_make,
+            "concurrent": cmd_concurrent, "device-memory": cmd_device_memory,
+            "llama-make": cmd_llama_make,
             "llama-load": cmd_llama_load, "cpu-engine": cmd_cpu_engine,
             "register-threads": cmd_register_threads,
             "llama-compare": cmd_llama_compare,

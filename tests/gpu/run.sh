@@ -22,7 +22,10 @@
 # wcached with WCACHE_HOST_REGISTER=1, and
 # compares the logits and load times; last, 4 processes load the model at
 # once through wcached (the step most likely to hang, so it goes last
-# among the targets). After every target, informational rows: the new path
+# among the targets; fewer, at least 2, where 4 copies of the model and a
+# context each do not fit the device's free memory, else none: one line
+# says why, and the report's row and judge line name what ran). After
+# every target, informational rows: the new path
 # with staging forced, a get_tensor loop of safe_open on the device
 # (upstream's and wcache's: GB/s and ms per tensor), and registration of 8 x 256 MiB of the model's mapping on
 # 1 thread against 4 (does the driver pin in parallel?).
@@ -412,6 +415,9 @@ fi
 # timeout then costs no other target's step, only the informational rows
 # after it.
 if [ "$have_model" = 1 ]; then
+	# 4 x the model must fit the device: gpubench checks it against
+	# torch.cuda.mem_get_info() (a process of its own, ~5-10 s) and runs
+	# the most that fit, at least 2, or skips the step, saying why.
 	wcache_step "wcache, 4 processes at once" "${gb[@]}" concurrent --n 4 --model "$model" --dir "$work/daemon" --results "$results"
 	# The informational rows (no target) come after every target, so that
 	# however long they take (60 s each at most, ~60 s in all at the

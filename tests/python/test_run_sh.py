@@ -7,6 +7,7 @@ tree made for another host are test_run_sh_carry.py's). Apart from
 test_gpu_script.py, whose report rules and gpubench commands it shares,
 so that the ctest entries python and python_2 (tests/CMakeLists.txt) can
 run them side by side."""
+import json
 import os
 import shutil
 import signal
@@ -219,6 +220,82 @@ def test_run_sh_reports_a_failed_step_and_goes_on(tmp_path):
     lines = {x[:44].strip(): x[44:].split() for x in r.stdout.splitlines() if len(x) > 44}
     assert lines["wcache, new path, staging forced"] == ["skipped"]
     assert float(lines["wcache, new path, 4 processes together"][0]) > 0  # the run went on
+
+
+def test_concurrent_fit_on_an_h100():
+    """How many of the 4 concurrent loaders an H100 (~78.5 GiB free with
+    a context) takes: each is allowed the model, 2% of it and 1 GiB."""
+    free = int(78.5 * (1 << 30))
+    for gib, n in ((8, 4), (17, 4), (19, 3), (26, 2), (38, 0)):
+        assert gpubench.concurrent_fit(4, gib << 30, free) == n, (gib, n)
+    assert gpubench.concurrent_fit(4, 8 << 30, 200 << 30) == 4  # never more than asked
+
+
+def test_run_sh_runs_the_processes_that_fit_the_device(tmp_path):
+    """Where 4 copies of the model do not fit the device's free memory
+    (here a test's figure, GPUBENCH_TEST_DEVICE_FREE, read in place of
+    torch.cuda.mem_get_info()), the concurrent step runs the most that fit,
+    one line saying why, and the report's row and judge line name what ran;
+    where not even 2 fit, the step is skipped and the judge line is n/a
+    with the reason. Before, 4 ran whatever the device had: on an H100
+    with --gib above ~17 they would run out of device memory mid-run.
+    (The rows that have nothing to do with it succeed without measuring.)"""
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"#!/bin/sh\ncase \"$*\" in "
+                       f"*'--method torch_load '*|*'--method wcache_tensor '*|"
+                       f"*'--method wcache_staging '*|*'--method upstream'*|"
+                       f"*'--method wcache_get_tensor '*|*' register-threads '*) exit 0 ;;\n"
+                       f"esac\nexec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    model_bytes = gpubench.layout_bytes(gpubench.layout(int(0.01 * (1 << 30))))
+    each = gpubench.loader_bytes(model_bytes, gpubench.CPU_LOADER_OVERHEAD)
+    env = without_transformers(tmp_path / "hide", dict(
+        os.environ, PYTHON=str(wrapper), STEP_TIMEOUT="120", OUT=str(out_dir),
+        GPUBENCH_TEST_DEVICE_FREE=str(int(3.5 * each))))
+    t0 = time.monotonic()
+    r = subprocess.run([os.path.join(REPO, "tests", "gpu", "run.sh"), "--cpu", "--gib", "0.01",
+                        "--work", str(tmp_path / "work"), "--keep"], env=env,
+                       capture_output=True, text=True, timeout=600)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    said = [x for x in r.stderr.splitlines() if x.startswith("4 processes at once: ")]
+    assert len(said) == 1 and said[0].endswith(
+        "do not fit the device's "
+        f"{3.5 * each / (1 << 30):.2f} GiB free (GPUBENCH_TEST_DEVICE_FREE, a test's figure): "
+        "3 processes instead"), said
+    rows = [json.loads(x) for x in (out_dir / "results.jsonl").read_text().splitlines()]
+    row = next(x for x in rows if x["method"] == "concurrent4")
+    assert row["processes"] == 3 and row["fit"] == said[0][len("4 processes at once: "):], row
+    assert len((out_dir / "results-concurrent.jsonl").read_text().splitlines()) == 3
+    lines = r.stdout.splitlines()
+    at = lines.index(next(x for x in lines if x.startswith("wcache, new path, 3 processes ")))
+    assert float(lines[at][44:].split()[0]) > 0 and lines[at + 2] == "    " + row["fit"], \
+        lines[at:at + 3]
+    verdict = next(x for x in lines if "processes together" in x and "0.8x limit" in x)
+    assert verdict[:5].strip() in ("PASS", "MISS") and verdict[6:].startswith(
+        "3 processes together (4 do not fit the device) >= 0.8x limit  ("), verdict
+    assert "4 processes together" not in r.stdout, out
+    # not even 2: the step skipped, n/a with the reason (the kept model;
+    # no loader starts, so no wcached is needed)
+    model = tmp_path / "work" / "model" / "model.safetensors"
+    results = tmp_path / "skipped.jsonl"
+    env["GPUBENCH_TEST_DEVICE_FREE"] = str(int(1.5 * each))
+    for args in (["concurrent", "--model", str(model), "--dir", str(tmp_path), "--results",
+                  str(results)], ["report", "--results", str(results)]):
+        r = subprocess.run([sys.executable, gpubench.__file__, "--cpu"] + args, env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+    why = "not even 2 do: skipped"
+    assert r.stdout.count(why) == 2, r.stdout
+    assert "n/a   4 processes together >= 0.8x limit  (skipped: 4 x " in r.stdout, r.stdout
+    lines = r.stdout.splitlines()
+    at = lines.index(next(x for x in lines if x.startswith("wcache, new path, 4 processes ")))
+    assert lines[at][44:].split() == ["skipped"] and lines[at + 1].endswith(why), lines[at:at + 2]
+    assert not [f for f in os.listdir(tmp_path) if f.startswith("go.")], "a loader started"
+    shutil.rmtree(tmp_path / "work")
+    assert time.monotonic() - t0 < 300
 
 
 def test_run_sh_goes_on_without_a_model(tmp_path):
