@@ -25,6 +25,7 @@
 
 #include "config.h"
 #include "control_internal.h"
+#include "derive.h"
 #include "base/error.h"
 #include "base/json.h"
 #include "log.h"
@@ -412,6 +413,44 @@ cmd_evict(struct ctl_conn *c, int argc, char **argv)
 	wait_pages(c, "evict", argv[1]);
 }
 
+/* drop NAME [KEY]: drops NAME's derived artifacts (derive_drop): those
+ * nobody holds now, held ones when their last holder releases them; builds
+ * in progress are left alone, and the reply says so. */
+static void
+cmd_drop(struct ctl_conn *c, int argc, char **argv)
+{
+	struct derive_table *t = c->ctl->ctx->reg->derive_owner;
+	const char *key = argc > 2 ? argv[2] : NULL;
+	int served = registry_find(c->ctl->ctx->reg, argv[1]) != NULL;
+	struct derive_dropped d = { 0 };
+	char quoted[2 * WIRE_MAX_KEY + 8], text[320];
+	int n, err;
+
+	log_info("control: uid %u: drop \"%s\"%s%s", (unsigned)c->uid, argv[1],
+		key != NULL ? " " : "", key != NULL ? key : "");
+	err = t != NULL ? derive_drop(t, argv[1], key, &d) : key != NULL ? -ENOENT : 0;
+	if (!served && d.dropped + d.held + d.building == 0) {
+		ctl_conn_error(c, "drop: no model \"%s\" is served", argv[1]);
+		return;
+	}
+	if (err < 0 && key != NULL) {
+		ctl_conn_error(c, "drop: model \"%s\" has no derived artifact or build of key %s",
+			argv[1], json_quote(quoted, sizeof(quoted), key, strlen(key)));
+		return;
+	}
+	n = snprintf(text, sizeof(text), "dropped %u derived artifact%s", d.dropped + d.held,
+		d.dropped + d.held == 1 ? "" : "s");
+	if (d.held > 0)
+		n += snprintf(text + n, sizeof(text) - (size_t)n, " (%u of them still held by "
+			      "workers: %s when released)", d.held,
+			d.held == 1 ? "it goes" : "they go");
+	if (d.building > 0)
+		snprintf(text + n, sizeof(text) - (size_t)n, "; %u build%s in progress left "
+			 "alone: what %s publishes is served", d.building,
+			d.building == 1 ? "" : "s", d.building == 1 ? "it" : "they");
+	ctl_conn_ok(c, text);
+}
+
 /* help: each command's usage and summary, from the table of
  * proto/control_cmds.h. */
 static void
@@ -449,6 +488,7 @@ static ctl_handler *const handlers[] = {
 	[CONTROL_CMD_PIN] = cmd_pin,
 	[CONTROL_CMD_UNPIN] = cmd_pin,
 	[CONTROL_CMD_EVICT] = cmd_evict,
+	[CONTROL_CMD_DROP] = cmd_drop,
 	[CONTROL_CMD_METRICS] = cmd_metrics,
 	[CONTROL_CMD_HELP] = cmd_help,
 };

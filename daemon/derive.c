@@ -361,7 +361,8 @@ static struct derived *
 find_artifact(struct derive_table *t, uint64_t entry_id, uint64_t source, const char *key)
 {
 	for (struct derived *a = t->artifacts; a != NULL; a = a->next)
-		if (a->entry_id == entry_id && a->source == source && strcmp(a->key, key) == 0)
+		if (a->entry_id == entry_id && a->source == source && !a->withdrawn &&
+			strcmp(a->key, key) == 0)
 			return a;
 	return NULL;
 }
@@ -399,13 +400,14 @@ drop(struct derive_table *t, struct derived *a, const char *why)
 		t->r->changed(t->r);
 }
 
-/* Is a's source no longer its model's current generation? */
+/* Is a's source no longer its model's current generation, or was a
+ * withdrawn (derive_drop)? Then it goes with its last holder. */
 static int
 superseded(struct derive_table *t, const struct derived *a)
 {
 	struct model_entry *m = derive_entry_of(t, a->model_name, a->entry_id);
 
-	return m == NULL || m->current == NULL || m->current->number != a->source;
+	return a->withdrawn || m == NULL || m->current == NULL || m->current->number != a->source;
 }
 
 void
@@ -416,7 +418,8 @@ derive_collect(struct derive_table *t)
 	for (a = t->artifacts; a != NULL; a = next) {
 		next = a->next;
 		if (a->gen->attached == 0 && superseded(t, a))
-			drop(t, a, "its source generation is no longer current");
+			drop(t, a, a->withdrawn ? "withdrawn by the control socket's drop" :
+						  "its source generation is no longer current");
 	}
 }
 
@@ -457,7 +460,7 @@ count_places(const struct derive_table *t, const struct model_entry *m, int one,
 	*n = 0;
 	for (struct derived *a = t->artifacts; a != NULL; a = a->next) {
 		if (a->entry_id != m->entry_id || (one && a->builder_uid != uid) ||
-			m->current == NULL || a->source != m->current->number)
+			m->current == NULL || a->source != m->current->number || a->withdrawn)
 			continue;
 		(*n)++;
 		if (a->gen->attached == 0 && (lru == NULL || a->last_use < lru->last_use))
@@ -813,10 +816,51 @@ derive_release(struct derive_table *t, struct generation *g)
 		for (struct derived *a = t->artifacts; a != NULL; a = a->next)
 			if (a->gen == g) {
 				if (superseded(t, a))
-					drop(t, a, "its last holder released it and its source "
-						   "generation is no longer current");
+					drop(t, a, a->withdrawn ?
+						"its last holder released it after a drop" :
+						"its last holder released it and its source "
+						"generation is no longer current");
 				break;
 			}
+}
+
+int
+derive_drop(struct derive_table *t, const char *model_name, const char *key,
+	struct derive_dropped *out)
+{
+	struct derived *a, *next;
+	int found = 0;
+
+	memset(out, 0, sizeof(*out));
+	for (a = t->artifacts; a != NULL; a = next) {
+		next = a->next;
+		if (strcmp(a->model_name, model_name) != 0 ||
+			(key != NULL && strcmp(a->key, key) != 0))
+			continue;
+		found = 1;
+		if (a->gen->attached == 0) {
+			drop(t, a, "wcachectl drop");
+			out->dropped++;
+			continue;
+		}
+		if (!a->withdrawn) {
+			a->withdrawn = 1;
+			log_info("model \"%s\": derived \"%s\" of generation %" PRIu64
+				 " withdrawn (wcachectl drop): %u holders keep it until they "
+				 "release it", a->model_name, a->key, a->source, a->gen->attached);
+			/* No longer kept for a warm restart (restore_sync). */
+			if (t->r->changed != NULL)
+				t->r->changed(t->r);
+		}
+		out->held++;
+	}
+	for (const struct derive_build *b = t->builds; b != NULL; b = b->next)
+		if (strcmp(b->model_name, model_name) == 0 &&
+			(key == NULL || strcmp(b->key, key) == 0)) {
+			found = 1;
+			out->building++;
+		}
+	return found || key == NULL ? 0 : -ENOENT;
 }
 
 void
@@ -824,7 +868,7 @@ derive_stored_each(const struct derive_table *t, const struct model_entry *m,
 	void (*fn)(const struct derive_stored *, void *), void *arg)
 {
 	for (const struct derived *a = t->artifacts; a != NULL; a = a->next)
-		if (a->entry_id == m->entry_id)
+		if (a->entry_id == m->entry_id && !a->withdrawn)
 			fn(&(struct derive_stored){ .key = a->key, .source = a->source,
 				   .gen = a->gen, .builder_uid = a->builder_uid,
 				   .builder_pid = a->builder_pid,

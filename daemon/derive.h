@@ -301,6 +301,25 @@ struct derive_stored {
 void derive_stored_each(const struct derive_table *t, const struct model_entry *m,
 	void (*fn)(const struct derive_stored *, void *), void *arg);
 
+/* What derive_drop() did. */
+struct derive_dropped {
+	unsigned dropped;  /* nobody held them: gone, their memory freed */
+	unsigned held;     /* withdrawn: they go when their last holder releases them */
+	unsigned building; /* builds in progress of them, left alone */
+};
+
+/*
+ * `wcachectl drop`: withdraws model_name's artifacts (of every source
+ * generation), only those of key when key is not NULL. Those nobody holds
+ * are dropped now; a held one is attached no more, takes no place, is not
+ * kept for a warm restart, and goes when its last holder releases it (the
+ * next DERIVE of its key builds anew). Builds in progress are left alone
+ * (counted in building): what they publish is served. -ENOENT when nothing
+ * (no artifact, no build) matches key; 0 otherwise, with *out filled.
+ */
+int derive_drop(struct derive_table *t, const char *model_name, const char *key,
+	struct derive_dropped *out);
+
 /* Lists g, an artifact taken back from the store (made with gen_new() as
  * the key's artifact of m's generation source, READY, checked: seals and
  * the reader), as if it had been published. Takes g on success only: 0,

@@ -25,6 +25,9 @@ struct derived {
 	double build_seconds;
 	uint64_t attach_count;
 	uint64_t last_use;       /* the registry's attach_seq, for the LRU */
+	int withdrawn;           /* `wcachectl drop` while held: never attached
+				  * again, takes no place, goes with its last
+				  * holder (derive_drop) */
 	struct derived *next;
 };
 

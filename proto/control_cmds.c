@@ -19,6 +19,8 @@ const struct control_cmd control_cmds[CONTROL_CMD_COUNT] = {
 	[CONTROL_CMD_PIN] = { "pin", 1, 1, "NAME", "lock every page of a model in memory" },
 	[CONTROL_CMD_UNPIN] = { "unpin", 1, 1, "NAME", "lock only a model's index and headers" },
 	[CONTROL_CMD_EVICT] = { "evict", 1, 1, "NAME", "drop a model's files from the page cache" },
+	[CONTROL_CMD_DROP] = { "drop", 1, 2, "NAME [KEY]",
+		"drop a model's derived artifacts (all, or KEY's)" },
 	[CONTROL_CMD_METRICS] = { "metrics", 0, 0, "",
 		"print metrics in the Prometheus text format" },
 	[CONTROL_CMD_HELP] = { "help", 0, 0, "", "list the commands" },

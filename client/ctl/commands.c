@@ -115,6 +115,14 @@ static const struct {
 		"model shows as cold until a client attaches it again. Waits until the\n"
 		"pages are gone, so status right after shows the new figure. Refused for\n"
 		"a pinned model.\n" },
+	[CONTROL_CMD_DROP] = { NULL, false,
+		"Drops NAME's derived artifacts (every key, or only KEY), e.g. ones a bad\n"
+		"builder published: those no worker holds go at once and their memory is\n"
+		"freed; a held one is attached no more, is not kept for a warm restart,\n"
+		"and goes when its last holder releases it. The next DERIVE of the key\n"
+		"builds it anew. A build of it in progress is left alone, and what it\n"
+		"publishes is served (drop again after it). An unknown NAME, or a KEY\n"
+		"with no artifact and no build, is an error.\n" },
 	[CONTROL_CMD_METRICS] = { "[--http [--timeout SECONDS]]", false,
 		"Prints wcached's metrics in the Prometheus text exposition format: per\n"
 		"model bytes, resident bytes, generation, attached clients, attach, error\n"

@@ -1,7 +1,7 @@
 /*
  * ctl_control.c: the wcachectl commands that talk to wcached's control
  * socket: those of the table in proto/control_cmds.h (status, load, unload,
- * reload, pin, unpin, evict, metrics), which commands.c finds and describes.
+ * reload, pin, unpin, evict, drop, metrics), which commands.c finds and describes.
  *
  * Each command is one request line and one reply line holding a JSON object
  * (daemon/control.h describes the protocol). wcachectl finds the socket
