@@ -629,6 +629,8 @@ open_generations(const struct registry *r)
 static void
 reload_released(struct registry *r, struct model_entry *m, int all, int closed)
 {
+	if (closed)
+		r->closes_done++;
 	for (struct model_entry *o = r->models, *next; o != NULL; o = next) {
 		int mine = all || (m != NULL && o == m);
 

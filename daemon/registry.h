@@ -202,6 +202,10 @@ struct registry {
 	 * over). */
 	uv_async_t closes_async;
 	int closes_async_state;
+	/* Generations closed so far (their descriptors closed, as above):
+	 * a load refused for descriptors that saw one close meanwhile runs
+	 * again at once (load_request's closes_seen). */
+	uint64_t closes_done;
 	/* The status page workers read (statuspage.h). */
 	struct statuspage page;
 	/* The manager's file descriptor store (restore.h): 1 when wcached

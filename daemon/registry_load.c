@@ -96,8 +96,11 @@ struct load_request {
 	 * its message in message: applied by keeps_room. */
 	int holes;
 	/* Refused for its descriptors (fd_room): loaded again once a
-	 * generation closes (model_entry's room_wait). */
+	 * generation closes (model_entry's room_wait), or at once when one
+	 * closed while it ran: registry's closes_done was closes_seen as it
+	 * was queued (review rev182 F2). */
 	int room_refused;
+	uint64_t closes_seen;
 	/* What path named just before it was opened (staging's failures
 	 * compare with it: the path may name a newer file by then). */
 	int opened_known;
@@ -1187,7 +1190,10 @@ load_after(struct workq_job *w, int status)
 	}
 	m = registry_entry_named(r, q->name); /* looked up again: done() may unload it */
 	if (m != NULL && m->entry_id == q->entry_id)
-		registry_reload_held(r, m, NULL);
+		/* Refused for descriptors while a generation closed: its
+		 * retry waits for no other close (review rev182 F2). */
+		registry_reload_held(r, m, m->room_wait && m->load_id == q->id &&
+				r->closes_done != q->closes_seen ? RELOAD_CLOSED : NULL);
 	load_request_free(q);
 }
 
@@ -1312,6 +1318,7 @@ queue_load(struct registry *r, const char *name, const char *path, enum pin_mode
 	q->arg = arg;
 	q->id = ++r->next_load_id;
 	q->entry_id = m->entry_id;
+	q->closes_seen = r->closes_done;
 	q->job.arg = q;
 	if ((err = workq_submit(&r->workq, &q->job, model_fs(m, path, what, sizeof(what)), what,
 		     load_work, load_after)) < 0) {

@@ -11,15 +11,20 @@
  * With the registry (daemonutil.c's loop, registry and model files): a
  * load refused for descriptors runs again once a closed generation's
  * descriptors are closed in their lane, not when the generation is handed
- * to the closer (review rev180 F1), and nothing calls the registry back
- * once it is closed. munmap is wrapped (tests/CMakeLists.txt) to hold a
- * lane at a gate: the unmap of one mapping waits until the test opens it.
+ * to the closer (review rev180 F1), and again when a generation closes
+ * while that retry runs (review rev182 F2); nothing calls the registry
+ * back once it is closed. munmap is wrapped (tests/CMakeLists.txt) to hold
+ * a lane at a gate: the unmap of one mapping waits until the test opens
+ * it; realpath is defined here, over libc's, to hold a load on the work
+ * queue's thread after its files are opened.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -29,6 +34,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -512,6 +518,121 @@ test_nothing_calls_back_after_the_registry_closes(void **state)
 	free(paths[1]);
 }
 
+/* ---- a close while the retry runs (review rev182 F2) ---- */
+static atomic_int realpath_hold;
+static sem_t realpath_in, realpath_go;
+static const char *hold_path;
+static pthread_t main_thread;
+
+/* Over libc's (the daemon calls realpath(path, NULL)): the realpath_hold-th
+ * call for hold_path off the main thread waits at realpath_go; the second
+ * of a load (gen_resolved_path) comes after its files are opened. */
+char *
+realpath(const char *restrict path, char *restrict resolved)
+{
+	char *real;
+	size_t len;
+
+	if (atomic_load(&realpath_hold) > 0 && hold_path != NULL &&
+		strcmp(path, hold_path) == 0 && !pthread_equal(pthread_self(), main_thread) &&
+		atomic_fetch_sub(&realpath_hold, 1) == 1) {
+		sem_post(&realpath_in);
+		sem_wait(&realpath_go);
+	}
+	if ((real = canonicalize_file_name(path)) == NULL || resolved == NULL)
+		return real;
+	len = strlen(real);
+	if (len >= PATH_MAX) {
+		free(real);
+		errno = ENAMETOOLONG;
+		return NULL;
+	}
+	memcpy(resolved, real, len + 1);
+	free(real);
+	return resolved;
+}
+
+/* A load refused for descriptors, retried as generation 1's descriptors
+ * are closed, opens its files before generation 2's are closed and is
+ * refused again: generation 2's close, which came while the retry ran,
+ * runs it once more, and m loads (before the fix: m waited for yet
+ * another close). */
+static void
+test_a_close_while_the_retry_runs_retries_again(void **state)
+{
+	struct registry_attachment att1, att2;
+	struct model_entry *m;
+	struct closer *cl;
+	char *paths[2], *next2, msg[64];
+	struct du *t = registry_with_retired(&cl, &att1, paths);
+	int fill[400], n, fill2[400], n2;
+	struct timespec ts;
+
+	(void)state;
+	assert_int_equal(sem_init(&realpath_in, 0, 0), 0);
+	assert_int_equal(sem_init(&realpath_go, 0, 0), 0);
+	/* generation 2 attached too, generation 3 current */
+	assert_int_equal(registry_attach(&t->reg, "a", &root_peer, &att2, msg, sizeof(msg)), 0);
+	assert_int_equal(att2.gen->number, 2);
+	next2 = du_model(t, "next2.safetensors", 4096);
+	assert_int_equal(rename(next2, paths[0]), 0);
+	assert_int_equal(du_reload(t, "a"), 0);
+	assert_int_equal(du_current(t, "a")->number, 3);
+
+	t->reg.fd_limit = 400;
+	du_fill_below(fill, &n, 333);
+	assert_int_equal(du_load(t, "m", paths[1], PIN_NONE, 0), -EMFILE);
+	m = registry_find(&t->reg, "m");
+	assert_true(m->room_wait);
+
+	/* generations 1 and 2 to the lane, held at generation 2's index */
+	gate_shut_at(att2.gen->index);
+	registry_release(&t->reg, att1.gen);
+	registry_release(&t->reg, att2.gen);
+	assert_true(gate_reached_within(5000));
+	/* what generation 1 freed taken again: the retry is refused */
+	du_fill_below(fill2, &n2, 333);
+	main_thread = pthread_self();
+	hold_path = paths[1];
+	atomic_store(&realpath_hold, 2);
+	for (int i = 0; i < 200 && m->loading == 0; i++) {
+		uv_run(&t->loop, UV_RUN_NOWAIT);
+		usleep(2000);
+	}
+	assert_int_equal(m->loading, 1); /* generation 1's wake-up: m's retry */
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += 5;
+	assert_int_equal(sem_timedwait(&realpath_in, &ts), 0); /* its files opened */
+	/* room now, then generation 2's descriptors are closed */
+	while (n2 > 0)
+		close(fill2[--n2]);
+	while (n > 0)
+		close(fill[--n]);
+	gate_open();
+	assert_true(all_drained_within(cl, 2000));
+	for (int i = 0; i < 20; i++) {
+		uv_run(&t->loop, UV_RUN_NOWAIT);
+		usleep(5000);
+	}
+	sem_post(&realpath_go);
+	for (int i = 0; i < 400 && m->current == NULL; i++) {
+		uv_run(&t->loop, UV_RUN_NOWAIT);
+		usleep(5000);
+	}
+	assert_int_equal(m->load_errors, 2); /* the retry was refused */
+	assert_non_null(m->current);         /* and ran again */
+	assert_false(m->room_wait);
+	du_teardown(t);
+	free(t);
+	closer_stop(cl, 1000);
+	hold_path = NULL;
+	sem_destroy(&realpath_in);
+	sem_destroy(&realpath_go);
+	free(paths[0]);
+	free(paths[1]);
+	free(next2);
+}
+
 int
 main(void)
 {
@@ -524,6 +645,7 @@ main(void)
 		cmocka_unit_test(test_then_waits_for_every_lane_it_names),
 		cmocka_unit_test(test_a_load_refused_for_descriptors_waits_for_the_closer),
 		cmocka_unit_test(test_nothing_calls_back_after_the_registry_closes),
+		cmocka_unit_test(test_a_close_while_the_retry_runs_retries_again),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
