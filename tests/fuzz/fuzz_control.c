@@ -50,7 +50,7 @@ static const struct {
 } oracle[] = {
 	{ "status", 0, 0 }, { "load", 2, 3 }, { "unload", 1, 1 }, { "reload", 0, 1 },
 	{ "pin", 1, 1 }, { "unpin", 1, 1 }, { "evict", 1, 1 }, { "metrics", 0, 0 },
-	{ "help", 0, 0 },
+	{ "drop", 1, 2 }, { "help", 0, 0 },
 };
 
 /* A copy of len bytes in a buffer of exactly len + 1 bytes. */
