@@ -16,6 +16,7 @@
 #include "base/error.h"
 #include "config.h"
 #include "daemon.h"
+#include "derive.h"
 #include "generation.h"
 #include "log.h"
 #include "memlimit.h"
@@ -110,6 +111,26 @@ changed_keys(unsigned changes, char *buf, size_t size)
  * back, and a change of pin or of the access lists left it unloaded with
  * an error naming no cause, while the reload answered ok.
  */
+/* A reload that turns a model's derive off drops its derived artifacts as
+ * `wcachectl drop NAME` does (derive_drop: held ones go when released):
+ * before, they stayed, unusable (DERIVE is refused), holding memory until
+ * the model was unloaded (review rev181 F6). */
+static void
+drop_if_derive_off(struct daemon *d, const struct model_config *old_model,
+	const struct model_config *new_model)
+{
+	struct derive_dropped out;
+
+	if (!old_model->derive || new_model->derive ||
+		derive_drop(&d->derive, new_model->name, NULL, &out) < 0 ||
+		out.dropped + out.held == 0)
+		return;
+	log_info("model \"%s\": derive is off now: %u derived artifact%s dropped (%u of them "
+		 "held by workers: %s when released)", new_model->name, out.dropped + out.held,
+		out.dropped + out.held == 1 ? "" : "s", out.held,
+		out.held == 1 ? "it goes" : "they go");
+}
+
 static void
 reload_model(enum config_change change, const struct model_config *old_model,
 	const struct model_config *new_model, unsigned changes, void *arg)
@@ -120,6 +141,8 @@ reload_model(enum config_change change, const struct model_config *old_model,
 		registry_unload(&b->d->reg, old_model->name);
 		return;
 	}
+	if (change == CONFIG_MODEL_CHANGED && (changes & CONFIG_CHANGED_DERIVE))
+		drop_if_derive_off(b->d, old_model, new_model);
 	if (change == CONFIG_MODEL_CHANGED && !served(b->d, new_model->name)) {
 		char keys[160], why[160];
 

@@ -82,3 +82,26 @@ def test_drop_takes_back_unheld_and_held_artifacts(served):
                    r'after a drop\)')
     wait_until(lambda: keys(d) == ["k3"], what="the withdrawn k3 gone")
     assert derived_bytes(d) < before
+
+
+def test_a_reload_that_turns_derive_off_drops_the_models_artifacts(served, tmp_path):
+    """`derive = no` by a configuration reload: the model's artifacts were
+    kept, unusable (DERIVE refused), holding memory until an unload (review
+    rev181 F6). Now the reload drops them as `wcachectl drop NAME` does: the
+    unheld one at once, the held one when its holder releases it."""
+    d = served
+    ready(d, "small")
+    a = Peer(d)
+    release(a, publish_held(a, "k1", ARTIFACT))
+    held = publish_held(a, "k2", ARTIFACT)
+    assert keys(d) == ["k1", "k2"]
+    d.write_config({"small": str(tmp_path / "small.safetensors")})  # derive = no
+    r = ctl(d, "reload")
+    assert r.returncode == 0, r
+    d.wait_for_log(r'model "small": derive is off now: 2 derived artifacts dropped '
+                   r'\(1 of them held by workers: it goes when released\)')
+    assert keys(d) == ["k2"]
+    assert artifact_bytes(held) == ARTIFACT
+    release(a, held)
+    wait_until(lambda: keys(d) == [], what="the held artifact gone when released")
+    assert derived_bytes(d) == 0
