@@ -15,7 +15,6 @@
  * some other way while its check runs (wcached stopping) cancels it, and the
  * result is dropped when the check ends.
  */
-#include <byteswap.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -31,7 +30,6 @@
 #include "base/path.h"
 #include "closer.h"
 #include "derive_internal.h"
-#include "format/safetensors.h"
 #include "format/source.h"
 #include "format/weig.h"
 #include "generation.h"
@@ -173,7 +171,6 @@ static int
 check_head(struct derive_check *c, int fd, uint64_t size)
 {
 	uint8_t prefix[WEIG_HEADER_SIZE];
-	const struct format_reader *rd = &st_reader;
 	uint64_t head;
 	ssize_t n;
 
@@ -181,9 +178,9 @@ check_head(struct derive_check *c, int fd, uint64_t size)
 		;
 	if (n < 4)
 		return 0;
-	if (get_le32(prefix) == WEIG_MAGIC || get_le32(prefix) == bswap_32(WEIG_MAGIC))
-		rd = &weig_reader; /* its head_len reads either byte order */
-	head = rd->head_len(prefix, (size_t)n, size);
+	/* The reader source_open_fd() takes next (WEIG's reads either byte
+	 * order). */
+	head = source_file_reader(get_le32(prefix))->head_len(prefix, (size_t)n, size);
 	if (head <= DERIVE_MAX_HEAD)
 		return 0;
 	snprintf(c->why, sizeof(c->why), "its header is %.1f MiB, more than the %u MiB a "

@@ -97,20 +97,27 @@ source_open_as(const struct source_entry *e, const char *path, struct model_sour
 	return open_model_file(path, e->format, e->reader, out);
 }
 
+const struct format_reader *
+source_file_reader(uint32_t magic)
+{
+	return detect_weig(NULL, magic) ? &weig_reader : &st_reader;
+}
+
 int
 source_open_fd(int fd, const char *label, struct model_source *out)
 {
 	uint8_t b[4];
 	uint32_t magic = 0;
+	const struct format_reader *rd;
 	ssize_t n;
 
 	while ((n = pread(fd, b, sizeof(b), 0)) < 0 && errno == EINTR)
 		;
 	if (n == (ssize_t)sizeof(b))
 		magic = get_le32(b);
-	if (magic == WEIG_MAGIC || magic == bswap_32(WEIG_MAGIC))
-		return open_model_fd(fd, label, FORMAT_WEIG, &weig_reader, out);
-	return open_model_fd(fd, label, FORMAT_SAFETENSORS, &st_reader, out);
+	rd = source_file_reader(magic);
+	return open_model_fd(fd, label, rd == &weig_reader ? FORMAT_WEIG : FORMAT_SAFETENSORS,
+		rd, out);
 }
 
 int

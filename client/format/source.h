@@ -30,6 +30,10 @@ int source_read_magic(const char *path, uint32_t *magic);
 /* source_read_magic()'s magic, 0 when it fails. */
 uint32_t source_magic(const char *path);
 
+/* The reader of a one-file model whose first four bytes, as a little-endian
+ * u32, are magic: WEIG's (either byte order), else safetensors'. */
+const struct format_reader *source_file_reader(uint32_t magic);
+
 /* Opens the one-file model (safetensors, or WEIG by its magic) open as fd,
  * named label in messages; takes fd on success only (open_model_fd). */
 int source_open_fd(int fd, const char *label, struct model_source *out);
