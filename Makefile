@@ -5,6 +5,9 @@
 SHELL       := /bin/bash
 BUILD       ?= build
 ASAN_BUILD  ?= build-asan
+# lint's compilation database: configured only (nothing is built there), so
+# that lint never reconfigures $(BUILD) while make test's runs use it.
+LINT_BUILD  ?= $(BUILD)-lint
 JOBS        ?= $(shell nproc)
 # ctest lanes for the full runs: one more than cores, since the integration
 # runs (two per build) and the Python suite (two) wait on timers and daemons
@@ -27,7 +30,7 @@ DEPS = cmake make gcc clang libclang-rt-14-dev pkg-config libuv1-dev libinih-dev
        systemd-container debootstrap strace valgrind podman runc catatonit uidmap \
        slirp4netns fuse-overlayfs btrfs-progs python3-fsspec lintian prometheus
 
-.PHONY: all deps build layers columns test test-asan test-release test-system lint fuzz bench demo \
+.PHONY: all deps build layers columns test test-asan release-builds test-release test-system lint fuzz bench demo \
 	gpu-carry install deb clean
 
 all: build
@@ -50,32 +53,45 @@ build: deps
 
 # The packages are built once, first: the integration tests of both builds
 # check these (WCACHE_DEBS) instead of building their own, and test-system
-# installs them. The system tests' two Debian roots (about 75 s of
-# debootstrap each, mostly waiting on the archive and the disk) are made
-# beside the ctest phases by tests/system/roots.py, its output in
-# $(BUILD)/roots.log; the suites wait for a root still being made.
+# installs them. Beside the two ctest phases, at nice 19 so that they take
+# only the CPU the tests leave idle (the tests wait on timers and daemons a
+# good part of the time): the system tests' two Debian roots (debootstrap,
+# by tests/system/roots.py, output in $(BUILD)/roots.log; the suites wait
+# for a root still being made), and the two Release builds and lint (output
+# in $(BUILD)/checks.log, printed after the tests). Only the compilers and
+# the static checks run there: the Release builds' unit tests, which have
+# timers of their own, run after the ASan phase at normal priority.
 test: build deb
-	@/usr/bin/python3 tests/system/roots.py --build $(BUILD) >$(BUILD)/roots.log 2>&1 & \
-	roots=$$!; ok=0; \
-	echo "make test: the system tests' roots are made beside the tests ($(BUILD)/roots.log)"; \
+	@nice -n 19 /usr/bin/python3 tests/system/roots.py --build $(BUILD) >$(BUILD)/roots.log 2>&1 & \
+	roots=$$!; \
+	nice -n 19 $(MAKE) --no-print-directory -k release-builds lint >$(BUILD)/checks.log 2>&1 & \
+	checks=$$!; ok=0; checked=0; \
+	echo "make test: beside the tests, at nice 19: the system tests' roots ($(BUILD)/roots.log)"; \
+	echo "make test: and the Release builds and lint ($(BUILD)/checks.log, printed after the tests)"; \
 	echo "cd $(BUILD) && ctest --output-on-failure -j $(TEST_JOBS)"; \
 	(cd $(BUILD) && WCACHE_DEBS=$(abspath $(BUILD))/deb \
 		ctest --output-on-failure -j $(TEST_JOBS)) && \
-	WCACHE_DEBS=$(abspath $(BUILD))/deb $(MAKE) test-asan && \
-	$(MAKE) test-release && \
-	$(MAKE) lint && ok=1; \
+	WCACHE_DEBS=$(abspath $(BUILD))/deb $(MAKE) test-asan && ok=1; \
+	wait $$checks && checked=1; \
+	echo "make test: the Release builds and lint ($(BUILD)/checks.log):"; cat $(BUILD)/checks.log; \
+	[ $$checked = 1 ] || echo "make test: the Release builds or lint failed (above)"; \
+	[ $$ok = 1 ] && [ $$checked = 1 ] && $(MAKE) test-release || ok=0; \
 	wait $$roots; cat $(BUILD)/roots.log; \
-	[ $$ok = 1 ] || exit 1; \
+	[ $$ok = 1 ] && [ $$checked = 1 ] || exit 1; \
 	$(SYSTEM_TESTS)
 
 # What a packager builds first: Release (-O3) with gcc and with clang, with
 # warnings as errors so that optimiser-only warnings are caught; the unit
 # tests run against each.
-test-release: deps
+release-builds: deps
 	for cc in gcc clang; do \
 		CC=$$cc cmake -S . -B $(BUILD)-release-$$cc -DCMAKE_BUILD_TYPE=Release \
 			-DWCACHE_WERROR=ON >/dev/null && \
-		cmake --build $(BUILD)-release-$$cc -j $(JOBS) && \
+		cmake --build $(BUILD)-release-$$cc -j $(JOBS) || exit 1; \
+	done
+
+test-release: release-builds
+	for cc in gcc clang; do \
 		(cd $(BUILD)-release-$$cc && ctest --output-on-failure -j $(JOBS) -R '^unit_') || exit 1; \
 	done
 
@@ -91,20 +107,21 @@ columns:
 
 # Static analysis: warnings are errors (.clang-tidy sets WarningsAsErrors).
 # The unit tests and the fuzz harnesses are checked as the code is. The
-# harnesses build only with clang (WCACHE_FUZZ=ON), so $(BUILD)'s compilation
+# harnesses build only with clang (WCACHE_FUZZ=ON), so $(LINT_BUILD)'s compilation
 # database has no command for them: clang-tidy gets their flags after --.
 # clang-tidy runs on $(JOBS) files at once (xargs: its status is 123 if any
 # run found something).
 SOURCES = client/*/*.c proto/*.c daemon/*.c
 TEST_SOURCES = tests/unit/*.c tests/unit/*/*.c
 FUZZ_SOURCES = tests/fuzz/*.c
-lint: build layers columns
+lint: deps layers columns
 	cppcheck --quiet --enable=warning,portability --std=c11 -D_GNU_SOURCE \
 		-DWCACHE_VERSION='"lint"' -I . -I client -I daemon \
 		--suppress=missingIncludeSystem --inline-suppr --error-exitcode=1 \
 		$(SOURCES) $(TEST_SOURCES) $(FUZZ_SOURCES)
-	cmake -S . -B $(BUILD) -DCMAKE_EXPORT_COMPILE_COMMANDS=ON >/dev/null
-	ls $(SOURCES) $(TEST_SOURCES) | xargs -P $(JOBS) -n 8 clang-tidy -p $(BUILD) --quiet \
+	cmake -S . -B $(LINT_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWCACHE_WERROR=ON \
+		-DCMAKE_EXPORT_COMPILE_COMMANDS=ON >/dev/null
+	ls $(SOURCES) $(TEST_SOURCES) | xargs -P $(JOBS) -n 8 clang-tidy -p $(LINT_BUILD) --quiet \
 		2>&1 | grep -v "warnings generated" ; exit $${PIPESTATUS[1]}
 	ls $(FUZZ_SOURCES) | xargs -P $(JOBS) -n 8 sh -c 'clang-tidy --quiet "$$@" -- \
 		-std=c11 -D_GNU_SOURCE -DWCACHE_VERSION="\"lint\"" -I . -I client -I daemon' \
@@ -162,4 +179,4 @@ test-system: deb
 	$(SYSTEM_TESTS)
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(BUILD)-release-gcc $(BUILD)-release-clang
+	rm -rf $(BUILD) $(ASAN_BUILD) $(BUILD)-release-gcc $(BUILD)-release-clang $(LINT_BUILD)
