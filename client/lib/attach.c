@@ -46,7 +46,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "base/error.h"
 #include "proto/defaults.h"
@@ -101,7 +100,7 @@ int
 wc_connect_timeout(const char *socket_path, int timeout_ms, wc_client **out)
 {
 	wc_client *c;
-	int fd = -1, r;
+	int r;
 
 	if (out == NULL)
 		return error_set(-EINVAL, "wc_connect: no output");
@@ -111,23 +110,29 @@ wc_connect_timeout(const char *socket_path, int timeout_ms, wc_client **out)
 		socket_path = wc_default_socket();
 	else if (*socket_path == '\0')
 		socket_path = DEFAULT_SOCKET_PATH;
-	if ((r = request_open(socket_path, timeout_ms, &fd)) < 0)
-		return r;
 	if ((c = calloc(1, sizeof(*c))) == NULL || (c->path = strdup(socket_path)) == NULL ||
 		asprintf(&c->where, "wcached at %s", socket_path) < 0) {
 		if (c != NULL)
 			free(c->path);
 		free(c);
-		close(fd);
 		return error_set(-ENOMEM, "wc_connect: out of memory");
 	}
-	request_first_fd(c, fd);
 	c->pid = request_self_pid();
 	c->timeout_ms = timeout_ms;
 	c->refs = 1;
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_mutex_init(&c->released_lock, NULL);
 	pthread_once(&clients_atfork_once, clients_atfork);
+	/* The connection last: until c is the caller's, a child forked by
+	 * another thread closes its copy (request_connect). */
+	if ((r = request_connect(c, timeout_ms)) < 0) {
+		pthread_mutex_destroy(&c->lock);
+		pthread_mutex_destroy(&c->released_lock);
+		free(c->where);
+		free(c->path);
+		free(c);
+		return r;
+	}
 	*out = c;
 	return 0;
 }

@@ -350,9 +350,10 @@ static pthread_mutex_t fd_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t fd_lock_once = PTHREAD_ONCE_INIT;
 
 /*
- * The connections of no client (request_origins()'s, each its own), from
- * the socket() that makes one to its close, both under fd_lock: a child
- * forked by another thread meanwhile closes its copies at once
+ * The connections of no client (request_origins()'s, each its own; and
+ * a client's first, until it is the client's: request_connect), from the
+ * socket() that makes one to its close or hand-over, both under fd_lock:
+ * a child forked by another thread meanwhile closes its copies at once
  * (fd_lock_child), since none of its threads knows them (review rev180
  * F8: the copy kept the connection open, and wcached counted it against
  * max_clients and max_clients_per_uid until its idle sweep). Each entry
@@ -416,13 +417,6 @@ is_still(int fd, const struct fd_identity *id)
 	return fstat(fd, &st) == 0 && st.st_dev == id->dev && st.st_ino == id->ino;
 }
 
-void
-request_first_fd(wc_client *c, int fd)
-{
-	c->fd = fd;
-	c->fd_id = identity_of(fd);
-	c->next_fd = -1;
-}
 
 void
 request_close_fds(wc_client *c)
@@ -467,6 +461,17 @@ open_socket(wc_client *c, struct own_socket *own, int *out)
 	return 0;
 }
 
+/* Takes own off own_sockets; fd_lock is held. */
+static void
+own_socket_forget(struct own_socket *own)
+{
+	for (struct own_socket **p = &own_sockets; *p != NULL; p = &(*p)->next)
+		if (*p == own) {
+			*p = own->next;
+			break;
+		}
+}
+
 /* Closes fd, which open_socket() made c->next_fd (c may be NULL), after a
  * failure to connect it: closed first, so that a child forked in between
  * finds the number closed (or another file), never a copy nothing names.
@@ -478,11 +483,7 @@ close_socket(wc_client *c, struct own_socket *own, int fd)
 	if (own != NULL) {
 		pthread_mutex_lock(&fd_lock);
 		close(fd);
-		for (struct own_socket **p = &own_sockets; *p != NULL; p = &(*p)->next)
-			if (*p == own) {
-				*p = own->next;
-				break;
-			}
+		own_socket_forget(own);
 		pthread_mutex_unlock(&fd_lock);
 		return;
 	}
@@ -550,10 +551,34 @@ open_connection(wc_client *c, struct own_socket *own, const char *path, int ms, 
 	return 0;
 }
 
+/*
+ * The first socket of c, from socket() to c->fd, is one of no client's
+ * (own_sockets): c is not yet the caller's, so a child forked meanwhile
+ * by another thread (during the connect, which waits up to ms for room in
+ * the backlog or for socket activation to start wcached) has no thread
+ * that knows c, and its copy of the connection would stay open for the
+ * child's life, counted by wcached against max_clients and
+ * max_clients_per_uid (as ORIGINS' was, review rev180 F8). It becomes
+ * c->fd and leaves own_sockets in one fd_lock step, as wc_connect()'s
+ * last step before it hands c over (attach.c): a child forked after it
+ * inherits c whole, and its caller's pointer to it as soon as the caller
+ * stored it, as with any call that returns a descriptor.
+ */
 int
-request_open(const char *path, int ms, int *out)
+request_connect(wc_client *c, int ms)
 {
-	return open_connection(NULL, NULL, path, ms, out);
+	struct own_socket own = { .fd = -1 };
+	int fd = -1, r;
+
+	if ((r = open_connection(NULL, &own, c->path, ms, &fd)) < 0)
+		return r;
+	pthread_mutex_lock(&fd_lock);
+	own_socket_forget(&own);
+	c->fd = fd;
+	c->fd_id = identity_of(fd);
+	c->next_fd = -1;
+	pthread_mutex_unlock(&fd_lock);
+	return 0;
 }
 
 static ssize_t roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq,

@@ -29,11 +29,14 @@ pid_t request_self_pid(void);
 int request_timeout_default(int *ms);
 
 /*
- * Opens a SOCK_SEQPACKET connection to path with the deadline ms for the
- * connect and every later wait; *out gets the descriptor, which passes to
- * the caller. The errors name the path and say whether wcached is running.
+ * c's first connection: a SOCK_SEQPACKET connection to c->path with the
+ * deadline ms for the connect and every later wait, made c->fd (with its
+ * identity, attach.h's fd_identity) before c is seen by any other thread.
+ * A child forked by another thread meanwhile, the connect's wait included,
+ * closes its copy at once, as it does request_origins()'s. The errors
+ * name the path and say whether wcached is running.
  */
-int request_open(const char *path, int ms, int *out);
+int request_connect(wc_client *c, int ms);
 
 /*
  * What the staged copies of generation of the model name were copied
@@ -46,10 +49,6 @@ int request_open(const char *path, int ms, int *out);
  */
 int request_origins(const char *path, int ms, const char *name, uint64_t generation,
 	size_t file_count, wc_file_identity *out);
-
-/* c's first connection, fd, with its identity (attach.h, fd_identity),
- * before c is seen by any other thread. */
-void request_first_fd(wc_client *c, int fd);
 
 /* Closes c's descriptors that are still its own: its connection, and in a
  * child forked during a reconnect the new socket not yet in its place

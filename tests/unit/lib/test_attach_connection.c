@@ -2096,6 +2096,31 @@ test_fork_while_origins_connects(void **state)
 }
 
 /*
+ * Another thread's fork() while wc_connect() connects its first socket:
+ * the child closes its copy at once, as it does ORIGINS' (no thread of
+ * the child knows the client being made, so nothing else could). Before,
+ * the socket was nobody's until wc_connect() had made the client, and the
+ * copy stayed open for the child's life, counted against max_clients and
+ * max_clients_per_uid (the child exited 3, "the connection being made").
+ */
+static void
+test_fork_while_wc_connect_connects(void **state)
+{
+	struct fixture *f = *state;
+	int before = tu_count_fds();
+
+	af_need_wrap(__real_connect != NULL, "-Wl,--wrap=connect");
+	fake_start(f);
+	fork_probe_arm(f, FORK_AT_CONNECT);
+	assert_int_equal(wc_connect(f->sock, &f->client), 0);
+	fork_probe_check("while wc_connect() connected");
+	if (wc_attach(f->client, MODEL, &f->model) != 0)
+		fail_msg("attach failed: %s", wc_errmsg());
+	release_and_finish(f, before);
+	assert_int_equal(f->fake.accepted, 1);
+}
+
+/*
  * wcached says what the files were copied from: libwcache asks it once,
  * on a connection of its own (ORIGINS with the model's name, from file 0),
  * and answers every file from that; the client's own connection carries
@@ -2414,6 +2439,7 @@ main(void)
 		T(test_file_origin_busy_or_closed_asks_again),
 		T(test_file_origin_asked_again_after_reconnect),
 		T(test_fork_while_origins_connects),
+		T(test_fork_while_wc_connect_connects),
 		T(test_reconnect_holds),
 		T(test_reconnect_records_the_new_socket),
 		T(test_fork_while_reconnect_connects),
