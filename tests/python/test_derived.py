@@ -11,6 +11,7 @@ import errno
 import json
 import os
 import pickle
+import re
 import subprocess
 import textwrap
 import threading
@@ -904,6 +905,103 @@ def test_source_tensors_outlive_the_build(derive_daemon):
         assert torch.equal(v.float(), out[k])
 
 
+# ---- expect=: the key is the artifact's whole identity ----
+
+def quantize_int8(src):
+    """Another transform than to_f32: per-tensor int8 with a scale, under
+    other names (review rev181 F4's samekey.py)."""
+    out = {}
+    for k, v in src.items():
+        scale = np.float32(max(float(np.abs(v).max()), 1e-8) / 127)
+        out[k + ".q"] = np.round(v / scale).astype(np.int8)
+        out[k + ".scale"] = np.array(scale, dtype=np.float32)
+    return out
+
+
+def test_expect_tells_a_key_shared_by_another_transform(derive_daemon):
+    """A float32 build published first under a key; a caller asking that key
+    for int8 tensors, with expect=, gets DerivedMismatch naming the model,
+    the key, the first tensor that differs and what it found, and its build
+    never runs. Before, it got the float32 tensors, unwarned (derived() had
+    no expect=: the call raised TypeError)."""
+    src = wcache.open_file(derive_daemon.f32_path)
+    first = src.keys()[0]
+    shape = src.info(first).shape
+    neg = wcache.derived("wide", "shared-v1", lambda s: {k: -v for k, v in s.items()},
+                         framework="np")
+    assert sorted(neg) == sorted(src.keys())
+    calls = []
+    with pytest.raises(wcache.DerivedMismatch) as e:
+        wcache.derived("wide", "shared-v1", counting(quantize_int8, calls), framework="np",
+                       expect={first + ".q": ("I8", shape)})
+    assert not calls, "the artifact existed: build must not run"
+    said = str(e.value)
+    assert e.value.errno == errno.EBADMSG
+    assert isinstance(e.value, wcache.WcacheError) and isinstance(e.value, ValueError)
+    assert "model 'wide', key 'shared-v1'" in said, said
+    assert f"tensor '{first}.q': expected I8 {list(shape)}, found no such tensor" in said, said
+    assert "another transform may have been published under it first" in said, said
+    assert "new key" in said, said
+    # The same names with another dtype: what was expected and what was found.
+    with pytest.raises(wcache.DerivedMismatch, match=re.escape(
+            f"tensor '{first}': expected I8 {list(shape)}, found F32 {list(shape)}")):
+        wcache.derived("wide", "shared-v1", counting(quantize_int8, calls), framework="np",
+                       expect={first: (np.int8, shape)})
+    # A matching expect (any spelling of the dtype, a shape or any) passes.
+    ok = wcache.derived("wide", "shared-v1", counting(quantize_int8, calls), framework="np",
+                        expect={first: ("F32", shape), src.keys()[1]: (np.float32, None)})
+    assert not calls
+    assert (ok[first] == -src.numpy(first)).all()
+    # Under a key of its own, the int8 transform builds and passes its expect.
+    q = wcache.derived("wide", "int8-v1", counting(quantize_int8, calls), framework="np",
+                       expect={first + ".q": ("I8", shape), first + ".scale": ("F32", ())})
+    assert len(calls) == 1 and q[first + ".q"].dtype == np.int8
+
+
+def test_expect_callable(derive_daemon):
+    """A callable expect is given the state derived() returns: False or an
+    exception is a mismatch (the exception chained), None or True passes."""
+    wcache.derived("wide", "f32-v1", lambda s: {k: -v for k, v in s.items()},
+                   framework="np")
+
+    def all_int8(state):
+        return all(v.dtype == np.int8 for v in state.values())
+    with pytest.raises(wcache.DerivedMismatch,
+                       match=r"key 'f32-v1': .*expect .*all_int8\(state\) returned False; "):
+        wcache.derived("wide", "f32-v1", quantize_int8, framework="np", expect=all_int8)
+
+    def has_scales(state):
+        assert any(k.endswith(".scale") for k in state), "no scales"
+    with pytest.raises(wcache.DerivedMismatch,
+                       match=r"has_scales\(state\) raised AssertionError: no scales") as e:
+        wcache.derived("wide", "f32-v1", quantize_int8, framework="np", expect=has_scales)
+    assert isinstance(e.value.__cause__, AssertionError)
+    seen = []
+    out = wcache.derived("wide", "f32-v1", quantize_int8, framework="np",
+                         expect=lambda state: seen.append(sorted(state)))
+    assert seen == [sorted(out)]
+    wcache.derived("wide", "f32-v1", quantize_int8, framework="np",
+                   expect=lambda state: all(v.dtype == np.float32 for v in state.values()))
+
+
+def test_a_build_that_fails_its_own_expect_is_not_published(derive_daemon):
+    """In the builder, expect is checked on build's result before it is
+    published: one that fails is abandoned (the next call builds again),
+    not shared under the key."""
+    src = wcache.open_file(derive_daemon.f32_path)
+    first = src.keys()[0]
+    with pytest.raises(wcache.DerivedMismatch, match=re.escape(
+            f"model 'wide', key 'q-v1': build's result is not what expect= says: tensor "
+            f"'{first}': expected I8 of any shape, found F32")) as e:
+        wcache.derived("wide", "q-v1", lambda s: dict(s), framework="np",
+                       expect={first: ("I8", None)})
+    assert "not published" in str(e.value)
+    calls = []
+    q = wcache.derived("wide", "q-v1", counting(quantize_int8, calls), framework="np",
+                       expect={first + ".q": ("I8", None)})
+    assert len(calls) == 1 and q[first + ".q"].dtype == np.int8
+
+
 # ---- without wcached ----
 
 def test_fallback_without_daemon(no_daemon, model_path):
@@ -996,3 +1094,33 @@ def test_fallback_in_a_fresh_process(no_daemon, model_path):
     assert r.returncode == 0, r.stderr
     assert int(r.stdout) > 0
     assert r.stderr.count("RuntimeWarning") == 1, r.stderr
+
+
+def test_fallback_checks_expect(no_daemon, tmp_path):
+    path = mkmodel(tmp_path / "f32.safetensors", dtype="F32")
+    first = wcache.open_file(path).keys()[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(wcache.DerivedMismatch, match=re.escape(
+                f"key 'f32-v1': build's result is not what expect= says: tensor "
+                f"'{first}': expected I8")):
+            wcache.derived(path, "f32-v1", lambda s: dict(s), framework="np",
+                           expect={first: ("I8", None)})
+        out = wcache.derived(path, "f32-v1", lambda s: dict(s), framework="np",
+                             expect={first: ("F32", None)})
+    assert first in out
+
+
+@pytest.mark.parametrize("expect, kind, words", [
+    ([("w", "I8")], TypeError, "mapping of tensor name"),
+    ({"w": "I8"}, TypeError, "'w'.*not a \\(dtype, shape\\) pair"),
+    ({"w": ("int4", None)}, ValueError, "dtype .int4."),
+    ({"w": ("i8", None)}, ValueError, "dtype .i8."),
+    ({"w": ("I8", (2, -1))}, ValueError, "shape"),
+    ({"w": ("I8", 3)}, ValueError, "shape"),
+    ({1: ("I8", None)}, TypeError, "not a str"),
+])
+def test_bad_expect(no_daemon, model_path, expect, kind, words):
+    """A bad expect is refused before anything runs."""
+    with pytest.raises(kind, match=words):
+        wcache.derived(model_path, "f32-v1", lambda s: pytest.fail("built"), expect=expect)

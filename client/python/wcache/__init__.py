@@ -30,7 +30,7 @@ from ._lib import (CannotOpenFile, DaemonUnavailable, LibraryNotFound, ModelNotF
                    NoSuchFile, SafetensorError, WcacheError, library_path)
 from ._safe_open import _safe_open_handle, open_model, safe_open
 from ._serialize import TensorSpec, deserialize, serialize, serialize_file
-from ._derived import derived
+from ._derived import DerivedMismatch, derived
 from ._install import install, uninstall
 from .model import Client, Model, TensorInfo, connect, default_socket, open_file
 
@@ -40,5 +40,6 @@ __all__ = [
     "Client", "Model", "TensorInfo", "connect", "open_file", "open_model", "safe_open",
     "default_socket", "library_path", "WcacheError", "DaemonUnavailable", "ModelNotFound",
     "LibraryNotFound", "NoSuchFile", "CannotOpenFile", "SafetensorError", "TensorSpec", "serialize",
-    "serialize_file", "deserialize", "install", "uninstall", "derived", "_safe_open_handle",
+    "serialize_file", "deserialize", "install", "uninstall", "derived", "DerivedMismatch",
+    "_safe_open_handle",
 ]

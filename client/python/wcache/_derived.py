@@ -37,6 +37,13 @@ thread) is refused at once (EDEADLK), with or without a daemon, under
 whichever name of the model it asks: the served name, the configured path,
 another path to the same file. Two names wcached serves are two models,
 even on one file: a build of one may derive the other (see _refuse_own).
+
+The key is the artifact's whole identity: wcached does not know what a
+build does, so two transforms asked under one key share whichever was
+published first. ``expect=`` lets a caller check what it got (tensor names,
+dtypes, shapes, or a callable of its own) and raises DerivedMismatch
+instead of handing it another transform's tensors (review rev181 F4; see
+_Expect).
 """
 import ctypes
 import errno
@@ -46,15 +53,17 @@ import sys
 import threading
 import warnings
 import weakref
+from collections.abc import Mapping
 
 from . import _lib
 from ._lib import DaemonUnavailable, ModelNotFound, WcacheError, check, wc_tensor
 from ._device import to_device
 from ._safe_open import _names, check_device, open_model
+from ._dtypes import DTYPES as _ST_DTYPES, TORCH_TO_ST
 from ._serialize import DTYPES as _NUMPY_DTYPES
 from .model import Model, _Handle, _framework, connect, default_socket
 
-__all__ = ["derived"]
+__all__ = ["derived", "DerivedMismatch"]
 
 _FUNCTIONS = ("wc_derive", "wc_build_source", "wc_build_publish", "wc_build_abandon")
 _KEY = re.compile(r"[A-Za-z0-9._+-]{1,64}\Z")  # wire_key_valid() in proto/wire.c
@@ -365,7 +374,6 @@ def _st_dtype(value):
     for what cannot be written."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.Tensor):
-        from ._dtypes import TORCH_TO_ST
         if value.layout != torch.strided:
             raise ValueError("a sparse tensor (make it dense with .to_dense())")
         st = TORCH_TO_ST.get(str(value.dtype))
@@ -420,6 +428,150 @@ def _checked(result):
             raise type(e)(f"build returned {name!r}: {e}") from None
         out.append((name, st, t, shape, ptr, nbytes))
     return out
+
+
+class DerivedMismatch(WcacheError, ValueError):
+    """derived(expect=...) got tensors other than the caller expects
+    (errno EBADMSG): attached, most likely another transform's artifact
+    published first under the same key; built here, a build whose result
+    fails the caller's own expect (abandoned, not published). The message
+    names the model, the key and the first tensor that differs, with what
+    was expected and what was found."""
+
+
+def _st_spelling(name, dtype):
+    """expect[name]'s dtype as safetensors spells it (None: any): given so
+    ("I8"), or as a torch dtype, a numpy dtype or type, or a numpy dtype's
+    name ("int8"). Not numpy's short codes: "i8" is int64 there, "f4"
+    float32, where safetensors' I8 is int8 and F4 a 4-bit float."""
+    if dtype is None or (isinstance(dtype, str) and dtype in _ST_DTYPES):
+        return dtype
+    torch = sys.modules.get("torch")
+    st = None
+    if isinstance(dtype, str):
+        st = _NUMPY_DTYPES.get(dtype)
+    elif torch is not None and isinstance(dtype, torch.dtype):
+        st = TORCH_TO_ST.get(str(dtype))
+    else:
+        import numpy as np
+        try:
+            st = _NUMPY_DTYPES.get(np.dtype(dtype).name)
+        except TypeError:
+            pass
+    if st is None:
+        raise ValueError(f"expect[{name!r}]: dtype {dtype!r} is not a safetensors dtype "
+                         f"(\"I8\", \"F32\", ...), a torch dtype or a numpy dtype")
+    return st
+
+
+def _shape_of(name, shape):
+    """expect[name]'s shape as a tuple of ints (None: any)."""
+    if shape is None:
+        return None
+    try:
+        dims = tuple(shape)
+        if all(int(d) == d and d >= 0 for d in dims):
+            return tuple(int(d) for d in dims)
+    except (TypeError, ValueError):
+        pass
+    raise ValueError(f"expect[{name!r}]: shape {shape!r} is not a sequence of sizes")
+
+
+def _spelled(dtype, shape):
+    return (dtype or "any dtype") + " " + \
+        ("of any shape" if shape is None else str(list(shape)))
+
+
+class _Expect:
+    """derived()'s expect=, checked when it is given (TypeError or
+    ValueError for one it cannot use): None (nothing is checked); a mapping
+    {tensor name: (dtype, shape)}, dtype as safetensors spells it ("I8"),
+    a torch dtype or a numpy dtype, shape a sequence of sizes, either one
+    None for any, only the tensors it names checked (in its order); or a
+    callable(state), state being the {name: tensor} derived() is about to
+    return (in the process that builds: build's result as it is about to
+    be published, contiguous, on the CPU), whose False (or an exception)
+    is a mismatch (None or anything true passes).
+
+    Not a fingerprint of the build recorded in the artifact's metadata and
+    compared on attach: a caller-given fingerprint is a second key (callers
+    who would give two builds two fingerprints can give them two keys, and
+    the ones who forget to bump the key forget it too), one computed from
+    build (its code) misses what build captures or imports, and neither
+    tells a consumer anything about an artifact built without it (in C, by
+    an older wcache). An expect checks what the consumer itself is about to
+    read, whoever built it: the reported case, int8 tensors asked under a
+    key that holds another build's float32 ones (review rev181 F4, its
+    samekey.py), fails on the first tensor. It cannot tell a builder that
+    publishes wrong numbers under the right names, dtypes and shapes: who
+    may build is derive_groups (wcached's ATTACH_OK does not carry the
+    builder's uid: a client cannot check it)."""
+
+    def __init__(self, expect):
+        self.fn = self.tensors = None
+        if expect is None:
+            return
+        if isinstance(expect, Mapping):
+            self.tensors = []
+            for name, want in expect.items():
+                if not isinstance(name, str):
+                    raise TypeError(f"expect: tensor name {name!r} is not a str")
+                if isinstance(want, (str, bytes)) or not hasattr(want, "__len__") or \
+                        len(want) != 2:
+                    raise TypeError(f"expect[{name!r}]: {want!r} is not a (dtype, shape) pair")
+                self.tensors.append((name, _st_spelling(name, want[0]),
+                                     _shape_of(name, want[1])))
+        elif callable(expect):
+            self.fn = expect
+        else:
+            raise TypeError(f"expect must be a mapping of tensor name -> (dtype, shape) or a "
+                            f"callable(state), not {type(expect).__name__}")
+
+    def __bool__(self):
+        return self.fn is not None or self.tensors is not None
+
+    def mismatch(self, found, names, state):
+        """(what differs, the exception expect raised or None), or None
+        when the result passes. found(name): (safetensors dtype, shape) of
+        the result's tensor name, None without one; names(): the result's
+        tensor names (for the message); state(): the {name: tensor} the
+        callable is given."""
+        for name, dtype, shape in self.tensors or ():
+            got = found(name)
+            if got is None:
+                have = list(names())
+                listed = ", ".join(repr(n) for n in have[:3]) + (", ..." if len(have) > 3 else "")
+                return (f"tensor {name!r}: expected {_spelled(dtype, shape)}, found no such "
+                        f"tensor (it has {len(have)}: {listed})", None)
+            if (dtype is not None and got[0] != dtype) or \
+                    (shape is not None and tuple(got[1]) != shape):
+                return (f"tensor {name!r}: expected {_spelled(dtype, shape)}, found "
+                        f"{_spelled(*got)}", None)
+        if self.fn is None:
+            return None
+        what = getattr(self.fn, "__qualname__", None) or repr(self.fn)
+        try:
+            ok = self.fn(state())
+        except Exception as e:
+            return f"expect {what}(state) raised {type(e).__name__}: {e}", e
+        if ok is not None and not ok:
+            return f"expect {what}(state) returned {ok!r}", None
+        return None
+
+
+def _entries_mismatch(expect, entries):
+    """expect.mismatch() of build's checked result (entries, as _checked
+    made them), or None."""
+    if not expect:
+        return None
+    info = {e[0]: (e[1], e[3]) for e in entries}
+    return expect.mismatch(info.get, lambda: list(info),
+                           lambda: {e[0]: e[2] for e in entries})
+
+
+def _built_mismatch(target, key, what):
+    return DerivedMismatch(errno.EBADMSG, f"model {target!r}, key {key!r}: build's result "
+                           f"is not what expect= says: {what}")
 
 
 # wc_written_fn: void (*)(size_t index, void *arg)
@@ -527,10 +679,12 @@ def _source(client, name, build_ptr, framework):
         raise
 
 
-def _build_here(lib, client, target, name, key, build_ptr, build, framework):
+def _build_here(lib, client, target, name, key, build_ptr, build, framework, expect):
     """This process is the builder: runs build on the source generation the
     BUILD answer gave (_source), publishes, returns the artifact's Model;
-    abandons (with the reason) and raises when anything fails.
+    abandons (with the reason) and raises when anything fails, a result
+    that fails expect included (DerivedMismatch: not published, so no
+    other caller of the key gets it).
     _Unavailable only when attaching the source failed (daemon down, model
     no longer served), before build ran; whatever build raises propagates as
     it is, even a DaemonUnavailable or a ModelNotFound (a safe_open of a
@@ -563,6 +717,16 @@ def _build_here(lib, client, target, name, key, build_ptr, build, framework):
         _abandon(lib, build_ptr, f"{type(e).__name__}: {e}")
         raise
     del result
+    try:
+        failed = _entries_mismatch(expect, entries)
+    except BaseException as e:  # an interrupt in expect: Exceptions are its answer
+        _abandon(lib, build_ptr, f"{type(e).__name__}: {e}")
+        raise
+    if failed is not None:
+        entries.clear()
+        e = _built_mismatch(target, key, failed[0] + "; not published")
+        _abandon(lib, build_ptr, f"{type(e).__name__}: {e}")
+        raise e from failed[1]
     ptr = _publish(lib, build_ptr, entries, framework)
     del entries
     _trim()
@@ -579,8 +743,9 @@ def _trim():
         pass
 
 
-def _derive(client, target, key, build, framework, timeout):
-    """The artifact's Model through wcached; raises _Unavailable when the
+def _derive(client, target, key, build, framework, timeout, expect):
+    """(the artifact's Model through wcached, whether this process built
+    it, its result then checked against expect); raises _Unavailable when the
     daemon is down or does not serve target (compute locally), and only
     for what wc_derive() or the source's attach said, never for what build
     raised.
@@ -607,10 +772,10 @@ def _derive(client, target, key, build, framework, timeout):
             if timeout is None:  # the connection's own deadline again
                 _set_deadline(client, None)
         if rc == 0:
-            return Model(_Handle(out.value, f"{name} [{key}]", client), "wcached")
+            return Model(_Handle(out.value, f"{name} [{key}]", client), "wcached"), False
         if rc == 1:
             return _build_here(lib, client, target, name, key, build_ptr.value, build,
-                               framework)
+                               framework, expect), True
         if rc == -errno.ENOENT:
             why = said
             continue
@@ -628,9 +793,9 @@ def _derive(client, target, key, build, framework, timeout):
     raise _Unavailable(why or f"wcached does not serve {target!r}")
 
 
-def _local(target, key, build, framework, why):
+def _local(target, key, build, framework, why, expect):
     """build run on the source opened in this process; its result checked
-    (and made contiguous) like a publication."""
+    (and made contiguous) like a publication, and against expect."""
     model = open_model(target)
     try:
         _refuse_own(model, target, key)
@@ -643,17 +808,26 @@ def _local(target, key, build, framework, why):
     with _Building(_names(target), key, model):
         result = build(model.state_dict(framework))
     entries = _checked(result)
+    del result
+    failed = _entries_mismatch(expect, entries)
+    if failed is not None:
+        entries.clear()
+        model.close()  # as above: not mapped while the caller holds the exception
+        raise _built_mismatch(target, key, failed[0]) from failed[1]
     return {name: t for name, _st, t, _shape, _ptr, _n in entries}
 
 
-def derived(name, key, build, framework="pt", socket=None, timeout=None, device="cpu"):
+def derived(name, key, build, framework="pt", socket=None, timeout=None, device="cpu",
+            expect=None):
     """The model ``name`` transformed by ``key``, as {tensor name: tensor}:
     a :class:`Derived`, a dict that also has ``generation`` and ``stale()``.
 
     name: a model wcached serves, or its configured path (or a path to the
     model, as ``safe_open`` takes it). key: names the transformation and its
     version, 1 to 64 letters, digits or ``._+-`` ("f32-v1",
-    "int8-rowwise-v2"); change it whenever build changes.
+    "int8-rowwise-v2"); it is the artifact's whole identity: two builds
+    asked under one key share whichever was published first, so change it
+    whenever build changes.
 
     build(source) is called only in the process that becomes the builder,
     with the source as a state dict, and returns a dict of torch tensors or
@@ -675,6 +849,18 @@ def derived(name, key, build, framework="pt", socket=None, timeout=None, device=
     get_tensors() does (one device buffer, batched copies from the shared
     mapping; see wcache/_device.py).
 
+    expect: None, or a check of what the call gets: a mapping {tensor
+    name: (dtype, shape)} (dtype "I8" as safetensors spells it, a torch or
+    a numpy dtype; shape a sequence of sizes; either None for any; the
+    tensors it does not name are not checked), or a callable(state) that
+    returns False or raises on a mismatch. It is checked on the attached
+    artifact, and in the process that builds on build's result before it
+    is published (so one that fails is abandoned, not shared). A mismatch
+    raises DerivedMismatch (a WcacheError and a ValueError) naming the
+    model, the key, the first tensor that differs, what was expected and
+    what was found; attached, it says the key may hold another transform's
+    artifact: ask under a new key.
+
     Without wcached (or when it does not serve name) the source is opened
     in this process and build runs here, with a RuntimeWarning once.
     """
@@ -684,6 +870,7 @@ def derived(name, key, build, framework="pt", socket=None, timeout=None, device=
         raise TypeError(f"build must be callable, not {type(build).__name__}")
     if not isinstance(key, str):
         raise TypeError(f"key must be a str, not {type(key).__name__}")
+    expect = _Expect(expect)
     if not _KEY.match(key):
         raise ValueError(f"key {key!r}: 1 to 64 letters, digits or \"._+-\"")
     target = os.fspath(name)
@@ -697,14 +884,14 @@ def derived(name, key, build, framework="pt", socket=None, timeout=None, device=
         raise _deadlock(target, key)
     if not all(_lib.has(f) for f in _FUNCTIONS):
         return _moved(_local(target, key, build, fw, f"libwcache {_lib.library_path()} has "
-                                                     f"no wc_derive()"), dev)
+                                                     f"no wc_derive()", expect), dev)
     try:
         where, client = _take(socket, timeout)
     except DaemonUnavailable as e:
-        return _moved(_local(target, key, build, fw, str(e)), dev)
+        return _moved(_local(target, key, build, fw, str(e), expect), dev)
     try:
         _refuse_own_through(client, target, key)
-        model = _derive(client, target, key, build, fw, timeout)
+        model, built = _derive(client, target, key, build, fw, timeout, expect)
     except _Unavailable as e:
         why = str(e)
     else:
@@ -712,11 +899,21 @@ def derived(name, key, build, framework="pt", socket=None, timeout=None, device=
     finally:
         _give_back(where, client)
     if why is not None:
-        return _moved(_local(target, key, build, fw, why), dev)
+        return _moved(_local(target, key, build, fw, why, expect), dev)
     if dev is not None:
         state = to_device(model, model.keys(), dev, model.torch)
     else:
         state = model.state_dict(fw)
+    failed = None if built or not expect else \
+        expect.mismatch(lambda n: _info(model, n), model.keys, lambda: state)
+    if failed is not None:
+        del state
+        model.close()  # not mapped while the caller holds the exception
+        raise DerivedMismatch(
+            errno.EBADMSG, f"model {target!r}, key {key!r}: the artifact wcached serves is "
+            f"not what expect= says: {failed[0]}; the key is the artifact's whole identity, "
+            f"and another transform may have been published under it first: ask for this "
+            f"one under a new key") from failed[1]
     # The tensors keep the mapping (and the shared connection) alive; the
     # result keeps the handle for stale().
     result = Derived(state, model._h())
@@ -751,6 +948,15 @@ class Derived(dict):
 
     def __reduce__(self):
         return dict, (dict(self),)
+
+
+def _info(model, name):
+    """(safetensors dtype, shape) of model's tensor name, None without one."""
+    try:
+        info = model.info(name)
+    except KeyError:
+        return None
+    return info.dtype, info.shape
 
 
 def _moved(state, device):
