@@ -48,8 +48,8 @@ struct wc_client {
 	char *where;          /* "wcached at PATH", for messages */
 	pthread_mutex_t lock; /* one request at a time on the socket; guards the rest,
 				 released excepted; given back with request_unlock() */
-	int receiving;        /* this holding of lock has received (model_receive_begin):
-				 request_unlock() ends it */
+	int receiving;        /* this holding of lock received descriptors not yet a
+				 model's (model_receive_begin): request_unlock() ends it */
 	unsigned refs;        /* the owner's, and each release or build using it now
 				 (attach_client_get): freed at 0, under attach.c's clients_lock */
 	struct attach_record *records; /* models attached through it, still held */

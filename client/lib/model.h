@@ -102,8 +102,11 @@ void model_keep_fds(wc_model *m, int *fds);
  * is a model's (model_keep_fds) or closed: meanwhile no kept descriptor is
  * closed (a model that lost its number cannot tell it from the receive's
  * of the same file) but marked, and the last receive to end closes those
- * still the models' (model.c). request.c brackets each holding of a
- * client's lock that receives. A child after fork() has none in flight.
+ * still the models' (model.c). request.c begins one just before a
+ * recvmsg() under a client's lock, once a message waits (never for the
+ * wait, which may last as long as a build), and ends it at once when
+ * that got no descriptor or closed them, else when it gives the lock
+ * back. A child after fork() has none in flight.
  */
 void model_receive_begin(void);
 void model_receive_end(void);

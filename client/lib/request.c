@@ -16,11 +16,14 @@
  *
  * Deadlines: the socket's SO_RCVTIMEO and SO_SNDTIMEO, set at connect and
  * by wc_set_timeout(), bound every connect, send and receive without a
- * system call per request. A send or receive that says EAGAIN before the
- * deadline (a descriptor the caller's event loop made non-blocking), or
- * that a signal interrupts (never restarted with a timeout, and restarting
- * would start the timeout over), waits with poll(2) for what is left: only
- * a deadline that has passed is a timeout.
+ * system call of their own. A send that says EAGAIN before the deadline
+ * (a descriptor the caller's event loop made non-blocking), or that a
+ * signal interrupts (never restarted with a timeout, and restarting would
+ * start the timeout over), waits with poll(2) for what is left: only a
+ * deadline that has passed is a timeout. A reply is waited for with
+ * poll(2) before each receive, within what is left of the deadline: the
+ * receive of descriptors holds back other threads' closes of kept ones
+ * (model_receive_begin), which must not last as long as a DERIVE waits.
  * A request that times out closes the connection (its reply could still
  * come and would be taken for the next one's). Every close of libwcache's
  * own (these two, a reply that cannot be trusted, a receive that failed)
@@ -974,17 +977,38 @@ request_unlock(wc_client *c)
 	pthread_mutex_unlock(&c->released_lock);
 }
 
-/* Before c's first receive of descriptors under its lock: until
- * request_unlock(), no model's kept descriptor is closed by number
- * (model_receive_begin), so none of those received can be taken for one
- * a model lost (review rev174 F2: a release on another thread between the
- * receive and the new model's model_keep_fds() closed the new model's). */
-static void
-receiving(wc_client *c)
+/*
+ * Just before a recvmsg() under c's lock, once poll(2) said a message is
+ * there: until what it received is a model's or closed (request_unlock(),
+ * or receive_end_if_none() at once), no model's kept descriptor is closed
+ * by number (model_receive_begin), so none of those received can be taken
+ * for one a model lost (review rev174 F2: a release on another thread
+ * between the receive and the new model's model_keep_fds() closed the new
+ * model's). Begun only when a message waits, never for the wait itself,
+ * which may take as long as another worker's build (a DERIVE): meanwhile
+ * other threads' closes happen at once. Returns 1 when this began it.
+ */
+static int
+receive_begin(wc_client *c)
 {
-	if (!c->receiving) {
-		c->receiving = 1;
-		model_receive_begin();
+	if (c->receiving)
+		return 0;
+	c->receiving = 1;
+	model_receive_begin();
+	return 1;
+}
+
+/* After the receive that receive_begin() began for (began 1) got no
+ * descriptor, or its descriptors were closed: none waits for a model, so
+ * the bracket ends now rather than at request_unlock(), and a wait for
+ * the next message (an announcement met before the reply) defers no
+ * other thread's close. */
+static void
+receive_end_if_none(wc_client *c, int began)
+{
+	if (began && c->receiving) {
+		c->receiving = 0;
+		model_receive_end();
 	}
 }
 
@@ -1004,10 +1028,12 @@ request_next_seq(wc_client *c)
  * to maxfds descriptors, which pass to the caller. Replies to other
  * requests (there should be none) are dropped with their descriptors
  * closed. limit_ms (0: none) is the deadline of the whole wait, counted
- * from before the send: a send or receive that fails with EAGAIN, or that
- * a signal interrupts, before it waits for what is left (wait_for), and it
- * bounds the wait when announcements keep coming, each of which restarts
- * the socket's own receive timeout.
+ * from before the send: the poll(2) before each receive waits only what is
+ * left of it (wait_for), as does a send that fails with EAGAIN or that a
+ * signal interrupts, and it bounds the wait when announcements keep
+ * coming. Each receive is bracketed (receive_begin) from the moment a
+ * message waits; one that got no descriptor, or whose descriptors were
+ * closed, ends the bracket at once, the reply's at request_unlock().
  */
 static ssize_t
 roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, int send_fd,
@@ -1017,7 +1043,7 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, int se
 	char who[256];
 	struct timespec start;
 	ssize_t n;
-	int r;
+	int began, r;
 
 	/*
 	 * A daemon that refuses a connection (too many clients) sends one
@@ -1058,21 +1084,24 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, int se
 				strerror((int)-n));
 		reset = 1;
 	}
-	receiving(c);
 	for (;;) {
-		n = fdp_recv_intr(c->fd, buf, cap, fds, maxfds, nfds);
-		if (n == -EAGAIN || n == -EINTR) {
-			/* A timeout only once limit_ms has passed: an EAGAIN
-			 * or a signal before it waits for what is left. */
-			if ((r = wait_for(c->fd, POLLIN, limit_ms, &start)) > 0)
-				continue;
-			if (r == 0)
-				return timed_out(c, "answer", &start);
+		/* The wait first, outside the receive bracket (receive_begin):
+		 * poll(2) within what is left of limit_ms, which also bounds
+		 * a signal's or an EAGAIN's wait (a non-blocking descriptor). */
+		if ((r = wait_for(c->fd, POLLIN, limit_ms, &start)) == 0)
+			return timed_out(c, "answer", &start);
+		if (r < 0) {
 			request_close_because(c, "waiting for an answer failed (poll: %s)",
 				strerror(-r));
 			return error_set(r, "wcached at %s: waiting for the answer: poll: %s",
 				c->path, strerror(-r));
 		}
+		began = receive_begin(c);
+		n = fdp_recv_intr(c->fd, buf, cap, fds, maxfds, nfds);
+		if (n <= 0 || *nfds == 0)
+			receive_end_if_none(c, began);
+		if (n == -EAGAIN || n == -EINTR)
+			continue;
 		if (n == -ECONNRESET && !reset) {
 			reset = 1;
 			continue;
@@ -1082,6 +1111,7 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, int se
 			return n; /* the refusal, whatever its seq */
 		if (reset && n >= 0) {
 			fdp_close_all(fds, *nfds);
+			receive_end_if_none(c, began);
 			n = 0;
 		}
 		/* Hung up before the reply: the daemon exited or restarted. */
@@ -1106,6 +1136,7 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, int se
 		}
 		if ((r = wire_decode(buf, (size_t)n, msg)) < 0) {
 			fdp_close_all(fds, *nfds);
+			receive_end_if_none(c, began);
 			/* Out of step with the daemon: no later reply can be
 			 * trusted on this connection. */
 			request_close_because(c, "wcached's reply was malformed%s",
@@ -1120,6 +1151,7 @@ roundtrip(wc_client *c, const uint8_t *req, size_t req_len, uint32_t seq, int se
 			(msg->h.seq == seq || (msg->h.type == WIRE_ERROR && msg->h.seq == 0)))
 			return n;
 		fdp_close_all(fds, *nfds);
+		receive_end_if_none(c, began);
 		if (msg->h.type != WIRE_CHANGED) {
 			request_close_because(c, "wcached answered request %u with %u (out of "
 				"step)", seq, msg->h.seq);
@@ -1253,8 +1285,13 @@ wc_client_dispatch(wc_client *c)
 		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
 			break;
 		if (n > 0) {
-			receiving(c);
+			int began = receive_begin(c);
+
+			nfds = 0;
 			n = fdp_recv(c->fd, buf, sizeof(buf), fds, WIRE_MAX_FDS, &nfds);
+			/* An announcement's descriptors are nobody's. */
+			fdp_close_all(fds, nfds);
+			receive_end_if_none(c, began);
 		}
 		else if (n < 0)
 			n = -errno;
@@ -1272,7 +1309,6 @@ wc_client_dispatch(wc_client *c)
 			r = error_set((int)n, "%s: receive: %s", c->where, strerror((int)-n));
 			break;
 		}
-		fdp_close_all(fds, nfds);
 		if (wire_decode(buf, (size_t)n, &msg) == 0 && msg.h.type == WIRE_CHANGED)
 			count++;
 	}

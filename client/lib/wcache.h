@@ -143,7 +143,10 @@ WC_EXPORT int wc_model_cow(wc_model *m);
  * file again by an open of its own (by its path) would be closed. While
  * another thread of the process receives descriptors from wcached, the
  * close waits until that receive's model has them (or they are closed),
- * so that a release never closes those of a model being attached.
+ * so that a release never closes those of a model being attached: the
+ * call returns at once, the descriptor is closed when that receive ends.
+ * A receive begins only once its reply is there: a request waiting for
+ * its reply (a wc_derive() waiting for a build) holds back no close.
  */
 WC_EXPORT int wc_model_fd(const wc_model *m, size_t file);
 

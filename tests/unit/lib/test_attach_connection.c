@@ -2292,6 +2292,7 @@ struct held_attach {
 	wc_model *model;
 	int result;
 	char msg[256];
+	volatile pid_t tid; /* the thread's, once it runs */
 };
 
 static void *
@@ -2299,6 +2300,7 @@ attach_fds_held(void *arg)
 {
 	struct held_attach *h = arg;
 
+	h->tid = gettid();
 	fault.client = pthread_self();
 	h->result = wc_attach_fds(h->f->client, MODEL, &h->model);
 	snprintf(h->msg, sizeof(h->msg), "%s", wc_errmsg());
@@ -2415,6 +2417,83 @@ test_release_in_receive_closes_later(void **state)
 	assert_int_equal(f->fake.releases, 4);
 }
 
+/* Whether thread tid of this process sleeps (state S in its stat: in a
+ * system call that waits, as poll(2) or a blocking recvmsg()). */
+static int
+thread_sleeps(pid_t tid)
+{
+	char path[64], line[512] = "";
+	const char *state;
+	FILE *in;
+
+	snprintf(path, sizeof(path), "/proc/self/task/%d/stat", (int)tid);
+	if ((in = fopen(path, "r")) == NULL)
+		return 0;
+	if (fgets(line, sizeof(line), in) == NULL)
+		line[0] = '\0';
+	fclose(in);
+	state = strrchr(line, ')'); /* after the thread's name, which may hold one */
+	return state != NULL && state[1] == ' ' && state[2] == 'S';
+}
+
+/*
+ * While another thread's request waits for its reply (an attach the fake
+ * holds at its gate, as a DERIVE waits minutes for another worker's
+ * build), wc_model_close_fd() and a release close their kept descriptors
+ * at once: the receive that holds them back begins only once the reply is
+ * there (request.c, receive_begin). Before, it began with the wait, and
+ * they stayed open until the reply came.
+ */
+static void
+test_release_while_reply_waits_closes_now(void **state)
+{
+	struct fixture *f = *state;
+	static sem_t gate, at_gate; /* the fake may outlive a failure */
+	struct held_attach h = { 0 };
+	wc_model *m0 = NULL, *m1 = NULL;
+	pthread_t t;
+	double until;
+	int before, closed, old[3];
+
+	before = attach_ok(f);
+	assert_int_equal(wc_attach_fds(f->client, MODEL, &m0), 0);
+	assert_int_equal(wc_attach_fds(f->client, MODEL, &m1), 0);
+	old[0] = wc_model_fd(m0, 1);
+	old[1] = wc_model_fd(m1, 0);
+	old[2] = wc_model_fd(m1, 1);
+	assert_int_equal(sem_init(&gate, 0, 0), 0);
+	assert_int_equal(sem_init(&at_gate, 0, 0), 0);
+	f->fake.at_gate = &at_gate;
+	f->fake.gate = &gate;
+	h.f = f;
+	assert_int_equal(pthread_create(&t, NULL, attach_fds_held, &h), 0);
+	assert_int_equal(fake_sem_wait(&at_gate), 0);
+	/* The attach has sent its request: it waits for the reply once its
+	 * thread sleeps. */
+	until = tu_now() + DEADLINE_MS / 1000.0;
+	while (!thread_sleeps(h.tid) && tu_now() < until)
+		usleep(1000);
+	assert_int_equal(wc_model_close_fd(m0, 1), 0);
+	wc_release(m1);
+	closed = fcntl(old[0], F_GETFD) == -1 && fcntl(old[1], F_GETFD) == -1 &&
+		fcntl(old[2], F_GETFD) == -1;
+	assert_int_equal(sem_post(&gate), 0);
+	assert_int_equal(pthread_join(t, NULL), 0);
+	fault.client = pthread_self();
+	f->fake.gate = NULL;
+	if (h.result != 0)
+		fail_msg("the waiting attach failed: %d %s", h.result, h.msg);
+	if (!closed)
+		fail_msg("a kept descriptor stayed open while another thread waited for a reply");
+	check_tensors(h.model);
+	wc_release(h.model);
+	wc_release(m0);
+	release_and_finish(f, before);
+	assert_int_equal(f->fake.releases, 4);
+	sem_destroy(&gate);
+	sem_destroy(&at_gate);
+}
+
 int
 main(void)
 {
@@ -2475,6 +2554,7 @@ main(void)
 		T(test_deadline_in_reconnect_keeps_reason),
 		T(test_release_in_receive_keeps_new_fds),
 		T(test_release_in_receive_closes_later),
+		T(test_release_while_reply_waits_closes_now),
 	};
 #undef T
 
