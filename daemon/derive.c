@@ -917,7 +917,8 @@ derive_each(const struct derive_table *t, const char *model_name,
 			   .bytes = a->gen->bytes, .attach_count = a->attach_count,
 			   .holders = a->gen->attached, .build_seconds = a->build_seconds,
 			   .builder_uid = a->builder_uid, .builder_pid = a->builder_pid,
-			   .format = source_format_name(a->gen->source.format) },
+			   .format = source_format_name(a->gen->source.format),
+			   .withdrawn = a->withdrawn },
 			arg);
 	}
 	for (const struct derive_build *b = t->builds; b != NULL; b = b->next) {

@@ -286,13 +286,21 @@ static const char *const model_states[] = {
 	"loading", "warming", "ready", "cold", "modified", "failed",
 };
 
-/* Counts artifacts (for derive_each). */
-static void
-count_artifact(const struct derive_info *i, void *arg)
-{
-	unsigned *n = arg;
+/* How many derived artifacts are served, and how many of them workers
+ * hold (for derive_each). */
+struct artifact_count {
+	unsigned artifacts, held;
+};
 
-	*n += !i->building;
+static void
+count_artifacts(const struct derive_info *i, void *arg)
+{
+	struct artifact_count *n = arg;
+
+	if (i->building)
+		return;
+	n->artifacts++;
+	n->held += i->holders > 0;
 }
 
 static void
@@ -321,7 +329,7 @@ write_derive_metrics(FILE *f, const struct registry *reg, const struct derive_ta
 		{ "wcached_derived_dropped_total", "Derived artifacts dropped (superseded or for "
 		  "memory_budget).", offsetof(struct derive_stats, dropped) },
 	};
-	unsigned n = 0;
+	struct artifact_count n = { 0, 0 };
 
 	for (size_t i = 0; i < sizeof(counters) / sizeof(counters[0]); i++) {
 		uint64_t v;
@@ -332,10 +340,10 @@ write_derive_metrics(FILE *f, const struct registry *reg, const struct derive_ta
 		value(f, (double)v);
 	}
 	for (const struct model_entry *m = reg->models; m != NULL; m = m->next)
-		derive_each(t, m->name, count_artifact, &n);
+		derive_each(t, m->name, count_artifacts, &n);
 	family(f, "wcached_derived_artifacts", "gauge", "Derived artifacts served now.");
 	fputs("wcached_derived_artifacts", f);
-	value(f, n);
+	value(f, n.artifacts);
 	family(f, "wcached_derived_bytes", "gauge",
 		"Bytes of the derived artifacts served now (they count against memory_budget).");
 	fputs("wcached_derived_bytes", f);
@@ -408,14 +416,22 @@ write_workq_json(FILE *f, const struct workq *q)
 		q->remote_stalled, q->stalls, workq_oldest_seconds(q));
 }
 
-/* Status's "memory" object: the limit in force and what the models need. */
+/* Status's "memory" object: the limit in force and what the models and the
+ * derived artifacts need. Artifacts are memory the kernel cannot reclaim
+ * (memfds), so "fits" weighs them beside the models warm as if pinned:
+ * the budget drops those nobody holds, never the ones left. */
 static void
-write_memory_json(FILE *f, const struct registry *reg, const struct memlimit *mem)
+write_memory_json(FILE *f, const struct registry *reg, const struct memlimit *mem,
+	const struct derive_table *t)
 {
-	uint64_t models, pinned;
+	struct artifact_count n = { 0, 0 };
+	uint64_t models, pinned, derived = reg->derived_bytes;
 	char src[400];
 
 	registry_served_bytes(reg, &models, &pinned);
+	if (t != NULL)
+		for (const struct model_entry *m = reg->models; m != NULL; m = m->next)
+			derive_each(t, m->name, count_artifacts, &n);
 	fprintf(f, ",\"memory\":{\"ram\":%" PRIu64 ",\"limit\":%" PRIu64, mem->ram, mem->limit);
 	json_write_field(f, "limit_source", memlimit_source(mem, src, sizeof(src)));
 	json_write_field(f, "limit_kind", memlimit_kind_name(mem->kind));
@@ -424,9 +440,10 @@ write_memory_json(FILE *f, const struct registry *reg, const struct memlimit *me
 	else
 		fputs(",\"cgroup_limit\":null", f);
 	fprintf(f, ",\"budget\":%" PRIu64 ",\"models_bytes\":%" PRIu64
-		   ",\"derived_bytes\":%" PRIu64 ",\"fits\":%s}", reg->memory_budget, models,
-		reg->derived_bytes,
-		memlimit_fits(mem, models, pinned, reg->memory_budget) ? "true" : "false");
+		   ",\"derived_bytes\":%" PRIu64 ",\"derived_artifacts\":%u,\"derived_held\":%u"
+		   ",\"fits\":%s}", reg->memory_budget, models, derived, n.artifacts, n.held,
+		memlimit_fits(mem, models + derived, pinned + derived, reg->memory_budget) ?
+			"true" : "false");
 }
 
 /* The watch label of wcached_model_info: how m's updates are seen now.
@@ -652,8 +669,8 @@ write_derived(const struct derive_info *i, void *arg)
 	}
 	json_write_field(f, "format", i->format);
 	fprintf(f, ",\"bytes\":%" PRIu64 ",\"attached\":%u,\"attaches\":%" PRIu64
-		   ",\"build_seconds\":%.3f}", i->bytes, i->holders, i->attach_count,
-		i->build_seconds);
+		   ",\"build_seconds\":%.3f,\"withdrawn\":%s}", i->bytes, i->holders,
+		i->attach_count, i->build_seconds, i->withdrawn ? "true" : "false");
 }
 
 /* One entry of status's "models" array. */
@@ -768,7 +785,7 @@ metrics_status_json(FILE *f, const struct registry *reg, const struct metrics_da
 			s->dropped);
 	}
 	if (d->mem != NULL)
-		write_memory_json(f, reg, d->mem);
+		write_memory_json(f, reg, d->mem, d->derive);
 	write_workq_json(f, &reg->workq);
 	fputs(",\"models\":[", f);
 	for (const struct model_entry *m = reg->models; m != NULL; m = m->next) {

@@ -194,13 +194,39 @@ registry_warm_bytes(const struct registry *r)
 	return total;
 }
 
+/*
+ * Says once, when an enforcement finds it (and again only after one found
+ * it no longer so), that the derived artifacts workers hold alone take more
+ * than memory_budget: the budget then evicts every model it may and still
+ * cannot be kept. Called after the unheld artifacts were dropped, so what
+ * is left of derived_bytes is held. One daemon has one registry, so the
+ * flag is the file's.
+ */
+static void
+warn_held_over_budget(const struct registry *r)
+{
+	static bool warned;
+	bool over = r->memory_budget != 0 && r->derived_bytes > r->memory_budget;
+
+	if (over && !warned)
+		log_warnx("derived artifacts that workers hold take %.1f MiB, more than "
+			  "memory_budget (%.1f MiB) alone: every model the budget may evict is "
+			  "evicted, and the budget stays exceeded until workers release some "
+			  "(raise memory_budget to keep models warm beside them)",
+			(double)r->derived_bytes / (1 << 20),
+			(double)r->memory_budget / (1 << 20));
+	warned = over;
+}
+
 void
 registry_enforce_budget(struct registry *r)
 {
 	uint64_t total;
 
-	if (r->memory_budget == 0)
+	if (r->memory_budget == 0) {
+		warn_held_over_budget(r); /* no budget: nothing to exceed */
 		return;
+	}
 	total = registry_warm_bytes(r);
 	/* Derived artifacts are memory, not page cache: nobody's copy can be
 	 * read back, so those nobody holds go first, least recently used. */
@@ -209,6 +235,7 @@ registry_enforce_budget(struct registry *r)
 
 		total = dropped < total ? total - dropped : 0;
 	}
+	warn_held_over_budget(r);
 	while (total > r->memory_budget) {
 		struct model_entry *lru = NULL;
 

@@ -44,6 +44,7 @@ struct derived_row {
 	uint64_t source, bytes, attached, attaches, builder_uid, builder_pid, waiting;
 	double build_seconds;
 	int builder_connected; /* a build's: 0 once its builder left after PUBLISH */
+	int withdrawn;         /* dropped while held: attached no more, goes when released */
 };
 
 /* One entry of "models": a served model and its current generation. */
@@ -66,10 +67,12 @@ struct unloaded_row {
 	uint64_t generation, attached;
 };
 
-/* The reply's "memory": the limit in force and what the models need. */
+/* The reply's "memory": the limit in force and what the models and the
+ * derived artifacts need. */
 struct memory_row {
 	int present;
 	uint64_t limit, budget, models;
+	uint64_t derived, artifacts, held; /* derived_bytes; how many, how many held */
 	char *source;
 	int fits;
 };
@@ -119,6 +122,7 @@ static const struct ctl_field derived_fields[] = {
 	{ "waiting", CTL_U64, offsetof(struct derived_row, waiting) },
 	{ "build_seconds", CTL_DOUBLE, offsetof(struct derived_row, build_seconds) },
 	{ "builder_connected", CTL_BOOL, offsetof(struct derived_row, builder_connected) },
+	{ "withdrawn", CTL_BOOL, offsetof(struct derived_row, withdrawn) },
 };
 
 static const struct ctl_field model_fields[] = {
@@ -148,6 +152,9 @@ static const struct ctl_field memory_fields[] = {
 	{ "limit", CTL_U64, offsetof(struct memory_row, limit) },
 	{ "budget", CTL_U64, offsetof(struct memory_row, budget) },
 	{ "models_bytes", CTL_U64, offsetof(struct memory_row, models) },
+	{ "derived_bytes", CTL_U64, offsetof(struct memory_row, derived) },
+	{ "derived_artifacts", CTL_U64, offsetof(struct memory_row, artifacts) },
+	{ "derived_held", CTL_U64, offsetof(struct memory_row, held) },
 	{ "limit_source", CTL_STRING, offsetof(struct memory_row, source) },
 	{ "fits", CTL_BOOL, offsetof(struct memory_row, fits) },
 };
@@ -457,29 +464,40 @@ print_derived(const struct status *s, char *const *names, size_t nnames)
 			printf("%s ", human_bytes(d->bytes, tmp, sizeof(tmp)));
 			escape_print(stdout, d->format ? d->format : "?");
 			printf(", %" PRIu64 " attached, %" PRIu64 " attaches, built in %.1f s "
-			       "by pid %" PRIu64 " uid %" PRIu64 "\n", d->attached, d->attaches,
-				d->build_seconds, d->builder_pid, d->builder_uid);
+			       "by pid %" PRIu64 " uid %" PRIu64 "%s\n", d->attached, d->attaches,
+				d->build_seconds, d->builder_pid, d->builder_uid,
+				d->withdrawn ? ", withdrawn: attached no more, goes when "
+					       "released" : "");
 		}
 	}
 }
 
 /* "memory: 4.0 GiB in force (cgroup v2 memory.max of /x), budget 3.2 GiB,
- * models 40.1 MiB", and a warning when the models do not fit. */
+ * models 40.1 MiB, derived 3.0 MiB (3 artifacts, 2 held)", and a warning
+ * when the models and artifacts do not fit. */
 static void
 print_memory(const struct memory_row *m)
 {
-	char limit[32], budget[32], models[32];
+	char limit[32], budget[32], models[32], derived[32];
 
 	if (!m->present)
 		return;
 	printf("memory: %s in force (", human_bytes(m->limit, limit, sizeof(limit)));
 	escape_print(stdout, m->source != NULL ? m->source : "?");
-	printf("), budget %s, models %s\n",
+	printf("), budget %s, models %s, derived ",
 		m->budget != 0 ? human_bytes(m->budget, budget, sizeof(budget)) : "none",
 		human_bytes(m->models, models, sizeof(models)));
+	if (m->derived == 0 && m->artifacts == 0)
+		printf("none\n");
+	else
+		printf("%s (%" PRIu64 " artifact%s, %" PRIu64 " held)\n",
+			human_bytes(m->derived, derived, sizeof(derived)), m->artifacts,
+			m->artifacts == 1 ? "" : "s", m->held);
 	if (!m->fits)
-		printf("warning: the models do not fit under the memory limit: the kernel reclaims "
-		       "their pages (README, \"Memory limits\")\n");
+		printf("warning: the models%s do not fit under the memory limit: the kernel "
+		       "reclaims %s pages (README, \"Memory limits\")\n",
+			m->derived != 0 ? " and derived artifacts" : "",
+			m->derived != 0 ? "the models'" : "their");
 }
 
 /* A warning while work on a remote filesystem has stalled (a hung server). */

@@ -75,6 +75,13 @@ def test_drop_takes_back_unheld_and_held_artifacts(served):
     fresh = publish_held(a, "k3", other)
     assert artifact_bytes(fresh) == other
     assert artifact_bytes(held) == ARTIFACT
+    # Status lists the withdrawn k3 beside its replacement, marked (before,
+    # the two rows looked alike).
+    rows = sorted((x["key"], x["withdrawn"]) for x in model_entry(d, "small")["derived"])
+    assert rows == [("k3", False), ("k3", True)], rows
+    lines = [x for x in ctl(d, "status").stdout.splitlines() if x.startswith("  small k3 ")]
+    assert [x.endswith(", withdrawn: attached no more, goes when released")
+            for x in lines].count(True) == 1 and len(lines) == 2, lines
     release(a, fresh)
     # Released, the withdrawn one goes; the new one stays.
     release(a, held)
