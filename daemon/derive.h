@@ -4,13 +4,15 @@
  * served to all.
  *
  * The table keeps, per (model, source generation, key), either the
- * artifact (a generation of its own whose one file is the sealed memfd the
- * builder published) or the build in progress: its builder (a connection
- * of the server, opaque here), its token and deadline, and the connections
- * waiting for it, oldest first. Single flight: at most one build of a key
- * runs at a time. When a builder publishes, the memfd is sealed, validated
- * with the readers every model goes through and compiled; then every
- * waiter is answered. When it goes away (hang-up before its PUBLISH,
+ * artifact (a generation of its own whose one file is wcached's sealed copy
+ * of the memfd the builder published) or the build in progress: its builder
+ * (a connection of the server, opaque here), its token and deadline, and
+ * the connections waiting for it, oldest first. Single flight: at most one
+ * build of a key runs at a time. When a builder publishes, the memfd is
+ * sealed, copied into a memfd of wcached's own (whose pages the kernel
+ * charges to wcached's memory cgroup, not the builder's), validated with
+ * the readers every model goes through and compiled; then every waiter is
+ * answered. When it goes away (hang-up before its PUBLISH,
  * derive_timeout) the oldest waiter that may build takes over; a hang-up
  * after its PUBLISH leaves the check running for the waiters. When it
  * fails for good
@@ -176,6 +178,9 @@ struct derive_table {
 	 * memory_budget it bounds an artifact. 0: not known, no bound. */
 	uint64_t mem_limit;
 	char mem_source[DERIVE_MEM_SOURCE];
+	/* 1: that limit is the machine's RAM, which holds a publication twice
+	 * while wcached copies it (the builder's memfd and wcached's copy). */
+	int mem_ram;
 	struct derive_abandoned abandoned[DERIVE_ABANDONED];
 	struct derive_ended ended[DERIVE_ENDED_TOKENS];
 	unsigned next_ended;       /* the place the next one takes */
@@ -281,8 +286,6 @@ struct derive_info {
 	int building;         /* 1: a build in progress (bytes etc. are 0) */
 	int checking;         /* a build whose publication is being checked */
 	int builder_gone;     /* a build whose builder disconnected (after its PUBLISH) */
-	int withdrawn;        /* dropped while held (derive_drop): attached no more, it
-			       * goes when its last holder releases it */
 	unsigned waiting;     /* a build's waiters */
 };
 void derive_each(const struct derive_table *t, const char *model_name,

@@ -19,7 +19,8 @@ struct derived {
 	char *model_name;
 	uint64_t source;         /* source generation number */
 	char key[WIRE_MAX_KEY + 1];
-	struct generation *gen;  /* file 0: the sealed memfd; kept while listed */
+	struct generation *gen;  /* file 0: wcached's sealed copy of the builder's
+				  * memfd; kept while listed */
 	uid_t builder_uid;
 	pid_t builder_pid;
 	double build_seconds;

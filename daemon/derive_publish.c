@@ -3,15 +3,20 @@
  * checked on the work queue, then served, and the builder and every waiter
  * answered; or the build fails for good.
  *
- * Checking means sealing the memfd, reopening it read-only, reading its
- * index with the readers every model goes through and sealing the compiled
- * index: for a 100 MB safetensors header, most of a second (several under
- * a sanitizer), which on the event loop every client would wait for. The
- * build waits instead (derive_build.check: no deadline runs meanwhile), and
- * so does the builder's connection. A builder that goes away meanwhile (it
- * published and exited) does not end the build: the check owns the memfd and
- * what it makes, and answers the waiters when it ends (a refusal then hands
- * the build on, as a builder gone before publishing does). A build that ends
+ * Checking means sealing the memfd, copying it into a sealed memfd of
+ * wcached's own (copy_artifact: the kernel charges a memfd's pages to the
+ * memory cgroup of whoever wrote them, for as long as they live, so the
+ * builder's would stay charged to the builder for as long as wcached keeps
+ * the artifact, rev181 F7), reading the copy's index with the readers every
+ * model goes through and sealing the compiled index: for a 100 MB
+ * safetensors header, most of a second (several under a sanitizer), and
+ * for a 256 MiB memfd up to a second of copying, which on the event loop
+ * every client would wait for. The build waits instead (derive_build.check:
+ * no deadline runs meanwhile), and so does the builder's connection. A
+ * builder that goes away meanwhile (it published and exited) does not end
+ * the build: the check owns the memfd and what it makes, and answers the
+ * waiters when it ends (a refusal then hands the build on, as a builder
+ * gone before publishing does). A build that ends
  * some other way while its check runs (wcached stopping) cancels it, and the
  * result is dropped when the check ends.
  */
@@ -24,6 +29,8 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/types.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/error.h"
@@ -46,7 +53,8 @@
  * connection (build->builder, NULL once it went away) waits for its answer.
  * Nothing here belongs to that connection: the memfd is the check's, and
  * its closes go to the builder uid's lane (owner). build is NULL once the
- * build ended some other way (wcached stopping): the result is dropped.
+ * build ended some other way (wcached stopping): the result is dropped, and
+ * the copy stops at its next chunk (cancelled).
  */
 /* Publication checks on the work queue at once (derive.h). */
 #define DERIVE_CHECKS_AT_ONCE 2
@@ -62,9 +70,13 @@ struct derive_check {
 	uint64_t budget;         /* memory_budget when it was queued */
 	uint64_t limit;          /* the memory limit in force (0: unknown): the bound
 				    without one, and where it comes from */
+	int limit_ram;           /* 1: that limit is the RAM (derive_table.mem_ram) */
 	char limit_source[DERIVE_MEM_SOURCE];
 	char label[WIRE_MAX_NAME + WIRE_MAX_KEY + 16];
-	int fd;                  /* the builder's memfd, then wcached's reopen */
+	int fd;                  /* the builder's memfd, then wcached's copy */
+	double copy_s;           /* how long copy_artifact took */
+	int cancelled;           /* set on the loop (derive_check_cancel), read
+				  * by the copy between chunks: atomic */
 	/* What the check made: the source, its served descriptors and the
 	 * sealed index; or err with why. */
 	struct model_source src;
@@ -127,6 +139,7 @@ void
 derive_set_memory_limit(struct derive_table *t, const struct memlimit *m)
 {
 	t->mem_limit = m->limit;
+	t->mem_ram = m->kind == MEMLIMIT_RAM;
 	memlimit_source(m, t->mem_source, sizeof(t->mem_source));
 }
 
@@ -212,15 +225,138 @@ check_index(struct derive_check *c, uint64_t size)
 	return over_bound(c, size + len, what);
 }
 
+/* Bytes copy_artifact copies per call: a cancelled check stops within one
+ * (1 to 4 ms at the 280 to 1200 MB/s README's "Lifecycle" measures). */
+#define COPY_CHUNK (1u << 20)
+
+/* The name wcached's copies of artifacts go by (/proc/PID/fd: memfd:NAME). */
+#define COPY_NAME "wcache-artifact"
+
+/* copy_artifact failed (err, -errno) at byte done of size: c->err, c->why. */
+static int
+copy_failed(struct derive_check *c, int err, const char *what, uint64_t done, uint64_t size)
+{
+	snprintf(c->why, sizeof(c->why), "wcached could not copy the memfd into memory of its "
+		 "own (which wcached's memory cgroup pays for): %s: %s, at byte %" PRIu64 " of %"
+		 PRIu64, what, strerror(-err), done, size);
+	return c->err = err;
+}
+
+/* Whether copy_file_range's err (-errno), before any byte was copied,
+ * says only that it cannot copy between these two files (another
+ * filesystem: a hugetlbfs memfd; a kernel or seccomp filter without it),
+ * so that pread and pwrite copy instead. */
+static int
+copy_range_unusable(int err)
+{
+	return err == -EXDEV || err == -EINVAL || err == -ENOSYS || err == -EOPNOTSUPP ||
+		err == -EPERM;
+}
+
+/* Writes len bytes of buf at off of fd: 0 or -errno. */
+static int
+pwrite_all(int fd, const char *buf, size_t len, uint64_t off)
+{
+	while (len > 0) {
+		ssize_t w = pwrite(fd, buf, len, (off_t)off);
+
+		if (w == -1 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return w == 0 ? -EIO : -errno;
+		buf += w;
+		len -= (size_t)w;
+		off += (uint64_t)w;
+	}
+	return 0;
+}
+
+/*
+ * Work queue thread: copies the size bytes of src (a read-only reopen of the
+ * builder's sealed memfd) into a memfd of wcached's own, COPY_CHUNK bytes a
+ * call, seals it (DERIVE_ARTIFACT_SEALS) and reopens it read-only: that
+ * reopen, or -errno with c->why (ENOMEM, ENOSPC: no memory for the copy;
+ * ECANCELED: the check was cancelled). Written by this thread, the copy's
+ * pages are charged to wcached's memory cgroup; the builder's are freed
+ * once wcached closes src and the builder its own descriptors.
+ */
+static int
+copy_artifact(struct derive_check *c, int src, uint64_t size)
+{
+	char *buf = NULL;
+	uint64_t done = 0;
+	int fd, ro, by_read = 0, err = 0;
+	const char *what = "copy_file_range";
+
+	if ((fd = memfd_create(COPY_NAME, MFD_CLOEXEC | MFD_ALLOW_SEALING)) == -1)
+		return copy_failed(c, -errno, "memfd_create", 0, size);
+	while (done < size && err == 0) {
+		size_t want = size - done < COPY_CHUNK ? (size_t)(size - done) : COPY_CHUNK;
+		ssize_t n;
+
+		if (__atomic_load_n(&c->cancelled, __ATOMIC_RELAXED)) {
+			err = -ECANCELED;
+			what = "the build ended while it was copied";
+			break;
+		}
+		if (!by_read) {
+			loff_t in = (loff_t)done, out = (loff_t)done;
+
+			n = copy_file_range(src, &in, fd, &out, want, 0);
+			if (n == -1 && done == 0 && copy_range_unusable(-errno)) {
+				by_read = 1;
+				what = "read";
+				if ((buf = malloc(COPY_CHUNK)) == NULL) {
+					err = -ENOMEM;
+					what = "a buffer to copy through";
+				}
+				continue;
+			}
+		} else {
+			n = pread(src, buf, want, (off_t)done);
+			if (n > 0 && (err = pwrite_all(fd, buf, (size_t)n, done)) < 0) {
+				what = "write";
+				break;
+			}
+		}
+		if (n == -1 && errno == EINTR)
+			continue;
+		if (n == -1)
+			err = -errno;
+		else if (n == 0)
+			err = -EIO; /* sealed against shrinking: never */
+		else
+			done += (uint64_t)n;
+	}
+	free(buf);
+	if (err == 0 && fcntl(fd, F_ADD_SEALS, DERIVE_ARTIFACT_SEALS) == -1) {
+		err = -errno;
+		what = "sealing the copy";
+	}
+	if (err < 0) {
+		close(fd);
+		return copy_failed(c, err, what, done, size);
+	}
+	ro = fd_reopen_read_only(fd, COPY_NAME);
+	close(fd);
+	if (ro < 0) {
+		snprintf(c->why, sizeof(c->why), "%s", error_get());
+		return c->err = ro;
+	}
+	return ro;
+}
+
 /* Work queue thread: seals the memfd for good, reopens it read-only (the
  * received descriptor is the builder's open file description, its offset
- * and flags the builder's to change: wcached keeps one of its own, as for
- * model files, issue 18, and workers get reopens of that), validates it
- * with the readers every model goes through and seals its index. */
+ * and flags the builder's to change), copies it into a memfd of wcached's
+ * own (copy_artifact: wcached's cgroup pays for what it keeps, not the
+ * builder's), closes the builder's, validates the copy with the readers
+ * every model goes through and seals its index. */
 static void
 check_run(struct workq_job *job)
 {
 	struct derive_check *c = job->arg;
+	struct timespec t0, t1;
 	struct stat st;
 	int fd;
 
@@ -245,9 +381,17 @@ check_run(struct workq_job *job)
 		snprintf(c->why, sizeof(c->why), "the memfd is empty");
 		return;
 	}
-	/* The memfd alone first (its index is counted once compiled). */
-	if (over_bound(c, (uint64_t)st.st_size, "") < 0)
+	/* The memfd alone first (its index is counted once compiled). Without
+	 * a budget, against the RAM, twice over: the builder's memfd and
+	 * wcached's copy of it are both there while it is copied (a cgroup
+	 * limit of wcached's is charged the copy alone). */
+	if (c->budget == 0 && c->limit_ram) {
+		if (over_bound(c, 2 * (uint64_t)st.st_size, " (the memfd twice: the builder's "
+			 "and wcached's copy of it, while it is copied)") < 0)
+			return;
+	} else if (over_bound(c, (uint64_t)st.st_size, "") < 0) {
 		return;
+	}
 	/* Every page must have memory behind it, paid for by the builder; the
 	 * seals forbid punching holes from here on. */
 	if ((c->err = derive_memfd_whole(&st, c->why, sizeof(c->why))) < 0) {
@@ -257,6 +401,14 @@ check_run(struct workq_job *job)
 			 "before publishing");
 		return;
 	}
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	if ((fd = copy_artifact(c, c->fd, (uint64_t)st.st_size)) < 0)
+		return;
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	c->copy_s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+	/* The builder's memory goes with its own last descriptor. */
+	closer_close(c->t->closer, c->owner, c->fd);
+	c->fd = fd;
 	if (check_head(c, fd, (uint64_t)st.st_size) < 0)
 		return;
 	if ((c->err = source_open_fd(fd, c->label, &c->src)) < 0) {
@@ -369,6 +521,7 @@ check_finish(struct derive_check *c, int status)
 	char text[WIRE_MAX_MESSAGE], more[128];
 	int err = c->err;
 	uint32_t seq;
+	double copy_s;
 	void *builder;
 
 	if (b == NULL) {
@@ -400,14 +553,16 @@ check_finish(struct derive_check *c, int status)
 		return;
 	}
 	seq = c->seq;
+	copy_s = c->copy_s;
 	check_free(c);
 	if (derive_may_log(t, a->builder_uid, more, sizeof(more)))
 		log_info("model \"%s\": derived \"%s\" of generation %" PRIu64 " published by pid "
-			 "%d uid %u%s: %" PRIu64 " bytes (%s), built in %.1f s; %s%s",
+			 "%d uid %u%s: %" PRIu64 " bytes (%s), built in %.1f s, copied into "
+			 "wcached's memory in %.3f s; %s%s",
 			a->model_name, a->key, a->source, (int)a->builder_pid,
 			(unsigned)a->builder_uid,
 			builder == NULL ? " (which has disconnected)" : "", a->gen->bytes,
-			source_format_name(a->gen->source.format), a->build_seconds,
+			source_format_name(a->gen->source.format), a->build_seconds, copy_s,
 			b->waiters != NULL ? "answering its waiters" : "nobody waited", more);
 	derive_unlink_build(t, b);
 	w = b->waiters;
@@ -532,6 +687,7 @@ derive_publish(struct derive_table *t, void *conn, uid_t owner, uint32_t seq, ui
 	c->owner = owner;
 	c->budget = t->r->memory_budget;
 	c->limit = t->mem_limit;
+	c->limit_ram = t->mem_ram;
 	memcpy(c->limit_source, t->mem_source, sizeof(c->limit_source));
 	c->fd = memfd;
 	c->index_fd = -1;
@@ -577,4 +733,5 @@ derive_check_cancel(struct derive_check *c)
 		return;
 	}
 	c->build = NULL;
+	__atomic_store_n(&c->cancelled, 1, __ATOMIC_RELAXED);
 }

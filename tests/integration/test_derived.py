@@ -9,6 +9,7 @@ can do what libwcache never would: keep a writable mapping, publish twice,
 publish garbage, publish another connection's build.
 """
 import contextlib
+import fcntl
 import functools
 import json
 import mmap
@@ -32,7 +33,7 @@ ATTACH, RELEASE, DERIVE, PUBLISH, ABANDON = 1, 2, 4, 5, 6
 ATTACH_OK, RELEASE_OK, CHANGED, BUILD, ERROR = 129, 130, 131, 133, 255
 ERRNO = {"EACCES": 13, "EPERM": 1, "EAGAIN": 11, "EBUSY": 16, "ETIMEDOUT": 110,
          "ECANCELED": 125, "EHOSTDOWN": 112, "ESTALE": 116, "EBADMSG": 74, "ENOENT": 2,
-         "EINVAL": 22, "EFBIG": 27, "ENOSPC": 28}
+         "EINVAL": 22, "EFBIG": 27, "ENOSPC": 28, "ENOMEM": 12}
 DERIVE_CONF = {"derive": "yes"}
 
 
@@ -179,6 +180,18 @@ def build(peer, name="small", key="f32-v1"):
     return r
 
 
+def building_with_a_waiter(derived):
+    """A daemon (derived()) where peer a builds "f32-v1" (its BUILD r) and
+    peer b waits for it: (d, a, b, r)."""
+    d = derived()
+    ready(d, "small")
+    a, b = Peer(d), Peer(d)
+    r = build(a)
+    b.derive("small", "f32-v1")
+    waiting(d, 1)
+    return d, a, b, r
+
+
 @pytest.fixture
 def derived(start, tmp_path):
     """A daemon serving "small" with derive = yes, plus any keys of extra."""
@@ -246,12 +259,7 @@ SHARED_MAPPING = ("the memfd still has a shared mapping made through a writable 
 
 
 def test_a_builder_that_keeps_a_writable_mapping_is_refused_and_waiters_told(derived):
-    d = derived()
-    ready(d, "small")
-    a, b = Peer(d), Peer(d)
-    r = build(a)
-    b.derive("small", "f32-v1")
-    waiting(d, 1)
+    d, a, b, r = building_with_a_waiter(derived)
     fd = memfd_with(ARTIFACT)
     m = mmap.mmap(fd, len(ARTIFACT))  # shared, writable
     a.publish(r["token"], fd)
@@ -301,12 +309,7 @@ def test_a_builder_that_keeps_a_read_only_shared_mapping_is_refused_and_told_so(
     (b"", ["empty"]),
 ])
 def test_a_malformed_publication_is_refused_with_the_readers_reason(derived, payload, words):
-    d = derived()
-    ready(d, "small")
-    a, b = Peer(d), Peer(d)
-    r = build(a)
-    b.derive("small", "f32-v1")
-    waiting(d, 1)
+    d, a, b, r = building_with_a_waiter(derived)
     fd = memfd_with(payload)
     a.publish(r["token"], fd)
     os.close(fd)
@@ -588,12 +591,7 @@ def test_a_builder_past_derive_timeout_is_told_so_when_it_publishes(derived):
 
 
 def test_an_abandoned_build_gives_every_waiter_the_reason(derived):
-    d = derived()
-    ready(d, "small")
-    a, b = Peer(d), Peer(d)
-    r = build(a)
-    b.derive("small", "f32-v1")
-    waiting(d, 1)
+    d, a, b, r = building_with_a_waiter(derived)
     a.abandon(r["token"], "ValueError: NaN in layer 3\x1b[31m")
     assert closing(a.reply())["type"] == RELEASE_OK
     text = expect_error(b.reply(), "ECANCELED", "small", "f32-v1", "ValueError: NaN in layer 3")
@@ -1158,12 +1156,12 @@ def test_a_dropped_artifact_closes_in_its_builders_lane(derived, tmp_path):
 def test_a_check_its_builder_left_closes_in_the_builders_lane(derived):
     # A builder publishes and hangs up before the check ends; the check goes
     # on without it, and its publication is refused (the model was unloaded
-    # first): what the check opened (the memfd wcached reopened, the reopen
+    # first): what the check opened (wcached's copy of the memfd, the reopen
     # workers would get, the index it compiled) closes in the builder's lane
-    # when it ends, as the memfd it passed does; on the loop, nothing waited.
-    # The check has begun once that memfd waits in the lane, and the rest of
-    # the check of 220,000 tensors (0.1 s and more) outlasts the hang-up's
-    # handling. (Stopping wcached meanwhile would end the linger: a signal
+    # when it ends, as the memfd it passed and wcached's reopen of that (closed
+    # once copied) do; on the loop, nothing waited. The check has copied the
+    # memfd once those two wait in the lane, and the rest of the check of
+    # 220,000 tensors (0.1 s and more) outlasts the hang-up's handling. (Stopping wcached meanwhile would end the linger: a signal
     # ends a close's wait.)
     d = derived()
     ready(d, "small")
@@ -1178,22 +1176,17 @@ def test_a_check_its_builder_left_closes_in_the_builders_lane(derived):
     with builders_lane_held(d):
         builder.publish(token, fd)
         os.close(fd)
-        closing_reaches(d, 2, "the check to begin (the passed memfd waits in the lane)",
-                        interval=0.002)
+        closing_reaches(d, 3, "the check to copy the memfd (the passed memfd and "
+                        "wcached's reopen of it wait in the lane)", interval=0.002)
         builder.close()
-        closing_reaches(d, 5, "the passed memfd and the check's three descriptors to wait "
-                        "behind the linger", timeout=20)
+        closing_reaches(d, 6, "the passed memfd, its reopen and the check's three "
+                        "descriptors to wait behind the linger", timeout=20)
     d.wait_for_log(r"the publication by pid \d+ \(which has disconnected\) was refused: the "
                    r"model is no longer served")
 
 
 def test_a_build_racing_a_swap_publishes_for_its_own_generation(derived, tmp_path):
-    d = derived()
-    ready(d, "small")
-    a, b = Peer(d), Peer(d)
-    r = build(a)
-    b.derive("small", "f32-v1")
-    waiting(d, 1)
+    d, a, b, r = building_with_a_waiter(derived)
     os.rename(mkmodel(tmp_path / "new.safetensors", seed=9), tmp_path / "small.safetensors")
     assert ctl(d, "reload", "small").returncode == 0
     ready(d, "small", generation=2)
@@ -1376,3 +1369,208 @@ def test_a_failed_fstat_of_a_publication_is_named_not_called_empty(derived):
     # The daemon still serves the model and builds its keys.
     r = build(Peer(d), key="after-v1")
     assert r["generation"] == 1
+
+
+def fds_of(pid, st):
+    """wcached's descriptors (pid's) of the file fstat gave st for."""
+    found = []
+    for n in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            s = os.stat(f"/proc/{pid}/fd/{n}")
+        except OSError:
+            continue
+        if (s.st_dev, s.st_ino) == (st.st_dev, st.st_ino):
+            found.append(int(n))
+    return found
+
+
+def test_wcached_serves_its_own_copy_of_a_publication_not_the_builders_memfd(derived):
+    """rev181 F7: the kernel charges a memfd's pages to the memory cgroup of
+    whoever wrote them, for as long as the memfd lives; wcached served the
+    builder's memfd itself, so a builder under a memory limit kept paying for
+    every artifact it had published, after it exited too. wcached now serves
+    a sealed copy of its own (inode not the builder's) and keeps no
+    descriptor of the builder's once it is copied; without a memory_budget,
+    the RAM must hold both while it is copied."""
+    d, a, b, r = building_with_a_waiter(derived)
+    fd = memfd_with(ARTIFACT)
+    mine_st = os.fstat(fd)
+    a.publish(r["token"], fd)
+    reps = [a.reply(), b.reply()]
+    for rep in reps:
+        assert artifact_bytes(rep) == ARTIFACT
+        served = os.fstat(rep["fds"][1])
+        assert (served.st_dev, served.st_ino) != (mine_st.st_dev, mine_st.st_ino), served
+        # Sealed as a builder's must be, wcached's seal included.
+        seals = fcntl.fcntl(rep["fds"][1], fcntl.F_GET_SEALS)
+        want = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+        assert seals & want == want, seals
+    assert os.readlink(f"/proc/self/fd/{reps[1]['fds'][1]}").startswith("/memfd:wcache-artifact")
+    for rep in reps:
+        closing(rep)
+    # Once copied, wcached keeps none of the builder's descriptors (its
+    # closer closes them off the loop).
+    wait_until(lambda: not fds_of(d.proc.pid, mine_st), what="wcached to close the builder's memfd")
+    os.close(fd)
+    # Without a memory_budget the RAM bounds an artifact, and holds it twice
+    # while it is copied: a memfd of more than half the RAM is refused for
+    # its size (before the sparse check: it is all holes).
+    ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    r = build(a, key="half-v1")
+    fd = one_tensor_memfd(ram // 2 + (64 << 20), lambda fd, off, n: None)
+    a.publish(r["token"], fd)
+    os.close(fd)
+    expect_error(a.reply(), "EFBIG", "half-v1", "the memfd twice: the builder's and wcached's "
+                 "copy of it, while it is copied", "more than the memory limit in force")
+
+
+def memory_cgroup_parent():
+    """A memory cgroup directory this process may make a child in (v1's
+    memory hierarchy, or v2's root with the memory controller), or the reason
+    there is none."""
+    if os.geteuid() != 0:
+        return None, "needs root to make a memory cgroup"
+    v1 = "/sys/fs/cgroup/memory"
+    if os.path.exists(os.path.join(v1, "memory.usage_in_bytes")):
+        return v1, None
+    try:
+        with open("/sys/fs/cgroup/cgroup.subtree_control") as f:
+            if "memory" in f.read().split():
+                return "/sys/fs/cgroup", None
+    except OSError:
+        pass
+    return None, "no memory cgroup hierarchy (v1 memory, or v2 with memory) to make one in"
+
+
+def cgroup_shmem(path):
+    with open(os.path.join(path, "memory.stat")) as f:
+        return next(int(line.split()[1]) for line in f if line.split()[0] == "shmem")
+
+
+# A builder that moves itself into the memory cgroup argv[2] first, then
+# builds key argv[3] of "small": a memfd of argv[4] bytes, every byte
+# written, published. It prints the publication's reply type and exits.
+CGROUP_BUILDER = r"""
+import os, socket, struct, sys
+with open(sys.argv[2], "w") as f:
+    f.write(str(os.getpid()))
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.connect(sys.argv[1])
+key, name, n = sys.argv[3].encode(), b"small", int(sys.argv[4])
+
+def send(mtype, seq, payload, fds=()):
+    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))] if fds else []
+    s.sendmsg([struct.pack("<IHHII", 0x31504357, 1, mtype, len(payload), seq) + payload], anc)
+
+def receive():
+    data, anc, _, _ = s.recvmsg(8192, socket.CMSG_SPACE(4 * 256))
+    for level, kind, cdata in anc:
+        for (fd,) in struct.iter_unpack("i", cdata[:len(cdata) // 4 * 4]):
+            os.close(fd)
+    return struct.unpack_from("<H", data, 6)[0], data
+
+send(4, 1, struct.pack("<II", 30000, len(key)) + key + name)
+mtype, data = receive()
+assert mtype == 133, data
+(token,) = struct.unpack_from("<Q", data, 16 + 40)
+header = b'{"w":{"dtype":"U8","shape":[%d],"data_offsets":[0,%d]}}' % (n, n)
+header += b" " * (-len(header) % 8)
+fd = os.memfd_create("cg-artifact", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+os.write(fd, struct.pack("<Q", len(header)) + header)
+block = b"\x5a" * (1 << 20)
+for off in range(0, n, len(block)):
+    os.write(fd, block[:n - off])
+send(5, 2, struct.pack("<Q", token), [fd])
+print(receive()[0])
+"""
+
+
+def test_a_builders_memory_cgroup_stops_paying_for_an_artifact_once_it_exits(derived):
+    """rev181 F7: a builder in a memory cgroup of its own publishes a 32 MiB
+    artifact and exits; its cgroup's shmem (the memfd's pages) drops to what
+    it was, while wcached still serves the artifact. Before, the 32 MiB stayed
+    charged to the builder's cgroup for as long as wcached kept the artifact,
+    and a builder under MemoryMax was OOM-killed by artifacts it no longer
+    held."""
+    parent, why = memory_cgroup_parent()
+    if parent is None:
+        pytest.skip(why)
+    cg = os.path.join(parent, f"wcache-test-builder-{os.getpid()}")
+    try:
+        os.mkdir(cg)
+    except OSError as e:
+        pytest.skip(f"cannot make a memory cgroup in {parent}: {e}")
+    try:
+        d = derived()
+        ready(d, "small")
+        n = 32 << 20
+        p = subprocess.run([sys.executable, "-c", CGROUP_BUILDER, d.socket,
+                            os.path.join(cg, "cgroup.procs"), "cg-v1", str(n)],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0 and p.stdout.split() == [str(ATTACH_OK)], (p.stdout, p.stderr)
+        seen = []
+        # wcached closes the builder's memfd off the loop once copied.
+        try:
+            wait_until(lambda: seen.append(cgroup_shmem(cg)) or seen[-1] < n // 8,
+                       what="the builder's cgroup to stop paying for the artifact")
+        except Exception as e:
+            raise AssertionError(f"{e}: the builder's cgroup's shmem stayed {seen[-1]} bytes "
+                                 f"(the artifact is {n})") from None
+        # The artifact is still served, whole.
+        c = Peer(d)
+        c.derive("small", "cg-v1", wait_ms=0)
+        rep = c.reply()
+        assert rep["type"] == ATTACH_OK, rep
+        assert os.fstat(rep["fds"][1]).st_size > n
+        closing(rep)
+        c.close()
+    finally:
+        os.rmdir(cg)
+
+
+@pytest.mark.parametrize("inject, refused", [
+    (["copy_file_range:error=ENOSPC"], "copy_file_range: No space left on device, at byte 0 of"),
+    # The kernel cannot copy between the two (a hugetlbfs memfd): read and
+    # write copy instead, and fail as they do.
+    (["copy_file_range:error=EXDEV"], None),
+    (["copy_file_range:error=EXDEV", "pwrite64:error=ENOMEM"],
+     "write: Cannot allocate memory, at byte 0 of"),
+])
+def test_a_copy_that_fails_refuses_the_publication_with_the_reason(derived, inject, refused):
+    """wcached copies each publication into memory of its own (rev181 F7);
+    with no memory for the copy (strace's fault injection in wcached) the
+    publication is refused with one line saying so, and its waiters get it
+    as for any refused publication."""
+    import shutil
+    from test_control import all_traced, tracer
+    strace = shutil.which("strace")
+    if strace is None or subprocess.run([strace, "-qq", "-o", "/dev/null", "true"]).returncode:
+        pytest.skip("needs strace, and ptrace allowed, to make the copy fail")
+    d, a, b, r = building_with_a_waiter(derived)
+    pid = d.proc.pid
+    args = [strace, "-f", "-qq", "-o", "/dev/null", "-p", str(pid),
+            "-e", "trace=" + ",".join(i.split(":")[0] for i in inject)]
+    for i in inject:
+        args += ["-e", "inject=" + i]
+    tracer_proc = subprocess.Popen(args)
+    try:
+        wait_until(lambda: all_traced(pid), what="strace attached")
+        fd = memfd_with(ARTIFACT)
+        a.publish(r["token"], fd)
+        os.close(fd)
+        mine, theirs = a.reply(), b.reply()
+    finally:
+        tracer_proc.terminate()
+        tracer_proc.wait(timeout=30)
+        wait_until(lambda: tracer(pid) == 0, what="strace detached")
+    if refused is None:
+        assert take_artifact(mine) == ARTIFACT and take_artifact(theirs) == ARTIFACT
+        return
+    words = ("wcached could not copy the memfd into memory of its own (which wcached's memory "
+             f"cgroup pays for): {refused} {len(ARTIFACT)}")
+    errno_name = "ENOSPC" if "ENOSPC" in inject[-1] else "ENOMEM"
+    text = expect_error(mine, errno_name, "small", "f32-v1", words)
+    assert "\n" not in text, text
+    expect_error(theirs, "ECANCELED", "small", "f32-v1", words)
+    # The daemon builds it again at the next request.
+    assert build(Peer(d))["generation"] == 1
