@@ -286,6 +286,8 @@ struct derive_info {
 	int building;         /* 1: a build in progress (bytes etc. are 0) */
 	int checking;         /* a build whose publication is being checked */
 	int builder_gone;     /* a build whose builder disconnected (after its PUBLISH) */
+	int withdrawn;        /* dropped while held (derive_drop): attached no more, it
+			       * goes when its last holder releases it */
 	unsigned waiting;     /* a build's waiters */
 };
 void derive_each(const struct derive_table *t, const char *model_name,
