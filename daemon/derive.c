@@ -116,7 +116,7 @@ derive_build_free(struct derive_table *t, struct derive_build *b)
 {
 	derive_check_cancel(b->check); /* its result is dropped when it ends */
 	b->check = NULL;
-	registry_release(t->r, b->src);
+	registry_release(t->r, b->src, REGISTRY_NO_UID);
 	free(b->model_name);
 	free(b);
 }
@@ -671,7 +671,7 @@ void
 derive_attach(struct derive_table *t, struct derived *a, struct registry_attachment *out)
 {
 	registry_attach_generation(t->r, derive_entry_of(t, a->model_name, a->entry_id), a->gen,
-		out);
+		REGISTRY_NO_UID, out);
 	a->attach_count++;
 	a->last_use = ++t->r->attach_seq;
 	t->stats.attaches++;
@@ -682,7 +682,7 @@ derive_attach_source(struct derive_table *t, struct derive_build *b,
 	struct registry_attachment *out)
 {
 	registry_attach_generation(t->r, derive_entry_of(t, b->model_name, b->entry_id), b->src,
-		out);
+		b->builder_uid, out);
 }
 
 uint64_t
@@ -807,11 +807,11 @@ derive_conn_gone(struct derive_table *t, void *conn)
 }
 
 void
-derive_release(struct derive_table *t, struct generation *g)
+derive_release(struct derive_table *t, struct generation *g, uid_t uid)
 {
 	int artifact = g->kept;
 
-	registry_release(t->r, g);
+	registry_release(t->r, g, uid);
 	if (artifact && g->attached == 0)
 		for (struct derived *a = t->artifacts; a != NULL; a = a->next)
 			if (a->gen == g) {

@@ -263,10 +263,11 @@ int derive_abandon(struct derive_table *t, void *conn, uint64_t token, const cha
  * the check answers the waiters (derive_publish). */
 void derive_conn_gone(struct derive_table *t, void *conn);
 
-/* Releases a reference a client held on g (any generation: derive's or a
- * model's), and drops g's artifact when that was the last holder of an
- * artifact whose source is no longer current. */
-void derive_release(struct derive_table *t, struct generation *g);
+/* Releases a reference a client of uid held on g (any generation: derive's
+ * or a model's; REGISTRY_NO_UID: one of derive's own), and drops g's
+ * artifact when that was the last holder of an artifact whose source is
+ * no longer current. */
+void derive_release(struct derive_table *t, struct generation *g, uid_t uid);
 
 /* Drops the artifacts nobody holds whose source generation is no longer
  * its model's current one (after a swap or an unload). */

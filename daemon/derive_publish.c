@@ -582,7 +582,7 @@ check_finish(struct derive_check *c, int status)
 		free(w);
 	}
 	derive_build_free(t, b);
-	derive_release(t, g); /* a may be gone from here on */
+	derive_release(t, g, REGISTRY_NO_UID); /* a may be gone from here on */
 	registry_enforce_budget(t->r);
 	derive_rearm(t);
 }

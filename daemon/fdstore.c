@@ -13,7 +13,8 @@
  * decoder runs it on what it parsed, so decode(encode(x)) is x for every
  * x the encoder takes, and nothing the decoder returns breaks a rule.
  * The encoder writes FDSTORE_VERSION only; the decoder also reads version
- * 4, whose files end after their origin (no ctime, no nlink: read as 0,
+ * 5, whose generations have no holders' uids after their holders (nuids
+ * 0: not recorded), version 4, whose files end after their origin (no ctime, no nlink: read as 0,
  * which says "not recorded"), version 3, whose files end after their mtime
  * (no origin), and version 2, whose models also end after their
  * generations (no artifact count).
@@ -40,7 +41,9 @@
 #define MIN_MODEL_V2 (2u * MIN_STRING + MODEL_FIXED)
 #define MIN_MODEL (MIN_MODEL_V2 + 4u)            /* and the artifact count */
 #define GENERATION_FIXED (8u + 1u + 1u + 2u + 4u + 8u + 4u) /* number .. file count */
-#define MIN_GENERATION (MIN_STRING + GENERATION_FIXED)
+#define MIN_GENERATION_V5 (MIN_STRING + GENERATION_FIXED)
+#define MIN_GENERATION (MIN_GENERATION_V5 + 4u)  /* and the holder uid count */
+#define HOLDER_SIZE (4u + 4u)                    /* uid, count */
 #define FILE_FIXED_V3 (4u * 8u)                  /* dev, ino, size, mtime */
 #define MIN_FILE_V3 (MIN_STRING + FILE_FIXED_V3)
 #define MIN_FILE_V4 (MIN_FILE_V3 + 2u * 8u)       /* and the origin's dev, ino */
@@ -138,6 +141,11 @@ fdstore_encode(const struct fdstore_desc *d, uint8_t **buf, size_t *len)
 			put_u8(&o, gen->pin);
 			put_le(&o, 0, 2); /* reserved */
 			put_le(&o, gen->holders, 4);
+			put_le(&o, gen->nuids, 4);
+			for (uint32_t u = 0; u < gen->nuids; u++) {
+				put_le(&o, gen->uids[u].uid, 4);
+				put_le(&o, gen->uids[u].count, 4);
+			}
 			put_string(&o, gen->index_fdname);
 			put_le(&o, gen->index_size, 8);
 			put_le(&o, gen->nfiles, 4);
@@ -287,6 +295,28 @@ get_file(struct in *in, struct fdstore_file *f, const char *where, uint64_t vers
 	return 0;
 }
 
+/* Version 6: the count of a generation's holders' uids, and each (uid,
+ * count). Their order, counts and sum are fdstore_check()'s to judge. */
+static int
+get_holder_uids(struct in *in, struct fdstore_generation *g, const char *where)
+{
+	uint64_t uid, count;
+	int r;
+
+	if ((r = get_count(in, FDSTORE_MAX_HOLDER_UIDS, HOLDER_SIZE, &g->nuids, where,
+		     "holder uid count")) < 0)
+		return r;
+	if (g->nuids > 0 && (g->uids = calloc(g->nuids, sizeof(*g->uids))) == NULL)
+		return error_set(-ENOMEM, "fdstore: out of memory");
+	for (uint32_t u = 0; u < g->nuids; u++) {
+		if ((r = get_le(in, 4, &uid, where, "holder uid")) < 0 ||
+			(r = get_le(in, 4, &count, where, "holder uid's count")) < 0)
+			return r;
+		g->uids[u] = (struct fdstore_holder){ (uint32_t)uid, (uint32_t)count };
+	}
+	return 0;
+}
+
 static int
 get_generation(struct in *in, struct fdstore_generation *g, const char *mwhere, uint32_t gi,
 	uint64_t version)
@@ -311,6 +341,8 @@ get_generation(struct in *in, struct fdstore_generation *g, const char *mwhere, 
 	if ((r = get_le(in, 4, &v, where, "holders")) < 0)
 		return r;
 	g->holders = (uint32_t)v;
+	if (version >= 6 && (r = get_holder_uids(in, g, where)) < 0)
+		return r;
 	if ((r = get_string(in, FDSTORE_MAX_FDNAME, &g->index_fdname, where, "index fdname")) < 0 ||
 		(r = get_le(in, 8, &g->index_size, where, "index size")) < 0 ||
 		(r = get_count(in, FDSTORE_MAX_FILES, version < 4 ? MIN_FILE_V3 :
@@ -366,8 +398,8 @@ get_model(struct in *in, struct fdstore_model *m, uint32_t i, uint64_t version)
 	if ((r = get_string(in, FDSTORE_MAX_PATH, &m->path, where, "path")) < 0 ||
 		(r = get_le(in, 8, &m->slot, where, "slot")) < 0 ||
 		(r = get_le(in, 8, &m->last_generation, where, "last generation")) < 0 ||
-		(r = get_count(in, FDSTORE_MAX_GENERATIONS, MIN_GENERATION, &m->ngenerations, where,
-			 "generation count")) < 0)
+		(r = get_count(in, FDSTORE_MAX_GENERATIONS, version < 6 ? MIN_GENERATION_V5 :
+			 MIN_GENERATION, &m->ngenerations, where, "generation count")) < 0)
 		return r;
 	if (m->ngenerations > 0 &&
 		(m->generations = calloc(m->ngenerations, sizeof(*m->generations))) == NULL)
@@ -444,7 +476,8 @@ static int
 stored_generation_equal(const struct fdstore_generation *a, const struct fdstore_generation *b)
 {
 	if (a->number != b->number || a->role != b->role || a->pin != b->pin ||
-		a->holders != b->holders ||
+		a->holders != b->holders || a->nuids != b->nuids ||
+		(a->nuids > 0 && memcmp(a->uids, b->uids, a->nuids * sizeof(*a->uids)) != 0) ||
 		strcmp(a->index_fdname, b->index_fdname) != 0 || a->index_size != b->index_size ||
 		a->nfiles != b->nfiles)
 		return 0;
@@ -501,6 +534,7 @@ free_generations(struct fdstore_generation *v, uint32_t n)
 		for (uint32_t k = 0; v[g].files != NULL && k < v[g].nfiles; k++)
 			free(v[g].files[k].fdname);
 		free(v[g].files);
+		free(v[g].uids);
 		free(v[g].index_fdname);
 	}
 	free(v);
@@ -573,9 +607,15 @@ copy_generation(struct fdstore_generation *dst, const struct fdstore_generation 
 {
 	*dst = *src;
 	dst->files = NULL;
-	if ((dst->index_fdname = strdup(src->index_fdname)) == NULL ||
+	dst->uids = NULL;
+	dst->index_fdname = NULL;
+	if ((src->nuids > 0 &&
+		    (dst->uids = malloc(src->nuids * sizeof(*dst->uids))) == NULL) ||
+		(dst->index_fdname = strdup(src->index_fdname)) == NULL ||
 		(dst->files = calloc(src->nfiles ? src->nfiles : 1, sizeof(*dst->files))) == NULL)
 		return -ENOMEM;
+	if (src->nuids > 0)
+		memcpy(dst->uids, src->uids, src->nuids * sizeof(*dst->uids));
 	for (uint32_t k = 0; k < src->nfiles; k++) {
 		dst->files[k] = src->files[k];
 		if ((dst->files[k].fdname = strdup(src->files[k].fdname)) == NULL)

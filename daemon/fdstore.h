@@ -11,22 +11,25 @@
  * short: little-endian, a 24-byte header (magic "WCFDSTOR", version, model
  * count, status page size), then each model (name, configured path, status
  * page slot, last generation number, generations, derived artifacts),
- * each generation (number, role, pin state applied, holders, the index
- * memfd's FDNAME and size, files), each file (FDNAME, st_dev, st_ino,
+ * each generation (number, role, pin state applied, holders and, since
+ * version 6, how many of them each uid was, the index memfd's FDNAME and
+ * size, files), each file (FDNAME, st_dev, st_ino,
  * st_size, st_mtim in ns, for a staged copy the st_dev and st_ino of the
  * file it was copied from, then st_ctim in ns, st_nlink and the origin's
  * st_ctim), each derived artifact (key, source generation, the artifact
  * memfd's and its index memfd's FDNAME and size, the builder's uid and
  * pid, the build time). Strings are a u16 length and that many bytes, no
- * NUL. Versions 4 (files without their ctime), 3 (nor their origin) and 2
- * (no artifacts either) are still read.
+ * NUL. Versions 5 (generations without their holders' uids), 4 (nor files
+ * their ctime), 3 (nor their origin) and 2 (no artifacts either) are still
+ * read.
  *
  * The decoder trusts nothing: every count and length is checked against
  * its minimum and maximum before anything is read or allocated, sizes are
  * added with overflow checks, the buffer must end exactly where the last
  * file does, and the result must satisfy fdstore_check() (unique names,
  * slots and generation numbers, at most one current and one pending
- * generation per model, ctimes 0 where nlink 0 says they are not recorded,
+ * generation per model, holders' uids in ascending order whose counts sum
+ * to the holders, ctimes 0 where nlink 0 says they are not recorded,
  * one artifact per source generation and key, of a generation the model
  * describes). Every error is one line in error_get() naming the
  * field ("fdstore: model 2 (\"llama\"): generation 1: file 0: fdname: ...").
@@ -47,19 +50,21 @@
 #include "proto/wire.h"
 
 #define FDSTORE_MAGIC "WCFDSTOR"          /* 8 bytes, no NUL */
-#define FDSTORE_VERSION 5u                /* 5: files record their st_ctim and st_nlink,
+#define FDSTORE_VERSION 6u                /* 6: generations record their holders' uids;
+					     5: files record their st_ctim and st_nlink,
 					     and a staged copy its origin's st_ctim;
 					     4: a staged copy's file names its origin's
 					     st_dev and st_ino; 3: models carry their
 					     derived artifacts */
 #define FDSTORE_VERSION_MIN 2u            /* 2: generations record their holders; read as
-					     a version 5 without artifacts, origins or
-					     ctimes */
+					     a version 6 without holders' uids, artifacts,
+					     origins or ctimes */
 #define FDSTORE_HEADER_SIZE 24u
 #define FDSTORE_MAX_BYTES (16u << 20)     /* the description's memfd */
 #define FDSTORE_MAX_MODELS 4096u
 #define FDSTORE_MAX_GENERATIONS 64u       /* per model: current, pending, held */
 #define FDSTORE_MAX_FILES 250u            /* per generation (INDEX_MAX_FILES) */
+#define FDSTORE_MAX_HOLDER_UIDS 65536u    /* per generation: the uids of its holders */
 #define FDSTORE_MAX_ARTIFACTS 64u         /* derived artifacts per model */
 #define FDSTORE_MAX_KEY WIRE_MAX_KEY      /* an artifact's key (wire_key_valid) */
 #define FDSTORE_MAX_FDS 16384u            /* every stored fd: FileDescriptorStoreMax= */
@@ -108,12 +113,26 @@ struct fdstore_file {
 	int64_t origin_ctime_ns;
 };
 
+/* One uid among a generation's holders, and how many of them it was. */
+struct fdstore_holder {
+	uint32_t uid;
+	uint32_t count;         /* 1 .. holders */
+};
+
 struct fdstore_generation {
 	uint64_t number;        /* 1 .. the model's last_generation */
 	uint8_t role;           /* enum fdstore_role */
 	uint8_t pin;            /* enum pin_mode actually applied, 0 .. FDSTORE_MAX_PIN */
 	uint32_t holders;       /* client references (and HOLDs still expected) when
 				   stored: the HOLDs a restarted daemon accepts */
+	/* Version 6: those holders by uid, uids ascending (so unique), counts
+	 * 1 or more summing to holders: a restarted daemon accepts a uid's
+	 * HOLDs up to its count, and none from a uid not listed. nuids 0: not
+	 * recorded (a version 2 to 5 description, or a generation some of
+	 * whose holders' uids the daemon could not tell): any uid allowed to
+	 * use the model may take the holders' places, as before. */
+	uint32_t nuids;         /* 0 .. FDSTORE_MAX_HOLDER_UIDS */
+	struct fdstore_holder *uids;
 	char *index_fdname;     /* the sealed index memfd in the store */
 	uint64_t index_size;    /* its exact size in bytes */
 	uint32_t nfiles;        /* 1 .. FDSTORE_MAX_FILES */
@@ -196,8 +215,9 @@ int fdstore_name_parse(const char *name, struct fdstore_name *out);
  * valid and unique over the whole description (and neither "wc-status"
  * nor "wc-desc"), model names and slots unique, generation numbers unique
  * per model and at most its last_generation, one current and one pending
- * generation at most per model; a file's ctimes 0 when its nlink is 0 (not
- * recorded); each artifact's key valid, its source one
+ * generation at most per model; a generation's holders' uids ascending,
+ * with counts of 1 or more that sum to its holders; a file's ctimes 0 when
+ * its nlink is 0 (not recorded); each artifact's key valid, its source one
  * of the model's described generations, (source, key) unique per model,
  * its two names "wc-<slot>-d<n>-a" and "-i" of the model's slot and one n;
  * FDSTORE_MAX_FDS descriptors in all. 0, or -EINVAL naming the field. */
@@ -214,7 +234,8 @@ int fdstore_encode(const struct fdstore_desc *d, uint8_t **buf, size_t *len);
  * -EPROTO (another version) or -ENOMEM; *out is untouched on failure and
  * nothing is leaked. Encoding the result always gives version
  * FDSTORE_VERSION (an older one's files with origins 0 and 0 before
- * version 4, and ctimes and nlink 0 before version 5). */
+ * version 4, ctimes and nlink 0 before version 5, and its generations
+ * without holders' uids before version 6). */
 int fdstore_decode(const uint8_t *buf, size_t len, struct fdstore_desc **out);
 
 /* 1 when a and b describe the same things field by field, else 0. */

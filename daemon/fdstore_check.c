@@ -2,7 +2,8 @@
  * fdstore_check.c: the rules a description of the file descriptor store
  * obeys beyond the limits of each field (fdstore_check(), see fdstore.h):
  * valid and unique names, unique model names and slots, generation numbers
- * and roles that make sense for their model, files whose ctimes are 0 when
+ * and roles that make sense for their model, holders' uids that add up to
+ * the holders, files whose ctimes are 0 when
  * their nlink says they are not recorded, derived artifacts of a
  * described generation named after their model's slot, and a bound on the
  * descriptors in all.
@@ -72,6 +73,38 @@ check_unique(const char **v, size_t n, const char *what)
 	return 0;
 }
 
+/* A generation's holders by uid (version 6), when recorded: uids
+ * ascending, so each appears once and the check is linear in them, each
+ * count 1 or more, and the counts summing to the holders, so that a
+ * restarted daemon accepts exactly holders HOLDs, each from a uid that
+ * held it. */
+static int
+check_holder_uids(const struct fdstore_generation *g, const char *where)
+{
+	uint64_t sum = 0;
+
+	if (g->nuids > FDSTORE_MAX_HOLDER_UIDS || (g->nuids > 0 && g->uids == NULL))
+		return error_set(-EINVAL, "fdstore: %s: holder uid count: %" PRIu32 ", more than "
+			"%u", where, g->nuids, FDSTORE_MAX_HOLDER_UIDS);
+	for (uint32_t u = 0; u < g->nuids; u++) {
+		const struct fdstore_holder *h = &g->uids[u];
+
+		if (h->count == 0)
+			return error_set(-EINVAL, "fdstore: %s: holder uid %" PRIu32 ": count 0, "
+				"not 1 or more", where, h->uid);
+		if (u > 0 && h->uid <= g->uids[u - 1].uid)
+			return error_set(-EINVAL, "fdstore: %s: holder uid %" PRIu32 ": %s uid %"
+				PRIu32 " (each uid once, ascending)", where, h->uid,
+				h->uid == g->uids[u - 1].uid ? "appears twice, after" : "after",
+				g->uids[u - 1].uid);
+		sum += h->count;
+	}
+	if (g->nuids > 0 && sum != g->holders)
+		return error_set(-EINVAL, "fdstore: %s: holder uids: their counts sum to %" PRIu64
+			", not its %" PRIu32 " holders", where, sum, g->holders);
+	return 0;
+}
+
 static int
 check_generation(const struct fdstore_model *m, uint32_t gi, const char *mwhere, size_t *nfds)
 {
@@ -90,6 +123,8 @@ check_generation(const struct fdstore_model *m, uint32_t gi, const char *mwhere,
 	if (g->pin > FDSTORE_MAX_PIN)
 		return error_set(-EINVAL, "fdstore: %s: pin: %u is not 0 to %u", where, g->pin,
 			(unsigned)FDSTORE_MAX_PIN);
+	if ((r = check_holder_uids(g, where)) < 0)
+		return r;
 	if ((r = check_string(g->index_fdname, FDSTORE_MAX_FDNAME, 1, where, "index fdname")) < 0)
 		return r;
 	if (g->index_size == 0 || g->index_size > UINT32_MAX)

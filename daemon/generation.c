@@ -295,6 +295,8 @@ gen_maybe_free(struct registry *r, struct generation *g)
 	gen_free_staged(r, g);
 	free(g->warm.jobs);
 	free(g->hold_conns);
+	free(g->hold_places);
+	free(g->holders);
 	free(g->gone);
 	free(g->resolved_path);
 	free(g->tree_root);
@@ -663,6 +665,8 @@ gen_unmake(struct generation *g, struct model_source *src)
 	munmap((void *)g->index, g->index_size);
 	free(g->warm.jobs);
 	free(g->hold_conns);
+	free(g->hold_places);
+	free(g->holders);
 	free(g->resolved_path);
 	free(g->tree_root);
 	free(g->model_name);
@@ -998,6 +1002,41 @@ gen_ref(struct registry *r, struct generation *g)
 		g->number);
 	gen_warm_again(r, g, "attached");
 	return 1;
+}
+
+int
+gen_holder_add(struct generation *g, uid_t uid)
+{
+	struct gen_holder *v;
+	unsigned i = 0;
+
+	while (i < g->nholders && g->holders[i].uid < uid)
+		i++;
+	if (i < g->nholders && g->holders[i].uid == uid) {
+		g->holders[i].count++;
+		return 0;
+	}
+	if ((v = realloc(g->holders, (g->nholders + 1) * sizeof(*v))) == NULL)
+		return -ENOMEM;
+	memmove(&v[i + 1], &v[i], (g->nholders - i) * sizeof(*v));
+	v[i] = (struct gen_holder){ uid, 1 };
+	g->holders = v;
+	g->nholders++;
+	return 0;
+}
+
+void
+gen_holder_drop(struct generation *g, uid_t uid)
+{
+	for (unsigned i = 0; i < g->nholders; i++)
+		if (g->holders[i].uid == uid) {
+			if (--g->holders[i].count == 0) {
+				memmove(&g->holders[i], &g->holders[i + 1],
+					(g->nholders - i - 1) * sizeof(*g->holders));
+				g->nholders--;
+			}
+			return;
+		}
 }
 
 void

@@ -108,6 +108,14 @@ struct generation {
 	uint64_t bytes;             /* sum of file sizes */
 	enum gen_state state;       /* written by gen_set_state() only */
 	unsigned attached;          /* client references */
+	/* The references workers took (an attach, a HOLD), by uid, uids
+	 * ascending, counts 1 or more (gen_holder_add); a build's own
+	 * reference on its source is none of them. Not kept for a derived
+	 * artifact. holders_lost: the uid of one could not be recorded (out
+	 * of memory): the store then records the holders' count only. */
+	struct gen_holder *holders;
+	unsigned nholders;
+	int holders_lost;
 	unsigned ops_pending;       /* page operations queued or running (pages.h) */
 	struct page_work *page_queue; /* those operations, in order; the first runs */
 	int pinned;                 /* PIN_* actually applied (pages.c) */
@@ -201,6 +209,16 @@ struct generation {
 	unsigned holds_expected;    /* the holders it had when it was stored */
 	uint64_t *hold_conns;       /* the connections whose HOLD it accepted, */
 	unsigned nhold_conns;       /* at most holds_expected; freed with it */
+	/* Those holders by uid, as the store recorded them (restore_await_holds):
+	 * a HOLD takes one of its uid's places; NULL (nhold_places 0) when the
+	 * store recorded only their count (version 5 or older), and any uid
+	 * may take any place. Freed with it. */
+	struct gen_place {
+		uid_t uid;
+		unsigned count;     /* its holders of that uid when stored */
+		unsigned taken;     /* the HOLDs accepted from that uid */
+	} *hold_places;
+	unsigned nhold_places;
 	int from_store;             /* taken back from the store: the previous process
 				       served it, so its workers may HOLD it */
 	int kept;                   /* a derived artifact listed in derive.c's table:
@@ -308,6 +326,19 @@ void gen_mark_modified(struct registry *r, struct generation *g, const char *fil
  * attachable already.
  */
 void gen_mark_gone(struct registry *r, struct generation *g, const char *file, int err);
+
+/* One uid's references among g's holders. */
+struct gen_holder {
+	uid_t uid;
+	unsigned count;
+};
+
+/* Counts a worker's reference of uid on g among g->holders (beside
+ * gen_ref, which counts it in g->attached), and drops one
+ * (gen_holder_drop; nothing when uid has none). 0 or -ENOMEM (nothing
+ * counted). */
+int gen_holder_add(struct generation *g, uid_t uid);
+void gen_holder_drop(struct generation *g, uid_t uid);
 
 /* Takes and drops a client reference on g. gen_ref of a cold current
  * generation warms it again and returns 1 (the caller then applies the

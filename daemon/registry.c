@@ -462,7 +462,7 @@ registry_attach(struct registry *r, const char *name, const struct registry_peer
 	if ((err = registry_find_for(r, name, peer, &m, msg, msg_size)) < 0 ||
 		(err = registry_servable(m, &g, msg, msg_size)) < 0 || m == NULL || g == NULL)
 		return err < 0 ? err : -EIO;
-	registry_attach_generation(r, m, g, out);
+	registry_attach_generation(r, m, g, peer->uid, out);
 	m->attach_count++;
 	return 0;
 }
@@ -506,7 +506,7 @@ registry_servable(struct model_entry *m, struct generation **out, char *msg, siz
 
 void
 registry_attach_generation(struct registry *r, const struct model_entry *m,
-	struct generation *g, struct registry_attachment *out)
+	struct generation *g, uid_t uid, struct registry_attachment *out)
 {
 	memset(out, 0, sizeof(*out));
 	out->gen = g;
@@ -520,6 +520,10 @@ registry_attach_generation(struct registry *r, const struct model_entry *m,
 		out->status_slot = m->slot;
 		out->fds[out->nfds++] = r->page.ro_fd;
 	}
+	/* Whose it is, for the store (restore_holders); without that, the
+	 * store records only how many hold g. */
+	if (uid != REGISTRY_NO_UID && !g->artifact && gen_holder_add(g, uid) < 0)
+		g->holders_lost = 1;
 	/* An attach of a cold model warms it again: the budget applies. */
 	if (gen_ref(r, g))
 		registry_enforce_budget(r);
@@ -695,11 +699,13 @@ retry_at_close(const struct registry *r)
 }
 
 void
-registry_release(struct registry *r, struct generation *g)
+registry_release(struct registry *r, struct generation *g, uid_t uid)
 {
 	struct model_entry *m = g->model;
 	size_t open = open_generations(r);
 
+	if (uid != REGISTRY_NO_UID && !g->artifact)
+		gen_holder_drop(g, uid);
 	gen_unref(r, g);
 	/* One that waited for a release; one that waited for descriptors. */
 	reload_released(r, m, 0, retry_at_close(r) && open_generations(r) < open);

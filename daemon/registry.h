@@ -540,14 +540,20 @@ int registry_set_derive(struct registry *r, const char *name, int enabled, const
 /* May peer build m's derived artifacts? */
 int registry_may_build(const struct model_entry *m, const struct registry_peer *peer);
 
+/* The uid of a reference that is no worker's (registry_release): the
+ * kernel never gives a peer this uid. */
+#define REGISTRY_NO_UID ((uid_t)-1)
+
 /*
  * Takes a client reference on g, an open generation (of m, or a derived
- * artifact with m its source model; m may be NULL), and fills *out as
- * registry_attach() does, with m's status slot. For derive.c, which
- * chooses the generation itself.
+ * artifact with m its source model; m may be NULL), for a worker of uid,
+ * and fills *out as registry_attach() does, with m's status slot. For
+ * derive.c, which chooses the generation itself. The reference counts
+ * among g's holders of uid (generation.h), which a warm restart's store
+ * records, except a derived artifact's or one of REGISTRY_NO_UID.
  */
 void registry_attach_generation(struct registry *r, const struct model_entry *m,
-	struct generation *g, struct registry_attachment *out);
+	struct generation *g, uid_t uid, struct registry_attachment *out);
 
 /* m's current generation if it may be attached (generation.h): 0 and *out,
  * or -EIO (never loaded, failed while warming) or -ESTALE (modified in
@@ -582,8 +588,10 @@ int registry_refused(const struct registry *r, const char *name, char *why, size
 void registry_refusals_prune(struct registry *r, int (*keep)(const char *name, void *arg),
 	void *arg);
 
-/* Drops a reference registry_attach() or restore_hold() took. */
-void registry_release(struct registry *r, struct generation *g);
+/* Drops a reference registry_attach(), registry_attach_generation() or
+ * restore_hold() took for a worker of uid (the peer's), or one taken with
+ * gen_ref() and no uid (REGISTRY_NO_UID). */
+void registry_release(struct registry *r, struct generation *g, uid_t uid);
 
 /* The model g is a generation of (NULL once unloaded), and a model's name. */
 const struct model_entry *registry_generation_of(const struct generation *g);

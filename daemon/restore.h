@@ -8,9 +8,10 @@
  * page, without reading its files. Everything else loads afresh.
  *
  * Generations workers still held (replaced, still mapped) are stored with
- * the current ones, each with its number of holders: the restarted daemon
- * accepts that many HOLDs of it, during restart_hold_seconds, and closes it
- * when nobody claims it (proto/PROTOCOL.md, "Restarts"). The derived
+ * the current ones, each with its number of holders and how many of them
+ * each uid was: the restarted daemon accepts that many HOLDs of it, each
+ * uid's up to its number, during restart_hold_seconds, and closes it when
+ * nobody claims it (proto/PROTOCOL.md, "Restarts"). The derived
  * artifacts of each current generation (derive.h) are stored too, and a
  * restored model's come back, each checked again (its seals, its size, its
  * reader, its index); one that fails is built again on demand.
@@ -35,6 +36,7 @@
 #include "registry.h"
 
 struct fdstore_desc;
+struct fdstore_holder;
 struct generation;
 struct restore;
 
@@ -116,6 +118,11 @@ struct restore_served {
 					NULL: asked here */
 	int index_fd;                /* the sealed index */
 	size_t index_size;
+	/* A held one's holders by uid as stored (fdstore.h: ascending, counts
+	 * summing to its holders, as fdstore_check() has checked); nuids 0:
+	 * only their count was stored (version 5 or older). */
+	const struct fdstore_holder *uids;
+	uint32_t nuids;
 };
 
 /*
@@ -135,27 +142,43 @@ int restore_adopt_current(struct registry *r, const struct restore_served *s,
 /*
  * Adds s as generation s->number of the model s->name, which
  * restore_adopt_current() restored with a newer current generation: one
- * that workers held before the restart, holders of them (1 or more). It
- * is not served to new attaches; it stays open for restart_hold_ms
- * (restore_await_holds: restore_hold() may then take up to holders
- * references), and after that until its last holder releases it. Takes
- * src, served and index_fd on success only. 0, -EINVAL (no holders, or not
- * older than the current one), -EEXIST, -ENOMEM.
+ * that workers held before the restart, holders of them (1 or more), of
+ * the uids s->uids names. It is not served to new attaches; it stays open
+ * for restart_hold_ms (restore_await_holds: restore_hold() may then take
+ * up to holders references, each uid's up to its count), and after that
+ * until its last holder releases it. Takes src, served and index_fd on
+ * success only. 0, -EINVAL (no holders, or not older than the current
+ * one), -EEXIST, -ENOMEM.
  */
 int restore_adopt_held(struct registry *r, const struct restore_served *s, unsigned holders);
 
 /*
  * Opens g's wait for HOLDs after a restart: for restart_hold_ms from now,
  * restore_hold() accepts up to holders HOLDs of g, one per connection (the
- * holders it had when the previous process stored it). Nothing when
- * holders is 0: no HOLD of g is ever accepted then.
+ * holders it had when the previous process stored it), and, when nuids is
+ * not 0, from each uid of uids (their places: ascending, counts summing to
+ * holders) up to its count and from no other uid; g keeps a copy. Nothing
+ * when holders is 0: no HOLD of g is ever accepted then. 0, or -ENOMEM
+ * (no wait opened) with the message.
  */
-void restore_await_holds(struct registry *r, struct generation *g, unsigned holders);
+int restore_await_holds(struct registry *r, struct generation *g, unsigned holders,
+	const struct fdstore_holder *uids, uint32_t nuids);
 
-/* The workers that may hold g: its client references, and while its wait
- * for HOLDs lasts, the HOLDs still expected. What the store records as its
- * holders. */
+/* The workers that may hold g: its workers' references, and while its
+ * wait for HOLDs lasts, the HOLDs still expected. What the store records
+ * as its holders. */
 unsigned restore_holders(const struct generation *g);
+
+/*
+ * Those holders by uid, as the store records them: each uid's references
+ * to g and, while its wait lasts, its places not yet taken, uids
+ * ascending, counts summing to restore_holders(g). 0 and *out (malloc'd,
+ * the caller's; NULL when *n is 0) with *n, 0 when they are not known by
+ * uid (a derived artifact; a reference whose uid was not recorded; places
+ * stored as a count only and not all taken; past the store's limit), or
+ * -ENOMEM.
+ */
+int restore_holder_uids(const struct generation *g, struct fdstore_holder **out, uint32_t *n);
 
 /* Ends the wait for HOLDs of every generation restore_adopt_held() made
  * whose restart_hold_ms has passed; those nobody holds close. Cheap when
@@ -183,11 +206,14 @@ void restore_checks(struct registry *r);
  * (the previous process served it; after a cold start the same number
  * names another one), only while its wait for HOLDs lasts
  * (restore_await_holds), at most as many times as it had holders when it
- * was stored, and once per connection (peer->conn_id). 0 and *out (drop it
- * with registry_release()), or with the message for the client in msg
- * (naming the model, the generation and why): -ENOENT ("not served", not
- * taken over, or the wait has ended), -EACCES, -EALREADY (this connection
- * sent one already) or -EUSERS (every holder it had has said so).
+ * was stored, where the store recorded their uids at most as many times as
+ * peer->uid was among them, and once per connection (peer->conn_id). 0 and
+ * *out (drop it with registry_release() and peer->uid), or with the
+ * message for the client in msg (naming the model, the generation and
+ * why): -ENOENT ("not served", not taken over, or the wait has ended),
+ * -EACCES, -EPERM (peer->uid did not hold it), -EALREADY (this connection
+ * sent one already), -EUSERS (every holder it had, or every one of
+ * peer->uid, has said so) or -ENOMEM.
  */
 int restore_hold(struct registry *r, const char *name, uint64_t number,
 	const struct registry_peer *peer, struct generation **out, char *msg, size_t msg_size);

@@ -1,7 +1,8 @@
 /*
  * restore_adopt.c: serving what the manager's store gave back (restore.h):
  * a model's current generation at once, the generations workers held
- * before the restart while their HOLDs may come, HOLD itself, and the full
+ * before the restart while their HOLDs may come (each uid's up to the
+ * number of its holders the store recorded), HOLD itself, and the full
  * check of each adopted generation on the work queue while it serves.
  * Everything goes through the registry's public API (registry.h) and
  * generation.h; the registry hears of nothing here but what that API says.
@@ -17,6 +18,7 @@
 
 #include "base/error.h"
 #include "derive.h"
+#include "fdstore.h"
 #include "generation.h"
 #include "log.h"
 #include "pages.h"
@@ -103,13 +105,50 @@ restore_adopt_current(struct registry *r, const struct restore_served *s,
 	return 0;
 }
 
+/* The places of uids (restore_await_holds) in a new array, none taken:
+ * 0 and *out (NULL when nuids is 0), or -ENOMEM with the message. */
+static int
+places_copy(const char *name, uint64_t number, const struct fdstore_holder *uids,
+	uint32_t nuids, struct gen_place **out)
+{
+	struct gen_place *v = NULL;
+
+	if (nuids > 0 && (v = calloc(nuids, sizeof(*v))) == NULL)
+		return error_set(-ENOMEM, "model \"%s\": generation %" PRIu64 ": out of memory",
+			name, number);
+	for (uint32_t i = 0; i < nuids; i++)
+		v[i] = (struct gen_place){ .uid = (uid_t)uids[i].uid, .count = uids[i].count };
+	*out = v;
+	return 0;
+}
+
+/* Opens g's wait (restore_await_holds) with places, nplaces of them (or
+ * NULL), which g takes. */
+static void
+await_holds(struct registry *r, struct generation *g, unsigned holders,
+	struct gen_place *places, uint32_t nplaces)
+{
+	/* From now, not from the loop's last update (start-up runs before
+	 * the loop does). */
+	uv_update_time(r->loop);
+	g->hold_until_ms = registry_now_ms(r) + (uint64_t)r->restart_hold_ms;
+	if (g->hold_until_ms == 0)
+		g->hold_until_ms = 1;
+	g->holds_expected = holders;
+	g->hold_places = places;
+	g->nhold_places = nplaces;
+	r->holds_open++;
+}
+
 int
 restore_adopt_held(struct registry *r, const struct restore_served *s, unsigned holders)
 {
 	const char *name = s->name;
 	uint64_t number = s->number;
 	struct model_entry *m = registry_find(r, name);
+	struct gen_place *places = NULL;
 	struct generation *g;
+	int err;
 
 	if (m != NULL && strcmp(m->name, name) != 0)
 		m = NULL; /* the model whose path is name: not this one */
@@ -123,12 +162,16 @@ restore_adopt_held(struct registry *r, const struct restore_served *s, unsigned 
 	if (registry_generation(r, m, number) != NULL)
 		return error_set(-EEXIST, "model \"%s\": generation %" PRIu64 " is already there",
 			name, number);
+	if ((err = places_copy(name, number, s->uids, s->nuids, &places)) < 0)
+		return err;
 	if ((g = stored_generation(r, name, number, s->src, s->served, s->fs, s->index_fd,
-		     s->index_size)) == NULL)
+		     s->index_size)) == NULL) {
+		free(places);
 		return -ENOMEM;
+	}
 	gen_set_state(g, GEN_READY, "restored from the file descriptor store, held");
 	/* Not current: only its holders' HOLDs keep it, once this passes. */
-	restore_await_holds(r, g, holders);
+	await_holds(r, g, holders, places, s->nuids);
 	registry_add_generation(r, m, g);
 	return 0;
 }
@@ -163,30 +206,96 @@ restore_adopt_artifact(struct registry *r, struct model_entry *m,
 	return 0;
 }
 
-void
-restore_await_holds(struct registry *r, struct generation *g, unsigned holders)
+int
+restore_await_holds(struct registry *r, struct generation *g, unsigned holders,
+	const struct fdstore_holder *uids, uint32_t nuids)
 {
+	struct gen_place *places = NULL;
+	int err;
+
 	if (holders == 0 || g->hold_until_ms != 0)
-		return;
-	/* From now, not from the loop's last update (start-up runs before
-	 * the loop does). */
-	uv_update_time(r->loop);
-	g->hold_until_ms = registry_now_ms(r) + (uint64_t)r->restart_hold_ms;
-	if (g->hold_until_ms == 0)
-		g->hold_until_ms = 1;
-	g->holds_expected = holders;
-	r->holds_open++;
+		return 0;
+	if ((err = places_copy(g->model_name, g->number, uids, nuids, &places)) < 0)
+		return err;
+	await_holds(r, g, holders, places, nuids);
+	return 0;
+}
+
+/* g's workers' references: those counted by uid, unless one's uid was not
+ * recorded (then every reference, as before uids were) or g is a derived
+ * artifact (its holders are not stored). */
+static unsigned
+worker_references(const struct generation *g)
+{
+	unsigned n = 0;
+
+	if (g->artifact || g->holders_lost)
+		return g->attached;
+	for (unsigned i = 0; i < g->nholders; i++)
+		if (__builtin_add_overflow(n, g->holders[i].count, &n))
+			return UINT_MAX;
+	return n;
 }
 
 unsigned
 restore_holders(const struct generation *g)
 {
-	unsigned n = g->attached;
+	unsigned n = worker_references(g);
 
 	if (g->hold_until_ms != 0 && g->holds_expected > g->nhold_conns &&
 		__builtin_add_overflow(n, g->holds_expected - g->nhold_conns, &n))
 		n = UINT_MAX;
 	return n;
+}
+
+int
+restore_holder_uids(const struct generation *g, struct fdstore_holder **out, uint32_t *n)
+{
+	int waiting = g->hold_until_ms != 0;
+	unsigned a = 0, b = 0, places = waiting ? g->nhold_places : 0;
+	struct fdstore_holder *v;
+	uint64_t sum = 0;
+	uint32_t k = 0;
+
+	*out = NULL;
+	*n = 0;
+	if (g->artifact || g->holders_lost ||
+		(waiting && places == 0 && g->holds_expected > g->nhold_conns) ||
+		(size_t)g->nholders + places == 0 ||
+		(size_t)g->nholders + places > FDSTORE_MAX_HOLDER_UIDS)
+		return 0;
+	if ((v = calloc((size_t)g->nholders + places, sizeof(*v))) == NULL)
+		return error_set(-ENOMEM, "model \"%s\": generation %" PRIu64 ": out of memory",
+			g->model_name, g->number);
+	/* Both ascending by uid: merged, a uid in both once. */
+	while (a < g->nholders || b < places) {
+		uid_t uid;
+		uint64_t count = 0;
+
+		if (b == places || (a < g->nholders && g->holders[a].uid <= g->hold_places[b].uid))
+			uid = g->holders[a].uid;
+		else
+			uid = g->hold_places[b].uid;
+		if (a < g->nholders && g->holders[a].uid == uid)
+			count += g->holders[a++].count;
+		if (b < places && g->hold_places[b].uid == uid) {
+			count += g->hold_places[b].count - g->hold_places[b].taken;
+			b++;
+		}
+		if (count == 0)
+			continue; /* a uid whose places are all taken */
+		v[k++] = (struct fdstore_holder){ (uint32_t)uid, (uint32_t)count };
+		sum += count;
+	}
+	/* Counts past a u32 (not in this world) or a sum that is not the
+	 * holders': the count alone. */
+	if (k == 0 || sum != restore_holders(g) || sum > UINT32_MAX) {
+		free(v);
+		return 0;
+	}
+	*out = v;
+	*n = k;
+	return 0;
 }
 
 /* Ends g's wait for HOLDs: none is accepted from now. */
@@ -199,6 +308,9 @@ hold_wait_end(struct registry *r, struct generation *g)
 	g->hold_conns = NULL;
 	g->nhold_conns = 0;
 	g->holds_expected = 0;
+	free(g->hold_places);
+	g->hold_places = NULL;
+	g->nhold_places = 0;
 }
 
 void
@@ -290,13 +402,25 @@ check_done(struct registry *r, struct generation *g, const struct pages_result *
 	gen_maybe_free(r, g);
 }
 
-/* May the connection conn_id HOLD g now (restore_hold's rules)? 0, or
- * -errno with the client's message naming the model, the generation and
- * why. */
+/* g's place of uid, or NULL. */
+static struct gen_place *
+place_of(const struct generation *g, uid_t uid)
+{
+	for (unsigned i = 0; i < g->nhold_places; i++)
+		if (g->hold_places[i].uid == uid)
+			return &g->hold_places[i];
+	return NULL;
+}
+
+/* May peer (its connection, its uid) HOLD g now (restore_hold's rules)?
+ * 0, or -errno with the client's message naming the model, the
+ * generation and why. */
 static int
 hold_allowed(struct registry *r, const struct model_entry *m, const struct generation *g,
-	uint64_t number, uint64_t conn_id, char *msg, size_t msg_size)
+	uint64_t number, const struct registry_peer *peer, char *msg, size_t msg_size)
 {
+	const struct gen_place *place;
+
 	/* Only a generation the previous process served: after a cold start
 	 * the same number names another generation. */
 	if (g == NULL || !g->from_store) {
@@ -311,7 +435,7 @@ hold_allowed(struct registry *r, const struct model_entry *m, const struct gener
 		return -ENOENT;
 	}
 	for (unsigned i = 0; i < g->nhold_conns; i++)
-		if (g->hold_conns[i] == conn_id) {
+		if (g->hold_conns[i] == peer->conn_id) {
 			snprintf(msg, msg_size, "model \"%s\": generation %" PRIu64 ": this "
 				"connection has said it holds it already", m->name, number);
 			return -EALREADY;
@@ -320,6 +444,22 @@ hold_allowed(struct registry *r, const struct model_entry *m, const struct gener
 		snprintf(msg, msg_size, "model \"%s\": generation %" PRIu64 ": all %u of its "
 			"holders before the restart have said so", m->name, number,
 			g->holds_expected);
+		return -EUSERS;
+	}
+	/* Stored with its holders' uids: only theirs, each's own places
+	 * (review rev173 F10: before, any uid allowed to use the model could
+	 * take the places of another's holders). */
+	if (g->hold_places == NULL)
+		return 0;
+	if ((place = place_of(g, peer->uid)) == NULL) {
+		snprintf(msg, msg_size, "model \"%s\": generation %" PRIu64 ": uid %u did not "
+			"hold it before the restart", m->name, number, (unsigned)peer->uid);
+		return -EPERM;
+	}
+	if (place->taken >= place->count) {
+		snprintf(msg, msg_size, "model \"%s\": generation %" PRIu64 ": all %u of its "
+			"holders before the restart have said so (those of uid %u)", m->name,
+			number, place->count, (unsigned)peer->uid);
 		return -EUSERS;
 	}
 	return 0;
@@ -337,7 +477,7 @@ restore_hold(struct registry *r, const char *name, uint64_t number,
 	if ((err = registry_find_for(r, name, peer, &m, msg, msg_size)) < 0)
 		return err;
 	g = registry_generation(r, m, number);
-	if ((err = hold_allowed(r, m, g, number, peer->conn_id, msg, msg_size)) < 0)
+	if ((err = hold_allowed(r, m, g, number, peer, msg, msg_size)) < 0)
 		return err;
 	/* Grows with the HOLDs that come, never past holds_expected. */
 	if ((conns = realloc(g->hold_conns, (g->nhold_conns + 1) * sizeof(*conns))) == NULL) {
@@ -345,7 +485,13 @@ restore_hold(struct registry *r, const char *name, uint64_t number,
 		return -ENOMEM;
 	}
 	g->hold_conns = conns;
+	if (gen_holder_add(g, peer->uid) < 0) {
+		snprintf(msg, msg_size, "out of memory");
+		return -ENOMEM;
+	}
 	conns[g->nhold_conns++] = peer->conn_id;
+	if (g->hold_places != NULL)
+		place_of(g, peer->uid)->taken++;
 	/* A reference like an attach's, without an attach's effects: the
 	 * worker has its mappings; nothing is warmed or counted. */
 	g->attached++;

@@ -321,7 +321,7 @@ serve(struct restore_job *j, struct restore_prepared *p, int held)
 	const struct fdstore_generation *g = p->g;
 	struct restore_served rs = { .name = m->name, .path = j->path, .number = g->number,
 		.src = &p->src, .served = p->served, .fs = &p->fs, .index_fd = p->index_fd,
-		.index_size = (size_t)g->index_size };
+		.index_size = (size_t)g->index_size, .uids = g->uids, .nuids = g->nuids };
 	struct model_entry *e;
 	struct generation *k;
 	int err;
@@ -339,9 +339,11 @@ serve(struct restore_job *j, struct restore_prepared *p, int held)
 	e = registry_find(r, m->name);
 	k = registry_generation(r, e, g->number);
 	/* Its holders before the restart may say so (HOLD), as many of them
-	 * as there were; a held one waits already. */
-	if (!held)
-		restore_await_holds(r, k, g->holders);
+	 * as there were, each uid's up to its count; a held one waits
+	 * already. Without memory for that, none may: their mappings stay
+	 * valid, only the count of its holders is lost. */
+	if (!held && restore_await_holds(r, k, g->holders, g->uids, g->nuids) < 0)
+		log_warnx("%s; no HOLD of it is accepted", error_get());
 	/* The model's path as the check stat'ed it before listing its files:
 	 * the watch's baseline, as a load's stat at open is (watch.c,
 	 * watch_poll.c), so that an index renamed over after the check, before

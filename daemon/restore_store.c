@@ -456,6 +456,10 @@ describe_generation(struct fdstore_generation *dg, const struct model_entry *m,
 	dg->role = role;
 	dg->pin = role == FDSTORE_CURRENT ? (uint8_t)m->pin : (uint8_t)PIN_NONE;
 	dg->holders = restore_holders(g);
+	/* And whose they are: the next process accepts each uid's HOLDs up
+	 * to its count, none from another uid (review rev173 F10). */
+	if (restore_holder_uids(g, &dg->uids, &dg->nuids) < 0)
+		return -ENOMEM;
 	dg->index_size = g->index_size;
 	dg->nfiles = (uint32_t)g->source.nfiles;
 	if (fdstore_name_index(name, sizeof(name), m->slot, g->number) < 0 ||
@@ -775,6 +779,26 @@ out:
 	return err < 0 ? err : 0;
 }
 
+/* h with g's holders (restore_holders) and how they split by uid
+ * (restore_holder_uids: its workers' references, its places not yet
+ * taken), hashed (FNV-1a): a uid's release and another's attach change
+ * the description, not the count. */
+static uint64_t
+hash_holders(uint64_t h, const struct generation *g)
+{
+	h = (h ^ restore_holders(g)) * 1099511628211ull;
+	h = (h ^ (uint64_t)g->holders_lost) * 1099511628211ull;
+	for (unsigned i = 0; i < g->nholders; i++) {
+		h = (h ^ g->holders[i].uid) * 1099511628211ull;
+		h = (h ^ g->holders[i].count) * 1099511628211ull;
+	}
+	for (unsigned i = 0; g->hold_until_ms != 0 && i < g->nhold_places; i++) {
+		h = (h ^ g->hold_places[i].uid) * 1099511628211ull;
+		h = (h ^ (g->hold_places[i].count - g->hold_places[i].taken)) * 1099511628211ull;
+	}
+	return h;
+}
+
 /* What the description depends on, hashed (FNV-1a), so that progress
  * events do not rewrite it: everything describe_generation() and
  * restore_describe() write of a model, its pin and path included (a pin
@@ -788,13 +812,14 @@ describe_hash(const struct registry *r)
 
 	for (const struct model_entry *m = r->models; m != NULL; m = m->next) {
 		const struct generation *g = m->current;
-		uint64_t v[9] = { m->entry_id, m->slot, m->last_generation, g ? g->number : 0,
+		uint64_t v[8] = { m->entry_id, m->slot, m->last_generation, g ? g->number : 0,
 			g ? (uint64_t)g->stored_done : 0, g ? (uint64_t)gen_attachable(g) : 0,
-			g ? restore_holders(g) : 0, (uint64_t)(carried(m) != NULL),
-			(uint64_t)m->pin };
+			(uint64_t)(carried(m) != NULL), (uint64_t)m->pin };
 
-		for (int i = 0; i < 9; i++)
+		for (int i = 0; i < 8; i++)
 			h = (h ^ v[i]) * 1099511628211ull;
+		if (g != NULL)
+			h = hash_holders(h, g);
 		for (const char *p = m->path; p != NULL && *p != '\0'; p++)
 			h = (h ^ (unsigned char)*p) * 1099511628211ull;
 	}
@@ -802,10 +827,11 @@ describe_hash(const struct registry *r)
 	for (const struct generation *g = r->generations; g != NULL; g = g->next) {
 		if (g->model == NULL || !describe_held(g->model, g))
 			continue;
-		uint64_t v[3] = { g->model->entry_id, g->number, restore_holders(g) };
+		uint64_t v[2] = { g->model->entry_id, g->number };
 
-		for (int i = 0; i < 3; i++)
+		for (int i = 0; i < 2; i++)
 			h = (h ^ v[i]) * 1099511628211ull;
+		h = hash_holders(h, g);
 	}
 	/* The derived artifacts described with them. */
 	for (const struct model_entry *m = r->models; m != NULL; m = m->next) {

@@ -259,9 +259,9 @@ void
 conn_release(struct conn *c, struct generation *g)
 {
 	if (c->srv->derive != NULL)
-		derive_release(c->srv->derive, g);
+		derive_release(c->srv->derive, g, c->uid);
 	else
-		registry_release(c->srv->reg, g);
+		registry_release(c->srv->reg, g, c->uid);
 }
 
 /*

@@ -9,18 +9,21 @@
  *
  * Properties checked, beyond "no crash, no leak, no out-of-bounds access":
  *   - a description the decoder accepts passes fdstore_check(), encodes
- *     back to exactly the input when the input is version 5 (the format
+ *     back to exactly the input when the input is version 6 (the format
  *     has one encoding for each description: no padding, reserved bytes
- *     zero, no leftover bytes), and decoding that again gives an equal
- *     description, derived artifacts, origins and ctimes included:
- *     decode(encode(x)) == x for every x the decoder can produce;
- *   - a version 4 input (no ctimes) decodes to a description whose files
- *     have nlink and ctimes 0 (not recorded) and whose encoding is version
- *     5 and exactly 24 bytes longer per file; a version 3 input (no
- *     origins either), one whose files also have origins 0 and 0, 40 bytes
- *     longer per file; a version 2 input (no artifacts either), one
- *     without artifacts and 4 bytes (a zero artifact count) longer per
- *     model besides;
+ *     zero, holders' uids ascending, no leftover bytes), and decoding that
+ *     again gives an equal description, holders' uids, derived artifacts,
+ *     origins and ctimes included: decode(encode(x)) == x for every x the
+ *     decoder can produce;
+ *   - a version 5 input (no holders' uids) decodes to a description whose
+ *     generations have none (nuids 0: the count-only rule) and whose
+ *     encoding is version 6 and exactly 4 bytes (a zero uid count) longer
+ *     per generation; a version 4 input (no ctimes either), one whose files
+ *     also have nlink and ctimes 0 (not recorded), 24 bytes longer per file
+ *     besides; a version 3 input (no origins either), one whose files also
+ *     have origins 0 and 0, 40 bytes longer per file; a version 2 input (no
+ *     artifacts either), one without artifacts and 4 bytes (a zero artifact
+ *     count) longer per model besides;
  *   - a refusal leaves *out untouched and says "fdstore:";
  *   - a name fdstore_name_parse() accepts is printed back to the same
  *     string by fdstore_name_index()/_file()/_artifact()/_artifact_index()
@@ -62,24 +65,27 @@ check_description(const uint8_t *data, size_t size)
 	if (data[8] == FDSTORE_VERSION) {
 		CHECK(len == size && memcmp(buf, data, size) == 0);
 	} else {
-		size_t files = 0;
+		size_t files = 0, generations = 0;
 
-		CHECK(data[8] >= 2 && data[8] <= 4);
+		CHECK(data[8] >= 2 && data[8] <= 5);
 		for (uint32_t i = 0; i < d->nmodels; i++)
 			for (uint32_t g = 0; g < d->models[i].ngenerations; g++) {
 				const struct fdstore_generation *gen = &d->models[i].generations[g];
 
+				generations++;
+				CHECK(gen->nuids == 0 && gen->uids == NULL);
 				files += gen->nfiles;
 				for (uint32_t k = 0; k < gen->nfiles; k++) {
 					const struct fdstore_file *f = &gen->files[k];
 
-					CHECK(f->nlink == 0 && f->ctime_ns == 0 &&
-						f->origin_ctime_ns == 0);
-					CHECK(data[8] == 4 ||
+					CHECK(data[8] == 5 || (f->nlink == 0 && f->ctime_ns == 0 &&
+						f->origin_ctime_ns == 0));
+					CHECK(data[8] >= 4 ||
 						(f->origin_dev == 0 && f->origin_ino == 0));
 				}
 			}
-		CHECK(len == size + (data[8] == 4 ? 24 : 40) * files +
+		CHECK(len == size + 4 * generations +
+			(data[8] == 5 ? 0 : data[8] == 4 ? 24 : 40) * files +
 			(data[8] == 2 ? 4 * (size_t)d->nmodels : 0));
 		CHECK(memcmp(buf + 12, data + 12, FDSTORE_HEADER_SIZE - 12) == 0);
 		for (uint32_t i = 0; data[8] == 2 && i < d->nmodels; i++)

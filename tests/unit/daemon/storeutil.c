@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "storeutil.h"
+#include "fdstore.h"
 
 void
 su_manager_listen(struct su_manager *m)
@@ -101,6 +102,24 @@ su_received(const struct su_manager *m, size_t from, int store, const char *name
 	for (size_t i = from; i < m->n; i++)
 		k += m->got[i].store == store && strcmp(m->got[i].name, name) == 0;
 	return k;
+}
+
+struct fdstore_desc *
+su_last_description(const struct su_manager *m)
+{
+	struct fdstore_desc *d = NULL;
+	uint8_t *buf = NULL;
+	size_t len = 0;
+
+	for (size_t i = m->n; i-- > 0;)
+		if (m->got[i].store && strcmp(m->got[i].name, FDSTORE_NAME_DESC) == 0) {
+			assert_int_equal(fdstore_memfd_read(m->got[i].fd, &buf, &len), 0);
+			assert_int_equal(fdstore_decode(buf, len, &d), 0);
+			free(buf);
+			return d;
+		}
+	fail_msg("no description received");
+	return NULL;
 }
 
 void

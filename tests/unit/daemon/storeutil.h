@@ -16,6 +16,8 @@
 
 #include "notify.h"
 
+struct fdstore_desc;
+
 /* One message the manager received. */
 struct su_received {
 	int store;                        /* FDSTORE=1, else FDSTOREREMOVE=1 */
@@ -51,6 +53,10 @@ void su_manager_read(struct su_manager *m);
 /* How many of the messages from from on are stores (store 1) or removals
  * (0) of name. */
 unsigned su_received(const struct su_manager *m, size_t from, int store, const char *name);
+
+/* The description m received last, decoded (fdstore_free it); fails the
+ * test when there is none. */
+struct fdstore_desc *su_last_description(const struct su_manager *m);
 
 /* Closes the notifications and m, and every descriptor it received. */
 void su_manager_stop(struct su_manager *m);

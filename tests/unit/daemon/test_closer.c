@@ -470,7 +470,7 @@ test_a_load_refused_for_descriptors_waits_for_the_closer(void **state)
 	assert_int_equal(m->load_errors, 1);
 
 	gate_shut_at(att.gen->index);
-	registry_release(&t->reg, att.gen);
+	registry_release(&t->reg, att.gen, 0);
 	assert_true(gate_reached_within(5000));
 	assert_int_equal(m->loading, 0);
 	for (int i = 0; i < 20; i++) {
@@ -508,7 +508,7 @@ test_nothing_calls_back_after_the_registry_closes(void **state)
 
 	(void)state;
 	gate_shut_at(att.gen->index);
-	registry_release(&t->reg, att.gen);
+	registry_release(&t->reg, att.gen, 0);
 	assert_true(gate_reached_within(5000));
 	du_teardown(t);
 	gate_open();
@@ -587,8 +587,8 @@ test_a_close_while_the_retry_runs_retries_again(void **state)
 
 	/* generations 1 and 2 to the lane, held at generation 2's index */
 	gate_shut_at(att2.gen->index);
-	registry_release(&t->reg, att1.gen);
-	registry_release(&t->reg, att2.gen);
+	registry_release(&t->reg, att1.gen, 0);
+	registry_release(&t->reg, att2.gen, 0);
 	assert_true(gate_reached_within(5000));
 	/* what generation 1 freed taken again: the retry is refused */
 	du_fill_below(fill2, &n2, 333);

@@ -5,9 +5,10 @@
  *
  * A description with every kind of record (three models, one without
  * generations, one with a current, a held and a pending generation and
- * derived artifacts of two of them) is encoded and decoded back, and
- * version 4 (files without their ctime and nlink), 3 (nor their origin)
- * and 2 (no artifacts either) descriptions are still read; then each rule
+ * derived artifacts of two of them, holders by uid) is encoded and
+ * decoded back, and version 5 (generations without their holders' uids),
+ * 4 (nor files their ctime and nlink), 3 (nor their origin) and 2 (no
+ * artifacts either) descriptions are still read; then each rule
  * is broken on a copy, through the encoder (which refuses) and through
  * hand-made bytes (which the decoder refuses), and the message must name
  * the field. Every prefix of
@@ -90,6 +91,20 @@ make_generation(struct fdstore_generation *g, uint64_t slot, uint64_t number, ui
 	}
 }
 
+/* g's holders by uid: n pairs of uid, count. */
+static void
+set_uids(struct fdstore_generation *g, uint32_t n, const struct fdstore_holder *v)
+{
+	free(g->uids);
+	g->uids = NULL;
+	g->nuids = n;
+	if (n == 0)
+		return;
+	g->uids = malloc(n * sizeof(*v));
+	assert_non_null(g->uids);
+	memcpy(g->uids, v, n * sizeof(*v));
+}
+
 /* Derived artifact n of source with key, of the model in slot, named as
  * the daemon will. */
 static void
@@ -112,7 +127,8 @@ make_artifact(struct fdstore_artifact *a, uint64_t slot, uint64_t n, uint64_t so
 }
 
 /* The description of the file header: llama (current 5, held 3, pending
- * 6; artifacts "f32-v1" and "q8" of 5, "f32-v1" of 3), qwen (current 2,
+ * 6; artifacts "f32-v1" and "q8" of 5, "f32-v1" of 3; 5 and 3 with their
+ * holders by uid), qwen (current 2, its holders' uids not recorded,
  * artifact "f32-v1" of it) and idle (no generation). */
 static struct fdstore_desc *
 make_desc(void)
@@ -134,6 +150,9 @@ make_desc(void)
 	make_generation(&m->generations[0], 1, 5, FDSTORE_CURRENT, 3);
 	make_generation(&m->generations[1], 1, 3, FDSTORE_HELD, 1);
 	make_generation(&m->generations[2], 1, 6, FDSTORE_PENDING, 2);
+	set_uids(&m->generations[0], 1, (struct fdstore_holder[]){ { 1000, 5000015 } });
+	set_uids(&m->generations[1], 3, (struct fdstore_holder[]){ { 0, 1 }, { 1000, 3000000 },
+		{ 4294967294u, 8 } });
 	m->nartifacts = 3;
 	m->artifacts = calloc(3, sizeof(*m->artifacts));
 	make_artifact(&m->artifacts[0], 1, 4, 5, "f32-v1");
@@ -190,6 +209,7 @@ strip_generations(struct fdstore_model *m)
 		for (uint32_t k = 0; k < m->generations[g].nfiles; k++)
 			free(m->generations[g].files[k].fdname);
 		free(m->generations[g].files);
+		free(m->generations[g].uids);
 		free(m->generations[g].index_fdname);
 	}
 	free(m->generations);
@@ -197,23 +217,42 @@ strip_generations(struct fdstore_model *m)
 	m->ngenerations = 0;
 }
 
-/* Versions 4 (files without their ctimes and nlink), 3 (nor their origin)
- * and 2 (no artifacts either) are read as version 5 with nlink and ctimes
- * 0 (not recorded) and, before 4, origins 0 and 0: a restart after the
- * upgrade reads the description (restore_check.c loads afresh a current
- * generation whose ctime, or a copy whose origin, it cannot tell). With one
- * model, one generation of one file and no artifacts, version 5 is version
- * 4 with the file's 24 bytes of ctime, nlink and origin ctime just before
- * the last 4 (the artifact count), version 4 is version 3 with the 16
- * origin bytes there, and version 3 is version 2 and that count. */
+/* The version 5 bytes of the version 6 encoding buf of len bytes, whose
+ * first generation's holder uid count (0) is at offset at: without it. */
+static uint8_t *
+as_version_5(const uint8_t *buf, size_t len, size_t at)
+{
+	uint8_t *old = malloc(len);
+
+	assert_non_null(old);
+	assert_int_equal(buf[8], 6);
+	assert_memory_equal(buf + at, "\0\0\0\0", 4);
+	memcpy(old, buf, at);
+	memcpy(old + at, buf + at + 4, len - at - 4);
+	old[8] = 5;
+	return old;
+}
+
+/* Versions 5 (generations without their holders' uids), 4 (nor files their
+ * ctimes and nlink), 3 (nor their origin) and 2 (no artifacts either) are
+ * read as version 6 with no holders' uids (only their count, as before),
+ * nlink and ctimes 0 (not recorded) and, before 4, origins 0 and 0: a
+ * restart after the upgrade reads the description (restore_check.c loads
+ * afresh a current generation whose ctime, or a copy whose origin, it
+ * cannot tell). With one model, one generation of one file and no
+ * artifacts, version 6 is version 5 with the generation's holder uid count
+ * after its holders, version 5 is version 4 with the file's 24 bytes of
+ * ctime, nlink and origin ctime just before the last 4 (the artifact
+ * count), version 4 is version 3 with the 16 origin bytes there, and
+ * version 3 is version 2 and that count. */
 static void
 test_older_versions(void **state)
 {
 	struct fdstore_desc *d = make_desc(), *back = NULL;
 	struct fdstore_model *m = &d->models[0];
 	struct fdstore_file *f;
-	uint8_t *buf, *old, *again;
-	size_t len, len2;
+	uint8_t *buf, *v6, *old, *again, *back5;
+	size_t len, len2, uids_at;
 
 	(void)state;
 	fdstore_free(NULL);
@@ -232,6 +271,7 @@ test_older_versions(void **state)
 		for (uint32_t k = 0; k < m->generations[g].nfiles; k++)
 			free(m->generations[g].files[k].fdname);
 		free(m->generations[g].files);
+		free(m->generations[g].uids);
 		free(m->generations[g].index_fdname);
 	}
 	m->ngenerations = 1;
@@ -241,7 +281,41 @@ test_older_versions(void **state)
 	f = &m->generations[0].files[0];
 	assert_int_equal(f->origin_ino, (1ull << 40) + 1000);
 
-	buf = encode(d, &len);
+	/* Its holders' uids: version 6 holds them after the holders. */
+	uids_at = FDSTORE_HEADER_SIZE + 2 + strlen(m->name) + 2 + strlen(m->path) + 8 + 8 + 4 +
+		8 + 1 + 1 + 2 + 4;
+	v6 = encode(d, &len);
+	assert_int_equal(v6[8], 6);
+	assert_memory_equal(v6 + uids_at, "\x01\0\0\0" "\xe8\x03\0\0" "\x4f\x4b\x4c\0", 12);
+	/* Version 6 bytes with uids called version 5: the uid count is read
+	 * as the index fdname's length, and what follows does not parse. */
+	v6[8] = 5;
+	back = (struct fdstore_desc *)&back;
+	assert_int_not_equal(fdstore_decode(v6, len, &back), 0);
+	assert_true(back == (struct fdstore_desc *)&back);
+	back = NULL;
+	free(v6);
+	/* Version 5 did not record them: read with none, which leaves the
+	 * count-only rule (restore_hold) for that generation. */
+	set_uids(&m->generations[0], 0, NULL);
+	v6 = encode(d, &len);
+	buf = as_version_5(v6, len, uids_at);
+	len -= 4;
+	if (fdstore_decode(buf, len, &back) != 0)
+		fail_msg("decode version 5: %s", error_get());
+	assert_true(fdstore_equal(d, back));
+	assert_int_equal(back->models[0].generations[0].holders, 5000015);
+	assert_int_equal(back->models[0].generations[0].nuids, 0);
+	assert_null(back->models[0].generations[0].uids);
+	/* Encoded again, it is version 6 with no holder uids. */
+	again = encode(back, &len2);
+	assert_int_equal(len2, len + 4);
+	assert_memory_equal(again, v6, len2);
+	free(again);
+	free(v6);
+	fdstore_free(back);
+	back = NULL;
+
 	assert_int_equal(buf[8], 5);
 	assert_memory_equal(buf + len - 4, "\0\0\0\0", 4);
 	/* ctime 1764892800123456789, nlink 1, origin ctime 1764806400000000007 */
@@ -263,10 +337,12 @@ test_older_versions(void **state)
 	assert_int_equal(back->models[0].generations[0].files[0].ctime_ns, 0);
 	assert_int_equal(back->models[0].generations[0].files[0].origin_ctime_ns, 0);
 	assert_int_equal(back->models[0].generations[0].files[0].origin_ino, (1ull << 40) + 1000);
-	/* Encoded again, it is version 5 with nlink and ctimes 0. */
+	/* Encoded again, it is version 6 with nlink and ctimes 0. */
 	again = encode(back, &len2);
-	assert_int_equal(len2, len);
-	assert_int_equal(again[8], 5);
+	assert_int_equal(len2, len + 4);
+	back5 = as_version_5(again, len2, uids_at);
+	free(again);
+	again = back5;
 	assert_memory_equal(again, buf, len - 28);
 	assert_memory_equal(again + len - 28, "\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0"
 		"\0\0\0\0", 28);
@@ -292,10 +368,12 @@ test_older_versions(void **state)
 	assert_true(fdstore_equal(d, back));
 	assert_int_equal(back->models[0].generations[0].files[0].origin_dev, 0);
 	assert_int_equal(back->models[0].generations[0].files[0].origin_ino, 0);
-	/* Encoded again, it is version 5 with origins, nlink and ctimes 0. */
+	/* Encoded again, it is version 6 with origins, nlink and ctimes 0. */
 	again = encode(back, &len2);
-	assert_int_equal(len2, len);
-	assert_int_equal(again[8], 5);
+	assert_int_equal(len2, len + 4);
+	back5 = as_version_5(again, len2, uids_at);
+	free(again);
+	again = back5;
 	assert_memory_equal(again, buf, len - 44);
 	for (size_t i = len - 44; i < len; i++)
 		assert_int_equal(again[i], 0);
@@ -357,6 +435,12 @@ test_round_trip(void **state)
 	assert_int_equal(back->models[0].generations[1].files[0].origin_ino, 0); /* held */
 	assert_int_equal(back->models[0].generations[2].role, FDSTORE_PENDING);
 	assert_int_equal(back->models[0].generations[1].holders, 3000009u);
+	assert_int_equal(back->models[0].generations[1].nuids, 3);
+	assert_int_equal(back->models[0].generations[1].uids[2].uid, 4294967294u);
+	assert_int_equal(back->models[0].generations[1].uids[2].count, 8);
+	assert_int_equal(back->models[0].generations[0].uids[0].count, 5000015u);
+	assert_int_equal(back->models[1].generations[0].nuids, 0); /* not recorded */
+	assert_int_equal(back->models[1].generations[0].holders, 2000006u);
 	assert_string_equal(back->models[0].artifacts[1].key, "q8");
 	assert_string_equal(back->models[0].artifacts[1].fdname, "wc-1-d9-a");
 	assert_string_equal(back->models[0].artifacts[1].index_fdname, "wc-1-d9-i");
@@ -370,6 +454,17 @@ test_round_trip(void **state)
 	back->models[0].generations[1].holders--;
 	assert_false(fdstore_equal(d, back));
 	back->models[0].generations[1].holders++;
+	back->models[0].generations[1].uids[1].uid++;
+	assert_false(fdstore_equal(d, back));
+	back->models[0].generations[1].uids[1].uid--;
+	back->models[0].generations[1].uids[1].count--;
+	back->models[0].generations[1].uids[0].count++;
+	assert_false(fdstore_equal(d, back));
+	back->models[0].generations[1].uids[1].count++;
+	back->models[0].generations[1].uids[0].count--;
+	back->models[0].generations[1].nuids--;
+	assert_false(fdstore_equal(d, back));
+	back->models[0].generations[1].nuids++;
 	back->models[0].generations[1].files[0].ino++;
 	assert_false(fdstore_equal(d, back));
 	back->models[0].generations[1].files[0].ino--;
@@ -509,6 +604,29 @@ static void b_art_index_size(struct fdstore_desc *d)
 }
 static void b_art_pid(struct fdstore_desc *d) { d->models[0].artifacts[1].builder_pid = 0; }
 static void b_art_count(struct fdstore_desc *d) { d->models[2].nartifacts = 65; }
+/* Holders by uid: counts 1 or more summing to the holders, each uid once,
+ * ascending. */
+static void b_uids_sum(struct fdstore_desc *d) { d->models[0].generations[1].uids[1].count++; }
+static void b_uids_short(struct fdstore_desc *d) { d->models[0].generations[0].holders++; }
+static void b_uids_zero(struct fdstore_desc *d)
+{
+	set_uids(&d->models[0].generations[1], 3, (struct fdstore_holder[]){ { 0, 0 },
+		{ 1000, 3000001 }, { 4294967294u, 8 } });
+}
+static void b_uids_dup(struct fdstore_desc *d)
+{
+	set_uids(&d->models[0].generations[1], 3, (struct fdstore_holder[]){ { 0, 1 },
+		{ 1000, 3000000 }, { 1000, 8 } });
+}
+static void b_uids_order(struct fdstore_desc *d)
+{
+	set_uids(&d->models[0].generations[1], 3, (struct fdstore_holder[]){ { 1000, 3000000 },
+		{ 0, 1 }, { 4294967294u, 8 } });
+}
+static void b_uids_count(struct fdstore_desc *d)
+{
+	d->models[0].generations[1].nuids = FDSTORE_MAX_HOLDER_UIDS + 1;
+}
 /* nlink 0 says the ctimes are not recorded: they must be 0. */
 static void b_ctime_unrecorded(struct fdstore_desc *d)
 {
@@ -560,6 +678,16 @@ test_rules(void **state)
 		"not 0");
 	refuse(b_origin_ctime_unrecorded, "generation 0 (5): file 1: origin st_ctim: "
 		"1764806400000000008 with st_nlink 0");
+	refuse(b_uids_sum, "model 0 (\"llama\"): generation 1 (3): holder uids: their counts sum "
+		"to 3000010, not its 3000009 holders");
+	refuse(b_uids_short, "generation 0 (5): holder uids: their counts sum to 5000015, not "
+		"its 5000016 holders");
+	refuse(b_uids_zero, "generation 1 (3): holder uid 0: count 0, not 1 or more");
+	refuse(b_uids_dup, "generation 1 (3): holder uid 1000: appears twice, after uid 1000 "
+		"(each uid once, ascending)");
+	refuse(b_uids_order, "generation 1 (3): holder uid 0: after uid 1000 (each uid once, "
+		"ascending)");
+	refuse(b_uids_count, "generation 1 (3): holder uid count: 65537, more than 65536");
 }
 
 /* Decodes hostile bytes: the code, the message, *out untouched. */
@@ -606,18 +734,18 @@ test_hostile_bytes(void **state)
 	copy[0] = 'w';
 	bad_bytes(copy, len, -EBADMSG, "header: magic");
 	memcpy(copy, buf, len);
-	put_u32(copy + 8, 6);
-	bad_bytes(copy, len, -EPROTO, "header: version: 6, this wcached reads 2 to 5");
+	put_u32(copy + 8, 7);
+	bad_bytes(copy, len, -EPROTO, "header: version: 7, this wcached reads 2 to 6");
 	/* Version 1 (no holders in its generations) is refused as a whole,
 	 * in one line: a restart after an upgrade loads every model afresh.
 	 * Version 2 is read (test_version_2). */
 	memcpy(copy, buf, len);
 	put_u32(copy + 8, 1);
-	bad_bytes(copy, len, -EPROTO, "header: version: 1, this wcached reads 2 to 5");
-	/* Version 5 bytes read as version 4, 3 or 2: the ctimes (the origins,
-	 * the artifact counts) are not there, so the next record starts early
-	 * and does not parse. */
-	for (uint32_t v = 2; v <= 4; v++) {
+	bad_bytes(copy, len, -EPROTO, "header: version: 1, this wcached reads 2 to 6");
+	/* Version 6 bytes read as version 5, 4, 3 or 2: the holders' uids (the
+	 * ctimes, the origins, the artifact counts) are not there, so the next
+	 * record starts early and does not parse. */
+	for (uint32_t v = 2; v <= 5; v++) {
 		memcpy(copy, buf, len);
 		put_u32(copy + 8, v);
 		back = NULL;

@@ -376,7 +376,7 @@ test_reload_after_warm_failed(void **state)
 	du_wait_state(t, "m", false, GEN_READY);
 	assert_int_equal(du_current(t, "m")->number, 2);
 	assert_int_equal(registry_attach(&t->reg, "m", &root_peer, &a, msg, sizeof(msg)), 0);
-	registry_release(&t->reg, a.gen);
+	registry_release(&t->reg, a.gen, 0);
 	du_settle(t);
 	assert_int_equal(du_generations(t), 1); /* the failed one closed */
 	free(path);
@@ -407,7 +407,7 @@ test_reload_after_warm_failed_serves_at_once(void **state)
 	assert_int_equal(g->state, GEN_WARMING);
 	assert_null(registry_find(&t->reg, "m")->pending);
 	assert_ptr_equal(attach(t, "m"), g);
-	registry_release(&t->reg, g);
+	registry_release(&t->reg, g, 0);
 	assert_int_equal(registry_unload(&t->reg, "m"), 0);
 	du_settle(t);
 	assert_int_equal(du_generations(t), 0);
@@ -524,7 +524,7 @@ test_promote(void **state)
 	assert_null(m->pending);
 	assert_int_equal(t->reg.page.map[m->slot], 2);
 	assert_int_equal(du_generations(t), 2);
-	registry_release(&t->reg, g1);
+	registry_release(&t->reg, g1, 0);
 	assert_int_equal(du_generations(t), 1);
 	free(log);
 	free(p1);
@@ -554,7 +554,7 @@ test_unload_while_held_cancels_warming(void **state)
 	assert_false(g->populated); /* not warmed, so not claimed */
 	assert_int_equal(du_generations(t), 1); /* held by the client */
 	du_log_start(t);
-	registry_release(&t->reg, g);
+	registry_release(&t->reg, g, 0);
 	free(du_log_stop(t));
 	assert_int_equal(du_generations(t), 0);
 	free(log);
@@ -585,7 +585,7 @@ test_evict_and_attach_cold(void **state)
 	assert_logged(log, "model \"m\": attached while cold, warming generation 1");
 	assert_logged(log, "generation 1: cold -> warming (warming)");
 	assert_logged(log, "generation 1: warming -> ready (warm)");
-	registry_release(&t->reg, g);
+	registry_release(&t->reg, g, 0);
 	free(log);
 	free(path);
 }
@@ -608,7 +608,7 @@ test_attach_during_eviction_rewarms_after(void **state)
 	log = du_log_stop(t);
 	assert_logged(log, "cold -> warming (after eviction) (attached while an eviction runs)");
 	assert_logged(log, "warming (after eviction) -> warming (warming)");
-	registry_release(&t->reg, g);
+	registry_release(&t->reg, g, 0);
 	free(log);
 	free(path);
 }
@@ -640,7 +640,7 @@ test_attach_while_cancelled_warmup_stops(void **state)
 	assert_logged(log, "warming -> ready (warm)");
 	assert_false(g->warm.cancelled);
 	assert_true(g->warm.bytes == g->bytes);
-	registry_release(&t->reg, g);
+	registry_release(&t->reg, g, 0);
 	free(log);
 	free(path);
 }
@@ -662,7 +662,7 @@ test_release_attach_while_warmup_stops(void **state)
 	du_log_start(t);
 	assert_int_equal(registry_evict(&t->reg, "m"), 0);
 	assert_true(g->warm.pending > 0);
-	registry_release(&t->reg, g);
+	registry_release(&t->reg, g, 0);
 	assert_ptr_equal(attach(t, "m"), g);
 	assert_int_equal(g->state, GEN_REWARM);
 	du_wait_state(t, "m", false, GEN_READY);
@@ -672,7 +672,7 @@ test_release_attach_while_warmup_stops(void **state)
 	assert_false(g->warm.cancelled);
 	assert_true(g->warm.bytes == g->bytes);
 	assert_true(g->populated);
-	registry_release(&t->reg, g);
+	registry_release(&t->reg, g, 0);
 	free(log);
 	free(path);
 }
@@ -693,7 +693,7 @@ test_cold_not_warming_model(void **state)
 	assert_int_equal(g->state, GEN_READY);
 	/* The last holder of a cold generation letting go drops its pages:
 	 * here it is no longer cold, so nothing is queued. */
-	registry_release(&t->reg, g);
+	registry_release(&t->reg, g, 0);
 	assert_null(g->page_queue);
 	free(path);
 }

@@ -303,7 +303,7 @@ test_a_load_refused_for_descriptors_loads_when_a_generation_closes(void **state)
 		close(fill[--n]);
 	/* Nothing loads it again until a generation closes. */
 	assert_int_equal(registry_find(&t->reg, "m")->loading, 0);
-	registry_release(&t->reg, att.gen);
+	registry_release(&t->reg, att.gen, 0);
 	assert_int_equal(registry_find(&t->reg, "m")->loading, 1);
 	du_run_until(t, served, "m");
 	assert_int_equal(du_current(t, "m")->number, 1);
@@ -459,7 +459,7 @@ test_unload(void **state)
 	/* Held: still open until released. */
 	assert_int_equal(du_generations(t), 1);
 	assert_null(registry_generation_of(a.gen));
-	registry_release(&t->reg, a.gen);
+	registry_release(&t->reg, a.gen, 0);
 	assert_int_equal(du_generations(t), 0);
 	/* Loaded again: the same slot, numbers keep growing. */
 	assert_int_equal(du_load(t, "m", path, PIN_NONE, 0), 0);

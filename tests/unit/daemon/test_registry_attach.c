@@ -87,7 +87,7 @@ test_attach_reply(void **state)
 	assert_int_equal(a.status_slot, m->slot);
 	assert_int_equal(a.gen->attached, 1);
 	assert_int_equal(m->attach_count, 1);
-	registry_release(&t->reg, a.gen);
+	registry_release(&t->reg, a.gen, 0);
 	assert_int_equal(du_current(t, "m")->attached, 0);
 	free(path);
 }
@@ -237,7 +237,7 @@ static void
 release_all(struct du *t, struct registry_attachment *at, int n, char *path)
 {
 	for (int i = 0; i < n; i++)
-		registry_release(&t->reg, at[i].gen);
+		registry_release(&t->reg, at[i].gen, 0);
 	free(path);
 }
 
@@ -474,7 +474,7 @@ test_hold_after_restart(void **state)
 	assert_string_equal(msg, "model \"m\": generation 1: all 2 of its holders before the "
 				 "restart have said so");
 	assert_int_equal(old->attached, 2);
-	registry_release(&t->reg, h);
+	registry_release(&t->reg, h, 0);
 	/* A holder that released is gone: its place is not given again. */
 	assert_int_equal(restore_hold(&t->reg, "m", 1, &p3, &h, msg, sizeof(msg)), -EUSERS);
 	/* The current generation was loaded here: nobody may HOLD it. */
@@ -490,7 +490,7 @@ test_hold_after_restart(void **state)
 	assert_int_equal(restore_hold(&t->reg, "m", 1, &p3, &h, msg, sizeof(msg)), -ENOENT);
 	assert_string_equal(msg, "model \"m\": generation 1: the wait for its holders after the "
 				 "restart has ended (restart_hold_seconds)");
-	registry_release(&t->reg, old);
+	registry_release(&t->reg, old, 0);
 	assert_int_equal(du_generations(t), 1);
 	free(path);
 	free(path2);
@@ -587,7 +587,7 @@ test_describe_limit(void **state)
 	assert_int_equal(fdstore_check(d), 0);
 	fdstore_free(d);
 	for (int i = 0; i < 2; i++)
-		registry_release(&t->reg, at[i].gen);
+		registry_release(&t->reg, at[i].gen, 0);
 	free(a);
 	free(b);
 }
@@ -754,7 +754,7 @@ test_access(void **state)
 	m = registry_find(&t->reg, "m");
 	/* Unrestricted: anyone. */
 	assert_int_equal(registry_attach(&t->reg, "m", &p, &a, msg, sizeof(msg)), 0);
-	registry_release(&t->reg, a.gen);
+	registry_release(&t->reg, a.gen, p.uid);
 	assert_int_equal(registry_set_access(&t->reg, "m", 1, uids, 1, gids, 1), 0);
 	assert_int_equal(registry_set_access(&t->reg, "none", 1, uids, 1, gids, 1), -ENOENT);
 	assert_int_equal(registry_attach(&t->reg, "m", &p, &a, msg, sizeof(msg)), -EACCES);
@@ -767,22 +767,22 @@ test_access(void **state)
 	/* By uid, by primary group, by supplementary group, root, self. */
 	p.uid = 1000;
 	assert_int_equal(registry_attach(&t->reg, "m", &p, &a, msg, sizeof(msg)), 0);
-	registry_release(&t->reg, a.gen);
+	registry_release(&t->reg, a.gen, p.uid);
 	p.uid = 3000;
 	p.gid = 2000;
 	assert_int_equal(registry_attach(&t->reg, "m", &p, &a, msg, sizeof(msg)), 0);
-	registry_release(&t->reg, a.gen);
+	registry_release(&t->reg, a.gen, p.uid);
 	p.gid = 3000;
 	p.groups = groups;
 	p.ngroups = 2;
 	assert_int_equal(registry_attach(&t->reg, "m", &p, &a, msg, sizeof(msg)), 0);
-	registry_release(&t->reg, a.gen);
+	registry_release(&t->reg, a.gen, p.uid);
 	p.ngroups = 0;
 	p.uid = 4000;
 	assert_int_equal(registry_attach(&t->reg, "m", &p, &a, msg, sizeof(msg)), 0);
-	registry_release(&t->reg, a.gen);
+	registry_release(&t->reg, a.gen, p.uid);
 	assert_int_equal(registry_attach(&t->reg, "m", &root_peer, &a, msg, sizeof(msg)), 0);
-	registry_release(&t->reg, a.gen);
+	registry_release(&t->reg, a.gen, 0);
 	free(path);
 }
 

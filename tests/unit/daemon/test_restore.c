@@ -9,8 +9,9 @@
  * on its loop. The artifact's reader, source_open_fd, is wrapped (--wrap)
  * to see which thread runs it; unlinkat, to stop wcached while the staged
  * copy of a generation not restored is removed; gen_check_holes, to be a
- * previous process without the sparse-file check. Real files in /tmp, real
- * memfds, a real libuv loop.
+ * previous process without the sparse-file check. Another previous process
+ * leaves a generation held by workers of two uids, whose HOLDs the next
+ * one accepts by uid. Real files in /tmp, real memfds, a real libuv loop.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -220,6 +221,79 @@ previous_process(struct fixture *f)
 	memset(&restore_state, 0, sizeof(restore_state));
 }
 
+/* A worker of uid on connection conn. */
+static struct registry_peer
+worker(uid_t uid, uint64_t conn)
+{
+	return (struct registry_peer){ .pid = 1, .uid = uid, .gid = uid, .conn_id = conn };
+}
+
+/*
+ * The previous process, with workers: loads f->path as "m"; uid 1000
+ * attaches it twice, uid 1001 once; the file is replaced and generation 2
+ * loaded, so that those three hold generation 1; everything goes into f's
+ * manager (restore_sync), generation 1 with its holders by uid. Then it
+ * stops, its workers still holding 1. count_only: the description then
+ * becomes one that records only how many held 1, as a version 5 or older
+ * one reads (test_fdstore's test_older_versions reads those so).
+ */
+static void
+previous_process_held(struct fixture *f, int count_only)
+{
+	struct registry_peer peers[3] = { worker(1000, 1), worker(1000, 2), worker(1001, 3) };
+	struct registry_attachment at[3];
+	struct fdstore_desc *d;
+	struct fdstore_generation *held;
+	uint8_t *buf;
+	char msg[256], *next;
+	size_t len;
+	struct du t;
+	int fd;
+
+	stored_setup(&t, -1);
+	assert_int_equal(du_load(&t, "m", f->path, PIN_METADATA, 0), 0);
+	restore_sync(&t.reg); /* generation 1 goes into the store while current */
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(registry_attach(&t.reg, "m", &peers[i], &at[i], msg, sizeof(msg)),
+			0);
+	next = du_model(&t, "next.safetensors", 2048);
+	assert_int_equal(rename(next, f->file), 0);
+	free(next);
+	assert_int_equal(du_reload(&t, "m"), 0);
+	assert_int_equal(du_current(&t, "m")->number, 2);
+	restore_sync(&t.reg);
+	su_manager_read(&f->m);
+	d = su_last_description(&f->m);
+	assert_int_equal(d->models[0].ngenerations, 2);
+	held = &d->models[0].generations[d->models[0].generations[0].number == 1 ? 0 : 1];
+	assert_int_equal(held->number, 1);
+	assert_int_equal(held->role, FDSTORE_HELD);
+	assert_int_equal(held->holders, 3);
+	assert_int_equal(held->nuids, 2);
+	assert_int_equal(held->uids[0].uid, 1000);
+	assert_int_equal(held->uids[0].count, 2);
+	assert_int_equal(held->uids[1].uid, 1001);
+	assert_int_equal(held->uids[1].count, 1);
+	if (count_only) {
+		/* The same description without the uids, in place of the stored one. */
+		free(held->uids);
+		held->uids = NULL;
+		held->nuids = 0;
+		assert_int_equal(fdstore_encode(d, &buf, &len), 0);
+		assert_int_equal(fdstore_memfd_make(buf, len, &fd), 0);
+		free(buf);
+		for (size_t i = f->m.n; i-- > 0;)
+			if (f->m.got[i].store && strcmp(f->m.got[i].name, FDSTORE_NAME_DESC) == 0) {
+				close(f->m.got[i].fd);
+				f->m.got[i].fd = fd;
+				break;
+			}
+	}
+	fdstore_free(d);
+	du_teardown(&t);
+	memset(&restore_state, 0, sizeof(restore_state));
+}
+
 /* The previous process's load of a model that stages (stage = yes). */
 static void
 staged_load_done(int status, const char *message, uint64_t generation, void *arg)
@@ -376,6 +450,32 @@ setup_dir(void **state)
 	f->path = dir;
 	previous_process(f);
 	return next_process(f, 6, state);
+}
+
+/* The previous process left generation 1 held (previous_process_held,
+ * count_only); the next one waits 60 s for their HOLDs. */
+static int
+held_setup(void **state, int count_only)
+{
+	struct fixture *f = new_fixture();
+
+	previous_process_held(f, count_only);
+	next_process(f, 6, state);
+	f->t.reg.restart_hold_ms = 60000;
+	return 0;
+}
+
+static int
+setup_held(void **state)
+{
+	return held_setup(state, 0);
+}
+
+/* The holders' uids not recorded. */
+static int
+setup_held_count_only(void **state)
+{
+	return held_setup(state, 1);
 }
 
 /* The previous process staged m; the next one has stage_dir too. */
@@ -762,6 +862,90 @@ test_a_sparse_model_is_not_restored(void **state)
 	free(log);
 }
 
+/* Restores m (restore_checked), with generation 1 held: returns it. */
+static struct generation *
+restore_held(struct fixture *f)
+{
+	struct generation *g;
+
+	free(restore_checked(f));
+	assert_int_equal(f->result, RESTORE_SERVED);
+	assert_int_equal(du_current(&f->t, "m")->number, 2);
+	g = registry_generation(&f->t.reg, registry_find(&f->t.reg, "m"), 1);
+	assert_non_null(g);
+	assert_int_equal(restore_holders(g), 3);
+	return g;
+}
+
+/*
+ * Generation 1 was held by uid 1000 twice and uid 1001 once (review rev173
+ * F10): after the restart uid 1002 may not take a place (EPERM), uid
+ * 1000 takes its two and no third (EUSERS), and uid 1001 still has its
+ * own. Before, the places were a count: 1002's HOLD was accepted, and
+ * 1001's would have been refused once the three were taken.
+ */
+static void
+test_holds_are_taken_by_the_uids_that_held(void **state)
+{
+	struct fixture *f = *state;
+	struct registry_peer p1002 = worker(1002, 11), p1000a = worker(1000, 12),
+		p1000b = worker(1000, 13), p1000c = worker(1000, 14), p1001 = worker(1001, 15);
+	struct generation *g = restore_held(f), *h[3];
+	struct fdstore_generation *held;
+	struct fdstore_desc *d = NULL;
+	char msg[256], left[256];
+
+	assert_int_equal(restore_hold(&f->t.reg, "m", 1, &p1002, &h[0], msg, sizeof(msg)),
+		-EPERM);
+	assert_string_equal(msg, "model \"m\": generation 1: uid 1002 did not hold it before the "
+		"restart");
+	assert_int_equal(restore_hold(&f->t.reg, "m", 1, &p1000a, &h[0], msg, sizeof(msg)), 0);
+	assert_ptr_equal(h[0], g);
+	assert_int_equal(restore_hold(&f->t.reg, "m", 1, &p1000b, &h[1], msg, sizeof(msg)), 0);
+	assert_int_equal(restore_hold(&f->t.reg, "m", 1, &p1000c, &h[2], msg, sizeof(msg)),
+		-EUSERS);
+	assert_string_equal(msg, "model \"m\": generation 1: all 2 of its holders before the "
+		"restart have said so (those of uid 1000)");
+	assert_int_equal(restore_hold(&f->t.reg, "m", 1, &p1001, &h[2], msg, sizeof(msg)), 0);
+	assert_int_equal(g->attached, 3);
+	assert_int_equal(restore_holders(g), 3);
+	/* What this process would store: the same holders by uid. */
+	registry_release(&f->t.reg, h[1], 1000);
+	assert_int_equal(restore_describe(&f->t.reg, FDSTORE_MAX_FDS, &d, left, sizeof(left)), 0);
+	assert_string_equal(left, "");
+	held = &d->models[0].generations[d->models[0].generations[0].number == 1 ? 0 : 1];
+	assert_int_equal(held->holders, 2);
+	assert_int_equal(held->nuids, 2);
+	assert_true(held->uids[0].uid == 1000 && held->uids[0].count == 1);
+	assert_true(held->uids[1].uid == 1001 && held->uids[1].count == 1);
+	fdstore_free(d);
+	registry_release(&f->t.reg, h[0], 1000);
+	registry_release(&f->t.reg, h[2], 1001);
+}
+
+/* A description that records only how many held generation 1 (version 5
+ * or older): any uid may take those places, as before, up to their count. */
+static void
+test_holds_of_a_count_only_description(void **state)
+{
+	struct fixture *f = *state;
+	struct registry_peer p1002 = worker(1002, 11), p1000 = worker(1000, 12),
+		p1003 = worker(1003, 13), p1001 = worker(1001, 14);
+	struct generation *g = restore_held(f), *h[3], *x;
+	char msg[256];
+
+	assert_int_equal(restore_hold(&f->t.reg, "m", 1, &p1002, &h[0], msg, sizeof(msg)), 0);
+	assert_int_equal(restore_hold(&f->t.reg, "m", 1, &p1000, &h[1], msg, sizeof(msg)), 0);
+	assert_int_equal(restore_hold(&f->t.reg, "m", 1, &p1003, &h[2], msg, sizeof(msg)), 0);
+	assert_int_equal(restore_hold(&f->t.reg, "m", 1, &p1001, &x, msg, sizeof(msg)), -EUSERS);
+	assert_string_equal(msg, "model \"m\": generation 1: all 3 of its holders before the "
+		"restart have said so");
+	assert_int_equal(g->attached, 3);
+	registry_release(&f->t.reg, h[0], 1002);
+	registry_release(&f->t.reg, h[1], 1000);
+	registry_release(&f->t.reg, h[2], 1003);
+}
+
 int
 main(void)
 {
@@ -790,6 +974,10 @@ main(void)
 			setup_staged, teardown),
 		cmocka_unit_test_setup_teardown(test_stage_yes_keeps_a_staged_generation,
 			setup_staged, teardown),
+		cmocka_unit_test_setup_teardown(test_holds_are_taken_by_the_uids_that_held,
+			setup_held, teardown),
+		cmocka_unit_test_setup_teardown(test_holds_of_a_count_only_description,
+			setup_held_count_only, teardown),
 		/* Last: its stage_sweep() keeps stage_dir's lock open (stage_dir.c's
 		 * sweep lock, held for the process), on a descriptor a later
 		 * test's store would need (su_manager_pass places it at 3..). */

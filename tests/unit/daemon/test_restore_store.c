@@ -129,27 +129,8 @@ test_description_replaced_after_its_removal(void **state)
 	assert_false(f->m.got[from].store);
 	assert_int_equal(su_received(&f->m, from + 1, 1, FDSTORE_NAME_DESC), 1);
 	assert_true(restore_state.desc_in_store);
-	registry_release(&t->reg, at.gen);
+	registry_release(&t->reg, at.gen, 0);
 	free(a);
-}
-
-/* The description the manager received last (decoded; fdstore_free it). */
-static struct fdstore_desc *
-last_description(const struct su_manager *m)
-{
-	struct fdstore_desc *d = NULL;
-	uint8_t *buf = NULL;
-	size_t len = 0;
-
-	for (size_t i = m->n; i-- > 0;)
-		if (m->got[i].store && strcmp(m->got[i].name, FDSTORE_NAME_DESC) == 0) {
-			assert_int_equal(fdstore_memfd_read(m->got[i].fd, &buf, &len), 0);
-			assert_int_equal(fdstore_decode(buf, len, &d), 0);
-			free(buf);
-			return d;
-		}
-	fail_msg("no description received");
-	return NULL;
 }
 
 /* How many times needle occurs in haystack. */
@@ -196,7 +177,7 @@ test_one_refused_generation_stores_the_rest(void **state)
 	assert_true(fdstore_name_index(name, sizeof(name), slot_m, 1) > 0);
 	assert_int_equal(su_received(&f->m, 0, 1, name), 1);
 	assert_int_equal(su_received(&f->m, 0, 1, FDSTORE_NAME_DESC), 1);
-	d = last_description(&f->m);
+	d = su_last_description(&f->m);
 	assert_int_equal(d->nmodels, 2);
 	for (uint32_t i = 0; i < d->nmodels; i++)
 		assert_int_equal(d->models[i].ngenerations, strcmp(d->models[i].name, "m") == 0);
@@ -208,7 +189,7 @@ test_one_refused_generation_stores_the_rest(void **state)
 	/* The manager takes it now: stored, and described again. */
 	restore_sync(&t->reg);
 	su_manager_read(&f->m);
-	d = last_description(&f->m);
+	d = su_last_description(&f->m);
 	for (uint32_t i = 0; i < d->nmodels; i++)
 		assert_int_equal(d->models[i].ngenerations, 1);
 	fdstore_free(d);
@@ -256,7 +237,7 @@ test_held_past_the_limit_are_named(void **state)
 	assert_int_equal(fdstore_check(d), 0);
 	fdstore_free(d);
 	for (int i = 0; i < HELD; i++)
-		registry_release(&t->reg, at[i].gen);
+		registry_release(&t->reg, at[i].gen, 0);
 	free(a);
 }
 
@@ -278,7 +259,7 @@ test_pin_change_stores_the_description(void **state)
 	assert_int_equal(du_load(t, "m", a, PIN_METADATA, 0), 0);
 	restore_sync(&t->reg);
 	su_manager_read(&f->m);
-	d = last_description(&f->m);
+	d = su_last_description(&f->m);
 	assert_int_equal(d->nmodels, 1);
 	assert_int_equal(d->models[0].ngenerations, 1);
 	assert_int_equal(d->models[0].generations[0].pin, PIN_METADATA);
@@ -291,7 +272,7 @@ test_pin_change_stores_the_description(void **state)
 	su_manager_read(&f->m);
 	assert_int_equal(su_received(&f->m, from, 0, FDSTORE_NAME_DESC), 1);
 	assert_int_equal(su_received(&f->m, from, 1, FDSTORE_NAME_DESC), 1);
-	d = last_description(&f->m);
+	d = su_last_description(&f->m);
 	assert_int_equal(d->models[0].generations[0].pin, PIN_NONE);
 	fdstore_free(d);
 	free(a);
@@ -403,7 +384,7 @@ test_store_within_fdstore(void **state)
 	assert_int_equal(du_reload(t, "m"), 0);
 	restore_sync(&t->reg);
 	su_manager_read(&f->m);
-	d = last_description(&f->m);
+	d = su_last_description(&f->m);
 	assert_int_equal(described_generations(d, "m"), 2);
 	fdstore_free(d);
 	assert_int_equal(most_held(&f->m, 0, 0), 6);
@@ -425,7 +406,7 @@ test_store_within_fdstore(void **state)
 				    "generations; not stored: held generations left out: \"m\" 1; "
 				    "a restart loads them afresh"));
 	free(log);
-	d = last_description(&f->m);
+	d = su_last_description(&f->m);
 	assert_int_equal(described_generations(d, "m"), 1);
 	assert_int_equal(described_generations(d, "n"), 1);
 	fdstore_free(d);
@@ -442,7 +423,7 @@ test_store_within_fdstore(void **state)
 	assert_int_equal(su_received(&f->m, from, 0, name), 1);
 	assert_non_null(strstr(log, "not stored: models left out whole: \"m\"; a restart"));
 	free(log);
-	d = last_description(&f->m);
+	d = su_last_description(&f->m);
 	assert_int_equal(d->nmodels, 3);
 	assert_int_equal(described_generations(d, "m"), 0);
 	assert_int_equal(described_generations(d, "n"), 1);
@@ -456,7 +437,7 @@ test_store_within_fdstore(void **state)
 	su_manager_read(&f->m);
 	assert_int_equal(f->m.n, from);
 	assert_int_equal(unsetenv("FDSTORE"), 0);
-	registry_release(&t->reg, at.gen);
+	registry_release(&t->reg, at.gen, 0);
 	free(a);
 	free(b);
 	free(c);
