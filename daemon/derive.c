@@ -30,6 +30,18 @@ derive_weight(const struct generation *g)
 	return g->bytes + g->index_size;
 }
 
+void
+derive_count(struct derive_table *t, uint64_t bytes, int add)
+{
+	if (add) {
+		t->r->derived_bytes += bytes;
+		__atomic_add_fetch(&t->charged, bytes, __ATOMIC_RELAXED);
+	} else {
+		t->r->derived_bytes -= bytes;
+		__atomic_sub_fetch(&t->charged, bytes, __ATOMIC_RELAXED);
+	}
+}
+
 /* The model entry an artifact or build was made for, if still there. */
 struct model_entry *
 derive_entry_of(struct derive_table *t, const char *name, uint64_t entry_id)
@@ -387,7 +399,7 @@ drop(struct derive_table *t, struct derived *a, const char *why)
 			*pp = a->next;
 			break;
 		}
-	t->r->derived_bytes -= derive_weight(g);
+	derive_count(t, derive_weight(g), 0);
 	t->stats.dropped++;
 	log_info("model \"%s\": derived \"%s\" of generation %" PRIu64 " dropped (%s)",
 		a->model_name, a->key, a->source, why);
@@ -900,7 +912,7 @@ derive_adopt(struct derive_table *t, struct model_entry *m, const struct derive_
 	a->next = t->artifacts;
 	t->artifacts = a;
 	s->gen->kept = 1;
-	t->r->derived_bytes += derive_weight(s->gen);
+	derive_count(t, derive_weight(s->gen), 1);
 	log_info("model \"%s\": derived \"%s\" of generation %" PRIu64 " taken back from the "
 		 "store (%" PRIu64 " bytes)", m->name, a->key, a->source, s->gen->bytes);
 	return 0;

@@ -181,6 +181,12 @@ struct derive_table {
 	/* 1: that limit is the machine's RAM, which holds a publication twice
 	 * while wcached copies it (the builder's memfd and wcached's copy). */
 	int mem_ram;
+	/* derived_bytes (registry.h) plus what the checks running have
+	 * reserved for their copies (derive_publish.c: check_reserve): the
+	 * memory wcached's artifacts take or are about to take, which the
+	 * checks' threads read and add to (__atomic); changed with
+	 * derived_bytes by derive_count. */
+	uint64_t charged;
 	struct derive_abandoned abandoned[DERIVE_ABANDONED];
 	struct derive_ended ended[DERIVE_ENDED_TOKENS];
 	unsigned next_ended;       /* the place the next one takes */

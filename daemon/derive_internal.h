@@ -73,6 +73,9 @@ uint64_t derive_now_ms(const struct derive_table *t);
 /* What artifact g weighs in derived_bytes (and so in memory_budget): its
  * memfd and the compiled index wcached keeps for it. */
 uint64_t derive_weight(const struct generation *g);
+/* Adds bytes to (add 1) or takes them from (add 0) derived_bytes and
+ * t->charged, on the loop. */
+void derive_count(struct derive_table *t, uint64_t bytes, int add);
 /* The model entry an artifact or build was made for, if still there. */
 struct model_entry *derive_entry_of(struct derive_table *t, const char *name, uint64_t entry_id);
 /* Whether a line a builder of uid caused may be logged now

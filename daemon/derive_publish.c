@@ -75,6 +75,8 @@ struct derive_check {
 	char label[WIRE_MAX_NAME + WIRE_MAX_KEY + 16];
 	int fd;                  /* the builder's memfd, then wcached's copy */
 	double copy_s;           /* how long copy_artifact took */
+	uint64_t reserved;       /* added to t->charged by check_reserve, taken
+				  * back by check_free (on the loop) */
 	int cancelled;           /* set on the loop (derive_check_cancel), read
 				  * by the copy between chunks: atomic */
 	/* What the check made: the source, its served descriptors and the
@@ -132,6 +134,10 @@ check_free(struct derive_check *c)
 		c->index != NULL ? c->src.index_len : 0, c->index_fd);
 	gen_close_files_in(c->t->r, c->owner, c->served, &c->src);
 	closer_close(c->t->closer, c->owner, c->fd);
+	/* Published, its weight is in derived_bytes and t->charged by now
+	 * (make_artifact); else the reservation was all there was. */
+	if (c->reserved != 0)
+		__atomic_sub_fetch(&c->t->charged, c->reserved, __ATOMIC_RELAXED);
 	free(c);
 }
 
@@ -174,6 +180,36 @@ over_bound(struct derive_check *c, uint64_t bytes, const char *what)
 	else
 		return 0;
 	return c->err = -EFBIG;
+}
+
+/* Reserves the memory c's copy of a memfd of size bytes takes in t->charged
+ * (twice the size where the limit in force is the RAM, which holds the
+ * builder's memfd too while it is copied): 0, or -ENOMEM with c->why when
+ * the artifacts wcached keeps, the copies of the other checks running and
+ * this one would pass that limit. The kernel charges wcached's copies to
+ * wcached's memory cgroup and cannot reclaim them without swap: past its
+ * limit the cgroup's OOM killer would kill wcached (review rev183 F1), and
+ * past the RAM the machine's would. Unheld artifacts count too (a
+ * memory_budget drops them only after a publication). */
+static int
+check_reserve(struct derive_check *c, uint64_t size)
+{
+	uint64_t need = c->limit_ram ? 2 * size : size, before;
+
+	if (c->limit == 0)
+		return 0;
+	before = __atomic_fetch_add(&c->t->charged, need, __ATOMIC_RELAXED);
+	c->reserved = need;
+	if (before + need <= c->limit)
+		return 0;
+	snprintf(c->why, sizeof(c->why), "wcached keeps or is copying %" PRIu64 " MiB of derived "
+		 "artifacts, and this one's %" PRIu64 " MiB%s would pass the memory limit in force "
+		 "(%" PRIu64 " MiB, %s), which its copy is charged to: no room for it now "
+		 "(`wcachectl drop NAME` takes back unheld artifacts; a memory_budget drops "
+		 "them as it needs)", before >> 20, size >> 20,
+		 c->limit_ram ? " twice (the builder's memfd and wcached's copy)" : "",
+		 c->limit >> 20, c->limit_source);
+	return c->err = -ENOMEM;
 }
 
 /* The head fd's reader would read and parse (the safetensors header, or a
@@ -401,6 +437,8 @@ check_run(struct workq_job *job)
 			 "before publishing");
 		return;
 	}
+	if (check_reserve(c, (uint64_t)st.st_size) < 0)
+		return;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	if ((fd = copy_artifact(c, c->fd, (uint64_t)st.st_size)) < 0)
 		return;
@@ -474,7 +512,7 @@ make_artifact(struct derive_table *t, struct derive_build *b, struct derive_chec
 	a->last_use = ++t->r->attach_seq;
 	a->next = t->artifacts;
 	t->artifacts = a;
-	t->r->derived_bytes += derive_weight(g);
+	derive_count(t, derive_weight(g), 1);
 	t->stats.published++;
 	t->stats.published_bytes += g->bytes;
 	*out = a;

@@ -5,13 +5,15 @@ status JSON's "fits" weighs them beside the models against the limit in
 force, and the log warns once when the ones workers hold alone take more
 than memory_budget (the budget evicts every model it may and is still
 exceeded)."""
+import os
 import re
 
 import pytest
 
 from conftest import Daemon, mkmodel
 from ctlutil import ctl, daemons, status
-from test_derived import DERIVE_CONF, Peer, publish_held, release, st_bytes
+from test_derived import (DERIVE_CONF, Peer, build, expect_error, memfd_with, publish_held,
+                          release, st_bytes)
 from test_memlimit import cgroup, make  # noqa: F401 (cgroup: the fixture, used by name)
 from test_regressions import ready
 from test_regressions import start  # noqa: F401 (the fixture, used by name)
@@ -92,3 +94,32 @@ def test_fits_counts_derived_artifacts_against_the_limit(in_cgroup, tmp_path, cg
             "kernel reclaims the models' pages") in out, out
     for rep in held:
         release(a, rep)
+
+
+def test_a_publication_past_the_limit_with_the_artifacts_kept_is_refused(in_cgroup, tmp_path,
+                                                                         cgroup):
+    """Review rev183 F1: wcached's copy of an artifact is charged to its own
+    memory cgroup, and without swap the kernel cannot reclaim it. In a 96 MiB
+    cgroup, two 40 MiB artifacts are kept (one held, one not); a third would
+    take 120 MiB: it is refused (ENOMEM) with one line naming what is kept and
+    the limit, and wcached goes on serving. Before, the third copy ran the
+    cgroup past its limit and its OOM killer killed wcached."""
+    set_limit = cgroup[4]
+    set_limit(96 * MiB)
+    d = in_cgroup({"small": (mkmodel(tmp_path / "small.safetensors"), DERIVE_CONF)}, "")
+    ready(d, "small")
+    blob = st_bytes({"w": ("U8", [40 * MiB], bytes(40 * MiB))})
+    a = Peer(d)
+    held = publish_held(a, "k0", blob)
+    release(a, publish_held(a, "k1", blob))
+    r = build(a, key="k2")
+    fd = memfd_with(blob)
+    a.publish(r["token"], fd)
+    os.close(fd)
+    text = expect_error(a.reply(), "ENOMEM", "small", "k2",
+                        "wcached keeps or is copying 80 MiB of derived artifacts, and this "
+                        "one's 40 MiB would pass the memory limit in force (96 MiB,")
+    assert "\n" not in text, text
+    assert d.proc.poll() is None, d.read_log()
+    assert status(d)["memory"]["derived_artifacts"] == 2
+    release(a, held)
