@@ -984,6 +984,67 @@ def test_expect_callable(derive_daemon):
                    expect=lambda state: all(v.dtype == np.float32 for v in state.values()))
 
 
+def derived_attached(d, key, model="small"):
+    """How many attaches wcached counts on model's artifact of key."""
+    r = subprocess.run([binary("wcachectl"), "--control", d.control, "--json", "status"],
+                       capture_output=True, text=True, timeout=60)
+    entry = [m for m in json.loads(r.stdout)["models"] if m["name"] == model]
+    return [x["attached"] for x in entry[0].get("derived") or () if x["key"] == key]
+
+
+def released(d, key, model="small"):
+    """Waits (a few seconds) until wcached counts no attach of model's
+    artifact of key."""
+    wait_until(lambda: derived_attached(d, key, model) == [0], timeout=5,
+               what=f"{model} [{key}] released")
+
+
+def test_expect_checks_names_before_converting_the_artifact(derive_daemon):
+    """The mapping form of expect is checked on the artifact's index before
+    the state is made: an artifact published under the key with a BF16
+    tensor the caller does not name, asked for with framework="np" (numpy
+    has no bfloat16), raises DerivedMismatch naming the tensor that
+    differs. Before, derived() converted the whole artifact first and
+    raised TypeError ("numpy has no bfloat16"), never checking expect, with
+    the artifact still attached while the caller held the exception
+    (review rev183 F2). After the mismatch the artifact is released."""
+    wcache.derived("small", "bf16-extra-v1",
+                   lambda s: {"w": next(iter(s.values())).float(),
+                              "x": next(iter(s.values()))})
+    released(derive_daemon, "bf16-extra-v1")
+    calls = []
+    with pytest.raises(wcache.DerivedMismatch, match=re.escape(
+            "tensor 'w': expected I8 of any shape, found F32")) as e:
+        wcache.derived("small", "bf16-extra-v1", counting(quantize_int8, calls),
+                       framework="np", expect={"w": ("I8", None)})
+    assert not calls
+    assert "model 'small', key 'bf16-extra-v1'" in str(e.value), e.value
+    released(derive_daemon, "bf16-extra-v1")  # the caller holds the exception
+    # Names that match pass the mapping check; numpy's own limit is what
+    # is left to raise then, and the artifact is released the same way.
+    with pytest.raises(TypeError, match="numpy has no bfloat16") as t:
+        wcache.derived("small", "bf16-extra-v1", quantize_int8, framework="np",
+                       expect={"w": ("F32", None)})
+    assert "tensor 'x' is BF16" in str(t.value), t.value
+    released(derive_daemon, "bf16-extra-v1")
+
+
+def test_a_failing_callable_expect_releases_the_artifact(derive_daemon):
+    """A callable expect that raises is chained to DerivedMismatch, but its
+    frame (which holds the state it was given: views of the artifact) is
+    not kept with it: the artifact is released while the caller holds the
+    exception (review rev183 F2, minor)."""
+    wcache.derived("wide", "held-v1", lambda s: {k: -v for k, v in s.items()},
+                   framework="np")
+
+    def picky(state):
+        assert not state, "not empty"
+    with pytest.raises(wcache.DerivedMismatch, match="picky.*raised AssertionError") as e:
+        wcache.derived("wide", "held-v1", quantize_int8, framework="np", expect=picky)
+    assert isinstance(e.value.__cause__, AssertionError)
+    released(derive_daemon, "held-v1", "wide")  # the caller holds the exception
+
+
 def test_a_build_that_fails_its_own_expect_is_not_published(derive_daemon):
     """In the builder, expect is checked on build's result before it is
     published: one that fails is abandoned (the next call builds again),

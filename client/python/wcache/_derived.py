@@ -51,6 +51,7 @@ import os
 import re
 import sys
 import threading
+import traceback
 import warnings
 import weakref
 from collections.abc import Mapping
@@ -535,7 +536,12 @@ class _Expect:
         when the result passes. found(name): (safetensors dtype, shape) of
         the result's tensor name, None without one; names(): the result's
         tensor names (for the message); state(): the {name: tensor} the
-        callable is given."""
+        callable is given (called only when the mapping passes)."""
+        return self.tensors_mismatch(found, names) or self.state_mismatch(state)
+
+    def tensors_mismatch(self, found, names):
+        """mismatch() of the mapping form alone: it needs only the names,
+        dtypes and shapes (an attached artifact's index), not the tensors."""
         for name, dtype, shape in self.tensors or ():
             got = found(name)
             if got is None:
@@ -547,16 +553,38 @@ class _Expect:
                     (shape is not None and tuple(got[1]) != shape):
                 return (f"tensor {name!r}: expected {_spelled(dtype, shape)}, found "
                         f"{_spelled(*got)}", None)
+        return None
+
+    def state_mismatch(self, state):
+        """mismatch() of the callable form alone; state() is called only
+        when there is one. The exception it raised is kept (chained to
+        DerivedMismatch) without the locals of its frames: the callable's
+        own held the state, which would stay alive (the artifact mapped, a
+        builder's private result with it) while the caller holds the
+        exception (review rev183 F2)."""
         if self.fn is None:
             return None
         what = getattr(self.fn, "__qualname__", None) or repr(self.fn)
         try:
             ok = self.fn(state())
         except Exception as e:
+            _forget_locals(e.__traceback__.tb_next)  # this frame runs yet
             return f"expect {what}(state) raised {type(e).__name__}: {e}", e
         if ok is not None and not ok:
             return f"expect {what}(state) returned {ok!r}", None
         return None
+
+
+def _forget_locals(tb):
+    """Drops the locals of the (finished) frames of traceback tb, which an
+    exception the caller holds keeps alive, the lines kept for its report:
+    frame.clear(), and the dict a locals() call filled (pytest's rewritten
+    assert calls it), which Python 3.11's clear() leaves (reading f_locals
+    again empties it)."""
+    traceback.clear_frames(tb)
+    while tb is not None:
+        tb.tb_frame.f_locals
+        tb = tb.tb_next
 
 
 def _entries_mismatch(expect, entries):
@@ -854,8 +882,10 @@ def derived(name, key, build, framework="pt", socket=None, timeout=None, device=
     a numpy dtype; shape a sequence of sizes; either None for any; the
     tensors it does not name are not checked), or a callable(state) that
     returns False or raises on a mismatch. It is checked on the attached
-    artifact, and in the process that builds on build's result before it
-    is published (so one that fails is abandoned, not shared). A mismatch
+    artifact (a mapping on its index, before any tensor is made or copied
+    to the device), and in the process that builds on build's result
+    before it is published (so one that fails is abandoned, not shared).
+    The artifact is released on a mismatch or any other error. A mismatch
     raises DerivedMismatch (a WcacheError and a ValueError) naming the
     model, the key, the first tensor that differs, what was expected and
     what was found; attached, it says the key may hold another transform's
@@ -900,15 +930,32 @@ def derived(name, key, build, framework="pt", socket=None, timeout=None, device=
         _give_back(where, client)
     if why is not None:
         return _moved(_local(target, key, build, fw, why, expect), dev)
-    if dev is not None:
-        state = to_device(model, model.keys(), dev, model.torch)
-    else:
-        state = model.state_dict(fw)
-    failed = None if built or not expect else \
-        expect.mismatch(lambda n: _info(model, n), model.keys, lambda: state)
+    # The mapping form first, on the artifact's index: an artifact of
+    # another transform is refused before it is converted or copied to the
+    # device (where a tensor of a dtype the framework has no type for, or
+    # the device's memory, would raise something else than DerivedMismatch;
+    # review rev183 F2). The model is closed on every way out but the
+    # result: not mapped while the caller holds the exception.
+    checking = expect and not built
+    state = None
+    try:
+        failed = expect.tensors_mismatch(lambda n: _info(model, n), model.keys) \
+            if checking else None
+        if failed is None:
+            if dev is not None:
+                state = to_device(model, model.keys(), dev, model.torch)
+            else:
+                state = model.state_dict(fw)
+            if checking:
+                failed = expect.state_mismatch(lambda: state)
+    except BaseException as e:
+        state = None
+        model.close()
+        _forget_locals(e.__traceback__.tb_next)  # what they made of the artifact
+        raise
     if failed is not None:
-        del state
-        model.close()  # not mapped while the caller holds the exception
+        state = None
+        model.close()
         raise DerivedMismatch(
             errno.EBADMSG, f"model {target!r}, key {key!r}: the artifact wcached serves is "
             f"not what expect= says: {failed[0]}; the key is the artifact's whole identity, "
