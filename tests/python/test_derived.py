@@ -1045,6 +1045,29 @@ def test_a_failing_callable_expect_releases_the_artifact(derive_daemon):
     released(derive_daemon, "held-v1", "wide")  # the caller holds the exception
 
 
+def test_a_failing_callable_expect_frees_the_builders_result(derive_daemon):
+    """In the builder, a callable expect that raises kept build's private
+    result alive (its frame held the state it was given) for as long as
+    the caller held the exception, though the build was abandoned (review
+    rev183 F2, minor); now the result is freed."""
+    import gc
+    import weakref
+    refs = []
+
+    def build(src):
+        out = {k: np.ascontiguousarray(v * 2) for k, v in src.items()}
+        refs.extend(weakref.ref(v) for v in out.values())
+        return out
+
+    def picky(state):
+        assert not state, "not empty"
+    with pytest.raises(wcache.DerivedMismatch, match="picky.*raised AssertionError") as e:
+        wcache.derived("wide", "picky-v1", build, framework="np", expect=picky)
+    gc.collect()
+    kept = sum(r() is not None for r in refs)
+    assert refs and not kept, f"{kept} of build's {len(refs)} tensors kept by {e.value!r}"
+
+
 def test_a_build_that_fails_its_own_expect_is_not_published(derive_daemon):
     """In the builder, expect is checked on build's result before it is
     published: one that fails is abandoned (the next call builds again),
