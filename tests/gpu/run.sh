@@ -33,9 +33,9 @@
 # and PCIe link (current, as idle, and max), whether the device supports
 # read-only host registration, the work directory's filesystem, free memory and disk, and the commit and
 # C sources a carried tree was made from (MANIFEST) against this tree's,
-# with a WARNING where they differ. nvidia-smi (20 s), the CUDA check (the
-# first import of torch: 120 s, then once more for 60 s where that timed
-# out) and host-info (60 s) have limits too: a driver that stalls there
+# with a WARNING where they differ. nvidia-smi (20 s, NVIDIA_SMI_TIMEOUT),
+# the CUDA check (the first import of torch: 120 s, then once more for 60 s
+# where that timed out) and host-info (60 s) have limits too: a driver that stalls there
 # costs the run its measurements, not its report. Where the work
 # directory lacks room for the model (2.3x --gib GiB, and 3 GiB for the
 # Llama), the check works in /dev/shm, else with a smaller model, and says so.
@@ -57,8 +57,8 @@
 # kernel) is ABANDONED, left running, 8 s after its limit. A failed step
 # (making the model too) is listed at the end.
 # Environment: PYTHON (default python3), STEP_TIMEOUT, MAKE_TIMEOUT,
-# RUN_BUDGET, CUDA_CHECK_TIMEOUT, WCACHE_BUILD (a prebuilt tree, as
-# --build), OUT.
+# RUN_BUDGET, CUDA_CHECK_TIMEOUT, NVIDIA_SMI_TIMEOUT, WCACHE_BUILD (a
+# prebuilt tree, as --build), OUT.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -67,6 +67,7 @@ py=${PYTHON:-python3}
 step_timeout=${STEP_TIMEOUT:-120}
 make_timeout=${MAKE_TIMEOUT:-240} # writing GiBs of model, not a copy into the device
 run_budget=${RUN_BUDGET:-420}
+smi_timeout=${NVIDIA_SMI_TIMEOUT:-20}
 cpu=0 gib=8 build="" work="" keep=0
 while [ $# -gt 0 ]; do
 	case "$1" in
@@ -306,7 +307,7 @@ if command -v nvidia-smi >/dev/null 2>&1; then
 	# The current link is an idle GPU's, which lowers it to save power
 	# (often Gen 1): the max is what the slot and GPU can do, and the
 	# pinned row reads the current link again while it copies.
-	{ timeout -k 5 20 nvidia-smi --query-gpu=driver_version,pcie.link.gen.current,pcie.link.width.current,pcie.link.gen.max,pcie.link.width.max --format=csv 2>&1 ||
+	{ timeout -k 5 "$smi_timeout" nvidia-smi --query-gpu=driver_version,pcie.link.gen.current,pcie.link.width.current,pcie.link.gen.max,pcie.link.width.max --format=csv 2>&1 ||
 		echo "failed or timed out (exit $?)"; } | sed 's/^/nvidia-smi: /' >&2
 	echo "nvidia-smi: (current = idle, often lower; the pinned row reads it while copying)" >&2
 else

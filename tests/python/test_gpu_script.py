@@ -164,7 +164,7 @@ def test_package_versions_say_what_is_there():
         f"no-such-dist-y absent", got
 
 
-def test_llama_load_without_accelerate(tmp_path):
+def test_llama_load_without_accelerate(tmp_path, tiny_llama):
     """transformers without accelerate refuses device_map=: the load runs on
     the CPU, then .to(device), and says so; with WCACHE_HOST_REGISTER=1 the
     handles' closes (which undo their registrations) wait until .to() has
@@ -176,10 +176,7 @@ def test_llama_load_without_accelerate(tmp_path):
         STANDIN_NO_ACCELERATE="1", WCACHE_SAFETENSORS="1", WCACHE_HOST_REGISTER="1")
     env.pop("WCACHE_SOCKET", None)
     bench = [sys.executable, os.path.join(REPO, "tests", "gpu", "gpubench.py"), "--cpu"]
-    llama, results = tmp_path / "llama", tmp_path / "results.jsonl"
-    llama.mkdir()
-    subprocess.run(bench + ["llama-make", "--dir", str(llama), "--tiny"], env=env, check=True,
-                   capture_output=True, timeout=120)
+    llama, results = tiny_llama, tmp_path / "results.jsonl"
     for mode in ("plain", "wcache_hostreg"):
         r = subprocess.run(bench + ["llama-load", "--dir", str(llama), "--mode", mode, "--out",
                                     str(tmp_path / f"{mode}.pt"), "--results", str(results)],
@@ -217,15 +214,19 @@ def test_layout_is_at_least_the_size_asked():
 
 SAFETENSORS = '''
 """A stand-in for safetensors (tests/python/test_gpu_script.py): reads the
-file's bytes with Python, as upstream's interface."""
+file's bytes with Python, as upstream's interface. Like upstream's, it
+imports torch only where a tensor is made (safetensors.torch, get_tensor),
+so that run.sh's `importable safetensors` starts no torch."""
 import json
 import struct
 
-import torch as _torch  # the name "torch" becomes the submodule safetensors.torch
 
-DTYPES = {"BF16": _torch.bfloat16, "F16": _torch.float16, "F32": _torch.float32,
-          "F64": _torch.float64, "I64": _torch.int64, "I32": _torch.int32,
-          "I16": _torch.int16, "I8": _torch.int8, "U8": _torch.uint8, "BOOL": _torch.bool}
+def dtypes():
+    """The safetensors dtype names' torch dtypes."""
+    import torch
+    return {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32,
+            "F64": torch.float64, "I64": torch.int64, "I32": torch.int32,
+            "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool}
 
 
 class SafetensorError(Exception):
@@ -259,11 +260,12 @@ class safe_open:
         return self.meta
 
     def get_tensor(self, name):
+        import torch
         h = self.header[name]
         a, b = h["data_offsets"]
-        dtype = DTYPES[h["dtype"]]
-        t = _torch.frombuffer(bytearray(self.data[a:b]), dtype=dtype) if b > a else \\
-            _torch.empty(0, dtype=dtype)
+        dtype = dtypes()[h["dtype"]]
+        t = torch.frombuffer(bytearray(self.data[a:b]), dtype=dtype) if b > a else \\
+            torch.empty(0, dtype=dtype)
         return t.reshape(h["shape"]).to(self.device)
 
     def get_slice(self, name):
@@ -282,7 +284,7 @@ import struct
 
 import torch
 
-from safetensors import DTYPES, safe_open
+from safetensors import dtypes, safe_open
 
 
 def load_file(filename, device="cpu"):
@@ -291,7 +293,7 @@ def load_file(filename, device="cpu"):
 
 
 def save_file(tensors, filename, metadata=None):
-    names = {v: k for k, v in DTYPES.items()}
+    names = {v: k for k, v in dtypes().items()}
     header, blobs, off = {}, [], 0
     if metadata is not None:
         header["__metadata__"] = metadata
@@ -308,8 +310,22 @@ def save_file(tensors, filename, metadata=None):
 '''
 
 TRANSFORMERS = '''
-"""A stand-in for transformers 5 (tests/python/test_gpu_script.py): a small
-Llama-shaped model, save_pretrained in safetensors shards, and
+"""A stand-in for transformers 5 (tests/python/test_gpu_script.py). Like
+transformers' lazy module, importing it imports nothing else: its names
+come from transformers.modeling (torch, and safetensors' safe_open, with
+them) on first use."""
+
+
+def __getattr__(name):
+    if name in ("AutoModelForCausalLM", "LlamaForCausalLM", "LlamaConfig"):
+        from transformers import modeling
+        return getattr(modeling, name)
+    raise AttributeError(f"module 'transformers' has no attribute {name!r}")
+'''
+
+TRANSFORMERS_MODELING = '''
+"""The stand-in transformers' model code (tests/python/test_gpu_script.py):
+a small Llama-shaped model, save_pretrained in safetensors shards, and
 from_pretrained(device_map=, dtype=) that loads the shards as transformers
 5 does (core_model_loading.py)."""
 import json
@@ -421,7 +437,8 @@ def standins(directory):
     """Writes the stand-in packages (see the module comment) into directory."""
     for rel, text in (("safetensors/__init__.py", SAFETENSORS),
                       ("safetensors/torch.py", SAFETENSORS_TORCH),
-                      ("transformers/__init__.py", TRANSFORMERS)):
+                      ("transformers/__init__.py", TRANSFORMERS),
+                      ("transformers/modeling.py", TRANSFORMERS_MODELING)):
         path = directory / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(text).lstrip())
@@ -445,7 +462,32 @@ def without_transformers(directory, env):
     return env
 
 
-def test_register_threads_tells_parallel_from_serial(tmp_path):
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory):
+    """gpubench gen's 0.01 GiB model.safetensors, made once for the tests
+    that only read it (a start of Python each, saved)."""
+    model_dir = tmp_path_factory.mktemp("model")
+    subprocess.run([sys.executable, os.path.join(REPO, "tests", "gpu", "gpubench.py"), "gen",
+                    "--dir", str(model_dir), "--gib", "0.01"], check=True, capture_output=True,
+                   timeout=120)
+    return model_dir / "model.safetensors"
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    """The directory of gpubench llama-make --tiny's Llama (the stand-in
+    transformers' shards), made once for the tests that only load it (a
+    start of Python with torch each, saved)."""
+    llama = tmp_path_factory.mktemp("llama")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [standins(tmp_path_factory.mktemp("standins")), os.path.join(REPO, "client", "python")]))
+    subprocess.run([sys.executable, os.path.join(REPO, "tests", "gpu", "gpubench.py"), "--cpu",
+                    "llama-make", "--dir", str(llama), "--tiny"], env=env, check=True,
+                   capture_output=True, timeout=120)
+    return llama
+
+
+def test_register_threads_tells_parallel_from_serial(tmp_path, small_model):
     """register-threads on the CPU backend with a registration that takes
     100 ms (GPUBENCH_PIN_DELAY): 4 threads about 4x faster than 1 where
     registrations run at once, about 1x where the "driver" takes one at a
@@ -454,12 +496,8 @@ def test_register_threads_tells_parallel_from_serial(tmp_path):
     nothing registered (the command checks the CPU backend's registry).
     And a get_tensor loop registering shared views, one per tensor."""
     import json
-    model_dir = tmp_path / "model"
-    model_dir.mkdir()
     gb = [sys.executable, os.path.join(REPO, "tests", "gpu", "gpubench.py")]
-    subprocess.run(gb + ["gen", "--dir", str(model_dir), "--gib", "0.01"], check=True,
-                   capture_output=True, timeout=120)
-    model = str(model_dir / "model.safetensors")
+    model = str(small_model)
     base = dict(os.environ)
     for name in ("WCACHE_SOCKET", "GPUBENCH_PIN_DELAY", "GPUBENCH_PIN_SERIAL",
                  "GPUBENCH_SHARED_VIEWS", "GPUBENCH_REFUSE"):
@@ -533,7 +571,7 @@ def _bench_row(tmp_path, model, env, driver=None):
     return json.loads(results.read_text())
 
 
-def test_page_cache_target_fails_when_registration_copies(tmp_path):
+def test_page_cache_target_fails_when_registration_copies(tmp_path, small_model):
     """The new path's "registration left the page cache shared" reads the
     ranges registered, while registered, so it can fail. GPUBENCH_COW=1
     makes the CPU backend's registration copy each page where the mapping
@@ -544,13 +582,10 @@ def test_page_cache_target_fails_when_registration_copies(tmp_path):
       cannot be copied on write, PASS;
     - views made private (a regression of _sharedview): copied, MISS. The
       check before this one read the model's own mapping after the copy,
-      which the engine does not register on CUDA: it passed here."""
-    model_dir = tmp_path / "model"
-    model_dir.mkdir()
-    gb = [sys.executable, os.path.join(REPO, "tests", "gpu", "gpubench.py")]
-    subprocess.run(gb + ["gen", "--dir", str(model_dir), "--gib", "0.01"], check=True,
-                   capture_output=True, timeout=120)
-    model = model_dir / "model.safetensors"
+      which the engine does not register on CUDA: it passed here. (The
+      mapping copied is the process's own: the shared model's file is as
+      it was.)"""
+    model = small_model
     env = dict(os.environ, GPUBENCH_COW="1")
     env.pop("WCACHE_SOCKET", None)
 
@@ -573,7 +608,7 @@ def test_page_cache_target_fails_when_registration_copies(tmp_path):
     assert verdict(row) == "MISS"
 
 
-def test_llama_load_through_the_pth(tmp_path):
+def test_llama_load_through_the_pth(tmp_path, tiny_llama):
     """The WCACHE_SAFETENSORS=1 load goes through the import hook of the
     package's wcache-safetensors.pth (gpubench --site: a directory with it,
     processed as site-packages are), not through wcache.install(): without
@@ -590,10 +625,7 @@ def test_llama_load_through_the_pth(tmp_path):
     for name in ("WCACHE_SOCKET", "WCACHE_SAFETENSORS", "WCACHE_HOST_REGISTER"):
         env.pop(name, None)
     bench = [sys.executable, os.path.join(REPO, "tests", "gpu", "gpubench.py"), "--cpu"]
-    llama, results = tmp_path / "llama", tmp_path / "results.jsonl"
-    llama.mkdir()
-    subprocess.run(bench + ["llama-make", "--dir", str(llama), "--tiny"], env=env, check=True,
-                   capture_output=True, timeout=120)
+    llama, results = tiny_llama, tmp_path / "results.jsonl"
 
     def load(mode, site_args, **more):
         return subprocess.run(bench + site_args + [

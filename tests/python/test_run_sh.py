@@ -23,8 +23,6 @@ from test_gpu_script import REPO, gpubench, standins, without_transformers
 def test_run_sh_cpu_mode(tmp_path):
     out_dir = tmp_path / "out"  # the device tool's $OUT
     out_dir.mkdir()
-    # GPUBENCH_PIN_DELAY: each registration on the CPU backend takes 5 ms,
-    # the GIL let go, so that the registration row has times to compare.
     # A stand-in nvidia-smi: the header's query (an idle GPU's link, and
     # the max), and the pinned row's while it copies.
     bin_dir = tmp_path / "bin"
@@ -34,18 +32,23 @@ def test_run_sh_cpu_mode(tmp_path):
         "*) sleep 0.3; echo '5, 16' ;;\nesac\n")
     (bin_dir / "nvidia-smi").chmod(0o755)
     # A stand-in interpreter that notes what the Llama loads have of the
-    # variables that keep transformers off the network.
+    # variables that keep transformers off the network, and gives
+    # register-threads GPUBENCH_PIN_DELAY: each registration on the CPU
+    # backend takes 5 ms, the GIL let go, so that the registration row has
+    # times to compare (that step alone: the others need not wait, the
+    # get_tensor loop's 193 registrations a load among them).
     offline = tmp_path / "offline"
     wrapper = tmp_path / "python"
     wrapper.write_text(f"#!/bin/sh\ncase \"$*\" in *llama-load*)\n"
                        f"\techo \"$HF_HUB_OFFLINE $TRANSFORMERS_OFFLINE "
-                       f"$HF_HUB_DISABLE_TELEMETRY\" >>{offline} ;;\nesac\n"
+                       f"$HF_HUB_DISABLE_TELEMETRY\" >>{offline} ;;\n"
+                       f"*' register-threads '*) export GPUBENCH_PIN_DELAY=0.005 ;;\nesac\n"
                        f"exec {sys.executable} \"$@\"\n")
     wrapper.chmod(0o755)
     env = dict(os.environ, PYTHON=str(wrapper), STEP_TIMEOUT="120", OUT=str(out_dir),
-               PYTHONPATH=standins(tmp_path / "standins"), GPUBENCH_PIN_DELAY="0.005",
-               PATH=f"{bin_dir}:{os.environ['PATH']}")
-    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY"):
+               PYTHONPATH=standins(tmp_path / "standins"), PATH=f"{bin_dir}:{os.environ['PATH']}")
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY",
+                 "GPUBENCH_PIN_DELAY"):
         env.pop(name, None)
     work = tmp_path / "work"
     r = subprocess.run([os.path.join(REPO, "tests", "gpu", "run.sh"), "--cpu", "--gib", "0.02",
@@ -198,19 +201,34 @@ def _run_small(tmp_path, env, timeout=600):
     return r, r.stdout + r.stderr, time.monotonic() - t0
 
 
-def test_run_sh_reports_a_failed_step_and_goes_on(tmp_path):
-    """A measurement that fails is named at the end, after the report of
-    the others, and the script exits 1. (Three measurements before it
-    succeed without measuring: their rows are skipped, which saves three
-    starts of Python with torch; test_run_sh_cpu_mode runs them.)"""
+def _python(tmp_path, arms=""):
+    """A stand-in interpreter for run.sh (its PYTHON): the command lines
+    that match one of arms (sh `case` arms, each ending in ;;) do what it
+    says; host-info, which only prints the header's lines (a start of
+    Python with torch, which test_run_sh_cpu_mode checks), succeeds at
+    once; every other runs Python. For the tests whose steps after it
+    do not read the header."""
     wrapper = tmp_path / "python"
-    wrapper.write_text(f"#!/bin/sh\ncase \"$*\" in *wcache_staging*) exit 3 ;;\n"
-                       f"*'--method pinned '*|*'--method torch_load '*|"
-                       f"*'--method wcache_tensor '*|*'--method wcache_get_tensor '*|"
-                       f"*' register-threads '*) exit 0 ;;\nesac\n"
+    wrapper.write_text(f"#!/bin/sh\ncase \"$*\" in {arms}\n*' host-info'*) exit 0 ;;\nesac\n"
                        f"exec {sys.executable} \"$@\"\n")
     wrapper.chmod(0o755)
-    env = without_transformers(tmp_path / "hide", dict(os.environ, PYTHON=str(wrapper),
+    return str(wrapper)
+
+
+def test_run_sh_reports_a_failed_step_and_goes_on(tmp_path):
+    """A measurement that fails is named at the end, after the report of
+    the others, and the script exits 1. One measurement before it (the
+    new path) measures; the others before and after it, the 4 processes
+    among them, and host-info succeed without measuring (their rows are
+    skipped, which saves starts of Python with torch: test_run_sh_cpu_mode
+    runs them). That the run went on past the failed step is read from
+    the steps after it, which ran and succeeded (the 4 processes' row,
+    which this test read for that, now comes before the failed step)."""
+    wrapper = _python(tmp_path, "*wcache_staging*) exit 3 ;;\n"
+                      "*'--method pinned '*|*'--method torch_load '*|"
+                      "*'--method wcache_tensor '*|*'--method wcache_get_tensor '*|"
+                      "*' register-threads '*|*' concurrent '*) exit 0 ;;")
+    env = without_transformers(tmp_path / "hide", dict(os.environ, PYTHON=wrapper,
                                                        STEP_TIMEOUT="120"))
     r, out, _ = _run_small(tmp_path, env)
     assert r.returncode == 1, out
@@ -219,7 +237,12 @@ def test_run_sh_reports_a_failed_step_and_goes_on(tmp_path):
     assert "FAILED step: wcache, 4" not in r.stdout
     lines = {x[:44].strip(): x[44:].split() for x in r.stdout.splitlines() if len(x) > 44}
     assert lines["wcache, new path, staging forced"] == ["skipped"]
-    assert float(lines["wcache, new path, 4 processes together"][0]) > 0  # the run went on
+    assert float(lines["wcache, new path"][0]) > 0  # the others' report
+    said = [x for x in r.stderr.splitlines() if x.startswith("== ")]
+    at = said.index("== wcache, new path, staging forced: FAILED (exit 3)")
+    went_on = [x.split(": ")[0] for x in said[at + 1:] if x.endswith(" s")]
+    assert "== get_tensor loop, wcache" in went_on and \
+        "== registration, 1 thread vs 4" in went_on, said
 
 
 def test_concurrent_fit_on_an_h100():
@@ -239,20 +262,18 @@ def test_run_sh_runs_the_processes_that_fit_the_device(tmp_path):
     where not even 2 fit, the step is skipped and the judge line is n/a
     with the reason. Before, 4 ran whatever the device had: on an H100
     with --gib above ~17 they would run out of device memory mid-run.
-    (The rows that have nothing to do with it succeed without measuring.)"""
-    wrapper = tmp_path / "python"
-    wrapper.write_text(f"#!/bin/sh\ncase \"$*\" in "
-                       f"*'--method torch_load '*|*'--method wcache_tensor '*|"
-                       f"*'--method wcache_staging '*|*'--method upstream'*|"
-                       f"*'--method wcache_get_tensor '*|*' register-threads '*) exit 0 ;;\n"
-                       f"esac\nexec {sys.executable} \"$@\"\n")
-    wrapper.chmod(0o755)
+    (The rows that have nothing to do with it, the new path's among them,
+    and host-info succeed without measuring; the pinned row is the limit
+    the judge line compares with.)"""
+    wrapper = _python(tmp_path, "*'--method torch_load '*|*'--method wcache_tensor '*|"
+                      "*'--method wcache '*|*'--method wcache_staging '*|*'--method upstream'*|"
+                      "*'--method wcache_get_tensor '*|*' register-threads '*) exit 0 ;;")
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     model_bytes = gpubench.layout_bytes(gpubench.layout(int(0.01 * (1 << 30))))
     each = gpubench.loader_bytes(model_bytes, gpubench.CPU_LOADER_OVERHEAD)
     env = without_transformers(tmp_path / "hide", dict(
-        os.environ, PYTHON=str(wrapper), STEP_TIMEOUT="120", OUT=str(out_dir),
+        os.environ, PYTHON=wrapper, STEP_TIMEOUT="120", OUT=str(out_dir),
         GPUBENCH_TEST_DEVICE_FREE=str(int(3.5 * each))))
     t0 = time.monotonic()
     r = subprocess.run([os.path.join(REPO, "tests", "gpu", "run.sh"), "--cpu", "--gib", "0.01",
@@ -304,13 +325,10 @@ def test_run_sh_goes_on_without_a_model(tmp_path):
     nor the report."""
     if not os.access("/dev/shm", os.W_OK):
         pytest.skip("no /dev/shm to move to")
-    wrapper = tmp_path / "python"
-    wrapper.write_text(f"#!/bin/sh\ncase \"$*\" in *' gen '*) exit 3 ;; esac\n"
-                       f"exec {sys.executable} \"$@\"\n")
-    wrapper.chmod(0o755)
+    wrapper = _python(tmp_path, "*' gen '*) exit 3 ;;")
     before = set(os.listdir("/dev/shm"))
     env = without_transformers(tmp_path / "hide", dict(
-        os.environ, PYTHON=str(wrapper), STEP_TIMEOUT="120", WORK_FREE_GIB="0.01"))
+        os.environ, PYTHON=wrapper, STEP_TIMEOUT="120", WORK_FREE_GIB="0.01"))
     env.pop("OUT", None)
     r, out, _ = _run_small(tmp_path, env)
     assert r.returncode == 1, out
@@ -379,7 +397,7 @@ def test_run_sh_leaves_a_step_that_cannot_be_killed(tmp_path):
                     f"exec {real} \"$@\"\n")
     fake.chmod(0o755)
     env = without_transformers(tmp_path / "hide", dict(
-        os.environ, PYTHON=sys.executable, MAKE_TIMEOUT="2",
+        os.environ, PYTHON=_python(tmp_path), MAKE_TIMEOUT="2",
         PATH=f"{bin_dir}:{os.environ['PATH']}"))
     try:
         try:
@@ -428,7 +446,7 @@ def test_run_sh_interrupted_ends_its_step(tmp_path):
                                      f"\techo $$ >{step_pid}; exec sleep 100000 ;;\nesac\n"
                                      f"exec {real} \"$@\"\n")
     (bin_dir / "timeout").chmod(0o755)
-    env = dict(os.environ, PYTHON=sys.executable, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    env = dict(os.environ, PYTHON=_python(tmp_path), PATH=f"{bin_dir}:{os.environ['PATH']}")
     for sig in (signal.SIGTERM, signal.SIGINT):
         step_pid.unlink(missing_ok=True)
         with open(tmp_path / "err", "w+") as err:
@@ -491,7 +509,9 @@ def test_run_sh_reports_past_a_hung_driver(tmp_path):
     context) are where a fresh machine is likeliest to stall: each has a
     limit, so the run goes on and the report prints within RUN_BUDGET.
     Here nvidia-smi and host-info hang (a stand-in nvidia-smi on PATH, a
-    stand-in interpreter); before, the run hung with them, no report."""
+    stand-in interpreter); before, the run hung with them, no report.
+    nvidia-smi's limit is NVIDIA_SMI_TIMEOUT=3 here (20 s by default: the
+    test waited it out)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nexec sleep 1000\n")
@@ -500,9 +520,12 @@ def test_run_sh_reports_past_a_hung_driver(tmp_path):
     wrapper.write_text(f"#!/bin/sh\ncase \"$*\" in *' host-info'*) exec sleep 1000 ;; esac\n"
                        f"exec {sys.executable} \"$@\"\n")
     wrapper.chmod(0o755)
-    budget = 40  # nvidia-smi's 20 s, then host-info cut 10 s before the end
+    # nvidia-smi's 3 s, then host-info, which starts with at least the 15 s
+    # a step needs left (room, nvidia-smi and the header take under 12 s
+    # on a loaded machine), cut 10 s before the end
+    budget = 30
     env = without_transformers(tmp_path / "hide", dict(
-        os.environ, PYTHON=str(wrapper), RUN_BUDGET=str(budget),
+        os.environ, PYTHON=str(wrapper), RUN_BUDGET=str(budget), NVIDIA_SMI_TIMEOUT="3",
         PATH=f"{bin_dir}:{os.environ['PATH']}"))
     r, out, took = _run_small(tmp_path, env, timeout=budget + 60)
     assert r.returncode == 1, out
@@ -516,7 +539,7 @@ def test_run_sh_without_a_cuda_device(tmp_path):
     """Without --cpu on a host where torch sees no CUDA device, the check
     says so as a failed step, skips every measurement and still prints
     the report (it exited at the assertion before, with no report)."""
-    env = without_transformers(tmp_path / "hide", dict(os.environ, PYTHON=sys.executable))
+    env = without_transformers(tmp_path / "hide", dict(os.environ, PYTHON=_python(tmp_path)))
     env.pop("GPUBENCH_CPU", None)
     t0 = time.monotonic()
     r = subprocess.run([os.path.join(REPO, "tests", "gpu", "run.sh"), "--gib", "0.01",

@@ -14,6 +14,25 @@ import pytest
 from test_gpu_script import REPO, standins, without_transformers
 
 
+def _python(path, arms):
+    """A stand-in interpreter for run.sh (its PYTHON) at path: the command
+    lines that match one of arms (sh `case` arms) do what it says, every
+    other runs Python."""
+    path.write_text(f"#!/bin/sh\ncase \"$*\" in\n{arms}\nesac\nexec {sys.executable} \"$@\"\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+# The steps of a --cpu run that neither start wcached nor load through
+# libwcache, the 4 processes and the informational rows (which load as
+# the new path does): they succeed at once without running, where a test
+# is about the tree run.sh uses, not about them (test_run_sh_cpu_mode and
+# test_run_sh_without_a_wcache_that_starts run them).
+NOT_THE_TREE = ("*' host-info'*|*'--method pinned '*|*'--method torch_load '*|*' concurrent '*|"
+                "*'--method wcache_staging '*|*'--method wcache_get_tensor '*|"
+                "*' register-threads '*) exit 0 ;;")
+
+
 def _unshare_mount():
     """The command that runs a shell in a private mount namespace here
     (root: unshare -m; else a user namespace too), or None."""
@@ -29,8 +48,13 @@ def test_run_sh_on_a_host_without_our_libraries(tmp_path):
     """A GPU host has Python and torch but not Debian's libuv and inih.
     Here they are hidden (/dev/null bound over them in a private mount
     namespace): build/ then does not start, and run.sh says so and how to
-    mend it; the tree scripts/gpu-carry.sh makes runs the whole --cpu
-    check there."""
+    mend it, failing the steps that need wcache and running the others
+    (here each succeeds at once: what is said of build/ is run.sh's, and
+    test_run_sh_without_a_wcache_that_starts runs those steps with a
+    libwcache that cannot load); the tree scripts/gpu-carry.sh makes runs
+    the --cpu check there: its wcached started, and the per-tensor and new
+    paths loading through its libwcache (NOT_THE_TREE's steps succeed at
+    once)."""
     build = os.environ.get("WCACHE_BUILD") or os.path.join(REPO, "build")
     wcached = os.path.join(build, "bin", "wcached")
     if not os.path.exists(wcached):
@@ -60,15 +84,21 @@ def test_run_sh_on_a_host_without_our_libraries(tmp_path):
     torch_lib.mkdir()
     shutil.copy([lib for lib in libs if lib.endswith("libuv.so.1")][0], torch_lib / "libuv.so.1")
     run_sh = os.path.join(REPO, "tests", "gpu", "run.sh")
+    # build/: a model file that is there (what run.sh asks of the steps
+    # that need wcache), every step of Python but room and the report at once
+    first_py = _python(tmp_path / "python1", "*' gen '*) : >\"$4/model.safetensors\"; exit 0 ;;\n"
+                       "*' warm '*|*' sums '*) exit 0 ;;\n" + NOT_THE_TREE)
     script = "".join(f"mount --bind /dev/null {lib} || exit 97\n" for lib in libs) + (
         f"{wcached} --version >/dev/null 2>&1 && exit 98\n"
-        f"{run_sh} --cpu --gib 0.01 --build {build} --work {tmp_path}/w1 >{tmp_path}/out1 2>&1\n"
+        f"PYTHON={first_py} {run_sh} --cpu --gib 0.01 --build {build} --work {tmp_path}/w1 "
+        f">{tmp_path}/out1 2>&1\n"
         f"echo $? >{tmp_path}/rc1\n"
         # relative, as README's device call passes it
         f"cd {tmp_path} && exec {run_sh} --cpu --gib 0.01 --build carry --work {tmp_path}/w2\n")
     env = {k: v for k, v in os.environ.items() if k not in ("WCACHE_BUILD", "WCACHE_LIB")}
-    env.update(PYTHON=sys.executable, STEP_TIMEOUT="120", LD_LIBRARY_PATH=str(torch_lib))
-    env = without_transformers(tmp_path / "hide", env)  # two whole runs within 600 s
+    env.update(PYTHON=_python(tmp_path / "python2", NOT_THE_TREE), STEP_TIMEOUT="120",
+               LD_LIBRARY_PATH=str(torch_lib))
+    env = without_transformers(tmp_path / "hide", env)
     r = subprocess.run(unshare + ["bash", "-c", script], env=env, capture_output=True,
                        text=True, timeout=600)
     out = r.stdout + r.stderr
@@ -79,11 +109,13 @@ def test_run_sh_on_a_host_without_our_libraries(tmp_path):
     first = (tmp_path / "out1").read_text()
     assert "does not start here" in first and ".so.1" in first and "make gpu-carry" in first, first
     assert "FAILED step: wcache, new path (needs wcache)" in first, first
-    assert "pinned anonymous memory (the limit)" in first and "TIMEOUT" not in first, first
-    # the carried tree runs the whole check
+    assert "== pinned anonymous memory: " in first and "TIMEOUT" not in first, first
+    # the carried tree runs the check
     assert r.returncode == 0, out
     assert "FAILED" not in out and "TIMEOUT" not in out, out
     assert f"build {carry}" in out
+    for step in ("start wcached", "wcache, per-tensor path", "wcache, new path"):
+        assert f"== {step}: " in r.stderr, (step, out)
     assert f"C sources: carry {sources}, tree {sources}" in out and "WARNING" not in out, out
     assert "== transformers is not installed: skipped" in r.stderr, out
     assert "PASS  new path: registration left the page cache shared" in r.stdout, out
@@ -107,8 +139,9 @@ def test_run_sh_without_a_wcache_that_starts(tmp_path):
         (carry / "bin" / b).chmod(0o755)
     (carry / "lib" / "libwcache.so.0").write_bytes(b"not a library\n")
     (carry / "MANIFEST").write_text("# commit 0000000\n# sources 0000000000000000\n")
-    env = dict(os.environ, PYTHON=sys.executable, STEP_TIMEOUT="120",
-               PYTHONPATH=standins(tmp_path / "standins"))
+    # host-info (the header's lines) succeeds at once
+    env = dict(os.environ, PYTHON=_python(tmp_path / "python", "*' host-info'*) exit 0 ;;"),
+               STEP_TIMEOUT="120", PYTHONPATH=standins(tmp_path / "standins"))
     env.pop("WCACHE_BUILD", None)
     r = subprocess.run([os.path.join(REPO, "tests", "gpu", "run.sh"), "--cpu", "--gib", "0.01",
                         "--build", str(carry), "--work", str(tmp_path / "work")], env=env,
