@@ -9,16 +9,18 @@ ASAN_BUILD  ?= build-asan
 # that lint never reconfigures $(BUILD) while make test's runs use it.
 LINT_BUILD  ?= $(BUILD)-lint
 JOBS        ?= $(shell nproc)
-# ctest lanes for the full runs: one more than cores, since the integration
-# runs (two per build) and the Python suite (two) wait on timers and daemons
+# ctest lanes for the full runs. The integration runs (two per build) and
+# the Python suite (two, in the gcc build only) wait on timers and daemons
 # more than they compute (measured: about 1.1 to 1.4 cores busy of 2 with
-# three side by side); the unit tests, the fuzzers and, in the first run, the
-# system tests' debootstraps (tests/system/roots.py) fill the rest. Four
-# lanes measured 375 s instead of 450 s for the gcc build's ctest alone, but
-# in two runs with the debootstraps (and other builds) beside it the Python
-# entries took 450-490 s instead of 243-300 s: the roots need that CPU.
-TEST_JOBS      ?= $(shell echo $$(( $(JOBS) + 1 )))
-ASAN_TEST_JOBS ?= $(TEST_JOBS)
+# three side by side), and make test's work at nice 19 (the system tests'
+# roots, the Release builds, lint) takes only what they leave: the gcc
+# build's ctest runs its four pytest entries at once, two more lanes than
+# cores (four lanes measured 375 s instead of 450 s for it alone; its
+# entries were slower only when the debootstraps ran beside it at normal
+# priority), the ASan build's one more than cores, since its fuzzers
+# compute all the time they run.
+TEST_JOBS      ?= $(shell echo $$(( $(JOBS) + 2 )))
+ASAN_TEST_JOBS ?= $(shell echo $$(( $(JOBS) + 1 )))
 FUZZ_SECONDS ?= 300
 PREFIX      ?= /usr/local
 DESTDIR     ?=
