@@ -6,8 +6,7 @@ invalid UTF-8, bidi overrides and C1 controls (U+009B is CSI) to other
 workers' terminals (review 173, F12)."""
 import struct
 
-from test_derived import (ABANDON, ERRNO, ERROR, RELEASE_OK, Peer, build, closing, ready,
-                          waiting)
+from test_derived import ABANDON, ERRNO, ERROR, RELEASE_OK, building_with_a_waiter, closing
 from test_derived import derived  # noqa: F401 (the fixture, used by name)
 from test_regressions import start  # noqa: F401 (the fixture derived uses)
 
@@ -16,12 +15,7 @@ BIDI_AND_C1 = [chr(c) for c in range(0x80, 0xa0)] + \
 
 
 def test_an_abandon_reason_reaches_waiters_as_printable_utf8(derived):
-    d = derived()
-    ready(d, "small")
-    a, b = Peer(d), Peer(d)
-    r = build(a)
-    b.derive("small", "f32-v1")
-    waiting(d, 1)
+    d, a, b, r = building_with_a_waiter(derived)
     reason = b"\xff\xfe\x1b[31mred \xe2\x80\xae rlo \xc2\x9b csi \xe2\x81\xa6 isolate " + \
         "caf\u00e9 \u4e2d".encode()
     a.send(ABANDON, struct.pack("<Q", r["token"]) + reason)
