@@ -93,12 +93,13 @@ def test_a_source_replaced_by_a_file_of_the_same_size_and_mtime_is_staged_again(
     assert code == 0, d.read_log()
 
 
-def file_records(desc):
-    """Walks a version 5 description (proto/PROTOCOL.md, "The file
-    descriptor store"): [(generation number, file k, offset of the file's
+def walk(desc):
+    """Walks a version 6 description (proto/PROTOCOL.md, "The file
+    descriptor store"): ([(generation number, file k, offset of the file's
     origin st_dev, st_ino, which st_ctim, st_nlink and the origin's st_ctim
-    follow)]."""
-    found, p = [], 0
+    follow)], [(offset, length) of each generation's holder uids: their
+    count and pairs, which version 6 added])."""
+    found, holders, p = [], [], 0
 
     def take(n):
         nonlocal p
@@ -113,7 +114,7 @@ def file_records(desc):
     def string():
         take(num(2))
 
-    assert take(8) == b"WCFDSTOR" and num(4) == 5
+    assert take(8) == b"WCFDSTOR" and num(4) == 6
     models = num(4)
     take(8)
     for _ in range(models):
@@ -121,6 +122,9 @@ def file_records(desc):
         for _ in range(num(4)):
             number = num(8)
             take(8)
+            at = p
+            take(8 * num(4))
+            holders.append((at, p - at))
             string(), take(8)
             for k in range(num(4)):
                 string(), take(32)
@@ -129,17 +133,25 @@ def file_records(desc):
         for _ in range(num(4)):
             string(), take(8), string(), take(8), string(), take(8), take(16)
     assert p == len(desc)
-    return found
+    return found, holders
+
+
+def file_records(desc):
+    """walk()'s file records of a version 6 description."""
+    return walk(desc)[0]
 
 
 def older_version(desc, version):
-    """The description as a version 4 wcached wrote it (the same, without
-    each file's ctimes and nlink) or a version 3 one (without its origin
-    either)."""
+    """The description as a version 4 wcached wrote it (without the holders'
+    uids, each file's ctimes and nlink) or a version 3 one (without its
+    origin either)."""
+    files, holders = walk(desc)
+    cuts = sorted([(at + (16 if version == 4 else 0), at + 16 + 24) for _, _, at in files] +
+                  [(at, at + n) for at, n in holders])
     out, last = bytearray(desc[:8] + version.to_bytes(4, "little")), 12
-    for _, _, at in file_records(desc):
-        out += desc[last:at + (16 if version == 4 else 0)]
-        last = at + 16 + 24
+    for start, end in cuts:
+        out += desc[last:start]
+        last = end
     return bytes(out + desc[last:])
 
 
