@@ -219,20 +219,27 @@ fresh_builder_waits(const struct derive_build *b)
 static void
 remember_abandoner(struct derive_table *t, const struct derive_build *b)
 {
-	struct derive_abandoned *slot = NULL;
+	struct derive_abandoned *slot = NULL, *own_newest = NULL, *others_first = NULL;
 	uint64_t now = derive_now_ms(t);
+	unsigned own = 0;
 
-	for (unsigned i = 0; i < DERIVE_ABANDONED; i++) {
+	for (unsigned i = 0; i < DERIVE_ABANDONED && slot == NULL; i++) {
 		struct derive_abandoned *x = &t->abandoned[i];
 
 		if (x->until_ms <= now || (x->entry_id == b->entry_id && x->source == b->source &&
-			x->uid == b->builder_uid && strcmp(x->key, b->key) == 0)) {
+			x->uid == b->builder_uid && strcmp(x->key, b->key) == 0))
 			slot = x;
-			break;
+		else if (x->uid == b->builder_uid) {
+			own++;
+			if (own_newest == NULL || x->until_ms > own_newest->until_ms)
+				own_newest = x;
+		} else if (others_first == NULL || x->until_ms < others_first->until_ms) {
+			others_first = x;
 		}
-		if (slot == NULL || x->until_ms < slot->until_ms)
-			slot = x;
 	}
+	if (slot == NULL)
+		slot = own >= DERIVE_ABANDONED_PER_UID || others_first == NULL ? own_newest :
+			others_first;
 	slot->entry_id = b->entry_id;
 	slot->source = b->source;
 	slot->uid = b->builder_uid;

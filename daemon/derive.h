@@ -135,8 +135,14 @@ struct derive_stats {
  * that may build takes it over instead of every waiter failing. Otherwise a
  * builder that sent ABANDON and a new DERIVE in one burst was the builder
  * again before any waiter heard of the failure, for ever (rev181 F2).
- * DERIVE_ABANDONED are kept; a full list forgets the one that ends first. */
+ * DERIVE_ABANDONED are kept. A full list forgets the one of another uid
+ * that ends first, or, once the uid has DERIVE_ABANDONED_PER_UID, that
+ * uid's own newest: a uid that abandons many other keys churns its own
+ * places and cannot flush out its first, nor other uids' (review rev181
+ * F2: 64 abandons of other keys made a builder forget it had abandoned
+ * the key it held hostage). */
 #define DERIVE_ABANDONED 64
+#define DERIVE_ABANDONED_PER_UID 16
 struct derive_abandoned {
 	uint64_t entry_id;
 	uint64_t source;

@@ -899,6 +899,41 @@ def test_a_builder_that_abandons_and_asks_again_at_once_yields_to_another_user(d
     d.wait_for_log(r"\(pid \d+ uid 0\) abandoned it again: oops")
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another user")
+def test_a_builder_cannot_flush_out_its_abandon_with_abandons_of_other_keys(derived):
+    """rev181 F2's rest: the memory of who abandoned a key holds 64; a
+    builder that abandoned the key it holds hostage, then abandoned 64 other
+    keys, had its first abandon forgotten (the full list forgot the one that
+    ended first): its next build of the key was its own again with no
+    memory of it, and its next ABANDON failed every waiter again. Now a uid
+    with 16 places churns its own newest."""
+    from wcached import as_user
+    d = derived({"derive_groups": "64200"})
+    ready(d, "small")
+    let_in(d)
+    a = Peer(d)
+    r = build(a)
+    a.abandon(r["token"], "oops")
+    assert closing(a.reply())["type"] == RELEASE_OK
+    for i in range(64):
+        other = build(a, key=f"flush-{i}")
+        a.abandon(other["token"], "flush")
+        assert closing(a.reply())["type"] == RELEASE_OK
+    token = build(a)["token"]
+    member = subprocess.Popen(as_user(64302, 64302, (64200,)) +
+                              [sys.executable, "-c", HOLDING_CLIENT, d.socket],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        waiting(d, 1)
+        a.abandon(token, "oops")
+        assert closing(a.reply())["type"] == RELEASE_OK
+        line = member.stdout.readline()
+        assert line.split()[0] == str(BUILD), line
+    finally:
+        member.stdin.close()
+        member.wait(timeout=60)
+
+
 def test_a_swap_builds_anew_and_the_old_artifact_lives_while_held(derived, tmp_path):
     d = derived()
     ready(d, "small")
