@@ -863,25 +863,10 @@ def test_a_lost_build_goes_to_another_users_waiter_not_the_same_users_next(deriv
     d.wait_for_log(r"\(pid \d+ uid 64302\) disconnected before publishing")
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another user")
-def test_a_builder_that_abandons_and_asks_again_at_once_yields_to_another_user(derived):
-    """rev181 F2: ABANDON ended the build for good with no memory of who
-    abandoned it, so a builder that sent ABANDON and a new DERIVE in one
-    burst was the builder again before any waiter had read its error: every
-    other user failed each round, for ever. The uid that abandoned a key and
-    generation is remembered (one derive_timeout): when it abandons again, a
-    waiter of another user that may build takes the build over."""
+def abandon_to_a_member(d, a, token):
+    """With a member of derive_groups (uid 64302) waiting for f32-v1, a
+    abandons its build (token): the member takes the build over."""
     from wcached import as_user
-    d = derived({"derive_groups": "64200"})
-    ready(d, "small")
-    let_in(d)
-    a = Peer(d)
-    r = build(a)
-    a.abandon(r["token"], "oops")
-    a.derive("small", "f32-v1")  # in the same burst
-    replies = [closing(a.reply()), closing(a.reply())]
-    assert sorted(x["type"] for x in replies) == [RELEASE_OK, BUILD], replies
-    token = [x for x in replies if x["type"] == BUILD][0]["token"]
     member = subprocess.Popen(as_user(64302, 64302, (64200,)) +
                               [sys.executable, "-c", HOLDING_CLIENT, d.socket],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -896,6 +881,27 @@ def test_a_builder_that_abandons_and_asks_again_at_once_yields_to_another_user(d
     finally:
         member.stdin.close()
         member.wait(timeout=60)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a client as another user")
+def test_a_builder_that_abandons_and_asks_again_at_once_yields_to_another_user(derived):
+    """rev181 F2: ABANDON ended the build for good with no memory of who
+    abandoned it, so a builder that sent ABANDON and a new DERIVE in one
+    burst was the builder again before any waiter had read its error: every
+    other user failed each round, for ever. The uid that abandoned a key and
+    generation is remembered (one derive_timeout): when it abandons again, a
+    waiter of another user that may build takes the build over."""
+    d = derived({"derive_groups": "64200"})
+    ready(d, "small")
+    let_in(d)
+    a = Peer(d)
+    r = build(a)
+    a.abandon(r["token"], "oops")
+    a.derive("small", "f32-v1")  # in the same burst
+    replies = [closing(a.reply()), closing(a.reply())]
+    assert sorted(x["type"] for x in replies) == [RELEASE_OK, BUILD], replies
+    token = [x for x in replies if x["type"] == BUILD][0]["token"]
+    abandon_to_a_member(d, a, token)
     d.wait_for_log(r"\(pid \d+ uid 0\) abandoned it again: oops")
 
 
@@ -907,7 +913,6 @@ def test_a_builder_cannot_flush_out_its_abandon_with_abandons_of_other_keys(deri
     ended first): its next build of the key was its own again with no
     memory of it, and its next ABANDON failed every waiter again. Now a uid
     with 16 places churns its own newest."""
-    from wcached import as_user
     d = derived({"derive_groups": "64200"})
     ready(d, "small")
     let_in(d)
@@ -919,19 +924,7 @@ def test_a_builder_cannot_flush_out_its_abandon_with_abandons_of_other_keys(deri
         other = build(a, key=f"flush-{i}")
         a.abandon(other["token"], "flush")
         assert closing(a.reply())["type"] == RELEASE_OK
-    token = build(a)["token"]
-    member = subprocess.Popen(as_user(64302, 64302, (64200,)) +
-                              [sys.executable, "-c", HOLDING_CLIENT, d.socket],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        waiting(d, 1)
-        a.abandon(token, "oops")
-        assert closing(a.reply())["type"] == RELEASE_OK
-        line = member.stdout.readline()
-        assert line.split()[0] == str(BUILD), line
-    finally:
-        member.stdin.close()
-        member.wait(timeout=60)
+    abandon_to_a_member(d, a, build(a)["token"])
 
 
 def test_a_swap_builds_anew_and_the_old_artifact_lives_while_held(derived, tmp_path):
