@@ -191,7 +191,8 @@ request_left_ms(int ms, const struct timespec *start)
  * interrupts a send or receive with a timeout (it is never restarted,
  * signal(7)); starting it again would start its timeout over, so a timer
  * firing more often than the deadline would make the wait endless.
- * Returns 1 when it is ready, 0 when the deadline has passed, or -errno.
+ * Returns 1 when it is ready (also past the deadline, when it already
+ * was), 0 when the deadline has passed with nothing there, or -errno.
  */
 static int
 wait_for(int fd, short events, int limit_ms, const struct timespec *start)
@@ -200,10 +201,14 @@ wait_for(int fd, short events, int limit_ms, const struct timespec *start)
 	int left, r;
 
 	for (;;) {
-		if ((left = request_left_ms(limit_ms, start)) == 0)
-			return 0;
+		left = request_left_ms(limit_ms, start);
+		/* Past the deadline, one look that does not wait: what is
+		 * there already is taken (a reply queued when the deadline
+		 * passed, as a receive made before any wait took it). */
 		if ((r = poll(&p, 1, left)) > 0)
 			return 1;
+		if (r == 0 && left == 0)
+			return 0;
 		if (r < 0 && errno != EINTR)
 			return -errno;
 	}
