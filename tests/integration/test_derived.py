@@ -863,6 +863,17 @@ def test_a_lost_build_goes_to_another_users_waiter_not_the_same_users_next(deriv
     d.wait_for_log(r"\(pid \d+ uid 64302\) disconnected before publishing")
 
 
+def abandoned_once(derived):
+    """A daemon whose derive_groups is 64200 (let in), and peer a (root),
+    which has built f32-v1 and sent ABANDON for it: (d, a)."""
+    d = derived({"derive_groups": "64200"})
+    ready(d, "small")
+    let_in(d)
+    a = Peer(d)
+    a.abandon(build(a)["token"], "oops")
+    return d, a
+
+
 def abandon_to_a_member(d, a, token):
     """With a member of derive_groups (uid 64302) waiting for f32-v1, a
     abandons its build (token): the member takes the build over."""
@@ -891,12 +902,7 @@ def test_a_builder_that_abandons_and_asks_again_at_once_yields_to_another_user(d
     other user failed each round, for ever. The uid that abandoned a key and
     generation is remembered (one derive_timeout): when it abandons again, a
     waiter of another user that may build takes the build over."""
-    d = derived({"derive_groups": "64200"})
-    ready(d, "small")
-    let_in(d)
-    a = Peer(d)
-    r = build(a)
-    a.abandon(r["token"], "oops")
+    d, a = abandoned_once(derived)
     a.derive("small", "f32-v1")  # in the same burst
     replies = [closing(a.reply()), closing(a.reply())]
     assert sorted(x["type"] for x in replies) == [RELEASE_OK, BUILD], replies
@@ -913,12 +919,7 @@ def test_a_builder_cannot_flush_out_its_abandon_with_abandons_of_other_keys(deri
     ended first): its next build of the key was its own again with no
     memory of it, and its next ABANDON failed every waiter again. Now a uid
     with 16 places churns its own newest."""
-    d = derived({"derive_groups": "64200"})
-    ready(d, "small")
-    let_in(d)
-    a = Peer(d)
-    r = build(a)
-    a.abandon(r["token"], "oops")
+    d, a = abandoned_once(derived)
     assert closing(a.reply())["type"] == RELEASE_OK
     for i in range(64):
         other = build(a, key=f"flush-{i}")
