@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/stat.h>
+#include <sys/types.h>
 
 #include "base/error.h"
 #include "format/source.h"
@@ -190,5 +191,43 @@ int restore_staged_copy(const char *stage_dir, int fd, char **copy);
  * failure: nothing stays mapped then). 0 or -EINVAL with the reason. */
 int restore_check_index(int fd, const char *fdname, uint64_t size, uint32_t nfiles,
 	struct index_header *h, void **map);
+
+/*
+ * restore_rules.c: the rules a stored derived artifact must still obey
+ * (review rev181 F10, F6), beyond its bytes' checks in restore_job.c.
+ */
+struct fdstore_artifact;
+
+/* Work queue thread: the limits a PUBLISH holds artifact a to that its
+ * stored memfd fd can be held to before it is parsed: its compiled index
+ * (a->index_size, which must be what the memfd compiles to) at most
+ * DERIVE_MAX_INDEX, the head its reader parses at most DERIVE_MAX_HEAD.
+ * 0, or -EFBIG with the reason. */
+int restore_artifact_limits(int fd, const struct fdstore_artifact *a);
+
+/* Who a stored artifact's builder is, by the user database (the store
+ * records its uid only). known: the database has the uid (gid, groups
+ * filled); lookup_err: it could not be asked (errno). Root and wcached's
+ * own uid are not looked up: they may always build. */
+struct restore_builder {
+	uid_t uid;
+	int known;
+	int lookup_err;
+	gid_t gid;
+	gid_t *groups;            /* malloc'd */
+	int ngroups;
+};
+
+/* Work queue thread (the user database may be a network service): fills
+ * *out for uid. 0, or -ENOMEM with the reason; a uid not known is no
+ * error. restore_builder_clear() frees it (NULL too). */
+int restore_builder_lookup(uid_t uid, struct restore_builder *out);
+void restore_builder_clear(struct restore_builder *b);
+
+/* On the loop: may e, as configured now, keep an artifact b built? 0;
+ * -ENOTSUP when derive is off; -EPERM when b may not build e's artifacts
+ * now (registry_may_build: derive_groups, root, wcached's own uid). The
+ * reason in error_get(). */
+int restore_builder_allowed(const struct model_entry *e, const struct restore_builder *b);
 
 #endif

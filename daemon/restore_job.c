@@ -14,8 +14,9 @@
  * artifact memfd must be a regular file with every seal a published one
  * has, of the described size, and parse again with its format's reader
  * (source_open_fd, O(its tensors)) into an index byte for byte the stored
- * index memfd, itself checked as a generation's is. The loop only lists
- * what passed. One that fails is left out with one line naming the model,
+ * index memfd, itself checked as a generation's is, within the limits a
+ * PUBLISH is held to; the loop lists what passed, if the configuration
+ * now lets its builder build it (restore_rules.c). One that fails is left out with one line naming the model,
  * the key and the reason, its descriptors closed: the next DERIVE builds
  * it again.
  */
@@ -54,6 +55,7 @@ struct restore_artifact {
 	int err;                          /* 0, or -errno with why */
 	char why[ERROR_MAX];
 	struct model_source src;          /* its memfd, opened by its reader */
+	struct restore_builder builder;   /* who built it, by the user database */
 };
 
 /* One model's stored generations and derived artifacts, checked on the
@@ -226,6 +228,7 @@ check_artifact(struct restore_artifact *p, const char *name, uint64_t current)
 		goto out;
 	}
 	if ((err = check_artifact_memfd(p->fd, a)) < 0 ||
+		(err = restore_artifact_limits(p->fd, a)) < 0 ||
 		(err = restore_check_index(p->index_fd, a->index_fdname, a->index_size, 1, &h,
 			 &map)) < 0)
 		goto out;
@@ -240,6 +243,11 @@ check_artifact(struct restore_artifact *p, const char *name, uint64_t current)
 		memcmp(p->src.index, map, p->src.index_len) != 0)
 		err = error_set(-EBADMSG, "its stored index (%" PRIu64 " bytes) is not the one "
 			"its memfd compiles to (%zu bytes)", a->index_size, p->src.index_len);
+	/* Whether its builder may build it still is the loop's to say
+	 * (adopt_artifact, with the configuration): its groups are asked
+	 * here, where the user database may take its time. */
+	if (err == 0)
+		err = restore_builder_lookup((uid_t)a->builder_uid, &p->builder);
 out:
 	if (map != NULL)
 		munmap(map, (size_t)a->index_size);
@@ -427,7 +435,10 @@ adopt_artifact(struct restore *s, struct registry *r, const struct fdstore_model
 			a->fdname);
 	else if (p->err < 0)
 		err = error_set(p->err, "%s", p->why);
-	else
+	/* The configuration now, as a reload applies it (reload.c drops the
+	 * artifacts of a model whose derive goes off): derive on, and its
+	 * builder still one who may build it (review rev181 F6). */
+	else if ((err = restore_builder_allowed(e, &p->builder)) >= 0)
 		err = restore_adopt_artifact(r, e, &(struct derive_stored){ .key = a->key,
 			.source = a->source, .builder_uid = (uid_t)a->builder_uid,
 			.builder_pid = (pid_t)a->builder_pid,
@@ -465,10 +476,13 @@ adopt_artifacts(struct restore_job *j)
 	for (size_t k = 0; k < j->nartifacts; k++) {
 		const struct fdstore_artifact *a = j->artifacts[k].a;
 
-		if (adopt_artifact(j->s, j->r, m, &j->artifacts[k]) < 0)
+		int err = adopt_artifact(j->s, j->r, m, &j->artifacts[k]);
+
+		/* With derive off, no DERIVE of it builds it again. */
+		if (err < 0)
 			log_warnx("model \"%s\": derived \"%s\" of generation %" PRIu64 " not "
-				  "restored: %s; the next DERIVE of it builds it again", m->name,
-				a->key, a->source, error_get());
+				  "restored: %s%s", m->name, a->key, a->source, error_get(),
+				err == -ENOTSUP ? "" : "; the next DERIVE of it builds it again");
 	}
 }
 
@@ -476,6 +490,8 @@ adopt_artifacts(struct restore_job *j)
 static void
 restore_job_free(struct restore_job *j)
 {
+	for (size_t i = 0; i < j->nartifacts; i++)
+		restore_builder_clear(&j->artifacts[i].builder);
 	free(j->artifacts);
 	free(j->gens);
 	free(j->path);

@@ -98,8 +98,9 @@ def walk(desc):
     descriptor store"): ([(generation number, file k, offset of the file's
     origin st_dev, st_ino, which st_ctim, st_nlink and the origin's st_ctim
     follow)], [(offset, length) of each generation's holder uids: their
-    count and pairs, which version 6 added])."""
-    found, holders, p = [], [], 0
+    count and pairs, which version 6 added], [each derived artifact's
+    {"key", and the offsets of its "size", "index_size" and "builder_uid"}])."""
+    found, holders, artifacts, p = [], [], [], 0
 
     def take(n):
         nonlocal p
@@ -112,7 +113,7 @@ def walk(desc):
         return int.from_bytes(take(n), "little")
 
     def string():
-        take(num(2))
+        return take(num(2))
 
     assert take(8) == b"WCFDSTOR" and num(4) == 6
     models = num(4)
@@ -131,9 +132,17 @@ def walk(desc):
                 found.append((number, k, p))
                 take(16 + 24)
         for _ in range(num(4)):
-            string(), take(8), string(), take(8), string(), take(8), take(16)
+            a = {"key": string().decode()}
+            take(8), string()
+            a["size"] = p
+            take(8), string()
+            a["index_size"] = p
+            take(8)
+            a["builder_uid"] = p
+            take(16)
+            artifacts.append(a)
     assert p == len(desc)
-    return found, holders
+    return found, holders, artifacts
 
 
 def file_records(desc):
@@ -145,7 +154,7 @@ def older_version(desc, version):
     """The description as a version 4 wcached wrote it (without the holders'
     uids, each file's ctimes and nlink) or a version 3 one (without its
     origin either)."""
-    files, holders = walk(desc)
+    files, holders, _ = walk(desc)
     cuts = sorted([(at + (16 if version == 4 else 0), at + 16 + 24) for _, _, at in files] +
                   [(at, at + n) for at, n in holders])
     out, last = bytearray(desc[:8] + version.to_bytes(4, "little")), 12

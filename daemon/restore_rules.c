@@ -1,0 +1,171 @@
+/*
+ * restore_rules.c: the rules a derived artifact taken back from the store
+ * must still obey beyond its bytes' checks (restore_job.c), so that a warm
+ * restart keeps only what a PUBLISH and the configuration would let in
+ * now (review rev181 F10, F6):
+ *
+ *   - the limits a publication is held to (derive.h): the head its reader
+ *     parses (DERIVE_MAX_HEAD) and the compiled index wcached keeps
+ *     (DERIVE_MAX_INDEX). An artifact stored by a wcached without them, or
+ *     under larger ones, was taken back whatever its size; checked on the
+ *     work queue before anything is parsed (restore_artifact_limits);
+ *   - the model's configuration now: with derive = no its artifacts are
+ *     not taken back (a reload that turns derive off drops them too,
+ *     reload.c), and one whose builder may no longer build (derive_groups
+ *     narrowed) is not either (restore_builder_allowed, on the loop, with
+ *     the builder's groups looked up on the work queue:
+ *     restore_builder_lookup).
+ *
+ * The store records the builder's uid, not the groups its process had
+ * (its binary format is not changed for this): the groups are the user
+ * database's for that uid (its primary group and getgrouplist()). A uid
+ * the database does not know may build only as root or wcached's own uid
+ * do; its artifact is built again rather than kept on a guess.
+ */
+#include <errno.h>
+#include <grp.h>
+#include <inttypes.h>
+#include <pwd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "base/error.h"
+#include "derive.h"
+#include "fdstore.h"
+#include "format/source.h"
+#include "format/weig.h"
+#include "proto/le.h"
+#include "registry.h"
+#include "restore_internal.h"
+
+/* Groups looked up for one builder at most (NGROUPS_MAX on Linux). */
+#define BUILDER_MAX_GROUPS 65536
+
+int
+restore_artifact_limits(int fd, const struct fdstore_artifact *a)
+{
+	uint8_t prefix[WEIG_HEADER_SIZE];
+	uint64_t head;
+	ssize_t n;
+
+	/* Its index is the one its memfd compiles to (checked after the
+	 * parse): its stored size is the compiled index's. */
+	if (a->index_size > DERIVE_MAX_INDEX)
+		return error_set(-EFBIG, "its compiled index is %.1f MiB, more than the %u MiB "
+			"one derived artifact's index may be (a PUBLISH of it is refused)",
+			(double)a->index_size / 1048576.0, DERIVE_MAX_INDEX >> 20);
+	/* The head its reader would read and parse, from its first bytes, as
+	 * PUBLISH measures it before the parse (a head the reader finds
+	 * implausible is the reader's to explain). */
+	while ((n = pread(fd, prefix, sizeof(prefix), 0)) < 0 && errno == EINTR)
+		;
+	if (n < 4)
+		return 0;
+	head = source_file_reader(get_le32(prefix))->head_len(prefix, (size_t)n, a->size);
+	if (head > DERIVE_MAX_HEAD)
+		return error_set(-EFBIG, "its header is %.1f MiB, more than the %u MiB a derived "
+			"artifact's header may be (a PUBLISH of it is refused)",
+			(double)head / 1048576.0, DERIVE_MAX_HEAD >> 20);
+	return 0;
+}
+
+int
+restore_builder_lookup(uid_t uid, struct restore_builder *out)
+{
+	struct passwd pw, *found = NULL;
+	long size = sysconf(_SC_GETPW_R_SIZE_MAX);
+	char *buf = NULL;
+	gid_t *groups = NULL;
+	int ngroups = 16, err;
+
+	*out = (struct restore_builder){ .uid = uid, .gid = (gid_t)-1 };
+	/* Root and wcached's own uid may always build: nothing to look up. */
+	if (uid == 0 || uid == geteuid())
+		return 0;
+	if (size <= 0)
+		size = 16384;
+	for (;;) {
+		char *more = realloc(buf, (size_t)size);
+
+		if (more == NULL) {
+			free(buf);
+			return error_set(-ENOMEM, "out of memory");
+		}
+		buf = more;
+		err = getpwuid_r(uid, &pw, buf, (size_t)size, &found);
+		if (err != ERANGE || size >= (1L << 20))
+			break;
+		size *= 2;
+	}
+	if (found == NULL) {
+		free(buf);
+		/* Not known, or the database could not be asked: no groups. */
+		if (err != 0 && err != ENOENT && err != ESRCH)
+			out->lookup_err = err;
+		return 0;
+	}
+	for (;;) {
+		int want = ngroups;
+		gid_t *more = realloc(groups, (size_t)want * sizeof(*groups));
+
+		if (more == NULL) {
+			free(groups);
+			free(buf);
+			return error_set(-ENOMEM, "out of memory");
+		}
+		groups = more;
+		if (getgrouplist(pw.pw_name, pw.pw_gid, groups, &ngroups) >= 0)
+			break;
+		/* ngroups is how many there are now; grow to that, once more
+		 * than we had, up to the kernel's most. */
+		if (ngroups <= want)
+			ngroups = want * 2;
+		if (ngroups > BUILDER_MAX_GROUPS) {
+			ngroups = want; /* the first want of them */
+			break;
+		}
+	}
+	out->known = 1;
+	out->gid = pw.pw_gid;
+	out->groups = groups;
+	out->ngroups = ngroups;
+	free(buf);
+	return 0;
+}
+
+void
+restore_builder_clear(struct restore_builder *b)
+{
+	if (b == NULL)
+		return;
+	free(b->groups);
+	b->groups = NULL;
+	b->ngroups = 0;
+}
+
+int
+restore_builder_allowed(const struct model_entry *e, const struct restore_builder *b)
+{
+	struct registry_peer peer = { .uid = b->uid, .gid = b->gid, .groups = b->groups,
+		.ngroups = b->ngroups, .self_uid = geteuid() };
+
+	if (!e->derive)
+		return error_set(-ENOTSUP, "derive is off now (derive = no), as a reload that "
+			"turns it off drops the model's artifacts");
+	if (registry_may_build(e, &peer))
+		return 0;
+	if (b->lookup_err != 0)
+		return error_set(-EPERM, "its builder uid %" PRIu32 " may not build it now: the "
+			"user database could not be asked for its groups (%s), and derive_groups "
+			"lets it in by none", (uint32_t)b->uid, strerror(b->lookup_err));
+	if (!b->known)
+		return error_set(-EPERM, "its builder uid %" PRIu32 " may not build it now: the "
+			"user database has no entry for it, so no group of it is in derive_groups "
+			"(the groups it built with are not stored)", (uint32_t)b->uid);
+	return error_set(-EPERM, "its builder uid %" PRIu32 " may not build it now: none of "
+		"its groups (primary %" PRIu32 " and %d in all, by the user database) is in "
+		"derive_groups", (uint32_t)b->uid, (uint32_t)b->gid, b->ngroups);
+}

@@ -1,0 +1,250 @@
+"""A derived artifact taken back at a warm restart obeys what a PUBLISH and
+the configuration would let in now (review rev181 F10, F6; README,
+"Derived weights", "Restarts"): an artifact whose compiled index or header
+is over the limits a publication enforces (derive.h: DERIVE_MAX_INDEX,
+DERIVE_MAX_HEAD, 16 MiB each), stored by a wcached without them, is
+refused; so is every artifact of a model whose derive is off now, and one
+whose builder may not build now (derive_groups narrowed). Each refusal is
+one line naming the model, the key and the reason, and the artifact's
+descriptors leave the store. Before, all of them were taken back.
+
+The restarts are test_derived_restart.py's, under test_warm_restart.py's
+fake service manager; the stored state is changed between the two
+processes as a wcached without those rules, or another configuration,
+would have left it (test_stage_restore.py's walk of the description)."""
+import fcntl
+import json
+import os
+import pwd
+import struct
+
+import pytest
+
+from conftest import Daemon, mkmodel
+from ctlutil import model_entry
+from fakemanager import FakeManager
+from test_derived import ARTIFACT, ATTACH_OK, BUILD, ERRNO, ERROR, Peer, build, closing, \
+    memfd_with, take_artifact
+from test_derived_restart import KEY, artifact_names, derive_now, publish, restart
+from test_regressions import ready
+from test_stage_restore import walk
+from test_warm_restart import start
+
+MiB = 1 << 20
+# The name the artifact's reader gives its one file in the compiled index
+# (restore_job.c's label "<model> derived <key>"): a model file of this
+# name compiles to the index the artifact's bytes compile to.
+LABEL = f"small derived {KEY}"
+
+
+def many_tensors():
+    """A safetensors file whose compiled index is over 16 MiB (48-byte
+    records, 8-byte shapes, names) while its header is under 16 MiB."""
+    names = [f"t{i:06d}" for i in range(280000)]
+    h = "{" + ",".join(f'"{n}":{{"dtype":"U8","shape":[0],"data_offsets":[0,0]}}'
+                       for n in names) + "}"
+    h = h.encode() + b" " * (-len(h) % 8)
+    assert len(h) < 16 * MiB
+    return struct.pack("<Q", len(h)) + h
+
+
+def padded_header():
+    """A safetensors file of one small tensor whose header is padded with
+    spaces past 16 MiB: its compiled index is small."""
+    h = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}},
+                   separators=(",", ":")).encode()
+    h += b" " * (17 * MiB - len(h))
+    return struct.pack("<Q", len(h)) + h + bytes(16)
+
+
+def sealed(data, name):
+    fd = memfd_with(data, name)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW |
+                fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL)
+    return fd
+
+
+def patched_description(names, fds, **fields):
+    """Replaces the stored description (wc-desc) with one whose only
+    artifact has fields ({"size": n, ...}: u64, builder_uid u32) changed."""
+    at = names.index("wc-desc")
+    desc = bytearray(os.pread(fds[at], os.fstat(fds[at]).st_size, 0))
+    (a,) = walk(bytes(desc))[2]
+    assert a["key"] == KEY, a
+    for field, value in fields.items():
+        width = 4 if field == "builder_uid" else 8
+        desc[a[field]:a[field] + width] = value.to_bytes(width, "little")
+    fd = sealed(bytes(desc), "wcached-fdstore")
+    os.dup2(fd, fds[at], inheritable=True)
+    os.close(fd)
+
+
+def refused(d, mgr, reason, builds_again=True):
+    """The log says once that the artifact was not restored, for reason;
+    the model came back without it, and its names left the store."""
+    log = d.read_log()
+    line = f'model "small": derived "{KEY}" of generation 1 not restored: {reason}'
+    line += "; the next DERIVE of it builds it again" if builds_again else "\n"
+    assert log.count(line) == 1, log
+    assert f'derived "{KEY}" of generation 1 taken back' not in log, log
+    assert 'model "small": generation 1 restored from the file descriptor store' in log, log
+    mgr.wait_for(lambda m: not any(n in m.store for n in artifact_names(1)),
+                 what="the refused artifact removed from the store")
+    assert model_entry(d, "small")["derived"] == []
+
+
+def taken_back(d):
+    log = d.read_log()
+    assert f'model "small": derived "{KEY}" of generation 1 taken back from the store' \
+        in log, log
+    r = derive_now(d)
+    assert r["type"] == ATTACH_OK and take_artifact(r) == ARTIFACT, r
+
+
+def serving(tmp_path, models, keys=None):
+    """Starts a daemon serving "small" (derive = yes, and keys) and models
+    under a fake manager, publishes KEY and waits until it is stored:
+    (d, mgr)."""
+    small = mkmodel(tmp_path / "small.safetensors")
+    mgr = FakeManager(str(tmp_path / "notify.sock"))
+    conf = {"small": (small, dict({"derive": "yes"}, **(keys or {})))}
+    d = Daemon(tmp_path, dict(conf, **models))
+    start(d, mgr)
+    ready(d, "small")
+    publish(d)
+    mgr.wait_for(lambda m: all(n in m.store for n in artifact_names(1)),
+                 what="the artifact's memfd and index stored")
+    return d, mgr
+
+
+@pytest.mark.parametrize("limit", ["index", "header"])
+def test_an_artifact_over_a_publications_limits_is_not_taken_back(tmp_path, limit):
+    """The stored artifact becomes one a wcached without the limit would
+    have kept: bytes a PUBLISH now refuses (EFBIG), with the index they
+    compile to, which the daemon itself compiled for a model file of the
+    artifact's label."""
+    data = many_tensors() if limit == "index" else padded_header()
+    os.mkdir(tmp_path / "forge")
+    forge = tmp_path / "forge" / LABEL
+    forge.write_bytes(data)
+    d, mgr = serving(tmp_path, {"forge": str(forge)})
+    try:
+        ready(d, "forge")
+        # A publication of these bytes is refused for that limit.
+        peer = Peer(d)
+        r = build(peer, key="big")
+        assert r["type"] == BUILD, r
+        fd = memfd_with(data)
+        peer.publish(r["token"], fd)
+        os.close(fd)
+        r = closing(peer.reply(timeout=60))
+        peer.close()
+        assert r["type"] == ERROR and r["code"] == ERRNO["EFBIG"], r
+        assert (f"its {'compiled index' if limit == 'index' else 'header'} " in r["text"] and
+                "MiB" in r["text"]), r["text"]
+        index = [n for n in mgr.store if n.startswith("wc-") and n.endswith("-1-i") and
+                 n != "wc-1-1-i"]
+        assert len(index) == 1, sorted(mgr.store)
+        assert d.stop() == 0, d.read_log()
+
+        index_size = []
+
+        def forged(names, fds):
+            memfd, index_at = names.index(artifact_names(1)[0]), names.index(index[0])
+            fd = sealed(data, "artifact")
+            os.dup2(fd, fds[memfd], inheritable=True)
+            os.close(fd)
+            os.dup2(fds[index_at], fds[names.index(artifact_names(1)[1])], inheritable=True)
+            index_size.append(os.fstat(fds[index_at]).st_size)
+            assert (index_size[0] > 16 * MiB) == (limit == "index"), index_size
+            patched_description(names, fds, size=len(data), index_size=index_size[0])
+
+        restart(d, mgr, forge=forged)
+        if limit == "index":
+            reason = (f"its compiled index is {index_size[0] / MiB:.1f} MiB, more than the 16 MiB "
+                      "one derived artifact's index may be (a PUBLISH of it is refused)")
+        else:
+            reason = ("its header is 17.0 MiB, more than the 16 MiB a derived artifact's "
+                      "header may be (a PUBLISH of it is refused)")
+        refused(d, mgr, reason)
+    finally:
+        code = d.stop()
+        mgr.close()
+    assert code == 0, d.read_log()
+
+
+def test_an_artifact_of_a_model_whose_derive_is_off_now_is_not_taken_back(tmp_path):
+    """derive = no while no wcached ran: the artifact is not taken back, as
+    a reload that turns derive off drops it (348cb04), and no DERIVE builds
+    it again (the line says nothing of that)."""
+    d, mgr = serving(tmp_path, {})
+    try:
+        assert d.stop() == 0, d.read_log()
+        d.write_config({"small": str(tmp_path / "small.safetensors")})
+        restart(d, mgr)
+        refused(d, mgr, "derive is off now (derive = no), as a reload that turns it off "
+                "drops the model's artifacts", builds_again=False)
+    finally:
+        code = d.stop()
+        mgr.close()
+    assert code == 0, d.read_log()
+
+
+def test_an_artifact_whose_builder_may_not_build_now_is_not_taken_back(tmp_path):
+    """An artifact built by a user the database knows (nobody), in
+    derive_groups by its primary group: taken back while it is; refused
+    once derive_groups no longer holds that group, and when its builder
+    is a uid the database does not know (its groups then cannot be told)."""
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no user nobody in the user database")
+    keys = {"derive_groups": str(nobody.pw_gid)}
+    d, mgr = serving(tmp_path, {}, keys)
+    small = {"small": (str(tmp_path / "small.safetensors"), dict(keys, derive="yes"))}
+    try:
+        assert d.stop() == 0, d.read_log()
+        # Root published it (root may always build): as nobody had.
+        restart(d, mgr, forge=lambda names, fds: patched_description(
+            names, fds, builder_uid=nobody.pw_uid))
+        taken_back(d)
+        assert model_entry(d, "small")["derived"][0]["builder_uid"] == nobody.pw_uid
+        assert d.stop() == 0, d.read_log()
+        # derive_groups narrowed to a group nobody is not in.
+        small["small"][1]["derive_groups"] = "64200"
+        d.write_config(small)
+        restart(d, mgr)
+        groups = len(os.getgrouplist("nobody", nobody.pw_gid))
+        refused(d, mgr, f"its builder uid {nobody.pw_uid} may not build it now: none of its "
+                f"groups (primary {nobody.pw_gid} and {groups} in all, by the user "
+                "database) is in derive_groups")
+        # Built again (by root), and stored as built by a uid nobody knows.
+        publish(d)
+        mgr.wait_for(lambda m: all(n in m.store for n in artifact_names(2)),
+                     what="the rebuilt artifact stored")
+        assert d.stop() == 0, d.read_log()
+        stranger = next(u for u in range(64302, 64400) if not known(u))
+        small["small"][1]["derive_groups"] = str(nobody.pw_gid)
+        d.write_config(small)
+        restart(d, mgr, forge=lambda names, fds: patched_description(
+            names, fds, builder_uid=stranger))
+        log = d.read_log()
+        line = (f'model "small": derived "{KEY}" of generation 1 not restored: its builder '
+                f"uid {stranger} may not build it now: the user database has no entry for "
+                "it, so no group of it is in derive_groups (the groups it built with are "
+                "not stored); the next DERIVE of it builds it again")
+        assert log.count(line) == 1, log
+        mgr.wait_for(lambda m: not any(n in m.store for n in artifact_names(2)),
+                     what="the refused artifact removed from the store")
+    finally:
+        code = d.stop()
+        mgr.close()
+    assert code == 0, d.read_log()
+
+
+def known(uid):
+    try:
+        pwd.getpwuid(uid)
+        return True
+    except KeyError:
+        return False
