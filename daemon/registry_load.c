@@ -194,7 +194,7 @@ sibling_swap(const struct load_request *q)
  * found nothing at its path, the place it named (at_place). 0, or -EXDEV
  * with q->message.
  */
-static char *blob_repo(char *root);
+static char *blob_repo(char *root, uid_t *owner);
 static int at_place(const struct load_request *q);
 
 static int
@@ -204,7 +204,8 @@ same_tree(struct load_request *q)
 	int same;
 
 	if (q->keep_root == NULL && q->keep_resolved != NULL)
-		q->keep_root = blob_repo(gen_tree_root(q->keep_resolved, &q->keep_uid));
+		q->keep_root = blob_repo(gen_tree_root(q->keep_resolved, &q->keep_uid),
+			&q->keep_uid);
 	old = q->keep_root != NULL ? q->keep_root : q->keep_resolved;
 	same = q->root != NULL && q->keep_root != NULL &&
 		(strcmp(q->root, q->keep_root) == 0 || sibling_swap(q) || at_place(q));
@@ -303,18 +304,36 @@ place_of(const char *path, uid_t *owner)
 	return place;
 }
 
-/* root as the tree of a hub repo's file: <R>/models--X for its blobs/
- * directory <R>/models--X/blobs (what a snapshot's links point into),
- * else root itself. Takes root; NULL when out of memory. */
+/*
+ * root as the tree of a hub repo's file: <R>/models--X, with its owner in
+ * *owner, for its blobs/ directory <R>/models--X/blobs (what a snapshot's
+ * links point into) where the repo's owner owns blobs/ too; else root
+ * itself, *owner untouched (root's own owner). Takes root; NULL when out
+ * of memory.
+ *
+ * A hub repo is known by its name only, and a name is anyone's to give: a
+ * user who may write in a directory named models--X (a shared hub cache's
+ * repo made writable for all, a shared place she made one in) could make
+ * blobs/ there, hers. Taken as the repo, owned by her (blobs/'s owner), it
+ * passed as a sibling of her own model's tree (sibling_swap), and every
+ * snapshot of the repo's owner was then in "the same tree" as her model
+ * (same_tree). Widened only where the repo and blobs/ have one owner, and
+ * with the repo's owner, the tree is the repo's own: a name then adds
+ * nothing its owner did not make (her blobs/ stays a tree of its own,
+ * inside another user's directory, which no swap of hers reaches).
+ */
 static char *
-blob_repo(char *root)
+blob_repo(char *root, uid_t *owner)
 {
 	char *up = root != NULL ? path_dir(root) : NULL, *repo;
 	const char *name = root != NULL ? strrchr(root, '/') : NULL;
+	struct stat blobs, top;
 
 	repo = up != NULL ? strrchr(up, '/') : NULL;
 	if (name != NULL && strcmp(name, "/blobs") == 0 && repo != NULL &&
-		strncmp(repo, "/models--", 9) == 0 && repo[9] != '\0') {
+		strncmp(repo, "/models--", 9) == 0 && repo[9] != '\0' && stat(root, &blobs) == 0 &&
+		stat(up, &top) == 0 && blobs.st_uid == top.st_uid) {
+		*owner = top.st_uid;
 		free(root);
 		return up;
 	}
@@ -330,6 +349,11 @@ blob_repo(char *root)
  * *owner, as for a model that is the snapshot directory; else NULL. An
  * index's shards are not beside the index's real path (blobs/HASH): the
  * generation has no resolved path, but has this tree (review rev180 F7).
+ * The name alone makes it a repo, and needs no more: the owner is the
+ * repo's own, so a snapshot a user made in another's repo (one writable
+ * for all) is that other's tree, no sibling of hers (sibling_swap), and
+ * what is opened lies beneath it (tree.h), made there by whom its owner
+ * let write.
  */
 static char *
 hub_root(const struct load_request *q, uid_t *owner)
@@ -426,7 +450,7 @@ find_operator_tree(struct load_request *q, const char *resolved)
 	char *sub;
 
 	if (resolved != NULL)
-		q->found_root = blob_repo(gen_tree_root(resolved, &q->found_uid));
+		q->found_root = blob_repo(gen_tree_root(resolved, &q->found_uid), &q->found_uid);
 	else if ((q->found_place = place_of(q->path, &q->found_uid)) != NULL &&
 		tree_split(q->found_place, &q->found_root, &sub) == 0)
 		free(sub);
@@ -521,7 +545,7 @@ load_work(struct workq_job *w)
 	gen_source_fs(&q->source, &q->fs);
 	q->resolved = gen_resolved_path(q->path, resolved, &q->source, NULL);
 	if ((q->root = hub_root(q, &q->root_uid)) == NULL && q->resolved != NULL)
-		q->root = blob_repo(gen_tree_root(q->resolved, &q->root_uid));
+		q->root = blob_repo(gen_tree_root(q->resolved, &q->root_uid), &q->root_uid);
 	if (q->reload == RELOAD_WATCHED && (q->tree_status = same_tree(q)) < 0) {
 		note_failed_path(q);
 		return; /* load_after: "unchanged", or refused */

@@ -1,0 +1,143 @@
+"""Which tree a watched reload may take its files from, where hub names
+(models--X with blobs/ or snapshots/REV/ below it) meet a shared writable
+place: a directory name is no one's word on who made what is under it.
+wcached runs unprivileged, as the neighbour tests do (test_neighbours.py)."""
+import hashlib
+import os
+import subprocess
+
+import pytest
+
+from conftest import Daemon, as_user, mkmodel
+
+# Ids no account uses: the daemon's user, a model's owner (alice) and
+# another user (bob), all in GROUP (which may connect to the client socket).
+DAEMON_UID, ALICE_UID, BOB_UID, GROUP = 64101, 64104, 64103, 64100
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0,
+                                reason="needs root to run wcached and clients as other users")
+
+
+def as_alice(script, cwd):
+    subprocess.run(as_user(ALICE_UID, GROUP) + ["/bin/sh", "-ec", script], cwd=cwd, check=True)
+
+
+def digest(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def made_by(path, uid, mode=0o755):
+    """The directory path, made and owned by uid."""
+    os.makedirs(path)
+    os.chown(path, uid, GROUP)
+    os.chmod(path, mode)
+    return str(path)
+
+
+def served(d, name):
+    """The generation of name an attach gets (wcachectl attach's line)."""
+    r = d.attach(name)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
+def shared_place(tmp_path):
+    """A shared place (root's, 1777, as /tmp or a team's model directory)
+    holding alice's model directory v1 and her link m to it, the path
+    configured (README's `ln -s v2 .next && mv -T .next m` swaps it)."""
+    shared = made_by(tmp_path / "shared", 0, 0o1777)
+    mkmodel(os.path.join(shared, "alice.tmp"), seed=1)
+    os.chown(os.path.join(shared, "alice.tmp"), ALICE_UID, GROUP)
+    as_alice("mkdir v1 && mv alice.tmp v1/model.safetensors && ln -s v1 m", shared)
+    return shared
+
+
+def test_a_blobs_directory_made_in_another_users_repo_does_not_widen_her_tree(tmp_path):
+    """bob's hub repo models--o--m is a shared writable place (1777, as a
+    shared hub cache's repo may be) with no blobs/ of its own. alice made
+    blobs/ in it, hers, with her model, and renamed a link to it over her
+    model m: its tree was taken, by the name models--o--m, as bob's repo
+    itself, with her as its owner (blobs/'s), so the swap passed as a
+    sibling of hers; her next link, to bob's snapshot in the same repo,
+    was then "the same tree", and bob's files were served as alice's
+    generation 3. Now a blobs/ directory is its repo's only where the repo
+    owns it too: her blobs/ is a tree of its own, inside bob's repo, and
+    each swap waits for the operator, with one line naming both trees."""
+    shared = shared_place(tmp_path)
+    repo = made_by(os.path.join(shared, "models--o--m"), BOB_UID, 0o1777)
+    snap = os.path.join(repo, "snapshots", "main")
+    made_by(os.path.join(repo, "snapshots"), BOB_UID)
+    made_by(snap, BOB_UID)
+    mkmodel(os.path.join(snap, "model.safetensors"), seed=2)
+    os.chown(os.path.join(snap, "model.safetensors"), BOB_UID, GROUP)
+    mkmodel(os.path.join(shared, "mine.tmp"), seed=3)
+    os.chown(os.path.join(shared, "mine.tmp"), ALICE_UID, GROUP)
+    m, v1 = os.path.join(shared, "m"), os.path.join(shared, "v1")
+    d = Daemon(tmp_path, {"alice": m}, user=(DAEMON_UID, GROUP), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "alice": generation 1 warm')
+        # (Each wait also ends on the swap's generation, so that the code
+        # before this fix fails on its served generation, not a timeout.)
+        as_alice("mkdir models--o--m/blobs && mv mine.tmp models--o--m/blobs/model.safetensors"
+                 " && ln -s models--o--m/blobs .next && mv -T .next m", shared)
+        _, first = d.wait_for_log(r'model "alice": (its path .* now resolves into|'
+                                  r'generation 2 is current)')
+        as_alice("ln -s models--o--m/snapshots/main .next && mv -T .next m", shared)
+        _, second = d.wait_for_log(r'model "alice": (its path .* now resolves into %s |'
+                                   r'generation 3 is current)' % repo)
+        log = d.read_log()
+        assert 'model "alice": generation 3' not in log, "bob's files served as alice's:\n" + log
+        assert 'model "alice": generation 2' not in log, log
+        assert os.path.join(repo, "blobs") in first and "(was %s)" % v1 in first, first
+        assert "wcachectl reload alice" in first and "generation 1 still serving" in first, first
+        assert "(was %s)" % v1 in second and "generation 1 still serving" in second, second
+        assert "generation 1" in served(d, "alice")
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_hub_names_in_a_shared_place_reach_only_their_makers_files(tmp_path):
+    """What a hub name does widen, pinned: a model's tree is its hub repo
+    (models--X, two levels above a snapshot), and a swap is taken only into
+    that tree or a sibling tree of the same owner. alice's own repo in the
+    shared place is hers: a swap to its snapshot is taken by itself. bob's
+    repo beside it (his blobs/ and snapshots/) is not hers: a swap into
+    it waits for the operator; a link from her repo's snapshot into his
+    blobs/ leaves her repo and is refused as it is opened."""
+    shared = shared_place(tmp_path)
+    bob = made_by(os.path.join(shared, "models--o--bob"), BOB_UID)
+    for sub in ("blobs", "snapshots", "snapshots/main"):
+        made_by(os.path.join(bob, sub), BOB_UID)
+    mkmodel(os.path.join(bob, "blobs", "h2"), seed=2)
+    os.chown(os.path.join(bob, "blobs", "h2"), BOB_UID, GROUP)
+    os.symlink("../../blobs/h2", os.path.join(bob, "snapshots", "main", "model.safetensors"))
+    mkmodel(os.path.join(shared, "mine.tmp"), seed=3)
+    os.chown(os.path.join(shared, "mine.tmp"), ALICE_UID, GROUP)
+    m = os.path.join(shared, "m")
+    d = Daemon(tmp_path, {"alice": m}, user=(DAEMON_UID, GROUP), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "alice": generation 1 warm')
+        as_alice("mkdir -p models--o--a/blobs models--o--a/snapshots/r"
+                 " && mv mine.tmp models--o--a/blobs/h3"
+                 " && ln -s ../../blobs/h3 models--o--a/snapshots/r/model.safetensors"
+                 " && ln -s models--o--a/snapshots/r .next && mv -T .next m", shared)
+        d.wait_for_log(r'model "alice": generation 2 is current')
+        assert "generation 2" in served(d, "alice")
+
+        as_alice("ln -s models--o--bob/snapshots/main .next && mv -T .next m", shared)
+        _, line = d.wait_for_log(r'model "alice": its path .* now resolves into %s ' % bob)
+        assert "generation 2 still serving" in line, line
+
+        as_alice("mkdir models--o--a/snapshots/s && ln -s ../../../models--o--bob/blobs/h2"
+                 " models--o--a/snapshots/s/model.safetensors"
+                 " && ln -s models--o--a/snapshots/s .next && mv -T .next m", shared)
+        _, line = d.wait_for_log(r'model "alice": .*leaves the model\'s tree')
+        assert os.path.join(shared, "models--o--a") in line, line
+        log = d.read_log()
+        assert 'model "alice": generation 3' not in log, log
+        assert "generation 2" in served(d, "alice")
+        assert digest(os.path.join(shared, "models--o--a", "blobs", "h3")) != \
+            digest(os.path.join(bob, "blobs", "h2"))
+    finally:
+        assert d.stop() == 0, d.read_log()
