@@ -408,8 +408,8 @@ drop(struct derive_table *t, struct derived *a, const char *why)
 		}
 	derive_count(t, derive_weight(g), 0);
 	t->stats.dropped++;
-	log_info("model \"%s\": derived \"%s\" of generation %" PRIu64 " dropped (%s)",
-		a->model_name, a->key, a->source, why);
+	log_info("model \"%s\": derived \"%s\" of generation %" PRIu64 " dropped (%s): %" PRIu64
+		 " bytes freed", a->model_name, a->key, a->source, why, derive_weight(g));
 	g->kept = 0;
 	gen_maybe_free(t->r, g);
 	free(a->model_name);
@@ -442,11 +442,20 @@ derive_collect(struct derive_table *t)
 	}
 }
 
-/* registry's drop_derived hook: the memory budget wants want bytes. */
-static uint64_t
-drop_unheld(struct registry *r, uint64_t want)
+uint64_t
+derive_unheld_bytes(const struct derive_table *t)
 {
-	struct derive_table *t = r->derive_owner;
+	uint64_t bytes = 0;
+
+	for (const struct derived *a = t->artifacts; a != NULL; a = a->next)
+		if (a->gen->attached == 0)
+			bytes += derive_weight(a->gen);
+	return bytes;
+}
+
+uint64_t
+derive_drop_unheld(struct derive_table *t, uint64_t want, const char *why)
+{
 	uint64_t dropped = 0;
 
 	while (dropped < want) {
@@ -458,9 +467,16 @@ drop_unheld(struct registry *r, uint64_t want)
 		if (lru == NULL)
 			break;
 		dropped += derive_weight(lru->gen);
-		drop(t, lru, "memory_budget: nobody held it");
+		drop(t, lru, why);
 	}
 	return dropped;
+}
+
+/* registry's drop_derived hook: the memory budget wants want bytes. */
+static uint64_t
+drop_for_budget(struct registry *r, uint64_t want)
+{
+	return derive_drop_unheld(r->derive_owner, want, "memory_budget: nobody held it");
 }
 
 /* m's artifacts of its current generation and its builds (of builder uid
@@ -545,7 +561,7 @@ derive_init(struct derive_table *t, struct registry *r, const struct derive_hook
 		return -ENOMEM;
 	t->timer.data = t;
 	r->derive_owner = t;
-	r->drop_derived = drop_unheld;
+	r->drop_derived = drop_for_budget;
 	return 0;
 }
 

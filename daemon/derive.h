@@ -10,7 +10,10 @@
  * the connections waiting for it, oldest first. Single flight: at most one
  * build of a key runs at a time. When a builder publishes, the memfd is
  * sealed, copied into a memfd of wcached's own (whose pages the kernel
- * charges to wcached's memory cgroup, not the builder's), validated with
+ * charges to wcached's memory cgroup, not the builder's; where the copy
+ * would pass the memory limit in force, artifacts nobody holds are dropped
+ * first, least recently used first, so that only what workers hold can
+ * refuse a publication room), validated with
  * the readers every model goes through and compiled; then every waiter is
  * answered. When it goes away (hang-up before its PUBLISH,
  * derive_timeout) the oldest waiter that may build takes over; a hang-up
@@ -254,6 +257,11 @@ uint64_t derive_token(const struct derive_build *b);
  * it (the memfd and what the check makes are the check's): the waiters get
  * the artifact; refused, the build goes to the oldest waiter that may build,
  * or every waiter gets EHOSTDOWN, with the reason.
+ * Its copy is reserved under the memory limit in force first: where it
+ * would pass it, the artifacts nobody holds are dropped, least recently used
+ * first, when that makes room (each logged with the bytes freed), and the
+ * check goes on; the publication is refused (ENOMEM) only when what workers
+ * hold and the other checks are copying leave no room.
  * A check holds memory of the order of the artifact's header (a 100 MB
  * safetensors header: a few hundred MB while it is parsed): at most
  * DERIVE_CHECKS_AT_ONCE run at once, one per builder uid, so that one user

@@ -19,6 +19,13 @@
  * gone before publishing does). A build that ends
  * some other way while its check runs (wcached stopping) cancels it, and the
  * result is dropped when the check ends.
+ *
+ * The copy is memory wcached's cgroup cannot give back: before it, the check
+ * reserves its room under the memory limit in force (check_reserve). Where
+ * there is none, the check ends, the loop (which owns the artifacts) drops
+ * artifacts nobody holds, least recently used first, if that makes room,
+ * reserves it and queues the check again, once (make_room); only when what
+ * workers hold and the other checks copy leave no room is it refused.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -59,6 +66,17 @@
 /* Publication checks on the work queue at once (derive.h). */
 #define DERIVE_CHECKS_AT_ONCE 2
 
+/* Where a check stands with the room its copy takes in t->charged
+ * (check_reserve). The one change from ROOM_WANTED is the loop's
+ * (make_room); the others are the check's thread's. */
+enum check_room {
+	ROOM_UNASKED = 0, /* check_reserve has not run */
+	ROOM_WANTED,      /* it found none: on the loop, artifacts nobody holds are
+			   * dropped if that makes room, which is reserved there,
+			   * and the check is queued again; else it is refused */
+	ROOM_RESERVED,    /* c->reserved is in t->charged (0: no limit known) */
+};
+
 struct derive_check {
 	struct workq_job job;
 	struct derive_check *next; /* in t->checks_running or t->checks_waiting */
@@ -74,9 +92,13 @@ struct derive_check {
 	char limit_source[DERIVE_MEM_SOURCE];
 	char label[WIRE_MAX_NAME + WIRE_MAX_KEY + 16];
 	int fd;                  /* the builder's memfd, then wcached's copy */
+	uint64_t size;           /* the memfd's, once sealed and checked (check_open):
+				  * a check queued again starts at its copy */
+	enum check_room room;
 	double copy_s;           /* how long copy_artifact took */
-	uint64_t reserved;       /* added to t->charged by check_reserve, taken
-				  * back by check_free (on the loop) */
+	uint64_t reserved;       /* added to t->charged by check_reserve (or by
+				  * make_room, on the loop), taken back by
+				  * check_free (on the loop) */
 	int cancelled;           /* set on the loop (derive_check_cancel), read
 				  * by the copy between chunks: atomic */
 	/* What the check made: the source, its served descriptors and the
@@ -182,33 +204,39 @@ over_bound(struct derive_check *c, uint64_t bytes, const char *what)
 	return c->err = -EFBIG;
 }
 
-/* Reserves the memory c's copy of a memfd of size bytes takes in t->charged
- * (twice the size where the limit in force is the RAM, which holds the
- * builder's memfd too while it is copied): 0, or -ENOMEM with c->why when
- * the artifacts wcached keeps, the copies of the other checks running and
- * this one would pass that limit. The kernel charges wcached's copies to
+/* What c's copy of its memfd (c->size bytes) takes of the memory limit in
+ * force: twice the size where that limit is the RAM, which holds the
+ * builder's memfd too while it is copied. */
+static uint64_t
+check_need(const struct derive_check *c)
+{
+	return c->limit_ram ? 2 * c->size : c->size;
+}
+
+/* Reserves the memory c's copy takes (check_need) in t->charged: 0, or
+ * -ENOMEM (ROOM_WANTED, nothing kept reserved) when the artifacts wcached
+ * keeps, the copies of the other checks running and this one would pass
+ * the memory limit in force. The kernel charges wcached's copies to
  * wcached's memory cgroup and cannot reclaim them without swap: past its
  * limit the cgroup's OOM killer would kill wcached (review rev183 F1), and
- * past the RAM the machine's would. Unheld artifacts count too (a
- * memory_budget drops them only after a publication). */
+ * past the RAM the machine's would. Artifacts nobody holds count too, but
+ * the loop drops them to make room before it refuses (make_room): the
+ * registry and the artifacts are the loop's. */
 static int
-check_reserve(struct derive_check *c, uint64_t size)
+check_reserve(struct derive_check *c)
 {
-	uint64_t need = c->limit_ram ? 2 * size : size, before;
+	uint64_t need = check_need(c), before;
 
+	c->room = ROOM_RESERVED;
 	if (c->limit == 0)
 		return 0;
 	before = __atomic_fetch_add(&c->t->charged, need, __ATOMIC_RELAXED);
-	c->reserved = need;
-	if (before + need <= c->limit)
+	if (before + need <= c->limit) {
+		c->reserved = need;
 		return 0;
-	snprintf(c->why, sizeof(c->why), "wcached keeps or is copying %" PRIu64 " MiB of derived "
-		 "artifacts, and this one's %" PRIu64 " MiB%s would pass the memory limit in force "
-		 "(%" PRIu64 " MiB, %s), which its copy is charged to: no room for it now "
-		 "(`wcachectl drop NAME` takes back unheld artifacts; a memory_budget drops "
-		 "them as it needs)", before >> 20, size >> 20,
-		 c->limit_ram ? " twice (the builder's memfd and wcached's copy)" : "",
-		 c->limit >> 20, c->limit_source);
+	}
+	__atomic_sub_fetch(&c->t->charged, need, __ATOMIC_RELAXED);
+	c->room = ROOM_WANTED;
 	return c->err = -ENOMEM;
 }
 
@@ -384,24 +412,20 @@ copy_artifact(struct derive_check *c, int src, uint64_t size)
 
 /* Work queue thread: seals the memfd for good, reopens it read-only (the
  * received descriptor is the builder's open file description, its offset
- * and flags the builder's to change), copies it into a memfd of wcached's
- * own (copy_artifact: wcached's cgroup pays for what it keeps, not the
- * builder's), closes the builder's, validates the copy with the readers
- * every model goes through and seals its index. */
-static void
-check_run(struct workq_job *job)
+ * and flags the builder's to change), closes the builder's, and checks its
+ * size (the bound of one artifact) and that it is whole: c->size, or
+ * c->err with why. */
+static int
+check_open(struct derive_check *c)
 {
-	struct derive_check *c = job->arg;
-	struct timespec t0, t1;
 	struct stat st;
 	int fd;
 
 	if ((c->err = seal_artifact(c->fd, c->why, sizeof(c->why))) < 0)
-		return;
+		return c->err;
 	if ((fd = fd_reopen_read_only(c->fd, c->label)) < 0) {
-		c->err = fd;
 		snprintf(c->why, sizeof(c->why), "%s", error_get());
-		return;
+		return c->err = fd;
 	}
 	closer_close(c->t->closer, c->owner, c->fd);
 	c->fd = fd;
@@ -410,12 +434,11 @@ check_run(struct workq_job *job)
 	if (fstat(fd, &st) == -1) {
 		c->err = -errno;
 		snprintf(c->why, sizeof(c->why), "the memfd: fstat: %s", strerror(-c->err));
-		return;
+		return c->err;
 	}
 	if (st.st_size <= 0) {
-		c->err = -EBADMSG;
 		snprintf(c->why, sizeof(c->why), "the memfd is empty");
-		return;
+		return c->err = -EBADMSG;
 	}
 	/* The memfd alone first (its index is counted once compiled). Without
 	 * a budget, against the RAM, twice over: the builder's memfd and
@@ -424,9 +447,9 @@ check_run(struct workq_job *job)
 	if (c->budget == 0 && c->limit_ram) {
 		if (over_bound(c, 2 * (uint64_t)st.st_size, " (the memfd twice: the builder's "
 			 "and wcached's copy of it, while it is copied)") < 0)
-			return;
+			return c->err;
 	} else if (over_bound(c, (uint64_t)st.st_size, "") < 0) {
-		return;
+		return c->err;
 	}
 	/* Every page must have memory behind it, paid for by the builder; the
 	 * seals forbid punching holes from here on. */
@@ -435,19 +458,38 @@ check_run(struct workq_job *job)
 
 		snprintf(c->why + n, sizeof(c->why) - n, "; write (or fallocate) every byte "
 			 "before publishing");
-		return;
+		return c->err;
 	}
-	if (check_reserve(c, (uint64_t)st.st_size) < 0)
+	c->size = (uint64_t)st.st_size;
+	return 0;
+}
+
+/* Work queue thread: seals and checks the memfd (check_open: once; a check
+ * queued again after the loop made room for it starts at its copy),
+ * reserves the memory of its copy (check_reserve), copies it into a memfd
+ * of wcached's own (copy_artifact: wcached's cgroup pays for what it keeps,
+ * not the builder's), closes the builder's, validates the copy with the
+ * readers every model goes through and seals its index. */
+static void
+check_run(struct workq_job *job)
+{
+	struct derive_check *c = job->arg;
+	struct timespec t0, t1;
+	int fd;
+
+	if (c->size == 0 && check_open(c) < 0)
+		return;
+	if (c->room != ROOM_RESERVED && check_reserve(c) < 0)
 		return;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
-	if ((fd = copy_artifact(c, c->fd, (uint64_t)st.st_size)) < 0)
+	if ((fd = copy_artifact(c, c->fd, c->size)) < 0)
 		return;
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	c->copy_s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
 	/* The builder's memory goes with its own last descriptor. */
 	closer_close(c->t->closer, c->owner, c->fd);
 	c->fd = fd;
-	if (check_head(c, fd, (uint64_t)st.st_size) < 0)
+	if (check_head(c, fd, c->size) < 0)
 		return;
 	if ((c->err = source_open_fd(fd, c->label, &c->src)) < 0) {
 		snprintf(c->why, sizeof(c->why), "%s", error_get());
@@ -456,7 +498,7 @@ check_run(struct workq_job *job)
 		return;
 	}
 	c->fd = -1; /* the source's now */
-	if (check_index(c, (uint64_t)st.st_size) < 0)
+	if (check_index(c, c->size) < 0)
 		return;
 	if ((c->err = gen_open_served(&c->src, &c->served)) < 0 ||
 		(c->err = gen_seal_index(c->src.index, c->src.index_len, &c->index_fd,
@@ -688,7 +730,67 @@ check_pump(struct derive_table *t)
 	}
 }
 
-/* On the loop: c's job ended; its place goes to the next that waits. */
+/*
+ * On the loop: c found no room for its copy (ROOM_WANTED). When dropping
+ * artifacts nobody holds makes room, drops them, least recently used first
+ * (derive_drop_unheld: one line each), and reserves the room here, before
+ * another check takes it: 1, and c is to be queued again. Else 0 with
+ * c->err and c->why: what workers hold and what the other checks are
+ * copying leave no room, and nothing is dropped in vain.
+ */
+static int
+make_room(struct derive_check *c)
+{
+	struct derive_table *t = c->t;
+	const struct derive_build *b = c->build;
+	uint64_t need = check_need(c), charged, unheld, before, held, copying;
+	char why[WIRE_MAX_KEY + 200], kept[96];
+
+	if (derive_entry_of(t, b->model_name, b->entry_id) == NULL) {
+		snprintf(c->why, sizeof(c->why), "the model is no longer served");
+		c->err = -ENOENT;
+		return 0;
+	}
+	/* t->charged holds every artifact's weight (derived_bytes), so it is
+	 * never below what is unheld. */
+	charged = __atomic_load_n(&t->charged, __ATOMIC_RELAXED);
+	unheld = derive_unheld_bytes(t);
+	if (charged + need > c->limit && charged - unheld + need <= c->limit) {
+		snprintf(why, sizeof(why), "the publication of \"%s\" (%" PRIu64 " MiB) needed "
+			 "room under the memory limit in force, and nobody held it", b->key,
+			c->size >> 20);
+		derive_drop_unheld(t, charged + need - c->limit, why);
+	}
+	before = __atomic_fetch_add(&t->charged, need, __ATOMIC_RELAXED);
+	if (before + need <= c->limit) {
+		c->reserved = need;
+		c->room = ROOM_RESERVED;
+		c->err = 0;
+		return 1;
+	}
+	__atomic_sub_fetch(&t->charged, need, __ATOMIC_RELAXED);
+	unheld = derive_unheld_bytes(t);
+	held = t->r->derived_bytes - unheld;
+	copying = before > t->r->derived_bytes ? before - t->r->derived_bytes : 0;
+	if (unheld != 0)
+		snprintf(kept, sizeof(kept), "and dropping the %" PRIu64 " MiB nobody holds would "
+			 "not make it", unheld >> 20);
+	else
+		snprintf(kept, sizeof(kept), "even with every artifact nobody held dropped");
+	snprintf(c->why, sizeof(c->why), "wcached keeps %" PRIu64 " MiB of derived artifacts "
+		 "that workers hold and is copying %" PRIu64 " MiB of other publications, and "
+		 "this one's %" PRIu64 " MiB%s would pass the memory limit in force (%" PRIu64
+		 " MiB, %s), which its copy is charged to: no room for it now, %s (room comes "
+		 "back as workers release artifacts: one nobody holds is dropped when a "
+		 "publication needs its room)", held >> 20, copying >> 20, c->size >> 20,
+		c->limit_ram ? " twice (the builder's memfd and wcached's copy)" : "",
+		c->limit >> 20, c->limit_source, kept);
+	c->err = -ENOMEM;
+	return 0;
+}
+
+/* On the loop: c's job ended; its place goes to the next that waits. A
+ * check that found no room goes again, once, where make_room made some. */
 static void
 check_done(struct workq_job *job, int status)
 {
@@ -697,6 +799,11 @@ check_done(struct workq_job *job, int status)
 
 	if (check_unlink(&t->checks_running, c))
 		t->nchecks_running--;
+	if (status == 0 && c->room == ROOM_WANTED && c->build != NULL && make_room(c)) {
+		if (check_start(t, c) == 0)
+			return;
+		status = UV_ECANCELED; /* its reservation goes with it (check_free) */
+	}
 	check_finish(c, status);
 	check_pump(t);
 }

@@ -12,8 +12,8 @@ import pytest
 
 from conftest import Daemon, mkmodel
 from ctlutil import ctl, daemons, status
-from test_derived import (DERIVE_CONF, Peer, build, expect_error, memfd_with, publish_held,
-                          release, st_bytes)
+from test_derived import (DERIVE_CONF, Peer, artifact_bytes, build, expect_error, memfd_with,
+                          model_entry, publish_held, release, st_bytes)
 from test_memlimit import cgroup, make  # noqa: F401 (cgroup: the fixture, used by name)
 from test_regressions import ready
 from test_regressions import start  # noqa: F401 (the fixture, used by name)
@@ -96,30 +96,106 @@ def test_fits_counts_derived_artifacts_against_the_limit(in_cgroup, tmp_path, cg
         release(a, rep)
 
 
-def test_a_publication_past_the_limit_with_the_artifacts_kept_is_refused(in_cgroup, tmp_path,
-                                                                         cgroup):
-    """Review rev183 F1: wcached's copy of an artifact is charged to its own
-    memory cgroup, and without swap the kernel cannot reclaim it. In a 96 MiB
-    cgroup, two 40 MiB artifacts are kept (one held, one not); a third would
-    take 120 MiB: it is refused (ENOMEM) with one line naming what is kept and
-    the limit, and wcached goes on serving. Before, the third copy ran the
-    cgroup past its limit and its OOM killer killed wcached."""
-    set_limit = cgroup[4]
-    set_limit(96 * MiB)
+def served_in_96_mib(in_cgroup, tmp_path, cgroup):
+    """A daemon serving "small" (derive = yes) in a 96 MiB memory cgroup, and
+    a connection to it: (d, peer)."""
+    cgroup[4](96 * MiB)
     d = in_cgroup({"small": (mkmodel(tmp_path / "small.safetensors"), DERIVE_CONF)}, "")
     ready(d, "small")
-    blob = st_bytes({"w": ("U8", [40 * MiB], bytes(40 * MiB))})
-    a = Peer(d)
-    held = publish_held(a, "k0", blob)
-    release(a, publish_held(a, "k1", blob))
-    r = build(a, key="k2")
-    fd = memfd_with(blob)
-    a.publish(r["token"], fd)
+    return d, Peer(d)
+
+
+def artifact_of(mib):
+    """A safetensors artifact of one tensor of mib MiB."""
+    return st_bytes({"w": ("U8", [mib * MiB], bytes(mib * MiB))})
+
+
+def keys(d):
+    return sorted(x["key"] for x in model_entry(d, "small")["derived"])
+
+
+def publish_refused(peer, key, data):
+    """Builds and publishes key with data; returns the text of the ENOMEM its
+    publication gets, after checking it is one line."""
+    r = build(peer, key=key)
+    fd = memfd_with(data)
+    peer.publish(r["token"], fd)
     os.close(fd)
-    text = expect_error(a.reply(), "ENOMEM", "small", "k2",
-                        "wcached keeps or is copying 80 MiB of derived artifacts, and this "
-                        "one's 40 MiB would pass the memory limit in force (96 MiB,")
+    text = expect_error(peer.reply(), "ENOMEM", "small", key,
+                        "would pass the memory limit in force (96 MiB,")
     assert "\n" not in text, text
+    return text
+
+
+def dropped_for(key, victim):
+    """The log line of victim dropped to make room for key's publication:
+    the model, the key, and the bytes freed."""
+    return (rf'model "small": derived "{victim}" of generation 1 dropped \(the publication '
+            rf'of "{key}" \([0-9]+ MiB\) needed room under the memory limit in force, and '
+            r'nobody held it\): ([0-9]+) bytes freed')
+
+
+def test_a_publication_short_of_room_drops_the_artifacts_nobody_holds_first(in_cgroup,
+                                                                           tmp_path, cgroup):
+    """A cache evicts what nobody uses before it refuses new work. In a 96 MiB
+    cgroup two 40 MiB artifacts nobody holds are kept; a third would take
+    120 MiB: the least recently used of them is dropped (one line naming it
+    and the bytes freed), the other kept, and the third published. Then, with
+    k1 used more recently than k2, a 60 MiB one needs both gone: k2 goes
+    first, then k1. Before, the third was refused (ENOMEM, "`wcachectl drop
+    NAME` takes back unheld artifacts") with 80 MiB nobody held."""
+    d, a = served_in_96_mib(in_cgroup, tmp_path, cgroup)
+    blob = artifact_of(40)
+    release(a, publish_held(a, "k0", blob))
+    release(a, publish_held(a, "k1", blob))
+    k2 = publish_held(a, "k2", blob)
+    assert artifact_bytes(k2) == blob
+    assert keys(d) == ["k1", "k2"]
+    _, line = d.wait_for_log(dropped_for("k2", "k0"))
+    assert int(re.search(dropped_for("k2", "k0"), line).group(1)) >= 40 * MiB, line
+    assert not re.search(r'derived "k1" of generation 1 dropped', d.read_log())
+    release(a, k2)
+
+    # k1 attached again: k2 is now the one used least recently.
+    a.derive("small", "k1")
+    release(a, a.reply())
+    release(a, publish_held(a, "k3", artifact_of(60)))
+    assert keys(d) == ["k3"]
+    log = d.read_log()
+    first, second = (re.search(dropped_for("k3", k), log) for k in ("k2", "k1"))
+    assert first and second and first.start() < second.start(), log[-3000:]
+    assert status(d)["memory"]["derived_artifacts"] == 1
+    assert d.proc.poll() is None
+
+
+def test_a_publication_past_the_limit_with_what_workers_hold_is_refused(in_cgroup, tmp_path,
+                                                                        cgroup):
+    """Review rev183 F1: wcached's copy of an artifact is charged to its own
+    memory cgroup, and without swap the kernel cannot reclaim it. In a 96 MiB
+    cgroup, two 40 MiB artifacts workers hold are kept; a third would take
+    120 MiB: it is refused (ENOMEM) with one line naming what workers hold and
+    the limit, and wcached goes on serving. Before rev183, the third copy ran
+    the cgroup past its limit and its OOM killer killed wcached. Where
+    dropping what nobody holds would not make room, nothing is dropped."""
+    d, a = served_in_96_mib(in_cgroup, tmp_path, cgroup)
+    blob = artifact_of(40)
+    k0 = publish_held(a, "k0", blob)
+    k1 = publish_held(a, "k1", blob)
+    text = publish_refused(a, "k2", blob)
+    assert ("wcached keeps 80 MiB of derived artifacts that workers hold and is copying 0 MiB "
+            "of other publications, and this one's 40 MiB would pass the memory limit in "
+            "force (96 MiB,") in text, text
+    assert "no room for it now, even with every artifact nobody held dropped" in text, text
     assert d.proc.poll() is None, d.read_log()
-    assert status(d)["memory"]["derived_artifacts"] == 2
-    release(a, held)
+    assert keys(d) == ["k0", "k1"]
+
+    # k1 released: its 40 MiB would not make room for 60 MiB beside k0's 40.
+    release(a, k1)
+    text = publish_refused(a, "k3", artifact_of(60))
+    assert ("wcached keeps 40 MiB of derived artifacts that workers hold and is copying 0 MiB "
+            "of other publications, and this one's 60 MiB would pass") in text, text
+    assert ("no room for it now, and dropping the 40 MiB nobody holds would not make "
+            "it") in text, text
+    assert keys(d) == ["k0", "k1"]
+    assert not re.search(r'derived "k[0-9]" of generation 1 dropped', d.read_log())
+    release(a, k0)
