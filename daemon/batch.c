@@ -24,24 +24,36 @@
 #include "restore.h"
 
 /* Warns once loads end when what the models served keep warm (all of them,
- * or what memory_budget keeps) does not fit under the memory limit in
- * force: the kernel would reclaim what was just warmed. */
+ * or what memory_budget keeps) and the derived artifacts wcached keeps
+ * (those a warm restart took back from the store included) do not fit
+ * under the memory limit in force: the kernel would reclaim what was just
+ * warmed. The artifacts weigh as status's "fits" weighs them: memory the
+ * kernel cannot reclaim, as if pinned. */
 void
 batch_check_fit(struct daemon *d)
 {
-	uint64_t total, pinned;
+	uint64_t total, pinned, derived = d->reg.derived_bytes;
 	unsigned n = registry_served_bytes(&d->reg, &total, &pinned);
-	char src[400];
+	char src[400], also[96] = "";
 
-	if (memlimit_fits(&d->mem, total, pinned, d->reg.memory_budget))
+	if (memlimit_fits(&d->mem, total + derived, pinned + derived, d->reg.memory_budget))
 		return;
+	if (derived != 0)
+		snprintf(also, sizeof(also), " and the derived artifacts kept (%" PRIu64 " MiB)",
+			derived >> 20);
 	/* A budget set above the limit has its own warning (reload.c). */
-	log_warnx("the %u model%s served (%" PRIu64 " MiB) do not fit under the memory limit "
-		  "in force (%" PRIu64 " MiB, %s): the kernel will reclaim warm pages and "
-		  "workers will read from disk; %s", n, n == 1 ? "" : "s", total >> 20,
+	log_warnx("the %u model%s served (%" PRIu64 " MiB)%s do not fit under the memory "
+		  "limit in force (%" PRIu64 " MiB, %s): the kernel will reclaim warm pages and "
+		  "workers will read from disk; %s", n, n == 1 ? "" : "s", total >> 20, also,
 		d->mem.limit >> 20, memlimit_source(&d->mem, src, sizeof(src)),
 		pinned > d->mem.limit ? "the models pinned whole (pin = all) alone do not fit: "
 					"pin fewer" :
+		pinned + derived > d->mem.limit ?
+			(pinned != 0 ? "the models pinned whole (pin = all) and the derived "
+				       "artifacts alone do not fit: pin fewer, or drop artifacts "
+				       "(`wcachectl drop`)" :
+				       "the derived artifacts alone do not fit: drop some "
+				       "(`wcachectl drop`)") :
 		d->reg.memory_budget != 0 ? "set memory_budget below that limit" :
 		d->mem.kind == MEMLIMIT_RAM ? "serve fewer models, or set memory_budget to keep "
 					      "the most used ones warm" :

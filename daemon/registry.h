@@ -258,6 +258,10 @@ struct registry {
 	 * are gone or none is left; it returns the bytes dropped. NULL: none. */
 	uint64_t derived_bytes;
 	uint64_t (*drop_derived)(struct registry *, uint64_t want);
+	/* 1 while the artifacts workers hold alone take more than
+	 * memory_budget, as the last enforcement found (registry_budget.c:
+	 * it warns once each time that becomes so). */
+	int held_over_budget;
 	/* Names whose latest load was refused before they had an entry, one
 	 * each, at most REGISTRY_REFUSALS_MAX (the newest beyond are not
 	 * kept): dropped when an entry of the name is made, or by

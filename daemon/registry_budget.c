@@ -199,23 +199,22 @@ registry_warm_bytes(const struct registry *r)
  * it no longer so), that the derived artifacts workers hold alone take more
  * than memory_budget: the budget then evicts every model it may and still
  * cannot be kept. Called after the unheld artifacts were dropped, so what
- * is left of derived_bytes is held. One daemon has one registry, so the
- * flag is the file's.
+ * is left of derived_bytes is held. The flag is the registry's: each
+ * registry (a unit test makes several) says it for itself.
  */
 static void
-warn_held_over_budget(const struct registry *r)
+warn_held_over_budget(struct registry *r)
 {
-	static bool warned;
-	bool over = r->memory_budget != 0 && r->derived_bytes > r->memory_budget;
+	int over = r->memory_budget != 0 && r->derived_bytes > r->memory_budget;
 
-	if (over && !warned)
+	if (over && !r->held_over_budget)
 		log_warnx("derived artifacts that workers hold take %.1f MiB, more than "
 			  "memory_budget (%.1f MiB) alone: every model the budget may evict is "
 			  "evicted, and the budget stays exceeded until workers release some "
 			  "(raise memory_budget to keep models warm beside them)",
 			(double)r->derived_bytes / (1 << 20),
 			(double)r->memory_budget / (1 << 20));
-	warned = over;
+	r->held_over_budget = over;
 }
 
 void
