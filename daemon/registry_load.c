@@ -399,12 +399,34 @@ owned_by(const struct model_source *src, uid_t uid)
 }
 
 /*
+ * Whether the file q's path named as its files were opened, the one made at
+ * a place (at_place), has an owner to tell: a shard index (its fstat as it
+ * was read, model_source's index_st) or a model that is one file (its
+ * file's); its owner in *uid. Asked of what was opened, never of a stat(2)
+ * of the path afterwards: the path's owner could rename a link to another
+ * user's file over it between the open and that stat, and have the files
+ * taken as that user's.
+ */
+static int
+opened_owner(const struct load_request *q, uid_t *uid)
+{
+	if (q->source.format == FORMAT_SHARDED)
+		*uid = q->source.index_st.st_uid;
+	else if (q->source.nfiles == 1)
+		*uid = q->source.files[0].st.st_uid;
+	else
+		return 0;
+	return 1;
+}
+
+/*
  * Whether q, a watched reload of a model whose operator's load found
  * nothing at its path, opened its files in the tree of the directory that
  * holds the place that path named (q->keep_place): that directory, or its
  * hub repo (tree_split), and they are at that place (a file made there,
  * with files of its maker only: an index made there may name any file in
- * the directory, review rev182 F1), or in a hub repo (which holds that
+ * the directory, review rev182 F1; its maker the owner of the file as it
+ * was opened, opened_owner), or in a hub repo (which holds that
  * repo's files only), or all the user's who owned the directory the place
  * was to be made in (keep_uid). A
  * directory holds other users' models too: a link at the place to another
@@ -415,14 +437,14 @@ static int
 at_place(const struct load_request *q)
 {
 	char *dir = q->keep_place != NULL ? path_dir(q->keep_place) : NULL, *root, *sub;
-	struct stat st;
+	uid_t maker;
 	int ok = dir != NULL && tree_split(dir, &root, &sub) == 0;
 
 	if (ok) {
 		ok = strcmp(q->root, root) == 0 && (sub[0] != '\0' ||
 			owned_by(&q->source, q->keep_uid) ||
 			(q->resolved != NULL && strcmp(q->resolved, q->keep_place) == 0 &&
-				stat(q->resolved, &st) == 0 && owned_by(&q->source, st.st_uid)));
+				opened_owner(q, &maker) && owned_by(&q->source, maker)));
 		free(root);
 		free(sub);
 	}

@@ -12,6 +12,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 
 #include "base/file.h"
 #include "format/index.h"
@@ -34,6 +35,10 @@ struct model_source {
 	size_t nfiles;
 	uint8_t *index;        /* malloc'd WCIX block */
 	size_t index_len;
+	/* FORMAT_SHARDED: the shard index file as it was opened (fstat), the
+	 * file its path named; what wcached asks of it (its owner) is asked
+	 * of what was read, not of whatever the path names later. */
+	struct stat index_st;
 };
 
 /*

@@ -59,6 +59,29 @@ int __real_munmap(void *addr, size_t len);
 int __wrap_munmap(void *addr, size_t len);
 int __real_open(const char *path, int flags, ...);
 int __wrap_open(const char *path, int flags, ...);
+char *__real_realpath(const char *path, char *resolved);
+char *__wrap_realpath(const char *path, char *resolved);
+
+/* A rename at a chosen moment of a load: on the swap_at-th realpath() of
+ * swap_dir (counting down; 0: none), a symbolic link to swap_target is
+ * renamed over swap_path, as the path's owner may do at any moment, and
+ * swapped says it was. */
+static atomic_int swap_at, swapped;
+static char swap_dir[4096], swap_path[4096], swap_target[256];
+
+char *
+__wrap_realpath(const char *path, char *resolved)
+{
+	char tmp[4200];
+
+	if (atomic_load(&swap_at) > 0 && strcmp(path, swap_dir) == 0 &&
+		atomic_fetch_sub(&swap_at, 1) == 1) {
+		snprintf(tmp, sizeof(tmp), "%s.swap", swap_path);
+		if (symlink(swap_target, tmp) == 0 && rename(tmp, swap_path) == 0)
+			atomic_store(&swapped, 1);
+	}
+	return __real_realpath(path, resolved);
+}
 
 int
 __wrap_open(const char *path, int flags, ...)
@@ -147,6 +170,8 @@ setup(void **state)
 	atomic_store(&fail_fstat, 0);
 	atomic_store(&fail_memfd, 0);
 	atomic_store(&fail_index_reopen, 0);
+	atomic_store(&swap_at, 0);
+	atomic_store(&swapped, 0);
 	atomic_store(&record_munmap, false);
 	atomic_store(&n_munmapped, 0);
 	*state = du_new(false);
@@ -1324,6 +1349,42 @@ test_index_at_place_naming_another_users_file_waits(void **state)
 	free(p);
 }
 
+/*
+ * The maker of the file made at the place is the owner of the file wcached
+ * opened there, not of what the path names when it checks: alice's index
+ * (naming bob's 0600 file) was read, then a link to bob's file was renamed
+ * over the index's path before the check, here as the load looks up the
+ * place's directory once more (hub_root's realpath, the second of that
+ * directory after the open's own). A stat(2) of the path then found bob's
+ * file, "made" by bob with bob's files only, and served them as the model.
+ */
+static void
+test_index_at_place_swapped_after_its_open_waits(void **state)
+{
+	struct du *t = *state;
+	char *p = missing_llama(t, "llama.safetensors.index.json"), *bob, *dir;
+	FILE *f;
+
+	bob = du_model(t, "models/bob.safetensors", 1024);
+	assert_int_equal(chown(bob, 12345, 12345), 0);
+	assert_int_equal(chmod(bob, 0600), 0);
+	assert_non_null(f = fopen(p, "w"));
+	fputs("{\"weight_map\":{\"w\":\"bob.safetensors\"}}", f);
+	fclose(f);
+	assert_int_equal(chown(p, 23456, 23456), 0);
+	assert_non_null(dir = path_dir(p));
+	snprintf(swap_dir, sizeof(swap_dir), "%s", dir);
+	snprintf(swap_path, sizeof(swap_path), "%s", p);
+	snprintf(swap_target, sizeof(swap_target), "bob.safetensors");
+	atomic_store(&swap_at, 2);
+	assert_int_equal(r180_watched(t, "llama"), -EXDEV);
+	assert_int_equal(atomic_load(&swapped), 1);
+	assert_non_null(strstr(t->message, "operator's reload"));
+	free(dir);
+	free(bob);
+	free(p);
+}
+
 int
 main(void)
 {
@@ -1342,6 +1403,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_link_at_place_to_owners_file_beside_it_loads,
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(test_index_at_place_naming_another_users_file_waits,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(test_index_at_place_swapped_after_its_open_waits,
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(test_link_below_later_dir_to_owners_tree_waits,
 			setup, teardown),

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -350,6 +351,36 @@ test_open_valid(void **state)
 	source_close(&src);
 	free(p);
 	/* total_size 999 is wrong, and that is fine (advisory) */
+}
+
+/*
+ * index_st is the index as shards_open() read it (wcached asks its owner,
+ * registry_load.c's opened_owner): a file renamed over the index's path
+ * afterwards changes nothing in it.
+ */
+static void
+test_open_index_st(void **state)
+{
+	struct tu_dir *f = *state;
+	struct model_source src;
+	struct stat was, now;
+	char *p, *other;
+
+	write_model(f->dir);
+	p = path_of(f->dir, INDEX_NAME);
+	other = path_of(f->dir, "other.json");
+	assert_int_equal(stat(p, &was), 0);
+	assert_int_equal(shards_open(p, &src), 0);
+	write_text(f->dir, "other.json", "{}");
+	assert_int_equal(rename(other, p), 0);
+	assert_int_equal(stat(p, &now), 0);
+	assert_true(now.st_ino != was.st_ino);
+	assert_int_equal(src.index_st.st_dev, was.st_dev);
+	assert_int_equal(src.index_st.st_ino, was.st_ino);
+	assert_int_equal(src.index_st.st_uid, was.st_uid);
+	source_close(&src);
+	free(other);
+	free(p);
 }
 
 /*
@@ -697,6 +728,7 @@ main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(test_open_bad_shard, tu_dir_setup, teardown),
 		cmocka_unit_test_setup_teardown(test_open_bad_index, tu_dir_setup, teardown),
+		cmocka_unit_test_setup_teardown(test_open_index_st, tu_dir_setup, teardown),
 		cmocka_unit_test_setup_teardown(test_read_index, tu_dir_setup, teardown),
 		cmocka_unit_test_setup_teardown(test_dir_sharded, tu_dir_setup, teardown),
 		cmocka_unit_test_setup_teardown(test_dir_single, tu_dir_setup, teardown),
