@@ -205,6 +205,11 @@ struct fdstore_artifact;
  * 0, or -EFBIG with the reason. */
 int restore_artifact_limits(int fd, const struct fdstore_artifact *a);
 
+/* On the loop: with a memory_budget in r, is artifact a (its memfd and
+ * compiled index, as a PUBLISH weighs it) within it? 0, or -EFBIG with
+ * the reason. */
+int restore_artifact_fits(const struct registry *r, const struct fdstore_artifact *a);
+
 /* Who a stored artifact's builder is, by the user database (the store
  * records its uid only). known: the database has the uid (gid, groups
  * filled); lookup_err: it could not be asked (errno). Root and wcached's

@@ -16,9 +16,10 @@
  * (source_open_fd, O(its tensors)) into an index byte for byte the stored
  * index memfd, itself checked as a generation's is, within the limits a
  * PUBLISH is held to; the loop lists what passed, if the configuration
- * now lets its builder build it (restore_rules.c). One that fails is left out with one line naming the model,
- * the key and the reason, its descriptors closed: the next DERIVE builds
- * it again.
+ * now lets its builder build it and memory_budget holds it
+ * (restore_rules.c). One that fails is left out with one line naming the
+ * model, the key and the reason, its descriptors closed: the next DERIVE
+ * builds it again (with derive = no, none does).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -436,9 +437,11 @@ adopt_artifact(struct restore *s, struct registry *r, const struct fdstore_model
 	else if (p->err < 0)
 		err = error_set(p->err, "%s", p->why);
 	/* The configuration now, as a reload applies it (reload.c drops the
-	 * artifacts of a model whose derive goes off): derive on, and its
-	 * builder still one who may build it (review rev181 F6). */
-	else if ((err = restore_builder_allowed(e, &p->builder)) >= 0)
+	 * artifacts of a model whose derive goes off): derive on, its
+	 * builder still one who may build it (review rev181 F6), and within
+	 * memory_budget as a publication must be (F10). */
+	else if ((err = restore_builder_allowed(e, &p->builder)) >= 0 &&
+		(err = restore_artifact_fits(r, a)) >= 0)
 		err = restore_adopt_artifact(r, e, &(struct derive_stored){ .key = a->key,
 			.source = a->source, .builder_uid = (uid_t)a->builder_uid,
 			.builder_pid = (pid_t)a->builder_pid,

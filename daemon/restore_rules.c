@@ -8,7 +8,12 @@
  *     parses (DERIVE_MAX_HEAD) and the compiled index wcached keeps
  *     (DERIVE_MAX_INDEX). An artifact stored by a wcached without them, or
  *     under larger ones, was taken back whatever its size; checked on the
- *     work queue before anything is parsed (restore_artifact_limits);
+ *     work queue before anything is parsed (restore_artifact_limits). And
+ *     with a memory_budget, the artifact alone within it
+ *     (restore_artifact_fits, on the loop; without one, a PUBLISH weighs
+ *     it against the memory limit in force, derive.c's to know, which the
+ *     warm restart does not: the previous process's artifacts are charged
+ *     to the same cgroup already);
  *   - the model's configuration now: with derive = no its artifacts are
  *     not taken back (a reload that turns derive off drops them too,
  *     reload.c), and one whose builder may no longer build (derive_groups
@@ -70,6 +75,22 @@ restore_artifact_limits(int fd, const struct fdstore_artifact *a)
 			"artifact's header may be (a PUBLISH of it is refused)",
 			(double)head / 1048576.0, DERIVE_MAX_HEAD >> 20);
 	return 0;
+}
+
+int
+restore_artifact_fits(const struct registry *r, const struct fdstore_artifact *a)
+{
+	uint64_t bytes;
+
+	/* As PUBLISH weighs it: the memfd and its compiled index. */
+	if (__builtin_add_overflow(a->size, a->index_size, &bytes))
+		bytes = UINT64_MAX;
+	if (r->memory_budget == 0 || bytes <= r->memory_budget)
+		return 0;
+	return error_set(-EFBIG, "%" PRIu64 " MiB (%" PRIu64 " MiB of memfd and %" PRIu64 " KiB "
+		"of compiled index) is more than memory_budget (%" PRIu64 " MiB) (a PUBLISH of it "
+		"is refused)", bytes >> 20, a->size >> 20, a->index_size >> 10,
+		r->memory_budget >> 20);
 }
 
 int

@@ -28,17 +28,17 @@ def artifact_names(n):
     return f"wc-{SLOT}-d{n}-a", f"wc-{SLOT}-d{n}-i"
 
 
-def publish(d):
-    """Builds KEY of "small" and publishes ARTIFACT; the builder's attach
+def publish(d, data=ARTIFACT):
+    """Builds KEY of "small" and publishes data; the builder's attach
     is released when its connection closes."""
     peer = Peer(d)
     r = build(peer, key=KEY)  # asserts a BUILD
     assert r["type"] == BUILD and r["generation"] == 1, r
-    fd = memfd_with(ARTIFACT)
+    fd = memfd_with(data)
     peer.publish(r["token"], fd)
     os.close(fd)
-    mine = peer.reply()
-    assert artifact_bytes(mine) == ARTIFACT
+    mine = peer.reply(timeout=60)
+    assert artifact_bytes(mine) == data
     closing(mine)
     peer.close()
 

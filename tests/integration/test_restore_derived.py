@@ -12,6 +12,7 @@ The restarts are test_derived_restart.py's, under test_warm_restart.py's
 fake service manager; the stored state is changed between the two
 processes as a wcached without those rules, or another configuration,
 would have left it (test_stage_restore.py's walk of the description)."""
+import contextlib
 import fcntl
 import json
 import os
@@ -23,8 +24,8 @@ import pytest
 from conftest import Daemon, mkmodel
 from ctlutil import model_entry
 from fakemanager import FakeManager
-from test_derived import ARTIFACT, ATTACH_OK, BUILD, ERRNO, ERROR, Peer, build, closing, \
-    memfd_with, take_artifact
+from test_derived import ARTIFACT, ATTACH_OK, ERRNO, ERROR, Peer, build, closing, \
+    memfd_with, st_bytes, take_artifact
 from test_derived_restart import KEY, artifact_names, derive_now, publish, restart
 from test_regressions import ready
 from test_stage_restore import walk
@@ -79,16 +80,17 @@ def patched_description(names, fds, **fields):
     os.close(fd)
 
 
-def refused(d, mgr, reason, builds_again=True):
+def refused(d, mgr, reason, builds_again=True, stored_as=1):
     """The log says once that the artifact was not restored, for reason;
-    the model came back without it, and its names left the store."""
+    the model came back without it, and its names (artifact_names of
+    stored_as) left the store."""
     log = d.read_log()
     line = f'model "small": derived "{KEY}" of generation 1 not restored: {reason}'
     line += "; the next DERIVE of it builds it again" if builds_again else "\n"
     assert log.count(line) == 1, log
     assert f'derived "{KEY}" of generation 1 taken back' not in log, log
     assert 'model "small": generation 1 restored from the file descriptor store' in log, log
-    mgr.wait_for(lambda m: not any(n in m.store for n in artifact_names(1)),
+    mgr.wait_for(lambda m: not any(n in m.store for n in artifact_names(stored_as)),
                  what="the refused artifact removed from the store")
     assert model_entry(d, "small")["derived"] == []
 
@@ -101,20 +103,40 @@ def taken_back(d):
     assert r["type"] == ATTACH_OK and take_artifact(r) == ARTIFACT, r
 
 
-def serving(tmp_path, models, keys=None):
+def publication_refused(d, data):
+    """A PUBLISH of data (as key "big") is refused, EFBIG: its text."""
+    peer = Peer(d)
+    r = build(peer, key="big")
+    fd = memfd_with(data)
+    peer.publish(r["token"], fd)
+    os.close(fd)
+    r = closing(peer.reply(timeout=60))
+    peer.close()
+    assert r["type"] == ERROR and r["code"] == ERRNO["EFBIG"], r
+    return r["text"]
+
+
+@contextlib.contextmanager
+def serving(tmp_path, models, keys=None, data=ARTIFACT):
     """Starts a daemon serving "small" (derive = yes, and keys) and models
-    under a fake manager, publishes KEY and waits until it is stored:
-    (d, mgr)."""
+    under a fake manager, publishes data as KEY and waits until it is
+    stored: (d, mgr), which stop at the end (the daemon exiting 0: under
+    ASan, nothing leaked)."""
     small = mkmodel(tmp_path / "small.safetensors")
     mgr = FakeManager(str(tmp_path / "notify.sock"))
     conf = {"small": (small, dict({"derive": "yes"}, **(keys or {})))}
     d = Daemon(tmp_path, dict(conf, **models))
-    start(d, mgr)
-    ready(d, "small")
-    publish(d)
-    mgr.wait_for(lambda m: all(n in m.store for n in artifact_names(1)),
-                 what="the artifact's memfd and index stored")
-    return d, mgr
+    try:
+        start(d, mgr)
+        ready(d, "small")
+        publish(d, data)
+        mgr.wait_for(lambda m: all(n in m.store for n in artifact_names(1)),
+                     what="the artifact's memfd and index stored")
+        yield d, mgr
+    finally:
+        code = d.stop()
+        mgr.close()
+    assert code == 0, d.read_log()
 
 
 @pytest.mark.parametrize("limit", ["index", "header"])
@@ -127,21 +149,11 @@ def test_an_artifact_over_a_publications_limits_is_not_taken_back(tmp_path, limi
     os.mkdir(tmp_path / "forge")
     forge = tmp_path / "forge" / LABEL
     forge.write_bytes(data)
-    d, mgr = serving(tmp_path, {"forge": str(forge)})
-    try:
+    with serving(tmp_path, {"forge": str(forge)}) as (d, mgr):
         ready(d, "forge")
         # A publication of these bytes is refused for that limit.
-        peer = Peer(d)
-        r = build(peer, key="big")
-        assert r["type"] == BUILD, r
-        fd = memfd_with(data)
-        peer.publish(r["token"], fd)
-        os.close(fd)
-        r = closing(peer.reply(timeout=60))
-        peer.close()
-        assert r["type"] == ERROR and r["code"] == ERRNO["EFBIG"], r
-        assert (f"its {'compiled index' if limit == 'index' else 'header'} " in r["text"] and
-                "MiB" in r["text"]), r["text"]
+        text = publication_refused(d, data)
+        assert f"its {'compiled index' if limit == 'index' else 'header'} " in text, text
         index = [n for n in mgr.store if n.startswith("wc-") and n.endswith("-1-i") and
                  n != "wc-1-1-i"]
         assert len(index) == 1, sorted(mgr.store)
@@ -167,27 +179,37 @@ def test_an_artifact_over_a_publications_limits_is_not_taken_back(tmp_path, limi
             reason = ("its header is 17.0 MiB, more than the 16 MiB a derived artifact's "
                       "header may be (a PUBLISH of it is refused)")
         refused(d, mgr, reason)
-    finally:
-        code = d.stop()
-        mgr.close()
-    assert code == 0, d.read_log()
+
+
+def test_an_artifact_over_memory_budget_now_is_not_taken_back(tmp_path):
+    """memory_budget set while no wcached ran below one artifact's size
+    (its memfd and compiled index, as a PUBLISH weighs it, which refuses
+    it then): the artifact is not taken back."""
+    data = st_bytes({"w": ("U8", [2 * MiB], bytes(2 * MiB))})
+    with serving(tmp_path, {}, data=data) as (d, mgr):
+        with mgr.lock:
+            index = mgr.store[artifact_names(1)[1]][0]
+            index_kib = os.fstat(index).st_size >> 10
+        assert d.stop() == 0, d.read_log()
+        d.write_config({"small": (str(tmp_path / "small.safetensors"), {"derive": "yes"})},
+                       "memory_budget = 1M\n")
+        restart(d, mgr)
+        refused(d, mgr, f"2 MiB (2 MiB of memfd and {index_kib} KiB of compiled index) is "
+                "more than memory_budget (1 MiB) (a PUBLISH of it is refused)")
+        # As a publication of it now is.
+        assert "more than memory_budget (1 MiB)" in publication_refused(d, data)
 
 
 def test_an_artifact_of_a_model_whose_derive_is_off_now_is_not_taken_back(tmp_path):
     """derive = no while no wcached ran: the artifact is not taken back, as
     a reload that turns derive off drops it (348cb04), and no DERIVE builds
     it again (the line says nothing of that)."""
-    d, mgr = serving(tmp_path, {})
-    try:
+    with serving(tmp_path, {}) as (d, mgr):
         assert d.stop() == 0, d.read_log()
         d.write_config({"small": str(tmp_path / "small.safetensors")})
         restart(d, mgr)
         refused(d, mgr, "derive is off now (derive = no), as a reload that turns it off "
                 "drops the model's artifacts", builds_again=False)
-    finally:
-        code = d.stop()
-        mgr.close()
-    assert code == 0, d.read_log()
 
 
 def test_an_artifact_whose_builder_may_not_build_now_is_not_taken_back(tmp_path):
@@ -200,9 +222,8 @@ def test_an_artifact_whose_builder_may_not_build_now_is_not_taken_back(tmp_path)
     except KeyError:
         pytest.skip("no user nobody in the user database")
     keys = {"derive_groups": str(nobody.pw_gid)}
-    d, mgr = serving(tmp_path, {}, keys)
-    small = {"small": (str(tmp_path / "small.safetensors"), dict(keys, derive="yes"))}
-    try:
+    with serving(tmp_path, {}, keys) as (d, mgr):
+        small = {"small": (str(tmp_path / "small.safetensors"), dict(keys, derive="yes"))}
         assert d.stop() == 0, d.read_log()
         # Root published it (root may always build): as nobody had.
         restart(d, mgr, forge=lambda names, fds: patched_description(
@@ -228,18 +249,9 @@ def test_an_artifact_whose_builder_may_not_build_now_is_not_taken_back(tmp_path)
         d.write_config(small)
         restart(d, mgr, forge=lambda names, fds: patched_description(
             names, fds, builder_uid=stranger))
-        log = d.read_log()
-        line = (f'model "small": derived "{KEY}" of generation 1 not restored: its builder '
-                f"uid {stranger} may not build it now: the user database has no entry for "
-                "it, so no group of it is in derive_groups (the groups it built with are "
-                "not stored); the next DERIVE of it builds it again")
-        assert log.count(line) == 1, log
-        mgr.wait_for(lambda m: not any(n in m.store for n in artifact_names(2)),
-                     what="the refused artifact removed from the store")
-    finally:
-        code = d.stop()
-        mgr.close()
-    assert code == 0, d.read_log()
+        refused(d, mgr, f"its builder uid {stranger} may not build it now: the user database "
+                "has no entry for it, so no group of it is in derive_groups (the groups it "
+                "built with are not stored)", stored_as=2)
 
 
 def known(uid):

@@ -5,7 +5,8 @@
  * The limits: a described index size over DERIVE_MAX_INDEX is refused
  * before anything is read; a safetensors memfd whose header (its 8-byte
  * length) is over DERIVE_MAX_HEAD is refused from its first bytes, and one
- * at the limit, or too short to tell, passes on to its reader. The
+ * at the limit, or too short to tell, passes on to its reader; with a
+ * memory_budget, the memfd and its index together must fit in it. The
  * builder: root and wcached's own uid are not looked up and may always
  * build; a uid the user database does not know has no groups and may not
  * build under derive_groups; a known one may, by its primary group, until
@@ -79,6 +80,28 @@ test_limits(void **state)
 	assert_int_equal(write(fd, "abc", 3), 3);
 	assert_int_equal(restore_artifact_limits(fd, &a), 0);
 	close(fd);
+}
+
+/* With a memory_budget, the memfd and its compiled index together within
+ * it, as PUBLISH weighs them; without one, no bound here. */
+static void
+test_fits_memory_budget(void **state)
+{
+	static struct registry r;
+	struct fdstore_artifact a = { .key = "k", .size = 2u << 20, .index_size = 4096 };
+
+	(void)state;
+	assert_int_equal(restore_artifact_fits(&r, &a), 0);
+	r.memory_budget = (2u << 20) + 4096;
+	assert_int_equal(restore_artifact_fits(&r, &a), 0);
+	r.memory_budget--;
+	assert_int_equal(restore_artifact_fits(&r, &a), -EFBIG);
+	assert_non_null(strstr(error_get(), "2 MiB (2 MiB of memfd and 4 KiB of compiled index) "
+					    "is more than memory_budget (2 MiB)"));
+	/* A sum past 2^64 is no wrap into a small one. */
+	a.size = UINT64_MAX;
+	r.memory_budget = 1u << 20;
+	assert_int_equal(restore_artifact_fits(&r, &a), -EFBIG);
 }
 
 /* A model entry with derive and derive_groups (gids, n) as configured. */
@@ -178,6 +201,7 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_limits),
+		cmocka_unit_test(test_fits_memory_budget),
 		cmocka_unit_test(test_root_and_self_may_always_build),
 		cmocka_unit_test(test_a_uid_the_database_does_not_know),
 		cmocka_unit_test(test_a_known_uid_by_its_groups),
