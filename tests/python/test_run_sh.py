@@ -367,7 +367,15 @@ def test_run_sh_keeps_to_its_budget(tmp_path):
     assert "wcache device check, " in r.stdout and " s in all" in r.stdout, out  # the report
     assert "FAILED step: make the model" in r.stdout, out
     assert "FAILED step: transformers, plain" in r.stdout, out
-    assert took < budget + 20, (took, out)
+    # Cut where the budget ends, not by its own limit: run.sh gave the step
+    # what the budget left it less the 10 s it keeps for the report (not
+    # MAKE_TIMEOUT, 240 s). The run's end is bounded generously: past the
+    # budget come the report and the cleanup, each a start of Python, as
+    # slow as the machine is loaded (the bound was budget + 20 s), and a
+    # run that kept to no budget would take MAKE_TIMEOUT.
+    limit = int(r.stderr.split("== make the model: TIMEOUT after ", 1)[1].split("s", 1)[0])
+    assert limit <= budget - 10, (limit, out)
+    assert took < budget + 60, (took, out)
 
 
 def test_run_sh_leaves_a_step_that_cannot_be_killed(tmp_path):
