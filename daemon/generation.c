@@ -1037,6 +1037,8 @@ gen_holder_drop(struct generation *g, uid_t uid)
 			}
 			return;
 		}
+	if (g->holders_lost > 0)
+		g->holders_lost--;
 }
 
 void

@@ -111,11 +111,13 @@ struct generation {
 	/* The references workers took (an attach, a HOLD), by uid, uids
 	 * ascending, counts 1 or more (gen_holder_add); a build's own
 	 * reference on its source is none of them. Not kept for a derived
-	 * artifact. holders_lost: the uid of one could not be recorded (out
-	 * of memory): the store then records the holders' count only. */
+	 * artifact. holders_lost: how many of them are held whose uid could
+	 * not be recorded (out of memory); while any is, the store records
+	 * the holders' count only. The last one's release (gen_holder_drop)
+	 * makes holders exact again, and the store records uids again. */
 	struct gen_holder *holders;
 	unsigned nholders;
-	int holders_lost;
+	unsigned holders_lost;
 	unsigned ops_pending;       /* page operations queued or running (pages.h) */
 	struct page_work *page_queue; /* those operations, in order; the first runs */
 	int pinned;                 /* PIN_* actually applied (pages.c) */
@@ -334,9 +336,13 @@ struct gen_holder {
 };
 
 /* Counts a worker's reference of uid on g among g->holders (beside
- * gen_ref, which counts it in g->attached), and drops one
- * (gen_holder_drop; nothing when uid has none). 0 or -ENOMEM (nothing
- * counted). */
+ * gen_ref, which counts it in g->attached): 0 or -ENOMEM (nothing
+ * counted; the caller counts it in holders_lost if it keeps the
+ * reference). gen_holder_drop drops one of uid's: a recorded one while
+ * uid has one (a uid's references are alike), else one of holders_lost.
+ * So each uid's recorded count stays at most the references it holds,
+ * and the shortfall of all of them is holders_lost: at 0, every count is
+ * exact again. */
 int gen_holder_add(struct generation *g, uid_t uid);
 void gen_holder_drop(struct generation *g, uid_t uid);
 

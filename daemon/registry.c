@@ -521,9 +521,10 @@ registry_attach_generation(struct registry *r, const struct model_entry *m,
 		out->fds[out->nfds++] = r->page.ro_fd;
 	}
 	/* Whose it is, for the store (restore_holders); without that, the
-	 * store records only how many hold g. */
+	 * store records only how many hold g, until every reference whose
+	 * uid was not recorded is released (gen_holder_drop). */
 	if (uid != REGISTRY_NO_UID && !g->artifact && gen_holder_add(g, uid) < 0)
-		g->holders_lost = 1;
+		g->holders_lost++;
 	/* An attach of a cold model warms it again: the budget applies. */
 	if (gen_ref(r, g))
 		registry_enforce_budget(r);

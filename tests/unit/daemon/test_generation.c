@@ -15,7 +15,9 @@
  * madvise fails when asked, so mapping every page (populate) fails;
  * stat counts the calls on one path, so a test sees how often it is read;
  * lseek counts the SEEK_DATA and SEEK_HOLE calls of the sparse-file check
- * on two descriptors, and fails the next ones with an errno when asked.
+ * on two descriptors, and fails the next ones with an errno when asked;
+ * realloc fails once, when asked, the growth of one generation's records
+ * of its holders' uids (gen_holder_add).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -37,8 +39,10 @@
 #include "base/error.h"
 #include "base/path.h"
 #include "daemonutil.h"
+#include "fdstore.h"
 #include "metrics.h"
 #include "pages.h"
+#include "restore.h"
 #include "testutil.h"
 
 /* ---- fault injection ---- */
@@ -124,9 +128,30 @@ __wrap_lseek(int fd, off_t off, int whence)
 	return __real_lseek(fd, off, whence);
 }
 
+/* Set: the next growth of this generation's holder records on this
+ * thread fails (ENOMEM), as when memory runs out. Thread-local: the warm
+ * pool's threads never see it. */
+static _Thread_local const struct generation *fail_holders_of;
+void *__real_realloc(void *p, size_t size);
+void *__wrap_realloc(void *p, size_t size);
+
+void *
+__wrap_realloc(void *p, size_t size)
+{
+	const struct generation *g = fail_holders_of;
+
+	if (g != NULL && p == g->holders && size == (g->nholders + 1) * sizeof(*g->holders)) {
+		fail_holders_of = NULL;
+		errno = ENOMEM;
+		return NULL;
+	}
+	return __real_realloc(p, size);
+}
+
 static int
 setup(void **state)
 {
+	fail_holders_of = NULL;
 	atomic_store(&fail_reads, 0);
 	atomic_store(&fail_populate, 0);
 	seek_fds[0] = seek_fds[1] = -1;
@@ -1064,6 +1089,105 @@ test_populate_fails(void **state)
 	free(path);
 }
 
+/* ---- holders by uid (what a warm restart's store records) ---- */
+
+/* Attaches "m" as a worker of uid. */
+static void
+attach_as(struct du *t, uid_t uid)
+{
+	struct registry_peer peer = { .pid = 1, .uid = uid, .gid = uid };
+	struct registry_attachment a;
+	char msg[256];
+
+	assert_int_equal(registry_attach(&t->reg, "m", &peer, &a, msg, sizeof(msg)), 0);
+}
+
+/* What the store would record of g's holders: the count, and the uid
+ * pairs (none: the count only). */
+static void
+assert_holders(const struct generation *g, unsigned count, const struct fdstore_holder *want,
+	uint32_t nwant)
+{
+	struct fdstore_holder *v;
+	uint32_t n;
+
+	assert_int_equal(restore_holders(g), count);
+	assert_int_equal(restore_holder_uids(g, &v, &n), 0);
+	assert_int_equal(n, nwant);
+	for (uint32_t i = 0; i < n && i < nwant; i++) {
+		assert_int_equal(v[i].uid, want[i].uid);
+		assert_int_equal(v[i].count, want[i].count);
+	}
+	free(v);
+}
+
+/* One step of test_holders_by_uid_again_after_a_lost_one: op on uid, then
+ * what the store would record of g's holders (count, and the uid pairs;
+ * none: the count only). */
+struct holder_step {
+	char op;        /* 'a' attach, 'l' attach whose uid cannot be recorded,
+			   'r' release, 'b' a build's own reference taken and released */
+	uid_t uid;
+	unsigned count;
+	uint32_t npairs;
+	struct fdstore_holder pairs[2];
+};
+
+/*
+ * A reference whose uid could not be recorded (no memory) makes the store
+ * record the holders' count only, and only until every such reference is
+ * released: then the uids again (before, count-only for good, so after the
+ * next restart any uid allowed the model could take another's places).
+ * While one is held, the release of a uid that has a recorded reference
+ * drops that one, and the count alone stays: 1002 below, whose first
+ * reference was lost and second recorded, still holds one after its first
+ * release, and recording no place for it would refuse its HOLD.
+ */
+static void
+test_holders_by_uid_again_after_a_lost_one(void **state)
+{
+	static const struct holder_step steps[] = {
+		{ 'a', 1000, 1, 1, { { 1000, 1 } } },
+		{ 'l', 1001, 2, 0, { { 0, 0 } } },
+		{ 'a', 1000, 3, 0, { { 0, 0 } } },
+		{ 'b', REGISTRY_NO_UID, 3, 0, { { 0, 0 } } },
+		{ 'r', 1000, 2, 0, { { 0, 0 } } },
+		/* 1001 has none recorded: the lost one goes, all exact again. */
+		{ 'r', 1001, 1, 1, { { 1000, 1 } } },
+		{ 'l', 1002, 2, 0, { { 0, 0 } } },
+		{ 'a', 1002, 3, 0, { { 0, 0 } } },
+		{ 'l', 1003, 4, 0, { { 0, 0 } } },
+		{ 'r', 1002, 3, 0, { { 0, 0 } } },
+		{ 'r', 1003, 2, 0, { { 0, 0 } } },
+		{ 'r', 1002, 1, 1, { { 1000, 1 } } },
+		{ 'a', 1001, 2, 2, { { 1000, 1 }, { 1001, 1 } } },
+		{ 'r', 1000, 1, 1, { { 1001, 1 } } },
+		{ 'r', 1001, 0, 0, { { 0, 0 } } },
+	};
+	struct du *t = *state;
+	struct generation *g;
+	char *path;
+
+	g = load_ready(t, 1024, PIN_NONE, &path);
+	for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
+		const struct holder_step *s = &steps[i];
+
+		print_message("step %zu: %c %u\n", i, s->op, (unsigned)s->uid);
+		if (s->op == 'l')
+			fail_holders_of = g;
+		if (s->op == 'a' || s->op == 'l')
+			attach_as(t, s->uid); /* attached all the same */
+		else if (s->op == 'b')
+			gen_ref(&t->reg, g);
+		if (s->op == 'r' || s->op == 'b')
+			registry_release(&t->reg, g, s->uid);
+		assert_null(fail_holders_of);
+		assert_holders(g, s->count, s->pairs, s->npairs);
+	}
+	assert_int_equal(g->holders_lost, 0);
+	free(path);
+}
+
 /* ---- close ---- */
 
 static void
@@ -1454,6 +1578,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_residency_rewarm, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_residency_cached, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_populate_fails, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_holders_by_uid_again_after_a_lost_one, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(test_close_while_warming, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_holes_walk_stops_at_the_verdict, setup,
 			teardown),
