@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from conftest import Daemon, binary, mkmodel, wait_until, connectable
+from conftest import Daemon, as_user, binary, mkmodel, wait_until, connectable
 
 sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
 from fakemanager import FakeManager  # noqa: E402 (path set just above)
@@ -37,7 +37,9 @@ os.execv(sys.argv[2], sys.argv[2:])
 """
 
 
-def start(d, mgr, fds=(), names=()):
+def start(d, mgr, fds=(), names=(), user=None):
+    """Starts d's wcached as mgr's service, with the stored fds (named
+    names); user (uid, gid) runs it as that user, unprivileged (as_user)."""
     env = dict(os.environ)
     env.pop("FDSTORE", None)
     env.update(mgr.env())   # $NOTIFY_SOCKET, and $FDSTORE for a manager with a limit
@@ -46,8 +48,8 @@ def start(d, mgr, fds=(), names=()):
         env.update(LISTEN_FDS=str(len(fds)), LISTEN_FDNAMES=":".join(names))
     d.logf = open(d.log, "w")
     d.lines, d._log_offset, d._log_tail = [], 0, b""  # a new log: wait_for_log starts over
-    cmd = [sys.executable, "-c", WRAPPER, ",".join(map(str, fds)), binary("wcached"),
-           "-c", d.conf]
+    cmd = [*(as_user(*user) if user else ()), sys.executable, "-c", WRAPPER,
+           ",".join(map(str, fds)), binary("wcached"), "-c", d.conf]
     d.proc = subprocess.Popen(cmd, stderr=d.logf, env=env, pass_fds=list(fds))
     for fd in fds:
         os.close(fd)
