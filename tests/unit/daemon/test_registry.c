@@ -1326,14 +1326,12 @@ test_link_below_later_dir_to_owners_tree_waits(void **state)
 	free(p);
 }
 
-/* An index made at the place by alice that names bob's 0600 file beside it
- * as its shard: the file made at the place is taken, whoever made it, but
- * only with files of the one who made it (review rev182 F1: bob's bytes
- * were served to the model's clients). */
-static void
-test_index_at_place_naming_another_users_file_waits(void **state)
+/* The model "llama" configured before its index, models/llama.safetensors
+ * .index.json, then made there by alice (23456), naming bob's (12345) 0600
+ * file beside it as its one shard: the index's path. */
+static char *
+alice_index_naming_bobs_file(struct du *t)
 {
-	struct du *t = *state;
 	char *p = missing_llama(t, "llama.safetensors.index.json"), *bob;
 	FILE *f;
 
@@ -1344,8 +1342,21 @@ test_index_at_place_naming_another_users_file_waits(void **state)
 	fputs("{\"weight_map\":{\"w\":\"bob.safetensors\"}}", f);
 	fclose(f);
 	assert_int_equal(chown(p, 23456, 23456), 0);
-	assert_int_equal(r180_watched(t, "llama"), -EXDEV);
 	free(bob);
+	return p;
+}
+
+/* An index made at the place by alice that names bob's 0600 file beside it
+ * as its shard: the file made at the place is taken, whoever made it, but
+ * only with files of the one who made it (review rev182 F1: bob's bytes
+ * were served to the model's clients). */
+static void
+test_index_at_place_naming_another_users_file_waits(void **state)
+{
+	struct du *t = *state;
+	char *p = alice_index_naming_bobs_file(t);
+
+	assert_int_equal(r180_watched(t, "llama"), -EXDEV);
 	free(p);
 }
 
@@ -1362,16 +1373,8 @@ static void
 test_index_at_place_swapped_after_its_open_waits(void **state)
 {
 	struct du *t = *state;
-	char *p = missing_llama(t, "llama.safetensors.index.json"), *bob, *dir;
-	FILE *f;
+	char *p = alice_index_naming_bobs_file(t), *dir;
 
-	bob = du_model(t, "models/bob.safetensors", 1024);
-	assert_int_equal(chown(bob, 12345, 12345), 0);
-	assert_int_equal(chmod(bob, 0600), 0);
-	assert_non_null(f = fopen(p, "w"));
-	fputs("{\"weight_map\":{\"w\":\"bob.safetensors\"}}", f);
-	fclose(f);
-	assert_int_equal(chown(p, 23456, 23456), 0);
 	assert_non_null(dir = path_dir(p));
 	snprintf(swap_dir, sizeof(swap_dir), "%s", dir);
 	snprintf(swap_path, sizeof(swap_path), "%s", p);
@@ -1381,7 +1384,6 @@ test_index_at_place_swapped_after_its_open_waits(void **state)
 	assert_int_equal(atomic_load(&swapped), 1);
 	assert_non_null(strstr(t->message, "operator's reload"));
 	free(dir);
-	free(bob);
 	free(p);
 }
 
