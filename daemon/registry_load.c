@@ -749,40 +749,6 @@ same_inodes(const struct generation *g, const struct model_source *s)
 	return 1;
 }
 
-/*
- * Is q the operator's reload of m's current generation, modified in place
- * (generation.c), whose files (same_files) kept the size and mtime they had
- * when opened? Only their ctime moved then: a chmod or chown (even one that
- * changes nothing), or a write whose writer put the mtime back, which
- * wcached cannot tell apart. At the operator's word they are loaded again,
- * validated anew, as a new generation (logged), rather than only after a
- * rewrite and rename of every file (review rev181 F12). A write that moved
- * a size or mtime stays refused (rename(2) is the way), and a watched
- * reload never does this: that the files changed is all wcached saw.
- */
-static int
-reloads_modified(const struct model_entry *m, const struct load_request *q)
-{
-	const struct generation *g = m->current;
-
-	/* (A staged generation's source written since its copy is not
-	 * same_files: it is staged again, below.) */
-	if (q->reload != RELOAD_OPERATOR || g->state != GEN_MODIFIED || g->origin != NULL)
-		return 0;
-	for (size_t i = 0; i < q->source.nfiles; i++) {
-		const struct stat *a = &g->source.files[i].st, *b = &q->source.files[i].st;
-
-		if (a->st_size != b->st_size || a->st_mtim.tv_sec != b->st_mtim.tv_sec ||
-			a->st_mtim.tv_nsec != b->st_mtim.tv_nsec)
-			return 0;
-	}
-	log_info("model \"%s\": generation %" PRIu64 " was modified in place, its files' "
-		 "sizes and mtimes unchanged (a chmod or chown moves only the ctime); the "
-		 "operator's reload loads its files again, validated anew, as a new generation",
-		m->name, g->number);
-	return 1;
-}
-
 /* Does m's load q copy its files to stage_dir first (stage = yes, or auto
  * on a remote filesystem)? Loop thread, once the source is validated. */
 static int
@@ -804,6 +770,50 @@ same_files(const struct model_entry *m, const struct generation *g,
 	const struct load_request *q)
 {
 	return same_inodes(g, &q->source) && (g->origin != NULL) == registry_stages(m, &q->fs);
+}
+
+/*
+ * Is q the operator's reload of m's current generation, modified in place
+ * (generation.c), whose files (same_files) kept the size and mtime they had
+ * when opened? Only their ctime moved then: a chmod or chown (even one that
+ * changes nothing), or a write whose writer put the mtime back, which
+ * wcached cannot tell apart. At the operator's word they are loaded again,
+ * validated anew, as a new generation (logged by log_reloads_modified when
+ * it is made), rather than only after a rewrite and rename of every file
+ * (review rev181 F12). A write that moved a size or mtime stays refused
+ * (rename(2) is the way), and a watched reload never does this: that the
+ * files changed is all wcached saw. A predicate only: load_after asks it
+ * where it decides, and logs where it acts on the answer.
+ */
+static int
+reloads_modified(const struct model_entry *m, const struct load_request *q)
+{
+	const struct generation *g = m->current;
+
+	/* (A staged generation's source written since its copy is not
+	 * same_files: it is staged again, below.) */
+	if (q->reload != RELOAD_OPERATOR || g == NULL || g->state != GEN_MODIFIED ||
+		g->origin != NULL || !same_files(m, g, q))
+		return 0;
+	for (size_t i = 0; i < q->source.nfiles; i++) {
+		const struct stat *a = &g->source.files[i].st, *b = &q->source.files[i].st;
+
+		if (a->st_size != b->st_size || a->st_mtim.tv_sec != b->st_mtim.tv_sec ||
+			a->st_mtim.tv_nsec != b->st_mtim.tv_nsec)
+			return 0;
+	}
+	return 1;
+}
+
+/* The one line of an operator's reload that loads a modified generation's
+ * files again (reloads_modified), as its new generation is made. */
+static void
+log_reloads_modified(const struct model_entry *m)
+{
+	log_info("model \"%s\": generation %" PRIu64 " was modified in place, its files' "
+		 "sizes and mtimes unchanged (a chmod or chown moves only the ctime); the "
+		 "operator's reload loads its files again, validated anew, as a new generation",
+		m->name, m->current->number);
 }
 
 /* The info line of a staged generation, or the warning of a remote one
@@ -1232,6 +1242,10 @@ load_after(struct workq_job *w, int status)
 			return;
 		load_failed(r, m, q);
 	} else {
+		/* Past the "unchanged" answer for this reason only: logged
+		 * once, as the new generation is made. */
+		if (reloads_modified(m, q))
+			log_reloads_modified(m);
 		install(r, m, q);
 	}
 	m = registry_entry_named(r, q->name); /* looked up again: done() may unload it */
