@@ -229,6 +229,10 @@ struct restore_builder {
 int restore_builder_lookup(uid_t uid, struct restore_builder *out);
 void restore_builder_clear(struct restore_builder *b);
 
+/* *out becomes a copy of from (its groups its own): 0, or -ENOMEM with
+ * the reason (*out untouched). Any thread. */
+int restore_builder_copy(const struct restore_builder *from, struct restore_builder *out);
+
 /* On the loop: may e, as configured now, keep an artifact b built? 0;
  * -ENOTSUP when derive is off; -EPERM when b may not build e's artifacts
  * now (registry_may_build: derive_groups, root, wcached's own uid). The

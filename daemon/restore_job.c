@@ -244,16 +244,37 @@ check_artifact(struct restore_artifact *p, const char *name, uint64_t current)
 		memcmp(p->src.index, map, p->src.index_len) != 0)
 		err = error_set(-EBADMSG, "its stored index (%" PRIu64 " bytes) is not the one "
 			"its memfd compiles to (%zu bytes)", a->index_size, p->src.index_len);
-	/* Whether its builder may build it still is the loop's to say
-	 * (adopt_artifact, with the configuration): its groups are asked
-	 * here, where the user database may take its time. */
-	if (err == 0)
-		err = restore_builder_lookup((uid_t)a->builder_uid, &p->builder);
 out:
 	if (map != NULL)
 		munmap(map, (size_t)a->index_size);
 	if ((p->err = err) < 0)
 		snprintf(p->why, sizeof(p->why), "%s", error_get());
+}
+
+/*
+ * Work queue thread: who built each of the n artifacts of v that passed
+ * their checks, by the user database (restore_rules.c), asked once per
+ * uid: one builder's artifacts share its answer, and a database that is
+ * slow (sssd, LDAP) holds the model's restore once per builder, not once
+ * per artifact. Whether the builder may build still is the loop's to say
+ * (adopt_artifact, with the configuration now).
+ */
+static void
+lookup_builders(struct restore_artifact *v, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		struct restore_artifact *p = &v[i];
+		size_t k = 0;
+
+		if (p->err < 0)
+			continue;
+		while (k < i && (v[k].err < 0 || v[k].a->builder_uid != p->a->builder_uid))
+			k++;
+		p->err = k < i ? restore_builder_copy(&v[k].builder, &p->builder) :
+				 restore_builder_lookup((uid_t)p->a->builder_uid, &p->builder);
+		if (p->err < 0)
+			snprintf(p->why, sizeof(p->why), "%s", error_get());
+	}
 }
 
 /* Work queue thread: checks and opens every stored generation of j's
@@ -283,6 +304,7 @@ restore_work(struct workq_job *w)
 		free(resolved);
 	for (size_t i = 0; i < j->nartifacts; i++)
 		check_artifact(&j->artifacts[i], name, j->gens[0].g->number);
+	lookup_builders(j->artifacts, j->nartifacts);
 }
 
 /*

@@ -157,6 +157,21 @@ restore_builder_lookup(uid_t uid, struct restore_builder *out)
 	return 0;
 }
 
+int
+restore_builder_copy(const struct restore_builder *from, struct restore_builder *out)
+{
+	gid_t *groups = NULL;
+
+	if (from->ngroups > 0) {
+		if ((groups = malloc((size_t)from->ngroups * sizeof(*groups))) == NULL)
+			return error_set(-ENOMEM, "out of memory");
+		memcpy(groups, from->groups, (size_t)from->ngroups * sizeof(*groups));
+	}
+	*out = *from;
+	out->groups = groups;
+	return 0;
+}
+
 void
 restore_builder_clear(struct restore_builder *b)
 {

@@ -28,11 +28,11 @@ def artifact_names(n):
     return f"wc-{SLOT}-d{n}-a", f"wc-{SLOT}-d{n}-i"
 
 
-def publish(d, data=ARTIFACT):
-    """Builds KEY of "small" and publishes data; the builder's attach
+def publish(d, data=ARTIFACT, key=KEY):
+    """Builds key of "small" and publishes data; the builder's attach
     is released when its connection closes."""
     peer = Peer(d)
-    r = build(peer, key=KEY)  # asserts a BUILD
+    r = build(peer, key=key)  # asserts a BUILD
     assert r["type"] == BUILD and r["generation"] == 1, r
     fd = memfd_with(data)
     peer.publish(r["token"], fd)

@@ -66,15 +66,17 @@ def sealed(data, name):
 
 
 def patched_description(names, fds, **fields):
-    """Replaces the stored description (wc-desc) with one whose only
-    artifact has fields ({"size": n, ...}: u64, builder_uid u32) changed."""
+    """Replaces the stored description (wc-desc) with one whose artifacts
+    (KEY, and any other) have fields ({"size": n, ...}: u64, builder_uid
+    u32) changed."""
     at = names.index("wc-desc")
     desc = bytearray(os.pread(fds[at], os.fstat(fds[at]).st_size, 0))
-    (a,) = walk(bytes(desc))[2]
-    assert a["key"] == KEY, a
-    for field, value in fields.items():
-        width = 4 if field == "builder_uid" else 8
-        desc[a[field]:a[field] + width] = value.to_bytes(width, "little")
+    artifacts = walk(bytes(desc))[2]
+    assert KEY in [a["key"] for a in artifacts], artifacts
+    for a in artifacts:
+        for field, value in fields.items():
+            width = 4 if field == "builder_uid" else 8
+            desc[a[field]:a[field] + width] = value.to_bytes(width, "little")
     fd = sealed(bytes(desc), "wcached-fdstore")
     os.dup2(fd, fds[at], inheritable=True)
     os.close(fd)
@@ -213,10 +215,11 @@ def test_an_artifact_of_a_model_whose_derive_is_off_now_is_not_taken_back(tmp_pa
 
 
 def test_an_artifact_whose_builder_may_not_build_now_is_not_taken_back(tmp_path):
-    """An artifact built by a user the database knows (nobody), in
-    derive_groups by its primary group: taken back while it is; refused
-    once derive_groups no longer holds that group, and when its builder
-    is a uid the database does not know (its groups then cannot be told)."""
+    """Two artifacts built by a user the database knows (nobody), in
+    derive_groups by its primary group: taken back while it is (the
+    database asked once for both); refused once derive_groups no longer
+    holds that group, and when its builder is a uid the database does not
+    know (its groups then cannot be told)."""
     try:
         nobody = pwd.getpwnam("nobody")
     except KeyError:
@@ -224,12 +227,17 @@ def test_an_artifact_whose_builder_may_not_build_now_is_not_taken_back(tmp_path)
     keys = {"derive_groups": str(nobody.pw_gid)}
     with serving(tmp_path, {}, keys) as (d, mgr):
         small = {"small": (str(tmp_path / "small.safetensors"), dict(keys, derive="yes"))}
+        publish(d, key="other")
+        mgr.wait_for(lambda m: all(n in m.store for n in artifact_names(2)),
+                     what="the second artifact stored")
         assert d.stop() == 0, d.read_log()
         # Root published it (root may always build): as nobody had.
         restart(d, mgr, forge=lambda names, fds: patched_description(
             names, fds, builder_uid=nobody.pw_uid))
         taken_back(d)
-        assert model_entry(d, "small")["derived"][0]["builder_uid"] == nobody.pw_uid
+        derived = model_entry(d, "small")["derived"]
+        assert sorted(a["key"] for a in derived) == [KEY, "other"], derived
+        assert all(a["builder_uid"] == nobody.pw_uid for a in derived), derived
         assert d.stop() == 0, d.read_log()
         # derive_groups narrowed to a group nobody is not in.
         small["small"][1]["derive_groups"] = "64200"
@@ -239,9 +247,13 @@ def test_an_artifact_whose_builder_may_not_build_now_is_not_taken_back(tmp_path)
         refused(d, mgr, f"its builder uid {nobody.pw_uid} may not build it now: none of its "
                 f"groups (primary {nobody.pw_gid} and {groups} in all, by the user "
                 "database) is in derive_groups")
+        assert 'derived "other" of generation 1 not restored: its builder uid' in \
+            d.read_log(), d.read_log()
+        mgr.wait_for(lambda m: not any(n in m.store for n in artifact_names(2)),
+                     what="the second refused artifact removed from the store")
         # Built again (by root), and stored as built by a uid nobody knows.
         publish(d)
-        mgr.wait_for(lambda m: all(n in m.store for n in artifact_names(2)),
+        mgr.wait_for(lambda m: all(n in m.store for n in artifact_names(3)),
                      what="the rebuilt artifact stored")
         assert d.stop() == 0, d.read_log()
         stranger = next(u for u in range(64302, 64400) if not known(u))
@@ -251,7 +263,7 @@ def test_an_artifact_whose_builder_may_not_build_now_is_not_taken_back(tmp_path)
             names, fds, builder_uid=stranger))
         refused(d, mgr, f"its builder uid {stranger} may not build it now: the user database "
                 "has no entry for it, so no group of it is in derive_groups (the groups it "
-                "built with are not stored)", stored_as=2)
+                "built with are not stored)", stored_as=3)
 
 
 def known(uid):

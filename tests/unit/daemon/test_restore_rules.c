@@ -167,7 +167,7 @@ static void
 test_a_known_uid_by_its_groups(void **state)
 {
 	struct passwd *pw = getpwnam("nobody");
-	struct restore_builder b;
+	struct restore_builder b, copy;
 	struct model_entry e;
 	gid_t other = 64200;
 	char want[96];
@@ -181,9 +181,16 @@ test_a_known_uid_by_its_groups(void **state)
 	assert_int_equal(b.known, 1);
 	assert_int_equal(b.gid, pw->pw_gid);
 	assert_true(b.ngroups >= 1);
-	/* In derive_groups by its primary group. */
+	/* In derive_groups by its primary group; so is a copy of it (the
+	 * next artifact of the same builder), whose groups are its own. */
 	entry_with(&e, 1, &pw->pw_gid, 1);
 	assert_int_equal(restore_builder_allowed(&e, &b), 0);
+	assert_int_equal(restore_builder_copy(&b, &copy), 0);
+	assert_true(copy.groups != b.groups);
+	assert_int_equal(copy.ngroups, b.ngroups);
+	assert_memory_equal(copy.groups, b.groups, (size_t)b.ngroups * sizeof(gid_t));
+	assert_int_equal(restore_builder_allowed(&e, &copy), 0);
+	restore_builder_clear(&copy);
 	access_clear(&e.builders);
 	/* derive_groups narrowed to a group it is not in. */
 	entry_with(&e, 1, &other, 1);
