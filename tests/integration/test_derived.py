@@ -838,13 +838,18 @@ def go(proc):
     proc.stdin.flush()
 
 
+def small_now(c):
+    """The status entry of "small", asked on the open control connection c:
+    a status round trip, not a start of wcachectl, where a derive_timeout
+    runs."""
+    return next(m for m in c.request(b"status")["models"] if m["name"] == "small")
+
+
 def waiting_now(c, n, key="f32-v1"):
-    """waiting(), asked on the open control connection c: a status
-    round trip, not a start of wcachectl, where a derive_timeout runs."""
+    """waiting(), asked as small_now() asks."""
     def check():
-        m = next(m for m in c.request(b"status")["models"] if m["name"] == "small")
         return any(x["key"] == key and x["state"] in ("building", "checking") and
-                   x["waiting"] == n for x in m["derived"])
+                   x["waiting"] == n for x in small_now(c)["derived"])
     wait_until(check, what=f"{n} waiting for {key}")
 
 
@@ -899,7 +904,8 @@ def test_a_lost_build_goes_to_another_users_waiter_not_the_same_users_next(deriv
         waiting_now(c, 2)
         line = member.stdout.readline()
         assert line.split()[0] == str(BUILD), line
-        (x,) = [x for x in model_entry(d, "small")["derived"] if x["key"] == "f32-v1"]
+        # (asked before the member's own derive_timeout ends its build)
+        (x,) = [x for x in small_now(c)["derived"] if x["key"] == "f32-v1"]
         assert (x["builder_uid"], x["waiting"]) == (64302, 1), x
     finally:
         member.stdin.close()
