@@ -129,8 +129,32 @@ derive_build_free(struct derive_table *t, struct derive_build *b)
 	derive_check_cancel(b->check); /* its result is dropped when it ends */
 	b->check = NULL;
 	registry_release(t->r, b->src, REGISTRY_NO_UID);
+	derive_cred_clear(&b->builder_cred);
 	free(b->model_name);
 	free(b);
+}
+
+int
+derive_cred_copy(struct derive_cred *dst, const struct derive_cred *from)
+{
+	gid_t *groups = NULL;
+
+	if (from->ngroups > 0) {
+		if ((groups = malloc(from->ngroups * sizeof(*groups))) == NULL)
+			return -ENOMEM;
+		memcpy(groups, from->groups, from->ngroups * sizeof(*groups));
+	}
+	free(dst->groups);
+	*dst = (struct derive_cred){ .gid = from->gid, .groups = groups,
+		.ngroups = from->ngroups };
+	return 0;
+}
+
+void
+derive_cred_clear(struct derive_cred *c)
+{
+	free(c->groups);
+	*c = (struct derive_cred){ .gid = (gid_t)-1 };
 }
 
 /* The build ends for good: every waiter gets err with text. */
@@ -412,6 +436,7 @@ drop(struct derive_table *t, struct derived *a, const char *why)
 		 " bytes freed", a->model_name, a->key, a->source, why, derive_weight(g));
 	g->kept = 0;
 	gen_maybe_free(t->r, g);
+	derive_cred_clear(&a->builder_cred);
 	free(a->model_name);
 	free(a);
 	/* The warm restart keeps the store in step (restore_sync). */
@@ -907,7 +932,8 @@ derive_stored_each(const struct derive_table *t, const struct model_entry *m,
 			fn(&(struct derive_stored){ .key = a->key, .source = a->source,
 				   .gen = a->gen, .builder_uid = a->builder_uid,
 				   .builder_pid = a->builder_pid,
-				   .build_seconds = a->build_seconds },
+				   .build_seconds = a->build_seconds,
+				   .builder_cred = a->builder_cred },
 				arg);
 }
 
@@ -920,7 +946,10 @@ derive_adopt(struct derive_table *t, struct model_entry *m, const struct derive_
 		return -EINVAL;
 	if (find_artifact(t, m->entry_id, s->source, s->key) != NULL)
 		return -EEXIST;
-	if ((a = calloc(1, sizeof(*a))) == NULL || (a->model_name = strdup(m->name)) == NULL) {
+	if ((a = calloc(1, sizeof(*a))) == NULL || (a->model_name = strdup(m->name)) == NULL ||
+		derive_cred_copy(&a->builder_cred, &s->builder_cred) < 0) {
+		if (a != NULL)
+			free(a->model_name);
 		free(a);
 		return -ENOMEM;
 	}

@@ -245,6 +245,16 @@ void derive_attach_source(struct derive_table *t, struct derive_build *b,
 /* The token that names b in PUBLISH and ABANDON. */
 uint64_t derive_token(const struct derive_build *b);
 
+/* A builder's groups as its connection's peer credentials gave them (what
+ * registry_may_build judges): its gid and supplementary groups. gid
+ * (gid_t)-1, no groups: not known (an artifact taken back from a store
+ * that did not record them, fdstore.h). */
+struct derive_cred {
+	gid_t gid;
+	gid_t *groups;           /* ngroups of them; malloc'd where it is owned */
+	uint32_t ngroups;
+};
+
 /*
  * PUBLISH of token by conn (of uid owner, request seq) with memfd (always
  * taken: kept on success, otherwise closed in owner's lane of t->closer).
@@ -269,9 +279,12 @@ uint64_t derive_token(const struct derive_build *b);
  * their turn (logged), in order.
  * Or -errno with msg, answered now: -ESTALE (no such build in progress),
  * -EPERM (another connection's), -ENOMEM.
+ * cred: the groups of conn's peer, copied: the artifact keeps them, and a
+ * warm restart judges derive_groups by them (restore_rules.c).
  */
-int derive_publish(struct derive_table *t, void *conn, uid_t owner, uint32_t seq, uint64_t token,
-	int memfd, char *msg, size_t msg_size);
+int derive_publish(struct derive_table *t, void *conn, uid_t owner,
+	const struct derive_cred *cred, uint32_t seq, uint64_t token, int memfd, char *msg,
+	size_t msg_size);
 
 /* ABANDON of token by conn with a reason: the build ends for good. 0, or
  * -ESTALE / -EPERM as for derive_publish. */
@@ -325,6 +338,7 @@ struct derive_stored {
 	uid_t builder_uid;
 	pid_t builder_pid;
 	double build_seconds;
+	struct derive_cred builder_cred; /* its groups (not owned; derive_adopt copies them) */
 };
 void derive_stored_each(const struct derive_table *t, const struct model_entry *m,
 	void (*fn)(const struct derive_stored *, void *), void *arg);

@@ -23,6 +23,7 @@ struct derived {
 				  * memfd; kept while listed */
 	uid_t builder_uid;
 	pid_t builder_pid;
+	struct derive_cred builder_cred; /* the groups it published with: owned */
 	double build_seconds;
 	uint64_t attach_count;
 	uint64_t last_use;       /* the registry's attach_seq, for the LRU */
@@ -58,6 +59,7 @@ struct derive_build {
 				  * away after its PUBLISH, while that is checked */
 	pid_t builder_pid;
 	uid_t builder_uid;
+	struct derive_cred builder_cred; /* its groups, from its PUBLISH on: owned */
 	uint64_t started_ms;     /* this builder's start */
 	uint64_t deadline_ms;
 	uint64_t timeout_ms;
@@ -70,6 +72,10 @@ struct derive_build {
 
 /* derive.c */
 uint64_t derive_now_ms(const struct derive_table *t);
+/* *dst (whose groups it frees) becomes a copy of from: 0, or -ENOMEM with
+ * *dst untouched. */
+int derive_cred_copy(struct derive_cred *dst, const struct derive_cred *from);
+void derive_cred_clear(struct derive_cred *c);
 /* What artifact g weighs in derived_bytes (and so in memory_budget): its
  * memfd and the compiled index wcached keeps for it. */
 uint64_t derive_weight(const struct generation *g);

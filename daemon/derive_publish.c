@@ -550,6 +550,8 @@ make_artifact(struct derive_table *t, struct derive_build *b, struct derive_chec
 	a->gen = g;
 	a->builder_uid = b->builder_uid;
 	a->builder_pid = b->builder_pid;
+	a->builder_cred = b->builder_cred; /* the artifact's now */
+	b->builder_cred = (struct derive_cred){ .gid = (gid_t)-1 };
 	a->build_seconds = (double)(derive_now_ms(t) - b->started_ms) / 1000.0;
 	a->last_use = ++t->r->attach_seq;
 	a->next = t->artifacts;
@@ -809,8 +811,9 @@ check_done(struct workq_job *job, int status)
 }
 
 int
-derive_publish(struct derive_table *t, void *conn, uid_t owner, uint32_t seq, uint64_t token,
-	int memfd, char *msg, size_t msg_size)
+derive_publish(struct derive_table *t, void *conn, uid_t owner,
+	const struct derive_cred *cred, uint32_t seq, uint64_t token, int memfd, char *msg,
+	size_t msg_size)
 {
 	struct derive_build *b = NULL;
 	struct derive_check *c;
@@ -821,7 +824,10 @@ derive_publish(struct derive_table *t, void *conn, uid_t owner, uint32_t seq, ui
 		closer_close(t->closer, owner, memfd);
 		return err < 0 ? err : -ESTALE;
 	}
-	if ((c = calloc(1, sizeof(*c))) == NULL) {
+	/* The groups derive_groups judged the builder by: the artifact's
+	 * (make_artifact), for a warm restart's check. */
+	if ((c = calloc(1, sizeof(*c))) == NULL || derive_cred_copy(&b->builder_cred, cred) < 0) {
+		free(c);
 		closer_close(t->closer, owner, memfd);
 		snprintf(msg, msg_size, "wcached is out of memory");
 		return -ENOMEM;

@@ -13,7 +13,8 @@
  * decoder runs it on what it parsed, so decode(encode(x)) is x for every
  * x the encoder takes, and nothing the decoder returns breaks a rule.
  * The encoder writes FDSTORE_VERSION only; the decoder also reads version
- * 5, whose generations have no holders' uids after their holders (nuids
+ * 6, whose artifacts end after their build time (builder's gid
+ * FDSTORE_GID_UNRECORDED, no groups: not recorded), version 5, whose generations have no holders' uids after their holders (nuids
  * 0: not recorded), version 4, whose files end after their origin (no ctime, no nlink: read as 0,
  * which says "not recorded"), version 3, whose files end after their mtime
  * (no origin), and version 2, whose models also end after their
@@ -49,7 +50,9 @@
 #define MIN_FILE_V4 (MIN_FILE_V3 + 2u * 8u)       /* and the origin's dev, ino */
 #define MIN_FILE (MIN_FILE_V4 + 3u * 8u)          /* and ctime, nlink, the origin's ctime */
 #define ARTIFACT_FIXED (8u + 8u + 8u + 4u + 4u + 8u) /* source, sizes, uid, pid, build ms */
-#define MIN_ARTIFACT (3u * MIN_STRING + ARTIFACT_FIXED)
+#define MIN_ARTIFACT_V6 (3u * MIN_STRING + ARTIFACT_FIXED)
+#define MIN_ARTIFACT (MIN_ARTIFACT_V6 + 4u + 4u) /* and the builder's gid, group count */
+#define BUILDER_GROUP_SIZE 4u
 
 _Static_assert(sizeof(FDSTORE_MAGIC) - 1 == 8, "the magic is 8 bytes");
 
@@ -177,6 +180,10 @@ fdstore_encode(const struct fdstore_desc *d, uint8_t **buf, size_t *len)
 			put_le(&o, art->builder_uid, 4);
 			put_le(&o, art->builder_pid, 4);
 			put_le(&o, art->build_ms, 8);
+			put_le(&o, art->builder_gid, 4);
+			put_le(&o, art->builder_ngroups, 4);
+			for (uint32_t k = 0; k < art->builder_ngroups; k++)
+				put_le(&o, art->builder_groups[k], 4);
 		}
 	}
 	if (o.err != 0) {
@@ -359,10 +366,36 @@ get_generation(struct in *in, struct fdstore_generation *g, const char *mwhere, 
 	return 0;
 }
 
+/* Version 7: an artifact's builder's gid, the count of its groups and
+ * each group. Whether they agree is fdstore_check()'s to judge. */
+static int
+get_builder_groups(struct in *in, struct fdstore_artifact *a, const char *where)
+{
+	uint64_t v;
+	int r;
+
+	if ((r = get_le(in, 4, &v, where, "builder gid")) < 0)
+		return r;
+	a->builder_gid = (uint32_t)v;
+	if ((r = get_count(in, FDSTORE_MAX_BUILDER_GROUPS, BUILDER_GROUP_SIZE,
+		     &a->builder_ngroups, where, "builder group count")) < 0)
+		return r;
+	if (a->builder_ngroups > 0 &&
+		(a->builder_groups = calloc(a->builder_ngroups, sizeof(*a->builder_groups))) == NULL)
+		return error_set(-ENOMEM, "fdstore: out of memory");
+	for (uint32_t k = 0; k < a->builder_ngroups; k++) {
+		if ((r = get_le(in, 4, &v, where, "builder group")) < 0)
+			return r;
+		a->builder_groups[k] = (uint32_t)v;
+	}
+	return 0;
+}
+
 /* The checks of each field's range are fdstore_check()'s, run on the
  * whole description once it is read. */
 static int
-get_artifact(struct in *in, struct fdstore_artifact *a, const char *mwhere, uint32_t ai)
+get_artifact(struct in *in, struct fdstore_artifact *a, const char *mwhere, uint32_t ai,
+	uint64_t version)
 {
 	char where[1400];
 	uint64_t v;
@@ -382,7 +415,13 @@ get_artifact(struct in *in, struct fdstore_artifact *a, const char *mwhere, uint
 	if ((r = get_le(in, 4, &v, where, "builder pid")) < 0)
 		return r;
 	a->builder_pid = (uint32_t)v;
-	return get_le(in, 8, &a->build_ms, where, "build time");
+	if ((r = get_le(in, 8, &a->build_ms, where, "build time")) < 0)
+		return r;
+	if (version < 7) {
+		a->builder_gid = FDSTORE_GID_UNRECORDED; /* versions 3 to 6: not recorded */
+		return 0;
+	}
+	return get_builder_groups(in, a, where);
 }
 
 static int
@@ -409,14 +448,15 @@ get_model(struct in *in, struct fdstore_model *m, uint32_t i, uint64_t version)
 			return r;
 	if (version < 3)
 		return 0; /* version 2: no artifacts */
-	if ((r = get_count(in, FDSTORE_MAX_ARTIFACTS, MIN_ARTIFACT, &m->nartifacts, where,
+	if ((r = get_count(in, FDSTORE_MAX_ARTIFACTS, version < 7 ? MIN_ARTIFACT_V6 :
+			 MIN_ARTIFACT, &m->nartifacts, where,
 		     "artifact count")) < 0)
 		return r;
 	if (m->nartifacts > 0 &&
 		(m->artifacts = calloc(m->nartifacts, sizeof(*m->artifacts))) == NULL)
 		return error_set(-ENOMEM, "fdstore: out of memory");
 	for (uint32_t a = 0; a < m->nartifacts; a++)
-		if ((r = get_artifact(in, &m->artifacts[a], where, a)) < 0)
+		if ((r = get_artifact(in, &m->artifacts[a], where, a, version)) < 0)
 			return r;
 	return 0;
 }
@@ -501,7 +541,10 @@ stored_artifact_equal(const struct fdstore_artifact *a, const struct fdstore_art
 		strcmp(a->fdname, b->fdname) == 0 && a->size == b->size &&
 		strcmp(a->index_fdname, b->index_fdname) == 0 && a->index_size == b->index_size &&
 		a->builder_uid == b->builder_uid && a->builder_pid == b->builder_pid &&
-		a->build_ms == b->build_ms;
+		a->build_ms == b->build_ms && a->builder_gid == b->builder_gid &&
+		a->builder_ngroups == b->builder_ngroups &&
+		(a->builder_ngroups == 0 || memcmp(a->builder_groups, b->builder_groups,
+						a->builder_ngroups * sizeof(*a->builder_groups)) == 0);
 }
 
 int
@@ -548,6 +591,7 @@ free_artifacts(struct fdstore_artifact *v, uint32_t n)
 		free(v[a].key);
 		free(v[a].fdname);
 		free(v[a].index_fdname);
+		free(v[a].builder_groups);
 	}
 	free(v);
 }
@@ -630,9 +674,15 @@ copy_artifact(struct fdstore_artifact *dst, const struct fdstore_artifact *src)
 {
 	*dst = *src;
 	dst->fdname = dst->index_fdname = NULL;
+	dst->builder_groups = NULL;
 	if ((dst->key = strdup(src->key)) == NULL || (dst->fdname = strdup(src->fdname)) == NULL ||
-		(dst->index_fdname = strdup(src->index_fdname)) == NULL)
+		(dst->index_fdname = strdup(src->index_fdname)) == NULL ||
+		(src->builder_ngroups > 0 && (dst->builder_groups = malloc(src->builder_ngroups *
+			sizeof(*dst->builder_groups))) == NULL))
 		return -ENOMEM;
+	if (src->builder_ngroups > 0)
+		memcpy(dst->builder_groups, src->builder_groups,
+			src->builder_ngroups * sizeof(*dst->builder_groups));
 	return 0;
 }
 

@@ -18,8 +18,10 @@
  * file it was copied from, then st_ctim in ns, st_nlink and the origin's
  * st_ctim), each derived artifact (key, source generation, the artifact
  * memfd's and its index memfd's FDNAME and size, the builder's uid and
- * pid, the build time). Strings are a u16 length and that many bytes, no
- * NUL. Versions 5 (generations without their holders' uids), 4 (nor files
+ * pid, the build time and, since version 7, the builder's gid and
+ * supplementary groups). Strings are a u16 length and that many bytes, no
+ * NUL. Versions 6 (artifacts without their builder's groups), 5
+ * (generations without their holders' uids either), 4 (nor files
  * their ctime), 3 (nor their origin) and 2 (no artifacts either) are still
  * read.
  *
@@ -31,7 +33,8 @@
  * generation per model, holders' uids in ascending order whose counts sum
  * to the holders, ctimes 0 where nlink 0 says they are not recorded,
  * one artifact per source generation and key, of a generation the model
- * describes). Every error is one line in error_get() naming the
+ * describes, no builder's groups where its gid says they are not
+ * recorded). Every error is one line in error_get() naming the
  * field ("fdstore: model 2 (\"llama\"): generation 1: file 0: fdname: ...").
  *
  * Three files implement it, one concern each: fdstore_name.c the name
@@ -50,14 +53,16 @@
 #include "proto/wire.h"
 
 #define FDSTORE_MAGIC "WCFDSTOR"          /* 8 bytes, no NUL */
-#define FDSTORE_VERSION 6u                /* 6: generations record their holders' uids;
+#define FDSTORE_VERSION 7u                /* 7: artifacts record their builder's gid
+					     and supplementary groups;
+					     6: generations record their holders' uids;
 					     5: files record their st_ctim and st_nlink,
 					     and a staged copy its origin's st_ctim;
 					     4: a staged copy's file names its origin's
 					     st_dev and st_ino; 3: models carry their
 					     derived artifacts */
 #define FDSTORE_VERSION_MIN 2u            /* 2: generations record their holders; read as
-					     a version 6 without holders' uids, artifacts,
+					     a version 7 without holders' uids, artifacts,
 					     origins or ctimes */
 #define FDSTORE_HEADER_SIZE 24u
 #define FDSTORE_MAX_BYTES (16u << 20)     /* the description's memfd */
@@ -66,6 +71,11 @@
 #define FDSTORE_MAX_FILES 250u            /* per generation (INDEX_MAX_FILES) */
 #define FDSTORE_MAX_HOLDER_UIDS 65536u    /* per generation: the uids of its holders */
 #define FDSTORE_MAX_ARTIFACTS 64u         /* derived artifacts per model */
+#define FDSTORE_MAX_BUILDER_GROUPS 65536u /* per artifact: its builder's supplementary
+					     groups (the kernel's NGROUPS_MAX) */
+#define FDSTORE_GID_UNRECORDED 0xffffffffu /* an artifact's builder_gid when its
+					     builder's groups are not recorded
+					     ((gid_t)-1 is no group's) */
 #define FDSTORE_MAX_KEY WIRE_MAX_KEY      /* an artifact's key (wire_key_valid) */
 #define FDSTORE_MAX_FDS 16384u            /* every stored fd: FileDescriptorStoreMax= */
 #define FDSTORE_MAX_FDNAME 255u           /* systemd's limit for FDNAME= */
@@ -154,6 +164,16 @@ struct fdstore_artifact {
 	uint32_t builder_uid;   /* who published it, for status */
 	uint32_t builder_pid;   /* 1 .. INT32_MAX */
 	uint64_t build_ms;      /* how long its build took */
+	/* Version 7: the builder's gid and supplementary groups as its
+	 * connection had them when it published (what derive_groups judged
+	 * then): a restarted daemon judges them as it would judge that
+	 * connection now. builder_gid FDSTORE_GID_UNRECORDED, with no
+	 * groups: not recorded (a version 3 to 6 description described it,
+	 * or a model carried from one): the user database is asked for the
+	 * uid's groups instead (restore_rules.c). */
+	uint32_t builder_gid;
+	uint32_t builder_ngroups; /* 0 .. FDSTORE_MAX_BUILDER_GROUPS; 0 when not recorded */
+	uint32_t *builder_groups;
 };
 
 struct fdstore_model {
@@ -219,7 +239,8 @@ int fdstore_name_parse(const char *name, struct fdstore_name *out);
  * with counts of 1 or more that sum to its holders; a file's ctimes 0 when
  * its nlink is 0 (not recorded); each artifact's key valid, its source one
  * of the model's described generations, (source, key) unique per model,
- * its two names "wc-<slot>-d<n>-a" and "-i" of the model's slot and one n;
+ * its two names "wc-<slot>-d<n>-a" and "-i" of the model's slot and one n,
+ * no builder's groups when its builder_gid is FDSTORE_GID_UNRECORDED;
  * FDSTORE_MAX_FDS descriptors in all. 0, or -EINVAL naming the field. */
 int fdstore_check(const struct fdstore_desc *d);
 
@@ -235,7 +256,8 @@ int fdstore_encode(const struct fdstore_desc *d, uint8_t **buf, size_t *len);
  * nothing is leaked. Encoding the result always gives version
  * FDSTORE_VERSION (an older one's files with origins 0 and 0 before
  * version 4, ctimes and nlink 0 before version 5, and its generations
- * without holders' uids before version 6). */
+ * without holders' uids before version 6, and its artifacts with their
+ * builder's gid FDSTORE_GID_UNRECORDED and no groups before version 7). */
 int fdstore_decode(const uint8_t *buf, size_t len, struct fdstore_desc **out);
 
 /* 1 when a and b describe the same things field by field, else 0. */

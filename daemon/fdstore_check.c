@@ -208,6 +208,13 @@ check_artifact(const struct fdstore_model *m, uint32_t ai, const char *mwhere, s
 	if (a->builder_pid == 0 || a->builder_pid > INT32_MAX)
 		return error_set(-EINVAL, "fdstore: %s: builder pid: %" PRIu32 " is not 1 to %"
 			PRId32, where, a->builder_pid, INT32_MAX);
+	if (a->builder_ngroups > FDSTORE_MAX_BUILDER_GROUPS ||
+		(a->builder_ngroups > 0 && a->builder_groups == NULL))
+		return error_set(-EINVAL, "fdstore: %s: builder group count: %" PRIu32 ", more "
+			"than %u", where, a->builder_ngroups, FDSTORE_MAX_BUILDER_GROUPS);
+	if (a->builder_gid == FDSTORE_GID_UNRECORDED && a->builder_ngroups > 0)
+		return error_set(-EINVAL, "fdstore: %s: builder gid: %" PRIu32 " (not recorded) "
+			"with %" PRIu32 " groups", where, a->builder_gid, a->builder_ngroups);
 	*nfds += 2;
 	return 0;
 }

@@ -210,12 +210,15 @@ int restore_artifact_limits(int fd, const struct fdstore_artifact *a);
  * the reason. */
 int restore_artifact_fits(const struct registry *r, const struct fdstore_artifact *a);
 
-/* Who a stored artifact's builder is, by the user database (the store
- * records its uid only). known: the database has the uid (gid, groups
- * filled); lookup_err: it could not be asked (errno). Root and wcached's
- * own uid are not looked up: they may always build. */
+/* Who a stored artifact's builder is: its gid and groups as stored with
+ * it (stored: a version 7 description records them as its connection had
+ * them when it published), or else by the user database (an older one
+ * records its uid only). known: stored, or the database has the uid (gid,
+ * groups filled); lookup_err: the database could not be asked (errno).
+ * Root and wcached's own uid are not looked up: they may always build. */
 struct restore_builder {
 	uid_t uid;
+	int stored;
 	int known;
 	int lookup_err;
 	gid_t gid;
@@ -227,6 +230,10 @@ struct restore_builder {
  * *out for uid. 0, or -ENOMEM with the reason; a uid not known is no
  * error. restore_builder_clear() frees it (NULL too). */
 int restore_builder_lookup(uid_t uid, struct restore_builder *out);
+/* Any thread: fills *out from a's stored gid and groups (a->builder_gid
+ * not FDSTORE_GID_UNRECORDED): the live rule's input, no database. 0, or
+ * -ENOMEM with the reason. */
+int restore_builder_stored(const struct fdstore_artifact *a, struct restore_builder *out);
 void restore_builder_clear(struct restore_builder *b);
 
 /* *out becomes a copy of from (its groups its own): 0, or -ENOMEM with

@@ -56,7 +56,7 @@ struct restore_artifact {
 	int err;                          /* 0, or -errno with why */
 	char why[ERROR_MAX];
 	struct model_source src;          /* its memfd, opened by its reader */
-	struct restore_builder builder;   /* who built it, by the user database */
+	struct restore_builder builder;   /* who built it: as stored, or by the user database */
 };
 
 /* One model's stored generations and derived artifacts, checked on the
@@ -253,11 +253,13 @@ out:
 
 /*
  * Work queue thread: who built each of the n artifacts of v that passed
- * their checks, by the user database (restore_rules.c), asked once per
- * uid: one builder's artifacts share its answer, and a database that is
- * slow (sssd, LDAP) holds the model's restore once per builder, not once
- * per artifact. Whether the builder may build still is the loop's to say
- * (adopt_artifact, with the configuration now).
+ * their checks (restore_rules.c): its gid and groups as stored with it
+ * (version 7); for one stored without them (version 6 or older), by the
+ * user database, asked once per uid: one builder's artifacts share its
+ * answer, and a database that is slow (sssd, LDAP) holds the model's
+ * restore once per builder, not once per artifact. Whether the builder
+ * may build still is the loop's to say (adopt_artifact, with the
+ * configuration now).
  */
 static void
 lookup_builders(struct restore_artifact *v, size_t n)
@@ -268,7 +270,13 @@ lookup_builders(struct restore_artifact *v, size_t n)
 
 		if (p->err < 0)
 			continue;
-		while (k < i && (v[k].err < 0 || v[k].a->builder_uid != p->a->builder_uid))
+		if (p->a->builder_gid != FDSTORE_GID_UNRECORDED) {
+			if ((p->err = restore_builder_stored(p->a, &p->builder)) < 0)
+				snprintf(p->why, sizeof(p->why), "%s", error_get());
+			continue;
+		}
+		while (k < i && (v[k].err < 0 || v[k].builder.stored ||
+				 v[k].a->builder_uid != p->a->builder_uid))
 			k++;
 		p->err = k < i ? restore_builder_copy(&v[k].builder, &p->builder) :
 				 restore_builder_lookup((uid_t)p->a->builder_uid, &p->builder);
@@ -467,7 +475,12 @@ adopt_artifact(struct restore *s, struct registry *r, const struct fdstore_model
 		err = restore_adopt_artifact(r, e, &(struct derive_stored){ .key = a->key,
 			.source = a->source, .builder_uid = (uid_t)a->builder_uid,
 			.builder_pid = (pid_t)a->builder_pid,
-			.build_seconds = (double)a->build_ms / 1000.0 }, &p->src, p->index_fd,
+			.build_seconds = (double)a->build_ms / 1000.0,
+			/* Kept as stored: not recorded stays not recorded. */
+			.builder_cred = { .gid = p->builder.stored ? p->builder.gid : (gid_t)-1,
+				.groups = p->builder.stored ? p->builder.groups : NULL,
+				.ngroups = p->builder.stored ? (uint32_t)p->builder.ngroups : 0 } },
+			&p->src, p->index_fd,
 			(size_t)a->index_size, &g);
 	if (err == 0 && g == NULL)
 		err = error_set(-EINVAL, "it was not listed");

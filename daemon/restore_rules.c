@@ -21,11 +21,19 @@
  *     the builder's groups looked up on the work queue:
  *     restore_builder_lookup).
  *
- * The store records the builder's uid, not the groups its process had
- * (its binary format is not changed for this): the groups are the user
- * database's for that uid (its primary group and getgrouplist()). A uid
- * the database does not know may build only as root or wcached's own uid
- * do; its artifact is built again rather than kept on a guess.
+ * Since version 7 the store records the builder's gid and supplementary
+ * groups as its connection had them when it published, which are what the
+ * live check (registry_may_build, with the peer's groups from the socket)
+ * judged: the restart judges those, as it would that connection now, with
+ * no user database asked (restore_builder_stored). A uid the database does
+ * not know, as a fleet's numeric pod uids are not in wcached's container's
+ * /etc/passwd, keeps its artifacts while its groups are allowed.
+ *
+ * Only an artifact of a version 3 to 6 description, which records the
+ * builder's uid alone, has its groups asked of the user database (its
+ * primary group and getgrouplist(): restore_builder_lookup); a uid the
+ * database does not know may build then only as root or wcached's own uid
+ * do: its artifact is built again rather than kept on a guess.
  */
 #include <errno.h>
 #include <grp.h>
@@ -158,6 +166,22 @@ restore_builder_lookup(uid_t uid, struct restore_builder *out)
 }
 
 int
+restore_builder_stored(const struct fdstore_artifact *a, struct restore_builder *out)
+{
+	gid_t *groups = NULL;
+
+	if (a->builder_ngroups > 0) {
+		if ((groups = malloc(a->builder_ngroups * sizeof(*groups))) == NULL)
+			return error_set(-ENOMEM, "out of memory");
+		for (uint32_t k = 0; k < a->builder_ngroups; k++)
+			groups[k] = (gid_t)a->builder_groups[k];
+	}
+	*out = (struct restore_builder){ .uid = (uid_t)a->builder_uid, .stored = 1, .known = 1,
+		.gid = (gid_t)a->builder_gid, .groups = groups, .ngroups = (int)a->builder_ngroups };
+	return 0;
+}
+
+int
 restore_builder_copy(const struct restore_builder *from, struct restore_builder *out)
 {
 	gid_t *groups = NULL;
@@ -193,6 +217,11 @@ restore_builder_allowed(const struct model_entry *e, const struct restore_builde
 			"turns it off drops the model's artifacts");
 	if (registry_may_build(e, &peer))
 		return 0;
+	if (b->stored)
+		return error_set(-EPERM, "its builder uid %" PRIu32 " may not build it now: none "
+			"of its groups (gid %" PRIu32 " and %d supplementary, as its connection had "
+			"them when it published) is in derive_groups", (uint32_t)b->uid,
+			(uint32_t)b->gid, b->ngroups);
 	if (b->lookup_err != 0)
 		return error_set(-EPERM, "its builder uid %" PRIu32 " may not build it now: the "
 			"user database could not be asked for its groups (%s), and derive_groups "

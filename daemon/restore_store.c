@@ -377,6 +377,23 @@ describe_artifact(struct fdstore_artifact *da, const struct model_entry *m,
 	da->builder_uid = (uint32_t)a->builder_uid;
 	da->builder_pid = (uint32_t)a->builder_pid;
 	da->build_ms = ms > 0 && ms < 1e18 ? (uint64_t)ms : 0;
+	/* (gid_t)-1: not known (taken back from a version 6 store), which
+	 * FDSTORE_GID_UNRECORDED says again. */
+	da->builder_gid = (uint32_t)a->builder_cred.gid;
+	da->builder_ngroups = a->builder_cred.ngroups;
+	if (da->builder_gid == FDSTORE_GID_UNRECORDED)
+		da->builder_ngroups = 0;
+	if (da->builder_ngroups > FDSTORE_MAX_BUILDER_GROUPS)
+		da->builder_ngroups = FDSTORE_MAX_BUILDER_GROUPS;
+	if (da->builder_ngroups > 0) {
+		if ((da->builder_groups = malloc(da->builder_ngroups *
+			     sizeof(*da->builder_groups))) == NULL) {
+			da->builder_ngroups = 0;
+			return -ENOMEM;
+		}
+		for (uint32_t k = 0; k < da->builder_ngroups; k++)
+			da->builder_groups[k] = (uint32_t)a->builder_cred.groups[k];
+	}
 	if ((da->key = strdup(a->key)) == NULL ||
 		fdstore_name_artifact(name, sizeof(name), m->slot, g->stored_artifact) < 0 ||
 		(da->fdname = strdup(name)) == NULL ||

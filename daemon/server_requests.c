@@ -386,8 +386,9 @@ request_publish(struct conn *c, const struct wire_message *msg, int fd)
 		closer_close(s->closer, c->uid, fd);
 		return;
 	}
-	if ((r = derive_publish(s->derive, c, c->uid, msg->h.seq, token, fd, text,
-		     sizeof(text))) < 0) {
+	if ((r = derive_publish(s->derive, c, c->uid, &(struct derive_cred){ .gid = c->gid,
+		     .groups = c->groups, .ngroups = (uint32_t)c->ngroups }, msg->h.seq, token,
+		     fd, text, sizeof(text))) < 0) {
 		conn_error(c, msg->h.seq, r, 0, "%s", text);
 		return;
 	}

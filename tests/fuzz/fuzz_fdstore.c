@@ -9,16 +9,20 @@
  *
  * Properties checked, beyond "no crash, no leak, no out-of-bounds access":
  *   - a description the decoder accepts passes fdstore_check(), encodes
- *     back to exactly the input when the input is version 6 (the format
+ *     back to exactly the input when the input is version 7 (the format
  *     has one encoding for each description: no padding, reserved bytes
  *     zero, holders' uids ascending, no leftover bytes), and decoding that
- *     again gives an equal description, holders' uids, derived artifacts,
- *     origins and ctimes included: decode(encode(x)) == x for every x the
- *     decoder can produce;
- *   - a version 5 input (no holders' uids) decodes to a description whose
- *     generations have none (nuids 0: the count-only rule) and whose
- *     encoding is version 6 and exactly 4 bytes (a zero uid count) longer
- *     per generation; a version 4 input (no ctimes either), one whose files
+ *     again gives an equal description, holders' uids, derived artifacts
+ *     and their builders' groups, origins and ctimes included:
+ *     decode(encode(x)) == x for every x the decoder can produce;
+ *   - a version 6 input (no builders' groups) decodes to a description
+ *     whose artifacts have their builder's gid FDSTORE_GID_UNRECORDED and
+ *     no groups, and whose encoding is version 7 and exactly 8 bytes (that
+ *     gid and a zero group count) longer per artifact;
+ *   - a version 5 input (no holders' uids either) decodes to a description
+ *     whose generations have none (nuids 0: the count-only rule) and whose
+ *     encoding is 4 bytes (a zero uid count) longer per generation
+ *     besides; a version 4 input (no ctimes either), one whose files
  *     also have nlink and ctimes 0 (not recorded), 24 bytes longer per file
  *     besides; a version 3 input (no origins either), one whose files also
  *     have origins 0 and 0, 40 bytes longer per file; a version 2 input (no
@@ -65,11 +69,18 @@ check_description(const uint8_t *data, size_t size)
 	if (data[8] == FDSTORE_VERSION) {
 		CHECK(len == size && memcmp(buf, data, size) == 0);
 	} else {
-		size_t files = 0, generations = 0;
+		size_t files = 0, generations = 0, artifacts = 0;
 
-		CHECK(data[8] >= 2 && data[8] <= 5);
-		for (uint32_t i = 0; i < d->nmodels; i++)
-			for (uint32_t g = 0; g < d->models[i].ngenerations; g++) {
+		CHECK(data[8] >= 2 && data[8] <= 6);
+		for (uint32_t i = 0; i < d->nmodels; i++) {
+			for (uint32_t a = 0; a < d->models[i].nartifacts; a++) {
+				const struct fdstore_artifact *art = &d->models[i].artifacts[a];
+
+				artifacts++;
+				CHECK(art->builder_gid == FDSTORE_GID_UNRECORDED &&
+					art->builder_ngroups == 0 && art->builder_groups == NULL);
+			}
+			for (uint32_t g = 0; data[8] <= 5 && g < d->models[i].ngenerations; g++) {
 				const struct fdstore_generation *gen = &d->models[i].generations[g];
 
 				generations++;
@@ -84,8 +95,9 @@ check_description(const uint8_t *data, size_t size)
 						(f->origin_dev == 0 && f->origin_ino == 0));
 				}
 			}
-		CHECK(len == size + 4 * generations +
-			(data[8] == 5 ? 0 : data[8] == 4 ? 24 : 40) * files +
+		}
+		CHECK(len == size + 8 * artifacts + 4 * generations +
+			(data[8] >= 5 ? 0 : data[8] == 4 ? 24 : 40) * files +
 			(data[8] == 2 ? 4 * (size_t)d->nmodels : 0));
 		CHECK(memcmp(buf + 12, data + 12, FDSTORE_HEADER_SIZE - 12) == 0);
 		for (uint32_t i = 0; data[8] == 2 && i < d->nmodels; i++)

@@ -8,6 +8,13 @@ whose builder may not build now (derive_groups narrowed). Each refusal is
 one line naming the model, the key and the reason, and the artifact's
 descriptors leave the store. Before, all of them were taken back.
 
+Whether its builder may build now is judged by the gid and groups its
+connection had when it published, which the store records (format version
+7), as a connection of them would be judged now: a numeric uid that the
+user database does not know (a Kubernetes pod's runAsUser) keeps its
+artifact while its groups are allowed. Only an artifact of a version 6
+store, which recorded the uid alone, has the user database asked.
+
 The restarts are test_derived_restart.py's, under test_warm_restart.py's
 fake service manager; the stored state is changed between the two
 processes as a wcached without those rules, or another configuration,
@@ -28,7 +35,7 @@ from test_derived import ARTIFACT, ATTACH_OK, ERRNO, ERROR, Peer, build, closing
     memfd_with, st_bytes, take_artifact
 from test_derived_restart import KEY, artifact_names, derive_now, publish, restart
 from test_regressions import ready
-from test_stage_restore import walk
+from test_stage_restore import older_version, walk
 from test_warm_restart import start
 
 MiB = 1 << 20
@@ -65,18 +72,22 @@ def sealed(data, name):
     return fd
 
 
-def patched_description(names, fds, **fields):
+def patched_description(names, fds, version=7, **fields):
     """Replaces the stored description (wc-desc) with one whose artifacts
-    (KEY, and any other) have fields ({"size": n, ...}: u64, builder_uid
-    u32) changed."""
+    (KEY, and any other) have fields ({"size": n, ...}: u64; builder_uid,
+    builder_gid u32; groups: each of the builder's groups becomes that
+    u32) changed, written as version (6: without the builders' groups)."""
     at = names.index("wc-desc")
     desc = bytearray(os.pread(fds[at], os.fstat(fds[at]).st_size, 0))
     artifacts = walk(bytes(desc))[2]
     assert KEY in [a["key"] for a in artifacts], artifacts
     for a in artifacts:
         for field, value in fields.items():
-            width = 4 if field == "builder_uid" else 8
-            desc[a[field]:a[field] + width] = value.to_bytes(width, "little")
+            width = 4 if field in ("builder_uid", "builder_gid", "groups") else 8
+            for off in a[field] if field == "groups" else [a[field]]:
+                desc[off:off + width] = value.to_bytes(width, "little")
+    if version != 7:
+        desc = older_version(bytes(desc), version)
     fd = sealed(bytes(desc), "wcached-fdstore")
     os.dup2(fd, fds[at], inheritable=True)
     os.close(fd)
@@ -214,30 +225,98 @@ def test_an_artifact_of_a_model_whose_derive_is_off_now_is_not_taken_back(tmp_pa
                 "drops the model's artifacts", builds_again=False)
 
 
-def test_an_artifact_whose_builder_may_not_build_now_is_not_taken_back(tmp_path):
-    """Two artifacts built by a user the database knows (nobody), in
-    derive_groups by its primary group: taken back while it is (the
-    database asked once for both); refused once derive_groups no longer
-    holds that group, and when its builder is a uid the database does not
-    know (its groups then cannot be told)."""
+def stored_builders(m):
+    """The builder of each artifact in the description m stores now: {key:
+    (uid, gid, [groups])}, gid and groups None in a version 6 one; {}
+    while none is stored (between the removal of one and the next)."""
+    if not m.store.get("wc-desc"):
+        return {}
+    fd = m.store["wc-desc"][0]
+    desc = os.pread(fd, os.fstat(fd).st_size, 0)
+
+    def u32(at):
+        return int.from_bytes(desc[at:at + 4], "little")
+    return {a["key"]: (u32(a["builder_uid"]),
+                       u32(a["builder_gid"]) if "builder_gid" in a else None,
+                       [u32(g) for g in a["groups"]] if "groups" in a else None)
+            for a in walk(desc)[2]}
+
+
+def stored_as(mgr, key, builder, what):
+    mgr.wait_for(lambda m: stored_builders(m).get(key) == builder, what=what)
+
+
+def test_a_builder_is_judged_by_the_groups_stored_with_its_artifact(tmp_path):
+    """The store records the gid and groups the publishing connection had
+    (its peer credentials); a warm restart judges derive_groups by them,
+    not by the user database: an artifact whose builder is a numeric uid
+    the database does not know is taken back while its stored groups are
+    allowed (before, the unknown uid was refused at every restart, its
+    groups untold), stored again with them, and refused once they are not
+    (a gid not in derive_groups, and no supplementary group that is)."""
+    allowed, other = 64250, 64251
+    stranger = next(u for u in range(64302, 64400) if not known(u))
+    keys = {"derive_groups": str(allowed)}
+    with serving(tmp_path, {}, keys) as (d, mgr):
+        # Root published it (root may always build): recorded as its
+        # connection had it.
+        mine = (os.geteuid(), os.getegid(), sorted(os.getgroups()))
+        mgr.wait_for(lambda m: stored_builders(m).get(KEY, (0, 0, []))[:2] == mine[:2] and
+                     sorted(stored_builders(m)[KEY][2]) == mine[2],
+                     what="the publisher's uid, gid and groups stored")
+        assert d.stop() == 0, d.read_log()
+        # As a pod of an unknown uid whose gid and groups are allowed had.
+        restart(d, mgr, forge=lambda names, fds: patched_description(
+            names, fds, builder_uid=stranger, builder_gid=allowed, groups=allowed))
+        taken_back(d)
+        assert "user database" not in d.read_log(), d.read_log()
+        (art,) = model_entry(d, "small")["derived"]
+        assert art["builder_uid"] == stranger, art
+        # Stored again with those groups: the next restart keeps it too.
+        groups = [allowed] * len(mine[2])
+        stored_as(mgr, KEY, (stranger, allowed, groups), "the builder's groups stored again")
+        assert d.stop() == 0, d.read_log()
+        restart(d, mgr)
+        taken_back(d)
+        assert d.stop() == 0, d.read_log()
+        # Its gid and groups not allowed: refused, naming them.
+        restart(d, mgr, forge=lambda names, fds: patched_description(
+            names, fds, builder_gid=other, groups=other))
+        refused(d, mgr, f"its builder uid {stranger} may not build it now: none of its "
+                f"groups (gid {other} and {len(groups)} supplementary, as its connection "
+                "had them when it published) is in derive_groups")
+
+
+def test_a_version_6_artifact_has_its_builders_groups_asked_of_the_user_database(tmp_path):
+    """Two artifacts of a version 6 store (which recorded the builder's uid
+    alone), built by a user the database knows (nobody), in derive_groups
+    by its primary group: taken back while it is (the database asked once
+    for both), and stored again as version 7 with their groups "not
+    recorded", so that the next restart asks again; refused once
+    derive_groups no longer holds that group, and when their builder is a
+    uid the database does not know (its groups then cannot be told)."""
     try:
         nobody = pwd.getpwnam("nobody")
     except KeyError:
         pytest.skip("no user nobody in the user database")
     keys = {"derive_groups": str(nobody.pw_gid)}
+    unrecorded = (nobody.pw_uid, 0xffffffff, [])
     with serving(tmp_path, {}, keys) as (d, mgr):
         small = {"small": (str(tmp_path / "small.safetensors"), dict(keys, derive="yes"))}
         publish(d, key="other")
         mgr.wait_for(lambda m: all(n in m.store for n in artifact_names(2)),
                      what="the second artifact stored")
         assert d.stop() == 0, d.read_log()
-        # Root published it (root may always build): as nobody had.
+        # Root published it (root may always build): as nobody had, in a
+        # version 6 store.
         restart(d, mgr, forge=lambda names, fds: patched_description(
-            names, fds, builder_uid=nobody.pw_uid))
+            names, fds, version=6, builder_uid=nobody.pw_uid))
         taken_back(d)
         derived = model_entry(d, "small")["derived"]
         assert sorted(a["key"] for a in derived) == [KEY, "other"], derived
         assert all(a["builder_uid"] == nobody.pw_uid for a in derived), derived
+        stored_as(mgr, KEY, unrecorded, "the artifact stored again, its groups not recorded")
+        stored_as(mgr, "other", unrecorded, "the other stored again, its groups not recorded")
         assert d.stop() == 0, d.read_log()
         # derive_groups narrowed to a group nobody is not in.
         small["small"][1]["derive_groups"] = "64200"
@@ -251,7 +330,8 @@ def test_an_artifact_whose_builder_may_not_build_now_is_not_taken_back(tmp_path)
             d.read_log(), d.read_log()
         mgr.wait_for(lambda m: not any(n in m.store for n in artifact_names(2)),
                      what="the second refused artifact removed from the store")
-        # Built again (by root), and stored as built by a uid nobody knows.
+        # Built again (by root), and stored (version 6) as built by a uid
+        # nobody knows.
         publish(d)
         mgr.wait_for(lambda m: all(n in m.store for n in artifact_names(3)),
                      what="the rebuilt artifact stored")
@@ -260,7 +340,7 @@ def test_an_artifact_whose_builder_may_not_build_now_is_not_taken_back(tmp_path)
         small["small"][1]["derive_groups"] = str(nobody.pw_gid)
         d.write_config(small)
         restart(d, mgr, forge=lambda names, fds: patched_description(
-            names, fds, builder_uid=stranger))
+            names, fds, version=6, builder_uid=stranger))
         refused(d, mgr, f"its builder uid {stranger} may not build it now: the user database "
                 "has no entry for it, so no group of it is in derive_groups (the groups it "
                 "built with are not stored)", stored_as=3)

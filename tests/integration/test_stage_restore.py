@@ -94,12 +94,15 @@ def test_a_source_replaced_by_a_file_of_the_same_size_and_mtime_is_staged_again(
 
 
 def walk(desc):
-    """Walks a version 6 description (proto/PROTOCOL.md, "The file
+    """Walks a version 7 (or 6) description (proto/PROTOCOL.md, "The file
     descriptor store"): ([(generation number, file k, offset of the file's
     origin st_dev, st_ino, which st_ctim, st_nlink and the origin's st_ctim
     follow)], [(offset, length) of each generation's holder uids: their
     count and pairs, which version 6 added], [each derived artifact's
-    {"key", and the offsets of its "size", "index_size" and "builder_uid"}])."""
+    {"key", and the offsets of its "size", "index_size", "builder_uid" and,
+    in version 7, "builder_gid", "groups" (the offset of each of its
+    builder's groups) and "builder" ((offset, length) of its builder's gid,
+    group count and groups, which version 7 added)}])."""
     found, holders, artifacts, p = [], [], [], 0
 
     def take(n):
@@ -115,7 +118,9 @@ def walk(desc):
     def string():
         return take(num(2))
 
-    assert take(8) == b"WCFDSTOR" and num(4) == 6
+    assert take(8) == b"WCFDSTOR"
+    version = num(4)
+    assert version in (6, 7), version
     models = num(4)
     take(8)
     for _ in range(models):
@@ -140,26 +145,38 @@ def walk(desc):
             take(8)
             a["builder_uid"] = p
             take(16)
+            if version >= 7:
+                at = a["builder_gid"] = p
+                take(4)
+                count = num(4)
+                a["groups"] = [p + 4 * i for i in range(count)]
+                take(4 * count)
+                a["builder"] = (at, p - at)
             artifacts.append(a)
     assert p == len(desc)
     return found, holders, artifacts
 
 
 def file_records(desc):
-    """walk()'s file records of a version 6 description."""
+    """walk()'s file records of a version 7 description."""
     return walk(desc)[0]
 
 
 def older_version(desc, version):
-    """The description as a version 4 wcached wrote it (without the holders'
-    uids, each file's ctimes and nlink) or a version 3 one (without its
-    origin either)."""
-    files, holders, _ = walk(desc)
-    cuts = sorted([(at + (16 if version == 4 else 0), at + 16 + 24) for _, _, at in files] +
-                  [(at, at + n) for at, n in holders])
+    """The version 7 description as a version 6 wcached wrote it (without
+    its artifacts' builders' groups), a version 4 one (without the holders'
+    uids, each file's ctimes and nlink either) or a version 3 one (without
+    its files' origin either)."""
+    assert version in (3, 4, 6), version
+    files, holders, artifacts = walk(desc)
+    cuts = [(at, at + n) for at, n in (a["builder"] for a in artifacts)]
+    if version <= 4:
+        cuts += [(at + (16 if version == 4 else 0), at + 16 + 24) for _, _, at in files] + \
+            [(at, at + n) for at, n in holders]
+    cuts.sort()
     out, last = bytearray(desc[:8] + version.to_bytes(4, "little")), 12
-    for start, end in cuts:
-        out += desc[last:start]
+    for begin, end in cuts:
+        out += desc[last:begin]
         last = end
     return bytes(out + desc[last:])
 

@@ -5,8 +5,10 @@
  *
  * A description with every kind of record (three models, one without
  * generations, one with a current, a held and a pending generation and
- * derived artifacts of two of them, holders by uid) is encoded and
- * decoded back, and version 5 (generations without their holders' uids),
+ * derived artifacts of two of them with their builder's groups or not,
+ * holders by uid) is encoded and decoded back, and version 6 (artifacts
+ * without their builder's groups), 5 (generations without their holders'
+ * uids either),
  * 4 (nor files their ctime and nlink), 3 (nor their origin) and 2 (no
  * artifacts either) descriptions are still read; then each rule
  * is broken on a copy, through the encoder (which refuses) and through
@@ -124,6 +126,17 @@ make_artifact(struct fdstore_artifact *a, uint64_t slot, uint64_t n, uint64_t so
 	a->builder_uid = 64101;
 	a->builder_pid = 4000000 + (uint32_t)n;
 	a->build_ms = 123456789012ull + n;
+	/* Artifact 9 as one taken back from a version 6 store: its builder's
+	 * groups not recorded. */
+	a->builder_gid = n == 9 ? FDSTORE_GID_UNRECORDED : 64102;
+	if (n != 9) {
+		a->builder_ngroups = 3;
+		a->builder_groups = malloc(3 * sizeof(*a->builder_groups));
+		assert_non_null(a->builder_groups);
+		a->builder_groups[0] = 10;
+		a->builder_groups[1] = 64102;
+		a->builder_groups[2] = 4000000000u + (uint32_t)n;
+	}
 }
 
 /* The description of the file header: llama (current 5, held 3, pending
@@ -195,6 +208,7 @@ strip_artifacts(struct fdstore_model *m)
 		free(m->artifacts[a].key);
 		free(m->artifacts[a].fdname);
 		free(m->artifacts[a].index_fdname);
+		free(m->artifacts[a].builder_groups);
 	}
 	free(m->artifacts);
 	m->artifacts = NULL;
@@ -217,15 +231,16 @@ strip_generations(struct fdstore_model *m)
 	m->ngenerations = 0;
 }
 
-/* The version 5 bytes of the version 6 encoding buf of len bytes, whose
- * first generation's holder uid count (0) is at offset at: without it. */
+/* The version 5 bytes of the encoding buf of len bytes (of no artifacts:
+ * version 6 bytes but for the version), whose first generation's holder
+ * uid count (0) is at offset at: without it. */
 static uint8_t *
 as_version_5(const uint8_t *buf, size_t len, size_t at)
 {
 	uint8_t *old = malloc(len);
 
 	assert_non_null(old);
-	assert_int_equal(buf[8], 6);
+	assert_int_equal(buf[8], FDSTORE_VERSION);
 	assert_memory_equal(buf + at, "\0\0\0\0", 4);
 	memcpy(old, buf, at);
 	memcpy(old + at, buf + at + 4, len - at - 4);
@@ -285,7 +300,7 @@ test_older_versions(void **state)
 	uids_at = FDSTORE_HEADER_SIZE + 2 + strlen(m->name) + 2 + strlen(m->path) + 8 + 8 + 4 +
 		8 + 1 + 1 + 2 + 4;
 	v6 = encode(d, &len);
-	assert_int_equal(v6[8], 6);
+	assert_int_equal(v6[8], 7); /* of no artifacts: version 6 but for that */
 	assert_memory_equal(v6 + uids_at, "\x01\0\0\0" "\xe8\x03\0\0" "\x4f\x4b\x4c\0", 12);
 	/* Version 6 bytes with uids called version 5: the uid count is read
 	 * as the index fdname's length, and what follows does not parse. */
@@ -604,6 +619,16 @@ static void b_art_index_size(struct fdstore_desc *d)
 }
 static void b_art_pid(struct fdstore_desc *d) { d->models[0].artifacts[1].builder_pid = 0; }
 static void b_art_count(struct fdstore_desc *d) { d->models[2].nartifacts = 65; }
+/* The builder's groups: none where its gid says they are not recorded,
+ * and at most FDSTORE_MAX_BUILDER_GROUPS. */
+static void b_art_groups_unrecorded(struct fdstore_desc *d)
+{
+	d->models[0].artifacts[0].builder_gid = FDSTORE_GID_UNRECORDED;
+}
+static void b_art_groups_count(struct fdstore_desc *d)
+{
+	d->models[0].artifacts[0].builder_ngroups = FDSTORE_MAX_BUILDER_GROUPS + 1;
+}
 /* Holders by uid: counts 1 or more summing to the holders, each uid once,
  * ascending. */
 static void b_uids_sum(struct fdstore_desc *d) { d->models[0].generations[1].uids[1].count++; }
@@ -673,6 +698,10 @@ test_rules(void **state)
 	refuse(b_art_index_size, "index size: 4294967296 bytes");
 	refuse(b_art_pid, "builder pid: 0 is not 1");
 	refuse(b_art_count, "model 2 (\"idle\"): artifact count: 65, more than 64");
+	refuse(b_art_groups_unrecorded, "artifact 0 (\"f32-v1\" of generation 5): builder gid: "
+		"4294967295 (not recorded) with 3 groups");
+	refuse(b_art_groups_count, "artifact 0 (\"f32-v1\" of generation 5): builder group "
+		"count: 65537, more than 65536");
 	refuse(b_ctime_unrecorded, "model 0 (\"llama\"): generation 0 (5): file 1: st_ctim: "
 		"1764892800123456790 with st_nlink 0, which says the ctimes are not recorded: "
 		"not 0");
@@ -734,18 +763,19 @@ test_hostile_bytes(void **state)
 	copy[0] = 'w';
 	bad_bytes(copy, len, -EBADMSG, "header: magic");
 	memcpy(copy, buf, len);
-	put_u32(copy + 8, 7);
-	bad_bytes(copy, len, -EPROTO, "header: version: 7, this wcached reads 2 to 6");
+	put_u32(copy + 8, 8);
+	bad_bytes(copy, len, -EPROTO, "header: version: 8, this wcached reads 2 to 7");
 	/* Version 1 (no holders in its generations) is refused as a whole,
 	 * in one line: a restart after an upgrade loads every model afresh.
 	 * Version 2 is read (test_version_2). */
 	memcpy(copy, buf, len);
 	put_u32(copy + 8, 1);
-	bad_bytes(copy, len, -EPROTO, "header: version: 1, this wcached reads 2 to 6");
-	/* Version 6 bytes read as version 5, 4, 3 or 2: the holders' uids (the
-	 * ctimes, the origins, the artifact counts) are not there, so the next
-	 * record starts early and does not parse. */
-	for (uint32_t v = 2; v <= 5; v++) {
+	bad_bytes(copy, len, -EPROTO, "header: version: 1, this wcached reads 2 to 7");
+	/* Version 7 bytes read as version 6, 5, 4, 3 or 2: the builders'
+	 * groups (the holders' uids, the ctimes, the origins, the artifact
+	 * counts) are not there, so the next record starts early and does not
+	 * parse. */
+	for (uint32_t v = 2; v <= 6; v++) {
 		memcpy(copy, buf, len);
 		put_u32(copy + 8, v);
 		back = NULL;
@@ -788,6 +818,85 @@ test_hostile_bytes(void **state)
 
 	free(copy);
 	free(buf);
+	fdstore_free(d);
+}
+
+/* The offset in buf of the builder's gid of the artifact whose index
+ * fdname is name: after the name, its index size, the builder's uid and
+ * pid and the build time. */
+static size_t
+builder_gid_at(const uint8_t *buf, size_t len, const char *name)
+{
+	const uint8_t *p = memmem(buf, len, name, strlen(name));
+
+	assert_non_null(p);
+	return (size_t)(p - buf) + strlen(name) + 8 + 4 + 4 + 8;
+}
+
+/* Version 6 artifacts end after their build time: read with their
+ * builder's gid FDSTORE_GID_UNRECORDED and no groups (restore_rules.c asks
+ * the user database then), and encoded again as version 7 that says so.
+ * In version 7 bytes, a builder group count past the limit is refused,
+ * naming the artifact. */
+static void
+test_version_6_artifacts(void **state)
+{
+	/* The artifacts in the order they are encoded. */
+	static const char *const names[] = { "wc-1-d4-i", "wc-1-d9-i", "wc-1-d2-i",
+		"wc-7-d1-i" };
+	struct fdstore_desc *d = make_desc(), *back = NULL;
+	uint8_t *v7, *v6, *again;
+	size_t len, len6 = 0, len2, last = 0, at;
+
+	(void)state;
+	/* Version 7 with the groups: the count past the limit. */
+	v7 = encode(d, &len);
+	at = builder_gid_at(v7, len, "wc-1-d4-i");
+	assert_memory_equal(v7 + at, "\x66\xfa\0\0" "\x03\0\0\0" "\x0a\0\0\0", 12);
+	put_u32(v7 + at + 4, FDSTORE_MAX_BUILDER_GROUPS + 1);
+	bad_bytes(v7, len, -EBADMSG, "model 0 (\"llama\"): artifact 0: builder group count: "
+		"65537, more than 65536");
+	/* One more than there are: the next artifact starts 4 bytes late. */
+	put_u32(v7 + at + 4, 4);
+	bad_bytes(v7, len, -EBADMSG, "model 0 (\"llama\"): artifact 1: key: holds a NUL byte");
+	free(v7);
+
+	for (uint32_t i = 0; i < 2; i++)
+		for (uint32_t a = 0; a < d->models[i].nartifacts; a++) {
+			struct fdstore_artifact *x = &d->models[i].artifacts[a];
+
+			free(x->builder_groups);
+			x->builder_groups = NULL;
+			x->builder_ngroups = 0;
+			x->builder_gid = FDSTORE_GID_UNRECORDED;
+		}
+	v7 = encode(d, &len);
+	v6 = malloc(len);
+	assert_non_null(v6);
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+		at = builder_gid_at(v7, len, names[i]);
+		assert_memory_equal(v7 + at, "\xff\xff\xff\xff\0\0\0\0", 8);
+		memcpy(v6 + len6, v7 + last, at - last);
+		len6 += at - last;
+		last = at + 8;
+	}
+	memcpy(v6 + len6, v7 + last, len - last);
+	len6 += len - last;
+	assert_int_equal(len6, len - 4 * 8);
+	v6[8] = 6;
+	if (fdstore_decode(v6, len6, &back) != 0)
+		fail_msg("decode version 6: %s", error_get());
+	assert_true(fdstore_equal(d, back));
+	assert_int_equal(back->models[0].artifacts[0].builder_gid, FDSTORE_GID_UNRECORDED);
+	assert_int_equal(back->models[0].artifacts[0].builder_ngroups, 0);
+	assert_null(back->models[0].artifacts[0].builder_groups);
+	again = encode(back, &len2);
+	assert_int_equal(len2, len);
+	assert_memory_equal(again, v7, len);
+	free(again);
+	fdstore_free(back);
+	free(v6);
+	free(v7);
 	fdstore_free(d);
 }
 
@@ -1048,6 +1157,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_round_trip),
 		cmocka_unit_test(test_older_versions),
+		cmocka_unit_test(test_version_6_artifacts),
 		cmocka_unit_test(test_rules),
 		cmocka_unit_test(test_hostile_bytes),
 		cmocka_unit_test(test_ctimes_without_nlink),

@@ -11,7 +11,10 @@
  * build; a uid the user database does not know has no groups and may not
  * build under derive_groups; a known one may, by its primary group, until
  * derive_groups no longer holds it; and nobody may keep an artifact of a
- * model whose derive is off. Each refusal's message names the reason.
+ * model whose derive is off. A builder whose gid and groups the store
+ * recorded (version 7) is judged by those alone, known to the user
+ * database or not: by its gid or any one of its groups, as a connection
+ * is. Each refusal's message names the reason.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -163,6 +166,53 @@ test_a_uid_the_database_does_not_know(void **state)
 	access_clear(&e.builders);
 }
 
+/* Stored groups: the live rule on them, no database (an unknown uid), by
+ * the gid or a supplementary group; refused, the message says which. */
+static void
+test_stored_groups(void **state)
+{
+	uint32_t groups[] = { 10, 64201 };
+	struct fdstore_artifact a = { .builder_uid = 64302, .builder_gid = 64203,
+		.builder_ngroups = 2, .builder_groups = groups };
+	struct restore_builder b;
+	struct model_entry e;
+	gid_t gid = 64201;
+
+	(void)state;
+	while (getpwuid(a.builder_uid) != NULL)
+		a.builder_uid++;
+	/* By a supplementary group. */
+	entry_with(&e, 1, &gid, 1);
+	assert_int_equal(restore_builder_stored(&a, &b), 0);
+	assert_int_equal(b.stored, 1);
+	assert_int_equal(b.uid, a.builder_uid);
+	assert_int_equal(b.gid, 64203);
+	assert_int_equal(b.ngroups, 2);
+	assert_int_equal(restore_builder_allowed(&e, &b), 0);
+	restore_builder_clear(&b);
+	access_clear(&e.builders);
+	/* By the gid, with no supplementary groups. */
+	gid = 64203;
+	a.builder_ngroups = 0;
+	entry_with(&e, 1, &gid, 1);
+	assert_int_equal(restore_builder_stored(&a, &b), 0);
+	assert_null(b.groups);
+	assert_int_equal(restore_builder_allowed(&e, &b), 0);
+	restore_builder_clear(&b);
+	access_clear(&e.builders);
+	/* Neither. */
+	gid = 64204;
+	a.builder_ngroups = 2;
+	entry_with(&e, 1, &gid, 1);
+	assert_int_equal(restore_builder_stored(&a, &b), 0);
+	assert_int_equal(restore_builder_allowed(&e, &b), -EPERM);
+	assert_non_null(strstr(error_get(), "may not build it now: none of its groups (gid "
+		"64203 and 2 supplementary, as its connection had them when it published) is "
+		"in derive_groups"));
+	restore_builder_clear(&b);
+	access_clear(&e.builders);
+}
+
 static void
 test_a_known_uid_by_its_groups(void **state)
 {
@@ -212,6 +262,7 @@ main(void)
 		cmocka_unit_test(test_root_and_self_may_always_build),
 		cmocka_unit_test(test_a_uid_the_database_does_not_know),
 		cmocka_unit_test(test_a_known_uid_by_its_groups),
+		cmocka_unit_test(test_stored_groups),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
