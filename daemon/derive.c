@@ -432,8 +432,10 @@ drop(struct derive_table *t, struct derived *a, const char *why)
 		}
 	derive_count(t, derive_weight(g), 0);
 	t->stats.dropped++;
+	/* Not "freed": a worker that released it may still map it (or keep
+	 * a descriptor of it), and its pages live until it lets go. */
 	log_info("model \"%s\": derived \"%s\" of generation %" PRIu64 " dropped (%s): %" PRIu64
-		 " bytes freed", a->model_name, a->key, a->source, why, derive_weight(g));
+		 " bytes no longer kept", a->model_name, a->key, a->source, why, derive_weight(g));
 	g->kept = 0;
 	gen_maybe_free(t->r, g);
 	derive_cred_clear(&a->builder_cred);
@@ -478,8 +480,20 @@ derive_unheld_bytes(const struct derive_table *t)
 	return bytes;
 }
 
+/* Adds uid to lanes[0 .. *n) (cap places) unless it is there. */
+static void
+add_lane(uid_t *lanes, size_t cap, size_t *n, uid_t uid)
+{
+	for (size_t i = 0; i < *n; i++)
+		if (lanes[i] == uid)
+			return;
+	if (*n < cap)
+		lanes[(*n)++] = uid;
+}
+
 uint64_t
-derive_drop_unheld(struct derive_table *t, uint64_t want, const char *why)
+derive_drop_unheld(struct derive_table *t, uint64_t want, const char *why, uid_t *lanes,
+	size_t cap, size_t *nlanes)
 {
 	uint64_t dropped = 0;
 
@@ -492,6 +506,9 @@ derive_drop_unheld(struct derive_table *t, uint64_t want, const char *why)
 		if (lru == NULL)
 			break;
 		dropped += derive_weight(lru->gen);
+		/* generation.c closes an artifact in its builder's lane. */
+		if (lanes != NULL && nlanes != NULL)
+			add_lane(lanes, cap, nlanes, lru->gen->builder_uid);
 		drop(t, lru, why);
 	}
 	return dropped;
@@ -501,7 +518,8 @@ derive_drop_unheld(struct derive_table *t, uint64_t want, const char *why)
 static uint64_t
 drop_for_budget(struct registry *r, uint64_t want)
 {
-	return derive_drop_unheld(r->derive_owner, want, "memory_budget: nobody held it");
+	return derive_drop_unheld(r->derive_owner, want, "memory_budget: nobody held it", NULL,
+		0, NULL);
 }
 
 /* m's artifacts of its current generation and its builds (of builder uid
@@ -585,6 +603,11 @@ derive_init(struct derive_table *t, struct registry *r, const struct derive_hook
 	if (uv_timer_init(r->loop, &t->timer) < 0)
 		return -ENOMEM;
 	t->timer.data = t;
+	if (uv_timer_init(r->loop, &t->closes_timer) < 0) {
+		uv_close((uv_handle_t *)&t->timer, NULL);
+		return -ENOMEM;
+	}
+	t->closes_timer.data = t;
 	r->derive_owner = t;
 	r->drop_derived = drop_for_budget;
 	return 0;
@@ -610,6 +633,12 @@ derive_close(struct derive_table *t)
 	t->r->drop_derived = NULL;
 	t->closed = 1;
 	uv_close((uv_handle_t *)&t->timer, NULL);
+	/* Every check ended with its build (derive_check_cancel): nothing
+	 * waits in t->checks_closing, and no closer_then() calls back. */
+	uv_close((uv_handle_t *)&t->closes_timer, NULL);
+	if (t->closes_async_state > 0)
+		uv_close((uv_handle_t *)&t->closes_async, NULL);
+	t->closes_async_state = -1;
 }
 
 int
@@ -880,6 +909,8 @@ derive_release(struct derive_table *t, struct generation *g, uid_t uid)
 						"its last holder released it after a drop" :
 						"its last holder released it and its source "
 						"generation is no longer current");
+				else /* used until now: last in the LRU (review rev184 F4) */
+					a->last_use = ++t->r->attach_seq;
 				break;
 			}
 }

@@ -46,6 +46,7 @@
 #include <uv.h>
 
 #include "lograte.h"
+#include "memlimit.h"
 #include "proto/wire.h"
 #include "registry.h"
 
@@ -100,6 +101,11 @@ int derive_memfd_whole(const struct stat *st, char *why, size_t why_size);
  * derived_bytes, against memory_budget and the bound of one artifact. */
 #define DERIVE_MAX_HEAD (16u << 20)
 #define DERIVE_MAX_INDEX (16u << 20)
+
+/* How long a publication's copy waits for the artifacts dropped to make
+ * room for it to be let go in the closer's lanes (their builders' lanes,
+ * which a builder can hold up, closer.h): then it is refused (ENOMEM). */
+#define DERIVE_CLOSES_WAIT_MS 30000
 
 /* Lines of the log a builder's requests cause (a build started, handed on,
  * failed or abandoned, a publication and its check) per builder uid per
@@ -190,6 +196,24 @@ struct derive_table {
 	/* 1: that limit is the machine's RAM, which holds a publication twice
 	 * while wcached copies it (the builder's memfd and wcached's copy). */
 	int mem_ram;
+	/* Where the kernel says how much of that limit is in use, and in
+	 * which format (memlimit_use): before its copy, a check asks it, since
+	 * wcached cannot see who else maps its artifacts (review rev184 F1). */
+	char mem_use_file[MEMLIMIT_PATH_CAP * 2];
+	enum memlimit_kind mem_kind;
+	/* Bytes the checks running have reserved and not copied yet (the
+	 * rest of their copies is in what the kernel says is in use): the
+	 * checks' threads add and take (__atomic). */
+	uint64_t uncopied;
+	/* Checks whose copy waits for the artifacts dropped to make room for
+	 * it to be let go in the closer's lanes (derive_publish.c: closer_then,
+	 * at most DERIVE_CLOSES_WAIT_MS): closes_async wakes the loop from a
+	 * lane (closes_async_state: 0 not made yet, 1 open, -1 closed or could
+	 * not be made), closes_timer ends the wait. */
+	struct derive_check *checks_closing;
+	uv_async_t closes_async;
+	int closes_async_state;
+	uv_timer_t closes_timer;
 	/* derived_bytes (registry.h) plus what the checks running have
 	 * reserved for their copies (derive_publish.c: check_reserve): the
 	 * memory wcached's artifacts take or are about to take, which the
@@ -269,9 +293,13 @@ struct derive_cred {
  * or every waiter gets EHOSTDOWN, with the reason.
  * Its copy is reserved under the memory limit in force first: where it
  * would pass it, the artifacts nobody holds are dropped, least recently used
- * first, when that makes room (each logged with the bytes freed), and the
- * check goes on; the publication is refused (ENOMEM) only when what workers
- * hold and the other checks are copying leave no room.
+ * first, when that makes room (each logged with the bytes no longer kept),
+ * and the check goes on once their memory is let go in the closer's lanes
+ * (at most DERIVE_CLOSES_WAIT_MS); the publication is refused (ENOMEM)
+ * when what workers hold and the other checks reserved leave no room, when
+ * that wait ends first, and when the kernel says the copy would pass the
+ * limit after all (what wcached's memory cgroup, or the machine, has in
+ * use that it cannot reclaim: a dropped artifact a worker still maps is).
  * A check holds memory of the order of the artifact's header (a 100 MB
  * safetensors header: a few hundred MB while it is parsed): at most
  * DERIVE_CHECKS_AT_ONCE run at once, one per builder uid, so that one user

@@ -85,12 +85,17 @@ void derive_count(struct derive_table *t, uint64_t bytes, int add);
 /* Bytes (derive_weight) of the artifacts no worker holds: what
  * derive_drop_unheld could free at most. */
 uint64_t derive_unheld_bytes(const struct derive_table *t);
-/* Drops artifacts no worker holds, least recently used (attached or
- * published) first, until want bytes went or none is left, each with a
- * line of the log that names it, why and the bytes freed. Returns the
- * bytes dropped. On the loop: the memory budget (the registry's
- * drop_derived hook) and a publication short of room (derive_publish.c). */
-uint64_t derive_drop_unheld(struct derive_table *t, uint64_t want, const char *why);
+/* Drops artifacts no worker holds, least recently used (attached,
+ * released or published) first, until want bytes went or none is left,
+ * each with a line of the log that names it, why and the bytes no longer
+ * kept (freed once nobody maps them: a worker that released one may still
+ * map it). Returns the bytes dropped; with lanes (cap places), the lanes
+ * of the closer their memory is let go in (their builders' uids), each
+ * once, into lanes[0 .. *nlanes) (the rest left out where cap is short).
+ * On the loop: the memory budget (the registry's drop_derived hook) and a
+ * publication short of room (derive_publish.c). */
+uint64_t derive_drop_unheld(struct derive_table *t, uint64_t want, const char *why,
+	uid_t *lanes, size_t cap, size_t *nlanes);
 /* The model entry an artifact or build was made for, if still there. */
 struct model_entry *derive_entry_of(struct derive_table *t, const char *name, uint64_t entry_id);
 /* Whether a line a builder of uid caused may be logged now

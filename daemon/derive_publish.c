@@ -22,10 +22,14 @@
  *
  * The copy is memory wcached's cgroup cannot give back: before it, the check
  * reserves its room under the memory limit in force (check_reserve). Where
- * there is none, the check ends, the loop (which owns the artifacts) drops
- * artifacts nobody holds, least recently used first, if that makes room,
- * reserves it and queues the check again, once (make_room); only when what
- * workers hold and the other checks copy leave no room is it refused.
+ * there is none, the check ends, the loop (which owns the artifacts)
+ * reserves it and drops artifacts nobody holds, least recently used first,
+ * if that makes room (make_copy_room), and queues the check again, once,
+ * when their memory is let go in their builders' lanes of the closer
+ * (wait_for_closes: at most DERIVE_CLOSES_WAIT_MS); when what workers hold
+ * and the other checks reserved leave no room it is refused. Then, just
+ * before the copy, the kernel has the last word (check_kernel_room): a
+ * dropped artifact a worker still maps is charged to wcached all the same.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -66,14 +70,20 @@
 /* Publication checks on the work queue at once (derive.h). */
 #define DERIVE_CHECKS_AT_ONCE 2
 
+/* The most lanes of the closer (builders) a check's copy waits on for the
+ * artifacts dropped for it; those of further builders are not waited for,
+ * and the kernel's word on what is in use (check_kernel_room) stands. */
+#define DERIVE_DROP_LANES 8
+
 /* Where a check stands with the room its copy takes in t->charged
  * (check_reserve). The one change from ROOM_WANTED is the loop's
- * (make_room); the others are the check's thread's. */
+ * (make_copy_room); the others are the check's thread's. */
 enum check_room {
 	ROOM_UNASKED = 0, /* check_reserve has not run */
-	ROOM_WANTED,      /* it found none: on the loop, artifacts nobody holds are
-			   * dropped if that makes room, which is reserved there,
-			   * and the check is queued again; else it is refused */
+	ROOM_WANTED,      /* it found none: on the loop, room is reserved and
+			   * artifacts nobody holds dropped if that makes room, and
+			   * the check is queued again once their memory is let
+			   * go; else it is refused */
 	ROOM_RESERVED,    /* c->reserved is in t->charged (0: no limit known) */
 };
 
@@ -90,6 +100,8 @@ struct derive_check {
 				    without one, and where it comes from */
 	int limit_ram;           /* 1: that limit is the RAM (derive_table.mem_ram) */
 	char limit_source[DERIVE_MEM_SOURCE];
+	enum memlimit_kind limit_kind; /* and where the kernel says what of it */
+	char use_file[MEMLIMIT_PATH_CAP * 2]; /* is in use (memlimit_use; "": unknown) */
 	char label[WIRE_MAX_NAME + WIRE_MAX_KEY + 16];
 	int fd;                  /* the builder's memfd, then wcached's copy */
 	uint64_t size;           /* the memfd's, once sealed and checked (check_open):
@@ -97,8 +109,21 @@ struct derive_check {
 	enum check_room room;
 	double copy_s;           /* how long copy_artifact took */
 	uint64_t reserved;       /* added to t->charged by check_reserve (or by
-				  * make_room, on the loop), taken back by
+				  * make_copy_room, on the loop), taken back by
 				  * check_free (on the loop) */
+	uint64_t uncopied;       /* added to t->uncopied before the copy, taken
+				  * back as it is copied and by check_free */
+	/* What make_copy_room dropped for it, and the lanes of the closer
+	 * their memory is let go in: its copy waits there (closer_then) until
+	 * closes_deadline_ms (closing: in t->checks_closing; closes_through:
+	 * closer_then's done ran, on a lane's thread: atomic). */
+	unsigned dropped;
+	uint64_t dropped_bytes;
+	uid_t lanes[DERIVE_DROP_LANES];
+	size_t nlanes;
+	int closing;
+	int closes_through;
+	uint64_t closes_since_ms, closes_deadline_ms;
 	int cancelled;           /* set on the loop (derive_check_cancel), read
 				  * by the copy between chunks: atomic */
 	/* What the check made: the source, its served descriptors and the
@@ -160,6 +185,18 @@ check_free(struct derive_check *c)
 	 * (make_artifact); else the reservation was all there was. */
 	if (c->reserved != 0)
 		__atomic_sub_fetch(&c->t->charged, c->reserved, __ATOMIC_RELAXED);
+	if (c->uncopied != 0)
+		__atomic_sub_fetch(&c->t->uncopied, c->uncopied, __ATOMIC_RELAXED);
+	if (c->closing) {
+		/* No done of closer_then() for c runs from here on. */
+		closer_forget(c->t->closer, c);
+		for (struct derive_check **pp = &c->t->checks_closing; *pp != NULL;
+			pp = &(*pp)->next)
+			if (*pp == c) {
+				*pp = c->next;
+				break;
+			}
+	}
 	free(c);
 }
 
@@ -169,6 +206,8 @@ derive_set_memory_limit(struct derive_table *t, const struct memlimit *m)
 	t->mem_limit = m->limit;
 	t->mem_ram = m->kind == MEMLIMIT_RAM;
 	memlimit_source(m, t->mem_source, sizeof(t->mem_source));
+	memcpy(t->mem_use_file, m->use_file, sizeof(t->mem_use_file));
+	t->mem_kind = m->kind;
 }
 
 int
@@ -220,37 +259,42 @@ check_need(const struct derive_check *c)
  * wcached's memory cgroup and cannot reclaim them without swap: past its
  * limit the cgroup's OOM killer would kill wcached (review rev183 F1), and
  * past the RAM the machine's would. Artifacts nobody holds count too, but
- * the loop drops them to make room before it refuses (make_room): the
+ * the loop drops them to make room before it refuses (make_copy_room): the
  * registry and the artifacts are the loop's. */
 static int
 check_reserve(struct derive_check *c)
 {
-	uint64_t need = check_need(c), before;
+	uint64_t need = check_need(c), now = __atomic_load_n(&c->t->charged, __ATOMIC_RELAXED);
 
 	c->room = ROOM_RESERVED;
 	if (c->limit == 0)
 		return 0;
-	before = __atomic_fetch_add(&c->t->charged, need, __ATOMIC_RELAXED);
-	if (before + need <= c->limit) {
-		c->reserved = need;
-		return 0;
-	}
-	__atomic_sub_fetch(&c->t->charged, need, __ATOMIC_RELAXED);
-	c->room = ROOM_WANTED;
-	return c->err = -ENOMEM;
+	/* Added only where it fits: no other thread (nor the loop's
+	 * make_copy_room) ever sees a reservation that is then taken back
+	 * (review rev184 F3). */
+	do {
+		if (now + need > c->limit) {
+			c->room = ROOM_WANTED;
+			return c->err = -ENOMEM;
+		}
+	} while (!__atomic_compare_exchange_n(&c->t->charged, &now, now + need, 1,
+		__ATOMIC_RELAXED, __ATOMIC_RELAXED));
+	c->reserved = need;
+	return 0;
 }
 
 /* The head fd's reader would read and parse (the safetensors header, or a
- * WEIG file's tables), from its first bytes, before anything is parsed:
- * -EFBIG with c->why past DERIVE_MAX_HEAD, else 0 (a head the reader
- * finds implausible is its to explain). */
+ * WEIG file's tables), from its first bytes, before anything is parsed,
+ * into *head_out (0: none read): -EFBIG with c->why past DERIVE_MAX_HEAD,
+ * else 0 (a head the reader finds implausible is its to explain). */
 static int
-check_head(struct derive_check *c, int fd, uint64_t size)
+check_head(struct derive_check *c, int fd, uint64_t size, uint64_t *head_out)
 {
 	uint8_t prefix[WEIG_HEADER_SIZE];
 	uint64_t head;
 	ssize_t n;
 
+	*head_out = 0;
 	while ((n = pread(fd, prefix, sizeof(prefix), 0)) < 0 && errno == EINTR)
 		;
 	if (n < 4)
@@ -258,8 +302,10 @@ check_head(struct derive_check *c, int fd, uint64_t size)
 	/* The reader source_open_fd() takes next (WEIG's reads either byte
 	 * order). */
 	head = source_file_reader(get_le32(prefix))->head_len(prefix, (size_t)n, size);
-	if (head <= DERIVE_MAX_HEAD)
+	if (head <= DERIVE_MAX_HEAD) {
+		*head_out = head;
 		return 0;
+	}
 	snprintf(c->why, sizeof(c->why), "its header is %.1f MiB, more than the %u MiB a "
 		 "derived artifact's header may be (its tensors and metadata are indexed in "
 		 "wcached's memory)", (double)head / 1048576.0, DERIVE_MAX_HEAD >> 20);
@@ -391,6 +437,11 @@ copy_artifact(struct derive_check *c, int src, uint64_t size)
 			err = -EIO; /* sealed against shrinking: never */
 		else
 			done += (uint64_t)n;
+		if (n > 0 && c->uncopied >= (uint64_t)n) {
+			/* In what the kernel says is in use from here on. */
+			c->uncopied -= (uint64_t)n;
+			__atomic_sub_fetch(&c->t->uncopied, (uint64_t)n, __ATOMIC_RELAXED);
+		}
 	}
 	free(buf);
 	if (err == 0 && fcntl(fd, F_ADD_SEALS, DERIVE_ARTIFACT_SEALS) == -1) {
@@ -464,9 +515,63 @@ check_open(struct derive_check *c)
 	return 0;
 }
 
+/*
+ * Work queue thread, before the copy: what the kernel says is in use of the
+ * memory limit in force (memlimit_use: wcached's memory cgroup's anonymous
+ * memory and shmem, or the machine's MemTotal less MemAvailable), with the
+ * copies the checks running have yet to make (t->uncopied, this one's
+ * included) and room for the header the readers parse and its compiled
+ * index (twice the header, at most DERIVE_MAX_INDEX: an estimate), must
+ * fit under it: -ENOMEM with c->why where not. t->charged counts only what
+ * wcached keeps, and wcached cannot see who else maps its memfds: an
+ * artifact dropped to make room stays charged to wcached's cgroup while a
+ * worker that released it still maps it, keeps its descriptor, or a forked
+ * child does (review rev184 F1); past the limit the OOM killer would kill
+ * wcached. Where the kernel does not say (no such file), the reservation
+ * alone stands.
+ */
+static int
+check_kernel_room(struct derive_check *c, uint64_t head)
+{
+	uint64_t used, pending, index_room, others;
+	char whose[160], copying[80] = "";
+
+	if (c->limit == 0)
+		return 0;
+	c->uncopied = c->size;
+	pending = __atomic_add_fetch(&c->t->uncopied, c->size, __ATOMIC_RELAXED);
+	if (memlimit_use(c->use_file, c->limit_kind, &used) < 0)
+		return 0;
+	index_room = head + (2 * head < DERIVE_MAX_INDEX ? 2 * head : DERIVE_MAX_INDEX);
+	if (used <= c->limit && pending + index_room <= c->limit - used)
+		return 0;
+	others = pending - c->size;
+	if (c->limit_kind == MEMLIMIT_RAM)
+		snprintf(whose, sizeof(whose), "the machine has %" PRIu64 " MiB of memory in use "
+			 "that the kernel cannot give back (MemTotal less MemAvailable)",
+			used >> 20);
+	else
+		snprintf(whose, sizeof(whose), "wcached's memory cgroup has %" PRIu64 " MiB of "
+			 "anonymous memory and shmem in use (memory.stat), which the kernel "
+			 "cannot reclaim without swap", used >> 20);
+	if (others != 0)
+		snprintf(copying, sizeof(copying), ", other publications have %" PRIu64 " MiB yet "
+			 "to copy", others >> 20);
+	snprintf(c->why, sizeof(c->why), "%s%s, and this one's copy of %" PRIu64 " MiB and "
+		 "about %" PRIu64 " KiB for its header and index would pass the memory limit in "
+		 "force (%" PRIu64 " MiB, %s), which its copy is charged to: no room for it now, "
+		 "though wcached's own count had some (an artifact dropped to make room stays "
+		 "charged to wcached while a worker that released it still maps it or keeps its "
+		 "descriptor)", whose, copying, c->size >> 20, (index_room + 1023) >> 10,
+		c->limit >> 20, c->limit_source);
+	return c->err = -ENOMEM;
+}
+
 /* Work queue thread: seals and checks the memfd (check_open: once; a check
  * queued again after the loop made room for it starts at its copy),
- * reserves the memory of its copy (check_reserve), copies it into a memfd
+ * reserves the memory of its copy (check_reserve), checks its header's
+ * size and that the kernel agrees there is room (check_kernel_room),
+ * copies it into a memfd
  * of wcached's own (copy_artifact: wcached's cgroup pays for what it keeps,
  * not the builder's), closes the builder's, validates the copy with the
  * readers every model goes through and seals its index. */
@@ -475,11 +580,15 @@ check_run(struct workq_job *job)
 {
 	struct derive_check *c = job->arg;
 	struct timespec t0, t1;
+	uint64_t head;
 	int fd;
 
 	if (c->size == 0 && check_open(c) < 0)
 		return;
 	if (c->room != ROOM_RESERVED && check_reserve(c) < 0)
+		return;
+	/* The builder's sealed memfd has the copy's bytes. */
+	if (check_head(c, c->fd, c->size, &head) < 0 || check_kernel_room(c, head) < 0)
 		return;
 	clock_gettime(CLOCK_MONOTONIC, &t0);
 	if ((fd = copy_artifact(c, c->fd, c->size)) < 0)
@@ -489,8 +598,6 @@ check_run(struct workq_job *job)
 	/* The builder's memory goes with its own last descriptor. */
 	closer_close(c->t->closer, c->owner, c->fd);
 	c->fd = fd;
-	if (check_head(c, fd, c->size) < 0)
-		return;
 	if ((c->err = source_open_fd(fd, c->label, &c->src)) < 0) {
 		snprintf(c->why, sizeof(c->why), "%s", error_get());
 		if (c->err != -ENOMEM)
@@ -695,6 +802,7 @@ check_may_start(const struct derive_table *t, uid_t owner)
 }
 
 static void check_done(struct workq_job *job, int status);
+static void closes_late(uv_timer_t *h);
 
 /* Queues c's check on the work queue: 0, or -errno (nothing queued). */
 static int
@@ -733,19 +841,21 @@ check_pump(struct derive_table *t)
 }
 
 /*
- * On the loop: c found no room for its copy (ROOM_WANTED). When dropping
- * artifacts nobody holds makes room, drops them, least recently used first
- * (derive_drop_unheld: one line each), and reserves the room here, before
- * another check takes it: 1, and c is to be queued again. Else 0 with
- * c->err and c->why: what workers hold and what the other checks are
- * copying leave no room, and nothing is dropped in vain.
+ * On the loop: c found no room for its copy (ROOM_WANTED). Reserves it first
+ * (so that no check's thread takes the room meanwhile, review rev184 F3),
+ * and where that passes the memory limit in force and dropping artifacts
+ * nobody holds makes room, drops them, least recently used first
+ * (derive_drop_unheld: one line each; c->lanes: where their memory is let
+ * go): 1, and c is to be queued again once it is. Else 0 with nothing
+ * reserved or dropped, and c->err and c->why: what workers hold and what
+ * the other checks reserved leave no room.
  */
 static int
-make_room(struct derive_check *c)
+make_copy_room(struct derive_check *c)
 {
 	struct derive_table *t = c->t;
 	const struct derive_build *b = c->build;
-	uint64_t need = check_need(c), charged, unheld, before, held, copying;
+	uint64_t need = check_need(c), unheld, before, held, copying;
 	char why[WIRE_MAX_KEY + 200], kept[96];
 
 	if (derive_entry_of(t, b->model_name, b->entry_id) == NULL) {
@@ -754,24 +864,26 @@ make_room(struct derive_check *c)
 		return 0;
 	}
 	/* t->charged holds every artifact's weight (derived_bytes), so it is
-	 * never below what is unheld. */
-	charged = __atomic_load_n(&t->charged, __ATOMIC_RELAXED);
-	unheld = derive_unheld_bytes(t);
-	if (charged + need > c->limit && charged - unheld + need <= c->limit) {
-		snprintf(why, sizeof(why), "the publication of \"%s\" (%" PRIu64 " MiB) needed "
-			 "room under the memory limit in force, and nobody held it", b->key,
-			c->size >> 20);
-		derive_drop_unheld(t, charged + need - c->limit, why);
-	}
+	 * never below what is unheld; the checks' threads add to it only
+	 * where that fits (check_reserve), and nothing else changes it off
+	 * the loop: once past the limit, only the drops here lower it. */
 	before = __atomic_fetch_add(&t->charged, need, __ATOMIC_RELAXED);
-	if (before + need <= c->limit) {
+	unheld = derive_unheld_bytes(t);
+	if (before + need <= c->limit || before + need - unheld <= c->limit) {
 		c->reserved = need;
 		c->room = ROOM_RESERVED;
 		c->err = 0;
+		if (before + need > c->limit) {
+			snprintf(why, sizeof(why), "the publication of \"%s\" (%" PRIu64 " MiB) "
+				 "needed room under the memory limit in force, and nobody held it",
+				b->key, c->size >> 20);
+			c->dropped_bytes = derive_drop_unheld(t, before + need - c->limit, why,
+				c->lanes, DERIVE_DROP_LANES, &c->nlanes);
+			c->dropped = 1;
+		}
 		return 1;
 	}
 	__atomic_sub_fetch(&t->charged, need, __ATOMIC_RELAXED);
-	unheld = derive_unheld_bytes(t);
 	held = t->r->derived_bytes - unheld;
 	copying = before > t->r->derived_bytes ? before - t->r->derived_bytes : 0;
 	if (unheld != 0)
@@ -780,19 +892,177 @@ make_room(struct derive_check *c)
 	else
 		snprintf(kept, sizeof(kept), "even with every artifact nobody held dropped");
 	snprintf(c->why, sizeof(c->why), "wcached keeps %" PRIu64 " MiB of derived artifacts "
-		 "that workers hold and is copying %" PRIu64 " MiB of other publications, and "
-		 "this one's %" PRIu64 " MiB%s would pass the memory limit in force (%" PRIu64
-		 " MiB, %s), which its copy is charged to: no room for it now, %s (room comes "
-		 "back as workers release artifacts: one nobody holds is dropped when a "
-		 "publication needs its room)", held >> 20, copying >> 20, c->size >> 20,
+		 "that workers hold and has %" PRIu64 " MiB reserved for the copies of other "
+		 "publications%s, and this one's %" PRIu64 " MiB%s would pass the memory limit in "
+		 "force (%" PRIu64 " MiB, %s), which its copy is charged to: no room for it now, "
+		 "%s (room comes back as workers release artifacts: one nobody holds is dropped "
+		 "when a publication needs its room)", held >> 20, copying >> 20,
+		c->limit_ram && copying != 0 ? " (each twice its size)" : "", c->size >> 20,
 		c->limit_ram ? " twice (the builder's memfd and wcached's copy)" : "",
 		c->limit >> 20, c->limit_source, kept);
 	c->err = -ENOMEM;
 	return 0;
 }
 
+/* Queues c, whose room is reserved, again: at once where a place is free,
+ * else first among those that wait. Where it cannot be queued, it is
+ * refused with the reason (check_finish). */
+static void
+check_again(struct derive_table *t, struct derive_check *c)
+{
+	int err;
+
+	if (!check_may_start(t, c->owner)) {
+		c->waiting = 1;
+		c->next = t->checks_waiting;
+		t->checks_waiting = c;
+		return;
+	}
+	if ((err = check_start(t, c)) == 0)
+		return;
+	snprintf(c->why, sizeof(c->why), "its check could not be queued again after room was "
+		 "made for its copy: %s", strerror(-err));
+	c->err = err;
+	check_finish(c, 0); /* its reservation goes with it (check_free) */
+}
+
+/* Unlinks c from t->checks_closing; it waits no more. */
+static void
+closes_unlink(struct derive_table *t, struct derive_check *c)
+{
+	check_unlink(&t->checks_closing, c);
+	c->closing = 0;
+}
+
+/* On the loop, woken from a lane (closes_then): the checks whose dropped
+ * artifacts are let go go on to their copies. Each check_again may end
+ * others (a refusal fails a build): the walk starts again each time. */
+static void
+closes_through(uv_async_t *h)
+{
+	struct derive_table *t = h->data;
+	struct derive_check *c;
+
+	for (c = t->checks_closing; c != NULL;) {
+		if (!__atomic_load_n(&c->closes_through, __ATOMIC_ACQUIRE)) {
+			c = c->next;
+			continue;
+		}
+		closes_unlink(t, c);
+		check_again(t, c);
+		c = t->checks_closing;
+	}
+	check_pump(t);
+}
+
+/* closer_then()'s done: on a lane's thread under the closer's lock (or at
+ * once, on the loop): only says so. */
+static void
+closes_then(void *arg)
+{
+	struct derive_check *c = arg;
+
+	__atomic_store_n(&c->closes_through, 1, __ATOMIC_RELEASE);
+	uv_async_send(&c->t->closes_async);
+}
+
+/* Arms closes_timer for the first deadline of the checks that wait. */
+static void
+closes_rearm(struct derive_table *t)
+{
+	uint64_t first = UINT64_MAX, now = derive_now_ms(t);
+
+	for (const struct derive_check *c = t->checks_closing; c != NULL; c = c->next)
+		if (c->closes_deadline_ms < first)
+			first = c->closes_deadline_ms;
+	if (first == UINT64_MAX)
+		uv_timer_stop(&t->closes_timer);
+	else
+		uv_timer_start(&t->closes_timer, closes_late, first > now ? first - now : 0, 0);
+}
+
+/* On the loop: the checks whose dropped artifacts were not let go within
+ * DERIVE_CLOSES_WAIT_MS are refused: a close in their builders' lanes is
+ * held up, and their memory is still charged to wcached. */
+static void
+closes_late(uv_timer_t *h)
+{
+	struct derive_table *t = h->data;
+	uint64_t now = derive_now_ms(t);
+	struct derive_check *c;
+
+	for (c = t->checks_closing; c != NULL;) {
+		if (c->closes_deadline_ms > now) {
+			c = c->next;
+			continue;
+		}
+		closes_unlink(t, c);
+		closer_forget(t->closer, c);
+		snprintf(c->why, sizeof(c->why), "wcached dropped %" PRIu64 " MiB of artifacts"
+			 " nobody held to make room for its copy, and waited %.0f s for their"
+			 " memory to be let go in their builders' lanes of wcached's closer, in"
+			 " vain (a close there is held up, closer.h): no room for it now, under"
+			 " the memory limit in force (%" PRIu64 " MiB, %s)", c->dropped_bytes >> 20,
+			(double)(now - c->closes_since_ms) / 1000.0, c->limit >> 20,
+			c->limit_source);
+		c->err = -ENOMEM;
+		check_finish(c, 0);
+		c = t->checks_closing;
+	}
+	closes_rearm(t);
+	check_pump(t);
+}
+
+/*
+ * On the loop: make_copy_room reserved c's room and dropped artifacts for
+ * it: its copy must not start before their memory is let go, which is in
+ * their builders' lanes of the closer (generation.c), which a builder can
+ * hold up (a lingering socket it passed): it waits there (closer_then),
+ * at most DERIVE_CLOSES_WAIT_MS, then is refused (closes_late). Without a
+ * wake-up from the lanes it goes at once, and check_kernel_room stands.
+ */
+static void
+wait_for_closes(struct derive_table *t, struct derive_check *c)
+{
+	char more[128];
+	int err;
+
+	if (t->closes_async_state == 0) {
+		if ((err = uv_async_init(t->r->loop, &t->closes_async, closes_through)) < 0) {
+			log_warnx("derived artifacts: closer wake-up: uv_async_init: %s; a"
+				  " publication that dropped artifacts for its copy goes on at"
+				  " once, checked against what the kernel says is in use",
+				uv_strerror(err));
+			t->closes_async_state = -1;
+		} else {
+			t->closes_async.data = t;
+			t->closes_async_state = 1;
+		}
+	}
+	if (t->closes_async_state < 0 || t->closed) {
+		check_again(t, c);
+		return;
+	}
+	c->closing = 1;
+	c->closes_through = 0;
+	c->closes_since_ms = derive_now_ms(t);
+	c->closes_deadline_ms = c->closes_since_ms + DERIVE_CLOSES_WAIT_MS;
+	c->next = t->checks_closing;
+	t->checks_closing = c;
+	closes_rearm(t);
+	if (derive_may_log(t, c->owner, more, sizeof(more)))
+		log_info("model \"%s\": derived \"%s\": the copy of its publication waits for "
+			 "the %" PRIu64 " MiB dropped for it to be let go in the closer (at most "
+			 "%u s)%s", c->build->model_name, c->build->key, c->dropped_bytes >> 20,
+			DERIVE_CLOSES_WAIT_MS / 1000, more);
+	/* done may run at once, here: closes_through then runs on the loop's
+	 * next turn. */
+	closer_then(t->closer, c->lanes, c->nlanes, closes_then, c);
+}
+
 /* On the loop: c's job ended; its place goes to the next that waits. A
- * check that found no room goes again, once, where make_room made some. */
+ * check that found no room goes again, once, where make_copy_room made
+ * some: after the memory of what it dropped is let go (wait_for_closes). */
 static void
 check_done(struct workq_job *job, int status)
 {
@@ -801,10 +1071,13 @@ check_done(struct workq_job *job, int status)
 
 	if (check_unlink(&t->checks_running, c))
 		t->nchecks_running--;
-	if (status == 0 && c->room == ROOM_WANTED && c->build != NULL && make_room(c)) {
-		if (check_start(t, c) == 0)
-			return;
-		status = UV_ECANCELED; /* its reservation goes with it (check_free) */
+	if (status == 0 && c->room == ROOM_WANTED && c->build != NULL && make_copy_room(c)) {
+		if (c->dropped)
+			wait_for_closes(t, c);
+		else
+			check_again(t, c);
+		check_pump(t);
+		return;
 	}
 	check_finish(c, status);
 	check_pump(t);
@@ -840,6 +1113,8 @@ derive_publish(struct derive_table *t, void *conn, uid_t owner,
 	c->limit = t->mem_limit;
 	c->limit_ram = t->mem_ram;
 	memcpy(c->limit_source, t->mem_source, sizeof(c->limit_source));
+	c->limit_kind = t->mem_kind;
+	memcpy(c->use_file, t->mem_use_file, sizeof(c->use_file));
 	c->fd = memfd;
 	c->index_fd = -1;
 	snprintf(c->label, sizeof(c->label), "%s derived %s", b->model_name, b->key);
@@ -880,6 +1155,12 @@ derive_check_cancel(struct derive_check *c)
 	if (c->waiting) {
 		/* Never queued: nothing runs that needs it. */
 		check_unlink(&c->t->checks_waiting, c);
+		check_free(c);
+		return;
+	}
+	if (c->closing) {
+		/* Waits for closes on the loop (wait_for_closes): nothing runs
+		 * that needs it, and closer_then() calls back no more. */
 		check_free(c);
 		return;
 	}

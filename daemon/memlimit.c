@@ -4,6 +4,7 @@
 #include "memlimit.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -263,10 +264,11 @@ read_limit(const char *root, const char *dir, const char *file, const char *key)
 	return ask.value;
 }
 
-/* Keeps the smaller limit in out (0 is none). */
+/* Keeps the smaller limit in out (0 is none): v, read in the cgroup
+ * directory root + dir, named cgroup, from its file. */
 static void
 consider(struct memlimit *out, uint64_t v, enum memlimit_kind kind, const char *cgroup,
-	const char *file)
+	const char *file, const char *root, const char *dir)
 {
 	if (v == 0 || (out->cgroup != 0 && out->cgroup <= v))
 		return;
@@ -274,6 +276,9 @@ consider(struct memlimit *out, uint64_t v, enum memlimit_kind kind, const char *
 	out->kind = kind;
 	copy_marked(out->cgroup_path, sizeof(out->cgroup_path), cgroup);
 	copy(out->file, sizeof(out->file), file);
+	if ((size_t)snprintf(out->use_file, sizeof(out->use_file), "%s%s/memory.stat", root,
+		    dir) >= sizeof(out->use_file))
+		out->use_file[0] = '\0';
 }
 
 /* h's cgroup as a path under its mount (a container's mount shows a
@@ -349,7 +354,7 @@ walk(const char *root, const struct memlimit_hierarchy *h, const char *file,
 	for (;;) {
 		snprintf(dir, sizeof(dir), "%s%s", h->mountpoint, rel);
 		cgroup_name(name, sizeof(name), h, rel);
-		consider(out, read_limit(root, dir, file, NULL), kind, name, file);
+		consider(out, read_limit(root, dir, file, NULL), kind, name, file, root, dir);
 		if ((slash = strrchr(rel, '/')) == NULL)
 			break;
 		*slash = '\0';
@@ -410,16 +415,153 @@ memlimit_read(const char *root, uint64_t ram, struct memlimit *out)
 			cgroup_name(name, sizeof(name), v1, rel);
 			consider(out,
 				read_limit(root, dir, "memory.stat", "hierarchical_memory_limit"),
-				MEMLIMIT_CGROUP_V1, name, "hierarchical_memory_limit");
+				MEMLIMIT_CGROUP_V1, name, "hierarchical_memory_limit", root, dir);
 		}
 	}
 	free(v2);
 	free(v1);
 	out->limit = ram;
-	if (out->cgroup != 0 && (ram == 0 || out->cgroup < ram))
+	if (out->cgroup != 0 && (ram == 0 || out->cgroup < ram)) {
 		out->limit = out->cgroup;
-	else
+	} else {
 		out->kind = MEMLIMIT_RAM;
+		if ((size_t)snprintf(out->use_file, sizeof(out->use_file), "%s/proc/meminfo",
+			    root) >= sizeof(out->use_file))
+			out->use_file[0] = '\0';
+	}
+}
+
+/* What use_line() looks for (the keys of memlimit_parse_use()'s kind), and
+ * what it found. */
+struct use_ask {
+	const char *key[2];
+	int meminfo;      /* "KEY: N kB" lines */
+	int seen[2];      /* the first line of key[i] was read */
+	int found[2];     /* and it said value[i] */
+	uint64_t value[2];
+};
+
+/* A decimal number of 64 bits at *s, which then points past it: 1, or 0
+ * where there is none or it does not fit. */
+static int
+decimal64(const char **s, uint64_t *out)
+{
+	uint64_t v = 0;
+	const char *p = *s;
+
+	if (*p < '0' || *p > '9')
+		return 0;
+	for (; *p >= '0' && *p <= '9'; p++)
+		if (__builtin_mul_overflow(v, 10, &v) ||
+			__builtin_add_overflow(v, (uint64_t)(*p - '0'), &v))
+			return 0;
+	*s = p;
+	*out = v;
+	return 1;
+}
+
+/* One line of memory.stat or /proc/meminfo: its value where it is the
+ * first line of one of ask's keys; 0 to go on, 1 once both are read. */
+static int
+use_line(char *line, void *arg)
+{
+	struct use_ask *ask = arg;
+
+	for (int i = 0; i < 2; i++) {
+		size_t klen = strlen(ask->key[i]);
+		const char *s = line + klen;
+		uint64_t v;
+
+		if (ask->seen[i] || strncmp(line, ask->key[i], klen) != 0)
+			continue;
+		if (ask->meminfo) {
+			if (*s != ':')
+				continue;
+			s += 1 + strspn(s + 1, " \t");
+		} else if (*s++ != ' ') {
+			continue;
+		}
+		ask->seen[i] = 1;
+		if (!decimal64(&s, &v))
+			break;
+		if (ask->meminfo && (strcmp(s, " kB") != 0 ||
+			__builtin_mul_overflow(v, 1024, &v)))
+			break;
+		if (!ask->meminfo && *s != '\0')
+			break;
+		ask->found[i] = 1;
+		ask->value[i] = v;
+		break;
+	}
+	return ask->seen[0] && ask->seen[1];
+}
+
+int
+memlimit_parse_use(const char *text, size_t len, enum memlimit_kind kind, uint64_t *out)
+{
+	struct use_ask ask = { { "anon", "shmem" }, 0, { 0, 0 }, { 0, 0 }, { 0, 0 } };
+	int r;
+
+	if (kind == MEMLIMIT_CGROUP_V1) {
+		ask.key[0] = "total_rss";
+		ask.key[1] = "total_shmem";
+	} else if (kind == MEMLIMIT_RAM) {
+		ask.key[0] = "MemTotal";
+		ask.key[1] = "MemAvailable";
+		ask.meminfo = 1;
+	}
+	if ((r = each_line(text, len, use_line, &ask)) < 0)
+		return r;
+	if (!ask.found[0] || !ask.found[1])
+		return 0;
+	if (kind == MEMLIMIT_RAM) {
+		if (ask.value[1] > ask.value[0])
+			return 0;
+		*out = ask.value[0] - ask.value[1];
+	} else if (__builtin_add_overflow(ask.value[0], ask.value[1], out)) {
+		*out = UINT64_MAX;
+	}
+	return 1;
+}
+
+/* The most memlimit_use() reads of its file: memory.stat is about 1.5 KiB,
+ * /proc/meminfo about 1.5 KiB. */
+#define USE_FILE_CAP ((size_t)64 * 1024)
+
+int
+memlimit_use(const char *use_file, enum memlimit_kind kind, uint64_t *out)
+{
+	char *text;
+	size_t len = 0;
+	int fd, r;
+
+	if (use_file[0] == '\0')
+		return -ENOENT;
+	if ((fd = open(use_file, O_RDONLY | O_CLOEXEC)) == -1)
+		return -errno;
+	if ((text = malloc(USE_FILE_CAP)) == NULL) {
+		close(fd);
+		return -ENOMEM;
+	}
+	while (len < USE_FILE_CAP) {
+		ssize_t n = read(fd, text + len, USE_FILE_CAP - len);
+
+		if (n == -1 && errno == EINTR)
+			continue;
+		if (n == -1) {
+			r = -errno;
+			close(fd);
+			free(text);
+			return r;
+		}
+		if (n == 0)
+			break;
+		len += (size_t)n;
+	}
+	close(fd);
+	r = memlimit_parse_use(text, len, kind, out);
+	free(text);
+	return r < 0 ? r : r == 1 ? 0 : -EBADMSG;
 }
 
 const char *

@@ -49,6 +49,10 @@ struct memlimit {
 	 * would not fit is cut and ends in "…") */
 	char cgroup_path[MEMLIMIT_PATH_CAP];
 	char file[40];            /* and its file ("memory.max", "memory.high") */
+	/* The file memlimit_use() reads for what of limit is in use: that
+	 * cgroup's memory.stat (root prepended), or /proc/meminfo for the RAM;
+	 * "" where it is not known (a path that would not fit). */
+	char use_file[MEMLIMIT_PATH_CAP * 2];
 };
 
 /*
@@ -74,6 +78,22 @@ const char *memlimit_source(const struct memlimit *m, char *buf, size_t len);
  * pinned model). 1 when there is no limit. The start's warning and
  * status's "fits" both ask this. */
 int memlimit_fits(const struct memlimit *m, uint64_t models, uint64_t pinned, uint64_t budget);
+
+/*
+ * What of the limit in force is taken by memory the kernel cannot reclaim
+ * without swap, read now from use_file (m->kind's format): for a cgroup,
+ * its memory.stat's anonymous memory and shmem (v2 "anon" + "shmem", v1
+ * "total_rss" + "total_shmem", both counting the cgroup's descendants);
+ * v1's "total_mapped_file" is left out: it is page cache the kernel can
+ * take back, and mapped shmem is in it too (counted twice otherwise). The
+ * shmem is every memfd page charged to the cgroup, wcached's copies of
+ * derived artifacts among them, for as long as anyone maps them or keeps a
+ * descriptor of them: a worker that released an artifact may still do so.
+ * For the RAM, /proc/meminfo's MemTotal less MemAvailable. 0 with *out,
+ * -errno when the file cannot be read, -EBADMSG when it does not say.
+ * Any thread (it reads one file).
+ */
+int memlimit_use(const char *use_file, enum memlimit_kind kind, uint64_t *out);
 
 /* The word metrics label the kind with: "ram", "cgroup_v2", "cgroup_v1". */
 const char *memlimit_kind_name(enum memlimit_kind k);
@@ -131,5 +151,13 @@ int memlimit_cgroup_rel(const struct memlimit_hierarchy *h, char *rel, size_t ca
  * it says no limit ("max", MEMLIMIT_NO_LIMIT or more) or no decimal number;
  * 0 when text has no such line, -ENOMEM; *out is set only on 1. */
 int memlimit_parse_limit(const char *text, size_t len, const char *key, uint64_t *out);
+
+/* The text of memlimit_use()'s file, whole, in kind's format: 1 with the
+ * bytes in use in *out when the first line of each key it needs ("KEY N"
+ * in memory.stat; "KEY: N kB" in /proc/meminfo, blanks before N) says a
+ * decimal number of bytes (of kB) that fits 64 bits, the sum cut at
+ * UINT64_MAX, and MemAvailable at most MemTotal; 0 when one does not
+ * (*out untouched), -ENOMEM. */
+int memlimit_parse_use(const char *text, size_t len, enum memlimit_kind kind, uint64_t *out);
 
 #endif

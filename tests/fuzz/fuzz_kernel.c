@@ -16,8 +16,10 @@
  *   2 /proc/self/mountinfo       fstype_mounts_add()
  *   3 memory.max and the like    memlimit_parse_limit(), no key
  *   4 memory.stat                memlimit_parse_limit(), key
- *                                "hierarchical_memory_limit"
- *   5 /proc/self/status          resident_status_parse()
+ *                                "hierarchical_memory_limit"; and
+ *                                memlimit_parse_use(), v2 and v1
+ *   5 /proc/self/status          resident_status_parse(); and
+ *                                memlimit_parse_use() of /proc/meminfo
  *   6 $FDSTORE (to the first NUL, 4096 bytes at most)
  *                                restore_store_max()
  *   7 /proc/self/mountinfo       memlimit_parse_mounts(), no hierarchy
@@ -519,6 +521,71 @@ check_limit(const char *text, size_t len, const char *key)
 	lines_free(&l);
 }
 
+/* This file's reading of key's value for memlimit_parse_use(): on the first
+ * line that starts with key and then ' ' (memory.stat) or ':' and blanks
+ * (meminfo), decimal digits to the line's end (" kB" then, for meminfo),
+ * fitting 64 bits in bytes: true with it. */
+static bool
+oracle_use_key(const struct lines *l, const char *key, bool meminfo, uint64_t *out)
+{
+	size_t klen = strlen(key);
+
+	for (size_t i = 0; i < l->n; i++) {
+		const char *s = l->line[i];
+		uint64_t v = 0;
+		size_t digits = 0;
+
+		if (strncmp(s, key, klen) != 0)
+			continue;
+		s += klen;
+		if (meminfo ? *s != ':' : *s != ' ')
+			continue;
+		s++;
+		if (meminfo)
+			while (*s == ' ' || *s == '\t')
+				s++;
+		for (; *s >= '0' && *s <= '9'; s++, digits++)
+			if (__builtin_mul_overflow(v, 10, &v) ||
+				__builtin_add_overflow(v, (uint64_t)(*s - '0'), &v))
+				return false;
+		if (digits == 0 || strcmp(s, meminfo ? " kB" : "") != 0)
+			return false;
+		if (meminfo && __builtin_mul_overflow(v, 1024, &v))
+			return false;
+		*out = v;
+		return true;
+	}
+	return false;
+}
+
+/* memlimit_parse_use() of text in kind's format against the oracle. */
+static void
+check_use(const char *text, size_t len, enum memlimit_kind kind)
+{
+	static const char *const keys[3][2] = {
+		{ "MemTotal", "MemAvailable" }, { "anon", "shmem" }, { "total_rss", "total_shmem" },
+	};
+	const char *const *k = keys[kind == MEMLIMIT_RAM ? 0 : kind == MEMLIMIT_CGROUP_V2 ? 1 : 2];
+	uint64_t v = 12345, a, b, want = 0;
+	int r = memlimit_parse_use(text, len, kind, &v);
+	bool yes;
+	struct lines l;
+
+	CHECK(r == 0 || r == 1);
+	lines_split(text, len, &l);
+	yes = oracle_use_key(&l, k[0], kind == MEMLIMIT_RAM, &a) &&
+		oracle_use_key(&l, k[1], kind == MEMLIMIT_RAM, &b);
+	if (yes && kind == MEMLIMIT_RAM) {
+		yes = b <= a;
+		want = a - b;
+	} else if (yes && __builtin_add_overflow(a, b, &want)) {
+		want = UINT64_MAX;
+	}
+	CHECK(r == (yes ? 1 : 0));
+	CHECK(v == (yes ? want : 12345));
+	lines_free(&l);
+}
+
 /* This file's reading of status field name ("VmLck:") in text: on the
  * first line that starts with it, after blanks (' ', '\t'), the decimal
  * digits: true with their value; false when there are none, or they
@@ -728,9 +795,12 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		break;
 	case 4:
 		check_limit(text, len, KEY);
+		check_use(text, len, MEMLIMIT_CGROUP_V2);
+		check_use(text, len, MEMLIMIT_CGROUP_V1);
 		break;
 	case 5:
 		check_status(text, len);
+		check_use(text, len, MEMLIMIT_RAM);
 		break;
 	case 6:
 		check_fdstore(text, len);

@@ -5,6 +5,7 @@ status JSON's "fits" weighs them beside the models against the limit in
 force, and the log warns once when the ones workers hold alone take more
 than memory_budget (the budget evicts every model it may and is still
 exceeded)."""
+import mmap
 import os
 import re
 
@@ -12,8 +13,9 @@ import pytest
 
 from conftest import Daemon, mkmodel
 from ctlutil import ctl, daemons, status
-from test_derived import (DERIVE_CONF, Peer, artifact_bytes, build, expect_error, memfd_with,
-                          model_entry, publish_held, release, st_bytes)
+from test_derived import (ATTACH_OK, DERIVE_CONF, Peer, artifact_bytes, build,
+                          builders_lane_held, expect_error, memfd_with, model_entry,
+                          publish_held, release, st_bytes)
 from test_memlimit import cgroup, make  # noqa: F401 (cgroup: the fixture, used by name)
 from test_regressions import ready
 from test_regressions import start  # noqa: F401 (the fixture, used by name)
@@ -136,10 +138,11 @@ def publish_refused(peer, key, data):
 
 def dropped_for(key, victim):
     """The log line of victim dropped to make room for key's publication:
-    the model, the key, and the bytes freed."""
+    the model, the key, and the bytes no longer kept (not "freed": a worker
+    may still map them, review rev184 F5)."""
     return (rf'model "small": derived "{victim}" of generation 1 dropped \(the publication '
             rf'of "{key}" \([0-9]+ MiB\) needed room under the memory limit in force, and '
-            r'nobody held it\): ([0-9]+) bytes freed')
+            r'nobody held it\): ([0-9]+) bytes no longer kept')
 
 
 def test_a_publication_short_of_room_drops_the_artifacts_nobody_holds_first(in_cgroup,
@@ -147,7 +150,7 @@ def test_a_publication_short_of_room_drops_the_artifacts_nobody_holds_first(in_c
     """A cache evicts what nobody uses before it refuses new work. In a 96 MiB
     cgroup two 40 MiB artifacts nobody holds are kept; a third would take
     120 MiB: the least recently used of them is dropped (one line naming it
-    and the bytes freed), the other kept, and the third published. Then, with
+    and the bytes no longer kept), the other kept, and the third published. Then, with
     k1 used more recently than k2, a 60 MiB one needs both gone: k2 goes
     first, then k1. Before, the third was refused (ENOMEM, "`wcachectl drop
     NAME` takes back unheld artifacts") with 80 MiB nobody held."""
@@ -189,9 +192,9 @@ def test_a_publication_past_the_limit_with_what_workers_hold_is_refused(in_cgrou
     k0 = publish_held(a, "k0", blob)
     k1 = publish_held(a, "k1", blob)
     text = publish_refused(a, "k2", blob)
-    assert ("wcached keeps 80 MiB of derived artifacts that workers hold and is copying 0 MiB "
-            "of other publications, and this one's 40 MiB would pass the memory limit in "
-            "force (96 MiB,") in text, text
+    assert ("wcached keeps 80 MiB of derived artifacts that workers hold and has 0 MiB "
+            "reserved for the copies of other publications, and this one's 40 MiB would pass "
+            "the memory limit in force (96 MiB,") in text, text
     assert "no room for it now, even with every artifact nobody held dropped" in text, text
     assert d.proc.poll() is None, d.read_log()
     assert keys(d) == ["k0", "k1"]
@@ -199,10 +202,143 @@ def test_a_publication_past_the_limit_with_what_workers_hold_is_refused(in_cgrou
     # k1 released: its 40 MiB would not make room for 60 MiB beside k0's 40.
     release(a, k1)
     text = publish_refused(a, "k3", artifact_of(60))
-    assert ("wcached keeps 40 MiB of derived artifacts that workers hold and is copying 0 MiB "
-            "of other publications, and this one's 60 MiB would pass") in text, text
+    assert ("wcached keeps 40 MiB of derived artifacts that workers hold and has 0 MiB "
+            "reserved for the copies of other publications, and this one's 60 MiB would "
+            "pass") in text, text
     assert ("no room for it now, and dropping the 40 MiB nobody holds would not make "
             "it") in text, text
     assert keys(d) == ["k0", "k1"]
     assert not re.search(r'derived "k[0-9]" of generation 1 dropped', d.read_log())
     release(a, k0)
+
+
+STILL_CHARGED = ("an artifact dropped to make room stays charged to wcached while a worker "
+                 "that released it still maps it or keeps its descriptor")
+
+
+def two_unheld_but_k0_kept(in_cgroup, tmp_path, cgroup, keep):
+    """In a 96 MiB cgroup, k0 (40 MiB) published, kept by this process with
+    keep(fd of its attach) after its RELEASE, and k1 published and released:
+    (d, peer, what keep returned)."""
+    d, a = served_in_96_mib(in_cgroup, tmp_path, cgroup)
+    blob = artifact_of(40)
+    k0 = publish_held(a, "k0", blob)
+    kept = keep(k0["fds"][1])
+    release(a, k0)                       # attached 0: "nobody holds it"
+    release(a, publish_held(a, "k1", blob))
+    return d, a, kept
+
+
+def refused_then_published_once_let_go(d, a, let_go):
+    """k2 (40 MiB) drops k0, whose 40 MiB this process still keeps: the kernel
+    says there is no room, k2 is refused, wcached lives; once let_go() lets
+    k0's pages go, k2 is published."""
+    text = publish_refused(a, "k2", artifact_of(40))
+    assert "anonymous memory and shmem in use (memory.stat)" in text, text
+    assert STILL_CHARGED in text, text
+    assert d.proc.poll() is None, d.read_log()[-3000:]
+    assert keys(d) == ["k1"]             # k0 was dropped for it, all the same
+    d.wait_for_log(dropped_for("k2", "k0"))
+    let_go()
+    k2 = publish_held(a, "k2", artifact_of(40))
+    assert keys(d) == ["k1", "k2"]
+    release(a, k2)
+    assert d.proc.poll() is None
+
+
+def test_a_dropped_artifact_whose_descriptor_a_worker_kept_is_not_room(in_cgroup, tmp_path,
+                                                                      cgroup):
+    """Review rev184 F1: "nobody holds it" means no attach is open, but a
+    worker that released an artifact may keep its descriptor (or a forked
+    child its mapping): its memfd's pages stay charged to wcached's cgroup.
+    Dropped to make room for k2, k0 freed nothing; wcached asks the kernel
+    before the copy and refuses k2 (ENOMEM). Before, the copy ran the 96 MiB
+    cgroup past its limit and the OOM killer killed wcached (-9)."""
+    d, a, kept = two_unheld_but_k0_kept(in_cgroup, tmp_path, cgroup, os.dup)
+    try:
+        refused_then_published_once_let_go(d, a, lambda: os.close(kept))
+    finally:
+        try:
+            os.close(kept)
+        except OSError:
+            pass
+
+
+def test_a_dropped_artifact_a_worker_still_maps_is_not_room(in_cgroup, tmp_path, cgroup):
+    """The same with a read-only mapping and no descriptor (libwcache's fork
+    rule: a child maps what its parent released)."""
+    def keep(fd):
+        return mmap.mmap(fd, os.fstat(fd).st_size, prot=mmap.PROT_READ)
+
+    d, a, m = two_unheld_but_k0_kept(in_cgroup, tmp_path, cgroup, keep)
+    try:
+        refused_then_published_once_let_go(d, a, m.close)
+    finally:
+        m.close()
+
+
+def publish_in_held_lane(d, a, key):
+    """k0 and k1 (40 MiB each) published and released, then key's publication
+    sent with this process's (the builder's) lane of the closer held: it
+    drops k0, whose memory is let go in that lane, and waits."""
+    blob = artifact_of(40)
+    release(a, publish_held(a, "k0", blob))
+    release(a, publish_held(a, "k1", blob))
+    r = build(a, key=key)
+    fd = memfd_with(blob)
+    a.publish(r["token"], fd)
+    os.close(fd)
+    d.wait_for_log(dropped_for(key, "k0"))
+    d.wait_for_log(rf'derived "{key}": the copy of its publication waits for the 40 MiB '
+                   r'dropped for it to be let go in the closer \(at most 30 s\)')
+
+
+def test_a_copy_waits_for_the_dropped_artifacts_to_close_in_a_held_lane(in_cgroup, tmp_path,
+                                                                       cgroup):
+    """Review rev184 F2: an artifact dropped to make room is let go in its
+    builder's lane of the closer, which the builder can hold (a lingering
+    socket it passed). The copy waits for that lane, and goes on once it is
+    through. Before, it started at once, ran the 96 MiB cgroup past its
+    limit and the OOM killer killed wcached."""
+    d, a = served_in_96_mib(in_cgroup, tmp_path, cgroup)
+    a.s.settimeout(90)
+    with builders_lane_held(d):
+        publish_in_held_lane(d, a, "k2")
+        assert d.proc.poll() is None, d.read_log()[-3000:]
+    rep = a.reply()
+    assert rep["type"] == ATTACH_OK, rep
+    assert keys(d) == ["k1", "k2"]
+    release(a, rep)
+    assert d.proc.poll() is None
+
+
+def test_a_copy_is_refused_when_the_dropped_artifacts_stay_held_in_their_lane(
+        in_cgroup, tmp_path, cgroup):
+    """A lane held for good never holds the publication for good: past 30 s
+    it is refused (ENOMEM, naming the wait), its reservation given back:
+    with the lane let go, k3 takes that room."""
+    d, a = served_in_96_mib(in_cgroup, tmp_path, cgroup)
+    a.s.settimeout(120)
+    with builders_lane_held(d):
+        publish_in_held_lane(d, a, "k2")
+        text = expect_error(a.reply(), "ENOMEM", "small", "k2",
+                            "waited 30 s for their memory to be let go in their builders' "
+                            "lanes of wcached's closer, in vain")
+        assert "\n" not in text, text
+        assert d.proc.poll() is None, d.read_log()[-3000:]
+    release(a, publish_held(a, "k3", artifact_of(40)))
+    assert keys(d) == ["k1", "k3"]
+    assert d.proc.poll() is None
+
+
+def test_the_least_recently_used_counts_the_last_release(in_cgroup, tmp_path, cgroup):
+    """Review rev184 F4: k0 in use all along and released a moment ago is
+    used more recently than k1, published and never attached: k1 goes."""
+    d, a = served_in_96_mib(in_cgroup, tmp_path, cgroup)
+    blob = artifact_of(40)
+    k0 = publish_held(a, "k0", blob)
+    release(a, publish_held(a, "k1", blob))
+    release(a, k0)
+    release(a, publish_held(a, "k2", blob))
+    assert keys(d) == ["k0", "k2"]
+    d.wait_for_log(dropped_for("k2", "k1"))

@@ -568,6 +568,97 @@ test_long_cgroup_path(void **state)
 	tu_rmtree(root);
 }
 
+/* What is in use of the limit (review rev184 F1): the limit's own cgroup's
+ * memory.stat, read again at each memlimit_use(); /proc/meminfo for RAM. */
+static void
+test_use_of_the_limit(void **state)
+{
+	char *root = tree("0::/system.slice/wcached.service\n", MOUNT_ROOT MOUNT_V2);
+	char *v1 = tree("4:memory:/kubepods/pod1/abc\n",
+		MOUNT_ROOT
+		"35 30 0:31 /kubepods/pod1/abc /sys/fs/cgroup/memory ro,relatime - cgroup cgroup "
+		"rw,memory\n");
+	char want[8192];
+	struct memlimit m;
+	uint64_t v = 7;
+
+	(void)state;
+	put(root, "/sys/fs/cgroup/system.slice/wcached.service/memory.max", "max\n");
+	put(root, "/sys/fs/cgroup/system.slice/memory.max", "4294967296\n");
+	put(root, "/sys/fs/cgroup/system.slice/memory.stat",
+		"anon 1000\nfile 99999\nanon_thp 5\nshmem_thp 6\nshmem 24\n");
+	expect(root, &m, MEMLIMIT_CGROUP_V2, 4 * GiB, NULL);
+	snprintf(want, sizeof(want), "%s/sys/fs/cgroup/system.slice/memory.stat", root);
+	assert_string_equal(m.use_file, want);
+	assert_int_equal(memlimit_use(m.use_file, m.kind, &v), 0);
+	assert_int_equal(v, 1024);
+	/* Read again each time: the kernel's figure now. */
+	put(root, "/sys/fs/cgroup/system.slice/memory.stat", "shmem 1\nanon 2\n");
+	assert_int_equal(memlimit_use(m.use_file, m.kind, &v), 0);
+	assert_int_equal(v, 3);
+	put(root, "/sys/fs/cgroup/system.slice/memory.stat", "anon 2\nfile 3\n");
+	assert_int_equal(memlimit_use(m.use_file, m.kind, &v), -EBADMSG);
+	assert_int_equal(v, 3);
+	assert_int_equal(memlimit_use("", m.kind, &v), -ENOENT);
+	tu_rmtree(root);
+
+	/* v1: total_rss and total_shmem (the subtree's), not mapped_file. */
+	put(v1, "/sys/fs/cgroup/memory/memory.limit_in_bytes", "536870912\n");
+	put(v1, "/sys/fs/cgroup/memory/memory.stat",
+		"rss 1\nshmem 2\nmapped_file 3\ntotal_rss_huge 4\ntotal_rss 4096\n"
+		"total_mapped_file 77\ntotal_shmem 8192\n");
+	expect(v1, &m, MEMLIMIT_CGROUP_V1, GiB / 2, NULL);
+	assert_int_equal(memlimit_use(m.use_file, m.kind, &v), 0);
+	assert_int_equal(v, 12288);
+
+	/* No cgroup limit: the machine's MemTotal less MemAvailable. */
+	put(v1, "/sys/fs/cgroup/memory/memory.limit_in_bytes", V1_UNLIMITED);
+	put(v1, "/proc/meminfo", "MemTotal:       1000 kB\nMemFree:  1 kB\n"
+		"MemAvailable:    250 kB\n");
+	expect(v1, &m, MEMLIMIT_RAM, RAM, NULL);
+	snprintf(want, sizeof(want), "%s/proc/meminfo", v1);
+	assert_string_equal(m.use_file, want);
+	assert_int_equal(memlimit_use(m.use_file, m.kind, &v), 0);
+	assert_int_equal(v, 750 * 1024);
+	tu_rmtree(v1);
+}
+
+/* memlimit_parse_use() on bytes: the first line of each key decides. */
+static void
+test_parse_use(void **state)
+{
+	uint64_t v = 7;
+	static const char big[] = "anon 18446744073709551615\nshmem 18446744073709551615\n";
+
+	(void)state;
+	assert_int_equal(memlimit_parse_use("", 0, MEMLIMIT_CGROUP_V2, &v), 0);
+	assert_int_equal(memlimit_parse_use("anon 1\nshmem x\nshmem 2\n", 23,
+		MEMLIMIT_CGROUP_V2, &v), 0);
+	assert_int_equal(v, 7);
+	assert_int_equal(memlimit_parse_use("anon 1\nshmem 2", 14, MEMLIMIT_CGROUP_V2, &v), 1);
+	assert_int_equal(v, 3);
+	assert_int_equal(memlimit_parse_use("anon 1 \nshmem 2", 15, MEMLIMIT_CGROUP_V2, &v), 0);
+	/* A NUL ends its line. */
+	assert_int_equal(memlimit_parse_use("anon 1\0\nshmem 2", 15, MEMLIMIT_CGROUP_V2, &v), 1);
+	assert_int_equal(v, 3);
+	/* The sum is cut at UINT64_MAX; a figure past 64 bits says nothing. */
+	assert_int_equal(memlimit_parse_use(big, sizeof(big) - 1, MEMLIMIT_CGROUP_V2, &v), 1);
+	assert_true(v == UINT64_MAX);
+	assert_int_equal(memlimit_parse_use("anon 18446744073709551616\nshmem 1\n", 34,
+		MEMLIMIT_CGROUP_V2, &v), 0);
+	/* meminfo: kB; MemAvailable above MemTotal, or a kB count past 64
+	 * bits in bytes, says nothing. */
+	assert_int_equal(memlimit_parse_use("MemTotal: 4 kB\nMemAvailable:\t1 kB\n", 34,
+		MEMLIMIT_RAM, &v), 1);
+	assert_int_equal(v, 3072);
+	assert_int_equal(memlimit_parse_use("MemTotal: 4 kB\nMemAvailable: 5 kB\n", 34,
+		MEMLIMIT_RAM, &v), 0);
+	assert_int_equal(memlimit_parse_use("MemTotal: 4\nMemAvailable: 1 kB\n", 31,
+		MEMLIMIT_RAM, &v), 0);
+	assert_int_equal(memlimit_parse_use("MemTotal: 18014398509481984 kB\nMemAvailable: 1 kB\n",
+		50, MEMLIMIT_RAM, &v), 0);
+}
+
 /* The real machine's figure: at most its RAM, never 0 when RAM is known. */
 static void
 test_this_machine(void **state)
@@ -602,6 +693,8 @@ main(void)
 		cmocka_unit_test(test_outside_warned_once),
 		cmocka_unit_test(test_cgroup_not_absolute),
 		cmocka_unit_test(test_long_cgroup_path),
+		cmocka_unit_test(test_use_of_the_limit),
+		cmocka_unit_test(test_parse_use),
 		cmocka_unit_test(test_this_machine),
 	};
 
