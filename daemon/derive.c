@@ -915,6 +915,46 @@ derive_release(struct derive_table *t, struct generation *g, uid_t uid)
 			}
 }
 
+/* derive_drop and derive_drop_unallowed: a drops now when nobody holds
+ * it, else it is withdrawn (why in its line) and goes with its last
+ * holder. */
+static void
+withdraw(struct derive_table *t, struct derived *a, const char *why, struct derive_dropped *out)
+{
+	if (a->gen->attached == 0) {
+		drop(t, a, why);
+		out->dropped++;
+		return;
+	}
+	if (!a->withdrawn) {
+		a->withdrawn = 1;
+		log_info("model \"%s\": derived \"%s\" of generation %" PRIu64 " withdrawn (%s): "
+			 "%u holders keep it until they release it", a->model_name, a->key,
+			a->source, why, a->gen->attached);
+		/* No longer kept for a warm restart (restore_sync). */
+		if (t->r->changed != NULL)
+			t->r->changed(t->r);
+	}
+	out->held++;
+}
+
+/* Counts model_name's builds in progress (of key, when not NULL) in out:
+ * 1 when there is one. */
+static int
+count_building(const struct derive_table *t, const char *model_name, const char *key,
+	struct derive_dropped *out)
+{
+	int found = 0;
+
+	for (const struct derive_build *b = t->builds; b != NULL; b = b->next)
+		if (strcmp(b->model_name, model_name) == 0 &&
+			(key == NULL || strcmp(b->key, key) == 0)) {
+			found = 1;
+			out->building++;
+		}
+	return found;
+}
+
 int
 derive_drop(struct derive_table *t, const char *model_name, const char *key,
 	struct derive_dropped *out)
@@ -929,29 +969,31 @@ derive_drop(struct derive_table *t, const char *model_name, const char *key,
 			(key != NULL && strcmp(a->key, key) != 0))
 			continue;
 		found = 1;
-		if (a->gen->attached == 0) {
-			drop(t, a, "wcachectl drop");
-			out->dropped++;
-			continue;
-		}
-		if (!a->withdrawn) {
-			a->withdrawn = 1;
-			log_info("model \"%s\": derived \"%s\" of generation %" PRIu64
-				 " withdrawn (wcachectl drop): %u holders keep it until they "
-				 "release it", a->model_name, a->key, a->source, a->gen->attached);
-			/* No longer kept for a warm restart (restore_sync). */
-			if (t->r->changed != NULL)
-				t->r->changed(t->r);
-		}
-		out->held++;
+		withdraw(t, a, "wcachectl drop", out);
 	}
-	for (const struct derive_build *b = t->builds; b != NULL; b = b->next)
-		if (strcmp(b->model_name, model_name) == 0 &&
-			(key == NULL || strcmp(b->key, key) == 0)) {
-			found = 1;
-			out->building++;
-		}
+	found |= count_building(t, model_name, key, out);
 	return found || key == NULL ? 0 : -ENOENT;
+}
+
+void
+derive_drop_unallowed(struct derive_table *t, const char *model_name,
+	const struct access_list *builders, uid_t self_uid, struct derive_dropped *out)
+{
+	struct derived *a, *next;
+
+	memset(out, 0, sizeof(*out));
+	for (a = t->artifacts; a != NULL; a = next) {
+		struct access_who who = { .uid = a->builder_uid, .gid = a->builder_cred.gid,
+			.groups = a->builder_cred.groups, .ngroups = (int)a->builder_cred.ngroups,
+			.self_uid = self_uid };
+
+		next = a->next;
+		if (strcmp(a->model_name, model_name) != 0 || a->withdrawn ||
+			a->builder_cred.gid == (gid_t)-1 || access_allows(builders, &who))
+			continue;
+		withdraw(t, a, "derive_groups", out);
+	}
+	(void)count_building(t, model_name, NULL, out);
 }
 
 void

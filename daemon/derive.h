@@ -390,6 +390,20 @@ struct derive_dropped {
 int derive_drop(struct derive_table *t, const char *model_name, const char *key,
 	struct derive_dropped *out);
 
+/*
+ * A reload changed model_name's derive_groups to builders (review rev181
+ * F6): withdraws, as derive_drop does (logged "(derive_groups)"), each of
+ * its artifacts whose builder may not build under builders now, judged as
+ * a warm restart judges it (restore_rules.c): its uid and the gid and
+ * groups its connection had at its PUBLISH, as a connection of them would
+ * be (root and self_uid always may). One whose groups are not recorded
+ * (taken back from a version 6 store) is kept: the next restart asks the
+ * user database, which the loop does not. Builds in progress are left
+ * alone (building).
+ */
+void derive_drop_unallowed(struct derive_table *t, const char *model_name,
+	const struct access_list *builders, uid_t self_uid, struct derive_dropped *out);
+
 /* Lists g, an artifact taken back from the store (made with gen_new() as
  * the key's artifact of m's generation source, READY, checked: seals and
  * the reader), as if it had been published. Takes g on success only: 0,

@@ -14,7 +14,8 @@
  * x the encoder takes, and nothing the decoder returns breaks a rule.
  * The encoder writes FDSTORE_VERSION only; the decoder also reads version
  * 6, whose artifacts end after their build time (builder's gid
- * FDSTORE_GID_UNRECORDED, no groups: not recorded), version 5, whose generations have no holders' uids after their holders (nuids
+ * FDSTORE_GID_UNRECORDED, no groups: not recorded), version 5, whose
+ * generations have no holders' uids after their holders (nuids
  * 0: not recorded), version 4, whose files end after their origin (no ctime, no nlink: read as 0,
  * which says "not recorded"), version 3, whose files end after their mtime
  * (no origin), and version 2, whose models also end after their
@@ -380,8 +381,8 @@ get_builder_groups(struct in *in, struct fdstore_artifact *a, const char *where)
 	if ((r = get_count(in, FDSTORE_MAX_BUILDER_GROUPS, BUILDER_GROUP_SIZE,
 		     &a->builder_ngroups, where, "builder group count")) < 0)
 		return r;
-	if (a->builder_ngroups > 0 &&
-		(a->builder_groups = calloc(a->builder_ngroups, sizeof(*a->builder_groups))) == NULL)
+	if (a->builder_ngroups > 0 && (a->builder_groups = calloc(a->builder_ngroups,
+						    sizeof(*a->builder_groups))) == NULL)
 		return error_set(-ENOMEM, "fdstore: out of memory");
 	for (uint32_t k = 0; k < a->builder_ngroups; k++) {
 		if ((r = get_le(in, 4, &v, where, "builder group")) < 0)
@@ -544,7 +545,7 @@ stored_artifact_equal(const struct fdstore_artifact *a, const struct fdstore_art
 		a->build_ms == b->build_ms && a->builder_gid == b->builder_gid &&
 		a->builder_ngroups == b->builder_ngroups &&
 		(a->builder_ngroups == 0 || memcmp(a->builder_groups, b->builder_groups,
-						a->builder_ngroups * sizeof(*a->builder_groups)) == 0);
+			a->builder_ngroups * sizeof(*a->builder_groups)) == 0);
 }
 
 int

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include "base/error.h"
 #include "config.h"
@@ -131,6 +132,36 @@ drop_if_derive_off(struct daemon *d, const struct model_config *old_model,
 		out.held == 1 ? "it goes" : "they go");
 }
 
+/* A reload that changes a model's derive_groups, derive staying on,
+ * drops (as derive_drop does) the artifacts whose builder may no longer
+ * build under the new ones, judged by the groups its connection had at its
+ * PUBLISH as a warm restart judges them (derive_drop_unallowed); before,
+ * the reload kept them while a restart refused them. */
+static void
+drop_if_builders_narrowed(struct daemon *d, const struct model_config *old_model,
+	const struct model_config *new_model)
+{
+	struct access_list builders = { 0 };
+	struct derive_dropped out;
+
+	if (!old_model->derive || !new_model->derive)
+		return;
+	if (access_set(&builders, 1, NULL, 0, new_model->derive_gids,
+		    new_model->n_derive_gids) < 0) {
+		log_warnx("model \"%s\": derive_groups: out of memory; its derived artifacts "
+			  "are not checked against the new ones until a restart", new_model->name);
+		return;
+	}
+	derive_drop_unallowed(&d->derive, new_model->name, &builders, geteuid(), &out);
+	access_clear(&builders);
+	if (out.dropped + out.held == 0)
+		return;
+	log_info("model \"%s\": derive_groups changed: %u derived artifact%s whose builder may "
+		 "no longer build dropped (%u of them held by workers: %s when released)",
+		new_model->name, out.dropped + out.held, out.dropped + out.held == 1 ? "" : "s",
+		out.held, out.held == 1 ? "it goes" : "they go");
+}
+
 static void
 reload_model(enum config_change change, const struct model_config *old_model,
 	const struct model_config *new_model, unsigned changes, void *arg)
@@ -141,8 +172,10 @@ reload_model(enum config_change change, const struct model_config *old_model,
 		registry_unload(&b->d->reg, old_model->name);
 		return;
 	}
-	if (change == CONFIG_MODEL_CHANGED && (changes & CONFIG_CHANGED_DERIVE))
+	if (change == CONFIG_MODEL_CHANGED && (changes & CONFIG_CHANGED_DERIVE)) {
 		drop_if_derive_off(b->d, old_model, new_model);
+		drop_if_builders_narrowed(b->d, old_model, new_model);
+	}
 	if (change == CONFIG_MODEL_CHANGED && !served(b->d, new_model->name)) {
 		char keys[160], why[160];
 

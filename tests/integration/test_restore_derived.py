@@ -29,7 +29,7 @@ import struct
 import pytest
 
 from conftest import Daemon, mkmodel
-from ctlutil import model_entry
+from ctlutil import ctl, model_entry
 from fakemanager import FakeManager
 from test_derived import ARTIFACT, ATTACH_OK, ERRNO, ERROR, Peer, build, closing, \
     memfd_with, st_bytes, take_artifact
@@ -285,6 +285,53 @@ def test_a_builder_is_judged_by_the_groups_stored_with_its_artifact(tmp_path):
         refused(d, mgr, f"its builder uid {stranger} may not build it now: none of its "
                 f"groups (gid {other} and {len(groups)} supplementary, as its connection "
                 "had them when it published) is in derive_groups")
+
+
+def test_a_reload_that_narrows_derive_groups_drops_what_a_restart_would_refuse(tmp_path):
+    """A reload that narrows derive_groups (derive staying on) drops the
+    artifacts whose builder may no longer build, by the groups stored with
+    them, as a warm restart refuses them; before, the reload kept them
+    (served to every DERIVE) while the next restart dropped them. One whose
+    builder's groups are still allowed stays."""
+    allowed, other = 64250, 64251
+    stranger = next(u for u in range(64302, 64400) if not known(u))
+    keys = {"derive_groups": f"{allowed} {other}"}
+    with serving(tmp_path, {}, keys) as (d, mgr):
+        publish(d, key="other")
+        mgr.wait_for(lambda m: all(n in m.store for n in artifact_names(2)),
+                     what="the second artifact stored")
+        assert d.stop() == 0, d.read_log()
+
+        def forged(names, fds):
+            """KEY as built by the stranger in group allowed, "other" in
+            group other (each the builder's gid and every group)."""
+            at = names.index("wc-desc")
+            desc = bytearray(os.pread(fds[at], os.fstat(fds[at]).st_size, 0))
+            for a in walk(bytes(desc))[2]:
+                gid = allowed if a["key"] == KEY else other
+                for off, value in [(a["builder_uid"], stranger), (a["builder_gid"], gid)] + \
+                        [(g, gid) for g in a["groups"]]:
+                    desc[off:off + 4] = value.to_bytes(4, "little")
+            fd = sealed(bytes(desc), "wcached-fdstore")
+            os.dup2(fd, fds[at], inheritable=True)
+            os.close(fd)
+
+        restart(d, mgr, forge=forged)
+        derived = model_entry(d, "small")["derived"]
+        assert sorted(a["key"] for a in derived) == [KEY, "other"], derived
+        small = {"small": (str(tmp_path / "small.safetensors"),
+                           {"derive": "yes", "derive_groups": str(allowed)})}
+        d.write_config(small)
+        r = ctl(d, "reload")
+        assert r.returncode == 0, r
+        d.wait_for_log(r'model "small": derive_groups changed: 1 derived artifact whose '
+                       r'builder may no longer build dropped \(0 of them held by workers: '
+                       r'they go when released\)')
+        assert 'derived "other" of generation 1 dropped (derive_groups)' in d.read_log()
+        assert [a["key"] for a in model_entry(d, "small")["derived"]] == [KEY]
+        mgr.wait_for(lambda m: not any(n in m.store for n in artifact_names(2)),
+                     what="the dropped artifact removed from the store")
+        taken_back(d)
 
 
 def test_a_version_6_artifact_has_its_builders_groups_asked_of_the_user_database(tmp_path):
