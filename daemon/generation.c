@@ -194,8 +194,10 @@ gen_resolved_path(const char *path, char *before, const struct model_source *src
 	struct stat at;
 
 	free(now);
-	/* One stat of the resolved path serves every file. */
-	if (same && src->nfiles > 0 && (same = stat(before, &at) == 0))
+	/* One lstat of the resolved path serves every file: before is a
+	 * realpath, so a link there now is a path changed since (review
+	 * rev185 F2), never the file it leads to. */
+	if (same && src->nfiles > 0 && (same = lstat(before, &at) == 0))
 		dir = S_ISDIR(at.st_mode) ? strdup(before) : path_dir(before);
 	for (size_t i = 0; same && i < src->nfiles; i++)
 		same = origin != NULL ? at_its_place(&at, dir, origin[i].path, &origin[i].st) :

@@ -468,7 +468,9 @@ void gen_free_origin(struct gen_origin *origin, size_t n);
  * the generation would answer to A's real path with B's files, so that
  * the first model configured would be found by another model's real path
  * (review rev164 #1). The next reload resolves it again. One realpath and
- * one stat of the path, then at most one stat a file. The load pipeline and the
+ * one lstat of the path (before has no link in it: a link there now is the
+ * path changed, not the file it leads to, review rev185 F2), then at most
+ * one stat a file. The load pipeline and the
  * warm restart's check call it on the work queue thread: realpath and
  * stat walk the filesystem, which may hang on a remote one.
  */

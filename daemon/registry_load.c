@@ -402,20 +402,35 @@ owned_by(const struct model_source *src, uid_t uid)
  * Whether the file q's path named as its files were opened, the one made at
  * a place (at_place), has an owner to tell: a shard index (its fstat as it
  * was read, model_source's index_st) or a model that is one file (its
- * file's); its owner in *uid. Asked of what was opened, never of a stat(2)
- * of the path afterwards: the path's owner could rename a link to another
- * user's file over it between the open and that stat, and have the files
- * taken as that user's.
+ * file's), and that very file is at the place now: lstat(2) of
+ * q->keep_place, no link followed, is a regular file with the opened
+ * file's device and inode. Its owner in *uid. The owner is asked of what was
+ * opened, never of a stat(2) of the path afterwards (the path's owner could
+ * rename a link to another user's file over it between the open and that
+ * stat); and what was opened must itself be at the place after its open,
+ * since the path is resolved at other moments than the open (before it,
+ * realpath; after it, gen_resolved_path): a link to another user's index or
+ * file renamed over the place only while it was opened, the user's own file
+ * renamed back before and after, made that other user the "maker" (review
+ * rev185 F1, F2). An inode at the place after its open was made there, or
+ * put there by someone allowed to.
  */
 static int
 opened_owner(const struct load_request *q, uid_t *uid)
 {
+	const struct stat *o;
+	struct stat at;
+
 	if (q->source.format == FORMAT_SHARDED)
-		*uid = q->source.index_st.st_uid;
+		o = &q->source.index_st;
 	else if (q->source.nfiles == 1)
-		*uid = q->source.files[0].st.st_uid;
+		o = &q->source.files[0].st;
 	else
 		return 0;
+	if (q->keep_place == NULL || lstat(q->keep_place, &at) != 0 || !S_ISREG(at.st_mode) ||
+		at.st_dev != o->st_dev || at.st_ino != o->st_ino)
+		return 0;
+	*uid = o->st_uid;
 	return 1;
 }
 
@@ -426,9 +441,9 @@ opened_owner(const struct load_request *q, uid_t *uid)
  * hub repo (tree_split), and they are at that place (a file made there,
  * with files of its maker only: an index made there may name any file in
  * the directory, review rev182 F1; its maker the owner of the file as it
- * was opened, opened_owner), or in a hub repo (which holds that
- * repo's files only), or all the user's who owned the directory the place
- * was to be made in (keep_uid). A
+ * was opened, which is at the place still after its open, opened_owner),
+ * or in a hub repo (which holds that repo's files only), or all the user's
+ * who owned the directory the place was to be made in (keep_uid). A
  * directory holds other users' models too: a link at the place to another
  * user's file beside it waits for the operator's reload (review rev180
  * F5), as a link to another user's directory beside it does (sibling_swap).

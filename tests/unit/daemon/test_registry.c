@@ -68,6 +68,12 @@ char *__wrap_realpath(const char *path, char *resolved);
  * swapped says it was. */
 static atomic_int swap_at, swapped;
 static char swap_dir[4096], swap_path[4096], swap_target[256];
+/* And on the back_at-th realpath() of back_path (counting down), back_src
+ * is renamed over it (backed 1); with relink, right after the realpath of
+ * back_path that follows, a link to swap_target again (backed 2): a path
+ * that is a regular file only when it is resolved (review rev185 F1, F2). */
+static atomic_int back_at, backed, relink;
+static char back_path[4096], back_src[4200];
 
 char *
 __wrap_realpath(const char *path, char *resolved)
@@ -79,6 +85,17 @@ __wrap_realpath(const char *path, char *resolved)
 		snprintf(tmp, sizeof(tmp), "%s.swap", swap_path);
 		if (symlink(swap_target, tmp) == 0 && rename(tmp, swap_path) == 0)
 			atomic_store(&swapped, 1);
+	}
+	if (atomic_load(&back_at) > 0 && strcmp(path, back_path) == 0 &&
+		atomic_fetch_sub(&back_at, 1) == 1 && rename(back_src, back_path) == 0)
+		atomic_store(&backed, 1);
+	if (atomic_load(&relink) && atomic_load(&backed) == 1 && strcmp(path, back_path) == 0) {
+		char *r = __real_realpath(path, resolved);
+
+		snprintf(tmp, sizeof(tmp), "%s.swap2", back_path);
+		if (symlink(swap_target, tmp) == 0 && rename(tmp, back_path) == 0)
+			atomic_store(&backed, 2);
+		return r;
 	}
 	return __real_realpath(path, resolved);
 }
@@ -172,6 +189,9 @@ setup(void **state)
 	atomic_store(&fail_index_reopen, 0);
 	atomic_store(&swap_at, 0);
 	atomic_store(&swapped, 0);
+	atomic_store(&back_at, 0);
+	atomic_store(&backed, 0);
+	atomic_store(&relink, 0);
 	atomic_store(&record_munmap, false);
 	atomic_store(&n_munmapped, 0);
 	*state = du_new(false);
@@ -1387,6 +1407,97 @@ test_index_at_place_swapped_after_its_open_waits(void **state)
 	free(p);
 }
 
+/*
+ * The model "llama" configured before its file at models/FILE, then made
+ * there by alice (23456), with a spare copy of hers beside it
+ * (models/FILE.alice, back_src) to rename back over it; bob's (12345) 0600
+ * file models/bob.safetensors beside them. The realpath(3) wrap is aimed at
+ * the place: a link to target renamed over it on a realpath of its
+ * directory (swap_at), alice's copy renamed back on a realpath of the place
+ * (back_at). The place's path.
+ */
+static char *
+alice_file_at_place(struct du *t, const char *file, const char *content, const char *target)
+{
+	char *p = missing_llama(t, file), *bob, *dir;
+	FILE *f;
+
+	bob = du_model(t, "models/bob.safetensors", 1024);
+	assert_int_equal(chown(bob, 12345, 12345), 0);
+	assert_int_equal(chmod(bob, 0600), 0);
+	snprintf(back_src, sizeof(back_src), "%s.alice", p);
+	for (int i = 0; i < 2; i++) {
+		assert_non_null(f = fopen(i == 0 ? p : back_src, "w"));
+		fputs(content, f);
+		fclose(f);
+		assert_int_equal(chown(i == 0 ? p : back_src, 23456, 23456), 0);
+	}
+	assert_non_null(dir = path_dir(p));
+	snprintf(swap_dir, sizeof(swap_dir), "%s", dir);
+	snprintf(swap_path, sizeof(swap_path), "%s", p);
+	snprintf(swap_target, sizeof(swap_target), "%s", target);
+	snprintf(back_path, sizeof(back_path), "%s", p);
+	free(dir);
+	free(bob);
+	return p;
+}
+
+/*
+ * The file made at the place must be at the place after it was opened
+ * (review rev185 F1): alice's regular file at the place for the realpath
+ * before the open, a link to bob's index beside it renamed over it as the
+ * tree is opened (tree_open's realpath of the directory: the index is opened
+ * through the link, its fstat bob's), alice's file renamed back on
+ * gen_resolved_path's realpath after the open. The path resolved to the
+ * place both times, the opened index and its shard are bob's: bob's 0600
+ * file was served as the model, taken as "made at the place by bob".
+ */
+static void
+test_index_linked_at_place_while_opened_waits(void **state)
+{
+	struct du *t = *state;
+	char *p = alice_file_at_place(t, "llama.safetensors.index.json", "{}",
+		"bob.safetensors.index.json"), bidx[4400];
+	FILE *f;
+
+	snprintf(bidx, sizeof(bidx), "%s/%s", swap_dir, swap_target);
+	assert_non_null(f = fopen(bidx, "w"));
+	fputs("{\"weight_map\":{\"w\":\"bob.safetensors\"}}", f);
+	fclose(f);
+	assert_int_equal(chown(bidx, 12345, 12345), 0);
+	assert_int_equal(chmod(bidx, 0600), 0);
+	atomic_store(&swap_at, 1);
+	atomic_store(&back_at, 2);
+	assert_int_equal(r180_watched(t, "llama"), -EXDEV);
+	assert_int_equal(atomic_load(&swapped), 1);
+	assert_int_equal(atomic_load(&backed), 1);
+	assert_null(registry_find(&t->reg, "llama")->current);
+	free(p);
+}
+
+/*
+ * The same for a model that is one file (review rev185 F2): alice's file at
+ * the place for both realpaths of the path, a link to bob's 0600 file beside
+ * it while the file is opened and again right after the realpath after the
+ * open (relink), so that gen_resolved_path's stat(2) of the path followed it
+ * to the opened file: bob's file was served as the model.
+ */
+static void
+test_one_file_linked_at_place_while_opened_waits(void **state)
+{
+	struct du *t = *state;
+	char *p = alice_file_at_place(t, "llama.safetensors", "alice", "bob.safetensors");
+
+	atomic_store(&swap_at, 1);
+	atomic_store(&back_at, 2);
+	atomic_store(&relink, 1);
+	assert_int_equal(r180_watched(t, "llama"), -EXDEV);
+	assert_int_equal(atomic_load(&swapped), 1);
+	assert_int_equal(atomic_load(&backed), 2);
+	assert_null(registry_find(&t->reg, "llama")->current);
+	free(p);
+}
+
 int
 main(void)
 {
@@ -1405,6 +1516,10 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_link_at_place_to_owners_file_beside_it_loads,
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(test_index_at_place_naming_another_users_file_waits,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(test_index_linked_at_place_while_opened_waits,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(test_one_file_linked_at_place_while_opened_waits,
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(test_index_at_place_swapped_after_its_open_waits,
 			setup, teardown),
