@@ -19,7 +19,8 @@
  * now lets its builder build it and memory_budget holds it
  * (restore_rules.c). One that fails is left out with one line naming the
  * model, the key and the reason, its descriptors closed: the next DERIVE
- * builds it again (with derive = no, none does).
+ * builds it again (with derive = no, none does; one over a publication's
+ * limits is refused again if built the same, and its line says no more).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -516,11 +517,14 @@ adopt_artifacts(struct restore_job *j)
 
 		int err = adopt_artifact(j->s, j->r, m, &j->artifacts[k]);
 
-		/* With derive off, no DERIVE of it builds it again. */
+		/* With derive off, no DERIVE of it builds it again; one over a
+		 * publication's limits (EFBIG) would be refused again when built
+		 * the same (review rev185 F4). */
 		if (err < 0)
 			log_warnx("model \"%s\": derived \"%s\" of generation %" PRIu64 " not "
 				  "restored: %s%s", m->name, a->key, a->source, error_get(),
-				err == -ENOTSUP ? "" : "; the next DERIVE of it builds it again");
+				err == -ENOTSUP || err == -EFBIG ? "" :
+				"; the next DERIVE of it builds it again");
 	}
 }
 

@@ -191,7 +191,7 @@ def test_an_artifact_over_a_publications_limits_is_not_taken_back(tmp_path, limi
         else:
             reason = ("its header is 17.0 MiB, more than the 16 MiB a derived artifact's "
                       "header may be (a PUBLISH of it is refused)")
-        refused(d, mgr, reason)
+        refused(d, mgr, reason, builds_again=False)
 
 
 def test_an_artifact_over_memory_budget_now_is_not_taken_back(tmp_path):
@@ -208,7 +208,8 @@ def test_an_artifact_over_memory_budget_now_is_not_taken_back(tmp_path):
                        "memory_budget = 1M\n")
         restart(d, mgr)
         refused(d, mgr, f"2 MiB (2 MiB of memfd and {index_kib} KiB of compiled index) is "
-                "more than memory_budget (1 MiB) (a PUBLISH of it is refused)")
+                "more than memory_budget (1 MiB) (a PUBLISH of it is refused)",
+                builds_again=False)
         # As a publication of it now is.
         assert "more than memory_budget (1 MiB)" in publication_refused(d, data)
 
