@@ -341,6 +341,72 @@ blob_repo(char *root, uid_t *owner)
 	return root;
 }
 
+/* How hub_root opens the directories it looks in: never through a link. */
+#define DIR_NO_LINK (O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+
+/*
+ * The directory path (absolute, or relative to the directory at), opened
+ * O_PATH one component at a time with no link followed: its descriptor, or
+ * -1 where a component is missing, no directory, or a link (one renamed over
+ * a directory since path was resolved). path is canonical (a realpath, or a
+ * tree_split part of one): no "." or ".." in it.
+ */
+static int
+open_dir_no_links(int at, const char *path)
+{
+	char *copy = strdup(path), *save = NULL, *c;
+	int fd = path[0] == '/' ? open("/", O_PATH | O_DIRECTORY | O_CLOEXEC) :
+		fcntl(at, F_DUPFD_CLOEXEC, 0);
+	struct stat st;
+
+	for (c = copy != NULL ? strtok_r(copy, "/", &save) : NULL; fd >= 0 && c != NULL;
+		c = strtok_r(NULL, "/", &save)) {
+		int next = openat(fd, c, DIR_NO_LINK);
+
+		close(fd);
+		fd = next;
+	}
+	if (fd >= 0 && (copy == NULL || fstat(fd, &st) != 0 || !S_ISDIR(st.st_mode))) {
+		close(fd);
+		fd = -1;
+	}
+	free(copy);
+	return fd;
+}
+
+/*
+ * Whether the file whose fstat is st is the file name of the snapshot
+ * directory rev (a descriptor) of the hub repo repo (one too): a regular
+ * file there, or a hub download's link ../../blobs/BLOB to the regular file
+ * BLOB of the repo's blobs/, found with no other link followed. Nothing
+ * else counts: not a link out of the repo (to another user's blob, review
+ * rev185 F3), nor a chain of links, which the operator's reload takes.
+ */
+static int
+is_hub_file_at(int repo, int rev, const char *name, const struct stat *st)
+{
+	char target[PATH_MAX];
+	const char *blob = target + 12;
+	struct stat at;
+	ssize_t n;
+	int blobs = -1, ok = fstatat(rev, name, &at, AT_SYMLINK_NOFOLLOW) == 0;
+
+	if (ok && S_ISLNK(at.st_mode)) {
+		n = readlinkat(rev, name, target, sizeof(target) - 1);
+		if ((ok = n > 12) != 0)
+			target[n] = '\0';
+		ok = ok && strncmp(target, "../../blobs/", 12) == 0 &&
+			strchr(blob, '/') == NULL && strcmp(blob, ".") != 0 &&
+			strcmp(blob, "..") != 0;
+		if (ok)
+			blobs = openat(repo, "blobs", DIR_NO_LINK);
+		ok = blobs >= 0 && fstatat(blobs, blob, &at, AT_SYMLINK_NOFOLLOW) == 0;
+		if (blobs >= 0)
+			close(blobs);
+	}
+	return ok && S_ISREG(at.st_mode) && at.st_dev == st->st_dev && at.st_ino == st->st_ino;
+}
+
 /*
  * Work queue thread: the tree of q's model when its path names a file in a
  * hub snapshot directory (<R>/models--X/snapshots/<rev>/, tree.h) and each
@@ -351,37 +417,48 @@ blob_repo(char *root, uid_t *owner)
  * generation has no resolved path, but has this tree (review rev180 F7).
  * The name alone makes it a repo, and needs no more: the owner is the
  * repo's own, so a snapshot a user made in another's repo (one writable
- * for all) is that other's tree, no sibling of hers (sibling_swap), and
- * what is opened lies beneath it (tree.h), made there by whom its owner
- * let write.
+ * for all) is that other's tree, no sibling of hers (sibling_swap).
+ *
+ * The snapshot is the path's directory resolved after the files were
+ * opened, which is not where they were opened: its owner could point the
+ * path at another repo for the open and back at hers after it. So each
+ * opened file must be at its place in the snapshot now, looked up from the
+ * repo's directory, opened with no link followed, and its owner is that
+ * directory's (fstat): the snapshot's entry a regular file or a link
+ * ../../blobs/BLOB to the repo's own blob, never a link out of the repo,
+ * which a stat(2) of the place followed (review rev185 F3: her snapshot's
+ * absolute link to bob's 0600 blob, which the open had reached through
+ * bob's repo, made bob's blob a file of her tree).
  */
 static char *
 hub_root(const struct load_request *q, uid_t *owner)
 {
 	char *dir = path_dir(q->path), *real = NULL, *root = NULL, *sub = NULL;
 	struct stat st;
-	int at;
+	int at, repo = -1, rev = -1;
 
 	if (dir != NULL)
 		real = realpath(dir[0] != '\0' ? dir : ".", NULL);
 	if (real == NULL || tree_split(real, &root, &sub) < 0)
 		root = sub = NULL;
-	at = sub != NULL && sub[0] != '\0';
+	at = sub != NULL && sub[0] != '\0' && (repo = open_dir_no_links(AT_FDCWD, root)) >= 0 &&
+		(rev = open_dir_no_links(repo, sub)) >= 0 && fstat(repo, &st) == 0;
 	for (size_t i = 0; at && i < q->source.nfiles; i++) {
 		const struct wc_file *f = &q->source.files[i];
 		const char *name = strrchr(f->path, '/');
-		char *place = path_join(real, name != NULL ? name + 1 : f->path);
 
-		at = place != NULL && stat(place, &st) == 0 && st.st_dev == f->st.st_dev &&
-			st.st_ino == f->st.st_ino;
-		free(place);
+		at = is_hub_file_at(repo, rev, name != NULL ? name + 1 : f->path, &f->st);
 	}
-	if (at && stat(root, &st) == 0)
+	if (at)
 		*owner = st.st_uid;
 	else {
 		free(root);
 		root = NULL;
 	}
+	if (rev >= 0)
+		close(rev);
+	if (repo >= 0)
+		close(repo);
 	free(sub);
 	free(real);
 	free(dir);

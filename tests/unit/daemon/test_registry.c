@@ -1442,6 +1442,22 @@ alice_file_at_place(struct du *t, const char *file, const char *content, const c
 	return p;
 }
 
+/* A watched reload of alice_file_at_place's "llama", the link renamed over
+ * the place on tree_open's realpath of its directory, alice's file renamed
+ * back on gen_resolved_path's realpath of the path (and with relink_after,
+ * the link again right after it): it waits for the operator's reload. */
+static void
+place_swapped_while_opened_waits(struct du *t, int relink_after)
+{
+	atomic_store(&swap_at, 1);
+	atomic_store(&back_at, 2);
+	atomic_store(&relink, relink_after);
+	assert_int_equal(r180_watched(t, "llama"), -EXDEV);
+	assert_int_equal(atomic_load(&swapped), 1);
+	assert_int_equal(atomic_load(&backed), relink_after ? 2 : 1);
+	assert_null(registry_find(&t->reg, "llama")->current);
+}
+
 /*
  * The file made at the place must be at the place after it was opened
  * (review rev185 F1): alice's regular file at the place for the realpath
@@ -1466,12 +1482,7 @@ test_index_linked_at_place_while_opened_waits(void **state)
 	fclose(f);
 	assert_int_equal(chown(bidx, 12345, 12345), 0);
 	assert_int_equal(chmod(bidx, 0600), 0);
-	atomic_store(&swap_at, 1);
-	atomic_store(&back_at, 2);
-	assert_int_equal(r180_watched(t, "llama"), -EXDEV);
-	assert_int_equal(atomic_load(&swapped), 1);
-	assert_int_equal(atomic_load(&backed), 1);
-	assert_null(registry_find(&t->reg, "llama")->current);
+	place_swapped_while_opened_waits(t, 0);
 	free(p);
 }
 
@@ -1488,13 +1499,60 @@ test_one_file_linked_at_place_while_opened_waits(void **state)
 	struct du *t = *state;
 	char *p = alice_file_at_place(t, "llama.safetensors", "alice", "bob.safetensors");
 
-	atomic_store(&swap_at, 1);
-	atomic_store(&back_at, 2);
-	atomic_store(&relink, 1);
-	assert_int_equal(r180_watched(t, "llama"), -EXDEV);
+	place_swapped_while_opened_waits(t, 1);
+	free(p);
+}
+
+/*
+ * A hub snapshot's file must be at its place in the repo after the open,
+ * found from the repo's directory with no link out of it followed (review
+ * rev185 F3): hub_root takes the repo of the snapshot the path's directory
+ * resolves to *after* the open, and tied the opened files to it with
+ * stat(2), which follows a link anywhere. alice's model: llama -> her
+ * repo's snapshot r1 (generation 1, tree: her repo). She points llama at
+ * bob's snapshot (the file is opened in bob's repo), then, after the open,
+ * at her snapshot r2 whose model.safetensors is an absolute link to bob's
+ * 0600 blob: "the same tree" as generation 1, and bob's blob was served as
+ * her generation 2.
+ */
+static void
+test_hub_snapshot_linking_out_after_open_waits(void **state)
+{
+	struct du *t = *state;
+	char *p, *a, *b, cmd[8192];
+	struct generation *g1;
+	int st;
+
+	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p hub/models--a--m/blobs "
+		"hub/models--a--m/snapshots/r1 hub/models--a--m/snapshots/r2 "
+		"hub/models--b--m/blobs hub/models--b--m/snapshots/R", t->dir);
+	assert_int_equal(system(cmd), 0);
+	a = du_model(t, "hub/models--a--m/blobs/A", 1024);
+	b = du_model(t, "hub/models--b--m/blobs/H", 2048);
+	snprintf(cmd, sizeof(cmd), "cd %s/hub && "
+		"ln -s ../../blobs/A models--a--m/snapshots/r1/model.safetensors && "
+		"ln -s ../../blobs/H models--b--m/snapshots/R/model.safetensors && "
+		"ln -s %s models--a--m/snapshots/r2/model.safetensors && "
+		"chown -R 23456:23456 models--a--m && chown -R 12345:12345 models--b--m && "
+		"chmod 0600 %s && ln -s hub/models--a--m/snapshots/r1 ../llama", t->dir, b, b);
+	assert_int_equal(system(cmd), 0);
+	assert_true(asprintf(&p, "%s/llama/model.safetensors", t->dir) > 0);
+	assert_int_equal(du_load(t, "llama", p, PIN_NONE, 0), 0);
+	g1 = du_current(t, "llama");
+	/* alice: llama -> bob's snapshot; swapped to her r2 at hub_root's realpath */
+	snprintf(cmd, sizeof(cmd), "cd %s && ln -s hub/models--b--m/snapshots/R llama.n && "
+		"mv -T llama.n llama", t->dir);
+	assert_int_equal(system(cmd), 0);
+	snprintf(swap_dir, sizeof(swap_dir), "%s/llama", t->dir);
+	snprintf(swap_path, sizeof(swap_path), "%s/llama", t->dir);
+	snprintf(swap_target, sizeof(swap_target), "hub/models--a--m/snapshots/r2");
+	atomic_store(&swap_at, 2);
+	st = r180_watched(t, "llama");
 	assert_int_equal(atomic_load(&swapped), 1);
-	assert_int_equal(atomic_load(&backed), 2);
-	assert_null(registry_find(&t->reg, "llama")->current);
+	assert_int_equal(st, -EXDEV); /* 0: bob's blob was taken as her tree's */
+	assert_ptr_equal(du_current(t, "llama"), g1);
+	free(a);
+	free(b);
 	free(p);
 }
 
@@ -1520,6 +1578,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_index_linked_at_place_while_opened_waits,
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(test_one_file_linked_at_place_while_opened_waits,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(test_hub_snapshot_linking_out_after_open_waits,
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(test_index_at_place_swapped_after_its_open_waits,
 			setup, teardown),
