@@ -55,17 +55,17 @@ ssize_t __wrap_sendfile(int out, int in, off_t *off, size_t count);
 int __real_madvise(void *addr, size_t len, int advice);
 int __wrap_madvise(void *addr, size_t len, int advice);
 
-static const char *count_stats_of; /* stat() of this path is counted */
+static const char *count_stats_of; /* lstat() of this path is counted */
 static int stats_counted;
-int __real_stat(const char *path, struct stat *st);
-int __wrap_stat(const char *path, struct stat *st);
+int __real_lstat(const char *path, struct stat *st);
+int __wrap_lstat(const char *path, struct stat *st);
 
 int
-__wrap_stat(const char *path, struct stat *st)
+__wrap_lstat(const char *path, struct stat *st)
 {
 	if (count_stats_of != NULL && strcmp(path, count_stats_of) == 0)
 		stats_counted++;
-	return __real_stat(path, st);
+	return __real_lstat(path, st);
 }
 
 ssize_t
@@ -1263,7 +1263,7 @@ test_resolved_path(void **state)
 
 	/* a directory: its own file passes, wherever it was opened from, and
 	 * a symbolic link in it to a blob (the blob is the file there); one
-	 * stat of the directory for all three */
+	 * lstat of the directory for all three */
 	count_stats_of = a;
 	stats_counted = 0;
 	r = resolved_for(a, 3, (char *[]){ "/elsewhere/m.safetensors", link, fa2 },
