@@ -11,12 +11,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <linux/openat2.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "base/error.h"
@@ -151,38 +153,106 @@ gen_free_origin(struct gen_origin *origin, size_t n)
 	free(origin);
 }
 
-/* Whether the file at place (a path) is the file whose fstat is st. */
-static int
-is_file_at(const char *place, const struct stat *st)
-{
-	struct stat now;
+/* How many times an openat2 the kernel says a rename raced is tried. */
+#define GEN_EAGAIN_TRIES 8
 
-	return place != NULL && stat(place, &now) == 0 && now.st_dev == st->st_dev &&
-		now.st_ino == st->st_ino;
+/* A model's tree as gen_resolved_path looks in it: the root's descriptor
+ * (-1: none), the model directory inside it (tree_split), and whether the
+ * kernel has no openat2 (the places are then stat(2)'ed by their path, as
+ * tree.h's fallback opens them). */
+struct gen_tree {
+	int fd;
+	char *sub;
+	bool nosys;
+};
+
+/* openat2(2) of rel beneath at with resolve, O_PATH: its descriptor, or -1
+ * with errno. */
+static int
+open_beneath(int at, const char *rel, unsigned long long resolve, unsigned long long flags)
+{
+	struct open_how how = { .flags = O_PATH | O_CLOEXEC | flags, .resolve = resolve };
+	long fd;
+	int tries = 0;
+
+	errno = ENOSYS;
+	if (tree_force_fallback)
+		return -1;
+	while ((fd = syscall(SYS_openat2, at, rel, &how, sizeof(how))) == -1 &&
+		(errno == EINTR || (errno == EAGAIN && ++tries < GEN_EAGAIN_TRIES)))
+		;
+	return (int)fd;
+}
+
+/* The tree of dir (a realpath): its root opened with no link followed (a
+ * component renamed into a link since the realpath fails it). */
+static void
+gen_tree_open(const char *dir, struct gen_tree *t)
+{
+	char *root = NULL;
+
+	t->fd = -1;
+	t->sub = NULL;
+	t->nosys = false;
+	if (dir == NULL || tree_split(dir, &root, &t->sub) < 0)
+		return;
+	t->fd = open_beneath(AT_FDCWD, root, RESOLVE_NO_SYMLINKS, O_DIRECTORY);
+	t->nosys = t->fd == -1 && errno == ENOSYS;
+	free(root);
+}
+
+static void
+gen_tree_close(struct gen_tree *t)
+{
+	if (t->fd >= 0)
+		close(t->fd);
+	free(t->sub);
+}
+
+/* Whether the file whose fstat is st is the file name (a plain name) of
+ * the model directory dir, in its tree t: found beneath the tree's root
+ * with no link out of the tree followed (openat2 RESOLVE_BENEATH), as the
+ * model's files are opened (tree.h). A stat(2) of the place followed a
+ * link out of the tree to another user's file and took it for the file at
+ * its place (review rev185 F5). */
+static int
+is_file_at(const struct gen_tree *t, const char *dir, const char *name, const struct stat *st)
+{
+	char *rel = NULL;
+	struct stat now;
+	int fd = -1, same;
+
+	if (t->nosys) {
+		rel = path_join(dir, name);
+		same = rel != NULL && stat(rel, &now) == 0;
+	} else {
+		if (t->fd >= 0 && t->sub != NULL && asprintf(&rel, "%s%s", t->sub, name) < 0)
+			rel = NULL;
+		fd = rel != NULL ? open_beneath(t->fd, rel, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
+			0) : -1;
+		same = fd >= 0 && fstat(fd, &now) == 0;
+		if (fd >= 0)
+			close(fd);
+	}
+	free(rel);
+	return same && now.st_dev == st->st_dev && now.st_ino == st->st_ino;
 }
 
 /* Whether the file opened as file_path, whose fstat is st, is at its place
- * under the resolved path whose stat is at: that path itself, or the file
+ * under the resolved path whose lstat is at: that path itself, or the file
  * of its name in dir (the path when a directory, else its directory; NULL
- * when out of memory). */
+ * when out of memory), in dir's tree t. */
 static int
-at_its_place(const struct stat *at, const char *dir, const char *file_path,
-	const struct stat *st)
+at_its_place(const struct stat *at, const struct gen_tree *t, const char *dir,
+	const char *file_path, const struct stat *st)
 {
 	const char *name = file_path != NULL ? strrchr(file_path, '/') : NULL;
-	char *place;
-	int same;
 
 	/* A model that is one file: that file. */
 	if (at->st_dev == st->st_dev && at->st_ino == st->st_ino)
 		return 1;
 	/* Else a file of the directory, or beside the shard index. */
-	if (name == NULL || dir == NULL)
-		return 0;
-	place = path_join(dir, name + 1);
-	same = is_file_at(place, st);
-	free(place);
-	return same;
+	return name != NULL && dir != NULL && is_file_at(t, dir, name + 1, st);
 }
 
 char *
@@ -191,6 +261,7 @@ gen_resolved_path(const char *path, char *before, const struct model_source *src
 {
 	char *now = before != NULL ? realpath(path, NULL) : NULL, *dir = NULL;
 	int same = now != NULL && strcmp(now, before) == 0;
+	struct gen_tree tree;
 	struct stat at;
 
 	free(now);
@@ -199,9 +270,12 @@ gen_resolved_path(const char *path, char *before, const struct model_source *src
 	 * rev185 F2), never the file it leads to. */
 	if (same && src->nfiles > 0 && (same = lstat(before, &at) == 0))
 		dir = S_ISDIR(at.st_mode) ? strdup(before) : path_dir(before);
+	gen_tree_open(dir, &tree);
 	for (size_t i = 0; same && i < src->nfiles; i++)
-		same = origin != NULL ? at_its_place(&at, dir, origin[i].path, &origin[i].st) :
-			at_its_place(&at, dir, src->files[i].path, &src->files[i].st);
+		same = origin != NULL ?
+			at_its_place(&at, &tree, dir, origin[i].path, &origin[i].st) :
+			at_its_place(&at, &tree, dir, src->files[i].path, &src->files[i].st);
+	gen_tree_close(&tree);
 	free(dir);
 	if (!same) {
 		free(before);

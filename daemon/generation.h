@@ -459,7 +459,11 @@ void gen_free_origin(struct gen_origin *origin, size_t n);
  * taken: the result is before when path resolves to it still and each
  * file is the file at its place there (before itself: a model that is one
  * file; the file of its name in before: a directory; or beside it: a
- * shard index; through a symbolic link too), else NULL with before freed.
+ * shard index; through a symbolic link inside the tree too, found beneath
+ * the tree's root, opened with no link followed, by openat2
+ * RESOLVE_BENEATH: a link out of the tree is no file at its place, review
+ * rev185 F5; by stat(2) of the place where the kernel has no openat2), else
+ * NULL with before freed.
  * Each file is src's as opened (its path and fstat), or when origin is not
  * NULL (a staged copy's, src->nfiles entries) the file it was copied from.
  * A path renamed over while the files were opened may name other files
@@ -469,10 +473,10 @@ void gen_free_origin(struct gen_origin *origin, size_t n);
  * the first model configured would be found by another model's real path
  * (review rev164 #1). The next reload resolves it again. One realpath and
  * one lstat of the path (before has no link in it: a link there now is the
- * path changed, not the file it leads to, review rev185 F2), then at most
- * one stat a file. The load pipeline and the
- * warm restart's check call it on the work queue thread: realpath and
- * stat walk the filesystem, which may hang on a remote one.
+ * path changed, not the file it leads to, review rev185 F2), one open of
+ * the tree's root, then at most one openat2 and fstat a file. The load
+ * pipeline and the warm restart's check call it on the work queue thread:
+ * realpath and stat walk the filesystem, which may hang on a remote one.
  */
 char *gen_resolved_path(const char *path, char *before, const struct model_source *src,
 	const struct gen_origin *origin);

@@ -1229,21 +1229,22 @@ resolved_for(const char *path, size_t n, char *const *paths, const struct stat *
  * when the path resolves the same after its files were opened and each of
  * its files is the file at its place there: the model's one file, a file
  * of the directory, or one beside the shard index, through a symbolic
- * link too; a staged copy by the file it was copied from. A file of
+ * link inside its tree too (not one out of it, review rev185 F5); a
+ * staged copy by the file it was copied from. A file of
  * another directory of the same names (the link switched to B and back to
- * A while B's files were opened: rev164 #1) clears it. The path is stat'ed
+ * A while B's files were opened: rev164 #1) clears it. The path is lstat'ed
  * once whatever the number of files (once per file before). */
 static void
 test_resolved_path(void **state)
 {
 	char *tmp = tu_tmpdir(), *root = realpath(tmp, NULL), *a, *b, *blobs, *fa, *fb, *blob,
-	     *idx, *link, *fa2, *r;
+	     *idx, *link, *out, *fa2, *r;
 	struct stat sa, sb, sblob, sa2;
 	struct gen_origin origin[2];
 
 	(void)state;
 	if (root == NULL || (a = path_join(root, "a")) == NULL ||
-		(b = path_join(root, "b")) == NULL || (blobs = path_join(root, "blobs")) == NULL)
+		(b = path_join(root, "b")) == NULL || (blobs = path_join(a, "blobs")) == NULL)
 		abort();
 	assert_int_equal(mkdir(a, 0755), 0);
 	assert_int_equal(mkdir(b, 0755), 0);
@@ -1253,9 +1254,10 @@ test_resolved_path(void **state)
 	fb = tu_write(b, "m.safetensors", "b", 1);
 	blob = tu_write(blobs, "h1", "c", 1);
 	idx = tu_write(a, "m.safetensors.index.json", "{}", 2);
-	if ((link = path_join(a, "s.safetensors")) == NULL)
+	if ((link = path_join(a, "s.safetensors")) == NULL ||
+		(out = path_join(a, "o.safetensors")) == NULL)
 		abort();
-	assert_int_equal(symlink("../blobs/h1", link), 0);
+	assert_int_equal(symlink("blobs/h1", link), 0);
 	assert_int_equal(stat(fa, &sa), 0);
 	assert_int_equal(stat(fa2, &sa2), 0);
 	assert_int_equal(stat(fb, &sb), 0);
@@ -1273,6 +1275,11 @@ test_resolved_path(void **state)
 	assert_string_equal(r, a);
 	assert_int_equal(stats_counted, 1);
 	free(r);
+	/* a link in a out of its tree, to b's file: not the file at its place
+	 * in a, though stat(2) through it finds the opened file (rev185 F5) */
+	assert_int_equal(symlink(fb, out), 0);
+	assert_null(resolved_for(a, 1, (char *[]){ out }, (struct stat[]){ sb }, NULL));
+	assert_int_equal(unlink(out), 0);
 	/* the same name in another directory: not a's */
 	assert_null(resolved_for(a, 2, (char *[]){ link, fb }, (struct stat[]){ sblob, sb },
 		NULL));
@@ -1313,6 +1320,7 @@ test_resolved_path(void **state)
 	free(blob);
 	free(idx);
 	free(link);
+	free(out);
 	free(root);
 	tu_rmtree(tmp);
 }

@@ -1503,6 +1503,29 @@ test_one_file_linked_at_place_while_opened_waits(void **state)
 	free(p);
 }
 
+/* The model "llama" loaded from t's rel: its path, its generation in *g1. */
+static char *
+llama_loaded(struct du *t, const char *rel, struct generation **g1)
+{
+	char *p;
+
+	assert_true(asprintf(&p, "%s/%s", t->dir, rel) > 0);
+	assert_int_equal(du_load(t, "llama", p, PIN_NONE, 0), 0);
+	*g1 = du_current(t, "llama");
+	return p;
+}
+
+/* A watched reload of "llama" with the swaps set (backed as backed_want
+ * after it) waits for the operator's: g1 still current. */
+static void
+watched_keeps(struct du *t, const struct generation *g1, int backed_want)
+{
+	assert_int_equal(r180_watched(t, "llama"), -EXDEV);
+	assert_int_equal(atomic_load(&swapped), 1);
+	assert_int_equal(atomic_load(&backed), backed_want);
+	assert_ptr_equal(du_current(t, "llama"), g1);
+}
+
 /*
  * A hub snapshot's file must be at its place in the repo after the open,
  * found from the repo's directory with no link out of it followed (review
@@ -1521,7 +1544,6 @@ test_hub_snapshot_linking_out_after_open_waits(void **state)
 	struct du *t = *state;
 	char *p, *a, *b, cmd[8192];
 	struct generation *g1;
-	int st;
 
 	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p hub/models--a--m/blobs "
 		"hub/models--a--m/snapshots/r1 hub/models--a--m/snapshots/r2 "
@@ -1536,9 +1558,7 @@ test_hub_snapshot_linking_out_after_open_waits(void **state)
 		"chown -R 23456:23456 models--a--m && chown -R 12345:12345 models--b--m && "
 		"chmod 0600 %s && ln -s hub/models--a--m/snapshots/r1 ../llama", t->dir, b, b);
 	assert_int_equal(system(cmd), 0);
-	assert_true(asprintf(&p, "%s/llama/model.safetensors", t->dir) > 0);
-	assert_int_equal(du_load(t, "llama", p, PIN_NONE, 0), 0);
-	g1 = du_current(t, "llama");
+	p = llama_loaded(t, "llama/model.safetensors", &g1);
 	/* alice: llama -> bob's snapshot; swapped to her r2 at hub_root's realpath */
 	snprintf(cmd, sizeof(cmd), "cd %s && ln -s hub/models--b--m/snapshots/R llama.n && "
 		"mv -T llama.n llama", t->dir);
@@ -1547,10 +1567,46 @@ test_hub_snapshot_linking_out_after_open_waits(void **state)
 	snprintf(swap_path, sizeof(swap_path), "%s/llama", t->dir);
 	snprintf(swap_target, sizeof(swap_target), "hub/models--a--m/snapshots/r2");
 	atomic_store(&swap_at, 2);
-	st = r180_watched(t, "llama");
-	assert_int_equal(atomic_load(&swapped), 1);
-	assert_int_equal(st, -EXDEV); /* 0: bob's blob was taken as her tree's */
-	assert_ptr_equal(du_current(t, "llama"), g1);
+	watched_keeps(t, g1, 0); /* else bob's blob was taken as her tree's */
+	free(a);
+	free(b);
+	free(p);
+}
+
+/* A file at its place under the resolved path is found beneath that
+ * path's tree, with no link out of it followed (review rev185 F5): no
+ * at_place, no hub, a deployer's sibling swap. gen_resolved_path tied the
+ * opened files to the resolved path with stat(2) (is_file_at), which
+ * follows a link out of the tree. llama -> v1 (alice's, generation 1). llama
+ * points at bob's directory only while the files are opened; at both
+ * realpaths it points at her v2, whose model.safetensors is an absolute
+ * link to bob's 0600 file. */
+static void
+test_sibling_linking_out_while_opened_waits(void **state)
+{
+	struct du *t = *state;
+	char *p, *a, *b, cmd[8192];
+	struct generation *g1;
+
+	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p srv/v1 srv/v2 srv/bob", t->dir);
+	assert_int_equal(system(cmd), 0);
+	a = du_model(t, "srv/v1/model.safetensors", 1024);
+	b = du_model(t, "srv/bob/model.safetensors", 2048);
+	snprintf(cmd, sizeof(cmd), "cd %s/srv && ln -s %s v2/model.safetensors && "
+		"chown -R 23456:23456 v1 v2 && chown -R 12345:12345 bob && chmod 0600 %s && "
+		"ln -s v1 llama && ln -s v2 llama.v2", t->dir, b, b);
+	assert_int_equal(system(cmd), 0);
+	p = llama_loaded(t, "srv/llama", &g1);
+	snprintf(cmd, sizeof(cmd), "cd %s/srv && ln -s v2 llama.n && mv -T llama.n llama", t->dir);
+	assert_int_equal(system(cmd), 0);
+	snprintf(swap_dir, sizeof(swap_dir), "%s", p);
+	snprintf(swap_path, sizeof(swap_path), "%s", p);
+	snprintf(swap_target, sizeof(swap_target), "bob");
+	snprintf(back_path, sizeof(back_path), "%s", p);
+	snprintf(back_src, sizeof(back_src), "%s.v2", p);
+	atomic_store(&swap_at, 2);
+	atomic_store(&back_at, 3);
+	watched_keeps(t, g1, 1); /* else bob's file was taken as her generation 2 */
 	free(a);
 	free(b);
 	free(p);
@@ -1580,6 +1636,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_one_file_linked_at_place_while_opened_waits,
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(test_hub_snapshot_linking_out_after_open_waits,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(test_sibling_linking_out_while_opened_waits,
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(test_index_at_place_swapped_after_its_open_waits,
 			setup, teardown),
