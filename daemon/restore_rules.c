@@ -176,8 +176,9 @@ restore_builder_stored(const struct fdstore_artifact *a, struct restore_builder 
 		for (uint32_t k = 0; k < a->builder_ngroups; k++)
 			groups[k] = (gid_t)a->builder_groups[k];
 	}
-	*out = (struct restore_builder){ .uid = (uid_t)a->builder_uid, .stored = 1, .known = 1,
-		.gid = (gid_t)a->builder_gid, .groups = groups, .ngroups = (int)a->builder_ngroups };
+	*out = (struct restore_builder){ .uid = (uid_t)a->builder_uid, .stored = 1,
+		.known = 1, .gid = (gid_t)a->builder_gid, .groups = groups,
+		.ngroups = (int)a->builder_ngroups };
 	return 0;
 }
 
@@ -218,10 +219,10 @@ restore_builder_allowed(const struct model_entry *e, const struct restore_builde
 	if (registry_may_build(e, &peer))
 		return 0;
 	if (b->stored)
-		return error_set(-EPERM, "its builder uid %" PRIu32 " may not build it now: none "
-			"of its groups (gid %" PRIu32 " and %d supplementary, as its connection had "
-			"them when it published) is in derive_groups", (uint32_t)b->uid,
-			(uint32_t)b->gid, b->ngroups);
+		return error_set(-EPERM, "its builder uid %" PRIu32 " may not build it now: "
+			"none of its groups (gid %" PRIu32 " and %d supplementary, as its "
+			"connection had them when it published) is in derive_groups",
+			(uint32_t)b->uid, (uint32_t)b->gid, b->ngroups);
 	if (b->lookup_err != 0)
 		return error_set(-EPERM, "its builder uid %" PRIu32 " may not build it now: the "
 			"user database could not be asked for its groups (%s), and derive_groups "

@@ -882,7 +882,7 @@ test_version_6_artifacts(void **state)
 	}
 	memcpy(v6 + len6, v7 + last, len - last);
 	len6 += len - last;
-	assert_int_equal(len6, len - 4 * 8);
+	assert_int_equal(len6, len - (size_t)4 * 8);
 	v6[8] = 6;
 	if (fdstore_decode(v6, len6, &back) != 0)
 		fail_msg("decode version 6: %s", error_get());
