@@ -102,6 +102,12 @@ int derive_memfd_whole(const struct stat *st, char *why, size_t why_size);
 #define DERIVE_MAX_HEAD (16u << 20)
 #define DERIVE_MAX_INDEX (16u << 20)
 
+/* The head the reader of fd's format would read and parse before anything
+ * else (the safetensors header, a WEIG file's tables), from fd's first
+ * bytes (size: the file's): 0 where fewer than 4 bytes are there. Compared
+ * with DERIVE_MAX_HEAD by a PUBLISH and by a warm restart. */
+uint64_t derive_head_len(int fd, uint64_t size);
+
 /* How long a publication's copy waits for the artifacts dropped to make
  * room for it to be let go in the closer's lanes (their builders' lanes,
  * which a builder can hold up, closer.h): then it is refused (ENOMEM). */

@@ -287,21 +287,27 @@ check_reserve(struct derive_check *c)
  * WEIG file's tables), from its first bytes, before anything is parsed,
  * into *head_out (0: none read): -EFBIG with c->why past DERIVE_MAX_HEAD,
  * else 0 (a head the reader finds implausible is its to explain). */
-static int
-check_head(struct derive_check *c, int fd, uint64_t size, uint64_t *head_out)
+uint64_t
+derive_head_len(int fd, uint64_t size)
 {
 	uint8_t prefix[WEIG_HEADER_SIZE];
-	uint64_t head;
 	ssize_t n;
 
-	*head_out = 0;
 	while ((n = pread(fd, prefix, sizeof(prefix), 0)) < 0 && errno == EINTR)
 		;
 	if (n < 4)
 		return 0;
 	/* The reader source_open_fd() takes next (WEIG's reads either byte
 	 * order). */
-	head = source_file_reader(get_le32(prefix))->head_len(prefix, (size_t)n, size);
+	return source_file_reader(get_le32(prefix))->head_len(prefix, (size_t)n, size);
+}
+
+static int
+check_head(struct derive_check *c, int fd, uint64_t size, uint64_t *head_out)
+{
+	uint64_t head = derive_head_len(fd, size);
+
+	*head_out = 0;
 	if (head <= DERIVE_MAX_HEAD) {
 		*head_out = head;
 		return 0;

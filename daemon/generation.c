@@ -18,7 +18,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "base/error.h"
@@ -153,9 +152,6 @@ gen_free_origin(struct gen_origin *origin, size_t n)
 	free(origin);
 }
 
-/* How many times an openat2 the kernel says a rename raced is tried. */
-#define GEN_EAGAIN_TRIES 8
-
 /* A model's tree as gen_resolved_path looks in it: the root's descriptor
  * (-1: none), the model directory inside it (tree_split), and whether the
  * kernel has no openat2 (the places are then stat(2)'ed by their path, as
@@ -166,22 +162,12 @@ struct gen_tree {
 	bool nosys;
 };
 
-/* openat2(2) of rel beneath at with resolve, O_PATH: its descriptor, or -1
- * with errno. */
+/* openat2(2) of rel beneath at with resolve, O_PATH (tree_openat2): its
+ * descriptor, or -1 with errno. */
 static int
 open_beneath(int at, const char *rel, unsigned long long resolve, unsigned long long flags)
 {
-	struct open_how how = { .flags = O_PATH | O_CLOEXEC | flags, .resolve = resolve };
-	long fd;
-	int tries = 0;
-
-	errno = ENOSYS;
-	if (tree_force_fallback)
-		return -1;
-	while ((fd = syscall(SYS_openat2, at, rel, &how, sizeof(how))) == -1 &&
-		(errno == EINTR || (errno == EAGAIN && ++tries < GEN_EAGAIN_TRIES)))
-		;
-	return (int)fd;
+	return tree_openat2(at, rel, O_PATH | O_CLOEXEC | flags, resolve);
 }
 
 /* The tree of dir (a realpath): its root opened with no link followed (a

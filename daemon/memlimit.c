@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/decimal.h"
 #include "log.h"
 
 #define PATH_CAP MEMLIMIT_PATH_CAP
@@ -441,22 +442,16 @@ struct use_ask {
 	uint64_t value[2];
 };
 
-/* A decimal number of 64 bits at *s, which then points past it: 1, or 0
- * where there is none or it does not fit. */
+/* A decimal number of 64 bits at *s (decimal_u64 of its digits), which
+ * then points past it: 1, or 0 where there is none or it does not fit. */
 static int
 decimal64(const char **s, uint64_t *out)
 {
-	uint64_t v = 0;
-	const char *p = *s;
+	size_t n = strspn(*s, "0123456789");
 
-	if (*p < '0' || *p > '9')
+	if (decimal_u64(*s, n, out) < 0)
 		return 0;
-	for (; *p >= '0' && *p <= '9'; p++)
-		if (__builtin_mul_overflow(v, 10, &v) ||
-			__builtin_add_overflow(v, (uint64_t)(*p - '0'), &v))
-			return 0;
-	*s = p;
-	*out = v;
+	*s += n;
 	return 1;
 }
 

@@ -48,9 +48,6 @@
 #include "base/error.h"
 #include "derive.h"
 #include "fdstore.h"
-#include "format/source.h"
-#include "format/weig.h"
-#include "proto/le.h"
 #include "registry.h"
 #include "restore_internal.h"
 
@@ -60,9 +57,7 @@
 int
 restore_artifact_limits(int fd, const struct fdstore_artifact *a)
 {
-	uint8_t prefix[WEIG_HEADER_SIZE];
 	uint64_t head;
-	ssize_t n;
 
 	/* Its index is the one its memfd compiles to (checked after the
 	 * parse): its stored size is the compiled index's. */
@@ -73,11 +68,7 @@ restore_artifact_limits(int fd, const struct fdstore_artifact *a)
 	/* The head its reader would read and parse, from its first bytes, as
 	 * PUBLISH measures it before the parse (a head the reader finds
 	 * implausible is the reader's to explain). */
-	while ((n = pread(fd, prefix, sizeof(prefix), 0)) < 0 && errno == EINTR)
-		;
-	if (n < 4)
-		return 0;
-	head = source_file_reader(get_le32(prefix))->head_len(prefix, (size_t)n, a->size);
+	head = derive_head_len(fd, a->size);
 	if (head > DERIVE_MAX_HEAD)
 		return error_set(-EFBIG, "its header is %.1f MiB, more than the %u MiB a derived "
 			"artifact's header may be (a PUBLISH of it is refused)",

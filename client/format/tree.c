@@ -229,27 +229,35 @@ open_fallback(const struct model_tree *t, const char *rel, const char *path)
 }
 
 int
+tree_openat2(int at, const char *rel, unsigned long long flags, unsigned long long resolve)
+{
+	struct open_how how = { .flags = flags, .resolve = resolve };
+	long fd = -1;
+	int tries = 0;
+
+	errno = ENOSYS;
+	while (!tree_force_fallback &&
+		(fd = syscall(SYS_openat2, at, rel, &how, sizeof(how))) == -1 &&
+		(errno == EINTR || (errno == EAGAIN && ++tries < TREE_EAGAIN_TRIES)))
+		;
+	return (int)fd;
+}
+
+int
 tree_open_file(const struct model_tree *t, const char *name, const char *path,
 	struct wc_file *out)
 {
-	struct open_how how = {
-		.flags = TREE_OPEN_FLAGS,
-		.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
-	};
 	char *rel;
 	long fd = -1;
-	int r, tries = 0;
+	int r;
 
 	if (asprintf(&rel, "%s%s", t->dir, name) < 0)
 		return error_set(-ENOMEM, "%s: out of memory", path);
-	errno = ENOSYS;
 	if (t->proc) /* the caller's own descriptor, /proc/self/fd/N: no tree */
 		fd = file_openat(t->fd, rel, TREE_OPEN_FLAGS);
-	else /* EINTR: a signal during an open on a FUSE or NFS mount */
-		while (!tree_force_fallback &&
-			(fd = syscall(SYS_openat2, t->fd, rel, &how, sizeof(how))) == -1 &&
-			(errno == EINTR || (errno == EAGAIN && ++tries < TREE_EAGAIN_TRIES)))
-			;
+	else
+		fd = tree_openat2(t->fd, rel, TREE_OPEN_FLAGS,
+			RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS);
 	if (fd == -1) {
 		if (errno == ENOSYS && !t->proc)
 			fd = open_fallback(t, rel, path);

@@ -62,6 +62,15 @@ int tree_open(const char *model_dir, struct model_tree *out);
 int tree_open_file(const struct model_tree *t, const char *name, const char *path,
 	struct wc_file *out);
 
+/*
+ * openat2(2) of rel beneath at with how's flags and resolve, tried again on
+ * EINTR (a signal during an open on a FUSE or NFS mount) and on EAGAIN (a
+ * rename raced the walk) a few times: the descriptor, or -1 with errno
+ * (ENOSYS where the kernel has none, or tree_force_fallback is set).
+ */
+int tree_openat2(int at, const char *rel, unsigned long long flags,
+	unsigned long long resolve);
+
 /* Closes the tree; safe on a zeroed or closed one. */
 void tree_close(struct model_tree *t);
 
