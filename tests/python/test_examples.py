@@ -42,7 +42,7 @@ def test_prefork_server_answers(daemon, model_path):
 def test_prefork_pss_script(tmp_path, no_daemon):
     model = mkmodel(tmp_path / "m.safetensors", layers=2, hidden=256, ffn=512, vocab=1000)
     r = subprocess.run([sys.executable, os.path.join(EXAMPLES, "prefork_pss.py"), model,
-                        "--workers", "2"], capture_output=True, text=True, timeout=600)
+                        "--workers", "2"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "wcache" in r.stdout and "torch.load" in r.stdout and "summed PSS" in r.stdout
 

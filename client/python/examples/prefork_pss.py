@@ -20,10 +20,11 @@ model). With torch.load every worker holds its own copy.
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
-import time
+import threading
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -37,18 +38,29 @@ def run(model, loader, workers, pt=None, timeout=600):
            "--workers", str(workers), "--loader", loader, "--touch"]
     if pt:
         cmd += ["--pt", pt]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    # its own process group, so that nothing of it outlives this run (a worker left
+    # behind would keep serving and hold our stderr open)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True)
     ready = []
+    late = threading.Event()
+
+    def too_late():
+        late.set()
+        os.killpg(proc.pid, signal.SIGKILL)  # readline() below then ends
+
+    watchdog = threading.Timer(timeout, too_late)
+    watchdog.start()
     try:
-        deadline = time.monotonic() + timeout
         while len(ready) < workers:
             line = proc.stdout.readline()
+            if late.is_set():
+                raise SystemExit(f"prefork_pss: server ({loader}): workers not ready "
+                                 f"in {timeout} s")
             if not line:
                 raise SystemExit(f"prefork_pss: server ({loader}) exited with "
                                  f"{proc.wait()}")
             ready.append(json.loads(line))
-            if time.monotonic() > deadline:
-                raise SystemExit("prefork_pss: workers not ready in time")
+        watchdog.cancel()
         pids = [r["worker"] for r in ready]
         pss = sum(pss_kib(p) for p in pids) * 1024
         fpss = sum(file_pss_kib(p, model) for p in pids) * 1024 if loader == "wcache" else 0
@@ -59,8 +71,16 @@ def run(model, loader, workers, pt=None, timeout=600):
                 answer = json.loads(r.read())
         return {"pss": pss, "file_pss": fpss, "ready": ready, "answer": answer}
     finally:
+        watchdog.cancel()
         proc.terminate()
-        proc.wait(timeout=60)
+        try:
+            proc.wait(timeout=60)
+        finally:
+            try:  # a worker the server failed to stop
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
 
 
 def write_pt(model, out):

@@ -44,6 +44,8 @@ import torch  # noqa: E402
 
 import wcache  # noqa: E402
 
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
 
 def load(args, pre=None):
     """Returns (state dict of torch tensors, where it came from)."""
@@ -113,6 +115,7 @@ class Server(socketserver.TCPServer):
 def worker(args, sock, pre):
     signal.signal(signal.SIGTERM, lambda *a: os._exit(0))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # blocked by the parent
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     state, source = load(args, pre)
@@ -157,16 +160,6 @@ def main():
           f"({args.workers} workers, loader {args.loader})", file=sys.stderr, flush=True)
 
     children = []
-    for _ in range(args.workers):
-        pid = os.fork()
-        if pid == 0:
-            try:
-                worker(args, sock, pre)
-            except BaseException as e:  # never return into the parent's code
-                print(f"prefork_server: worker {os.getpid()}: {e!r}", file=sys.stderr,
-                      flush=True)
-                os._exit(1)
-        children.append(pid)
 
     def stop(*_):
         for pid in children:
@@ -175,8 +168,25 @@ def main():
             except ProcessLookupError:
                 pass
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    # SIGTERM and SIGINT wait (blocked) until the parent's handler is in place: one
+    # that came between the last fork and signal() would kill the parent alone and
+    # leave its workers serving, holding the caller's pipes open.
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        for _ in range(args.workers):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    worker(args, sock, pre)
+                except BaseException as e:  # never return into the parent's code
+                    print(f"prefork_server: worker {os.getpid()}: {e!r}", file=sys.stderr,
+                          flush=True)
+                    os._exit(1)
+            children.append(pid)
+    finally:
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     status = 0
     while children:
         try:
