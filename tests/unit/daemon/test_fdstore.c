@@ -200,6 +200,18 @@ encode(const struct fdstore_desc *d, size_t *len)
 	return buf;
 }
 
+/* Encodes d, which must give exactly the len bytes at want. */
+static void
+assert_encodes_to(const struct fdstore_desc *d, const uint8_t *want, size_t len)
+{
+	size_t got_len;
+	uint8_t *got = encode(d, &got_len);
+
+	assert_int_equal(got_len, len);
+	assert_memory_equal(got, want, len);
+	free(got);
+}
+
 /* Frees m's artifacts: a model as version 2 described it. */
 static void
 strip_artifacts(struct fdstore_model *m)
@@ -323,10 +335,7 @@ test_older_versions(void **state)
 	assert_int_equal(back->models[0].generations[0].nuids, 0);
 	assert_null(back->models[0].generations[0].uids);
 	/* Encoded again, it is version 6 with no holder uids. */
-	again = encode(back, &len2);
-	assert_int_equal(len2, len + 4);
-	assert_memory_equal(again, v6, len2);
-	free(again);
+	assert_encodes_to(back, v6, len + 4);
 	free(v6);
 	fdstore_free(back);
 	back = NULL;
@@ -428,8 +437,8 @@ static void
 test_round_trip(void **state)
 {
 	struct fdstore_desc *d = make_desc(), *back = NULL, *empty;
-	uint8_t *buf, *again;
-	size_t len, len2;
+	uint8_t *buf;
+	size_t len;
 
 	(void)state;
 	buf = encode(d, &len);
@@ -463,9 +472,7 @@ test_round_trip(void **state)
 	assert_int_equal(back->models[1].artifacts[0].size, (1ull << 33) + 1);
 	assert_int_equal(back->models[1].artifacts[0].build_ms, 123456789013ull);
 	assert_int_equal(back->models[1].artifacts[0].builder_pid, 4000001u);
-	again = encode(back, &len2);
-	assert_int_equal(len, len2);
-	assert_memory_equal(buf, again, len);
+	assert_encodes_to(back, buf, len);
 	back->models[0].generations[1].holders--;
 	assert_false(fdstore_equal(d, back));
 	back->models[0].generations[1].holders++;
@@ -502,7 +509,6 @@ test_round_trip(void **state)
 	back->models[0].artifacts[2].build_ms++;
 	assert_false(fdstore_equal(d, back));
 	fdstore_free(back);
-	free(again);
 	free(buf);
 
 	/* No models at all: the header alone. */
@@ -845,8 +851,8 @@ test_version_6_artifacts(void **state)
 	static const char *const names[] = { "wc-1-d4-i", "wc-1-d9-i", "wc-1-d2-i",
 		"wc-7-d1-i" };
 	struct fdstore_desc *d = make_desc(), *back = NULL;
-	uint8_t *v7, *v6, *again;
-	size_t len, len6 = 0, len2, last = 0, at;
+	uint8_t *v7, *v6;
+	size_t len, len6 = 0, last = 0, at;
 
 	(void)state;
 	/* Version 7 with the groups: the count past the limit. */
@@ -890,10 +896,7 @@ test_version_6_artifacts(void **state)
 	assert_int_equal(back->models[0].artifacts[0].builder_gid, FDSTORE_GID_UNRECORDED);
 	assert_int_equal(back->models[0].artifacts[0].builder_ngroups, 0);
 	assert_null(back->models[0].artifacts[0].builder_groups);
-	again = encode(back, &len2);
-	assert_int_equal(len2, len);
-	assert_memory_equal(again, v7, len);
-	free(again);
+	assert_encodes_to(back, v7, len);
 	fdstore_free(back);
 	free(v6);
 	free(v7);
@@ -946,8 +949,8 @@ static void
 test_every_byte_counts(void **state)
 {
 	struct fdstore_desc *d = make_desc(), *back;
-	uint8_t *buf, *copy, *again;
-	size_t len, len2;
+	uint8_t *buf, *copy;
+	size_t len;
 
 	(void)state;
 	buf = encode(d, &len);
@@ -961,10 +964,7 @@ test_every_byte_counts(void **state)
 			assert_true(strncmp(error_get(), "fdstore: ", 9) == 0);
 			continue;
 		}
-		again = encode(back, &len2);
-		assert_int_equal(len2, len);
-		assert_memory_equal(again, copy, len);
-		free(again);
+		assert_encodes_to(back, copy, len);
 		fdstore_free(back);
 	}
 	free(copy);
