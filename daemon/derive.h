@@ -188,8 +188,9 @@ struct derive_table {
 	struct derive_stats stats;
 	struct closer *closer;     /* closes what builders pass (closer.h); NULL: close() */
 	/* Publication checks (derive_publish.c): those on the work queue, at
-	 * most DERIVE_CHECKS_AT_ONCE and one per builder uid, and those that
-	 * wait for a place, first come first served. */
+	 * most DERIVE_CHECKS_AT_ONCE and one per builder uid (checks_closing
+	 * below counts for its uid too), and those that wait for a place,
+	 * first come first served. */
 	struct derive_check *checks_running, *checks_waiting;
 	unsigned nchecks_running;
 	struct lograte lines;      /* DERIVE_LOG_BURST lines per builder uid a minute */
@@ -207,6 +208,9 @@ struct derive_table {
 	 * wcached cannot see who else maps its artifacts (review rev184 F1). */
 	char mem_use_file[MEMLIMIT_PATH_CAP * 2];
 	enum memlimit_kind mem_kind;
+	/* The last reason (-errno) that file could not be read for, logged
+	 * once (the checks' threads: __atomic); 0 again at each reload. */
+	int use_unread_err;
 	/* Bytes the checks running have reserved and not copied yet (the
 	 * rest of their copies is in what the kernel says is in use): the
 	 * checks' threads add and take (__atomic). */
@@ -302,13 +306,16 @@ struct derive_cred {
  * first, when that makes room (each logged with the bytes no longer kept),
  * and the check goes on once their memory is let go in the closer's lanes
  * (at most DERIVE_CLOSES_WAIT_MS); the publication is refused (ENOMEM)
- * when what workers hold and the other checks reserved leave no room, when
- * that wait ends first, and when the kernel says the copy would pass the
- * limit after all (what wcached's memory cgroup, or the machine, has in
- * use that it cannot reclaim: a dropped artifact a worker still maps is).
+ * when what workers hold and the other checks reserved leave no room, and
+ * when the kernel says the copy would pass the limit after all (what
+ * wcached's memory cgroup, or the machine, has in use that it cannot
+ * reclaim: a dropped artifact a worker still maps is) and dropping, once,
+ * that much more of what nobody holds would not make room (or did not).
+ * Past that wait the kernel has the same word.
  * A check holds memory of the order of the artifact's header (a 100 MB
  * safetensors header: a few hundred MB while it is parsed): at most
- * DERIVE_CHECKS_AT_ONCE run at once, one per builder uid, so that one user
+ * DERIVE_CHECKS_AT_ONCE run at once, one per builder uid (one that waits
+ * for closes holds its uid's place too), so that one user
  * publishing from many connections cannot multiply that; the others wait
  * their turn (logged), in order.
  * Or -errno with msg, answered now: -ESTALE (no such build in progress),

@@ -26,10 +26,13 @@
  * reserves it and drops artifacts nobody holds, least recently used first,
  * if that makes room (make_copy_room), and queues the check again, once,
  * when their memory is let go in their builders' lanes of the closer
- * (wait_for_closes: at most DERIVE_CLOSES_WAIT_MS); when what workers hold
- * and the other checks reserved leave no room it is refused. Then, just
- * before the copy, the kernel has the last word (check_kernel_room): a
- * dropped artifact a worker still maps is charged to wcached all the same.
+ * (wait_for_closes: at most DERIVE_CLOSES_WAIT_MS, then it goes all the
+ * same); when what workers hold and the other checks reserved leave no
+ * room it is refused. Then, just before the copy, the kernel has the last
+ * word (check_kernel_room): a dropped artifact a worker still maps is
+ * charged to wcached all the same. Where it finds no room, the loop drops
+ * that much more of what nobody holds, once (make_kernel_room), and the
+ * check goes again, after the same wait; else it is refused.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -75,6 +78,10 @@
  * and the kernel's word on what is in use (check_kernel_room) stands. */
 #define DERIVE_DROP_LANES 8
 
+/* Why the kernel may count more in use than wcached keeps. */
+#define STILL_CHARGED "an artifact dropped to make room stays charged to wcached while a " \
+	"worker that released it still maps it or keeps its descriptor"
+
 /* Where a check stands with the room its copy takes in t->charged
  * (check_reserve). The one change from ROOM_WANTED is the loop's
  * (make_copy_room); the others are the check's thread's. */
@@ -85,6 +92,11 @@ enum check_room {
 			   * the check is queued again once their memory is let
 			   * go; else it is refused */
 	ROOM_RESERVED,    /* c->reserved is in t->charged (0: no limit known) */
+	ROOM_SHORT,       /* reserved, but the kernel says c->short_by more is in
+			   * use than wcached counts (check_kernel_room): on the
+			   * loop, that much of what nobody holds is dropped, once
+			   * (make_kernel_room), and the check queued again once
+			   * its memory is let go; else it is refused */
 };
 
 struct derive_check {
@@ -124,6 +136,13 @@ struct derive_check {
 	int closing;
 	int closes_through;
 	uint64_t closes_since_ms, closes_deadline_ms;
+	/* The time it waited for closes in vain (closes_late), and what the
+	 * kernel's refusal found: what of the limit was in use (kernel_used)
+	 * and by how much the copy passed it (short_by); kernel_dropped: the
+	 * loop dropped that much more for it already (once a check). */
+	uint64_t late_ms;
+	uint64_t kernel_used, short_by;
+	int kernel_dropped;
 	int cancelled;           /* set on the loop (derive_check_cancel), read
 				  * by the copy between chunks: atomic */
 	/* What the check made: the source, its served descriptors and the
@@ -208,6 +227,7 @@ derive_set_memory_limit(struct derive_table *t, const struct memlimit *m)
 	memlimit_source(m, t->mem_source, sizeof(t->mem_source));
 	memcpy(t->mem_use_file, m->use_file, sizeof(t->mem_use_file));
 	t->mem_kind = m->kind;
+	__atomic_store_n(&t->use_unread_err, 0, __ATOMIC_RELAXED);
 }
 
 int
@@ -521,33 +541,63 @@ check_open(struct derive_check *c)
 	return 0;
 }
 
+/* Work queue thread: what the kernel says is in use of the limit could not
+ * be read (err, -errno of memlimit_use): said once a reload (and again
+ * when the reason changes), not once a publication. */
+static void
+use_unread(struct derive_check *c, int err)
+{
+	if (__atomic_exchange_n(&c->t->use_unread_err, err, __ATOMIC_RELAXED) == err)
+		return;
+	if (c->use_file[0] == '\0')
+		log_warnx("derived artifacts: wcached found no file that says what of the memory "
+			  "limit in force (%" PRIu64 " MiB, %s) is in use: publications are "
+			  "checked against wcached's own count only (an artifact dropped while a "
+			  "worker still maps it is not in it)", c->limit >> 20, c->limit_source);
+	else
+		log_warnx("derived artifacts: %s: %s: publications are checked against "
+			  "wcached's own count only, not what the kernel says is in use of the "
+			  "memory limit in force (%" PRIu64 " MiB, %s; an artifact dropped while "
+			  "a worker still maps it is not in that count)", c->use_file,
+			err == -EBADMSG ? "it does not say what is in use (no such keys)" :
+					  strerror(-err), c->limit >> 20, c->limit_source);
+}
+
 /*
  * Work queue thread, before the copy: what the kernel says is in use of the
  * memory limit in force (memlimit_use: wcached's memory cgroup's anonymous
  * memory and shmem, or the machine's MemTotal less MemAvailable), with the
  * copies the checks running have yet to make (t->uncopied, this one's
- * included) and room for the header the readers parse and its compiled
- * index (twice the header, at most DERIVE_MAX_INDEX: an estimate), must
- * fit under it: -ENOMEM with c->why where not. t->charged counts only what
- * wcached keeps, and wcached cannot see who else maps its memfds: an
- * artifact dropped to make room stays charged to wcached's cgroup while a
- * worker that released it still maps it, keeps its descriptor, or a forked
- * child does (review rev184 F1); past the limit the OOM killer would kill
- * wcached. Where the kernel does not say (no such file), the reservation
- * alone stands.
+ * included: added once a check) and room for the header the readers parse
+ * and its compiled index (twice the header, at most DERIVE_MAX_INDEX: an
+ * estimate), must fit under it: -ENOMEM with c->why where not (ROOM_SHORT:
+ * the loop drops as much of what nobody holds, once, or refuses it,
+ * make_kernel_room). t->charged counts only what wcached keeps, and wcached
+ * cannot see who else maps its memfds: an artifact dropped to make room
+ * stays charged to wcached's cgroup while a worker that released it still
+ * maps it, keeps its descriptor, or a forked child does (review rev184 F1);
+ * past the limit the OOM killer would kill wcached. Where the kernel does
+ * not say (no such file), the reservation alone stands (logged: use_unread).
  */
 static int
 check_kernel_room(struct derive_check *c, uint64_t head)
 {
 	uint64_t used, pending, index_room, others;
 	char whose[160], copying[80] = "";
+	int err;
 
 	if (c->limit == 0)
 		return 0;
-	c->uncopied = c->size;
-	pending = __atomic_add_fetch(&c->t->uncopied, c->size, __ATOMIC_RELAXED);
-	if (memlimit_use(c->use_file, c->limit_kind, &used) < 0)
+	if (c->uncopied == 0) {
+		c->uncopied = c->size;
+		pending = __atomic_add_fetch(&c->t->uncopied, c->size, __ATOMIC_RELAXED);
+	} else {
+		pending = __atomic_load_n(&c->t->uncopied, __ATOMIC_RELAXED);
+	}
+	if ((err = memlimit_use(c->use_file, c->limit_kind, &used)) < 0) {
+		use_unread(c, err);
 		return 0;
+	}
 	index_room = head + (2 * head < DERIVE_MAX_INDEX ? 2 * head : DERIVE_MAX_INDEX);
 	if (used <= c->limit && pending + index_room <= c->limit - used)
 		return 0;
@@ -566,10 +616,11 @@ check_kernel_room(struct derive_check *c, uint64_t head)
 	snprintf(c->why, sizeof(c->why), "%s%s, and this one's copy of %" PRIu64 " MiB and "
 		 "about %" PRIu64 " KiB for its header and index would pass the memory limit in "
 		 "force (%" PRIu64 " MiB, %s), which its copy is charged to: no room for it now, "
-		 "though wcached's own count had some (an artifact dropped to make room stays "
-		 "charged to wcached while a worker that released it still maps it or keeps its "
-		 "descriptor)", whose, copying, c->size >> 20, (index_room + 1023) >> 10,
-		c->limit >> 20, c->limit_source);
+		 "though wcached's own count had some", whose, copying, c->size >> 20,
+		(index_room + 1023) >> 10, c->limit >> 20, c->limit_source);
+	c->kernel_used = used;
+	c->short_by = used + pending + index_room - c->limit;
+	c->room = ROOM_SHORT;
 	return c->err = -ENOMEM;
 }
 
@@ -804,6 +855,11 @@ check_may_start(const struct derive_table *t, uid_t owner)
 	for (const struct derive_check *r = t->checks_running; r != NULL; r = r->next)
 		if (r->owner == owner)
 			return 0;
+	/* One waiting for closes too: it holds a reservation and dropped
+	 * others' artifacts (review rev186 F6). */
+	for (const struct derive_check *r = t->checks_closing; r != NULL; r = r->next)
+		if (r->owner == owner)
+			return 0;
 	return 1;
 }
 
@@ -910,6 +966,84 @@ make_copy_room(struct derive_check *c)
 	return 0;
 }
 
+/* Ends c->why (the kernel's refusal, check_kernel_room) with what of the
+ * memory in use wcached no longer keeps, what dropping the unheld (unheld
+ * bytes) would do, and the wait for closes that was in vain. */
+static void
+kernel_refusal(struct derive_check *c, uint64_t unheld)
+{
+	uint64_t kept = c->t->r->derived_bytes;
+	uint64_t gone = c->kernel_used > kept ? c->kernel_used - kept : 0;
+	size_t n = strlen(c->why);
+	char drop[96];
+
+	if (c->kernel_dropped)
+		snprintf(drop, sizeof(drop), "even after wcached dropped %" PRIu64 " MiB nobody "
+			 "held for it", c->dropped_bytes >> 20);
+	else if (unheld != 0)
+		snprintf(drop, sizeof(drop), "and dropping the %" PRIu64 " MiB nobody holds would "
+			 "not make it", unheld >> 20);
+	else
+		snprintf(drop, sizeof(drop), "even with every artifact nobody held dropped");
+	if (c->limit_kind == MEMLIMIT_RAM)
+		n += (size_t)snprintf(c->why + n, sizeof(c->why) - n, " (of that memory in use, "
+				      "wcached keeps %" PRIu64 " MiB of derived artifacts; %s",
+			kept >> 20, STILL_CHARGED);
+	else
+		n += (size_t)snprintf(c->why + n, sizeof(c->why) - n, " (of the memory in use, "
+				      "about %" PRIu64 " MiB is charged to wcached but no longer "
+				      "kept by it: %s", gone >> 20, STILL_CHARGED);
+	if (n < sizeof(c->why))
+		n += (size_t)snprintf(c->why + n, sizeof(c->why) - n, "), %s", drop);
+	if (c->late_ms != 0 && n < sizeof(c->why))
+		snprintf(c->why + n, sizeof(c->why) - n, "; wcached dropped %" PRIu64 " MiB of "
+			 "artifacts nobody held to make room for its copy, and waited %.0f s "
+			 "for their memory to be let go in their builders' lanes of wcached's "
+			 "closer, in vain (a close there is held up, closer.h)",
+			c->dropped_bytes >> 20, (double)c->late_ms / 1000.0);
+}
+
+/*
+ * On the loop: the kernel found c->short_by more in use than there is room
+ * for (ROOM_SHORT, check_kernel_room), beyond what wcached counts: an
+ * artifact dropped while a worker still maps it is still charged to
+ * wcached. The first time for c, where the artifacts nobody holds weigh
+ * that much, drops that much of them, least recently used first (never
+ * one a worker holds; c's own is no artifact yet): 1, and c is queued
+ * again once their memory is let go (review rev186 F1). Else 0, nothing
+ * dropped, and c->why says why (kernel_refusal; or that the model is no
+ * longer served).
+ */
+static int
+make_kernel_room(struct derive_check *c)
+{
+	struct derive_table *t = c->t;
+	uint64_t unheld = derive_unheld_bytes(t);
+	char why[WIRE_MAX_KEY + 200];
+
+	if (derive_entry_of(t, c->build->model_name, c->build->entry_id) == NULL) {
+		snprintf(c->why, sizeof(c->why), "the model is no longer served");
+		c->err = -ENOENT;
+		return 0;
+	}
+	if (c->kernel_dropped || unheld < c->short_by) {
+		kernel_refusal(c, unheld);
+		return 0;
+	}
+	snprintf(why, sizeof(why), "the publication of \"%s\" (%" PRIu64 " MiB) needed room "
+		 "under the memory limit in force that the kernel still counted in use, and "
+		 "nobody held it", c->build->key, c->size >> 20);
+	c->nlanes = 0;
+	c->dropped_bytes += derive_drop_unheld(t, c->short_by, why, c->lanes,
+		DERIVE_DROP_LANES, &c->nlanes);
+	c->dropped = 1;
+	c->kernel_dropped = 1;
+	c->room = ROOM_RESERVED;
+	c->err = 0;
+	c->why[0] = '\0';
+	return 1;
+}
+
 /* Queues c, whose room is reserved, again: at once where a place is free,
  * else first among those that wait. Where it cannot be queued, it is
  * refused with the reason (check_finish). */
@@ -988,8 +1122,12 @@ closes_rearm(struct derive_table *t)
 }
 
 /* On the loop: the checks whose dropped artifacts were not let go within
- * DERIVE_CLOSES_WAIT_MS are refused: a close in their builders' lanes is
- * held up, and their memory is still charged to wcached. */
+ * DERIVE_CLOSES_WAIT_MS (a close in their builders' lanes is held up, or
+ * only queued behind a slow one: what was dropped may have had nothing to
+ * close yet) wait no more: each is queued again, and the kernel says
+ * whether there is room for its copy after all (check_kernel_room, which
+ * may drop more of what nobody holds, once, review rev186 F2). Those whose
+ * closes came through meanwhile are closes_through's. */
 static void
 closes_late(uv_timer_t *h)
 {
@@ -998,21 +1136,15 @@ closes_late(uv_timer_t *h)
 	struct derive_check *c;
 
 	for (c = t->checks_closing; c != NULL;) {
-		if (c->closes_deadline_ms > now) {
+		if (c->closes_deadline_ms > now ||
+			__atomic_load_n(&c->closes_through, __ATOMIC_ACQUIRE)) {
 			c = c->next;
 			continue;
 		}
 		closes_unlink(t, c);
 		closer_forget(t->closer, c);
-		snprintf(c->why, sizeof(c->why), "wcached dropped %" PRIu64 " MiB of artifacts"
-			 " nobody held to make room for its copy, and waited %.0f s for their"
-			 " memory to be let go in their builders' lanes of wcached's closer, in"
-			 " vain (a close there is held up, closer.h): no room for it now, under"
-			 " the memory limit in force (%" PRIu64 " MiB, %s)", c->dropped_bytes >> 20,
-			(double)(now - c->closes_since_ms) / 1000.0, c->limit >> 20,
-			c->limit_source);
-		c->err = -ENOMEM;
-		check_finish(c, 0);
+		c->late_ms += now - c->closes_since_ms;
+		check_again(t, c);
 		c = t->checks_closing;
 	}
 	closes_rearm(t);
@@ -1024,8 +1156,9 @@ closes_late(uv_timer_t *h)
  * it: its copy must not start before their memory is let go, which is in
  * their builders' lanes of the closer (generation.c), which a builder can
  * hold up (a lingering socket it passed): it waits there (closer_then),
- * at most DERIVE_CLOSES_WAIT_MS, then is refused (closes_late). Without a
- * wake-up from the lanes it goes at once, and check_kernel_room stands.
+ * at most DERIVE_CLOSES_WAIT_MS, then goes on all the same (closes_late),
+ * and check_kernel_room decides. Without a wake-up from the lanes it goes
+ * at once, and check_kernel_room stands.
  */
 static void
 wait_for_closes(struct derive_table *t, struct derive_check *c)
@@ -1077,7 +1210,8 @@ check_done(struct workq_job *job, int status)
 
 	if (check_unlink(&t->checks_running, c))
 		t->nchecks_running--;
-	if (status == 0 && c->room == ROOM_WANTED && c->build != NULL && make_copy_room(c)) {
+	if (status == 0 && c->build != NULL && ((c->room == ROOM_WANTED && make_copy_room(c)) ||
+		(c->room == ROOM_SHORT && make_kernel_room(c)))) {
 		if (c->dropped)
 			wait_for_closes(t, c);
 		else
@@ -1166,8 +1300,14 @@ derive_check_cancel(struct derive_check *c)
 	}
 	if (c->closing) {
 		/* Waits for closes on the loop (wait_for_closes): nothing runs
-		 * that needs it, and closer_then() calls back no more. */
+		 * that needs it, and closer_then() calls back no more. A check
+		 * of its uid that waited for it starts on the loop's next turn
+		 * (closes_late pumps). */
+		struct derive_table *t = c->t;
+
 		check_free(c);
+		if (!t->closed)
+			uv_timer_start(&t->closes_timer, closes_late, 0, 0);
 		return;
 	}
 	c->build = NULL;
