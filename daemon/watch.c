@@ -260,6 +260,41 @@ path_moved(const struct sync_job *j, const struct generation *g)
 		watch_stat_sig(j->path_err, &j->path_st) != watch_stat_sig(0, &g->opened_path.st);
 }
 
+/*
+ * Is the model's path, as j found it, one of g's own files still, the very
+ * inode g opened (a local generation served where it is)? Then what moved
+ * is that file itself: written in place, or touched, chmod'ed, chown'ed.
+ * That is check_generation's to judge from g's descriptors, with its one
+ * line, as it judges the inotify event of the same change once the
+ * generation is watched (check_model): a current generation is marked
+ * modified, a pending one dropped and the model reloaded (sync_after).
+ * Not so for a staged copy (its origin written in place is staged again)
+ * or a remote file (another host's replacement may have its inode
+ * number): those are reloaded, as a path changed.
+ */
+static int
+own_file_in_place(const struct sync_job *j, const struct generation *g)
+{
+	if (j->path_err != 0 || !S_ISREG(j->path_st.st_mode) || g->origin != NULL ||
+		g->fs.remote)
+		return 0;
+	for (size_t i = 0; i < g->source.nfiles; i++) {
+		const struct stat *st = &g->source.files[i].st;
+
+		if (st->st_dev == j->path_st.st_dev && st->st_ino == j->path_st.st_ino)
+			return 1;
+	}
+	return 0;
+}
+
+/* Was g, m's pending generation, dropped as modified in place
+ * (gen_mark_modified)? g itself stays until registry_collect. */
+static int
+dropped(const struct model_entry *m, const struct generation *g)
+{
+	return g->state == GEN_MODIFIED && m->pending != g;
+}
+
 /* Loop thread: what a sync job found. */
 static void
 sync_after(struct workq_job *job, int status)
@@ -301,23 +336,30 @@ sync_after(struct workq_job *job, int status)
 		}
 		for (size_t k = 0; k < j->ngens; k++) {
 			struct generation *g = live_generation(m, j->gens[k].number);
+			int pending;
 
 			if (g == NULL || g->watched)
 				continue;
 			g->watched = 1;
+			pending = g == m->pending;
 			if (j->gens[k].replaced) {
 				log_info("model \"%s\": generation %" PRIu64 ": a file was "
 					 "replaced before its directory was watched", m->name,
 					g->number);
 				watch_mark_dirty(w, m->name);
-			} else if (same_path && path_moved(j, g)) {
+			} else if (same_path && path_moved(j, g) && !own_file_in_place(j, g)) {
 				log_info("model \"%s\": generation %" PRIu64 ": %s changed "
 					 "before its directory was watched", m->name, g->number,
 					m->path);
 				watch_mark_dirty(w, m->name);
 			}
-			/* ... or written in place before: its descriptors say. */
+			/* ... or written in place before: its descriptors say.
+			 * A pending generation dropped for it is reloaded, as
+			 * for a change of attributes seen as an event
+			 * (check_model): nothing tells here whether it was one. */
 			check_generation(w->reg, g);
+			if (pending && dropped(m, g))
+				watch_mark_dirty(w, m->name);
 		}
 		registry_collect(w->reg);
 	}
@@ -618,40 +660,63 @@ log_overflow(struct watch *w)
  * each is checked once after them (check_generation fstats every file of
  * two generations), not once per event, so that writes to unrelated files
  * in a directory model's directory cost one check per wakeup, whatever
- * their number. */
+ * their number; with the events its files had. */
 struct touched {
-	struct model_entry **models;
+	struct touched_model {
+		struct model_entry *m;
+		uint32_t events;        /* the inotify masks of its files' events */
+	} *models;
 	size_t n, cap;
 };
 
-/* Checks m's generations for in-place changes. */
+/*
+ * Checks m's generations for in-place changes; events, what this wakeup's
+ * events of its files were. A pending generation (not served yet) dropped
+ * for a change of attributes alone (IN_ATTRIB: a touch, chmod or chown, no
+ * write in this wakeup) is reloaded: the file the operator published by
+ * rename(2) is whole, and a new generation of it, validated anew, serves
+ * the newest file on disk, as when that change came before the generation
+ * was watched (sync_after). One written in place (IN_MODIFY) is reloaded
+ * at its writer's close (IN_CLOSE_WRITE, handle_event), never while the
+ * write may go on. A current generation changed in place is not reloaded:
+ * its files' inodes are served still (registry_load.c's same_files).
+ */
 static void
-check_model(struct registry *r, struct model_entry *m)
+check_model(struct watch *w, struct model_entry *m, uint32_t events)
 {
-	check_generation(r, m->current);
-	check_generation(r, m->pending);
+	struct generation *pending = m->pending;
+
+	check_generation(w->reg, m->current);
+	check_generation(w->reg, m->pending);
+	if (pending != NULL && dropped(m, pending) && (events & IN_ATTRIB) &&
+		!(events & IN_MODIFY))
+		watch_mark_dirty(w, m->name);
 }
 
-/* Adds m to t; where no memory is to be had, checks it now instead. */
+/* Adds m's event mask to t; where no memory is to be had, checks m now
+ * instead. */
 static void
-touch(struct registry *r, struct touched *t, struct model_entry *m)
+touch(struct watch *w, struct touched *t, struct model_entry *m, uint32_t mask)
 {
-	struct model_entry **grown;
+	struct touched_model *grown;
 
 	for (size_t i = 0; i < t->n; i++)
-		if (t->models[i] == m)
+		if (t->models[i].m == m) {
+			t->models[i].events |= mask;
 			return;
+		}
 	if (t->n == t->cap) {
 		size_t cap = t->cap ? 2 * t->cap : 8;
 
-		if ((grown = reallocarray(t->models, cap, sizeof(struct model_entry *))) == NULL) {
-			check_model(r, m);
+		if ((grown = reallocarray(t->models, cap, sizeof(*grown))) == NULL) {
+			check_model(w, m, mask);
 			return;
 		}
 		t->models = grown;
 		t->cap = cap;
 	}
-	t->models[t->n++] = m;
+	t->models[t->n].m = m;
+	t->models[t->n++].events = mask;
 }
 
 /* Events were lost (a queue overflow, a failed inotify descriptor): every
@@ -683,7 +748,7 @@ handle_event(struct watch *w, const struct inotify_event *ev, struct touched *t)
 	for (struct model_entry *m = w->reg->models; m != NULL; m = m->next) {
 		if (!model_uses_dir(m, dir) || !names_model_file(m, dir, ev->name))
 			continue;
-		touch(w->reg, t, m);
+		touch(w, t, m, ev->mask);
 		if (ev->mask & NAME_EVENTS)
 			watch_mark_dirty(w, m->name);
 	}
@@ -743,7 +808,7 @@ on_readable(uv_poll_t *p, int status, int events)
 	}
 	/* No model goes away while the events are read: the entries stay. */
 	for (size_t i = 0; i < t.n; i++)
-		check_model(w->reg, t.models[i]);
+		check_model(w, t.models[i].m, t.models[i].events);
 	free(t.models);
 	registry_collect(w->reg);
 }

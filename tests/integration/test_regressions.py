@@ -307,13 +307,13 @@ def test_pending_generation_modified_while_warming_is_dropped(start, tmp_path, b
         wait_until(pending_warming, timeout=60, what="generation 2 to warm")
         os.utime(path)  # written in place while it warms (a touch suffices)
 
-        # What follows asks about generation 2 alone: a touch that lands
-        # before wcached watches generation 2's directory is found when it
-        # does, and a watched reload then loads the touched file afresh
-        # (watch.c, "changed before its directory was watched"), a
-        # generation 3 that may already be pending, with m's error cleared,
-        # when the drop is seen, or be current, or be warming when the
-        # reload below asks (it answers "already warming" then, of 3).
+        # What follows asks about generation 2 alone: once it is dropped,
+        # a watched reload loads the touched file afresh (watch.c, whether
+        # the touch came before generation 2 was watched or after: README,
+        # "Updating a model safely"), a generation 3 that may already be
+        # pending, with m's error cleared, when the drop is seen, or be
+        # current, or be warming when the reload below asks (it answers
+        # "already warming" then, of 3).
         def dropped():
             m = entry()
             return m if m["pending"] != 2 else None

@@ -1,0 +1,294 @@
+"""A pending generation (a watched reload's new generation, loaded and
+warming, not yet served) whose file is touched in place: the same outcome
+whether the touch lands before wcached compared the generation's paths
+once it was watched (watch.c's sync job) or after.
+
+Before, the two timings differed. A touch between the load's open of the
+file and the generation's install (no event can reach a generation not yet
+made) was found by the sync job's stat of the model's path: generation 2
+was dropped, "PATH changed before its directory was watched" logged, and
+the touched file reloaded as generation 3. The same touch once the sync job
+had stat'ed the path came as an inotify event (IN_ATTRIB): generation 2 was
+dropped and nothing reloaded, so generation 1 served on, older than the
+file on disk, until the next rename. Now both drop generation 2 with one
+line and reload the touched file once, as generation 3, which serves
+(README, "Updating a model safely").
+
+The timings are driven with an LD_PRELOAD gate in the daemon, no sleep:
+while GATE/load exists, the load's first SEEK_DATA on the model file (its
+holes check, after open and validation, before the install; a model over
+64 MiB has one) waits; while GATE/warm exists, the warm pool's reads of it
+wait, so the generation stays pending. Each creates GATE/NAME.held when it
+holds. With one work queue thread (UV_THREADPOOL_SIZE=1) jobs run in the
+order they were queued, so a second model's reload that has been installed
+proves that every job queued before it (the sync job, or a reload of the
+first model) has run: the barrier that makes "after", "reloaded" and
+"only once" certain rather than likely."""
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import Daemon, mkmodel, wait_until
+from ctlutil import daemons, model_entry
+
+SMALL = dict(layers=2, hidden=64, ffn=128, vocab=100)
+# 96 MiB, over gen_check_holes' 64 MiB bound: a load of it seeks its data.
+BIG = dict(layers=2, hidden=1024, ffn=4096, vocab=8192)
+
+GATE_SHIM = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/sendfile.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+/* Waits while WC_GATE_DIR/what exists and fd is WC_GATE_FILE (by
+ * /proc/self/fd), having created WC_GATE_DIR/what.held. */
+static void
+hold(int fd, const char *what)
+{
+	const char *gate = getenv("WC_GATE_DIR"), *file = getenv("WC_GATE_FILE");
+	char armed[PATH_MAX], held[PATH_MAX], link[64], target[PATH_MAX];
+	ssize_t n;
+	int h;
+
+	if (gate == NULL || file == NULL)
+		return;
+	snprintf(armed, sizeof(armed), "%s/%s", gate, what);
+	if (access(armed, F_OK) != 0)
+		return;
+	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+	if ((n = readlink(link, target, sizeof(target) - 1)) < 0)
+		return;
+	target[n] = '\0';
+	if (strcmp(target, file) != 0)
+		return;
+	snprintf(held, sizeof(held), "%s/%s.held", gate, what);
+	if ((h = open(held, O_WRONLY | O_CREAT | O_CLOEXEC, 0666)) >= 0)
+		close(h);
+	while (access(armed, F_OK) == 0)
+		usleep(5000);
+}
+
+static int
+warm_thread(void)
+{
+	char name[17] = "";
+
+	prctl(PR_GET_NAME, name);
+	return strncmp(name, "wc-warm", 7) == 0;
+}
+
+#define NEXT(fn) ((__typeof__(&fn))dlsym(RTLD_NEXT, #fn))
+
+off_t
+lseek(int fd, off_t off, int whence)
+{
+	if (whence == SEEK_DATA)
+		hold(fd, "load");
+	return NEXT(lseek)(fd, off, whence);
+}
+
+off64_t
+lseek64(int fd, off64_t off, int whence)
+{
+	if (whence == SEEK_DATA)
+		hold(fd, "load");
+	return NEXT(lseek64)(fd, off, whence);
+}
+
+ssize_t
+sendfile(int out, int in, off_t *off, size_t n)
+{
+	hold(in, "warm");
+	return NEXT(sendfile)(out, in, off, n);
+}
+
+ssize_t
+sendfile64(int out, int in, off64_t *off, size_t n)
+{
+	hold(in, "warm");
+	return NEXT(sendfile64)(out, in, off, n);
+}
+
+ssize_t
+pread(int fd, void *buf, size_t n, off_t off)
+{
+	if (warm_thread())
+		hold(fd, "warm");
+	return NEXT(pread)(fd, buf, n, off);
+}
+
+ssize_t
+pread64(int fd, void *buf, size_t n, off64_t off)
+{
+	if (warm_thread())
+		hold(fd, "warm");
+	return NEXT(pread64)(fd, buf, n, off);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def shim(tmp_path_factory):
+    cc = shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler for the gate shim")
+    d = tmp_path_factory.mktemp("shim")
+    (d / "gate.c").write_text(GATE_SHIM)
+    out = str(d / "gate.so")
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", out, str(d / "gate.c"), "-ldl"],
+                   check=True)
+    os.chmod(str(d), 0o755)
+    return out
+
+
+class GatedDaemon(Daemon):
+    """A Daemon under the gate shim, its work queue one thread."""
+
+    gate_env = {}
+
+    def start(self, env=None, timeout=60.0, args=()):
+        env = dict(os.environ, **self.gate_env)
+        # A gcc ASan build's runtime must come first; the shim is harmless there.
+        env["ASAN_OPTIONS"] = ":".join(filter(None, [os.environ.get("ASAN_OPTIONS"),
+                                                     "verify_asan_link_order=0"]))
+        return super().start(env=env, timeout=timeout, args=args)
+
+
+@pytest.fixture
+def start(tmp_path):
+    yield from daemons(lambda models, **kw: GatedDaemon(tmp_path, models, **kw))
+
+
+def entry(d, name):
+    m = model_entry(d, name)
+    assert m is not None, name
+    return m
+
+
+def ready(d, name, generation, size=None):
+    def check():
+        m = entry(d, name)
+        return m if (m["generation"] == generation and m["state"] == "ready"
+                     and m["pending"] == 0
+                     and (size is None or m["bytes"] == size)) else None
+    return wait_until(check, timeout=60, what=f"{name} generation {generation} ready")
+
+
+def wait_file(path):
+    wait_until(lambda: os.path.exists(path), timeout=60, what=f"{path} to appear")
+
+
+class Models:
+    """m (gated, in dir m/) and n (the barrier, in dir n/) under one daemon."""
+
+    def __init__(self, start, tmp_path, shim):
+        self.tmp = tmp_path
+        self.gate = tmp_path / "gate"
+        self.gate.mkdir()
+        os.chmod(self.gate, 0o777)  # the daemon may run as another user
+        for sub in ("m", "n"):
+            (tmp_path / sub).mkdir()
+            os.chmod(tmp_path / sub, 0o777)
+        self.m = os.path.realpath(tmp_path / "m" / "m.safetensors")
+        self.n = str(tmp_path / "n" / "n.safetensors")
+        mkmodel(self.m, seed=1, **SMALL)
+        mkmodel(self.n, seed=1, **SMALL)
+        GatedDaemon.gate_env = {"LD_PRELOAD": shim, "WC_GATE_DIR": str(self.gate),
+                                "WC_GATE_FILE": self.m, "UV_THREADPOOL_SIZE": "1"}
+        # Warm threads to spare: n's warm-ups must not wait behind m's held ones.
+        self.d = start({"m": self.m, "n": self.n}, prefetch_threads=4)
+        ready(self.d, "m", 1)
+        ready(self.d, "n", 1)
+        self.n_generation = 1
+
+    def arm(self, what):
+        (self.gate / what).touch()
+
+    def release(self, what):
+        os.unlink(self.gate / what)
+
+    def held(self, what):
+        wait_file(str(self.gate / f"{what}.held"))
+
+    def replace(self, path, make):
+        tmp = os.path.join(os.path.dirname(path), ".next.safetensors")
+        make(tmp)
+        os.rename(tmp, path)
+
+    def barrier(self):
+        """A reload of n, through the one work queue thread: once it is
+        ready, every job queued before its load has run."""
+        self.n_generation += 1
+        self.replace(self.n, lambda p: mkmodel(p, seed=self.n_generation, **SMALL))
+        ready(self.d, "n", self.n_generation, os.path.getsize(self.n))
+
+
+@pytest.mark.parametrize("timing", ["before", "after"])
+def test_a_pending_generation_touched_is_dropped_and_reloaded_alike(start, tmp_path, shim,
+                                                                    timing):
+    s = Models(start, tmp_path, shim)
+    d = s.d
+    s.arm("warm")  # generation 2 stays pending while it warms
+    if timing == "before":
+        s.arm("load")
+    s.replace(s.m, lambda p: mkmodel(p, seed=2, **BIG))
+    if timing == "before":
+        # Generation 2's load has opened and validated the file and is
+        # not installed yet: no event of the touch can reach it.
+        s.held("load")
+        os.utime(s.m)
+        s.release("load")
+        s.held("warm")
+    else:
+        s.held("warm")
+        # Its sync job was queued at its install: once n's reload has run,
+        # the job has stat'ed m's path, and only inotify sees the touch.
+        s.barrier()
+        os.utime(s.m)
+
+    def dropped():
+        m = entry(d, "m")
+        return m if m["pending"] != 2 else None
+    m = wait_until(dropped, timeout=60, what="generation 2 to be dropped")
+    assert m["generation"] == 1, m
+    d.wait_for_log(r'model "m": \S+ of generation 2 was modified in place')
+    # One line for it (the one above); before, in the first timing, the
+    # sync job's "PATH changed before its directory was watched" too.
+    assert "before its directory was watched" not in d.read_log(), d.read_log()
+
+    # The drop reloads m (after the settle time, before n's next reload):
+    # generation 3 is the touched file, the newest on disk, loaded once.
+    # Before, in the second timing, nothing reloaded it: generation 1,
+    # older than the file on disk, kept serving.
+    s.barrier()
+    m = entry(d, "m")
+    assert m["generation"] == 1 and m["pending"] == 3, m
+    assert sorted(g["number"] for g in m["generations"]) in ([1, 3], [1, 2, 3]), m
+    reloads = [line for line in d.read_log().splitlines()
+               if 'model "m": files changed on disk, reloading' in line]
+    assert len(reloads) == 2, d.read_log()  # the rename's and the touch's
+
+    # Once the warm-ups may go on, generation 3 serves the touched file;
+    # generation 2 closes; nothing more is loaded.
+    s.release("warm")
+    m = ready(d, "m", 3, os.path.getsize(s.m))
+    assert "error" not in m, m
+    wait_until(lambda: 2 not in [g["number"] for g in entry(d, "m")["generations"]],
+               timeout=60, what="generation 2 to close")
+    r = d.attach("m", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["generation"] == 3
+    s.barrier()
+    m = entry(d, "m")
+    assert m["generation"] == 3 and m["pending"] == 0, m
