@@ -185,6 +185,17 @@ def ready(d, name, generation, size=None):
     return wait_until(check, timeout=60, what=f"{name} generation {generation} ready")
 
 
+def wait_dropped(d):
+    """Waits until m's pending generation 2 is dropped, generation 1
+    serving, and its one line is logged."""
+    def dropped():
+        m = entry(d, "m")
+        return m if m["pending"] != 2 else None
+    m = wait_until(dropped, timeout=60, what="generation 2 to be dropped")
+    assert m["generation"] == 1, m
+    d.wait_for_log(r'model "m": \S+ of generation 2 was modified in place')
+
+
 def wait_file(path):
     wait_until(lambda: os.path.exists(path), timeout=60, what=f"{path} to appear")
 
@@ -257,12 +268,7 @@ def test_a_pending_generation_touched_is_dropped_and_reloaded_alike(start, tmp_p
         s.barrier()
         os.utime(s.m)
 
-    def dropped():
-        m = entry(d, "m")
-        return m if m["pending"] != 2 else None
-    m = wait_until(dropped, timeout=60, what="generation 2 to be dropped")
-    assert m["generation"] == 1, m
-    d.wait_for_log(r'model "m": \S+ of generation 2 was modified in place')
+    wait_dropped(d)
     # One line for it (the one above); before, in the first timing, the
     # sync job's "PATH changed before its directory was watched" too.
     assert "before its directory was watched" not in d.read_log(), d.read_log()
@@ -292,3 +298,32 @@ def test_a_pending_generation_touched_is_dropped_and_reloaded_alike(start, tmp_p
     s.barrier()
     m = entry(d, "m")
     assert m["generation"] == 3 and m["pending"] == 0, m
+
+
+def test_a_pending_generation_written_in_place_is_reloaded_at_its_writers_close(
+        start, tmp_path, shim):
+    """A write, unlike a touch, may go on: the pending generation it
+    changed is dropped at once, and the file loaded again only once its
+    writer closes it (IN_CLOSE_WRITE), never while the write is open."""
+    s = Models(start, tmp_path, shim)
+    d = s.d
+    s.arm("warm")
+    s.replace(s.m, lambda p: mkmodel(p, seed=2, **BIG))
+    s.held("warm")
+    s.barrier()  # its sync job has run: only inotify sees the write
+    fd = os.open(s.m, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.pwrite(fd, b"\x01\x02", 1 << 20)  # inside the tensors' data
+        wait_dropped(d)
+        s.barrier()  # a reload of m would have been queued before this one
+        m = entry(d, "m")
+        assert m["generation"] == 1 and m["pending"] == 0, m
+    finally:
+        os.close(fd)
+    s.barrier()
+    m = entry(d, "m")
+    assert m["generation"] == 1 and m["pending"] == 3, m
+    s.release("warm")
+    m = ready(d, "m", 3, os.path.getsize(s.m))
+    assert "error" not in m, m
+    assert "before its directory was watched" not in d.read_log(), d.read_log()
