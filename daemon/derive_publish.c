@@ -565,8 +565,8 @@ use_unread(struct derive_check *c, int err)
 
 /*
  * Work queue thread, before the copy: what the kernel says is in use of the
- * memory limit in force (memlimit_use: wcached's memory cgroup's anonymous
- * memory and shmem, or the machine's MemTotal less MemAvailable), with the
+ * memory limit in force (memlimit_use: an estimate, with a margin, of what
+ * the kernel cannot reclaim in wcached's memory cgroup or the machine), with the
  * copies the checks running have yet to make (t->uncopied, this one's
  * included: added once a check) and room for the header the readers parse
  * and its compiled index (twice the header, at most DERIVE_MAX_INDEX: an
@@ -583,7 +583,7 @@ static int
 check_kernel_room(struct derive_check *c, uint64_t head)
 {
 	uint64_t used, pending, index_room, others;
-	char whose[160], copying[80] = "";
+	char whose[320], copying[80] = "";
 	int err;
 
 	if (c->limit == 0)
@@ -602,14 +602,7 @@ check_kernel_room(struct derive_check *c, uint64_t head)
 	if (used <= c->limit && pending + index_room <= c->limit - used)
 		return 0;
 	others = pending - c->size;
-	if (c->limit_kind == MEMLIMIT_RAM)
-		snprintf(whose, sizeof(whose), "the machine has %" PRIu64 " MiB of memory in use "
-			 "that the kernel cannot give back (MemTotal less MemAvailable)",
-			used >> 20);
-	else
-		snprintf(whose, sizeof(whose), "wcached's memory cgroup has %" PRIu64 " MiB of "
-			 "anonymous memory and shmem in use (memory.stat), which the kernel "
-			 "cannot reclaim without swap", used >> 20);
+	memlimit_use_say(c->limit_kind, used, whose, sizeof(whose));
 	if (others != 0)
 		snprintf(copying, sizeof(copying), ", other publications have %" PRIu64 " MiB yet "
 			 "to copy", others >> 20);
@@ -972,8 +965,10 @@ make_copy_room(struct derive_check *c)
 static void
 kernel_refusal(struct derive_check *c, uint64_t unheld)
 {
-	uint64_t kept = c->t->r->derived_bytes;
-	uint64_t gone = c->kernel_used > kept ? c->kernel_used - kept : 0;
+	uint64_t kept = c->t->r->derived_bytes, margin = memlimit_use_margin();
+	/* What the kernel counted, less memlimit_use()'s margin. */
+	uint64_t charged = c->kernel_used > margin ? c->kernel_used - margin : 0;
+	uint64_t gone = charged > kept ? charged - kept : 0;
 	size_t n = strlen(c->why);
 	char drop[96];
 

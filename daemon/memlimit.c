@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -432,14 +433,17 @@ memlimit_read(const char *root, uint64_t ram, struct memlimit *out)
 	}
 }
 
+/* The most keys memlimit_parse_use() reads of one kind's file. */
+#define USE_KEYS 7
+
 /* What use_line() looks for (the keys of memlimit_parse_use()'s kind), and
  * what it found. */
 struct use_ask {
-	const char *key[2];
-	int meminfo;      /* "KEY: N kB" lines */
-	int seen[2];      /* the first line of key[i] was read */
-	int found[2];     /* and it said value[i] */
-	uint64_t value[2];
+	const char *key[USE_KEYS]; /* NULL past the last */
+	int meminfo;               /* "KEY: N kB" lines */
+	int seen[USE_KEYS];        /* the first line of key[i] was read */
+	int found[USE_KEYS];       /* and it said value[i] */
+	uint64_t value[USE_KEYS];
 };
 
 /* A decimal number of 64 bits at *s (decimal_u64 of its digits), which
@@ -456,13 +460,13 @@ decimal64(const char **s, uint64_t *out)
 }
 
 /* One line of memory.stat or /proc/meminfo: its value where it is the
- * first line of one of ask's keys; 0 to go on, 1 once both are read. */
+ * first line of one of ask's keys; 0 to go on. */
 static int
 use_line(char *line, void *arg)
 {
 	struct use_ask *ask = arg;
 
-	for (int i = 0; i < 2; i++) {
+	for (int i = 0; i < USE_KEYS && ask->key[i] != NULL; i++) {
 		size_t klen = strlen(ask->key[i]);
 		const char *s = line + klen;
 		uint64_t v;
@@ -488,34 +492,52 @@ use_line(char *line, void *arg)
 		ask->value[i] = v;
 		break;
 	}
-	return ask->seen[0] && ask->seen[1];
+	return 0;
+}
+
+/* a + b, cut at UINT64_MAX. */
+static uint64_t
+add_cut(uint64_t a, uint64_t b)
+{
+	uint64_t sum;
+
+	return __builtin_add_overflow(a, b, &sum) ? UINT64_MAX : sum;
 }
 
 int
 memlimit_parse_use(const char *text, size_t len, enum memlimit_kind kind, uint64_t *out)
 {
-	struct use_ask ask = { { "anon", "shmem" }, 0, { 0, 0 }, { 0, 0 }, { 0, 0 } };
+	/* The first two keys of each kind must be there; a later one that is
+	 * not is 0 (an older kernel), one that is there must say a number. */
+	static const char *const keys[3][USE_KEYS] = {
+		[MEMLIMIT_RAM] = { "AnonPages", "Shmem", "SwapFree", "Hugetlb", "SUnreclaim",
+			"KernelStack", "PageTables" },
+		[MEMLIMIT_CGROUP_V2] = { "anon", "shmem", "kernel" },
+		[MEMLIMIT_CGROUP_V1] = { "total_rss", "total_shmem" },
+	};
+	struct use_ask ask;
+	uint64_t sum;
 	int r;
 
-	if (kind == MEMLIMIT_CGROUP_V1) {
-		ask.key[0] = "total_rss";
-		ask.key[1] = "total_shmem";
-	} else if (kind == MEMLIMIT_RAM) {
-		ask.key[0] = "MemTotal";
-		ask.key[1] = "MemAvailable";
-		ask.meminfo = 1;
-	}
+	memset(&ask, 0, sizeof(ask));
+	memcpy(ask.key, keys[kind == MEMLIMIT_RAM ? MEMLIMIT_RAM : kind == MEMLIMIT_CGROUP_V1 ?
+		MEMLIMIT_CGROUP_V1 : MEMLIMIT_CGROUP_V2], sizeof(ask.key));
+	ask.meminfo = kind == MEMLIMIT_RAM;
 	if ((r = each_line(text, len, use_line, &ask)) < 0)
 		return r;
-	if (!ask.found[0] || !ask.found[1])
-		return 0;
-	if (kind == MEMLIMIT_RAM) {
-		if (ask.value[1] > ask.value[0])
+	for (int i = 0; i < USE_KEYS && ask.key[i] != NULL; i++)
+		if (ask.seen[i] ? !ask.found[i] : i < 2)
 			return 0;
-		*out = ask.value[0] - ask.value[1];
-	} else if (__builtin_add_overflow(ask.value[0], ask.value[1], out)) {
-		*out = UINT64_MAX;
+	sum = add_cut(ask.value[0], ask.value[1]);
+	if (kind == MEMLIMIT_RAM) {
+		/* Free swap can take anonymous memory and shmem, no more. */
+		sum -= ask.value[2] < sum ? ask.value[2] : sum;
+		for (int i = 3; i < USE_KEYS; i++)
+			sum = add_cut(sum, ask.value[i]);
+	} else {
+		sum = add_cut(sum, ask.value[2]);
 	}
+	*out = sum;
 	return 1;
 }
 
@@ -556,7 +578,42 @@ memlimit_use(const char *use_file, enum memlimit_kind kind, uint64_t *out)
 	close(fd);
 	r = memlimit_parse_use(text, len, kind, out);
 	free(text);
+	if (r == 1)
+		*out = add_cut(*out, memlimit_use_margin());
 	return r < 0 ? r : r == 1 ? 0 : -EBADMSG;
+}
+
+uint64_t
+memlimit_use_margin(void)
+{
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN), page = sysconf(_SC_PAGESIZE);
+	uint64_t margin = (uint64_t)(cpus > 0 ? cpus : 1) * MEMLIMIT_USE_SLACK_PAGES *
+		(uint64_t)(page > 0 ? page : 4096);
+
+	return margin < MEMLIMIT_USE_SLACK_MAX ? margin : MEMLIMIT_USE_SLACK_MAX;
+}
+
+const char *
+memlimit_use_say(enum memlimit_kind kind, uint64_t used, char *buf, size_t len)
+{
+	uint64_t margin = (memlimit_use_margin() + (UINT64_C(1) << 20) - 1) >> 20;
+	int n;
+
+	if (kind == MEMLIMIT_RAM)
+		n = snprintf(buf, len, "the machine has about %" PRIu64 " MiB in use that the "
+			"kernel cannot reclaim (/proc/meminfo: AnonPages and Shmem less the "
+			"SwapFree that could take them, plus Hugetlb, SUnreclaim, KernelStack and "
+			"PageTables; %" PRIu64 " MiB of it allowed for the kernel's per-CPU counts "
+			"not yet added up)", used >> 20, margin);
+	else
+		n = snprintf(buf, len, "wcached's memory cgroup has about %" PRIu64 " MiB of "
+			"anonymous memory and shmem in use (memory.stat), which the kernel cannot "
+			"reclaim without swap%s (%" PRIu64 " MiB of it allowed for the kernel's "
+			"per-CPU counts not yet added up)", used >> 20,
+			kind == MEMLIMIT_CGROUP_V2 ? ", and of kernel memory" : "", margin);
+	if (n >= 0 && (size_t)n >= len)
+		mark_cut(buf, len);
+	return buf;
 }
 
 const char *

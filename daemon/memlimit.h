@@ -80,20 +80,61 @@ const char *memlimit_source(const struct memlimit *m, char *buf, size_t len);
 int memlimit_fits(const struct memlimit *m, uint64_t models, uint64_t pinned, uint64_t budget);
 
 /*
- * What of the limit in force is taken by memory the kernel cannot reclaim
- * without swap, read now from use_file (m->kind's format): for a cgroup,
- * its memory.stat's anonymous memory and shmem (v2 "anon" + "shmem", v1
- * "total_rss" + "total_shmem", both counting the cgroup's descendants);
- * v1's "total_mapped_file" is left out: it is page cache the kernel can
- * take back, and mapped shmem is in it too (counted twice otherwise). The
- * shmem is every memfd page charged to the cgroup, wcached's copies of
- * derived artifacts among them, for as long as anyone maps them or keeps a
+ * What of the limit in force is taken by memory the kernel cannot reclaim,
+ * read now from use_file (m->kind's format), and a margin for what the
+ * kernel has yet to add up: an estimate. For a cgroup, its memory.stat's
+ * anonymous memory and shmem, which it cannot reclaim without swap (v2
+ * "anon" + "shmem", v1 "total_rss" + "total_shmem", both counting the
+ * cgroup's descendants), and on v2 its kernel memory ("kernel", since
+ * Linux 5.18: slab, page tables, stacks and the like, which memory.max
+ * counts too; v1 counts it apart, in memory.kmem.usage_in_bytes); v1's
+ * "total_mapped_file" is left out: it is page cache the kernel can take
+ * back, and mapped shmem is in it too (counted twice otherwise). The shmem
+ * is every memfd page charged to the cgroup, wcached's copies of derived
+ * artifacts among them, for as long as anyone maps them or keeps a
  * descriptor of them: a worker that released an artifact may still do so.
- * For the RAM, /proc/meminfo's MemTotal less MemAvailable. 0 with *out,
- * -errno when the file cannot be read, -EBADMSG when it does not say.
- * Any thread (it reads one file).
+ * For the RAM, /proc/meminfo's AnonPages + Shmem less SwapFree (free swap
+ * can take that much of them; a swap device in RAM, zram, would take less),
+ * plus what no swap can take: Hugetlb (the huge page pool, which MemTotal
+ * counts), SUnreclaim, KernelStack and PageTables. Not MemTotal less
+ * MemAvailable: MemAvailable leaves out what swap could take and caches the
+ * kernel does not know it can shrink (the ZFS ARC), so it would count them
+ * as in use (review rev186 F3). The margin, memlimit_use_margin(), is added
+ * to what the file says. 0 with *out, -errno when the file cannot be read,
+ * -EBADMSG when it does not say. Any thread (it reads one file).
  */
 int memlimit_use(const char *use_file, enum memlimit_kind kind, uint64_t *out);
+
+/*
+ * Pages per online CPU that memlimit_use() adds to what the kernel's files
+ * say (review rev186 F5). They are per-CPU counts added up in batches: a
+ * memory cgroup's (memcontrol.c) keeps up to MEMCG_CHARGE_BATCH (64) pages
+ * of changes per CPU before it counts them for a flush, and a read of
+ * memory.stat flushes only once more than 64 per online CPU are pending
+ * (every 2 s otherwise); each CPU's charge stock holds up to 64 pages
+ * charged to the limit that no statistic shows yet. That is 192 pages per
+ * CPU; /proc/meminfo's counters (vmstat) keep up to 125 pages of changes per
+ * CPU each. 256 covers either when they do not all peak at once. The margin
+ * is at most MEMLIMIT_USE_SLACK_MAX: on a machine of many CPUs a small limit
+ * would otherwise be all margin. There the figure can still lag by more,
+ * for at most the 2 s between the kernel's periodic flushes.
+ */
+#define MEMLIMIT_USE_SLACK_PAGES 256
+#define MEMLIMIT_USE_SLACK_MAX (UINT64_C(8) << 20)
+
+/* The margin memlimit_use() adds, in bytes: MEMLIMIT_USE_SLACK_PAGES pages
+ * for each online CPU, at most MEMLIMIT_USE_SLACK_MAX (2 MiB on 2 CPUs with
+ * 4 KiB pages, 8 MiB from 8 CPUs on). */
+uint64_t memlimit_use_margin(void);
+
+/* What memlimit_use() measured for kind, used bytes of it, in words for a
+ * refusal into buf (len bytes, cut as memlimit_source() cuts): "wcached's
+ * memory cgroup has about 80 MiB of anonymous memory and shmem in use
+ * (memory.stat), which the kernel cannot reclaim without swap (2 MiB of it
+ * allowed for the kernel's per-CPU counts not yet added up)", or for the
+ * RAM "the machine has about 900 MiB in use that the kernel cannot reclaim
+ * (/proc/meminfo: ...)". Returns buf. */
+const char *memlimit_use_say(enum memlimit_kind kind, uint64_t used, char *buf, size_t len);
 
 /* The word metrics label the kind with: "ram", "cgroup_v2", "cgroup_v1". */
 const char *memlimit_kind_name(enum memlimit_kind k);
@@ -152,12 +193,16 @@ int memlimit_cgroup_rel(const struct memlimit_hierarchy *h, char *rel, size_t ca
  * 0 when text has no such line, -ENOMEM; *out is set only on 1. */
 int memlimit_parse_limit(const char *text, size_t len, const char *key, uint64_t *out);
 
-/* The text of memlimit_use()'s file, whole, in kind's format: 1 with the
- * bytes in use in *out when the first line of each key it needs ("KEY N"
- * in memory.stat; "KEY: N kB" in /proc/meminfo, blanks before N) says a
- * decimal number of bytes (of kB) that fits 64 bits, the sum cut at
- * UINT64_MAX, and MemAvailable at most MemTotal; 0 when one does not
- * (*out untouched), -ENOMEM. */
+/* The text of memlimit_use()'s file, whole, in kind's format, without its
+ * margin: 1 with the bytes in use in *out when the first line of each key it
+ * reads ("KEY N" in memory.stat; "KEY: N kB" in /proc/meminfo, blanks
+ * before N) says a decimal number of bytes (of kB) that fits 64 bits: the
+ * first two keys (v2 anon, shmem; v1 total_rss, total_shmem; meminfo
+ * AnonPages, Shmem) must be there, a later one (v2 kernel; meminfo SwapFree,
+ * Hugetlb, SUnreclaim, KernelStack, PageTables) that is not there is 0;
+ * sums cut at UINT64_MAX, SwapFree taking at most AnonPages + Shmem. 0 when
+ * a key's first line does not say a number or a first two is missing (*out
+ * untouched), -ENOMEM. */
 int memlimit_parse_use(const char *text, size_t len, enum memlimit_kind kind, uint64_t *out);
 
 #endif

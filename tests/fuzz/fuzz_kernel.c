@@ -524,8 +524,9 @@ check_limit(const char *text, size_t len, const char *key)
 /* This file's reading of key's value for memlimit_parse_use(): on the first
  * line that starts with key and then ' ' (memory.stat) or ':' and blanks
  * (meminfo), decimal digits to the line's end (" kB" then, for meminfo),
- * fitting 64 bits in bytes: true with it. */
-static bool
+ * fitting 64 bits in bytes: 1 with it; 0 when that line says no such
+ * number, -1 when there is no such line. */
+static int
 oracle_use_key(const struct lines *l, const char *key, bool meminfo, uint64_t *out)
 {
 	size_t klen = strlen(key);
@@ -547,39 +548,58 @@ oracle_use_key(const struct lines *l, const char *key, bool meminfo, uint64_t *o
 		for (; *s >= '0' && *s <= '9'; s++, digits++)
 			if (__builtin_mul_overflow(v, 10, &v) ||
 				__builtin_add_overflow(v, (uint64_t)(*s - '0'), &v))
-				return false;
+				return 0;
 		if (digits == 0 || strcmp(s, meminfo ? " kB" : "") != 0)
-			return false;
+			return 0;
 		if (meminfo && __builtin_mul_overflow(v, 1024, &v))
-			return false;
+			return 0;
 		*out = v;
-		return true;
+		return 1;
 	}
-	return false;
+	return -1;
 }
 
-/* memlimit_parse_use() of text in kind's format against the oracle. */
+/* a + b, or UINT64_MAX past it. */
+static uint64_t
+sum_cut(uint64_t a, uint64_t b)
+{
+	return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+/* memlimit_parse_use() of text in kind's format against the oracle: the
+ * first two keys must say a number, a later one may be missing (0) but
+ * not say something else; for meminfo, SwapFree takes at most AnonPages +
+ * Shmem, and the rest is added. */
 static void
 check_use(const char *text, size_t len, enum memlimit_kind kind)
 {
-	static const char *const keys[3][2] = {
-		{ "MemTotal", "MemAvailable" }, { "anon", "shmem" }, { "total_rss", "total_shmem" },
+	static const char *const keys[3][7] = {
+		{ "AnonPages", "Shmem", "SwapFree", "Hugetlb", "SUnreclaim", "KernelStack",
+			"PageTables" },
+		{ "anon", "shmem", "kernel" },
+		{ "total_rss", "total_shmem" },
 	};
 	const char *const *k = keys[kind == MEMLIMIT_RAM ? 0 : kind == MEMLIMIT_CGROUP_V2 ? 1 : 2];
-	uint64_t v = 12345, a, b, want = 0;
+	bool meminfo = kind == MEMLIMIT_RAM, yes = true;
+	uint64_t v = 12345, value[7] = { 0 }, want;
 	int r = memlimit_parse_use(text, len, kind, &v);
-	bool yes;
 	struct lines l;
 
 	CHECK(r == 0 || r == 1);
 	lines_split(text, len, &l);
-	yes = oracle_use_key(&l, k[0], kind == MEMLIMIT_RAM, &a) &&
-		oracle_use_key(&l, k[1], kind == MEMLIMIT_RAM, &b);
-	if (yes && kind == MEMLIMIT_RAM) {
-		yes = b <= a;
-		want = a - b;
-	} else if (yes && __builtin_add_overflow(a, b, &want)) {
-		want = UINT64_MAX;
+	for (int i = 0; i < 7 && k[i] != NULL; i++) {
+		int got = oracle_use_key(&l, k[i], meminfo, &value[i]);
+
+		if (got == 0 || (got == -1 && i < 2))
+			yes = false;
+	}
+	want = sum_cut(value[0], value[1]);
+	if (meminfo) {
+		want = value[2] >= want ? 0 : want - value[2];
+		for (int i = 3; i < 7; i++)
+			want = sum_cut(want, value[i]);
+	} else {
+		want = sum_cut(want, value[2]);
 	}
 	CHECK(r == (yes ? 1 : 0));
 	CHECK(v == (yes ? want : 12345));

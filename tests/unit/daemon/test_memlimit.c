@@ -26,6 +26,160 @@
 #define RAM (24 * GiB)
 #define V1_UNLIMITED "9223372036854771712\n"
 
+/* /proc/meminfo of the machine these tests were written on (Linux 6.18, no
+ * swap), 2026-12-06. */
+#define MEMINFO_NO_SWAP \
+	"MemTotal:       24683748 kB\n" \
+	"MemFree:        21568284 kB\n" \
+	"MemAvailable:   24074356 kB\n" \
+	"Buffers:           50412 kB\n" \
+	"Cached:          2324440 kB\n" \
+	"SwapCached:            0 kB\n" \
+	"Active:          1330956 kB\n" \
+	"Inactive:        1138288 kB\n" \
+	"Active(anon):        308 kB\n" \
+	"Inactive(anon):   104348 kB\n" \
+	"Active(file):    1330648 kB\n" \
+	"Inactive(file):  1033940 kB\n" \
+	"Unevictable:       16836 kB\n" \
+	"Mlocked:           13984 kB\n" \
+	"SwapTotal:             0 kB\n" \
+	"SwapFree:              0 kB\n" \
+	"Zswap:                 0 kB\n" \
+	"Zswapped:              0 kB\n" \
+	"Dirty:             48552 kB\n" \
+	"Writeback:             0 kB\n" \
+	"AnonPages:         94100 kB\n" \
+	"Mapped:           105456 kB\n" \
+	"Shmem:             10236 kB\n" \
+	"KReclaimable:     465176 kB\n" \
+	"Slab:             522144 kB\n" \
+	"SReclaimable:     465176 kB\n" \
+	"SUnreclaim:        56968 kB\n" \
+	"KernelStack:        2440 kB\n" \
+	"PageTables:         5416 kB\n" \
+	"SecPageTables:         0 kB\n" \
+	"NFS_Unstable:          0 kB\n" \
+	"Bounce:                0 kB\n" \
+	"WritebackTmp:          0 kB\n" \
+	"CommitLimit:    12341872 kB\n" \
+	"Committed_AS:     203248 kB\n" \
+	"VmallocTotal:   34359738367 kB\n" \
+	"VmallocUsed:       15212 kB\n" \
+	"VmallocChunk:          0 kB\n" \
+	"Percpu:             1296 kB\n" \
+	"AnonHugePages:         0 kB\n" \
+	"ShmemHugePages:        0 kB\n" \
+	"ShmemPmdMapped:        0 kB\n" \
+	"FileHugePages:    233472 kB\n" \
+	"FilePmdMapped:         0 kB\n" \
+	"Balloon:               0 kB\n" \
+	"HugePages_Total:       0\n" \
+	"HugePages_Free:        0\n" \
+	"HugePages_Rsvd:        0\n" \
+	"HugePages_Surp:        0\n" \
+	"Hugepagesize:       2048 kB\n" \
+	"Hugetlb:               0 kB\n" \
+	"DirectMap4k:       30720 kB\n" \
+	"DirectMap2M:    25135104 kB\n"
+
+/* /proc/meminfo of a ZFS host with 8 GiB of swap, as quoted in
+ * htop-dev/htop#1559 (2024-10-23), to its Unaccepted line. */
+#define MEMINFO_ZFS_SWAP \
+	"MemTotal:       65710420 kB\n" \
+	"MemFree:        10564240 kB\n" \
+	"MemAvailable:   26828796 kB\n" \
+	"Buffers:          867748 kB\n" \
+	"Cached:         15599856 kB\n" \
+	"SwapCached:            0 kB\n" \
+	"Active:          4145672 kB\n" \
+	"Inactive:       15218136 kB\n" \
+	"Active(anon):    3183452 kB\n" \
+	"Inactive(anon):        0 kB\n" \
+	"Active(file):     962220 kB\n" \
+	"Inactive(file): 15218136 kB\n" \
+	"Unevictable:        3136 kB\n" \
+	"Mlocked:              48 kB\n" \
+	"SwapTotal:       8388604 kB\n" \
+	"SwapFree:        8388604 kB\n" \
+	"Zswap:                 0 kB\n" \
+	"Zswapped:              0 kB\n" \
+	"Dirty:                68 kB\n" \
+	"Writeback:             0 kB\n" \
+	"AnonPages:       2899384 kB\n" \
+	"Mapped:          1170800 kB\n" \
+	"Shmem:            287252 kB\n" \
+	"KReclaimable:     818376 kB\n" \
+	"Slab:            2754160 kB\n" \
+	"SReclaimable:     818376 kB\n" \
+	"SUnreclaim:      1935784 kB\n" \
+	"KernelStack:       24576 kB\n" \
+	"PageTables:        57072 kB\n" \
+	"SecPageTables:         0 kB\n" \
+	"NFS_Unstable:          0 kB\n" \
+	"Bounce:                0 kB\n" \
+	"WritebackTmp:          0 kB\n" \
+	"CommitLimit:    41243812 kB\n" \
+	"Committed_AS:   23490112 kB\n" \
+	"VmallocTotal:   34359738367 kB\n" \
+	"VmallocUsed:     1654744 kB\n" \
+	"VmallocChunk:          0 kB\n" \
+	"Percpu:            71232 kB\n" \
+	"HardwareCorrupted:     0 kB\n" \
+	"AnonHugePages:         0 kB\n" \
+	"ShmemHugePages:        0 kB\n" \
+	"ShmemPmdMapped:        0 kB\n" \
+	"FileHugePages:         0 kB\n" \
+	"FilePmdMapped:         0 kB\n" \
+	"Unaccepted:            0 kB\n"
+
+/* /proc/meminfo of a 1 GiB machine, no swap, an older kernel (no Hugetlb
+ * line), as quoted in soldair/node-procfs-stats#9 (2016-02-02). */
+#define MEMINFO_OLD \
+	"MemTotal:        1019732 kB\n" \
+	"MemFree:           50012 kB\n" \
+	"MemAvailable:     710280 kB\n" \
+	"Buffers:          127524 kB\n" \
+	"Cached:           405964 kB\n" \
+	"SwapCached:            0 kB\n" \
+	"Active:           534460 kB\n" \
+	"Inactive:         217228 kB\n" \
+	"Active(anon):     218608 kB\n" \
+	"Inactive(anon):      204 kB\n" \
+	"Active(file):     315852 kB\n" \
+	"Inactive(file):   217024 kB\n" \
+	"Unevictable:           0 kB\n" \
+	"Mlocked:               0 kB\n" \
+	"SwapTotal:             0 kB\n" \
+	"SwapFree:              0 kB\n" \
+	"Dirty:              1468 kB\n" \
+	"Writeback:             0 kB\n" \
+	"AnonPages:        218200 kB\n" \
+	"Mapped:            79532 kB\n" \
+	"Shmem:               612 kB\n" \
+	"Slab:             196700 kB\n" \
+	"SReclaimable:     141768 kB\n" \
+	"SUnreclaim:        54932 kB\n" \
+	"KernelStack:        2656 kB\n" \
+	"PageTables:         3992 kB\n" \
+	"NFS_Unstable:          0 kB\n" \
+	"Bounce:                0 kB\n" \
+	"WritebackTmp:          0 kB\n" \
+	"CommitLimit:      509864 kB\n" \
+	"Committed_AS:     933376 kB\n" \
+	"VmallocTotal:   34359738367 kB\n" \
+	"VmallocUsed:        6740 kB\n" \
+	"VmallocChunk:   34359728376 kB\n" \
+	"HardwareCorrupted:     0 kB\n" \
+	"AnonHugePages:     55296 kB\n" \
+	"HugePages_Total:       0\n" \
+	"HugePages_Free:        0\n" \
+	"HugePages_Rsvd:        0\n" \
+	"HugePages_Surp:        0\n" \
+	"Hugepagesize:       2048 kB\n" \
+	"DirectMap4k:      196608 kB\n" \
+	"DirectMap2M:      983040 kB\n"
+
 /* Writes text to root/path, making the directories on the way. */
 static void
 put(const char *root, const char *path, const char *text)
@@ -580,7 +734,7 @@ test_use_of_the_limit(void **state)
 		"rw,memory\n");
 	char want[8192];
 	struct memlimit m;
-	uint64_t v = 7;
+	uint64_t v = 7, margin = memlimit_use_margin();
 
 	(void)state;
 	put(root, "/sys/fs/cgroup/system.slice/wcached.service/memory.max", "max\n");
@@ -591,14 +745,16 @@ test_use_of_the_limit(void **state)
 	snprintf(want, sizeof(want), "%s/sys/fs/cgroup/system.slice/memory.stat", root);
 	assert_string_equal(m.use_file, want);
 	assert_int_equal(memlimit_use(m.use_file, m.kind, &v), 0);
-	assert_int_equal(v, 1024);
-	/* Read again each time: the kernel's figure now. */
-	put(root, "/sys/fs/cgroup/system.slice/memory.stat", "shmem 1\nanon 2\n");
+	assert_int_equal(v, 1024 + margin);
+	/* Read again each time: the kernel's figure now; v2's kernel memory
+	 * counts (memory.max counts it), kernel_stack is another key. */
+	put(root, "/sys/fs/cgroup/system.slice/memory.stat",
+		"shmem 1\nkernel_stack 99\nanon 2\nkernel 40\n");
 	assert_int_equal(memlimit_use(m.use_file, m.kind, &v), 0);
-	assert_int_equal(v, 3);
+	assert_int_equal(v, 43 + margin);
 	put(root, "/sys/fs/cgroup/system.slice/memory.stat", "anon 2\nfile 3\n");
 	assert_int_equal(memlimit_use(m.use_file, m.kind, &v), -EBADMSG);
-	assert_int_equal(v, 3);
+	assert_int_equal(v, 43 + margin);
 	assert_int_equal(memlimit_use("", m.kind, &v), -ENOENT);
 	tu_rmtree(root);
 
@@ -609,17 +765,16 @@ test_use_of_the_limit(void **state)
 		"total_mapped_file 77\ntotal_shmem 8192\n");
 	expect(v1, &m, MEMLIMIT_CGROUP_V1, GiB / 2, NULL);
 	assert_int_equal(memlimit_use(m.use_file, m.kind, &v), 0);
-	assert_int_equal(v, 12288);
+	assert_int_equal(v, 12288 + margin);
 
-	/* No cgroup limit: the machine's MemTotal less MemAvailable. */
+	/* No cgroup limit: the machine's /proc/meminfo (test_meminfo). */
 	put(v1, "/sys/fs/cgroup/memory/memory.limit_in_bytes", V1_UNLIMITED);
-	put(v1, "/proc/meminfo", "MemTotal:       1000 kB\nMemFree:  1 kB\n"
-		"MemAvailable:    250 kB\n");
+	put(v1, "/proc/meminfo", MEMINFO_ZFS_SWAP);
 	expect(v1, &m, MEMLIMIT_RAM, RAM, NULL);
 	snprintf(want, sizeof(want), "%s/proc/meminfo", v1);
 	assert_string_equal(m.use_file, want);
 	assert_int_equal(memlimit_use(m.use_file, m.kind, &v), 0);
-	assert_int_equal(v, 750 * 1024);
+	assert_true(v == UINT64_C(2017432) * 1024 + margin);
 	tu_rmtree(v1);
 }
 
@@ -646,17 +801,101 @@ test_parse_use(void **state)
 	assert_true(v == UINT64_MAX);
 	assert_int_equal(memlimit_parse_use("anon 18446744073709551616\nshmem 1\n", 34,
 		MEMLIMIT_CGROUP_V2, &v), 0);
-	/* meminfo: kB; MemAvailable above MemTotal, or a kB count past 64
-	 * bits in bytes, says nothing. */
-	assert_int_equal(memlimit_parse_use("MemTotal: 4 kB\nMemAvailable:\t1 kB\n", 34,
+	/* v1: no kernel key; v2's, where there, must say a number. */
+	assert_int_equal(memlimit_parse_use("total_rss 1\nkernel 5\ntotal_shmem 2\n", 34,
+		MEMLIMIT_CGROUP_V1, &v), 1);
+	assert_int_equal(v, 3);
+	assert_int_equal(memlimit_parse_use("anon 1\nkernel x\nshmem 2\n", 24,
+		MEMLIMIT_CGROUP_V2, &v), 0);
+	assert_int_equal(v, 3);
+	/* meminfo: kB; a kB count past 64 bits in bytes says nothing, and
+	 * neither does a key that is there without a number. */
+	assert_int_equal(memlimit_parse_use("AnonPages: 4 kB\nShmem:\t1 kB\n", 28,
 		MEMLIMIT_RAM, &v), 1);
-	assert_int_equal(v, 3072);
-	assert_int_equal(memlimit_parse_use("MemTotal: 4 kB\nMemAvailable: 5 kB\n", 34,
+	assert_int_equal(v, 5120);
+	assert_int_equal(memlimit_parse_use("AnonPages: 4\nShmem: 1 kB\n", 25,
 		MEMLIMIT_RAM, &v), 0);
-	assert_int_equal(memlimit_parse_use("MemTotal: 4\nMemAvailable: 1 kB\n", 31,
-		MEMLIMIT_RAM, &v), 0);
-	assert_int_equal(memlimit_parse_use("MemTotal: 18014398509481984 kB\nMemAvailable: 1 kB\n",
-		50, MEMLIMIT_RAM, &v), 0);
+	assert_int_equal(memlimit_parse_use("AnonPages: 18014398509481984 kB\nShmem: 1 kB\n",
+		44, MEMLIMIT_RAM, &v), 0);
+	assert_int_equal(memlimit_parse_use("AnonPages: 4 kB\nShmem: 1 kB\nSwapFree: -1 kB\n",
+		44, MEMLIMIT_RAM, &v), 0);
+	assert_int_equal(v, 5120);
+	/* Free swap takes at most the anonymous memory and shmem; what no swap
+	 * takes is added whole. */
+	assert_int_equal(memlimit_parse_use("AnonPages: 4 kB\nShmem: 1 kB\nSwapFree: 3 kB\n"
+		"Hugetlb: 10 kB\nSUnreclaim: 20 kB\nKernelStack: 40 kB\nPageTables: 80 kB\n", 112,
+		MEMLIMIT_RAM, &v), 1);
+	assert_int_equal(v, 152 * 1024);
+	assert_int_equal(memlimit_parse_use("AnonPages: 4 kB\nShmem: 1 kB\nSwapFree: 9 kB\n"
+		"PageTables: 80 kB\n", 62, MEMLIMIT_RAM, &v), 1);
+	assert_int_equal(v, 80 * 1024);
+}
+
+/*
+ * Real /proc/meminfo files (review rev186 F3): what the kernel cannot
+ * reclaim is AnonPages + Shmem less SwapFree, plus Hugetlb, SUnreclaim,
+ * KernelStack and PageTables, not MemTotal less MemAvailable, which counts
+ * what swap could take and a ZFS ARC as in use.
+ */
+static void
+test_meminfo(void **state)
+{
+	uint64_t v = 7, total, avail;
+
+	(void)state;
+	/* This machine (Linux 6.18, 24 GiB, no swap), 2026-12-06: 94100 + 10236
+	 * + 56968 + 2440 + 5416 kB; MemTotal less MemAvailable is 609392 kB
+	 * (page cache and reclaimable slab the kernel does not count as
+	 * available). */
+	assert_int_equal(memlimit_parse_use(MEMINFO_NO_SWAP, strlen(MEMINFO_NO_SWAP),
+		MEMLIMIT_RAM, &v), 1);
+	assert_true(v == UINT64_C(169160) * 1024);
+	/* A ZFS host with 8 GiB of swap, free (htop-dev/htop#1559; its first
+	 * lines, to Unaccepted, no Hugetlb: 0): 2899384 + 287252 kB of anonymous
+	 * memory and shmem, which the free swap could all take, and 1935784 +
+	 * 24576 + 57072 kB that none could. MemTotal less MemAvailable is 37 GiB:
+	 * the ARC and what swap could take counted as in use, and any
+	 * publication past 25.6 GiB was refused. */
+	assert_int_equal(memlimit_parse_use(MEMINFO_ZFS_SWAP, strlen(MEMINFO_ZFS_SWAP),
+		MEMLIMIT_RAM, &v), 1);
+	assert_true(v == UINT64_C(2017432) * 1024);
+	assert_true(strstr(MEMINFO_ZFS_SWAP, "MemTotal:       65710420 kB\n") != NULL);
+	assert_true(strstr(MEMINFO_ZFS_SWAP, "MemAvailable:   26828796 kB\n") != NULL);
+	total = UINT64_C(65710420) * 1024;
+	avail = UINT64_C(26828796) * 1024;
+	assert_true(total - avail > 36 * GiB && v < 2 * GiB);
+	/* An older kernel (2016, 1 GiB, no swap) writes no Hugetlb: 0. */
+	assert_int_equal(memlimit_parse_use(MEMINFO_OLD, strlen(MEMINFO_OLD), MEMLIMIT_RAM, &v), 1);
+	assert_int_equal(v / 1024, 218200 + 612 + 54932 + 2656 + 3992);
+}
+
+/* The margin memlimit_use() adds (review rev186 F5): 256 pages a CPU, at
+ * most 8 MiB. */
+static void
+test_use_margin(void **state)
+{
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN), page = sysconf(_SC_PAGESIZE);
+	uint64_t want;
+	char say[512];
+
+	(void)state;
+	assert_true(cpus > 0 && page > 0);
+	want = (uint64_t)cpus * 256 * (uint64_t)page;
+	assert_true(memlimit_use_margin() == (want < 8 * MiB ? want : 8 * MiB));
+	memlimit_use_say(MEMLIMIT_CGROUP_V1, 80 << 20, say, sizeof(say));
+	assert_non_null(strstr(say, "wcached's memory cgroup has about 80 MiB of anonymous memory "
+		"and shmem in use (memory.stat), which the kernel cannot reclaim without swap ("));
+	assert_null(strstr(say, "kernel memory"));
+	memlimit_use_say(MEMLIMIT_CGROUP_V2, 80 << 20, say, sizeof(say));
+	assert_non_null(strstr(say, "without swap, and of kernel memory ("));
+	memlimit_use_say(MEMLIMIT_RAM, UINT64_C(900) << 20, say, sizeof(say));
+	assert_non_null(strstr(say, "the machine has about 900 MiB in use that the kernel cannot "
+		"reclaim (/proc/meminfo: AnonPages and Shmem less the SwapFree"));
+	assert_null(strstr(say, "MemAvailable"));
+	/* Cut to fit, ending in "…". */
+	memlimit_use_say(MEMLIMIT_RAM, 0, say, 40);
+	assert_int_equal(strlen(say), 39);
+	assert_string_equal(say + 36, "\xe2\x80\xa6");
 }
 
 /* The real machine's figure: at most its RAM, never 0 when RAM is known. */
@@ -695,6 +934,8 @@ main(void)
 		cmocka_unit_test(test_long_cgroup_path),
 		cmocka_unit_test(test_use_of_the_limit),
 		cmocka_unit_test(test_parse_use),
+		cmocka_unit_test(test_meminfo),
+		cmocka_unit_test(test_use_margin),
 		cmocka_unit_test(test_this_machine),
 	};
 
