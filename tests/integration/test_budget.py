@@ -21,6 +21,9 @@ The model files are written by mkmodel just before each test, so they start
 in the page cache and warming is a formality: every eviction below is of a
 model whose warming already ended, except where a test drops the cache on
 purpose. Every wait is a condition with a deadline (conftest.wait_until).
+The attach-while-eviction-queued test holds the daemon's work thread for
+certain, with a model on a FUSE mount whose server it freezes
+(tests/pyutil/remotefs.py), not by racing the disk.
 
 Several tests here found daemon bugs when they were written (a reload or a
 pin that did not enforce the budget, pin/unpin races, an unpin that kept
@@ -38,8 +41,9 @@ import time
 
 import pytest
 
-from conftest import TEST_USER, Daemon, binary, wait_until
+from conftest import FUSE_WAIT, TEST_USER, Daemon, binary, wait_until
 from ctlutil import Control, ctl, model_entry, status, wait_for_control
+from remotefs import RemoteFS, skip_reason
 from wcached import parse_user
 
 # hidden 512, ffn 1024, vocab 1000, 3 layers of BF16: 17,787,096 bytes. Two
@@ -583,67 +587,114 @@ def test_pin_right_after_unpin_locks(start, tmp_path):
                locked_bytes(d.proc.pid) >= bytes_, what="m locked again")
 
 
+def threads_on_frozen_fuse(pid):
+    """How many threads of pid wait now for a FUSE server that does not
+    answer (their wchan): for the answer to a request of their own
+    (conftest's FUSE_WAIT), or asleep (state D) in a page fault, mlock's
+    too, that waits for the read of its page (folio_wait_bit_common)."""
+    n = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                state = f.read().rpartition(")")[2].split()[0]
+            with open(f"/proc/{pid}/task/{tid}/wchan") as f:
+                wchan = f.read().strip()
+        except (OSError, IndexError):
+            continue
+        n += wchan in FUSE_WAIT or (state == "D" and wchan == "folio_wait_bit_common")
+    return n
+
+
 def test_attach_while_eviction_queued_stays_warm(start, tmp_path):
     """evict, then attach before the daemon's fadvise has run: the model
-    must end up warm. To hold the fadvise back deterministically, the daemon
-    gets one work-queue thread (UV_THREADPOOL_SIZE=1) and `pin big` first
-    keeps it busy locking 1 GiB read from the disk; the eviction of m
-    queues behind it, and m is attached (and re-warmed, its pages still in
-    the page cache) before the lock ends. wcachectl pin answers once every
-    page is locked (and evict once the pages are dropped), so both run in the
-    background, and the test follows them in status: the pin asked but not
-    applied, then m cold, then the attach."""
+    must end up warm. The fadvise is held back for certain, not by racing
+    a disk: the daemon gets one work-queue thread (UV_THREADPOOL_SIZE=1),
+    and `pin big0` takes it with big0 on a RemoteFS mount whose server is
+    frozen (tests/pyutil/remotefs.py), so the lock waits in its first page
+    fault until the test thaws the server. The eviction of m queues behind
+    it, and m is attached (its pages still in the page cache) while it
+    waits: m must wait for it ("warming", as status says), then warm.
+    (Before, big was 1 GiB on the local disk and the test raced its read:
+    a fast disk won all five tries, and the test skipped.)
+
+    The one other way: the residency check of every model, each 5 s, fell
+    between the pin and the evict and queued a check of m first, and the
+    attach took back the eviction queued behind it (m is warm at once, and
+    stays). That try ends as the other, then the test tries again with
+    big1, which nothing has read either, and big2: a daemon that never
+    waits for the eviction fails."""
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
     small = make(tmp_path, "m", 1)
-    big = make(tmp_path, "big", 2, min_bytes=1 << 30)
-    d = start({"m": small, "big": (big, {"warm": "no"})},
-              env=dict(os.environ, UV_THREADPOOL_SIZE="1"))
-    settled(d, ["m", "big"])
-    assert wait_ready_warm(d, "m")
-    c = Control(d)
-    try:
-        def entry(name):
-            return next(m for m in c.request(b"status")["models"] if m["name"] == name)
-
-        def big_entry():
-            return entry("big")
-
-        unpinned = big_entry()["pin_applied"]  # "metadata": the index and headers
-        for attempt in range(5):
-            drop_page_cache(big)
-            pin = subprocess.Popen([binary("wcachectl"), "--control", d.control, "pin", "big"],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            wait_until(lambda: big_entry()["pinned"] == "all", what="pin of big asked")
-            held = False
-            if big_entry()["pin_applied"] != "all":
-                # wcachectl evict answers once the pages are dropped, after
-                # the lock: it runs beside, and m is attached once cold.
-                evict = subprocess.Popen([binary("wcachectl"), "--control", d.control,
-                                          "evict", "m"], stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.PIPE, text=True)
-                m = wait_until(lambda: (lambda m, b: (m["state"] == "cold" or
-                                                      b["pin_applied"] == "all") and m)(
-                    entry("m"), big_entry()), what="m evicted or big pinned")
-                if m["state"] == "cold":
-                    attach(d, "m")
-                    held = big_entry()["pin_applied"] != "all"
-                assert evict.wait(timeout=120) == 0, evict.stderr.read()
-            assert pin.wait(timeout=120) == 0, pin.stderr.read()
-            if held:
-                break
-            assert c.request(b"unpin big")["ok"]
-            wait_until(lambda: big_entry()["pin_applied"] == unpinned, what="big unpinned")
-        else:
-            pytest.skip("the disk read 1 GiB before the eviction could be held back (5 tries)")
-        wait_pin_applied(d, "big", "all")
-    finally:
-        c.close()
-    # The held-back eviction has run now (it was queued behind the lock).
-    # Expected: m ends up warm, as status says. Observed: "ready" (it was
-    # re-warmed at once, before the eviction ran), its pages gone for good.
-    # (wait_until's own deadline: m is read back from a disk other tests
-    # may keep busy, and the deadline is no bound on that.)
-    wait_until(lambda: (lambda m: m["state"] == "ready" and is_warm(m))(model_entry(d, "m")),
-               what="m ready and resident")
+    bigs = ["big0", "big1", "big2"]
+    # attr_timeout of an hour: a residency check's fstat of a big is
+    # answered from the kernel's cache, so the thread that waits on the
+    # frozen server is the pin's (a check of a big waiting there would hold
+    # the thread as well, but would be in front of the pin).
+    with RemoteFS(tmp_path / "backing", tmp_path / "mnt", attr_timeout=3600) as fs:
+        models = {"m": small}
+        for seed, name in enumerate(bigs, 2):
+            # 2.3 MiB: two pinned fit under the 8 MiB RLIMIT_MEMLOCK of an
+            # unprivileged daemon (WCACHE_TEST_USER), so the lock goes to
+            # the server and is not refused.
+            make(tmp_path / "backing", name, seed, layers=1, hidden=256, ffn=512)
+            fs.wait_visible(f"{name}.safetensors")
+            # stage = no: served from the mount, not from a local copy;
+            # watch = inotify: no poll of the mount waits there first.
+            models[name] = (fs.path(f"{name}.safetensors"),
+                            {"warm": "no", "stage": "no", "watch": "inotify"})
+        d = start(models, env=dict(os.environ, UV_THREADPOOL_SIZE="1"))
+        rewarm = 'model "m": generation 1: cold -> warming (after eviction)'
+        evicted = re.compile(r'model "m": evicted from the page cache$', re.M)
+        conns = []
+        try:
+            settled(d, list(models))
+            for big in bigs:
+                wait_ready_warm(d, "m")
+                assert model_entry(d, big)["pin_applied"] != "all"
+                # Both requests are written on connections opened before:
+                # the evict follows the pin's hold within milliseconds.
+                # No status until the attach (each may queue a check of m).
+                pin, evict = Control(d, timeout=120), Control(d, timeout=120)
+                conns += [pin, evict]
+                asked = len(evicted.findall(d.read_log()))
+                waited = d.read_log().count(rewarm)
+                fs.freeze()
+                pin.send(f"pin {big}\n".encode())
+                wait_until(lambda: threads_on_frozen_fuse(d.proc.pid) >= 1, interval=0.001,
+                           what="wcached's work thread to wait on the frozen mount")
+                evict.send(b"evict m\n")
+                wait_until(lambda: len(evicted.findall(d.read_log())) > asked, interval=0.001,
+                           what="m evicted")
+                attach(d, "m")
+                waited = d.read_log().count(rewarm) > waited
+                if waited:
+                    # The eviction is still queued behind the pin, as is
+                    # the lock, and m waits for it to end before warming.
+                    assert model_entry(d, "m")["state"] == "warming"
+                    assert model_entry(d, big)["pin_applied"] != "all"
+                fs.thaw()
+                assert pin.reply()["ok"] and evict.reply()["ok"]
+                wait_pin_applied(d, big, "all")
+                # The held-back eviction has run now (or was taken back).
+                # Expected: m ends up warm, as status says. Observed once:
+                # "ready" (re-warmed at once, before the eviction ran), its
+                # pages gone for good.
+                wait_until(lambda: (lambda m: m["state"] == "ready" and is_warm(m))(
+                    model_entry(d, "m")), what="m ready and resident")
+                if waited:
+                    break
+                assert ctl(d, "unpin", big).returncode == 0
+            else:
+                pytest.fail("three attaches of m with its eviction queued behind a pin warmed "
+                            "it at once instead of waiting for the eviction:\n" + d.read_log())
+        finally:
+            fs.thaw()
+            for c in conns:
+                c.close()
+            # Before the mount goes (the start fixture's stop is then a no-op).
+            assert d.stop() == 0, d.read_log()
 
 
 def test_evict_while_warming_leaves_nothing_resident(start, tmp_path):
