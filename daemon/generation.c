@@ -152,12 +152,14 @@ gen_free_origin(struct gen_origin *origin, size_t n)
 	free(origin);
 }
 
-/* A model's tree as gen_resolved_path looks in it: the root's descriptor
- * (-1: none), the model directory inside it (tree_split), and whether the
- * kernel has no openat2 (the places are then stat(2)'ed by their path, as
- * tree.h's fallback opens them). */
+/* A model's tree as gen_resolved_path looks in it: the root's path and
+ * descriptor (-1: none), the model directory inside it (tree_split) and
+ * its descriptor (-1: none), both opened with no link followed, and
+ * whether the kernel has no openat2 (then no link inside the tree is
+ * followed either: a file must be itself at its place). */
 struct gen_tree {
-	int fd;
+	char *root;
+	int fd, dir;
 	char *sub;
 	bool nosys;
 };
@@ -170,97 +172,207 @@ open_beneath(int at, const char *rel, unsigned long long resolve, unsigned long 
 	return tree_openat2(at, rel, O_PATH | O_CLOEXEC | flags, resolve);
 }
 
-/* The tree of dir (a realpath): its root opened with no link followed (a
- * component renamed into a link since the realpath fails it). */
+/* Once per process, the first time the kernel turns openat2 down: what
+ * the tree rules are without it (review rev187 R4). */
+static void
+note_no_openat2(void)
+{
+	static int noted;
+
+	if (__atomic_exchange_n(&noted, 1, __ATOMIC_RELAXED) == 0)
+		log_warnx("this kernel has no openat2(2) (before Linux 5.6, or a seccomp filter "
+			"refuses it): a model's files are opened by a fallback that checks links "
+			"inside its tree by path, which a rename racing the open defeats; a reload "
+			"wcached makes by itself takes only files that are at their place with no "
+			"symbolic link, others wait for an operator's reload");
+}
+
+/* The tree of dir (a realpath): its root and model directory opened with
+ * no link followed (a component renamed into a link since the realpath
+ * fails it). */
 static void
 gen_tree_open(const char *dir, struct gen_tree *t)
 {
-	char *root = NULL;
-
-	t->fd = -1;
+	t->root = NULL;
+	t->fd = t->dir = -1;
 	t->sub = NULL;
 	t->nosys = false;
-	if (dir == NULL || tree_split(dir, &root, &t->sub) < 0)
+	if (dir == NULL || tree_split(dir[0] != '\0' ? dir : "/", &t->root, &t->sub) < 0)
 		return;
-	t->fd = open_beneath(AT_FDCWD, root, RESOLVE_NO_SYMLINKS, O_DIRECTORY);
-	t->nosys = t->fd == -1 && errno == ENOSYS;
-	free(root);
+	t->fd = open_beneath(AT_FDCWD, t->root, RESOLVE_NO_SYMLINKS, O_DIRECTORY);
+	if ((t->nosys = t->fd == -1 && errno == ENOSYS)) {
+		note_no_openat2();
+		t->fd = tree_open_dir_no_links(AT_FDCWD, t->root);
+	}
+	t->dir = t->fd >= 0 ? tree_open_dir_no_links(t->fd, t->sub) : -1;
 }
 
 static void
 gen_tree_close(struct gen_tree *t)
 {
+	if (t->dir >= 0)
+		close(t->dir);
 	if (t->fd >= 0)
 		close(t->fd);
 	free(t->sub);
+	free(t->root);
+}
+
+/* Whether the file whose fstat is st is itself (a regular file, no link)
+ * the entry name of the model directory of t, which was opened with no
+ * link followed: no component of its path can be a link renamed over a
+ * directory since it was resolved (review rev187 R1: lstat(2) of the path
+ * follows those). */
+static int
+is_itself_at(const struct gen_tree *t, const char *name, const struct stat *st)
+{
+	struct stat now;
+
+	return t->dir >= 0 && fstatat(t->dir, name, &now, AT_SYMLINK_NOFOLLOW) == 0 &&
+		S_ISREG(now.st_mode) && now.st_dev == st->st_dev && now.st_ino == st->st_ino;
 }
 
 /* Whether the file whose fstat is st is the file name (a plain name) of
- * the model directory dir, in its tree t: found beneath the tree's root
- * with no link out of the tree followed (openat2 RESOLVE_BENEATH), as the
- * model's files are opened (tree.h). A stat(2) of the place followed a
- * link out of the tree to another user's file and took it for the file at
- * its place (review rev185 F5). */
+ * the model directory of its tree t: found beneath the tree's root with no
+ * link out of the tree followed (openat2 RESOLVE_BENEATH), as the model's
+ * files are opened (tree.h). A stat(2) of the place followed a link out of
+ * the tree to another user's file and took it for the file at its place
+ * (review rev185 F5); where the kernel has no openat2, the file must be
+ * itself at its place (review rev187 R4). */
 static int
-is_file_at(const struct gen_tree *t, const char *dir, const char *name, const struct stat *st)
+is_file_at(const struct gen_tree *t, const char *name, const struct stat *st)
 {
 	char *rel = NULL;
 	struct stat now;
 	int fd = -1, same;
 
-	if (t->nosys) {
-		rel = path_join(dir, name);
-		same = rel != NULL && stat(rel, &now) == 0;
-	} else {
-		if (t->fd >= 0 && t->sub != NULL && asprintf(&rel, "%s%s", t->sub, name) < 0)
-			rel = NULL;
-		fd = rel != NULL ? open_beneath(t->fd, rel, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
-			0) : -1;
-		same = fd >= 0 && fstat(fd, &now) == 0;
-		if (fd >= 0)
-			close(fd);
-	}
+	if (t->nosys)
+		return is_itself_at(t, name, st);
+	if (t->fd >= 0 && t->sub != NULL && asprintf(&rel, "%s%s", t->sub, name) < 0)
+		rel = NULL;
+	fd = rel != NULL ? open_beneath(t->fd, rel, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS, 0) :
+		-1;
+	same = fd >= 0 && fstat(fd, &now) == 0;
+	if (fd >= 0)
+		close(fd);
 	free(rel);
 	return same && now.st_dev == st->st_dev && now.st_ino == st->st_ino;
 }
 
 /* Whether the file opened as file_path, whose fstat is st, is at its place
- * under the resolved path whose lstat is at: that path itself, or the file
- * of its name in dir (the path when a directory, else its directory; NULL
- * when out of memory), in dir's tree t. */
+ * under the resolved path whose lstat is at: that path itself (named
+ * file_name in its directory, NULL when it is a directory), or the file of
+ * its name in the model directory (the path when a directory, else its
+ * directory), or beside the shard index, in the tree t. */
 static int
-at_its_place(const struct stat *at, const struct gen_tree *t, const char *dir,
+at_its_place(const struct stat *at, const struct gen_tree *t, const char *file_name,
 	const char *file_path, const struct stat *st)
 {
 	const char *name = file_path != NULL ? strrchr(file_path, '/') : NULL;
 
-	/* A model that is one file: that file. */
-	if (at->st_dev == st->st_dev && at->st_ino == st->st_ino)
+	/* A model that is one file: that file, itself at its name in the
+	 * directory opened with no link followed. */
+	if (file_name != NULL && at->st_dev == st->st_dev && at->st_ino == st->st_ino &&
+		is_itself_at(t, file_name, st))
 		return 1;
 	/* Else a file of the directory, or beside the shard index. */
-	return name != NULL && dir != NULL && is_file_at(t, dir, name + 1, st);
+	return name != NULL && is_file_at(t, name + 1, st);
+}
+
+/*
+ * root as the tree of a hub repo's file: <R>/models--X, with its owner in
+ * *owner, for its blobs/ directory <R>/models--X/blobs (what a snapshot's
+ * links point into) where the repo's owner owns blobs/ too; else root
+ * itself, *owner untouched (root's own owner). The repo is opened with no
+ * link followed, and its blobs/ must be the directory whose fstat is
+ * opened (when not NULL: the one the files were found beneath). Takes
+ * root; NULL when out of memory.
+ *
+ * A hub repo is known by its name only, and a name is anyone's to give: a
+ * user who may write in a directory named models--X (a shared hub cache's
+ * repo made writable for all, a shared place she made one in) could make
+ * blobs/ there, hers. Taken as the repo, owned by her (blobs/'s owner), it
+ * passed as a sibling of her own model's tree (sibling_swap), and every
+ * snapshot of the repo's owner was then in "the same tree" as her model
+ * (same_tree). Widened only where the repo and blobs/ have one owner, and
+ * with the repo's owner, the tree is the repo's own: a name then adds
+ * nothing its owner did not make (her blobs/ stays a tree of its own,
+ * inside another user's directory, which no swap of hers reaches).
+ */
+static char *
+blob_repo(char *root, uid_t *owner, const struct stat *opened)
+{
+	char *up = root != NULL ? path_dir(root) : NULL, *repo;
+	const char *name = root != NULL ? strrchr(root, '/') : NULL;
+	struct stat blobs, top;
+	int fd;
+
+	repo = up != NULL ? strrchr(up, '/') : NULL;
+	if (name != NULL && strcmp(name, "/blobs") == 0 && repo != NULL &&
+		strncmp(repo, "/models--", 9) == 0 && repo[9] != '\0' &&
+		(fd = tree_open_dir_no_links(AT_FDCWD, up)) >= 0) {
+		int ok = fstat(fd, &top) == 0 &&
+			fstatat(fd, "blobs", &blobs, AT_SYMLINK_NOFOLLOW) == 0 &&
+			S_ISDIR(blobs.st_mode) && blobs.st_uid == top.st_uid &&
+			(opened == NULL || (blobs.st_dev == opened->st_dev &&
+						   blobs.st_ino == opened->st_ino));
+
+		close(fd);
+		if (ok) {
+			*owner = top.st_uid;
+			free(root);
+			return up;
+		}
+	}
+	free(up);
+	return root;
+}
+
+/* found's root and owner from t, whose files were found beneath it:
+ * its descriptor's owner, never a later stat of its path (review rev187
+ * R2). found->root stays NULL when it cannot be told. */
+static void
+found_tree(const struct gen_tree *t, struct gen_found_tree *found)
+{
+	struct stat st;
+
+	if (t->fd >= 0 && t->root != NULL && fstat(t->fd, &st) == 0 &&
+		(found->root = strdup(t->root)) != NULL) {
+		found->uid = st.st_uid;
+		found->root = blob_repo(found->root, &found->uid, &st);
+	}
 }
 
 char *
 gen_resolved_path(const char *path, char *before, const struct model_source *src,
-	const struct gen_origin *origin)
+	const struct gen_origin *origin, struct gen_found_tree *found)
 {
 	char *now = before != NULL ? realpath(path, NULL) : NULL, *dir = NULL;
+	const char *file_name = NULL;
 	int same = now != NULL && strcmp(now, before) == 0;
 	struct gen_tree tree;
 	struct stat at;
 
 	free(now);
-	/* One lstat of the resolved path serves every file: before is a
-	 * realpath, so a link there now is a path changed since (review
-	 * rev185 F2), never the file it leads to. */
-	if (same && src->nfiles > 0 && (same = lstat(before, &at) == 0))
+	if (found != NULL)
+		found->root = NULL;
+	/* One lstat of the resolved path tells a file from a directory;
+	 * before is a realpath, so a link there now is a path changed since
+	 * (review rev185 F2), never the file it leads to. Whether each file
+	 * is at its place is asked of the tree opened with no link followed
+	 * (lstat follows a link renamed over a directory component). */
+	if (same && src->nfiles > 0 && (same = lstat(before, &at) == 0)) {
 		dir = S_ISDIR(at.st_mode) ? strdup(before) : path_dir(before);
+		file_name = S_ISDIR(at.st_mode) || strrchr(before, '/') == NULL ? NULL :
+			strrchr(before, '/') + 1;
+	}
 	gen_tree_open(dir, &tree);
 	for (size_t i = 0; same && i < src->nfiles; i++)
 		same = origin != NULL ?
-			at_its_place(&at, &tree, dir, origin[i].path, &origin[i].st) :
-			at_its_place(&at, &tree, dir, src->files[i].path, &src->files[i].st);
+			at_its_place(&at, &tree, file_name, origin[i].path, &origin[i].st) :
+			at_its_place(&at, &tree, file_name, src->files[i].path, &src->files[i].st);
+	if (same && found != NULL)
+		found_tree(&tree, found);
 	gen_tree_close(&tree);
 	free(dir);
 	if (!same) {
@@ -290,7 +402,7 @@ gen_tree_root(const char *resolved, uid_t *owner)
 	}
 	if (root != NULL)
 		*owner = st.st_uid;
-	return root;
+	return blob_repo(root, owner, NULL);
 }
 
 /*

@@ -190,9 +190,10 @@ struct generation {
 	 * the tree a watched reload must stay in, or swap to a sibling of
 	 * the same owner (registry_load.c's same_tree), whatever became of
 	 * the old tree since (README's swap removes it: review rev175 F8).
-	 * NULL: not known (resolved_path NULL, or a generation a warm
-	 * restart restored, whose root a watched reload finds from
-	 * resolved_path). Owned. */
+	 * A warm restart's check of a restored current generation finds
+	 * them as a load does (review rev187 R2: today's owner of a path
+	 * is not the tree's). NULL: not known (resolved_path NULL; a
+	 * watched reload then finds the root from resolved_path). Owned. */
 	char *tree_root;
 	uid_t tree_uid;
 	/* A staged generation's copy (stage.h): its directory under stage_dir
@@ -452,18 +453,29 @@ uint64_t gen_origin_fs(const struct generation *g);
 /* Frees n origins (a staged generation's, or one being made); safe on NULL. */
 void gen_free_origin(struct gen_origin *origin, size_t n);
 
+/* The tree a model's files were found in (gen_resolved_path): its root
+ * (allocated; NULL: not told) and the uid that owns it. */
+struct gen_found_tree {
+	char *root;
+	uid_t uid;
+};
+
 /*
  * The real path of a model's configured path for the generation made of
  * src's files (its resolved_path), or NULL. before is the realpath(3) of
  * path taken just before those files were opened (may be NULL), and is
  * taken: the result is before when path resolves to it still and each
  * file is the file at its place there (before itself: a model that is one
- * file; the file of its name in before: a directory; or beside it: a
- * shard index; through a symbolic link inside the tree too, found beneath
- * the tree's root, opened with no link followed, by openat2
+ * file, itself at its name in its directory opened with no link followed,
+ * review rev187 R1; the file of its name in before: a directory; or beside
+ * it: a shard index; through a symbolic link inside the tree too, found
+ * beneath the tree's root, opened with no link followed, by openat2
  * RESOLVE_BENEATH: a link out of the tree is no file at its place, review
- * rev185 F5; by stat(2) of the place where the kernel has no openat2), else
- * NULL with before freed.
+ * rev185 F5; with no link at all where the kernel has no openat2, review
+ * rev187 R4), else NULL with before freed. Where found is not NULL and the
+ * result is not, found gets that tree's root (as gen_tree_root tells it)
+ * and the owner of the directory the files were found beneath, from its
+ * descriptor (review rev187 R2); found->root NULL otherwise.
  * Each file is src's as opened (its path and fstat), or when origin is not
  * NULL (a staged copy's, src->nfiles entries) the file it was copied from.
  * A path renamed over while the files were opened may name other files
@@ -479,14 +491,16 @@ void gen_free_origin(struct gen_origin *origin, size_t n);
  * realpath and stat walk the filesystem, which may hang on a remote one.
  */
 char *gen_resolved_path(const char *path, char *before, const struct model_source *src,
-	const struct gen_origin *origin);
+	const struct gen_origin *origin, struct gen_found_tree *found);
 
 /*
  * The root of the model tree (tree.h: the model directory, or the one that
  * holds the model's file; <R>/models--X for a hub snapshot under it) of
  * resolved, a realpath(3) of a model's path (gen_resolved_path), allocated,
  * and its owner in *owner; NULL (*owner untouched) when it cannot be told
- * (stat fails, out of memory). Two stats: the work queue thread calls it.
+ * (stat fails, out of memory). A hub repo's blobs/ is widened to the repo
+ * where the repo's owner owns blobs/ too. Stats by path: the work queue
+ * thread calls it, for a tree no files were found beneath yet.
  */
 char *gen_tree_root(const char *resolved, uid_t *owner);
 

@@ -194,21 +194,25 @@ sibling_swap(const struct load_request *q)
  * found nothing at its path, the place it named (at_place). 0, or -EXDEV
  * with q->message.
  */
-static char *blob_repo(char *root, uid_t *owner);
 static int at_place(const struct load_request *q);
 
 static int
 same_tree(struct load_request *q)
 {
 	const char *old;
-	int same;
+	int same, path_same;
 
 	if (q->keep_root == NULL && q->keep_resolved != NULL)
-		q->keep_root = blob_repo(gen_tree_root(q->keep_resolved, &q->keep_uid),
-			&q->keep_uid);
+		q->keep_root = gen_tree_root(q->keep_resolved, &q->keep_uid);
 	old = q->keep_root != NULL ? q->keep_root : q->keep_resolved;
+	/* A root of the same path is the same tree only with the same owner:
+	 * one removed or renamed away and made again by another user is his
+	 * (review rev187 R2). A place the operator's load found nothing at
+	 * keeps at_place's rules. */
+	path_same = q->root != NULL && q->keep_root != NULL && strcmp(q->root, q->keep_root) == 0;
 	same = q->root != NULL && q->keep_root != NULL &&
-		(strcmp(q->root, q->keep_root) == 0 || sibling_swap(q) || at_place(q));
+		((path_same && (q->keep_place != NULL || q->root_uid == q->keep_uid)) ||
+			sibling_swap(q) || at_place(q));
 	if (old == NULL)
 		snprintf(q->message, sizeof(q->message), "its path %s resolves into %s, but no "
 			"load of it by the operator found its tree: it is served only after an "
@@ -218,6 +222,12 @@ same_tree(struct load_request *q)
 	else if (q->root == NULL)
 		snprintf(q->message, sizeof(q->message), "its path %s resolved to another place "
 			"while its files were opened (its tree is %s); not loaded", q->path, old);
+	else if (!same && path_same)
+		snprintf(q->message, sizeof(q->message), "its path %s resolves into %s still, "
+			"but that directory is now owned by uid %u (was uid %u): a tree made again "
+			"by another user is served only after an operator's reload (`wcachectl "
+			"reload %s` or a config reload)", q->path, q->root, (unsigned)q->root_uid,
+			(unsigned)q->keep_uid, q->name);
 	else if (!same)
 		snprintf(q->message, sizeof(q->message), "its path %s now resolves into %s "
 			"(was %s): a moved tree is served only after an operator's reload "
@@ -304,75 +314,8 @@ place_of(const char *path, uid_t *owner)
 	return place;
 }
 
-/*
- * root as the tree of a hub repo's file: <R>/models--X, with its owner in
- * *owner, for its blobs/ directory <R>/models--X/blobs (what a snapshot's
- * links point into) where the repo's owner owns blobs/ too; else root
- * itself, *owner untouched (root's own owner). Takes root; NULL when out
- * of memory.
- *
- * A hub repo is known by its name only, and a name is anyone's to give: a
- * user who may write in a directory named models--X (a shared hub cache's
- * repo made writable for all, a shared place she made one in) could make
- * blobs/ there, hers. Taken as the repo, owned by her (blobs/'s owner), it
- * passed as a sibling of her own model's tree (sibling_swap), and every
- * snapshot of the repo's owner was then in "the same tree" as her model
- * (same_tree). Widened only where the repo and blobs/ have one owner, and
- * with the repo's owner, the tree is the repo's own: a name then adds
- * nothing its owner did not make (her blobs/ stays a tree of its own,
- * inside another user's directory, which no swap of hers reaches).
- */
-static char *
-blob_repo(char *root, uid_t *owner)
-{
-	char *up = root != NULL ? path_dir(root) : NULL, *repo;
-	const char *name = root != NULL ? strrchr(root, '/') : NULL;
-	struct stat blobs, top;
-
-	repo = up != NULL ? strrchr(up, '/') : NULL;
-	if (name != NULL && strcmp(name, "/blobs") == 0 && repo != NULL &&
-		strncmp(repo, "/models--", 9) == 0 && repo[9] != '\0' && stat(root, &blobs) == 0 &&
-		stat(up, &top) == 0 && blobs.st_uid == top.st_uid) {
-		*owner = top.st_uid;
-		free(root);
-		return up;
-	}
-	free(up);
-	return root;
-}
-
 /* How hub_root opens the directories it looks in: never through a link. */
 #define DIR_NO_LINK (O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
-
-/*
- * The directory path (absolute, or relative to the directory at), opened
- * O_PATH one component at a time with no link followed: its descriptor, or
- * -1 where a component is missing, no directory, or a link (one renamed over
- * a directory since path was resolved). path is canonical (a realpath, or a
- * tree_split part of one): no "." or ".." in it.
- */
-static int
-open_dir_no_links(int at, const char *path)
-{
-	char *copy = strdup(path), *save = NULL, *c;
-	int fd = path[0] == '/' ? open("/", O_PATH | O_DIRECTORY | O_CLOEXEC) :
-		fcntl(at, F_DUPFD_CLOEXEC, 0);
-	struct stat st;
-
-	for (c = copy != NULL ? strtok_r(copy, "/", &save) : NULL; fd >= 0 && c != NULL;
-		c = strtok_r(NULL, "/", &save)) {
-		int next = openat(fd, c, DIR_NO_LINK);
-
-		close(fd);
-		fd = next;
-	}
-	if (fd >= 0 && (copy == NULL || fstat(fd, &st) != 0 || !S_ISDIR(st.st_mode))) {
-		close(fd);
-		fd = -1;
-	}
-	free(copy);
-	return fd;
-}
 
 /*
  * Whether the file whose fstat is st is the file name of the snapshot
@@ -441,8 +384,9 @@ hub_root(const struct load_request *q, uid_t *owner)
 		real = realpath(dir[0] != '\0' ? dir : ".", NULL);
 	if (real == NULL || tree_split(real, &root, &sub) < 0)
 		root = sub = NULL;
-	at = sub != NULL && sub[0] != '\0' && (repo = open_dir_no_links(AT_FDCWD, root)) >= 0 &&
-		(rev = open_dir_no_links(repo, sub)) >= 0 && fstat(repo, &st) == 0;
+	at = sub != NULL && sub[0] != '\0' &&
+		(repo = tree_open_dir_no_links(AT_FDCWD, root)) >= 0 &&
+		(rev = tree_open_dir_no_links(repo, sub)) >= 0 && fstat(repo, &st) == 0;
 	for (size_t i = 0; at && i < q->source.nfiles; i++) {
 		const struct wc_file *f = &q->source.files[i];
 		const char *name = strrchr(f->path, '/');
@@ -479,10 +423,12 @@ owned_by(const struct model_source *src, uid_t uid)
  * Whether the file q's path named as its files were opened, the one made at
  * a place (at_place), has an owner to tell: a shard index (its fstat as it
  * was read, model_source's index_st) or a model that is one file (its
- * file's), and that very file is at the place now: lstat(2) of
- * q->keep_place, no link followed, is a regular file with the opened
- * file's device and inode. Its owner in *uid. The owner is asked of what was
- * opened, never of a stat(2) of the path afterwards (the path's owner could
+ * file's), and that very file is at the place now: q->keep_place, found
+ * in its directory opened with no link followed (a link renamed over a
+ * directory component is followed by lstat(2), review rev187 R1), is
+ * itself a regular file with the opened file's device and inode. Its
+ * owner in *uid. The owner is asked of what was opened, never of a
+ * stat(2) of the path afterwards (the path's owner could
  * rename a link to another user's file over it between the open and that
  * stat); and what was opened must itself be at the place after its open,
  * since the path is resolved at other moments than the open (before it,
@@ -496,19 +442,26 @@ static int
 opened_owner(const struct load_request *q, uid_t *uid)
 {
 	const struct stat *o;
+	const char *name = q->keep_place != NULL ? strrchr(q->keep_place, '/') : NULL;
+	char *dir = name != NULL ? path_dir(q->keep_place) : NULL;
+	int fd = dir != NULL ? tree_open_dir_no_links(AT_FDCWD, dir[0] != '\0' ? dir : "/") : -1;
 	struct stat at;
+	int ok;
 
+	free(dir);
 	if (q->source.format == FORMAT_SHARDED)
 		o = &q->source.index_st;
 	else if (q->source.nfiles == 1)
 		o = &q->source.files[0].st;
 	else
-		return 0;
-	if (q->keep_place == NULL || lstat(q->keep_place, &at) != 0 || !S_ISREG(at.st_mode) ||
-		at.st_dev != o->st_dev || at.st_ino != o->st_ino)
-		return 0;
-	*uid = o->st_uid;
-	return 1;
+		o = NULL;
+	ok = o != NULL && fd >= 0 && fstatat(fd, name + 1, &at, AT_SYMLINK_NOFOLLOW) == 0 &&
+		S_ISREG(at.st_mode) && at.st_dev == o->st_dev && at.st_ino == o->st_ino;
+	if (fd >= 0)
+		close(fd);
+	if (ok)
+		*uid = o->st_uid;
+	return ok;
 }
 
 /*
@@ -564,7 +517,7 @@ find_operator_tree(struct load_request *q, const char *resolved)
 	char *sub;
 
 	if (resolved != NULL)
-		q->found_root = blob_repo(gen_tree_root(resolved, &q->found_uid), &q->found_uid);
+		q->found_root = gen_tree_root(resolved, &q->found_uid);
 	else if ((q->found_place = place_of(q->path, &q->found_uid)) != NULL &&
 		tree_split(q->found_place, &q->found_root, &sub) == 0)
 		free(sub);
@@ -646,6 +599,7 @@ load_work(struct workq_job *w)
 {
 	struct load_request *q = w->arg;
 	char *resolved = realpath(q->path, NULL);
+	struct gen_found_tree found = { .root = NULL };
 
 	q->opened_known = stat(q->path, &q->opened_st) == 0;
 	if (q->reload != RELOAD_WATCHED)
@@ -657,9 +611,15 @@ load_work(struct workq_job *w)
 		return;
 	}
 	gen_source_fs(&q->source, &q->fs);
-	q->resolved = gen_resolved_path(q->path, resolved, &q->source, NULL);
-	if ((q->root = hub_root(q, &q->root_uid)) == NULL && q->resolved != NULL)
-		q->root = blob_repo(gen_tree_root(q->resolved, &q->root_uid), &q->root_uid);
+	q->resolved = gen_resolved_path(q->path, resolved, &q->source, NULL, &found);
+	/* The tree's root and owner as the files were found beneath it (its
+	 * descriptor), not a later stat of its path (review rev187 R2). */
+	if ((q->root = hub_root(q, &q->root_uid)) == NULL && q->resolved != NULL) {
+		q->root = found.root;
+		q->root_uid = found.uid;
+		found.root = NULL;
+	}
+	free(found.root);
 	if (q->reload == RELOAD_WATCHED && (q->tree_status = same_tree(q)) < 0) {
 		note_failed_path(q);
 		return; /* load_after: "unchanged", or refused */

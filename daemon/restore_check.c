@@ -428,6 +428,8 @@ restore_prepared_clear(struct registry *r, struct restore_prepared *p)
 	p->staged_dir = NULL;
 	free(p->resolved_path);
 	p->resolved_path = NULL;
+	free(p->tree_root);
+	p->tree_root = NULL;
 	free(p->fds);
 	p->fds = NULL;
 	free(p->at);

@@ -155,8 +155,12 @@ struct restore_prepared {
 	/* Filled by restore_work() for the current generation that passed:
 	 * the realpath of the model's path, the same before and after the
 	 * checks (gen_resolved_path), or NULL; the generation's
-	 * resolved_path once served. */
+	 * resolved_path once served; and the tree its files were found in
+	 * (its root NULL when not told), the generation's tree_root and
+	 * tree_uid (review rev187 R2). */
 	char *resolved_path;
+	char *tree_root;
+	uid_t tree_uid;
 };
 
 /* Checks p's generation (files in path's directory; staged copies are

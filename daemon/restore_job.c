@@ -298,6 +298,7 @@ restore_work(struct workq_job *w)
 	 * around its opens: attaches by the real path find the model once
 	 * this generation serves, as after a load (registry_find). */
 	char *resolved = realpath(j->path, NULL);
+	struct gen_found_tree found = { .root = NULL };
 
 	for (size_t i = 0; i < j->n; i++)
 		restore_check_generation(&j->gens[i], j->path, j->stage_dir);
@@ -307,10 +308,14 @@ restore_work(struct workq_job *w)
 	if (cur->err == 0 && (cur->err = restore_check_layout(cur, j->path)) < 0)
 		snprintf(cur->why, sizeof(cur->why), "%s", error_get());
 	/* Its files as a load checks them; a staged copy's by their origin. */
-	if (cur->err == 0)
-		cur->resolved_path = gen_resolved_path(j->path, resolved, &cur->src, cur->origin);
-	else
+	if (cur->err == 0) {
+		cur->resolved_path = gen_resolved_path(j->path, resolved, &cur->src, cur->origin,
+			&found);
+		cur->tree_root = found.root;
+		cur->tree_uid = found.uid;
+	} else {
 		free(resolved);
+	}
 	for (size_t i = 0; i < j->nartifacts; i++)
 		check_artifact(&j->artifacts[i], name, j->gens[0].g->number);
 	lookup_builders(j->artifacts, j->nartifacts);
@@ -395,6 +400,10 @@ serve(struct restore_job *j, struct restore_prepared *p, int held)
 	if (!held) {
 		k->resolved_path = p->resolved_path;
 		p->resolved_path = NULL;
+		free(k->tree_root);
+		k->tree_root = p->tree_root;
+		k->tree_uid = p->tree_uid;
+		p->tree_root = NULL;
 	}
 	/* The manager still has every piece under these names. */
 	k->stored_slot = e->slot;

@@ -107,6 +107,31 @@ tree_open(const char *model_dir, struct model_tree *out)
 	return 0;
 }
 
+/* How tree_open_dir_no_links opens each directory: never through a link. */
+#define DIR_NO_LINK (O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+
+int
+tree_open_dir_no_links(int at, const char *path)
+{
+	char *copy = strdup(path), *save = NULL, *c;
+	int fd = path[0] == '/' ? open("/", DIR_NO_LINK) : fcntl(at, F_DUPFD_CLOEXEC, 0);
+	struct stat st;
+
+	for (c = copy != NULL ? strtok_r(copy, "/", &save) : NULL; fd >= 0 && c != NULL;
+		c = strtok_r(NULL, "/", &save)) {
+		int next = openat(fd, c, DIR_NO_LINK);
+
+		close(fd);
+		fd = next;
+	}
+	if (fd >= 0 && (copy == NULL || fstat(fd, &st) != 0 || !S_ISDIR(st.st_mode))) {
+		close(fd);
+		fd = -1;
+	}
+	free(copy);
+	return fd;
+}
+
 void
 tree_close(struct model_tree *t)
 {

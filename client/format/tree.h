@@ -71,6 +71,16 @@ int tree_open_file(const struct model_tree *t, const char *name, const char *pat
 int tree_openat2(int at, const char *rel, unsigned long long flags,
 	unsigned long long resolve);
 
+/*
+ * The directory path (absolute, or relative to the directory at), opened
+ * O_PATH one component at a time with no link followed (a userspace
+ * RESOLVE_NO_SYMLINKS, which also works where the kernel has no openat2):
+ * its descriptor, or -1 where a component is missing, no directory, or a
+ * link (one renamed over a directory since path was resolved). path is
+ * canonical (a realpath, or a tree_split part of one): no "." or "..".
+ */
+int tree_open_dir_no_links(int at, const char *path);
+
 /* Closes the tree; safe on a zeroed or closed one. */
 void tree_close(struct model_tree *t);
 

@@ -5,10 +5,15 @@ wcached runs unprivileged, as the neighbour tests do (test_neighbours.py)."""
 import hashlib
 import os
 import subprocess
+import sys
 
 import pytest
 
-from conftest import Daemon, as_user, mkmodel
+from conftest import Daemon, as_user, mkmodel, wait_until
+from test_warm_restart import ready, start
+
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
+from fakemanager import FakeManager  # noqa: E402 (path set just above)
 
 # Ids no account uses: the daemon's user, a model's owner (alice) and
 # another user (bob), all in GROUP (which may connect to the client socket).
@@ -43,10 +48,14 @@ def served(d, name):
 
 
 def shared_place(tmp_path):
-    """A shared place (root's, 1777, as /tmp or a team's model directory)
-    holding alice's model directory v1 and her link m to it, the path
-    configured (README's `ln -s v2 .next && mv -T .next m` swaps it)."""
-    shared = made_by(tmp_path / "shared", 0, 0o1777)
+    """A shared place (root's, sticky and writable by GROUP, as a team's
+    model directory) holding alice's model directory v1 and her link m to
+    it, the path configured (README's `ln -s v2 .next && mv -T .next m`
+    swaps it). Not world-writable: where fs.protected_symlinks is 1
+    (Debian's and systemd's default) the kernel follows no link of
+    alice's in a sticky world-writable directory for another user
+    (wcached), and generation 1 would never load (review rev187 R6)."""
+    shared = made_by(tmp_path / "shared", 0, 0o1775)
     mkmodel(os.path.join(shared, "alice.tmp"), seed=1)
     os.chown(os.path.join(shared, "alice.tmp"), ALICE_UID, GROUP)
     as_alice("mkdir v1 && mv alice.tmp v1/model.safetensors && ln -s v1 m", shared)
@@ -141,3 +150,90 @@ def test_hub_names_in_a_shared_place_reach_only_their_makers_files(tmp_path):
             digest(os.path.join(bob, "blobs", "h2"))
     finally:
         assert d.stop() == 0, d.read_log()
+
+
+def as_bob(script, cwd):
+    subprocess.run(as_user(BOB_UID, GROUP) + ["/bin/sh", "-ec", script], cwd=cwd, check=True)
+
+
+def alice_v2_beside_bobs_model(tmp_path, mode):
+    """A shared place of mode (no link anywhere) holding alice's directory
+    model v2 and bob's model file b.tmp: (the place, v2)."""
+    shared = made_by(tmp_path / "shared", 0, mode)
+    mkmodel(os.path.join(shared, "a.tmp"), seed=1)
+    os.chown(os.path.join(shared, "a.tmp"), ALICE_UID, GROUP)
+    as_alice("mkdir v2 && mv a.tmp v2/model.safetensors && chmod 755 v2", shared)
+    mkmodel(os.path.join(shared, "b.tmp"), layers=3, seed=2)
+    os.chown(os.path.join(shared, "b.tmp"), BOB_UID, GROUP)
+    return shared, os.path.join(shared, "v2")
+
+
+# bob renames alice's v2 away (in a place that is not sticky) and his own
+# directory, with his model in it, to v2: one rename, one reload.
+BOB_TAKES_V2 = "mv v2 .alices && mkdir b && mv b.tmp b/model.safetensors && mv b v2"
+
+
+def bobs_v2_waits(d, v2):
+    """The reload after bob made v2 his waits for the operator's: the root
+    of the path is the same, its owner is not (review rev187 R2)."""
+    _, line = d.wait_for_log(r'model "alice": (its path .* still, but|generation 2 is current)')
+    log = d.read_log()
+    assert 'model "alice": generation 2' not in log, "bob's model served as alice's:\n" + log
+    assert "resolves into %s still, but that directory is now owned by uid %d (was uid %d)" \
+        % (v2, BOB_UID, ALICE_UID) in line, line
+    assert "wcachectl reload alice" in line and "generation 1 still serving" in line, line
+    assert "generation 1" in served(d, "alice")
+
+
+def test_a_tree_removed_and_made_again_by_another_user_waits(tmp_path):
+    """A sticky place (1777, as /tmp): alice removes her model directory v2
+    to redeploy; bob makes his own v2 there first. It was taken as the same
+    tree (its path is) and served as her generation 2."""
+    shared, v2 = alice_v2_beside_bobs_model(tmp_path, 0o1777)
+    d = Daemon(tmp_path, {"alice": v2}, user=(DAEMON_UID, GROUP), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "alice": generation 1 warm')
+        as_alice("rm -rf v2", shared)
+        as_bob("mkdir b && mv b.tmp b/model.safetensors && mv b v2", shared)
+        bobs_v2_waits(d, v2)
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_a_neighbour_moving_the_tree_away_waits(tmp_path):
+    """A shared place that is not sticky (0777, as a hub cache made
+    writable for a team): bob needs no help, he renames alice's v2 away
+    and his own directory to v2."""
+    shared, v2 = alice_v2_beside_bobs_model(tmp_path, 0o777)
+    d = Daemon(tmp_path, {"alice": v2}, user=(DAEMON_UID, GROUP), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "alice": generation 1 warm')
+        as_bob(BOB_TAKES_V2, shared)
+        bobs_v2_waits(d, v2)
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_a_neighbour_moving_the_tree_away_after_a_warm_restart_waits(tmp_path):
+    """The same after a warm restart: the restored generation recorded no
+    tree, and the reload took the root's owner from a stat of its path
+    then, bob's, as the old tree's owner too. The restore's check now
+    takes it from the directory its files were found beneath."""
+    shared, v2 = alice_v2_beside_bobs_model(tmp_path, 0o777)
+    mgr = FakeManager(str(tmp_path / "notify.sock"))
+    os.chmod(mgr.path, 0o666)   # wcached, as DAEMON_UID, sends to it
+    d = Daemon(tmp_path, {"alice": v2}, user=(DAEMON_UID, GROUP), nofile=1024)
+    try:
+        start(d, mgr, user=(DAEMON_UID, GROUP))
+        wait_until(lambda: ready(d, "alice"), what="alice ready")
+        mgr.wait_for(lambda m: "wc-desc" in m.store and "wc-1-1-i" in m.store,
+                     what="alice's generation and the description stored")
+        assert d.stop() == 0, d.read_log()
+        start(d, mgr, *mgr.listen_fds(), user=(DAEMON_UID, GROUP))
+        d.wait_for_log(r'model "alice": generation 1 restored from the file descriptor store')
+        as_bob(BOB_TAKES_V2, shared)
+        bobs_v2_waits(d, v2)
+    finally:
+        code = d.stop()
+        mgr.close()
+    assert code == 0, d.read_log()

@@ -1222,7 +1222,7 @@ resolved_for(const char *path, size_t n, char *const *paths, const struct stat *
 		files[i].path = paths[i];
 		files[i].st = sts[i];
 	}
-	return gen_resolved_path(path, realpath(path, NULL), &src, origin);
+	return gen_resolved_path(path, realpath(path, NULL), &src, origin, NULL);
 }
 
 /* gen_resolved_path(): a generation answers to its path's real path only
@@ -1307,9 +1307,9 @@ test_resolved_path(void **state)
 		origin));
 	/* nothing to check against, a file without a directory, a path that
 	 * resolves elsewhere now */
-	assert_null(gen_resolved_path(a, NULL, &(struct model_source){ 0 }, NULL));
+	assert_null(gen_resolved_path(a, NULL, &(struct model_source){ 0 }, NULL, NULL));
 	assert_null(resolved_for(a, 1, (char *[]){ NULL }, (struct stat[]){ sb }, NULL));
-	assert_null(gen_resolved_path(a, strdup(b), &(struct model_source){ 0 }, NULL));
+	assert_null(gen_resolved_path(a, strdup(b), &(struct model_source){ 0 }, NULL, NULL));
 
 	free(a);
 	free(b);

@@ -35,6 +35,7 @@
 #include "fdstore.h"
 #include "base/file.h"
 #include "base/path.h"
+#include "format/tree.h"
 #include "generation.h"
 #include "proto/memfds.h"
 #include "registry_internal.h"
@@ -75,10 +76,48 @@ static char swap_dir[4096], swap_path[4096], swap_target[256];
 static atomic_int back_at, backed, relink;
 static char back_path[4096], back_src[4200];
 
+
+/* rev187: exchanges (renameat2 RENAME_EXCHANGE) of two paths at chosen
+ * realpath() calls: hook i fires on the nth call (counting from 1) of
+ * realpath(path), before it (after 0) or after it (after 1). */
+struct r187_hook {
+	char path[4096];
+	int nth, after, seen, fired;
+	char a[4096], b[4096];
+};
+#define R187_HOOKS 8
+static struct r187_hook r187[R187_HOOKS];
+static atomic_int r187_on;
+
+static void
+r187_fire(const char *path, int after)
+{
+	for (int i = 0; i < R187_HOOKS; i++) {
+		struct r187_hook *h = &r187[i];
+
+		if (h->path[0] == '\0' || strcmp(h->path, path) != 0)
+			continue;
+		if (!after)
+			h->seen++;
+		if (h->seen == h->nth && h->after == after && !h->fired &&
+			renameat2(AT_FDCWD, h->a, AT_FDCWD, h->b, RENAME_EXCHANGE) == 0)
+			h->fired = 1;
+	}
+}
+
 char *
 __wrap_realpath(const char *path, char *resolved)
 {
 	char tmp[4200];
+
+	if (atomic_load(&r187_on)) {
+		char *r;
+
+		r187_fire(path, 0);
+		r = __real_realpath(path, resolved);
+		r187_fire(path, 1);
+		return r;
+	}
 
 	if (atomic_load(&swap_at) > 0 && strcmp(path, swap_dir) == 0 &&
 		atomic_fetch_sub(&swap_at, 1) == 1) {
@@ -194,6 +233,8 @@ setup(void **state)
 	atomic_store(&relink, 0);
 	atomic_store(&record_munmap, false);
 	atomic_store(&n_munmapped, 0);
+	atomic_store(&r187_on, 0);
+	tree_force_fallback = 0; /* a failed fallback test leaves it set */
 	*state = du_new(false);
 	return 0;
 }
@@ -1612,10 +1653,133 @@ test_sibling_linking_out_while_opened_waits(void **state)
 	free(p);
 }
 
+
+static void
+r187_set(int i, const char *path, int nth, int after, const char *a, const char *b)
+{
+	snprintf(r187[i].path, sizeof(r187[i].path), "%s", path);
+	r187[i].nth = nth;
+	r187[i].after = after;
+	r187[i].seen = r187[i].fired = 0;
+	snprintf(r187[i].a, sizeof(r187[i].a), "%s", a);
+	snprintf(r187[i].b, sizeof(r187[i].b), "%s", b);
+}
+
+static void
+r187_clear(void)
+{
+	atomic_store(&r187_on, 0);
+	memset(r187, 0, sizeof(r187));
+}
+
+/*
+ * rev187 R1: a model that is one file, configured in alice's directory
+ * v2 (generation 1 there). at_its_place takes lstat(before) == the opened
+ * file as "that file" with no tree check, but lstat follows a link in a
+ * *directory* component of before: alice exchanges v2 (her directory) with
+ * v2x (her link to bob's directory) for tree_open's realpath of the
+ * directory (the file is opened in bob's tree), back for the realpath of
+ * the path, again right after it (for the lstat), back for hub_root's
+ * realpath of the directory (before gen_tree_root's stat of the root).
+ */
+static void
+test_rev187_one_file_parent_dir_exchanged(void **state)
+{
+	struct du *t = *state;
+	char *p, *a, *b, cmd[8192], v2[2048], v2x[2048];
+	struct generation *g1, *g;
+	int st;
+
+	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p srv/v2 srv/bob", t->dir);
+	assert_int_equal(system(cmd), 0);
+	a = du_model(t, "srv/v2/model.safetensors", 1024);
+	b = du_model(t, "srv/bob/model.safetensors", 2048);
+	snprintf(cmd, sizeof(cmd), "cd %s/srv && chown -R 23456:23456 v2 && "
+		"chown -R 12345:12345 bob && chmod 0600 %s && ln -s bob v2x && "
+		"chown -h 23456:23456 v2x", t->dir, b);
+	assert_int_equal(system(cmd), 0);
+	p = llama_loaded(t, "srv/v2/model.safetensors", &g1);
+	assert_int_equal(g1->source.files[0].st.st_uid, 23456);
+	snprintf(v2, sizeof(v2), "%s/srv/v2", t->dir);
+	snprintf(v2x, sizeof(v2x), "%s/srv/v2x", t->dir);
+	r187_set(0, v2, 1, 0, v2, v2x);  /* tree_open: v2 -> bob */
+	r187_set(1, p, 2, 0, v2, v2x);   /* gen_resolved_path's realpath: v2 a dir */
+	r187_set(2, p, 2, 1, v2, v2x);   /* its lstat: v2 -> bob */
+	r187_set(3, v2, 2, 0, v2, v2x);  /* hub_root, gen_tree_root: v2 a dir */
+	atomic_store(&r187_on, 1);
+	st = r180_watched(t, "llama");
+	g = du_current(t, "llama");
+	print_message("rev187 R1: fired %d%d%d%d status %d (%s) current %p uid %u size %lld\n",
+		r187[0].fired, r187[1].fired, r187[2].fired, r187[3].fired, st, t->message,
+		(void *)g, (unsigned)g->source.files[0].st.st_uid,
+		(long long)g->source.files[0].st.st_size);
+	r187_clear();
+	assert_int_equal(g->source.files[0].st.st_uid, 23456); /* else bob's file is hers */
+	assert_int_equal(st, -EXDEV);
+	assert_ptr_equal(g, g1);
+	free(a);
+	free(b);
+	free(p);
+}
+
+/*
+ * rev187 R2: same_tree takes a root equal by its path whoever owns it
+ * now: alice's model srv/v2/model.safetensors (generation 1, tree srv/v2,
+ * hers); her v2 is gone (renamed away for a redeploy, or removed) and bob
+ * made srv/v2 (his, with his file). A watched reload takes it.
+ */
+static void
+test_rev187_same_root_new_owner(void **state)
+{
+	struct du *t = *state;
+	char *p, *a, *b, cmd[8192];
+	struct generation *g1, *g;
+	int st;
+
+	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p srv/v2 srv/bob", t->dir);
+	assert_int_equal(system(cmd), 0);
+	a = du_model(t, "srv/v2/model.safetensors", 1024);
+	b = du_model(t, "srv/bob/model.safetensors", 2048);
+	snprintf(cmd, sizeof(cmd), "cd %s/srv && chown -R 23456:23456 v2 && "
+		"chown -R 12345:12345 bob", t->dir);
+	assert_int_equal(system(cmd), 0);
+	p = llama_loaded(t, "srv/v2/model.safetensors", &g1);
+	snprintf(cmd, sizeof(cmd), "cd %s/srv && mv v2 v2.old && mv bob v2", t->dir);
+	assert_int_equal(system(cmd), 0);
+	st = r180_watched(t, "llama");
+	g = du_current(t, "llama");
+	print_message("rev187 R2: status %d (%s) uid %u size %lld\n", st, t->message,
+		(unsigned)g->source.files[0].st.st_uid, (long long)g->source.files[0].st.st_size);
+	assert_int_equal(g->source.files[0].st.st_uid, 23456); /* else bob's tree is hers */
+	assert_int_equal(st, -EXDEV);
+	assert_ptr_equal(g, g1);
+	assert_non_null(strstr(t->message, "now owned by uid 12345 (was uid 23456)"));
+	free(a);
+	free(b);
+	free(p);
+}
+
+/* rev187 R4: rev185 F5's regression test on a kernel without openat2
+ * (tree_force_fallback, as tree.h offers the tests): is_file_at's stat(2)
+ * of the place by its path followed alice's link out of her tree to bob's
+ * file; without openat2 a watched reload takes only files with no link. */
+static void
+test_rev187_fallback_sibling_linking_out(void **state)
+{
+	tree_force_fallback = 1;
+	test_sibling_linking_out_while_opened_waits(state);
+	tree_force_fallback = 0;
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_rev187_one_file_parent_dir_exchanged, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_rev187_same_root_new_owner, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_rev187_fallback_sibling_linking_out, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(test_r180_no_generation_link_elsewhere_waits, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_r180_dangling_link_dir, setup, teardown),
