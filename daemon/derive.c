@@ -134,19 +134,44 @@ derive_build_free(struct derive_table *t, struct derive_build *b)
 	free(b);
 }
 
-int
-derive_cred_copy(struct derive_cred *dst, const struct derive_cred *from)
+/* *dst (whose groups it frees) becomes gid and a copy of groups (n of
+ * them): 0, or -ENOMEM with *dst untouched. */
+static int
+cred_set(struct derive_cred *dst, gid_t gid, const gid_t *from, uint32_t n)
 {
 	gid_t *groups = NULL;
 
-	if (from->ngroups > 0) {
-		if ((groups = malloc(from->ngroups * sizeof(*groups))) == NULL)
+	if (n > 0) {
+		if ((groups = malloc(n * sizeof(*groups))) == NULL)
 			return -ENOMEM;
-		memcpy(groups, from->groups, from->ngroups * sizeof(*groups));
+		memcpy(groups, from, n * sizeof(*groups));
 	}
 	free(dst->groups);
-	*dst = (struct derive_cred){ .gid = from->gid, .groups = groups,
-		.ngroups = from->ngroups };
+	*dst = (struct derive_cred){ .gid = gid, .groups = groups, .ngroups = n };
+	return 0;
+}
+
+int
+derive_cred_copy(struct derive_cred *dst, const struct derive_cred *from)
+{
+	return cred_set(dst, from->gid, from->groups, from->ngroups);
+}
+
+int
+derive_builder_may(struct derive_table *t, const struct derive_build *b, char *why,
+	size_t why_size)
+{
+	const struct model_entry *m = derive_entry_of(t, b->model_name, b->entry_id);
+	struct registry_peer peer = { .pid = b->builder_pid, .uid = b->builder_uid,
+		.gid = b->builder_cred.gid, .groups = b->builder_cred.groups,
+		.ngroups = (int)b->builder_cred.ngroups, .self_uid = geteuid() };
+
+	if (m == NULL || b->builder_cred.gid == (gid_t)-1 || registry_may_build(m, &peer))
+		return 1;
+	snprintf(why, why_size, "uid %u (gid %u, %u supplementary groups) may no longer build "
+		 "it: %s since a configuration reload", (unsigned)b->builder_uid,
+		(unsigned)b->builder_cred.gid, (unsigned)b->builder_cred.ngroups,
+		m->derive ? "none of its groups is in derive_groups" : "derive = no");
 	return 0;
 }
 
@@ -319,6 +344,10 @@ derive_builder_lost(struct derive_table *t, struct derive_build *b, const char *
 	b->builder = w->conn;
 	b->builder_pid = w->pid;
 	b->builder_uid = w->uid;
+	/* Its groups, for a reload's check: not known when out of memory
+	 * (its PUBLISH then takes them). */
+	if (cred_set(&b->builder_cred, w->gid, w->groups, w->ngroups) < 0)
+		derive_cred_clear(&b->builder_cred);
 	b->token = new_token(t);
 	b->started_ms = derive_now_ms(t);
 	b->deadline_ms = b->started_ms + b->timeout_ms;
@@ -374,6 +403,7 @@ expire_one(struct derive_table *t, uint64_t now)
 			/* Its builder is told at its PUBLISH or ABANDON. */
 			e->token = b->token;
 			e->timeout_s = b->timeout_ms / 1000;
+			e->why[0] = '\0';
 			snprintf(e->what, sizeof(e->what),
 				"model \"%s\": derived \"%s\" of generation %" PRIu64,
 				b->model_name, b->key, b->source);
@@ -711,6 +741,9 @@ derive_request(struct derive_table *t, const struct wire_derive *d,
 		w->may_build = registry_may_build(m, peer);
 		w->pid = peer->pid;
 		w->uid = peer->uid;
+		w->gid = peer->gid;
+		w->groups = peer->groups;
+		w->ngroups = peer->ngroups > 0 ? (uint32_t)peer->ngroups : 0;
 		for (pp = &b->waiters; *pp != NULL; pp = &(*pp)->next)
 			;
 		*pp = w;
@@ -726,7 +759,11 @@ derive_request(struct derive_table *t, const struct wire_derive *d,
 	}
 	if ((err = make_room(t, m, peer->uid, msg, msg_size)) < 0)
 		return err;
-	if ((b = calloc(1, sizeof(*b))) == NULL || (b->model_name = strdup(m->name)) == NULL) {
+	if ((b = calloc(1, sizeof(*b))) == NULL || (b->model_name = strdup(m->name)) == NULL ||
+		cred_set(&b->builder_cred, peer->gid, peer->groups,
+			peer->ngroups > 0 ? (uint32_t)peer->ngroups : 0) < 0) {
+		if (b != NULL)
+			free(b->model_name);
 		free(b);
 		snprintf(msg, msg_size, "out of memory");
 		return -ENOMEM;
@@ -799,6 +836,11 @@ derive_build_of_token(struct derive_table *t, void *conn, uint64_t token, struct
 	for (unsigned i = 0; i < DERIVE_ENDED_TOKENS; i++) {
 		const struct derive_ended *e = &t->ended[i];
 
+		if (e->token == token && e->why[0] != '\0') {
+			snprintf(msg, msg_size, "%s: its build (token %" PRIx64 ") failed: %s",
+				e->what, token, e->why);
+			return -EPERM;
+		}
 		if (e->token == token) {
 			snprintf(msg, msg_size, "%s: its build (token %" PRIx64 ") was taken away "
 				 "after derive_timeout (%" PRIu64 " s); raise the model's "
@@ -975,10 +1017,68 @@ derive_drop(struct derive_table *t, const char *model_name, const char *key,
 	return found || key == NULL ? 0 : -ENOENT;
 }
 
+/* Whether uid, of gid and groups (n), may build under builders. */
+static int
+builders_allow(const struct access_list *builders, uid_t uid, gid_t gid, const gid_t *groups,
+	uint32_t n, uid_t self_uid)
+{
+	struct access_who who = { .uid = uid, .gid = gid, .groups = groups, .ngroups = (int)n,
+		.self_uid = self_uid };
+
+	return access_allows(builders, &who);
+}
+
+/* The first build of model_name whose builder may not build under builders
+ * (its groups known, its publication not being checked: the check's end
+ * judges that one), judging its waiters' right to take it over again on
+ * the way; NULL when none is left. */
+static struct derive_build *
+unallowed_build(struct derive_table *t, const char *model_name,
+	const struct access_list *builders, uid_t self_uid)
+{
+	for (struct derive_build *b = t->builds; b != NULL; b = b->next) {
+		if (strcmp(b->model_name, model_name) != 0)
+			continue;
+		for (struct derive_waiter *w = b->waiters; w != NULL; w = w->next)
+			w->may_build = w->may_build && builders_allow(builders, w->uid, w->gid,
+				w->groups, w->ngroups, self_uid);
+		if (b->builder != NULL && b->check == NULL && b->builder_cred.gid != (gid_t)-1 &&
+			!builders_allow(builders, b->builder_uid, b->builder_cred.gid,
+				b->builder_cred.groups, b->builder_cred.ngroups, self_uid))
+			return b;
+	}
+	return NULL;
+}
+
+/* b's builder may no longer build (a reload narrowed derive_groups): the
+ * build fails for every waiter, and its builder learns why at its PUBLISH
+ * or ABANDON (derive_build_of_token). */
+static void
+fail_unallowed(struct derive_table *t, struct derive_build *b)
+{
+	struct derive_ended *e = &t->ended[t->next_ended++ % DERIVE_ENDED_TOKENS];
+	char text[WIRE_MAX_MESSAGE];
+
+	e->token = b->token;
+	e->timeout_s = b->timeout_ms / 1000;
+	snprintf(e->what, sizeof(e->what), "model \"%s\": derived \"%s\" of generation %" PRIu64,
+		b->model_name, b->key, b->source);
+	snprintf(e->why, sizeof(e->why), "uid %u may no longer build it: a configuration "
+		 "reload changed derive_groups", (unsigned)b->builder_uid);
+	snprintf(text, sizeof(text), "model \"%s\": derived \"%s\" of generation %" PRIu64
+		 ": the build by pid %d uid %u failed: uid %u (gid %u, %u supplementary groups) "
+		 "may no longer build it: a configuration reload changed derive_groups",
+		b->model_name, b->key, b->source, (int)b->builder_pid, (unsigned)b->builder_uid,
+		(unsigned)b->builder_uid, (unsigned)b->builder_cred.gid,
+		(unsigned)b->builder_cred.ngroups);
+	derive_build_fail(t, b, -EPERM, text);
+}
+
 void
 derive_drop_unallowed(struct derive_table *t, const char *model_name,
 	const struct access_list *builders, uid_t self_uid, struct derive_dropped *out)
 {
+	struct derive_build *b;
 	struct derived *a, *next;
 
 	memset(out, 0, sizeof(*out));
@@ -993,6 +1093,8 @@ derive_drop_unallowed(struct derive_table *t, const char *model_name,
 			continue;
 		withdraw(t, a, "derive_groups", out);
 	}
+	while ((b = unallowed_build(t, model_name, builders, self_uid)) != NULL)
+		fail_unallowed(t, b);
 	(void)count_building(t, model_name, NULL, out);
 }
 

@@ -176,6 +176,8 @@ struct derive_ended {
 	uint64_t token;          /* 0: an empty place */
 	uint64_t timeout_s;
 	char what[WIRE_MAX_NAME + WIRE_MAX_KEY + 64]; /* model "m": derived "k" of generation G */
+	char why[96];            /* "": taken at derive_timeout; else why it failed
+				  * (a reload that narrowed derive_groups) */
 };
 
 struct derive_table {
@@ -411,8 +413,13 @@ int derive_drop(struct derive_table *t, const char *model_name, const char *key,
  * groups its connection had at its PUBLISH, as a connection of them would
  * be (root and self_uid always may). One whose groups are not recorded
  * (taken back from a version 6 store) is kept: the next restart asks the
- * user database, which the loop does not. Builds in progress are left
- * alone (building).
+ * user database, which the loop does not. A build in progress whose
+ * builder may not build under builders now (its uid and its connection's
+ * gid and groups) fails for every waiter (EPERM, one line naming the model,
+ * the key and the uid), unless its publication is being checked (the
+ * check's end judges it again); its builder learns why at its PUBLISH or
+ * ABANDON. The waiters' right to take a build over is judged again. Those
+ * left are counted (building).
  */
 void derive_drop_unallowed(struct derive_table *t, const char *model_name,
 	const struct access_list *builders, uid_t self_uid, struct derive_dropped *out);

@@ -40,6 +40,9 @@ struct derive_waiter {
 	int may_build;
 	pid_t pid;
 	uid_t uid;
+	gid_t gid;               /* its connection's gid and groups (not owned: */
+	const gid_t *groups;     /* the connection outlives its wait), what a */
+	uint32_t ngroups;        /* reload judges may_build by again */
 	struct derive_waiter *next;
 };
 
@@ -59,7 +62,11 @@ struct derive_build {
 				  * away after its PUBLISH, while that is checked */
 	pid_t builder_pid;
 	uid_t builder_uid;
-	struct derive_cred builder_cred; /* its groups, from its PUBLISH on: owned */
+	struct derive_cred builder_cred; /* its connection's gid and groups (what
+					  * derive_groups judged it by at its DERIVE
+					  * and judges again at its PUBLISH, a reload
+					  * and its check's end; gid (gid_t)-1: not
+					  * known), owned */
 	uint64_t started_ms;     /* this builder's start */
 	uint64_t deadline_ms;
 	uint64_t timeout_ms;
@@ -76,6 +83,14 @@ uint64_t derive_now_ms(const struct derive_table *t);
  * *dst untouched. */
 int derive_cred_copy(struct derive_cred *dst, const struct derive_cred *from);
 void derive_cred_clear(struct derive_cred *c);
+/* Whether b's builder (its uid, and the gid and groups of b->builder_cred)
+ * may still build b's model under its derive_groups now (registry_may_build:
+ * root and wcached's own uid always may): 1 where it may, where its model is
+ * gone or its groups are not known; else 0 with the reason in why. PUBLISH
+ * and the end of its check ask it, since a reload may have narrowed
+ * derive_groups after the DERIVE that judged it. */
+int derive_builder_may(struct derive_table *t, const struct derive_build *b, char *why,
+	size_t why_size);
 /* What artifact g weighs in derived_bytes (and so in memory_budget): its
  * memfd and the compiled index wcached keeps for it. */
 uint64_t derive_weight(const struct generation *g);

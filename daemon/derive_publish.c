@@ -773,6 +773,9 @@ check_finish(struct derive_check *c, int status)
 		err = -ECANCELED;
 		snprintf(c->why, sizeof(c->why), "wcached is stopping");
 	}
+	/* A reload may have narrowed derive_groups while it was checked. */
+	if (err == 0 && !derive_builder_may(t, b, c->why, sizeof(c->why)))
+		err = -EPERM;
 	if (err == 0)
 		err = make_artifact(t, b, c, &a);
 	if ((err < 0 || a == NULL) && builder == NULL) {
@@ -1239,6 +1242,17 @@ derive_publish(struct derive_table *t, void *conn, uid_t owner,
 		closer_close(t->closer, owner, memfd);
 		snprintf(msg, msg_size, "wcached is out of memory");
 		return -ENOMEM;
+	}
+	/* Judged at its DERIVE: a reload may have narrowed derive_groups
+	 * since. Refused, the build ends for good, as a refused publication. */
+	if (!derive_builder_may(t, b, c->why, sizeof(c->why))) {
+		snprintf(msg, msg_size, "model \"%s\": derived \"%s\" of generation %" PRIu64
+			 ": the publication by pid %d was refused: %s", b->model_name, b->key,
+			b->source, (int)b->builder_pid, c->why);
+		free(c);
+		closer_close(t->closer, owner, memfd);
+		derive_build_fail(t, b, -ECANCELED, msg);
+		return -EPERM;
 	}
 	c->t = t;
 	c->build = b;
