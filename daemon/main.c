@@ -379,6 +379,18 @@ check(const char *path)
 	return bad;
 }
 
+/* The models changed since the last turn of the loop: the watched
+ * directories follow them, once for them all. */
+static void
+on_watch_idle(uv_idle_t *idle)
+{
+	struct daemon *d = idle->data;
+
+	uv_idle_stop(idle);
+	if (d->watch != NULL)
+		watch_sync(d->watch);
+}
+
 static void
 on_registry_changed(struct registry *r)
 {
@@ -389,9 +401,9 @@ on_registry_changed(struct registry *r)
 	/* Immediate status only when warming just ended; the timer covers
 	 * progress in between. */
 	/* Models come and go through the control socket too: keep the
-	 * watched directories in step. */
+	 * watched directories in step, at the loop's next turn (on_watch_idle). */
 	if (d->watch != NULL)
-		watch_sync(d->watch);
+		uv_idle_start(&d->watch_idle, on_watch_idle);
 	restore_sync(r);
 	registry_progress(r, &done, &total, &warming, &models);
 	if (warming == 0 && d->serving)
@@ -738,6 +750,8 @@ main(int argc, char **argv)
 		fatalx("derived artifacts: out of memory");
 	d.derive.closer = d.closer;
 	derive_set_memory_limit(&d.derive, &d.mem);
+	uv_idle_init(&d.loop, &d.watch_idle);
+	d.watch_idle.data = &d;
 	if (watch_start(&d.loop, &d.reg, &d.watch) < 0)
 		fatalx("%s", error_get());
 

@@ -99,13 +99,84 @@ registry_init_stored(struct registry *r, uv_loop_t *loop, struct warm_pool *pool
 	return setup(r);
 }
 
+/* FNV-1a of a model's name: its chain in r->by_name. */
+static size_t
+name_bucket(const struct registry *r, const char *name)
+{
+	uint64_t h = UINT64_C(14695981039346656037);
+
+	for (const unsigned char *p = (const unsigned char *)name; *p != '\0'; p++)
+		h = (h ^ *p) * UINT64_C(1099511628211);
+	return (size_t)(h & (r->nbuckets - 1));
+}
+
+/* Puts m at the head of its chain; r->by_name is not NULL. */
+static void
+name_link(struct registry *r, struct model_entry *m)
+{
+	struct model_entry **head = &r->by_name[name_bucket(r, m->name)];
+
+	m->name_next = *head;
+	*head = m;
+	r->nnamed++;
+}
+
+/* Takes m out of its chain, when there is a table. */
+static void
+name_unlink(struct registry *r, struct model_entry *m)
+{
+	if (r->by_name == NULL)
+		return;
+	for (struct model_entry **pp = &r->by_name[name_bucket(r, m->name)]; *pp != NULL;
+		pp = &(*pp)->name_next)
+		if (*pp == m) {
+			*pp = m->name_next;
+			r->nnamed--;
+			return;
+		}
+}
+
+/* Before r->models grows by one: a table with room for it, made again
+ * from the list when there is none or it is three quarters full. Without
+ * memory the table goes (NULL) and lookups walk the list. */
+static void
+name_room(struct registry *r)
+{
+	size_t n = r->nbuckets >= 64 ? r->nbuckets : 64;
+
+	if (r->by_name != NULL && (r->nnamed + 1) * 4 <= r->nbuckets * 3)
+		return;
+	while ((r->nnamed + 1) * 4 > n * 3)
+		n *= 2;
+	free(r->by_name);
+	r->nnamed = 0;
+	r->nbuckets = n;
+	if ((r->by_name = calloc(n, sizeof(struct model_entry *))) == NULL) {
+		r->nbuckets = 0;
+		return;
+	}
+	for (struct model_entry *m = r->models; m != NULL; m = m->next)
+		name_link(r, m);
+}
+
+/* The entry of name; of two (never made: a name is looked up before an
+ * entry is made), the newest, as the list, newest first, would give. */
 struct model_entry *
 registry_entry_named(struct registry *r, const char *name)
 {
-	for (struct model_entry *m = r->models; m != NULL; m = m->next)
-		if (strcmp(m->name, name) == 0)
-			return m;
-	return NULL;
+	struct model_entry *found = NULL;
+
+	if (r->by_name == NULL) {
+		for (struct model_entry *m = r->models; m != NULL; m = m->next)
+			if (strcmp(m->name, name) == 0)
+				return m;
+		return NULL;
+	}
+	for (struct model_entry *m = r->by_name[name_bucket(r, name)]; m != NULL;
+		m = m->name_next)
+		if (strcmp(m->name, name) == 0 && (found == NULL || m->entry_id > found->entry_id))
+			found = m;
+	return found;
 }
 
 /*
@@ -255,8 +326,11 @@ registry_entry_new(struct registry *r, const char *name, const char *path, enum 
 	note_refusal(r, name, 0);
 	m->last_generation = statuspage_last_generation(&r->page, m->slot);
 	m->last_attach = ++r->attach_seq;
+	name_room(r);
 	m->next = r->models;
 	r->models = m;
+	if (r->by_name != NULL)
+		name_link(r, m);
 	*out = m;
 	return 0;
 }
@@ -739,6 +813,7 @@ entry_free(struct registry *r, struct model_entry *m)
 			*pp = m->next;
 			break;
 		}
+	name_unlink(r, m);
 	/* A stopping daemon whose state is in the manager's store leaves the
 	 * page as it is: the next process serves the same generations, and
 	 * holders must not see a false stale meanwhile. */
@@ -832,6 +907,9 @@ registry_close(struct registry *r)
 		r->closes_async_state = -1;
 	}
 	statuspage_close(&r->page);
+	free(r->by_name);
+	r->by_name = NULL;
+	r->nbuckets = r->nnamed = 0;
 	registry_refusals_prune(r, keep_none, NULL);
 	free(r->stage_dir);
 	r->stage_dir = NULL;
