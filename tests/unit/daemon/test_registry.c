@@ -1672,9 +1672,43 @@ r187_clear(void)
 	memset(r187, 0, sizeof(r187));
 }
 
+/* rev187: alice's directory srv/v2 (uid 23456) with her model file,
+ * bob's srv/bob (uid 12345) with his 0600 one; "llama" loaded from hers
+ * (generation 1 in *g1): its path. */
+static char *
+alice_v2_bob_beside(struct du *t, struct generation **g1)
+{
+	char *a, *b, cmd[8192];
+
+	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p srv/v2 srv/bob", t->dir);
+	assert_int_equal(system(cmd), 0);
+	a = du_model(t, "srv/v2/model.safetensors", 1024);
+	b = du_model(t, "srv/bob/model.safetensors", 2048);
+	snprintf(cmd, sizeof(cmd), "cd %s/srv && chown -R 23456:23456 v2 && "
+		"chown -R 12345:12345 bob && chmod 0600 %s", t->dir, b);
+	assert_int_equal(system(cmd), 0);
+	free(a);
+	free(b);
+	return llama_loaded(t, "srv/v2/model.safetensors", g1);
+}
+
+/* rev187: the watched reload that ended with st (t->message) kept alice's
+ * generation g1 serving, and refused with -EXDEV. */
+static void
+alices_kept(struct du *t, int st, const struct generation *g1)
+{
+	const struct generation *g = du_current(t, "llama");
+
+	print_message("rev187: status %d (%s) uid %u size %lld\n", st, t->message,
+		(unsigned)g->source.files[0].st.st_uid, (long long)g->source.files[0].st.st_size);
+	assert_int_equal(g->source.files[0].st.st_uid, 23456); /* else bob's file is hers */
+	assert_int_equal(st, -EXDEV);
+	assert_ptr_equal(g, g1);
+}
+
 /*
  * rev187 R1: a model that is one file, configured in alice's directory
- * v2 (generation 1 there). at_its_place takes lstat(before) == the opened
+ * v2 (generation 1 there). at_its_place took lstat(before) == the opened
  * file as "that file" with no tree check, but lstat follows a link in a
  * *directory* component of before: alice exchanges v2 (her directory) with
  * v2x (her link to bob's directory) for tree_open's realpath of the
@@ -1686,20 +1720,14 @@ static void
 test_rev187_one_file_parent_dir_exchanged(void **state)
 {
 	struct du *t = *state;
-	char *p, *a, *b, cmd[8192], v2[2048], v2x[2048];
-	struct generation *g1, *g;
+	char *p, cmd[8192], v2[2048], v2x[2048];
+	struct generation *g1;
 	int st;
 
-	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p srv/v2 srv/bob", t->dir);
+	p = alice_v2_bob_beside(t, &g1);
+	snprintf(cmd, sizeof(cmd), "cd %s/srv && ln -s bob v2x && chown -h 23456:23456 v2x",
+		t->dir);
 	assert_int_equal(system(cmd), 0);
-	a = du_model(t, "srv/v2/model.safetensors", 1024);
-	b = du_model(t, "srv/bob/model.safetensors", 2048);
-	snprintf(cmd, sizeof(cmd), "cd %s/srv && chown -R 23456:23456 v2 && "
-		"chown -R 12345:12345 bob && chmod 0600 %s && ln -s bob v2x && "
-		"chown -h 23456:23456 v2x", t->dir, b);
-	assert_int_equal(system(cmd), 0);
-	p = llama_loaded(t, "srv/v2/model.safetensors", &g1);
-	assert_int_equal(g1->source.files[0].st.st_uid, 23456);
 	snprintf(v2, sizeof(v2), "%s/srv/v2", t->dir);
 	snprintf(v2x, sizeof(v2x), "%s/srv/v2x", t->dir);
 	r187_set(0, v2, 1, 0, v2, v2x);  /* tree_open: v2 -> bob */
@@ -1708,54 +1736,33 @@ test_rev187_one_file_parent_dir_exchanged(void **state)
 	r187_set(3, v2, 2, 0, v2, v2x);  /* hub_root, gen_tree_root: v2 a dir */
 	atomic_store(&r187_on, 1);
 	st = r180_watched(t, "llama");
-	g = du_current(t, "llama");
-	print_message("rev187 R1: fired %d%d%d%d status %d (%s) current %p uid %u size %lld\n",
-		r187[0].fired, r187[1].fired, r187[2].fired, r187[3].fired, st, t->message,
-		(void *)g, (unsigned)g->source.files[0].st.st_uid,
-		(long long)g->source.files[0].st.st_size);
+	print_message("rev187 R1: fired %d%d%d%d\n", r187[0].fired, r187[1].fired,
+		r187[2].fired, r187[3].fired);
 	r187_clear();
-	assert_int_equal(g->source.files[0].st.st_uid, 23456); /* else bob's file is hers */
-	assert_int_equal(st, -EXDEV);
-	assert_ptr_equal(g, g1);
-	free(a);
-	free(b);
+	alices_kept(t, st, g1);
 	free(p);
 }
 
 /*
- * rev187 R2: same_tree takes a root equal by its path whoever owns it
+ * rev187 R2: same_tree took a root equal by its path whoever owns it
  * now: alice's model srv/v2/model.safetensors (generation 1, tree srv/v2,
  * hers); her v2 is gone (renamed away for a redeploy, or removed) and bob
- * made srv/v2 (his, with his file). A watched reload takes it.
+ * made srv/v2 (his, with his file). A watched reload took it.
  */
 static void
 test_rev187_same_root_new_owner(void **state)
 {
 	struct du *t = *state;
-	char *p, *a, *b, cmd[8192];
-	struct generation *g1, *g;
+	char *p, cmd[8192];
+	struct generation *g1;
 	int st;
 
-	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p srv/v2 srv/bob", t->dir);
-	assert_int_equal(system(cmd), 0);
-	a = du_model(t, "srv/v2/model.safetensors", 1024);
-	b = du_model(t, "srv/bob/model.safetensors", 2048);
-	snprintf(cmd, sizeof(cmd), "cd %s/srv && chown -R 23456:23456 v2 && "
-		"chown -R 12345:12345 bob", t->dir);
-	assert_int_equal(system(cmd), 0);
-	p = llama_loaded(t, "srv/v2/model.safetensors", &g1);
+	p = alice_v2_bob_beside(t, &g1);
 	snprintf(cmd, sizeof(cmd), "cd %s/srv && mv v2 v2.old && mv bob v2", t->dir);
 	assert_int_equal(system(cmd), 0);
 	st = r180_watched(t, "llama");
-	g = du_current(t, "llama");
-	print_message("rev187 R2: status %d (%s) uid %u size %lld\n", st, t->message,
-		(unsigned)g->source.files[0].st.st_uid, (long long)g->source.files[0].st.st_size);
-	assert_int_equal(g->source.files[0].st.st_uid, 23456); /* else bob's tree is hers */
-	assert_int_equal(st, -EXDEV);
-	assert_ptr_equal(g, g1);
+	alices_kept(t, st, g1);
 	assert_non_null(strstr(t->message, "now owned by uid 12345 (was uid 23456)"));
-	free(a);
-	free(b);
 	free(p);
 }
 
