@@ -1104,19 +1104,24 @@ closes_then(void *arg)
 	uv_async_send(&c->t->closes_async);
 }
 
-/* Arms closes_timer for the first deadline of the checks that wait. */
+/* Arms closes_timer for the first deadline of the checks that wait, those
+ * whose closes came through left out (closes_through takes them), and never
+ * at 0: closes_late re-arms from inside the timer, and libuv before 1.48
+ * runs a timer started at 0 there again in the same pass, for ever
+ * (review rev189 F1); 1 ms on puts the next run past the poll phase. */
 static void
 closes_rearm(struct derive_table *t)
 {
 	uint64_t first = UINT64_MAX, now = derive_now_ms(t);
 
 	for (const struct derive_check *c = t->checks_closing; c != NULL; c = c->next)
-		if (c->closes_deadline_ms < first)
+		if (c->closes_deadline_ms < first &&
+			!__atomic_load_n(&c->closes_through, __ATOMIC_ACQUIRE))
 			first = c->closes_deadline_ms;
 	if (first == UINT64_MAX)
 		uv_timer_stop(&t->closes_timer);
 	else
-		uv_timer_start(&t->closes_timer, closes_late, first > now ? first - now : 0, 0);
+		uv_timer_start(&t->closes_timer, closes_late, first > now ? first - now : 1, 0);
 }
 
 /* On the loop: the checks whose dropped artifacts were not let go within
@@ -1125,7 +1130,8 @@ closes_rearm(struct derive_table *t)
  * close yet) wait no more: each is queued again, and the kernel says
  * whether there is room for its copy after all (check_kernel_room, which
  * may drop more of what nobody holds, once, review rev186 F2). Those whose
- * closes came through meanwhile are closes_through's. */
+ * closes came through meanwhile go on here too, as closes_through's would:
+ * left in the list they kept the timer due (review rev189 F1). */
 static void
 closes_late(uv_timer_t *h)
 {
@@ -1134,14 +1140,17 @@ closes_late(uv_timer_t *h)
 	struct derive_check *c;
 
 	for (c = t->checks_closing; c != NULL;) {
-		if (c->closes_deadline_ms > now ||
-			__atomic_load_n(&c->closes_through, __ATOMIC_ACQUIRE)) {
+		bool through = __atomic_load_n(&c->closes_through, __ATOMIC_ACQUIRE);
+
+		if (c->closes_deadline_ms > now && !through) {
 			c = c->next;
 			continue;
 		}
 		closes_unlink(t, c);
-		closer_forget(t->closer, c);
-		c->late_ms += now - c->closes_since_ms;
+		if (!through) {
+			closer_forget(t->closer, c);
+			c->late_ms += now - c->closes_since_ms;
+		}
 		check_again(t, c);
 		c = t->checks_closing;
 	}
@@ -1316,7 +1325,7 @@ derive_check_cancel(struct derive_check *c)
 
 		check_free(c);
 		if (!t->closed)
-			uv_timer_start(&t->closes_timer, closes_late, 0, 0);
+			uv_timer_start(&t->closes_timer, closes_late, 1, 0);
 		return;
 	}
 	c->build = NULL;
