@@ -8,7 +8,9 @@
  * when it was opened; the events only say when to look.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/inotify.h>
@@ -295,6 +297,58 @@ dropped(const struct model_entry *m, const struct generation *g)
 	return g->state == GEN_MODIFIED && m->pending != g;
 }
 
+/*
+ * Has anyone the file behind fd (opened read-only) open for writing now?
+ * 1 yes, 0 no, -errno when it cannot be told. A read lease (fcntl(2)
+ * F_SETLEASE, F_RDLCK) is refused with EAGAIN while any descriptor has the
+ * file open for writing, and needs the file's owner or CAP_LEASE (EACCES
+ * otherwise; EINVAL where leases are off or the filesystem has none). It
+ * is given back at once: a writer's open in between waits no longer, and
+ * the lease break's signal is SIGURG, ignored, not SIGIO, which would end
+ * the daemon.
+ */
+static int
+open_for_writing(int fd)
+{
+	if (fcntl(fd, F_SETSIG, SIGURG) == -1)
+		return -errno;
+	if (fcntl(fd, F_SETLEASE, F_RDLCK) == -1)
+		return errno == EAGAIN ? 1 : -errno;
+	(void)fcntl(fd, F_SETLEASE, F_UNLCK);
+	return 0;
+}
+
+/*
+ * g, m's pending generation (not served yet), was just dropped as modified
+ * in place (touched, chmod'ed, chown'ed, truncated or written): m is
+ * reloaded, so that the newest file on disk serves, validated anew, unless
+ * one of g's files is open for writing now, file by file (a write may go
+ * on: its writer's close, IN_CLOSE_WRITE, reloads m, handle_event), or
+ * that cannot be told (the next close after a write, or a rename, does).
+ * Whatever the events were: an attribute change may come before a write,
+ * and a change of times or a truncate(2) by path is an IN_MODIFY with no
+ * writer and no close.
+ */
+static void
+reload_dropped(struct watch *w, struct model_entry *m, const struct generation *g)
+{
+	for (size_t i = 0; i < g->source.nfiles; i++) {
+		const struct wc_file *f = &g->source.files[i];
+		int busy = f->fd >= 0 ? open_for_writing(f->fd) : -EBADF;
+
+		if (busy == 1)
+			return;
+		if (busy < 0) {
+			log_info("model \"%s\": %s: cannot tell whether it is still being "
+				 "written (fcntl F_SETLEASE: %s): it is loaded again at the next "
+				 "close(2) after a write, or rename", m->name, f->path,
+				strerror(-busy));
+			return;
+		}
+	}
+	watch_mark_dirty(w, m->name);
+}
+
 /* Loop thread: what a sync job found. */
 static void
 sync_after(struct workq_job *job, int status)
@@ -355,11 +409,10 @@ sync_after(struct workq_job *job, int status)
 			}
 			/* ... or written in place before: its descriptors say.
 			 * A pending generation dropped for it is reloaded, as
-			 * for a change of attributes seen as an event
-			 * (check_model): nothing tells here whether it was one. */
+			 * for the events of the same change (check_model). */
 			check_generation(w->reg, g);
 			if (pending && dropped(m, g))
-				watch_mark_dirty(w, m->name);
+				reload_dropped(w, m, g);
 		}
 		registry_collect(w->reg);
 	}
@@ -660,63 +713,50 @@ log_overflow(struct watch *w)
  * each is checked once after them (check_generation fstats every file of
  * two generations), not once per event, so that writes to unrelated files
  * in a directory model's directory cost one check per wakeup, whatever
- * their number; with the events its files had. */
+ * their number. */
 struct touched {
-	struct touched_model {
-		struct model_entry *m;
-		uint32_t events;        /* the inotify masks of its files' events */
-	} *models;
+	struct model_entry **models;
 	size_t n, cap;
 };
 
 /*
- * Checks m's generations for in-place changes; events, what this wakeup's
- * events of its files were. A pending generation (not served yet) dropped
- * for a change of attributes alone (IN_ATTRIB: a touch, chmod or chown, no
- * write in this wakeup) is reloaded: the file the operator published by
- * rename(2) is whole, and a new generation of it, validated anew, serves
- * the newest file on disk, as when that change came before the generation
- * was watched (sync_after). One written in place (IN_MODIFY) is reloaded
- * at its writer's close (IN_CLOSE_WRITE, handle_event), never while the
- * write may go on. A current generation changed in place is not reloaded:
- * its files' inodes are served still (registry_load.c's same_files).
+ * Checks m's generations for in-place changes. A pending generation (not
+ * served yet) dropped for one is reloaded when none of its files is open
+ * for writing (reload_dropped), else at its writer's close. A current
+ * generation changed in place is not reloaded: its files' inodes are
+ * served still (registry_load.c's same_files).
  */
 static void
-check_model(struct watch *w, struct model_entry *m, uint32_t events)
+check_model(struct watch *w, struct model_entry *m)
 {
 	struct generation *pending = m->pending;
 
 	check_generation(w->reg, m->current);
 	check_generation(w->reg, m->pending);
-	if (pending != NULL && dropped(m, pending) && (events & IN_ATTRIB) &&
-		!(events & IN_MODIFY))
-		watch_mark_dirty(w, m->name);
+	if (pending != NULL && dropped(m, pending))
+		reload_dropped(w, m, pending);
 }
 
-/* Adds m's event mask to t; where no memory is to be had, checks m now
- * instead. */
+/* Adds m to t; where no memory is to be had, checks it now instead. */
 static void
-touch(struct watch *w, struct touched *t, struct model_entry *m, uint32_t mask)
+touch(struct watch *w, struct touched *t, struct model_entry *m)
 {
-	struct touched_model *grown;
+	struct model_entry **grown;
 
 	for (size_t i = 0; i < t->n; i++)
-		if (t->models[i].m == m) {
-			t->models[i].events |= mask;
+		if (t->models[i] == m)
 			return;
-		}
 	if (t->n == t->cap) {
 		size_t cap = t->cap ? 2 * t->cap : 8;
 
-		if ((grown = reallocarray(t->models, cap, sizeof(*grown))) == NULL) {
-			check_model(w, m, mask);
+		if ((grown = reallocarray(t->models, cap, sizeof(struct model_entry *))) == NULL) {
+			check_model(w, m);
 			return;
 		}
 		t->models = grown;
 		t->cap = cap;
 	}
-	t->models[t->n].m = m;
-	t->models[t->n++].events = mask;
+	t->models[t->n++] = m;
 }
 
 /* Events were lost (a queue overflow, a failed inotify descriptor): every
@@ -748,7 +788,7 @@ handle_event(struct watch *w, const struct inotify_event *ev, struct touched *t)
 	for (struct model_entry *m = w->reg->models; m != NULL; m = m->next) {
 		if (!model_uses_dir(m, dir) || !names_model_file(m, dir, ev->name))
 			continue;
-		touch(w, t, m, ev->mask);
+		touch(w, t, m);
 		if (ev->mask & NAME_EVENTS)
 			watch_mark_dirty(w, m->name);
 	}
@@ -808,7 +848,7 @@ on_readable(uv_poll_t *p, int status, int events)
 	}
 	/* No model goes away while the events are read: the entries stay. */
 	for (size_t i = 0; i < t.n; i++)
-		check_model(w, t.models[i].m, t.models[i].events);
+		check_model(w, t.models[i]);
 	free(t.models);
 	registry_collect(w->reg);
 }

@@ -1,7 +1,9 @@
 """A pending generation (a watched reload's new generation, loaded and
-warming, not yet served) whose file is touched in place: the same outcome
-whether the touch lands before wcached compared the generation's paths
-once it was watched (watch.c's sync job) or after.
+warming, not yet served) whose file is changed in place: the same outcome
+whether the change lands before wcached compared the generation's paths
+once it was watched (watch.c's sync job) or after; and whatever the change
+(a touch, a change of times alone, a truncate(2), a chmod before a write),
+the file is loaded again once, and never while a writer has it open.
 
 Before, the two timings differed. A touch between the load's open of the
 file and the generation's install (no event can reach a generation not yet
@@ -27,6 +29,7 @@ first model) has run: the barrier that makes "after", "reloaded" and
 import json
 import os
 import shutil
+import signal
 import subprocess
 
 import pytest
@@ -203,13 +206,14 @@ def wait_file(path):
 class Models:
     """m (gated, in dir m/) and n (the barrier, in dir n/) under one daemon."""
 
-    def __init__(self, start, tmp_path, shim):
+    def __init__(self, start, tmp_path, shim, directory=False):
+        """directory: m is its directory m/, its file m/m.safetensors."""
         self.tmp = tmp_path
         self.gate = tmp_path / "gate"
         self.gate.mkdir()
         os.chmod(self.gate, 0o777)  # the daemon may run as another user
         for sub in ("m", "n"):
-            (tmp_path / sub).mkdir()
+            (tmp_path / sub).mkdir(exist_ok=True)
             os.chmod(tmp_path / sub, 0o777)
         self.m = os.path.realpath(tmp_path / "m" / "m.safetensors")
         self.n = str(tmp_path / "n" / "n.safetensors")
@@ -218,10 +222,13 @@ class Models:
         GatedDaemon.gate_env = {"LD_PRELOAD": shim, "WC_GATE_DIR": str(self.gate),
                                 "WC_GATE_FILE": self.m, "UV_THREADPOOL_SIZE": "1"}
         # Warm threads to spare: n's warm-ups must not wait behind m's held ones.
-        self.d = start({"m": self.m, "n": self.n}, prefetch_threads=4)
+        self.d = start({"m": os.path.dirname(self.m) if directory else self.m, "n": self.n},
+                       prefetch_threads=4)
         ready(self.d, "m", 1)
         ready(self.d, "n", 1)
         self.n_generation = 1
+        # Not a second *.safetensors in a directory model's directory.
+        self.tmp_name = ".next.tmp" if directory else ".next.safetensors"
 
     def arm(self, what):
         (self.gate / what).touch()
@@ -233,9 +240,28 @@ class Models:
         wait_file(str(self.gate / f"{what}.held"))
 
     def replace(self, path, make):
-        tmp = os.path.join(os.path.dirname(path), ".next.safetensors")
+        tmp = os.path.join(os.path.dirname(path), self.tmp_name)
         make(tmp)
         os.rename(tmp, path)
+
+    def pending_watched(self):
+        """Generation 2 of m, pending (its warm-up held), its sync job run:
+        only inotify sees a change of its file from now on."""
+        self.arm("warm")
+        self.replace(self.m, lambda p: mkmodel(p, seed=2, **BIG))
+        self.held("warm")
+        self.barrier()
+
+    def reloaded_once(self, size=True):
+        """After n's next reload, generation 3 of m (the changed file) is
+        pending and 1 serves; released, 3 serves without an error."""
+        self.barrier()
+        m = entry(self.d, "m")
+        assert m["generation"] == 1 and m["pending"] == 3, m
+        self.release("warm")
+        m = ready(self.d, "m", 3, os.path.getsize(self.m) if size else None)
+        assert "error" not in m, m
+        return m
 
     def barrier(self):
         """A reload of n, through the one work queue thread: once it is
@@ -307,10 +333,7 @@ def test_a_pending_generation_written_in_place_is_reloaded_at_its_writers_close(
     writer closes it (IN_CLOSE_WRITE), never while the write is open."""
     s = Models(start, tmp_path, shim)
     d = s.d
-    s.arm("warm")
-    s.replace(s.m, lambda p: mkmodel(p, seed=2, **BIG))
-    s.held("warm")
-    s.barrier()  # its sync job has run: only inotify sees the write
+    s.pending_watched()
     fd = os.open(s.m, os.O_WRONLY | os.O_CLOEXEC)
     try:
         os.pwrite(fd, b"\x01\x02", 1 << 20)  # inside the tensors' data
@@ -320,10 +343,78 @@ def test_a_pending_generation_written_in_place_is_reloaded_at_its_writers_close(
         assert m["generation"] == 1 and m["pending"] == 0, m
     finally:
         os.close(fd)
-    s.barrier()
-    m = entry(d, "m")
-    assert m["generation"] == 1 and m["pending"] == 3, m
-    s.release("warm")
-    m = ready(d, "m", 3, os.path.getsize(s.m))
-    assert "error" not in m, m
+    s.reloaded_once()
     assert "before its directory was watched" not in d.read_log(), d.read_log()
+
+
+def test_a_pending_generation_chmod_then_written_is_reloaded_at_its_writers_close(
+        start, tmp_path, shim):
+    """A writer that opens the file, changes its mode (fchmod: an
+    IN_ATTRIB alone) and then writes: the drop must not reload the file
+    while the write is open, else that generation could serve and then be
+    written, leaving nothing new clients may attach (review rev188 F1)."""
+    s = Models(start, tmp_path, shim)
+    d = s.d
+    s.pending_watched()
+    fd = os.open(s.m, os.O_WRONLY | os.O_CLOEXEC)  # no event yet
+    try:
+        os.fchmod(fd, 0o644)
+        wait_dropped(d)
+        s.barrier()  # a reload of m would have been queued before this one
+        m = entry(d, "m")
+        assert m["generation"] == 1 and m["pending"] == 0, m
+        s.release("warm")
+        s.barrier()
+        m = entry(d, "m")
+        assert m["generation"] == 1 and m["pending"] == 0, m
+        os.pwrite(fd, b"\x01\x02", 1 << 20)  # inside the tensors' data
+    finally:
+        os.close(fd)
+    m = ready(d, "m", 3, os.path.getsize(s.m))  # the written file
+    assert "error" not in m, m
+    r = d.attach("m", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["generation"] == 3
+
+
+@pytest.mark.parametrize("how", ["touch -c -m", "truncate"])
+def test_a_pending_generation_changed_without_a_writer_is_reloaded(start, tmp_path, shim,
+                                                                   how):
+    """A change of mtime alone (utimensat by path) and a truncate(2) by
+    path come as IN_MODIFY with no open and so no close: no writer has
+    the file open, so the drop reloads it (review rev188 F2)."""
+    s = Models(start, tmp_path, shim)
+    d = s.d
+    s.pending_watched()
+    if how == "truncate":
+        os.truncate(s.m, os.path.getsize(s.m))
+    else:
+        subprocess.run(["touch", "-c", "-m", s.m], check=True)
+    wait_dropped(d)
+    s.reloaded_once()
+
+
+def test_a_directory_models_other_file_written_does_not_hold_the_reload(
+        start, tmp_path, shim):
+    """A directory model: its pending generation's file chmod'ed while
+    another file in the directory (a log, not loaded) is written in the
+    same wakeup and kept open. Whether to reload is decided by the
+    generation's own files, not by the directory's events together
+    (review rev188 F3)."""
+    (tmp_path / "m").mkdir()
+    log = open(tmp_path / "m" / "notes.log", "a")  # before the daemon: no event
+    try:
+        s = Models(start, tmp_path, shim, directory=True)
+        d = s.d
+        s.pending_watched()
+        os.kill(d.proc.pid, signal.SIGSTOP)  # both events in one read
+        try:
+            os.chmod(s.m, 0o600)
+            log.write("x")
+            log.flush()
+        finally:
+            os.kill(d.proc.pid, signal.SIGCONT)
+        wait_dropped(d)
+        s.reloaded_once(size=False)
+    finally:
+        log.close()
