@@ -510,8 +510,8 @@ memlimit_parse_use(const char *text, size_t len, enum memlimit_kind kind, uint64
 	/* The first two keys of each kind must be there; a later one that is
 	 * not is 0 (an older kernel), one that is there must say a number. */
 	static const char *const keys[3][USE_KEYS] = {
-		[MEMLIMIT_RAM] = { "AnonPages", "Shmem", "SwapFree", "Hugetlb", "SUnreclaim",
-			"KernelStack", "PageTables" },
+		[MEMLIMIT_RAM] = { "MemTotal", "MemAvailable", "AnonPages", "Shmem", "SwapFree",
+			"Mlocked" },
 		[MEMLIMIT_CGROUP_V2] = { "anon", "shmem", "kernel" },
 		[MEMLIMIT_CGROUP_V1] = { "total_rss", "total_shmem" },
 	};
@@ -528,14 +528,19 @@ memlimit_parse_use(const char *text, size_t len, enum memlimit_kind kind, uint64
 	for (int i = 0; i < USE_KEYS && ask.key[i] != NULL; i++)
 		if (ask.seen[i] ? !ask.found[i] : i < 2)
 			return 0;
-	sum = add_cut(ask.value[0], ask.value[1]);
 	if (kind == MEMLIMIT_RAM) {
-		/* Free swap can take anonymous memory and shmem, no more. */
-		sum -= ask.value[2] < sum ? ask.value[2] : sum;
-		for (int i = 3; i < USE_KEYS; i++)
-			sum = add_cut(sum, ask.value[i]);
+		/* What the kernel says is not available (review rev189 F2: it
+		 * counts mlocked and driver-pinned pages, ramfs, zswap and its
+		 * reserves), less what free swap could take: anonymous memory
+		 * and shmem that is not mlocked, no more. */
+		uint64_t swappable = add_cut(ask.value[2], ask.value[3]), credit;
+
+		sum = ask.value[0] > ask.value[1] ? ask.value[0] - ask.value[1] : 0;
+		swappable -= ask.value[5] < swappable ? ask.value[5] : swappable;
+		credit = ask.value[4] < swappable ? ask.value[4] : swappable;
+		sum -= credit < sum ? credit : sum;
 	} else {
-		sum = add_cut(sum, ask.value[2]);
+		sum = add_cut(add_cut(ask.value[0], ask.value[1]), ask.value[2]);
 	}
 	*out = sum;
 	return 1;
@@ -601,10 +606,10 @@ memlimit_use_say(enum memlimit_kind kind, uint64_t used, char *buf, size_t len)
 
 	if (kind == MEMLIMIT_RAM)
 		n = snprintf(buf, len, "the machine has about %" PRIu64 " MiB in use that the "
-			"kernel cannot reclaim (/proc/meminfo: AnonPages and Shmem less the "
-			"SwapFree that could take them, plus Hugetlb, SUnreclaim, KernelStack and "
-			"PageTables; %" PRIu64 " MiB of it allowed for the kernel's per-CPU counts "
-			"not yet added up)", used >> 20, margin);
+			"kernel cannot reclaim (/proc/meminfo: MemTotal less MemAvailable, less "
+			"the SwapFree that could take AnonPages and Shmem not Mlocked; %" PRIu64
+			" MiB of it allowed for the kernel's per-CPU counts not yet added up)",
+			used >> 20, margin);
 	else
 		n = snprintf(buf, len, "wcached's memory cgroup has about %" PRIu64 " MiB of "
 			"anonymous memory and shmem in use (memory.stat), which the kernel cannot "

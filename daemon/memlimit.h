@@ -93,13 +93,13 @@ int memlimit_fits(const struct memlimit *m, uint64_t models, uint64_t pinned, ui
  * is every memfd page charged to the cgroup, wcached's copies of derived
  * artifacts among them, for as long as anyone maps them or keeps a
  * descriptor of them: a worker that released an artifact may still do so.
- * For the RAM, /proc/meminfo's AnonPages + Shmem less SwapFree (free swap
- * can take that much of them; a swap device in RAM, zram, would take less),
- * plus what no swap can take: Hugetlb (the huge page pool, which MemTotal
- * counts), SUnreclaim, KernelStack and PageTables. Not MemTotal less
- * MemAvailable: MemAvailable leaves out what swap could take and caches the
- * kernel does not know it can shrink (the ZFS ARC), so it would count them
- * as in use (review rev186 F3). The margin, memlimit_use_margin(), is added
+ * For the RAM, /proc/meminfo's MemTotal less MemAvailable (what the kernel
+ * says is not available: mlocked and driver-pinned pages, ramfs, zswap and
+ * its reserves too, review rev189 F2) less what free swap could take of it:
+ * SwapFree, at most AnonPages + Shmem less Mlocked (review rev186 F3; a swap
+ * device in RAM, zram, would take less). A cache the kernel does not know it
+ * can shrink (the ZFS ARC) still counts as in use. The margin,
+ * memlimit_use_margin(), is added
  * to what the file says. 0 with *out, -errno when the file cannot be read,
  * -EBADMSG when it does not say. Any thread (it reads one file).
  */
@@ -198,9 +198,10 @@ int memlimit_parse_limit(const char *text, size_t len, const char *key, uint64_t
  * reads ("KEY N" in memory.stat; "KEY: N kB" in /proc/meminfo, blanks
  * before N) says a decimal number of bytes (of kB) that fits 64 bits: the
  * first two keys (v2 anon, shmem; v1 total_rss, total_shmem; meminfo
- * AnonPages, Shmem) must be there, a later one (v2 kernel; meminfo SwapFree,
- * Hugetlb, SUnreclaim, KernelStack, PageTables) that is not there is 0;
- * sums cut at UINT64_MAX, SwapFree taking at most AnonPages + Shmem. 0 when
+ * MemTotal, MemAvailable) must be there, a later one (v2 kernel; meminfo
+ * AnonPages, Shmem, SwapFree, Mlocked) that is not there is 0; sums cut at
+ * UINT64_MAX, differences at 0, SwapFree taking at most AnonPages + Shmem -
+ * Mlocked off MemTotal - MemAvailable. 0 when
  * a key's first line does not say a number or a first two is missing (*out
  * untouched), -ENOMEM. */
 int memlimit_parse_use(const char *text, size_t len, enum memlimit_kind kind, uint64_t *out);

@@ -568,14 +568,14 @@ sum_cut(uint64_t a, uint64_t b)
 
 /* memlimit_parse_use() of text in kind's format against the oracle: the
  * first two keys must say a number, a later one may be missing (0) but
- * not say something else; for meminfo, SwapFree takes at most AnonPages +
- * Shmem, and the rest is added. */
+ * not say something else; for meminfo, MemTotal - MemAvailable less
+ * SwapFree, which takes at most AnonPages + Shmem - Mlocked (each
+ * difference at least 0). */
 static void
 check_use(const char *text, size_t len, enum memlimit_kind kind)
 {
 	static const char *const keys[3][7] = {
-		{ "AnonPages", "Shmem", "SwapFree", "Hugetlb", "SUnreclaim", "KernelStack",
-			"PageTables" },
+		{ "MemTotal", "MemAvailable", "AnonPages", "Shmem", "SwapFree", "Mlocked" },
 		{ "anon", "shmem", "kernel" },
 		{ "total_rss", "total_shmem" },
 	};
@@ -593,13 +593,15 @@ check_use(const char *text, size_t len, enum memlimit_kind kind)
 		if (got == 0 || (got == -1 && i < 2))
 			yes = false;
 	}
-	want = sum_cut(value[0], value[1]);
 	if (meminfo) {
-		want = value[2] >= want ? 0 : want - value[2];
-		for (int i = 3; i < 7; i++)
-			want = sum_cut(want, value[i]);
+		uint64_t swap = sum_cut(value[2], value[3]);
+
+		swap = value[5] >= swap ? 0 : swap - value[5];
+		swap = value[4] < swap ? value[4] : swap;
+		want = value[1] >= value[0] ? 0 : value[0] - value[1];
+		want = swap >= want ? 0 : want - swap;
 	} else {
-		want = sum_cut(want, value[2]);
+		want = sum_cut(sum_cut(value[0], value[1]), value[2]);
 	}
 	CHECK(r == (yes ? 1 : 0));
 	CHECK(v == (yes ? want : 12345));

@@ -774,7 +774,7 @@ test_use_of_the_limit(void **state)
 	snprintf(want, sizeof(want), "%s/proc/meminfo", v1);
 	assert_string_equal(m.use_file, want);
 	assert_int_equal(memlimit_use(m.use_file, m.kind, &v), 0);
-	assert_true(v == UINT64_C(2017432) * 1024 + margin);
+	assert_true(v == UINT64_C(35695036) * 1024 + margin);
 	tu_rmtree(v1);
 }
 
@@ -810,63 +810,83 @@ test_parse_use(void **state)
 	assert_int_equal(v, 3);
 	/* meminfo: kB; a kB count past 64 bits in bytes says nothing, and
 	 * neither does a key that is there without a number. */
-	assert_int_equal(memlimit_parse_use("AnonPages: 4 kB\nShmem:\t1 kB\n", 28,
+	assert_int_equal(memlimit_parse_use("MemTotal: 9 kB\nMemAvailable:\t4 kB\n", 34,
 		MEMLIMIT_RAM, &v), 1);
 	assert_int_equal(v, 5120);
-	assert_int_equal(memlimit_parse_use("AnonPages: 4\nShmem: 1 kB\n", 25,
+	assert_int_equal(memlimit_parse_use("MemTotal: 9\nMemAvailable: 4 kB\n", 31,
 		MEMLIMIT_RAM, &v), 0);
-	assert_int_equal(memlimit_parse_use("AnonPages: 18014398509481984 kB\nShmem: 1 kB\n",
-		44, MEMLIMIT_RAM, &v), 0);
-	assert_int_equal(memlimit_parse_use("AnonPages: 4 kB\nShmem: 1 kB\nSwapFree: -1 kB\n",
-		44, MEMLIMIT_RAM, &v), 0);
+	assert_int_equal(memlimit_parse_use("MemTotal: 18014398509481984 kB\n"
+		"MemAvailable: 1 kB\n", 50, MEMLIMIT_RAM, &v), 0);
+	assert_int_equal(memlimit_parse_use("MemTotal: 9 kB\nMemAvailable: 4 kB\n"
+		"SwapFree: -1 kB\n", 50, MEMLIMIT_RAM, &v), 0);
+	assert_int_equal(memlimit_parse_use("AnonPages: 4 kB\nShmem: 1 kB\n", 28,
+		MEMLIMIT_RAM, &v), 0);
 	assert_int_equal(v, 5120);
-	/* Free swap takes at most the anonymous memory and shmem; what no swap
-	 * takes is added whole. */
-	assert_int_equal(memlimit_parse_use("AnonPages: 4 kB\nShmem: 1 kB\nSwapFree: 3 kB\n"
-		"Hugetlb: 10 kB\nSUnreclaim: 20 kB\nKernelStack: 40 kB\nPageTables: 80 kB\n", 112,
+	/* Free swap takes at most the anonymous memory and shmem that is not
+	 * mlocked off what is not available (review rev189 F2). */
+	assert_int_equal(memlimit_parse_use("MemTotal: 100 kB\nMemAvailable: 40 kB\n"
+		"AnonPages: 30 kB\nShmem: 10 kB\nSwapFree: 1000 kB\nMlocked: 25 kB\n", 100,
 		MEMLIMIT_RAM, &v), 1);
-	assert_int_equal(v, 152 * 1024);
-	assert_int_equal(memlimit_parse_use("AnonPages: 4 kB\nShmem: 1 kB\nSwapFree: 9 kB\n"
-		"PageTables: 80 kB\n", 62, MEMLIMIT_RAM, &v), 1);
+	assert_int_equal(v, 45 * 1024);
+	assert_int_equal(memlimit_parse_use("MemTotal: 100 kB\nMemAvailable: 40 kB\n"
+		"AnonPages: 30 kB\nShmem: 10 kB\nSwapFree: 3 kB\nMlocked: 25 kB\n", 97,
+		MEMLIMIT_RAM, &v), 1);
+	assert_int_equal(v, 57 * 1024);
+	/* Mlocked past AnonPages + Shmem (mlocked page cache): no credit. */
+	assert_int_equal(memlimit_parse_use("MemTotal: 100 kB\nMemAvailable: 20 kB\n"
+		"AnonPages: 10 kB\nMlocked: 50 kB\nSwapFree: 1000 kB\n", 87, MEMLIMIT_RAM,
+		&v), 1);
 	assert_int_equal(v, 80 * 1024);
+	/* No difference is below 0. */
+	assert_int_equal(memlimit_parse_use("MemTotal: 100 kB\nMemAvailable: 90 kB\n"
+		"AnonPages: 50 kB\nSwapFree: 1000 kB\n", 72, MEMLIMIT_RAM, &v), 1);
+	assert_int_equal(v, 0);
+	v = 7;
+	assert_int_equal(memlimit_parse_use("MemTotal: 10 kB\nMemAvailable: 90 kB\n", 36,
+		MEMLIMIT_RAM, &v), 1);
+	assert_int_equal(v, 0);
 }
 
 /*
- * Real /proc/meminfo files (review rev186 F3): what the kernel cannot
- * reclaim is AnonPages + Shmem less SwapFree, plus Hugetlb, SUnreclaim,
- * KernelStack and PageTables, not MemTotal less MemAvailable, which counts
- * what swap could take and a ZFS ARC as in use.
+ * Real /proc/meminfo files (reviews rev186 F3, rev189 F2): in use is
+ * MemTotal less MemAvailable, which counts mlocked page cache, driver-pinned
+ * memory, ramfs, zswap and the kernel's reserves, less the SwapFree that
+ * could take AnonPages + Shmem not mlocked. A ZFS ARC still counts as in use.
  */
 static void
 test_meminfo(void **state)
 {
-	uint64_t v = 7, total, avail;
+	uint64_t v = 7;
 
 	(void)state;
-	/* This machine (Linux 6.18, 24 GiB, no swap), 2026-12-06: 94100 + 10236
-	 * + 56968 + 2440 + 5416 kB; MemTotal less MemAvailable is 609392 kB
-	 * (page cache and reclaimable slab the kernel does not count as
-	 * available). */
+	/* This machine (Linux 6.18, 24 GiB, no swap), 2026-12-06: 24683748 -
+	 * 24074356 kB, no swap to take any of it. */
 	assert_int_equal(memlimit_parse_use(MEMINFO_NO_SWAP, strlen(MEMINFO_NO_SWAP),
 		MEMLIMIT_RAM, &v), 1);
-	assert_true(v == UINT64_C(169160) * 1024);
+	assert_true(v == UINT64_C(609392) * 1024);
 	/* A ZFS host with 8 GiB of swap, free (htop-dev/htop#1559; its first
-	 * lines, to Unaccepted, no Hugetlb: 0): 2899384 + 287252 kB of anonymous
-	 * memory and shmem, which the free swap could all take, and 1935784 +
-	 * 24576 + 57072 kB that none could. MemTotal less MemAvailable is 37 GiB:
-	 * the ARC and what swap could take counted as in use, and any
-	 * publication past 25.6 GiB was refused. */
+	 * lines, to Unaccepted): 65710420 - 26828796 kB, less 2899384 + 287252
+	 * - 48 kB of anonymous memory and shmem not mlocked, which the free swap
+	 * could all take. The ARC is still in it. */
 	assert_int_equal(memlimit_parse_use(MEMINFO_ZFS_SWAP, strlen(MEMINFO_ZFS_SWAP),
 		MEMLIMIT_RAM, &v), 1);
-	assert_true(v == UINT64_C(2017432) * 1024);
-	assert_true(strstr(MEMINFO_ZFS_SWAP, "MemTotal:       65710420 kB\n") != NULL);
-	assert_true(strstr(MEMINFO_ZFS_SWAP, "MemAvailable:   26828796 kB\n") != NULL);
-	total = UINT64_C(65710420) * 1024;
-	avail = UINT64_C(26828796) * 1024;
-	assert_true(total - avail > 36 * GiB && v < 2 * GiB);
-	/* An older kernel (2016, 1 GiB, no swap) writes no Hugetlb: 0. */
+	assert_true(v == UINT64_C(35695036) * 1024);
+	/* The same, 2 GiB of its anonymous memory mlocked: swap takes 2 GiB
+	 * less of it. */
+	{
+		char text[sizeof(MEMINFO_ZFS_SWAP)];
+		char *m;
+
+		memcpy(text, MEMINFO_ZFS_SWAP, sizeof(text));
+		m = strstr(text, "Mlocked:              48 kB\n");
+		assert_non_null(m);
+		memcpy(m, "Mlocked:         2097200 kB\n", 28);
+		assert_int_equal(memlimit_parse_use(text, strlen(text), MEMLIMIT_RAM, &v), 1);
+		assert_true(v == (UINT64_C(35695036) + 2097152) * 1024);
+	}
+	/* An older kernel (2016, 1 GiB, no swap). */
 	assert_int_equal(memlimit_parse_use(MEMINFO_OLD, strlen(MEMINFO_OLD), MEMLIMIT_RAM, &v), 1);
-	assert_int_equal(v / 1024, 218200 + 612 + 54932 + 2656 + 3992);
+	assert_int_equal(v / 1024, 1019732 - 710280);
 }
 
 /* The margin memlimit_use() adds (review rev186 F5): 256 pages a CPU, at
@@ -890,8 +910,8 @@ test_use_margin(void **state)
 	assert_non_null(strstr(say, "without swap, and of kernel memory ("));
 	memlimit_use_say(MEMLIMIT_RAM, UINT64_C(900) << 20, say, sizeof(say));
 	assert_non_null(strstr(say, "the machine has about 900 MiB in use that the kernel cannot "
-		"reclaim (/proc/meminfo: AnonPages and Shmem less the SwapFree"));
-	assert_null(strstr(say, "MemAvailable"));
+		"reclaim (/proc/meminfo: MemTotal less MemAvailable, less the SwapFree that "
+		"could take AnonPages and Shmem not Mlocked; "));
 	/* Cut to fit, ending in "…". */
 	memlimit_use_say(MEMLIMIT_RAM, 0, say, 40);
 	assert_int_equal(strlen(say), 39);
