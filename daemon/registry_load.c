@@ -62,6 +62,11 @@ struct load_request {
 	char *keep_resolved;
 	char *keep_place;
 	uid_t keep_uid;
+	/* A watched reload of a model whose newest generation is one file:
+	 * that file's owner (its fstat as opened, or its origin's for a
+	 * staged copy), whom the new file must have (same_tree). */
+	int keep_file_known;
+	uid_t keep_file_uid;
 	/* An operator's load or reload: the tree it found, for
 	 * model_entry's operator_tree (find_operator_tree). */
 	uid_t found_uid;
@@ -191,10 +196,26 @@ sibling_swap(const struct load_request *q)
  * root not recorded (a restored generation's) is found from its resolved
  * path here; one that cannot be found is no tree to stay in. A model with
  * no generation keeps the tree its operator's load found, and where that
- * found nothing at its path, the place it named (at_place). 0, or -EXDEV
- * with q->message.
+ * found nothing at its path, the place it named (at_place). A model that
+ * is one file takes, besides, only a file of its old file's owner
+ * (same_file_owner). 0, or -EXDEV with q->message.
  */
 static int at_place(const struct load_request *q);
+
+/*
+ * Whether a watched reload's one file (a model that is one file) has the
+ * owner of the file of the generation it replaces: a model whose file lies
+ * directly in a shared directory (1777, or group-writable) has that
+ * directory for its tree, whose owner stays the same whoever makes a file
+ * at the model's name once its owner's is gone (review rev187 R2b).
+ */
+static int
+same_file_owner(const struct load_request *q)
+{
+	return !q->keep_file_known || q->source.nfiles != 1 ||
+		q->source.format == FORMAT_SHARDED ||
+		q->source.files[0].st.st_uid == q->keep_file_uid;
+}
 
 static int
 same_tree(struct load_request *q)
@@ -233,6 +254,12 @@ same_tree(struct load_request *q)
 			"(was %s): a moved tree is served only after an operator's reload "
 			"(`wcachectl reload %s` or a config reload)", q->path, q->root, old,
 			q->name);
+	else if ((same = same_file_owner(q)) == 0)
+		snprintf(q->message, sizeof(q->message), "its path %s names a file now owned by "
+			"uid %u (was uid %u): a file made again by another user is served only "
+			"after an operator's reload (`wcachectl reload %s` or a config reload)",
+			q->path, (unsigned)q->source.files[0].st.st_uid,
+			(unsigned)q->keep_file_uid, q->name);
 	return same ? 0 : -EXDEV;
 }
 
@@ -1373,6 +1400,14 @@ keep_tree(struct load_request *q, const struct model_entry *m)
 {
 	const struct generation *g = newest(m);
 
+	/* A restored generation's file is its stored descriptor's, fstat'ed
+	 * by the restart's check (and a copy's origin, found the same inode
+	 * by its path): its owner needs no more than a load's. */
+	if (g != NULL && g->source.nfiles == 1 && g->source.format != FORMAT_SHARDED) {
+		q->keep_file_known = 1;
+		q->keep_file_uid = g->origin != NULL ? g->origin[0].st.st_uid :
+			g->source.files[0].st.st_uid;
+	}
 	if (g != NULL && g->tree_root != NULL) {
 		q->keep_uid = g->tree_uid;
 		return (q->keep_root = strdup(g->tree_root)) != NULL ? 0 : -ENOMEM;

@@ -173,16 +173,22 @@ def alice_v2_beside_bobs_model(tmp_path, mode):
 BOB_TAKES_V2 = "mv v2 .alices && mkdir b && mv b.tmp b/model.safetensors && mv b v2"
 
 
+def alices_generation_1_waits(d, refusal, what):
+    """The reload after bob's move waits for the operator's, with one line
+    (matching refusal) that says what (bob's uid, then alice's)."""
+    _, line = d.wait_for_log(r'model "alice": (%s|generation 2 is current)' % refusal)
+    log = d.read_log()
+    assert 'model "alice": generation 2' not in log, "bob's model served as alice's:\n" + log
+    assert what % (BOB_UID, ALICE_UID) in line, line
+    assert "wcachectl reload alice" in line and "generation 1 still serving" in line, line
+    assert "generation 1" in served(d, "alice")
+
+
 def bobs_v2_waits(d, v2):
     """The reload after bob made v2 his waits for the operator's: the root
     of the path is the same, its owner is not (review rev187 R2)."""
-    _, line = d.wait_for_log(r'model "alice": (its path .* still, but|generation 2 is current)')
-    log = d.read_log()
-    assert 'model "alice": generation 2' not in log, "bob's model served as alice's:\n" + log
-    assert "resolves into %s still, but that directory is now owned by uid %d (was uid %d)" \
-        % (v2, BOB_UID, ALICE_UID) in line, line
-    assert "wcachectl reload alice" in line and "generation 1 still serving" in line, line
-    assert "generation 1" in served(d, "alice")
+    alices_generation_1_waits(d, "its path .* still, but", "resolves into " + v2 +
+                              " still, but that directory is now owned by uid %d (was uid %d)")
 
 
 def test_a_tree_removed_and_made_again_by_another_user_waits(tmp_path):
@@ -214,15 +220,13 @@ def test_a_neighbour_moving_the_tree_away_waits(tmp_path):
         assert d.stop() == 0, d.read_log()
 
 
-def test_a_neighbour_moving_the_tree_away_after_a_warm_restart_waits(tmp_path):
-    """The same after a warm restart: the restored generation recorded no
-    tree, and the reload took the root's owner from a stat of its path
-    then, bob's, as the old tree's owner too. The restore's check now
-    takes it from the directory its files were found beneath."""
-    shared, v2 = alice_v2_beside_bobs_model(tmp_path, 0o777)
+def after_a_warm_restart(tmp_path, path, then):
+    """Serves alice's model at path, restarts wcached warm (a fake
+    service manager keeps its descriptors) and calls then(d) once her
+    generation 1 is restored."""
     mgr = FakeManager(str(tmp_path / "notify.sock"))
     os.chmod(mgr.path, 0o666)   # wcached, as DAEMON_UID, sends to it
-    d = Daemon(tmp_path, {"alice": v2}, user=(DAEMON_UID, GROUP), nofile=1024)
+    d = Daemon(tmp_path, {"alice": path}, user=(DAEMON_UID, GROUP), nofile=1024)
     try:
         start(d, mgr, user=(DAEMON_UID, GROUP))
         wait_until(lambda: ready(d, "alice"), what="alice ready")
@@ -231,9 +235,64 @@ def test_a_neighbour_moving_the_tree_away_after_a_warm_restart_waits(tmp_path):
         assert d.stop() == 0, d.read_log()
         start(d, mgr, *mgr.listen_fds(), user=(DAEMON_UID, GROUP))
         d.wait_for_log(r'model "alice": generation 1 restored from the file descriptor store')
-        as_bob(BOB_TAKES_V2, shared)
-        bobs_v2_waits(d, v2)
+        then(d)
     finally:
         code = d.stop()
         mgr.close()
     assert code == 0, d.read_log()
+
+
+def test_a_neighbour_moving_the_tree_away_after_a_warm_restart_waits(tmp_path):
+    """The same after a warm restart: the restored generation recorded no
+    tree, and the reload took the root's owner from a stat of its path
+    then, bob's, as the old tree's owner too. The restore's check now
+    takes it from the directory its files were found beneath."""
+    shared, v2 = alice_v2_beside_bobs_model(tmp_path, 0o777)
+
+    def bob_takes_v2(d):
+        as_bob(BOB_TAKES_V2, shared)
+        bobs_v2_waits(d, v2)
+    after_a_warm_restart(tmp_path, v2, bob_takes_v2)
+
+
+def alices_file_in_a_shared_place(tmp_path):
+    """A sticky place (1777, as /tmp) holding alice's model that is one
+    file, m.safetensors, the path configured, and bob's model file b.tmp:
+    (the place, the path)."""
+    shared = made_by(tmp_path / "shared", 0, 0o1777)
+    m = mkmodel(os.path.join(shared, "m.safetensors"), seed=1)
+    os.chown(m, ALICE_UID, GROUP)
+    mkmodel(os.path.join(shared, "b.tmp"), layers=3, seed=2)
+    os.chown(os.path.join(shared, "b.tmp"), BOB_UID, GROUP)
+    return shared, m
+
+
+def bobs_file_waits(d, shared, m):
+    """alice removes her file (to redeploy); bob renames his to its name.
+    Its tree is the shared place, whose owner did not change: the reload
+    waits for the operator's because the file's owner did (review rev187
+    R2b)."""
+    as_alice("rm m.safetensors", shared)
+    as_bob("mv b.tmp m.safetensors", shared)
+    alices_generation_1_waits(d, "its path .* names a file now owned", "its path " + m +
+                              " names a file now owned by uid %d (was uid %d)")
+
+
+def test_a_file_made_again_by_another_user_in_a_shared_place_waits(tmp_path):
+    """A model that is one file directly in a sticky place: its tree is
+    the place (root's), so bob's file at its name, once alice's is gone,
+    was the same tree and served as her generation 2."""
+    shared, m = alices_file_in_a_shared_place(tmp_path)
+    d = Daemon(tmp_path, {"alice": m}, user=(DAEMON_UID, GROUP), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "alice": generation 1 warm')
+        bobs_file_waits(d, shared, m)
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_a_file_made_again_by_another_user_after_a_warm_restart_waits(tmp_path):
+    """The same after a warm restart: the restored generation's file owner
+    is its stored descriptor's, as the restart's check fstat'ed it."""
+    shared, m = alices_file_in_a_shared_place(tmp_path)
+    after_a_warm_restart(tmp_path, m, lambda d: bobs_file_waits(d, shared, m))

@@ -1766,6 +1766,37 @@ test_rev187_same_root_new_owner(void **state)
 	free(p);
 }
 
+/*
+ * rev187 R2b: a model that is one file directly in a shared directory
+ * (srv, root's, 1777): its tree is srv, whose owner does not change when
+ * alice's file srv/m.safetensors is gone and bob makes his at its name.
+ * A watched reload took his file.
+ */
+static void
+test_rev187_one_file_in_shared_dir_new_owner(void **state)
+{
+	struct du *t = *state;
+	char *a, *b, *p, cmd[8192];
+	struct generation *g1;
+	int st;
+
+	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p srv && chmod 1777 srv", t->dir);
+	assert_int_equal(system(cmd), 0);
+	a = du_model(t, "srv/m.safetensors", 1024);
+	snprintf(cmd, sizeof(cmd), "chown 23456:23456 %s", a);
+	assert_int_equal(system(cmd), 0);
+	p = llama_loaded(t, "srv/m.safetensors", &g1);
+	b = du_model(t, "bob.safetensors", 2048);
+	snprintf(cmd, sizeof(cmd), "chown 12345:12345 %s && rm %s && mv %s %s", b, a, b, a);
+	assert_int_equal(system(cmd), 0);
+	st = r180_watched(t, "llama");
+	alices_kept(t, st, g1);
+	assert_non_null(strstr(t->message, "now owned by uid 12345 (was uid 23456)"));
+	free(a);
+	free(b);
+	free(p);
+}
+
 /* rev187 R4: rev185 F5's regression test on a kernel without openat2
  * (tree_force_fallback, as tree.h offers the tests): is_file_at's stat(2)
  * of the place by its path followed alice's link out of her tree to bob's
@@ -1787,6 +1818,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_rev187_same_root_new_owner, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_rev187_fallback_sibling_linking_out, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(test_rev187_one_file_in_shared_dir_new_owner,
+			setup, teardown),
 		cmocka_unit_test_setup_teardown(test_r180_no_generation_link_elsewhere_waits, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_r180_dangling_link_dir, setup, teardown),
