@@ -1,0 +1,352 @@
+/*
+ * test_derive_publish.c: unit tests of daemon/derive_publish.c, the check of
+ * a PUBLISH of a derived artifact, on a real libuv loop, registry, work
+ * queue and model (daemonutil.c), driven through derive.h as the server
+ * drives it: a DERIVE, then a PUBLISH of a memfd; its hooks record the
+ * answers. The table has no closer (closes happen at once).
+ *
+ * Wrapped (tests/CMakeLists.txt):
+ *   uv_now: the registry's clock (registry_now_ms, derive's) runs
+ *     clock_skip ms ahead of the loop's, so that a test can pass the closes
+ *     deadline (DERIVE_CLOSES_WAIT_MS) without waiting for it;
+ *   uv_timer_start: the arms of the table's closes_timer are counted, those
+ *     at 0 apart, and a run of them in one loop pass is broken after
+ *     SPIN_BOUND (armed at 1 ms instead) so that a loop that would spin
+ *     for ever fails the test instead of hanging it;
+ *   closer_then: while hold_then is set, its done is kept for the test to
+ *     call (the lanes let go when the test says: let_go), not called at
+ *     once.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "closer.h"
+#include "daemonutil.h"
+#include "derive.h"
+#include "memlimit.h"
+#include "registry.h"
+#include "testutil.h"
+
+/* ---- wrapped: the registry's clock, the closes timer, closer_then ---- */
+
+uint64_t __real_uv_now(const uv_loop_t *loop);
+uint64_t __wrap_uv_now(const uv_loop_t *loop);
+int __real_uv_timer_start(uv_timer_t *h, uv_timer_cb cb, uint64_t timeout, uint64_t repeat);
+int __wrap_uv_timer_start(uv_timer_t *h, uv_timer_cb cb, uint64_t timeout, uint64_t repeat);
+void __real_closer_then(struct closer *cl, const uid_t *owners, size_t n,
+	void (*done)(void *), void *arg);
+void __wrap_closer_then(struct closer *cl, const uid_t *owners, size_t n,
+	void (*done)(void *), void *arg);
+
+/* Arms of closes_timer at 0 in a row, past which one is armed at 1 ms. */
+#define SPIN_BOUND 1000
+
+static uint64_t clock_skip;
+static uv_timer_t *closes_timer; /* the table's, once set up */
+static uv_timer_cb closes_cb;    /* what derive_publish.c arms it with */
+static unsigned closes_arms, closes_zero_arms;
+static bool hold_then;
+static struct {
+	void (*done)(void *);
+	void *arg;
+} held[4];
+static unsigned nheld;
+
+uint64_t
+__wrap_uv_now(const uv_loop_t *loop)
+{
+	return __real_uv_now(loop) + clock_skip;
+}
+
+int
+__wrap_uv_timer_start(uv_timer_t *h, uv_timer_cb cb, uint64_t timeout, uint64_t repeat)
+{
+	if (h == closes_timer) {
+		closes_cb = cb;
+		closes_arms++;
+		if (timeout == 0 && ++closes_zero_arms >= SPIN_BOUND)
+			timeout = 1;
+	}
+	return __real_uv_timer_start(h, cb, timeout, repeat);
+}
+
+void
+__wrap_closer_then(struct closer *cl, const uid_t *owners, size_t n, void (*done)(void *),
+	void *arg)
+{
+	if (hold_then) {
+		assert_true(nheld < sizeof(held) / sizeof(held[0]));
+		held[nheld].done = done;
+		held[nheld++].arg = arg;
+		return;
+	}
+	__real_closer_then(cl, owners, n, done, arg);
+}
+
+/* ---- the fixture: a loop, a registry with model "m", a derive table ---- */
+
+/* What the hooks were told, per connection (the tests' connections are
+ * struct conn, opaque to derive). */
+struct conn {
+	int published, ready, fail;
+	int err;
+	char msg[1024];
+};
+
+struct fx {
+	struct du du;
+	struct derive_table dt;
+};
+
+static void
+hook_ready(void *conn, uint32_t seq, struct derived *a)
+{
+	(void)seq;
+	(void)a;
+	((struct conn *)conn)->ready++;
+}
+
+static void
+hook_published(void *conn, uint32_t seq, struct derived *a)
+{
+	(void)seq;
+	(void)a;
+	((struct conn *)conn)->published++;
+}
+
+static void
+hook_build(void *conn, uint32_t seq, struct derive_build *b)
+{
+	(void)conn;
+	(void)seq;
+	(void)b;
+	fail_msg("no build is handed on in these tests");
+}
+
+static void
+hook_fail(void *conn, uint32_t seq, int err, const char *msg)
+{
+	struct conn *c = conn;
+
+	(void)seq;
+	c->fail++;
+	c->err = err;
+	snprintf(c->msg, sizeof(c->msg), "%s", msg);
+}
+
+static const struct derive_hooks hooks = { .ready = hook_ready, .published = hook_published,
+	.build = hook_build, .fail = hook_fail };
+
+/* The tensors (F32) of model "m" and of each artifact the tests publish. */
+#define FLOATS ((size_t)64 * 1024)
+
+static int
+fx_setup(void **state)
+{
+	struct fx *f = calloc(1, sizeof(*f));
+	char *path;
+
+	assert_non_null(f);
+	clock_skip = 0;
+	closes_arms = closes_zero_arms = 0;
+	hold_then = false;
+	nheld = 0;
+	du_setup(&f->du, false, 0);
+	path = du_model(&f->du, "m.safetensors", 16);
+	assert_int_equal(du_load(&f->du, "m", path, PIN_NONE, 0), 0);
+	free(path);
+	assert_int_equal(registry_set_derive(&f->du.reg, "m", 1, NULL, 0, 600), 0);
+	assert_int_equal(derive_init(&f->dt, &f->du.reg, &hooks), 0);
+	closes_timer = &f->dt.closes_timer;
+	*state = f;
+	return 0;
+}
+
+static int
+fx_teardown(void **state)
+{
+	struct fx *f = *state;
+
+	derive_close(&f->dt);
+	closes_timer = NULL;
+	du_teardown(&f->du);
+	free(f);
+	return 0;
+}
+
+/* A DERIVE of key by conn (this process's peer): it builds. */
+static struct derive_build *
+fx_build(struct fx *f, const char *key, struct conn *conn)
+{
+	struct wire_derive d = { .wait_ms = 0, .key = key, .key_len = strlen(key), .name = "m",
+		.name_len = 1 };
+	struct registry_peer peer = { .pid = getpid(), .uid = getuid(), .gid = getgid(),
+		.self_uid = getuid() };
+	struct derive_build *b = NULL;
+	struct derived *a = NULL;
+	char msg[512];
+
+	assert_int_equal(derive_request(&f->dt, &d, &peer, conn, 1, &a, &b, msg, sizeof(msg)),
+		DERIVE_BUILD);
+	assert_non_null(b);
+	return b;
+}
+
+/* The bytes of an artifact the tests publish: a safetensors file of FLOATS
+ * floats, in *len. */
+static uint8_t *
+artifact_bytes(size_t *len)
+{
+	char header[128];
+
+	snprintf(header, sizeof(header),
+		"{\"w\":{\"dtype\":\"F32\",\"shape\":[%zu],\"data_offsets\":[0,%zu]}}", FLOATS,
+		FLOATS * 4);
+	return tu_safetensors(header, FLOATS * 4, len);
+}
+
+/* PUBLISH by conn (lane and uid place owner) of b, an artifact_bytes()
+ * memfd. */
+static void
+fx_publish(struct fx *f, struct derive_build *b, struct conn *conn, uid_t owner)
+{
+	struct derive_cred cred = { .gid = getgid() };
+	size_t len;
+	uint8_t *bytes = artifact_bytes(&len);
+	int fd = memfd_create("artifact", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	char msg[512];
+
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, bytes, len), (ssize_t)len);
+	free(bytes);
+	assert_int_equal(derive_publish(&f->dt, conn, owner, &cred, 2, derive_token(b), fd, msg,
+				 sizeof(msg)), 0);
+}
+
+static bool
+answered(struct du *du, void *arg)
+{
+	const struct conn *c = arg;
+
+	(void)du;
+	return c->published + c->fail > 0;
+}
+
+/* Whether *arg closer_then()s are held. */
+static bool
+then_held(struct du *du, void *arg)
+{
+	(void)du;
+	return nheld >= *(const unsigned *)arg;
+}
+
+/* The lanes let go: each held done runs (on the loop's thread, between its
+ * runs, as a lane's thread would call it). */
+static void
+let_go(void)
+{
+	for (unsigned i = 0; i < nheld; i++)
+		held[i].done(held[i].arg);
+	nheld = 0;
+}
+
+/* Publishes key by conn and waits for its answer: published. */
+static void
+fx_published(struct fx *f, const char *key, struct conn *conn, uid_t owner)
+{
+	fx_publish(f, fx_build(f, key, conn), conn, owner);
+	du_run_until(&f->du, answered, conn);
+	assert_int_equal(conn->fail, 0);
+	assert_int_equal(conn->published, 1);
+}
+
+/* Sets the memory limit in force to limit bytes, a cgroup v2 limit whose
+ * memory.stat is use_file ("": not known). */
+static void
+fx_limit(struct fx *f, uint64_t limit, const char *use_file)
+{
+	struct memlimit m = { .limit = limit, .cgroup = limit, .kind = MEMLIMIT_CGROUP_V2 };
+
+	snprintf(m.cgroup_path, sizeof(m.cgroup_path), "/test");
+	snprintf(m.file, sizeof(m.file), "memory.max");
+	snprintf(m.use_file, sizeof(m.use_file), "%s", use_file);
+	derive_set_memory_limit(&f->dt, &m);
+}
+
+/* ---- rev189 F1: the closes deadline and closes that came through ---- */
+
+/*
+ * k1's publication finds no room for its copy (the limit holds k0 or k1,
+ * not both): k0, which nobody holds, is dropped for it and its copy waits
+ * for k0's memory to be let go in the closer. The loop is busy when the
+ * deadline passes (the registry's clock skips past it) and the lane lets go
+ * meanwhile (closes_then: closes_through set, the async sent); then the
+ * deadline's timer runs before the loop polls (libuv runs timers first).
+ * Before f249361, closes_late left such a check listed and re-armed
+ * closes_timer at 0 from inside its own callback, which libuv before 1.48
+ * runs again in the same pass, for ever: one uv_run() never returned (the
+ * wrap breaks the run after SPIN_BOUND arms). Now the check goes on at
+ * once (queued again) and closes_timer is never armed at 0; k1 is
+ * published.
+ */
+static void
+test_closes_through_at_the_deadline_goes_on(void **state)
+{
+	struct fx *f = *state;
+	struct conn c0 = { 0 }, c1 = { 0 };
+	unsigned one = 1;
+	uint64_t w0;
+
+	fx_published(f, "k0", &c0, 1001);
+	w0 = f->du.reg.derived_bytes;
+	assert_true(w0 > FLOATS * 4);
+	/* Room for k0 or for k1 (each w0, its index included), not both. */
+	fx_limit(f, w0 + w0 / 2, "");
+	hold_then = true;
+	fx_publish(f, fx_build(f, "k1", &c1), &c1, 1002);
+	du_run_until(&f->du, then_held, &one);
+	assert_int_equal(f->dt.stats.dropped, 1);
+	assert_non_null(f->dt.checks_closing);
+	assert_non_null(closes_cb);
+
+	/* The loop busy past the deadline; the lane lets go meanwhile. */
+	clock_skip = DERIVE_CLOSES_WAIT_MS + 1000;
+	let_go();
+	/* The deadline's timer is due (it is not re-armed: the test does it,
+	 * as libuv would once DERIVE_CLOSES_WAIT_MS passed). */
+	closes_arms = closes_zero_arms = 0;
+	assert_int_equal(__real_uv_timer_start(closes_timer, closes_cb, 0, 0), 0);
+	uv_run(&f->du.loop, UV_RUN_NOWAIT);
+	if (closes_zero_arms != 0)
+		fail_msg("closes_timer was armed at 0 %u times in one loop pass (%u arms in all): "
+			 "from inside its own callback, libuv before 1.48 runs it again in the "
+			 "same pass%s", closes_zero_arms, closes_arms,
+			closes_zero_arms >= SPIN_BOUND ? ", for ever (the test broke the spin)" :
+							 "");
+	assert_null(f->dt.checks_closing);
+	du_run_until(&f->du, answered, &c1);
+	assert_int_equal(c1.fail, 0);
+	assert_int_equal(c1.published, 1);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_closes_through_at_the_deadline_goes_on,
+			fx_setup, fx_teardown),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
