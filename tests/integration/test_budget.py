@@ -21,9 +21,10 @@ The model files are written by mkmodel just before each test, so they start
 in the page cache and warming is a formality: every eviction below is of a
 model whose warming already ended, except where a test drops the cache on
 purpose. Every wait is a condition with a deadline (conftest.wait_until).
-The attach-while-eviction-queued test holds the daemon's work thread for
-certain, with a model on a FUSE mount whose server it freezes
-(tests/pyutil/remotefs.py), not by racing the disk.
+The attach-while-eviction-queued test holds the daemon's work thread, and
+the evict-while-warming test its warm-up, for certain, with a model on a
+FUSE mount whose server it freezes (tests/pyutil/remotefs.py), not by
+racing the disk.
 
 Several tests here found daemon bugs when they were written (a reload or a
 pin that did not enforce the budget, pin/unpin races, an unpin that kept
@@ -36,6 +37,7 @@ import json
 import os
 import resource
 import re
+import select
 import subprocess
 import time
 
@@ -587,14 +589,18 @@ def test_pin_right_after_unpin_locks(start, tmp_path):
                locked_bytes(d.proc.pid) >= bytes_, what="m locked again")
 
 
-def threads_on_frozen_fuse(pid):
+def threads_on_frozen_fuse(pid, named=""):
     """How many threads of pid wait now for a FUSE server that does not
     answer (their wchan): for the answer to a request of their own
     (conftest's FUSE_WAIT), or asleep (state D) in a page fault, mlock's
-    too, that waits for the read of its page (folio_wait_bit_common)."""
+    too, that waits for the read of its page (folio_wait_bit_common).
+    named: only threads whose name (comm) starts with it."""
     n = 0
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                if not f.read().startswith(named):
+                    continue
             with open(f"/proc/{pid}/task/{tid}/stat") as f:
                 state = f.read().rpartition(")")[2].split()[0]
             with open(f"/proc/{pid}/task/{tid}/wchan") as f:
@@ -698,61 +704,67 @@ def test_attach_while_eviction_queued_stays_warm(start, tmp_path):
 
 
 def test_evict_while_warming_leaves_nothing_resident(start, tmp_path):
-    # What is left is what the kernel still reads for the cancelled job after
-    # the last fadvise (before 2fa693d the rest of its chunk and readahead;
-    # now the readahead window in flight when it stops): anywhere from
-    # nothing to a window, so one eviction now and then leaves under RESIDUE
-    # by luck; three rounds all do far less often. Each round loads the same 512 MiB file, with
-    # its page cache dropped, under a new name, and evicts it as soon as status
-    # says it is warming: the rest takes a quarter of a second or more to read, so the
-    # job is still reading when the evict arrives (a round where the evict
-    # came late, the test being descheduled, is repeated).
-    d = start({})
-    path = make(tmp_path, "big", 1, min_bytes=512 << 20)
-    c = Control(d)
-    left = {}
-    try:
-        def entry(name):
-            return next((m for m in c.request(b"status")["models"] if m["name"] == name), None)
+    """An evict while the model warms must leave nothing resident once the
+    cancelled warm-up has stopped: its job stops only between chunks (8
+    MiB), and what it reads after the eviction's DONTNEED stays unless the
+    pages are dropped again as it ends (warm_done's PAGE_EVICT_SETTLE).
 
-        def evict_mid_warm(name):
-            """Loads and evicts name; False when the evict came too late."""
-            warmed = re.compile(rf'model "{name}": generation \d+ warm: ')
-            before = len(warmed.findall(d.read_log()))  # an earlier try's
-            drop_page_cache(path)
-            assert c.request(f"load {name} {path}".encode())["ok"]
-
-            # The evict is sent as soon as status says warming: a disk that
-            # reads 2 GB/s (this machine's) warms the whole file in a quarter
-            # of a second, and status's resident_bytes is not refreshed while
-            # a job reads, so waiting for it to pass 16 MiB saw only "ready".
-            m = wait_until(lambda: entry(name), what=f"{name} loaded")
-            if m["state"] != "warming":
-                pytest.skip(f"the disk read {m['bytes']} bytes before status saw it warming")
-            assert c.request(f"evict {name}".encode())["ok"]
-            # In time when the evict cancelled the warm-up: a warm-up that
-            # ended first logged "warm" before the evict's reply. An event,
-            # not the 0.1 s after status that a loaded machine overran.
-            return len(warmed.findall(d.read_log())) == before
-
-        for n in range(3):
-            name = f"big{n}"
-            for attempt in range(5):
-                timely = evict_mid_warm(name)
-                assert entry(name)["state"] == "cold"
-                if timely:
-                    left[name] = settled_resident(d, name)
-                assert c.request(f"unload {name}".encode())["ok"]
-                wait_until(lambda: c.request(b"status")["unloaded"] == [],
-                           what=f"{name} closed")
-                if timely:
-                    break
-            else:
-                pytest.skip("five evictions in a row came late")
-    finally:
-        c.close()
-    # Expected: nothing but the header residue once the cancelled jobs ended.
-    assert all(n <= RESIDUE for n in left.values()), left
+    The job is held inside a chunk for certain, not by racing a disk: m
+    lies on a RemoteFS mount (tests/pyutil/remotefs.py, stage = no, watch
+    = inotify) whose server the test freezes. m warms, is evicted (cold,
+    its pages dropped), the server freezes, and an attach warms m again:
+    the job's read of its first chunk waits on the frozen server (a wc-warm
+    thread of wcached there, in /proc). The evict, written then, finds m
+    warming and cancels the job, which can stop only after that read. Its
+    answer waits for the job's end; after the thaw the job reads the rest
+    of its first chunk and stops, and what is resident must be no more than
+    the headers (RESIDUE), the chunk dropped. (Before, a 512 MiB file on
+    the local disk was evicted as soon as status said warming, and the test
+    skipped where the disk read it all first.)"""
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    # attr_timeout of an hour: an fstat of m is answered from the kernel's
+    # cache, so only reads of m's pages go to the frozen server.
+    with RemoteFS(tmp_path / "backing", tmp_path / "mnt", attr_timeout=3600) as fs:
+        # Four chunks: the held read is of the first, which is 8 times RESIDUE.
+        make(tmp_path / "backing", "m", 1, min_bytes=32 << 20)
+        fs.wait_visible("m.safetensors")
+        d = start({"m": (fs.path("m.safetensors"), {"stage": "no", "watch": "inotify"})})
+        evicted = re.compile(r'model "m": evicted from the page cache$', re.M)
+        evict = None
+        try:
+            settled(d, ["m"])
+            wait_ready_warm(d, "m")
+            assert ctl(d, "evict", "m").returncode == 0
+            m = model_entry(d, "m")
+            assert m["state"] == "cold" and m["resident_bytes"] <= RESIDUE, m
+            evict = Control(d, timeout=120)
+            asked = len(evicted.findall(d.read_log()))
+            fs.freeze()
+            attach(d, "m")
+            wait_until(lambda: threads_on_frozen_fuse(d.proc.pid, "wc-warm-") >= 1,
+                       interval=0.001, what="wcached's warm-up of m to wait on the frozen mount")
+            assert model_entry(d, "m")["state"] == "warming"
+            evict.send(b"evict m\n")
+            wait_until(lambda: len(evicted.findall(d.read_log())) > asked, what="m evicted")
+            assert model_entry(d, "m")["state"] == "cold"
+            # The answer waits for the cancelled job, which waits on the server.
+            assert select.select([evict.sock], [], [], 0)[0] == [], evict.reply()
+            fs.thaw()
+            reply = evict.reply()
+            assert reply["ok"] and reply["resident_bytes"] <= RESIDUE, reply
+            m = model_entry(d, "m")
+            assert m["state"] == "cold", m
+            left = settled_resident(d, "m")
+        finally:
+            fs.thaw()
+            if evict is not None:
+                evict.close()
+            # Before the mount goes (the start fixture's stop is then a no-op).
+            assert d.stop() == 0, d.read_log()
+    # Expected: nothing but the header residue once the cancelled job ended.
+    assert left <= RESIDUE, left
 
 
 # ---- workers that hold the model ---------------------------------------------------
