@@ -55,6 +55,18 @@ memfd_with_header(uint64_t head, uint64_t size)
 	return fd;
 }
 
+/* What restore_artifact_limits says of a's memfd announcing head bytes of
+ * header (memfd_with_header), closed after. */
+static int
+limits_of_header(uint64_t head, const struct fdstore_artifact *a)
+{
+	int fd = memfd_with_header(head, a->size);
+	int ret = restore_artifact_limits(fd, a);
+
+	close(fd);
+	return ret;
+}
+
 static void
 test_limits(void **state)
 {
@@ -70,14 +82,10 @@ test_limits(void **state)
 	assert_int_equal(restore_artifact_limits(fd, &a), 0);
 	close(fd);
 	/* The head is the 8-byte length and the header it announces. */
-	fd = memfd_with_header(DERIVE_MAX_HEAD - 8, a.size);
-	assert_int_equal(restore_artifact_limits(fd, &a), 0);
-	close(fd);
-	fd = memfd_with_header(DERIVE_MAX_HEAD - 7, a.size);
-	assert_int_equal(restore_artifact_limits(fd, &a), -EFBIG);
+	assert_int_equal(limits_of_header(DERIVE_MAX_HEAD - 8, &a), 0);
+	assert_int_equal(limits_of_header(DERIVE_MAX_HEAD - 7, &a), -EFBIG);
 	assert_non_null(strstr(error_get(), "its header is 16.0 MiB, more than the 16 MiB a "
 					    "derived artifact's header may be"));
-	close(fd);
 	/* Too short to tell: its reader says why. */
 	fd = memfd_create("artifact", MFD_CLOEXEC);
 	assert_int_equal(write(fd, "abc", 3), 3);
@@ -166,6 +174,32 @@ test_a_uid_the_database_does_not_know(void **state)
 	access_clear(&e.builders);
 }
 
+/* What restore_builder_allowed says, under derive = yes and derive_groups
+ * = { gid }, of the builder a recorded, taken as stored: its uid, gid and
+ * groups as a has them (no groups: none allocated), no database asked. */
+static int
+stored_allowed(const struct fdstore_artifact *a, gid_t gid)
+{
+	struct restore_builder b;
+	struct model_entry e;
+	int ret;
+
+	entry_with(&e, 1, &gid, 1);
+	assert_int_equal(restore_builder_stored(a, &b), 0);
+	assert_int_equal(b.stored, 1);
+	assert_int_equal(b.uid, a->builder_uid);
+	assert_int_equal(b.gid, a->builder_gid);
+	assert_int_equal(b.ngroups, a->builder_ngroups);
+	for (uint32_t k = 0; k < a->builder_ngroups; k++)
+		assert_int_equal(b.groups[k], a->builder_groups[k]);
+	if (a->builder_ngroups == 0)
+		assert_null(b.groups);
+	ret = restore_builder_allowed(&e, &b);
+	restore_builder_clear(&b);
+	access_clear(&e.builders);
+	return ret;
+}
+
 /* Stored groups: the live rule on them, no database (an unknown uid), by
  * the gid or a supplementary group; refused, the message says which. */
 static void
@@ -174,43 +208,21 @@ test_stored_groups(void **state)
 	uint32_t groups[] = { 10, 64201 };
 	struct fdstore_artifact a = { .builder_uid = 64302, .builder_gid = 64203,
 		.builder_ngroups = 2, .builder_groups = groups };
-	struct restore_builder b;
-	struct model_entry e;
-	gid_t gid = 64201;
 
 	(void)state;
 	while (getpwuid(a.builder_uid) != NULL)
 		a.builder_uid++;
 	/* By a supplementary group. */
-	entry_with(&e, 1, &gid, 1);
-	assert_int_equal(restore_builder_stored(&a, &b), 0);
-	assert_int_equal(b.stored, 1);
-	assert_int_equal(b.uid, a.builder_uid);
-	assert_int_equal(b.gid, 64203);
-	assert_int_equal(b.ngroups, 2);
-	assert_int_equal(restore_builder_allowed(&e, &b), 0);
-	restore_builder_clear(&b);
-	access_clear(&e.builders);
+	assert_int_equal(stored_allowed(&a, 64201), 0);
 	/* By the gid, with no supplementary groups. */
-	gid = 64203;
 	a.builder_ngroups = 0;
-	entry_with(&e, 1, &gid, 1);
-	assert_int_equal(restore_builder_stored(&a, &b), 0);
-	assert_null(b.groups);
-	assert_int_equal(restore_builder_allowed(&e, &b), 0);
-	restore_builder_clear(&b);
-	access_clear(&e.builders);
+	assert_int_equal(stored_allowed(&a, 64203), 0);
 	/* Neither. */
-	gid = 64204;
 	a.builder_ngroups = 2;
-	entry_with(&e, 1, &gid, 1);
-	assert_int_equal(restore_builder_stored(&a, &b), 0);
-	assert_int_equal(restore_builder_allowed(&e, &b), -EPERM);
+	assert_int_equal(stored_allowed(&a, 64204), -EPERM);
 	assert_non_null(strstr(error_get(), "may not build it now: none of its groups (gid "
 		"64203 and 2 supplementary, as its connection had them when it published) is "
 		"in derive_groups"));
-	restore_builder_clear(&b);
-	access_clear(&e.builders);
 }
 
 static void
