@@ -31,8 +31,10 @@
  * room it is refused. Then, just before the copy, the kernel has the last
  * word (check_kernel_room): a dropped artifact a worker still maps is
  * charged to wcached all the same. Where it finds no room, the loop drops
- * that much more of what nobody holds, once (make_kernel_room), and the
- * check goes again, after the same wait; else it is refused.
+ * that much more of what nobody holds, once (make_kernel_room: less what it
+ * dropped for other checks the kernel refused whose memory this one's read
+ * did not see go), and the check goes again, after the same wait (for
+ * those others' closes too); else it is refused.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -142,6 +144,17 @@ struct derive_check {
 	 * loop dropped that much more for it already (once a check). */
 	uint64_t late_ms;
 	uint64_t kernel_used, short_by;
+	/* For the other checks the kernel refused in the same while (review
+	 * rev189 F3): when check_kernel_room last read what is in use
+	 * (kernel_read_ns, CLOCK_MONOTONIC), the bytes make_kernel_room dropped
+	 * for it that it has not measured since (kernel_dropping: cleared by
+	 * that read, on its thread: atomic), when its last wait's closes came
+	 * through (let_go_ns, set by closes_then on a lane's thread: atomic; 0:
+	 * not yet), and what of others' drops it counted on (kernel_others). */
+	uint64_t kernel_read_ns;
+	uint64_t kernel_dropping;
+	uint64_t let_go_ns;
+	uint64_t kernel_others;
 	int kernel_dropped;
 	int cancelled;           /* set on the loop (derive_check_cancel), read
 				  * by the copy between chunks: atomic */
@@ -154,6 +167,17 @@ struct derive_check {
 	int err;
 	char why[ERROR_MAX];
 };
+
+/* CLOCK_MONOTONIC in ns, on any thread: orders a kernel check's read of
+ * what is in use against the closes of others' drops (make_kernel_room). */
+static uint64_t
+mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 /* Seals fd for good: 0, or -errno with why. */
 static int
@@ -594,6 +618,10 @@ check_kernel_room(struct derive_check *c, uint64_t head)
 	} else {
 		pending = __atomic_load_n(&c->t->uncopied, __ATOMIC_RELAXED);
 	}
+	/* Its own drops for the kernel are in this read from here on: the
+	 * other checks count them no more (make_kernel_room). */
+	__atomic_store_n(&c->kernel_dropping, 0, __ATOMIC_RELAXED);
+	c->kernel_read_ns = mono_ns();
 	if ((err = memlimit_use(c->use_file, c->limit_kind, &used)) < 0) {
 		use_unread(c, err);
 		return 0;
@@ -973,9 +1001,13 @@ kernel_refusal(struct derive_check *c, uint64_t unheld)
 	uint64_t charged = c->kernel_used > margin ? c->kernel_used - margin : 0;
 	uint64_t gone = charged > kept ? charged - kept : 0;
 	size_t n = strlen(c->why);
-	char drop[96];
+	char drop[160];
 
-	if (c->kernel_dropped)
+	if (c->kernel_dropped && c->kernel_others != 0)
+		snprintf(drop, sizeof(drop), "even after wcached dropped %" PRIu64 " MiB nobody "
+			 "held for it and %" PRIu64 " MiB for other publications the kernel "
+			 "refused room", c->dropped_bytes >> 20, c->kernel_others >> 20);
+	else if (c->kernel_dropped)
 		snprintf(drop, sizeof(drop), "even after wcached dropped %" PRIu64 " MiB nobody "
 			 "held for it", c->dropped_bytes >> 20);
 	else if (unheld != 0)
@@ -1001,22 +1033,58 @@ kernel_refusal(struct derive_check *c, uint64_t unheld)
 			c->dropped_bytes >> 20, (double)c->late_ms / 1000.0);
 }
 
+/* Adds uid to c->lanes unless it is there (DERIVE_DROP_LANES at most). */
+static void
+wait_in_lane(struct derive_check *c, uid_t uid)
+{
+	for (size_t i = 0; i < c->nlanes; i++)
+		if (c->lanes[i] == uid)
+			return;
+	if (c->nlanes < DERIVE_DROP_LANES)
+		c->lanes[c->nlanes++] = uid;
+}
+
+/* Adds to c's what make_kernel_room dropped for the checks in list (but c)
+ * that c's kernel check did not see go (review rev189 F3): dropped, not yet
+ * measured by their own checks, and not let go before c read what is in
+ * use. Their lanes become c's where that memory is not let go yet. */
+static uint64_t
+others_dropping(struct derive_check *c, const struct derive_check *list)
+{
+	uint64_t bytes = 0;
+
+	for (const struct derive_check *o = list; o != NULL; o = o->next) {
+		uint64_t dropping = __atomic_load_n(&o->kernel_dropping, __ATOMIC_RELAXED);
+		uint64_t let_go = __atomic_load_n(&o->let_go_ns, __ATOMIC_ACQUIRE);
+
+		if (o == c || dropping == 0 || (let_go != 0 && let_go <= c->kernel_read_ns))
+			continue;
+		bytes += dropping;
+		if (let_go == 0)
+			for (size_t i = 0; i < o->nlanes; i++)
+				wait_in_lane(c, o->lanes[i]);
+	}
+	return bytes;
+}
+
 /*
  * On the loop: the kernel found c->short_by more in use than there is room
  * for (ROOM_SHORT, check_kernel_room), beyond what wcached counts: an
  * artifact dropped while a worker still maps it is still charged to
- * wcached. The first time for c, where the artifacts nobody holds weigh
- * that much, drops that much of them, least recently used first (never
- * one a worker holds; c's own is no artifact yet): 1, and c is queued
- * again once their memory is let go (review rev186 F1). Else 0, nothing
- * dropped, and c->why says why (kernel_refusal; or that the model is no
- * longer served).
+ * wcached. The first time for c, drops what of that the drops for other
+ * checks the kernel refused (others_dropping: not in c's read yet) leave,
+ * of the artifacts nobody holds, least recently used first (never one a
+ * worker holds; c's own is no artifact yet), where they weigh that much:
+ * 1, and c is queued again once their memory, and the others', is let go
+ * (review rev186 F1, rev189 F3: two checks refused at once each dropped
+ * the whole shortfall). Else 0, nothing dropped, and c->why says why
+ * (kernel_refusal; or that the model is no longer served).
  */
 static int
 make_kernel_room(struct derive_check *c)
 {
 	struct derive_table *t = c->t;
-	uint64_t unheld = derive_unheld_bytes(t);
+	uint64_t unheld = derive_unheld_bytes(t), others, want, dropped;
 	char why[WIRE_MAX_KEY + 200];
 
 	if (derive_entry_of(t, c->build->model_name, c->build->entry_id) == NULL) {
@@ -1024,16 +1092,25 @@ make_kernel_room(struct derive_check *c)
 		c->err = -ENOENT;
 		return 0;
 	}
-	if (c->kernel_dropped || unheld < c->short_by) {
+	if (c->kernel_dropped) {
+		kernel_refusal(c, unheld);
+		return 0;
+	}
+	c->nlanes = 0;
+	others = others_dropping(c, t->checks_running) + others_dropping(c, t->checks_closing) +
+		others_dropping(c, t->checks_waiting);
+	want = c->short_by > others ? c->short_by - others : 0;
+	if (unheld < want) {
 		kernel_refusal(c, unheld);
 		return 0;
 	}
 	snprintf(why, sizeof(why), "the publication of \"%s\" (%" PRIu64 " MiB) needed room "
 		 "under the memory limit in force that the kernel still counted in use, and "
 		 "nobody held it", c->build->key, c->size >> 20);
-	c->nlanes = 0;
-	c->dropped_bytes += derive_drop_unheld(t, c->short_by, why, c->lanes,
-		DERIVE_DROP_LANES, &c->nlanes);
+	c->kernel_others = others;
+	dropped = derive_drop_unheld(t, want, why, c->lanes, DERIVE_DROP_LANES, &c->nlanes);
+	__atomic_store_n(&c->kernel_dropping, dropped, __ATOMIC_RELAXED);
+	c->dropped_bytes += dropped;
 	c->dropped = 1;
 	c->kernel_dropped = 1;
 	c->room = ROOM_RESERVED;
@@ -1100,6 +1177,7 @@ closes_then(void *arg)
 {
 	struct derive_check *c = arg;
 
+	__atomic_store_n(&c->let_go_ns, mono_ns(), __ATOMIC_RELEASE);
 	__atomic_store_n(&c->closes_through, 1, __ATOMIC_RELEASE);
 	uv_async_send(&c->t->closes_async);
 }
@@ -1191,6 +1269,7 @@ wait_for_closes(struct derive_table *t, struct derive_check *c)
 	}
 	c->closing = 1;
 	c->closes_through = 0;
+	c->let_go_ns = 0;
 	c->closes_since_ms = derive_now_ms(t);
 	c->closes_deadline_ms = c->closes_since_ms + DERIVE_CLOSES_WAIT_MS;
 	c->next = t->checks_closing;

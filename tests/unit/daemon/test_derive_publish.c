@@ -18,6 +18,7 @@
  *     once.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -340,11 +341,89 @@ test_closes_through_at_the_deadline_goes_on(void **state)
 	assert_int_equal(c1.published, 1);
 }
 
+/* ---- rev189 F3: two checks the kernel refused room at once ---- */
+
+/* Writes use_file, a cgroup v2 memory.stat that says anon bytes in use
+ * (the rest 0); returns what memlimit_use() makes of it (its margin
+ * added). */
+static uint64_t
+fx_use(const char *use_file, uint64_t anon)
+{
+	FILE *fp = fopen(use_file, "w");
+	uint64_t used = 0;
+
+	assert_non_null(fp);
+	fprintf(fp, "anon %" PRIu64 "\nfile 0\nkernel 0\nshmem 0\n", anon);
+	assert_int_equal(fclose(fp), 0);
+	assert_int_equal(memlimit_use(use_file, MEMLIMIT_CGROUP_V2, &used), 0);
+	return used;
+}
+
+/*
+ * Six artifacts nobody holds, w bytes each (the memfd and its index), and
+ * then k6 and k7 published by two users at once: wcached's own count has
+ * room for both copies, but the kernel says half an artifact more than the
+ * limit is in use, which no drop changes until the lanes let go. Each
+ * check reads that and is refused: the first to read is short by 1.5 w
+ * (its copy), the second by 2.5 w (both copies are pending). Before, each
+ * dropped its whole shortfall, 2 + 3 = 5 artifacts; now the one that comes
+ * second to the loop drops only what the first one's drop leaves (2.5 w
+ * less 2 w, or 1.5 w less 3 w): 3 artifacts in all, whichever order the
+ * checks came in. Both are published once the lanes let go (the kernel's
+ * figure then has room).
+ */
+static void
+test_kernel_refusals_at_once_drop_once(void **state)
+{
+	struct fx *f = *state;
+	struct conn kept[6] = { 0 }, c6 = { 0 }, c7 = { 0 };
+	const uint64_t limit = (uint64_t)(256 * MiB);
+	unsigned two = 2;
+	uint64_t w, margin;
+	char *use_file, key[8];
+	size_t size;
+
+	for (unsigned i = 0; i < 6; i++) {
+		snprintf(key, sizeof(key), "k%u", i);
+		fx_published(f, key, &kept[i], 1001);
+	}
+	w = f->du.reg.derived_bytes / 6;
+	free(artifact_bytes(&size));
+	assert_true(w > size && w - size < 4 * KiB);
+	assert_int_equal(asprintf(&use_file, "%s/memory.stat", f->du.dir) > 0, 1);
+	margin = fx_use(use_file, 0);
+	/* In use: the limit and half an artifact (a check's index room is a
+	 * few hundred bytes more). */
+	fx_use(use_file, limit + w / 2 - margin);
+	fx_limit(f, limit, use_file);
+	hold_then = true;
+	fx_publish(f, fx_build(f, "k6", &c6), &c6, 2001);
+	fx_publish(f, fx_build(f, "k7", &c7), &c7, 2002);
+	du_run_until(&f->du, then_held, &two);
+	assert_int_equal(c6.fail + c7.fail, 0);
+	if (f->dt.stats.dropped != 3)
+		fail_msg("%" PRIu64 " artifacts of %" PRIu64 " bytes were dropped for two "
+			 "publications the kernel found 1.5 and 2.5 of them short at once: 3 "
+			 "make the room", f->dt.stats.dropped, w);
+	/* The lanes let go: the kernel has room now. */
+	fx_use(use_file, 0);
+	hold_then = false;
+	let_go();
+	du_run_until(&f->du, answered, &c6);
+	du_run_until(&f->du, answered, &c7);
+	assert_int_equal(c6.fail + c7.fail, 0);
+	assert_int_equal(c6.published + c7.published, 2);
+	assert_int_equal(f->dt.stats.dropped, 3);
+	free(use_file);
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_closes_through_at_the_deadline_goes_on,
+			fx_setup, fx_teardown),
+		cmocka_unit_test_setup_teardown(test_kernel_refusals_at_once_drop_once,
 			fx_setup, fx_teardown),
 	};
 
