@@ -21,6 +21,7 @@
 #include "base/file.h"
 #include "base/path.h"
 
+#include "closer.h"
 #include "generation.h"
 #include "log.h"
 #include "watch_internal.h"
@@ -318,6 +319,112 @@ open_for_writing(int fd)
 	return 0;
 }
 
+/* The paced entry of the model called name (struct paced_model), or NULL. */
+static struct paced_model *
+find_paced(struct watch *w, const char *name)
+{
+	for (size_t i = 0; i < w->npaced; i++)
+		if (strcmp(w->paced[i].name, name) == 0)
+			return &w->paced[i];
+	return NULL;
+}
+
+/* find_paced, else a new entry for m as of now; NULL without memory (m is
+ * then reloaded as if it had none: no backoff, no second look for a
+ * writer). */
+static struct paced_model *
+paced_for(struct watch *w, const struct model_entry *m)
+{
+	struct paced_model *p = find_paced(w, m->name), *grown;
+	uint64_t now = uv_now(w->loop);
+
+	if (p != NULL)
+		return p;
+	if ((grown = reallocarray(w->paced, w->npaced + 1, sizeof(*grown))) == NULL)
+		return NULL;
+	w->paced = grown;
+	p = &w->paced[w->npaced];
+	*p = (struct paced_model){ .entry_id = m->entry_id, .window_ms = now, .event_ms = now };
+	if ((p->name = strdup(m->name)) == NULL)
+		return NULL;
+	w->npaced++;
+	return p;
+}
+
+/* Lets p's descriptors go, through the closer: the last close of a large
+ * file renamed over frees its pages, which is not for the loop (closer.h). */
+static void
+forget_writers(struct watch *w, struct paced_model *p)
+{
+	for (size_t i = 0; i < p->nfds; i++)
+		closer_unmap_close(w->reg->closer, CLOSER_LOCAL, NULL, 0, p->fds[i]);
+	free(p->fds);
+	p->fds = NULL;
+	p->nfds = 0;
+}
+
+/* Removes w->paced[i]; the last entry takes its place. */
+static void
+forget_paced(struct watch *w, size_t i)
+{
+	forget_writers(w, &w->paced[i]);
+	free(w->paced[i].name);
+	w->paced[i] = w->paced[--w->npaced];
+}
+
+/* Have p's model's files been quiet long enough, at now, to forget its
+ * reloads (and so its backoff)? */
+static bool
+paced_quiet(const struct paced_model *p, uint64_t now)
+{
+	return now - p->event_ms >= WATCH_QUIET_MS && now - p->reload_ms >= WATCH_QUIET_MS;
+}
+
+/* Forgets the entries of models gone (or removed and added again), and of
+ * models quiet for WATCH_QUIET_MS with no descriptors kept. */
+static void
+prune_paced(struct watch *w)
+{
+	uint64_t now = uv_now(w->loop);
+
+	for (size_t i = 0; i < w->npaced;) {
+		const struct paced_model *p = &w->paced[i];
+		const struct model_entry *m = registry_find(w->reg, p->name);
+
+		if (m == NULL || m->entry_id != p->entry_id ||
+			(p->nfds == 0 && paced_quiet(p, now)))
+			forget_paced(w, i);
+		else
+			i++;
+	}
+}
+
+/*
+ * Keeps a descriptor of each of g's files (g dropped, not served: its own
+ * go with it at registry_collect) in p, in place of any kept before, so
+ * that the model's reload can ask again whether one is open for writing
+ * when its time comes (writer_came). Without memory or descriptors it
+ * keeps none: the reload then comes without that second look. One
+ * generation's files per model at most, until that reload, a rename among
+ * the model's names, or the model's removal.
+ */
+static void
+keep_writers(struct watch *w, struct paced_model *p, const struct generation *g)
+{
+	size_t n = g->source.nfiles;
+
+	forget_writers(w, p);
+	if (n == 0 || (p->fds = calloc(n, sizeof(*p->fds))) == NULL)
+		return;
+	p->dropped = g->number;
+	for (; p->nfds < n; p->nfds++)
+		if ((p->fds[p->nfds] = fcntl(g->source.files[p->nfds].fd, F_DUPFD_CLOEXEC, 0)) ==
+			-1) {
+			forget_writers(w, p);
+			return;
+		}
+}
+
 /*
  * g, m's pending generation (not served yet), was just dropped as modified
  * in place (touched, chmod'ed, chown'ed, truncated or written): m is
@@ -327,26 +434,56 @@ open_for_writing(int fd)
  * that cannot be told (the next close after a write, or a rename, does).
  * Whatever the events were: an attribute change may come before a write,
  * and a change of times or a truncate(2) by path is an IN_MODIFY with no
- * writer and no close.
+ * writer and no close. Either way g's files are kept (keep_writers), and
+ * asked again when the reload is due: a writer may open them meanwhile.
  */
 static void
 reload_dropped(struct watch *w, struct model_entry *m, const struct generation *g)
 {
-	for (size_t i = 0; i < g->source.nfiles; i++) {
-		const struct wc_file *f = &g->source.files[i];
-		int busy = f->fd >= 0 ? open_for_writing(f->fd) : -EBADF;
+	struct paced_model *p = paced_for(w, m);
+	int busy = 0;
 
-		if (busy == 1)
-			return;
+	for (size_t i = 0; i < g->source.nfiles && busy == 0; i++) {
+		const struct wc_file *f = &g->source.files[i];
+
+		busy = f->fd >= 0 ? open_for_writing(f->fd) : -EBADF;
 		if (busy < 0) {
 			log_info("model \"%s\": %s: cannot tell whether it is still being "
 				 "written (fcntl F_SETLEASE: %s): it is loaded again at the next "
 				 "close(2) after a write, or rename", m->name, f->path,
 				strerror(-busy));
+			if (p != NULL)
+				forget_writers(w, p);
 			return;
 		}
 	}
-	watch_mark_dirty(w, m->name);
+	if (p != NULL)
+		keep_writers(w, p, g);
+	if (busy == 0)
+		watch_mark_dirty(w, m->name);
+}
+
+/*
+ * The reload of p's model is due: is one of the files kept of its dropped
+ * generation (keep_writers) open for writing now? The look at the drop
+ * was a settle time or more ago, and a writer that opened the file since
+ * would have it loaded while it writes. Then the reload is not made: the
+ * writer's close (IN_CLOSE_WRITE) marks the model again, and this is asked
+ * again then. Else the descriptors go and the reload is made; so it is
+ * where this cannot be told now (it could at the drop), as before.
+ */
+static bool
+writer_came(struct watch *w, struct paced_model *p)
+{
+	for (size_t i = 0; i < p->nfds; i++)
+		if (open_for_writing(p->fds[i]) == 1) {
+			log_debug("model \"%s\": a file of generation %" PRIu64 " is open for "
+				  "writing again: it is loaded at its writer's close", p->name,
+				p->dropped);
+			return true;
+		}
+	forget_writers(w, p);
+	return false;
 }
 
 /* Loop thread: what a sync job found. */
@@ -534,6 +671,7 @@ watch_sync(struct watch *w)
 			log_warnx("model \"%s\": cannot watch its files: %s", m->name,
 				strerror(-err));
 	}
+	prune_paced(w);
 	watch_poll_sync(w);
 }
 
@@ -613,12 +751,67 @@ arm_settle(struct watch *w)
 	uv_timer_start(&w->settle, on_settle, due > now ? due - now : 0, 0);
 }
 
+/*
+ * Counts a watched reload of the model called name, now, and starts or
+ * lengthens its backoff (watch.h): past WATCH_BURST_RELOADS reloads in
+ * WATCH_BURST_MS, the next waits twice the settle time after this one (one
+ * line says so), and each further one twice as long as the one before, up
+ * to WATCH_BACKOFF_MAX_MS. Returns the model's entry, NULL without memory.
+ */
+static struct paced_model *
+count_reload(struct watch *w, const struct model_entry *m, uint64_t now)
+{
+	const char *name = m->name;
+	struct paced_model *p = paced_for(w, m);
+
+	if (p == NULL)
+		return NULL;
+	if (now - p->window_ms >= WATCH_BURST_MS) {
+		p->window_ms = now;
+		p->reloads = 0;
+	}
+	p->reloads++;
+	if (p->delay_ms != 0) {
+		p->delay_ms = p->delay_ms < WATCH_BACKOFF_MAX_MS / 2 ? 2 * p->delay_ms :
+			WATCH_BACKOFF_MAX_MS;
+	} else if (p->reloads > WATCH_BURST_RELOADS) {
+		p->delay_ms = 2 * (uint64_t)WATCH_SETTLE_MS;
+		log_info("model \"%s\": %u reloads in %.1f s, its files keep changing: backing "
+			 "off, the next reload waits %" PRIu64 " ms after this one, each "
+			 "further one twice as long, up to %d s, until its files are quiet "
+			 "for %d s",
+			name, p->reloads, (double)(now - p->window_ms) / 1000, p->delay_ms,
+			WATCH_BACKOFF_MAX_MS / 1000, WATCH_QUIET_MS / 1000);
+	}
+	p->reload_ms = now;
+	return p;
+}
+
+/* "Files changed on disk, reloading" for p's model (p may be NULL): at
+ * most once a minute while it is backed off, saying how many were not
+ * (the others at debug level). The limiter has one key, the model's own. */
+static void
+say_reloading(struct paced_model *p, const char *name, uint64_t now)
+{
+	char more[96];
+
+	if (p == NULL || p->delay_ms == 0)
+		log_info("model \"%s\": files changed on disk, reloading", name);
+	else if (lograte_check(&p->lines, 0, now, 1, more, sizeof(more), "reloads of it"))
+		log_info("model \"%s\": files changed on disk, reloading%s", name, more);
+	else
+		log_debug("model \"%s\": files changed on disk, reloading (backed off: one "
+			  "line a minute)", name);
+}
+
 /* Reloads the models whose time has come; the others wait on. */
 static void
 on_settle(uv_timer_t *t)
 {
 	struct watch *w = t->data;
 	uint64_t now = uv_now(w->loop);
+	struct model_entry *m;
+	struct paced_model *p;
 	size_t kept = 0;
 
 	for (size_t i = 0; i < w->ndirty; i++) {
@@ -632,21 +825,23 @@ on_settle(uv_timer_t *t)
 		 * (files renamed over, not written in place) and validates
 		 * them, so a file still being written fails it, the generation
 		 * serving stays, and the file's next event asks again. */
-		if (registry_find(w->reg, d.name) != NULL) {
+		m = registry_find(w->reg, d.name);
+		p = find_paced(w, d.name);
+		if (m != NULL && (p == NULL || p->nfds == 0 || !writer_came(w, p))) {
 			/* After lost events most models did not change: a
 			 * reload that finds the same files is quiet. */
 			if (d.lost)
 				log_debug("model \"%s\": checking its files (inotify lost "
 					  "events)", d.name);
 			else
-				log_info("model \"%s\": files changed on disk, reloading",
-					d.name);
+				say_reloading(count_reload(w, m, now), d.name, now);
 			if (registry_reload_watched(w->reg, d.name, reload_done, NULL) < 0)
 				log_warnx("%s", error_get());
 		}
 		free(d.name);
 	}
 	w->ndirty = kept;
+	prune_paced(w);
 	arm_settle(w);
 }
 
@@ -656,7 +851,17 @@ mark_dirty(struct watch *w, const char *name, bool lost)
 {
 	uint64_t now = uv_now(w->loop);
 	struct dirty_model *d = NULL, *grown;
+	struct paced_model *p = find_paced(w, name);
 
+	if (p != NULL && !lost) {
+		/* Quiet for long enough: its backoff is over. */
+		if (paced_quiet(p, now)) {
+			p->delay_ms = 0;
+			p->reloads = 0;
+			p->window_ms = now;
+		}
+		p->event_ms = now;
+	}
 	for (size_t i = 0; i < w->ndirty && d == NULL; i++)
 		if (strcmp(w->dirty[i].name, name) == 0)
 			d = &w->dirty[i];
@@ -679,6 +884,10 @@ mark_dirty(struct watch *w, const char *name, bool lost)
 	d->due_ms = now + WATCH_SETTLE_MS;
 	if (d->due_ms > d->first_ms + WATCH_SETTLE_MAX_MS)
 		d->due_ms = d->first_ms + WATCH_SETTLE_MAX_MS;
+	/* A model backed off waits out its delay since its last reload
+	 * (count_reload): later, never lost. */
+	if (p != NULL && p->delay_ms != 0 && d->due_ms < p->reload_ms + p->delay_ms)
+		d->due_ms = p->reload_ms + p->delay_ms;
 	arm_settle(w);
 }
 
@@ -774,6 +983,7 @@ static void
 handle_event(struct watch *w, const struct inotify_event *ev, struct touched *t)
 {
 	const char *dir = NULL;
+	struct paced_model *p;
 
 	if (ev->mask & IN_Q_OVERFLOW) {
 		log_overflow(w);
@@ -789,6 +999,12 @@ handle_event(struct watch *w, const struct inotify_event *ev, struct touched *t)
 		if (!model_uses_dir(m, dir) || !names_model_file(m, dir, ev->name))
 			continue;
 		touch(w, t, m);
+		/* A name of the model given another file: what reloads is
+		 * no longer the dropped generation's, whose writers the
+		 * reload must not wait for (an old inode may stay open). */
+		if ((ev->mask & NAME_EVENTS & ~IN_CLOSE_WRITE) &&
+			(p = find_paced(w, m->name)) != NULL)
+			forget_writers(w, p);
 		if (ev->mask & NAME_EVENTS)
 			watch_mark_dirty(w, m->name);
 	}
@@ -895,6 +1111,14 @@ watch_free_if_idle(struct watch *w)
 	for (size_t i = 0; i < w->ndirty; i++)
 		free(w->dirty[i].name);
 	free(w->dirty);
+	/* No closer at the end (it may be stopped): the last of wcached. */
+	for (size_t i = 0; i < w->npaced; i++) {
+		for (size_t k = 0; k < w->paced[i].nfds; k++)
+			close(w->paced[i].fds[k]);
+		free(w->paced[i].fds);
+		free(w->paced[i].name);
+	}
+	free(w->paced);
 	for (size_t i = 0; i < w->nsynced; i++) {
 		free(w->synced[i].name);
 		free(w->synced[i].path);

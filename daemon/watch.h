@@ -30,6 +30,22 @@ struct watch;
  * its files change meanwhile. */
 #define WATCH_SETTLE_MAX_MS 1000
 
+/*
+ * Backoff, per model: a model whose files keep changing (a touch, chmod or
+ * rewrite in a loop by whoever may write them) is not reloaded once per
+ * settle time for ever. After more than WATCH_BURST_RELOADS watched reloads
+ * within WATCH_BURST_MS, each further reload waits at least twice the settle
+ * time after the one before, twice as long again at each reload, up to
+ * WATCH_BACKOFF_MAX_MS; once the model's files are quiet for WATCH_QUIET_MS,
+ * its reloads wait the settle time alone again. A change is never lost to
+ * it: the reload still comes, later. One line says when it begins, and the
+ * "reloading" line is logged at most once a minute (lograte.h) meanwhile.
+ */
+#define WATCH_BURST_RELOADS 5
+#define WATCH_BURST_MS 10000
+#define WATCH_BACKOFF_MAX_MS 30000
+#define WATCH_QUIET_MS 10000
+
 /* Starts watching; call watch_sync() whenever models come or go. */
 int watch_start(uv_loop_t *loop, struct registry *r, struct watch **out);
 

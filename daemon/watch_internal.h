@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <uv.h>
 
+#include "lograte.h"
 #include "watch.h"
 
 struct synced;
@@ -50,6 +51,28 @@ struct dirty_model {
 	bool lost;              /* marked only because inotify lost events */
 };
 
+/*
+ * What watch.c remembers of a model's watched reloads between them (struct
+ * watch's paced list): how many came of late, for the backoff watch.h
+ * describes, and the files of its pending generation dropped as modified in
+ * place, whose writers the reload that follows waits for. Kept while either
+ * matters: dropped once the model's files are quiet for WATCH_QUIET_MS with
+ * no such files, or the model is gone.
+ */
+struct paced_model {
+	char *name;
+	uint64_t entry_id;    /* the model entry it was made for */
+	uint64_t window_ms;   /* loop time the reloads counted below began */
+	unsigned reloads;     /* watched reloads since window_ms */
+	uint64_t reload_ms;   /* loop time of its last watched reload */
+	uint64_t event_ms;    /* loop time of its last event */
+	uint64_t delay_ms;    /* 0, or the least time from one reload to the next */
+	struct lograte lines; /* its "reloading" lines while delay_ms is not 0 */
+	uint64_t dropped;     /* the dropped generation's number, for its lines */
+	int *fds;             /* a descriptor (our own dup) of each of its files, */
+	size_t nfds;          /* or none */
+};
+
 struct watch {
 	struct registry *reg;
 	uv_loop_t *loop;
@@ -63,6 +86,8 @@ struct watch {
 	size_t ndirs;
 	struct dirty_model *dirty; /* models to reload, in no order */
 	size_t ndirty;
+	struct paced_model *paced; /* models reloaded of late, in no order */
+	size_t npaced;
 	struct polled *polled;
 	size_t npolled;
 	struct synced *synced; /* each model's watches (watch.c) */

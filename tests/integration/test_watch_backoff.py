@@ -1,0 +1,211 @@
+"""A model whose files keep changing is reloaded less and less often
+(watch.h's backoff), and a dropped pending generation is not loaded while
+a writer that opened it during the settle time has it open.
+
+Before, every change reloaded after the settle time (100 ms), for ever:
+coreutils `touch` in a loop on a served file reloaded it (open, validate,
+holes walk) at each touch, a chmod loop on a pending generation dropped and
+reloaded it at each chmod, each with its "files changed on disk, reloading"
+line (review rev188 F4). Now, past 5 watched reloads in 10 s, each further
+one waits 200 ms after the one before, twice as long each time, up to 30 s,
+one info line says so, and the "reloading" line is logged once a minute
+(the others at debug level); the last change still reloads.
+
+What is asserted is counted (reloads asked for, lines, generations), never
+timed: each change is made once the reload of the one before was asked for,
+so none merges into another. The gate shim and the barrier are
+test_watch_pending's (its docstring says how they work); the shim here
+holds, besides, the daemon just after a writer check's lease is given back
+(GATE/lease), so that a writer opens the file between that check and the
+reload it lets through, with certainty."""
+import json
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import mkmodel, wait_until
+from test_watch_pending import BIG, GATE_SHIM, Models, entry, ready, start, wait_dropped
+
+__all__ = ["start"]  # the fixture, used by name
+
+# test_watch_pending's shim, and a hold once a read lease of the gated file
+# is given back (watch.c's open_for_writing found no writer).
+LEASE_SHIM = GATE_SHIM + r"""
+#include <stdarg.h>
+#include <stdint.h>
+
+static int
+after_lease(int fd, int cmd, void *arg, int r)
+{
+	if (r == 0 && cmd == F_SETLEASE && (int)(intptr_t)arg == F_UNLCK)
+		hold(fd, "lease");
+	return r;
+}
+
+/* fcntl, and fcntl64 (where _FILE_OFFSET_BITS=64 sends the calls). */
+#define AFTER_LEASE(fn)                                                        \
+	int                                                                    \
+	fn(int fd, int cmd, ...)                                               \
+	{                                                                      \
+		va_list ap;                                                    \
+		void *arg;                                                     \
+									       \
+		va_start(ap, cmd);                                             \
+		arg = va_arg(ap, void *);                                      \
+		va_end(ap);                                                    \
+		return after_lease(fd, cmd, arg, NEXT(fn)(fd, cmd, arg));      \
+	}
+AFTER_LEASE(fcntl)
+AFTER_LEASE(fcntl64)
+"""
+
+RELOADING = 'model "m": files changed on disk, reloading'
+BACKOFF = re.compile(r'model "m": (\d+) reloads in [0-9.]+ s, its files keep changing: '
+                     r'backing off, the next reload waits (\d+) ms after this one')
+# Enough changes for the backoff to begin on any machine: it needs 6
+# reloads within 10 s, and a slow one may make fewer in a first window.
+MAX_CHANGES = 60
+
+
+@pytest.fixture(scope="module")
+def shim(tmp_path_factory):
+    cc = shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler for the gate shim")
+    d = tmp_path_factory.mktemp("shim")
+    (d / "gate.c").write_text(LEASE_SHIM)
+    out = str(d / "gate.so")
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", out, str(d / "gate.c"), "-ldl"],
+                   check=True)
+    os.chmod(str(d), 0o755)
+    return out
+
+
+def reloads(d):
+    """The lines of m's watched reloads asked for: (info, debug)."""
+    lines = [line for line in d.read_log().splitlines() if RELOADING in line]
+    debug = [line for line in lines if "debug: " in line]
+    return [line for line in lines if "debug: " not in line], debug
+
+
+def asked(d):
+    return sum(len(kind) for kind in reloads(d))
+
+
+def change_until_backed_off(d, change):
+    """change(i) for i = 1, 2, ..., each once the reload of the change
+    before was asked for, until the backoff line is logged; returns the
+    number of changes."""
+    for i in range(1, MAX_CHANGES + 1):
+        before = asked(d)
+        change(i)
+        wait_until(lambda: asked(d) > before, timeout=60, what=f"the reload of change {i}")
+        assert asked(d) == before + 1, d.read_log()  # one change, one reload
+        if BACKOFF.search(d.read_log()):
+            return i
+    raise AssertionError("no backoff after %d reloads:\n%s" % (MAX_CHANGES, d.read_log()))
+
+
+def assert_backed_off(d):
+    """One backoff line, at the reload past the 5th in a window; its
+    delay twice the settle time."""
+    found = BACKOFF.findall(d.read_log())
+    assert len(found) == 1, d.read_log()
+    assert int(found[0][0]) == 6 and found[0][1] == "200", found
+
+
+def test_a_touch_loop_on_a_served_file_backs_off_and_the_last_change_still_loads(
+        start, tmp_path, shim):
+    s = Models(start, tmp_path, shim)
+    d = s.d
+    changes = change_until_backed_off(d, lambda i: subprocess.run(["touch", s.m], check=True))
+    assert_backed_off(d)
+    info, debug = reloads(d)
+    assert len(info) == changes and not debug, d.read_log()
+
+    # Backed off, each reload still comes (later); its line once a minute,
+    # the others at debug level. Before, a line each.
+    for i in range(4):
+        before = asked(d)
+        subprocess.run(["touch", s.m], check=True)
+        wait_until(lambda: asked(d) > before, timeout=60, what=f"backed-off reload {i}")
+    info, debug = reloads(d)
+    assert len(info) + len(debug) == changes + 4, d.read_log()
+    assert debug, d.read_log()
+    assert all("not logged since the last" in line for line in info[changes:]), info
+
+    # A real change in the middle of more touches is loaded: backoff makes
+    # it later, never lost.
+    for _ in range(5):
+        subprocess.run(["touch", s.m], check=True)
+    s.replace(s.m, lambda p: mkmodel(p, seed=3, **BIG))
+    m = ready(d, "m", 2, os.path.getsize(s.m))
+    assert "error" not in m, m
+    r = d.attach("m", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["generation"] == 2
+    assert len(BACKOFF.findall(d.read_log())) == 1, d.read_log()
+
+
+def test_a_chmod_loop_on_a_pending_generation_backs_off_and_the_last_one_serves(
+        start, tmp_path, shim):
+    """Each chmod drops the pending generation (one error line) and its
+    reload makes the next; past the burst they back off, and once the
+    chmods stop the newest generation serves."""
+    s = Models(start, tmp_path, shim)
+    d = s.d
+    s.pending_watched()  # generation 2 pending, its warm-up held
+    before = asked(d)
+
+    def chmod(i):
+        os.chmod(s.m, 0o600 if i % 2 else 0o644)
+        # Its generation was made (opened) before the next chmod.
+        wait_until(lambda: entry(d, "m")["pending"] == 2 + i, timeout=60,
+                   what=f"generation {2 + i} pending")
+
+    changes = change_until_backed_off(d, chmod)
+    assert asked(d) == before + changes
+    assert_backed_off(d)
+    # Each dropped generation's warm-up holds a warm thread in the gate:
+    # no barrier (n's warm-up would wait behind them) until they go.
+    s.release("warm")
+    m = ready(d, "m", 2 + changes, os.path.getsize(s.m))
+    assert "error" not in m, m
+    s.barrier()
+    assert asked(d) == before + changes, d.read_log()
+    assert entry(d, "m")["generation"] == 2 + changes
+
+
+def test_a_writer_opened_in_the_settle_time_holds_the_reload_until_its_close(
+        start, tmp_path, shim):
+    """The pending generation's file is chmod'ed with no writer: the drop
+    finds none and asks for a reload. A writer opens the file before that
+    reload runs (the daemon is held just after its look, GATE/lease): the
+    reload waits for its close, so the file is not loaded while written.
+    Before, it was loaded as generation 3 while the writer had it open."""
+    s = Models(start, tmp_path, shim)
+    d = s.d
+    s.pending_watched()
+    s.arm("lease")
+    os.chmod(s.m, 0o600)
+    s.held("lease")  # the look found no writer: a reload is asked for
+    fd = os.open(s.m, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        s.release("lease")
+        wait_dropped(d)
+        s.barrier()  # a reload of m would have been queued before this one
+        m = entry(d, "m")
+        assert m["generation"] == 1 and m["pending"] == 0, m
+        d.wait_for_log(r'model "m": a file of generation 2 is open for writing again')
+        s.release("warm")
+        os.pwrite(fd, b"\x01\x02", 1 << 20)  # inside the tensors' data
+    finally:
+        os.close(fd)
+    m = ready(d, "m", 3, os.path.getsize(s.m))  # the written file, at its close
+    assert "error" not in m, m
+    r = d.attach("m", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["generation"] == 3
