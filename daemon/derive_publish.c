@@ -165,7 +165,10 @@ struct derive_check {
 	int index_fd;
 	const uint8_t *index;
 	int err;
-	char why[ERROR_MAX];
+	/* A kernel refusal's reasons run past ERROR_MAX (memlimit_use_say,
+	 * the limit's source, what was dropped, the wait in vain); the
+	 * builder's answer has the rest of WIRE_MAX_MESSAGE. */
+	char why[WIRE_MAX_MESSAGE / 2];
 };
 
 /* CLOCK_MONOTONIC in ns, on any thread: orders a kernel check's read of
@@ -991,8 +994,10 @@ make_copy_room(struct derive_check *c)
 }
 
 /* Ends c->why (the kernel's refusal, check_kernel_room) with what of the
- * memory in use wcached no longer keeps, what dropping the unheld (unheld
- * bytes) would do, and the wait for closes that was in vain. */
+ * memory in use wcached no longer keeps (at most: what is in use less the
+ * margin and the artifacts kept also holds wcached's own memory and the
+ * copies of the checks, review rev189 F7), what dropping the unheld
+ * (unheld bytes) would do, and the wait for closes that was in vain. */
 static void
 kernel_refusal(struct derive_check *c, uint64_t unheld)
 {
@@ -1021,8 +1026,10 @@ kernel_refusal(struct derive_check *c, uint64_t unheld)
 			kept >> 20, STILL_CHARGED);
 	else
 		n += (size_t)snprintf(c->why + n, sizeof(c->why) - n, " (of the memory in use, "
-				      "about %" PRIu64 " MiB is charged to wcached but no longer "
-				      "kept by it: %s", gone >> 20, STILL_CHARGED);
+				      "at most %" PRIu64 " MiB is charged to wcached but no longer "
+				      "kept by it, wcached's own memory and the copies of "
+				      "publications being checked included: %s", gone >> 20,
+			STILL_CHARGED);
 	if (n < sizeof(c->why))
 		n += (size_t)snprintf(c->why + n, sizeof(c->why) - n, "), %s", drop);
 	if (c->late_ms != 0 && n < sizeof(c->why))

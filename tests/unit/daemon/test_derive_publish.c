@@ -102,7 +102,7 @@ __wrap_closer_then(struct closer *cl, const uid_t *owners, size_t n, void (*done
 struct conn {
 	int published, ready, fail;
 	int err;
-	char msg[1024];
+	char msg[WIRE_MAX_MESSAGE];
 };
 
 struct fx {
@@ -417,6 +417,40 @@ test_kernel_refusals_at_once_drop_once(void **state)
 	free(use_file);
 }
 
+/* ---- rev189 F7: what the kernel's refusal says wcached no longer keeps ---- */
+
+/*
+ * The kernel says the whole limit is in use and wcached keeps no artifact:
+ * k0's publication is refused, nothing to drop. The figure it names (what
+ * is in use less the margin and the artifacts wcached keeps) is at most
+ * what is charged to wcached but no longer kept: wcached's own memory and
+ * the copies being checked are in it too. Before, it said "about".
+ */
+static void
+test_kernel_refusal_says_at_most(void **state)
+{
+	struct fx *f = *state;
+	struct conn c0 = { 0 };
+	const uint64_t limit = (uint64_t)(256 * MiB);
+	char *use_file, want[256];
+
+	/* memlimit_use() adds its margin; the refusal takes it off again. */
+	assert_int_equal(asprintf(&use_file, "%s/memory.stat", f->du.dir) > 0, 1);
+	fx_use(use_file, limit);
+	fx_limit(f, limit, use_file);
+	fx_publish(f, fx_build(f, "k0", &c0), &c0, 1001);
+	du_run_until(&f->du, answered, &c0);
+	assert_int_equal(c0.fail, 1);
+	assert_int_equal(c0.err, -ENOMEM);
+	snprintf(want, sizeof(want), "(of the memory in use, at most %" PRIu64 " MiB is charged "
+		 "to wcached but no longer kept by it, wcached's own memory and the copies of "
+		 "publications being checked included: ", limit >> 20);
+	if (strstr(c0.msg, want) == NULL)
+		fail_msg("the refusal does not say \"%s\": %s", want, c0.msg);
+	assert_non_null(strstr(c0.msg, "even with every artifact nobody held dropped"));
+	free(use_file);
+}
+
 int
 main(void)
 {
@@ -425,6 +459,8 @@ main(void)
 			fx_setup, fx_teardown),
 		cmocka_unit_test_setup_teardown(test_kernel_refusals_at_once_drop_once,
 			fx_setup, fx_teardown),
+		cmocka_unit_test_setup_teardown(test_kernel_refusal_says_at_most, fx_setup,
+			fx_teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
