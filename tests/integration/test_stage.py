@@ -646,10 +646,18 @@ def write_safetensors(path, tensors):
 def test_remote_read_error_during_staging_fails_the_generation_with_one_line(tmp_path):
     """Another host removes a shard while wcached copies the one before
     it: the read of the removed (stale) file fails with EIO, and the
-    generation fails with one line naming it. Nothing is left in stage_dir."""
+    generation fails with one line naming it. Nothing is left in stage_dir.
+
+    The removal lands while the copy is inside the first shard for certain,
+    not by racing it: reads through the mount are throttled (SLOW, so s-1
+    takes 8 s), and the server is frozen while the test checks that the
+    copy of s-1 is unfinished and removes s-2; then it thaws and ends the
+    throttle. (Before, the copy ran at full speed, and the test skipped
+    where the failure line did not name s-2: "the copy outran the
+    removal".)"""
     rfs = remotefs()
-    with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt") as fs:
-        write_safetensors(fs.backing_path("s-1.safetensors"), {"a": os.urandom(96 << 20)})
+    with rfs.RemoteFS(tmp_path / "backing", tmp_path / "mnt", read_rate=SLOW) as fs:
+        write_safetensors(fs.backing_path("s-1.safetensors"), {"a": os.urandom(8 * REQUEST)})
         write_safetensors(fs.backing_path("s-2.safetensors"), {"b": os.urandom(4 << 20)})
         with open(fs.backing_path("m.safetensors.index.json"), "w") as f:
             json.dump({"weight_map": {"a": "s-1.safetensors", "b": "s-2.safetensors"}}, f)
@@ -662,17 +670,21 @@ def test_remote_read_error_during_staging_fails_the_generation_with_one_line(tmp
             from conftest import as_user
             cmd = as_user(*d.user) + cmd
         d.proc = subprocess.Popen(cmd, stderr=d.logf)
+        fd = None
         try:
-            wait_until(lambda: any(n.startswith(".m.tmp-") for n in entries(stage_dir)),
-                       what="the copy to start", interval=0.001)
+            fd = copy_in_flight(rfs, stage_dir, "m", "s-1.safetensors")
+            fs.freeze()  # returns once every thread of remotefs is stopped
+            held = copied(rfs, fd)
+            assert held < os.stat(fs.backing_path("s-1.safetensors")).st_size, \
+                f"the copy of s-1 ended ({held} bytes) before the test could remove s-2"
             fs.remove("s-2.safetensors")
+            fs.thaw()
+            fs.unthrottle()
             _, line = d.wait_for_log(r'model "m": cannot stage it')
-            if "s-2.safetensors" not in line:
-                pytest.skip(f"the copy outran the removal: {line}")
             # Its read failed (EIO: the stale file on another host), or the
             # check before it found the path gone: both one line naming it
             # (the second seen under ASan on a loaded machine).
-            assert ("EIO" in line and "on another host" in line
+            assert ("EIO" in line and "on another host" in line and "s-2.safetensors" in line
                     or "s-2.safetensors was removed during the copy" in line), line
             assert "not served" in line, line
             d.wait_listening()
@@ -680,6 +692,9 @@ def test_remote_read_error_during_staging_fails_the_generation_with_one_line(tmp
             assert len([p for p in problems(d) if '"m"' in p]) == 1, problems(d)
             assert entries(stage_dir) == []
         finally:
+            fs.thaw()
+            if fd is not None:
+                os.close(fd)
             assert d.stop() == 0, d.read_log()
 
 
