@@ -141,9 +141,12 @@ struct derive_check {
 	/* The time it waited for closes in vain (closes_late), and what the
 	 * kernel's refusal found: what of the limit was in use (kernel_used)
 	 * and by how much the copy passed it (short_by); kernel_dropped: the
-	 * loop dropped that much more for it already (once a check). */
+	 * loop dropped that much more for it already (once a check), when the
+	 * kernel's figure was used_at_drop, and the bytes that should come off
+	 * it (what it and the others it counted on dropped: to_come_off,
+	 * review rev189 F5). */
 	uint64_t late_ms;
-	uint64_t kernel_used, short_by;
+	uint64_t kernel_used, short_by, used_at_drop, to_come_off;
 	/* For the other checks the kernel refused in the same while (review
 	 * rev189 F3): when check_kernel_room last read what is in use
 	 * (kernel_read_ns, CLOCK_MONOTONIC), the bytes make_kernel_room dropped
@@ -1006,7 +1009,7 @@ kernel_refusal(struct derive_check *c, uint64_t unheld)
 	uint64_t charged = c->kernel_used > margin ? c->kernel_used - margin : 0;
 	uint64_t gone = charged > kept ? charged - kept : 0;
 	size_t n = strlen(c->why);
-	char drop[160];
+	char drop[160], vain[256];
 
 	if (c->kernel_dropped && c->kernel_others != 0)
 		snprintf(drop, sizeof(drop), "even after wcached dropped %" PRIu64 " MiB nobody "
@@ -1020,6 +1023,16 @@ kernel_refusal(struct derive_check *c, uint64_t unheld)
 			 "not make it", unheld >> 20);
 	else
 		snprintf(drop, sizeof(drop), "even with every artifact nobody held dropped");
+	/* Its closes came through, yet less than half of what should have
+	 * come off did: what was dropped is still mapped, most likely (other
+	 * memory may have come meanwhile too). A wait in vain says its own. */
+	vain[0] = '\0';
+	if (c->kernel_dropped && c->late_ms == 0 &&
+		c->kernel_used + c->to_come_off / 2 > c->used_at_drop)
+		snprintf(vain, sizeof(vain), ": what the kernel counts in use went from %" PRIu64
+			 " to %" PRIu64 " MiB meanwhile, so what was dropped for it is likely "
+			 "still mapped by workers that released it, and those drops were in "
+			 "vain", c->used_at_drop >> 20, c->kernel_used >> 20);
 	if (c->limit_kind == MEMLIMIT_RAM)
 		n += (size_t)snprintf(c->why + n, sizeof(c->why) - n, " (of that memory in use, "
 				      "wcached keeps %" PRIu64 " MiB of derived artifacts; %s",
@@ -1031,7 +1044,7 @@ kernel_refusal(struct derive_check *c, uint64_t unheld)
 				      "publications being checked included: %s", gone >> 20,
 			STILL_CHARGED);
 	if (n < sizeof(c->why))
-		n += (size_t)snprintf(c->why + n, sizeof(c->why) - n, "), %s", drop);
+		n += (size_t)snprintf(c->why + n, sizeof(c->why) - n, "), %s%s", drop, vain);
 	if (c->late_ms != 0 && n < sizeof(c->why))
 		snprintf(c->why + n, sizeof(c->why) - n, "; wcached dropped %" PRIu64 " MiB of "
 			 "artifacts nobody held to make room for its copy, and waited %.0f s "
@@ -1115,8 +1128,10 @@ make_kernel_room(struct derive_check *c)
 		 "under the memory limit in force that the kernel still counted in use, and "
 		 "nobody held it", c->build->key, c->size >> 20);
 	c->kernel_others = others;
+	c->used_at_drop = c->kernel_used;
 	dropped = derive_drop_unheld(t, want, why, c->lanes, DERIVE_DROP_LANES, &c->nlanes);
 	__atomic_store_n(&c->kernel_dropping, dropped, __ATOMIC_RELAXED);
+	c->to_come_off = dropped + others;
 	c->dropped_bytes += dropped;
 	c->dropped = 1;
 	c->kernel_dropped = 1;

@@ -451,6 +451,46 @@ test_kernel_refusal_says_at_most(void **state)
 	free(use_file);
 }
 
+/* ---- rev189 F5: drops the kernel's figure does not see ---- */
+
+/*
+ * Two artifacts nobody holds; the kernel says half of one more than the
+ * limit is in use, and dropping them changes nothing it counts (as when a
+ * worker that released them still maps them). k2's check drops both (1.5
+ * artifacts short), asks again, and is refused; the refusal says what the
+ * kernel counted before and after the drops: they were in vain. Nothing
+ * more is dropped.
+ */
+static void
+test_kernel_refusal_says_drops_in_vain(void **state)
+{
+	struct fx *f = *state;
+	struct conn kept[2] = { 0 }, c2 = { 0 };
+	const uint64_t limit = (uint64_t)(256 * MiB);
+	uint64_t w, margin, used;
+	char *use_file, want[160];
+
+	fx_published(f, "k0", &kept[0], 1001);
+	fx_published(f, "k1", &kept[1], 1001);
+	w = f->du.reg.derived_bytes / 2;
+	assert_int_equal(asprintf(&use_file, "%s/memory.stat", f->du.dir) > 0, 1);
+	margin = fx_use(use_file, 0);
+	used = fx_use(use_file, limit + w / 2 - margin);
+	fx_limit(f, limit, use_file);
+	fx_publish(f, fx_build(f, "k2", &c2), &c2, 2001);
+	du_run_until(&f->du, answered, &c2);
+	assert_int_equal(c2.fail, 1);
+	assert_int_equal(c2.err, -ENOMEM);
+	assert_int_equal(f->dt.stats.dropped, 2);
+	snprintf(want, sizeof(want), ": what the kernel counts in use went from %" PRIu64 " to %"
+		 PRIu64 " MiB meanwhile, so what was dropped for it is likely still mapped",
+		used >> 20, used >> 20);
+	if (strstr(c2.msg, want) == NULL || strstr(c2.msg, "those drops were in vain") == NULL)
+		fail_msg("the refusal does not say the drops were in vain (\"%s\"): %s", want,
+			c2.msg);
+	free(use_file);
+}
+
 int
 main(void)
 {
@@ -460,6 +500,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_kernel_refusals_at_once_drop_once,
 			fx_setup, fx_teardown),
 		cmocka_unit_test_setup_teardown(test_kernel_refusal_says_at_most, fx_setup,
+			fx_teardown),
+		cmocka_unit_test_setup_teardown(test_kernel_refusal_says_drops_in_vain, fx_setup,
 			fx_teardown),
 	};
 
