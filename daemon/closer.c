@@ -2,7 +2,10 @@
  * closer.c: lanes of descriptors to close, each with its own thread while it
  * has any (see closer.h for why).
  *
- * The lanes are a list under one mutex: a lane exists while it has
+ * Each owner has two lanes: what it chose (closer_close) and the daemon's
+ * own (closer_unmap_close), so that no close a client chose holds up the
+ * daemon's own (review rev186 F2, rev189 F4). The lanes are a list under
+ * one mutex: a lane exists while it has
  * descriptors queued or being closed, and its thread removes and frees it
  * when it finds the queue empty. The queue is an array used from head to
  * count and reset when it empties, so a burst of closes costs one thread
@@ -37,26 +40,23 @@ struct then {
 };
 
 /* One thing to let go of: a mapping (base NULL if none), then a descriptor
- * (-1 if none); chosen: the owner chose it (closer_close), so it counts in
- * closer_pending() and closer_stuck(). Or, with mark, nothing: the place
- * of a closer_then() in the lane (not counted anywhere). */
+ * (-1 if none). Or, with mark, nothing: the place of a closer_then() in the
+ * lane (not counted anywhere). */
 struct closing {
 	void *base;
 	size_t size;
 	int fd;
-	int chosen;
 	struct then *mark;
 };
 
 struct lane {
 	struct closer *cl;
 	uid_t owner;
+	int own;             /* the daemon's own lane of owner (closer_unmap_close) */
 	struct closing *q;   /* queued: q[head .. count) */
 	size_t head, count, cap;
 	unsigned pending;    /* queued, plus the one being closed */
-	unsigned chosen;     /* of those, what the owner chose */
 	uint64_t close_started_ms; /* when the close in progress began */
-	int closing_chosen;  /* the close in progress is one the owner chose */
 	struct lane *next;
 };
 
@@ -91,27 +91,29 @@ now_ms(void)
 	return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-/* The lane of owner as the log names it ("uid 1000", "wcached's files on
- * local storage"), in a buffer of the calling thread's. */
+/* The lane of owner (own: the daemon's own of owner) as the log names it
+ * ("uid 1000", "wcached's own of uid 1000", "wcached's files on local
+ * storage"), in a buffer of the calling thread's. */
 static const char *
-lane_name(uid_t owner)
+lane_name(uid_t owner, int own)
 {
-	static __thread char buf[32];
+	static __thread char buf[48];
 
 	if (owner == CLOSER_DAEMON)
 		return "wcached's files on remote storage";
 	if (owner == CLOSER_LOCAL)
 		return "wcached's files on local storage";
-	snprintf(buf, sizeof(buf), "uid %u", (unsigned)owner);
+	snprintf(buf, sizeof(buf), "%suid %u", own ? "wcached's own of " : "", (unsigned)owner);
 	return buf;
 }
 
-/* Lane of owner, or NULL; with cl->lock held. */
+/* owner's lane (own: the daemon's own of owner), or NULL; with cl->lock
+ * held. */
 static struct lane *
-lane_find(struct closer *cl, uid_t owner)
+lane_find(struct closer *cl, uid_t owner, int own)
 {
 	for (struct lane *l = cl->lanes; l != NULL; l = l->next)
-		if (l->owner == owner)
+		if (l->owner == owner && l->own == own)
 			return l;
 	return NULL;
 }
@@ -161,12 +163,10 @@ lane_run(void *arg)
 			continue;
 		}
 		l->close_started_ms = now_ms();
-		l->closing_chosen = c.chosen;
 		pthread_mutex_unlock(&cl->lock);
 		let_go(&c);
 		pthread_mutex_lock(&cl->lock);
 		l->pending--;
-		l->chosen -= (unsigned)c.chosen;
 	}
 	for (pp = &cl->lanes; *pp != l; pp = &(*pp)->next)
 		;
@@ -196,14 +196,13 @@ lane_push(struct lane *l, const struct closing *c)
 	}
 	l->q[l->count++] = *c;
 	l->pending += c->mark == NULL;
-	l->chosen += (unsigned)c->chosen;
 	return 0;
 }
 
-/* A new lane for owner holding c, with its thread started; 0 or -errno
- * (nothing changed). With cl->lock held. */
+/* A new lane for owner (own: the daemon's own) holding c, with its thread
+ * started; 0 or -errno (nothing changed). With cl->lock held. */
 static int
-lane_new(struct closer *cl, uid_t owner, const struct closing *c)
+lane_new(struct closer *cl, uid_t owner, int own, const struct closing *c)
 {
 	struct lane *l = calloc(1, sizeof(*l));
 	pthread_attr_t attr;
@@ -214,8 +213,8 @@ lane_new(struct closer *cl, uid_t owner, const struct closing *c)
 		return -ENOMEM;
 	l->cl = cl;
 	l->owner = owner;
+	l->own = own;
 	l->close_started_ms = now_ms();
-	l->closing_chosen = c->chosen;
 	if (lane_push(l, c) < 0) {
 		free(l);
 		return -ENOMEM;
@@ -240,9 +239,10 @@ lane_new(struct closer *cl, uid_t owner, const struct closing *c)
 	return 0;
 }
 
-/* Queues c in owner's lane (closer_close, closer_unmap_close). */
+/* Queues c in owner's lane (closer_close) or the daemon's own lane of
+ * owner (own: closer_unmap_close). */
 static void
-lane_queue(struct closer *cl, uid_t owner, const struct closing *c)
+lane_queue(struct closer *cl, uid_t owner, int own, const struct closing *c)
 {
 	struct lane *l;
 	int err;
@@ -254,14 +254,14 @@ lane_queue(struct closer *cl, uid_t owner, const struct closing *c)
 		return;
 	}
 	pthread_mutex_lock(&cl->lock);
-	l = lane_find(cl, owner);
-	err = l != NULL ? lane_push(l, c) : lane_new(cl, owner, c);
+	l = lane_find(cl, owner, own);
+	err = l != NULL ? lane_push(l, c) : lane_new(cl, owner, own, c);
 	if (err < 0)
 		cl->inline_closes++;
 	pthread_mutex_unlock(&cl->lock);
 	if (err < 0) {
 		log_warnx("closing %s of %s here: no %s for a closing thread",
-			c->fd >= 0 ? "a descriptor" : "a mapping", lane_name(owner),
+			c->fd >= 0 ? "a descriptor" : "a mapping", lane_name(owner, own),
 			err == -ENOMEM ? "memory" : "thread");
 		let_go(c);
 	}
@@ -270,13 +270,13 @@ lane_queue(struct closer *cl, uid_t owner, const struct closing *c)
 void
 closer_close(struct closer *cl, uid_t owner, int fd)
 {
-	lane_queue(cl, owner, &(struct closing){ NULL, 0, fd, 1, NULL });
+	lane_queue(cl, owner, 0, &(struct closing){ NULL, 0, fd, NULL });
 }
 
 void
 closer_unmap_close(struct closer *cl, uid_t owner, void *base, size_t size, int fd)
 {
-	lane_queue(cl, owner, &(struct closing){ base, size, fd, 0, NULL });
+	lane_queue(cl, owner, 1, &(struct closing){ base, size, fd, NULL });
 }
 
 void
@@ -295,9 +295,9 @@ closer_then(struct closer *cl, const uid_t *owners, size_t n, void (*done)(void 
 	/* A lane that is not there has let go of everything; the mark goes
 	 * behind what its thread has yet to take. */
 	for (size_t i = 0; i < n; i++) {
-		struct lane *l = lane_find(cl, owners[i]);
+		struct lane *l = lane_find(cl, owners[i], 1);
 
-		if (l != NULL && lane_push(l, &(struct closing){ NULL, 0, -1, 0, t }) == 0)
+		if (l != NULL && lane_push(l, &(struct closing){ NULL, 0, -1, t }) == 0)
 			t->left++;
 	}
 	if ((left = t->left) > 0) {
@@ -338,14 +338,12 @@ closer_stuck(struct closer *cl, uid_t owner, unsigned min_ms)
 	if (cl == NULL)
 		return 0;
 	pthread_mutex_lock(&cl->lock);
-	l = lane_find(cl, owner);
+	l = lane_find(cl, owner, 0);
 	/* A lane exists only while a close runs or is about to (its thread
-	 * starting: close_started_ms is when the lane was made). A slow close
-	 * of the daemon's own (a large artifact freed) is not the owner's:
-	 * what waits behind it is pending, not stuck. */
-	if (l != NULL && (min_ms == 0 ||
-		(l->closing_chosen && now_ms() - l->close_started_ms >= min_ms)))
-		n = l->chosen;
+	 * starting: close_started_ms is when the lane was made). The daemon's
+	 * own closes (a large artifact freed) are in a lane of their own. */
+	if (l != NULL && (min_ms == 0 || now_ms() - l->close_started_ms >= min_ms))
+		n = l->pending;
 	pthread_mutex_unlock(&cl->lock);
 	return n;
 }
@@ -399,8 +397,8 @@ closer_stop(struct closer *cl, unsigned wait_ms)
 		for (struct lane *l = cl->lanes; l != NULL; l = l->next)
 			log_warnx("%s: %u descriptor%s still closing after %u ms (a FUSE or "
 				  "NFS server that does not answer, or a lingering socket); "
-				  "exiting without waiting", lane_name(l->owner), l->pending,
-				l->pending == 1 ? "" : "s", wait_ms);
+				  "exiting without waiting", lane_name(l->owner, l->own),
+				l->pending, l->pending == 1 ? "" : "s", wait_ms);
 		pthread_mutex_unlock(&cl->lock);
 		return; /* the threads still use it */
 	}

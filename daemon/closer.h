@@ -19,10 +19,15 @@
  * for its files on local storage: those never wait behind a remote
  * server that does not answer), a queue,
  * and while the queue is not empty one thread that closes its descriptors in
- * order and exits when it is empty. A close that hangs holds up its own lane
- * only; closer_stuck() says how many descriptors wait in a lane behind a
- * close that does not finish, so the server can stop taking more from that
- * owner.
+ * order and exits when it is empty. Each owner has two lanes: one for what
+ * it chose (closer_close) and one for the daemon's own (closer_unmap_close:
+ * a derived artifact's memfds, built by that uid, whose close frees memory
+ * and never waits on anyone), so that a client holding its lane (a
+ * descriptor it passed on a FUSE mount it froze) never holds up the memory
+ * wcached lets go of for someone else (review rev186 F2, rev189 F4). A
+ * close that hangs holds up its own lane only; closer_stuck() says how many
+ * descriptors wait in a lane behind a close that does not finish, so the
+ * server can stop taking more from that owner.
  *
  * Threads: closer_close(), closer_then() and closer_pending() may be
  * called from any thread; closer_stop() once, from the thread that
@@ -53,15 +58,17 @@ int closer_start(struct closer **out);
 void closer_close(struct closer *cl, uid_t owner, int fd);
 
 /* Takes the mapping base[0 .. size) (NULL: none) and fd (-1: none), and in
- * owner's lane unmaps the one, then closes the other; otherwise as
- * closer_close(), but for the daemon's own: a file, memfd or index whose
- * last reference may go with either. Not counted in closer_pending() or
- * closer_stuck(), which bound what the owner chose. */
+ * the daemon's own lane of owner unmaps the one, then closes the other;
+ * otherwise as closer_close(), but for the daemon's own: a file, memfd or
+ * index whose last reference may go with either, never one a client chose
+ * (that lane is apart from owner's, which owner can hold). Not counted in
+ * closer_pending() or closer_stuck(), which bound what the owner chose. */
 void closer_unmap_close(struct closer *cl, uid_t owner, void *base, size_t size, int fd);
 
 /*
- * Calls done(arg) once everything queued now in each of the lanes of
- * owners[0 .. n) has been let go (unmapped and closed): on the thread of
+ * Calls done(arg) once everything queued now in each of the daemon's own
+ * lanes of owners[0 .. n) (closer_unmap_close; what the owners chose is
+ * not waited for) has been let go (unmapped and closed): on the thread of
  * the last of those lanes, with the closer's lock held, so done must be
  * quick and must not call the closer (a uv_async_send() to the loop that
  * waits for it). At once, on the caller's thread, where none of those
@@ -79,10 +86,10 @@ void closer_forget(struct closer *cl, void *arg);
 /* Descriptors owner chose (closer_close) queued or being closed now. */
 unsigned closer_pending(struct closer *cl, uid_t owner);
 
-/* The same, but 0 unless the close owner's lane is in is one the owner
- * chose and has run for min_ms or more: a lane that is merely busy (a burst
- * of closes of connections that ended) or waiting on a close of the
- * daemon's own (closer_unmap_close) is not stuck. */
+/* The same, but 0 unless the close owner's lane is in has run for min_ms
+ * or more: a lane that is merely busy (a burst of closes of connections
+ * that ended) is not stuck, and the daemon's own closes of owner
+ * (closer_unmap_close: a large artifact freed) are not in it. */
 unsigned closer_stuck(struct closer *cl, uid_t owner, unsigned min_ms);
 
 /* Descriptors and mappings queued or being closed now, in every lane. */

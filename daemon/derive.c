@@ -536,7 +536,9 @@ derive_drop_unheld(struct derive_table *t, uint64_t want, const char *why, uid_t
 		if (lru == NULL)
 			break;
 		dropped += derive_weight(lru->gen);
-		/* generation.c closes an artifact in its builder's lane. */
+		/* generation.c closes an artifact in the closer's lane of
+		 * wcached's own for its builder (closer_unmap_close), which
+		 * nothing the builder passes holds up (review rev189 F4). */
 		if (lanes != NULL && nlanes != NULL)
 			add_lane(lanes, cap, nlanes, lru->gen->builder_uid);
 		drop(t, lru, why);

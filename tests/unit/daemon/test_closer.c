@@ -3,10 +3,12 @@
  * descriptors off the event loop: every descriptor is closed, in order; a
  * close that blocks (a TCP socket lingering with unsent data to a peer that
  * does not read) holds up its own lane only, and closer_stuck() sees it; a
- * mapping handed over with its descriptor is unmapped in the lane, in
- * order, not by the caller, and does not count against the lane's owner,
- * nor makes its lane stuck when it is slow; a NULL closer closes at once;
- * closer_then() calls back once the lanes it names are through.
+ * mapping handed over with its descriptor is unmapped in the daemon's own
+ * lane of its owner, in order, not by the caller, and does not count
+ * against the owner, nor makes its lane stuck when it is slow; the owner's
+ * hanging close holds up none of the daemon's own (review rev186 F2,
+ * rev189 F4); a NULL closer closes at once; closer_then() calls back once
+ * the lanes it names are through.
  *
  * With the registry (daemonutil.c's loop, registry and model files): a
  * load refused for descriptors runs again once a closed generation's
@@ -245,96 +247,6 @@ mapped(void *p)
 }
 
 static void
-test_a_mapping_goes_in_its_lane_in_order(void **state)
-{
-	long page = sysconf(_SC_PAGESIZE);
-	struct closer *cl;
-	int listener, peer, lingering, p[2];
-	void *m;
-
-	(void)state;
-	assert_int_equal(closer_start(&cl), 0);
-	lingering = lingering_socket(&listener, &peer);
-	closer_close(cl, 7, lingering);
-	m = mmap(NULL, (size_t)(4 * page), PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	assert_true(m != MAP_FAILED);
-	assert_int_equal(pipe2(p, O_CLOEXEC), 0);
-	closer_unmap_close(cl, 7, m, (size_t)(4 * page), p[1]);
-	/* Behind the lingering close: neither unmapped nor closed yet. Only
-	 * what the owner chose counts against it (the daemon's own does not). */
-	assert_false(eof_within(p[0], 300));
-	assert_true(mapped(m));
-	assert_int_equal(closer_pending(cl, 7), 1);
-	assert_int_equal(closer_total(cl), 2);
-	close(peer);
-	assert_true(eof_within(p[0], 10000));
-	assert_true(all_drained_within(cl, 10000));
-	assert_false(mapped(m));
-	assert_false(mapped((char *)m + 3 * page));
-	close(p[0]);
-	close(listener);
-	/* A mapping alone, with no descriptor, goes too. */
-	m = mmap(NULL, (size_t)page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	assert_true(m != MAP_FAILED);
-	closer_unmap_close(cl, 9, m, (size_t)page, -1);
-	assert_true(all_drained_within(cl, 10000));
-	assert_false(mapped(m));
-	closer_stop(cl, 1000);
-}
-
-/* A slow close of the daemon's own in an owner's lane (a large artifact of
- * the owner's being freed) does not make the owner's lane stuck: what the
- * owner chose waits behind it as pending. Once the owner's own close
- * hangs, the lane is stuck again. */
-static void
-test_the_daemons_slow_close_is_not_the_owners(void **state)
-{
-	struct closer *cl;
-	int listener, peer, lingering, listener2, peer2, lingering2, p[2];
-
-	(void)state;
-	assert_int_equal(closer_start(&cl), 0);
-	lingering = lingering_socket(&listener, &peer);
-	lingering2 = lingering_socket(&listener2, &peer2);
-	closer_unmap_close(cl, 7, NULL, 0, lingering);
-	closer_close(cl, 7, lingering2);
-	assert_int_equal(pipe2(p, O_CLOEXEC), 0);
-	closer_close(cl, 7, p[1]);
-	assert_false(eof_within(p[0], 300));
-	assert_int_equal(closer_pending(cl, 7), 2);
-	assert_int_equal(closer_stuck(cl, 7, 200), 0);
-	/* The daemon's close ends; the owner's own lingering one is next. */
-	close(peer);
-	for (double end = tu_now() + 10; closer_total(cl) > 2 && tu_now() < end;)
-		usleep(1000);
-	assert_int_equal(closer_total(cl), 2);
-	usleep(300 * 1000);
-	assert_int_equal(closer_stuck(cl, 7, 200), 2);
-	close(peer2);
-	assert_true(eof_within(p[0], 10000));
-	assert_true(all_drained_within(cl, 10000));
-	close(p[0]);
-	close(listener);
-	close(listener2);
-	closer_stop(cl, 1000);
-}
-
-static void
-test_null_closer_closes_at_once(void **state)
-{
-	int p[2];
-
-	(void)state;
-	assert_int_equal(pipe2(p, O_CLOEXEC), 0);
-	closer_close(NULL, 1, p[1]);
-	assert_true(eof_within(p[0], 0));
-	close(p[0]);
-	assert_int_equal(closer_pending(NULL, 1), 0);
-	closer_close(NULL, 1, -1); /* nothing to close */
-	closer_stop(NULL, 0);
-}
-
-static void
 count_call(void *arg)
 {
 	atomic_fetch_add((atomic_int *)arg, 1);
@@ -352,6 +264,127 @@ calls_within(atomic_int *calls, int want, int ms)
 		usleep(1000);
 	}
 	return 1;
+}
+
+/* A mapping handed over with its descriptor goes in the daemon's own lane
+ * of its owner: unmapped, then closed, in order, whatever the owner's own
+ * lane holds (a lingering close), and not counted against the owner. */
+static void
+test_a_mapping_goes_in_the_daemons_own_lane_in_order(void **state)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	struct closer *cl;
+	int listener, peer, lingering, p[2];
+	void *m;
+
+	(void)state;
+	assert_int_equal(closer_start(&cl), 0);
+	lingering = lingering_socket(&listener, &peer);
+	closer_close(cl, 7, lingering);
+	m = mmap(NULL, (size_t)(4 * page), PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	assert_true(m != MAP_FAILED);
+	assert_int_equal(pipe2(p, O_CLOEXEC), 0);
+	gate_shut_at(m);
+	closer_unmap_close(cl, 7, m, (size_t)(4 * page), p[1]);
+	/* The unmap first: held at the gate, the descriptor is not closed. */
+	assert_true(gate_reached_within(10000));
+	assert_false(eof_within(p[0], 100));
+	assert_true(mapped(m));
+	assert_int_equal(closer_pending(cl, 7), 1);
+	assert_int_equal(closer_total(cl), 2);
+	gate_open();
+	/* Through while the owner's lingering close still hangs. */
+	assert_true(eof_within(p[0], 10000));
+	assert_false(mapped(m));
+	assert_false(mapped((char *)m + 3 * page));
+	for (double end = tu_now() + 10; closer_total(cl) > 1 && tu_now() < end;)
+		usleep(1000);
+	assert_int_equal(closer_total(cl), 1);
+	assert_int_equal(closer_pending(cl, 7), 1);
+	close(p[0]);
+	close(peer);
+	assert_true(all_drained_within(cl, 10000));
+	close(listener);
+	/* A mapping alone, with no descriptor, goes too. */
+	m = mmap(NULL, (size_t)page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	assert_true(m != MAP_FAILED);
+	closer_unmap_close(cl, 9, m, (size_t)page, -1);
+	assert_true(all_drained_within(cl, 10000));
+	assert_false(mapped(m));
+	closer_stop(cl, 1000);
+}
+
+/* Review rev186 F2(a), rev189 F4: the owner's close that hangs (a
+ * lingering socket it passed) does not hold up the daemon's own closes of
+ * that owner (a derived artifact it built, dropped for another user's
+ * publication), and closer_then() on them is through while it hangs.
+ * Before, both were in the one lane of the owner, behind its close. And
+ * the daemon's own slow close (a large artifact being freed, held at the
+ * gate) neither holds up what the owner chose nor makes its lane stuck. */
+static void
+test_the_owners_hanging_close_holds_up_none_of_the_daemons_own(void **state)
+{
+	static atomic_int calls;
+	const uid_t owner = 7;
+	struct closer *cl;
+	int listener, peer, lingering, p[2];
+	void *m;
+
+	(void)state;
+	assert_int_equal(closer_start(&cl), 0);
+	lingering = lingering_socket(&listener, &peer);
+	closer_close(cl, owner, lingering);
+	assert_int_equal(pipe2(p, O_CLOEXEC), 0);
+	closer_unmap_close(cl, owner, NULL, 0, p[1]);
+	assert_true(eof_within(p[0], 10000));
+	close(p[0]);
+	m = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	assert_true(m != MAP_FAILED);
+	closer_unmap_close(cl, owner, m, 4096, -1);
+	closer_then(cl, &owner, 1, count_call, &calls);
+	assert_true(calls_within(&calls, 1, 10000));
+	assert_false(mapped(m));
+	assert_int_equal(closer_pending(cl, owner), 1);
+	close(peer);
+	assert_true(all_drained_within(cl, 10000));
+	close(listener);
+
+	/* The daemon's own close held at the gate: the owner's goes by. */
+	m = mmap(NULL, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	assert_true(m != MAP_FAILED);
+	gate_shut_at(m);
+	closer_unmap_close(cl, owner, m, 4096, -1);
+	assert_true(gate_reached_within(10000));
+	assert_int_equal(pipe2(p, O_CLOEXEC), 0);
+	closer_close(cl, owner, p[1]);
+	assert_true(eof_within(p[0], 10000));
+	close(p[0]);
+	assert_true(drained_within(cl, owner, 10000));
+	usleep(300 * 1000);
+	assert_int_equal(closer_stuck(cl, owner, 200), 0);
+	assert_int_equal(closer_total(cl), 1);
+	closer_then(cl, &owner, 1, count_call, &calls);
+	usleep(20000);
+	assert_int_equal(atomic_load(&calls), 1);
+	gate_open();
+	assert_true(calls_within(&calls, 2, 10000));
+	assert_true(all_drained_within(cl, 10000));
+	closer_stop(cl, 1000);
+}
+
+static void
+test_null_closer_closes_at_once(void **state)
+{
+	int p[2];
+
+	(void)state;
+	assert_int_equal(pipe2(p, O_CLOEXEC), 0);
+	closer_close(NULL, 1, p[1]);
+	assert_true(eof_within(p[0], 0));
+	close(p[0]);
+	assert_int_equal(closer_pending(NULL, 1), 0);
+	closer_close(NULL, 1, -1); /* nothing to close */
+	closer_stop(NULL, 0);
 }
 
 /* closer_then() calls back once every lane it names is through what was
@@ -639,8 +672,8 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_every_descriptor_is_closed),
 		cmocka_unit_test(test_a_lingering_close_holds_its_own_lane_only),
-		cmocka_unit_test(test_a_mapping_goes_in_its_lane_in_order),
-		cmocka_unit_test(test_the_daemons_slow_close_is_not_the_owners),
+		cmocka_unit_test(test_a_mapping_goes_in_the_daemons_own_lane_in_order),
+		cmocka_unit_test(test_the_owners_hanging_close_holds_up_none_of_the_daemons_own),
 		cmocka_unit_test(test_null_closer_closes_at_once),
 		cmocka_unit_test(test_then_waits_for_every_lane_it_names),
 		cmocka_unit_test(test_a_load_refused_for_descriptors_waits_for_the_closer),

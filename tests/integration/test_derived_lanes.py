@@ -1,0 +1,100 @@
+"""A builder that holds its lane of wcached's closer (a lingering socket it
+passed, whose close waits out its linger) holds up no other user's
+publication (review rev186 F2(a), rev189 F4). An artifact it built that
+nobody holds is dropped to make room for another user's publication, and
+the memory of that artifact is let go in a lane of wcached's own for its
+builder, apart from the lane of what the builder chose: the publication
+goes on once that lane is through, at once. Before, the artifact's memfds
+closed in the builder's own lane, behind the held close: the publication
+waited out the 30 s deadline, the kernel still counted the dropped
+artifact, a second one was dropped in vain, and after 30 s more it was
+refused (ENOMEM)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+import test_neighbours
+from conftest import mkmodel
+from test_derived import (ATTACH_OK, Peer, builders_lane_held, closing_reaches, let_in,
+                          memfd_with, metric, model_entry, publish_held, release)
+from test_derived_memory import artifact_of, dropped_for, in_cgroup  # noqa: F401 (fixture)
+from test_memlimit import cgroup  # noqa: F401 (the fixture, used by name)
+from test_regressions import ready
+
+MiB = 1 << 20
+ALICE = (64302, 64302, (64200,))  # in derive_groups
+
+# Alice's worker, run as her: DERIVE "k2" of "small", PUBLISH the memfd
+# inherited as argv[2], print the PUBLISH's reply as "type code text".
+PUBLISHER = r"""
+import os, socket, struct, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.settimeout(240)
+s.connect(sys.argv[1])
+fd = int(sys.argv[2])
+key, name = b"k2", b"small"
+
+def reply():
+    data, anc, _, _ = s.recvmsg(8192, socket.CMSG_SPACE(4 * 256))
+    for level, kind, cdata in anc:
+        for (got,) in struct.iter_unpack("i", cdata[:len(cdata) // 4 * 4]):
+            os.close(got)
+    return struct.unpack_from("<H", data, 6)[0], data[16:]
+
+s.send(struct.pack("<IHHII", 0x31504357, 1, 4, 8 + len(key) + len(name), 1) +
+       struct.pack("<II", 30000, len(key)) + key + name)
+mtype, p = reply()
+assert mtype == 133, (mtype, p)  # BUILD
+s.sendmsg([struct.pack("<IHHII", 0x31504357, 1, 5, 8, 2) + p[40:48]],
+          [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", fd))])
+os.close(fd)
+mtype, p = reply()
+print(mtype, struct.unpack_from("<i", p)[0] if mtype == 255 else 0,
+      p[4:].decode("utf-8", "replace") if mtype == 255 else "", flush=True)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for a cgroup and another user")
+def test_a_builders_held_lane_holds_up_no_other_users_publication(in_cgroup, tmp_path,  # noqa: F811
+                                                                  cgroup, monkeypatch):
+    """Bob (root here) publishes k0 and k1, 40 MiB each, and releases them;
+    then he holds his lane (a lingering socket he passed, lingering 300 s:
+    past both of the old code's 30 s waits). Alice's 40 MiB k2 needs room
+    under the 96 MiB cgroup: Bob's k0, nobody's, is dropped for it, and k2
+    is published while Bob's lane is still held; only his lingering socket
+    still waits to close."""
+    cgroup[4](96 * MiB)
+    d = in_cgroup({"small": (mkmodel(tmp_path / "small.safetensors"),
+                             {"derive": "yes", "derive_groups": "64200"})}, "")
+    ready(d, "small")
+    bob = Peer(d)
+    blob = artifact_of(40)
+    release(bob, publish_held(bob, "k0", blob))
+    release(bob, publish_held(bob, "k1", blob))
+    linger = 'struct.pack("ii", 1, 60)'
+    assert linger in test_neighbours.LINGERER
+    monkeypatch.setattr(test_neighbours, "LINGERER",
+                        test_neighbours.LINGERER.replace(linger, 'struct.pack("ii", 1, 300)'))
+    from wcached import as_user
+    let_in(d)
+    fd = memfd_with(blob)
+    with builders_lane_held(d):
+        try:
+            alice = subprocess.Popen(as_user(*ALICE) + [sys.executable, "-c", PUBLISHER,
+                                                        d.socket, str(fd)],
+                                     pass_fds=(fd,), stdout=subprocess.PIPE, text=True)
+        finally:
+            os.close(fd)
+        out, _ = alice.communicate(timeout=240)
+        assert alice.returncode == 0, out
+        mtype, code, text = out.split(" ", 2)
+        assert (int(mtype), int(code)) == (ATTACH_OK, 0), (out, d.read_log()[-3000:])
+        # Bob's lane is held still: the publication did not wait it out.
+        assert metric(d, "wcached_fds_closing") >= 1
+        d.wait_for_log(dropped_for("k2", "k0"))
+        closing_reaches(d, 1, "the dropped k0 to close, Bob's lingering socket alone left")
+        assert "in vain" not in d.read_log()
+        assert sorted(x["key"] for x in model_entry(d, "small")["derived"]) == ["k1", "k2"]
+    assert d.proc.poll() is None
