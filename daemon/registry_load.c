@@ -67,6 +67,12 @@ struct load_request {
 	 * staged copy), whom the new file must have (same_tree). */
 	int keep_file_known;
 	uid_t keep_file_uid;
+	/* A watched reload of a model that has a generation: the owners of
+	 * its newest generation's files (as opened; a staged copy's, its
+	 * origin's), nkeep_owners of them (0: none known). Each new file has
+	 * one of them or the tree's owner (same_owners). */
+	uid_t *keep_owners;
+	size_t nkeep_owners;
 	/* An operator's load or reload: the tree it found, for
 	 * model_entry's operator_tree (find_operator_tree). */
 	uid_t found_uid;
@@ -118,9 +124,11 @@ struct load_request {
 	char *resolved;
 	char *root;
 	uid_t root_uid;
-	/* A watched reload whose tree same_tree refused: 0 or -EXDEV, with
-	 * q->message. load_after answers "unchanged" first when the files are
-	 * the ones serving, and refuses the rest (review rev180 F7). */
+	/* A watched reload whose tree same_tree refused (-EXDEV), or any load
+	 * with a hard link of another user's file in its tree (linked_in,
+	 * -EPERM): 0 or that, with q->message. load_after answers "unchanged"
+	 * first when the files are the ones serving, and refuses the rest
+	 * (review rev180 F7). */
 	int tree_status;
 	struct stage_request stage;
 	char *stage_dir;      /* stage.stage_dir, owned */
@@ -198,7 +206,9 @@ sibling_swap(const struct load_request *q)
  * no generation keeps the tree its operator's load found, and where that
  * found nothing at its path, the place it named (at_place). A model that
  * is one file takes, besides, only a file of its old file's owner
- * (same_file_owner). 0, or -EXDEV with q->message.
+ * (same_file_owner), and a model with a generation only files of its
+ * tree's owner or of the files serving (same_owners). 0, or -EXDEV with
+ * q->message.
  */
 static int at_place(const struct load_request *q);
 
@@ -217,10 +227,90 @@ same_file_owner(const struct load_request *q)
 		q->source.files[0].st.st_uid == q->keep_file_uid;
 }
 
+/*
+ * A file of q's model, the i-th (i == nfiles: its shard index, the file
+ * its path named, when sharded; NULL past it): its fstat as opened in *st
+ * and how to name it in *name.
+ */
+static int
+file_of(const struct load_request *q, size_t i, const struct stat **st, const char **name)
+{
+	if (i < q->source.nfiles) {
+		*st = &q->source.files[i].st;
+		*name = q->source.files[i].path;
+		return 1;
+	}
+	*st = &q->source.index_st;
+	*name = q->path;
+	return i == q->source.nfiles && q->source.format == FORMAT_SHARDED;
+}
+
+/*
+ * Whether each file of a watched reload (its shard index too) is owned by
+ * the owner of the tree it was found in or by an owner of a file of the
+ * generation it replaces: the tree rules ask where a file's name is, not
+ * whose the inode is, and a file another user renamed (or hard-linked)
+ * into the tree was served as its owner's model (review rev187 R3). A
+ * model with no generation has no owners to keep: the place it waits at
+ * says which files it takes (at_place). The first file that is neither's
+ * in *name and *st.
+ */
+static int
+same_owners(const struct load_request *q, const char **name, const struct stat **st)
+{
+	for (size_t i = 0; q->nkeep_owners > 0 && file_of(q, i, st, name); i++) {
+		size_t k = 0;
+
+		while (k < q->nkeep_owners && q->keep_owners[k] != (*st)->st_uid)
+			k++;
+		if ((*st)->st_uid != q->root_uid && k == q->nkeep_owners)
+			return 0;
+	}
+	return 1;
+}
+
+/*
+ * Any load: 0, or -EPERM with q->message when a file of the model (its
+ * shard index too) has other names besides (st_nlink > 1) and is not owned
+ * by the owner of its tree (not even by root: a model installed as root,
+ * readable by wcached's group only, is what another user would link). Where
+ * fs.protected_hardlinks is 0 anyone may hard-link into her own model's
+ * directory any file she can reach, readable or not, and wcached lent her
+ * its read rights to it (review rev187 R3). The tree is the one the files
+ * were found beneath (q->root), or the one the operator's load found
+ * before opening them; where neither is known, no hard link of any user's
+ * is taken.
+ */
+static int
+linked_in(struct load_request *q)
+{
+	const char *tree = q->root != NULL ? q->root : q->found_root, *name;
+	uid_t owner = q->root != NULL ? q->root_uid : q->found_uid;
+	const struct stat *st;
+
+	for (size_t i = 0; file_of(q, i, &st, &name); i++)
+		if (st->st_nlink > 1 && (tree == NULL || st->st_uid != owner)) {
+			char of[64] = "whose owner could not be told";
+
+			if (tree != NULL)
+				snprintf(of, sizeof(of), "owned by uid %u", (unsigned)owner);
+			snprintf(q->message, sizeof(q->message), "%s is a hard link (%ju names) "
+				"of a file owned by uid %u, in the model's tree %s %s: another "
+				"user's file linked into a model's tree is not served (where "
+				"fs.protected_hardlinks=0 anyone may link a file she cannot read); "
+				"copy it there instead, or give it to the tree's owner", name,
+				(uintmax_t)st->st_nlink, (unsigned)st->st_uid,
+				tree != NULL ? tree : "", of);
+			return -EPERM;
+		}
+	return 0;
+}
+
 static int
 same_tree(struct load_request *q)
 {
-	const char *old;
+	const char *old, *file = NULL;
+	const struct stat *st = NULL;
 	int same, path_same;
 
 	if (q->keep_root == NULL && q->keep_resolved != NULL)
@@ -260,6 +350,12 @@ same_tree(struct load_request *q)
 			"after an operator's reload (`wcachectl reload %s` or a config reload)",
 			q->path, (unsigned)q->source.files[0].st.st_uid,
 			(unsigned)q->keep_file_uid, q->name);
+	else if ((same = same_owners(q, &file, &st)) == 0)
+		snprintf(q->message, sizeof(q->message), "its file %s is owned by uid %u, not by "
+			"the owner of its tree %s (uid %u) nor of the files serving: another "
+			"user's file in the tree is served only after an operator's reload "
+			"(`wcachectl reload %s` or a config reload)", file, (unsigned)st->st_uid,
+			q->root, (unsigned)q->root_uid, q->name);
 	return same ? 0 : -EXDEV;
 }
 
@@ -647,7 +743,11 @@ load_work(struct workq_job *w)
 		found.root = NULL;
 	}
 	free(found.root);
-	if (q->reload == RELOAD_WATCHED && (q->tree_status = same_tree(q)) < 0) {
+	if (q->reload == RELOAD_WATCHED)
+		q->tree_status = same_tree(q);
+	if (q->tree_status == 0)
+		q->tree_status = linked_in(q);
+	if (q->tree_status < 0) {
 		note_failed_path(q);
 		return; /* load_after: "unchanged", or refused */
 	}
@@ -784,6 +884,7 @@ load_request_free(struct load_request *q)
 	free(q->keep_root);
 	free(q->keep_resolved);
 	free(q->keep_place);
+	free(q->keep_owners);
 	free(q->found_root);
 	free(q->found_place);
 	free(q->stage_dir);
@@ -1408,6 +1509,11 @@ keep_tree(struct load_request *q, const struct model_entry *m)
 		q->keep_file_uid = g->origin != NULL ? g->origin[0].st.st_uid :
 			g->source.files[0].st.st_uid;
 	}
+	if (g != NULL && (q->keep_owners = calloc(g->source.nfiles + 1, sizeof(uid_t))) == NULL)
+		return -ENOMEM;
+	for (size_t i = 0; g != NULL && i < g->source.nfiles; i++)
+		q->keep_owners[q->nkeep_owners++] = g->origin != NULL ? g->origin[i].st.st_uid :
+			g->source.files[i].st.st_uid;
 	if (g != NULL && g->tree_root != NULL) {
 		q->keep_uid = g->tree_uid;
 		return (q->keep_root = strdup(g->tree_root)) != NULL ? 0 : -ENOMEM;
@@ -1450,6 +1556,7 @@ queue_load(struct registry *r, const char *name, const char *path, enum pin_mode
 		free(q->keep_root);
 		free(q->keep_resolved);
 		free(q->keep_place);
+		free(q->keep_owners);
 		free(q->name);
 		free(q->path);
 		free(q);
@@ -1472,6 +1579,7 @@ queue_load(struct registry *r, const char *name, const char *path, enum pin_mode
 		free(q->keep_root);
 		free(q->keep_resolved);
 		free(q->keep_place);
+		free(q->keep_owners);
 		free(q->name);
 		free(q->path);
 		free(q);

@@ -3,6 +3,7 @@
 place: a directory name is no one's word on who made what is under it.
 wcached runs unprivileged, as the neighbour tests do (test_neighbours.py)."""
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -296,3 +297,77 @@ def test_a_file_made_again_by_another_user_after_a_warm_restart_waits(tmp_path):
     is its stored descriptor's, as the restart's check fstat'ed it."""
     shared, m = alices_file_in_a_shared_place(tmp_path)
     after_a_warm_restart(tmp_path, m, lambda d: bobs_file_waits(d, shared, m))
+
+
+def sharded_model(directory, shard_from):
+    """A sharded model in directory (made): the model file shard_from
+    renamed to its one shard s.safetensors, and an index naming it for
+    each of its tensors."""
+    os.makedirs(directory, exist_ok=True)
+    shard = os.path.join(directory, "s.safetensors")
+    os.rename(shard_from, shard)
+    with open(shard, "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    with open(os.path.join(directory, "model.safetensors.index.json"), "w") as f:
+        json.dump({"weight_map": {n: "s.safetensors" for n in header
+                                  if n != "__metadata__"}}, f)
+
+
+def test_another_users_shard_renamed_into_a_sibling_waits(tmp_path):
+    """A shared place that is not sticky (0777, as a team's directory):
+    alice's sharded model v1, her link m to it configured. She makes v2
+    with her index and, as its shard, bob's model file, renamed out of the
+    place into her directory (a rename needs no right on the file), and
+    swaps m to v2: her sibling, each file at its place, so bob's bytes were
+    her generation 2. A reload wcached makes by itself now takes only
+    files of the tree's owner or of the files serving (review rev187 R3)."""
+    shared = made_by(tmp_path / "shared", 0, 0o777)
+    sharded_model(os.path.join(shared, "v1"), mkmodel(os.path.join(shared, "a.tmp"), seed=1))
+    subprocess.run(["chown", "-R", "%d:%d" % (ALICE_UID, GROUP), os.path.join(shared, "v1")],
+                   check=True)
+    mkmodel(os.path.join(shared, "b.tmp"), seed=2)   # the same tensors, other bytes
+    os.chown(os.path.join(shared, "b.tmp"), BOB_UID, GROUP)
+    os.chmod(os.path.join(shared, "b.tmp"), 0o640)
+    m = os.path.join(shared, "m")
+    as_alice("ln -s v1 m", shared)
+    d = Daemon(tmp_path, {"alice": m}, user=(DAEMON_UID, GROUP), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "alice": generation 1 warm')
+        as_alice("mkdir v2 && cp v1/model.safetensors.index.json v2/ && "
+                 "mv b.tmp v2/s.safetensors && ln -s v2 .next && mv -T .next m", shared)
+        alices_generation_1_waits(
+            d, "its file .* is owned by uid", "its file %s/s.safetensors is owned by uid %%d, "
+            "not by the owner of its tree %s/v2 (uid %%d) nor of the files serving" % (m, shared))
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_a_hard_link_of_another_users_file_is_not_served(tmp_path):
+    """alice's model directory whose file is a hard link of bob's model
+    file (fs.protected_hardlinks=0 lets her link a file she cannot read;
+    root stands in for her here): the operator's own load served it as
+    hers. Refused with one line naming the file, its owner and the tree's;
+    her own file, hard-linked beside it, loads (review rev187 R3)."""
+    shared = made_by(tmp_path / "shared", 0, 0o755)
+    alice, mine = made_by(os.path.join(shared, "alice"), ALICE_UID), \
+        made_by(os.path.join(shared, "mine"), ALICE_UID)
+    bob = mkmodel(os.path.join(made_by(os.path.join(shared, "bob"), BOB_UID, 0o750), "b"),
+                  layers=3, seed=2)
+    os.chown(bob, BOB_UID, GROUP)
+    os.chmod(bob, 0o640)
+    os.link(bob, os.path.join(alice, "model.safetensors"))
+    own = mkmodel(os.path.join(mine, "own"), seed=1)
+    os.chown(own, ALICE_UID, GROUP)
+    os.link(own, os.path.join(mine, "model.safetensors"))
+    d = Daemon(tmp_path, {"alice": alice, "mine": mine}, user=(DAEMON_UID, GROUP),
+               nofile=1024).start()
+    try:
+        _, line = d.wait_for_log(r'model "alice": (.* is a hard link|generation 1 from)')
+        assert "%s/model.safetensors is a hard link (2 names) of a file owned by uid %d, in " \
+            "the model's tree %s owned by uid %d: " % (alice, BOB_UID, alice, ALICE_UID) \
+            in line, line
+        assert "not served" in line, line
+        d.wait_for_log(r'model "mine": generation 1 warm')
+        assert 'model "alice": generation 1' not in d.read_log()
+    finally:
+        assert d.stop() == 0, d.read_log()

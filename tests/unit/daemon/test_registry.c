@@ -1809,6 +1809,94 @@ test_rev187_fallback_sibling_linking_out(void **state)
 	tree_force_fallback = 0;
 }
 
+/* Writes a shard index at t's rel naming the one shard "s.safetensors". */
+static void
+index_naming_s(struct du *t, const char *rel)
+{
+	char path[4096];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/%s", t->dir, rel);
+	assert_non_null(f = fopen(path, "w"));
+	fputs("{\"weight_map\":{\"w\":\"s.safetensors\"}}", f);
+	fclose(f);
+}
+
+/*
+ * rev187 R3: a sharded model, llama -> v1 (alice's index and shard,
+ * generation 1). Her sibling v2 holds her index and, as its shard, bob's
+ * 0600 file renamed into it (one name: a rename out of a writable
+ * directory needs no right on the file). Her swap of llama to v2 passed
+ * every tree rule (her sibling, the shard at its place): bob's bytes were
+ * her generation 2. A watched reload now takes only files of the tree's
+ * owner or of the files serving.
+ */
+static void
+test_rev187_others_shard_renamed_in_waits(void **state)
+{
+	struct du *t = *state;
+	char *a, *b, *p, cmd[8192];
+	struct generation *g1;
+
+	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p srv/v1 srv/v2", t->dir);
+	assert_int_equal(system(cmd), 0);
+	a = du_model(t, "srv/v1/s.safetensors", 1024);
+	b = du_model(t, "srv/bob.safetensors", 2048);
+	index_naming_s(t, "srv/v1/m.index.json");
+	index_naming_s(t, "srv/v2/m.index.json");
+	snprintf(cmd, sizeof(cmd), "cd %s/srv && chown 12345:12345 bob.safetensors && "
+		"chmod 0600 bob.safetensors && mv bob.safetensors v2/s.safetensors && "
+		"chown 23456:23456 v1 v1/s.safetensors v1/m.index.json v2 v2/m.index.json && "
+		"ln -s v1 llama", t->dir);
+	assert_int_equal(system(cmd), 0);
+	p = llama_loaded(t, "srv/llama/m.index.json", &g1);
+	snprintf(cmd, sizeof(cmd), "cd %s/srv && ln -s v2 llama.n && mv -T llama.n llama", t->dir);
+	assert_int_equal(system(cmd), 0);
+	alices_kept(t, r180_watched(t, "llama"), g1);
+	assert_non_null(strstr(t->message, "/srv/llama/s.safetensors is owned by uid 12345, not by "
+		"the owner of its tree"));
+	assert_non_null(strstr(t->message, "/srv/v2 (uid 23456) nor of the files serving"));
+	free(a);
+	free(b);
+	free(p);
+}
+
+/*
+ * rev187 R3, any load: alice's model directory v2 (uid 23456) whose
+ * model.safetensors is a hard link of bob's 0600 file (uid 12345), as
+ * fs.protected_hardlinks=0 lets her make it (root stands in for her): the
+ * operator's own load took it, lending her wcached's read right. Refused
+ * with one line naming the file, its owner and the tree's; a hard link of
+ * her own file there loads.
+ */
+static void
+test_rev187_others_hard_link_refused(void **state)
+{
+	struct du *t = *state;
+	char *b, *p, cmd[8192];
+
+	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p srv/v2 srv/v3 srv/bob", t->dir);
+	assert_int_equal(system(cmd), 0);
+	b = du_model(t, "srv/bob/model.safetensors", 2048);
+	snprintf(cmd, sizeof(cmd), "cd %s/srv && chown -R 12345:12345 bob && chmod 0600 %s && "
+		"ln %s v2/model.safetensors && chown 23456:23456 v2 v3 && "
+		"cp v2/model.safetensors v3/mine && chown 23456:23456 v3/mine && "
+		"ln v3/mine v3/model.safetensors", t->dir, b, b);
+	assert_int_equal(system(cmd), 0);
+	assert_true(asprintf(&p, "%s/srv/v2", t->dir) > 0);
+	assert_true(du_load(t, "llama", p, PIN_NONE, 0) < 0);
+	print_message("rev187 R3: %s\n", t->message);
+	assert_null(registry_find(&t->reg, "llama")->current);
+	assert_non_null(strstr(t->message, "/srv/v2/model.safetensors is a hard link (2 names) of "
+		"a file owned by uid 12345, in the model's tree "));
+	assert_non_null(strstr(t->message, "/srv/v2 owned by uid 23456: "));
+	free(p);
+	assert_true(asprintf(&p, "%s/srv/v3", t->dir) > 0);
+	assert_int_equal(du_load(t, "mine", p, PIN_NONE, 0), 0);
+	free(b);
+	free(p);
+}
+
 int
 main(void)
 {
@@ -1820,6 +1908,10 @@ main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(test_rev187_one_file_in_shared_dir_new_owner,
 			setup, teardown),
+		cmocka_unit_test_setup_teardown(test_rev187_others_shard_renamed_in_waits, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_rev187_others_hard_link_refused, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(test_r180_no_generation_link_elsewhere_waits, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_r180_dangling_link_dir, setup, teardown),
