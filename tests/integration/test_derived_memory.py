@@ -70,6 +70,17 @@ def test_held_artifacts_on_the_memory_line_and_one_warning_over_the_budget(
         release(a, rep)
 
 
+# The tests below need this process to be root: it makes the memory cgroup
+# (test_memlimit's cgroup fixture, v1 or v2; it skips, saying why, where it
+# cannot) and bind-mounts over its memory.stat. wcached itself need not be:
+# it joins the cgroup before setpriv drops root, and what it reads there
+# (memory.stat, the limit) every user may read. ctest's
+# integration_unprivileged (WCACHE_TEST_USER) runs the kernel check's tests
+# (fits, the kernel refusal, a kept descriptor, a memory.stat that says
+# nothing) with wcached as an unprivileged user without capabilities, as the
+# packaged unit runs it; the others weigh wcached's own counts and lanes,
+# the same whoever it runs as, and run with wcached as root only, for time
+# (the whole file passed unprivileged too on 2026-12-06, 161 s).
 @pytest.fixture
 def in_cgroup(tmp_path, cgroup):  # noqa: F811 (cgroup: the fixture)
     """start(models, extra): a Daemon in the test's memory cgroup."""

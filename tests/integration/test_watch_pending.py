@@ -25,16 +25,28 @@ holds. With one work queue thread (UV_THREADPOOL_SIZE=1) jobs run in the
 order they were queued, so a second model's reload that has been installed
 proves that every job queued before it (the sync job, or a reload of the
 first model) has run: the barrier that makes "after", "reloaded" and
-"only once" certain rather than likely."""
+"only once" certain rather than likely.
+
+Whether anyone has a file open for writing, wcached asks with a read lease
+(F_SETLEASE), which needs the file's owner or CAP_LEASE. As root it has
+CAP_LEASE. The packaged unit runs it as wcache with no capabilities: these
+tests run so too in ctest's integration_unprivileged (WCACHE_TEST_USER), the
+models' files then owned by wcached's uid, and must give the same outcome
+with no "cannot tell" line. The last tests give the files to another user
+than wcached's, with wcached unprivileged (as WCACHE_TEST_USER, else as
+OWN_USER when this process is root): wcached cannot tell, says so once, and
+loads the file again only at the next close(2) after a write, or a rename
+(README, "Updating a model safely")."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 
 import pytest
 
-from conftest import Daemon, mkmodel, wait_until
+from conftest import TEST_USER, Daemon, mkmodel, parse_user, wait_until
 from ctlutil import daemons, model_entry
 
 SMALL = dict(layers=2, hidden=64, ffn=128, vocab=100)
@@ -203,11 +215,28 @@ def wait_file(path):
     wait_until(lambda: os.path.exists(path), timeout=60, what=f"{path} to appear")
 
 
+# Whom wcached runs as here: None for root (with CAP_LEASE), else (uid, gid).
+DAEMON_USER = parse_user(TEST_USER) if TEST_USER else None
+if DAEMON_USER is not None and (os.geteuid() != 0 or shutil.which("setpriv") is None):
+    pytestmark = pytest.mark.skip(reason="WCACHE_TEST_USER is set: running wcached as that "
+                                  "user, and giving it the models' files, needs root and "
+                                  "setpriv (util-linux)")
+# wcached's user where a test needs it unprivileged and WCACHE_TEST_USER is
+# not set, and the other user whose files it cannot lease.
+OWN_USER, OTHER_USER = (64141, 64100), (64142, 64142)
+CANNOT_TELL = "cannot tell whether it is still being written"
+
+
 class Models:
     """m (gated, in dir m/) and n (the barrier, in dir n/) under one daemon."""
 
-    def __init__(self, start, tmp_path, shim, directory=False):
-        """directory: m is its directory m/, its file m/m.safetensors."""
+    def __init__(self, start, tmp_path, shim, directory=False, user=None, owner=None):
+        """directory: m is its directory m/, its file m/m.safetensors.
+        user: whom wcached runs as, (uid, gid) (default DAEMON_USER); owner:
+        whose m's and n's files are (default wcached's user; None: this
+        process's)."""
+        self.user = user if user is not None else DAEMON_USER
+        self.owner = owner if owner is not None else self.user
         self.tmp = tmp_path
         self.gate = tmp_path / "gate"
         self.gate.mkdir()
@@ -219,11 +248,13 @@ class Models:
         self.n = str(tmp_path / "n" / "n.safetensors")
         mkmodel(self.m, seed=1, **SMALL)
         mkmodel(self.n, seed=1, **SMALL)
+        self.own(self.m)
+        self.own(self.n)
         GatedDaemon.gate_env = {"LD_PRELOAD": shim, "WC_GATE_DIR": str(self.gate),
                                 "WC_GATE_FILE": self.m, "UV_THREADPOOL_SIZE": "1"}
         # Warm threads to spare: n's warm-ups must not wait behind m's held ones.
         self.d = start({"m": os.path.dirname(self.m) if directory else self.m, "n": self.n},
-                       prefetch_threads=4)
+                       prefetch_threads=4, user=self.user)
         ready(self.d, "m", 1)
         ready(self.d, "n", 1)
         self.n_generation = 1
@@ -239,10 +270,29 @@ class Models:
     def held(self, what):
         wait_file(str(self.gate / f"{what}.held"))
 
+    def own(self, path):
+        """Gives path to the models' owner."""
+        if self.owner is not None:
+            os.chown(path, *self.owner)
+
     def replace(self, path, make):
         tmp = os.path.join(os.path.dirname(path), self.tmp_name)
         make(tmp)
+        self.own(tmp)
         os.rename(tmp, path)
+
+    def written_serves(self):
+        """Generation 3 of m, its file as written, serves and attaches."""
+        m = ready(self.d, "m", 3, os.path.getsize(self.m))
+        assert "error" not in m, m
+        r = self.d.attach("m", "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["generation"] == 3
+
+    def could_tell(self):
+        """wcached could lease every file it asked about: the files are its
+        own (or it is root), and it never said it cannot tell."""
+        assert CANNOT_TELL not in self.d.read_log(), self.d.read_log()
 
     def pending_watched(self):
         """Generation 2 of m, pending (its warm-up held), its sync job run:
@@ -251,6 +301,44 @@ class Models:
         self.replace(self.m, lambda p: mkmodel(p, seed=2, **BIG))
         self.held("warm")
         self.barrier()
+
+    def written_pending(self):
+        """Generation 2 of m, pending, its file opened for writing and
+        written in place, dropped for it: the writer's descriptor (open)."""
+        self.pending_watched()
+        fd = os.open(self.m, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.pwrite(fd, b"\x01\x02", 1 << 20)  # inside the tensors' data
+            wait_dropped(self.d)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def touched_pending(self, timing, reloads=True):
+        """Generation 2 of m, pending (its warm-up held), its file touched
+        before its sync job compared its paths (timing "before") or after.
+        reloads: whether the drop loads the file again (else, touched
+        before, generation 2 may be dropped before its warm-up holds)."""
+        self.arm("warm")
+        if timing == "before":
+            self.arm("load")
+        self.replace(self.m, lambda p: mkmodel(p, seed=2, **BIG))
+        if timing == "before":
+            # Generation 2's load has opened and validated the file and is
+            # not installed yet: no event of the touch can reach it.
+            self.held("load")
+            os.utime(self.m)
+            self.release("load")
+            if reloads:
+                self.held("warm")  # generation 2's, or else 3's
+        else:
+            self.held("warm")
+            # Its sync job was queued at its install: once n's reload has
+            # run, the job has stat'ed m's path, and only inotify sees the
+            # touch.
+            self.barrier()
+            os.utime(self.m)
 
     def reloaded_once(self, size=True):
         """After n's next reload, generation 3 of m (the changed file) is
@@ -261,6 +349,7 @@ class Models:
         self.release("warm")
         m = ready(self.d, "m", 3, os.path.getsize(self.m) if size else None)
         assert "error" not in m, m
+        self.could_tell()
         return m
 
     def barrier(self):
@@ -276,24 +365,7 @@ def test_a_pending_generation_touched_is_dropped_and_reloaded_alike(start, tmp_p
                                                                     timing):
     s = Models(start, tmp_path, shim)
     d = s.d
-    s.arm("warm")  # generation 2 stays pending while it warms
-    if timing == "before":
-        s.arm("load")
-    s.replace(s.m, lambda p: mkmodel(p, seed=2, **BIG))
-    if timing == "before":
-        # Generation 2's load has opened and validated the file and is
-        # not installed yet: no event of the touch can reach it.
-        s.held("load")
-        os.utime(s.m)
-        s.release("load")
-        s.held("warm")
-    else:
-        s.held("warm")
-        # Its sync job was queued at its install: once n's reload has run,
-        # the job has stat'ed m's path, and only inotify sees the touch.
-        s.barrier()
-        os.utime(s.m)
-
+    s.touched_pending(timing)
     wait_dropped(d)
     # One line for it (the one above); before, in the first timing, the
     # sync job's "PATH changed before its directory was watched" too.
@@ -324,6 +396,7 @@ def test_a_pending_generation_touched_is_dropped_and_reloaded_alike(start, tmp_p
     s.barrier()
     m = entry(d, "m")
     assert m["generation"] == 3 and m["pending"] == 0, m
+    s.could_tell()
 
 
 def test_a_pending_generation_written_in_place_is_reloaded_at_its_writers_close(
@@ -333,11 +406,8 @@ def test_a_pending_generation_written_in_place_is_reloaded_at_its_writers_close(
     writer closes it (IN_CLOSE_WRITE), never while the write is open."""
     s = Models(start, tmp_path, shim)
     d = s.d
-    s.pending_watched()
-    fd = os.open(s.m, os.O_WRONLY | os.O_CLOEXEC)
+    fd = s.written_pending()
     try:
-        os.pwrite(fd, b"\x01\x02", 1 << 20)  # inside the tensors' data
-        wait_dropped(d)
         s.barrier()  # a reload of m would have been queued before this one
         m = entry(d, "m")
         assert m["generation"] == 1 and m["pending"] == 0, m
@@ -370,11 +440,8 @@ def test_a_pending_generation_chmod_then_written_is_reloaded_at_its_writers_clos
         os.pwrite(fd, b"\x01\x02", 1 << 20)  # inside the tensors' data
     finally:
         os.close(fd)
-    m = ready(d, "m", 3, os.path.getsize(s.m))  # the written file
-    assert "error" not in m, m
-    r = d.attach("m", "--json")
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["generation"] == 3
+    s.written_serves()
+    s.could_tell()
 
 
 @pytest.mark.parametrize("how", ["touch -c -m", "truncate"])
@@ -418,3 +485,81 @@ def test_a_directory_models_other_file_written_does_not_hold_the_reload(
         s.reloaded_once(size=False)
     finally:
         log.close()
+
+
+def unprivileged_user():
+    """wcached's user for a test that needs it unprivileged, without
+    capabilities: WCACHE_TEST_USER's, else OWN_USER; a skip saying why
+    where this process cannot run it so."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: to run wcached as another user without capabilities "
+                    "(setpriv) and to give the models' files to a third user")
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) is missing: wcached cannot be run unprivileged")
+    return DAEMON_USER or OWN_USER
+
+
+def cannot_tell(d, path):
+    """Waits for README's line for path, whose lease wcached (not its owner,
+    no CAP_LEASE) was refused; asserts it is the only such line."""
+    d.wait_for_log(rf'model "m": {re.escape(path)}: {CANNOT_TELL} \(fcntl F_SETLEASE: '
+                   r'Permission denied\): it is loaded again at the next close\(2\) after a '
+                   r'write, or rename')
+    assert d.read_log().count(CANNOT_TELL) == 1, d.read_log()
+
+
+def serving(d, name, generation):
+    """name's generation serves, nothing pending."""
+    m = entry(d, name)
+    assert m["generation"] == generation and m["pending"] == 0, m
+
+
+def test_another_users_file_written_in_place_is_reloaded_at_its_writers_close(
+        start, tmp_path, shim):
+    """wcached unprivileged (the packaged unit: wcache, no capabilities), the
+    model's file root's, as models usually are: whether a writer has it
+    open, wcached cannot tell (its lease refused, EACCES). It says so once,
+    loads nothing while the write is open (nor at a second write), and at
+    the writer's close loads the written file, which serves."""
+    s = Models(start, tmp_path, shim, user=unprivileged_user(), owner=(0, 0))
+    d = s.d
+    fd = s.written_pending()
+    try:
+        cannot_tell(d, s.m)
+        s.barrier()  # a reload of m would have been queued before this one
+        serving(d, "m", 1)
+        s.release("warm")
+        os.pwrite(fd, b"\x03\x04", 2 << 20)
+        s.barrier()
+        serving(d, "m", 1)
+    finally:
+        os.close(fd)
+    s.written_serves()
+    s.barrier()
+    serving(d, "m", 3)  # loaded once
+    cannot_tell(d, s.m)  # and said once
+
+
+@pytest.mark.parametrize("timing", ["before", "after"])
+def test_another_users_file_touched_in_place_is_reloaded_at_the_next_rename(
+        start, tmp_path, shim, timing):
+    """The same with the file a third user's and a touch, no writer, before
+    or after the sync job compared the generation's paths: wcached cannot
+    tell that no one writes it, so, as README says, it does not load the
+    touched file (no close(2) after a write comes); generation 1 serves on
+    until the operator's next rename, which serves."""
+    s = Models(start, tmp_path, shim, user=unprivileged_user(), owner=OTHER_USER)
+    d = s.d
+    s.touched_pending(timing, reloads=False)
+    wait_dropped(d)
+    cannot_tell(d, s.m)
+    s.barrier()
+    serving(d, "m", 1)
+    s.replace(s.m, lambda p: mkmodel(p, seed=3, **BIG))
+    s.barrier()
+    m = entry(d, "m")
+    assert m["generation"] == 1 and m["pending"] == 3, m
+    s.release("warm")
+    m = ready(d, "m", 3, os.path.getsize(s.m))
+    assert "error" not in m, m
+    cannot_tell(d, s.m)
