@@ -19,7 +19,8 @@
  * for its files on local storage: those never wait behind a remote
  * server that does not answer), a queue,
  * and while the queue is not empty one thread that closes its descriptors in
- * order and exits when it is empty. Each owner has two lanes: one for what
+ * order and exits once it has been empty for a moment (100 ms: a run of
+ * unloads takes one thread). Each owner has two lanes: one for what
  * it chose (closer_close) and one for the daemon's own (closer_unmap_close:
  * a derived artifact's memfds, built by that uid, whose close frees memory
  * and never waits on anyone), so that a client holding its lane (a
