@@ -20,40 +20,20 @@ from conftest import mkmodel
 from test_derived import (ATTACH_OK, Peer, builders_lane_held, closing_reaches, let_in,
                           memfd_with, metric, model_entry, publish_held, release)
 from test_derived_memory import artifact_of, dropped_for, in_cgroup  # noqa: F401 (fixture)
+from test_derived_reload import BUILDER
 from test_memlimit import cgroup  # noqa: F401 (the fixture, used by name)
 from test_regressions import ready
 
 MiB = 1 << 20
 ALICE = (64302, 64302, (64200,))  # in derive_groups
 
-# Alice's worker, run as her: DERIVE "k2" of "small", PUBLISH the memfd
-# inherited as argv[2], print the PUBLISH's reply as "type code text".
-PUBLISHER = r"""
-import os, socket, struct, sys
-s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-s.settimeout(240)
-s.connect(sys.argv[1])
-fd = int(sys.argv[2])
-key, name = b"k2", b"small"
-
-def reply():
-    data, anc, _, _ = s.recvmsg(8192, socket.CMSG_SPACE(4 * 256))
-    for level, kind, cdata in anc:
-        for (got,) in struct.iter_unpack("i", cdata[:len(cdata) // 4 * 4]):
-            os.close(got)
-    return struct.unpack_from("<H", data, 6)[0], data[16:]
-
-s.send(struct.pack("<IHHII", 0x31504357, 1, 4, 8 + len(key) + len(name), 1) +
-       struct.pack("<II", 30000, len(key)) + key + name)
-mtype, p = reply()
-assert mtype == 133, (mtype, p)  # BUILD
-s.sendmsg([struct.pack("<IHHII", 0x31504357, 1, 5, 8, 2) + p[40:48]],
-          [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", fd))])
-os.close(fd)
-mtype, p = reply()
-print(mtype, struct.unpack_from("<i", p)[0] if mtype == 255 else 0,
-      p[4:].decode("utf-8", "replace") if mtype == 255 else "", flush=True)
-"""
+# BUILDER (test_derived_reload.py) as Alice's worker: DERIVE "k2" of
+# "small", print the BUILD, PUBLISH the memfd inherited as argv[2] at once,
+# print the PUBLISH's reply as "type code text".
+MADE = ('sys.stdin.readline()\nfd = os.memfd_create("artifact", os.MFD_CLOEXEC | '
+        'os.MFD_ALLOW_SEALING)\nos.write(fd, bytes.fromhex(sys.argv[2]))\n')
+assert MADE in BUILDER and BUILDER.count('b"f32-v1"') == 1
+PUBLISHER = BUILDER.replace(MADE, "fd = int(sys.argv[2])\n").replace('b"f32-v1"', 'b"k2"')
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root for a cgroup and another user")
@@ -89,7 +69,8 @@ def test_a_builders_held_lane_holds_up_no_other_users_publication(in_cgroup, tmp
             os.close(fd)
         out, _ = alice.communicate(timeout=240)
         assert alice.returncode == 0, out
-        mtype, code, text = out.split(" ", 2)
+        assert out.split(" ", 1)[0] == "133", out  # BUILD
+        mtype, code, text = out.splitlines()[-1].split(" ", 2)
         assert (int(mtype), int(code)) == (ATTACH_OK, 0), (out, d.read_log()[-3000:])
         # Bob's lane is held still: the publication did not wait it out.
         assert metric(d, "wcached_fds_closing") >= 1
