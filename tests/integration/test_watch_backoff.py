@@ -23,6 +23,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -65,6 +66,8 @@ AFTER_LEASE(fcntl64)
 RELOADING = 'model "m": files changed on disk, reloading'
 BACKOFF = re.compile(r'model "m": (\d+) reloads in [0-9.]+ s, its files keep changing: '
                      r'backing off, the next reload waits (\d+) ms after this one')
+# WATCH_QUIET_MS: the quiet that ends a backoff.
+QUIET_S = 10
 # Enough changes for the backoff to begin on any machine: it needs 6
 # reloads within 10 s, and a slow one may make fewer in a first window.
 MAX_CHANGES = 60
@@ -95,26 +98,26 @@ def asked(d):
     return sum(len(kind) for kind in reloads(d))
 
 
-def change_until_backed_off(d, change):
+def change_until_backed_off(d, change, lines=1):
     """change(i) for i = 1, 2, ..., each once the reload of the change
-    before was asked for, until the backoff line is logged; returns the
-    number of changes."""
+    before was asked for, until the backoff line is logged (the lines-th
+    time); returns the number of changes."""
     for i in range(1, MAX_CHANGES + 1):
         before = asked(d)
         change(i)
         wait_until(lambda: asked(d) > before, timeout=60, what=f"the reload of change {i}")
         assert asked(d) == before + 1, d.read_log()  # one change, one reload
-        if BACKOFF.search(d.read_log()):
+        if len(BACKOFF.findall(d.read_log())) >= lines:
             return i
     raise AssertionError("no backoff after %d reloads:\n%s" % (MAX_CHANGES, d.read_log()))
 
 
-def assert_backed_off(d):
-    """One backoff line, at the reload past the 5th in a window; its
-    delay twice the settle time."""
+def assert_backed_off(d, lines=1):
+    """lines backoff lines, each at the reload past the 5th in a window;
+    its delay twice the settle time."""
     found = BACKOFF.findall(d.read_log())
-    assert len(found) == 1, d.read_log()
-    assert int(found[0][0]) == 6 and found[0][1] == "200", found
+    assert len(found) == lines, d.read_log()
+    assert all(int(n) == 6 and delay == "200" for n, delay in found), found
 
 
 def test_a_touch_loop_on_a_served_file_backs_off_and_the_last_change_still_loads(
@@ -209,3 +212,29 @@ def test_a_writer_opened_in_the_settle_time_holds_the_reload_until_its_close(
     r = d.attach("m", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["generation"] == 3
+
+
+def test_the_backoff_ends_once_the_files_are_quiet(start, tmp_path, shim):
+    """Once a backed-off model's files are quiet for 10 s, its next change
+    reloads as a first one (its line at info level, not limited), and a new
+    loop backs off again from 200 ms."""
+    s = Models(start, tmp_path, shim)
+    d = s.d
+
+    def touch(i):
+        subprocess.run(["touch", s.m], check=True)
+
+    change_until_backed_off(d, touch)
+    # Not a wait for the daemon: the quiet itself, measured by its clock
+    # from the last reload, which was asked for before this.
+    time.sleep(QUIET_S + 2)
+    before = reloads(d)
+    touch(0)
+    wait_until(lambda: asked(d) > sum(map(len, before)), timeout=60, what="the next reload")
+    info, debug = reloads(d)
+    # Still backed off, it would be limited (at debug level, the backoff's
+    # first line having been logged).
+    assert len(info) == len(before[0]) + 1 and len(debug) == len(before[1]), d.read_log()
+    assert "not logged" not in info[-1], info[-1]
+    change_until_backed_off(d, touch, lines=2)
+    assert_backed_off(d, lines=2)
