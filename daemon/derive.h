@@ -109,8 +109,9 @@ int derive_memfd_whole(const struct stat *st, char *why, size_t why_size);
 uint64_t derive_head_len(int fd, uint64_t size);
 
 /* How long a publication's copy waits for the artifacts dropped to make
- * room for it to be let go in the closer's lanes (their builders' lanes,
- * which a builder can hold up, closer.h): then it is refused (ENOMEM). */
+ * room for it to be let go in the closer's lanes (of wcached's own for
+ * their builders, closer.h): then the kernel decides whether there is room
+ * (derive_publish.c). */
 #define DERIVE_CLOSES_WAIT_MS 30000
 
 /* Lines of the log a builder's requests cause (a build started, handed on,

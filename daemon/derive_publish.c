@@ -25,12 +25,13 @@
  * there is none, the check ends, the loop (which owns the artifacts)
  * reserves it and drops artifacts nobody holds, least recently used first,
  * if that makes room (make_copy_room), and queues the check again, once,
- * when their memory is let go in their builders' lanes of the closer
- * (wait_for_closes: at most DERIVE_CLOSES_WAIT_MS, then it goes all the
- * same); when what workers hold and the other checks reserved leave no
- * room it is refused. Then, just before the copy, the kernel has the last
- * word (check_kernel_room): a dropped artifact a worker still maps is
- * charged to wcached all the same. Where it finds no room, the loop drops
+ * when their memory is let go in the closer's lanes of wcached's own for
+ * their builders (wait_for_closes: at most DERIVE_CLOSES_WAIT_MS, then it
+ * goes all the same); when what workers hold and the other checks
+ * reserved leave no room it is refused. Then, just before the copy, the
+ * kernel has the last word (check_kernel_room): a dropped artifact a
+ * worker still maps is charged to wcached all the same. Where it finds no
+ * room, the loop drops
  * that much more of what nobody holds, once (make_kernel_room: less what it
  * dropped for other checks the kernel refused whose memory this one's read
  * did not see go), and the check goes again, after the same wait (for
@@ -1225,13 +1226,14 @@ closes_rearm(struct derive_table *t)
 }
 
 /* On the loop: the checks whose dropped artifacts were not let go within
- * DERIVE_CLOSES_WAIT_MS (a close in their builders' lanes is held up, or
- * only queued behind a slow one: what was dropped may have had nothing to
- * close yet) wait no more: each is queued again, and the kernel says
- * whether there is room for its copy after all (check_kernel_room, which
- * may drop more of what nobody holds, once, review rev186 F2). Those whose
- * closes came through meanwhile go on here too, as closes_through's would:
- * left in the list they kept the timer due (review rev189 F1). */
+ * DERIVE_CLOSES_WAIT_MS (a close in the lanes of wcached's own for their
+ * builders is slow, or only queued behind a slow one: what was dropped
+ * may have had nothing to close yet) wait no more: each is queued again,
+ * and the kernel says whether there is room for its copy after all
+ * (check_kernel_room, which may drop more of what nobody holds, once,
+ * review rev186 F2). Those whose closes came through meanwhile go on here
+ * too, as closes_through's would: left in the list they kept the timer due
+ * (review rev189 F1). */
 static void
 closes_late(uv_timer_t *h)
 {
@@ -1261,8 +1263,9 @@ closes_late(uv_timer_t *h)
 /*
  * On the loop: make_copy_room reserved c's room and dropped artifacts for
  * it: its copy must not start before their memory is let go, which is in
- * their builders' lanes of the closer (generation.c), which a builder can
- * hold up (a lingering socket it passed): it waits there (closer_then),
+ * the closer's lanes of wcached's own for their builders (generation.c),
+ * which nothing a builder passes holds up (review rev189 F4: a lingering
+ * socket it passed held them before): it waits there (closer_then),
  * at most DERIVE_CLOSES_WAIT_MS, then goes on all the same (closes_late),
  * and check_kernel_room decides. Without a wake-up from the lanes it goes
  * at once, and check_kernel_room stands.
