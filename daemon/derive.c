@@ -214,17 +214,39 @@ lost_before(const struct derive_build *b, uid_t uid)
 }
 
 /*
+ * Whether w may take b over now: its right as its DERIVE (or the last
+ * reload that changed derive_groups) judged it, and as the model's derive
+ * and derive_groups judge it now (registry_may_build). Before, only the
+ * first: after a reload to derive = no, a waiter was handed the BUILD of a
+ * model whose derive was off, built for nothing and had its PUBLISH
+ * refused, one waiting uid after another (review rev190 D1). The first
+ * stays for a reload in progress, which has not set the model's new
+ * derive_groups yet (derive_drop_unallowed).
+ */
+static int
+waiter_may_build(struct derive_table *t, const struct derive_build *b,
+	const struct derive_waiter *w)
+{
+	const struct model_entry *m = derive_entry_of(t, b->model_name, b->entry_id);
+	struct registry_peer peer = { .pid = w->pid, .uid = w->uid, .gid = w->gid,
+		.groups = w->groups, .ngroups = (int)w->ngroups, .self_uid = geteuid() };
+
+	return w->may_build && m != NULL && registry_may_build(m, &peer);
+}
+
+/*
  * The waiter of b that takes over its build, unlinked, or NULL: the oldest
- * that may build of a uid that has not lost b; failing that, the oldest
- * that may build, but only when every waiter is of a uid that lost b (it
- * makes only itself wait). *skipped: whether one that may build was
- * passed over (for the waiters' text). Otherwise one builder uid with several
- * connections waiting held a key hostage: each of its waiters took over in
- * turn and stalled for derive_timeout, and other users' waits never ended
- * (rev173 F8); now they wait at most one derive_timeout per build.
+ * that may build (waiter_may_build) of a uid that has not lost b; failing
+ * that, the oldest that may build, but only when every waiter is of a uid
+ * that lost b (it makes only itself wait). *skipped: whether one that may
+ * build was passed over (for the waiters' text). Otherwise one builder uid
+ * with several connections waiting held a key hostage: each of its waiters
+ * took over in turn and stalled for derive_timeout, and other users' waits
+ * never ended (rev173 F8); now they wait at most one derive_timeout per
+ * build.
  */
 static struct derive_waiter *
-next_builder(struct derive_build *b, int *skipped)
+next_builder(struct derive_table *t, struct derive_build *b, int *skipped)
 {
 	struct derive_waiter **pp, **first = NULL, **fresh = NULL;
 	int others = 0;
@@ -233,7 +255,7 @@ next_builder(struct derive_build *b, int *skipped)
 		int lost = lost_before(b, (*pp)->uid);
 
 		others |= !lost;
-		if (!(*pp)->may_build)
+		if (!waiter_may_build(t, b, *pp))
 			continue;
 		if (first == NULL)
 			first = pp;
@@ -255,10 +277,10 @@ next_builder(struct derive_build *b, int *skipped)
 
 /* Whether a waiter of b of a uid that has not lost it may build it. */
 static int
-fresh_builder_waits(const struct derive_build *b)
+fresh_builder_waits(struct derive_table *t, const struct derive_build *b)
 {
 	for (const struct derive_waiter *w = b->waiters; w != NULL; w = w->next)
-		if (w->may_build && !lost_before(b, w->uid))
+		if (waiter_may_build(t, b, w) && !lost_before(b, w->uid))
 			return 1;
 	return 0;
 }
@@ -326,14 +348,18 @@ derive_builder_lost(struct derive_table *t, struct derive_build *b, const char *
 	b->builder = NULL;
 	if (!lost_before(b, b->builder_uid) && b->nlost < DERIVE_LOST_UIDS)
 		b->lost_uids[b->nlost++] = b->builder_uid;
-	if ((w = next_builder(b, &skipped)) == NULL) {
+	if ((w = next_builder(t, b, &skipped)) == NULL) {
+		const struct model_entry *m = derive_entry_of(t, b->model_name, b->entry_id);
+
 		/* One line in the log: derive_build_fail's, which says why. */
 		snprintf(text, sizeof(text),
 			"model \"%s\": derived \"%s\" of generation %" PRIu64 ": the builder "
 			"(pid %d uid %u) %s, and no waiting worker may build it (%s)",
 			b->model_name, b->key, b->source, (int)b->builder_pid,
 			(unsigned)b->builder_uid, why, skipped ? "those that may are of users "
-			"that lost this build already, while other users wait" : "derive_groups");
+			"that lost this build already, while other users wait" : m == NULL ?
+			"the model is no longer served" : m->derive ? "derive_groups" :
+			"derive = no");
 		derive_build_fail(t, b, -EHOSTDOWN, text);
 		return;
 	}
@@ -871,7 +897,7 @@ derive_abandon(struct derive_table *t, void *conn, uint64_t token, const char *r
 	/* Its uid abandoned (or lost) this key and generation before: a
 	 * waiter of another user that may build takes it over, rather than
 	 * every waiter failing while it asks again at once (rev181 F2). */
-	if (lost_before(b, b->builder_uid) && fresh_builder_waits(b)) {
+	if (lost_before(b, b->builder_uid) && fresh_builder_waits(t, b)) {
 		snprintf(text, sizeof(text), "abandoned it again: %s", reason);
 		remember_abandoner(t, b);
 		derive_builder_lost(t, b, text);
@@ -1030,10 +1056,13 @@ builders_allow(const struct access_list *builders, uid_t uid, gid_t gid, const g
 	return access_allows(builders, &who);
 }
 
-/* The first build of model_name whose builder may not build under builders
- * (its groups known, its publication not being checked: the check's end
- * judges that one), judging its waiters' right to take it over again on
- * the way; NULL when none is left. */
+/* The first build of model_name whose builder may not build under
+ * builders (NULL: nobody may, derive is off), its groups known (with
+ * builders), its publication not being checked (the check judges that one:
+ * derive_builder_may), judging its waiters' right to take it over again
+ * under builders on the way (by builders alone: a reload that widens
+ * derive_groups gives it back; derive off, the model's own setting says no
+ * to every waiter, waiter_may_build); NULL when none is left. */
 static struct derive_build *
 unallowed_build(struct derive_table *t, const char *model_name,
 	const struct access_list *builders, uid_t self_uid)
@@ -1041,10 +1070,15 @@ unallowed_build(struct derive_table *t, const char *model_name,
 	for (struct derive_build *b = t->builds; b != NULL; b = b->next) {
 		if (strcmp(b->model_name, model_name) != 0)
 			continue;
-		for (struct derive_waiter *w = b->waiters; w != NULL; w = w->next)
-			w->may_build = w->may_build && builders_allow(builders, w->uid, w->gid,
-				w->groups, w->ngroups, self_uid);
-		if (b->builder != NULL && b->check == NULL && b->builder_cred.gid != (gid_t)-1 &&
+		for (struct derive_waiter *w = b->waiters; builders != NULL && w != NULL;
+			w = w->next)
+			w->may_build = builders_allow(builders, w->uid, w->gid, w->groups,
+				w->ngroups, self_uid);
+		if (b->builder == NULL || b->check != NULL)
+			continue;
+		if (builders == NULL)
+			return b;
+		if (b->builder_cred.gid != (gid_t)-1 &&
 			!builders_allow(builders, b->builder_uid, b->builder_cred.gid,
 				b->builder_cred.groups, b->builder_cred.ngroups, self_uid))
 			return b;
@@ -1052,27 +1086,43 @@ unallowed_build(struct derive_table *t, const char *model_name,
 	return NULL;
 }
 
-/* b's builder may no longer build (a reload narrowed derive_groups): the
- * build fails for every waiter, and its builder learns why at its PUBLISH
- * or ABANDON (derive_build_of_token). */
+/*
+ * b's builder may no longer build: a reload narrowed derive_groups
+ * (derive_off 0) or turned derive off. Its builder learns why at its
+ * PUBLISH or ABANDON (derive_build_of_token: EPERM). For derive_groups the
+ * oldest waiter that may build under the new ones takes the build over, as
+ * when a builder goes away (derive_builder_lost; with none, every waiter
+ * gets EHOSTDOWN naming derive_groups): before, every waiter got EPERM,
+ * which reads as derive = no, those that may build included (review rev190
+ * D2). For derive = no nobody may: the build fails for every waiter with
+ * EPERM, as a DERIVE of it gets now (review rev190 D1: before, the build
+ * went on, and a waiter was handed it when its builder left).
+ */
 static void
-fail_unallowed(struct derive_table *t, struct derive_build *b)
+end_unallowed(struct derive_table *t, struct derive_build *b, int derive_off)
 {
 	struct derive_ended *e = &t->ended[t->next_ended++ % DERIVE_ENDED_TOKENS];
-	char text[WIRE_MAX_MESSAGE];
+	const char *change = derive_off ? "turned derive off (derive = no)" :
+		"changed derive_groups";
+	char why[160], text[WIRE_MAX_MESSAGE];
 
 	e->token = b->token;
 	e->timeout_s = b->timeout_ms / 1000;
 	snprintf(e->what, sizeof(e->what), "model \"%s\": derived \"%s\" of generation %" PRIu64,
 		b->model_name, b->key, b->source);
 	snprintf(e->why, sizeof(e->why), "uid %u may no longer build it: a configuration "
-		 "reload changed derive_groups", (unsigned)b->builder_uid);
+		 "reload %s", (unsigned)b->builder_uid, change);
+	if (!derive_off) {
+		snprintf(why, sizeof(why), "may no longer build it (gid %u, %u supplementary "
+			 "groups): a configuration reload %s", (unsigned)b->builder_cred.gid,
+			(unsigned)b->builder_cred.ngroups, change);
+		derive_builder_lost(t, b, why);
+		return;
+	}
 	snprintf(text, sizeof(text), "model \"%s\": derived \"%s\" of generation %" PRIu64
-		 ": the build by pid %d uid %u failed: uid %u (gid %u, %u supplementary groups) "
-		 "may no longer build it: a configuration reload changed derive_groups",
+		 ": the build by pid %d uid %u failed: a configuration reload %s",
 		b->model_name, b->key, b->source, (int)b->builder_pid, (unsigned)b->builder_uid,
-		(unsigned)b->builder_uid, (unsigned)b->builder_cred.gid,
-		(unsigned)b->builder_cred.ngroups);
+		change);
 	derive_build_fail(t, b, -EPERM, text);
 }
 
@@ -1095,9 +1145,23 @@ derive_drop_unallowed(struct derive_table *t, const char *model_name,
 			continue;
 		withdraw(t, a, "derive_groups", out);
 	}
+	/* Each one's end may close connections (hooks): the walk starts over. */
 	while ((b = unallowed_build(t, model_name, builders, self_uid)) != NULL)
-		fail_unallowed(t, b);
+		end_unallowed(t, b, 0);
 	(void)count_building(t, model_name, NULL, out);
+}
+
+unsigned
+derive_fail_derive_off(struct derive_table *t, const char *model_name)
+{
+	struct derive_build *b;
+	unsigned failed = 0;
+
+	while ((b = unallowed_build(t, model_name, NULL, geteuid())) != NULL) {
+		end_unallowed(t, b, 1);
+		failed++;
+	}
+	return failed;
 }
 
 void

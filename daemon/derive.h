@@ -177,8 +177,9 @@ struct derive_ended {
 	uint64_t token;          /* 0: an empty place */
 	uint64_t timeout_s;
 	char what[WIRE_MAX_NAME + WIRE_MAX_KEY + 64]; /* model "m": derived "k" of generation G */
-	char why[96];            /* "": taken at derive_timeout; else why it failed
-				  * (a reload that narrowed derive_groups) */
+	char why[128];           /* "": taken at derive_timeout; else why it failed
+				  * (a reload that narrowed derive_groups or
+				  * turned derive off) */
 };
 
 struct derive_table {
@@ -414,16 +415,28 @@ int derive_drop(struct derive_table *t, const char *model_name, const char *key,
  * groups its connection had at its PUBLISH, as a connection of them would
  * be (root and self_uid always may). One whose groups are not recorded
  * (taken back from a version 6 store) is kept: the next restart asks the
- * user database, which the loop does not. A build in progress whose
+ * user database, which the loop does not. The waiters' right to take a
+ * build over is judged again under builders. A build in progress whose
  * builder may not build under builders now (its uid and its connection's
- * gid and groups) fails for every waiter (EPERM, one line naming the model,
- * the key and the uid), unless its publication is being checked (the
- * check's end judges it again); its builder learns why at its PUBLISH or
- * ABANDON. The waiters' right to take a build over is judged again. Those
- * left are counted (building).
+ * gid and groups) is taken from it, unless its publication is being
+ * checked (the check judges it again): the oldest waiter that may build
+ * takes it over, as when a builder goes away; with none every waiter gets
+ * EHOSTDOWN (one line naming the model, the key, the builder's pid and uid
+ * and derive_groups). Its builder learns why at its PUBLISH or ABANDON
+ * (EPERM). Those left are counted (building).
  */
 void derive_drop_unallowed(struct derive_table *t, const char *model_name,
 	const struct access_list *builders, uid_t self_uid, struct derive_dropped *out);
+
+/*
+ * A reload turned model_name's derive off (review rev190 D1): each build in
+ * progress of it fails for every waiter (EPERM, one line naming the model,
+ * the key, the builder's pid and uid and derive = no), unless its
+ * publication is being checked (the check refuses it); its builder learns
+ * why at its PUBLISH or ABANDON (EPERM). Returns how many failed. Before,
+ * the builds went on, and a waiter was handed one when its builder left.
+ */
+unsigned derive_fail_derive_off(struct derive_table *t, const char *model_name);
 
 /* Lists g, an artifact taken back from the store (made with gen_new() as
  * the key's artifact of m's generation source, READY, checked: seals and

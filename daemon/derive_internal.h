@@ -127,7 +127,8 @@ void derive_build_free(struct derive_table *t, struct derive_build *b);
 void derive_build_fail(struct derive_table *t, struct derive_build *b, int err, const char *text);
 /* The builder went away (why, after "the builder (pid P uid U) "), or its
  * publication was refused after it had gone: the oldest waiter that may
- * build, of a uid that has not lost this build, takes over; one of a uid
+ * build (as its DERIVE judged it and as the model's derive and
+ * derive_groups do now), of a uid that has not lost this build, takes over; one of a uid
  * that has, only when every waiter is of such a uid; else every waiter gets
  * EHOSTDOWN with why. */
 void derive_builder_lost(struct derive_table *t, struct derive_build *b, const char *why);

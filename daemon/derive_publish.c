@@ -912,6 +912,25 @@ check_start(struct derive_table *t, struct derive_check *c)
 	return 0;
 }
 
+/*
+ * Whether c's builder may still build (derive_builder_may); where a reload
+ * shut it out since its PUBLISH, c is refused with EPERM and why
+ * (check_finish answers the builder and the waiters; its reservation goes
+ * with it) and this is 0. Asked before c makes room (dropping artifacts
+ * nobody holds, other users' too), takes a place or copies: before, a
+ * publication already checked when the reload came did all that, only to
+ * be refused at the end of its check (review rev190 D3).
+ */
+static int
+builder_still_may(struct derive_check *c)
+{
+	if (c->build == NULL || derive_builder_may(c->t, c->build, c->why, sizeof(c->why)))
+		return 1;
+	c->err = -EPERM;
+	check_finish(c, 0);
+	return 0;
+}
+
 /* Starts the first waiting checks that may start, in order. A check that
  * cannot be queued ends as one wcached stops for (check_finish), which may
  * cancel others: the walk starts again from the first each time. */
@@ -927,7 +946,7 @@ check_pump(struct derive_table *t)
 		}
 		check_unlink(&t->checks_waiting, c);
 		c->waiting = 0;
-		if (check_start(t, c) < 0)
+		if (builder_still_may(c) && check_start(t, c) < 0)
 			check_finish(c, UV_ECANCELED);
 		c = t->checks_waiting;
 	}
@@ -1150,6 +1169,10 @@ check_again(struct derive_table *t, struct derive_check *c)
 {
 	int err;
 
+	/* A reload may have shut its builder out while it waited for the
+	 * closes: refused now, it takes no place and copies nothing. */
+	if (!builder_still_may(c))
+		return;
 	if (!check_may_start(t, c->owner)) {
 		c->waiting = 1;
 		c->next = t->checks_waiting;
@@ -1321,6 +1344,12 @@ check_done(struct workq_job *job, int status)
 
 	if (check_unlink(&t->checks_running, c))
 		t->nchecks_running--;
+	/* A builder a reload shut out makes no room: refused here. */
+	if (status == 0 && (c->room == ROOM_WANTED || c->room == ROOM_SHORT) &&
+		!builder_still_may(c)) {
+		check_pump(t);
+		return;
+	}
 	if (status == 0 && c->build != NULL && ((c->room == ROOM_WANTED && make_copy_room(c)) ||
 		(c->room == ROOM_SHORT && make_kernel_room(c)))) {
 		if (c->dropped)

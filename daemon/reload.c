@@ -115,21 +115,27 @@ changed_keys(unsigned changes, char *buf, size_t size)
 /* A reload that turns a model's derive off drops its derived artifacts as
  * `wcachectl drop NAME` does (derive_drop: held ones go when released):
  * before, they stayed, unusable (DERIVE is refused), holding memory until
- * the model was unloaded (review rev181 F6). */
+ * the model was unloaded (review rev181 F6). Its builds in progress fail
+ * (derive_fail_derive_off), as a narrowed derive_groups takes a build from
+ * a builder it shuts out: before, they went on, and when a builder left, a
+ * waiter was handed a build nobody may publish (review rev190 D1). */
 static void
 drop_if_derive_off(struct daemon *d, const struct model_config *old_model,
 	const struct model_config *new_model)
 {
 	struct derive_dropped out;
+	unsigned failed;
 
-	if (!old_model->derive || new_model->derive ||
-		derive_drop(&d->derive, new_model->name, NULL, &out) < 0 ||
-		out.dropped + out.held == 0)
+	if (!old_model->derive || new_model->derive)
+		return;
+	failed = derive_fail_derive_off(&d->derive, new_model->name);
+	if (derive_drop(&d->derive, new_model->name, NULL, &out) < 0 ||
+		out.dropped + out.held + failed == 0)
 		return;
 	log_info("model \"%s\": derive is off now: %u derived artifact%s dropped (%u of them "
-		 "held by workers: %s when released)", new_model->name, out.dropped + out.held,
-		out.dropped + out.held == 1 ? "" : "s", out.held,
-		out.held == 1 ? "it goes" : "they go");
+		 "held by workers: %s when released), %u build%s in progress failed",
+		new_model->name, out.dropped + out.held, out.dropped + out.held == 1 ? "" : "s",
+		out.held, out.held == 1 ? "it goes" : "they go", failed, failed == 1 ? "" : "s");
 }
 
 /* A reload that changes a model's derive_groups, derive staying on,

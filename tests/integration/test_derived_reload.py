@@ -1,8 +1,8 @@
 """Derived artifacts and a configuration reload between a builder's DERIVE
 and its PUBLISH: derive_groups is judged at DERIVE, and again at PUBLISH and
 by the reload, so that a builder the reload shut out publishes nothing that
-every worker would attach, and nobody waits for a build that can no longer be
-published."""
+every worker would attach, and nobody waits for, or is handed, a build that
+can no longer be published (more in test_derived_reload_off.py)."""
 
 import contextlib
 import os
@@ -13,7 +13,8 @@ import sys
 import pytest
 
 from ctlutil import ctl
-from test_derived import (ARTIFACT, ERRNO, ERROR, Peer, expect_error, let_in, waiting)
+from test_derived import (ARTIFACT, BUILD, ERRNO, ERROR, Peer, expect_error, let_in, memfd_with,
+                          take_artifact, waiting)
 from test_derived import derived  # noqa: F401 (the fixture, used by name)
 from test_regressions import ready
 from test_regressions import start  # noqa: F401 (the fixture, used by name)
@@ -117,40 +118,52 @@ def no_artifact(d):
 
 
 @as_another_user
-def test_a_reload_that_narrows_derive_groups_fails_the_build_of_a_builder_shut_out(
+def test_a_reload_that_narrows_derive_groups_hands_the_build_to_a_waiter_that_may(
         derived, tmp_path):  # noqa: F811 (derived: the fixture)
     """The builder, in group OTHER, DERIVEs while derive_groups is "ALLOWED
-    OTHER"; a reload narrows it to "ALLOWED" before its PUBLISH. Before,
-    the PUBLISH was taken and every waiter attached the artifact. Now the
-    reload fails the build (its waiter told why at once) and the PUBLISH is
-    refused with EPERM, and nothing is published."""
+    OTHER"; a reload narrows it to "ALLOWED" before its PUBLISH. Before
+    823bc86 the PUBLISH was taken and every worker attached the artifact.
+    The reload takes the build from the builder: its waiter, root, which
+    may always build, takes it over (BUILD, a new token; review rev190 D2:
+    it got EPERM, which reads as derive = no) and publishes it, and the
+    builder's PUBLISH is refused with EPERM saying why."""
     d = derived({"derive_groups": f"{ALLOWED} {OTHER}"})
     with reloaded_while_building(d, tmp_path, (64303, 64303, (OTHER,)),
                                  {"derive": "yes", "derive_groups": str(ALLOWED)}) as (proc, w):
-        text = expect_error(w.reply(timeout=60), "EPERM", 'model "small"', '"f32-v1"',
-                            "uid 64303", "derive_groups")
-        assert "may no longer build it" in text, text
+        r = w.reply(timeout=60)
+        for fd in r["fds"]:
+            os.close(fd)
+        assert r["type"] == BUILD, r
         mtype, code, text = publish(proc)
-    assert (mtype, code) == (ERROR, ERRNO["EPERM"]), (mtype, code, text)
-    assert 'model "small": derived "f32-v1"' in text and "uid 64303" in text and \
-        "derive_groups" in text, text
-    no_artifact(d)
+        assert (mtype, code) == (ERROR, ERRNO["EPERM"]), (mtype, code, text)
+        assert 'model "small": derived "f32-v1"' in text and "uid 64303 may no longer build " \
+            "it: a configuration reload changed derive_groups" in text, text
+        fd = memfd_with(ARTIFACT)
+        w.publish(r["token"], fd)
+        os.close(fd)
+        assert take_artifact(w.reply(timeout=60)) == ARTIFACT
+    d.wait_for_log(r'derived "f32-v1" of generation 1: the builder \(pid \d+ uid 64303\) may '
+                   r'no longer build it \(gid 64303, \d+ supplementary groups\): a '
+                   r'configuration reload changed derive_groups')
 
 
 @as_another_user
-def test_a_publish_after_a_reload_turned_derive_off_is_refused_and_waiters_told(
+def test_a_reload_that_turns_derive_off_fails_the_build_and_its_publish_is_told_why(
         derived, tmp_path):  # noqa: F811 (derived: the fixture)
-    """The same, the reload turning derive off (which leaves builds in
-    progress alone): PUBLISH judges the builder again by the groups its
-    connection has, and refuses it with one EPERM line naming the model,
-    the key, the uid and the reason; its waiter is told the build failed."""
+    """The same, the reload turning derive off: the build fails at once
+    (review rev190 D1: the reload left it alone, and its waiter learned only
+    when the builder published, ECANCELED): its waiter gets EPERM, derive =
+    no, naming the model, the builder's uid and the reload, and the
+    builder's PUBLISH gets EPERM, one line saying why; nothing is
+    published."""
     d = derived({"derive_groups": f"{ALLOWED}"})
     with reloaded_while_building(d, tmp_path, (64304, 64304, (ALLOWED,)),
                                  {"derive": "no", "derive_groups": str(ALLOWED)}) as (proc, w):
+        expect_error(w.reply(timeout=60), "EPERM", 'model "small"', 'derived "f32-v1"',
+                     "uid 64304", "a configuration reload turned derive off (derive = no)")
         mtype, code, text = publish(proc)
-        assert (mtype, code) == (ERROR, ERRNO["EPERM"]), (mtype, code, text)
-        assert "\n" not in text
-        for words in ('model "small"', 'derived "f32-v1"', "uid 64304", "derive = no",
-                      "refused"):
-            assert words in text, text
-        expect_error(w.reply(timeout=60), "ECANCELED", "uid 64304", "derive = no")
+    assert (mtype, code) == (ERROR, ERRNO["EPERM"]), (mtype, code, text)
+    assert "\n" not in text
+    for words in ('model "small": derived "f32-v1"', "its build (token", "failed",
+                  "uid 64304 may no longer build it: a configuration reload turned derive off"):
+        assert words in text, text
