@@ -152,11 +152,16 @@ struct model_entry {
 	 * the tree root the path would have as a directory in D, D's owner,
 	 * and (place) the place the path names (empty and "." names dropped,
 	 * a link that points nowhere yet followed), where its files may
-	 * appear (registry_load.c's same_tree says which trees are taken). */
+	 * appear (registry_load.c's same_tree says which trees are taken),
+	 * D's mode and the length of its path, place's first place_dir_len
+	 * bytes (a D writable by others than its owner takes no first comer's
+	 * files by itself: review rev187 R5). */
 	struct {
 		char *root;
 		char *place;
 		uid_t uid;
+		mode_t place_mode;
+		size_t place_dir_len;
 	} operator_tree;
 	struct model_entry *next;
 	struct model_entry *name_next; /* its chain in struct registry's by_name */

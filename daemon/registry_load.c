@@ -62,6 +62,10 @@ struct load_request {
 	char *keep_resolved;
 	char *keep_place;
 	uid_t keep_uid;
+	/* keep_place's directory that existed (operator_tree's place_mode
+	 * and place_dir_len): its mode and the length of its path. */
+	mode_t keep_place_mode;
+	size_t keep_place_dir_len;
 	/* A watched reload of a model whose newest generation is one file:
 	 * that file's owner (its fstat as opened, or its origin's for a
 	 * staged copy), whom the new file must have (same_tree). */
@@ -79,6 +83,8 @@ struct load_request {
 	int found_taken;
 	char *found_root;
 	char *found_place;
+	mode_t found_place_mode;
+	size_t found_place_dir_len;
 	uint64_t id;
 	uint64_t entry_id;    /* the model entry it was queued for */
 	struct model_source source;
@@ -210,7 +216,52 @@ sibling_swap(const struct load_request *q)
  * tree's owner or of the files serving (same_owners). 0, or -EXDEV with
  * q->message.
  */
-static int at_place(const struct load_request *q);
+static int at_place(const struct load_request *q, int first_comer);
+
+/*
+ * Whether q keeps a place (its model has no generation and its operator's
+ * load found nothing at its path) whose directory that existed then may be
+ * written by others than its owner (group or others write: a 1777 place as
+ * /tmp, a shared hub cache, a team's directory): whoever got there first
+ * made the model's files, and in a sticky one its rightful owner cannot
+ * remove them (review rev187 R5).
+ */
+static int
+open_place(const struct load_request *q)
+{
+	return q->keep_place != NULL && (q->keep_place_mode & (S_IWGRP | S_IWOTH)) != 0;
+}
+
+/* The owner of src's file i, or of its origin (when not NULL). */
+static uid_t
+owner_of(const struct model_source *src, const struct gen_origin *origin, size_t i)
+{
+	return origin != NULL ? origin[i].st.st_uid : src->files[i].st.st_uid;
+}
+
+/*
+ * The owners of src's files, or of their origin (when not NULL), in buf:
+ * "uid A" or "uids A, B", each once.
+ */
+static const char *
+owners_said(const struct model_source *src, const struct gen_origin *origin, char *buf,
+	size_t len)
+{
+	char list[256] = "";
+	size_t at = 0, listed = 0;
+
+	for (size_t i = 0; i < src->nfiles && at < sizeof(list); i++) {
+		size_t k = 0;
+
+		while (k < i && owner_of(src, origin, k) != owner_of(src, origin, i))
+			k++;
+		if (k == i)
+			at += (size_t)snprintf(list + at, sizeof(list) - at, "%s%u",
+				listed++ > 0 ? ", " : "", (unsigned)owner_of(src, origin, i));
+	}
+	snprintf(buf, len, "uid%s %s", listed > 1 ? "s" : "", list);
+	return buf;
+}
 
 /*
  * Whether a watched reload's one file (a model that is one file) has the
@@ -311,7 +362,8 @@ same_tree(struct load_request *q)
 {
 	const char *old, *file = NULL;
 	const struct stat *st = NULL;
-	int same, path_same;
+	char owners[300];
+	int same, path_same, open = open_place(q), first = 0;
 
 	if (q->keep_root == NULL && q->keep_resolved != NULL)
 		q->keep_root = gen_tree_root(q->keep_resolved, &q->keep_uid);
@@ -319,11 +371,15 @@ same_tree(struct load_request *q)
 	/* A root of the same path is the same tree only with the same owner:
 	 * one removed or renamed away and made again by another user is his
 	 * (review rev187 R2). A place the operator's load found nothing at
-	 * keeps at_place's rules. */
+	 * keeps at_place's rules, and a model directory made at it is taken
+	 * whoever made it only where no one else could have (open_place:
+	 * review rev187 R5); first: a first comer's, so refused. */
 	path_same = q->root != NULL && q->keep_root != NULL && strcmp(q->root, q->keep_root) == 0;
 	same = q->root != NULL && q->keep_root != NULL &&
-		((path_same && (q->keep_place != NULL || q->root_uid == q->keep_uid)) ||
-			sibling_swap(q) || at_place(q));
+		((path_same && ((q->keep_place != NULL && !open) || q->root_uid == q->keep_uid)) ||
+			sibling_swap(q) || at_place(q, !open));
+	if (!same && open && q->root != NULL && q->keep_root != NULL)
+		first = (path_same && q->keep_place != NULL) || at_place(q, 1);
 	if (old == NULL)
 		snprintf(q->message, sizeof(q->message), "its path %s resolves into %s, but no "
 			"load of it by the operator found its tree: it is served only after an "
@@ -333,6 +389,15 @@ same_tree(struct load_request *q)
 	else if (q->root == NULL)
 		snprintf(q->message, sizeof(q->message), "its path %s resolved to another place "
 			"while its files were opened (its tree is %s); not loaded", q->path, old);
+	else if (first)
+		snprintf(q->message, sizeof(q->message), "its path %s named nothing at the "
+			"operator's last load, and %.*s, the directory above it that existed, is "
+			"writable by others than its owner (uid %u, mode %04o): the files made "
+			"there since (%s) could be anyone's who came first, and are served only "
+			"after an operator's reload (`wcachectl reload %s` or a config reload)",
+			q->path, (int)q->keep_place_dir_len, q->keep_place, (unsigned)q->keep_uid,
+			(unsigned)(q->keep_place_mode & 07777),
+			owners_said(&q->source, NULL, owners, sizeof(owners)), q->name);
 	else if (!same && path_same)
 		snprintf(q->message, sizeof(q->message), "its path %s resolves into %s still, "
 			"but that directory is now owned by uid %u (was uid %u): a tree made again "
@@ -393,13 +458,14 @@ plain_names(const char *rest)
 /*
  * The place path names when it does not resolve (allocated): the real path
  * of the deepest directory above it that resolves, whose owner goes in
- * *owner, joined with the names below it (plain_names); the first of them,
+ * *owner, its mode in *mode and its path's length in *dir_len, joined
+ * with the names below it (plain_names); the first of them,
  * when it is a symbolic link that points nowhere yet (a mount not up, a
  * volume not attached, a link made before its target), is followed by its
  * text, at most 40 times (review rev180 F9). NULL when it cannot be told.
  */
 static char *
-place_of(const char *path, uid_t *owner)
+place_of(const char *path, uid_t *owner, mode_t *mode, size_t *dir_len)
 {
 	char *p = path[0] == '/' ? strdup(path) : path_join(".", path), *place = NULL;
 
@@ -425,6 +491,8 @@ place_of(const char *path, uid_t *owner)
 				next = NULL;
 		} else if (at != NULL && (place = path_join(real, rest)) != NULL) {
 			*owner = st.st_uid;
+			*mode = st.st_mode;
+			*dir_len = strlen(real);
 		}
 		free(at);
 		free(rest);
@@ -587,6 +655,17 @@ opened_owner(const struct load_request *q, uid_t *uid)
 	return ok;
 }
 
+/* Whether q's files are the file made at its place (q->keep_place) and
+ * files of its maker only (opened_owner). */
+static int
+made_at_place(const struct load_request *q)
+{
+	uid_t maker;
+
+	return q->resolved != NULL && strcmp(q->resolved, q->keep_place) == 0 &&
+		opened_owner(q, &maker) && owned_by(&q->source, maker);
+}
+
 /*
  * Whether q, a watched reload of a model whose operator's load found
  * nothing at its path, opened its files in the tree of the directory that
@@ -600,19 +679,22 @@ opened_owner(const struct load_request *q, uid_t *uid)
  * directory holds other users' models too: a link at the place to another
  * user's file beside it waits for the operator's reload (review rev180
  * F5), as a link to another user's directory beside it does (sibling_swap).
+ * Where others than its owner may write in the directory that existed
+ * (first_comer 0: open_place), anyone could have been first at the place:
+ * only that owner's files, in a tree of that owner's, are taken (review
+ * rev187 R5).
  */
 static int
-at_place(const struct load_request *q)
+at_place(const struct load_request *q, int first_comer)
 {
 	char *dir = q->keep_place != NULL ? path_dir(q->keep_place) : NULL, *root, *sub;
-	uid_t maker;
 	int ok = dir != NULL && tree_split(dir, &root, &sub) == 0;
 
 	if (ok) {
-		ok = strcmp(q->root, root) == 0 && (sub[0] != '\0' ||
-			owned_by(&q->source, q->keep_uid) ||
-			(q->resolved != NULL && strcmp(q->resolved, q->keep_place) == 0 &&
-				opened_owner(q, &maker) && owned_by(&q->source, maker)));
+		ok = strcmp(q->root, root) == 0 &&
+			((owned_by(&q->source, q->keep_uid) &&
+				 (first_comer || q->root_uid == q->keep_uid)) ||
+				(first_comer && (sub[0] != '\0' || made_at_place(q))));
 		free(root);
 		free(sub);
 	}
@@ -641,7 +723,8 @@ find_operator_tree(struct load_request *q, const char *resolved)
 
 	if (resolved != NULL)
 		q->found_root = gen_tree_root(resolved, &q->found_uid);
-	else if ((q->found_place = place_of(q->path, &q->found_uid)) != NULL &&
+	else if ((q->found_place = place_of(q->path, &q->found_uid, &q->found_place_mode,
+			  &q->found_place_dir_len)) != NULL &&
 		tree_split(q->found_place, &q->found_root, &sub) == 0)
 		free(sub);
 	else
@@ -1054,6 +1137,8 @@ take_operator_tree(struct model_entry *m, struct load_request *q, const char *pa
 	m->operator_tree.root = q->found_root;
 	m->operator_tree.place = q->found_place;
 	m->operator_tree.uid = q->found_uid;
+	m->operator_tree.place_mode = q->found_place_mode;
+	m->operator_tree.place_dir_len = q->found_place_dir_len;
 	q->found_root = NULL;
 	q->found_place = NULL;
 }
@@ -1155,6 +1240,15 @@ install(struct registry *r, struct model_entry *m, struct load_request *q)
 	log_info("model \"%s\": generation %" PRIu64 " from %s: %zu file%s, %" PRIu64 " bytes",
 		m->name, g->number, m->path, g->source.nfiles, g->source.nfiles == 1 ? "" : "s",
 		g->bytes);
+	if (q->reload == RELOAD_WATCHED && q->keep_place != NULL) {
+		/* Taken by itself where nothing was: say whose files (rev187 R5). */
+		char owners[300];
+
+		log_info("model \"%s\": generation %" PRIu64 " is the first at %s, where the "
+			"operator's last load found nothing: its files are owned by %s", m->name,
+			g->number, q->keep_place, owners_said(&g->source, g->origin, owners,
+				sizeof(owners)));
+	}
 	log_staging(m, g, q);
 	if (m->warm && r->pool != NULL)
 		gen_start_warming(r, g);
@@ -1512,8 +1606,7 @@ keep_tree(struct load_request *q, const struct model_entry *m)
 	if (g != NULL && (q->keep_owners = calloc(g->source.nfiles + 1, sizeof(uid_t))) == NULL)
 		return -ENOMEM;
 	for (size_t i = 0; g != NULL && i < g->source.nfiles; i++)
-		q->keep_owners[q->nkeep_owners++] = g->origin != NULL ? g->origin[i].st.st_uid :
-			g->source.files[i].st.st_uid;
+		q->keep_owners[q->nkeep_owners++] = owner_of(&g->source, g->origin, i);
 	if (g != NULL && g->tree_root != NULL) {
 		q->keep_uid = g->tree_uid;
 		return (q->keep_root = strdup(g->tree_root)) != NULL ? 0 : -ENOMEM;
@@ -1523,6 +1616,8 @@ keep_tree(struct load_request *q, const struct model_entry *m)
 	if (m->operator_tree.root == NULL)
 		return 0;
 	q->keep_uid = m->operator_tree.uid;
+	q->keep_place_mode = m->operator_tree.place_mode;
+	q->keep_place_dir_len = m->operator_tree.place_dir_len;
 	if ((q->keep_root = strdup(m->operator_tree.root)) == NULL ||
 		(m->operator_tree.place != NULL &&
 			(q->keep_place = strdup(m->operator_tree.place)) == NULL))

@@ -371,3 +371,51 @@ def test_a_hard_link_of_another_users_file_is_not_served(tmp_path):
         assert 'model "alice": generation 1' not in d.read_log()
     finally:
         assert d.stop() == 0, d.read_log()
+
+
+def test_a_first_comer_at_a_place_others_may_write_waits(tmp_path):
+    """The operator configures a hub snapshot before its download, in a
+    shared hub cache (1777, as a cache shared by several users often is).
+    alice made the repo first, hers, with her own file: wcached served it
+    as that model by itself, and the repo stayed hers. Where others than
+    its owner may write in the directory that existed, a first comer's
+    files wait for the operator's reload, with one line that says why and
+    whose they are (review rev187 R5)."""
+    hub = made_by(tmp_path / "hub", 0, 0o1777)
+    place = os.path.join(hub, "models--o--m", "snapshots", "abc", "model.safetensors")
+    mkmodel(os.path.join(hub, "a.tmp"), seed=1)
+    os.chown(os.path.join(hub, "a.tmp"), ALICE_UID, GROUP)
+    d = Daemon(tmp_path, {"om": (place, {"watch": "poll"})}, user=(DAEMON_UID, GROUP),
+               nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "om": .*No such file or directory')
+        as_alice("mkdir -p models--o--m/snapshots/abc && mv a.tmp %s" % place, hub)
+        _, line = d.wait_for_log(r'model "om": (its path .* named nothing|generation 1 from)')
+        assert "its path %s named nothing at the operator's last load, and %s, the directory " \
+            "above it that existed, is writable by others than its owner (uid 0, mode 1777): " \
+            "the files made there since (uid %d) could be anyone's" % (place, hub, ALICE_UID) \
+            in line, line
+        assert "wcachectl reload om" in line, line
+        assert 'model "om": generation 1' not in d.read_log()
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_a_first_generation_at_a_place_says_whose_files_it_took(tmp_path):
+    """alice's own directory (0755): her model file made at the place the
+    operator configured is taken by itself, as before, and the log says
+    whose files the first generation there is (review rev187 R5)."""
+    mine = made_by(tmp_path / "alice", ALICE_UID)
+    place = os.path.join(mine, "m.safetensors")
+    mkmodel(os.path.join(mine, "a.tmp"), seed=1)
+    os.chown(os.path.join(mine, "a.tmp"), ALICE_UID, GROUP)
+    d = Daemon(tmp_path, {"alice": place}, user=(DAEMON_UID, GROUP), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "alice": .*No such file or directory')
+        as_alice("mv a.tmp m.safetensors", mine)
+        d.wait_for_log(r'model "alice": generation 1 warm')
+        assert 'model "alice": generation 1 is the first at %s, where the operator\'s last ' \
+            'load found nothing: its files are owned by uid %d' % (place, ALICE_UID) \
+            in d.read_log(), d.read_log()
+    finally:
+        assert d.stop() == 0, d.read_log()

@@ -1897,6 +1897,75 @@ test_rev187_others_hard_link_refused(void **state)
 	free(p);
 }
 
+/*
+ * "m" configured at t's open/PLACE before it is there, open/ a place
+ * writable by all (1777, root's, as /tmp or a shared hub cache); then
+ * made: what sh runs in open/ (the model's files given to uid). The
+ * answer of the reload wcached makes by itself.
+ */
+static int
+made_in_open_place(struct du *t, const char *place, const char *sh, uid_t uid)
+{
+	char *p, cmd[8192];
+	int st;
+
+	snprintf(cmd, sizeof(cmd), "mkdir -p %s/open && chmod 1777 %s/open", t->dir, t->dir);
+	assert_int_equal(system(cmd), 0);
+	assert_true(asprintf(&p, "%s/open/%s", t->dir, place) > 0);
+	assert_true(du_load(t, "m", p, PIN_NONE, 0) < 0);
+	free(du_model(t, "open/m.tmp", 1024));
+	snprintf(cmd, sizeof(cmd), "cd %s/open && chown %u:%u m.tmp && %s", t->dir,
+		(unsigned)uid, (unsigned)uid, sh);
+	assert_int_equal(system(cmd), 0);
+	st = r180_watched(t, "m");
+	print_message("rev187 R5: status %d (%s)\n", st, t->message);
+	assert_int_equal(st == 0, registry_find(&t->reg, "m")->current != NULL);
+	free(p);
+	return st;
+}
+
+/* rev187 R5: the place a model's path names, not there at the operator's
+ * load, in a place writable by all: the first comer's file made at it,
+ * a model directory made at it, or a hub repo made for it were taken by
+ * themselves, hers. Now they wait for the operator's reload, with one
+ * line that says why and whose files they are. */
+static void
+test_rev187_first_comer_file_in_open_place_waits(void **state)
+{
+	struct du *t = *state;
+
+	assert_int_equal(made_in_open_place(t, "m.safetensors", "mv m.tmp m.safetensors", 12345),
+		-EXDEV);
+	assert_non_null(strstr(t->message, "/open, the directory above it that existed, is "
+		"writable by others than its owner (uid 0, mode 1777): the files made there since "
+		"(uid 12345) could be anyone's"));
+	assert_non_null(strstr(t->message, "wcachectl reload m"));
+}
+
+static void
+test_rev187_first_comer_dir_in_open_place_waits(void **state)
+{
+	assert_int_equal(made_in_open_place(*state, "m", "mkdir d && mv m.tmp d/model.safetensors "
+		"&& chown 12345 d && mv d m", 12345), -EXDEV);
+}
+
+static void
+test_rev187_first_comer_hub_in_open_place_waits(void **state)
+{
+	assert_int_equal(made_in_open_place(*state, "models--o--m/snapshots/abc/model.safetensors",
+		"mkdir -p models--o--m/snapshots/abc && mv m.tmp models--o--m/snapshots/abc/"
+		"model.safetensors && chown -R 12345 models--o--m", 12345), -EXDEV);
+}
+
+/* The place's owner (root here) is no first comer: her files there are
+ * taken by themselves, as before. */
+static void
+test_rev187_owner_of_open_place_is_no_first_comer(void **state)
+{
+	assert_int_equal(made_in_open_place(*state, "m", "mkdir m && mv m.tmp m/model.safetensors",
+		0), 0);
+}
+
 int
 main(void)
 {
@@ -1912,6 +1981,14 @@ main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(test_rev187_others_hard_link_refused, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(test_rev187_first_comer_file_in_open_place_waits,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(test_rev187_first_comer_dir_in_open_place_waits,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(test_rev187_first_comer_hub_in_open_place_waits,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(test_rev187_owner_of_open_place_is_no_first_comer,
+			setup, teardown),
 		cmocka_unit_test_setup_teardown(test_r180_no_generation_link_elsewhere_waits, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_r180_dangling_link_dir, setup, teardown),
