@@ -119,6 +119,10 @@ struct derive_check {
 	char use_file[MEMLIMIT_PATH_CAP * 2]; /* is in use (memlimit_use; "": unknown) */
 	char label[WIRE_MAX_NAME + WIRE_MAX_KEY + 16];
 	int fd;                  /* the builder's memfd, then wcached's copy */
+	int fd_copy;             /* 1: fd is wcached's copy, charged to wcached's
+				  * memory: let go in the builder's own lane of
+				  * wcached's, never one the builder can hold up
+				  * (review rev193 F1) */
 	uint64_t size;           /* the memfd's, once sealed and checked (check_open):
 				  * a check queued again starts at its copy */
 	enum check_room room;
@@ -230,7 +234,10 @@ check_free(struct derive_check *c)
 	closer_unmap_close(c->t->closer, c->owner, (void *)c->index,
 		c->index != NULL ? c->src.index_len : 0, c->index_fd);
 	gen_close_files_in(c->t->r, c->owner, c->served, &c->src);
-	closer_close(c->t->closer, c->owner, c->fd);
+	if (c->fd_copy)
+		closer_unmap_close(c->t->closer, c->owner, NULL, 0, c->fd);
+	else
+		closer_close(c->t->closer, c->owner, c->fd);
 	/* Published, its weight is in derived_bytes and t->charged by now
 	 * (make_artifact); else the reservation was all there was. */
 	if (c->reserved != 0)
@@ -683,6 +690,7 @@ check_run(struct workq_job *job)
 	/* The builder's memory goes with its own last descriptor. */
 	closer_close(c->t->closer, c->owner, c->fd);
 	c->fd = fd;
+	c->fd_copy = 1;
 	if ((c->err = source_open_fd(fd, c->label, &c->src)) < 0) {
 		snprintf(c->why, sizeof(c->why), "%s", error_get());
 		if (c->err != -ENOMEM)

@@ -10,19 +10,23 @@ waited out the 30 s deadline, the kernel still counted the dropped
 artifact, a second one was dropped in vain, and after 30 s more it was
 refused (ENOMEM)."""
 import os
+import struct
 import subprocess
 import sys
 
 import pytest
 
 import test_neighbours
-from conftest import mkmodel
-from test_derived import (ATTACH_OK, Peer, builders_lane_held, closing_reaches, let_in,
-                          memfd_with, metric, model_entry, publish_held, release)
+from conftest import mkmodel, wait_until
+from test_derived import (ATTACH_OK, Peer, build, builders_lane_held, closing_reaches,
+                          expect_error, let_in, memfd_with, metric, model_entry, publish_held,
+                          release)
+from test_derived import derived  # noqa: F401 (the fixture, used by name)
 from test_derived_memory import artifact_of, dropped_for, in_cgroup  # noqa: F401 (fixture)
 from test_derived_reload import BUILDER
 from test_memlimit import cgroup  # noqa: F401 (the fixture, used by name)
 from test_regressions import ready
+from test_regressions import start  # noqa: F401 (the fixture, used by name)
 
 MiB = 1 << 20
 ALICE = (64302, 64302, (64200,))  # in derive_groups
@@ -78,4 +82,51 @@ def test_a_builders_held_lane_holds_up_no_other_users_publication(in_cgroup, tmp
         closing_reaches(d, 1, "the dropped k0 to close, Bob's lingering socket alone left")
         assert "in vain" not in d.read_log()
         assert sorted(x["key"] for x in model_entry(d, "small")["derived"]) == ["k1", "k2"]
+    assert d.proc.poll() is None
+
+
+def wcacheds_copies(d):
+    """wcached's copies of publications it has open (memfds it named
+    wcache-artifact), by /proc."""
+    found = []
+    for fd in os.listdir(f"/proc/{d.proc.pid}/fd"):
+        try:
+            if "wcache-artifact" in os.readlink(f"/proc/{d.proc.pid}/fd/{fd}"):
+                found.append(fd)
+        except OSError:
+            pass  # closed meanwhile
+    return found
+
+
+def test_a_refused_copy_closes_apart_from_its_builders_lane(derived):  # noqa: F811
+    """A publication whose header is of the right length but no JSON is
+    refused after wcached copied it: the copy, wcached's memory, is let go in
+    the lane of wcached's own for its builder, while the builder holds its
+    lane (review rev193 F1). Before, the copy closed in the builder's lane,
+    behind the lingering socket, for as long as the builder liked, while
+    wcached counted its room as free: some 20 such refusals filled wcached's
+    memory cgroup. The builder's own memfd and wcached's reopen of it (the
+    builder's memory) still wait in its lane."""
+    d = derived()
+    ready(d, "small")
+    a = Peer(d)
+    with builders_lane_held(d):
+        r = build(a, key="bad")
+        fd = os.memfd_create("bad", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            head = b"this is not json"
+            os.write(fd, struct.pack("<Q", len(head)) + head)
+            os.write(fd, b"\x01" * (16 * MiB - 8 - len(head)))  # every byte written
+            a.publish(r["token"], fd)
+        finally:
+            os.close(fd)
+        expect_error(a.reply(timeout=60), "EBADMSG", "expected a JSON object")
+        try:
+            wait_until(lambda: not wcacheds_copies(d), timeout=60,
+                       what="wcached's copy of the refused publication to close")
+        except Exception as e:
+            raise AssertionError(f"{e}: it waits behind the builder's held lane; "
+                                 f"wcached_fds_closing {metric(d, 'wcached_fds_closing')}")
+        # The lingering socket, the builder's memfd and the reopen of it.
+        closing_reaches(d, 3, "the builder's own descriptors alone to wait in its lane")
     assert d.proc.poll() is None
