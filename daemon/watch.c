@@ -833,8 +833,10 @@ on_settle(uv_timer_t *t)
 			if (d.lost)
 				log_debug("model \"%s\": checking its files (inotify lost "
 					  "events)", d.name);
-			else
+			else if (d.in_place)
 				say_reloading(count_reload(w, m, now), d.name, now);
+			else
+				say_reloading(p, d.name, now);
 			if (registry_reload_watched(w->reg, d.name, reload_done, NULL) < 0)
 				log_warnx("%s", error_get());
 		}
@@ -845,9 +847,14 @@ on_settle(uv_timer_t *t)
 	arm_settle(w);
 }
 
-/* watch_mark_dirty, lost: only because events were lost (an overflow). */
+/*
+ * watch_mark_dirty, lost: only because events were lost (an overflow);
+ * in_place: for a change of a file that stays at its name (a write, its
+ * times, its mode: what the backoff counts), not only for another file
+ * renamed or made at a name of the model (a swap).
+ */
 static void
-mark_dirty(struct watch *w, const char *name, bool lost)
+mark_dirty(struct watch *w, const char *name, bool lost, bool in_place)
 {
 	uint64_t now = uv_now(w->loop);
 	struct dirty_model *d = NULL, *grown;
@@ -874,10 +881,13 @@ mark_dirty(struct watch *w, const char *name, bool lost)
 			return;
 		d->first_ms = now;
 		d->lost = lost;
+		d->in_place = in_place;
 		w->ndirty++;
 	} else if (!lost) {
 		d->lost = false;
 	}
+	if (in_place)
+		d->in_place = true;
 	/* Only this model's own events postpone its reload, and only up to
 	 * the maximum: a neighbour writing her files without pause can delay
 	 * neither hers nor anyone else's for longer. */
@@ -894,7 +904,7 @@ mark_dirty(struct watch *w, const char *name, bool lost)
 void
 watch_mark_dirty(struct watch *w, const char *name)
 {
-	mark_dirty(w, name, false);
+	mark_dirty(w, name, false, true);
 }
 
 /* One line for the first overflow, then at most one a minute with how
@@ -976,7 +986,7 @@ check_everything(struct watch *w)
 {
 	watch_check_modified(w);
 	for (struct model_entry *m = w->reg->models; m != NULL; m = m->next)
-		mark_dirty(w, m->name, true);
+		mark_dirty(w, m->name, true, false);
 }
 
 static void
@@ -1006,7 +1016,7 @@ handle_event(struct watch *w, const struct inotify_event *ev, struct touched *t)
 			(p = find_paced(w, m->name)) != NULL)
 			forget_writers(w, p);
 		if (ev->mask & NAME_EVENTS)
-			watch_mark_dirty(w, m->name);
+			mark_dirty(w, m->name, false, (ev->mask & IN_CLOSE_WRITE) != 0);
 	}
 }
 

@@ -40,6 +40,10 @@ struct watch;
  * its reloads wait the settle time alone again. A change is never lost to
  * it: the reload still comes, later. One line says when it begins, and the
  * "reloading" line is logged at most once a minute (lograte.h) meanwhile.
+ * Only reloads for a change of a file at its name count (a write, its times,
+ * its mode; every change of a polled model): one for another file renamed
+ * or made at a model's name (a swap) brings a new file, as an operator's
+ * reload would, and does not count, though it waits out a backoff begun.
  */
 #define WATCH_BURST_RELOADS 5
 #define WATCH_BURST_MS 10000

@@ -49,6 +49,7 @@ struct dirty_model {
 	uint64_t first_ms;      /* loop time of its first event since its last reload */
 	uint64_t due_ms;        /* loop time its reload is asked for */
 	bool lost;              /* marked only because inotify lost events */
+	bool in_place;          /* a file changed at its name: the backoff counts it */
 };
 
 /*

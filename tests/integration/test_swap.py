@@ -58,6 +58,26 @@ def test_swap_under_load(tmp_path):
         assert d.stop() == 0, d.read_log()
 
 
+def test_a_series_of_swaps_is_not_backed_off(tmp_path):
+    """Swaps (a new file renamed over the model's name) are updates, not a
+    file changing in a loop: watch.h's backoff counts only changes of a file
+    at its name, so ten swaps in a row each reload after the settle time.
+    Before, the sixth began a backoff that doubled up to 30 s and never
+    ended while the swaps went on (test_swap_under_load took 25 minutes)."""
+    path = mkmodel(tmp_path / "m.safetensors", seed=1, **LAYERS)
+    d = Daemon(tmp_path, {"m": path}).start()
+    try:
+        wait_until(lambda: generation(d) == 1, what="generation 1")
+        for seed in range(2, 12):
+            before = generation(d)
+            replace(path, seed, tmp_path)
+            wait_until(lambda: (generation(d) or 0) > before, what=f"swap to seed {seed}")
+        assert generation(d) == 11
+        assert "backing off" not in d.read_log(), d.read_log()
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
 def test_invalid_replacement_keeps_serving(tmp_path):
     path = mkmodel(tmp_path / "m.safetensors", seed=1, **LAYERS)
     d = Daemon(tmp_path, {"m": path}).start()
