@@ -124,8 +124,10 @@ carried_name(const char *name)
  * description's is replaced by restore_sync()). No name dropped here is
  * named again: a new generation or artifact takes a number none stored
  * has, and a name the description gives belongs to one model. They close
- * in the daemon's lane of r's closer, not here: a model file on remote
- * storage flushes on close, and an artifact's memfd frees its memory.
+ * in the daemon's own lane of r's closer (closer_unmap_close, the lane
+ * closer_then() waits for; no client's descriptor goes there), not here: a
+ * model file on remote storage flushes on close, and an artifact's memfd
+ * frees its memory (review rev193 F4).
  */
 void
 restore_close_untaken(struct restore *s, struct registry *r, const struct fdstore_model *only,
@@ -139,7 +141,7 @@ restore_close_untaken(struct restore *s, struct registry *r, const struct fdstor
 		if (s->fds[i].fd < 0 ||
 			(only != NULL ? !fdstore_model_names(only, name) : carried_name(name)))
 			continue;
-		closer_close(r->closer, CLOSER_DAEMON, s->fds[i].fd);
+		closer_unmap_close(r->closer, CLOSER_DAEMON, NULL, 0, s->fds[i].fd);
 		s->fds[i].fd = -1;
 		closed++;
 		if (drop && strcmp(name, FDSTORE_NAME_DESC) != 0)
