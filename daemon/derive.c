@@ -219,19 +219,21 @@ lost_before(const struct derive_build *b, uid_t uid)
  * and derive_groups judge it now (registry_may_build). Before, only the
  * first: after a reload to derive = no, a waiter was handed the BUILD of a
  * model whose derive was off, built for nothing and had its PUBLISH
- * refused, one waiting uid after another (review rev190 D1). The first
- * stays for a reload in progress, which has not set the model's new
- * derive_groups yet (derive_drop_unallowed).
+ * refused, one waiting uid after another (review rev190 D1). In a
+ * reload's walk (reload: derive_drop_unallowed, derive staying on) by the
+ * first alone: the model has its old derive_groups until the walk is done,
+ * and a reload that swapped them gave a waiter allowed by the new ones
+ * only EHOSTDOWN (review rev193 F2).
  */
 static int
 waiter_may_build(struct derive_table *t, const struct derive_build *b,
-	const struct derive_waiter *w)
+	const struct derive_waiter *w, int reload)
 {
 	const struct model_entry *m = derive_entry_of(t, b->model_name, b->entry_id);
 	struct registry_peer peer = { .pid = w->pid, .uid = w->uid, .gid = w->gid,
 		.groups = w->groups, .ngroups = (int)w->ngroups, .self_uid = geteuid() };
 
-	return w->may_build && m != NULL && registry_may_build(m, &peer);
+	return w->may_build && m != NULL && (reload || registry_may_build(m, &peer));
 }
 
 /*
@@ -246,7 +248,7 @@ waiter_may_build(struct derive_table *t, const struct derive_build *b,
  * build.
  */
 static struct derive_waiter *
-next_builder(struct derive_table *t, struct derive_build *b, int *skipped)
+next_builder(struct derive_table *t, struct derive_build *b, int reload, int *skipped)
 {
 	struct derive_waiter **pp, **first = NULL, **fresh = NULL;
 	int others = 0;
@@ -255,7 +257,7 @@ next_builder(struct derive_table *t, struct derive_build *b, int *skipped)
 		int lost = lost_before(b, (*pp)->uid);
 
 		others |= !lost;
-		if (!waiter_may_build(t, b, *pp))
+		if (!waiter_may_build(t, b, *pp, reload))
 			continue;
 		if (first == NULL)
 			first = pp;
@@ -280,7 +282,7 @@ static int
 fresh_builder_waits(struct derive_table *t, const struct derive_build *b)
 {
 	for (const struct derive_waiter *w = b->waiters; w != NULL; w = w->next)
-		if (waiter_may_build(t, b, w) && !lost_before(b, w->uid))
+		if (waiter_may_build(t, b, w, 0) && !lost_before(b, w->uid))
 			return 1;
 	return 0;
 }
@@ -334,11 +336,10 @@ seed_lost(struct derive_table *t, struct derive_build *b)
 	}
 }
 
-/* The builder went away (why), or its publication was refused after it
- * had gone: the next builder takes over (next_builder), else the build
- * fails for every waiter (EHOSTDOWN, why in the text). */
-void
-derive_builder_lost(struct derive_table *t, struct derive_build *b, const char *why)
+/* derive_builder_lost, or (reload 1) in a reload's walk
+ * (waiter_may_build). */
+static void
+builder_lost(struct derive_table *t, struct derive_build *b, const char *why, int reload)
 {
 	struct derive_waiter *w;
 	char text[WIRE_MAX_MESSAGE], more[128];
@@ -348,7 +349,7 @@ derive_builder_lost(struct derive_table *t, struct derive_build *b, const char *
 	b->builder = NULL;
 	if (!lost_before(b, b->builder_uid) && b->nlost < DERIVE_LOST_UIDS)
 		b->lost_uids[b->nlost++] = b->builder_uid;
-	if ((w = next_builder(t, b, &skipped)) == NULL) {
+	if ((w = next_builder(t, b, reload, &skipped)) == NULL) {
 		const struct model_entry *m = derive_entry_of(t, b->model_name, b->entry_id);
 
 		/* One line in the log: derive_build_fail's, which says why. */
@@ -384,6 +385,15 @@ derive_builder_lost(struct derive_table *t, struct derive_build *b, const char *
 	t->hooks.build(w->conn, w->seq, b);
 	free(w);
 	derive_rearm(t);
+}
+
+/* The builder went away (why), or its publication was refused after it
+ * had gone: the next builder takes over (next_builder), else the build
+ * fails for every waiter (EHOSTDOWN, why in the text). */
+void
+derive_builder_lost(struct derive_table *t, struct derive_build *b, const char *why)
+{
+	builder_lost(t, b, why, 0);
 }
 
 /*
@@ -1116,7 +1126,7 @@ end_unallowed(struct derive_table *t, struct derive_build *b, int derive_off)
 		snprintf(why, sizeof(why), "may no longer build it (gid %u, %u supplementary "
 			 "groups): a configuration reload %s", (unsigned)b->builder_cred.gid,
 			(unsigned)b->builder_cred.ngroups, change);
-		derive_builder_lost(t, b, why);
+		builder_lost(t, b, why, 1);
 		return;
 	}
 	snprintf(text, sizeof(text), "model \"%s\": derived \"%s\" of generation %" PRIu64

@@ -88,6 +88,42 @@ def test_a_waiter_that_may_no_longer_build_either_is_told_ehostdown_not_eperm(
     no_artifact(d)
 
 
+@as_another_user
+def test_a_reload_that_swaps_derive_groups_hands_the_build_to_a_new_member(
+        derived, tmp_path):  # noqa: F811 (derived: the fixture)
+    """rev193 F2: a reload swapping derive_groups from ALLOWED to OTHER shuts
+    the builder (group ALLOWED) out, and the waiter (group OTHER), which may
+    build under the new groups only, takes the build over (BUILD). Before,
+    the takeover was also judged by the model's old derive_groups, which it
+    keeps until the reload's walk is done: the waiter got EHOSTDOWN "no
+    waiting worker may build it (derive_groups)"."""
+    d = derived({"derive_groups": str(ALLOWED)})
+    ready(d, "small")
+    proc = builder(d, (64307, 64307, (ALLOWED,)))
+    from wcached import as_user
+    let_in(d)
+    waiter = subprocess.Popen(as_user(64308, 64308, (OTHER,)) +
+                              [sys.executable, "-c", CLIENT, d.socket],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        waiting(d, 1)
+        d.write_config({"small": (str(tmp_path / "small.safetensors"),
+                                  {"derive": "yes", "derive_groups": str(OTHER)})})
+        r = ctl(d, "reload")
+        assert r.returncode == 0, r
+        out, _ = waiter.communicate(timeout=60)
+        assert int(out.split(" ", 1)[0]) == BUILD, (out, d.read_log()[-2000:])
+        d.wait_for_log(r'derived "f32-v1" .*the builder \(pid \d+ uid 64307\) may no longer '
+                       r"build it .*changed derive_groups")
+        mtype, code, text = publish(proc)
+        assert (mtype, code) == (ERROR, ERRNO["EPERM"]), (mtype, code, text)
+    finally:
+        for p in (proc, waiter):
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=60)
+
+
 # Holds a check of the memfd named "shutout" on the work queue (at its
 # F_GET_SEALS) while the file $WC_GATE exists, saying so with $WC_GATE.held:
 # LD_PRELOADed into wcached, it lets a reload come while a publication is
