@@ -71,6 +71,11 @@ struct load_request {
 	 * staged copy), whom the new file must have (same_tree). */
 	int keep_file_known;
 	uid_t keep_file_uid;
+	/* Its newest generation's path resolved to a file straight in its
+	 * tree (a one-file model or an index, whose tree is the directory
+	 * holding it): no directory beside that one is a sibling of it, only
+	 * a file in a sibling reached the same way (review rev191 F1). */
+	int keep_named_file;
 	/* A watched reload of a model that has a generation: the owners of
 	 * its newest generation's files (as opened; a staged copy's, its
 	 * origin's), nkeep_owners of them (0: none known). Each new file has
@@ -178,18 +183,38 @@ open_model(struct load_request *q, const char *path)
 
 static void drop_opened(struct load_request *q);
 
+/* Whether path (a real path) names an entry straight in the directory
+ * root, not root itself. */
+static int
+file_in(const char *path, const char *root)
+{
+	char *dir = path_dir(path);
+	int in = dir != NULL && strcmp(dir, root) == 0 && strcmp(path, root) != 0;
+
+	free(dir);
+	return in;
+}
+
 /*
  * Whether q's tree root is a sibling of the one kept (one directory holds
  * both) owned by the same user: a deployer's swap of her versions by a
  * symbolic link (README, "Updating a model safely"). Another tenant's model
  * lies elsewhere or is another user's (review rev173 F1). Both owners were
  * found when each root was: the old tree may be gone by now (rev175 F8).
+ * A one-file model's tree is the directory holding its file, and the
+ * directories beside that one are other models (a root-owned team
+ * directory's neighbours, private ones too): a path that named a file
+ * there and now names a directory beside it is no swap (review rev191
+ * F1); a link to a file must stay in its directory (the opener's rule), so
+ * a file's sibling tree is reached only by a directory's swap above it
+ * (llama/model.safetensors, llama -> v2).
  */
 static int
 sibling_swap(const struct load_request *q)
 {
 	char *d1 = path_dir(q->keep_root), *d2 = path_dir(q->root);
-	int ok = d1 != NULL && d2 != NULL && strcmp(d1, d2) == 0 && q->keep_uid == q->root_uid;
+	int ok = d1 != NULL && d2 != NULL && strcmp(d1, d2) == 0 && q->keep_uid == q->root_uid &&
+		(!q->keep_named_file || (q->resolved != NULL && file_in(q->resolved, q->root)));
 
 	free(d1);
 	free(d2);
@@ -357,6 +382,81 @@ linked_in(struct load_request *q)
 	return 0;
 }
 
+/* Whether uid may have made a link a watched reload follows: the kept
+ * tree's owner, an owner of the files serving, or the owner of the
+ * directory holding the link (dir_uid). */
+static int
+link_maker_ok(const struct load_request *q, uid_t uid, uid_t dir_uid)
+{
+	size_t k = 0;
+
+	while (k < q->nkeep_owners && q->keep_owners[k] != uid)
+		k++;
+	return uid == q->keep_uid || uid == dir_uid || k < q->nkeep_owners ||
+		(q->keep_file_known && uid == q->keep_file_uid);
+}
+
+/*
+ * Work queue thread, a watched reload: 0, or -EXDEV with q->message when
+ * the last entry of q's path, or a link it leads to in turn, is a symbolic
+ * link made by a user who owns neither the kept tree, nor a file serving,
+ * nor the directory holding the link. The entry at a model's path is not
+ * always its owner's: in a shared sticky directory (1775, where
+ * fs.protected_symlinks does not apply) anyone may make a link at a name
+ * freed a moment by a redeploy, to another model of the same owner (a
+ * private one of root's): every check of the tree's and files' owners
+ * passed (review rev191 F1b). Each link is looked at in its directory, as
+ * an entry (AT_SYMLINK_NOFOLLOW), whatever a follower's rules.
+ */
+static int
+links_owned(struct load_request *q)
+{
+	char *cur = strdup(q->path), target[PATH_MAX];
+	int err = 0;
+
+	for (int hops = 0; cur != NULL && err == 0 && hops < 40; hops++) {
+		size_t len = strlen(cur);
+
+		while (len > 1 && cur[len - 1] == '/')
+			cur[--len] = '\0'; /* "llama/" follows llama's link too */
+		char *dir = path_dir(cur), *next = NULL;
+		const char *base = strrchr(cur, '/') != NULL ? strrchr(cur, '/') + 1 : cur;
+		int dfd = dir != NULL ? open(dir[0] != '\0' ? dir : ".",
+			O_PATH | O_DIRECTORY | O_CLOEXEC) : -1;
+		struct stat ds, ls;
+		ssize_t n = -1;
+
+		if (dfd >= 0 && fstat(dfd, &ds) == 0 &&
+			fstatat(dfd, base, &ls, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(ls.st_mode) &&
+			(n = readlinkat(dfd, base, target, sizeof(target) - 1)) >= 0) {
+			target[n] = '\0';
+			if (!link_maker_ok(q, ls.st_uid, ds.st_uid)) {
+				snprintf(q->message, sizeof(q->message), "its path %s leads "
+					"through the symbolic link %s (to %.256s) made by uid %u, "
+					"in %s owned by uid %u: a link of a user who owns neither "
+					"the model's tree (uid %u), its files serving nor the "
+					"directory it is in is followed only at an operator's "
+					"reload (`wcachectl reload %s` or a config reload)",
+					q->path, cur, target, (unsigned)ls.st_uid,
+					dir[0] != '\0' ? dir : ".", (unsigned)ds.st_uid,
+					(unsigned)q->keep_uid, q->name);
+				err = -EXDEV;
+			} else if ((next = path_join(dir, target)) == NULL) {
+				err = -ENOMEM;
+			}
+		}
+		if (dfd >= 0)
+			close(dfd);
+		free(dir);
+		free(cur);
+		cur = next;
+	}
+	free(cur);
+	if (err == -ENOMEM)
+		snprintf(q->message, sizeof(q->message), "%s", strerror(ENOMEM));
+	return err;
+}
+
 static int
 same_tree(struct load_request *q)
 {
@@ -365,8 +465,9 @@ same_tree(struct load_request *q)
 	char owners[300];
 	int same, path_same, open = open_place(q), first = 0;
 
-	if (q->keep_root == NULL && q->keep_resolved != NULL)
-		q->keep_root = gen_tree_root(q->keep_resolved, &q->keep_uid);
+	if (q->keep_root == NULL && q->keep_resolved != NULL &&
+		(q->keep_root = gen_tree_root(q->keep_resolved, &q->keep_uid)) != NULL)
+		q->keep_named_file = file_in(q->keep_resolved, q->keep_root);
 	old = q->keep_root != NULL ? q->keep_root : q->keep_resolved;
 	/* A root of the same path is the same tree only with the same owner:
 	 * one removed or renamed away and made again by another user is his
@@ -421,6 +522,8 @@ same_tree(struct load_request *q)
 			"user's file in the tree is served only after an operator's reload "
 			"(`wcachectl reload %s` or a config reload)", file, (unsigned)st->st_uid,
 			q->root, (unsigned)q->root_uid, q->name);
+	else
+		same = links_owned(q) == 0;
 	return same ? 0 : -EXDEV;
 }
 
@@ -1609,6 +1712,8 @@ keep_tree(struct load_request *q, const struct model_entry *m)
 		q->keep_owners[q->nkeep_owners++] = owner_of(&g->source, g->origin, i);
 	if (g != NULL && g->tree_root != NULL) {
 		q->keep_uid = g->tree_uid;
+		q->keep_named_file = g->resolved_path != NULL &&
+			file_in(g->resolved_path, g->tree_root);
 		return (q->keep_root = strdup(g->tree_root)) != NULL ? 0 : -ENOMEM;
 	}
 	if (g != NULL && g->resolved_path != NULL)

@@ -5,6 +5,7 @@ wcached runs unprivileged, as the neighbour tests do (test_neighbours.py)."""
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -417,5 +418,82 @@ def test_a_first_generation_at_a_place_says_whose_files_it_took(tmp_path):
         assert 'model "alice": generation 1 is the first at %s, where the operator\'s last ' \
             'load found nothing: its files are owned by uid %d' % (place, ALICE_UID) \
             in d.read_log(), d.read_log()
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+# wcached's own group in the tests below: root's private model is readable
+# by it (0750 root:WCACHED_GID, as a model installed for wcached only) and
+# not by alice or bob.
+WCACHED_GID = 64102
+
+
+def roots_private_model(directory, sharded=False):
+    """root's model directory only wcached may read, made at directory:
+    one file, or (sharded) an index and its shard s.safetensors."""
+    made_by(directory, 0, 0o750)
+    os.chown(directory, 0, WCACHED_GID)
+    f = mkmodel(os.path.join(directory, "model.safetensors"), layers=3, seed=2)
+    if sharded:
+        sharded_model(directory, f)
+        f = os.path.join(directory, "s.safetensors")
+    os.chown(f, 0, WCACHED_GID)
+    os.chmod(f, 0o640)
+    r = subprocess.run(as_user(BOB_UID, GROUP) + ["cat", f], capture_output=True)
+    assert r.returncode != 0, "bob may read root's private model"
+    return str(directory)
+
+
+def generation_1_waits(d, name, refusal):
+    """The watched reload waits for the operator's with one line matching
+    refusal; generation 1 is still what an attach gets."""
+    _, line = d.wait_for_log(r'model "%s": (its path|generation 2 is current)' % name)
+    assert 'model "%s": generation 2' % name not in d.read_log(), d.read_log()
+    assert re.search(refusal, line), line
+    assert "wcachectl reload %s" % name in line and "generation 1 still serving" in line, line
+    assert "generation 1" in served(d, name)
+
+
+def test_another_users_link_at_a_freed_name_waits(tmp_path):
+    """The operator's model directory llama in a team's sticky place (1775,
+    root's: fs.protected_symlinks does not apply); beside it root's private
+    model secret. The operator removes llama to redeploy; bob, first, makes
+    the name his link to secret: the same owner's tree beside the old one,
+    every file root's, so root's private model was served as "llama" to its
+    holders (review rev191 F1b). Nobody asked who made the link."""
+    shared = made_by(tmp_path / "shared", 0, 0o1775)
+    llama = made_by(os.path.join(shared, "llama"), 0)
+    mkmodel(os.path.join(llama, "model.safetensors"), seed=1)
+    roots_private_model(os.path.join(shared, "secret"))
+    d = Daemon(tmp_path, {"llama": llama}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "llama": generation 1 warm')
+        subprocess.run(["rm", "-rf", llama], check=True)
+        as_bob("ln -s secret llama", shared)
+        generation_1_waits(d, "llama", r"its path %s leads through the symbolic link %s \(to "
+                           r"secret\) made by uid %d, in %s owned by uid 0: a link of a user "
+                           r"who owns neither" % (re.escape(llama), re.escape(llama), BOB_UID,
+                                                  re.escape(shared)))
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_a_one_file_model_does_not_swap_to_a_directory_beside_its_own(tmp_path):
+    """alice's one-file model m.safetensors straight in a team's sticky
+    place (root's, 1775): its tree is that place, whose owner is root, and
+    the directories beside the place were its "siblings". Her own link
+    renamed over her name (README's swap) to ../priv, root's private
+    sharded model beside the place (no one file whose owner is asked), was
+    her generation 2 (review rev191 F1)."""
+    shared = made_by(tmp_path / "shared", 0, 0o1775)
+    m = mkmodel(os.path.join(shared, "m.safetensors"), seed=1)
+    os.chown(m, ALICE_UID, GROUP)
+    priv = roots_private_model(tmp_path / "priv", sharded=True)
+    d = Daemon(tmp_path, {"alice": m}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "alice": generation 1 warm')
+        as_alice("ln -s ../priv .n && mv -T .n m.safetensors", shared)
+        generation_1_waits(d, "alice", r"its path %s now resolves into %s \(was %s\): a moved "
+                           r"tree" % (re.escape(m), re.escape(priv), re.escape(shared)))
     finally:
         assert d.stop() == 0, d.read_log()

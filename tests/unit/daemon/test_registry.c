@@ -1966,10 +1966,310 @@ test_rev187_owner_of_open_place_is_no_first_comer(void **state)
 		0), 0);
 }
 
+/* Review rev191: a shared directory srv (root's, 1775: a team's sticky
+ * directory, where fs.protected_symlinks does not apply), "llama" loaded
+ * from srv/m.safetensors owned by uid owner; the file then gone (a
+ * redeploy's rm) and uid maker makes srv/m.safetensors a link to target.
+ * The watched reload's status; in *size the current generation's file's
+ * size, 0 when generation 1 is still current. */
+static int
+rev191_link_by(struct du *t, unsigned owner, unsigned maker, const char *target,
+	long long *size)
+{
+	char *a, *p, cmd[8192];
+	struct generation *g1;
+	const struct generation *g;
+	int st;
+
+	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p srv && chmod 1775 srv", t->dir);
+	assert_int_equal(system(cmd), 0);
+	a = du_model(t, "srv/m.safetensors", 1024);
+	snprintf(cmd, sizeof(cmd), "chown %u:%u %s", owner, owner, a);
+	assert_int_equal(system(cmd), 0);
+	p = llama_loaded(t, "srv/m.safetensors", &g1);
+	snprintf(cmd, sizeof(cmd), "cd %s/srv && rm m.safetensors && ln -s %s m.safetensors && "
+		"chown -h %u:%u m.safetensors", t->dir, target, maker, maker);
+	assert_int_equal(system(cmd), 0);
+	st = r180_watched(t, "llama");
+	g = du_current(t, "llama");
+	*size = g == g1 ? 0 : (long long)g->source.files[0].st.st_size; /* 0: kept */
+	print_message("rev191: status %d (%s) uid %u size %lld (g1 %s)\n", st, t->message,
+		(unsigned)g->source.files[0].st.st_uid, *size, g == g1 ? "kept" : "replaced");
+	free(a);
+	free(p);
+	return st;
+}
+
+/* As rev191_link_by, the link bob's (12345). */
+static int
+rev191_link_at_name(struct du *t, unsigned owner, const char *target, long long *size)
+{
+	return rev191_link_by(t, owner, 12345, target, size);
+}
+
+/* rev191 F1b: bob's link at alice's free name to alice's other file in
+ * the shared directory (an older version of hers): same tree, same owner
+ * of the file: it was her generation 2. A link of a user who owns neither
+ * the tree, the files serving nor srv waits for the operator. */
+static void
+test_rev191_bobs_link_to_alices_other_file(void **state)
+{
+	struct du *t = *state;
+	char *o, cmd[8192];
+	long long size;
+	int st;
+
+	snprintf(cmd, sizeof(cmd), "mkdir -p %s/srv", t->dir);
+	assert_int_equal(system(cmd), 0);
+	o = du_model(t, "srv/m-old.safetensors", 3000);
+	snprintf(cmd, sizeof(cmd), "chown 23456:23456 %s", o);
+	assert_int_equal(system(cmd), 0);
+	st = rev191_link_at_name(t, 23456, "m-old.safetensors", &size);
+	free(o);
+	assert_int_equal(st, -EXDEV); /* else bob chose which of her files is "llama" */
+	assert_int_equal(size, 0);
+	assert_non_null(strstr(t->message, "/srv/m.safetensors (to m-old.safetensors) made by "
+		"uid 12345, in "));
+	assert_non_null(strstr(t->message, "owned by uid 0: a link of a user who owns neither"));
+}
+
+/* Her own link there (README's swap of a one-file model) still swaps. */
+static void
+test_rev191_owners_link_at_her_name_swaps(void **state)
+{
+	struct du *t = *state;
+	char *o, cmd[8192];
+	long long size;
+
+	snprintf(cmd, sizeof(cmd), "mkdir -p %s/srv", t->dir);
+	assert_int_equal(system(cmd), 0);
+	o = du_model(t, "srv/m-v2.safetensors", 3000);
+	snprintf(cmd, sizeof(cmd), "chown 23456:23456 %s", o);
+	assert_int_equal(system(cmd), 0);
+	assert_int_equal(rev191_link_by(t, 23456, 23456, "m-v2.safetensors", &size), 0);
+	assert_true(size > 0);
+	free(o);
+}
+
+/* rev191 F1b: a model that is a directory, srv/llama, owned by owner, in
+ * the shared directory srv (root's, 1775); its own tree is removed (a
+ * redeploy's rm -rf) and bob makes srv/llama his link to srv/other, a
+ * directory of the same owner with another model in it (mode dmode). */
+static int
+rev191_dir_link(struct du *t, unsigned owner, const char *dmode, long long *size)
+{
+	char *a, *o, *p, cmd[8192];
+	struct generation *g1;
+	const struct generation *g;
+	int st;
+
+	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p srv/llama srv/other && chmod 1775 srv",
+		t->dir);
+	assert_int_equal(system(cmd), 0);
+	a = du_model(t, "srv/llama/model.safetensors", 1024);
+	o = du_model(t, "srv/other/model.safetensors", 3000);
+	snprintf(cmd, sizeof(cmd), "cd %s/srv && chown -R %u:%u llama other && chmod %s other && "
+		"chmod 0600 other/model.safetensors", t->dir, owner, owner, dmode);
+	assert_int_equal(system(cmd), 0);
+	p = llama_loaded(t, "srv/llama", &g1);
+	snprintf(cmd, sizeof(cmd), "cd %s/srv && rm -rf llama && ln -s other llama && "
+		"chown -h 12345:12345 llama", t->dir);
+	assert_int_equal(system(cmd), 0);
+	st = r180_watched(t, "llama");
+	g = du_current(t, "llama");
+	*size = g == g1 ? 0 : (long long)g->source.files[0].st.st_size; /* 0: kept */
+	print_message("rev191: status %d (%s) uid %u size %lld (g1 %s)\n", st, t->message,
+		(unsigned)g->source.files[0].st.st_uid, *size, g == g1 ? "kept" : "replaced");
+	free(a);
+	free(o);
+	free(p);
+	return st;
+}
+
+/* C: alice's llama and her other model srv/other. */
+static void
+test_rev191_bobs_link_to_alices_other_dir(void **state)
+{
+	long long size;
+
+	assert_int_equal(rev191_dir_link(*state, 23456, "0755", &size), -EXDEV);
+	assert_int_equal(size, 0);
+	assert_non_null(strstr(((struct du *)*state)->message, "(to other) made by uid 12345"));
+}
+
+/* D: the operator's (root's) llama, and root's private model srv/other
+ * (0700, its file 0600: wcached reads it, bob does not). */
+static void
+test_rev191_bobs_link_to_roots_private_dir(void **state)
+{
+	long long size;
+
+	assert_int_equal(rev191_dir_link(*state, 0, "0700", &size), -EXDEV);
+	assert_int_equal(size, 0);
+	assert_non_null(strstr(((struct du *)*state)->message, "(to other) made by uid 12345"));
+}
+
+/* rev191 F2 (R2b for a sharded model): alice's index srv/m.safetensors
+ * .index.json and her shard a-1 directly in the shared srv (root's, 1775);
+ * her index is gone (a redeploy's rm) and bob writes his at its name,
+ * naming his own shard b-1. Refused since 1ec6d4e (same_owners). */
+static void
+test_rev191_bobs_index_at_alices_free_name(void **state)
+{
+	struct du *t = *state;
+	char *a, *b, *p, cmd[8192];
+	struct generation *g1;
+	const struct generation *g;
+	FILE *f;
+	int st;
+
+	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p srv && chmod 1775 srv", t->dir);
+	assert_int_equal(system(cmd), 0);
+	a = du_model(t, "srv/a-1.safetensors", 1024);
+	b = du_model(t, "srv/b-1.safetensors", 3000);
+	assert_true(asprintf(&p, "%s/srv/m.safetensors.index.json", t->dir) > 0);
+	assert_non_null(f = fopen(p, "w"));
+	fputs("{\"weight_map\":{\"w\":\"a-1.safetensors\"}}", f);
+	fclose(f);
+	snprintf(cmd, sizeof(cmd), "chown 23456:23456 %s %s && chown 12345:12345 %s && "
+		"chmod 0600 %s", a, p, b, b);
+	assert_int_equal(system(cmd), 0);
+	assert_int_equal(du_load(t, "llama", p, PIN_NONE, 0), 0);
+	g1 = du_current(t, "llama");
+	assert_int_equal(unlink(p), 0);
+	assert_non_null(f = fopen(p, "w"));
+	fputs("{\"weight_map\":{\"w\":\"b-1.safetensors\"}}", f);
+	fclose(f);
+	assert_int_equal(chown(p, 12345, 12345), 0);
+	st = r180_watched(t, "llama");
+	g = du_current(t, "llama");
+	print_message("rev191 E: status %d (%s) shard uid %u size %lld (g1 %s)\n", st, t->message,
+		(unsigned)g->source.files[0].st.st_uid, (long long)g->source.files[0].st.st_size,
+		g == g1 ? "kept" : "replaced");
+	free(a);
+	free(b);
+	free(p);
+	assert_int_equal(st, -EXDEV); /* else bob's index and shard are alice's model */
+	assert_non_null(strstr(t->message, "/srv/b-1.safetensors is owned by uid 12345"));
+}
+
+/* rev191 F1: bob's link at the free name of the operator's one-file model
+ * (root's, in srv) to root's private *directory* model priv (0700, a
+ * sibling of srv): the opener takes a directory's tree wherever it is,
+ * and sibling_swap took priv (same parent, root's). A file's tree has no
+ * sibling directories. */
+static void
+test_rev191_bobs_link_to_roots_private_sibling_dir(void **state)
+{
+	struct du *t = *state;
+	char *o, cmd[8192];
+	long long size;
+	int st;
+
+	snprintf(cmd, sizeof(cmd), "mkdir -p %s/priv && chmod 0700 %s/priv", t->dir, t->dir);
+	assert_int_equal(system(cmd), 0);
+	o = du_model(t, "priv/model.safetensors", 5000);
+	snprintf(cmd, sizeof(cmd), "chmod 0600 %s", o);
+	assert_int_equal(system(cmd), 0);
+	st = rev191_link_at_name(t, 0, "../priv", &size);
+	free(o);
+	assert_int_equal(st, -EXDEV); /* else root's private model is "llama" */
+	assert_int_equal(size, 0);
+	assert_non_null(strstr(t->message, "/priv (was "));
+}
+
+/* rev191 F1: alice's one-file model srv/m.safetensors (srv root's 1775);
+ * beside srv, scratch (root's, 1777, as a second shared place); bob puts
+ * his index and his 0600 shard in scratch and, when alice's file is gone,
+ * his link srv/m.safetensors -> ../scratch: root's sibling tree. */
+static void
+test_rev191_bobs_sharded_model_in_a_sibling_shared_dir(void **state)
+{
+	struct du *t = *state;
+	char *b, cmd[8192], idx[4200];
+	long long size;
+	FILE *f;
+	int st;
+
+	snprintf(cmd, sizeof(cmd), "mkdir -p %s/scratch && chmod 1777 %s/scratch", t->dir, t->dir);
+	assert_int_equal(system(cmd), 0);
+	b = du_model(t, "scratch/b-1.safetensors", 3000);
+	snprintf(idx, sizeof(idx), "%s/scratch/model.safetensors.index.json", t->dir);
+	assert_non_null(f = fopen(idx, "w"));
+	fputs("{\"weight_map\":{\"w\":\"b-1.safetensors\"}}", f);
+	fclose(f);
+	snprintf(cmd, sizeof(cmd), "chown 12345:12345 %s %s && chmod 0600 %s", b, idx, b);
+	assert_int_equal(system(cmd), 0);
+	st = rev191_link_at_name(t, 23456, "../scratch", &size);
+	free(b);
+	assert_int_equal(st, -EXDEV); /* else bob's files are alice's model */
+	assert_int_equal(size, 0);
+}
+
+/* rev191 F1: alice herself, the deployer of her one-file model
+ * srv/m.safetensors (srv root's, 1775), renames her own link over her
+ * name: m.safetensors -> ../priv, root's private 0700 directory beside srv
+ * with root's sharded model (index + 0600 shard). No window, no bob. */
+static void
+test_rev191_deployer_links_to_roots_private_sharded_sibling(void **state)
+{
+	struct du *t = *state;
+	char *b, *a, *p, cmd[8192], idx[4200];
+	struct generation *g1;
+	const struct generation *g;
+	FILE *f;
+	int st;
+
+	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p srv priv && chmod 1775 srv && "
+		"chmod 0700 priv", t->dir);
+	assert_int_equal(system(cmd), 0);
+	b = du_model(t, "priv/s-1.safetensors", 3000);
+	snprintf(idx, sizeof(idx), "%s/priv/model.safetensors.index.json", t->dir);
+	assert_non_null(f = fopen(idx, "w"));
+	fputs("{\"weight_map\":{\"w\":\"s-1.safetensors\"}}", f);
+	fclose(f);
+	snprintf(cmd, sizeof(cmd), "chmod 0600 %s %s", b, idx);
+	assert_int_equal(system(cmd), 0);
+	a = du_model(t, "srv/m.safetensors", 1024);
+	snprintf(cmd, sizeof(cmd), "chown 23456:23456 %s", a);
+	assert_int_equal(system(cmd), 0);
+	p = llama_loaded(t, "srv/m.safetensors", &g1);
+	snprintf(cmd, sizeof(cmd), "cd %s/srv && ln -s ../priv .n && chown -h 23456:23456 .n && "
+		"mv -T .n m.safetensors", t->dir);
+	assert_int_equal(system(cmd), 0);
+	st = r180_watched(t, "llama");
+	g = du_current(t, "llama");
+	print_message("rev191 B4: status %d (%s) uid %u size %lld (g1 %s)\n", st, t->message,
+		(unsigned)g->source.files[0].st.st_uid, (long long)g->source.files[0].st.st_size,
+		g == g1 ? "kept" : "replaced");
+	free(a);
+	free(b);
+	free(p);
+	assert_int_equal(st, -EXDEV); /* else root's private model is alice's "llama" */
+	assert_non_null(strstr(t->message, "/priv (was "));
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_rev191_bobs_link_to_alices_other_file, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_rev191_owners_link_at_her_name_swaps, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_rev191_bobs_link_to_alices_other_dir, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_rev191_bobs_link_to_roots_private_dir, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_rev191_bobs_index_at_alices_free_name, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_rev191_bobs_link_to_roots_private_sibling_dir, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_rev191_bobs_sharded_model_in_a_sibling_shared_dir, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_rev191_deployer_links_to_roots_private_sharded_sibling, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(test_rev187_one_file_parent_dir_exchanged, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_rev187_same_root_new_owner, setup, teardown),
