@@ -166,7 +166,10 @@ derive_builder_may(struct derive_table *t, const struct derive_build *b, char *w
 		.gid = b->builder_cred.gid, .groups = b->builder_cred.groups,
 		.ngroups = (int)b->builder_cred.ngroups, .self_uid = geteuid() };
 
-	if (m == NULL || b->builder_cred.gid == (gid_t)-1 || registry_may_build(m, &peer))
+	/* Groups unknown (never seen: a PUBLISH copies them), derive_groups
+	 * cannot be judged; derive = no still can (review rev193 F6). */
+	if (m == NULL || (m->derive && (b->builder_cred.gid == (gid_t)-1 ||
+				  registry_may_build(m, &peer))))
 		return 1;
 	snprintf(why, why_size, "uid %u (gid %u, %u supplementary groups) may no longer build "
 		 "it: %s since a configuration reload", (unsigned)b->builder_uid,

@@ -86,7 +86,8 @@ void derive_cred_clear(struct derive_cred *c);
 /* Whether b's builder (its uid, and the gid and groups of b->builder_cred)
  * may still build b's model under its derive_groups now (registry_may_build:
  * root and wcached's own uid always may): 1 where it may, where its model is
- * gone or its groups are not known; else 0 with the reason in why. PUBLISH
+ * gone or (derive on) its groups are not known; else 0 with the reason in
+ * why (derive = no: nobody may). PUBLISH
  * and the end of its check ask it, since a reload may have narrowed
  * derive_groups after the DERIVE that judged it. */
 int derive_builder_may(struct derive_table *t, const struct derive_build *b, char *why,
