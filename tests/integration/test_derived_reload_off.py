@@ -8,6 +8,7 @@ still build, and a waiter that may not is told so (EHOSTDOWN), never EPERM,
 which reads as derive = no; and a publication being checked when the reload
 shuts its builder out is refused before it drops anything to make room."""
 
+import contextlib
 import os
 import re
 import shutil
@@ -50,6 +51,34 @@ def test_a_reload_to_derive_off_fails_the_build_and_hands_it_to_nobody(
                    r'1 build in progress failed')
 
 
+@contextlib.contextmanager
+def reload_with_a_waiter(d, tmp_path, builder_group, waiter_group, new_groups):
+    """Uid 64307 of builder_group builds "small"'s "f32-v1" and uid 64308 of
+    waiter_group waits for it; a reload sets derive_groups to new_groups.
+    Yields the builder and the waiter's one line ("type code text"); kills
+    what is left of them afterwards."""
+    ready(d, "small")
+    proc = builder(d, (64307, 64307, (builder_group,)))
+    from wcached import as_user
+    let_in(d)
+    waiter = subprocess.Popen(as_user(64308, 64308, (waiter_group,)) +
+                              [sys.executable, "-c", CLIENT, d.socket],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        waiting(d, 1)
+        d.write_config({"small": (str(tmp_path / "small.safetensors"),
+                                  {"derive": "yes", "derive_groups": new_groups})})
+        r = ctl(d, "reload")
+        assert r.returncode == 0, r
+        out, _ = waiter.communicate(timeout=60)
+        yield proc, out
+    finally:
+        for p in (proc, waiter):
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=60)
+
+
 @as_another_user
 def test_a_waiter_that_may_no_longer_build_either_is_told_ehostdown_not_eperm(
         derived, tmp_path):  # noqa: F811 (derived: the fixture)
@@ -58,20 +87,7 @@ def test_a_waiter_that_may_no_longer_build_either_is_told_ehostdown_not_eperm(
     that may build, it now gets EHOSTDOWN naming derive_groups, as when a
     builder goes away and no waiter may take over."""
     d = derived({"derive_groups": f"{ALLOWED} {OTHER}"})
-    ready(d, "small")
-    proc = builder(d, (64307, 64307, (OTHER,)))
-    from wcached import as_user
-    let_in(d)
-    waiter = subprocess.Popen(as_user(64308, 64308, (OTHER,)) +
-                              [sys.executable, "-c", CLIENT, d.socket],
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        waiting(d, 1)
-        d.write_config({"small": (str(tmp_path / "small.safetensors"),
-                                  {"derive": "yes", "derive_groups": str(ALLOWED)})})
-        r = ctl(d, "reload")
-        assert r.returncode == 0, r
-        out, _ = waiter.communicate(timeout=60)
+    with reload_with_a_waiter(d, tmp_path, OTHER, OTHER, str(ALLOWED)) as (proc, out):
         mtype, code, text = out.split(" ", 2)
         assert (int(mtype), int(code)) == (ERROR, ERRNO["EHOSTDOWN"]), out
         for words in ('model "small": derived "f32-v1"', "uid 64307) may no longer build it",
@@ -80,11 +96,6 @@ def test_a_waiter_that_may_no_longer_build_either_is_told_ehostdown_not_eperm(
             assert words in text, text
         mtype, code, text = publish(proc)
         assert (mtype, code) == (ERROR, ERRNO["EPERM"]), (mtype, code, text)
-    finally:
-        for p in (proc, waiter):
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=60)
     no_artifact(d)
 
 
@@ -98,31 +109,12 @@ def test_a_reload_that_swaps_derive_groups_hands_the_build_to_a_new_member(
     keeps until the reload's walk is done: the waiter got EHOSTDOWN "no
     waiting worker may build it (derive_groups)"."""
     d = derived({"derive_groups": str(ALLOWED)})
-    ready(d, "small")
-    proc = builder(d, (64307, 64307, (ALLOWED,)))
-    from wcached import as_user
-    let_in(d)
-    waiter = subprocess.Popen(as_user(64308, 64308, (OTHER,)) +
-                              [sys.executable, "-c", CLIENT, d.socket],
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        waiting(d, 1)
-        d.write_config({"small": (str(tmp_path / "small.safetensors"),
-                                  {"derive": "yes", "derive_groups": str(OTHER)})})
-        r = ctl(d, "reload")
-        assert r.returncode == 0, r
-        out, _ = waiter.communicate(timeout=60)
+    with reload_with_a_waiter(d, tmp_path, ALLOWED, OTHER, str(OTHER)) as (proc, out):
         assert int(out.split(" ", 1)[0]) == BUILD, (out, d.read_log()[-2000:])
         d.wait_for_log(r'derived "f32-v1" .*the builder \(pid \d+ uid 64307\) may no longer '
                        r"build it .*changed derive_groups")
         mtype, code, text = publish(proc)
         assert (mtype, code) == (ERROR, ERRNO["EPERM"]), (mtype, code, text)
-    finally:
-        for p in (proc, waiter):
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=60)
-
 
 # Holds a check of the memfd named "shutout" on the work queue (at its
 # F_GET_SEALS) while the file $WC_GATE exists, saying so with $WC_GATE.held:
