@@ -293,14 +293,20 @@ owners_said(const struct model_source *src, const struct gen_origin *origin, cha
  * owner of the file of the generation it replaces: a model whose file lies
  * directly in a shared directory (1777, or group-writable) has that
  * directory for its tree, whose owner stays the same whoever makes a file
- * at the model's name once its owner's is gone (review rev187 R2b).
+ * at the model's name once its owner's is gone (review rev187 R2b). A file
+ * of the tree's owner with no other name is taken too: only she made it
+ * there (the operator's copy over a download user's file in her own
+ * directory: review rev191 F3); one with other names may be anyone's
+ * link of it where fs.protected_hardlinks=0.
  */
 static int
 same_file_owner(const struct load_request *q)
 {
-	return !q->keep_file_known || q->source.nfiles != 1 ||
-		q->source.format == FORMAT_SHARDED ||
-		q->source.files[0].st.st_uid == q->keep_file_uid;
+	const struct stat *st = q->source.nfiles == 1 ? &q->source.files[0].st : NULL;
+
+	return !q->keep_file_known || st == NULL || q->source.format == FORMAT_SHARDED ||
+		st->st_uid == q->keep_file_uid ||
+		(q->root != NULL && st->st_uid == q->root_uid && st->st_nlink == 1);
 }
 
 /*

@@ -1797,6 +1797,41 @@ test_rev187_one_file_in_shared_dir_new_owner(void **state)
 	free(p);
 }
 
+/*
+ * rev191 F3: a one-file model in root's own directory srv (0755: no one
+ * else may make a file there), its file a download user's (23456). root
+ * copies a new file over it (root's, one name): the watched reload waited
+ * for the operator ("a file made again by another user"); the tree's
+ * owner's own file is taken. A hard link of root's other file there (two
+ * names: anyone's where fs.protected_hardlinks=0) still waits.
+ */
+static void
+test_rev191_tree_owners_file_over_anothers_swaps(void **state)
+{
+	struct du *t = *state;
+	char *a, *b, *p, cmd[8192];
+	struct generation *g1;
+
+	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p srv && chmod 0755 srv", t->dir);
+	assert_int_equal(system(cmd), 0);
+	a = du_model(t, "srv/m.safetensors", 1024);
+	snprintf(cmd, sizeof(cmd), "chown 23456:23456 %s", a);
+	assert_int_equal(system(cmd), 0);
+	p = llama_loaded(t, "srv/m.safetensors", &g1);
+	b = du_model(t, "srv/v2.tmp", 2048);
+	snprintf(cmd, sizeof(cmd), "ln %s %s/srv/other.safetensors && mv %s %s", b, t->dir, b, a);
+	assert_int_equal(system(cmd), 0);
+	alices_kept(t, r180_watched(t, "llama"), g1);
+	assert_non_null(strstr(t->message, "now owned by uid 0 (was uid 23456)"));
+	snprintf(cmd, sizeof(cmd), "rm %s/srv/other.safetensors", t->dir);
+	assert_int_equal(system(cmd), 0);
+	assert_int_equal(r180_watched(t, "llama"), 0);
+	assert_ptr_not_equal(du_current(t, "llama"), g1);
+	free(a);
+	free(b);
+	free(p);
+}
+
 /* rev187 R4: rev185 F5's regression test on a kernel without openat2
  * (tree_force_fallback, as tree.h offers the tests): is_file_at's stat(2)
  * of the place by its path followed alice's link out of her tree to bob's
@@ -2255,6 +2290,8 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_rev191_bobs_link_to_alices_other_file, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(test_rev191_tree_owners_file_over_anothers_swaps,
+			setup, teardown),
 		cmocka_unit_test_setup_teardown(test_rev191_owners_link_at_her_name_swaps, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_rev191_bobs_link_to_alices_other_dir, setup,
