@@ -1797,6 +1797,22 @@ test_rev187_one_file_in_shared_dir_new_owner(void **state)
 	free(p);
 }
 
+/* rev191: llama loaded from srv/m.safetensors (its path, returned; the
+ * file in *a), srv of mode mode, the file owner's; generation 1 in *g1. */
+static char *
+rev191_file_in_srv(struct du *t, const char *mode, unsigned owner, char **a,
+	struct generation **g1)
+{
+	char cmd[8192];
+
+	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p srv && chmod %s srv", t->dir, mode);
+	assert_int_equal(system(cmd), 0);
+	*a = du_model(t, "srv/m.safetensors", 1024);
+	snprintf(cmd, sizeof(cmd), "chown %u:%u %s", owner, owner, *a);
+	assert_int_equal(system(cmd), 0);
+	return llama_loaded(t, "srv/m.safetensors", g1);
+}
+
 /*
  * rev191 F3: a one-file model in root's own directory srv (0755: no one
  * else may make a file there), its file a download user's (23456). root
@@ -1812,12 +1828,7 @@ test_rev191_tree_owners_file_over_anothers_swaps(void **state)
 	char *a, *b, *p, cmd[8192];
 	struct generation *g1;
 
-	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p srv && chmod 0755 srv", t->dir);
-	assert_int_equal(system(cmd), 0);
-	a = du_model(t, "srv/m.safetensors", 1024);
-	snprintf(cmd, sizeof(cmd), "chown 23456:23456 %s", a);
-	assert_int_equal(system(cmd), 0);
-	p = llama_loaded(t, "srv/m.safetensors", &g1);
+	p = rev191_file_in_srv(t, "0755", 23456, &a, &g1);
 	b = du_model(t, "srv/v2.tmp", 2048);
 	snprintf(cmd, sizeof(cmd), "ln %s %s/srv/other.safetensors && mv %s %s", b, t->dir, b, a);
 	assert_int_equal(system(cmd), 0);
@@ -2001,6 +2012,20 @@ test_rev187_owner_of_open_place_is_no_first_comer(void **state)
 		0), 0);
 }
 
+/* rev191: a watched reload of llama (generation g1 serving): its status;
+ * in *size the current generation's file's size, 0 when g1 is still it. */
+static int
+rev191_watched(struct du *t, const struct generation *g1, long long *size)
+{
+	int st = r180_watched(t, "llama");
+	const struct generation *g = du_current(t, "llama");
+
+	*size = g == g1 ? 0 : (long long)g->source.files[0].st.st_size;
+	print_message("rev191: status %d (%s) uid %u size %lld\n", st, t->message,
+		(unsigned)g->source.files[0].st.st_uid, *size);
+	return st;
+}
+
 /* Review rev191: a shared directory srv (root's, 1775: a team's sticky
  * directory, where fs.protected_symlinks does not apply), "llama" loaded
  * from srv/m.safetensors owned by uid owner; the file then gone (a
@@ -2013,23 +2038,13 @@ rev191_link_by(struct du *t, unsigned owner, unsigned maker, const char *target,
 {
 	char *a, *p, cmd[8192];
 	struct generation *g1;
-	const struct generation *g;
 	int st;
 
-	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p srv && chmod 1775 srv", t->dir);
-	assert_int_equal(system(cmd), 0);
-	a = du_model(t, "srv/m.safetensors", 1024);
-	snprintf(cmd, sizeof(cmd), "chown %u:%u %s", owner, owner, a);
-	assert_int_equal(system(cmd), 0);
-	p = llama_loaded(t, "srv/m.safetensors", &g1);
+	p = rev191_file_in_srv(t, "1775", owner, &a, &g1);
 	snprintf(cmd, sizeof(cmd), "cd %s/srv && rm m.safetensors && ln -s %s m.safetensors && "
 		"chown -h %u:%u m.safetensors", t->dir, target, maker, maker);
 	assert_int_equal(system(cmd), 0);
-	st = r180_watched(t, "llama");
-	g = du_current(t, "llama");
-	*size = g == g1 ? 0 : (long long)g->source.files[0].st.st_size; /* 0: kept */
-	print_message("rev191: status %d (%s) uid %u size %lld (g1 %s)\n", st, t->message,
-		(unsigned)g->source.files[0].st.st_uid, *size, g == g1 ? "kept" : "replaced");
+	st = rev191_watched(t, g1, size);
 	free(a);
 	free(p);
 	return st;
@@ -2042,6 +2057,21 @@ rev191_link_at_name(struct du *t, unsigned owner, const char *target, long long 
 	return rev191_link_by(t, owner, 12345, target, size);
 }
 
+/* rev191: runs "cd t's dir && mk", makes the model file rel (floats
+ * floats) and runs "fix FILE" on it: the file's path. */
+static char *
+rev191_made(struct du *t, const char *mk, const char *rel, size_t floats, const char *fix)
+{
+	char cmd[8192], *o;
+
+	snprintf(cmd, sizeof(cmd), "cd %s && %s", t->dir, mk);
+	assert_int_equal(system(cmd), 0);
+	o = du_model(t, rel, floats);
+	snprintf(cmd, sizeof(cmd), "%s %s", fix, o);
+	assert_int_equal(system(cmd), 0);
+	return o;
+}
+
 /* rev191 F1b: bob's link at alice's free name to alice's other file in
  * the shared directory (an older version of hers): same tree, same owner
  * of the file: it was her generation 2. A link of a user who owns neither
@@ -2050,15 +2080,11 @@ static void
 test_rev191_bobs_link_to_alices_other_file(void **state)
 {
 	struct du *t = *state;
-	char *o, cmd[8192];
+	char *o = rev191_made(t, "mkdir -p srv", "srv/m-old.safetensors", 3000,
+		"chown 23456:23456");
 	long long size;
 	int st;
 
-	snprintf(cmd, sizeof(cmd), "mkdir -p %s/srv", t->dir);
-	assert_int_equal(system(cmd), 0);
-	o = du_model(t, "srv/m-old.safetensors", 3000);
-	snprintf(cmd, sizeof(cmd), "chown 23456:23456 %s", o);
-	assert_int_equal(system(cmd), 0);
 	st = rev191_link_at_name(t, 23456, "m-old.safetensors", &size);
 	free(o);
 	assert_int_equal(st, -EXDEV); /* else bob chose which of her files is "llama" */
@@ -2073,14 +2099,10 @@ static void
 test_rev191_owners_link_at_her_name_swaps(void **state)
 {
 	struct du *t = *state;
-	char *o, cmd[8192];
+	char *o = rev191_made(t, "mkdir -p srv", "srv/m-v2.safetensors", 3000,
+		"chown 23456:23456");
 	long long size;
 
-	snprintf(cmd, sizeof(cmd), "mkdir -p %s/srv", t->dir);
-	assert_int_equal(system(cmd), 0);
-	o = du_model(t, "srv/m-v2.safetensors", 3000);
-	snprintf(cmd, sizeof(cmd), "chown 23456:23456 %s", o);
-	assert_int_equal(system(cmd), 0);
 	assert_int_equal(rev191_link_by(t, 23456, 23456, "m-v2.safetensors", &size), 0);
 	assert_true(size > 0);
 	free(o);
@@ -2095,7 +2117,6 @@ rev191_dir_link(struct du *t, unsigned owner, const char *dmode, long long *size
 {
 	char *a, *o, *p, cmd[8192];
 	struct generation *g1;
-	const struct generation *g;
 	int st;
 
 	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p srv/llama srv/other && chmod 1775 srv",
@@ -2110,38 +2131,37 @@ rev191_dir_link(struct du *t, unsigned owner, const char *dmode, long long *size
 	snprintf(cmd, sizeof(cmd), "cd %s/srv && rm -rf llama && ln -s other llama && "
 		"chown -h 12345:12345 llama", t->dir);
 	assert_int_equal(system(cmd), 0);
-	st = r180_watched(t, "llama");
-	g = du_current(t, "llama");
-	*size = g == g1 ? 0 : (long long)g->source.files[0].st.st_size; /* 0: kept */
-	print_message("rev191: status %d (%s) uid %u size %lld (g1 %s)\n", st, t->message,
-		(unsigned)g->source.files[0].st.st_uid, *size, g == g1 ? "kept" : "replaced");
+	st = rev191_watched(t, g1, size);
 	free(a);
 	free(o);
 	free(p);
 	return st;
 }
 
-/* C: alice's llama and her other model srv/other. */
+/* rev191_dir_link waits for the operator, saying whose link it is. */
 static void
-test_rev191_bobs_link_to_alices_other_dir(void **state)
+rev191_dir_link_waits(struct du *t, unsigned owner, const char *dmode)
 {
 	long long size;
 
-	assert_int_equal(rev191_dir_link(*state, 23456, "0755", &size), -EXDEV);
+	assert_int_equal(rev191_dir_link(t, owner, dmode, &size), -EXDEV);
 	assert_int_equal(size, 0);
-	assert_non_null(strstr(((struct du *)*state)->message, "(to other) made by uid 12345"));
+	assert_non_null(strstr(t->message, "(to other) made by uid 12345"));
 }
 
-/* D: the operator's (root's) llama, and root's private model srv/other
+/* Alice's llama and her other model srv/other. */
+static void
+test_rev191_bobs_link_to_alices_other_dir(void **state)
+{
+	rev191_dir_link_waits(*state, 23456, "0755");
+}
+
+/* The operator's (root's) llama, and root's private model srv/other
  * (0700, its file 0600: wcached reads it, bob does not). */
 static void
 test_rev191_bobs_link_to_roots_private_dir(void **state)
 {
-	long long size;
-
-	assert_int_equal(rev191_dir_link(*state, 0, "0700", &size), -EXDEV);
-	assert_int_equal(size, 0);
-	assert_non_null(strstr(((struct du *)*state)->message, "(to other) made by uid 12345"));
+	rev191_dir_link_waits(*state, 0, "0700");
 }
 
 /* rev191 F2 (R2b for a sharded model): alice's index srv/m.safetensors
@@ -2154,7 +2174,7 @@ test_rev191_bobs_index_at_alices_free_name(void **state)
 	struct du *t = *state;
 	char *a, *b, *p, cmd[8192];
 	struct generation *g1;
-	const struct generation *g;
+	long long size;
 	FILE *f;
 	int st;
 
@@ -2176,15 +2196,12 @@ test_rev191_bobs_index_at_alices_free_name(void **state)
 	fputs("{\"weight_map\":{\"w\":\"b-1.safetensors\"}}", f);
 	fclose(f);
 	assert_int_equal(chown(p, 12345, 12345), 0);
-	st = r180_watched(t, "llama");
-	g = du_current(t, "llama");
-	print_message("rev191 E: status %d (%s) shard uid %u size %lld (g1 %s)\n", st, t->message,
-		(unsigned)g->source.files[0].st.st_uid, (long long)g->source.files[0].st.st_size,
-		g == g1 ? "kept" : "replaced");
+	st = rev191_watched(t, g1, &size);
 	free(a);
 	free(b);
 	free(p);
 	assert_int_equal(st, -EXDEV); /* else bob's index and shard are alice's model */
+	assert_int_equal(size, 0);
 	assert_non_null(strstr(t->message, "/srv/b-1.safetensors is owned by uid 12345"));
 }
 
@@ -2197,15 +2214,11 @@ static void
 test_rev191_bobs_link_to_roots_private_sibling_dir(void **state)
 {
 	struct du *t = *state;
-	char *o, cmd[8192];
+	char *o = rev191_made(t, "mkdir -p priv && chmod 0700 priv", "priv/model.safetensors",
+		5000, "chmod 0600");
 	long long size;
 	int st;
 
-	snprintf(cmd, sizeof(cmd), "mkdir -p %s/priv && chmod 0700 %s/priv", t->dir, t->dir);
-	assert_int_equal(system(cmd), 0);
-	o = du_model(t, "priv/model.safetensors", 5000);
-	snprintf(cmd, sizeof(cmd), "chmod 0600 %s", o);
-	assert_int_equal(system(cmd), 0);
 	st = rev191_link_at_name(t, 0, "../priv", &size);
 	free(o);
 	assert_int_equal(st, -EXDEV); /* else root's private model is "llama" */
@@ -2251,7 +2264,7 @@ test_rev191_deployer_links_to_roots_private_sharded_sibling(void **state)
 	struct du *t = *state;
 	char *b, *a, *p, cmd[8192], idx[4200];
 	struct generation *g1;
-	const struct generation *g;
+	long long size;
 	FILE *f;
 	int st;
 
@@ -2265,22 +2278,16 @@ test_rev191_deployer_links_to_roots_private_sharded_sibling(void **state)
 	fclose(f);
 	snprintf(cmd, sizeof(cmd), "chmod 0600 %s %s", b, idx);
 	assert_int_equal(system(cmd), 0);
-	a = du_model(t, "srv/m.safetensors", 1024);
-	snprintf(cmd, sizeof(cmd), "chown 23456:23456 %s", a);
-	assert_int_equal(system(cmd), 0);
-	p = llama_loaded(t, "srv/m.safetensors", &g1);
+	p = rev191_file_in_srv(t, "1775", 23456, &a, &g1);
 	snprintf(cmd, sizeof(cmd), "cd %s/srv && ln -s ../priv .n && chown -h 23456:23456 .n && "
 		"mv -T .n m.safetensors", t->dir);
 	assert_int_equal(system(cmd), 0);
-	st = r180_watched(t, "llama");
-	g = du_current(t, "llama");
-	print_message("rev191 B4: status %d (%s) uid %u size %lld (g1 %s)\n", st, t->message,
-		(unsigned)g->source.files[0].st.st_uid, (long long)g->source.files[0].st.st_size,
-		g == g1 ? "kept" : "replaced");
+	st = rev191_watched(t, g1, &size);
 	free(a);
 	free(b);
 	free(p);
 	assert_int_equal(st, -EXDEV); /* else root's private model is alice's "llama" */
+	assert_int_equal(size, 0);
 	assert_non_null(strstr(t->message, "/priv (was "));
 }
 
