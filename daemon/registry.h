@@ -99,6 +99,10 @@ struct model_entry {
 	 * closes, its descriptors closed and its files unmapped in the
 	 * closer's lanes (registry_reload_held's RELOAD_CLOSED). */
 	int room_wait;
+	/* The errno for which a watched reload could not tell whether its
+	 * files were being written (registry_load.c's find_writer), said
+	 * once, or 0. */
+	int writer_unknown;
 	char *error;                /* last load error, NULL if none */
 	uint64_t attach_count;      /* successful attaches */
 	uint64_t error_count;       /* refused attaches */

@@ -21,6 +21,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,6 +142,11 @@ struct load_request {
 	 * first when the files are the ones serving, and refuses the rest
 	 * (review rev180 F7). */
 	int tree_status;
+	/* A watched reload (find_writer): 1 + the index of a file it opened
+	 * that is open for writing, or 0; and the errno for which that could
+	 * not be told of a file, or 0. */
+	size_t writing;
+	int writing_err;
 	struct stage_request stage;
 	char *stage_dir;      /* stage.stage_dir, owned */
 	uint64_t stage_queued_ms; /* registry_now_ms() when the copy was queued */
@@ -909,6 +915,52 @@ fd_room(struct load_request *q)
  * files are counted here, off the loop, but refused, as its descriptors
  * are, only where the load keeps them (keeps_room).
  */
+/*
+ * Work queue thread, for a watched reload: has anyone a file q opened open
+ * for writing now (q->writing)? Asked on the load's own descriptors, as
+ * they are to serve, whatever event led here (a name's, a close's, lost
+ * events, a poll): a generation made of a file still being written would
+ * be modified in place by its next write, and serve nothing (review rev190
+ * W1, rev192 W1'). A read lease (fcntl(2) F_SETLEASE, F_RDLCK) is refused
+ * with EAGAIN while any descriptor has the file open for writing; it needs
+ * the file's owner or CAP_LEASE (EACCES otherwise; EINVAL where the
+ * filesystem has none), q->writing_err then: the file is loaded as if
+ * nobody wrote it. Not asked on a remote filesystem (q->fs): NFSv4 and SMB
+ * refuse a lease with EAGAIN whenever the client holds no delegation or
+ * oplock, writer or not. A lease taken is given back at once (a writer's
+ * open meanwhile waits that long); it is asked for without waiting, so
+ * the loop may ask too (written_now). The break's signal is SIGURG, which
+ * watch_start ignores, not SIGIO, which would end the daemon. These
+ * descriptors are the load's own, never a worker's nor a child's: a lease
+ * on a shared one would hold its writers up to lease-break-time. Where the
+ * lease cannot be given back, the load fails, and its descriptors, the
+ * lease's, are closed.
+ */
+static void
+find_writer(struct load_request *q)
+{
+	if (q->fs.remote)
+		return;
+	for (size_t i = 0; i < q->source.nfiles && q->writing == 0; i++) {
+		int fd = q->source.files[i].fd;
+
+		if (fcntl(fd, F_SETSIG, SIGURG) == -1 || fcntl(fd, F_SETLEASE, F_RDLCK) == -1) {
+			if (errno == EAGAIN)
+				q->writing = i + 1;
+			else if (q->writing_err == 0)
+				q->writing_err = errno;
+			continue;
+		}
+		if (fcntl(fd, F_SETLEASE, F_UNLCK) == -1) {
+			q->status = -errno;
+			snprintf(q->message, sizeof(q->message), "%s: cannot give back the read "
+				"lease that asked for its writers (fcntl F_SETLEASE F_UNLCK: %s): "
+				"not loaded", q->source.files[i].path, strerror(errno));
+			return;
+		}
+	}
+}
+
 static void
 load_work(struct workq_job *w)
 {
@@ -942,6 +994,12 @@ load_work(struct workq_job *w)
 	if (q->tree_status < 0) {
 		note_failed_path(q);
 		return; /* load_after: "unchanged", or refused */
+	}
+	if (q->reload == RELOAD_WATCHED)
+		find_writer(q);
+	if (q->status < 0) {
+		note_failed_path(q);
+		return;
 	}
 	if ((q->holes = gen_check_holes(&q->source)) < 0) {
 		snprintf(q->message, sizeof(q->message), "%s", error_get());
@@ -1559,6 +1617,63 @@ log_unwanted_staging(const struct load_request *q, const char *why)
 			q->path, secs, q->message, why);
 }
 
+/*
+ * Loop thread, just before q, a watched reload, makes its generation: is
+ * one of its files open for writing (find_writer, asked again: a writer may
+ * have opened one since the load's job asked, while its holes were counted
+ * or the loop was busy)? Also 1 when a lease could not be given back
+ * (q->status). A lease is never waited for, nor asked for on a remote
+ * filesystem: nothing here blocks the loop.
+ */
+static int
+written_now(struct load_request *q)
+{
+	if (q->reload == RELOAD_WATCHED && q->writing == 0)
+		find_writer(q);
+	return q->writing > 0 || q->status < 0;
+}
+
+/*
+ * q, m's watched reload, found one of its files open for writing
+ * (find_writer): no generation is made of it while it is. The close of a
+ * descriptor open for writing on it (inotify's IN_CLOSE_WRITE) reloads m
+ * again, refused as long as another is left. One line each.
+ */
+static void
+wait_for_writer(struct model_entry *m, struct load_request *q)
+{
+	char served[160];
+
+	snprintf(q->message, sizeof(q->message), "%s is open for writing: not loaded while "
+		"it is, but again once a descriptor open for writing on it is closed and none "
+		"is left", q->source.files[q->writing - 1].path);
+	log_info("model \"%s\": %s; %s", m->name, q->message,
+		still_served(m, served, sizeof(served)));
+	if (q->done != NULL)
+		q->done(-ETXTBSY, q->message, 0, q->arg);
+}
+
+/*
+ * q, m's watched reload, is made though whether its files are open for
+ * writing could not be told (find_writer: wcached neither owns a file nor
+ * has CAP_LEASE, or its filesystem has no leases): as it was before the
+ * question was asked, a file still being written may be loaded, and its
+ * next write marks that generation modified. Said once per model and
+ * reason.
+ */
+static void
+say_writer_unknown(struct model_entry *m, const struct load_request *q)
+{
+	if (q->reload != RELOAD_WATCHED || q->writing_err == m->writer_unknown)
+		return;
+	m->writer_unknown = q->writing_err;
+	if (q->writing_err == 0)
+		return;
+	log_info("model \"%s\": cannot tell whether its files are still being written (fcntl "
+		 "F_SETLEASE: %s: it needs wcached to own them or CAP_LEASE): a watched reload "
+		 "loads them whether they are or not", m->name, strerror(q->writing_err));
+}
+
 static void
 load_after(struct workq_job *w, int status)
 {
@@ -1618,13 +1733,20 @@ load_after(struct workq_job *w, int status)
 	} else if (q->tree_status < 0) {
 		q->status = q->tree_status;
 		load_failed(r, m, q);
+	} else if (written_now(q)) {
+		if (q->status < 0)
+			load_failed(r, m, q);
+		else
+			wait_for_writer(m, q);
 	} else if (wants_stage(m, q)) {
+		say_writer_unknown(m, q);
 		/* The model's stage key is known now (it is set after
 		 * registry_load returns): copy, then install the copy. */
 		if (keeps_room(q) == 0 && queue_stage(r, m, q) == 0)
 			return;
 		load_failed(r, m, q);
 	} else {
+		say_writer_unknown(m, q);
 		/* Past the "unchanged" answer for this reason only: logged
 		 * once, as the new generation is made. */
 		if (reloads_modified(m, q))

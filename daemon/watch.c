@@ -8,7 +8,6 @@
  * when it was opened; the events only say when to look.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -21,7 +20,6 @@
 #include "base/file.h"
 #include "base/path.h"
 
-#include "closer.h"
 #include "generation.h"
 #include "log.h"
 #include "watch_internal.h"
@@ -298,27 +296,6 @@ dropped(const struct model_entry *m, const struct generation *g)
 	return g->state == GEN_MODIFIED && m->pending != g;
 }
 
-/*
- * Has anyone the file behind fd (opened read-only) open for writing now?
- * 1 yes, 0 no, -errno when it cannot be told. A read lease (fcntl(2)
- * F_SETLEASE, F_RDLCK) is refused with EAGAIN while any descriptor has the
- * file open for writing, and needs the file's owner or CAP_LEASE (EACCES
- * otherwise; EINVAL where leases are off or the filesystem has none). It
- * is given back at once: a writer's open in between waits no longer, and
- * the lease break's signal is SIGURG, ignored, not SIGIO, which would end
- * the daemon.
- */
-static int
-open_for_writing(int fd)
-{
-	if (fcntl(fd, F_SETSIG, SIGURG) == -1)
-		return -errno;
-	if (fcntl(fd, F_SETLEASE, F_RDLCK) == -1)
-		return errno == EAGAIN ? 1 : -errno;
-	(void)fcntl(fd, F_SETLEASE, F_UNLCK);
-	return 0;
-}
-
 /* The paced entry of the model called name (struct paced_model), or NULL. */
 static struct paced_model *
 find_paced(struct watch *w, const char *name)
@@ -330,8 +307,7 @@ find_paced(struct watch *w, const char *name)
 }
 
 /* find_paced, else a new entry for m as of now; NULL without memory (m is
- * then reloaded as if it had none: no backoff, no second look for a
- * writer). */
+ * then reloaded as if it had none: no backoff). */
 static struct paced_model *
 paced_for(struct watch *w, const struct model_entry *m)
 {
@@ -351,23 +327,10 @@ paced_for(struct watch *w, const struct model_entry *m)
 	return p;
 }
 
-/* Lets p's descriptors go, through the closer: the last close of a large
- * file renamed over frees its pages, which is not for the loop (closer.h). */
-static void
-forget_writers(struct watch *w, struct paced_model *p)
-{
-	for (size_t i = 0; i < p->nfds; i++)
-		closer_unmap_close(w->reg->closer, CLOSER_LOCAL, NULL, 0, p->fds[i]);
-	free(p->fds);
-	p->fds = NULL;
-	p->nfds = 0;
-}
-
 /* Removes w->paced[i]; the last entry takes its place. */
 static void
 forget_paced(struct watch *w, size_t i)
 {
-	forget_writers(w, &w->paced[i]);
 	free(w->paced[i].name);
 	w->paced[i] = w->paced[--w->npaced];
 }
@@ -381,7 +344,7 @@ paced_quiet(const struct paced_model *p, uint64_t now)
 }
 
 /* Forgets the entries of models gone (or removed and added again), and of
- * models quiet for WATCH_QUIET_MS with no descriptors kept. */
+ * models quiet for WATCH_QUIET_MS. */
 static void
 prune_paced(struct watch *w)
 {
@@ -391,8 +354,7 @@ prune_paced(struct watch *w)
 		const struct paced_model *p = &w->paced[i];
 		const struct model_entry *m = registry_find(w->reg, p->name);
 
-		if (m == NULL || m->entry_id != p->entry_id ||
-			(p->nfds == 0 && paced_quiet(p, now)))
+		if (m == NULL || m->entry_id != p->entry_id || paced_quiet(p, now))
 			forget_paced(w, i);
 		else
 			i++;
@@ -400,90 +362,20 @@ prune_paced(struct watch *w)
 }
 
 /*
- * Keeps a descriptor of each of g's files (g dropped, not served: its own
- * go with it at registry_collect) in p, in place of any kept before, so
- * that the model's reload can ask again whether one is open for writing
- * when its time comes (writer_came). Without memory or descriptors it
- * keeps none: the reload then comes without that second look. One
- * generation's files per model at most, until that reload, a rename among
- * the model's names, or the model's removal.
- */
-static void
-keep_writers(struct watch *w, struct paced_model *p, const struct generation *g)
-{
-	size_t n = g->source.nfiles;
-
-	forget_writers(w, p);
-	if (n == 0 || (p->fds = calloc(n, sizeof(*p->fds))) == NULL)
-		return;
-	p->dropped = g->number;
-	for (; p->nfds < n; p->nfds++)
-		if ((p->fds[p->nfds] = fcntl(g->source.files[p->nfds].fd, F_DUPFD_CLOEXEC, 0)) ==
-			-1) {
-			forget_writers(w, p);
-			return;
-		}
-}
-
-/*
  * g, m's pending generation (not served yet), was just dropped as modified
  * in place (touched, chmod'ed, chown'ed, truncated or written): m is
- * reloaded, so that the newest file on disk serves, validated anew, unless
- * one of g's files is open for writing now, file by file (a write may go
- * on: its writer's close, IN_CLOSE_WRITE, reloads m, handle_event), or
- * that cannot be told (the next close after a write, or a rename, does).
- * Whatever the events were: an attribute change may come before a write,
+ * reloaded after the settle time (its backoff's, while its files keep
+ * changing), so that the newest file on disk serves, validated anew,
+ * whatever the events were: an attribute change may come before a write,
  * and a change of times or a truncate(2) by path is an IN_MODIFY with no
- * writer and no close. Either way g's files are kept (keep_writers), and
- * asked again when the reload is due: a writer may open them meanwhile.
+ * writer and no close. A file still open for writing then is not loaded:
+ * the reload's own job asks (registry_load.c's find_writer), and the
+ * writer's close reloads it again (handle_event).
  */
 static void
-reload_dropped(struct watch *w, struct model_entry *m, const struct generation *g)
+reload_dropped(struct watch *w, struct model_entry *m)
 {
-	struct paced_model *p = paced_for(w, m);
-	int busy = 0;
-
-	for (size_t i = 0; i < g->source.nfiles && busy == 0; i++) {
-		const struct wc_file *f = &g->source.files[i];
-
-		busy = f->fd >= 0 ? open_for_writing(f->fd) : -EBADF;
-		if (busy < 0) {
-			log_info("model \"%s\": %s: cannot tell whether it is still being "
-				 "written (fcntl F_SETLEASE: %s): it is loaded again at the next "
-				 "close(2) after a write, or rename", m->name, f->path,
-				strerror(-busy));
-			if (p != NULL)
-				forget_writers(w, p);
-			return;
-		}
-	}
-	if (p != NULL)
-		keep_writers(w, p, g);
-	if (busy == 0)
-		watch_mark_dirty(w, m->name);
-}
-
-/*
- * The reload of p's model is due: is one of the files kept of its dropped
- * generation (keep_writers) open for writing now? The look at the drop
- * was a settle time or more ago, and a writer that opened the file since
- * would have it loaded while it writes. Then the reload is not made: the
- * writer's close (IN_CLOSE_WRITE) marks the model again, and this is asked
- * again then. Else the descriptors go and the reload is made; so it is
- * where this cannot be told now (it could at the drop), as before.
- */
-static bool
-writer_came(struct watch *w, struct paced_model *p)
-{
-	for (size_t i = 0; i < p->nfds; i++)
-		if (open_for_writing(p->fds[i]) == 1) {
-			log_debug("model \"%s\": a file of generation %" PRIu64 " is open for "
-				  "writing again: it is loaded at its writer's close", p->name,
-				p->dropped);
-			return true;
-		}
-	forget_writers(w, p);
-	return false;
+	watch_mark_dirty(w, m->name);
 }
 
 /* Loop thread: what a sync job found. */
@@ -549,7 +441,7 @@ sync_after(struct workq_job *job, int status)
 			 * for the events of the same change (check_model). */
 			check_generation(w->reg, g);
 			if (pending && dropped(m, g))
-				reload_dropped(w, m, g);
+				reload_dropped(w, m);
 		}
 		registry_collect(w->reg);
 	}
@@ -822,12 +714,14 @@ on_settle(uv_timer_t *t)
 			continue;
 		}
 		/* Reloading early is safe: a reload serves new inodes only
-		 * (files renamed over, not written in place) and validates
-		 * them, so a file still being written fails it, the generation
-		 * serving stays, and the file's next event asks again. */
+		 * (files renamed over, not written in place), validates them,
+		 * and makes nothing of a file anyone still has open for
+		 * writing (registry_load.c's find_writer): the generation
+		 * serving stays, and the file's next event (its writer's
+		 * close) asks again. */
 		m = registry_find(w->reg, d.name);
 		p = find_paced(w, d.name);
-		if (m != NULL && (p == NULL || p->nfds == 0 || !writer_came(w, p))) {
+		if (m != NULL) {
 			/* After lost events most models did not change: a
 			 * reload that finds the same files is quiet. */
 			if (d.lost)
@@ -940,8 +834,8 @@ struct touched {
 
 /*
  * Checks m's generations for in-place changes. A pending generation (not
- * served yet) dropped for one is reloaded when none of its files is open
- * for writing (reload_dropped), else at its writer's close. A current
+ * served yet) dropped for one is reloaded (reload_dropped), or, while one
+ * of its files is open for writing, at its writer's close. A current
  * generation changed in place is not reloaded: its files' inodes are
  * served still (registry_load.c's same_files).
  */
@@ -953,7 +847,7 @@ check_model(struct watch *w, struct model_entry *m)
 	check_generation(w->reg, m->current);
 	check_generation(w->reg, m->pending);
 	if (pending != NULL && dropped(m, pending))
-		reload_dropped(w, m, pending);
+		reload_dropped(w, m);
 }
 
 /* Adds m to t; where no memory is to be had, checks it now instead. */
@@ -993,7 +887,6 @@ static void
 handle_event(struct watch *w, const struct inotify_event *ev, struct touched *t)
 {
 	const char *dir = NULL;
-	struct paced_model *p;
 
 	if (ev->mask & IN_Q_OVERFLOW) {
 		log_overflow(w);
@@ -1009,12 +902,9 @@ handle_event(struct watch *w, const struct inotify_event *ev, struct touched *t)
 		if (!model_uses_dir(m, dir) || !names_model_file(m, dir, ev->name))
 			continue;
 		touch(w, t, m);
-		/* A name of the model given another file: what reloads is
-		 * no longer the dropped generation's, whose writers the
-		 * reload must not wait for (an old inode may stay open). */
-		if ((ev->mask & NAME_EVENTS & ~IN_CLOSE_WRITE) &&
-			(p = find_paced(w, m->name)) != NULL)
-			forget_writers(w, p);
+		/* A close after a write (of any file of a directory model)
+		 * reloads too: a reload that found a file open for writing
+		 * waits for it (registry_load.c's find_writer). */
 		if (ev->mask & NAME_EVENTS)
 			mark_dirty(w, m->name, false, (ev->mask & IN_CLOSE_WRITE) != 0);
 	}
@@ -1088,6 +978,14 @@ watch_start(uv_loop_t *loop, struct registry *r, struct watch **out)
 	if (w == NULL)
 		return error_set(-ENOMEM, "watch: out of memory");
 	w->reg = r;
+	/* The signal of a read lease's break (registry_load.c's find_writer
+	 * takes one on a watched reload's files): ignored, whatever wcached
+	 * inherited, not left to SIGURG's default. */
+	if (sigaction(SIGURG, &(struct sigaction){ .sa_handler = SIG_IGN }, NULL) == -1) {
+		err = -errno;
+		free(w);
+		return error_set(err, "sigaction SIGURG: %s", strerror(-err));
+	}
 	if ((w->fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC)) == -1) {
 		err = -errno;
 		free(w);
@@ -1121,13 +1019,8 @@ watch_free_if_idle(struct watch *w)
 	for (size_t i = 0; i < w->ndirty; i++)
 		free(w->dirty[i].name);
 	free(w->dirty);
-	/* No closer at the end (it may be stopped): the last of wcached. */
-	for (size_t i = 0; i < w->npaced; i++) {
-		for (size_t k = 0; k < w->paced[i].nfds; k++)
-			close(w->paced[i].fds[k]);
-		free(w->paced[i].fds);
+	for (size_t i = 0; i < w->npaced; i++)
 		free(w->paced[i].name);
-	}
 	free(w->paced);
 	for (size_t i = 0; i < w->nsynced; i++) {
 		free(w->synced[i].name);

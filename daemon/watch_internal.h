@@ -55,10 +55,8 @@ struct dirty_model {
 /*
  * What watch.c remembers of a model's watched reloads between them (struct
  * watch's paced list): how many came of late, for the backoff watch.h
- * describes, and the files of its pending generation dropped as modified in
- * place, whose writers the reload that follows waits for. Kept while either
- * matters: dropped once the model's files are quiet for WATCH_QUIET_MS with
- * no such files, or the model is gone.
+ * describes. Dropped once the model's files are quiet for WATCH_QUIET_MS,
+ * or the model is gone.
  */
 struct paced_model {
 	char *name;
@@ -69,9 +67,6 @@ struct paced_model {
 	uint64_t event_ms;    /* loop time of its last event */
 	uint64_t delay_ms;    /* 0, or the least time from one reload to the next */
 	struct lograte lines; /* its "reloading" lines while delay_ms is not 0 */
-	uint64_t dropped;     /* the dropped generation's number, for its lines */
-	int *fds;             /* a descriptor (our own dup) of each of its files, */
-	size_t nfds;          /* or none */
 };
 
 struct watch {

@@ -28,6 +28,7 @@ UNIT = "wcached.service"
 WORKER = "worker"          # in group wcache: may use the client socket
 OUTSIDER = "outsider"      # not in group wcache
 SECURITY_MAX = 1.5         # systemd-analyze security exposure, as tests/integration
+CAP_LEASE = 1 << 28        # linux/capability.h: the unit's one capability
 KILLED = re.compile(r"code=(killed|dumped)|status=31/SYS")
 KILL_9 = "code=killed, status=9/KILL"  # what systemd logs for a kill -9 of MainPID
 LOAD_WORKERS = 8           # per mode of restart_under_load
@@ -403,13 +404,15 @@ class Checks:
                f"a user outside group wcache attached: exit {r.returncode} {r.stderr.strip()}")
 
     def sandbox(self):
-        """The daemon runs as wcache, without capabilities, filtered."""
+        """The daemon runs as wcache, with CAP_LEASE alone (its writer check
+        of a new model file), filtered."""
         status = self.sh("cat", f"/proc/{self.main_pid}/status").stdout
         fields = dict(l.split(":", 1) for l in status.splitlines() if ":" in l)
         uid = self.sh("id", "-u", "wcache").stdout.strip()
         expect(fields["Uid"].split() == [uid] * 4, f"Uid: {fields['Uid'].strip()}")
-        expect(int(fields["CapEff"], 16) == 0 and int(fields["CapBnd"], 16) == 0,
-               f"CapEff {fields['CapEff'].strip()} CapBnd {fields['CapBnd'].strip()}")
+        expect(all(int(fields[k], 16) == CAP_LEASE for k in ("CapEff", "CapBnd", "CapAmb")),
+               f"CapEff {fields['CapEff'].strip()} CapBnd {fields['CapBnd'].strip()} CapAmb "
+               f"{fields['CapAmb'].strip()}, not CAP_LEASE ({CAP_LEASE:x}) alone")
         expect(fields["NoNewPrivs"].strip() == "1", "NoNewPrivs is not set")
         expect(fields["Seccomp"].strip() == "2", "no seccomp filter")
         p = self.show("SystemCallErrorNumber")
