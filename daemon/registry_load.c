@@ -359,12 +359,16 @@ same_owners(const struct load_request *q, const char **name, const struct stat *
 
 /*
  * Any load: 0, or -EPERM with q->message when a file of the model (its
- * shard index too) has other names besides (st_nlink > 1) and is not owned
+ * shard index too) has other names besides (st_nlink > 1), is not owned
  * by the owner of its tree (not even by root: a model installed as root,
- * readable by wcached's group only, is what another user would link). Where
- * fs.protected_hardlinks is 0 anyone may hard-link into her own model's
- * directory any file she can reach, readable or not, and wcached lent her
- * its read rights to it (review rev187 R3). The tree is the one the files
+ * readable by wcached's group only, is what another user would link), and
+ * is not readable by others (no S_IROTH). Where fs.protected_hardlinks is 0
+ * anyone may hard-link into her own model's directory any file she can
+ * reach, readable or not, and wcached lent her its read rights to it
+ * (review rev187 R3); a file anyone may read lends her nothing she could
+ * not copy (and a tree of the operator's whose files are hard links of one
+ * another, two names of one model, or a backup made with cp -l or rsync
+ * --link-dest, loads as before). The tree is the one the files
  * were found beneath (q->root), or the one the operator's load found
  * before opening them; where neither is known, no hard link of any user's
  * is taken.
@@ -377,14 +381,16 @@ linked_in(struct load_request *q)
 	const struct stat *st;
 
 	for (size_t i = 0; file_of(q, i, &st, &name); i++)
-		if (st->st_nlink > 1 && (tree == NULL || st->st_uid != owner)) {
+		if (st->st_nlink > 1 && !(st->st_mode & S_IROTH) &&
+			(tree == NULL || st->st_uid != owner)) {
 			char of[64] = "whose owner could not be told";
 
 			if (tree != NULL)
 				snprintf(of, sizeof(of), "owned by uid %u", (unsigned)owner);
 			snprintf(q->message, sizeof(q->message), "%s is a hard link (%ju names) "
 				"of a file owned by uid %u, in the model's tree %s %s: another "
-				"user's file linked into a model's tree is not served (where "
+				"user's file that others may not read, linked into a model's "
+				"tree, is not served (where "
 				"fs.protected_hardlinks=0 anyone may link a file she cannot read); "
 				"copy it there instead, or give it to the tree's owner", name,
 				(uintmax_t)st->st_nlink, (unsigned)st->st_uid,

@@ -1939,6 +1939,12 @@ test_rev187_others_hard_link_refused(void **state)
 	free(p);
 	assert_true(asprintf(&p, "%s/srv/v3", t->dir) > 0);
 	assert_int_equal(du_load(t, "mine", p, PIN_NONE, 0), 0);
+	free(p);
+	/* A file anyone may read lends her nothing: its hard link loads. */
+	snprintf(cmd, sizeof(cmd), "chmod 0644 %s", b);
+	assert_int_equal(system(cmd), 0);
+	assert_true(asprintf(&p, "%s/srv/v2", t->dir) > 0);
+	assert_int_equal(du_load(t, "readable", p, PIN_NONE, 0), 0);
 	free(b);
 	free(p);
 }
