@@ -315,6 +315,17 @@ same_file_owner(const struct load_request *q)
 		(q->root != NULL && st->st_uid == q->root_uid && st->st_nlink == 1);
 }
 
+/* Whether uid owns a file of the generation a watched reload replaces
+ * (q->keep_owners). */
+static int
+kept_owner(const struct load_request *q, uid_t uid)
+{
+	for (size_t k = 0; k < q->nkeep_owners; k++)
+		if (q->keep_owners[k] == uid)
+			return 1;
+	return 0;
+}
+
 /*
  * A file of q's model, the i-th (i == nfiles: its shard index, the file
  * its path named, when sharded; NULL past it): its fstat as opened in *st
@@ -346,14 +357,9 @@ file_of(const struct load_request *q, size_t i, const struct stat **st, const ch
 static int
 same_owners(const struct load_request *q, const char **name, const struct stat **st)
 {
-	for (size_t i = 0; q->nkeep_owners > 0 && file_of(q, i, st, name); i++) {
-		size_t k = 0;
-
-		while (k < q->nkeep_owners && q->keep_owners[k] != (*st)->st_uid)
-			k++;
-		if ((*st)->st_uid != q->root_uid && k == q->nkeep_owners)
+	for (size_t i = 0; q->nkeep_owners > 0 && file_of(q, i, st, name); i++)
+		if ((*st)->st_uid != q->root_uid && !kept_owner(q, (*st)->st_uid))
 			return 0;
-	}
 	return 1;
 }
 
@@ -406,11 +412,7 @@ linked_in(struct load_request *q)
 static int
 link_maker_ok(const struct load_request *q, uid_t uid, uid_t dir_uid)
 {
-	size_t k = 0;
-
-	while (k < q->nkeep_owners && q->keep_owners[k] != uid)
-		k++;
-	return uid == q->keep_uid || uid == dir_uid || k < q->nkeep_owners ||
+	return uid == q->keep_uid || uid == dir_uid || kept_owner(q, uid) ||
 		(q->keep_file_known && uid == q->keep_file_uid);
 }
 
