@@ -21,14 +21,14 @@ reload it lets through, with certainty."""
 import json
 import os
 import re
-import shutil
 import subprocess
 import time
 
 import pytest
 
 from conftest import mkmodel, wait_until
-from test_watch_pending import BIG, GATE_SHIM, Models, entry, ready, start, wait_dropped
+from test_watch_pending import (BIG, GATE_SHIM, Models, build_shim, entry, ready, start,
+                                wait_dropped)
 
 __all__ = ["start"]  # the fixture, used by name
 
@@ -75,16 +75,7 @@ MAX_CHANGES = 60
 
 @pytest.fixture(scope="module")
 def shim(tmp_path_factory):
-    cc = shutil.which("cc")
-    if cc is None:
-        pytest.skip("no C compiler for the gate shim")
-    d = tmp_path_factory.mktemp("shim")
-    (d / "gate.c").write_text(LEASE_SHIM)
-    out = str(d / "gate.so")
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", out, str(d / "gate.c"), "-ldl"],
-                   check=True)
-    os.chmod(str(d), 0o755)
-    return out
+    return build_shim(tmp_path_factory, LEASE_SHIM)
 
 
 def reloads(d):

@@ -154,18 +154,24 @@ pread64(int fd, void *buf, size_t n, off64_t off)
 """
 
 
-@pytest.fixture(scope="module")
-def shim(tmp_path_factory):
+def build_shim(tmp_path_factory, source):
+    """source compiled as an LD_PRELOAD library in a directory any uid may
+    read (the daemon may run as another user); skips without a compiler."""
     cc = shutil.which("cc")
     if cc is None:
         pytest.skip("no C compiler for the gate shim")
     d = tmp_path_factory.mktemp("shim")
-    (d / "gate.c").write_text(GATE_SHIM)
+    (d / "gate.c").write_text(source)
     out = str(d / "gate.so")
     subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", out, str(d / "gate.c"), "-ldl"],
                    check=True)
     os.chmod(str(d), 0o755)
     return out
+
+
+@pytest.fixture(scope="module")
+def shim(tmp_path_factory):
+    return build_shim(tmp_path_factory, GATE_SHIM)
 
 
 class GatedDaemon(Daemon):
