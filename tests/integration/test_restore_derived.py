@@ -262,9 +262,11 @@ def test_a_builder_is_judged_by_the_groups_stored_with_its_artifact(tmp_path):
         # Root published it (root may always build): recorded as its
         # connection had it.
         mine = (os.geteuid(), os.getegid(), sorted(os.getgroups()))
-        mgr.wait_for(lambda m: stored_builders(m).get(KEY, (0, 0, []))[:2] == mine[:2] and
-                     sorted(stored_builders(m)[KEY][2]) == mine[2],
-                     what="the publisher's uid, gid and groups stored")
+        # (Asked once per look: the store may be between descriptions.)
+        def stored_mine(m):
+            b = stored_builders(m).get(KEY)
+            return b is not None and b[:2] == mine[:2] and sorted(b[2] or []) == mine[2]
+        mgr.wait_for(stored_mine, what="the publisher's uid, gid and groups stored")
         assert d.stop() == 0, d.read_log()
         # As a pod of an unknown uid whose gid and groups are allowed had.
         restart(d, mgr, forge=lambda names, fds: patched_description(
