@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/deadline.h"
 #include "closer.h"
 #include "log.h"
 
@@ -161,14 +162,8 @@ static int
 more_within_idle(struct lane *l)
 {
 	struct closer *cl = l->cl;
-	struct timespec until;
+	struct timespec until = deadline_in_ms(CLOCK_MONOTONIC, LANE_IDLE_MS);
 
-	clock_gettime(CLOCK_MONOTONIC, &until);
-	until.tv_nsec += LANE_IDLE_MS * 1000000L;
-	if (until.tv_nsec >= 1000000000L) {
-		until.tv_sec++;
-		until.tv_nsec -= 1000000000L;
-	}
 	l->idle = 1;
 	while (l->head == l->count && !cl->stopping &&
 		pthread_cond_timedwait(&l->more, &cl->lock, &until) != ETIMEDOUT)
@@ -431,13 +426,7 @@ closer_stop(struct closer *cl, unsigned wait_ms)
 
 	if (cl == NULL)
 		return;
-	clock_gettime(CLOCK_REALTIME, &deadline);
-	deadline.tv_sec += wait_ms / 1000;
-	deadline.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
-	if (deadline.tv_nsec >= 1000000000L) {
-		deadline.tv_sec++;
-		deadline.tv_nsec -= 1000000000L;
-	}
+	deadline = deadline_in_ms(CLOCK_REALTIME, wait_ms);
 	pthread_mutex_lock(&cl->lock);
 	cl->stopping = 1;
 	for (struct lane *l = cl->lanes; l != NULL; l = l->next)

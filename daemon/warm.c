@@ -43,6 +43,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/deadline.h"
 #include "base/error.h"
 
 #define WARM_DEFAULT_METHOD WARM_SENDFILE
@@ -750,14 +751,7 @@ warm_pool_close(struct warm_pool *pool)
 int
 warm_pool_close_within(struct warm_pool *pool, unsigned ms)
 {
-	struct timespec deadline;
+	struct timespec deadline = deadline_in_ms(CLOCK_MONOTONIC, ms);
 
-	clock_gettime(CLOCK_MONOTONIC, &deadline);
-	deadline.tv_sec += (time_t)(ms / 1000u);
-	deadline.tv_nsec += (long)(ms % 1000u) * 1000000L;
-	if (deadline.tv_nsec >= 1000000000L) {
-		deadline.tv_sec++;
-		deadline.tv_nsec -= 1000000000L;
-	}
 	return close_pool(pool, &deadline);
 }

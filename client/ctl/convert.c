@@ -44,6 +44,7 @@
 
 #include "ctl/ctl.h"
 #include "ctl/internal.h"
+#include "base/deadline.h"
 #include "base/decimal.h"
 #include "base/error.h"
 #include "base/escape.h"
@@ -297,7 +298,7 @@ convert_catch_signals(void)
 /* ---- progress -------------------------------------------------------------- */
 
 #define PROGRESS_AFTER 1.0     /* seconds before the first progress line */
-#define PROGRESS_INTERVAL_NS 250000000L
+#define PROGRESS_INTERVAL_MS 250      /* milliseconds between progress lines */
 
 /* The progress thread's state; the mutex guards done. */
 struct progress {
@@ -393,7 +394,7 @@ progress_line(struct progress *p)
 	p->shown = true;
 }
 
-/* The progress thread: a line every PROGRESS_INTERVAL_NS until done, then
+/* The progress thread: a line every PROGRESS_INTERVAL_MS until done, then
  * the line cleared. */
 static void *
 progress_main(void *arg)
@@ -403,12 +404,7 @@ progress_main(void *arg)
 
 	pthread_mutex_lock(&p->lock);
 	while (!p->done) {
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += PROGRESS_INTERVAL_NS;
-		if (ts.tv_nsec >= 1000000000L) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000L;
-		}
+		ts = deadline_in_ms(CLOCK_REALTIME, PROGRESS_INTERVAL_MS);
 		if (pthread_cond_timedwait(&p->cond, &p->lock, &ts) != 0 && !p->done)
 			progress_line(p);
 	}

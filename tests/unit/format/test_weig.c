@@ -24,6 +24,7 @@
 #include <cmocka.h>
 
 #include "format/dtype.h"
+#include "base/deadline.h"
 #include "base/error.h"
 #include "format/index.h"
 #include "format/source.h"
@@ -1005,12 +1006,7 @@ test_magic_opens_no_fifo(void **state)
 	}
 	assert_int_equal(source_magic(path), 0);
 	/* Still blocked: source_magic did not open the FIFO for reading. */
-	clock_gettime(CLOCK_REALTIME, &ts);
-	ts.tv_nsec += 200 * 1000000L;
-	if (ts.tv_nsec >= 1000000000L) {
-		ts.tv_sec++;
-		ts.tv_nsec -= 1000000000L;
-	}
+	ts = deadline_in_ms(CLOCK_REALTIME, 200);
 	assert_int_equal(pthread_timedjoin_np(writer, NULL, &ts), ETIMEDOUT);
 	/* Let it go. */
 	fd = open(path, O_RDONLY | O_CLOEXEC);
