@@ -23,6 +23,23 @@ BIN = os.path.join(BUILD, "bin")
 # powers skip themselves). Root is needed to switch.
 TEST_USER = os.environ.get("WCACHE_TEST_USER")
 
+# The exit status of a run that WCACHE_TEST_USER asks of a user who cannot
+# switch to it: ctest's integration_unprivileged counts it as skipped
+# (SKIP_RETURN_CODE in tests/CMakeLists.txt).
+SKIPPED_NOT_ROOT = 77
+
+
+def pytest_configure(config):
+    """Ends a run with WCACHE_TEST_USER set by a user other than root before
+    any test: each daemon would be started as that user, which only root can
+    do (every test would fail in its chown). Such a user's run of the suite
+    without WCACHE_TEST_USER (ctest's integration entries) already runs
+    every daemon unprivileged, as that user."""
+    if TEST_USER and os.geteuid() != 0:
+        pytest.exit(f"skipped: WCACHE_TEST_USER={TEST_USER} runs each wcached as that user, "
+                    f"which needs root (this is uid {os.geteuid()}); the suite run without "
+                    "it runs them unprivileged as this user", returncode=SKIPPED_NOT_ROOT)
+
 
 # For tests that need the daemon to be root (it creates sockets where only
 # root may, switches users itself, ...): skipped in the unprivileged run.
