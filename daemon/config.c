@@ -308,6 +308,40 @@ wcached_key(struct parse_ctx *ctx, const char *key, const char *value)
 	}
 }
 
+/* A yes-or-no key (config_parse_bool's words) into *out; an error said
+ * through ctx leaves *out as it was. */
+static void
+bool_key(struct parse_ctx *ctx, const char *prefix, const char *key, const char *value,
+	bool *out)
+{
+	int b = config_parse_bool(value);
+
+	if (b < 0)
+		config_error(ctx, -EINVAL, "%s%s: \"%s\" is not yes or no", prefix, key, value);
+	else
+		*out = b != 0;
+}
+
+/* A key that names users or groups (allow_users, allow_groups,
+ * derive_groups): its text as written into *raw and the ids it names into
+ * *ids and *n; 0, or -1 with the error said through ctx and nothing set. */
+static int
+id_list_key(struct parse_ctx *ctx, const char *prefix, const char *key, const char *value,
+	int is_group, char **raw, unsigned **ids, size_t *n)
+{
+	char *copy;
+
+	if (config_resolve_id_list(ctx, prefix, key, value, is_group, ids, n) < 0)
+		return -1;
+	if ((copy = strdup(value)) == NULL) {
+		free(*ids);
+		config_error(ctx, -ENOMEM, "out of memory");
+		return -1;
+	}
+	*raw = copy;
+	return 0;
+}
+
 /* One key of a [model NAME] section. */
 static void
 model_key(struct parse_ctx *ctx, const char *key, const char *value)
@@ -317,7 +351,6 @@ model_key(struct parse_ctx *ctx, const char *key, const char *value)
 	char prefix[CONFIG_MODEL_NAME_MAX + 16];
 	unsigned *ids;
 	size_t n;
-	int b;
 
 	snprintf(prefix, sizeof(prefix), "model \"%s\": ", m->name);
 	if (k < 0) {
@@ -341,55 +374,28 @@ model_key(struct parse_ctx *ctx, const char *key, const char *value)
 				"%spin: \"%s\" is not one of none, metadata, all", prefix, value);
 		break;
 	case MK_WARM:
-		b = config_parse_bool(value);
-		if (b < 0)
-			config_error(ctx, -EINVAL, "%swarm: \"%s\" is not yes or no", prefix,
-				value);
-		else
-			m->warm = b != 0;
+		bool_key(ctx, prefix, key, value, &m->warm);
 		break;
 	case MK_ALLOW_USERS:
-	case MK_ALLOW_GROUPS: {
-		int is_group = k == MK_ALLOW_GROUPS;
-		char *raw;
-
-		if (config_resolve_id_list(ctx, prefix, key, value, is_group, &ids, &n) < 0)
-			break;
-		raw = strdup(value);
-		if (raw == NULL) {
-			free(ids);
-			config_error(ctx, -ENOMEM, "out of memory");
-			break;
-		}
-		if (is_group) {
-			m->allow_groups = raw;
-			m->gids = (gid_t *)ids;
-			m->n_gids = n;
-		} else {
-			m->allow_users = raw;
+		if (id_list_key(ctx, prefix, key, value, 0, &m->allow_users, &ids, &n) == 0) {
 			m->uids = (uid_t *)ids;
 			m->n_uids = n;
 		}
 		break;
-	}
+	case MK_ALLOW_GROUPS:
+		if (id_list_key(ctx, prefix, key, value, 1, &m->allow_groups, &ids, &n) == 0) {
+			m->gids = (gid_t *)ids;
+			m->n_gids = n;
+		}
+		break;
 	case MK_DERIVE:
-		b = config_parse_bool(value);
-		if (b < 0)
-			config_error(ctx, -EINVAL, "%sderive: \"%s\" is not yes or no", prefix,
-				value);
-		else
-			m->derive = b != 0;
+		bool_key(ctx, prefix, key, value, &m->derive);
 		break;
 	case MK_DERIVE_GROUPS:
-		if (config_resolve_id_list(ctx, prefix, key, value, 1, &ids, &n) < 0)
-			break;
-		if ((m->derive_groups = strdup(value)) == NULL) {
-			free(ids);
-			config_error(ctx, -ENOMEM, "out of memory");
-			break;
+		if (id_list_key(ctx, prefix, key, value, 1, &m->derive_groups, &ids, &n) == 0) {
+			m->derive_gids = (gid_t *)ids;
+			m->n_derive_gids = n;
 		}
-		m->derive_gids = (gid_t *)ids;
-		m->n_derive_gids = n;
 		break;
 	case MK_DERIVE_TIMEOUT: {
 		unsigned long long v;
