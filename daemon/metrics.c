@@ -90,11 +90,35 @@ open_generations(const struct registry *reg, const struct model_entry *m)
 	return n;
 }
 
-static double
-v_bytes(const struct registry *reg, const struct model_entry *m)
-{
-	return m->current != NULL ? (double)m->current->bytes : 0;
-}
+/*
+ * The model_value_fn of a number of the model's entry (ENTRY_VALUE), or of
+ * its current generation, 0 without one (CURRENT_VALUE): most families are
+ * one such number.
+ */
+#define ENTRY_VALUE(fn, field)                                                  \
+	static double fn(const struct registry *reg, const struct model_entry *m) \
+	{                                                                         \
+		return (double)m->field;                                          \
+	}
+#define CURRENT_VALUE(fn, field)                                                \
+	static double fn(const struct registry *reg, const struct model_entry *m) \
+	{                                                                         \
+		return m->current != NULL ? (double)m->current->field : 0;        \
+	}
+
+CURRENT_VALUE(v_bytes, bytes)
+CURRENT_VALUE(v_generation, number)
+CURRENT_VALUE(v_attached, attached)
+ENTRY_VALUE(v_attaches, attach_count)
+ENTRY_VALUE(v_attach_errors, error_count)
+ENTRY_VALUE(v_denied, denied_count)
+ENTRY_VALUE(v_load_errors, load_errors)
+ENTRY_VALUE(v_swaps, swap_count)
+ENTRY_VALUE(v_rewarms, rewarm_count)
+ENTRY_VALUE(v_warm_seconds, last_warm_seconds)
+ENTRY_VALUE(v_polls, polls)
+ENTRY_VALUE(v_poll_seconds, poll_seconds)
+ENTRY_VALUE(v_poll_changes, poll_changes)
 
 static double
 v_resident(const struct registry *reg, const struct model_entry *m)
@@ -103,63 +127,9 @@ v_resident(const struct registry *reg, const struct model_entry *m)
 }
 
 static double
-v_generation(const struct registry *reg, const struct model_entry *m)
-{
-	return m->current != NULL ? (double)m->current->number : 0;
-}
-
-static double
-v_attached(const struct registry *reg, const struct model_entry *m)
-{
-	return m->current != NULL ? (double)m->current->attached : 0;
-}
-
-static double
 v_open(const struct registry *reg, const struct model_entry *m)
 {
 	return (double)open_generations(reg, m);
-}
-
-static double
-v_attaches(const struct registry *reg, const struct model_entry *m)
-{
-	return (double)m->attach_count;
-}
-
-static double
-v_attach_errors(const struct registry *reg, const struct model_entry *m)
-{
-	return (double)m->error_count;
-}
-
-static double
-v_denied(const struct registry *reg, const struct model_entry *m)
-{
-	return (double)m->denied_count;
-}
-
-static double
-v_load_errors(const struct registry *reg, const struct model_entry *m)
-{
-	return (double)m->load_errors;
-}
-
-static double
-v_swaps(const struct registry *reg, const struct model_entry *m)
-{
-	return (double)m->swap_count;
-}
-
-static double
-v_rewarms(const struct registry *reg, const struct model_entry *m)
-{
-	return (double)m->rewarm_count;
-}
-
-static double
-v_warm_seconds(const struct registry *reg, const struct model_entry *m)
-{
-	return m->last_warm_seconds;
 }
 
 /*
@@ -213,24 +183,6 @@ v_warm_eta(const struct registry *reg, const struct model_entry *m)
 
 	warm_progress(reg, m, &percent, &eta);
 	return eta;
-}
-
-static double
-v_polls(const struct registry *reg, const struct model_entry *m)
-{
-	return (double)m->polls;
-}
-
-static double
-v_poll_seconds(const struct registry *reg, const struct model_entry *m)
-{
-	return m->poll_seconds;
-}
-
-static double
-v_poll_changes(const struct registry *reg, const struct model_entry *m)
-{
-	return (double)m->poll_changes;
 }
 
 static const struct {
