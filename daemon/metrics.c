@@ -710,6 +710,10 @@ write_model(FILE *f, const struct registry *reg, const struct model_entry *m,
 	}
 	if (m->error != NULL)
 		json_write_field(f, "error", m->error);
+	/* The files at its path wait for `wcachectl reload NAME`: why. */
+	if (m->refused_tree)
+		json_write_field(f, "waits_for_reload",
+			m->refused_line != NULL ? m->refused_line : "out of memory");
 	fputc('}', f);
 }
 

@@ -836,6 +836,7 @@ entry_free(struct registry *r, struct model_entry *m)
 	free(m->name);
 	free(m->path);
 	free(m->error);
+	free(m->refused_line);
 	free(m->operator_tree.root);
 	free(m->operator_tree.place);
 	access_clear(&m->access);

@@ -104,6 +104,19 @@ struct model_entry {
 	 * once, or 0. */
 	int writer_unknown;
 	char *error;                /* last load error, NULL if none */
+	/* A watched reload the model-tree rules refused (registry_load.c's
+	 * same_tree and linked_in: a tree moved or made again by another user,
+	 * another user's file or link, a first comer at a place others may
+	 * write), and its line (NULL without memory for it): those files wait
+	 * for the operator's word, `wcachectl reload NAME`, a `wcachectl load`
+	 * or a config reload that changes the model's section, and a config
+	 * reload's retry of failed models leaves the model (reload.c's
+	 * retry_failed, review rev195 M1). Kept across later failures of
+	 * wcached's own reloads; cleared by the operator's load or reload of
+	 * the model, and by a new generation or the files serving found
+	 * again. */
+	int refused_tree;
+	char *refused_line;
 	uint64_t attach_count;      /* successful attaches */
 	uint64_t error_count;       /* refused attaches */
 	uint64_t swap_count;        /* generations that became current after the first */
@@ -590,7 +603,8 @@ int registry_servable(struct model_entry *m, struct generation **out, char *msg,
  * while an older generation still serves, with no load of it in flight and
  * no replacement warming. The first two refuse every attach, the third
  * serves old weights, until it is loaded again (`wcachectl reload NAME`, or
- * a config reload: reload.c). Returns 1 with the reason in why (for a log
+ * a config reload: reload.c, but for one whose files wait for the
+ * operator's word, refused_tree). Returns 1 with the reason in why (for a log
  * line), else 0 (why untouched). A model modified in place is not failed:
  * loading the same files again cannot mend it (a rename(2) must).
  */

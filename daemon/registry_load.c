@@ -39,6 +39,14 @@
 #include "registry_internal.h"
 #include "stage.h"
 
+/* The end of each line of a watched reload the model-tree rules refuse
+ * (same_tree), its "%s" the model's name: only the operator's word serves
+ * those files, never a config reload's retry of failed models (reload.c's
+ * retry_failed, review rev195 M1). */
+#define OPERATORS_WORD \
+	"the operator's `wcachectl reload %s` (a config reload that leaves the model's " \
+	"section unchanged does not load it)"
+
 struct load_request {
 	struct workq_job job;
 	struct registry *r;
@@ -503,8 +511,8 @@ same_tree(struct load_request *q)
 		first = (path_same && q->keep_place != NULL) || at_place(q, 1);
 	if (old == NULL)
 		snprintf(q->message, sizeof(q->message), "its path %s resolves into %s, but no "
-			"load of it by the operator found its tree: it is served only after an "
-			"operator's reload (`wcachectl reload %s` or a config reload)", q->path,
+			"load of it by the operator found its tree: it is served only after "
+			OPERATORS_WORD, q->path,
 			q->root != NULL ? q->root : "a place that moved as its files were opened",
 			q->name);
 	else if (q->root == NULL)
@@ -515,33 +523,28 @@ same_tree(struct load_request *q)
 			"operator's last load, and %.*s, the directory above it that existed, is "
 			"writable by others than its owner (uid %u, mode %04o): the files made "
 			"there since (%s) could be anyone's who came first, and are served only "
-			"after an operator's reload (`wcachectl reload %s` or a config reload)",
-			q->path, (int)q->keep_place_dir_len, q->keep_place, (unsigned)q->keep_uid,
-			(unsigned)(q->keep_place_mode & 07777),
+			"after " OPERATORS_WORD, q->path, (int)q->keep_place_dir_len, q->keep_place,
+			(unsigned)q->keep_uid, (unsigned)(q->keep_place_mode & 07777),
 			owners_said(&q->source, NULL, owners, sizeof(owners)), q->name);
 	else if (!same && path_same)
 		snprintf(q->message, sizeof(q->message), "its path %s resolves into %s still, "
 			"but that directory is now owned by uid %u (was uid %u): a tree made again "
-			"by another user is served only after an operator's reload (`wcachectl "
-			"reload %s` or a config reload)", q->path, q->root, (unsigned)q->root_uid,
-			(unsigned)q->keep_uid, q->name);
+			"by another user is served only after " OPERATORS_WORD, q->path, q->root,
+			(unsigned)q->root_uid, (unsigned)q->keep_uid, q->name);
 	else if (!same)
 		snprintf(q->message, sizeof(q->message), "its path %s now resolves into %s "
-			"(was %s): a moved tree is served only after an operator's reload "
-			"(`wcachectl reload %s` or a config reload)", q->path, q->root, old,
-			q->name);
+			"(was %s): a moved tree is served only after " OPERATORS_WORD, q->path,
+			q->root, old, q->name);
 	else if ((same = same_file_owner(q)) == 0)
 		snprintf(q->message, sizeof(q->message), "its path %s names a file now owned by "
 			"uid %u (was uid %u): a file made again by another user is served only "
-			"after an operator's reload (`wcachectl reload %s` or a config reload)",
-			q->path, (unsigned)q->source.files[0].st.st_uid,
+			"after " OPERATORS_WORD, q->path, (unsigned)q->source.files[0].st.st_uid,
 			(unsigned)q->keep_file_uid, q->name);
 	else if ((same = same_owners(q, &file, &st)) == 0)
 		snprintf(q->message, sizeof(q->message), "its file %s is owned by uid %u, not by "
 			"the owner of its tree %s (uid %u) nor of the files serving: another "
-			"user's file in the tree is served only after an operator's reload "
-			"(`wcachectl reload %s` or a config reload)", file, (unsigned)st->st_uid,
-			q->root, (unsigned)q->root_uid, q->name);
+			"user's file in the tree is served only after " OPERATORS_WORD, file,
+			(unsigned)st->st_uid, q->root, (unsigned)q->root_uid, q->name);
 	else
 		same = links_owned(q) == 0;
 	return same ? 0 : -EXDEV;
@@ -1342,6 +1345,30 @@ keeps_room(struct load_request *q)
 	return q->status;
 }
 
+/* m's refusal by the model-tree rules (m->refused_tree) is decided: the
+ * operator loaded or reloaded the model, or a generation of the files at
+ * its path now was made or found serving. */
+static void
+refusal_decided(struct model_entry *m)
+{
+	m->refused_tree = 0;
+	free(m->refused_line);
+	m->refused_line = NULL;
+}
+
+/* q, a watched reload of m, was refused by the model-tree rules: its line
+ * is kept (m->refused_line, for status), and the files wait for the
+ * operator's word (review rev195 M1). */
+static void
+note_refused(struct model_entry *m, const struct load_request *q)
+{
+	if (q->reload != RELOAD_WATCHED)
+		return; /* the operator's own load: nothing waits for her */
+	free(m->refused_line);
+	m->refused_line = strdup(q->message);
+	m->refused_tree = 1;
+}
+
 /* Loop thread: turns a validated load into a generation of its model, if
  * it keeps room (keeps_room; a staged copy's was checked as it opened). */
 static void
@@ -1401,6 +1428,7 @@ install(struct registry *r, struct model_entry *m, struct load_request *q)
 	m->warm = q->warm;
 	free(m->error);
 	m->error = NULL;
+	refusal_decided(m);
 	if (m->pin != PIN_NONE)
 		gen_queue_pages(r, g, PAGE_PIN_METADATA);
 
@@ -1698,8 +1726,11 @@ load_after(struct workq_job *w, int status)
 		m->queued_load = NULL;
 	if (m != NULL && m->staging == &q->stage)
 		m->staging = NULL;
-	if (m != NULL && m->load_id == q->id && status != UV_ECANCELED && !r->closing)
+	if (m != NULL && m->load_id == q->id && status != UV_ECANCELED && !r->closing) {
 		take_operator_tree(m, q, q->path);
+		if (q->reload != RELOAD_WATCHED)
+			refusal_decided(m); /* the operator's word, whatever it finds */
+	}
 	if (status == UV_ECANCELED || r->closing) {
 		if (q->done != NULL)
 			q->done(-ECANCELED, "cancelled: wcached is stopping", 0, q->arg);
@@ -1735,11 +1766,13 @@ load_after(struct workq_job *w, int status)
 			 * from an earlier failed load no longer applies. */
 			free(m->error);
 			m->error = NULL;
+			refusal_decided(m);
 			if (q->done != NULL)
 				q->done(0, "unchanged", m->current->number, q->arg);
 		}
 	} else if (q->tree_status < 0) {
 		q->status = q->tree_status;
+		note_refused(m, q);
 		load_failed(r, m, q);
 	} else if (written_now(q)) {
 		if (q->status < 0)

@@ -261,13 +261,20 @@ configured(const char *name, void *arg)
  * what README tells an operator to run once the cause is fixed, and a
  * retry that fails again fails the reload as a new model's load does. A
  * model that serves its configured files is left alone: no new generation
- * for it.
+ * for it. Nor is one whose watched reload the model-tree rules refused
+ * (refused_tree: another user's link, file or tree at its path) while its
+ * section is unchanged: the files at its path wait for the operator's
+ * `wcachectl reload NAME`, as its line said; a reload that only adds
+ * another model approved them before (review rev195 M1). One line says
+ * so. A change to its section (any key, as for a model unloaded at run
+ * time) is the operator's word on it: loaded again.
  */
 static void
 retry_failed(struct batch *b, const struct config *cfg)
 {
 	for (size_t i = 0; i < cfg->n_models; i++) {
 		const struct model_config *mc = &cfg->models[i];
+		const struct model_config *was = config_model_find(b->d->cfg, mc->name);
 		const struct model_entry *m = registry_find(&b->d->reg, mc->name);
 		struct model_config again;
 		char why[1200];
@@ -275,7 +282,20 @@ retry_failed(struct batch *b, const struct config *cfg)
 		if (m == NULL || strcmp(m->name, mc->name) != 0 ||
 			!registry_failed(m, why, sizeof(why)))
 			continue;
-		log_info("model \"%s\": %s; the reload loads it again", m->name, why);
+		if (m->refused_tree && was != NULL && config_model_changes(was, mc) == 0) {
+			const char *line = m->refused_line;
+			int said = line == NULL ||
+				(m->error != NULL && strcmp(m->error, line) == 0);
+
+			log_warnx("model \"%s\": %s; the reload does not load it: its files wait "
+				  "for `wcachectl reload %s`%s%s", m->name, why, m->name,
+				said ? "" : ", since a watched reload of it was refused: ",
+				said ? "" : line);
+			continue;
+		}
+		log_info("model \"%s\": %s%s; the reload loads it again", m->name, why,
+			m->refused_tree ? "; its section changed, the operator's word on its "
+					  "files" : "");
 		again = *mc;
 		again.path = m->path;
 		again.pin = m->pin;

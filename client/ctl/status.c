@@ -54,6 +54,9 @@ struct model_row {
 	double warm_percent, warm_eta; /* eta 0 when absent (null: no estimate yet) */
 	char *pin_applied;             /* what is locked; NULL from an older daemon */
 	char *pin_error;               /* why less is locked (a refused mlock); NULL: none */
+	/* Why the files at its path wait for `wcachectl reload NAME` (a
+	 * watched reload the model-tree rules refused); NULL: they do not. */
+	char *waits_for_reload;
 	struct gen_row *gens;
 	size_t ngens;
 	struct derived_row *derived;
@@ -133,6 +136,7 @@ static const struct ctl_field model_fields[] = {
 	{ "pin_applied", CTL_STRING, offsetof(struct model_row, pin_applied) },
 	{ "pin_error", CTL_STRING, offsetof(struct model_row, pin_error) },
 	{ "error", CTL_STRING, offsetof(struct model_row, error) },
+	{ "waits_for_reload", CTL_STRING, offsetof(struct model_row, waits_for_reload) },
 	{ "generation", CTL_U64, offsetof(struct model_row, generation) },
 	{ "bytes", CTL_U64, offsetof(struct model_row, bytes) },
 	{ "resident_bytes", CTL_U64, offsetof(struct model_row, resident) },
@@ -195,6 +199,7 @@ status_free(struct status *s)
 		free(m->pin_applied);
 		free(m->pin_error);
 		free(m->error);
+		free(m->waits_for_reload);
 		free(m->path);
 	}
 	for (size_t i = 0; i < s->nunloaded; i++) {
@@ -514,6 +519,32 @@ print_workq(const struct workq_row *q)
 		q->waiting);
 }
 
+/* The models whose files wait for the operator's reload, and why (a
+ * config reload that leaves their sections unchanged does not load them). */
+static void
+print_waiting(const struct status *s, char *const *names, size_t nnames)
+{
+	bool any = false;
+
+	for (size_t i = 0; i < s->nmodels; i++) {
+		const struct model_row *m = &s->models[i];
+
+		if (m->waits_for_reload == NULL || !asked(m->name, names, nnames))
+			continue;
+		if (!any)
+			printf("\nwaiting for the operator's reload:\n");
+		any = true;
+		printf("  ");
+		escape_print(stdout, m->name ? m->name : "?");
+		printf(": the files at its path are served only after `wcachectl reload ");
+		escape_print(stdout, m->name ? m->name : "?");
+		printf("` (a config reload that leaves its section unchanged does not load "
+		       "them): ");
+		escape_print(stdout, m->waits_for_reload);
+		putchar('\n');
+	}
+}
+
 /* Prints the status reply as a table: one row per model asked about, then
  * the other open generations, generations of unloaded models, pins that
  * fall short and errors. */
@@ -662,6 +693,7 @@ print_status(struct status *s, char *const *names, size_t nnames)
 		escape_print(stdout, m->error);
 		putchar('\n');
 	}
+	print_waiting(s, names, nnames);
 }
 
 /* Writes a JSON array of the names for which keep(s, name) holds. */

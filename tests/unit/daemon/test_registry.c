@@ -1443,7 +1443,7 @@ test_index_at_place_swapped_after_its_open_waits(void **state)
 	atomic_store(&swap_at, 2);
 	assert_int_equal(r180_watched(t, "llama"), -EXDEV);
 	assert_int_equal(atomic_load(&swapped), 1);
-	assert_non_null(strstr(t->message, "operator's reload"));
+	assert_non_null(strstr(t->message, "the operator's `wcachectl reload llama`"));
 	free(dir);
 	free(p);
 }
