@@ -60,15 +60,6 @@ family(FILE *f, const char *name, const char *type, const char *help)
 	fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-/* The family of a counter of accept pauses: its help names the pause its
- * socket's owner uses (ms), so that the text cannot drift from it. */
-static void
-pauses_family(FILE *f, const char *name, const char *socket, unsigned ms, const char *why)
-{
-	fprintf(f, "# HELP %s Times %s was left unwatched for %u ms: %s\n# TYPE %s counter\n",
-		name, socket, ms, why, name);
-}
-
 /* Writes a double the way Prometheus parses it; integers stay exact. */
 static void
 value(FILE *f, double v)
@@ -77,6 +68,36 @@ value(FILE *f, double v)
 		fprintf(f, " %" PRIu64 "\n", (uint64_t)v);
 	else
 		fprintf(f, " %.9g\n", v);
+}
+
+/* A gauge or a counter of one series without labels: its family (HELP,
+ * TYPE), then its name and value v, the name written once. */
+static void
+gauge(FILE *f, const char *name, double v, const char *help)
+{
+	family(f, name, "gauge", help);
+	fputs(name, f);
+	value(f, v);
+}
+
+static void
+counter(FILE *f, const char *name, double v, const char *help)
+{
+	family(f, name, "counter", help);
+	fputs(name, f);
+	value(f, v);
+}
+
+/* A counter of accept pauses, v: its help names the pause its socket's
+ * owner uses (ms), so that the text cannot drift from it. */
+static void
+pauses_counter(FILE *f, const char *name, double v, const char *socket, unsigned ms,
+	const char *why)
+{
+	fprintf(f, "# HELP %s Times %s was left unwatched for %u ms: %s\n# TYPE %s counter\n",
+		name, socket, ms, why, name);
+	fputs(name, f);
+	value(f, v);
 }
 
 static unsigned
@@ -293,13 +314,9 @@ write_derive_metrics(FILE *f, const struct registry *reg, const struct derive_ta
 	}
 	for (const struct model_entry *m = reg->models; m != NULL; m = m->next)
 		derive_each(t, m->name, count_artifacts, &n);
-	family(f, "wcached_derived_artifacts", "gauge", "Derived artifacts served now.");
-	fputs("wcached_derived_artifacts", f);
-	value(f, n.artifacts);
-	family(f, "wcached_derived_bytes", "gauge",
+	gauge(f, "wcached_derived_artifacts", n.artifacts, "Derived artifacts served now.");
+	gauge(f, "wcached_derived_bytes", (double)reg->derived_bytes,
 		"Bytes of the derived artifacts served now (they count against memory_budget).");
-	fputs("wcached_derived_bytes", f);
-	value(f, (double)reg->derived_bytes);
 }
 
 /* The memory limit in force, where it came from, and the budget. */
@@ -311,14 +328,10 @@ write_memory_metrics(FILE *f, const struct registry *reg, const struct memlimit 
 		"percent budgets are of this.");
 	fprintf(f, "wcached_memory_limit_bytes{source=\"%s\"}", memlimit_kind_name(mem->kind));
 	value(f, (double)mem->limit);
-	family(f, "wcached_memory_ram_bytes", "gauge", "The machine's RAM.");
-	fputs("wcached_memory_ram_bytes", f);
-	value(f, (double)mem->ram);
-	family(f, "wcached_memory_budget_bytes", "gauge",
+	gauge(f, "wcached_memory_ram_bytes", (double)mem->ram, "The machine's RAM.");
+	gauge(f, "wcached_memory_budget_bytes", (double)reg->memory_budget,
 		"memory_budget in bytes (0: none): models past it are evicted, least recently "
 		"attached first.");
-	fputs("wcached_memory_budget_bytes", f);
-	value(f, (double)reg->memory_budget);
 }
 
 /* The work queue: what runs or waits on remote filesystems (workq.h). */
@@ -350,10 +363,8 @@ write_workq_metrics(FILE *f, const struct workq *q)
 		fputs(gauges[i].name, f);
 		value(f, v);
 	}
-	family(f, "wcached_work_queue_remote_stalls_total", "counter",
+	counter(f, "wcached_work_queue_remote_stalls_total", (double)q->stalls,
 		"Jobs on remote filesystems that ran for 10 s or more.");
-	fputs("wcached_work_queue_remote_stalls_total", f);
-	value(f, (double)q->stalls);
 }
 
 /* Status's "work_queue" object. */
@@ -426,104 +437,63 @@ metrics_write(FILE *f, const struct registry *reg, const struct metrics_daemon *
 	fputs("wcached_build_info{version=\"", f);
 	metrics_label_value(f, WCACHE_VERSION);
 	fputs("\"} 1\n", f);
-	family(f, "wcached_uptime_seconds", "gauge", "Seconds since wcached started.");
-	fputs("wcached_uptime_seconds", f);
-	value(f, d->uptime_seconds);
-	family(f, "wcached_clients", "gauge", "Client connections to the client socket.");
-	fputs("wcached_clients", f);
-	value(f, d->clients);
-	family(f, "wcached_fds_in_flight", "gauge",
+	gauge(f, "wcached_uptime_seconds", d->uptime_seconds, "Seconds since wcached started.");
+	gauge(f, "wcached_clients", d->clients, "Client connections to the client socket.");
+	gauge(f, "wcached_fds_in_flight", d->server.fds_in_flight,
 		"Descriptors sent to clients with replies and not yet received by them.");
-	fputs("wcached_fds_in_flight", f);
-	value(f, d->server.fds_in_flight);
-	family(f, "wcached_clients_held_back", "gauge",
+	gauge(f, "wcached_clients_held_back", d->server.deferred_clients,
 		"Clients held back now: their next reply waits because they leave replies "
 		"unread, or they are not read while 64 of their user's descriptors wait to close.");
-	fputs("wcached_clients_held_back", f);
-	value(f, d->server.deferred_clients);
-	family(f, "wcached_replies_held_back_total", "counter",
+	counter(f, "wcached_replies_held_back_total", (double)d->server.replies_deferred,
 		"Replies held back for a client that left earlier replies unread (backpressure).");
-	fputs("wcached_replies_held_back_total", f);
-	value(f, (double)d->server.replies_deferred);
-	family(f, "wcached_sends_refused_total", "counter",
+	counter(f, "wcached_sends_refused_total", (double)d->server.sends_refused,
 		"Replies the kernel refused to send (ETOOMANYREFS, ENOBUFS); retried later.");
-	fputs("wcached_sends_refused_total", f);
-	value(f, (double)d->server.sends_refused);
-	family(f, "wcached_fds_closing", "gauge",
+	gauge(f, "wcached_fds_closing", d->server.fds_closing,
 		"Descriptors that close off the event loop now: those clients chose (passed, or "
 		"left queued on a connection), and model files and memfds that closed; a number "
 		"that stays up is a close that hangs.");
-	fputs("wcached_fds_closing", f);
-	value(f, d->server.fds_closing);
-	family(f, "wcached_clients_refused_closing_total", "counter",
+	counter(f, "wcached_clients_refused_closing_total", (double)d->server.closing_refused,
 		"Connections refused or closed because 64 of their user's descriptors wait behind "
 		"a close that hangs.");
-	fputs("wcached_clients_refused_closing_total", f);
-	value(f, (double)d->server.closing_refused);
-	family(f, "wcached_clients_closed_unread_total", "counter",
+	counter(f, "wcached_clients_closed_unread_total", (double)d->server.unread_closed,
 		"Connections closed because their replies stayed unread for unread_reply_seconds "
 		"while the next one was held back.");
-	fputs("wcached_clients_closed_unread_total", f);
-	value(f, (double)d->server.unread_closed);
-	family(f, "wcached_clients_closed_idle_total", "counter",
+	counter(f, "wcached_clients_closed_idle_total", (double)d->server.idle_closed,
 		"Idle connections (nothing attached, nothing sent for 5 s) closed to make room for "
 		"a new client while max_clients were connected.");
-	fputs("wcached_clients_closed_idle_total", f);
-	value(f, (double)d->server.idle_closed);
-	family(f, "wcached_clients_paused_closing_total", "counter",
+	counter(f, "wcached_clients_paused_closing_total", (double)d->server.reads_paused_closing,
 		"Connections not read for a while because 64 of their user's descriptors were "
 		"waiting to close (each message may pass 253 more).");
-	fputs("wcached_clients_paused_closing_total", f);
-	value(f, (double)d->server.reads_paused_closing);
-	family(f, "wcached_fds_closed_inline_total", "counter",
+	counter(f, "wcached_fds_closed_inline_total", (double)d->server.closed_inline,
 		"Descriptors closed on the event loop for want of memory or a thread to close "
 		"them off it (each could stall every client while it closes).");
-	fputs("wcached_fds_closed_inline_total", f);
-	value(f, (double)d->server.closed_inline);
-	pauses_family(f, "wcached_accept_pauses_total", "the client socket",
-		SERVER_ACCEPT_PAUSE_MS, "wcached was out of descriptors with none spare to refuse "
-		"a waiting client with, or accept(2) failed otherwise (ENOMEM, ENOBUFS).");
-	fputs("wcached_accept_pauses_total", f);
-	value(f, (double)d->server.accept_pauses);
-	family(f, "wcached_control_timeouts_total", "counter",
+	pauses_counter(f, "wcached_accept_pauses_total", (double)d->server.accept_pauses,
+		"the client socket", SERVER_ACCEPT_PAUSE_MS, "wcached was out of descriptors with "
+		"none spare to refuse a waiting client with, or accept(2) failed otherwise "
+		"(ENOMEM, ENOBUFS).");
+	counter(f, "wcached_control_timeouts_total", (double)d->control_timeouts,
 		"Control connections closed because they did not finish a request in time.");
-	fputs("wcached_control_timeouts_total", f);
-	value(f, (double)d->control_timeouts);
-	family(f, "wcached_control_evicted_total", "counter",
+	counter(f, "wcached_control_evicted_total", (double)d->control_evicted,
 		"Idle control connections closed to make room for a new one (16 per uid, 64 in "
 		"all).");
-	fputs("wcached_control_evicted_total", f);
-	value(f, (double)d->control_evicted);
-	family(f, "wcached_control_refused_total", "counter",
+	counter(f, "wcached_control_refused_total", (double)d->control_refused,
 		"Control connections refused (uid not allowed to control wcached, or every "
 		"connection busy) and requests refused (too many in flight).");
-	fputs("wcached_control_refused_total", f);
-	value(f, (double)d->control_refused);
-	pauses_family(f, "wcached_control_accept_pauses_total", "the control socket",
-		d->control_accept_pause_ms, "accept(2) failed (out of descriptors, ENOMEM, "
-		"ENOBUFS) and connections waited in the backlog.");
-	fputs("wcached_control_accept_pauses_total", f);
-	value(f, (double)d->control_accept_pauses);
-	family(f, "wcached_notify_dropped_total", "counter",
+	pauses_counter(f, "wcached_control_accept_pauses_total", (double)d->control_accept_pauses,
+		"the control socket", d->control_accept_pause_ms, "accept(2) failed (out of "
+		"descriptors, ENOMEM, ENOBUFS) and connections waited in the backlog.");
+	counter(f, "wcached_notify_dropped_total", (double)d->notify_dropped,
 		"STATUS= notifications to the service manager dropped because it was not reading.");
-	fputs("wcached_notify_dropped_total", f);
-	value(f, (double)d->notify_dropped);
 	if (d->derive != NULL)
 		write_derive_metrics(f, reg, d->derive);
 	if (d->mem != NULL)
 		write_memory_metrics(f, reg, d->mem);
 	write_workq_metrics(f, &reg->workq);
-	family(f, "wcached_models", "gauge", "Models served.");
-	fputs("wcached_models", f);
-	value(f, nmodels);
-	family(f, "wcached_open_generations", "gauge",
+	gauge(f, "wcached_models", nmodels, "Models served.");
+	gauge(f, "wcached_open_generations", ngenerations,
 		"Generations open, including those of unloaded models still held by clients.");
-	fputs("wcached_open_generations", f);
-	value(f, ngenerations);
-	family(f, "wcached_unloaded_open_generations", "gauge",
+	gauge(f, "wcached_unloaded_open_generations", nunloaded,
 		"Generations of unloaded models that clients still hold.");
-	fputs("wcached_unloaded_open_generations", f);
-	value(f, nunloaded);
 
 	for (size_t i = 0; i < sizeof(model_families) / sizeof(model_families[0]); i++) {
 		family(f, model_families[i].name, model_families[i].type, model_families[i].help);
