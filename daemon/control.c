@@ -223,39 +223,39 @@ ctl_reply_end(struct ctl_conn *c, struct ctl_reply *r)
 	conn_send(c, r->buf, r->len);
 }
 
+/* Sends {"ok":OK,"KEY":TEXT}, an error (key "error") or a message. */
+static void
+reply_text(struct ctl_conn *c, bool ok, const char *key, const char *text)
+{
+	struct ctl_reply r;
+
+	if (ctl_reply_begin(&r, ok) == NULL) {
+		ctl_conn_close(c);
+		return;
+	}
+	fprintf(r.f, ",\"%s\":", key);
+	json_write_string(r.f, text, strlen(text));
+	ctl_reply_end(c, &r);
+}
+
 /* Sends {"ok":false,"error":MESSAGE}. */
 void
 ctl_conn_error(struct ctl_conn *c, const char *fmt, ...)
 {
-	struct ctl_reply r;
 	char text[8192]; /* room for a maximal path and its reason */
 	va_list ap;
 
 	va_start(ap, fmt);
 	vsnprintf(text, sizeof(text), fmt, ap);
 	va_end(ap);
-	if (ctl_reply_begin(&r, false) == NULL) {
-		ctl_conn_close(c);
-		return;
-	}
-	fputs(",\"error\":", r.f);
-	json_write_string(r.f, text, strlen(text));
-	ctl_reply_end(c, &r);
+	reply_text(c, false, "error", text);
 }
 
 /* Sends {"ok":true,"message":MESSAGE}. */
 void
 ctl_conn_ok(struct ctl_conn *c, const char *message)
 {
-	struct ctl_reply r;
-
-	if (ctl_reply_begin(&r, true) == NULL) {
-		ctl_conn_close(c);
-		return;
-	}
-	fputs(",\"message\":", r.f);
-	json_write_string(r.f, message, strlen(message));
-	ctl_reply_end(c, &r);
+	reply_text(c, true, "message", message);
 }
 
 /* ---- request lines ------------------------------------------------------ */
