@@ -330,12 +330,18 @@ blob_repo(char *root, uid_t *owner, const struct stat *opened)
 
 /* found's root and owner from t, whose files were found beneath it:
  * its descriptor's owner, never a later stat of its path (review rev187
- * R2). found->root stays NULL when it cannot be told. */
+ * R2). found->root stays NULL when it cannot be told. And the model
+ * directory they were found in, from its descriptor. */
 static void
 found_tree(const struct gen_tree *t, struct gen_found_tree *found)
 {
 	struct stat st;
 
+	if (t->dir >= 0 && fstat(t->dir, &st) == 0) {
+		found->dir_known = 1;
+		found->dir_dev = st.st_dev;
+		found->dir_ino = st.st_ino;
+	}
 	if (t->fd >= 0 && t->root != NULL && fstat(t->fd, &st) == 0 &&
 		(found->root = strdup(t->root)) != NULL) {
 		found->uid = st.st_uid;
@@ -354,8 +360,10 @@ gen_resolved_path(const char *path, char *before, const struct model_source *src
 	struct stat at;
 
 	free(now);
-	if (found != NULL)
+	if (found != NULL) {
 		found->root = NULL;
+		found->dir_known = 0;
+	}
 	/* One lstat of the resolved path tells a file from a directory;
 	 * before is a realpath, so a link there now is a path changed since
 	 * (review rev185 F2), never the file it leads to. Whether each file
@@ -474,6 +482,7 @@ gen_maybe_free(struct registry *r, struct generation *g)
 	free(g->gone);
 	free(g->resolved_path);
 	free(g->tree_root);
+	free(g->links);
 	free(g->model_name);
 	free(g);
 }
@@ -843,6 +852,7 @@ gen_unmake(struct generation *g, struct model_source *src)
 	free(g->holders);
 	free(g->resolved_path);
 	free(g->tree_root);
+	free(g->links);
 	free(g->model_name);
 	free(g);
 }

@@ -196,6 +196,15 @@ struct generation {
 	 * watched reload then finds the root from resolved_path). Owned. */
 	char *tree_root;
 	uid_t tree_uid;
+	/* The symbolic links the model's path went through, every one the
+	 * walk of the load that made g met (registry_links.c), or of a reload
+	 * that found its files unchanged: a watched reload takes a link still
+	 * among them whoever made it (review rev195 L1). nlinks of them, at
+	 * most REGISTRY_LINK_HOPS; NULL: none, or not known (that walk did not
+	 * end at the files opened; a warm restart's generation): each link a
+	 * watched reload meets is then judged by its maker. Owned. */
+	struct gen_link *links;
+	size_t nlinks;
 	/* A staged generation's copy (stage.h): its directory under stage_dir
 	 * (NULL when not staged), removed when the generation closes, except
 	 * at shutdown when the manager's store keeps its files for the next
@@ -454,10 +463,32 @@ uint64_t gen_origin_fs(const struct generation *g);
 void gen_free_origin(struct gen_origin *origin, size_t n);
 
 /* The tree a model's files were found in (gen_resolved_path): its root
- * (allocated; NULL: not told) and the uid that owns it. */
+ * (allocated; NULL: not told) and the uid that owns it; and the model
+ * directory they were found in (the one holding a one-file model or a
+ * shard index), opened with no link followed: its device and inode
+ * (dir_known 0: not told), which the walk of the path after the open must
+ * end in (registry_load.c's check_links, review rev195 H2). */
 struct gen_found_tree {
 	char *root;
 	uid_t uid;
+	int dir_known;
+	dev_t dir_dev;
+	ino_t dir_ino;
+};
+
+/* A symbolic link a load's path went through (registry_links.c): the
+ * link's device, inode, maker (its owner) and ctime, and the device and
+ * inode of the directory holding it. A link's text is never changed in
+ * place, a chown -h or a rename changes its ctime, and a link made again
+ * at a freed inode number has another ctime: the same five are the same
+ * link, unchanged, at the same place. */
+struct gen_link {
+	dev_t dev;
+	ino_t ino;
+	uid_t uid;
+	struct timespec ctime;
+	dev_t dir_dev;
+	ino_t dir_ino;
 };
 
 /*

@@ -1,6 +1,7 @@
 /*
  * registry_internal.h: what the registry's files share: registry.c (the
  * model table, attaching, unloading), registry_load.c (the load pipeline),
+ * registry_links.c (the walk of a model's path and its links),
  * registry_sweep.c (stage_dir and its start-up sweep) and
  * registry_budget.c (the memory budget, pins, evictions, residency
  * checks). Not for other modules: they use registry.h, and generation.h
@@ -8,6 +9,8 @@
  */
 #ifndef WC_REGISTRY_INTERNAL_H
 #define WC_REGISTRY_INTERNAL_H
+
+#include <sys/stat.h>
 
 #include "generation.h"
 #include "registry.h"
@@ -77,5 +80,45 @@ void registry_stage_held(struct registry *r, struct load_request *held, int canc
  * held). Loop thread. */
 const char *registry_sweep_hold(struct registry *r, struct load_request *q,
 	struct load_request **q_next);
+
+/* The most symbolic links one walk of a model's path follows (the
+ * kernel's own limit, MAXSYMLINKS): a longer chain is -ELOOP. */
+#define REGISTRY_LINK_HOPS 40
+
+/* A symbolic link the walk of a model's path met (registry_walk_links):
+ * its path and the directory's as the walk spelled them, its text, its
+ * fstat (st_uid: its maker) and the fstat of the directory holding it. */
+struct registry_link_seen {
+	const char *path;
+	const char *dir;
+	const char *target;
+	const struct stat *st;
+	const struct stat *dir_st;
+};
+
+/* Whether the walk follows the link l: 0, or a negative code that ends
+ * the walk with it. */
+typedef int (*registry_link_judge)(const struct registry_link_seen *l, void *arg);
+
+/* What registry_walk_links found: the links it followed, in the order
+ * met; the fstat of the inode the path ends at (no link) and of the
+ * directory holding it (the end itself where the path ends at a
+ * directory it named as "/", "." or ".."). */
+struct registry_walk {
+	struct gen_link links[REGISTRY_LINK_HOPS];
+	size_t nlinks;
+	struct stat end;
+	struct stat end_dir;
+};
+
+/* registry_links.c: walks path component by component from "/" (the
+ * working directory for a relative one), each opened beneath the one
+ * before with no link followed; each symbolic link met (on the path, or
+ * where a link's text leads) is handed to judge (when not NULL) with arg,
+ * then followed by its text, read from the link itself. 0 with *w filled,
+ * judge's code, -ELOOP past REGISTRY_LINK_HOPS links, or -errno (an entry
+ * missing, not a directory, not searchable). Work queue thread. */
+int registry_walk_links(const char *path, registry_link_judge judge, void *arg,
+	struct registry_walk *w);
 
 #endif

@@ -91,6 +91,12 @@ struct load_request {
 	 * one of them or the tree's owner (same_owners). */
 	uid_t *keep_owners;
 	size_t nkeep_owners;
+	/* A watched reload: the links the path of its model's newest
+	 * generation went through (generation.h's links), nkeep_links of
+	 * them; one met unchanged is followed whoever made it (check_links,
+	 * review rev195 L1). */
+	struct gen_link *keep_links;
+	size_t nkeep_links;
 	/* An operator's load or reload: the tree it found, for
 	 * model_entry's operator_tree (find_operator_tree). */
 	uid_t found_uid;
@@ -144,6 +150,18 @@ struct load_request {
 	char *resolved;
 	char *root;
 	uid_t root_uid;
+	/* The model directory gen_resolved_path found the files in (its
+	 * gen_found_tree's dir_*; files_dir_known 0: not told), and the links
+	 * the walk of the path after the open went through, once it ended at
+	 * what was opened (check_links): for the generation's links
+	 * (links_known 0: none recorded; -1: a watched reload refused a
+	 * link, link_taken). */
+	int files_dir_known;
+	dev_t files_dev;
+	ino_t files_ino;
+	struct gen_link *links;
+	size_t nlinks;
+	int links_known;
 	/* A watched reload whose tree same_tree refused (-EXDEV), or any load
 	 * with a hard link of another user's file in its tree (linked_in,
 	 * -EPERM): 0 or that, with q->message. load_after answers "unchanged"
@@ -251,9 +269,10 @@ sibling_swap(const struct load_request *q)
  * no generation keeps the tree its operator's load found, and where that
  * found nothing at its path, the place it named (at_place). A model that
  * is one file takes, besides, only a file of its old file's owner
- * (same_file_owner), and a model with a generation only files of its
- * tree's owner or of the files serving (same_owners). 0, or -EXDEV with
- * q->message.
+ * (same_file_owner), a model with a generation only files of its tree's
+ * owner or of the files serving (same_owners), and any only a path whose
+ * links it may follow, walked again to what was opened (check_links). 0,
+ * or -EXDEV with q->message.
  */
 static int at_place(const struct load_request *q, int first_comer);
 
@@ -414,75 +433,129 @@ linked_in(struct load_request *q)
 	return 0;
 }
 
-/* Whether uid may have made a link a watched reload follows: the kept
- * tree's owner, an owner of the files serving, or the owner of the
- * directory holding the link (dir_uid). */
+/* Whether l is a link the load of the generation a watched reload q
+ * replaces went through: the same link inode, unchanged (maker, ctime),
+ * in the same directory. */
 static int
-link_maker_ok(const struct load_request *q, uid_t uid, uid_t dir_uid)
+kept_link(const struct load_request *q, const struct registry_link_seen *l)
 {
-	return uid == q->keep_uid || uid == dir_uid || kept_owner(q, uid) ||
-		(q->keep_file_known && uid == q->keep_file_uid);
+	for (size_t k = 0; k < q->nkeep_links; k++) {
+		const struct gen_link *o = &q->keep_links[k];
+
+		if (o->dev == l->st->st_dev && o->ino == l->st->st_ino &&
+			o->uid == l->st->st_uid && o->ctime.tv_sec == l->st->st_ctim.tv_sec &&
+			o->ctime.tv_nsec == l->st->st_ctim.tv_nsec &&
+			o->dir_dev == l->dir_st->st_dev && o->dir_ino == l->dir_st->st_ino)
+			return 1;
+	}
+	return 0;
 }
 
 /*
- * Work queue thread, a watched reload: 0, or -EXDEV with q->message when
- * the last entry of q's path, or a link it leads to in turn, is a symbolic
- * link made by a user who owns neither the kept tree, nor a file serving,
- * nor the directory holding the link. The entry at a model's path is not
- * always its owner's: in a shared sticky directory (1775, where
- * fs.protected_symlinks does not apply) anyone may make a link at a name
- * freed a moment by a redeploy, to another model of the same owner (a
- * private one of root's): every check of the tree's and files' owners
- * passed (review rev191 F1b). Each link is looked at in its directory, as
- * an entry (AT_SYMLINK_NOFOLLOW), whatever a follower's rules.
+ * registry_walk_links' judge for q's load: any link, for an operator's
+ * load or reload (which follows what its path names, and records it); for
+ * a watched reload, a link its newest generation was loaded through,
+ * unchanged (kept_link: a deployer's `llama -> v2` in root's team
+ * directory, made once by a member of the team, holds up no update inside
+ * v2, review rev195 L1), or one made by root, the kept tree's owner, an
+ * owner of the files serving or the owner of the directory holding it.
+ * Else -EXDEV with q->message. The entry at a model's path, or at any
+ * directory on it, is not always its owner's: in a shared sticky
+ * directory (1775, where fs.protected_symlinks does not apply) anyone may
+ * make a link at a name freed a moment by a redeploy, to another model of
+ * the same owner (a private one of root's), and every check of the tree's
+ * and the files' owners passed (review rev191 F1b, rev195 H1).
  */
 static int
-links_owned(struct load_request *q)
+link_taken(const struct registry_link_seen *l, void *arg)
 {
-	char *cur = strdup(q->path), target[PATH_MAX];
-	int err = 0;
+	struct load_request *q = arg;
+	uid_t uid = l->st->st_uid;
 
-	for (int hops = 0; cur != NULL && err == 0 && hops < 40; hops++) {
-		size_t len = strlen(cur);
+	if (q->reload != RELOAD_WATCHED || kept_link(q, l) || uid == 0 || uid == q->keep_uid ||
+		uid == l->dir_st->st_uid || kept_owner(q, uid) ||
+		(q->keep_file_known && uid == q->keep_file_uid))
+		return 0;
+	snprintf(q->message, sizeof(q->message), "its path %s leads through the symbolic link "
+		"%s (to %.256s) made by uid %u, in %s owned by uid %u: a link of a user who "
+		"owns neither the model's tree (uid %u), its files serving nor the directory "
+		"it is in, and not one the generation serving was loaded through, is "
+		"followed only after " OPERATORS_WORD, q->path, l->path, l->target, (unsigned)uid,
+		l->dir, (unsigned)l->dir_st->st_uid, (unsigned)q->keep_uid, q->name);
+	q->links_known = -1; /* refused: the walk ends here */
+	return -EXDEV;
+}
 
-		while (len > 1 && cur[len - 1] == '/')
-			cur[--len] = '\0'; /* "llama/" follows llama's link too */
-		char *dir = path_dir(cur), *next = NULL;
-		const char *base = strrchr(cur, '/') != NULL ? strrchr(cur, '/') + 1 : cur;
-		int dfd = dir != NULL ? open(dir[0] != '\0' ? dir : ".",
-			O_PATH | O_DIRECTORY | O_CLOEXEC) : -1;
-		struct stat ds, ls;
-		ssize_t n = -1;
+/* Whether the walk w of q's path ended at what q's files were opened at:
+ * the directory gen_resolved_path found them in, where the path names a
+ * directory; else the file it names as opened (a model that is one file,
+ * or a shard index), in that directory when it was told. */
+static int
+walk_bound(const struct load_request *q, const struct registry_walk *w)
+{
+	const struct stat *named = q->source.format == FORMAT_SHARDED ? &q->source.index_st :
+		q->source.nfiles == 1 ? &q->source.files[0].st : NULL;
 
-		if (dfd >= 0 && fstat(dfd, &ds) == 0 &&
-			fstatat(dfd, base, &ls, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(ls.st_mode) &&
-			(n = readlinkat(dfd, base, target, sizeof(target) - 1)) >= 0) {
-			target[n] = '\0';
-			if (!link_maker_ok(q, ls.st_uid, ds.st_uid)) {
-				snprintf(q->message, sizeof(q->message), "its path %s leads "
-					"through the symbolic link %s (to %.256s) made by uid %u, "
-					"in %s owned by uid %u: a link of a user who owns neither "
-					"the model's tree (uid %u), its files serving nor the "
-					"directory it is in is followed only at an operator's "
-					"reload (`wcachectl reload %s` or a config reload)",
-					q->path, cur, target, (unsigned)ls.st_uid,
-					dir[0] != '\0' ? dir : ".", (unsigned)ds.st_uid,
-					(unsigned)q->keep_uid, q->name);
-				err = -EXDEV;
-			} else if ((next = path_join(dir, target)) == NULL) {
-				err = -ENOMEM;
-			}
-		}
-		if (dfd >= 0)
-			close(dfd);
-		free(dir);
-		free(cur);
-		cur = next;
-	}
-	free(cur);
-	if (err == -ENOMEM)
+	if (S_ISDIR(w->end.st_mode))
+		return q->files_dir_known && w->end.st_dev == q->files_dev &&
+			w->end.st_ino == q->files_ino;
+	return S_ISREG(w->end.st_mode) && named != NULL && w->end.st_dev == named->st_dev &&
+		w->end.st_ino == named->st_ino &&
+		(!q->files_dir_known ||
+			(w->end_dir.st_dev == q->files_dev && w->end_dir.st_ino == q->files_ino));
+}
+
+/* The line of a watched reload whose path resolved to another place
+ * while its files were opened (its tree: old). */
+static void
+say_moved(struct load_request *q, const char *old)
+{
+	snprintf(q->message, sizeof(q->message), "its path %s resolved to another place while "
+		"its files were opened (its tree is %s); not loaded", q->path, old);
+}
+
+/*
+ * Work queue thread, any load, after its files were opened and
+ * gen_resolved_path found them at their place: walks q's whole path, every
+ * symbolic link on it judged (link_taken) as an entry of the directory
+ * holding it (registry_links.c), to the inode it names now, which must be
+ * what the files were opened at (walk_bound): a link renamed over the
+ * path, or away, between the open and the walk is no longer the one the
+ * open followed (review rev195 H2). The links gone through, when it was,
+ * in q->links (links_known 1) for the generation. A watched reload: 0, or
+ * -EXDEV with q->message (a link refused, or the path led elsewhere: then
+ * loaded again at its next change); any other load: 0.
+ */
+static int
+check_links(struct load_request *q)
+{
+	struct registry_walk *w = malloc(sizeof(*w));
+	int err;
+
+	if (w == NULL) {
 		snprintf(q->message, sizeof(q->message), "%s", strerror(ENOMEM));
-	return err;
+		return q->reload == RELOAD_WATCHED ? -ENOMEM : 0;
+	}
+	err = registry_walk_links(q->path, link_taken, q, w);
+	if (q->links_known < 0) {
+		free(w);
+		return -EXDEV; /* link_taken said why */
+	}
+	if (err == 0 && walk_bound(q, w) &&
+		(q->links = malloc((w->nlinks > 0 ? w->nlinks : 1) * sizeof(*q->links))) != NULL) {
+		memcpy(q->links, w->links, w->nlinks * sizeof(*q->links));
+		q->nlinks = w->nlinks;
+		q->links_known = 1;
+	} else if (err == 0 && walk_bound(q, w)) {
+		err = -ENOMEM; /* recorded nothing: judged by maker next time */
+	} else if (err == 0) {
+		err = -ESTALE;
+	}
+	free(w);
+	if (q->reload != RELOAD_WATCHED || err == 0 || err == -ENOMEM)
+		return 0;
+	say_moved(q, q->keep_root != NULL ? q->keep_root : q->keep_resolved);
+	return -EXDEV;
 }
 
 static int
@@ -516,8 +589,7 @@ same_tree(struct load_request *q)
 			q->root != NULL ? q->root : "a place that moved as its files were opened",
 			q->name);
 	else if (q->root == NULL)
-		snprintf(q->message, sizeof(q->message), "its path %s resolved to another place "
-			"while its files were opened (its tree is %s); not loaded", q->path, old);
+		say_moved(q, old);
 	else if (first)
 		snprintf(q->message, sizeof(q->message), "its path %s named nothing at the "
 			"operator's last load, and %.*s, the directory above it that existed, is "
@@ -546,7 +618,7 @@ same_tree(struct load_request *q)
 			"user's file in the tree is served only after " OPERATORS_WORD, file,
 			(unsigned)st->st_uid, q->root, (unsigned)q->root_uid, q->name);
 	else
-		same = links_owned(q) == 0;
+		same = check_links(q) == 0;
 	return same ? 0 : -EXDEV;
 }
 
@@ -990,6 +1062,9 @@ load_work(struct workq_job *w)
 	}
 	gen_source_fs(&q->source, &q->fs);
 	q->resolved = gen_resolved_path(q->path, resolved, &q->source, NULL, &found);
+	q->files_dir_known = q->resolved != NULL && found.dir_known;
+	q->files_dev = found.dir_dev;
+	q->files_ino = found.dir_ino;
 	/* The tree's root and owner as the files were found beneath it (its
 	 * descriptor), not a later stat of its path (review rev187 R2). */
 	if ((q->root = hub_root(q, &q->root_uid)) == NULL && q->resolved != NULL) {
@@ -1000,6 +1075,8 @@ load_work(struct workq_job *w)
 	free(found.root);
 	if (q->reload == RELOAD_WATCHED)
 		q->tree_status = same_tree(q);
+	else
+		check_links(q); /* the links its generation goes through */
 	if (q->tree_status == 0)
 		q->tree_status = linked_in(q);
 	if (q->tree_status < 0) {
@@ -1146,6 +1223,8 @@ load_request_free(struct load_request *q)
 	free(q->keep_resolved);
 	free(q->keep_place);
 	free(q->keep_owners);
+	free(q->keep_links);
+	free(q->links);
 	free(q->found_root);
 	free(q->found_place);
 	free(q->stage_dir);
@@ -1286,7 +1365,9 @@ log_staging(const struct model_entry *m, const struct generation *g, const struc
 /* Loop thread: g, made or found unchanged by q, answers to what the
  * model's path resolves to now (for one unchanged: a symbolic link renamed
  * over to another directory of the same files, hub snapshots sharing every
- * blob), in the tree found then, or to nothing when that could not be told. */
+ * blob), in the tree found then, or to nothing when that could not be told;
+ * and goes through the links q's walk went through, when it ended at the
+ * files (check_links; else those it had, if any). */
 static void
 take_resolved(struct generation *g, struct load_request *q)
 {
@@ -1297,6 +1378,12 @@ take_resolved(struct generation *g, struct load_request *q)
 	g->tree_root = q->root;
 	g->tree_uid = q->root_uid;
 	q->root = NULL;
+	if (q->links_known > 0) {
+		free(g->links);
+		g->links = q->links;
+		g->nlinks = q->nlinks;
+		q->links = NULL;
+	}
 }
 
 /* Loop thread: an operator's load or reload q of path, m's configured
@@ -1879,6 +1966,12 @@ keep_tree(struct load_request *q, const struct model_entry *m)
 		return -ENOMEM;
 	for (size_t i = 0; g != NULL && i < g->source.nfiles; i++)
 		q->keep_owners[q->nkeep_owners++] = owner_of(&g->source, g->origin, i);
+	if (g != NULL && g->nlinks > 0) {
+		if ((q->keep_links = malloc(g->nlinks * sizeof(*g->links))) == NULL)
+			return -ENOMEM;
+		memcpy(q->keep_links, g->links, g->nlinks * sizeof(*g->links));
+		q->nkeep_links = g->nlinks;
+	}
 	if (g != NULL && g->tree_root != NULL) {
 		q->keep_uid = g->tree_uid;
 		q->keep_named_file = g->resolved_path != NULL &&
@@ -1926,6 +2019,7 @@ queue_load(struct registry *r, const char *name, const char *path, enum pin_mode
 		free(q->keep_resolved);
 		free(q->keep_place);
 		free(q->keep_owners);
+		free(q->keep_links);
 		free(q->name);
 		free(q->path);
 		free(q);
@@ -1949,6 +2043,7 @@ queue_load(struct registry *r, const char *name, const char *path, enum pin_mode
 		free(q->keep_resolved);
 		free(q->keep_place);
 		free(q->keep_owners);
+		free(q->keep_links);
 		free(q->name);
 		free(q->path);
 		free(q);

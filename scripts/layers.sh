@@ -40,7 +40,7 @@ report "a lower daemon module calls a higher one" "$(
 		fstype.c stage.c stage_dir.c workq.c config.c config_value.c" \
 		"gen_|generation_|registry_|derive_|restore_|$above"
 	calls "generation.c" "registry_|derive_|restore_|$above"
-	calls "registry.c registry_load.c registry_sweep.c registry_budget.c" "derive_|restore_|$above"
+	calls "registry.c registry_load.c registry_links.c registry_sweep.c registry_budget.c" "derive_|restore_|$above"
 	calls "derive.c" "restore_|$above"
 	calls "restore.c restore_adopt.c restore_check.c restore_job.c restore_layout.c
 		restore_store.c" \

@@ -2063,6 +2063,22 @@ rev191_link_at_name(struct du *t, unsigned owner, const char *target, long long 
 	return rev191_link_by(t, owner, 12345, target, size);
 }
 
+/* README's swap by uid maker: her link to target renamed over srv/name
+ * (`ln -s target .n && mv -T .n name`); then a watched reload of llama,
+ * g serving: its status, and in *size the new generation's file's size (0:
+ * g still current). */
+static int
+swap_by(struct du *t, unsigned maker, const char *target, const char *name,
+	const struct generation *g, long long *size)
+{
+	char cmd[8192];
+
+	snprintf(cmd, sizeof(cmd), "cd %s/srv && ln -s %s .n && chown -h %u:%u .n && "
+		"mv -T .n %s", t->dir, target, maker, maker, name);
+	assert_int_equal(system(cmd), 0);
+	return rev191_watched(t, g, size);
+}
+
 /* rev191: runs "cd t's dir && mk", makes the model file rel (floats
  * floats) and runs "fix FILE" on it: the file's path. */
 static char *
@@ -2285,10 +2301,7 @@ test_rev191_deployer_links_to_roots_private_sharded_sibling(void **state)
 	snprintf(cmd, sizeof(cmd), "chmod 0600 %s %s", b, idx);
 	assert_int_equal(system(cmd), 0);
 	p = rev191_file_in_srv(t, "1775", 23456, &a, &g1);
-	snprintf(cmd, sizeof(cmd), "cd %s/srv && ln -s ../priv .n && chown -h 23456:23456 .n && "
-		"mv -T .n m.safetensors", t->dir);
-	assert_int_equal(system(cmd), 0);
-	st = rev191_watched(t, g1, &size);
+	st = swap_by(t, 23456, "../priv", "m.safetensors", g1, &size);
 	free(a);
 	free(b);
 	free(p);
@@ -2297,10 +2310,179 @@ test_rev191_deployer_links_to_roots_private_sharded_sibling(void **state)
 	assert_non_null(strstr(t->message, "/priv (was "));
 }
 
+/* rev195: srv (root's, 1775) holds root's model directory llama and
+ * root's private other (0700, its file 0600 and larger: wcached reads it,
+ * bob does not). "llama" loaded from rel (generation 1 in *g1); then the
+ * operator's `rm -rf llama` and bob's `ln -s other llama`. Its path. */
+static char *
+rev195_bobs_link_at_llama(struct du *t, const char *rel, struct generation **g1)
+{
+	char *a, *o, *p, cmd[8192];
+
+	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p srv/llama srv/other srv/bob && "
+		"chmod 1775 srv", t->dir);
+	assert_int_equal(system(cmd), 0);
+	a = du_model(t, "srv/llama/model.safetensors", 1024);
+	o = du_model(t, "srv/other/model.safetensors", 3000);
+	snprintf(cmd, sizeof(cmd), "cd %s/srv && chmod 0700 other && "
+		"chmod 0600 other/model.safetensors && chown 12345:12345 bob", t->dir);
+	assert_int_equal(system(cmd), 0);
+	p = llama_loaded(t, rel, g1);
+	snprintf(cmd, sizeof(cmd), "cd %s/srv && rm -rf llama && ln -s other llama && "
+		"chown -h 12345:12345 llama", t->dir);
+	assert_int_equal(system(cmd), 0);
+	free(a);
+	free(o);
+	return p;
+}
+
+/*
+ * rev195 H1: the model configured by its file, srv/llama/model.safetensors;
+ * bob's link is above it (llama), not its last entry, which was all the
+ * link check looked at: root's private other/model.safetensors was
+ * "llama"'s generation 2. Every link on the path is judged.
+ */
+static void
+test_rev195_bobs_link_above_the_file_waits(void **state)
+{
+	struct du *t = *state;
+	struct generation *g1;
+	char *p = rev195_bobs_link_at_llama(t, "srv/llama/model.safetensors", &g1);
+	long long size;
+	int st;
+
+	st = rev191_watched(t, g1, &size);
+	free(p);
+	assert_int_equal(st, -EXDEV); /* else root's private model is "llama" */
+	assert_int_equal(size, 0);
+	assert_non_null(strstr(t->message, "/srv/llama (to other) made by uid 12345, in "));
+	assert_non_null(strstr(t->message, "`wcachectl reload llama`"));
+}
+
+/*
+ * rev195 H2: the model is the directory srv/llama; bob's link there leads
+ * to root's private other while the files are opened and their place is
+ * checked (gen_resolved_path), and is exchanged with bob's own directory
+ * right after (at hub_root's realpath of srv): the link check read the
+ * path again, found a directory, no link, and root's private model was
+ * generation 2. The walk of the path must end where the files were found.
+ */
+static void
+test_rev195_link_exchanged_after_the_open_waits(void **state)
+{
+	struct du *t = *state;
+	struct generation *g1;
+	char *p = rev195_bobs_link_at_llama(t, "srv/llama", &g1);
+	char srv[2048], llama[2100], bob[2100];
+	long long size;
+	int st;
+
+	snprintf(srv, sizeof(srv), "%s/srv", t->dir);
+	snprintf(llama, sizeof(llama), "%s/llama", srv);
+	snprintf(bob, sizeof(bob), "%s/bob", srv);
+	r187_set(0, srv, 1, 1, llama, bob); /* right after hub_root's realpath */
+	atomic_store(&r187_on, 1);
+	st = rev191_watched(t, g1, &size);
+	print_message("rev195 H2: fired %d\n", r187[0].fired);
+	assert_int_equal(r187[0].fired, 1);
+	r187_clear();
+	free(p);
+	assert_int_equal(st, -EXDEV); /* else root's private model is "llama" */
+	assert_int_equal(size, 0);
+	assert_non_null(strstr(t->message, "resolved to another place while its files were "
+		"opened"));
+}
+
+/* rev195 L1: srv with the model directories va and vb (a model each,
+ * 1024 and 4000 floats), then "cd srv && fix" (its modes and owners, the
+ * link llama), and "llama" loaded from srv/llama (generation 1 in *g1):
+ * its path. */
+static char *
+rev195_llama_to(struct du *t, const char *va, const char *vb, const char *fix,
+	struct generation **g1)
+{
+	char *a, *b, rel[64], cmd[8192];
+
+	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p srv/%s srv/%s", t->dir, va, vb);
+	assert_int_equal(system(cmd), 0);
+	snprintf(rel, sizeof(rel), "srv/%s/model.safetensors", va);
+	a = du_model(t, rel, 1024);
+	snprintf(rel, sizeof(rel), "srv/%s/model.safetensors", vb);
+	b = du_model(t, rel, 4000);
+	snprintf(cmd, sizeof(cmd), "cd %s/srv && %s", t->dir, fix);
+	assert_int_equal(system(cmd), 0);
+	free(a);
+	free(b);
+	return llama_loaded(t, "srv/llama", g1);
+}
+
+/*
+ * rev195 L1: srv (root's, 1775), root's v2 and v3 (a model each), and a
+ * deploy-group member's (23456) link llama -> v2, loaded by the operator.
+ * root's update inside v2 (a new file renamed in) loads by itself: the
+ * link is the one the generation serving was loaded through, whoever
+ * made it (it waited for the operator at every update). Her swap of the
+ * link to v3 is a new link of hers: it waits.
+ */
+static void
+test_rev195_unchanged_link_of_a_deployer_follows_updates(void **state)
+{
+	struct du *t = *state;
+	struct generation *g1, *g2;
+	char *b, *p, cmd[8192];
+	long long size;
+	int st;
+
+	p = rev195_llama_to(t, "v2", "v3", "chmod 1775 . && ln -s v2 llama && "
+		"chown -h 23456:23456 llama", &g1);
+	b = du_model(t, "srv/v2/new.tmp", 2048);
+	snprintf(cmd, sizeof(cmd), "cd %s/srv/v2 && mv new.tmp model.safetensors", t->dir);
+	assert_int_equal(system(cmd), 0);
+	st = rev191_watched(t, g1, &size);
+	assert_int_equal(st, 0); /* else every update waits for the operator */
+	assert_true(size > 0);
+	g2 = du_current(t, "llama");
+	st = swap_by(t, 23456, "v3", "llama", g2, &size);
+	free(b);
+	free(p);
+	assert_int_equal(st, -EXDEV);
+	assert_int_equal(size, 0);
+	assert_non_null(strstr(t->message, "/srv/llama (to v3) made by uid 23456, in "));
+}
+
+/*
+ * rev195 L1: root's own link in a service user's directory: srv, v1 and v2
+ * the user's (23456), llama -> v1 hers; the operator's `ln -s v2 .n &&
+ * mv -T .n llama` (a link made by uid 0) was refused as a stranger's.
+ */
+static void
+test_rev195_roots_link_swaps(void **state)
+{
+	struct du *t = *state;
+	struct generation *g1;
+	char *p;
+	long long size;
+	int st;
+
+	p = rev195_llama_to(t, "v1", "v2", "ln -s v1 llama && chown -R -h 23456:23456 . && "
+		"chmod 0755 .", &g1);
+	st = swap_by(t, 0, "v2", "llama", g1, &size);
+	free(p);
+	assert_int_equal(st, 0); /* else root's own swap waits for root */
+	assert_true(size > 0);
+}
+
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_rev195_bobs_link_above_the_file_waits, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_rev195_link_exchanged_after_the_open_waits,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_rev195_unchanged_link_of_a_deployer_follows_updates, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_rev195_roots_link_swaps, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_rev191_bobs_link_to_alices_other_file, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_rev191_tree_owners_file_over_anothers_swaps,
