@@ -2359,6 +2359,25 @@ test_rev195_bobs_link_above_the_file_waits(void **state)
 	assert_non_null(strstr(t->message, "`wcachectl reload llama`"));
 }
 
+/* rev195 H1: the model configured as srv/llama/. (a path ending in "."
+ * or "..": its last entry is never a link): bob's link at llama is
+ * judged all the same. */
+static void
+test_rev195_bobs_link_above_a_dot_waits(void **state)
+{
+	struct du *t = *state;
+	struct generation *g1;
+	char *p = rev195_bobs_link_at_llama(t, "srv/llama/.", &g1);
+	long long size;
+	int st;
+
+	st = rev191_watched(t, g1, &size);
+	free(p);
+	assert_int_equal(st, -EXDEV); /* else root's private model is "llama" */
+	assert_int_equal(size, 0);
+	assert_non_null(strstr(t->message, "/srv/llama (to other) made by uid 12345, in "));
+}
+
 /*
  * rev195 H2: the model is the directory srv/llama; bob's link there leads
  * to root's private other while the files are opened and their place is
@@ -2477,6 +2496,8 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_rev195_bobs_link_above_the_file_waits, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_rev195_bobs_link_above_a_dot_waits, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_rev195_link_exchanged_after_the_open_waits,
 			setup, teardown),
