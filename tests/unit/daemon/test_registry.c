@@ -2336,18 +2336,13 @@ rev195_bobs_link_at_llama(struct du *t, const char *rel, struct generation **g1)
 	return p;
 }
 
-/*
- * rev195 H1: the model configured by its file, srv/llama/model.safetensors;
- * bob's link is above it (llama), not its last entry, which was all the
- * link check looked at: root's private other/model.safetensors was
- * "llama"'s generation 2. Every link on the path is judged.
- */
+/* rev195 H1: "llama" loaded from rel (rev195_bobs_link_at_llama): the
+ * watched reload after bob's link waits, naming it. */
 static void
-test_rev195_bobs_link_above_the_file_waits(void **state)
+rev195_bobs_link_waits(struct du *t, const char *rel)
 {
-	struct du *t = *state;
 	struct generation *g1;
-	char *p = rev195_bobs_link_at_llama(t, "srv/llama/model.safetensors", &g1);
+	char *p = rev195_bobs_link_at_llama(t, rel, &g1);
 	long long size;
 	int st;
 
@@ -2359,23 +2354,24 @@ test_rev195_bobs_link_above_the_file_waits(void **state)
 	assert_non_null(strstr(t->message, "`wcachectl reload llama`"));
 }
 
-/* rev195 H1: the model configured as srv/llama/. (a path ending in "."
- * or "..": its last entry is never a link): bob's link at llama is
- * judged all the same. */
+/*
+ * rev195 H1: the model configured by its file, srv/llama/model.safetensors;
+ * bob's link is above it (llama), not its last entry, which was all the
+ * link check looked at: root's private other/model.safetensors was
+ * "llama"'s generation 2. Every link on the path is judged.
+ */
+static void
+test_rev195_bobs_link_above_the_file_waits(void **state)
+{
+	rev195_bobs_link_waits(*state, "srv/llama/model.safetensors");
+}
+
+/* The same configured as srv/llama/. (a path ending in "." or "..": its
+ * last entry is never a link). */
 static void
 test_rev195_bobs_link_above_a_dot_waits(void **state)
 {
-	struct du *t = *state;
-	struct generation *g1;
-	char *p = rev195_bobs_link_at_llama(t, "srv/llama/.", &g1);
-	long long size;
-	int st;
-
-	st = rev191_watched(t, g1, &size);
-	free(p);
-	assert_int_equal(st, -EXDEV); /* else root's private model is "llama" */
-	assert_int_equal(size, 0);
-	assert_non_null(strstr(t->message, "/srv/llama (to other) made by uid 12345, in "));
+	rev195_bobs_link_waits(*state, "srv/llama/.");
 }
 
 /*
