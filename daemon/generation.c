@@ -331,7 +331,8 @@ blob_repo(char *root, uid_t *owner, const struct stat *opened)
 /* found's root and owner from t, whose files were found beneath it:
  * its descriptor's owner, never a later stat of its path (review rev187
  * R2). found->root stays NULL when it cannot be told. And the model
- * directory they were found in, from its descriptor. */
+ * directory they were found in, from its descriptor: its device, inode,
+ * owner and mode. */
 static void
 found_tree(const struct gen_tree *t, struct gen_found_tree *found)
 {
@@ -341,6 +342,8 @@ found_tree(const struct gen_tree *t, struct gen_found_tree *found)
 		found->dir_known = 1;
 		found->dir_dev = st.st_dev;
 		found->dir_ino = st.st_ino;
+		found->dir_uid = st.st_uid;
+		found->dir_mode = st.st_mode;
 	}
 	if (t->fd >= 0 && t->root != NULL && fstat(t->fd, &st) == 0 &&
 		(found->root = strdup(t->root)) != NULL) {

@@ -467,13 +467,16 @@ void gen_free_origin(struct gen_origin *origin, size_t n);
  * directory they were found in (the one holding a one-file model or a
  * shard index), opened with no link followed: its device and inode
  * (dir_known 0: not told), which the walk of the path after the open must
- * end in (registry_load.c's check_links, review rev195 H2). */
+ * end in (registry_load.c's check_links, review rev195 H2), and its owner
+ * and mode, which say who may have put the files there. */
 struct gen_found_tree {
 	char *root;
 	uid_t uid;
 	int dir_known;
 	dev_t dir_dev;
 	ino_t dir_ino;
+	uid_t dir_uid;
+	mode_t dir_mode;
 };
 
 /* A symbolic link a load's path went through (registry_links.c): the

@@ -19,8 +19,10 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,6 +82,12 @@ struct load_request {
 	 * staged copy), whom the new file must have (same_tree). */
 	int keep_file_known;
 	uid_t keep_file_uid;
+	/* Any load of a model with a generation: the real path its newest
+	 * generation's path resolved to when that is one file or a shard
+	 * index (NULL: none, or not known), and that file's owner: a model
+	 * straight in a shared directory is that owner's (linked_in). */
+	char *named_path;
+	uid_t named_uid;
 	/* Its newest generation's path resolved to a file straight in its
 	 * tree (a one-file model or an index, whose tree is the directory
 	 * holding it): no directory beside that one is a sibling of it, only
@@ -151,7 +159,8 @@ struct load_request {
 	char *root;
 	uid_t root_uid;
 	/* The model directory gen_resolved_path found the files in (its
-	 * gen_found_tree's dir_*; files_dir_known 0: not told), and the links
+	 * gen_found_tree's dir_*; files_dir_known 0: not told), its owner and
+	 * mode (who may have put the files there), and the links
 	 * the walk of the path after the open went through, once it ended at
 	 * what was opened (check_links): for the generation's links
 	 * (links_known 0: none recorded; -1: a watched reload refused a
@@ -159,6 +168,8 @@ struct load_request {
 	int files_dir_known;
 	dev_t files_dev;
 	ino_t files_ino;
+	uid_t files_uid;
+	mode_t files_mode;
 	struct gen_link *links;
 	size_t nlinks;
 	int links_known;
@@ -275,6 +286,7 @@ sibling_swap(const struct load_request *q)
  * or -EXDEV with q->message.
  */
 static int at_place(const struct load_request *q, int first_comer);
+static int owned_by(const struct model_source *src, uid_t uid);
 
 /*
  * Whether q keeps a place (its model has no generation and its operator's
@@ -321,16 +333,37 @@ owners_said(const struct model_source *src, const struct gen_origin *origin, cha
 	return buf;
 }
 
+/* Whether others than its owner may write in the directory holding q's
+ * files as they were found (a group or others write bit: an ACL's named
+ * users show in the group bits). */
+static int
+others_write(const struct load_request *q)
+{
+	return q->files_dir_known && (q->files_mode & (S_IWGRP | S_IWOTH)) != 0;
+}
+
+/* Whether uid alone may write in the directory holding q's files as they
+ * were found: it owns it, and others may not (others_write); not where that
+ * is not known. */
+static int
+only_writer(const struct load_request *q, uid_t uid)
+{
+	return q->files_dir_known && q->files_uid == uid && !others_write(q);
+}
+
 /*
  * Whether a watched reload's one file (a model that is one file) has the
  * owner of the file of the generation it replaces: a model whose file lies
  * directly in a shared directory (1777, or group-writable) has that
  * directory for its tree, whose owner stays the same whoever makes a file
  * at the model's name once its owner's is gone (review rev187 R2b). A file
- * of the tree's owner with no other name is taken too: only she made it
- * there (the operator's copy over a download user's file in her own
- * directory: review rev191 F3); one with other names may be anyone's
- * link of it where fs.protected_hardlinks=0.
+ * of the tree's owner with no other name is taken too where no one else
+ * may write in the directory holding it: only she made it there (the
+ * operator's copy over a download user's file in her own directory:
+ * review rev191 F3); in a directory others may rename in (a 2775 team
+ * directory) any of them could have renamed her file there (review rev195
+ * M3), and one with other names may be anyone's link of it where
+ * fs.protected_hardlinks=0.
  */
 static int
 same_file_owner(const struct load_request *q)
@@ -339,7 +372,8 @@ same_file_owner(const struct load_request *q)
 
 	return !q->keep_file_known || st == NULL || q->source.format == FORMAT_SHARDED ||
 		st->st_uid == q->keep_file_uid ||
-		(q->root != NULL && st->st_uid == q->root_uid && st->st_nlink == 1);
+		(q->root != NULL && st->st_uid == q->root_uid && st->st_nlink == 1 &&
+			only_writer(q, q->root_uid));
 }
 
 /* Whether uid owns a file of the generation a watched reload replaces
@@ -390,47 +424,143 @@ same_owners(const struct load_request *q, const char **name, const struct stat *
 	return 1;
 }
 
+/* Groups looked up for a tree's owner at most (NGROUPS_MAX on Linux). */
+#define OWNER_MAX_GROUPS 65536
+
+/* A uid's groups as the user database tells them (its primary group and
+ * getgrouplist(3)), looked up once per load (linked_in): looked 0 until
+ * then; none for a uid the database does not know or when it cannot be
+ * asked. */
+struct owner_groups {
+	int looked;
+	gid_t *list;
+	int n;
+};
+
+/* Fills g with uid's groups (struct owner_groups). Work queue thread: the
+ * database may be a network's. */
+static void
+owner_groups_look(uid_t uid, struct owner_groups *g)
+{
+	struct passwd pw, *found = NULL;
+	size_t size = 16384;
+	char *buf = NULL;
+	int err = ERANGE;
+
+	g->looked = 1;
+	for (char *more; err == ERANGE && size <= (1u << 20); size *= 2) {
+		if ((more = realloc(buf, size)) == NULL)
+			break;
+		buf = more;
+		err = getpwuid_r(uid, &pw, buf, size, &found);
+	}
+	for (int want = 64; err == 0 && found != NULL && want <= OWNER_MAX_GROUPS;) {
+		gid_t *more = realloc(g->list, (size_t)want * sizeof(*more));
+		int n = want;
+
+		if (more == NULL)
+			break;
+		g->list = more;
+		if (getgrouplist(pw.pw_name, pw.pw_gid, g->list, &n) >= 0) {
+			g->n = n;
+			break;
+		}
+		want = n > want ? n : want * 2; /* n: how many there are now */
+	}
+	free(buf);
+}
+
+/* Whether uid could read the file whose fstat is st by its mode bits:
+ * others may, or its group may and uid is in it (g: uid's groups, looked
+ * up the first time they are asked). */
+static int
+owner_may_read(uid_t uid, const struct stat *st, struct owner_groups *g)
+{
+	if ((st->st_mode & S_IROTH) != 0)
+		return 1;
+	if ((st->st_mode & S_IRGRP) == 0)
+		return 0;
+	if (!g->looked)
+		owner_groups_look(uid, g);
+	for (int k = 0; k < g->n; k++)
+		if (g->list[k] == st->st_gid)
+			return 1;
+	return 0;
+}
+
 /*
  * Any load: 0, or -EPERM with q->message when a file of the model (its
- * shard index too) has other names besides (st_nlink > 1), is not owned
- * by the owner of its tree (not even by root: a model installed as root,
- * readable by wcached's group only, is what another user would link), and
- * is not readable by others (no S_IROTH). Where fs.protected_hardlinks is 0
- * anyone may hard-link into her own model's directory any file she can
- * reach, readable or not, and wcached lent her its read rights to it
- * (review rev187 R3); a file anyone may read lends her nothing she could
- * not copy (and a tree of the operator's whose files are hard links of one
- * another, two names of one model, or a backup made with cp -l or rsync
- * --link-dest, loads as before). The tree is the one the files
- * were found beneath (q->root), or the one the operator's load found
- * before opening them; where neither is known, no hard link of any user's
- * is taken.
+ * shard index too) is not owned by the model's owner, who could not read
+ * it either: others may not read it, and its group may not or the owner
+ * is not in it (the user database's groups, asked once per load). Whoever
+ * may put a file in a model's tree, by a rename or, where
+ * fs.protected_hardlinks is 0, by a hard link of a file she cannot read
+ * (any she can reach), was lent wcached's read right to it (review rev187
+ * R3, rev195 M2): the number of its names said nothing of whose it is (a
+ * file linked in keeps two only until its other name goes). A file anyone
+ * may read lends nothing (a tree of hard links of one another, two names
+ * of one model, a backup made with cp -l or rsync --link-dest, loads).
+ *
+ * The model's owner is its tree's (the tree the files were found beneath,
+ * q->root, or the one the operator's load found before opening them); root
+ * reads them all where it alone may write in the directory holding them
+ * (only_writer): only root put them there. A model straight in a shared
+ * directory (one others may write in, as a 1775 team directory) has that
+ * directory for its tree, whose owner is not the model's: its owner is
+ * that of the file it replaces (the one file or shard index the newest
+ * generation's path resolved to, when it resolves to that path still),
+ * and where none is known (its first load, a path changed), that of the
+ * file its path names (a shard index's shards must be files its owner
+ * could read). Where no tree is known, only files others may read are
+ * taken.
  */
 static int
 linked_in(struct load_request *q)
 {
 	const char *tree = q->root != NULL ? q->root : q->found_root, *name;
 	uid_t owner = q->root != NULL ? q->root_uid : q->found_uid;
+	int err = 0, all = q->root != NULL && owner == 0 && only_writer(q, 0);
+	struct owner_groups groups = { 0 };
 	const struct stat *st;
+	char who[384];
 
-	for (size_t i = 0; file_of(q, i, &st, &name); i++)
-		if (st->st_nlink > 1 && !(st->st_mode & S_IROTH) &&
-			(tree == NULL || st->st_uid != owner)) {
-			char of[64] = "whose owner could not be told";
+	if (q->root != NULL && q->resolved != NULL && file_in(q->resolved, q->root) &&
+		others_write(q) && q->source.nfiles > 0) {
+		int replaces = q->named_path != NULL && strcmp(q->named_path, q->resolved) == 0;
 
-			if (tree != NULL)
-				snprintf(of, sizeof(of), "owned by uid %u", (unsigned)owner);
-			snprintf(q->message, sizeof(q->message), "%s is a hard link (%ju names) "
-				"of a file owned by uid %u, in the model's tree %s %s: another "
-				"user's file that others may not read, linked into a model's "
-				"tree, is not served (where "
-				"fs.protected_hardlinks=0 anyone may link a file she cannot read); "
-				"copy it there instead, or give it to the tree's owner", name,
-				(uintmax_t)st->st_nlink, (unsigned)st->st_uid,
-				tree != NULL ? tree : "", of);
-			return -EPERM;
-		}
-	return 0;
+		owner = replaces ? q->named_uid : q->source.format == FORMAT_SHARDED ?
+			q->source.index_st.st_uid : q->source.files[0].st.st_uid;
+		snprintf(who, sizeof(who), "uid %u (the owner of the file %s %.300s)",
+			(unsigned)owner, replaces ? "it replaces at" : "its path names,",
+			q->resolved);
+	} else if (tree != NULL) {
+		snprintf(who, sizeof(who), "uid %u (the owner of the model's tree %.300s)",
+			(unsigned)owner, tree);
+	} else {
+		snprintf(who, sizeof(who), "anyone but its owner (the model's tree, whose owner "
+			"might, could not be told)");
+	}
+	for (size_t i = 0; err == 0 && file_of(q, i, &st, &name); i++) {
+		char names[96] = "";
+
+		if (tree != NULL ? st->st_uid == owner || all ||
+				owner_may_read(owner, st, &groups) :
+			(st->st_mode & S_IROTH) != 0)
+			continue;
+		if (st->st_nlink > 1)
+			snprintf(names, sizeof(names), " (it has %ju names; another may be "
+				"anyone's link of it)", (uintmax_t)st->st_nlink);
+		snprintf(q->message, sizeof(q->message), "%s%s is owned by uid %u (mode %04o, "
+			"group %u), which %s may not read: another user's file put in a model's "
+			"tree (renamed, or hard-linked where fs.protected_hardlinks=0) is not "
+			"served: wcached would lend its read right to whoever put it there; copy "
+			"it there instead, or make it readable to the model's owner", name, names,
+			(unsigned)st->st_uid, (unsigned)(st->st_mode & 07777), (unsigned)st->st_gid,
+			who);
+		err = -EPERM;
+	}
+	free(groups.list);
+	return err;
 }
 
 /* Whether l is a link the load of the generation a watched reload q
@@ -558,6 +688,21 @@ check_links(struct load_request *q)
 	return -EXDEV;
 }
 
+/*
+ * Whether q's files, found in the very tree it keeps (the same path), are
+ * that tree's: its owner is the one kept; or, at a place its operator's
+ * load found nothing at (q->keep_place), whoever made them where no one
+ * else could have, and where others may write (open) only files of the
+ * place's owner in a tree of hers, as at_place takes them.
+ */
+static int
+same_root(const struct load_request *q, int open)
+{
+	if (q->keep_place == NULL)
+		return q->root_uid == q->keep_uid;
+	return !open || (q->root_uid == q->keep_uid && owned_by(&q->source, q->keep_uid));
+}
+
 static int
 same_tree(struct load_request *q)
 {
@@ -575,11 +720,12 @@ same_tree(struct load_request *q)
 	 * (review rev187 R2). A place the operator's load found nothing at
 	 * keeps at_place's rules, and a model directory made at it is taken
 	 * whoever made it only where no one else could have (open_place:
-	 * review rev187 R5); first: a first comer's, so refused. */
+	 * review rev187 R5: a hub snapshot directory made in its repo's
+	 * group-writable snapshots/ has the repo, the same path and owner,
+	 * for its tree, rev195 M4); first: a first comer's, so refused. */
 	path_same = q->root != NULL && q->keep_root != NULL && strcmp(q->root, q->keep_root) == 0;
 	same = q->root != NULL && q->keep_root != NULL &&
-		((path_same && ((q->keep_place != NULL && !open) || q->root_uid == q->keep_uid)) ||
-			sibling_swap(q) || at_place(q, !open));
+		((path_same ? same_root(q, open) : sibling_swap(q)) || at_place(q, !open));
 	if (!same && open && q->root != NULL && q->keep_root != NULL)
 		first = (path_same && q->keep_place != NULL) || at_place(q, 1);
 	if (old == NULL)
@@ -1065,6 +1211,8 @@ load_work(struct workq_job *w)
 	q->files_dir_known = q->resolved != NULL && found.dir_known;
 	q->files_dev = found.dir_dev;
 	q->files_ino = found.dir_ino;
+	q->files_uid = found.dir_uid;
+	q->files_mode = found.dir_mode;
 	/* The tree's root and owner as the files were found beneath it (its
 	 * descriptor), not a later stat of its path (review rev187 R2). */
 	if ((q->root = hub_root(q, &q->root_uid)) == NULL && q->resolved != NULL) {
@@ -1225,6 +1373,7 @@ load_request_free(struct load_request *q)
 	free(q->keep_owners);
 	free(q->keep_links);
 	free(q->links);
+	free(q->named_path);
 	free(q->found_root);
 	free(q->found_place);
 	free(q->stage_dir);
@@ -1944,6 +2093,36 @@ newest(const struct model_entry *m)
 	return m->pending != NULL ? m->pending : m->current;
 }
 
+/* Whether g's path named one file (its model's one file, as opened or its
+ * origin; a shard index, as it was read, when g is no staged copy nor a
+ * restored generation, which keep no fstat of it): 1 with its owner in
+ * *uid. */
+static int
+named_owner(const struct generation *g, uid_t *uid)
+{
+	if (g->source.format == FORMAT_SHARDED) {
+		*uid = g->source.index_st.st_uid;
+		return g->origin == NULL && g->source.index_st.st_ino != 0;
+	}
+	if (g->source.nfiles != 1)
+		return 0;
+	*uid = g->origin != NULL ? g->origin[0].st.st_uid : g->source.files[0].st.st_uid;
+	return 1;
+}
+
+/* Any load of m: the file its newest generation's path resolved to
+ * (named_owner) and its owner, in q's named_path and named_uid, for
+ * linked_in. 0 or -ENOMEM. */
+static int
+keep_named(struct load_request *q, const struct model_entry *m)
+{
+	const struct generation *g = newest(m);
+
+	if (g == NULL || g->resolved_path == NULL || !named_owner(g, &q->named_uid))
+		return 0;
+	return (q->named_path = strdup(g->resolved_path)) != NULL ? 0 : -ENOMEM;
+}
+
 /* A watched reload q keeps the tree of m's newest generation g: its root
  * and owner, or the real path whose root load_work finds (a restored
  * generation's); when g records neither (or m has none), the tree m's
@@ -1972,6 +2151,11 @@ keep_tree(struct load_request *q, const struct model_entry *m)
 		memcpy(q->keep_links, g->links, g->nlinks * sizeof(*g->links));
 		q->nkeep_links = g->nlinks;
 	}
+	/* Its shard index's owner too: the deployer's index over root's
+	 * shards made the generation serving (review rev195 L3). */
+	if (g != NULL && g->source.format == FORMAT_SHARDED &&
+		named_owner(g, &q->keep_owners[q->nkeep_owners]))
+		q->nkeep_owners++;
 	if (g != NULL && g->tree_root != NULL) {
 		q->keep_uid = g->tree_uid;
 		q->keep_named_file = g->resolved_path != NULL &&
@@ -2014,12 +2198,13 @@ queue_load(struct registry *r, const char *name, const char *path, enum pin_mode
 		free(q);
 		return error_set(-ENOMEM, "model \"%s\": out of memory", name);
 	}
-	if (reload == RELOAD_WATCHED && keep_tree(q, m) < 0) {
+	if (keep_named(q, m) < 0 || (reload == RELOAD_WATCHED && keep_tree(q, m) < 0)) {
 		free(q->keep_root);
 		free(q->keep_resolved);
 		free(q->keep_place);
 		free(q->keep_owners);
 		free(q->keep_links);
+		free(q->named_path);
 		free(q->name);
 		free(q->path);
 		free(q);
@@ -2044,6 +2229,7 @@ queue_load(struct registry *r, const char *name, const char *path, enum pin_mode
 		free(q->keep_place);
 		free(q->keep_owners);
 		free(q->keep_links);
+		free(q->named_path);
 		free(q->name);
 		free(q->path);
 		free(q);

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from conftest import Daemon, as_user, mkmodel, wait_until
+from ctlutil import ctl
 from test_warm_restart import ready, start
 
 sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
@@ -347,8 +348,9 @@ def test_a_hard_link_of_another_users_file_is_not_served(tmp_path):
     """alice's model directory whose file is a hard link of bob's model
     file (fs.protected_hardlinks=0 lets her link a file she cannot read;
     root stands in for her here): the operator's own load served it as
-    hers. Refused with one line naming the file, its owner and the tree's;
-    her own file, hard-linked beside it, loads (review rev187 R3)."""
+    hers. Refused with one line naming the file, its owner, its mode and
+    the tree's owner, who may not read it (review rev187 R3, rev195 M2);
+    her own file, hard-linked beside it, loads."""
     shared = made_by(tmp_path / "shared", 0, 0o755)
     alice, mine = made_by(os.path.join(shared, "alice"), ALICE_UID), \
         made_by(os.path.join(shared, "mine"), ALICE_UID)
@@ -363,10 +365,10 @@ def test_a_hard_link_of_another_users_file_is_not_served(tmp_path):
     d = Daemon(tmp_path, {"alice": alice, "mine": mine}, user=(DAEMON_UID, GROUP),
                nofile=1024).start()
     try:
-        _, line = d.wait_for_log(r'model "alice": (.* is a hard link|generation 1 from)')
-        assert "%s/model.safetensors is a hard link (2 names) of a file owned by uid %d, in " \
-            "the model's tree %s owned by uid %d: " % (alice, BOB_UID, alice, ALICE_UID) \
-            in line, line
+        _, line = d.wait_for_log(r'model "alice": (.* may not read|generation 1 from)')
+        assert "%s/model.safetensors (it has 2 names; another may be anyone's link of it) is " \
+            "owned by uid %d (mode 0640, group %d), which uid %d (the owner of the model's " \
+            "tree %s) may not read: " % (alice, BOB_UID, GROUP, ALICE_UID, alice) in line, line
         assert "not served" in line, line
         d.wait_for_log(r'model "mine": generation 1 warm')
         assert 'model "alice": generation 1' not in d.read_log()
@@ -495,5 +497,37 @@ def test_a_one_file_model_does_not_swap_to_a_directory_beside_its_own(tmp_path):
         as_alice("ln -s ../priv .n && mv -T .n m.safetensors", shared)
         generation_1_waits(d, "alice", r"its path %s now resolves into %s \(was %s\): a moved "
                            r"tree" % (re.escape(m), re.escape(priv), re.escape(shared)))
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_roots_file_renamed_over_a_users_name_in_a_group_writable_place_waits(tmp_path):
+    """A team's place that is group-writable and not sticky (2775, root's):
+    alice's one-file model m.safetensors, and beside it root's private
+    model file (0640, wcached's group: wcached reads it, alice and bob do
+    not). bob renames root's file over alice's name (a rename needs no
+    right on the file): a file of the tree's owner with one name was taken
+    by the reload wcached made by itself, as alice's generation 2 (a5ca1e6,
+    review rev195 M3). It waits for the operator's reload, whose load
+    refuses it too: the model is alice's, and she may not read it (M2)."""
+    shared = made_by(tmp_path / "shared", 0, 0o2775)
+    m = mkmodel(os.path.join(shared, "m.safetensors"), seed=1)
+    os.chown(m, ALICE_UID, GROUP)
+    priv = mkmodel(os.path.join(shared, "priv.safetensors"), layers=3, seed=2)
+    os.chown(priv, 0, WCACHED_GID)
+    os.chmod(priv, 0o640)
+    d = Daemon(tmp_path, {"alice": m}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "alice": generation 1 warm')
+        as_bob("mv priv.safetensors m.safetensors", shared)
+        generation_1_waits(d, "alice", r"its path %s names a file now owned by uid 0 \(was "
+                           r"uid %d\)" % (re.escape(m), ALICE_UID))
+        r = ctl(d, "reload", "alice")
+        assert r.returncode != 0, r.stdout + r.stderr
+        _, line = d.wait_for_log(r'model "alice": %s is owned by uid 0' % re.escape(m))
+        assert "which uid %d (the owner of the file it replaces at %s) may not read" % (
+            ALICE_UID, m) in line, line
+        assert 'model "alice": generation 2' not in d.read_log(), d.read_log()
+        assert "generation 1" in served(d, "alice")
     finally:
         assert d.stop() == 0, d.read_log()

@@ -1855,17 +1855,26 @@ test_rev187_fallback_sibling_linking_out(void **state)
 	tree_force_fallback = 0;
 }
 
-/* Writes a shard index at t's rel naming the one shard "s.safetensors". */
+/* Writes a shard index at t's rel naming the shards of tensors "w" and,
+ * when not NULL, "v" (s2). */
 static void
-index_naming_s(struct du *t, const char *rel)
+index_naming(struct du *t, const char *rel, const char *s2)
 {
 	char path[4096];
 	FILE *f;
 
 	snprintf(path, sizeof(path), "%s/%s", t->dir, rel);
 	assert_non_null(f = fopen(path, "w"));
-	fputs("{\"weight_map\":{\"w\":\"s.safetensors\"}}", f);
+	fprintf(f, "{\"weight_map\":{\"w\":\"s.safetensors\"%s%s%s}}", s2 != NULL ? ",\"v\":\"" :
+		"", s2 != NULL ? s2 : "", s2 != NULL ? "\"" : "");
 	fclose(f);
+}
+
+/* Writes a shard index at t's rel naming the one shard "s.safetensors". */
+static void
+index_naming_s(struct du *t, const char *rel)
+{
+	index_naming(t, rel, NULL);
 }
 
 /*
@@ -1933,9 +1942,10 @@ test_rev187_others_hard_link_refused(void **state)
 	assert_true(du_load(t, "llama", p, PIN_NONE, 0) < 0);
 	print_message("rev187 R3: %s\n", t->message);
 	assert_null(registry_find(&t->reg, "llama")->current);
-	assert_non_null(strstr(t->message, "/srv/v2/model.safetensors is a hard link (2 names) of "
-		"a file owned by uid 12345, in the model's tree "));
-	assert_non_null(strstr(t->message, "/srv/v2 owned by uid 23456: "));
+	assert_non_null(strstr(t->message, "/srv/v2/model.safetensors (it has 2 names; another may "
+		"be anyone's link of it) is owned by uid 12345 (mode 0600, group 12345), which "
+		"uid 23456 (the owner of the model's tree "));
+	assert_non_null(strstr(t->message, "/srv/v2) may not read: "));
 	free(p);
 	assert_true(asprintf(&p, "%s/srv/v3", t->dir) > 0);
 	assert_int_equal(du_load(t, "mine", p, PIN_NONE, 0), 0);
@@ -2487,6 +2497,234 @@ test_rev195_roots_link_swaps(void **state)
 	assert_true(size > 0);
 }
 
+/* rev195: "llama" (alice's srv/m.safetensors in srv of mode mode, generation
+ * 1 in *g1) whose file root replaces, by what sh runs in srv, with root's
+ * private priv.safetensors (0600: wcached reads it, alice does not): the
+ * path; the file in *a. */
+static char *
+rev195_roots_file_at_alices_name(struct du *t, const char *mode, const char *sh, char **a,
+	struct generation **g1)
+{
+	char *p = rev191_file_in_srv(t, mode, 23456, a, g1), *o, cmd[8192];
+
+	o = du_model(t, "srv/priv.safetensors", 3000);
+	snprintf(cmd, sizeof(cmd), "cd %s/srv && chmod 0600 priv.safetensors && %s", t->dir, sh);
+	assert_int_equal(system(cmd), 0);
+	free(o);
+	return p;
+}
+
+/*
+ * rev195 M2(a): alice's one-file model straight in root's team directory
+ * (1775): its tree is srv, root's. A hard link of root's private file
+ * renamed over her name (fs.protected_hardlinks=0; root stands in for her)
+ * is owned by the tree's owner: the operator's reload took it, lending her
+ * wcached's read right to root's file. A model straight in a shared
+ * directory is the owner's of the file it replaces: root's file, which
+ * alice may not read, is refused by any load; once others may read it,
+ * it loads.
+ */
+static void
+test_rev195_roots_file_linked_at_alices_name_refused(void **state)
+{
+	struct du *t = *state;
+	char *a, *p, cmd[8192];
+	struct generation *g1;
+	int st;
+
+	p = rev195_roots_file_at_alices_name(t, "1775", "ln priv.safetensors .t && "
+		"mv .t m.safetensors", &a, &g1);
+	st = du_reload(t, "llama");
+	print_message("rev195 M2(a): status %d (%s)\n", st, t->message);
+	assert_int_equal(st, -EPERM); /* was 0: root's private file served as alice's */
+	assert_ptr_equal(du_current(t, "llama"), g1);
+	assert_non_null(strstr(t->message, "/srv/m.safetensors (it has 2 names; another may be "
+		"anyone's link of it) is owned by uid 0 (mode 0600, group 0), which uid 23456 "
+		"(the owner of the file it replaces at "));
+	snprintf(cmd, sizeof(cmd), "chmod 0644 %s", a);
+	assert_int_equal(system(cmd), 0);
+	assert_int_equal(du_reload(t, "llama"), 0);
+	assert_ptr_not_equal(du_current(t, "llama"), g1);
+	free(a);
+	free(p);
+}
+
+/*
+ * rev195 M2(b): bob's private model file (12345, 0600) that alice kept a
+ * hard link of until bob's own update (rename-over) dropped its other
+ * name: one name, bob's. She renames it into her model directory (root
+ * stands in for her): the operator's reload took it (nlink 1). Refused
+ * whatever its names: alice may not read it.
+ */
+static void
+test_rev195_others_file_with_one_name_refused(void **state)
+{
+	struct du *t = *state;
+	char *a, *b, *n, *p, cmd[8192];
+	struct generation *g1;
+	int st;
+
+	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p a b", t->dir);
+	assert_int_equal(system(cmd), 0);
+	a = du_model(t, "a/model.safetensors", 1024);
+	b = du_model(t, "b/m.safetensors", 3000);
+	n = du_model(t, "b/new", 2048);
+	snprintf(cmd, sizeof(cmd), "cd %s && chown -R 23456:23456 a && chown -R 12345:12345 b && "
+		"chmod 0600 b/m.safetensors && ln b/m.safetensors stash && "
+		"mv b/new b/m.safetensors", t->dir);
+	assert_int_equal(system(cmd), 0);
+	p = llama_loaded(t, "a", &g1);
+	snprintf(cmd, sizeof(cmd), "cd %s && mv stash a/model.safetensors", t->dir);
+	assert_int_equal(system(cmd), 0);
+	st = du_reload(t, "llama");
+	print_message("rev195 M2(b): status %d (%s)\n", st, t->message);
+	assert_int_equal(st, -EPERM); /* was 0: bob's old private model served as alice's */
+	assert_ptr_equal(du_current(t, "llama"), g1);
+	assert_non_null(strstr(t->message, "/a/model.safetensors is owned by uid 12345 (mode 0600, "
+		"group 12345), which uid 23456 (the owner of the model's tree "));
+	assert_null(strstr(t->message, "names"));
+	free(a);
+	free(b);
+	free(n);
+	free(p);
+}
+
+/*
+ * rev195 M3: alice's one-file model in root's team directory that is
+ * group-writable and not sticky (2775): anyone of the group may rename
+ * root's private file there over her name. a5ca1e6 took the tree owner's
+ * file with one name ("only she made it there"): root's file was her
+ * generation 2. Now only where no one else may write in the directory.
+ */
+static void
+test_rev195_roots_file_renamed_at_alices_name_waits(void **state)
+{
+	struct du *t = *state;
+	char *a, *p;
+	struct generation *g1;
+	long long size;
+	int st;
+
+	p = rev195_roots_file_at_alices_name(t, "2775", "mv priv.safetensors m.safetensors", &a,
+		&g1);
+	st = rev191_watched(t, g1, &size);
+	assert_int_equal(st, -EXDEV); /* was 0, with priv's size */
+	assert_int_equal(size, 0);
+	assert_non_null(strstr(t->message, "names a file now owned by uid 0 (was uid 23456)"));
+	/* And the operator's reload does not take it either: alice may not
+	 * read it. */
+	assert_int_equal(du_reload(t, "llama"), -EPERM);
+	assert_ptr_equal(du_current(t, "llama"), g1);
+	free(a);
+	free(p);
+}
+
+/*
+ * rev195 M4: a hub snapshot configured as its directory before it is
+ * downloaded, in a repo (23456's) whose snapshots/ is group-writable
+ * (2777): bob (12345) makes the snapshot directory with his file. Its tree
+ * is the repo, the same path and owner as the place's tree: taken as
+ * generation 1 by itself. A first comer's files wait for the operator.
+ */
+static void
+test_rev195_first_comer_hub_snapshot_dir_waits(void **state)
+{
+	struct du *t = *state;
+	char *p, cmd[8192];
+	int st;
+
+	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p hub/models--o--m/snapshots && "
+		"chown -R 23456:23456 hub/models--o--m && chmod 2777 hub/models--o--m/snapshots",
+		t->dir);
+	assert_int_equal(system(cmd), 0);
+	assert_true(asprintf(&p, "%s/hub/models--o--m/snapshots/abc", t->dir) > 0);
+	assert_true(du_load(t, "m", p, PIN_NONE, 0) < 0);
+	free(du_model(t, "hub/m.tmp", 1024));
+	snprintf(cmd, sizeof(cmd), "cd %s/hub && mkdir models--o--m/snapshots/abc && "
+		"mv m.tmp models--o--m/snapshots/abc/model.safetensors && "
+		"chown -R 12345:12345 models--o--m/snapshots/abc", t->dir);
+	assert_int_equal(system(cmd), 0);
+	st = r180_watched(t, "m");
+	print_message("rev195 M4: status %d (%s)\n", st, t->message);
+	assert_int_equal(st, -EXDEV); /* was 0: bob's files generation 1 by themselves */
+	assert_null(registry_find(&t->reg, "m")->current);
+	assert_non_null(strstr(t->message, "/snapshots, the directory above it that existed, is "
+		"writable by others than its owner (uid 23456, mode 2777): the files made there "
+		"since (uid 12345) could be anyone's who came first"));
+	free(p);
+}
+
+/*
+ * rev195 M2: a sharded model's first load, straight in root's team
+ * directory (1775): alice's index (23456) names as its shard bob's private
+ * file (12345, 0600) renamed there. Its tree's owner is root, not the
+ * model's; the shards must be files the index's owner could read.
+ */
+static void
+test_rev195_others_shard_beside_an_index_in_a_shared_dir_refused(void **state)
+{
+	struct du *t = *state;
+	char *s, *p, cmd[8192];
+
+	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p srv && chmod 1775 srv", t->dir);
+	assert_int_equal(system(cmd), 0);
+	s = du_model(t, "srv/s.safetensors", 1024);
+	index_naming_s(t, "srv/m.index.json");
+	snprintf(cmd, sizeof(cmd), "cd %s/srv && chown 23456:23456 m.index.json && "
+		"chown 12345:12345 s.safetensors && chmod 0600 s.safetensors", t->dir);
+	assert_int_equal(system(cmd), 0);
+	assert_true(asprintf(&p, "%s/srv/m.index.json", t->dir) > 0);
+	assert_int_equal(du_load(t, "llama", p, PIN_NONE, 0), -EPERM); /* was 0 */
+	print_message("rev195 M2 sharded: %s\n", t->message);
+	assert_non_null(strstr(t->message, "/srv/s.safetensors is owned by uid 12345 (mode 0600, "
+		"group 12345), which uid 23456 (the owner of the file its path names, "));
+	assert_null(registry_find(&t->reg, "llama")->current);
+	free(s);
+	free(p);
+}
+
+/*
+ * rev195 L3: a sharded model straight in root's team directory (1775),
+ * its shards root's, its index the deployer's (23456): her next index
+ * (renamed over hers) was refused, its owner neither the tree's nor one of
+ * the files serving (the index serving was not counted among them).
+ */
+static void
+test_rev195_deployers_next_index_over_roots_shards_swaps(void **state)
+{
+	struct du *t = *state;
+	char *s, *s2, *p, cmd[8192], header[128];
+	struct generation *g1;
+	uint8_t *buf;
+	size_t len;
+	int st;
+
+	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p srv && chmod 1775 srv", t->dir);
+	assert_int_equal(system(cmd), 0);
+	s = du_model(t, "srv/s.safetensors", 1024);
+	snprintf(header, sizeof(header), "{\"v\":{\"dtype\":\"F32\",\"shape\":[64],"
+		"\"data_offsets\":[0,256]}}");
+	buf = tu_safetensors(header, 256, &len);
+	s2 = tu_write(t->dir, "srv/s2.safetensors", buf, len);
+	free(buf);
+	index_naming(t, "srv/m.index.json", NULL);
+	snprintf(cmd, sizeof(cmd), "chown 23456:23456 %s/srv/m.index.json", t->dir);
+	assert_int_equal(system(cmd), 0);
+	p = llama_loaded(t, "srv/m.index.json", &g1);
+	index_naming(t, "srv/next.json", "s2.safetensors");
+	snprintf(cmd, sizeof(cmd), "cd %s/srv && chown 23456:23456 next.json && "
+		"mv next.json m.index.json", t->dir);
+	assert_int_equal(system(cmd), 0);
+	st = r180_watched(t, "llama");
+	print_message("rev195 L3: status %d (%s)\n", st, t->message);
+	assert_int_equal(st, 0); /* was -EXDEV: "is owned by uid 23456, not by the owner ..." */
+	assert_ptr_not_equal(du_current(t, "llama"), g1);
+	assert_int_equal(du_current(t, "llama")->source.nfiles, 2);
+	free(s);
+	free(s2);
+	free(p);
+}
+
 int
 main(void)
 {
@@ -2538,6 +2776,19 @@ main(void)
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(test_rev187_owner_of_open_place_is_no_first_comer,
 			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_rev195_roots_file_linked_at_alices_name_refused, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_rev195_others_file_with_one_name_refused, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_rev195_roots_file_renamed_at_alices_name_waits, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_rev195_first_comer_hub_snapshot_dir_waits, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_rev195_deployers_next_index_over_roots_shards_swaps, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_rev195_others_shard_beside_an_index_in_a_shared_dir_refused, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(test_r180_no_generation_link_elsewhere_waits, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_r180_dangling_link_dir, setup, teardown),
