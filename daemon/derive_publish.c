@@ -636,7 +636,7 @@ check_kernel_room(struct derive_check *c, uint64_t head)
 	 * other checks count them no more (make_kernel_room). */
 	__atomic_store_n(&c->kernel_dropping, 0, __ATOMIC_RELAXED);
 	c->kernel_read_ns = mono_ns();
-	if ((err = memlimit_use(c->use_file, c->limit_kind, &used)) < 0) {
+	if ((err = memlimit_use(c->use_file, c->limit_kind, c->limit, &used)) < 0) {
 		use_unread(c, err);
 		return 0;
 	}
@@ -644,7 +644,7 @@ check_kernel_room(struct derive_check *c, uint64_t head)
 	if (used <= c->limit && pending + index_room <= c->limit - used)
 		return 0;
 	others = pending - c->size;
-	memlimit_use_say(c->limit_kind, used, whose, sizeof(whose));
+	memlimit_use_say(c->limit_kind, c->limit, used, whose, sizeof(whose));
 	if (others != 0)
 		snprintf(copying, sizeof(copying), ", other publications have %" PRIu64 " MiB yet "
 			 "to copy", others >> 20);
@@ -1032,7 +1032,7 @@ make_copy_room(struct derive_check *c)
 static void
 kernel_refusal(struct derive_check *c, uint64_t unheld)
 {
-	uint64_t kept = c->t->r->derived_bytes, margin = memlimit_use_margin();
+	uint64_t kept = c->t->r->derived_bytes, margin = memlimit_use_margin(c->limit);
 	/* What the kernel counted, less memlimit_use()'s margin. */
 	uint64_t charged = c->kernel_used > margin ? c->kernel_used - margin : 0;
 	uint64_t gone = charged > kept ? charged - kept : 0;

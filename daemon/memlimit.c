@@ -434,7 +434,7 @@ memlimit_read(const char *root, uint64_t ram, struct memlimit *out)
 }
 
 /* The most keys memlimit_parse_use() reads of one kind's file. */
-#define USE_KEYS 7
+#define USE_KEYS 8
 
 /* What use_line() looks for (the keys of memlimit_parse_use()'s kind), and
  * what it found. */
@@ -512,7 +512,10 @@ memlimit_parse_use(const char *text, size_t len, enum memlimit_kind kind, uint64
 	static const char *const keys[3][USE_KEYS] = {
 		[MEMLIMIT_RAM] = { "MemTotal", "MemAvailable", "AnonPages", "Shmem", "SwapFree",
 			"Mlocked" },
-		[MEMLIMIT_CGROUP_V2] = { "anon", "shmem", "kernel" },
+		/* Before 5.18 there is no "kernel": the parts of it that
+		 * reclaim does not free, and sock (review rev189 F6). */
+		[MEMLIMIT_CGROUP_V2] = { "anon", "shmem", "kernel", "kernel_stack", "pagetables",
+			"slab_unreclaimable", "percpu", "sock" },
 		[MEMLIMIT_CGROUP_V1] = { "total_rss", "total_shmem" },
 	};
 	struct use_ask ask;
@@ -540,7 +543,12 @@ memlimit_parse_use(const char *text, size_t len, enum memlimit_kind kind, uint64
 		credit = ask.value[4] < swappable ? ask.value[4] : swappable;
 		sum -= credit < sum ? credit : sum;
 	} else {
-		sum = add_cut(add_cut(ask.value[0], ask.value[1]), ask.value[2]);
+		sum = add_cut(ask.value[0], ask.value[1]);
+		if (kind != MEMLIMIT_CGROUP_V1 && !ask.seen[2])
+			for (int i = 3; i < USE_KEYS; i++)
+				sum = add_cut(sum, ask.value[i]);
+		else
+			sum = add_cut(sum, ask.value[2]);
 	}
 	*out = sum;
 	return 1;
@@ -551,7 +559,7 @@ memlimit_parse_use(const char *text, size_t len, enum memlimit_kind kind, uint64
 #define USE_FILE_CAP ((size_t)64 * 1024)
 
 int
-memlimit_use(const char *use_file, enum memlimit_kind kind, uint64_t *out)
+memlimit_use(const char *use_file, enum memlimit_kind kind, uint64_t limit, uint64_t *out)
 {
 	char *text;
 	size_t len = 0;
@@ -584,24 +592,36 @@ memlimit_use(const char *use_file, enum memlimit_kind kind, uint64_t *out)
 	r = memlimit_parse_use(text, len, kind, out);
 	free(text);
 	if (r == 1)
-		*out = add_cut(*out, memlimit_use_margin());
+		*out = add_cut(*out, memlimit_use_margin(limit));
 	return r < 0 ? r : r == 1 ? 0 : -EBADMSG;
 }
 
 uint64_t
-memlimit_use_margin(void)
+memlimit_use_margin_of(uint64_t cpus, uint64_t page, uint64_t limit)
+{
+	uint64_t cap = limit / MEMLIMIT_USE_SLACK_SHARE, margin;
+
+	if (cap < MEMLIMIT_USE_SLACK_CAP_MIN)
+		cap = MEMLIMIT_USE_SLACK_CAP_MIN;
+	if (__builtin_mul_overflow(cpus != 0 ? cpus : 1, MEMLIMIT_USE_SLACK_PAGES, &margin) ||
+		__builtin_mul_overflow(margin, page != 0 ? page : 4096, &margin))
+		return cap;
+	return margin < cap ? margin : cap;
+}
+
+uint64_t
+memlimit_use_margin(uint64_t limit)
 {
 	long cpus = sysconf(_SC_NPROCESSORS_ONLN), page = sysconf(_SC_PAGESIZE);
-	uint64_t margin = (uint64_t)(cpus > 0 ? cpus : 1) * MEMLIMIT_USE_SLACK_PAGES *
-		(uint64_t)(page > 0 ? page : 4096);
 
-	return margin < MEMLIMIT_USE_SLACK_MAX ? margin : MEMLIMIT_USE_SLACK_MAX;
+	return memlimit_use_margin_of(cpus > 0 ? (uint64_t)cpus : 0, page > 0 ? (uint64_t)page : 0,
+		limit);
 }
 
 const char *
-memlimit_use_say(enum memlimit_kind kind, uint64_t used, char *buf, size_t len)
+memlimit_use_say(enum memlimit_kind kind, uint64_t limit, uint64_t used, char *buf, size_t len)
 {
-	uint64_t margin = (memlimit_use_margin() + (UINT64_C(1) << 20) - 1) >> 20;
+	uint64_t margin = (memlimit_use_margin(limit) + (UINT64_C(1) << 20) - 1) >> 20;
 	int n;
 
 	if (kind == MEMLIMIT_RAM)

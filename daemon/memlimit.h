@@ -87,8 +87,11 @@ int memlimit_fits(const struct memlimit *m, uint64_t models, uint64_t pinned, ui
  * "anon" + "shmem", v1 "total_rss" + "total_shmem", both counting the
  * cgroup's descendants), and on v2 its kernel memory ("kernel", since
  * Linux 5.18: slab, page tables, stacks and the like, which memory.max
- * counts too; v1 counts it apart, in memory.kmem.usage_in_bytes); v1's
- * "total_mapped_file" is left out: it is page cache the kernel can take
+ * counts too; before 5.18, which has no "kernel", the sum of the parts it
+ * cannot reclaim: "kernel_stack" + "pagetables" + "slab_unreclaimable" +
+ * "percpu" + "sock", review rev189 F6; v1 counts kernel memory apart, in
+ * memory.kmem.usage_in_bytes); v1's "total_mapped_file" is left out: it is
+ * page cache the kernel can take
  * back, and mapped shmem is in it too (counted twice otherwise). The shmem
  * is every memfd page charged to the cgroup, wcached's copies of derived
  * artifacts among them, for as long as anyone maps them or keeps a
@@ -99,11 +102,11 @@ int memlimit_fits(const struct memlimit *m, uint64_t models, uint64_t pinned, ui
  * SwapFree, at most AnonPages + Shmem less Mlocked (review rev186 F3; a swap
  * device in RAM, zram, would take less). A cache the kernel does not know it
  * can shrink (the ZFS ARC) still counts as in use. The margin,
- * memlimit_use_margin(), is added
- * to what the file says. 0 with *out, -errno when the file cannot be read,
+ * memlimit_use_margin(limit) (limit: the limit in force, 0: unknown), is
+ * added to what the file says. 0 with *out, -errno when the file cannot be read,
  * -EBADMSG when it does not say. Any thread (it reads one file).
  */
-int memlimit_use(const char *use_file, enum memlimit_kind kind, uint64_t *out);
+int memlimit_use(const char *use_file, enum memlimit_kind kind, uint64_t limit, uint64_t *out);
 
 /*
  * Pages per online CPU that memlimit_use() adds to what the kernel's files
@@ -115,26 +118,38 @@ int memlimit_use(const char *use_file, enum memlimit_kind kind, uint64_t *out);
  * charged to the limit that no statistic shows yet. That is 192 pages per
  * CPU; /proc/meminfo's counters (vmstat) keep up to 125 pages of changes per
  * CPU each. 256 covers either when they do not all peak at once. The margin
- * is at most MEMLIMIT_USE_SLACK_MAX: on a machine of many CPUs a small limit
- * would otherwise be all margin. There the figure can still lag by more,
- * for at most the 2 s between the kernel's periodic flushes.
+ * is at most 1/MEMLIMIT_USE_SLACK_SHARE of the limit, but that cap is never
+ * below MEMLIMIT_USE_SLACK_CAP_MIN: on a machine of many CPUs a small limit
+ * would otherwise be all margin, and a fixed cap (8 MiB before review rev189
+ * F6) is below the kernel's own lag from 11 CPUs on (48 MiB at 64). Where
+ * the cap cuts it, the figure can still lag by more, for at most the 2 s
+ * between the kernel's periodic flushes.
  */
 #define MEMLIMIT_USE_SLACK_PAGES 256
-#define MEMLIMIT_USE_SLACK_MAX (UINT64_C(8) << 20)
+#define MEMLIMIT_USE_SLACK_SHARE 32
+#define MEMLIMIT_USE_SLACK_CAP_MIN (UINT64_C(8) << 20)
 
-/* The margin memlimit_use() adds, in bytes: MEMLIMIT_USE_SLACK_PAGES pages
- * for each online CPU, at most MEMLIMIT_USE_SLACK_MAX (2 MiB on 2 CPUs with
- * 4 KiB pages, 8 MiB from 8 CPUs on). */
-uint64_t memlimit_use_margin(void);
+/* The margin memlimit_use() adds under a limit of limit bytes (0: unknown),
+ * in bytes: MEMLIMIT_USE_SLACK_PAGES pages for each online CPU, at most the
+ * larger of limit / MEMLIMIT_USE_SLACK_SHARE and MEMLIMIT_USE_SLACK_CAP_MIN
+ * (2 MiB on 2 CPUs with 4 KiB pages; 64 MiB on 64 CPUs under a limit of
+ * 2 GiB or more, 8 MiB under 256 MiB). */
+uint64_t memlimit_use_margin(uint64_t limit);
 
-/* What memlimit_use() measured for kind, used bytes of it, in words for a
+/* memlimit_use_margin() for cpus online CPUs of page bytes a page (each 0:
+ * unknown, taken as 1 CPU of 4 KiB), which the unit tests give. */
+uint64_t memlimit_use_margin_of(uint64_t cpus, uint64_t page, uint64_t limit);
+
+/* What memlimit_use() measured for kind under limit, used bytes of it
+ * (its margin, memlimit_use_margin(limit), said), in words for a
  * refusal into buf (len bytes, cut as memlimit_source() cuts): "wcached's
  * memory cgroup has about 80 MiB of anonymous memory and shmem in use
  * (memory.stat), which the kernel cannot reclaim without swap (2 MiB of it
  * allowed for the kernel's per-CPU counts not yet added up)", or for the
  * RAM "the machine has about 900 MiB in use that the kernel cannot reclaim
  * (/proc/meminfo: ...)". Returns buf. */
-const char *memlimit_use_say(enum memlimit_kind kind, uint64_t used, char *buf, size_t len);
+const char *memlimit_use_say(enum memlimit_kind kind, uint64_t limit, uint64_t used, char *buf,
+	size_t len);
 
 /* The word metrics label the kind with: "ram", "cgroup_v2", "cgroup_v1". */
 const char *memlimit_kind_name(enum memlimit_kind k);
@@ -198,8 +213,10 @@ int memlimit_parse_limit(const char *text, size_t len, const char *key, uint64_t
  * reads ("KEY N" in memory.stat; "KEY: N kB" in /proc/meminfo, blanks
  * before N) says a decimal number of bytes (of kB) that fits 64 bits: the
  * first two keys (v2 anon, shmem; v1 total_rss, total_shmem; meminfo
- * MemTotal, MemAvailable) must be there, a later one (v2 kernel; meminfo
- * AnonPages, Shmem, SwapFree, Mlocked) that is not there is 0; sums cut at
+ * MemTotal, MemAvailable) must be there, a later one (v2 kernel,
+ * kernel_stack, pagetables, slab_unreclaimable, percpu, sock; meminfo
+ * AnonPages, Shmem, SwapFree, Mlocked) that is not there is 0, v2's kernel
+ * where it is not there the sum of the five after it; sums cut at
  * UINT64_MAX, differences at 0, SwapFree taking at most AnonPages + Shmem -
  * Mlocked off MemTotal - MemAvailable. 0 when
  * a key's first line does not say a number or a first two is missing (*out

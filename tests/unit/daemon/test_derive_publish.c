@@ -347,7 +347,7 @@ test_closes_through_at_the_deadline_goes_on(void **state)
  * (the rest 0); returns what memlimit_use() makes of it (its margin
  * added). */
 static uint64_t
-fx_use(const char *use_file, uint64_t anon)
+fx_use(const char *use_file, uint64_t anon, uint64_t limit)
 {
 	FILE *fp = fopen(use_file, "w");
 	uint64_t used = 0;
@@ -355,7 +355,7 @@ fx_use(const char *use_file, uint64_t anon)
 	assert_non_null(fp);
 	fprintf(fp, "anon %" PRIu64 "\nfile 0\nkernel 0\nshmem 0\n", anon);
 	assert_int_equal(fclose(fp), 0);
-	assert_int_equal(memlimit_use(use_file, MEMLIMIT_CGROUP_V2, &used), 0);
+	assert_int_equal(memlimit_use(use_file, MEMLIMIT_CGROUP_V2, limit, &used), 0);
 	return used;
 }
 
@@ -391,10 +391,10 @@ test_kernel_refusals_at_once_drop_once(void **state)
 	free(artifact_bytes(&size));
 	assert_true(w > size && w - size < 4 * KiB);
 	assert_int_equal(asprintf(&use_file, "%s/memory.stat", f->du.dir) > 0, 1);
-	margin = fx_use(use_file, 0);
+	margin = fx_use(use_file, 0, limit);
 	/* In use: the limit and half an artifact (a check's index room is a
 	 * few hundred bytes more). */
-	fx_use(use_file, limit + w / 2 - margin);
+	fx_use(use_file, limit + w / 2 - margin, limit);
 	fx_limit(f, limit, use_file);
 	hold_then = true;
 	fx_publish(f, fx_build(f, "k6", &c6), &c6, 2001);
@@ -406,7 +406,7 @@ test_kernel_refusals_at_once_drop_once(void **state)
 			 "publications the kernel found 1.5 and 2.5 of them short at once: 3 "
 			 "make the room", f->dt.stats.dropped, w);
 	/* The lanes let go: the kernel has room now. */
-	fx_use(use_file, 0);
+	fx_use(use_file, 0, limit);
 	hold_then = false;
 	let_go();
 	du_run_until(&f->du, answered, &c6);
@@ -436,7 +436,7 @@ test_kernel_refusal_says_at_most(void **state)
 
 	/* memlimit_use() adds its margin; the refusal takes it off again. */
 	assert_int_equal(asprintf(&use_file, "%s/memory.stat", f->du.dir) > 0, 1);
-	fx_use(use_file, limit);
+	fx_use(use_file, limit, limit);
 	fx_limit(f, limit, use_file);
 	fx_publish(f, fx_build(f, "k0", &c0), &c0, 1001);
 	du_run_until(&f->du, answered, &c0);
@@ -474,8 +474,8 @@ test_kernel_refusal_says_drops_in_vain(void **state)
 	fx_published(f, "k1", &kept[1], 1001);
 	w = f->du.reg.derived_bytes / 2;
 	assert_int_equal(asprintf(&use_file, "%s/memory.stat", f->du.dir) > 0, 1);
-	margin = fx_use(use_file, 0);
-	used = fx_use(use_file, limit + w / 2 - margin);
+	margin = fx_use(use_file, 0, limit);
+	used = fx_use(use_file, limit + w / 2 - margin, limit);
 	fx_limit(f, limit, use_file);
 	fx_publish(f, fx_build(f, "k2", &c2), &c2, 2001);
 	du_run_until(&f->du, answered, &c2);

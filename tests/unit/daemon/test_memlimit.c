@@ -7,6 +7,7 @@
  * kept whole and shown cut with a mark.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -722,6 +723,18 @@ test_long_cgroup_path(void **state)
 	tu_rmtree(root);
 }
 
+/* What memlimit_use() makes of m's memory.stat (under root's
+ * system.slice) once it says stat. */
+static uint64_t
+v2_use(const char *root, const struct memlimit *m, const char *stat)
+{
+	uint64_t v = 0;
+
+	put(root, "/sys/fs/cgroup/system.slice/memory.stat", stat);
+	assert_int_equal(memlimit_use(m->use_file, m->kind, m->limit, &v), 0);
+	return v;
+}
+
 /* What is in use of the limit (review rev184 F1): the limit's own cgroup's
  * memory.stat, read again at each memlimit_use(); /proc/meminfo for RAM. */
 static void
@@ -734,7 +747,8 @@ test_use_of_the_limit(void **state)
 		"rw,memory\n");
 	char want[8192];
 	struct memlimit m;
-	uint64_t v = 7, margin = memlimit_use_margin();
+	uint64_t v = 7, margin = memlimit_use_margin(4 * GiB);
+	uint64_t margin_v1 = memlimit_use_margin(GiB / 2), margin_ram = memlimit_use_margin(RAM);
 
 	(void)state;
 	put(root, "/sys/fs/cgroup/system.slice/wcached.service/memory.max", "max\n");
@@ -744,18 +758,31 @@ test_use_of_the_limit(void **state)
 	expect(root, &m, MEMLIMIT_CGROUP_V2, 4 * GiB, NULL);
 	snprintf(want, sizeof(want), "%s/sys/fs/cgroup/system.slice/memory.stat", root);
 	assert_string_equal(m.use_file, want);
-	assert_int_equal(memlimit_use(m.use_file, m.kind, &v), 0);
+	assert_int_equal(memlimit_use(m.use_file, m.kind, m.limit, &v), 0);
 	assert_int_equal(v, 1024 + margin);
 	/* Read again each time: the kernel's figure now; v2's kernel memory
 	 * counts (memory.max counts it), kernel_stack is another key. */
-	put(root, "/sys/fs/cgroup/system.slice/memory.stat",
-		"shmem 1\nkernel_stack 99\nanon 2\nkernel 40\n");
-	assert_int_equal(memlimit_use(m.use_file, m.kind, &v), 0);
-	assert_int_equal(v, 43 + margin);
+	assert_int_equal(v2_use(root, &m, "shmem 1\nkernel_stack 99\nanon 2\nkernel 40\n"),
+		43 + margin);
+	/* Before Linux 5.18 there is no "kernel": its parts reclaim does not
+	 * free, and sock, count instead (review rev189 F6); slab_reclaimable
+	 * and file do not. */
+	assert_int_equal(v2_use(root, &m, "anon 2\nfile 3\nkernel_stack 100\npagetables 200\n"
+		"percpu 400\nsock 800\nshmem 1\nslab_reclaimable 5000\nslab_unreclaimable 1600\n"),
+		3103 + margin);
+	/* With "kernel" there, it alone counts (it holds them, sock aside). */
+	assert_int_equal(v2_use(root, &m, "anon 2\nkernel_stack 100\npagetables 200\n"
+		"kernel 7000\nsock 800\nshmem 1\n"), 7003 + margin);
+	/* Missing parts are 0, a part that says no number says nothing. */
+	v = v2_use(root, &m, "anon 2\nshmem 1\nsock 8\n");
+	assert_int_equal(v, 11 + margin);
+	put(root, "/sys/fs/cgroup/system.slice/memory.stat", "anon 2\nshmem 1\npercpu x\n");
+	assert_int_equal(memlimit_use(m.use_file, m.kind, m.limit, &v), -EBADMSG);
+	assert_int_equal(v, 11 + margin);
 	put(root, "/sys/fs/cgroup/system.slice/memory.stat", "anon 2\nfile 3\n");
-	assert_int_equal(memlimit_use(m.use_file, m.kind, &v), -EBADMSG);
-	assert_int_equal(v, 43 + margin);
-	assert_int_equal(memlimit_use("", m.kind, &v), -ENOENT);
+	assert_int_equal(memlimit_use(m.use_file, m.kind, m.limit, &v), -EBADMSG);
+	assert_int_equal(v, 11 + margin);
+	assert_int_equal(memlimit_use("", m.kind, m.limit, &v), -ENOENT);
 	tu_rmtree(root);
 
 	/* v1: total_rss and total_shmem (the subtree's), not mapped_file. */
@@ -764,8 +791,8 @@ test_use_of_the_limit(void **state)
 		"rss 1\nshmem 2\nmapped_file 3\ntotal_rss_huge 4\ntotal_rss 4096\n"
 		"total_mapped_file 77\ntotal_shmem 8192\n");
 	expect(v1, &m, MEMLIMIT_CGROUP_V1, GiB / 2, NULL);
-	assert_int_equal(memlimit_use(m.use_file, m.kind, &v), 0);
-	assert_int_equal(v, 12288 + margin);
+	assert_int_equal(memlimit_use(m.use_file, m.kind, m.limit, &v), 0);
+	assert_int_equal(v, 12288 + margin_v1);
 
 	/* No cgroup limit: the machine's /proc/meminfo (test_meminfo). */
 	put(v1, "/sys/fs/cgroup/memory/memory.limit_in_bytes", V1_UNLIMITED);
@@ -773,8 +800,8 @@ test_use_of_the_limit(void **state)
 	expect(v1, &m, MEMLIMIT_RAM, RAM, NULL);
 	snprintf(want, sizeof(want), "%s/proc/meminfo", v1);
 	assert_string_equal(m.use_file, want);
-	assert_int_equal(memlimit_use(m.use_file, m.kind, &v), 0);
-	assert_true(v == UINT64_C(35695036) * 1024 + margin);
+	assert_int_equal(memlimit_use(m.use_file, m.kind, m.limit, &v), 0);
+	assert_true(v == UINT64_C(35695036) * 1024 + margin_ram);
 	tu_rmtree(v1);
 }
 
@@ -890,30 +917,56 @@ test_meminfo(void **state)
 }
 
 /* The margin memlimit_use() adds (review rev186 F5): 256 pages a CPU, at
- * most 8 MiB. */
+ * most 1/32 of the limit but never capped below 8 MiB (review rev189 F6:
+ * the kernel's own lag is 192 pages a CPU, 48 MiB on 64 CPUs, past the old
+ * fixed cap of 8 MiB). */
 static void
 test_use_margin(void **state)
 {
 	long cpus = sysconf(_SC_NPROCESSORS_ONLN), page = sysconf(_SC_PAGESIZE);
 	uint64_t want;
-	char say[512];
+	char say[512], want_say[64];
 
 	(void)state;
 	assert_true(cpus > 0 && page > 0);
 	want = (uint64_t)cpus * 256 * (uint64_t)page;
-	assert_true(memlimit_use_margin() == (want < 8 * MiB ? want : 8 * MiB));
-	memlimit_use_say(MEMLIMIT_CGROUP_V1, 80 << 20, say, sizeof(say));
+	assert_true(memlimit_use_margin(0) == (want < 8 * MiB ? want : 8 * MiB));
+	assert_true(memlimit_use_margin(64 * GiB) == (want < 2 * GiB ? want : 2 * GiB));
+	assert_true(memlimit_use_margin_of((uint64_t)cpus, (uint64_t)page, GiB) ==
+		memlimit_use_margin(GiB));
+	/* 2 CPUs of 4 KiB pages: 2 MiB, whatever the limit. */
+	assert_true(memlimit_use_margin_of(2, 4096, 0) == 2 * MiB);
+	assert_true(memlimit_use_margin_of(2, 4096, 64 * MiB) == 2 * MiB);
+	assert_true(memlimit_use_margin_of(2, 4096, 64 * GiB) == 2 * MiB);
+	/* 64 CPUs: 64 MiB, more than the kernel's 48 MiB, from a limit of
+	 * 2 GiB on; 32 MiB at 1 GiB; 8 MiB, no less, under 256 MiB. */
+	assert_true(memlimit_use_margin_of(64, 4096, 64 * GiB) == 64 * MiB);
+	assert_true(memlimit_use_margin_of(64, 4096, 2 * GiB) == 64 * MiB);
+	assert_true(memlimit_use_margin_of(64, 4096, GiB) == 32 * MiB);
+	assert_true(memlimit_use_margin_of(64, 4096, 128 * MiB) == 8 * MiB);
+	assert_true(memlimit_use_margin_of(64, 4096, 0) == 8 * MiB);
+	/* 64 KiB pages (arm64, ppc64le): 16 MiB a CPU's worth of 256. */
+	assert_true(memlimit_use_margin_of(4, 65536, 64 * GiB) == 64 * MiB);
+	/* Unknown counts: 1 CPU of 4 KiB; a product past 64 bits: the cap. */
+	assert_true(memlimit_use_margin_of(0, 0, 0) == MiB);
+	assert_true(memlimit_use_margin_of(UINT64_MAX, 4096, 64 * GiB) == 2 * GiB);
+	/* The words say the margin of the limit given. */
+	memlimit_use_say(MEMLIMIT_CGROUP_V2, 0, 80 << 20, say, sizeof(say));
+	snprintf(want_say, sizeof(want_say), "(%" PRIu64 " MiB of it allowed",
+		(memlimit_use_margin(0) + MiB - 1) / MiB);
+	assert_non_null(strstr(say, want_say));
+	memlimit_use_say(MEMLIMIT_CGROUP_V1, GiB, 80 << 20, say, sizeof(say));
 	assert_non_null(strstr(say, "wcached's memory cgroup has about 80 MiB of anonymous memory "
 		"and shmem in use (memory.stat), which the kernel cannot reclaim without swap ("));
 	assert_null(strstr(say, "kernel memory"));
-	memlimit_use_say(MEMLIMIT_CGROUP_V2, 80 << 20, say, sizeof(say));
+	memlimit_use_say(MEMLIMIT_CGROUP_V2, GiB, 80 << 20, say, sizeof(say));
 	assert_non_null(strstr(say, "without swap, and of kernel memory ("));
-	memlimit_use_say(MEMLIMIT_RAM, UINT64_C(900) << 20, say, sizeof(say));
+	memlimit_use_say(MEMLIMIT_RAM, RAM, UINT64_C(900) << 20, say, sizeof(say));
 	assert_non_null(strstr(say, "the machine has about 900 MiB in use that the kernel cannot "
 		"reclaim (/proc/meminfo: MemTotal less MemAvailable, less the SwapFree that "
 		"could take AnonPages and Shmem not Mlocked; "));
 	/* Cut to fit, ending in "…". */
-	memlimit_use_say(MEMLIMIT_RAM, 0, say, 40);
+	memlimit_use_say(MEMLIMIT_RAM, RAM, 0, say, 40);
 	assert_int_equal(strlen(say), 39);
 	assert_string_equal(say + 36, "\xe2\x80\xa6");
 }
