@@ -158,12 +158,15 @@ struct derive_check {
 	 * for it that it has not measured since (kernel_dropping: cleared by
 	 * that read, on its thread: atomic), when its last wait's closes came
 	 * through (let_go_ns, set by closes_then on a lane's thread: atomic; 0:
-	 * not yet), and what of others' drops it counted on (kernel_others). */
+	 * not yet), and what of others' drops it counted on (kernel_others).
+	 * kernel_again: refused again after it counted on others' drops, it
+	 * dropped up to that much more of its own, once (review rev192 P2). */
 	uint64_t kernel_read_ns;
 	uint64_t kernel_dropping;
 	uint64_t let_go_ns;
 	uint64_t kernel_others;
 	int kernel_dropped;
+	int kernel_again;
 	int cancelled;           /* set on the loop (derive_check_cancel), read
 				  * by the copy between chunks: atomic */
 	/* What the check made: the source, its served descriptors and the
@@ -635,8 +638,12 @@ check_kernel_room(struct derive_check *c, uint64_t head)
 	/* Its own drops for the kernel are in this read from here on: the
 	 * other checks count them no more (make_kernel_room). */
 	__atomic_store_n(&c->kernel_dropping, 0, __ATOMIC_RELAXED);
+	err = memlimit_use(c->use_file, c->limit_kind, c->limit, &used);
+	/* Stamped once the read is done: closes that came through while it
+	 * read count as seen in it (review rev192 P2: stamped before, they
+	 * counted as still to come, and the check dropped that much less). */
 	c->kernel_read_ns = mono_ns();
-	if ((err = memlimit_use(c->use_file, c->limit_kind, c->limit, &used)) < 0) {
+	if (err < 0) {
 		use_unread(c, err);
 		return 0;
 	}
@@ -1125,8 +1132,11 @@ others_dropping(struct derive_check *c, const struct derive_check *list)
  * worker holds; c's own is no artifact yet), where they weigh that much:
  * 1, and c is queued again once their memory, and the others', is let go
  * (review rev186 F1, rev189 F3: two checks refused at once each dropped
- * the whole shortfall). Else 0, nothing dropped, and c->why says why
- * (kernel_refusal; or that the model is no longer served).
+ * the whole shortfall). Refused again where it counted on others' drops,
+ * it drops up to what it counted on of its shortfall itself, once more
+ * (review rev192 P2: those drops may free nothing, and its one retry rode
+ * on them). Else 0, nothing dropped, and c->why says why (kernel_refusal;
+ * or that the model is no longer served).
  */
 static int
 make_kernel_room(struct derive_check *c)
@@ -1140,14 +1150,26 @@ make_kernel_room(struct derive_check *c)
 		c->err = -ENOENT;
 		return 0;
 	}
-	if (c->kernel_dropped) {
+	if (c->kernel_dropped && (c->kernel_again || c->kernel_others == 0)) {
 		kernel_refusal(c, unheld);
 		return 0;
 	}
 	c->nlanes = 0;
-	others = others_dropping(c, t->checks_running) + others_dropping(c, t->checks_closing) +
-		others_dropping(c, t->checks_waiting);
-	want = c->short_by > others ? c->short_by - others : 0;
+	if (c->kernel_dropped) {
+		/* Others' drops it counted on did not make the room (a worker
+		 * may still map them, review rev192 P2): up to that much of its
+		 * shortfall it drops itself now, once, as it would have had it
+		 * not counted on them. */
+		others = 0;
+		want = c->short_by < c->kernel_others ? c->short_by : c->kernel_others;
+		c->kernel_again = 1;
+	} else {
+		others = others_dropping(c, t->checks_running) +
+			others_dropping(c, t->checks_closing) +
+			others_dropping(c, t->checks_waiting);
+		want = c->short_by > others ? c->short_by - others : 0;
+		c->kernel_others = others;
+	}
 	if (unheld < want) {
 		kernel_refusal(c, unheld);
 		return 0;
@@ -1155,7 +1177,6 @@ make_kernel_room(struct derive_check *c)
 	snprintf(why, sizeof(why), "the publication of \"%s\" (%" PRIu64 " MiB) needed room "
 		 "under the memory limit in force that the kernel still counted in use, and "
 		 "nobody held it", c->build->key, c->size >> 20);
-	c->kernel_others = others;
 	c->used_at_drop = c->kernel_used;
 	dropped = derive_drop_unheld(t, want, why, c->lanes, DERIVE_DROP_LANES, &c->nlanes);
 	__atomic_store_n(&c->kernel_dropping, dropped, __ATOMIC_RELAXED);

@@ -15,7 +15,10 @@
  *     for ever fails the test instead of hanging it;
  *   closer_then: while hold_then is set, its done is kept for the test to
  *     call (the lanes let go when the test says: let_go), not called at
- *     once.
+ *     once;
+ *   memlimit_use: a read of gate_file waits on its work thread while
+ *     gate_shut is set (gate_waiting says it does), so that a test can
+ *     keep a check between its read's start and its end.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -49,6 +52,10 @@ void __real_closer_then(struct closer *cl, const uid_t *owners, size_t n,
 	void (*done)(void *), void *arg);
 void __wrap_closer_then(struct closer *cl, const uid_t *owners, size_t n,
 	void (*done)(void *), void *arg);
+int __real_memlimit_use(const char *use_file, enum memlimit_kind kind, uint64_t limit,
+	uint64_t *out);
+int __wrap_memlimit_use(const char *use_file, enum memlimit_kind kind, uint64_t limit,
+	uint64_t *out);
 
 /* Arms of closes_timer at 0 in a row, past which one is armed at 1 ms. */
 #define SPIN_BOUND 1000
@@ -63,6 +70,8 @@ static struct {
 	void *arg;
 } held[4];
 static unsigned nheld;
+static char gate_file[4096];
+static int gate_shut, gate_waiting; /* atomic: a work thread reads them */
 
 uint64_t
 __wrap_uv_now(const uv_loop_t *loop)
@@ -93,6 +102,18 @@ __wrap_closer_then(struct closer *cl, const uid_t *owners, size_t n, void (*done
 		return;
 	}
 	__real_closer_then(cl, owners, n, done, arg);
+}
+
+int
+__wrap_memlimit_use(const char *use_file, enum memlimit_kind kind, uint64_t limit, uint64_t *out)
+{
+	if (strcmp(use_file, gate_file) == 0 && __atomic_load_n(&gate_shut, __ATOMIC_ACQUIRE)) {
+		__atomic_add_fetch(&gate_waiting, 1, __ATOMIC_RELEASE);
+		while (__atomic_load_n(&gate_shut, __ATOMIC_ACQUIRE))
+			usleep(1000);
+		__atomic_sub_fetch(&gate_waiting, 1, __ATOMIC_RELEASE);
+	}
+	return __real_memlimit_use(use_file, kind, limit, out);
 }
 
 /* ---- the fixture: a loop, a registry with model "m", a derive table ---- */
@@ -163,6 +184,8 @@ fx_setup(void **state)
 	closes_arms = closes_zero_arms = 0;
 	hold_then = false;
 	nheld = 0;
+	gate_file[0] = '\0';
+	__atomic_store_n(&gate_shut, 0, __ATOMIC_RELEASE);
 	du_setup(&f->du, false, 0);
 	path = du_model(&f->du, "m.safetensors", 16);
 	assert_int_equal(du_load(&f->du, "m", path, PIN_NONE, 0), 0);
@@ -179,6 +202,7 @@ fx_teardown(void **state)
 {
 	struct fx *f = *state;
 
+	__atomic_store_n(&gate_shut, 0, __ATOMIC_RELEASE);
 	derive_close(&f->dt);
 	closes_timer = NULL;
 	du_teardown(&f->du);
@@ -417,6 +441,161 @@ test_kernel_refusals_at_once_drop_once(void **state)
 	free(use_file);
 }
 
+/* Runs the loop until a check's read of gate_file waits at the gate (60 s
+ * at most: the check is queued from the loop). */
+static void
+until_gated(struct fx *f)
+{
+	for (int i = 0; i < 60 * 1000 && __atomic_load_n(&gate_waiting, __ATOMIC_ACQUIRE) == 0;
+		i++) {
+		uv_run(&f->du.loop, UV_RUN_NOWAIT);
+		usleep(1000);
+	}
+	if (__atomic_load_n(&gate_waiting, __ATOMIC_ACQUIRE) == 0)
+		fail_msg("no check read %s within 60 s", gate_file);
+}
+
+/* Six artifacts nobody holds, published by uid 1001 (kept); k6's
+ * publication by uid 2001 (c6), under a memory.stat (*use6; *use7 is
+ * another, for k7) that says the limit and half an artifact are in use, is
+ * refused by the kernel, 1.5 artifacts short: 2 dropped, its closes held.
+ * Returns the bytes of an artifact, with memlimit_use()'s margin in
+ * *margin. */
+static uint64_t
+fx_k6_refused(struct fx *f, struct conn kept[6], struct conn *c6, uint64_t limit, char **use6,
+	char **use7, uint64_t *margin)
+{
+	unsigned one = 1;
+	uint64_t w;
+	char key[8];
+
+	for (unsigned i = 0; i < 6; i++) {
+		snprintf(key, sizeof(key), "k%u", i);
+		fx_published(f, key, &kept[i], 1001);
+	}
+	w = f->du.reg.derived_bytes / 6;
+	assert_int_equal(asprintf(use6, "%s/memory6.stat", f->du.dir) > 0, 1);
+	assert_int_equal(asprintf(use7, "%s/memory7.stat", f->du.dir) > 0, 1);
+	*margin = fx_use(*use6, 0, limit);
+	fx_use(*use6, limit + w / 2 - *margin, limit);
+	fx_limit(f, limit, *use6);
+	hold_then = true;
+	fx_publish(f, fx_build(f, "k6", c6), c6, 2001);
+	du_run_until(&f->du, then_held, &one);
+	assert_int_equal(f->dt.stats.dropped, 2);
+	return w;
+}
+
+/*
+ * Review rev192 P1: a drop stops counting for other checks once its own
+ * check measures again, or once its memory was let go before the other
+ * check read what is in use. Six artifacts nobody holds; k6 (uid 2001) is
+ * refused by the kernel, 1.5 artifacts short: 2 dropped, its lanes let go,
+ * and its check reads again (held there: its figure now has room). Then
+ * k7 (uid 2002), under a fresh shortfall of its own (another memory.stat),
+ * is refused while k6's check still runs: it must drop its whole 2.5
+ * artifacts (k6's copy is pending too), 3 more, not count k6's 2 as still
+ * to come (1 more). Both are published.
+ */
+static void
+test_kernel_drop_counts_until_measured(void **state)
+{
+	struct fx *f = *state;
+	struct conn kept[6] = { 0 }, c6 = { 0 }, c7 = { 0 };
+	const uint64_t limit = (uint64_t)(256 * MiB);
+	unsigned one = 1;
+	uint64_t w, margin;
+	char *use6, *use7;
+
+	w = fx_k6_refused(f, kept, &c6, limit, &use6, &use7, &margin);
+	/* What k6 dropped came off; its check reads again, and waits there. */
+	fx_use(use6, 0, limit);
+	snprintf(gate_file, sizeof(gate_file), "%s", use6);
+	__atomic_store_n(&gate_shut, 1, __ATOMIC_RELEASE);
+	let_go();
+	until_gated(f);
+	/* k7: short by 1.5 artifacts of its own, 2.5 with k6's copy pending. */
+	fx_use(use7, limit + w / 2 - margin, limit);
+	fx_limit(f, limit, use7);
+	fx_publish(f, fx_build(f, "k7", &c7), &c7, 2002);
+	du_run_until(&f->du, then_held, &one);
+	if (f->dt.stats.dropped != 5)
+		fail_msg("k7's check, 2.5 artifacts short, dropped %" PRIu64 " of %" PRIu64
+			 " bytes, not 3: it counted k6's drop, whose memory its read had seen let "
+			 "go and k6's check had measured since", f->dt.stats.dropped - 2, w);
+	/* k7's drops came off too; both go on. */
+	fx_use(use7, 0, limit);
+	hold_then = false;
+	__atomic_store_n(&gate_shut, 0, __ATOMIC_RELEASE);
+	let_go();
+	du_run_until(&f->du, answered, &c6);
+	du_run_until(&f->du, answered, &c7);
+	assert_int_equal(c6.fail + c7.fail, 0);
+	assert_int_equal(c6.published + c7.published, 2);
+	free(use6);
+	free(use7);
+}
+
+/* Whether c is answered or a closer_then() is held. */
+static bool
+answered_or_held(struct du *du, void *arg)
+{
+	unsigned one = 1;
+
+	return answered(du, arg) || then_held(du, &one);
+}
+
+/*
+ * Review rev192 P2: a check whose whole shortfall others' drops covered
+ * dropped nothing, and its one retry rode on them. k6 (uid 2001) is
+ * refused, 1.5 artifacts short: 2 dropped. k7 (uid 2002), refused
+ * meanwhile 1.5 artifacts short (another memory.stat; k6's copy pending
+ * too), counts k6's drop, drops nothing and waits for it. k6's drop frees
+ * what k6's figure counts, not k7's (as when a worker still maps what was
+ * dropped): k6 is published; k7, still 0.5 to 1.5 artifacts short (k6's
+ * copy done or not), now drops that itself (1 or 2 more), once, and is
+ * published when that comes off. Before, k7 was refused
+ * ("even after wcached dropped 0 MiB nobody held for it and 2 MiB for
+ * other publications").
+ */
+static void
+test_kernel_counted_on_others_drops_itself(void **state)
+{
+	struct fx *f = *state;
+	struct conn kept[6] = { 0 }, c6 = { 0 }, c7 = { 0 };
+	const uint64_t limit = (uint64_t)(256 * MiB);
+	unsigned two = 2;
+	uint64_t w, margin;
+	char *use6, *use7;
+
+	w = fx_k6_refused(f, kept, &c6, limit, &use6, &use7, &margin);
+	/* k7: 1.5 artifacts short with both copies pending, less than k6's
+	 * drop; half an artifact short with its own alone. */
+	fx_use(use7, limit - w / 2 - margin, limit);
+	fx_limit(f, limit, use7);
+	fx_publish(f, fx_build(f, "k7", &c7), &c7, 2002);
+	du_run_until(&f->du, then_held, &two);
+	assert_int_equal(f->dt.stats.dropped, 2);
+	/* k6's drop came off k6's figure only. */
+	fx_use(use6, 0, limit);
+	let_go();
+	du_run_until(&f->du, answered, &c6);
+	assert_int_equal(c6.fail, 0);
+	du_run_until(&f->du, answered_or_held, &c7);
+	if (c7.fail != 0)
+		fail_msg("k7, which counted on k6's drop that freed nothing it counts, was refused "
+			 "without dropping its own shortfall: %s", c7.msg);
+	assert_true(f->dt.stats.dropped == 3 || f->dt.stats.dropped == 4);
+	fx_use(use7, 0, limit);
+	hold_then = false;
+	let_go();
+	du_run_until(&f->du, answered, &c7);
+	assert_int_equal(c7.fail, 0);
+	assert_int_equal(c7.published, 1);
+	free(use6);
+	free(use7);
+}
+
 /* ---- rev189 F7: what the kernel's refusal says wcached no longer keeps ---- */
 
 /*
@@ -498,6 +677,10 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_closes_through_at_the_deadline_goes_on,
 			fx_setup, fx_teardown),
 		cmocka_unit_test_setup_teardown(test_kernel_refusals_at_once_drop_once,
+			fx_setup, fx_teardown),
+		cmocka_unit_test_setup_teardown(test_kernel_drop_counts_until_measured, fx_setup,
+			fx_teardown),
+		cmocka_unit_test_setup_teardown(test_kernel_counted_on_others_drops_itself,
 			fx_setup, fx_teardown),
 		cmocka_unit_test_setup_teardown(test_kernel_refusal_says_at_most, fx_setup,
 			fx_teardown),
