@@ -300,12 +300,15 @@ check_file(struct restore_prepared *p, const char *stage_dir, const char *dir, u
 	} else if (g->role == FDSTORE_CURRENT && staged_elsewhere(stage_dir, fd, f)) {
 		free(full);
 		return -EINVAL;
-	} else if (g->role == FDSTORE_CURRENT &&
+	} else if (g->role == FDSTORE_CURRENT && !p->moved &&
 		(stat(full, &st) == -1 || file_changed(&st, f) != NULL)) {
-		/* A held generation's files were replaced: that is why it is old. */
-		error_set(-EINVAL, "%s was replaced or changed since it was stored", full);
-		free(full);
-		return -EINVAL;
+		/* Another file at its name (a held generation's files were
+		 * replaced: that is why it is old); the stored one is intact
+		 * (its fstat above): served, and the path loaded after it as a
+		 * reload wcached makes by itself (restore_after). */
+		p->moved = true;
+		snprintf(p->moved_why, sizeof(p->moved_why), "%s was replaced or changed since "
+			"it was stored", full);
 	}
 	/* An older wcached's description (version 4 and before) records no
 	 * ctime: a write in place whose writer put the mtime back while no
@@ -413,6 +416,34 @@ out:
 		munmap(map, (size_t)g->index_size);
 	if ((p->err = err) < 0)
 		snprintf(p->why, sizeof(p->why), "%s", error_get());
+}
+
+void
+restore_moved_tree(struct restore_prepared *p, const char *path)
+{
+	static const char deleted[] = " (deleted)";
+	struct gen_found_tree found = { .root = NULL };
+	char buf[PATH_MAX], link[64], *place;
+	ssize_t n;
+
+	if (!p->moved || p->origin != NULL || p->src.nfiles == 0 || p->src.files[0].fd < 0)
+		return;
+	snprintf(link, sizeof(link), "/proc/self/fd/%d", p->src.files[0].fd);
+	if ((n = readlink(link, buf, sizeof(buf) - 1)) <= 0 || buf[0] != '/')
+		return;
+	buf[n] = '\0';
+	if ((size_t)n >= sizeof(deleted) - 1 &&
+		strcmp(buf + n - (sizeof(deleted) - 1), deleted) == 0)
+		return; /* removed: where it was says nothing of whose it was */
+	place = file_has_suffix(path, ".safetensors") ? strdup(buf) : path_dir(buf);
+	if (place == NULL)
+		return;
+	free(p->resolved_path);
+	p->resolved_path = gen_resolved_path(place, realpath(place, NULL), &p->src, NULL, &found);
+	free(p->tree_root);
+	p->tree_root = found.root;
+	p->tree_uid = found.uid;
+	free(place);
 }
 
 void

@@ -140,6 +140,7 @@ struct restore_prepared {
 	/* Filled by restore_check_generation(). */
 	int err;                  /* 0, or -errno with why */
 	char why[ERROR_MAX];
+	char moved_why[ERROR_MAX]; /* see moved */
 	struct model_source src;  /* its files own the descriptors they took */
 	int *served;              /* gen_open_served() */
 	struct gen_origin *origin; /* per file when staged copies, else NULL */
@@ -151,6 +152,15 @@ struct restore_prepared {
 	 * it before listing its files, the baseline its watch compares the
 	 * path with (generation.h's opened_path). */
 	bool path_known;
+	/* A current generation's stored files are intact, but the model's
+	 * path now leads to other files (another file at a file's name, a
+	 * shard index or directory that lists others: set by
+	 * restore_check_generation() and restore_work()), moved_why says
+	 * which: the generation serves all the same, and the files at its
+	 * path are loaded as a reload wcached makes by itself, whose rules
+	 * keep its tree (restore_after). Before, the model loaded afresh as
+	 * the operator's load, whoever made those files (review rev195 M1). */
+	bool moved;
 	struct stat path_st;
 	/* Filled by restore_work() for the current generation that passed:
 	 * the realpath of the model's path, the same before and after the
@@ -179,6 +189,22 @@ void restore_check_generation(struct restore_prepared *p, const char *path,
  * Work queue thread: reads the index, asks the model's filesystem.
  */
 int restore_check_layout(struct restore_prepared *p, const char *path);
+
+/*
+ * p's current generation moved (p->moved): the tree its path resolves to
+ * now is not its files'. Where its first stored file still has a name
+ * (not removed: /proc/self/fd names it without " (deleted)"), its tree is
+ * the one it is found in there, as a load finds it (gen_resolved_path of
+ * that file for a model configured as a .safetensors file, else of its
+ * directory, every stored file at its place beneath it), into
+ * p->resolved_path, tree_root and tree_uid: a link swapped to a sibling
+ * tree, or another user's tree renamed over the model's, is then judged
+ * by the watched reload's rules against it (restore_after). Where it was
+ * removed (a file renamed over it, its directory removed), or it is a
+ * staged copy, none: that reload waits for the operator's. path: the
+ * model's configured path. Work queue thread.
+ */
+void restore_moved_tree(struct restore_prepared *p, const char *path);
 
 /* Frees what p holds (after a failure, or once served: then src, served,
  * origin and staged_dir are NULL). Leaves the stored descriptors it names.

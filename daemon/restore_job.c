@@ -305,14 +305,23 @@ restore_work(struct workq_job *w)
 	/* The current one serves only if the model's path lists its files
 	 * still: a shard index renamed over while no wcached ran leaves every
 	 * stored shard as it was. */
-	if (cur->err == 0 && (cur->err = restore_check_layout(cur, j->path)) < 0)
+	if (cur->err == 0 && (cur->err = restore_check_layout(cur, j->path)) == -ESTALE) {
+		/* It lists other files: the stored ones serve meanwhile. */
+		if (!cur->moved)
+			snprintf(cur->moved_why, sizeof(cur->moved_why), "%s", error_get());
+		cur->moved = true;
+		cur->err = 0;
+	} else if (cur->err < 0) {
 		snprintf(cur->why, sizeof(cur->why), "%s", error_get());
+	}
 	/* Its files as a load checks them; a staged copy's by their origin. */
 	if (cur->err == 0) {
 		cur->resolved_path = gen_resolved_path(j->path, resolved, &cur->src, cur->origin,
 			&found);
 		cur->tree_root = found.root;
 		cur->tree_uid = found.uid;
+		if (cur->tree_root == NULL)
+			restore_moved_tree(cur, j->path);
 	} else {
 		free(resolved);
 	}
@@ -550,6 +559,29 @@ restore_job_free(struct restore_job *j)
 	free(j);
 }
 
+/*
+ * Loop thread: the restored generation number of the model name serves,
+ * but its path leads to other files now (why): they are loaded as a
+ * reload wcached makes by itself (registry_reload_watched), which keeps
+ * the tree that generation was found in and refuses, with the generation
+ * serving still, files another user put there (waiting for `wcachectl
+ * reload NAME`). Before, the model loaded afresh as the operator's load,
+ * and bob's tree renamed in while wcached restarted was served (review
+ * rev195 M1). It keeps the tree its files are in (restore_moved_tree): one
+ * whose files were removed has none, and its reload waits for the
+ * operator's.
+ */
+static void
+reload_moved(struct registry *r, const char *name, uint64_t number, const char *why)
+{
+	log_info("model \"%s\": generation %" PRIu64 " serves, but its path leads to other "
+		 "files now (%s): they are loaded as a reload wcached makes by itself",
+		name, number, why);
+	if (registry_reload_watched(r, name, NULL, NULL) < 0)
+		log_warnx("%s; generation %" PRIu64 " serves until `wcachectl reload %s`",
+			error_get(), number, name);
+}
+
 /* Loop thread: serves what j's check passed, or says why not. */
 static void
 restore_after(struct workq_job *w, int status)
@@ -602,6 +634,8 @@ restore_after(struct workq_job *w, int status)
 			 "store: %" PRIu32 " file%s, %" PRIu64 " bytes, not read again", m->name,
 			g->number, g->nfiles, g->nfiles == 1 ? "" : "s",
 			e != NULL && e->current != NULL ? e->current->bytes : 0);
+		if (j->gens[0].moved)
+			reload_moved(r, m->name, g->number, j->gens[0].moved_why);
 		/* Serving began: its full check starts now, not 100 ms after. */
 		if (restore_state.checks_begun)
 			restore_checks(r);

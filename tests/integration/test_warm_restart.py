@@ -608,10 +608,12 @@ def test_sharded_model_updated_while_down_loads_afresh(tmp_path):
     """A sharded model updated the README's way while no wcached ran (new
     shards under new names, the new index renamed over the old one last):
     every stored shard is still there and unchanged, but the index lists
-    the new ones, so the restart loads the model afresh (generation 2), as
-    a running wcached would have. Before, restore_check.c stat'ed only the
-    stored shards and restored generation 1, which served the old shards
-    for good."""
+    the new ones, so the restart loads them (generation 2), as a running
+    wcached would have: generation 1 serves meanwhile, and the new files
+    load as a reload wcached makes by itself, in generation 1's tree
+    (review rev195 M1: before, as the operator's load, whoever made them).
+    Before, restore_check.c stat'ed only the stored shards and restored
+    generation 1, which served the old shards for good."""
     shard_dir = tmp_path / "shards"
     shard_dir.mkdir()
     index = shard_dir / "model.safetensors.index.json"
@@ -626,10 +628,10 @@ def test_sharded_model_updated_while_down_loads_afresh(tmp_path):
         wait_until(lambda: ready(d, "m") and generation(d, "m") == 2,
                    what="generation 2 of m after the restart")
         log = d.read_log()
-        assert (f'model "m": not restored: its shard index {index} now lists other files '
-                '(file 1 of 2 is model-v2-00001-of-00002.safetensors; '
-                'model-v1-00001-of-00002.safetensors was stored); loading') in log, log
-        assert 'model "m": generation 1 restored' not in log, log
+        assert (f'model "m": generation 1 serves, but its path leads to other files now (its '
+                f'shard index {index} now lists other files (file 1 of 2 is '
+                'model-v2-00001-of-00002.safetensors; model-v1-00001-of-00002.safetensors was '
+                'stored)): they are loaded as a reload wcached makes by itself') in log, log
         r = d.attach("m", "--touch", "--json")
         assert r.returncode == 0 and json.loads(r.stdout)["generation"] == 2, r.stdout
     finally:
@@ -685,10 +687,14 @@ def test_restored_model_attaches_by_the_real_path_of_its_symlink(tmp_path):
 
 def test_directory_model_changed_while_down_loads_afresh(tmp_path):
     """A model configured as a directory, of one file when stored: the
-    directory that gained a shard index while no wcached ran loads afresh
-    from the index (generation 2); one that gained a second .safetensors
-    (no index) is not restored either, and its load says why it fails.
-    Before, both restored generation 1: its one file was unchanged."""
+    directory that gained a shard index while no wcached ran loads the
+    index (generation 2) as a reload wcached makes by itself, generation 1
+    serving meanwhile; one whose stored shards were removed keeps serving
+    them until the operator's reload (their tree is no longer told); one
+    that gained a second .safetensors (no index) serves its generation, and
+    the reload says why it fails. Before, both restored generation 1 for
+    good (its one file was unchanged); then each loaded afresh, as the
+    operator's load (review rev195 M1)."""
     model_dir = tmp_path / "dir"
     model_dir.mkdir()
     mkmodel(model_dir / "a.safetensors", seed=1)
@@ -702,9 +708,10 @@ def test_directory_model_changed_while_down_loads_afresh(tmp_path):
         wait_until(lambda: ready(d, "m") and generation(d, "m") == 2,
                    what="generation 2 of m, from its new shard index")
         log = d.read_log()
-        assert (f'model "m": not restored: its directory {model_dir} holds the shard index '
-                'model.safetensors.index.json, which now lists other files (2 files; 1 was '
-                'stored); loading') in log, log
+        assert (f'model "m": generation 1 serves, but its path leads to other files now (its '
+                f'directory {model_dir} holds the shard index model.safetensors.index.json, '
+                'which now lists other files (2 files; 1 was stored)): they are loaded as a '
+                'reload wcached makes by itself') in log, log
         mgr.wait_for(lambda m: "wc-1-2-i" in m.store, what="generation 2 stored")
         assert d.stop() == 0, d.read_log()
         # Back to one file (its shards gone: restore_check.c says so), then
@@ -713,22 +720,24 @@ def test_directory_model_changed_while_down_loads_afresh(tmp_path):
             if f.name != "a.safetensors":
                 f.unlink()
         start(d, mgr, *mgr.listen_fds())
+        d.wait_for_log(r'model "m": its path .* but no load of it by the operator found its '
+                       r'tree: .*; generation 2 still serving')
+        assert generation(d, "m") == 2
+        r = subprocess.run([binary("wcachectl"), "--control", d.control, "reload", "m"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
         wait_until(lambda: ready(d, "m") and generation(d, "m") == 3,
                    what="generation 3 of m, its one file again")
-        assert 'model "m": not restored: ' in d.read_log(), d.read_log()
         mgr.wait_for(lambda m: "wc-1-3-i" in m.store, what="generation 3 stored")
         assert d.stop() == 0, d.read_log()
         mkmodel(model_dir / "b.safetensors", seed=2)
         start(d, mgr, *mgr.listen_fds())
-        wait_until(lambda: 'model "m": not restored: ' in d.read_log(),
-                   what="m's check at the restart")
+        d.wait_for_log(r'model "m": .*2 \*.safetensors files.*; generation 3 still serving')
         log = d.read_log()
-        assert (f'model "m": not restored: its directory changed since it was stored: '
-                f'{model_dir}: 2 *.safetensors files (a.safetensors, b.safetensors) and no '
-                '*.safetensors.index.json') in log, log
-        assert 'model "m": generation 3 restored' not in log, log
-        wait_until(lambda: status(d).get("m", {}).get("state") not in ("loading", "ready"),
-                   what="m's load failing")
+        assert (f'model "m": generation 3 serves, but its path leads to other files now (its '
+                f'directory changed since it was stored: {model_dir}: 2 *.safetensors files '
+                '(a.safetensors, b.safetensors) and no *.safetensors.index.json') in log, log
+        assert generation(d, "m") == 3
     finally:
         status_code = d.stop()
         mgr.close()

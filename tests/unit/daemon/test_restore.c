@@ -792,12 +792,15 @@ test_directory_model_unchanged_is_restored(void **state)
 /*
  * The directory of a model stored as its one file gained a shard index
  * while no wcached ran: a load would open the files the index lists, so
- * generation 1 is not restored, and the log says which file differs.
- * Before, restore_check.c stat'ed a.safetensors, unchanged, and restored
- * it.
+ * the log says which file differs, and they are loaded as a reload
+ * wcached makes by itself (its tree rules apply) while generation 1, its
+ * files intact, serves. Before rev177's layout check, restore_check.c
+ * stat'ed a.safetensors, unchanged, and restored it for good; then it
+ * loaded afresh as the operator's load, whoever made the index (review
+ * rev195 M1).
  */
 static void
-test_directory_that_gained_a_shard_index_loads_afresh(void **state)
+test_directory_that_gained_a_shard_index_serves_and_reloads(void **state)
 {
 	static const char index[] = "{\"weight_map\": {\"x\": \"b.safetensors\"}}";
 	struct fixture *f = *state;
@@ -805,27 +808,30 @@ test_directory_that_gained_a_shard_index_loads_afresh(void **state)
 
 	free(tu_write(f->path, "model.safetensors.index.json", index, sizeof(index) - 1));
 	log = restore_checked(f);
-	assert_int_equal(f->result, RESTORE_LOAD);
-	snprintf(want, sizeof(want), "model \"m\": not restored: its directory %s holds the "
-		"shard index model.safetensors.index.json, which now lists other files (file 1 of "
-		"1 is b.safetensors; a.safetensors was stored); loading", f->path);
+	assert_int_equal(f->result, RESTORE_SERVED);
+	snprintf(want, sizeof(want), "model \"m\": generation 1 serves, but its path leads to "
+		"other files now (its directory %s holds the shard index "
+		"model.safetensors.index.json, which now lists other files (file 1 of 1 is "
+		"b.safetensors; a.safetensors was stored)): they are loaded as a reload wcached "
+		"makes by itself", f->path);
 	assert_non_null(strstr(log, want));
 	free(log);
 }
 
 /* ... or a second .safetensors, and no index: no model a load could open
- * (shards_find_model says why); not restored either. */
+ * (shards_find_model says why); the same. */
 static void
-test_directory_that_gained_a_second_file_loads_afresh(void **state)
+test_directory_that_gained_a_second_file_serves_and_reloads(void **state)
 {
 	struct fixture *f = *state;
 	char *log, want[512];
 
 	free(tu_write(f->path, "b.safetensors", "abc", 3));
 	log = restore_checked(f);
-	assert_int_equal(f->result, RESTORE_LOAD);
-	snprintf(want, sizeof(want), "model \"m\": not restored: its directory changed since it "
-		"was stored: %s: 2 *.safetensors files (a.safetensors, b.safetensors)", f->path);
+	assert_int_equal(f->result, RESTORE_SERVED);
+	snprintf(want, sizeof(want), "model \"m\": generation 1 serves, but its path leads to "
+		"other files now (its directory changed since it was stored: %s: 2 *.safetensors "
+		"files (a.safetensors, b.safetensors)", f->path);
 	assert_non_null(strstr(log, want));
 	free(log);
 }
@@ -951,9 +957,11 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_directory_model_unchanged_is_restored,
 			setup_dir, teardown),
 		cmocka_unit_test_setup_teardown(
-			test_directory_that_gained_a_shard_index_loads_afresh, setup_dir, teardown),
+			test_directory_that_gained_a_shard_index_serves_and_reloads,
+			setup_dir, teardown),
 		cmocka_unit_test_setup_teardown(
-			test_directory_that_gained_a_second_file_loads_afresh, setup_dir, teardown),
+			test_directory_that_gained_a_second_file_serves_and_reloads,
+			setup_dir, teardown),
 		cmocka_unit_test_setup_teardown(test_stage_no_now_loads_a_staged_generation_afresh,
 			setup_staged, teardown),
 		cmocka_unit_test_setup_teardown(
