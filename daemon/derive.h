@@ -167,12 +167,19 @@ struct derive_abandoned {
 	char key[WIRE_MAX_KEY + 1];
 };
 
-/* Builds taken from their builder at derive_timeout, lately, by token: a
- * late PUBLISH or ABANDON with one is told that (rev181 F3: it was told "no
- * build in progress has token X (it was published, abandoned, timed out or
- * never given)", never the setting to raise). DERIVE_ENDED_TOKENS are kept,
- * the oldest forgotten first. */
-#define DERIVE_ENDED_TOKENS 16
+/* Builds taken from their builder at derive_timeout, or failed by a
+ * reload, lately, by token: a late PUBLISH or ABANDON with one is told that
+ * (rev181 F3: it was told "no build in progress has token X (it was
+ * published, abandoned, timed out or never given)", never the setting to
+ * raise, nor the reload). DERIVE_ENDED_TOKENS are kept, the oldest
+ * forgotten first: twice what can end at once, a reload ending every build
+ * of a model (derive_drop_unallowed, derive_fail_derive_off: at most
+ * DERIVE_MAX_PER_MODEL), so that neither those nor the ones ended just
+ * before push each other out (review rev193 F5: 16 lost the why of all
+ * but 16). A reload that ends the builds of several models at once may
+ * still push out the oldest: their builders are told "no build in
+ * progress". */
+#define DERIVE_ENDED_TOKENS (2 * DERIVE_MAX_PER_MODEL)
 struct derive_ended {
 	uint64_t token;          /* 0: an empty place */
 	uint64_t timeout_s;

@@ -210,13 +210,14 @@ fx_teardown(void **state)
 	return 0;
 }
 
-/* A DERIVE of key by conn (this process's peer): it builds. */
+/* A DERIVE of key by conn, a peer of uid uid (this process but its uid):
+ * it builds. */
 static struct derive_build *
-fx_build(struct fx *f, const char *key, struct conn *conn)
+fx_build_as(struct fx *f, const char *key, struct conn *conn, uid_t uid)
 {
 	struct wire_derive d = { .wait_ms = 0, .key = key, .key_len = strlen(key), .name = "m",
 		.name_len = 1 };
-	struct registry_peer peer = { .pid = getpid(), .uid = getuid(), .gid = getgid(),
+	struct registry_peer peer = { .pid = getpid(), .uid = uid, .gid = getgid(),
 		.self_uid = getuid() };
 	struct derive_build *b = NULL;
 	struct derived *a = NULL;
@@ -226,6 +227,13 @@ fx_build(struct fx *f, const char *key, struct conn *conn)
 		DERIVE_BUILD);
 	assert_non_null(b);
 	return b;
+}
+
+/* A DERIVE of key by conn (this process's peer): it builds. */
+static struct derive_build *
+fx_build(struct fx *f, const char *key, struct conn *conn)
+{
+	return fx_build_as(f, key, conn, getuid());
 }
 
 /* The bytes of an artifact the tests publish: a safetensors file of FLOATS
@@ -670,6 +678,51 @@ test_kernel_refusal_says_drops_in_vain(void **state)
 	free(use_file);
 }
 
+/* ---- rev193 F5: a reload that fails many builds at once ---- */
+
+/* The builds a reload can fail at once: every build of a model. */
+#define ENDED_AT_ONCE DERIVE_MAX_PER_MODEL
+
+/*
+ * A reload turns derive off while ENDED_AT_ONCE builds of model "m" are in
+ * progress (DERIVE_MAX_PER_BUILDER each, of several uids): each builder's
+ * PUBLISH, the first build's included, is told why (EPERM, "may no longer
+ * build it"). Before, only the last 16 were: the others were told "no build
+ * in progress has token" (ESTALE), the reload not named.
+ */
+static void
+test_reload_fails_every_build_and_each_is_told(void **state)
+{
+	struct fx *f = *state;
+	static struct conn builders[ENDED_AT_ONCE];
+	uint64_t tokens[ENDED_AT_ONCE];
+	struct derive_cred cred = { .gid = getgid() };
+	char key[16], msg[WIRE_MAX_MESSAGE];
+	gid_t gid = getgid();
+
+	/* Their group may build (the builders are of other uids). */
+	assert_int_equal(registry_set_derive(&f->du.reg, "m", 1, &gid, 1, 600), 0);
+	memset(builders, 0, sizeof(builders));
+	for (unsigned i = 0; i < ENDED_AT_ONCE; i++) {
+		snprintf(key, sizeof(key), "k%u", i);
+		tokens[i] = derive_token(fx_build_as(f, key, &builders[i],
+			(uid_t)(3000 + i / DERIVE_MAX_PER_BUILDER)));
+	}
+	assert_int_equal(derive_fail_derive_off(&f->dt, "m"), ENDED_AT_ONCE);
+	for (unsigned i = 0; i < ENDED_AT_ONCE; i++) {
+		int fd = memfd_create("artifact", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+		int err;
+
+		assert_true(fd >= 0);
+		err = derive_publish(&f->dt, &builders[i], 3000 + i / DERIVE_MAX_PER_BUILDER, &cred,
+			2, tokens[i], fd, msg, sizeof(msg));
+		if (err != -EPERM || strstr(msg, "may no longer build it: a configuration reload "
+			"turned derive off") == NULL)
+			fail_msg("build %u of %u a reload failed at once: its PUBLISH got %d, not "
+				 "EPERM saying why: %s", i + 1, ENDED_AT_ONCE, err, msg);
+	}
+}
+
 int
 main(void)
 {
@@ -686,6 +739,8 @@ main(void)
 			fx_teardown),
 		cmocka_unit_test_setup_teardown(test_kernel_refusal_says_drops_in_vain, fx_setup,
 			fx_teardown),
+		cmocka_unit_test_setup_teardown(test_reload_fails_every_build_and_each_is_told,
+			fx_setup, fx_teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
