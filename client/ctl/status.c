@@ -519,28 +519,33 @@ print_workq(const struct workq_row *q)
 		q->waiting);
 }
 
-/* The models whose files wait for the operator's reload, and why (a
- * config reload that leaves their sections unchanged does not load them). */
+/* Prints, under title, one line for each model asked about whose string
+ * at offset in its row is set: "  NAME: ", then before, then (when after
+ * is not NULL) NAME again and after, then that string. */
 static void
-print_waiting(const struct status *s, char *const *names, size_t nnames)
+print_notes(const struct status *s, char *const *names, size_t nnames, const char *title,
+	size_t offset, const char *before, const char *after)
 {
 	bool any = false;
 
 	for (size_t i = 0; i < s->nmodels; i++) {
 		const struct model_row *m = &s->models[i];
+		const char *text = *(char *const *)(const void *)((const char *)m + offset);
+		const char *name = m->name ? m->name : "?";
 
-		if (m->waits_for_reload == NULL || !asked(m->name, names, nnames))
+		if (text == NULL || !asked(m->name, names, nnames))
 			continue;
 		if (!any)
-			printf("\nwaiting for the operator's reload:\n");
+			printf("\n%s\n", title);
 		any = true;
 		printf("  ");
-		escape_print(stdout, m->name ? m->name : "?");
-		printf(": the files at its path are served only after `wcachectl reload ");
-		escape_print(stdout, m->name ? m->name : "?");
-		printf("` (a config reload that leaves its section unchanged does not load "
-		       "them): ");
-		escape_print(stdout, m->waits_for_reload);
+		escape_print(stdout, name);
+		printf(": %s", before);
+		if (after != NULL) {
+			escape_print(stdout, name);
+			fputs(after, stdout);
+		}
+		escape_print(stdout, text);
 		putchar('\n');
 	}
 }
@@ -557,7 +562,7 @@ print_status(struct status *s, char *const *names, size_t nnames)
 	size_t width[STATUS_COLUMNS];
 	const char *cell[STATUS_COLUMNS];
 	char gen[24], state[64], bytes[32], resident[32], attached[24], tmp[32];
-	bool others = false, notes = false, errors = false, any = false;
+	bool others = false, notes = false, any = false;
 
 	fputs("wcached ", stdout);
 	escape_print(stdout, s->version != NULL ? s->version : "?");
@@ -679,21 +684,13 @@ print_status(struct status *s, char *const *names, size_t nnames)
 			       "LimitMEMLOCK= in wcached.service; wcached's log says)");
 		putchar('\n');
 	}
-	for (size_t i = 0; i < s->nmodels; i++) {
-		const struct model_row *m = &s->models[i];
-
-		if (m->error == NULL || !asked(m->name, names, nnames))
-			continue;
-		if (!errors)
-			printf("\nerrors:\n");
-		errors = true;
-		printf("  ");
-		escape_print(stdout, m->name ? m->name : "?");
-		printf(": ");
-		escape_print(stdout, m->error);
-		putchar('\n');
-	}
-	print_waiting(s, names, nnames);
+	print_notes(s, names, nnames, "errors:", offsetof(struct model_row, error), "", NULL);
+	/* Files that wait for the operator's reload, and why (a config reload
+	 * that leaves their sections unchanged does not load them). */
+	print_notes(s, names, nnames, "waiting for the operator's reload:",
+		offsetof(struct model_row, waits_for_reload),
+		"the files at its path are served only after `wcachectl reload ",
+		"` (a config reload that leaves its section unchanged does not load them): ");
 }
 
 /* Writes a JSON array of the names for which keep(s, name) holds. */

@@ -7,18 +7,13 @@ serves the generation it restores and loads the files at its path as
 wcached's own reload. wcached runs unprivileged, as in test_tree_places.py,
 whose places these tests share."""
 import os
-import sys
 
 import pytest
 
-from conftest import Daemon, mkmodel, wait_until
+from conftest import Daemon, mkmodel
 from ctlutil import ctl, model_entry
-from test_tree_places import (BOB_TAKES_V2, BOB_UID, DAEMON_UID, GROUP, alice_v2_beside_bobs_model,
-                              as_alice, as_bob, served)
-from test_warm_restart import ready, start
-
-sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
-from fakemanager import FakeManager  # noqa: E402 (path set just above)
+from test_tree_places import (BOB_TAKES_V2, BOB_UID, DAEMON_UID, GROUP, after_a_warm_restart,
+                              alice_v2_beside_bobs_model, as_alice, as_bob, served)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0,
                                 reason="needs root to run wcached and clients as other users")
@@ -127,19 +122,8 @@ def test_another_users_tree_renamed_in_while_wcached_restarts_waits(tmp_path):
     are loaded as a reload wcached makes by itself, which is refused, and
     only `wcachectl reload alice` serves them."""
     shared, v2 = alice_v2_beside_bobs_model(tmp_path, 0o777)
-    mgr = FakeManager(str(tmp_path / "notify.sock"))
-    os.chmod(mgr.path, 0o666)   # wcached, as DAEMON_UID, sends to it
-    d = Daemon(tmp_path, {"alice": v2}, user=(DAEMON_UID, GROUP), nofile=1024)
-    try:
-        start(d, mgr, user=(DAEMON_UID, GROUP))
-        wait_until(lambda: ready(d, "alice"), what="alice ready")
-        mgr.wait_for(lambda m: "wc-desc" in m.store and "wc-1-1-i" in m.store,
-                     what="alice's generation and the description stored")
-        assert d.stop() == 0, d.read_log()
-        as_bob(BOB_TAKES_V2, shared)
-        start(d, mgr, *mgr.listen_fds(), user=(DAEMON_UID, GROUP))
-        _, line = d.wait_for_log(r'model "alice": (generation 1 restored|not restored)')
-        assert "generation 1 restored from the file descriptor store" in line, d.read_log()
+
+    def waits(d):
         _, line = d.wait_for_log(r'model "alice": (its path .*operator|generation 2 from)')
         # Her tree is where her file is now, the directory bob renamed.
         assert "now resolves into %s (was %s): a moved tree" % (
@@ -151,7 +135,4 @@ def test_another_users_tree_renamed_in_while_wcached_restarts_waits(tmp_path):
         r = ctl(d, "reload", "alice")
         assert r.returncode == 0, r.stdout + r.stderr
         assert "generation 2" in served(d, "alice")
-    finally:
-        code = d.stop()
-        mgr.close()
-    assert code == 0, d.read_log()
+    after_a_warm_restart(tmp_path, v2, waits, while_down=lambda: as_bob(BOB_TAKES_V2, shared))

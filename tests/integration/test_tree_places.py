@@ -223,10 +223,10 @@ def test_a_neighbour_moving_the_tree_away_waits(tmp_path):
         assert d.stop() == 0, d.read_log()
 
 
-def after_a_warm_restart(tmp_path, path, then):
+def after_a_warm_restart(tmp_path, path, then, while_down=None):
     """Serves alice's model at path, restarts wcached warm (a fake
-    service manager keeps its descriptors) and calls then(d) once her
-    generation 1 is restored."""
+    service manager keeps its descriptors; while_down() runs while no
+    wcached does) and calls then(d) once her generation 1 is restored."""
     mgr = FakeManager(str(tmp_path / "notify.sock"))
     os.chmod(mgr.path, 0o666)   # wcached, as DAEMON_UID, sends to it
     d = Daemon(tmp_path, {"alice": path}, user=(DAEMON_UID, GROUP), nofile=1024)
@@ -236,8 +236,12 @@ def after_a_warm_restart(tmp_path, path, then):
         mgr.wait_for(lambda m: "wc-desc" in m.store and "wc-1-1-i" in m.store,
                      what="alice's generation and the description stored")
         assert d.stop() == 0, d.read_log()
+        if while_down is not None:
+            while_down()
         start(d, mgr, *mgr.listen_fds(), user=(DAEMON_UID, GROUP))
-        d.wait_for_log(r'model "alice": generation 1 restored from the file descriptor store')
+        _, line = d.wait_for_log(r'model "alice": (generation 1 restored from the file '
+                                 r'descriptor store|not restored)')
+        assert "generation 1 restored" in line, d.read_log()
         then(d)
     finally:
         code = d.stop()
