@@ -470,22 +470,30 @@ owner_groups_look(uid_t uid, struct owner_groups *g)
 	free(buf);
 }
 
-/* Whether uid could read the file whose fstat is st by its mode bits:
- * others may, or its group may and uid is in it (g: uid's groups, looked
- * up the first time they are asked). */
+/*
+ * Whether uid, not the file's owner, could read the file whose fstat is st
+ * by its mode bits, as the kernel asks them: where uid is in the file's
+ * group the group's bits decide, else the others' (g: uid's groups, looked
+ * up the first time they are asked). A mode whose two classes agree needs
+ * no lookup; 0604 (the others may read, its group not: "all but group G")
+ * denies every member of G, S_IROTH notwithstanding (review rev197 L1).
+ * Where uid's groups cannot be told (no such user in the database), a mode
+ * whose classes differ is no read right. ACLs are not read.
+ */
 static int
 owner_may_read(uid_t uid, const struct stat *st, struct owner_groups *g)
 {
-	if ((st->st_mode & S_IROTH) != 0)
-		return 1;
-	if ((st->st_mode & S_IRGRP) == 0)
-		return 0;
+	int grp = (st->st_mode & S_IRGRP) != 0, oth = (st->st_mode & S_IROTH) != 0, in = 0;
+
+	if (grp == oth)
+		return grp;
 	if (!g->looked)
 		owner_groups_look(uid, g);
-	for (int k = 0; k < g->n; k++)
-		if (g->list[k] == st->st_gid)
-			return 1;
-	return 0;
+	if (g->n == 0)
+		return 0; /* getgrouplist always names the primary group */
+	for (int k = 0; k < g->n && !in; k++)
+		in = g->list[k] == st->st_gid;
+	return in ? grp : oth;
 }
 
 /*
@@ -511,8 +519,8 @@ owner_may_read(uid_t uid, const struct stat *st, struct owner_groups *g)
  * generation's path resolved to, when it resolves to that path still),
  * and where none is known (its first load, a path changed), that of the
  * file its path names (a shard index's shards must be files its owner
- * could read). Where no tree is known, only files others may read are
- * taken.
+ * could read). Where no tree is known, only files everyone may read (its
+ * group and the others) are taken.
  */
 static int
 linked_in(struct load_request *q)
@@ -545,7 +553,7 @@ linked_in(struct load_request *q)
 
 		if (tree != NULL ? st->st_uid == owner || all ||
 				owner_may_read(owner, st, &groups) :
-			(st->st_mode & S_IROTH) != 0)
+			(st->st_mode & (S_IRGRP | S_IROTH)) == (S_IRGRP | S_IROTH))
 			continue;
 		if (st->st_nlink > 1)
 			snprintf(names, sizeof(names), " (it has %ju names; another may be "

@@ -1960,6 +1960,32 @@ test_rev187_others_hard_link_refused(void **state)
 }
 
 /*
+ * rev197 L1: 0e080b1 took a hard link of another user's file whenever its
+ * mode had S_IROTH. Mode 0604 with group G denies every member of G (the
+ * group class is checked before others): alice (23456, primary group 23456)
+ * may not read bob's 0604 file of group 23456, and its link in her tree
+ * (where fs.protected_hardlinks=0 she could make it) is refused; it was
+ * served.
+ */
+static void
+test_rev197_others_bit_alone_is_no_read_right(void **state)
+{
+	struct du *t = *state;
+	char *b, *p, cmd[8192];
+
+	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p srv/v2 srv/bob", t->dir);
+	assert_int_equal(system(cmd), 0);
+	b = du_model(t, "srv/bob/model.safetensors", 2048);
+	snprintf(cmd, sizeof(cmd), "cd %s/srv && chown -R 12345:23456 bob && chmod 0604 %s && "
+		"ln %s v2/model.safetensors && chown 23456:23456 v2", t->dir, b, b);
+	assert_int_equal(system(cmd), 0);
+	assert_true(asprintf(&p, "%s/srv/v2", t->dir) > 0);
+	assert_true(du_load(t, "grouped", p, PIN_NONE, 0) < 0);
+	free(b);
+	free(p);
+}
+
+/*
  * "m" configured at t's open/PLACE before it is there, open/ a place
  * writable by all (1777, root's, as /tmp or a shared hub cache); then
  * made: what sh runs in open/ (the model's files given to uid). The
@@ -2768,6 +2794,8 @@ main(void)
 			teardown),
 		cmocka_unit_test_setup_teardown(test_rev187_others_hard_link_refused, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(test_rev197_others_bit_alone_is_no_read_right,
+			setup, teardown),
 		cmocka_unit_test_setup_teardown(test_rev187_first_comer_file_in_open_place_waits,
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(test_rev187_first_comer_dir_in_open_place_waits,
