@@ -351,11 +351,37 @@ registry_served_bytes(const struct registry *r, uint64_t *models, uint64_t *pinn
 	return n;
 }
 
+/* FNV-1a of the device and inode number of each of g's files (a staged
+ * copy's origin's): two generations of a model that serve the same inodes
+ * have the same digest; other inodes another one but by a chance of one in
+ * 2^64 (then a swap counts for watch.c's backoff as a change would). */
+static uint64_t
+inodes_digest(const struct generation *g)
+{
+	size_t n = g->origin != NULL ? g->norigin : g->source.nfiles;
+	uint64_t h = 14695981039346656037ull;
+
+	for (size_t i = 0; i < n; i++) {
+		const struct stat *st = g->origin != NULL ? &g->origin[i].st :
+			&g->source.files[i].st;
+
+		h = (h ^ (uint64_t)st->st_dev) * 1099511628211ull;
+		h = (h ^ (uint64_t)st->st_ino) * 1099511628211ull;
+	}
+	return h;
+}
+
 void
 registry_link(struct registry *r, struct model_entry *m, struct generation *g)
 {
-	if (g->number > m->last_generation)
+	if (g->number > m->last_generation) {
+		uint64_t digest = inodes_digest(g);
+
+		if (digest != m->inodes_digest)
+			m->new_inodes = g->number;
+		m->inodes_digest = digest;
 		m->last_generation = g->number;
+	}
 	statuspage_set_last_generation(&r->page, m->slot, m->last_generation);
 	g->model = m;
 	g->next = r->generations;

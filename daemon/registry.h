@@ -103,6 +103,14 @@ struct model_entry {
 	 * files were being written (registry_load.c's find_writer), said
 	 * once, or 0. */
 	int writer_unknown;
+	/* Which inodes its newest generation serves (registry_link: a digest
+	 * of each file's device and inode number, a staged copy's origin's),
+	 * and the newest generation linked whose inodes were not those of
+	 * the one linked before it: a swap, as against the same files loaded
+	 * again. watch.c's backoff counts every watched reload but the one
+	 * that made it (review rev197 W1). */
+	uint64_t inodes_digest;
+	uint64_t new_inodes;
 	char *error;                /* last load error, NULL if none */
 	/* A watched reload the model-tree rules refused (registry_load.c's
 	 * same_tree and linked_in: a tree moved or made again by another user,

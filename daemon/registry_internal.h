@@ -51,7 +51,8 @@ int registry_entry_new(struct registry *r, const char *name, const char *path,
 	enum pin_mode pin, int warm, struct model_entry **out);
 
 /* registry.c: puts g in the registry's list as a generation of m, and
- * keeps m's and its status slot's last generation number. */
+ * keeps m's and its status slot's last generation number, and m's
+ * inodes_digest and new_inodes (registry.h). */
 void registry_link(struct registry *r, struct model_entry *m, struct generation *g);
 
 /* registry_budget.c: generation.c's pages_ended hook: answers m's

@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -616,15 +617,6 @@ names_model_file(const struct model_entry *m, const char *dir, const char *name)
 	return 0;
 }
 
-static void
-reload_done(int status, const char *message, uint64_t generation, void *arg)
-{
-	(void)status;
-	(void)message;
-	(void)generation;
-	(void)arg;
-}
-
 static void on_settle(uv_timer_t *t);
 
 /* Arms the settle timer for the earliest reload due, or stops it. */
@@ -667,13 +659,19 @@ count_reload(struct watch *w, const struct model_entry *m, uint64_t now)
 		p->delay_ms = p->delay_ms < WATCH_BACKOFF_MAX_MS / 2 ? 2 * p->delay_ms :
 			WATCH_BACKOFF_MAX_MS;
 	} else if (p->reloads > WATCH_BURST_RELOADS) {
+		char more[96];
+
 		p->delay_ms = 2 * (uint64_t)WATCH_SETTLE_MS;
+		/* This line is its minute's "reloading" line (say_reloading),
+		 * and says how many of those were not logged. */
+		(void)lograte_check(&p->lines, 0, now, UINT_MAX, more, sizeof(more),
+			"reloads of it");
 		log_info("model \"%s\": %u reloads in %.1f s, its files keep changing: backing "
 			 "off, the next reload waits %" PRIu64 " ms after this one, each "
 			 "further one twice as long, up to %d s, until its files are quiet "
-			 "for %d s",
+			 "for %d s%s",
 			name, p->reloads, (double)(now - p->window_ms) / 1000, p->delay_ms,
-			WATCH_BACKOFF_MAX_MS / 1000, WATCH_QUIET_MS / 1000);
+			WATCH_BACKOFF_MAX_MS / 1000, WATCH_QUIET_MS / 1000, more);
 	}
 	p->reload_ms = now;
 	return p;
@@ -694,6 +692,85 @@ say_reloading(struct paced_model *p, const char *name, uint64_t now)
 	else
 		log_debug("model \"%s\": files changed on disk, reloading (backed off: one "
 			  "line a minute)", name);
+}
+
+/* A watched reload asked for (ask_reload), until its answer (reload_done). */
+struct asked_reload {
+	struct watch *w;
+	uint64_t entry_id;
+	uint64_t last;  /* the model's last generation number when asked */
+	char name[];
+};
+
+/*
+ * The answer to a watched reload: counted for the backoff (count_reload)
+ * by what it did, not by the events that asked for it, unless it made a
+ * generation whose inodes are not those of the one made before (the
+ * model's new_inodes, registry.h): a swap, an update as an operator's
+ * reload would load, however it came (a rename over the model's path, a
+ * directory model's new file written in its directory). Every other
+ * answer counts: the files found unchanged, refused, open for writing, a
+ * wait for room or for the load in flight, or the same inodes loaded
+ * again (a pending generation dropped for a chmod); so a rename of a
+ * served file away and back, or a lock file made and removed in a
+ * directory model's directory, in a loop, backs off as a touch does
+ * (review rev197 W1). A swap starts the count over (a backoff begun goes
+ * on): a directory model's new file, written in its directory, is an
+ * event of the model's from its creation on, and a writer slower than the
+ * settle time has it reloaded, unchanged, before the rename (W2). One
+ * debug line says what it did.
+ */
+static void
+reload_done(int status, const char *message, uint64_t generation, void *arg)
+{
+	struct asked_reload *a = arg;
+	struct watch *w = a->w;
+	struct model_entry *m = w->stopping ? NULL : registry_find(w->reg, a->name);
+	struct paced_model *p;
+	bool swap;
+
+	w->jobs--;
+	if (m != NULL && m->entry_id == a->entry_id) {
+		swap = status == 0 && generation > a->last && generation == m->new_inodes;
+		if (!swap) {
+			(void)count_reload(w, m, uv_now(w->loop));
+		} else if ((p = find_paced(w, m->name)) != NULL) {
+			p->reloads = 0;
+			p->window_ms = uv_now(w->loop);
+		}
+		log_debug("model \"%s\": watched reload: %s%s", m->name, message,
+			swap ? " (new files: not counted by the backoff)" : "");
+	}
+	free(a);
+	if (w->stopping)
+		watch_free_if_idle(w);
+}
+
+/* Asks for a watched reload of m, counted by its answer (reload_done);
+ * never counted when lost (asked only because events were lost: most
+ * models did not change). Without memory it is counted now. */
+static void
+ask_reload(struct watch *w, const struct model_entry *m, bool lost)
+{
+	size_t len = strlen(m->name) + 1;
+	struct asked_reload *a = lost ? NULL : malloc(sizeof(*a) + len);
+
+	if (a != NULL) {
+		a->w = w;
+		a->entry_id = m->entry_id;
+		a->last = m->last_generation;
+		memcpy(a->name, m->name, len);
+		w->jobs++;
+	} else if (!lost) {
+		(void)count_reload(w, m, uv_now(w->loop));
+	}
+	if (registry_reload_watched(w->reg, m->name, a != NULL ? reload_done : NULL, a) < 0) {
+		log_warnx("%s", error_get());
+		if (a != NULL) {
+			w->jobs--;
+			free(a);
+		}
+	}
 }
 
 /* Reloads the models whose time has come; the others wait on. */
@@ -727,12 +804,9 @@ on_settle(uv_timer_t *t)
 			if (d.lost)
 				log_debug("model \"%s\": checking its files (inotify lost "
 					  "events)", d.name);
-			else if (d.in_place)
-				say_reloading(count_reload(w, m, now), d.name, now);
 			else
 				say_reloading(p, d.name, now);
-			if (registry_reload_watched(w->reg, d.name, reload_done, NULL) < 0)
-				log_warnx("%s", error_get());
+			ask_reload(w, m, d.lost);
 		}
 		free(d.name);
 	}
@@ -741,14 +815,9 @@ on_settle(uv_timer_t *t)
 	arm_settle(w);
 }
 
-/*
- * watch_mark_dirty, lost: only because events were lost (an overflow);
- * in_place: for a change of a file that stays at its name (a write, its
- * times, its mode: what the backoff counts), not only for another file
- * renamed or made at a name of the model (a swap).
- */
+/* watch_mark_dirty, lost: only because events were lost (an overflow). */
 static void
-mark_dirty(struct watch *w, const char *name, bool lost, bool in_place)
+mark_dirty(struct watch *w, const char *name, bool lost)
 {
 	uint64_t now = uv_now(w->loop);
 	struct dirty_model *d = NULL, *grown;
@@ -775,13 +844,10 @@ mark_dirty(struct watch *w, const char *name, bool lost, bool in_place)
 			return;
 		d->first_ms = now;
 		d->lost = lost;
-		d->in_place = in_place;
 		w->ndirty++;
 	} else if (!lost) {
 		d->lost = false;
 	}
-	if (in_place)
-		d->in_place = true;
 	/* Only this model's own events postpone its reload, and only up to
 	 * the maximum: a neighbour writing her files without pause can delay
 	 * neither hers nor anyone else's for longer. */
@@ -798,7 +864,7 @@ mark_dirty(struct watch *w, const char *name, bool lost, bool in_place)
 void
 watch_mark_dirty(struct watch *w, const char *name)
 {
-	mark_dirty(w, name, false, true);
+	mark_dirty(w, name, false);
 }
 
 /* One line for the first overflow, then at most one a minute with how
@@ -880,7 +946,7 @@ check_everything(struct watch *w)
 {
 	watch_check_modified(w);
 	for (struct model_entry *m = w->reg->models; m != NULL; m = m->next)
-		mark_dirty(w, m->name, true, false);
+		mark_dirty(w, m->name, true);
 }
 
 static void
@@ -906,7 +972,7 @@ handle_event(struct watch *w, const struct inotify_event *ev, struct touched *t)
 		 * reloads too: a reload that found a file open for writing
 		 * waits for it (registry_load.c's find_writer). */
 		if (ev->mask & NAME_EVENTS)
-			mark_dirty(w, m->name, false, (ev->mask & IN_CLOSE_WRITE) != 0);
+			mark_dirty(w, m->name, false);
 	}
 }
 

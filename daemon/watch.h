@@ -40,10 +40,13 @@ struct watch;
  * its reloads wait the settle time alone again. A change is never lost to
  * it: the reload still comes, later. One line says when it begins, and the
  * "reloading" line is logged at most once a minute (lograte.h) meanwhile.
- * Only reloads for a change of a file at its name count (a write, its times,
- * its mode; every change of a polled model): one for another file renamed
- * or made at a model's name (a swap) brings a new file, as an operator's
- * reload would, and does not count, though it waits out a backoff begun.
+ * A reload counts by what it did, once answered, whatever events asked for
+ * it: every one (files unchanged, refused, the same inodes loaded again)
+ * but one whose new generation serves other inodes than the generation
+ * made before it (a swap: registry.h's new_inodes), an update as an
+ * operator's reload would load, which does not count, though it waits out
+ * a backoff begun, and starts the count over. Reloads after lost events
+ * never count.
  */
 #define WATCH_BURST_RELOADS 5
 #define WATCH_BURST_MS 10000

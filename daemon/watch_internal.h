@@ -49,7 +49,6 @@ struct dirty_model {
 	uint64_t first_ms;      /* loop time of its first event since its last reload */
 	uint64_t due_ms;        /* loop time its reload is asked for */
 	bool lost;              /* marked only because inotify lost events */
-	bool in_place;          /* a file changed at its name: the backoff counts it */
 };
 
 /*
@@ -88,7 +87,8 @@ struct watch {
 	size_t npolled;
 	struct synced *synced; /* each model's watches (watch.c) */
 	size_t nsynced;
-	unsigned jobs; /* sync and poll jobs on the work queue; the watch is freed at 0 */
+	unsigned jobs; /* sync and poll jobs on the work queue, and watched reloads
+			  not answered yet (watch.c's reload_done); freed at 0 */
 	uint64_t overflows;        /* inotify queue overflows (events lost) */
 	uint64_t overflow_log_ms;  /* loop time of the last line about them */
 	uint64_t overflows_logged; /* overflows that line counted */

@@ -27,8 +27,8 @@ import time
 import pytest
 
 from conftest import mkmodel, wait_until
-from test_watch_pending import (BIG, GATE_SHIM, Models, build_shim, entry, ready, start,
-                                wait_dropped)
+from test_watch_pending import (BIG, GATE_SHIM, SMALL, Models, build_shim, entry, ready,
+                                start, wait_dropped)
 
 __all__ = ["start"]  # the fixture, used by name
 
@@ -64,6 +64,9 @@ AFTER_LEASE(fcntl64)
 """
 
 RELOADING = 'model "m": files changed on disk, reloading'
+# watch.c's debug line once a watched reload is answered: the backoff
+# counts it then, by what it did.
+ANSWERED = 'model "m": watched reload: '
 BACKOFF = re.compile(r'model "m": (\d+) reloads in [0-9.]+ s, its files keep changing: '
                      r'backing off, the next reload waits (\d+) ms after this one')
 # WATCH_QUIET_MS: the quiet that ends a backoff.
@@ -89,14 +92,20 @@ def asked(d):
     return sum(len(kind) for kind in reloads(d))
 
 
+def answered(d):
+    return d.read_log().count(ANSWERED)
+
+
 def change_until_backed_off(d, change, lines=1):
     """change(i) for i = 1, 2, ..., each once the reload of the change
-    before was asked for, until the backoff line is logged (the lines-th
-    time); returns the number of changes."""
+    before was answered (the backoff counts it then), until the backoff
+    line is logged (the lines-th time); returns the number of changes."""
     for i in range(1, MAX_CHANGES + 1):
-        before = asked(d)
+        before, ended = asked(d), answered(d)
         change(i)
         wait_until(lambda: asked(d) > before, timeout=60, what=f"the reload of change {i}")
+        wait_until(lambda: answered(d) > ended, timeout=60,
+                   what=f"the answer to the reload of change {i}")
         assert asked(d) == before + 1, d.read_log()  # one change, one reload
         if len(BACKOFF.findall(d.read_log())) >= lines:
             return i
@@ -232,3 +241,54 @@ def test_the_backoff_ends_once_the_files_are_quiet(start, tmp_path, shim):
     assert "not logged" not in info[-1], info[-1]
     change_until_backed_off(d, touch, lines=2)
     assert_backed_off(d, lines=2)
+
+
+def test_a_rename_away_and_back_loop_backs_off(start, tmp_path, shim):
+    """A rename of the served file away and back brings nothing new (the
+    same inode goes and comes back): each reload counts, as a touch's does.
+    Before (review rev197 W1), only a writer's close counted: this loop
+    reloaded after every settle time, for ever, each with its info line (no
+    backoff after 60 reloads)."""
+    s = Models(start, tmp_path, shim)
+    d = s.d
+    away = s.m + ".away"
+
+    def change(i):
+        os.rename(s.m, away)
+        os.rename(away, s.m)
+
+    changes = change_until_backed_off(d, change)
+    assert_backed_off(d)
+    assert entry(d, "m")["generation"] == 1  # nothing was ever a swap
+    assert changes <= 10, changes
+
+
+def test_a_lock_dir_loop_in_a_directory_model_backs_off(start, tmp_path, shim):
+    """Any entry made and removed in a directory model's directory (a lock
+    directory here: no write, no close) reloads the model: each such reload
+    counts. Before (review rev197 W1), no backoff after 60 reloads."""
+    s = Models(start, tmp_path, shim, directory=True)
+    d = s.d
+    lock = os.path.join(os.path.dirname(s.m), "lock")
+
+    def change(i):
+        os.mkdir(lock)   # IN_CREATE|IN_ISDIR: no close, no write
+        os.rmdir(lock)   # IN_DELETE|IN_ISDIR
+
+    change_until_backed_off(d, change)
+    assert_backed_off(d)
+    assert entry(d, "m")["generation"] == 1
+
+
+def test_a_series_of_swaps_of_a_directory_model_is_not_backed_off(start, tmp_path, shim):
+    """A directory model's new file is written in its directory, then
+    renamed over (README's procedure): its writer's close is an event of
+    the model's too, yet the reload brings new inodes, a swap, and does not
+    count. Before (review rev197 W2), that close counted: ten swaps in a
+    row began the backoff."""
+    s = Models(start, tmp_path, shim, directory=True)
+    d = s.d
+    for seed in range(2, 12):
+        s.replace(s.m, lambda p, seed=seed: mkmodel(p, seed=seed, **SMALL))
+        ready(d, "m", seed)
+    assert not BACKOFF.findall(d.read_log()), d.read_log()
