@@ -33,6 +33,7 @@
  * serves what passed and has the manager drop the rest of its model's.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -117,6 +118,61 @@ carried_name(const char *name)
 	return 0;
 }
 
+int
+restore_mounts(struct restore *s)
+{
+	/* Not read (or it failed): read now; a failure is tried again at
+	 * the next call. */
+	if (!s->mounts_read && fstype_mounts_read("/proc/self/mountinfo", &s->mounts) == 0)
+		s->mounts_read = 1;
+	return s->mounts_read ? 0 : -1;
+}
+
+/* The device the description gives the stored model file called name
+ * (FDSTORE_NAME_KIND_FILE), or 0 where it describes no such file. */
+static uint64_t
+described_dev(const struct restore *s, const char *name)
+{
+	struct fdstore_name n;
+
+	if (s->desc == NULL || fdstore_name_parse(name, &n) < 0 ||
+		n.kind != FDSTORE_NAME_KIND_FILE)
+		return 0;
+	for (uint32_t i = 0; i < s->desc->nmodels; i++) {
+		const struct fdstore_model *m = &s->desc->models[i];
+
+		for (uint32_t k = 0; m->slot == n.slot && k < m->ngenerations; k++)
+			for (uint32_t j = 0; j < m->generations[k].nfiles; j++)
+				if (strcmp(m->generations[k].files[j].fdname, name) == 0)
+					return m->generations[k].files[j].dev;
+	}
+	return 0;
+}
+
+/*
+ * The daemon's own lane (closer_unmap_close) of the stored descriptor fd,
+ * called name, that no model took: CLOSER_LOCAL's for a memfd (an index,
+ * an artifact: F_GET_SEALS asks no filesystem) and for a model file the
+ * description puts on a local filesystem (its device in the mount table,
+ * which asks none either); CLOSER_DAEMON's, the lane of remote
+ * generations' files, for one on a remote filesystem or on one not known.
+ * So local files and memfds never wait behind a remote server's close
+ * (closer.h; review rev197 F4').
+ */
+static uid_t
+untaken_lane(struct restore *s, const char *name, int fd)
+{
+	struct fs_info fs;
+	uint64_t dev;
+
+	if (fcntl(fd, F_GET_SEALS) >= 0)
+		return CLOSER_LOCAL;
+	if ((dev = described_dev(s, name)) == 0 || restore_mounts(s) < 0 ||
+		fstype_mounts_find(&s->mounts, (dev_t)dev, &fs) < 0 || fs.remote)
+		return CLOSER_DAEMON;
+	return CLOSER_LOCAL;
+}
+
 /*
  * Closes the stored descriptors not taken that model only names (with
  * only NULL: that no model whose check still runs names, which its check
@@ -124,8 +180,8 @@ carried_name(const char *name)
  * description's is replaced by restore_sync()). No name dropped here is
  * named again: a new generation or artifact takes a number none stored
  * has, and a name the description gives belongs to one model. They close
- * in the daemon's own lane of r's closer (closer_unmap_close, the lane
- * closer_then() waits for; no client's descriptor goes there), not here: a
+ * in a lane of the daemon's own of r's closer (closer_unmap_close; no
+ * client's descriptor goes there; untaken_lane says which), not here: a
  * model file on remote storage flushes on close, and an artifact's memfd
  * frees its memory (review rev193 F4).
  */
@@ -141,7 +197,8 @@ restore_close_untaken(struct restore *s, struct registry *r, const struct fdstor
 		if (s->fds[i].fd < 0 ||
 			(only != NULL ? !fdstore_model_names(only, name) : carried_name(name)))
 			continue;
-		closer_unmap_close(r->closer, CLOSER_DAEMON, NULL, 0, s->fds[i].fd);
+		closer_unmap_close(r->closer, untaken_lane(s, name, s->fds[i].fd), NULL, 0,
+			s->fds[i].fd);
 		s->fds[i].fd = -1;
 		closed++;
 		if (drop && strcmp(name, FDSTORE_NAME_DESC) != 0)
@@ -354,11 +411,6 @@ restore_finish(struct restore *s, struct registry *r)
 void
 restore_started(struct restore *s, struct registry *r)
 {
-	/* No restore_model() comes now: the mount table is not asked again. */
-	if (s != NULL) {
-		fstype_mounts_free(&s->mounts);
-		s->mounts_read = 0;
-	}
 	if (s == NULL || s->jobs == 0) {
 		restore_finish(s, r);
 		return;

@@ -78,8 +78,10 @@ struct restore {
 	int started;            /* restore_started() ran: the last check's end finishes */
 	char **copies;          /* staged copies' directories of the generations checked */
 	size_t ncopies;
-	/* The mount table, read once for every restore_model() (stored_fs)
-	 * and freed by restore_started(): mounts_read says it was. */
+	/* The mount table, read once (restore_mounts) for every
+	 * restore_model() (stored_fs) and the lanes of the descriptors no
+	 * model takes (restore_close_untaken), freed with s: mounts_read
+	 * says it was. */
 	struct fs_mounts mounts;
 	int mounts_read;
 };
@@ -88,9 +90,14 @@ struct restore {
  * (may be NULL) its place in s->fds. */
 int restore_find_fd(const struct restore *s, const char *name, size_t *at);
 
+/* restore.c: reads the mount table into s->mounts unless it was: 0, or -1
+ * (it could not be read; asked again next time). Asks no filesystem. */
+int restore_mounts(struct restore *s);
+
 /* restore.c: closes the stored descriptors not taken that only names (with
  * only NULL: that no model whose check still runs names) and, when drop,
- * has the manager drop them. In the daemon's lane of r's closer. */
+ * has the manager drop them. In lanes of the daemon's own of r's closer:
+ * CLOSER_LOCAL's for memfds and local files, CLOSER_DAEMON's otherwise. */
 void restore_close_untaken(struct restore *s, struct registry *r,
 	const struct fdstore_model *only, int drop);
 

@@ -668,11 +668,7 @@ stored_fs(struct restore *s, const struct fdstore_generation *g, char *what, siz
 		return WORKQ_LOCAL;
 	}
 	dev = g->files[0].origin_dev != 0 ? g->files[0].origin_dev : g->files[0].dev;
-	/* Not read (or it failed): read now; a failure is tried again for the
-	 * next model, as each read its own before. */
-	if (!s->mounts_read && fstype_mounts_read("/proc/self/mountinfo", &s->mounts) == 0)
-		s->mounts_read = 1;
-	if (!s->mounts_read || fstype_mounts_find(&s->mounts, (dev_t)dev, &fs) < 0) {
+	if (restore_mounts(s) < 0 || fstype_mounts_find(&s->mounts, (dev_t)dev, &fs) < 0) {
 		snprintf(what, len, "model \"%s\": a warm restart's check of its files", name);
 		return WORKQ_UNKNOWN;
 	}

@@ -33,6 +33,7 @@
 #include "daemonutil.h"
 #include "base/error.h"
 #include "base/path.h"
+#include "closer.h"
 #include "derive.h"
 #include "fdstore.h"
 #include "format/source.h"
@@ -108,6 +109,61 @@ __wrap_fstype_of_dev(const char *mountinfo, dev_t dev, struct fs_info *out)
 	if (__atomic_load_n(&fs_unknowable, __ATOMIC_SEQ_CST))
 		return -EIO;
 	return __real_fstype_of_dev(mountinfo, dev, out);
+}
+
+int __real_fstype_mounts_find(const struct fs_mounts *t, dev_t dev, struct fs_info *out);
+int __wrap_fstype_mounts_find(const struct fs_mounts *t, dev_t dev, struct fs_info *out);
+
+/* When set, the mount table says every device is an NFS server's. */
+static int all_remote;
+
+int
+__wrap_fstype_mounts_find(const struct fs_mounts *t, dev_t dev, struct fs_info *out)
+{
+	int err = __real_fstype_mounts_find(t, dev, out);
+
+	if (err == 0 && __atomic_load_n(&all_remote, __ATOMIC_SEQ_CST))
+		fstype_classify_name("nfs4", out);
+	return err;
+}
+
+void __real_closer_unmap_close(struct closer *cl, uid_t owner, void *base, size_t size, int fd);
+void __wrap_closer_unmap_close(struct closer *cl, uid_t owner, void *base, size_t size, int fd);
+
+/* The stored descriptors a test watches (watch_stored), and how many of
+ * them went to the closer's lanes of the daemon's own since: memfds and
+ * others, in CLOSER_LOCAL's lane and in CLOSER_DAEMON's (the remote
+ * files'). Each is counted once: its number may be reused once closed. */
+static int stored_fds[FDSTORE_MAX_FDS];
+static size_t nstored;
+static unsigned memfds_local, memfds_daemon, files_local, files_daemon;
+
+void
+__wrap_closer_unmap_close(struct closer *cl, uid_t owner, void *base, size_t size, int fd)
+{
+	int memfd = fd >= 0 && fcntl(fd, F_GET_SEALS) >= 0;
+
+	for (size_t i = 0; fd >= 0 && i < nstored; i++) {
+		if (stored_fds[i] != fd)
+			continue;
+		stored_fds[i] = -1;
+		if (owner == CLOSER_LOCAL)
+			(*(memfd ? &memfds_local : &files_local))++;
+		else if (owner == CLOSER_DAEMON)
+			(*(memfd ? &memfds_daemon : &files_daemon))++;
+	}
+	__real_closer_unmap_close(cl, owner, base, size, fd);
+}
+
+/* Watches every stored descriptor f->s still has. */
+static void
+watch_stored(const struct restore *s)
+{
+	memfds_local = memfds_daemon = files_local = files_daemon = 0;
+	nstored = 0;
+	for (size_t i = 0; i < s->n && nstored < FDSTORE_MAX_FDS; i++)
+		if (s->fds[i].fd >= 0)
+			stored_fds[nstored++] = s->fds[i].fd;
 }
 
 int __real_gen_check_holes(const struct model_source *src);
@@ -706,6 +762,50 @@ test_stage_yes_now_loads_an_unstaged_generation_afresh(void **state)
 	free(log);
 }
 
+/*
+ * The stored descriptors of a generation not restored close in the lanes
+ * closer.h gives the daemon's own: its index and its artifact's memfds,
+ * and its file on a local filesystem, in CLOSER_LOCAL's, which no remote
+ * server's close holds up; only a file on a remote filesystem in
+ * CLOSER_DAEMON's. Before (be79e16), all of them went to CLOSER_DAEMON's,
+ * behind every remote generation's files (review rev197 F4').
+ */
+/* Restores m with stage = yes now: not restored, nothing taken; the
+ * stored files on a remote filesystem or not. Its index, its artifact and
+ * the artifact's index close in CLOSER_LOCAL's lane whatever the model
+ * file's filesystem (the test sees in which lane that one closes). */
+static void
+restore_untaken(struct fixture *f, int remote)
+{
+	watch_stored(f->s);
+	__atomic_store_n(&all_remote, remote, __ATOMIC_SEQ_CST);
+	free(restore_with_stage(f, FS_STAGE_YES));
+	__atomic_store_n(&all_remote, 0, __ATOMIC_SEQ_CST);
+	assert_int_equal(f->result, RESTORE_LOAD);
+	assert_int_equal(memfds_local, 3);
+	assert_int_equal(memfds_daemon, 0);
+}
+
+static void
+test_descriptors_not_taken_close_in_their_own_lanes(void **state)
+{
+	struct fixture *f = *state;
+
+	restore_untaken(f, 0);
+	assert_int_equal(files_local, 1);
+	assert_int_equal(files_daemon, 0);
+}
+
+static void
+test_a_remote_file_not_taken_closes_in_the_remote_lane(void **state)
+{
+	struct fixture *f = *state;
+
+	restore_untaken(f, 1);
+	assert_int_equal(files_daemon, 1);
+	assert_int_equal(files_local, 0);
+}
+
 /* The reverse: a staged copy, with stage = no now, is not restored (its
  * copy is removed) and the model loads afresh from its source. */
 static void
@@ -954,6 +1054,10 @@ main(void)
 			setup_sparse, teardown),
 		cmocka_unit_test_setup_teardown(
 			test_stage_yes_now_loads_an_unstaged_generation_afresh, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_descriptors_not_taken_close_in_their_own_lanes, setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_a_remote_file_not_taken_closes_in_the_remote_lane, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_directory_model_unchanged_is_restored,
 			setup_dir, teardown),
 		cmocka_unit_test_setup_teardown(
