@@ -1328,6 +1328,7 @@ stage_work(struct workq_job *w)
 
 	q->stage.files = q->source.files;
 	q->stage.nfiles = q->source.nfiles;
+	q->stage.index_st = q->source.format == FORMAT_SHARDED ? &q->source.index_st : NULL;
 	if ((q->status = stage_copy(&q->stage)) < 0 || (q->status = note_origin(q)) < 0) {
 		snprintf(q->message, sizeof(q->message), "%s", error_get());
 		note_opened_path(q);

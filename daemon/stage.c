@@ -503,6 +503,28 @@ check_index_names(const struct stage_request *req, const struct stage_file *f)
 	return 0;
 }
 
+/* The index f, found again by path, is the file validated (req->index_st):
+ * the same inode, unchanged; one put at its path since (by whoever may
+ * write there), even naming the same shards, is not the file the owner
+ * rules judged (review rev195 L4). 0, or -ESTALE saying so. */
+static int
+check_index_validated(const struct stage_request *req, const struct stage_file *f)
+{
+	const struct stat *v = req->index_st;
+
+	if (v == NULL)
+		return error_set(-ESTALE, "cannot stage it: %s has a shard index %s since the "
+			"model was validated (it had none); the new version is staged by the "
+			"next load", req->model_path, f->src);
+	if (v->st_dev != f->st.st_dev || v->st_ino != f->st.st_ino ||
+		v->st_size != f->st.st_size || !same_mtime(v, &f->st) ||
+		file_ctime_moved(v, &f->st))
+		return error_set(-ESTALE, "cannot stage it: the shard index %s was replaced "
+			"since the model was validated (it is not the file validated); the new "
+			"version is staged by the next load", f->src);
+	return 0;
+}
+
 /* Makes the list of files to copy: the source's, and its shard index;
  * *is_dir: the model is a directory (its path in the copy is the copy). */
 static int
@@ -543,10 +565,12 @@ plan_files(const struct stage_request *req, struct stage_file **out, size_t *n, 
 			free(fs);
 			return err;
 		}
-		err = S_ISREG(f->st.st_mode) ? check_index_names(req, f) :
-			error_set(-ESTALE, "cannot stage it: the shard index %s changed since "
-				"the model was validated: not a regular file; the new version "
-				"is staged by the next load", index);
+		if (!S_ISREG(f->st.st_mode))
+			err = error_set(-ESTALE, "cannot stage it: the shard index %s changed "
+				"since the model was validated: not a regular file; the new "
+				"version is staged by the next load", index);
+		else if ((err = check_index_validated(req, f)) == 0)
+			err = check_index_names(req, f);
 	} else if (req->nfiles > 1) {
 		err = error_set(-ESTALE, "cannot stage it: %s has no shard index since the model "
 			"was validated; the new version is staged by the next load",

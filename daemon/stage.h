@@ -67,6 +67,8 @@ struct stage_request {
 	const char *model_path;    /* the configured path: a file, shard index or directory */
 	const struct wc_file *files; /* the source's files, open, in index order */
 	size_t nfiles;
+	const struct stat *index_st; /* the shard index validated (fstat at its open:
+				      model_source's index_st), or NULL: none */
 	const int *cancel;         /* read atomically: nonzero stops the copy (-ECANCELED):
 				      wcached is stopping; it stops the removal
 				      of the unfinished copy too */
@@ -82,7 +84,8 @@ struct stage_request {
 /*
  * Copies the model's files (req->files, and a sharded model's index found
  * from model_path, which must name exactly req->files' shards in their
- * order: an index replaced since the model was validated is refused) into
+ * order, and be the file validated, req->index_st: an index replaced since
+ * the model was validated, or one found where none was, is refused) into
  * a new directory under stage_dir: checks the free
  * space first, creates stage_dir (0700) if missing, copies with
  * copy_file_range(2) (sendfile(2), then read/write where the kernel

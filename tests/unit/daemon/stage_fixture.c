@@ -4,6 +4,7 @@
  */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 
 #include "base/file.h"
 #include "base/path.h"
+#include "format/shards.h"
 #include "stage.h"
 #include "stage_fixture.h"
 #include "testutil.h"
@@ -90,10 +92,22 @@ add_source(struct fixture *f, const char *name, size_t len, unsigned seed)
 void
 make_request(struct fixture *f, const char *model_path)
 {
+	struct stat st;
+	char *index = NULL;
+	bool is_index = false;
+
 	f->req = (struct stage_request){
 		.stage_dir = f->stage_dir, .model = "m", .number = 3, .model_path = model_path,
 		.files = f->files, .nfiles = f->nfiles, .cancel = &f->cancel,
 	};
+	if (stat(model_path, &st) == 0 && S_ISDIR(st.st_mode)) {
+		if (shards_find_model(model_path, &index, &is_index) == 0 && is_index &&
+			stat(index, &f->index_st) == 0)
+			f->req.index_st = &f->index_st;
+		free(index);
+	} else if (file_has_suffix(model_path, ".json") && stat(model_path, &f->index_st) == 0) {
+		f->req.index_st = &f->index_st;
+	}
 }
 
 /* dir/name has exactly the bytes and mtime of src. */

@@ -41,6 +41,7 @@ struct fixture {
 	struct wc_file files[3];
 	size_t nfiles;
 	struct stage_request req;
+	struct stat index_st; /* req.index_st: the index make_request found */
 	int cancel;
 };
 
@@ -56,7 +57,9 @@ int teardown(void **state);
  * next source file. */
 void add_source(struct fixture *f, const char *name, size_t len, unsigned seed);
 
-/* Fills f->req for the model "m", generation 3, at model_path. */
+/* Fills f->req for the model "m", generation 3, at model_path; its
+ * index_st is the shard index found at model_path now (as the registry's
+ * validation found it), or NULL when there is none. */
 void make_request(struct fixture *f, const char *model_path);
 
 /* dir/name has exactly the bytes and mtime of src. */

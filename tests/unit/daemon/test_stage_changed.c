@@ -432,6 +432,51 @@ test_shard_index_replaced_after_validation(void **state)
 	free(ipath);
 }
 
+/* The shard index the copy finds again by path must be the file validated
+ * (review rev195 L4): another put at its path since (a rename by whoever
+ * may write in the directory), naming the same shards, is refused, not
+ * staged as the one the owner rules judged; so is an index found where
+ * the model was validated with none. Nothing is made. */
+static void
+test_shard_index_swapped_naming_the_same_shards(void **state)
+{
+	struct fixture *f = *state;
+	static const char same[] = "{\"weight_map\":{\"a\":\"s-1.safetensors\","
+				   "\"b\":\"s-2.safetensors\"},\"metadata\":{}}";
+	static const char one[] = "{\"weight_map\":{\"a\":\"s-1.safetensors\"}}";
+	char *ipath = tu_write(f->src, "m.safetensors.index.json", same, strlen(same));
+	char *tmp;
+
+	add_source(f, "s-1.safetensors", 1000, 22);
+	add_source(f, "s-2.safetensors", 1000, 23);
+	make_request(f, f->src); /* validated with this index */
+	tmp = tu_write(f->src, "new.json", same, strlen(same));
+	assert_int_equal(rename(tmp, ipath), 0);
+	assert_int_equal(stage_copy(&f->req), -ESTALE);
+	assert_non_null(strstr(error_get(), "cannot stage it: the shard index "));
+	assert_non_null(strstr(error_get(), ipath));
+	assert_non_null(strstr(error_get(), "was replaced since the model was validated (it is "
+		"not the file validated)"));
+	assert_int_equal(tu_count_entries(f->stage_dir), -1); /* nothing made */
+	free(tmp);
+	/* A model of one shard validated without an index; one appears. */
+	assert_int_equal(unlink(ipath), 0);
+	free(ipath);
+	ipath = path_join(f->src, "s-2.safetensors");
+	assert_int_equal(unlink(ipath), 0);
+	file_close(&f->files[1]);
+	f->nfiles = 1;
+	make_request(f, f->src);
+	assert_null(f->req.index_st);
+	free(ipath);
+	ipath = tu_write(f->src, "m.safetensors.index.json", one, strlen(one));
+	assert_int_equal(stage_copy(&f->req), -ESTALE);
+	assert_non_null(strstr(error_get(), "has a shard index "));
+	assert_non_null(strstr(error_get(), "since the model was validated (it had none)"));
+	assert_int_equal(tu_count_entries(f->stage_dir), -1);
+	free(ipath);
+}
+
 /* The directory's owner puts a FIFO where the shard index was: the copy
  * is refused at once, not held in open() until someone writes to it (the
  * thread, and a stop, would wait for ever). alarm(): the old code's hang
@@ -718,6 +763,8 @@ main(void)
 			setup, teardown),
 		cmocka_unit_test_setup_teardown(test_shard_index_replaced_after_validation, setup,
 			teardown),
+		cmocka_unit_test_setup_teardown(test_shard_index_swapped_naming_the_same_shards,
+			setup, teardown),
 		cmocka_unit_test_setup_teardown(test_shard_index_replaced_by_a_fifo, setup,
 			teardown),
 	};
