@@ -162,6 +162,10 @@ struct gen_tree {
 	int fd, dir;
 	char *sub;
 	bool nosys;
+	bool take_unchecked; /* nosys: a file reached through a link inside the
+				tree (linked_inside) is at its place: the
+				operator's load, her word (review rev191 F4) */
+	bool unchecked;      /* nosys: a file was reached so */
 };
 
 /* openat2(2) of rel beneath at with resolve, O_PATH (tree_openat2): its
@@ -196,7 +200,7 @@ gen_tree_open(const char *dir, struct gen_tree *t)
 	t->root = NULL;
 	t->fd = t->dir = -1;
 	t->sub = NULL;
-	t->nosys = false;
+	t->nosys = t->take_unchecked = t->unchecked = false;
 	if (dir == NULL || tree_split(dir[0] != '\0' ? dir : "/", &t->root, &t->sub) < 0)
 		return;
 	t->fd = open_beneath(AT_FDCWD, t->root, RESOLVE_NO_SYMLINKS, O_DIRECTORY);
@@ -232,22 +236,55 @@ is_itself_at(const struct gen_tree *t, const char *name, const struct stat *st)
 		S_ISREG(now.st_mode) && now.st_dev == st->st_dev && now.st_ino == st->st_ino;
 }
 
+/* Where the kernel has no openat2: whether name, in the model directory
+ * of t, reaches the file whose fstat is st through a symbolic link that
+ * stays inside the tree (its realpath beneath the tree's root). Told by
+ * path, which a rename racing it defeats (note_no_openat2). */
+static int
+linked_inside(const struct gen_tree *t, const char *name, const struct stat *st)
+{
+	char *path = NULL, *real = NULL;
+	size_t n = t->root != NULL ? strlen(t->root) : 0;
+	struct stat now;
+	int in;
+
+	if (t->root == NULL || t->sub == NULL ||
+		asprintf(&path, "%s/%s%s", t->root, t->sub, name) < 0)
+		return 0;
+	real = realpath(path, NULL);
+	in = real != NULL &&
+		(strcmp(t->root, "/") == 0 || (strncmp(real, t->root, n) == 0 && real[n] == '/')) &&
+		stat(real, &now) == 0 && S_ISREG(now.st_mode) && now.st_dev == st->st_dev &&
+		now.st_ino == st->st_ino;
+	free(real);
+	free(path);
+	return in;
+}
+
 /* Whether the file whose fstat is st is the file name (a plain name) of
  * the model directory of its tree t: found beneath the tree's root with no
  * link out of the tree followed (openat2 RESOLVE_BENEATH), as the model's
  * files are opened (tree.h). A stat(2) of the place followed a link out of
  * the tree to another user's file and took it for the file at its place
  * (review rev185 F5); where the kernel has no openat2, the file must be
- * itself at its place (review rev187 R4). */
+ * itself at its place (review rev187 R4), or, at the operator's load
+ * (t->take_unchecked), reached through a link inside the tree (review
+ * rev191 F4); t->unchecked notes a file reached so. */
 static int
-is_file_at(const struct gen_tree *t, const char *name, const struct stat *st)
+is_file_at(struct gen_tree *t, const char *name, const struct stat *st)
 {
 	char *rel = NULL;
 	struct stat now;
 	int fd = -1, same;
 
-	if (t->nosys)
-		return is_itself_at(t, name, st);
+	if (t->nosys) {
+		if (is_itself_at(t, name, st))
+			return 1;
+		if (!linked_inside(t, name, st))
+			return 0;
+		t->unchecked = true;
+		return t->take_unchecked;
+	}
 	if (t->fd >= 0 && t->sub != NULL && asprintf(&rel, "%s%s", t->sub, name) < 0)
 		rel = NULL;
 	fd = rel != NULL ? open_beneath(t->fd, rel, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS, 0) :
@@ -265,7 +302,7 @@ is_file_at(const struct gen_tree *t, const char *name, const struct stat *st)
  * its name in the model directory (the path when a directory, else its
  * directory), or beside the shard index, in the tree t. */
 static int
-at_its_place(const struct stat *at, const struct gen_tree *t, const char *file_name,
+at_its_place(const struct stat *at, struct gen_tree *t, const char *file_name,
 	const char *file_path, const struct stat *st)
 {
 	const char *name = file_path != NULL ? strrchr(file_path, '/') : NULL;
@@ -366,6 +403,7 @@ gen_resolved_path(const char *path, char *before, const struct model_source *src
 	if (found != NULL) {
 		found->root = NULL;
 		found->dir_known = 0;
+		found->link_unchecked = 0;
 	}
 	/* One lstat of the resolved path tells a file from a directory;
 	 * before is a realpath, so a link there now is a path changed since
@@ -378,12 +416,15 @@ gen_resolved_path(const char *path, char *before, const struct model_source *src
 			strrchr(before, '/') + 1;
 	}
 	gen_tree_open(dir, &tree);
+	tree.take_unchecked = found != NULL && found->operators;
 	for (size_t i = 0; same && i < src->nfiles; i++)
 		same = origin != NULL ?
 			at_its_place(&at, &tree, file_name, origin[i].path, &origin[i].st) :
 			at_its_place(&at, &tree, file_name, src->files[i].path, &src->files[i].st);
 	if (same && found != NULL)
 		found_tree(&tree, found);
+	if (found != NULL)
+		found->link_unchecked = tree.unchecked;
 	gen_tree_close(&tree);
 	free(dir);
 	if (!same) {

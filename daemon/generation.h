@@ -477,6 +477,13 @@ struct gen_found_tree {
 	ino_t dir_ino;
 	uid_t dir_uid;
 	mode_t dir_mode;
+	/* In: the operator's load, where the kernel has no openat2: a file
+	 * reached through a symbolic link inside the tree (its realpath
+	 * beneath the root, told by path) is at its place, her word (review
+	 * rev191 F4); a reload wcached makes by itself takes only files with
+	 * no link. Out: a file was reached so (taken or not). */
+	int operators;
+	int link_unchecked;
 };
 
 /* A symbolic link a load's path went through (registry_links.c): the
@@ -506,7 +513,8 @@ struct gen_link {
  * beneath the tree's root, opened with no link followed, by openat2
  * RESOLVE_BENEATH: a link out of the tree is no file at its place, review
  * rev185 F5; with no link at all where the kernel has no openat2, review
- * rev187 R4), else NULL with before freed. Where found is not NULL and the
+ * rev187 R4, but one inside the tree, told by path, where found->operators,
+ * review rev191 F4), else NULL with before freed. Where found is not NULL and the
  * result is not, found gets that tree's root (as gen_tree_root tells it)
  * and the owner of the directory the files were found beneath, from its
  * descriptor (review rev187 R2); found->root NULL otherwise.

@@ -184,6 +184,9 @@ struct load_request {
 	 * not be told of a file, or 0. */
 	size_t writing;
 	int writing_err;
+	/* gen_found_tree's link_unchecked: without openat2, a file was
+	 * reached through a link inside the tree (same_tree's line). */
+	int link_unchecked;
 	struct stage_request stage;
 	char *stage_dir;      /* stage.stage_dir, owned */
 	uint64_t stage_queued_ms; /* registry_now_ms() when the copy was queued */
@@ -742,6 +745,10 @@ same_tree(struct load_request *q)
 			OPERATORS_WORD, q->path,
 			q->root != NULL ? q->root : "a place that moved as its files were opened",
 			q->name);
+	else if (q->root == NULL && q->link_unchecked)
+		snprintf(q->message, sizeof(q->message), "its path %s reaches its files through "
+			"a symbolic link inside its tree, which this kernel (no openat2) cannot "
+			"check: it is served only after " OPERATORS_WORD, q->path, q->name);
 	else if (q->root == NULL)
 		say_moved(q, old);
 	else if (first)
@@ -1203,7 +1210,7 @@ load_work(struct workq_job *w)
 {
 	struct load_request *q = w->arg;
 	char *resolved = realpath(q->path, NULL);
-	struct gen_found_tree found = { .root = NULL };
+	struct gen_found_tree found = { .operators = q->reload != RELOAD_WATCHED };
 
 	q->opened_known = stat(q->path, &q->opened_st) == 0;
 	if (q->reload != RELOAD_WATCHED)
@@ -1217,6 +1224,7 @@ load_work(struct workq_job *w)
 	gen_source_fs(&q->source, &q->fs);
 	q->resolved = gen_resolved_path(q->path, resolved, &q->source, NULL, &found);
 	q->files_dir_known = q->resolved != NULL && found.dir_known;
+	q->link_unchecked = found.link_unchecked;
 	q->files_dev = found.dir_dev;
 	q->files_ino = found.dir_ino;
 	q->files_uid = found.dir_uid;

@@ -1855,6 +1855,47 @@ test_rev187_fallback_sibling_linking_out(void **state)
 	tree_force_fallback = 0;
 }
 
+/*
+ * rev191 F4: without openat2 (tree_force_fallback), alice's srv/v2 holds
+ * model.safetensors -> w/real, a relative link inside her tree. The
+ * operator's load (her word) found no resolved path nor tree (attaches by
+ * the real path missed it); the watched reload after she renames a new
+ * w/real in said "its path ... resolved to another place while its files
+ * were opened", which is false: nothing moved. It now says that this
+ * kernel cannot check a link inside the tree, and still waits for the
+ * operator's reload.
+ */
+static void
+test_rev191_fallback_link_inside_tree(void **state)
+{
+	struct du *t = *state;
+	char *p, *a, *b, cmd[8192];
+	struct generation *g1;
+
+	tree_force_fallback = 1;
+	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p srv/v2/w", t->dir);
+	assert_int_equal(system(cmd), 0);
+	a = du_model(t, "srv/v2/w/real", 1024);
+	snprintf(cmd, sizeof(cmd), "cd %s/srv && ln -s w/real v2/model.safetensors && "
+		"chown -R -h 23456:23456 v2", t->dir);
+	assert_int_equal(system(cmd), 0);
+	p = llama_loaded(t, "srv/v2", &g1);
+	assert_non_null(g1->resolved_path); /* NULL: attaches by the real path missed it */
+	assert_non_null(g1->tree_root);
+	assert_non_null(strstr(g1->tree_root, "/srv/v2"));
+	b = du_model(t, "srv/v2/w/real.new", 2048);
+	snprintf(cmd, sizeof(cmd), "chown 23456:23456 %s && mv %s %s", b, b, a);
+	assert_int_equal(system(cmd), 0);
+	alices_kept(t, r180_watched(t, "llama"), g1);
+	assert_null(strstr(t->message, "resolved to another place"));
+	assert_non_null(strstr(t->message, "reaches its files through a symbolic link inside "
+		"its tree, which this kernel (no openat2) cannot check"));
+	tree_force_fallback = 0;
+	free(a);
+	free(b);
+	free(p);
+}
+
 /* Writes a shard index at t's rel naming the shards of tensors "w" and,
  * when not NULL, "v" (s2). */
 static void
@@ -2786,6 +2827,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_rev187_one_file_parent_dir_exchanged, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_rev187_same_root_new_owner, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_rev191_fallback_link_inside_tree, setup,
+			teardown),
 		cmocka_unit_test_setup_teardown(test_rev187_fallback_sibling_linking_out, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_rev187_one_file_in_shared_dir_new_owner,
