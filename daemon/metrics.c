@@ -684,6 +684,13 @@ write_model(FILE *f, const struct registry *reg, const struct model_entry *m,
 	if (m->refused_tree)
 		json_write_field(f, "waits_for_reload",
 			m->refused_line != NULL ? m->refused_line : "out of memory");
+	/* Its newest watched reload found this file open for writing: the
+	 * files on disk load once no writer is left (watch.h). */
+	if (m->writer_path != NULL) {
+		json_write_field(f, "waiting_for_writer", m->writer_path);
+		fprintf(f, ",\"waiting_for_writer_seconds\":%.1f",
+			(double)(registry_now_ms(reg) - m->writer_since_ms) / 1000.0);
+	}
 	fputc('}', f);
 }
 

@@ -316,6 +316,7 @@ registry_entry_new(struct registry *r, const char *name, const char *path, enum 
 	m->derive_timeout_ms = 600000; /* derive_timeout's default, 600 s */
 	m->poll_interval_ms = 2000;    /* poll_interval's default, 2 s */
 	m->entry_id = ++r->next_load_id;
+	m->writer_fd = -1;
 	if ((err = statuspage_slot_for(&r->page, name, &m->slot)) < 0) {
 		free(m->path);
 		free(m->name);
@@ -863,6 +864,7 @@ entry_free(struct registry *r, struct model_entry *m)
 	free(m->path);
 	free(m->error);
 	free(m->refused_line);
+	registry_forget_writer(r, m);
 	free(m->operator_tree.root);
 	free(m->operator_tree.place);
 	access_clear(&m->access);

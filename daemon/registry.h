@@ -111,6 +111,16 @@ struct model_entry {
 	 * that made it (review rev197 W1). */
 	uint64_t inodes_digest;
 	uint64_t new_inodes;
+	/* Its newest watched reload found this file open for writing
+	 * (registry_load.c's find_writer) and made no generation: a
+	 * read-only descriptor of wcached's own on it, which
+	 * registry_writer_gone asks again (the watch reloads the model once
+	 * no writer is left, wherever the file is and whatever events its
+	 * directory gives), its real path and since when (registry_now_ms),
+	 * for status; -1, NULL and 0 otherwise. */
+	int writer_fd;
+	char *writer_path;
+	uint64_t writer_since_ms;
 	char *error;                /* last load error, NULL if none */
 	/* A watched reload the model-tree rules refused (registry_load.c's
 	 * same_tree and linked_in: a tree moved or made again by another user,
@@ -415,6 +425,14 @@ int registry_reload(struct registry *r, const char *name, registry_done_fn done,
  */
 int registry_reload_watched(struct registry *r, const char *name, registry_done_fn done,
 	void *arg);
+
+/*
+ * Loop thread: m waits for a writer (its writer_fd) and none is left now:
+ * a read lease on that file is granted (or cannot be asked any more). 0
+ * while one is, and when m waits for none. Never blocks: the lease is
+ * asked for without waiting and given back at once.
+ */
+int registry_writer_gone(struct model_entry *m);
 
 /* Sets who may attach name (restricted 0: everyone who reaches the
  * socket; access.h). The lists are copied. -ENOENT, -ENOMEM. */

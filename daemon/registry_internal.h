@@ -41,6 +41,10 @@
  * Loop thread. */
 void registry_reload_held(struct registry *r, struct model_entry *m, const char *released);
 
+/* registry_load.c: m waits for no writer any more (model_entry's
+ * writer_fd, closed in the closer's local lane, and writer_path). */
+void registry_forget_writer(struct registry *r, struct model_entry *m);
+
 /* registry.c: the model called exactly name, or NULL. */
 struct model_entry *registry_entry_named(struct registry *r, const char *name);
 

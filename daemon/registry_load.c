@@ -17,6 +17,7 @@
  * A staging queued while the start-up sweep of stage_dir runs waits for it
  * (registry_sweep.c).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -33,7 +34,9 @@
 #include <unistd.h>
 
 #include "base/error.h"
+#include "base/file.h"
 #include "base/path.h"
+#include "closer.h"
 #include "format/tree.h"
 #include "log.h"
 #include "pages.h"
@@ -181,9 +184,18 @@ struct load_request {
 	int tree_status;
 	/* A watched reload (find_writer): 1 + the index of a file it opened
 	 * that is open for writing, or 0; and the errno for which that could
-	 * not be told of a file, or 0. */
+	 * not be told of a file, or 0. The file found open for writing (by
+	 * find_writer, or by path_writer after a failed validation): a
+	 * read-only descriptor of its own on it, or -1, and its real path,
+	 * or NULL: model_entry's writer_fd and writer_path (wait_for_writer). */
 	size_t writing;
 	int writing_err;
+	int busy_fd;
+	char *busy_path;
+	/* The file its model waited for a writer of as it ended (taken from
+	 * model_entry's writer_path: take_writer), and since when, or NULL. */
+	char *waited;
+	uint64_t waited_since_ms;
 	/* gen_found_tree's link_unchecked: without openat2, a file was
 	 * reached through a link inside the tree (same_tree's line). */
 	int link_unchecked;
@@ -1152,33 +1164,71 @@ fd_room(struct load_request *q)
 }
 
 /*
- * Work queue thread: open, validate, compile, seal; and note the source's
- * filesystem, from which the loop decides whether to stage it, and in
- * whose lane its files close (closer.h) however the load ends: a remote
- * model's never wait in the local one (review rev177 A). The holes of its
- * files are counted here, off the loop, but refused, as its descriptors
- * are, only where the load keeps them (keeps_room).
+ * Asks for a read lease on fd (fcntl(2) F_SETLEASE, F_RDLCK) and gives it
+ * back at once (find_writer says why): 0 when it was granted, -EAGAIN
+ * while a descriptor has the file open for writing, else -errno, why it
+ * could not be asked (EACCES: neither wcached's file nor CAP_LEASE;
+ * EINVAL: no leases there); *stuck set when it was granted but could not
+ * be given back. A lease gone when it is given back (F_UNLCK's EAGAIN) was
+ * broken by a writer's open, and taken by the kernel once wcached, stalled
+ * between the two calls, let lease-break-time pass: a writer (review
+ * rev194 LOW-3). Asked without waiting: the loop may call it.
  */
+static int
+lease_probe(int fd, int *stuck)
+{
+	if (fcntl(fd, F_SETSIG, SIGURG) == -1 || fcntl(fd, F_SETLEASE, F_RDLCK) == -1)
+		return -errno;
+	if (fcntl(fd, F_SETLEASE, F_UNLCK) == 0)
+		return 0;
+	if (errno == EAGAIN)
+		return -EAGAIN;
+	/* Asked once more; else the lease lives until the last reference to
+	 * fd's open file description goes (its mapping's too). */
+	if (fcntl(fd, F_SETLEASE, F_UNLCK) == 0)
+		return 0;
+	*stuck = 1;
+	return -errno;
+}
+
+/* q found fd, its file named path, open for writing: q takes fd (a
+ * descriptor of its own, read-only) and the file's real path, the one
+ * opened whatever links path went through (a link in its own directory,
+ * m.safetensors -> m-v2.safetensors, names m-v2's), for wait_for_writer. */
+static void
+note_busy(struct load_request *q, int fd, const char *path)
+{
+	char proc[32], real[PATH_MAX];
+	ssize_t n;
+
+	snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+	n = readlink(proc, real, sizeof(real) - 1);
+	real[n > 0 ? n : 0] = '\0';
+	q->busy_fd = fd;
+	q->busy_path = strdup(real[0] == '/' ? real : path);
+}
+
 /*
  * Work queue thread, for a watched reload: has anyone a file q opened open
  * for writing now (q->writing)? Asked on the load's own descriptors, as
  * they are to serve, whatever event led here (a name's, a close's, lost
  * events, a poll): a generation made of a file still being written would
  * be modified in place by its next write, and serve nothing (review rev190
- * W1, rev192 W1'). A read lease (fcntl(2) F_SETLEASE, F_RDLCK) is refused
- * with EAGAIN while any descriptor has the file open for writing; it needs
- * the file's owner or CAP_LEASE (EACCES otherwise; EINVAL where the
- * filesystem has none), q->writing_err then: the file is loaded as if
- * nobody wrote it. Not asked on a remote filesystem (q->fs): NFSv4 and SMB
- * refuse a lease with EAGAIN whenever the client holds no delegation or
- * oplock, writer or not. A lease taken is given back at once (a writer's
- * open meanwhile waits that long); it is asked for without waiting, so
- * the loop may ask too (written_now). The break's signal is SIGURG, which
- * watch_start ignores, not SIGIO, which would end the daemon. These
- * descriptors are the load's own, never a worker's nor a child's: a lease
- * on a shared one would hold its writers up to lease-break-time. Where the
- * lease cannot be given back, the load fails, and its descriptors, the
- * lease's, are closed.
+ * W1, rev192 W1'). A read lease (lease_probe) is refused with EAGAIN while
+ * any descriptor has the file open for writing; it needs the file's owner
+ * or CAP_LEASE (EACCES otherwise; EINVAL where the filesystem has none),
+ * q->writing_err then: the file is loaded as if nobody wrote it. Not
+ * asked on a remote filesystem (q->fs): NFSv4 and SMB refuse a lease with
+ * EAGAIN whenever the client holds no delegation or oplock, writer or not.
+ * A lease taken is given back at once (a writer's open meanwhile waits
+ * that long); it is asked for without waiting, so the loop may ask too
+ * (written_now). The break's signal is SIGURG, which watch_start ignores,
+ * not SIGIO, which would end the daemon. These descriptors are the load's
+ * own, never a worker's nor a child's: a lease on a shared one would hold
+ * its writers up to lease-break-time. Where the lease cannot be given
+ * back, the load fails, and its descriptors, the lease's, are closed. A
+ * file open for writing keeps a descriptor of its own (note_busy), which
+ * the watch asks again until no writer is left (registry_writer_gone).
  */
 static void
 find_writer(struct load_request *q)
@@ -1186,25 +1236,151 @@ find_writer(struct load_request *q)
 	if (q->fs.remote)
 		return;
 	for (size_t i = 0; i < q->source.nfiles && q->writing == 0; i++) {
-		int fd = q->source.files[i].fd;
+		int fd = q->source.files[i].fd, stuck = 0, err = lease_probe(fd, &stuck);
 
-		if (fcntl(fd, F_SETSIG, SIGURG) == -1 || fcntl(fd, F_SETLEASE, F_RDLCK) == -1) {
-			if (errno == EAGAIN)
-				q->writing = i + 1;
-			else if (q->writing_err == 0)
-				q->writing_err = errno;
-			continue;
-		}
-		if (fcntl(fd, F_SETLEASE, F_UNLCK) == -1) {
-			q->status = -errno;
+		if (stuck) {
+			q->status = err;
 			snprintf(q->message, sizeof(q->message), "%s: cannot give back the read "
 				"lease that asked for its writers (fcntl F_SETLEASE F_UNLCK: %s): "
-				"not loaded", q->source.files[i].path, strerror(errno));
+				"not loaded", q->source.files[i].path, strerror(-err));
 			return;
+		}
+		if (err == -EAGAIN) {
+			q->writing = i + 1;
+			note_busy(q, fcntl(fd, F_DUPFD_CLOEXEC, 0), q->source.files[i].path);
+		} else if (err < 0 && q->writing_err == 0) {
+			q->writing_err = -err;
 		}
 	}
 }
 
+/* Whether uid owns files q, a watched reload, may load: its tree's owner,
+ * or the owner of one of its newest generation's files (same_tree). */
+static int
+owner_kept(const struct load_request *q, uid_t uid)
+{
+	if ((q->keep_root != NULL || q->keep_place != NULL) && uid == q->keep_uid)
+		return 1;
+	if (q->keep_file_known && uid == q->keep_file_uid)
+		return 1;
+	for (size_t i = 0; i < q->nkeep_owners; i++)
+		if (uid == q->keep_owners[i])
+			return 1;
+	return 0;
+}
+
+/* path_writer's question of fd (name, in the directory dir, or dir NULL:
+ * the model's path itself), a descriptor of its own: a writer, and q
+ * took fd (1), or not (0, fd closed). */
+static int
+probe_file(struct load_request *q, int fd, const char *dir, const char *name)
+{
+	struct stat st;
+	struct fs_info fs;
+	char *path;
+	int stuck = 0;
+
+	if (fstat(fd, &st) == -1 || !S_ISREG(st.st_mode) || !owner_kept(q, st.st_uid) ||
+		fstype_of_fd(fd, &fs) < 0 || fs.remote || lease_probe(fd, &stuck) != -EAGAIN) {
+		close(fd);
+		return 0;
+	}
+	path = dir != NULL ? path_join(dir, name) : NULL;
+	note_busy(q, fd, path != NULL ? path : name);
+	free(path);
+	return 1;
+}
+
+/* Is a file named name in a directory a model's (what a directory model
+ * or a shard index is made of)? */
+static int
+model_file_name(const char *name)
+{
+	return file_has_suffix(name, ".safetensors") ||
+		file_has_suffix(name, ".safetensors.index.json");
+}
+
+/* The most model files of one directory path_writer asks about. */
+#define PATH_WRITER_FILES 4096
+
+/* path_writer for the model files in the directory dir (dfd, taken): each
+ * opened read-only, no link followed, and asked; the first open for
+ * writing answers. At most PATH_WRITER_FILES of them. */
+static void
+dir_writer(struct load_request *q, int dfd, const char *dir)
+{
+	DIR *d = fdopendir(dfd);
+	struct dirent *e;
+	unsigned seen = 0;
+
+	if (d == NULL) {
+		close(dfd);
+		return;
+	}
+	while ((e = readdir(d)) != NULL && q->busy_fd < 0 && seen < PATH_WRITER_FILES) {
+		int fd;
+
+		if (!model_file_name(e->d_name) || (e->d_type != DT_REG && e->d_type != DT_UNKNOWN))
+			continue;
+		seen++;
+		fd = openat(dfd, e->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK |
+			O_NOCTTY);
+		if (fd >= 0)
+			probe_file(q, fd, dir, e->d_name);
+	}
+	closedir(d);
+}
+
+/*
+ * Work queue thread: q, a watched reload, could not open or validate its
+ * files: is that because one is being written? A file rewritten from its
+ * start (cp, shutil.copyfile, safetensors' save_file or torch.save onto
+ * the path: O_TRUNC, then its bytes in order) is short, or its header
+ * points past its end, until its writer is done: that is no error to
+ * report (an ERROR line and the model's error, while the file is only
+ * being written: review rev194 MEDIUM-2) but a file open for writing,
+ * answered as find_writer's (wait_for_writer). Asked of the file path
+ * names, and of the model files in the directory it names or holds (a
+ * directory model; a shard index's shards), each a regular file opened
+ * read-only, on a local filesystem, and only of a file whose owner the
+ * reload would take (owner_kept): no lease on someone else's file.
+ */
+static void
+path_writer(struct load_request *q)
+{
+	struct stat st;
+	char *dir = NULL;
+	int fd = open(q->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY), dfd = -1;
+
+	if (fd < 0 || fstat(fd, &st) == -1) {
+		if (fd >= 0)
+			close(fd);
+		return;
+	}
+	if (S_ISDIR(st.st_mode)) {
+		dir_writer(q, fd, q->path);
+		return;
+	}
+	if (file_has_suffix(q->path, ".safetensors.index.json") &&
+		(dir = path_dir(q->path)) != NULL)
+		dfd = open(dir[0] != '\0' ? dir : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (!probe_file(q, fd, NULL, q->path) && dfd >= 0)
+		dir_writer(q, dfd, dir);
+	else if (dfd >= 0)
+		close(dfd);
+	free(dir);
+}
+
+/*
+ * Work queue thread: open, validate, compile, seal; and note the source's
+ * filesystem, from which the loop decides whether to stage it, and in
+ * whose lane its files close (closer.h) however the load ends: a remote
+ * model's never wait in the local one (review rev177 A). The holes of its
+ * files are counted here, off the loop, but refused, as its descriptors
+ * are, only where the load keeps them (keeps_room). A watched reload asks
+ * whether its files are being written (find_writer), and, when they
+ * could not be opened or validated, whether that is why (path_writer).
+ */
 static void
 load_work(struct workq_job *w)
 {
@@ -1218,6 +1394,8 @@ load_work(struct workq_job *w)
 	if ((q->status = open_model(q, q->path)) < 0) {
 		free(resolved);
 		snprintf(q->message, sizeof(q->message), "%s", error_get());
+		if (q->reload == RELOAD_WATCHED)
+			path_writer(q);
 		note_failed_path(q);
 		return;
 	}
@@ -1394,6 +1572,10 @@ load_request_free(struct load_request *q)
 	free(q->found_root);
 	free(q->found_place);
 	free(q->stage_dir);
+	if (q->busy_fd >= 0)
+		closer_unmap_close(q->r->closer, CLOSER_LOCAL, NULL, 0, q->busy_fd);
+	free(q->busy_path);
+	free(q->waited);
 	free(q->name);
 	free(q->path);
 	free(q);
@@ -1922,24 +2104,78 @@ written_now(struct load_request *q)
 	return q->writing > 0 || q->status < 0;
 }
 
+void
+registry_forget_writer(struct registry *r, struct model_entry *m)
+{
+	if (m->writer_fd >= 0)
+		closer_unmap_close(r->closer, CLOSER_LOCAL, NULL, 0, m->writer_fd);
+	m->writer_fd = -1;
+	free(m->writer_path);
+	m->writer_path = NULL;
+	m->writer_since_ms = 0;
+}
+
+/* q, m's newest load, ended: it decides whether m waits for a writer
+ * (wait_for_writer, which says a wait for the same file once: q->waited). */
+static void
+take_writer(struct registry *r, struct model_entry *m, struct load_request *q)
+{
+	if (m->writer_path != NULL) {
+		free(q->waited);
+		q->waited = m->writer_path;
+		q->waited_since_ms = m->writer_since_ms;
+		m->writer_path = NULL;
+	}
+	registry_forget_writer(r, m);
+}
+
+int
+registry_writer_gone(struct model_entry *m)
+{
+	int stuck = 0;
+
+	if (m->writer_path == NULL)
+		return 0;
+	/* No descriptor (none was left to dup): the reload asks. */
+	return m->writer_fd < 0 || lease_probe(m->writer_fd, &stuck) != -EAGAIN;
+}
+
 /*
- * q, m's watched reload, found one of its files open for writing
- * (find_writer): no generation is made of it while it is. The close of a
- * descriptor open for writing on it (inotify's IN_CLOSE_WRITE) reloads m
- * again, refused as long as another is left. One line each.
+ * q, m's watched reload, found a file open for writing (find_writer; or,
+ * its files not valid, path_writer): no generation is made of it while it
+ * is, and the model's error is left as it was. m keeps q's descriptor of
+ * that file, which the watch asks again (registry_writer_gone) until no
+ * writer is left, and then reloads m, wherever the file is (a directory
+ * not watched, behind a link, polled) and whatever events it gives; the
+ * close of a descriptor open for writing on it in a watched directory
+ * (inotify's IN_CLOSE_WRITE) reloads m too. Status shows the wait. One
+ * line each, at debug level when it is the file m waited for already.
  */
 static void
-wait_for_writer(struct model_entry *m, struct load_request *q)
+wait_for_writer(struct registry *r, struct model_entry *m, struct load_request *q)
 {
 	char served[160];
+	const char *path = q->busy_path != NULL ? q->busy_path :
+		q->writing > 0 ? q->source.files[q->writing - 1].path : q->path;
+	int again = q->waited != NULL && strcmp(q->waited, path) == 0;
+	uint64_t since = again ? q->waited_since_ms : registry_now_ms(r);
 
 	snprintf(q->message, sizeof(q->message), "%s is open for writing: not loaded while "
-		"it is, but again once a descriptor open for writing on it is closed and none "
-		"is left", q->source.files[q->writing - 1].path);
-	log_info("model \"%s\": %s; %s", m->name, q->message,
-		still_served(m, served, sizeof(served)));
+		"it is, but again once no descriptor open for writing on it is left", path);
+	if (again)
+		log_debug("model \"%s\": %s; %s", m->name, q->message,
+			still_served(m, served, sizeof(served)));
+	else
+		log_info("model \"%s\": %s; %s", m->name, q->message,
+			still_served(m, served, sizeof(served)));
+	m->writer_fd = q->busy_fd;  /* take_writer left none */
+	q->busy_fd = -1;
+	m->writer_path = strdup(path);
+	m->writer_since_ms = since;
 	if (q->done != NULL)
 		q->done(-ETXTBSY, q->message, 0, q->arg);
+	if (r->changed != NULL)
+		r->changed(r);
 }
 
 /*
@@ -1983,6 +2219,7 @@ load_after(struct workq_job *w, int status)
 		take_operator_tree(m, q, q->path);
 		if (q->reload != RELOAD_WATCHED)
 			refusal_decided(m); /* the operator's word, whatever it finds */
+		take_writer(r, m, q);
 	}
 	if (status == UV_ECANCELED || r->closing) {
 		if (q->done != NULL)
@@ -1994,6 +2231,8 @@ load_after(struct workq_job *w, int status)
 		if (q->done != NULL)
 			q->done(-ECANCELED, q->withdrawn != NULL ? q->withdrawn :
 				"superseded by a newer load or unload", 0, q->arg);
+	} else if (q->status < 0 && q->busy_path != NULL) {
+		wait_for_writer(r, m, q); /* not valid while it is written (path_writer) */
 	} else if (q->status < 0) {
 		load_failed(r, m, q);
 	} else if (q->reload != RELOAD_NONE && same_files(m, m->pending, q)) {
@@ -2031,7 +2270,7 @@ load_after(struct workq_job *w, int status)
 		if (q->status < 0)
 			load_failed(r, m, q);
 		else
-			wait_for_writer(m, q);
+			wait_for_writer(r, m, q);
 	} else if (wants_stage(m, q)) {
 		say_writer_unknown(m, q);
 		/* The model's stage key is known now (it is set after
@@ -2233,6 +2472,7 @@ queue_load(struct registry *r, const char *name, const char *path, enum pin_mode
 	q->warm = warm;
 	q->reload = reload;
 	q->index_fd = -1;
+	q->busy_fd = -1;
 	q->done = done;
 	q->arg = arg;
 	q->id = ++r->next_load_id;

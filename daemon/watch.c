@@ -246,6 +246,7 @@ live_generation(struct model_entry *m, uint64_t number)
 }
 
 static void check_generation(struct registry *r, struct generation *g);
+static void mark_dirty(struct watch *w, const char *name, bool lost);
 
 /*
  * Is the model's path, as j found it once its directory was watched,
@@ -370,8 +371,9 @@ prune_paced(struct watch *w)
  * whatever the events were: an attribute change may come before a write,
  * and a change of times or a truncate(2) by path is an IN_MODIFY with no
  * writer and no close. A file still open for writing then is not loaded:
- * the reload's own job asks (registry_load.c's find_writer), and the
- * writer's close reloads it again (handle_event).
+ * the reload's own job asks (registry_load.c's find_writer), and the model
+ * is reloaded again once no writer is left (on_writer_timer), or at the
+ * writer's close (handle_event).
  */
 static void
 reload_dropped(struct watch *w, struct model_entry *m)
@@ -519,6 +521,45 @@ fail:
 	return err;
 }
 
+/* Loop thread, every WATCH_WRITER_MS while a model waits for a writer
+ * (watch.h): reloads each whose writer is gone, unless its reload is due
+ * or its load runs already (which decides whether it waits on); stops
+ * once none waits. */
+static void
+on_writer_timer(uv_timer_t *t)
+{
+	struct watch *w = t->data;
+	int waiting = 0;
+
+	for (struct model_entry *m = w->reg->models; m != NULL; m = m->next) {
+		bool due = false;
+
+		if (m->writer_path == NULL)
+			continue;
+		waiting = 1;
+		for (size_t i = 0; i < w->ndirty && !due; i++)
+			due = strcmp(w->dirty[i].name, m->name) == 0;
+		if (!due && m->loading == 0 && registry_writer_gone(m))
+			mark_dirty(w, m->name, false);
+	}
+	if (!waiting)
+		uv_timer_stop(t);
+}
+
+/* Starts the writer timer when a model waits for a writer. */
+static void
+arm_writers(struct watch *w)
+{
+	if (uv_is_active((uv_handle_t *)&w->writer_timer))
+		return;
+	for (const struct model_entry *m = w->reg->models; m != NULL; m = m->next)
+		if (m->writer_path != NULL) {
+			uv_timer_start(&w->writer_timer, on_writer_timer, WATCH_WRITER_MS,
+				WATCH_WRITER_MS);
+			return;
+		}
+}
+
 void
 watch_sync(struct watch *w)
 {
@@ -566,6 +607,7 @@ watch_sync(struct watch *w)
 	}
 	prune_paced(w);
 	watch_poll_sync(w);
+	arm_writers(w);
 }
 
 /* Compares each file of g with its fstat at open; marks g modified. */
@@ -794,8 +836,8 @@ on_settle(uv_timer_t *t)
 		 * (files renamed over, not written in place), validates them,
 		 * and makes nothing of a file anyone still has open for
 		 * writing (registry_load.c's find_writer): the generation
-		 * serving stays, and the file's next event (its writer's
-		 * close) asks again. */
+		 * serving stays, and once no writer is left (on_writer_timer,
+		 * or its writer's close) the model is reloaded again. */
 		m = registry_find(w->reg, d.name);
 		p = find_paced(w, d.name);
 		if (m != NULL) {
@@ -901,7 +943,7 @@ struct touched {
 /*
  * Checks m's generations for in-place changes. A pending generation (not
  * served yet) dropped for one is reloaded (reload_dropped), or, while one
- * of its files is open for writing, at its writer's close. A current
+ * of its files is open for writing, once no writer is left. A current
  * generation changed in place is not reloaded: its files' inodes are
  * served still (registry_load.c's same_files).
  */
@@ -970,7 +1012,9 @@ handle_event(struct watch *w, const struct inotify_event *ev, struct touched *t)
 		touch(w, t, m);
 		/* A close after a write (of any file of a directory model)
 		 * reloads too: a reload that found a file open for writing
-		 * waits for it (registry_load.c's find_writer). */
+		 * waits for it (registry_load.c's find_writer), and a close
+		 * says soonest that none may be left (on_writer_timer asks
+		 * it of any file, wherever it is). */
 		if (ev->mask & NAME_EVENTS)
 			mark_dirty(w, m->name, false);
 	}
@@ -1064,9 +1108,10 @@ watch_start(uv_loop_t *loop, struct registry *r, struct watch **out)
 	}
 	uv_timer_init(loop, &w->settle);
 	uv_timer_init(loop, &w->poll_timer);
+	uv_timer_init(loop, &w->writer_timer);
 	w->loop = loop;
-	w->poll.data = w->settle.data = w->poll_timer.data = w;
-	w->handles = 3;
+	w->poll.data = w->settle.data = w->poll_timer.data = w->writer_timer.data = w;
+	w->handles = 4;
 	uv_poll_start(&w->poll, UV_READABLE, on_readable);
 	*out = w;
 	return 0;
@@ -1115,7 +1160,9 @@ watch_stop(struct watch *w)
 	uv_poll_stop(&w->poll);
 	uv_timer_stop(&w->settle);
 	uv_timer_stop(&w->poll_timer);
+	uv_timer_stop(&w->writer_timer);
 	uv_close((uv_handle_t *)&w->poll, on_closed);
 	uv_close((uv_handle_t *)&w->settle, on_closed);
 	uv_close((uv_handle_t *)&w->poll_timer, on_closed);
+	uv_close((uv_handle_t *)&w->writer_timer, on_closed);
 }

@@ -53,6 +53,19 @@ struct watch;
 #define WATCH_BACKOFF_MAX_MS 30000
 #define WATCH_QUIET_MS 10000
 
+/*
+ * A watched reload that found a file open for writing made no generation
+ * (registry_load.c's find_writer; the model's writer_path): that file is
+ * asked again every WATCH_WRITER_MS (registry_writer_gone, a read lease
+ * given back at once, on a descriptor wcached kept of it) and the model is
+ * reloaded once no writer is left, as at a writer's close: whatever
+ * directory the file is in (a directory swapped in by a link, not watched
+ * before its generation loads; a file behind a link), whether the model is
+ * watched or polled (a close changes nothing a poll sees), and whatever
+ * events inotify gives.
+ */
+#define WATCH_WRITER_MS 500
+
 /* Starts watching; call watch_sync() whenever models come or go. */
 int watch_start(uv_loop_t *loop, struct registry *r, struct watch **out);
 

@@ -75,6 +75,7 @@ struct watch {
 	uv_poll_t poll;
 	uv_timer_t settle;     /* runs until the earliest due_ms of dirty */
 	uv_timer_t poll_timer; /* runs while some model is polled */
+	uv_timer_t writer_timer; /* runs while some model waits for a writer */
 	int handles; /* open libuv handles, for freeing */
 	int stopping;
 	struct watched_dir *dirs;

@@ -57,6 +57,8 @@ struct model_row {
 	/* Why the files at its path wait for `wcachectl reload NAME` (a
 	 * watched reload the model-tree rules refused); NULL: they do not. */
 	char *waits_for_reload;
+	char *writer;                  /* the file its update waits for a writer of; NULL: none */
+	double writer_seconds;         /* for how long */
 	struct gen_row *gens;
 	size_t ngens;
 	struct derived_row *derived;
@@ -137,6 +139,8 @@ static const struct ctl_field model_fields[] = {
 	{ "pin_error", CTL_STRING, offsetof(struct model_row, pin_error) },
 	{ "error", CTL_STRING, offsetof(struct model_row, error) },
 	{ "waits_for_reload", CTL_STRING, offsetof(struct model_row, waits_for_reload) },
+	{ "waiting_for_writer", CTL_STRING, offsetof(struct model_row, writer) },
+	{ "waiting_for_writer_seconds", CTL_DOUBLE, offsetof(struct model_row, writer_seconds) },
 	{ "generation", CTL_U64, offsetof(struct model_row, generation) },
 	{ "bytes", CTL_U64, offsetof(struct model_row, bytes) },
 	{ "resident_bytes", CTL_U64, offsetof(struct model_row, resident) },
@@ -198,6 +202,7 @@ status_free(struct status *s)
 		free(m->pinned);
 		free(m->pin_applied);
 		free(m->pin_error);
+		free(m->writer);
 		free(m->error);
 		free(m->waits_for_reload);
 		free(m->path);
@@ -550,6 +555,32 @@ print_notes(const struct status *s, char *const *names, size_t nnames, const cha
 	}
 }
 
+/* The models whose update waits for a writer: the file open for writing
+ * (a watched reload found it so), and for how long. */
+static void
+print_writers(const struct status *s, char *const *names, size_t nnames)
+{
+	bool any = false;
+	char tmp[32];
+
+	for (size_t i = 0; i < s->nmodels; i++) {
+		const struct model_row *m = &s->models[i];
+
+		if (m->writer == NULL || !asked(m->name, names, nnames))
+			continue;
+		if (!any)
+			printf("\nupdates waiting for a writer:\n");
+		any = true;
+		printf("  ");
+		escape_print(stdout, m->name ? m->name : "?");
+		printf(": ");
+		escape_print(stdout, m->writer);
+		printf(" is open for writing (for %s): loaded once no descriptor open for "
+		       "writing on it is left\n",
+			human_duration(m->writer_seconds, tmp, sizeof(tmp)));
+	}
+}
+
 /* Prints the status reply as a table: one row per model asked about, then
  * the other open generations, generations of unloaded models, pins that
  * fall short and errors. */
@@ -684,6 +715,7 @@ print_status(struct status *s, char *const *names, size_t nnames)
 			       "LimitMEMLOCK= in wcached.service; wcached's log says)");
 		putchar('\n');
 	}
+	print_writers(s, names, nnames);
 	print_notes(s, names, nnames, "errors:", offsetof(struct model_row, error), "", NULL);
 	/* Files that wait for the operator's reload, and why (a config reload
 	 * that leaves their sections unchanged does not load them). */

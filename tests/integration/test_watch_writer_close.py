@@ -1,0 +1,236 @@
+"""A watched reload refused for a writer ("PATH is open for writing: not
+loaded while it is") loads the files once no writer is left, whatever
+directory the file is in and whether the model is watched or polled; and a
+file not valid only because it is still being written is such a refusal,
+not an error (reviews rev194 MEDIUM-1, MEDIUM-2, LOW-6; rev196).
+
+Before, the reload after a writer relied on the writer's close reaching
+inotify in a watched directory under a name of the model. It never came
+for a file behind a link in its own directory (`m.safetensors ->
+m-v2.safetensors`: the close names m-v2.safetensors), for a directory
+swapped in by a link (`m -> v2`: v2 is not watched before a generation of
+it loads), nor for a polled model (a close changes nothing a poll sees):
+generation 1 served for ever, newer files on disk, no error in status, and
+the line named the link, not the file open for writing. And the writer
+check came after validation: a pending file rewritten from its start (cp,
+save_file, torch.save: O_TRUNC) failed validation while it was written,
+with an ERROR line and the model's error set.
+
+Now wcached keeps a descriptor of the file it found open for writing and
+asks it again every 500 ms (watch.h's WATCH_WRITER_MS, a read lease given
+back at once), reloading the model once no writer is left; status shows
+the wait (waiting_for_writer). Run as root (CAP_LEASE) and, in ctest's
+integration_unprivileged, as WCACHE_TEST_USER, the models' files then its
+own (a lease needs the file's owner or CAP_LEASE)."""
+import os
+import time
+
+from conftest import Daemon, mkmodel, wait_until
+from ctlutil import ctl
+from test_watch_pending import BIG, DAEMON_USER, SMALL, Models, build_shim, entry, ready
+from test_watch_pending import wait_dropped
+from test_watch_pending import shim, start  # noqa: F401 (fixtures)
+from test_watch_writer import OPEN_FOR_WRITING, written_serves
+
+
+DROPPED = "the new generation was modified in place while it warmed"
+
+
+def own(path):
+    """Gives path to wcached's user (WCACHE_TEST_USER), whose lease on it
+    needs no capability."""
+    if DAEMON_USER is not None:
+        os.chown(path, *DAEMON_USER)
+
+
+def writer_line(d, path):
+    """The refusal's line names path, the file open for writing."""
+    return d.wait_for_log(r'model "m": %s %s' % (path, OPEN_FOR_WRITING))
+
+
+def waits_for(d, path):
+    """Status and `wcachectl status` show that m waits for path's writer."""
+    m = wait_until(lambda: (lambda e: e if e.get("waiting_for_writer") else None)(
+        entry(d, "m")), timeout=60, what="m waiting for a writer in status")
+    assert m["waiting_for_writer"] == path, m
+    assert m["generation"] == 1 and "error" not in m, m
+    r = ctl(d, "status", "m")
+    assert "updates waiting for a writer:" in r.stdout, r.stdout
+    assert "m: %s is open for writing" % path in r.stdout, r.stdout
+
+
+def loads_after_close(d, size):
+    """Generation 2 (size bytes) serves without an error once the writer
+    closed, and status no longer shows a wait."""
+    try:
+        m = ready(d, "m", 2, size)
+    except Exception as e:
+        raise AssertionError("the writer's close reloaded nothing (%s):\n%s"
+                             % (e, d.read_log())) from e
+    assert "error" not in m and "waiting_for_writer" not in m, m
+
+
+def test_a_linked_file_written_then_swapped_in_loads_at_its_writers_close(tmp_path):
+    """m configured as m.safetensors, a link to m-v1.safetensors in its own
+    (watched) directory; m-v2.safetensors written complete but kept open
+    for writing, the link swapped to it by a rename (`ln -s ... && mv -T`).
+    The close's IN_CLOSE_WRITE names m-v2.safetensors, no name of m."""
+    d_ = tmp_path / "d"
+    d_.mkdir()
+    os.chmod(d_, 0o755)
+    v1 = mkmodel(str(d_ / "m-v1.safetensors"), seed=1, **SMALL)
+    own(v1)
+    link = str(d_ / "m.safetensors")
+    os.symlink("m-v1.safetensors", link)
+    d = Daemon(tmp_path, {"m": link}).start()
+    try:
+        ready(d, "m", 1, os.path.getsize(v1))
+        v2 = mkmodel(str(d_ / "m-v2.safetensors"), seed=2, layers=3, hidden=64, ffn=128,
+                     vocab=100)
+        own(v2)
+        fd = os.open(v2, os.O_RDWR | os.O_CLOEXEC)  # the writer, still open
+        try:
+            os.symlink("m-v2.safetensors", str(d_ / ".n"))
+            os.rename(str(d_ / ".n"), link)
+            writer_line(d, v2)
+            waits_for(d, v2)
+        finally:
+            os.close(fd)
+        loads_after_close(d, os.path.getsize(v2))
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_a_directory_written_then_swapped_in_loads_at_its_writers_close(tmp_path):
+    """m configured as d/m, a link to v1; v2 made complete beside it, its
+    file still open for writing, the link swapped to v2 (`ln -s v2 .next &&
+    mv -T .next m`). The close is an event of v2, a directory wcached does
+    not watch before a generation of it loads."""
+    d_ = tmp_path / "d"
+    for sub in ("", "v1", "v2"):
+        (d_ / sub).mkdir(exist_ok=True)
+        os.chmod(d_ / sub, 0o755)
+    v1 = mkmodel(str(d_ / "v1" / "model.safetensors"), seed=1, **SMALL)
+    own(v1)
+    link = str(d_ / "m")
+    os.symlink("v1", link)
+    d = Daemon(tmp_path, {"m": link}).start()
+    try:
+        ready(d, "m", 1, os.path.getsize(v1))
+        v2 = mkmodel(str(d_ / "v2" / "model.safetensors"), seed=2, layers=3, hidden=64,
+                     ffn=128, vocab=100)
+        own(v2)
+        fd = os.open(v2, os.O_RDWR | os.O_CLOEXEC)  # the writer, still open
+        try:
+            os.symlink("v2", str(d_ / ".next"))
+            os.rename(str(d_ / ".next"), link)
+            writer_line(d, v2)
+            waits_for(d, v2)
+        finally:
+            os.close(fd)
+        loads_after_close(d, os.path.getsize(v2))
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+# inotify_add_watch refused as when fs.inotify.max_user_watches is used up:
+# a model with `watch = poll` is then seen by its polls alone.
+NO_WATCH_SHIM = r"""
+#include <errno.h>
+#include <stdint.h>
+
+int
+inotify_add_watch(int fd, const char *path, uint32_t mask)
+{
+	(void)fd;
+	(void)path;
+	(void)mask;
+	errno = ENOSPC;
+	return -1;
+}
+"""
+
+
+def test_a_polled_file_written_loads_at_its_writers_close(tmp_path, tmp_path_factory):
+    """m with `watch = poll`, no inotify watch to be had: m's file replaced
+    by a new one (unlink, create) written complete and kept open (an fsync
+    of gigabytes, a notebook's unclosed file). Two agreeing polls reload it,
+    refused for the writer; the close changes no size or time a poll sees."""
+    shim_path = build_shim(tmp_path_factory, NO_WATCH_SHIM)
+    d_ = tmp_path / "d"
+    d_.mkdir()
+    os.chmod(d_, 0o755)
+    path = str(d_ / "m.safetensors")
+    mkmodel(path, seed=1, **SMALL)
+    own(path)
+    d = Daemon(tmp_path, {"m": (path, {"watch": "poll", "poll_interval": "0.2"})})
+    env = dict(os.environ, LD_PRELOAD=shim_path)
+    env["ASAN_OPTIONS"] = ":".join(filter(None, [os.environ.get("ASAN_OPTIONS"),
+                                                 "verify_asan_link_order=0"]))
+    d.start(env=env)
+    try:
+        ready(d, "m", 1, os.path.getsize(path))
+        d.wait_for_log(r"cannot watch \S+ for model updates")
+        new = str(tmp_path / "new.safetensors")
+        mkmodel(new, seed=2, layers=3, hidden=64, ffn=128, vocab=100)
+        with open(new, "rb") as f:
+            data = f.read()
+        os.unlink(path)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            own(path)
+            os.write(fd, data)
+            writer_line(d, path)
+            waits_for(d, path)
+        finally:
+            os.close(fd)
+        loads_after_close(d, len(data))
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_a_pending_file_rewritten_from_its_start_waits_for_its_writer_quietly(
+        start, tmp_path, shim):  # noqa: F811 (fixtures)
+    """A pending generation's file rewritten from its start (`cp new
+    m.safetensors`, shutil.copyfile, save_file or torch.save onto the path:
+    O_TRUNC, then its bytes in order) while its writer has it open: the
+    truncate drops the pending generation, and the reload a settle time
+    later finds a file short of its header's end: the writer's line, no
+    ERROR line, no error in status but the drop's; the close loads the
+    file."""
+    s = Models(start, tmp_path, shim)
+    d = s.d
+    new_path = str(tmp_path / "new.bin")
+    mkmodel(new_path, seed=3, **BIG)
+    with open(new_path, "rb") as f:
+        new = f.read()
+    os.unlink(new_path)
+    half = len(new) // 2
+    s.pending_watched()
+    fd = os.open(s.m, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
+    try:
+        os.write(fd, new[:half])
+        wait_dropped(d)
+        # The watched reload of m comes a settle time after the drop: the
+        # writer's line, or (before) a failed validation's error.
+        d.wait_for_log(r'(error: model "m": |model "m": .*%s)' % OPEN_FOR_WRITING)
+        s.barrier()
+        time.sleep(1)  # a reload of m already under way has said its word
+        log = d.read_log()
+        # The drop's own line ("... of generation 2 was modified in place")
+        # is an error line, as test_watch_writer's drops: not this one.
+        errors = [line for line in log.splitlines() if 'error: model "m"' in line
+                  and "was modified in place" not in line]
+        assert not errors, \
+            "a file being written got an ERROR line while its writer has it open:\n" + log
+        # The model's error is the drop's (README), no validation's.
+        m = entry(d, "m")
+        assert m.get("error", DROPPED).startswith(DROPPED), (m.get("error"), log)
+        assert m["generation"] == 1 and m["pending"] == 0, m
+        assert m["waiting_for_writer"] == s.m, m
+        assert 'model "m": %s %s' % (s.m, OPEN_FOR_WRITING) in log, log
+        s.release("warm")
+        os.write(fd, new[half:])
+    finally:
+        os.close(fd)
+    written_serves(s)
