@@ -70,28 +70,24 @@ def loads_after_close(d, size):
     assert "error" not in m and "waiting_for_writer" not in m, m
 
 
-def test_a_linked_file_written_then_swapped_in_loads_at_its_writers_close(tmp_path):
-    """m configured as m.safetensors, a link to m-v1.safetensors in its own
-    (watched) directory; m-v2.safetensors written complete but kept open
-    for writing, the link swapped to it by a rename (`ln -s ... && mv -T`).
-    The close's IN_CLOSE_WRITE names m-v2.safetensors, no name of m."""
-    d_ = tmp_path / "d"
-    d_.mkdir()
-    os.chmod(d_, 0o755)
-    v1 = mkmodel(str(d_ / "m-v1.safetensors"), seed=1, **SMALL)
+def swapped_in_while_written(tmp_path, link, first, v1, v2, target):
+    """m configured as link (to first), serving v1 (its model file); v2 (a
+    model file) made complete, kept open for writing, and the link swapped
+    to target by a rename (`ln -s ... .next && mv -T .next
+    LINK`): the writer's line names v2 and status shows the wait; once the
+    writer closed, v2 serves."""
     own(v1)
-    link = str(d_ / "m.safetensors")
-    os.symlink("m-v1.safetensors", link)
+    os.symlink(first, link)
     d = Daemon(tmp_path, {"m": link}).start()
     try:
         ready(d, "m", 1, os.path.getsize(v1))
-        v2 = mkmodel(str(d_ / "m-v2.safetensors"), seed=2, layers=3, hidden=64, ffn=128,
-                     vocab=100)
+        mkmodel(v2, seed=2, layers=3, hidden=64, ffn=128, vocab=100)
         own(v2)
         fd = os.open(v2, os.O_RDWR | os.O_CLOEXEC)  # the writer, still open
         try:
-            os.symlink("m-v2.safetensors", str(d_ / ".n"))
-            os.rename(str(d_ / ".n"), link)
+            tmp = os.path.join(os.path.dirname(link), ".next")
+            os.symlink(target, tmp)
+            os.rename(tmp, link)
             writer_line(d, v2)
             waits_for(d, v2)
         finally:
@@ -101,36 +97,31 @@ def test_a_linked_file_written_then_swapped_in_loads_at_its_writers_close(tmp_pa
         assert d.stop() == 0, d.read_log()
 
 
+def test_a_linked_file_written_then_swapped_in_loads_at_its_writers_close(tmp_path):
+    """m configured as m.safetensors, a link to m-v1.safetensors in its own
+    (watched) directory; m-v2.safetensors written complete but kept open
+    for writing, the link swapped to it. The close's IN_CLOSE_WRITE names
+    m-v2.safetensors, no name of m."""
+    d_ = tmp_path / "d"
+    d_.mkdir()
+    os.chmod(d_, 0o755)
+    v1 = mkmodel(str(d_ / "m-v1.safetensors"), seed=1, **SMALL)
+    swapped_in_while_written(tmp_path, str(d_ / "m.safetensors"), "m-v1.safetensors", v1,
+                             str(d_ / "m-v2.safetensors"), "m-v2.safetensors")
+
+
 def test_a_directory_written_then_swapped_in_loads_at_its_writers_close(tmp_path):
     """m configured as d/m, a link to v1; v2 made complete beside it, its
-    file still open for writing, the link swapped to v2 (`ln -s v2 .next &&
-    mv -T .next m`). The close is an event of v2, a directory wcached does
-    not watch before a generation of it loads."""
+    file still open for writing, the link swapped to v2. The close is an
+    event of v2, a directory wcached does not watch before a generation of
+    it loads."""
     d_ = tmp_path / "d"
     for sub in ("", "v1", "v2"):
         (d_ / sub).mkdir(exist_ok=True)
         os.chmod(d_ / sub, 0o755)
     v1 = mkmodel(str(d_ / "v1" / "model.safetensors"), seed=1, **SMALL)
-    own(v1)
-    link = str(d_ / "m")
-    os.symlink("v1", link)
-    d = Daemon(tmp_path, {"m": link}).start()
-    try:
-        ready(d, "m", 1, os.path.getsize(v1))
-        v2 = mkmodel(str(d_ / "v2" / "model.safetensors"), seed=2, layers=3, hidden=64,
-                     ffn=128, vocab=100)
-        own(v2)
-        fd = os.open(v2, os.O_RDWR | os.O_CLOEXEC)  # the writer, still open
-        try:
-            os.symlink("v2", str(d_ / ".next"))
-            os.rename(str(d_ / ".next"), link)
-            writer_line(d, v2)
-            waits_for(d, v2)
-        finally:
-            os.close(fd)
-        loads_after_close(d, os.path.getsize(v2))
-    finally:
-        assert d.stop() == 0, d.read_log()
+    swapped_in_while_written(tmp_path, str(d_ / "m"), "v1", v1,
+                             str(d_ / "v2" / "model.safetensors"), "v2")
 
 
 # inotify_add_watch refused as when fs.inotify.max_user_watches is used up:
