@@ -386,6 +386,9 @@ found_tree(const struct gen_tree *t, struct gen_found_tree *found)
 		(found->root = strdup(t->root)) != NULL) {
 		found->uid = st.st_uid;
 		found->root = blob_repo(found->root, &found->uid, &st);
+		found->root_known = strcmp(found->root, t->root) == 0;
+		found->root_dev = st.st_dev;
+		found->root_ino = st.st_ino;
 	}
 }
 

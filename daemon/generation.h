@@ -68,6 +68,7 @@
 #ifndef WC_GENERATION_H
 #define WC_GENERATION_H
 
+#include <limits.h>
 #include <stdint.h>
 
 #include "fstype.h"
@@ -196,6 +197,13 @@ struct generation {
 	 * watched reload then finds the root from resolved_path). Owned. */
 	char *tree_root;
 	uid_t tree_uid;
+	/* tree_root's device and inode as the load that made g found it
+	 * (tree_ino_known 0: not told, a warm restart's or a hub repo's): a
+	 * root renamed over in a place others may rename in is another tree
+	 * at the same path (same_tree, review rev198 M1). */
+	int tree_ino_known;
+	dev_t tree_dev;
+	ino_t tree_ino;
 	/* The symbolic links the model's path went through, every one the
 	 * walk of the load that made g met (registry_links.c), or of a reload
 	 * that found its files unchanged: a watched reload takes a link still
@@ -468,10 +476,15 @@ void gen_free_origin(struct gen_origin *origin, size_t n);
  * shard index), opened with no link followed: its device and inode
  * (dir_known 0: not told), which the walk of the path after the open must
  * end in (registry_load.c's check_links, review rev195 H2), and its owner
- * and mode, which say who may have put the files there. */
+ * and mode, which say who may have put the files there. root_known: the
+ * root's device and inode, from the descriptor its owner came from (0:
+ * not told, as for a hub repo's blobs/ widened to the repo). */
 struct gen_found_tree {
 	char *root;
 	uid_t uid;
+	int root_known;
+	dev_t root_dev;
+	ino_t root_ino;
 	int dir_known;
 	dev_t dir_dev;
 	ino_t dir_ino;
@@ -487,18 +500,20 @@ struct gen_found_tree {
 };
 
 /* A symbolic link a load's path went through (registry_links.c): the
- * link's device, inode, maker (its owner) and ctime, and the device and
+ * link's device, inode, maker (its owner) and text, and the device and
  * inode of the directory holding it. A link's text is never changed in
- * place, a chown -h or a rename changes its ctime, and a link made again
- * at a freed inode number has another ctime: the same five are the same
- * link, unchanged, at the same place. */
+ * place, and a link made again at a freed inode number by the same maker
+ * in the same directory with the same text leads where it did: the same
+ * five are the same link at the same place. Not its ctime, which anyone's
+ * hard link of it (fs.protected_hardlinks=0) or rename in a directory
+ * others may rename in changes (review rev198 L3). */
 struct gen_link {
 	dev_t dev;
 	ino_t ino;
 	uid_t uid;
-	struct timespec ctime;
 	dev_t dir_dev;
 	ino_t dir_ino;
+	char text[PATH_MAX];
 };
 
 /*

@@ -63,17 +63,20 @@ spell_up(char *where)
 		where[0] = '\0';
 }
 
-/* The link st (its fstat), in the directory whose fstat is dir, as w's
- * next link. */
+/* The link st (its fstat) whose text is text (less than PATH_MAX bytes),
+ * in the directory whose fstat is dir, as w's next link. */
 static void
-note_link(struct registry_walk *w, const struct stat *st, const struct stat *dir)
+note_link(struct registry_walk *w, const struct stat *st, const struct stat *dir,
+	const char *text)
 {
 	struct gen_link *l = &w->links[w->nlinks++];
+	size_t n = strnlen(text, sizeof(l->text) - 1);
 
 	l->dev = st->st_dev;
 	l->ino = st->st_ino;
 	l->uid = st->st_uid;
-	l->ctime = st->st_ctim;
+	memcpy(l->text, text, n);
+	l->text[n] = '\0';
 	l->dir_dev = dir->st_dev;
 	l->dir_ino = dir->st_ino;
 }
@@ -81,7 +84,8 @@ note_link(struct registry_walk *w, const struct stat *st, const struct stat *dir
 /*
  * The link open as fd (O_PATH | O_NOFOLLOW, its fstat st), the entry name
  * of the directory dir spelled where, met by w: judged (judge, when not
- * NULL), noted, and its text in text (PATH_MAX bytes). 0, the judge's
+ * NULL), noted, and its text in text (PATH_MAX + 1 bytes: a link's text
+ * may have up to PATH_MAX - 1, review rev198 L1). 0, the judge's
  * code, or -errno.
  */
 static int
@@ -96,9 +100,9 @@ take_link(struct registry_walk *w, int fd, const struct stat *st, int dir, const
 
 	if (w->nlinks == REGISTRY_LINK_HOPS)
 		return -ELOOP;
-	if (fstat(dir, &ds) != 0 || (n = readlinkat(fd, "", text, PATH_MAX - 1)) < 0)
+	if (fstat(dir, &ds) != 0 || (n = readlinkat(fd, "", text, PATH_MAX)) < 0)
 		return -errno;
-	if (n == PATH_MAX - 1)
+	if (n == PATH_MAX)
 		return -ENAMETOOLONG;
 	text[n] = '\0';
 	seen.path = spell(path, sizeof(path), where, name);
@@ -108,7 +112,7 @@ take_link(struct registry_walk *w, int fd, const struct stat *st, int dir, const
 	seen.dir_st = &ds;
 	if (judge != NULL && (err = judge(&seen, arg)) != 0)
 		return err;
-	note_link(w, st, &ds);
+	note_link(w, st, &ds, text);
 	return 0;
 }
 
@@ -117,7 +121,7 @@ registry_walk_links(const char *path, registry_link_judge judge, void *arg,
 	struct registry_walk *w)
 {
 	char *todo = strdup(path), *next, where[PATH_MAX], name[NAME_MAX + 1];
-	char text[PATH_MAX], up[PATH_MAX];
+	char text[PATH_MAX + 1], up[PATH_MAX];
 	const char *p = todo;
 	int dir = open(path[0] == '/' ? "/" : ".", WALK_DIR), err = 0, fd;
 	struct stat st;

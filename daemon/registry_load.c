@@ -75,6 +75,10 @@ struct load_request {
 	char *keep_root;
 	char *keep_resolved;
 	char *keep_place;
+	/* keep_root's device and inode as recorded (generation.h's
+	 * tree_ino_known; keep_root_known, below, 0: not told). */
+	dev_t keep_root_dev;
+	ino_t keep_root_ino;
 	uid_t keep_uid;
 	/* keep_place's directory that existed (operator_tree's place_mode
 	 * and place_dir_len): its mode and the length of its path. */
@@ -85,6 +89,10 @@ struct load_request {
 	 * staged copy), whom the new file must have (same_tree). */
 	int keep_file_known;
 	uid_t keep_file_uid;
+	/* Whether keep_root's inode, and root's, are known (root_known:
+	 * gen_found_tree's root_known). */
+	int keep_root_known;
+	int root_known;
 	/* Any load of a model with a generation: the real path its newest
 	 * generation's path resolved to when that is one file or a shard
 	 * index (NULL: none, or not known), and that file's owner: a model
@@ -160,6 +168,9 @@ struct load_request {
 	 * wherever its link points (blobs/). */
 	char *resolved;
 	char *root;
+	/* root's device and inode as found (root_known 0: not told). */
+	dev_t root_dev;
+	ino_t root_ino;
 	uid_t root_uid;
 	/* The model directory gen_resolved_path found the files in (its
 	 * gen_found_tree's dir_*; files_dir_known 0: not told), its owner and
@@ -587,8 +598,8 @@ linked_in(struct load_request *q)
 }
 
 /* Whether l is a link the load of the generation a watched reload q
- * replaces went through: the same link inode, unchanged (maker, ctime),
- * in the same directory. */
+ * replaces went through: the same link inode, maker and text, in the same
+ * directory (generation.h's gen_link). */
 static int
 kept_link(const struct load_request *q, const struct registry_link_seen *l)
 {
@@ -596,9 +607,8 @@ kept_link(const struct load_request *q, const struct registry_link_seen *l)
 		const struct gen_link *o = &q->keep_links[k];
 
 		if (o->dev == l->st->st_dev && o->ino == l->st->st_ino &&
-			o->uid == l->st->st_uid && o->ctime.tv_sec == l->st->st_ctim.tv_sec &&
-			o->ctime.tv_nsec == l->st->st_ctim.tv_nsec &&
-			o->dir_dev == l->dir_st->st_dev && o->dir_ino == l->dir_st->st_ino)
+			o->uid == l->st->st_uid && o->dir_dev == l->dir_st->st_dev &&
+			o->dir_ino == l->dir_st->st_ino && strcmp(o->text, l->target) == 0)
 			return 1;
 	}
 	return 0;
@@ -610,10 +620,16 @@ kept_link(const struct load_request *q, const struct registry_link_seen *l)
  * a watched reload, a link its newest generation was loaded through,
  * unchanged (kept_link: a deployer's `llama -> v2` in root's team
  * directory, made once by a member of the team, holds up no update inside
- * v2, review rev195 L1), or one made by root, the kept tree's owner, an
- * owner of the files serving or the owner of the directory holding it.
- * Else -EXDEV with q->message. The entry at a model's path, or at any
- * directory on it, is not always its owner's: in a shared sticky
+ * v2, review rev195 L1), or one made by root, the kept tree's owner or an
+ * owner of the files serving. Else -EXDEV with q->message. Owning the
+ * directory that holds a link is no right of its own: whoever may put a
+ * directory of hers on the path (a name freed in a team directory, or her
+ * own directory holding her `llama -> ../srv/v1`) would approve her own
+ * link in it, to any sibling tree of root's, a private one too (review
+ * rev198 H1); the owner of that directory, when trusted, is trusted as the
+ * link's maker already, and a link unchanged in it is kept_link's. The
+ * entry at a model's path, or at any directory on it, is not always its
+ * owner's: in a shared sticky
  * directory (1775, where fs.protected_symlinks does not apply) anyone may
  * make a link at a name freed a moment by a redeploy, to another model of
  * the same owner (a private one of root's), and every check of the tree's
@@ -626,15 +642,15 @@ link_taken(const struct registry_link_seen *l, void *arg)
 	uid_t uid = l->st->st_uid;
 
 	if (q->reload != RELOAD_WATCHED || kept_link(q, l) || uid == 0 || uid == q->keep_uid ||
-		uid == l->dir_st->st_uid || kept_owner(q, uid) ||
-		(q->keep_file_known && uid == q->keep_file_uid))
+		kept_owner(q, uid) || (q->keep_file_known && uid == q->keep_file_uid))
 		return 0;
 	snprintf(q->message, sizeof(q->message), "its path %s leads through the symbolic link "
 		"%s (to %.256s) made by uid %u, in %s owned by uid %u: a link of a user who "
-		"owns neither the model's tree (uid %u), its files serving nor the directory "
-		"it is in, and not one the generation serving was loaded through, is "
-		"followed only after " OPERATORS_WORD, q->path, l->path, l->target, (unsigned)uid,
-		l->dir, (unsigned)l->dir_st->st_uid, (unsigned)q->keep_uid, q->name);
+		"owns neither the model's tree (uid %u) nor its files serving (owning the "
+		"directory it is in does not count), and not one the generation serving was "
+		"loaded through, is followed only after " OPERATORS_WORD, q->path, l->path,
+		l->target, (unsigned)uid, l->dir, (unsigned)l->dir_st->st_uid,
+		(unsigned)q->keep_uid, q->name);
 	q->links_known = -1; /* refused: the walk ends here */
 	return -EXDEV;
 }
@@ -677,13 +693,14 @@ say_moved(struct load_request *q, const char *old)
  * open followed (review rev195 H2). The links gone through, when it was,
  * in q->links (links_known 1) for the generation. A watched reload: 0, or
  * -EXDEV with q->message (a link refused, or the path led elsewhere: then
- * loaded again at its next change); any other load: 0.
+ * loaded again at its next change), or the walk's -errno with q->message;
+ * any other load: 0.
  */
 static int
 check_links(struct load_request *q)
 {
 	struct registry_walk *w = malloc(sizeof(*w));
-	int err;
+	int err, bound;
 
 	if (w == NULL) {
 		snprintf(q->message, sizeof(q->message), "%s", strerror(ENOMEM));
@@ -694,21 +711,54 @@ check_links(struct load_request *q)
 		free(w);
 		return -EXDEV; /* link_taken said why */
 	}
-	if (err == 0 && walk_bound(q, w) &&
-		(q->links = malloc((w->nlinks > 0 ? w->nlinks : 1) * sizeof(*q->links))) != NULL) {
+	bound = err == 0 && walk_bound(q, w);
+	if (bound && (q->links = malloc((w->nlinks > 0 ? w->nlinks : 1) *
+			      sizeof(*q->links))) != NULL) {
 		memcpy(q->links, w->links, w->nlinks * sizeof(*q->links));
 		q->nlinks = w->nlinks;
 		q->links_known = 1;
-	} else if (err == 0 && walk_bound(q, w)) {
-		err = -ENOMEM; /* recorded nothing: judged by maker next time */
-	} else if (err == 0) {
-		err = -ESTALE;
 	}
 	free(w);
-	if (q->reload != RELOAD_WATCHED || err == 0 || err == -ENOMEM)
+	/* Judged and bound, recorded or not (then judged by maker next
+	 * time); a walk that failed judged nothing past where it stopped, so
+	 * a watched reload is refused for it, out of memory too (review
+	 * rev198 L2), with its reason (L1), and tried again at the next
+	 * change. */
+	if (q->reload != RELOAD_WATCHED || bound)
 		return 0;
-	say_moved(q, q->keep_root != NULL ? q->keep_root : q->keep_resolved);
-	return -EXDEV;
+	if (err == 0) {
+		say_moved(q, q->keep_root != NULL ? q->keep_root : q->keep_resolved);
+		return -EXDEV;
+	}
+	snprintf(q->message, sizeof(q->message), "its path %s could not be walked again after "
+		"its files were opened: %s; not loaded", q->path, strerror(-err));
+	return err;
+}
+
+/*
+ * Whether the root q's files were found in, at the very path of the tree
+ * it keeps, is another directory than the one recorded (its inode), in a
+ * directory others than its owner may rename entries in (writable by its
+ * group or all, not sticky): there anyone of them may rename another of
+ * the owner's directories at the tree's name (root's private secret over
+ * llama), and the path and the owner are the same (review rev198 M1). A
+ * directory that cannot be told is taken as such a place.
+ */
+static int
+renamed_in(const struct load_request *q)
+{
+	struct stat up;
+	char *dir;
+	int open;
+
+	if (!q->keep_root_known || !q->root_known ||
+		(q->root_dev == q->keep_root_dev && q->root_ino == q->keep_root_ino))
+		return 0;
+	dir = path_dir(q->root);
+	open = dir == NULL || stat(dir, &up) != 0 ||
+		((up.st_mode & (S_IWGRP | S_IWOTH)) != 0 && (up.st_mode & S_ISVTX) == 0);
+	free(dir);
+	return open;
 }
 
 /*
@@ -722,7 +772,7 @@ static int
 same_root(const struct load_request *q, int open)
 {
 	if (q->keep_place == NULL)
-		return q->root_uid == q->keep_uid;
+		return q->root_uid == q->keep_uid && !renamed_in(q);
 	return !open || (q->root_uid == q->keep_uid && owned_by(&q->source, q->keep_uid));
 }
 
@@ -771,6 +821,12 @@ same_tree(struct load_request *q)
 			"after " OPERATORS_WORD, q->path, (int)q->keep_place_dir_len, q->keep_place,
 			(unsigned)q->keep_uid, (unsigned)(q->keep_place_mode & 07777),
 			owners_said(&q->source, NULL, owners, sizeof(owners)), q->name);
+	else if (!same && path_same && q->root_uid == q->keep_uid && q->keep_place == NULL)
+		snprintf(q->message, sizeof(q->message), "its path %s resolves into %s still, "
+			"but that is another directory than the tree serving (a new inode), in a "
+			"directory others than its owner may rename entries in (writable by its "
+			"group or all, not sticky): a tree renamed in there is served only after "
+			OPERATORS_WORD, q->path, q->root, q->name);
 	else if (!same && path_same)
 		snprintf(q->message, sizeof(q->message), "its path %s resolves into %s still, "
 			"but that directory is now owned by uid %u (was uid %u): a tree made again "
@@ -791,7 +847,7 @@ same_tree(struct load_request *q)
 			"user's file in the tree is served only after " OPERATORS_WORD, file,
 			(unsigned)st->st_uid, q->root, (unsigned)q->root_uid, q->name);
 	else
-		same = check_links(q) == 0;
+		return check_links(q); /* -EXDEV, or its walk's -errno */
 	return same ? 0 : -EXDEV;
 }
 
@@ -1412,6 +1468,9 @@ load_work(struct workq_job *w)
 	if ((q->root = hub_root(q, &q->root_uid)) == NULL && q->resolved != NULL) {
 		q->root = found.root;
 		q->root_uid = found.uid;
+		q->root_known = found.root_known;
+		q->root_dev = found.root_dev;
+		q->root_ino = found.root_ino;
 		found.root = NULL;
 	}
 	free(found.root);
@@ -1725,6 +1784,9 @@ take_resolved(struct generation *g, struct load_request *q)
 	free(g->tree_root);
 	g->tree_root = q->root;
 	g->tree_uid = q->root_uid;
+	g->tree_ino_known = q->root_known;
+	g->tree_dev = q->root_dev;
+	g->tree_ino = q->root_ino;
 	q->root = NULL;
 	if (q->links_known > 0) {
 		free(g->links);
@@ -1793,11 +1855,14 @@ refusal_decided(struct model_entry *m)
 
 /* q, a watched reload of m, was refused by the model-tree rules: its line
  * is kept (m->refused_line, for status), and the files wait for the
- * operator's word (review rev195 M1). */
+ * operator's word (review rev195 M1). Only same_tree's refusals (-EXDEV)
+ * wait for it: linked_in's (-EPERM) are made at her reload too, and a
+ * walk that failed (check_links) is tried again at the next change
+ * (review rev198 L4, L1). */
 static void
 note_refused(struct model_entry *m, const struct load_request *q)
 {
-	if (q->reload != RELOAD_WATCHED)
+	if (q->reload != RELOAD_WATCHED || q->tree_status != -EXDEV)
 		return; /* the operator's own load: nothing waits for her */
 	free(m->refused_line);
 	m->refused_line = strdup(q->message);
@@ -2414,6 +2479,9 @@ keep_tree(struct load_request *q, const struct model_entry *m)
 		q->nkeep_owners++;
 	if (g != NULL && g->tree_root != NULL) {
 		q->keep_uid = g->tree_uid;
+		q->keep_root_known = g->tree_ino_known;
+		q->keep_root_dev = g->tree_dev;
+		q->keep_root_ino = g->tree_ino;
 		q->keep_named_file = g->resolved_path != NULL &&
 			file_in(g->resolved_path, g->tree_root);
 		return (q->keep_root = strdup(g->tree_root)) != NULL ? 0 : -ENOMEM;

@@ -443,6 +443,9 @@ restore_moved_tree(struct restore_prepared *p, const char *path)
 	free(p->tree_root);
 	p->tree_root = found.root;
 	p->tree_uid = found.uid;
+	p->tree_ino_known = found.root_known;
+	p->tree_dev = found.root_dev;
+	p->tree_ino = found.root_ino;
 	free(place);
 }
 

@@ -174,10 +174,14 @@ struct restore_prepared {
 	 * checks (gen_resolved_path), or NULL; the generation's
 	 * resolved_path once served; and the tree its files were found in
 	 * (its root NULL when not told), the generation's tree_root and
-	 * tree_uid (review rev187 R2). */
+	 * tree_uid (review rev187 R2), and its root's inode (tree_ino_known,
+	 * review rev198 M1). */
 	char *resolved_path;
 	char *tree_root;
 	uid_t tree_uid;
+	int tree_ino_known;
+	dev_t tree_dev;
+	ino_t tree_ino;
 };
 
 /* Checks p's generation (files in path's directory; staged copies are

@@ -320,6 +320,9 @@ restore_work(struct workq_job *w)
 			&found);
 		cur->tree_root = found.root;
 		cur->tree_uid = found.uid;
+		cur->tree_ino_known = found.root_known;
+		cur->tree_dev = found.root_dev;
+		cur->tree_ino = found.root_ino;
 		if (cur->tree_root == NULL)
 			restore_moved_tree(cur, j->path);
 	} else {
@@ -412,6 +415,9 @@ serve(struct restore_job *j, struct restore_prepared *p, int held)
 		free(k->tree_root);
 		k->tree_root = p->tree_root;
 		k->tree_uid = p->tree_uid;
+		k->tree_ino_known = p->tree_ino_known;
+		k->tree_dev = p->tree_dev;
+		k->tree_ino = p->tree_ino;
 		p->tree_root = NULL;
 	}
 	/* The manager still has every piece under these names. */

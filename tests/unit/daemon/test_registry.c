@@ -2791,11 +2791,301 @@ test_rev195_deployers_next_index_over_roots_shards_swaps(void **state)
 	free(s2);
 	free(p);
 }
+/*
+ * rev198 H1: as rev195 H1 (srv root's 1775, root's llama and private
+ * other), but after the operator's `rm -rf llama` bob makes llama a
+ * directory of his own, not a link, holding his link to other's file. The
+ * walk judges his link as an entry of a directory he owns: followed.
+ */
+static void
+rev198_bobs_dir_at_llama(void **state, const char *rel, const char *linkname,
+	const char *target)
+{
+	struct du *t = *state;
+	struct generation *g1;
+	char *a, *o, *p, cmd[8192];
+	long long size;
+	int st;
+
+	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p srv/llama srv/other && chmod 1775 srv",
+		t->dir);
+	assert_int_equal(system(cmd), 0);
+	a = du_model(t, "srv/llama/model.safetensors", 1024);
+	o = du_model(t, "srv/other/model.safetensors", 3000);
+	snprintf(cmd, sizeof(cmd), "cd %s/srv && chmod 0700 other && "
+		"chmod 0600 other/model.safetensors", t->dir);
+	assert_int_equal(system(cmd), 0);
+	p = llama_loaded(t, rel, &g1);
+	snprintf(cmd, sizeof(cmd), "cd %s/srv && rm -rf llama && mkdir llama && "
+		"ln -s %s llama/%s && chown -R -h 12345:12345 llama", t->dir, target, linkname);
+	assert_int_equal(system(cmd), 0);
+	st = rev191_watched(t, g1, &size);
+	free(a);
+	free(o);
+	free(p);
+	assert_int_equal(st, -EXDEV); /* else root's private model is "llama" */
+	assert_int_equal(size, 0);
+}
+
+static void
+test_rev198_bobs_dir_with_his_link_waits(void **state)
+{
+	rev198_bobs_dir_at_llama(state, "srv/llama/model.safetensors", "model.safetensors",
+		"../other/model.safetensors");
+}
+
+/* The same, his link's text absolute. */
+static void
+test_rev198_bobs_dir_with_his_abs_link_waits(void **state)
+{
+	struct du *t = *state;
+	char target[4096];
+
+	snprintf(target, sizeof(target), "%s/srv/other/model.safetensors", t->dir);
+	rev198_bobs_dir_at_llama(state, "srv/llama/model.safetensors", "model.safetensors",
+		target);
+}
+
+/*
+ * rev198 H1: srv (root's, 1775) holds root's models v2 and private other
+ * (0700, its file 0600), and root's directory llama with root's link
+ * current -> ../v2; "llama" is srv/llama/current. The operator's
+ * `rm -rf llama` (a redeploy); bob makes llama a directory of his own, not
+ * a link, holding his link current -> ../other. The walk judges his link as
+ * an entry of a directory he owns (link_taken: uid == the directory's
+ * owner) and the tree, other, is a sibling of v2 owned by root.
+ */
+static void
+test_rev198_bobs_dir_on_the_path_waits(void **state)
+{
+	struct du *t = *state;
+	struct generation *g1;
+	char *a, *o, *p, cmd[8192];
+	long long size;
+	int st;
+
+	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p srv/llama srv/v2 srv/other && "
+		"chmod 1775 srv && ln -s ../v2 srv/llama/current", t->dir);
+	assert_int_equal(system(cmd), 0);
+	a = du_model(t, "srv/v2/model.safetensors", 1024);
+	o = du_model(t, "srv/other/model.safetensors", 3000);
+	snprintf(cmd, sizeof(cmd), "cd %s/srv && chmod 0700 other && "
+		"chmod 0600 other/model.safetensors", t->dir);
+	assert_int_equal(system(cmd), 0);
+	p = llama_loaded(t, "srv/llama/current", &g1);
+	snprintf(cmd, sizeof(cmd), "cd %s/srv && rm -rf llama && mkdir llama && "
+		"ln -s ../other llama/current && chown -R -h 12345:12345 llama", t->dir);
+	assert_int_equal(system(cmd), 0);
+	st = rev191_watched(t, g1, &size);
+	free(a);
+	free(o);
+	free(p);
+	assert_int_equal(st, -EXDEV); /* else root's private model is "llama" */
+	assert_int_equal(size, 0);
+}
+
+/*
+ * rev198 H1, the deployer's form: srv (root's, 1775) holds root's v1 and
+ * private other; alice (23456) keeps her link llama -> ../srv/v1 in her
+ * own directory adir, "llama" is adir/llama. Her `ln -s ../srv/other .n &&
+ * mv -T .n llama`: the same link in root's srv waits (rev195 L1's test);
+ * in her own directory it is followed, and root's private model, which
+ * she cannot read, is served as "llama".
+ */
+static void
+test_rev198_deployers_link_in_her_dir_to_roots_private_waits(void **state)
+{
+	struct du *t = *state;
+	struct generation *g1;
+	char *a, *o, *p, cmd[8192];
+	long long size;
+	int st;
+
+	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p srv/v1 srv/other adir && chmod 1775 srv "
+		"&& ln -s ../srv/v1 adir/llama && chown -R -h 23456:23456 adir", t->dir);
+	assert_int_equal(system(cmd), 0);
+	a = du_model(t, "srv/v1/model.safetensors", 1024);
+	o = du_model(t, "srv/other/model.safetensors", 3000);
+	snprintf(cmd, sizeof(cmd), "cd %s/srv && chmod 0700 other && "
+		"chmod 0600 other/model.safetensors", t->dir);
+	assert_int_equal(system(cmd), 0);
+	p = llama_loaded(t, "adir/llama", &g1);
+	snprintf(cmd, sizeof(cmd), "cd %s/adir && ln -s ../srv/other .n && chown -h 23456:23456 "
+		".n && mv -T .n llama", t->dir);
+	assert_int_equal(system(cmd), 0);
+	st = rev191_watched(t, g1, &size);
+	free(a);
+	free(o);
+	free(p);
+	assert_int_equal(st, -EXDEV); /* else root's private model is "llama" */
+	assert_int_equal(size, 0);
+}
+
+
+/*
+ * rev198 M1: srv (root's) a team directory its group may write but not
+ * sticky (2775, as the brief's team dirs), root's model directory llama
+ * and root's private other (0700, its file 0600). A member renames root's
+ * directories (`mv llama llama.old && mv other llama`; no link anywhere,
+ * so the walk has nothing to judge): same path, same owner (root), same
+ * tree by same_tree's path_same rule -> root's private model is "llama".
+ */
+static void
+test_rev198_roots_private_dir_renamed_over_in_2775_waits(void **state)
+{
+	struct du *t = *state;
+	struct generation *g1;
+	char *a, *o, *p, cmd[8192];
+	long long size;
+	int st;
+
+	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p srv/llama srv/other && chmod 2775 srv",
+		t->dir);
+	assert_int_equal(system(cmd), 0);
+	a = du_model(t, "srv/llama/model.safetensors", 1024);
+	o = du_model(t, "srv/other/model.safetensors", 3000);
+	snprintf(cmd, sizeof(cmd), "cd %s/srv && chmod 0700 other && "
+		"chmod 0600 other/model.safetensors", t->dir);
+	assert_int_equal(system(cmd), 0);
+	p = llama_loaded(t, "srv/llama", &g1);
+	snprintf(cmd, sizeof(cmd), "cd %s/srv && mv llama llama.old && mv other llama", t->dir);
+	assert_int_equal(system(cmd), 0);
+	st = rev191_watched(t, g1, &size);
+	free(a);
+	free(o);
+	free(p);
+	assert_int_equal(st, -EXDEV); /* else root's private model is "llama" */
+	assert_int_equal(size, 0);
+}
+
+/*
+ * rev198 L: root's own link llama -> ././.../v2 whose text is 4095 bytes
+ * (the longest the kernel makes and follows): the walk reads a link's text
+ * into PATH_MAX - 1 bytes and takes a text that fills them for too long
+ * (-ENAMETOOLONG), and check_links says of any walk error that the path
+ * "resolved to another place while its files were opened". root's update
+ * inside v2 then waits for the operator, with a line that is not the reason.
+ */
+static void
+test_rev198_long_link_text_of_roots_follows_updates(void **state)
+{
+	struct du *t = *state;
+	struct generation *g1;
+	char *b, *p, cmd[16384], text[4096];
+	long long size;
+	int st;
+	size_t n = 0;
+
+	while (n + 2 < 4095 - 2)
+		n += (size_t)snprintf(text + n, sizeof(text) - n, "./");
+	while (n < 4095 - 2)
+		text[n++] = '/';
+	snprintf(text + n, sizeof(text) - n, "v2");
+	assert_int_equal(strlen(text), 4095);
+	snprintf(cmd, sizeof(cmd), "ln -s %s llama", text);
+	p = rev195_llama_to(t, "v2", "v3", cmd, &g1);
+	b = du_model(t, "srv/v2/new.tmp", 2048);
+	snprintf(cmd, sizeof(cmd), "cd %s/srv/v2 && mv new.tmp model.safetensors", t->dir);
+	assert_int_equal(system(cmd), 0);
+	st = rev191_watched(t, g1, &size);
+	free(b);
+	free(p);
+	assert_int_equal(st, 0); /* else root's own update waits, "resolved to another place" */
+	assert_true(size > 0);
+}
+
+/*
+ * rev198 L4: rev195 M2(a)'s setting, the hard link found by a watched
+ * reload: linked_in refuses it (-EPERM) at every load, the operator's too,
+ * yet 5e54e41 marks the model refused_tree ("its files wait for
+ * `wcachectl reload llama`", status waits_for_reload), which does not
+ * load them either.
+ */
+static void
+test_rev198_linked_in_refusal_is_not_waiting_for_the_operator(void **state)
+{
+	struct du *t = *state;
+	char *a, *o, *p, cmd[8192];
+	struct generation *g1;
+	int st, marked;
+
+	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p a", t->dir);
+	assert_int_equal(system(cmd), 0);
+	a = du_model(t, "a/model.safetensors", 1024);
+	o = du_model(t, "priv.safetensors", 3000);
+	snprintf(cmd, sizeof(cmd), "cd %s && chmod 0644 a/model.safetensors && chown 23456:23456 a "
+		"&& chmod 0600 priv.safetensors", t->dir);
+	assert_int_equal(system(cmd), 0);
+	p = llama_loaded(t, "a", &g1);
+	snprintf(cmd, sizeof(cmd), "cd %s && ln priv.safetensors a/.t && "
+		"mv a/.t a/model.safetensors", t->dir);
+	assert_int_equal(system(cmd), 0);
+	st = r180_watched(t, "llama");
+	print_message("rev198 L4: watched status %d (%s)\n", st, t->message);
+	assert_int_equal(st, -EPERM);
+	marked = registry_find(&t->reg, "llama")->refused_tree;
+	st = du_reload(t, "llama");
+	print_message("rev198 L4: marked %d; operator's reload status %d\n", marked, st);
+	free(a);
+	free(o);
+	free(p);
+	assert_int_equal(st, -EPERM); /* the operator's word does not serve it either */
+	assert_int_equal(marked, 0); /* so "waits for `wcachectl reload llama`" is false */
+}
+
+/*
+ * rev198 L3: rev195 L1's deployer link (23456's llama -> v2 in root's 1775
+ * srv); a neighbour makes a hard link of that symbolic link (`ln llama .x`:
+ * fs.protected_hardlinks=0, or root here standing in), which changes its
+ * ctime: kept_link no longer knows it and root's update inside v2 waits
+ * for the operator again.
+ */
+static void
+test_rev198_hard_link_of_the_deployers_link_keeps_updates(void **state)
+{
+	struct du *t = *state;
+	struct generation *g1;
+	char *b, *p, cmd[8192];
+	long long size;
+	int st;
+
+	p = rev195_llama_to(t, "v2", "v3", "chmod 1775 . && ln -s v2 llama && "
+		"chown -h 23456:23456 llama", &g1);
+	snprintf(cmd, sizeof(cmd), "cd %s/srv && sleep 0.05 && ln -P llama .x", t->dir);
+	assert_int_equal(system(cmd), 0);
+	b = du_model(t, "srv/v2/new.tmp", 2048);
+	snprintf(cmd, sizeof(cmd), "cd %s/srv/v2 && mv new.tmp model.safetensors", t->dir);
+	assert_int_equal(system(cmd), 0);
+	st = rev191_watched(t, g1, &size);
+	free(b);
+	free(p);
+	assert_int_equal(st, 0); /* else a neighbour's hard link holds every update */
+	assert_true(size > 0);
+}
 
 int
 main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(
+			test_rev198_hard_link_of_the_deployers_link_keeps_updates,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_rev198_linked_in_refusal_is_not_waiting_for_the_operator,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(test_rev198_long_link_text_of_roots_follows_updates,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(
+			test_rev198_roots_private_dir_renamed_over_in_2775_waits, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_rev198_bobs_dir_on_the_path_waits, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(
+			test_rev198_deployers_link_in_her_dir_to_roots_private_waits,
+			setup, teardown),
+		cmocka_unit_test_setup_teardown(test_rev198_bobs_dir_with_his_link_waits, setup,
+			teardown),
+		cmocka_unit_test_setup_teardown(test_rev198_bobs_dir_with_his_abs_link_waits,
+			setup, teardown),
 		cmocka_unit_test_setup_teardown(test_rev195_bobs_link_above_the_file_waits, setup,
 			teardown),
 		cmocka_unit_test_setup_teardown(test_rev195_bobs_link_above_a_dot_waits, setup,
