@@ -676,8 +676,11 @@ registry_polls(const struct registry *r, const struct model_entry *m)
 		return 1;
 	if (m->watch != FS_WATCH_AUTO)
 		return 0;
+	/* Its last reload found neither its path nor its directory there
+	 * (note_failed_path): the watch of that directory went with it. */
 	if (g != NULL)
-		return g->fs.remote;
+		return g->fs.remote ||
+			(m->error != NULL && !m->failed_path.known && m->failed_path.err != 0);
 	return m->failed_path.known && m->failed_path.fs.remote;
 }
 

@@ -587,7 +587,11 @@ int registry_stages(const struct model_entry *m, const struct fs_info *fs);
 /* Whether m's paths must be polled for updates: inotify failed for good
  * (r->inotify_failed), watch = poll, or watch = auto and its current
  * generation is on a remote filesystem (fstype.h), or, with no generation,
- * its path was when its last load failed. */
+ * its path was when its last load failed; or it has a generation and its
+ * last reload failed with neither its path nor the directory holding it
+ * there (a model configured by its file whose directory was removed: the
+ * watch of that directory is gone with it, and no event of its path would
+ * come again). */
 int registry_polls(const struct registry *r, const struct model_entry *m);
 
 /* Sets whether name has derived artifacts, who may build them (the gids of

@@ -47,6 +47,58 @@ def test_another_users_link_above_a_configured_file_waits(tmp_path):
         assert d.stop() == 0, d.read_log()
 
 
+def test_bobs_link_after_the_failed_reload_of_a_removed_directory_waits(tmp_path):
+    """As above, but the watched reload comes between the operator's
+    `rm -rf llama` and bob's link (a slow redeploy, or a loaded machine), and
+    fails: no such file. The watch of llama went with the directory, and
+    nothing watched the place its path now names: no reload came again,
+    bob's link was never judged and llama's error stayed (the first test
+    failed so on a loaded machine). Such a model's path is polled now, and
+    the reload that follows refuses bob's link."""
+    shared = made_by(tmp_path / "shared", 0, 0o1775)
+    llama = made_by(os.path.join(shared, "llama"), 0)
+    f = mkmodel(os.path.join(llama, "model.safetensors"), seed=1)
+    roots_private_model(os.path.join(shared, "secret"))
+    d = Daemon(tmp_path, {"llama": f}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "llama": generation 1 warm')
+        subprocess.run(["rm", "-rf", llama], check=True)
+        d.wait_for_log(r'error: model "llama": .*No such file or directory')
+        as_bob("ln -s secret llama", shared)
+        _, line = d.wait_for_log(r'model "llama": (.*symbolic link|generation 2 )')
+        assert 'model "llama": generation 2' not in d.read_log(), d.read_log()
+        assert re.search(r"symbolic link %s \(to secret\) made by uid %d" %
+                         (re.escape(llama), BOB_UID), line), line
+        assert "generation 1" in served(d, "llama")
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_a_removed_directory_made_again_after_the_failed_reload_loads(tmp_path):
+    """The operator's redeploy of a model configured by its file, slower
+    than the settle time: `rm -rf llama`, the watched reload fails (no such
+    file), then llama is made again with the new model. The watch of llama
+    went with it: the model stayed at generation 1 with its error for good.
+    Its path is polled while it is gone, and the new files load."""
+    shared = made_by(tmp_path / "shared", 0, 0o1775)
+    llama = made_by(os.path.join(shared, "llama"), 0)
+    f = mkmodel(os.path.join(llama, "model.safetensors"), seed=1)
+    d = Daemon(tmp_path, {"llama": f}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "llama": generation 1 warm')
+        subprocess.run(["rm", "-rf", llama], check=True)
+        d.wait_for_log(r'error: model "llama": .*No such file or directory')
+        made_by(os.path.join(shared, ".new"), 0)
+        size = os.path.getsize(mkmodel(os.path.join(shared, ".new", "model.safetensors"),
+                                       seed=2, layers=3))
+        os.rename(os.path.join(shared, ".new"), llama)
+        d.wait_for_log(r'model "llama": generation 2 from .*: 1 file, %d bytes' % size)
+        d.wait_for_log(r'model "llama": generation 2 warm')
+        assert "generation 2" in served(d, "llama")
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
 def test_a_deployers_link_above_a_configured_file_to_roots_private_model_waits(tmp_path):
     """The deployer's form: llama is alice's link to root's v1 (README's
     `llama -> v2` swap, trees root's), the model configured by its file.
