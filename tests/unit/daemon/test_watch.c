@@ -484,8 +484,11 @@ test_busy_neighbour_delays_no_reload(void **state)
 		      " ms; n's reloads: %d\n", asked[0], asked[1], reloads_logged(log, "n"));
 	assert_in_range(asked[0], 0, WATCH_SETTLE_MAX_MS + SLACK_MS);
 	assert_in_range(asked[1], 0, WATCH_SETTLE_MAX_MS + SLACK_MS);
-	/* 30 events in 1.5 s: one reload at the maximum, one after the last. */
-	assert_in_range(reloads_logged(log, "n"), 1, 3);
+	/* 30 events in 1.5 s: one reload at the maximum, one after the last;
+	 * a loaded machine runs the touch timer late now and then, past the
+	 * settle time, and each such gap is one more (4 seen under load, once
+	 * in 12 runs): a reload per event would be 30. */
+	assert_in_range(reloads_logged(log, "n"), 1, 8);
 	assert_int_equal(reloads_logged(log, "m"), 1);
 	free(log);
 	free(next);
