@@ -14,6 +14,18 @@ from test_tree_places import (ALICE_UID, BOB_UID, DAEMON_UID, WCACHED_GID, as_al
 __all__ = ["pytestmark"]
 
 
+def secret_not_served(d, secret, how, ends=r".*symbolic link|generation 2 "):
+    """Waits for the watched reload of "llama" to end (a line matching
+    ends) and asserts root's private model secret was not served as its
+    generation 2 (how: through what), generation 1 still is; the line."""
+    _, line = d.wait_for_log(r'model "llama": (%s)' % ends)
+    log = d.read_log()
+    assert 'model "llama": generation 2' not in log, \
+        "root's private %s served as llama %s:\n%s" % (secret, how, log)
+    assert "generation 1" in served(d, "llama")
+    return line
+
+
 def test_another_users_link_above_a_configured_file_waits(tmp_path):
     """The model "llama" is configured by its file,
     shared/llama/model.safetensors (README's layout), in a team's sticky
@@ -118,14 +130,10 @@ def test_a_deployers_link_above_a_configured_file_to_roots_private_model_waits(t
         d.wait_for_log(r'model "llama": generation 1 warm')
         as_alice("ln -s secret .n && mv -T .n llama", shared)
         subprocess.run(["rm", "-rf", v1], check=True)
-        _, line = d.wait_for_log(r'model "llama": (.*symbolic link|generation 2 )')
-        log = d.read_log()
-        assert 'model "llama": generation 2' not in log, \
-            "root's private %s served as llama through alice's link:\n%s" % (secret, log)
+        line = secret_not_served(d, secret, "through alice's link")
         assert re.search(r"symbolic link %s \(to secret\) made by uid %d" %
                          (re.escape(os.path.join(shared, "llama")), ALICE_UID), line), line
         assert "wcachectl reload llama" in line and "generation 1 still serving" in line, line
-        assert "generation 1" in served(d, "llama")
     finally:
         assert d.stop() == 0, d.read_log()
 

@@ -6,8 +6,9 @@ import os
 import subprocess
 
 from conftest import Daemon, mkmodel
-from test_tree_places import (DAEMON_UID, WCACHED_GID, as_bob, made_by, pytestmark,
-                              roots_private_model, served)
+from test_tree_links import secret_not_served
+from test_tree_places import (ALICE_UID, BOB_UID, DAEMON_UID, WCACHED_GID, as_alice, as_bob,
+                              made_by, pytestmark, roots_private_model)
 
 __all__ = ["pytestmark"]
 
@@ -18,9 +19,9 @@ def test_bobs_directory_with_his_link_on_the_path_waits(tmp_path):
     in the team's sticky place (root's, 1775). The operator removes llama to
     redeploy; bob makes llama a directory of his own with his link
     current -> ../secret (root's private model beside v2). The walk judges
-    bob's link as an entry of a directory bob owns (taken: the maker owns
-    the directory) and secret is a sibling of v2 owned by root (a swap):
-    root's private model is served as "llama"."""
+    bob's link as an entry of a directory bob owns, and secret is a sibling
+    of v2 owned by root (a swap): owning the directory must not approve his
+    link, which waits for the operator's reload."""
     shared = made_by(tmp_path / "shared", 0, 0o1775)
     v2 = made_by(os.path.join(shared, "v2"), 0)
     mkmodel(os.path.join(v2, "model.safetensors"), seed=1)
@@ -38,11 +39,10 @@ def test_bobs_directory_with_his_link_on_the_path_waits(tmp_path):
         subprocess.run(["rm", "-rf", llama], check=True)
         as_bob("mv -T .x llama", shared)
         subprocess.run(["rm", "-rf", v2], check=True)
-        _, line = d.wait_for_log(r'model "llama": (its path|.*symbolic link|generation 2 from)')
-        log = d.read_log()
-        assert 'model "llama": generation 2' not in log, \
-            "root's private %s served as llama through bob's directory:\n%s" % (secret, log)
-        assert "generation 1" in served(d, "llama")
+        line = secret_not_served(d, secret, "through bob's directory",
+                                 r"its path|.*symbolic link|generation 2 from")
+        assert "made by uid %d" % BOB_UID in line, line
+        assert "owning the directory it is in does not count" in line, line
     finally:
         assert d.stop() == 0, d.read_log()
 
@@ -51,7 +51,8 @@ def test_roots_private_directory_renamed_over_in_a_2775_place_waits(tmp_path):
     """rev198 M1. A team place its group may write, not sticky (2775):
     root's model directory llama ("llama") and root's private secret.
     bob renames them (`mv llama llama.old && mv secret llama`): no link,
-    the same path, the same owner: root's private model served as llama."""
+    the same path, the same owner, but another inode in a place others may
+    rename in: it waits for the operator's reload."""
     shared = made_by(tmp_path / "shared", 0, 0o2775)
     llama = made_by(os.path.join(shared, "llama"), 0)
     mkmodel(os.path.join(llama, "model.safetensors"), seed=1)
@@ -60,11 +61,9 @@ def test_roots_private_directory_renamed_over_in_a_2775_place_waits(tmp_path):
     try:
         d.wait_for_log(r'model "llama": generation 1 warm')
         as_bob("mv llama llama.old && mv secret llama", shared)
-        _, line = d.wait_for_log(r'model "llama": (its path|.*symbolic link|generation 2 )')
-        log = d.read_log()
-        assert 'model "llama": generation 2' not in log, \
-            "root's private %s served as llama after bob's renames:\n%s" % (secret, log)
-        assert "generation 1" in served(d, "llama")
+        line = secret_not_served(d, secret, "after bob's renames",
+                                 r"its path|.*symbolic link|generation 2 ")
+        assert "another directory than the tree serving" in line, line
     finally:
         assert d.stop() == 0, d.read_log()
 
@@ -75,10 +74,8 @@ def test_a_deployers_link_in_her_own_directory_to_roots_private_model_waits(tmp_
     as deploy/llama; v1 and root's private secret are root's, side by side
     in the team's place (1775). Her swap `ln -s ../shared/secret .n &&
     mv -T .n llama`: the same swap with her link in root's place waits
-    (test_tree_links), here her link is followed because she owns the
-    directory holding it, and root's private model (which she cannot read)
-    is served as "llama"."""
-    from test_tree_places import as_alice, ALICE_UID
+    (test_tree_links), and so must it here, in the directory she owns:
+    root's private model (which she cannot read) is not "llama"."""
     shared = made_by(tmp_path / "shared", 0, 0o1775)
     v1 = made_by(os.path.join(shared, "v1"), 0)
     mkmodel(os.path.join(v1, "model.safetensors"), seed=1)
@@ -90,10 +87,9 @@ def test_a_deployers_link_in_her_own_directory_to_roots_private_model_waits(tmp_
     try:
         d.wait_for_log(r'model "llama": generation 1 warm')
         as_alice("ln -s ../shared/secret .n && mv -T .n llama", deploy)
-        _, line = d.wait_for_log(r'model "llama": (its path|.*symbolic link|generation 2 from)')
-        log = d.read_log()
-        assert 'model "llama": generation 2' not in log, \
-            "root's private %s served as llama through alice's link:\n%s" % (secret, log)
-        assert "generation 1" in served(d, "llama")
+        line = secret_not_served(d, secret, "through alice's link in her directory",
+                                 r"its path|.*symbolic link|generation 2 from")
+        assert "made by uid %d" % ALICE_UID in line, line
+        assert "wcachectl reload llama" in line, line
     finally:
         assert d.stop() == 0, d.read_log()

@@ -2791,15 +2791,17 @@ test_rev195_deployers_next_index_over_roots_shards_swaps(void **state)
 	free(s2);
 	free(p);
 }
+
 /*
- * rev198 H1: as rev195 H1 (srv root's 1775, root's llama and private
- * other), but after the operator's `rm -rf llama` bob makes llama a
- * directory of his own, not a link, holding his link to other's file. The
- * walk judges his link as an entry of a directory he owns: followed.
+ * rev198's settings where root's private model other (srv/other, 0700, its
+ * file 0600) must not become "llama": setup (run in t->dir) makes srv and
+ * what "llama" is, a root's model of 1024 bytes goes at model, "llama" is
+ * loaded from path, then swap (run in t->dir) and a watched reload, which
+ * must wait for the operator (-EXDEV) with nothing loaded.
  */
 static void
-rev198_bobs_dir_at_llama(void **state, const char *rel, const char *linkname,
-	const char *target)
+rev198_private_waits(void **state, const char *setup, const char *model, const char *path,
+	const char *swap)
 {
 	struct du *t = *state;
 	struct generation *g1;
@@ -2807,17 +2809,15 @@ rev198_bobs_dir_at_llama(void **state, const char *rel, const char *linkname,
 	long long size;
 	int st;
 
-	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p srv/llama srv/other && chmod 1775 srv",
-		t->dir);
+	snprintf(cmd, sizeof(cmd), "cd %s && %s", t->dir, setup);
 	assert_int_equal(system(cmd), 0);
-	a = du_model(t, "srv/llama/model.safetensors", 1024);
+	a = du_model(t, model, 1024);
 	o = du_model(t, "srv/other/model.safetensors", 3000);
 	snprintf(cmd, sizeof(cmd), "cd %s/srv && chmod 0700 other && "
 		"chmod 0600 other/model.safetensors", t->dir);
 	assert_int_equal(system(cmd), 0);
-	p = llama_loaded(t, rel, &g1);
-	snprintf(cmd, sizeof(cmd), "cd %s/srv && rm -rf llama && mkdir llama && "
-		"ln -s %s llama/%s && chown -R -h 12345:12345 llama", t->dir, target, linkname);
+	p = llama_loaded(t, path, &g1);
+	snprintf(cmd, sizeof(cmd), "cd %s && %s", t->dir, swap);
 	assert_int_equal(system(cmd), 0);
 	st = rev191_watched(t, g1, &size);
 	free(a);
@@ -2827,11 +2827,27 @@ rev198_bobs_dir_at_llama(void **state, const char *rel, const char *linkname,
 	assert_int_equal(size, 0);
 }
 
+/*
+ * rev198 H1: as rev195 H1 (srv root's 1775, root's llama and private
+ * other), but after the operator's `rm -rf llama` bob makes llama a
+ * directory of his own, not a link, holding his link to other's file
+ * (target). The opener's RESOLVE_BENEATH refuses it (negative control).
+ */
+static void
+rev198_bobs_dir_at_llama(void **state, const char *target)
+{
+	char swap[8192];
+
+	snprintf(swap, sizeof(swap), "cd srv && rm -rf llama && mkdir llama && "
+		"ln -s %s llama/model.safetensors && chown -R -h 12345:12345 llama", target);
+	rev198_private_waits(state, "mkdir -p srv/llama srv/other && chmod 1775 srv",
+		"srv/llama/model.safetensors", "srv/llama/model.safetensors", swap);
+}
+
 static void
 test_rev198_bobs_dir_with_his_link_waits(void **state)
 {
-	rev198_bobs_dir_at_llama(state, "srv/llama/model.safetensors", "model.safetensors",
-		"../other/model.safetensors");
+	rev198_bobs_dir_at_llama(state, "../other/model.safetensors");
 }
 
 /* The same, his link's text absolute. */
@@ -2842,8 +2858,7 @@ test_rev198_bobs_dir_with_his_abs_link_waits(void **state)
 	char target[4096];
 
 	snprintf(target, sizeof(target), "%s/srv/other/model.safetensors", t->dir);
-	rev198_bobs_dir_at_llama(state, "srv/llama/model.safetensors", "model.safetensors",
-		target);
+	rev198_bobs_dir_at_llama(state, target);
 }
 
 /*
@@ -2851,111 +2866,49 @@ test_rev198_bobs_dir_with_his_abs_link_waits(void **state)
  * (0700, its file 0600), and root's directory llama with root's link
  * current -> ../v2; "llama" is srv/llama/current. The operator's
  * `rm -rf llama` (a redeploy); bob makes llama a directory of his own, not
- * a link, holding his link current -> ../other. The walk judges his link as
- * an entry of a directory he owns (link_taken: uid == the directory's
- * owner) and the tree, other, is a sibling of v2 owned by root.
+ * a link, holding his link current -> ../other. Owning the directory that
+ * holds his link must not approve it (link_taken), though other is a
+ * sibling of v2 owned by root.
  */
 static void
 test_rev198_bobs_dir_on_the_path_waits(void **state)
 {
-	struct du *t = *state;
-	struct generation *g1;
-	char *a, *o, *p, cmd[8192];
-	long long size;
-	int st;
-
-	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p srv/llama srv/v2 srv/other && "
-		"chmod 1775 srv && ln -s ../v2 srv/llama/current", t->dir);
-	assert_int_equal(system(cmd), 0);
-	a = du_model(t, "srv/v2/model.safetensors", 1024);
-	o = du_model(t, "srv/other/model.safetensors", 3000);
-	snprintf(cmd, sizeof(cmd), "cd %s/srv && chmod 0700 other && "
-		"chmod 0600 other/model.safetensors", t->dir);
-	assert_int_equal(system(cmd), 0);
-	p = llama_loaded(t, "srv/llama/current", &g1);
-	snprintf(cmd, sizeof(cmd), "cd %s/srv && rm -rf llama && mkdir llama && "
-		"ln -s ../other llama/current && chown -R -h 12345:12345 llama", t->dir);
-	assert_int_equal(system(cmd), 0);
-	st = rev191_watched(t, g1, &size);
-	free(a);
-	free(o);
-	free(p);
-	assert_int_equal(st, -EXDEV); /* else root's private model is "llama" */
-	assert_int_equal(size, 0);
+	rev198_private_waits(state, "mkdir -p srv/llama srv/v2 srv/other && chmod 1775 srv && "
+		"ln -s ../v2 srv/llama/current", "srv/v2/model.safetensors", "srv/llama/current",
+		"cd srv && rm -rf llama && mkdir llama && ln -s ../other llama/current && "
+		"chown -R -h 12345:12345 llama");
 }
 
 /*
  * rev198 H1, the deployer's form: srv (root's, 1775) holds root's v1 and
  * private other; alice (23456) keeps her link llama -> ../srv/v1 in her
  * own directory adir, "llama" is adir/llama. Her `ln -s ../srv/other .n &&
- * mv -T .n llama`: the same link in root's srv waits (rev195 L1's test);
- * in her own directory it is followed, and root's private model, which
- * she cannot read, is served as "llama".
+ * mv -T .n llama` must wait as the same link in root's srv does (rev195
+ * L1's test): root's private model, which she cannot read, is not "llama".
  */
 static void
 test_rev198_deployers_link_in_her_dir_to_roots_private_waits(void **state)
 {
-	struct du *t = *state;
-	struct generation *g1;
-	char *a, *o, *p, cmd[8192];
-	long long size;
-	int st;
-
-	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p srv/v1 srv/other adir && chmod 1775 srv "
-		"&& ln -s ../srv/v1 adir/llama && chown -R -h 23456:23456 adir", t->dir);
-	assert_int_equal(system(cmd), 0);
-	a = du_model(t, "srv/v1/model.safetensors", 1024);
-	o = du_model(t, "srv/other/model.safetensors", 3000);
-	snprintf(cmd, sizeof(cmd), "cd %s/srv && chmod 0700 other && "
-		"chmod 0600 other/model.safetensors", t->dir);
-	assert_int_equal(system(cmd), 0);
-	p = llama_loaded(t, "adir/llama", &g1);
-	snprintf(cmd, sizeof(cmd), "cd %s/adir && ln -s ../srv/other .n && chown -h 23456:23456 "
-		".n && mv -T .n llama", t->dir);
-	assert_int_equal(system(cmd), 0);
-	st = rev191_watched(t, g1, &size);
-	free(a);
-	free(o);
-	free(p);
-	assert_int_equal(st, -EXDEV); /* else root's private model is "llama" */
-	assert_int_equal(size, 0);
+	rev198_private_waits(state, "mkdir -p srv/v1 srv/other adir && chmod 1775 srv && "
+		"ln -s ../srv/v1 adir/llama && chown -R -h 23456:23456 adir",
+		"srv/v1/model.safetensors", "adir/llama", "cd adir && ln -s ../srv/other .n && "
+		"chown -h 23456:23456 .n && mv -T .n llama");
 }
-
 
 /*
  * rev198 M1: srv (root's) a team directory its group may write but not
- * sticky (2775, as the brief's team dirs), root's model directory llama
- * and root's private other (0700, its file 0600). A member renames root's
- * directories (`mv llama llama.old && mv other llama`; no link anywhere,
- * so the walk has nothing to judge): same path, same owner (root), same
- * tree by same_tree's path_same rule -> root's private model is "llama".
+ * sticky (2775), root's model directory llama and root's private other
+ * (0700, its file 0600). A member renames root's directories (`mv llama
+ * llama.old && mv other llama`; no link anywhere, so the walk has nothing
+ * to judge): same path, same owner (root), but another inode in a place
+ * others may rename in: it waits (same_root's renamed_in).
  */
 static void
 test_rev198_roots_private_dir_renamed_over_in_2775_waits(void **state)
 {
-	struct du *t = *state;
-	struct generation *g1;
-	char *a, *o, *p, cmd[8192];
-	long long size;
-	int st;
-
-	snprintf(cmd, sizeof(cmd), "cd %s && mkdir -p srv/llama srv/other && chmod 2775 srv",
-		t->dir);
-	assert_int_equal(system(cmd), 0);
-	a = du_model(t, "srv/llama/model.safetensors", 1024);
-	o = du_model(t, "srv/other/model.safetensors", 3000);
-	snprintf(cmd, sizeof(cmd), "cd %s/srv && chmod 0700 other && "
-		"chmod 0600 other/model.safetensors", t->dir);
-	assert_int_equal(system(cmd), 0);
-	p = llama_loaded(t, "srv/llama", &g1);
-	snprintf(cmd, sizeof(cmd), "cd %s/srv && mv llama llama.old && mv other llama", t->dir);
-	assert_int_equal(system(cmd), 0);
-	st = rev191_watched(t, g1, &size);
-	free(a);
-	free(o);
-	free(p);
-	assert_int_equal(st, -EXDEV); /* else root's private model is "llama" */
-	assert_int_equal(size, 0);
+	rev198_private_waits(state, "mkdir -p srv/llama srv/other && chmod 2775 srv",
+		"srv/llama/model.safetensors", "srv/llama",
+		"cd srv && mv llama llama.old && mv other llama");
 }
 
 /*
