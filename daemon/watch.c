@@ -70,6 +70,37 @@ drop_watch(struct watch *w, int wd, size_t skip)
 	inotify_rm_watch(w->fd, wd);
 }
 
+/* Notes that an event of wd came before any directory was noted for it
+ * (struct watch's stray_wd). */
+static void
+note_stray(struct watch *w, int wd)
+{
+	size_t n = sizeof(w->stray_wd) / sizeof(w->stray_wd[0]);
+
+	for (size_t i = 0; i < w->nstray && i < n; i++)
+		if (w->stray_wd[i] == wd)
+			return;
+	w->stray_wd[w->nstray % n] = wd;
+	w->nstray++;
+}
+
+/* Whether an event of wd came before its directory was noted (and
+ * forgets it): a change made once the sync job armed the watch, after
+ * its stat, and read before its end, which neither the comparisons of
+ * sync_after nor any event tell otherwise. */
+static int
+stray_event(struct watch *w, int wd)
+{
+	size_t n = sizeof(w->stray_wd) / sizeof(w->stray_wd[0]);
+
+	for (size_t i = 0; i < w->nstray && i < n; i++)
+		if (w->stray_wd[i] == wd) {
+			w->stray_wd[i] = -1;
+			return 1;
+		}
+	return 0;
+}
+
 /* Notes that inotify watches path as wd (a sync job added it). */
 static void
 record_dir(struct watch *w, const char *path, int wd)
@@ -389,7 +420,7 @@ sync_after(struct workq_job *job, int status)
 	struct watch *w = j->w;
 	struct synced *s;
 	struct model_entry *m;
-	int again = 0;
+	int again = 0, stray = 0;
 
 	w->jobs--;
 	if (w->stopping) {
@@ -405,11 +436,13 @@ sync_after(struct workq_job *job, int status)
 	for (int k = 0; k < 2 && status == 0; k++) {
 		if (j->dirs[k] == NULL)
 			continue;
-		if (j->wd[k] >= 0)
+		if (j->wd[k] >= 0) {
 			record_dir(w, j->dirs[k], j->wd[k]);
-		else
+			stray |= stray_event(w, j->wd[k]);
+		} else {
 			log_warnx("cannot watch %s for model updates: %s", j->dirs[k],
 				strerror(j->err[k]));
+		}
 	}
 	m = registry_find(w->reg, j->name);
 	if (m != NULL && m->entry_id == j->entry_id && status == 0) {
@@ -445,6 +478,11 @@ sync_after(struct workq_job *job, int status)
 			check_generation(w->reg, g);
 			if (pending && dropped(m, g))
 				reload_dropped(w, m);
+		}
+		if (stray) {
+			log_debug("model \"%s\": its directory changed as its watch was armed; "
+				  "reloading", m->name);
+			watch_mark_dirty(w, m->name);
 		}
 		registry_collect(w->reg);
 	}
@@ -1004,6 +1042,8 @@ handle_event(struct watch *w, const struct inotify_event *ev, struct touched *t)
 	for (size_t i = 0; i < w->ndirs; i++)
 		if (w->dirs[i].wd == ev->wd)
 			dir = w->dirs[i].path;
+	if (dir == NULL && ev->wd >= 0 && !(ev->mask & IN_IGNORED))
+		note_stray(w, ev->wd);
 	if (dir == NULL || ev->len == 0)
 		return;
 	for (struct model_entry *m = w->reg->models; m != NULL; m = m->next) {
