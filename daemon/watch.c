@@ -70,35 +70,36 @@ drop_watch(struct watch *w, int wd, size_t skip)
 	inotify_rm_watch(w->fd, wd);
 }
 
-/* Notes that an event of wd came before any directory was noted for it
- * (struct watch's stray_wd). */
-static void
-note_stray(struct watch *w, int wd)
-{
-	size_t n = sizeof(w->stray_wd) / sizeof(w->stray_wd[0]);
+static int names_model_file(const struct model_entry *m, const char *dir, const char *name);
 
-	for (size_t i = 0; i < w->nstray && i < n; i++)
-		if (w->stray_wd[i] == wd)
-			return;
-	w->stray_wd[w->nstray % n] = wd;
-	w->nstray++;
+/* Notes that an event of wd naming name came before any directory was
+ * noted for wd (struct watch's stray). */
+static void
+note_stray(struct watch *w, int wd, const char *name)
+{
+	size_t n = sizeof(w->stray) / sizeof(w->stray[0]);
+	struct stray_event *e = &w->stray[w->nstray++ % n];
+
+	e->wd = wd;
+	snprintf(e->name, sizeof(e->name), "%s", name);
 }
 
-/* Whether an event of wd came before its directory was noted (and
- * forgets it): a change made once the sync job armed the watch, after
- * its stat, and read before its end, which neither the comparisons of
- * sync_after nor any event tell otherwise. */
+/* Whether an event of wd (now noted as dir) naming a file of m came before
+ * dir was noted (and forgets the events of wd): a change made once the
+ * sync job armed the watch, after its stat, and read before its end, which
+ * neither the comparisons of sync_after nor any event tell otherwise. */
 static int
-stray_event(struct watch *w, int wd)
+stray_event(struct watch *w, int wd, const char *dir, const struct model_entry *m)
 {
-	size_t n = sizeof(w->stray_wd) / sizeof(w->stray_wd[0]);
+	size_t n = sizeof(w->stray) / sizeof(w->stray[0]);
+	int found = 0;
 
 	for (size_t i = 0; i < w->nstray && i < n; i++)
-		if (w->stray_wd[i] == wd) {
-			w->stray_wd[i] = -1;
-			return 1;
+		if (w->stray[i].wd == wd) {
+			found |= names_model_file(m, dir, w->stray[i].name);
+			w->stray[i].wd = -1;
 		}
-	return 0;
+	return found;
 }
 
 /* Notes that inotify watches path as wd (a sync job added it). */
@@ -438,7 +439,6 @@ sync_after(struct workq_job *job, int status)
 			continue;
 		if (j->wd[k] >= 0) {
 			record_dir(w, j->dirs[k], j->wd[k]);
-			stray |= stray_event(w, j->wd[k]);
 		} else {
 			log_warnx("cannot watch %s for model updates: %s", j->dirs[k],
 				strerror(j->err[k]));
@@ -447,6 +447,10 @@ sync_after(struct workq_job *job, int status)
 	m = registry_find(w->reg, j->name);
 	if (m != NULL && m->entry_id == j->entry_id && status == 0) {
 		int same_path = strcmp(m->path, j->path) == 0;
+
+		for (int k = 0; k < 2; k++)
+			if (j->dirs[k] != NULL && j->wd[k] >= 0)
+				stray |= stray_event(w, j->wd[k], j->dirs[k], m);
 
 		if (s != NULL && same_path) {
 			free(s->path);
@@ -1042,8 +1046,8 @@ handle_event(struct watch *w, const struct inotify_event *ev, struct touched *t)
 	for (size_t i = 0; i < w->ndirs; i++)
 		if (w->dirs[i].wd == ev->wd)
 			dir = w->dirs[i].path;
-	if (dir == NULL && ev->wd >= 0 && !(ev->mask & IN_IGNORED))
-		note_stray(w, ev->wd);
+	if (dir == NULL && ev->len > 0 && (ev->mask & NAME_EVENTS))
+		note_stray(w, ev->wd, ev->name);
 	if (dir == NULL || ev->len == 0)
 		return;
 	for (struct model_entry *m = w->reg->models; m != NULL; m = m->next) {

@@ -6,6 +6,7 @@
 #ifndef WC_WATCH_INTERNAL_H
 #define WC_WATCH_INTERNAL_H
 
+#include <limits.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -90,12 +91,15 @@ struct watch {
 	size_t nsynced;
 	unsigned jobs; /* sync and poll jobs on the work queue, and watched reloads
 			  not answered yet (watch.c's reload_done); freed at 0 */
-	/* Watch descriptors of events read before their sync job's end noted
-	 * them (record_dir): a sync job arms a watch on the work queue, and
-	 * the loop may read its first events before the job's end is run.
-	 * Those events were of no known directory; the end reloads a model
-	 * whose new watch had some (watch.c's stray_event). A ring. */
-	int stray_wd[16];
+	/* Events read before their sync job's end noted their directory
+	 * (record_dir): a sync job arms a watch on the work queue, and the
+	 * loop may read its first events before the job's end is run. Those
+	 * were of no known directory; the end reloads a model whose new watch
+	 * had one naming its files (watch.c's stray_event). A ring. */
+	struct stray_event {
+		int wd;
+		char name[NAME_MAX + 1];
+	} stray[16];
 	size_t nstray;
 	uint64_t overflows;        /* inotify queue overflows (events lost) */
 	uint64_t overflow_log_ms;  /* loop time of the last line about them */
