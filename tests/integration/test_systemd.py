@@ -108,7 +108,11 @@ def test_socket_activation(tmp_path, model):
     proc = subprocess.Popen([ACTIVATE, "--seqpacket", "-l", sock, "--fdname=client",
                              binary("wcached"), "-c", d.conf], stderr=log)
     try:
-        wait_until(lambda: os.path.exists(sock), what="systemd-socket-activate to listen")
+        # Its line, not the socket's name: the name is there from bind(2),
+        # before listen(2), and a connect in between is refused (seen once
+        # in CI under load).
+        wait_until(lambda: "Listening on" in open(d.log).read(),
+                   what="systemd-socket-activate to listen")
         # The worker starts before the daemon: it waits instead of failing.
         r = subprocess.run([binary("wcachectl"), "attach", "small", "--socket", sock],
                            capture_output=True, text=True, timeout=60)
