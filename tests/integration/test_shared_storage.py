@@ -431,7 +431,13 @@ def test_poll_cost_is_flat_in_the_number_of_models(tmp_path, remote):
             results.append((n, seen, m0["poll_seconds"] / m0["polls"]))
     for n, seen, per_poll in results:
         assert seen < 2 * 0.5 + remote.attr_timeout, results
-        assert per_poll < 0.05, results
+    # Flat: 24 models do not make m0's poll cost more (a poll that stat'ed
+    # every model, or charged each the whole round, would cost ~24 times).
+    # Compared with the one-model run of the same test, not with a fixed
+    # time: one stat on FUSE took 250 ms on a loaded CI machine (CI stop 54:
+    # 0.051 s per poll alone, 0.0001 s with 24).
+    (_, _, alone), (_, _, among) = results
+    assert among < max(4 * alone, 0.05), results
 
 
 def test_remote_model_that_failed_to_load_is_loaded_once_its_file_appears(start, tmp_path,
