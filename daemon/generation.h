@@ -208,7 +208,8 @@ struct generation {
 	 * walk of the load that made g met (registry_links.c), or of a reload
 	 * that found its files unchanged: a watched reload takes a link still
 	 * among them whoever made it (review rev195 L1). nlinks of them, at
-	 * most REGISTRY_LINK_HOPS; NULL: none, or not known (that walk did not
+	 * most REGISTRY_WALK_SEEN (a directory a walk bound, text "", review
+	 * rev199 H3, among them); NULL: none, or not known (that walk did not
 	 * end at the files opened; a warm restart's generation): each link a
 	 * watched reload meets is then judged by its maker. Owned. */
 	struct gen_link *links;

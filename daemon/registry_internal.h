@@ -89,10 +89,15 @@ const char *registry_sweep_hold(struct registry *r, struct load_request *q,
 /* The most symbolic links one walk of a model's path follows (the
  * kernel's own limit, MAXSYMLINKS): a longer chain is -ELOOP. */
 #define REGISTRY_LINK_HOPS 40
+/* The most entries one walk records: its links, and as many directories it
+ * bound (registry_link_judge). */
+#define REGISTRY_WALK_SEEN ((size_t)2 * REGISTRY_LINK_HOPS)
 
 /* A symbolic link the walk of a model's path met (registry_walk_links):
  * its path and the directory's as the walk spelled them, its text, its
- * fstat (st_uid: its maker) and the fstat of the directory holding it. */
+ * fstat (st_uid: its maker) and the fstat of the directory holding it.
+ * Or a directory the path goes into or ends at: target "" (no link's text
+ * is empty), st its fstat (review rev199 H3). */
 struct registry_link_seen {
 	const char *path;
 	const char *dir;
@@ -102,16 +107,20 @@ struct registry_link_seen {
 };
 
 /* Whether the walk follows the link l: 0, or a negative code that ends
- * the walk with it. */
+ * the walk with it. For a directory (target ""): 0, 1 to record it among
+ * the walk's links (bound: a later load's walk may ask it be the same),
+ * or a negative code. */
 typedef int (*registry_link_judge)(const struct registry_link_seen *l, void *arg);
 
 /* What registry_walk_links found: the links it followed, in the order
- * met; the fstat of the inode the path ends at (no link) and of the
- * directory holding it (the end itself where the path ends at a
- * directory it named as "/", "." or ".."). */
+ * met, and among them the directories its judge bound (text ""); the
+ * fstat of the inode the path ends at (no link) and of the directory
+ * holding it (the end itself where the path ends at a directory it named
+ * as "/", "." or ".."). */
 struct registry_walk {
-	struct gen_link links[REGISTRY_LINK_HOPS];
+	struct gen_link links[REGISTRY_WALK_SEEN];
 	size_t nlinks;
+	size_t nhops; /* how many are links: at most REGISTRY_LINK_HOPS */
 	struct stat end;
 	struct stat end_dir;
 };
@@ -120,8 +129,10 @@ struct registry_walk {
  * working directory for a relative one), each opened beneath the one
  * before with no link followed; each symbolic link met (on the path, or
  * where a link's text leads) is handed to judge (when not NULL) with arg,
- * then followed by its text, read from the link itself. 0 with *w filled,
- * judge's code, -ELOOP past REGISTRY_LINK_HOPS links, or -errno (an entry
+ * then followed by its text, read from the link itself; each directory
+ * entered or ended at is handed to judge too (target ""). 0 with *w filled,
+ * judge's code, -ELOOP past REGISTRY_LINK_HOPS links (or past as many bound
+ * directories), or -errno (an entry
  * missing, not a directory, not searchable). Work queue thread. */
 int registry_walk_links(const char *path, registry_link_judge judge, void *arg,
 	struct registry_walk *w);

@@ -13,7 +13,10 @@
  * walk ends at the inode the path names now, which the load compares with
  * what its files were opened at: a link anywhere on the path, not only
  * its last entry, is judged (review rev195 H1), and a path renamed over
- * between the open and the walk leads elsewhere (H2).
+ * between the open and the walk leads elsewhere (H2). Each directory the
+ * path enters or ends at is handed to the judge too, which may bind it
+ * (recorded with the links): in a directory others may rename entries in,
+ * a later walk must meet the very same one (review rev199 H3).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -98,7 +101,7 @@ take_link(struct registry_walk *w, int fd, const struct stat *st, int dir, const
 	ssize_t n;
 	int err;
 
-	if (w->nlinks == REGISTRY_LINK_HOPS)
+	if (w->nhops == REGISTRY_LINK_HOPS || w->nlinks == REGISTRY_WALK_SEEN)
 		return -ELOOP;
 	if (fstat(dir, &ds) != 0 || (n = readlinkat(fd, "", text, PATH_MAX)) < 0)
 		return -errno;
@@ -113,6 +116,37 @@ take_link(struct registry_walk *w, int fd, const struct stat *st, int dir, const
 	if (judge != NULL && (err = judge(&seen, arg)) != 0)
 		return err;
 	note_link(w, st, &ds, text);
+	w->nhops++;
+	return 0;
+}
+
+/* The directory open as fd (its fstat st), the entry name of the
+ * directory dir spelled where, which w goes into or ends at: judged
+ * (judge, when not NULL) and noted when the judge binds it (review rev199
+ * H3). 0, the judge's code, or -errno. */
+static int
+take_dir(struct registry_walk *w, const struct stat *st, int dir, const char *where,
+	const char *name, registry_link_judge judge, void *arg)
+{
+	char path[PATH_MAX + NAME_MAX + 2];
+	struct registry_link_seen seen;
+	struct stat ds;
+	int err;
+
+	if (judge == NULL)
+		return 0;
+	if (fstat(dir, &ds) != 0)
+		return -errno;
+	seen.path = spell(path, sizeof(path), where, name);
+	seen.target = "";
+	seen.dir = where[0] != '\0' ? where : ".";
+	seen.st = st;
+	seen.dir_st = &ds;
+	if ((err = judge(&seen, arg)) <= 0)
+		return err;
+	if (w->nlinks == REGISTRY_WALK_SEEN)
+		return -ELOOP;
+	note_link(w, st, &ds, "");
 	return 0;
 }
 
@@ -127,6 +161,7 @@ registry_walk_links(const char *path, registry_link_judge judge, void *arg,
 	struct stat st;
 
 	w->nlinks = 0;
+	w->nhops = 0;
 	snprintf(where, sizeof(where), "%s", path[0] == '/' ? "/" : "");
 	if (todo == NULL || dir < 0)
 		err = todo == NULL ? -ENOMEM : -errno;
@@ -187,9 +222,11 @@ registry_walk_links(const char *path, registry_link_judge judge, void *arg,
 			continue;
 		}
 		if (p[strspn(p, "/")] != '\0') { /* a directory on the way */
-			if (!S_ISDIR(st.st_mode)) {
+			if (!S_ISDIR(st.st_mode) ||
+				(err = take_dir(w, &st, dir, where, name, judge, arg)) != 0) {
 				close(fd);
-				err = -ENOTDIR;
+				if (err == 0)
+					err = -ENOTDIR;
 				break;
 			}
 			close(dir);
@@ -200,6 +237,8 @@ registry_walk_links(const char *path, registry_link_judge judge, void *arg,
 		w->end = st; /* the path's last entry, in dir */
 		if (fstat(dir, &w->end_dir) != 0)
 			err = -errno;
+		else if (S_ISDIR(st.st_mode))
+			err = take_dir(w, &st, dir, where, name, judge, arg);
 		close(fd);
 		break;
 	}

@@ -23,6 +23,7 @@
 #include <grp.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <pthread.h>
 #include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
@@ -116,6 +117,11 @@ struct load_request {
 	 * review rev195 L1). */
 	struct gen_link *keep_links;
 	size_t nkeep_links;
+	/* A watched reload of a model that has a generation (a restored one
+	 * too, whose links are not known): its links and the directories its
+	 * walk bound are the only ones taken in a place others may rename
+	 * entries in (link_taken, review rev199 H1-H3). */
+	int keep_gen;
 	/* An operator's load or reload: the tree it found, for
 	 * model_entry's operator_tree (find_operator_tree). */
 	uid_t found_uid;
@@ -597,6 +603,73 @@ linked_in(struct load_request *q)
 	return err;
 }
 
+/* Serializes the user database's enumeration (getpwent_r's state is the
+ * process's), for group_private. */
+static pthread_mutex_t pwent_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/*
+ * Whether no user but uid is in the group gid: the group database knows
+ * it and lists no other member, and no other user has it for primary
+ * group: a user-private group (umask 002 on RHEL/Fedora, Debian's
+ * pam_umask usergroups), whose write bit lets no one else in (review
+ * rev199 L1). A group the database does not know is not private (a
+ * process may hold any gid root gave it), nor where a database cannot be
+ * asked. Work queue thread: the database may be a network's.
+ */
+static int
+group_private(gid_t gid, uid_t uid)
+{
+	struct group gr, *gfound = NULL;
+	struct passwd pw, *pfound = NULL;
+	size_t size = 16384;
+	char *buf = NULL, *more;
+	int err = ERANGE, priv = 1;
+
+	for (; err == ERANGE && size <= (1u << 20);) {
+		if ((more = realloc(buf, size)) == NULL)
+			break;
+		buf = more;
+		if ((err = getgrgid_r(gid, &gr, buf, size, &gfound)) == ERANGE)
+			size *= 2;
+	}
+	if (err != 0 || gfound == NULL) {
+		free(buf);
+		return 0;
+	}
+	for (char **mem = gfound->gr_mem; *mem != NULL; mem++) {
+		struct passwd mpw, *mfound = NULL;
+		char mbuf[4096];
+
+		if (getpwnam_r(*mem, &mpw, mbuf, sizeof(mbuf), &mfound) != 0 || mfound == NULL ||
+			mfound->pw_uid != uid)
+			priv = 0;
+	}
+	pthread_mutex_lock(&pwent_lock);
+	setpwent();
+	while (priv && (err = getpwent_r(&pw, buf, size, &pfound)) == 0 && pfound != NULL)
+		if (pfound->pw_gid == gid && pfound->pw_uid != uid)
+			priv = 0;
+	if (err != 0 && err != ENOENT)
+		priv = 0;
+	endpwent();
+	pthread_mutex_unlock(&pwent_lock);
+	free(buf);
+	return priv;
+}
+
+/*
+ * Whether others than the owner of the directory whose fstat is st may
+ * rename entries in it: writable by all, or by a group someone else is
+ * in (group_private), and not sticky (review rev198 M1, rev199 L1).
+ */
+static int
+others_rename_in(const struct stat *st)
+{
+	if ((st->st_mode & S_ISVTX) != 0 || (st->st_mode & (S_IWGRP | S_IWOTH)) == 0)
+		return 0;
+	return (st->st_mode & S_IWOTH) != 0 || !group_private(st->st_gid, st->st_uid);
+}
+
 /* Whether l is a link the load of the generation a watched reload q
  * replaces went through: the same link inode, maker and text, in the same
  * directory (generation.h's gen_link). */
@@ -640,7 +713,31 @@ link_taken(const struct registry_link_seen *l, void *arg)
 {
 	struct load_request *q = arg;
 	uid_t uid = l->st->st_uid;
+	int bound = q->keep_gen && others_rename_in(l->dir_st);
 
+	/* A directory, or a link, in a place others may rename entries in:
+	 * anyone of them may rename another of the owner's there at its name
+	 * (root's private secret, or root's link to it, over llama), whoever
+	 * made it: only the one the generation serving was loaded through is
+	 * taken (review rev199 H2, H3), and none where that was not recorded
+	 * (a warm restart's generation, H1). */
+	if (l->target[0] == '\0' && (!bound || q->reload != RELOAD_WATCHED || kept_link(q, l)))
+		return bound;
+	if (l->target[0] == '\0' || (bound && q->reload == RELOAD_WATCHED && !kept_link(q, l))) {
+		int link = l->target[0] != '\0';
+
+		snprintf(q->message, sizeof(q->message), "its path %s goes through the %s %s%s"
+			"%.256s%s, in %s, a directory others than its owner (uid %u, mode %04o) "
+			"may rename entries in (writable by its group or all, not sticky), and not "
+			"the one the generation serving was loaded through (or that was not "
+			"recorded, as after a warm restart): anyone of them may rename another "
+			"there at its name, so it is served only after " OPERATORS_WORD, q->path,
+			link ? "symbolic link" : "directory", l->path, link ? " (to " : "",
+			l->target, link ? ")" : "", l->dir, (unsigned)l->dir_st->st_uid,
+			(unsigned)(l->dir_st->st_mode & 07777), q->name);
+		q->links_known = -1; /* refused: the walk ends here */
+		return -EXDEV;
+	}
 	if (q->reload != RELOAD_WATCHED || kept_link(q, l) || uid == 0 || uid == q->keep_uid ||
 		kept_owner(q, uid) || (q->keep_file_known && uid == q->keep_file_uid))
 		return 0;
@@ -755,8 +852,7 @@ renamed_in(const struct load_request *q)
 		(q->root_dev == q->keep_root_dev && q->root_ino == q->keep_root_ino))
 		return 0;
 	dir = path_dir(q->root);
-	open = dir == NULL || stat(dir, &up) != 0 ||
-		((up.st_mode & (S_IWGRP | S_IWOTH)) != 0 && (up.st_mode & S_ISVTX) == 0);
+	open = dir == NULL || stat(dir, &up) != 0 || others_rename_in(&up);
 	free(dir);
 	return open;
 }
@@ -2466,6 +2562,7 @@ keep_tree(struct load_request *q, const struct model_entry *m)
 		return -ENOMEM;
 	for (size_t i = 0; g != NULL && i < g->source.nfiles; i++)
 		q->keep_owners[q->nkeep_owners++] = owner_of(&g->source, g->origin, i);
+	q->keep_gen = g != NULL;
 	if (g != NULL && g->nlinks > 0) {
 		if ((q->keep_links = malloc(g->nlinks * sizeof(*g->links))) == NULL)
 			return -ENOMEM;

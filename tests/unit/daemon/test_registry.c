@@ -2901,12 +2901,16 @@ test_rev198_deployers_link_in_her_dir_to_roots_private_waits(void **state)
  * (0700, its file 0600). A member renames root's directories (`mv llama
  * llama.old && mv other llama`; no link anywhere, so the walk has nothing
  * to judge): same path, same owner (root), but another inode in a place
- * others may rename in: it waits (same_root's renamed_in).
+ * others may rename in: it waits (same_root's renamed_in). srv's group is
+ * one the user database does not know (any process may hold it): root's
+ * own group, which no one else is in, would make srv no such place
+ * (review rev199 L1).
  */
 static void
 test_rev198_roots_private_dir_renamed_over_in_2775_waits(void **state)
 {
-	rev198_private_waits(state, "mkdir -p srv/llama srv/other && chmod 2775 srv",
+	rev198_private_waits(state, "mkdir -p srv/llama srv/other && chgrp 64199 srv && "
+		"chmod 2775 srv",
 		"srv/llama/model.safetensors", "srv/llama",
 		"cd srv && mv llama llama.old && mv other llama");
 }
