@@ -99,6 +99,12 @@ struct model_entry {
 	 * closes, its descriptors closed and its files unmapped in the
 	 * closer's lanes (registry_reload_held's RELOAD_CLOSED). */
 	int room_wait;
+	/* Its watches are armed again at the next watch_sync, which then
+	 * reloads it where its path changed since the failure: a load failed,
+	 * the first since one worked or with its path seen otherwise than at
+	 * the failure before (a directory removed and made again, whose watch
+	 * went with the old one: review rev199 M2). */
+	int watch_rearm;
 	/* The errno for which a watched reload could not tell whether its
 	 * files were being written (registry_load.c's find_writer), said
 	 * once, or 0. */

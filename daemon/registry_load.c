@@ -1254,6 +1254,21 @@ find_operator_tree(struct load_request *q, const char *resolved)
 		q->found_root = NULL; /* tree_split failed: it freed both */
 }
 
+/* Whether two looks at a failed load's path (note_failed_path: its errno,
+ * and its stat where it was there) saw it the same: the same inode,
+ * unchanged since. */
+static int
+same_path_seen(int err1, const struct stat *st1, int err2, const struct stat *st2)
+{
+	if (err1 != 0 || err2 != 0)
+		return err1 == err2;
+	return st1->st_dev == st2->st_dev && st1->st_ino == st2->st_ino &&
+		st1->st_mtim.tv_sec == st2->st_mtim.tv_sec &&
+		st1->st_mtim.tv_nsec == st2->st_mtim.tv_nsec &&
+		st1->st_ctim.tv_sec == st2->st_ctim.tv_sec &&
+		st1->st_ctim.tv_nsec == st2->st_ctim.tv_nsec;
+}
+
 /* Work queue thread, after a load failed: the filesystem of its path (or
  * of the directory it should be in), and what a stat of the path sees, so
  * that the model is polled for the change that may mend it. Not q->fs: a
@@ -2127,6 +2142,8 @@ load_failed(struct registry *r, struct model_entry *m, struct load_request *q)
 		q->path_err = 0;
 		q->path_st = q->source.files[0].st;
 	}
+	m->watch_rearm = m->error == NULL || !m->failed_path.known || !q->path_known ||
+		!same_path_seen(m->failed_path.err, &m->failed_path.st, q->path_err, &q->path_st);
 	m->failed_path.known = q->path_known;
 	m->failed_path.fs = q->path_noted ? q->path_fs : q->fs;
 	m->failed_path.dev = q->path_dev;

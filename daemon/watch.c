@@ -192,6 +192,11 @@ struct sync_job {
 	int wd[2], err[2];
 	int path_err;           /* path's stat once its directory is watched */
 	struct stat path_st;
+	/* Armed again after a failed load (model_entry's watch_rearm): what
+	 * that load's path looked like (failed_path's err and st). */
+	int rearm;
+	int failed_err;
+	struct stat failed_st;
 	struct sync_gen gens[2];
 	size_t ngens;
 };
@@ -452,6 +457,16 @@ sync_after(struct workq_job *job, int status)
 			if (j->dirs[k] != NULL && j->wd[k] >= 0)
 				stray |= stray_event(w, j->wd[k], j->dirs[k], m);
 
+		/* Armed again after a failed load: a change of its path since
+		 * (a file renamed into a directory made again) made no event
+		 * this process saw (review rev199 M2). */
+		if (j->rearm && same_path && m->error != NULL &&
+			watch_stat_sig(j->path_err, &j->path_st) !=
+				watch_stat_sig(j->failed_err, &j->failed_st)) {
+			log_info("model \"%s\": %s changed after its last load failed, before its "
+				 "directory was watched again", m->name, m->path);
+			watch_mark_dirty(w, m->name);
+		}
 		if (s != NULL && same_path) {
 			free(s->path);
 			s->path = j->path;
@@ -549,6 +564,12 @@ start_sync(struct watch *w, struct synced *s, struct model_entry *m)
 		goto fail;
 	if (unwatched(m->pending) && sync_add_gen(j, m->pending) < 0)
 		goto fail;
+	if (m->watch_rearm && m->failed_path.known) {
+		j->rearm = 1;
+		j->failed_err = m->failed_path.err;
+		j->failed_st = m->failed_path.st;
+	}
+	m->watch_rearm = 0;
 	j->job.arg = j;
 	snprintf(what, sizeof(what), "model \"%s\": arming its watches in %s%s%s", m->name,
 		j->dirs[0], g != NULL ? " on " : "", g != NULL ? g->fs.name : "");
@@ -641,7 +662,7 @@ watch_sync(struct watch *w)
 			continue;
 		}
 		if (s->path != NULL && strcmp(s->path, m->path) == 0 && !unwatched(m->current) &&
-			!unwatched(m->pending))
+			!unwatched(m->pending) && !m->watch_rearm)
 			continue;
 		if ((err = start_sync(w, s, m)) < 0)
 			log_warnx("model \"%s\": cannot watch its files: %s", m->name,
