@@ -36,6 +36,18 @@ def warm_restart(tmp_path, models, name, then, while_down, before_stop=None):
     assert code == 0, d.read_log()
 
 
+def waits(d, secret, what, reason):
+    """The watched reload that came waits for the operator with reason in its
+    line; root's private secret is not served as llama (generation 1 is)."""
+    _, line = d.wait_for_log(r'model "llama": (its path|.*symbolic link|generation 2 )',
+                             timeout=60)
+    log = d.read_log()
+    assert 'model "llama": generation 2' not in log, \
+        "root's private %s served as llama %s:\n%s" % (secret, what, log)
+    assert reason in line and "wcachectl reload llama" in line, line
+    assert "generation 1" in served(d, "llama")
+
+
 def test_roots_private_dir_renamed_over_in_a_2775_place_while_down_waits(tmp_path):
     """rev198 M1 at a warm restart. Team place 2775 (group-writable, not
     sticky): root's model directory llama ("llama") and root's private
@@ -54,8 +66,10 @@ def test_roots_private_dir_renamed_over_in_a_2775_place_while_down_waits(tmp_pat
 
     def then(d, line):
         assert "generation 1 restored" in line, d.read_log()
-        _, line = d.wait_for_log(r'model "llama": (its path .*operator|generation 2 from)')
+        _, line = d.wait_for_log(r'model "llama": (its path .*operator|generation 2 from)',
+                                 timeout=60)
         log = d.read_log()
+        assert "goes through the directory" in line, log
         assert 'model "llama": generation 2' not in log, \
             "root's private %s served as llama after bob's renames while down:\n%s" % (
                 secret, log)
@@ -87,13 +101,7 @@ def test_roots_private_dir_renamed_in_one_level_up_in_a_2775_place_waits(tmp_pat
         # operator's cleanup of the stray team.old is one (any event there,
         # or a later update inside it, does the same).
         subprocess.run(["rm", "-rf", os.path.join(shared, "team.old")], check=True)
-        _, line = d.wait_for_log(r'model "llama": (its path|.*symbolic link|generation 2 )',
-                                 timeout=30)
-        log = d.read_log()
-        assert 'model "llama": generation 2' not in log, \
-            "root's private %s served as llama after bob's renames one level up:\n%s" % (
-                secret, log)
-        assert "generation 1" in served(d, "llama")
+        waits(d, secret, "after bob's renames one level up", "goes through the directory")
     finally:
         assert d.stop() == 0, d.read_log()
 
@@ -114,8 +122,10 @@ def test_renamed_over_at_run_time_refused_then_served_after_a_warm_restart(tmp_p
 
     def then(d, line):
         assert "generation 1 restored" in line, d.read_log()
-        _, line = d.wait_for_log(r'model "llama": (its path .*operator|generation 2 from)')
+        _, line = d.wait_for_log(r'model "llama": (its path .*operator|generation 2 from)',
+                                 timeout=60)
         log = d.read_log()
+        assert "goes through the directory" in line, log
         assert 'model "llama": generation 2' not in log, \
             "root's private %s served as llama at the restart after a refusal:\n%s" % (
                 secret, log)
@@ -196,13 +206,7 @@ def test_roots_link_of_another_model_renamed_over_the_models_link_in_a_2775_plac
     try:
         d.wait_for_log(r'model "llama": generation 1 warm')
         as_bob("mv -T secret llama", shared)
-        _, line = d.wait_for_log(r'model "llama": (its path|.*symbolic link|generation 2 )',
-                                 timeout=30)
-        log = d.read_log()
-        assert 'model "llama": generation 2' not in log, \
-            "root's private %s served as llama after bob renamed root's link:\n%s" % (
-                secret, log)
-        assert "generation 1" in served(d, "llama")
+        waits(d, secret, "after bob renamed root's link", "goes through the symbolic link")
     finally:
         assert d.stop() == 0, d.read_log()
 
@@ -224,7 +228,7 @@ def test_a_removed_directory_made_again_empty_then_filled_loads(tmp_path):
         size = os.path.getsize(tmp)
         os.rename(tmp, f)
         d.wait_for_log(r'model "llama": generation 2 from .*: 1 file, %d bytes' % size,
-                       timeout=20)
+                       timeout=60)
         assert "generation 2" in served(d, "llama")
     finally:
         assert d.stop() == 0, d.read_log()
@@ -244,10 +248,6 @@ def test_roots_private_dir_renamed_in_one_level_up_polled_waits(tmp_path):
     try:
         d.wait_for_log(r'model "llama": generation 1 warm')
         as_bob("mv team team.old && mv other team", shared)
-        _, line = d.wait_for_log(r'model "llama": (its path|.*symbolic link|generation 2 )',
-                                 timeout=30)
-        log = d.read_log()
-        assert 'model "llama": generation 2' not in log, \
-            "root's private %s served as llama (polled):\n%s" % (secret, log)
+        waits(d, secret, "(polled)", "goes through the directory")
     finally:
         assert d.stop() == 0, d.read_log()
