@@ -609,12 +609,14 @@ static pthread_mutex_t pwent_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /*
  * Whether no user but uid is in the group gid: the group database knows
- * it and lists no other member, and no other user has it for primary
- * group: a user-private group (umask 002 on RHEL/Fedora, Debian's
- * pam_umask usergroups), whose write bit lets no one else in (review
- * rev199 L1). A group the database does not know is not private (a
- * process may hold any gid root gave it), nor where a database cannot be
- * asked. Work queue thread: the database may be a network's.
+ * it, by uid's name, as uid's primary group, lists no other member, and
+ * no other user it enumerates has it for primary group: a user-private
+ * group (umask 002 on RHEL/Fedora, Debian's pam_umask usergroups), whose
+ * write bit lets no one else in (review rev199 L1). Its name and its
+ * being uid's primary group are asked too, as a network database may not
+ * enumerate its users. A group the database does not know is not private
+ * (a process may hold any gid root gave it), nor where a database cannot
+ * be asked. Work queue thread: the database may be a network's.
  */
 static int
 group_private(gid_t gid, uid_t uid)
@@ -636,7 +638,16 @@ group_private(gid_t gid, uid_t uid)
 		free(buf);
 		return 0;
 	}
-	for (char **mem = gfound->gr_mem; *mem != NULL; mem++) {
+	{
+		struct passwd opw, *ofound = NULL;
+		char obuf[4096];
+
+		/* The owner's own: her primary group, of her name. */
+		if (getpwuid_r(uid, &opw, obuf, sizeof(obuf), &ofound) != 0 || ofound == NULL ||
+			ofound->pw_gid != gid || strcmp(ofound->pw_name, gfound->gr_name) != 0)
+			priv = 0;
+	}
+	for (char **mem = gfound->gr_mem; priv && *mem != NULL; mem++) {
 		struct passwd mpw, *mfound = NULL;
 		char mbuf[4096];
 
@@ -644,15 +655,18 @@ group_private(gid_t gid, uid_t uid)
 			mfound->pw_uid != uid)
 			priv = 0;
 	}
-	pthread_mutex_lock(&pwent_lock);
-	setpwent();
-	while (priv && (err = getpwent_r(&pw, buf, size, &pfound)) == 0 && pfound != NULL)
-		if (pfound->pw_gid == gid && pfound->pw_uid != uid)
+	if (priv) {
+		pthread_mutex_lock(&pwent_lock);
+		setpwent();
+		while (priv && (err = getpwent_r(&pw, buf, size, &pfound)) == 0 &&
+			pfound != NULL)
+			if (pfound->pw_gid == gid && pfound->pw_uid != uid)
+				priv = 0;
+		if (err != 0 && err != ENOENT)
 			priv = 0;
-	if (err != 0 && err != ENOENT)
-		priv = 0;
-	endpwent();
-	pthread_mutex_unlock(&pwent_lock);
+		endpwent();
+		pthread_mutex_unlock(&pwent_lock);
+	}
 	free(buf);
 	return priv;
 }

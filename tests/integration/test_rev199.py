@@ -134,8 +134,9 @@ def test_renamed_over_at_run_time_refused_then_served_after_a_warm_restart(tmp_p
 
 def private_group_user():
     """A user of the database (not root) whose primary group is hers alone:
-    known to the group database, no other member listed, no other user's
-    primary group (the user-private-group scheme); None if there is none."""
+    known to the group database by her name, no other member listed, no
+    other user's primary group (the user-private-group scheme); None if
+    there is none."""
     import grp
     import pwd
     users = pwd.getpwall()
@@ -144,7 +145,8 @@ def private_group_user():
             g = grp.getgrgid(p.pw_gid)
         except KeyError:
             continue
-        if p.pw_uid != 0 and not [m for m in g.gr_mem if m != p.pw_name] and \
+        if p.pw_uid != 0 and g.gr_name == p.pw_name and \
+                not [m for m in g.gr_mem if m != p.pw_name] and \
                 [u.pw_uid for u in users if u.pw_gid == p.pw_gid] == [p.pw_uid]:
             return p.pw_uid, p.pw_gid
     return None
