@@ -727,7 +727,8 @@ link_taken(const struct registry_link_seen *l, void *arg)
 {
 	struct load_request *q = arg;
 	uid_t uid = l->st->st_uid;
-	int bound = q->keep_gen && others_rename_in(l->dir_st);
+	int bound = others_rename_in(l->dir_st);
+	int judged = q->reload == RELOAD_WATCHED && q->keep_gen;
 
 	/* A directory, or a link, in a place others may rename entries in:
 	 * anyone of them may rename another of the owner's there at its name
@@ -735,9 +736,9 @@ link_taken(const struct registry_link_seen *l, void *arg)
 	 * made it: only the one the generation serving was loaded through is
 	 * taken (review rev199 H2, H3), and none where that was not recorded
 	 * (a warm restart's generation, H1). */
-	if (l->target[0] == '\0' && (!bound || q->reload != RELOAD_WATCHED || kept_link(q, l)))
+	if (l->target[0] == '\0' && (!bound || !judged || kept_link(q, l)))
 		return bound;
-	if (l->target[0] == '\0' || (bound && q->reload == RELOAD_WATCHED && !kept_link(q, l))) {
+	if (l->target[0] == '\0' || (bound && judged && !kept_link(q, l))) {
 		int link = l->target[0] != '\0';
 
 		snprintf(q->message, sizeof(q->message), "its path %s goes through the %s %s%s"

@@ -253,3 +253,24 @@ def test_roots_private_dir_renamed_in_one_level_up_polled_waits(tmp_path):
         waits(d, secret, "(polled)", "goes through the directory")
     finally:
         assert d.stop() == 0, d.read_log()
+
+
+def test_roots_update_inside_the_tree_in_a_2775_place_loads(tmp_path):
+    """The legit flow beside H1-H3: in a 2775 place, root's update inside the
+    tree the generation serving was loaded from (a new file renamed over the
+    old one in llama) loads by itself: every directory on the path is the
+    one the operator's load went through (its walk recorded them)."""
+    shared = made_by(tmp_path / "shared", 0, 0o2775)
+    team = made_by(os.path.join(shared, "team"), 0, 0o2775)
+    llama = made_by(os.path.join(team, "llama"), 0)
+    f = mkmodel(os.path.join(llama, "model.safetensors"), seed=1)
+    d = Daemon(tmp_path, {"llama": llama}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "llama": generation 1 warm')
+        tmp = mkmodel(os.path.join(llama, ".tmp"), seed=2, layers=3)
+        size = os.path.getsize(tmp)
+        os.rename(tmp, f)
+        _, line = d.wait_for_log(r'model "llama": (its path|generation 2 from)', timeout=60)
+        assert "generation 2 from" in line and "%d bytes" % size in line, d.read_log()
+    finally:
+        assert d.stop() == 0, d.read_log()
