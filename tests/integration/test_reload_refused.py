@@ -22,6 +22,17 @@ WAITS = ("is served only after the operator's `wcachectl reload alice` (a config
          "leaves the model's section unchanged does not load it)")
 
 
+def operators_reload_serves_v2(d):
+    """The operator's `wcachectl reload alice` loads bob's v2 as generation
+    2, which serves once warm: the reload answers when it is loaded
+    ("generation 2 is warming and becomes current when warm"), and an
+    attach meanwhile still gets generation 1 (seen under load)."""
+    r = ctl(d, "reload", "alice")
+    assert r.returncode == 0, r.stdout + r.stderr
+    d.wait_for_log(r'model "alice": generation 2 is current \(was 1\)')
+    assert "generation 2" in served(d, "alice")
+
+
 def bobs_v2_refused(tmp_path):
     """alice's model directory v2 in a shared place that is not sticky;
     bob renames it away and his own directory, his model in it, to v2. The
@@ -68,9 +79,7 @@ def test_a_config_reload_that_adds_another_model_leaves_the_refusal_waiting(tmp_
         assert "waiting for the operator's reload:\n  alice: the files at its path are served " \
                "only after `wcachectl reload alice`" in r.stdout, r.stdout
         # The operator's word: her reload of the model serves bob's v2.
-        r = ctl(d, "reload", "alice")
-        assert r.returncode == 0, r.stdout + r.stderr
-        assert "generation 2" in served(d, "alice")
+        operators_reload_serves_v2(d)
         assert "waits_for_reload" not in model_entry(d, "alice")
     finally:
         assert d.stop() == 0, d.read_log()
@@ -132,7 +141,5 @@ def test_another_users_tree_renamed_in_while_wcached_restarts_waits(tmp_path):
         assert "generation 1" in served(d, "alice")
         assert 'model "alice": generation 2' not in d.read_log(), d.read_log()
         assert "a moved tree" in model_entry(d, "alice")["waits_for_reload"]
-        r = ctl(d, "reload", "alice")
-        assert r.returncode == 0, r.stdout + r.stderr
-        assert "generation 2" in served(d, "alice")
+        operators_reload_serves_v2(d)
     after_a_warm_restart(tmp_path, v2, waits, while_down=lambda: as_bob(BOB_TAKES_V2, shared))

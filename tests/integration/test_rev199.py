@@ -231,6 +231,8 @@ def test_a_removed_directory_made_again_empty_then_filled_loads(tmp_path):
         os.rename(tmp, f)
         d.wait_for_log(r'model "llama": generation 2 from .*: 1 file, %d bytes' % size,
                        timeout=60)
+        # Loaded, then current once warm (generation 1 serves meanwhile).
+        d.wait_for_log(r'model "llama": generation 2 is current \(was 1\)')
         assert "generation 2" in served(d, "llama")
     finally:
         assert d.stop() == 0, d.read_log()
