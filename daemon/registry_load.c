@@ -2157,8 +2157,14 @@ load_failed(struct registry *r, struct model_entry *m, struct load_request *q)
 		q->path_err = 0;
 		q->path_st = q->source.files[0].st;
 	}
-	m->watch_rearm = m->error == NULL || !m->failed_path.known || !q->path_known ||
-		!same_path_seen(m->failed_path.err, &m->failed_path.st, q->path_err, &q->path_st);
+	/* Only a load of the path its watches are on: the operator's load of
+	 * another path that failed leaves them as they are, and a stat of
+	 * that path is nothing to compare the model's own with (the re-arm
+	 * took the model's file for changed, and reloaded it). */
+	if (strcmp(q->path, m->path) == 0)
+		m->watch_rearm = m->error == NULL || !m->failed_path.known || !q->path_known ||
+			!same_path_seen(m->failed_path.err, &m->failed_path.st, q->path_err,
+				&q->path_st);
 	m->failed_path.known = q->path_known;
 	m->failed_path.fs = q->path_noted ? q->path_fs : q->fs;
 	m->failed_path.dev = q->path_dev;

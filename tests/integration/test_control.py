@@ -389,6 +389,11 @@ def test_load_invalid_file_keeps_serving(daemon, tmp_path, model):
     serving(daemon)
     r = ctl(daemon, "load", "fresh", str(tmp_path / "missing.safetensors"))
     assert r.returncode == 1 and "missing.safetensors" in r.stderr
+    # The failed load of another path re-armed no watch of small's: its
+    # own file is unchanged, and no reload of it cleared the error (the
+    # re-arm compared it with bad.safetensors: h260's M2 patch).
+    assert "changed after its last load failed" not in daemon.read_log(), daemon.read_log()
+    assert "bad.safetensors" in model_entry(daemon, "small")["error"]
 
 
 def test_failed_load_of_new_name_leaves_nothing(daemon, tmp_path, model):
