@@ -23,6 +23,7 @@
 #include <grp.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <linux/openat2.h>
 #include <pthread.h>
 #include <pwd.h>
 #include <signal.h>
@@ -32,12 +33,14 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "base/error.h"
 #include "base/file.h"
 #include "base/path.h"
 #include "closer.h"
+#include "format/shards.h"
 #include "format/tree.h"
 #include "log.h"
 #include "pages.h"
@@ -1482,35 +1485,153 @@ model_file_name(const char *name)
 		file_has_suffix(name, ".safetensors.index.json");
 }
 
-/* The most model files of one directory path_writer asks about. */
+/* The most files path_writer opens and asks about for one failed load, and
+ * the most directory entries dir_writer reads (review rev200 L2). */
 #define PATH_WRITER_FILES 4096
+#define PATH_WRITER_ENTRIES (4 * PATH_WRITER_FILES)
 
-/* path_writer for the model files in the directory dir (dfd, taken): each
- * opened read-only, no link followed, and asked; the first open for
- * writing answers. At most PATH_WRITER_FILES of them. */
+/* How probe_open opens a file: read-only, beneath the directory, neither
+ * through a link nor across a mount (review rev200 H1). */
+#define PROBE_OPEN_FLAGS (O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY)
+#define PROBE_RESOLVE (RESOLVE_BENEATH | RESOLVE_NO_XDEV | RESOLVE_NO_SYMLINKS | \
+	RESOLVE_NO_MAGICLINKS)
+
+/*
+ * path_writer's open of name (a plain name) in the directory dfd, whose
+ * device is dev: its descriptor, or -1 when it is not a regular file of
+ * dfd's own filesystem whose owner the reload would take (owner_kept).
+ * Asked before the open, and without a question to any filesystem server:
+ * statx(2) with AT_STATX_DONT_SYNC answers from the inode's cached
+ * attributes, and a file with another mount on it (a FUSE server a
+ * neighbour mounted on his own file, allow_other, which never answers an
+ * open) shows that mount's device. Then opened by openat2(2) with
+ * RESOLVE_NO_XDEV, which refuses a mount crossed (EXDEV, at once) should a
+ * mount appear in between; where the kernel has no openat2, by openat(2)
+ * with O_NOFOLLOW, which such a mount, made between the statx and the
+ * open, would still block: a race with a mount on a file of an owner the
+ * reload takes, which only she (or root) may make. The descriptor's
+ * fstat must be the file statx saw. A neighbour's file is never opened:
+ * no lease asked, no oplock broken, no server asked (review rev200 H1).
+ */
+static int
+probe_open(const struct load_request *q, int dfd, dev_t dev, const char *name)
+{
+	struct statx sx;
+	struct stat st;
+	int fd;
+
+	if (strchr(name, '/') != NULL ||
+		statx(dfd, name, AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT | AT_STATX_DONT_SYNC,
+			STATX_TYPE | STATX_UID | STATX_INO, &sx) == -1 ||
+		!S_ISREG(sx.stx_mode) || makedev(sx.stx_dev_major, sx.stx_dev_minor) != dev ||
+		!owner_kept(q, sx.stx_uid))
+		return -1;
+	fd = tree_openat2(dfd, name, PROBE_OPEN_FLAGS, PROBE_RESOLVE);
+	if (fd == -1 && errno == ENOSYS)
+		fd = openat(dfd, name, PROBE_OPEN_FLAGS);
+	if (fd >= 0 && (fstat(fd, &st) == -1 || st.st_dev != dev || st.st_ino != sx.stx_ino)) {
+		close(fd);
+		fd = -1;
+	}
+	return fd;
+}
+
+/* path_writer's directory dfd (taken), when its files may be asked:
+ * dfd, its device in *dev; or -1 (dfd closed) where it is on a remote
+ * filesystem (find_writer says why not there). */
+static int
+probe_dir(int dfd, dev_t *dev)
+{
+	struct stat st;
+	struct fs_info fs;
+
+	if (dfd >= 0 && (fstat(dfd, &st) == -1 || fstype_of_fd(dfd, &fs) < 0 || fs.remote)) {
+		close(dfd);
+		return -1;
+	}
+	if (dfd >= 0)
+		*dev = st.st_dev;
+	return dfd;
+}
+
+/* path_writer for the shards the shard index index_path names, in its
+ * directory dfd (dir, its path; dev, its device): the files a load of it
+ * opens (M1: another model's file beside it is not this model's writer),
+ * at most PATH_WRITER_FILES of them. An index that cannot be read or
+ * parsed names none (its own writer was asked first). */
 static void
-dir_writer(struct load_request *q, int dfd, const char *dir)
+shards_writer(struct load_request *q, int dfd, dev_t dev, const char *dir,
+	const char *index_path)
+{
+	struct shard_map map;
+
+	if (shards_read_index(index_path, &map) < 0)
+		return;
+	for (size_t i = 0; i < map.nshards && i < PATH_WRITER_FILES && q->busy_fd < 0; i++) {
+		int fd = probe_open(q, dfd, dev, map.shards[i]);
+
+		if (fd >= 0)
+			probe_file(q, fd, dir, map.shards[i]);
+	}
+	shard_map_free(&map);
+}
+
+/* path_writer for the model files of the directory dfd (dir, its path;
+ * dev, its device), when which file is its model cannot be told (no
+ * model there, or too many): each a file of an owner the reload takes
+ * (probe_open); the first open for writing answers. At most
+ * PATH_WRITER_FILES files asked and PATH_WRITER_ENTRIES entries read
+ * (review rev200 L2: others' files count toward the second only, so that
+ * thousands of a neighbour's do not hide the owner's). Takes dfd. */
+static void
+dir_writer(struct load_request *q, int dfd, dev_t dev, const char *dir)
 {
 	DIR *d = fdopendir(dfd);
 	struct dirent *e;
-	unsigned seen = 0;
+	unsigned asked = 0, entries = 0;
 
 	if (d == NULL) {
 		close(dfd);
 		return;
 	}
-	while ((e = readdir(d)) != NULL && q->busy_fd < 0 && seen < PATH_WRITER_FILES) {
+	while (q->busy_fd < 0 && asked < PATH_WRITER_FILES && entries++ < PATH_WRITER_ENTRIES &&
+		(e = readdir(d)) != NULL) {
 		int fd;
 
 		if (!model_file_name(e->d_name) || (e->d_type != DT_REG && e->d_type != DT_UNKNOWN))
 			continue;
-		seen++;
-		fd = openat(dfd, e->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK |
-			O_NOCTTY);
-		if (fd >= 0)
-			probe_file(q, fd, dir, e->d_name);
+		if ((fd = probe_open(q, dirfd(d), dev, e->d_name)) < 0)
+			continue;
+		asked++;
+		probe_file(q, fd, dir, e->d_name);
 	}
 	closedir(d);
+}
+
+/* path_writer for the directory model dir (dfd, its descriptor, taken):
+ * the model file the load opens there (shards_find_model), and when that
+ * is a shard index, the shards it names; the directory's model files when
+ * that cannot be told. */
+static void
+dir_model_writer(struct load_request *q, int dfd, const char *dir)
+{
+	char *model = NULL;
+	bool is_index = false;
+	dev_t dev = 0;
+	int fd;
+
+	if ((dfd = probe_dir(dfd, &dev)) < 0)
+		return;
+	if (shards_find_model(dir, &model, &is_index) < 0) {
+		dir_writer(q, dfd, dev, dir);
+		return;
+	}
+	/* An index of an owner the reload does not take is not read. */
+	fd = probe_open(q, dfd, dev, file_basename(model));
+	if (fd >= 0 && !probe_file(q, fd, dir, file_basename(model)) && is_index)
+		shards_writer(q, dfd, dev, dir, model);
+	close(dfd);
+	free(model);
 }
 
 /*
@@ -1522,10 +1643,15 @@ dir_writer(struct load_request *q, int dfd, const char *dir)
  * report (an ERROR line and the model's error, while the file is only
  * being written: review rev194 MEDIUM-2) but a file open for writing,
  * answered as find_writer's (wait_for_writer). Asked of the file path
- * names, and of the model files in the directory it names or holds (a
- * directory model; a shard index's shards), each a regular file opened
- * read-only, on a local filesystem, and only of a file whose owner the
- * reload would take (owner_kept): no lease on someone else's file.
+ * names, and of the files a load of it opens: a shard index's shards (not
+ * every model file beside it: another model's writer would hide this
+ * one's error, review rev200 M1), a directory model's model file (and its
+ * index's shards), or, where the directory holds no model or too many,
+ * its model files. Each a regular file on the directory's own local
+ * filesystem, opened read-only, and only a file whose owner the reload
+ * would take (owner_kept), which is asked before the open (probe_open):
+ * no lease on someone else's file, and no open of a neighbour's mount
+ * (review rev200 H1).
  */
 static void
 path_writer(struct load_request *q)
@@ -1533,6 +1659,7 @@ path_writer(struct load_request *q)
 	struct stat st;
 	char *dir = NULL;
 	int fd = open(q->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY), dfd = -1;
+	dev_t dev = 0;
 
 	if (fd < 0 || fstat(fd, &st) == -1) {
 		if (fd >= 0)
@@ -1540,16 +1667,19 @@ path_writer(struct load_request *q)
 		return;
 	}
 	if (S_ISDIR(st.st_mode)) {
-		dir_writer(q, fd, q->path);
+		dir_model_writer(q, fd, q->path);
 		return;
 	}
-	if (file_has_suffix(q->path, ".safetensors.index.json") &&
-		(dir = path_dir(q->path)) != NULL)
-		dfd = open(dir[0] != '\0' ? dir : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (!probe_file(q, fd, NULL, q->path) && dfd >= 0)
-		dir_writer(q, dfd, dir);
-	else if (dfd >= 0)
+	if (probe_file(q, fd, NULL, q->path) ||
+		!file_has_suffix(q->path, ".safetensors.index.json") ||
+		(dir = path_dir(q->path)) == NULL)
+		return;
+	dfd = probe_dir(open(dir[0] != '\0' ? dir : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC),
+		&dev);
+	if (dfd >= 0) {
+		shards_writer(q, dfd, dev, dir, q->path);
 		close(dfd);
+	}
 	free(dir);
 }
 
@@ -2358,9 +2488,22 @@ wait_for_writer(struct registry *r, struct model_entry *m, struct load_request *
 		q->writing > 0 ? q->source.files[q->writing - 1].path : q->path;
 	int again = q->waited != NULL && strcmp(q->waited, path) == 0;
 	uint64_t since = again ? q->waited_since_ms : registry_now_ms(r);
+	char *line = NULL;
 
-	snprintf(q->message, sizeof(q->message), "%s is open for writing: not loaded while "
-		"it is, but again once no descriptor open for writing on it is left", path);
+	/* A failed load's own error stays in the line: the file written
+	 * may not be the one that failed (review rev200 M1). */
+	if (asprintf(&line, "%s is open for writing: not loaded while it is, but again once "
+		"no descriptor open for writing on it is left%s%s%s", path,
+		q->status < 0 ? " (the load failed: " : "", q->status < 0 ? q->message : "",
+		q->status < 0 ? ")" : "") < 0)
+		line = NULL;
+	if (line != NULL)
+		snprintf(q->message, sizeof(q->message), "%s", line);
+	else
+		snprintf(q->message, sizeof(q->message), "%s is open for writing: not loaded "
+			"while it is, but again once no descriptor open for writing on it is left",
+			path);
+	free(line);
 	if (again)
 		log_debug("model \"%s\": %s; %s", m->name, q->message,
 			still_served(m, served, sizeof(served)));

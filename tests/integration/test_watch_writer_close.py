@@ -22,6 +22,7 @@ back at once), reloading the model once no writer is left; status shows
 the wait (waiting_for_writer). Run as root (CAP_LEASE) and, in ctest's
 integration_unprivileged, as WCACHE_TEST_USER, the models' files then its
 own (a lease needs the file's owner or CAP_LEASE)."""
+import json
 import os
 import time
 
@@ -225,3 +226,84 @@ def test_a_pending_file_rewritten_from_its_start_waits_for_its_writer_quietly(
     finally:
         os.close(fd)
     written_serves(s)
+
+
+def index_model(tmp_path):
+    """m, a model of two shards named by its index, in shards/ (the owner's);
+    the shard directory and the index's path."""
+    from test_watch_writer_neighbours import write_index_model
+    shard_dir = tmp_path / "shards"
+    shard_dir.mkdir()
+    os.chmod(tmp_path, 0o755)
+    os.chmod(shard_dir, 0o755)
+    return shard_dir, write_index_model(tmp_path, shard_dir)
+
+
+def rename_in(shard_dir, path, text):
+    """text renamed over path, the owner's."""
+    tmp = shard_dir / ".index.tmp"
+    tmp.write_text(text)
+    own(str(tmp))
+    os.rename(tmp, path)
+
+
+def test_an_index_error_is_not_hidden_by_another_models_writer(tmp_path):
+    """A sharded model's index replaced by a broken one (a shard it names
+    is missing) while other.safetensors beside it, another model of the
+    same owner that the index does not name, is held open for writing
+    (np.memmap r+, a training job's checkpoint): the failure is the
+    index's, an error line and the model's error, not a wait for the other
+    file's writer (review rev200 M1)."""
+    shard_dir, index = index_model(tmp_path)
+    other = mkmodel(str(shard_dir / "other.safetensors"), seed=5, **SMALL)
+    own(other)
+    fd = os.open(other, os.O_RDWR | os.O_CLOEXEC)  # held, never written
+    d = Daemon(tmp_path, {"m": str(index)}).start()
+    try:
+        ready(d, "m", 1)
+        good = json.loads(index.read_text())
+        rename_in(shard_dir, index, json.dumps(dict(good, weight_map={
+            k: "model-v9-00001-of-00002.safetensors" for k in good["weight_map"]})))
+        d.wait_for_log(r'(error: model "m": |model "m": .*%s)' % OPEN_FOR_WRITING)
+        m = wait_until(lambda: (lambda e: e if e.get("error") else None)(entry(d, "m")),
+                       timeout=60, what="m's error in status")
+        assert "model-v9-00001-of-00002.safetensors" in m["error"], m
+        assert "waiting_for_writer" not in m, m
+        assert OPEN_FOR_WRITING not in d.read_log()
+    finally:
+        os.close(fd)
+        assert d.stop() == 0, d.read_log()
+
+
+def test_a_shard_the_new_index_names_still_written_is_waited_for(tmp_path):
+    """The README's update of a sharded model, with the index renamed in
+    while its second new shard is still being written: the reload finds
+    that shard short, and it is open for writing: a wait for its writer
+    (the line names the shard and says the load's failure), no error; its
+    writer's close loads generation 2."""
+    from test_watch_writer_neighbours import index_model_files
+    shard_dir, index = index_model(tmp_path)
+    d = Daemon(tmp_path, {"m": str(index)}).start()
+    try:
+        ready(d, "m", 1)
+        shards, text = index_model_files(tmp_path, 2)
+        (first, one), (second, two) = sorted(shards.items())
+        with open(shard_dir / first, "wb") as f:
+            f.write(one)
+        own(str(shard_dir / first))
+        written = shard_dir / second
+        fd = os.open(written, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            own(str(written))
+            os.write(fd, two[:len(two) // 2])
+            rename_in(shard_dir, index, text)
+            _, line = writer_line(d, str(written))
+            assert second in line.partition("(the load failed: ")[2], line
+            m = entry(d, "m")
+            assert m.get("waiting_for_writer") == str(written) and "error" not in m, m
+            os.write(fd, two[len(two) // 2:])
+        finally:
+            os.close(fd)
+        ready(d, "m", 2)
+    finally:
+        assert d.stop() == 0, d.read_log()

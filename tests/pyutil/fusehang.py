@@ -1,0 +1,114 @@
+"""A FUSE filesystem mounted on one regular file, whose server never answers
+an open: an open(2) of the file blocks in the kernel until the connection
+is aborted. It is what a neighbour who may add files to a model's directory
+can make of a file of his own (fusermount mounts on a regular file its user
+owns; with user_allow_other in /etc/fuse.conf, allow_other lets wcached in).
+The tests mount it with mount(2) as root, as fusermount would, with the
+file's owner as the mount's user_id (review rev200 H1, L3).
+
+    from fusehang import FuseHang, skip_reason, blocked_in_fuse
+    with FuseHang(path, uid, gid):           # path: an existing regular file
+        ...                                  # an open of path blocks
+        assert not blocked_in_fuse(pid)      # no thread of pid is stuck there
+
+Run as a script (python3 fusehang.py PATH UID GID) it mounts, prints
+"mounted" and serves until killed."""
+import ctypes
+import os
+import signal
+import struct
+import subprocess
+import sys
+import threading
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_OPEN = 14
+_INIT = 26
+_GETATTR = 3
+_ENOSYS = 38
+_HDR_IN = struct.Struct("<IIQQIIII")  # len opcode unique nodeid uid gid pid padding
+
+
+def skip_reason():
+    """Why a FuseHang cannot be mounted here (one line), or None."""
+    if os.geteuid() != 0:
+        return "fusehang: mounting FUSE on a file with mount(2) needs root"
+    try:
+        os.close(os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC))
+    except OSError as e:
+        return f"fusehang: cannot open /dev/fuse: {e.strerror}"
+    return None
+
+
+def blocked_in_fuse(pid):
+    """The threads of pid that wait on a FUSE server: (tid, wchan)."""
+    out = []
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{t}/wchan") as f:
+                w = f.read()
+        except OSError:
+            continue
+        if "fuse" in w or "request_wait_answer" in w:
+            out.append((t, w))
+    return out
+
+
+class FuseHang:
+    """The mount on target (a regular file), its owner uid:gid, mounted
+    allow_other; served by a thread of this process until close()."""
+
+    def __init__(self, target, uid, gid):
+        self.fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+        self.uid, self.gid = uid, gid
+        self.target = str(target)
+        opts = f"fd={self.fd},rootmode=100644,user_id={uid},group_id={gid},allow_other"
+        if _libc.mount(b"fusehang", self.target.encode(), b"fuse", 0, opts.encode()) != 0:
+            e = ctypes.get_errno()
+            os.close(self.fd)
+            raise OSError(e, os.strerror(e), self.target)
+        self.opens = 0
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _reply(self, unique, body=b"", error=0):
+        os.write(self.fd, struct.pack("<IiQ", 16 + len(body), error, unique) + body)
+
+    def _serve(self):
+        while True:
+            try:
+                buf = os.read(self.fd, 1 << 20)
+            except OSError:
+                return
+            _, op, unique, _, _, _, _, _ = _HDR_IN.unpack_from(buf)
+            if op == _INIT:
+                self._reply(unique, struct.pack("<IIIIHHIIHHI7I", 7, 31, 0, 0, 0, 0, 4096,
+                                                0, 0, 0, 0, *([0] * 7)))
+            elif op == _GETATTR:
+                attr = struct.pack("<QQQQQQIIIIIIIIII", 1, 128, 1, 0, 0, 0, 0, 0, 0,
+                                   0o100644, 1, self.uid, self.gid, 0, 4096, 0)
+                self._reply(unique, struct.pack("<QII", 0, 0, 0) + attr)
+            elif op == _OPEN:
+                self.opens += 1  # never answered
+            else:
+                self._reply(unique, error=-_ENOSYS)
+
+    def close(self):
+        """Aborts the connection (a blocked open fails) and detaches the
+        mount."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        subprocess.run(["umount", "-l", self.target], stderr=subprocess.DEVNULL)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+if __name__ == "__main__":
+    f = FuseHang(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    print("mounted", flush=True)
+    signal.pause()
