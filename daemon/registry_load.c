@@ -1456,17 +1456,19 @@ owner_kept(const struct load_request *q, uid_t uid)
 
 /* path_writer's question of fd (name, in the directory dir, or dir NULL:
  * the model's path itself), a descriptor of its own: a writer, and q
- * took fd (1), or not (0, fd closed). */
+ * took fd (1), or not (0, fd closed). checked: probe_open opened fd, and
+ * told already that it is a regular local file of an owner q takes. */
 static int
-probe_file(struct load_request *q, int fd, const char *dir, const char *name)
+probe_file(struct load_request *q, int fd, const char *dir, const char *name, bool checked)
 {
 	struct stat st;
 	struct fs_info fs;
 	char *path;
 	int stuck = 0;
 
-	if (fstat(fd, &st) == -1 || !S_ISREG(st.st_mode) || !owner_kept(q, st.st_uid) ||
-		fstype_of_fd(fd, &fs) < 0 || fs.remote || lease_probe(fd, &stuck) != -EAGAIN) {
+	if ((!checked && (fstat(fd, &st) == -1 || !S_ISREG(st.st_mode) ||
+		!owner_kept(q, st.st_uid) || fstype_of_fd(fd, &fs) < 0 || fs.remote)) ||
+		lease_probe(fd, &stuck) != -EAGAIN) {
 		close(fd);
 		return 0;
 	}
@@ -1571,7 +1573,7 @@ shards_writer(struct load_request *q, int dfd, dev_t dev, const char *dir,
 		int fd = probe_open(q, dfd, dev, map.shards[i]);
 
 		if (fd >= 0)
-			probe_file(q, fd, dir, map.shards[i]);
+			probe_file(q, fd, dir, map.shards[i], true);
 	}
 	shard_map_free(&map);
 }
@@ -1603,7 +1605,7 @@ dir_writer(struct load_request *q, int dfd, dev_t dev, const char *dir)
 		if ((fd = probe_open(q, dirfd(d), dev, e->d_name)) < 0)
 			continue;
 		asked++;
-		probe_file(q, fd, dir, e->d_name);
+		probe_file(q, fd, dir, e->d_name, true);
 	}
 	closedir(d);
 }
@@ -1628,7 +1630,7 @@ dir_model_writer(struct load_request *q, int dfd, const char *dir)
 	}
 	/* An index of an owner the reload does not take is not read. */
 	fd = probe_open(q, dfd, dev, file_basename(model));
-	if (fd >= 0 && !probe_file(q, fd, dir, file_basename(model)) && is_index)
+	if (fd >= 0 && !probe_file(q, fd, dir, file_basename(model), true) && is_index)
 		shards_writer(q, dfd, dev, dir, model);
 	close(dfd);
 	free(model);
@@ -1670,7 +1672,7 @@ path_writer(struct load_request *q)
 		dir_model_writer(q, fd, q->path);
 		return;
 	}
-	if (probe_file(q, fd, NULL, q->path) ||
+	if (probe_file(q, fd, NULL, q->path, false) ||
 		!file_has_suffix(q->path, ".safetensors.index.json") ||
 		(dir = path_dir(q->path)) == NULL)
 		return;
