@@ -16,16 +16,15 @@ failure was an ERROR and the model's error while her file was only being
 written (review rev194 MEDIUM-2 back). The FUSE test mounts with mount(2)
 as root, as fusermount would for the file's owner (tests/pyutil/fusehang.py);
 it skips, saying why, where it cannot (not root, no /dev/fuse)."""
-import json
 import os
-import struct
 import sys
 
 import pytest
 
-from conftest import Daemon, mkmodel, wait_until
+from conftest import Daemon, wait_until
 from ctlutil import ctl
 from test_watch_pending import DAEMON_USER, entry, ready
+from test_warm_restart import write_shards
 from test_watch_writer import OPEN_FOR_WRITING
 
 sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
@@ -43,32 +42,16 @@ def own(path):
 
 
 def index_model_files(tmp_path, v):
-    """Version v of a model of two shards: {shard name: its bytes} and its
-    shard index's text (the shards named model-vV-0000K-of-00002)."""
-    full = mkmodel(tmp_path / f"full{v}.safetensors", seed=v, layers=2, hidden=32, ffn=64,
-                   vocab=16)
-    with open(full, "rb") as f:
-        data = f.read()
-    n = struct.unpack("<Q", data[:8])[0]
-    header = json.loads(data[8:8 + n])
-    meta = header.pop("__metadata__")
-    body = data[8 + n:]
-    names = sorted(header, key=lambda k: header[k]["data_offsets"][0])
-    shards, weight_map = {}, {}
-    for i, part in enumerate([names[:len(names) // 2], names[len(names) // 2:]]):
-        out, off, blob = {"__metadata__": meta}, 0, b""
-        for k in part:
-            a, b = header[k]["data_offsets"]
-            out[k] = dict(header[k], data_offsets=[off, off + b - a])
-            blob += body[a:b]
-            off += b - a
-        h = json.dumps(out).encode()
-        h += b" " * (-len(h) % 8)
-        fname = f"model-v{v}-0000{i + 1}-of-00002.safetensors"
-        shards[fname] = struct.pack("<Q", len(h)) + h + blob
-        weight_map.update((k, fname) for k in part)
-    return shards, json.dumps({"metadata": {"total_size": len(body)},
-                               "weight_map": weight_map})
+    """Version v of a model of two shards (test_warm_restart's): {shard
+    name: its bytes} and its shard index's text."""
+    scratch = tmp_path / f"scratch-v{v}"
+    scratch.mkdir()
+    write_shards(tmp_path, scratch, v)
+    shards = {}
+    for name in os.listdir(scratch):
+        if name.endswith(".safetensors"):
+            shards[name] = (scratch / name).read_bytes()
+    return shards, (scratch / "model.safetensors.index.json").read_text()
 
 
 def write_index_model(tmp_path, model_dir, v=1):
