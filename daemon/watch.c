@@ -359,7 +359,8 @@ paced_for(struct watch *w, const struct model_entry *m)
 		return NULL;
 	w->paced = grown;
 	p = &w->paced[w->npaced];
-	*p = (struct paced_model){ .entry_id = m->entry_id, .window_ms = now, .event_ms = now };
+	*p = (struct paced_model){ .entry_id = m->entry_id, .window_ms = now, .event_ms = now,
+		.swaps_ms = now };
 	if ((p->name = strdup(m->name)) == NULL)
 		return NULL;
 	w->npaced++;
@@ -383,7 +384,8 @@ paced_quiet(const struct paced_model *p, uint64_t now)
 }
 
 /* Forgets the entries of models gone (or removed and added again), and of
- * models quiet for WATCH_QUIET_MS. */
+ * models quiet for WATCH_QUIET_MS whose swaps' count is over: a loop of
+ * swaps that pauses for the quiet does not start its count over. */
 static void
 prune_paced(struct watch *w)
 {
@@ -393,7 +395,9 @@ prune_paced(struct watch *w)
 		const struct paced_model *p = &w->paced[i];
 		const struct model_entry *m = registry_find(w->reg, p->name);
 
-		if (m == NULL || m->entry_id != p->entry_id || paced_quiet(p, now))
+		bool swaps_over = p->swaps == 0 || now - p->swaps_ms >= WATCH_SWAPS_MS;
+
+		if (m == NULL || m->entry_id != p->entry_id || (paced_quiet(p, now) && swaps_over))
 			forget_paced(w, i);
 		else
 			i++;
@@ -741,7 +745,42 @@ arm_settle(struct watch *w)
 }
 
 /*
- * Counts a watched reload of the model called name, now, and starts or
+ * Lengthens p's backoff, begun, to twice its delay (up to
+ * WATCH_BACKOFF_MAX_MS), or begins it: the next reload waits twice the
+ * settle time after this one, now. Where said, one line says it begins:
+ * "N WHAT in S s, its files keep CHANGING: backing off ...", S counted
+ * from since, the loop time the count of n began (else a debug line).
+ */
+static void
+back_off(struct paced_model *p, uint64_t now, unsigned n, uint64_t since, const char *what,
+	const char *changing, bool said)
+{
+	char more[96];
+
+	p->reload_ms = now;
+	if (p->delay_ms != 0) {
+		p->delay_ms = p->delay_ms < WATCH_BACKOFF_MAX_MS / 2 ? 2 * p->delay_ms :
+			WATCH_BACKOFF_MAX_MS;
+		return;
+	}
+	p->delay_ms = 2 * (uint64_t)WATCH_SETTLE_MS;
+	if (!said) {
+		log_debug("model \"%s\": %u %s in %.1f s: backing off again", p->name, n, what,
+			(double)(now - since) / 1000);
+		return;
+	}
+	/* This line is its minute's "reloading" line (say_reloading), and
+	 * says how many of those were not logged. */
+	(void)lograte_check(&p->lines, 0, now, UINT_MAX, more, sizeof(more), "reloads of it");
+	log_info("model \"%s\": %u %s in %.1f s, its files keep %s: backing off, the next "
+		 "reload waits %" PRIu64 " ms after this one, each further one twice as long, "
+		 "up to %d s, until its files are quiet for %d s%s",
+		p->name, n, what, (double)(now - since) / 1000, changing, p->delay_ms,
+		WATCH_BACKOFF_MAX_MS / 1000, WATCH_QUIET_MS / 1000, more);
+}
+
+/*
+ * Counts a watched reload of m that was no swap, now, and starts or
  * lengthens its backoff (watch.h): past WATCH_BURST_RELOADS reloads in
  * WATCH_BURST_MS, the next waits twice the settle time after this one (one
  * line says so), and each further one twice as long as the one before, up
@@ -750,7 +789,6 @@ arm_settle(struct watch *w)
 static struct paced_model *
 count_reload(struct watch *w, const struct model_entry *m, uint64_t now)
 {
-	const char *name = m->name;
 	struct paced_model *p = paced_for(w, m);
 
 	if (p == NULL)
@@ -760,26 +798,39 @@ count_reload(struct watch *w, const struct model_entry *m, uint64_t now)
 		p->reloads = 0;
 	}
 	p->reloads++;
-	if (p->delay_ms != 0) {
-		p->delay_ms = p->delay_ms < WATCH_BACKOFF_MAX_MS / 2 ? 2 * p->delay_ms :
-			WATCH_BACKOFF_MAX_MS;
-	} else if (p->reloads > WATCH_BURST_RELOADS) {
-		char more[96];
-
-		p->delay_ms = 2 * (uint64_t)WATCH_SETTLE_MS;
-		/* This line is its minute's "reloading" line (say_reloading),
-		 * and says how many of those were not logged. */
-		(void)lograte_check(&p->lines, 0, now, UINT_MAX, more, sizeof(more),
-			"reloads of it");
-		log_info("model \"%s\": %u reloads in %.1f s, its files keep changing: backing "
-			 "off, the next reload waits %" PRIu64 " ms after this one, each "
-			 "further one twice as long, up to %d s, until its files are quiet "
-			 "for %d s%s",
-			name, p->reloads, (double)(now - p->window_ms) / 1000, p->delay_ms,
-			WATCH_BACKOFF_MAX_MS / 1000, WATCH_QUIET_MS / 1000, more);
-	}
-	p->reload_ms = now;
+	if (p->delay_ms != 0 || p->reloads > WATCH_BURST_RELOADS)
+		back_off(p, now, p->reloads, p->window_ms, "reloads", "changing", true);
+	else
+		p->reload_ms = now;
 	return p;
+}
+
+/*
+ * Counts a swap of m, now (watch.h): it starts the count of reloads over
+ * (a directory model's new file, written in its directory, is an event of
+ * the model's from its creation on, and a writer slower than the settle
+ * time has it reloaded, unchanged, before the rename: review rev197 W2),
+ * and, past WATCH_BURST_SWAPS swaps in WATCH_SWAPS_MS, counts as a reload
+ * does: a loop of swaps backs off (W3). One line says so the first time
+ * in a count; a backoff begun otherwise goes on, and the swap waited it
+ * out (mark_dirty), but does not lengthen it.
+ */
+static void
+count_swap(struct watch *w, const struct model_entry *m, uint64_t now)
+{
+	struct paced_model *p = paced_for(w, m);
+
+	if (p == NULL)
+		return;
+	p->reloads = 0;
+	p->window_ms = now;
+	if (p->delay_ms == 0 && now - p->swaps_ms >= WATCH_SWAPS_MS) {
+		p->swaps_ms = now;
+		p->swaps = 0;
+	}
+	if (++p->swaps > WATCH_BURST_SWAPS)
+		back_off(p, now, p->swaps, p->swaps_ms, "swaps", "being replaced",
+			p->swaps == WATCH_BURST_SWAPS + 1);
 }
 
 /* "Files changed on disk, reloading" for p's model (p may be NULL): at
@@ -813,17 +864,13 @@ struct asked_reload {
  * generation whose inodes are not those of the one made before (the
  * model's new_inodes, registry.h): a swap, an update as an operator's
  * reload would load, however it came (a rename over the model's path, a
- * directory model's new file written in its directory). Every other
- * answer counts: the files found unchanged, refused, open for writing, a
- * wait for room or for the load in flight, or the same inodes loaded
- * again (a pending generation dropped for a chmod); so a rename of a
- * served file away and back, or a lock file made and removed in a
- * directory model's directory, in a loop, backs off as a touch does
- * (review rev197 W1). A swap starts the count over (a backoff begun goes
- * on): a directory model's new file, written in its directory, is an
- * event of the model's from its creation on, and a writer slower than the
- * settle time has it reloaded, unchanged, before the rename (W2). One
- * debug line says what it did.
+ * directory model's new file written in its directory), counted apart
+ * (count_swap). Every other answer counts: the files found unchanged,
+ * refused, open for writing, a wait for room or for the load in flight,
+ * or the same inodes loaded again (a pending generation dropped for a
+ * chmod); so a rename of a served file away and back, or a lock file made
+ * and removed in a directory model's directory, in a loop, backs off as a
+ * touch does (review rev197 W1). One debug line says what it did.
  */
 static void
 reload_done(int status, const char *message, uint64_t generation, void *arg)
@@ -831,20 +878,17 @@ reload_done(int status, const char *message, uint64_t generation, void *arg)
 	struct asked_reload *a = arg;
 	struct watch *w = a->w;
 	struct model_entry *m = w->stopping ? NULL : registry_find(w->reg, a->name);
-	struct paced_model *p;
 	bool swap;
 
 	w->jobs--;
 	if (m != NULL && m->entry_id == a->entry_id) {
 		swap = status == 0 && generation > a->last && generation == m->new_inodes;
-		if (!swap) {
+		if (swap)
+			count_swap(w, m, uv_now(w->loop));
+		else
 			(void)count_reload(w, m, uv_now(w->loop));
-		} else if ((p = find_paced(w, m->name)) != NULL) {
-			p->reloads = 0;
-			p->window_ms = uv_now(w->loop);
-		}
 		log_debug("model \"%s\": watched reload: %s%s", m->name, message,
-			swap ? " (new files: not counted by the backoff)" : "");
+			swap ? " (new files: a swap, counted apart)" : "");
 	}
 	free(a);
 	if (w->stopping)
@@ -1054,6 +1098,66 @@ check_everything(struct watch *w)
 		mark_dirty(w, m->name, true);
 }
 
+/* Is name a file of m's current or pending generation (or of its origin,
+ * staged)? */
+static bool
+generation_file(const struct model_entry *m, const char *name)
+{
+	for (int k = 0; k < 2; k++) {
+		const struct generation *g = k == 0 ? m->current : m->pending;
+
+		for (size_t i = 0; g != NULL && i < g->source.nfiles; i++)
+			if (strcmp(file_basename(g->source.files[i].path), name) == 0)
+				return true;
+		for (size_t i = 0; g != NULL && i < g->norigin; i++)
+			if (strcmp(file_basename(g->origin[i].path), name) == 0)
+				return true;
+	}
+	return false;
+}
+
+static bool
+is_dirty(const struct watch *w, const char *name)
+{
+	for (size_t i = 0; i < w->ndirty; i++)
+		if (strcmp(w->dirty[i].name, name) == 0)
+			return true;
+	return false;
+}
+
+/*
+ * Is name, an entry of dir, a *.safetensors that cannot change what m
+ * loads: m a directory model (dir itself) whose newest generation a shard
+ * index in it made (a restored generation keeps no format: more than one
+ * file says so), name none of its current or pending generation's files,
+ * and nothing since that load says the directory may lead to other files
+ * (no load of m failed, runs or is due, no writer is waited for, no tree
+ * refused)? Then the index, not the directory, says which *.safetensors
+ * load (shards_find_model takes a directory's one *.safetensors only
+ * where it has no index), and it names none but that generation's: an
+ * index renamed over, written or removed is an event of its own, which
+ * reloads the model, and a load that failed (a shard the new index names
+ * not there yet) has every later event reload it again. So the shards of
+ * the README's update, written into the directory under new names before
+ * the index is renamed over, reload nothing, as for a model configured by
+ * its index's path (names_model_file); before, each reloaded it,
+ * unchanged, and the sixth began the backoff that the index's rename then
+ * waited out (review rev200 M2). Other names (a lock or temporary file)
+ * still reload it, and count (rev197 W1).
+ */
+static bool
+unnamed_shard(const struct watch *w, const struct model_entry *m, const char *dir,
+	const char *name)
+{
+	const struct generation *g = m->pending != NULL ? m->pending : m->current;
+
+	return strcmp(m->path, dir) == 0 && g != NULL &&
+		(g->source.format == FORMAT_SHARDED || g->source.nfiles > 1) &&
+		file_has_suffix(name, ".safetensors") && m->error == NULL && m->loading == 0 &&
+		m->writer_path == NULL && !m->room_wait && !m->refused_tree &&
+		!is_dirty(w, m->name) && !generation_file(m, name);
+}
+
 static void
 handle_event(struct watch *w, const struct inotify_event *ev, struct touched *t)
 {
@@ -1080,7 +1184,7 @@ handle_event(struct watch *w, const struct inotify_event *ev, struct touched *t)
 		 * waits for it (registry_load.c's find_writer), and a close
 		 * says soonest that none may be left (on_writer_timer asks
 		 * it of any file, wherever it is). */
-		if (ev->mask & NAME_EVENTS)
+		if ((ev->mask & NAME_EVENTS) && !unnamed_shard(w, m, dir, ev->name))
 			mark_dirty(w, m->name, false);
 	}
 }

@@ -47,11 +47,22 @@ struct watch;
  * operator's reload would load, which does not count, though it waits out
  * a backoff begun, and starts the count over. Reloads after lost events
  * never count.
+ *
+ * Swaps are counted apart, and more loosely: up to WATCH_BURST_SWAPS in
+ * WATCH_SWAPS_MS (one every 10 s on average) a model is updated at the
+ * settle time each; each swap past them counts as a reload does, and
+ * begins (one line says so) or lengthens the backoff, so that a loop of
+ * swaps (two files of the owner's renamed over the path in turn) makes a
+ * generation at most every WATCH_BACKOFF_MAX_MS, not one per settle time
+ * with its lines and its warm-up's reads (review rev197 W3). While the
+ * model is backed off its swaps' count goes on past WATCH_SWAPS_MS.
  */
 #define WATCH_BURST_RELOADS 5
 #define WATCH_BURST_MS 10000
 #define WATCH_BACKOFF_MAX_MS 30000
 #define WATCH_QUIET_MS 10000
+#define WATCH_BURST_SWAPS 60
+#define WATCH_SWAPS_MS 600000
 
 /*
  * A watched reload that found a file open for writing made no generation

@@ -54,9 +54,10 @@ struct dirty_model {
 
 /*
  * What watch.c remembers of a model's watched reloads between them (struct
- * watch's paced list): how many came of late, for the backoff watch.h
- * describes. Dropped once the model's files are quiet for WATCH_QUIET_MS,
- * or the model is gone.
+ * watch's paced list): how many came of late, and its swaps, for the
+ * backoff watch.h describes. Dropped once the model's files are quiet for
+ * WATCH_QUIET_MS and its swaps' count is over (WATCH_SWAPS_MS), or the
+ * model is gone.
  */
 struct paced_model {
 	char *name;
@@ -66,6 +67,8 @@ struct paced_model {
 	uint64_t reload_ms;   /* loop time of its last watched reload */
 	uint64_t event_ms;    /* loop time of its last event */
 	uint64_t delay_ms;    /* 0, or the least time from one reload to the next */
+	uint64_t swaps_ms;    /* loop time the swaps counted below began */
+	unsigned swaps;       /* swaps since swaps_ms (WATCH_BURST_SWAPS) */
 	struct lograte lines; /* its "reloading" lines while delay_ms is not 0 */
 };
 

@@ -26,9 +26,9 @@ import time
 
 import pytest
 
-from conftest import mkmodel, wait_until
-from test_watch_pending import (BIG, GATE_SHIM, SMALL, Models, build_shim, entry, ready,
-                                start, wait_dropped)
+from conftest import Daemon, mkmodel, wait_until
+from test_watch_pending import (BIG, DAEMON_USER, GATE_SHIM, SMALL, Models, build_shim, entry,
+                                ready, start, wait_dropped)
 
 __all__ = ["start"]  # the fixture, used by name
 
@@ -292,3 +292,198 @@ def test_a_series_of_swaps_of_a_directory_model_is_not_backed_off(start, tmp_pat
         s.replace(s.m, lambda p, seed=seed: mkmodel(p, seed=seed, **SMALL))
         ready(d, "m", seed)
     assert not BACKOFF.findall(d.read_log()), d.read_log()
+
+
+def own(path):
+    """Gives path to wcached's user, where the tests run it as another."""
+    if DAEMON_USER is not None:
+        os.chown(path, *DAEMON_USER)
+
+
+def shard_files(tmp_path, v, n):
+    """Version v of a model split into n shards the README's way: [(name,
+    bytes)] of its shards, under names of their own, and its shard index."""
+    import struct
+    full = mkmodel(tmp_path / f"full{v}.safetensors", seed=v, layers=8, hidden=32, ffn=64,
+                   vocab=16)
+    data = open(full, "rb").read()
+    size = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + size])
+    meta = header.pop("__metadata__")
+    body = data[8 + size:]
+    names = sorted(header, key=lambda k: header[k]["data_offsets"][0])
+    shards, weight_map = [], {}
+    for i in range(n):
+        out, off, blob = {"__metadata__": meta}, 0, b""
+        for k in names[i::n]:
+            a, b = header[k]["data_offsets"]
+            out[k] = dict(header[k], data_offsets=[off, off + b - a])
+            blob += body[a:b]
+            off += b - a
+        h = json.dumps(out).encode()
+        h += b" " * (-len(h) % 8)
+        fname = f"model-v{v}-{i + 1:05d}-of-{n:05d}.safetensors"
+        shards.append((fname, struct.pack("<Q", len(h)) + h + blob))
+        weight_map.update((k, fname) for k in names[i::n])
+    return shards, json.dumps({"metadata": {"total_size": len(body)}, "weight_map": weight_map})
+
+
+def write_file(path, data):
+    """data written into path (open, write, close: its IN_CLOSE_WRITE),
+    given to wcached's user."""
+    with open(path, "wb" if isinstance(data, bytes) else "w") as f:
+        f.write(data)
+    own(str(path))
+
+
+class ShardedModel:
+    """m, a directory model of shards and their index (m/), and n, a
+    one-file model in n/ whose swaps are the barrier: n's reload is asked
+    after the events that came before its own, and so after any reload of
+    m they asked for; once n's new generation is ready, m's reloading lines
+    for those events are in the log."""
+
+    def __init__(self, tmp_path):
+        self.tmp = tmp_path
+        self.dir = tmp_path / "m"
+        for sub in ("m", "n"):
+            (tmp_path / sub).mkdir()
+            os.chmod(tmp_path / sub, 0o755)
+        os.chmod(tmp_path, 0o755)
+        shards, index = shard_files(tmp_path, 1, 2)
+        for name, data in shards:
+            write_file(self.dir / name, data)
+        write_file(self.dir / "model.safetensors.index.json", index)
+        self.n = str(tmp_path / "n" / "n.safetensors")
+        self.n_generation = 1
+        write_file(self.n, open(mkmodel(tmp_path / "n1.safetensors", seed=1, **SMALL),
+                                "rb").read())
+        self.d = Daemon(tmp_path, {"m": str(self.dir), "n": self.n}).start()
+        ready(self.d, "m", 1)
+        ready(self.d, "n", 1)
+
+    def barrier(self):
+        self.n_generation += 1
+        tmp = str(self.tmp / "n" / ".n.tmp")
+        mkmodel(tmp, seed=self.n_generation, **SMALL)
+        own(tmp)
+        os.rename(tmp, self.n)
+        ready(self.d, "n", self.n_generation, os.path.getsize(self.n))
+
+    def index(self, text):
+        """The index renamed over, written beside it first."""
+        tmp = self.dir / ".index.tmp"
+        write_file(tmp, text)
+        os.rename(tmp, self.dir / "model.safetensors.index.json")
+
+    def reloads(self):
+        return self.d.read_log().count(RELOADING)
+
+
+def test_a_readme_way_update_of_a_sharded_directory_model_reloads_once_its_index_moves(
+        tmp_path):
+    """A directory model of shards and their index updated the README's
+    way: new shards written into its directory under new names, then the
+    index renamed over. The shards cannot change what loads (the index
+    says which shards do, and names none of them yet): none reloads m; the
+    index's rename does, at once, not backed off. Before (review rev200
+    M2), each shard's close reloaded m, unchanged and counted, the sixth
+    began the backoff, and the index's rename then waited out its delay
+    (3 to 4 s measured, up to 30 s)."""
+    s = ShardedModel(tmp_path)
+    d = s.d
+    try:
+        shards, index = shard_files(tmp_path, 2, 8)
+        for name, data in shards:
+            write_file(s.dir / name, data)
+            s.barrier()  # m's reload for that shard, if any, was asked
+        assert s.reloads() == 0, d.read_log()
+        s.index(index)
+        m = ready(d, "m", 2)
+        assert "error" not in m, m
+        r = d.attach("m", "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["generation"] == 2
+        # The index's temporary file's close and its rename: one reload
+        # each, or one for both.
+        assert 1 <= s.reloads() <= 2, d.read_log()
+        assert "backing off" not in d.read_log(), d.read_log()
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_shards_written_after_the_index_that_names_them_still_load(tmp_path):
+    """The other order: the new index renamed over first, naming shards not
+    there yet. Its reload fails (generation 1 serves on); then each new
+    shard reloads m, as any event does after a failed load, and the last
+    one loads generation 2: a shard's name the index names is no name that
+    cannot change what loads."""
+    s = ShardedModel(tmp_path)
+    d = s.d
+    try:
+        shards, index = shard_files(tmp_path, 2, 3)
+        s.index(index)
+        wait_until(lambda: entry(d, "m").get("error"), timeout=60, what="the failed reload")
+        for name, data in shards:
+            write_file(s.dir / name, data)
+        m = ready(d, "m", 2)
+        assert "error" not in m, m
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+SWAPS_BACKOFF = re.compile(r'model "m": (\d+) swaps in [0-9.]+ s, its files keep being '
+                           r'replaced: backing off, the next reload waits (\d+) ms after this one')
+# watch.h's WATCH_BURST_SWAPS: swaps in 10 minutes that are not backed off.
+BURST_SWAPS = 60
+
+
+def test_a_loop_of_swaps_backs_off_past_60_and_its_last_swap_still_loads(tmp_path):
+    """Two files of the model's owner hard-linked over its path in turn:
+    each rename is a swap (other inodes), an update. Up to 60 of them in
+    10 minutes each loads at the settle time; past them, the model backs
+    off as for changes in a loop: one line says so, the next reloads wait
+    longer and longer and their lines are logged once a minute, and the
+    last swap still loads. Before (review rev197 W3, rev200 L1), swaps were
+    never counted: a loop made a generation, with its five lines and its
+    warm-up, every settle time, for as long as it ran."""
+    d_ = tmp_path / "d"
+    d_.mkdir()
+    os.chmod(tmp_path, 0o755)
+    os.chmod(d_, 0o755)
+    path = str(d_ / "m.safetensors")
+    files = [str(d_ / "a.st"), str(d_ / "b.st")]
+    for seed, f in enumerate(files, 2):
+        mkmodel(f, seed=seed, **SMALL)
+        own(f)
+    os.link(files[0], path)  # the first swap links files[1]
+    d = Daemon(tmp_path, {"m": path}).start()
+    link = str(d_ / ".t")
+
+    def swap(i):
+        os.link(files[i % 2], link)
+        os.rename(link, path)
+        ready(d, "m", 1 + i)
+    try:
+        ready(d, "m", 1)
+        for i in range(1, BURST_SWAPS + 1):
+            swap(i)
+        assert not SWAPS_BACKOFF.findall(d.read_log()), d.read_log()
+        swap(BURST_SWAPS + 1)
+        assert SWAPS_BACKOFF.findall(d.read_log()) == [(str(BURST_SWAPS + 1), "200")], \
+            d.read_log()
+        info, debug = reloads(d)
+        # Backed off, each swap still loads, later; its reloading line
+        # once a minute (the backoff's own line was its minute's), the
+        # others at debug level.
+        for i in range(BURST_SWAPS + 2, BURST_SWAPS + 5):
+            swap(i)
+        after = reloads(d)
+        assert len(after[0]) + len(after[1]) == len(info) + len(debug) + 3, d.read_log()
+        assert len(after[1]) > len(debug), d.read_log()
+        assert len(SWAPS_BACKOFF.findall(d.read_log())) == 1, d.read_log()
+        r = d.attach("m", "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["generation"] == BURST_SWAPS + 5
+    finally:
+        assert d.stop() == 0, d.read_log()
