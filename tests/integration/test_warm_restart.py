@@ -551,22 +551,22 @@ def test_index_file_name_not_a_plain_name_is_refused(tmp_path):
     assert status_code == 0, d.read_log()
 
 
-def write_shards(tmp_path, shard_dir, v):
-    """Writes version v of a model of two shards into shard_dir the README's
-    way ("Updating a model safely"): the shards under names of their own
-    (model-vV-0000K-of-00002.safetensors), then the shard index renamed over
-    model.safetensors.index.json last, the older shards left in place."""
+def shard_files(tmp_path, v, n=2, layers=2):
+    """Version v of a model (of layers layers) split into n shards: [(name,
+    bytes)] of its shards, under names of their own
+    (model-vV-0000K-of-0000N.safetensors), and its shard index's text."""
     import struct
-    full = mkmodel(tmp_path / f"full{v}.safetensors", seed=v, layers=2, hidden=32, ffn=64,
-                   vocab=16)
+    full = mkmodel(tmp_path / f"full{v}.safetensors", seed=v, layers=layers, hidden=32,
+                   ffn=64, vocab=16)
     data = open(full, "rb").read()
-    n = struct.unpack("<Q", data[:8])[0]
-    header = json.loads(data[8:8 + n])
+    size = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + size])
     meta = header.pop("__metadata__")
-    body = data[8 + n:]
+    body = data[8 + size:]
     names = sorted(header, key=lambda k: header[k]["data_offsets"][0])
-    weight_map = {}
-    for i, part in enumerate([names[:len(names) // 2], names[len(names) // 2:]]):
+    shards, weight_map = [], {}
+    for i in range(n):
+        part = names[i * len(names) // n:(i + 1) * len(names) // n]
         out, off, blob = {"__metadata__": meta}, 0, b""
         for k in part:
             a, b = header[k]["data_offsets"]
@@ -575,12 +575,23 @@ def write_shards(tmp_path, shard_dir, v):
             off += b - a
         h = json.dumps(out).encode()
         h += b" " * (-len(h) % 8)
-        fname = f"model-v{v}-0000{i + 1}-of-00002.safetensors"
-        with open(shard_dir / fname, "wb") as f:
-            f.write(struct.pack("<Q", len(h)) + h + blob)
+        fname = f"model-v{v}-{i + 1:05d}-of-{n:05d}.safetensors"
+        shards.append((fname, struct.pack("<Q", len(h)) + h + blob))
         weight_map.update((k, fname) for k in part)
+    return shards, json.dumps({"metadata": {"total_size": len(body)}, "weight_map": weight_map})
+
+
+def write_shards(tmp_path, shard_dir, v):
+    """Writes version v of a model of two shards into shard_dir the README's
+    way ("Updating a model safely"): the shards under names of their own
+    (model-vV-0000K-of-00002.safetensors), then the shard index renamed over
+    model.safetensors.index.json last, the older shards left in place."""
+    shards, index = shard_files(tmp_path, v)
+    for fname, data in shards:
+        with open(shard_dir / fname, "wb") as f:
+            f.write(data)
     tmp = shard_dir / ".index.tmp"
-    tmp.write_text(json.dumps({"metadata": {"total_size": len(body)}, "weight_map": weight_map}))
+    tmp.write_text(index)
     os.rename(tmp, shard_dir / "model.safetensors.index.json")
 
 

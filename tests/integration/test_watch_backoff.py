@@ -27,6 +27,7 @@ import time
 import pytest
 
 from conftest import Daemon, mkmodel, wait_until
+from test_warm_restart import shard_files
 from test_watch_pending import (BIG, DAEMON_USER, GATE_SHIM, SMALL, Models, build_shim, entry,
                                 ready, start, wait_dropped)
 
@@ -300,34 +301,6 @@ def own(path):
         os.chown(path, *DAEMON_USER)
 
 
-def shard_files(tmp_path, v, n):
-    """Version v of a model split into n shards the README's way: [(name,
-    bytes)] of its shards, under names of their own, and its shard index."""
-    import struct
-    full = mkmodel(tmp_path / f"full{v}.safetensors", seed=v, layers=8, hidden=32, ffn=64,
-                   vocab=16)
-    data = open(full, "rb").read()
-    size = struct.unpack("<Q", data[:8])[0]
-    header = json.loads(data[8:8 + size])
-    meta = header.pop("__metadata__")
-    body = data[8 + size:]
-    names = sorted(header, key=lambda k: header[k]["data_offsets"][0])
-    shards, weight_map = [], {}
-    for i in range(n):
-        out, off, blob = {"__metadata__": meta}, 0, b""
-        for k in names[i::n]:
-            a, b = header[k]["data_offsets"]
-            out[k] = dict(header[k], data_offsets=[off, off + b - a])
-            blob += body[a:b]
-            off += b - a
-        h = json.dumps(out).encode()
-        h += b" " * (-len(h) % 8)
-        fname = f"model-v{v}-{i + 1:05d}-of-{n:05d}.safetensors"
-        shards.append((fname, struct.pack("<Q", len(h)) + h + blob))
-        weight_map.update((k, fname) for k in names[i::n])
-    return shards, json.dumps({"metadata": {"total_size": len(body)}, "weight_map": weight_map})
-
-
 def write_file(path, data):
     """data written into path (open, write, close: its IN_CLOSE_WRITE),
     given to wcached's user."""
@@ -393,7 +366,7 @@ def test_a_readme_way_update_of_a_sharded_directory_model_reloads_once_its_index
     s = ShardedModel(tmp_path)
     d = s.d
     try:
-        shards, index = shard_files(tmp_path, 2, 8)
+        shards, index = shard_files(tmp_path, 2, 8, layers=8)
         for name, data in shards:
             write_file(s.dir / name, data)
             s.barrier()  # m's reload for that shard, if any, was asked
@@ -421,7 +394,7 @@ def test_shards_written_after_the_index_that_names_them_still_load(tmp_path):
     s = ShardedModel(tmp_path)
     d = s.d
     try:
-        shards, index = shard_files(tmp_path, 2, 3)
+        shards, index = shard_files(tmp_path, 2, 3, layers=8)
         s.index(index)
         wait_until(lambda: entry(d, "m").get("error"), timeout=60, what="the failed reload")
         for name, data in shards:
