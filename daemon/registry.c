@@ -671,17 +671,19 @@ int
 registry_polls(const struct registry *r, const struct model_entry *m)
 {
 	const struct generation *g = m->current != NULL ? m->current : m->pending;
+	int gone;
 
 	if (r->inotify_failed || m->watch == FS_WATCH_POLL)
 		return 1;
 	if (m->watch != FS_WATCH_AUTO)
 		return 0;
-	/* Its last reload found neither its path nor its directory there
-	 * (note_failed_path): the watch of that directory went with it. */
+	/* Its last load found neither its path nor its directory there
+	 * (note_failed_path): the directory's watch went with it, or there
+	 * never was one (a first load before the directory was made). */
+	gone = m->error != NULL && !m->failed_path.known && m->failed_path.err != 0;
 	if (g != NULL)
-		return g->fs.remote ||
-			(m->error != NULL && !m->failed_path.known && m->failed_path.err != 0);
-	return m->failed_path.known && m->failed_path.fs.remote;
+		return g->fs.remote || gone;
+	return gone || (m->failed_path.known && m->failed_path.fs.remote);
 }
 
 int

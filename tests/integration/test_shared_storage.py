@@ -478,6 +478,30 @@ def test_local_model_with_watch_poll_that_failed_is_loaded_once_its_file_appears
         assert model_entry(d, "m")["poll_changes"] == 1
 
 
+def test_local_model_whose_directory_is_made_later_is_loaded_once_its_file_appears(tmp_path):
+    """The default watch (inotify) on a model whose directory does not
+    exist at its first load: there is no directory to watch, so it is
+    polled until the file is there (before, it was never loaded until a
+    config reload or `wcachectl reload`)."""
+    (tmp_path / "d").mkdir()
+    path = tmp_path / "later" / "deeper" / "m.safetensors"
+    with running_daemons(lambda: Daemon(tmp_path / "d", {
+            "m": (str(path), {"poll_interval": "0.2"})})) as start:
+        d = start()
+        wait_until(lambda: model_entry(d, "m")["state"] == "failed", what="m failed")
+        assert model_entry(d, "m")["polled"], model_entry(d, "m")
+        wait_until(lambda: model_entry(d, "m")["polls"] >= 2, what="m polled", timeout=60)
+        (tmp_path / "later" / "deeper").mkdir(parents=True)
+        src = mkmodel(tmp_path / "src.safetensors", 7)
+        os.rename(src, path)
+        wait_generation(d, "m", 1, timeout=60)
+        d.wait_for_log(r'model "m": .*m\.safetensors changed \(seen by polling\); '
+                       r'loading it again')
+        # Loaded: inotify watches its directory now; polling stops.
+        wait_until(lambda: not model_entry(d, "m")["polled"], what="m no longer polled",
+                   timeout=60)
+
+
 # ---- a server that hangs (remotefs stopped with SIGSTOP) ----
 
 REMOTE_MODELS = 10  # more than the daemon's work queue has threads (8)
