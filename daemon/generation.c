@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <linux/openat2.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1127,21 +1128,79 @@ gen_cancel_warming(struct registry *r, struct generation *g)
 			warm_cancel(r->pool, g->warm.jobs[i]);
 }
 
+/*
+ * Asks for a read lease on fd (fcntl(2) F_SETLEASE, F_RDLCK) and gives it
+ * back at once (registry_load.c's find_writer says why): 0 when it was granted, -EAGAIN
+ * while a descriptor has the file open for writing, else -errno, why it
+ * could not be asked (EACCES: neither wcached's file nor CAP_LEASE;
+ * EINVAL: no leases there); *stuck set when it was granted but could not
+ * be given back. A lease gone when it is given back (F_UNLCK's EAGAIN) was
+ * broken by a writer's open, and taken by the kernel once wcached, stalled
+ * between the two calls, let lease-break-time pass: a writer (review
+ * rev194 LOW-3). Asked without waiting: the loop may call it.
+ */
+int
+gen_lease_probe(int fd, int *stuck)
+{
+	if (fcntl(fd, F_SETSIG, SIGURG) == -1 || fcntl(fd, F_SETLEASE, F_RDLCK) == -1)
+		return -errno;
+	if (fcntl(fd, F_SETLEASE, F_UNLCK) == 0)
+		return 0;
+	if (errno == EAGAIN)
+		return -EAGAIN;
+	/* Asked once more; else the lease lives until the last reference to
+	 * fd's open file description goes (its mapping's too). */
+	if (fcntl(fd, F_SETLEASE, F_UNLCK) == 0)
+		return 0;
+	*stuck = 1;
+	return -errno;
+}
+
+/* Whether a file of g, a pending generation just modified in place, is
+ * open for writing now (gen_lease_probe on g's own descriptors, which no
+ * worker holds yet): its writer is still writing it. Not asked on a
+ * remote filesystem, whose leases say nothing of writers (find_writer). */
+static bool
+gen_written_now(const struct generation *g)
+{
+	if (g->fs.remote && g->origin == NULL)
+		return false;
+	for (size_t i = 0; i < g->source.nfiles; i++) {
+		int stuck = 0;
+
+		if (gen_lease_probe(g->source.files[i].fd, &stuck) == -EAGAIN)
+			return true;
+	}
+	return false;
+}
+
 void
 gen_mark_modified(struct registry *r, struct generation *g, const char *file)
 {
+	struct model_entry *m = g->model != NULL && g->model->pending == g ? g->model : NULL;
+
 	if (g->state == GEN_MODIFIED)
 		return;
 	gen_set_state(g, GEN_MODIFIED, "modified in place");
 	gen_cancel_warming(r, g);
+	if (m != NULL && gen_written_now(g)) {
+		/* A replacement still being written (cp, save_file onto the
+		 * pending file): no error, as the reload that follows, which
+		 * waits for its writer, says none (review rev200 L4). */
+		log_info("model \"%s\": %s of generation %" PRIu64 " was modified in place "
+			 "while it warmed, and is still open for writing: dropped, not an error; "
+			 "the reload that follows waits for its writer (generation %" PRIu64
+			 " still serving)", g->model_name, file, g->number,
+			 m->current != NULL ? m->current->number : 0);
+		m->pending = NULL;
+		return;
+	}
 	log_errorx("model \"%s\": %s of generation %" PRIu64 " was modified in place; it is no "
 		   "longer attached by new clients. Replace model files with rename(2), then "
 		   "`wcachectl reload %s`", g->model_name, file, g->number, g->model_name);
-	if (g->model != NULL && g->model->pending == g) {
+	if (m != NULL) {
 		/* A replacement written to while it warmed never becomes
 		 * current: the current generation keeps serving. */
-		struct model_entry *m = g->model;
-
 		m->pending = NULL;
 		free(m->error);
 		m->error = strdup("the new generation was modified in place while it warmed; "

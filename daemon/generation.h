@@ -334,8 +334,15 @@ void gen_queue_pages(struct registry *r, struct generation *g, enum page_op op);
 
 /* Marks g modified in place (watch, or a warming job that found a file
  * shorter), with a log line: -> MODIFIED, warming cancelled, and a pending
- * replacement dropped (it never becomes current) but not freed. */
+ * replacement dropped (it never becomes current) but not freed; the
+ * model's error says so, unless a file of that replacement is still open
+ * for writing (an info line then: its writer is not done). */
 void gen_mark_modified(struct registry *r, struct generation *g, const char *file);
+
+/* A read lease asked on fd and given back at once: 0, -EAGAIN while a
+ * descriptor has the file open for writing, else -errno; *stuck set where
+ * it could not be given back. Never waits (the loop may ask). */
+int gen_lease_probe(int fd, int *stuck);
 
 /*
  * Marks g, a generation served where it lies on a remote filesystem, as

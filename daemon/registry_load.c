@@ -1348,34 +1348,6 @@ fd_room(struct load_request *q)
 		(uintmax_t)limit);
 }
 
-/*
- * Asks for a read lease on fd (fcntl(2) F_SETLEASE, F_RDLCK) and gives it
- * back at once (find_writer says why): 0 when it was granted, -EAGAIN
- * while a descriptor has the file open for writing, else -errno, why it
- * could not be asked (EACCES: neither wcached's file nor CAP_LEASE;
- * EINVAL: no leases there); *stuck set when it was granted but could not
- * be given back. A lease gone when it is given back (F_UNLCK's EAGAIN) was
- * broken by a writer's open, and taken by the kernel once wcached, stalled
- * between the two calls, let lease-break-time pass: a writer (review
- * rev194 LOW-3). Asked without waiting: the loop may call it.
- */
-static int
-lease_probe(int fd, int *stuck)
-{
-	if (fcntl(fd, F_SETSIG, SIGURG) == -1 || fcntl(fd, F_SETLEASE, F_RDLCK) == -1)
-		return -errno;
-	if (fcntl(fd, F_SETLEASE, F_UNLCK) == 0)
-		return 0;
-	if (errno == EAGAIN)
-		return -EAGAIN;
-	/* Asked once more; else the lease lives until the last reference to
-	 * fd's open file description goes (its mapping's too). */
-	if (fcntl(fd, F_SETLEASE, F_UNLCK) == 0)
-		return 0;
-	*stuck = 1;
-	return -errno;
-}
-
 /* q found fd, its file named path, open for writing: q takes fd (a
  * descriptor of its own, read-only) and the file's real path, the one
  * opened whatever links path went through (a link in its own directory,
@@ -1399,7 +1371,7 @@ note_busy(struct load_request *q, int fd, const char *path)
  * they are to serve, whatever event led here (a name's, a close's, lost
  * events, a poll): a generation made of a file still being written would
  * be modified in place by its next write, and serve nothing (review rev190
- * W1, rev192 W1'). A read lease (lease_probe) is refused with EAGAIN while
+ * W1, rev192 W1'). A read lease (gen_lease_probe) is refused with EAGAIN while
  * any descriptor has the file open for writing; it needs the file's owner
  * or CAP_LEASE (EACCES otherwise; EINVAL where the filesystem has none),
  * q->writing_err then: the file is loaded as if nobody wrote it. Not
@@ -1421,7 +1393,7 @@ find_writer(struct load_request *q)
 	if (q->fs.remote)
 		return;
 	for (size_t i = 0; i < q->source.nfiles && q->writing == 0; i++) {
-		int fd = q->source.files[i].fd, stuck = 0, err = lease_probe(fd, &stuck);
+		int fd = q->source.files[i].fd, stuck = 0, err = gen_lease_probe(fd, &stuck);
 
 		if (stuck) {
 			q->status = err;
@@ -1468,7 +1440,7 @@ probe_file(struct load_request *q, int fd, const char *dir, const char *name, bo
 
 	if ((!checked && (fstat(fd, &st) == -1 || !S_ISREG(st.st_mode) ||
 		!owner_kept(q, st.st_uid) || fstype_of_fd(fd, &fs) < 0 || fs.remote)) ||
-		lease_probe(fd, &stuck) != -EAGAIN) {
+		gen_lease_probe(fd, &stuck) != -EAGAIN) {
 		close(fd);
 		return 0;
 	}
@@ -2468,7 +2440,7 @@ registry_writer_gone(struct model_entry *m)
 	if (m->writer_path == NULL)
 		return 0;
 	/* No descriptor (none was left to dup): the reload asks. */
-	return m->writer_fd < 0 || lease_probe(m->writer_fd, &stuck) != -EAGAIN;
+	return m->writer_fd < 0 || gen_lease_probe(m->writer_fd, &stuck) != -EAGAIN;
 }
 
 /*
