@@ -31,7 +31,9 @@ from ctlutil import ctl
 from test_watch_pending import BIG, DAEMON_USER, SMALL, Models, build_shim, entry, ready
 from test_watch_pending import wait_dropped
 from test_watch_pending import shim, start  # noqa: F401 (fixtures)
+from test_warm_restart import shard_files
 from test_watch_writer import OPEN_FOR_WRITING, written_serves
+from test_watch_writer_neighbours import write_index_model
 
 
 def own(path):
@@ -228,7 +230,6 @@ def test_a_pending_file_rewritten_from_its_start_waits_for_its_writer_quietly(
 def index_model(tmp_path):
     """m, a model of two shards named by its index, in shards/ (the owner's);
     the shard directory and the index's path."""
-    from test_watch_writer_neighbours import write_index_model
     shard_dir = tmp_path / "shards"
     shard_dir.mkdir()
     os.chmod(tmp_path, 0o755)
@@ -278,13 +279,12 @@ def test_a_shard_the_new_index_names_still_written_is_waited_for(tmp_path):
     that shard short, and it is open for writing: a wait for its writer
     (the line names the shard and says the load's failure), no error; its
     writer's close loads generation 2."""
-    from test_watch_writer_neighbours import index_model_files
     shard_dir, index = index_model(tmp_path)
     d = Daemon(tmp_path, {"m": str(index)}).start()
     try:
         ready(d, "m", 1)
-        shards, text = index_model_files(tmp_path, 2)
-        (first, one), (second, two) = sorted(shards.items())
+        shards, text = shard_files(tmp_path, 2)
+        (first, one), (second, two) = sorted(shards)
         with open(shard_dir / first, "wb") as f:
             f.write(one)
         own(str(shard_dir / first))

@@ -24,7 +24,7 @@ import pytest
 from conftest import Daemon, wait_until
 from ctlutil import ctl
 from test_watch_pending import DAEMON_USER, entry, ready
-from test_warm_restart import write_shards
+from test_warm_restart import shard_files
 from test_watch_writer import OPEN_FOR_WRITING
 
 sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyutil"))
@@ -41,24 +41,11 @@ def own(path):
         os.chown(path, *DAEMON_USER)
 
 
-def index_model_files(tmp_path, v):
-    """Version v of a model of two shards (test_warm_restart's): {shard
-    name: its bytes} and its shard index's text."""
-    scratch = tmp_path / f"scratch-v{v}"
-    scratch.mkdir()
-    write_shards(tmp_path, scratch, v)
-    shards = {}
-    for name in os.listdir(scratch):
-        if name.endswith(".safetensors"):
-            shards[name] = (scratch / name).read_bytes()
-    return shards, (scratch / "model.safetensors.index.json").read_text()
-
-
 def write_index_model(tmp_path, model_dir, v=1):
     """Version v of a model of two shards and its index in model_dir, all
     the owner's; the index's path."""
-    shards, text = index_model_files(tmp_path, v)
-    for fname, data in shards.items():
+    shards, text = shard_files(tmp_path, v)
+    for fname, data in shards:
         with open(model_dir / fname, "wb") as f:
             f.write(data)
         own(str(model_dir / fname))
