@@ -153,9 +153,24 @@ batch_load(struct batch *b, const struct model_config *m)
 	b->pending++;
 }
 
+void
+batch_reload_watched(struct batch *b, const char *name)
+{
+	/* Counted first: its answer may come from this call (a load of it
+	 * in flight already, or no room for another generation). */
+	b->pending++;
+	if (registry_reload_watched(&b->d->reg, name, batch_load_done, b) < 0) {
+		log_errorx("%s; not reloaded", error_get());
+		b->failed++;
+		b->pending--;
+	}
+}
+
 /* A warm restart's check of a model ended (restore.h): served, or loaded
- * afresh as configured now (a load that may fail). Gone (unloaded, or
- * loaded anew meanwhile) is no failure, as a superseded load is none. */
+ * afresh as configured now (a load that may fail), or not served, waiting
+ * for the operator's reload (a failure, as a load that failed). Gone
+ * (unloaded, or loaded anew meanwhile) is no failure, as a superseded
+ * load is none. */
 void
 batch_restore_done(const char *name, enum restore_result result, void *arg)
 {
@@ -167,6 +182,8 @@ batch_restore_done(const char *name, enum restore_result result, void *arg)
 			m = &b->d->cfg->models[i];
 	if (m != NULL)
 		batch_load(b, m);
+	if (result == RESTORE_WAITS)
+		b->failed++;
 	b->pending--;
 	batch_step(b);
 }

@@ -99,6 +99,13 @@ void batch_release(struct batch *b);
  * with batch_set_access()); a load that cannot start counts as failed. */
 void batch_load(struct batch *b, const struct model_config *m);
 
+/* batch.c: reloads the model name in b as a reload wcached makes by
+ * itself (registry_reload_watched: judged against the tree of the
+ * generation serving), for a config reload's retry of a model whose
+ * replacement failed (reload.c's retry_failed, review rev201 H4); one that
+ * cannot start counts as failed. */
+void batch_reload_watched(struct batch *b, const char *name);
+
 /* batch.c: applies who may do what with the configured model m: attach
  * (allow_users, allow_groups), build artifacts (derive, derive_groups,
  * derive_timeout), and how its storage is watched and staged. */

@@ -502,6 +502,23 @@ registry_withdraw(struct registry *r, struct model_entry *m, const char *why)
 		r->changed(r);
 }
 
+void
+registry_wait_for_operator(struct registry *r, const char *name, const char *why)
+{
+	struct model_entry *m = registry_entry_named(r, name);
+
+	if (m == NULL)
+		return;
+	m->load_errors++;
+	free(m->error);
+	m->error = strdup(why);
+	free(m->refused_line);
+	m->refused_line = strdup(why);
+	m->refused_tree = 1;
+	if (r->changed != NULL)
+		r->changed(r);
+}
+
 int
 registry_set_access(struct registry *r, const char *name, int restricted, const uid_t *uids,
 	size_t n_uids, const gid_t *gids, size_t n_gids)

@@ -403,6 +403,32 @@ void registry_add_generation(struct registry *r, struct model_entry *m, struct g
 void registry_withdraw(struct registry *r, struct model_entry *m, const char *why);
 
 /*
+ * The model name, which nothing serves (a warm restart gave its stored
+ * generation up, and its path goes through a place others may rename
+ * entries in: registry_others_rename_on), is not loaded: what its path
+ * names waits for the operator's word, as the files of a watched reload
+ * the model-tree rules refused do: why becomes its error and its
+ * refusal's line (status's waits_for_reload), and a config reload that
+ * leaves its section unchanged does not load it (reload.c's retry_failed,
+ * review rev201 H1). Nothing when name is not there.
+ */
+void registry_wait_for_operator(struct registry *r, const char *name, const char *why);
+
+/*
+ * Whether others than a directory's owner may rename entries in a
+ * directory on path (writable by its group or all, not sticky, as a
+ * watched reload judges it: registry_load.c's others_rename_in): one that
+ * holds a directory or symbolic link the path goes through, the entry it
+ * ends at, or, where it ends at a directory, that directory (the model's
+ * files are its entries); where the path cannot be walked to its end, a
+ * directory above it as spelled that stat(2) finds so. 1 with that
+ * directory said in why (len bytes: "DIR (uid U, mode M)"; out of memory,
+ * not walked: 1 too), else 0. Work queue thread: it asks the model's
+ * filesystem.
+ */
+int registry_others_rename_on(const char *path, char *why, size_t len);
+
+/*
  * Loads path as the next generation of the model name (adding the model if
  * it is new) on the work queue; done (may be NULL) runs on the loop when the
  * generation is validated and installed, or the load failed. Returns 0 when

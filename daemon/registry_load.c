@@ -2988,3 +2988,72 @@ registry_stage_held(struct registry *r, struct load_request *held, int cancelled
 			load_after(&q->job, 0); /* fails q with its message */
 	}
 }
+
+/* registry_others_rename_on's judge: the first directory or link of the
+ * walk held by a directory others may rename entries in, said in why (len
+ * bytes), ends the walk. */
+struct rename_place {
+	char *why;
+	size_t len;
+	int found;
+};
+
+/* Says dir (its fstat st) in p->why, as registry_others_rename_on's. */
+static void
+say_place(struct rename_place *p, const char *dir, const struct stat *st)
+{
+	snprintf(p->why, p->len, "%s (uid %u, mode %04o)", dir, (unsigned)st->st_uid,
+		(unsigned)(st->st_mode & 07777));
+	p->found = 1;
+}
+
+/* The judge itself: a directory or link held by such a directory is
+ * said (say_place) and ends the walk (-EXDEV); else 0, nothing bound. */
+static int
+rename_place(const struct registry_link_seen *l, void *arg)
+{
+	if (!others_rename_in(l->dir_st))
+		return 0;
+	say_place(arg, l->dir, l->dir_st);
+	return -EXDEV;
+}
+
+int
+registry_others_rename_on(const char *path, char *why, size_t len)
+{
+	struct rename_place p = { .why = why, .len = len };
+	struct registry_walk *w = malloc(sizeof(*w));
+	char *dir, *up;
+	int err;
+
+	if (w == NULL) {
+		snprintf(why, len, "%s (not walked: out of memory)", path);
+		return 1;
+	}
+	err = registry_walk_links(path, rename_place, &p, w);
+	if (!p.found && err == 0) {
+		/* The model's files: the directory's entries, or the file's
+		 * beside it. */
+		const struct stat *holds = S_ISDIR(w->end.st_mode) ? &w->end : &w->end_dir;
+
+		if (others_rename_in(holds)) {
+			char *d = S_ISDIR(w->end.st_mode) ? strdup(path) : path_dir(path);
+
+			say_place(&p, d != NULL ? d : path, holds);
+			free(d);
+		}
+	}
+	free(w);
+	if (p.found || err == 0)
+		return p.found;
+	/* Not walked to its end (a name gone): the directories above it. */
+	for (dir = path_dir(path); dir != NULL && !p.found; dir = up) {
+		struct stat st;
+
+		if (stat(dir, &st) == 0 && S_ISDIR(st.st_mode) && others_rename_in(&st))
+			say_place(&p, dir, &st);
+		up = dir[0] != '\0' && strcmp(dir, "/") != 0 && !p.found ? path_dir(dir) : NULL;
+		free(dir);
+	}
+	return p.found;
+}

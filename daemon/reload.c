@@ -251,6 +251,28 @@ configured(const char *name, void *arg)
 }
 
 /*
+ * Whether the retry of m, failed (registry_failed), is a reload wcached
+ * makes by itself (registry_reload_watched: its files must be in the tree,
+ * and in a place others may rename entries in come through the very
+ * directories and links, that the generation serving was loaded through),
+ * not the operator's: a generation still serves (its replacement failed:
+ * a file gone, a parse error, no tree refusal) and its section (was, now
+ * mc) did not change. Its last watched reload may have failed because a
+ * neighbour renamed its tree aside, and a rename above the directories
+ * watched, which no watch sees, may have put another tree at its path
+ * since (root's private one): an operator's load would follow the path to
+ * it (review rev201 H4). Where nothing serves, nothing is kept to judge
+ * by, and a changed section is her word: those load as she would.
+ */
+static int
+judged_retry(const struct model_entry *m, const struct model_config *was,
+	const struct model_config *mc)
+{
+	return m->current != NULL && m->current->state != GEN_FAILED && was != NULL &&
+		config_model_changes(was, mc) == 0;
+}
+
+/*
  * After the configuration's changes are queued: each configured model that
  * is failed (registry_failed: its load failed and nothing serves, its
  * current generation failed while warming, or its last replacement failed
@@ -267,7 +289,9 @@ configured(const char *name, void *arg)
  * `wcachectl reload NAME`, as its line said; a reload that only adds
  * another model approved them before (review rev195 M1). One line says
  * so. A change to its section (any key, as for a model unloaded at run
- * time) is the operator's word on it: loaded again.
+ * time) is the operator's word on it: loaded again. One whose replacement
+ * failed otherwise (judged_retry) is loaded again as a reload wcached
+ * makes by itself, not as the operator's.
  */
 static void
 retry_failed(struct batch *b, const struct config *cfg)
@@ -291,6 +315,13 @@ retry_failed(struct batch *b, const struct config *cfg)
 				  "for `wcachectl reload %s`%s%s", m->name, why, m->name,
 				said ? "" : ", since a watched reload of it was refused: ",
 				said ? "" : line);
+			continue;
+		}
+		if (judged_retry(m, was, mc)) {
+			log_info("model \"%s\": %s; the reload loads it again as a reload wcached "
+				 "makes by itself, judged against the tree generation %" PRIu64
+				 " was loaded through", m->name, why, m->current->number);
+			batch_reload_watched(b, m->name);
 			continue;
 		}
 		log_info("model \"%s\": %s%s; the reload loads it again", m->name, why,

@@ -69,9 +69,12 @@ void restore_status_taken(struct restore *s);
 void restore_slots(struct restore *s, struct registry *r);
 
 /* What restore_model() reports: the model serves its stored generation;
- * it must load afresh (one line logged saying why); or an unload or a
- * load took its place meanwhile, or wcached is stopping. */
-enum restore_result { RESTORE_SERVED, RESTORE_LOAD, RESTORE_GONE };
+ * it must load afresh (one line logged saying why); it is not served, and
+ * what its path names waits for the operator's `wcachectl reload NAME`
+ * (its path goes through a place others may rename entries in: one line
+ * logged, registry_wait_for_operator); or an unload or a load took its
+ * place meanwhile, or wcached is stopping. */
+enum restore_result { RESTORE_SERVED, RESTORE_LOAD, RESTORE_WAITS, RESTORE_GONE };
 typedef void (*restore_done_fn)(const char *name, enum restore_result result, void *arg);
 
 /*

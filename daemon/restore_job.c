@@ -25,6 +25,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,6 +80,11 @@ struct restore_job {
 	struct restore_artifact *artifacts;
 	restore_done_fn done;
 	void *arg;
+	/* Whether the model's path goes through a place others may rename
+	 * entries in (registry_others_rename_on), and which: there a model
+	 * not restored is not loaded afresh (restore_after). */
+	int others_rename;
+	char rename_place[PATH_MAX + 64];
 };
 
 /*
@@ -331,6 +337,10 @@ restore_work(struct workq_job *w)
 	for (size_t i = 0; i < j->nartifacts; i++)
 		check_artifact(&j->artifacts[i], name, j->gens[0].g->number);
 	lookup_builders(j->artifacts, j->nartifacts);
+	/* For restore_after, should the model not serve its stored
+	 * generation (the loop may refuse it too). */
+	j->others_rename = registry_others_rename_on(j->path, j->rename_place,
+		sizeof(j->rename_place));
 }
 
 /*
@@ -588,6 +598,36 @@ reload_moved(struct registry *r, const char *name, uint64_t number, const char *
 			error_get(), number, name);
 }
 
+/*
+ * Loop thread: the model name of j is not restored (why), and its path
+ * goes through a place others may rename entries in (j->rename_place):
+ * anyone of them may have renamed something else at its path while
+ * wcached was down, or made the check fail to have it loaded afresh (a
+ * staged model's origin replaced, a one-file model's file renamed aside:
+ * its ctime moves). A load afresh would be the operator's kind, which
+ * follows the path wherever it leads now; a reload wcached makes by
+ * itself would take there only the directories and links the generation
+ * serving was loaded through, and the store records none of them. So
+ * nothing is loaded: what the path names waits for the operator's
+ * `wcachectl reload NAME`, as a refused watched reload's files do
+ * (registry_wait_for_operator, review rev201 H1).
+ */
+static void
+wait_for_operator(struct restore_job *j, const char *name, const char *why)
+{
+	char line[ERROR_MAX + PATH_MAX * 2 + 640];
+
+	snprintf(line, sizeof(line), "not restored: %s; its path %s goes through %s, a "
+		"directory others than its owner may rename entries in (writable by its "
+		"group or all, not sticky), and the store records no directory or link its "
+		"generation was loaded through: what its path names now is served only after "
+		"the operator's `wcachectl reload %s` (a config reload that leaves the "
+		"model's section unchanged does not load it)", why, j->path, j->rename_place,
+		name);
+	log_errorx("model \"%s\": %s", name, line);
+	registry_wait_for_operator(j->r, name, line);
+}
+
 /* Loop thread: serves what j's check passed, or says why not. */
 static void
 restore_after(struct workq_job *w, int status)
@@ -609,12 +649,16 @@ restore_after(struct workq_job *w, int status)
 		result = RESTORE_GONE;
 	else if (serve(j, &j->gens[0], 0) == 0)
 		result = RESTORE_SERVED;
-	else if (registry_expect_end(r, m->name, j->expected)) {
-		log_warnx("model \"%s\": not restored: %s; loading", m->name, error_get());
-		result = RESTORE_LOAD;
-	} else
+	else if (!registry_expect_end(r, m->name, j->expected))
 		log_info("model \"%s\": not restored: it was unloaded or loaded anew meanwhile",
 			m->name);
+	else if (j->others_rename) {
+		wait_for_operator(j, m->name, error_get());
+		result = RESTORE_WAITS;
+	} else {
+		log_warnx("model \"%s\": not restored: %s; loading", m->name, error_get());
+		result = RESTORE_LOAD;
+	}
 	give_back(s, r, m->name, &j->gens[0], result == RESTORE_SERVED);
 	for (size_t i = 1; i < j->n; i++) {
 		int held = result == RESTORE_SERVED && serve(j, &j->gens[i], 1) == 0;

@@ -5,15 +5,22 @@ its retry of failed models did (review rev195 M1), while a failure of
 another kind is still retried by it; nor does a warm restart, which
 serves the generation it restores and loads the files at its path as
 wcached's own reload. wcached runs unprivileged, as in test_tree_places.py,
-whose places these tests share."""
+whose places these tests share. Nor, in a place others may rename entries
+in (group-writable, not sticky: a team's 2775 directory), a warm restart
+whose check of the stored generation failed, nor a config reload's retry
+of a model whose watched reload failed otherwise (review rev201 H1, H4)."""
 import os
+import subprocess
+import time
 
 import pytest
 
 from conftest import Daemon, mkmodel
 from ctlutil import ctl, model_entry
-from test_tree_places import (BOB_TAKES_V2, BOB_UID, DAEMON_UID, GROUP, after_a_warm_restart,
-                              alice_v2_beside_bobs_model, as_alice, as_bob, served)
+from test_rev199 import warm_restart
+from test_tree_places import (BOB_TAKES_V2, BOB_UID, DAEMON_UID, GROUP, WCACHED_GID,
+                              after_a_warm_restart, alice_v2_beside_bobs_model, as_alice, as_bob,
+                              made_by, roots_private_model, served)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0,
                                 reason="needs root to run wcached and clients as other users")
@@ -143,3 +150,154 @@ def test_another_users_tree_renamed_in_while_wcached_restarts_waits(tmp_path):
         assert "a moved tree" in model_entry(d, "alice")["waits_for_reload"]
         operators_reload_serves_v2(d)
     after_a_warm_restart(tmp_path, v2, waits, while_down=lambda: as_bob(BOB_TAKES_V2, shared))
+
+
+# ---------------------------------------------------------------------------
+# A place others may rename entries in: root's model beside root's private
+# one (bob, of the place's group, cannot read it). A neighbour may make a
+# warm restart's check fail, or a watched reload fail with no tree refusal,
+# and rename the private one in where no watch sees it: what the model's
+# path names then is not the operator's word (review rev201 H1, H4).
+
+SECRET_BYTES = 275384   # mkmodel(layers=3, seed=2): root's private model's file
+
+
+def roots_private_file(path):
+    """root's private model file (0640 root:wcached): wcached may read it,
+    bob may not."""
+    f = mkmodel(path, layers=3, seed=2)
+    os.chown(f, 0, WCACHED_GID)
+    os.chmod(f, 0o640)
+    r = subprocess.run(["setpriv", "--reuid=%d" % BOB_UID, "--regid=%d" % GROUP,
+                        "--clear-groups", "cat", f], capture_output=True)
+    assert r.returncode != 0, "bob may read root's private model"
+    return f
+
+
+def secret_never_served(d, what):
+    """Root's private model is not "llama": not in the log, not attached."""
+    log = d.read_log()
+    assert "%d bytes" % SECRET_BYTES not in log, \
+        "root's private model served as llama %s:\n%s" % (what, log)
+    r = d.attach("llama")
+    assert "%d" % SECRET_BYTES not in r.stdout, r.stdout
+
+
+def restart_waits(d, line, place):
+    """A warm restart did not serve llama and loaded nothing: its line names
+    the place others may rename entries in and waits for the operator,
+    status says so, a config reload that changes nothing leaves it, and
+    the operator's `wcachectl reload llama` is her word: what the path names
+    now loads."""
+    time.sleep(3)   # anything wcached would load by itself comes meanwhile
+    secret_never_served(d, "after the restart (restore line: %s)" % line)
+    assert "not restored" in line and "its path" in line and place in line, line
+    assert ("a directory others than its owner may rename entries in" in line and
+            "served only after the operator's `wcachectl reload llama`" in line), line
+    assert d.attach("llama").returncode != 0, "llama served after the restart"
+    assert "waits_for_reload" in model_entry(d, "llama")
+    r = ctl(d, "reload")
+    assert r.returncode == 0, r.stdout + r.stderr
+    d.wait_for_log(r'model "llama": its load failed: .*the reload does not load it: its files '
+                   r'wait for `wcachectl reload llama`')
+    secret_never_served(d, "after a config reload")
+    r = ctl(d, "reload", "llama")
+    assert r.returncode == 0, r.stdout + r.stderr
+    d.wait_for_log(r'model "llama": generation 2 from ')
+    assert "waits_for_reload" not in model_entry(d, "llama")
+
+
+@pytest.mark.parametrize("mode", [0o2775, 0o755], ids=["2775", "0755"])
+def test_a_one_file_model_renamed_aside_while_down_waits_where_others_may_rename(tmp_path,
+                                                                                 mode):
+    """root's one-file model llama.safetensors straight in a place, root's
+    private secret.safetensors beside it. While wcached restarts the stored
+    file is renamed aside (its ctime moves: the restart's check says it was
+    written in place) and secret renamed at its name. In a 2775 place bob
+    may do that: the model was loaded afresh as the operator's load, and
+    root's private file was "llama"; now nothing is loaded, and the files
+    wait for the operator. In a 0755 place only root could have (here root
+    does): loaded afresh, as before."""
+    shared = made_by(tmp_path / "shared", 0, mode)
+    f = mkmodel(os.path.join(shared, "llama.safetensors"), seed=1)
+    roots_private_file(os.path.join(shared, "secret.safetensors"))
+    renames = "mv llama.safetensors llama.old && mv secret.safetensors llama.safetensors"
+
+    def then(d, line):
+        if mode == 0o755:
+            assert "; loading" in line, line
+            d.wait_for_log(r'model "llama": generation 2 from .*%d bytes' % SECRET_BYTES)
+            return
+        restart_waits(d, line, "%s (uid 0, mode 2775)" % shared)
+
+    def while_down():
+        if mode == 0o755:
+            subprocess.run(["/bin/sh", "-ec", renames], cwd=shared, check=True)
+        else:
+            as_bob(renames, shared)
+    warm_restart(tmp_path, {"llama": f}, "llama", then, while_down)
+
+
+def test_a_staged_model_renamed_over_while_down_in_a_2775_place_waits(tmp_path):
+    """rev199 H1's layout with `stage = yes` (or `auto` on a team's NFS):
+    root's model directory llama and root's private secret in a 2775 place.
+    While wcached restarts bob does `mv llama llama.old && mv secret llama`:
+    the restart finds the staged copy's origin replaced and loaded the model
+    afresh, as the operator's load: root's private model was staged and
+    served as "llama". Now nothing is loaded, and the files wait for the
+    operator."""
+    shared = made_by(tmp_path / "shared", 0, 0o2775)
+    llama = made_by(os.path.join(shared, "llama"), 0)
+    mkmodel(os.path.join(llama, "model.safetensors"), seed=1)
+    roots_private_model(os.path.join(shared, "secret"))
+    staged = os.path.join(str(tmp_path), "staged")
+    os.makedirs(staged)
+    os.chown(staged, DAEMON_UID, WCACHED_GID)
+    os.chmod(staged, 0o700)
+
+    def then(d, line):
+        assert "was replaced since it was staged" in line, line
+        restart_waits(d, line, "%s (uid 0, mode 2775)" % shared)
+    warm_restart(tmp_path, {"llama": (llama, {"stage": "yes"})}, "llama", then,
+                 lambda: as_bob("mv llama llama.old && mv secret llama", shared),
+                 extra="stage_dir = %s\n" % staged)
+
+
+def test_a_config_reload_retries_a_failed_replacement_as_wcacheds_own_reload(tmp_path):
+    """shared (2775) / team (2775, root's) / llama (root's model); other/llama
+    root's private model. bob: (1) in team `mv llama llama.x`: the watched
+    reload fails (No such file), no tree refusal; (2) in shared `mv team
+    team.old && mv other team`: the directories watched moved with
+    team.old, no event, no reload. The next config reload (one that
+    changes nothing) retried the model as the operator's load: root's
+    private model was "llama" generation 2. Now it retries it as a reload
+    wcached makes by itself, judged against generation 1's tree: refused,
+    generation 1 serves, and the files wait for `wcachectl reload llama`."""
+    shared = made_by(tmp_path / "shared", 0, 0o2775)
+    team = made_by(os.path.join(shared, "team"), 0, 0o2775)
+    llama = made_by(os.path.join(team, "llama"), 0)
+    mkmodel(os.path.join(llama, "model.safetensors"), seed=1)
+    other = made_by(os.path.join(shared, "other"), 0)
+    roots_private_model(os.path.join(other, "llama"))
+    d = Daemon(tmp_path, {"llama": llama}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "llama": generation 1 warm')
+        as_bob("mv llama llama.x", team)
+        d.wait_for_log(r'error: model "llama": .*No such file.*generation 1 still serving')
+        assert "waits_for_reload" not in model_entry(d, "llama")
+        as_bob("mv team team.old && mv other team", shared)
+        r = ctl(d, "reload")
+        _, line = d.wait_for_log(r'model "llama": (its path .*wcachectl reload llama|'
+                                 r'generation 2 from)')
+        secret_never_served(d, "by a config reload")
+        assert r.returncode == 1 and "some models failed" in r.stderr + r.stdout, r
+        d.wait_for_log(r'model "llama": its replacement failed .*the reload loads it again as a '
+                       r'reload wcached makes by itself')
+        assert "generation 1 still serving" in line, line
+        assert "generation 1" in served(d, "llama")
+        assert "waits_for_reload" in model_entry(d, "llama")
+        r = ctl(d, "reload")
+        d.wait_for_log(r'model "llama": its replacement failed .*the reload does not load it')
+        secret_never_served(d, "by a second config reload")
+    finally:
+        assert d.stop() == 0, d.read_log()

@@ -11,12 +11,13 @@ from test_tree_places import (DAEMON_UID, FakeManager, WCACHED_GID, as_bob, made
 __all__ = ["pytestmark"]
 
 
-def warm_restart(tmp_path, models, name, then, while_down, before_stop=None):
+def warm_restart(tmp_path, models, name, then, while_down, before_stop=None, extra=""):
     """as test_tree_places.after_a_warm_restart, the daemon's group WCACHED_GID
-    (so it may read root's private model, as in test_tree_links_owner)."""
+    (so it may read root's private model, as in test_tree_links_owner); extra
+    is more configuration text."""
     mgr = FakeManager(str(tmp_path / "notify.sock"))
     os.chmod(mgr.path, 0o666)
-    d = Daemon(tmp_path, models, user=(DAEMON_UID, WCACHED_GID), nofile=1024)
+    d = Daemon(tmp_path, models, extra=extra, user=(DAEMON_UID, WCACHED_GID), nofile=1024)
     try:
         start(d, mgr, user=(DAEMON_UID, WCACHED_GID))
         wait_until(lambda: ready(d, name), what="ready")
