@@ -120,11 +120,6 @@ struct load_request {
 	 * review rev195 L1). */
 	struct gen_link *keep_links;
 	size_t nkeep_links;
-	/* A watched reload of a model that has a generation (a restored one
-	 * too, whose links are not known): its links and the directories its
-	 * walk bound are the only ones taken in a place others may rename
-	 * entries in (link_taken, review rev199 H1-H3). */
-	int keep_gen;
 	/* An operator's load or reload: the tree it found, for
 	 * model_entry's operator_tree (find_operator_tree). */
 	uid_t found_uid;
@@ -731,14 +726,15 @@ link_taken(const struct registry_link_seen *l, void *arg)
 	struct load_request *q = arg;
 	uid_t uid = l->st->st_uid;
 	int bound = others_rename_in(l->dir_st);
-	int judged = q->reload == RELOAD_WATCHED && q->keep_gen;
+	int judged = q->reload == RELOAD_WATCHED;
 
 	/* A directory, or a link, in a place others may rename entries in:
 	 * anyone of them may rename another of the owner's there at its name
 	 * (root's private secret, or root's link to it, over llama), whoever
 	 * made it: only the one the generation serving was loaded through is
 	 * taken (review rev199 H2, H3), and none where that was not recorded
-	 * (a warm restart's generation, H1). */
+	 * (a warm restart's generation, H1) or where no generation serves (a
+	 * model whose load failed: review rev201 H3). */
 	if (l->target[0] == '\0' && (!bound || !judged || kept_link(q, l)))
 		return bound;
 	if (l->target[0] == '\0' || (bound && judged && !kept_link(q, l))) {
@@ -748,8 +744,9 @@ link_taken(const struct registry_link_seen *l, void *arg)
 			"%.256s%s, in %s, a directory others than its owner (uid %u, mode %04o) "
 			"may rename entries in (writable by its group or all, not sticky), and not "
 			"the one the generation serving was loaded through (or that was not "
-			"recorded, as after a warm restart): anyone of them may rename another "
-			"there at its name, so it is served only after " OPERATORS_WORD, q->path,
+			"recorded, as after a warm restart, or none serves): anyone of them may "
+			"rename another there at its name, so it is served only after "
+			OPERATORS_WORD, q->path,
 			link ? "symbolic link" : "directory", l->path, link ? " (to " : "",
 			l->target, link ? ")" : "", l->dir, (unsigned)l->dir_st->st_uid,
 			(unsigned)(l->dir_st->st_mode & 07777), q->name);
@@ -2717,7 +2714,6 @@ keep_tree(struct load_request *q, const struct model_entry *m)
 		return -ENOMEM;
 	for (size_t i = 0; g != NULL && i < g->source.nfiles; i++)
 		q->keep_owners[q->nkeep_owners++] = owner_of(&g->source, g->origin, i);
-	q->keep_gen = g != NULL;
 	if (g != NULL && g->nlinks > 0) {
 		if ((q->keep_links = malloc(g->nlinks * sizeof(*g->links))) == NULL)
 			return -ENOMEM;
