@@ -370,7 +370,7 @@ blob_repo(char *root, uid_t *owner, const struct stat *opened)
  * its descriptor's owner, never a later stat of its path (review rev187
  * R2). found->root stays NULL when it cannot be told. And the model
  * directory they were found in, from its descriptor: its device, inode,
- * owner and mode. */
+ * owner, group and mode. */
 static void
 found_tree(const struct gen_tree *t, struct gen_found_tree *found)
 {
@@ -381,6 +381,7 @@ found_tree(const struct gen_tree *t, struct gen_found_tree *found)
 		found->dir_dev = st.st_dev;
 		found->dir_ino = st.st_ino;
 		found->dir_uid = st.st_uid;
+		found->dir_gid = st.st_gid;
 		found->dir_mode = st.st_mode;
 	}
 	if (t->fd >= 0 && t->root != NULL && fstat(t->fd, &st) == 0 &&

@@ -483,8 +483,8 @@ void gen_free_origin(struct gen_origin *origin, size_t n);
  * directory they were found in (the one holding a one-file model or a
  * shard index), opened with no link followed: its device and inode
  * (dir_known 0: not told), which the walk of the path after the open must
- * end in (registry_load.c's check_links, review rev195 H2), and its owner
- * and mode, which say who may have put the files there. root_known: the
+ * end in (registry_load.c's check_links, review rev195 H2), and its owner,
+ * group and mode, which say who may have put the files there. root_known: the
  * root's device and inode, from the descriptor its owner came from (0:
  * not told, as for a hub repo's blobs/ widened to the repo). */
 struct gen_found_tree {
@@ -497,6 +497,7 @@ struct gen_found_tree {
 	dev_t dir_dev;
 	ino_t dir_ino;
 	uid_t dir_uid;
+	gid_t dir_gid;
 	mode_t dir_mode;
 	/* In: the operator's load, where the kernel has no openat2: a file
 	 * reached through a symbolic link inside the tree (its realpath

@@ -114,6 +114,16 @@ struct load_request {
 	 * one of them or the tree's owner (same_owners). */
 	uid_t *keep_owners;
 	size_t nkeep_owners;
+	/* Any load of a model with a generation: that generation's files (as
+	 * opened; a staged copy's, its origin's; its shard index where known,
+	 * named_owner), by device and inode, nkeep_files of them: where the
+	 * directory holding the files is one others may rename entries in,
+	 * wcached's own reloads take no other (files_kept, review rev201 H2). */
+	struct file_id {
+		dev_t dev;
+		ino_t ino;
+	} *keep_files;
+	size_t nkeep_files;
 	/* A watched reload: the links the path of its model's newest
 	 * generation went through (generation.h's links), nkeep_links of
 	 * them; one met unchanged is followed whoever made it (check_links,
@@ -184,6 +194,7 @@ struct load_request {
 	 * (links_known 0: none recorded; -1: a watched reload refused a
 	 * link, link_taken). */
 	int files_dir_known;
+	gid_t files_gid;
 	dev_t files_dev;
 	ino_t files_ino;
 	uid_t files_uid;
@@ -682,6 +693,42 @@ others_rename_in(const struct stat *st)
 	return (st->st_mode & S_IWOTH) != 0 || !group_private(st->st_gid, st->st_uid);
 }
 
+/*
+ * Whether the files of q, wcached's own reload, may be taken where they
+ * lie: where the directory holding them (as found) is one others may
+ * rename entries in, only the files of the generation it replaces (the
+ * same inodes), whoever owns them: anyone there may rename another file of
+ * the owner's at a file's name (root's private secret.safetensors over
+ * llama.safetensors, a model that is one file straight in a team's 2775
+ * directory), and no owner tells who put it there (review rev201 H2). A
+ * model no generation serves keeps none. The first file that is not one
+ * in *name and *st.
+ */
+static int
+files_kept(const struct load_request *q, const char **name, const struct stat **st)
+{
+	struct stat dir;
+
+	if (!q->files_dir_known)
+		return 1;
+	memset(&dir, 0, sizeof(dir));
+	dir.st_uid = q->files_uid;
+	dir.st_gid = q->files_gid;
+	dir.st_mode = q->files_mode;
+	if (!others_rename_in(&dir))
+		return 1;
+	for (size_t i = 0; file_of(q, i, st, name); i++) {
+		size_t k = 0;
+
+		while (k < q->nkeep_files && (q->keep_files[k].dev != (*st)->st_dev ||
+						     q->keep_files[k].ino != (*st)->st_ino))
+			k++;
+		if (k == q->nkeep_files)
+			return 0;
+	}
+	return 1;
+}
+
 /* Whether l is a link the load of the generation a watched reload q
  * replaces went through: the same link inode, maker and text, in the same
  * directory (generation.h's gen_link). */
@@ -957,6 +1004,13 @@ same_tree(struct load_request *q)
 			"the owner of its tree %s (uid %u) nor of the files serving: another "
 			"user's file in the tree is served only after " OPERATORS_WORD, file,
 			(unsigned)st->st_uid, q->root, (unsigned)q->root_uid, q->name);
+	else if ((same = files_kept(q, &file, &st)) == 0)
+		snprintf(q->message, sizeof(q->message), "its file %s is not one of the files "
+			"serving (another inode, or none serves), in a directory others than its "
+			"owner (uid %u, mode %04o) may rename entries in (writable by its group or "
+			"all, not sticky): anyone of them may rename another file there at its "
+			"name, so it is served only after " OPERATORS_WORD, file,
+			(unsigned)q->files_uid, (unsigned)(q->files_mode & 07777), q->name);
 	else
 		return check_links(q); /* -EXDEV, or its walk's -errno */
 	return same ? 0 : -EXDEV;
@@ -1689,6 +1743,7 @@ load_work(struct workq_job *w)
 	q->files_dev = found.dir_dev;
 	q->files_ino = found.dir_ino;
 	q->files_uid = found.dir_uid;
+	q->files_gid = found.dir_gid;
 	q->files_mode = found.dir_mode;
 	/* The tree's root and owner as the files were found beneath it (its
 	 * descriptor), not a later stat of its path (review rev187 R2). */
@@ -1852,6 +1907,7 @@ load_request_free(struct load_request *q)
 	free(q->keep_resolved);
 	free(q->keep_place);
 	free(q->keep_owners);
+	free(q->keep_files);
 	free(q->keep_links);
 	free(q->links);
 	free(q->named_path);
@@ -2714,6 +2770,21 @@ keep_tree(struct load_request *q, const struct model_entry *m)
 		return -ENOMEM;
 	for (size_t i = 0; g != NULL && i < g->source.nfiles; i++)
 		q->keep_owners[q->nkeep_owners++] = owner_of(&g->source, g->origin, i);
+	if (g != NULL && (q->keep_files = calloc(g->source.nfiles + 1,
+				  sizeof(*q->keep_files))) == NULL)
+		return -ENOMEM;
+	for (size_t i = 0; g != NULL && i <= g->source.nfiles; i++) {
+		uid_t uid;
+		const struct stat *st = i == g->source.nfiles ?
+			(named_owner(g, &uid) && g->source.format == FORMAT_SHARDED ?
+				&g->source.index_st : NULL) :
+			g->origin != NULL ? &g->origin[i].st : &g->source.files[i].st;
+
+		if (st != NULL) {
+			q->keep_files[q->nkeep_files].dev = st->st_dev;
+			q->keep_files[q->nkeep_files++].ino = st->st_ino;
+		}
+	}
 	if (g != NULL && g->nlinks > 0) {
 		if ((q->keep_links = malloc(g->nlinks * sizeof(*g->links))) == NULL)
 			return -ENOMEM;
@@ -2775,6 +2846,7 @@ queue_load(struct registry *r, const char *name, const char *path, enum pin_mode
 		free(q->keep_resolved);
 		free(q->keep_place);
 		free(q->keep_owners);
+		free(q->keep_files);
 		free(q->keep_links);
 		free(q->named_path);
 		free(q->name);
@@ -2801,6 +2873,7 @@ queue_load(struct registry *r, const char *name, const char *path, enum pin_mode
 		free(q->keep_resolved);
 		free(q->keep_place);
 		free(q->keep_owners);
+		free(q->keep_files);
 		free(q->keep_links);
 		free(q->named_path);
 		free(q->name);

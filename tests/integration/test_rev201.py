@@ -1,29 +1,27 @@
 """Review rev201: model trees in places others may rename entries in (a team's
 2775 directory), against the real unprivileged wcached (as test_rev199.py):
-a model whose load failed, a model that is one file straight in such a place,
-a warm restart that could not restore a generation, a config reload's retry,
-and groups that are not private after all."""
+a model whose load failed, a model that is one file straight in such a place
+(or whose directory is one), and groups that are not private after all."""
 import os
 import subprocess
 
 from conftest import Daemon, mkmodel
+from ctlutil import model_entry
 from test_tree_places import (DAEMON_UID, WCACHED_GID, as_bob, made_by, pytestmark,
-                              roots_private_model, served)
+                              roots_private_model, sharded_model)
 
 __all__ = ["pytestmark"]
 
-SECRET_BYTES = 275384   # mkmodel(layers=3, seed=2): roots_private_model's file
-
-
-def refused(d, reason, what):
+def refused(d, reason, what, number=2):
     """wcached's own load of "llama" waits for the operator with reason in
-    its line, and root's private model is not served as llama."""
-    _, line = d.wait_for_log(r'model "llama": (.*its path|.*its file|generation \d+ from)',
-                             timeout=60)
+    its line: no generation number of it (root's private model) is made."""
+    _, line = d.wait_for_log(r'model "llama": (.*its path|.*its file|generation %d from)'
+                             % number, timeout=60)
     log = d.read_log()
-    assert "%d bytes" % SECRET_BYTES not in log, \
+    assert 'model "llama": generation %d from' % number not in log, \
         "root's private model served as llama %s:\n%s" % (what, log)
     assert reason in line and "wcachectl reload llama" in line, line
+    assert "waits_for_reload" in model_entry(d, "llama")
     return line
 
 
@@ -47,7 +45,65 @@ def test_roots_private_dir_renamed_over_a_model_whose_first_load_failed_waits(tm
         d.wait_for_log(r'error: model "llama"')
         as_bob("mv llama llama.old && mv secret llama", shared)
         line = refused(d, "goes through the directory %s" % llama,
-                       "after its first load failed")
+                       "after its first load failed", 1)
         assert "or none serves" in line, line
     finally:
         assert d.stop() == 0, d.read_log()
+
+
+def roots_private_file(path):
+    """root's private model file (0640 root:wcached): wcached may read it,
+    bob may not."""
+    f = mkmodel(path, layers=3, seed=2)
+    os.chown(f, 0, WCACHED_GID)
+    os.chmod(f, 0o640)
+    r = subprocess.run(["setpriv", "--reuid=64103", "--regid=64100", "--clear-groups",
+                        "cat", f], capture_output=True)
+    assert r.returncode != 0, "bob may read root's private model"
+    return f
+
+
+def one_file_in_a_2775_place(tmp_path):
+    """root's model that is one file, llama.safetensors, straight in a team
+    place 2775, beside root's private secret.safetensors."""
+    shared = made_by(tmp_path / "shared", 0, 0o2775)
+    f = mkmodel(os.path.join(shared, "llama.safetensors"), seed=1)
+    roots_private_file(os.path.join(shared, "secret.safetensors"))
+    return shared, f
+
+
+def test_roots_other_file_renamed_over_a_one_file_model_in_a_2775_place_waits(tmp_path):
+    """bob renames root's private file over the model's name (`mv
+    secret.safetensors llama.safetensors`): a file of the owner of the file
+    serving, one link, in the same place (the tree of a model that is one
+    file straight in it): it was served at once. Now a file in such a
+    directory that is not one of the files serving waits, whoever owns it."""
+    shared, f = one_file_in_a_2775_place(tmp_path)
+    d = Daemon(tmp_path, {"llama": f}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "llama": generation 1 warm')
+        as_bob("mv secret.safetensors llama.safetensors", shared)
+        refused(d, "its file %s is not one of the files serving" % f,
+                "at run time (bob's rename over the model's file)")
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def test_a_shard_renamed_over_in_a_2775_model_directory_waits(tmp_path):
+    """The same for a sharded model whose directory is the team's 2775 one:
+    bob renames root's private file over a shard."""
+    shared = made_by(tmp_path / "shared", 0, 0o2775)
+    f = mkmodel(os.path.join(shared, "model.safetensors"), layers=3, seed=1)
+    sharded_model(shared, f)
+    shard = os.path.join(shared, "s.safetensors")
+    roots_private_file(os.path.join(shared, "secret.safetensors"))
+    d = Daemon(tmp_path, {"llama": shared}, user=(DAEMON_UID, WCACHED_GID),
+               nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "llama": generation 1 warm')
+        as_bob("mv secret.safetensors s.safetensors", shared)
+        refused(d, "its file %s is not one of the files serving" % shard,
+                "after bob's rename over a shard")
+    finally:
+        assert d.stop() == 0, d.read_log()
+

@@ -249,8 +249,12 @@ class Models:
         self.gate.mkdir()
         os.chmod(self.gate, 0o777)  # the daemon may run as another user
         for sub in ("m", "n"):
+            # The models' owner's, writable by her alone: in a directory
+            # others may rename entries in, a file not serving waits for
+            # the operator's reload (review rev201 H2).
             (tmp_path / sub).mkdir(exist_ok=True)
-            os.chmod(tmp_path / sub, 0o777)
+            os.chmod(tmp_path / sub, 0o755)
+            self.own(str(tmp_path / sub))
         self.m = os.path.realpath(tmp_path / "m" / "m.safetensors")
         self.n = str(tmp_path / "n" / "n.safetensors")
         mkmodel(self.m, seed=1, **SMALL)
