@@ -625,7 +625,11 @@ static pthread_mutex_t pwent_lock = PTHREAD_MUTEX_INITIALIZER;
  * being uid's primary group are asked too, as a network database may not
  * enumerate its users. A group the database does not know is not private
  * (a process may hold any gid root gave it), nor where a database cannot
- * be asked. Work queue thread: the database may be a network's.
+ * be asked, nor root's group or a directory of root's: the database lists
+ * users, not the processes that hold a gid, and gid 0 is given to others
+ * (a container's arbitrary uid runs in group 0, and its images are made
+ * `chmod g=u` for it: review rev201 M2). Work queue thread: the database
+ * may be a network's.
  */
 static int
 group_private(gid_t gid, uid_t uid)
@@ -636,6 +640,8 @@ group_private(gid_t gid, uid_t uid)
 	char *buf = NULL, *more;
 	int err = ERANGE, priv = 1;
 
+	if (gid == 0 || uid == 0)
+		return 0;
 	for (; err == ERANGE && size <= (1u << 20);) {
 		if ((more = realloc(buf, size)) == NULL)
 			break;

@@ -107,3 +107,25 @@ def test_a_shard_renamed_over_in_a_2775_model_directory_waits(tmp_path):
     finally:
         assert d.stop() == 0, d.read_log()
 
+
+def test_roots_0775_dir_of_group_root_is_a_place_others_rename_in(tmp_path):
+    """A 0775 root:root directory (container images' `chgrp -R 0 && chmod -R
+    g=u`; OpenShift's arbitrary uid always runs in group 0) was taken for one
+    root alone may write, gid 0 being root's primary group, named root, with
+    no member listed. But any process holding gid 0 may rename there (bob
+    here, as a pod's user): `mv llama llama.old && mv secret llama` served
+    root's private model as llama. Root's group is never private now."""
+    shared = made_by(tmp_path / "shared", 0, 0o775)
+    os.chown(shared, 0, 0)
+    llama = made_by(os.path.join(shared, "llama"), 0)
+    mkmodel(os.path.join(llama, "model.safetensors"), seed=1)
+    roots_private_model(os.path.join(shared, "secret"))
+    d = Daemon(tmp_path, {"llama": llama}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
+    try:
+        d.wait_for_log(r'model "llama": generation 1 warm')
+        subprocess.run(["setpriv", "--reuid=64103", "--regid=0", "--clear-groups", "/bin/sh",
+                        "-ec", "mv llama llama.old && mv secret llama"], cwd=shared, check=True)
+        refused(d, "its path %s resolves into %s still, but that is another directory" % (
+            llama, llama), "after a gid-0 process renamed it in")
+    finally:
+        assert d.stop() == 0, d.read_log()
