@@ -25,6 +25,27 @@ def refused(d, reason, what, number=2):
     return line
 
 
+def renamed_while_served(tmp_path, path, rename, reason, what, number=2,
+                         served=r'model "llama": generation 1 warm'):
+    """wcached serves "llama" from path (or failed to: served, the line to
+    wait for); rename() (bob's) then makes its own load wait (refused)."""
+    d = Daemon(tmp_path, {"llama": path}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
+    try:
+        d.wait_for_log(served)
+        rename()
+        return refused(d, reason, what, number)
+    finally:
+        assert d.stop() == 0, d.read_log()
+
+
+def llama_beside_secret(shared):
+    """root's model directory llama and root's private secret in shared."""
+    llama = made_by(os.path.join(shared, "llama"), 0)
+    mkmodel(os.path.join(llama, "model.safetensors"), seed=1)
+    roots_private_model(os.path.join(shared, "secret"))
+    return llama
+
+
 def test_roots_private_dir_renamed_over_a_model_whose_first_load_failed_waits(tmp_path):
     """rev199 H1-H3 for a model with no generation: root's llama in a 2775
     team place holds a model not loadable yet (a deploy still copying: a
@@ -35,20 +56,14 @@ def test_roots_private_dir_renamed_over_a_model_whose_first_load_failed_waits(tm
     generation 1. Now every directory and link in such a place must be one
     a generation serving was loaded through: none here, so it waits."""
     shared = made_by(tmp_path / "shared", 0, 0o2775)
-    llama = made_by(os.path.join(shared, "llama"), 0)
-    f = mkmodel(os.path.join(llama, "model.safetensors"), seed=1)
-    with open(f, "r+b") as fh:
+    llama = llama_beside_secret(shared)
+    with open(os.path.join(llama, "model.safetensors"), "r+b") as fh:
         fh.truncate(1000)
-    roots_private_model(os.path.join(shared, "secret"))
-    d = Daemon(tmp_path, {"llama": llama}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
-    try:
-        d.wait_for_log(r'error: model "llama"')
-        as_bob("mv llama llama.old && mv secret llama", shared)
-        line = refused(d, "goes through the directory %s" % llama,
-                       "after its first load failed", 1)
-        assert "or none serves" in line, line
-    finally:
-        assert d.stop() == 0, d.read_log()
+    line = renamed_while_served(tmp_path, llama,
+                                lambda: as_bob("mv llama llama.old && mv secret llama", shared),
+                                "goes through the directory %s" % llama,
+                                "after its first load failed", 1, r'error: model "llama"')
+    assert "or none serves" in line, line
 
 
 def roots_private_file(path):
@@ -79,14 +94,10 @@ def test_roots_other_file_renamed_over_a_one_file_model_in_a_2775_place_waits(tm
     file straight in it): it was served at once. Now a file in such a
     directory that is not one of the files serving waits, whoever owns it."""
     shared, f = one_file_in_a_2775_place(tmp_path)
-    d = Daemon(tmp_path, {"llama": f}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
-    try:
-        d.wait_for_log(r'model "llama": generation 1 warm')
-        as_bob("mv secret.safetensors llama.safetensors", shared)
-        refused(d, "its file %s is not one of the files serving" % f,
-                "at run time (bob's rename over the model's file)")
-    finally:
-        assert d.stop() == 0, d.read_log()
+    renamed_while_served(tmp_path, f,
+                         lambda: as_bob("mv secret.safetensors llama.safetensors", shared),
+                         "its file %s is not one of the files serving" % f,
+                         "at run time (bob's rename over the model's file)")
 
 
 def test_a_shard_renamed_over_in_a_2775_model_directory_waits(tmp_path):
@@ -97,15 +108,10 @@ def test_a_shard_renamed_over_in_a_2775_model_directory_waits(tmp_path):
     sharded_model(shared, f)
     shard = os.path.join(shared, "s.safetensors")
     roots_private_file(os.path.join(shared, "secret.safetensors"))
-    d = Daemon(tmp_path, {"llama": shared}, user=(DAEMON_UID, WCACHED_GID),
-               nofile=1024).start()
-    try:
-        d.wait_for_log(r'model "llama": generation 1 warm')
-        as_bob("mv secret.safetensors s.safetensors", shared)
-        refused(d, "its file %s is not one of the files serving" % shard,
-                "after bob's rename over a shard")
-    finally:
-        assert d.stop() == 0, d.read_log()
+    renamed_while_served(tmp_path, shared,
+                         lambda: as_bob("mv secret.safetensors s.safetensors", shared),
+                         "its file %s is not one of the files serving" % shard,
+                         "after bob's rename over a shard")
 
 
 def test_roots_0775_dir_of_group_root_is_a_place_others_rename_in(tmp_path):
@@ -117,15 +123,11 @@ def test_roots_0775_dir_of_group_root_is_a_place_others_rename_in(tmp_path):
     root's private model as llama. Root's group is never private now."""
     shared = made_by(tmp_path / "shared", 0, 0o775)
     os.chown(shared, 0, 0)
-    llama = made_by(os.path.join(shared, "llama"), 0)
-    mkmodel(os.path.join(llama, "model.safetensors"), seed=1)
-    roots_private_model(os.path.join(shared, "secret"))
-    d = Daemon(tmp_path, {"llama": llama}, user=(DAEMON_UID, WCACHED_GID), nofile=1024).start()
-    try:
-        d.wait_for_log(r'model "llama": generation 1 warm')
-        subprocess.run(["setpriv", "--reuid=64103", "--regid=0", "--clear-groups", "/bin/sh",
-                        "-ec", "mv llama llama.old && mv secret llama"], cwd=shared, check=True)
-        refused(d, "its path %s resolves into %s still, but that is another directory" % (
-            llama, llama), "after a gid-0 process renamed it in")
-    finally:
-        assert d.stop() == 0, d.read_log()
+    llama = llama_beside_secret(shared)
+    renamed_while_served(
+        tmp_path, llama,
+        lambda: subprocess.run(["setpriv", "--reuid=64103", "--regid=0", "--clear-groups",
+                                "/bin/sh", "-ec", "mv llama llama.old && mv secret llama"],
+                               cwd=shared, check=True),
+        "its path %s resolves into %s still, but that is another directory" % (llama, llama),
+        "after a gid-0 process renamed it in")
