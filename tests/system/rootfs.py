@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import urllib.error
 import urllib.request
@@ -144,6 +145,24 @@ def ensure_root(cache_dir, mirror, packages, log):
         return _ensure_root_locked(cache_dir, mirror, packages, log)
 
 
+# debootstrap's own limit: a clean-clone CI took 628 to 1132 s at nice 19
+# beside the tests, and over 1800 s on a machine loaded besides (2026-12-06).
+DEBOOTSTRAP_TIMEOUT = 3600
+
+
+def _remove_root(path):
+    """Removes a root, half-made ones too: what debootstrap mounted in it
+    (its proc, left mounted when debootstrap was killed) is unmounted first,
+    deepest first, else rmtree fails on the mounted proc's files."""
+    path = os.path.realpath(path)
+    with open("/proc/self/mounts") as f:
+        points = [line.split()[1].replace("\\040", " ") for line in f if line.strip()]
+    for point in sorted((p for p in points if p == path or p.startswith(path + "/")),
+                        key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], check=False)
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def _ensure_root_locked(cache_dir, mirror, packages, log):
     key = root_key(mirror, packages)
     root = os.path.join(cache_dir, f"rootfs-{key}")
@@ -155,18 +174,28 @@ def _ensure_root_locked(cache_dir, mirror, packages, log):
     check_reachable(mirror)
     for name in os.listdir(cache_dir):  # stale roots and half-made ones
         if name.startswith("rootfs-"):
-            shutil.rmtree(os.path.join(cache_dir, name))
+            _remove_root(os.path.join(cache_dir, name))
     partial = root + ".partial"
     cmd = ["debootstrap", f"--variant={VARIANT}", "--include=" + ",".join(packages), SUITE,
            partial, mirror]
     log.write("$ " + " ".join(cmd) + "\n")
     log.flush()
-    r = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=1800)
-    if r.returncode != 0:
-        shutil.rmtree(partial, ignore_errors=True)
+    # Its own session: a debootstrap past its limit is killed whole (its
+    # dpkg and chroot children too), not only the script.
+    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        rc = p.wait(timeout=DEBOOTSTRAP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        _remove_root(partial)
+        raise RuntimeError(f"debootstrap {SUITE} from {mirror} took more than "
+                           f"{DEBOOTSTRAP_TIMEOUT} s; see {log.name}") from None
+    if rc != 0:
+        _remove_root(partial)
         # An archive that went away mid-way is no fault of the project.
         check_reachable(mirror)
-        raise RuntimeError(f"debootstrap {SUITE} from {mirror} failed (exit {r.returncode});"
+        raise RuntimeError(f"debootstrap {SUITE} from {mirror} failed (exit {rc});"
                            f" see {log.name}")
     # Downloaded packages are not needed again: every run copies the root.
     archives = os.path.join(partial, "var", "cache", "apt", "archives")
