@@ -49,6 +49,19 @@ def waits(d, secret, what, reason):
     assert "generation 1" in served(d, "llama")
 
 
+def restored_then_waits(d, line, secret, when):
+    """After a warm restart that restored llama's generation 1: its next
+    reload through the renamed place waits for the operator (the line names
+    the directory), and root's private model (secret) is never generation 2."""
+    assert "generation 1 restored" in line, d.read_log()
+    _, line = d.wait_for_log(r'model "llama": (its path .*operator|generation 2 from)',
+                             timeout=60)
+    log = d.read_log()
+    assert "goes through the directory" in line, log
+    assert 'model "llama": generation 2' not in log, \
+        "root's private %s served as llama %s:\n%s" % (secret, when, log)
+
+
 def test_roots_private_dir_renamed_over_in_a_2775_place_while_down_waits(tmp_path):
     """rev198 M1 at a warm restart. Team place 2775 (group-writable, not
     sticky): root's model directory llama ("llama") and root's private
@@ -66,14 +79,7 @@ def test_roots_private_dir_renamed_over_in_a_2775_place_while_down_waits(tmp_pat
     secret = roots_private_model(os.path.join(shared, "secret"))
 
     def then(d, line):
-        assert "generation 1 restored" in line, d.read_log()
-        _, line = d.wait_for_log(r'model "llama": (its path .*operator|generation 2 from)',
-                                 timeout=60)
-        log = d.read_log()
-        assert "goes through the directory" in line, log
-        assert 'model "llama": generation 2' not in log, \
-            "root's private %s served as llama after bob's renames while down:\n%s" % (
-                secret, log)
+        restored_then_waits(d, line, secret, "after bob's renames while down")
         assert "generation 1" in served(d, "llama")
     warm_restart(tmp_path, {"llama": llama}, "llama", then,
                  lambda: as_bob("mv llama llama.old && mv secret llama", shared))
@@ -122,14 +128,7 @@ def test_renamed_over_at_run_time_refused_then_served_after_a_warm_restart(tmp_p
         assert "another directory than the tree serving" in line, d.read_log()
 
     def then(d, line):
-        assert "generation 1 restored" in line, d.read_log()
-        _, line = d.wait_for_log(r'model "llama": (its path .*operator|generation 2 from)',
-                                 timeout=60)
-        log = d.read_log()
-        assert "goes through the directory" in line, log
-        assert 'model "llama": generation 2' not in log, \
-            "root's private %s served as llama at the restart after a refusal:\n%s" % (
-                secret, log)
+        restored_then_waits(d, line, secret, "at the restart after a refusal")
     warm_restart(tmp_path, {"llama": llama}, "llama", then, lambda: None, before_stop=renames)
 
 
