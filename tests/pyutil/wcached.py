@@ -16,6 +16,7 @@ with the daemon's log; the benchmarks and the demo let it end the run.
 import os
 import re
 import resource
+import shutil
 import signal
 import socket
 import subprocess
@@ -270,3 +271,36 @@ def pytest_sessionfinish(session, exitstatus):
         sys.stderr.write("\nwcached left running by a test, killed at the session's end: "
                          + ", ".join(left) + "\n")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if os.environ.get("WCACHE_PYTEST_TMP_ON_PASS") == "remove" and session.exitstatus == 0:
+        remove_basetemp(session.config.option.basetemp)
+
+
+def mounts_beneath(top):
+    """The mount points at or beneath directory top, from /proc/self/mounts
+    (its octal escapes undone)."""
+    top = os.path.realpath(top)
+    found = []
+    with open("/proc/self/mounts", encoding="utf-8", errors="surrogateescape") as f:
+        for line in f:
+            fields = line.split(" ")
+            if len(fields) < 2:
+                continue
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])
+            if point == top or point.startswith(top + "/"):
+                found.append(point)
+    return found
+
+
+def remove_basetemp(basetemp):
+    """Removes a passed session's --basetemp (ctest's entries ask it with
+    WCACHE_PYTEST_TMP_ON_PASS=remove: their models, a few GiB a build, would
+    otherwise stay in /tmp after every passing `make test`; a failed one's
+    stay to be looked at). Kept, with one line saying why, while anything is
+    mounted beneath it: shutil.rmtree would go on into the mount."""
+    if not basetemp or not os.path.isdir(basetemp):
+        return
+    left = mounts_beneath(basetemp)
+    if left:
+        sys.stderr.write(f"\n{basetemp} kept: still mounted beneath it: {', '.join(left)}\n")
+        return
+    shutil.rmtree(basetemp, ignore_errors=True)
