@@ -36,9 +36,10 @@ def staged_model(tmp_path, hold=1):
     return src, FakeManager(str(tmp_path / "notify.sock")), d, str(tmp_path / "staged")
 
 
-def start_stored(d, mgr):
-    """Starts d under mgr and waits until generation 1 of m is in the store."""
-    start(d, mgr)
+def start_stored(d, mgr, user=None):
+    """Starts d under mgr (as user: start()) and waits until generation 1
+    of m is in the store."""
+    start(d, mgr, user=user)
     wait_until(lambda: ready(d, "m"), what="m ready")
     mgr.wait_for(lambda m: "wc-1-1-i" in m.store and "wc-desc" in m.store,
                  what="generation 1 stored")
@@ -386,16 +387,19 @@ def test_a_symlinked_stage_dir_keeps_its_copies_across_a_restart(tmp_path):
     link = str(tmp_path / "staged")
     d = Daemon(tmp_path, {"m": (src, {"stage": "yes"})},
                extra=f"stage_dir = {link}\nrestart_hold_seconds = 1\n")
+    # The link's target is the daemon's own directory: with
+    # WCACHE_TEST_USER, that user's, and the daemon runs as that user.
     real = own_dir(d, tmp_path / "real")
     os.symlink(real, link)
     mgr = FakeManager(str(tmp_path / "notify.sock"))
+    os.chmod(mgr.path, 0o666)   # wcached, as that user, sends to it
     try:
-        start_stored(d, mgr)
+        start_stored(d, mgr, user=d.user)
         copy = os.path.join(real, "m.1")
         first = os.stat(os.path.join(copy, "m.safetensors"))
         assert d.stop() == 0, d.read_log()
         assert entries(real) == ["m.1"]
-        start(d, mgr, *mgr.listen_fds())
+        start(d, mgr, *mgr.listen_fds(), user=d.user)
         wait_until(lambda: ready(d, "m"), what="m restored")
         log = d.read_log()
         assert f'model "m": generation 1 keeps its staged copy {copy}' in log, log
