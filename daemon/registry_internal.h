@@ -123,6 +123,13 @@ struct registry_walk {
 	size_t nhops; /* how many are links: at most REGISTRY_LINK_HOPS */
 	struct stat end;
 	struct stat end_dir;
+	/* A walk that failed (-errno, not its judge's code): the directory
+	 * it stood in when it stopped (the one holding the entry it could not
+	 * take), its fstat and spelling; stopped 0 when it stopped nowhere
+	 * (it could not start). */
+	int stopped;
+	struct stat stop_dir;
+	char stop_where[PATH_MAX];
 };
 
 /* registry_links.c: walks path component by component from "/" (the

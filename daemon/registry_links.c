@@ -162,6 +162,7 @@ registry_walk_links(const char *path, registry_link_judge judge, void *arg,
 
 	w->nlinks = 0;
 	w->nhops = 0;
+	w->stopped = 0;
 	snprintf(where, sizeof(where), "%s", path[0] == '/' ? "/" : "");
 	if (todo == NULL || dir < 0)
 		err = todo == NULL ? -ENOMEM : -errno;
@@ -241,6 +242,12 @@ registry_walk_links(const char *path, registry_link_judge judge, void *arg,
 			err = take_dir(w, &st, dir, where, name, judge, arg);
 		close(fd);
 		break;
+	}
+	/* Where it stopped: the directory it could not go on from. */
+	if (err != 0 && dir >= 0 && fstat(dir, &w->stop_dir) == 0) {
+		w->stopped = 1;
+		snprintf(w->stop_where, sizeof(w->stop_where), "%s",
+			where[0] != '\0' ? where : ".");
 	}
 	if (dir >= 0)
 		close(dir);

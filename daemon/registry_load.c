@@ -3118,10 +3118,17 @@ registry_others_rename_on(const char *path, char *why, size_t len)
 			free(d);
 		}
 	}
+	/* Not walked to its end (a name gone, a link's target renamed
+	 * aside): the directory the walk stopped in holds the name it could
+	 * not take, which others may rename something in at, whatever the
+	 * path spells above it (review rev203 H2). */
+	if (!p.found && err != 0 && w->stopped && others_rename_in(&w->stop_dir))
+		say_place(&p, w->stop_where, &w->stop_dir);
 	free(w);
 	if (p.found || err == 0)
 		return p.found;
-	/* Not walked to its end (a name gone): the directories above it. */
+	/* Not walked at all, or stopped in a private directory: the
+	 * directories above it as spelled too. */
 	for (dir = path_dir(path); dir != NULL && !p.found; dir = up) {
 		struct stat st;
 
